@@ -1,0 +1,118 @@
+"""Datasets and collation: images and padded token tensors, robust to bad files in workers."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from captioner.data.images import ImageTransform, load_image
+from captioner.data.records import ImageRecord
+from captioner.errors import ImageLoadError
+from captioner.vocab import Vocabulary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CaptionBatch:
+    images: torch.Tensor  # (B, 3, H, W), or cached features (B, N, D)
+    tokens: torch.Tensor  # (C, T) = <bos> w1 .. wn <eos> <pad> ..; C >= B captions
+    image_rows: torch.Tensor  # (C,) the row of `images` each caption describes
+    indices: torch.Tensor  # (B,) positions of the images in the dataset's records
+
+    def to(self, device: torch.device) -> CaptionBatch:
+        return CaptionBatch(
+            self.images.to(device, non_blocking=True), self.tokens.to(device), self.image_rows.to(device), self.indices
+        )
+
+
+class CaptionDataset(Dataset):
+    """Images with their captions for teacher-forced training; an item is one image.
+
+    `pairs="one"`: the image comes with one of its captions, drawn at random each time;
+    `pairs="all"`: with all of its captions, so an epoch sees every (image, caption) pair while
+    each image is loaded and encoded once. A file that fails to load yields None, which
+    `collate_captions` drops, so one bad image never kills a worker or a run.
+    """
+
+    def __init__(
+        self,
+        records: list[ImageRecord],
+        vocab: Vocabulary,
+        transform: ImageTransform,
+        max_length: int,
+        pairs: str = "one",
+        features: torch.Tensor | None = None,
+    ) -> None:
+        self.records = records
+        self.transform = transform
+        self.pairs = pairs
+        self.features = features  # (num_records, N, D) when the encoder is frozen and cached
+        self.tokens = [[vocab.encode(c, max_length) for c in r.captions] for r in records]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, list[list[int]], int] | None:
+        captions = self.tokens[i] if self.pairs == "all" else [random.choice(self.tokens[i])]
+        image = self.features[i] if self.features is not None else load_or_none(self.records[i], self.transform)
+        return None if image is None else (image, captions, i)
+
+
+class ImageDataset(Dataset):
+    """Images alone, for encoding and decoding (evaluation, captioning, feature caching)."""
+
+    def __init__(self, records: list[ImageRecord], transform: ImageTransform) -> None:
+        self.records = records
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
+        image = load_or_none(self.records[i], self.transform)
+        return None if image is None else (image, i)
+
+
+def load_or_none(record: ImageRecord, transform: ImageTransform) -> torch.Tensor | None:
+    try:
+        return transform(load_image(record.path))
+    except ImageLoadError as e:
+        log.warning("skipping image: %s", e)
+        return None
+
+
+def collate_captions(batch: list) -> CaptionBatch | None:
+    batch = [item for item in batch if item is not None]
+    if not batch:
+        return None
+    images = torch.stack([image for image, _, _ in batch])  # (B, 3, H, W) or (B, N, D)
+    captions = [(row, ids) for row, (_, caps, _) in enumerate(batch) for ids in caps]
+    tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions), dtype=torch.long)  # (C, T), 0 = <pad>
+    for c, (_, ids) in enumerate(captions):
+        tokens[c, : len(ids)] = torch.tensor(ids)
+    image_rows = torch.tensor([row for row, _ in captions])  # (C,)
+    indices = torch.tensor([i for _, _, i in batch])  # (B,)
+    return CaptionBatch(images, tokens, image_rows, indices)
+
+
+def collate_images(batch: list) -> tuple[torch.Tensor, torch.Tensor] | None:
+    batch = [item for item in batch if item is not None]
+    if not batch:
+        return None
+    return torch.stack([image for image, _ in batch]), torch.tensor([i for _, i in batch])  # (B, 3, H, W), (B,)
+
+
+def image_loader(records: list[ImageRecord], transform: ImageTransform, batch_size: int, num_workers: int = 0) -> DataLoader:
+    return DataLoader(
+        ImageDataset(records, transform),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        collate_fn=collate_images,
+        persistent_workers=False,
+    )

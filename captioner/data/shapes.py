@@ -1,0 +1,293 @@
+"""The synthetic shapes world: a dataset in COCO format with ground-truth masks.
+
+Each image holds 1 to 3 coloured shapes on a textured, noisy background. No two objects in an
+image share both colour and shape, so every colour or shape word in a caption has one true
+region, and attention can be scored against the instance masks. Everything is drawn from a
+generator seeded per image, so a seed gives byte-identical files.
+
+Captions are written from templates with different frequencies, like annotators' habits: a
+common canonical phrasing (objects from left to right) and several rarer ones that reorder
+objects, invert relations, drop sizes or add framing words.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+from tqdm import tqdm
+
+from captioner.errors import DatasetError
+
+SHAPES = ("circle", "square", "triangle", "diamond", "star")
+COLOURS = {
+    "red": (215, 40, 40),
+    "green": (40, 165, 60),
+    "blue": (40, 80, 215),
+    "yellow": (235, 205, 35),
+    "purple": (145, 55, 190),
+    "orange": (245, 135, 25),
+}
+SIZES = {"small": 0.085, "large": 0.145}  # circumradius as a fraction of the image side
+SPLITS = ("train", "val", "test")
+NUMBER_WORDS = ("zero", "one", "two", "three")
+
+
+@dataclass(frozen=True)
+class ShapeObject:
+    shape: str
+    colour: str
+    size: str
+    x: float  # centre, pixels
+    y: float
+    radius: float
+    angle: float = 0.0  # small rotation, radians
+
+    def phrase(self, with_size: bool = True) -> str:
+        return f"{self.size} {self.colour} {self.shape}" if with_size else f"{self.colour} {self.shape}"
+
+    def with_article(self, with_size: bool = True) -> str:
+        phrase = self.phrase(with_size)
+        return ("an " if phrase[0] in "aeiou" else "a ") + phrase
+
+    def polygon(self) -> list[tuple[float, float]]:
+        """Vertices of the drawn outline; the same polygon is the instance segmentation."""
+        if self.shape == "circle":
+            angles = np.linspace(0, 2 * math.pi, 48, endpoint=False)
+            radii = np.full_like(angles, self.radius)
+        elif self.shape == "square":
+            angles = self.angle + math.pi / 4 + np.arange(4) * math.pi / 2
+            radii = np.full(4, self.radius)
+        elif self.shape == "diamond":  # a rhombus standing on a corner, taller than wide
+            angles = self.angle + np.arange(4) * math.pi / 2
+            radii = self.radius * np.array([0.7, 1.0, 0.7, 1.0])
+        elif self.shape == "triangle":
+            angles = self.angle - math.pi / 2 + np.arange(3) * 2 * math.pi / 3
+            radii = np.full(3, self.radius)
+        elif self.shape == "star":
+            angles = self.angle - math.pi / 2 + np.arange(10) * math.pi / 5
+            radii = self.radius * np.where(np.arange(10) % 2 == 0, 1.0, 0.45)
+        else:
+            raise ValueError(f"unknown shape {self.shape!r}")
+        xs = self.x + radii * np.cos(angles)
+        ys = self.y + radii * np.sin(angles)
+        return [(round(float(x), 2), round(float(y), 2)) for x, y in zip(xs, ys)]
+
+
+def relation(a: ShapeObject, b: ShapeObject) -> str:
+    """Where `a` stands relative to `b`: the dominant axis of their displacement."""
+    dx, dy = b.x - a.x, b.y - a.y
+    if abs(dx) >= abs(dy):
+        return "left of" if dx > 0 else "right of"
+    return "above" if dy > 0 else "below"
+
+
+INVERSE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+
+
+def sample_scene(rng: np.random.Generator, image_size: int) -> list[ShapeObject]:
+    """1 to 3 non-overlapping objects with distinct (colour, shape), in left-to-right order."""
+    count = int(rng.integers(1, 4))
+    while True:  # rejection sampling; a scene of three small objects almost always fits
+        objects: list[ShapeObject] = []
+        used: set[tuple[str, str]] = set()
+        for _ in range(count):
+            for _attempt in range(50):
+                shape = SHAPES[int(rng.integers(len(SHAPES)))]
+                colour = list(COLOURS)[int(rng.integers(len(COLOURS)))]
+                if (colour, shape) in used:
+                    continue
+                size = list(SIZES)[int(rng.integers(len(SIZES)))]
+                radius = SIZES[size] * image_size * float(rng.uniform(0.92, 1.08))
+                margin = radius + 2
+                x, y = (float(v) for v in rng.uniform(margin, image_size - margin, size=2))
+                if all(_apart(x, y, radius, o) for o in objects):
+                    angle = float(rng.uniform(-0.15, 0.15))
+                    objects.append(ShapeObject(shape, colour, size, x, y, radius, angle))
+                    used.add((colour, shape))
+                    break
+        if len(objects) == count:
+            return sorted(objects, key=lambda o: o.x)
+
+
+def _apart(x: float, y: float, radius: float, other: ShapeObject) -> bool:
+    """No overlap, and a clear dominant axis between the two, so a relation word is unambiguous."""
+    dx, dy = abs(x - other.x), abs(y - other.y)
+    if math.hypot(dx, dy) < radius + other.radius + 4:
+        return False
+    return abs(dx - dy) > 0.15 * max(dx, dy)
+
+
+# --- captions ------------------------------------------------------------------------------------
+
+
+def _chain(objects: list[ShapeObject], with_size: bool) -> str:
+    """'a A left of a B above a C': each object placed relative to the one before it."""
+    parts = [objects[0].with_article(with_size)]
+    for prev, obj in zip(objects, objects[1:]):
+        parts.append(f"{relation(prev, obj)} {obj.with_article(with_size)}")
+    return " ".join(parts)
+
+
+def _listing(objects: list[ShapeObject], with_size: bool) -> str:
+    names = [o.with_article(with_size) for o in objects]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _relations(objects: list[ShapeObject]) -> str:
+    return " . ".join(
+        f"the {a.colour} {a.shape} is {relation(a, b)} the {b.colour} {b.shape}" for a, b in zip(objects, objects[1:])
+    )
+
+
+def _with_relations(head: str, objects: list[ShapeObject]) -> str:
+    return head if len(objects) == 1 else f"{head} . {_relations(objects)}"
+
+
+Template = Callable[[list[ShapeObject]], str]
+# (weight, template): weights are how often an annotator would phrase a scene this way.
+TEMPLATES: tuple[tuple[float, Template], ...] = (
+    (10.0, lambda o: _chain(o, True)),
+    (4.0, lambda o: _chain(o, False)),
+    (2.0, lambda o: "there is " + _chain(o, True)),
+    (1.5, lambda o: "a picture of " + _chain(o, True)),
+    (1.0, lambda o: _chain(o[::-1], True)),  # right to left
+    (1.0, lambda o: _chain(o, True) + " on a textured background"),
+    (1.0, lambda o: _with_relations(f"{NUMBER_WORDS[len(o)]} {'shape' if len(o) == 1 else 'shapes'} : " + _listing(o, True), o)),
+    (1.0, lambda o: _with_relations("the image shows " + _listing(o, False), o)),
+    (0.5, lambda o: _with_relations(_listing(o[::-1], True), o)),
+)
+
+
+def write_captions(objects: list[ShapeObject], rng: np.random.Generator, count: int = 5) -> list[str]:
+    """`count` captions from distinct templates, drawn by weight without replacement."""
+    weights = np.array([w for w, _ in TEMPLATES])
+    # Weighted sampling without replacement (Efraimidis-Spirakis keys).
+    keys = rng.random(len(TEMPLATES)) ** (1.0 / weights)
+    chosen = np.argsort(-keys)[:count]
+    return [TEMPLATES[i][1](objects) for i in chosen]
+
+
+# --- drawing -------------------------------------------------------------------------------------
+
+
+def render(objects: list[ShapeObject], rng: np.random.Generator, image_size: int) -> Image.Image:
+    """A textured grey background (low-frequency blotches and stripes), the shapes, pixel noise."""
+    s = image_size
+    base = rng.uniform(95, 165)
+    blotches = rng.normal(0, 22, size=(6, 6)).astype(np.float32)
+    blotches = np.asarray(Image.fromarray(blotches, mode="F").resize((s, s), Image.Resampling.BILINEAR))
+    period, phase = rng.uniform(6, 16), rng.uniform(0, 2 * math.pi)
+    direction = rng.uniform(0, math.pi)
+    yy, xx = _pixel_grid(s)
+    stripes = 10 * np.sin((xx * math.cos(direction) + yy * math.sin(direction)) * (2 * math.pi / period) + phase)
+    grey = base + blotches + stripes  # (s, s)
+    tint = rng.uniform(-8, 8, size=3)  # a faint colour cast, far from the saturated object colours
+    background = np.clip(grey[..., None] + tint, 0, 255).astype(np.uint8)  # (s, s, 3)
+    image = Image.fromarray(background, mode="RGB")
+    draw = ImageDraw.Draw(image)
+    for obj in objects:
+        jitter = rng.integers(-12, 13, size=3)
+        fill = tuple(int(np.clip(c + j, 0, 255)) for c, j in zip(COLOURS[obj.colour], jitter))
+        draw.polygon(obj.polygon(), fill=fill)
+    noise = rng.integers(-10, 11, size=(s, s, 3), dtype=np.int16)
+    pixels = np.clip(np.asarray(image, dtype=np.int16) + noise, 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels, mode="RGB")
+
+
+@functools.lru_cache(maxsize=4)
+def _pixel_grid(size: int) -> np.ndarray:
+    return np.mgrid[0:size, 0:size].astype(np.float32)  # (2, size, size)
+
+
+def polygon_area(points: list[tuple[float, float]]) -> float:
+    xs, ys = np.array(points).T
+    return float(0.5 * abs(np.dot(xs, np.roll(ys, 1)) - np.dot(ys, np.roll(xs, 1))))
+
+
+# --- the dataset ---------------------------------------------------------------------------------
+
+
+def generate_shapes(
+    out: str | Path,
+    num_train: int = 4000,
+    num_val: int = 250,
+    num_test: int = 500,
+    image_size: int = 128,
+    seed: int = 0,
+    image_format: str = "jpg",
+    progress: bool = True,
+) -> dict[str, int]:
+    """Write `out/{split}/*.png`, `out/captions_{split}.json` and `out/instances_{split}.json`.
+
+    Image ids are unique across splits. Returns the number of images per split.
+    """
+    if image_format not in ("png", "jpg"):
+        raise DatasetError(f"image format must be png or jpg, got {image_format!r}")
+    if image_size < 32:
+        raise DatasetError(f"image size must be at least 32 pixels, got {image_size}")
+    counts = {"train": num_train, "val": num_val, "test": num_test}
+    for split, n in counts.items():
+        if n < 0:
+            raise DatasetError(f"--num-{split} must be >= 0, got {n}")
+    out = Path(out)
+    categories = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(SHAPES)]
+    category_id = {c["name"]: c["id"] for c in categories}
+    next_image_id, next_caption_id, next_object_id = 1, 1, 1
+    bar = tqdm(total=sum(counts.values()), desc="shapes", unit="img", disable=not progress)
+    for split_index, split in enumerate(SPLITS):
+        (out / split).mkdir(parents=True, exist_ok=True)
+        images, captions, instances = [], [], []
+        for i in range(counts[split]):
+            rng = np.random.default_rng([seed, split_index, i])
+            objects = sample_scene(rng, image_size)
+            file_name = f"{split}_{i:06d}.{image_format}"
+            image = render(objects, rng, image_size)
+            if image_format == "png":
+                image.save(out / split / file_name, compress_level=1)
+            else:
+                image.save(out / split / file_name, quality=95)  # 10x faster to write than PNG
+            image_id = next_image_id
+            next_image_id += 1
+            images.append({"id": image_id, "file_name": file_name, "width": image_size, "height": image_size})
+            for text in write_captions(objects, rng):
+                captions.append({"id": next_caption_id, "image_id": image_id, "caption": text})
+                next_caption_id += 1
+            for obj in objects:
+                polygon = obj.polygon()
+                xs, ys = [p[0] for p in polygon], [p[1] for p in polygon]
+                instances.append(
+                    {
+                        "id": next_object_id,
+                        "image_id": image_id,
+                        "category_id": category_id[obj.shape],
+                        "segmentation": [[v for point in polygon for v in point]],
+                        "area": round(polygon_area(polygon), 2),
+                        "bbox": [round(min(xs), 2), round(min(ys), 2), round(max(xs) - min(xs), 2), round(max(ys) - min(ys), 2)],
+                        "iscrowd": 0,
+                        "colour": obj.colour,
+                        "size": obj.size,
+                    }
+                )
+                next_object_id += 1
+            bar.update()
+        info = {"description": f"captioner shapes world, {split} split", "seed": seed, "image_size": image_size}
+        _write_json(out / f"captions_{split}.json", {"info": info, "images": images, "annotations": captions})
+        _write_json(
+            out / f"instances_{split}.json",
+            {"info": info, "images": images, "annotations": instances, "categories": categories},
+        )
+    bar.close()
+    return counts
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, separators=(",", ":")))
+    tmp.replace(path)

@@ -1,0 +1,35 @@
+"""`captioner data stats`: images, captions, caption lengths and vocabulary size of a dataset."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from captioner.data.records import ImageRecord
+from captioner.vocab import Vocabulary, tokenize
+
+
+def dataset_stats(records: list[ImageRecord], min_count: int = 5) -> dict[str, float]:
+    lengths = np.array([len(tokenize(c)) for r in records for c in r.captions])
+    vocab = Vocabulary.build((c for r in records for c in r.captions), min_count)
+    all_words = Vocabulary.build((c for r in records for c in r.captions), 1)
+    stats: dict[str, float] = {
+        "images": len(records),
+        "captions": int(lengths.size),
+        "captions per image": lengths.size / max(1, len(records)),
+        "words (all)": len(all_words) - 4,
+        f"vocabulary (min count {min_count})": len(vocab) - 4,  # without <pad> <bos> <eos> <unk>
+    }
+    if lengths.size:
+        for p in (5, 25, 50, 75, 95, 99):
+            stats[f"caption length p{p}"] = float(np.percentile(lengths, p))
+        stats["caption length max"] = int(lengths.max())
+    return stats
+
+
+def format_table(rows: dict[str, float], title: str) -> str:
+    width = max(len(k) for k in rows)
+    lines = [title, "-" * (width + 14)]
+    for key, value in rows.items():
+        text = f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
+        lines.append(f"{key:<{width}}  {text:>12}")
+    return "\n".join(lines)

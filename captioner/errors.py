@@ -1,0 +1,27 @@
+"""User-facing errors.
+
+Every mistake a user can make (a bad path, a corrupt image, a malformed annotation file, a bad
+config value, an incompatible checkpoint) raises a subclass of `CaptionerError` whose message is
+one line naming the problem and the file or field. The CLI prints that line and exits non-zero;
+any other exception is a bug and keeps its traceback.
+"""
+
+
+class CaptionerError(Exception):
+    """Base class for errors caused by user input, reported as one line."""
+
+
+class ImageLoadError(CaptionerError):
+    """An image file is missing, corrupt, truncated, not an image, or too large."""
+
+
+class DatasetError(CaptionerError):
+    """A dataset or annotation file is missing or malformed."""
+
+
+class ConfigError(CaptionerError):
+    """A config file or override names an unknown key or an invalid value."""
+
+
+class CheckpointError(CaptionerError):
+    """A checkpoint is missing, corrupt, or incompatible with this version."""
