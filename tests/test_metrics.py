@@ -1,0 +1,302 @@
+"""Tests for captioner.metrics: the official COCO demo reproduced, input errors, fast scores, SPICE."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from captioner import metrics
+from captioner.errors import CaptionerError, DatasetError
+from captioner.metrics import (
+    evaluate_results_file,
+    fast_scores,
+    load_references,
+    load_results,
+    official_scores,
+    write_scores_json,
+)
+
+needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="the official metrics need Java on PATH")
+
+# Printed by the official coco-caption demo notebook (tylin/coco-caption, cocoEvalCapDemo.ipynb)
+# for results/captions_val2014_fakecap_results.json against annotations/captions_val2014.json.
+PUBLISHED = {
+    "Bleu_1": 0.579, "Bleu_2": 0.404, "Bleu_3": 0.279, "Bleu_4": 0.191,
+    "METEOR": 0.195, "ROUGE_L": 0.396, "CIDEr": 0.600,
+}
+# The same notebook prints BLEU's n-gram statistics: {'reflen': 9855, 'testlen': 9893,
+# 'guess': [9893, 8893, 7893, 6893], 'correct': [5732, 2510, 1043, 423]}. testlen > reflen, so
+# no brevity penalty and BLEU-n is the geometric mean of the first n precisions.
+_PRECISIONS = [c / g for c, g in zip([5732, 2510, 1043, 423], [9893, 8893, 7893, 6893])]
+PUBLISHED_BLEU_EXACT = {f"Bleu_{n}": math.prod(_PRECISIONS[:n]) ** (1 / n) for n in range(1, 5)}
+
+
+@pytest.fixture(scope="module")
+def demo_scores(shared_data: Path) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    if shutil.which("java") is None:
+        pytest.skip("the official metrics need Java on PATH")
+    coco = shared_data / "coco"
+    annotations, results = coco / "captions_val2014.json", coco / "captions_val2014_fakecap_results.json"
+    if not (annotations.is_file() and results.is_file()):
+        pytest.skip(f"COCO demo files not found in {coco}")
+    return evaluate_results_file(results, annotations)
+
+
+def test_official_demo_reproduced(demo_scores: tuple[dict[str, float], dict[int, dict[str, float]]]) -> None:
+    overall, per_image = demo_scores
+    assert set(overall) == set(PUBLISHED)  # no SPICE unless asked
+    for key, published in PUBLISHED.items():
+        # Published with 3 decimals: ours must round to exactly that.
+        assert overall[key] == pytest.approx(published, abs=5e-4), key
+    for key, exact in PUBLISHED_BLEU_EXACT.items():
+        assert overall[key] == pytest.approx(exact, abs=1e-9), key
+    assert len(per_image) == 1000
+    assert all(set(scores) == set(PUBLISHED) for scores in per_image.values())
+    # The notebook shows image 184321 ("train traveling down a track in front of a road") with
+    # "CIDEr score 1.0": a check that per-image scores land on the right image.
+    assert per_image[184321]["CIDEr"] == pytest.approx(1.0, abs=0.05)
+    # Corpus CIDEr-D is the mean of the per-image scores.
+    assert sum(s["CIDEr"] for s in per_image.values()) / 1000 == pytest.approx(overall["CIDEr"], abs=1e-9)
+
+
+# --- loading and its errors --------------------------------------------------------------------
+
+REFS = {1: ["a dog runs on the grass", "a brown dog running"], 2: ["a cat sits on a mat"], 3: ["two people ride bikes"]}
+
+
+def _write(path: Path, content: object | str) -> Path:
+    path.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
+    return path
+
+
+def test_load_references_and_results(tmp_path: Path) -> None:
+    annotations = {
+        "images": [{"id": 1}, {"id": 2}, {"id": 4}],
+        "annotations": [
+            {"image_id": 1, "id": 10, "caption": "A dog."},
+            {"image_id": 2, "id": 11, "caption": "A cat."},
+            {"image_id": 1, "id": 12, "caption": "Another dog."},
+        ],
+    }
+    refs = load_references(_write(tmp_path / "ann.json", annotations))
+    assert refs == {1: ["A dog.", "Another dog."], 2: ["A cat."]}
+    preds = load_results(_write(tmp_path / "res.json", [{"image_id": 2, "caption": "a cat", "score": 0.5}]), refs)
+    assert preds == {2: "a cat"}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"annotations": [', r"ann\.json: not valid JSON: .* at line 1 column 18"),
+        ([1, 2], r"ann\.json: expected a COCO caption annotation object, got a JSON list"),
+        ({"images": []}, r'ann\.json: missing "annotations"'),
+        ({"annotations": [{"image_id": 1, "caption": "x"}, {"image_id": 2}]}, r'annotations\[1\] has no "caption"'),
+        ({"annotations": [{"image_id": "1", "caption": "x"}]}, r'"image_id" must be an integer'),
+    ],
+)
+def test_load_references_errors(tmp_path: Path, content: object, message: str) -> None:
+    with pytest.raises(DatasetError, match=message):
+        load_references(_write(tmp_path / "ann.json", content))
+
+
+def test_load_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match=r"annotation file not found: .*nope\.json"):
+        load_references(tmp_path / "nope.json")
+    with pytest.raises(DatasetError, match=r"results file not found: .*nope\.json"):
+        load_results(tmp_path / "nope.json", REFS)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('[{"image_id": 1, "caption": "a dog"},\n {"image_id": 2 "caption": "x"}]',
+         r"res\.json: not valid JSON: Expecting ',' delimiter at line 2 column 17"),
+        ({"image_id": 1, "caption": "a dog"}, r"res\.json: expected a JSON list of .* objects, got a JSON dict"),
+        ([], r"res\.json: no results"),
+        ([{"image_id": 1, "caption": "a dog"}, "a cat"], r"res\.json: item 1 is a str, expected a JSON list"),
+        ([{"image_id": 1, "text": "a dog"}], r'res\.json: item 0 has no "caption"'),
+        ([{"caption": "a dog"}], r'res\.json: item 0 has no "image_id"'),
+        ([{"image_id": "1", "caption": "a dog"}], r"""item 0: "image_id" must be an integer, got '1'"""),
+        ([{"image_id": 1, "caption": ["a", "dog"]}], r'item 0 \(image 1\): "caption" must be a string'),
+        ([{"image_id": 1, "caption": "a dog"}, {"image_id": 2, "caption": "  "}],
+         r"res\.json: item 1 \(image 2\) has an empty caption"),
+        ([{"image_id": 1, "caption": "a dog"}, {"image_id": 2, "caption": "a cat"}, {"image_id": 1, "caption": "x"}],
+         r"res\.json: image 1 has more than one caption \(items 0 and 2\)"),
+        ([{"image_id": i, "caption": "a dog"} for i in [1, 2, 3, 101, 102, 103, 104, 105, 106, 107]],
+         r"res\.json: 7 of 10 image ids are not in the annotations \(101, 102, 103, 104, 105, \.\.\.\)"),
+    ],
+    ids=["json", "not-list", "empty", "not-object", "no-caption", "no-id", "id-type", "caption-type",
+         "empty-caption", "duplicate", "unknown-ids"],
+)
+def test_load_results_errors(tmp_path: Path, content: object, message: str) -> None:
+    with pytest.raises(DatasetError, match=message) as info:
+        load_results(_write(tmp_path / "res.json", content), REFS)
+    assert "\n" not in str(info.value)
+
+
+# --- Java -----------------------------------------------------------------------------------------
+
+
+def test_java_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no java
+    with pytest.raises(CaptionerError, match=r"^Java not found: .*Java 8\+ runtime on PATH"):
+        official_scores(REFS, {1: "a dog runs"})
+
+
+# --- fast scores ------------------------------------------------------------------------------
+
+
+def test_fast_scores_perfect_and_wrong() -> None:
+    refs = {
+        1: ["a dog runs across the green grass", "a brown dog running in a park"],
+        2: ["a cat sleeps on a red mat", "a small cat lying on a mat"],
+        3: ["two people ride bikes down the street", "two cyclists on a city road"],
+    }
+    perfect = fast_scores(refs, {i: captions[0] for i, captions in refs.items()})
+    assert set(perfect) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"}
+    assert perfect["Bleu_4"] == pytest.approx(1.0, abs=1e-6)
+    assert perfect["Bleu_1"] == pytest.approx(1.0, abs=1e-6)
+    wrong = fast_scores(refs, {1: "an airplane parked at the airport", 2: "pizza with cheese", 3: "a clock tower"})
+    assert wrong["Bleu_4"] < 0.01
+    assert wrong["CIDEr"] < 0.1 < perfect["CIDEr"]
+    # Tokenised like the PTB tokenizer: case and punctuation do not matter.
+    shouted = fast_scores(refs, {i: captions[0].upper() + "." for i, captions in refs.items()})
+    assert shouted == pytest.approx(perfect)
+
+
+def test_fast_scores_needs_references() -> None:
+    with pytest.raises(DatasetError, match=r"1 predicted image ids have no reference captions \(9\)"):
+        fast_scores(REFS, {1: "a dog", 9: "a cat"})
+    with pytest.raises(DatasetError, match="no predictions"):
+        fast_scores(REFS, {})
+
+
+SIMPLE_REFS = {
+    10: ["a man riding a wave on top of a surfboard", "a surfer rides a large wave in the ocean"],
+    11: ["a plate of food with broccoli and rice", "a white plate topped with rice and vegetables"],
+    12: ["a giraffe standing next to a tall tree", "a tall giraffe eating leaves from a tree"],
+    13: ["a red double decker bus on a city street", "a bus driving down a busy street"],
+    14: ["a woman holding an umbrella in the rain", "a person walking with an umbrella on a rainy day"],
+}
+SIMPLE_PREDS = {
+    10: "a man riding a wave on a surfboard",
+    11: "a plate of rice and broccoli",
+    12: "a giraffe standing next to a tree",
+    13: "a bus on a street",
+    14: "a woman with an umbrella walking in the rain",
+}
+
+
+@needs_java
+def test_fast_and_official_agree(capfd: pytest.CaptureFixture[str]) -> None:
+    overall, per_image = official_scores(SIMPLE_REFS, SIMPLE_PREDS)
+    fast = fast_scores(SIMPLE_REFS, SIMPLE_PREDS)
+    for key in ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"):
+        assert fast[key] == pytest.approx(overall[key], abs=1e-6), key
+    assert 0.3 < overall["Bleu_4"] < 1.0
+    assert set(per_image) == set(SIMPLE_PREDS)
+    # pycocoevalcap's prints and the Java tools' stderr go to the log, not the terminal.
+    out, err = capfd.readouterr()
+    assert "tokenization" not in out and "computing" not in out and "ratio" not in out
+    assert "PTBTokenizer" not in err
+
+
+# --- SPICE ------------------------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_java
+def test_spice_skipped_with_one_warning_when_models_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No models (an empty lib folder), and a download address that refuses at once: no network.
+    monkeypatch.setattr(metrics, "_spice_lib_dir", lambda: tmp_path / "lib")
+    monkeypatch.setattr(metrics, "_spice_models_url", lambda: f"http://127.0.0.1:{_closed_port()}/corenlp.zip")
+    monkeypatch.setattr(metrics, "SPICE_PROBE_TIMEOUT_S", 10.0)
+
+    def no_download() -> str:
+        raise AssertionError("must not download when the address is unreachable")
+
+    monkeypatch.setattr(metrics, "_download_spice_models", no_download)
+    # A carriage return inside a caption must not shift captions between images (the Java PTB
+    # tokenizer would read it as a line end).
+    refs = {**SIMPLE_REFS, 15: ["a black dog catching a frisbee", "a dog jumps to catch a frisbee"]}
+    preds = {**SIMPLE_PREDS, 15: "a black dog\rcatching a frisbee"}
+    with caplog.at_level(logging.WARNING, logger="captioner.metrics"):
+        overall, per_image = official_scores(refs, preds, spice=True)
+    assert "SPICE" not in overall and all("SPICE" not in s for s in per_image.values())
+    assert set(overall) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"}
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    message = warnings[0].getMessage()
+    assert message.startswith("SPICE skipped: the Stanford CoreNLP 3.6.0 models are not in")
+    assert "unreachable" in message and "get_stanford_models" in message and "\n" not in message
+    assert per_image[15]["Bleu_4"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_spice_partial_install_not_downloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "stanford-corenlp-3.6.0.jar").write_bytes(b"")
+    monkeypatch.setattr(metrics, "_spice_lib_dir", lambda: lib)
+    monkeypatch.setattr(metrics, "_probe_spice_models_url", lambda: pytest.fail("no probe expected"))
+    with caplog.at_level(logging.WARNING, logger="captioner.metrics"):
+        assert metrics.ensure_spice_models() is False
+    assert len(caplog.records) == 1
+    assert "stanford-corenlp-3.6.0-models.jar is missing" in caplog.records[0].getMessage()
+
+
+@needs_java
+def test_spice_java_runs_with_options_and_fails_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="captioner.metrics"):
+        metrics._spice_check_call(["java", "-version"], cwd=tmp_path)
+    assert "--add-opens=java.base/java.lang=ALL-UNNAMED" in caplog.text  # Java 9+ echoes JDK_JAVA_OPTIONS
+    with pytest.raises(CaptionerError, match=r"^SPICE failed \(java exit status 1\): .*nonexistent\.jar") as info:
+        metrics._spice_check_call(["java", "-jar", "nonexistent.jar"], cwd=tmp_path)
+    assert "\n" not in str(info.value)
+
+
+@needs_java
+@pytest.mark.skipif(bool(metrics.missing_spice_models()), reason="SPICE's Stanford CoreNLP models are not installed")
+def test_spice_runs_when_models_present(caplog: pytest.LogCaptureFixture) -> None:
+    refs = {i: SIMPLE_REFS[i] for i in (10, 12)}
+    preds = {i: SIMPLE_PREDS[i] for i in (10, 12)}
+    with caplog.at_level(logging.WARNING, logger="captioner.metrics"):
+        overall, per_image = official_scores(refs, preds, spice=True)
+    assert not caplog.records
+    assert 0.0 < overall["SPICE"] <= 1.0
+    assert all(0.0 <= per_image[i]["SPICE"] <= 1.0 for i in refs)
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+def test_write_scores_json(tmp_path: Path) -> None:
+    path = tmp_path / "out" / "scores.json"
+    overall = {"Bleu_4": 0.25, "CIDEr": 0.5}
+    per_image = {7: {"Bleu_4": 0.5, "CIDEr": float("nan")}, 3: {"Bleu_4": 0.0, "CIDEr": 1.0}}
+    write_scores_json(path, overall, per_image, extra={"results": "res.json", "split": "val"})
+    data = json.loads(path.read_text())
+    assert data["overall"] == overall and data["num_images"] == 2
+    assert data["per_image"] == [
+        {"image_id": 3, "Bleu_4": 0.0, "CIDEr": 1.0},
+        {"image_id": 7, "Bleu_4": 0.5, "CIDEr": None},
+    ]
+    assert data["results"] == "res.json" and data["split"] == "val"
+    with pytest.raises(ValueError, match="overall"):
+        write_scores_json(path, overall, per_image, extra={"overall": 1})
