@@ -1,0 +1,328 @@
+"""Download and unpack the COCO caption data set (`captioner data coco --root DIR`).
+
+`download_coco` fetches the official images and caption annotations of one COCO year (and
+optionally Karpathy's split file) into `root/downloads/`, checks their size and MD5, and extracts
+them into `root`, so that `root/train2014/...` and `root/annotations/captions_train2014.json`
+exist. `download_file` is the resumable, verified single-file downloader underneath. Only the
+standard library (urllib, hashlib, zipfile) and tqdm are used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import re
+import shutil
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from tqdm import tqdm
+
+from captioner.errors import DatasetError
+
+__all__ = ["COCO_FILES", "YEARS", "RemoteFile", "download_coco", "download_file"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One archive to fetch: its file name, official URL, size in bytes, MD5 (None if unknown)."""
+
+    name: str
+    url: str
+    size: int
+    md5: str | None
+    group: str  # "2014", "2017" or "karpathy": which call of `download_coco` wants it
+
+
+# Sizes: tensorflow/datasets, tensorflow_datasets/url_checksums/coco_captions.txt (which records
+# SHA-256, not MD5). MD5s: PaddlePaddle/PaddleDetection dataset/coco/download_coco.py; the 2014
+# ones also in salesforce/LAVIS, the 2017 ones also in the MLPerf (mlcommons) COCO download
+# scripts, and the annotations_trainval2014.zip MD5 equals the S3 ETag of that object.
+COCO_FILES: tuple[RemoteFile, ...] = (
+    RemoteFile("train2014.zip", "http://images.cocodataset.org/zips/train2014.zip",
+               13_510_573_713, "0da8c0bd3d6becc4dcb32757491aca88", "2014"),
+    RemoteFile("val2014.zip", "http://images.cocodataset.org/zips/val2014.zip",
+               6_645_013_297, "a3d79f5ed8d289b7a7554ce06a5782b3", "2014"),
+    RemoteFile("annotations_trainval2014.zip",
+               "http://images.cocodataset.org/annotations/annotations_trainval2014.zip",
+               252_872_794, "0a379cfc70b0e71301e0f377548639bd", "2014"),
+    RemoteFile("train2017.zip", "http://images.cocodataset.org/zips/train2017.zip",
+               19_336_861_798, "cced6f7f71b7629ddf16f17bbcfab6b2", "2017"),
+    RemoteFile("val2017.zip", "http://images.cocodataset.org/zips/val2017.zip",
+               815_585_330, "442b8da7639aecaf257c1dceb8ba8c80", "2017"),
+    RemoteFile("annotations_trainval2017.zip",
+               "http://images.cocodataset.org/annotations/annotations_trainval2017.zip",
+               252_907_541, "f4bbac642086de4f52a3fdda2de5fa2c", "2017"),
+    # No MD5 for Karpathy's archive is published anywhere credible we found, so only its size
+    # (tensorflow-datasets, as above) is checked, against the table and the server's
+    # Content-Length. It holds dataset_coco.json, dataset_flickr8k.json, dataset_flickr30k.json.
+    RemoteFile("caption_datasets.zip",
+               "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip",
+               36_745_453, None, "karpathy"),
+)
+YEARS = ("2014", "2017")
+
+CHUNK_BYTES = 1 << 20
+TIMEOUT_S = 60.0
+MAX_ATTEMPTS = 4  # consecutive attempts that make no progress before giving up
+RETRY_BACKOFF_S = 1.0  # doubled after every failed attempt
+USER_AGENT = "captioner-downloader (python urllib)"
+
+
+class _Interrupted(ConnectionError):
+    """The server closed the connection before sending the whole body (retried and resumed)."""
+
+
+def download_file(
+    url: str,
+    dest: Path,
+    expected_size: int | None = None,
+    md5: str | None = None,
+    progress: bool = True,
+) -> Path:
+    """Download `url` to `dest`, resuming a partial download, and verify its size and MD5.
+
+    Data goes to `dest` + ".part" and is renamed into place only once verified, so `dest` never
+    holds a partial or corrupt file. An existing `dest` of the right size (and MD5) is kept.
+    Raises `DatasetError` on HTTP errors, an unreachable host, or a checksum mismatch.
+    """
+    dest = Path(dest)
+    if dest.is_file():
+        if _matches(dest, expected_size, md5):
+            logger.info("%s already downloaded, skipping", dest)
+            return dest
+        logger.warning("%s does not have the expected size or checksum, downloading again", dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_suffix(dest.suffix + ".part")
+    total = _fetch(url, part, expected_size, progress)
+
+    size = part.stat().st_size
+    if total is not None and size != total:
+        part.unlink()
+        raise DatasetError(f"{dest.name}: downloaded {size} bytes from {url}, expected {total}")
+    if md5 is not None:
+        logger.info("verifying the MD5 of %s", dest.name)
+        actual = _md5(part)
+        if actual != md5.lower():
+            part.unlink()
+            raise DatasetError(
+                f"{dest.name}: checksum mismatch (expected md5 {md5}, got {actual}); "
+                f"removed the corrupt download, run again to retry"
+            )
+    os.replace(part, dest)  # atomic on one file system: dest is either absent or complete
+    logger.info("downloaded %s", dest)
+    return dest
+
+
+def download_coco(
+    root: Path,
+    year: str = "2014",
+    karpathy: bool = False,
+    mirror: str | None = None,
+    progress: bool = True,
+) -> list[Path]:
+    """Download the COCO `year` images and caption annotations into `root` and unpack them.
+
+    Archives are kept in `root/downloads/`; each is extracted into `root`, after which a marker
+    file records what it produced, so a repeated call neither downloads nor extracts again.
+    `karpathy` also fetches Karpathy's split file. `mirror` is a base URL replacing the scheme and
+    host of every official URL. Returns the top-level paths extracted (e.g. root/train2014).
+    """
+    year = str(year)
+    if year not in YEARS:
+        raise DatasetError(f"unknown COCO year {year!r}: choose one of {', '.join(YEARS)}")
+    root = Path(root)
+    downloads = root / "downloads"
+    wanted = [f for f in COCO_FILES if f.group == year or (karpathy and f.group == "karpathy")]
+    extracted: list[Path] = []
+    for remote in wanted:
+        marker = downloads / f"{remote.name}.extracted"
+        if marker.is_file():
+            paths = [root / line for line in marker.read_text().splitlines() if line]
+            if all(p.exists() for p in paths):
+                logger.info("%s already downloaded and extracted, skipping", remote.name)
+                extracted.extend(paths)
+                continue
+            logger.warning("files extracted from %s are missing, extracting again", remote.name)
+        url = _apply_mirror(remote.url, mirror)
+        archive = download_file(url, downloads / remote.name, remote.size, remote.md5, progress)
+        tops = _extract(archive, root, progress)
+        # Written last: a crash mid-extraction leaves no marker, so the next call re-extracts.
+        marker.write_text("".join(f"{t}\n" for t in tops))
+        extracted.extend(root / t for t in tops)
+    return extracted
+
+
+def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> int | None:
+    """Fill `part` with the body of `url`, resuming and retrying; return the total size if known."""
+    host = urllib.parse.urlsplit(url).netloc or url
+    total = expected_size
+    failures = 0
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+              desc=part.name.removesuffix(".part"), disable=not progress) as bar:
+        while True:
+            offset = part.stat().st_size if part.exists() else 0
+            if total is not None and offset > total:  # a stale .part of another file version
+                part.unlink()
+                offset = 0
+            if total is not None and offset == total:
+                return total
+            try:
+                total = _transfer(url, part, offset, total, bar)
+                return total
+            except urllib.error.HTTPError as e:
+                if e.code == 416 and _complete_after_416(e, part):
+                    return part.stat().st_size
+                if e.code == 416:  # the .part does not fit what the server has: start over
+                    part.unlink(missing_ok=True)
+                elif e.code < 500:  # 4xx will not change on retry
+                    raise DatasetError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
+                error: Exception = e
+            except (OSError, http.client.HTTPException) as e:  # includes URLError, timeouts
+                error = e
+            # Only consecutive attempts without progress count: a long download over a flaky
+            # link may be cut many times yet still finish.
+            grew = part.exists() and part.stat().st_size > offset
+            failures = 0 if grew else failures + 1
+            if failures >= MAX_ATTEMPTS:
+                raise _give_up(url, host, part, error) from None
+            delay = RETRY_BACKOFF_S * 2 ** max(failures - 1, 0)
+            logger.warning("download of %s failed (%s), retrying in %.0f s", url, error, delay)
+            time.sleep(delay)
+
+
+def _transfer(url: str, part: Path, offset: int, total: int | None, bar: tqdm) -> int | None:
+    """Make one request for `url` from byte `offset` and append it to `part`."""
+    headers = {"User-Agent": USER_AGENT}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+        length = response.headers.get("Content-Length")
+        length = int(length) if length is not None and length.isdigit() else None
+        if response.status == 206:
+            content_range = (response.headers.get("Content-Range") or "").strip()
+            match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", content_range)
+            if match is None or int(match[1]) != offset:
+                part.unlink(missing_ok=True)  # an answer for bytes we did not ask for
+                raise _Interrupted(f"unexpected Content-Range {content_range!r}")
+            served = int(match[3]) if match[3] != "*" else (offset + length if length else None)
+        else:
+            if offset:
+                logger.info("server ignored the Range request for %s, restarting from 0", url)
+                offset = 0
+            served = length
+        if served is not None and total is not None and served != total:
+            raise DatasetError(f"{url}: server reports {served} bytes, expected {total} "
+                               f"(the file changed upstream, or the mirror holds another file)")
+        total = served if served is not None else total
+        _check_free_space(part, None if total is None else total - offset)
+
+        bar.reset(total=total)
+        bar.update(offset)
+        written = 0
+        out = _local_io(part, open, part, "ab" if offset else "wb")
+        with out:
+            # Network errors from read() propagate to the retry loop; disk errors do not.
+            while chunk := response.read(CHUNK_BYTES):
+                _local_io(part, out.write, chunk)
+                written += len(chunk)
+                bar.update(len(chunk))
+    # http.client returns a short body silently when the connection drops: check it ourselves.
+    if total is not None and offset + written < total:
+        raise _Interrupted(f"connection closed after {offset + written} of {total} bytes")
+    return total
+
+
+def _local_io(part: Path, op: Callable[..., T], *args: object) -> T:
+    """Run a local file operation; a full disk or bad permissions is a user error, not a retry."""
+    try:
+        return op(*args)
+    except OSError as e:
+        raise DatasetError(f"cannot write {part}: {e.strerror or e}") from None
+
+
+def _complete_after_416(error: urllib.error.HTTPError, part: Path) -> bool:
+    """A 416 to `bytes=N-` with `Content-Range: bytes */N` means the .part is already whole."""
+    match = re.fullmatch(r"bytes \*/(\d+)", (error.headers.get("Content-Range") or "").strip())
+    return match is not None and part.exists() and part.stat().st_size == int(match[1])
+
+
+def _give_up(url: str, host: str, part: Path, error: Exception) -> DatasetError:
+    kept = f"; run again to resume from {part}" if part.exists() else ""
+    if isinstance(error, urllib.error.HTTPError):
+        return DatasetError(f"cannot download {url}: HTTP {error.code} {error.reason}{kept}")
+    if isinstance(error, urllib.error.URLError):  # the connection itself could not be made
+        return DatasetError(f"cannot reach {host}: no internet? ({error.reason}) while "
+                            f"downloading {url}{kept}")
+    return DatasetError(f"download of {url} kept failing ({error}){kept}")
+
+
+def _check_free_space(part: Path, needed: int | None) -> None:
+    """Fail before a long transfer rather than with a full disk at 95 %."""
+    if needed is None:
+        return
+    free = shutil.disk_usage(part.parent).free
+    if free < needed:
+        raise DatasetError(f"not enough disk space for {part.parent / part.stem}: "
+                           f"needs {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
+
+
+def _matches(path: Path, size: int | None, md5: str | None) -> bool:
+    if size is not None and path.stat().st_size != size:
+        return False
+    return md5 is None or _md5(path) == md5.lower()
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)  # an integrity check, fine on FIPS systems
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _apply_mirror(url: str, mirror: str | None) -> str:
+    """Swap the scheme and host of `url` for the `mirror` base URL (which may add a path prefix)."""
+    if not mirror:
+        return url
+    base = urllib.parse.urlsplit(mirror)
+    if not base.scheme or not base.netloc:
+        raise DatasetError(f"mirror {mirror!r} is not a base URL like http://host:port/path")
+    path = urllib.parse.urlsplit(url).path
+    return f"{base.scheme}://{base.netloc}{base.path.rstrip('/')}{path}"
+
+
+def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
+    """Extract `archive` into `root`; return the top-level names it created, in order."""
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            members = zf.infolist()
+            for member in tqdm(members, unit="file", desc=f"extracting {archive.name}",
+                               disable=not progress):
+                zf.extract(member, root)  # zipfile drops "..", drive and leading "/" parts
+    except zipfile.BadZipFile as e:
+        raise DatasetError(
+            f"{archive}: not a valid zip archive ({e}); delete it and run again"
+        ) from None
+    except OSError as e:
+        raise DatasetError(f"cannot extract {archive} into {root}: {e.strerror or e}") from None
+    tops: dict[str, None] = {}
+    for member in members:
+        names = member.filename.replace("\\", "/").split("/")
+        parts = [p for p in names if p not in ("", ".", "..")]
+        if parts:
+            tops[parts[0]] = None
+    logger.info("extracted %s into %s", archive.name, root)
+    return list(tops)

@@ -1,0 +1,325 @@
+"""Tests for the COCO downloader against a local HTTP server on 127.0.0.1 (never the internet)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import socket
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from captioner.data import download
+from captioner.data.download import RemoteFile, download_coco, download_file
+from captioner.errors import DatasetError
+
+
+@dataclass
+class ServerState:
+    files: dict[str, bytes] = field(default_factory=dict)  # URL path -> body
+    requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
+    cut_after: dict[str, int] = field(default_factory=dict)  # path -> bytes sent before a cut
+    ignore_range: bool = False
+    fail_with: dict[str, int] = field(default_factory=dict)  # path -> HTTP status to answer
+    base: str = ""
+
+    def requests_for(self, path: str) -> list[str | None]:
+        return [rng for p, rng in self.requests if p == path]
+
+
+def _handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # keep pytest output clean
+            pass
+
+        def do_GET(self) -> None:
+            rng = self.headers.get("Range")
+            state.requests.append((self.path, rng))
+            data = state.files.get(self.path)
+            if self.path in state.fail_with:
+                self.send_error(state.fail_with[self.path])
+                return
+            if data is None:
+                self.send_error(404, "Not Found")
+                return
+            start = 0
+            if rng and not state.ignore_range:
+                start = int(re.fullmatch(r"bytes=(\d+)-", rng)[1])
+                if start >= len(data):
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(data)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            else:
+                self.send_response(200)
+            body = data[start:]
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            cut = state.cut_after.pop(self.path, None)  # only the first request is cut
+            self.wfile.write(body if cut is None else body[:cut])
+            self.wfile.flush()
+            if cut is not None:
+                self.close_connection = True
+
+    return Handler
+
+
+@pytest.fixture
+def server():
+    state = ServerState()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    state.base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(5)
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch):
+    monkeypatch.setattr(download, "RETRY_BACKOFF_S", 0.0)
+
+
+def _zip(entries: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:  # stored: size ~ payload size
+        for name, data in entries.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+CAPTIONS = {
+    "images": [{"id": 42, "file_name": "COCO_val2014_000000000042.jpg"}],
+    "annotations": [{"id": 1, "image_id": 42, "caption": "A dog on a couch."}],
+}
+TRAIN_IMAGE = os.urandom(30_000)
+VAL_IMAGE = os.urandom(40_000)
+ARCHIVES = {
+    "/zips/train2014.zip": _zip({"train2014/COCO_train2014_000000000009.jpg": TRAIN_IMAGE}),
+    "/zips/val2014.zip": _zip({
+        "val2014/COCO_val2014_000000000042.jpg": VAL_IMAGE,
+        "val2014/COCO_val2014_000000000073.jpg": os.urandom(1000),
+    }),
+    "/annotations/annotations_trainval2014.zip": _zip({
+        "annotations/captions_val2014.json": json.dumps(CAPTIONS).encode(),
+        "annotations/captions_train2014.json": b'{"images": [], "annotations": []}',
+    }),
+    "/people/karpathy/deepimagesent/caption_datasets.zip": _zip({
+        "dataset_coco.json": b'{"images": []}',
+        "dataset_flickr8k.json": b'{"images": []}',
+    }),
+}
+GROUPS = {"train2014.zip": "2014", "val2014.zip": "2014", "annotations_trainval2014.zip": "2014",
+          "caption_datasets.zip": "karpathy"}
+
+
+@pytest.fixture
+def coco(server, monkeypatch) -> ServerState:
+    """Serve fake archives and point the file table (official URLs) at them with their sizes/md5s."""
+    server.files.update(ARCHIVES)
+    table = []
+    for path, data in ARCHIVES.items():
+        name = path.rsplit("/", 1)[1]
+        host = "https://cs.stanford.edu" if "karpathy" in path else "http://images.cocodataset.org"
+        table.append(RemoteFile(name, host + path, len(data), _md5(data), GROUPS[name]))
+    monkeypatch.setattr(download, "COCO_FILES", tuple(table))
+    return server
+
+
+def test_download_coco_downloads_and_extracts(coco, tmp_path):
+    paths = download_coco(tmp_path, "2014", mirror=coco.base, progress=True)
+
+    assert paths == [tmp_path / "train2014", tmp_path / "val2014", tmp_path / "annotations"]
+    assert json.loads((tmp_path / "annotations/captions_val2014.json").read_text()) == CAPTIONS
+    assert (tmp_path / "train2014/COCO_train2014_000000000009.jpg").read_bytes() == TRAIN_IMAGE
+    assert (tmp_path / "val2014/COCO_val2014_000000000042.jpg").read_bytes() == VAL_IMAGE
+    for path, data in ARCHIVES.items():
+        if "karpathy" not in path:
+            assert (tmp_path / "downloads" / path.rsplit("/", 1)[1]).read_bytes() == data
+    assert not list(tmp_path.rglob("*.part"))
+    assert not (tmp_path / "dataset_coco.json").exists()  # karpathy=False: not fetched
+    assert all(p.startswith(("/zips/", "/annotations/")) for p, _ in coco.requests)
+
+
+def test_karpathy_archive_is_fetched_when_asked(coco, tmp_path):
+    paths = download_coco(tmp_path, "2014", karpathy=True, mirror=coco.base + "/", progress=False)
+
+    assert paths[-2:] == [tmp_path / "dataset_coco.json", tmp_path / "dataset_flickr8k.json"]
+    assert (tmp_path / "dataset_coco.json").read_bytes() == b'{"images": []}'
+    assert coco.requests_for("/people/karpathy/deepimagesent/caption_datasets.zip") == [None]
+
+
+def test_second_call_downloads_and_extracts_nothing(coco, tmp_path):
+    first = download_coco(tmp_path, "2014", mirror=coco.base, progress=False)
+    assert len(coco.requests) == 3
+    image = tmp_path / "val2014/COCO_val2014_000000000042.jpg"
+    image.write_bytes(b"edited")  # a re-extraction would overwrite this
+
+    second = download_coco(tmp_path, "2014", mirror=coco.base, progress=False)
+
+    assert second == first
+    assert len(coco.requests) == 3
+    assert image.read_bytes() == b"edited"
+
+
+def test_second_call_after_archives_deleted_still_skips(coco, tmp_path):
+    download_coco(tmp_path, "2014", mirror=coco.base, progress=False)
+    for archive in (tmp_path / "downloads").glob("*.zip"):  # users delete the 20 GB of zips
+        archive.unlink()
+    download_coco(tmp_path, "2014", mirror=coco.base, progress=False)
+    assert len(coco.requests) == 3
+
+
+def test_resume_after_interrupted_transfer(server, tmp_path):
+    data = ARCHIVES["/zips/val2014.zip"]
+    server.files["/f.zip"] = data
+    server.cut_after["/f.zip"] = 15_000
+    dest = tmp_path / "f.zip"
+
+    result = download_file(f"{server.base}/f.zip", dest, len(data), _md5(data), progress=False)
+
+    assert result == dest
+    assert server.requests_for("/f.zip") == [None, "bytes=15000-"]
+    assert dest.read_bytes() == data
+    assert not dest.with_suffix(".zip.part").exists()
+
+
+def test_resume_from_part_file_left_by_earlier_run(server, tmp_path):
+    data = ARCHIVES["/zips/train2014.zip"]
+    server.files["/f.zip"] = data
+    dest = tmp_path / "f.zip"
+    dest.with_suffix(".zip.part").write_bytes(data[:10_000])
+
+    download_file(f"{server.base}/f.zip", dest, len(data), _md5(data), progress=False)
+
+    assert server.requests_for("/f.zip") == ["bytes=10000-"]
+    assert dest.read_bytes() == data
+
+
+def test_complete_part_file_without_known_size(server, tmp_path):
+    data = ARCHIVES["/zips/train2014.zip"]
+    server.files["/f.zip"] = data
+    dest = tmp_path / "f.zip"
+    dest.with_suffix(".zip.part").write_bytes(data)  # crashed between download and rename
+
+    download_file(f"{server.base}/f.zip", dest, progress=False)  # server answers 416
+
+    assert server.requests_for("/f.zip") == [f"bytes={len(data)}-"]  # not fetched again
+    assert dest.read_bytes() == data
+
+
+def test_server_ignoring_range_restarts_from_zero(server, tmp_path):
+    data = ARCHIVES["/zips/val2014.zip"]
+    server.files["/f.zip"] = data
+    server.cut_after["/f.zip"] = 15_000
+    server.ignore_range = True
+    dest = tmp_path / "f.zip"
+
+    # No size or md5: only the restart logic keeps the prefix from being written twice.
+    download_file(f"{server.base}/f.zip", dest, progress=False)
+
+    assert server.requests_for("/f.zip") == [None, "bytes=15000-"]
+    assert dest.read_bytes() == data
+
+
+def test_checksum_mismatch_raises_and_leaves_no_file(server, tmp_path):
+    data = ARCHIVES["/zips/val2014.zip"]
+    server.files["/f.zip"] = data
+    dest = tmp_path / "f.zip"
+    wrong = "0" * 32
+
+    with pytest.raises(DatasetError) as excinfo:
+        download_file(f"{server.base}/f.zip", dest, len(data), wrong, progress=False)
+
+    message = str(excinfo.value)
+    assert "f.zip" in message and wrong in message and _md5(data) in message
+    assert "\n" not in message
+    assert not dest.exists() and not dest.with_suffix(".zip.part").exists()
+
+
+def test_existing_file_with_wrong_content_is_replaced(server, tmp_path):
+    data = ARCHIVES["/zips/train2014.zip"]
+    server.files["/f.zip"] = data
+    dest = tmp_path / "f.zip"
+    dest.write_bytes(b"x" * len(data))  # right size, wrong content
+
+    download_file(f"{server.base}/f.zip", dest, len(data), _md5(data), progress=False)
+    assert dest.read_bytes() == data
+    download_file(f"{server.base}/f.zip", dest, len(data), _md5(data), progress=False)
+    assert len(server.requests) == 1  # the verified file is kept the second time
+
+
+def test_server_size_differs_from_table(server, tmp_path):
+    server.files["/f.zip"] = b"abc"
+    with pytest.raises(DatasetError, match="server reports 3 bytes, expected 4"):
+        download_file(f"{server.base}/f.zip", tmp_path / "f.zip", 4, progress=False)
+    assert not (tmp_path / "f.zip").exists()
+
+
+def test_404_names_the_url(server, tmp_path):
+    url = f"{server.base}/zips/missing.zip"
+    with pytest.raises(DatasetError, match=re.escape(url) + ".*404"):
+        download_file(url, tmp_path / "missing.zip", progress=False)
+    assert len(server.requests) == 1  # a 404 is not retried
+    assert not (tmp_path / "missing.zip").exists()
+
+
+def test_404_through_download_coco(coco, tmp_path):
+    del coco.files["/zips/val2014.zip"]
+    with pytest.raises(DatasetError, match=re.escape(f"{coco.base}/zips/val2014.zip")):
+        download_coco(tmp_path, "2014", mirror=coco.base, progress=False)
+
+
+def test_server_error_is_retried_then_reported(server, tmp_path):
+    server.fail_with["/f.zip"] = 503
+    url = f"{server.base}/f.zip"
+    with pytest.raises(DatasetError, match=re.escape(url) + ": HTTP 503"):
+        download_file(url, tmp_path / "f.zip", progress=False)
+    assert len(server.requests) == download.MAX_ATTEMPTS
+
+
+def test_unreachable_host(tmp_path):
+    with socket.socket() as sock:  # find a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/zips/val2014.zip"
+
+    with pytest.raises(DatasetError, match=f"cannot reach 127.0.0.1:{port}") as excinfo:
+        download_file(url, tmp_path / "val2014.zip", progress=False)
+    assert url in str(excinfo.value)
+    assert not (tmp_path / "val2014.zip").exists()
+
+
+def test_bad_year_and_bad_mirror(tmp_path):
+    with pytest.raises(DatasetError, match="2015"):
+        download_coco(tmp_path, "2015")
+    with pytest.raises(DatasetError, match="mirror"):
+        download_coco(tmp_path, "2014", mirror="not a url")
+
+
+def test_official_table_is_consistent():
+    names = [f.name for f in download.COCO_FILES]
+    assert len(names) == len(set(names))
+    for year in download.YEARS:
+        assert {f.name for f in download.COCO_FILES if f.group == year} == {
+            f"train{year}.zip", f"val{year}.zip", f"annotations_trainval{year}.zip"}
+    for f in download.COCO_FILES:
+        assert f.url.endswith("/" + f.name) and f.size > 0
+        assert f.md5 is None or re.fullmatch(r"[0-9a-f]{32}", f.md5)
