@@ -249,6 +249,11 @@ def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
             return value
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if kind is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if kind is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
     names = " or ".join("null" if k is type(None) else k.__name__ for k in allowed)

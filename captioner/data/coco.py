@@ -19,12 +19,18 @@ def load_coco_captions(
 
     annotation_file = check_file(annotation_file, "caption annotation file")
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
-            coco = COCO(str(annotation_file))
+        data = json.loads(annotation_file.read_text())
     except json.JSONDecodeError as e:
         raise DatasetError(f"{annotation_file}: not valid JSON ({e})") from None
-    except (KeyError, TypeError, AssertionError) as e:
-        raise DatasetError(f"{annotation_file}: not a COCO caption file ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "annotations")):
+        raise DatasetError(f"{annotation_file}: not a COCO caption file (needs 'images' and 'annotations' lists)")
+    coco = COCO()
+    coco.dataset = data
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+            coco.createIndex()
+    except (KeyError, TypeError) as e:
+        raise DatasetError(f"{annotation_file}: not a COCO caption file (an entry lacks {e})") from None
     image_root = Path(image_root)
     records = []
     for image_id in sorted(coco.imgs):

@@ -166,12 +166,18 @@ TEMPLATES: tuple[tuple[float, Template], ...] = (
 
 
 def write_captions(objects: list[ShapeObject], rng: np.random.Generator, count: int = 5) -> list[str]:
-    """`count` captions from distinct templates, drawn by weight without replacement."""
+    """`count` different captions from templates drawn by weight without replacement (two
+    templates can write the same words for a single object: the later one is skipped)."""
     weights = np.array([w for w, _ in TEMPLATES])
-    # Weighted sampling without replacement (Efraimidis-Spirakis keys).
-    keys = rng.random(len(TEMPLATES)) ** (1.0 / weights)
-    chosen = np.argsort(-keys)[:count]
-    return [TEMPLATES[i][1](objects) for i in chosen]
+    keys = rng.random(len(TEMPLATES)) ** (1.0 / weights)  # Efraimidis-Spirakis weighted order
+    captions: list[str] = []
+    for i in np.argsort(-keys):
+        text = TEMPLATES[i][1](objects)
+        if text not in captions:
+            captions.append(text)
+        if len(captions) == count:
+            break
+    return captions
 
 
 # --- drawing -------------------------------------------------------------------------------------

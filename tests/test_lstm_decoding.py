@@ -1,0 +1,127 @@
+"""The LSTM decoder and decoding: forward/step parity, greedy vs beam, attention, batching."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from captioner.decoding import beam_search, greedy_decode
+from captioner.models.lstm_decoder import LSTMDecoder
+from helpers import tiny_model
+
+
+@pytest.fixture
+def decoder() -> LSTMDecoder:
+    torch.manual_seed(0)
+    return LSTMDecoder(vocab_size=20, feat_dim=10, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.3).eval()
+
+
+def test_forward_matches_step(decoder: LSTMDecoder) -> None:
+    """Teacher-forced logits at position t equal the log-probs after t+1 calls of step."""
+    feats = torch.randn(3, 7, 10)
+    tokens = torch.randint(0, 20, (3, 6))
+    out = decoder(feats, tokens)
+    memory = decoder.prepare(feats)
+    state = decoder.init_state(memory)
+    for t in range(tokens.shape[1]):
+        logprobs, attn, state = decoder.step(memory, tokens[:, t], state)
+        torch.testing.assert_close(logprobs, out.logits[:, t].log_softmax(-1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(attn, out.attn[:, t], atol=1e-6, rtol=1e-6)
+
+
+def test_attention_is_a_distribution_over_the_grid(decoder: LSTMDecoder) -> None:
+    out = decoder(torch.randn(2, 9, 10), torch.randint(0, 20, (2, 5)))
+    assert out.logits.shape == (2, 5, 20) and out.attn.shape == (2, 5, 1, 1, 9)
+    assert (out.attn >= 0).all()
+    torch.testing.assert_close(out.attn.sum(-1), torch.ones(2, 5, 1, 1))
+
+
+def test_grid_projection_is_computed_once_per_image(decoder: LSTMDecoder, monkeypatch) -> None:
+    calls = []
+    original = decoder.attention.feat_proj.forward
+    monkeypatch.setattr(decoder.attention.feat_proj, "forward", lambda x: calls.append(x.shape) or original(x))
+    decoder(torch.randn(2, 9, 10), torch.randint(0, 20, (2, 8)))
+    beam_search(decoder, torch.randn(2, 9, 10), bos_id=1, eos_id=2, beam_size=3, max_length=8)
+    assert calls == [(2, 9, 10), (2, 9, 10)]  # once per batch of images, not per step or per beam
+
+
+def test_attention_penalty() -> None:
+    decoder = LSTMDecoder(10, 4, 4, 4, 4)
+    attn = torch.zeros(1, 4, 1, 1, 4)
+    attn[0, torch.arange(4), 0, 0, torch.arange(4)] = 1.0  # each cell attended exactly once
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    assert float(decoder.attention_penalty(attn, mask)) == 0.0
+    attn_same = torch.zeros(1, 4, 1, 1, 4)
+    attn_same[..., 0] = 1.0  # always the same cell: coverage (4, 0, 0, 0)
+    assert float(decoder.attention_penalty(attn_same, mask)) == pytest.approx(9 + 1 + 1 + 1)
+    mask[0, 2:] = False  # padded steps do not count: coverage (2, 0, 0, 0)
+    assert float(decoder.attention_penalty(attn_same, mask)) == pytest.approx(1 + 1 + 1 + 1)
+
+
+def test_beam_one_equals_greedy(decoder: LSTMDecoder) -> None:
+    feats = torch.randn(5, 7, 10)
+    greedy = greedy_decode(decoder, feats, bos_id=1, eos_id=2, max_length=12)
+    beam = beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=1, max_length=12)
+    for g, b in zip(greedy, beam):
+        assert g.tokens == b.tokens
+        assert g.logprob == pytest.approx(b.logprob, abs=1e-4)
+        torch.testing.assert_close(g.attn, b.attn)
+
+
+def sequence_logprob(decoder: LSTMDecoder, feats: torch.Tensor, tokens: list[int], eos: int | None) -> float:
+    ids = [1, *tokens] + ([eos] if eos is not None else [])
+    inputs = torch.tensor([ids[:-1]])
+    logprobs = decoder(feats[None], inputs).logits.log_softmax(-1)[0]  # (T, V)
+    return float(logprobs.gather(1, torch.tensor(ids[1:])[:, None]).sum())
+
+
+def test_beam_scores_are_the_sequence_log_probabilities(decoder: LSTMDecoder) -> None:
+    feats = torch.randn(4, 7, 10)
+    for feat, hyp in zip(feats, beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=4, max_length=10)):
+        eos = 2 if hyp.finished else None
+        assert hyp.logprob == pytest.approx(sequence_logprob(decoder, feat, hyp.tokens, eos), abs=1e-4)
+        assert hyp.attn.shape == (len(hyp.tokens), 1, 1, 7)
+
+
+def test_beam_search_is_batch_independent(decoder: LSTMDecoder) -> None:
+    feats = torch.randn(4, 7, 10)
+    together = beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=3, max_length=10)
+    alone = [beam_search(decoder, feats[i : i + 1], bos_id=1, eos_id=2, beam_size=3, max_length=10)[0] for i in range(4)]
+    assert [h.tokens for h in together] == [h.tokens for h in alone]
+
+
+def test_wider_beam_finds_no_worse_caption(decoder: LSTMDecoder) -> None:
+    feats = torch.randn(6, 7, 10)
+    narrow = beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=1, max_length=10)
+    wide = beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=5, max_length=10)
+    for n, w in zip(narrow, wide):
+        if n.finished and w.finished:
+            assert w.logprob >= n.logprob - 1e-5
+
+
+def test_no_hypothesis_ends(decoder: LSTMDecoder) -> None:
+    """When <eos> can never win, the best unfinished hypothesis comes back, never a crash."""
+    with torch.no_grad():
+        decoder.out_vocab.bias[2] = -1e4  # <eos> never chosen
+    feats = torch.randn(2, 7, 10)
+    for hyps in (beam_search(decoder, feats, 1, 2, beam_size=3, max_length=6), greedy_decode(decoder, feats, 1, 2, max_length=6)):
+        assert all(not h.finished and len(h.tokens) == 6 for h in hyps)
+        assert all(h.attn.shape[0] == 6 for h in hyps)
+
+
+def test_length_penalty_favours_longer_captions(decoder: LSTMDecoder) -> None:
+    feats = torch.randn(8, 7, 10)
+    plain = beam_search(decoder, feats, 1, 2, beam_size=4, max_length=15, alpha=0.0)
+    long = beam_search(decoder, feats, 1, 2, beam_size=4, max_length=15, alpha=2.0)
+    assert sum(len(h.tokens) for h in long) >= sum(len(h.tokens) for h in plain)
+
+
+def test_captioner_captions_a_batch_with_maps() -> None:
+    model = tiny_model()
+    images = torch.randn(3, 3, 32, 32)
+    captions = model.caption_images(images, beam_size=3, max_length=7)
+    assert len(captions) == 3
+    for caption in captions:
+        assert caption.attn.shape == (len(caption.words), 1, 1, 2, 2)  # 32 px / 16 = a 2x2 grid
+        assert caption.heatmaps().shape == (len(caption.words), 2, 2)
+        assert caption.text == " ".join(caption.words)

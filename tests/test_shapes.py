@@ -1,0 +1,103 @@
+"""The synthetic shapes world: COCO format, masks that cover the drawn objects, determinism."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from pycocotools.coco import COCO
+
+from captioner.cli import main
+from captioner.data.shapes import COLOURS, SHAPES, generate_shapes
+from captioner.vocab import tokenize
+
+
+@pytest.fixture(scope="module")
+def shapes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shapes")
+    generate_shapes(out, num_train=40, num_val=10, num_test=10, image_size=128, seed=3, image_format="png", progress=False)
+    return out
+
+
+def load_coco(path: Path) -> COCO:
+    with contextlib.redirect_stdout(io.StringIO()):
+        return COCO(str(path))
+
+
+def test_masks_cover_the_drawn_objects(shapes_dir: Path) -> None:
+    """Render each instance mask with pycocotools and compare it with the pixels of the object's colour."""
+    coco = load_coco(shapes_dir / "instances_train.json")
+    ious = []
+    for image_id in coco.getImgIds():
+        info = coco.imgs[image_id]
+        pixels = np.asarray(Image.open(shapes_dir / "train" / info["file_name"]), dtype=np.float32)  # (H, W, 3)
+        for ann in coco.loadAnns(coco.getAnnIds(imgIds=image_id)):
+            mask = coco.annToMask(ann).astype(bool)
+            distance = np.linalg.norm(pixels - np.array(COLOURS[ann["colour"]]), axis=-1)  # (H, W)
+            coloured = distance < 60  # object colour +- jitter and noise; the grey background is far away
+            # Only pixels near this object: another object of the same colour may be elsewhere.
+            x, y, w, h = ann["bbox"]
+            window = np.zeros_like(mask)
+            window[max(0, int(y) - 2) : int(y + h) + 3, max(0, int(x) - 2) : int(x + w) + 3] = True
+            coloured &= window
+            ious.append((mask & coloured).sum() / (mask | coloured).sum())
+            assert abs(mask.sum() - ann["area"]) / ann["area"] < 0.15
+    assert len(ious) >= 40
+    assert min(ious) > 0.75 and float(np.mean(ious)) > 0.9
+
+
+def test_captions_name_every_object_and_relations(shapes_dir: Path) -> None:
+    captions = load_coco(shapes_dir / "captions_val.json")
+    instances = load_coco(shapes_dir / "instances_val.json")
+    names = {c["id"]: c["name"] for c in instances.loadCats(instances.getCatIds())}
+    assert sorted(names.values()) == sorted(SHAPES)
+    for image_id in captions.getImgIds():
+        anns = captions.loadAnns(captions.getAnnIds(imgIds=image_id))
+        objects = instances.loadAnns(instances.getAnnIds(imgIds=image_id))
+        assert len(anns) == 5 and len({a["caption"] for a in anns}) == 5
+        assert 1 <= len(objects) <= 3
+        assert len({(o["colour"], o["category_id"]) for o in objects}) == len(objects)
+        for ann in anns:
+            words = tokenize(ann["caption"])
+            for obj in objects:
+                assert obj["colour"] in words and names[obj["category_id"]] in words, ann["caption"]
+            if len(objects) > 1:
+                assert {"left", "right", "above", "below"} & set(words), ann["caption"]
+
+
+def test_objects_do_not_overlap(shapes_dir: Path) -> None:
+    coco = load_coco(shapes_dir / "instances_train.json")
+    for image_id in coco.getImgIds():
+        masks = [coco.annToMask(a) for a in coco.loadAnns(coco.getAnnIds(imgIds=image_id))]
+        if len(masks) > 1:
+            assert np.sum(masks, axis=0).max() == 1
+
+
+def test_deterministic_for_a_seed(tmp_path: Path, shapes_dir: Path) -> None:
+    generate_shapes(tmp_path / "again", 40, 10, 10, image_size=128, seed=3, image_format="png", progress=False)
+    for name in ("captions_train.json", "instances_test.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (shapes_dir / name).read_bytes()
+    first = (shapes_dir / "train" / "train_000000.png").read_bytes()
+    assert (tmp_path / "again" / "train" / "train_000000.png").read_bytes() == first
+    generate_shapes(tmp_path / "other", 40, 0, 0, image_size=128, seed=4, image_format="png", progress=False)
+    assert (tmp_path / "other" / "captions_train.json").read_bytes() != (shapes_dir / "captions_train.json").read_bytes()
+
+
+def test_cli_generates_a_dataset(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code = main(["data", "shapes", "--out", str(tmp_path), "--num-train", "6", "--num-val", "2", "--num-test", "2",
+                 "--image-size", "64", "--seed", "1", "--quiet"])
+    assert code == 0
+    assert "wrote 10 images" in capsys.readouterr().out
+    data = json.loads((tmp_path / "captions_train.json").read_text())
+    assert len(data["images"]) == 6 and len(data["annotations"]) == 30
+    assert Image.open(tmp_path / "train" / data["images"][0]["file_name"]).size == (64, 64)
+
+
+def test_cli_rejects_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["data", "shapes", "--out", str(tmp_path), "--num-train", "-1"]) == 2
+    assert "num-train" in capsys.readouterr().err
