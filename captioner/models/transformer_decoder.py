@@ -1,0 +1,218 @@
+"""A transformer caption decoder (Vaswani et al. 2017) whose cross-attention looks at the grid."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from captioner.config import DecoderConfig
+from captioner.models.attention import MultiHeadAttention
+from captioner.models.decoder import Decoder, DecoderOutput, Memory, State
+
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+
+def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """positions (...) -> (..., dim): PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...).
+
+    Computed on the fly, so captions have no length limit.
+    """
+    half = (dim + 1) // 2
+    freqs = torch.exp(torch.arange(half, device=positions.device) * (-2.0 * math.log(10000.0) / dim))  # (half,)
+    angles = positions.float().unsqueeze(-1) * freqs  # (..., half)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[..., :dim]  # (..., dim)
+
+
+def grid_encoding(num_cells: int, dim: int, device: torch.device | None = None) -> torch.Tensor:
+    """(N, dim) position codes of the grid cells, in the encoder's row-major order.
+
+    The decoder sees only feats (B, N, D), so the grid is taken to be square (h = w = sqrt(N), as
+    every encoder config with a square image gives): the first dim // 2 channels encode the row,
+    the rest the column. When N is not a perfect square the cells get a 1-D encoding of their
+    index instead, which still tells them apart but no longer says which cells are neighbours.
+    """
+    cells = torch.arange(num_cells, device=device)  # (N,)
+    side = math.isqrt(num_cells)
+    if side * side != num_cells:
+        return sinusoids(cells, dim)  # (N, dim)
+    rows, cols = cells // side, cells % side  # (N,) each
+    return torch.cat([sinusoids(rows, dim // 2), sinusoids(cols, dim - dim // 2)], dim=-1)  # (N, dim)
+
+
+class TransformerDecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the grid, feed-forward; each a residual block,
+    normalised after the sum (post-norm, the paper) or before the block (pre-norm)."""
+
+    def __init__(
+        self, d_model: int, num_heads: int, ff_dim: int, dropout: float, norm_first: bool, activation: str
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.ff = nn.Sequential(
+            nn.Linear(d_model, ff_dim), ACTIVATIONS[activation](), nn.Dropout(dropout), nn.Linear(ff_dim, d_model)
+        )
+        self.norm_self = nn.LayerNorm(d_model)
+        self.norm_cross = nn.LayerNorm(d_model)
+        self.norm_ff = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cross_k: torch.Tensor,
+        cross_v: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, d) new positions; cross_k, cross_v (B, nh, N, hs); cache: self-attention keys
+        and values (B, nh, S, hs) of the S earlier positions; mask (T, S+T) true where allowed.
+
+        -> x (B, T, d), cross weights (B, nh, T, N), self keys and values (B, nh, S+T, hs).
+        """
+        h = self._block_input(x, self.norm_self)
+        k, v = self.self_attn.keys_values(h)  # (B, nh, T, hs) each
+        if cache is not None:
+            k = torch.cat([cache[0], k], dim=2)  # (B, nh, S+T, hs)
+            v = torch.cat([cache[1], v], dim=2)  # (B, nh, S+T, hs)
+        out, _ = self.self_attn.attend(h, k, v, mask)  # (B, T, d)
+        x = self._residual(x, out, self.norm_self)
+        h = self._block_input(x, self.norm_cross)
+        out, weights = self.cross_attn.attend(h, cross_k, cross_v)  # (B, T, d), (B, nh, T, N)
+        x = self._residual(x, out, self.norm_cross)
+        x = self._residual(x, self.ff(self._block_input(x, self.norm_ff)), self.norm_ff)
+        return x, weights, k, v
+
+    def _block_input(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        """Pre-norm normalises what enters a block; post-norm what leaves the residual sum."""
+        return norm(x) if self.norm_first else x
+
+    def _residual(self, x: torch.Tensor, out: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        x = x + self.dropout(out)
+        return x if self.norm_first else norm(x)
+
+
+class TransformerDecoder(Decoder):
+    """Token embedding * sqrt(d_model) + sinusoidal positions, `num_layers` decoder layers over
+    the grid projected to d_model (Linear + LayerNorm, + a 2-D sinusoidal code of each cell), a
+    final LayerNorm (pre-norm only) and a projection to the vocabulary, optionally tied to the
+    embedding.
+
+    Attention maps are the cross-attention weights of every layer and head, attn (B, T, L, nh, N).
+    A heatmap (`Caption.heatmaps()`) shows by default the last layer, averaged over the heads:
+    the last layer is the one whose reading of the grid feeds the word prediction directly.
+
+    `prepare` projects the grid and every layer's cross-attention keys and values once per image;
+    the state is a self-attention key/value cache per layer, (B, nh, t, hs), plus the position
+    (B,), so each `step` computes one new position and beam search reorders the cache like any
+    other batch-first state. Padding after <eos> needs no mask: the causal mask keeps every real
+    position from seeing it.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        feat_dim: int,
+        d_model: int = 256,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        ff_dim: int = 1024,
+        dropout: float = 0.1,
+        norm_first: bool = False,
+        tie_embeddings: bool = True,
+        grid_position_encoding: bool = True,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}; got {activation!r}")
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.grid_position_encoding = grid_position_encoding
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)  # unit scale after * sqrt(d_model)
+        self.grid_proj = nn.Sequential(nn.Linear(feat_dim, d_model), nn.LayerNorm(d_model))
+        self.layers = nn.ModuleList(
+            TransformerDecoderLayer(d_model, num_heads, ff_dim, dropout, norm_first, activation) for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.out = nn.Linear(d_model, vocab_size)
+        if tie_embeddings:
+            self.out.weight = self.embedding.weight
+        self.dropout = nn.Dropout(dropout)
+
+    @classmethod
+    def from_config(cls, cfg: DecoderConfig, vocab_size: int, feat_dim: int) -> TransformerDecoder:
+        return cls(
+            vocab_size,
+            feat_dim,
+            d_model=cfg.d_model,
+            num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads,
+            ff_dim=cfg.ff_dim,
+            dropout=cfg.dropout,
+            norm_first=cfg.norm_first,
+            tie_embeddings=cfg.tie_embeddings,
+            grid_position_encoding=cfg.grid_position_encoding,
+        )
+
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T), positions broadcastable to (B, T) -> (B, T, d)."""
+        x = self.embedding(tokens) * math.sqrt(self.d_model)  # (B, T, d)
+        return self.dropout(x + sinusoids(positions, self.d_model).to(x.dtype))  # (B, T, d)
+
+    def prepare(self, feats: torch.Tensor) -> Memory:
+        """feats (B, N, D) -> every layer's cross-attention keys and values, (B, nh, N, hs) each."""
+        grid = self.grid_proj(feats)  # (B, N, d)
+        if self.grid_position_encoding:
+            grid = grid + grid_encoding(feats.shape[1], self.d_model, feats.device).to(grid.dtype)  # (B, N, d)
+        grid = self.dropout(grid)
+        memory: Memory = {}
+        for i, layer in enumerate(self.layers):
+            memory[f"k_{i}"], memory[f"v_{i}"] = layer.cross_attn.keys_values(grid)  # (B, nh, N, hs) each
+        return memory
+
+    def init_state(self, memory: Memory) -> State:
+        """An empty self-attention cache per layer, (B, nh, 0, hs), and the position 0 (B,)."""
+        k = memory["k_0"]  # (B, nh, N, hs)
+        B, nh, _, hs = k.shape
+        state: State = {}
+        for i in range(len(self.layers)):
+            state[f"k_{i}"] = k.new_zeros(B, nh, 0, hs)  # (B, nh, 0, hs)
+            state[f"v_{i}"] = k.new_zeros(B, nh, 0, hs)  # (B, nh, 0, hs)
+        state["pos"] = torch.zeros(B, dtype=torch.long, device=k.device)  # (B,)
+        return state
+
+    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
+        """One new position: prev_tokens (B,) -> logprobs (B, V), attn (B, L, nh, N), the state
+        with this position's keys and values appended."""
+        x = self._embed(prev_tokens[:, None], state["pos"][:, None])  # (B, 1, d)
+        new_state: State = {}
+        maps = []
+        for i, layer in enumerate(self.layers):
+            cache = (state[f"k_{i}"], state[f"v_{i}"])
+            x, w, new_state[f"k_{i}"], new_state[f"v_{i}"] = layer(x, memory[f"k_{i}"], memory[f"v_{i}"], cache)
+            maps.append(w[:, :, 0])  # (B, nh, N)
+        new_state["pos"] = state["pos"] + 1
+        logits = self.out(self.final_norm(x[:, 0]))  # (B, V)
+        return logits.log_softmax(dim=-1), torch.stack(maps, dim=1), new_state  # (B, V), (B, L, nh, N)
+
+    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None) -> DecoderOutput:
+        """Teacher forcing: feats (B, N, D), tokens (B, T) -> logits (B, T, V), attn (B, T, L, nh, N).
+
+        `lengths` is not needed: all positions run in parallel, and the causal mask already keeps
+        the padding after each caption from reaching its real positions.
+        """
+        memory = self.prepare(feats)
+        T = tokens.shape[1]
+        x = self._embed(tokens, torch.arange(T, device=tokens.device))  # (B, T, d)
+        causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()  # (T, T): t sees 0..t
+        maps = []
+        for i, layer in enumerate(self.layers):
+            x, w, _, _ = layer(x, memory[f"k_{i}"], memory[f"v_{i}"], mask=causal)  # (B, T, d), (B, nh, T, N)
+            maps.append(w.transpose(1, 2))  # (B, T, nh, N)
+        logits = self.out(self.final_norm(x))  # (B, T, V)
+        return DecoderOutput(logits, torch.stack(maps, dim=2))  # attn (B, T, L, nh, N)
