@@ -55,8 +55,11 @@ def caption_loss(
     model: Captioner, batch: CaptionBatch, config: Config, encoded: bool
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Cross-entropy of each next word given the previous ones, plus the attention penalty."""
-    inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]  # (C, T) each
-    out = model(batch.images, inputs, batch.image_rows, encoded=encoded)
+    lengths = (batch.tokens[:, 1:] != model.vocab.pad_id).sum(dim=1)  # (C,) words + <eos>
+    lengths, order = lengths.sort(descending=True)  # longest first: the decoder skips padding
+    tokens, image_rows = batch.tokens[order], batch.image_rows[order]
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (C, T) each
+    out = model(batch.images, inputs, image_rows, encoded=encoded, lengths=lengths)
     mask = targets != model.vocab.pad_id  # (C, T)
     xent = F.cross_entropy(
         out.logits[mask].float(), targets[mask], label_smoothing=config.train.label_smoothing

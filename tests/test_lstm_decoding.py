@@ -125,3 +125,18 @@ def test_captioner_captions_a_batch_with_maps() -> None:
         assert caption.attn.shape == (len(caption.words), 1, 1, 2, 2)  # 32 px / 16 = a 2x2 grid
         assert caption.heatmaps().shape == (len(caption.words), 2, 2)
         assert caption.text == " ".join(caption.words)
+
+
+def test_skipping_padding_changes_nothing(decoder: LSTMDecoder) -> None:
+    """Rows sorted longest first: the logits inside each caption equal the full computation."""
+    feats = torch.randn(4, 7, 10)
+    tokens = torch.randint(1, 20, (4, 6))
+    lengths = torch.tensor([6, 4, 4, 1])
+    full = decoder(feats, tokens)
+    short = decoder(feats, tokens, lengths)
+    for row, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(short.logits[row, :n], full.logits[row, :n])
+        torch.testing.assert_close(short.attn[row, :n], full.attn[row, :n])
+        assert (short.logits[row, n:] == 0).all()
+    with pytest.raises(ValueError, match="sorted"):
+        decoder(feats, tokens, torch.tensor([1, 6, 4, 4]))

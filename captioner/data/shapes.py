@@ -34,7 +34,7 @@ COLOURS = {
     "purple": (145, 55, 190),
     "orange": (245, 135, 25),
 }
-SIZES = {"small": 0.085, "large": 0.145}  # circumradius as a fraction of the image side
+SIZES = {"small": 0.10, "large": 0.165}  # circumradius as a fraction of the image side
 SPLITS = ("train", "val", "test")
 NUMBER_WORDS = ("zero", "one", "two", "three")
 

@@ -61,12 +61,18 @@ class Captioner(nn.Module):
         return feats, grid
 
     def forward(
-        self, images: torch.Tensor, tokens: torch.Tensor, image_rows: torch.Tensor | None = None, encoded: bool = False
+        self,
+        images: torch.Tensor,
+        tokens: torch.Tensor,
+        image_rows: torch.Tensor | None = None,
+        encoded: bool = False,
+        lengths: torch.Tensor | None = None,
     ) -> DecoderOutput:
         """Teacher forcing on images (B, 3, H, W), or on cached feats (B, N, D) when `encoded`.
 
         tokens (C, T) are C captions; caption c describes image `image_rows[c]` (default: c), so
-        an image with five captions is encoded once and decoded five times.
+        an image with five captions is encoded once and decoded five times. `lengths` (C,), sorted
+        longest first, lets the decoder skip padding.
         """
         if encoded:
             feats = torch.zeros_like(images) if self.config.model.blind else images
@@ -74,7 +80,7 @@ class Captioner(nn.Module):
             feats, _ = self.encode(images)  # (B, N, D)
         if image_rows is not None:
             feats = feats.index_select(0, image_rows)  # (C, N, D)
-        return self.decoder(feats, tokens)
+        return self.decoder(feats, tokens, lengths)
 
     @torch.no_grad()
     def decode(

@@ -3,7 +3,7 @@
     prepare(feats (B,N,D)) -> Memory                per-image constants, computed once per image
     init_state(memory) -> State                     per-hypothesis recurrent state
     step(memory, prev_tokens (B,), state) -> (logprobs (B,V), attn (B,L,H,N), State)
-    forward(feats (B,N,D), tokens (B,T)) -> DecoderOutput(logits (B,T,V), attn (B,T,L,H,N))
+    forward(feats (B,N,D), tokens (B,T), lengths) -> DecoderOutput(logits (B,T,V), attn (B,T,L,H,N))
 
 Memory and State are dicts of batch-first tensors. Beam search expands the memory to K rows per
 image once and reorders only the state, with one `index_select` per tensor (`decoding.select_rows`). Splitting the
@@ -42,7 +42,8 @@ class Decoder(nn.Module):
     def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         raise NotImplementedError
 
-    def forward(self, feats: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
+    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None) -> DecoderOutput:
+        """`lengths` (B,), sorted longest first, lets a recurrent decoder skip padded steps."""
         raise NotImplementedError
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -65,13 +65,28 @@ def conv_block(c_in: int, c_out: int, double: bool = True) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class CoordinateChannels(nn.Module):
+    """Append x and y coordinate maps in [-1, 1] to the input (CoordConv, Liu et al. 2018).
+
+    Convolutions are translation invariant, so without these the features barely know where
+    they are, and an attention context could not tell "left of" from "right of".
+    """
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        B, _, H, W = images.shape
+        ys = torch.linspace(-1, 1, H, device=images.device, dtype=images.dtype).view(1, 1, H, 1).expand(B, 1, H, W)
+        xs = torch.linspace(-1, 1, W, device=images.device, dtype=images.dtype).view(1, 1, 1, W).expand(B, 1, H, W)
+        return torch.cat([images, xs, ys], dim=1)  # (B, C + 2, H, W)
+
+
 def small_cnn(width: int) -> tuple[list[nn.Module], int]:
-    """Four stride-2 blocks (an H/16 grid) trained from scratch, with a second convolution only
-    in the two coarse blocks, where it is cheap. The receptive field (about 50 pixels) keeps each
-    cell about its own part of the image, which is what attention needs."""
+    """Four stride-2 blocks (an H/16 grid) trained from scratch, with a second convolution in all
+    but the first (at full resolution it would double the cost). The receptive field (about 60
+    pixels) keeps each cell about its own part of the image, which is what attention needs;
+    coordinate channels let each cell know where it is."""
     widths = [width, 2 * width, 4 * width, 8 * width]
-    blocks = [conv_block(3, widths[0], double=False), conv_block(widths[0], widths[1], double=False)]
-    blocks += [conv_block(widths[1], widths[2]), conv_block(widths[2], widths[3])]
+    stem = nn.Sequential(CoordinateChannels(), conv_block(3 + 2, widths[0], double=False))
+    blocks = [stem, conv_block(widths[0], widths[1]), conv_block(widths[1], widths[2]), conv_block(widths[2], widths[3])]
     return blocks, widths[-1]
 
 

@@ -60,18 +60,29 @@ class LSTMDecoder(Decoder):
         logits, weights, state = self._advance(memory, self.embedding(prev_tokens), state)
         return logits.log_softmax(dim=-1), weights[:, None, None, :], state  # (B, V), (B, 1, 1, N)
 
-    def forward(self, feats: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
-        """Teacher forcing: feats (B, N, D), tokens (B, T) -> logits (B, T, V), attn (B, T, 1, 1, N)."""
+    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None) -> DecoderOutput:
+        """Teacher forcing: feats (B, N, D), tokens (B, T) -> logits (B, T, V), attn (B, T, 1, 1, N).
+
+        With `lengths` (B,) sorted longest first, step t runs only the rows still inside their
+        caption; outputs past a row's length are zero (they are padding and never scored).
+        """
+        B, T = tokens.shape
         memory = self.prepare(feats)
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
-        logits, weights = [], []
-        for t in range(tokens.shape[1]):
-            step_logits, step_weights, state = self._advance(memory, embedded[:, t], state)
-            logits.append(step_logits)
-            weights.append(step_weights)
-        attn = torch.stack(weights, dim=1)[:, :, None, None, :]  # (B, T, 1, 1, N)
-        return DecoderOutput(torch.stack(logits, dim=1), attn)  # logits (B, T, V)
+        logits = feats.new_zeros(B, T, self.vocab_size)  # (B, T, V)
+        weights = feats.new_zeros(B, T, feats.shape[1])  # (B, T, N)
+        if lengths is not None and bool((lengths[:-1] < lengths[1:]).any()):
+            raise ValueError("lengths must be sorted longest first")
+        for t in range(T):
+            active = B if lengths is None else int((lengths > t).sum())
+            if active == 0:
+                break
+            if active < state["h"].shape[0]:  # the shortest captions have ended: drop their rows
+                memory = {k: v[:active] for k, v in memory.items()}
+                state = {k: v[:active] for k, v in state.items()}
+            logits[:active, t], weights[:active, t], state = self._advance(memory, embedded[:active, t], state)
+        return DecoderOutput(logits, weights[:, :, None, None, :])  # attn (B, T, 1, 1, N)
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """sum_ij (1 - sum_t a_tij)^2 over real steps, averaged over the batch."""
