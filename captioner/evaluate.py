@@ -15,6 +15,15 @@ from tqdm import tqdm
 
 from captioner.data.batching import image_loader
 from captioner.data.records import ImageRecord
+from captioner.errors import CaptionerError
+from captioner.metrics import (
+    evaluate_results_file,
+    fast_scores,
+    load_references,
+    load_results,
+    official_scores,
+    write_scores_json,
+)
 from captioner.models import Caption, Captioner
 
 log = logging.getLogger(__name__)
@@ -78,21 +87,42 @@ def write_results(path: str | Path, captions: dict[int, Caption]) -> Path:
 
 def score_captions(records: list[ImageRecord], captions: dict[int, Caption]) -> dict[str, float]:
     """Fast in-process BLEU-1..4 and CIDEr-D (pycocoevalcap's scorers, no Java) on the captioned images."""
-    from captioner.metrics import fast_scores
-
     references = {r.image_id: list(r.captions) for r in records if r.image_id in captions}
     return fast_scores(references, {i: c.text for i, c in captions.items()})
 
 
 def run_evaluation(args) -> dict:
-    """`captioner evaluate CHECKPOINT --split S`: caption the split, score, write results and scores."""
-    from captioner.checkpoint import load_captioner
-    from captioner.data import load_split
-    from captioner.errors import CaptionerError
-    from captioner.train import resolve_device
+    """`captioner evaluate`: a checkpoint on a split, or a results file against annotations.
+
+    Scores come from the official COCO caption code (pycocoevalcap, Java) unless `--fast`
+    asks for the in-process BLEU/CIDEr-D used during training. Writes the COCO-format results
+    and a JSON of overall and per-image scores (and the grounding score with `--grounding`).
+    """
+    if args.results or args.annotations:
+        if not (args.results and args.annotations):
+            raise CaptionerError("evaluate: --results and --annotations go together")
+        if args.grounding:
+            raise CaptionerError("evaluate: --grounding needs a CHECKPOINT (attention maps), not a results file")
+        if args.fast:
+            references = load_references(args.annotations)
+            predictions = load_results(args.results, references)
+            overall, per_image = fast_scores({i: references[i] for i in predictions}, predictions), {}
+        else:
+            overall, per_image = evaluate_results_file(args.results, args.annotations, spice=args.spice)
+        report = {"results": str(args.results), "annotations": str(args.annotations), "images": len(per_image) or None}
+        out = Path(args.out) if args.out else Path(args.results).with_name(Path(args.results).stem + "_scores.json")
+        out = out / "scores.json" if out.suffix != ".json" else out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_scores_json(out, overall, per_image, extra=report)
+        _print_scores(f"{args.results} against {args.annotations}", overall, args.json)
+        return {**report, "scores": _rounded(overall), "scores_file": str(out)}
 
     if not args.checkpoint:
-        raise CaptionerError("evaluate: give a CHECKPOINT (or --results FILE --annotations FILE)")
+        raise CaptionerError("evaluate: give a CHECKPOINT, or --results FILE --annotations FILE")
+    from captioner.checkpoint import load_captioner
+    from captioner.data import load_split
+    from captioner.train import resolve_device
+
     model = load_captioner(args.checkpoint, resolve_device(args.device))
     records = load_split(model.config.data, args.split)
     if args.limit:
@@ -101,22 +131,58 @@ def run_evaluation(args) -> dict:
     captions = caption_records(model, records, beam_size=beam, max_length=args.max_length, batch_size=args.batch_size)
     out_dir = Path(args.out) if args.out else Path(args.checkpoint).parent
     results_path = write_results(out_dir / f"results_{args.split}.json", captions)
-    scores = score_captions(records, captions)
+    references = {r.image_id: list(r.captions) for r in records if r.image_id in captions}
+    predictions = {i: c.text for i, c in captions.items()}
+    if args.fast:
+        overall, per_image, metrics = fast_scores(references, predictions), {}, "fast (in-process BLEU, CIDEr-D)"
+    else:
+        overall, per_image = official_scores(references, predictions, spice=args.spice)
+        metrics = "official (pycocoevalcap)"
     report = {
         "checkpoint": str(args.checkpoint),
         "split": args.split,
         "images": len(captions),
         "beam_size": beam,
-        "scores": {k: round(v, 4) for k, v in scores.items()},
+        "metrics": metrics,
         "results": str(results_path),
     }
-    (out_dir / f"scores_{args.split}.json").write_text(json.dumps(report, indent=1))
+    if args.grounding:
+        report["grounding"] = _grounding(model, records, captions, args)
+    write_scores_json(out_dir / f"scores_{args.split}.json", overall, per_image, extra=report)
     if not args.json:
-        print(f"{args.checkpoint} on {args.split} ({len(captions)} images, beam {beam})")
-        for key, value in scores.items():
-            print(f"  {key:<8} {value:.4f}")
+        _print_scores(f"{args.checkpoint} on {args.split} ({len(captions)} images, beam {beam}, {metrics})", overall, False)
+        if "grounding" in report:
+            g = report["grounding"]
+            print(f"  grounding {g['score']:.4f} vs uniform {g['uniform_baseline']:.4f} "
+                  f"({g['ratio']:.1f}x, {g['words']} object words)")
         for record in records[:3]:
             if record.image_id in captions:
                 print(f"  e.g. {record.path.name}: {captions[record.image_id].text!r}")
         print(f"results: {results_path}")
-    return report
+    return {**report, "scores": _rounded(overall)}
+
+
+def _grounding(model: Captioner, records: list[ImageRecord], captions: dict[int, Caption], args) -> dict:
+    from captioner.grounding import Instances, grounding_score
+
+    data = model.config.data
+    if args.instances:
+        path, kind = Path(args.instances), "coco"
+    elif data.dataset == "shapes":
+        path, kind = Path(data.root) / f"instances_{args.split}.json", "shapes"
+    else:
+        raise CaptionerError("evaluate --grounding: give --instances FILE (COCO instances_*.json) for this dataset")
+    report = grounding_score(captions, Instances(path), kind, layer=args.layer, head=args.head)
+    return {"instances": str(path), "layer": args.layer, "head": "mean" if args.head is None else args.head, **report.to_json()}
+
+
+def _rounded(scores: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 4) for k, v in scores.items()}
+
+
+def _print_scores(title: str, scores: dict[str, float], quiet: bool) -> None:
+    if quiet:
+        return
+    print(title)
+    for key, value in scores.items():
+        print(f"  {key:<8} {value:.4f}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -78,14 +79,32 @@ def test_caption_reports_bad_files_and_goes_on(trained: Path, tmp_path: Path, ca
     assert "Traceback" not in captured.err
 
 
-def test_evaluate_writes_coco_results(trained: Path, capsys: pytest.CaptureFixture) -> None:
-    out = trained / "eval"
-    assert main(["evaluate", str(trained / "run" / "best.pt"), "--split", "test", "--beam", "3", "--json", "--out", str(out)]) == 0
+def test_evaluate_fast_writes_coco_results(trained: Path, capsys: pytest.CaptureFixture) -> None:
+    out = trained / "eval_fast"
+    args = ["evaluate", str(trained / "run" / "best.pt"), "--split", "test", "--beam", "3", "--fast", "--json", "--out", str(out)]
+    assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["images"] == 12
-    assert {"Bleu_1", "Bleu_4"} <= set(report["scores"])
+    assert report["images"] == 12 and set(report["scores"]) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"}
     results = json.loads((out / "results_test.json").read_text())
     assert len(results) == 12 and set(results[0]) == {"image_id", "caption"}
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="the official metrics need Java")
+def test_evaluate_official_with_grounding(trained: Path, capsys: pytest.CaptureFixture) -> None:
+    out = trained / "eval"
+    args = ["evaluate", str(trained / "run" / "best.pt"), "--split", "test", "--grounding", "--json", "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["scores"]) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"}
+    grounding = report["grounding"]
+    assert grounding["words"] > 0 and 0 < grounding["uniform_baseline"] < 0.5
+    saved = json.loads((out / "scores_test.json").read_text())
+    assert len(saved["per_image"]) == 12 and saved["grounding"]["score"] == grounding["score"]
+    # the results file it wrote is itself a valid input of the results-file mode
+    assert main(["evaluate", "--results", str(out / "results_test.json"), "--annotations",
+                 str(trained / "shapes" / "captions_test.json"), "--json", "--out", str(out / "again.json")]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["scores"] == report["scores"]
 
 
 def test_resume_continues_training(trained: Path) -> None:

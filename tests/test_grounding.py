@@ -1,0 +1,92 @@
+"""The grounding score: attention mass inside the named object's mask, beside the uniform baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from captioner.data.shapes import generate_shapes
+from captioner.grounding import Instances, coco_regions, grounding_score, shapes_regions
+from captioner.models import Caption
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> Instances:
+    root = tmp_path_factory.mktemp("ground")
+    generate_shapes(root, num_train=0, num_val=0, num_test=30, image_size=64, seed=5, progress=False)
+    return Instances(root / "instances_test.json")
+
+
+def caption_with_maps(words: list[str], maps: torch.Tensor) -> Caption:
+    attn = maps[:, None, None]  # (T, 1, 1, h, w)
+    return Caption(" ".join(words), words, list(range(len(words))), 0.0, 0.0, attn, True)
+
+
+def describe(instances: Instances, image_id: int) -> list[str]:
+    objects = sorted(instances.objects(image_id), key=lambda o: o["bbox"][0])
+    words = []
+    for o in objects:
+        words += ["a", o["size"], o["colour"], instances.category_names[o["category_id"]]]
+    return words
+
+
+def test_phrases_resolve_to_their_object() -> None:
+    categories = {1: "circle", 2: "square"}
+    objects = [{"id": 10, "colour": "red", "category_id": 1}, {"id": 11, "colour": "blue", "category_id": 2},
+               {"id": 12, "colour": "red", "category_id": 2}]
+    words = "a small red circle left of a large red square and a blue circle".split()
+    regions = shapes_regions(words, objects, categories)
+    assert {i: [o["id"] for o in objs] for i, objs in regions.items()} == {2: [10], 3: [10], 8: [12], 9: [12]}
+    # "blue circle" names no object of this image: a wrong caption's words are not scored
+
+
+def test_coco_synonyms() -> None:
+    categories = {1: "person", 18: "dog"}
+    objects = [{"id": 1, "category_id": 1}, {"id": 2, "category_id": 1}, {"id": 3, "category_id": 18}]
+    regions = coco_regions("a man and a woman walk two puppies past a cat".split(), objects, categories)
+    assert {i: len(v) for i, v in regions.items()} == {1: 2, 4: 2, 7: 1}  # "cat": no cat in the image
+
+
+def test_attention_on_the_object_scores_one_and_uniform_scores_the_baseline(shapes: Instances) -> None:
+    oracle, uniform = {}, {}
+    for image_id in shapes.coco.getImgIds():
+        words = describe(shapes, image_id)
+        h = w = 64  # maps at image resolution: an exact oracle
+        exact = torch.zeros(len(words), h, w)
+        objects = sorted(shapes.objects(image_id), key=lambda o: o["bbox"][0])
+        for k, obj in enumerate(objects):
+            mask = torch.from_numpy(shapes.mask(obj)).float()
+            exact[4 * k + 2] = exact[4 * k + 3] = mask / mask.sum()
+        oracle[image_id] = caption_with_maps(words, exact)
+        uniform[image_id] = caption_with_maps(words, torch.full((len(words), 4, 4), 1 / 16))
+    good, flat = grounding_score(oracle, shapes), grounding_score(uniform, shapes)
+    assert good.words == flat.words > 30
+    assert good.score == pytest.approx(1.0, abs=0.02)
+    assert flat.score == pytest.approx(flat.baseline, rel=0.05)
+    assert 0.005 < flat.baseline < 0.2 and good.ratio > 5
+    from captioner.data.shapes import COLOURS, SHAPES
+
+    assert set(good.to_json()["per_word"]) <= set(COLOURS) | set(SHAPES)  # sizes and articles are not scored
+
+
+def test_attention_elsewhere_scores_below_the_baseline(shapes: Instances) -> None:
+    wrong = {}
+    for image_id in shapes.coco.getImgIds():
+        words = describe(shapes, image_id)
+        union = np.logical_or.reduce([shapes.mask(o) for o in shapes.objects(image_id)])
+        outside = torch.from_numpy(~union).float()
+        wrong[image_id] = caption_with_maps(words, (outside / outside.sum()).expand(len(words), -1, -1))
+    assert grounding_score(wrong, shapes).score < 0.01
+
+
+def test_bad_instances_file(tmp_path: Path) -> None:
+    from captioner.errors import DatasetError
+
+    with pytest.raises(DatasetError, match="instances file not found"):
+        Instances(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(DatasetError, match="not a COCO instances file"):
+        Instances(tmp_path / "bad.json")
