@@ -165,6 +165,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        from captioner.demo import serve
+    except ModuleNotFoundError as e:
+        if e.name != "gradio":
+            raise
+        raise CaptionerError("demo: Gradio is not installed (pip install -e '.[demo]')") from None
+
+    examples = expand_images(args.examples) if args.examples else None
+    serve([Path(c) for c in args.checkpoints], examples, host=args.host, port=args.port)
+    return 0
+
+
 # --- parser -----------------------------------------------------------------------------------
 
 
@@ -225,9 +238,24 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default="test", choices=("train", "val", "test"))
     evaluate.add_argument("--out", help="folder for results and scores (default: next to the checkpoint)")
     evaluate.add_argument("--limit", type=int, default=0, help="evaluate the first N images only")
+    evaluate.add_argument("--results", help="score a COCO-format results file instead of a checkpoint")
+    evaluate.add_argument("--annotations", help="the COCO caption annotation file for --results")
+    evaluate.add_argument("--fast", action="store_true", help="in-process BLEU/CIDEr-D instead of the official code")
+    evaluate.add_argument("--spice", action="store_true", help="also SPICE (needs its Stanford CoreNLP models)")
+    evaluate.add_argument("--grounding", action="store_true", help="score attention against instance masks")
+    evaluate.add_argument("--instances", help="COCO instances_*.json for --grounding (shapes: found by itself)")
+    evaluate.add_argument("--layer", type=int, default=-1, help="decoder layer of the maps (transformer)")
+    evaluate.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
     add_decode_arguments(evaluate)
     evaluate.add_argument("--json", action="store_true")
     evaluate.set_defaults(func=cmd_evaluate)
+
+    demo = commands.add_parser("demo", help="serve the Gradio page: captions with per-word attention heatmaps")
+    demo.add_argument("checkpoints", nargs="*", help="models to offer (default: the quickstart's, trained first if missing)")
+    demo.add_argument("--examples", nargs="+", help="example images or folders (default: the first model's test images)")
+    demo.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
+    demo.add_argument("--port", type=int, default=7860)
+    demo.set_defaults(func=cmd_demo)
     return parser
 
 

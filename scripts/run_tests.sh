@@ -2,5 +2,5 @@
 # Set up a fresh machine and run the test suite (CPU, a few minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=test source scripts/setup.sh
+EXTRAS=demo,test source scripts/setup.sh
 python -m pytest -q "$@"

@@ -1,0 +1,12 @@
+"""The Gradio demo as a script: `python demo/app.py [CHECKPOINT ...] [--host H --port P]`.
+
+The same as `captioner demo`: with no checkpoint it serves the quickstart's model, training it
+first when it is missing. Run it from the project folder.
+"""
+
+import sys
+
+from captioner.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["demo", *sys.argv[1:]]))

@@ -1,0 +1,379 @@
+"""The demo: page logic on awkward uploads, the API through gradio_client, and a real browser.
+
+A tiny LSTM trained for a few seconds on a small shapes world gives real captions with real
+attention; a tiny random transformer stands in for a multi-layer, multi-head model.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("gradio", reason="the demo extra is not installed (pip install -e .[demo])")
+
+from captioner.checkpoint import load_captioner, save_checkpoint  # noqa: E402
+from captioner.config import load_config  # noqa: E402
+from captioner.data.images import load_image  # noqa: E402
+from captioner.demo import (  # noqa: E402
+    MEAN,
+    Result,
+    attention_choices,
+    build_demo,
+    caption_page,
+    dataset_examples,
+    default_checkpoint,
+    launch,
+    render_page,
+)
+from captioner.errors import CaptionerError  # noqa: E402
+from captioner.models import Caption  # noqa: E402
+from helpers import tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+REPO = Path(__file__).resolve().parents[1]
+
+TINY = [
+    "data.shapes_num_train=200",
+    "data.shapes_num_val=8",
+    "data.shapes_num_test=6",
+    "data.image_size=64",
+    "data.batch_size=16",
+    "model.encoder.width=8",
+    "model.decoder.embed_dim=32",
+    "model.decoder.hidden_dim=48",
+    "model.decoder.attention_dim=32",
+    "model.decoder.dropout=0.0",
+    "train.epochs=4",
+    "train.lr=3e-3",
+    "train.warmup_steps=5",
+    "train.early_stopping_patience=0",
+    "train.val_max_images=8",
+    "decode.max_length=12",
+]
+
+
+@dataclass
+class Trained:
+    checkpoint: Path  # the tiny LSTM
+    transformer: Path  # a tiny random transformer (2 layers, 2 heads)
+    images: list[Path]  # shapes test images
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    from captioner.train import fit
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("demo")
+    config = load_config(REPO / "configs/shapes_lstm.yaml", [*TINY, f"data.root={root / 'shapes'}", f"train.out_dir={root / 'run'}"])
+    checkpoint = fit(config)  # about 5 s on one core
+    transformer = root / "transformer.pt"
+    save_checkpoint(transformer, never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
+    return Trained(checkpoint, transformer, sorted((root / "shapes" / "test").iterdir()))
+
+
+def never_stopping(model):
+    """A random model ends its captions at once or writes <pad>; this one writes words to the end."""
+    vocab = model.vocab
+    out = [m for m in model.decoder.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(vocab)][-1]
+    with torch.no_grad():
+        out.bias[[vocab.pad_id, vocab.bos_id, vocab.eos_id]] = -30.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def model(trained: Trained):
+    return load_captioner(trained.checkpoint)
+
+
+def page_for(model, upload, tmp_path: Path, **options):
+    return caption_page(model, "tiny", upload, beam_size=3, max_length=12, figure_dir=tmp_path, **options)
+
+
+# --- page logic --------------------------------------------------------------------------------
+
+
+def test_caption_page_gives_caption_heatmaps_and_figure(model, trained: Trained, tmp_path: Path) -> None:
+    image = trained.images[0]
+    page = page_for(model, image, tmp_path)
+    expected = model.caption(load_image(image), beam_size=3, max_length=12)  # the CLI's path
+    assert page.text == expected.text and page.text
+    assert f"score {expected.score:.3f}" in page.score_line and "beam 3" in page.score_line
+    assert [word for _, word in page.gallery] == expected.words
+    assert all(overlay.size == Image.open(image).size for overlay, _ in page.gallery)
+    assert page.figure is not None and Image.open(page.figure).format == "PNG"
+    assert page.note == ""
+
+
+def write_huge_png(path: Path, width: int, height: int) -> None:
+    """A valid PNG header announcing width x height over one byte of data: a decompression bomb
+    that costs nothing to make."""
+    buffer = io.BytesIO()
+    Image.new("L", (1, 1)).save(buffer, "PNG")
+    data = bytearray(buffer.getvalue())
+    data[16:24] = struct.pack(">II", width, height)  # IHDR width, height
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))  # the chunk's CRC
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "name, make, message",
+    [
+        ("notes.jpg", lambda p: p.write_text("not a picture"), "notes.jpg: not an image file"),
+        ("empty.png", lambda p: p.write_bytes(b""), "empty.png: empty file (0 bytes)"),
+        ("cut.jpg", None, "cut.jpg: corrupt or truncated"),
+        ("bomb.png", lambda p: write_huge_png(p, 8000, 8000), "bomb.png: image is 8000x8000 = 64 megapixels, over the limit"),
+    ],
+)
+def test_bad_uploads_get_a_clear_message(model, trained: Trained, tmp_path: Path, name: str, make, message: str) -> None:
+    upload = tmp_path / "upload" / name
+    upload.parent.mkdir()
+    if make is None:
+        upload.write_bytes(trained.images[0].read_bytes()[:400])
+    else:
+        make(upload)
+    page = page_for(model, upload, tmp_path)
+    assert page.text == "" and page.gallery == [] and page.figure is None and page.result is None
+    assert page.note.startswith("**Could not caption this file.**") and message in page.note
+    assert str(upload.parent) not in page.note  # the file's name, not the server's temporary path
+    assert "Traceback" not in page.note
+
+
+def test_no_upload_asks_for_one(model, tmp_path: Path) -> None:
+    assert "Upload an image" in page_for(model, None, tmp_path).note
+
+
+def test_animated_gif_is_captioned_from_its_first_frame(model, trained: Trained, tmp_path: Path) -> None:
+    first = Image.open(trained.images[0]).convert("RGB")
+    frames = [first, Image.new("RGB", first.size, "white"), Image.new("RGB", first.size, "black")]
+    gif = tmp_path / "moving.gif"
+    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    page = page_for(model, gif, tmp_path)
+    assert page.text and "3 frames: only its first frame was captioned" in page.note
+
+
+def test_16bit_png_and_cmyk_jpeg_are_converted_with_a_note(model, trained: Trained, tmp_path: Path) -> None:
+    grey = np.asarray(Image.open(trained.images[0]).convert("L"), dtype=np.uint16) * 257  # (H, W) in 0..65535
+    deep = tmp_path / "deep.png"
+    Image.fromarray(grey).save(deep)  # uint16: mode I;16
+    cmyk = tmp_path / "print.jpg"
+    Image.open(trained.images[0]).convert("CMYK").save(cmyk, quality=95)
+    deep_page, cmyk_page = page_for(model, deep, tmp_path), page_for(model, cmyk, tmp_path)
+    assert deep_page.text and "16-bit image" in deep_page.note and "converted to 8-bit RGB" in deep_page.note
+    assert cmyk_page.text and "CMYK image: converted to RGB" in cmyk_page.note
+
+
+def test_layer_and_head_choices_follow_the_decoder(model, trained: Trained, tmp_path: Path) -> None:
+    assert attention_choices(model) == (["1"], [MEAN, "1"])  # the LSTM: one map per word
+    transformer = load_captioner(trained.transformer)
+    assert attention_choices(transformer) == (["1", "2"], [MEAN, "1", "2"])
+    # Redraw one caption for several layer/head choices: each choice shows its own maps.
+    torch.manual_seed(0)
+    attn = torch.rand(3, 2, 2, 4, 4).softmax(-1)  # (T, L, H, h, w)
+    caption = Caption("a red star", ["a", "red", "star"], [4, 5, 6], -0.5, -1.5, attn, True)
+    result = Result(caption, Image.open(trained.images[0]).convert("RGB"), "tiny transformer", 3, 0.1, [])
+    pages = {(layer, head): render_page(result, layer, head, tmp_path) for layer in ("1", "2") for head in (MEAN, "1", "2")}
+    assert "layer 1, head 2" in pages["1", "2"].score_line and "layer 2, mean of heads" in pages["2", MEAN].score_line
+    pixels = {key: np.asarray(page.gallery[0][0]) for key, page in pages.items()}
+    assert len({p.tobytes() for p in pixels.values()}) == len(pixels)
+    # A choice left over from another model is clamped, never an index error.
+    assert "layer 2, mean of heads" in render_page(result, "7", "9", tmp_path).score_line
+
+
+def test_default_checkpoint_uses_the_quickstart_model_or_trains_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CaptionerError, match="run the demo from the project folder"):
+        default_checkpoint()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs/shapes_lstm.yaml").write_text((REPO / "configs/shapes_lstm.yaml").read_text())
+    trainings = []
+    monkeypatch.setattr("captioner.train.fit", lambda config: trainings.append(config.train.out_dir) or Path("trained.pt"))
+    assert default_checkpoint() == Path("trained.pt") and trainings == ["runs/shapes_lstm"]
+    (tmp_path / "runs/shapes_lstm").mkdir(parents=True)
+    (tmp_path / "runs/shapes_lstm/best.pt").write_bytes(b"weights")
+    assert default_checkpoint() == Path("runs/shapes_lstm/best.pt") and len(trainings) == 1
+
+
+def test_examples_come_from_the_model_dataset_and_are_never_generated(model, tmp_path: Path) -> None:
+    examples = dataset_examples(model.config, count=3)
+    assert len(examples) == 3 and all(p.is_file() for p in examples)
+    missing = load_config(None, [f"data.root={tmp_path / 'nowhere'}"])
+    assert dataset_examples(missing) == [] and not (tmp_path / "nowhere").exists()
+
+
+# --- the server, through its API ---------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(trained: Trained) -> Iterator[str]:
+    demo = build_demo([trained.checkpoint, trained.transformer], trained.images[:3])
+    url = launch(demo, "127.0.0.1", free_port(), block=False, max_file_size=2_000_000)
+    yield url
+    demo.close()
+
+
+def client(url: str, tmp_path: Path):
+    from gradio_client import Client
+
+    return Client(url, verbose=False, analytics_enabled=False, download_files=str(tmp_path))
+
+
+def test_api_captions_through_the_same_path_as_the_cli(server: str, trained: Trained, model, tmp_path: Path) -> None:
+    from gradio_client import handle_file
+
+    image = trained.images[1]
+    api = client(server, tmp_path)
+    text, score, gallery, note = api.predict(
+        handle_file(str(image)), model_name=str(trained.checkpoint), beam_size=3, max_length=12, api_name="/caption"
+    )
+    [expected] = model.caption_files([image], beam_size=3, max_length=12)  # what `captioner caption` prints
+    assert text == expected.text and score.startswith(f"score {expected.score:.3f}")
+    assert [item["caption"] for item in gallery] == expected.words
+    assert all(Image.open(item["image"]).size == Image.open(image).size for item in gallery)
+    assert note == ""
+    figure = Image.open(api.predict(api_name="/figure"))  # of this session's caption
+    assert figure.format == "PNG" and figure.width > 2 * Image.open(image).width  # the input and a panel a word
+
+
+def test_api_bad_upload_gets_the_message_not_a_traceback(server: str, tmp_path: Path) -> None:
+    from gradio_client import handle_file
+
+    bad = tmp_path / "report.pdf"
+    bad.write_bytes(b"%PDF-1.4 not an image at all")
+    text, _, gallery, note = client(server, tmp_path).predict(handle_file(str(bad)), api_name="/caption")
+    assert (text, gallery) == ("", [])
+    assert "report.pdf: not an image file" in note and "Traceback" not in note
+
+
+def test_server_refuses_uploads_over_the_size_limit(server: str) -> None:
+    import httpx
+
+    big = {"files": ("big.png", os.urandom(2_100_000), "image/png")}
+    response = httpx.post(f"{server}gradio_api/upload", files=big, timeout=30)
+    assert response.status_code == 413
+
+
+def test_api_concurrent_requests_all_get_the_right_caption(server: str, trained: Trained, model, tmp_path: Path) -> None:
+    from gradio_client import handle_file
+
+    image = trained.images[2]
+    expected = model.caption(load_image(image), beam_size=3, max_length=12).text
+    answers: list[str] = []
+
+    def ask(i: int) -> None:
+        answers.append(client(server, tmp_path / str(i)).predict(handle_file(str(image)), api_name="/caption")[0])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert answers == [expected] * 4
+
+
+# --- a real browser ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def screenshot_path(tmp_path: Path) -> Path:
+    """docs/demo.png only when CAPTIONER_SCREENSHOT asks (1, or a path): tests never write into
+    the repository by default."""
+    wanted = os.environ.get("CAPTIONER_SCREENSHOT", "")
+    if wanted in ("", "0"):
+        return tmp_path / "demo.png"
+    return REPO / "docs" / "demo.png" if wanted == "1" else Path(wanted)
+
+
+@pytest.fixture(scope="module")
+def browser_server(trained: Trained) -> Iterator[tuple[str, Path, Path]]:
+    """The LSTM and the transformer; CAPTIONER_DEMO_CHECKPOINT shows a real model instead of the
+    tiny one (for the README's screenshot)."""
+    checkpoint = Path(os.environ.get("CAPTIONER_DEMO_CHECKPOINT") or trained.checkpoint)
+    image = Path(os.environ.get("CAPTIONER_DEMO_IMAGE") or trained.images[1])
+    demo = build_demo([checkpoint, trained.transformer], [*trained.images[:4]])
+    url = launch(demo, "127.0.0.1", free_port(), block=False)
+    yield url, checkpoint, image
+    demo.close()
+
+
+def test_browser_upload_caption_and_heatmaps(browser, browser_server, tmp_path: Path) -> None:
+    url, checkpoint, image = browser_server
+    expected = load_captioner(checkpoint).caption(load_image(image))  # the config's beam and length: the page's defaults
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    outside: list[str] = []
+    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith((url, "data:", "blob:")) else None)
+    page.goto(url)
+    page.wait_for_selector("#run")
+    assert not page.is_visible("#layer")  # the LSTM has one map per word: no layer/head choice
+
+    page.set_input_files("#image input[type=file]", str(image))
+    page.wait_for_selector(f"#image img[src$='{image.name}']")  # uploaded
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#caption textarea').value.length > 0", timeout=60_000)
+    assert page.input_value("#caption textarea") == expected.text
+    thumbnails = page.locator("#heatmaps .thumbnail-item img")
+    thumbnails.nth(len(expected.words) - 1).wait_for()
+    assert [thumbnails.nth(i).get_attribute("alt") for i in range(thumbnails.count())] == expected.words
+    first, second = (page.request.get(thumbnails.nth(i).get_attribute("src")).body() for i in (0, 1))
+    first_pixels, second_pixels = (np.asarray(Image.open(io.BytesIO(b)).convert("RGB"), dtype=np.int16) for b in (first, second))
+    assert first_pixels.shape == second_pixels.shape and np.abs(first_pixels - second_pixels).mean() > 0.5
+    assert "score" in page.inner_text("#score")
+    page.wait_for_selector("#download:not([disabled])", timeout=60_000)  # the figure comes a moment after the caption
+    with page.expect_download() as download:
+        page.click("#download")
+    figure = Image.open(download.value.path())
+    assert figure.format == "PNG" and figure.width > 2 * Image.open(image).width
+    page.screenshot(path=str(screenshot_path(tmp_path)), full_page=True)
+
+    bad = tmp_path / "notes.png"
+    bad.write_text("not a picture")
+    page.set_input_files("#image input[type=file]", str(bad))
+    page.wait_for_selector("#image img[src$='notes.png']")  # uploaded
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#note').innerText.includes('Could not caption')", timeout=60_000)
+    assert "notes.png: not an image file" in page.inner_text("#note") and "Traceback" not in page.content()
+
+    page.click("#model input")  # the transformer: its layers and heads become choices
+    page.get_by_role("option", name="transformer.pt", exact=False).click()
+    page.wait_for_selector("#layer", state="visible")
+    page.set_input_files("#image input[type=file]", str(image))
+    page.wait_for_selector(f"#image img[src$='{image.name}']")
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#score').innerText.includes('layer 2, mean of heads')", timeout=60_000)
+    mean_of_heads = page.get_attribute("#heatmaps .thumbnail-item img", "src")
+    page.click("#head input")  # a head of its own: the maps are redrawn without decoding again
+    page.get_by_role("option", name="1", exact=True).click()
+    page.wait_for_function("document.querySelector('#score').innerText.includes('layer 2, head 1')", timeout=60_000)
+    assert page.get_attribute("#heatmaps .thumbnail-item img", "src") != mean_of_heads
+    page.close()  # its open connections would hold up the server's shutdown
+    assert outside == []  # the page works offline: nothing fetched from anywhere but the demo
