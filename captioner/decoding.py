@@ -30,6 +30,14 @@ def select_rows(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[s
     return {key: value.index_select(0, index) for key, value in tensors.items()}
 
 
+def ban(logprobs: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:
+    if not banned:
+        return logprobs
+    logprobs = logprobs.clone()
+    logprobs[:, list(banned)] = float("-inf")
+    return logprobs
+
+
 def length_penalty(length: int, alpha: float) -> float:
     """GNMT's ((5 + length) / 6) ** alpha; alpha = 0 ranks by total log-probability."""
     return ((5.0 + length) / 6.0) ** alpha
@@ -44,8 +52,12 @@ def greedy_decode(
     max_length: int = 30,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
+    banned: tuple[int, ...] = (),
 ) -> list[Hypothesis]:
-    """The most probable word at each step (or a sample at `temperature` > 0); feats (B, N, D)."""
+    """The most probable word at each step (or a sample at `temperature` > 0); feats (B, N, D).
+
+    `banned` ids (<pad>, <bos>) are never produced: they are not words, and a caption's words
+    must line up one to one with its attention maps."""
     batch = feats.shape[0]
     memory = decoder.prepare(feats)
     state = decoder.init_state(memory)
@@ -55,6 +67,7 @@ def greedy_decode(
     lengths = torch.full((batch,), max_length, dtype=torch.long)
     for t in range(max_length):
         logprobs, attn, state = decoder.step(memory, prev, state)  # (B, V), (B, L, H, N)
+        logprobs = ban(logprobs, banned)
         if temperature > 0:
             probs = (logprobs.float() / temperature).softmax(dim=-1)
             prev = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
@@ -88,6 +101,7 @@ def beam_search(
     beam_size: int = 3,
     max_length: int = 30,
     alpha: float = 0.0,
+    banned: tuple[int, ...] = (),
 ) -> list[Hypothesis]:
     """Batched beam search over B images with K beams each; feats (B, N, D).
 
@@ -111,6 +125,7 @@ def beam_search(
 
     for t in range(max_length):
         logprobs, attn, state = decoder.step(memory, prev, state)  # (B*K, V), (B*K, L, H, N)
+        logprobs = ban(logprobs, banned)
         V = logprobs.shape[-1]
         attn = attn.float()
         candidates = (scores.view(B * K, 1) + logprobs.float()).view(B, K * V)  # (B, K*V)

@@ -97,10 +97,11 @@ class Captioner(nn.Module):
         max_length = settings.max_length if max_length is None else max_length
         alpha = settings.length_penalty if length_penalty is None else length_penalty
         bos, eos = self.vocab.bos_id, self.vocab.eos_id
+        banned = (self.vocab.pad_id, bos)
         if beam_size <= 1:
-            hypotheses = greedy_decode(self.decoder, feats, bos, eos, max_length)
+            hypotheses = greedy_decode(self.decoder, feats, bos, eos, max_length, banned=banned)
         else:
-            hypotheses = beam_search(self.decoder, feats, bos, eos, beam_size, max_length, alpha)
+            hypotheses = beam_search(self.decoder, feats, bos, eos, beam_size, max_length, alpha, banned=banned)
         return [self._caption(h, grid) for h in hypotheses]
 
     def _caption(self, hyp: Hypothesis, grid: tuple[int, int]) -> Caption:
