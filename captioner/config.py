@@ -81,7 +81,7 @@ class TrainConfig:
     out_dir: str = "runs/shapes_lstm"
     epochs: int = 20
     lr: float = 4e-4  # decoder
-    encoder_lr: float = 1e-4  # trainable encoder layers
+    encoder_lr: float = 1e-4  # fine-tuned layers of a pretrained encoder (from scratch: lr)
     weight_decay: float = 0.0
     grad_clip: float = 5.0
     attention_penalty: float = 1.0  # lambda of the doubly stochastic regulariser (lstm)

@@ -214,7 +214,9 @@ def fit(config: Config, resume: bool = False) -> Path:
     groups = [{"params": [p for p in model.decoder.parameters()], "lr": config.train.lr}]
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
     if encoder_params:
-        groups.append({"params": encoder_params, "lr": config.train.encoder_lr})
+        # A gentler rate fine-tunes pretrained layers; an encoder learning from scratch needs the full one.
+        encoder_lr = config.train.encoder_lr if config.model.encoder.pretrained else config.train.lr
+        groups.append({"params": encoder_params, "lr": encoder_lr})
     optimizer = torch.optim.AdamW(groups, weight_decay=config.train.weight_decay)
     scheduler = make_scheduler(optimizer, config, config.train.epochs * max(1, len(loader)))
     if checkpoint is not None:
