@@ -53,9 +53,9 @@ def test_attention_penalty() -> None:
     assert float(decoder.attention_penalty(attn, mask)) == 0.0
     attn_same = torch.zeros(1, 4, 1, 1, 4)
     attn_same[..., 0] = 1.0  # always the same cell: coverage (4, 0, 0, 0)
-    assert float(decoder.attention_penalty(attn_same, mask)) == pytest.approx(9 + 1 + 1 + 1)
+    assert float(decoder.attention_penalty(attn_same, mask)) == pytest.approx((9 + 1 + 1 + 1) / 4)
     mask[0, 2:] = False  # padded steps do not count: coverage (2, 0, 0, 0)
-    assert float(decoder.attention_penalty(attn_same, mask)) == pytest.approx(1 + 1 + 1 + 1)
+    assert float(decoder.attention_penalty(attn_same, mask)) == pytest.approx((1 + 1 + 1 + 1) / 4)
 
 
 def test_beam_one_equals_greedy(decoder: LSTMDecoder) -> None:

@@ -14,8 +14,8 @@ class LSTMDecoder(Decoder):
     and predict with the paper's deep output p(y_t) ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t)).
 
     The state starts from the mean feature (h_0 = tanh(W_init_h mean_ij h_ij), likewise c_0), and
-    the doubly stochastic penalty sum_ij (1 - sum_t a_tij)^2 pushes the model to look at every
-    part of the image over the course of a caption.
+    the doubly stochastic penalty on (1 - sum_t a_tij)^2 pushes the model to look at every part of
+    the image over the course of a caption.
     """
 
     def __init__(
@@ -85,6 +85,10 @@ class LSTMDecoder(Decoder):
         return DecoderOutput(logits, weights[:, :, None, None, :])  # attn (B, T, 1, 1, N)
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """sum_ij (1 - sum_t a_tij)^2 over real steps, averaged over the batch."""
+        """(1 - sum_t a_tij)^2 over real steps, averaged over cells and the batch.
+
+        The paper sums over cells; the mean (as in the best-known reproduction) keeps one
+        penalty weight meaningful for a 7x7 and a 14x14 grid alike.
+        """
         coverage = (attn[:, :, 0, 0, :] * mask.unsqueeze(-1)).sum(dim=1)  # (B, N)
-        return ((1.0 - coverage) ** 2).sum(dim=1).mean()
+        return ((1.0 - coverage) ** 2).mean()
