@@ -172,8 +172,29 @@ def _grounding(model: Captioner, records: list[ImageRecord], captions: dict[int,
         path, kind = Path(data.root) / f"instances_{args.split}.json", "shapes"
     else:
         raise CaptionerError("evaluate --grounding: give --instances FILE (COCO instances_*.json) for this dataset")
-    report = grounding_score(captions, Instances(path), kind, layer=args.layer, head=args.head)
+    instances = Instances(path)
+    report = grounding_score(captions, instances, kind, layer=args.layer, head=args.head)
+    if args.heatmaps:
+        _outlined_figures(Path(args.heatmaps), records, captions, instances, kind, args)
     return {"instances": str(path), "layer": args.layer, "head": "mean" if args.head is None else args.head, **report.to_json()}
+
+
+def _outlined_figures(
+    out_dir: Path, records: list[ImageRecord], captions: dict[int, Caption], instances, kind: str, args, count: int = 8
+) -> None:
+    """Heatmap figures of the first images, each scored word's true region outlined in white."""
+    from captioner.data.images import load_image
+    from captioner.grounding import word_regions
+    from captioner.visualize import save_attention_figure
+
+    for record in [r for r in records if r.image_id in captions][:count]:
+        caption = captions[record.image_id]
+        outlines = word_regions(caption, record.image_id, instances, kind)
+        save_attention_figure(
+            out_dir / f"{record.path.stem}_grounding.png", load_image(record.path), caption,
+            layer=args.layer, head=args.head, outlines=outlines,
+        )
+    log.info("grounding figures (true regions outlined): %s", out_dir)
 
 
 def _rounded(scores: dict[str, float]) -> dict[str, float]:

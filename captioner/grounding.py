@@ -145,6 +145,14 @@ def coco_regions(words: list[str], objects: list[dict], categories: dict[int, st
     return {i: by_category[word_to_category[w]] for i, w in enumerate(words) if word_to_category.get(w) in by_category}
 
 
+def word_regions(caption: Caption, image_id: int, instances: Instances, kind: str = "shapes") -> dict[int, np.ndarray]:
+    """Word position -> (H, W) mask of the object(s) that word names, for the scored words."""
+    find = shapes_regions if kind == "shapes" else coco_regions
+    regions = find(caption.words, instances.objects(image_id), instances.category_names)
+    masks = {o["id"]: instances.mask(o) for objs in regions.values() for o in objs}
+    return {i: np.logical_or.reduce([masks[o["id"]] for o in objs]) for i, objs in regions.items()}
+
+
 def grounding_score(
     captions: dict[int, Caption],
     instances: Instances,
@@ -153,19 +161,15 @@ def grounding_score(
     head: int | None = None,
 ) -> GroundingReport:
     """Score every object word of every caption against the instance masks."""
-    find = shapes_regions if kind == "shapes" else coco_regions
     masses, areas = [], []
     per_word: dict[str, list[float]] = defaultdict(list)
     for image_id, caption in captions.items():
-        objects = instances.objects(image_id)
-        regions = find(caption.words, objects, instances.category_names)
+        regions = word_regions(caption, image_id, instances, kind)
         if not regions:
             continue
         info = instances.coco.imgs[image_id]
         maps = upsample(caption.heatmaps(layer, head), (info["height"], info["width"]))  # (T, H, W), each sums to 1
-        masks = {id(o): instances.mask(o) for objs in regions.values() for o in objs}
-        for position, objs in regions.items():
-            region = np.logical_or.reduce([masks[id(o)] for o in objs])  # (H, W)
+        for position, region in regions.items():
             mass = float(maps[position][torch.from_numpy(region)].sum())
             masses.append(mass)
             areas.append(float(region.mean()))

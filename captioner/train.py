@@ -55,8 +55,7 @@ def caption_loss(
     model: Captioner, batch: CaptionBatch, config: Config, encoded: bool
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Cross-entropy of each next word given the previous ones, plus the attention penalty."""
-    lengths = (batch.tokens[:, 1:] != model.vocab.pad_id).sum(dim=1)  # (C,) words + <eos>
-    lengths, order = lengths.sort(descending=True)  # longest first: the decoder skips padding
+    lengths, order = (batch.lengths - 1).sort(descending=True)  # (C,) inputs per caption, longest first
     tokens, image_rows = batch.tokens[order], batch.image_rows[order]
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (C, T) each
     out = model(batch.images, inputs, image_rows, encoded=encoded, lengths=lengths)

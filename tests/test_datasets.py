@@ -141,6 +141,8 @@ def test_collate_all_pairs(tmp_path: Path) -> None:
     batch = collate_captions([dataset[0], None, dataset[2]])
     assert batch.images.shape == (2, 3, 32, 32)
     assert batch.tokens.shape[0] == 10 and batch.image_rows.tolist() == [0] * 5 + [1] * 5
+    assert (batch.lengths == (batch.tokens != vocab.pad_id).sum(dim=1)).all()
+    assert (batch.tokens[torch.arange(10), batch.lengths - 1] == vocab.eos_id).all()
     assert batch.indices.tolist() == [0, 2]
     assert collate_captions([None]) is None
 

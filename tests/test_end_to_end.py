@@ -92,8 +92,10 @@ def test_evaluate_fast_writes_coco_results(trained: Path, capsys: pytest.Capture
 @pytest.mark.skipif(shutil.which("java") is None, reason="the official metrics need Java")
 def test_evaluate_official_with_grounding(trained: Path, capsys: pytest.CaptureFixture) -> None:
     out = trained / "eval"
-    args = ["evaluate", str(trained / "run" / "best.pt"), "--split", "test", "--grounding", "--json", "--out", str(out)]
+    args = ["evaluate", str(trained / "run" / "best.pt"), "--split", "test", "--grounding", "--json", "--out", str(out),
+            "--heatmaps", str(out / "figures")]
     assert main(args) == 0
+    assert len(list((out / "figures").glob("*_grounding.png"))) == 8
     report = json.loads(capsys.readouterr().out)
     assert set(report["scores"]) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"}
     grounding = report["grounding"]

@@ -21,12 +21,17 @@ log = logging.getLogger(__name__)
 class CaptionBatch:
     images: torch.Tensor  # (B, 3, H, W), or cached features (B, N, D)
     tokens: torch.Tensor  # (C, T) = <bos> w1 .. wn <eos> <pad> ..; C >= B captions
+    lengths: torch.Tensor  # (C,) tokens before the padding, <bos> and <eos> included
     image_rows: torch.Tensor  # (C,) the row of `images` each caption describes
     indices: torch.Tensor  # (B,) positions of the images in the dataset's records
 
     def to(self, device: torch.device) -> CaptionBatch:
         return CaptionBatch(
-            self.images.to(device, non_blocking=True), self.tokens.to(device), self.image_rows.to(device), self.indices
+            self.images.to(device, non_blocking=True),
+            self.tokens.to(device),
+            self.lengths.to(device),
+            self.image_rows.to(device),
+            self.indices,
         )
 
 
@@ -95,9 +100,10 @@ def collate_captions(batch: list) -> CaptionBatch | None:
     tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions), dtype=torch.long)  # (C, T), 0 = <pad>
     for c, (_, ids) in enumerate(captions):
         tokens[c, : len(ids)] = torch.tensor(ids)
+    lengths = torch.tensor([len(ids) for _, ids in captions])  # (C,)
     image_rows = torch.tensor([row for row, _ in captions])  # (C,)
     indices = torch.tensor([i for _, _, i in batch])  # (B,)
-    return CaptionBatch(images, tokens, image_rows, indices)
+    return CaptionBatch(images, tokens, lengths, image_rows, indices)
 
 
 def collate_images(batch: list) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -1,0 +1,458 @@
+"""The Gradio demo: caption an image and show, word by word, where the model looked.
+
+Inference goes through the same loader, transform and beam search as the CLI (`load_image`, then
+`Captioner.caption`); this module only adds presentation: overlays, a figure to download, notes
+about what the loader did to an unusual file, and clear messages for files it refused.
+
+The page logic is plain functions (`caption_page`, `render_page`) that the Gradio callbacks wrap,
+so it is tested without a server. `serve()` is what `captioner demo` and `demo/app.py` run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The demo must start offline: no telemetry, no version check (both are network calls at startup).
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from captioner.checkpoint import load_captioner  # noqa: E402
+from captioner.config import Config, load_config  # noqa: E402
+from captioner.data import load_split  # noqa: E402
+from captioner.data.images import MAX_PIXELS, load_image  # noqa: E402
+from captioner.errors import CaptionerError, ImageLoadError  # noqa: E402
+from captioner.models import Caption, Captioner  # noqa: E402
+from captioner.visualize import save_attention_figure, word_overlays  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = Path("configs/shapes_lstm.yaml")  # the quickstart's model, relative to the project folder
+MAX_FILE_SIZE = "10mb"  # uploads above this are refused by the server before any decoding
+DISPLAY_SIDE = 640  # overlays are drawn on a copy this size at most: a 40 MP photo stays cheap to show
+QUEUE_SIZE = 64  # waiting requests beyond this are told the queue is full
+MEAN = "mean"  # the head choice that averages the heads
+
+# pyplot keeps global state; figures are drawn one at a time even when requests run in parallel.
+_FIGURE_LOCK = threading.Lock()
+
+
+# --- page logic (no Gradio) --------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One captioned image, kept in the session so a layer/head change redraws without decoding."""
+
+    caption: Caption
+    image: Image.Image  # the upright RGB picture, shrunk to DISPLAY_SIDE for the overlays
+    model_name: str
+    beam_size: int
+    seconds: float  # loading and decoding
+    notes: list[str]
+
+
+@dataclass
+class PageOutput:
+    text: str
+    score_line: str
+    gallery: list[tuple[Image.Image, str]]  # (the image under one word's attention, the word)
+    figure: Path | None  # PNG of the whole caption, for download
+    note: str  # Markdown: conversions made, or why the upload was refused
+    result: Result | None = None
+
+
+def attention_shape(model: Captioner) -> tuple[int, int]:
+    """(layers, heads) of the decoder's attention maps: (1, 1) for the LSTM."""
+    decoder = model.config.model.decoder
+    return (decoder.num_layers, decoder.num_heads) if decoder.type == "transformer" else (1, 1)
+
+
+def attention_choices(model: Captioner) -> tuple[list[str], list[str]]:
+    """Dropdown choices: layers "1".."L" (default the last) and heads "mean", "1".."H"."""
+    layers, heads = attention_shape(model)
+    return [str(i + 1) for i in range(layers)], [MEAN, *(str(i + 1) for i in range(heads))]
+
+
+def parse_layer_head(caption: Caption, layer: str | int | None, head: str | int | None) -> tuple[int, int | None]:
+    """Dropdown values -> (layer index, head index or None for the mean), clamped to the caption's
+    maps, so a choice left over from another model never indexes out of range."""
+    num_layers, num_heads = caption.attn.shape[1:3]
+    try:
+        layer_index = min(max(int(layer) - 1, 0), num_layers - 1)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        layer_index = num_layers - 1
+    try:
+        head_index: int | None = int(head) - 1  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        head_index = None
+    if head_index is not None and not 0 <= head_index < num_heads:
+        head_index = None
+    return layer_index, head_index
+
+
+def conversion_notes(path: str | Path) -> list[str]:
+    """What `load_image` did to this file to make it 8-bit upright RGB, in words. Reads only the
+    header; never raises (the loader reports unreadable files)."""
+    try:
+        with Image.open(path) as image:
+            mode, frames = image.mode, getattr(image, "n_frames", 1)
+            transparent = mode in ("RGBA", "LA", "PA") or (mode == "P" and "transparency" in image.info)
+            orientation = image.getexif().get(0x0112, 1)
+    except Exception:  # noqa: BLE001 - a note is optional; the loader has the last word
+        return []
+    notes = []
+    if frames > 1:
+        notes.append(f"An animation of {frames} frames: only its first frame was captioned.")
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        notes.append(f"A 16-bit image (mode {mode}): converted to 8-bit RGB.")
+    elif mode == "CMYK":
+        notes.append("A CMYK image: converted to RGB.")
+    elif transparent:
+        notes.append("Transparent areas were composited over white.")
+    elif mode not in ("RGB", "P"):
+        notes.append(f"A mode {mode} image: converted to RGB.")
+    if orientation not in (1, None):
+        notes.append("Turned upright as its EXIF orientation says.")
+    return notes
+
+
+def refusal(message: str) -> PageOutput:
+    return PageOutput("", "", [], None, f"**Could not caption this file.** {message}")
+
+
+def caption_page(
+    model: Captioner,
+    model_name: str,
+    upload: str | Path | None,
+    beam_size: int,
+    max_length: int,
+    layer: str | int | None = None,
+    head: str | int | None = MEAN,
+    figure_dir: Path | None = None,
+    max_pixels: int = MAX_PIXELS,
+) -> PageOutput:
+    """Caption an uploaded file and draw its heatmaps (and its figure into `figure_dir`, if given).
+    A file the loader refuses gives its one-line reason in the note, named by the file's own name
+    rather than the server's temporary path."""
+    if upload is None or str(upload) == "":
+        return PageOutput("", "", [], None, "Upload an image or pick an example first.")
+    path = Path(upload)
+    started = time.perf_counter()
+    try:
+        image = load_image(path, max_pixels)
+    except ImageLoadError as e:
+        return refusal(str(e).replace(str(path), path.name))
+    caption = model.caption(image, beam_size=int(beam_size), max_length=int(max_length))
+    shown = image.copy()
+    shown.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE))
+    notes = conversion_notes(path)
+    if not caption.finished:
+        notes.append(f"The caption reached the maximum length ({int(max_length)} words) before the model ended it.")
+    result = Result(caption, shown, model_name, int(beam_size), time.perf_counter() - started, notes)
+    return render_page(result, layer, head, figure_dir)
+
+
+def render_page(result: Result, layer: str | int | None, head: str | int | None, figure_dir: Path | None = None) -> PageOutput:
+    """Overlays (and the figure, when `figure_dir` is given) for one layer/head choice of an
+    already captioned image."""
+    caption = result.caption
+    layer_index, head_index = parse_layer_head(caption, layer, head)
+    gallery = [(picture, word) for word, picture in word_overlays(result.image, caption, layer_index, head_index)]
+    maps = maps_label(caption, layer_index, head_index)
+    score_line = (
+        f"score {caption.score:.3f} · log-probability {caption.logprob:.2f} · "
+        f"{len(caption.words)} words · beam {result.beam_size} · {result.model_name}"
+        f"{' · ' + maps if maps else ''} · captioned in {result.seconds:.2f} s"
+    )
+    note = " ".join(result.notes)
+    if not caption.words:
+        note = (note + " The model ended the caption at once: there is no word to show.").strip()
+    figure = write_figure(result, layer, head, figure_dir) if figure_dir is not None else None
+    return PageOutput(caption.text, score_line, gallery, figure, note, result)
+
+
+def maps_label(caption: Caption, layer: int, head: int | None) -> str:
+    """'layer 2, head 1' for a multi-layer or multi-head decoder; '' when there is one map a word."""
+    if caption.attn.shape[1] == 1 and caption.attn.shape[2] == 1:
+        return ""
+    return f"layer {layer + 1}, " + ("mean of heads" if head is None else f"head {head + 1}")
+
+
+def write_figure(result: Result, layer: str | int | None, head: str | int | None, figure_dir: Path) -> Path:
+    """The downloadable figure: the image, then each word over its map (the CLI's --heatmaps
+    figure). About a second for twenty words, so the page draws it after showing the caption."""
+    prune(figure_dir)
+    caption = result.caption
+    layer_index, head_index = parse_layer_head(caption, layer, head)
+    maps = maps_label(caption, layer_index, head_index)
+    title = f"{caption.text}  (score {caption.score:.2f}{', ' + maps if maps else ''})"
+    path = figure_dir / f"attention_{uuid.uuid4().hex[:12]}.png"
+    with _FIGURE_LOCK:
+        return save_attention_figure(path, result.image, caption, layer=layer_index, head=head_index, title=title)
+
+
+def prune(folder: Path, max_age_s: float = 600.0) -> None:
+    """Delete old pictures: Gradio has copied each into its own cache by the time it is served."""
+    if not folder.is_dir():
+        return
+    now = time.time()
+    for old in [*folder.glob("attention_*.png"), *folder.glob("overlay_*.jpg")]:
+        try:
+            if now - old.stat().st_mtime > max_age_s:
+                old.unlink()
+        except OSError:
+            pass  # another request removed it first
+
+
+# --- models, examples and the "no arguments" default -------------------------------------------
+
+
+def load_models(checkpoints: list[Path], device: str = "cpu") -> dict[str, Captioner]:
+    """Checkpoint path -> model; a bad checkpoint stops the start with its one-line error."""
+    if not checkpoints:
+        raise CaptionerError("demo: no checkpoint to serve")
+    return {str(path): load_captioner(path, device) for path in dict.fromkeys(checkpoints)}
+
+
+def model_label(path: str, model: Captioner) -> str:
+    """What the model menu shows: 'run/best.pt (lstm over small_cnn)'."""
+    name = Path(path)
+    return f"{name.parent.name}/{name.name} ({model.config.model.decoder.type} over {model.config.model.encoder.name})"
+
+
+def default_checkpoint(config_path: Path = DEFAULT_CONFIG) -> Path:
+    """The quickstart's model: its best.pt if trained, else train it now (progress in the log)."""
+    if not config_path.is_file():
+        raise CaptionerError(f"{config_path}: not found; run the demo from the project folder or give a CHECKPOINT")
+    config = load_config(config_path)
+    best = Path(config.train.out_dir) / "best.pt"
+    if best.is_file():
+        return best
+    from captioner.train import fit
+
+    log.info("no trained model at %s: training %s first (the quickstart's model; minutes on a CPU)", best, config_path)
+    return fit(config)
+
+
+def dataset_examples(config: Config, count: int = 4) -> list[Path]:
+    """The first test images of the dataset a model was trained on, where they are on this machine."""
+    data = config.data
+    if data.dataset == "shapes" and not (Path(data.root) / "captions_test.json").is_file():
+        return []  # never generate a dataset just for examples
+    try:
+        records = load_split(data, "test", check_images=False)
+    except CaptionerError:
+        return []
+    return [r.path for r in records if r.path.is_file()][:count]
+
+
+# --- the page ----------------------------------------------------------------------------------
+
+from gradio.events import Dependency
+
+class UploadImage(gr.Image):
+    """An image input that hands the uploaded file to the captioner untouched.
+
+    gr.Image would decode and convert the file itself, so a non-image would fail inside Gradio
+    with no useful message, and a 16-bit or CMYK file would be converted twice; here our own
+    loader validates and converts every file, exactly as for the CLI.
+    """
+
+    is_template = True  # drawn by the frontend's Image component
+
+    def preprocess(self, payload: Any) -> str | None:
+        if payload is None:
+            return None
+        if getattr(payload, "path", None):
+            return str(payload.path)
+        return super().preprocess(payload)
+    from typing import Callable, Literal, Sequence, Any, TYPE_CHECKING
+    from gradio.blocks import Block
+    if TYPE_CHECKING:
+        from gradio.components import Timer
+        from gradio.components.base import Component  # a base64 data URL: let Gradio write it to a file
+
+
+class Callbacks:
+    """What the page's events run: the loaded models, and Gradio values in and out."""
+
+    def __init__(self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS) -> None:
+        self.models = models
+        self.max_pixels = max_pixels
+        self.out_dir = Path(tempfile.mkdtemp(prefix="captioner-demo-"))
+
+    def model(self, name: str) -> tuple[str, Captioner]:
+        name = name if name in self.models else next(iter(self.models))
+        return name, self.models[name]
+
+    def caption(self, image: str | None, model_name: str, beam_size: float, max_length: float, layer: str, head: str) -> tuple:
+        try:
+            name, model = self.model(model_name)
+            label = model_label(name, model)
+            page = caption_page(model, label, image, int(beam_size), int(max_length), layer, head, None, self.max_pixels)
+        except Exception:  # a bug: the log gets the traceback, the page a sentence
+            log.exception("captioning failed")
+            page = PageOutput("", "", [], None, "**Something went wrong on the server** (the error is in its log).")
+        return self.outputs(page)
+
+    def redraw(self, result: Result | None, layer: str, head: str) -> tuple:
+        if result is None:  # nothing captioned yet
+            return tuple(gr.skip() for _ in range(5))
+        return self.outputs(render_page(result, layer, head))
+
+    def figure(self, result: Result | None, layer: str, head: str) -> str | None:
+        """The second step of a caption or redraw: the figure for the download button."""
+        if result is None:
+            return None
+        try:
+            return str(write_figure(result, layer, head, self.out_dir))
+        except Exception:  # the caption is on the page already; a figure is not worth an error
+            log.exception("drawing the figure failed")
+            return None
+
+    def choose_model(self, model_name: str) -> tuple[gr.Dropdown, gr.Dropdown]:
+        """Layer and head menus for this model's decoder."""
+        layer, head = menus(self.model(model_name)[1])
+        return gr.Dropdown(**layer), gr.Dropdown(**head)
+
+    def outputs(self, page: PageOutput) -> tuple:
+        """Page values in the order of the page's outputs (the figure is a step of its own)."""
+        return page.text, page.score_line, self.files(page.gallery), page.note, page.result
+
+    def files(self, gallery: list[tuple[Image.Image, str]]) -> list[tuple[str, str]]:
+        """Overlays as JPEG files of unique names. Gradio would write PIL images in place to paths
+        named by their content, so when two requests get the same overlay, one could download it
+        while the other rewrites it; it copies files into its cache atomically."""
+        prune(self.out_dir)
+        paths = [self.out_dir / f"overlay_{uuid.uuid4().hex[:12]}.jpg" for _ in gallery]
+        for path, (picture, _) in zip(paths, gallery):
+            picture.save(path, quality=90)
+        return [(str(path), word) for path, (_, word) in zip(paths, gallery)]
+
+
+def build_demo(
+    checkpoints: list[Path],
+    examples: list[Path] | None = None,
+    concurrency: int = 1,
+    queue_size: int = QUEUE_SIZE,
+    max_pixels: int = MAX_PIXELS,
+    device: str = "cpu",
+) -> gr.Blocks:
+    """The page, with a queue: `concurrency` captions run at once (1 gives each every core), up
+    to `queue_size` wait, the rest are told the queue is full. `examples` None: the first test
+    images of the first model's dataset, where they are on this machine."""
+    callbacks = Callbacks(load_models(checkpoints, device), max_pixels)
+    first_name, first = callbacks.model("")
+    examples = dataset_examples(first.config) if examples is None else examples
+    with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False, delete_cache=(600, 3600)) as demo:
+        gr.Markdown(
+            "## Image captioning with spatial attention\n"
+            "Upload an image or pick an example, then **Caption**. Each word comes with the map of "
+            "where the model looked while writing it."
+        )
+        with gr.Row():
+            with gr.Column(scale=1):
+                image = UploadImage(label="Image", type="filepath", sources=["upload", "clipboard"], height=320, elem_id="image")
+                choices = [(model_label(name, model), name) for name, model in callbacks.models.items()]
+                model_name = gr.Dropdown(choices, value=first_name, label="Model", elem_id="model")
+                decode = first.config.decode
+                with gr.Row():
+                    beam = gr.Slider(1, 10, value=decode.beam_size, step=1, label="Beam width", elem_id="beam")
+                    length = gr.Slider(1, 60, value=decode.max_length, step=1, label="Maximum length", elem_id="max_length")
+                with gr.Row():
+                    layer_menu, head_menu = menus(first)
+                    layer = gr.Dropdown(label="Decoder layer", elem_id="layer", **layer_menu)
+                    head = gr.Dropdown(label="Attention head", elem_id="head", **head_menu)
+                run = gr.Button("Caption", variant="primary", elem_id="run")
+                if examples:
+                    gr.Examples([[str(p)] for p in examples], inputs=[image], label="Examples")
+            with gr.Column(scale=2):
+                text = gr.Textbox(label="Caption", interactive=False, elem_id="caption")
+                score = gr.Markdown(label="Score", elem_id="score")
+                note = gr.Markdown(label="Note", elem_id="note")
+                gallery = gr.Gallery(label="Attention per word", columns=4, height="auto", elem_id="heatmaps")
+                download = gr.DownloadButton("Download the figure", interactive=False, elem_id="download")
+        result = gr.State(None)
+
+        # Each event: disable the download at once, show the caption and heatmaps, draw the figure
+        # (about a second more), enable the download. The API: /caption, then /figure in its session.
+        shown = [text, score, gallery, note, result]
+        cpu = {"concurrency_id": "cpu"}  # captions and figures share the queue's workers
+        private = {"api_visibility": "private"}
+
+        def then_figure(event: Any, **api: Any) -> None:
+            drawn = event.then(callbacks.figure, [result, layer, head], [download], **cpu, **api)
+            drawn.then(enable_download, [download], [download], queue=False, **private)
+
+        captioned = run.click(disable_download, None, [download], queue=False, **private).then(
+            callbacks.caption, [image, model_name, beam, length, layer, head], shown, api_name="caption", **cpu
+        )
+        then_figure(captioned, api_name="figure")
+        for menu in (layer, head):  # a new layer/head redraws the kept caption; no decoding again
+            cleared = menu.input(disable_download, None, [download], queue=False, **private)
+            then_figure(cleared.then(callbacks.redraw, [result, layer, head], shown, **cpu, **private), **private)
+        model_name.change(callbacks.choose_model, [model_name], [layer, head], queue=False, **private)
+    return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
+
+
+def disable_download() -> gr.DownloadButton:
+    return gr.DownloadButton(value=None, interactive=False)
+
+
+def enable_download(figure: str | None) -> gr.DownloadButton:
+    return gr.DownloadButton(interactive=bool(figure))
+
+
+def menus(model: Captioner) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Layer and head menu settings (last layer, mean of heads); hidden for one map per word."""
+    layers, heads = attention_choices(model)
+    visible = len(layers) > 1 or len(heads) > 2
+    return {"choices": layers, "value": layers[-1], "visible": visible}, {"choices": heads, "value": MEAN, "visible": visible}
+
+
+def launch(
+    demo: gr.Blocks,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    block: bool = True,
+    max_file_size: str | int = MAX_FILE_SIZE,
+) -> str:
+    """Serve the page; returns its URL (at once when not `block`, e.g. in tests). Nothing here
+    reaches the internet: no share link, no server-side rendering, analytics off."""
+    _, url, _ = demo.launch(
+        server_name=host,
+        server_port=port,
+        share=False,
+        prevent_thread_lock=not block,
+        max_file_size=max_file_size,
+        ssr_mode=False,
+        pwa=False,
+        mcp_server=False,
+        enable_monitoring=False,
+        show_error=False,  # no exception text in the page; the callbacks put messages there themselves
+        quiet=not block,
+    )
+    return url
+
+
+def serve(
+    checkpoints: list[Path] | None = None,
+    examples: list[Path] | None = None,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+) -> None:
+    """`captioner demo`: the given checkpoints, by default the quickstart's model (trained first
+    when missing), until interrupted."""
+    demo = build_demo(checkpoints or [default_checkpoint()], examples)
+    log.info("serving the demo on http://%s:%d", host, port)
+    launch(demo, host, port, block=True)
