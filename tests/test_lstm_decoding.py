@@ -143,11 +143,11 @@ def test_skipping_padding_changes_nothing(decoder: LSTMDecoder) -> None:
 
 
 def test_banned_tokens_keep_words_and_maps_aligned() -> None:
-    """<pad> and <bos> are never produced, so every word of a caption has its own map."""
+    """<pad>, <bos> and <unk> are never produced, so every word of a caption is a word with its own map."""
     model = tiny_model()
     with torch.no_grad():
         model.decoder.out_vocab.bias[model.vocab.pad_id] = 50.0  # an untrained model that loves <pad>
     for beam in (1, 3):
         for caption in model.caption_images(torch.randn(2, 3, 32, 32), beam_size=beam, max_length=6):
-            assert model.vocab.pad_id not in caption.tokens and model.vocab.bos_id not in caption.tokens
+            assert not {model.vocab.pad_id, model.vocab.bos_id, model.vocab.unk_id} & set(caption.tokens)
             assert len(caption.words) == len(caption.tokens) == caption.attn.shape[0]

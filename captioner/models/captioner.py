@@ -97,7 +97,7 @@ class Captioner(nn.Module):
         max_length = settings.max_length if max_length is None else max_length
         alpha = settings.length_penalty if length_penalty is None else length_penalty
         bos, eos = self.vocab.bos_id, self.vocab.eos_id
-        banned = (self.vocab.pad_id, bos)
+        banned = (self.vocab.pad_id, bos, self.vocab.unk_id)  # not words: every word gets its own map
         if beam_size <= 1:
             hypotheses = greedy_decode(self.decoder, feats, bos, eos, max_length, banned=banned)
         else:
