@@ -72,7 +72,7 @@ def sequence_logprob(decoder: LSTMDecoder, feats: torch.Tensor, tokens: list[int
     ids = [1, *tokens] + ([eos] if eos is not None else [])
     inputs = torch.tensor([ids[:-1]])
     logprobs = decoder(feats[None], inputs).logits.log_softmax(-1)[0]  # (T, V)
-    return float(logprobs.gather(1, torch.tensor(ids[1:])[:, None]).sum())
+    return float(logprobs.gather(1, torch.tensor(ids[1:])[:, None]).sum().detach())
 
 
 def test_beam_scores_are_the_sequence_log_probabilities(decoder: LSTMDecoder) -> None:

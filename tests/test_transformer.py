@@ -209,7 +209,8 @@ def test_training_loss_reaches_every_decoder_weight() -> None:
     torch.manual_seed(0)
     model = build_model(config, vocab, load_pretrained=False).train()
     tokens = torch.tensor([[1, 4, 5, 7, 2, 0], [1, 6, 8, 2, 0, 0], [1, 4, 6, 5, 8, 2]])  # (C, T) padded
-    batch = CaptionBatch(torch.randn(2, 3, 32, 32), tokens, torch.tensor([0, 1, 1]), torch.arange(2))
+    lengths = (tokens != vocab.pad_id).sum(dim=1)  # (C,) 5, 4, 6
+    batch = CaptionBatch(torch.randn(2, 3, 32, 32), tokens, lengths, torch.tensor([0, 1, 1]), torch.arange(2))
     loss, logs = caption_loss(model, batch, config, encoded=False)
     loss.backward()
     assert torch.isfinite(loss) and logs["penalty"] == 0.0
