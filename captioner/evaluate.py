@@ -72,8 +72,9 @@ def caption_records(
     return results
 
 
-def references_of(records: list[ImageRecord]) -> dict[int, list[str]]:
-    return {r.image_id: list(r.captions) for r in records}
+def references_for(records: list[ImageRecord], captions: dict[int, Caption]) -> dict[int, list[str]]:
+    """The reference captions of the images that were captioned (bad files were skipped)."""
+    return {r.image_id: list(r.captions) for r in records if r.image_id in captions}
 
 
 def write_results(path: str | Path, captions: dict[int, Caption]) -> Path:
@@ -87,8 +88,7 @@ def write_results(path: str | Path, captions: dict[int, Caption]) -> Path:
 
 def score_captions(records: list[ImageRecord], captions: dict[int, Caption]) -> dict[str, float]:
     """Fast in-process BLEU-1..4 and CIDEr-D (pycocoevalcap's scorers, no Java) on the captioned images."""
-    references = {r.image_id: list(r.captions) for r in records if r.image_id in captions}
-    return fast_scores(references, {i: c.text for i, c in captions.items()})
+    return fast_scores(references_for(records, captions), {i: c.text for i, c in captions.items()})
 
 
 def run_evaluation(args) -> dict:
@@ -131,7 +131,7 @@ def run_evaluation(args) -> dict:
     captions = caption_records(model, records, beam_size=beam, max_length=args.max_length, batch_size=args.batch_size)
     out_dir = Path(args.out) if args.out else Path(args.checkpoint).parent
     results_path = write_results(out_dir / f"results_{args.split}.json", captions)
-    references = {r.image_id: list(r.captions) for r in records if r.image_id in captions}
+    references = references_for(records, captions)
     predictions = {i: c.text for i, c in captions.items()}
     if args.fast:
         overall, per_image, metrics = fast_scores(references, predictions), {}, "fast (in-process BLEU, CIDEr-D)"
