@@ -56,7 +56,7 @@ def cmd_data_coco(args: argparse.Namespace) -> int:
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
-    from captioner.data import load_split
+    from captioner.data import SPLITS, load_split
     from captioner.data.coco import load_coco_captions, load_karpathy
     from captioner.data.flickr8k import load_flickr8k
     from captioner.data.stats import dataset_stats, format_table
@@ -65,16 +65,16 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     if args.coco:
         records, source = load_coco_captions(args.coco, Path(args.coco).parent, check_images=False), args.coco
     elif args.karpathy:
-        records = [r for s in ("train", "val", "test") for r in load_karpathy(args.karpathy, ".", s, check_images=False)]
+        records = [r for s in SPLITS for r in load_karpathy(args.karpathy, ".", s, check_images=False)]
         source = args.karpathy
     elif args.flickr8k:
-        records = [r for s in ("train", "val", "test") for r in load_flickr8k(args.flickr8k, s, check_images=False)]
+        records = [r for s in SPLITS for r in load_flickr8k(args.flickr8k, s, check_images=False)]
         source = args.flickr8k
     elif args.config:
         from captioner.config import load_config
 
         config = load_config(args.config, args.overrides)
-        records = [r for s in ("train", "val", "test") for r in load_split(config.data, s, check_images=False)]
+        records = [r for s in SPLITS for r in load_split(config.data, s, check_images=False)]
         source = f"{config.data.dataset} ({args.config})"
     else:
         raise CaptionerError("data stats: give --coco FILE, --karpathy FILE, --flickr8k DIR or a CONFIG")

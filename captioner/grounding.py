@@ -9,9 +9,6 @@ map that ignores the image scores exactly the baseline.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,21 +86,16 @@ class Instances:
     """Instance masks of a COCO-format instances file, looked up by image id."""
 
     def __init__(self, path: str | Path) -> None:
-        from pycocotools.coco import COCO
+        from captioner.data.coco import read_coco
 
         path = Path(path)
         if not path.is_file():
             raise DatasetError(f"{path}: instances file not found")
+        self.coco = read_coco(path, "COCO instances file", ("images", "annotations", "categories"))
         try:
-            data = json.loads(path.read_text())
-            coco = COCO()
-            coco.dataset = data
-            with contextlib.redirect_stdout(io.StringIO()):
-                coco.createIndex()
-            self.category_names = {c["id"]: c["name"] for c in data["categories"]}
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise DatasetError(f"{path}: not a COCO instances file ({type(e).__name__}: {e})") from None
-        self.coco = coco
+            self.category_names = {c["id"]: c["name"] for c in self.coco.dataset["categories"]}
+        except (KeyError, TypeError) as e:
+            raise DatasetError(f"{path}: not a COCO instances file (a category lacks {e})") from None
         self.path = path
 
     def objects(self, image_id: int) -> list[dict]:

@@ -10,11 +10,10 @@ from captioner.data.coco import coco_split_files, load_coco_captions, load_karpa
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.images import ImageTransform, load_image
 from captioner.data.records import ImageRecord
+from captioner.data.shapes import SPLITS
 from captioner.errors import DatasetError
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "val", "test")
 
 __all__ = ["ImageRecord", "ImageTransform", "load_image", "load_split", "ensure_shapes", "SPLITS"]
 

@@ -7,6 +7,8 @@ import io
 import json
 from pathlib import Path
 
+from pycocotools.coco import COCO
+
 from captioner.data.records import ImageRecord, check_file, drop_missing
 from captioner.errors import DatasetError
 
@@ -15,22 +17,8 @@ def load_coco_captions(
     annotation_file: str | Path, image_root: str | Path, check_images: bool = True, strict: bool = False
 ) -> list[ImageRecord]:
     """Records of a COCO caption file (`captions_*.json`) read through pycocotools."""
-    from pycocotools.coco import COCO
-
     annotation_file = check_file(annotation_file, "caption annotation file")
-    try:
-        data = json.loads(annotation_file.read_text())
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{annotation_file}: not valid JSON ({e})") from None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "annotations")):
-        raise DatasetError(f"{annotation_file}: not a COCO caption file (needs 'images' and 'annotations' lists)")
-    coco = COCO()
-    coco.dataset = data
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
-            coco.createIndex()
-    except (KeyError, TypeError) as e:
-        raise DatasetError(f"{annotation_file}: not a COCO caption file (an entry lacks {e})") from None
+    coco = read_coco(annotation_file, "COCO caption file", ("images", "annotations"))
     image_root = Path(image_root)
     records = []
     for image_id in sorted(coco.imgs):
@@ -47,6 +35,25 @@ def load_coco_captions(
     if not records:
         raise DatasetError(f"{annotation_file}: no image has a caption")
     return drop_missing(records, str(annotation_file), strict) if check_images else records
+
+
+def read_coco(path: Path, what: str, lists: tuple[str, ...]) -> COCO:
+    """A pycocotools index of a COCO-format file whose top level holds the `lists` named; any
+    malformation is one DatasetError naming the file."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in lists):
+        raise DatasetError(f"{path}: not a {what} (needs {' and '.join(repr(k) for k in lists)} lists)")
+    coco = COCO()
+    coco.dataset = data
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+            coco.createIndex()
+    except (KeyError, TypeError) as e:
+        raise DatasetError(f"{path}: not a {what} (an entry lacks {e})") from None
+    return coco
 
 
 def load_karpathy(
