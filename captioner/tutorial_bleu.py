@@ -6,7 +6,7 @@ smoothing: n-gram matches are clipped per image against all its references and s
 corpus before the precisions are taken, and the brevity penalty uses, per image, the reference
 length closest to the hypothesis (the shorter on a tie). On the same tokens pycocoevalcap's BLEU
 (the COCO server's) follows the same formula up to its 1e-15 / 1e-9 smoothing constants, and
-nltk gives exactly 0 when some n-gram order has no match at all. The tutorial's published
+nltk gives ~0 (about 1e-155) when some n-gram order has no match at all. The tutorial's published
 numbers differ from the server's mainly in what is scored: word ids after its vocabulary
 cut-off (rare reference words become <unk>) on its own tokens, and no PTB tokenizer. The
 numbers here are reported under their own names, `nltk_corpus_BLEU_n`, never as the official
@@ -39,7 +39,7 @@ def nltk_corpus_bleu(references: Mapping[int, list[list[str]]], predictions: Map
     refs = [references[i] for i in ids]
     hyps = [predictions[i] for i in ids]
     scores = {}
-    with warnings.catch_warnings():  # nltk warns when a precision is zero; the score is then 0
+    with warnings.catch_warnings():  # nltk warns when a precision is zero; the score is then ~0
         warnings.simplefilter("ignore")
         for n, key in enumerate(KEYS, start=1):
             scores[key] = float(corpus_bleu(refs, hyps, weights=(1.0 / n,) * n))

@@ -3,8 +3,17 @@ n-best output, top-k / nucleus sampling, and live-vs-finished beams at max_lengt
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 import torch
+from PIL import Image
+
+from captioner.caption_stats import caption_stats, ends_badly, repeats_bigram
+from captioner.checkpoint import save_checkpoint
+from captioner.cli import main
 
 from captioner.decoding import (
     ban,
@@ -17,6 +26,7 @@ from captioner.decoding import (
 )
 from captioner.errors import ConfigError
 from captioner.models.decoder import Decoder
+from captioner.tutorial_bleu import nltk_corpus_bleu, tokenized
 from helpers import tiny_model
 
 BOS, EOS = 1, 2
@@ -295,3 +305,134 @@ def test_restrict_to_top_keeps_at_least_one_word() -> None:
     assert torch.isfinite(restrict_to_top(logits, top_p=0.01)).tolist() == [[True, False, False, False]]
     assert torch.isfinite(restrict_to_top(logits, top_k=2)).tolist() == [[True, True, False, False]]
     assert torch.isfinite(restrict_to_top(logits, top_k=3, top_p=0.999)).sum() == 3
+
+
+# --- evaluation: tutorial-style BLEU and caption statistics ------------------------------------
+
+BLEU_REFERENCES = {
+    1: ["a dog runs on the grass", "the brown dog is running very fast"],
+    2: ["a red car parked outside", "a car on the street"],
+}
+BLEU_PREDICTIONS = {1: "a dog a dog runs", 2: "a red car parked"}
+
+
+def test_nltk_corpus_bleu_on_a_fixture_computed_by_hand() -> None:
+    """Clipped n-gram matches, summed over the corpus:
+    image 1, "a dog a dog runs" (5 words) against "a dog runs on the grass" / "the brown dog is
+      running very fast": unigrams a x2 (clipped to 1), dog x2 (clipped to 1), runs -> 3 of 5;
+      bigrams (a dog) x2 -> 1, (dog a) 0, (dog runs) 1 -> 2 of 4; trigrams only (a dog runs)
+      -> 1 of 3; 4-grams 0 of 2. Closest reference length: 6 (the other is 7).
+    image 2, "a red car parked" (4) against "a red car parked outside" / "a car on the street":
+      4 of 4, 3 of 3, 2 of 2, 1 of 1. Closest reference length 5.
+    p1 = 7/9, p2 = 5/7, p3 = 3/5, p4 = 1/3; c = 9, r = 11, BP = exp(1 - 11/9).
+    BLEU-4 = BP * (7/9 * 5/7 * 3/5 * 1/3) ** (1/4) = BP * (1/9) ** (1/4) = BP / sqrt(3).
+    """
+    refs, preds = tokenized(BLEU_REFERENCES, BLEU_PREDICTIONS, ptb=False)
+    scores = nltk_corpus_bleu(refs, preds)
+    bp = math.exp(1 - 11 / 9)
+    assert scores["nltk_corpus_BLEU_1"] == pytest.approx(bp * 7 / 9, abs=1e-12)
+    assert scores["nltk_corpus_BLEU_2"] == pytest.approx(bp * math.sqrt(5 / 9), abs=1e-12)
+    assert scores["nltk_corpus_BLEU_3"] == pytest.approx(bp * (7 / 9 * 5 / 7 * 3 / 5) ** (1 / 3), abs=1e-12)
+    assert scores["nltk_corpus_BLEU_4"] == pytest.approx(bp / math.sqrt(3), abs=1e-12)  # 0.46231
+    # On the same tokens pycocoevalcap's BLEU is the same formula up to its smoothing constants.
+    from pycocoevalcap.bleu.bleu import Bleu
+
+    official, _ = Bleu(4).compute_score({i: [" ".join(r) for r in refs[i]] for i in refs}, {i: [" ".join(p)] for i, p in preds.items()}, verbose=0)
+    assert official == pytest.approx(list(scores.values()), abs=1e-6)
+    # No 4-gram match anywhere: nltk (no smoothing, as the tutorial calls it) gives ~0.
+    assert nltk_corpus_bleu(refs, {1: ["a", "dog", "a", "dog"], 2: ["car", "a", "red"]})["nltk_corpus_BLEU_4"] < 1e-100
+
+
+def test_caption_statistics() -> None:
+    assert ends_badly("a man riding a horse with a") and ends_badly(["dogs", "playing", "in", "the"])
+    assert ends_badly("a plate of food and")
+    assert not ends_badly("a man looking up") and not ends_badly("a dog lying down.") and not ends_badly("")
+    assert repeats_bigram("a dog and a dog") and not repeats_bigram("a dog and a cat on a mat")
+    stats = caption_stats(["a dog on a dog", "a cat on the", "two birds", "a man with a hat with a"])
+    assert stats == {"bad_ending_rate": 0.5, "repeated_bigram_rate": 0.5, "mean_length": 4.5}
+
+
+def test_evaluate_reports_tutorial_bleu_and_caption_stats(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    annotations = tmp_path / "captions.json"
+    annotations.write_text(json.dumps({
+        "images": [{"id": i} for i in BLEU_REFERENCES],
+        "annotations": [{"id": 10 * i + k, "image_id": i, "caption": c} for i, refs in BLEU_REFERENCES.items() for k, c in enumerate(refs)],
+    }))
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in BLEU_PREDICTIONS.items()]))
+    assert main(["evaluate", "--results", str(results), "--annotations", str(annotations), "--fast", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tutorial_bleu"]["nltk_corpus_BLEU_4"] == pytest.approx(0.4623, abs=1e-4)
+    assert "not comparable" in report["tutorial_bleu"]["label"]
+    assert report["caption_stats"] == {"bad_ending_rate": 0.0, "repeated_bigram_rate": 0.5, "mean_length": 4.5}
+    assert main(["evaluate", "--results", str(results), "--annotations", str(annotations), "--fast"]) == 0
+    printed = capsys.readouterr().out
+    assert "nltk_corpus_BLEU_4 0.4623" in printed and "repeated bigrams 50.0%" in printed
+
+
+# --- the CLI on a tiny checkpoint --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint_and_images(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    """An untrained tiny LSTM checkpoint (what is decoded does not matter here, only how) and
+    two images."""
+    root = tmp_path_factory.mktemp("cli")
+    save_checkpoint(root / "tiny.pt", tiny_model())
+    images = []
+    for i, colour in enumerate(("red", "blue")):
+        path = root / f"image{i}.png"
+        Image.new("RGB", (40, 40), colour).save(path)
+        images.append(path)
+    return root / "tiny.pt", images
+
+
+def test_cli_n_best_json_with_heatmaps(checkpoint_and_images, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    checkpoint, images = checkpoint_and_images
+    args = ["caption", str(checkpoint), *map(str, images), "--beam", "4", "--max-length", "6"]
+    assert main([*args, "--n-best", "3", "--json", "--attention", "--heatmaps", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["image"] for r in rows] == list(map(str, images))
+    for row in rows:
+        hyps = row["n_best"]
+        assert len(hyps) == 3 and len({h["caption"] for h in hyps}) == 3
+        assert [h["score"] for h in hyps] == sorted((h["score"] for h in hyps), reverse=True)
+        assert row["caption"] == hyps[0]["caption"]
+        for rank, h in enumerate(hyps, start=1):
+            assert Path(h["heatmaps"]).name.endswith(f"_attention_{rank}.png") and Path(h["heatmaps"]).is_file()
+            assert len(h["attention"]) == len(h["caption"].split())  # one h x w map per word
+    assert main([*args, "--n-best", "5"]) == 2  # more than the beam: a one-line error
+    assert "n_best (5) cannot exceed the beam size (4)" in capsys.readouterr().err
+
+
+def test_cli_nucleus_sampling_is_seeded(checkpoint_and_images, capsys: pytest.CaptureFixture) -> None:
+    checkpoint, images = checkpoint_and_images
+    args = ["caption", str(checkpoint), *map(str, images), "--sample", "--top-p", "0.9", "--seed", "3", "--json"]
+    outputs = []
+    for _ in range(2):
+        assert main(args) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 2 and "n_best" not in outputs[0][0]
+    assert main([*args, "--n-best", "4"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(len(r["n_best"]) == 4 for r in rows)
+    assert main(["caption", str(checkpoint), str(images[0]), "--top-k", "5"]) == 2
+    assert "only with --sample" in capsys.readouterr().err
+    assert main(["caption", str(checkpoint), str(images[0]), "--sample", "--top-p", "1.5"]) == 2
+    assert "top_p" in capsys.readouterr().err
+
+
+def test_cli_block_trigrams_and_diverse_groups(checkpoint_and_images, capsys: pytest.CaptureFixture) -> None:
+    checkpoint, images = checkpoint_and_images
+    args = ["caption", str(checkpoint), *map(str, images), "--beam", "4", "--max-length", "12", "--json"]
+    assert main([*args, "--block-trigrams", "--diverse-groups", "2", "--diversity-strength", "1.0"]) == 0
+    for row in json.loads(capsys.readouterr().out):
+        assert not repeated_trigram(row["caption"].split())
+    assert main([*args, "--diverse-groups", "3"]) == 2
+    assert "multiple of diverse_groups" in capsys.readouterr().err
+
+
+def test_tutorial_bleu_tokens_are_the_official_scorers() -> None:
+    """With the official metrics, nltk BLEU scores the Java PTB tokenizer's tokens."""
+    refs, preds = tokenized({1: ["A dog, running.", "the dog's ball"]}, {1: "A red car; parked."}, ptb=True)
+    assert refs == {1: [["a", "dog", "running"], ["the", "dog", "'s", "ball"]]} and preds == {1: ["a", "red", "car", "parked"]}
