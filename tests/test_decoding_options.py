@@ -64,6 +64,18 @@ def test_sampled_logprobs_equal_teacher_forcing_and_masks_are_consistent(decoder
     torch.testing.assert_close(out.caption_logprobs(), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_sampled_logprobs_are_the_models_whatever_the_sampling_restrictions(decoder: Decoder) -> None:
+    """Temperature, top-k, top-p and trigram blocking change what is drawn, not the recorded
+    log-probability: it stays the model's own (temperature 1), as the policy gradient needs."""
+    feats = torch.randn(2, 16, decoder_feat_dim(decoder))
+    out = sample_captions(
+        decoder, feats, BOS, EOS, n=3, max_length=10, temperature=0.5, banned=BANNED, top_k=5, top_p=0.8,
+        block_trigrams=True, generator=torch.Generator().manual_seed(0),
+    )
+    expected = teacher_forced_logprob(decoder, feats.index_select(0, out.image_rows), out.tokens, out.mask)
+    torch.testing.assert_close(out.caption_logprobs(), expected, atol=1e-5, rtol=1e-5)
+
+
 def decoder_feat_dim(decoder: Decoder) -> int:
     if hasattr(decoder, "grid_proj"):
         return decoder.grid_proj[0].in_features
