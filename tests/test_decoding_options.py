@@ -448,3 +448,16 @@ def test_tutorial_bleu_tokens_are_the_official_scorers() -> None:
     """With the official metrics, nltk BLEU scores the Java PTB tokenizer's tokens."""
     refs, preds = tokenized({1: ["A dog, running.", "the dog's ball"]}, {1: "A red car; parked."}, ptb=True)
     assert refs == {1: [["a", "dog", "running"], ["the", "dog", "'s", "ball"]]} and preds == {1: ["a", "red", "car", "parked"]}
+
+
+def test_beam_wider_than_the_vocabulary_never_keeps_an_eos_as_a_live_beam() -> None:
+    """One real word and <eos>: most of the 2K candidates are dead fillers, and an <eos> must
+    never be carried on as a live beam (its words would contain <eos>)."""
+    table = probabilities({4: 0.6, EOS: 0.4}, vocab=5)
+    for groups in (1, 3):
+        ranked = beam_search_n_best(TableDecoder(table), torch.randn(2, 4, 3), BOS, EOS, beam_size=3, max_length=4,
+                                    banned=BANNED, groups=groups, n_best=3)
+        for hyps in ranked:
+            assert all(EOS not in h.tokens and math.isfinite(h.score) for h in hyps)
+            if groups == 1:  # 0.4 > 0.6*0.4 > 0.6^2*0.4 > 0.6^4 (cut off at max_length)
+                assert [h.tokens for h in hyps] == [[], [4], [4, 4]]
