@@ -129,7 +129,7 @@ def train_one_epoch(
         state.position += 1
         if batch is None:  # every image of the batch failed to load
             if ctx.enabled:  # the other ranks would wait for this one's gradients forever
-                raise DatasetError(f"{ctx.rank}: every image of a batch failed to load; fix or remove the files (see the warnings)")
+                raise DatasetError("every image of a batch failed to load; under torchrun a rank cannot skip a step (fix or remove the files the warnings name)")
             continue
         local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths)]  # target words, captions: CPU
         num_targets, num_captions = ctx.sum_host(local)

@@ -25,7 +25,7 @@ from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.distributed import Distributed
 from captioner.train import TrainState, make_scheduler, train_one_epoch
-from tests.helpers import WORDS, tiny_config, tiny_model
+from helpers import WORDS, tiny_config, tiny_model
 
 aten = torch.ops.aten
 # ops whose result the host must wait for: a value read, or an output sized by the values
