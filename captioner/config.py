@@ -109,6 +109,9 @@ class DecodeConfig:
     max_length: int = 30
     length_penalty: float = 0.0  # alpha of ((5 + len) / 6) ** alpha; 0 ranks by total log-probability
     batch_size: int = 32
+    block_trigrams: bool = False  # never repeat a word trigram within a caption (beam, greedy, sampling)
+    diverse_groups: int = 1  # diverse beam search: groups of beam_size / groups beams (1: plain beam search)
+    diversity_strength: float = 0.5  # lambda of the Hamming diversity penalty between groups
 
 
 @dataclass
@@ -150,6 +153,7 @@ POSITIVE = (
     "decode.beam_size",
     "decode.max_length",
     "decode.batch_size",
+    "decode.diverse_groups",
 )
 NON_NEGATIVE = (
     "data.num_workers",
@@ -167,6 +171,7 @@ NON_NEGATIVE = (
     "data.shapes_num_train",
     "data.shapes_num_val",
     "data.shapes_num_test",
+    "decode.diversity_strength",
 )
 
 
@@ -310,6 +315,11 @@ def validate(config: Config, source: str = "config") -> None:
         )
     if config.data.dataset == "karpathy" and not config.data.karpathy_file:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")
+    if config.decode.beam_size % config.decode.diverse_groups:
+        raise ConfigError(
+            f"{source}: 'decode.beam_size' ({config.decode.beam_size}) must be a multiple of "
+            f"'decode.diverse_groups' ({config.decode.diverse_groups})"
+        )
     if config.model.encoder.fine_tune_blocks < -1:
         raise ConfigError(f"{source}: 'model.encoder.fine_tune_blocks' must be >= -1")
 
