@@ -66,11 +66,8 @@ def logged_steps(output: str) -> list[int]:
 
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: Path) -> None:
-    reference = subprocess.run(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=environment(),
-                               capture_output=True, text=True, timeout=600)
-    assert reference.returncode == 0, reference.stderr[-2000:]
-    assert logged_steps(reference.stderr) == list(range(1, 25))
-
+    reference = subprocess.Popen(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=environment(),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # beside the killed run
     run = tmp_path / "killed"
     process = subprocess.Popen(train_command(shapes, run), cwd=ROOT, env=environment(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -80,6 +77,9 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: 
         time.sleep(0.01)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+    _, reference_err = reference.communicate(timeout=600)
+    assert reference.returncode == 0, reference_err[-2000:]
+    assert logged_steps(reference_err) == list(range(1, 25))
     saved = torch.load(run / "last.pt", weights_only=True)["train_state"]
     assert saved["position"] > 0, "the kill came only at an epoch boundary (machine too slow for this test?)"
 
@@ -119,6 +119,14 @@ def test_sampler_order_depends_on_seed_and_epoch_only() -> None:
     assert list(sampler) != epoch2  # reshuffled every epoch
     with pytest.raises(ValueError):
         sampler.set_epoch(3, start=4)
+
+
+def test_a_dataset_smaller_than_a_batch_is_one_batch() -> None:
+    single = EpochBatchSampler(5, batch_size=8, seed=0)
+    assert len(single) == 1 and sorted(i for i, _ in next(iter(single))) == [0, 1, 2, 3, 4]
+    ranks = [list(EpochBatchSampler(5, batch_size=8, seed=0, rank=r, world_size=2))[0] for r in range(2)]
+    assert [len(batch) for batch in ranks] == [3, 3]  # equal shares: one image twice
+    assert {i for batch in ranks for i, _ in batch} == {0, 1, 2, 3, 4}
 
 
 def test_ranks_split_the_single_process_batches() -> None:
