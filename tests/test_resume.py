@@ -140,6 +140,37 @@ def test_ranks_split_the_single_process_batches() -> None:
     assert all(not set(a) & set(b) for a, b in zip(*ranks))
 
 
+def test_workers_load_the_same_batches_as_the_main_process(shapes: Path) -> None:
+    """Caption choice and augmentation come from the sampler's draws, not from the RNG of the
+    process that loads the item: any number of workers gives the same batches, bit for bit."""
+    from torch.utils.data import DataLoader
+
+    from captioner.config import load_config
+    from captioner.data import load_split
+    from captioner.data.batching import CaptionDataset, collate_captions
+    from captioner.data.images import ImageTransform
+    from captioner.vocab import Vocabulary
+
+    config = load_config(None, [f"data.root={shapes}", "data.image_size=32"])
+    records = load_split(config.data, "train")[:12]
+    vocab = Vocabulary.build(c for r in records for c in r.captions)
+    dataset = CaptionDataset(records, vocab, ImageTransform(32, train=True, augment=True), 20, "one")
+    batches = {}
+    for workers in (0, 2):
+        sampler = EpochBatchSampler(len(dataset), batch_size=4, seed=1)
+        sampler.set_epoch(3, start=1)
+        loader = DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate_captions)
+        batches[workers] = list(loader)
+    assert len(batches[0]) == 2
+    for a, b in zip(batches[0], batches[2]):
+        assert torch.equal(a.images, b.images) and torch.equal(a.tokens, b.tokens) and torch.equal(a.indices, b.indices)
+    again = list(DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_captions))  # epoch 3 again
+    assert torch.equal(again[0].images, batches[0][0].images)
+    sampler.set_epoch(4)
+    assert not torch.equal(next(iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_captions))).images,
+                           batches[0][0].images)
+
+
 def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path) -> None:
     import random
 
