@@ -29,7 +29,7 @@ from PIL import Image  # noqa: E402
 from captioner.checkpoint import load_captioner  # noqa: E402
 from captioner.config import Config, load_config  # noqa: E402
 from captioner.data import load_split  # noqa: E402
-from captioner.data.images import MAX_PIXELS, load_image  # noqa: E402
+from captioner.data.images import MAX_PIXELS, load_image, open_image  # noqa: E402
 from captioner.errors import CaptionerError, ImageLoadError  # noqa: E402
 from captioner.models import Caption, Captioner  # noqa: E402
 from captioner.visualize import save_attention_figure, word_overlays  # noqa: E402
@@ -102,9 +102,10 @@ def parse_layer_head(caption: Caption, layer: str | int | None, head: str | int 
 
 def conversion_notes(path: str | Path) -> list[str]:
     """What `load_image` did to this file to make it 8-bit upright RGB, in words. Reads only the
-    header; never raises (the loader reports unreadable files)."""
+    header, through the loader's own format-restricted opener; never raises (the loader reports
+    unreadable files)."""
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             mode, frames = image.mode, getattr(image, "n_frames", 1)
             transparent = mode in ("RGBA", "LA", "PA") or (mode == "P" and "transparency" in image.info)
             orientation = image.getexif().get(0x0112, 1)
