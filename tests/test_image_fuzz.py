@@ -314,7 +314,7 @@ def refused_files() -> dict[str, tuple[bytes, str]]:
         "drawing.eps": (EPS, "EPS"),
         "drawing.jpg": (EPS, "EPS"),  # the suffix does not matter: the signature does
         "binary.eps": (b"\xc5\xd0\xd3\xc6" + struct.pack("<6I", 30, len(EPS), 0, 0, 0, 0) + b"\xff\xff" + EPS, "EPS"),
-        "document.pdf": (encode(picture, "PDF"), "PDF"),
+        "document.pdf": (encode(picture, "PDF"), "not an image file (a PostScript or PDF document)"),
         "icon.ico": (encode(picture, "ICO"), "ICO"),
         "picture.ppm": (encode(picture, "PPM"), "PPM"),
         "picture.pcx": (encode(picture, "PCX"), "PCX"),

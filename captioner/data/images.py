@@ -124,7 +124,7 @@ def _describe_refused(source: str | Path | BinaryIO) -> str:
         if accepted:
             return f"{format_id} format (by its signature), which this project does not read"
     if prefix.lstrip().startswith((b"%!", b"%PDF")):
-        return "a PostScript or PDF document is not read by this project"
+        return "not an image file (a PostScript or PDF document)"
     return "not an image file"
 
 
