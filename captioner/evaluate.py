@@ -28,6 +28,8 @@ from captioner.models import Caption, Captioner
 
 log = logging.getLogger(__name__)
 
+DEFAULT_EVAL_DIR = "runs/eval"  # `evaluate --results` without --out writes its scores here
+
 
 @torch.no_grad()
 def caption_records(
@@ -110,11 +112,14 @@ def run_evaluation(args) -> dict:
         else:
             overall, per_image = evaluate_results_file(args.results, args.annotations, spice=args.spice)
         report = {"results": str(args.results), "annotations": str(args.annotations), "images": len(per_image) or None}
-        out = Path(args.out) if args.out else Path(args.results).with_name(Path(args.results).stem + "_scores.json")
+        # Never beside the results file: its folder may be read-only or shared data.
+        out = Path(args.out) if args.out else Path(DEFAULT_EVAL_DIR) / f"{Path(args.results).stem}_scores.json"
         out = out / "scores.json" if out.suffix != ".json" else out
         out.parent.mkdir(parents=True, exist_ok=True)
         write_scores_json(out, overall, per_image, extra=report)
         _print_scores(f"{args.results} against {args.annotations}", overall, args.json)
+        if not args.json:
+            print(f"scores: {out}")
         return {**report, "scores": _rounded(overall), "scores_file": str(out)}
 
     if not args.checkpoint:

@@ -24,7 +24,7 @@ from PIL import EpsImagePlugin, Image
 from captioner.data.images import MAX_PIXELS, SUPPORTED_FORMATS, ImageTransform, load_image
 from captioner.errors import ImageLoadError
 from captioner.models import Captioner
-from tests.helpers import tiny_model
+from helpers import tiny_model
 
 SEED = 12
 TRIED: dict[str, int] = {}
