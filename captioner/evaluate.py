@@ -160,6 +160,9 @@ def run_evaluation(args) -> dict:
             g = report["grounding"]
             print(f"  grounding {g['score']:.4f} vs uniform {g['uniform_baseline']:.4f} "
                   f"({g['ratio']:.1f}x, {g['words']} object words)")
+            for name, c in g["per_category"].items():
+                ratio = f"{c['ratio']:.1f}x" if c["ratio"] is not None else "n/a"
+                print(f"    {name:<14} {c['score']:.4f} vs {c['uniform_baseline']:.4f} ({ratio}, {c['words']} words)")
         for record in records[:3]:
             if record.image_id in captions:
                 print(f"  e.g. {record.path.name}: {captions[record.image_id].text!r}")
