@@ -67,11 +67,29 @@ def load_reference(location: str | None, device: torch.device) -> types.ModuleTy
     return module
 
 
-def make_decoder(module: types.ModuleType, vocab_size: int, feat_dim: int, device: torch.device) -> torch.nn.Module:
+def make_decoder(
+    module: types.ModuleType, vocab_size: int, feat_dim: int, device: torch.device, width: int = 512
+) -> torch.nn.Module:
     """Its DecoderWithAttention as its train.py builds it (attention, embedding, LSTM of 512)."""
     return module.DecoderWithAttention(
-        attention_dim=512, embed_dim=512, decoder_dim=512, vocab_size=vocab_size, encoder_dim=feat_dim, dropout=0.5
+        attention_dim=width, embed_dim=width, decoder_dim=width, vocab_size=vocab_size, encoder_dim=feat_dim, dropout=0.5
     ).to(device)
+
+
+def make_encoder(module: types.ModuleType, device: torch.device) -> torch.nn.Module:
+    """Its Encoder (ResNet-101, 14x14 grid, blocks 2-4 fine-tuned as its train.py does with
+    fine_tune_encoder), with random weights: it asks torchvision for ImageNet weights, which
+    cannot be downloaded here and cost nothing to run."""
+    import torchvision
+
+    original = torchvision.models.resnet101
+    module.torchvision.models.resnet101 = lambda *args, **kwargs: original(weights=None)
+    try:
+        encoder = module.Encoder()
+    finally:
+        module.torchvision.models.resnet101 = original
+    encoder.fine_tune(True)
+    return encoder.to(device)
 
 
 def train_step(

@@ -4,6 +4,12 @@ the explicit softmax, and the thread knob's precedence."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -101,3 +107,38 @@ def test_threads_config_key_is_validated() -> None:
     assert load_config(None, ["train.threads=2"]).train.threads == 2
     with pytest.raises(ConfigError, match="train.threads"):
         load_config(None, ["train.threads=-1"])
+
+
+BENCH_GPU = Path(__file__).resolve().parent.parent / "scripts" / "bench_gpu.py"
+
+
+def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH_GPU), *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+def test_bench_gpu_without_cuda_says_so_in_one_line() -> None:
+    result = run_script(env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0 and "no CUDA GPU" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    cpu = run_script("--device", "cpu")  # a CPU run is only ever the labelled smoke test
+    assert cpu.returncode != 0 and "--tiny" in cpu.stderr and "Traceback" not in cpu.stderr
+
+
+def test_bench_gpu_tiny_cpu_smoke_runs_every_path(tmp_path: Path) -> None:
+    """The GPU benchmark's code, end to end on tiny inputs: our training (fine-tuned encoder from
+    JPEG files through the DataLoader, and cached grids), beam search, and the reference's rows
+    when its repository is available."""
+    out = tmp_path / "bench.json"
+    result = run_script("--device", "cpu", "--tiny", "--out", str(out), env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "NOT a GPU measurement" in result.stdout
+    report = json.loads(out.read_text())
+    ours = [r for r in report["training"] if r["who"] == "ours"]
+    assert {(r["config"], r["encoder"]) for r in ours} == {
+        (c, e) for c in ("coco_lstm_resnet101", "coco_transformer_resnet101") for e in ("fine-tuned", "frozen, cached grids")
+    }
+    assert all(r["captions_per_s"] >= r["images_per_s"] > 0 for r in ours)  # five captions per image
+    assert {(r["config"], r["batch"]) for r in report["beam"] if r["who"] == "ours"} >= {("coco_lstm_resnet101", 2)}
+    if "reference not available" not in result.stdout:
+        assert {r["encoder"] for r in report["training"] if r["who"] == "reference"} == {"fine-tuned", "frozen, cached grids"}
