@@ -17,6 +17,7 @@ from captioner.config import load_config
 from captioner.errors import ConfigError
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.lstm_decoder import LSTMDecoder, active_rows
+from captioner import runtime
 from captioner.runtime import ENV_THREADS, resolve_threads, set_threads
 
 
@@ -89,7 +90,15 @@ def test_fused_self_attention_equals_explicit(masked: bool) -> None:
 
 def test_thread_knob_precedence(monkeypatch) -> None:
     monkeypatch.delenv(ENV_THREADS, raising=False)
-    assert resolve_threads(None) >= 1
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 4)
+    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: 0)
+    assert resolve_threads(None) == 4  # an idle machine: every core
+    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: 3)
+    assert resolve_threads(None) == 1  # three others running: the one free core
+    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: 9)
+    assert resolve_threads(None) == 1  # overloaded: never fewer than one
+    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: None)
+    assert resolve_threads(None) == 4  # no /proc: all cores, as torch would
     monkeypatch.setenv(ENV_THREADS, "3")
     assert resolve_threads(None) == 3
     assert resolve_threads(2) == 2  # a run's own train.threads beats the environment
