@@ -37,9 +37,10 @@ from captioner.runtime import set_threads  # noqa: E402
 BOS, EOS = 1, 2
 
 
-def timed(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+def timed(fn: Callable[[], object], repeats: int, device: torch.device, warm: bool = True) -> float:
     """Median seconds of `repeats` calls after one warm-up call."""
-    fn()
+    if warm:
+        fn()
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
@@ -50,6 +51,22 @@ def timed(fn: Callable[[], object], repeats: int, device: torch.device) -> float
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def timed_pair(
+    ours: Callable[[], object], theirs: Callable[[], object] | None, repeats: int, device: torch.device
+) -> tuple[float, float | None]:
+    """Median seconds of each, their calls alternating, so a change in the machine's background
+    load hits both alike (this is how the ratios stay meaningful on a shared machine)."""
+    if theirs is None:
+        return timed(ours, repeats, device), None
+    ours()
+    theirs()
+    a, b = [], []
+    for _ in range(repeats):
+        a.append(timed(ours, 1, device, warm=False))
+        b.append(timed(theirs, 1, device, warm=False))
+    return statistics.median(a), statistics.median(b)
 
 
 def row(what: str, seconds: float, rate: float, unit: str) -> None:
@@ -96,14 +113,19 @@ def main() -> None:
 
     print(f"\ntraining step, batch {B}, {T} words per caption")
     print("| what | time | throughput |\n|---|---:|---:|")
-    ours = timed(our_train_step, args.repeats, device)
-    row("ours", ours, B / ours, "captions/s")
+    reference_step = None
     if ref is not None:
         ref_decoder = make_decoder(ref, V, D, device)
         ref_optimizer = torch.optim.Adam(ref_decoder.parameters(), lr=4e-4)
         grid = feats.view(B, 14, 14, D)  # its forward takes (B, g, g, D)
         caplens = torch.full((B, 1), T + 1, device=device)  # <start> + T words: it decodes T steps
-        theirs = timed(lambda: train_step(ref_decoder, ref_optimizer, grid, tokens, caplens), args.repeats, device)
+
+        def reference_step() -> None:
+            train_step(ref_decoder, ref_optimizer, grid, tokens, caplens)
+
+    ours, theirs = timed_pair(our_train_step, reference_step, args.repeats, device)
+    row("ours", ours, B / ours, "captions/s")
+    if theirs is not None:
         row("reference (train.py step)", theirs, B / theirs, "captions/s")
         print(f"ours is {theirs / ours:.2f}x faster")
 
@@ -113,28 +135,36 @@ def main() -> None:
     decoder.eval()
     with torch.no_grad():
         decoder.out_vocab.bias[EOS] = -1e4
-    rates = {}
-    for batch in sorted({1, args.beam_images}):
-        images = torch.randn(batch, N, D, device=device)
-        seconds = timed(lambda: beam_search(decoder, images, BOS, EOS, beam_size=K, max_length=L), args.repeats, device)
-        rates[batch] = batch / seconds
-        row(f"ours, {batch} image{'s' if batch > 1 else ''} at once", seconds, rates[batch], "images/s")
+    reference_beam = None
+    steps: list[int] = []
     if ref is not None:
         with torch.no_grad():
             ref_decoder.fc.bias[EOS] = -1e4
-        images = torch.randn(args.reference_images, 14, 14, D, device=device)
-        steps = []
+        ref_images = torch.randn(args.reference_images, 14, 14, D, device=device)
 
         def reference_beam() -> None:
-            for image in images:
+            for image in ref_images:
                 steps.append(beam_search_one(ref_decoder, image[None], BOS, EOS, beam_size=K, max_steps=L - 1)[1])
 
-        seconds = timed(reference_beam, max(1, args.repeats // 2), device)
+    rates, ref_seconds = {}, []
+    for batch in sorted({1, args.beam_images}):
+        images = torch.randn(batch, N, D, device=device)
+        seconds, theirs = timed_pair(
+            lambda: beam_search(decoder, images, BOS, EOS, beam_size=K, max_length=L),
+            reference_beam if batch == args.beam_images else None,
+            args.repeats,
+            device,
+        )
+        rates[batch] = batch / seconds
+        row(f"ours, {batch} image(s) at once", seconds, rates[batch], "images/s")
+        if theirs is not None:
+            ref_seconds.append(theirs)
+    if ref_seconds:
         assert set(steps) == {L}, f"the reference ran {set(steps)} steps, expected {L}"
-        ref_rate = args.reference_images / seconds
-        row(f"reference (caption.py), {args.reference_images} image(s) one at a time", seconds, ref_rate, "images/s")
+        ref_rate = args.reference_images / statistics.median(ref_seconds)
+        row(f"reference (caption.py), {args.reference_images} image(s) one at a time", statistics.median(ref_seconds), ref_rate, "images/s")
         for batch, rate in rates.items():
-            print(f"ours at {batch} image{'s' if batch > 1 else ''} at once is {rate / ref_rate:.1f}x the reference's images/s")
+            print(f"ours at {batch} image(s) at once is {rate / ref_rate:.1f}x the reference's images/s")
 
 
 if __name__ == "__main__":
