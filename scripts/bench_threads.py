@@ -86,6 +86,7 @@ def main() -> None:
     for r in range(args.rounds):
         for s in settings if r % 2 == 0 else reversed(settings):
             results[s] += run(args.config, args.steps, *s)
+            print(f"round {r + 1}: {s[0]} thread(s), {s[1]} process(es): {results[s][-s[1]:]} s/step", flush=True)
     print(f"{Path(args.config).name}: seconds per training step (median over rounds and processes)")
     print("| threads per process | alone | against one competing process | slowdown |\n|---:|---:|---:|---:|")
     for threads in (1, 2):
