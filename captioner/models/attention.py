@@ -34,7 +34,7 @@ class AdditiveAttention(nn.Module):
     def attend(self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """As `forward` with the state already projected: query = W_s s_{t-1} (B, A), so a caller
         can compute it in one product with other functions of the same state."""
-        hidden = torch.tanh(projected + query.unsqueeze(1))  # (B, N, A)
+        hidden = (projected + query.unsqueeze(1)).tanh_()  # (B, N, A); in place: one buffer this size, not two
         scores = self.score(hidden).squeeze(-1)  # (B, N): e_tij
         weights = scores.softmax(dim=-1)  # (B, N): a_tij
         context = torch.bmm(weights.unsqueeze(1), feats).squeeze(1)  # (B, D)
