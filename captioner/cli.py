@@ -346,10 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception:
-        if distributed.launched():  # a bug on one rank: its traceback, then every rank stops
-            print(f"error: {distributed.rank_prefix()}unexpected failure:", file=sys.stderr)
-            traceback.print_exc()
+    except Exception as e:
+        if distributed.launched():
+            if distributed.peer_failed(e):  # the rank that failed has printed why
+                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                print(f"error: {distributed.rank_prefix()}stopped because another rank failed ({first})", file=sys.stderr)
+            else:  # a bug on this rank: its traceback, then every rank stops
+                print(f"error: {distributed.rank_prefix()}unexpected failure:", file=sys.stderr)
+                traceback.print_exc()
             distributed.abort(1)
         raise
 
