@@ -98,6 +98,7 @@ class TrainConfig:
     val_metric: str = "Bleu_4"  # Bleu_1..4 | CIDEr
     cache_features: bool = True  # frozen encoder and no augmentation: encode each image once
     time_limit_minutes: float = 0.0  # stop after the epoch that crosses this budget (0 = none)
+    threads: int = 0  # torch CPU threads for this run; 0: $CAPTIONER_THREADS, else captioner.runtime's default
     channels_last: bool = False  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU
     compile: bool = False  # CUDA: torch.compile the decoder; ignored on CPU
     dist_timeout_minutes: float = 30.0  # torchrun: a collective waiting longer than this fails the run
@@ -168,6 +169,7 @@ NON_NEGATIVE = (
     "train.early_stopping_patience",
     "train.val_max_images",
     "train.time_limit_minutes",
+    "train.threads",
     "data.shapes_num_train",
     "data.shapes_num_val",
     "data.shapes_num_test",
