@@ -289,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--grounding", action="store_true", help="score attention against instance masks")
     evaluate.add_argument("--instances", help="COCO instances_*.json for --grounding (shapes: found by itself)")
     evaluate.add_argument("--heatmaps", metavar="OUTDIR", help="with --grounding: figures of the first images, true regions outlined")
+    evaluate.add_argument("--saliency", choices=("gradcam",), default=None,
+                          help="with --grounding: also score Grad-CAM of each grounded word (one gradient pass per caption)")
     evaluate.add_argument("--layer", type=int, default=-1, help="decoder layer of the maps (transformer)")
     evaluate.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
     add_decode_arguments(evaluate)

@@ -25,11 +25,32 @@ class Hypothesis:
     logprob: float  # total log-probability, <eos> included when the caption ended
     attn: torch.Tensor  # (T, L, H, N): the attention at each word
     finished: bool  # False when max_length was reached before <eos>
+    # (T, L, H, T) when asked for: at word t, the decoder's self-attention over the input
+    # positions 0..t (<bos>, then the words before t); zero on later positions.
+    self_attn: torch.Tensor | None = None
 
 
 def select_rows(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
     """Pick rows of every batch-first tensor of a memory or state: beam expansion and reordering."""
     return {key: value.index_select(0, index) for key, value in tensors.items()}
+
+
+def step_decoder(
+    decoder: Decoder, memory: dict[str, torch.Tensor], prev: torch.Tensor, state: dict[str, torch.Tensor], self_attention: bool
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
+    """One decoder step; with `self_attention` (for decoders that have it) also the weights its
+    self-attention used at this step, (R, L, H, t+1), taken out of the state; else None."""
+    if not (self_attention and decoder.has_self_attention):
+        logprobs, attn, state = decoder.step(memory, prev, state)
+        return logprobs, attn, state, None
+    logprobs, attn, state = decoder.step(memory, prev, state, self_attention=True)  # type: ignore[call-arg]
+    state = dict(state)
+    return logprobs, attn, state, state.pop("self_attn")
+
+
+def pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Zero-pad the last dimension of x to `size`."""
+    return torch.nn.functional.pad(x, (0, size - x.shape[-1]))
 
 
 def ban(logprobs: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:
@@ -183,25 +204,29 @@ def greedy_decode(
     top_k: int = 0,
     top_p: float = 1.0,
     block_trigrams: bool = False,
+    self_attention: bool = False,
 ) -> list[Hypothesis]:
     """The most probable word at each step (or a sample at `temperature` > 0, optionally from the
     top-k / nucleus only); feats (B, N, D).
 
     `banned` ids (<pad>, <bos>) are never produced: they are not words, and a caption's words
     must line up one to one with its attention maps. The score is the model's log-probability
-    (at temperature 1) of the words and the <eos>."""
+    (at temperature 1) of the words and the <eos>. With `self_attention`, each hypothesis also
+    carries the self-attention weights of this same pass (decoders that have one)."""
     if temperature > 0:
         check_sampling(temperature, top_k, top_p)
     batch = feats.shape[0]
     memory = decoder.prepare(feats)
     state = decoder.init_state(memory)
     prev = torch.full((batch,), bos_id, dtype=torch.long, device=feats.device)  # (B,)
-    maps, logprob = [], torch.zeros(batch, device=feats.device)
+    maps, self_maps, logprob = [], [], torch.zeros(batch, device=feats.device)
     history = torch.empty((batch, 0), dtype=torch.long, device=feats.device)  # (B, t)
     done = torch.zeros(batch, dtype=torch.bool, device=feats.device)  # (B,)
     lengths = torch.full((batch,), max_length, dtype=torch.long)
     for t in range(max_length):
-        logprobs, attn, state = decoder.step(memory, prev, state)  # (B, V), (B, L, H, N)
+        logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, self_attention)  # (B, V), (B, L, H, N)
+        if self_w is not None:
+            self_maps.append(self_w.float())  # (B, L, H, t+1)
         logprobs = ban(logprobs.float(), banned)
         allowed = block_repeated_trigrams(logprobs, history) if block_trigrams else logprobs  # (B, V)
         prev = draw(allowed, temperature, top_k, top_p, generator) if temperature > 0 else allowed.argmax(dim=-1)  # (B,)
@@ -215,11 +240,14 @@ def greedy_decode(
             break
     tokens_bt = history.cpu()  # (B, T)
     attn_bt = torch.stack(maps, dim=1).float().cpu()  # (B, T, L, H, N)
+    T = attn_bt.shape[1]
+    self_bt = torch.stack([pad_last(w, T) for w in self_maps], dim=1).cpu() if self_maps else None  # (B, T, L, H, T)
     results = []
     for b in range(batch):
         n = int(lengths[b])
+        self_b = None if self_bt is None else self_bt[b, :n, ..., :n]  # (n, L, H, n)
         results.append(
-            Hypothesis(tokens_bt[b, :n].tolist(), float(logprob[b]), float(logprob[b]), attn_bt[b, :n], bool(done[b]))
+            Hypothesis(tokens_bt[b, :n].tolist(), float(logprob[b]), float(logprob[b]), attn_bt[b, :n], bool(done[b]), self_b)
         )
     return results
 
@@ -237,10 +265,12 @@ def beam_search(
     block_trigrams: bool = False,
     groups: int = 1,
     diversity: float = 0.5,
+    self_attention: bool = False,
 ) -> list[Hypothesis]:
     """The best hypothesis per image of `beam_search_n_best`; feats (B, N, D)."""
     ranked = beam_search_n_best(
-        decoder, feats, bos_id, eos_id, beam_size, max_length, alpha, banned, block_trigrams, groups, diversity, n_best=1
+        decoder, feats, bos_id, eos_id, beam_size, max_length, alpha, banned, block_trigrams, groups, diversity,
+        n_best=1, self_attention=self_attention,
     )
     return [hyps[0] for hyps in ranked]
 
@@ -259,6 +289,7 @@ def beam_search_n_best(
     groups: int = 1,
     diversity: float = 0.5,
     n_best: int = 1,
+    self_attention: bool = False,
 ) -> list[list[Hypothesis]]:
     """Batched (diverse) beam search over B images with K beams each; feats (B, N, D).
 
@@ -274,6 +305,8 @@ def beam_search_n_best(
     has K/G finished hypotheses that no live beam of it can still beat. At `max_length` the live
     beams of groups not done compete with the finished hypotheses on the same length-penalised
     score, so a cut-off beam that is clearly better than every ended one wins (finished=False).
+    With `self_attention`, the self-attention weights of every step are kept and reordered with
+    the beams, like the cross-attention history, and come back with each hypothesis.
     """
     B, K, G, device = feats.shape[0], beam_size, groups, feats.device
     if G < 1 or K % G:
@@ -289,12 +322,19 @@ def beam_search_n_best(
     scores[:, :, 0] = 0.0  # all beams of a group start identical: expand only the first
     history = torch.empty((B * K, 0), dtype=torch.long, device=device)  # (B*K, t)
     attn_history: torch.Tensor | None = None  # (B*K, t, L, H, N)
+    self_history: torch.Tensor | None = None  # (B*K, t, L, H, t), with self_attention
+
+    def self_rows(row: int, t: int) -> torch.Tensor | None:
+        """The self-attention of beam `row`'s first t words, (t, L, H, t), or None."""
+        if not self_attention or not decoder.has_self_attention:
+            return None
+        return attn.new_zeros(0, *attn.shape[1:3], 0) if self_history is None else self_history[row, :t, ..., :t].cpu()
     finished: list[list[Hypothesis]] = [[] for _ in range(S)]
     done = [False] * S
     best_possible_penalty = length_penalty(max_length, alpha)
 
     for t in range(max_length):
-        logprobs, attn, state = decoder.step(memory, prev, state)  # (B*K, V), (B*K, L, H, N)
+        logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, self_attention)  # (B*K, V), (B*K, L, H, N)
         logprobs = ban(logprobs.float(), banned)
         if block_trigrams:
             logprobs = block_repeated_trigrams(logprobs, history)
@@ -323,7 +363,9 @@ def beam_search_n_best(
             row = s * Kg + int(top_beam[s, j])
             words_attn = attn[:0] if attn_history is None else attn_history[row]  # (t, L, H, N)
             raw = float(top_scores[s, j])
-            finished[s].append(Hypothesis(history[row].tolist(), raw / length_penalty(t, alpha), raw, words_attn.cpu(), True))
+            finished[s].append(
+                Hypothesis(history[row].tolist(), raw / length_penalty(t, alpha), raw, words_attn.cpu(), True, self_rows(row, t))
+            )
 
         # Live beams: the best Kg candidates of each search that do not end here.
         live_beam = top_beam.gather(1, live_pos)  # (S, Kg)
@@ -335,6 +377,11 @@ def beam_search_n_best(
         history = torch.cat([history.index_select(0, rows), live_token.view(-1, 1)], dim=1)  # (B*K, t+1)
         step_attn = attn.index_select(0, rows).unsqueeze(1)  # (B*K, 1, L, H, N)
         attn_history = step_attn if attn_history is None else torch.cat([attn_history.index_select(0, rows), step_attn], dim=1)
+        if self_w is not None:
+            step_self = self_w.float().index_select(0, rows).unsqueeze(1)  # (B*K, 1, L, H, t+1)
+            if self_history is not None:  # earlier rows get a zero column for this position: causal
+                step_self = torch.cat([pad_last(self_history.index_select(0, rows), t + 1), step_self], dim=1)
+            self_history = step_self  # (B*K, t+1, L, H, t+1)
         prev = live_token.view(-1)
 
         best_live = scores.view(S, Kg).max(dim=1).values.tolist()  # (S,)
@@ -357,7 +404,10 @@ def beam_search_n_best(
             for row in range(s * Kg, (s + 1) * Kg):  # cut off at max_length: compete on the same score
                 raw = live_scores[row]
                 if raw != float("-inf"):
-                    pool.append(Hypothesis(history[row].tolist(), raw / live_penalty, raw, attn_history[row].cpu(), False))
+                    n = history.shape[1]
+                    pool.append(
+                        Hypothesis(history[row].tolist(), raw / live_penalty, raw, attn_history[row].cpu(), False, self_rows(row, n))
+                    )
         ranked, seen = [], set()
         for hyp in sorted(pool, key=lambda h: -h.score):
             if tuple(hyp.tokens) not in seen:  # groups may meet on the same caption: keep it once

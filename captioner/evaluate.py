@@ -130,6 +130,8 @@ def run_evaluation(args) -> dict:
 
     if not args.checkpoint:
         raise CaptionerError("evaluate: give a CHECKPOINT, or --results FILE --annotations FILE")
+    if getattr(args, "saliency", None) and not args.grounding:
+        raise CaptionerError("evaluate: --saliency scores saliency maps against instance masks; it needs --grounding")
     from captioner.checkpoint import load_captioner
     from captioner.data import load_split
     from captioner.train import resolve_device
@@ -175,11 +177,26 @@ def run_evaluation(args) -> dict:
             for name, c in g["per_category"].items():
                 ratio = f"{c['ratio']:.1f}x" if c["ratio"] is not None else "n/a"
                 print(f"    {name:<14} {c['score']:.4f} vs {c['uniform_baseline']:.4f} ({ratio}, {c['words']} words)")
+            _print_per_head(g["per_head"])
         for record in records[:3]:
             if record.image_id in captions:
                 print(f"  e.g. {record.path.name}: {captions[record.image_id].text!r}")
         print(f"results: {results_path}")
     return {**report, "scores": _rounded(overall)}
+
+
+def _print_per_head(table: dict) -> None:
+    """Grounding and pointing-game hit rate of every map kind, beside the baselines."""
+    if not table.get("words"):
+        return
+    base = table["baselines"]
+    print(f"  per map, {table['words']} grounded words: grounding (uniform {base['uniform_grounding']:.4f}), "
+          f"pointing game within {table['pointing_tolerance_px']} px (random point {base['random_point']:.4f}, "
+          f"centre {base['centre_point']:.4f})")
+    for name, scores in table["maps"].items():
+        print(f"    {name:<8} grounding {scores['grounding']:.4f}  pointing {scores['pointing']:.4f}")
+    if table["best_head"]:
+        print(f"  best head (pointing): {table['best_head']}")
 
 
 def beside_official(references: dict[int, list[str]], predictions: dict[int, str], fast: bool) -> dict:
@@ -205,6 +222,7 @@ def _print_beside_official(report: dict, quiet: bool) -> None:
 
 def _grounding(model: Captioner, records: list[ImageRecord], captions: dict[int, Caption], args) -> dict:
     from captioner.grounding import Instances, grounding_score
+    from captioner.interpret import interpret_scores, records_grad_cam
 
     data = model.config.data
     if args.instances:
@@ -217,7 +235,14 @@ def _grounding(model: Captioner, records: list[ImageRecord], captions: dict[int,
     report = grounding_score(captions, instances, kind, layer=args.layer, head=args.head)
     if args.heatmaps:
         _outlined_figures(Path(args.heatmaps), records, captions, instances, kind, args)
-    return {"instances": str(path), "layer": args.layer, "head": "mean" if args.head is None else args.head, **report.to_json()}
+    saliency = None
+    if getattr(args, "saliency", None) == "gradcam":
+        saliency = records_grad_cam(model, records, captions, instances, kind, args.batch_size or model.config.decode.batch_size)
+    heads = interpret_scores(captions, instances, kind, saliency)
+    return {
+        "instances": str(path), "layer": args.layer, "head": "mean" if args.head is None else args.head,
+        **report.to_json(), "per_head": heads.to_json(),
+    }
 
 
 def _outlined_figures(

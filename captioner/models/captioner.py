@@ -28,6 +28,10 @@ class Caption:
     logprob: float
     attn: torch.Tensor  # (T, L, H, h, w): every word's attention, per decoder layer and head
     finished: bool  # False when the maximum length cut it short
+    # (T, L, H, T) when decoded with self_attention=True (transformers): at word t, the weights
+    # each layer and head of the self-attention put on <bos> and the words before t, taken from
+    # the pass that produced the caption.
+    self_attn: torch.Tensor | None = None
 
     def heatmaps(self, layer: int = -1, head: int | None = None) -> torch.Tensor:
         """(T, h, w) maps for display: one layer, one head or the mean over heads (the default)."""
@@ -104,6 +108,7 @@ class Captioner(nn.Module):
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | None = None,
+        self_attention: bool = False,
     ) -> list[list[Caption]]:
         """feats (B, N, D) -> per image the `n_best` best distinct captions, best first.
 
@@ -111,7 +116,8 @@ class Captioner(nn.Module):
         optionally diverse with `diverse_groups` groups) gives up to beam_size hypotheses; greedy
         decoding (beam_size 1) gives one. With `sample`, each of the n_best captions is drawn
         from softmax(logprobs / temperature), restricted to the `top_k` words and the `top_p`
-        nucleus, seeded by `seed`, and they are sorted by log-probability.
+        nucleus, seeded by `seed`, and they are sorted by log-probability. With `self_attention`
+        (decoders that have one) each caption carries its self-attention weights from the same pass.
         """
         settings = self.config.decode
         beam_size = settings.beam_size if beam_size is None else beam_size
@@ -128,14 +134,20 @@ class Captioner(nn.Module):
             generator = None if seed is None else torch.Generator(feats.device).manual_seed(seed)
             rows = feats.repeat_interleave(n_best, dim=0)  # (B*n_best, N, D): n_best draws per image
             drawn = greedy_decode(
-                self.decoder, rows, bos, eos, max_length, temperature, generator, banned, top_k, top_p, block
+                self.decoder, rows, bos, eos, max_length, temperature, generator, banned, top_k, top_p, block, self_attention
             )
             ranked = [sorted(drawn[b * n_best : (b + 1) * n_best], key=lambda h: -h.score) for b in range(B)]
         elif beam_size <= 1:
-            ranked = [[h] for h in greedy_decode(self.decoder, feats, bos, eos, max_length, banned=banned, block_trigrams=block)]
+            ranked = [
+                [h]
+                for h in greedy_decode(
+                    self.decoder, feats, bos, eos, max_length, banned=banned, block_trigrams=block, self_attention=self_attention
+                )
+            ]
         else:
             ranked = beam_search_n_best(
-                self.decoder, feats, bos, eos, beam_size, max_length, alpha, banned, block, groups, strength, n_best
+                self.decoder, feats, bos, eos, beam_size, max_length, alpha, banned, block, groups, strength, n_best,
+                self_attention,
             )
         return [[self._caption(h, grid) for h in hyps] for hyps in ranked]
 
@@ -165,7 +177,7 @@ class Captioner(nn.Module):
     def _caption(self, hyp: Hypothesis, grid: tuple[int, int]) -> Caption:
         words = self.vocab.decode_words(hyp.tokens)
         attn = hyp.attn.reshape(hyp.attn.shape[0], *hyp.attn.shape[1:3], *grid)  # (T, L, H, h, w)
-        return Caption(" ".join(words), words, hyp.tokens, hyp.score, hyp.logprob, attn, hyp.finished)
+        return Caption(" ".join(words), words, hyp.tokens, hyp.score, hyp.logprob, attn, hyp.finished, hyp.self_attn)
 
     @torch.no_grad()
     def caption_images(

@@ -28,10 +28,14 @@ Memory = dict[str, torch.Tensor]
 class DecoderOutput:
     logits: torch.Tensor  # (B, T, V)
     attn: torch.Tensor  # (B, T, L, H, N)
+    self_attn: torch.Tensor | None = None  # (B, T, L, H, T): decoder self-attention, when asked for
 
 
 class Decoder(nn.Module):
     vocab_size: int
+    # True for decoders whose `step` takes self_attention=True and then returns the state with
+    # "self_attn" (B, L, H, t+1): the weights its self-attention used at this step.
+    has_self_attention: bool = False
 
     def prepare(self, feats: torch.Tensor) -> Memory:
         raise NotImplementedError

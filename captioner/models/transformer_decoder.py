@@ -67,24 +67,31 @@ class TransformerDecoderLayer(nn.Module):
         cross_v: torch.Tensor,
         cache: tuple[torch.Tensor, torch.Tensor] | None = None,
         mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        self_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """x (B, T, d) new positions; cross_k, cross_v (B, nh, N, hs); cache: self-attention keys
         and values (B, nh, S, hs) of the S earlier positions; mask (T, S+T) true where allowed.
 
-        -> x (B, T, d), cross weights (B, nh, T, N), self keys and values (B, nh, S+T, hs).
+        -> x (B, T, d), cross weights (B, nh, T, N), self keys and values (B, nh, S+T, hs), and
+        with `self_weights` the self-attention weights (B, nh, T, S+T), else None. Only then does
+        the self-attention take the explicit softmax path, whose weights are the ones it uses.
         """
         h = self._block_input(x, self.norm_self)
         k, v = self.self_attn.keys_values(h)  # (B, nh, T, hs) each
         if cache is not None:
             k = torch.cat([cache[0], k], dim=2)  # (B, nh, S+T, hs)
             v = torch.cat([cache[1], v], dim=2)  # (B, nh, S+T, hs)
-        out = self.self_attn.attend_fused(h, k, v, mask)  # (B, T, d): self-attention maps are never shown
+        self_w = None
+        if self_weights:
+            out, self_w = self.self_attn.attend(h, k, v, mask)  # (B, T, d), (B, nh, T, S+T)
+        else:
+            out = self.self_attn.attend_fused(h, k, v, mask)  # (B, T, d): the fast path, no weights
         x = self._residual(x, out, self.norm_self)
         h = self._block_input(x, self.norm_cross)
         out, weights = self.cross_attn.attend(h, cross_k, cross_v)  # (B, T, d), (B, nh, T, N)
         x = self._residual(x, out, self.norm_cross)
         x = self._residual(x, self.ff(self._block_input(x, self.norm_ff)), self.norm_ff)
-        return x, weights, k, v
+        return x, weights, k, v, self_w
 
     def _block_input(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         """Pre-norm normalises what enters a block; post-norm what leaves the residual sum."""
@@ -111,6 +118,8 @@ class TransformerDecoder(Decoder):
     other batch-first state. Padding after <eos> needs no mask: the causal mask keeps every real
     position from seeing it.
     """
+
+    has_self_attention = True
 
     def __init__(
         self,
@@ -186,22 +195,37 @@ class TransformerDecoder(Decoder):
         state["pos"] = torch.zeros(B, dtype=torch.long, device=k.device)  # (B,)
         return state
 
-    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def step(
+        self, memory: Memory, prev_tokens: torch.Tensor, state: State, self_attention: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, State]:
         """One new position: prev_tokens (B,) -> logprobs (B, V), attn (B, L, nh, N), the state
-        with this position's keys and values appended."""
+        with this position's keys and values appended.
+
+        With `self_attention` the new state also holds "self_attn" (B, L, nh, t+1): the weights
+        this position's self-attention put on positions 0..t, the ones that computed this step
+        (the explicit softmax path instead of the fused kernel)."""
         x = self._embed(prev_tokens[:, None], state["pos"][:, None])  # (B, 1, d)
         new_state: State = {}
-        maps = []
+        maps, self_maps = [], []
         for i, layer in enumerate(self.layers):
             cache = (state[f"k_{i}"], state[f"v_{i}"])
-            x, w, new_state[f"k_{i}"], new_state[f"v_{i}"] = layer(x, memory[f"k_{i}"], memory[f"v_{i}"], cache)
+            x, w, new_state[f"k_{i}"], new_state[f"v_{i}"], self_w = layer(
+                x, memory[f"k_{i}"], memory[f"v_{i}"], cache, self_weights=self_attention
+            )
             maps.append(w[:, :, 0])  # (B, nh, N)
+            if self_w is not None:
+                self_maps.append(self_w[:, :, 0])  # (B, nh, t+1)
         new_state["pos"] = state["pos"] + 1
+        if self_attention:
+            new_state["self_attn"] = torch.stack(self_maps, dim=1)  # (B, L, nh, t+1)
         logits = self.out(self.final_norm(x[:, 0]))  # (B, V)
         return logits.log_softmax(dim=-1), torch.stack(maps, dim=1), new_state  # (B, V), (B, L, nh, N)
 
-    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None) -> DecoderOutput:
-        """Teacher forcing: feats (B, N, D), tokens (B, T) -> logits (B, T, V), attn (B, T, L, nh, N).
+    def forward(
+        self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None, self_attention: bool = False
+    ) -> DecoderOutput:
+        """Teacher forcing: feats (B, N, D), tokens (B, T) -> logits (B, T, V), attn (B, T, L, nh, N),
+        and with `self_attention` self_attn (B, T, L, nh, T) through the explicit softmax path.
 
         `lengths` is not needed: all positions run in parallel, and the causal mask already keeps
         the padding after each caption from reaching its real positions.
@@ -210,9 +234,14 @@ class TransformerDecoder(Decoder):
         T = tokens.shape[1]
         x = self._embed(tokens, torch.arange(T, device=tokens.device))  # (B, T, d)
         causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()  # (T, T): t sees 0..t
-        maps = []
+        maps, self_maps = [], []
         for i, layer in enumerate(self.layers):
-            x, w, _, _ = layer(x, memory[f"k_{i}"], memory[f"v_{i}"], mask=causal)  # (B, T, d), (B, nh, T, N)
+            x, w, _, _, self_w = layer(
+                x, memory[f"k_{i}"], memory[f"v_{i}"], mask=causal, self_weights=self_attention
+            )  # (B, T, d), (B, nh, T, N), (B, nh, T, T) or None
             maps.append(w.transpose(1, 2))  # (B, T, nh, N)
+            if self_w is not None:
+                self_maps.append(self_w.transpose(1, 2))  # (B, T, nh, T)
         logits = self.out(self.final_norm(x))  # (B, T, V)
-        return DecoderOutput(logits, torch.stack(maps, dim=2))  # attn (B, T, L, nh, N)
+        self_attn = torch.stack(self_maps, dim=2) if self_attention else None  # (B, T, L, nh, T)
+        return DecoderOutput(logits, torch.stack(maps, dim=2), self_attn)  # attn (B, T, L, nh, N)

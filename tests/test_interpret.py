@@ -1,0 +1,135 @@
+"""Self-attention recorded in decoding, the pointing game and Grad-CAM (issue 13)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from captioner.interpret import caption_grad_cam, dilate, grad_cam, pointing_hits
+from tests.helpers import tiny_model
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def transformer():
+    return tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2", seed=3)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_self_attention_is_the_one_decoding_used(transformer, beam):
+    """The recorded weights equal a recomputation through the explicit softmax path on the same
+    prefix; rows are distributions over <bos> and the earlier words, with nothing on later ones;
+    asking for them changes no caption."""
+    images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    plain = transformer.caption_images(images, beam_size=beam, max_length=7)
+    recorded = transformer.caption_images(images, beam_size=beam, max_length=7, self_attention=True)
+    feats, _ = transformer.encode(images)
+    for b, (p, c) in enumerate(zip(plain, recorded)):
+        assert p.text == c.text and p.self_attn is None
+        T = len(c.tokens)
+        L, H = c.attn.shape[1:3]
+        assert c.self_attn.shape == (T, L, H, T)
+        inputs = torch.tensor([transformer.vocab.bos_id, *c.tokens[:-1]])[None]  # (1, T): the input at each step
+        with torch.no_grad():
+            out = transformer.decoder(feats[b : b + 1], inputs, self_attention=True)
+        assert torch.allclose(c.self_attn, out.self_attn[0], atol=1e-5)  # (T, L, H, T)
+        assert torch.allclose(c.self_attn.sum(dim=-1), torch.ones(T, L, H), atol=1e-5)
+        later = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, T): column j > row t
+        assert c.self_attn.permute(1, 2, 0, 3)[..., later].abs().max() == 0
+        assert (c.self_attn.permute(1, 2, 0, 3)[..., ~later] > 0).all()  # the softmax reaches every earlier word
+
+
+def test_self_attention_follows_the_beams(transformer):
+    """n-best hypotheses each carry their own self-attention: the one of their own prefix."""
+    images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    feats, _ = transformer.encode(images)
+    hyps = transformer.caption_images(images, n_best=3, beam_size=3, max_length=6, self_attention=True)[0]
+    assert len({h.text for h in hyps}) == len(hyps) > 1
+    for h in hyps:
+        inputs = torch.tensor([transformer.vocab.bos_id, *h.tokens[:-1]])[None]
+        with torch.no_grad():
+            out = transformer.decoder(feats, inputs, self_attention=True)
+        assert torch.allclose(h.self_attn, out.self_attn[0], atol=1e-5)
+
+
+def test_lstm_has_no_self_attention():
+    model = tiny_model()
+    caption = model.caption_images(torch.rand(1, 3, 32, 32), max_length=4, self_attention=True)[0]
+    assert caption.self_attn is None
+
+
+def test_dilation_is_a_disk():
+    mask = torch.zeros(64, 64, dtype=torch.bool)
+    mask[32, 32] = True
+    grown = dilate(mask, radius=15)
+    assert grown[32, 47] and grown[17, 32] and not grown[32, 48]
+    assert grown[32 + 10, 32 + 11] and not grown[32 + 11, 32 + 11]  # 14.9 px in, 15.6 px out
+
+
+def test_pointing_game_inside_near_and_outside_the_mask():
+    mask = torch.zeros(128, 128, dtype=torch.bool)
+    mask[40:60, 40:60] = True  # a 20 x 20 object
+    dilated = dilate(mask)
+
+    def peak(y: int, x: int) -> torch.Tensor:
+        m = torch.full((128, 128), 0.1)
+        m[y, x] = 1.0
+        return m
+
+    maps = torch.stack([peak(50, 50), peak(50, 59 + 10), peak(50, 59 + 16), peak(100, 100)])  # (4, 128, 128)
+    assert pointing_hits(maps, dilated).tolist() == [1.0, 1.0, 0.0, 0.0]
+    # A flat map counts in expectation: the fraction of the image within 15 px of the mask.
+    flat = pointing_hits(torch.ones(1, 128, 128), dilated)
+    assert flat.item() == pytest.approx(dilated.float().mean().item())
+
+
+def test_pointing_game_on_an_upsampled_grid_map():
+    """A grid map whose peak cell covers the object hits; one whose peak is far off misses."""
+    from captioner.interpret import point_of
+
+    grid = torch.full((8, 8), 0.01)
+    grid[2, 3] = 1.0  # cell rows 32..47, columns 48..63
+    y, x = point_of(grid, (128, 128))
+    assert 32 <= y < 48 and 48 <= x < 64
+    mask = torch.zeros(128, 128, dtype=torch.bool)
+    mask[36:44, 52:60] = True
+    from captioner.visualize import upsample
+
+    image_map = upsample(grid[None], (128, 128))  # (1, 128, 128)
+    assert pointing_hits(image_map, dilate(mask)).item() == 1.0
+    far = torch.zeros(128, 128, dtype=torch.bool)
+    far[100:120, 100:120] = True
+    assert pointing_hits(image_map, dilate(far)).item() == 0.0
+
+
+def test_grad_cam_of_a_toy_model_with_a_known_answer():
+    """score = <v, A_k>: the gradient is v at cell k and 0 elsewhere, so the channel weights are
+    v / N and the map is ReLU(A v) / N, peaking where the features align with v."""
+    g = torch.Generator().manual_seed(0)
+    N, D, k = 9, 5, 4
+    v = torch.randn(D, generator=g)
+    feats = torch.randn(2, N, D, generator=g)
+    feats[1, 7] = 3 * v  # row 1: cell 7 is the one most aligned with v
+    cam = grad_cam(lambda a: a[:, k] @ v, feats)  # (2, N)
+    assert torch.allclose(cam, torch.relu(feats @ v) / N, atol=1e-6)
+    assert int(cam[1].argmax()) == 7
+    assert (cam >= 0).all()
+
+
+def test_caption_grad_cam_matches_a_hand_computed_gradient(transformer):
+    """Grad-CAM through the real decoder equals ReLU(mean-gradient-weighted features) computed by
+    hand from the teacher-forced log-probability of one word."""
+    images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    caption = transformer.caption_images(images, max_length=5, beam_size=1)[0]
+    feats, _ = transformer.encode(images)  # (1, N, D)
+    t = len(caption.tokens) - 1
+    cams = caption_grad_cam(transformer, feats[0], caption, [0, t])
+    grid = feats.detach().clone().requires_grad_(True)
+    tokens = torch.tensor([[transformer.vocab.bos_id, *caption.tokens]])
+    logprob = transformer.decoder(grid, tokens).logits.log_softmax(-1)[0, t, caption.tokens[t]]
+    (grad,) = torch.autograd.grad(logprob, grid)
+    expected = torch.relu((grad.mean(dim=1, keepdim=True) * feats).sum(-1))[0]  # (N,)
+    assert cams[t].shape == caption.attn.shape[-2:]
+    assert torch.allclose(cams[t].flatten(), expected, atol=1e-5)
+    assert not torch.allclose(cams[0], cams[t])
