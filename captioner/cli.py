@@ -150,7 +150,14 @@ def cmd_caption(args: argparse.Namespace) -> int:
     paths = expand_images(args.images)
     if not paths:
         raise CaptionerError("caption: no images given")
+    if args.saliency and not args.heatmaps:
+        raise CaptionerError("caption: --saliency draws beside the heatmaps; give --heatmaps OUTDIR too")
     options = decode_options(args)
+    if args.self_attention:
+        if not model.decoder.has_self_attention:
+            raise CaptionerError(f"caption: --self-attention needs a transformer checkpoint; {args.checkpoint} has an "
+                                 f"{model.config.model.decoder.type} decoder")
+        options["self_attention"] = True
     if args.sample:
         options.update(sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     n_best = args.n_best if args.n_best is not None else (1 if args.sample else None)
@@ -174,6 +181,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
                 figure = Path(args.heatmaps) / f"{path.stem}_attention{suffix}.png"
                 save_attention_figure(figure, load_image(path), caption, layer=args.layer, head=args.head)
                 entry["heatmaps"] = str(figure)
+            entry |= interpret_figures(model, path, caption, args, f"_{rank}" if args.n_best is not None else "")
             entries.append(entry)
             if not args.json:
                 print(f"{path}\t{hypotheses[0].text}" if args.n_best is None else f"{path}\t{rank}\t{caption.score:.4f}\t{caption.text}")
@@ -186,6 +194,35 @@ def cmd_caption(args: argparse.Namespace) -> int:
     if failures:
         print(f"{failures} of {len(paths)} images failed", file=sys.stderr)
     return 1 if failures else 0
+
+
+def interpret_figures(model, path: Path, caption, args: argparse.Namespace, suffix: str) -> dict[str, str]:
+    """The figures `caption` was asked for beyond the heatmaps; their paths by kind."""
+    from captioner.attention_figures import head_grid_figure, head_view_figure, saliency_figure, save_figure
+    from captioner.data.images import load_image
+
+    written: dict[str, str] = {}
+    if args.self_attention:
+        stem = Path(args.self_attention) / f"{path.stem}_self_attention{suffix}"
+        png, _ = save_figure(head_view_figure(caption), stem.with_suffix(".png"), stem.with_suffix(".svg"))
+        written["self_attention"] = str(png)
+    if args.head_grid:
+        (grid,) = save_figure(head_grid_figure(load_image(path), caption), Path(args.head_grid) / f"{path.stem}_heads{suffix}.png")
+        written["head_grid"] = str(grid)
+    if args.saliency == "gradcam":
+        import torch
+
+        from captioner.interpret import caption_grad_cam
+
+        image = load_image(path)
+        with torch.no_grad():
+            feats, _ = model.encode(model.transform(image)[None].to(model.device))  # (1, N, D)
+        cams = caption_grad_cam(model, feats[0], caption, list(range(len(caption.words))))
+        (figure,) = save_figure(
+            saliency_figure(image, caption, cams, args.layer, args.head), Path(args.heatmaps) / f"{path.stem}_gradcam{suffix}.png"
+        )
+        written["gradcam"] = str(figure)
+    return written
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -271,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     caption.add_argument("--heatmaps", metavar="OUTDIR", help="write one attention figure per image (per hypothesis with --n-best) here")
     caption.add_argument("--layer", type=int, default=-1, help="decoder layer of the maps (transformer)")
     caption.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
+    caption.add_argument("--self-attention", metavar="OUTDIR",
+                         help="transformer: write each caption's self-attention head view (PNG and SVG) here")
+    caption.add_argument("--head-grid", metavar="OUTDIR",
+                         help="write each caption's cross-attention per layer and head, a grid of small maps per word, here")
+    caption.add_argument("--saliency", choices=("gradcam",), default=None,
+                         help="with --heatmaps: also draw each word's Grad-CAM beside its attention")
     caption.set_defaults(func=cmd_caption)
 
     evaluate = commands.add_parser("evaluate", help="score a checkpoint on a split, or a results file")
