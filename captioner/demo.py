@@ -208,7 +208,9 @@ def caption_page(
         image = load_image(path, max_pixels)
     except ImageLoadError as e:
         return refusal(str(e).replace(str(path), path.name))
-    caption = model.caption(image, beam_size=int(beam_size), max_length=int(max_length))
+    # Transformers keep their self-attention from this same pass, for the head view.
+    self_attention = model.decoder.has_self_attention
+    caption = model.caption(image, beam_size=int(beam_size), max_length=int(max_length), self_attention=self_attention)
     shown = image.copy()
     shown.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE))
     notes = conversion_notes(path)
@@ -268,6 +270,85 @@ def prune(folder: Path, max_age_s: float = 600.0) -> None:
                 old.unlink()
         except OSError:
             pass  # another request removed it first
+
+
+def inside_views(result: Result, layer: str | int | None, head: str | int | None, word: str | None) -> tuple:
+    """The transformer views of a captioned image: the self-attention head view of the chosen
+    layer (the chosen head, or every head and their mean), and the chosen word's cross-attention
+    as a layers x heads grid of maps. -> (head view, head grid) PIL images, None for the LSTM."""
+    from captioner.attention_figures import head_grid_figure, head_view_figure
+
+    caption = result.caption
+    if caption.self_attn is None or not caption.words:
+        return None, None
+    layer_index, head_index = parse_layer_head(caption, layer, head)
+    position = word_position(caption, word)
+    with _FIGURE_LOCK:
+        view = figure_image(head_view_figure(caption, [layer_index], None if head_index is None else [head_index]))
+        grid = figure_image(head_grid_figure(result.image, caption, [position]))
+    return view, grid
+
+
+def word_position(caption: Caption, word: str | None) -> int:
+    """A word menu value "3: circle" -> 2; anything else -> the first word."""
+    try:
+        position = int(str(word).split(":", 1)[0]) - 1
+    except ValueError:
+        return 0
+    return position if 0 <= position < len(caption.words) else 0
+
+
+def word_choices(caption: Caption) -> list[str]:
+    return [f"{i + 1}: {w}" for i, w in enumerate(caption.words)]
+
+
+def figure_image(fig: Any) -> Image.Image:
+    """A matplotlib figure as a PIL image (closed after)."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80)
+    plt.close(fig)
+    buffer.seek(0)
+    return Image.open(buffer).convert("RGB")
+
+
+def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
+    """One Markdown line: what a served model was trained on and how it scored on validation,
+    from the checkpoint's config, vocabulary and train state."""
+    config = model.config
+    state = payload.get("train_state") or {}
+    history = state.get("history") or []
+    best_epoch = state.get("best_epoch")
+    row = next((r for r in history if r.get("epoch") == best_epoch), history[-1] if history else None)
+    metric = config.train.val_metric
+    if row:
+        scores = ", ".join(f"{k[4:]} {float(v):.3f}" for k, v in row.items() if k.startswith("val_"))
+        val = f"validation at epoch {row['epoch']} of {state.get('epoch', '?')} (best {metric}): {scores}"
+    else:
+        val = "no validation scores in the checkpoint"
+    data = config.data
+    return (
+        f"**{model_label(path, model)}**: trained on **{data.dataset}** ({data.image_size} px images), "
+        f"vocabulary {len(model.vocab)} words; {val}."
+    )
+
+
+def model_cards(models: dict[str, Captioner]) -> str:
+    """What every served model was trained on, so a caption is read in its light (the shapes
+    model describes coloured shapes, whatever the photograph)."""
+    from captioner.checkpoint import read_checkpoint
+
+    lines = []
+    for path, model in models.items():
+        try:
+            payload = read_checkpoint(path)
+        except CaptionerError:
+            payload = {}
+        lines.append("- " + model_card(path, model, payload))
+    return "**Models served**\n\n" + "\n".join(lines)
 
 
 # --- models, examples and the "no arguments" default -------------------------------------------
@@ -379,6 +460,24 @@ class Callbacks:
             log.exception("drawing the figure failed")
             return None
 
+    def inside(self, result: Result | None, layer: str, head: str, word: str | None) -> tuple:
+        """The transformer views (head view, per-head maps, the word menu) of the kept caption."""
+        if result is None or result.caption.self_attn is None:
+            hidden = gr.update(visible=False)
+            return hidden, hidden, hidden
+        try:
+            view, grid = inside_views(result, layer, head, word)
+        except Exception:  # the caption is on the page already
+            log.exception("drawing the transformer views failed")
+            return gr.skip(), gr.skip(), gr.skip()
+        choices = word_choices(result.caption)
+        value = choices[word_position(result.caption, word)] if choices else None
+        return (
+            gr.update(value=view, visible=True),
+            gr.update(value=grid, visible=True),
+            gr.update(choices=choices, value=value, visible=True),
+        )
+
     def choose_model(self, model_name: str) -> tuple[gr.Dropdown, gr.Dropdown]:
         """Layer and head menus for this model's decoder."""
         layer, head = menus(self.model(model_name)[1])
@@ -443,6 +542,12 @@ def build_demo(
                 note = gr.Markdown(label="Note", elem_id="note")
                 gallery = gr.Gallery(label="Attention per word", columns=4, height="auto", elem_id="heatmaps")
                 download = gr.DownloadButton("Download the figure", interactive=False, elem_id="download")
+                # Transformers only: shown once a caption has self-attention weights.
+                head_view = gr.Image(label="Self-attention head view (each word to the earlier words it attends to; "
+                                     "layer and head from the menus)", type="pil", visible=False, elem_id="head_view")
+                grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word")
+                head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False, elem_id="head_grid")
+        gr.Markdown(model_cards(callbacks.models), elem_id="model_card")
         result = gr.State(None)
 
         # Each event: disable the download at once, show the caption and heatmaps, draw the figure
@@ -459,9 +564,14 @@ def build_demo(
             callbacks.caption, [image, model_name, beam, length, layer, head], shown, api_name="caption", **cpu
         )
         then_figure(captioned, api_name="figure")
+        inside_in, inside_out = [result, layer, head, grid_word], [head_view, head_grid, grid_word]
+        captioned.then(callbacks.inside, inside_in, inside_out, **cpu, **private)
         for menu in (layer, head):  # a new layer/head redraws the kept caption; no decoding again
             cleared = menu.input(disable_download, None, [download], queue=False, **private)
-            then_figure(cleared.then(callbacks.redraw, [result, layer, head], shown, **cpu, **private), **private)
+            redrawn = cleared.then(callbacks.redraw, [result, layer, head], shown, **cpu, **private)
+            then_figure(redrawn, **private)
+            redrawn.then(callbacks.inside, inside_in, inside_out, **cpu, **private)
+        grid_word.input(callbacks.inside, inside_in, inside_out, **cpu, **private)
         model_name.change(callbacks.choose_model, [model_name], [layer, head], queue=False, **private)
     return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
 

@@ -1,0 +1,142 @@
+"""The demo's transformer views (self-attention head view, per-head maps) and model cards:
+page logic without a server, then a real browser (issue 13)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("gradio", reason="the demo extra is not installed (pip install -e .[demo])")
+
+from captioner.checkpoint import load_captioner, read_checkpoint, save_checkpoint  # noqa: E402
+from captioner.data.shapes import generate_shapes  # noqa: E402
+from captioner.demo import build_demo, caption_page, inside_views, launch, model_card  # noqa: E402
+from helpers import tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+HISTORY = [
+    {"epoch": 1, "step": 10, "val_BLEU4": 0.41, "val_CIDEr": 1.5},
+    {"epoch": 2, "step": 20, "val_BLEU4": 0.52, "val_CIDEr": 2.25},
+    {"epoch": 3, "step": 30, "val_BLEU4": 0.50, "val_CIDEr": 2.0},
+]
+
+
+def writes_words(model):
+    """A random model ends its captions at once; this one writes words to the end."""
+    vocab = model.vocab
+    out = [m for m in model.decoder.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(vocab)][-1]
+    with torch.no_grad():
+        out.bias[[vocab.pad_id, vocab.bos_id, vocab.eos_id]] = -30.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Path]]:
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("demo_interpret")
+    generate_shapes(root / "shapes", 0, 0, 3, image_size=64, progress=False)
+    lstm, transformer = root / "lstm.pt", root / "transformer.pt"
+    state = {"epoch": 3, "best_epoch": 2, "best_score": 2.25, "history": HISTORY}
+    save_checkpoint(lstm, writes_words(tiny_model()), train_state=state)
+    save_checkpoint(transformer, writes_words(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
+    return lstm, transformer, sorted((root / "shapes" / "test").iterdir())
+
+
+def test_model_card_says_dataset_vocabulary_and_best_validation(served) -> None:
+    lstm, transformer, _ = served
+    card = model_card(str(lstm), load_captioner(lstm), read_checkpoint(lstm))
+    assert "shapes" in card and f"vocabulary {len(load_captioner(lstm).vocab)} words" in card
+    assert "epoch 2 of 3" in card and "BLEU4 0.520" in card and "CIDEr 2.250" in card  # the best epoch's scores
+    assert "no validation scores" in model_card(str(transformer), load_captioner(transformer), read_checkpoint(transformer))
+
+
+def test_inside_views_follow_the_layer_head_and_word_choices(served, tmp_path: Path) -> None:
+    lstm, transformer, images = served
+    model = load_captioner(transformer)
+    page = caption_page(model, "tiny", images[0], beam_size=2, max_length=6)
+    caption = page.result.caption
+    assert caption.self_attn is not None and caption.self_attn.shape[:2] == (len(caption.words), 2)
+    view, grid = inside_views(page.result, "1", "mean", "1: x")
+    view_head, grid_word = inside_views(page.result, "1", "2", f"3: {caption.words[2]}")
+    assert view.width > 2 * view_head.width  # every head and the mean, against one head
+    assert view.size != grid.size and np.abs(np.asarray(grid, float) - np.asarray(grid_word, float)).mean() > 0.1
+    lstm_page = caption_page(load_captioner(lstm), "tiny", images[0], beam_size=2, max_length=6)
+    assert inside_views(lstm_page.result, "1", "mean", None) == (None, None)
+
+
+# --- a real browser ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(served) -> Iterator[str]:
+    import socket
+
+    lstm, transformer, images = served
+    demo = build_demo([lstm, transformer], images[:2])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = launch(demo, "127.0.0.1", port, block=False)
+    yield url
+    demo.close()
+
+
+def image_src(page, selector: str) -> str:
+    page.wait_for_selector(f"{selector} img", timeout=60_000)
+    return page.locator(f"{selector} img").first.get_attribute("src")
+
+
+def test_browser_shows_model_cards_head_view_and_per_head_maps(browser, server: str, served) -> None:
+    _, _, images = served
+    page = browser.new_page(viewport={"width": 1280, "height": 1400})
+    page.goto(server)
+    page.wait_for_selector("#run")
+    card = page.inner_text("#model_card")
+    assert card.count("trained on shapes") == 2 and "BLEU4 0.520" in card and "vocabulary" in card
+
+    page.set_input_files("#image input[type=file]", str(images[0]))
+    page.wait_for_selector(f"#image img[src$='{images[0].name}']")
+    page.click("#run")  # the LSTM: no self-attention, no transformer views
+    page.wait_for_function("document.querySelector('#caption textarea').value.length > 0", timeout=60_000)
+    page.wait_for_timeout(1500)
+    assert not page.is_visible("#head_view") and not page.is_visible("#head_grid")
+
+    page.click("#model input")
+    page.get_by_role("option", name="transformer.pt", exact=False).click()
+    page.wait_for_selector("#layer", state="visible")
+    page.click("#run")
+    page.wait_for_selector("#head_view", state="visible", timeout=60_000)
+    view = image_src(page, "#head_view")
+    grid = image_src(page, "#head_grid")
+    words = page.input_value("#caption textarea").split()
+    assert page.input_value("#grid_word input") == f"1: {words[0]}"
+    picture = Image.open(io.BytesIO(page.request.get(view).body()))  # every head of the layer and their mean
+
+    page.click("#grid_word input")  # another word: its layers x heads maps
+    page.get_by_role("option", name=f"2: {words[1]}", exact=True).click()
+    page.wait_for_function(f"document.querySelector('#head_grid img')?.src !== {grid!r}", timeout=60_000)
+    page.click("#head input")  # one head: the head view narrows to it
+    page.get_by_role("option", name="2", exact=True).click()
+    page.wait_for_function(f"document.querySelector('#head_view img')?.src !== {view!r}", timeout=60_000)
+    narrow = Image.open(io.BytesIO(page.request.get(image_src(page, "#head_view")).body()))
+    assert narrow.width < picture.width / 2
+    assert "Traceback" not in page.content()
