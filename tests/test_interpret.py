@@ -133,3 +133,37 @@ def test_caption_grad_cam_matches_a_hand_computed_gradient(transformer):
     assert cams[t].shape == caption.attn.shape[-2:]
     assert torch.allclose(cams[t].flatten(), expected, atol=1e-5)
     assert not torch.allclose(cams[0], cams[t])
+
+
+def test_per_head_scores_name_the_head_that_looks_at_the_object(tmp_path):
+    """On a real shapes annotation: head 0 peaks on the named object, head 1 in the far corner;
+    head 0 points and grounds, head 1 does not, and head 0 is named best. Grad-CAM maps given
+    as saliency are scored alongside."""
+    from captioner.data.shapes import generate_shapes
+    from captioner.grounding import Instances
+    from captioner.interpret import interpret_scores
+    from captioner.models import Caption
+
+    generate_shapes(tmp_path, 0, 0, 1, image_size=128, progress=False)
+    instances = Instances(tmp_path / "instances_test.json")
+    image_id = instances.coco.dataset["images"][0]["id"]
+    obj = instances.objects(image_id)[0]
+    shape = instances.category_names[obj["category_id"]]
+    x, y, w, h = obj["bbox"]
+    cell = (int((y + h / 2) // 16), int((x + w / 2) // 16))  # the 8 x 8 grid cell at the object's centre
+    attn = torch.full((2, 1, 2, 8, 8), 0.001)  # (T, L, H, h, w): words "<colour> <shape>"
+    attn[:, 0, 0, cell[0], cell[1]] = 1.0
+    far = (7 - cell[0] // 4 * 7, 7 - cell[1] // 4 * 7)  # the opposite corner
+    attn[:, 0, 1, far[0], far[1]] = 1.0
+    attn = attn / attn.sum(dim=(-2, -1), keepdim=True)
+    caption = Caption(f"{obj['colour']} {shape}", [obj["colour"], shape], [0, 0], 0.0, 0.0, attn, True)
+    saliency = {image_id: {0: attn[0, 0, 0], 1: attn[1, 0, 1]}}
+    report = interpret_scores({image_id: caption}, instances, "shapes", saliency)
+    table = report.to_json()
+    assert table["words"] == 2
+    assert table["maps"]["L0H0"]["pointing"] == 1.0 and table["maps"]["L0H1"]["pointing"] == 0.0
+    assert table["maps"]["L0H0"]["grounding"] > 5 * table["baselines"]["uniform_grounding"]
+    assert table["maps"]["L0H1"]["grounding"] < table["baselines"]["uniform_grounding"]
+    assert table["maps"]["gradcam"]["pointing"] == 0.5  # one word's map on the object, one off it
+    assert table["best_head"] == "L0H0"
+    assert 0 < table["baselines"]["random_point"] < 1 and table["baselines"]["uniform_grounding"] < table["baselines"]["random_point"]
