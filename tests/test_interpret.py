@@ -167,3 +167,37 @@ def test_per_head_scores_name_the_head_that_looks_at_the_object(tmp_path):
     assert table["maps"]["gradcam"]["pointing"] == 0.5  # one word's map on the object, one off it
     assert table["best_head"] == "L0H0"
     assert 0 < table["baselines"]["random_point"] < 1 and table["baselines"]["uniform_grounding"] < table["baselines"]["random_point"]
+
+
+def test_cli_evaluate_grounding_per_head_and_caption_figures(tmp_path, capsys):
+    """`evaluate --grounding --saliency gradcam` reports every head, their means, Grad-CAM and
+    the baselines; `caption` writes the head view (PNG, SVG), the head grid and the Grad-CAM
+    figure; an LSTM checkpoint asked for a head view gets a one-line error."""
+    import json
+
+    from captioner.checkpoint import save_checkpoint
+    from captioner.cli import main
+    from captioner.data.shapes import generate_shapes
+
+    generate_shapes(tmp_path / "shapes", 0, 0, 3, image_size=32, progress=False)
+    model = tiny_model("model.decoder.type=transformer", f"data.root={tmp_path / 'shapes'}", "decode.max_length=6")
+    checkpoint = tmp_path / "tf.pt"
+    save_checkpoint(checkpoint, model)
+    code = main(["evaluate", str(checkpoint), "--split", "test", "--grounding", "--saliency", "gradcam",
+                 "--fast", "--json", "--out", str(tmp_path / "eval")])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    heads = report["grounding"]["per_head"]
+    if heads["words"]:  # a random model may name no object of its image
+        assert {"L0H0", "L0H1", "L0 mean", "gradcam"} <= set(heads["maps"]) and heads["best_head"].startswith("L0H")
+    image = sorted((tmp_path / "shapes" / "test").iterdir())[0]
+    out = tmp_path / "figures"
+    assert main(["caption", str(checkpoint), str(image), "--self-attention", str(out), "--head-grid", str(out),
+                 "--heatmaps", str(out), "--saliency", "gradcam"]) == 0
+    names = {p.name for p in out.iterdir()}
+    stem = image.stem
+    assert {f"{stem}_self_attention.png", f"{stem}_self_attention.svg", f"{stem}_heads.png", f"{stem}_gradcam.png"} <= names
+    lstm = tmp_path / "lstm.pt"
+    save_checkpoint(lstm, tiny_model())
+    assert main(["caption", str(lstm), str(image), "--self-attention", str(out)]) != 0
+    assert "needs a transformer checkpoint" in capsys.readouterr().err
