@@ -79,6 +79,8 @@ class LSTMDecoder(Decoder):
         """
         B, T = tokens.shape
         active = active_rows(lengths, B, T)  # rows inside their caption at each step, non-increasing
+        if not active:  # no caption has a single step: all padding
+            return DecoderOutput(feats.new_zeros(B, T, self.vocab_size), feats.new_zeros(B, T, 1, 1, feats.shape[1]))
         memory = self.prepare(feats)
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
