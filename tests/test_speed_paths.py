@@ -63,6 +63,8 @@ def test_lstm_padding_outputs_are_zero() -> None:
     assert (out.logits[:, 4:] == 0).all() and (out.logits[1:, 2:] == 0).all()
     assert (out.logits[0, :4] != 0).any(dim=-1).all()
     torch.testing.assert_close(out.attn[0, :4].sum(-1), torch.ones(4, 1, 1))
+    empty = decoder(torch.randn(2, 4, 4), torch.randint(0, 11, (2, 3)), torch.tensor([0, 0]))
+    assert empty.logits.shape == (2, 3, 11) and not empty.logits.any() and empty.attn.shape == (2, 3, 1, 1, 4)
 
 
 def test_active_rows() -> None:

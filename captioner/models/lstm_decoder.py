@@ -79,6 +79,8 @@ class LSTMDecoder(Decoder):
         """
         B, T = tokens.shape
         active = active_rows(lengths, B, T)  # rows inside their caption at each step, non-increasing
+        if not active:  # no caption has a single step: all padding
+            return DecoderOutput(feats.new_zeros(B, T, self.vocab_size), feats.new_zeros(B, T, 1, 1, feats.shape[1]))
         memory = self.prepare(feats)
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
@@ -110,7 +112,9 @@ class LSTMDecoder(Decoder):
             contexts.append(context)
             maps.append(weights)
         # Real positions in time-major order (as a packed sequence) and where they sit in (B*T).
-        rows = torch.tensor([t + b * T for t, n in enumerate(active) for b in range(n)], device=feats.device)  # (M,)
+        rows = torch.tensor([t + b * T for t, n in enumerate(active) for b in range(n)])  # (M,), on the host
+        if rows.device != feats.device:  # pinned and non-blocking: the host never waits for the device here
+            rows = rows.pin_memory().to(feats.device, non_blocking=True)
         h_real = torch.cat(hs)  # (M, H)
         logits = self._output(embedded.reshape(B * T, -1).index_select(0, rows), h_real, torch.cat(contexts))  # (M, V)
         logits = logits.new_zeros(B * T, self.vocab_size).index_copy(0, rows, logits).view(B, T, -1)  # (B, T, V)
