@@ -109,6 +109,7 @@ def saliency_figure(
 ) -> Figure:
     """For each word: its attention map (top) above its Grad-CAM map (bottom), over the image."""
     positions = sorted(cams)
+    columns = max(1, min(columns, len(positions)))
     size = (image.height, image.width)
     attention = upsample(caption.heatmaps(layer, head)[positions], size).numpy()  # (W, H, W)
     gradcam = upsample(torch.stack([cams[p] for p in positions]), size).numpy()  # (W, H, W)

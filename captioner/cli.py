@@ -202,6 +202,10 @@ def interpret_figures(model, path: Path, caption, args: argparse.Namespace, suff
     from captioner.data.images import load_image
 
     written: dict[str, str] = {}
+    if not caption.words:  # the model ended at once: no word to draw
+        if args.self_attention or args.head_grid or args.saliency:
+            print(f"{path}: empty caption, no per-word figures", file=sys.stderr)
+        return written
     if args.self_attention:
         stem = Path(args.self_attention) / f"{path.stem}_self_attention{suffix}"
         png, _ = save_figure(head_view_figure(caption), stem.with_suffix(".png"), stem.with_suffix(".svg"))

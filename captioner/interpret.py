@@ -90,7 +90,7 @@ class InterpretReport:
     def best_head(self) -> str | None:
         """The (layer, head) with the highest pointing hit rate, ties by grounding."""
         heads = self.heads()
-        if not heads:
+        if len(heads) < 2:  # one map a word (the LSTM): nothing to choose
             return None
         return max(heads, key=lambda n: (np.mean(self.maps[n].hits), np.mean(self.maps[n].masses)))
 
