@@ -11,6 +11,11 @@ per-image constants (the LSTM's projected grid W_h h_ij, the transformer's cross
 and values) out of the state keeps them from being copied at every step of beam search.
 
 Attention maps are (L, H, N): layers by heads by grid cells. The LSTM has one layer and one head.
+
+A decoder with self-attention (`has_self_attention`, the transformer) also takes
+`step(..., self_attention=True)`, and then returns in its new state "self_attn" (B, L, H, t+1):
+the weights that computed this step. The decoding functions take it out of the state, so the
+fast path (no weights) stays the default for training and plain decoding.
 """
 
 from __future__ import annotations
