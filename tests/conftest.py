@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import require
 
 CHROMIUM = Path("/usr/bin/chromium")
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +44,53 @@ def chromium() -> Path:
     """The system Chromium that playwright drives (no browser download in CI)."""
     require(CHROMIUM.exists(), f"{CHROMIUM} not found (apt-get install chromium)")
     return CHROMIUM
+
+
+@dataclass
+class TrainedRun:
+    """A tiny Show-Attend-Tell LSTM trained once per test session on a small shapes world,
+    through the CLI, and shared by the end-to-end and demo tests (CI trains it once)."""
+
+    root: Path  # a session temporary folder
+    shapes: Path  # the generated world: train/ val/ test/, captions_*.json, instances_*.json
+    run: Path  # train.out_dir: best.pt, last.pt, metrics.csv, ...
+    train_args: list[str]  # the `captioner train` command line that made it
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.run / "best.pt"
+
+    @property
+    def test_images(self) -> list[Path]:
+        return sorted((self.shapes / "test").iterdir())
+
+
+SHAPES_TINY = [
+    "data.shapes_num_train=300",
+    "data.shapes_num_val=24",
+    "data.shapes_num_test=12",
+    "data.image_size=64",
+    "data.batch_size=16",
+    "model.encoder.width=16",
+    "model.decoder.embed_dim=32",
+    "model.decoder.hidden_dim=64",
+    "model.decoder.attention_dim=32",
+    "model.decoder.dropout=0.0",
+    "train.epochs=8",
+    "train.lr=3e-3",
+    "train.warmup_steps=5",
+    "train.early_stopping_patience=0",
+    "decode.max_length=20",
+]
+
+
+@pytest.fixture(scope="session")
+def shapes_lstm(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
+    """Seconds on one core: generate 300 + 24 + 12 shapes images and train 8 epochs."""
+    from captioner.cli import main
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("shapes_lstm")
+    args = ["train", str(REPO / "configs/shapes_lstm.yaml"), *SHAPES_TINY, f"data.root={root / 'shapes'}", f"train.out_dir={root / 'run'}"]
+    assert main(args) == 0
+    return TrainedRun(root, root / "shapes", root / "run", args)

@@ -80,3 +80,38 @@ def best_by_enumeration(decoder, feat, words: list[int], bos: int, eos: int, max
             if score > best[1]:
                 best = (tokens, score)
     return best
+
+
+def count_panels(png, min_side: int = 40) -> int:
+    """The number of picture panels in a saved figure (the input image and one heatmap per word):
+    connected regions of non-white pixels at least `min_side` pixels on each side that fill most
+    of their bounding box. Titles and captions are text, whose strokes are thin and sparse, so
+    they never count. Works on the file itself, so it checks what a user would see."""
+    from collections import deque
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(png).convert("L"), dtype=np.int16)  # (H, W)
+    cell = 4  # blocks of 4x4 pixels: a block is ink when most of it is not white
+    h, w = pixels.shape[0] // cell, pixels.shape[1] // cell
+    blocks = (pixels[: h * cell, : w * cell] < 245).reshape(h, cell, w, cell).mean(axis=(1, 3)) > 0.5  # (h, w)
+    seen = np.zeros_like(blocks)
+    panels = 0
+    for y0, x0 in zip(*np.nonzero(blocks)):
+        if seen[y0, x0]:
+            continue
+        seen[y0, x0] = True
+        queue, area, ys, xs = deque([(y0, x0)]), 0, [y0, y0], [x0, x0]
+        while queue:
+            y, x = queue.popleft()
+            area += 1
+            ys[0], ys[1], xs[0], xs[1] = min(ys[0], y), max(ys[1], y), min(xs[0], x), max(xs[1], x)
+            for ny, nx in ((y + 1, x), (y - 1, x), (y, x + 1), (y, x - 1)):
+                if 0 <= ny < h and 0 <= nx < w and blocks[ny, nx] and not seen[ny, nx]:
+                    seen[ny, nx] = True
+                    queue.append((ny, nx))
+        height, width = ys[1] - ys[0] + 1, xs[1] - xs[0] + 1
+        if min(height, width) * cell >= min_side and area >= 0.8 * height * width:
+            panels += 1
+    return panels
