@@ -50,6 +50,7 @@ from conftest import TrainedRun  # noqa: E402
 pytestmark = pytest.mark.slow
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 REPO = Path(__file__).resolve().parents[1]
+MAX_LENGTH = 20  # the session model's decode.max_length (the page's default): its captions end before it
 
 @dataclass
 class Trained:
@@ -80,7 +81,7 @@ def model(trained: Trained):
 
 
 def page_for(model, upload, tmp_path: Path, **options):
-    return caption_page(model, "tiny", upload, beam_size=3, max_length=12, figure_dir=tmp_path, **options)
+    return caption_page(model, "tiny", upload, beam_size=3, max_length=MAX_LENGTH, figure_dir=tmp_path, **options)
 
 
 # --- page logic --------------------------------------------------------------------------------
@@ -89,7 +90,7 @@ def page_for(model, upload, tmp_path: Path, **options):
 def test_caption_page_gives_caption_heatmaps_and_figure(model, trained: Trained, tmp_path: Path) -> None:
     image = trained.images[0]
     page = page_for(model, image, tmp_path)
-    expected = model.caption(load_image(image), beam_size=3, max_length=12)  # the CLI's path
+    expected = model.caption(load_image(image), beam_size=3, max_length=MAX_LENGTH)  # the CLI's path
     assert page.text == expected.text and page.text
     assert f"score {expected.score:.3f}" in page.score_line and "beam 3" in page.score_line
     assert [word for _, word in page.gallery] == expected.words
@@ -205,7 +206,7 @@ def test_a_bug_in_a_callback_gets_a_sentence_and_the_log_gets_the_traceback(
 
     monkeypatch.setattr("captioner.demo.caption_page", broken)
     with caplog.at_level("ERROR", logger="captioner.demo"):
-        text, score, gallery, note, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, 12, "1", MEAN)
+        text, score, gallery, note, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, MAX_LENGTH, "1", MEAN)
     assert (text, gallery, result) == ("", [], None)
     assert "Something went wrong on the server" in note and "an internal bug" not in note and "Traceback" not in note
     assert "an internal bug" in caplog.text and "captioning failed" in caplog.text
@@ -217,7 +218,7 @@ def test_figure_failure_keeps_the_caption_and_the_download_disabled(
     from captioner.demo import enable_download
 
     callbacks = Callbacks({str(trained.checkpoint): model})
-    text, _, _, _, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, 12, "1", MEAN)
+    text, _, _, _, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, MAX_LENGTH, "1", MEAN)
     assert text and result is not None
     assert Path(callbacks.figure(result, "1", MEAN)).is_file()
     monkeypatch.setattr("captioner.demo.write_figure", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
@@ -239,8 +240,8 @@ def test_before_any_caption_a_redraw_or_figure_changes_nothing(model, trained: T
 def test_an_unknown_model_name_uses_the_first_model(model, trained: Trained) -> None:
     """A request may name any model; one the server does not have gets the first, never a KeyError."""
     callbacks = Callbacks({str(trained.checkpoint): model})
-    text, *_ = callbacks.caption(str(trained.images[0]), "/etc/passwd", 3, 12, "1", MEAN)
-    assert text == model.caption(load_image(trained.images[0]), beam_size=3, max_length=12).text
+    text, *_ = callbacks.caption(str(trained.images[0]), "/etc/passwd", 3, MAX_LENGTH, "1", MEAN)
+    assert text == model.caption(load_image(trained.images[0]), beam_size=3, max_length=MAX_LENGTH).text
 
 
 def test_bad_checkpoints_stop_the_demo_before_it_serves(tmp_path: Path) -> None:
@@ -304,9 +305,9 @@ def test_api_captions_through_the_same_path_as_the_cli(server: str, trained: Tra
     image = trained.images[1]
     api = client(server, tmp_path)
     text, score, gallery, note = api.predict(
-        handle_file(str(image)), model_name=str(trained.checkpoint), beam_size=3, max_length=12, api_name="/caption"
+        handle_file(str(image)), model_name=str(trained.checkpoint), beam_size=3, max_length=MAX_LENGTH, api_name="/caption"
     )
-    [expected] = model.caption_files([image], beam_size=3, max_length=12)  # what `captioner caption` prints
+    [expected] = model.caption_files([image], beam_size=3, max_length=MAX_LENGTH)  # what `captioner caption` prints
     assert text == expected.text and score.startswith(f"score {expected.score:.3f}")
     assert [item["caption"] for item in gallery] == expected.words
     assert all(Image.open(item["image"]).size == Image.open(image).size for item in gallery)
@@ -337,7 +338,7 @@ def test_api_concurrent_requests_all_get_the_right_caption(server: str, trained:
     from gradio_client import handle_file
 
     image = trained.images[2]
-    expected = model.caption(load_image(image), beam_size=3, max_length=12).text
+    expected = model.caption(load_image(image), beam_size=3, max_length=MAX_LENGTH).text
     answers: list[str] = []
 
     def ask(i: int) -> None:
