@@ -99,7 +99,6 @@ def test_training_writes_checkpoints_logs_and_curves(shapes_lstm: TrainedRun) ->
 
 def test_captions_differ_and_name_the_objects_in_each_image(shapes_lstm: TrainedRun, capsys: pytest.CaptureFixture) -> None:
     result = naming(shapes_lstm.checkpoint, shapes_lstm.shapes, capsys)
-    print(f"\nLSTM: {result}")
     check_names_the_objects(result)
 
 
