@@ -210,13 +210,16 @@ class TrainConfig:
     device: str = setting("auto", Text(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N"))
     amp: bool = setting(True, Flag())  # bf16 autocast on CUDA (ignored on CPU)
     seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
-    log_every: int = setting(50, COUNT)  # steps between logged losses; 0: none
-    checkpoint_every_steps: int = setting(0, COUNT)  # 0: only at the end of each epoch
+    log_every: int = setting(50, COUNT)  # steps between loss read-backs from the device (TensorBoard, progress); 0: per epoch
+    checkpoint_every_steps: int = setting(0, COUNT)  # also write last.pt every N steps, mid-epoch (resumes at that batch); 0: per epoch
     early_stopping_patience: int = setting(5, COUNT)  # epochs without a better validation score; 0 disables
     val_max_images: int = setting(500, COUNT)  # validation decodes this many val images (0 = all)
     val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))
     cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once
     time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
+    channels_last: bool = setting(False, Flag())  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU
+    compile: bool = setting(False, Flag())  # CUDA: torch.compile the decoder; ignored on CPU
+    dist_timeout_minutes: float = setting(30.0, Range(gt=0))  # torchrun: a collective waiting longer than this fails the run
 
 
 @dataclass
@@ -225,6 +228,9 @@ class DecodeConfig:
     max_length: int = setting(30, Range(ge=1, le=1000))  # words
     length_penalty: float = setting(0.0, Range(ge=0))  # alpha of ((5 + len) / 6) ** alpha; 0 ranks by total log-probability
     batch_size: int = setting(32, POSITIVE)
+    block_trigrams: bool = setting(False, Flag())  # never repeat a word trigram within a caption (beam, greedy, sampling)
+    diverse_groups: int = setting(1, POSITIVE)  # diverse beam search: groups of beam_size / groups beams (1: plain beam search)
+    diversity_strength: float = setting(0.5, Range(ge=0))  # lambda of the Hamming diversity penalty between groups
 
 
 @dataclass
@@ -394,6 +400,11 @@ def validate(config: Config, source: str = "config") -> None:
         )
     if config.data.dataset == "karpathy" and not config.data.karpathy_file:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")
+    if config.decode.beam_size % config.decode.diverse_groups:
+        raise ConfigError(
+            f"{source}: 'decode.beam_size' ({config.decode.beam_size}) must be a multiple of "
+            f"'decode.diverse_groups' ({config.decode.diverse_groups})"
+        )
 
 
 def dump_config(config: Config, path: str | Path) -> None:

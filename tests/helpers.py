@@ -62,19 +62,21 @@ def require_module(name: str, reason: str) -> None:
 
 def best_by_enumeration(decoder, feat, words: list[int], bos: int, eos: int, max_length: int, alpha: float) -> tuple[list[int], float]:
     """The caption beam search should return when its beam holds every hypothesis: each
-    sequence of `words` ended by <eos> within `max_length` steps, scored by teacher forcing
-    (independently of the search's cached steps) and ranked by log-probability divided by GNMT's
+    sequence of `words` ended by <eos> within `max_length` steps, and each of `max_length` words
+    cut off there (it competes with the same score), scored by teacher forcing (independently of
+    the search's cached steps) and ranked by log-probability divided by GNMT's
     ((5 + length) / 6) ** alpha. feat (N, D). Returns (tokens, score)."""
     import itertools
 
     import torch
 
-    sequences = [list(s) for n in range(max_length) for s in itertools.product(words, repeat=n)]
+    ended = [(list(s), True) for n in range(max_length) for s in itertools.product(words, repeat=n)]
+    cut_off = [(list(s), False) for s in itertools.product(words, repeat=max_length)]
     best: tuple[list[int], float] = ([], float("-inf"))
     with torch.no_grad():
-        for tokens in sequences:
-            ids = torch.tensor([bos, *tokens, eos])  # (T+2,)
-            logits = decoder(feat[None], ids[None, :-1]).logits[0]  # (T+1, V)
+        for tokens, finished in ended + cut_off:
+            ids = torch.tensor([bos, *tokens] + ([eos] if finished else []))  # (T+1,) or (T+2,)
+            logits = decoder(feat[None], ids[None, :-1]).logits[0]  # (T or T+1, V)
             logprob = float(logits.float().log_softmax(-1).gather(1, ids[1:, None]).sum())
             score = logprob / ((5.0 + len(tokens)) / 6.0) ** alpha
             if score > best[1]:
