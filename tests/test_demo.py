@@ -276,6 +276,48 @@ def test_close_waits_for_the_captions_in_flight(model, trained: Trained) -> None
     assert tracked(2) == 3 and tracked.__wrapped__ is slow  # Gradio reads the callback's own signature
 
 
+SHUTDOWN_SCRIPT = """
+import sys, time
+from pathlib import Path
+import torch
+import torch.nn.functional as F
+import captioner.demo as demo_module
+from gradio_client import Client, handle_file
+
+checkpoint, image, started = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+
+def slow_page(*args, **kwargs):  # a caption that is still inside torch when the server closes
+    started.write_text("started")
+    x = torch.rand(1, 1, 64, 64)
+    until = time.time() + 3
+    while time.time() < until:
+        F.interpolate(x, size=(600, 600), mode="bilinear")
+    return demo_module.refusal("done")
+
+demo_module.caption_page = slow_page
+demo = demo_module.build_demo([Path(checkpoint)], [])
+url = demo_module.launch(demo, "127.0.0.1", int(sys.argv[4]), block=False)
+Client(url, verbose=False).submit(handle_file(image), api_name="/caption")
+while not started.exists():
+    time.sleep(0.05)
+demo_module.close(demo)
+"""
+
+
+def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trained, tmp_path: Path) -> None:
+    """The exit status 134 ("terminate called without an active exception") that a browser test
+    once left behind: a daemon worker thread still inside torch when the interpreter exits.
+    `close` waits for it, so the process ends with status 0."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-c", SHUTDOWN_SCRIPT, str(trained.transformer), str(trained.images[0]), str(tmp_path / "started"), str(free_port())]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert (tmp_path / "started").exists(), done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
+
+
 # --- the server, through its API ---------------------------------------------------------------
 
 
