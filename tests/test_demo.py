@@ -237,13 +237,6 @@ def test_before_any_caption_a_redraw_or_figure_changes_nothing(model, trained: T
     assert callbacks.figure(None, "1", MEAN) is None
 
 
-def test_an_unknown_model_name_uses_the_first_model(model, trained: Trained) -> None:
-    """A request may name any model; one the server does not have gets the first, never a KeyError."""
-    callbacks = Callbacks({str(trained.checkpoint): model})
-    text, *_ = callbacks.caption(str(trained.images[0]), "/etc/passwd", 3, MAX_LENGTH, "1", MEAN)
-    assert text == model.caption(load_image(trained.images[0]), beam_size=3, max_length=MAX_LENGTH).text
-
-
 def test_bad_checkpoints_stop_the_demo_before_it_serves(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="missing.pt: checkpoint not found"):
         build_demo([tmp_path / "missing.pt"])
