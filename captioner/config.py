@@ -217,6 +217,7 @@ class TrainConfig:
     val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))
     cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once
     time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
+    threads: int = setting(0, COUNT)  # torch CPU threads for this run; 0: $CAPTIONER_THREADS, else captioner.runtime's default
     channels_last: bool = setting(False, Flag())  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU
     compile: bool = setting(False, Flag())  # CUDA: torch.compile the decoder; ignored on CPU
     dist_timeout_minutes: float = setting(30.0, Range(gt=0))  # torchrun: a collective waiting longer than this fails the run
