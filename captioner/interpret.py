@@ -140,30 +140,30 @@ def interpret_scores(
         size = (info["height"], info["width"])
         kinds = map_kinds(caption)
         positions = sorted(regions)
+        masks = [torch.from_numpy(regions[p]) for p in positions]  # (H, W) each
+        grown = [dilate(mask) for mask in masks]  # once per word, for every map kind
         for name, maps in kinds.items():
-            _score(report.maps.setdefault(name, MapScores()), maps[positions], [regions[p] for p in positions], size)
+            _score(report.maps.setdefault(name, MapScores()), maps[positions], masks, grown, size)
         if saliency is not None:
             cams = torch.stack([saliency[image_id][p] for p in positions])  # (W, h, w)
-            _score(report.maps.setdefault("gradcam", MapScores()), cams, [regions[p] for p in positions], size)
+            _score(report.maps.setdefault("gradcam", MapScores()), cams, masks, grown, size)
         centre = (size[0] // 2, size[1] // 2)
-        for p in positions:
-            mask = torch.from_numpy(regions[p])
-            grown = dilate(mask)
+        for mask, dilated in zip(masks, grown):
             report.areas.append(float(mask.float().mean()))
-            report.random_hits.append(float(grown.float().mean()))
-            report.centre_hits.append(float(grown[centre]))
+            report.random_hits.append(float(dilated.float().mean()))
+            report.centre_hits.append(float(dilated[centre]))
         report.words += len(positions)
     return report
 
 
-def _score(scores: MapScores, maps: torch.Tensor, masks: list[np.ndarray], size: tuple[int, int]) -> None:
-    """maps (W, h, w) of W words, their masks (H, W) each: add each word's grounding and hit."""
+def _score(
+    scores: MapScores, maps: torch.Tensor, masks: list[torch.Tensor], grown: list[torch.Tensor], size: tuple[int, int]
+) -> None:
+    """maps (W, h, w) of W words, their masks and dilated masks (H, W) each: add each word's
+    grounding and pointing hit."""
     image_maps = upsample(maps, size)  # (W, H, W), each sums to 1
-    for image_map, mask in zip(image_maps, masks):
-        region = torch.from_numpy(mask)
-        mass = float(image_map[region].sum())
-        hit = float(pointing_hits(image_map[None], dilate(region))[0])
-        scores.add(mass, hit)
+    for image_map, region, dilated in zip(image_maps, masks, grown):
+        scores.add(float(image_map[region].sum()), float(pointing_hits(image_map[None], dilated)[0]))
 
 
 def grad_cam(score: Callable[[torch.Tensor], torch.Tensor], feats: torch.Tensor) -> torch.Tensor:
