@@ -101,7 +101,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from captioner.config import load_config
     from captioner.train import fit
 
-    config = load_config(args.config, args.overrides)
+    overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
+    config = load_config(args.config, overrides)
     best = fit(config, resume=args.resume)
     print(f"best checkpoint: {best}")
     return 0
@@ -221,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config")
     train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=5")
     train.add_argument("--resume", action="store_true", help="continue from train.out_dir/last.pt")
+    train.add_argument(
+        "--init", metavar="CHECKPOINT", help="start from this checkpoint's model and vocabulary (e.g. SCST after cross-entropy); sets train.init"
+    )
     train.set_defaults(func=cmd_train)
 
     caption = commands.add_parser("caption", help="caption images or folders of images")

@@ -98,6 +98,20 @@ class TrainConfig:
     val_metric: str = "Bleu_4"  # Bleu_1..4 | CIDEr
     cache_features: bool = True  # frozen encoder and no augmentation: encode each image once
     time_limit_minutes: float = 0.0  # stop after the epoch that crosses this budget (0 = none)
+    stage: str = "xe"  # xe: cross-entropy (teacher forcing) | scst: self-critical, from train.init
+    init: str | None = None  # start from this checkpoint's model, vocabulary and encoder; optimiser and schedule fresh
+
+
+@dataclass
+class ScstConfig:
+    """Self-critical sequence training (train.stage: scst): Rennie et al. 2017, Luo 2020."""
+
+    samples: int = 5  # captions sampled per image
+    temperature: float = 1.0  # sampling temperature (log-probabilities stay the model's own)
+    max_length: int = 20  # words per sampled (and greedy-baseline) caption
+    baseline: str = "greedy"  # greedy: the greedy caption's reward | mean: the mean reward of the image's other samples
+    cider_weight: float = 1.0  # reward = cider_weight * CIDEr-D + bleu_weight * BLEU-4
+    bleu_weight: float = 0.0
 
 
 @dataclass
@@ -113,6 +127,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    scst: ScstConfig = field(default_factory=ScstConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,6 +142,8 @@ CHOICES = {
     "model.decoder.type": ("lstm", "transformer"),
     "train.schedule": ("cosine", "constant"),
     "train.val_metric": ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"),
+    "train.stage": ("xe", "scst"),
+    "scst.baseline": ("greedy", "mean"),
 }
 POSITIVE = (
     "data.image_size",
@@ -146,6 +163,9 @@ POSITIVE = (
     "decode.beam_size",
     "decode.max_length",
     "decode.batch_size",
+    "scst.samples",
+    "scst.temperature",
+    "scst.max_length",
 )
 NON_NEGATIVE = (
     "data.num_workers",
@@ -162,6 +182,8 @@ NON_NEGATIVE = (
     "data.shapes_num_train",
     "data.shapes_num_val",
     "data.shapes_num_test",
+    "scst.cider_weight",
+    "scst.bleu_weight",
 )
 
 
@@ -178,7 +200,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
         if raw is not None and not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, decode)")
+            raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, scst, decode)")
         _merge(config, raw or {}, "", source)
     for override in overrides:
         key, sep, text = override.partition("=")
@@ -305,6 +327,11 @@ def validate(config: Config, source: str = "config") -> None:
         )
     if config.data.dataset == "karpathy" and not config.data.karpathy_file:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")
+    scst = config.scst
+    if scst.baseline == "mean" and scst.samples < 2:
+        raise ConfigError(f"{source}: 'scst.baseline' mean needs 'scst.samples' >= 2 (the other samples of the image), got {scst.samples}")
+    if scst.cider_weight == 0 and scst.bleu_weight == 0:
+        raise ConfigError(f"{source}: 'scst.cider_weight' and 'scst.bleu_weight' are both 0: the reward would be 0")
     if config.model.encoder.fine_tune_blocks < -1:
         raise ConfigError(f"{source}: 'model.encoder.fine_tune_blocks' must be >= -1")
 

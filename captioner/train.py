@@ -29,6 +29,7 @@ from captioner.data.records import ImageRecord
 from captioner.errors import CheckpointError, ConfigError
 from captioner.evaluate import caption_records, score_captions
 from captioner.models import Captioner, build_model
+from captioner.scst import SelfCritical
 from captioner.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -78,17 +79,22 @@ def train_one_epoch(
     epoch: int,
     state: TrainState,
     on_step=None,
+    objective=caption_loss,
 ) -> float:
+    """One pass over `loader`; `objective(model, batch, config, encoded) -> (loss, logged values)`
+    is the stage's (cross-entropy, or `scst.SelfCritical`). Logged values' epoch means land in
+    `state.epoch_parts`."""
     model.train()
     use_amp = config.train.amp and device.type == "cuda"
     losses = []
+    sums: dict[str, float] = {}
     bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True)
     for batch in bar:
         if batch is None:  # every image of the batch failed to load
             continue
         batch = batch.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-            loss, parts = caption_loss(model, batch, config, encoded=state.encoded)
+            loss, parts = objective(model, batch, config, encoded=state.encoded)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.train.grad_clip > 0:
@@ -97,6 +103,8 @@ def train_one_epoch(
         scheduler.step()
         state.step += 1
         losses.append(parts["loss"])
+        for key, value in parts.items():
+            sums[key] = sums.get(key, 0.0) + value
         bar.set_postfix(loss=f"{parts['loss']:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
         if state.writer is not None:
             for key, value in parts.items():
@@ -106,6 +114,7 @@ def train_one_epoch(
             state.step_losses.append((state.step, float(np.mean(losses[-config.train.log_every :]))))
         if on_step is not None:
             on_step()
+    state.epoch_parts = {key: value / len(losses) for key, value in sums.items()}
     return float(np.mean(losses)) if losses else float("nan")
 
 
@@ -119,6 +128,7 @@ class TrainState:
     step_losses: list[tuple[int, float]] = field(default_factory=list)
     encoded: bool = False
     writer: object | None = None
+    epoch_parts: dict[str, float] = field(default_factory=dict)  # the objective's logged values, epoch means
 
 
 @torch.no_grad()
@@ -178,15 +188,22 @@ def fit(config: Config, resume: bool = False) -> Path:
         if saved["model"] != config.to_dict()["model"]:
             raise CheckpointError(f"{last}: the model section of the config differs from the checkpoint's; cannot resume")
         vocab = Vocabulary(checkpoint["vocab"])
+    elif config.train.init:
+        initial = read_init_checkpoint(config)
+        vocab = Vocabulary(initial["vocab"])
     else:
+        if config.train.stage == "scst":
+            raise ConfigError("train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)")
         vocab = Vocabulary.build((c for r in train_records for c in r.captions), data.min_word_count)
     log.info(
         "%s: %d train images, %d val images, vocabulary %d words (min count %d)",
         data.dataset, len(train_records), len(val_records), len(vocab), data.min_word_count,
     )
-    model = build_model(config, vocab).to(device)
+    model = build_model(config, vocab, load_pretrained=checkpoint is None and not config.train.init).to(device)
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
+    elif config.train.init:
+        model.load_state_dict(initial["model"])  # the encoder too: fine-tuned layers stay fine-tuned
     vocab.save(out_dir / "vocab.json")
     dump_config(config, out_dir / "config.yaml")
 
@@ -200,7 +217,10 @@ def fit(config: Config, resume: bool = False) -> Path:
         val_features, grid, val_records = encode_records(model, val_records, data.batch_size, data.num_workers, "encoding val")
 
     transform = ImageTransform(data.image_size, train=True, augment=data.augment)
-    train_set = CaptionDataset(train_records, vocab, transform, data.max_caption_length, data.captions_per_image, train_features)
+    scst = config.train.stage == "scst"
+    pairs = "all" if scst else data.captions_per_image  # SCST: one item per image, rewarded against all its references
+    train_set = CaptionDataset(train_records, vocab, transform, data.max_caption_length, pairs, train_features)
+    objective = SelfCritical(config.scst, vocab, [r.captions for r in train_set.records]) if scst else caption_loss
     loader = DataLoader(
         train_set,
         batch_size=data.batch_size,
@@ -250,7 +270,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     try:
         for epoch in range(state.epoch + 1, config.train.epochs + 1):
             epoch_start = time.time()
-            train_loss = train_one_epoch(model, loader, optimizer, scheduler, config, device, epoch, state, periodic_save)
+            train_loss = train_one_epoch(model, loader, optimizer, scheduler, config, device, epoch, state, periodic_save, objective)
             captions = caption_records(
                 model, val_records, beam_size=1, features=val_features, grid=grid, num_workers=data.num_workers, progress=False
             )
@@ -260,6 +280,7 @@ def fit(config: Config, resume: bool = False) -> Path:
             if improved:
                 state.best_score, state.best_epoch = scores[metric], epoch
             row = {"epoch": epoch, "step": state.step, "train_loss": round(train_loss, 5), "lr": scheduler.get_last_lr()[0]}
+            row |= {f"train_{k}": round(v, 5) for k, v in state.epoch_parts.items() if k != "loss"}
             row |= {f"val_{k}": round(v, 5) for k, v in scores.items()}
             row["seconds"] = round(time.time() - epoch_start, 1)
             state.history.append(row)
@@ -288,6 +309,27 @@ def fit(config: Config, resume: bool = False) -> Path:
     plot_training(out_dir / "metrics.csv", state.step_losses, out_dir / "training_curves.png", metric)
     log.info("best val %s %.4f at epoch %d: %s", metric, state.best_score, state.best_epoch, out_dir / "best.pt")
     return out_dir / "best.pt"
+
+
+def read_init_checkpoint(config: Config) -> dict:
+    """The checkpoint `train.init` names, whose model section must be the config's."""
+    path = config.train.init
+    checkpoint = read_checkpoint(path)
+    conflict = first_difference(checkpoint["config"].get("model", {}), config.to_dict()["model"], "model")
+    if conflict:
+        raise CheckpointError(f"{path}: {conflict}; train.init needs the model section the checkpoint was trained with")
+    return checkpoint
+
+
+def first_difference(saved: object, current: object, key: str) -> str | None:
+    """'model.x.y is A in the checkpoint but B in the config' for the first differing key, or None."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for name in list(dict.fromkeys([*saved, *current])):
+            found = first_difference(saved.get(name), current.get(name), f"{key}.{name}")
+            if found:
+                return found
+        return None
+    return None if saved == current else f"{key} is {saved!r} in the checkpoint but {current!r} in the config"
 
 
 def write_history(path: Path, history: list[dict]) -> None:
