@@ -120,6 +120,9 @@ class DecodeConfig:
     max_length: int = 30
     length_penalty: float = 0.0  # alpha of ((5 + len) / 6) ** alpha; 0 ranks by total log-probability
     batch_size: int = 32
+    block_trigrams: bool = False  # never repeat a word trigram within a caption (beam, greedy, sampling)
+    diverse_groups: int = 1  # diverse beam search: groups of beam_size / groups beams (1: plain beam search)
+    diversity_strength: float = 0.5  # lambda of the Hamming diversity penalty between groups
 
 
 @dataclass
@@ -166,6 +169,7 @@ POSITIVE = (
     "scst.samples",
     "scst.temperature",
     "scst.max_length",
+    "decode.diverse_groups",
 )
 NON_NEGATIVE = (
     "data.num_workers",
@@ -184,6 +188,7 @@ NON_NEGATIVE = (
     "data.shapes_num_test",
     "scst.cider_weight",
     "scst.bleu_weight",
+    "decode.diversity_strength",
 )
 
 
@@ -332,6 +337,11 @@ def validate(config: Config, source: str = "config") -> None:
         raise ConfigError(f"{source}: 'scst.baseline' mean needs 'scst.samples' >= 2 (the other samples of the image), got {scst.samples}")
     if scst.cider_weight == 0 and scst.bleu_weight == 0:
         raise ConfigError(f"{source}: 'scst.cider_weight' and 'scst.bleu_weight' are both 0: the reward would be 0")
+    if config.decode.beam_size % config.decode.diverse_groups:
+        raise ConfigError(
+            f"{source}: 'decode.beam_size' ({config.decode.beam_size}) must be a multiple of "
+            f"'decode.diverse_groups' ({config.decode.diverse_groups})"
+        )
     if config.model.encoder.fine_tune_blocks < -1:
         raise ConfigError(f"{source}: 'model.encoder.fine_tune_blocks' must be >= -1")
 
