@@ -177,3 +177,26 @@ def test_scst_stage_needs_a_starting_checkpoint(tmp_path: Path) -> None:
                          "data.shapes_num_val=2", "data.shapes_num_test=2", f"train.out_dir={tmp_path / 'run'}")
     with pytest.raises(ConfigError, match="train.init"):
         fit(config)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("scst.baseline=best", "'scst.baseline' must be one of greedy, mean"),
+        ("train.stage=rl", "'train.stage' must be one of xe, scst"),
+        ("scst.samples=0", "'scst.samples' must be > 0"),
+        ("scst.temperature=0", "'scst.temperature' must be > 0"),
+        ("scst.bleu_weight=-1", "'scst.bleu_weight' must be >= 0"),
+    ],
+)
+def test_scst_settings_are_validated(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(override)
+
+
+def test_mean_baseline_needs_two_samples_and_some_reward() -> None:
+    with pytest.raises(ConfigError, match="needs 'scst.samples' >= 2"):
+        tiny_config("scst.baseline=mean", "scst.samples=1")
+    with pytest.raises(ConfigError, match="both 0"):
+        tiny_config("scst.cider_weight=0")
+    assert tiny_config("scst.baseline=greedy", "scst.samples=1").scst.samples == 1
