@@ -163,6 +163,12 @@ def test_init_from_a_checkpoint_trains_an_scst_epoch(decoder: str, tmp_path: Pat
     assert encoder and any(not torch.equal(started["model"][k], trained["model"][k]) for k in encoder)  # the encoder is fine-tuned
     assert load_captioner(tmp_path / "scst" / "best.pt").vocab.words == started["vocab"]
 
+    # Resume continues the SCST stage where it stopped: a second epoch, the same objective.
+    assert main(["train", config, *scst, "train.lr=1e-4", "train.epochs=2", f"train.init={xe}", "--resume"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "scst" / "metrics.csv")))
+    assert [int(r["epoch"]) for r in rows] == [1, 2] and int(rows[1]["step"]) == 6
+    assert "train_reward" in rows[1]
+
     with pytest.raises(CheckpointError, match=r"model\.decoder\.dropout is 0\.0 in the checkpoint but 0\.3 in the config"):
         from captioner.config import load_config
         from captioner.train import fit
