@@ -65,12 +65,13 @@ class SelfCritical:
         self.vocab = vocab
         self.reward = reward or CaptionReward(vocab, references, settings.cider_weight, settings.bleu_weight)
         self.banned = (vocab.pad_id, vocab.bos_id, vocab.unk_id)
-        self.reward_seconds = 0.0  # time spent scoring, for the benchmarks
+        self.reward_seconds = 0.0  # time spent scoring, in total
 
     def __call__(
         self, model: Captioner, batch: CaptionBatch, config: Config, encoded: bool
     ) -> tuple[torch.Tensor, dict[str, float]]:
         s, vocab = self.settings, self.vocab
+        reward_before = self.reward_seconds
         n = s.samples
         if encoded:
             feats = torch.zeros_like(batch.images) if model.config.model.blind else batch.images  # (B, N, D)
@@ -115,4 +116,5 @@ class SelfCritical:
             "advantage": float(advantage.mean()),  # with the mean baseline 0 by construction
             "advantage_abs": float(np.abs(advantage).mean()),  # the size of the policy-gradient weights
             "sample_length": float(words.mean()),
+            "reward_seconds": self.reward_seconds - reward_before,  # wall time of this step's scoring
         }
