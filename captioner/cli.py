@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from captioner.errors import CaptionerError, ImageLoadError
@@ -312,17 +313,27 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from captioner import distributed
+
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
     try:
         return args.func(args)
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {distributed.rank_prefix()}{e}", file=sys.stderr)
+        if distributed.launched():  # one of several ranks: leave now, torchrun stops the others
+            distributed.abort(2)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        if distributed.launched():  # a bug on one rank: its traceback, then every rank stops
+            print(f"error: {distributed.rank_prefix()}unexpected failure:", file=sys.stderr)
+            traceback.print_exc()
+            distributed.abort(1)
+        raise
 
 
 if __name__ == "__main__":

@@ -91,13 +91,16 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     seed: int = 0
-    log_every: int = 50
-    checkpoint_every_steps: int = 0  # 0: only at the end of each epoch
+    log_every: int = 50  # steps between loss read-backs from the device (TensorBoard, progress); 0: per epoch
+    checkpoint_every_steps: int = 0  # also write last.pt every N steps, mid-epoch (resumes at that batch); 0: per epoch
     early_stopping_patience: int = 5  # epochs without a better validation score; 0 disables
     val_max_images: int = 500  # validation decodes this many val images (0 = all)
     val_metric: str = "Bleu_4"  # Bleu_1..4 | CIDEr
     cache_features: bool = True  # frozen encoder and no augmentation: encode each image once
     time_limit_minutes: float = 0.0  # stop after the epoch that crosses this budget (0 = none)
+    channels_last: bool = False  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU
+    compile: bool = False  # CUDA: torch.compile the decoder; ignored on CPU
+    dist_timeout_minutes: float = 30.0  # torchrun: a collective waiting longer than this fails the run
     stage: str = "xe"  # xe: cross-entropy (teacher forcing) | scst: self-critical, from train.init
     init: str | None = None  # start from this checkpoint's model, vocabulary and encoder; optimiser and schedule fresh
 
@@ -163,6 +166,7 @@ POSITIVE = (
     "model.encoder.width",
     "train.epochs",
     "train.lr",
+    "train.dist_timeout_minutes",
     "decode.beam_size",
     "decode.max_length",
     "decode.batch_size",
@@ -180,6 +184,7 @@ NON_NEGATIVE = (
     "train.attention_penalty",
     "train.warmup_steps",
     "train.checkpoint_every_steps",
+    "train.log_every",
     "train.early_stopping_patience",
     "train.val_max_images",
     "train.time_limit_minutes",

@@ -308,11 +308,12 @@ def beam_search_n_best(
             top_key, top_index = penalised.topk(2 * Kg, dim=1)  # (B, 2Kg)
             top_scores = candidates[:, g].gather(1, top_index)  # (B, 2Kg)
             is_eos = top_index % V == eos_id  # (B, 2Kg)
-            live_pos = top_key.masked_fill(is_eos, float("-inf")).topk(Kg, dim=1).indices  # (B, Kg)
-            live_index = top_index.gather(1, live_pos)  # (B, Kg)
-            chosen.scatter_add_(1, live_index % V, torch.isfinite(top_key.gather(1, live_pos)).float())
-            picks.append((top_key, top_index, top_scores, is_eos, live_pos))
-        top_key, top_index, top_scores, is_eos, live_pos = (torch.stack(x, dim=1).view(S, -1) for x in zip(*picks))  # (S, 2Kg) ...
+            live_key, live_pos = top_key.masked_fill(is_eos, float("-inf")).topk(Kg, dim=1)  # (B, Kg) each
+            chosen.scatter_add_(1, top_index.gather(1, live_pos) % V, torch.isfinite(live_key).float())
+            picks.append((top_key, top_index, top_scores, is_eos, live_key, live_pos))
+        top_key, top_index, top_scores, is_eos, live_key, live_pos = (
+            torch.stack(x, dim=1).view(S, -1) for x in zip(*picks)
+        )  # (S, 2Kg) each, (S, Kg) for the live ones
         top_beam, top_token = top_index // V, top_index % V  # (S, 2Kg) each: beam within the group, word
 
         # Finished hypotheses: <eos> within the top Kg of a search still going on.
@@ -327,7 +328,8 @@ def beam_search_n_best(
         # Live beams: the best Kg candidates of each search that do not end here.
         live_beam = top_beam.gather(1, live_pos)  # (S, Kg)
         live_token = top_token.gather(1, live_pos)  # (S, Kg)
-        scores = top_scores.gather(1, live_pos).view(B, G, Kg)  # (B, G, Kg)
+        live_scores = top_scores.gather(1, live_pos).masked_fill(torch.isinf(live_key), float("-inf"))  # (S, Kg)
+        scores = live_scores.view(B, G, Kg)  # (B, G, Kg): a filler (an <eos> or dead candidate) stays dead
         rows = (torch.arange(S, device=device)[:, None] * Kg + live_beam).view(-1)  # (B*K,)
         state = select_rows(state, rows)
         history = torch.cat([history.index_select(0, rows), live_token.view(-1, 1)], dim=1)  # (B*K, t+1)

@@ -67,9 +67,19 @@ class SelfCritical:
         self.banned = (vocab.pad_id, vocab.bos_id, vocab.unk_id)
         self.reward_seconds = 0.0  # time spent scoring, in total
 
+    logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "reward_seconds")
+
     def __call__(
-        self, model: Captioner, batch: CaptionBatch, config: Config, encoded: bool
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        self,
+        model: Captioner,
+        batch: CaptionBatch,
+        config: Config,
+        encoded: bool,
+        totals: tuple[int, int] | None = None,
+        forward: object | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss, logged values as 0-d tensors on the loss's device). `totals` and `forward` are
+        the cross-entropy objective's (global counts, the DDP wrapper): SCST runs in one process."""
         s, vocab = self.settings, self.vocab
         reward_before = self.reward_seconds
         n = s.samples
@@ -107,14 +117,14 @@ class SelfCritical:
         advantage = rewards - baseline  # (B*n,)
         weights = torch.as_tensor(advantage, dtype=torch.float32, device=samples.logprobs.device)  # (B*n,)
         loss = -(weights * samples.caption_logprobs()).mean()
-        ended_rows = (samples.tokens == vocab.eos_id).any(dim=1).cpu()  # (B*n,)
-        words = (lengths - ended_rows.long()).float()  # (B*n,) the <eos> is not a word
-        return loss, {
-            "loss": float(loss.detach()),
-            "reward": float(rewards.mean()),
-            "baseline": float(baseline.mean()),
-            "advantage": float(advantage.mean()),  # with the mean baseline 0 by construction
-            "advantage_abs": float(np.abs(advantage).mean()),  # the size of the policy-gradient weights
-            "sample_length": float(words.mean()),
+        words = np.array([len(c) - (1 if c and c[-1] == vocab.eos_id else 0) for c in candidates])  # (B*n,) <eos> is not a word
+        host = {
+            "reward": rewards.mean(),
+            "baseline": baseline.mean(),
+            "advantage": advantage.mean(),  # with the mean baseline 0 by construction
+            "advantage_abs": np.abs(advantage).mean(),  # the size of the policy-gradient weights
+            "sample_length": words.mean(),
             "reward_seconds": self.reward_seconds - reward_before,  # wall time of this step's scoring
         }
+        values = torch.tensor([host[k] for k in self.logged[1:]], dtype=torch.float32).to(loss.device, non_blocking=True)  # (P-1,)
+        return loss, {"loss": loss.detach().float(), **dict(zip(self.logged[1:], values.unbind()))}

@@ -64,6 +64,18 @@ def test_sampled_logprobs_equal_teacher_forcing_and_masks_are_consistent(decoder
     torch.testing.assert_close(out.caption_logprobs(), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_sampled_logprobs_are_the_models_whatever_the_sampling_restrictions(decoder: Decoder) -> None:
+    """Temperature, top-k, top-p and trigram blocking change what is drawn, not the recorded
+    log-probability: it stays the model's own (temperature 1), as the policy gradient needs."""
+    feats = torch.randn(2, 16, decoder_feat_dim(decoder))
+    out = sample_captions(
+        decoder, feats, BOS, EOS, n=3, max_length=10, temperature=0.5, banned=BANNED, top_k=5, top_p=0.8,
+        block_trigrams=True, generator=torch.Generator().manual_seed(0),
+    )
+    expected = teacher_forced_logprob(decoder, feats.index_select(0, out.image_rows), out.tokens, out.mask)
+    torch.testing.assert_close(out.caption_logprobs(), expected, atol=1e-5, rtol=1e-5)
+
+
 def decoder_feat_dim(decoder: Decoder) -> int:
     if hasattr(decoder, "grid_proj"):
         return decoder.grid_proj[0].in_features
@@ -436,3 +448,16 @@ def test_tutorial_bleu_tokens_are_the_official_scorers() -> None:
     """With the official metrics, nltk BLEU scores the Java PTB tokenizer's tokens."""
     refs, preds = tokenized({1: ["A dog, running.", "the dog's ball"]}, {1: "A red car; parked."}, ptb=True)
     assert refs == {1: [["a", "dog", "running"], ["the", "dog", "'s", "ball"]]} and preds == {1: ["a", "red", "car", "parked"]}
+
+
+def test_beam_wider_than_the_vocabulary_never_keeps_an_eos_as_a_live_beam() -> None:
+    """One real word and <eos>: most of the 2K candidates are dead fillers, and an <eos> must
+    never be carried on as a live beam (its words would contain <eos>)."""
+    table = probabilities({4: 0.6, EOS: 0.4}, vocab=5)
+    for groups in (1, 3):
+        ranked = beam_search_n_best(TableDecoder(table), torch.randn(2, 4, 3), BOS, EOS, beam_size=3, max_length=4,
+                                    banned=BANNED, groups=groups, n_best=3)
+        for hyps in ranked:
+            assert all(EOS not in h.tokens and math.isfinite(h.score) for h in hyps)
+            if groups == 1:  # 0.4 > 0.6*0.4 > 0.6^2*0.4 > 0.6^4 (cut off at max_length)
+                assert [h.tokens for h in hyps] == [[], [4], [4, 4]]

@@ -56,9 +56,9 @@ def test_mean_baseline_through_the_objective(decoder: str) -> None:
     assert keys == [10] * 4 + [11] * 4 + [12] * 4  # samples are scored against their own image
     r = np.array([c.count(reward.word_id) for c in candidates], dtype=float).reshape(3, 4)
     expected = (r.sum(1, keepdims=True) - r) / 3  # (3, 4): the others of the same image
-    assert parts["baseline"] == pytest.approx(expected.mean())
-    assert parts["advantage"] == pytest.approx(0.0, abs=1e-9)  # sum of (r - mean of others) over an image is 0
-    assert parts["advantage_abs"] == pytest.approx(np.abs(r - expected).mean())
+    assert float(parts["baseline"]) == pytest.approx(expected.mean())
+    assert float(parts["advantage"]) == pytest.approx(0.0, abs=1e-9)  # sum of (r - mean of others) over an image is 0
+    assert float(parts["advantage_abs"]) == pytest.approx(np.abs(r - expected).mean())
     assert loss.requires_grad
 
 
@@ -76,8 +76,8 @@ def test_greedy_baseline_is_the_reward_of_the_greedy_caption(decoder: str) -> No
     greedy_candidates = [ended(h.tokens, h.finished, vocab.eos_id) for h in greedy]
     (samples, sample_keys), (scored, keys) = reward.calls
     assert scored == greedy_candidates and keys == [10, 11, 12]
-    assert parts["baseline"] == pytest.approx(np.mean(reward(greedy_candidates, keys)))
-    assert parts["reward"] == pytest.approx(np.mean(reward(samples, sample_keys)))
+    assert float(parts["baseline"]) == pytest.approx(np.mean(reward(greedy_candidates, keys)))
+    assert float(parts["reward"]) == pytest.approx(np.mean(reward(samples, sample_keys)))
 
 
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
