@@ -126,7 +126,7 @@ def bench_step(args: argparse.Namespace) -> None:
           f"baseline {config.scst.baseline}, max_length {config.scst.max_length}; reward set-up {setup_s:.2f} s")
     print(f"SCST step: {cpu.mean():.2f} CPU s, {total.mean():.2f} wall s (median {np.median(total):.2f}), reward {reward.mean() * 1000:.1f} ms wall "
           f"= {100 * reward.sum() / total.sum():.1f}% of the step; "
-          f"{len(records) / B:.0f} steps per epoch -> {cpu.mean() * len(records) / B:.0f} CPU s of training per epoch")
+          f"{len(records) // B} steps per epoch -> {cpu.mean() * (len(records) // B):.0f} CPU s of training per epoch")
     keys = parts[0].keys()
     print("  " + ", ".join(f"{k} {np.mean([p[k] for p in parts]):.3f}" for k in keys))
 
