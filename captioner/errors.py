@@ -25,3 +25,7 @@ class ConfigError(CaptionerError):
 
 class CheckpointError(CaptionerError):
     """A checkpoint is missing, corrupt, or incompatible with this version."""
+
+
+class RequestError(CaptionerError):
+    """A demo request carries a value outside what the page offers (beam, length, model, ...)."""
