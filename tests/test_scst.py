@@ -190,7 +190,7 @@ def test_scst_stage_needs_a_starting_checkpoint(tmp_path: Path) -> None:
     [
         ("scst.baseline=best", "'scst.baseline' must be one of greedy, mean"),
         ("train.stage=rl", "'train.stage' must be one of xe, scst"),
-        ("scst.samples=0", "'scst.samples' must be > 0"),
+        ("scst.samples=0", "'scst.samples' must be >= 1"),
         ("scst.temperature=0", "'scst.temperature' must be > 0"),
         ("scst.bleu_weight=-1", "'scst.bleu_weight' must be >= 0"),
     ],
