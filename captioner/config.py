@@ -35,6 +35,10 @@ class DataConfig:
     strict: bool = False  # stop on images listed in the captions but missing on disk
     batch_size: int = 64
     num_workers: int = 0
+    # Frozen encoder, no augmentation: the fp16 feature store (captioner/features.py) is read
+    # instead of the images; built there first when absent. null: <train.out_dir>/features.
+    feature_store: str | None = None
+    features_on_device: bool = False  # load the whole store onto the training device when it fits
     # The shapes world is generated into `root` when it is not there yet.
     shapes_num_train: int = 4000
     shapes_num_val: int = 250
@@ -96,7 +100,7 @@ class TrainConfig:
     early_stopping_patience: int = 5  # epochs without a better validation score; 0 disables
     val_max_images: int = 500  # validation decodes this many val images (0 = all)
     val_metric: str = "Bleu_4"  # Bleu_1..4 | CIDEr
-    cache_features: bool = True  # frozen encoder and no augmentation: encode each image once
+    cache_features: bool = True  # frozen encoder and no augmentation: encode each image once, into the feature store
     time_limit_minutes: float = 0.0  # stop after the epoch that crosses this budget (0 = none)
 
 
@@ -305,6 +309,8 @@ def validate(config: Config, source: str = "config") -> None:
         )
     if config.data.dataset == "karpathy" and not config.data.karpathy_file:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")
+    if config.data.feature_store is not None and not config.data.feature_store.strip():
+        raise ConfigError(f"{source}: 'data.feature_store' must be a folder or null, got an empty string")
     if config.model.encoder.fine_tune_blocks < -1:
         raise ConfigError(f"{source}: 'model.encoder.fine_tune_blocks' must be >= -1")
 

@@ -25,3 +25,8 @@ class ConfigError(CaptionerError):
 
 class CheckpointError(CaptionerError):
     """A checkpoint is missing, corrupt, or incompatible with this version."""
+
+
+class FeatureStoreError(CaptionerError):
+    """A feature store is missing, unfinished, made by another encoder or for other images, or
+    would not fit on the disk."""

@@ -23,11 +23,11 @@ from tqdm import tqdm
 from captioner.checkpoint import read_checkpoint, save_checkpoint
 from captioner.config import Config, dump_config
 from captioner.data import load_split
-from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions, image_loader
+from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
 from captioner.data.images import ImageTransform
-from captioner.data.records import ImageRecord
 from captioner.errors import CheckpointError, ConfigError
 from captioner.evaluate import caption_records, score_captions
+from captioner.features import split_features, store_dir
 from captioner.models import Captioner, build_model
 from captioner.vocab import Vocabulary
 
@@ -121,26 +121,6 @@ class TrainState:
     writer: object | None = None
 
 
-@torch.no_grad()
-def encode_records(
-    model: Captioner, records: list[ImageRecord], batch_size: int, num_workers: int, desc: str
-) -> tuple[torch.Tensor, tuple[int, int], list[ImageRecord]]:
-    """Run the (frozen) encoder over every image once: (num_ok, N, D) features, the grid, the
-    records whose images loaded."""
-    model.eval()
-    chunks, kept, grid = [], [], (0, 0)
-    for batch in tqdm(image_loader(records, model.transform, batch_size, num_workers), desc=desc, unit="batch", leave=False):
-        if batch is None:
-            continue
-        images, indices = batch
-        feats, grid = model.encoder(images.to(model.device))  # (B, N, D)
-        chunks.append(feats.cpu())
-        kept += [records[i] for i in indices.tolist()]
-    if not chunks:
-        raise ConfigError(f"{desc}: no image could be loaded")
-    return torch.cat(chunks), grid, kept
-
-
 def make_scheduler(optimizer: torch.optim.Optimizer, config: Config, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     warmup = config.train.warmup_steps
 
@@ -164,7 +144,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     data = config.data
 
     train_records = load_split(data, "train")
-    val_records = load_split(data, "val")
+    val_records = all_val_records = load_split(data, "val")  # the store holds the whole split
     if config.train.val_max_images:
         val_records = val_records[: config.train.val_max_images]
 
@@ -195,9 +175,12 @@ def fit(config: Config, resume: bool = False) -> Path:
     train_features = val_features = None
     grid = None
     if state.encoded:
-        log.info("encoder is frozen: encoding every image once and training the decoder on cached features")
-        train_features, grid, train_records = encode_records(model, train_records, data.batch_size, data.num_workers, "encoding train")
-        val_features, grid, val_records = encode_records(model, val_records, data.batch_size, data.num_workers, "encoding val")
+        log.info("encoder is frozen: training the decoder on the feature store in %s", store_dir(config))
+        stored = split_features(model, config, "train", train_records)
+        train_records, train_features, grid = stored.records, stored.features, stored.grid
+        stored = split_features(model, config, "val", all_val_records, use=val_records)
+        val_records, val_features = stored.records, stored.features
+    on_device = isinstance(train_features, torch.Tensor)  # a tensor on the device: indexed in this process
 
     transform = ImageTransform(data.image_size, train=True, augment=data.augment)
     train_set = CaptionDataset(train_records, vocab, transform, data.max_caption_length, data.captions_per_image, train_features)
@@ -205,7 +188,7 @@ def fit(config: Config, resume: bool = False) -> Path:
         train_set,
         batch_size=data.batch_size,
         shuffle=True,
-        num_workers=0 if state.encoded else data.num_workers,
+        num_workers=0 if on_device else data.num_workers,
         collate_fn=collate_captions,
         drop_last=len(train_set) > data.batch_size,
         generator=torch.Generator().manual_seed(config.train.seed),
