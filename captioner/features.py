@@ -82,7 +82,6 @@ def identity(model: Captioner) -> dict[str, Any]:
         "encoder.pretrained": encoder.pretrained,
         "encoder.grid_size": encoder.grid_size,
         "encoder.fine_tune_blocks": encoder.fine_tune_blocks,
-        "encoder.width": encoder.width,
         "encoder.fingerprint": encoder_fingerprint(model),
         "image_size": model.config.data.image_size,
         "transform": {"resize": "square", "antialias": True, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)},
@@ -188,8 +187,9 @@ def check_manifest(manifest_path: Path, manifest: dict[str, Any], expected: dict
             )
     stored, wanted = manifest["image_ids"], [r.image_id for r in records]
     if stored != wanted:
-        missing = [i for i in stored if i not in set(wanted)]
-        extra = [i for i in wanted if i not in set(stored)]
+        stored_set, wanted_set = set(stored), set(wanted)
+        missing = [i for i in stored if i not in wanted_set]
+        extra = [i for i in wanted if i not in stored_set]
         detail = (
             f"{len(missing)} of its images are no longer in the split (e.g. image {missing[0]}, "
             f"{manifest['paths'][stored.index(missing[0])]})" if missing
@@ -259,7 +259,8 @@ def extract(
     expected = identity(model)
     grid, feat_dim = probe_grid(model)
     shape = (len(records), grid[0] * grid[1], feat_dim)
-    if manifest_path.is_file() and array_path.is_file():
+    fresh = not (manifest_path.is_file() and array_path.is_file())
+    if not fresh:
         manifest = read_manifest(manifest_path)
         check_manifest(manifest_path, manifest, expected, records)
     else:
@@ -271,7 +272,7 @@ def extract(
         }
     total = int(np.prod(shape)) * np.dtype(DTYPE).itemsize
     start = manifest["rows_done"]
-    allocated = array_path.stat().st_blocks * 512 if array_path.exists() else 0
+    allocated = array_path.stat().st_blocks * 512 if not fresh else 0
     needed = max(0, total - allocated)
     free = shutil.disk_usage(directory).free
     verb = f"resuming at row {start} of {len(records)}" if start else f"{len(records)} images"
@@ -280,7 +281,7 @@ def extract(
         raise FeatureStoreError(
             f"{directory}: the {split} store needs {size_text(needed)} more on disk, only {size_text(free)} is free"
         )
-    if not array_path.exists():
+    if fresh:  # (an array left without its manifest is overwritten: nothing says what it holds)
         np.lib.format.open_memmap(array_path, mode="w+", dtype=DTYPE, shape=shape)  # header + a sparse file, no data written
         write_manifest(manifest_path, manifest)
     header = npy_header_bytes(array_path)
