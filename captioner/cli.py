@@ -122,7 +122,8 @@ def cmd_features(args: argparse.Namespace) -> int:
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     unknown = [s for s in splits if s not in SPLITS]
     if unknown or not splits:
-        raise CaptionerError(f"features --splits: {','.join(unknown) or args.splits!r} is not a split; use {','.join(SPLITS)}")
+        bad = ",".join(unknown) or repr(args.splits)
+        raise CaptionerError(f"features --splits: {bad} is not a split; use {','.join(SPLITS)}")
     model = build_model(config, Vocabulary.build([])).to(resolve_device(config.train.device))  # only the encoder runs
     check_frozen(model)
     directory = store_dir(config)

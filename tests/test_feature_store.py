@@ -220,3 +220,14 @@ def test_training_and_evaluation_from_the_store(shapes_root: Path, tmp_path: Pat
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["images"] == 4 and (store / "test.json").is_file()  # the test split's store was built first
+
+
+def test_bad_store_settings_are_one_line_errors(capsys) -> None:
+    with pytest.raises(CaptionerError, match="'data.feature_store' must be a folder or null"):
+        load_config(None, ["data.feature_store=''"])
+    assert main(["features", "configs/shapes_lstm.yaml", "--splits", "train,dev"]) == 2
+    assert capsys.readouterr().err.strip() == "error: features --splits: dev is not a split; use train,val,test"
+    assert main(["features", "configs/shapes_lstm.yaml", "data.shapes_num_train=1", "--splits", "val"]) == 2  # small_cnn trains
+    assert "model.encoder: a feature store needs a frozen encoder" in capsys.readouterr().err
+    assert store_dir(load_config(None, ["train.out_dir=runs/x"])) == Path("runs/x/features")
+    assert store_dir(load_config(None, ["data.feature_store=/data/f"])) == Path("/data/f")
