@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from captioner.errors import CaptionerError, ImageLoadError
@@ -151,18 +152,34 @@ def expand_images(inputs: list[str]) -> list[Path]:
     return paths
 
 
+def decode_options(args: argparse.Namespace) -> dict:
+    """The decoding options shared by `caption` and `evaluate`; None leaves the config's value."""
+    return {
+        "beam_size": args.beam,
+        "max_length": args.max_length,
+        "block_trigrams": True if args.block_trigrams else None,
+        "diverse_groups": args.diverse_groups,
+        "diversity_strength": args.diversity_strength,
+    }
+
+
 def cmd_caption(args: argparse.Namespace) -> int:
     from captioner.checkpoint import load_captioner
     from captioner.data.images import load_image
     from captioner.train import resolve_device
     from captioner.visualize import save_attention_figure
 
+    if not args.sample and (args.top_k or args.top_p != 1.0 or args.temperature != 1.0 or args.seed is not None):
+        raise CaptionerError("caption: --top-k, --top-p, --temperature and --seed apply only with --sample")
     model = load_captioner(args.checkpoint, resolve_device(args.device))
     paths = expand_images(args.images)
     if not paths:
         raise CaptionerError("caption: no images given")
-    options = {"beam_size": args.beam, "max_length": args.max_length}
-    results = model.caption_files(paths, batch_size=args.batch_size, **options)
+    options = decode_options(args)
+    if args.sample:
+        options.update(sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    n_best = args.n_best if args.n_best is not None else (1 if args.sample else None)
+    results = model.caption_files(paths, batch_size=args.batch_size, n_best=n_best, **options)
     failures = 0
     rows = []
     for path, result in zip(paths, results):
@@ -170,14 +187,25 @@ def cmd_caption(args: argparse.Namespace) -> int:
             failures += 1
             print(f"error: {result}", file=sys.stderr)
             continue
-        row = {"image": str(path), **result.to_json()}
-        if args.heatmaps:
-            figure = Path(args.heatmaps) / f"{path.stem}_attention.png"
-            save_attention_figure(figure, load_image(path), result, layer=args.layer, head=args.head)
-            row["heatmaps"] = str(figure)
+        hypotheses = result if isinstance(result, list) else [result]
+        entries = []
+        for rank, caption in enumerate(hypotheses, start=1):
+            entry = caption.to_json()
+            if args.attention:
+                maps = caption.heatmaps(layer=args.layer, head=args.head)  # (T, h, w)
+                entry["attention"] = [[[round(x, 4) for x in r] for r in m] for m in maps.tolist()]
+            if args.heatmaps:
+                suffix = f"_{rank}" if args.n_best is not None else ""
+                figure = Path(args.heatmaps) / f"{path.stem}_attention{suffix}.png"
+                save_attention_figure(figure, load_image(path), caption, layer=args.layer, head=args.head)
+                entry["heatmaps"] = str(figure)
+            entries.append(entry)
+            if not args.json:
+                print(f"{path}\t{hypotheses[0].text}" if args.n_best is None else f"{path}\t{rank}\t{caption.score:.4f}\t{caption.text}")
+        row = {"image": str(path), **entries[0]}
+        if args.n_best is not None:
+            row["n_best"] = entries
         rows.append(row)
-        if not args.json:
-            print(f"{path}\t{result.text}")
     if args.json:
         print(json.dumps(rows, indent=1))
     if failures:
@@ -263,8 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
     caption.add_argument("checkpoint")
     caption.add_argument("images", nargs="+")
     add_decode_arguments(caption)
+    caption.add_argument("--n-best", type=int, default=None, metavar="N",
+                         help="N hypotheses per image, best first, each with its score (N <= beam; with --sample: N draws)")
+    caption.add_argument("--sample", action="store_true", help="sample instead of searching (see --top-k, --top-p)")
+    caption.add_argument("--temperature", type=float, default=1.0, help="with --sample: softmax temperature")
+    caption.add_argument("--top-k", type=int, default=0, help="with --sample: draw from the K most probable words only")
+    caption.add_argument("--top-p", type=float, default=1.0, help="with --sample: draw from the nucleus of mass P only")
+    caption.add_argument("--seed", type=int, default=None, help="with --sample: seed, for reproducible draws")
+    caption.add_argument("--attention", action="store_true", help="with --json: each word's attention map (h x w)")
     caption.add_argument("--json", action="store_true")
-    caption.add_argument("--heatmaps", metavar="OUTDIR", help="write one attention figure per image here")
+    caption.add_argument("--heatmaps", metavar="OUTDIR", help="write one attention figure per image (per hypothesis with --n-best) here")
     caption.add_argument("--layer", type=int, default=-1, help="decoder layer of the maps (transformer)")
     caption.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
     caption.set_defaults(func=cmd_caption)
@@ -300,22 +336,37 @@ def build_parser() -> argparse.ArgumentParser:
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam", type=int, default=None, help="beam width (1 = greedy; default from the config)")
     parser.add_argument("--max-length", type=int, default=None)
+    parser.add_argument("--block-trigrams", action="store_true", help="never repeat a word trigram within a caption")
+    parser.add_argument("--diverse-groups", type=int, default=None, metavar="G",
+                        help="diverse beam search with G groups of beam/G beams (default from the config)")
+    parser.add_argument("--diversity-strength", type=float, default=None, metavar="LAMBDA",
+                        help="Hamming diversity penalty between groups (default from the config)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--device", default="auto")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from captioner import distributed
+
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
     try:
         return args.func(args)
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {distributed.rank_prefix()}{e}", file=sys.stderr)
+        if distributed.launched():  # one of several ranks: leave now, torchrun stops the others
+            distributed.abort(2)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        if distributed.launched():  # a bug on one rank: its traceback, then every rank stops
+            print(f"error: {distributed.rank_prefix()}unexpected failure:", file=sys.stderr)
+            traceback.print_exc()
+            distributed.abort(1)
+        raise
 
 
 if __name__ == "__main__":

@@ -95,13 +95,16 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     seed: int = 0
-    log_every: int = 50
-    checkpoint_every_steps: int = 0  # 0: only at the end of each epoch
+    log_every: int = 50  # steps between loss read-backs from the device (TensorBoard, progress); 0: per epoch
+    checkpoint_every_steps: int = 0  # also write last.pt every N steps, mid-epoch (resumes at that batch); 0: per epoch
     early_stopping_patience: int = 5  # epochs without a better validation score; 0 disables
     val_max_images: int = 500  # validation decodes this many val images (0 = all)
     val_metric: str = "Bleu_4"  # Bleu_1..4 | CIDEr
     cache_features: bool = True  # frozen encoder and no augmentation: encode each image once, into the feature store
     time_limit_minutes: float = 0.0  # stop after the epoch that crosses this budget (0 = none)
+    channels_last: bool = False  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU
+    compile: bool = False  # CUDA: torch.compile the decoder; ignored on CPU
+    dist_timeout_minutes: float = 30.0  # torchrun: a collective waiting longer than this fails the run
 
 
 @dataclass
@@ -110,6 +113,9 @@ class DecodeConfig:
     max_length: int = 30
     length_penalty: float = 0.0  # alpha of ((5 + len) / 6) ** alpha; 0 ranks by total log-probability
     batch_size: int = 32
+    block_trigrams: bool = False  # never repeat a word trigram within a caption (beam, greedy, sampling)
+    diverse_groups: int = 1  # diverse beam search: groups of beam_size / groups beams (1: plain beam search)
+    diversity_strength: float = 0.5  # lambda of the Hamming diversity penalty between groups
 
 
 @dataclass
@@ -147,9 +153,11 @@ POSITIVE = (
     "model.encoder.width",
     "train.epochs",
     "train.lr",
+    "train.dist_timeout_minutes",
     "decode.beam_size",
     "decode.max_length",
     "decode.batch_size",
+    "decode.diverse_groups",
 )
 NON_NEGATIVE = (
     "data.num_workers",
@@ -160,12 +168,14 @@ NON_NEGATIVE = (
     "train.attention_penalty",
     "train.warmup_steps",
     "train.checkpoint_every_steps",
+    "train.log_every",
     "train.early_stopping_patience",
     "train.val_max_images",
     "train.time_limit_minutes",
     "data.shapes_num_train",
     "data.shapes_num_val",
     "data.shapes_num_test",
+    "decode.diversity_strength",
 )
 
 
@@ -311,6 +321,11 @@ def validate(config: Config, source: str = "config") -> None:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")
     if config.data.feature_store is not None and not config.data.feature_store.strip():
         raise ConfigError(f"{source}: 'data.feature_store' must be a folder or null, got an empty string")
+    if config.decode.beam_size % config.decode.diverse_groups:
+        raise ConfigError(
+            f"{source}: 'decode.beam_size' ({config.decode.beam_size}) must be a multiple of "
+            f"'decode.diverse_groups' ({config.decode.diverse_groups})"
+        )
     if config.model.encoder.fine_tune_blocks < -1:
         raise ConfigError(f"{source}: 'model.encoder.fine_tune_blocks' must be >= -1")
 

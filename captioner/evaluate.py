@@ -19,14 +19,16 @@ from captioner.data.records import ImageRecord
 from captioner.errors import CaptionerError
 from captioner.features import StoreRows, feature_batches
 from captioner.metrics import (
-    evaluate_results_file,
     fast_scores,
     load_references,
     load_results,
     official_scores,
     write_scores_json,
 )
+from captioner.caption_stats import caption_stats
 from captioner.models import Caption, Captioner
+from captioner.tutorial_bleu import LABEL as TUTORIAL_LABEL
+from captioner.tutorial_bleu import nltk_corpus_bleu, tokenized
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +44,18 @@ def caption_records(
     grid: tuple[int, int] | None = None,
     num_workers: int = 0,
     progress: bool = True,
+    **decode_options,
 ) -> dict[int, Caption]:
     """image id -> Caption for every record whose image loads (bad files are logged and skipped).
 
     With `features` (num_records, N, D) and their `grid`, stored encoder outputs (rows of the
     feature store, read by `num_workers` DataLoader workers, or a tensor in memory or on the
-    device) are decoded instead of the images.
+    device) are decoded instead of the images. Other `decode_options` (trigram blocking, diverse
+    beam search) go to `Captioner.decode`.
     """
     model.eval()
     batch_size = batch_size or model.config.decode.batch_size
-    options = {"beam_size": beam_size, "max_length": max_length}
+    options = {"beam_size": beam_size, "max_length": max_length, **decode_options}
     results: dict[int, Caption] = {}
     bar = tqdm(total=len(records), desc="captioning", unit="img", disable=not progress, leave=False)
     if features is not None:
@@ -108,18 +112,20 @@ def run_evaluation(args) -> dict:
             raise CaptionerError("evaluate: --results and --annotations go together")
         if args.grounding:
             raise CaptionerError("evaluate: --grounding needs a CHECKPOINT (attention maps), not a results file")
+        references = load_references(args.annotations)
+        predictions = load_results(args.results, references)
         if args.fast:
-            references = load_references(args.annotations)
-            predictions = load_results(args.results, references)
             overall, per_image = fast_scores({i: references[i] for i in predictions}, predictions), {}
         else:
-            overall, per_image = evaluate_results_file(args.results, args.annotations, spice=args.spice)
+            overall, per_image = official_scores(references, predictions, spice=args.spice)
         report = {"results": str(args.results), "annotations": str(args.annotations), "images": len(per_image) or None}
+        report.update(beside_official(references, predictions, args.fast))
         out = Path(args.out) if args.out else Path(args.results).with_name(Path(args.results).stem + "_scores.json")
         out = out / "scores.json" if out.suffix != ".json" else out
         out.parent.mkdir(parents=True, exist_ok=True)
         write_scores_json(out, overall, per_image, extra=report)
         _print_scores(f"{args.results} against {args.annotations}", overall, args.json)
+        _print_beside_official(report, args.json)
         return {**report, "scores": _rounded(overall), "scores_file": str(out)}
 
     if not args.checkpoint:
@@ -132,8 +138,10 @@ def run_evaluation(args) -> dict:
     records = all_records = load_split(model.config.data, args.split)
     if args.limit:
         records = records[: args.limit]
-    beam = args.beam or model.config.decode.beam_size
-    options = {"beam_size": beam, "max_length": args.max_length, "batch_size": args.batch_size}
+    from captioner.cli import decode_options
+
+    options = {**decode_options(args), "beam_size": args.beam or model.config.decode.beam_size}
+    beam = options["beam_size"]
     if args.features:  # the frozen encoder's stored grids instead of the images
         from captioner.features import split_features
 
@@ -141,10 +149,11 @@ def run_evaluation(args) -> dict:
         config.data.feature_store = args.features
         stored = split_features(model, config, args.split, all_records, use=records)
         captions = caption_records(
-            model, stored.records, features=stored.features, grid=stored.grid, num_workers=config.data.num_workers, **options
+            model, stored.records, batch_size=args.batch_size, features=stored.features, grid=stored.grid,
+            num_workers=config.data.num_workers, **options,
         )
     else:
-        captions = caption_records(model, records, **options)
+        captions = caption_records(model, records, batch_size=args.batch_size, **options)
     out_dir = Path(args.out) if args.out else Path(args.checkpoint).parent
     results_path = write_results(out_dir / f"results_{args.split}.json", captions)
     references = references_for(records, captions)
@@ -159,14 +168,17 @@ def run_evaluation(args) -> dict:
         "split": args.split,
         "images": len(captions),
         "beam_size": beam,
+        "decode": {k: v for k, v in options.items() if v is not None},
         "metrics": metrics,
         "results": str(results_path),
     }
+    report.update(beside_official(references, predictions, args.fast))
     if args.grounding:
         report["grounding"] = _grounding(model, records, captions, args)
     write_scores_json(out_dir / f"scores_{args.split}.json", overall, per_image, extra=report)
     if not args.json:
         _print_scores(f"{args.checkpoint} on {args.split} ({len(captions)} images, beam {beam}, {metrics})", overall, False)
+        _print_beside_official(report, False)
         if "grounding" in report:
             g = report["grounding"]
             print(f"  grounding {g['score']:.4f} vs uniform {g['uniform_baseline']:.4f} "
@@ -176,6 +188,27 @@ def run_evaluation(args) -> dict:
                 print(f"  e.g. {record.path.name}: {captions[record.image_id].text!r}")
         print(f"results: {results_path}")
     return {**report, "scores": _rounded(overall)}
+
+
+def beside_official(references: dict[int, list[str]], predictions: dict[int, str], fast: bool) -> dict:
+    """What `evaluate` reports next to the official scores: the tutorial-style nltk BLEU on the
+    same tokens (the PTB tokenizer's, or `vocab.tokenize`'s with --fast) and the caption
+    statistics (bad-ending and repeated-bigram rates)."""
+    refs, preds = tokenized(references, predictions, ptb=not fast)
+    bleu = nltk_corpus_bleu(refs, preds)
+    return {
+        "tutorial_bleu": {"label": TUTORIAL_LABEL, **_rounded(bleu)},
+        "caption_stats": _rounded(caption_stats(preds.values())),
+    }
+
+
+def _print_beside_official(report: dict, quiet: bool) -> None:
+    if quiet:
+        return
+    bleu, stats = report["tutorial_bleu"], report["caption_stats"]
+    print(f"  {'nltk_corpus_BLEU_4':<8} {bleu['nltk_corpus_BLEU_4']:.4f}  ({bleu['label']})")
+    print(f"  bad endings {100 * stats['bad_ending_rate']:.1f}%, repeated bigrams "
+          f"{100 * stats['repeated_bigram_rate']:.1f}% of captions, mean length {stats['mean_length']:.1f} words")
 
 
 def _grounding(model: Captioner, records: list[ImageRecord], captions: dict[int, Caption], args) -> dict:

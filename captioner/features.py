@@ -365,9 +365,13 @@ class StoreRows:
             raise FeatureStoreError(f"{self.path}: row {row} is cut short (the file is truncated)")
         return np.frombuffer(data, dtype=DTYPE).reshape(self.row_shape)
 
-    def __getitem__(self, index: int | slice) -> torch.Tensor:
+    def __getitem__(self, index: int | slice | list[int]) -> torch.Tensor | StoreRows:
+        """A row (N, D); a slice of rows read at once (b, N, D); a list of positions: those
+        rows, still on disk (as `tensor[list]` selects rows of a tensor)."""
         if isinstance(index, slice):
             return torch.stack([self[i] for i in range(*index.indices(len(self)))])  # (b, N, D)
+        if isinstance(index, (list, np.ndarray)):
+            return StoreRows(self.path, self.header, self.row_shape, self.rows[np.asarray(index, dtype=np.int64)].tolist())
         return torch.from_numpy(self._read(self.rows[index]).copy())  # (N, D)
 
     def __del__(self) -> None:

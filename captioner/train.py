@@ -2,6 +2,8 @@
 
 Validation decodes val images with the model's own greedy decoding and scores the captions
 (BLEU/CIDEr-D); the best checkpoint is chosen by that score, never by teacher-forced loss.
+Under torchrun the same code runs on every rank (see `captioner.distributed`); last.pt holds
+what an exact resume needs (position in the epoch, running sums, every RNG state).
 """
 
 from __future__ import annotations
@@ -11,24 +13,33 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from captioner import distributed
 from captioner.checkpoint import read_checkpoint, save_checkpoint
 from captioner.config import Config, dump_config
 from captioner.data import load_split
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
 from captioner.data.images import ImageTransform
-from captioner.errors import CheckpointError, ConfigError
-from captioner.evaluate import caption_records, score_captions
-from captioner.features import split_features, store_dir
+from captioner.data.records import ImageRecord
+from captioner.data.sampler import EpochBatchSampler
+from captioner.distributed import Distributed
+from captioner.errors import CheckpointError, ConfigError, DatasetError
+from captioner.evaluate import caption_records, references_for
+from captioner.features import StoreRows, split_features, store_dir
+from captioner.metrics import fast_scores
 from captioner.models import Captioner, build_model
+from captioner.models.decoder import DecoderOutput
+from captioner.resume import rng_state, set_rng_state
 from captioner.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -52,73 +63,169 @@ def seed_everything(seed: int) -> None:
 
 
 def caption_loss(
-    model: Captioner, batch: CaptionBatch, config: Config, encoded: bool
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Cross-entropy of each next word given the previous ones, plus the attention penalty."""
-    lengths, order = (batch.lengths - 1).sort(descending=True)  # (C,) inputs per caption, longest first
-    tokens, image_rows = batch.tokens[order], batch.image_rows[order]
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (C, T) each
-    out = model(batch.images, inputs, image_rows, encoded=encoded, lengths=lengths)
-    mask = targets != model.vocab.pad_id  # (C, T)
-    xent = F.cross_entropy(
-        out.logits[mask].float(), targets[mask], label_smoothing=config.train.label_smoothing
-    )  # logits[mask]: (M, V)
-    penalty = model.decoder.attention_penalty(out.attn.float(), mask)
+    model: Captioner,
+    batch: CaptionBatch,
+    config: Config,
+    encoded: bool,
+    totals: tuple[int, int] | None = None,
+    forward: Callable[..., DecoderOutput] | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Cross-entropy of each next word given the previous ones, plus the attention penalty.
+
+    Both are averages over the global batch: `totals` = (target words, captions) summed over
+    every rank (default: this batch's), so that under DDP, where gradients are averaged over
+    ranks, `loss * world_size` gives each rank its exact share of the global batch's mean.
+    Nothing here reads a value back from the device: the lengths are a CPU tensor, the
+    padding is skipped with `ignore_index` (not a boolean mask, whose size the host would wait
+    for), and the parts come back as detached tensors, read only when they are logged.
+    `forward` is the module to call (the DDP wrapper), `model` the one it wraps.
+    """
+    lengths = batch.lengths - 1  # (C,) input words per caption; on the CPU
+    if bool((lengths[:-1] < lengths[1:]).any()):  # host tensor: no device sync; collate_captions sorts already
+        lengths, order = lengths.sort(descending=True, stable=True)
+        rows = order.to(batch.tokens.device, non_blocking=True)
+        batch = replace(batch, tokens=batch.tokens[rows], image_rows=batch.image_rows[rows], lengths=batch.lengths[order])
+    num_targets, num_captions = totals if totals is not None else (int(lengths.sum()), len(lengths))
+    inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]  # (C, T) each
+    out = (forward or model)(batch.images, inputs, batch.image_rows, encoded=encoded, lengths=lengths)
+    pad = model.vocab.pad_id
+    xent_sum = F.cross_entropy(
+        out.logits.flatten(0, 1).float(),  # (C * T, V)
+        targets.flatten(),  # (C * T,)
+        ignore_index=pad,
+        reduction="sum",
+        label_smoothing=config.train.label_smoothing,
+    )
+    xent = xent_sum / num_targets
+    penalty = model.decoder.attention_penalty(out.attn.float(), targets != pad) * (len(lengths) / num_captions)
     loss = xent + config.train.attention_penalty * penalty
-    return loss, {"loss": loss.item(), "xent": xent.item(), "penalty": penalty.item()}
+    return loss, {"loss": loss.detach(), "xent": xent.detach(), "penalty": penalty.detach()}
+
+
+LOGGED = ("loss", "xent", "penalty")
 
 
 def train_one_epoch(
     model: Captioner,
+    forward: Callable[..., DecoderOutput],
     loader: DataLoader,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     config: Config,
-    device: torch.device,
+    ctx: Distributed,
     epoch: int,
     state: TrainState,
-    on_step=None,
-) -> float:
+    on_step: Callable[[], None] | None = None,
+) -> None:
+    """One epoch from the sampler's start position. A step reads nothing back from the device:
+    the loss parts add up in device tensors, summed over ranks and read every `log_every`
+    steps and at the end of the epoch."""
     model.train()
+    device = ctx.device
     use_amp = config.train.amp and device.type == "cuda"
-    losses = []
-    bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True)
+    channels_last = config.train.channels_last and device.type == "cuda" and not state.encoded
+    bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True, initial=state.position,
+               total=len(loader), disable=not ctx.is_main)
     for batch in bar:
+        state.position += 1
         if batch is None:  # every image of the batch failed to load
+            if ctx.enabled:  # the other ranks would wait for this one's gradients forever
+                raise DatasetError("every image of a batch failed to load; under torchrun a rank cannot skip a step (fix or remove the files the warnings name)")
             continue
-        batch = batch.to(device)
+        local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths)]  # target words, captions: CPU
+        num_targets, num_captions = ctx.sum_host(local)
+        batch = batch.to(device, channels_last=channels_last)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-            loss, parts = caption_loss(model, batch, config, encoded=state.encoded)
+            loss, parts = caption_loss(model, batch, config, state.encoded, (num_targets, num_captions), forward)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * ctx.world_size).backward()  # DDP averages gradients over ranks; the loss is a share of the global mean
         if config.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
         optimizer.step()
         scheduler.step()
         state.step += 1
-        losses.append(parts["loss"])
-        bar.set_postfix(loss=f"{parts['loss']:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
-        if state.writer is not None:
-            for key, value in parts.items():
-                state.writer.add_scalar(f"train/{key}", value, state.step)
+        state.accumulate(torch.stack([parts[k] for k in LOGGED]))  # (3,) on the device, not read here
         if config.train.log_every and state.step % config.train.log_every == 0:
-            log.debug("step %d loss %.4f", state.step, parts["loss"])
-            state.step_losses.append((state.step, float(np.mean(losses[-config.train.log_every :]))))
+            values = state.read_running(ctx)
+            bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
+            log.debug("step %d loss %.4f", state.step, values["loss"])
+            state.step_losses.append([state.step, values["loss"]])
+            if state.writer is not None:
+                for key, value in values.items():
+                    state.writer.add_scalar(f"train/{key}", value, state.step)
         if on_step is not None:
             on_step()
-    return float(np.mean(losses)) if losses else float("nan")
+    bar.close()
 
 
 @dataclass
 class TrainState:
-    epoch: int = 0
+    """Where training stands; all of it goes into last.pt so that a resumed run continues
+    exactly (the position in the epoch, the running loss sums, the history of epochs)."""
+
+    epoch: int = 0  # epochs completed
+    position: int = 0  # batches of epoch `epoch + 1` already trained
     step: int = 0
     best_score: float = -math.inf
     best_epoch: int = 0
     history: list[dict] = field(default_factory=list)
-    step_losses: list[tuple[int, float]] = field(default_factory=list)
+    step_losses: list[list] = field(default_factory=list)  # [step, mean loss since the last log]
+    # Device sums, read only when logged: (loss, xent, penalty) since the last log, and the epoch's loss.
+    running: torch.Tensor | None = None  # (3,)
+    running_steps: int = 0
+    epoch_loss: torch.Tensor | None = None  # ()
+    epoch_steps: int = 0
     encoded: bool = False
     writer: object | None = None
+
+    def reset_sums(self, device: torch.device) -> None:
+        self.running = torch.zeros(len(LOGGED), device=device)  # (3,)
+        self.epoch_loss = torch.zeros((), device=device)
+        self.running_steps = self.epoch_steps = 0
+
+    def accumulate(self, parts: torch.Tensor) -> None:
+        assert self.running is not None and self.epoch_loss is not None
+        self.running += parts
+        self.epoch_loss += parts[0]
+        self.running_steps += 1
+        self.epoch_steps += 1
+
+    def read_running(self, ctx: Distributed) -> dict[str, float]:
+        """The mean (loss, xent, penalty) per step since the last read, over all ranks (one sync)."""
+        assert self.running is not None
+        sums = ctx.sum_(self.running.clone()).tolist()
+        values = {k: v / max(1, self.running_steps) for k, v in zip(LOGGED, sums)}
+        self.running.zero_()
+        self.running_steps = 0
+        return values
+
+    def read_epoch_loss(self, ctx: Distributed) -> float:
+        assert self.epoch_loss is not None
+        if not self.epoch_steps:
+            return float("nan")
+        return ctx.sum_(self.epoch_loss.clone()).item() / self.epoch_steps
+
+    def to_dict(self) -> dict:
+        """Plain data (tensors, numbers, lists) for a weights_only checkpoint."""
+        return {
+            "epoch": self.epoch, "position": self.position, "step": self.step,
+            "best_score": self.best_score, "best_epoch": self.best_epoch,
+            "history": self.history, "step_losses": self.step_losses,
+            "running": self.running.cpu() if self.running is not None else None, "running_steps": self.running_steps,
+            "epoch_loss": self.epoch_loss.cpu() if self.epoch_loss is not None else None, "epoch_steps": self.epoch_steps,
+        }
+
+    def load(self, saved: dict, device: torch.device) -> None:
+        self.epoch, self.step = saved["epoch"], saved["step"]
+        self.position = saved.get("position", 0)
+        self.best_score, self.best_epoch = saved["best_score"], saved["best_epoch"]
+        self.history = list(saved.get("history", []))
+        self.step_losses = list(saved.get("step_losses", []))
+        self.reset_sums(device)
+        if saved.get("running") is not None and self.position:  # mid-epoch: the sums go on
+            self.running.copy_(saved["running"])
+            self.epoch_loss.copy_(saved["epoch_loss"])
+            self.running_steps, self.epoch_steps = saved["running_steps"], saved["epoch_steps"]
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, config: Config, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -136,14 +243,25 @@ def make_scheduler(optimizer: torch.optim.Optimizer, config: Config, total_steps
 
 
 def fit(config: Config, resume: bool = False) -> Path:
-    """Train a model as `config` says; returns the path of the best checkpoint."""
+    """Train a model as `config` says; returns the path of the best checkpoint.
+
+    Under torchrun every process runs this; rank 0 alone writes files. `data.batch_size` is per
+    process: the global batch is batch_size x world size, and the learning rate is used as
+    configured (never scaled behind the user's back).
+    """
     out_dir = Path(config.train.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ctx = distributed.setup(resolve_device(config.train.device), config.train.dist_timeout_minutes)
+    device = ctx.device
+    if ctx.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.train.seed)
-    device = resolve_device(config.train.device)
     data = config.data
 
-    train_records = load_split(data, "train")
+    if ctx.is_main:  # the shapes world is generated on first use: once, before the others read it
+        train_records = load_split(data, "train")
+    ctx.barrier()
+    if not ctx.is_main:
+        train_records = load_split(data, "train")
     val_records = all_val_records = load_split(data, "val")  # the store holds the whole split
     if config.train.val_max_images:
         val_records = val_records[: config.train.val_max_images]
@@ -167,8 +285,9 @@ def fit(config: Config, resume: bool = False) -> Path:
     model = build_model(config, vocab).to(device)
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
-    vocab.save(out_dir / "vocab.json")
-    dump_config(config, out_dir / "config.yaml")
+    if ctx.is_main:
+        vocab.save(out_dir / "vocab.json")
+        dump_config(config, out_dir / "config.yaml")
 
     state = TrainState()
     state.encoded = model.encoder.frozen and not data.augment and config.train.cache_features
@@ -176,23 +295,36 @@ def fit(config: Config, resume: bool = False) -> Path:
     grid = None
     if state.encoded:
         log.info("encoder is frozen: training the decoder on the feature store in %s", store_dir(config))
-        stored = split_features(model, config, "train", train_records)
+        if not ctx.is_main:
+            ctx.barrier()  # rank 0 builds the store when it is absent; then the others open it
+        stored = split_features(model, config, "train", train_records, build=ctx.is_main)
         train_records, train_features, grid = stored.records, stored.features, stored.grid
-        stored = split_features(model, config, "val", all_val_records, use=val_records)
+        stored = split_features(model, config, "val", all_val_records, use=val_records, build=ctx.is_main)
         val_records, val_features = stored.records, stored.features
+        if ctx.is_main:
+            ctx.barrier()
     on_device = isinstance(train_features, torch.Tensor)  # a tensor on the device: indexed in this process
+    if config.train.channels_last or config.train.compile:
+        accelerate(model, config, device, state.encoded)
 
     transform = ImageTransform(data.image_size, train=True, augment=data.augment)
     train_set = CaptionDataset(train_records, vocab, transform, data.max_caption_length, data.captions_per_image, train_features)
+    sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
+    workers = 0 if on_device else data.num_workers
     loader = DataLoader(
         train_set,
-        batch_size=data.batch_size,
-        shuffle=True,
-        num_workers=0 if on_device else data.num_workers,
+        batch_sampler=sampler,
+        num_workers=workers,
         collate_fn=collate_captions,
-        drop_last=len(train_set) > data.batch_size,
-        generator=torch.Generator().manual_seed(config.train.seed),
+        pin_memory=device.type == "cuda" and not on_device,
+        persistent_workers=workers > 0,
+        generator=torch.Generator().manual_seed(config.train.seed),  # worker seeds; the global RNG stays untouched
     )
+    if ctx.is_main:
+        log.info(
+            "%d process%s x batch %d = global batch %d; %d steps per epoch; lr %g",
+            ctx.world_size, "es" if ctx.enabled else "", data.batch_size, sampler.global_batch, len(sampler), config.train.lr,
+        )
     groups = [{"params": [p for p in model.decoder.parameters()], "lr": config.train.lr}]
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
     if encoder_params:
@@ -200,30 +332,45 @@ def fit(config: Config, resume: bool = False) -> Path:
         encoder_lr = config.train.encoder_lr if config.model.encoder.pretrained else config.train.lr
         groups.append({"params": encoder_params, "lr": encoder_lr})
     optimizer = torch.optim.AdamW(groups, weight_decay=config.train.weight_decay)
-    scheduler = make_scheduler(optimizer, config, config.train.epochs * max(1, len(loader)))
+    scheduler = make_scheduler(optimizer, config, config.train.epochs * len(sampler))
+    forward: Callable[..., DecoderOutput] = model
+    if ctx.enabled:
+        forward = DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=config.model.blind
+        )
+    state.reset_sums(device)
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
-        saved_state = checkpoint["train_state"]
-        state.epoch, state.step = saved_state["epoch"], saved_state["step"]
-        state.best_score, state.best_epoch = saved_state["best_score"], saved_state["best_epoch"]
-        state.history = read_history(out_dir / "metrics.csv")
-        log.info("resumed from %s at epoch %d, step %d", out_dir / "last.pt", state.epoch, state.step)
+        state.load(checkpoint["train_state"], device)
+        if state.position > len(sampler):
+            raise CheckpointError(f"{out_dir / 'last.pt'}: saved at batch {state.position} of an epoch of {len(sampler)}; the data or batch size changed")
+        restore_rng(checkpoint["train_state"], ctx, config.train.seed, state)
+        log.info("resumed from %s at epoch %d, batch %d, step %d", out_dir / "last.pt", state.epoch + 1, state.position, state.step)
+    elif ctx.enabled:  # the same initial weights everywhere, then each rank its own dropout masks
+        seed_everything(config.train.seed + ctx.rank)
 
-    from torch.utils.tensorboard import SummaryWriter
+    if ctx.is_main:
+        from torch.utils.tensorboard import SummaryWriter
 
-    state.writer = SummaryWriter(str(out_dir / "tensorboard"))
+        # A resumed run drops the events the killed run logged after its checkpoint.
+        state.writer = SummaryWriter(str(out_dir / "tensorboard"), purge_step=state.step + 1 if checkpoint else None)
+        if checkpoint is not None:
+            write_history(out_dir / "metrics.csv", state.history)  # rows logged after the checkpoint go
     metric = config.train.val_metric
     started = time.time()
 
     def save(name: str) -> None:
-        save_checkpoint(
-            out_dir / name,
-            model,
-            optimizer=optimizer.state_dict(),
-            scheduler=scheduler.state_dict(),
-            train_state={"epoch": state.epoch, "step": state.step, "best_score": state.best_score, "best_epoch": state.best_epoch},
-        )
+        """Every rank calls this (it gathers their RNG states); rank 0 writes."""
+        rng = ctx.all_gather(rng_state())
+        if ctx.is_main:
+            save_checkpoint(
+                out_dir / name,
+                model,
+                optimizer=optimizer.state_dict(),
+                scheduler=scheduler.state_dict(),
+                train_state={**state.to_dict(), "world_size": ctx.world_size, "rng": rng},
+            )
 
     def periodic_save() -> None:
         every = config.train.checkpoint_every_steps
@@ -233,12 +380,13 @@ def fit(config: Config, resume: bool = False) -> Path:
     try:
         for epoch in range(state.epoch + 1, config.train.epochs + 1):
             epoch_start = time.time()
-            train_loss = train_one_epoch(model, loader, optimizer, scheduler, config, device, epoch, state, periodic_save)
-            captions = caption_records(
-                model, val_records, beam_size=1, features=val_features, grid=grid, num_workers=data.num_workers, progress=False
-            )
-            scores = score_captions(val_records, captions)
-            state.epoch = epoch
+            if state.position == 0:
+                state.reset_sums(device)
+            sampler.set_epoch(epoch, start=state.position)
+            train_one_epoch(model, forward, loader, optimizer, scheduler, config, ctx, epoch, state, periodic_save)
+            train_loss = state.read_epoch_loss(ctx)
+            scores, example = validate(model, ctx, val_records, val_features, grid, data.num_workers)
+            state.epoch, state.position = epoch, 0
             improved = scores[metric] > state.best_score
             if improved:
                 state.best_score, state.best_epoch = scores[metric], epoch
@@ -246,31 +394,88 @@ def fit(config: Config, resume: bool = False) -> Path:
             row |= {f"val_{k}": round(v, 5) for k, v in scores.items()}
             row["seconds"] = round(time.time() - epoch_start, 1)
             state.history.append(row)
-            write_history(out_dir / "metrics.csv", state.history)
-            for key, value in scores.items():
-                state.writer.add_scalar(f"val/{key}", value, state.step)
-            example = next(iter(captions.values())).text if captions else ""
-            log.info(
-                "epoch %d/%d  loss %.3f  val %s %.4f  CIDEr-D %.3f%s  (%.0fs)  e.g. %r",
-                epoch, config.train.epochs, train_loss, metric, scores[metric], scores["CIDEr"],
-                "  *best*" if improved else "", row["seconds"], example,
-            )
+            if ctx.is_main:
+                log.info(
+                    "epoch %d/%d  loss %.3f  val %s %.4f  CIDEr-D %.3f%s  (%.0fs)  e.g. %r",
+                    epoch, config.train.epochs, train_loss, metric, scores[metric], scores["CIDEr"],
+                    "  *best*" if improved else "", row["seconds"], example,
+                )
+                for key, value in scores.items():
+                    state.writer.add_scalar(f"val/{key}", value, state.step)
             if improved:
                 save("best.pt")
             save("last.pt")
-            patience = config.train.early_stopping_patience
-            if patience and epoch - state.best_epoch >= patience:
-                log.info("early stopping: no better val %s for %d epochs", metric, patience)
-                break
-            limit = config.train.time_limit_minutes
-            if limit and time.time() - started > limit * 60:
-                log.info("stopping: the time limit of %.1f minutes is spent", limit)
+            if ctx.is_main:
+                write_history(out_dir / "metrics.csv", state.history)
+            if ctx.broadcast(should_stop(config, state, epoch, started) if ctx.is_main else None):
                 break
     finally:
-        state.writer.close()
-    plot_training(out_dir / "metrics.csv", state.step_losses, out_dir / "training_curves.png", metric)
-    log.info("best val %s %.4f at epoch %d: %s", metric, state.best_score, state.best_epoch, out_dir / "best.pt")
+        if state.writer is not None:
+            state.writer.close()
+    if ctx.is_main:
+        plot_training(out_dir / "metrics.csv", state.step_losses, out_dir / "training_curves.png", metric)
+        log.info("best val %s %.4f at epoch %d: %s", metric, state.best_score, state.best_epoch, out_dir / "best.pt")
+    distributed.shutdown(ctx)
     return out_dir / "best.pt"
+
+
+def validate(
+    model: Captioner,
+    ctx: Distributed,
+    records: list[ImageRecord],
+    features: torch.Tensor | StoreRows | None,
+    grid: tuple[int, int] | None,
+    num_workers: int,
+) -> tuple[dict[str, float], str]:
+    """Greedy captions of the val images, each rank its share, scored on the gathered whole
+    (every rank gets the same scores); returns the scores and one example caption."""
+    mine = ctx.shard(list(range(len(records))))
+    captions = caption_records(
+        model, [records[i] for i in mine], beam_size=1, features=None if features is None else features[mine],
+        grid=grid, num_workers=num_workers, progress=False,
+    )
+    texts = {image_id: c.text for image_id, c in captions.items()}
+    merged = {k: v for part in ctx.all_gather(texts) for k, v in part.items()}
+    return fast_scores(references_for(records, merged), merged), next(iter(merged.values()), "")
+
+
+def should_stop(config: Config, state: TrainState, epoch: int, started: float) -> bool:
+    patience = config.train.early_stopping_patience
+    if patience and epoch - state.best_epoch >= patience:
+        log.info("early stopping: no better val %s for %d epochs", config.train.val_metric, patience)
+        return True
+    limit = config.train.time_limit_minutes
+    if limit and time.time() - started > limit * 60:
+        log.info("stopping: the time limit of %.1f minutes is spent", limit)
+        return True
+    return False
+
+
+def restore_rng(saved: dict, ctx: Distributed, seed: int, state: TrainState) -> None:
+    """Put back this rank's generators as they were at the checkpoint. A checkpoint from
+    another number of processes can only go on at an epoch boundary, with fresh streams."""
+    states = saved.get("rng")
+    if states is not None and len(states) == ctx.world_size:
+        set_rng_state(states[ctx.rank])
+        return
+    if state.position:
+        raise CheckpointError(
+            f"{saved.get('world_size', '?')} processes wrote this mid-epoch checkpoint; resume it with as many "
+            f"(this run has {ctx.world_size}), or from an end-of-epoch checkpoint"
+        )
+    log.warning("the checkpoint holds no random states for %d processes: resuming with fresh ones (not bit-exact)", ctx.world_size)
+    seed_everything(seed + 1000 * state.epoch + ctx.rank)
+
+
+def accelerate(model: Captioner, config: Config, device: torch.device, encoded: bool) -> None:
+    """`train.channels_last` and `train.compile`: CUDA options, ignored (and said so) on the CPU."""
+    if device.type != "cuda":
+        log.info("train.channels_last / train.compile are CUDA options: ignored on %s", device)
+        return
+    if config.train.channels_last and not encoded:
+        model.encoder.to(memory_format=torch.channels_last)
+    if config.train.compile:
+        model.decoder.compile(dynamic=True)  # in place: parameter names (and checkpoints) stay as they are
 
 
 def write_history(path: Path, history: list[dict]) -> None:

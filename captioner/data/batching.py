@@ -26,14 +26,24 @@ class CaptionBatch:
     image_rows: torch.Tensor  # (C,) the row of `images` each caption describes
     indices: torch.Tensor  # (B,) positions of the images in the dataset's records
 
-    def to(self, device: torch.device) -> CaptionBatch:
+    def to(self, device: torch.device, channels_last: bool = False) -> CaptionBatch:
+        """The batch on `device`; `lengths` and `indices` stay on the CPU, where the training
+        loop and the decoder read them without waiting for the device. Copies are
+        non-blocking (from pinned memory when the DataLoader pins it)."""
+        images = self.images.to(device, non_blocking=True)
+        if channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)  # (B, 3, H, W), NHWC in memory
         return CaptionBatch(
-            self.images.to(device, non_blocking=True),
-            self.tokens.to(device),
-            self.lengths.to(device),
-            self.image_rows.to(device),
+            images,
+            self.tokens.to(device, non_blocking=True),
+            self.lengths,
+            self.image_rows.to(device, non_blocking=True),
             self.indices,
         )
+
+    def pin_memory(self) -> CaptionBatch:
+        """Called by the DataLoader's pin-memory thread (pin_memory=True)."""
+        return CaptionBatch(self.images.pin_memory(), self.tokens.pin_memory(), self.lengths, self.image_rows.pin_memory(), self.indices)
 
 
 class FeatureRows(Protocol):
@@ -51,6 +61,10 @@ class CaptionDataset(Dataset):
     `pairs="all"`: with all of its captions, so an epoch sees every (image, caption) pair while
     each image is loaded and encoded once. A file that fails to load yields None, which
     `collate_captions` drops, so one bad image never kills a worker or a run.
+
+    An item is `dataset[i]`, or `dataset[(i, draw)]` as `EpochBatchSampler` asks for it: then
+    the caption choice and the augmentation come from `draw` alone, not from the RNG of
+    whichever process loads the item, so they replay exactly after a resume.
     """
 
     def __init__(
@@ -71,9 +85,21 @@ class CaptionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, list[list[int]], int] | None:
-        captions = self.tokens[i] if self.pairs == "all" else [random.choice(self.tokens[i])]
-        image = self.features[i] if self.features is not None else load_or_none(self.records[i], self.transform)
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, list[list[int]], int] | None:
+        i, draw = key if isinstance(key, tuple) else (key, None)
+        choices = self.tokens[i]
+        if self.pairs == "all":
+            captions = choices
+        else:
+            captions = [random.choice(choices) if draw is None else choices[draw % len(choices)]]
+        if self.features is not None:
+            image = self.features[i]
+        elif draw is None or not (self.transform.train and self.transform.augment):
+            image = load_or_none(self.records[i], self.transform)
+        else:
+            with torch.random.fork_rng(devices=[]):  # seeded augmentation; the process's own RNG is left as it was
+                torch.manual_seed(draw)
+                image = load_or_none(self.records[i], self.transform)
         return None if image is None else (image, captions, i)
 
 
@@ -106,6 +132,7 @@ def collate_captions(batch: list) -> CaptionBatch | None:
         return None
     images = torch.stack([image for image, _, _ in batch])  # (B, 3, H, W) or (B, N, D)
     captions = [(row, ids) for row, (_, caps, _) in enumerate(batch) for ids in caps]
+    captions.sort(key=lambda caption: -len(caption[1]))  # longest first, as the decoder wants them (stable)
     tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions), dtype=torch.long)  # (C, T), 0 = <pad>
     for c, (_, ids) in enumerate(captions):
         tokens[c, : len(ids)] = torch.tensor(ids)

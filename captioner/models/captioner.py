@@ -12,8 +12,8 @@ from torch import nn
 
 from captioner.config import Config
 from captioner.data.images import ImageTransform, load_image
-from captioner.decoding import Hypothesis, beam_search, greedy_decode
-from captioner.errors import ImageLoadError
+from captioner.decoding import Hypothesis, beam_search_n_best, check_sampling, greedy_decode
+from captioner.errors import ConfigError, ImageLoadError
 from captioner.models.decoder import Decoder, DecoderOutput
 from captioner.models.encoder import Encoder
 from captioner.vocab import Vocabulary
@@ -88,26 +88,84 @@ class Captioner(nn.Module):
         return self.decoder(feats, tokens, lengths)
 
     @torch.no_grad()
-    def decode(
+    def decode(self, feats: torch.Tensor, grid: tuple[int, int], **options) -> list[Caption]:
+        """feats (B, N, D) -> one Caption per image, the best one; options as `decode_n_best`."""
+        return [captions[0] for captions in self.decode_n_best(feats, grid, n_best=1, **options)]
+
+    @torch.no_grad()
+    def decode_n_best(
         self,
         feats: torch.Tensor,
         grid: tuple[int, int],
+        n_best: int = 1,
         beam_size: int | None = None,
         max_length: int | None = None,
         length_penalty: float | None = None,
-    ) -> list[Caption]:
-        """feats (B, N, D) -> one Caption per image; beam_size 1 is greedy decoding."""
+        block_trigrams: bool | None = None,
+        diverse_groups: int | None = None,
+        diversity_strength: float | None = None,
+        sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[list[Caption]]:
+        """feats (B, N, D) -> per image the `n_best` best distinct captions, best first.
+
+        Options left at None come from the config's `decode` section. Beam search (beam_size > 1,
+        optionally diverse with `diverse_groups` groups) gives up to beam_size hypotheses; greedy
+        decoding (beam_size 1) gives one. With `sample`, each of the n_best captions is drawn
+        from softmax(logprobs / temperature), restricted to the `top_k` words and the `top_p`
+        nucleus, seeded by `seed`, and they are sorted by log-probability.
+        """
         settings = self.config.decode
         beam_size = settings.beam_size if beam_size is None else beam_size
         max_length = settings.max_length if max_length is None else max_length
         alpha = settings.length_penalty if length_penalty is None else length_penalty
+        block = settings.block_trigrams if block_trigrams is None else block_trigrams
+        groups = settings.diverse_groups if diverse_groups is None else diverse_groups
+        strength = settings.diversity_strength if diversity_strength is None else diversity_strength
+        self._check_decode_options(n_best, beam_size, max_length, groups, strength, sample, temperature, top_k, top_p)
         bos, eos = self.vocab.bos_id, self.vocab.eos_id
         banned = (self.vocab.pad_id, bos, self.vocab.unk_id)  # not words: every word gets its own map
-        if beam_size <= 1:
-            hypotheses = greedy_decode(self.decoder, feats, bos, eos, max_length, banned=banned)
+        B = feats.shape[0]
+        if sample:
+            generator = None if seed is None else torch.Generator(feats.device).manual_seed(seed)
+            rows = feats.repeat_interleave(n_best, dim=0)  # (B*n_best, N, D): n_best draws per image
+            drawn = greedy_decode(
+                self.decoder, rows, bos, eos, max_length, temperature, generator, banned, top_k, top_p, block
+            )
+            ranked = [sorted(drawn[b * n_best : (b + 1) * n_best], key=lambda h: -h.score) for b in range(B)]
+        elif beam_size <= 1:
+            ranked = [[h] for h in greedy_decode(self.decoder, feats, bos, eos, max_length, banned=banned, block_trigrams=block)]
         else:
-            hypotheses = beam_search(self.decoder, feats, bos, eos, beam_size, max_length, alpha, banned=banned)
-        return [self._caption(h, grid) for h in hypotheses]
+            ranked = beam_search_n_best(
+                self.decoder, feats, bos, eos, beam_size, max_length, alpha, banned, block, groups, strength, n_best
+            )
+        return [[self._caption(h, grid) for h in hyps] for hyps in ranked]
+
+    @staticmethod
+    def _check_decode_options(
+        n_best: int, beam_size: int, max_length: int, groups: int, strength: float,
+        sample: bool, temperature: float, top_k: int, top_p: float,
+    ) -> None:
+        """Decoding options from a caller or the CLI: a one-line error naming the bad one."""
+        if n_best < 1:
+            raise ConfigError(f"decode: n_best must be >= 1, got {n_best}")
+        if beam_size < 1 or max_length < 1:
+            raise ConfigError(f"decode: beam size and max length must be >= 1, got {beam_size} and {max_length}")
+        if sample:
+            try:
+                check_sampling(temperature, top_k, top_p)
+            except ValueError as e:
+                raise ConfigError(f"decode: {e}") from None
+            return
+        if groups < 1 or beam_size % groups:
+            raise ConfigError(f"decode: beam size {beam_size} must be a multiple of diverse_groups {groups}")
+        if strength < 0:
+            raise ConfigError(f"decode: diversity_strength must be >= 0, got {strength}")
+        if n_best > beam_size:
+            raise ConfigError(f"decode: n_best ({n_best}) cannot exceed the beam size ({beam_size}); raise the beam or sample")
 
     def _caption(self, hyp: Hypothesis, grid: tuple[int, int]) -> Caption:
         words = self.vocab.decode_words(hyp.tokens)
@@ -115,12 +173,17 @@ class Captioner(nn.Module):
         return Caption(" ".join(words), words, hyp.tokens, hyp.score, hyp.logprob, attn, hyp.finished)
 
     @torch.no_grad()
-    def caption_images(self, images: torch.Tensor, **decode_options) -> list[Caption]:
-        """Transformed images (B, 3, H, W) -> captions."""
+    def caption_images(
+        self, images: torch.Tensor, n_best: int | None = None, **decode_options
+    ) -> list[Caption] | list[list[Caption]]:
+        """Transformed images (B, 3, H, W) -> a caption per image, or with `n_best` a list of the
+        n best per image."""
         was_training = self.training
         self.eval()
         try:
             feats, grid = self.encode(images.to(self.device))
+            if n_best is not None:
+                return self.decode_n_best(feats, grid, n_best, **decode_options)
             return self.decode(feats, grid, **decode_options)
         finally:
             self.train(was_training)
@@ -133,9 +196,11 @@ class Captioner(nn.Module):
 
     def caption_files(
         self, paths: Sequence[str | Path], batch_size: int = 16, **decode_options
-    ) -> list[Caption | ImageLoadError]:
-        """Caption files in batches; a file that fails to load gives its error, the rest go on."""
-        results: list[Caption | ImageLoadError] = []
+    ) -> list[Caption | ImageLoadError] | list[list[Caption] | ImageLoadError]:
+        """Caption files in batches; a file that fails to load gives its error, the rest go on.
+
+        With `n_best=N` among the options, each good file gives its list of N captions."""
+        results: list = []
         for start in range(0, len(paths), batch_size):
             chunk = paths[start : start + batch_size]
             loaded: list[torch.Tensor | ImageLoadError] = []

@@ -1,0 +1,79 @@
+"""The training order: one shuffle per epoch from (seed, epoch), sharded over ranks, resumable.
+
+Every epoch's order is a pure function of (seed, epoch): a permutation of the dataset and one
+random draw per position, both from a generator seeded with those two numbers. So an epoch can
+be replayed after a crash and entered at any batch, and two runs with the same global batch
+see the same images in the same global batches whatever the number of processes.
+
+Global batch k is positions [k * G, (k + 1) * G) of the permutation, G = batch_size x world
+size; rank r takes every world_size-th of them starting at r. That is exactly the split of
+`torch.utils.data.DistributedSampler` followed by a per-rank batch of `batch_size`, so the
+union of the ranks' batches at step k is the single-process batch k of size G.
+
+Items are yielded as (index, draw): the dataset uses `draw` for its per-item randomness (the
+caption picked when it keeps one caption per image, the augmentation), so that randomness
+is the same in any worker process and after a resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+DRAW_LIMIT = 2**62  # draws are non-negative int64 seeds
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """A 64-bit seed mixed from (seed, epoch) (numpy's SeedSequence hashes them together)."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0])
+
+
+class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Batches of (index, draw) for one rank; `set_epoch(epoch, start)` picks the order and the
+    first batch to yield (a resumed epoch starts at the batch after the last one trained)."""
+
+    def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        if size <= 0:
+            raise ValueError("the dataset is empty")
+        self.size = size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 1
+        self.start = 0
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
+    def __len__(self) -> int:
+        """Batches per epoch (full global batches only; a dataset smaller than one global batch
+        repeats itself to fill one)."""
+        return max(1, self.size // self.global_batch)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        if not 0 <= start <= len(self):
+            raise ValueError(f"start batch {start} is outside the epoch's {len(self)} batches")
+        self.epoch, self.start = epoch, start
+
+    def order(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The epoch's permutation and draws, both (len(self) * global_batch,)."""
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
+        permutation = torch.randperm(self.size, generator=generator)  # (size,)
+        draws = torch.randint(DRAW_LIMIT, (self.size,), generator=generator)  # (size,)
+        needed = len(self) * self.global_batch
+        if needed > self.size:  # fewer items than one global batch: wrap around
+            repeats = -(-needed // self.size)
+            permutation, draws = permutation.repeat(repeats), draws.repeat(repeats)  # (repeats * size,)
+        return permutation[:needed], draws[:needed]  # (needed,) each
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        permutation, draws = (t.tolist() for t in self.order(self.epoch))
+        G = self.global_batch
+        for k in range(self.start, len(self)):
+            positions = range(k * G + self.rank, (k + 1) * G, self.world_size)
+            yield [(permutation[p], draws[p]) for p in positions]

@@ -1,0 +1,122 @@
+"""torchrun with two CPU processes (gloo): the same training as one process with the global
+batch, files from rank 0 only, a checkpoint that captions, and a failing rank that stops all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from captioner.checkpoint import load_captioner
+from captioner.data.shapes import generate_shapes
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The COCO set-up in small: a frozen pretrained encoder whose features are computed once, and
+# no dropout. Then the two ranks' batches of 4 compute exactly the single process's batch of 8
+# and only the order of float sums differs. (An encoder that trains, like the default shapes
+# small_cnn, has BatchNorm layers that normalise each rank's batch on its own statistics.)
+TINY = [
+    "data.image_size=64",
+    "data.captions_per_image=one",
+    "model.encoder.name=efficientnet_lite0",
+    "model.encoder.pretrained=true",
+    "model.encoder.fine_tune_blocks=0",
+    "model.decoder.embed_dim=16",
+    "model.decoder.hidden_dim=24",
+    "model.decoder.attention_dim=12",
+    "model.decoder.dropout=0.0",
+    "train.epochs=4",
+    "train.lr=3e-3",
+    "train.warmup_steps=3",
+    "train.log_every=1",
+    "train.val_max_images=6",
+    "train.early_stopping_patience=0",
+    "train.device=cpu",
+    "decode.max_length=8",
+]
+LOSS_TOLERANCE = 1e-4  # relative, on every step's loss (measured: 2e-5 after 24 steps)
+# Adam divides each gradient by its own running scale, so float-order noise in gradients that
+# are nearly zero becomes steps of up to lr: weights agree to a few lr-sized steps (measured 1.3e-3).
+WEIGHT_TOLERANCE = 5e-3
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shapes")
+    generate_shapes(root, 48, 6, 2, image_size=32, seed=0, progress=False)  # 6 global batches of 8 an epoch
+    return root
+
+
+def environment(site: Path, **extra: str) -> dict[str, str]:
+    site.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "tests" / "torchrun_site.py", site / "sitecustomize.py")
+    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1", **extra}
+
+
+def torchrun(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "captioner", *args]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tmp_path: Path) -> None:
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    runs = tmp_path / "runs"
+    env = environment(tmp_path / "site", CAPTIONER_TEST_AUDIT=str(audit), CAPTIONER_TEST_WATCH=str(tmp_path / "runs"))
+    ddp = torchrun(["train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",
+                    f"train.out_dir={runs / 'ddp'}"], env, timeout=600)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "2 processes x batch 4 = global batch 8; 6 steps per epoch" in ddp.stderr
+    single = subprocess.run([sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=8",
+                             f"data.root={shapes}", f"train.out_dir={tmp_path / 'single'}"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                            capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    ddp_state = torch.load(runs / "ddp" / "last.pt", weights_only=True)
+    single_state = torch.load(tmp_path / "single" / "last.pt", weights_only=True)
+    ddp_losses = torch.tensor(ddp_state["train_state"]["step_losses"])  # (24, 2): step, loss
+    single_losses = torch.tensor(single_state["train_state"]["step_losses"])
+    assert ddp_losses.shape == (24, 2) and torch.equal(ddp_losses[:, 0], single_losses[:, 0])
+    assert ddp_losses[-6:, 1].mean() < 0.8 * ddp_losses[:6, 1].mean(), ddp_losses[:, 1]  # it learns
+    torch.testing.assert_close(ddp_losses[:, 1], single_losses[:, 1], rtol=LOSS_TOLERANCE, atol=0)
+    for name, tensor in single_state["model"].items():
+        torch.testing.assert_close(ddp_state["model"][name], tensor, rtol=0, atol=WEIGHT_TOLERANCE, msg=name)
+    # validation is sharded over the ranks and gathered: the same captions, the same scores
+    ddp_history, single_history = ddp_state["train_state"]["history"], single_state["train_state"]["history"]
+    assert [{k: v for k, v in r.items() if k.startswith("val_")} for r in ddp_history] == [
+        {k: v for k, v in r.items() if k.startswith("val_")} for r in single_history
+    ]
+
+    # Only rank 0 wrote: the run folder holds one run's files, and rank 1 touched nothing in it.
+    names = sorted(p.name for p in (runs / "ddp").iterdir())
+    assert names == ["best.pt", "config.yaml", "last.pt", "metrics.csv", "tensorboard", "training_curves.png", "vocab.json"]
+    assert len(list((runs / "ddp" / "tensorboard").iterdir())) == 1
+    rank0, rank1 = ((audit / f"rank{r}.txt").read_text() for r in (0, 1))
+    assert "last.pt" in rank0 and "metrics.csv" in rank0  # the audit does see writes
+    assert rank1 == ""
+
+    model = load_captioner(runs / "ddp" / "best.pt")
+    caption = model.caption(sorted((shapes / "test").iterdir())[0], beam_size=2)
+    assert caption.words and set(caption.words) <= set(model.vocab.words)
+
+
+def test_a_failing_rank_stops_every_rank_with_its_message(shapes: Path, tmp_path: Path) -> None:
+    env = environment(tmp_path / "site", CAPTIONER_TEST_FAIL_RANK="1")
+    start = time.time()
+    result = torchrun(["train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",
+                       f"train.out_dir={tmp_path / 'run'}", "train.dist_timeout_minutes=2"], env, timeout=240)
+    seconds = time.time() - start
+    assert result.returncode != 0
+    assert "error: rank 1: injected failure: a file only rank 1 reads is unreadable" in result.stderr
+    assert seconds < 120, f"the ranks took {seconds:.0f}s to stop"  # not the 2-minute collective timeout
+    assert not (tmp_path / "run" / "last.pt").exists()

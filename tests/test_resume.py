@@ -1,0 +1,145 @@
+"""Exact resume: a run killed with SIGKILL in the middle of an epoch and resumed with --resume
+ends with the very weights (bit for bit) and metrics of the run that was never interrupted."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from captioner.data.sampler import EpochBatchSampler
+from captioner.data.shapes import generate_shapes
+from captioner.resume import rng_state, set_rng_state
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# 48 images, batch 4: 12 steps an epoch, a mid-epoch checkpoint every 3. Dropout, one random
+# caption per image and augmentation all draw random numbers that the resume must replay.
+TINY = [
+    "data.image_size=32",
+    "data.batch_size=4",
+    "data.captions_per_image=one",
+    "data.augment=true",
+    "model.encoder.width=8",
+    "model.decoder.embed_dim=16",
+    "model.decoder.hidden_dim=24",
+    "model.decoder.attention_dim=12",
+    "model.decoder.dropout=0.3",
+    "train.epochs=2",
+    "train.warmup_steps=3",
+    "train.log_every=1",
+    "train.checkpoint_every_steps=3",
+    "train.val_max_images=4",
+    "train.early_stopping_patience=0",
+    "train.device=cpu",
+    "decode.max_length=8",
+]
+
+
+def train_command(data: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "captioner", "-v", "train", "configs/shapes_lstm.yaml", *TINY,
+            f"data.root={data}", f"train.out_dir={out}", *extra]
+
+
+def environment() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # one thread: the same float sums in every run
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shapes")
+    generate_shapes(root, 48, 4, 2, image_size=32, seed=0, progress=False)
+    return root
+
+
+def logged_steps(output: str) -> list[int]:
+    return [int(m) for m in re.findall(r"step (\d+) loss", output)]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: Path) -> None:
+    reference = subprocess.run(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=environment(),
+                               capture_output=True, text=True, timeout=600)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    assert logged_steps(reference.stderr) == list(range(1, 25))
+
+    run = tmp_path / "killed"
+    process = subprocess.Popen(train_command(shapes, run), cwd=ROOT, env=environment(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (run / "last.pt").exists():  # the first checkpoint is mid-epoch (step 3 of 12)
+        assert process.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    saved = torch.load(run / "last.pt", weights_only=True)["train_state"]
+    assert saved["position"] > 0, "the kill came only at an epoch boundary (machine too slow for this test?)"
+
+    resumed = subprocess.run([*train_command(shapes, run), "--resume"], cwd=ROOT, env=environment(),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # It went on from the saved batch, not from the start (an ignored --resume would start at step 1).
+    assert f"at epoch {saved['epoch'] + 1}, batch {saved['position']}, step {saved['step']}" in resumed.stderr
+    assert logged_steps(resumed.stderr) == list(range(saved["step"] + 1, 25))
+
+    expected = torch.load(tmp_path / "reference" / "last.pt", weights_only=True)
+    got = torch.load(run / "last.pt", weights_only=True)
+    assert expected["model"].keys() == got["model"].keys()
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, got["model"][name]), name
+    for key, state in expected["optimizer"]["state"].items():
+        for name, tensor in state.items():
+            assert torch.equal(tensor, got["optimizer"]["state"][key][name]), (key, name)
+
+    def rows(path: Path) -> list[dict]:
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(open(path))]
+
+    assert rows(run / "metrics.csv") == rows(tmp_path / "reference" / "metrics.csv")  # same numbers, no duplicated row
+    assert [int(r["epoch"]) for r in rows(run / "metrics.csv")] == [1, 2]
+
+
+def test_sampler_order_depends_on_seed_and_epoch_only() -> None:
+    sampler = EpochBatchSampler(10, batch_size=3, seed=7)
+    sampler.set_epoch(2)
+    epoch2 = list(sampler)
+    assert len(epoch2) == len(sampler) == 3  # full batches only
+    assert len({i for batch in epoch2 for i, _ in batch}) == 9
+    again = EpochBatchSampler(10, batch_size=3, seed=7)
+    again.set_epoch(2, start=1)
+    assert list(again) == epoch2[1:]  # entered at batch 1: the rest of the same order
+    sampler.set_epoch(3)
+    assert list(sampler) != epoch2  # reshuffled every epoch
+    with pytest.raises(ValueError):
+        sampler.set_epoch(3, start=4)
+
+
+def test_ranks_split_the_single_process_batches() -> None:
+    """Two ranks of batch 2 see, at each step, exactly the batch 4 of one process."""
+    single = EpochBatchSampler(11, batch_size=4, seed=3)
+    ranks = [EpochBatchSampler(11, batch_size=2, seed=3, rank=r, world_size=2) for r in range(2)]
+    for sampler in (single, *ranks):
+        sampler.set_epoch(5)
+    together = [sorted(a + b) for a, b in zip(*ranks)]
+    assert together == [sorted(batch) for batch in single]
+    assert all(not set(a) & set(b) for a, b in zip(*ranks))
+
+
+def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    state = rng_state()
+    torch.save({"rng": state}, tmp_path / "rng.pt")
+    first = (random.random(), np.random.rand(), torch.rand(3))
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
+    second = (random.random(), np.random.rand(), torch.rand(3))
+    assert first[0] == second[0] and first[1] == second[1] and torch.equal(first[2], second[2])

@@ -1,0 +1,161 @@
+"""A training step never waits on the device: counted on the CPU by simulating a device.
+
+On CUDA, `torch.cuda.set_sync_debug_mode("warn")` reports every synchronising call. On this
+CPU-only machine the test simulates the device instead: every tensor that would live on the
+GPU (parameters, the batch after `.to(device)`, and all that is computed from them) is tracked
+through a TorchDispatchMode, while tensors that stay on the host by design (the caption
+lengths, the optimizer's step counters) are not. A read of a tracked tensor's value
+(`item`, `bool`, `int`, `float`, `tolist`, numpy) or an op whose output size depends on its
+values (`nonzero`, boolean-mask indexing) is what would make the host wait for the GPU.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.data import DataLoader
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
+from captioner.data.images import ImageTransform
+from captioner.data.records import ImageRecord
+from captioner.distributed import Distributed
+from captioner.train import TrainState, make_scheduler, train_one_epoch
+from helpers import WORDS, tiny_config, tiny_model
+
+aten = torch.ops.aten
+# ops whose result the host must wait for: a value read, or an output sized by the values
+SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
+            aten.equal.default, aten.is_nonzero.default, aten._unique2.default, aten.unique_consecutive.default}
+MASK_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}  # with a boolean mask: sized by it
+
+
+class DeviceSimulation(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_device = WeakTensorKeyDictionary()
+        self.syncs: list[str] = []
+
+    def mark(self, *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            self.on_device[t] = True
+
+    def tracked(self, t: object) -> bool:
+        return isinstance(t, torch.Tensor) and t in self.on_device
+
+    def record(self, what: str) -> None:
+        caller = next((f for f in reversed(traceback.extract_stack()[:-2]) if "/captioner/" in f.filename), None)
+        self.syncs.append(f"{what} at {caller.filename.rsplit('/', 2)[-1]}:{caller.lineno}" if caller else what)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs, _ = tree_flatten((args, kwargs))
+        device = any(self.tracked(t) for t in inputs)
+        if device and (func in SYNC_OPS or (func in MASK_OPS and any(t.dtype == torch.bool for t in inputs if isinstance(t, torch.Tensor)))):
+            self.record(str(func))
+        out = func(*args, **kwargs)
+        if device:
+            outputs, _ = tree_flatten(out)
+            self.mark(*(t for t in outputs if isinstance(t, torch.Tensor)))
+        return out
+
+
+@pytest.fixture
+def simulation(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
+    sim = DeviceSimulation()
+    lengths_on_device = getattr(request, "param", False)
+    for name in ("tolist", "numpy", "__array__"):  # value reads that bypass the dispatcher
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, _original=original, _name=name, **kwargs):
+            if sim.tracked(self):
+                sim.record(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+    moved = CaptionBatch.to
+
+    def to_device(self, device, channels_last=False):
+        batch = moved(self, device, channels_last)
+        sim.mark(batch.images, batch.tokens, batch.image_rows)  # lengths and indices stay on the host
+        if lengths_on_device:
+            sim.mark(batch.lengths)
+        return batch
+
+    monkeypatch.setattr(CaptionBatch, "to", to_device)
+    return sim
+
+
+def fake_records(tmp_path, n: int) -> list[ImageRecord]:
+    from PIL import Image
+
+    records = []
+    for i in range(n):
+        path = tmp_path / f"{i}.png"
+        Image.new("RGB", (32, 32), (40 * i % 255, 90, 30)).save(path)
+        words = WORDS[i % 5 : i % 5 + 3 + i % 4]  # captions of different lengths
+        records.append(ImageRecord(i, path, (" ".join(words), " ".join(reversed(words)))))
+    return records
+
+
+def steps_syncs(tmp_path, simulation: DeviceSimulation, decoder: str) -> list[list[str]]:
+    """Syncs per training step over 4 steps, the loss read every 2nd step."""
+    config = tiny_config(f"model.decoder.type={decoder}", "train.log_every=2", "data.batch_size=2", "train.device=cpu")
+    model = tiny_model(f"model.decoder.type={decoder}").train()
+    records = fake_records(tmp_path, 8)
+    dataset = CaptionDataset(records, model.vocab, ImageTransform(32, train=True), 20, "one")
+    loader = DataLoader(dataset, batch_size=2, collate_fn=collate_captions)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = make_scheduler(optimizer, config, 4)
+    ctx = Distributed(torch.device("cpu"))
+    state = TrainState()
+    state.reset_sums(ctx.device)
+    per_step: list[list[str]] = []
+    with simulation:
+        simulation.mark(*model.parameters(), *model.buffers(), state.running, state.epoch_loss)
+        seen = [0]
+
+        def on_step() -> None:
+            per_step.append(simulation.syncs[seen[0]:])
+            seen[0] = len(simulation.syncs)
+            for group in optimizer.state.values():  # Adam's moments live on the device; its step count on the host
+                simulation.mark(*(v for k, v in group.items() if k != "step"))
+
+        train_one_epoch(model, model, loader, optimizer, scheduler, config, ctx, 1, state, on_step)
+    return per_step
+
+
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+def test_training_steps_read_the_device_only_when_logging(tmp_path, simulation: DeviceSimulation, decoder: str) -> None:
+    per_step = steps_syncs(tmp_path, simulation, decoder)
+    assert len(per_step) == 4
+    assert per_step[0] == [] and per_step[2] == [], per_step  # ordinary steps: not one sync
+    assert per_step[1] == ["tolist at train.py:" + per_step[1][0].rsplit(":", 1)[-1]]  # log steps: one read of the sums
+    assert len(per_step[3]) == 1
+
+
+@pytest.mark.parametrize("simulation", [True], indirect=True)
+def test_lengths_on_the_device_would_cost_syncs(tmp_path, simulation: DeviceSimulation) -> None:
+    """The old batch moved the caption lengths to the device; the LSTM then waited for them."""
+    per_step = steps_syncs(tmp_path, simulation, "lstm")
+    assert len(per_step[0]) >= 3, per_step[0]
+
+
+def test_the_simulation_sees_the_reads_that_used_to_be_there(simulation: DeviceSimulation) -> None:
+    """What the old step did (loss.item(), a boolean mask over the logits) is counted."""
+    logits = torch.randn(3, 4, 5)
+    targets = torch.tensor([[1, 2, 0, 0], [3, 1, 2, 0], [1, 1, 1, 1]])
+    with simulation:
+        simulation.mark(logits, targets)
+        mask = targets != 0
+        picked = logits[mask]  # (M, V): M is only known once the mask is read
+        loss = torch.nn.functional.cross_entropy(picked, targets[mask])
+        loss.item()
+        float(loss)
+        host = torch.tensor([3, 2, 1])
+        int((host > 1).sum())  # a host tensor: no sync
+    assert len(simulation.syncs) == 4, simulation.syncs  # two masks, item, float
