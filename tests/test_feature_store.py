@@ -84,6 +84,9 @@ def test_stored_rows_equal_the_encoder_on_the_images(shapes_root: Path, tmp_path
     assert stored.dtype == torch.float16 and stored.shape == direct.shape
     torch.testing.assert_close(stored.float(), direct, rtol=2e-3, atol=2e-3)  # fp16 rounding
     assert not torch.equal(stored[0], stored[1])
+    shard = reader[[3, 1]]  # a rank's share of validation: rows picked by position, still on disk
+    torch.testing.assert_close(torch.stack([shard[0], shard[1]]), stored[[3, 1]], rtol=0, atol=0)
+    torch.testing.assert_close(reader[2:5], stored[2:5], rtol=0, atol=0)
     # The file is an ordinary .npy: numpy reads it without this code.
     np.testing.assert_array_equal(np.load(store.array_path, mmap_mode="r")[3], stored[3].numpy())
     # DataLoader workers open the file themselves and read the same rows.
