@@ -294,7 +294,10 @@ def extract(
     bar = tqdm(total=len(records), initial=start, desc=f"features {split}", unit="img", disable=not progress, dynamic_ncols=True)
     try:
         # The loader yields one batch (or None when none of its images loaded) per batch_size records.
-        batches = iter(image_loader(records[start:], model.transform, batch_size, num_workers))
+        # Its seed draw is taken in a fork of the global RNG, so that training goes the same way
+        # whether the store was built in this process or before.
+        with torch.random.fork_rng(devices=[]):
+            batches = iter(image_loader(records[start:], model.transform, batch_size, num_workers))
         for first in range(start, len(records), batch_size):
             count = min(batch_size, len(records) - first)
             batch = next(batches)
@@ -397,7 +400,9 @@ def feature_batches(features: torch.Tensor | StoreRows, batch_size: int, num_wor
         for start in range(0, len(features), batch_size):
             yield features[start : start + batch_size]  # (B, N, D)
         return
-    yield from DataLoader(_RowDataset(features), batch_size=batch_size, num_workers=num_workers)
+    # Its own generator: a loader seeds its workers with a draw, which must not come from the
+    # global RNG that dropout uses (validating would change the training that follows).
+    yield from DataLoader(_RowDataset(features), batch_size=batch_size, num_workers=num_workers, generator=torch.Generator())
 
 
 @dataclass
