@@ -308,7 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="score a checkpoint on a split, or a results file")
     evaluate.add_argument("checkpoint", nargs="?")
     evaluate.add_argument("--split", default="test", choices=("train", "val", "test"))
-    evaluate.add_argument("--out", help="folder for results and scores (default: next to the checkpoint)")
+    evaluate.add_argument(
+        "--out",
+        help="folder (or .json file with --results) for results and scores (default: next to the checkpoint; "
+        "with --results, runs/eval/<results name>_scores.json)",
+    )
     evaluate.add_argument("--limit", type=int, default=0, help="evaluate the first N images only")
     evaluate.add_argument("--results", help="score a COCO-format results file instead of a checkpoint")
     evaluate.add_argument("--annotations", help="the COCO caption annotation file for --results")
@@ -333,15 +337,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--beam", type=int, default=None, help="beam width (1 = greedy; default from the config)")
-    parser.add_argument("--max-length", type=int, default=None)
+    parser.add_argument("--beam", type=positive_int, default=None, help="beam width (1 = greedy; default from the config)")
+    parser.add_argument("--max-length", type=positive_int, default=None, help="words per caption (default from the config)")
     parser.add_argument("--block-trigrams", action="store_true", help="never repeat a word trigram within a caption")
     parser.add_argument("--diverse-groups", type=int, default=None, metavar="G",
                         help="diverse beam search with G groups of beam/G beams (default from the config)")
     parser.add_argument("--diversity-strength", type=float, default=None, metavar="LAMBDA",
                         help="Hamming diversity penalty between groups (default from the config)")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=positive_int, default=None, help="images per batch (default: the config's decode.batch_size)")
     parser.add_argument("--device", default="auto")
 
 
@@ -361,10 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception:
-        if distributed.launched():  # a bug on one rank: its traceback, then every rank stops
-            print(f"error: {distributed.rank_prefix()}unexpected failure:", file=sys.stderr)
-            traceback.print_exc()
+    except Exception as e:
+        if distributed.launched():
+            if distributed.peer_failed(e):  # the rank that failed has printed why
+                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                print(f"error: {distributed.rank_prefix()}stopped because another rank failed ({first})", file=sys.stderr)
+            else:  # a bug on this rank: its traceback, then every rank stops
+                print(f"error: {distributed.rank_prefix()}unexpected failure:", file=sys.stderr)
+                traceback.print_exc()
             distributed.abort(1)
         raise
 

@@ -11,6 +11,7 @@ so it is tested without a server. `serve()` is what `captioner demo` and `demo/a
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -29,8 +30,8 @@ from PIL import Image  # noqa: E402
 from captioner.checkpoint import load_captioner  # noqa: E402
 from captioner.config import Config, load_config  # noqa: E402
 from captioner.data import load_split  # noqa: E402
-from captioner.data.images import MAX_PIXELS, load_image  # noqa: E402
-from captioner.errors import CaptionerError, ImageLoadError  # noqa: E402
+from captioner.data.images import MAX_PIXELS, load_image, open_image  # noqa: E402
+from captioner.errors import CaptionerError, ImageLoadError, RequestError  # noqa: E402
 from captioner.models import Caption, Captioner  # noqa: E402
 from captioner.visualize import save_attention_figure, word_overlays  # noqa: E402
 
@@ -41,6 +42,10 @@ MAX_FILE_SIZE = "10mb"  # uploads above this are refused by the server before an
 DISPLAY_SIDE = 640  # overlays are drawn on a copy this size at most: a 40 MP photo stays cheap to show
 QUEUE_SIZE = 64  # waiting requests beyond this are told the queue is full
 MEAN = "mean"  # the head choice that averages the heads
+# The sliders' ranges, checked again in the callback: Gradio's own range check is the page's,
+# not the project's, and one request with a beam of 10,000 would hold the server for everyone.
+MAX_BEAM = 10
+MAX_LENGTH = 60
 
 # pyplot keeps global state; figures are drawn one at a time even when requests run in parallel.
 _FIGURE_LOCK = threading.Lock()
@@ -100,11 +105,62 @@ def parse_layer_head(caption: Caption, layer: str | int | None, head: str | int 
     return layer_index, head_index
 
 
+@dataclass(frozen=True)
+class Request:
+    """A checked /caption request: values the page's own controls could have sent."""
+
+    model_name: str
+    beam_size: int
+    max_length: int
+    layer: str | None
+    head: str
+
+
+def whole_number(value: Any, what: str, low: int, high: int) -> int:
+    """`value` as an int in [low, high]; sliders send floats, so 3.0 is 3, but 2.5, NaN, True
+    and "3" are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{what} must be a whole number from {low} to {high}, got {value!r}")
+    if not (math.isfinite(value) and value == int(value) and low <= value <= high):
+        raise RequestError(f"{what} must be a whole number from {low} to {high}, got {value!r}")
+    return int(value)
+
+
+def menu_value(value: Any) -> str | None:
+    """A dropdown value as the menu's string ("2" for 2), None for no choice."""
+    if value is None or value == "":
+        return None
+    return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else repr(value)
+
+
+def check_request(
+    models: dict[str, Captioner], model_name: Any, beam_size: Any, max_length: Any, layer: Any, head: Any
+) -> Request:
+    """Check every value of a /caption request against what the page offers, or raise
+    `RequestError` naming the value. No model name picks the first model; no layer or head the
+    defaults (the last layer, the mean of heads)."""
+    if model_name in (None, ""):
+        model_name = next(iter(models))
+    if not isinstance(model_name, str) or model_name not in models:
+        raise RequestError(f"unknown model {str(model_name)[:80]!r}: choose one of the menu's models")
+    model = models[model_name]
+    beam = whole_number(beam_size, "beam width", 1, MAX_BEAM)
+    length = whole_number(max_length, "maximum length", 1, MAX_LENGTH)
+    layers, heads = attention_choices(model)
+    layer, head = menu_value(layer), menu_value(head) or MEAN
+    if layer is not None and layer not in layers:
+        raise RequestError(f"decoder layer must be one of {', '.join(layers)} for this model, got {layer[:20]!r}")
+    if head not in heads:
+        raise RequestError(f"attention head must be one of {', '.join(heads)} for this model, got {head[:20]!r}")
+    return Request(model_name, beam, length, layer, head)
+
+
 def conversion_notes(path: str | Path) -> list[str]:
     """What `load_image` did to this file to make it 8-bit upright RGB, in words. Reads only the
-    header; never raises (the loader reports unreadable files)."""
+    header, through the loader's own format-restricted opener; never raises (the loader reports
+    unreadable files)."""
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             mode, frames = image.mode, getattr(image, "n_frames", 1)
             transparent = mode in ("RGBA", "LA", "PA") or (mode == "P" and "transparency" in image.info)
             orientation = image.getexif().get(0x0112, 1)
@@ -290,10 +346,19 @@ class Callbacks:
         return name, self.models[name]
 
     def caption(self, image: str | None, model_name: str, beam_size: float, max_length: float, layer: str, head: str) -> tuple:
+        """The /caption endpoint. Every request value is checked here, whatever the page's
+        controls allow, before any decoding: a refused request is answered at once."""
         try:
-            name, model = self.model(model_name)
-            label = model_label(name, model)
-            page = caption_page(model, label, image, int(beam_size), int(max_length), layer, head, None, self.max_pixels)
+            if image is not None and not isinstance(image, (str, Path)):
+                raise RequestError(f"the image must be an uploaded file, got a {type(image).__name__}")
+            request = check_request(self.models, model_name, beam_size, max_length, layer, head)
+            model = self.models[request.model_name]
+            label = model_label(request.model_name, model)
+            page = caption_page(
+                model, label, image, request.beam_size, request.max_length, request.layer, request.head, None, self.max_pixels
+            )
+        except RequestError as e:
+            page = PageOutput("", "", [], None, f"**Request refused.** {e}")
         except Exception:  # a bug: the log gets the traceback, the page a sentence
             log.exception("captioning failed")
             page = PageOutput("", "", [], None, "**Something went wrong on the server** (the error is in its log).")
@@ -361,8 +426,10 @@ def build_demo(
                 model_name = gr.Dropdown(choices, value=first_name, label="Model", elem_id="model")
                 decode = first.config.decode
                 with gr.Row():
-                    beam = gr.Slider(1, 10, value=decode.beam_size, step=1, label="Beam width", elem_id="beam")
-                    length = gr.Slider(1, 60, value=decode.max_length, step=1, label="Maximum length", elem_id="max_length")
+                    beam = gr.Slider(1, MAX_BEAM, value=min(decode.beam_size, MAX_BEAM), step=1, label="Beam width", elem_id="beam")
+                    length = gr.Slider(
+                        1, MAX_LENGTH, value=min(decode.max_length, MAX_LENGTH), step=1, label="Maximum length", elem_id="max_length"
+                    )
                 with gr.Row():
                     layer_menu, head_menu = menus(first)
                     layer = gr.Dropdown(label="Decoder layer", elem_id="layer", **layer_menu)

@@ -142,6 +142,14 @@ def abort(code: int) -> NoReturn:
     os._exit(code)
 
 
+def peer_failed(error: BaseException) -> bool:
+    """Whether `error` is this rank's collective failing because another rank went away."""
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(
+        sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "remote worker", "NCCL")
+    )
+
+
 def _env_int(name: str, default: int) -> int:
     text = os.environ.get(name)
     if text is None or text == "":

@@ -30,3 +30,7 @@ class CheckpointError(CaptionerError):
 class FeatureStoreError(CaptionerError):
     """A feature store is missing, unfinished, made by another encoder or for other images, or
     would not fit on the disk."""
+
+
+class RequestError(CaptionerError):
+    """A demo request carries a value outside what the page offers (beam, length, model, ...)."""

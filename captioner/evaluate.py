@@ -32,6 +32,8 @@ from captioner.tutorial_bleu import nltk_corpus_bleu, tokenized
 
 log = logging.getLogger(__name__)
 
+DEFAULT_EVAL_DIR = "runs/eval"  # `evaluate --results` without --out writes its scores here
+
 
 @torch.no_grad()
 def caption_records(
@@ -120,12 +122,15 @@ def run_evaluation(args) -> dict:
             overall, per_image = official_scores(references, predictions, spice=args.spice)
         report = {"results": str(args.results), "annotations": str(args.annotations), "images": len(per_image) or None}
         report.update(beside_official(references, predictions, args.fast))
-        out = Path(args.out) if args.out else Path(args.results).with_name(Path(args.results).stem + "_scores.json")
+        # Never beside the results file: its folder may be read-only or shared data.
+        out = Path(args.out) if args.out else Path(DEFAULT_EVAL_DIR) / f"{Path(args.results).stem}_scores.json"
         out = out / "scores.json" if out.suffix != ".json" else out
         out.parent.mkdir(parents=True, exist_ok=True)
         write_scores_json(out, overall, per_image, extra=report)
         _print_scores(f"{args.results} against {args.annotations}", overall, args.json)
         _print_beside_official(report, args.json)
+        if not args.json:
+            print(f"scores: {out}")
         return {**report, "scores": _rounded(overall), "scores_file": str(out)}
 
     if not args.checkpoint:
@@ -183,6 +188,9 @@ def run_evaluation(args) -> dict:
             g = report["grounding"]
             print(f"  grounding {g['score']:.4f} vs uniform {g['uniform_baseline']:.4f} "
                   f"({g['ratio']:.1f}x, {g['words']} object words)")
+            for name, c in g["per_category"].items():
+                ratio = f"{c['ratio']:.1f}x" if c["ratio"] is not None else "n/a"
+                print(f"    {name:<14} {c['score']:.4f} vs {c['uniform_baseline']:.4f} ({ratio}, {c['words']} words)")
         for record in records[:3]:
             if record.image_id in captions:
                 print(f"  e.g. {record.path.name}: {captions[record.image_id].text!r}")

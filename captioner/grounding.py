@@ -20,45 +20,60 @@ from captioner.errors import DatasetError
 from captioner.models import Caption
 from captioner.visualize import upsample
 
-# COCO category -> words that name it in captions (singular and plural), after Lu et al.'s
-# Neural Baby Talk lists, trimmed to common words.
+# COCO category -> words or phrases that name it in captions (singular and plural), after Lu et
+# al.'s Neural Baby Talk lists, trimmed to common words. Words that often name something else are
+# left out or kept only inside a phrase, since scoring them would measure attention against the
+# wrong mask: "orange" (a colour), "glass"/"glasses" (a window, spectacles), "wine", "light",
+# "sign", "stop", "traffic", "board" (any board), "bag", "computer" (a desktop is a "tv" in COCO),
+# "vehicle", "ski" (ski slope), "soccer"/"football" (a field, a player), "glove", "mouse".
+# A phrase is scored at its last word, and a word inside a phrase is not scored on its own
+# ("hot dog" is never a dog, "teddy bear" never a bear).
 COCO_SYNONYMS: dict[str, tuple[str, ...]] = {
     "person": ("person", "people", "man", "men", "woman", "women", "boy", "boys", "girl", "girls", "child",
                "children", "kid", "kids", "guy", "guys", "lady", "ladies", "player", "players", "skier",
                "skiers", "surfer", "surfers", "skateboarder", "snowboarder", "baby", "persons", "adult", "adults"),
-    "bicycle": ("bicycle", "bicycles", "bike", "bikes"), "car": ("car", "cars", "vehicle", "vehicles"),
+    "bicycle": ("bicycle", "bicycles", "bike", "bikes"), "car": ("car", "cars"),
     "motorcycle": ("motorcycle", "motorcycles", "motorbike", "motorbikes", "scooter"),
     "airplane": ("airplane", "airplanes", "plane", "planes", "jet", "jets", "aircraft", "airliner"),
     "bus": ("bus", "buses", "busses"), "train": ("train", "trains", "locomotive"),
     "truck": ("truck", "trucks"), "boat": ("boat", "boats", "ship", "ships", "sailboat", "canoe", "kayak"),
-    "traffic light": ("traffic", "stoplight", "light"), "fire hydrant": ("hydrant", "hydrants"),
-    "stop sign": ("stop", "sign"), "parking meter": ("meter", "meters"), "bench": ("bench", "benches"),
+    "traffic light": ("traffic light", "traffic lights", "stoplight", "stoplights", "stop light", "stop lights"),
+    "fire hydrant": ("hydrant", "hydrants"), "stop sign": ("stop sign", "stop signs"),
+    "parking meter": ("meter", "meters"), "bench": ("bench", "benches"),
     "bird": ("bird", "birds", "pigeon", "pigeons", "seagull", "duck", "ducks"), "cat": ("cat", "cats", "kitten", "kitty"),
     "dog": ("dog", "dogs", "puppy", "puppies"), "horse": ("horse", "horses", "pony"),
     "sheep": ("sheep", "lamb", "lambs"), "cow": ("cow", "cows", "cattle", "bull", "calf"),
     "elephant": ("elephant", "elephants"), "bear": ("bear", "bears"), "zebra": ("zebra", "zebras"),
     "giraffe": ("giraffe", "giraffes"), "backpack": ("backpack", "backpacks"), "umbrella": ("umbrella", "umbrellas"),
-    "handbag": ("handbag", "handbags", "purse", "bag"), "tie": ("tie", "ties", "necktie"),
+    "handbag": ("handbag", "handbags", "purse", "purses"), "tie": ("tie", "ties", "necktie"),
     "suitcase": ("suitcase", "suitcases", "luggage"), "frisbee": ("frisbee", "frisbees"),
-    "skis": ("skis", "ski"), "snowboard": ("snowboard", "snowboards"), "sports ball": ("ball", "balls", "soccer", "football"),
-    "kite": ("kite", "kites"), "baseball bat": ("bat", "bats"), "baseball glove": ("glove", "gloves", "mitt"),
-    "skateboard": ("skateboard", "skateboards"), "surfboard": ("surfboard", "surfboards", "board"),
-    "tennis racket": ("racket", "racquet", "rackets"), "bottle": ("bottle", "bottles"),
-    "wine glass": ("glass", "glasses", "wine"), "cup": ("cup", "cups", "mug", "mugs"), "fork": ("fork", "forks"),
-    "knife": ("knife", "knives"), "spoon": ("spoon", "spoons"), "bowl": ("bowl", "bowls"),
+    "skis": ("skis",), "snowboard": ("snowboard", "snowboards"),
+    "sports ball": ("ball", "balls", "soccer ball", "football", "baseball", "tennis ball"),
+    "kite": ("kite", "kites"), "baseball bat": ("bat", "bats", "baseball bat"),
+    "baseball glove": ("baseball glove", "baseball mitt", "mitt"),
+    "skateboard": ("skateboard", "skateboards"), "surfboard": ("surfboard", "surfboards", "surf board"),
+    "tennis racket": ("racket", "racquet", "rackets", "racquets"), "bottle": ("bottle", "bottles"),
+    "wine glass": ("wine glass", "wine glasses", "wineglass"), "cup": ("cup", "cups", "mug", "mugs"),
+    "fork": ("fork", "forks"), "knife": ("knife", "knives"), "spoon": ("spoon", "spoons"), "bowl": ("bowl", "bowls"),
     "banana": ("banana", "bananas"), "apple": ("apple", "apples"), "sandwich": ("sandwich", "sandwiches"),
-    "orange": ("orange", "oranges"), "broccoli": ("broccoli",), "carrot": ("carrot", "carrots"),
-    "hot dog": ("hotdog", "hotdogs"), "pizza": ("pizza", "pizzas"), "donut": ("donut", "donuts", "doughnut", "doughnuts"),
+    "orange": ("oranges",), "broccoli": ("broccoli",), "carrot": ("carrot", "carrots"),
+    "hot dog": ("hot dog", "hot dogs", "hotdog", "hotdogs"), "pizza": ("pizza", "pizzas"),
+    "donut": ("donut", "donuts", "doughnut", "doughnuts"),
     "cake": ("cake", "cakes", "cupcake"), "chair": ("chair", "chairs"), "couch": ("couch", "couches", "sofa", "sofas"),
-    "potted plant": ("plant", "plants"), "bed": ("bed", "beds"), "dining table": ("table", "tables"),
-    "toilet": ("toilet", "toilets"), "tv": ("tv", "television", "tvs"), "laptop": ("laptop", "laptops", "computer"),
-    "mouse": ("mouse",), "remote": ("remote", "remotes", "controller"), "keyboard": ("keyboard", "keyboards"),
-    "cell phone": ("phone", "phones", "cellphone"), "microwave": ("microwave", "microwaves"),
+    "potted plant": ("plant", "plants", "potted plant"), "bed": ("bed", "beds"), "dining table": ("table", "tables"),
+    "toilet": ("toilet", "toilets"), "tv": ("tv", "television", "tvs"), "laptop": ("laptop", "laptops"),
+    "mouse": ("computer mouse",), "remote": ("remote", "remotes", "controller"), "keyboard": ("keyboard", "keyboards"),
+    "cell phone": ("phone", "phones", "cellphone", "cell phone"), "microwave": ("microwave", "microwaves"),
     "oven": ("oven", "ovens", "stove"), "toaster": ("toaster",), "sink": ("sink", "sinks"),
     "refrigerator": ("refrigerator", "fridge", "refrigerators"), "book": ("book", "books"), "clock": ("clock", "clocks"),
-    "vase": ("vase", "vases"), "scissors": ("scissors",), "teddy bear": ("teddy",), "hair drier": ("dryer", "drier"),
-    "toothbrush": ("toothbrush", "toothbrushes"),
+    "vase": ("vase", "vases"), "scissors": ("scissors",), "teddy bear": ("teddy", "teddy bear", "teddy bears"),
+    "hair drier": ("hair dryer", "hair drier", "blow dryer"), "toothbrush": ("toothbrush", "toothbrushes"),
 }
+# Phrase (as a word tuple) -> category, longest phrases first so that they win over their words.
+_COCO_PHRASES: list[tuple[tuple[str, ...], str]] = sorted(
+    ((tuple(phrase.split()), name) for name, phrases in COCO_SYNONYMS.items() for phrase in phrases),
+    key=lambda item: -len(item[0]),
+)
 
 
 @dataclass
@@ -67,6 +82,7 @@ class GroundingReport:
     score: float = 0.0  # mean attention mass inside the named object's mask
     baseline: float = 0.0  # mean mask area fraction: what uniform attention would score
     per_word: dict[str, list[float]] = field(default_factory=dict)  # word -> masses
+    per_category: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # category -> (mass, area)s
 
     @property
     def ratio(self) -> float:
@@ -78,8 +94,16 @@ class GroundingReport:
             "score": round(self.score, 4),
             "uniform_baseline": round(self.baseline, 4),
             "ratio": round(self.ratio, 2),
+            "per_category": {name: _summary(pairs) for name, pairs in sorted(self.per_category.items())},
             "per_word": {w: round(float(np.mean(v)), 4) for w, v in sorted(self.per_word.items())},
         }
+
+
+def _summary(pairs: list[tuple[float, float]]) -> dict:
+    """Words, score, baseline and ratio of one category's scored words."""
+    score, baseline = (float(np.mean(column)) for column in zip(*pairs))
+    ratio = round(score / baseline, 2) if baseline else None
+    return {"words": len(pairs), "score": round(score, 4), "uniform_baseline": round(baseline, 4), "ratio": ratio}
 
 
 class Instances:
@@ -91,11 +115,9 @@ class Instances:
         path = Path(path)
         if not path.is_file():
             raise DatasetError(f"{path}: instances file not found")
+        # read_coco checks every image, category and annotation this class relies on.
         self.coco = read_coco(path, "COCO instances file", ("images", "annotations", "categories"))
-        try:
-            self.category_names = {c["id"]: c["name"] for c in self.coco.dataset["categories"]}
-        except (KeyError, TypeError) as e:
-            raise DatasetError(f"{path}: not a COCO instances file (a category lacks {e})") from None
+        self.category_names = {c["id"]: c["name"] for c in self.coco.dataset["categories"]}
         self.path = path
 
     def objects(self, image_id: int) -> list[dict]:
@@ -129,18 +151,32 @@ def shapes_regions(words: list[str], objects: list[dict], categories: dict[int, 
 
 
 def coco_regions(words: list[str], objects: list[dict], categories: dict[int, str]) -> dict[int, list[dict]]:
-    """Word position -> all instances of the COCO category the word (or a synonym) names."""
-    word_to_category = {w: name for name, synonyms in COCO_SYNONYMS.items() for w in synonyms}
+    """Word position -> all instances of the COCO category the word or phrase names; a phrase
+    ("hot dog", "stop sign") is scored at its last word and its other words not at all."""
     by_category: dict[str, list[dict]] = defaultdict(list)
     for o in objects:
         by_category[categories[o["category_id"]]].append(o)
-    return {i: by_category[word_to_category[w]] for i, w in enumerate(words) if word_to_category.get(w) in by_category}
+    regions: dict[int, list[dict]] = {}
+    taken: set[int] = set()
+    for phrase, name in _COCO_PHRASES:
+        n = len(phrase)
+        for start in range(len(words) - n + 1):
+            span = range(start, start + n)
+            if tuple(words[start : start + n]) == phrase and not taken.intersection(span):
+                taken.update(span)
+                if name in by_category:
+                    regions[start + n - 1] = by_category[name]
+    return dict(sorted(regions.items()))
+
+
+def _object_regions(caption: Caption, image_id: int, instances: Instances, kind: str) -> dict[int, list[dict]]:
+    find = shapes_regions if kind == "shapes" else coco_regions
+    return find(caption.words, instances.objects(image_id), instances.category_names)
 
 
 def word_regions(caption: Caption, image_id: int, instances: Instances, kind: str = "shapes") -> dict[int, np.ndarray]:
     """Word position -> (H, W) mask of the object(s) that word names, for the scored words."""
-    find = shapes_regions if kind == "shapes" else coco_regions
-    regions = find(caption.words, instances.objects(image_id), instances.category_names)
+    regions = _object_regions(caption, image_id, instances, kind)
     masks = {o["id"]: instances.mask(o) for objs in regions.values() for o in objs}
     return {i: np.logical_or.reduce([masks[o["id"]] for o in objs]) for i, objs in regions.items()}
 
@@ -152,20 +188,25 @@ def grounding_score(
     layer: int = -1,
     head: int | None = None,
 ) -> GroundingReport:
-    """Score every object word of every caption against the instance masks."""
+    """Score every object word of every caption against the instance masks, overall, per word
+    and per category (the category of the object the word names)."""
     masses, areas = [], []
     per_word: dict[str, list[float]] = defaultdict(list)
+    per_category: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for image_id, caption in captions.items():
-        regions = word_regions(caption, image_id, instances, kind)
-        if not regions:
+        objects = _object_regions(caption, image_id, instances, kind)
+        if not objects:
             continue
+        regions = word_regions(caption, image_id, instances, kind)
         info = instances.coco.imgs[image_id]
         maps = upsample(caption.heatmaps(layer, head), (info["height"], info["width"]))  # (T, H, W), each sums to 1
         for position, region in regions.items():
             mass = float(maps[position][torch.from_numpy(region)].sum())
+            area = float(region.mean())
             masses.append(mass)
-            areas.append(float(region.mean()))
+            areas.append(area)
             per_word[caption.words[position]].append(mass)
+            per_category[instances.category_names[objects[position][0]["category_id"]]].append((mass, area))
     if not masses:
         return GroundingReport()
-    return GroundingReport(len(masses), float(np.mean(masses)), float(np.mean(areas)), dict(per_word))
+    return GroundingReport(len(masses), float(np.mean(masses)), float(np.mean(areas)), dict(per_word), dict(per_category))

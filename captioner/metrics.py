@@ -394,6 +394,19 @@ def _one_line(caption: str) -> str:
     return _LINE_BREAKS.sub(" ", caption)
 
 
+def ptb_tokenize(captions: list[str]) -> list[list[str]]:
+    """Each caption's tokens as the official evaluation scores them: pycocoevalcap's Java PTB
+    tokenizer and punctuation removal, run once over all of them. Needs Java."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    check_java()
+    with _quiet_pycocoevalcap():
+        out = PTBTokenizer().tokenize({i: [{"caption": _one_line(c)}] for i, c in enumerate(captions)})
+    if len(out) != len(captions):
+        raise CaptionerError("the Java PTB tokenizer returned the wrong number of captions (see the DEBUG log)")
+    return [out[i][0].split() for i in range(len(captions))]
+
+
 def official_scores(
     references: Mapping[int, list[str]], predictions: Mapping[int, str], spice: bool = False
 ) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
@@ -473,9 +486,9 @@ def official_scores(
 def fast_scores(references: Mapping[int, list[str]], predictions: Mapping[int, str]) -> dict[str, float]:
     """BLEU-1..4 and CIDEr-D ("CIDEr") of `predictions`, in process and without Java.
 
-    Tokenised with `captioner.vocab.tokenize` (which mimics the PTB tokenizer) and scored by
-    pycocoevalcap's own pure-Python Bleu and Cider, so on ordinary captions the numbers match
-    `official_scores`. For validation during training; report `official_scores` in results.
+    Tokenised with `captioner.tokenizer.tokenize` (which reproduces the PTB tokenizer and its
+    punctuation removal) and scored by pycocoevalcap's own pure-Python Bleu and Cider, so the
+    numbers match `official_scores`. For validation during training; report `official_scores` in results.
     """
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider

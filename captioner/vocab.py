@@ -1,43 +1,23 @@
 """Tokenisation and the word vocabulary.
 
-The tokenizer follows what the official COCO caption evaluation does before scoring (the PTB
-tokenizer of pycocoevalcap): lower-case, contractions split ("don't" -> "do n't"), punctuation
-removed. It is pure Python, so it needs no downloaded data (no nltk packages) and no Java.
+`tokenize` (from `captioner.tokenizer`) gives the words the official COCO caption evaluation
+scores: pycocoevalcap's Java PTB tokenizer and punctuation removal, reproduced in pure Python.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from captioner.errors import DatasetError
+from captioner.tokenizer import tokenize
+
+__all__ = ["PAD", "BOS", "EOS", "UNK", "SPECIALS", "Vocabulary", "tokenize"]
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
-
-# Contractions the PTB tokenizer splits off as tokens of their own.
-_SUFFIXES = ("n't", "'s", "'re", "'ve", "'ll", "'d", "'m")
-_CONTRACTION = re.compile(r"\b(\w+?)(" + "|".join(_SUFFIXES) + r")\b")
-# Anything that is not a letter, digit or apostrophe separates words; pycocoevalcap drops the
-# punctuation tokens afterwards, so dropping them here gives the same words.
-_SEPARATOR = re.compile(r"[^a-z0-9']+")
-
-
-def tokenize(text: str) -> list[str]:
-    """Split a caption into lower-case word tokens, as the COCO evaluation tokenizer does."""
-    text = text.lower().replace("`", "'")
-    text = _CONTRACTION.sub(r"\1 \2", text)
-    tokens = []
-    for token in _SEPARATOR.split(text):
-        if token not in _SUFFIXES:
-            token = token.strip("'")  # quotes, not contractions
-        if token:
-            tokens.append(token)
-    return tokens
-
 
 class Vocabulary:
     """A word <-> id mapping with `<pad>`=0, `<bos>`, `<eos>`, `<unk>` first."""

@@ -70,7 +70,7 @@ def test_malformed_annotation_files(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="noimages.json: not a COCO caption file"):
         load_coco_captions(tmp_path / "noimages.json", tmp_path)
     _write(tmp_path / "nocaption.json", {"images": [{"id": 1, "file_name": "a.jpg"}], "annotations": [{"id": 1, "image_id": 1}]})
-    with pytest.raises(DatasetError, match="annotation 1 has no 'caption'"):
+    with pytest.raises(DatasetError, match=r"nocaption.json: annotations\[0\] has no 'caption'"):
         load_coco_captions(tmp_path / "nocaption.json", tmp_path)
     with pytest.raises(DatasetError, match="not a Karpathy split file"):
         load_karpathy(_write(tmp_path / "k.json", [1, 2]), tmp_path, "train")

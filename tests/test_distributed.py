@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from captioner import distributed
 from captioner.checkpoint import load_captioner
+from captioner.config import load_config
 from captioner.data.shapes import generate_shapes
-
-pytestmark = pytest.mark.slow
+from captioner.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,20 +68,43 @@ def torchrun(args: list[str], env: dict[str, str], timeout: float) -> subprocess
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def test_one_process_needs_no_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ctx = distributed.setup(torch.device("cpu"), 1.0)
+    assert not ctx.enabled and ctx.is_main and not distributed.launched()
+    assert ctx.sum_host([3, 4]) == [3, 4] and ctx.all_gather("x") == ["x"] and ctx.broadcast(5) == 5
+    assert ctx.shard(list(range(5))) == [0, 1, 2, 3, 4]
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ConfigError, match="WORLD_SIZE='two' is not an integer"):
+        distributed.setup(torch.device("cpu"), 1.0)
+
+
+def test_distributed_options_are_validated() -> None:
+    with pytest.raises(ConfigError, match="dist_timeout_minutes"):
+        load_config(None, ["train.dist_timeout_minutes=0"])
+    with pytest.raises(ConfigError, match="train.compile"):
+        load_config(None, ["train.compile=3"])
+    assert load_config(None, ["train.channels_last=true"]).train.channels_last
+
+
+@pytest.mark.slow
 def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tmp_path: Path) -> None:
     audit = tmp_path / "audit"
     audit.mkdir()
     runs = tmp_path / "runs"
     env = environment(tmp_path / "site", CAPTIONER_TEST_AUDIT=str(audit), CAPTIONER_TEST_WATCH=str(tmp_path / "runs"))
+    single_run = subprocess.Popen(  # beside the torchrun one, to save time
+        [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=8",
+         f"data.root={shapes}", f"train.out_dir={tmp_path / 'single'}"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
     ddp = torchrun(["train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",
                     f"train.out_dir={runs / 'ddp'}"], env, timeout=600)
+    _, single_err = single_run.communicate(timeout=600)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "2 processes x batch 4 = global batch 8; 6 steps per epoch" in ddp.stderr
-    single = subprocess.run([sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=8",
-                             f"data.root={shapes}", f"train.out_dir={tmp_path / 'single'}"],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-                            capture_output=True, text=True, timeout=600)
-    assert single.returncode == 0, single.stderr[-3000:]
+    assert single_run.returncode == 0, single_err[-3000:]
 
     ddp_state = torch.load(runs / "ddp" / "last.pt", weights_only=True)
     single_state = torch.load(tmp_path / "single" / "last.pt", weights_only=True)
@@ -112,6 +136,7 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
     assert caption.words and set(caption.words) <= set(model.vocab.words)
 
 
+@pytest.mark.slow
 def test_a_failing_rank_stops_every_rank_with_its_message(shapes: Path, tmp_path: Path) -> None:
     env = environment(tmp_path / "site", CAPTIONER_TEST_FAIL_RANK="1")
     start = time.time()
@@ -120,5 +145,6 @@ def test_a_failing_rank_stops_every_rank_with_its_message(shapes: Path, tmp_path
     seconds = time.time() - start
     assert result.returncode != 0
     assert "error: rank 1: injected failure: a file only rank 1 reads is unreadable" in result.stderr
+    assert "error: rank 0: stopped because another rank failed" in result.stderr
     assert seconds < 120, f"the ranks took {seconds:.0f}s to stop"  # not the 2-minute collective timeout
     assert not (tmp_path / "run" / "last.pt").exists()

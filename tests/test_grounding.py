@@ -90,3 +90,34 @@ def test_bad_instances_file(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(DatasetError, match="not a COCO instances file"):
         Instances(tmp_path / "bad.json")
+
+
+def test_ambiguous_coco_words_are_not_scored_and_phrases_are() -> None:
+    categories = {1: "person", 13: "stop sign", 10: "traffic light", 18: "dog", 58: "hot dog", 55: "orange",
+                  46: "wine glass", 42: "surfboard", 31: "handbag", 23: "bear", 88: "teddy bear"}
+    objects = [{"id": i, "category_id": c} for i, c in enumerate(categories)]
+    words = ("an orange sign by a stop sign under a light and a traffic light , a man with glasses and wine "
+             "on a board with a bag eats a hot dog next to a teddy bear and a wine glass of oranges").split()
+    regions = coco_regions(words, objects, categories)
+    named = {words[i]: categories[objs[0]["category_id"]] for i, objs in regions.items()}
+    assert named == {"sign": "stop sign", "light": "traffic light", "man": "person", "dog": "hot dog",
+                     "bear": "teddy bear", "glass": "wine glass", "oranges": "orange"}
+    scored = sorted(regions)
+    assert [words[i - 1] for i in scored if words[i] in ("sign", "light", "dog", "bear", "glass")] == [
+        "stop", "traffic", "hot", "teddy", "wine"]  # only inside their phrases
+
+
+def test_grounding_is_reported_per_category(shapes: Instances) -> None:
+    """Each category's score is its words' mean; the words add up to the overall count."""
+    captions = {}
+    for image_id in shapes.coco.getImgIds():
+        words = describe(shapes, image_id)
+        captions[image_id] = caption_with_maps(words, torch.full((len(words), 4, 4), 1 / 16))
+    report = grounding_score(captions, shapes).to_json()
+    per_category = report["per_category"]
+    assert set(per_category) <= set(shapes.category_names.values()) and len(per_category) >= 2
+    assert sum(c["words"] for c in per_category.values()) == report["words"]
+    weighted = sum(c["score"] * c["words"] for c in per_category.values()) / report["words"]
+    assert weighted == pytest.approx(report["score"], abs=1e-3)
+    for c in per_category.values():  # uniform maps: each category scores its own baseline
+        assert c["score"] == pytest.approx(c["uniform_baseline"], rel=0.1) and c["ratio"] == pytest.approx(1.0, abs=0.1)

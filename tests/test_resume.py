@@ -66,11 +66,8 @@ def logged_steps(output: str) -> list[int]:
 
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: Path) -> None:
-    reference = subprocess.run(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=environment(),
-                               capture_output=True, text=True, timeout=600)
-    assert reference.returncode == 0, reference.stderr[-2000:]
-    assert logged_steps(reference.stderr) == list(range(1, 25))
-
+    reference = subprocess.Popen(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=environment(),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # beside the killed run
     run = tmp_path / "killed"
     process = subprocess.Popen(train_command(shapes, run), cwd=ROOT, env=environment(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -80,6 +77,9 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: 
         time.sleep(0.01)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+    _, reference_err = reference.communicate(timeout=600)
+    assert reference.returncode == 0, reference_err[-2000:]
+    assert logged_steps(reference_err) == list(range(1, 25))
     saved = torch.load(run / "last.pt", weights_only=True)["train_state"]
     assert saved["position"] > 0, "the kill came only at an epoch boundary (machine too slow for this test?)"
 
@@ -121,6 +121,14 @@ def test_sampler_order_depends_on_seed_and_epoch_only() -> None:
         sampler.set_epoch(3, start=4)
 
 
+def test_a_dataset_smaller_than_a_batch_is_one_batch() -> None:
+    single = EpochBatchSampler(5, batch_size=8, seed=0)
+    assert len(single) == 1 and sorted(i for i, _ in next(iter(single))) == [0, 1, 2, 3, 4]
+    ranks = [list(EpochBatchSampler(5, batch_size=8, seed=0, rank=r, world_size=2))[0] for r in range(2)]
+    assert [len(batch) for batch in ranks] == [3, 3]  # equal shares: one image twice
+    assert {i for batch in ranks for i, _ in batch} == {0, 1, 2, 3, 4}
+
+
 def test_ranks_split_the_single_process_batches() -> None:
     """Two ranks of batch 2 see, at each step, exactly the batch 4 of one process."""
     single = EpochBatchSampler(11, batch_size=4, seed=3)
@@ -130,6 +138,37 @@ def test_ranks_split_the_single_process_batches() -> None:
     together = [sorted(a + b) for a, b in zip(*ranks)]
     assert together == [sorted(batch) for batch in single]
     assert all(not set(a) & set(b) for a, b in zip(*ranks))
+
+
+def test_workers_load_the_same_batches_as_the_main_process(shapes: Path) -> None:
+    """Caption choice and augmentation come from the sampler's draws, not from the RNG of the
+    process that loads the item: any number of workers gives the same batches, bit for bit."""
+    from torch.utils.data import DataLoader
+
+    from captioner.config import load_config
+    from captioner.data import load_split
+    from captioner.data.batching import CaptionDataset, collate_captions
+    from captioner.data.images import ImageTransform
+    from captioner.vocab import Vocabulary
+
+    config = load_config(None, [f"data.root={shapes}", "data.image_size=32"])
+    records = load_split(config.data, "train")[:12]
+    vocab = Vocabulary.build(c for r in records for c in r.captions)
+    dataset = CaptionDataset(records, vocab, ImageTransform(32, train=True, augment=True), 20, "one")
+    batches = {}
+    for workers in (0, 2):
+        sampler = EpochBatchSampler(len(dataset), batch_size=4, seed=1)
+        sampler.set_epoch(3, start=1)
+        loader = DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate_captions)
+        batches[workers] = list(loader)
+    assert len(batches[0]) == 2
+    for a, b in zip(batches[0], batches[2]):
+        assert torch.equal(a.images, b.images) and torch.equal(a.tokens, b.tokens) and torch.equal(a.indices, b.indices)
+    again = list(DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_captions))  # epoch 3 again
+    assert torch.equal(again[0].images, batches[0][0].images)
+    sampler.set_epoch(4)
+    assert not torch.equal(next(iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_captions))).images,
+                           batches[0][0].images)
 
 
 def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path) -> None:

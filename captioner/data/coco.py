@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 
 from pycocotools.coco import COCO
 
-from captioner.data.records import ImageRecord, check_file, drop_missing
+from captioner.data.records import ImageRecord, check_file, drop_missing, is_int, read_json
 from captioner.errors import DatasetError
 
 
@@ -22,38 +21,88 @@ def load_coco_captions(
     image_root = Path(image_root)
     records = []
     for image_id in sorted(coco.imgs):
-        info = coco.imgs[image_id]
-        if "file_name" not in info:
-            raise DatasetError(f"{annotation_file}: image {image_id} has no 'file_name'")
-        captions = []
-        for ann in coco.imgToAnns.get(image_id, []):
-            if not isinstance(ann.get("caption"), str):
-                raise DatasetError(f"{annotation_file}: annotation {ann.get('id')} has no 'caption' string")
-            captions.append(ann["caption"].strip())
+        captions = [ann["caption"].strip() for ann in coco.imgToAnns.get(image_id, [])]
         if captions:
-            records.append(ImageRecord(int(image_id), image_root / info["file_name"], tuple(captions)))
+            records.append(ImageRecord(image_id, image_root / coco.imgs[image_id]["file_name"], tuple(captions)))
     if not records:
         raise DatasetError(f"{annotation_file}: no image has a caption")
     return drop_missing(records, str(annotation_file), strict) if check_images else records
 
 
 def read_coco(path: Path, what: str, lists: tuple[str, ...]) -> COCO:
-    """A pycocotools index of a COCO-format file whose top level holds the `lists` named; any
-    malformation is one DatasetError naming the file."""
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}: not valid JSON ({e})") from None
+    """A pycocotools index of a COCO-format file whose top level holds the `lists` named.
+
+    Every entry is checked first, so that any malformation is one DatasetError naming the file
+    and the entry: a caption file's images need an integer `id` and a `file_name`, its
+    annotations an `image_id` of a listed image and a `caption` string; an instances file's
+    images need `height` and `width`, its categories an `id` and `name`, its annotations a
+    listed `image_id` and `category_id` and a `segmentation`. Ids must be unique.
+    """
+    data = read_json(path, what)
     if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in lists):
         raise DatasetError(f"{path}: not a {what} (needs {' and '.join(repr(k) for k in lists)} lists)")
+    instances = "categories" in lists
+    images = _check_entries(path, data["images"], "images", {"id": is_int, **(_SIZE if instances else _FILE)})
+    categories = _check_entries(path, data["categories"], "categories", {"id": is_int, "name": _is_str}) if instances else set()
+    fields = {"image_id": is_int, **({"category_id": is_int, "segmentation": _is_segmentation} if instances else {"caption": _is_str})}
+    annotations = data["annotations"]
+    _check_entries(path, annotations, "annotations", fields)
+    for i, ann in enumerate(annotations):
+        if ann["image_id"] not in images:
+            raise DatasetError(f"{path}: annotations[{i}] names image_id {ann['image_id']}, which 'images' does not list")
+        if instances and ann["category_id"] not in categories:
+            raise DatasetError(f"{path}: annotations[{i}] names category_id {ann['category_id']}, which 'categories' does not list")
+    for i, ann in enumerate(annotations):  # pycocotools indexes annotations by id; captions may lack one
+        ann.setdefault("id", -1 - i)
     coco = COCO()
     coco.dataset = data
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
-            coco.createIndex()
-    except (KeyError, TypeError) as e:
-        raise DatasetError(f"{path}: not a {what} (an entry lacks {e})") from None
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+        coco.createIndex()
     return coco
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_positive_int(value: object) -> bool:
+    return is_int(value) and value > 0  # type: ignore[operator]
+
+
+def _is_segmentation(value: object) -> bool:
+    """Polygons (a list of coordinate lists) or run-length encoding (a dict with counts and size)."""
+    if isinstance(value, list):
+        return all(isinstance(p, list) and len(p) >= 6 and all(isinstance(v, (int, float)) for v in p) for p in value)
+    return isinstance(value, dict) and "counts" in value and isinstance(value.get("size"), list)
+
+
+_FILE = {"file_name": _is_str}
+_SIZE = {"height": _is_positive_int, "width": _is_positive_int}
+_KINDS = {is_int: "an integer", _is_str: "a string", _is_positive_int: "a positive integer",
+          _is_segmentation: "polygons or RLE"}
+
+
+def _check_entries(path: Path, entries: list, name: str, fields: dict) -> set:
+    """Check that each entry is an object whose `fields` pass their checks; return the set of
+    its ids, refusing a repeated one."""
+    ids: dict[object, int] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise DatasetError(f"{path}: {name}[{i}] is a {type(entry).__name__}, not an object")
+        for field, valid in fields.items():
+            if field not in entry:
+                raise DatasetError(f"{path}: {name}[{i}] has no {field!r}")
+            if not valid(entry[field]):
+                shown = repr(entry[field])
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                raise DatasetError(f"{path}: {name}[{i}]: {field!r} must be {_KINDS[valid]}, got {shown}")
+        if "id" in entry:
+            if not is_int(entry["id"]):
+                raise DatasetError(f"{path}: {name}[{i}]: 'id' must be an integer, got {entry['id']!r}")
+            if entry["id"] in ids:
+                raise DatasetError(f"{path}: {name}[{i}] repeats id {entry['id']} of {name}[{ids[entry['id']]}]")
+            ids[entry["id"]] = i
+    return set(ids)
 
 
 def load_karpathy(
@@ -63,34 +112,54 @@ def load_karpathy(
 
     As in the papers that use these splits, `restval` images join `train`. COCO entries carry
     `filepath` (train2014/val2014) and `cocoid`; Flickr entries carry neither, so their ids are
-    `imgid`.
+    `imgid`. Each sentence needs its `raw` string or its `tokens` list; a malformed entry stops
+    the load with the entry's index.
     """
     split_file = check_file(split_file, "Karpathy split file")
-    try:
-        data = json.loads(split_file.read_text())
-        images = data["images"]
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{split_file}: not valid JSON ({e})") from None
-    except (KeyError, TypeError):
-        raise DatasetError(f"{split_file}: not a Karpathy split file (no 'images' list)") from None
+    data = read_json(split_file, "Karpathy split file")
+    images = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(images, list):
+        raise DatasetError(f"{split_file}: not a Karpathy split file (no 'images' list)")
     wanted = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}.get(split)
     if wanted is None:
         raise DatasetError(f"{split_file}: unknown split {split!r} (train, val or test)")
     image_root = Path(image_root)
     records = []
+    seen: dict[int, int] = {}
     for i, entry in enumerate(images):
-        try:
-            if entry["split"] not in wanted:
-                continue
-            path = image_root / entry.get("filepath", "") / entry["filename"]
-            captions = tuple(s["raw"].strip() if "raw" in s else " ".join(s["tokens"]) for s in entry["sentences"])
-            image_id = int(entry.get("cocoid", entry.get("imgid", i)))
-        except (KeyError, TypeError) as e:
-            raise DatasetError(f"{split_file}: image entry {i} lacks field {e}") from None
-        records.append(ImageRecord(image_id, path, captions))
+        where = f"{split_file}: images[{i}]"
+        if not isinstance(entry, dict):
+            raise DatasetError(f"{where} is a {type(entry).__name__}, not an object")
+        for field in ("split", "filename", "sentences"):
+            if field not in entry:
+                raise DatasetError(f"{where} has no {field!r}")
+        if not isinstance(entry["filename"], str) or not isinstance(entry.get("filepath", ""), str):
+            raise DatasetError(f"{where}: 'filename' and 'filepath' must be strings")
+        image_id = entry.get("cocoid", entry.get("imgid", i))
+        if not is_int(image_id):
+            raise DatasetError(f"{where}: 'cocoid'/'imgid' must be an integer, got {image_id!r}")
+        if image_id in seen:
+            raise DatasetError(f"{where} repeats image id {image_id} of images[{seen[image_id]}]")
+        seen[image_id] = i
+        if entry["split"] not in wanted:
+            continue
+        if not isinstance(entry["sentences"], list) or not entry["sentences"]:
+            raise DatasetError(f"{where}: 'sentences' must be a non-empty list")
+        captions = tuple(_sentence(s, f"{where}.sentences[{j}]") for j, s in enumerate(entry["sentences"]))
+        records.append(ImageRecord(image_id, image_root / entry.get("filepath", "") / entry["filename"], captions))
     if not records:
         raise DatasetError(f"{split_file}: no images in split {split!r}")
     return drop_missing(records, str(split_file), strict) if check_images else records
+
+
+def _sentence(sentence: object, where: str) -> str:
+    """A Karpathy sentence's text: its `raw` string, else its `tokens` joined."""
+    if isinstance(sentence, dict) and isinstance(sentence.get("raw"), str):
+        return sentence["raw"].strip()
+    if isinstance(sentence, dict) and "raw" not in sentence and isinstance(sentence.get("tokens"), list):
+        if all(isinstance(t, str) for t in sentence["tokens"]):
+            return " ".join(sentence["tokens"])
+    raise DatasetError(f"{where}: needs a 'raw' string or a 'tokens' list of strings")
 
 
 def coco_split_files(root: str | Path, year: int, split: str) -> tuple[Path, Path]:

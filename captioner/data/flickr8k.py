@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from captioner.data.records import ImageRecord, check_file, drop_missing
+from captioner.data.records import ImageRecord, drop_missing, read_text
 from captioner.errors import DatasetError
 
 SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt", "test": "Flickr_8k.testImages.txt"}
@@ -13,15 +13,21 @@ SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages
 
 def read_token_file(path: str | Path) -> dict[str, list[str]]:
     """`<image>.jpg#<n>\\t<caption>` lines -> image name -> captions, in file order."""
-    path = check_file(path, "Flickr8k caption file")
+    path = Path(path)
     captions: dict[str, list[str]] = defaultdict(list)
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    keys: dict[str, int] = {}
+    for number, line in enumerate(read_text(path, "Flickr8k caption file").splitlines(), 1):
         if not line.strip():
             continue
         key, tab, caption = line.partition("\t")
         name, hash_, _ = key.partition("#")
         if not tab or not hash_ or not name:
             raise DatasetError(f"{path}:{number}: expected '<image>.jpg#<n><TAB><caption>', got {line[:60]!r}")
+        if not caption.strip():
+            raise DatasetError(f"{path}:{number}: {key} has an empty caption")
+        if key in keys:
+            raise DatasetError(f"{path}:{number}: {key} repeats line {keys[key]}")
+        keys[key] = number
         captions[name].append(caption.strip())
     if not captions:
         raise DatasetError(f"{path}: no captions")
@@ -44,11 +50,19 @@ def load_flickr8k(
         raise DatasetError(f"{root}: unknown Flickr8k split {split!r} (train, val or test)")
     captions = read_token_file(root / "Flickr8k.token.txt")
     ids = {name: i for i, name in enumerate(captions)}
-    split_file = check_file(root / SPLIT_FILES[split], "Flickr8k split file")
-    names = [line.strip() for line in split_file.read_text().splitlines() if line.strip()]
-    unknown = [n for n in names if n not in captions]
-    if unknown:
-        raise DatasetError(f"{split_file}: {len(unknown)} images have no captions in Flickr8k.token.txt (e.g. {unknown[0]})")
+    split_file = root / SPLIT_FILES[split]
+    names: list[str] = []
+    lines: dict[str, int] = {}
+    for number, line in enumerate(read_text(split_file, "Flickr8k split file").splitlines(), 1):
+        name = line.strip()
+        if not name:
+            continue
+        if name in lines:
+            raise DatasetError(f"{split_file}:{number}: {name} repeats line {lines[name]}")
+        if name not in captions:
+            raise DatasetError(f"{split_file}:{number}: {name} has no captions in Flickr8k.token.txt")
+        lines[name] = number
+        names.append(name)
     folder = Path(image_root) if image_root is not None else root / "images"
     records = [ImageRecord(ids[n], folder / n, tuple(captions[n])) for n in names]
     return drop_missing(records, str(split_file), strict) if check_images else records

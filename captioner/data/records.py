@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -43,3 +44,30 @@ def check_file(path: str | Path, what: str) -> Path:
     if not path.exists():
         raise DatasetError(f"{path}: {what} not found")
     return path
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """A text file's contents; a missing, unreadable or non-UTF-8 file is one DatasetError."""
+    path = check_file(path, what)
+    try:
+        return path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise DatasetError(f"{path}: {what} is a folder, not a file") from None
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+
+
+def read_json(path: str | Path, what: str) -> object:
+    """A JSON file's value; a truncated or otherwise invalid file names the line and column."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); truncated?") from None
+
+
+def is_int(value: object) -> bool:
+    """An integer id (JSON true/false are not ids)."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -51,9 +51,17 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         return self.batch_size * self.world_size
 
     def __len__(self) -> int:
-        """Batches per epoch (full global batches only; a dataset smaller than one global batch
-        repeats itself to fill one)."""
+        """Batches per epoch: full global batches only, or one batch of everything when the
+        dataset is smaller than a global batch."""
         return max(1, self.size // self.global_batch)
+
+    @property
+    def span(self) -> int:
+        """Positions of the order per global batch: the global batch, or for a dataset smaller
+        than that, the dataset rounded up to a multiple of the world size (equal shares)."""
+        if self.size >= self.global_batch:
+            return self.global_batch
+        return -(-self.size // self.world_size) * self.world_size
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         if not 0 <= start <= len(self):
@@ -61,19 +69,19 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         self.epoch, self.start = epoch, start
 
     def order(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The epoch's permutation and draws, both (len(self) * global_batch,)."""
+        """The epoch's permutation and draws, both (len(self) * span,)."""
         generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
         permutation = torch.randperm(self.size, generator=generator)  # (size,)
         draws = torch.randint(DRAW_LIMIT, (self.size,), generator=generator)  # (size,)
-        needed = len(self) * self.global_batch
-        if needed > self.size:  # fewer items than one global batch: wrap around
+        needed = len(self) * self.span
+        if needed > self.size:  # a small dataset shared by several ranks: wrap around to equal shares
             repeats = -(-needed // self.size)
             permutation, draws = permutation.repeat(repeats), draws.repeat(repeats)  # (repeats * size,)
         return permutation[:needed], draws[:needed]  # (needed,) each
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         permutation, draws = (t.tolist() for t in self.order(self.epoch))
-        G = self.global_batch
+        span = self.span
         for k in range(self.start, len(self)):
-            positions = range(k * G + self.rank, (k + 1) * G, self.world_size)
+            positions = range(k * span + self.rank, (k + 1) * span, self.world_size)
             yield [(permutation[p], draws[p]) for p in positions]

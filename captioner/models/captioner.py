@@ -195,11 +195,13 @@ class Captioner(nn.Module):
         return self.caption_images(self.transform(image).unsqueeze(0), **decode_options)[0]
 
     def caption_files(
-        self, paths: Sequence[str | Path], batch_size: int = 16, **decode_options
+        self, paths: Sequence[str | Path], batch_size: int | None = None, **decode_options
     ) -> list[Caption | ImageLoadError] | list[list[Caption] | ImageLoadError]:
-        """Caption files in batches; a file that fails to load gives its error, the rest go on.
+        """Caption files in batches (of the config's decode.batch_size unless given); a file that
+        fails to load gives its error, the rest go on.
 
         With `n_best=N` among the options, each good file gives its list of N captions."""
+        batch_size = batch_size or self.config.decode.batch_size
         results: list = []
         for start in range(0, len(paths), batch_size):
             chunk = paths[start : start + batch_size]

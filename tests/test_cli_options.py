@@ -1,0 +1,76 @@
+"""CLI options that must not override the checkpoint's config, or write beside their inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from captioner.checkpoint import save_checkpoint
+from captioner.cli import main
+from captioner.models import Captioner
+from helpers import tiny_model
+
+
+@pytest.fixture
+def checkpoint_and_images(tmp_path: Path) -> tuple[Path, list[Path]]:
+    torch.set_num_threads(1)
+    checkpoint = tmp_path / "model.pt"
+    save_checkpoint(checkpoint, tiny_model("decode.batch_size=3", "decode.max_length=4"))
+    images = []
+    for i in range(5):
+        images.append(tmp_path / f"image{i}.png")
+        Image.fromarray(np.full((20, 24, 3), 40 * i, dtype=np.uint8)).save(images[-1])
+    return checkpoint, images
+
+
+@pytest.mark.parametrize(("flag", "batches"), [([], [3, 2]), (["--batch-size", "2"], [2, 2, 1])])
+def test_caption_batch_size_defaults_to_the_checkpoint_config(
+    checkpoint_and_images, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: list[str], batches: list[int]
+) -> None:
+    checkpoint, images = checkpoint_and_images
+    seen: list[int] = []
+    original = Captioner.caption_images
+    monkeypatch.setattr(Captioner, "caption_images", lambda self, x, **k: seen.append(len(x)) or original(self, x, **k))
+    assert main(["caption", str(checkpoint), *map(str, images), "--device", "cpu", *flag]) == 0
+    assert seen == batches  # decode.batch_size=3 from the checkpoint unless the flag says otherwise
+    assert len(capsys.readouterr().out.splitlines()) == len(images)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_decode_flags_refuse_non_positive_values(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["caption", "model.pt", "x.jpg", "--batch-size", value])
+    assert info.value.code == 2 and "--batch-size" in capsys.readouterr().err
+
+
+def test_evaluate_results_writes_scores_to_runs_eval_not_beside_the_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    annotations = data / "captions.json"
+    annotations.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}],
+        "annotations": [{"image_id": 1, "caption": "a red circle"}, {"image_id": 2, "caption": "a blue square"}],
+    }))
+    results = data / "mine.json"
+    results.write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}, {"image_id": 2, "caption": "a blue circle"}]))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    before = sorted(data.iterdir())
+    assert main(["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations)]) == 0
+    assert sorted(data.iterdir()) == before  # nothing written into the data folder
+    scores = work / "runs" / "eval" / "mine_scores.json"
+    assert json.loads(scores.read_text())["overall"]["Bleu_1"] > 0.5
+    assert f"scores: {Path('runs/eval/mine_scores.json')}" in capsys.readouterr().out
+    # --out as a folder or a file
+    assert main(["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "elsewhere"]) == 0
+    assert (work / "elsewhere" / "scores.json").is_file()
+    assert main(["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "s.json"]) == 0
+    assert (work / "s.json").is_file() and sorted(data.iterdir()) == before

@@ -1,0 +1,209 @@
+"""Every /caption request value is checked by the demo's own callback, not only by Gradio.
+
+A request with beam 10,000 and length 100,000 must be answered at once with a message, and the
+next ordinary request served as usual: called directly (no Gradio range check at all), through
+the API of a launched demo on 127.0.0.1, and through the API of a demo whose sliders no longer
+check their range (what a Gradio upgrade or a change of component could bring).
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("gradio", reason="the demo extra is not installed (pip install -e .[demo])")
+
+from captioner.checkpoint import load_captioner, save_checkpoint  # noqa: E402
+from captioner.data.images import load_image  # noqa: E402
+from captioner.demo import MAX_BEAM, MAX_LENGTH, MEAN, Callbacks, build_demo, check_request, launch, load_models  # noqa: E402
+from captioner.errors import RequestError  # noqa: E402
+from captioner.models import Captioner  # noqa: E402
+from helpers import tiny_model  # noqa: E402
+
+HUGE_BEAM, HUGE_LENGTH = 10_000, 100_000
+AT_ONCE_S = 5.0  # a refusal decodes nothing; decoding beam 10,000 to length 100,000 would take hours
+
+
+@dataclass
+class Models:
+    lstm: Path
+    transformer: Path  # 2 layers, 2 heads
+    image: Path
+
+
+def writing(model: Captioner) -> Captioner:
+    """A random model that writes words to the length limit rather than ending at once."""
+    vocab = model.vocab
+    out = [m for m in model.decoder.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(vocab)][-1]
+    with torch.no_grad():
+        out.bias[[vocab.pad_id, vocab.bos_id, vocab.eos_id]] = -30.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("requests")
+    save_checkpoint(root / "lstm.pt", writing(tiny_model()))
+    save_checkpoint(root / "transformer.pt", writing(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
+    picture = np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)
+    Image.fromarray(picture).save(root / "photo.png")
+    return Models(root / "lstm.pt", root / "transformer.pt", root / "photo.png")
+
+
+def expected_text(checkpoint: Path, image: Path, beam: int, length: int) -> str:
+    return load_captioner(checkpoint).caption(load_image(image), beam_size=beam, max_length=length).text
+
+
+# --- the check itself ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("beam", "length", "layer", "head", "message"),
+    [
+        (HUGE_BEAM, 12, None, None, "beam width must be a whole number from 1 to 10, got 10000"),
+        (3, HUGE_LENGTH, None, None, "maximum length must be a whole number from 1 to 60, got 100000"),
+        (0, 12, None, None, "beam width .* got 0"),
+        (-1, 12, None, None, "beam width .* got -1"),
+        (2.5, 12, None, None, "beam width .* got 2.5"),
+        (math.nan, 12, None, None, "beam width .* got nan"),
+        (math.inf, 12, None, None, "beam width .* got inf"),
+        (True, 12, None, None, "beam width .* got True"),
+        ("3", 12, None, None, "beam width .* got '3'"),
+        (None, 12, None, None, "beam width .* got None"),
+        (3, 0, None, None, "maximum length .* got 0"),
+        (3, 12.5, None, None, "maximum length .* got 12.5"),
+        (3, 12, "3", None, "decoder layer must be one of 1, 2 for this model, got '3'"),
+        (3, 12, "0", None, "decoder layer .* got '0'"),
+        (3, 12, ["1"], None, "decoder layer .* got \"\\['1'\\]\""),
+        (3, 12, "2", "3", "attention head must be one of mean, 1, 2 for this model, got '3'"),
+        (3, 12, "2", "max", "attention head .* got 'max'"),
+    ],
+)
+def test_out_of_range_values_are_refused_by_name(models: Models, beam, length, layer, head, message: str) -> None:
+    loaded = load_models([models.transformer])
+    with pytest.raises(RequestError, match=message):
+        check_request(loaded, str(models.transformer), beam, length, layer, head)
+
+
+def test_page_values_pass_and_defaults_fill_in(models: Models) -> None:
+    loaded = load_models([models.lstm, models.transformer])
+    request = check_request(loaded, str(models.transformer), 3.0, 12.0, 2, 1)  # slider floats, numeric menus
+    assert (request.beam_size, request.max_length, request.layer, request.head) == (3, 12, "2", "1")
+    assert type(request.beam_size) is int and type(request.max_length) is int
+    request = check_request(loaded, None, MAX_BEAM, MAX_LENGTH, None, "")
+    assert (request.model_name, request.layer, request.head) == (str(models.lstm), None, MEAN)
+    with pytest.raises(RequestError, match="unknown model '/etc/other.pt'"):
+        check_request(loaded, "/etc/other.pt", 3, 12, None, None)
+    with pytest.raises(RequestError, match="decoder layer must be one of 1 for this model"):
+        check_request(loaded, str(models.lstm), 3, 12, "2", None)  # the transformer's layer, the LSTM chosen
+
+
+# --- the callback, with no Gradio in front of it -------------------------------------------------
+
+
+def test_callback_refuses_a_huge_request_at_once_then_serves_the_next(models: Models, monkeypatch: pytest.MonkeyPatch) -> None:
+    callbacks = Callbacks(load_models([models.lstm, models.transformer]))
+    decoded: list[int] = []
+    original = Captioner.decode
+    monkeypatch.setattr(Captioner, "decode", lambda self, *a, **k: decoded.append(1) or original(self, *a, **k))
+    name = str(models.transformer)
+
+    started = time.perf_counter()
+    text, score, gallery, note, result = callbacks.caption(str(models.image), name, HUGE_BEAM, HUGE_LENGTH, "2", MEAN)
+    assert time.perf_counter() - started < AT_ONCE_S and not decoded
+    assert (text, score, gallery, result) == ("", "", [], None)
+    assert note == "**Request refused.** beam width must be a whole number from 1 to 10, got 10000"
+
+    for bad in [(name, 3, 12, "9", MEAN), ("nobody.pt", 3, 12, None, MEAN), (name, 3, -5, None, MEAN)]:
+        assert callbacks.caption(str(models.image), *bad)[3].startswith("**Request refused.**")
+    assert callbacks.caption(["not", "a", "file"], name, 3, 12, None, MEAN)[3].startswith("**Request refused.** the image")
+    assert not decoded
+
+    text, score, gallery, note, result = callbacks.caption(str(models.image), name, 3, 12, "2", "1")
+    assert decoded and text and text == expected_text(models.transformer, models.image, 3, 12)
+    assert "layer 2, head 1" in score and len(gallery) == len(result.caption.words) and "refused" not in note
+
+
+# --- through the API of a launched demo ----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(models: Models, widen_sliders: bool) -> Iterator[str]:
+    demo = build_demo([models.lstm, models.transformer], [])
+    if widen_sliders:  # as if Gradio stopped checking the sliders' range: only the callback is left
+        for block in demo.blocks.values():
+            if getattr(block, "elem_id", None) in ("beam", "max_length"):
+                block.maximum = 10**9
+                block.minimum = -(10**9)
+    url = launch(demo, "127.0.0.1", free_port(), block=False)
+    try:
+        yield url
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def server(models: Models) -> Iterator[str]:
+    yield from serve(models, widen_sliders=False)
+
+
+@pytest.fixture(scope="module")
+def unchecked_server(models: Models) -> Iterator[str]:
+    yield from serve(models, widen_sliders=True)
+
+
+def client(url: str, tmp_path: Path):
+    from gradio_client import Client
+
+    return Client(url, verbose=False, analytics_enabled=False, download_files=str(tmp_path))
+
+
+def ask(url: str, tmp_path: Path, models: Models, beam: float, length: float) -> tuple[float, tuple | Exception]:
+    from gradio_client import handle_file
+
+    api = client(url, tmp_path)
+    started = time.perf_counter()
+    try:
+        answer: tuple | Exception = tuple(
+            api.predict(handle_file(str(models.image)), model_name=str(models.lstm), beam_size=beam, max_length=length, api_name="/caption")
+        )
+    except Exception as e:  # noqa: BLE001 - Gradio's own refusal reaches the client as an exception
+        answer = e
+    return time.perf_counter() - started, answer
+
+
+def test_api_huge_request_is_answered_at_once_then_the_next_is_served(server: str, models: Models, tmp_path: Path) -> None:
+    """Today Gradio's slider check answers first; whichever answers, it is at once and in words."""
+    seconds, answer = ask(server, tmp_path, models, HUGE_BEAM, HUGE_LENGTH)
+    assert seconds < AT_ONCE_S
+    message = str(answer) if isinstance(answer, Exception) else answer[3]
+    assert "10000" in message and ("greater than maximum" in message or "Request refused" in message), message
+    seconds, answer = ask(server, tmp_path, models, 3, 12)
+    assert not isinstance(answer, Exception), answer
+    assert answer[0] == expected_text(models.lstm, models.image, 3, 12) and "refused" not in answer[3]
+
+
+def test_api_without_gradio_range_check_the_callback_refuses(unchecked_server: str, models: Models, tmp_path: Path) -> None:
+    seconds, answer = ask(unchecked_server, tmp_path, models, HUGE_BEAM, HUGE_LENGTH)
+    assert seconds < AT_ONCE_S and not isinstance(answer, Exception), answer
+    text, _, gallery, note = answer
+    assert (text, gallery) == ("", []) and note == "**Request refused.** beam width must be a whole number from 1 to 10, got 10000"
+    seconds, answer = ask(unchecked_server, tmp_path, models, 3, HUGE_LENGTH)
+    assert answer[3] == "**Request refused.** maximum length must be a whole number from 1 to 60, got 100000"
+    _, answer = ask(unchecked_server, tmp_path, models, 3, 12)
+    assert answer[0] == expected_text(models.lstm, models.image, 3, 12) and "refused" not in answer[3]
