@@ -103,6 +103,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from captioner.train import fit
 
     config = load_config(args.config, args.overrides)
+    if config.train.threads:
+        from captioner.runtime import set_threads
+
+        set_threads(config.train.threads)  # the run's own setting beats the process default set in main
     best = fit(config, resume=args.resume)
     print(f"best checkpoint: {best}")
     return 0
@@ -367,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
     try:
+        from captioner.runtime import set_threads
+
+        set_threads()  # $CAPTIONER_THREADS or the default, before any torch work
         return args.func(args)
     except CaptionerError as e:
         print(f"error: {distributed.rank_prefix()}{e}", file=sys.stderr)

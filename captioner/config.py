@@ -2,13 +2,18 @@
 
 `load_config("configs/shapes_lstm.yaml", ["train.epochs=3"])` returns a validated `Config`. Unknown
 keys, values of the wrong type and values outside their allowed set raise `ConfigError` with one
-line naming the file and the field, so a typo never silently trains the wrong model.
+line naming the file, the key, the value and what is allowed, so a typo never silently trains the
+wrong model. Every key is declared with `setting(default, spec)`: its type is the annotation, its
+allowed values the spec (`Range`, `Choice`, `Text`, `Flag`), next to each other; a key declared
+without a spec fails the test suite (tests/test_config.py) and every config load.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,102 +25,217 @@ import yaml
 from captioner.errors import ConfigError
 
 
+@dataclass(frozen=True)
+class Range:
+    """A number's allowed interval: `Range(ge=0, lt=1)` is [0, 1). Floats must also be finite."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def allows(self, value: Any) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+    def describe(self) -> str:
+        low = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None
+        high = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else None
+        if low and high:
+            return f"in {low}, {high}"
+        if low:
+            return f"{'>=' if self.ge is not None else '>'} {low[1:]}"
+        if high:
+            return f"{'<=' if self.le is not None else '<'} {high[:-1]}"
+        return "a finite number"
+
+    def outside(self, kind: type) -> Any:
+        """A value of `kind` just outside the interval (for tests)."""
+        step = 1 if kind is int else 0.5
+        if self.ge is not None:
+            return kind(self.ge - step)
+        if self.gt is not None:
+            return kind(self.gt)
+        if self.le is not None:
+            return kind(self.le + step)
+        if self.lt is not None:
+            return kind(self.lt)
+        return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a fixed set of values."""
+
+    options: tuple[Any, ...]
+
+    def allows(self, value: Any) -> bool:
+        return value in self.options
+
+    def describe(self) -> str:
+        return f"one of {', '.join(map(str, self.options))}"
+
+    def outside(self, kind: type) -> Any:
+        return kind(max(self.options) + 1) if kind is int else "no-such-" + str(self.options[0])
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string: a path or a name; `pattern` (a full match) when only some strings make sense."""
+
+    pattern: str | None = None
+    allowed: str = "a non-empty string"  # how the error message describes the pattern
+
+    def allows(self, value: Any) -> bool:
+        if value is None:  # only reachable for `str | None` keys: None means "not set"
+            return True
+        if self.pattern is not None:
+            return re.fullmatch(self.pattern, value) is not None
+        return value.strip() != ""
+
+    def describe(self) -> str:
+        return self.allowed
+
+    def outside(self, kind: type) -> Any:
+        return "no such value!" if self.pattern is not None else ""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """true or false: the type check is all there is."""
+
+    def allows(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+    def describe(self) -> str:
+        return "true or false"
+
+    def outside(self, kind: type) -> Any:
+        return None
+
+
+Spec = Range | Choice | Text | Flag
+
+
+def setting(default: Any, spec: Spec) -> Any:
+    """Declare a config key with its default and its allowed values, side by side. Every key
+    must be declared this way: `validate` checks each value against its spec, and a test fails
+    for any key without one."""
+    return field(default=default, metadata={"spec": spec})
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+POSITIVE = Range(ge=1)  # counts and sizes
+COUNT = Range(ge=0)  # counts where 0 means none/off
+PROBABILITY_BELOW_ONE = Range(ge=0, lt=1)  # dropout, label smoothing: 1 would remove all signal
+
+
 @dataclass
 class DataConfig:
-    dataset: str = "shapes"  # shapes | coco | karpathy | flickr8k
-    root: str = "data/shapes"  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files
-    image_root: str | None = None  # folder of the images when it is not `root` (flickr8k, karpathy)
-    karpathy_file: str | None = None  # dataset_*.json with Karpathy's splits (dataset: karpathy)
-    year: int = 2014  # coco: 2014 | 2017
-    image_size: int = 128  # images are resized to a square of this side
-    min_word_count: int = 1  # words seen fewer times in the train captions become <unk>
-    max_caption_length: int = 30  # words; longer captions are truncated
-    captions_per_image: str = "one"  # one: a random caption per image per epoch | all: every pair
-    augment: bool = False  # train-time crop and brightness/contrast jitter (never flips)
-    strict: bool = False  # stop on images listed in the captions but missing on disk
-    batch_size: int = 64
-    num_workers: int = 0
+    dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k")))
+    root: str = setting("data/shapes", Text())  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files
+    image_root: str | None = setting(None, Text())  # folder of the images when it is not `root` (flickr8k, karpathy)
+    karpathy_file: str | None = setting(None, Text())  # dataset_*.json with Karpathy's splits (dataset: karpathy)
+    year: int = setting(2014, Choice((2014, 2017)))  # coco
+    image_size: int = setting(128, Range(ge=16, le=4096))  # images are resized to a square of this side (16: the CNN's stride)
+    min_word_count: int = setting(1, POSITIVE)  # words seen fewer times in the train captions become <unk>
+    max_caption_length: int = setting(30, POSITIVE)  # words; longer captions are truncated
+    captions_per_image: str = setting("one", Choice(("one", "all")))  # one: a random caption per image per epoch | all: every pair
+    augment: bool = setting(False, Flag())  # train-time crop and brightness/contrast jitter (never flips)
+    strict: bool = setting(False, Flag())  # stop on images listed in the captions but missing on disk
+    batch_size: int = setting(64, POSITIVE)
+    num_workers: int = setting(0, Range(ge=0, le=256))
     # Frozen encoder, no augmentation: the fp16 feature store (captioner/features.py) is read
     # instead of the images; built there first when absent. null: <train.out_dir>/features.
-    feature_store: str | None = None
-    features_on_device: bool = False  # load the whole store onto the training device when it fits
+    feature_store: str | None = setting(None, Text(allowed="a folder, or null for <train.out_dir>/features"))
+    features_on_device: bool = setting(False, Flag())  # load the whole store onto the training device when it fits
     # The shapes world is generated into `root` when it is not there yet.
-    shapes_num_train: int = 4000
-    shapes_num_val: int = 250
-    shapes_num_test: int = 500
-    shapes_seed: int = 0
+    shapes_num_train: int = setting(4000, POSITIVE)
+    shapes_num_val: int = setting(250, COUNT)
+    shapes_num_test: int = setting(500, COUNT)
+    shapes_seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
 
 
 @dataclass
 class EncoderConfig:
-    name: str = "small_cnn"  # small_cnn | resnet50 | resnet101 | resnet152 | efficientnet_lite0
-    pretrained: bool = False  # ImageNet weights (torchvision API; lite0 from its package, offline)
-    grid_size: int = 0  # adaptive-pool the feature map to grid_size x grid_size; 0 keeps it
-    fine_tune_blocks: int = 0  # pretrained backbones: train the top N blocks (0 = frozen, -1 = all)
-    width: int = 32  # small_cnn: channels of the first block (doubled at each of 4 blocks)
+    name: str = setting("small_cnn", Choice(("small_cnn", "resnet50", "resnet101", "resnet152", "efficientnet_lite0")))
+    pretrained: bool = setting(False, Flag())  # ImageNet weights (torchvision API; lite0 from its package, offline)
+    grid_size: int = setting(0, Range(ge=0, le=64))  # adaptive-pool the feature map to grid_size x grid_size; 0 keeps it
+    fine_tune_blocks: int = setting(0, Range(ge=-1))  # pretrained backbones: train the top N blocks (0 = frozen, -1 = all)
+    width: int = setting(32, POSITIVE)  # small_cnn: channels of the first block (doubled at each of 4 blocks)
 
 
 @dataclass
 class DecoderConfig:
-    type: str = "lstm"  # lstm | transformer
-    embed_dim: int = 256
-    dropout: float = 0.5
+    type: str = setting("lstm", Choice(("lstm", "transformer")))
+    embed_dim: int = setting(256, POSITIVE)
+    dropout: float = setting(0.5, PROBABILITY_BELOW_ONE)
     # lstm
-    hidden_dim: int = 512
-    attention_dim: int = 256
+    hidden_dim: int = setting(512, POSITIVE)
+    attention_dim: int = setting(256, POSITIVE)
     # transformer
-    d_model: int = 256
-    num_layers: int = 2
-    num_heads: int = 4
-    ff_dim: int = 1024
-    norm_first: bool = False  # post-norm as in Vaswani et al. (False) or pre-norm (True)
-    tie_embeddings: bool = True
-    grid_position_encoding: bool = True  # 2-D sinusoidal encoding of the grid cells
+    d_model: int = setting(256, POSITIVE)
+    num_layers: int = setting(2, POSITIVE)
+    num_heads: int = setting(4, POSITIVE)
+    ff_dim: int = setting(1024, POSITIVE)
+    norm_first: bool = setting(False, Flag())  # post-norm as in Vaswani et al. (False) or pre-norm (True)
+    tie_embeddings: bool = setting(True, Flag())
+    grid_position_encoding: bool = setting(True, Flag())  # 2-D sinusoidal encoding of the grid cells
 
 
 @dataclass
 class ModelConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
-    blind: bool = False  # zero the image features: a language-model baseline
+    blind: bool = setting(False, Flag())  # zero the image features: a language-model baseline
 
 
 @dataclass
 class TrainConfig:
-    out_dir: str = "runs/shapes_lstm"
-    epochs: int = 20
-    lr: float = 4e-4  # decoder
-    encoder_lr: float = 1e-4  # fine-tuned layers of a pretrained encoder (from scratch: lr)
-    weight_decay: float = 0.0
-    grad_clip: float = 5.0
-    attention_penalty: float = 1.0  # lambda of the doubly stochastic regulariser (lstm)
-    label_smoothing: float = 0.0
-    schedule: str = "cosine"  # cosine | constant
-    warmup_steps: int = 100
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
-    seed: int = 0
-    log_every: int = 50  # steps between loss read-backs from the device (TensorBoard, progress); 0: per epoch
-    checkpoint_every_steps: int = 0  # also write last.pt every N steps, mid-epoch (resumes at that batch); 0: per epoch
-    early_stopping_patience: int = 5  # epochs without a better validation score; 0 disables
-    val_max_images: int = 500  # validation decodes this many val images (0 = all)
-    val_metric: str = "Bleu_4"  # Bleu_1..4 | CIDEr
-    cache_features: bool = True  # frozen encoder and no augmentation: encode each image once, into the feature store
-    time_limit_minutes: float = 0.0  # stop after the epoch that crosses this budget (0 = none)
-    channels_last: bool = False  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU
-    compile: bool = False  # CUDA: torch.compile the decoder; ignored on CPU
-    dist_timeout_minutes: float = 30.0  # torchrun: a collective waiting longer than this fails the run
+    out_dir: str = setting("runs/shapes_lstm", Text())
+    epochs: int = setting(20, POSITIVE)
+    lr: float = setting(4e-4, Range(gt=0))  # decoder
+    encoder_lr: float = setting(1e-4, Range(ge=0))  # fine-tuned layers of a pretrained encoder (from scratch: lr)
+    weight_decay: float = setting(0.0, Range(ge=0))
+    grad_clip: float = setting(5.0, Range(ge=0))  # max gradient norm; 0: no clipping
+    attention_penalty: float = setting(1.0, Range(ge=0))  # lambda of the doubly stochastic regulariser (lstm)
+    label_smoothing: float = setting(0.0, PROBABILITY_BELOW_ONE)
+    schedule: str = setting("cosine", Choice(("cosine", "constant")))
+    warmup_steps: int = setting(100, COUNT)
+    device: str = setting("auto", Text(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N"))
+    amp: bool = setting(True, Flag())  # bf16 autocast on CUDA (ignored on CPU)
+    seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
+    log_every: int = setting(50, COUNT)  # steps between loss read-backs from the device (TensorBoard, progress); 0: per epoch
+    checkpoint_every_steps: int = setting(0, COUNT)  # also write last.pt every N steps, mid-epoch (resumes at that batch); 0: per epoch
+    early_stopping_patience: int = setting(5, COUNT)  # epochs without a better validation score; 0 disables
+    val_max_images: int = setting(500, COUNT)  # validation decodes this many val images (0 = all)
+    val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))
+    cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once, into the feature store
+    time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
+    threads: int = setting(0, COUNT)  # torch CPU threads for this run; 0: $CAPTIONER_THREADS, else captioner.runtime's default
+    channels_last: bool = setting(False, Flag())  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU
+    compile: bool = setting(False, Flag())  # CUDA: torch.compile the decoder; ignored on CPU
+    dist_timeout_minutes: float = setting(30.0, Range(gt=0))  # torchrun: a collective waiting longer than this fails the run
 
 
 @dataclass
 class DecodeConfig:
-    beam_size: int = 3
-    max_length: int = 30
-    length_penalty: float = 0.0  # alpha of ((5 + len) / 6) ** alpha; 0 ranks by total log-probability
-    batch_size: int = 32
-    block_trigrams: bool = False  # never repeat a word trigram within a caption (beam, greedy, sampling)
-    diverse_groups: int = 1  # diverse beam search: groups of beam_size / groups beams (1: plain beam search)
-    diversity_strength: float = 0.5  # lambda of the Hamming diversity penalty between groups
+    beam_size: int = setting(3, Range(ge=1, le=100))
+    max_length: int = setting(30, Range(ge=1, le=1000))  # words
+    length_penalty: float = setting(0.0, Range(ge=0))  # alpha of ((5 + len) / 6) ** alpha; 0 ranks by total log-probability
+    batch_size: int = setting(32, POSITIVE)
+    block_trigrams: bool = setting(False, Flag())  # never repeat a word trigram within a caption (beam, greedy, sampling)
+    diverse_groups: int = setting(1, POSITIVE)  # diverse beam search: groups of beam_size / groups beams (1: plain beam search)
+    diversity_strength: float = setting(0.5, Range(ge=0))  # lambda of the Hamming diversity penalty between groups
 
 
 @dataclass
@@ -127,56 +247,6 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-CHOICES = {
-    "data.dataset": ("shapes", "coco", "karpathy", "flickr8k"),
-    "data.year": (2014, 2017),
-    "data.captions_per_image": ("one", "all"),
-    "model.encoder.name": ("small_cnn", "resnet50", "resnet101", "resnet152", "efficientnet_lite0"),
-    "model.decoder.type": ("lstm", "transformer"),
-    "train.schedule": ("cosine", "constant"),
-    "train.val_metric": ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"),
-}
-POSITIVE = (
-    "data.image_size",
-    "data.max_caption_length",
-    "data.batch_size",
-    "data.min_word_count",
-    "model.decoder.embed_dim",
-    "model.decoder.hidden_dim",
-    "model.decoder.attention_dim",
-    "model.decoder.d_model",
-    "model.decoder.num_layers",
-    "model.decoder.num_heads",
-    "model.decoder.ff_dim",
-    "model.encoder.width",
-    "train.epochs",
-    "train.lr",
-    "train.dist_timeout_minutes",
-    "decode.beam_size",
-    "decode.max_length",
-    "decode.batch_size",
-    "decode.diverse_groups",
-)
-NON_NEGATIVE = (
-    "data.num_workers",
-    "model.encoder.grid_size",
-    "train.encoder_lr",
-    "train.weight_decay",
-    "train.grad_clip",
-    "train.attention_penalty",
-    "train.warmup_steps",
-    "train.checkpoint_every_steps",
-    "train.log_every",
-    "train.early_stopping_patience",
-    "train.val_max_images",
-    "train.time_limit_minutes",
-    "data.shapes_num_train",
-    "data.shapes_num_val",
-    "data.shapes_num_test",
-    "decode.diversity_strength",
-)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -227,7 +297,7 @@ def _merge(node: Any, raw: dict[str, Any], prefix: str, source: str) -> None:
                 raise ConfigError(f"{source}: {dotted!r} must be a mapping, got {value!r}")
             _merge(current, value, dotted + ".", source)
         else:
-            setattr(node, key, _coerce(value, _field_type(node, key), dotted, source))
+            setattr(node, key, _checked(value, node, key, dotted, source))
 
 
 def _set_dotted(config: Config, dotted: str, value: Any, source: str) -> None:
@@ -241,7 +311,22 @@ def _set_dotted(config: Config, dotted: str, value: Any, source: str) -> None:
         raise ConfigError(f"{source}: unknown key {dotted!r}{_suggest(dotted)}")
     if dataclasses.is_dataclass(getattr(node, leaf)):
         raise ConfigError(f"{source}: {dotted!r} is a section; set one of its keys, e.g. {dotted}.KEY=VALUE")
-    setattr(node, leaf, _coerce(value, _field_type(node, leaf), dotted, source))
+    setattr(node, leaf, _checked(value, node, leaf, dotted, source))
+
+
+def _checked(value: Any, node: Any, name: str, dotted: str, source: str) -> Any:
+    """The value converted to the key's type and checked against its spec."""
+    value = _coerce(value, _field_type(node, name), dotted, source)
+    spec = {f.name: f for f in dataclasses.fields(node)}[name].metadata.get("spec")
+    if spec is not None:
+        _check_spec(value, spec, dotted, source)
+    return value
+
+
+def _check_spec(value: Any, spec: Spec, dotted: str, source: str) -> None:
+    if not spec.allows(value):
+        finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
+        raise ConfigError(f"{source}: {dotted!r} must be {finite}{spec.describe()}; got {value!r}")
 
 
 def _field_type(node: Any, name: str) -> Any:
@@ -255,7 +340,7 @@ def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
     if value is None:
         if type(None) in allowed:
             return None
-        raise ConfigError(f"{source}: {dotted!r} must not be empty")
+        raise ConfigError(f"{source}: {dotted!r} must not be empty (null)")
     for kind in allowed:
         if kind is bool and isinstance(value, bool):
             return value
@@ -271,19 +356,25 @@ def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
         if kind is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
     names = " or ".join("null" if k is type(None) else k.__name__ for k in allowed)
-    raise ConfigError(f"{source}: {dotted!r} must be {names}, got {value!r}")
+    raise ConfigError(f"{source}: {dotted!r} must be {names}; got {value!r}")
 
 
-def _all_keys(node: Any = None, prefix: str = "") -> list[str]:
+def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
+    """Every key of the config as (dotted name, its dataclass field, its type), walked from the
+    dataclasses themselves, so a key added anywhere is found here."""
     node = node if node is not None else Config()
-    keys = []
+    leaves = []
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         if dataclasses.is_dataclass(value):
-            keys += _all_keys(value, f"{prefix}{f.name}.")
+            leaves += leaf_fields(value, f"{prefix}{f.name}.")
         else:
-            keys.append(f"{prefix}{f.name}")
-    return keys
+            leaves.append((f"{prefix}{f.name}", f, _field_type(node, f.name)))
+    return leaves
+
+
+def _all_keys() -> list[str]:
+    return [dotted for dotted, _, _ in leaf_fields()]
 
 
 def _suggest(dotted: str) -> str:
@@ -299,18 +390,13 @@ def get_dotted(config: Config, dotted: str) -> Any:
 
 
 def validate(config: Config, source: str = "config") -> None:
-    for key, choices in CHOICES.items():
-        value = get_dotted(config, key)
-        if value not in choices:
-            raise ConfigError(f"{source}: {key!r} must be one of {', '.join(map(str, choices))}; got {value!r}")
-    for key in POSITIVE:
-        if get_dotted(config, key) <= 0:
-            raise ConfigError(f"{source}: {key!r} must be > 0, got {get_dotted(config, key)!r}")
-    for key in NON_NEGATIVE:
-        if get_dotted(config, key) < 0:
-            raise ConfigError(f"{source}: {key!r} must be >= 0, got {get_dotted(config, key)!r}")
-    if not 0.0 <= config.model.decoder.dropout < 1.0:
-        raise ConfigError(f"{source}: 'model.decoder.dropout' must be in [0, 1), got {config.model.decoder.dropout}")
+    """Every key against its spec, then the rules that tie keys together."""
+    for dotted, f, annotation in leaf_fields():
+        spec = f.metadata.get("spec")
+        if spec is None:  # a programming error, not a user's: declare the key with `setting`
+            raise TypeError(f"config key {dotted!r} has no spec: declare it as `{f.name}: T = setting(default, Range/Choice/Text/Flag)`")
+        value = _coerce(get_dotted(config, dotted), annotation, dotted, source)  # also values set in code
+        _check_spec(value, spec, dotted, source)
     decoder = config.model.decoder
     if decoder.type == "transformer" and decoder.d_model % decoder.num_heads:
         raise ConfigError(
@@ -319,15 +405,11 @@ def validate(config: Config, source: str = "config") -> None:
         )
     if config.data.dataset == "karpathy" and not config.data.karpathy_file:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")
-    if config.data.feature_store is not None and not config.data.feature_store.strip():
-        raise ConfigError(f"{source}: 'data.feature_store' must be a folder or null, got an empty string")
     if config.decode.beam_size % config.decode.diverse_groups:
         raise ConfigError(
             f"{source}: 'decode.beam_size' ({config.decode.beam_size}) must be a multiple of "
             f"'decode.diverse_groups' ({config.decode.diverse_groups})"
         )
-    if config.model.encoder.fine_tune_blocks < -1:
-        raise ConfigError(f"{source}: 'model.encoder.fine_tune_blocks' must be >= -1")
 
 
 def dump_config(config: Config, path: str | Path) -> None:

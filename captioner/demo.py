@@ -10,6 +10,7 @@ so it is tested without a server. `serve()` is what `captioner demo` and `demo/a
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -17,6 +18,8 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -340,6 +343,30 @@ class Callbacks:
         self.models = models
         self.max_pixels = max_pixels
         self.out_dir = Path(tempfile.mkdtemp(prefix="captioner-demo-"))
+        self._running = 0  # callbacks in flight on the server's worker threads
+        self._idle = threading.Condition()
+
+    def tracked(self, callback: Callable[..., Any]) -> Callable[..., Any]:
+        """`callback`, counted while it runs, so that `close` can wait for it: a worker thread
+        still inside torch when the interpreter exits aborts the process (exit status 134)."""
+
+        @functools.wraps(callback)  # Gradio reads the signature for the API
+        def run(*args: Any) -> Any:
+            with self._idle:
+                self._running += 1
+            try:
+                return callback(*args)
+            finally:
+                with self._idle:
+                    self._running -= 1
+                    self._idle.notify_all()
+
+        return run
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no callback runs; False if one still does after `timeout` seconds."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
 
     def model(self, name: str) -> tuple[str, Captioner]:
         name = name if name in self.models else next(iter(self.models))
@@ -452,18 +479,32 @@ def build_demo(
         private = {"api_visibility": "private"}
 
         def then_figure(event: Any, **api: Any) -> None:
-            drawn = event.then(callbacks.figure, [result, layer, head], [download], **cpu, **api)
+            drawn = event.then(callbacks.tracked(callbacks.figure), [result, layer, head], [download], **cpu, **api)
             drawn.then(enable_download, [download], [download], queue=False, **private)
 
         captioned = run.click(disable_download, None, [download], queue=False, **private).then(
-            callbacks.caption, [image, model_name, beam, length, layer, head], shown, api_name="caption", **cpu
+            callbacks.tracked(callbacks.caption), [image, model_name, beam, length, layer, head], shown, api_name="caption", **cpu
         )
         then_figure(captioned, api_name="figure")
         for menu in (layer, head):  # a new layer/head redraws the kept caption; no decoding again
             cleared = menu.input(disable_download, None, [download], queue=False, **private)
-            then_figure(cleared.then(callbacks.redraw, [result, layer, head], shown, **cpu, **private), **private)
+            then_figure(cleared.then(callbacks.tracked(callbacks.redraw), [result, layer, head], shown, **cpu, **private), **private)
         model_name.change(callbacks.choose_model, [model_name], [layer, head], queue=False, **private)
+    _CALLBACKS[demo] = callbacks
     return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
+
+
+_CALLBACKS: weakref.WeakKeyDictionary[gr.Blocks, Callbacks] = weakref.WeakKeyDictionary()
+
+
+def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
+    """Stop the server, then wait for the captions and figures it was still computing: the
+    server's worker threads are daemons, and one left inside torch when the interpreter exits
+    aborts it ("terminate called without an active exception")."""
+    demo.close()
+    callbacks = _CALLBACKS.get(demo)
+    if callbacks is not None and not callbacks.wait_idle(timeout):
+        log.warning("the demo closed with a caption still running after %.0f s", timeout)
 
 
 def disable_download() -> gr.DownloadButton:
@@ -516,4 +557,7 @@ def serve(
     when missing), until interrupted."""
     demo = build_demo(checkpoints or [default_checkpoint()], examples)
     log.info("serving the demo on http://%s:%d", host, port)
-    launch(demo, host, port, block=True)
+    try:
+        launch(demo, host, port, block=True)
+    finally:  # interrupted: let the captions in flight finish before the interpreter exits
+        close(demo)

@@ -223,10 +223,11 @@ def _grounding(model: Captioner, records: list[ImageRecord], captions: dict[int,
     from captioner.grounding import Instances, grounding_score
 
     data = model.config.data
+    kind = "shapes" if data.dataset == "shapes" else "coco"  # how words name objects: the model's world decides
     if args.instances:
-        path, kind = Path(args.instances), "coco"
+        path = Path(args.instances)
     elif data.dataset == "shapes":
-        path, kind = Path(data.root) / f"instances_{args.split}.json", "shapes"
+        path = Path(data.root) / f"instances_{args.split}.json"
     else:
         raise CaptionerError("evaluate --grounding: give --instances FILE (COCO instances_*.json) for this dataset")
     instances = Instances(path)

@@ -1,19 +1,96 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the rule for tests that need something outside the repository.
+
+Java (the official metrics), ../shared/data (real COCO and Flickr8k files) and Chromium (the
+browser test) may be missing on a developer's machine: there the tests that need them skip. In
+CI (CI=true) they FAIL instead, so a green CI means they really ran (see `helpers.require`).
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+
+from helpers import require
+
+CHROMIUM = Path("/usr/bin/chromium")
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The read-only real-data folder (COCO captions, Flickr8k): $CAPTIONER_SHARED_DATA, else
-    shared/data beside the repository. Tests that need it are skipped when it is absent."""
+    shared/data beside the repository."""
     default = Path(__file__).resolve().parents[2] / "shared" / "data"
     path = Path(os.environ.get("CAPTIONER_SHARED_DATA", default))
-    if not path.is_dir():
-        pytest.skip(f"shared data folder not found: {path} (set CAPTIONER_SHARED_DATA)")
+    require(path.is_dir(), f"shared data folder not found: {path} (set CAPTIONER_SHARED_DATA)")
     return path
+
+
+@pytest.fixture(scope="session")
+def java() -> str:
+    """The `java` executable: pycocoevalcap's PTB tokenizer, METEOR and SPICE run on it."""
+    path = shutil.which("java")
+    require(path is not None, "the official metrics need Java on PATH")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    """The system Chromium that playwright drives (no browser download in CI)."""
+    require(CHROMIUM.exists(), f"{CHROMIUM} not found (apt-get install chromium)")
+    return CHROMIUM
+
+
+@dataclass
+class TrainedRun:
+    """A tiny Show-Attend-Tell LSTM trained once per test session on a small shapes world,
+    through the CLI, and shared by the end-to-end and demo tests (CI trains it once)."""
+
+    root: Path  # a session temporary folder
+    shapes: Path  # the generated world: train/ val/ test/, captions_*.json, instances_*.json
+    run: Path  # train.out_dir: best.pt, last.pt, metrics.csv, ...
+    train_args: list[str]  # the `captioner train` command line that made it
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.run / "best.pt"
+
+    @property
+    def test_images(self) -> list[Path]:
+        return sorted((self.shapes / "test").iterdir())
+
+
+SHAPES_TINY = [
+    "data.shapes_num_train=300",
+    "data.shapes_num_val=24",
+    "data.shapes_num_test=12",
+    "data.image_size=64",
+    "data.batch_size=16",
+    "model.encoder.width=16",
+    "model.decoder.embed_dim=32",
+    "model.decoder.hidden_dim=64",
+    "model.decoder.attention_dim=32",
+    "model.decoder.dropout=0.0",
+    "train.epochs=8",
+    "train.lr=3e-3",
+    "train.warmup_steps=5",
+    "train.early_stopping_patience=0",
+    "decode.max_length=20",
+]
+
+
+@pytest.fixture(scope="session")
+def shapes_lstm(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
+    """Seconds on one core: generate 300 + 24 + 12 shapes images and train 8 epochs."""
+    from captioner.cli import main
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("shapes_lstm")
+    args = ["train", str(REPO / "configs/shapes_lstm.yaml"), *SHAPES_TINY, f"data.root={root / 'shapes'}", f"train.out_dir={root / 'run'}"]
+    assert main(args) == 0
+    return TrainedRun(root, root / "shapes", root / "run", args)

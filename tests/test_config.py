@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import math
+import types
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-from captioner.config import load_config
-from captioner.errors import ConfigError
+from captioner.config import Config, config_from_dict, leaf_fields, load_config
+from captioner.errors import CheckpointError, ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+KEYS = leaf_fields()  # every key, walked from the dataclasses: a key added anywhere is tried here
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -28,13 +34,23 @@ def test_overrides_are_typed(tmp_path: Path) -> None:
     "override, message",
     [
         ("train.lrr=1", r"unknown key 'train.lrr' \(did you mean 'train.lr'\?\)"),
-        ("train.epochs=many", r"'train.epochs' must be int, got 'many'"),
-        ("train.epochs=0", r"'train.epochs' must be > 0"),
+        ("train.epochs=many", r"^command line: 'train.epochs' must be int; got 'many'$"),
+        ("train.epochs=0", r"^command line: 'train.epochs' must be >= 1; got 0$"),
         ("model.decoder.type=gru", r"'model.decoder.type' must be one of lstm, transformer; got 'gru'"),
         ("model.decoder=3", r"'model.decoder' is a section"),
         ("epochs", r"expected section.key=value"),
-        ("model.decoder.dropout=1.5", r"dropout' must be in \[0, 1\)"),
+        ("model.decoder.dropout=1.5", r"'model.decoder.dropout' must be in \[0, 1\); got 1.5"),
         ("data.dataset=karpathy", r"'data.karpathy_file' is required"),
+        # the values a review found accepted: each now stops at load with one line
+        ("train.label_smoothing=1.5", r"'train.label_smoothing' must be in \[0, 1\); got 1.5$"),
+        ("train.label_smoothing=1", r"'train.label_smoothing' must be in \[0, 1\); got 1.0$"),
+        ("decode.length_penalty=-3", r"'decode.length_penalty' must be >= 0; got -3.0$"),
+        ("train.lr=.nan", r"'train.lr' must be a finite number > 0; got nan$"),
+        ("train.grad_clip=.nan", r"'train.grad_clip' must be a finite number >= 0; got nan$"),
+        ("train.grad_clip=.inf", r"'train.grad_clip' must be a finite number >= 0; got inf$"),
+        ("train.lr=nan", r"'train.lr' must be a finite number > 0; got nan$"),  # the string form too
+        ("train.device=gpu", r"'train.device' must be auto, cpu, mps, cuda or cuda:N; got 'gpu'$"),
+        ("data.root=", r"'data.root' must not be empty"),
     ],
 )
 def test_bad_overrides(override: str, message: str) -> None:
@@ -54,3 +70,120 @@ def test_bad_files(tmp_path: Path) -> None:
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(tmp_path / "list.yaml")
+    (tmp_path / "nan.yaml").write_text("train:\n  lr: .nan\n")
+    with pytest.raises(ConfigError, match=r"^.*nan.yaml: 'train.lr' must be a finite number > 0; got nan$"):
+        load_config(tmp_path / "nan.yaml")
+
+
+# --- every key: a type and a range ----------------------------------------------------------------
+
+
+def test_every_key_has_a_spec() -> None:
+    """Declare each key as `name: T = setting(default, Range/Choice/Text/Flag)`: the spec says
+    what is allowed, and this walk (and every load) refuses a key without one."""
+    missing = [dotted for dotted, f, _ in KEYS if "spec" not in f.metadata]
+    assert missing == [], f"config keys without a spec: {missing}"
+
+
+def test_defaults_satisfy_their_specs() -> None:
+    config_from_dict({}, source="defaults")  # validates every key of a default Config
+
+
+def kinds(annotation: Any) -> tuple[type, ...]:
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    return tuple(a for a in args if a is not type(None))
+
+
+WRONG_TYPE = {int: 2.5, float: "fast", str: [1, 2], bool: "maybe"}
+
+
+def wrong_type(annotation: Any) -> Any:
+    [kind] = kinds(annotation)
+    return WRONG_TYPE[kind]
+
+
+def out_of_range(dotted: str) -> list[tuple[str, Any]]:
+    f, annotation = next((f, a) for d, f, a in KEYS if d == dotted)
+    [kind] = kinds(annotation)
+    cases = []
+    bad = f.metadata["spec"].outside(kind)
+    if bad is not None:
+        cases.append(("out of range", bad))
+    if kind is float:
+        cases += [("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf)]
+    return cases
+
+
+CASES = [(dotted, "wrong type", wrong_type(annotation)) for dotted, _, annotation in KEYS]
+CASES += [(dotted, label, value) for dotted, _, _ in KEYS for label, value in out_of_range(dotted)]
+
+
+def test_the_walk_tries_every_key() -> None:
+    """The numbers the issue note cites: every key with a wrong type, and each key that has a
+    range (all but the true/false and free-text ones) with a value outside it."""
+    assert {dotted for dotted, _, _ in CASES} == {dotted for dotted, _, _ in KEYS}
+    ranged = {dotted for dotted, label, _ in CASES if label != "wrong type"}
+    print(f"\n{len(KEYS)} keys tried with a wrong type; {len(ranged)} also out of range; {len(CASES)} cases")
+
+
+def nested(dotted: str, value: Any) -> dict[str, Any]:
+    for part in reversed(dotted.split(".")):
+        value = {part: value}
+    return value
+
+
+@pytest.mark.parametrize("dotted, label, value", CASES, ids=[f"{d}-{label}" for d, label, _ in CASES])
+def test_every_key_refuses_bad_values(dotted: str, label: str, value: Any, tmp_path: Path) -> None:
+    """The same one line, naming the key, from each way a config arrives: an override, a YAML
+    file, and a config read back from a checkpoint."""
+    text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(nested(dotted, value)))
+    attempts = {
+        "command line": lambda: load_config(None, [f"{dotted}={text}"]),
+        str(path): lambda: load_config(path),
+        "ckpt.pt (config)": lambda: config_from_dict(nested(dotted, value), source="ckpt.pt (config)"),
+    }
+    for source, attempt in attempts.items():
+        with pytest.raises(ConfigError) as caught:
+            attempt()
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith(f"{source}: {dotted!r} must "), message
+        assert "got " in message
+
+
+def test_checkpoint_configs_are_checked_like_files(tmp_path: Path) -> None:
+    """A checkpoint whose stored config holds a value no config may hold stops at load."""
+    from captioner.checkpoint import load_captioner, save_checkpoint
+    from helpers import tiny_model
+
+    model = tiny_model()
+    model.config.train.label_smoothing = 1.5  # set in code, past the loader's checks
+    save_checkpoint(tmp_path / "bad.pt", model)
+    with pytest.raises(CheckpointError, match=r"bad.pt: incompatible config: .*'train.label_smoothing' must be in \[0, 1\); got 1.5"):
+        load_captioner(tmp_path / "bad.pt")
+
+
+def test_cross_field_rules() -> None:
+    with pytest.raises(ConfigError, match=r"'model.decoder.d_model' \(30\) must be divisible by 'model.decoder.num_heads' \(4\)"):
+        load_config(None, ["model.decoder.type=transformer", "model.decoder.d_model=30", "model.decoder.num_heads=4"])
+    load_config(None, ["model.decoder.type=lstm", "model.decoder.d_model=30", "model.decoder.num_heads=4"])  # unused by the LSTM
+
+
+def test_a_key_without_a_spec_stops_every_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a branch that adds `new_key: int = 3` (no spec) meets: a clear programming error."""
+    import dataclasses
+
+    from captioner import config as config_module
+
+    @dataclasses.dataclass
+    class Decode(config_module.DecodeConfig):
+        new_key: int = 3
+
+    @dataclasses.dataclass
+    class WithNewKey(Config):
+        decode: Decode = dataclasses.field(default_factory=Decode)
+
+    monkeypatch.setattr(config_module, "Config", WithNewKey)
+    with pytest.raises(TypeError, match=r"config key 'decode.new_key' has no spec"):
+        load_config(None, [])

@@ -1,7 +1,9 @@
 """The demo: page logic on awkward uploads, the API through gradio_client, and a real browser.
 
-A tiny LSTM trained for a few seconds on a small shapes world gives real captions with real
-attention; a tiny random transformer stands in for a multi-layer, multi-head model.
+The session's tiny LSTM (conftest.py `shapes_lstm`, trained once for the end-to-end tests too)
+gives real captions with real attention; a tiny random transformer stands in for a multi-layer,
+multi-head model. Every server is stopped with `captioner.demo.close`, which waits for the
+captions it is still computing: a worker thread left inside torch aborts the interpreter at exit.
 """
 
 from __future__ import annotations
@@ -21,50 +23,34 @@ import pytest
 import torch
 from PIL import Image
 
-pytest.importorskip("gradio", reason="the demo extra is not installed (pip install -e .[demo])")
+from helpers import count_panels, require_module, tiny_model  # noqa: E402
+
+require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
 from captioner.checkpoint import load_captioner, save_checkpoint  # noqa: E402
 from captioner.config import load_config  # noqa: E402
 from captioner.data.images import load_image  # noqa: E402
 from captioner.demo import (  # noqa: E402
     MEAN,
+    Callbacks,
     Result,
     attention_choices,
     build_demo,
     caption_page,
+    close,
     dataset_examples,
     default_checkpoint,
     launch,
     render_page,
 )
-from captioner.errors import CaptionerError  # noqa: E402
+from captioner.errors import CaptionerError, CheckpointError  # noqa: E402
 from captioner.models import Caption  # noqa: E402
-from helpers import tiny_model  # noqa: E402
+from conftest import TrainedRun  # noqa: E402
 
 pytestmark = pytest.mark.slow
-CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 REPO = Path(__file__).resolve().parents[1]
-
-TINY = [
-    "data.shapes_num_train=200",
-    "data.shapes_num_val=8",
-    "data.shapes_num_test=6",
-    "data.image_size=64",
-    "data.batch_size=16",
-    "model.encoder.width=8",
-    "model.decoder.embed_dim=32",
-    "model.decoder.hidden_dim=48",
-    "model.decoder.attention_dim=32",
-    "model.decoder.dropout=0.0",
-    "train.epochs=4",
-    "train.lr=3e-3",
-    "train.warmup_steps=5",
-    "train.early_stopping_patience=0",
-    "train.val_max_images=8",
-    "decode.max_length=12",
-]
-
+MAX_LENGTH = 20  # the session model's decode.max_length (the page's default): its captions end before it
 
 @dataclass
 class Trained:
@@ -74,16 +60,10 @@ class Trained:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
-    from captioner.train import fit
-
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("demo")
-    config = load_config(REPO / "configs/shapes_lstm.yaml", [*TINY, f"data.root={root / 'shapes'}", f"train.out_dir={root / 'run'}"])
-    checkpoint = fit(config)  # about 5 s on one core
-    transformer = root / "transformer.pt"
+def trained(shapes_lstm: TrainedRun, tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    transformer = tmp_path_factory.mktemp("demo") / "transformer.pt"
     save_checkpoint(transformer, never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
-    return Trained(checkpoint, transformer, sorted((root / "shapes" / "test").iterdir()))
+    return Trained(shapes_lstm.checkpoint, transformer, shapes_lstm.test_images)
 
 
 def never_stopping(model):
@@ -101,7 +81,7 @@ def model(trained: Trained):
 
 
 def page_for(model, upload, tmp_path: Path, **options):
-    return caption_page(model, "tiny", upload, beam_size=3, max_length=12, figure_dir=tmp_path, **options)
+    return caption_page(model, "tiny", upload, beam_size=3, max_length=MAX_LENGTH, figure_dir=tmp_path, **options)
 
 
 # --- page logic --------------------------------------------------------------------------------
@@ -110,12 +90,13 @@ def page_for(model, upload, tmp_path: Path, **options):
 def test_caption_page_gives_caption_heatmaps_and_figure(model, trained: Trained, tmp_path: Path) -> None:
     image = trained.images[0]
     page = page_for(model, image, tmp_path)
-    expected = model.caption(load_image(image), beam_size=3, max_length=12)  # the CLI's path
+    expected = model.caption(load_image(image), beam_size=3, max_length=MAX_LENGTH)  # the CLI's path
     assert page.text == expected.text and page.text
     assert f"score {expected.score:.3f}" in page.score_line and "beam 3" in page.score_line
     assert [word for _, word in page.gallery] == expected.words
     assert all(overlay.size == Image.open(image).size for overlay, _ in page.gallery)
     assert page.figure is not None and Image.open(page.figure).format == "PNG"
+    assert count_panels(page.figure) == 1 + len(expected.words)  # the input, then a panel per word
     assert page.note == ""
 
 
@@ -215,6 +196,121 @@ def test_examples_come_from_the_model_dataset_and_are_never_generated(model, tmp
     assert dataset_examples(missing) == [] and not (tmp_path / "nowhere").exists()
 
 
+def test_a_bug_in_a_callback_gets_a_sentence_and_the_log_gets_the_traceback(
+    model, trained: Trained, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    callbacks = Callbacks({str(trained.checkpoint): model})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("an internal bug")
+
+    monkeypatch.setattr("captioner.demo.caption_page", broken)
+    with caplog.at_level("ERROR", logger="captioner.demo"):
+        text, score, gallery, note, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, MAX_LENGTH, "1", MEAN)
+    assert (text, gallery, result) == ("", [], None)
+    assert "Something went wrong on the server" in note and "an internal bug" not in note and "Traceback" not in note
+    assert "an internal bug" in caplog.text and "captioning failed" in caplog.text
+
+
+def test_figure_failure_keeps_the_caption_and_the_download_disabled(
+    model, trained: Trained, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from captioner.demo import enable_download
+
+    callbacks = Callbacks({str(trained.checkpoint): model})
+    text, _, _, _, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, MAX_LENGTH, "1", MEAN)
+    assert text and result is not None
+    assert Path(callbacks.figure(result, "1", MEAN)).is_file()
+    monkeypatch.setattr("captioner.demo.write_figure", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with caplog.at_level("ERROR", logger="captioner.demo"):
+        assert callbacks.figure(result, "1", MEAN) is None
+    assert "drawing the figure failed" in caplog.text
+    assert enable_download(None).interactive is False
+
+
+def test_before_any_caption_a_redraw_or_figure_changes_nothing(model, trained: Trained) -> None:
+    import gradio as gr
+
+    callbacks = Callbacks({str(trained.checkpoint): model})
+    skipped = callbacks.redraw(None, "1", MEAN)
+    assert len(skipped) == 5 and all(value == gr.skip() for value in skipped)
+    assert callbacks.figure(None, "1", MEAN) is None
+
+
+def test_bad_checkpoints_stop_the_demo_before_it_serves(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="missing.pt: checkpoint not found"):
+        build_demo([tmp_path / "missing.pt"])
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="garbage.pt") as caught:
+        build_demo([tmp_path / "garbage.pt"])
+    assert "\n" not in str(caught.value)
+    with pytest.raises(CaptionerError, match="no checkpoint to serve"):
+        build_demo([])
+
+
+def test_close_waits_for_the_captions_in_flight(model, trained: Trained) -> None:
+    """What `close` relies on: a tracked callback is waited for, and an idle server is not."""
+    callbacks = Callbacks({str(trained.checkpoint): model})
+    started, release = threading.Event(), threading.Event()
+
+    def slow(x: int) -> int:
+        started.set()
+        release.wait(10)
+        return x + 1
+
+    tracked = callbacks.tracked(slow)
+    worker = threading.Thread(target=tracked, args=(1,))
+    worker.start()
+    started.wait(10)
+    assert callbacks.wait_idle(0.1) is False  # still running
+    release.set()
+    assert callbacks.wait_idle(10) is True
+    worker.join()
+    assert tracked(2) == 3 and tracked.__wrapped__ is slow  # Gradio reads the callback's own signature
+
+
+SHUTDOWN_SCRIPT = """
+import sys, time
+from pathlib import Path
+import torch
+import torch.nn.functional as F
+import captioner.demo as demo_module
+from gradio_client import Client, handle_file
+
+checkpoint, image, started = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+
+def slow_page(*args, **kwargs):  # a caption that is still inside torch when the server closes
+    started.write_text("started")
+    x = torch.rand(1, 1, 64, 64)
+    until = time.time() + 3
+    while time.time() < until:
+        F.interpolate(x, size=(600, 600), mode="bilinear")
+    return demo_module.refusal("done")
+
+demo_module.caption_page = slow_page
+demo = demo_module.build_demo([Path(checkpoint)], [])
+url = demo_module.launch(demo, "127.0.0.1", int(sys.argv[4]), block=False)
+Client(url, verbose=False).submit(handle_file(image), api_name="/caption")
+while not started.exists():
+    time.sleep(0.05)
+demo_module.close(demo)
+"""
+
+
+def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trained, tmp_path: Path) -> None:
+    """The exit status 134 ("terminate called without an active exception") that a browser test
+    once left behind: a daemon worker thread still inside torch when the interpreter exits.
+    `close` waits for it, so the process ends with status 0."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-c", SHUTDOWN_SCRIPT, str(trained.transformer), str(trained.images[0]), str(tmp_path / "started"), str(free_port())]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert (tmp_path / "started").exists(), done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
+
+
 # --- the server, through its API ---------------------------------------------------------------
 
 
@@ -229,7 +325,7 @@ def server(trained: Trained) -> Iterator[str]:
     demo = build_demo([trained.checkpoint, trained.transformer], trained.images[:3])
     url = launch(demo, "127.0.0.1", free_port(), block=False, max_file_size=2_000_000)
     yield url
-    demo.close()
+    close(demo)
 
 
 def client(url: str, tmp_path: Path):
@@ -244,15 +340,15 @@ def test_api_captions_through_the_same_path_as_the_cli(server: str, trained: Tra
     image = trained.images[1]
     api = client(server, tmp_path)
     text, score, gallery, note = api.predict(
-        handle_file(str(image)), model_name=str(trained.checkpoint), beam_size=3, max_length=12, api_name="/caption"
+        handle_file(str(image)), model_name=str(trained.checkpoint), beam_size=3, max_length=MAX_LENGTH, api_name="/caption"
     )
-    [expected] = model.caption_files([image], beam_size=3, max_length=12)  # what `captioner caption` prints
+    [expected] = model.caption_files([image], beam_size=3, max_length=MAX_LENGTH)  # what `captioner caption` prints
     assert text == expected.text and score.startswith(f"score {expected.score:.3f}")
     assert [item["caption"] for item in gallery] == expected.words
     assert all(Image.open(item["image"]).size == Image.open(image).size for item in gallery)
     assert note == ""
-    figure = Image.open(api.predict(api_name="/figure"))  # of this session's caption
-    assert figure.format == "PNG" and figure.width > 2 * Image.open(image).width  # the input and a panel a word
+    figure = api.predict(api_name="/figure")  # of this session's caption
+    assert Image.open(figure).format == "PNG" and count_panels(figure) == 1 + len(expected.words)
 
 
 def test_api_bad_upload_gets_the_message_not_a_traceback(server: str, tmp_path: Path) -> None:
@@ -277,7 +373,7 @@ def test_api_concurrent_requests_all_get_the_right_caption(server: str, trained:
     from gradio_client import handle_file
 
     image = trained.images[2]
-    expected = model.caption(load_image(image), beam_size=3, max_length=12).text
+    expected = model.caption(load_image(image), beam_size=3, max_length=MAX_LENGTH).text
     answers: list[str] = []
 
     def ask(i: int) -> None:
@@ -295,14 +391,23 @@ def test_api_concurrent_requests_all_get_the_right_caption(server: str, trained:
 
 
 @pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)")
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+def browser(chromium: Path):
+    require_module("playwright", "playwright is not installed (pip install playwright)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:  # stops the driver on the way out
+        browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def thumbnail_pixels(page) -> np.ndarray:
+    """The first heatmap the page shows, as pixels (H, W, 3): its file name is new on every
+    redraw, so only the pixels tell whether the map changed."""
+    src = page.get_attribute("#heatmaps .thumbnail-item img", "src")
+    return np.asarray(Image.open(io.BytesIO(page.request.get(src).body())).convert("RGB"), dtype=np.int16)
 
 
 def screenshot_path(tmp_path: Path) -> Path:
@@ -323,7 +428,7 @@ def browser_server(trained: Trained) -> Iterator[tuple[str, Path, Path]]:
     demo = build_demo([checkpoint, trained.transformer], [*trained.images[:4]])
     url = launch(demo, "127.0.0.1", free_port(), block=False)
     yield url, checkpoint, image
-    demo.close()
+    close(demo)
 
 
 def test_browser_upload_caption_and_heatmaps(browser, browser_server, tmp_path: Path) -> None:
@@ -351,8 +456,8 @@ def test_browser_upload_caption_and_heatmaps(browser, browser_server, tmp_path: 
     page.wait_for_selector("#download:not([disabled])", timeout=60_000)  # the figure comes a moment after the caption
     with page.expect_download() as download:
         page.click("#download")
-    figure = Image.open(download.value.path())
-    assert figure.format == "PNG" and figure.width > 2 * Image.open(image).width
+    figure = download.value.path()
+    assert Image.open(figure).format == "PNG" and count_panels(figure) == 1 + len(expected.words)
     page.screenshot(path=str(screenshot_path(tmp_path)), full_page=True)
 
     bad = tmp_path / "notes.png"
@@ -370,10 +475,12 @@ def test_browser_upload_caption_and_heatmaps(browser, browser_server, tmp_path: 
     page.wait_for_selector(f"#image img[src$='{image.name}']")
     page.click("#run")
     page.wait_for_function("document.querySelector('#score').innerText.includes('layer 2, mean of heads')", timeout=60_000)
-    mean_of_heads = page.get_attribute("#heatmaps .thumbnail-item img", "src")
+    mean_of_heads = thumbnail_pixels(page)
     page.click("#head input")  # a head of its own: the maps are redrawn without decoding again
     page.get_by_role("option", name="1", exact=True).click()
     page.wait_for_function("document.querySelector('#score').innerText.includes('layer 2, head 1')", timeout=60_000)
-    assert page.get_attribute("#heatmaps .thumbnail-item img", "src") != mean_of_heads
+    head_one = thumbnail_pixels(page)
+    assert mean_of_heads.shape == head_one.shape and np.abs(mean_of_heads - head_one).mean() > 0.5  # other maps, not only other files
+    page.wait_for_selector("#download:not([disabled])", timeout=60_000)  # the redraw's figure is done too
     page.close()  # its open connections would hold up the server's shutdown
     assert outside == []  # the page works offline: nothing fetched from anywhere but the demo

@@ -20,14 +20,15 @@ import pytest
 import torch
 from PIL import Image
 
-pytest.importorskip("gradio", reason="the demo extra is not installed (pip install -e .[demo])")
+from helpers import require_module, tiny_model  # noqa: E402
+
+require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
 from captioner.checkpoint import load_captioner, save_checkpoint  # noqa: E402
 from captioner.data.images import load_image  # noqa: E402
-from captioner.demo import MAX_BEAM, MAX_LENGTH, MEAN, Callbacks, build_demo, check_request, launch, load_models  # noqa: E402
+from captioner.demo import MAX_BEAM, MAX_LENGTH, MEAN, Callbacks, build_demo, check_request, close, launch, load_models  # noqa: E402
 from captioner.errors import RequestError  # noqa: E402
 from captioner.models import Captioner  # noqa: E402
-from helpers import tiny_model  # noqa: E402
 
 HUGE_BEAM, HUGE_LENGTH = 10_000, 100_000
 AT_ONCE_S = 5.0  # a refusal decodes nothing; decoding beam 10,000 to length 100,000 would take hours
@@ -154,7 +155,7 @@ def serve(models: Models, widen_sliders: bool) -> Iterator[str]:
     try:
         yield url
     finally:
-        demo.close()
+        close(demo)  # waits for captions in flight: a worker left inside torch aborts the exit
 
 
 @pytest.fixture(scope="module")

@@ -228,7 +228,7 @@ def test_training_and_evaluation_from_the_store(shapes_root: Path, tmp_path: Pat
 
 
 def test_bad_store_settings_are_one_line_errors(capsys) -> None:
-    with pytest.raises(CaptionerError, match="'data.feature_store' must be a folder or null"):
+    with pytest.raises(CaptionerError, match="'data.feature_store' must be a folder, or null for <train.out_dir>/features; got ''"):
         load_config(None, ["data.feature_store=''"])
     assert main(["features", "configs/shapes_lstm.yaml", "--splits", "train,dev"]) == 2
     assert capsys.readouterr().err.strip() == "error: features --splits: dev is not a split; use train,val,test"

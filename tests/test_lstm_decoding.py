@@ -7,7 +7,7 @@ import torch
 
 from captioner.decoding import beam_search, greedy_decode
 from captioner.models.lstm_decoder import LSTMDecoder
-from helpers import tiny_model
+from helpers import best_by_enumeration, tiny_model
 
 
 @pytest.fixture
@@ -109,11 +109,35 @@ def test_no_hypothesis_ends(decoder: LSTMDecoder) -> None:
         assert all(h.attn.shape[0] == 6 for h in hyps)
 
 
-def test_length_penalty_favours_longer_captions(decoder: LSTMDecoder) -> None:
-    feats = torch.randn(8, 7, 10)
-    plain = beam_search(decoder, feats, 1, 2, beam_size=4, max_length=15, alpha=0.0)
-    long = beam_search(decoder, feats, 1, 2, beam_size=4, max_length=15, alpha=2.0)
-    assert sum(len(h.tokens) for h in long) >= sum(len(h.tokens) for h in plain)
+def test_beam_search_ranks_by_the_length_penalty() -> None:
+    """With a beam wide enough to hold every hypothesis (2 words, up to 4 of them), beam search
+    must return exactly the caption that maximises log-probability / ((5 + length) / 6) ** alpha,
+    found by enumerating all captions. The witness below shows the winner changes with alpha, so
+    a search that ignored alpha would fail here."""
+    torch.manual_seed(0)
+    decoder = LSTMDecoder(vocab_size=5, feat_dim=6, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0).eval()
+    with torch.no_grad():
+        decoder.out_vocab.weight.mul_(3.0)  # a peakier model: captions of different lengths compete
+    feats = torch.randn(8, 4, 6)  # (B, N, D)
+    winners = {}
+    for alpha in (0.0, 0.7, 2.0):
+        hyps = beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=32, max_length=5, alpha=alpha, banned=(0, 1))
+        expected = [best_by_enumeration(decoder, feat, [3, 4], bos=1, eos=2, max_length=5, alpha=alpha) for feat in feats]
+        assert [h.tokens for h in hyps] == [tokens for tokens, _ in expected], alpha
+        assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
+        winners[alpha] = [h.tokens for h in hyps]
+    flips = sum(a != b for a, b in zip(winners[0.0], winners[2.0]))
+    assert flips >= 2 and all(len(b) >= len(a) for a, b in zip(winners[0.0], winners[2.0]))
+
+
+def test_config_length_penalty_reaches_the_search() -> None:
+    """decode.length_penalty from the config ranks the model's beams: each caption's score is its
+    log-probability over the penalty of its length (the raw log-probability when it is ignored)."""
+    model = tiny_model("decode.length_penalty=1.5")
+    captions = model.caption_images(torch.randn(4, 3, 32, 32), beam_size=3, max_length=6)
+    assert any(len(c.tokens) != 1 for c in captions)  # length 1 is the one length the penalty leaves alone
+    for c in captions:
+        assert c.score == pytest.approx(c.logprob / ((5 + len(c.tokens)) / 6) ** 1.5, rel=1e-5)
 
 
 def test_captioner_captions_a_batch_with_maps() -> None:

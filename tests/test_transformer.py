@@ -13,6 +13,7 @@ from captioner.models.attention import MultiHeadAttention
 from captioner.models.transformer_decoder import TransformerDecoder, grid_encoding
 from captioner.train import caption_loss
 from captioner.vocab import SPECIALS, Vocabulary
+from helpers import best_by_enumeration, tiny_model
 
 V, D, N = 13, 6, 9  # vocabulary, feature dim, a 3x3 grid
 BOS, EOS = 1, 2
@@ -129,6 +130,36 @@ def test_beam_width_one_equals_greedy() -> None:
     beam = beam_search(decoder, feats, BOS, EOS, beam_size=1, max_length=12, alpha=0.0)
     assert [h.tokens for h in beam] == [h.tokens for h in greedy]
     assert [h.logprob for h in beam] == pytest.approx([h.logprob for h in greedy], abs=1e-6)
+
+
+@torch.no_grad()
+def test_beam_search_ranks_by_the_length_penalty() -> None:
+    """As for the LSTM: a beam holding every hypothesis (2 words, up to 4 of them) returns the
+    caption that maximises log-probability / ((5 + length) / 6) ** alpha over all captions, and
+    the winner changes with alpha (so a search that ignored alpha fails)."""
+    torch.manual_seed(0)
+    decoder = TransformerDecoder(5, D, d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0, tie_embeddings=False)
+    decoder = decoder.eval().double()
+    decoder.out.weight.mul_(3.0)  # a peakier model: captions of different lengths compete
+    feats = torch.randn(8, N, D, dtype=torch.float64)  # (B, N, D)
+    winners = {}
+    for alpha in (0.0, 0.7, 2.0):
+        hyps = beam_search(decoder, feats, BOS, EOS, beam_size=32, max_length=5, alpha=alpha, banned=(0, BOS))
+        expected = [best_by_enumeration(decoder, feat, [3, 4], bos=BOS, eos=EOS, max_length=5, alpha=alpha) for feat in feats]
+        assert [h.tokens for h in hyps] == [tokens for tokens, _ in expected], alpha
+        assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
+        winners[alpha] = [h.tokens for h in hyps]
+    flips = sum(a != b for a, b in zip(winners[0.0], winners[2.0]))
+    assert flips >= 2 and all(len(b) >= len(a) for a, b in zip(winners[0.0], winners[2.0]))
+
+
+def test_config_length_penalty_reaches_the_search() -> None:
+    """decode.length_penalty from the config ranks the transformer's beams too."""
+    model = tiny_model("model.decoder.type=transformer", "decode.length_penalty=1.5")
+    captions = model.caption_images(torch.randn(4, 3, 32, 32), beam_size=3, max_length=6)
+    assert any(len(c.tokens) != 1 for c in captions)  # length 1 is the one length the penalty leaves alone
+    for c in captions:
+        assert c.score == pytest.approx(c.logprob / ((5 + len(c.tokens)) / 6) ** 1.5, rel=1e-5)
 
 
 @torch.no_grad()

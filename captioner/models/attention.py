@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -28,7 +29,12 @@ class AdditiveAttention(nn.Module):
 
     def forward(self, feats: torch.Tensor, projected: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """feats (B, N, D), projected (B, N, A), state (B, S) -> context (B, D), weights (B, N)."""
-        hidden = torch.tanh(projected + self.state_proj(state).unsqueeze(1))  # (B, N, A)
+        return self.attend(feats, projected, self.state_proj(state))
+
+    def attend(self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `forward` with the state already projected: query = W_s s_{t-1} (B, A), so a caller
+        can compute it in one product with other functions of the same state."""
+        hidden = (projected + query.unsqueeze(1)).tanh_()  # (B, N, A); in place: one buffer this size, not two
         scores = self.score(hidden).squeeze(-1)  # (B, N): e_tij
         weights = scores.softmax(dim=-1)  # (B, N): a_tij
         context = torch.bmm(weights.unsqueeze(1), feats).squeeze(1)  # (B, D)
@@ -82,6 +88,18 @@ class MultiHeadAttention(nn.Module):
         out = self.dropout(weights) @ v  # (B, nh, Tq, hs)
         out = out.transpose(1, 2).reshape(B, Tq, d)  # (B, Tq, d)
         return self.out_proj(out), weights
+
+    def attend_fused(
+        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`attend` without the weights, through F.scaled_dot_product_attention (a fused kernel
+        that never materialises them): query (B, Tq, d), k and v (B, nh, Tk, hs) -> (B, Tq, d).
+        For attention whose maps nobody reads, such as the decoder's self-attention."""
+        B, Tq, d = query.shape
+        q = self.split_heads(self.q_proj(query))  # (B, nh, Tq, hs)
+        p = self.dropout.p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, Tq, hs)
+        return self.out_proj(out.transpose(1, 2).reshape(B, Tq, d))  # (B, Tq, d)
 
     def forward(
         self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None

@@ -32,6 +32,9 @@ class Encoder(nn.Module):
         self.num_frozen = len(blocks) - trainable
         for block in self.blocks[: self.num_frozen]:
             block.requires_grad_(False)
+        # Channels-last (NHWC) weights and activations: oneDNN on the CPU and cuDNN's tensor-core
+        # kernels both run their convolutions in this layout, so nothing is transposed per layer.
+        self.to(memory_format=torch.channels_last)
 
     @property
     def frozen(self) -> bool:
@@ -45,7 +48,7 @@ class Encoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """images (B, 3, H, W) -> feats (B, N, D), grid (h, w) with N = h * w."""
-        x = images
+        x = images.contiguous(memory_format=torch.channels_last)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.num_frozen == 0):
             for block in self.blocks[: self.num_frozen]:
                 x = block(x)
@@ -53,8 +56,8 @@ class Encoder(nn.Module):
             x = block(x)
         if self.grid_size:
             x = F.adaptive_avg_pool2d(x, self.grid_size)  # (B, D, g, g)
-        h, w = x.shape[-2:]
-        feats = x.flatten(2).transpose(1, 2)  # (B, h*w, D)
+        B, D, h, w = x.shape
+        feats = x.permute(0, 2, 3, 1).reshape(B, h * w, D)  # (B, h*w, D): a view when x is channels-last
         return feats, (h, w)
 
 

@@ -16,6 +16,12 @@ class LSTMDecoder(Decoder):
     The state starts from the mean feature (h_0 = tanh(W_init_h mean_ij h_ij), likewise c_0), and
     the doubly stochastic penalty on (1 - sum_t a_tij)^2 pushes the model to look at every part of
     the image over the course of a caption.
+
+    `step` runs one word as written above. Teacher-forced `forward` computes the same numbers
+    faster: only the recurrence (attention, gate, cell) runs in the time loop; the parts that
+    do not feed back (the embedding's share of the cell input, the deep output over the
+    vocabulary) run once over all real positions, and the three products of h_{t-1} (attention
+    query, gate, recurrent weights) are one matrix product per step.
     """
 
     def __init__(
@@ -29,6 +35,7 @@ class LSTMDecoder(Decoder):
     ) -> None:
         super().__init__()
         self.vocab_size = vocab_size
+        self.embed_dim = embed_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         self.attention = AdditiveAttention(feat_dim, hidden_dim, attention_dim)
         self.init_h = nn.Linear(feat_dim, hidden_dim)
@@ -47,14 +54,17 @@ class LSTMDecoder(Decoder):
         mean = memory["feats"].mean(dim=1)  # (B, D)
         return {"h": torch.tanh(self.init_h(mean)), "c": torch.tanh(self.init_c(mean))}  # (B, H) each
 
+    def _output(self, embedded: torch.Tensor, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """The deep output: embedded (..., E), h (..., H), gated context (..., D) -> logits (..., V)."""
+        deep = embedded + self.out_hidden(self.dropout(h)) + self.out_context(context)  # (..., E)
+        return self.out_vocab(self.dropout(deep))  # (..., V)
+
     def _advance(self, memory: Memory, embedded: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         """One step from embedded previous words (B, E) -> logits (B, V), weights (B, N), state."""
         context, weights = self.attention(memory["feats"], memory["projected"], state["h"])  # (B, D), (B, N)
         context = torch.sigmoid(self.gate(state["h"])) * context  # (B, D): gated z_t
         h, c = self.cell(torch.cat([embedded, context], dim=1), (state["h"], state["c"]))  # (B, H) each
-        deep = embedded + self.out_hidden(self.dropout(h)) + self.out_context(context)  # (B, E)
-        logits = self.out_vocab(self.dropout(deep))  # (B, V)
-        return logits, weights, {"h": h, "c": c}
+        return self._output(embedded, h, context), weights, {"h": h, "c": c}  # (B, V), (B, N)
 
     def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         logits, weights, state = self._advance(memory, self.embedding(prev_tokens), state)
@@ -65,24 +75,51 @@ class LSTMDecoder(Decoder):
 
         With `lengths` (B,) sorted longest first, step t runs only the rows still inside their
         caption; outputs past a row's length are zero (they are padding and never scored).
+        `lengths` is read once (one host transfer when it lives on a GPU; none on the CPU).
         """
         B, T = tokens.shape
+        active = active_rows(lengths, B, T)  # rows inside their caption at each step, non-increasing
+        if not active:  # no caption has a single step: all padding
+            return DecoderOutput(feats.new_zeros(B, T, self.vocab_size), feats.new_zeros(B, T, 1, 1, feats.shape[1]))
         memory = self.prepare(feats)
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
-        logits = feats.new_zeros(B, T, self.vocab_size)  # (B, T, V)
-        weights = feats.new_zeros(B, T, feats.shape[1])  # (B, T, N)
-        if lengths is not None and bool((lengths[:-1] < lengths[1:]).any()):
-            raise ValueError("lengths must be sorted longest first")
-        for t in range(T):
-            active = B if lengths is None else int((lengths > t).sum())
-            if active == 0:
-                break
-            if active < state["h"].shape[0]:  # the shortest captions have ended: drop their rows
-                memory = {k: v[:active] for k, v in memory.items()}
-                state = {k: v[:active] for k, v in state.items()}
-            logits[:active, t], weights[:active, t], state = self._advance(memory, embedded[:active, t], state)
-        return DecoderOutput(logits, weights[:, :, None, None, :])  # attn (B, T, 1, 1, N)
+        H, D = self.cell.hidden_size, feats.shape[-1]
+        w_in, w_hh = self.cell.weight_ih, self.cell.weight_hh  # (4H, E + D), (4H, H)
+        # The embedding's share of the cell input, for every step at once; biases folded in.
+        cell_in = torch.addmm(
+            self.cell.bias_ih + self.cell.bias_hh, embedded.reshape(B * T, -1), w_in[:, : self.embed_dim].t()
+        ).view(B, T, 4 * H).unbind(1)  # T x (B, 4H): unbound once, so backward stacks one gradient, not T
+        w_context = w_in[:, self.embed_dim :].t()  # (D, 4H)
+        # One product of h_{t-1} per step: attention query W_s, gate f_beta and the recurrent weights.
+        w_state = torch.cat([self.attention.state_proj.weight, self.gate.weight, w_hh]).t()  # (H, A + D + 4H)
+        b_state = torch.cat([self.attention.state_proj.bias, self.gate.bias, w_hh.new_zeros(4 * H)])  # (A + D + 4H,)
+        A = self.attention.state_proj.out_features
+        hs, contexts, maps = [], [], []
+        for t, n in enumerate(active):
+            if n < state["h"].shape[0]:  # the shortest captions have ended: drop their rows
+                memory = {k: v[:n] for k, v in memory.items()}
+                state = {k: v[:n] for k, v in state.items()}
+            query, gate, recurrent = torch.addmm(b_state, state["h"], w_state).split((A, D, 4 * H), dim=1)
+            context, weights = self.attention.attend(memory["feats"], memory["projected"], query)  # (n, D), (n, N)
+            context = torch.sigmoid(gate) * context  # (n, D): gated z_t
+            gates = torch.addmm(cell_in[t][:n] + recurrent, context, w_context)  # (n, 4H)
+            i, f, g, o = gates.chunk(4, dim=1)  # (n, H) each, nn.LSTMCell's order
+            c = torch.sigmoid(f) * state["c"] + torch.sigmoid(i) * torch.tanh(g)  # (n, H)
+            h = torch.sigmoid(o) * torch.tanh(c)  # (n, H)
+            state = {"h": h, "c": c}
+            hs.append(h)
+            contexts.append(context)
+            maps.append(weights)
+        # Real positions in time-major order (as a packed sequence) and where they sit in (B*T).
+        rows = torch.tensor([t + b * T for t, n in enumerate(active) for b in range(n)])  # (M,), on the host
+        if rows.device != feats.device:  # pinned and non-blocking: the host never waits for the device here
+            rows = rows.pin_memory().to(feats.device, non_blocking=True)
+        h_real = torch.cat(hs)  # (M, H)
+        logits = self._output(embedded.reshape(B * T, -1).index_select(0, rows), h_real, torch.cat(contexts))  # (M, V)
+        logits = logits.new_zeros(B * T, self.vocab_size).index_copy(0, rows, logits).view(B, T, -1)  # (B, T, V)
+        attn = h_real.new_zeros(B * T, feats.shape[1]).index_copy(0, rows, torch.cat(maps)).view(B, T, -1)  # (B, T, N)
+        return DecoderOutput(logits, attn[:, :, None, None, :])  # attn (B, T, 1, 1, N)
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(1 - sum_t a_tij)^2 over real steps, averaged over cells and the batch.
@@ -92,3 +129,23 @@ class LSTMDecoder(Decoder):
         """
         coverage = (attn[:, :, 0, 0, :] * mask.unsqueeze(-1)).sum(dim=1)  # (B, N)
         return ((1.0 - coverage) ** 2).mean()
+
+
+def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[int]:
+    """How many rows are still inside their caption at each of `steps` steps (trailing zeros cut).
+
+    `lengths` (B,) must be sorted longest first, so the active rows are always the first ones.
+    """
+    if lengths is None:
+        return [batch] * steps
+    values = lengths.tolist()  # one read; the counts below are plain Python
+    if any(a < b for a, b in zip(values, values[1:])):
+        raise ValueError("lengths must be sorted longest first")
+    counts, n = [], batch
+    for t in range(steps):
+        while n and values[n - 1] <= t:
+            n -= 1
+        if n == 0:
+            break
+        counts.append(n)
+    return counts

@@ -78,7 +78,7 @@ class TransformerDecoderLayer(nn.Module):
         if cache is not None:
             k = torch.cat([cache[0], k], dim=2)  # (B, nh, S+T, hs)
             v = torch.cat([cache[1], v], dim=2)  # (B, nh, S+T, hs)
-        out, _ = self.self_attn.attend(h, k, v, mask)  # (B, T, d)
+        out = self.self_attn.attend_fused(h, k, v, mask)  # (B, T, d): self-attention maps are never shown
         x = self._residual(x, out, self.norm_self)
         h = self._block_input(x, self.norm_cross)
         out, weights = self.cross_attn.attend(h, cross_k, cross_v)  # (B, T, d), (B, nh, T, N)

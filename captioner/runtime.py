@@ -1,0 +1,73 @@
+"""Process-wide runtime settings, applied once when the command line starts.
+
+Threads: on a small shared machine, torch threads beyond the cores that are really free only
+add contention (each thread spins at synchronisation points while another process holds its
+core; docs/benchmarks.md has the measurements), so one knob sets them: `train.threads` in a
+training config, else the environment variable CAPTIONER_THREADS, else the cores that are free
+when the command starts (the cores minus the other runnable processes, at least 1).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+
+from captioner.errors import ConfigError
+
+ENV_THREADS = "CAPTIONER_THREADS"
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def other_runnable_processes(samples: int = 5, interval: float = 0.01) -> int | None:
+    """Processes running or waiting for a core right now, besides this one (median of a few
+    reads of /proc/loadavg's running count); None where the kernel does not say."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+        except (OSError, IndexError, ValueError):
+            return None
+        if i + 1 < samples:
+            time.sleep(interval)
+    return max(0, int(statistics.median(counts)))
+
+
+def free_cores() -> int:
+    """The cores nobody else is using now: all of them when the machine is idle, 1 when busy."""
+    cores = usable_cores()
+    others = other_runnable_processes()
+    return cores if others is None else max(1, min(cores, cores - others))
+
+
+def resolve_threads(requested: int | None = None) -> int:
+    """`requested` (> 0) wins; else $CAPTIONER_THREADS; else the free cores."""
+    if requested:
+        return requested
+    text = os.environ.get(ENV_THREADS, "").strip()
+    if text:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ConfigError(f"{ENV_THREADS}={text!r}: expected a positive number of threads")
+        return value
+    return free_cores()
+
+
+def set_threads(requested: int | None = None) -> int:
+    """Set torch's intra-op threads as `resolve_threads` says; returns the number set."""
+    threads = resolve_threads(requested)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads

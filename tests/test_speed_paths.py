@@ -1,0 +1,155 @@
+"""The fast paths give the numbers of the straightforward ones: the LSTM's teacher-forced forward
+against its own `step` run word by word (values and gradients), fused self-attention against
+the explicit softmax, and the thread knob's precedence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from captioner.config import load_config
+from captioner.errors import ConfigError
+from captioner.models.attention import MultiHeadAttention
+from captioner.models.lstm_decoder import LSTMDecoder, active_rows
+from captioner import runtime
+from captioner.runtime import ENV_THREADS, resolve_threads, set_threads
+
+
+def stepwise_logits(decoder: LSTMDecoder, feats: torch.Tensor, tokens: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain computation: every row run alone through `_advance`, one word at a time."""
+    logits = torch.zeros(*tokens.shape, decoder.vocab_size)
+    attn = torch.zeros(*tokens.shape, feats.shape[1])
+    for b, n in enumerate(lengths):
+        memory = decoder.prepare(feats[b : b + 1])
+        state = decoder.init_state(memory)
+        for t in range(n):
+            out, weights, state = decoder._advance(memory, decoder.embedding(tokens[b : b + 1, t]), state)
+            logits[b, t], attn[b, t] = out[0], weights[0]
+    return logits, attn
+
+
+def test_lstm_forward_equals_stepwise_values_and_gradients() -> None:
+    torch.manual_seed(0)
+    decoder = LSTMDecoder(vocab_size=23, feat_dim=10, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0)
+    feats = torch.randn(5, 9, 10)
+    tokens = torch.randint(0, 23, (5, 7))
+    lengths = [7, 7, 5, 2, 1]
+    fast = decoder(feats, tokens, torch.tensor(lengths))
+    slow_logits, slow_attn = stepwise_logits(decoder, feats, tokens, lengths)
+    torch.testing.assert_close(fast.logits, slow_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast.attn[:, :, 0, 0], slow_attn, atol=1e-6, rtol=1e-6)
+
+    def grads(logits: torch.Tensor) -> list[torch.Tensor]:
+        decoder.zero_grad()
+        (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+        return [p.grad.clone() for p in decoder.parameters()]
+
+    fast_grads = grads(decoder(feats, tokens, torch.tensor(lengths)).logits)
+    slow_grads = grads(stepwise_logits(decoder, feats, tokens, lengths)[0])
+    for (name, _), f, s in zip(decoder.named_parameters(), fast_grads, slow_grads):
+        torch.testing.assert_close(f, s, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_lstm_padding_outputs_are_zero() -> None:
+    torch.manual_seed(1)
+    decoder = LSTMDecoder(vocab_size=11, feat_dim=4, embed_dim=4, hidden_dim=5, attention_dim=3).eval()
+    out = decoder(torch.randn(3, 4, 4), torch.randint(0, 11, (3, 6)), torch.tensor([4, 2, 2]))
+    assert (out.logits[:, 4:] == 0).all() and (out.logits[1:, 2:] == 0).all()
+    assert (out.logits[0, :4] != 0).any(dim=-1).all()
+    torch.testing.assert_close(out.attn[0, :4].sum(-1), torch.ones(4, 1, 1))
+    empty = decoder(torch.randn(2, 4, 4), torch.randint(0, 11, (2, 3)), torch.tensor([0, 0]))
+    assert empty.logits.shape == (2, 3, 11) and not empty.logits.any() and empty.attn.shape == (2, 3, 1, 1, 4)
+
+
+def test_active_rows() -> None:
+    assert active_rows(None, 3, 4) == [3, 3, 3, 3]
+    assert active_rows(torch.tensor([5, 3, 3, 1]), 4, 6) == [4, 3, 3, 1, 1]
+    assert active_rows(torch.tensor([2, 2]), 2, 5) == [2, 2]
+    with pytest.raises(ValueError, match="sorted"):
+        active_rows(torch.tensor([1, 3]), 2, 3)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_self_attention_equals_explicit(masked: bool) -> None:
+    torch.manual_seed(2)
+    mha = MultiHeadAttention(d_model=16, num_heads=4, dropout=0.1).eval()
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    k, v = mha.keys_values(x)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril() if masked else None
+    explicit, _ = mha.attend(x, k, v, mask)
+    fused = mha.attend_fused(x, k, v, mask)
+    torch.testing.assert_close(fused, explicit, atol=1e-6, rtol=1e-5)
+    (g_explicit,) = torch.autograd.grad(explicit.sum(), x, retain_graph=True)
+    (g_fused,) = torch.autograd.grad(fused.sum(), x)
+    torch.testing.assert_close(g_fused, g_explicit, atol=1e-5, rtol=1e-5)
+
+
+def test_thread_knob_precedence(monkeypatch) -> None:
+    monkeypatch.delenv(ENV_THREADS, raising=False)
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 4)
+    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: 0)
+    assert resolve_threads(None) == 4  # an idle machine: every core
+    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: 3)
+    assert resolve_threads(None) == 1  # three others running: the one free core
+    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: 9)
+    assert resolve_threads(None) == 1  # overloaded: never fewer than one
+    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: None)
+    assert resolve_threads(None) == 4  # no /proc: all cores, as torch would
+    monkeypatch.setenv(ENV_THREADS, "3")
+    assert resolve_threads(None) == 3
+    assert resolve_threads(2) == 2  # a run's own train.threads beats the environment
+    monkeypatch.setenv(ENV_THREADS, "many")
+    with pytest.raises(ConfigError, match=ENV_THREADS):
+        resolve_threads(None)
+    before = torch.get_num_threads()
+    try:
+        assert set_threads(1) == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_threads_config_key_is_validated() -> None:
+    assert load_config(None, ["train.threads=2"]).train.threads == 2
+    with pytest.raises(ConfigError, match="train.threads"):
+        load_config(None, ["train.threads=-1"])
+
+
+BENCH_GPU = Path(__file__).resolve().parent.parent / "scripts" / "bench_gpu.py"
+
+
+def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH_GPU), *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+def test_bench_gpu_without_cuda_says_so_in_one_line() -> None:
+    result = run_script(env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0 and "no CUDA GPU" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    cpu = run_script("--device", "cpu")  # a CPU run is only ever the labelled smoke test
+    assert cpu.returncode != 0 and "--tiny" in cpu.stderr and "Traceback" not in cpu.stderr
+
+
+def test_bench_gpu_tiny_cpu_smoke_runs_every_path(tmp_path: Path) -> None:
+    """The GPU benchmark's code, end to end on tiny inputs: our training (fine-tuned encoder from
+    JPEG files through the DataLoader, and cached grids), beam search, and the reference's rows
+    when its repository is available."""
+    out = tmp_path / "bench.json"
+    result = run_script("--device", "cpu", "--tiny", "--out", str(out), env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "NOT a GPU measurement" in result.stdout
+    report = json.loads(out.read_text())
+    ours = [r for r in report["training"] if r["who"] == "ours"]
+    assert {(r["config"], r["encoder"]) for r in ours} == {
+        (c, e) for c in ("coco_lstm_resnet101", "coco_transformer_resnet101") for e in ("fine-tuned", "frozen, cached grids")
+    }
+    assert all(r["captions_per_s"] >= r["images_per_s"] > 0 for r in ours)  # five captions per image
+    assert {(r["config"], r["batch"]) for r in report["beam"] if r["who"] == "ours"} >= {("coco_lstm_resnet101", 2)}
+    if "reference not available" not in result.stdout:
+        assert {r["encoder"] for r in report["training"] if r["who"] == "reference"} == {"fine-tuned", "frozen, cached grids"}
