@@ -154,6 +154,10 @@ class DataConfig:
     strict: bool = setting(False, Flag())  # stop on images listed in the captions but missing on disk
     batch_size: int = setting(64, POSITIVE)
     num_workers: int = setting(0, Range(ge=0, le=256))
+    # Frozen encoder, no augmentation: the fp16 feature store (captioner/features.py) is read
+    # instead of the images; built there first when absent. null: <train.out_dir>/features.
+    feature_store: str | None = setting(None, Text(allowed="a folder, or null for <train.out_dir>/features"))
+    features_on_device: bool = setting(False, Flag())  # load the whole store onto the training device when it fits
     # The shapes world is generated into `root` when it is not there yet.
     shapes_num_train: int = setting(4000, POSITIVE)
     shapes_num_val: int = setting(250, COUNT)
@@ -215,7 +219,7 @@ class TrainConfig:
     early_stopping_patience: int = setting(5, COUNT)  # epochs without a better validation score; 0 disables
     val_max_images: int = setting(500, COUNT)  # validation decodes this many val images (0 = all)
     val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))
-    cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once
+    cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once, into the feature store
     time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
     threads: int = setting(0, COUNT)  # torch CPU threads for this run; 0: $CAPTIONER_THREADS, else captioner.runtime's default
     channels_last: bool = setting(False, Flag())  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU

@@ -28,13 +28,14 @@ from captioner import distributed
 from captioner.checkpoint import read_checkpoint, save_checkpoint
 from captioner.config import Config, dump_config
 from captioner.data import load_split
-from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions, image_loader
+from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
 from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
 from captioner.distributed import Distributed
 from captioner.errors import CheckpointError, ConfigError, DatasetError
 from captioner.evaluate import caption_records, references_for
+from captioner.features import StoreRows, split_features, store_dir
 from captioner.metrics import fast_scores
 from captioner.models import Captioner, build_model
 from captioner.models.decoder import DecoderOutput
@@ -234,26 +235,6 @@ class TrainState:
             self.running_steps, self.epoch_steps = saved["running_steps"], saved["epoch_steps"]
 
 
-@torch.no_grad()
-def encode_records(
-    model: Captioner, records: list[ImageRecord], batch_size: int, num_workers: int, desc: str
-) -> tuple[torch.Tensor, tuple[int, int], list[ImageRecord]]:
-    """Run the (frozen) encoder over every image once: (num_ok, N, D) features, the grid, the
-    records whose images loaded."""
-    model.eval()
-    chunks, kept, grid = [], [], (0, 0)
-    for batch in tqdm(image_loader(records, model.transform, batch_size, num_workers), desc=desc, unit="batch", leave=False):
-        if batch is None:
-            continue
-        images, indices = batch
-        feats, grid = model.encoder(images.to(model.device))  # (B, N, D)
-        chunks.append(feats.cpu())
-        kept += [records[i] for i in indices.tolist()]
-    if not chunks:
-        raise ConfigError(f"{desc}: no image could be loaded")
-    return torch.cat(chunks), grid, kept
-
-
 def make_scheduler(optimizer: torch.optim.Optimizer, config: Config, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     warmup = config.train.warmup_steps
 
@@ -288,7 +269,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     ctx.barrier()
     if not ctx.is_main:
         train_records = load_split(data, "train")
-    val_records = load_split(data, "val")
+    val_records = all_val_records = load_split(data, "val")  # the store holds the whole split
     if config.train.val_max_images:
         val_records = val_records[: config.train.val_max_images]
 
@@ -327,9 +308,16 @@ def fit(config: Config, resume: bool = False) -> Path:
     train_features = val_features = None
     grid = None
     if state.encoded:
-        log.info("encoder is frozen: encoding every image once and training the decoder on cached features")
-        train_features, grid, train_records = encode_records(model, train_records, data.batch_size, data.num_workers, "encoding train")
-        val_features, grid, val_records = encode_records(model, val_records, data.batch_size, data.num_workers, "encoding val")
+        log.info("encoder is frozen: training the decoder on the feature store in %s", store_dir(config))
+        if not ctx.is_main:
+            ctx.barrier()  # rank 0 builds the store when it is absent; then the others open it
+        stored = split_features(model, config, "train", train_records, build=ctx.is_main)
+        train_records, train_features, grid = stored.records, stored.features, stored.grid
+        stored = split_features(model, config, "val", all_val_records, use=val_records, build=ctx.is_main)
+        val_records, val_features = stored.records, stored.features
+        if ctx.is_main:
+            ctx.barrier()
+    on_device = isinstance(train_features, torch.Tensor)  # a tensor on the device: indexed in this process
     if config.train.channels_last or config.train.compile:
         accelerate(model, config, device, state.encoded)
 
@@ -342,13 +330,13 @@ def fit(config: Config, resume: bool = False) -> Path:
     objective = SelfCritical(config.scst, vocab, [r.captions for r in train_set.records]) if scst else caption_loss
     state.logged = objective.logged if scst else LOGGED
     sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
-    workers = 0 if state.encoded else data.num_workers
+    workers = 0 if on_device else data.num_workers
     loader = DataLoader(
         train_set,
         batch_sampler=sampler,
         num_workers=workers,
         collate_fn=collate_captions,
-        pin_memory=device.type == "cuda",
+        pin_memory=device.type == "cuda" and not on_device,
         persistent_workers=workers > 0,
         generator=torch.Generator().manual_seed(config.train.seed),  # worker seeds; the global RNG stays untouched
     )
@@ -478,7 +466,7 @@ def validate(
     model: Captioner,
     ctx: Distributed,
     records: list[ImageRecord],
-    features: torch.Tensor | None,
+    features: torch.Tensor | StoreRows | None,
     grid: tuple[int, int] | None,
     num_workers: int,
 ) -> tuple[dict[str, float], str]:
