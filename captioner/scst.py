@@ -75,16 +75,19 @@ class SelfCritical:
         batch: CaptionBatch,
         config: Config,
         encoded: bool,
-        totals: tuple[int, int] | None = None,
+        totals: tuple[int, ...] | None = None,
         forward: object | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(loss, logged values as 0-d tensors on the loss's device). `totals` and `forward` are
-        the cross-entropy objective's (global counts, the DDP wrapper): SCST runs in one process."""
+        """(loss, logged values as 0-d tensors on the loss's device). `totals` = (target words,
+        captions, images) over every rank; `forward` (the DDP wrapper of cross-entropy) is not
+        used: sampling runs the bare decoder, and `train_one_epoch` averages its gradients."""
         s, vocab = self.settings, self.vocab
         reward_before = self.reward_seconds
         n = s.samples
         if encoded:
-            feats = torch.zeros_like(batch.images) if model.config.model.blind else batch.images  # (B, N, D)
+            feats = batch.images.to(model.dtype)  # (B, N, D): the feature store keeps fp16
+            if model.config.model.blind:
+                feats = torch.zeros_like(feats)
         else:
             feats, _ = model.encode(batch.images)  # (B, N, D), with gradients into a fine-tuned encoder
         samples = sample_captions(
@@ -116,7 +119,11 @@ class SelfCritical:
 
         advantage = rewards - baseline  # (B*n,)
         weights = torch.as_tensor(advantage, dtype=torch.float32, device=samples.logprobs.device)  # (B*n,)
-        loss = -(weights * samples.caption_logprobs()).mean()
+        # Under torchrun this rank's images are a share of the global batch's (`totals[2]`, summed
+        # over ranks): the loss and the logged means become shares too, so that averaging the
+        # gradients over ranks and summing the logged values give the global batch's means.
+        share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
+        loss = -(weights * samples.caption_logprobs()).mean() * share
         words = np.array([len(c) - (1 if c and c[-1] == vocab.eos_id else 0) for c in candidates])  # (B*n,) <eos> is not a word
         host = {
             "reward": rewards.mean(),
@@ -126,5 +133,5 @@ class SelfCritical:
             "sample_length": words.mean(),
             "reward_seconds": self.reward_seconds - reward_before,  # wall time of this step's scoring
         }
-        values = torch.tensor([host[k] for k in self.logged[1:]], dtype=torch.float32).to(loss.device, non_blocking=True)  # (P-1,)
+        values = torch.tensor([host[k] * share for k in self.logged[1:]], dtype=torch.float32).to(loss.device, non_blocking=True)  # (P-1,)
         return loss, {"loss": loss.detach().float(), **dict(zip(self.logged[1:], values.unbind()))}

@@ -68,13 +68,13 @@ def caption_loss(
     batch: CaptionBatch,
     config: Config,
     encoded: bool,
-    totals: tuple[int, int] | None = None,
+    totals: tuple[int, ...] | None = None,
     forward: Callable[..., DecoderOutput] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Cross-entropy of each next word given the previous ones, plus the attention penalty.
 
-    Both are averages over the global batch: `totals` = (target words, captions) summed over
-    every rank (default: this batch's), so that under DDP, where gradients are averaged over
+    Both are averages over the global batch: `totals` = (target words, captions, images) summed
+    over every rank (default: this batch's), so that under DDP, where gradients are averaged over
     ranks, `loss * world_size` gives each rank its exact share of the global batch's mean.
     Nothing here reads a value back from the device: the lengths are a CPU tensor, the
     padding is skipped with `ignore_index` (not a boolean mask, whose size the host would wait
@@ -86,7 +86,7 @@ def caption_loss(
         lengths, order = lengths.sort(descending=True, stable=True)
         rows = order.to(batch.tokens.device, non_blocking=True)
         batch = replace(batch, tokens=batch.tokens[rows], image_rows=batch.image_rows[rows], lengths=batch.lengths[order])
-    num_targets, num_captions = totals if totals is not None else (int(lengths.sum()), len(lengths))
+    num_targets, num_captions = totals[:2] if totals is not None else (int(lengths.sum()), len(lengths))
     inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]  # (C, T) each
     out = (forward or model)(batch.images, inputs, batch.image_rows, encoded=encoded, lengths=lengths)
     pad = model.vocab.pad_id
@@ -135,13 +135,15 @@ def train_one_epoch(
             if ctx.enabled:  # the other ranks would wait for this one's gradients forever
                 raise DatasetError("every image of a batch failed to load; under torchrun a rank cannot skip a step (fix or remove the files the warnings name)")
             continue
-        local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths)]  # target words, captions: CPU
-        num_targets, num_captions = ctx.sum_host(local)
+        local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths), len(batch.indices)]  # target words, captions, images: CPU
+        totals = tuple(ctx.sum_host(local))  # over every rank: what each rank's loss is a share of
         batch = batch.to(device, channels_last=channels_last)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-            loss, parts = objective(model, batch, config, state.encoded, (num_targets, num_captions), forward)
+            loss, parts = objective(model, batch, config, state.encoded, totals, forward)
         optimizer.zero_grad(set_to_none=True)
-        (loss * ctx.world_size).backward()  # DDP averages gradients over ranks; the loss is a share of the global mean
+        (loss * ctx.world_size).backward()  # gradients are averaged over ranks; the loss is a share of the global mean
+        if ctx.enabled and forward is model:  # no DDP wrapper saw this step (SCST): average here
+            ctx.average_gradients(model.parameters())
         if config.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
         optimizer.step()
@@ -325,8 +327,6 @@ def fit(config: Config, resume: bool = False) -> Path:
     scst = config.train.stage == "scst"
     pairs = "all" if scst else data.captions_per_image  # SCST: one item per image, rewarded against all its references
     train_set = CaptionDataset(train_records, vocab, transform, data.max_caption_length, pairs, train_features)
-    if scst and ctx.enabled:
-        raise ConfigError("train.stage: scst runs in one process for now (its samples do not go through the DDP wrapper); start it without torchrun")
     objective = SelfCritical(config.scst, vocab, [r.captions for r in train_set.records]) if scst else caption_loss
     state.logged = objective.logged if scst else LOGGED
     sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
@@ -354,7 +354,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     optimizer = torch.optim.AdamW(groups, weight_decay=config.train.weight_decay)
     scheduler = make_scheduler(optimizer, config, config.train.epochs * len(sampler))
     forward: Callable[..., DecoderOutput] = model
-    if ctx.enabled:
+    if ctx.enabled and not scst:  # SCST samples step by step through the bare decoder: its gradients are averaged by hand
         forward = DistributedDataParallel(
             model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=config.model.blind
         )
