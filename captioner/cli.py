@@ -102,13 +102,43 @@ def cmd_train(args: argparse.Namespace) -> int:
     from captioner.config import load_config
     from captioner.train import fit
 
-    config = load_config(args.config, args.overrides)
+    overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
+    config = load_config(args.config, overrides)
     if config.train.threads:
         from captioner.runtime import set_threads
 
         set_threads(config.train.threads)  # the run's own setting beats the process default set in main
     best = fit(config, resume=args.resume)
     print(f"best checkpoint: {best}")
+    return 0
+
+
+def cmd_features(args: argparse.Namespace) -> int:
+    """Encode each split once into the fp16 feature store (resumes a stopped extraction)."""
+    from captioner.config import load_config
+    from captioner.data import SPLITS, load_split
+    from captioner.features import check_frozen, ensure_store, size_text, store_dir
+    from captioner.models import build_model
+    from captioner.train import resolve_device
+    from captioner.vocab import Vocabulary
+
+    config = load_config(args.config, args.overrides)
+    if args.out:
+        config.data.feature_store = args.out
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    unknown = [s for s in splits if s not in SPLITS]
+    if unknown or not splits:
+        bad = ",".join(unknown) or repr(args.splits)
+        raise CaptionerError(f"features --splits: {bad} is not a split; use {','.join(SPLITS)}")
+    model = build_model(config, Vocabulary.build([])).to(resolve_device(config.train.device))  # only the encoder runs
+    check_frozen(model)
+    directory = store_dir(config)
+    for split in splits:
+        start = time.time()
+        store = ensure_store(model, directory, split, load_split(config.data, split), config.data.batch_size, config.data.num_workers)
+        failed = len(store.failed_rows)
+        print(f"{split}: {store.num_rows} images ({failed} failed to load) x {store.grid[0]}x{store.grid[1]} x "
+              f"{store.feat_dim} fp16, {size_text(store.nbytes())}: {store.array_path} ({time.time() - start:.1f}s)")
     return 0
 
 
@@ -294,7 +324,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config")
     train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=5")
     train.add_argument("--resume", action="store_true", help="continue from train.out_dir/last.pt")
+    train.add_argument(
+        "--init", metavar="CHECKPOINT", help="start from this checkpoint's model and vocabulary (e.g. SCST after cross-entropy); sets train.init"
+    )
     train.set_defaults(func=cmd_train)
+
+    features = commands.add_parser("features", help="encode the images once into the fp16 feature store (frozen encoder)")
+    features.add_argument("config")
+    features.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.device=cuda")
+    features.add_argument("--splits", default="train,val,test", help="comma-separated (default: train,val,test)")
+    features.add_argument("--out", help="store folder (default: data.feature_store, else <train.out_dir>/features)")
+    features.set_defaults(func=cmd_features)
 
     caption = commands.add_parser("caption", help="caption images or folders of images")
     caption.add_argument("checkpoint")
@@ -331,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--limit", type=int, default=0, help="evaluate the first N images only")
     evaluate.add_argument("--results", help="score a COCO-format results file instead of a checkpoint")
     evaluate.add_argument("--annotations", help="the COCO caption annotation file for --results")
+    evaluate.add_argument("--features", metavar="DIR", help="decode the frozen encoder's feature store in DIR (built there when absent)")
     evaluate.add_argument("--fast", action="store_true", help="in-process BLEU/CIDEr-D instead of the official code")
     evaluate.add_argument("--spice", action="store_true", help="also SPICE (needs its Stanford CoreNLP models)")
     evaluate.add_argument("--grounding", action="store_true", help="score attention against instance masks")

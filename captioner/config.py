@@ -154,6 +154,10 @@ class DataConfig:
     strict: bool = setting(False, Flag())  # stop on images listed in the captions but missing on disk
     batch_size: int = setting(64, POSITIVE)
     num_workers: int = setting(0, Range(ge=0, le=256))
+    # Frozen encoder, no augmentation: the fp16 feature store (captioner/features.py) is read
+    # instead of the images; built there first when absent. null: <train.out_dir>/features.
+    feature_store: str | None = setting(None, Text(allowed="a folder, or null for <train.out_dir>/features"))
+    features_on_device: bool = setting(False, Flag())  # load the whole store onto the training device when it fits
     # The shapes world is generated into `root` when it is not there yet.
     shapes_num_train: int = setting(4000, POSITIVE)
     shapes_num_val: int = setting(250, COUNT)
@@ -215,12 +219,26 @@ class TrainConfig:
     early_stopping_patience: int = setting(5, COUNT)  # epochs without a better validation score; 0 disables
     val_max_images: int = setting(500, COUNT)  # validation decodes this many val images (0 = all)
     val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))
-    cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once
+    cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once, into the feature store
     time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
     threads: int = setting(0, COUNT)  # torch CPU threads for this run; 0: $CAPTIONER_THREADS, else captioner.runtime's default
     channels_last: bool = setting(False, Flag())  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU
     compile: bool = setting(False, Flag())  # CUDA: torch.compile the decoder; ignored on CPU
     dist_timeout_minutes: float = setting(30.0, Range(gt=0))  # torchrun: a collective waiting longer than this fails the run
+    stage: str = setting("xe", Choice(("xe", "scst")))  # xe: cross-entropy (teacher forcing) | scst: self-critical, from train.init
+    init: str | None = setting(None, Text())  # start from this checkpoint's model, vocabulary and encoder; optimiser and schedule fresh
+
+
+@dataclass
+class ScstConfig:
+    """Self-critical sequence training (train.stage: scst): Rennie et al. 2017, Luo 2020."""
+
+    samples: int = setting(5, POSITIVE)  # captions sampled per image
+    temperature: float = setting(1.0, Range(gt=0))  # sampling temperature (log-probabilities stay the model's own)
+    max_length: int = setting(20, Range(ge=1, le=1000))  # words per sampled (and greedy-baseline) caption
+    baseline: str = setting("greedy", Choice(("greedy", "mean")))  # greedy: the greedy caption's reward | mean: the image's other samples' mean reward
+    cider_weight: float = setting(1.0, Range(ge=0))  # reward = cider_weight * CIDEr-D + bleu_weight * BLEU-4
+    bleu_weight: float = setting(0.0, Range(ge=0))
 
 
 @dataclass
@@ -239,6 +257,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    scst: ScstConfig = field(default_factory=ScstConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -258,7 +277,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
         if raw is not None and not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, decode)")
+            raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, scst, decode)")
         _merge(config, raw or {}, "", source)
     for override in overrides:
         key, sep, text = override.partition("=")
@@ -401,6 +420,11 @@ def validate(config: Config, source: str = "config") -> None:
         )
     if config.data.dataset == "karpathy" and not config.data.karpathy_file:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")
+    scst = config.scst
+    if scst.baseline == "mean" and scst.samples < 2:
+        raise ConfigError(f"{source}: 'scst.baseline' mean needs 'scst.samples' >= 2 (the other samples of the image), got {scst.samples}")
+    if scst.cider_weight == 0 and scst.bleu_weight == 0:
+        raise ConfigError(f"{source}: 'scst.cider_weight' and 'scst.bleu_weight' are both 0: the reward would be 0")
     if config.decode.beam_size % config.decode.diverse_groups:
         raise ConfigError(
             f"{source}: 'decode.beam_size' ({config.decode.beam_size}) must be a multiple of "

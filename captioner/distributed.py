@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -69,6 +70,26 @@ class Distributed:
         if self.enabled:
             dist.all_reduce(tensor)
         return tensor
+
+    def average_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Average the gradients of `parameters` over ranks in one flat all-reduce, in place.
+
+        For a step whose forward did not go through the DDP wrapper (SCST samples step by step
+        through the bare decoder), so DDP's reducer never saw it. A parameter without a gradient
+        on this rank counts as zero, so every rank reduces the same buffer.
+        """
+        if not self.enabled:
+            return
+        params = [p for p in parameters if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])  # (total,)
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
 
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order, on every rank."""

@@ -27,5 +27,10 @@ class CheckpointError(CaptionerError):
     """A checkpoint is missing, corrupt, or incompatible with this version."""
 
 
+class FeatureStoreError(CaptionerError):
+    """A feature store is missing, unfinished, made by another encoder or for other images, or
+    would not fit on the disk."""
+
+
 class RequestError(CaptionerError):
     """A demo request carries a value outside what the page offers (beam, length, model, ...)."""

@@ -6,6 +6,7 @@ numbers always come from captions the model wrote itself, never from teacher-for
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
@@ -16,6 +17,7 @@ from tqdm import tqdm
 from captioner.data.batching import image_loader
 from captioner.data.records import ImageRecord
 from captioner.errors import CaptionerError
+from captioner.features import StoreRows, feature_batches
 from captioner.metrics import (
     fast_scores,
     load_references,
@@ -40,7 +42,7 @@ def caption_records(
     beam_size: int | None = None,
     max_length: int | None = None,
     batch_size: int | None = None,
-    features: torch.Tensor | None = None,
+    features: torch.Tensor | StoreRows | None = None,
     grid: tuple[int, int] | None = None,
     num_workers: int = 0,
     progress: bool = True,
@@ -48,9 +50,10 @@ def caption_records(
 ) -> dict[int, Caption]:
     """image id -> Caption for every record whose image loads (bad files are logged and skipped).
 
-    With `features` (num_records, N, D) and their `grid`, cached encoder outputs are decoded
-    instead of the images. Other `decode_options` (trigram blocking, diverse beam search) go to
-    `Captioner.decode`.
+    With `features` (num_records, N, D) and their `grid`, stored encoder outputs (rows of the
+    feature store, read by `num_workers` DataLoader workers, or a tensor in memory or on the
+    device) are decoded instead of the images. Other `decode_options` (trigram blocking, diverse
+    beam search) go to `Captioner.decode`.
     """
     model.eval()
     batch_size = batch_size or model.config.decode.batch_size
@@ -59,12 +62,14 @@ def caption_records(
     bar = tqdm(total=len(records), desc="captioning", unit="img", disable=not progress, leave=False)
     if features is not None:
         assert grid is not None
-        for start in range(0, len(records), batch_size):
-            feats = features[start : start + batch_size].to(model.device)  # (B, N, D)
+        start = 0
+        for feats in feature_batches(features, batch_size, num_workers):
+            feats = feats.to(model.device, non_blocking=True).to(model.dtype)  # (B, N, D)
             if model.config.model.blind:
                 feats = torch.zeros_like(feats)
-            for record, caption in zip(records[start : start + batch_size], model.decode(feats, grid, **options)):
+            for record, caption in zip(records[start : start + len(feats)], model.decode(feats, grid, **options)):
                 results[record.image_id] = caption
+            start += len(feats)
             bar.update(len(feats))
     else:
         for batch in image_loader(records, model.transform, batch_size, num_workers):
@@ -137,14 +142,25 @@ def run_evaluation(args) -> dict:
     from captioner.train import resolve_device
 
     model = load_captioner(args.checkpoint, resolve_device(args.device))
-    records = load_split(model.config.data, args.split)
+    records = all_records = load_split(model.config.data, args.split)
     if args.limit:
         records = records[: args.limit]
     from captioner.cli import decode_options
 
     options = {**decode_options(args), "beam_size": args.beam or model.config.decode.beam_size}
     beam = options["beam_size"]
-    captions = caption_records(model, records, batch_size=args.batch_size, **options)
+    if args.features:  # the frozen encoder's stored grids instead of the images
+        from captioner.features import split_features
+
+        config = copy.deepcopy(model.config)
+        config.data.feature_store = args.features
+        stored = split_features(model, config, args.split, all_records, use=records)
+        captions = caption_records(
+            model, stored.records, batch_size=args.batch_size, features=stored.features, grid=stored.grid,
+            num_workers=config.data.num_workers, **options,
+        )
+    else:
+        captions = caption_records(model, records, batch_size=args.batch_size, **options)
     out_dir = Path(args.out) if args.out else Path(args.checkpoint).parent
     results_path = write_results(out_dir / f"results_{args.split}.json", captions)
     references = references_for(records, captions)

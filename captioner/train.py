@@ -28,17 +28,19 @@ from captioner import distributed
 from captioner.checkpoint import read_checkpoint, save_checkpoint
 from captioner.config import Config, dump_config
 from captioner.data import load_split
-from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions, image_loader
+from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
 from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
 from captioner.distributed import Distributed
 from captioner.errors import CheckpointError, ConfigError, DatasetError
 from captioner.evaluate import caption_records, references_for
+from captioner.features import StoreRows, split_features, store_dir
 from captioner.metrics import fast_scores
 from captioner.models import Captioner, build_model
 from captioner.models.decoder import DecoderOutput
 from captioner.resume import rng_state, set_rng_state
+from captioner.scst import SelfCritical
 from captioner.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -66,13 +68,13 @@ def caption_loss(
     batch: CaptionBatch,
     config: Config,
     encoded: bool,
-    totals: tuple[int, int] | None = None,
+    totals: tuple[int, ...] | None = None,
     forward: Callable[..., DecoderOutput] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Cross-entropy of each next word given the previous ones, plus the attention penalty.
 
-    Both are averages over the global batch: `totals` = (target words, captions) summed over
-    every rank (default: this batch's), so that under DDP, where gradients are averaged over
+    Both are averages over the global batch: `totals` = (target words, captions, images) summed
+    over every rank (default: this batch's), so that under DDP, where gradients are averaged over
     ranks, `loss * world_size` gives each rank its exact share of the global batch's mean.
     Nothing here reads a value back from the device: the lengths are a CPU tensor, the
     padding is skipped with `ignore_index` (not a boolean mask, whose size the host would wait
@@ -84,7 +86,7 @@ def caption_loss(
         lengths, order = lengths.sort(descending=True, stable=True)
         rows = order.to(batch.tokens.device, non_blocking=True)
         batch = replace(batch, tokens=batch.tokens[rows], image_rows=batch.image_rows[rows], lengths=batch.lengths[order])
-    num_targets, num_captions = totals if totals is not None else (int(lengths.sum()), len(lengths))
+    num_targets, num_captions = totals[:2] if totals is not None else (int(lengths.sum()), len(lengths))
     inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]  # (C, T) each
     out = (forward or model)(batch.images, inputs, batch.image_rows, encoded=encoded, lengths=lengths)
     pad = model.vocab.pad_id
@@ -101,7 +103,7 @@ def caption_loss(
     return loss, {"loss": loss.detach(), "xent": xent.detach(), "penalty": penalty.detach()}
 
 
-LOGGED = ("loss", "xent", "penalty")
+LOGGED = ("loss", "xent", "penalty")  # cross-entropy's logged values; an objective may name its own (`logged`)
 
 
 def train_one_epoch(
@@ -115,10 +117,12 @@ def train_one_epoch(
     epoch: int,
     state: TrainState,
     on_step: Callable[[], None] | None = None,
+    objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] = caption_loss,
 ) -> None:
     """One epoch from the sampler's start position. A step reads nothing back from the device:
     the loss parts add up in device tensors, summed over ranks and read every `log_every`
-    steps and at the end of the epoch."""
+    steps and at the end of the epoch. `objective` is the stage's loss: `caption_loss`, or
+    `scst.SelfCritical` (whose logged values are `state.logged`)."""
     model.train()
     device = ctx.device
     use_amp = config.train.amp and device.type == "cuda"
@@ -131,19 +135,21 @@ def train_one_epoch(
             if ctx.enabled:  # the other ranks would wait for this one's gradients forever
                 raise DatasetError("every image of a batch failed to load; under torchrun a rank cannot skip a step (fix or remove the files the warnings name)")
             continue
-        local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths)]  # target words, captions: CPU
-        num_targets, num_captions = ctx.sum_host(local)
+        local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths), len(batch.indices)]  # target words, captions, images: CPU
+        totals = tuple(ctx.sum_host(local))  # over every rank: what each rank's loss is a share of
         batch = batch.to(device, channels_last=channels_last)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-            loss, parts = caption_loss(model, batch, config, state.encoded, (num_targets, num_captions), forward)
+            loss, parts = objective(model, batch, config, state.encoded, totals, forward)
         optimizer.zero_grad(set_to_none=True)
-        (loss * ctx.world_size).backward()  # DDP averages gradients over ranks; the loss is a share of the global mean
+        (loss * ctx.world_size).backward()  # gradients are averaged over ranks; the loss is a share of the global mean
+        if ctx.enabled and forward is model:  # no DDP wrapper saw this step (SCST): average here
+            ctx.average_gradients(model.parameters())
         if config.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
         optimizer.step()
         scheduler.step()
         state.step += 1
-        state.accumulate(torch.stack([parts[k] for k in LOGGED]))  # (3,) on the device, not read here
+        state.accumulate(torch.stack([parts[k] for k in state.logged]))  # (P,) on the device, not read here
         if config.train.log_every and state.step % config.train.log_every == 0:
             values = state.read_running(ctx)
             bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
@@ -169,40 +175,44 @@ class TrainState:
     best_epoch: int = 0
     history: list[dict] = field(default_factory=list)
     step_losses: list[list] = field(default_factory=list)  # [step, mean loss since the last log]
-    # Device sums, read only when logged: (loss, xent, penalty) since the last log, and the epoch's loss.
-    running: torch.Tensor | None = None  # (3,)
+    # Device sums of the objective's logged values (`logged`: loss first), read only when logged:
+    # since the last log, and over the epoch.
+    logged: tuple[str, ...] = LOGGED
+    running: torch.Tensor | None = None  # (P,)
     running_steps: int = 0
-    epoch_loss: torch.Tensor | None = None  # ()
+    epoch_sums: torch.Tensor | None = None  # (P,)
     epoch_steps: int = 0
     encoded: bool = False
     writer: object | None = None
 
     def reset_sums(self, device: torch.device) -> None:
-        self.running = torch.zeros(len(LOGGED), device=device)  # (3,)
-        self.epoch_loss = torch.zeros((), device=device)
+        self.running = torch.zeros(len(self.logged), device=device)  # (P,)
+        self.epoch_sums = torch.zeros(len(self.logged), device=device)  # (P,)
         self.running_steps = self.epoch_steps = 0
 
     def accumulate(self, parts: torch.Tensor) -> None:
-        assert self.running is not None and self.epoch_loss is not None
+        assert self.running is not None and self.epoch_sums is not None
         self.running += parts
-        self.epoch_loss += parts[0]
+        self.epoch_sums += parts
         self.running_steps += 1
         self.epoch_steps += 1
 
     def read_running(self, ctx: Distributed) -> dict[str, float]:
-        """The mean (loss, xent, penalty) per step since the last read, over all ranks (one sync)."""
+        """The mean of each logged value per step since the last read, over all ranks (one sync)."""
         assert self.running is not None
         sums = ctx.sum_(self.running.clone()).tolist()
-        values = {k: v / max(1, self.running_steps) for k, v in zip(LOGGED, sums)}
+        values = {k: v / max(1, self.running_steps) for k, v in zip(self.logged, sums)}
         self.running.zero_()
         self.running_steps = 0
         return values
 
-    def read_epoch_loss(self, ctx: Distributed) -> float:
-        assert self.epoch_loss is not None
+    def read_epoch_means(self, ctx: Distributed) -> dict[str, float]:
+        """The epoch's mean of each logged value per step, over all ranks (one sync)."""
+        assert self.epoch_sums is not None
         if not self.epoch_steps:
-            return float("nan")
-        return ctx.sum_(self.epoch_loss.clone()).item() / self.epoch_steps
+            return {k: float("nan") for k in self.logged}
+        sums = ctx.sum_(self.epoch_sums.clone()).tolist()
+        return {k: v / self.epoch_steps for k, v in zip(self.logged, sums)}
 
     def to_dict(self) -> dict:
         """Plain data (tensors, numbers, lists) for a weights_only checkpoint."""
@@ -211,7 +221,7 @@ class TrainState:
             "best_score": self.best_score, "best_epoch": self.best_epoch,
             "history": self.history, "step_losses": self.step_losses,
             "running": self.running.cpu() if self.running is not None else None, "running_steps": self.running_steps,
-            "epoch_loss": self.epoch_loss.cpu() if self.epoch_loss is not None else None, "epoch_steps": self.epoch_steps,
+            "epoch_sums": self.epoch_sums.cpu() if self.epoch_sums is not None else None, "epoch_steps": self.epoch_steps,
         }
 
     def load(self, saved: dict, device: torch.device) -> None:
@@ -223,28 +233,8 @@ class TrainState:
         self.reset_sums(device)
         if saved.get("running") is not None and self.position:  # mid-epoch: the sums go on
             self.running.copy_(saved["running"])
-            self.epoch_loss.copy_(saved["epoch_loss"])
+            self.epoch_sums.copy_(saved["epoch_sums"])
             self.running_steps, self.epoch_steps = saved["running_steps"], saved["epoch_steps"]
-
-
-@torch.no_grad()
-def encode_records(
-    model: Captioner, records: list[ImageRecord], batch_size: int, num_workers: int, desc: str
-) -> tuple[torch.Tensor, tuple[int, int], list[ImageRecord]]:
-    """Run the (frozen) encoder over every image once: (num_ok, N, D) features, the grid, the
-    records whose images loaded."""
-    model.eval()
-    chunks, kept, grid = [], [], (0, 0)
-    for batch in tqdm(image_loader(records, model.transform, batch_size, num_workers), desc=desc, unit="batch", leave=False):
-        if batch is None:
-            continue
-        images, indices = batch
-        feats, grid = model.encoder(images.to(model.device))  # (B, N, D)
-        chunks.append(feats.cpu())
-        kept += [records[i] for i in indices.tolist()]
-    if not chunks:
-        raise ConfigError(f"{desc}: no image could be loaded")
-    return torch.cat(chunks), grid, kept
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, config: Config, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -281,7 +271,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     ctx.barrier()
     if not ctx.is_main:
         train_records = load_split(data, "train")
-    val_records = load_split(data, "val")
+    val_records = all_val_records = load_split(data, "val")  # the store holds the whole split
     if config.train.val_max_images:
         val_records = val_records[: config.train.val_max_images]
 
@@ -295,15 +285,22 @@ def fit(config: Config, resume: bool = False) -> Path:
         if saved["model"] != config.to_dict()["model"]:
             raise CheckpointError(f"{last}: the model section of the config differs from the checkpoint's; cannot resume")
         vocab = Vocabulary(checkpoint["vocab"])
+    elif config.train.init:
+        initial = read_init_checkpoint(config)
+        vocab = Vocabulary(initial["vocab"])
     else:
+        if config.train.stage == "scst":
+            raise ConfigError("train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)")
         vocab = Vocabulary.build((c for r in train_records for c in r.captions), data.min_word_count)
     log.info(
         "%s: %d train images, %d val images, vocabulary %d words (min count %d)",
         data.dataset, len(train_records), len(val_records), len(vocab), data.min_word_count,
     )
-    model = build_model(config, vocab).to(device)
+    model = build_model(config, vocab, load_pretrained=checkpoint is None and not config.train.init).to(device)
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
+    elif config.train.init:
+        model.load_state_dict(initial["model"])  # the encoder too: fine-tuned layers stay fine-tuned
     if ctx.is_main:
         vocab.save(out_dir / "vocab.json")
         dump_config(config, out_dir / "config.yaml")
@@ -313,22 +310,33 @@ def fit(config: Config, resume: bool = False) -> Path:
     train_features = val_features = None
     grid = None
     if state.encoded:
-        log.info("encoder is frozen: encoding every image once and training the decoder on cached features")
-        train_features, grid, train_records = encode_records(model, train_records, data.batch_size, data.num_workers, "encoding train")
-        val_features, grid, val_records = encode_records(model, val_records, data.batch_size, data.num_workers, "encoding val")
+        log.info("encoder is frozen: training the decoder on the feature store in %s", store_dir(config))
+        if not ctx.is_main:
+            ctx.barrier()  # rank 0 builds the store when it is absent; then the others open it
+        stored = split_features(model, config, "train", train_records, build=ctx.is_main)
+        train_records, train_features, grid = stored.records, stored.features, stored.grid
+        stored = split_features(model, config, "val", all_val_records, use=val_records, build=ctx.is_main)
+        val_records, val_features = stored.records, stored.features
+        if ctx.is_main:
+            ctx.barrier()
+    on_device = isinstance(train_features, torch.Tensor)  # a tensor on the device: indexed in this process
     if config.train.channels_last or config.train.compile:
         accelerate(model, config, device, state.encoded)
 
     transform = ImageTransform(data.image_size, train=True, augment=data.augment)
-    train_set = CaptionDataset(train_records, vocab, transform, data.max_caption_length, data.captions_per_image, train_features)
+    scst = config.train.stage == "scst"
+    pairs = "all" if scst else data.captions_per_image  # SCST: one item per image, rewarded against all its references
+    train_set = CaptionDataset(train_records, vocab, transform, data.max_caption_length, pairs, train_features)
+    objective = SelfCritical(config.scst, vocab, [r.captions for r in train_set.records]) if scst else caption_loss
+    state.logged = objective.logged if scst else LOGGED
     sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
-    workers = 0 if state.encoded else data.num_workers
+    workers = 0 if on_device else data.num_workers
     loader = DataLoader(
         train_set,
         batch_sampler=sampler,
         num_workers=workers,
         collate_fn=collate_captions,
-        pin_memory=device.type == "cuda",
+        pin_memory=device.type == "cuda" and not on_device,
         persistent_workers=workers > 0,
         generator=torch.Generator().manual_seed(config.train.seed),  # worker seeds; the global RNG stays untouched
     )
@@ -346,7 +354,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     optimizer = torch.optim.AdamW(groups, weight_decay=config.train.weight_decay)
     scheduler = make_scheduler(optimizer, config, config.train.epochs * len(sampler))
     forward: Callable[..., DecoderOutput] = model
-    if ctx.enabled:
+    if ctx.enabled and not scst:  # SCST samples step by step through the bare decoder: its gradients are averaged by hand
         forward = DistributedDataParallel(
             model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=config.model.blind
         )
@@ -395,14 +403,16 @@ def fit(config: Config, resume: bool = False) -> Path:
             if state.position == 0:
                 state.reset_sums(device)
             sampler.set_epoch(epoch, start=state.position)
-            train_one_epoch(model, forward, loader, optimizer, scheduler, config, ctx, epoch, state, periodic_save)
-            train_loss = state.read_epoch_loss(ctx)
+            train_one_epoch(model, forward, loader, optimizer, scheduler, config, ctx, epoch, state, periodic_save, objective)
+            means = state.read_epoch_means(ctx)
+            train_loss = means["loss"]
             scores, example = validate(model, ctx, val_records, val_features, grid, data.num_workers)
             state.epoch, state.position = epoch, 0
             improved = scores[metric] > state.best_score
             if improved:
                 state.best_score, state.best_epoch = scores[metric], epoch
             row = {"epoch": epoch, "step": state.step, "train_loss": round(train_loss, 5), "lr": scheduler.get_last_lr()[0]}
+            row |= {f"train_{k}": round(v, 5) for k, v in means.items() if k != "loss"}
             row |= {f"val_{k}": round(v, 5) for k, v in scores.items()}
             row["seconds"] = round(time.time() - epoch_start, 1)
             state.history.append(row)
@@ -431,11 +441,32 @@ def fit(config: Config, resume: bool = False) -> Path:
     return out_dir / "best.pt"
 
 
+def read_init_checkpoint(config: Config) -> dict:
+    """The checkpoint `train.init` names, whose model section must be the config's."""
+    path = config.train.init
+    checkpoint = read_checkpoint(path)
+    conflict = first_difference(checkpoint["config"].get("model", {}), config.to_dict()["model"], "model")
+    if conflict:
+        raise CheckpointError(f"{path}: {conflict}; train.init needs the model section the checkpoint was trained with")
+    return checkpoint
+
+
+def first_difference(saved: object, current: object, key: str) -> str | None:
+    """'model.x.y is A in the checkpoint but B in the config' for the first differing key, or None."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for name in list(dict.fromkeys([*saved, *current])):
+            found = first_difference(saved.get(name), current.get(name), f"{key}.{name}")
+            if found:
+                return found
+        return None
+    return None if saved == current else f"{key} is {saved!r} in the checkpoint but {current!r} in the config"
+
+
 def validate(
     model: Captioner,
     ctx: Distributed,
     records: list[ImageRecord],
-    features: torch.Tensor | None,
+    features: torch.Tensor | StoreRows | None,
     grid: tuple[int, int] | None,
     num_workers: int,
 ) -> tuple[dict[str, float], str]:

@@ -2,7 +2,9 @@
 # The Flickr8k comparison of the README: the LSTM and the transformer on a frozen ImageNet
 # EfficientNet-Lite0, and the LSTM trained blind (image features zeroed), same data and protocol:
 # train on the train images, select on dev (val), evaluate once on test with beam 3 and the
-# official metrics. Usage: bash scripts/flickr8k_experiments.sh [DATA_ROOT]
+# official metrics. Then the second stage of both image models: self-critical sequence training
+# (CIDEr-D reward) from their cross-entropy checkpoints, evaluated the same way.
+# Usage: bash scripts/flickr8k_experiments.sh [DATA_ROOT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-../shared/data/flickr8k}
@@ -18,4 +20,7 @@ run() {  # name config overrides...
 run flickr8k_lstm_lite0 configs/flickr8k_lstm_lite0.yaml
 run flickr8k_lstm_lite0_blind configs/flickr8k_lstm_lite0.yaml model.blind=true
 run flickr8k_transformer_lite0 configs/flickr8k_transformer_lite0.yaml
-python scripts/results_table.py runs/flickr8k_lstm_lite0 runs/flickr8k_transformer_lite0 runs/flickr8k_lstm_lite0_blind
+run flickr8k_lstm_lite0_scst configs/flickr8k_lstm_lite0_scst.yaml train.init=runs/flickr8k_lstm_lite0/best.pt
+run flickr8k_transformer_lite0_scst configs/flickr8k_transformer_lite0_scst.yaml train.init=runs/flickr8k_transformer_lite0/best.pt
+python scripts/results_table.py runs/flickr8k_lstm_lite0 runs/flickr8k_lstm_lite0_scst runs/flickr8k_transformer_lite0 \
+    runs/flickr8k_transformer_lite0_scst runs/flickr8k_lstm_lite0_blind

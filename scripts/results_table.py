@@ -13,7 +13,7 @@ KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
 
 
 def main(runs: list[str], split: str = "test") -> None:
-    header = ["run", "images", "beam", *KEYS, "grounding (uniform)"]
+    header = ["run", "images", "beam", *KEYS, "bad endings", "repeated bigrams", "grounding (uniform)"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for run in runs:
@@ -24,7 +24,9 @@ def main(runs: list[str], split: str = "test") -> None:
         overall = report["overall"]
         grounding = report.get("grounding")
         ground = f"{grounding['score']:.3f} ({grounding['uniform_baseline']:.3f})" if grounding else "-"
-        cells = [Path(run).name, str(report["images"]), str(report["beam_size"]), *(f"{overall[k]:.3f}" for k in KEYS), ground]
+        stats = report.get("caption_stats")
+        rates = [f"{100 * stats[k]:.1f}%" for k in ("bad_ending_rate", "repeated_bigram_rate")] if stats else ["-", "-"]
+        cells = [Path(run).name, str(report["images"]), str(report["beam_size"]), *(f"{overall[k]:.3f}" for k in KEYS), *rates, ground]
         print("| " + " | ".join(cells) + " |")
 
 

@@ -15,6 +15,7 @@ import torch
 
 from captioner import distributed
 from captioner.checkpoint import load_captioner
+from captioner.cli import main
 from captioner.config import load_config
 from captioner.data.shapes import generate_shapes
 from captioner.errors import ConfigError
@@ -121,9 +122,11 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
         {k: v for k, v in r.items() if k.startswith("val_")} for r in single_history
     ]
 
-    # Only rank 0 wrote: the run folder holds one run's files, and rank 1 touched nothing in it.
+    # Only rank 0 wrote: the run folder holds one run's files (the frozen encoder's feature
+    # store included, which rank 0 built while rank 1 waited), and rank 1 touched nothing in it.
     names = sorted(p.name for p in (runs / "ddp").iterdir())
-    assert names == ["best.pt", "config.yaml", "last.pt", "metrics.csv", "tensorboard", "training_curves.png", "vocab.json"]
+    assert names == ["best.pt", "config.yaml", "features", "last.pt", "metrics.csv", "tensorboard", "training_curves.png", "vocab.json"]
+    assert sorted(p.name for p in (runs / "ddp" / "features").iterdir()) == ["train.json", "train.npy", "val.json", "val.npy"]
     assert len(list((runs / "ddp" / "tensorboard").iterdir())) == 1
     rank0, rank1 = ((audit / f"rank{r}.txt").read_text() for r in (0, 1))
     assert "last.pt" in rank0 and "metrics.csv" in rank0  # the audit does see writes
@@ -146,3 +149,55 @@ def test_a_failing_rank_stops_every_rank_with_its_message(shapes: Path, tmp_path
     assert "error: rank 0: stopped because another rank failed" in result.stderr
     assert seconds < 120, f"the ranks took {seconds:.0f}s to stop"  # not the 2-minute collective timeout
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def _average_in_a_group(rank: int, world_size: int, port: int, results: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        ctx = distributed.Distributed(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"))
+        a, b, frozen = (torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2)),
+                        torch.nn.Parameter(torch.zeros(1), requires_grad=False))
+        a.grad = torch.full((3,), float(rank + 1))  # rank 0: 1, rank 1: 2
+        if rank == 1:
+            b.grad = torch.full((2, 2), 4.0)  # rank 0 has none: it counts as zero
+        ctx.average_gradients([a, b, frozen])
+        results[rank] = (a.grad.tolist(), b.grad.tolist(), frozen.grad)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_average_gradients_over_two_ranks() -> None:
+    """The hand-made average of SCST steps (no DDP wrapper): every rank ends with the mean, a
+    missing gradient counts as zero, frozen parameters are left alone."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_average_in_a_group, args=(2, port, results), nprocs=2, join=True)
+    for rank in (0, 1):
+        a, b, frozen = results[rank]
+        assert a == [1.5, 1.5, 1.5] and b == [[2.0, 2.0], [2.0, 2.0]] and frozen is None
+
+
+@pytest.mark.slow
+def test_scst_under_torchrun(shapes: Path, tmp_path: Path) -> None:
+    """The second stage runs under torchrun too: two ranks sample their shares from the same
+    first-stage checkpoint, rank 0 alone writes, and the result loads and captions."""
+    env = environment(tmp_path / "site")
+    xe = tmp_path / "xe"
+    common = [*TINY, "data.batch_size=4", f"data.root={shapes}", "train.epochs=1"]
+    assert main(["train", "configs/shapes_lstm.yaml", *common, f"train.out_dir={xe}"]) == 0
+    scst = tmp_path / "scst"
+    result = torchrun(["train", "configs/shapes_lstm.yaml", *common, f"train.out_dir={scst}", "train.stage=scst",
+                       "scst.samples=2", "scst.max_length=6", "train.lr=1e-4", "--init", str(xe / "best.pt")], env, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = (scst / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 2 and "train_reward" in rows[0]
+    assert int(rows[1].split(",")[1]) == 6  # 48 train images, one item per image, 2 ranks x 4: 6 steps
+    model = load_captioner(scst / "best.pt")
+    assert model.caption_files(sorted((shapes / "test").glob("*.jpg"))[:1])[0].words

@@ -185,7 +185,9 @@ def test_evaluate_grounding_with_an_instances_file(shapes_lstm: TrainedRun, tmp_
     data["annotations"] = data["annotations"][::2]  # half the objects
     (tmp_path / "half.json").write_text(json.dumps(data))
     half = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path / "half", capsys, "--fast", "--instances", str(tmp_path / "half.json"))
-    assert 0 < half["grounding"]["words"] < found["words"]
+    # Fewer words, not none: which objects survive decides how many of the few scored words
+    # keep their object, and a file that was not read would give exactly `found`.
+    assert found["words"] > 0 and half["grounding"]["words"] < found["words"]
     args = ["evaluate", str(shapes_lstm.checkpoint), "--grounding", "--fast", "--instances", str(tmp_path / "none.json"), "--out", str(tmp_path)]
     assert main(args) == 2
     err = capsys.readouterr().err

@@ -116,7 +116,7 @@ def steps_syncs(tmp_path, simulation: DeviceSimulation, decoder: str) -> list[li
     state.reset_sums(ctx.device)
     per_step: list[list[str]] = []
     with simulation:
-        simulation.mark(*model.parameters(), *model.buffers(), state.running, state.epoch_loss)
+        simulation.mark(*model.parameters(), *model.buffers(), state.running, state.epoch_sums)
         seen = [0]
 
         def on_step() -> None:

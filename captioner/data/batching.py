@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CaptionBatch:
-    images: torch.Tensor  # (B, 3, H, W), or cached features (B, N, D)
+    images: torch.Tensor  # (B, 3, H, W), or stored features (B, N, D), fp16
     tokens: torch.Tensor  # (C, T) = <bos> w1 .. wn <eos> <pad> ..; C >= B captions
     lengths: torch.Tensor  # (C,) tokens before the padding, <bos> and <eos> included
     image_rows: torch.Tensor  # (C,) the row of `images` each caption describes
@@ -45,6 +46,14 @@ class CaptionBatch:
         return CaptionBatch(self.images.pin_memory(), self.tokens.pin_memory(), self.lengths, self.image_rows.pin_memory(), self.indices)
 
 
+class FeatureRows(Protocol):
+    """Stored encoder outputs, one (N, D) row per record: a tensor, or the feature store's rows."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> torch.Tensor: ...
+
+
 class CaptionDataset(Dataset):
     """Images with their captions for teacher-forced training; an item is one image.
 
@@ -65,12 +74,12 @@ class CaptionDataset(Dataset):
         transform: ImageTransform,
         max_length: int,
         pairs: str = "one",
-        features: torch.Tensor | None = None,
+        features: FeatureRows | None = None,
     ) -> None:
         self.records = records
         self.transform = transform
         self.pairs = pairs
-        self.features = features  # (num_records, N, D) when the encoder is frozen and cached
+        self.features = features  # row i: image i's stored (N, D) grid, when the encoder is frozen
         self.tokens = [[vocab.encode(c, max_length) for c in r.captions] for r in records]
 
     def __len__(self) -> int:

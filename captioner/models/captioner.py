@@ -57,6 +57,10 @@ class Captioner(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.decoder.parameters()).dtype
+
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """images (B, 3, H, W) -> feats (B, N, D), grid (h, w)."""
         feats, grid = self.encoder(images)
@@ -72,14 +76,15 @@ class Captioner(nn.Module):
         encoded: bool = False,
         lengths: torch.Tensor | None = None,
     ) -> DecoderOutput:
-        """Teacher forcing on images (B, 3, H, W), or on cached feats (B, N, D) when `encoded`.
+        """Teacher forcing on images (B, 3, H, W), or on stored feats (B, N, D) when `encoded`.
 
         tokens (C, T) are C captions; caption c describes image `image_rows[c]` (default: c), so
         an image with five captions is encoded once and decoded five times. `lengths` (C,), sorted
         longest first, lets the decoder skip padding.
         """
-        if encoded:
-            feats = torch.zeros_like(images) if self.config.model.blind else images
+        if encoded:  # stored features come as fp16; the cast runs on the device, after the copy
+            feats = images.to(self.dtype)
+            feats = torch.zeros_like(feats) if self.config.model.blind else feats
         else:
             feats, _ = self.encode(images)  # (B, N, D)
         if image_rows is not None:

@@ -1,0 +1,137 @@
+"""Self-critical sequence training: the objective of the second stage (Rennie et al. 2017; Luo 2020).
+
+Per image, `scst.samples` captions are sampled through the decoder interface
+(`decoding.sample_captions`, log-probabilities with gradients), each is rewarded with its CIDEr-D
+(plus an optional BLEU-4 term) against all the image's references, and the policy gradient pushes
+up the captions that beat a baseline:
+
+    loss = -mean_over_samples[(reward - baseline) * sum of log p(word) over the words and <eos>]
+
+Baselines (`scst.baseline`):
+- greedy: the reward of the image's greedy caption (Rennie et al.). It is decoded without
+  gradients and in eval mode (no dropout), as the test-time caption it stands for, from the same
+  image features as the samples (with a fine-tuned encoder these are the train-mode features).
+- mean: the mean reward of the image's OTHER samples (Luo 2020, "new self-critical"): no extra
+  decoding, and the baseline of a sample never depends on the sample itself.
+
+`SelfCritical` is called like `train.caption_loss`, (model, batch, config, encoded) -> (loss,
+logged values), so `fit` only picks it for the stage and knows nothing else about it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from captioner.config import Config, ScstConfig
+from captioner.data.batching import CaptionBatch
+from captioner.decoding import greedy_decode, sample_captions
+from captioner.models import Captioner
+from captioner.rewards import CaptionReward
+from captioner.vocab import Vocabulary
+
+
+def mean_of_others(rewards: np.ndarray, n: int) -> np.ndarray:
+    """(B*n,) rewards, n consecutive per image -> each sample's baseline: the mean of the other n-1."""
+    per_image = rewards.reshape(-1, n)  # (B, n)
+    return ((per_image.sum(axis=1, keepdims=True) - per_image) / (n - 1)).reshape(-1)  # (B*n,)
+
+
+def ended(tokens: list[int], finished: bool, eos_id: int) -> list[int]:
+    """A greedy caption as the reward reads it: its words, then <eos> when it ended."""
+    return [*tokens, eos_id] if finished else list(tokens)
+
+
+class SelfCritical:
+    """The SCST objective over one stage's training images.
+
+    `references[i]` are the reference captions (text) of the dataset's image i; the reward's
+    document frequencies come from all of them, once, and `batch.indices` picks each image's.
+    `reward(candidates, image indices) -> (C,)` replaces the CIDEr-D reward (tests use one that
+    favours a word).
+    """
+
+    def __init__(
+        self,
+        settings: ScstConfig,
+        vocab: Vocabulary,
+        references: Sequence[Sequence[str]],
+        reward: Callable[[list[list[int]], list[int]], np.ndarray] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.vocab = vocab
+        self.reward = reward or CaptionReward(vocab, references, settings.cider_weight, settings.bleu_weight)
+        self.banned = (vocab.pad_id, vocab.bos_id, vocab.unk_id)
+        self.reward_seconds = 0.0  # time spent scoring, in total
+
+    logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "reward_seconds")
+
+    def __call__(
+        self,
+        model: Captioner,
+        batch: CaptionBatch,
+        config: Config,
+        encoded: bool,
+        totals: tuple[int, ...] | None = None,
+        forward: object | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss, logged values as 0-d tensors on the loss's device). `totals` = (target words,
+        captions, images) over every rank; `forward` (the DDP wrapper of cross-entropy) is not
+        used: sampling runs the bare decoder, and `train_one_epoch` averages its gradients."""
+        s, vocab = self.settings, self.vocab
+        reward_before = self.reward_seconds
+        n = s.samples
+        if encoded:
+            feats = batch.images.to(model.dtype)  # (B, N, D): the feature store keeps fp16
+            if model.config.model.blind:
+                feats = torch.zeros_like(feats)
+        else:
+            feats, _ = model.encode(batch.images)  # (B, N, D), with gradients into a fine-tuned encoder
+        samples = sample_captions(
+            model.decoder, feats, vocab.bos_id, vocab.eos_id, n, s.max_length, s.temperature, banned=self.banned
+        )  # tokens, logprobs, mask: (B*n, T)
+        tokens, lengths = samples.tokens.cpu(), samples.lengths.cpu()  # the reward reads ids on the CPU
+        keys = batch.indices.repeat_interleave(n).tolist()  # (B*n,): dataset index of each sample's image
+        candidates = [tokens[r, : int(lengths[r])].tolist() for r in range(tokens.shape[0])]  # words + <eos> if ended
+
+        if s.baseline == "greedy":
+            was_training = model.training
+            model.eval()
+            try:
+                greedy = greedy_decode(
+                    model.decoder, feats.detach(), vocab.bos_id, vocab.eos_id, s.max_length, banned=self.banned
+                )
+            finally:
+                model.train(was_training)
+            start = time.perf_counter()
+            rewards = self.reward(candidates, keys)  # (B*n,)
+            greedy_rewards = self.reward([ended(h.tokens, h.finished, vocab.eos_id) for h in greedy], batch.indices.tolist())  # (B,)
+            self.reward_seconds += time.perf_counter() - start
+            baseline = np.repeat(greedy_rewards, n)  # (B*n,)
+        else:
+            start = time.perf_counter()
+            rewards = self.reward(candidates, keys)  # (B*n,)
+            self.reward_seconds += time.perf_counter() - start
+            baseline = mean_of_others(rewards, n)  # (B*n,)
+
+        advantage = rewards - baseline  # (B*n,)
+        weights = torch.as_tensor(advantage, dtype=torch.float32, device=samples.logprobs.device)  # (B*n,)
+        # Under torchrun this rank's images are a share of the global batch's (`totals[2]`, summed
+        # over ranks): the loss and the logged means become shares too, so that averaging the
+        # gradients over ranks and summing the logged values give the global batch's means.
+        share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
+        loss = -(weights * samples.caption_logprobs()).mean() * share
+        words = np.array([len(c) - (1 if c and c[-1] == vocab.eos_id else 0) for c in candidates])  # (B*n,) <eos> is not a word
+        host = {
+            "reward": rewards.mean(),
+            "baseline": baseline.mean(),
+            "advantage": advantage.mean(),  # with the mean baseline 0 by construction
+            "advantage_abs": np.abs(advantage).mean(),  # the size of the policy-gradient weights
+            "sample_length": words.mean(),
+            "reward_seconds": self.reward_seconds - reward_before,  # wall time of this step's scoring
+        }
+        values = torch.tensor([host[k] * share for k in self.logged[1:]], dtype=torch.float32).to(loss.device, non_blocking=True)  # (P-1,)
+        return loss, {"loss": loss.detach().float(), **dict(zip(self.logged[1:], values.unbind()))}

@@ -1,0 +1,153 @@
+"""Time the SCST reward and the SCST training step.
+
+    python scripts/bench_scst.py reward [path/to/captions_val2014.json] [--images 5000]
+    python scripts/bench_scst.py step runs/flickr8k_lstm_lite0/best.pt [--steps 8] [--baseline greedy]
+
+`reward`: the CIDEr-D reward over the references of COCO val2014 (document frequencies from all
+their ~200k captions, built once), scoring one held-out reference of each image as the candidate
+against the image's other references, batch by batch as SCST does (160 = 32 images x 5 samples);
+beside it, pycocoevalcap's CiderScorer on the same batches (which rebuilds its document frequencies
+from each batch, so it is not the same number, only the same work the naive loop would do).
+
+`step`: SCST steps of a trained checkpoint on its training images' references, with random image
+features of the checkpoint's grid (the step's cost does not depend on what the features show, only
+on how long the sampled captions are, which a trained decoder keeps realistic); reports the time of
+a step, the share spent in the reward, and the objective's logged values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def clock() -> float:
+    """CPU seconds of this process: the machine is shared, and CPU time is what a run would spend
+    on an idle core (wall time is printed beside it where it matters)."""
+    return time.process_time()
+
+
+def bench_reward(args: argparse.Namespace) -> None:
+    from pycocoevalcap.cider.cider_scorer import CiderScorer
+
+    from captioner.metrics import load_references
+    from captioner.rewards import Bleu4, CiderD, reference_ids
+    from captioner.vocab import Vocabulary, tokenize
+
+    references = load_references(args.annotations)
+    texts = [captions for captions in references.values() if len(captions) >= 2][: args.corpus or None]
+    vocab = Vocabulary.build((c for captions in texts for c in captions), 5)
+    oov: dict[str, int] = {}
+    start = clock()
+    ids = [[reference_ids(vocab, c, oov) for c in captions] for captions in texts]
+    tokenize_s = clock() - start
+    start = clock()
+    cider = CiderD(ids)
+    df_s = clock() - start
+    start = clock()
+    for key, refs in enumerate(ids):
+        cider.add_references(key, refs[1:])
+    refs_s = clock() - start
+    print(f"{len(ids)} images, {sum(map(len, ids))} references: tokenise+ids {tokenize_s:.1f} s, "
+          f"document frequencies {df_s:.1f} s, reference vectors {refs_s:.1f} s (once per run)")
+
+    count = min(args.images, len(ids))
+    candidates, keys = [refs[0] for refs in ids[:count]], list(range(count))
+    start, wall = clock(), time.perf_counter()
+    for i in range(0, count, args.batch):
+        cider.score(candidates[i : i + args.batch], keys[i : i + args.batch])
+    ours_s, wall = clock() - start, time.perf_counter() - wall
+    print(f"captioner.rewards.CiderD: {count} captions in {ours_s:.2f} CPU s = {count / ours_s:,.0f} captions/s "
+          f"({1000 * ours_s / (count / args.batch):.1f} ms per batch of {args.batch}; wall {wall:.2f} s)")
+    bleu = Bleu4()
+    for key, refs in enumerate(ids[:count]):
+        bleu.add_references(key, refs[1:])
+    start = clock()
+    for i in range(0, count, args.batch):
+        cider.score(candidates[i : i + args.batch], keys[i : i + args.batch]) + 0.5 * bleu.score(
+            candidates[i : i + args.batch], keys[i : i + args.batch]
+        )
+    both_s = clock() - start
+    print(f"CIDEr-D + 0.5 BLEU-4: {count / both_s:,.0f} captions/s")
+
+    words = [[" ".join(tokenize(c)) for c in captions] for captions in texts[:count]]
+    start = clock()
+    for i in range(0, count, args.batch):
+        scorer = CiderScorer(n=4, sigma=6.0)
+        for refs in words[i : i + args.batch]:
+            scorer += (refs[0], refs[1:])
+        scorer.compute_score()
+    theirs_s = clock() - start
+    print(f"pycocoevalcap CiderScorer per batch: {count} captions in {theirs_s:.2f} CPU s = {count / theirs_s:,.0f} captions/s")
+
+
+def bench_step(args: argparse.Namespace) -> None:
+    from captioner.checkpoint import load_captioner
+    from captioner.data import load_split
+    from captioner.data.batching import CaptionBatch
+    from captioner.scst import SelfCritical
+
+    model = load_captioner(args.checkpoint)
+    config = model.config
+    config.scst.baseline = args.baseline
+    records = load_split(config.data, "train")
+    start = clock()
+    objective = SelfCritical(config.scst, model.vocab, [r.captions for r in records])
+    setup_s = clock() - start
+    feats, _ = model.encoder(torch.zeros(1, 3, config.data.image_size, config.data.image_size))  # (1, N, D): the grid's shape
+    B = config.data.batch_size
+    optimizer = torch.optim.AdamW(model.decoder.parameters(), lr=config.train.lr)
+    model.train()
+    times, parts = [], []
+    generator = torch.Generator().manual_seed(0)
+    for step in range(args.steps + 1):
+        images = torch.randn(B, *feats.shape[1:], generator=generator)  # (B, N, D)
+        indices = torch.randint(len(records), (B,), generator=generator)  # (B,)
+        batch = CaptionBatch(images, torch.zeros(B, 2, dtype=torch.long), torch.full((B,), 2), torch.arange(B), indices)
+        reward_before = objective.reward_seconds
+        start, cpu = time.perf_counter(), clock()
+        loss, logged = objective(model, batch, config, encoded=True)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        elapsed, cpu = time.perf_counter() - start, clock() - cpu
+        if step:  # the first step warms up allocators and caches
+            times.append((elapsed, objective.reward_seconds - reward_before, cpu))
+            parts.append(logged)
+    total = np.array([t for t, _, _ in times])  # wall seconds per step
+    reward = np.array([r for _, r, _ in times])  # wall seconds in the reward
+    cpu = np.array([c for _, _, c in times])  # CPU seconds per step
+    print(f"{args.checkpoint}: {config.model.decoder.type}, {B} images x {config.scst.samples} samples, "
+          f"baseline {config.scst.baseline}, max_length {config.scst.max_length}; reward set-up {setup_s:.2f} s")
+    print(f"SCST step: {cpu.mean():.2f} CPU s, {total.mean():.2f} wall s (median {np.median(total):.2f}), reward {reward.mean() * 1000:.1f} ms wall "
+          f"= {100 * reward.sum() / total.sum():.1f}% of the step; "
+          f"{len(records) // B} steps per epoch -> {cpu.mean() * (len(records) // B):.0f} CPU s of training per epoch")
+    keys = parts[0].keys()
+    print("  " + ", ".join(f"{k} {np.mean([p[k] for p in parts]):.3f}" for k in keys))
+
+
+def main() -> None:
+    shared = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    reward = commands.add_parser("reward")
+    reward.add_argument("annotations", nargs="?", type=Path, default=shared / "coco" / "captions_val2014.json")
+    reward.add_argument("--corpus", type=int, default=0, help="images whose references make the corpus (0: all)")
+    reward.add_argument("--images", type=int, default=5000, help="candidates scored (one per image)")
+    reward.add_argument("--batch", type=int, default=160, help="captions per reward call (32 images x 5 samples)")
+    step = commands.add_parser("step")
+    step.add_argument("checkpoint", type=Path)
+    step.add_argument("--steps", type=int, default=8)
+    step.add_argument("--baseline", choices=("greedy", "mean"), default="greedy")
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    bench_reward(args) if args.command == "reward" else bench_step(args)
+
+
+if __name__ == "__main__":
+    main()

