@@ -16,7 +16,7 @@ pytest.importorskip("gradio", reason="the demo extra is not installed (pip insta
 
 from captioner.checkpoint import load_captioner, read_checkpoint, save_checkpoint  # noqa: E402
 from captioner.data.shapes import generate_shapes  # noqa: E402
-from captioner.demo import build_demo, caption_page, inside_views, launch, model_card  # noqa: E402
+from captioner.demo import build_demo, caption_page, close, inside_views, launch, model_card  # noqa: E402
 from helpers import tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def server(served) -> Iterator[str]:
         port = s.getsockname()[1]
     url = launch(demo, "127.0.0.1", port, block=False)
     yield url
-    demo.close()
+    close(demo)  # waits for the callbacks still drawing
 
 
 def image_src(page, selector: str) -> str:
@@ -140,3 +140,4 @@ def test_browser_shows_model_cards_head_view_and_per_head_maps(browser, server: 
     narrow = Image.open(io.BytesIO(page.request.get(image_src(page, "#head_view")).body()))
     assert narrow.width < picture.width / 2
     assert "Traceback" not in page.content()
+    page.close()  # its open connections would hold up the server's shutdown
