@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from captioner.data.records import is_int, read_json
 from captioner.errors import CaptionerError, DatasetError
 from captioner.vocab import tokenize
 
@@ -74,27 +75,6 @@ _LINE_BREAKS = re.compile("[\r\u2028\u2029\x0b\x0c\x85]")
 # --------------------------------------------------------------------------------------------
 
 
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DatasetError(f"{what} not found: {path}") from None
-    except IsADirectoryError:
-        raise DatasetError(f"{what} is a directory, not a JSON file: {path}") from None
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise DatasetError(f"cannot read {what} {path}: {e.strerror}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def load_references(path: str | os.PathLike[str]) -> References:
     """Read a COCO-format caption annotation file into image id -> reference captions.
 
@@ -102,7 +82,7 @@ def load_references(path: str | os.PathLike[str]) -> References:
     only "annotations" is needed (an image listed without captions cannot be scored against).
     """
     path = Path(path)
-    data = _read_json(path, "annotation file")
+    data = read_json(path, "annotation file")
     if not isinstance(data, dict):
         raise DatasetError(f"{path}: expected a COCO caption annotation object, got a JSON {type(data).__name__}")
     annotations = data.get("annotations")
@@ -119,7 +99,7 @@ def load_references(path: str | os.PathLike[str]) -> References:
         for field in ("image_id", "caption"):
             if field not in ann:
                 raise DatasetError(f'{path}: annotations[{i}] has no "{field}"')
-        if not _is_int(ann["image_id"]):
+        if not is_int(ann["image_id"]):
             raise DatasetError(f'{path}: annotations[{i}]: "image_id" must be an integer, got {ann["image_id"]!r}')
         if not isinstance(ann["caption"], str):
             raise DatasetError(f'{path}: annotations[{i}]: "caption" must be a string, got {ann["caption"]!r}')
@@ -133,7 +113,7 @@ def load_results(path: str | os.PathLike[str], references: Mapping[int, list[str
     """Read a COCO results file (`[{"image_id": int, "caption": str}, ...]`), checked against the
     annotations: every image must be annotated, appear once, and have a non-empty caption."""
     path = Path(path)
-    data = _read_json(path, "results file")
+    data = read_json(path, "results file")
     expected = 'a JSON list of {"image_id": int, "caption": str} objects'
     if not isinstance(data, list):
         raise DatasetError(f"{path}: expected {expected}, got a JSON {type(data).__name__}")
@@ -148,7 +128,7 @@ def load_results(path: str | os.PathLike[str], references: Mapping[int, list[str
             if field not in item:
                 raise DatasetError(f'{path}: item {i} has no "{field}" (expected {expected})')
         image_id, caption = item["image_id"], item["caption"]
-        if not _is_int(image_id):
+        if not is_int(image_id):
             raise DatasetError(f'{path}: item {i}: "image_id" must be an integer, got {image_id!r}')
         if not isinstance(caption, str):
             raise DatasetError(f'{path}: item {i} (image {image_id}): "caption" must be a string, got {caption!r}')

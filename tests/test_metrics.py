@@ -90,7 +90,7 @@ def test_load_references_and_results(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"annotations": [', r"ann\.json: not valid JSON: .* at line 1 column 18"),
+        ('{"annotations": [', r"ann\.json: not valid JSON \(.* at line 1 column 18\)"),
         ([1, 2], r"ann\.json: expected a COCO caption annotation object, got a JSON list"),
         ({"images": []}, r'ann\.json: missing "annotations"'),
         ({"annotations": [{"image_id": 1, "caption": "x"}, {"image_id": 2}]}, r'annotations\[1\] has no "caption"'),
@@ -103,9 +103,9 @@ def test_load_references_errors(tmp_path: Path, content: object, message: str) -
 
 
 def test_load_missing_files(tmp_path: Path) -> None:
-    with pytest.raises(DatasetError, match=r"annotation file not found: .*nope\.json"):
+    with pytest.raises(DatasetError, match=r"nope\.json: annotation file not found"):
         load_references(tmp_path / "nope.json")
-    with pytest.raises(DatasetError, match=r"results file not found: .*nope\.json"):
+    with pytest.raises(DatasetError, match=r"nope\.json: results file not found"):
         load_results(tmp_path / "nope.json", REFS)
 
 
@@ -113,7 +113,7 @@ def test_load_missing_files(tmp_path: Path) -> None:
     ("content", "message"),
     [
         ('[{"image_id": 1, "caption": "a dog"},\n {"image_id": 2 "caption": "x"}]',
-         r"res\.json: not valid JSON: Expecting ',' delimiter at line 2 column 17"),
+         r"res\.json: not valid JSON \(Expecting ',' delimiter at line 2 column 17\)"),
         ({"image_id": 1, "caption": "a dog"}, r"res\.json: expected a JSON list of .* objects, got a JSON dict"),
         ([], r"res\.json: no results"),
         ([{"image_id": 1, "caption": "a dog"}, "a cat"], r"res\.json: item 1 is a str, expected a JSON list"),
