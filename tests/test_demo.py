@@ -23,7 +23,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import count_panels, require_module, tiny_model  # noqa: E402
+from helpers import count_panels, never_stopping, require_module, tiny_model  # noqa: E402
 
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
@@ -65,14 +65,6 @@ def trained(shapes_lstm: TrainedRun, tmp_path_factory: pytest.TempPathFactory) -
     save_checkpoint(transformer, never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
     return Trained(shapes_lstm.checkpoint, transformer, shapes_lstm.test_images)
 
-
-def never_stopping(model):
-    """A random model ends its captions at once or writes <pad>; this one writes words to the end."""
-    vocab = model.vocab
-    out = [m for m in model.decoder.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(vocab)][-1]
-    with torch.no_grad():
-        out.bias[[vocab.pad_id, vocab.bos_id, vocab.eos_id]] = -30.0
-    return model
 
 
 @pytest.fixture(scope="module")

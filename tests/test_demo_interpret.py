@@ -17,7 +17,7 @@ pytest.importorskip("gradio", reason="the demo extra is not installed (pip insta
 from captioner.checkpoint import load_captioner, read_checkpoint, save_checkpoint  # noqa: E402
 from captioner.data.shapes import generate_shapes  # noqa: E402
 from captioner.demo import build_demo, caption_page, close, inside_views, launch, model_card  # noqa: E402
-from helpers import tiny_model  # noqa: E402
+from helpers import never_stopping, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
@@ -29,14 +29,6 @@ HISTORY = [
 ]
 
 
-def writes_words(model):
-    """A random model ends its captions at once; this one writes words to the end."""
-    vocab = model.vocab
-    out = [m for m in model.decoder.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(vocab)][-1]
-    with torch.no_grad():
-        out.bias[[vocab.pad_id, vocab.bos_id, vocab.eos_id]] = -30.0
-    return model
-
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Path]]:
@@ -45,8 +37,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[P
     generate_shapes(root / "shapes", 0, 0, 3, image_size=64, progress=False)
     lstm, transformer = root / "lstm.pt", root / "transformer.pt"
     state = {"epoch": 3, "best_epoch": 2, "best_score": 2.25, "history": HISTORY}
-    save_checkpoint(lstm, writes_words(tiny_model()), train_state=state)
-    save_checkpoint(transformer, writes_words(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
+    save_checkpoint(lstm, never_stopping(tiny_model()), train_state=state)
+    save_checkpoint(transformer, never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
     return lstm, transformer, sorted((root / "shapes" / "test").iterdir())
 
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import require_module, tiny_model  # noqa: E402
+from helpers import never_stopping, require_module, tiny_model  # noqa: E402
 
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
@@ -41,21 +41,13 @@ class Models:
     image: Path
 
 
-def writing(model: Captioner) -> Captioner:
-    """A random model that writes words to the length limit rather than ending at once."""
-    vocab = model.vocab
-    out = [m for m in model.decoder.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(vocab)][-1]
-    with torch.no_grad():
-        out.bias[[vocab.pad_id, vocab.bos_id, vocab.eos_id]] = -30.0
-    return model
-
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("requests")
-    save_checkpoint(root / "lstm.pt", writing(tiny_model()))
-    save_checkpoint(root / "transformer.pt", writing(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
+    save_checkpoint(root / "lstm.pt", never_stopping(tiny_model()))
+    save_checkpoint(root / "transformer.pt", never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
     picture = np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)
     Image.fromarray(picture).save(root / "photo.png")
     return Models(root / "lstm.pt", root / "transformer.pt", root / "photo.png")
