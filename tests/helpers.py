@@ -18,22 +18,21 @@ def tiny_vocab() -> Vocabulary:
     return Vocabulary.build([" ".join(WORDS)])
 
 
+# A model of a few thousand weights on 32 px images, as overrides (for configs and command lines).
+TINY_MODEL = [
+    "data.image_size=32",
+    "model.encoder.width=8",
+    "model.decoder.embed_dim=16",
+    "model.decoder.hidden_dim=24",
+    "model.decoder.attention_dim=12",
+    "model.decoder.d_model=16",
+    "model.decoder.num_heads=2",
+    "model.decoder.ff_dim=32",
+]
+
+
 def tiny_config(*overrides: str) -> Config:
-    return load_config(
-        None,
-        [
-            "data.image_size=32",
-            "model.encoder.width=8",
-            "model.decoder.embed_dim=16",
-            "model.decoder.hidden_dim=24",
-            "model.decoder.attention_dim=12",
-            "model.decoder.d_model=16",
-            "model.decoder.num_heads=2",
-            "model.decoder.ff_dim=32",
-            "model.decoder.dropout=0.1",
-            *overrides,
-        ],
-    )
+    return load_config(None, [*TINY_MODEL, "model.decoder.dropout=0.1", *overrides])
 
 
 def tiny_model(*overrides: str, seed: int = 0) -> Captioner:

@@ -16,7 +16,7 @@ from captioner.data.batching import CaptionBatch
 from captioner.decoding import greedy_decode
 from captioner.errors import CheckpointError, ConfigError
 from captioner.scst import SelfCritical, ended, mean_of_others
-from helpers import tiny_config, tiny_model
+from helpers import TINY_MODEL, tiny_config, tiny_model
 
 
 def feature_batch(model, images: int = 3, seed: int = 0) -> CaptionBatch:
@@ -120,15 +120,8 @@ TINY = [
     "data.shapes_num_train=48",
     "data.shapes_num_val=8",
     "data.shapes_num_test=4",
-    "data.image_size=32",
+    *TINY_MODEL,
     "data.batch_size=16",
-    "model.encoder.width=8",
-    "model.decoder.embed_dim=16",
-    "model.decoder.hidden_dim=24",
-    "model.decoder.attention_dim=12",
-    "model.decoder.d_model=16",
-    "model.decoder.num_heads=2",
-    "model.decoder.ff_dim=32",
     "model.decoder.dropout=0.0",
     "train.epochs=1",
     "train.warmup_steps=1",
