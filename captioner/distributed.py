@@ -88,7 +88,7 @@ class Distributed:
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
+            p.grad = flat[offset : offset + n].view_as(p)  # views of the one reduced buffer, as DDP's buckets
             offset += n
 
     def all_gather(self, obj: Any) -> list[Any]:
