@@ -61,7 +61,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def environment(site: Path, **extra: str) -> dict[str, str]:
     site.mkdir(exist_ok=True)
     shutil.copy(ROOT / "tests" / "torchrun_site.py", site / "sitecustomize.py")
-    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1", **extra}
+    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1", **extra}
 
 
 def torchrun(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
@@ -97,7 +97,7 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
     single_run = subprocess.Popen(  # beside the torchrun one, to save time
         [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=8",
          f"data.root={shapes}", f"train.out_dir={tmp_path / 'single'}"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     ddp = torchrun(["train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",

@@ -50,7 +50,9 @@ def train_command(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # one thread: the same float sums in every run
+    # One thread: the same float sums in every run (CAPTIONER_THREADS, since captioner.runtime otherwise
+    # picks the cores free at start, which differ between the reference and the resumed run under load).
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
