@@ -327,7 +327,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     scst = config.train.stage == "scst"
     pairs = "all" if scst else data.captions_per_image  # SCST: one item per image, rewarded against all its references
     train_set = CaptionDataset(train_records, vocab, transform, data.max_caption_length, pairs, train_features)
-    objective = SelfCritical(config.scst, vocab, [r.captions for r in train_set.records]) if scst else caption_loss
+    objective = SelfCritical(config.scst, vocab, [r.captions for r in train_set.records], xent=caption_loss) if scst else caption_loss
     state.logged = objective.logged if scst else LOGGED
     sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
     workers = 0 if on_device else data.num_workers
@@ -398,6 +398,18 @@ def fit(config: Config, resume: bool = False) -> Path:
             save("last.pt")
 
     try:
+        if scst and checkpoint is None:
+            # The starting model is the first candidate, so SCST's best.pt is never worse on val
+            # than its init, and the log shows where the stage starts from.
+            validate_start = time.time()
+            scores, example = validate(model, ctx, val_records, val_features, grid, data.num_workers)
+            state.best_score, state.best_epoch = scores[metric], 0
+            state.history.append(
+                {"epoch": 0, "step": 0} | {f"val_{k}": round(v, 5) for k, v in scores.items()} | {"seconds": round(time.time() - validate_start, 1)}
+            )
+            if ctx.is_main:
+                log.info("start (%s)  val %s %.4f  e.g. %r", config.train.init, metric, scores[metric], example)
+            save("best.pt")
         for epoch in range(state.epoch + 1, config.train.epochs + 1):
             epoch_start = time.time()
             if state.position == 0:
@@ -552,7 +564,8 @@ def plot_training(csv_path: Path, step_losses: list[tuple[int, float]], out: Pat
     fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(11, 4))
     if step_losses:
         ax_loss.plot([s for s, _ in step_losses], [v for _, v in step_losses], alpha=0.5, label="per logged step")
-    ax_loss.plot([r["step"] for r in history], [r["train_loss"] for r in history], "o-", label="epoch mean")
+    trained = [r for r in history if "train_loss" in r]  # an SCST stage's epoch 0 is validation only
+    ax_loss.plot([r["step"] for r in trained], [r["train_loss"] for r in trained], "o-", label="epoch mean")
     ax_loss.set(xlabel="step", ylabel="training loss", title="training loss")
     ax_loss.legend()
     for key in ("val_Bleu_1", "val_Bleu_4", "val_CIDEr"):
