@@ -239,6 +239,8 @@ class ScstConfig:
     baseline: str = setting("greedy", Choice(("greedy", "mean")))  # greedy: the greedy caption's reward | mean: the image's other samples' mean reward
     cider_weight: float = setting(1.0, Range(ge=0))  # reward = cider_weight * CIDEr-D + bleu_weight * BLEU-4
     bleu_weight: float = setting(0.0, Range(ge=0))
+    xent_weight: float = setting(0.0, Range(ge=0))  # + this x the cross-entropy stage's loss on the batch's reference captions (0: pure SCST)
+    dropout: bool = setting(True, Flag())  # sample with the decoder's dropout on, as in training (self-critical.pytorch); false: the test-time decoder
 
 
 @dataclass

@@ -14,6 +14,11 @@ Baselines (`scst.baseline`):
 - mean: the mean reward of the image's OTHER samples (Luo 2020, "new self-critical"): no extra
   decoding, and the baseline of a sample never depends on the sample itself.
 
+With `scst.xent_weight` > 0 the cross-entropy stage's loss on the batch's reference captions is
+added with that weight (ruotianluo's `structure_loss_weight`, Paulus et al. 2018's mixed
+objective): on a small training set it anchors the policy to the references while the reward
+reshapes it.
+
 `SelfCritical` is called like `train.caption_loss`, (model, batch, config, encoded) -> (loss,
 logged values), so `fit` only picks it for the stage and knows nothing else about it.
 """
@@ -51,7 +56,7 @@ class SelfCritical:
     `references[i]` are the reference captions (text) of the dataset's image i; the reward's
     document frequencies come from all of them, once, and `batch.indices` picks each image's.
     `reward(candidates, image indices) -> (C,)` replaces the CIDEr-D reward (tests use one that
-    favours a word).
+    favours a word). `xent` is the cross-entropy objective that `scst.xent_weight` mixes in.
     """
 
     def __init__(
@@ -60,14 +65,18 @@ class SelfCritical:
         vocab: Vocabulary,
         references: Sequence[Sequence[str]],
         reward: Callable[[list[list[int]], list[int]], np.ndarray] | None = None,
+        xent: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None,
     ) -> None:
         self.settings = settings
         self.vocab = vocab
         self.reward = reward or CaptionReward(vocab, references, settings.cider_weight, settings.bleu_weight)
         self.banned = (vocab.pad_id, vocab.bos_id, vocab.unk_id)
         self.reward_seconds = 0.0  # time spent scoring, in total
+        self.xent = xent
+        if settings.xent_weight and xent is None:
+            raise ValueError("SelfCritical: scst.xent_weight needs the cross-entropy objective (xent)")
 
-    logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "reward_seconds")
+    logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "reward_seconds", "xent")
 
     def __call__(
         self,
@@ -90,9 +99,14 @@ class SelfCritical:
                 feats = torch.zeros_like(feats)
         else:
             feats, _ = model.encode(batch.images)  # (B, N, D), with gradients into a fine-tuned encoder
-        samples = sample_captions(
-            model.decoder, feats, vocab.bos_id, vocab.eos_id, n, s.max_length, s.temperature, banned=self.banned
-        )  # tokens, logprobs, mask: (B*n, T)
+        decoder_was_training = model.decoder.training
+        model.decoder.train(s.dropout)  # without dropout the policy sampled and pushed is the test-time decoder
+        try:
+            samples = sample_captions(
+                model.decoder, feats, vocab.bos_id, vocab.eos_id, n, s.max_length, s.temperature, banned=self.banned
+            )  # tokens, logprobs, mask: (B*n, T)
+        finally:
+            model.decoder.train(decoder_was_training)
         tokens, lengths = samples.tokens.cpu(), samples.lengths.cpu()  # the reward reads ids on the CPU
         keys = batch.indices.repeat_interleave(n).tolist()  # (B*n,): dataset index of each sample's image
         candidates = [tokens[r, : int(lengths[r])].tolist() for r in range(tokens.shape[0])]  # words + <eos> if ended
@@ -124,6 +138,11 @@ class SelfCritical:
         # gradients over ranks and summing the logged values give the global batch's means.
         share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
         loss = -(weights * samples.caption_logprobs()).mean() * share
+        xent = torch.zeros((), device=loss.device)
+        if s.xent_weight:
+            # Teacher forcing on every reference of the batch's images; `totals` make it this rank's share.
+            xent, _ = self.xent(model, batch, config, encoded, totals)
+            loss = loss + s.xent_weight * xent
         words = np.array([len(c) - (1 if c and c[-1] == vocab.eos_id else 0) for c in candidates])  # (B*n,) <eos> is not a word
         host = {
             "reward": rewards.mean(),
@@ -133,5 +152,6 @@ class SelfCritical:
             "sample_length": words.mean(),
             "reward_seconds": self.reward_seconds - reward_before,  # wall time of this step's scoring
         }
-        values = torch.tensor([host[k] * share for k in self.logged[1:]], dtype=torch.float32).to(loss.device, non_blocking=True)  # (P-1,)
-        return loss, {"loss": loss.detach().float(), **dict(zip(self.logged[1:], values.unbind()))}
+        values = torch.tensor([host[k] * share for k in self.logged[1:-1]], dtype=torch.float32).to(loss.device, non_blocking=True)  # (P-1,)
+        logged = dict(zip(self.logged[1:-1], values.unbind()))
+        return loss, {"loss": loss.detach().float(), **logged, "xent": xent.detach().float()}

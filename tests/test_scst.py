@@ -114,6 +114,57 @@ def test_steps_raise_the_probability_of_a_rewarded_word(decoder: str, baseline: 
     assert after > before * 1.5, (before, after)
 
 
+class Constant:
+    """A reward that is the same for every caption: the policy gradient is exactly zero."""
+
+    def __call__(self, candidates: list[list[int]], keys: list[int]) -> np.ndarray:
+        return np.ones(len(candidates))
+
+
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+def test_xent_weight_adds_the_cross_entropy_stage_loss(decoder: str) -> None:
+    from captioner.train import caption_loss
+
+    model = tiny_model(f"model.decoder.type={decoder}", "model.decoder.dropout=0.0").train()
+    vocab = model.vocab
+    words = [vocab.index[w] for w in ("a", "red", "star")]
+    tokens = torch.tensor([[vocab.bos_id, *words, vocab.eos_id], [vocab.bos_id, *words[:2], vocab.eos_id, vocab.pad_id]])  # (2, 5)
+    batch = feature_batch(model, images=2)
+    batch = CaptionBatch(batch.images, tokens, torch.tensor([5, 4]), torch.tensor([0, 1]), batch.indices)
+    settings = ScstConfig(samples=3, baseline="mean", max_length=6, xent_weight=0.7)
+    objective = SelfCritical(settings, vocab, [], Constant(), xent=caption_loss)
+    loss, parts = objective(model, batch, model.config, encoded=True)
+    xent, _ = caption_loss(model, batch, model.config, encoded=True)
+    assert float(parts["advantage_abs"]) == 0.0  # equal rewards: the sampled captions weigh nothing
+    assert float(loss.detach()) == pytest.approx(0.7 * float(xent.detach()), rel=1e-6)
+    assert float(parts["xent"]) == pytest.approx(float(xent), rel=1e-6)
+    loss.backward()
+    assert model.decoder.embedding.weight.grad[words[2]].abs().sum() > 0  # the references' words get gradients
+    with pytest.raises(ValueError, match="xent_weight"):
+        SelfCritical(settings, vocab, [], Constant())
+
+
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+def test_scst_dropout_off_samples_the_test_time_decoder(decoder: str) -> None:
+    model = tiny_model(f"model.decoder.type={decoder}", "model.decoder.dropout=0.5").train()
+    reward = Recorder(model.vocab.index["red"])
+    batch = feature_batch(model, images=4)
+
+    def sampled(dropout: bool) -> tuple[list[list[int]], float]:
+        objective = SelfCritical(ScstConfig(samples=4, baseline="mean", max_length=8, dropout=dropout), model.vocab, [], reward)
+        torch.manual_seed(0)
+        loss, _ = objective(model, batch, model.config, encoded=True)
+        return reward.calls[-1][0], float(loss.detach())
+
+    off = sampled(False)
+    assert model.training and model.decoder.training  # the mode is restored for the backward pass and the next step
+    model.eval()
+    test_time = sampled(False)
+    model.train()
+    assert off == test_time  # the same samples and log-probabilities as the eval-mode decoder
+    assert sampled(True) != off  # with dropout on they differ
+
+
 # --- the stage end to end: cross-entropy, then SCST from its checkpoint -----------------------------
 
 TINY = [
@@ -142,25 +193,29 @@ def test_init_from_a_checkpoint_trains_an_scst_epoch(decoder: str, tmp_path: Pat
     assert main(["train", config, *scst, "train.lr=1e-4", "--init", str(xe)]) == 0
 
     rows = list(csv.DictReader(open(tmp_path / "scst" / "metrics.csv")))
-    assert len(rows) == 1
-    for key in ("train_reward", "train_baseline", "train_advantage", "train_sample_length", "val_CIDEr"):
-        assert key in rows[0], key
-    assert 0 < float(rows[0]["train_sample_length"]) <= 8
-    assert int(rows[0]["step"]) == 3  # 48 images, 16 per batch: one item per image
-    started, trained = read_checkpoint(xe), read_checkpoint(tmp_path / "scst" / "best.pt")
+    assert [int(r["epoch"]) for r in rows] == [0, 1]  # epoch 0: the starting model, validated only
+    assert rows[0]["val_CIDEr"] and not rows[0]["train_reward"]
+    for key in ("train_reward", "train_baseline", "train_advantage", "train_sample_length", "train_xent", "val_CIDEr"):
+        assert rows[1][key], key
+    assert 0 < float(rows[1]["train_sample_length"]) <= 8
+    assert int(rows[1]["step"]) == 3  # 48 images, 16 per batch: one item per image
+    # best.pt is the better of the starting model and epoch 1 on val.
+    best = read_checkpoint(tmp_path / "scst" / "best.pt")["train_state"]
+    assert best["best_epoch"] == (1 if float(rows[1]["val_CIDEr"]) > float(rows[0]["val_CIDEr"]) else 0)
+    started, trained = read_checkpoint(xe), read_checkpoint(tmp_path / "scst" / "last.pt")
     assert trained["vocab"] == started["vocab"]  # the vocabulary came from the checkpoint
     assert trained["config"]["model"] == started["config"]["model"]
     assert trained["train_state"]["step"] == 3  # a fresh schedule: steps count from 0
     assert any(not torch.equal(started["model"][k], v) for k, v in trained["model"].items())  # it trained
     encoder = [k for k in started["model"] if k.startswith("encoder.")]
     assert encoder and any(not torch.equal(started["model"][k], trained["model"][k]) for k in encoder)  # the encoder is fine-tuned
-    assert load_captioner(tmp_path / "scst" / "best.pt").vocab.words == started["vocab"]
+    assert load_captioner(tmp_path / "scst" / "last.pt").vocab.words == started["vocab"]
 
     # Resume continues the SCST stage where it stopped: a second epoch, the same objective.
     assert main(["train", config, *scst, "train.lr=1e-4", "train.epochs=2", f"train.init={xe}", "--resume"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "scst" / "metrics.csv")))
-    assert [int(r["epoch"]) for r in rows] == [1, 2] and int(rows[1]["step"]) == 6
-    assert "train_reward" in rows[1]
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2] and int(rows[2]["step"]) == 6
+    assert rows[2]["train_reward"]
 
     with pytest.raises(CheckpointError, match=r"model\.decoder\.dropout is 0\.0 in the checkpoint but 0\.3 in the config"):
         from captioner.config import load_config
