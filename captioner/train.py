@@ -402,7 +402,7 @@ def fit(config: Config, resume: bool = False) -> Path:
             # The starting model is the first candidate, so SCST's best.pt is never worse on val
             # than its init, and the log shows where the stage starts from.
             validate_start = time.time()
-            scores, example = validate(model, ctx, val_records, val_features, grid, data.num_workers)
+            scores, example = validate(model, ctx, val_records, val_features, grid, data.num_workers, config.train.val_beam_size)
             state.best_score, state.best_epoch = scores[metric], 0
             state.history.append(
                 {"epoch": 0, "step": 0} | {f"val_{k}": round(v, 5) for k, v in scores.items()} | {"seconds": round(time.time() - validate_start, 1)}
@@ -418,7 +418,7 @@ def fit(config: Config, resume: bool = False) -> Path:
             train_one_epoch(model, forward, loader, optimizer, scheduler, config, ctx, epoch, state, periodic_save, objective)
             means = state.read_epoch_means(ctx)
             train_loss = means["loss"]
-            scores, example = validate(model, ctx, val_records, val_features, grid, data.num_workers)
+            scores, example = validate(model, ctx, val_records, val_features, grid, data.num_workers, config.train.val_beam_size)
             state.epoch, state.position = epoch, 0
             improved = scores[metric] > state.best_score
             if improved:
@@ -447,7 +447,7 @@ def fit(config: Config, resume: bool = False) -> Path:
         if state.writer is not None:
             state.writer.close()
     if ctx.is_main:
-        plot_training(out_dir / "metrics.csv", state.step_losses, out_dir / "training_curves.png", metric)
+        plot_training(out_dir / "metrics.csv", state.step_losses, out_dir / "training_curves.png", metric, config.train.val_beam_size)
         log.info("best val %s %.4f at epoch %d: %s", metric, state.best_score, state.best_epoch, out_dir / "best.pt")
     distributed.shutdown(ctx)
     return out_dir / "best.pt"
@@ -481,12 +481,13 @@ def validate(
     features: torch.Tensor | StoreRows | None,
     grid: tuple[int, int] | None,
     num_workers: int,
+    beam_size: int = 1,
 ) -> tuple[dict[str, float], str]:
-    """Greedy captions of the val images, each rank its share, scored on the gathered whole
-    (every rank gets the same scores); returns the scores and one example caption."""
+    """Greedy (or beam) captions of the val images, each rank its share, scored on the gathered
+    whole (every rank gets the same scores); returns the scores and one example caption."""
     mine = ctx.shard(list(range(len(records))))
     captions = caption_records(
-        model, [records[i] for i in mine], beam_size=1, features=None if features is None else features[mine],
+        model, [records[i] for i in mine], beam_size=beam_size, features=None if features is None else features[mine],
         grid=grid, num_workers=num_workers, progress=False,
     )
     texts = {image_id: c.text for image_id, c in captions.items()}
@@ -551,7 +552,7 @@ def read_history(path: Path) -> list[dict]:
     return rows
 
 
-def plot_training(csv_path: Path, step_losses: list[tuple[int, float]], out: Path, metric: str) -> None:
+def plot_training(csv_path: Path, step_losses: list[tuple[int, float]], out: Path, metric: str, beam_size: int = 1) -> None:
     """Training loss per epoch (and per logged step) beside the validation scores."""
     import matplotlib
 
@@ -571,7 +572,8 @@ def plot_training(csv_path: Path, step_losses: list[tuple[int, float]], out: Pat
     for key in ("val_Bleu_1", "val_Bleu_4", "val_CIDEr"):
         if key in history[0]:
             ax_val.plot([r["epoch"] for r in history], [r[key] for r in history], "o-", label=key[4:])
-    ax_val.set(xlabel="epoch", ylabel="score", title=f"validation (greedy decoding); best by {metric}")
+    decoding = "greedy decoding" if beam_size == 1 else f"beam {beam_size}"
+    ax_val.set(xlabel="epoch", ylabel="score", title=f"validation ({decoding}); best by {metric}")
     ax_val.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=100)

@@ -233,9 +233,30 @@ def test_scst_stage_needs_a_starting_checkpoint(tmp_path: Path) -> None:
         fit(config)
 
 
+def test_validation_decodes_with_train_val_beam_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import captioner.train as train
+
+    torch.set_num_threads(1)
+    beams: list[int] = []
+    decode = train.caption_records
+
+    def spy(*args, **kwargs):
+        beams.append(kwargs["beam_size"])
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(train, "caption_records", spy)
+    config = tiny_config(f"data.root={tmp_path / 'shapes'}", "data.shapes_num_train=8", "data.shapes_num_val=4",
+                         "data.shapes_num_test=2", "data.batch_size=8", "train.epochs=1", "train.val_beam_size=2",
+                         "decode.max_length=6", f"train.out_dir={tmp_path / 'run'}")
+    train.fit(config)
+    assert beams == [2]  # the one validation of the epoch decoded with the configured beam
+    assert (tmp_path / "run" / "training_curves.png").is_file()
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
+        ("train.val_beam_size=0", r"'train.val_beam_size' must be in \[1, 100\]"),
         ("scst.baseline=best", "'scst.baseline' must be one of greedy, mean"),
         ("train.stage=rl", "'train.stage' must be one of xe, scst"),
         ("scst.samples=0", "'scst.samples' must be >= 1"),
