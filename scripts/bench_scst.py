@@ -1,7 +1,7 @@
 """Time the SCST reward and the SCST training step.
 
     python scripts/bench_scst.py reward [path/to/captions_val2014.json] [--images 5000]
-    python scripts/bench_scst.py step runs/flickr8k_lstm_lite0/best.pt [--steps 8] [--baseline greedy]
+    python scripts/bench_scst.py step runs/flickr8k_lstm_lite0_scst/best.pt [--steps 8] [--baseline greedy|mean]
 
 `reward`: the CIDEr-D reward over the references of COCO val2014 (document frequencies from all
 their ~200k captions, built once), scoring one held-out reference of each image as the candidate
@@ -9,7 +9,8 @@ against the image's other references, batch by batch as SCST does (160 = 32 imag
 beside it, pycocoevalcap's CiderScorer on the same batches (which rebuilds its document frequencies
 from each batch, so it is not the same number, only the same work the naive loop would do).
 
-`step`: SCST steps of a trained checkpoint on its training images' references, with random image
+`step`: SCST steps of a trained checkpoint (its config's `scst` section and batch size: an SCST
+checkpoint brings its stage's recipe) on its training images' references, with random image
 features of the checkpoint's grid (the step's cost does not depend on what the features show, only
 on how long the sampled captions are, which a trained decoder keeps realistic); reports the time of
 a step, the share spent in the reward, and the objective's logged values.
@@ -94,7 +95,8 @@ def bench_step(args: argparse.Namespace) -> None:
 
     model = load_captioner(args.checkpoint)
     config = model.config
-    config.scst.baseline = args.baseline
+    if args.baseline:
+        config.scst.baseline = args.baseline
     records = load_split(config.data, "train")
     start = clock()
     objective = SelfCritical(config.scst, model.vocab, [r.captions for r in records])
@@ -123,7 +125,8 @@ def bench_step(args: argparse.Namespace) -> None:
     reward = np.array([r for _, r, _ in times])  # wall seconds in the reward
     cpu = np.array([c for _, _, c in times])  # CPU seconds per step
     print(f"{args.checkpoint}: {config.model.decoder.type}, {B} images x {config.scst.samples} samples, "
-          f"baseline {config.scst.baseline}, max_length {config.scst.max_length}; reward set-up {setup_s:.2f} s")
+          f"baseline {config.scst.baseline}, temperature {config.scst.temperature}, max_length {config.scst.max_length}; "
+          f"reward set-up {setup_s:.2f} s")
     print(f"SCST step: {cpu.mean():.2f} CPU s, {total.mean():.2f} wall s (median {np.median(total):.2f}), reward {reward.mean() * 1000:.1f} ms wall "
           f"= {100 * reward.sum() / total.sum():.1f}% of the step; "
           f"{len(records) // B} steps per epoch -> {cpu.mean() * (len(records) // B):.0f} CPU s of training per epoch")
@@ -143,7 +146,7 @@ def main() -> None:
     step = commands.add_parser("step")
     step.add_argument("checkpoint", type=Path)
     step.add_argument("--steps", type=int, default=8)
-    step.add_argument("--baseline", choices=("greedy", "mean"), default="greedy")
+    step.add_argument("--baseline", choices=("greedy", "mean"), default=None, help="default: the checkpoint's scst.baseline")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     bench_reward(args) if args.command == "reward" else bench_step(args)
