@@ -197,7 +197,7 @@ def test_scst_under_torchrun(shapes: Path, tmp_path: Path) -> None:
                        "scst.samples=2", "scst.max_length=6", "train.lr=1e-4", "--init", str(xe / "best.pt")], env, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = (scst / "metrics.csv").read_text().splitlines()
-    assert len(rows) == 2 and "train_reward" in rows[0]
-    assert int(rows[1].split(",")[1]) == 6  # 48 train images, one item per image, 2 ranks x 4: 6 steps
+    assert len(rows) == 3 and "train_reward" in rows[0]  # the header, epoch 0 (the starting model), epoch 1
+    assert rows[1].startswith("0,0,") and int(rows[2].split(",")[1]) == 6  # 48 train images, one item per image, 2 ranks x 4: 6 steps
     model = load_captioner(scst / "best.pt")
     assert model.caption_files(sorted((shapes / "test").glob("*.jpg"))[:1])[0].words
