@@ -64,8 +64,9 @@ def environment(site: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1", **extra}
 
 
-def torchrun(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "captioner", *args]
+def torchrun(args: list[str], env: dict[str, str], timeout: float, monitor_interval: float | None = None) -> subprocess.CompletedProcess:
+    launcher = [] if monitor_interval is None else [f"--monitor-interval={monitor_interval}"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher, "-m", "captioner", *args]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -141,8 +142,11 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
 def test_a_failing_rank_stops_every_rank_with_its_message(shapes: Path, tmp_path: Path) -> None:
     env = environment(tmp_path / "site", CAPTIONER_TEST_FAIL_RANK="1")
     start = time.time()
+    # torchrun polls its workers every 0.1 s by default and then kills the survivors; rank 0 learns
+    # of the failure at its next collective, and when that comes later than the poll it is killed
+    # before it can say so (the race made this test flaky). Polling every 5 s leaves it the time.
     result = torchrun(["train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",
-                       f"train.out_dir={tmp_path / 'run'}", "train.dist_timeout_minutes=2"], env, timeout=240)
+                       f"train.out_dir={tmp_path / 'run'}", "train.dist_timeout_minutes=2"], env, timeout=240, monitor_interval=5)
     seconds = time.time() - start
     assert result.returncode != 0
     assert "error: rank 1: injected failure: a file only rank 1 reads is unreadable" in result.stderr
