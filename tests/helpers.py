@@ -83,6 +83,24 @@ def best_by_enumeration(decoder, feat, words: list[int], bos: int, eos: int, max
     return best
 
 
+def assert_beam_ranks_by_length_penalty(decoder, feats, bos: int, eos: int) -> None:
+    """Beam search with a beam holding every hypothesis (words 3 and 4, up to 4 of them) returns,
+    for each of `feats` (B, N, D), the caption `best_by_enumeration` finds, with its score, for
+    alpha 0, 0.7 and 2; and the winner changes with alpha (longer for 2), so a search that
+    ignored alpha would fail."""
+    from captioner.decoding import beam_search
+
+    winners = {}
+    for alpha in (0.0, 0.7, 2.0):
+        hyps = beam_search(decoder, feats, bos, eos, beam_size=32, max_length=5, alpha=alpha, banned=(0, bos))
+        expected = [best_by_enumeration(decoder, feat, [3, 4], bos=bos, eos=eos, max_length=5, alpha=alpha) for feat in feats]
+        assert [h.tokens for h in hyps] == [tokens for tokens, _ in expected], alpha
+        assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
+        winners[alpha] = [h.tokens for h in hyps]
+    flips = sum(a != b for a, b in zip(winners[0.0], winners[2.0]))
+    assert flips >= 2 and all(len(b) >= len(a) for a, b in zip(winners[0.0], winners[2.0]))
+
+
 def count_panels(png, min_side: int = 40) -> int:
     """The number of picture panels in a saved figure (the input image and one heatmap per word):
     connected regions of non-white pixels at least `min_side` pixels on each side that fill most
