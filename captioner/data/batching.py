@@ -157,4 +157,5 @@ def image_loader(records: list[ImageRecord], transform: ImageTransform, batch_si
         num_workers=num_workers,
         collate_fn=collate_images,
         persistent_workers=False,
+        generator=torch.Generator(),  # a loader draws its worker seed from this: validating must not move training's RNG
     )
