@@ -220,6 +220,7 @@ class TrainConfig:
     val_max_images: int = setting(500, COUNT)  # validation decodes this many val images (0 = all)
     val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))
     val_beam_size: int = setting(1, Range(ge=1, le=100))  # validation decodes greedily (1, as the field logs it) or with this beam
+    val_every_steps: int = setting(0, COUNT)  # also validate every N steps, mid-epoch (best.pt may come from inside an epoch); 0: at each epoch's end
     cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once, into the feature store
     time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
     threads: int = setting(0, COUNT)  # torch CPU threads for this run; 0: $CAPTIONER_THREADS, else captioner.runtime's default

@@ -324,12 +324,13 @@ def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
     config = model.config
     state = payload.get("train_state") or {}
     history = state.get("history") or []
-    best_epoch = state.get("best_epoch")
-    row = next((r for r in history if r.get("epoch") == best_epoch), history[-1] if history else None)
+    best_epoch, best_step = state.get("best_epoch"), state.get("best_step")
+    row = next((r for r in history if r.get("epoch") == best_epoch and best_step in (None, r.get("step"))), history[-1] if history else None)
     metric = config.train.val_metric
     if row:
         scores = ", ".join(f"{k[4:]} {float(v):.3f}" for k, v in row.items() if k.startswith("val_"))
-        val = f"validation at epoch {row['epoch']} of {state.get('epoch', '?')} (best {metric}): {scores}"
+        where = f"epoch {row['epoch']}" + (f", step {row['step']}" if "epochs_done" in row else "")  # mid-epoch (train.val_every_steps)
+        val = f"validation at {where} of {state.get('epoch', '?')} (best {metric}): {scores}"
     else:
         val = "no validation scores in the checkpoint"
     data = config.data

@@ -172,7 +172,8 @@ class TrainState:
     position: int = 0  # batches of epoch `epoch + 1` already trained
     step: int = 0
     best_score: float = -math.inf
-    best_epoch: int = 0
+    best_epoch: int = 0  # the epoch best.pt was validated in (0: an SCST stage's starting model)
+    best_step: int = 0  # and the step (mid-epoch with train.val_every_steps)
     history: list[dict] = field(default_factory=list)
     step_losses: list[list] = field(default_factory=list)  # [step, mean loss since the last log]
     # Device sums of the objective's logged values (`logged`: loss first), read only when logged:
@@ -218,7 +219,7 @@ class TrainState:
         """Plain data (tensors, numbers, lists) for a weights_only checkpoint."""
         return {
             "epoch": self.epoch, "position": self.position, "step": self.step,
-            "best_score": self.best_score, "best_epoch": self.best_epoch,
+            "best_score": self.best_score, "best_epoch": self.best_epoch, "best_step": self.best_step,
             "history": self.history, "step_losses": self.step_losses,
             "running": self.running.cpu() if self.running is not None else None, "running_steps": self.running_steps,
             "epoch_sums": self.epoch_sums.cpu() if self.epoch_sums is not None else None, "epoch_steps": self.epoch_steps,
@@ -229,6 +230,8 @@ class TrainState:
         self.position = saved.get("position", 0)
         self.best_score, self.best_epoch = saved["best_score"], saved["best_epoch"]
         self.history = list(saved.get("history", []))
+        # Checkpoints from before best_step validated at epoch ends only: the best epoch's row has it.
+        self.best_step = saved.get("best_step", next((r["step"] for r in self.history if r["epoch"] == self.best_epoch), 0))
         self.step_losses = list(saved.get("step_losses", []))
         self.reset_sums(device)
         if saved.get("running") is not None and self.position:  # mid-epoch: the sums go on
@@ -392,52 +395,54 @@ def fit(config: Config, resume: bool = False) -> Path:
                 train_state={**state.to_dict(), "world_size": ctx.world_size, "rng": rng},
             )
 
-    def periodic_save() -> None:
-        every = config.train.checkpoint_every_steps
-        if every and state.step % every == 0:
+    def check(epoch: int, row: dict, label: str, since: float) -> None:
+        """Validate; log `row` with the scores and the seconds since `since` into the history;
+        keep best.pt. Every rank calls it."""
+        scores, example = validate(model, ctx, val_records, val_features, grid, data.num_workers, config.train.val_beam_size)
+        improved = scores[metric] > state.best_score
+        if improved:
+            state.best_score, state.best_epoch, state.best_step = scores[metric], epoch, state.step
+        row |= {f"val_{k}": round(v, 5) for k, v in scores.items()} | {"seconds": round(time.time() - since, 1)}
+        state.history.append(row)
+        if ctx.is_main:
+            for key, value in scores.items():
+                state.writer.add_scalar(f"val/{key}", value, state.step)
+            log.info(
+                "%s  val %s %.4f  CIDEr-D %.3f%s  (%.0fs)  e.g. %r",
+                label, metric, scores[metric], scores["CIDEr"], "  *best*" if improved else "", row["seconds"], example,
+            )
+        if improved:
+            save("best.pt")
+
+    def on_step() -> None:
+        every = config.train.val_every_steps
+        if every and state.step % every == 0 and state.position < len(loader):  # the epoch's end validates anyway
+            epoch = state.epoch + 1
+            done = round(state.epoch + state.position / len(loader), 4)  # epochs trained, with the fraction of this one
+            check(epoch, {"epoch": epoch, "step": state.step, "epochs_done": done}, f"epoch {epoch}, step {state.step}", time.time())
+            model.train()  # validation decoded in eval mode
+            save("last.pt")  # what a resumed run starts from agrees with best.pt and the history
+            if ctx.is_main:
+                write_history(out_dir / "metrics.csv", state.history)
+        elif config.train.checkpoint_every_steps and state.step % config.train.checkpoint_every_steps == 0:
             save("last.pt")
 
     try:
         if scst and checkpoint is None:
             # The starting model is the first candidate, so SCST's best.pt is never worse on val
             # than its init, and the log shows where the stage starts from.
-            validate_start = time.time()
-            scores, example = validate(model, ctx, val_records, val_features, grid, data.num_workers, config.train.val_beam_size)
-            state.best_score, state.best_epoch = scores[metric], 0
-            state.history.append(
-                {"epoch": 0, "step": 0} | {f"val_{k}": round(v, 5) for k, v in scores.items()} | {"seconds": round(time.time() - validate_start, 1)}
-            )
-            if ctx.is_main:
-                log.info("start (%s)  val %s %.4f  e.g. %r", config.train.init, metric, scores[metric], example)
-            save("best.pt")
+            check(0, {"epoch": 0, "step": 0}, f"start ({config.train.init})", time.time())
         for epoch in range(state.epoch + 1, config.train.epochs + 1):
             epoch_start = time.time()
             if state.position == 0:
                 state.reset_sums(device)
             sampler.set_epoch(epoch, start=state.position)
-            train_one_epoch(model, forward, loader, optimizer, scheduler, config, ctx, epoch, state, periodic_save, objective)
+            train_one_epoch(model, forward, loader, optimizer, scheduler, config, ctx, epoch, state, on_step, objective)
             means = state.read_epoch_means(ctx)
-            train_loss = means["loss"]
-            scores, example = validate(model, ctx, val_records, val_features, grid, data.num_workers, config.train.val_beam_size)
             state.epoch, state.position = epoch, 0
-            improved = scores[metric] > state.best_score
-            if improved:
-                state.best_score, state.best_epoch = scores[metric], epoch
-            row = {"epoch": epoch, "step": state.step, "train_loss": round(train_loss, 5), "lr": scheduler.get_last_lr()[0]}
+            row = {"epoch": epoch, "step": state.step, "train_loss": round(means["loss"], 5), "lr": scheduler.get_last_lr()[0]}
             row |= {f"train_{k}": round(v, 5) for k, v in means.items() if k != "loss"}
-            row |= {f"val_{k}": round(v, 5) for k, v in scores.items()}
-            row["seconds"] = round(time.time() - epoch_start, 1)
-            state.history.append(row)
-            if ctx.is_main:
-                log.info(
-                    "epoch %d/%d  loss %.3f  val %s %.4f  CIDEr-D %.3f%s  (%.0fs)  e.g. %r",
-                    epoch, config.train.epochs, train_loss, metric, scores[metric], scores["CIDEr"],
-                    "  *best*" if improved else "", row["seconds"], example,
-                )
-                for key, value in scores.items():
-                    state.writer.add_scalar(f"val/{key}", value, state.step)
-            if improved:
-                save("best.pt")
+            check(epoch, row, f"epoch {epoch}/{config.train.epochs}  loss {means['loss']:.3f}", epoch_start)
             save("last.pt")
             if ctx.is_main:
                 write_history(out_dir / "metrics.csv", state.history)
@@ -448,7 +453,7 @@ def fit(config: Config, resume: bool = False) -> Path:
             state.writer.close()
     if ctx.is_main:
         plot_training(out_dir / "metrics.csv", state.step_losses, out_dir / "training_curves.png", metric, config.train.val_beam_size)
-        log.info("best val %s %.4f at epoch %d: %s", metric, state.best_score, state.best_epoch, out_dir / "best.pt")
+        log.info("best val %s %.4f at epoch %d, step %d: %s", metric, state.best_score, state.best_epoch, state.best_step, out_dir / "best.pt")
     distributed.shutdown(ctx)
     return out_dir / "best.pt"
 
@@ -571,7 +576,7 @@ def plot_training(csv_path: Path, step_losses: list[tuple[int, float]], out: Pat
     ax_loss.legend()
     for key in ("val_Bleu_1", "val_Bleu_4", "val_CIDEr"):
         if key in history[0]:
-            ax_val.plot([r["epoch"] for r in history], [r[key] for r in history], "o-", label=key[4:])
+            ax_val.plot([r.get("epochs_done", r["epoch"]) for r in history], [r[key] for r in history], "o-", label=key[4:])
     decoding = "greedy decoding" if beam_size == 1 else f"beam {beam_size}"
     ax_val.set(xlabel="epoch", ylabel="score", title=f"validation ({decoding}); best by {metric}")
     ax_val.legend()

@@ -2,7 +2,8 @@
 
     python scripts/plot_runs.py OUT.png RUN_DIR:LABEL [RUN_DIR:LABEL ...] [--val CIDEr] [--train reward]
 
-Left: the validation score per epoch (epoch 0 is an SCST stage's starting model); right: a
+Left: the validation score per epoch (epoch 0 is an SCST stage's starting model; with
+train.val_every_steps, mid-epoch scores sit at their fraction of an epoch); right: a
 training column per epoch (`train_<name>`, e.g. the SCST stage's mean sample reward).
 """
 
@@ -35,7 +36,7 @@ def main() -> None:
         if not path.is_file():
             raise SystemExit(f"error: {path}: no metrics.csv (is {run} a train.out_dir?)")
         history = read_history(path)
-        val = [(r["epoch"], r[f"val_{args.val}"]) for r in history if f"val_{args.val}" in r]
+        val = [(r.get("epochs_done", r["epoch"]), r[f"val_{args.val}"]) for r in history if f"val_{args.val}" in r]  # mid-epoch rows at their fraction
         train = [(r["epoch"], r[f"train_{args.train}"]) for r in history if f"train_{args.train}" in r]
         line = ax_val.plot(*zip(*val), "o-", label=label or run)[0]
         if train:

@@ -50,6 +50,15 @@ def test_model_card_says_dataset_vocabulary_and_best_validation(served) -> None:
     assert "no validation scores" in model_card(str(transformer), load_captioner(transformer), read_checkpoint(transformer))
 
 
+def test_model_card_names_the_step_of_a_mid_epoch_best(tmp_path: Path) -> None:
+    """With train.val_every_steps, epoch 2 has two validations: the card gives the best one's."""
+    history = [*HISTORY[:1], {"epoch": 2, "step": 15, "epochs_done": 1.5, "val_BLEU4": 0.6, "val_CIDEr": 2.5}, *HISTORY[1:]]
+    path = tmp_path / "mid.pt"
+    save_checkpoint(path, never_stopping(tiny_model()), train_state={"epoch": 3, "best_epoch": 2, "best_step": 15, "best_score": 2.5, "history": history})
+    card = model_card(str(path), load_captioner(path), read_checkpoint(path))
+    assert "epoch 2, step 15 of 3" in card and "CIDEr 2.500" in card
+
+
 def test_inside_views_follow_the_layer_head_and_word_choices(served, tmp_path: Path) -> None:
     lstm, transformer, images = served
     model = load_captioner(transformer)

@@ -97,12 +97,12 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
     env = environment(tmp_path / "site", CAPTIONER_TEST_AUDIT=str(audit), CAPTIONER_TEST_WATCH=str(tmp_path / "runs"))
     single_run = subprocess.Popen(  # beside the torchrun one, to save time
         [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=8",
-         f"data.root={shapes}", f"train.out_dir={tmp_path / 'single'}"],
+         f"data.root={shapes}", f"train.out_dir={tmp_path / 'single'}", "train.val_every_steps=4"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     ddp = torchrun(["train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",
-                    f"train.out_dir={runs / 'ddp'}"], env, timeout=600)
+                    f"train.out_dir={runs / 'ddp'}", "train.val_every_steps=4"], env, timeout=600)  # also validates mid-epoch
     _, single_err = single_run.communicate(timeout=600)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "2 processes x batch 4 = global batch 8; 6 steps per epoch" in ddp.stderr
@@ -119,6 +119,7 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
         torch.testing.assert_close(ddp_state["model"][name], tensor, rtol=0, atol=WEIGHT_TOLERANCE, msg=name)
     # validation is sharded over the ranks and gathered: the same captions, the same scores
     ddp_history, single_history = ddp_state["train_state"]["history"], single_state["train_state"]["history"]
+    assert [r["step"] for r in ddp_history] == [4, 6, 8, 12, 16, 18, 20, 24]  # every 4 steps and at each epoch's end (6 steps)
     assert [{k: v for k, v in r.items() if k.startswith("val_")} for r in ddp_history] == [
         {k: v for k, v in r.items() if k.startswith("val_")} for r in single_history
     ]

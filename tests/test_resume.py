@@ -184,3 +184,49 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path)
     set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
     second = (random.random(), np.random.rand(), torch.rand(3))
     assert first[0] == second[0] and first[1] == second[1] and torch.equal(first[2], second[2])
+
+
+@pytest.mark.slow
+def test_validating_mid_epoch_changes_no_weight_and_keeps_the_best_step(shapes: Path, tmp_path: Path) -> None:
+    """train.val_every_steps validates inside the epochs: training goes on with the same weights
+    and random numbers (dropout back on, the loaders' seeds not drawn from training's generator),
+    and best.pt is the model of the best validation, wherever in an epoch it came."""
+    common = ("train.epochs=3", "train.lr=5e-3", "train.val_metric=CIDEr")  # the best CIDEr-D comes mid-epoch 1
+    runs = {name: subprocess.Popen(train_command(shapes, tmp_path / name, *common, *extra), cwd=ROOT, env=environment(),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for name, extra in (("epochs", ()), ("steps", ("train.val_every_steps=4",)))}
+    for name, process in runs.items():
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, (name, err[-2000:])
+
+    expected = torch.load(tmp_path / "epochs" / "last.pt", weights_only=True)["model"]
+    got = torch.load(tmp_path / "steps" / "last.pt", weights_only=True)["model"]
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), name
+
+    rows = list(csv.DictReader(open(tmp_path / "steps" / "metrics.csv")))
+    assert [int(r["step"]) for r in rows] == list(range(4, 37, 4))  # 12 steps an epoch
+    assert [int(r["epoch"]) for r in rows] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert [r["epochs_done"] for r in rows] == [str(round(step / 12, 4)) if step % 12 else "" for step in range(4, 37, 4)]
+    ends = [{k: v for k, v in r.items() if k not in ("seconds", "epochs_done")} for r in rows if not r["epochs_done"]]
+    reference = [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(open(tmp_path / "epochs" / "metrics.csv"))]
+    assert ends == reference  # the epoch ends score the same models as without the checks between them
+
+    scores = [float(r["val_CIDEr"]) for r in rows]
+    first_best = scores.index(max(scores))
+    assert rows[first_best]["epochs_done"], f"the best validation came at an epoch's end ({scores}): this test needs it mid-epoch"
+    best = torch.load(tmp_path / "steps" / "best.pt", weights_only=True)["train_state"]
+    assert best["best_score"] == pytest.approx(max(scores), abs=1e-5)
+    assert best["best_step"] == best["step"] == int(rows[first_best]["step"])  # best.pt was written at that step
+    assert best["best_epoch"] == int(rows[first_best]["epoch"])
+
+
+def test_a_checkpoint_from_before_best_step_takes_it_from_its_history() -> None:
+    from captioner.train import TrainState
+
+    history = [{"epoch": epoch, "step": 12 * epoch} for epoch in (1, 2, 3)]
+    state = TrainState()
+    state.load({"epoch": 3, "step": 36, "best_score": 0.5, "best_epoch": 2, "history": history}, torch.device("cpu"))
+    assert (state.best_epoch, state.best_step) == (2, 24)
+    state.load({"epoch": 3, "step": 36, "best_score": 0.5, "best_epoch": 2, "best_step": 20, "history": history}, torch.device("cpu"))
+    assert state.best_step == 20
