@@ -22,6 +22,7 @@ import torch
 from captioner.checkpoint import load_captioner
 from captioner.cli import main
 from captioner.data.shapes import COLOURS
+from captioner.significance import per_image_scores
 from conftest import REPO, SHAPES_TINY, TrainedRun
 from helpers import count_panels
 
@@ -167,6 +168,10 @@ def test_evaluate_official_with_grounding(shapes_lstm: TrainedRun, java: str, tm
     assert grounding["score"] > grounding["uniform_baseline"], grounding
     saved = json.loads((tmp_path / "scores_test.json").read_text())
     assert len(saved["per_image"]) == 12 and saved["grounding"]["score"] == grounding["score"]
+    # its per-image CIDEr-D and ROUGE-L average to the corpus scores: the paired bootstrap's input
+    for metric in ("CIDEr", "ROUGE_L"):
+        scores = per_image_scores(tmp_path / "scores_test.json", metric)
+        assert len(scores) == 12 and sum(scores.values()) / 12 == pytest.approx(saved["overall"][metric], abs=1e-9)
     # the results file it wrote is itself a valid input of the results-file mode
     assert main(["evaluate", "--results", str(tmp_path / "results_test.json"), "--annotations",
                  str(shapes_lstm.shapes / "captions_test.json"), "--json", "--out", str(tmp_path / "again.json")]) == 0
