@@ -414,6 +414,12 @@ def fit(config: Config, resume: bool = False) -> Path:
         if improved:
             save("best.pt")
 
+    def keep_progress() -> None:
+        """last.pt and metrics.csv after a validation: a resumed run starts from what best.pt and the history say."""
+        save("last.pt")
+        if ctx.is_main:
+            write_history(out_dir / "metrics.csv", state.history)
+
     def on_step() -> None:
         every = config.train.val_every_steps
         if every and state.step % every == 0 and state.position < len(loader):  # the epoch's end validates anyway
@@ -421,9 +427,7 @@ def fit(config: Config, resume: bool = False) -> Path:
             done = round(state.epoch + state.position / len(loader), 4)  # epochs trained, with the fraction of this one
             check(epoch, {"epoch": epoch, "step": state.step, "epochs_done": done}, f"epoch {epoch}, step {state.step}", time.time())
             model.train()  # validation decoded in eval mode
-            save("last.pt")  # what a resumed run starts from agrees with best.pt and the history
-            if ctx.is_main:
-                write_history(out_dir / "metrics.csv", state.history)
+            keep_progress()
         elif config.train.checkpoint_every_steps and state.step % config.train.checkpoint_every_steps == 0:
             save("last.pt")
 
@@ -443,9 +447,7 @@ def fit(config: Config, resume: bool = False) -> Path:
             row = {"epoch": epoch, "step": state.step, "train_loss": round(means["loss"], 5), "lr": scheduler.get_last_lr()[0]}
             row |= {f"train_{k}": round(v, 5) for k, v in means.items() if k != "loss"}
             check(epoch, row, f"epoch {epoch}/{config.train.epochs}  loss {means['loss']:.3f}", epoch_start)
-            save("last.pt")
-            if ctx.is_main:
-                write_history(out_dir / "metrics.csv", state.history)
+            keep_progress()
             if ctx.broadcast(should_stop(config, state, epoch, started) if ctx.is_main else None):
                 break
     finally:
@@ -557,6 +559,12 @@ def read_history(path: Path) -> list[dict]:
     return rows
 
 
+def epochs_trained(row: dict) -> float:
+    """Where a history row sits on an epoch axis: mid-epoch validations (train.val_every_steps)
+    at their fraction, `epochs_done`; the others at their epoch."""
+    return row.get("epochs_done", row["epoch"])
+
+
 def plot_training(csv_path: Path, step_losses: list[tuple[int, float]], out: Path, metric: str, beam_size: int = 1) -> None:
     """Training loss per epoch (and per logged step) beside the validation scores."""
     import matplotlib
@@ -576,7 +584,7 @@ def plot_training(csv_path: Path, step_losses: list[tuple[int, float]], out: Pat
     ax_loss.legend()
     for key in ("val_Bleu_1", "val_Bleu_4", "val_CIDEr"):
         if key in history[0]:
-            ax_val.plot([r.get("epochs_done", r["epoch"]) for r in history], [r[key] for r in history], "o-", label=key[4:])
+            ax_val.plot([epochs_trained(r) for r in history], [r[key] for r in history], "o-", label=key[4:])
     decoding = "greedy decoding" if beam_size == 1 else f"beam {beam_size}"
     ax_val.set(xlabel="epoch", ylabel="score", title=f"validation ({decoding}); best by {metric}")
     ax_val.legend()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from captioner.train import read_history
+from captioner.train import epochs_trained, read_history
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
         if not path.is_file():
             raise SystemExit(f"error: {path}: no metrics.csv (is {run} a train.out_dir?)")
         history = read_history(path)
-        val = [(r.get("epochs_done", r["epoch"]), r[f"val_{args.val}"]) for r in history if f"val_{args.val}" in r]  # mid-epoch rows at their fraction
+        val = [(epochs_trained(r), r[f"val_{args.val}"]) for r in history if f"val_{args.val}" in r]
         train = [(r["epoch"], r[f"train_{args.train}"]) for r in history if f"train_{args.train}" in r]
         line = ax_val.plot(*zip(*val), "o-", label=label or run)[0]
         if train:
