@@ -41,6 +41,19 @@ def grid_encoding(num_cells: int, dim: int, device: torch.device | None = None) 
     return torch.cat([sinusoids(rows, dim // 2), sinusoids(cols, dim - dim // 2)], dim=-1)  # (N, dim)
 
 
+def write_slot(buffer: torch.Tensor, new: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """buffer (B, nh, C, hs) with new (B, nh, 1, hs) written where slot (B, C) is true.
+
+    A masked select, not a growing torch.cat, so the cache keeps one shape for the whole
+    caption (what torch.compile and CUDA graphs need), and not an in-place index_copy_, so the
+    earlier state stays intact for autograd (self-critical training steps with gradients) and for
+    callers that step twice from one state. `new` is cast to the buffer's dtype explicitly:
+    under CUDA's autocast a projection comes out in bf16 whatever the buffer holds, and a promoted
+    result would change the state's dtype (and recompile) from one step to the next.
+    """
+    return torch.where(slot[:, None, :, None], new.to(buffer.dtype), buffer)  # (B, nh, C, hs)
+
+
 class TransformerDecoderLayer(nn.Module):
     """Masked self-attention, cross-attention to the grid, feed-forward; each a residual block,
     normalised after the sum (post-norm, the paper) or before the block (pre-norm)."""
@@ -65,25 +78,31 @@ class TransformerDecoderLayer(nn.Module):
         x: torch.Tensor,
         cross_k: torch.Tensor,
         cross_v: torch.Tensor,
-        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
         mask: torch.Tensor | None = None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+        slot: torch.Tensor | None = None,
         self_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """x (B, T, d) new positions; cross_k, cross_v (B, nh, N, hs); cache: self-attention keys
-        and values (B, nh, S, hs) of the S earlier positions; mask (T, S+T) true where allowed.
+        """x (B, T, d) the positions to compute; cross_k, cross_v (B, nh, N, hs); mask broadcastable
+        to (B, nh, T, S), true where a position may look.
 
-        -> x (B, T, d), cross weights (B, nh, T, N), self keys and values (B, nh, S+T, hs), and
-        with `self_weights` the self-attention weights (B, nh, T, S+T), else None. Only then does
-        the self-attention take the explicit softmax path, whose weights are the ones it uses.
+        Teacher forcing passes no cache: the self-attention keys are the T positions themselves
+        (S = T). A step passes `cache`, the preallocated self-attention keys and values
+        (B, nh, C, hs) of every position so far, and `slot` (B, C), true at the one position x
+        (T = 1) is: its keys and values are written there and it attends over the whole buffer
+        (S = C), the mask hiding the slots not yet written. Shapes never change from step to step.
+
+        -> x (B, T, d), cross weights (B, nh, T, N), self keys and values (B, nh, S, hs), and with
+        `self_weights` the self-attention weights (B, nh, T, S), else None. Only then does the
+        self-attention take the explicit softmax path, whose weights are the ones it uses.
         """
         h = self._block_input(x, self.norm_self)
         k, v = self.self_attn.keys_values(h)  # (B, nh, T, hs) each
-        if cache is not None:
-            k = torch.cat([cache[0], k], dim=2)  # (B, nh, S+T, hs)
-            v = torch.cat([cache[1], v], dim=2)  # (B, nh, S+T, hs)
+        if cache is not None and slot is not None:
+            k, v = write_slot(cache[0], k, slot), write_slot(cache[1], v, slot)  # (B, nh, C, hs) each
         self_w = None
         if self_weights:
-            out, self_w = self.self_attn.attend(h, k, v, mask)  # (B, T, d), (B, nh, T, S+T)
+            out, self_w = self.self_attn.attend(h, k, v, mask)  # (B, T, d), (B, nh, T, S)
         else:
             out = self.self_attn.attend_fused(h, k, v, mask)  # (B, T, d): the fast path, no weights
         x = self._residual(x, out, self.norm_self)
@@ -113,13 +132,18 @@ class TransformerDecoder(Decoder):
     the last layer is the one whose reading of the grid feeds the word prediction directly.
 
     `prepare` projects the grid and every layer's cross-attention keys and values once per image;
-    the state is a self-attention key/value cache per layer, (B, nh, t, hs), plus the position
-    (B,), so each `step` computes one new position and beam search reorders the cache like any
-    other batch-first state. Padding after <eos> needs no mask: the causal mask keeps every real
-    position from seeing it.
+    the state is a preallocated self-attention key/value cache per layer, (B, nh, capacity, hs),
+    plus the position (B,), so each `step` computes one new position, writes it into its slot and
+    attends over the whole buffer with the unwritten slots masked: the same shapes at every step,
+    so the step compiles once (`torch.compile(fullgraph=True)`) and can be captured in a CUDA
+    graph. Beam search reorders the cache like any other batch-first state. Padding after <eos>
+    needs no mask: the causal mask keeps every real position from seeing it.
     """
 
     has_self_attention = True
+    # Positions the cache holds when `init_state` is not told: enough for `step` calls that do
+    # not come from the decoding functions, which pass their max_length.
+    default_capacity = 64
 
     def __init__(
         self,
@@ -184,14 +208,18 @@ class TransformerDecoder(Decoder):
             memory[f"k_{i}"], memory[f"v_{i}"] = layer.cross_attn.keys_values(grid)  # (B, nh, N, hs) each
         return memory
 
-    def init_state(self, memory: Memory) -> State:
-        """An empty self-attention cache per layer, (B, nh, 0, hs), and the position 0 (B,)."""
+    def init_state(self, memory: Memory, capacity: int | None = None) -> State:
+        """A zeroed self-attention cache per layer, (B, nh, capacity, hs) in the memory's dtype,
+        and the position 0 (B,). `capacity` (default `default_capacity`) bounds the steps."""
+        capacity = self.default_capacity if capacity is None else capacity
+        if capacity < 1:
+            raise ValueError(f"init_state: capacity must be >= 1 position; got {capacity}")
         k = memory["k_0"]  # (B, nh, N, hs)
         B, nh, _, hs = k.shape
         state: State = {}
         for i in range(len(self.layers)):
-            state[f"k_{i}"] = k.new_zeros(B, nh, 0, hs)  # (B, nh, 0, hs)
-            state[f"v_{i}"] = k.new_zeros(B, nh, 0, hs)  # (B, nh, 0, hs)
+            state[f"k_{i}"] = k.new_zeros(B, nh, capacity, hs)  # (B, nh, C, hs)
+            state[f"v_{i}"] = k.new_zeros(B, nh, capacity, hs)  # (B, nh, C, hs)
         state["pos"] = torch.zeros(B, dtype=torch.long, device=k.device)  # (B,)
         return state
 
@@ -199,25 +227,34 @@ class TransformerDecoder(Decoder):
         self, memory: Memory, prev_tokens: torch.Tensor, state: State, self_attention: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, State]:
         """One new position: prev_tokens (B,) -> logprobs (B, V), attn (B, L, nh, N), the state
-        with this position's keys and values appended.
+        with this position's keys and values written into its slot and the position advanced.
 
-        With `self_attention` the new state also holds "self_attn" (B, L, nh, t+1): the weights
-        this position's self-attention put on positions 0..t, the ones that computed this step
-        (the explicit softmax path instead of the fused kernel)."""
-        x = self._embed(prev_tokens[:, None], state["pos"][:, None])  # (B, 1, d)
+        Reads nothing back from the device: a step past the capacity fails on a device-side
+        assertion, not a host check. With `self_attention` the new state also holds "self_attn"
+        (B, L, nh, t+1): the weights this position's self-attention put on positions 0..t, the
+        ones that computed this step (the explicit softmax path instead of the fused kernel);
+        cutting them to t+1 reads the position once, on this inspection path only."""
+        pos = state["pos"]  # (B,)
+        capacity = state["k_0"].shape[2]
+        torch._assert_async((pos < capacity).all(), "TransformerDecoder.step: more steps than init_state's capacity")
+        slots = torch.arange(capacity, device=pos.device)  # (C,)
+        slot = slots == pos[:, None]  # (B, C): where this position's keys and values go
+        visible = (slots <= pos[:, None])[:, None, None, :]  # (B, 1, 1, C): positions 0..t
+        x = self._embed(prev_tokens[:, None], pos[:, None])  # (B, 1, d)
         new_state: State = {}
         maps, self_maps = [], []
         for i, layer in enumerate(self.layers):
             cache = (state[f"k_{i}"], state[f"v_{i}"])
             x, w, new_state[f"k_{i}"], new_state[f"v_{i}"], self_w = layer(
-                x, memory[f"k_{i}"], memory[f"v_{i}"], cache, self_weights=self_attention
+                x, memory[f"k_{i}"], memory[f"v_{i}"], visible, cache, slot, self_weights=self_attention
             )
             maps.append(w[:, :, 0])  # (B, nh, N)
             if self_w is not None:
-                self_maps.append(self_w[:, :, 0])  # (B, nh, t+1)
-        new_state["pos"] = state["pos"] + 1
+                self_maps.append(self_w[:, :, 0])  # (B, nh, C)
+        new_state["pos"] = pos + 1
         if self_attention:
-            new_state["self_attn"] = torch.stack(self_maps, dim=1)  # (B, L, nh, t+1)
+            seen = int(new_state["pos"].max())  # t+1: the host needs it to cut the slots never written
+            new_state["self_attn"] = torch.stack(self_maps, dim=1)[..., :seen]  # (B, L, nh, t+1)
         logits = self.out(self.final_norm(x[:, 0]))  # (B, V)
         return logits.log_softmax(dim=-1), torch.stack(maps, dim=1), new_state  # (B, V), (B, L, nh, N)
 
@@ -237,7 +274,7 @@ class TransformerDecoder(Decoder):
         maps, self_maps = [], []
         for i, layer in enumerate(self.layers):
             x, w, _, _, self_w = layer(
-                x, memory[f"k_{i}"], memory[f"v_{i}"], mask=causal, self_weights=self_attention
+                x, memory[f"k_{i}"], memory[f"v_{i}"], causal, self_weights=self_attention
             )  # (B, T, d), (B, nh, T, N), (B, nh, T, T) or None
             maps.append(w.transpose(1, 2))  # (B, T, nh, N)
             if self_w is not None:
