@@ -1,7 +1,7 @@
 """The interface every decoder implements, so training and decoding never look inside one.
 
     prepare(feats (B,N,D)) -> Memory                per-image constants, computed once per image
-    init_state(memory) -> State                     per-hypothesis recurrent state
+    init_state(memory, capacity) -> State           per-hypothesis recurrent state for `capacity` steps
     step(memory, prev_tokens (B,), state) -> (logprobs (B,V), attn (B,L,H,N), State)
     forward(feats (B,N,D), tokens (B,T), lengths) -> DecoderOutput(logits (B,T,V), attn (B,T,L,H,N))
 
@@ -10,12 +10,18 @@ image once and reorders only the state, with one `index_select` per tensor (`dec
 per-image constants (the LSTM's projected grid W_h h_ij, the transformer's cross-attention keys
 and values) out of the state keeps them from being copied at every step of beam search.
 
+The state's shapes never change from step to step (a decoder with a growing cache preallocates
+it: `capacity` is the most steps the caller will run, the decoding functions' max_length; None
+leaves the decoder's own default), and `step` reads nothing back from the device. So one step
+compiles whole, once, with `torch.compile(fullgraph=True)` and can be replayed as a CUDA graph.
+
 Attention maps are (L, H, N): layers by heads by grid cells. The LSTM has one layer and one head.
 
 A decoder with self-attention (`has_self_attention`, the transformer) also takes
 `step(..., self_attention=True)`, and then returns in its new state "self_attn" (B, L, H, t+1):
 the weights that computed this step. The decoding functions take it out of the state, so the
-fast path (no weights) stays the default for training and plain decoding.
+fast path (no weights) stays the default for training and plain decoding. That inspection path
+is the one exception to the rule above: cutting the weights to t+1 positions reads the position.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ class Decoder(nn.Module):
     def prepare(self, feats: torch.Tensor) -> Memory:
         raise NotImplementedError
 
-    def init_state(self, memory: Memory) -> State:
+    def init_state(self, memory: Memory, capacity: int | None = None) -> State:
+        """The state before the first step, with room for `capacity` steps (None: the decoder's default)."""
         raise NotImplementedError
 
     def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:

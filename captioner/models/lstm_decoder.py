@@ -50,7 +50,8 @@ class LSTMDecoder(Decoder):
     def prepare(self, feats: torch.Tensor) -> Memory:
         return {"feats": feats, "projected": self.attention.project(feats)}  # (B, N, D), (B, N, A)
 
-    def init_state(self, memory: Memory) -> State:
+    def init_state(self, memory: Memory, capacity: int | None = None) -> State:
+        """h_0, c_0 from the mean feature; `capacity` is not needed: the state is the same size at every step."""
         mean = memory["feats"].mean(dim=1)  # (B, D)
         return {"h": torch.tanh(self.init_h(mean)), "c": torch.tanh(self.init_c(mean))}  # (B, H) each
 
