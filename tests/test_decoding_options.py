@@ -127,7 +127,7 @@ class TableDecoder(Decoder):
     def prepare(self, feats: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"feats": feats}
 
-    def init_state(self, memory: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def init_state(self, memory: dict[str, torch.Tensor], capacity: int | None = None) -> dict[str, torch.Tensor]:
         return {"pos": torch.zeros(memory["feats"].shape[0], dtype=torch.long)}
 
     def step(self, memory, prev_tokens, state):
