@@ -39,10 +39,10 @@ from tqdm import tqdm
 
 from captioner.config import Config
 from captioner.data.batching import image_loader
-from captioner.data.images import IMAGENET_MEAN, IMAGENET_STD
 from captioner.data.records import ImageRecord
 from captioner.errors import ConfigError, FeatureStoreError
 from captioner.models import Captioner
+from captioner.runtime import loader_workers
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def identity(model: Captioner) -> dict[str, Any]:
         "encoder.fine_tune_blocks": encoder.fine_tune_blocks,
         "encoder.fingerprint": encoder_fingerprint(model),
         "image_size": model.config.data.image_size,
-        "transform": {"resize": "square", "antialias": True, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)},
+        "transform": model.transform.describe(),  # the real pipeline's steps: a changed one marks the store stale
     }
 
 
@@ -402,7 +402,7 @@ def feature_batches(features: torch.Tensor | StoreRows, batch_size: int, num_wor
         return
     # Its own generator: a loader seeds its workers with a draw, which must not come from the
     # global RNG that dropout uses (validating would change the training that follows).
-    yield from DataLoader(_RowDataset(features), batch_size=batch_size, num_workers=num_workers, generator=torch.Generator())
+    yield from DataLoader(_RowDataset(features), batch_size=batch_size, num_workers=loader_workers(num_workers), generator=torch.Generator())
 
 
 @dataclass

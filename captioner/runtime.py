@@ -3,8 +3,12 @@
 Threads: on a small shared machine, torch threads beyond the cores that are really free only
 add contention (each thread spins at synchronisation points while another process holds its
 core; docs/benchmarks.md has the measurements), so one knob sets them: `train.threads` in a
-training config, else the environment variable CAPTIONER_THREADS, else the cores that are free
+training config, else the environment variable CAPTIONER_THREADS, else, under torchrun, its
+OMP_NUM_THREADS (it splits the node's cores between the ranks), else the cores that are free
 when the command starts (the cores minus the other runnable processes, at least 1).
+
+DataLoader workers: `data.num_workers: -1` (auto) gives each rank its share of the node's cores
+less one for the rank's own process, so 8 ranks on 16 cores run 8 workers, not 64.
 """
 
 from __future__ import annotations
@@ -49,19 +53,35 @@ def free_cores() -> int:
     return cores if others is None else max(1, min(cores, cores - others))
 
 
+def positive_env(name: str) -> int | None:
+    """The environment variable `name` as a positive integer; None when unset or empty."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{name}={text!r}: expected a positive integer")
+    return value
+
+
+def local_world_size() -> int:
+    """Processes of this run on this node: torchrun's LOCAL_WORLD_SIZE, else 1."""
+    return positive_env("LOCAL_WORLD_SIZE") or 1
+
+
 def resolve_threads(requested: int | None = None) -> int:
-    """`requested` (> 0) wins; else $CAPTIONER_THREADS; else the free cores."""
+    """`requested` (> 0) wins; else $CAPTIONER_THREADS; else, under torchrun (LOCAL_WORLD_SIZE
+    set), its $OMP_NUM_THREADS or this rank's share of the cores; else the free cores."""
     if requested:
         return requested
-    text = os.environ.get(ENV_THREADS, "").strip()
-    if text:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise ConfigError(f"{ENV_THREADS}={text!r}: expected a positive number of threads")
-        return value
+    threads = positive_env(ENV_THREADS)
+    if threads:
+        return threads
+    if positive_env("LOCAL_WORLD_SIZE"):
+        return positive_env("OMP_NUM_THREADS") or max(1, usable_cores() // local_world_size())
     return free_cores()
 
 
@@ -71,3 +91,15 @@ def set_threads(requested: int | None = None) -> int:
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads
+
+
+AUTO_WORKERS = -1  # data.num_workers: one rank's share of the node's cores
+
+
+def loader_workers(requested: int) -> int:
+    """DataLoader workers for `data.num_workers`: as given when >= 0; for AUTO_WORKERS, this
+    rank's share of the usable cores less one (the rank's own process decodes nothing but
+    keeps the device fed), at least 1."""
+    if requested != AUTO_WORKERS:
+        return requested
+    return max(1, usable_cores() // local_world_size() - 1)

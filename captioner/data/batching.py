@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from captioner.data.images import ImageTransform, load_image
 from captioner.data.records import ImageRecord
 from captioner.errors import ImageLoadError
+from captioner.runtime import loader_workers
 from captioner.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CaptionBatch:
-    images: torch.Tensor  # (B, 3, H, W), or stored features (B, N, D), fp16
+    images: torch.Tensor  # (B, 3, H, W) uint8 (normalised on the device by the encoder), or stored features (B, N, D), fp16
     tokens: torch.Tensor  # (C, T) = <bos> w1 .. wn <eos> <pad> ..; C >= B captions
     lengths: torch.Tensor  # (C,) tokens before the padding, <bos> and <eos> included
     image_rows: torch.Tensor  # (C,) the row of `images` each caption describes
@@ -154,7 +155,7 @@ def image_loader(records: list[ImageRecord], transform: ImageTransform, batch_si
         ImageDataset(records, transform),
         batch_size=batch_size,
         shuffle=False,
-        num_workers=num_workers,
+        num_workers=loader_workers(num_workers),
         collate_fn=collate_images,
         persistent_workers=False,
         generator=torch.Generator(),  # a loader draws its worker seed from this: validating must not move training's RNG

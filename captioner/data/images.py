@@ -7,6 +7,7 @@ import io
 import re
 import struct
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -158,31 +159,85 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 @dataclass(frozen=True)
 class ImageTransform:
-    """Resize to a square and normalise; the train variant adds augmentation that keeps the
+    """Resize to a square, as uint8 (3, S, S); the train variant adds augmentation that keeps the
     spatial meaning of captions (a mild crop and photometric jitter, never a horizontal flip,
-    since captions say left and right; no hue change, since captions name colours)."""
+    since captions say left and right; no hue change, since captions name colours).
+
+    The float conversion and normalisation run on the device, inside the encoder
+    (`normalize_images`): a uint8 image crosses to the device in a quarter of the bytes.
+    """
 
     image_size: int
     train: bool = False
     augment: bool = False
 
-    def __call__(self, image: Image.Image) -> torch.Tensor:
+    def __call__(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
+        """A PIL picture or a uint8 (3, H, W) tensor -> uint8 (3, S, S)."""
         return _pipeline(self.image_size, self.train and self.augment)(image)
+
+    def describe(self) -> list[str]:
+        """Every step from the decoded picture to the encoder's input, as the transform objects
+        state their settings: a changed step changes this description."""
+        return [repr(step) for step in _pipeline(self.image_size, self.train and self.augment).transforms] + [
+            repr(step) for step in _device_normalisation().transforms
+        ]
+
+
+CROP_MIN_SCALE = 0.85  # each side of the training crop keeps at least this fraction of the image's
+
+
+def crop_window(height: int, width: int, min_scale: float = CROP_MIN_SCALE) -> tuple[int, int, int, int]:
+    """A random window (top, left, h, w) inside a height x width image, from torch's RNG.
+
+    Each side keeps an independent random min_scale..1 of the image's side, so the window has
+    the photo's aspect on average (a fixed aspect range has no valid window on a 4:3 photo, and
+    torchvision's RandomResizedCrop then falls back to one centre crop every time); the position
+    is uniform over the valid ones, so the mean window centre is the image centre. At scale 1
+    the window is the whole image.
+    """
+    side_scales = torch.empty(2).uniform_(min_scale, 1.0)  # (2,): height, width
+    h = max(1, round(height * float(side_scales[0])))
+    w = max(1, round(width * float(side_scales[1])))
+    top = int(torch.randint(height - h + 1, ()))
+    left = int(torch.randint(width - w + 1, ()))
+    return top, left, h, w
+
+
+@dataclass(frozen=True)
+class RandomWindowCrop:
+    """Crop a `crop_window` and squash it to (size, size): on average the geometry evaluation
+    sees (the whole image squashed to a square), and exactly it at min_scale 1."""
+
+    size: int
+    min_scale: float = CROP_MIN_SCALE
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        top, left, h, w = crop_window(*image.shape[-2:], self.min_scale)
+        return v2.functional.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)  # (3, S, S)
 
 
 @functools.lru_cache(maxsize=None)
 def _pipeline(image_size: int, augment: bool) -> v2.Compose:
-    resize: list[v2.Transform]
+    geometry: list[Callable[[torch.Tensor], torch.Tensor]]
     if augment:
-        resize = [
-            v2.RandomResizedCrop(image_size, scale=(0.85, 1.0), ratio=(0.9, 1.1), antialias=True),
-            v2.ColorJitter(brightness=0.2, contrast=0.2),
-        ]
+        geometry = [RandomWindowCrop(image_size), v2.ColorJitter(brightness=0.2, contrast=0.2)]
     else:
-        resize = [v2.Resize((image_size, image_size), antialias=True)]
-    return v2.Compose(
-        [v2.PILToTensor(), *resize, v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    )
+        geometry = [v2.Resize((image_size, image_size), antialias=True)]
+    return v2.Compose([v2.PILToTensor(), *geometry])  # uint8 (3, S, S)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_normalisation() -> v2.Compose:
+    return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+def normalize_images(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images (..., 3, H, W) as `ImageTransform` makes them -> normalised float32, on
+    their own device; the same ops in the same order as the float pipeline had on the CPU
+    (x * (1/255), then (x - mean) / std), so the numbers are bit-identical there."""
+    if images.dtype != torch.uint8:
+        raise TypeError(f"normalize_images: expected uint8 images, got {images.dtype}")
+    return _device_normalisation()(images)  # (..., 3, H, W) float32
 
 
 def denormalize(images: torch.Tensor) -> torch.Tensor:

@@ -62,7 +62,8 @@ class Captioner(nn.Module):
         return next(self.decoder.parameters()).dtype
 
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """images (B, 3, H, W) -> feats (B, N, D), grid (h, w)."""
+        """images (B, 3, H, W), uint8 from `self.transform` (normalised on their device by the
+        encoder) or already-normalised floats -> feats (B, N, D), grid (h, w)."""
         feats, grid = self.encoder(images)
         if self.config.model.blind:
             feats = torch.zeros_like(feats)  # the language-model baseline: no image information
@@ -188,8 +189,8 @@ class Captioner(nn.Module):
     def caption_images(
         self, images: torch.Tensor, n_best: int | None = None, **decode_options
     ) -> list[Caption] | list[list[Caption]]:
-        """Transformed images (B, 3, H, W) -> a caption per image, or with `n_best` a list of the
-        n best per image."""
+        """Transformed images (B, 3, H, W), uint8 as `self.transform` makes them -> a caption per
+        image, or with `n_best` a list of the n best per image."""
         was_training = self.training
         self.eval()
         try:

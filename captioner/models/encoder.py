@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from captioner.config import EncoderConfig
+from captioner.data.images import normalize_images
 from captioner.errors import ConfigError
 
 RESNETS = ("resnet50", "resnet101", "resnet152")
@@ -47,7 +48,13 @@ class Encoder(nn.Module):
         return self
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """images (B, 3, H, W) -> feats (B, N, D), grid (h, w) with N = h * w."""
+        """images (B, 3, H, W) -> feats (B, N, D), grid (h, w) with N = h * w.
+
+        uint8 images (as `ImageTransform` makes them) are normalised here, on their device, so
+        every caller preprocesses alike; float images are taken as already normalised (Grad-CAM
+        and tests feed those)."""
+        if images.dtype == torch.uint8:
+            images = normalize_images(images)  # (B, 3, H, W) float32
         x = images.contiguous(memory_format=torch.channels_last)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.num_frozen == 0):
             for block in self.blocks[: self.num_frozen]:

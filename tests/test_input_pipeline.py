@@ -1,0 +1,144 @@
+"""The input pipeline: uint8 images to the device, normalised in the encoder bit-identically to
+the old float pipeline; the feature store's manifest describing the real transform; DataLoader
+workers and torch threads from the cores, the ranks and torchrun's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.transforms import v2
+
+from captioner import runtime
+from captioner.config import load_config
+from captioner.data.batching import CaptionDataset, collate_captions, image_loader
+from captioner.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform, load_image, normalize_images
+from captioner.data.records import ImageRecord
+from captioner.errors import ConfigError, FeatureStoreError
+from captioner.features import check_manifest, identity
+from helpers import tiny_model, tiny_vocab
+
+SIZE = 32
+
+
+def photos(shared_data: Path, count: int) -> list[Path]:
+    return sorted((shared_data / "flickr8k" / "images").glob("*.jpg"))[:count]
+
+
+def old_float_pipeline(size: int) -> v2.Compose:
+    """The evaluation transform as it was before images crossed to the device as uint8."""
+    return v2.Compose([
+        v2.PILToTensor(), v2.Resize((size, size), antialias=True),
+        v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+
+
+def test_uint8_images_encode_bit_identically_to_the_old_float_pipeline(shared_data: Path) -> None:
+    model = tiny_model()
+    paths = photos(shared_data, 3)
+    pictures = [load_image(p) for p in paths]
+    old = torch.stack([old_float_pipeline(SIZE)(p) for p in pictures])  # (3, 3, S, S) float32
+    new = torch.stack([model.transform(p) for p in pictures])  # (3, 3, S, S) uint8
+    assert new.dtype == torch.uint8 and new.nbytes * 4 == old.nbytes  # a quarter of the bytes cross to the device
+    assert torch.equal(normalize_images(new), old)
+    with torch.no_grad():
+        old_feats, grid = model.encode(old)  # float input: taken as already normalised
+        new_feats, new_grid = model.encode(new)
+    assert grid == new_grid and torch.equal(new_feats, old_feats)
+    # The training path: a collated batch crosses to the device as uint8 (channels-last as training asks).
+    record = ImageRecord(0, paths[0], ("a red circle",))
+    batch = collate_captions([CaptionDataset([record], tiny_vocab(), model.transform, 10)[0]])
+    moved = batch.to(torch.device("cpu"), channels_last=True)
+    assert moved.images.dtype == torch.uint8
+    with torch.no_grad():
+        assert torch.equal(model.encode(moved.images)[0], model.encode(old[:1])[0])  # batch sizes alike: oneDNN blocks by batch
+    # Captioning from files gives the captions the float images give.
+    assert [c.text for c in model.caption_files(paths)] == [c.text for c in model.caption_images(old)]
+
+
+def test_normalize_refuses_float_images() -> None:
+    with pytest.raises(TypeError, match="expected uint8 images, got torch.float32"):
+        normalize_images(torch.zeros(1, 3, 4, 4))
+
+
+def test_store_identity_describes_the_real_transform(tmp_path: Path) -> None:
+    model = tiny_model()
+    described = identity(model)["transform"]
+    assert described == ImageTransform(SIZE).describe()
+    assert any("Resize(size=[32, 32]" in step for step in described) and any("Normalize(mean=[0.485" in step for step in described)
+    assert ImageTransform(48).describe() != described
+    # A store written by the old code, which described the transform by hand: refused in one line naming the field.
+    legacy = {**identity(model), "transform": {"resize": "square", "antialias": True, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}}
+    manifest = {"identity": legacy, "image_ids": [], "split": "train", "paths": []}
+    with pytest.raises(FeatureStoreError, match=r"train\.json: transform is \{'resize'.* in the store but \['PILToTensor\(\)'") as error:
+        check_manifest(tmp_path / "train.json", manifest, identity(model), [])
+    assert "\n" not in str(error.value)
+    check_manifest(tmp_path / "train.json", {**manifest, "identity": identity(model)}, identity(model), [])
+
+
+# --- workers and threads ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def node(monkeypatch: pytest.MonkeyPatch):
+    """A node with `cores` usable cores and a clean environment of thread and rank settings."""
+    for name in ("LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", runtime.ENV_THREADS):
+        monkeypatch.delenv(name, raising=False)
+
+    def make(cores: int, **env: str) -> None:
+        monkeypatch.setattr(runtime, "usable_cores", lambda: cores)
+        monkeypatch.setattr(runtime, "free_cores", lambda: cores)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+
+    return make
+
+
+@pytest.mark.parametrize(("cores", "ranks", "workers"), [(16, 8, 1), (16, 4, 3), (16, 1, 15), (2, 8, 1), (2, 1, 1), (64, 8, 7)])
+def test_auto_workers_share_the_cores_between_the_ranks(node, cores: int, ranks: int, workers: int) -> None:
+    node(cores, LOCAL_WORLD_SIZE=str(ranks))
+    assert runtime.loader_workers(runtime.AUTO_WORKERS) == workers
+    assert runtime.loader_workers(5) == 5 and runtime.loader_workers(0) == 0  # a number is taken as given
+
+
+def test_image_loader_resolves_auto_workers(node) -> None:
+    node(4, LOCAL_WORLD_SIZE="2")
+    assert image_loader([], ImageTransform(SIZE), 4, runtime.AUTO_WORKERS).num_workers == 1
+
+
+def test_auto_workers_outside_torchrun(node) -> None:
+    node(16)
+    assert runtime.loader_workers(runtime.AUTO_WORKERS) == 15
+
+
+def test_num_workers_config() -> None:
+    assert load_config(None, ["data.num_workers=-1"]).data.num_workers == runtime.AUTO_WORKERS
+    with pytest.raises(ConfigError, match="data.num_workers") as error:
+        load_config(None, ["data.num_workers=-2"])
+    assert "\n" not in str(error.value)
+
+
+def test_threads_honour_torchrun(node) -> None:
+    node(16, LOCAL_WORLD_SIZE="8", OMP_NUM_THREADS="2")
+    assert runtime.resolve_threads() == 2  # torchrun's split of the node, not the 16 cores
+    assert runtime.resolve_threads(5) == 5  # train.threads wins
+    node(16, LOCAL_WORLD_SIZE="8", OMP_NUM_THREADS="2", CAPTIONER_THREADS="3")
+    assert runtime.resolve_threads() == 3  # then $CAPTIONER_THREADS
+
+
+def test_threads_under_torchrun_without_omp(node) -> None:
+    node(16, LOCAL_WORLD_SIZE="4")
+    assert runtime.resolve_threads() == 4  # this rank's share of the cores
+
+
+def test_threads_outside_torchrun_ignore_omp(node) -> None:
+    node(6, OMP_NUM_THREADS="2")
+    assert runtime.resolve_threads() == 6  # the free cores, as before
+
+
+@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "LOCAL_WORLD_SIZE", runtime.ENV_THREADS])
+def test_bad_thread_settings_are_one_line_errors(node, name: str) -> None:
+    node(4, **{"LOCAL_WORLD_SIZE": "2", name: "many"})
+    with pytest.raises(ConfigError, match=rf"^{name}='many': expected a positive integer$"):
+        runtime.resolve_threads()
