@@ -40,6 +40,7 @@ from captioner.metrics import fast_scores
 from captioner.models import Captioner, build_model
 from captioner.models.decoder import DecoderOutput
 from captioner.resume import rng_state, set_rng_state
+from captioner.runtime import loader_workers
 from captioner.scst import SelfCritical
 from captioner.vocab import Vocabulary
 
@@ -333,7 +334,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     objective = SelfCritical(config.scst, vocab, [r.captions for r in train_set.records], xent=caption_loss) if scst else caption_loss
     state.logged = objective.logged if scst else LOGGED
     sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
-    workers = 0 if on_device else data.num_workers
+    workers = 0 if on_device else loader_workers(data.num_workers)  # -1: this rank's share of the node's cores
     loader = DataLoader(
         train_set,
         batch_sampler=sampler,
