@@ -35,6 +35,8 @@ class Range:
     lt: float | None = None
 
     def allows(self, value: Any) -> bool:
+        if value is None:  # only reachable for `int | None` and `float | None` keys: None means "not set"
+            return True
         if isinstance(value, float) and not math.isfinite(value):
             return False
         return (
@@ -209,8 +211,15 @@ class TrainConfig:
     grad_clip: float = setting(5.0, Range(ge=0))  # max gradient norm; 0: no clipping
     attention_penalty: float = setting(1.0, Range(ge=0))  # lambda of the doubly stochastic regulariser (lstm)
     label_smoothing: float = setting(0.0, PROBABILITY_BELOW_ONE)
-    schedule: str = setting("cosine", Choice(("cosine", "constant")))
-    warmup_steps: int = setting(100, COUNT)
+    schedule: str = setting("cosine", Choice(("cosine", "constant")))  # after the warmup: cosine to 5% of the peak at the last step, or constant
+    # Linear warmup, in epochs (converted through the steps per epoch at the run's world size, so
+    # it means the same on 1 and 8 GPUs) or in optimiser steps; set one. Neither: 100 steps.
+    warmup_epochs: float | None = setting(None, Range(ge=0))
+    warmup_steps: int | None = setting(None, COUNT)
+    # The learning rates (lr, encoder_lr) are used as written (none), or scaled by the global
+    # batch (data.batch_size x processes) over base_batch: linearly (Goyal et al. 2017) or by its square root.
+    lr_scaling: str = setting("none", Choice(("none", "linear", "sqrt")))
+    base_batch: int | None = setting(None, POSITIVE)  # the global batch the lrs were tuned at; null: data.batch_size (one process)
     device: str = setting("auto", Text(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N"))
     amp: bool = setting(True, Flag())  # bf16 autocast on CUDA (ignored on CPU)
     seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
@@ -421,6 +430,11 @@ def validate(config: Config, source: str = "config") -> None:
         raise ConfigError(
             f"{source}: 'model.decoder.d_model' ({decoder.d_model}) must be divisible by "
             f"'model.decoder.num_heads' ({decoder.num_heads})"
+        )
+    if config.train.warmup_epochs is not None and config.train.warmup_steps is not None:
+        raise ConfigError(
+            f"{source}: 'train.warmup_epochs' ({config.train.warmup_epochs:g}) and 'train.warmup_steps' "
+            f"({config.train.warmup_steps}) are both set; keep one and set the other to null (epochs mean the same at any number of GPUs)"
         )
     if config.data.dataset == "karpathy" and not config.data.karpathy_file:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")

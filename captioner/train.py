@@ -241,15 +241,57 @@ class TrainState:
             self.running_steps, self.epoch_steps = saved["running_steps"], saved["epoch_steps"]
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, config: Config, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    warmup = config.train.warmup_steps
+DEFAULT_WARMUP_STEPS = 100  # neither train.warmup_epochs nor train.warmup_steps set
+
+
+def warmup_steps(config: Config, steps_per_epoch: int) -> int:
+    """The warmup in optimiser steps: `train.warmup_epochs` through this run's steps per epoch
+    (so the same fraction of the run on any number of processes), else `train.warmup_steps`."""
+    if config.train.warmup_epochs is not None:
+        return round(config.train.warmup_epochs * steps_per_epoch)
+    return DEFAULT_WARMUP_STEPS if config.train.warmup_steps is None else config.train.warmup_steps
+
+
+def lr_scale(config: Config, global_batch: int) -> float:
+    """What `train.lr_scaling` multiplies the configured learning rates by at this global batch:
+    1 (none), global_batch / base_batch (linear) or its square root (sqrt); base_batch defaults
+    to data.batch_size, the global batch of one process."""
+    rule = config.train.lr_scaling
+    if rule == "none":
+        return 1.0
+    ratio = global_batch / (config.train.base_batch or config.data.batch_size)
+    return ratio if rule == "linear" else math.sqrt(ratio)
+
+
+def describe_schedule(config: Config, global_batch: int, steps_per_epoch: int) -> str:
+    """The learning-rate rule and warmup of this run, for the log at its start."""
+    train, scale = config.train, lr_scale(config, global_batch)
+    rates = f"lr {train.lr:g}, encoder_lr {train.encoder_lr:g}"
+    if train.lr_scaling == "none":
+        rates += " as configured (train.lr_scaling none)"
+    else:
+        base = train.base_batch or config.data.batch_size
+        rates += f" x {scale:.4g} ({train.lr_scaling} scaling: global batch {global_batch} / base batch {base})"
+    warmup = warmup_steps(config, steps_per_epoch)
+    return f"{rates}; warmup {warmup} steps = {warmup / max(1, steps_per_epoch):.3g} epochs, then {train.schedule}"
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, config: Config, steps_per_epoch: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup, then cosine decay to 5% of the peak at the last step (or constant).
+
+    The factor of optimiser step `step` (0-based) depends only on the epochs done after it,
+    (step + 1) / steps_per_epoch, when the warmup is given in epochs: the schedule is then the
+    same function of epochs on 1 and 8 processes, whose epochs have 8x fewer steps."""
+    warmup = warmup_steps(config, steps_per_epoch)
+    total_steps = config.train.epochs * steps_per_epoch
 
     def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
+        done = step + 1  # steps done after this one
+        if done <= warmup:
+            return done / warmup
         if config.train.schedule == "constant":
             return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        progress = min(1.0, (done - warmup) / max(1, total_steps - warmup))
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress))  # cosine to 5% of the peak
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -346,17 +388,19 @@ def fit(config: Config, resume: bool = False) -> Path:
     )
     if ctx.is_main:
         log.info(
-            "%d process%s x batch %d = global batch %d; %d steps per epoch; lr %g",
-            ctx.world_size, "es" if ctx.enabled else "", data.batch_size, sampler.global_batch, len(sampler), config.train.lr,
+            "%d process%s x batch %d = global batch %d; %d steps per epoch; %s",
+            ctx.world_size, "es" if ctx.enabled else "", data.batch_size, sampler.global_batch, len(sampler),
+            describe_schedule(config, sampler.global_batch, len(sampler)),
         )
-    groups = [{"params": [p for p in model.decoder.parameters()], "lr": config.train.lr}]
+    scale = lr_scale(config, sampler.global_batch)
+    groups = [{"params": [p for p in model.decoder.parameters()], "lr": config.train.lr * scale}]
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
     if encoder_params:
         # A gentler rate fine-tunes pretrained layers; an encoder learning from scratch needs the full one.
         encoder_lr = config.train.encoder_lr if config.model.encoder.pretrained else config.train.lr
-        groups.append({"params": encoder_params, "lr": encoder_lr})
+        groups.append({"params": encoder_params, "lr": encoder_lr * scale})
     optimizer = torch.optim.AdamW(groups, weight_decay=config.train.weight_decay)
-    scheduler = make_scheduler(optimizer, config, config.train.epochs * len(sampler))
+    scheduler = make_scheduler(optimizer, config, len(sampler))
     forward: Callable[..., DecoderOutput] = model
     if ctx.enabled and not scst:  # SCST samples step by step through the bare decoder: its gradients are averaged by hand
         forward = DistributedDataParallel(
@@ -461,21 +505,41 @@ def fit(config: Config, resume: bool = False) -> Path:
     return out_dir / "best.pt"
 
 
+TRAINING_CHOICES = ("model.encoder.fine_tune_blocks",)  # how a stage trains the model, not what the model is
+
+
 def read_init_checkpoint(config: Config) -> dict:
-    """The checkpoint `train.init` names, whose model section must be the config's."""
+    """The checkpoint `train.init` names, whose model section must be the config's, except for
+    the TRAINING_CHOICES: a stage may fine-tune an encoder that the previous one kept frozen
+    (a model trained on the feature store), or freeze one it fine-tuned. The weights fit either way."""
     path = config.train.init
     checkpoint = read_checkpoint(path)
-    conflict = first_difference(checkpoint["config"].get("model", {}), config.to_dict()["model"], "model")
+    saved, current = checkpoint["config"].get("model", {}), config.to_dict()["model"]
+    for dotted in TRAINING_CHOICES:
+        was, now = dotted_value(saved, dotted), dotted_value(current, dotted)
+        if was != now:
+            log.info("%s: %s is %r in the checkpoint, %r here: this stage trains as its config says", path, dotted, was, now)
+    conflict = first_difference(saved, current, "model", skip=TRAINING_CHOICES)
     if conflict:
         raise CheckpointError(f"{path}: {conflict}; train.init needs the model section the checkpoint was trained with")
     return checkpoint
 
 
-def first_difference(saved: object, current: object, key: str) -> str | None:
-    """'model.x.y is A in the checkpoint but B in the config' for the first differing key, or None."""
+def dotted_value(section: dict, dotted: str) -> object:
+    """`section`'s value at `dotted` ('model.encoder.x' in a model section), None where absent."""
+    value: object = section
+    for part in dotted.split(".")[1:]:
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def first_difference(saved: object, current: object, key: str, skip: tuple[str, ...] = ()) -> str | None:
+    """'model.x.y is A in the checkpoint but B in the config' for the first differing key not in `skip`, or None."""
+    if key in skip:
+        return None
     if isinstance(saved, dict) and isinstance(current, dict):
         for name in list(dict.fromkeys([*saved, *current])):
-            found = first_difference(saved.get(name), current.get(name), f"{key}.{name}")
+            found = first_difference(saved.get(name), current.get(name), f"{key}.{name}", skip)
             if found:
                 return found
         return None
