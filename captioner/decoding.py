@@ -9,6 +9,7 @@ gradients, for self-critical training.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -137,6 +138,56 @@ class SampledCaptions:
         return (self.logprobs * self.mask).sum(dim=1)  # (B*n,)
 
 
+def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """(V,) bool, true at the ids never produced: built once per decode, so that no step indexes
+    a device tensor with a host list."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # (V,)
+    if banned:
+        mask[torch.tensor(banned, dtype=torch.long, device=device)] = True
+    return mask
+
+
+def roll_out(
+    decoder: Decoder,
+    memory: dict[str, torch.Tensor],
+    bos_id: int,
+    eos_id: int,
+    max_length: int,
+    pick: Callable[[torch.Tensor], torch.Tensor],
+    banned: tuple[int, ...] = (),
+    block_trigrams: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decode every row of `memory` for exactly `max_length` steps, choosing each word with
+    `pick(allowed logprobs (R, V)) -> (R,)`. Static bounds: rows that ended keep stepping on <pad>
+    with their positions masked, and nothing is read back from the device (no early exit).
+
+    Returns tokens (R, T) (words, <eos> where ended, then 0), the model's log-probability of each
+    (R, T) (0 where masked; with gradients when enabled) and mask (R, T), T = max_length."""
+    R = next(iter(memory.values())).shape[0]
+    device = next(iter(memory.values())).device
+    state = decoder.init_state(memory, capacity=max_length)
+    prev = torch.full((R,), bos_id, dtype=torch.long, device=device)  # (R,)
+    done = torch.zeros(R, dtype=torch.bool, device=device)  # (R,)
+    history = torch.zeros((R, max_length), dtype=torch.long, device=device)  # (R, T), filled step by step
+    chosen_logprobs, masks = [], []
+    forbidden: torch.Tensor | None = None
+    for t in range(max_length):
+        logprobs, _, state = decoder.step(memory, prev, state)  # (R, V)
+        logprobs = logprobs.float()
+        if forbidden is None:
+            forbidden = banned_mask(banned, logprobs.shape[-1], device)  # (V,)
+        allowed = logprobs.detach().masked_fill(forbidden, float("-inf"))  # (R, V)
+        if block_trigrams:
+            allowed = block_repeated_trigrams(allowed, history[:, :t])
+        token = pick(allowed).masked_fill(done, 0)  # (R,)
+        chosen_logprobs.append(logprobs.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0))  # (R,)
+        masks.append(~done)  # this position is a word or the <eos>
+        history[:, t] = token
+        done = done | (token == eos_id)
+        prev = token
+    return history, torch.stack(chosen_logprobs, dim=1), torch.stack(masks, dim=1)  # (R, T) each
+
+
 def sample_captions(
     decoder: Decoder,
     feats: torch.Tensor,
@@ -160,35 +211,33 @@ def sample_captions(
     policy the gradient pushes is the model, the same distribution cross-entropy trains and beam
     search scores, so a sample's log-probability equals the teacher-forced one of its tokens.
     (At temperature 1 with no restriction this is also the distribution sampled from.) Rows
-    that have ended produce <pad> (0) with mask false, and carry no log-probability.
+    that have ended produce <pad> (0) with mask false, and carry no log-probability. Always
+    `max_length` steps (T = max_length): the loop never asks the device whether all rows ended.
     """
     check_sampling(temperature, top_k, top_p)
     B, device = feats.shape[0], feats.device
     image_rows = torch.arange(B, device=device).repeat_interleave(n)  # (B*n,)
     memory = select_rows(decoder.prepare(feats), image_rows)  # (B*n, ...) per-image constants
-    state = decoder.init_state(memory)
-    prev = torch.full((B * n,), bos_id, dtype=torch.long, device=device)  # (B*n,)
-    done = torch.zeros(B * n, dtype=torch.bool, device=device)  # (B*n,)
-    history = torch.empty((B * n, 0), dtype=torch.long, device=device)  # (B*n, t)
-    chosen_logprobs, masks = [], []
-    for _ in range(max_length):
-        logprobs, _, state = decoder.step(memory, prev, state)  # (B*n, V)
-        logprobs = logprobs.float()
-        allowed = ban(logprobs.detach(), banned)  # (B*n, V)
-        if block_trigrams:
-            allowed = block_repeated_trigrams(allowed, history)
-        token = draw(allowed, temperature, top_k, top_p, generator)  # (B*n,)
-        live = ~done  # (B*n,): this position is a word or the <eos>
-        token = token.masked_fill(done, 0)
-        chosen_logprobs.append(logprobs.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0))  # (B*n,)
-        masks.append(live)
-        history = torch.cat([history, token[:, None]], dim=1)  # (B*n, t+1)
-        done = done | (token == eos_id)
-        prev = token
-        if bool(done.all()):
-            break
-    mask = torch.stack(masks, dim=1)  # (B*n, T)
-    return SampledCaptions(history, torch.stack(chosen_logprobs, dim=1), mask, mask.sum(dim=1), image_rows)
+    tokens, logprobs, mask = roll_out(
+        decoder, memory, bos_id, eos_id, max_length, lambda allowed: draw(allowed, temperature, top_k, top_p, generator),
+        banned, block_trigrams,
+    )  # (B*n, T) each
+    return SampledCaptions(tokens, logprobs, mask, mask.sum(dim=1), image_rows)
+
+
+@torch.no_grad()
+def greedy_captions(
+    decoder: Decoder, feats: torch.Tensor, bos_id: int, eos_id: int, max_length: int, banned: tuple[int, ...] = ()
+) -> SampledCaptions:
+    """The greedy caption of each image as device tensors (SCST's greedy baseline); feats (B, N, D).
+
+    The same words as `greedy_decode` (argmax, `banned` never produced), without its attention
+    maps, host copies or early exit: `max_length` steps, rows that ended masked."""
+    B = feats.shape[0]
+    tokens, logprobs, mask = roll_out(
+        decoder, decoder.prepare(feats), bos_id, eos_id, max_length, lambda allowed: allowed.argmax(dim=-1), banned
+    )  # (B, T) each
+    return SampledCaptions(tokens, logprobs, mask, mask.sum(dim=1), torch.arange(B, device=feats.device))
 
 
 @torch.no_grad()
@@ -217,7 +266,7 @@ def greedy_decode(
         check_sampling(temperature, top_k, top_p)
     batch = feats.shape[0]
     memory = decoder.prepare(feats)
-    state = decoder.init_state(memory)
+    state = decoder.init_state(memory, capacity=max_length)
     prev = torch.full((batch,), bos_id, dtype=torch.long, device=feats.device)  # (B,)
     maps, self_maps, logprob = [], [], torch.zeros(batch, device=feats.device)
     history = torch.empty((batch, 0), dtype=torch.long, device=feats.device)  # (B, t)
@@ -316,7 +365,7 @@ def beam_search_n_best(
     Kg, S = K // G, B * G  # beams per group; searches (image, group), rows s*Kg..s*Kg+Kg-1 of search s = b*G+g
     expand = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,): beams of image b are rows b*K..b*K+K-1
     memory = select_rows(decoder.prepare(feats), expand)  # per-image constants: expanded once, never reordered
-    state = decoder.init_state(memory)
+    state = decoder.init_state(memory, capacity=max_length)
     prev = torch.full((B * K,), bos_id, dtype=torch.long, device=device)  # (B*K,)
     scores = torch.full((B, G, Kg), float("-inf"), device=device)  # (B, G, Kg)
     scores[:, :, 0] = 0.0  # all beams of a group start identical: expand only the first

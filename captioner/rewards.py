@@ -19,12 +19,15 @@ the "length" in the length penalty counts bigrams (a caption's words minus one).
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from captioner.reward_table import ReferenceTable, cached_table, fingerprint
 from captioner.vocab import Vocabulary, tokenize
 
 NGram = tuple[Hashable, ...]
@@ -210,4 +213,60 @@ class CaptionReward:
             reward += self.cider_weight * self.cider.score(candidates, keys)
         if self.bleu_weight:
             reward += self.bleu_weight * self.bleu.score(candidates, keys)
+        return reward
+
+
+class DeviceReward:
+    """The SCST reward computed where the samples are: cider_weight * CIDEr-D from a
+    `reward_table.ReferenceTable` (the same numbers as `CaptionReward`'s, to 1e-12 in float64),
+    plus bleu_weight * BLEU-4, which still runs on the host (it reads the tokens back: one wait
+    for the device per step, only when bleu_weight > 0).
+
+    With `cache_dir` the table is built once and saved there under a fingerprint of the
+    vocabulary and the references, and every process (the ranks of a node) memory-maps the same
+    files; it is copied to a GPU once per process (float32 weights there, float64 on the CPU).
+    """
+
+    def __init__(
+        self,
+        vocab: Vocabulary,
+        references: Sequence[Sequence[str]],
+        cider_weight: float = 1.0,
+        bleu_weight: float = 0.0,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.cider_weight, self.bleu_weight = cider_weight, bleu_weight
+        ids: list[list[tuple[int, ...]]] = []
+
+        def reference_tokens() -> list[list[tuple[int, ...]]]:
+            if not ids:
+                oov: dict[str, int] = {}
+                ids.extend([reference_ids(vocab, c, oov) for c in captions] for captions in references)
+            return ids
+
+        build = lambda: ReferenceTable.build(reference_tokens())  # noqa: E731
+        self.table = cached_table(cache_dir, fingerprint(vocab.words, references), build) if cache_dir else build()
+        self.bleu = Bleu4()
+        if bleu_weight:
+            for key, refs in enumerate(reference_tokens()):
+                self.bleu.add_references(key, refs)
+        self._tables: dict[torch.device, ReferenceTable] = {}
+
+    def on(self, device: torch.device) -> ReferenceTable:
+        """The table on `device`, copied there once."""
+        if device not in self._tables:
+            self._tables[device] = self.table if device.type == "cpu" else self.table.to(device, torch.float32)
+        return self._tables[device]
+
+    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        """(C,) rewards of the captions tokens[c, :lengths[c]] (word ids, then <eos> where it
+        ended) against the references of dataset image images[c]; on tokens' device."""
+        table = self.on(tokens.device)
+        reward = torch.zeros(tokens.shape[0], dtype=table.ref_weights.dtype, device=tokens.device)  # (C,)
+        if self.cider_weight:
+            reward = reward + self.cider_weight * table.score(tokens, lengths, images)
+        if self.bleu_weight:
+            candidates = [row[:length] for row, length in zip(tokens.tolist(), lengths.tolist())]
+            bleu = self.bleu.score(candidates, images.tolist())  # (C,) on the host
+            reward = reward + self.bleu_weight * torch.as_tensor(bleu, dtype=reward.dtype).to(reward.device)
         return reward

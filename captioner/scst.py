@@ -19,35 +19,38 @@ added with that weight (ruotianluo's `structure_loss_weight`, Paulus et al. 2018
 objective): on a small training set it anchors the policy to the references while the reward
 reshapes it.
 
+A step reads nothing back from the device (tests/test_sync.py): sampling and the greedy baseline
+run `max_length` steps with finished rows masked, the CIDEr-D reward is computed by torch ops on
+the samples' device from a reference table shared by the ranks of a node (rewards.DeviceReward,
+captioner/reward_table.py), and the logged values stay device tensors (docs/scst_gpu.md).
+
 `SelfCritical` is called like `train.caption_loss`, (model, batch, config, encoded) -> (loss,
 logged values), so `fit` only picks it for the stage and knows nothing else about it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 
 from captioner.config import Config, ScstConfig
 from captioner.data.batching import CaptionBatch
-from captioner.decoding import greedy_decode, sample_captions
+from captioner.decoding import greedy_captions, sample_captions
 from captioner.models import Captioner
-from captioner.rewards import CaptionReward
+from captioner.rewards import DeviceReward
 from captioner.vocab import Vocabulary
 
+# (tokens (C, T), lengths (C,), dataset image indices (C,)) -> (C,) rewards on the tokens' device
+Reward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-def mean_of_others(rewards: np.ndarray, n: int) -> np.ndarray:
+
+def mean_of_others(rewards: torch.Tensor, n: int) -> torch.Tensor:
     """(B*n,) rewards, n consecutive per image -> each sample's baseline: the mean of the other n-1."""
-    per_image = rewards.reshape(-1, n)  # (B, n)
-    return ((per_image.sum(axis=1, keepdims=True) - per_image) / (n - 1)).reshape(-1)  # (B*n,)
-
-
-def ended(tokens: list[int], finished: bool, eos_id: int) -> list[int]:
-    """A greedy caption as the reward reads it: its words, then <eos> when it ended."""
-    return [*tokens, eos_id] if finished else list(tokens)
+    per_image = rewards.view(-1, n)  # (B, n)
+    return ((per_image.sum(dim=1, keepdim=True) - per_image) / (n - 1)).view(-1)  # (B*n,)
 
 
 class SelfCritical:
@@ -55,8 +58,9 @@ class SelfCritical:
 
     `references[i]` are the reference captions (text) of the dataset's image i; the reward's
     document frequencies come from all of them, once, and `batch.indices` picks each image's.
-    `reward(candidates, image indices) -> (C,)` replaces the CIDEr-D reward (tests use one that
-    favours a word). `xent` is the cross-entropy objective that `scst.xent_weight` mixes in.
+    `reward` replaces the CIDEr-D reward (tests use one that favours a word); `cache_dir` is where
+    the reward's reference table is saved once and memory-mapped by every rank of the node.
+    `xent` is the cross-entropy objective that `scst.xent_weight` mixes in.
     """
 
     def __init__(
@@ -64,19 +68,27 @@ class SelfCritical:
         settings: ScstConfig,
         vocab: Vocabulary,
         references: Sequence[Sequence[str]],
-        reward: Callable[[list[list[int]], list[int]], np.ndarray] | None = None,
+        reward: Reward | None = None,
         xent: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.settings = settings
         self.vocab = vocab
-        self.reward = reward or CaptionReward(vocab, references, settings.cider_weight, settings.bleu_weight)
+        self.reward = reward or DeviceReward(vocab, references, settings.cider_weight, settings.bleu_weight, cache_dir)
         self.banned = (vocab.pad_id, vocab.bos_id, vocab.unk_id)
-        self.reward_seconds = 0.0  # time spent scoring, in total
+        self.reward_seconds = 0.0  # host time spent in the reward, in total (launch time only on a GPU)
         self.xent = xent
         if settings.xent_weight and xent is None:
             raise ValueError("SelfCritical: scst.xent_weight needs the cross-entropy objective (xent)")
 
     logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "reward_seconds", "xent")
+
+    def score(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        """(C,) rewards as float32 on the tokens' device, timed into `reward_seconds`."""
+        start = time.perf_counter()
+        rewards = self.reward(tokens, lengths, images).float()  # (C,)
+        self.reward_seconds += time.perf_counter() - start
+        return rewards
 
     def __call__(
         self,
@@ -89,7 +101,8 @@ class SelfCritical:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(loss, logged values as 0-d tensors on the loss's device). `totals` = (target words,
         captions, images) over every rank; `forward` (the DDP wrapper of cross-entropy) is not
-        used: sampling runs the bare decoder, and `train_one_epoch` averages its gradients."""
+        used: sampling runs the bare decoder, and `train_one_epoch` averages its gradients.
+        Nothing is read back from the device (except by a BLEU term in the reward)."""
         s, vocab = self.settings, self.vocab
         reward_before = self.reward_seconds
         n = s.samples
@@ -99,6 +112,7 @@ class SelfCritical:
                 feats = torch.zeros_like(feats)
         else:
             feats, _ = model.encode(batch.images)  # (B, N, D), with gradients into a fine-tuned encoder
+        images = batch.indices.to(feats.device, non_blocking=True)  # (B,): dataset index of each image
         decoder_was_training = model.decoder.training
         model.decoder.train(s.dropout)  # without dropout the policy sampled and pushed is the test-time decoder
         try:
@@ -107,51 +121,39 @@ class SelfCritical:
             )  # tokens, logprobs, mask: (B*n, T)
         finally:
             model.decoder.train(decoder_was_training)
-        tokens, lengths = samples.tokens.cpu(), samples.lengths.cpu()  # the reward reads ids on the CPU
-        keys = batch.indices.repeat_interleave(n).tolist()  # (B*n,): dataset index of each sample's image
-        candidates = [tokens[r, : int(lengths[r])].tolist() for r in range(tokens.shape[0])]  # words + <eos> if ended
+        rewards = self.score(samples.tokens, samples.lengths, images.repeat_interleave(n))  # (B*n,)
 
         if s.baseline == "greedy":
             was_training = model.training
             model.eval()
             try:
-                greedy = greedy_decode(
-                    model.decoder, feats.detach(), vocab.bos_id, vocab.eos_id, s.max_length, banned=self.banned
-                )
+                greedy = greedy_captions(model.decoder, feats.detach(), vocab.bos_id, vocab.eos_id, s.max_length, self.banned)
             finally:
                 model.train(was_training)
-            start = time.perf_counter()
-            rewards = self.reward(candidates, keys)  # (B*n,)
-            greedy_rewards = self.reward([ended(h.tokens, h.finished, vocab.eos_id) for h in greedy], batch.indices.tolist())  # (B,)
-            self.reward_seconds += time.perf_counter() - start
-            baseline = np.repeat(greedy_rewards, n)  # (B*n,)
+            baseline = self.score(greedy.tokens, greedy.lengths, images).repeat_interleave(n)  # (B*n,)
         else:
-            start = time.perf_counter()
-            rewards = self.reward(candidates, keys)  # (B*n,)
-            self.reward_seconds += time.perf_counter() - start
             baseline = mean_of_others(rewards, n)  # (B*n,)
 
         advantage = rewards - baseline  # (B*n,)
-        weights = torch.as_tensor(advantage, dtype=torch.float32, device=samples.logprobs.device)  # (B*n,)
         # Under torchrun this rank's images are a share of the global batch's (`totals[2]`, summed
         # over ranks): the loss and the logged means become shares too, so that averaging the
         # gradients over ranks and summing the logged values give the global batch's means.
         share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
-        loss = -(weights * samples.caption_logprobs()).mean() * share
+        loss = -(advantage * samples.caption_logprobs()).mean() * share
         xent = torch.zeros((), device=loss.device)
         if s.xent_weight:
             # Teacher forcing on every reference of the batch's images; `totals` make it this rank's share.
             xent, _ = self.xent(model, batch, config, encoded, totals)
             loss = loss + s.xent_weight * xent
-        words = np.array([len(c) - (1 if c and c[-1] == vocab.eos_id else 0) for c in candidates])  # (B*n,) <eos> is not a word
-        host = {
-            "reward": rewards.mean(),
-            "baseline": baseline.mean(),
-            "advantage": advantage.mean(),  # with the mean baseline 0 by construction
-            "advantage_abs": np.abs(advantage).mean(),  # the size of the policy-gradient weights
-            "sample_length": words.mean(),
-            "reward_seconds": self.reward_seconds - reward_before,  # wall time of this step's scoring
-        }
-        values = torch.tensor([host[k] * share for k in self.logged[1:-1]], dtype=torch.float32).to(loss.device, non_blocking=True)  # (P-1,)
+        words = (samples.mask & (samples.tokens != vocab.eos_id)).sum(dim=1)  # (B*n,): <eos> is not a word
+        means = torch.stack([
+            rewards.mean(),
+            baseline.mean(),
+            advantage.mean(),  # with the mean baseline 0 by construction
+            advantage.abs().mean(),  # the size of the policy-gradient weights
+            words.float().mean(),
+        ])  # (5,) on the device
+        seconds = torch.tensor([self.reward_seconds - reward_before], dtype=torch.float32).to(loss.device, non_blocking=True)  # (1,)
+        values = torch.cat([means.detach().float(), seconds]) * share  # (P-2,): wall time of this step's scoring last
         logged = dict(zip(self.logged[1:-1], values.unbind()))
         return loss, {"loss": loss.detach().float(), **logged, "xent": xent.detach().float()}

@@ -2,12 +2,21 @@
 
     python scripts/bench_scst.py reward [path/to/captions_val2014.json] [--images 5000]
     python scripts/bench_scst.py step runs/flickr8k_lstm_lite0_scst/best.pt [--steps 8] [--baseline greedy|mean]
+    python scripts/bench_scst.py syncs [--root ROOT]   # ROOT: a checkout's folder (default this one)
+    # today's code against an older commit: git archive COMMIT captioner | tar -x -C /tmp/old; ... syncs --root /tmp/old
 
 `reward`: the CIDEr-D reward over the references of COCO val2014 (document frequencies from all
 their ~200k captions, built once), scoring one held-out reference of each image as the candidate
 against the image's other references, batch by batch as SCST does (160 = 32 images x 5 samples);
 beside it, pycocoevalcap's CiderScorer on the same batches (which rebuilds its document frequencies
 from each batch, so it is not the same number, only the same work the naive loop would do).
+
+`reward` also times the vectorised reward (`rewards.DeviceReward`, the reference table of
+captioner/reward_table.py, float64 on the CPU) on the same batches, beside the Python one.
+
+`syncs`: host-device synchronisations per SCST step, counted on the CPU with the simulated device
+of tests/test_sync.py (every value read or value-sized op on a tensor that would live on the GPU),
+for both decoders and both baselines: 8 images x 5 samples, max_length 16, a tiny model.
 
 `step`: SCST steps of a trained checkpoint (its config's `scst` section and batch size: an SCST
 checkpoint brings its stage's recipe) on its training images' references, with random image
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +85,7 @@ def bench_reward(args: argparse.Namespace) -> None:
         )
     both_s = clock() - start
     print(f"CIDEr-D + 0.5 BLEU-4: {count / both_s:,.0f} captions/s")
+    bench_vectorised(ids, count, args.batch)
 
     words = [[" ".join(tokenize(c)) for c in captions] for captions in texts[:count]]
     start = clock()
@@ -85,6 +96,103 @@ def bench_reward(args: argparse.Namespace) -> None:
         scorer.compute_score()
     theirs_s = clock() - start
     print(f"pycocoevalcap CiderScorer per batch: {count} captions in {theirs_s:.2f} CPU s = {count / theirs_s:,.0f} captions/s")
+
+
+def bench_vectorised(ids: list, count: int, batch: int) -> None:
+    """The Python CiderD and the vectorised table side by side on the same batches: both with the
+    held-out references (each image's first caption is the candidate) as the df corpus."""
+    from captioner.reward_table import ReferenceTable, padded
+    from captioner.rewards import CiderD
+
+    held_out = [refs[1:] for refs in ids]
+    cider = CiderD(held_out)
+    start = clock()
+    for key, refs in enumerate(held_out):
+        cider.add_references(key, refs)
+    python_build_s = clock() - start
+    start = clock()
+    table = ReferenceTable.build(held_out)
+    table_build_s = clock() - start
+    print(f"reference set-up for {len(held_out)} images: Python vectors {python_build_s:.1f} CPU s (plus the df above), "
+          f"table (df included) {table_build_s:.1f} CPU s, {table.nbytes() / 2**20:.0f} MiB")
+    candidates = [refs[0] for refs in ids[:count]]
+    python_s = table_s = 0.0
+    worst = 0.0
+    for i in range(0, count, batch):
+        tokens, lengths = padded(candidates[i : i + batch])  # (C, L), (C,): SCST hands the reward tensors
+        keys = torch.arange(i, min(i + batch, count))  # (C,)
+        start = clock()
+        want = cider.score(candidates[i : i + batch], keys.tolist())
+        python_s += clock() - start
+        start = clock()
+        got = table.score(tokens, lengths, keys)
+        table_s += clock() - start
+        worst = max(worst, float(np.abs(got.numpy() - want).max()))
+    batches = -(-count // batch)
+    print(f"reward per batch of {batch}: Python CiderD {1000 * python_s / batches:.1f} ms, "
+          f"vectorised table {1000 * table_s / batches:.1f} ms (CPU, float64, 1 thread); "
+          f"largest difference {worst:.1e}")
+
+
+def bench_syncs(args: argparse.Namespace) -> None:
+    """Syncs per SCST step of the checkout at args.root (its captioner), both decoders, both baselines."""
+    import sys
+    import tempfile
+
+    sys.path[:0] = [str(args.root), str(Path(__file__).resolve().parents[1] / "tests")]
+    for name in [m for m in sys.modules if m == "captioner" or m.startswith("captioner.")]:
+        del sys.modules[name]
+    import pytest
+    from PIL import Image
+    from torch.utils.data import DataLoader
+
+    import captioner
+    from captioner.config import ScstConfig
+    from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
+    from captioner.data.images import ImageTransform
+    from captioner.data.records import ImageRecord
+    from captioner.scst import SelfCritical
+    from helpers import WORDS, tiny_model
+    from test_sync import DeviceSimulation
+
+    assert captioner.__file__.startswith(str(args.root)), captioner.__file__
+    folder = Path(tempfile.mkdtemp())
+    records = []
+    for i in range(16):
+        path = folder / f"{i}.png"
+        Image.new("RGB", (32, 32), (i * 9, 50, 90)).save(path)
+        captions = tuple(" ".join(WORDS[(i + j + k) % len(WORDS)] for k in range(5 + (i + j) % 6)) for j in range(5))
+        records.append(ImageRecord(i, path, captions))
+    for decoder in ("lstm", "transformer"):
+        for baseline in ("greedy", "mean"):
+            model = tiny_model(f"model.decoder.type={decoder}").train()
+            dataset = CaptionDataset(records, model.vocab, ImageTransform(32, train=True), 20, "all")
+            objective = SelfCritical(ScstConfig(samples=5, baseline=baseline, max_length=16), model.vocab,
+                                     [r.captions for r in dataset.records])
+            sim = DeviceSimulation()
+            patch = pytest.MonkeyPatch()
+            for name in ("tolist", "numpy", "__array__"):
+                original = getattr(torch.Tensor, name)
+
+                def read(self, *a, _original=original, _name=name, **k):
+                    if sim.tracked(self):
+                        sim.record(_name)
+                    return _original(self, *a, **k)
+
+                patch.setattr(torch.Tensor, name, read)
+            table = getattr(objective.reward, "table", None)  # the vectorised reward's: device tensors
+            batch = next(iter(DataLoader(dataset, batch_size=8, collate_fn=collate_captions)))
+            with sim:
+                sim.mark(*model.parameters(), *model.buffers(), batch.images)
+                if table is not None:
+                    sim.mark(*(getattr(table, f) for f in table.__dataclass_fields__ if f != "meta"))
+                loss, _ = objective(model, batch, model.config, encoded=False)
+                loss.backward()
+            patch.undo()
+            reads = sum(s.startswith(("aten._local_scalar_dense", "tolist", "numpy", "__array__")) for s in sim.syncs)
+            kinds = Counter(s.split(" at ")[0] for s in sim.syncs)
+            print(f"{args.root}: {decoder} {baseline}: {len(sim.syncs)} syncs per step ({reads} value reads); "
+                  f"{dict(kinds.most_common(4))}")
 
 
 def bench_step(args: argparse.Namespace) -> None:
@@ -147,9 +255,11 @@ def main() -> None:
     step.add_argument("checkpoint", type=Path)
     step.add_argument("--steps", type=int, default=8)
     step.add_argument("--baseline", choices=("greedy", "mean"), default=None, help="default: the checkpoint's scst.baseline")
+    syncs = commands.add_parser("syncs")
+    syncs.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    bench_reward(args) if args.command == "reward" else bench_step(args)
+    {"reward": bench_reward, "step": bench_step, "syncs": bench_syncs}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -162,3 +162,47 @@ def test_the_simulation_sees_the_reads_that_used_to_be_there(simulation: DeviceS
         host = torch.tensor([3, 2, 1])
         int((host > 1).sum())  # a host tensor: no sync
     assert len(simulation.syncs) == 4, simulation.syncs  # two masks, item, float
+
+
+def scst_steps_syncs(tmp_path, simulation: DeviceSimulation, decoder: str, baseline: str) -> list[list[str]]:
+    """Syncs per SCST step (the real CIDEr-D reward table, 5 samples per image) over 4 steps, the
+    logged values read every 2nd step."""
+    from captioner.config import ScstConfig
+    from captioner.scst import SelfCritical
+
+    config = tiny_config(f"model.decoder.type={decoder}", "train.log_every=2", "data.batch_size=2", "train.device=cpu")
+    model = tiny_model(f"model.decoder.type={decoder}").train()
+    dataset = CaptionDataset(fake_records(tmp_path, 8), model.vocab, ImageTransform(32, train=True), 20, "all")
+    loader = DataLoader(dataset, batch_size=2, collate_fn=collate_captions)
+    objective = SelfCritical(ScstConfig(samples=5, baseline=baseline, max_length=8), model.vocab, [r.captions for r in dataset.records])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = make_scheduler(optimizer, config, 4)
+    ctx = Distributed(torch.device("cpu"))
+    state = TrainState(logged=objective.logged)
+    state.reset_sums(ctx.device)
+    table = objective.reward.on(torch.device("cpu"))
+    per_step: list[list[str]] = []
+    with simulation:
+        simulation.mark(*model.parameters(), *model.buffers(), state.running, state.epoch_sums)
+        simulation.mark(*(getattr(table, f) for f in table.__dataclass_fields__ if f != "meta"))  # the table lives on the device
+        seen = [0]
+
+        def on_step() -> None:
+            per_step.append(simulation.syncs[seen[0]:])
+            seen[0] = len(simulation.syncs)
+            for group in optimizer.state.values():
+                simulation.mark(*(v for k, v in group.items() if k != "step"))
+
+        train_one_epoch(model, model, loader, optimizer, scheduler, config, ctx, 1, state, on_step, objective)
+    return per_step
+
+
+@pytest.mark.parametrize("baseline", ["greedy", "mean"])
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+def test_scst_steps_read_the_device_only_when_logging(tmp_path, simulation: DeviceSimulation, decoder: str, baseline: str) -> None:
+    """Sampling, the greedy baseline, the CIDEr-D reward and the loss: not one device read on an
+    ordinary step (the old step read the device every token and scored on the host)."""
+    per_step = scst_steps_syncs(tmp_path, simulation, decoder, baseline)
+    assert len(per_step) == 4
+    assert per_step[0] == [] and per_step[2] == [], per_step
+    assert len(per_step[1]) == 1 and per_step[1][0].startswith("tolist at train.py:"), per_step[1]  # the log step's one read
