@@ -373,7 +373,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     scst = config.train.stage == "scst"
     pairs = "all" if scst else data.captions_per_image  # SCST: one item per image, rewarded against all its references
     train_set = CaptionDataset(train_records, vocab, transform, data.max_caption_length, pairs, train_features)
-    objective = SelfCritical(config.scst, vocab, [r.captions for r in train_set.records], xent=caption_loss) if scst else caption_loss
+    objective = SelfCritical(config.scst, vocab, [r.captions for r in train_set.records], xent=caption_loss, cache_dir=out_dir) if scst else caption_loss  # the reward table: saved once per node, mapped by every rank
     state.logged = objective.logged if scst else LOGGED
     sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
     workers = 0 if on_device else loader_workers(data.num_workers)  # -1: this rank's share of the node's cores
