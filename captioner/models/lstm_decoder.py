@@ -119,7 +119,10 @@ class LSTMDecoder(Decoder):
         h_real = torch.cat(hs)  # (M, H)
         logits = self._output(embedded.reshape(B * T, -1).index_select(0, rows), h_real, torch.cat(contexts))  # (M, V)
         logits = logits.new_zeros(B * T, self.vocab_size).index_copy(0, rows, logits).view(B, T, -1)  # (B, T, V)
-        attn = h_real.new_zeros(B * T, feats.shape[1]).index_copy(0, rows, torch.cat(maps)).view(B, T, -1)  # (B, T, N)
+        maps_real = torch.cat(maps)  # (M, N)
+        # The buffer takes the maps' own dtype: under CUDA autocast the weights come out of the
+        # softmax in float32 while h is bf16, and CUDA's index_copy does not promote (CPU's does).
+        attn = maps_real.new_zeros(B * T, feats.shape[1]).index_copy(0, rows, maps_real).view(B, T, -1)  # (B, T, N)
         return DecoderOutput(logits, attn[:, :, None, None, :])  # attn (B, T, 1, 1, N)
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

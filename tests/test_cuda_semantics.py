@@ -1,0 +1,264 @@
+"""The GPU path under CUDA's rules, on the CPU (tests/cuda_semantics.py says how).
+
+Every path a GPU run takes under bf16 autocast: the cross-entropy step and the SCST step
+(forward, backward, optimiser) for both decoders and both baselines, greedy decoding, sampling,
+beam search, grounding and Grad-CAM, under CUDA's dtype policy with real values; and the model's
+forward passes on fake CUDA tensors, where any host/device mixing or device read raises.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException
+
+from captioner.config import load_config
+from captioner.data.batching import collate_captions
+from captioner.train import caption_loss
+from cuda_semantics import AUTOCAST_DTYPE, autocast_ops, cuda_autocast, cuda_policies, fake_cuda, op_dtypes, to_fake_cuda
+from helpers import TINY_MODEL, WORDS, tiny_model, tiny_vocab
+
+DECODERS = ["lstm", "transformer"]
+
+
+def caption_batch(model, n_images: int = 3, lengths: tuple[int, ...] = (7, 5, 3)):
+    """A training batch of 32 px images, one caption each, longest first (as collate gives)."""
+    torch.manual_seed(1)
+    items = []
+    for i in range(n_images):
+        words = " ".join(WORDS[i : i + lengths[i % len(lengths)]])
+        image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8).float() / 255
+        items.append((image, [model.vocab.encode(words, 20)], i))
+    return collate_captions(items)
+
+
+# -- the emulation itself ------------------------------------------------------------------
+
+
+def test_the_cuda_lists_are_the_ones_torch_registers_for_cuda() -> None:
+    """The header's lists name the ops with AutocastCUDA kernels, bar a few registered apart
+    (binary_cross_entropy, banned; norm, re-dispatched with a dtype; cuDNN's RNN and convolution
+    kernels, reached only after conv2d / lstm have cast; linalg_matrix_sqrth), so a torch whose
+    lists moved fails here rather than emulating an old policy."""
+    parsed = set(cuda_policies())
+    registered = autocast_ops("AutocastCUDA")
+    apart = {n for n in registered if n.startswith(("aten::norm", "aten::binary_cross_entropy"))}
+    apart |= {"aten::_cudnn_rnn", "aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::linalg_matrix_sqrth"}
+    assert registered - apart <= parsed, registered - apart - parsed
+    assert {n for n in parsed if n.startswith("aten::")} - registered <= {n for n in parsed if "Dimname" in n}, parsed - registered
+
+
+@pytest.mark.parametrize(
+    "name, run, cuda_dtype",
+    [
+        ("softmax", lambda x: x.softmax(-1), torch.float32),  # CUDA: float32; CPU autocast: bf16
+        ("log_softmax", lambda x: x.log_softmax(-1), torch.float32),
+        ("sum", lambda x: x.sum(), torch.float32),
+        ("layer_norm", lambda x: torch.nn.functional.layer_norm(x, (4,)), torch.float32),
+        ("exp", lambda x: x.exp(), torch.float32),
+        ("cat", lambda x: torch.cat([x, x.float()]), torch.float32),  # CUDA: type promotion, not autocast
+        ("matmul", lambda x: x.float() @ x.float(), AUTOCAST_DTYPE),
+        ("addcmul", lambda x: torch.addcmul(x, x.float(), x.float()), torch.float32),  # CUDA's promote list
+    ],
+)
+def test_the_emulation_gives_cudas_dtypes(name: str, run, cuda_dtype: torch.dtype) -> None:
+    """Each op's output dtype under the emulation equals the real AutocastCUDA kernel's (on fake
+    CUDA tensors); several differ from what CPU autocast gives."""
+    with cuda_autocast():
+        emulated = run(torch.randn(4, 4, dtype=AUTOCAST_DTYPE)).dtype
+    with fake_cuda():
+        real_cuda = run(torch.randn(4, 4, dtype=AUTOCAST_DTYPE, device="cuda")).dtype
+    assert emulated == real_cuda == cuda_dtype
+
+
+def test_index_copy_is_not_promoted_as_on_cuda() -> None:
+    """The GPU crash the CPU never showed: CPU autocast promotes index_copy, CUDA's does not."""
+    buffer, rows = torch.zeros(4, 3, dtype=torch.bfloat16), torch.tensor([0, 2])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert buffer.index_copy(0, rows, torch.ones(2, 3)).dtype == torch.float32  # silently widened
+    with cuda_autocast(), pytest.raises(RuntimeError, match="same dtype"):
+        buffer.index_copy(0, rows, torch.ones(2, 3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the kernels are gone after the block
+        assert buffer.index_copy(0, rows, torch.ones(2, 3)).dtype == torch.float32
+
+
+def test_fake_cuda_catches_host_device_mixing_and_device_reads() -> None:
+    with fake_cuda():
+        x = torch.randn(3, 4, device="cuda")
+        assert x.device.type == "cuda"
+        with pytest.raises(RuntimeError, match="device"):
+            x + torch.ones(3, 4, device="cpu")
+        with pytest.raises(DataDependentOutputException):  # the host would wait for the GPU here
+            bool(x.sum() > 0)
+
+
+# -- the training step ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_cross_entropy_step_under_cuda_autocast(decoder: str) -> None:
+    """Forward in autocast (as train_one_epoch runs it on a GPU), backward, an optimiser step:
+    finite loss, float32 gradients on every trained weight."""
+    model = tiny_model(f"model.decoder.type={decoder}").train()
+    config = load_config(None, [*TINY_MODEL, f"model.decoder.type={decoder}"])
+    batch = caption_batch(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with cuda_autocast():
+        loss, parts = caption_loss(model, batch, config, encoded=False)
+    loss.backward()
+    optimizer.step()
+    assert torch.isfinite(loss) and loss.dtype == torch.float32
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert grads and all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_the_two_layers_agree_op_by_op(decoder: str) -> None:
+    """The model's teacher-forced forward under the emulation runs the same ops, in the same
+    order and the same dtypes, as under the real CUDA autocast kernels on fake CUDA tensors.
+    Without a GPU, CUDA's fused attention falls back to its math path, so the emulation is
+    asked for the same path (on a GPU the fused kernel returns the same dtype)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = tiny_model(f"model.decoder.type={decoder}")
+    batch = caption_batch(model)
+    inputs = (batch.tokens[:, :-1], batch.image_rows)
+    with cuda_autocast(), sdpa_kernel(SDPBackend.MATH), op_dtypes() as emulated:
+        model(batch.images, *inputs, lengths=batch.lengths - 1)
+    with fake_cuda() as mode:
+        to_fake_cuda(model, mode)
+        images, tokens, rows = (t.to("cuda") for t in (batch.images, *inputs))
+        with op_dtypes() as real_cuda:
+            model(images, tokens, rows, lengths=batch.lengths - 1)
+    assert len(emulated.trace) > 100
+    assert emulated.trace == real_cuda.trace
+    assert ("aten.bmm.default", (AUTOCAST_DTYPE,)) in emulated.trace  # autocast really ran
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_teacher_forced_forward_on_fake_cuda(decoder: str) -> None:
+    """The cross-entropy forward on CUDA tensors with host lengths (as train_one_epoch passes
+    them): no CPU tensor is mixed into a device op and no device value is read; the loss comes
+    out in float32, the attention maps in float32 (CUDA's softmax), the logits in bf16."""
+    model = tiny_model(f"model.decoder.type={decoder}").train()
+    config = load_config(None, [*TINY_MODEL, f"model.decoder.type={decoder}"])
+    batch = caption_batch(model)
+    with fake_cuda() as mode:
+        to_fake_cuda(model, mode)
+        loss, parts = caption_loss(model, batch.to(torch.device("cuda")), config, encoded=False)
+        out = model(batch.images.to("cuda"), batch.tokens[:, :-1].to("cuda"), lengths=batch.lengths - 1)
+    assert loss.device.type == "cuda" and loss.dtype == torch.float32
+    assert out.logits.dtype == AUTOCAST_DTYPE and out.attn.dtype == torch.float32
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_decoder_steps_on_fake_cuda(decoder: str) -> None:
+    """prepare, init_state, step and the beam reordering, as beam search and SCST drive them,
+    on CUDA tensors: no host/device mixing, no device read."""
+    from captioner.decoding import select_rows
+
+    model = tiny_model(f"model.decoder.type={decoder}")
+    with fake_cuda() as mode:
+        to_fake_cuda(model, mode)
+        feats = torch.randn(2, 16, model.encoder.out_dim, device="cuda")  # (B, N, D)
+        memory = select_rows(model.decoder.prepare(feats), torch.arange(2, device="cuda").repeat_interleave(3))  # K = 3
+        state = model.decoder.init_state(memory)
+        prev = torch.full((6,), model.vocab.bos_id, device="cuda")
+        for _ in range(4):
+            logprobs, attn, state = model.decoder.step(memory, prev, state)
+            prev = logprobs.argmax(dim=-1)  # (6,)
+            state = select_rows(state, torch.tensor([2, 0, 1, 5, 3, 4], device="cuda"))
+    assert logprobs.shape == (6, len(model.vocab)) and attn.dtype == torch.float32
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_scst_sampling_on_fake_cuda(decoder: str) -> None:
+    """Sampling the SCST captions reads nothing back from the device: it runs to the end on
+    CUDA tensors without values (the old loop's `bool(done.all())` raised here)."""
+    from captioner.decoding import sample_captions
+
+    model = tiny_model(f"model.decoder.type={decoder}").train()
+    vocab = model.vocab
+    with fake_cuda() as mode:
+        to_fake_cuda(model, mode)
+        feats = torch.randn(2, 16, model.encoder.out_dim, device="cuda")
+        samples = sample_captions(model.decoder, feats, vocab.bos_id, vocab.eos_id, 3, 6, banned=(vocab.pad_id, vocab.bos_id))
+        loss = -samples.caption_logprobs().mean()
+    assert samples.tokens.device.type == "cuda" and samples.tokens.shape[0] == 6
+    assert loss.dtype == torch.float32
+
+
+@pytest.mark.parametrize("baseline", ["greedy", "mean"])
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_scst_step_under_cuda_autocast(decoder: str, baseline: str) -> None:
+    """The self-critical step as train_one_epoch runs it on a GPU: sampling, the greedy
+    baseline's decoding and the reward inside bf16 autocast, then backward: a finite loss and
+    float32 gradients."""
+    from captioner.config import ScstConfig
+    from captioner.scst import SelfCritical
+
+    model = tiny_model(f"model.decoder.type={decoder}").train()
+    config = load_config(None, [*TINY_MODEL, f"model.decoder.type={decoder}", "train.stage=scst", f"scst.baseline={baseline}"])
+    batch = caption_batch(model)
+    references = [[" ".join(WORDS[i : i + 4]), " ".join(WORDS[i + 1 : i + 6])] for i in range(3)]
+    objective = SelfCritical(ScstConfig(samples=3, max_length=8, baseline=baseline), model.vocab, references)
+    with cuda_autocast():
+        loss, logged = objective(model, batch, config, encoded=False)
+    loss.backward()
+    assert torch.isfinite(loss) and loss.dtype == torch.float32
+    assert all(torch.isfinite(v) for v in logged.values())
+    grads = [p.grad for p in model.decoder.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 for g in grads)
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_inference_under_cuda_autocast(decoder: str) -> None:
+    """Greedy decoding, sampling (top-k, top-p, trigram blocking) and beam search (plain,
+    diverse, n-best) under the GPU's autocast policy: every caption's words line up with
+    float32 maps that are distributions over the grid."""
+    model = tiny_model(f"model.decoder.type={decoder}")
+    images = caption_batch(model).images
+    runs = [
+        {"beam_size": 1},
+        {"sample": True, "n_best": 2, "top_k": 5, "top_p": 0.9, "block_trigrams": True, "seed": 0},
+        {"beam_size": 3, "n_best": 2, "length_penalty": 0.6},
+        {"beam_size": 4, "diverse_groups": 2, "n_best": 2},
+    ]
+    for options in runs:
+        n_best = options.pop("n_best", 1)
+        with cuda_autocast():
+            captions = model.caption_images(images, n_best=n_best, max_length=6, **options)
+        for caption in (c for per_image in captions for c in per_image):
+            assert caption.attn.dtype == torch.float32 and caption.attn.shape[0] == len(caption.words)
+            sums = caption.attn.flatten(-2).sum(-1)  # (T, L, H)
+            assert torch.allclose(sums, torch.ones_like(sums), atol=1e-2), options
+
+
+def test_grounding_and_grad_cam_under_cuda_autocast(tmp_path) -> None:
+    """Grad-CAM (a backward pass through the decoder) and the grounding score on a caption
+    decoded under the GPU's autocast policy: maps of the grid's shape, finite, the grounding
+    mass a fraction."""
+    from captioner.data.shapes import generate_shapes
+    from captioner.grounding import Instances, grounding_score
+    from captioner.interpret import caption_grad_cam
+
+    generate_shapes(tmp_path, num_train=0, num_val=0, num_test=2, image_size=32, seed=1, progress=False)
+    instances = Instances(tmp_path / "instances_test.json")
+    model = tiny_model("model.decoder.type=transformer")
+    image_id = sorted(instances.coco.imgs)[0]
+    objects = instances.objects(image_id)
+    words = []
+    for o in objects:
+        words += ["a", o["colour"], instances.category_names[o["category_id"]]]
+    torch.manual_seed(0)
+    images = torch.rand(1, 3, 32, 32)
+    with cuda_autocast():
+        feats, grid = model.encode(images)
+        caption = model.decode(feats, grid, beam_size=1, max_length=6)[0]
+        forced = model.decode(feats, grid, beam_size=1, max_length=len(words))[0]
+        forced.words, forced.tokens = words, [model.vocab.index.get(w, model.vocab.unk_id) for w in words]
+        forced.attn = forced.attn[:1].expand(len(words), *forced.attn.shape[1:])
+        cams = caption_grad_cam(model, feats[0], caption, list(range(len(caption.words))))
+        report = grounding_score({image_id: forced}, instances)
+    assert cams and all(c.shape == grid and torch.isfinite(c).all() for c in cams.values())
+    assert report.words == len(objects) * 2 and 0.0 <= report.score <= 1.0  # a colour and a shape word per object
