@@ -8,14 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from torchvision.transforms import v2
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from captioner import runtime
 from captioner.config import load_config
 from captioner.data.batching import CaptionDataset, collate_captions, image_loader
+from captioner.data.device_decode import EXIF_ORIENTATION, EncodedJpeg, decode_jpegs, read_for_device, transform_on_device
 from captioner.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform, load_image, normalize_images
 from captioner.data.records import ImageRecord
-from captioner.errors import ConfigError, FeatureStoreError
+from captioner.errors import ConfigError, FeatureStoreError, ImageLoadError
 from captioner.features import check_manifest, identity
 from helpers import tiny_model, tiny_vocab
 
@@ -142,3 +145,72 @@ def test_bad_thread_settings_are_one_line_errors(node, name: str) -> None:
     node(4, **{"LOCAL_WORLD_SIZE": "2", name: "many"})
     with pytest.raises(ConfigError, match=rf"^{name}='many': expected a positive integer$"):
         runtime.resolve_threads()
+
+
+# --- JPEG decoding on the device (its CPU branch: torchvision's libjpeg) -----------------------------
+
+
+def oriented_jpeg(path: Path, orientation: int) -> Path:
+    """A 24x16 JPEG of three coloured quadrants, stored with an EXIF orientation tag."""
+    picture = Image.new("RGB", (24, 16), (0, 0, 0))
+    picture.paste((255, 0, 0), (0, 0, 12, 8))
+    picture.paste((0, 255, 0), (12, 0, 24, 8))
+    picture.paste((0, 0, 255), (12, 8, 24, 16))
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = orientation
+    picture.save(path, quality=95, exif=exif.tobytes())
+    return path
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_device_decoding_applies_exif_orientation_as_pil_does(tmp_path: Path, orientation: int) -> None:
+    path = oriented_jpeg(tmp_path / "o.jpg", orientation)
+    item = read_for_device(path)
+    assert isinstance(item, EncodedJpeg) and item.orientation == orientation
+    (decoded,) = decode_jpegs([item], "cpu")
+    assert torch.equal(decoded, pil_to_tensor(load_image(path)))  # the same libjpeg-turbo: identical pixels
+
+
+def test_device_path_gives_the_worker_path_images(shared_data: Path) -> None:
+    """Decoding on the device, then the training transform there under each image's seed, gives
+    the images the worker path (PIL, transform under the same seed) gives."""
+    paths = photos(shared_data, 4)
+    transform = ImageTransform(SIZE, train=True, augment=True)
+    items = [read_for_device(p) for p in paths]
+    assert all(isinstance(item, EncodedJpeg) for item in items)
+    items[1] = load_image(paths[1])  # a file the worker decoded (not a JPEG nvjpeg takes) rides along
+    seeds = [11, 12, None, 14]
+    torch.manual_seed(0)
+    on_device = transform_on_device(items, transform, seeds, "cpu")  # (4, 3, S, S)
+    torch.manual_seed(0)
+    expected = []
+    for path, seed in zip(paths, seeds):
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            expected.append(transform(load_image(path)))
+        if seed is None:
+            transform(load_image(path))  # the unseeded draw moves the process's RNG, as it did above
+    assert on_device.dtype == torch.uint8 and torch.equal(on_device, torch.stack(expected))
+
+
+def test_files_the_device_does_not_decode_go_through_pil(tmp_path: Path) -> None:
+    picture = Image.new("RGB", (20, 10), (200, 30, 30))
+    picture.save(tmp_path / "a.png")
+    picture.convert("CMYK").save(tmp_path / "cmyk.jpg")
+    for name in ("a.png", "cmyk.jpg"):
+        item = read_for_device(tmp_path / name)
+        assert isinstance(item, Image.Image) and item.mode == "RGB" and item.size == (20, 10)
+
+
+def test_device_decoding_keeps_load_image_checks(tmp_path: Path, shared_data: Path) -> None:
+    photo = photos(shared_data, 1)[0]
+    with pytest.raises(ImageLoadError, match=r"over the limit of 0 \(possible decompression bomb\)$"):
+        read_for_device(photo, max_pixels=1000)
+    (tmp_path / "page.pdf").write_bytes(b"%PDF-1.4 not an image")
+    with pytest.raises(ImageLoadError, match=r"page\.pdf: not an image file"):
+        read_for_device(tmp_path / "page.pdf")
+    truncated = tmp_path / "truncated.jpg"
+    truncated.write_bytes(photo.read_bytes()[:2000])  # a whole header, half a scan
+    with pytest.raises(ImageLoadError, match=r"^\S*truncated\.jpg: corrupt or truncated JPEG \(Image is incomplete or truncated\)$"):
+        decode_jpegs([read_for_device(photo), read_for_device(truncated)], "cpu")  # the batch names the bad file

@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 import torch
@@ -45,6 +45,23 @@ def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int = MAX_PIXE
     non-image files, and images over `max_pixels` (checked from the header, before decoding),
     raise an error that names the file.
     """
+    return open_checked(source, decode_rgb, max_pixels)
+
+
+def decode_rgb(image: Image.Image) -> Image.Image:
+    """An opened, checked image decoded as `load_image` returns it: the first frame, upright, RGB."""
+    image.seek(0)  # first frame of an animation, first page of a TIFF
+    image.load()
+    return to_rgb(upright(image))
+
+
+T = TypeVar("T")
+
+
+def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T], max_pixels: int = MAX_PIXELS) -> T:
+    """`finish(image)` on the file opened with `load_image`'s checks (supported format, a
+    non-empty size under `max_pixels`, read from the header only); every failure, in `finish`
+    too, is an `ImageLoadError` naming the file."""
     name = str(source) if isinstance(source, (str, Path)) else "<upload>"
     if isinstance(source, (str, Path)):
         path = Path(source)
@@ -69,9 +86,7 @@ def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int = MAX_PIXE
                         f"{name}: image is {width}x{height} = {width * height / 1e6:.0f} megapixels, "
                         f"over the limit of {max_pixels / 1e6:.0f} (possible decompression bomb)"
                     )
-                image.seek(0)  # first frame of an animation, first page of a TIFF
-                image.load()
-                return to_rgb(upright(image))
+                return finish(image)
     except ImageLoadError:
         raise
     except FileNotFoundError:

@@ -1,0 +1,120 @@
+"""JPEG decoding on the device: workers ship a JPEG's bytes, the GPU decodes and resizes.
+
+A node has about two cores per GPU, and JPEG decoding is the largest CPU cost of the training
+loader after the photometric jitter (scripts/bench_loader.py). With
+`torchvision.io.decode_jpeg(device="cuda")` (nvjpeg) the worker only reads the file and checks
+its header with `load_image`'s rules; the device decodes the whole batch in one call, applies
+the EXIF orientation and then the same `ImageTransform` as the CPU path. Files nvjpeg does not
+take (PNG, WebP, CMYK JPEGs, ...) are decoded in the worker by PIL, as `load_image` does.
+
+On the CPU the same functions run with torchvision's libjpeg decoder, which is what the tests
+check against PIL; the CUDA branch (nvjpeg) runs only on a GPU (docs/input_pipeline.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from captioner.data.images import MAX_PIXELS, ImageTransform, decode_rgb, open_checked
+from captioner.errors import ImageLoadError
+
+DEVICE_MODES = ("RGB", "L")  # JPEG colour modes decode_jpeg turns into RGB itself
+EXIF_ORIENTATION = 0x0112
+
+
+@dataclass(frozen=True)
+class EncodedJpeg:
+    """A checked JPEG file's bytes, for the device to decode."""
+
+    data: torch.Tensor  # (L,) uint8: the file as stored
+    orientation: int  # EXIF orientation: 1 (as stored) to 8
+    name: str
+
+
+def read_for_device(path: str | Path, max_pixels: int = MAX_PIXELS) -> EncodedJpeg | Image.Image:
+    """In a worker: an RGB or greyscale JPEG as its bytes and EXIF orientation, after
+    `load_image`'s checks (format, size limit, from the header); any other file decoded here,
+    exactly as `load_image` decodes it. Bad files raise `ImageLoadError` naming them."""
+
+    def finish(image: Image.Image) -> EncodedJpeg | Image.Image:
+        if image.format != "JPEG" or image.mode not in DEVICE_MODES:
+            return decode_rgb(image)
+        data = torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8)  # (L,)
+        return EncodedJpeg(data, exif_orientation(image), str(path))
+
+    return open_checked(path, finish, max_pixels)
+
+
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation tag, 1 when absent, out of range or unreadable (as `upright` treats it)."""
+    try:
+        value = image.getexif().get(EXIF_ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - damaged EXIF leaves the picture as stored, as in `upright`
+        return 1
+    return value if value in range(1, 9) else 1
+
+
+def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """image (C, H, W) as stored -> upright, as PIL's `ImageOps.exif_transpose` turns it."""
+    if orientation == 2:
+        return image.flip(-1)  # mirrored left-right
+    if orientation == 3:
+        return image.flip(-2, -1)  # rotated 180
+    if orientation == 4:
+        return image.flip(-2)  # mirrored top-bottom
+    if orientation == 5:
+        return image.transpose(-2, -1)  # (C, W, H): transposed
+    if orientation == 6:
+        return image.rot90(-1, dims=(-2, -1))  # (C, W, H): turned 90 degrees clockwise
+    if orientation == 7:
+        return image.transpose(-2, -1).flip(-2, -1)  # (C, W, H): transverse
+    if orientation == 8:
+        return image.rot90(1, dims=(-2, -1))  # (C, W, H): turned 90 degrees counter-clockwise
+    return image
+
+
+def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[torch.Tensor]:
+    """Decode on `device` (nvjpeg on CUDA, one call for the batch; libjpeg on the CPU) as RGB,
+    EXIF orientation applied: one uint8 (3, H, W) per image. A file that fails to decode raises
+    `ImageLoadError` naming it (the batched call says only that one of them failed)."""
+    try:
+        decoded = decode_jpeg([item.data for item in images], mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        for item in images:
+            try:
+                decode_jpeg(item.data, mode=ImageReadMode.RGB, device=device)
+            except RuntimeError as e:
+                reason = " ".join(str(e).split()).rsplit(", ", 1)[-1][:200]  # after torchvision's "decode_jpeg, file.cpp:171, "
+                raise ImageLoadError(f"{item.name}: corrupt or truncated JPEG ({reason})") from None
+        raise
+    return [orient(image, item.orientation) for image, item in zip(decoded, images)]
+
+
+def gpu_jpeg_decoding(device: torch.device) -> bool:
+    """Whether `device` decodes JPEGs itself: CUDA, with torchvision's nvjpeg kernels built in."""
+    return device.type == "cuda" and hasattr(torch.ops.image, "decode_jpegs_cuda")
+
+
+def transform_on_device(
+    items: list[EncodedJpeg | Image.Image], transform: ImageTransform, seeds: list[int | None], device: torch.device | str
+) -> torch.Tensor:
+    """The device half of the loader: decode the JPEGs on `device` (the others came decoded),
+    then `transform` each image there, its augmentation drawn from its own seed as the worker
+    would have drawn it (None: from the process's RNG) -> uint8 (B, 3, S, S)."""
+    jpegs = [item for item in items if isinstance(item, EncodedJpeg)]
+    decoded = iter(decode_jpegs(jpegs, device) if jpegs else [])
+    images = []
+    for item, seed in zip(items, seeds):
+        image = next(decoded) if isinstance(item, EncodedJpeg) else item
+        if seed is None:
+            images.append(transform(image).to(device))
+            continue
+        with torch.random.fork_rng(devices=[]):  # the crop and jitter draw from the CPU RNG, as in the worker
+            torch.manual_seed(seed)
+            images.append(transform(image).to(device))
+    return torch.stack(images)  # (B, 3, S, S)
