@@ -45,10 +45,11 @@ import reference_sat  # noqa: E402
 
 from captioner.config import Config, load_config  # noqa: E402
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions  # noqa: E402
-from captioner.data.images import ImageTransform  # noqa: E402
+from captioner.data.images import ImageTransform, normalize_images  # noqa: E402
 from captioner.data.records import ImageRecord  # noqa: E402
 from captioner.decoding import beam_search  # noqa: E402
 from captioner.models import Captioner, build_model  # noqa: E402
+from captioner.runtime import loader_workers  # noqa: E402
 from captioner.train import caption_loss  # noqa: E402
 from captioner.vocab import SPECIALS, Vocabulary  # noqa: E402
 
@@ -195,7 +196,7 @@ def our_training(
         features = torch.randn(shape).to(torch.bfloat16 if device.type == "cuda" else torch.float32)  # (n, N, D)
     transform = ImageTransform(data.image_size, train=True, augment=data.augment)
     dataset = CaptionDataset(records, vocab, transform, data.max_caption_length, data.captions_per_image, features)
-    workers = 0 if frozen else data.num_workers
+    workers = 0 if frozen else loader_workers(data.num_workers)  # -1: this process's share of the cores
     loader = DataLoader(
         dataset, batch_size=data.batch_size, shuffle=True, num_workers=workers, collate_fn=collate_captions,
         drop_last=True, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
@@ -233,7 +234,7 @@ def reference_training(
         encoder = reference_sat.make_encoder(ref, device)
     transform = ImageTransform(data.image_size, train=True, augment=data.augment)
     dataset = CaptionDataset(records, vocab, transform, data.max_caption_length, "one", grids if frozen else None)
-    workers = 0 if frozen else data.num_workers
+    workers = 0 if frozen else loader_workers(data.num_workers)  # -1: this process's share of the cores
     loader = DataLoader(
         dataset, batch_size=data.batch_size, shuffle=True, num_workers=workers, collate_fn=collate_captions,
         drop_last=True, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
@@ -249,7 +250,7 @@ def reference_training(
         if encoder is not None:
             encoder.train()
             encoder_optimizer.zero_grad()
-            grid = encoder(batch.images)  # (B, 14, 14, D)
+            grid = encoder(normalize_images(batch.images))  # (B, 14, 14, D): it reads normalised floats, as its own pipeline made them
         else:
             grid = batch.images
         reference_sat.train_step(decoder, optimizer, grid, batch.tokens, batch.lengths[:, None])
