@@ -1,0 +1,152 @@
+"""The decoder step that beam search and self-critical training call compiles whole, once.
+
+`torch.compile(decoder.step, fullgraph=True)` raises on any graph break (a `.item()`, a Python
+branch on a tensor's value, an unsupported op), and a compile counter shows that N steps
+compile one graph: the state's shapes never change, so nothing recompiles and the graph could
+be replayed as a CUDA graph. The checks use the "aot_eager" backend (dynamo's capture and
+AOTAutograd's functionalisation, the same graph inductor receives) to keep the test in
+seconds on a small CPU; scripts/bench_compile_step.py runs inductor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
+
+from captioner.decoding import beam_search, greedy_decode
+from captioner.models.decoder import Decoder
+from captioner.models.lstm_decoder import LSTMDecoder
+from captioner.models.transformer_decoder import TransformerDecoder
+
+V, D, N, B = 13, 6, 9, 3  # vocabulary, feature dim, a 3x3 grid, rows
+BOS, EOS = 1, 2
+STEPS = 6
+
+
+def make_decoder(kind: str) -> Decoder:
+    torch.manual_seed(0)
+    if kind == "lstm":
+        decoder: Decoder = LSTMDecoder(V, D, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0)
+    else:
+        decoder = TransformerDecoder(V, D, d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0)
+    return decoder.eval()
+
+
+def roll(step, decoder: Decoder, feats: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced `step` calls over tokens (B, T) -> logprobs (B, T, V), attn (B, T, L, H, N)."""
+    memory = decoder.prepare(feats)
+    state = decoder.init_state(memory, capacity=tokens.shape[1])
+    logprobs, maps = [], []
+    for t in range(tokens.shape[1]):
+        lp, attn, state = step(memory, tokens[:, t], state)
+        logprobs.append(lp)
+        maps.append(attn)
+    return torch.stack(logprobs, dim=1), torch.stack(maps, dim=1)  # (B, T, V), (B, T, L, H, N)
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    feats = torch.randn(B, N, D, generator=g)  # (B, N, D)
+    tokens = torch.randint(3, V, (B, STEPS), generator=g)  # (B, T)
+    tokens[:, 0] = BOS
+    return feats, tokens
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "with_grad"])
+def test_step_compiles_once_without_graph_breaks_and_matches_eager(kind: str, grad: bool) -> None:
+    """no_grad is beam search and greedy decoding: one graph for every step. With gradients,
+    self-critical sampling: the transformer's first step gets a graph of its own, because its
+    empty cache is not yet part of the autograd graph (dynamo guards on requires_grad), and every
+    later step shares the second; the gradients through N compiled steps must equal eager ones
+    (a cache written in place would fail backward)."""
+    decoder = make_decoder(kind)
+    feats, tokens = inputs()
+    compile_count = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(decoder.step, fullgraph=True, backend=compile_count)
+    with torch.set_grad_enabled(grad):
+        eager_lp, eager_attn = roll(decoder.step, decoder, feats, tokens)
+        compiled_lp, compiled_attn = roll(compiled, decoder, feats, tokens)
+    graphs = 2 if grad and kind == "transformer" else 1
+    assert compile_count.frame_count == graphs, f"{STEPS} steps compiled {compile_count.frame_count} graphs"
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch.testing.assert_close(compiled_lp, eager_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(compiled_attn, eager_attn, atol=1e-5, rtol=1e-5)
+    if grad:
+        params = [p for p in decoder.parameters() if p.requires_grad]
+        picked = tokens.roll(-1, dims=1)[..., None]  # (B, T, 1): the next word at each step
+        eager_grads = torch.autograd.grad(eager_lp.gather(2, picked).sum(), params, allow_unused=True)
+        compiled_grads = torch.autograd.grad(compiled_lp.gather(2, picked).sum(), params, allow_unused=True)
+        for p, e, c in zip(params, eager_grads, compiled_grads):
+            assert (e is None) == (c is None)
+            if e is not None:
+                torch.testing.assert_close(c, e, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prepared_in_autocast", [True, False], ids=["bf16_memory", "float32_memory"])
+@torch.no_grad()
+def test_transformer_state_keeps_its_shapes_and_dtype_under_autocast(prepared_in_autocast: bool) -> None:
+    """The cache is allocated once in the memory's dtype and every step under bf16 autocast writes
+    its (bf16) keys into it in that dtype: the state's shapes and dtypes never change, so the
+    compiled step is never re-specialised. (An index_copy_ of bf16 keys into a float32 cache, as
+    CUDA runs it, would raise here.) The logprobs stay close to the float32 ones."""
+    decoder = make_decoder("transformer")
+    feats, tokens = inputs()
+    reference, _ = roll(decoder.step, decoder, feats, tokens[:, :4])  # (B, 4, V) in float32
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=prepared_in_autocast):
+        memory = decoder.prepare(feats)
+    state = decoder.init_state(memory, capacity=8)
+    cache_dtype = torch.bfloat16 if prepared_in_autocast else torch.float32
+    assert state["k_0"].dtype == cache_dtype and state["k_0"].shape == (B, 4, 8, 4)  # (B, nh, C, hs)
+    shapes = {key: (value.shape, value.dtype) for key, value in state.items()}
+    for t in range(4):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logprobs, _, state = decoder.step(memory, tokens[:, t], state)
+        assert {key: (value.shape, value.dtype) for key, value in state.items()} == shapes
+        torch.testing.assert_close(logprobs.float(), reference[:, t], atol=0.1, rtol=0)
+    assert state["pos"].tolist() == [4] * B
+
+
+@torch.no_grad()
+def test_transformer_step_past_its_capacity_fails_and_decoding_passes_its_length() -> None:
+    decoder = make_decoder("transformer")
+    feats, tokens = inputs()
+    memory = decoder.prepare(feats)
+    state = decoder.init_state(memory, capacity=2)
+    for t in range(2):
+        _, _, state = decoder.step(memory, tokens[:, t], state)
+    with pytest.raises(RuntimeError, match="capacity"):
+        decoder.step(memory, tokens[:, 2], state)
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        decoder.init_state(memory, capacity=0)
+    assert decoder.init_state(memory)["k_0"].shape[2] == decoder.default_capacity
+    decoder.default_capacity = 2  # the decoding functions must size the cache from max_length
+    assert len(greedy_decode(decoder, feats, BOS, EOS, max_length=STEPS)) == B
+    assert len(beam_search(decoder, feats, BOS, EOS, beam_size=2, max_length=STEPS)) == B
+
+
+@torch.no_grad()
+def test_transformer_step_leaves_the_given_state_intact() -> None:
+    """Beam search, benchmarks and autograd may hold an earlier state: a step returns a new one."""
+    decoder = make_decoder("transformer")
+    feats, tokens = inputs()
+    memory = decoder.prepare(feats)
+    state = decoder.init_state(memory, capacity=4)
+    _, _, state = decoder.step(memory, tokens[:, 0], state)
+    before = {key: value.clone() for key, value in state.items()}
+    first, _, _ = decoder.step(memory, tokens[:, 1], state)
+    again, _, _ = decoder.step(memory, tokens[:, 1], state)
+    for key, value in state.items():
+        assert torch.equal(value, before[key]), key
+    torch.testing.assert_close(again, first, atol=0, rtol=0)
