@@ -4,6 +4,7 @@ workers and torch threads from the cores, the ranks and torchrun's settings."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -172,26 +173,20 @@ def test_device_decoding_applies_exif_orientation_as_pil_does(tmp_path: Path, or
 
 
 def test_device_path_gives_the_worker_path_images(shared_data: Path) -> None:
-    """Decoding on the device, then the training transform there under each image's seed, gives
-    the images the worker path (PIL, transform under the same seed) gives."""
-    paths = photos(shared_data, 4)
+    """A dataset that leaves decoding to the device gives, once its batch is on the device, the
+    batch the worker path gives: the same augmentation from the same draws."""
+    records = [ImageRecord(i, path, ("a red circle",)) for i, path in enumerate(photos(shared_data, 4))]
     transform = ImageTransform(SIZE, train=True, augment=True)
-    items = [read_for_device(p) for p in paths]
-    assert all(isinstance(item, EncodedJpeg) for item in items)
-    items[1] = load_image(paths[1])  # a file the worker decoded (not a JPEG nvjpeg takes) rides along
-    seeds = [11, 12, None, 14]
-    torch.manual_seed(0)
-    on_device = transform_on_device(items, transform, seeds, "cpu")  # (4, 3, S, S)
-    torch.manual_seed(0)
-    expected = []
-    for path, seed in zip(paths, seeds):
-        with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed)
-            expected.append(transform(load_image(path)))
-        if seed is None:
-            transform(load_image(path))  # the unseeded draw moves the process's RNG, as it did above
-    assert on_device.dtype == torch.uint8 and torch.equal(on_device, torch.stack(expected))
+    on_workers = CaptionDataset(records, tiny_vocab(), transform, 10)
+    on_device = CaptionDataset(records, tiny_vocab(), transform, 10, decode_on_device=True)
+    keys = [(i, 100 + i) for i in range(4)]
+    pending = collate_captions([on_device[key] for key in keys])
+    assert isinstance(pending.images, list) and all(isinstance(p.source, EncodedJpeg) for p in pending.images)
+    pending.images[1] = replace(pending.images[1], source=load_image(records[1].path))  # a file the worker decoded rides along
+    expected = collate_captions([on_workers[key] for key in keys]).images  # (4, 3, S, S)
+    moved = pending.to(torch.device("cpu"), channels_last=True)
+    assert moved.images.dtype == torch.uint8 and torch.equal(moved.images, expected)
+    assert torch.equal(transform_on_device(pending.images, "cpu"), expected)  # and again: each item replays its seed
 
 
 def test_files_the_device_does_not_decode_go_through_pil(tmp_path: Path) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from captioner.data.device_decode import PendingImage, read_pending, transform_on_device
 from captioner.data.images import ImageTransform, load_image
 from captioner.data.records import ImageRecord
 from captioner.errors import ImageLoadError
@@ -21,7 +23,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CaptionBatch:
-    images: torch.Tensor  # (B, 3, H, W) uint8 (normalised on the device by the encoder), or stored features (B, N, D), fp16
+    # (B, 3, H, W) uint8 (normalised on the device by the encoder), stored features (B, N, D) fp16,
+    # or B files still to decode and transform on the device (CaptionDataset.decode_on_device)
+    images: torch.Tensor | list[PendingImage]
     tokens: torch.Tensor  # (C, T) = <bos> w1 .. wn <eos> <pad> ..; C >= B captions
     lengths: torch.Tensor  # (C,) tokens before the padding, <bos> and <eos> included
     image_rows: torch.Tensor  # (C,) the row of `images` each caption describes
@@ -31,7 +35,10 @@ class CaptionBatch:
         """The batch on `device`; `lengths` and `indices` stay on the CPU, where the training
         loop and the decoder read them without waiting for the device. Copies are
         non-blocking (from pinned memory when the DataLoader pins it)."""
-        images = self.images.to(device, non_blocking=True)
+        if isinstance(self.images, list):
+            images = transform_on_device(self.images, device)  # (B, 3, H, W) uint8, decoded there
+        else:
+            images = self.images.to(device, non_blocking=True)
         if channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)  # (B, 3, H, W), NHWC in memory
         return CaptionBatch(
@@ -44,7 +51,8 @@ class CaptionBatch:
 
     def pin_memory(self) -> CaptionBatch:
         """Called by the DataLoader's pin-memory thread (pin_memory=True)."""
-        return CaptionBatch(self.images.pin_memory(), self.tokens.pin_memory(), self.lengths, self.image_rows.pin_memory(), self.indices)
+        images = self.images if isinstance(self.images, list) else self.images.pin_memory()
+        return CaptionBatch(images, self.tokens.pin_memory(), self.lengths, self.image_rows.pin_memory(), self.indices)
 
 
 class FeatureRows(Protocol):
@@ -66,6 +74,10 @@ class CaptionDataset(Dataset):
     An item is `dataset[i]`, or `dataset[(i, draw)]` as `EpochBatchSampler` asks for it: then
     the caption choice and the augmentation come from `draw` alone, not from the RNG of
     whichever process loads the item, so they replay exactly after a resume.
+
+    With `decode_on_device` (training on CUDA with nvjpeg), a worker only reads and checks the
+    file; `CaptionBatch.to` decodes the JPEGs on the device and runs the transform there, under
+    the same seed.
     """
 
     def __init__(
@@ -76,8 +88,10 @@ class CaptionDataset(Dataset):
         max_length: int,
         pairs: str = "one",
         features: FeatureRows | None = None,
+        decode_on_device: bool = False,
     ) -> None:
         self.records = records
+        self.decode_on_device = decode_on_device
         self.transform = transform
         self.pairs = pairs
         self.features = features  # row i: image i's stored (N, D) grid, when the encoder is frozen
@@ -86,16 +100,19 @@ class CaptionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, list[list[int]], int] | None:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor | PendingImage, list[list[int]], int] | None:
         i, draw = key if isinstance(key, tuple) else (key, None)
         choices = self.tokens[i]
         if self.pairs == "all":
             captions = choices
         else:
             captions = [random.choice(choices) if draw is None else choices[draw % len(choices)]]
+        augmented = self.transform.train and self.transform.augment
         if self.features is not None:
             image = self.features[i]
-        elif draw is None or not (self.transform.train and self.transform.augment):
+        elif self.decode_on_device:
+            image = pending_or_none(self.records[i], self.transform, draw if augmented else None)
+        elif draw is None or not augmented:
             image = load_or_none(self.records[i], self.transform)
         else:
             with torch.random.fork_rng(devices=[]):  # seeded augmentation; the process's own RNG is left as it was
@@ -119,19 +136,33 @@ class ImageDataset(Dataset):
         return None if image is None else (image, i)
 
 
-def load_or_none(record: ImageRecord, transform: ImageTransform) -> torch.Tensor | None:
+T = TypeVar("T")
+
+
+def or_none(load: Callable[[], T]) -> T | None:
+    """`load()`, or None (with a warning naming the file) when the image fails to load."""
     try:
-        return transform(load_image(record.path))
+        return load()
     except ImageLoadError as e:
         log.warning("skipping image: %s", e)
         return None
+
+
+def load_or_none(record: ImageRecord, transform: ImageTransform) -> torch.Tensor | None:
+    return or_none(lambda: transform(load_image(record.path)))
+
+
+def pending_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None) -> PendingImage | None:
+    return or_none(lambda: read_pending(record.path, transform, seed))
 
 
 def collate_captions(batch: list) -> CaptionBatch | None:
     batch = [item for item in batch if item is not None]
     if not batch:
         return None
-    images = torch.stack([image for image, _, _ in batch])  # (B, 3, H, W) or (B, N, D)
+    images = [image for image, _, _ in batch]
+    if not isinstance(images[0], PendingImage):  # those are stacked on the device, once decoded there
+        images = torch.stack(images)  # (B, 3, H, W) or (B, N, D)
     captions = [(row, ids) for row, (_, caps, _) in enumerate(batch) for ids in caps]
     captions.sort(key=lambda caption: -len(caption[1]))  # longest first, as the decoder wants them (stable)
     tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions), dtype=torch.long)  # (C, T), 0 = <pad>

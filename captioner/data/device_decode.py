@@ -100,21 +100,31 @@ def gpu_jpeg_decoding(device: torch.device) -> bool:
     return device.type == "cuda" and hasattr(torch.ops.image, "decode_jpegs_cuda")
 
 
-def transform_on_device(
-    items: list[EncodedJpeg | Image.Image], transform: ImageTransform, seeds: list[int | None], device: torch.device | str
-) -> torch.Tensor:
+@dataclass(frozen=True)
+class PendingImage:
+    """A training item whose decoding and transform wait for the device (CaptionBatch.to)."""
+
+    source: EncodedJpeg | Image.Image  # a JPEG to decode there, or a picture the worker decoded
+    transform: ImageTransform
+    seed: int | None  # the item's augmentation seed (CaptionDataset's draw); None: the process's RNG
+
+
+def read_pending(path: str | Path, transform: ImageTransform, seed: int | None) -> PendingImage:
+    """In a worker: the file read and checked for `transform_on_device`."""
+    return PendingImage(read_for_device(path), transform, seed)
+
+
+def transform_on_device(pending: list[PendingImage], device: torch.device | str) -> torch.Tensor:
     """The device half of the loader: decode the JPEGs on `device` (the others came decoded),
-    then `transform` each image there, its augmentation drawn from its own seed as the worker
-    would have drawn it (None: from the process's RNG) -> uint8 (B, 3, S, S)."""
-    jpegs = [item for item in items if isinstance(item, EncodedJpeg)]
+    then each item's transform there, its augmentation drawn from its own seed as the worker
+    would have drawn it -> uint8 (B, 3, S, S)."""
+    jpegs = [item.source for item in pending if isinstance(item.source, EncodedJpeg)]
     decoded = iter(decode_jpegs(jpegs, device) if jpegs else [])
     images = []
-    for item, seed in zip(items, seeds):
-        image = next(decoded) if isinstance(item, EncodedJpeg) else item
-        if seed is None:
-            images.append(transform(image).to(device))
-            continue
-        with torch.random.fork_rng(devices=[]):  # the crop and jitter draw from the CPU RNG, as in the worker
-            torch.manual_seed(seed)
-            images.append(transform(image).to(device))
+    for item in pending:
+        image = next(decoded) if isinstance(item.source, EncodedJpeg) else item.source
+        with torch.random.fork_rng(devices=[], enabled=item.seed is not None):  # crop and jitter draw from the CPU RNG, as in the worker
+            if item.seed is not None:
+                torch.manual_seed(item.seed)
+            images.append(item.transform(image).to(device))  # (3, S, S)
     return torch.stack(images)  # (B, 3, S, S)
