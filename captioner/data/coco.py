@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
+from collections import Counter
 from pathlib import Path
 
 from pycocotools.coco import COCO
 
 from captioner.data.records import ImageRecord, check_file, drop_missing, is_int, read_json
 from captioner.errors import DatasetError
+
+log = logging.getLogger(__name__)
+
+KARPATHY_COCO_SIZES = {"train": 113_287, "val": 5_000, "test": 5_000}  # train with restval (82,783 + 30,504)
+_reported: set[tuple[str, int]] = set()  # (file, mtime) whose sizes this process has logged: once, not once per split
 
 
 def load_coco_captions(
@@ -126,6 +133,7 @@ def load_karpathy(
     image_root = Path(image_root)
     records = []
     seen: dict[int, int] = {}
+    sizes: Counter[str] = Counter()
     for i, entry in enumerate(images):
         where = f"{split_file}: images[{i}]"
         if not isinstance(entry, dict):
@@ -141,15 +149,33 @@ def load_karpathy(
         if image_id in seen:
             raise DatasetError(f"{where} repeats image id {image_id} of images[{seen[image_id]}]")
         seen[image_id] = i
+        sizes[entry["split"]] += 1
         if entry["split"] not in wanted:
             continue
         if not isinstance(entry["sentences"], list) or not entry["sentences"]:
             raise DatasetError(f"{where}: 'sentences' must be a non-empty list")
         captions = tuple(_sentence(s, f"{where}.sentences[{j}]") for j, s in enumerate(entry["sentences"]))
         records.append(ImageRecord(image_id, image_root / entry.get("filepath", "") / entry["filename"], captions))
+    report_split_sizes(split_file, sizes, coco=any("cocoid" in e for e in images if isinstance(e, dict)))
     if not records:
         raise DatasetError(f"{split_file}: no images in split {split!r}")
     return drop_missing(records, str(split_file), strict) if check_images else records
+
+
+def report_split_sizes(split_file: Path, sizes: Counter[str], coco: bool) -> None:
+    """Log a Karpathy file's split sizes; warn, naming them, where a COCO file departs from
+    Karpathy's 113,287 / 5,000 / 5,000, so that a partial or edited file never trains silently."""
+    key = (str(split_file.resolve()), split_file.stat().st_mtime_ns)
+    if key in _reported:
+        return
+    _reported.add(key)
+    train = sizes["train"] + sizes["restval"]
+    counted = {"train": train, "val": sizes["val"], "test": sizes["test"]}
+    log.info("%s: train %d (%d train + %d restval), val %d, test %d images",
+             split_file, train, sizes["train"], sizes["restval"], sizes["val"], sizes["test"])
+    if coco and counted != KARPATHY_COCO_SIZES:
+        log.warning("%s: split sizes %s differ from Karpathy's COCO split (%s): a partial or modified file?", split_file,
+                    " / ".join(f"{k} {v}" for k, v in counted.items()), " / ".join(map(str, KARPATHY_COCO_SIZES.values())))
 
 
 def _sentence(sentence: object, where: str) -> str:
