@@ -22,12 +22,12 @@ DECODERS = ["lstm", "transformer"]
 
 
 def caption_batch(model, n_images: int = 3, lengths: tuple[int, ...] = (7, 5, 3)):
-    """A training batch of 32 px images, one caption each, longest first (as collate gives)."""
+    """A training batch of 32 px uint8 images, one caption each, longest first (as collate gives)."""
     torch.manual_seed(1)
     items = []
     for i in range(n_images):
         words = " ".join(WORDS[i : i + lengths[i % len(lengths)]])
-        image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8).float() / 255
+        image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)  # as ImageTransform gives it: normalised on the device
         items.append((image, [model.vocab.encode(words, 20)], i))
     return collate_captions(items)
 
@@ -251,7 +251,7 @@ def test_grounding_and_grad_cam_under_cuda_autocast(tmp_path) -> None:
     for o in objects:
         words += ["a", o["colour"], instances.category_names[o["category_id"]]]
     torch.manual_seed(0)
-    images = torch.rand(1, 3, 32, 32)
+    images = torch.randint(0, 256, (1, 3, 32, 32), dtype=torch.uint8)
     with cuda_autocast():
         feats, grid = model.encode(images)
         caption = model.decode(feats, grid, beam_size=1, max_length=6)[0]
