@@ -262,3 +262,24 @@ def test_grounding_and_grad_cam_under_cuda_autocast(tmp_path) -> None:
         report = grounding_score({image_id: forced}, instances)
     assert cams and all(c.shape == grid and torch.isfinite(c).all() for c in cams.values())
     assert report.words == len(objects) * 2 and 0.0 <= report.score <= 1.0  # a colour and a shape word per object
+
+
+@pytest.mark.parametrize("baseline", ["greedy", "mean"])
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_scst_objective_on_fake_cuda(decoder: str, baseline: str, tmp_path) -> None:
+    """The whole SCST forward (encoding, sampling, the greedy baseline, the CIDEr-D reward from
+    the reference table, the loss and the logged values) on CUDA tensors without values: any
+    device read raises here, and nothing is mixed in from the host."""
+    from captioner.config import ScstConfig
+    from captioner.scst import SelfCritical
+
+    model = tiny_model(f"model.decoder.type={decoder}").train()
+    config = load_config(None, [*TINY_MODEL, f"model.decoder.type={decoder}", "train.stage=scst", f"scst.baseline={baseline}"])
+    batch = caption_batch(model)
+    references = [[" ".join(WORDS[i : i + 4]), " ".join(WORDS[i + 1 : i + 6])] for i in range(3)]
+    objective = SelfCritical(ScstConfig(samples=3, max_length=8, baseline=baseline), model.vocab, references, cache_dir=tmp_path)
+    with fake_cuda() as mode:
+        to_fake_cuda(model, mode)
+        loss, logged = objective(model, batch.to(torch.device("cuda")), config, encoded=False)
+    assert loss.device.type == "cuda" and loss.dtype == torch.float32
+    assert all(v.device.type == "cuda" for v in logged.values())
