@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import torch
