@@ -171,9 +171,14 @@ def image_trained(rehearsal: Rehearsal) -> Path:
 
 @pytest.fixture(scope="module")
 def store_trained(rehearsal: Rehearsal) -> Path:
-    """The transformer config on the frozen encoder's feature store."""
-    result = rehearsal.train(TRANSFORMER, "transformer_store", *STORE)
-    assert "training the decoder on the feature store" in result.stderr
+    """The transformer config on the frozen encoder's feature store, extracted first by `captioner features`."""
+    store = rehearsal.runs / "store"
+    result = rehearsal.captioner("features", str(TRANSFORMER), *SIZES, *rehearsal.data(), *STORE, "--out", str(store), "--splits", "train,val")
+    assert result.stdout.splitlines()[0].startswith(f"train: 20 images (0 failed to load) x 14x14 x 2048 fp16, ")
+    extracted = (store / "train.npy").stat().st_mtime_ns
+    result = rehearsal.train(TRANSFORMER, "transformer_store", *STORE, f"data.feature_store={store}")
+    assert f"training the decoder on the feature store in {store}" in result.stderr
+    assert (store / "train.npy").stat().st_mtime_ns == extracted  # read, not rebuilt
     return rehearsal.runs / "transformer_store" / "best.pt"
 
 
@@ -238,10 +243,20 @@ def test_evaluate_caption_and_demo_load_the_checkpoint(rehearsal: Rehearsal, ima
 
 
 @pytest.mark.slow
+def test_evaluate_a_store_trained_checkpoint_on_the_store(rehearsal: Rehearsal, store_trained: Path, tmp_path: Path) -> None:
+    """--features: the test split is encoded into the store once, then decoded from it."""
+    store = rehearsal.runs / "store"
+    result = rehearsal.captioner("evaluate", str(store_trained), "--split", "test", "--beam", "3", "--features", str(store), "--fast",
+                                 "--json", "--out", str(tmp_path))
+    assert json.loads(result.stdout[result.stdout.index("{"):])["images"] == 6
+    assert (store / "test.npy").is_file() and len(json.loads((tmp_path / "results_test.json").read_text())) == 6
+
+
+@pytest.mark.slow
 def test_store_from_another_encoder_is_refused_in_one_line(rehearsal: Rehearsal, store_trained: Path, tmp_path: Path) -> None:
     torch_home = tmp_path / "torch"
     stand_in_weights(torch_home, seed=1)  # other ImageNet weights than the store was built with
-    store = rehearsal.runs / "transformer_store" / "features"
+    store = rehearsal.runs / "store"
     result = rehearsal.captioner("train", str(TRANSFORMER), *SIZES, *rehearsal.data(), *STORE, f"data.feature_store={store}",
                                  f"train.out_dir={tmp_path / 'run'}", expect=2, env={**rehearsal.env, "TORCH_HOME": str(torch_home)})
     [line] = [l for l in result.stderr.splitlines() if l.startswith("error:")]
@@ -251,7 +266,7 @@ def test_store_from_another_encoder_is_refused_in_one_line(rehearsal: Rehearsal,
 @pytest.mark.slow
 def test_the_store_route_under_torchrun_with_two_ranks(rehearsal: Rehearsal, store_trained: Path, tmp_path: Path) -> None:
     """Two gloo ranks on the single run's store (checked, not rebuilt), then SCST from their best.pt."""
-    store = rehearsal.runs / "transformer_store" / "features"
+    store = rehearsal.runs / "store"
     common = [*SIZES, *rehearsal.data(), *STORE, f"data.feature_store={store}", "data.batch_size=4"]
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "captioner", "train"]
     xe = subprocess.run([*launch, str(TRANSFORMER), *common, f"train.out_dir={tmp_path / 'xe'}"],
