@@ -13,15 +13,20 @@ from PIL import Image
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from captioner import runtime
+from captioner import runtime, train
 from captioner.config import load_config
+from captioner.data import batching
 from captioner.data.batching import CaptionDataset, collate_captions, image_loader
 from captioner.data.device_decode import EXIF_ORIENTATION, EncodedJpeg, decode_jpegs, read_for_device, transform_on_device
 from captioner.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform, load_image, normalize_images
 from captioner.data.records import ImageRecord
+from captioner.data.shapes import generate_shapes
 from captioner.errors import ConfigError, FeatureStoreError, ImageLoadError
 from captioner.features import check_manifest, identity
-from helpers import tiny_model, tiny_vocab
+from captioner.train import fit
+from helpers import TINY_MODEL, tiny_model, tiny_vocab
+
+REPO = Path(__file__).resolve().parents[1]
 
 SIZE = 32
 
@@ -209,3 +214,28 @@ def test_device_decoding_keeps_load_image_checks(tmp_path: Path, shared_data: Pa
     truncated.write_bytes(photo.read_bytes()[:2000])  # a whole header, half a scan
     with pytest.raises(ImageLoadError, match=r"^\S*truncated\.jpg: corrupt or truncated JPEG \(Image is incomplete or truncated\)$"):
         decode_jpegs([read_for_device(photo), read_for_device(truncated)], "cpu")  # the batch names the bad file
+
+
+def test_training_with_device_decoding_gives_the_same_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fit` with data.decode_on_device, its device branch forced on the CPU (as on CUDA with
+    nvjpeg): the workers ship JPEG bytes through a DataLoader worker, `CaptionBatch.to` decodes,
+    crops and jitters them under each item's seed, and the weights after an augmented epoch are
+    those of the worker path, to the bit."""
+    root = tmp_path / "shapes"
+    generate_shapes(root, 16, 4, 2, image_size=32, seed=0, progress=False)  # JPEG files
+    tiny = [
+        *TINY_MODEL, "data.batch_size=4", "data.augment=true", "data.num_workers=1", "model.decoder.dropout=0.0",
+        "train.epochs=1", "train.warmup_steps=2", "train.val_max_images=4", "train.early_stopping_patience=0",
+        "train.device=cpu", "decode.max_length=6", f"data.root={root}",
+    ]
+    decoded_batches = []  # CaptionBatch.to runs in this process: count the batches it decoded
+    monkeypatch.setattr(batching, "transform_on_device", lambda *args: decoded_batches.append(1) or transform_on_device(*args))
+    monkeypatch.setattr(train, "gpu_jpeg_decoding", lambda device: True)
+    weights = {}
+    for on_device in (False, True):
+        config = load_config(REPO / "configs/shapes_lstm.yaml", [*tiny, f"data.decode_on_device={on_device}", f"train.out_dir={tmp_path / str(on_device)}"])
+        fit(config)
+        weights[on_device] = torch.load(tmp_path / str(on_device) / "last.pt", weights_only=True)["model"]
+    assert len(decoded_batches) == 16 // 4  # every training batch of the second run, none of the first
+    assert weights[True].keys() == weights[False].keys()
+    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])
