@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from torchvision.io import decode_jpeg
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from captioner import runtime, train
 from captioner.config import load_config
-from captioner.data import batching
+from captioner.data import batching, device_decode
 from captioner.data.batching import CaptionDataset, collate_captions, image_loader
 from captioner.data.device_decode import EXIF_ORIENTATION, EncodedJpeg, decode_jpegs, read_for_device, transform_on_device
 from captioner.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform, load_image, normalize_images
@@ -211,9 +212,31 @@ def test_device_decoding_keeps_load_image_checks(tmp_path: Path, shared_data: Pa
     with pytest.raises(ImageLoadError, match=r"page\.pdf: not an image file"):
         read_for_device(tmp_path / "page.pdf")
     truncated = tmp_path / "truncated.jpg"
-    truncated.write_bytes(photo.read_bytes()[:2000])  # a whole header, half a scan
-    with pytest.raises(ImageLoadError, match=r"^\S*truncated\.jpg: corrupt or truncated JPEG \(Image is incomplete or truncated\)$"):
+    truncated.write_bytes(photo.read_bytes()[:2000])  # a whole header, a few rows of the scan
+    with pytest.raises(ImageLoadError, match=r"^\S*truncated\.jpg: corrupt or truncated image \(image file is truncated"):
         decode_jpegs([read_for_device(photo), read_for_device(truncated)], "cpu")  # the batch names the bad file
+
+
+def test_a_jpeg_the_device_refuses_is_decoded_by_pil(tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvjpeg refuses some valid JPEGs (PIL reads them): the batch falls back file by file."""
+    paths = photos(shared_data, 2)
+    items = [read_for_device(p) for p in paths]
+    refused = items[1].data
+
+    def device_decoder(data, **options):
+        if any(d is refused for d in (data if isinstance(data, list) else [data])):
+            raise RuntimeError("nvjpeg: unsupported JPEG")
+        return decode_jpeg(data, **options)
+
+    monkeypatch.setattr(device_decode, "decode_jpeg", device_decoder)
+    decoded = decode_jpegs(items, "cpu")
+    assert all(torch.equal(image, pil_to_tensor(load_image(p))) for image, p in zip(decoded, paths))
+
+
+def test_progressive_jpegs_are_decoded_in_the_worker(tmp_path: Path) -> None:
+    Image.new("RGB", (20, 10), (10, 200, 30)).save(tmp_path / "progressive.jpg", progressive=True)
+    item = read_for_device(tmp_path / "progressive.jpg")
+    assert isinstance(item, Image.Image) and item.size == (20, 10)
 
 
 def test_training_with_device_decoding_gives_the_same_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

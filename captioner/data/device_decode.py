@@ -5,7 +5,9 @@ loader after the photometric jitter (scripts/bench_loader.py). With
 `torchvision.io.decode_jpeg(device="cuda")` (nvjpeg) the worker only reads the file and checks
 its header with `load_image`'s rules; the device decodes the whole batch in one call, applies
 the EXIF orientation and then the same `ImageTransform` as the CPU path. Files nvjpeg does not
-take (PNG, WebP, CMYK JPEGs, ...) are decoded in the worker by PIL, as `load_image` does.
+take (PNG, WebP, CMYK and progressive JPEGs, ...) are decoded in the worker by PIL, as
+`load_image` does; a JPEG the device fails to decode is decoded by PIL instead, so a truly
+corrupt file is named by `load_image`'s one-line error.
 
 On the CPU the same functions run with torchvision's libjpeg decoder, which is what the tests
 check against PIL; the CUDA branch (nvjpeg) runs only on a GPU (docs/input_pipeline.md).
@@ -19,9 +21,9 @@ from pathlib import Path
 import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms.v2.functional import pil_to_tensor
 
-from captioner.data.images import MAX_PIXELS, ImageTransform, decode_rgb, open_checked
-from captioner.errors import ImageLoadError
+from captioner.data.images import MAX_PIXELS, ImageTransform, decode_rgb, load_image, open_checked
 
 DEVICE_MODES = ("RGB", "L")  # JPEG colour modes decode_jpeg turns into RGB itself
 EXIF_ORIENTATION = 0x0112
@@ -37,12 +39,13 @@ class EncodedJpeg:
 
 
 def read_for_device(path: str | Path, max_pixels: int = MAX_PIXELS) -> EncodedJpeg | Image.Image:
-    """In a worker: an RGB or greyscale JPEG as its bytes and EXIF orientation, after
-    `load_image`'s checks (format, size limit, from the header); any other file decoded here,
-    exactly as `load_image` decodes it. Bad files raise `ImageLoadError` naming them."""
+    """In a worker: a baseline RGB or greyscale JPEG as its bytes and EXIF orientation, after
+    `load_image`'s checks (format, size limit, from the header); any other file (progressive
+    JPEGs too, which nvjpeg's GPU backend may refuse) decoded here, exactly as `load_image`
+    decodes it. Bad files raise `ImageLoadError` naming them."""
 
     def finish(image: Image.Image) -> EncodedJpeg | Image.Image:
-        if image.format != "JPEG" or image.mode not in DEVICE_MODES:
+        if image.format != "JPEG" or image.mode not in DEVICE_MODES or image.info.get("progressive"):
             return decode_rgb(image)
         data = torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8)  # (L,)
         return EncodedJpeg(data, exif_orientation(image), str(path))
@@ -80,19 +83,23 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
 
 def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[torch.Tensor]:
     """Decode on `device` (nvjpeg on CUDA, one call for the batch; libjpeg on the CPU) as RGB,
-    EXIF orientation applied: one uint8 (3, H, W) per image. A file that fails to decode raises
-    `ImageLoadError` naming it (the batched call says only that one of them failed)."""
+    EXIF orientation applied: one uint8 (3, H, W) per image. When the batched call fails (it
+    does not say which file), each file is decoded alone, and one the device cannot decode is
+    decoded by `load_image`, whose `ImageLoadError` names a truly corrupt file."""
     try:
         decoded = decode_jpeg([item.data for item in images], mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
-        for item in images:
-            try:
-                decode_jpeg(item.data, mode=ImageReadMode.RGB, device=device)
-            except RuntimeError as e:
-                reason = " ".join(str(e).split()).rsplit(", ", 1)[-1][:200]  # after torchvision's "decode_jpeg, file.cpp:171, "
-                raise ImageLoadError(f"{item.name}: corrupt or truncated JPEG ({reason})") from None
-        raise
+        return [decode_one(item, device) for item in images]
     return [orient(image, item.orientation) for image, item in zip(decoded, images)]
+
+
+def decode_one(item: EncodedJpeg, device: torch.device | str) -> torch.Tensor:
+    """One JPEG on `device`, or through PIL (`load_image`, which applies the orientation) when
+    the device's decoder refuses it -> uint8 (3, H, W) on `device`."""
+    try:
+        return orient(decode_jpeg(item.data, mode=ImageReadMode.RGB, device=device), item.orientation)
+    except RuntimeError:
+        return pil_to_tensor(load_image(item.name)).to(device)  # (3, H, W)
 
 
 def gpu_jpeg_decoding(device: torch.device) -> bool:
