@@ -51,7 +51,7 @@ def main() -> None:
     print(f"{rows} rows ({args.images} images x {args.beam} beams), {torch.get_num_threads()} threads, {device}")
     print(f"{'length':>6} {'cached ms/step':>15} {'recompute ms/step':>18} {'speedup':>8}")
     for length in args.lengths:
-        state = decoder.init_state(memory)
+        state = decoder.init_state(memory, capacity=length)  # the cache a decode of this length holds
         for t in range(length - 1):  # fill the cache with the first L-1 positions
             _, _, state = decoder.step(memory, tokens[:, t], state)
         last = tokens[:, length - 1]  # (B*K,)

@@ -55,6 +55,20 @@ def inputs() -> tuple[torch.Tensor, torch.Tensor]:
     return feats, tokens
 
 
+def transformer_after(
+    steps: int, capacity: int
+) -> tuple[TransformerDecoder, torch.Tensor, torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The tiny transformer with its inputs, memory and the state after `steps` teacher-forced steps."""
+    decoder = make_decoder("transformer")
+    assert isinstance(decoder, TransformerDecoder)
+    feats, tokens = inputs()
+    memory = decoder.prepare(feats)
+    state = decoder.init_state(memory, capacity=capacity)
+    for t in range(steps):
+        _, _, state = decoder.step(memory, tokens[:, t], state)
+    return decoder, feats, tokens, memory, state
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     torch._dynamo.reset()
@@ -120,12 +134,7 @@ def test_transformer_state_keeps_its_shapes_and_dtype_under_autocast(prepared_in
 
 @torch.no_grad()
 def test_transformer_step_past_its_capacity_fails_and_decoding_passes_its_length() -> None:
-    decoder = make_decoder("transformer")
-    feats, tokens = inputs()
-    memory = decoder.prepare(feats)
-    state = decoder.init_state(memory, capacity=2)
-    for t in range(2):
-        _, _, state = decoder.step(memory, tokens[:, t], state)
+    decoder, feats, tokens, memory, state = transformer_after(steps=2, capacity=2)
     with pytest.raises(RuntimeError, match="capacity"):
         decoder.step(memory, tokens[:, 2], state)
     with pytest.raises(ValueError, match="capacity must be >= 1"):
@@ -139,11 +148,7 @@ def test_transformer_step_past_its_capacity_fails_and_decoding_passes_its_length
 @torch.no_grad()
 def test_transformer_step_leaves_the_given_state_intact() -> None:
     """Beam search, benchmarks and autograd may hold an earlier state: a step returns a new one."""
-    decoder = make_decoder("transformer")
-    feats, tokens = inputs()
-    memory = decoder.prepare(feats)
-    state = decoder.init_state(memory, capacity=4)
-    _, _, state = decoder.step(memory, tokens[:, 0], state)
+    decoder, _, tokens, memory, state = transformer_after(steps=1, capacity=4)
     before = {key: value.clone() for key, value in state.items()}
     first, _, _ = decoder.step(memory, tokens[:, 1], state)
     again, _, _ = decoder.step(memory, tokens[:, 1], state)

@@ -105,12 +105,17 @@ class TransformerDecoderLayer(nn.Module):
             out, self_w = self.self_attn.attend(h, k, v, mask)  # (B, T, d), (B, nh, T, S)
         else:
             out = self.self_attn.attend_fused(h, k, v, mask)  # (B, T, d): the fast path, no weights
-        x = self._residual(x, out, self.norm_self)
+        x, weights = self.cross_and_feed_forward(self._residual(x, out, self.norm_self), cross_k, cross_v)
+        return x, weights, k, v, self_w
+
+    def cross_and_feed_forward(
+        self, x: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The blocks after self-attention: x (B, T, d) -> x (B, T, d), cross weights (B, nh, T, N)."""
         h = self._block_input(x, self.norm_cross)
         out, weights = self.cross_attn.attend(h, cross_k, cross_v)  # (B, T, d), (B, nh, T, N)
         x = self._residual(x, out, self.norm_cross)
-        x = self._residual(x, self.ff(self._block_input(x, self.norm_ff)), self.norm_ff)
-        return x, weights, k, v, self_w
+        return self._residual(x, self.ff(self._block_input(x, self.norm_ff)), self.norm_ff), weights
 
     def _block_input(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         """Pre-norm normalises what enters a block; post-norm what leaves the residual sum."""
