@@ -1,0 +1,137 @@
+"""Time the decoder step that beam search and SCST call: eager versus torch.compile (inductor).
+
+For each decoder of the COCO configs (configs/coco_{lstm,transformer}_resnet101.yaml: d_model 512,
+3 layers, 8 heads for the transformer; 512-d embedding, LSTM and attention for the LSTM; a 14x14
+grid of 2048-d ResNet-101 features, 10,000 words), one caption of decode.max_length steps over
+images x beams rows, as beam search runs it (random weights, eval mode, no gradients):
+
+- transformer, growing cache: the step as it was before the preallocated cache (keys and values
+  appended with torch.cat, a new shape every step), eager;
+- transformer and LSTM, static state: eager, then `torch.compile(step, fullgraph=True)` with
+  inductor; the first call's time is the compile time, and the number of graphs compiled over
+  the caption is counted (1: no recompiles), with the torch ops in the captured graph (each
+  about one kernel launch per step in eager mode on a GPU: what a CUDA graph replays at once).
+
+Prints ms per step (the mean over one caption, the best of --repeats captions) side by side.
+
+    python scripts/bench_compile_step.py [--images 16] [--beam 3] [--threads 1] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch._dynamo
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from captioner.config import load_config
+from captioner.models import build_decoder
+from captioner.models.decoder import Decoder, Memory, State
+from captioner.models.transformer_decoder import TransformerDecoder
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+Step = Callable[[Memory, torch.Tensor, State], tuple[torch.Tensor, torch.Tensor, State]]
+
+
+class Variant(NamedTuple):
+    name: str
+    init_state: Callable[[Memory], State]
+    step: Step
+    compile_s: float = 0.0  # the first call's time, for a compiled step
+    graphs: CompileCounterWithBackend | None = None  # graphs compiled, for a compiled step
+
+
+def growing_cache_step(decoder: TransformerDecoder) -> tuple[Callable[[Memory], State], Step]:
+    """The former init_state and step: an empty cache (B, nh, 0, hs) that every step extends
+    by one position with torch.cat, attended whole with no mask."""
+
+    def init_state(memory: Memory) -> State:
+        B, nh, _, hs = memory["k_0"].shape
+        state = {key: memory["k_0"].new_zeros(B, nh, 0, hs) for i in range(len(decoder.layers)) for key in (f"k_{i}", f"v_{i}")}
+        return {**state, "pos": torch.zeros(B, dtype=torch.long, device=memory["k_0"].device)}
+
+    def step(memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
+        x = decoder._embed(prev_tokens[:, None], state["pos"][:, None])  # (B, 1, d)
+        new_state: State = {"pos": state["pos"] + 1}
+        maps = []
+        for i, layer in enumerate(decoder.layers):
+            h = layer._block_input(x, layer.norm_self)
+            k, v = layer.self_attn.keys_values(h)  # (B, nh, 1, hs) each
+            k = new_state[f"k_{i}"] = torch.cat([state[f"k_{i}"], k], dim=2)  # (B, nh, t+1, hs)
+            v = new_state[f"v_{i}"] = torch.cat([state[f"v_{i}"], v], dim=2)  # (B, nh, t+1, hs)
+            x = layer._residual(x, layer.self_attn.attend_fused(h, k, v), layer.norm_self)
+            x, w = layer.cross_and_feed_forward(x, memory[f"k_{i}"], memory[f"v_{i}"])  # (B, 1, d), (B, nh, 1, N)
+            maps.append(w[:, :, 0])  # (B, nh, N)
+        logits = decoder.out(decoder.final_norm(x[:, 0]))  # (B, V)
+        return logits.log_softmax(dim=-1), torch.stack(maps, dim=1), new_state  # (B, V), (B, L, nh, N)
+
+    return init_state, step
+
+
+def caption_ms(init_state: Callable[[Memory], State], step: Step, memory: Memory, tokens: torch.Tensor) -> float:
+    """Wall time of one caption of tokens.shape[1] steps, in ms per step."""
+    start = time.perf_counter()
+    state = init_state(memory)
+    for t in range(tokens.shape[1]):
+        _, _, state = step(memory, tokens[:, t], state)
+    if tokens.is_cuda:
+        torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - start) / tokens.shape[1]
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--beam", type=int, default=3)
+    parser.add_argument("--vocab", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3, help="timed captions per cell, best kept")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--decoders", nargs="+", default=["transformer", "lstm"], choices=["transformer", "lstm"])
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    rows = args.images * args.beam
+    print(f"{rows} rows ({args.images} images x {args.beam} beams), {args.threads} threads, {device}, torch {torch.__version__}")
+    print(f"{'decoder':<12} {'step':<28} {'ms/step':>8} {'compile s':>10} {'graphs':>7} {'ops':>5}")
+    for kind in args.decoders:
+        config = load_config(CONFIGS / f"coco_{kind}_resnet101.yaml", [])
+        steps = config.decode.max_length
+        torch.manual_seed(0)
+        decoder = build_decoder(config, args.vocab, 2048).to(device).eval()
+        feats = torch.randn(rows, 14 * 14, 2048, device=device)  # (B*K, N, D)
+        tokens = torch.randint(4, args.vocab, (rows, steps), device=device)  # (B*K, T)
+        memory = decoder.prepare(feats)  # once per image, as beam search does
+
+        def init_state(memory: Memory, decoder: Decoder = decoder, steps: int = steps) -> State:
+            return decoder.init_state(memory, capacity=steps)
+
+        variants = []
+        if isinstance(decoder, TransformerDecoder):
+            variants.append(Variant("growing cache, eager", *growing_cache_step(decoder)))
+        variants.append(Variant("static state, eager", init_state, decoder.step))
+        torch._dynamo.reset()
+        graphs = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(decoder.step, fullgraph=True, backend=graphs)
+        start = time.perf_counter()
+        compiled(memory, tokens[:, 0], init_state(memory))  # compiles
+        variants.append(Variant("static state, inductor", init_state, compiled, time.perf_counter() - start, graphs))
+        # Round robin, best of --repeats: a burst of load from other processes hits every variant alike.
+        times: list[list[float]] = [[] for _ in variants]
+        for _ in range(args.repeats):
+            for variant, kept in zip(variants, times):
+                kept.append(caption_ms(variant.init_state, variant.step, memory, tokens))
+        for variant, kept in zip(variants, times):
+            counter = variant.graphs
+            compiled_cells = f" {variant.compile_s:>10.1f} {counter.frame_count:>7} {counter.op_count:>5}" if counter else ""
+            print(f"{kind:<12} {variant.name:<28} {min(kept):>8.2f}{compiled_cells}")
+
+if __name__ == "__main__":
+    main()
