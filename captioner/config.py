@@ -156,7 +156,7 @@ class DataConfig:
     strict: bool = setting(False, Flag())  # stop on images listed in the captions but missing on disk
     batch_size: int = setting(64, POSITIVE)
     num_workers: int = setting(0, Range(ge=-1, le=256))  # DataLoader workers per rank; -1: auto, from the cores and the ranks per node
-    decode_on_device: bool = setting(False, Flag())  # training on CUDA with nvjpeg: workers ship JPEG bytes, the GPU decodes, crops and jitters
+    device_preprocess: str = setting("none", Choice(("none", "transform", "decode")))  # training on CUDA: the GPU crops, resizes, jitters (transform) and decodes JPEGs (decode, nvjpeg)
     # Frozen encoder, no augmentation: the fp16 feature store (captioner/features.py) is read
     # instead of the images; built there first when absent. null: <train.out_dir>/features.
     feature_store: str | None = setting(None, Text(allowed="a folder, or null for <train.out_dir>/features"))

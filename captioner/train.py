@@ -29,7 +29,7 @@ from captioner.checkpoint import read_checkpoint, save_checkpoint
 from captioner.config import Config, dump_config
 from captioner.data import load_split
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
-from captioner.data.device_decode import gpu_jpeg_decoding
+from captioner.data.device_decode import device_preprocess
 from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
@@ -378,7 +378,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     state.logged = objective.logged if scst else LOGGED
     sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
     workers = 0 if on_device else loader_workers(data.num_workers)  # -1: this rank's share of the node's cores
-    train_set.decode_on_device = data.decode_on_device and gpu_jpeg_decoding(device)  # CaptionBatch.to decodes there
+    train_set.device_preprocess = device_preprocess(data.device_preprocess, device)  # CaptionBatch.to runs it there
     loader = DataLoader(
         train_set,
         batch_sampler=sampler,

@@ -18,7 +18,9 @@ from captioner import runtime, train
 from captioner.config import load_config
 from captioner.data import batching, device_decode
 from captioner.data.batching import CaptionDataset, collate_captions, image_loader
-from captioner.data.device_decode import EXIF_ORIENTATION, EncodedJpeg, decode_jpegs, read_for_device, transform_on_device
+from captioner.data.device_decode import (
+    EXIF_ORIENTATION, EncodedJpeg, decode_jpegs, device_preprocess, read_for_device, transform_on_device,
+)
 from captioner.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform, load_image, normalize_images
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import generate_shapes
@@ -179,20 +181,22 @@ def test_device_decoding_applies_exif_orientation_as_pil_does(tmp_path: Path, or
 
 
 def test_device_path_gives_the_worker_path_images(shared_data: Path) -> None:
-    """A dataset that leaves decoding to the device gives, once its batch is on the device, the
-    batch the worker path gives: the same augmentation from the same draws."""
+    """A dataset that leaves the transform (and the decoding) to the device gives, once its
+    batch is on the device, the batch the worker path gives: the same augmentation from the
+    same draws."""
     records = [ImageRecord(i, path, ("a red circle",)) for i, path in enumerate(photos(shared_data, 4))]
     transform = ImageTransform(SIZE, train=True, augment=True)
-    on_workers = CaptionDataset(records, tiny_vocab(), transform, 10)
-    on_device = CaptionDataset(records, tiny_vocab(), transform, 10, decode_on_device=True)
     keys = [(i, 100 + i) for i in range(4)]
-    pending = collate_captions([on_device[key] for key in keys])
-    assert isinstance(pending.images, list) and all(isinstance(p.source, EncodedJpeg) for p in pending.images)
-    pending.images[1] = replace(pending.images[1], source=load_image(records[1].path))  # a file the worker decoded rides along
-    expected = collate_captions([on_workers[key] for key in keys]).images  # (4, 3, S, S)
-    moved = pending.to(torch.device("cpu"), channels_last=True)
-    assert moved.images.dtype == torch.uint8 and torch.equal(moved.images, expected)
-    assert torch.equal(transform_on_device(pending.images, "cpu"), expected)  # and again: each item replays its seed
+    expected = collate_captions([CaptionDataset(records, tiny_vocab(), transform, 10)[key] for key in keys]).images  # (4, 3, S, S)
+    for preprocess, shipped in (("transform", torch.Tensor), ("decode", EncodedJpeg)):
+        on_device = CaptionDataset(records, tiny_vocab(), transform, 10, device_preprocess=preprocess)
+        pending = collate_captions([on_device[key] for key in keys])
+        assert isinstance(pending.images, list) and all(isinstance(p.source, shipped) for p in pending.images)
+        if preprocess == "decode":  # a file the worker decoded rides along with the JPEGs
+            pending.images[1] = replace(pending.images[1], source=pil_to_tensor(load_image(records[1].path)))
+        moved = pending.to(torch.device("cpu"), channels_last=True)
+        assert moved.images.dtype == torch.uint8 and torch.equal(moved.images, expected)
+        assert torch.equal(transform_on_device(pending.images, "cpu"), expected)  # and again: each item replays its seed
 
 
 def test_files_the_device_does_not_decode_go_through_pil(tmp_path: Path) -> None:
@@ -201,7 +205,7 @@ def test_files_the_device_does_not_decode_go_through_pil(tmp_path: Path) -> None
     picture.convert("CMYK").save(tmp_path / "cmyk.jpg")
     for name in ("a.png", "cmyk.jpg"):
         item = read_for_device(tmp_path / name)
-        assert isinstance(item, Image.Image) and item.mode == "RGB" and item.size == (20, 10)
+        assert isinstance(item, torch.Tensor) and torch.equal(item, pil_to_tensor(load_image(tmp_path / name)))
 
 
 def test_device_decoding_keeps_load_image_checks(tmp_path: Path, shared_data: Path) -> None:
@@ -236,14 +240,14 @@ def test_a_jpeg_the_device_refuses_is_decoded_by_pil(tmp_path: Path, shared_data
 def test_progressive_jpegs_are_decoded_in_the_worker(tmp_path: Path) -> None:
     Image.new("RGB", (20, 10), (10, 200, 30)).save(tmp_path / "progressive.jpg", progressive=True)
     item = read_for_device(tmp_path / "progressive.jpg")
-    assert isinstance(item, Image.Image) and item.size == (20, 10)
+    assert isinstance(item, torch.Tensor) and item.shape == (3, 10, 20)
 
 
-def test_training_with_device_decoding_gives_the_same_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`fit` with data.decode_on_device, its device branch forced on the CPU (as on CUDA with
-    nvjpeg): the workers ship JPEG bytes through a DataLoader worker, `CaptionBatch.to` decodes,
-    crops and jitters them under each item's seed, and the weights after an augmented epoch are
-    those of the worker path, to the bit."""
+def test_training_with_device_preprocessing_gives_the_same_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fit` with data.device_preprocess, its device branch forced on the CPU (as on CUDA with
+    nvjpeg): the workers ship decoded pictures or JPEG bytes through a DataLoader worker,
+    `CaptionBatch.to` (decodes,) crops and jitters them under each item's seed, and the weights
+    after an augmented epoch are those of the worker path, to the bit."""
     root = tmp_path / "shapes"
     generate_shapes(root, 16, 4, 2, image_size=32, seed=0, progress=False)  # JPEG files
     tiny = [
@@ -253,12 +257,21 @@ def test_training_with_device_decoding_gives_the_same_weights(tmp_path: Path, mo
     ]
     decoded_batches = []  # CaptionBatch.to runs in this process: count the batches it decoded
     monkeypatch.setattr(batching, "transform_on_device", lambda *args: decoded_batches.append(1) or transform_on_device(*args))
-    monkeypatch.setattr(train, "gpu_jpeg_decoding", lambda device: True)
+    monkeypatch.setattr(train, "device_preprocess", lambda requested, device: requested)
     weights = {}
-    for on_device in (False, True):
-        config = load_config(REPO / "configs/shapes_lstm.yaml", [*tiny, f"data.decode_on_device={on_device}", f"train.out_dir={tmp_path / str(on_device)}"])
-        fit(config)
-        weights[on_device] = torch.load(tmp_path / str(on_device) / "last.pt", weights_only=True)["model"]
-    assert len(decoded_batches) == 16 // 4  # every training batch of the second run, none of the first
-    assert weights[True].keys() == weights[False].keys()
-    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])
+    for preprocess in ("none", "transform", "decode"):
+        out = tmp_path / preprocess
+        fit(load_config(REPO / "configs/shapes_lstm.yaml", [*tiny, f"data.device_preprocess={preprocess}", f"train.out_dir={out}"]))
+        weights[preprocess] = torch.load(out / "last.pt", weights_only=True)["model"]
+    assert len(decoded_batches) == 2 * 16 // 4  # every training batch of the device runs, none of the first
+    for preprocess in ("transform", "decode"):
+        assert weights[preprocess].keys() == weights["none"].keys()
+        assert all(torch.equal(weights[preprocess][k], weights["none"][k]) for k in weights["none"]), preprocess
+
+
+def test_device_preprocessing_only_on_cuda() -> None:
+    assert device_preprocess("decode", torch.device("cpu")) == "none"
+    assert device_preprocess("transform", torch.device("cpu")) == "none"
+    assert load_config(None, []).data.device_preprocess == "none"
+    with pytest.raises(ConfigError, match="data.device_preprocess"):
+        load_config(None, ["data.device_preprocess=gpu"])

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class CaptionBatch:
     # (B, 3, H, W) uint8 (normalised on the device by the encoder), stored features (B, N, D) fp16,
-    # or B files still to decode and transform on the device (CaptionDataset.decode_on_device)
+    # or B pictures still to transform (and decode) on the device (CaptionDataset.device_preprocess)
     images: torch.Tensor | list[PendingImage]
     tokens: torch.Tensor  # (C, T) = <bos> w1 .. wn <eos> <pad> ..; C >= B captions
     lengths: torch.Tensor  # (C,) tokens before the padding, <bos> and <eos> included
@@ -75,9 +75,9 @@ class CaptionDataset(Dataset):
     the caption choice and the augmentation come from `draw` alone, not from the RNG of
     whichever process loads the item, so they replay exactly after a resume.
 
-    With `decode_on_device` (training on CUDA with nvjpeg), a worker only reads and checks the
-    file; `CaptionBatch.to` decodes the JPEGs on the device and runs the transform there, under
-    the same seed.
+    With `device_preprocess` "transform", a worker only decodes the file, and `CaptionBatch.to`
+    runs the transform on the device under the same seed; with "decode", a worker only reads
+    and checks the file, and the device decodes the JPEGs too (captioner.data.device_decode).
     """
 
     def __init__(
@@ -88,10 +88,10 @@ class CaptionDataset(Dataset):
         max_length: int,
         pairs: str = "one",
         features: FeatureRows | None = None,
-        decode_on_device: bool = False,
+        device_preprocess: str = "none",
     ) -> None:
         self.records = records
-        self.decode_on_device = decode_on_device
+        self.device_preprocess = device_preprocess  # one of device_decode.PREPROCESS_CHOICES
         self.transform = transform
         self.pairs = pairs
         self.features = features  # row i: image i's stored (N, D) grid, when the encoder is frozen
@@ -110,8 +110,9 @@ class CaptionDataset(Dataset):
         augmented = self.transform.train and self.transform.augment
         if self.features is not None:
             image = self.features[i]
-        elif self.decode_on_device:
-            image = pending_or_none(self.records[i], self.transform, draw if augmented else None)
+        elif self.device_preprocess != "none":
+            seed = draw if augmented else None
+            image = pending_or_none(self.records[i], self.transform, seed, self.device_preprocess == "decode")
         elif draw is None or not augmented:
             image = load_or_none(self.records[i], self.transform)
         else:
@@ -152,8 +153,8 @@ def load_or_none(record: ImageRecord, transform: ImageTransform) -> torch.Tensor
     return or_none(lambda: transform(load_image(record.path)))
 
 
-def pending_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None) -> PendingImage | None:
-    return or_none(lambda: read_pending(record.path, transform, seed))
+def pending_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None, ship_jpeg: bool) -> PendingImage | None:
+    return or_none(lambda: read_pending(record.path, transform, seed, ship_jpeg))
 
 
 def collate_captions(batch: list) -> CaptionBatch | None:

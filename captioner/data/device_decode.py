@@ -1,13 +1,14 @@
-"""JPEG decoding on the device: workers ship a JPEG's bytes, the GPU decodes and resizes.
+"""Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores.
 
-A node has about two cores per GPU, and JPEG decoding is the largest CPU cost of the training
-loader after the photometric jitter (scripts/bench_loader.py). With
-`torchvision.io.decode_jpeg(device="cuda")` (nvjpeg) the worker only reads the file and checks
-its header with `load_image`'s rules; the device decodes the whole batch in one call, applies
-the EXIF orientation and then the same `ImageTransform` as the CPU path. Files nvjpeg does not
-take (PNG, WebP, CMYK and progressive JPEGs, ...) are decoded in the worker by PIL, as
-`load_image` does; a JPEG the device fails to decode is decoded by PIL instead, so a truly
-corrupt file is named by `load_image`'s one-line error.
+A node has about two cores per GPU; the training transform's crop, resize and jitter cost a
+worker more than the JPEG decode (scripts/bench_loader.py). With `transform`, a worker only
+decodes (`load_image`) and ships the uint8 picture; `CaptionBatch.to` runs the same
+`ImageTransform` on the device, each image under its own seed. With `decode`, a worker only
+reads the file and checks its header with `load_image`'s rules, and the device also decodes
+the JPEGs, the whole batch in one `torchvision.io.decode_jpeg(device="cuda")` (nvjpeg) call,
+EXIF orientation applied. Files nvjpeg may not take (PNG, WebP, CMYK and progressive JPEGs,
+...) are decoded in the worker by PIL, as `load_image` does; a JPEG the device fails to decode
+is decoded by PIL instead, so a truly corrupt file is named by `load_image`'s one-line error.
 
 On the CPU the same functions run with torchvision's libjpeg decoder, which is what the tests
 check against PIL; the CUDA branch (nvjpeg) runs only on a GPU (docs/input_pipeline.md).
@@ -27,6 +28,7 @@ from captioner.data.images import MAX_PIXELS, ImageTransform, decode_rgb, load_i
 
 DEVICE_MODES = ("RGB", "L")  # JPEG colour modes decode_jpeg turns into RGB itself
 EXIF_ORIENTATION = 0x0112
+PREPROCESS_CHOICES = ("none", "transform", "decode")  # data.device_preprocess
 
 
 @dataclass(frozen=True)
@@ -38,15 +40,15 @@ class EncodedJpeg:
     name: str
 
 
-def read_for_device(path: str | Path, max_pixels: int = MAX_PIXELS) -> EncodedJpeg | Image.Image:
-    """In a worker: a baseline RGB or greyscale JPEG as its bytes and EXIF orientation, after
-    `load_image`'s checks (format, size limit, from the header); any other file (progressive
-    JPEGs too, which nvjpeg's GPU backend may refuse) decoded here, exactly as `load_image`
-    decodes it. Bad files raise `ImageLoadError` naming them."""
+def read_for_device(path: str | Path, ship_jpeg: bool = True, max_pixels: int = MAX_PIXELS) -> EncodedJpeg | torch.Tensor:
+    """In a worker: with `ship_jpeg`, a baseline RGB or greyscale JPEG as its bytes and EXIF
+    orientation, after `load_image`'s checks (format, size limit, from the header); any other
+    file (progressive JPEGs too, which nvjpeg's GPU backend may refuse) decoded here exactly as
+    `load_image` decodes it, as uint8 (3, H, W). Bad files raise `ImageLoadError` naming them."""
 
-    def finish(image: Image.Image) -> EncodedJpeg | Image.Image:
-        if image.format != "JPEG" or image.mode not in DEVICE_MODES or image.info.get("progressive"):
-            return decode_rgb(image)
+    def finish(image: Image.Image) -> EncodedJpeg | torch.Tensor:
+        if not ship_jpeg or image.format != "JPEG" or image.mode not in DEVICE_MODES or image.info.get("progressive"):
+            return pil_to_tensor(decode_rgb(image))  # (3, H, W)
         data = torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8)  # (L,)
         return EncodedJpeg(data, exif_orientation(image), str(path))
 
@@ -107,18 +109,26 @@ def gpu_jpeg_decoding(device: torch.device) -> bool:
     return device.type == "cuda" and hasattr(torch.ops.image, "decode_jpegs_cuda")
 
 
+def device_preprocess(requested: str, device: torch.device) -> str:
+    """What `data.device_preprocess` does on `device`: "none" off CUDA (the workers' cores are
+    the device's there), and `transform` where nvjpeg is missing."""
+    if device.type != "cuda":
+        return "none"
+    return "transform" if requested == "decode" and not gpu_jpeg_decoding(device) else requested
+
+
 @dataclass(frozen=True)
 class PendingImage:
-    """A training item whose decoding and transform wait for the device (CaptionBatch.to)."""
+    """A training item whose transform (and decoding) wait for the device (CaptionBatch.to)."""
 
-    source: EncodedJpeg | Image.Image  # a JPEG to decode there, or a picture the worker decoded
+    source: EncodedJpeg | torch.Tensor  # a JPEG to decode there, or the uint8 (3, H, W) picture the worker decoded
     transform: ImageTransform
     seed: int | None  # the item's augmentation seed (CaptionDataset's draw); None: the process's RNG
 
 
-def read_pending(path: str | Path, transform: ImageTransform, seed: int | None) -> PendingImage:
-    """In a worker: the file read and checked for `transform_on_device`."""
-    return PendingImage(read_for_device(path), transform, seed)
+def read_pending(path: str | Path, transform: ImageTransform, seed: int | None, ship_jpeg: bool) -> PendingImage:
+    """In a worker: the file read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
+    return PendingImage(read_for_device(path, ship_jpeg), transform, seed)
 
 
 def transform_on_device(pending: list[PendingImage], device: torch.device | str) -> torch.Tensor:
@@ -129,9 +139,9 @@ def transform_on_device(pending: list[PendingImage], device: torch.device | str)
     decoded = iter(decode_jpegs(jpegs, device) if jpegs else [])
     images = []
     for item in pending:
-        image = next(decoded) if isinstance(item.source, EncodedJpeg) else item.source
+        image = next(decoded) if isinstance(item.source, EncodedJpeg) else item.source.to(device)  # (3, H, W)
         with torch.random.fork_rng(devices=[], enabled=item.seed is not None):  # crop and jitter draw from the CPU RNG, as in the worker
             if item.seed is not None:
                 torch.manual_seed(item.seed)
-            images.append(item.transform(image).to(device))  # (3, S, S)
+            images.append(item.transform(image))  # (3, S, S), on the device
     return torch.stack(images)  # (B, 3, S, S)
