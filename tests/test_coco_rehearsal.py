@@ -143,6 +143,12 @@ def test_a_standard_karpathy_file_is_not_warned_about(tmp_path: Path, caplog: py
     with caplog.at_level(logging.INFO, logger="captioner.data.coco"):
         assert len(load_karpathy(path, tmp_path, "test", check_images=False)) == 5000
     assert [r.getMessage() for r in caplog.records] == [f"{path}: train 113287 (82783 train + 30504 restval), val 5000, test 5000 images"]
+    caplog.clear()  # a Flickr file (no cocoid) has its own sizes: logged, never compared with COCO's
+    flickr = tmp_path / "dataset_flickr8k.json"
+    flickr.write_text(json.dumps({"dataset": "flickr8k", "images": [{"filename": "a.jpg", "imgid": 0, "split": "test", "sentences": sentences}]}))
+    with caplog.at_level(logging.INFO, logger="captioner.data.coco"):
+        load_karpathy(flickr, tmp_path, "test", check_images=False)
+    assert [r.getMessage() for r in caplog.records] == [f"{flickr}: train 0 (0 train + 0 restval), val 0, test 1 images"]
 
 
 def test_missing_images_are_counted_in_one_line_or_stop_a_strict_load(tree: CocoTree, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
