@@ -1,7 +1,8 @@
 """Time the SCST reward and the SCST training step.
 
     python scripts/bench_scst.py reward [path/to/captions_val2014.json] [--images 5000]
-    python scripts/bench_scst.py step runs/flickr8k_lstm_lite0_scst/best.pt [--steps 8] [--baseline greedy|mean]
+    python scripts/bench_scst.py step runs/flickr8k_lstm_lite0_scst/best.pt [--steps 8] [--baseline greedy|mean] [--root ROOT]
+    python scripts/bench_scst.py step configs/flickr8k_lstm_lite0_scst.yaml   # an untrained model of the config
     python scripts/bench_scst.py syncs [--root ROOT]   # ROOT: a checkout's folder (default this one)
     # today's code against an older commit: git archive COMMIT captioner | tar -x -C /tmp/old; ... syncs --root /tmp/old
 
@@ -136,26 +137,21 @@ def bench_vectorised(ids: list, count: int, batch: int) -> None:
 
 def bench_syncs(args: argparse.Namespace) -> None:
     """Syncs per SCST step of the checkout at args.root (its captioner), both decoders, both baselines."""
-    import sys
     import tempfile
 
-    sys.path[:0] = [str(args.root), str(Path(__file__).resolve().parents[1] / "tests")]
-    for name in [m for m in sys.modules if m == "captioner" or m.startswith("captioner.")]:
-        del sys.modules[name]
+    use_checkout(args.root)
     import pytest
     from PIL import Image
     from torch.utils.data import DataLoader
 
-    import captioner
     from captioner.config import ScstConfig
     from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
     from captioner.data.images import ImageTransform
     from captioner.data.records import ImageRecord
     from captioner.scst import SelfCritical
     from helpers import WORDS, tiny_model
-    from test_sync import DeviceSimulation
+    from test_sync import DeviceSimulation, watch_reads
 
-    assert captioner.__file__.startswith(str(args.root)), captioner.__file__
     folder = Path(tempfile.mkdtemp())
     records = []
     for i in range(16):
@@ -171,15 +167,7 @@ def bench_syncs(args: argparse.Namespace) -> None:
                                      [r.captions for r in dataset.records])
             sim = DeviceSimulation()
             patch = pytest.MonkeyPatch()
-            for name in ("tolist", "numpy", "__array__"):
-                original = getattr(torch.Tensor, name)
-
-                def read(self, *a, _original=original, _name=name, **k):
-                    if sim.tracked(self):
-                        sim.record(_name)
-                    return _original(self, *a, **k)
-
-                patch.setattr(torch.Tensor, name, read)
+            watch_reads(sim, patch)
             table = getattr(objective.reward, "table", None)  # the vectorised reward's: device tensors
             batch = next(iter(DataLoader(dataset, batch_size=8, collate_fn=collate_captions)))
             with sim:
@@ -195,17 +183,39 @@ def bench_syncs(args: argparse.Namespace) -> None:
                   f"{dict(kinds.most_common(4))}")
 
 
+def use_checkout(root: Path) -> None:
+    """Import `captioner` from the checkout at root (today's or an older one) and the tests' helpers."""
+    import sys
+
+    sys.path[:0] = [str(root), str(Path(__file__).resolve().parents[1] / "tests")]
+    for name in [m for m in sys.modules if m == "captioner" or m.startswith("captioner.")]:
+        del sys.modules[name]
+    import captioner
+
+    assert captioner.__file__.startswith(str(root)), captioner.__file__
+
+
 def bench_step(args: argparse.Namespace) -> None:
+    use_checkout(args.root)
     from captioner.checkpoint import load_captioner
+    from captioner.config import load_config
     from captioner.data import load_split
     from captioner.data.batching import CaptionBatch
+    from captioner.models import build_model
     from captioner.scst import SelfCritical
+    from captioner.vocab import Vocabulary
 
-    model = load_captioner(args.checkpoint)
-    config = model.config
+    if args.checkpoint.suffix in (".yaml", ".yml"):  # an untrained model of the config: captions run to max_length
+        config = load_config(args.checkpoint, ["model.encoder.pretrained=false"])
+        records = load_split(config.data, "train")
+        torch.manual_seed(0)
+        model = build_model(config, Vocabulary.build((c for r in records for c in r.captions), config.data.min_word_count))
+    else:
+        model = load_captioner(args.checkpoint)
+        config = model.config
+        records = load_split(config.data, "train")
     if args.baseline:
         config.scst.baseline = args.baseline
-    records = load_split(config.data, "train")
     start = clock()
     objective = SelfCritical(config.scst, model.vocab, [r.captions for r in records])
     setup_s = clock() - start
@@ -252,7 +262,8 @@ def main() -> None:
     reward.add_argument("--images", type=int, default=5000, help="candidates scored (one per image)")
     reward.add_argument("--batch", type=int, default=160, help="captions per reward call (32 images x 5 samples)")
     step = commands.add_parser("step")
-    step.add_argument("checkpoint", type=Path)
+    step.add_argument("checkpoint", type=Path, help="a checkpoint, or a config (.yaml) for an untrained model of it")
+    step.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the checkout whose captioner runs")
     step.add_argument("--steps", type=int, default=8)
     step.add_argument("--baseline", choices=("greedy", "mean"), default=None, help="default: the checkpoint's scst.baseline")
     syncs = commands.add_parser("syncs")

@@ -247,3 +247,16 @@ def test_tables_are_saved_once_and_memory_mapped(tmp_path) -> None:
     assert fingerprint(words, [["a dog"]]) != fingerprint(["a", "cat"], [["a dog"]])  # other vocabulary too
     with pytest.raises(Exception, match="no references"):
         ReferenceTable.build([[[1, 2]], []])
+
+
+def test_reference_table_scores_in_its_own_precision_under_autocast() -> None:
+    """SCST runs inside train_one_epoch's autocast (bf16 on CUDA): the reward must not drop to
+    bf16 matmuls. The float32 table (as on a GPU) gives the same scores with autocast on."""
+    candidates, references = fixture(4, 30)
+    references = [[[WORDS.index(w) for w in r] for r in refs] for refs in references]
+    tokens, lengths = padded([[WORDS.index(w) for w in c] for c in candidates])
+    table = ReferenceTable.build(references).to("cpu", torch.float32)
+    plain = table.score(tokens, lengths, torch.arange(len(candidates)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = table.score(tokens, lengths, torch.arange(len(candidates)))
+    assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)

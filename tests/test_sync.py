@@ -64,11 +64,9 @@ class DeviceSimulation(TorchDispatchMode):
         return out
 
 
-@pytest.fixture
-def simulation(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
-    sim = DeviceSimulation()
-    lengths_on_device = getattr(request, "param", False)
-    for name in ("tolist", "numpy", "__array__"):  # value reads that bypass the dispatcher
+def watch_reads(sim: DeviceSimulation, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Count the value reads that bypass the dispatcher (tolist, numpy) on tracked tensors."""
+    for name in ("tolist", "numpy", "__array__"):
         original = getattr(torch.Tensor, name)
 
         def read(self, *args, _original=original, _name=name, **kwargs):
@@ -77,6 +75,13 @@ def simulation(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, read)
+
+
+@pytest.fixture
+def simulation(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
+    sim = DeviceSimulation()
+    lengths_on_device = getattr(request, "param", False)
+    watch_reads(sim, monkeypatch)
     moved = CaptionBatch.to
 
     def to_device(self, device, channels_last=False):
