@@ -47,7 +47,7 @@ from captioner.errors import DatasetError
 
 MULTIPLIER = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64: odd, so every step is a bijection mod 2^64
 TOKEN_OFFSET = 1 << 32  # token ids (negative ones for out-of-vocabulary reference words) become positive codes
-FORMAT = 1  # bump when the arrays or the hash change: it is part of the fingerprint
+FORMAT = 2  # bump when the arrays or the hash change: it is part of the fingerprint
 
 
 def ngram_hashes(tokens: torch.Tensor, lengths: torch.Tensor, n: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
