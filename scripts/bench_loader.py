@@ -14,10 +14,11 @@ written as scripts/bench_gpu.py writes them. The rows:
   0.9-1.1), ColorJitter, ToDtype(float32) and Normalize in the worker; fp32 to the device;
 - after: `ImageTransform` (crop window, ColorJitter) in the worker; uint8 to the device, where
   the encoder converts and normalises;
-- after, crop only: the same without ColorJitter: what the cores would do if the jitter moved
-  to the device too (it is the largest CPU cost of the transform);
-- GPU decode: what crosses when the JPEG bytes themselves travel (the mean file size); the
-  decode, crop and resize then cost the GPU, not the cores (not measurable without one).
+- after, crop only: the same without ColorJitter (the largest CPU cost of the transform);
+- device_preprocess=transform: the worker decodes only (`load_image`, then uint8); the picture
+  crosses at its own size and the device crops, resizes and jitters it;
+- device_preprocess=decode: the worker reads the file and its header; the JPEG's bytes cross
+  (the mean file size) and the device also decodes (not measurable without one).
 """
 
 from __future__ import annotations
@@ -55,24 +56,34 @@ def old_training_transform(size: int) -> v2.Compose:
     ])
 
 
-def per_image_seconds(paths: list[Path], transform: Callable[[Image.Image], torch.Tensor], repeats: int) -> dict:
-    """Median over `repeats` passes of the mean seconds per image for decode and for transform,
-    and the bytes of one output tensor."""
-    decode_runs, transform_runs = [], []
-    nbytes = 0
+def per_image_costs(paths: list[Path], pipelines: dict[str, Callable[[Image.Image], torch.Tensor]], repeats: int) -> dict:
+    """Per pass, each image is decoded once and every pipeline transforms it in turn (interleaved,
+    so a busy moment of a shared machine falls on all of them alike). Median over `repeats`
+    passes of the mean CPU seconds per image: the decode, each pipeline's transform; and the
+    mean bytes of each pipeline's output."""
+    decode_runs: list[float] = []
+    transform_runs: dict[str, list[float]] = {label: [] for label in pipelines}
+    total_bytes = dict.fromkeys(pipelines, 0)
     for _ in range(repeats):
-        decode = work = 0.0
+        decode = 0.0
+        work = dict.fromkeys(pipelines, 0.0)
         for path in paths:
             start = time.thread_time()
             image = load_image(path)
-            middle = time.thread_time()
-            tensor = transform(image)
-            decode += middle - start
-            work += time.thread_time() - middle
-            nbytes = tensor.nbytes
+            decode += time.thread_time() - start
+            for label, transform in pipelines.items():
+                start = time.thread_time()
+                tensor = transform(image)
+                work[label] += time.thread_time() - start
+                total_bytes[label] += tensor.nbytes
         decode_runs.append(decode / len(paths))
-        transform_runs.append(work / len(paths))
-    return {"decode": statistics.median(decode_runs), "transform": statistics.median(transform_runs), "bytes": nbytes}
+        for label in pipelines:
+            transform_runs[label].append(work[label] / len(paths))
+    return {
+        "decode": statistics.median(decode_runs),
+        "transform": {label: statistics.median(runs) for label, runs in transform_runs.items()},
+        "bytes": {label: total / (repeats * len(paths)) for label, total in total_bytes.items()},
+    }
 
 
 def main() -> None:
@@ -89,7 +100,8 @@ def main() -> None:
     pipelines = {
         "before (fp32, normalised in the worker)": old_training_transform(size),
         "after (uint8, normalised on the device)": ImageTransform(size, train=True, augment=data.augment),
-        "after, crop only (jitter on the device)": v2.Compose([v2.PILToTensor(), RandomWindowCrop(size)]),
+        "after, crop only (no jitter)": v2.Compose([v2.PILToTensor(), RandomWindowCrop(size)]),
+        "device_preprocess=transform (decode only)": v2.PILToTensor(),
     }
     with tempfile.TemporaryDirectory() as tmp:
         sets = {"synthetic 640x480": write_jpegs(Path(tmp), args.images, (640, 480))}
@@ -104,13 +116,14 @@ def main() -> None:
         for name, paths in sets.items():
             jpeg_bytes = statistics.mean(p.stat().st_size for p in paths)
             sides = statistics.mean(Image.open(p).width for p in paths), statistics.mean(Image.open(p).height for p in paths)
-            for label, transform in pipelines.items():
-                torch.manual_seed(0)
-                result = per_image_seconds(paths, transform, args.repeats)
-                rate = 1.0 / (result["decode"] + result["transform"])
-                print(f"{name:<20} {label:<42} {result['decode'] * 1e3:>9.2f} {result['transform'] * 1e3:>12.2f} "
-                      f"{rate:>13.1f} {result['bytes']:>22,}")
-            print(f"{name:<20} {'GPU decode (JPEG bytes cross)':<42} {'on GPU':>9} {'on GPU':>12} {'-':>13} {jpeg_bytes:>22,.0f}"
+            torch.manual_seed(0)
+            costs = per_image_costs(paths, pipelines, args.repeats)
+            for label in pipelines:
+                transform = costs["transform"][label]
+                rate = 1.0 / (costs["decode"] + transform)
+                print(f"{name:<20} {label:<42} {costs['decode'] * 1e3:>9.2f} {transform * 1e3:>12.2f} "
+                      f"{rate:>13.1f} {costs['bytes'][label]:>22,.0f}")
+            print(f"{name:<20} {'device_preprocess=decode (JPEG bytes)':<42} {'on GPU':>9} {'on GPU':>12} {'-':>13} {jpeg_bytes:>22,.0f}"
                   f"   (mean {sides[0]:.0f}x{sides[1]:.0f})")
 
 
