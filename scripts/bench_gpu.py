@@ -1,6 +1,7 @@
 """The GPU benchmark: training and beam search throughput of the COCO configs beside the reference.
 
     python scripts/bench_gpu.py [--steps 30] [--out runs/bench_gpu.json] [--reference DIR_OR_GIT_DIR]
+    python scripts/bench_gpu.py --configs coco_lstm_resnet101 --device-preprocess decode   # the GPU decodes the JPEGs
     python scripts/bench_gpu.py --device cpu --tiny      # smoke test of the code paths, NOT a measurement
 
 On CUDA with bf16 autocast, for configs/coco_lstm_resnet101.yaml and coco_transformer_resnet101.yaml:
@@ -45,6 +46,7 @@ import reference_sat  # noqa: E402
 
 from captioner.config import Config, load_config  # noqa: E402
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions  # noqa: E402
+from captioner.data.device_decode import PREPROCESS_CHOICES, device_preprocess  # noqa: E402
 from captioner.data.images import ImageTransform, normalize_images  # noqa: E402
 from captioner.data.records import ImageRecord  # noqa: E402
 from captioner.decoding import beam_search  # noqa: E402
@@ -195,7 +197,10 @@ def our_training(
         shape = (len(records), model.encoder.grid_size**2 or 196, model.encoder.out_dim)
         features = torch.randn(shape).to(torch.bfloat16 if device.type == "cuda" else torch.float32)  # (n, N, D)
     transform = ImageTransform(data.image_size, train=True, augment=data.augment)
-    dataset = CaptionDataset(records, vocab, transform, data.max_caption_length, data.captions_per_image, features)
+    dataset = CaptionDataset(
+        records, vocab, transform, data.max_caption_length, data.captions_per_image, features,
+        device_preprocess(data.device_preprocess, device),  # --device-preprocess: the GPU crops, jitters (and decodes)
+    )
     workers = 0 if frozen else loader_workers(data.num_workers)  # -1: this process's share of the cores
     loader = DataLoader(
         dataset, batch_size=data.batch_size, shuffle=True, num_workers=workers, collate_fn=collate_captions,
@@ -332,6 +337,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     parser.add_argument("--reference", help="reference checkout or git dir (default: $CAPTIONER_REFERENCE or the mirror)")
     parser.add_argument("--reference-beam-images", type=int, default=8)
+    parser.add_argument("--device-preprocess", default="none", choices=PREPROCESS_CHOICES,
+                        help="data.device_preprocess of our training rows (docs/input_pipeline.md)")
     parser.add_argument("--out", default="runs/bench_gpu.json")
     return parser.parse_args(argv)
 
@@ -364,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         overrides, warmup, steps, vocab_size = [], args.warmup, args.steps, args.vocab
         batches, beams, width, image_size, ref_images = [1, 64, 256], [3, 5], 512, (640, 480), args.reference_beam_images
+    overrides.append(f"data.device_preprocess={args.device_preprocess}")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -378,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke test, not a measurement)",
         "torch": torch.__version__,
         "tiny": args.tiny,
+        "device_preprocess": args.device_preprocess,
         "training": [],
         "beam": [],
     }
