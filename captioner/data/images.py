@@ -233,12 +233,12 @@ class RandomWindowCrop:
 
 @functools.lru_cache(maxsize=None)
 def _pipeline(image_size: int, augment: bool) -> v2.Compose:
-    geometry: list[Callable[[torch.Tensor], torch.Tensor]]
+    steps: list[Callable[[torch.Tensor], torch.Tensor]]
     if augment:
-        geometry = [RandomWindowCrop(image_size), v2.ColorJitter(brightness=0.2, contrast=0.2)]
+        steps = [RandomWindowCrop(image_size), v2.ColorJitter(brightness=0.2, contrast=0.2)]
     else:
-        geometry = [v2.Resize((image_size, image_size), antialias=True)]
-    return v2.Compose([v2.PILToTensor(), *geometry])  # uint8 (3, S, S)
+        steps = [v2.Resize((image_size, image_size), antialias=True)]
+    return v2.Compose([v2.PILToTensor(), *steps])  # uint8 (3, S, S)
 
 
 @functools.lru_cache(maxsize=None)
