@@ -47,9 +47,10 @@ def write_slot(buffer: torch.Tensor, new: torch.Tensor, slot: torch.Tensor) -> t
     A masked select, not a growing torch.cat, so the cache keeps one shape for the whole
     caption (what torch.compile and CUDA graphs need), and not an in-place index_copy_, so the
     earlier state stays intact for autograd (self-critical training steps with gradients) and for
-    callers that step twice from one state. `new` is cast to the buffer's dtype explicitly:
-    under CUDA's autocast a projection comes out in bf16 whatever the buffer holds, and a promoted
-    result would change the state's dtype (and recompile) from one step to the next.
+    callers that step twice from one state. `new` is cast to the buffer's dtype explicitly, so
+    the state keeps the dtype init_state gave it whatever autocast makes of the projection: CUDA
+    refuses an index_copy across dtypes, and a promoting write into a bf16 buffer would turn the
+    state float32 (and recompile the step).
     """
     return torch.where(slot[:, None, :, None], new.to(buffer.dtype), buffer)  # (B, nh, C, hs)
 
