@@ -61,10 +61,11 @@ def ngram_hashes(tokens: torch.Tensor, lengths: torch.Tensor, n: int = 4) -> tup
     rolling = torch.zeros_like(codes)  # (R, L): hash of the k-gram starting at each position
     hashes, valid, order = [], [], []
     for k in range(1, n + 1):
-        rolling = rolling[:, : L - k + 1] * MULTIPLIER + codes[:, k - 1 :]  # (R, L-k+1), wraps mod 2^64
+        starts = max(L - k + 1, 0)  # k-grams that fit in L positions
+        rolling = rolling[:, :starts] * MULTIPLIER + codes[:, k - 1 :]  # (R, starts), wraps mod 2^64
         hashes.append(rolling)
-        valid.append(positions[None, : L - k + 1] + k <= lengths[:, None])  # (R, L-k+1)
-        order.append(torch.full((L - k + 1,), k, dtype=torch.long, device=tokens.device))
+        valid.append(positions[None, :starts] + k <= lengths[:, None])  # (R, starts)
+        order.append(torch.full((starts,), k, dtype=torch.long, device=tokens.device))
     return torch.cat(hashes, dim=1), torch.cat(valid, dim=1), torch.cat(order)  # (R, W), (R, W), (W,)
 
 

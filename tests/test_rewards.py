@@ -157,6 +157,9 @@ def test_reference_table_equals_cider_d_on_random_captions(seed: int) -> None:
     got = ReferenceTable.build(references).score(*padded(candidates), torch.tensor(keys))
     assert got.dtype == torch.float64 and np.abs(got.numpy() - want).max() < 1e-12
     assert want.max() > 1.0 and (want == 0).any()
+    short = [[], [keys[0] % 5 + 1], [4, 2]]  # SCST with max_length 1 or 2: fewer positions than 4-gram orders
+    got = ReferenceTable.build(references).score(*padded(short), torch.tensor([0, 1, 2]))
+    assert np.abs(got.numpy() - cider.score(short, [0, 1, 2])).max() < 1e-12
 
 
 @pytest.fixture(scope="module")
