@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from captioner.config import Config
 from captioner.data.batching import image_loader
+from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.errors import ConfigError, FeatureStoreError
 from captioner.models import Captioner
@@ -177,14 +178,27 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     os.replace(tmp, path)  # atomic: a crash never leaves half a manifest
 
 
+# How stores written before the transform described its own steps named it: the square resize
+# with antialiasing and ImageNet normalisation, which is `ImageTransform(size).describe()` today
+# (the same operations in the same order: tests/test_input_pipeline.py shows the features equal).
+LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+
+def stored_identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's identity with an older store's transform named as the current code names it."""
+    stored = dict(manifest["identity"])
+    if stored.get("transform") == LEGACY_TRANSFORM and "image_size" in stored:
+        stored["transform"] = ImageTransform(stored["image_size"]).describe()
+    return stored
+
+
 def check_manifest(manifest_path: Path, manifest: dict[str, Any], expected: dict[str, Any], records: list[ImageRecord]) -> None:
     """Refuse, in one line naming the file and the field, a store made otherwise or for other images."""
     hint = f"delete {manifest_path.parent} or set data.feature_store to another folder"
+    stored = stored_identity(manifest)
     for key, value in expected.items():
-        if manifest["identity"].get(key) != value:
-            raise FeatureStoreError(
-                f"{manifest_path}: {key} is {manifest['identity'].get(key)!r} in the store but {value!r} here; {hint}"
-            )
+        if stored.get(key) != value:
+            raise FeatureStoreError(f"{manifest_path}: {key} is {stored.get(key)!r} in the store but {value!r} here; {hint}")
     stored, wanted = manifest["image_ids"], [r.image_id for r in records]
     if stored != wanted:
         stored_set, wanted_set = set(stored), set(wanted)

@@ -144,6 +144,24 @@ def test_failed_images_are_recorded_and_skipped(shapes_root: Path, tmp_path: Pat
     assert not store.rows([2])[0].any()  # the failed row holds zeros, and nothing reads it
 
 
+def test_a_store_written_before_the_transform_described_itself_still_opens(shapes_root: Path, tmp_path: Path) -> None:
+    """Stores from before the uint8 pipeline name their transform by hand ({"resize": "square", ...});
+    the pipeline they stand for computes the same features today, so they open; another
+    hand-written transform is refused."""
+    config = shapes_config(shapes_root, tmp_path / "run")
+    model, records = frozen_model(config), load_split(config.data, "val")
+    extract(model, tmp_path / "store", "val", records, batch_size=6, progress=False)
+    _, manifest_path = store_files(tmp_path / "store", "val")
+    manifest = json.loads(manifest_path.read_text())
+    manifest["identity"]["transform"] = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    manifest_path.write_text(json.dumps(manifest))
+    assert open_store(tmp_path / "store", "val", model, records).complete
+    manifest["identity"]["transform"]["antialias"] = False
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(CaptionerError, match="transform is"):
+        open_store(tmp_path / "store", "val", model, records)
+
+
 def test_a_stale_store_is_refused_in_one_line(shapes_root: Path, tmp_path: Path) -> None:
     root = copy_world(shapes_root, tmp_path)
     config = shapes_config(root, tmp_path / "run")
