@@ -11,11 +11,14 @@ On CUDA with bf16 autocast, for configs/coco_lstm_resnet101.yaml and coco_transf
    through the real DataLoader (the configs' workers, decoding, resizing, augmentation) and
    train.py's `caption_loss`, with AdamW as train.py builds it;
 2. the same with the encoder frozen: train.py's cached-feature path (grids precomputed once);
-3. beam search throughput (images/s) for beam 3 and 5 at batch 1, 64 and 256 from cached grids,
+3. the SCST step (both baselines) on cached grids, its measured steps under
+   torch.cuda.set_sync_debug_mode("error"), so a host-device sync stops the benchmark;
+4. the decoder step eager, compiled (fullgraph) and compiled with CUDA graphs (reduce-overhead);
+5. beam search throughput (images/s) for beam 3 and 5 at batch 1, 64 and 256 from cached grids,
    <eos> unreachable so every run decodes the configs' decode.max_length steps;
-4. peak GPU memory (torch.cuda) and GPU utilisation over each measured window (pynvml, when
+6. peak GPU memory (torch.cuda) and GPU utilisation over each measured window (pynvml, when
    installed: `pip install nvidia-ml-py`);
-5. the reference (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning, read from its repository at
+7. the reference (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning, read from its repository at
    run time, see scripts/reference_sat.py): its training step with its encoder fine-tuned, its
    decoder step on cached grids, and its beam search one image at a time.
 
@@ -34,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -269,6 +273,88 @@ def reference_training(
     return measure(step, warmup, steps, device)
 
 
+def our_scst(
+    config: Config, records: list[ImageRecord], vocab: Vocabulary, device: torch.device, baseline: str, warmup: int, steps: int,
+    cache_dir: Path,
+) -> dict:
+    """The SCST step (scst.SelfCritical: sampling, the baseline, the CIDEr-D reward from the
+    reference table, backward, AdamW) on cached grids, as fit runs it from the feature store.
+    On CUDA, `steps` steps first run under torch.cuda.set_sync_debug_mode("error"): a step that
+    made the host wait for the GPU would stop the benchmark, so a row is also the proof that
+    there is none; then the same number is timed."""
+    from captioner.scst import SelfCritical
+
+    torch.manual_seed(0)
+    model = build_model(config, vocab, load_pretrained=False).to(device)
+    model.encoder.requires_grad_(False)
+    settings = replace(config.scst, baseline=baseline)
+    objective = SelfCritical(settings, vocab, [r.captions for r in records], cache_dir=cache_dir)
+    optimizer = torch.optim.AdamW(model.decoder.parameters(), lr=config.train.lr)
+    B, N = config.data.batch_size, model.encoder.grid_size**2 or 196
+    feats = torch.randn(len(records), N, model.encoder.out_dim).half()  # (n, N, D): the store's fp16 rows
+    batches = [
+        CaptionBatch(feats[i : i + B], torch.zeros(B, 2, dtype=torch.long), torch.full((B,), 2), torch.arange(B), torch.arange(i, i + B))
+        for i in range(0, len(records) - B + 1, B)
+    ]
+    if device.type == "cuda":  # as the DataLoader pins them: the copies never wait on pageable memory
+        batches = [b.pin_memory() for b in batches]
+    count = iter(range(10**9))
+
+    def step() -> tuple[int, int]:
+        batch = batches[next(count) % len(batches)].to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss, _ = objective(model, batch, config, encoded=True)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return B * settings.samples, B
+
+    for _ in range(warmup):  # the first step also copies the reward's table to the device
+        step()
+    if device.type == "cuda":  # then steps with no synchronisation allowed: any would raise
+        torch.cuda.synchronize(device)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    row = measure(step, 0, steps, device)
+    return {**row, "baseline": baseline, "samples": settings.samples, "sync_checked": device.type == "cuda"}
+
+
+def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, rows: int, repeats: int) -> list[dict]:
+    """ms per decoder step (beam search and SCST call nothing else per word) for `rows` beams:
+    eager, torch.compile(fullgraph=True), and on CUDA mode="reduce-overhead" (CUDA graphs)."""
+    torch.manual_seed(0)
+    model = build_model(config, vocab, load_pretrained=False).to(device).eval()
+    decoder, length = model.decoder, config.decode.max_length
+    feats = torch.randn(rows, model.encoder.grid_size**2 or 196, model.encoder.out_dim, device=device)  # (R, N, D)
+    modes = {"eager": decoder.step, "compiled": torch.compile(decoder.step, fullgraph=True)}
+    if device.type == "cuda":
+        modes["compiled, CUDA graphs"] = torch.compile(decoder.step, fullgraph=True, mode="reduce-overhead")
+    results = []
+    for name, step in modes.items():
+
+        @torch.no_grad()
+        def caption() -> None:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                memory = decoder.prepare(feats)
+                state = decoder.init_state(memory, capacity=length)
+                prev = torch.full((rows,), vocab.bos_id, device=device)
+                for _ in range(length):
+                    logprobs, _, state = step(memory, prev, state)
+                    prev = logprobs.argmax(dim=-1)  # (R,)
+
+        start = time.perf_counter()
+        caption()  # compiles
+        sync(device)
+        first = time.perf_counter() - start
+        seconds = median_seconds(caption, repeats, device)
+        results.append({"step": name, "rows": rows, "ms_per_step": 1000 * seconds / length, "first_caption_s": first})
+    return results
+
+
 def eos_unreachable(model: Captioner) -> None:
     """Every beam run decodes max_length steps: equal work whatever the random weights say."""
     out = model.decoder.out_vocab if hasattr(model.decoder, "out_vocab") else model.decoder.out
@@ -388,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         "tiny": args.tiny,
         "device_preprocess": args.device_preprocess,
         "training": [],
+        "scst": [],
+        "step": [],
         "beam": [],
     }
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as folder:
@@ -400,6 +488,11 @@ def main(argv: list[str] | None = None) -> int:
             for frozen in (False, True):
                 row = our_training(config, records, vocab, device, frozen, warmup, steps)
                 results["training"].append({"who": "ours", "config": name, "encoder": "frozen, cached grids" if frozen else "fine-tuned", **row})
+            for baseline in ("greedy", "mean"):
+                row = our_scst(config, records, vocab, device, baseline, warmup, steps, Path(folder))
+                results["scst"].append({"config": name, **row})
+            for row in our_compiled_step(config, vocab, device, 3 * batches[-1] // 4 or 3, 3):
+                results["step"].append({"config": name, **row})
             for row in our_beam(config, vocab, device, batches, beams, 3, 196):
                 results["beam"].append({"who": "ours", "config": name, **row})
         if ref is not None:
@@ -434,6 +527,16 @@ def print_table(results: dict) -> None:
         if r["who"] == "ours" and r["encoder"] in reference:
             ratio = r["captions_per_s"] / reference[r["encoder"]]["captions_per_s"]
             print(f"{r['config']} ({r['encoder']}): {ratio:.1f}x the reference's captions/s")
+    print("\n| SCST | baseline | samples | captions/s | images/s | peak GiB | GPU util % | syncs checked |\n|---|---|---:|---:|---:|---:|---:|---|")
+    for r in results["scst"]:
+        print(
+            f"| {r['config']} | {r['baseline']} | {r['samples']} | {r['captions_per_s']:.1f} | {r['images_per_s']:.1f} | "
+            f"{fmt(r['peak_memory_gib'], '.1f')} | {fmt(r['gpu_utilisation_percent'], '.0f')} | "
+            f"{'none (set_sync_debug_mode error)' if r['sync_checked'] else 'not on this device'} |"
+        )
+    print("\n| decoder step | config | rows | ms/step | first caption s (compile) |\n|---|---|---:|---:|---:|")
+    for r in results["step"]:
+        print(f"| {r['step']} | {r['config']} | {r['rows']} | {r['ms_per_step']:.2f} | {r['first_caption_s']:.1f} |")
     print("\n| who | config | beam | batch | steps | images/s |\n|---|---|---:|---:|---:|---:|")
     for r in results["beam"]:
         print(f"| {r['who']} | {r['config']} | {r['beam']} | {r['batch']} | {r['steps']} | {r['images_per_s']:.1f} |")

@@ -138,8 +138,9 @@ def test_bench_gpu_without_cuda_says_so_in_one_line() -> None:
 
 def test_bench_gpu_tiny_cpu_smoke_runs_every_path(tmp_path: Path) -> None:
     """The GPU benchmark's code, end to end on tiny inputs: our training (fine-tuned encoder from
-    JPEG files through the DataLoader, and cached grids), beam search, and the reference's rows
-    when its repository is available."""
+    JPEG files through the DataLoader, and cached grids), the SCST step with both baselines, the
+    eager and compiled decoder step, beam search, and the reference's rows when its repository
+    is available."""
     out = tmp_path / "bench.json"
     result = run_script("--device", "cpu", "--tiny", "--out", str(out), env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
@@ -151,5 +152,9 @@ def test_bench_gpu_tiny_cpu_smoke_runs_every_path(tmp_path: Path) -> None:
     }
     assert all(r["captions_per_s"] >= r["images_per_s"] > 0 for r in ours)  # five captions per image
     assert {(r["config"], r["batch"]) for r in report["beam"] if r["who"] == "ours"} >= {("coco_lstm_resnet101", 2)}
+    configs = {"coco_lstm_resnet101", "coco_transformer_resnet101"}
+    assert {(r["config"], r["baseline"]) for r in report["scst"]} == {(c, b) for c in configs for b in ("greedy", "mean")}
+    assert all(r["captions_per_s"] == pytest.approx(r["samples"] * r["images_per_s"]) and not r["sync_checked"] for r in report["scst"])
+    assert {(r["config"], r["step"]) for r in report["step"]} == {(c, s) for c in configs for s in ("eager", "compiled")}  # no CUDA graphs here
     if "reference not available" not in result.stdout:
         assert {r["encoder"] for r in report["training"] if r["who"] == "reference"} == {"fine-tuned", "frozen, cached grids"}
