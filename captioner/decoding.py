@@ -140,11 +140,13 @@ class SampledCaptions:
 
 def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
     """(V,) bool, true at the ids never produced: built once per decode, so that no step indexes
-    a device tensor with a host list."""
-    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # (V,)
-    if banned:
-        mask[torch.tensor(banned, dtype=torch.long, device=device)] = True
-    return mask
+    a device tensor with a host list, and copied without blocking (a tensor made from a list
+    on the device would wait for it)."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool)  # (V,), made on the host
+    mask[list(banned)] = True
+    if torch.device(device).type == "cuda":  # pinned, so the copy does not wait for the GPU
+        mask = mask.pin_memory()
+    return mask.to(device, non_blocking=True)  # (V,)
 
 
 def roll_out(

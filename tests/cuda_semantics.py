@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import traceback
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,9 +152,17 @@ class _HostStaysReal(TorchDispatchMode):
     """Inside `fake_cuda`: ops on host tensors alone run for real, as on a GPU machine, where
     the lengths, indices and counters a loop keeps on the CPU have values; any op that touches a
     device tensor, or makes one, goes on to the fake mode. Pinning is accepted as a no-op (it
-    needs a GPU driver and changes nothing a test can see)."""
+    needs a GPU driver and changes nothing a test can see).
+
+    A copy from the host to the device without non_blocking=True (`torch.tensor(list,
+    device=...)`, `.to(device)`) is recorded in `blocking_copies`: on CUDA it waits for the
+    stream (torch.cuda.set_sync_debug_mode flags it), so a step must not make one."""
 
     PIN_OPS = {"_pin_memory", "pin_memory", "is_pinned"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocking_copies: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -163,6 +172,11 @@ class _HostStaysReal(TorchDispatchMode):
             return False if name == "is_pinned" else tensors[0]
         device = kwargs.get("device")
         to_device = device is not None and torch.device(device).type == "cuda"
+        source = tensors[-1] if name == "copy_" else tensors[0] if tensors else None
+        into_device = to_device or (name == "copy_" and isinstance(tensors[0], FakeTensor))
+        if name in ("_to_copy", "copy_") and into_device and not isinstance(source, FakeTensor) and not kwargs.get("non_blocking"):
+            if not (name == "copy_" and len(args) > 2 and args[2]):  # copy_(dst, src, non_blocking) given by position
+                self.blocking_copies.append(f"{func} at {_caller()}")
         if to_device or any(isinstance(t, FakeTensor) for t in tensors):
             return func(*args, **kwargs)
         with unset_fake_temporarily():
@@ -175,10 +189,13 @@ def fake_cuda(dtype: torch.dtype = AUTOCAST_DTYPE, autocast: bool = True) -> Ite
     flags it would set are set directly). Make tensors with device="cuda" and move models with
     `to_fake_cuda`; the default device stays the CPU, so code that forgets `device=` makes a
     CPU tensor here as it would on a GPU machine, and mixing it in raises. Host tensors keep
-    their values (`_HostStaysReal`)."""
+    their values; the mode's `blocking_copies` lists the host-to-device copies that would wait
+    (`_HostStaysReal`)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     was_enabled, was_dtype = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
-    with mode, _HostStaysReal():
+    host = _HostStaysReal()
+    mode.blocking_copies = host.blocking_copies  # type: ignore[attr-defined]  # what the test asserts on
+    with mode, host:
         torch.set_autocast_enabled("cuda", autocast)
         torch.set_autocast_dtype("cuda", dtype)
         try:
@@ -187,6 +204,12 @@ def fake_cuda(dtype: torch.dtype = AUTOCAST_DTYPE, autocast: bool = True) -> Ite
             torch.set_autocast_enabled("cuda", was_enabled)
             torch.set_autocast_dtype("cuda", was_dtype)
             torch.clear_autocast_cache()
+
+
+def _caller() -> str:
+    """file:line of the innermost project frame (captioner/ or scripts/) on the stack."""
+    frame = next((f for f in reversed(traceback.extract_stack()) if "/captioner/" in f.filename), None)
+    return f"{frame.filename.rsplit('/', 2)[-1]}:{frame.lineno}" if frame else "?"
 
 
 def to_fake_cuda(module: M, mode: FakeTensorMode) -> M:

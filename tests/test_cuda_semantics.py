@@ -146,6 +146,7 @@ def test_teacher_forced_forward_on_fake_cuda(decoder: str) -> None:
     with fake_cuda() as mode:
         to_fake_cuda(model, mode)
         loss, parts = caption_loss(model, batch.to(torch.device("cuda")), config, encoded=False)
+        assert mode.blocking_copies == []
         out = model(batch.images.to("cuda"), batch.tokens[:, :-1].to("cuda"), lengths=batch.lengths - 1)
     assert loss.device.type == "cuda" and loss.dtype == torch.float32
     assert out.logits.dtype == AUTOCAST_DTYPE and out.attn.dtype == torch.float32
@@ -184,6 +185,7 @@ def test_scst_sampling_on_fake_cuda(decoder: str) -> None:
         feats = torch.randn(2, 16, model.encoder.out_dim, device="cuda")
         samples = sample_captions(model.decoder, feats, vocab.bos_id, vocab.eos_id, 3, 6, banned=(vocab.pad_id, vocab.bos_id))
         loss = -samples.caption_logprobs().mean()
+    assert mode.blocking_copies == []
     assert samples.tokens.device.type == "cuda" and samples.tokens.shape[0] == 6
     assert loss.dtype == torch.float32
 
@@ -280,6 +282,18 @@ def test_scst_objective_on_fake_cuda(decoder: str, baseline: str, tmp_path) -> N
     objective = SelfCritical(ScstConfig(samples=3, max_length=8, baseline=baseline), model.vocab, references, cache_dir=tmp_path)
     with fake_cuda() as mode:
         to_fake_cuda(model, mode)
+        objective(model, batch.to(torch.device("cuda")), config, encoded=False)  # copies the reward's table, once
+        mode.blocking_copies.clear()
         loss, logged = objective(model, batch.to(torch.device("cuda")), config, encoded=False)
     assert loss.device.type == "cuda" and loss.dtype == torch.float32
     assert all(v.device.type == "cuda" for v in logged.values())
+    assert mode.blocking_copies == []  # a step after the first copies nothing that waits
+
+
+def test_fake_cuda_records_copies_to_the_device_that_would_wait() -> None:
+    with fake_cuda() as mode:
+        torch.tensor([1, 2], device="cuda")  # from a Python list: a blocking copy
+        torch.zeros(3).to("cuda")
+        torch.zeros(3).to("cuda", non_blocking=True)  # does not wait
+        torch.zeros(3, device="cuda").copy_(torch.ones(3), non_blocking=True)
+    assert len(mode.blocking_copies) == 2, mode.blocking_copies

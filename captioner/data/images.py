@@ -246,13 +246,27 @@ def _device_normalisation() -> v2.Compose:
     return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
 
-def normalize_images(images: torch.Tensor) -> torch.Tensor:
+def pixel_statistics(device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ImageNet's mean and std as (3, 1, 1) float32 tensors on `device`."""
+    mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32).view(3, 1, 1)  # (3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, dtype=torch.float32).view(3, 1, 1)  # (3, 1, 1)
+    return mean.to(device), std.to(device)
+
+
+def normalize_images(images: torch.Tensor, mean: torch.Tensor | None = None, std: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 images (..., 3, H, W) as `ImageTransform` makes them -> normalised float32, on
-    their own device; the same ops in the same order as the float pipeline had on the CPU
-    (x * (1/255), then (x - mean) / std), so the numbers are bit-identical there."""
+    their own device; `_device_normalisation`'s ops in its order (x * (1/255), then
+    (x - mean) / std), so the numbers are bit-identical to the float pipeline's on the CPU.
+
+    `mean` and `std` (3, 1, 1), on the images' device: the encoder keeps them as buffers, so a
+    training step copies nothing from the host (v2.Normalize would make both from Python lists
+    at every call, two copies that wait for the GPU). Default: `pixel_statistics` made here."""
     if images.dtype != torch.uint8:
         raise TypeError(f"normalize_images: expected uint8 images, got {images.dtype}")
-    return _device_normalisation()(images)  # (..., 3, H, W) float32
+    if mean is None or std is None:
+        mean, std = pixel_statistics(images.device)
+    scaled = images.to(torch.float32).mul_(1.0 / 255)  # (..., 3, H, W): v2.ToDtype(scale=True)
+    return scaled.sub(mean).div_(std)  # (..., 3, H, W): v2.Normalize
 
 
 def denormalize(images: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from captioner.config import EncoderConfig
-from captioner.data.images import normalize_images
+from captioner.data.images import normalize_images, pixel_statistics
 from captioner.errors import ConfigError
 
 RESNETS = ("resnet50", "resnet101", "resnet152")
@@ -33,6 +33,11 @@ class Encoder(nn.Module):
         self.num_frozen = len(blocks) - trainable
         for block in self.blocks[: self.num_frozen]:
             block.requires_grad_(False)
+        # The normalisation's constants live with the weights, on their device; not persistent,
+        # so state dicts, checkpoints and feature-store fingerprints are as before.
+        mean, std = pixel_statistics()
+        self.register_buffer("pixel_mean", mean, persistent=False)  # (3, 1, 1)
+        self.register_buffer("pixel_std", std, persistent=False)  # (3, 1, 1)
         # Channels-last (NHWC) weights and activations: oneDNN on the CPU and cuDNN's tensor-core
         # kernels both run their convolutions in this layout, so nothing is transposed per layer.
         self.to(memory_format=torch.channels_last)
@@ -54,7 +59,7 @@ class Encoder(nn.Module):
         every caller preprocesses alike; float images are taken as already normalised (Grad-CAM
         and tests feed those)."""
         if images.dtype == torch.uint8:
-            images = normalize_images(images)  # (B, 3, H, W) float32
+            images = normalize_images(images, self.pixel_mean, self.pixel_std)  # (B, 3, H, W) float32
         x = images.contiguous(memory_format=torch.channels_last)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.num_frozen == 0):
             for block in self.blocks[: self.num_frozen]:
