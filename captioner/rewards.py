@@ -18,6 +18,7 @@ the "length" in the length penalty counts bigrams (a caption's words minus one).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections import Counter
@@ -138,6 +139,14 @@ class Bleu4:
         self.n = n
         self._references: dict[Hashable, tuple[list[int], dict[NGram, int]]] = {}
 
+    @classmethod
+    def of(cls, corpus: Sequence[Sequence[Sequence[Hashable]]]) -> Bleu4:
+        """Every image's references registered under its position in `corpus`."""
+        bleu = cls()
+        for key, refs in enumerate(corpus):
+            bleu.add_references(key, refs)
+        return bleu
+
     def add_references(self, key: Hashable, refs: Sequence[Sequence[Hashable]]) -> None:
         maxima: dict[NGram, int] = {}
         for ref in refs:
@@ -179,6 +188,13 @@ def reference_ids(vocab: Vocabulary, caption: str, oov: dict[str, int]) -> tuple
     return (*ids, vocab.eos_id)
 
 
+def reference_corpus(vocab: Vocabulary, references: Sequence[Sequence[str]]) -> list[list[tuple[int, ...]]]:
+    """Every image's reference captions as `reference_ids`, an out-of-vocabulary word keeping
+    one negative id across the whole corpus."""
+    oov: dict[str, int] = {}
+    return [[reference_ids(vocab, c, oov) for c in captions] for captions in references]
+
+
 class CaptionReward:
     """The SCST reward: cider_weight * CIDEr-D + bleu_weight * BLEU-4 of a sampled caption.
 
@@ -195,16 +211,13 @@ class CaptionReward:
         cider_weight: float = 1.0,
         bleu_weight: float = 0.0,
     ) -> None:
-        oov: dict[str, int] = {}
-        self.references = [[reference_ids(vocab, c, oov) for c in captions] for captions in references]
+        self.references = reference_corpus(vocab, references)
         self.eos_id = vocab.eos_id
         self.cider_weight, self.bleu_weight = cider_weight, bleu_weight
         self.cider = CiderD(self.references)
-        self.bleu = Bleu4()
         for key, refs in enumerate(self.references):
             self.cider.add_references(key, refs)
-            if bleu_weight:
-                self.bleu.add_references(key, refs)
+        self.bleu = Bleu4.of(self.references) if bleu_weight else Bleu4()
 
     def __call__(self, candidates: Sequence[Sequence[int]], keys: Sequence[int]) -> np.ndarray:
         """(C,) rewards; candidates are word ids followed by `<eos>` when the caption ended."""
@@ -236,20 +249,11 @@ class DeviceReward:
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.cider_weight, self.bleu_weight = cider_weight, bleu_weight
-        ids: list[list[tuple[int, ...]]] = []
-
-        def reference_tokens() -> list[list[tuple[int, ...]]]:
-            if not ids:
-                oov: dict[str, int] = {}
-                ids.extend([reference_ids(vocab, c, oov) for c in captions] for captions in references)
-            return ids
-
-        build = lambda: ReferenceTable.build(reference_tokens())  # noqa: E731
+        # Tokenised only when something needs it: a table already cached needs no references.
+        corpus = functools.cache(lambda: reference_corpus(vocab, references))
+        build = lambda: ReferenceTable.build(corpus())  # noqa: E731
         self.table = cached_table(cache_dir, fingerprint(vocab.words, references), build) if cache_dir else build()
-        self.bleu = Bleu4()
-        if bleu_weight:
-            for key, refs in enumerate(reference_tokens()):
-                self.bleu.add_references(key, refs)
+        self.bleu = Bleu4.of(corpus()) if bleu_weight else Bleu4()
         self._tables: dict[torch.device, ReferenceTable] = {}
 
     def on(self, device: torch.device) -> ReferenceTable:

@@ -48,15 +48,14 @@ def bench_reward(args: argparse.Namespace) -> None:
     from pycocoevalcap.cider.cider_scorer import CiderScorer
 
     from captioner.metrics import load_references
-    from captioner.rewards import Bleu4, CiderD, reference_ids
+    from captioner.rewards import Bleu4, CiderD, reference_corpus
     from captioner.vocab import Vocabulary, tokenize
 
     references = load_references(args.annotations)
     texts = [captions for captions in references.values() if len(captions) >= 2][: args.corpus or None]
     vocab = Vocabulary.build((c for captions in texts for c in captions), 5)
-    oov: dict[str, int] = {}
     start = clock()
-    ids = [[reference_ids(vocab, c, oov) for c in captions] for captions in texts]
+    ids = reference_corpus(vocab, texts)
     tokenize_s = clock() - start
     start = clock()
     cider = CiderD(ids)
