@@ -54,14 +54,6 @@ def pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, size - x.shape[-1]))
 
 
-def ban(logprobs: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:
-    if not banned:
-        return logprobs
-    logprobs = logprobs.clone()
-    logprobs[:, list(banned)] = float("-inf")
-    return logprobs
-
-
 def block_repeated_trigrams(logprobs: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
     """Forbid every word that would repeat a trigram already in its row's caption.
 
@@ -139,9 +131,9 @@ class SampledCaptions:
 
 
 def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """(V,) bool, true at the ids never produced: built once per decode, so that no step indexes
-    a device tensor with a host list, and copied without blocking (a tensor made from a list
-    on the device would wait for it)."""
+    """(V,) bool, true at the ids never produced (every decoding function's `banned`): built once
+    per decode, so that no step indexes a device tensor with a host list, and copied without
+    blocking (a tensor made from a list on the device would wait for it)."""
     mask = torch.zeros(vocab_size, dtype=torch.bool)  # (V,), made on the host
     mask[list(banned)] = True
     if torch.device(device).type == "cuda":  # pinned, so the copy does not wait for the GPU
@@ -172,12 +164,10 @@ def roll_out(
     done = torch.zeros(R, dtype=torch.bool, device=device)  # (R,)
     history = torch.zeros((R, max_length), dtype=torch.long, device=device)  # (R, T), filled step by step
     chosen_logprobs, masks = [], []
-    forbidden: torch.Tensor | None = None
+    forbidden = banned_mask(banned, decoder.vocab_size, device)  # (V,)
     for t in range(max_length):
         logprobs, _, state = decoder.step(memory, prev, state)  # (R, V)
         logprobs = logprobs.float()
-        if forbidden is None:
-            forbidden = banned_mask(banned, logprobs.shape[-1], device)  # (V,)
         allowed = logprobs.detach().masked_fill(forbidden, float("-inf"))  # (R, V)
         if block_trigrams:
             allowed = block_repeated_trigrams(allowed, history[:, :t])
@@ -274,11 +264,12 @@ def greedy_decode(
     history = torch.empty((batch, 0), dtype=torch.long, device=feats.device)  # (B, t)
     done = torch.zeros(batch, dtype=torch.bool, device=feats.device)  # (B,)
     lengths = torch.full((batch,), max_length, dtype=torch.long)
+    forbidden = banned_mask(banned, decoder.vocab_size, feats.device)  # (V,)
     for t in range(max_length):
         logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, self_attention)  # (B, V), (B, L, H, N)
         if self_w is not None:
             self_maps.append(self_w.float())  # (B, L, H, t+1)
-        logprobs = ban(logprobs.float(), banned)
+        logprobs = logprobs.float().masked_fill(forbidden, float("-inf"))  # (B, V)
         allowed = block_repeated_trigrams(logprobs, history) if block_trigrams else logprobs  # (B, V)
         prev = draw(allowed, temperature, top_k, top_p, generator) if temperature > 0 else allowed.argmax(dim=-1)  # (B,)
         logprob += torch.where(done, 0.0, logprobs.gather(1, prev[:, None]).squeeze(1))
@@ -383,10 +374,11 @@ def beam_search_n_best(
     finished: list[list[Hypothesis]] = [[] for _ in range(S)]
     done = [False] * S
     best_possible_penalty = length_penalty(max_length, alpha)
+    forbidden = banned_mask(banned, decoder.vocab_size, device)  # (V,)
 
     for t in range(max_length):
         logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, self_attention)  # (B*K, V), (B*K, L, H, N)
-        logprobs = ban(logprobs.float(), banned)
+        logprobs = logprobs.float().masked_fill(forbidden, float("-inf"))  # (B*K, V)
         if block_trigrams:
             logprobs = block_repeated_trigrams(logprobs, history)
         V = logprobs.shape[-1]

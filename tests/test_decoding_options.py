@@ -16,7 +16,7 @@ from captioner.checkpoint import save_checkpoint
 from captioner.cli import main
 
 from captioner.decoding import (
-    ban,
+    banned_mask,
     beam_search,
     beam_search_n_best,
     block_repeated_trigrams,
@@ -293,7 +293,7 @@ def test_top_k_never_leaves_the_k_best() -> None:
     decoder, feats = TableDecoder(table), torch.randn(4, 4, 3)
     out = sample_captions(decoder, feats, BOS, EOS, n=50, max_length=6, banned=BANNED, top_k=3,
                           generator=torch.Generator().manual_seed(0))
-    allowed = ban(decoder.table, BANNED)  # (6, V)
+    allowed = decoder.table.masked_fill(banned_mask(BANNED, decoder.vocab_size, "cpu"), float("-inf"))  # (6, V)
     for t in range(out.tokens.shape[1]):
         top3 = set(allowed[t].topk(3).indices.tolist())
         drawn = set(out.tokens[out.mask[:, t], t].tolist())
