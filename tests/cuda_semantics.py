@@ -29,6 +29,7 @@ together: the same forward under both gives the same dtypes op by op.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import traceback
 import warnings
@@ -53,6 +54,7 @@ POLICY_MACROS = {
 }
 
 
+@functools.cache  # the installed torch's lists: read once per process
 def cuda_policies(header: Path | None = None) -> dict[str, str]:
     """'aten::op.overload' -> CUDA's autocast policy, parsed from torch's autocast_mode.h."""
     header = header or Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
@@ -69,12 +71,13 @@ def cuda_policies(header: Path | None = None) -> dict[str, str]:
     return policies
 
 
-def autocast_ops(key: str) -> set[str]:
+@functools.cache
+def autocast_ops(key: str) -> frozenset[str]:
     """Every aten op with a kernel of its own under `key` (AutocastCPU, AutocastCUDA)."""
-    return {
+    return frozenset(
         name for name in torch._C._dispatch_get_all_op_names()
         if name.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
-    }
+    )
 
 
 def _op(name: str) -> torch._ops.OpOverload:
@@ -87,8 +90,9 @@ def _eligible(x: object) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64
 
 
-def _kernel(op: torch._ops.OpOverload, policy: str):
-    """An AutocastCPU kernel applying CUDA's `policy` (or none) and running the op below autocast."""
+def _kernel(op: torch._ops.OpOverload, policy: str, lower: torch.dtype):
+    """An AutocastCPU kernel applying CUDA's `policy` (or none; `lower` is the autocast dtype)
+    and running the op below autocast."""
     below = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
     dtype_index = next((i for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None)
 
@@ -98,7 +102,7 @@ def _kernel(op: torch._ops.OpOverload, policy: str):
 
     def kernel(*args, **kwargs):
         if policy == "lower":
-            args, kwargs = cast(args, kwargs, AUTOCAST_DTYPE)
+            args, kwargs = cast(args, kwargs, lower)
         elif policy == "fp32":
             args, kwargs = cast(args, kwargs, torch.float32)
         elif policy == "fp32_set_opt_dtype":
@@ -127,11 +131,9 @@ def cuda_autocast(dtype: torch.dtype = AUTOCAST_DTYPE) -> Iterator[dict[str, str
     step. The kernels are removed on exit, so the rest of the process keeps CPU autocast as
     torch ships it.
     """
-    global AUTOCAST_DTYPE
     cuda = cuda_policies()
     table = {name: cuda.get(name, "none") for name in autocast_ops("AutocastCPU") | set(cuda)}
     library = torch.library.Library("aten", "IMPL")
-    previous, AUTOCAST_DTYPE = AUTOCAST_DTYPE, dtype
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "overriding a previously registered kernel": the point
@@ -140,12 +142,11 @@ def cuda_autocast(dtype: torch.dtype = AUTOCAST_DTYPE) -> Iterator[dict[str, str
                     op = _op(name)
                 except AttributeError:  # listed in the header, not built into this torch
                     continue
-                library.impl(name[len("aten::"):], _kernel(op, policy), "AutocastCPU")
+                library.impl(name[len("aten::"):], _kernel(op, policy, dtype), "AutocastCPU")
         with torch.autocast("cpu", dtype=dtype):
             yield table
     finally:
         library._destroy()
-        AUTOCAST_DTYPE = previous
 
 
 class _HostStaysReal(TorchDispatchMode):
