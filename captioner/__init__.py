@@ -6,8 +6,9 @@
     caption.text, caption.words, caption.heatmaps()   # (T, h, w) attention per word
 """
 
-from captioner.checkpoint import load_captioner
-from captioner.models import Caption, Captioner
+from captioner.models.caption import Caption
+from captioner.models.captioner import Captioner
+from captioner.models.checkpoint import load_captioner
 
 __all__ = ["Caption", "Captioner", "load_captioner"]
 __version__ = "0.1.0"

@@ -2,6 +2,6 @@
 
 import sys
 
-from captioner.cli import main
+from captioner.apps.cli import main
 
 sys.exit(main())

@@ -6,7 +6,7 @@ first when it is missing. Run it from the project folder.
 
 import sys
 
-from captioner.cli import main
+from captioner.apps.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["demo", *sys.argv[1:]]))

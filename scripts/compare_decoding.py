@@ -11,12 +11,16 @@ import time
 
 import torch
 
-from captioner.caption_stats import caption_stats
-from captioner.checkpoint import load_captioner
-from captioner.data import load_split
-from captioner.evaluate import beside_official, caption_records, references_for
-from captioner.metrics import official_scores
-from captioner.train import encode_records
+from captioner.data.datasets import load_split
+from captioner.evaluation.caption_stats import caption_stats
+from captioner.evaluation.evaluate import (
+    beside_official,
+    caption_records,
+    references_for,
+)
+from captioner.evaluation.metrics import official_scores
+from captioner.models.checkpoint import load_captioner
+from captioner.training.fit import encode_records
 
 VARIANTS = {  # name -> Captioner.decode options
     "greedy": {"beam_size": 1},

@@ -5,7 +5,7 @@
 Each argument is a run folder holding scores_<split>.json (or the JSON itself), from `captioner
 evaluate CHECKPOINT --split test --out RUN`. Prints the corpus scores, the relative gain with
 its 95% interval, and the share of draws in which B beats A (and reaches the goal).
-See captioner/significance.py for what is resampled.
+See captioner/evaluation/significance.py for what is resampled.
 """
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.errors import CaptionerError
-from captioner.significance import MEAN_METRICS, paired_bootstrap, per_image_scores
+from captioner.core.errors import CaptionerError
+from captioner.evaluation.significance import (
+    MEAN_METRICS,
+    paired_bootstrap,
+    per_image_scores,
+)
 
 
 def scores_path(run: str, split: str) -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from captioner.train import epochs_trained, read_history
+from captioner.training.fit import epochs_trained, read_history
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 
 CONFIG=${CONFIG:-configs/shapes_lstm.yaml}
-RUN=$(python -c "from captioner.config import load_config; print(load_config('$CONFIG').train.out_dir)")
+RUN=$(python -c "from captioner.core.config import load_config; print(load_config('$CONFIG').train.out_dir)")
 
 captioner data shapes --out data/shapes
 captioner train "$CONFIG" "$@"

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import require
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -87,7 +86,7 @@ SHAPES_TINY = [
 @pytest.fixture(scope="session")
 def shapes_lstm(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     """Seconds on one core: generate 300 + 24 + 12 shapes images and train 8 epochs."""
-    from captioner.cli import main
+    from captioner.apps.cli import main
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("shapes_lstm")

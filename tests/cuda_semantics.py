@@ -38,7 +38,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import (
+    FakeTensor,
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -208,7 +212,7 @@ def fake_cuda(dtype: torch.dtype = AUTOCAST_DTYPE, autocast: bool = True) -> Ite
 
 
 def _caller() -> str:
-    """file:line of the innermost project frame (captioner/ or scripts/) on the stack."""
+    """file:line of the innermost project frame (captioner/) on the stack."""
     frame = next((f for f in reversed(traceback.extract_stack()) if "/captioner/" in f.filename), None)
     return f"{frame.filename.rsplit('/', 2)[-1]}:{frame.lineno}" if frame else "?"
 

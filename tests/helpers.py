@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from captioner.config import Config, load_config
-from captioner.models import Captioner, build_model
-from captioner.vocab import Vocabulary
+from captioner.core.config import Config, load_config
+from captioner.models.build import build_model
+from captioner.models.captioner import Captioner
+from captioner.text.vocab import Vocabulary
 
 WORDS = "a small large red blue green circle square star left right of above below".split()
 
@@ -88,7 +89,7 @@ def assert_beam_ranks_by_length_penalty(decoder, feats, bos: int, eos: int) -> N
     for each of `feats` (B, N, D), the caption `best_by_enumeration` finds, with its score, for
     alpha 0, 0.7 and 2; and the winner changes with alpha (longer for 2), so a search that
     ignored alpha would fail."""
-    from captioner.decoding import beam_search
+    from captioner.models.decoding import beam_search
 
     winners = {}
     for alpha in (0.0, 0.7, 2.0):

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from captioner.cli import main
+from captioner.apps.cli import main
+from captioner.core.errors import DatasetError
 from captioner.data.coco import load_coco_captions, load_karpathy
 from captioner.data.flickr8k import load_flickr8k, read_token_file
-from captioner.errors import DatasetError
-from captioner.grounding import Instances
-from captioner.metrics import load_references, load_results
+from captioner.evaluation.grounding import Instances
+from captioner.evaluation.metrics import load_references, load_results
 
 IMAGES = [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}]
 CAPTIONS = [{"id": 10, "image_id": 1, "caption": "a cat"}, {"id": 11, "image_id": 2, "caption": "a dog"}]

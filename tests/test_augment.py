@@ -9,13 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_vocab
 from PIL import Image
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from captioner.data.batching import CaptionDataset
-from captioner.data.images import CROP_MIN_SCALE, ImageTransform, RandomWindowCrop, crop_window, load_image
+from captioner.data.images import (
+    CROP_MIN_SCALE,
+    ImageTransform,
+    RandomWindowCrop,
+    crop_window,
+    load_image,
+)
 from captioner.data.records import ImageRecord
-from helpers import tiny_vocab
 
 SHAPES = {"4:3": (500, 375), "3:4": (375, 500), "16:9": (640, 360)}  # (width, height)
 SIZE = 64

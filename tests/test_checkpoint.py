@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from captioner.checkpoint import load_captioner, save_checkpoint
-from captioner.errors import CheckpointError
 from helpers import tiny_model
+
+from captioner.core.errors import CheckpointError
+from captioner.models.checkpoint import load_captioner, save_checkpoint
 
 
 def test_round_trip_gives_identical_outputs(tmp_path: Path) -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_model
 from PIL import Image
 
-from captioner.checkpoint import save_checkpoint
-from captioner.cli import main
-from captioner.models import Captioner
-from helpers import tiny_model
+from captioner.apps.cli import main
+from captioner.models.captioner import Captioner
+from captioner.models.checkpoint import save_checkpoint
 
 
 @pytest.fixture

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from captioner.checkpoint import load_captioner
-from captioner.config import DataConfig
-from captioner.data import load_split
-from captioner.data.coco import load_karpathy
-from captioner.errors import DatasetError
 from coco_tree import CocoTree, build_coco_tree
+
+from captioner.core.config import DataConfig
+from captioner.core.errors import DatasetError
+from captioner.data.coco import load_karpathy
+from captioner.data.datasets import load_split
+from captioner.models.checkpoint import load_captioner
 
 ROOT = Path(__file__).resolve().parents[1]
 LSTM, TRANSFORMER = ROOT / "configs/coco_lstm_resnet101.yaml", ROOT / "configs/coco_transformer_resnet101.yaml"
@@ -242,7 +242,7 @@ def test_evaluate_caption_and_demo_load_the_checkpoint(rehearsal: Rehearsal, ima
     from helpers import require_module
 
     require_module("gradio", "the demo extra is not installed")
-    from captioner.demo import build_demo, caption_page, close, dataset_examples
+    from captioner.apps.demo import build_demo, caption_page, close, dataset_examples
 
     model = load_captioner(image_trained)
     assert dataset_examples(model.config) == rehearsal.tree.test_images[:4]  # the demo's examples: COCO test images
@@ -296,14 +296,15 @@ def test_the_store_route_under_torchrun_with_two_ranks(rehearsal: Rehearsal, sto
 def test_init_lets_a_stage_change_only_how_the_encoder_trains(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """fine_tune_blocks is the stage's own choice (logged); anything that shapes the model still
     has to match the checkpoint."""
-    from captioner.checkpoint import save_checkpoint
-    from captioner.errors import CheckpointError
-    from captioner.train import read_init_checkpoint
     from helpers import tiny_config, tiny_model
+
+    from captioner.core.errors import CheckpointError
+    from captioner.models.checkpoint import save_checkpoint
+    from captioner.training.fit import read_init_checkpoint
 
     path = tmp_path / "xe.pt"
     save_checkpoint(path, tiny_model("model.encoder.fine_tune_blocks=0"))
-    with caplog.at_level(logging.INFO, logger="captioner.train"):
+    with caplog.at_level(logging.INFO, logger="captioner.training.fit"):
         read_init_checkpoint(tiny_config(f"train.init={path}", "model.encoder.fine_tune_blocks=2"))
     assert [r.getMessage() for r in caplog.records] == [
         f"{path}: model.encoder.fine_tune_blocks is 0 in the checkpoint, 2 here: this stage trains as its config says"

@@ -5,7 +5,7 @@ branch on a tensor's value, an unsupported op), and a compile counter shows that
 compile one graph: the state's shapes never change, so nothing recompiles and the graph could
 be replayed as a CUDA graph. The checks use the "aot_eager" backend (dynamo's capture and
 AOTAutograd's functionalisation, the same graph inductor receives) to keep the test in
-seconds on a small CPU; scripts/bench_compile_step.py runs inductor.
+seconds on a small CPU; benchmarks/bench_compile_step.py runs inductor.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 
-from captioner.decoding import beam_search, greedy_decode
 from captioner.models.decoder import Decoder
+from captioner.models.decoding import beam_search, greedy_decode
 from captioner.models.lstm_decoder import LSTMDecoder
 from captioner.models.transformer_decoder import TransformerDecoder
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from captioner.config import Config, config_from_dict, leaf_fields, load_config
-from captioner.errors import CheckpointError, ConfigError
+from captioner.core.config import Config, config_from_dict, leaf_fields, load_config
+from captioner.core.errors import CheckpointError, ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 KEYS = leaf_fields()  # every key, walked from the dataclasses: a key added anywhere is tried here
@@ -154,8 +154,9 @@ def test_every_key_refuses_bad_values(dotted: str, label: str, value: Any, tmp_p
 
 def test_checkpoint_configs_are_checked_like_files(tmp_path: Path) -> None:
     """A checkpoint whose stored config holds a value no config may hold stops at load."""
-    from captioner.checkpoint import load_captioner, save_checkpoint
     from helpers import tiny_model
+
+    from captioner.models.checkpoint import load_captioner, save_checkpoint
 
     model = tiny_model()
     model.config.train.label_smoothing = 1.5  # set in code, past the loader's checks
@@ -174,7 +175,7 @@ def test_a_key_without_a_spec_stops_every_load(monkeypatch: pytest.MonkeyPatch) 
     """What a branch that adds `new_key: int = 3` (no spec) meets: a clear programming error."""
     import dataclasses
 
-    from captioner import config as config_module
+    from captioner.core import config as config_module
 
     @dataclasses.dataclass
     class Decode(config_module.DecodeConfig):

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_semantics import (
+    AUTOCAST_DTYPE,
+    autocast_ops,
+    cuda_autocast,
+    cuda_policies,
+    fake_cuda,
+    op_dtypes,
+    to_fake_cuda,
+)
+from helpers import TINY_MODEL, WORDS, tiny_model
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
-from captioner.config import load_config
+from captioner.core.config import load_config
 from captioner.data.batching import collate_captions
-from captioner.train import caption_loss
-from cuda_semantics import AUTOCAST_DTYPE, autocast_ops, cuda_autocast, cuda_policies, fake_cuda, op_dtypes, to_fake_cuda
-from helpers import TINY_MODEL, WORDS, tiny_model, tiny_vocab
+from captioner.training.fit import caption_loss
 
 DECODERS = ["lstm", "transformer"]
 
@@ -156,7 +164,7 @@ def test_teacher_forced_forward_on_fake_cuda(decoder: str) -> None:
 def test_decoder_steps_on_fake_cuda(decoder: str) -> None:
     """prepare, init_state, step and the beam reordering, as beam search and SCST drive them,
     on CUDA tensors: no host/device mixing, no device read."""
-    from captioner.decoding import select_rows
+    from captioner.models.decoding import select_rows
 
     model = tiny_model(f"model.decoder.type={decoder}")
     with fake_cuda() as mode:
@@ -176,7 +184,7 @@ def test_decoder_steps_on_fake_cuda(decoder: str) -> None:
 def test_scst_sampling_on_fake_cuda(decoder: str) -> None:
     """Sampling the SCST captions reads nothing back from the device: it runs to the end on
     CUDA tensors without values (the old loop's `bool(done.all())` raised here)."""
-    from captioner.decoding import sample_captions
+    from captioner.models.decoding import sample_captions
 
     model = tiny_model(f"model.decoder.type={decoder}").train()
     vocab = model.vocab
@@ -196,8 +204,8 @@ def test_scst_step_under_cuda_autocast(decoder: str, baseline: str) -> None:
     """The self-critical step as train_one_epoch runs it on a GPU: sampling, the greedy
     baseline's decoding and the reward inside bf16 autocast, then backward: a finite loss and
     float32 gradients."""
-    from captioner.config import ScstConfig
-    from captioner.scst import SelfCritical
+    from captioner.core.config import ScstConfig
+    from captioner.training.scst import SelfCritical
 
     model = tiny_model(f"model.decoder.type={decoder}").train()
     config = load_config(None, [*TINY_MODEL, f"model.decoder.type={decoder}", "train.stage=scst", f"scst.baseline={baseline}"])
@@ -241,8 +249,8 @@ def test_grounding_and_grad_cam_under_cuda_autocast(tmp_path) -> None:
     decoded under the GPU's autocast policy: maps of the grid's shape, finite, the grounding
     mass a fraction."""
     from captioner.data.shapes import generate_shapes
-    from captioner.grounding import Instances, grounding_score
-    from captioner.interpret import caption_grad_cam
+    from captioner.evaluation.grounding import Instances, grounding_score
+    from captioner.evaluation.interpret import caption_grad_cam
 
     generate_shapes(tmp_path, num_train=0, num_val=0, num_test=2, image_size=32, seed=1, progress=False)
     instances = Instances(tmp_path / "instances_test.json")
@@ -272,8 +280,8 @@ def test_scst_objective_on_fake_cuda(decoder: str, baseline: str, tmp_path) -> N
     """The whole SCST forward (encoding, sampling, the greedy baseline, the CIDEr-D reward from
     the reference table, the loss and the logged values) on CUDA tensors without values: any
     device read raises here, and nothing is mixed in from the host."""
-    from captioner.config import ScstConfig
-    from captioner.scst import SelfCritical
+    from captioner.core.config import ScstConfig
+    from captioner.training.scst import SelfCritical
 
     model = tiny_model(f"model.decoder.type={decoder}").train()
     config = load_config(None, [*TINY_MODEL, f"model.decoder.type={decoder}", "train.stage=scst", f"scst.baseline={baseline}"])

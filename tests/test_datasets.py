@@ -11,15 +11,15 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from captioner.cli import main
-from captioner.config import load_config
-from captioner.data import load_split
+from captioner.apps.cli import main
+from captioner.core.config import load_config
+from captioner.core.errors import DatasetError
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.coco import load_coco_captions, load_karpathy
+from captioner.data.datasets import load_split
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.images import ImageTransform
-from captioner.errors import DatasetError
-from captioner.vocab import Vocabulary
+from captioner.text.vocab import Vocabulary
 
 
 def write_images(folder: Path, names: list[str]) -> None:

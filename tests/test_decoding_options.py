@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_model
 from PIL import Image
 
-from captioner.caption_stats import caption_stats, ends_badly, repeats_bigram
-from captioner.checkpoint import save_checkpoint
-from captioner.cli import main
-
-from captioner.decoding import (
+from captioner.apps.cli import main
+from captioner.core.errors import ConfigError
+from captioner.evaluation.caption_stats import caption_stats, ends_badly, repeats_bigram
+from captioner.evaluation.tutorial_bleu import nltk_corpus_bleu, tokenized
+from captioner.models.checkpoint import save_checkpoint
+from captioner.models.decoder import Decoder
+from captioner.models.decoding import (
     banned_mask,
     beam_search,
     beam_search_n_best,
@@ -24,10 +27,6 @@ from captioner.decoding import (
     restrict_to_top,
     sample_captions,
 )
-from captioner.errors import ConfigError
-from captioner.models.decoder import Decoder
-from captioner.tutorial_bleu import nltk_corpus_bleu, tokenized
-from helpers import tiny_model
 
 BOS, EOS = 1, 2
 BANNED = (0, 1, 3)  # <pad>, <bos>, <unk>

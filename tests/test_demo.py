@@ -2,7 +2,7 @@
 
 The session's tiny LSTM (conftest.py `shapes_lstm`, trained once for the end-to-end tests too)
 gives real captions with real attention; a tiny random transformer stands in for a multi-layer,
-multi-head model. Every server is stopped with `captioner.demo.close`, which waits for the
+multi-head model. Every server is stopped with `captioner.apps.demo.close`, which waits for the
 captions it is still computing: a worker thread left inside torch aborts the interpreter at exit.
 """
 
@@ -21,16 +21,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from helpers import count_panels, never_stopping, require_module, tiny_model  # noqa: E402
+from PIL import Image
 
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
-from captioner.checkpoint import load_captioner, save_checkpoint  # noqa: E402
-from captioner.config import load_config  # noqa: E402
-from captioner.data.images import load_image  # noqa: E402
-from captioner.demo import (  # noqa: E402
+from conftest import TrainedRun  # noqa: E402
+
+from captioner.apps.demo import (  # noqa: E402
     MEAN,
     Callbacks,
     Result,
@@ -43,9 +41,11 @@ from captioner.demo import (  # noqa: E402
     launch,
     render_page,
 )
-from captioner.errors import CaptionerError, CheckpointError  # noqa: E402
-from captioner.models import Caption  # noqa: E402
-from conftest import TrainedRun  # noqa: E402
+from captioner.core.config import load_config  # noqa: E402
+from captioner.core.errors import CaptionerError, CheckpointError  # noqa: E402
+from captioner.data.images import load_image  # noqa: E402
+from captioner.models.caption import Caption  # noqa: E402
+from captioner.models.checkpoint import load_captioner, save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -174,7 +174,7 @@ def test_default_checkpoint_uses_the_quickstart_model_or_trains_it(tmp_path: Pat
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs/shapes_lstm.yaml").write_text((REPO / "configs/shapes_lstm.yaml").read_text())
     trainings = []
-    monkeypatch.setattr("captioner.train.fit", lambda config: trainings.append(config.train.out_dir) or Path("trained.pt"))
+    monkeypatch.setattr("captioner.training.fit.fit", lambda config: trainings.append(config.train.out_dir) or Path("trained.pt"))
     assert default_checkpoint() == Path("trained.pt") and trainings == ["runs/shapes_lstm"]
     (tmp_path / "runs/shapes_lstm").mkdir(parents=True)
     (tmp_path / "runs/shapes_lstm/best.pt").write_bytes(b"weights")
@@ -196,8 +196,8 @@ def test_a_bug_in_a_callback_gets_a_sentence_and_the_log_gets_the_traceback(
     def broken(*args, **kwargs):
         raise RuntimeError("an internal bug")
 
-    monkeypatch.setattr("captioner.demo.caption_page", broken)
-    with caplog.at_level("ERROR", logger="captioner.demo"):
+    monkeypatch.setattr("captioner.apps.demo.caption_page", broken)
+    with caplog.at_level("ERROR", logger="captioner.apps.demo"):
         text, score, gallery, note, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, MAX_LENGTH, "1", MEAN)
     assert (text, gallery, result) == ("", [], None)
     assert "Something went wrong on the server" in note and "an internal bug" not in note and "Traceback" not in note
@@ -207,14 +207,14 @@ def test_a_bug_in_a_callback_gets_a_sentence_and_the_log_gets_the_traceback(
 def test_figure_failure_keeps_the_caption_and_the_download_disabled(
     model, trained: Trained, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from captioner.demo import enable_download
+    from captioner.apps.demo import enable_download
 
     callbacks = Callbacks({str(trained.checkpoint): model})
     text, _, _, _, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, MAX_LENGTH, "1", MEAN)
     assert text and result is not None
     assert Path(callbacks.figure(result, "1", MEAN)).is_file()
-    monkeypatch.setattr("captioner.demo.write_figure", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
-    with caplog.at_level("ERROR", logger="captioner.demo"):
+    monkeypatch.setattr("captioner.apps.demo.write_figure", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with caplog.at_level("ERROR", logger="captioner.apps.demo"):
         assert callbacks.figure(result, "1", MEAN) is None
     assert "drawing the figure failed" in caplog.text
     assert enable_download(None).interactive is False
@@ -266,7 +266,7 @@ import sys, time
 from pathlib import Path
 import torch
 import torch.nn.functional as F
-import captioner.demo as demo_module
+import captioner.apps.demo as demo_module
 from gradio_client import Client, handle_file
 
 checkpoint, image, started = sys.argv[1], sys.argv[2], Path(sys.argv[3])

@@ -14,10 +14,18 @@ from PIL import Image
 
 pytest.importorskip("gradio", reason="the demo extra is not installed (pip install -e .[demo])")
 
-from captioner.checkpoint import load_captioner, read_checkpoint, save_checkpoint  # noqa: E402
-from captioner.data.shapes import generate_shapes  # noqa: E402
-from captioner.demo import build_demo, caption_page, close, inside_views, launch, model_card  # noqa: E402
 from helpers import never_stopping, tiny_model  # noqa: E402
+
+from captioner.apps.demo import (  # noqa: E402
+    build_demo,
+    caption_page,
+    close,
+    inside_views,
+    launch,
+    model_card,
+)
+from captioner.data.shapes import generate_shapes  # noqa: E402
+from captioner.models.checkpoint import load_captioner, read_checkpoint, save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")

@@ -18,17 +18,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from helpers import never_stopping, require_module, tiny_model  # noqa: E402
+from PIL import Image
 
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
-from captioner.checkpoint import load_captioner, save_checkpoint  # noqa: E402
+from captioner.apps.demo import (  # noqa: E402
+    MAX_BEAM,
+    MAX_LENGTH,
+    MEAN,
+    Callbacks,
+    build_demo,
+    check_request,
+    close,
+    launch,
+    load_models,
+)
+from captioner.core.errors import RequestError  # noqa: E402
 from captioner.data.images import load_image  # noqa: E402
-from captioner.demo import MAX_BEAM, MAX_LENGTH, MEAN, Callbacks, build_demo, check_request, close, launch, load_models  # noqa: E402
-from captioner.errors import RequestError  # noqa: E402
-from captioner.models import Captioner  # noqa: E402
+from captioner.models.captioner import Captioner  # noqa: E402
+from captioner.models.checkpoint import load_captioner, save_checkpoint  # noqa: E402
 
 HUGE_BEAM, HUGE_LENGTH = 10_000, 100_000
 AT_ONCE_S = 5.0  # a refusal decodes nothing; decoding beam 10,000 to length 100,000 would take hours

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from captioner import distributed
-from captioner.checkpoint import load_captioner
-from captioner.cli import main
-from captioner.config import load_config
+from captioner.apps.cli import main
+from captioner.core.config import load_config
+from captioner.core.errors import ConfigError
 from captioner.data.shapes import generate_shapes
-from captioner.errors import ConfigError
+from captioner.models.checkpoint import load_captioner
+from captioner.training import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 

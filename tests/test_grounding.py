@@ -9,8 +9,13 @@ import pytest
 import torch
 
 from captioner.data.shapes import generate_shapes
-from captioner.grounding import Instances, coco_regions, grounding_score, shapes_regions
-from captioner.models import Caption
+from captioner.evaluation.grounding import (
+    Instances,
+    coco_regions,
+    grounding_score,
+    shapes_regions,
+)
+from captioner.models.caption import Caption
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +88,7 @@ def test_attention_elsewhere_scores_below_the_baseline(shapes: Instances) -> Non
 
 
 def test_bad_instances_file(tmp_path: Path) -> None:
-    from captioner.errors import DatasetError
+    from captioner.core.errors import DatasetError
 
     with pytest.raises(DatasetError, match="instances file not found"):
         Instances(tmp_path / "none.json")

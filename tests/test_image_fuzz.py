@@ -19,12 +19,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_model
 from PIL import EpsImagePlugin, Image
 
-from captioner.data.images import MAX_PIXELS, SUPPORTED_FORMATS, ImageTransform, load_image
-from captioner.errors import ImageLoadError
-from captioner.models import Captioner
-from helpers import tiny_model
+from captioner.core.errors import ImageLoadError
+from captioner.data.images import (
+    MAX_PIXELS,
+    SUPPORTED_FORMATS,
+    ImageTransform,
+    load_image,
+)
+from captioner.models.captioner import Captioner
 
 SEED = 12
 TRIED: dict[str, int] = {}

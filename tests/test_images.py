@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
+from captioner.core.errors import ImageLoadError
 from captioner.data.images import ImageTransform, load_image, normalize_images
-from captioner.errors import ImageLoadError
 
 
 def save(image: Image.Image, path: Path, **options) -> Path:

@@ -9,25 +9,37 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY_MODEL, tiny_model, tiny_vocab
 from PIL import Image
 from torchvision.io import decode_jpeg
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from captioner import runtime, train
-from captioner.config import load_config
+from captioner.core import runtime
+from captioner.core.config import load_config
+from captioner.core.errors import ConfigError, FeatureStoreError, ImageLoadError
 from captioner.data import batching, device_decode
 from captioner.data.batching import CaptionDataset, collate_captions, image_loader
 from captioner.data.device_decode import (
-    EXIF_ORIENTATION, EncodedJpeg, decode_jpegs, device_preprocess, read_for_device, transform_on_device,
+    EXIF_ORIENTATION,
+    EncodedJpeg,
+    decode_jpegs,
+    device_preprocess,
+    read_for_device,
+    transform_on_device,
 )
-from captioner.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform, load_image, normalize_images
+from captioner.data.images import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageTransform,
+    load_image,
+    normalize_images,
+)
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import generate_shapes
-from captioner.errors import ConfigError, FeatureStoreError, ImageLoadError
-from captioner.features import check_manifest, identity
-from captioner.train import fit
-from helpers import TINY_MODEL, tiny_model, tiny_vocab
+from captioner.data.store import check_manifest, identity
+from captioner.training import fit as train
+from captioner.training.fit import fit
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captioner.interpret import caption_grad_cam, dilate, grad_cam, pointing_hits
+from captioner.evaluation.interpret import (
+    caption_grad_cam,
+    dilate,
+    grad_cam,
+    pointing_hits,
+)
 from tests.helpers import tiny_model
 
 torch.set_num_threads(1)
@@ -86,7 +91,7 @@ def test_pointing_game_inside_near_and_outside_the_mask():
 
 def test_pointing_game_on_an_upsampled_grid_map():
     """A grid map whose peak cell covers the object hits; one whose peak is far off misses."""
-    from captioner.interpret import point_of
+    from captioner.evaluation.interpret import point_of
 
     grid = torch.full((8, 8), 0.01)
     grid[2, 3] = 1.0  # cell rows 32..47, columns 48..63
@@ -94,7 +99,7 @@ def test_pointing_game_on_an_upsampled_grid_map():
     assert 32 <= y < 48 and 48 <= x < 64
     mask = torch.zeros(128, 128, dtype=torch.bool)
     mask[36:44, 52:60] = True
-    from captioner.visualize import upsample
+    from captioner.models.caption import upsample
 
     image_map = upsample(grid[None], (128, 128))  # (1, 128, 128)
     assert pointing_hits(image_map, dilate(mask)).item() == 1.0
@@ -140,9 +145,9 @@ def test_per_head_scores_name_the_head_that_looks_at_the_object(tmp_path):
     head 0 points and grounds, head 1 does not, and head 0 is named best. Grad-CAM maps given
     as saliency are scored alongside."""
     from captioner.data.shapes import generate_shapes
-    from captioner.grounding import Instances
-    from captioner.interpret import interpret_scores
-    from captioner.models import Caption
+    from captioner.evaluation.grounding import Instances
+    from captioner.evaluation.interpret import interpret_scores
+    from captioner.models.caption import Caption
 
     generate_shapes(tmp_path, 0, 0, 1, image_size=128, progress=False)
     instances = Instances(tmp_path / "instances_test.json")
@@ -175,9 +180,9 @@ def test_cli_evaluate_grounding_per_head_and_caption_figures(tmp_path, capsys):
     figure; an LSTM checkpoint asked for a head view gets a one-line error."""
     import json
 
-    from captioner.checkpoint import save_checkpoint
-    from captioner.cli import main
+    from captioner.apps.cli import main
     from captioner.data.shapes import generate_shapes
+    from captioner.models.checkpoint import save_checkpoint
 
     generate_shapes(tmp_path / "shapes", 0, 0, 3, image_size=32, progress=False)
     model = tiny_model("model.decoder.type=transformer", f"data.root={tmp_path / 'shapes'}", "decode.max_length=6")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from captioner.decoding import beam_search, greedy_decode
-from captioner.models.lstm_decoder import LSTMDecoder
 from helpers import assert_beam_ranks_by_length_penalty, tiny_model
+
+from captioner.models.decoding import beam_search, greedy_decode
+from captioner.models.lstm_decoder import LSTMDecoder
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Tests for captioner.metrics: the official COCO demo reproduced, input errors, fast scores, SPICE."""
+"""Tests for captioner.evaluation.metrics: the official COCO demo reproduced, input errors, fast scores, SPICE."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import socket
 from pathlib import Path
 
 import pytest
+from helpers import require
 
-from captioner import metrics
-from captioner.errors import CaptionerError, DatasetError
-from captioner.metrics import (
+from captioner.core.errors import CaptionerError, DatasetError
+from captioner.evaluation import metrics
+from captioner.evaluation.metrics import (
     evaluate_results_file,
     fast_scores,
     load_references,
@@ -20,7 +21,6 @@ from captioner.metrics import (
     official_scores,
     write_scores_json,
 )
-from helpers import require
 
 needs_java = pytest.mark.usefixtures("java")  # skips locally without Java, fails under CI=true (conftest.py)
 
@@ -230,7 +230,7 @@ def test_spice_skipped_with_one_warning_when_models_absent(
     # tokenizer would read it as a line end).
     refs = {**SIMPLE_REFS, 15: ["a black dog catching a frisbee", "a dog jumps to catch a frisbee"]}
     preds = {**SIMPLE_PREDS, 15: "a black dog\rcatching a frisbee"}
-    with caplog.at_level(logging.WARNING, logger="captioner.metrics"):
+    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.metrics"):
         overall, per_image = official_scores(refs, preds, spice=True)
     assert "SPICE" not in overall and all("SPICE" not in s for s in per_image.values())
     assert set(overall) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"}
@@ -250,7 +250,7 @@ def test_spice_partial_install_not_downloaded(
     (lib / "stanford-corenlp-3.6.0.jar").write_bytes(b"")
     monkeypatch.setattr(metrics, "_spice_lib_dir", lambda: lib)
     monkeypatch.setattr(metrics, "_probe_spice_models_url", lambda: pytest.fail("no probe expected"))
-    with caplog.at_level(logging.WARNING, logger="captioner.metrics"):
+    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.metrics"):
         assert metrics.ensure_spice_models() is False
     assert len(caplog.records) == 1
     assert "stanford-corenlp-3.6.0-models.jar is missing" in caplog.records[0].getMessage()
@@ -260,7 +260,7 @@ def test_spice_partial_install_not_downloaded(
 def test_spice_java_runs_with_options_and_fails_in_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.DEBUG, logger="captioner.metrics"):
+    with caplog.at_level(logging.DEBUG, logger="captioner.evaluation.metrics"):
         metrics._spice_check_call(["java", "-version"], cwd=tmp_path)
     assert "--add-opens=java.base/java.lang=ALL-UNNAMED" in caplog.text  # Java 9+ echoes JDK_JAVA_OPTIONS
     with pytest.raises(CaptionerError, match=r"^SPICE failed \(java exit status 1\): .*nonexistent\.jar") as info:
@@ -273,7 +273,7 @@ def test_spice_java_runs_with_options_and_fails_in_one_line(
 def test_spice_runs_when_models_present(caplog: pytest.LogCaptureFixture) -> None:
     refs = {i: SIMPLE_REFS[i] for i in (10, 12)}
     preds = {i: SIMPLE_PREDS[i] for i in (10, 12)}
-    with caplog.at_level(logging.WARNING, logger="captioner.metrics"):
+    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.metrics"):
         overall, per_image = official_scores(refs, preds, spice=True)
     assert not caplog.records
     assert 0.0 < overall["SPICE"] <= 1.0

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import helpers
+import pytest
 
 
 def test_missing_requirement_skips_locally(monkeypatch: pytest.MonkeyPatch) -> None:

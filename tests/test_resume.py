@@ -17,7 +17,7 @@ import torch
 
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.shapes import generate_shapes
-from captioner.resume import rng_state, set_rng_state
+from captioner.training.resume import rng_state, set_rng_state
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def train_command(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    # One thread: the same float sums in every run (CAPTIONER_THREADS, since captioner.runtime otherwise
+    # One thread: the same float sums in every run (CAPTIONER_THREADS, since captioner.core.runtime otherwise
     # picks the cores free at start, which differ between the reference and the resumed run under load).
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1"}
 
@@ -147,11 +147,11 @@ def test_workers_load_the_same_batches_as_the_main_process(shapes: Path) -> None
     process that loads the item: any number of workers gives the same batches, bit for bit."""
     from torch.utils.data import DataLoader
 
-    from captioner.config import load_config
-    from captioner.data import load_split
+    from captioner.core.config import load_config
     from captioner.data.batching import CaptionDataset, collate_captions
+    from captioner.data.datasets import load_split
     from captioner.data.images import ImageTransform
-    from captioner.vocab import Vocabulary
+    from captioner.text.vocab import Vocabulary
 
     config = load_config(None, [f"data.root={shapes}", "data.image_size=32"])
     records = load_split(config.data, "train")[:12]
@@ -222,7 +222,7 @@ def test_validating_mid_epoch_changes_no_weight_and_keeps_the_best_step(shapes: 
 
 
 def test_a_checkpoint_from_before_best_step_takes_it_from_its_history() -> None:
-    from captioner.train import TrainState
+    from captioner.training.fit import TrainState
 
     history = [{"epoch": epoch, "step": 12 * epoch} for epoch in (1, 2, 3)]
     state = TrainState()

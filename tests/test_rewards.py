@@ -8,8 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from captioner.rewards import Bleu4, CaptionReward, CiderD, ngram_counts, reference_ids
-from captioner.vocab import Vocabulary
+from captioner.text.vocab import Vocabulary
+from captioner.training.rewards import (
+    Bleu4,
+    CaptionReward,
+    CiderD,
+    ngram_counts,
+    reference_ids,
+)
 
 cider_scorer = pytest.importorskip("pycocoevalcap.cider.cider_scorer")
 from pycocoevalcap.bleu.bleu import Bleu  # noqa: E402
@@ -135,8 +141,14 @@ def test_caption_reward_scores_eos_and_keeps_out_of_vocabulary_reference_words()
 
 import torch  # noqa: E402
 
-from captioner.reward_table import ReferenceTable, cached_table, fingerprint, ngram_hashes, padded  # noqa: E402
-from captioner.rewards import DeviceReward  # noqa: E402
+from captioner.training.reward_table import (  # noqa: E402
+    ReferenceTable,
+    cached_table,
+    fingerprint,
+    ngram_hashes,
+    padded,
+)
+from captioner.training.rewards import DeviceReward  # noqa: E402
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -168,7 +180,7 @@ def coco_val(shared_data) -> tuple[dict[int, list[str]], dict[int, str]]:
     machine captions (image id -> caption)."""
     import json
 
-    from captioner.metrics import load_references
+    from captioner.evaluation.metrics import load_references
 
     references = load_references(shared_data / "coco" / "captions_val2014.json")
     results = json.loads((shared_data / "coco" / "captions_val2014_fakecap_results.json").read_text())
@@ -180,7 +192,7 @@ def test_device_reward_equals_caption_reward_on_real_coco_captions(coco_val) -> 
     2,000 COCO val2014 images' references (document frequencies from all of them), by the old
     Python reward and the new table: equal to 1e-6 in float64 (1e-12 in fact); in float32, as on
     a GPU, to 2e-5 of a CIDEr-D that reaches ~3."""
-    from captioner.vocab import Vocabulary
+    from captioner.text.vocab import Vocabulary
 
     references, results = coco_val
     images = list(results) + [i for i in references if i not in results][:1000]  # (2000,) image ids

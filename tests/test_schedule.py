@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from captioner.config import load_config
-from captioner.errors import ConfigError
-from captioner.train import describe_schedule, lr_scale, make_scheduler
+from captioner.core.config import load_config
+from captioner.core.errors import ConfigError
+from captioner.training.fit import describe_schedule, lr_scale, make_scheduler
 
 LR = 1e-3
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from captioner.checkpoint import load_captioner, read_checkpoint
-from captioner.cli import main
-from captioner.config import ScstConfig
-from captioner.data.batching import CaptionBatch
-from captioner.decoding import greedy_decode
-from captioner.errors import CheckpointError, ConfigError
-from captioner.scst import SelfCritical, mean_of_others
 from helpers import TINY_MODEL, tiny_config, tiny_model
+
+from captioner.apps.cli import main
+from captioner.core.config import ScstConfig
+from captioner.core.errors import CheckpointError, ConfigError
+from captioner.data.batching import CaptionBatch
+from captioner.models.checkpoint import load_captioner, read_checkpoint
+from captioner.models.decoding import greedy_decode
+from captioner.training.scst import SelfCritical, mean_of_others
 
 
 def feature_batch(model, images: int = 3, seed: int = 0) -> CaptionBatch:
@@ -133,7 +133,7 @@ class Constant:
 
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
 def test_xent_weight_adds_the_cross_entropy_stage_loss(decoder: str) -> None:
-    from captioner.train import caption_loss
+    from captioner.training.fit import caption_loss
 
     model = tiny_model(f"model.decoder.type={decoder}", "model.decoder.dropout=0.0").train()
     vocab = model.vocab
@@ -228,14 +228,14 @@ def test_init_from_a_checkpoint_trains_an_scst_epoch(decoder: str, tmp_path: Pat
     assert rows[2]["train_reward"]
 
     with pytest.raises(CheckpointError, match=r"model\.decoder\.dropout is 0\.0 in the checkpoint but 0\.3 in the config"):
-        from captioner.config import load_config
-        from captioner.train import fit
+        from captioner.core.config import load_config
+        from captioner.training.fit import fit
 
         fit(load_config(config, [*scst, "model.decoder.dropout=0.3", f"train.init={xe}"]))
 
 
 def test_scst_stage_needs_a_starting_checkpoint(tmp_path: Path) -> None:
-    from captioner.train import fit
+    from captioner.training.fit import fit
 
     config = tiny_config("train.stage=scst", f"data.root={tmp_path / 'shapes'}", "data.shapes_num_train=4",
                          "data.shapes_num_val=2", "data.shapes_num_test=2", f"train.out_dir={tmp_path / 'run'}")
@@ -244,7 +244,7 @@ def test_scst_stage_needs_a_starting_checkpoint(tmp_path: Path) -> None:
 
 
 def test_validation_decodes_with_train_val_beam_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import captioner.train as train
+    import captioner.training.fit as train
 
     torch.set_num_threads(1)
     beams: list[int] = []

@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 from pycocotools.coco import COCO
 
-from captioner.cli import main
+from captioner.apps.cli import main
 from captioner.data.shapes import COLOURS, SHAPES, generate_shapes
-from captioner.vocab import tokenize
+from captioner.text.vocab import tokenize
 
 
 @pytest.fixture(scope="module")

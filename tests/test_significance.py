@@ -1,4 +1,4 @@
-"""The paired bootstrap of captioner/significance.py and scripts/paired_bootstrap.py."""
+"""The paired bootstrap of captioner/evaluation/significance.py and scripts/paired_bootstrap.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from captioner.errors import CaptionerError
-from captioner.significance import paired_bootstrap, per_image_scores
+from captioner.core.errors import CaptionerError
+from captioner.evaluation.significance import paired_bootstrap, per_image_scores
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import paired_bootstrap as script  # noqa: E402

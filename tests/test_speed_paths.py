@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from captioner.config import load_config
-from captioner.errors import ConfigError
+from captioner.core import runtime
+from captioner.core.config import load_config
+from captioner.core.errors import ConfigError
+from captioner.core.runtime import ENV_THREADS, resolve_threads, set_threads
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.lstm_decoder import LSTMDecoder, active_rows
-from captioner import runtime
-from captioner.runtime import ENV_THREADS, resolve_threads, set_threads
 
 
 def stepwise_logits(decoder: LSTMDecoder, feats: torch.Tensor, tokens: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +120,7 @@ def test_threads_config_key_is_validated() -> None:
         load_config(None, ["train.threads=-1"])
 
 
-BENCH_GPU = Path(__file__).resolve().parent.parent / "scripts" / "bench_gpu.py"
+BENCH_GPU = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_gpu.py"
 
 
 def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ import traceback
 
 import pytest
 import torch
+from helpers import WORDS, tiny_config, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.data import DataLoader
@@ -23,9 +24,8 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
 from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
-from captioner.distributed import Distributed
-from captioner.train import TrainState, make_scheduler, train_one_epoch
-from helpers import WORDS, tiny_config, tiny_model
+from captioner.training.distributed import Distributed
+from captioner.training.fit import TrainState, make_scheduler, train_one_epoch
 
 aten = torch.ops.aten
 # ops whose result the host must wait for: a value read, or an output sized by the values
@@ -172,8 +172,8 @@ def test_the_simulation_sees_the_reads_that_used_to_be_there(simulation: DeviceS
 def scst_steps_syncs(tmp_path, simulation: DeviceSimulation, decoder: str, baseline: str) -> list[list[str]]:
     """Syncs per SCST step (the real CIDEr-D reward table, 5 samples per image) over 4 steps, the
     logged values read every 2nd step."""
-    from captioner.config import ScstConfig
-    from captioner.scst import SelfCritical
+    from captioner.core.config import ScstConfig
+    from captioner.training.scst import SelfCritical
 
     config = tiny_config(f"model.decoder.type={decoder}", "train.log_every=2", "data.batch_size=2", "train.device=cpu")
     model = tiny_model(f"model.decoder.type={decoder}").train()

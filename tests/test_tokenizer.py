@@ -4,17 +4,16 @@ EXPECTED holds what pycocoevalcap's Java PTB tokenizer (CoreNLP 3.4.1, `-preserv
 -lowerCase`, then its punctuation removal) gave for each caption, generated once by running it.
 Where Java is installed the test runs it again on the same captions, so the stored
 expectations cannot drift from the real tokenizer. Over all of COCO val2014 the agreement is
-measured by scripts/bench_tokenizer.py (docs/benchmarks.md).
+measured by benchmarks/bench_tokenizer.py (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-
 import pytest
 
-from captioner.metrics import ptb_tokenize
-from captioner.tokenizer import tokenize
-from captioner.vocab import Vocabulary
+from captioner.evaluation.metrics import ptb_tokenize
+from captioner.text.tokenizer import tokenize
+from captioner.text.vocab import Vocabulary
 
 EXPECTED = [
     ('A man in a t-shirt stands by a double-decker bus.', 'a man in a t-shirt stands by a double-decker bus'),

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from captioner.config import Config
-from captioner.data.batching import CaptionBatch
-from captioner.decoding import beam_search, greedy_decode, select_rows
-from captioner.models import build_model
-from captioner.models.attention import MultiHeadAttention
-from captioner.models.transformer_decoder import TransformerDecoder, grid_encoding
-from captioner.train import caption_loss
-from captioner.vocab import SPECIALS, Vocabulary
 from helpers import assert_beam_ranks_by_length_penalty, tiny_model
+
+from captioner.core.config import Config
+from captioner.data.batching import CaptionBatch
+from captioner.models.attention import MultiHeadAttention
+from captioner.models.build import build_model
+from captioner.models.decoding import beam_search, greedy_decode, select_rows
+from captioner.models.transformer_decoder import TransformerDecoder, grid_encoding
+from captioner.text.vocab import SPECIALS, Vocabulary
+from captioner.training.fit import caption_loss
 
 V, D, N = 13, 6, 9  # vocabulary, feature dim, a 3x3 grid
 BOS, EOS = 1, 2

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import count_panels
 from PIL import Image
 
-from captioner.models import Caption
-from captioner.visualize import save_attention_figure
-from helpers import count_panels
+from captioner.models.caption import Caption
+from captioner.viz.overlays import save_attention_figure
 
 
 def caption_of(words: list[str], grid: int = 4) -> Caption:

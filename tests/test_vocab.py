@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from captioner.errors import DatasetError
-from captioner.vocab import Vocabulary, tokenize
+from captioner.core.errors import DatasetError
+from captioner.text.vocab import Vocabulary, tokenize
 
 
 def test_tokenize_like_the_coco_evaluation() -> None:

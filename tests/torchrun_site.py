@@ -45,10 +45,10 @@ if RANK is not None and os.environ.get("CAPTIONER_TEST_AUDIT"):
     atexit.register(_report)
 
 if RANK is not None and os.environ.get("CAPTIONER_TEST_FAIL_RANK") == RANK:
-    import captioner.train
-    from captioner.errors import DatasetError
+    import captioner.training.fit
+    from captioner.core.errors import DatasetError
 
-    _loss = captioner.train.caption_loss
+    _loss = captioner.training.fit.caption_loss
     _calls = [0]
 
     def _failing_loss(*args, **kwargs):
@@ -57,4 +57,4 @@ if RANK is not None and os.environ.get("CAPTIONER_TEST_FAIL_RANK") == RANK:
             raise DatasetError(f"injected failure: a file only rank {RANK} reads is unreadable")
         return _loss(*args, **kwargs)
 
-    captioner.train.caption_loss = _failing_loss
+    captioner.training.fit.caption_loss = _failing_loss

@@ -11,12 +11,12 @@ from typing import Protocol, TypeVar
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from captioner.core.errors import ImageLoadError
+from captioner.core.runtime import loader_workers
 from captioner.data.device_decode import PendingImage, read_pending, transform_on_device
 from captioner.data.images import ImageTransform, load_image
 from captioner.data.records import ImageRecord
-from captioner.errors import ImageLoadError
-from captioner.runtime import loader_workers
-from captioner.vocab import Vocabulary
+from captioner.text.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,14 @@ from pathlib import Path
 
 from pycocotools.coco import COCO
 
-from captioner.data.records import ImageRecord, check_file, drop_missing, is_int, read_json
-from captioner.errors import DatasetError
+from captioner.core.errors import DatasetError
+from captioner.data.records import (
+    ImageRecord,
+    check_file,
+    drop_missing,
+    is_int,
+    read_json,
+)
 
 log = logging.getLogger(__name__)
 

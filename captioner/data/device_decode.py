@@ -1,7 +1,7 @@
 """Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores.
 
 A node has about two cores per GPU; the training transform's crop, resize and jitter cost a
-worker more than the JPEG decode (scripts/bench_loader.py). With `transform`, a worker only
+worker more than the JPEG decode (benchmarks/bench_loader.py). With `transform`, a worker only
 decodes (`load_image`) and ships the uint8 picture; `CaptionBatch.to` runs the same
 `ImageTransform` on the device, each image under its own seed. With `decode`, a worker only
 reads the file and checks its header with `load_image`'s rules, and the device also decodes
@@ -24,7 +24,13 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from captioner.data.images import MAX_PIXELS, ImageTransform, decode_rgb, load_image, open_checked
+from captioner.data.images import (
+    MAX_PIXELS,
+    ImageTransform,
+    decode_rgb,
+    load_image,
+    open_checked,
+)
 
 DEVICE_MODES = ("RGB", "L")  # JPEG colour modes decode_jpeg turns into RGB itself
 EXIF_ORIENTATION = 0x0112

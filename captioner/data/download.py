@@ -26,7 +26,7 @@ from typing import Callable, TypeVar
 
 from tqdm import tqdm
 
-from captioner.errors import DatasetError
+from captioner.core.errors import DatasetError
 
 __all__ = ["COCO_FILES", "YEARS", "RemoteFile", "download_coco", "download_file"]
 

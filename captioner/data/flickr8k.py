@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from captioner.core.errors import DatasetError
 from captioner.data.records import ImageRecord, drop_missing, read_text
-from captioner.errors import DatasetError
 
 SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt", "test": "Flickr_8k.testImages.txt"}
 

@@ -17,7 +17,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torchvision.transforms import v2
 
-from captioner.errors import ImageLoadError
+from captioner.core.errors import ImageLoadError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

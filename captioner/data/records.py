@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from captioner.errors import DatasetError
+from captioner.core.errors import DatasetError
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from captioner.errors import DatasetError
+from captioner.core.errors import DatasetError
 
 SHAPES = ("circle", "square", "triangle", "diamond", "star")
 COLOURS = {

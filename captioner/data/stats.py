@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from captioner.data.records import ImageRecord
-from captioner.vocab import Vocabulary, tokenize
+from captioner.text.vocab import Vocabulary, tokenize
 
 
 def dataset_stats(records: list[ImageRecord], min_count: int = 5) -> dict[str, float]:

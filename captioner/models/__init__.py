@@ -1,30 +1,3 @@
-"""Model construction from a config: `build_model(config, vocab) -> Captioner`."""
-
-from __future__ import annotations
-
-from captioner.config import Config
-from captioner.errors import ConfigError
-from captioner.models.captioner import Caption, Captioner
-from captioner.models.decoder import Decoder, DecoderOutput
-from captioner.models.encoder import Encoder, build_encoder
-from captioner.models.lstm_decoder import LSTMDecoder
-from captioner.vocab import Vocabulary
-
-__all__ = ["Caption", "Captioner", "Decoder", "DecoderOutput", "Encoder", "build_model", "build_decoder"]
-
-
-def build_decoder(config: Config, vocab_size: int, feat_dim: int) -> Decoder:
-    d = config.model.decoder
-    if d.type == "lstm":
-        return LSTMDecoder(vocab_size, feat_dim, d.embed_dim, d.hidden_dim, d.attention_dim, d.dropout)
-    if d.type == "transformer":
-        from captioner.models.transformer_decoder import TransformerDecoder
-
-        return TransformerDecoder.from_config(d, vocab_size, feat_dim)
-    raise ConfigError(f"model.decoder.type: unknown decoder {d.type!r}")
-
-
-def build_model(config: Config, vocab: Vocabulary, load_pretrained: bool = True) -> Captioner:
-    encoder = build_encoder(config.model.encoder, load_pretrained)
-    decoder = build_decoder(config, len(vocab), encoder.out_dim)
-    return Captioner(encoder, decoder, vocab, config)
+"""The networks and what runs them: encoders (one registry), attention, the two decoders, the
+Captioner that joins them with its vocabulary and preprocessing, decoding (greedy, sampling,
+beam search) and checkpoints."""

@@ -3,43 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from PIL import Image
 from torch import nn
 
-from captioner.config import Config
+from captioner.core.config import Config
+from captioner.core.errors import ConfigError, ImageLoadError
 from captioner.data.images import ImageTransform, load_image
-from captioner.decoding import Hypothesis, beam_search_n_best, check_sampling, greedy_decode
-from captioner.errors import ConfigError, ImageLoadError
+from captioner.models.caption import Caption
 from captioner.models.decoder import Decoder, DecoderOutput
-from captioner.models.encoder import Encoder
-from captioner.vocab import Vocabulary
-
-
-@dataclass
-class Caption:
-    text: str
-    words: list[str]
-    tokens: list[int]
-    score: float  # length-normalised log-probability that ranked it
-    logprob: float
-    attn: torch.Tensor  # (T, L, H, h, w): every word's attention, per decoder layer and head
-    finished: bool  # False when the maximum length cut it short
-    # (T, L, H, T) when decoded with self_attention=True (transformers): at word t, the weights
-    # each layer and head of the self-attention put on <bos> and the words before t, taken from
-    # the pass that produced the caption.
-    self_attn: torch.Tensor | None = None
-
-    def heatmaps(self, layer: int = -1, head: int | None = None) -> torch.Tensor:
-        """(T, h, w) maps for display: one layer, one head or the mean over heads (the default)."""
-        maps = self.attn[:, layer]  # (T, H, h, w)
-        return maps.mean(dim=1) if head is None else maps[:, head]  # (T, h, w)
-
-    def to_json(self) -> dict:
-        return {"caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4), "finished": self.finished}
+from captioner.models.decoding import (
+    Hypothesis,
+    beam_search_n_best,
+    check_sampling,
+    greedy_decode,
+)
+from captioner.models.encoders import Encoder
+from captioner.text.vocab import Vocabulary
 
 
 class Captioner(nn.Module):

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from captioner.config import DecoderConfig
+from captioner.core.config import DecoderConfig
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.decoder import Decoder, DecoderOutput, Memory, State
 

@@ -1,0 +1,551 @@
+"""The GPU benchmark: training and beam search throughput of the COCO configs beside the reference.
+
+    python benchmarks/bench_gpu.py [--steps 30] [--out runs/bench_gpu.json] [--reference DIR_OR_GIT_DIR]
+    python benchmarks/bench_gpu.py --configs coco_lstm_resnet101 --device-preprocess decode   # the GPU decodes the JPEGs
+    python benchmarks/bench_gpu.py --device cpu --tiny      # smoke test of the code paths, NOT a measurement
+
+On CUDA with bf16 autocast, for configs/coco_lstm_resnet101.yaml and coco_transformer_resnet101.yaml:
+
+1. training throughput (captions/s, images/s) with the configs' encoder (ResNet-101 at 448 px,
+   top blocks fine-tuned) and batch, from COCO-sized 640x480 JPEG files that this script writes,
+   through the real DataLoader (the configs' workers, decoding, resizing, augmentation) and
+   train.py's `caption_loss`, with AdamW as train.py builds it;
+2. the same with the encoder frozen: train.py's cached-feature path (grids precomputed once);
+3. the SCST step (both baselines) on cached grids, its measured steps under
+   torch.cuda.set_sync_debug_mode("error"), so a host-device sync stops the benchmark;
+4. the decoder step eager, compiled (fullgraph) and compiled with CUDA graphs (reduce-overhead);
+5. beam search throughput (images/s) for beam 3 and 5 at batch 1, 64 and 256 from cached grids,
+   <eos> unreachable so every run decodes the configs' decode.max_length steps;
+6. peak GPU memory (torch.cuda) and GPU utilisation over each measured window (pynvml, when
+   installed: `pip install nvidia-ml-py`);
+7. the reference (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning, read from its repository at
+   run time, see benchmarks/reference_sat.py): its training step with its encoder fine-tuned, its
+   decoder step on cached grids, and its beam search one image at a time.
+
+ResNet-101 runs with random weights (ImageNet weights cannot be downloaded everywhere; the cost
+is the same). Prints a table and writes everything to --out as JSON, with an estimate of one
+COCO epoch (Karpathy train, 113,287 images) for each training row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reference_sat  # noqa: E402
+
+from captioner.core.config import Config, load_config  # noqa: E402
+from captioner.core.runtime import loader_workers  # noqa: E402
+from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions  # noqa: E402
+from captioner.data.device_decode import PREPROCESS_CHOICES, device_preprocess  # noqa: E402
+from captioner.data.images import ImageTransform, normalize_images  # noqa: E402
+from captioner.data.records import ImageRecord  # noqa: E402
+from captioner.models.build import build_model  # noqa: E402
+from captioner.models.captioner import Captioner  # noqa: E402
+from captioner.models.decoding import beam_search  # noqa: E402
+from captioner.text.vocab import SPECIALS, Vocabulary  # noqa: E402
+from captioner.training.fit import caption_loss  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ("coco_lstm_resnet101", "coco_transformer_resnet101")
+KARPATHY_TRAIN_IMAGES = 113_287
+CPU_NOTE = "--device cpu --tiny: a smoke test of the code paths on tiny inputs, NOT a GPU measurement"
+
+
+class Usage(Exception):
+    """A one-line reason to stop before measuring anything."""
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+def write_jpegs(folder: Path, count: int, size: tuple[int, int], seed: int = 0) -> list[Path]:
+    """COCO-sized JPEGs: smooth random colour fields plus noise (about COCO's file size at 640x480)."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(count):
+        coarse = Image.fromarray(rng.integers(0, 256, (size[1] // 32, size[0] // 32, 3), dtype=np.uint8))
+        pixels = np.asarray(coarse.resize(size, Image.BICUBIC), dtype=np.int16)  # (H, W, 3)
+        pixels = np.clip(pixels + rng.integers(-20, 21, pixels.shape), 0, 255).astype(np.uint8)
+        path = folder / f"synthetic_{i:05d}.jpg"
+        Image.fromarray(pixels).save(path, quality=90)
+        paths.append(path)
+    return paths
+
+
+def synthetic_records(paths: list[Path], vocab_size: int, seed: int = 0) -> tuple[list[ImageRecord], Vocabulary]:
+    """Five captions of 8-16 words per image over a vocabulary of `vocab_size` words (Zipf-like)."""
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(vocab_size - len(SPECIALS))]
+    weights = 1.0 / np.arange(1, len(words) + 1)
+    weights /= weights.sum()
+    records = []
+    for i, path in enumerate(paths):
+        captions = tuple(" ".join(rng.choice(words, size=int(rng.integers(8, 17)), p=weights)) for _ in range(5))
+        records.append(ImageRecord(i, path, captions))
+    return records, Vocabulary([*SPECIALS, *words])
+
+
+def forever(loader: DataLoader) -> Iterator[CaptionBatch]:
+    while True:
+        for batch in loader:
+            if batch is not None:
+                yield batch
+
+
+# --- measurement -------------------------------------------------------------------------------
+
+
+class Utilisation:
+    """Mean GPU utilisation (%) sampled every 50 ms by pynvml while the block runs; None without it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.handle = None
+        self.samples: list[int] = []
+        if device.type == "cuda":
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self.nvml = pynvml
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            except Exception:  # no pynvml, or no NVML on this machine: utilisation is not reported
+                self.handle = None
+
+    def __enter__(self) -> Utilisation:
+        self.stop = threading.Event()
+        if self.handle is not None:
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.stop.wait(0.05):
+            self.samples.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.handle is not None:
+            self.thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return float(np.mean(self.samples)) if self.samples else None
+
+
+def measure(step: Callable[[], tuple[int, int]], warmup: int, steps: int, device: torch.device) -> dict:
+    """Run `step` (-> captions, images) warmup + steps times; rates over the last `steps`."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    captions = images = 0
+    with Utilisation(device) as util:
+        start = time.perf_counter()
+        for _ in range(steps):
+            c, i = step()
+            captions += c
+            images += i
+        sync(device)
+        seconds = time.perf_counter() - start
+    return {
+        "seconds_per_step": seconds / steps,
+        "captions_per_s": captions / seconds,
+        "images_per_s": images / seconds,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "gpu_utilisation_percent": util.mean,
+        "coco_epoch_hours": KARPATHY_TRAIN_IMAGES / (images / seconds) / 3600,
+    }
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def optimizer_for(model: Captioner, config: Config, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW with train.py's two groups (decoder at lr, fine-tuned encoder at encoder_lr)."""
+    groups = [{"params": list(model.decoder.parameters()), "lr": config.train.lr}]
+    encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
+    if encoder_params:
+        groups.append({"params": encoder_params, "lr": config.train.encoder_lr})
+    return torch.optim.AdamW(groups, weight_decay=config.train.weight_decay)
+
+
+def our_training(
+    config: Config, records: list[ImageRecord], vocab: Vocabulary, device: torch.device, frozen: bool, warmup: int, steps: int
+) -> dict:
+    """train.py's step (caption_loss, backward, clipping, AdamW) on batches from the real loader;
+    `frozen`: the encoder frozen and its grids computed once, train.py's cached-feature path."""
+    torch.manual_seed(0)
+    model = build_model(config, vocab, load_pretrained=False).to(device)  # random ResNet weights, same cost
+    data = config.data
+    features = None
+    if frozen:
+        model.encoder.requires_grad_(False)
+        model.encoder.num_frozen = len(model.encoder.blocks)
+        shape = (len(records), model.encoder.grid_size**2 or 196, model.encoder.out_dim)
+        features = torch.randn(shape).to(torch.bfloat16 if device.type == "cuda" else torch.float32)  # (n, N, D)
+    transform = ImageTransform(data.image_size, train=True, augment=data.augment)
+    dataset = CaptionDataset(
+        records, vocab, transform, data.max_caption_length, data.captions_per_image, features,
+        device_preprocess(data.device_preprocess, device),  # --device-preprocess: the GPU crops, jitters (and decodes)
+    )
+    workers = 0 if frozen else loader_workers(data.num_workers)  # -1: this process's share of the cores
+    loader = DataLoader(
+        dataset, batch_size=data.batch_size, shuffle=True, num_workers=workers, collate_fn=collate_captions,
+        drop_last=True, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+    )
+    batches = forever(loader)
+    optimizer = optimizer_for(model, config, device)
+    model.train()
+
+    def step() -> tuple[int, int]:
+        batch = next(batches).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss, _ = caption_loss(model, batch, config, encoded=frozen)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+        optimizer.step()
+        return batch.tokens.shape[0], batch.images.shape[0]
+
+    return measure(step, warmup, steps, device)
+
+
+def reference_training(
+    ref, config: Config, records: list[ImageRecord], vocab: Vocabulary, device: torch.device, frozen: bool, warmup: int, steps: int, width: int
+) -> dict:
+    """Its train.py step: one caption per image (its dataset's items), fp32 as its code runs,
+    Adam at its rates; with its encoder fine-tuned on the same JPEG pipeline, or on cached grids."""
+    torch.manual_seed(0)
+    data = config.data
+    decoder = reference_sat.make_decoder(ref, len(vocab), 2048, device, width)
+    params = [p for p in decoder.parameters() if p.requires_grad]
+    encoder = None
+    if frozen:
+        grids = torch.randn(len(records), 14, 14, 2048)  # (n, g, g, D)
+    else:
+        encoder = reference_sat.make_encoder(ref, device)
+    transform = ImageTransform(data.image_size, train=True, augment=data.augment)
+    dataset = CaptionDataset(records, vocab, transform, data.max_caption_length, "one", grids if frozen else None)
+    workers = 0 if frozen else loader_workers(data.num_workers)  # -1: this process's share of the cores
+    loader = DataLoader(
+        dataset, batch_size=data.batch_size, shuffle=True, num_workers=workers, collate_fn=collate_captions,
+        drop_last=True, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+    )
+    batches = forever(loader)
+    optimizer = torch.optim.Adam(params, lr=4e-4)
+    encoder_optimizer = None
+    if encoder is not None:
+        encoder_optimizer = torch.optim.Adam([p for p in encoder.parameters() if p.requires_grad], lr=1e-4)
+
+    def step() -> tuple[int, int]:
+        batch = next(batches).to(device)
+        if encoder is not None:
+            encoder.train()
+            encoder_optimizer.zero_grad()
+            grid = encoder(normalize_images(batch.images))  # (B, 14, 14, D): it reads normalised floats, as its own pipeline made them
+        else:
+            grid = batch.images
+        reference_sat.train_step(decoder, optimizer, grid, batch.tokens, batch.lengths[:, None])
+        if encoder_optimizer is not None:  # its train.py: clamp, then step the encoder too
+            for p in encoder.parameters():
+                if p.grad is not None:
+                    p.grad.data.clamp_(-5.0, 5.0)
+            encoder_optimizer.step()
+        return batch.tokens.shape[0], batch.images.shape[0]
+
+    return measure(step, warmup, steps, device)
+
+
+def our_scst(
+    config: Config, records: list[ImageRecord], vocab: Vocabulary, device: torch.device, baseline: str, warmup: int, steps: int,
+    cache_dir: Path,
+) -> dict:
+    """The SCST step (scst.SelfCritical: sampling, the baseline, the CIDEr-D reward from the
+    reference table, backward, AdamW) on cached grids, as fit runs it from the feature store.
+    On CUDA, `steps` steps first run under torch.cuda.set_sync_debug_mode("error"): a step that
+    made the host wait for the GPU would stop the benchmark, so a row is also the proof that
+    there is none; then the same number is timed."""
+    from captioner.training.scst import SelfCritical
+
+    torch.manual_seed(0)
+    model = build_model(config, vocab, load_pretrained=False).to(device)
+    model.encoder.requires_grad_(False)
+    settings = replace(config.scst, baseline=baseline)
+    objective = SelfCritical(settings, vocab, [r.captions for r in records], cache_dir=cache_dir)
+    optimizer = torch.optim.AdamW(model.decoder.parameters(), lr=config.train.lr)
+    B, N = config.data.batch_size, model.encoder.grid_size**2 or 196
+    feats = torch.randn(len(records), N, model.encoder.out_dim).half()  # (n, N, D): the store's fp16 rows
+    batches = [
+        CaptionBatch(feats[i : i + B], torch.zeros(B, 2, dtype=torch.long), torch.full((B,), 2), torch.arange(B), torch.arange(i, i + B))
+        for i in range(0, len(records) - B + 1, B)
+    ]
+    if device.type == "cuda":  # as the DataLoader pins them: the copies never wait on pageable memory
+        batches = [b.pin_memory() for b in batches]
+    count = iter(range(10**9))
+
+    def step() -> tuple[int, int]:
+        batch = batches[next(count) % len(batches)].to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss, _ = objective(model, batch, config, encoded=True)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return B * settings.samples, B
+
+    for _ in range(warmup):  # the first step also copies the reward's table to the device
+        step()
+    if device.type == "cuda":  # then steps with no synchronisation allowed: any would raise
+        torch.cuda.synchronize(device)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    row = measure(step, 0, steps, device)
+    return {**row, "baseline": baseline, "samples": settings.samples, "sync_checked": device.type == "cuda"}
+
+
+def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, rows: int, repeats: int) -> list[dict]:
+    """ms per decoder step (beam search and SCST call nothing else per word) for `rows` beams:
+    eager, torch.compile(fullgraph=True), and on CUDA mode="reduce-overhead" (CUDA graphs)."""
+    torch.manual_seed(0)
+    model = build_model(config, vocab, load_pretrained=False).to(device).eval()
+    decoder, length = model.decoder, config.decode.max_length
+    feats = torch.randn(rows, model.encoder.grid_size**2 or 196, model.encoder.out_dim, device=device)  # (R, N, D)
+    modes = {"eager": decoder.step, "compiled": torch.compile(decoder.step, fullgraph=True)}
+    if device.type == "cuda":
+        modes["compiled, CUDA graphs"] = torch.compile(decoder.step, fullgraph=True, mode="reduce-overhead")
+    results = []
+    for name, step in modes.items():
+
+        @torch.no_grad()
+        def caption() -> None:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                memory = decoder.prepare(feats)
+                state = decoder.init_state(memory, capacity=length)
+                prev = torch.full((rows,), vocab.bos_id, device=device)
+                for _ in range(length):
+                    logprobs, _, state = step(memory, prev, state)
+                    prev = logprobs.argmax(dim=-1)  # (R,)
+
+        start = time.perf_counter()
+        caption()  # compiles
+        sync(device)
+        first = time.perf_counter() - start
+        seconds = median_seconds(caption, repeats, device)
+        results.append({"step": name, "rows": rows, "ms_per_step": 1000 * seconds / length, "first_caption_s": first})
+    return results
+
+
+def eos_unreachable(model: Captioner) -> None:
+    """Every beam run decodes max_length steps: equal work whatever the random weights say."""
+    out = model.decoder.out_vocab if hasattr(model.decoder, "out_vocab") else model.decoder.out
+    with torch.no_grad():
+        out.bias[model.vocab.eos_id] = -1e4
+
+
+def our_beam(config: Config, vocab: Vocabulary, device: torch.device, batches: list[int], beams: list[int], repeats: int, grid: int) -> list[dict]:
+    torch.manual_seed(0)
+    model = build_model(config, vocab, load_pretrained=False).to(device).eval()
+    eos_unreachable(model)
+    rows = []
+    for K in beams:
+        for B in batches:
+            feats = torch.randn(B, grid, model.encoder.out_dim, device=device)  # cached grids (B, N, D)
+
+            def run() -> None:
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                    beam_search(model.decoder, feats, vocab.bos_id, vocab.eos_id, beam_size=K, max_length=config.decode.max_length)
+
+            seconds = median_seconds(run, repeats, device)
+            rows.append({"beam": K, "batch": B, "images_per_s": B / seconds, "steps": config.decode.max_length})
+    return rows
+
+
+def reference_beam(ref, vocab: Vocabulary, device: torch.device, beams: list[int], images: int, steps: int, width: int) -> list[dict]:
+    torch.manual_seed(0)
+    decoder = reference_sat.make_decoder(ref, len(vocab), 2048, device, width).eval()
+    with torch.no_grad():
+        decoder.fc.bias[vocab.eos_id] = -1e4
+    grids = torch.randn(images, 1, 14, 14, 2048, device=device)
+    rows = []
+    for K in beams:
+
+        def run() -> None:
+            for grid in grids:
+                reference_sat.beam_search_one(decoder, grid, vocab.bos_id, vocab.eos_id, beam_size=K, max_steps=steps - 1)
+
+        seconds = median_seconds(run, 1, device)
+        rows.append({"beam": K, "batch": 1, "images_per_s": images / seconds, "steps": steps})
+    return rows
+
+
+def median_seconds(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (only with --tiny)")
+    parser.add_argument("--tiny", action="store_true", help="tiny inputs and few steps: exercises the code, measures nothing")
+    parser.add_argument("--steps", type=int, default=30, help="measured training steps per row")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--vocab", type=int, default=10_000)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    parser.add_argument("--reference", help="reference checkout or git dir (default: $CAPTIONER_REFERENCE or the mirror)")
+    parser.add_argument("--reference-beam-images", type=int, default=8)
+    parser.add_argument("--device-preprocess", default="none", choices=PREPROCESS_CHOICES,
+                        help="data.device_preprocess of our training rows (docs/input_pipeline.md)")
+    parser.add_argument("--out", default="runs/bench_gpu.json")
+    return parser.parse_args(argv)
+
+
+def check_device(args: argparse.Namespace) -> torch.device:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise Usage("bench_gpu: no CUDA GPU is available; this benchmark measures a GPU (`--device cpu --tiny` only smoke-tests its code)")
+    if device.type == "cpu" and not args.tiny:
+        raise Usage("bench_gpu: --device cpu runs only with --tiny (a smoke test; CPU numbers are benchmarks/bench_decoder.py's)")
+    if device.type not in ("cuda", "cpu"):
+        raise Usage(f"bench_gpu: --device {args.device!r}: expected cuda, cuda:N or cpu")
+    return device
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        device = check_device(args)
+    except Usage as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.tiny:
+        print(CPU_NOTE if device.type == "cpu" else "--tiny: tiny inputs, NOT a measurement")
+        overrides = ["data.image_size=64", "data.batch_size=2", "data.num_workers=0", "decode.max_length=3"]
+        warmup, steps, vocab_size, batches, beams, width, image_size = 1, 2, 50, [1, 2], [3], 32, (96, 72)
+        overrides += ["model.decoder.embed_dim=32", "model.decoder.hidden_dim=32", "model.decoder.attention_dim=32"]
+        overrides += ["model.decoder.d_model=32", "model.decoder.ff_dim=64", "model.decoder.num_heads=2", "model.decoder.num_layers=1"]
+        ref_images = 1
+    else:
+        overrides, warmup, steps, vocab_size = [], args.warmup, args.steps, args.vocab
+        batches, beams, width, image_size, ref_images = [1, 64, 256], [3, 5], 512, (640, 480), args.reference_beam_images
+    overrides.append(f"data.device_preprocess={args.device_preprocess}")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    try:
+        ref = reference_sat.load_reference(args.reference, device)
+    except reference_sat.ReferenceUnavailable as e:
+        ref = None
+        print(f"reference not available, ours only: {e}")
+
+    results: dict = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke test, not a measurement)",
+        "torch": torch.__version__,
+        "tiny": args.tiny,
+        "device_preprocess": args.device_preprocess,
+        "training": [],
+        "scst": [],
+        "step": [],
+        "beam": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench_gpu_") as folder:
+        configs = {name: load_config(ROOT / "configs" / f"{name}.yaml", overrides) for name in CONFIGS}
+        batch = max(c.data.batch_size for c in configs.values())
+        paths = write_jpegs(Path(folder), batch * (warmup + steps + 1), image_size)
+        records, vocab = synthetic_records(paths, vocab_size)
+        for name in args.configs:
+            config = configs[name]
+            for frozen in (False, True):
+                row = our_training(config, records, vocab, device, frozen, warmup, steps)
+                results["training"].append({"who": "ours", "config": name, "encoder": "frozen, cached grids" if frozen else "fine-tuned", **row})
+            for baseline in ("greedy", "mean"):
+                row = our_scst(config, records, vocab, device, baseline, warmup, steps, Path(folder))
+                results["scst"].append({"config": name, **row})
+            for row in our_compiled_step(config, vocab, device, 3 * batches[-1] // 4 or 3, 3):
+                results["step"].append({"config": name, **row})
+            for row in our_beam(config, vocab, device, batches, beams, 3, 196):
+                results["beam"].append({"who": "ours", "config": name, **row})
+        if ref is not None:
+            lstm = configs[CONFIGS[0]]
+            for frozen in (False, True):
+                row = reference_training(ref, lstm, records, vocab, device, frozen, warmup, steps, width)
+                results["training"].append({"who": "reference", "config": "its train.py", "encoder": "frozen, cached grids" if frozen else "fine-tuned", **row})
+            for row in reference_beam(ref, vocab, device, beams, ref_images, lstm.decode.max_length, width):
+                results["beam"].append({"who": "reference", "config": "its caption.py", **row})
+    print_table(results)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def print_table(results: dict) -> None:
+    def fmt(value: float | None, spec: str) -> str:
+        return "n/a" if value is None else format(value, spec)
+
+    print(f"\n{results['device']}, torch {results['torch']}")
+    print("| who | config | encoder | captions/s | images/s | peak GiB | GPU util % | COCO epoch (h) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    reference = {r["encoder"]: r for r in results["training"] if r["who"] == "reference"}
+    for r in results["training"]:
+        print(
+            f"| {r['who']} | {r['config']} | {r['encoder']} | {r['captions_per_s']:.1f} | {r['images_per_s']:.1f} | "
+            f"{fmt(r['peak_memory_gib'], '.1f')} | {fmt(r['gpu_utilisation_percent'], '.0f')} | {r['coco_epoch_hours']:.2f} |"
+        )
+    for r in results["training"]:
+        if r["who"] == "ours" and r["encoder"] in reference:
+            ratio = r["captions_per_s"] / reference[r["encoder"]]["captions_per_s"]
+            print(f"{r['config']} ({r['encoder']}): {ratio:.1f}x the reference's captions/s")
+    print("\n| SCST | baseline | samples | captions/s | images/s | peak GiB | GPU util % | syncs checked |\n|---|---|---:|---:|---:|---:|---:|---|")
+    for r in results["scst"]:
+        print(
+            f"| {r['config']} | {r['baseline']} | {r['samples']} | {r['captions_per_s']:.1f} | {r['images_per_s']:.1f} | "
+            f"{fmt(r['peak_memory_gib'], '.1f')} | {fmt(r['gpu_utilisation_percent'], '.0f')} | "
+            f"{'none (set_sync_debug_mode error)' if r['sync_checked'] else 'not on this device'} |"
+        )
+    print("\n| decoder step | config | rows | ms/step | first caption s (compile) |\n|---|---|---:|---:|---:|")
+    for r in results["step"]:
+        print(f"| {r['step']} | {r['config']} | {r['rows']} | {r['ms_per_step']:.2f} | {r['first_caption_s']:.1f} |")
+    print("\n| who | config | beam | batch | steps | images/s |\n|---|---|---:|---:|---:|---:|")
+    for r in results["beam"]:
+        print(f"| {r['who']} | {r['config']} | {r['beam']} | {r['batch']} | {r['steps']} | {r['images_per_s']:.1f} |")
+    ref_beam = {r["beam"]: r["images_per_s"] for r in results["beam"] if r["who"] == "reference"}
+    for r in results["beam"]:
+        if r["who"] == "ours" and r["beam"] in ref_beam:
+            print(f"{r['config']} beam {r['beam']} batch {r['batch']}: {r['images_per_s'] / ref_beam[r['beam']]:.1f}x the reference's images/s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Threads on a small shared machine: training steps with 1 and 2 torch threads, alone and
+against a competing process, side by side in one run.
+
+    python benchmarks/bench_threads.py [--config configs/shapes_lstm.yaml] [--steps 8] [--rounds 2]
+
+Each worker is a fresh process that trains `--steps` steps of the config's model on the first
+batches of its training split (after one warm-up step) and prints its seconds per step. For each
+thread count the driver runs one worker alone, then two at once (the competitor is an identical
+worker). Rounds alternate the settings so slow drifts in the background load hit all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker(config_path: str, steps: int, threads: int) -> None:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from captioner.core.config import load_config
+    from captioner.core.runtime import set_threads
+    from captioner.data.batching import CaptionDataset, collate_captions
+    from captioner.data.datasets import load_split
+    from captioner.data.images import ImageTransform
+    from captioner.models.build import build_model
+    from captioner.text.vocab import Vocabulary
+    from captioner.training.fit import caption_loss
+
+    set_threads(threads)
+    torch.manual_seed(0)
+    config = load_config(config_path, ["train.device=cpu"])
+    data = config.data
+    records = load_split(data, "train")[: data.batch_size * (steps + 1)]
+    vocab = Vocabulary.build((c for r in records for c in r.captions), data.min_word_count)
+    model = build_model(config, vocab).train()
+    dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size, train=True), data.max_caption_length, data.captions_per_image)
+    batches = list(DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate_captions))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(batch) -> None:
+        loss, _ = caption_loss(model, batch, config, encoded=False)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    step(batches[0])
+    start = time.perf_counter()
+    for batch in batches[1:]:
+        step(batch)
+    print(f"{(time.perf_counter() - start) / (len(batches) - 1):.4f}")
+
+
+def run(config: str, steps: int, threads: int, copies: int) -> list[float]:
+    command = [sys.executable, __file__, "--worker", "--config", config, "--steps", str(steps), "--threads", str(threads)]
+    env = {"OMP_NUM_THREADS": str(threads)}
+    import os
+
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, **env}) for _ in range(copies)]
+    outputs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("bench_threads: a worker failed")
+    return [float(o.strip().splitlines()[-1]) for o in outputs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.config, args.steps, args.threads)
+        return
+    settings = [(1, 1), (2, 1), (1, 2), (2, 2)]  # (threads, processes at once)
+    results: dict[tuple[int, int], list[float]] = {s: [] for s in settings}
+    for r in range(args.rounds):
+        for s in settings if r % 2 == 0 else reversed(settings):
+            results[s] += run(args.config, args.steps, *s)
+            print(f"round {r + 1}: {s[0]} thread(s), {s[1]} process(es): {results[s][-s[1]:]} s/step", flush=True)
+    print(f"{Path(args.config).name}: seconds per training step (median over rounds and processes)")
+    print("| threads per process | alone | against one competing process | slowdown |\n|---:|---:|---:|---:|")
+    for threads in (1, 2):
+        alone, shared = statistics.median(results[(threads, 1)]), statistics.median(results[(threads, 2)])
+        print(f"| {threads} | {alone:.2f} s | {shared:.2f} s | {shared / alone:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

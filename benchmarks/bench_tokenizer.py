@@ -1,0 +1,53 @@
+"""How often the in-process tokenizer gives exactly the Java PTB tokenizer's tokens.
+
+Runs pycocoevalcap's PTBTokenizer (Stanford CoreNLP 3.4.1, Java, with its punctuation removal)
+once over every caption of a COCO caption file, tokenises the same captions with
+`captioner.text.tokenizer.tokenize`, and prints the share of captions whose token lists are equal,
+the commonest disagreeing tokens, and a few disagreeing captions.
+
+    python benchmarks/bench_tokenizer.py ../shared/data/coco/captions_val2014.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+from captioner.evaluation.metrics import ptb_tokenize
+from captioner.text.tokenizer import tokenize
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("annotations", type=Path, help="a COCO caption file (captions_*.json)")
+    parser.add_argument("--show", type=int, default=10, help="disagreeing captions to print")
+    args = parser.parse_args()
+    captions = [a["caption"] for a in json.loads(args.annotations.read_text())["annotations"]]
+
+    start = time.perf_counter()
+    official = ptb_tokenize(captions)
+    java_s = time.perf_counter() - start
+    start = time.perf_counter()
+    ours = [tokenize(c) for c in captions]
+    python_s = time.perf_counter() - start
+
+    differ = [i for i, (a, b) in enumerate(zip(official, ours)) if a != b]
+    tokens = Counter()
+    for i in differ:
+        java, python = Counter(official[i]), Counter(ours[i])
+        tokens.update(f"java {t!r}" for t in (java - python).elements())
+        tokens.update(f"ours {t!r}" for t in (python - java).elements())
+    same = len(captions) - len(differ)
+    print(f"{args.annotations}: {len(captions)} captions")
+    print(f"identical tokens: {same} of {len(captions)} = {100 * same / len(captions):.3f}%")
+    print(f"Java PTB tokenizer {java_s:.1f} s (with JVM start); captioner.text.tokenizer {python_s:.1f} s")
+    print("commonest disagreeing tokens:", ", ".join(f"{t} x{n}" for t, n in tokens.most_common(12)) or "none")
+    for i in differ[: args.show]:
+        print(f"  {captions[i]!r}\n    java: {' '.join(official[i])}\n    ours: {' '.join(ours[i])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""What people run: the `captioner` command line and the Gradio demo."""

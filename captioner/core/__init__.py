@@ -1,0 +1,1 @@
+"""Configuration, errors and the runtime (threads, devices, seeding): what every layer uses."""

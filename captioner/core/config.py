@@ -1,0 +1,455 @@
+"""Configuration: nested dataclasses loaded from YAML with dotted command-line overrides.
+
+`load_config("configs/shapes_lstm.yaml", ["train.epochs=3"])` returns a validated `Config`. Unknown
+keys, values of the wrong type and values outside their allowed set raise `ConfigError` with one
+line naming the file, the key, the value and what is allowed, so a typo never silently trains the
+wrong model. Every key is declared with `setting(default, spec)`: its type is the annotation, its
+allowed values the spec (`Range`, `Choice`, `Text`, `Flag`), next to each other; a key declared
+without a spec fails the test suite (tests/test_config.py) and every config load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from captioner.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Range:
+    """A number's allowed interval: `Range(ge=0, lt=1)` is [0, 1). Floats must also be finite."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def allows(self, value: Any) -> bool:
+        if value is None:  # only reachable for `int | None` and `float | None` keys: None means "not set"
+            return True
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+    def describe(self) -> str:
+        low = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None
+        high = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else None
+        if low and high:
+            return f"in {low}, {high}"
+        if low:
+            return f"{'>=' if self.ge is not None else '>'} {low[1:]}"
+        if high:
+            return f"{'<=' if self.le is not None else '<'} {high[:-1]}"
+        return "a finite number"
+
+    def outside(self, kind: type) -> Any:
+        """A value of `kind` just outside the interval (for tests)."""
+        step = 1 if kind is int else 0.5
+        if self.ge is not None:
+            return kind(self.ge - step)
+        if self.gt is not None:
+            return kind(self.gt)
+        if self.le is not None:
+            return kind(self.le + step)
+        if self.lt is not None:
+            return kind(self.lt)
+        return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a fixed set of values."""
+
+    options: tuple[Any, ...]
+
+    def allows(self, value: Any) -> bool:
+        return value in self.options
+
+    def describe(self) -> str:
+        return f"one of {', '.join(map(str, self.options))}"
+
+    def outside(self, kind: type) -> Any:
+        return kind(max(self.options) + 1) if kind is int else "no-such-" + str(self.options[0])
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string: a path or a name; `pattern` (a full match) when only some strings make sense."""
+
+    pattern: str | None = None
+    allowed: str = "a non-empty string"  # how the error message describes the pattern
+
+    def allows(self, value: Any) -> bool:
+        if value is None:  # only reachable for `str | None` keys: None means "not set"
+            return True
+        if self.pattern is not None:
+            return re.fullmatch(self.pattern, value) is not None
+        return value.strip() != ""
+
+    def describe(self) -> str:
+        return self.allowed
+
+    def outside(self, kind: type) -> Any:
+        return "no such value!" if self.pattern is not None else ""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """true or false: the type check is all there is."""
+
+    def allows(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+    def describe(self) -> str:
+        return "true or false"
+
+    def outside(self, kind: type) -> Any:
+        return None
+
+
+Spec = Range | Choice | Text | Flag
+
+
+def setting(default: Any, spec: Spec) -> Any:
+    """Declare a config key with its default and its allowed values, side by side. Every key
+    must be declared this way: `validate` checks each value against its spec, and a test fails
+    for any key without one."""
+    return field(default=default, metadata={"spec": spec})
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+POSITIVE = Range(ge=1)  # counts and sizes
+COUNT = Range(ge=0)  # counts where 0 means none/off
+PROBABILITY_BELOW_ONE = Range(ge=0, lt=1)  # dropout, label smoothing: 1 would remove all signal
+
+
+@dataclass
+class DataConfig:
+    dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k")))
+    root: str = setting("data/shapes", Text())  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files
+    image_root: str | None = setting(None, Text())  # folder of the images when it is not `root` (flickr8k, karpathy)
+    karpathy_file: str | None = setting(None, Text())  # dataset_*.json with Karpathy's splits (dataset: karpathy)
+    year: int = setting(2014, Choice((2014, 2017)))  # coco
+    image_size: int = setting(128, Range(ge=16, le=4096))  # images are resized to a square of this side (16: the CNN's stride)
+    min_word_count: int = setting(1, POSITIVE)  # words seen fewer times in the train captions become <unk>
+    max_caption_length: int = setting(30, POSITIVE)  # words; longer captions are truncated
+    captions_per_image: str = setting("one", Choice(("one", "all")))  # one: a random caption per image per epoch | all: every pair
+    augment: bool = setting(False, Flag())  # train-time crop and brightness/contrast jitter (never flips)
+    strict: bool = setting(False, Flag())  # stop on images listed in the captions but missing on disk
+    batch_size: int = setting(64, POSITIVE)
+    num_workers: int = setting(0, Range(ge=-1, le=256))  # DataLoader workers per rank; -1: auto, from the cores and the ranks per node
+    device_preprocess: str = setting("none", Choice(("none", "transform", "decode")))  # training on CUDA: the GPU crops, resizes, jitters (transform) and decodes JPEGs (decode, nvjpeg)
+    # Frozen encoder, no augmentation: the fp16 feature store (captioner/data/store.py) is read
+    # instead of the images; built there first when absent. null: <train.out_dir>/features.
+    feature_store: str | None = setting(None, Text(allowed="a folder, or null for <train.out_dir>/features"))
+    features_on_device: bool = setting(False, Flag())  # load the whole store onto the training device when it fits
+    # The shapes world is generated into `root` when it is not there yet.
+    shapes_num_train: int = setting(4000, POSITIVE)
+    shapes_num_val: int = setting(250, COUNT)
+    shapes_num_test: int = setting(500, COUNT)
+    shapes_seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
+
+
+@dataclass
+class EncoderConfig:
+    name: str = setting("small_cnn", Choice(("small_cnn", "resnet50", "resnet101", "resnet152", "efficientnet_lite0")))
+    pretrained: bool = setting(False, Flag())  # ImageNet weights (torchvision API; lite0 from its package, offline)
+    grid_size: int = setting(0, Range(ge=0, le=64))  # adaptive-pool the feature map to grid_size x grid_size; 0 keeps it
+    fine_tune_blocks: int = setting(0, Range(ge=-1))  # pretrained backbones: train the top N blocks (0 = frozen, -1 = all)
+    width: int = setting(32, POSITIVE)  # small_cnn: channels of the first block (doubled at each of 4 blocks)
+
+
+@dataclass
+class DecoderConfig:
+    type: str = setting("lstm", Choice(("lstm", "transformer")))
+    embed_dim: int = setting(256, POSITIVE)
+    dropout: float = setting(0.5, PROBABILITY_BELOW_ONE)
+    # lstm
+    hidden_dim: int = setting(512, POSITIVE)
+    attention_dim: int = setting(256, POSITIVE)
+    # transformer
+    d_model: int = setting(256, POSITIVE)
+    num_layers: int = setting(2, POSITIVE)
+    num_heads: int = setting(4, POSITIVE)
+    ff_dim: int = setting(1024, POSITIVE)
+    norm_first: bool = setting(False, Flag())  # post-norm as in Vaswani et al. (False) or pre-norm (True)
+    tie_embeddings: bool = setting(True, Flag())
+    grid_position_encoding: bool = setting(True, Flag())  # 2-D sinusoidal encoding of the grid cells
+
+
+@dataclass
+class ModelConfig:
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    blind: bool = setting(False, Flag())  # zero the image features: a language-model baseline
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = setting("runs/shapes_lstm", Text())
+    epochs: int = setting(20, POSITIVE)
+    lr: float = setting(4e-4, Range(gt=0))  # decoder
+    encoder_lr: float = setting(1e-4, Range(ge=0))  # fine-tuned layers of a pretrained encoder (from scratch: lr)
+    weight_decay: float = setting(0.0, Range(ge=0))
+    grad_clip: float = setting(5.0, Range(ge=0))  # max gradient norm; 0: no clipping
+    attention_penalty: float = setting(1.0, Range(ge=0))  # lambda of the doubly stochastic regulariser (lstm)
+    label_smoothing: float = setting(0.0, PROBABILITY_BELOW_ONE)
+    schedule: str = setting("cosine", Choice(("cosine", "constant")))  # after the warmup: cosine to 5% of the peak at the last step, or constant
+    # Linear warmup, in epochs (converted through the steps per epoch at the run's world size, so
+    # it means the same on 1 and 8 GPUs) or in optimiser steps; set one. Neither: 100 steps.
+    warmup_epochs: float | None = setting(None, Range(ge=0))
+    warmup_steps: int | None = setting(None, COUNT)
+    # The learning rates (lr, encoder_lr) are used as written (none), or scaled by the global
+    # batch (data.batch_size x processes) over base_batch: linearly (Goyal et al. 2017) or by its square root.
+    lr_scaling: str = setting("none", Choice(("none", "linear", "sqrt")))
+    base_batch: int | None = setting(None, POSITIVE)  # the global batch the lrs were tuned at; null: data.batch_size (one process)
+    device: str = setting("auto", Text(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N"))
+    amp: bool = setting(True, Flag())  # bf16 autocast on CUDA (ignored on CPU)
+    seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
+    log_every: int = setting(50, COUNT)  # steps between loss read-backs from the device (TensorBoard, progress); 0: per epoch
+    checkpoint_every_steps: int = setting(0, COUNT)  # also write last.pt every N steps, mid-epoch (resumes at that batch); 0: per epoch
+    early_stopping_patience: int = setting(5, COUNT)  # epochs without a better validation score; 0 disables
+    val_max_images: int = setting(500, COUNT)  # validation decodes this many val images (0 = all)
+    val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))
+    val_beam_size: int = setting(1, Range(ge=1, le=100))  # validation decodes greedily (1, as the field logs it) or with this beam
+    val_every_steps: int = setting(0, COUNT)  # also validate every N steps, mid-epoch (best.pt may come from inside an epoch); 0: at each epoch's end
+    cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once, into the feature store
+    time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
+    threads: int = setting(0, COUNT)  # torch CPU threads for this run; 0: $CAPTIONER_THREADS, else captioner.core.runtime's default
+    channels_last: bool = setting(False, Flag())  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU
+    compile: bool = setting(False, Flag())  # CUDA: torch.compile the decoder; ignored on CPU
+    dist_timeout_minutes: float = setting(30.0, Range(gt=0))  # torchrun: a collective waiting longer than this fails the run
+    stage: str = setting("xe", Choice(("xe", "scst")))  # xe: cross-entropy (teacher forcing) | scst: self-critical, from train.init
+    init: str | None = setting(None, Text())  # start from this checkpoint's model, vocabulary and encoder; optimiser and schedule fresh
+
+
+@dataclass
+class ScstConfig:
+    """Self-critical sequence training (train.stage: scst): Rennie et al. 2017, Luo 2020."""
+
+    samples: int = setting(5, POSITIVE)  # captions sampled per image
+    temperature: float = setting(1.0, Range(gt=0))  # sampling temperature (log-probabilities stay the model's own)
+    max_length: int = setting(20, Range(ge=1, le=1000))  # words per sampled (and greedy-baseline) caption
+    baseline: str = setting("greedy", Choice(("greedy", "mean")))  # greedy: the greedy caption's reward | mean: the image's other samples' mean reward
+    cider_weight: float = setting(1.0, Range(ge=0))  # reward = cider_weight * CIDEr-D + bleu_weight * BLEU-4
+    bleu_weight: float = setting(0.0, Range(ge=0))
+    xent_weight: float = setting(0.0, Range(ge=0))  # + this x the cross-entropy stage's loss on the batch's reference captions (0: pure SCST)
+    dropout: bool = setting(True, Flag())  # sample with the decoder's dropout on, as in training (self-critical.pytorch); false: the test-time decoder
+
+
+@dataclass
+class DecodeConfig:
+    beam_size: int = setting(3, Range(ge=1, le=100))
+    max_length: int = setting(30, Range(ge=1, le=1000))  # words
+    length_penalty: float = setting(0.0, Range(ge=0))  # alpha of ((5 + len) / 6) ** alpha; 0 ranks by total log-probability
+    batch_size: int = setting(32, POSITIVE)
+    block_trigrams: bool = setting(False, Flag())  # never repeat a word trigram within a caption (beam, greedy, sampling)
+    diverse_groups: int = setting(1, POSITIVE)  # diverse beam search: groups of beam_size / groups beams (1: plain beam search)
+    diversity_strength: float = setting(0.5, Range(ge=0))  # lambda of the Hamming diversity penalty between groups
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    scst: ScstConfig = field(default_factory=ScstConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the YAML file, then `section.key=value` overrides, then validation."""
+    config = Config()
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+        if raw is not None and not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, scst, decode)")
+        _merge(config, raw or {}, "", source)
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {override!r}: expected section.key=value")
+        key = key.strip().lstrip("-")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        _set_dotted(config, key, value, "command line")
+    validate(config, source)
+    return config
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "checkpoint") -> Config:
+    config = Config()
+    _merge(config, raw, "", source)
+    validate(config, source)
+    return config
+
+
+def _merge(node: Any, raw: dict[str, Any], prefix: str, source: str) -> None:
+    names = {f.name: f for f in dataclasses.fields(node)}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"{source}: unknown key {dotted!r}{_suggest(dotted)}")
+        current = getattr(node, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {dotted!r} must be a mapping, got {value!r}")
+            _merge(current, value, dotted + ".", source)
+        else:
+            setattr(node, key, _checked(value, node, key, dotted, source))
+
+
+def _set_dotted(config: Config, dotted: str, value: Any, source: str) -> None:
+    *parents, leaf = dotted.split(".")
+    node: Any = config
+    for i, part in enumerate(parents):
+        if not dataclasses.is_dataclass(node) or not hasattr(node, part):
+            raise ConfigError(f"{source}: unknown key {dotted!r}{_suggest(dotted)}")
+        node = getattr(node, part)
+    if not dataclasses.is_dataclass(node) or leaf not in {f.name for f in dataclasses.fields(node)}:
+        raise ConfigError(f"{source}: unknown key {dotted!r}{_suggest(dotted)}")
+    if dataclasses.is_dataclass(getattr(node, leaf)):
+        raise ConfigError(f"{source}: {dotted!r} is a section; set one of its keys, e.g. {dotted}.KEY=VALUE")
+    setattr(node, leaf, _checked(value, node, leaf, dotted, source))
+
+
+def _checked(value: Any, node: Any, name: str, dotted: str, source: str) -> Any:
+    """The value converted to the key's type and checked against its spec."""
+    value = _coerce(value, _field_type(node, name), dotted, source)
+    spec = {f.name: f for f in dataclasses.fields(node)}[name].metadata.get("spec")
+    if spec is not None:
+        _check_spec(value, spec, dotted, source)
+    return value
+
+
+def _check_spec(value: Any, spec: Spec, dotted: str, source: str) -> None:
+    if not spec.allows(value):
+        finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
+        raise ConfigError(f"{source}: {dotted!r} must be {finite}{spec.describe()}; got {value!r}")
+
+
+def _field_type(node: Any, name: str) -> Any:
+    hints = typing.get_type_hints(type(node))
+    return hints[name]
+
+
+def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
+    """Check a value against a field's annotation (int, float, str, bool, or X | None)."""
+    allowed = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    if value is None:
+        if type(None) in allowed:
+            return None
+        raise ConfigError(f"{source}: {dotted!r} must not be empty (null)")
+    for kind in allowed:
+        if kind is bool and isinstance(value, bool):
+            return value
+        if kind is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if kind is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if kind is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    names = " or ".join("null" if k is type(None) else k.__name__ for k in allowed)
+    raise ConfigError(f"{source}: {dotted!r} must be {names}; got {value!r}")
+
+
+def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
+    """Every key of the config as (dotted name, its dataclass field, its type), walked from the
+    dataclasses themselves, so a key added anywhere is found here."""
+    node = node if node is not None else Config()
+    leaves = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            leaves += leaf_fields(value, f"{prefix}{f.name}.")
+        else:
+            leaves.append((f"{prefix}{f.name}", f, _field_type(node, f.name)))
+    return leaves
+
+
+def _all_keys() -> list[str]:
+    return [dotted for dotted, _, _ in leaf_fields()]
+
+
+def _suggest(dotted: str) -> str:
+    match = difflib.get_close_matches(dotted, _all_keys(), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def get_dotted(config: Config, dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def validate(config: Config, source: str = "config") -> None:
+    """Every key against its spec, then the rules that tie keys together."""
+    for dotted, f, annotation in leaf_fields():
+        spec = f.metadata.get("spec")
+        if spec is None:  # a programming error, not a user's: declare the key with `setting`
+            raise TypeError(f"config key {dotted!r} has no spec: declare it as `{f.name}: T = setting(default, Range/Choice/Text/Flag)`")
+        value = _coerce(get_dotted(config, dotted), annotation, dotted, source)  # also values set in code
+        _check_spec(value, spec, dotted, source)
+    decoder = config.model.decoder
+    if decoder.type == "transformer" and decoder.d_model % decoder.num_heads:
+        raise ConfigError(
+            f"{source}: 'model.decoder.d_model' ({decoder.d_model}) must be divisible by "
+            f"'model.decoder.num_heads' ({decoder.num_heads})"
+        )
+    if config.train.warmup_epochs is not None and config.train.warmup_steps is not None:
+        raise ConfigError(
+            f"{source}: 'train.warmup_epochs' ({config.train.warmup_epochs:g}) and 'train.warmup_steps' "
+            f"({config.train.warmup_steps}) are both set; keep one and set the other to null (epochs mean the same at any number of GPUs)"
+        )
+    if config.data.dataset == "karpathy" and not config.data.karpathy_file:
+        raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")
+    scst = config.scst
+    if scst.baseline == "mean" and scst.samples < 2:
+        raise ConfigError(f"{source}: 'scst.baseline' mean needs 'scst.samples' >= 2 (the other samples of the image), got {scst.samples}")
+    if scst.cider_weight == 0 and scst.bleu_weight == 0:
+        raise ConfigError(f"{source}: 'scst.cider_weight' and 'scst.bleu_weight' are both 0: the reward would be 0")
+    if config.decode.beam_size % config.decode.diverse_groups:
+        raise ConfigError(
+            f"{source}: 'decode.beam_size' ({config.decode.beam_size}) must be a multiple of "
+            f"'decode.diverse_groups' ({config.decode.diverse_groups})"
+        )
+
+
+def dump_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -1,0 +1,60 @@
+"""A dataset config -> the records of one split: shapes (generated on first use), COCO, Karpathy splits, Flickr8k."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from captioner.core.config import DataConfig
+from captioner.core.errors import DatasetError
+from captioner.data.coco import (
+    coco_split_files,
+    load_coco_captions,
+    load_karpathy,
+    split_coco_val,
+)
+from captioner.data.flickr8k import load_flickr8k
+from captioner.data.records import ImageRecord
+from captioner.data.shapes import SPLITS
+
+log = logging.getLogger(__name__)
+
+def load_split(config: DataConfig, split: str, check_images: bool = True) -> list[ImageRecord]:
+    """The records of `split` (train, val or test) of the dataset `config` describes."""
+    if split not in SPLITS:
+        raise DatasetError(f"unknown split {split!r}: use train, val or test")
+    root = Path(config.root)
+    strict = config.strict
+    if config.dataset == "shapes":
+        ensure_shapes(config)
+        return load_coco_captions(root / f"captions_{split}.json", root / split, check_images, strict)
+    if config.dataset == "coco":
+        annotations, images = coco_split_files(root, config.year, split)
+        image_root = Path(config.image_root) / images.name if config.image_root else images
+        records = load_coco_captions(annotations, image_root, check_images, strict)
+        return split_coco_val(records, split)
+    if config.dataset == "karpathy":
+        assert config.karpathy_file is not None  # validated with the config
+        image_root = Path(config.image_root) if config.image_root else root
+        return load_karpathy(config.karpathy_file, image_root, split, check_images, strict)
+    if config.dataset == "flickr8k":
+        return load_flickr8k(root, split, config.image_root, check_images, strict)
+    raise DatasetError(f"unknown dataset {config.dataset!r}")
+
+
+def ensure_shapes(config: DataConfig) -> None:
+    """Generate the shapes world into `config.root` on first use."""
+    root = Path(config.root)
+    if all((root / f"captions_{s}.json").exists() for s in SPLITS):
+        return
+    from captioner.data.shapes import generate_shapes
+
+    log.info("generating the shapes world into %s", root)
+    generate_shapes(
+        root,
+        config.shapes_num_train,
+        config.shapes_num_val,
+        config.shapes_num_test,
+        image_size=config.image_size,
+        seed=config.shapes_seed,
+    )

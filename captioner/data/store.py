@@ -1,0 +1,469 @@
+"""The feature store: a frozen encoder's grids, computed once, kept on disk in fp16.
+
+One split is two files in the store folder:
+
+    <split>.npy    a numpy array (rows, N, D) of float16, row i = the grid of image i
+    <split>.json   the manifest: encoder (name, settings, a fingerprint of its weights), image
+                   size and transform, grid (h, w), feature dim, dtype, the image ids and paths in
+                   row order, how many rows are written and which images failed to load
+
+A store made by another encoder, image size or transform, or for another list of images, is
+refused with one line naming the manifest and the field, never read silently. Extraction
+writes in chunks and records its progress, so a crash or Ctrl-C resumes where it stopped.
+
+Reading: `StoreRows` answers `rows[i] -> (N, D)` with one positional read (`os.pread`) of the
+row's bytes from a file it opens lazily in each process (each DataLoader worker has its own),
+so the pages live in the kernel's page cache, shared by all workers, and never in the resident
+memory of the reader: a memmap would map every page it touched into the process and its
+resident size would grow towards the store's size over an epoch. Rows stay fp16 on their way
+to the device (half the bytes to copy); the model casts them to its own dtype there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from captioner.core.config import Config
+from captioner.core.errors import ConfigError, FeatureStoreError
+from captioner.core.runtime import loader_workers
+from captioner.data.batching import image_loader
+from captioner.data.images import ImageTransform
+from captioner.data.records import ImageRecord
+from captioner.models.captioner import Captioner
+
+log = logging.getLogger(__name__)
+
+FORMAT = "captioner-feature-store"
+VERSION = 1
+DTYPE = np.float16
+FP16_MAX = float(np.finfo(np.float16).max)
+SAVE_PROGRESS_SECONDS = 10.0  # how much work a SIGKILL can lose at most (Ctrl-C and errors lose none)
+
+
+def store_dir(config: Config) -> Path:
+    """Where the store of `config` lives: `data.feature_store`, else `<train.out_dir>/features`."""
+    return Path(config.data.feature_store or Path(config.train.out_dir) / "features")
+
+
+def store_files(directory: str | Path, split: str) -> tuple[Path, Path]:
+    directory = Path(directory)
+    return directory / f"{split}.npy", directory / f"{split}.json"
+
+
+def encoder_fingerprint(model: Captioner) -> str:
+    """A hash of the encoder's state dict (names, shapes, dtypes, values, batch-norm statistics)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in model.encoder.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def identity(model: Captioner) -> dict[str, Any]:
+    """What the features depend on, besides the images: the fields a store must match, in the
+    order they are compared (the first mismatch names the error)."""
+    encoder = model.config.model.encoder
+    return {
+        "encoder.name": encoder.name,
+        "encoder.pretrained": encoder.pretrained,
+        "encoder.grid_size": encoder.grid_size,
+        "encoder.fine_tune_blocks": encoder.fine_tune_blocks,
+        "encoder.fingerprint": encoder_fingerprint(model),
+        "image_size": model.config.data.image_size,
+        "transform": model.transform.describe(),  # the real pipeline's steps: a changed one marks the store stale
+    }
+
+
+def check_frozen(model: Captioner) -> None:
+    if not model.encoder.frozen:
+        raise ConfigError(
+            "model.encoder: a feature store needs a frozen encoder (pretrained: true, fine_tune_blocks: 0); "
+            f"{model.config.model.encoder.name} here trains, so its features change every step"
+        )
+
+
+def size_text(nbytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if nbytes < 1000:
+            return f"{nbytes:.1f} {unit}"
+        nbytes /= 1000
+    return f"{nbytes:.1f} TB"
+
+
+# --- the store of one split -----------------------------------------------------------------------
+
+
+class FeatureStore:
+    """One split's store on disk, its manifest checked against a model and a list of images."""
+
+    def __init__(self, directory: str | Path, split: str, manifest: dict[str, Any]) -> None:
+        self.array_path, self.manifest_path = store_files(directory, split)
+        self.split = split
+        self.manifest = manifest
+        self.grid: tuple[int, int] = tuple(manifest["grid"])  # type: ignore[assignment]
+        self.num_cells = self.grid[0] * self.grid[1]
+        self.feat_dim: int = manifest["feat_dim"]
+        self.num_rows = len(manifest["image_ids"])
+        self.row_bytes = self.num_cells * self.feat_dim * np.dtype(DTYPE).itemsize
+        self.header_bytes = npy_header_bytes(self.array_path)
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest["rows_done"] == self.num_rows
+
+    @property
+    def failed_rows(self) -> set[int]:
+        return {f["row"] for f in self.manifest["failed"]}
+
+    def rows_of(self, records: list[ImageRecord]) -> tuple[list[ImageRecord], list[int]]:
+        """The records whose image was stored (failed ones are left out) and their rows."""
+        row_of = {image_id: row for row, image_id in enumerate(self.manifest["image_ids"])}
+        failed = self.failed_rows
+        kept = [(r, row_of[r.image_id]) for r in records if row_of[r.image_id] not in failed]
+        return [r for r, _ in kept], [row for _, row in kept]
+
+    def rows(self, rows: list[int]) -> StoreRows:
+        return StoreRows(self.array_path, self.header_bytes, (self.num_cells, self.feat_dim), rows)
+
+    def load(self, rows: list[int], device: torch.device) -> torch.Tensor:
+        """The rows as one fp16 tensor (len(rows), N, D) on `device`, read in chunks so the host
+        never holds more than a chunk beside it."""
+        out = torch.empty(len(rows), self.num_cells, self.feat_dim, dtype=torch.float16, device=device)  # (R, N, D)
+        reader = self.rows(rows)
+        chunk = max(1, (64 << 20) // self.row_bytes)  # 64 MB at a time
+        for start in range(0, len(rows), chunk):
+            stop = min(start + chunk, len(rows))
+            out[start:stop] = torch.stack([reader[i] for i in range(start, stop)]).to(device)  # (chunk, N, D)
+        return out
+
+    def nbytes(self) -> int:
+        return self.header_bytes + self.num_rows * self.row_bytes
+
+
+def npy_header_bytes(path: Path) -> int:
+    """Where the rows start in a .npy file (after its magic string and header)."""
+    return int(np.load(path, mmap_mode="r").offset)  # numpy parses the header; no data is read
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise FeatureStoreError(f"{path}: not a readable feature store manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FeatureStoreError(f"{path}: not a captioner feature store manifest")
+    if manifest.get("version") != VERSION:
+        raise FeatureStoreError(f"{path}: store format version {manifest.get('version')} is not supported (this code reads {VERSION})")
+    return manifest
+
+
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest))
+    os.replace(tmp, path)  # atomic: a crash never leaves half a manifest
+
+
+# How stores written before the transform described its own steps named it: the square resize
+# with antialiasing and ImageNet normalisation, which is `ImageTransform(size).describe()` today
+# (the same operations in the same order: tests/test_input_pipeline.py shows the features equal).
+LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+
+def stored_identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's identity with an older store's transform named as the current code names it."""
+    stored = dict(manifest["identity"])
+    if stored.get("transform") == LEGACY_TRANSFORM and "image_size" in stored:
+        stored["transform"] = ImageTransform(stored["image_size"]).describe()
+    return stored
+
+
+def check_manifest(manifest_path: Path, manifest: dict[str, Any], expected: dict[str, Any], records: list[ImageRecord]) -> None:
+    """Refuse, in one line naming the file and the field, a store made otherwise or for other images."""
+    hint = f"delete {manifest_path.parent} or set data.feature_store to another folder"
+    stored = stored_identity(manifest)
+    for key, value in expected.items():
+        if stored.get(key) != value:
+            raise FeatureStoreError(f"{manifest_path}: {key} is {stored.get(key)!r} in the store but {value!r} here; {hint}")
+    stored, wanted = manifest["image_ids"], [r.image_id for r in records]
+    if stored != wanted:
+        stored_set, wanted_set = set(stored), set(wanted)
+        missing = [i for i in stored if i not in wanted_set]
+        extra = [i for i in wanted if i not in stored_set]
+        detail = (
+            f"{len(missing)} of its images are no longer in the split (e.g. image {missing[0]}, "
+            f"{manifest['paths'][stored.index(missing[0])]})" if missing
+            else f"the split has {len(extra)} images it lacks (e.g. image {extra[0]})" if extra
+            else "the images are in another order"
+        )
+        raise FeatureStoreError(f"{manifest_path}: image_ids differ from the {manifest['split']} split: {detail}; {hint}")
+
+
+def open_store(directory: str | Path, split: str, model: Captioner, records: list[ImageRecord]) -> FeatureStore:
+    """The complete store of `split`, checked against `model` and the split's `records`."""
+    array_path, manifest_path = store_files(directory, split)
+    if not manifest_path.is_file() or not array_path.is_file():
+        raise FeatureStoreError(f"{manifest_path}: no feature store for {split} here (make it with `captioner features CONFIG`)")
+    manifest = read_manifest(manifest_path)
+    check_manifest(manifest_path, manifest, identity(model), records)
+    store = FeatureStore(directory, split, manifest)
+    if not store.complete:
+        raise FeatureStoreError(
+            f"{manifest_path}: extraction stopped at row {manifest['rows_done']} of {store.num_rows}; "
+            "run `captioner features CONFIG` again to finish it"
+        )
+    return store
+
+
+def ensure_store(
+    model: Captioner, directory: str | Path, split: str, records: list[ImageRecord], batch_size: int,
+    num_workers: int = 0, progress: bool = True,
+) -> FeatureStore:
+    """Open the store of `split`, extracting (or finishing) it first when needed."""
+    _, manifest_path = store_files(directory, split)
+    if manifest_path.is_file():
+        manifest = read_manifest(manifest_path)
+        check_manifest(manifest_path, manifest, identity(model), records)
+        if manifest["rows_done"] == len(manifest["image_ids"]):
+            return FeatureStore(directory, split, manifest)
+    return extract(model, directory, split, records, batch_size, num_workers, progress)
+
+
+# --- extraction -----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def probe_grid(model: Captioner) -> tuple[tuple[int, int], int]:
+    """The grid (h, w) and feature dim the encoder gives at the configured image size."""
+    size = model.config.data.image_size
+    feats, grid = model.encoder.eval()(torch.zeros(1, 3, size, size, device=model.device))  # (1, N, D)
+    return grid, feats.shape[-1]
+
+
+@torch.no_grad()
+def extract(
+    model: Captioner, directory: str | Path, split: str, records: list[ImageRecord], batch_size: int,
+    num_workers: int = 0, progress: bool = True,
+) -> FeatureStore:
+    """Encode every image of `records` once into the store of `split`; resumes a stopped run.
+
+    Prints the size before it starts and stops with one line when the disk lacks the space.
+    Images that fail to load are recorded in the manifest and their rows left as zeros.
+    """
+    check_frozen(model)
+    if not records:
+        raise FeatureStoreError(f"{split}: no images to encode")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    array_path, manifest_path = store_files(directory, split)
+    expected = identity(model)
+    grid, feat_dim = probe_grid(model)
+    shape = (len(records), grid[0] * grid[1], feat_dim)
+    fresh = not (manifest_path.is_file() and array_path.is_file())
+    if not fresh:
+        manifest = read_manifest(manifest_path)
+        check_manifest(manifest_path, manifest, expected, records)
+    else:
+        manifest = {
+            "format": FORMAT, "version": VERSION, "split": split, "identity": expected,
+            "grid": list(grid), "feat_dim": feat_dim, "dtype": np.dtype(DTYPE).name, "shape": list(shape),
+            "image_ids": [r.image_id for r in records], "paths": [str(r.path) for r in records],
+            "rows_done": 0, "failed": [], "seconds": 0.0,
+        }
+    total = int(np.prod(shape)) * np.dtype(DTYPE).itemsize
+    start = manifest["rows_done"]
+    allocated = array_path.stat().st_blocks * 512 if not fresh else 0
+    needed = max(0, total - allocated)
+    free = shutil.disk_usage(directory).free
+    verb = f"resuming at row {start} of {len(records)}" if start else f"{len(records)} images"
+    log.info("%s: %s -> %d x %dx%d x %d fp16 = %s in %s", split, verb, shape[0], *grid, feat_dim, size_text(total), array_path)
+    if needed > free:
+        raise FeatureStoreError(
+            f"{directory}: the {split} store needs {size_text(needed)} more on disk, only {size_text(free)} is free"
+        )
+    if fresh:  # (an array left without its manifest is overwritten: nothing says what it holds)
+        np.lib.format.open_memmap(array_path, mode="w+", dtype=DTYPE, shape=shape)  # header + a sparse file, no data written
+        write_manifest(manifest_path, manifest)
+    header = npy_header_bytes(array_path)
+    row_bytes = shape[1] * shape[2] * np.dtype(DTYPE).itemsize
+
+    model.eval()
+    began, saved = time.time(), time.time()
+    seconds_before = manifest["seconds"]
+    fd = os.open(array_path, os.O_WRONLY)
+    bar = tqdm(total=len(records), initial=start, desc=f"features {split}", unit="img", disable=not progress, dynamic_ncols=True)
+    try:
+        # The loader yields one batch (or None when none of its images loaded) per batch_size records.
+        # Its seed draw is taken in a fork of the global RNG, so that training goes the same way
+        # whether the store was built in this process or before.
+        with torch.random.fork_rng(devices=[]):
+            batches = iter(image_loader(records[start:], model.transform, batch_size, num_workers))
+        for first in range(start, len(records), batch_size):
+            count = min(batch_size, len(records) - first)
+            batch = next(batches)
+            block = np.zeros((count, *shape[1:]), dtype=DTYPE)  # (b, N, D); rows of failed images stay zero
+            loaded = set()
+            if batch is not None:
+                images, indices = batch
+                feats, _ = model.encoder(images.to(model.device))  # (B, N, D)
+                feats = feats.float().clamp_(-FP16_MAX, FP16_MAX).to(torch.float16).cpu().numpy()
+                local = indices.numpy() - (first - start)  # loader indices count from `start`
+                block[local] = feats
+                loaded = set(local.tolist())
+            os.pwrite(fd, block.tobytes(), header + first * row_bytes)
+            for i in range(count):
+                if i not in loaded:
+                    record = records[first + i]
+                    manifest["failed"].append({"row": first + i, "image_id": record.image_id, "path": str(record.path)})
+                    log.warning("%s: image %d (%s) failed to load; recorded and skipped", split, record.image_id, record.path)
+            manifest["rows_done"] = first + count
+            bar.update(count)
+            if time.time() - saved > SAVE_PROGRESS_SECONDS:
+                manifest["seconds"] = round(seconds_before + time.time() - began, 1)
+                write_manifest(manifest_path, manifest)
+                saved = time.time()
+    finally:
+        bar.close()
+        os.close(fd)
+        manifest["seconds"] = round(seconds_before + time.time() - began, 1)
+        write_manifest(manifest_path, manifest)  # the rows written so far count, whatever stopped us
+    if len(manifest["failed"]) == len(records):
+        raise FeatureStoreError(f"{manifest_path}: none of the {len(records)} {split} images could be loaded")
+    return FeatureStore(directory, split, manifest)
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+class StoreRows:
+    """Rows of a store, read on demand: `rows[i] -> (N, D)` fp16, `rows[a:b] -> (b - a, N, D)`.
+
+    The file is opened on first use in each process, so a DataLoader worker opens its own.
+    """
+
+    def __init__(self, path: Path, header: int, row_shape: tuple[int, int], rows: list[int]) -> None:
+        self.path = path
+        self.header = header
+        self.row_shape = row_shape
+        self.row_bytes = row_shape[0] * row_shape[1] * np.dtype(DTYPE).itemsize
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self._fd: int | None = None
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": None, "_pid": -1}  # a worker opens the file itself
+
+    def _file(self) -> int:
+        if self._pid != os.getpid():
+            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        assert self._fd is not None
+        return self._fd
+
+    def _read(self, row: int) -> np.ndarray:
+        data = os.pread(self._file(), self.row_bytes, self.header + int(row) * self.row_bytes)
+        if len(data) != self.row_bytes:
+            raise FeatureStoreError(f"{self.path}: row {row} is cut short (the file is truncated)")
+        return np.frombuffer(data, dtype=DTYPE).reshape(self.row_shape)
+
+    def __getitem__(self, index: int | slice | list[int]) -> torch.Tensor | StoreRows:
+        """A row (N, D); a slice of rows read at once (b, N, D); a list of positions: those
+        rows, still on disk (as `tensor[list]` selects rows of a tensor)."""
+        if isinstance(index, slice):
+            return torch.stack([self[i] for i in range(*index.indices(len(self)))])  # (b, N, D)
+        if isinstance(index, (list, np.ndarray)):
+            return StoreRows(self.path, self.header, self.row_shape, self.rows[np.asarray(index, dtype=np.int64)].tolist())
+        return torch.from_numpy(self._read(self.rows[index]).copy())  # (N, D)
+
+    def __del__(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+
+
+class _RowDataset(Dataset):
+    def __init__(self, features: StoreRows) -> None:
+        self.features = features
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.features[i]
+
+
+def feature_batches(features: torch.Tensor | StoreRows, batch_size: int, num_workers: int = 0) -> Iterator[torch.Tensor]:
+    """Consecutive batches (B, N, D) of stored rows: read by DataLoader workers from disk, or
+    sliced from a tensor already in memory or on the device."""
+    if isinstance(features, torch.Tensor):
+        for start in range(0, len(features), batch_size):
+            yield features[start : start + batch_size]  # (B, N, D)
+        return
+    # Its own generator: a loader seeds its workers with a draw, which must not come from the
+    # global RNG that dropout uses (validating would change the training that follows).
+    yield from DataLoader(_RowDataset(features), batch_size=batch_size, num_workers=loader_workers(num_workers), generator=torch.Generator())
+
+
+@dataclass
+class SplitFeatures:
+    """What training or evaluation needs of a split's store: the records kept, their rows
+    (read from disk, or a tensor in memory or on the device), the grid."""
+
+    records: list[ImageRecord]
+    features: torch.Tensor | StoreRows
+    grid: tuple[int, int]
+
+
+def split_features(
+    model: Captioner, config: Config, split: str, records: list[ImageRecord],
+    use: list[ImageRecord] | None = None, build: bool = True,
+) -> SplitFeatures:
+    """The stored features of `use` (default: all of `records`, the whole split), the store
+    built first when absent (`build`), refused when stale. With `data.features_on_device` the
+    rows are loaded onto the model's device when they fit (on a CPU: into memory)."""
+    directory = store_dir(config)
+    data = config.data
+    if build:
+        store = ensure_store(model, directory, split, records, data.batch_size, data.num_workers)
+    else:
+        store = open_store(directory, split, model, records)
+    kept, rows = store.rows_of(records if use is None else use)
+    if store.failed_rows:
+        log.warning("%s: %d images failed to load at extraction and are skipped (%s)", split, len(store.failed_rows), store.manifest_path)
+    if data.features_on_device:
+        need = len(rows) * store.row_bytes
+        free = free_memory(model.device)
+        if need < 0.9 * free:
+            log.info("%s: %s of features loaded onto %s", split, size_text(need), model.device)
+            return SplitFeatures(kept, store.load(rows, model.device), store.grid)
+        log.warning(
+            "%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; reading from disk",
+            split, size_text(need), size_text(free), model.device,
+        )
+    return SplitFeatures(kept, store.rows(rows), store.grid)
+
+
+def free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

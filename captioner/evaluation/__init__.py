@@ -1,0 +1,1 @@
+"""Scores: the official COCO metrics, grounding, interpretability, significance, caption statistics."""

@@ -1,0 +1,60 @@
+"""Statistics of generated captions that the n-gram metrics hide: bad endings and repetition.
+
+Users of self-critical training report captions that stop on "with a" or "of the" (bad
+endings) and captions that say the same thing twice; these rates show both, before and after.
+
+- bad ending: the caption's last word is an article, a preposition or a conjunction, from the
+  explicit lists below. Words that end English captions legitimately as adverbs or particles
+  ("looking up", "lying down", "standing outside", "walking by", "flying over") are left out,
+  so the rate counts captions that are cut off mid-phrase, not style.
+- repeated bigram: some word bigram occurs at least twice in the caption ("a dog and a dog").
+
+Words come from `captioner.text.vocab.tokenize` (lower case, the PTB tokenizer's splits), so a
+caption given as text and the same caption given as words count alike.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from captioner.text.vocab import tokenize
+
+ARTICLES = frozenset({"a", "an", "the"})
+PREPOSITIONS = frozenset({
+    "of", "in", "on", "at", "to", "for", "with", "from", "into", "onto", "near", "under", "beneath",
+    "between", "among", "across", "through", "toward", "towards", "against", "upon", "beside", "during",
+    "without", "within", "like", "atop",
+})
+CONJUNCTIONS = frozenset({"and", "or", "but", "nor", "while", "because", "as", "if", "than", "whereas"})
+BAD_ENDINGS = ARTICLES | PREPOSITIONS | CONJUNCTIONS
+
+
+def words_of(caption: str | Sequence[str]) -> list[str]:
+    return tokenize(caption) if isinstance(caption, str) else [w.lower() for w in caption]
+
+
+def ends_badly(caption: str | Sequence[str]) -> bool:
+    """True when the last word is an article, preposition or conjunction (see BAD_ENDINGS)."""
+    words = words_of(caption)
+    return bool(words) and words[-1] in BAD_ENDINGS
+
+
+def repeats_bigram(caption: str | Sequence[str]) -> bool:
+    """True when some word bigram occurs twice or more in the caption."""
+    words = words_of(caption)
+    counts = Counter(zip(words, words[1:]))
+    return any(c > 1 for c in counts.values())
+
+
+def caption_stats(captions: Iterable[str | Sequence[str]]) -> dict[str, float]:
+    """bad_ending_rate, repeated_bigram_rate (shares in [0, 1]) and mean_length (words) of captions."""
+    words = [words_of(c) for c in captions]
+    if not words:
+        return {"bad_ending_rate": 0.0, "repeated_bigram_rate": 0.0, "mean_length": 0.0}
+    n = len(words)
+    return {
+        "bad_ending_rate": sum(ends_badly(w) for w in words) / n,
+        "repeated_bigram_rate": sum(repeats_bigram(w) for w in words) / n,
+        "mean_length": sum(map(len, words)) / n,
+    }

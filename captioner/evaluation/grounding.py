@@ -1,0 +1,211 @@
+"""The attention grounding score: how much of a word's attention falls on the object it names.
+
+For each generated word that refers to an object (a colour or shape word in the shapes world; a
+COCO category word or a common synonym in COCO), take the attention map at that step, upsample
+it to the image, normalise it to sum 1 and add up the mass inside the object's mask. The score
+is reported next to the uniform-attention baseline, the mean area fraction of those masks: a
+map that ignores the image scores exactly the baseline.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from captioner.core.errors import DatasetError
+from captioner.models.caption import Caption, upsample
+
+# COCO category -> words or phrases that name it in captions (singular and plural), after Lu et
+# al.'s Neural Baby Talk lists, trimmed to common words. Words that often name something else are
+# left out or kept only inside a phrase, since scoring them would measure attention against the
+# wrong mask: "orange" (a colour), "glass"/"glasses" (a window, spectacles), "wine", "light",
+# "sign", "stop", "traffic", "board" (any board), "bag", "computer" (a desktop is a "tv" in COCO),
+# "vehicle", "ski" (ski slope), "soccer"/"football" (a field, a player), "glove", "mouse".
+# A phrase is scored at its last word, and a word inside a phrase is not scored on its own
+# ("hot dog" is never a dog, "teddy bear" never a bear).
+COCO_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "person": ("person", "people", "man", "men", "woman", "women", "boy", "boys", "girl", "girls", "child",
+               "children", "kid", "kids", "guy", "guys", "lady", "ladies", "player", "players", "skier",
+               "skiers", "surfer", "surfers", "skateboarder", "snowboarder", "baby", "persons", "adult", "adults"),
+    "bicycle": ("bicycle", "bicycles", "bike", "bikes"), "car": ("car", "cars"),
+    "motorcycle": ("motorcycle", "motorcycles", "motorbike", "motorbikes", "scooter"),
+    "airplane": ("airplane", "airplanes", "plane", "planes", "jet", "jets", "aircraft", "airliner"),
+    "bus": ("bus", "buses", "busses"), "train": ("train", "trains", "locomotive"),
+    "truck": ("truck", "trucks"), "boat": ("boat", "boats", "ship", "ships", "sailboat", "canoe", "kayak"),
+    "traffic light": ("traffic light", "traffic lights", "stoplight", "stoplights", "stop light", "stop lights"),
+    "fire hydrant": ("hydrant", "hydrants"), "stop sign": ("stop sign", "stop signs"),
+    "parking meter": ("meter", "meters"), "bench": ("bench", "benches"),
+    "bird": ("bird", "birds", "pigeon", "pigeons", "seagull", "duck", "ducks"), "cat": ("cat", "cats", "kitten", "kitty"),
+    "dog": ("dog", "dogs", "puppy", "puppies"), "horse": ("horse", "horses", "pony"),
+    "sheep": ("sheep", "lamb", "lambs"), "cow": ("cow", "cows", "cattle", "bull", "calf"),
+    "elephant": ("elephant", "elephants"), "bear": ("bear", "bears"), "zebra": ("zebra", "zebras"),
+    "giraffe": ("giraffe", "giraffes"), "backpack": ("backpack", "backpacks"), "umbrella": ("umbrella", "umbrellas"),
+    "handbag": ("handbag", "handbags", "purse", "purses"), "tie": ("tie", "ties", "necktie"),
+    "suitcase": ("suitcase", "suitcases", "luggage"), "frisbee": ("frisbee", "frisbees"),
+    "skis": ("skis",), "snowboard": ("snowboard", "snowboards"),
+    "sports ball": ("ball", "balls", "soccer ball", "football", "baseball", "tennis ball"),
+    "kite": ("kite", "kites"), "baseball bat": ("bat", "bats", "baseball bat"),
+    "baseball glove": ("baseball glove", "baseball mitt", "mitt"),
+    "skateboard": ("skateboard", "skateboards"), "surfboard": ("surfboard", "surfboards", "surf board"),
+    "tennis racket": ("racket", "racquet", "rackets", "racquets"), "bottle": ("bottle", "bottles"),
+    "wine glass": ("wine glass", "wine glasses", "wineglass"), "cup": ("cup", "cups", "mug", "mugs"),
+    "fork": ("fork", "forks"), "knife": ("knife", "knives"), "spoon": ("spoon", "spoons"), "bowl": ("bowl", "bowls"),
+    "banana": ("banana", "bananas"), "apple": ("apple", "apples"), "sandwich": ("sandwich", "sandwiches"),
+    "orange": ("oranges",), "broccoli": ("broccoli",), "carrot": ("carrot", "carrots"),
+    "hot dog": ("hot dog", "hot dogs", "hotdog", "hotdogs"), "pizza": ("pizza", "pizzas"),
+    "donut": ("donut", "donuts", "doughnut", "doughnuts"),
+    "cake": ("cake", "cakes", "cupcake"), "chair": ("chair", "chairs"), "couch": ("couch", "couches", "sofa", "sofas"),
+    "potted plant": ("plant", "plants", "potted plant"), "bed": ("bed", "beds"), "dining table": ("table", "tables"),
+    "toilet": ("toilet", "toilets"), "tv": ("tv", "television", "tvs"), "laptop": ("laptop", "laptops"),
+    "mouse": ("computer mouse",), "remote": ("remote", "remotes", "controller"), "keyboard": ("keyboard", "keyboards"),
+    "cell phone": ("phone", "phones", "cellphone", "cell phone"), "microwave": ("microwave", "microwaves"),
+    "oven": ("oven", "ovens", "stove"), "toaster": ("toaster",), "sink": ("sink", "sinks"),
+    "refrigerator": ("refrigerator", "fridge", "refrigerators"), "book": ("book", "books"), "clock": ("clock", "clocks"),
+    "vase": ("vase", "vases"), "scissors": ("scissors",), "teddy bear": ("teddy", "teddy bear", "teddy bears"),
+    "hair drier": ("hair dryer", "hair drier", "blow dryer"), "toothbrush": ("toothbrush", "toothbrushes"),
+}
+# Phrase (as a word tuple) -> category, longest phrases first so that they win over their words.
+_COCO_PHRASES: list[tuple[tuple[str, ...], str]] = sorted(
+    ((tuple(phrase.split()), name) for name, phrases in COCO_SYNONYMS.items() for phrase in phrases),
+    key=lambda item: -len(item[0]),
+)
+
+
+@dataclass
+class GroundingReport:
+    words: int = 0
+    score: float = 0.0  # mean attention mass inside the named object's mask
+    baseline: float = 0.0  # mean mask area fraction: what uniform attention would score
+    per_word: dict[str, list[float]] = field(default_factory=dict)  # word -> masses
+    per_category: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # category -> (mass, area)s
+
+    @property
+    def ratio(self) -> float:
+        return self.score / self.baseline if self.baseline else float("nan")
+
+    def to_json(self) -> dict:
+        return {
+            "words": self.words,
+            "score": round(self.score, 4),
+            "uniform_baseline": round(self.baseline, 4),
+            "ratio": round(self.ratio, 2),
+            "per_category": {name: _summary(pairs) for name, pairs in sorted(self.per_category.items())},
+            "per_word": {w: round(float(np.mean(v)), 4) for w, v in sorted(self.per_word.items())},
+        }
+
+
+def _summary(pairs: list[tuple[float, float]]) -> dict:
+    """Words, score, baseline and ratio of one category's scored words."""
+    score, baseline = (float(np.mean(column)) for column in zip(*pairs))
+    ratio = round(score / baseline, 2) if baseline else None
+    return {"words": len(pairs), "score": round(score, 4), "uniform_baseline": round(baseline, 4), "ratio": ratio}
+
+
+class Instances:
+    """Instance masks of a COCO-format instances file, looked up by image id."""
+
+    def __init__(self, path: str | Path) -> None:
+        from captioner.data.coco import read_coco
+
+        path = Path(path)
+        if not path.is_file():
+            raise DatasetError(f"{path}: instances file not found")
+        # read_coco checks every image, category and annotation this class relies on.
+        self.coco = read_coco(path, "COCO instances file", ("images", "annotations", "categories"))
+        self.category_names = {c["id"]: c["name"] for c in self.coco.dataset["categories"]}
+        self.path = path
+
+    def objects(self, image_id: int) -> list[dict]:
+        return self.coco.loadAnns(self.coco.getAnnIds(imgIds=image_id, iscrowd=None))
+
+    def mask(self, annotation: dict) -> np.ndarray:
+        return self.coco.annToMask(annotation).astype(bool)  # (H, W)
+
+
+def shapes_regions(words: list[str], objects: list[dict], categories: dict[int, str]) -> dict[int, list[dict]]:
+    """Word position -> the object a colour or shape word names in the shapes world.
+
+    A colour word names the object whose shape word follows it in the phrase ("red ... circle");
+    a shape word the object whose colour word precedes it. Words naming no object of the image
+    (a wrong caption) are not scored.
+    """
+    from captioner.data.shapes import COLOURS, SHAPES
+
+    by_name = {(o["colour"], categories[o["category_id"]]): o for o in objects}
+    regions: dict[int, list[dict]] = {}
+    for i, word in enumerate(words):
+        if word in COLOURS:
+            shape = next((w for w in words[i + 1 : i + 3] if w in SHAPES), None)
+            if shape and (word, shape) in by_name:
+                regions[i] = [by_name[(word, shape)]]
+        elif word in SHAPES:
+            colour = next((w for w in reversed(words[max(0, i - 2) : i]) if w in COLOURS), None)
+            if colour and (colour, word) in by_name:
+                regions[i] = [by_name[(colour, word)]]
+    return regions
+
+
+def coco_regions(words: list[str], objects: list[dict], categories: dict[int, str]) -> dict[int, list[dict]]:
+    """Word position -> all instances of the COCO category the word or phrase names; a phrase
+    ("hot dog", "stop sign") is scored at its last word and its other words not at all."""
+    by_category: dict[str, list[dict]] = defaultdict(list)
+    for o in objects:
+        by_category[categories[o["category_id"]]].append(o)
+    regions: dict[int, list[dict]] = {}
+    taken: set[int] = set()
+    for phrase, name in _COCO_PHRASES:
+        n = len(phrase)
+        for start in range(len(words) - n + 1):
+            span = range(start, start + n)
+            if tuple(words[start : start + n]) == phrase and not taken.intersection(span):
+                taken.update(span)
+                if name in by_category:
+                    regions[start + n - 1] = by_category[name]
+    return dict(sorted(regions.items()))
+
+
+def _object_regions(caption: Caption, image_id: int, instances: Instances, kind: str) -> dict[int, list[dict]]:
+    find = shapes_regions if kind == "shapes" else coco_regions
+    return find(caption.words, instances.objects(image_id), instances.category_names)
+
+
+def word_regions(caption: Caption, image_id: int, instances: Instances, kind: str = "shapes") -> dict[int, np.ndarray]:
+    """Word position -> (H, W) mask of the object(s) that word names, for the scored words."""
+    regions = _object_regions(caption, image_id, instances, kind)
+    masks = {o["id"]: instances.mask(o) for objs in regions.values() for o in objs}
+    return {i: np.logical_or.reduce([masks[o["id"]] for o in objs]) for i, objs in regions.items()}
+
+
+def grounding_score(
+    captions: dict[int, Caption],
+    instances: Instances,
+    kind: str = "shapes",
+    layer: int = -1,
+    head: int | None = None,
+) -> GroundingReport:
+    """Score every object word of every caption against the instance masks, overall, per word
+    and per category (the category of the object the word names)."""
+    masses, areas = [], []
+    per_word: dict[str, list[float]] = defaultdict(list)
+    per_category: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for image_id, caption in captions.items():
+        objects = _object_regions(caption, image_id, instances, kind)
+        if not objects:
+            continue
+        regions = word_regions(caption, image_id, instances, kind)
+        info = instances.coco.imgs[image_id]
+        maps = upsample(caption.heatmaps(layer, head), (info["height"], info["width"]))  # (T, H, W), each sums to 1
+        for position, region in regions.items():
+            mass = float(maps[position][torch.from_numpy(region)].sum())
+            area = float(region.mean())
+            masses.append(mass)
+            areas.append(area)
+            per_word[caption.words[position]].append(mass)
+            per_category[instances.category_names[objects[position][0]["category_id"]]].append((mass, area))
+    if not masses:
+        return GroundingReport()
+    return GroundingReport(len(masses), float(np.mean(masses)), float(np.mean(areas)), dict(per_word), dict(per_category))

@@ -1,0 +1,66 @@
+"""BLEU as the Show-Attend-Tell tutorial reports it: nltk's `corpus_bleu`, beside the official scores.
+
+The tutorial (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning, eval.py) calls
+`nltk.translate.bleu_score.corpus_bleu(references, hypotheses)` with its default weights and no
+smoothing: n-gram matches are clipped per image against all its references and summed over the
+corpus before the precisions are taken, and the brevity penalty uses, per image, the reference
+length closest to the hypothesis (the shorter on a tie). On the same tokens pycocoevalcap's BLEU
+(the COCO server's) follows the same formula up to its 1e-15 / 1e-9 smoothing constants, and
+nltk gives ~0 (about 1e-155) when some n-gram order has no match at all. The tutorial's published
+numbers differ from the server's mainly in what is scored: word ids after its vocabulary
+cut-off (rare reference words become <unk>) on its own tokens, and no PTB tokenizer. The
+numbers here are reported under their own names, `nltk_corpus_BLEU_n`, never as the official
+score.
+
+Both are computed on the same tokens: those of the Java PTB tokenizer the official scorer uses,
+or `captioner.text.vocab.tokenize` when the official scorer is not run (`--fast`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+from captioner.text.vocab import tokenize
+
+KEYS = tuple(f"nltk_corpus_BLEU_{n}" for n in range(1, 5))
+LABEL = "tutorial-style nltk corpus_bleu, not comparable with COCO-server BLEU"
+
+
+def nltk_corpus_bleu(references: Mapping[int, list[list[str]]], predictions: Mapping[int, list[str]]) -> dict[str, float]:
+    """nltk corpus BLEU-1..4 (uniform weights, no smoothing) of tokenised predictions.
+
+    references: image id -> its reference captions as word lists; predictions: image id -> the
+    predicted words. Only the predicted images are scored.
+    """
+    from nltk.translate.bleu_score import corpus_bleu
+
+    ids = sorted(predictions)
+    refs = [references[i] for i in ids]
+    hyps = [predictions[i] for i in ids]
+    scores = {}
+    with warnings.catch_warnings():  # nltk warns when a precision is zero; the score is then ~0
+        warnings.simplefilter("ignore")
+        for n, key in enumerate(KEYS, start=1):
+            scores[key] = float(corpus_bleu(refs, hyps, weights=(1.0 / n,) * n))
+    return scores
+
+
+def tokenized(
+    references: Mapping[int, list[str]], predictions: Mapping[int, str], ptb: bool
+) -> tuple[dict[int, list[list[str]]], dict[int, list[str]]]:
+    """Word lists of the references and predictions: the Java PTB tokenizer's (`ptb`, as the
+    official scorer tokenises) or `captioner.text.vocab.tokenize`'s."""
+    ids = sorted(predictions)
+    if not ptb:
+        return {i: [tokenize(c) for c in references[i]] for i in ids}, {i: tokenize(predictions[i]) for i in ids}
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    from captioner.evaluation.metrics import _one_line, _quiet_pycocoevalcap
+
+    gts = {i: [{"caption": _one_line(c)} for c in references[i]] for i in ids}
+    res = {i: [{"caption": _one_line(predictions[i])}] for i in ids}
+    with _quiet_pycocoevalcap():
+        tokenizer = PTBTokenizer()
+        gts_tok, res_tok = tokenizer.tokenize(gts), tokenizer.tokenize(res)
+    return {i: [c.split() for c in gts_tok[i]] for i in ids}, {i: res_tok[i][0].split() for i in ids}

@@ -1,0 +1,1 @@
+"""Words: the PTB-compatible tokenizer and the vocabulary."""

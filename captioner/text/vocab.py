@@ -1,0 +1,84 @@
+"""Tokenisation and the word vocabulary.
+
+`tokenize` (from `captioner.text.tokenizer`) gives the words the official COCO caption evaluation
+scores: pycocoevalcap's Java PTB tokenizer and punctuation removal, reproduced in pure Python.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from captioner.core.errors import DatasetError
+from captioner.text.tokenizer import tokenize
+
+__all__ = ["PAD", "BOS", "EOS", "UNK", "SPECIALS", "Vocabulary", "tokenize"]
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIALS = (PAD, BOS, EOS, UNK)
+
+class Vocabulary:
+    """A word <-> id mapping with `<pad>`=0, `<bos>`, `<eos>`, `<unk>` first."""
+
+    def __init__(self, words: Sequence[str]) -> None:
+        if tuple(words[: len(SPECIALS)]) != SPECIALS:
+            raise DatasetError(f"vocabulary must start with {', '.join(SPECIALS)}")
+        if len(set(words)) != len(words):
+            raise DatasetError("vocabulary has duplicate words")
+        self.words = list(words)
+        self.index = {word: i for i, word in enumerate(self.words)}
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = (self.index[s] for s in SPECIALS)
+
+    @classmethod
+    def build(cls, captions: Iterable[str], min_count: int = 1) -> Vocabulary:
+        """Keep the words seen at least `min_count` times, most frequent first (ties by word)."""
+        counts = Counter(token for caption in captions for token in tokenize(caption))
+        kept = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+        return cls([*SPECIALS, *kept])
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocabulary) and self.words == other.words
+
+    def encode(self, caption: str, max_len: int | None = None) -> list[int]:
+        """Caption -> [bos, w1, ..., wn, eos], words truncated to `max_len`."""
+        ids = [self.index.get(token, self.unk_id) for token in tokenize(caption)]
+        if max_len is not None:
+            ids = ids[:max_len]
+        return [self.bos_id, *ids, self.eos_id]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids -> text, stopping at `<eos>` and skipping `<bos>`/`<pad>`."""
+        return " ".join(self.decode_words(ids))
+
+    def decode_words(self, ids: Iterable[int]) -> list[str]:
+        words = []
+        for i in ids:
+            i = int(i)
+            if i == self.eos_id:
+                break
+            if i in (self.bos_id, self.pad_id):
+                continue
+            words.append(self.words[i] if 0 <= i < len(self.words) else UNK)
+        return words
+
+    def to_list(self) -> list[str]:
+        return list(self.words)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"words": self.words}, indent=0))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocabulary:
+        path = Path(path)
+        try:
+            words = json.loads(path.read_text())["words"]
+        except FileNotFoundError:
+            raise DatasetError(f"{path}: vocabulary file not found") from None
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise DatasetError(f"{path}: not a vocabulary file ({e})") from None
+        return cls(words)

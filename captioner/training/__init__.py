@@ -1,0 +1,1 @@
+"""Training: the epoch loop, fit, schedules, self-critical training, rewards, distributed runs, resume."""

@@ -1,0 +1,181 @@
+"""Training on several processes with torchrun and DistributedDataParallel.
+
+`torchrun --nproc_per_node=N -m captioner train CONFIG` starts N processes with RANK,
+WORLD_SIZE and LOCAL_RANK in their environment; `setup` joins them into one process group
+(NCCL on CUDA, gloo on CPU). Without torchrun the environment names no world and everything
+here is a no-op for one process, so single-process training runs exactly as before.
+
+What the training loop needs from the group, and nothing else:
+- `is_main`: only rank 0 writes files (checkpoints, metrics, TensorBoard, figures);
+- `sum_host`: a sum of Python ints over ranks (the global token count of a step), on the CPU
+  through gloo, so it never waits for the device;
+- `sum_`: an in-place sum of a device tensor (the loss accumulators, read only when logged);
+- `all_gather`: any picklable object from every rank (validation captions, RNG states);
+- `broadcast`: rank 0's decision (early stopping, time limit) given to every rank.
+
+A failure on one rank must stop all of them with its message instead of leaving the others
+waiting in a collective: `abort` prints the error with the rank and leaves the process at once
+(`os._exit`, no clean-up that could itself wait on a dead peer); torchrun then stops the other
+ranks, and the process group's timeout bounds the wait of any collective in any case.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from captioner.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Distributed:
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    host_group: Any = None  # gloo group for CPU collectives (the default group when it is gloo)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier(group=self.host_group)
+
+    def sum_host(self, values: list[int]) -> list[int]:
+        """Element-wise sum of `values` over ranks, computed on the CPU (no device sync)."""
+        if not self.enabled:
+            return values
+        total = torch.tensor(values, dtype=torch.int64)  # (len(values),)
+        dist.all_reduce(total, group=self.host_group)
+        return total.tolist()
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """In-place sum of a device tensor over ranks."""
+        if self.enabled:
+            dist.all_reduce(tensor)
+        return tensor
+
+    def average_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Average the gradients of `parameters` over ranks in one flat all-reduce, in place.
+
+        For a step whose forward did not go through the DDP wrapper (SCST samples step by step
+        through the bare decoder), so DDP's reducer never saw it. A parameter without a gradient
+        on this rank counts as zero, so every rank reduces the same buffer.
+        """
+        if not self.enabled:
+            return
+        params = [p for p in parameters if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])  # (total,)
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p)  # views of the one reduced buffer, as DDP's buckets
+            offset += n
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if not self.enabled:
+            return [obj]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj, group=self.host_group)
+        return gathered
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, group=self.host_group)
+        return box[0]
+
+    def shard(self, items: list) -> list:
+        """This rank's share of `items` (every world_size-th, from its rank)."""
+        return items[self.rank :: self.world_size]
+
+
+def launched() -> bool:
+    """Whether torchrun (or another launcher) started this process as one of several."""
+    return _env_int("WORLD_SIZE", 1) > 1
+
+
+def rank_prefix() -> str:
+    return f"rank {_env_int('RANK', 0)}: " if launched() else ""
+
+
+def setup(device: torch.device, timeout_minutes: float) -> Distributed:
+    """Join the process group torchrun's environment describes; one process: no group at all.
+
+    On CUDA every process takes the GPU of its LOCAL_RANK and the group uses NCCL, with a gloo
+    group beside it for CPU-side collectives; on the CPU the one gloo group serves both.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    if world_size <= 1:
+        return Distributed(device)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    timeout = timedelta(minutes=timeout_minutes)
+    if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"LOCAL_RANK {local_rank}: this machine has {torch.cuda.device_count()} GPUs "
+                "(torchrun --nproc_per_node must not exceed them)"
+            )
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+        host_group = dist.new_group(backend="gloo", timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+        host_group = dist.group.WORLD
+    log.info("rank %d of %d on %s (%s)", rank, world_size, device, dist.get_backend())
+    return Distributed(device, rank, world_size, local_rank, host_group)
+
+
+def shutdown(ctx: Distributed) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def abort(code: int) -> NoReturn:
+    """Leave this rank now: no atexit handlers or process-group teardown that could wait on a
+    peer that is gone or stuck. torchrun sees the exit code and stops the other ranks."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def peer_failed(error: BaseException) -> bool:
+    """Whether `error` is this rank's collective failing because another rank went away."""
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(
+        sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "remote worker", "NCCL")
+    )
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={text!r} is not an integer (set by torchrun)") from None

@@ -1,0 +1,159 @@
+"""Self-critical sequence training: the objective of the second stage (Rennie et al. 2017; Luo 2020).
+
+Per image, `scst.samples` captions are sampled through the decoder interface
+(`decoding.sample_captions`, log-probabilities with gradients), each is rewarded with its CIDEr-D
+(plus an optional BLEU-4 term) against all the image's references, and the policy gradient pushes
+up the captions that beat a baseline:
+
+    loss = -mean_over_samples[(reward - baseline) * sum of log p(word) over the words and <eos>]
+
+Baselines (`scst.baseline`):
+- greedy: the reward of the image's greedy caption (Rennie et al.). It is decoded without
+  gradients and in eval mode (no dropout), as the test-time caption it stands for, from the same
+  image features as the samples (with a fine-tuned encoder these are the train-mode features).
+- mean: the mean reward of the image's OTHER samples (Luo 2020, "new self-critical"): no extra
+  decoding, and the baseline of a sample never depends on the sample itself.
+
+With `scst.xent_weight` > 0 the cross-entropy stage's loss on the batch's reference captions is
+added with that weight (ruotianluo's `structure_loss_weight`, Paulus et al. 2018's mixed
+objective): on a small training set it anchors the policy to the references while the reward
+reshapes it.
+
+A step reads nothing back from the device (tests/test_sync.py): sampling and the greedy baseline
+run `max_length` steps with finished rows masked, the CIDEr-D reward is computed by torch ops on
+the samples' device from a reference table shared by the ranks of a node (rewards.DeviceReward,
+captioner/training/reward_table.py), and the logged values stay device tensors (docs/scst_gpu.md).
+
+`SelfCritical` is called like `train.caption_loss`, (model, batch, config, encoded) -> (loss,
+logged values), so `fit` only picks it for the stage and knows nothing else about it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from captioner.core.config import Config, ScstConfig
+from captioner.data.batching import CaptionBatch
+from captioner.models.captioner import Captioner
+from captioner.models.decoding import greedy_captions, sample_captions
+from captioner.text.vocab import Vocabulary
+from captioner.training.rewards import DeviceReward
+
+# (tokens (C, T), lengths (C,), dataset image indices (C,)) -> (C,) rewards on the tokens' device
+Reward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def mean_of_others(rewards: torch.Tensor, n: int) -> torch.Tensor:
+    """(B*n,) rewards, n consecutive per image -> each sample's baseline: the mean of the other n-1."""
+    per_image = rewards.view(-1, n)  # (B, n)
+    return ((per_image.sum(dim=1, keepdim=True) - per_image) / (n - 1)).view(-1)  # (B*n,)
+
+
+class SelfCritical:
+    """The SCST objective over one stage's training images.
+
+    `references[i]` are the reference captions (text) of the dataset's image i; the reward's
+    document frequencies come from all of them, once, and `batch.indices` picks each image's.
+    `reward` replaces the CIDEr-D reward (tests use one that favours a word); `cache_dir` is where
+    the reward's reference table is saved once and memory-mapped by every rank of the node.
+    `xent` is the cross-entropy objective that `scst.xent_weight` mixes in.
+    """
+
+    def __init__(
+        self,
+        settings: ScstConfig,
+        vocab: Vocabulary,
+        references: Sequence[Sequence[str]],
+        reward: Reward | None = None,
+        xent: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.vocab = vocab
+        self.reward = reward or DeviceReward(vocab, references, settings.cider_weight, settings.bleu_weight, cache_dir)
+        self.banned = (vocab.pad_id, vocab.bos_id, vocab.unk_id)
+        self.reward_seconds = 0.0  # host time spent in the reward, in total (launch time only on a GPU)
+        self.xent = xent
+        if settings.xent_weight and xent is None:
+            raise ValueError("SelfCritical: scst.xent_weight needs the cross-entropy objective (xent)")
+
+    logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "reward_seconds", "xent")
+
+    def score(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        """(C,) rewards as float32 on the tokens' device, timed into `reward_seconds`."""
+        start = time.perf_counter()
+        rewards = self.reward(tokens, lengths, images).float()  # (C,)
+        self.reward_seconds += time.perf_counter() - start
+        return rewards
+
+    def __call__(
+        self,
+        model: Captioner,
+        batch: CaptionBatch,
+        config: Config,
+        encoded: bool,
+        totals: tuple[int, ...] | None = None,
+        forward: object | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss, logged values as 0-d tensors on the loss's device). `totals` = (target words,
+        captions, images) over every rank; `forward` (the DDP wrapper of cross-entropy) is not
+        used: sampling runs the bare decoder, and `train_one_epoch` averages its gradients.
+        Nothing is read back from the device (except by a BLEU term in the reward)."""
+        s, vocab = self.settings, self.vocab
+        reward_before = self.reward_seconds
+        n = s.samples
+        if encoded:
+            feats = batch.images.to(model.dtype)  # (B, N, D): the feature store keeps fp16
+            if model.config.model.blind:
+                feats = torch.zeros_like(feats)
+        else:
+            feats, _ = model.encode(batch.images)  # (B, N, D), with gradients into a fine-tuned encoder
+        images = batch.indices.to(feats.device, non_blocking=True)  # (B,): dataset index of each image
+        decoder_was_training = model.decoder.training
+        model.decoder.train(s.dropout)  # without dropout the policy sampled and pushed is the test-time decoder
+        try:
+            samples = sample_captions(
+                model.decoder, feats, vocab.bos_id, vocab.eos_id, n, s.max_length, s.temperature, banned=self.banned
+            )  # tokens, logprobs, mask: (B*n, T)
+        finally:
+            model.decoder.train(decoder_was_training)
+        rewards = self.score(samples.tokens, samples.lengths, images.repeat_interleave(n))  # (B*n,)
+
+        if s.baseline == "greedy":
+            was_training = model.training
+            model.eval()
+            try:
+                greedy = greedy_captions(model.decoder, feats.detach(), vocab.bos_id, vocab.eos_id, s.max_length, self.banned)
+            finally:
+                model.train(was_training)
+            baseline = self.score(greedy.tokens, greedy.lengths, images).repeat_interleave(n)  # (B*n,)
+        else:
+            baseline = mean_of_others(rewards, n)  # (B*n,)
+
+        advantage = rewards - baseline  # (B*n,)
+        # Under torchrun this rank's images are a share of the global batch's (`totals[2]`, summed
+        # over ranks): the loss and the logged means become shares too, so that averaging the
+        # gradients over ranks and summing the logged values give the global batch's means.
+        share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
+        loss = -(advantage * samples.caption_logprobs()).mean() * share
+        xent = torch.zeros((), device=loss.device)
+        if s.xent_weight:
+            # Teacher forcing on every reference of the batch's images; `totals` make it this rank's share.
+            xent, _ = self.xent(model, batch, config, encoded, totals)
+            loss = loss + s.xent_weight * xent
+        words = (samples.mask & (samples.tokens != vocab.eos_id)).sum(dim=1)  # (B*n,): <eos> is not a word
+        means = torch.stack([
+            rewards.mean(),
+            baseline.mean(),
+            advantage.mean(),  # with the mean baseline 0 by construction
+            advantage.abs().mean(),  # the size of the policy-gradient weights
+            words.float().mean(),
+        ])  # (5,) on the device
+        seconds = torch.tensor([self.reward_seconds - reward_before], dtype=torch.float32).to(loss.device, non_blocking=True)  # (1,)
+        values = torch.cat([means.detach().float(), seconds]) * share  # (P-2,): wall time of this step's scoring last
+        logged = dict(zip(self.logged[1:-1], values.unbind()))
+        return loss, {"loss": loss.detach().float(), **logged, "xent": xent.detach().float()}

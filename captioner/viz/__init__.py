@@ -1,0 +1,1 @@
+"""Pictures: attention overlays, head views, saliency figures, training curves (matplotlib)."""

@@ -1,0 +1,141 @@
+"""Figures for looking inside a caption: the self-attention head view (after bertviz), the grid
+of cross-attention maps per layer and head, and attention beside Grad-CAM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from captioner.core.errors import CaptionerError  # noqa: E402
+from captioner.models.caption import Caption, upsample  # noqa: E402
+from captioner.viz.overlays import overlay  # noqa: E402
+
+HEAD_COLOURS = plt.get_cmap("tab10")
+
+
+def head_view_tokens(caption: Caption) -> tuple[list[str], list[str]]:
+    """(left, right) labels of the head view: on the left the word each step produced, on the
+    right the input each position held (<bos>, then the words), so that row t's lines reach the
+    inputs 0..t: <bos> and the words before word t."""
+    return list(caption.words), ["<bos>", *caption.words[:-1]]
+
+
+def _check_self_attention(caption: Caption) -> torch.Tensor:
+    if caption.self_attn is None:
+        raise CaptionerError("this caption has no self-attention weights: only transformer decoders have them")
+    return caption.self_attn  # (T, L, H, T)
+
+
+def _draw_head_view(ax, weights: torch.Tensor, left: list[str], right: list[str], colour, title: str) -> None:
+    """weights (T, T): row t's attention over the inputs; a line per (t, j), strength the weight."""
+    T = len(left)
+    ax.set_xlim(-0.9, 1.9)
+    ax.set_ylim(T - 0.5, -0.8)
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+    for t in range(T):
+        ax.text(0, t, left[t], ha="right", va="center", fontsize=8)
+        ax.text(1, t, right[t], ha="left", va="center", fontsize=8)
+    for t in range(T):
+        for j in range(t + 1):  # causal: nothing after t carries weight
+            w = float(weights[t, j])
+            if w > 0.02:
+                ax.plot([0.05, 0.95], [t, j], color=colour, alpha=min(1.0, 0.15 + 0.85 * w), linewidth=0.3 + 3 * w)
+
+
+def head_view_figure(caption: Caption, layers: list[int] | None = None, heads: list[int] | None = None) -> Figure:
+    """bertviz's head view of the decoder's self-attention: a panel per (layer, head) and per
+    layer the mean over its heads; in each, a line from every word (left) to each earlier input
+    (right) it attends to, as strong as the weight."""
+    weights = _check_self_attention(caption)  # (T, L, H, T)
+    L, H = weights.shape[1:3]
+    layers = list(range(L)) if layers is None else layers
+    heads = list(range(H)) if heads is None else heads
+    left, right = head_view_tokens(caption)
+    columns = len(heads) + (1 if len(heads) > 1 else 0)
+    height = 0.9 + 0.24 * len(left)
+    fig, axes = plt.subplots(len(layers), columns, figsize=(2.3 * columns, height * len(layers)), squeeze=False)
+    for r, layer in enumerate(layers):
+        for c, head in enumerate(heads):
+            _draw_head_view(axes[r, c], weights[:, layer, head], left, right, HEAD_COLOURS(head % 10), f"layer {layer}, head {head}")
+        if len(heads) > 1:
+            mean = weights[:, layer, heads].mean(dim=1)  # (T, T)
+            _draw_head_view(axes[r, -1], mean, left, right, "black", f"layer {layer}, mean")
+    fig.suptitle(f"self-attention: {caption.text}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def head_grid_figure(image: Image.Image, caption: Caption, positions: list[int] | None = None) -> Figure:
+    """Each word's cross-attention as a layers x heads grid of small maps over the image (plus
+    the mean over heads in the last column); the words' grids stacked top to bottom."""
+    positions = list(range(len(caption.words))) if positions is None else positions
+    attn = caption.attn  # (T, L, H, h, w)
+    L, H = attn.shape[1:3]
+    columns = H + (1 if H > 1 else 0)
+    rows = L * len(positions)
+    fig, axes = plt.subplots(rows, columns, figsize=(1.45 * columns + 0.5, 1.5 * rows + 0.4), squeeze=False)
+    size = (image.height, image.width)
+    for i, t in enumerate(positions):
+        maps = attn[t]  # (L, H, h, w)
+        if H > 1:
+            maps = torch.cat([maps, maps.mean(dim=1, keepdim=True)], dim=1)  # (L, H+1, h, w)
+        pictures = upsample(maps.flatten(0, 1), size).numpy()  # (L*(H+1), H_img, W_img)
+        for layer in range(L):
+            for c in range(columns):
+                ax = axes[i * L + layer, c]
+                ax.imshow(overlay(image, pictures[layer * columns + c]))
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if i * L + layer == 0:
+                    ax.set_title("mean" if c == H else f"head {c}", fontsize=9)
+                if c == 0:
+                    ax.set_ylabel(f"{caption.words[t]}\nlayer {layer}", fontsize=9)
+    fig.suptitle(f"cross-attention per layer and head: {caption.text}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def saliency_figure(
+    image: Image.Image, caption: Caption, cams: dict[int, torch.Tensor], layer: int = -1, head: int | None = None,
+    columns: int = 8,
+) -> Figure:
+    """For each word: its attention map (top) above its Grad-CAM map (bottom), over the image."""
+    positions = sorted(cams)
+    columns = max(1, min(columns, len(positions)))
+    size = (image.height, image.width)
+    attention = upsample(caption.heatmaps(layer, head)[positions], size).numpy()  # (W, H, W)
+    gradcam = upsample(torch.stack([cams[p] for p in positions]), size).numpy()  # (W, H, W)
+    blocks = (len(positions) + columns - 1) // columns
+    fig, axes = plt.subplots(2 * blocks, columns, figsize=(1.7 * columns, 3.6 * blocks + 0.4), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for i, p in enumerate(positions):
+        top, bottom = axes[2 * (i // columns), i % columns], axes[2 * (i // columns) + 1, i % columns]
+        top.imshow(overlay(image, attention[i]))
+        top.set_title(caption.words[p], fontsize=10)
+        bottom.imshow(overlay(image, gradcam[i]))
+        if i % columns == 0:
+            top.text(-0.08, 0.5, "attention", transform=top.transAxes, rotation=90, ha="right", va="center", fontsize=9)
+            bottom.text(-0.08, 0.5, "Grad-CAM", transform=bottom.transAxes, rotation=90, ha="right", va="center", fontsize=9)
+    fig.suptitle(f"attention vs Grad-CAM: {caption.text}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig: Figure, *paths: str | Path, dpi: int = 90) -> list[Path]:
+    """Write the figure to each path (its format from the suffix: .png, .svg, .jpg) and close it."""
+    written = []
+    for path in map(Path, paths):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+        written.append(path)
+    plt.close(fig)
+    return written
