@@ -200,7 +200,7 @@ def bench_step(args: argparse.Namespace) -> None:
     from captioner.data.batching import CaptionBatch
     from captioner.data.datasets import load_split
     from captioner.models.build import build_model
-    from captioner.models.checkpoint import load_captioner
+    from captioner.models.checkpoint import checkpoint_config, load_captioner
     from captioner.text.vocab import Vocabulary
     from captioner.training.scst import SelfCritical
 
@@ -211,7 +211,7 @@ def bench_step(args: argparse.Namespace) -> None:
         model = build_model(config, Vocabulary.build((c for r in records for c in r.captions), config.data.min_word_count))
     else:
         model = load_captioner(args.checkpoint)
-        config = model.config
+        config = checkpoint_config(args.checkpoint)
         records = load_split(config.data, "train")
     if args.baseline:
         config.scst.baseline = args.baseline

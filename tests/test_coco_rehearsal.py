@@ -223,7 +223,7 @@ def test_scst_from_the_store_trained_checkpoint_needs_no_store_overrides(rehears
     result = rehearsal.train(TRANSFORMER_SCST, "transformer_scst", init=store_trained)
     assert "model.encoder.fine_tune_blocks is 0 in the checkpoint, 2 here" in result.stderr
     model = load_captioner(rehearsal.runs / "transformer_scst" / "best.pt")
-    assert model.config.model.encoder.fine_tune_blocks == 2  # this stage fine-tunes, as its config says
+    assert model.config.encoder.fine_tune_blocks == 2  # this stage fine-tunes, as its config says
 
 
 @pytest.mark.slow
@@ -243,9 +243,10 @@ def test_evaluate_caption_and_demo_load_the_checkpoint(rehearsal: Rehearsal, ima
 
     require_module("gradio", "the demo extra is not installed")
     from captioner.apps.demo import build_demo, caption_page, close, dataset_examples
+    from captioner.models.checkpoint import checkpoint_config
 
     model = load_captioner(image_trained)
-    assert dataset_examples(model.config) == rehearsal.tree.test_images[:4]  # the demo's examples: COCO test images
+    assert dataset_examples(checkpoint_config(image_trained)) == rehearsal.tree.test_images[:4]  # the demo's examples: COCO test images
     page = caption_page(model, "coco", images[0], beam_size=3, max_length=8, figure_dir=tmp_path)
     assert page.text == rows[0]["caption"] and len(page.gallery) == len(page.text.split())
     close(build_demo([image_trained]))

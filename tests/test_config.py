@@ -158,9 +158,12 @@ def test_checkpoint_configs_are_checked_like_files(tmp_path: Path) -> None:
 
     from captioner.models.checkpoint import load_captioner, save_checkpoint
 
+    from captioner.core.config import config_from_dict
+
     model = tiny_model()
-    model.config.train.label_smoothing = 1.5  # set in code, past the loader's checks
-    save_checkpoint(tmp_path / "bad.pt", model)
+    config = config_from_dict(model.settings())
+    config.train.label_smoothing = 1.5  # set in code, past the loader's checks
+    save_checkpoint(tmp_path / "bad.pt", model, config)
     with pytest.raises(CheckpointError, match=r"bad.pt: incompatible config: .*'train.label_smoothing' must be in \[0, 1\); got 1.5"):
         load_captioner(tmp_path / "bad.pt")
 

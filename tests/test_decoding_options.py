@@ -243,8 +243,8 @@ def test_n_best_gives_distinct_sorted_hypotheses_with_attention(kind: str) -> No
     feats, grid = model.encode(images)
     n_best = model.decode_n_best(feats, grid, n_best=3, beam_size=4, max_length=8)
     best = model.decode(feats, grid, beam_size=4, max_length=8)
-    layers = model.config.model.decoder.num_layers if kind == "transformer" else 1
-    heads = model.config.model.decoder.num_heads if kind == "transformer" else 1
+    layers = model.config.decoder.num_layers if kind == "transformer" else 1
+    heads = model.config.decoder.num_heads if kind == "transformer" else 1
     for captions, first in zip(n_best, best):
         assert len(captions) == 3 and len({tuple(c.tokens) for c in captions}) == 3
         assert [c.score for c in captions] == sorted((c.score for c in captions), reverse=True)

@@ -181,8 +181,10 @@ def test_default_checkpoint_uses_the_quickstart_model_or_trains_it(tmp_path: Pat
     assert default_checkpoint() == Path("runs/shapes_lstm/best.pt") and len(trainings) == 1
 
 
-def test_examples_come_from_the_model_dataset_and_are_never_generated(model, tmp_path: Path) -> None:
-    examples = dataset_examples(model.config, count=3)
+def test_examples_come_from_the_model_dataset_and_are_never_generated(trained: Trained, tmp_path: Path) -> None:
+    from captioner.models.checkpoint import checkpoint_config
+
+    examples = dataset_examples(checkpoint_config(trained.checkpoint), count=3)
     assert len(examples) == 3 and all(p.is_file() for p in examples)
     missing = load_config(None, [f"data.root={tmp_path / 'nowhere'}"])
     assert dataset_examples(missing) == [] and not (tmp_path / "nowhere").exists()

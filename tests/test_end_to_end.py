@@ -272,7 +272,7 @@ def test_transformer_end_to_end(shapes_transformer: Path, shapes_lstm: TrainedRu
     assert float(rows[-1]["train_loss"]) < 0.5 * float(rows[0]["train_loss"])
     checkpoint = shapes_transformer / "last.pt"
     model = load_captioner(checkpoint)
-    assert model.config.model.decoder.type == "transformer" and model.config.model.decoder.norm_first is True
+    assert model.config.decoder.type == "transformer" and model.config.decoder.norm_first is True
     caption = model.caption(shapes_lstm.test_images[0])
     assert caption.attn.shape[1:3] == (2, 4)  # (T, layers, heads, h, w): every layer's heads kept for the maps
     rows = caption_json(checkpoint, shapes_lstm.test_images, capsys, "--beam", "3", "--heatmaps", str(tmp_path / "maps"))
@@ -295,7 +295,7 @@ def test_blind_model_writes_one_caption_for_every_image(shapes_lstm: TrainedRun,
     run = tmp_path / "blind"
     args = [*shapes_lstm.train_args[:-1], f"train.out_dir={run}", "train.epochs=2", "model.blind=true"]
     assert main(args) == 0
-    assert load_captioner(run / "best.pt").config.model.blind is True
+    assert load_captioner(run / "best.pt").config.blind is True
     result = naming(run / "best.pt", shapes_lstm.shapes, capsys)
     assert result.distinct == 1  # one caption, whatever the image
     with pytest.raises(AssertionError):

@@ -234,10 +234,10 @@ def test_training_and_evaluation_from_the_store(shapes_root: Path, tmp_path: Pat
         assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
 
     # Evaluation from the store gives the captions of evaluation from the images.
-    from captioner.models.checkpoint import load_captioner
+    from captioner.models.checkpoint import checkpoint_config, load_captioner
 
     model = load_captioner(tmp_path / "disk" / "best.pt")
-    config = model.config
+    config = checkpoint_config(tmp_path / "disk" / "best.pt")
     records = load_split(config.data, "val")
     stored = split_features(model, config, "val", records, build=False)
     from_store = caption_records(model, stored.records, beam_size=2, features=stored.features, grid=stored.grid, num_workers=1, progress=False)

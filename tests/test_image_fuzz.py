@@ -61,7 +61,7 @@ class Outcome:
         self.loaded: dict[str, Image.Image] = {}
         self.refused: dict[str, str] = {}
         self.tensors: list[torch.Tensor] = []
-        self.transform = ImageTransform(model.config.data.image_size)
+        self.transform = ImageTransform(model.image_size)
 
     def __call__(self, name: str, data: bytes) -> None:
         path = self.tmp_path / name

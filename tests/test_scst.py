@@ -60,7 +60,7 @@ def test_mean_baseline_through_the_objective(decoder: str) -> None:
     reward = Recorder(model.vocab.index["red"])
     objective = SelfCritical(ScstConfig(samples=4, baseline="mean", max_length=6), model.vocab, [], reward)
     torch.manual_seed(0)
-    loss, parts = objective(model, feature_batch(model), model.config, encoded=True)
+    loss, parts = objective(model, feature_batch(model), tiny_config(), encoded=True)
     candidates, keys = reward.calls[0]
     assert len(reward.calls) == 1 and len(candidates) == 12  # no greedy decoding for this baseline
     assert keys == [10] * 4 + [11] * 4 + [12] * 4  # samples are scored against their own image
@@ -79,7 +79,7 @@ def test_greedy_baseline_is_the_reward_of_the_greedy_caption(decoder: str) -> No
     reward = Recorder(vocab.index["red"])
     objective = SelfCritical(ScstConfig(samples=3, baseline="greedy", max_length=6), vocab, [], reward)
     batch = feature_batch(model)
-    _, parts = objective(model, batch, model.config, encoded=True)
+    _, parts = objective(model, batch, tiny_config(), encoded=True)
     assert model.training  # the greedy baseline decodes in eval mode and restores the mode
     model.eval()
     greedy = greedy_decode(model.decoder, batch.images, vocab.bos_id, vocab.eos_id, 6, banned=(0, 1, 3))
@@ -116,7 +116,7 @@ def test_steps_raise_the_probability_of_a_rewarded_word(decoder: str, baseline: 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     torch.manual_seed(0)
     for _ in range(4):
-        loss, _ = objective(model, batch, model.config, encoded=True)
+        loss, _ = objective(model, batch, tiny_config(), encoded=True)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -143,8 +143,8 @@ def test_xent_weight_adds_the_cross_entropy_stage_loss(decoder: str) -> None:
     batch = CaptionBatch(batch.images, tokens, torch.tensor([5, 4]), torch.tensor([0, 1]), batch.indices)
     settings = ScstConfig(samples=3, baseline="mean", max_length=6, xent_weight=0.7)
     objective = SelfCritical(settings, vocab, [], Constant(), xent=caption_loss)
-    loss, parts = objective(model, batch, model.config, encoded=True)
-    xent, _ = caption_loss(model, batch, model.config, encoded=True)
+    loss, parts = objective(model, batch, tiny_config(), encoded=True)
+    xent, _ = caption_loss(model, batch, tiny_config(), encoded=True)
     assert float(parts["advantage_abs"]) == 0.0  # equal rewards: the sampled captions weigh nothing
     assert float(loss.detach()) == pytest.approx(0.7 * float(xent.detach()), rel=1e-6)
     assert float(parts["xent"]) == pytest.approx(float(xent.detach()), rel=1e-6)
@@ -163,7 +163,7 @@ def test_scst_dropout_off_samples_the_test_time_decoder(decoder: str) -> None:
     def sampled(dropout: bool) -> tuple[list[list[int]], float]:
         objective = SelfCritical(ScstConfig(samples=4, baseline="mean", max_length=8, dropout=dropout), model.vocab, [], reward)
         torch.manual_seed(0)
-        loss, _ = objective(model, batch, model.config, encoded=True)
+        loss, _ = objective(model, batch, tiny_config(), encoded=True)
         return reward.calls[-1][0], float(loss.detach())
 
     off = sampled(False)

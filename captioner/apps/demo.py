@@ -30,13 +30,13 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from captioner.core.config import Config, load_config  # noqa: E402
+from captioner.core.config import Config, config_from_dict, load_config  # noqa: E402
 from captioner.core.errors import CaptionerError, ImageLoadError, RequestError  # noqa: E402
 from captioner.data.datasets import load_split  # noqa: E402
 from captioner.data.images import MAX_PIXELS, load_image, open_image  # noqa: E402
 from captioner.models.caption import Caption  # noqa: E402
 from captioner.models.captioner import Captioner  # noqa: E402
-from captioner.models.checkpoint import load_captioner  # noqa: E402
+from captioner.models.checkpoint import checkpoint_config, load_captioner  # noqa: E402
 from captioner.viz.overlays import save_attention_figure, word_overlays  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class PageOutput:
 
 def attention_shape(model: Captioner) -> tuple[int, int]:
     """(layers, heads) of the decoder's attention maps: (1, 1) for the LSTM."""
-    decoder = model.config.model.decoder
+    decoder = model.config.decoder
     return (decoder.num_layers, decoder.num_heads) if decoder.type == "transformer" else (1, 1)
 
 
@@ -322,21 +322,21 @@ def figure_image(fig: Any) -> Image.Image:
 def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
     """One Markdown line: what a served model was trained on and how it scored on validation,
     from the checkpoint's config, vocabulary and train state."""
-    config = model.config
+    config = config_from_dict(payload["config"], source=path) if payload else None
     state = payload.get("train_state") or {}
     history = state.get("history") or []
     best_epoch, best_step = state.get("best_epoch"), state.get("best_step")
     row = next((r for r in history if r.get("epoch") == best_epoch and best_step in (None, r.get("step"))), history[-1] if history else None)
-    metric = config.train.val_metric
+    metric = config.train.val_metric if config else "?"
     if row:
         scores = ", ".join(f"{k[4:]} {float(v):.3f}" for k, v in row.items() if k.startswith("val_"))
         where = f"epoch {row['epoch']}" + (f", step {row['step']}" if "epochs_done" in row else "")  # mid-epoch (train.val_every_steps)
         val = f"validation at {where} of {state.get('epoch', '?')} (best {metric}): {scores}"
     else:
         val = "no validation scores in the checkpoint"
-    data = config.data
+    dataset = config.data.dataset if config else "an unknown dataset"
     return (
-        f"**{model_label(path, model)}**: trained on **{data.dataset}** ({data.image_size} px images), "
+        f"**{model_label(path, model)}**: trained on **{dataset}** ({model.image_size} px images), "
         f"vocabulary {len(model.vocab)} words; {val}."
     )
 
@@ -369,7 +369,7 @@ def load_models(checkpoints: list[Path], device: str = "cpu") -> dict[str, Capti
 def model_label(path: str, model: Captioner) -> str:
     """What the model menu shows: 'run/best.pt (lstm over small_cnn)'."""
     name = Path(path)
-    return f"{name.parent.name}/{name.name} ({model.config.model.decoder.type} over {model.config.model.encoder.name})"
+    return f"{name.parent.name}/{name.name} ({model.config.decoder.type} over {model.config.encoder.name})"
 
 
 def default_checkpoint(config_path: Path = DEFAULT_CONFIG) -> Path:
@@ -540,7 +540,7 @@ def build_demo(
     images of the first model's dataset, where they are on this machine."""
     callbacks = Callbacks(load_models(checkpoints, device), max_pixels)
     first_name, first = callbacks.model("")
-    examples = dataset_examples(first.config) if examples is None else examples
+    examples = dataset_examples(checkpoint_config(first_name)) if examples is None else examples
     with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False, delete_cache=(600, 3600)) as demo:
         gr.Markdown(
             "## Image captioning with spatial attention\n"
@@ -552,7 +552,7 @@ def build_demo(
                 image = UploadImage(label="Image", type="filepath", sources=["upload", "clipboard"], height=320, elem_id="image")
                 choices = [(model_label(name, model), name) for name, model in callbacks.models.items()]
                 model_name = gr.Dropdown(choices, value=first_name, label="Model", elem_id="model")
-                decode = first.config.decode
+                decode = first.decode_config
                 with gr.Row():
                     beam = gr.Slider(1, MAX_BEAM, value=min(decode.beam_size, MAX_BEAM), step=1, label="Beam width", elem_id="beam")
                     length = gr.Slider(

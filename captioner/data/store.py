@@ -77,14 +77,14 @@ def encoder_fingerprint(model: Captioner) -> str:
 def identity(model: Captioner) -> dict[str, Any]:
     """What the features depend on, besides the images: the fields a store must match, in the
     order they are compared (the first mismatch names the error)."""
-    encoder = model.config.model.encoder
+    encoder = model.config.encoder
     return {
         "encoder.name": encoder.name,
         "encoder.pretrained": encoder.pretrained,
         "encoder.grid_size": encoder.grid_size,
         "encoder.fine_tune_blocks": encoder.fine_tune_blocks,
         "encoder.fingerprint": encoder_fingerprint(model),
-        "image_size": model.config.data.image_size,
+        "image_size": model.image_size,
         "transform": model.transform.describe(),  # the real pipeline's steps: a changed one marks the store stale
     }
 
@@ -93,7 +93,7 @@ def check_frozen(model: Captioner) -> None:
     if not model.encoder.frozen:
         raise ConfigError(
             "model.encoder: a feature store needs a frozen encoder (pretrained: true, fine_tune_blocks: 0); "
-            f"{model.config.model.encoder.name} here trains, so its features change every step"
+            f"{model.config.encoder.name} here trains, so its features change every step"
         )
 
 
@@ -249,7 +249,7 @@ def ensure_store(
 @torch.no_grad()
 def probe_grid(model: Captioner) -> tuple[tuple[int, int], int]:
     """The grid (h, w) and feature dim the encoder gives at the configured image size."""
-    size = model.config.data.image_size
+    size = model.image_size
     feats, grid = model.encoder.eval()(torch.zeros(1, 3, size, size, device=model.device))  # (1, N, D)
     return grid, feats.shape[-1]
 

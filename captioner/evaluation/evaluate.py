@@ -6,7 +6,6 @@ numbers always come from captions the model wrote itself, never from teacher-for
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from pathlib import Path
@@ -57,7 +56,7 @@ def caption_records(
     beam search) go to `Captioner.decode`.
     """
     model.eval()
-    batch_size = batch_size or model.config.decode.batch_size
+    batch_size = batch_size or model.decode_config.batch_size
     options = {"beam_size": beam_size, "max_length": max_length, **decode_options}
     results: dict[int, Caption] = {}
     bar = tqdm(total=len(records), desc="captioning", unit="img", disable=not progress, leave=False)
@@ -65,9 +64,7 @@ def caption_records(
         assert grid is not None
         start = 0
         for feats in feature_batches(features, batch_size, num_workers):
-            feats = feats.to(model.device, non_blocking=True).to(model.dtype)  # (B, N, D)
-            if model.config.model.blind:
-                feats = torch.zeros_like(feats)
+            feats = model.stored_features(feats.to(model.device, non_blocking=True))  # (B, N, D)
             for record, caption in zip(records[start : start + len(feats)], model.decode(feats, grid, **options)):
                 results[record.image_id] = caption
             start += len(feats)
@@ -140,20 +137,21 @@ def run_evaluation(args) -> dict:
         raise CaptionerError("evaluate: --saliency scores saliency maps against instance masks; it needs --grounding")
     from captioner.core.runtime import resolve_device
     from captioner.data.datasets import load_split
-    from captioner.models.checkpoint import load_captioner
+    from captioner.models.checkpoint import checkpoint_config, load_captioner
 
     model = load_captioner(args.checkpoint, resolve_device(args.device))
-    records = all_records = load_split(model.config.data, args.split)
+    data = checkpoint_config(args.checkpoint).data  # the dataset the model was trained on
+    records = all_records = load_split(data, args.split)
     if args.limit:
         records = records[: args.limit]
-    from captioner.apps.cli import decode_options
+    from captioner.apps.arguments import decode_options
 
-    options = {**decode_options(args), "beam_size": args.beam or model.config.decode.beam_size}
+    options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}
     beam = options["beam_size"]
     if args.features:  # the frozen encoder's stored grids instead of the images
         from captioner.data.store import split_features
 
-        config = copy.deepcopy(model.config)
+        config = checkpoint_config(args.checkpoint)
         config.data.feature_store = args.features
         stored = split_features(model, config, args.split, all_records, use=records)
         captions = caption_records(
@@ -240,8 +238,9 @@ def _print_beside_official(report: dict, quiet: bool) -> None:
 def _grounding(model: Captioner, records: list[ImageRecord], captions: dict[int, Caption], args) -> dict:
     from captioner.evaluation.grounding import Instances, grounding_score
     from captioner.evaluation.interpret import interpret_scores, records_grad_cam
+    from captioner.models.checkpoint import checkpoint_config
 
-    data = model.config.data
+    data = checkpoint_config(args.checkpoint).data
     kind = "shapes" if data.dataset == "shapes" else "coco"  # how words name objects: the model's world decides
     if args.instances:
         path = Path(args.instances)
@@ -255,7 +254,7 @@ def _grounding(model: Captioner, records: list[ImageRecord], captions: dict[int,
         _outlined_figures(Path(args.heatmaps), records, captions, instances, kind, args)
     saliency = None
     if getattr(args, "saliency", None) == "gradcam":
-        saliency = records_grad_cam(model, records, captions, instances, kind, args.batch_size or model.config.decode.batch_size)
+        saliency = records_grad_cam(model, records, captions, instances, kind, args.batch_size or model.decode_config.batch_size)
     heads = interpret_scores(captions, instances, kind, saliency)
     return {
         "instances": str(path), "layer": args.layer, "head": "mean" if args.head is None else args.head,

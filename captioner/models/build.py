@@ -25,4 +25,4 @@ def build_decoder(config: Config, vocab_size: int, feat_dim: int) -> Decoder:
 def build_model(config: Config, vocab: Vocabulary, load_pretrained: bool = True) -> Captioner:
     encoder = build_encoder(config.model.encoder, load_pretrained)
     decoder = build_decoder(config, len(vocab), encoder.out_dim)
-    return Captioner(encoder, decoder, vocab, config)
+    return Captioner(encoder, decoder, vocab, config.model, config.data.image_size, config.decode)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from PIL import Image
 from torch import nn
 
-from captioner.core.config import Config
+from captioner.core.config import DecodeConfig, ModelConfig
 from captioner.core.errors import ConfigError, ImageLoadError
 from captioner.data.images import ImageTransform, load_image
 from captioner.models.caption import Caption
@@ -25,15 +26,26 @@ from captioner.text.vocab import Vocabulary
 
 
 class Captioner(nn.Module):
-    """An image captioner with spatial attention; carries its config, vocabulary and transform."""
+    """An image captioner with spatial attention; carries its model configuration, vocabulary,
+    transform and decoding defaults, and nothing about how it was trained."""
 
-    def __init__(self, encoder: Encoder, decoder: Decoder, vocab: Vocabulary, config: Config) -> None:
+    def __init__(
+        self, encoder: Encoder, decoder: Decoder, vocab: Vocabulary, config: ModelConfig, image_size: int,
+        decode_config: DecodeConfig | None = None,
+    ) -> None:
         super().__init__()
         self.encoder = encoder
         self.decoder = decoder
         self.vocab = vocab
         self.config = config
-        self.transform = ImageTransform(config.data.image_size)
+        self.image_size = image_size
+        self.decode_config = decode_config or DecodeConfig()
+        self.transform = ImageTransform(image_size)
+
+    def settings(self) -> dict:
+        """The config sections that rebuild this model (a checkpoint without a training config
+        carries these): the model, the input size and the decoding defaults."""
+        return {"model": asdict(self.config), "data": {"image_size": self.image_size}, "decode": asdict(self.decode_config)}
 
     @property
     def device(self) -> torch.device:
@@ -46,10 +58,18 @@ class Captioner(nn.Module):
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """images (B, 3, H, W), uint8 from `self.transform` (normalised on their device by the
         encoder) or already-normalised floats -> feats (B, N, D), grid (h, w)."""
-        feats, grid = self.encoder(images)
-        if self.config.model.blind:
-            feats = torch.zeros_like(feats)  # the language-model baseline: no image information
-        return feats, grid
+        feats, grid = self.encoder(images)  # (B, N, D)
+        return self.withhold_if_blind(feats), grid
+
+    def stored_features(self, feats: torch.Tensor) -> torch.Tensor:
+        """Features from the store, (B, N, D) fp16 -> the decoder's input, as `encode` would have
+        made them: cast to the model's dtype on their device (after the copy), and zeroed for
+        a blind model. Every path that decodes stored features goes through here."""
+        return self.withhold_if_blind(feats.to(self.dtype))
+
+    def withhold_if_blind(self, feats: torch.Tensor) -> torch.Tensor:
+        """A blind model (model.blind, the language-model baseline) sees zeros, not the image."""
+        return torch.zeros_like(feats) if self.config.blind else feats
 
     def forward(
         self,
@@ -65,9 +85,8 @@ class Captioner(nn.Module):
         an image with five captions is encoded once and decoded five times. `lengths` (C,), sorted
         longest first, lets the decoder skip padding.
         """
-        if encoded:  # stored features come as fp16; the cast runs on the device, after the copy
-            feats = images.to(self.dtype)
-            feats = torch.zeros_like(feats) if self.config.model.blind else feats
+        if encoded:
+            feats = self.stored_features(images)  # (B, N, D)
         else:
             feats, _ = self.encode(images)  # (B, N, D)
         if image_rows is not None:
@@ -107,7 +126,7 @@ class Captioner(nn.Module):
         nucleus, seeded by `seed`, and they are sorted by log-probability. With `self_attention`
         (decoders that have one) each caption carries its self-attention weights from the same pass.
         """
-        settings = self.config.decode
+        settings = self.decode_config
         beam_size = settings.beam_size if beam_size is None else beam_size
         max_length = settings.max_length if max_length is None else max_length
         alpha = settings.length_penalty if length_penalty is None else length_penalty
@@ -196,7 +215,7 @@ class Captioner(nn.Module):
         fails to load gives its error, the rest go on.
 
         With `n_best=N` among the options, each good file gives its list of N captions."""
-        batch_size = batch_size or self.config.decode.batch_size
+        batch_size = batch_size or self.decode_config.batch_size
         results: list = []
         for start in range(0, len(paths), batch_size):
             chunk = paths[start : start + batch_size]

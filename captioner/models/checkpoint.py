@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from captioner.core.config import config_from_dict
+from captioner.core.config import Config, config_from_dict
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
@@ -24,14 +24,15 @@ from captioner.text.vocab import Vocabulary
 FORMAT_VERSION = 1
 
 
-def save_checkpoint(path: str | Path, model: Captioner, **extra: Any) -> None:
-    """Write model weights, config, vocabulary and `extra` (optimizer state, step, metrics ...)."""
+def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = None, **extra: Any) -> None:
+    """Write model weights, the run's `config` (else the model's own sections: model, input size,
+    decoding), vocabulary and `extra` (optimizer state, step, metrics ...)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format_version": FORMAT_VERSION,
         "model": model.state_dict(),
-        "config": model.config.to_dict(),
+        "config": config.to_dict() if config is not None else model.settings(),
         "vocab": model.vocab.to_list(),
         **extra,
     }
@@ -55,6 +56,16 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format {version} is not supported (this version reads {FORMAT_VERSION})")
     return payload
+
+
+def checkpoint_config(path: str | Path) -> Config:
+    """The whole config a checkpoint was trained with (its dataset, training sections), checked
+    like a config file."""
+    payload = read_checkpoint(path)
+    try:
+        return config_from_dict(payload["config"], source=f"{path} (config)")
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: incompatible config: {e}") from None
 
 
 def load_captioner(path: str | Path, device: str | torch.device = "cpu") -> Captioner:

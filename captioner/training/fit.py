@@ -419,6 +419,7 @@ def fit(config: Config, resume: bool = False) -> Path:
             save_checkpoint(
                 out_dir / name,
                 model,
+                config,
                 optimizer=optimizer.state_dict(),
                 scheduler=scheduler.state_dict(),
                 train_state={**state.to_dict(), "world_size": ctx.world_size, "rng": rng},

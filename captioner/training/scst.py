@@ -107,9 +107,7 @@ class SelfCritical:
         reward_before = self.reward_seconds
         n = s.samples
         if encoded:
-            feats = batch.images.to(model.dtype)  # (B, N, D): the feature store keeps fp16
-            if model.config.model.blind:
-                feats = torch.zeros_like(feats)
+            feats = model.stored_features(batch.images)  # (B, N, D)
         else:
             feats, _ = model.encode(batch.images)  # (B, N, D), with gradients into a fine-tuned encoder
         images = batch.indices.to(feats.device, non_blocking=True)  # (B,): dataset index of each image

@@ -1,0 +1,60 @@
+"""Arguments and inputs several commands share: decoding options, image lists, whole numbers."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+log = logging.getLogger("captioner")
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def expand_images(inputs: list[str]) -> list[Path]:
+    """Files as given, folders as the images inside them (sorted)."""
+    paths: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                log.warning("%s: no images in this folder", path)
+            paths += found
+        else:
+            paths.append(path)  # a missing file gets its own error line when loaded
+    return paths
+
+
+def decode_options(args: argparse.Namespace) -> dict:
+    """The decoding options shared by `caption` and `evaluate`; None leaves the config's value."""
+    return {
+        "beam_size": args.beam,
+        "max_length": args.max_length,
+        "block_trigrams": True if args.block_trigrams else None,
+        "diverse_groups": args.diverse_groups,
+        "diversity_strength": args.diversity_strength,
+    }
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--beam", type=positive_int, default=None, help="beam width (1 = greedy; default from the config)")
+    parser.add_argument("--max-length", type=positive_int, default=None, help="words per caption (default from the config)")
+    parser.add_argument("--block-trigrams", action="store_true", help="never repeat a word trigram within a caption")
+    parser.add_argument("--diverse-groups", type=int, default=None, metavar="G",
+                        help="diverse beam search with G groups of beam/G beams (default from the config)")
+    parser.add_argument("--diversity-strength", type=float, default=None, metavar="LAMBDA",
+                        help="Hamming diversity penalty between groups (default from the config)")
+    parser.add_argument("--batch-size", type=positive_int, default=None, help="images per batch (default: the config's decode.batch_size)")
+    parser.add_argument("--device", default="auto")

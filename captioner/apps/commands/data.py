@@ -1,0 +1,105 @@
+"""`captioner data shapes|coco|stats`: generate the shapes world, download COCO, describe a dataset."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from captioner.core.errors import CaptionerError
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    data = commands.add_parser("data", help="generate, download or describe datasets")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    shapes = data_commands.add_parser("shapes", help="generate the synthetic shapes world in COCO format")
+    shapes.add_argument("--out", required=True, help="output folder")
+    shapes.add_argument("--num-train", type=int, default=4000)
+    shapes.add_argument("--num-val", type=int, default=250)
+    shapes.add_argument("--num-test", type=int, default=500)
+    shapes.add_argument("--image-size", type=int, default=128)
+    shapes.add_argument("--seed", type=int, default=0)
+    shapes.add_argument("--format", choices=("jpg", "png"), default="jpg")
+    shapes.add_argument("--quiet", action="store_true", help="no progress bar")
+    shapes.set_defaults(func=run_shapes)
+
+    coco = data_commands.add_parser("coco", help="download the official COCO images and captions (resumable)")
+    coco.add_argument("--root", required=True)
+    coco.add_argument("--year", type=int, choices=(2014, 2017), default=2014)
+    coco.add_argument("--karpathy", action="store_true", help="also fetch Karpathy's split files")
+    coco.add_argument("--mirror", help="base URL of a mirror to use instead of the official hosts")
+    coco.set_defaults(func=run_coco)
+
+    stats = data_commands.add_parser("stats", help="images, captions, caption lengths, vocabulary size")
+    source = stats.add_mutually_exclusive_group()
+    source.add_argument("--coco", help="a COCO-format caption file")
+    source.add_argument("--karpathy", help="a Karpathy split file (dataset_*.json)")
+    source.add_argument("--flickr8k", help="a folder with Flickr8k.token.txt and the split files")
+    stats.add_argument("config", nargs="?", help="or a training config")
+    stats.add_argument("overrides", nargs="*", help="section.key=value")
+    stats.add_argument("--min-count", type=int, default=5)
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(func=run_stats)
+
+
+def run_shapes(args: argparse.Namespace) -> int:
+    from captioner.data.shapes import generate_shapes
+
+    start = time.time()
+    counts = generate_shapes(
+        args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed, args.format, progress=not args.quiet
+    )
+    total = sum(counts.values())
+    seconds = time.time() - start
+    print(f"wrote {total} images ({', '.join(f'{k} {v}' for k, v in counts.items())}) to {args.out} "
+          f"in {seconds:.1f}s ({total / max(seconds, 1e-9):.0f} images/s)")
+    return 0
+
+
+def run_coco(args: argparse.Namespace) -> int:
+    from captioner.data.download import download_coco
+
+    paths = download_coco(Path(args.root), str(args.year), karpathy=args.karpathy, mirror=args.mirror)
+    print(f"COCO {args.year} ready under {args.root} ({len(paths)} archives extracted)")
+    return 0
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    from captioner.data.coco import load_coco_captions, load_karpathy
+    from captioner.data.datasets import load_split
+    from captioner.data.flickr8k import load_flickr8k
+    from captioner.data.shapes import SPLITS
+    from captioner.data.stats import dataset_stats, format_table
+
+    start = time.time()
+    if args.coco:
+        records, source = load_coco_captions(args.coco, Path(args.coco).parent, check_images=False), args.coco
+    elif args.karpathy:
+        records = [r for s in SPLITS for r in load_karpathy(args.karpathy, ".", s, check_images=False)]
+        source = args.karpathy
+    elif args.flickr8k:
+        records = [r for s in SPLITS for r in load_flickr8k(args.flickr8k, s, check_images=False)]
+        source = args.flickr8k
+    elif args.config:
+        from captioner.core.config import load_config
+
+        config = load_config(args.config, args.overrides)
+        records = [r for s in SPLITS for r in load_split(config.data, s, check_images=False)]
+        source = f"{config.data.dataset} ({args.config})"
+    else:
+        raise CaptionerError("data stats: give --coco FILE, --karpathy FILE, --flickr8k DIR or a CONFIG")
+    stats = dataset_stats(records, args.min_count)
+    if args.flickr8k or args.config:
+        stats = _with_images_on_disk(stats, records)
+    stats["seconds"] = round(time.time() - start, 2)
+    if args.json:
+        print(json.dumps(stats, indent=1))
+    else:
+        print(format_table(stats, f"{source}"))
+    return 0
+
+
+def _with_images_on_disk(stats: dict, records: list) -> dict:
+    on_disk = sum(1 for r in records if r.path.is_file())
+    return {**stats, "images on disk": on_disk, "images missing": len(records) - on_disk}

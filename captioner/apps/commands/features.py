@@ -1,0 +1,47 @@
+"""`captioner features CONFIG`: encode every split once into the fp16 feature store."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from captioner.core.errors import CaptionerError
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    features = commands.add_parser("features", help="encode the images once into the fp16 feature store (frozen encoder)")
+    features.add_argument("config")
+    features.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.device=cuda")
+    features.add_argument("--splits", default="train,val,test", help="comma-separated (default: train,val,test)")
+    features.add_argument("--out", help="store folder (default: data.feature_store, else <train.out_dir>/features)")
+    features.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Encode each split once into the fp16 feature store (resumes a stopped extraction)."""
+    from captioner.core.config import load_config
+    from captioner.core.runtime import resolve_device
+    from captioner.data.datasets import load_split
+    from captioner.data.shapes import SPLITS
+    from captioner.data.store import check_frozen, ensure_store, size_text, store_dir
+    from captioner.models.build import build_model
+    from captioner.text.vocab import Vocabulary
+
+    config = load_config(args.config, args.overrides)
+    if args.out:
+        config.data.feature_store = args.out
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    unknown = [s for s in splits if s not in SPLITS]
+    if unknown or not splits:
+        bad = ",".join(unknown) or repr(args.splits)
+        raise CaptionerError(f"features --splits: {bad} is not a split; use {','.join(SPLITS)}")
+    model = build_model(config, Vocabulary.build([])).to(resolve_device(config.train.device, "train.device"))  # only the encoder runs
+    check_frozen(model)
+    directory = store_dir(config)
+    for split in splits:
+        start = time.time()
+        store = ensure_store(model, directory, split, load_split(config.data, split), config.data.batch_size, config.data.num_workers)
+        failed = len(store.failed_rows)
+        print(f"{split}: {store.num_rows} images ({failed} failed to load) x {store.grid[0]}x{store.grid[1]} x "
+              f"{store.feat_dim} fp16, {size_text(store.nbytes())}: {store.array_path} ({time.time() - start:.1f}s)")
+    return 0
