@@ -150,11 +150,22 @@ def test_bench_gpu_tiny_cpu_smoke_runs_every_path(tmp_path: Path) -> None:
     assert {(r["config"], r["encoder"]) for r in ours} == {
         (c, e) for c in ("coco_lstm_resnet101", "coco_transformer_resnet101") for e in ("fine-tuned", "frozen, cached grids")
     }
-    assert all(r["captions_per_s"] >= r["images_per_s"] > 0 for r in ours)  # five captions per image
+    batch = 2  # --tiny's data.batch_size: every timed step trains on exactly this many images
+    for r in ours:  # the rates count what the steps did, over the time they took
+        assert r["images_per_s"] * r["seconds_per_step"] == pytest.approx(batch)
+        assert r["captions_per_s"] == pytest.approx(5 * r["images_per_s"])  # captions_per_image: all, five per image
+        assert r["coco_epoch_hours"] == pytest.approx(113_287 / r["images_per_s"] / 3600)
+        assert f"| ours | {r['config']} | {r['encoder']} | {r['captions_per_s']:.1f} | {r['images_per_s']:.1f} |" in result.stdout
     assert {(r["config"], r["batch"]) for r in report["beam"] if r["who"] == "ours"} >= {("coco_lstm_resnet101", 2)}
     configs = {"coco_lstm_resnet101", "coco_transformer_resnet101"}
     assert {(r["config"], r["baseline"]) for r in report["scst"]} == {(c, b) for c in configs for b in ("greedy", "mean")}
-    assert all(r["captions_per_s"] == pytest.approx(r["samples"] * r["images_per_s"]) and not r["sync_checked"] for r in report["scst"])
+    for r in report["scst"]:
+        assert r["captions_per_s"] == pytest.approx(r["samples"] * r["images_per_s"]) and not r["sync_checked"]
+        assert r["images_per_s"] * r["seconds_per_step"] == pytest.approx(batch)
+        assert f"| {r['config']} | {r['baseline']} | {r['samples']} | {r['captions_per_s']:.1f} |" in result.stdout
+    for r in report["step"]:
+        assert r["rows"] == 1 and r["ms_per_step"] > 0  # --tiny: 3/4 of the largest batch (2), as integer rows
+        assert f"| {r['step']} | {r['config']} | {r['rows']} | {r['ms_per_step']:.2f} |" in result.stdout
     assert {(r["config"], r["step"]) for r in report["step"]} == {(c, s) for c in configs for s in ("eager", "compiled")}  # no CUDA graphs here
     if "reference not available" not in result.stdout:
         assert {r["encoder"] for r in report["training"] if r["who"] == "reference"} == {"fine-tuned", "frozen, cached grids"}
