@@ -1,0 +1,83 @@
+"""The package's shape: the layer contract holds, no import cycles, and the library stays light.
+
+The contracts live in pyproject.toml ([tool.importlinter]); `lint-imports` checks them in CI
+(scripts/run_tests.sh) and here, so a developer running pytest alone sees a broken layer too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "captioner"
+HEAVY = ("gradio", "matplotlib", "pycocotools", "pycocoevalcap", "nltk", "tensorboard")
+
+
+def contracts() -> list[dict]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def test_import_contracts_are_kept() -> None:
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
+    assert lint, "import-linter is part of the test extra (pip install -e '.[test]')"
+    result = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-1000:]
+    assert f"Contracts: {len(contracts())} kept, 0 broken" in result.stdout
+
+
+def test_every_subpackage_is_in_a_layer() -> None:
+    """A new subpackage must take its place in the layers, or nothing would check its imports."""
+    (layers,) = [c["layers"] for c in contracts() if c["type"] == "layers"]
+    subpackages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    assert sorted(layers) == subpackages
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert loose == [], f"modules outside any layer: {loose}"
+
+
+def test_cycles_are_found_by_the_contract(tmp_path: Path) -> None:
+    """The acyclic contract really looks inside functions: a package whose only cycle runs
+    through a function-level import breaks it (the cycles this project once hid that way)."""
+    pkg = tmp_path / "cyclic"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from cyclic import b\n")
+    (pkg / "b.py").write_text("def late():\n    from cyclic import a\n    return a\n")
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.importlinter]\nroot_package = "cyclic"\n\n[[tool.importlinter.contracts]]\n'
+        'name = "acyclic"\ntype = "acyclic_siblings"\nancestors = ["cyclic"]\n'
+    )
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
+    result = subprocess.run([lint, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": ""})
+    assert result.returncode == 1 and "BROKEN" in result.stdout
+
+
+LOADED = """
+import json, sys
+{code}
+print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))
+"""
+
+
+def loaded_after(code: str) -> set[str]:
+    result = subprocess.run([sys.executable, "-c", LOADED.format(code=code)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def test_import_captioner_is_light() -> None:
+    assert not loaded_after("import captioner") & {*HEAVY, "torch"}
+
+
+@pytest.mark.parametrize("module", ["captioner.models.checkpoint", "captioner.models.build", "captioner.data.store", "captioner.data.datasets"])
+def test_the_library_layers_load_no_ui_plotting_or_metric_stack(module: str) -> None:
+    loaded = loaded_after(f"import {module}")
+    assert "torch" in loaded or module == "captioner.data.datasets"
+    assert not loaded & set(HEAVY) - ({"pycocotools"} if module == "captioner.data.datasets" else set())
