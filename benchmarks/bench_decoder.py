@@ -37,7 +37,7 @@ from reference_sat import (  # noqa: E402
 )
 
 from captioner.core.runtime import set_threads  # noqa: E402
-from captioner.models.decoding import beam_search  # noqa: E402
+from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search  # noqa: E402
 from captioner.models.lstm_decoder import LSTMDecoder  # noqa: E402
 
 BOS, EOS = 1, 2
@@ -156,7 +156,7 @@ def main() -> None:
     for batch in sorted({1, args.beam_images}):
         images = torch.randn(batch, N, D, device=device)
         seconds, theirs = timed_pair(
-            lambda: beam_search(decoder, images, BOS, EOS, beam_size=K, max_length=L),
+            lambda: beam_search(decoder, images, SpecialTokens(BOS, EOS), DecodeOptions(beam_size=K, max_length=L)),
             reference_beam if batch == args.beam_images else None,
             args.repeats,
             device,

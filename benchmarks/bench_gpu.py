@@ -56,7 +56,7 @@ from captioner.data.images import ImageTransform, normalize_images  # noqa: E402
 from captioner.data.records import ImageRecord  # noqa: E402
 from captioner.models.build import build_model  # noqa: E402
 from captioner.models.captioner import Captioner  # noqa: E402
-from captioner.models.decoding import beam_search  # noqa: E402
+from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search  # noqa: E402
 from captioner.text.vocab import SPECIALS, Vocabulary  # noqa: E402
 from captioner.training.fit import caption_loss  # noqa: E402
 
@@ -371,10 +371,11 @@ def our_beam(config: Config, vocab: Vocabulary, device: torch.device, batches: l
     for K in beams:
         for B in batches:
             feats = torch.randn(B, grid, model.encoder.out_dim, device=device)  # cached grids (B, N, D)
+            special, options = SpecialTokens(vocab.bos_id, vocab.eos_id), DecodeOptions(beam_size=K, max_length=config.decode.max_length)
 
             def run() -> None:
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                    beam_search(model.decoder, feats, vocab.bos_id, vocab.eos_id, beam_size=K, max_length=config.decode.max_length)
+                    beam_search(model.decoder, feats, special, options)
 
             seconds = median_seconds(run, repeats, device)
             rows.append({"beam": K, "batch": B, "images_per_s": B / seconds, "steps": config.decode.max_length})

@@ -9,7 +9,8 @@ import torch
 from helpers import tiny_model
 
 from captioner.core.errors import CheckpointError
-from captioner.models.checkpoint import load_captioner, save_checkpoint
+from captioner.models.captioner import Captioner
+from captioner.models.checkpoint import checkpoint_config, load_captioner, save_checkpoint
 
 
 def test_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
@@ -18,7 +19,7 @@ def test_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
     save_checkpoint(path, model, step=7)
     payload = torch.load(path, weights_only=True)  # no code can run while loading
     assert payload["step"] == 7 and payload["vocab"] == model.vocab.words
-    loaded = load_captioner(path)
+    loaded = load_captioner(path, device="cpu")
     images = torch.randn(2, 3, 32, 32)
     tokens = torch.randint(0, len(model.vocab), (2, 5))
     torch.testing.assert_close(loaded(images, tokens).logits, model(images, tokens).logits, rtol=0, atol=0)
@@ -68,3 +69,42 @@ def test_incompatible_weights(tmp_path: Path) -> None:
     torch.save(payload, path)
     with pytest.raises(CheckpointError, match="format 99 is not supported"):
         load_captioner(path)
+
+
+def test_a_run_folder_loads_its_best_checkpoint_else_its_last(tmp_path: Path) -> None:
+    first, second = tiny_model(seed=1), tiny_model(seed=2)
+    save_checkpoint(tmp_path / "last.pt", first)
+    assert weights_equal(Captioner.from_pretrained(tmp_path, device="cpu"), first)  # no best.pt yet
+    save_checkpoint(tmp_path / "best.pt", second)
+    assert weights_equal(Captioner.from_pretrained(tmp_path, device="cpu"), second)
+    assert weights_equal(load_captioner(tmp_path / "last.pt", device="cpu"), first)  # a file as given
+
+
+def weights_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_what_cannot_be_loaded_is_named_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    with pytest.raises(CheckpointError, match=r"^\S*run: a folder without a checkpoint \(no best.pt or last.pt\)$"):
+        Captioner.from_pretrained(tmp_path / "run")
+    with pytest.raises(CheckpointError, match=r"^someone/coco-captioner: checkpoint not found \(no such file or run folder; Hub ids"):
+        Captioner.from_pretrained("someone/coco-captioner")  # a Hub id: nothing can be fetched in this version
+
+
+def test_auto_device_is_the_cpu_without_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    save_checkpoint(tmp_path / "model.pt", tiny_model())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert load_captioner(tmp_path / "model.pt").device == torch.device("cpu")  # device="auto" by default
+    assert Captioner.from_pretrained(tmp_path / "model.pt", device="auto").device == torch.device("cpu")
+
+
+def test_a_model_only_checkpoint_loads_and_has_no_run_config_beyond_its_sections(tmp_path: Path) -> None:
+    """What `save_checkpoint(path, model)` writes without a run config (model, input size,
+    decoding) loads, and its settings come back unchanged."""
+    model = tiny_model("decode.beam_size=4", "decode.length_penalty=0.5")
+    save_checkpoint(tmp_path / "model.pt", model)
+    loaded = load_captioner(tmp_path / "model.pt", device="cpu")
+    assert loaded.settings() == model.settings()
+    assert checkpoint_config(tmp_path / "model.pt").decode == model.decode_config

@@ -17,7 +17,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 
 from captioner.models.decoder import Decoder
-from captioner.models.decoding import beam_search, greedy_decode
+from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode
 from captioner.models.lstm_decoder import LSTMDecoder
 from captioner.models.transformer_decoder import TransformerDecoder
 
@@ -141,8 +141,9 @@ def test_transformer_step_past_its_capacity_fails_and_decoding_passes_its_length
         decoder.init_state(memory, capacity=0)
     assert decoder.init_state(memory)["k_0"].shape[2] == decoder.default_capacity
     decoder.default_capacity = 2  # the decoding functions must size the cache from max_length
-    assert len(greedy_decode(decoder, feats, BOS, EOS, max_length=STEPS)) == B
-    assert len(beam_search(decoder, feats, BOS, EOS, beam_size=2, max_length=STEPS)) == B
+    special = SpecialTokens(BOS, EOS)
+    assert len(greedy_decode(decoder, feats, special, DecodeOptions(max_length=STEPS))) == B
+    assert len(beam_search(decoder, feats, special, DecodeOptions(beam_size=2, max_length=STEPS))) == B
 
 
 @torch.no_grad()

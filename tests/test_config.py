@@ -153,19 +153,28 @@ def test_every_key_refuses_bad_values(dotted: str, label: str, value: Any, tmp_p
 
 
 def test_checkpoint_configs_are_checked_like_files(tmp_path: Path) -> None:
-    """A checkpoint whose stored config holds a value no config may hold stops at load."""
+    """A checkpoint whose stored training config holds a value no config may hold still loads for
+    captioning (the model needs only its model, input size and decoding sections), while
+    `checkpoint_config`, which hands back the whole run config, refuses it in one line. A bad
+    value in the model's own sections stops the load too."""
     from helpers import tiny_model
 
-    from captioner.models.checkpoint import load_captioner, save_checkpoint
-
     from captioner.core.config import config_from_dict
+    from captioner.models.checkpoint import checkpoint_config, load_captioner, save_checkpoint
 
     model = tiny_model()
     config = config_from_dict(model.settings())
     config.train.label_smoothing = 1.5  # set in code, past the loader's checks
     save_checkpoint(tmp_path / "bad.pt", model, config)
-    with pytest.raises(CheckpointError, match=r"bad.pt: incompatible config: .*'train.label_smoothing' must be in \[0, 1\); got 1.5"):
-        load_captioner(tmp_path / "bad.pt")
+    loaded = load_captioner(tmp_path / "bad.pt", device="cpu")
+    assert loaded.config == model.config and loaded.image_size == model.image_size
+    with pytest.raises(CheckpointError, match=r"^\S*bad.pt: incompatible config: .*'train.label_smoothing' must be in \[0, 1\); got 1.5$"):
+        checkpoint_config(tmp_path / "bad.pt")
+    config = config_from_dict(model.settings())
+    config.decode.max_length = 0
+    save_checkpoint(tmp_path / "bad_decode.pt", model, config)
+    with pytest.raises(CheckpointError, match=r"^\S*bad_decode.pt: incompatible config: .*'decode.max_length' must be in \[1, 1000\]; got 0$"):
+        load_captioner(tmp_path / "bad_decode.pt", device="cpu")
 
 
 def test_cross_field_rules() -> None:

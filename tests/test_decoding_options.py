@@ -13,12 +13,15 @@ from helpers import tiny_model
 from PIL import Image
 
 from captioner.apps.cli import main
+from captioner.core.config import DecodeConfig
 from captioner.core.errors import ConfigError
 from captioner.evaluation.caption_stats import caption_stats, ends_badly, repeats_bigram
 from captioner.evaluation.tutorial_bleu import nltk_corpus_bleu, tokenized
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import Decoder
 from captioner.models.decoding import (
+    DecodeOptions,
+    SpecialTokens,
     banned_mask,
     beam_search,
     beam_search_n_best,
@@ -26,10 +29,12 @@ from captioner.models.decoding import (
     greedy_decode,
     restrict_to_top,
     sample_captions,
+    sample_n_best,
 )
 
 BOS, EOS = 1, 2
 BANNED = (0, 1, 3)  # <pad>, <bos>, <unk>
+SPECIAL = SpecialTokens(BOS, EOS, BANNED)
 
 
 @pytest.fixture(params=["lstm", "transformer"])
@@ -173,9 +178,10 @@ def test_trigram_blocking_never_repeats_a_trigram(kind: str, method: str) -> Non
 
     def captions(block: bool) -> list[list[int]]:
         if method == "beam":
-            return [h.tokens for h in beam_search(decoder, feats, BOS, EOS, 3, 14, banned=BANNED, block_trigrams=block)]
+            options = DecodeOptions(beam_size=3, max_length=14, block_trigrams=block)
+            return [h.tokens for h in beam_search(decoder, feats, SPECIAL, options)]
         if method == "greedy":
-            return [h.tokens for h in greedy_decode(decoder, feats, BOS, EOS, 14, banned=BANNED, block_trigrams=block)]
+            return [h.tokens for h in greedy_decode(decoder, feats, SPECIAL, DecodeOptions(max_length=14, block_trigrams=block))]
         out = sample_captions(
             decoder, feats, BOS, EOS, 4, 14, banned=BANNED, block_trigrams=block, generator=torch.Generator().manual_seed(0)
         )
@@ -207,9 +213,9 @@ def test_diverse_beam_groups_differ() -> None:
     start with 6."""
     table = probabilities({4: 0.6, 5: 0.2, 6: 0.15, 7: 0.05}, {4: 0.25, 5: 0.25, 6: 0.25, 7: 0.25}, {EOS: 1.0})
     decoder, feats = TableDecoder(table), torch.randn(2, 4, 3)
-    plain = beam_search_n_best(decoder, feats, BOS, EOS, beam_size=4, max_length=5, banned=BANNED, n_best=4)
+    plain = beam_search_n_best(decoder, feats, SPECIAL, DecodeOptions(beam_size=4, max_length=5, n_best=4))
     diverse = beam_search_n_best(
-        decoder, feats, BOS, EOS, beam_size=4, max_length=5, banned=BANNED, groups=2, diversity=5.0, n_best=4
+        decoder, feats, SPECIAL, DecodeOptions(beam_size=4, max_length=5, diverse_groups=2, diversity_strength=5.0, n_best=4)
     )
     for hyps in plain:
         assert {h.tokens[0] for h in hyps} == {4}
@@ -228,10 +234,11 @@ def test_diverse_beam_groups_differ() -> None:
 def test_one_group_is_plain_beam_search_and_groups_run_on_real_decoders(kind: str) -> None:
     decoder = tiny_model(f"model.decoder.type={kind}").decoder
     feats = torch.randn(3, 16, decoder_feat_dim(decoder))
-    plain = beam_search(decoder, feats, BOS, EOS, 4, 10, banned=BANNED)
-    one_group = beam_search(decoder, feats, BOS, EOS, 4, 10, banned=BANNED, groups=1, diversity=3.0)
+    plain = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=4, max_length=10))
+    one_group = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=4, max_length=10, diverse_groups=1, diversity_strength=3.0))
     assert [h.tokens for h in plain] == [h.tokens for h in one_group]
-    diverse = beam_search_n_best(decoder, feats, BOS, EOS, 4, 10, banned=BANNED, groups=4, diversity=3.0, n_best=4)
+    options = DecodeOptions(beam_size=4, max_length=10, diverse_groups=4, diversity_strength=3.0, n_best=4)
+    diverse = beam_search_n_best(decoder, feats, SPECIAL, options)
     for hyps in diverse:  # four groups of one beam each, each pushed off the others' words
         assert len({h.tokens[0] for h in hyps if h.tokens}) >= 2
 
@@ -257,6 +264,81 @@ def test_n_best_gives_distinct_sorted_hypotheses_with_attention(kind: str) -> No
         model.decode(feats, grid, beam_size=3, diverse_groups=2)
 
 
+# --- DecodeOptions: one place for defaults and checks ------------------------------------------
+
+
+def test_options_default_to_the_config_and_take_overrides_by_name() -> None:
+    assert DecodeOptions.from_config(DecodeConfig()) == DecodeOptions()  # the config's defaults are the options'
+    config = DecodeConfig(beam_size=4, max_length=9, length_penalty=0.6, block_trigrams=True, diverse_groups=2)
+    options = DecodeOptions.from_config(config, max_length=5, n_best=3, seed=None)
+    assert (options.beam_size, options.max_length, options.length_penalty, options.block_trigrams) == (4, 5, 0.6, True)
+    assert (options.diverse_groups, options.n_best, options.seed, options.sample) == (2, 3, None, False)
+    assert DecodeOptions.from_config(config, beam_size=None).beam_size == 4  # None keeps the configured value
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"beam": 3}, r"^decode: unknown option 'beam' \(did you mean 'beam_size'\?\)$"),
+        ({"colour": "red"}, r"^decode: unknown option 'colour' \(options: beam_size, max_length, .*self_attention\)$"),
+        ({"beam_size": "3"}, r"^decode: beam_size must be a whole number, got '3'$"),
+        ({"block_trigrams": 1}, r"^decode: block_trigrams must be true or false, got 1$"),
+        ({"top_p": "high", "sample": True}, r"^decode: top_p must be a number, got 'high'$"),
+        ({"n_best": 0}, r"^decode: n_best must be >= 1, got 0$"),
+        ({"max_length": 0}, r"^decode: beam size and max length must be >= 1, got 3 and 0$"),
+        ({"diverse_groups": 2}, r"^decode: beam size 3 must be a multiple of diverse_groups 2$"),
+        ({"diversity_strength": -1.0}, r"^decode: diversity_strength must be >= 0, got -1.0$"),
+        ({"n_best": 4}, r"^decode: n_best \(4\) cannot exceed the beam size \(3\); raise the beam or sample$"),
+        ({"sample": True, "temperature": 0.0}, r"^decode: sampling temperature must be > 0; got 0.0$"),
+        ({"sample": True, "top_k": -1}, r"^decode: top_k must be >= 0"),
+        ({"sample": True, "top_p": 1.5}, r"^decode: top_p must be in \(0, 1\]; got 1.5$"),
+    ],
+)
+def test_a_bad_option_is_a_one_line_error_naming_it(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        DecodeOptions.from_config(DecodeConfig(), **overrides)
+
+
+def test_sampling_options_are_checked_only_when_sampling_and_the_search_options_only_when_searching() -> None:
+    DecodeOptions(temperature=0.0, top_p=5.0)  # searching: the sampling options play no part
+    DecodeOptions(sample=True, beam_size=3, diverse_groups=2, n_best=8)  # sampling: n_best draws, no beam
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_greedy_decoding_never_samples(kind: str) -> None:
+    """Sampling is its own function: greedy decoding takes the argmax whatever the sampling options say."""
+    decoder = tiny_model(f"model.decoder.type={kind}").decoder.eval()
+    feats = torch.randn(4, 16, decoder_feat_dim(decoder))
+    greedy = greedy_decode(decoder, feats, SPECIAL, DecodeOptions(max_length=8))
+    hot = greedy_decode(decoder, feats, SPECIAL, DecodeOptions(max_length=8, sample=True, temperature=50.0, seed=1))
+    assert [h.tokens for h in hot] == [h.tokens for h in greedy]
+    drawn = sample_n_best(decoder, feats, SPECIAL, DecodeOptions(max_length=8, sample=True, temperature=50.0, seed=1))
+    assert [hyps[0].tokens for hyps in drawn] != [h.tokens for h in greedy]  # the same options do sample there
+
+
+def test_sample_n_best_draws_n_per_image_most_probable_first() -> None:
+    decoder = tiny_model().decoder.eval()
+    feats = torch.randn(3, 16, decoder_feat_dim(decoder))
+    options = DecodeOptions(sample=True, n_best=5, max_length=6, temperature=2.0, seed=4)
+    ranked = sample_n_best(decoder, feats, SPECIAL, options)
+    assert [len(hyps) for hyps in ranked] == [5, 5, 5]
+    for hyps in ranked:
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    assert [[h.tokens for h in hyps] for hyps in sample_n_best(decoder, feats, SPECIAL, options)] == [
+        [h.tokens for h in hyps] for hyps in ranked
+    ]  # seeded: the same draws again
+
+
+def test_the_model_builds_its_options_from_its_config_and_refuses_unknown_ones() -> None:
+    model = tiny_model("decode.beam_size=4", "decode.max_length=7")
+    assert model.decode_options() == DecodeOptions(beam_size=4, max_length=7)
+    assert model.decode_options(beam_size=2, sample=None) == DecodeOptions(beam_size=2, max_length=7)
+    feats, grid = model.encode(torch.randn(1, 3, 32, 32))
+    with pytest.raises(ConfigError, match=r"^decode: unknown option 'beams' \(did you mean 'beam_size'\?\)$"):
+        model.decode(feats, grid, beams=3)
+    assert len(model.decode(feats, grid)[0].tokens) <= 7  # the config's max_length reaches the search
+
+
 # --- max_length: live beams compete with finished ones -------------------------------------------
 
 
@@ -268,18 +350,18 @@ def test_live_beam_beats_a_worse_finished_one_at_max_length(groups: int) -> None
     table = probabilities({4: 1.0}, {4: 0.9, EOS: 0.1}, {4: 0.9999, EOS: 1e-6})
     decoder, feats = TableDecoder(table), torch.randn(3, 4, 3)
     for alpha in (0.0, 1.0):
-        hyps = beam_search(decoder, feats, BOS, EOS, beam_size=2, max_length=5, alpha=alpha, banned=BANNED, groups=groups)
+        hyps = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=2, max_length=5, length_penalty=alpha, diverse_groups=groups))
         for h in hyps:
             assert h.tokens == [4] * 5 and not h.finished
             assert h.logprob == pytest.approx(float(decoder.table[1, 4] + 3 * decoder.table[2, 4]), abs=1e-5)
     if groups == 1:  # (with one beam per group, <eos> never ranks within a group's top 1 here)
-        ranked = beam_search_n_best(decoder, feats, BOS, EOS, beam_size=2, max_length=5, banned=BANNED, n_best=2)
+        ranked = beam_search_n_best(decoder, feats, SPECIAL, DecodeOptions(beam_size=2, max_length=5, n_best=2))
         assert [(h.tokens, h.finished) for h in ranked[0]] == [([4] * 5, False), ([4], True)]  # the finished one, second
 
 
 def test_finished_beam_wins_when_it_is_better() -> None:
     table = probabilities({4: 1.0}, {4: 0.1, EOS: 0.9}, {4: 0.5, EOS: 0.5})
-    hyps = beam_search(TableDecoder(table), torch.randn(2, 4, 3), BOS, EOS, beam_size=2, max_length=5, banned=BANNED)
+    hyps = beam_search(TableDecoder(table), torch.randn(2, 4, 3), SPECIAL, DecodeOptions(beam_size=2, max_length=5))
     assert all(h.tokens == [4] and h.finished for h in hyps)
 
 
@@ -302,13 +384,11 @@ def test_top_k_never_leaves_the_k_best() -> None:
 def test_top_p_never_leaves_the_nucleus() -> None:
     table = probabilities({4: 0.5, 5: 0.3, 6: 0.15, 7: 0.05}, vocab=8)
     decoder, feats = TableDecoder(table), torch.randn(200, 4, 3)
-    hyps = greedy_decode(decoder, feats, BOS, EOS, max_length=3, temperature=1.0, banned=BANNED, top_p=0.7,
-                         generator=torch.Generator().manual_seed(0))
-    words = {w for h in hyps for w in h.tokens}
+    ranked = sample_n_best(decoder, feats, SPECIAL, DecodeOptions(sample=True, max_length=3, top_p=0.7, seed=0))
+    words = {w for hyps in ranked for h in hyps for w in h.tokens}
     assert words == {4, 5}  # 0.5 < 0.7 needs the second word (mass 0.8); 6 and 7 lie outside
-    hyps = greedy_decode(decoder, feats, BOS, EOS, max_length=3, temperature=1.0, banned=BANNED, top_p=0.81,
-                         generator=torch.Generator().manual_seed(0))
-    assert {w for h in hyps for w in h.tokens} == {4, 5, 6}
+    ranked = sample_n_best(decoder, feats, SPECIAL, DecodeOptions(sample=True, max_length=3, top_p=0.81, seed=0))
+    assert {w for hyps in ranked for h in hyps for w in h.tokens} == {4, 5, 6}
 
 
 def test_restrict_to_top_keeps_at_least_one_word() -> None:
@@ -454,8 +534,8 @@ def test_beam_wider_than_the_vocabulary_never_keeps_an_eos_as_a_live_beam() -> N
     never be carried on as a live beam (its words would contain <eos>)."""
     table = probabilities({4: 0.6, EOS: 0.4}, vocab=5)
     for groups in (1, 3):
-        ranked = beam_search_n_best(TableDecoder(table), torch.randn(2, 4, 3), BOS, EOS, beam_size=3, max_length=4,
-                                    banned=BANNED, groups=groups, n_best=3)
+        options = DecodeOptions(beam_size=3, max_length=4, diverse_groups=groups, n_best=3)
+        ranked = beam_search_n_best(TableDecoder(table), torch.randn(2, 4, 3), SPECIAL, options)
         for hyps in ranked:
             assert all(EOS not in h.tokens and math.isfinite(h.score) for h in hyps)
             if groups == 1:  # 0.4 > 0.6*0.4 > 0.6^2*0.4 > 0.6^4 (cut off at max_length)

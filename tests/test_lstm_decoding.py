@@ -6,8 +6,11 @@ import pytest
 import torch
 from helpers import assert_beam_ranks_by_length_penalty, tiny_model
 
-from captioner.models.decoding import beam_search, greedy_decode
+from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, sample_n_best
 from captioner.models.lstm_decoder import LSTMDecoder
+
+
+SPECIAL = SpecialTokens(bos=1, eos=2)
 
 
 @pytest.fixture
@@ -41,7 +44,7 @@ def test_grid_projection_is_computed_once_per_image(decoder: LSTMDecoder, monkey
     original = decoder.attention.feat_proj.forward
     monkeypatch.setattr(decoder.attention.feat_proj, "forward", lambda x: calls.append(x.shape) or original(x))
     decoder(torch.randn(2, 9, 10), torch.randint(0, 20, (2, 8)))
-    beam_search(decoder, torch.randn(2, 9, 10), bos_id=1, eos_id=2, beam_size=3, max_length=8)
+    beam_search(decoder, torch.randn(2, 9, 10), SPECIAL, DecodeOptions(beam_size=3, max_length=8))
     assert calls == [(2, 9, 10), (2, 9, 10)]  # once per batch of images, not per step or per beam
 
 
@@ -60,8 +63,8 @@ def test_attention_penalty() -> None:
 
 def test_beam_one_equals_greedy(decoder: LSTMDecoder) -> None:
     feats = torch.randn(5, 7, 10)
-    greedy = greedy_decode(decoder, feats, bos_id=1, eos_id=2, max_length=12)
-    beam = beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=1, max_length=12)
+    greedy = greedy_decode(decoder, feats, SPECIAL, DecodeOptions(max_length=12))
+    beam = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=1, max_length=12))
     for g, b in zip(greedy, beam):
         assert g.tokens == b.tokens
         assert g.logprob == pytest.approx(b.logprob, abs=1e-4)
@@ -77,7 +80,7 @@ def sequence_logprob(decoder: LSTMDecoder, feats: torch.Tensor, tokens: list[int
 
 def test_beam_scores_are_the_sequence_log_probabilities(decoder: LSTMDecoder) -> None:
     feats = torch.randn(4, 7, 10)
-    for feat, hyp in zip(feats, beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=4, max_length=10)):
+    for feat, hyp in zip(feats, beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=4, max_length=10))):
         eos = 2 if hyp.finished else None
         assert hyp.logprob == pytest.approx(sequence_logprob(decoder, feat, hyp.tokens, eos), abs=1e-4)
         assert hyp.attn.shape == (len(hyp.tokens), 1, 1, 7)
@@ -85,15 +88,16 @@ def test_beam_scores_are_the_sequence_log_probabilities(decoder: LSTMDecoder) ->
 
 def test_beam_search_is_batch_independent(decoder: LSTMDecoder) -> None:
     feats = torch.randn(4, 7, 10)
-    together = beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=3, max_length=10)
-    alone = [beam_search(decoder, feats[i : i + 1], bos_id=1, eos_id=2, beam_size=3, max_length=10)[0] for i in range(4)]
+    options = DecodeOptions(beam_size=3, max_length=10)
+    together = beam_search(decoder, feats, SPECIAL, options)
+    alone = [beam_search(decoder, feats[i : i + 1], SPECIAL, options)[0] for i in range(4)]
     assert [h.tokens for h in together] == [h.tokens for h in alone]
 
 
 def test_wider_beam_finds_no_worse_caption(decoder: LSTMDecoder) -> None:
     feats = torch.randn(6, 7, 10)
-    narrow = beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=1, max_length=10)
-    wide = beam_search(decoder, feats, bos_id=1, eos_id=2, beam_size=5, max_length=10)
+    narrow = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=1, max_length=10))
+    wide = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=5, max_length=10))
     for n, w in zip(narrow, wide):
         if n.finished and w.finished:
             assert w.logprob >= n.logprob - 1e-5
@@ -104,7 +108,8 @@ def test_no_hypothesis_ends(decoder: LSTMDecoder) -> None:
     with torch.no_grad():
         decoder.out_vocab.bias[2] = -1e4  # <eos> never chosen
     feats = torch.randn(2, 7, 10)
-    for hyps in (beam_search(decoder, feats, 1, 2, beam_size=3, max_length=6), greedy_decode(decoder, feats, 1, 2, max_length=6)):
+    options = DecodeOptions(beam_size=3, max_length=6)
+    for hyps in (beam_search(decoder, feats, SPECIAL, options), greedy_decode(decoder, feats, SPECIAL, options)):
         assert all(not h.finished and len(h.tokens) == 6 for h in hyps)
         assert all(h.attn.shape[0] == 6 for h in hyps)
 
@@ -171,11 +176,11 @@ def test_banned_tokens_keep_words_and_maps_aligned() -> None:
 
 def test_sampling(decoder: LSTMDecoder) -> None:
     feats = torch.randn(4, 7, 10)
-    greedy = greedy_decode(decoder, feats, 1, 2, max_length=8)
-    cold = greedy_decode(decoder, feats, 1, 2, max_length=8, temperature=1e-4, generator=torch.Generator().manual_seed(0))
-    assert [h.tokens for h in cold] == [h.tokens for h in greedy]  # near-zero temperature is greedy
+    greedy = greedy_decode(decoder, feats, SPECIAL, DecodeOptions(max_length=8))
+    cold = sample_n_best(decoder, feats, SPECIAL, DecodeOptions(max_length=8, sample=True, temperature=1e-4, seed=0))
+    assert [hyps[0].tokens for hyps in cold] == [h.tokens for h in greedy]  # near-zero temperature is greedy
     draws = [
-        [h.tokens for h in greedy_decode(decoder, feats, 1, 2, max_length=8, temperature=1.5, generator=torch.Generator().manual_seed(s))]
+        [hyps[0].tokens for hyps in sample_n_best(decoder, feats, SPECIAL, DecodeOptions(max_length=8, sample=True, temperature=1.5, seed=s))]
         for s in (0, 0, 1)
     ]
     assert draws[0] == draws[1] and draws[0] != draws[2]  # reproducible for a seed, varied across seeds

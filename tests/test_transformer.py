@@ -10,13 +10,14 @@ from captioner.core.config import Config
 from captioner.data.batching import CaptionBatch
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.build import build_model
-from captioner.models.decoding import beam_search, greedy_decode, select_rows
+from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, select_rows
 from captioner.models.transformer_decoder import TransformerDecoder, grid_encoding
 from captioner.text.vocab import SPECIALS, Vocabulary
 from captioner.training.fit import caption_loss
 
 V, D, N = 13, 6, 9  # vocabulary, feature dim, a 3x3 grid
 BOS, EOS = 1, 2
+SPECIAL = SpecialTokens(BOS, EOS)
 
 
 def make_decoder(norm_first: bool = False, tie: bool = True, grid_pe: bool = True, seed: int = 0) -> TransformerDecoder:
@@ -126,8 +127,8 @@ def test_grid_encoding_codes_rows_and_columns() -> None:
 def test_beam_width_one_equals_greedy() -> None:
     decoder = make_decoder(norm_first=True)
     feats, _ = inputs(B=4)
-    greedy = greedy_decode(decoder, feats, BOS, EOS, max_length=12)
-    beam = beam_search(decoder, feats, BOS, EOS, beam_size=1, max_length=12, alpha=0.0)
+    greedy = greedy_decode(decoder, feats, SPECIAL, DecodeOptions(max_length=12))
+    beam = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=1, max_length=12, length_penalty=0.0))
     assert [h.tokens for h in beam] == [h.tokens for h in greedy]
     assert [h.logprob for h in beam] == pytest.approx([h.logprob for h in greedy], abs=1e-6)
 
@@ -183,8 +184,8 @@ def test_beam_search_reorders_the_cache(norm_first: bool) -> None:
     decoder.out.weight.mul_(3.0)  # a peakier, less repetitive random model: beams diverge
     decoder.out.bias[EOS] += 1.0  # some hypotheses end within max_length, others do not
     feats, _ = inputs(B=8, seed=5)
-    hyps = beam_search(decoder, feats, BOS, EOS, beam_size=3, max_length=8, alpha=0.0)
-    greedy = greedy_decode(decoder, feats, BOS, EOS, max_length=8)
+    hyps = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=3, max_length=8, length_penalty=0.0))
+    greedy = greedy_decode(decoder, feats, SPECIAL, DecodeOptions(max_length=8))
     # Witnesses that the search left the top beam (the row a stale cache would still get right).
     assert any(h.tokens != g.tokens for h, g in zip(hyps, greedy))
     assert any(h.finished for h in hyps)

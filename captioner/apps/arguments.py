@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("captioner")
 
@@ -26,15 +27,17 @@ def expand_images(inputs: list[str]) -> list[Path]:
     return paths
 
 
-def decode_options(args: argparse.Namespace) -> dict:
-    """The decoding options shared by `caption` and `evaluate`; None leaves the config's value."""
-    return {
+def decode_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The decoding options shared by `caption` and `evaluate`, by DecodeOptions field name: only
+    those given on the command line, so the rest keep the checkpoint's `decode` section."""
+    given = {
         "beam_size": args.beam,
         "max_length": args.max_length,
         "block_trigrams": True if args.block_trigrams else None,
         "diverse_groups": args.diverse_groups,
         "diversity_strength": args.diversity_strength,
     }
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def positive_int(text: str) -> int:
@@ -57,4 +60,4 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--diversity-strength", type=float, default=None, metavar="LAMBDA",
                         help="Hamming diversity penalty between groups (default from the config)")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="images per batch (default: the config's decode.batch_size)")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")

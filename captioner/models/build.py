@@ -1,28 +1,19 @@
-"""Model construction from a config: `build_model(config, vocab) -> Captioner`."""
+"""Model construction from a config: `build_model(config, vocab) -> Captioner`.
+
+The construction itself is `Captioner.from_config` (loading a checkpoint builds the same way);
+this is the name training, the feature store and the benchmarks build models by.
+"""
 
 from __future__ import annotations
 
 from captioner.core.config import Config
-from captioner.core.errors import ConfigError
-from captioner.models.captioner import Captioner
-from captioner.models.decoder import Decoder
-from captioner.models.encoders import build_encoder
-from captioner.models.lstm_decoder import LSTMDecoder
+from captioner.models.captioner import Captioner, build_decoder
 from captioner.text.vocab import Vocabulary
 
-
-def build_decoder(config: Config, vocab_size: int, feat_dim: int) -> Decoder:
-    d = config.model.decoder
-    if d.type == "lstm":
-        return LSTMDecoder(vocab_size, feat_dim, d.embed_dim, d.hidden_dim, d.attention_dim, d.dropout)
-    if d.type == "transformer":
-        from captioner.models.transformer_decoder import TransformerDecoder
-
-        return TransformerDecoder.from_config(d, vocab_size, feat_dim)
-    raise ConfigError(f"model.decoder.type: unknown decoder {d.type!r}")
+__all__ = ["build_decoder", "build_model"]
 
 
 def build_model(config: Config, vocab: Vocabulary, load_pretrained: bool = True) -> Captioner:
-    encoder = build_encoder(config.model.encoder, load_pretrained)
-    decoder = build_decoder(config, len(vocab), encoder.out_dim)
-    return Captioner(encoder, decoder, vocab, config.model, config.data.image_size, config.decode)
+    """A fresh model as `config` describes it; `load_pretrained=False` skips the backbone's
+    ImageNet weights (a checkpoint brings its own)."""
+    return Captioner.from_config(config, vocab, load_pretrained)

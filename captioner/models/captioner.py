@@ -1,28 +1,44 @@
-"""Encoder + decoder + vocabulary + preprocessing: the one object every caller captions with."""
+"""Encoder + decoder + vocabulary + preprocessing: the one object every caller captions with.
+
+`Captioner.from_pretrained(path)` loads one from a checkpoint file or a run folder and
+`model.caption(images)` captions paths, encoded image files or PIL images. The model is built from
+its model configuration alone (`Captioner.from_config`), so this module also holds the two things
+building and loading need below `build` and `checkpoint`, which both return Captioners: the
+decoder registry and the checkpoint reader.
+"""
 
 from __future__ import annotations
 
+import pickle
+import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, overload
 
 import torch
 from PIL import Image
 from torch import nn
 
-from captioner.core.config import DecodeConfig, ModelConfig
-from captioner.core.errors import ConfigError, ImageLoadError
-from captioner.data.images import ImageTransform, load_image
+from captioner.core.config import Config, DecodeConfig, ModelConfig, config_from_dict
+from captioner.core.errors import CheckpointError, ConfigError, ImageLoadError
+from captioner.core.runtime import resolve_device
+from captioner.data.images import ImageTransform, load_image, to_rgb, upright
 from captioner.models.caption import Caption
 from captioner.models.decoder import Decoder, DecoderOutput
 from captioner.models.decoding import (
+    DecodeOptions,
     Hypothesis,
-    beam_search_n_best,
-    check_sampling,
-    greedy_decode,
+    SpecialTokens,
+    decode_hypotheses,
 )
-from captioner.models.encoders import Encoder
+from captioner.models.encoders import Encoder, build_encoder
+from captioner.models.lstm_decoder import LSTMDecoder
 from captioner.text.vocab import Vocabulary
+
+ImageInput = str | Path | bytes | Image.Image  # a path, an encoded image file, or a picture
+FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes
+RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
 
 
 class Captioner(nn.Module):
@@ -42,6 +58,38 @@ class Captioner(nn.Module):
         self.decode_config = decode_config or DecodeConfig()
         self.transform = ImageTransform(image_size)
 
+    @classmethod
+    def from_config(cls, config: Config, vocab: Vocabulary, load_pretrained: bool = True) -> Captioner:
+        """The model `config` describes, with fresh weights (the backbone's ImageNet weights
+        when the config asks for them and `load_pretrained`)."""
+        encoder = build_encoder(config.model.encoder, load_pretrained)
+        decoder = build_decoder(config, len(vocab), encoder.out_dim)
+        return cls(encoder, decoder, vocab, config.model, config.data.image_size, config.decode)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str | torch.device = "auto") -> Captioner:
+        """A trained model, in eval mode on `device` ("auto": a CUDA GPU when there is one).
+
+        `path` is a checkpoint file or a run folder (its best.pt, else its last.pt). Only the
+        checkpoint's model, input size and decoding sections are read: a model trained with
+        settings this version no longer accepts still captions. No ImageNet weights are
+        fetched (the checkpoint has them)."""
+        path = checkpoint_file(path)
+        payload = read_checkpoint(path)
+        config = model_config(payload["config"], path)
+        model = cls.from_config(config, Vocabulary(payload["vocab"]), load_pretrained=False)
+        try:
+            missing, unexpected = model.load_state_dict(payload["model"], strict=False)
+        except RuntimeError as e:  # shape mismatches
+            raise CheckpointError(f"{path}: weights do not fit the model its config describes ({str(e).splitlines()[1].strip()[:200]})") from None
+        if missing or unexpected:
+            names = (missing + unexpected)[:3]
+            raise CheckpointError(
+                f"{path}: weights do not match the model its config describes "
+                f"({len(missing)} missing, {len(unexpected)} unexpected, e.g. {', '.join(names)})"
+            )
+        return model.to(resolve_device(device)).eval()
+
     def settings(self) -> dict:
         """The config sections that rebuild this model (a checkpoint without a training config
         carries these): the model, the input size and the decoding defaults."""
@@ -54,6 +102,13 @@ class Captioner(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return next(self.decoder.parameters()).dtype
+
+    @property
+    def special_tokens(self) -> SpecialTokens:
+        """<bos>, <eos>, and the ids no caption contains: <pad>, <bos>, <unk> are not words, and
+        every word of a caption gets its own attention map."""
+        vocab = self.vocab
+        return SpecialTokens(vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id, vocab.unk_id))
 
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """images (B, 3, H, W), uint8 from `self.transform` (normalised on their device by the
@@ -93,93 +148,30 @@ class Captioner(nn.Module):
             feats = feats.index_select(0, image_rows)  # (C, N, D)
         return self.decoder(feats, tokens, lengths)
 
+    def decode_options(self, **overrides: Any) -> DecodeOptions:
+        """This model's decoding defaults (its config's `decode` section) with `overrides` by
+        name, checked: a one-line ConfigError names an unknown or bad option."""
+        return DecodeOptions.from_config(self.decode_config, **overrides)
+
     @torch.no_grad()
-    def decode(self, feats: torch.Tensor, grid: tuple[int, int], **options) -> list[Caption]:
+    def decode(self, feats: torch.Tensor, grid: tuple[int, int], **options: Any) -> list[Caption]:
         """feats (B, N, D) -> one Caption per image, the best one; options as `decode_n_best`."""
         return [captions[0] for captions in self.decode_n_best(feats, grid, n_best=1, **options)]
 
     @torch.no_grad()
-    def decode_n_best(
-        self,
-        feats: torch.Tensor,
-        grid: tuple[int, int],
-        n_best: int = 1,
-        beam_size: int | None = None,
-        max_length: int | None = None,
-        length_penalty: float | None = None,
-        block_trigrams: bool | None = None,
-        diverse_groups: int | None = None,
-        diversity_strength: float | None = None,
-        sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        self_attention: bool = False,
-    ) -> list[list[Caption]]:
+    def decode_n_best(self, feats: torch.Tensor, grid: tuple[int, int], n_best: int = 1, **options: Any) -> list[list[Caption]]:
         """feats (B, N, D) -> per image the `n_best` best distinct captions, best first.
 
-        Options left at None come from the config's `decode` section. Beam search (beam_size > 1,
-        optionally diverse with `diverse_groups` groups) gives up to beam_size hypotheses; greedy
-        decoding (beam_size 1) gives one. With `sample`, each of the n_best captions is drawn
-        from softmax(logprobs / temperature), restricted to the `top_k` words and the `top_p`
-        nucleus, seeded by `seed`, and they are sorted by log-probability. With `self_attention`
-        (decoders that have one) each caption carries its self-attention weights from the same pass.
+        `options` are `DecodeOptions` fields by name; those not given (or None) come from the
+        config's `decode` section. Beam search (beam_size > 1, optionally diverse with
+        `diverse_groups` groups) gives up to beam_size hypotheses; greedy decoding (beam_size 1)
+        gives one. With `sample`, each of the n_best captions is drawn from softmax(logprobs /
+        temperature), restricted to the `top_k` words and the `top_p` nucleus, seeded by `seed`,
+        and they are sorted by log-probability. With `self_attention` (decoders that have one)
+        each caption carries its self-attention weights from the same pass.
         """
-        settings = self.decode_config
-        beam_size = settings.beam_size if beam_size is None else beam_size
-        max_length = settings.max_length if max_length is None else max_length
-        alpha = settings.length_penalty if length_penalty is None else length_penalty
-        block = settings.block_trigrams if block_trigrams is None else block_trigrams
-        groups = settings.diverse_groups if diverse_groups is None else diverse_groups
-        strength = settings.diversity_strength if diversity_strength is None else diversity_strength
-        self._check_decode_options(n_best, beam_size, max_length, groups, strength, sample, temperature, top_k, top_p)
-        bos, eos = self.vocab.bos_id, self.vocab.eos_id
-        banned = (self.vocab.pad_id, bos, self.vocab.unk_id)  # not words: every word gets its own map
-        B = feats.shape[0]
-        if sample:
-            generator = None if seed is None else torch.Generator(feats.device).manual_seed(seed)
-            rows = feats.repeat_interleave(n_best, dim=0)  # (B*n_best, N, D): n_best draws per image
-            drawn = greedy_decode(
-                self.decoder, rows, bos, eos, max_length, temperature, generator, banned, top_k, top_p, block, self_attention
-            )
-            ranked = [sorted(drawn[b * n_best : (b + 1) * n_best], key=lambda h: -h.score) for b in range(B)]
-        elif beam_size <= 1:
-            ranked = [
-                [h]
-                for h in greedy_decode(
-                    self.decoder, feats, bos, eos, max_length, banned=banned, block_trigrams=block, self_attention=self_attention
-                )
-            ]
-        else:
-            ranked = beam_search_n_best(
-                self.decoder, feats, bos, eos, beam_size, max_length, alpha, banned, block, groups, strength, n_best,
-                self_attention,
-            )
+        ranked = decode_hypotheses(self.decoder, feats, self.special_tokens, self.decode_options(n_best=n_best, **options))
         return [[self._caption(h, grid) for h in hyps] for hyps in ranked]
-
-    @staticmethod
-    def _check_decode_options(
-        n_best: int, beam_size: int, max_length: int, groups: int, strength: float,
-        sample: bool, temperature: float, top_k: int, top_p: float,
-    ) -> None:
-        """Decoding options from a caller or the CLI: a one-line error naming the bad one."""
-        if n_best < 1:
-            raise ConfigError(f"decode: n_best must be >= 1, got {n_best}")
-        if beam_size < 1 or max_length < 1:
-            raise ConfigError(f"decode: beam size and max length must be >= 1, got {beam_size} and {max_length}")
-        if sample:
-            try:
-                check_sampling(temperature, top_k, top_p)
-            except ValueError as e:
-                raise ConfigError(f"decode: {e}") from None
-            return
-        if groups < 1 or beam_size % groups:
-            raise ConfigError(f"decode: beam size {beam_size} must be a multiple of diverse_groups {groups}")
-        if strength < 0:
-            raise ConfigError(f"decode: diversity_strength must be >= 0, got {strength}")
-        if n_best > beam_size:
-            raise ConfigError(f"decode: n_best ({n_best}) cannot exceed the beam size ({beam_size}); raise the beam or sample")
 
     def _caption(self, hyp: Hypothesis, grid: tuple[int, int]) -> Caption:
         words = self.vocab.decode_words(hyp.tokens)
@@ -188,7 +180,7 @@ class Captioner(nn.Module):
 
     @torch.no_grad()
     def caption_images(
-        self, images: torch.Tensor, n_best: int | None = None, **decode_options
+        self, images: torch.Tensor, n_best: int | None = None, **decode_options: Any
     ) -> list[Caption] | list[list[Caption]]:
         """Transformed images (B, 3, H, W), uint8 as `self.transform` makes them -> a caption per
         image, or with `n_best` a list of the n best per image."""
@@ -202,14 +194,35 @@ class Captioner(nn.Module):
         finally:
             self.train(was_training)
 
-    def caption(self, image: Image.Image | str | Path, **decode_options) -> Caption:
-        """Caption one PIL image or image file."""
-        if not isinstance(image, Image.Image):
-            image = load_image(image)
-        return self.caption_images(self.transform(image).unsqueeze(0), **decode_options)[0]
+    @overload
+    def caption(self, images: ImageInput, *, batch_size: int | None = None, **options: Any) -> Caption: ...
+
+    @overload
+    def caption(self, images: Sequence[ImageInput], *, batch_size: int | None = None, **options: Any) -> list[Caption]: ...
+
+    def caption(
+        self, images: ImageInput | Sequence[ImageInput], *, batch_size: int | None = None, **options: Any
+    ) -> Caption | list[Caption]:
+        """Caption an image (a path, an encoded image file's bytes, or a PIL image) or a list of
+        them: one Caption, or a list of Captions in the same order, decoded in batches of
+        `batch_size` (default: the config's decode.batch_size). `options` are DecodeOptions
+        fields by name, as for `decode`. A list stops at its first image that does not load,
+        with that image's one-line ImageLoadError."""
+        if "n_best" in options:
+            raise ConfigError("caption: n_best gives several captions per image; use caption_images or decode_n_best")
+        single = not isinstance(images, (list, tuple))
+        items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
+        batch_size = batch_size or self.decode_config.batch_size
+        captions: list[Caption] = []
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            pictures = [picture_of(x) if single else picture_of(x, f"image {start + i + 1} of {len(items)}") for i, x in enumerate(chunk)]
+            batch = torch.stack([self.transform(p) for p in pictures])  # (b, 3, S, S) uint8
+            captions += self.caption_images(batch, **options)
+        return captions[0] if single else captions
 
     def caption_files(
-        self, paths: Sequence[str | Path], batch_size: int | None = None, **decode_options
+        self, paths: Sequence[str | Path], batch_size: int | None = None, **decode_options: Any
     ) -> list[Caption | ImageLoadError] | list[list[Caption] | ImageLoadError]:
         """Caption files in batches (of the config's decode.batch_size unless given); a file that
         fails to load gives its error, the rest go on.
@@ -229,3 +242,80 @@ class Captioner(nn.Module):
             captions = iter(self.caption_images(torch.stack(good), **decode_options) if good else [])
             results += [x if isinstance(x, ImageLoadError) else next(captions) for x in loaded]
         return results
+
+
+def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
+    """A path, an encoded file's bytes or a PIL image -> the upright RGB picture `load_image`
+    makes of a file; `position` ("image 2 of 5") starts the error of an image in a list."""
+    if isinstance(image, Image.Image):
+        return to_rgb(upright(image))
+    try:
+        if not isinstance(image, (str, Path, bytes)):
+            raise ImageLoadError(f"expected a path, bytes or a PIL image, got {type(image).__name__}")
+        return load_image(image)
+    except ImageLoadError as e:
+        if position is None and isinstance(image, (str, Path)):
+            raise  # its message names the file
+        raise ImageLoadError(f"caption: {position or 'the image'}: {e}") from None
+
+
+def build_decoder(config: Config, vocab_size: int, feat_dim: int) -> Decoder:
+    """The decoder `model.decoder` describes, over features of `feat_dim`."""
+    d = config.model.decoder
+    if d.type == "lstm":
+        return LSTMDecoder(vocab_size, feat_dim, d.embed_dim, d.hidden_dim, d.attention_dim, d.dropout)
+    if d.type == "transformer":
+        from captioner.models.transformer_decoder import TransformerDecoder
+
+        return TransformerDecoder.from_config(d, vocab_size, feat_dim)
+    raise ConfigError(f"model.decoder.type: unknown decoder {d.type!r}")
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """A checkpoint file as given, or a run folder's best.pt, else its last.pt."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        for name in RUN_CHECKPOINTS:
+            if (path / name).is_file():
+                return path / name
+        raise CheckpointError(f"{path}: a folder without a checkpoint (no {' or '.join(RUN_CHECKPOINTS)})")
+    raise CheckpointError(f"{path}: checkpoint not found (no such file or run folder; Hub ids cannot be loaded in this version)")
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's payload, read with weights_only (no code runs): weights, config, vocabulary
+    and whatever training kept there."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: not a readable captioner checkpoint ({first[:200]})") from None
+    if not isinstance(payload, dict) or not {"model", "config", "vocab"} <= payload.keys():
+        raise CheckpointError(f"{path}: not a captioner checkpoint (it lacks model, config or vocab)")
+    version = payload.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {version} is not supported (this version reads {FORMAT_VERSION})")
+    return payload
+
+
+def model_config(stored: Any, path: str | Path) -> Config:
+    """The sections of a checkpoint's config that make the model (model, data.image_size,
+    decode), checked like a config file; the other sections keep their defaults, so a training
+    setting this version no longer accepts does not stop a model from loading."""
+    if not isinstance(stored, dict):
+        raise CheckpointError(f"{path}: incompatible config: expected a mapping of sections, got {type(stored).__name__}")
+    sections = {name: stored[name] for name in ("model", "decode") if name in stored}
+    data = stored.get("data", {})
+    if not isinstance(data, dict):
+        sections["data"] = data  # refused below, naming the section
+    elif "image_size" in data:
+        sections["data"] = {"image_size": data["image_size"]}
+    try:
+        return config_from_dict(sections, source=f"{path} (config)")
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: incompatible config: {e}") from None

@@ -2,21 +2,111 @@
 
 Nothing here knows which decoder it drives: it calls `prepare`, `init_state` and `step`, and
 reorders memory and state with `select_rows`. Every function decodes a whole batch of images at
-once. The inference decoders return, per image, the word ids, the score and the attention map of
-every word; `sample_captions` returns padded token tensors whose log-probabilities carry
-gradients, for self-critical training.
+once. The inference functions take the decoder, the features, the `SpecialTokens` and one
+`DecodeOptions`, and return, per image, the word ids, the score and the attention map of every
+word; `sample_captions` returns padded token tensors whose log-probabilities carry gradients,
+for self-critical training.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from captioner.core.config import DecodeConfig
+from captioner.core.errors import ConfigError
+
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
+
+_CONFIG_DEFAULTS = DecodeConfig()  # the options a config also holds default to the config's defaults
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Every choice of how to decode, checked once where it is made (a one-line ConfigError
+    naming the bad option). The search options default to the `decode` config section's
+    defaults; `from_config` starts from a model's own section instead."""
+
+    beam_size: int = _CONFIG_DEFAULTS.beam_size  # 1: greedy decoding
+    max_length: int = _CONFIG_DEFAULTS.max_length  # words
+    length_penalty: float = _CONFIG_DEFAULTS.length_penalty  # alpha of ((5 + length) / 6) ** alpha
+    block_trigrams: bool = _CONFIG_DEFAULTS.block_trigrams  # never repeat a word trigram within a caption
+    diverse_groups: int = _CONFIG_DEFAULTS.diverse_groups  # diverse beam search: groups of beam_size / groups beams
+    diversity_strength: float = _CONFIG_DEFAULTS.diversity_strength  # lambda of the Hamming penalty between groups
+    n_best: int = 1  # hypotheses per image (beam search), or draws per image (sampling)
+    sample: bool = False  # draw words instead of searching; the options below apply only then
+    temperature: float = 1.0
+    top_k: int = 0  # draw from the k most probable words only (0: all)
+    top_p: float = 1.0  # draw from the nucleus of this mass only
+    seed: int | None = None  # for reproducible draws
+    self_attention: bool = False  # also return the decoder's self-attention weights (transformers)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check_type(f.name, getattr(self, f.name), _FIELD_TYPES[f.name])
+        if self.n_best < 1:
+            raise ConfigError(f"decode: n_best must be >= 1, got {self.n_best}")
+        if self.beam_size < 1 or self.max_length < 1:
+            raise ConfigError(f"decode: beam size and max length must be >= 1, got {self.beam_size} and {self.max_length}")
+        if self.sample:  # the search options do not apply: each of the n_best is its own draw
+            try:
+                check_sampling(self.temperature, self.top_k, self.top_p)
+            except ValueError as e:
+                raise ConfigError(f"decode: {e}") from None
+            return
+        if self.diverse_groups < 1 or self.beam_size % self.diverse_groups:
+            raise ConfigError(f"decode: beam size {self.beam_size} must be a multiple of diverse_groups {self.diverse_groups}")
+        if self.diversity_strength < 0:
+            raise ConfigError(f"decode: diversity_strength must be >= 0, got {self.diversity_strength}")
+        if self.n_best > self.beam_size:
+            raise ConfigError(f"decode: n_best ({self.n_best}) cannot exceed the beam size ({self.beam_size}); raise the beam or sample")
+
+    @classmethod
+    def from_config(cls, config: DecodeConfig, **overrides: Any) -> DecodeOptions:
+        """A model's `decode` section, then the caller's `overrides` by name; an override of
+        None keeps the section's value (or the option's default)."""
+        for name in overrides:
+            if name not in _FIELD_TYPES:
+                close = difflib.get_close_matches(name, _FIELD_TYPES, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else f"options: {', '.join(_FIELD_TYPES)}"
+                raise ConfigError(f"decode: unknown option {name!r} ({hint})")
+        configured = {name: getattr(config, name) for name in _FIELD_TYPES if hasattr(config, name)}
+        given = {name: value for name, value in overrides.items() if value is not None}
+        return cls(**{**configured, **given})
+
+
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(DecodeOptions)}  # annotations as strings
+
+
+def _check_type(name: str, value: Any, kind: str) -> None:
+    """bool options take True/False, int options whole numbers, float options any real number."""
+    if kind == "bool":
+        ok = isinstance(value, bool)
+    elif kind.startswith("int"):
+        ok = (value is None and kind.endswith("None")) or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
+    else:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not ok:
+        expected = {"bool": "true or false", "float": "a number"}.get(kind, "a whole number")
+        raise ConfigError(f"decode: {name} must be {expected}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The ids decoding treats apart: every caption starts from `bos` and ends at `eos`, and the
+    `banned` ids (<pad>, <bos>, <unk>) are never produced, since they are not words and every
+    word of a caption must line up with its own attention map."""
+
+    bos: int
+    eos: int
+    banned: tuple[int, ...] = ()
 
 
 @dataclass
@@ -232,50 +322,71 @@ def greedy_captions(
     return SampledCaptions(tokens, logprobs, mask, mask.sum(dim=1), torch.arange(B, device=feats.device))
 
 
+def decode_hypotheses(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> list[list[Hypothesis]]:
+    """feats (B, N, D) -> per image its `n_best` hypotheses, best first: drawn with `sample`,
+    else by beam search, or greedy decoding when the beam is 1."""
+    if options.sample:
+        return sample_n_best(decoder, feats, special, options)
+    if options.beam_size <= 1:
+        return [[h] for h in greedy_decode(decoder, feats, special, options)]
+    return beam_search_n_best(decoder, feats, special, options)
+
+
 @torch.no_grad()
-def greedy_decode(
+def greedy_decode(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> list[Hypothesis]:
+    """The most probable word at each step; feats (B, N, D). Uses max_length, block_trigrams and
+    self_attention of the options. The score is the log-probability of the words and the <eos>."""
+    return decode_step_by_step(decoder, feats, special, options, lambda allowed: allowed.argmax(dim=-1))
+
+
+@torch.no_grad()
+def sample_n_best(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> list[list[Hypothesis]]:
+    """`n_best` captions drawn per image, most probable first; feats (B, N, D).
+
+    Each word is drawn from softmax(logprobs / temperature), restricted to the `top_k` words and
+    the `top_p` nucleus, from a generator seeded by `seed` (on the features' device); the score is
+    the model's log-probability (at temperature 1) of the words and the <eos>."""
+    check_sampling(options.temperature, options.top_k, options.top_p)
+    B, n = feats.shape[0], options.n_best
+    generator = None if options.seed is None else torch.Generator(feats.device).manual_seed(options.seed)
+    rows = feats.repeat_interleave(n, dim=0)  # (B*n, N, D): n draws per image
+    drawn = decode_step_by_step(
+        decoder, rows, special, options, lambda allowed: draw(allowed, options.temperature, options.top_k, options.top_p, generator)
+    )
+    return [sorted(drawn[b * n : (b + 1) * n], key=lambda h: -h.score) for b in range(B)]
+
+
+def decode_step_by_step(
     decoder: Decoder,
     feats: torch.Tensor,
-    bos_id: int,
-    eos_id: int,
-    max_length: int = 30,
-    temperature: float = 0.0,
-    generator: torch.Generator | None = None,
-    banned: tuple[int, ...] = (),
-    top_k: int = 0,
-    top_p: float = 1.0,
-    block_trigrams: bool = False,
-    self_attention: bool = False,
+    special: SpecialTokens,
+    options: DecodeOptions,
+    pick: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[Hypothesis]:
-    """The most probable word at each step (or a sample at `temperature` > 0, optionally from the
-    top-k / nucleus only); feats (B, N, D).
-
-    `banned` ids (<pad>, <bos>) are never produced: they are not words, and a caption's words
-    must line up one to one with its attention maps. The score is the model's log-probability
-    (at temperature 1) of the words and the <eos>. With `self_attention`, each hypothesis also
-    carries the self-attention weights of this same pass (decoders that have one)."""
-    if temperature > 0:
-        check_sampling(temperature, top_k, top_p)
-    batch = feats.shape[0]
+    """One caption per row of feats (B, N, D), each word chosen by `pick(allowed logprobs (B, V))
+    -> (B,)` (argmax for greedy decoding, a draw for sampling), stopping once every row has ended.
+    With `self_attention`, each hypothesis also carries the self-attention weights of this same
+    pass (decoders that have one)."""
+    batch, max_length = feats.shape[0], options.max_length
     memory = decoder.prepare(feats)
     state = decoder.init_state(memory, capacity=max_length)
-    prev = torch.full((batch,), bos_id, dtype=torch.long, device=feats.device)  # (B,)
+    prev = torch.full((batch,), special.bos, dtype=torch.long, device=feats.device)  # (B,)
     maps, self_maps, logprob = [], [], torch.zeros(batch, device=feats.device)
     history = torch.empty((batch, 0), dtype=torch.long, device=feats.device)  # (B, t)
     done = torch.zeros(batch, dtype=torch.bool, device=feats.device)  # (B,)
     lengths = torch.full((batch,), max_length, dtype=torch.long)
-    forbidden = banned_mask(banned, decoder.vocab_size, feats.device)  # (V,)
+    forbidden = banned_mask(special.banned, decoder.vocab_size, feats.device)  # (V,)
     for t in range(max_length):
-        logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, self_attention)  # (B, V), (B, L, H, N)
+        logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, options.self_attention)  # (B, V), (B, L, H, N)
         if self_w is not None:
             self_maps.append(self_w.float())  # (B, L, H, t+1)
         logprobs = logprobs.float().masked_fill(forbidden, float("-inf"))  # (B, V)
-        allowed = block_repeated_trigrams(logprobs, history) if block_trigrams else logprobs  # (B, V)
-        prev = draw(allowed, temperature, top_k, top_p, generator) if temperature > 0 else allowed.argmax(dim=-1)  # (B,)
+        allowed = block_repeated_trigrams(logprobs, history) if options.block_trigrams else logprobs  # (B, V)
+        prev = pick(allowed)  # (B,)
         logprob += torch.where(done, 0.0, logprobs.gather(1, prev[:, None]).squeeze(1))
         history = torch.cat([history, prev[:, None]], dim=1)  # (B, t+1)
         maps.append(attn)
-        ended = (prev == eos_id) & ~done
+        ended = (prev == special.eos) & ~done
         lengths[ended.cpu()] = t
         done |= ended
         if bool(done.all()):
@@ -295,52 +406,24 @@ def greedy_decode(
 
 
 @torch.no_grad()
-def beam_search(
-    decoder: Decoder,
-    feats: torch.Tensor,
-    bos_id: int,
-    eos_id: int,
-    beam_size: int = 3,
-    max_length: int = 30,
-    alpha: float = 0.0,
-    banned: tuple[int, ...] = (),
-    block_trigrams: bool = False,
-    groups: int = 1,
-    diversity: float = 0.5,
-    self_attention: bool = False,
-) -> list[Hypothesis]:
+def beam_search(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> list[Hypothesis]:
     """The best hypothesis per image of `beam_search_n_best`; feats (B, N, D)."""
-    ranked = beam_search_n_best(
-        decoder, feats, bos_id, eos_id, beam_size, max_length, alpha, banned, block_trigrams, groups, diversity,
-        n_best=1, self_attention=self_attention,
-    )
+    ranked = beam_search_n_best(decoder, feats, special, dataclasses.replace(options, n_best=1))
     return [hyps[0] for hyps in ranked]
 
 
 @torch.no_grad()
 def beam_search_n_best(
-    decoder: Decoder,
-    feats: torch.Tensor,
-    bos_id: int,
-    eos_id: int,
-    beam_size: int = 3,
-    max_length: int = 30,
-    alpha: float = 0.0,
-    banned: tuple[int, ...] = (),
-    block_trigrams: bool = False,
-    groups: int = 1,
-    diversity: float = 0.5,
-    n_best: int = 1,
-    self_attention: bool = False,
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> list[list[Hypothesis]]:
     """Batched (diverse) beam search over B images with K beams each; feats (B, N, D).
 
     Returns per image the `n_best` (<= K) best distinct hypotheses, best first.
 
-    The K beams of an image form `groups` groups of K/G beams (Vijayakumar et al. 2018; one group
-    is ordinary beam search). Every step runs the decoder once over all B*K beams; then group g
-    ranks its K/G*V continuations by log-probability minus `diversity` times the number of
-    earlier groups' beams that chose the same word at this step (the Hamming diversity term),
+    The K = `beam_size` beams of an image form G = `diverse_groups` groups of K/G beams
+    (Vijayakumar et al. 2018; one group is ordinary beam search). Every step runs the decoder once
+    over all B*K beams; then group g ranks its K/G*V continuations by log-probability minus
+    `diversity_strength` times the number of earlier groups' beams that chose the same word at this step (the Hamming diversity term),
     and keeps its top 2K/G: those ending in <eos> that rank within the top K/G become finished
     hypotheses, the best K/G others stay live. Scores themselves stay log-probabilities: the
     penalty steers the choice, never the ranking of finished captions. A group is done once it
@@ -350,7 +433,9 @@ def beam_search_n_best(
     With `self_attention`, the self-attention weights of every step are kept and reordered with
     the beams, like the cross-attention history, and come back with each hypothesis.
     """
-    B, K, G, device = feats.shape[0], beam_size, groups, feats.device
+    B, K, G, device = feats.shape[0], options.beam_size, options.diverse_groups, feats.device
+    max_length, alpha, n_best = options.max_length, options.length_penalty, options.n_best
+    bos_id, eos_id, self_attention = special.bos, special.eos, options.self_attention
     if G < 1 or K % G:
         raise ValueError(f"beam size {K} must be a positive multiple of the number of groups {G}")
     if not 1 <= n_best <= K:
@@ -374,12 +459,12 @@ def beam_search_n_best(
     finished: list[list[Hypothesis]] = [[] for _ in range(S)]
     done = [False] * S
     best_possible_penalty = length_penalty(max_length, alpha)
-    forbidden = banned_mask(banned, decoder.vocab_size, device)  # (V,)
+    forbidden = banned_mask(special.banned, decoder.vocab_size, device)  # (V,)
 
     for t in range(max_length):
         logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, self_attention)  # (B*K, V), (B*K, L, H, N)
         logprobs = logprobs.float().masked_fill(forbidden, float("-inf"))  # (B*K, V)
-        if block_trigrams:
+        if options.block_trigrams:
             logprobs = block_repeated_trigrams(logprobs, history)
         V = logprobs.shape[-1]
         attn = attn.float()
@@ -387,7 +472,7 @@ def beam_search_n_best(
         chosen = torch.zeros(B, V, device=device)  # (B, V): how many earlier groups' beams took each word now
         picks = []
         for g in range(G):
-            penalised = candidates[:, g] - diversity * chosen.repeat(1, Kg) if g else candidates[:, g]  # (B, Kg*V)
+            penalised = candidates[:, g] - options.diversity_strength * chosen.repeat(1, Kg) if g else candidates[:, g]  # (B, Kg*V)
             top_key, top_index = penalised.topk(2 * Kg, dim=1)  # (B, 2Kg)
             top_scores = candidates[:, g].gather(1, top_index)  # (B, 2Kg)
             is_eos = top_index % V == eos_id  # (B, 2Kg)
