@@ -47,3 +47,35 @@ def test_panel_counter_sees_a_missing_panel(photo: Image.Image, tmp_path: Path) 
     pixels[:, last_start:] = 255
     Image.fromarray(pixels).save(tmp_path / "cut.png")
     assert counted == 4 and count_panels(tmp_path / "cut.png") == 3
+
+
+def transformer_caption(words: list[str], layers: int = 2, heads: int = 2, grid: int = 3) -> Caption:
+    """A caption as a transformer decodes it: maps per layer and head, and its self-attention."""
+    torch.manual_seed(0)
+    T = len(words)
+    attn = torch.rand(T, layers, heads, grid * grid).softmax(-1).view(T, layers, heads, grid, grid)  # (T, L, H, h, w)
+    self_attn = torch.rand(T, layers, heads, T).tril_().div_(T)  # (T, L, H, T), causal
+    return Caption(" ".join(words), words, list(range(T)), -1.0, -1.0, attn, True, self_attn)
+
+
+def test_caption_figures_are_written_as_requested(photo: Image.Image, tmp_path: Path) -> None:
+    from captioner.viz.figures import FigureRequest, save_caption_figures
+
+    caption = transformer_caption(["a", "red", "circle"])
+    cams = {t: torch.rand(3, 3) for t in range(3)}  # (h, w) per word position
+    everything = FigureRequest(heatmaps=tmp_path / "maps", self_attention=tmp_path / "heads", head_grid=tmp_path / "grid",
+                               gradcam=tmp_path / "maps")
+    written = save_caption_figures(photo, caption, everything, "photo", "_2", cams)
+    assert {kind: path.relative_to(tmp_path).as_posix() for kind, path in written.items()} == {
+        "heatmaps": "maps/photo_attention_2.png", "self_attention": "heads/photo_self_attention_2.png",
+        "head_grid": "grid/photo_heads_2.png", "gradcam": "maps/photo_gradcam_2.png",
+    }
+    assert all(path.is_file() for path in written.values()) and (tmp_path / "heads" / "photo_self_attention_2.svg").is_file()
+    assert count_panels(written["heatmaps"]) == 4  # the input and one map per word
+    assert count_panels(written["gradcam"]) == 6  # per word: attention above Grad-CAM
+    # only what is asked; no Grad-CAM figure without the maps; an empty caption has no per-word figure
+    assert save_caption_figures(photo, caption, FigureRequest(head_grid=tmp_path / "g2"), "p") == {"head_grid": tmp_path / "g2" / "p_heads.png"}
+    assert save_caption_figures(photo, caption, FigureRequest(gradcam=tmp_path / "g3"), "p") == {}
+    empty = transformer_caption([])
+    assert set(save_caption_figures(photo, empty, everything, "empty", cams={})) == {"heatmaps"}
+    assert everything.per_word and not FigureRequest(heatmaps=tmp_path).per_word

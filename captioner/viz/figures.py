@@ -1,8 +1,10 @@
 """Figures for looking inside a caption: the self-attention head view (after bertviz), the grid
-of cross-attention maps per layer and head, and attention beside Grad-CAM."""
+of cross-attention maps per layer and head, and attention beside Grad-CAM; `save_caption_figures`
+writes the ones a caller asks for."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -15,7 +17,7 @@ from PIL import Image  # noqa: E402
 
 from captioner.core.errors import CaptionerError  # noqa: E402
 from captioner.models.caption import Caption, upsample  # noqa: E402
-from captioner.viz.overlays import overlay  # noqa: E402
+from captioner.viz.overlays import overlay, save_attention_figure  # noqa: E402
 
 HEAD_COLOURS = plt.get_cmap("tab10")
 
@@ -138,4 +140,50 @@ def save_figure(fig: Figure, *paths: str | Path, dpi: int = 90) -> list[Path]:
         fig.savefig(path, dpi=dpi)
         written.append(path)
     plt.close(fig)
+    return written
+
+
+@dataclass(frozen=True)
+class FigureRequest:
+    """The figures wanted for each caption, by the folder each kind goes to (None: not wanted),
+    and the decoder layer and head (None: their mean) the attention maps show."""
+
+    heatmaps: Path | None = None  # the image, then every word over its attention map
+    self_attention: Path | None = None  # the head view, PNG and SVG (decoders with self-attention)
+    head_grid: Path | None = None  # every word's cross-attention per layer and head
+    gradcam: Path | None = None  # every word's attention above its Grad-CAM (needs the cams)
+    layer: int = -1
+    head: int | None = None
+
+    @property
+    def per_word(self) -> bool:
+        """Whether any figure asked for draws the words one by one (none can for an empty caption)."""
+        return any(folder is not None for folder in (self.self_attention, self.head_grid, self.gradcam))
+
+
+def save_caption_figures(
+    image: Image.Image, caption: Caption, request: FigureRequest, stem: str, suffix: str = "",
+    cams: dict[int, torch.Tensor] | None = None,
+) -> dict[str, Path]:
+    """Write the figures `request` asks for, each named stem_KIND+suffix ("photo_heads_2.png");
+    their paths by kind (heatmaps, self_attention, head_grid, gradcam). Per-word figures are
+    skipped for a caption without words, the Grad-CAM figure also without `cams` (word
+    position -> (h, w) map)."""
+    written: dict[str, Path] = {}
+    if request.heatmaps is not None:
+        written["heatmaps"] = save_attention_figure(
+            request.heatmaps / f"{stem}_attention{suffix}.png", image, caption, layer=request.layer, head=request.head
+        )
+    if not caption.words:
+        return written
+    if request.self_attention is not None:
+        base = f"{stem}_self_attention{suffix}"  # both formats: PNG to look at, SVG to zoom into
+        written["self_attention"], _ = save_figure(
+            head_view_figure(caption), request.self_attention / f"{base}.png", request.self_attention / f"{base}.svg"
+        )
+    if request.head_grid is not None:
+        (written["head_grid"],) = save_figure(head_grid_figure(image, caption), request.head_grid / f"{stem}_heads{suffix}.png")
+    if request.gradcam is not None and cams:
+        figure = saliency_figure(image, caption, cams, request.layer, request.head)
+        (written["gradcam"],) = save_figure(figure, request.gradcam / f"{stem}_gradcam{suffix}.png")
     return written

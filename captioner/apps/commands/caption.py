@@ -7,9 +7,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from captioner.apps.arguments import add_decode_arguments, decode_options, expand_images
 from captioner.core.errors import CaptionerError, ImageLoadError
+
+if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither torch nor matplotlib
+    import torch
+    from PIL import Image
+
+    from captioner.models.caption import Caption
+    from captioner.models.captioner import Captioner
+    from captioner.viz.figures import FigureRequest
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -20,9 +29,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     caption.add_argument("--n-best", type=int, default=None, metavar="N",
                          help="N hypotheses per image, best first, each with its score (N <= beam; with --sample: N draws)")
     caption.add_argument("--sample", action="store_true", help="sample instead of searching (see --top-k, --top-p)")
-    caption.add_argument("--temperature", type=float, default=1.0, help="with --sample: softmax temperature")
-    caption.add_argument("--top-k", type=int, default=0, help="with --sample: draw from the K most probable words only")
-    caption.add_argument("--top-p", type=float, default=1.0, help="with --sample: draw from the nucleus of mass P only")
+    caption.add_argument("--temperature", type=float, default=None, help="with --sample: softmax temperature (default 1)")
+    caption.add_argument("--top-k", type=int, default=None, help="with --sample: draw from the K most probable words only")
+    caption.add_argument("--top-p", type=float, default=None, help="with --sample: draw from the nucleus of mass P only")
     caption.add_argument("--seed", type=int, default=None, help="with --sample: seed, for reproducible draws")
     caption.add_argument("--attention", action="store_true", help="with --json: each word's attention map (h x w)")
     caption.add_argument("--json", action="store_true")
@@ -38,20 +47,23 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     caption.set_defaults(func=run)
 
 
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
+
+
 def run(args: argparse.Namespace) -> int:
-    from captioner.core.runtime import resolve_device
     from captioner.data.images import load_image
     from captioner.models.checkpoint import load_captioner
-    from captioner.viz.overlays import save_attention_figure
 
-    if not args.sample and (args.top_k or args.top_p != 1.0 or args.temperature != 1.0 or args.seed is not None):
-        raise CaptionerError("caption: --top-k, --top-p, --temperature and --seed apply only with --sample")
-    model = load_captioner(args.checkpoint, resolve_device(args.device))
+    sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
+    if sampling and not args.sample:
+        flags = [SAMPLING_FLAGS[name] for name in sampling]
+        raise CaptionerError(f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} only with --sample")
+    if args.saliency and not args.heatmaps:
+        raise CaptionerError("caption: --saliency draws beside the heatmaps; give --heatmaps OUTDIR too")
+    model = load_captioner(args.checkpoint, args.device)
     paths = expand_images(args.images)
     if not paths:
         raise CaptionerError("caption: no images given")
-    if args.saliency and not args.heatmaps:
-        raise CaptionerError("caption: --saliency draws beside the heatmaps; give --heatmaps OUTDIR too")
     options = decode_options(args)
     if args.self_attention:
         if not model.decoder.has_self_attention:
@@ -59,9 +71,10 @@ def run(args: argparse.Namespace) -> int:
                                  f"{model.config.decoder.type} decoder")
         options["self_attention"] = True
     if args.sample:
-        options.update(sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        options.update(sample=True, **sampling)
     n_best = args.n_best if args.n_best is not None else (1 if args.sample else None)
     results = model.caption_files(paths, batch_size=args.batch_size, n_best=n_best, **options)
+    request = figure_request(args)
     failures = 0
     rows = []
     for path, result in zip(paths, results):
@@ -70,18 +83,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {result}", file=sys.stderr)
             continue
         hypotheses = result if isinstance(result, list) else [result]
+        image = load_image(path) if request is not None else None
         entries = []
         for rank, caption in enumerate(hypotheses, start=1):
             entry = caption.to_json()
             if args.attention:
                 maps = caption.heatmaps(layer=args.layer, head=args.head)  # (T, h, w)
                 entry["attention"] = [[[round(x, 4) for x in r] for r in m] for m in maps.tolist()]
-            if args.heatmaps:
-                suffix = f"_{rank}" if args.n_best is not None else ""
-                figure = Path(args.heatmaps) / f"{path.stem}_attention{suffix}.png"
-                save_attention_figure(figure, load_image(path), caption, layer=args.layer, head=args.head)
-                entry["heatmaps"] = str(figure)
-            entry |= interpret_figures(model, path, caption, args, f"_{rank}" if args.n_best is not None else "")
+            if request is not None:
+                entry |= figures(model, path, image, caption, request, f"_{rank}" if args.n_best is not None else "")
             entries.append(entry)
             if not args.json:
                 print(f"{path}\t{hypotheses[0].text}" if args.n_best is None else f"{path}\t{rank}\t{caption.score:.4f}\t{caption.text}")
@@ -96,39 +106,34 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def interpret_figures(model, path: Path, caption, args: argparse.Namespace, suffix: str) -> dict[str, str]:
-    """The figures `caption` was asked for beyond the heatmaps; their paths by kind."""
-    from captioner.data.images import load_image
-    from captioner.viz.figures import (
-        head_grid_figure,
-        head_view_figure,
-        saliency_figure,
-        save_figure,
-    )
+def figure_request(args: argparse.Namespace) -> FigureRequest | None:
+    """The figures asked for, or None (plotting is loaded only when some are)."""
+    if not (args.heatmaps or args.self_attention or args.head_grid):
+        return None
+    from captioner.viz.figures import FigureRequest
 
-    written: dict[str, str] = {}
-    if not caption.words:  # the model ended at once: no word to draw
-        if args.self_attention or args.head_grid or args.saliency:
-            print(f"{path}: empty caption, no per-word figures", file=sys.stderr)
-        return written
-    if args.self_attention:
-        stem = Path(args.self_attention) / f"{path.stem}_self_attention{suffix}"
-        png, _ = save_figure(head_view_figure(caption), stem.with_suffix(".png"), stem.with_suffix(".svg"))
-        written["self_attention"] = str(png)
-    if args.head_grid:
-        (grid,) = save_figure(head_grid_figure(load_image(path), caption), Path(args.head_grid) / f"{path.stem}_heads{suffix}.png")
-        written["head_grid"] = str(grid)
-    if args.saliency == "gradcam":
-        import torch
+    folder = {name: Path(getattr(args, name)) if getattr(args, name) else None for name in ("heatmaps", "self_attention", "head_grid")}
+    gradcam = folder["heatmaps"] if args.saliency == "gradcam" else None  # drawn beside the heatmaps
+    return FigureRequest(**folder, gradcam=gradcam, layer=args.layer, head=args.head)
 
-        from captioner.evaluation.interpret import caption_grad_cam
 
-        image = load_image(path)
-        with torch.no_grad():
-            feats, _ = model.encode(model.transform(image)[None].to(model.device))  # (1, N, D)
-        cams = caption_grad_cam(model, feats[0], caption, list(range(len(caption.words))))
-        (figure,) = save_figure(
-            saliency_figure(image, caption, cams, args.layer, args.head), Path(args.heatmaps) / f"{path.stem}_gradcam{suffix}.png"
-        )
-        written["gradcam"] = str(figure)
-    return written
+def figures(model: Captioner, path: Path, image: Image.Image, caption: Caption, request: FigureRequest, suffix: str) -> dict[str, str]:
+    """Draw a caption's requested figures (Grad-CAM computed first when asked); their paths by kind."""
+    from captioner.viz.figures import save_caption_figures
+
+    if request.per_word and not caption.words:  # the model ended at once: no word to draw
+        print(f"{path}: empty caption, no per-word figures", file=sys.stderr)
+    cams = grad_cams(model, image, caption) if request.gradcam is not None and caption.words else None
+    written = save_caption_figures(image, caption, request, path.stem, suffix, cams)
+    return {kind: str(file) for kind, file in written.items()}
+
+
+def grad_cams(model: Captioner, image: Image.Image, caption: Caption) -> dict[int, torch.Tensor]:
+    """Each word's Grad-CAM map (h, w) over the image's grid, by word position."""
+    import torch
+
+    from captioner.evaluation.interpret import caption_grad_cam
+
+    with torch.no_grad():
+        feats, _ = model.encode(model.transform(image)[None].to(model.device))  # (1, N, D)
+    return caption_grad_cam(model, feats[0], caption, list(range(len(caption.words))))
