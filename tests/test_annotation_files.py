@@ -20,7 +20,7 @@ from captioner.core.errors import DatasetError
 from captioner.data.coco import load_coco_captions, load_karpathy
 from captioner.data.flickr8k import load_flickr8k, read_token_file
 from captioner.evaluation.grounding import Instances
-from captioner.evaluation.metrics import load_references, load_results
+from captioner.evaluation.results_files import load_references, load_results
 
 IMAGES = [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}]
 CAPTIONS = [{"id": 10, "image_id": 1, "caption": "a cat"}, {"id": 11, "image_id": 2, "caption": "a dog"}]

@@ -1,4 +1,5 @@
-"""Tests for captioner.evaluation.metrics: the official COCO demo reproduced, input errors, fast scores, SPICE."""
+"""The official COCO metrics and their files: the official demo reproduced (metrics), input
+errors (results_files), fast scores, Java and SPICE (java), the scores file (report)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,10 @@ import pytest
 from helpers import require
 
 from captioner.core.errors import CaptionerError, DatasetError
-from captioner.evaluation import metrics
-from captioner.evaluation.metrics import (
-    evaluate_results_file,
-    fast_scores,
-    load_references,
-    load_results,
-    official_scores,
-    write_scores_json,
-)
+from captioner.evaluation import java
+from captioner.evaluation.metrics import OFFICIAL_KEYS, evaluate_results_file, fast_scores, official_scores
+from captioner.evaluation.report import rounded, write_scores_json
+from captioner.evaluation.results_files import load_references, load_results, scored_ids, write_results
 
 needs_java = pytest.mark.usefixtures("java")  # skips locally without Java, fails under CI=true (conftest.py)
 
@@ -218,19 +214,19 @@ def test_spice_skipped_with_one_warning_when_models_absent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # No models (an empty lib folder), and a download address that refuses at once: no network.
-    monkeypatch.setattr(metrics, "_spice_lib_dir", lambda: tmp_path / "lib")
-    monkeypatch.setattr(metrics, "_spice_models_url", lambda: f"http://127.0.0.1:{_closed_port()}/corenlp.zip")
-    monkeypatch.setattr(metrics, "SPICE_PROBE_TIMEOUT_S", 10.0)
+    monkeypatch.setattr(java, "_spice_lib_dir", lambda: tmp_path / "lib")
+    monkeypatch.setattr(java, "_spice_models_url", lambda: f"http://127.0.0.1:{_closed_port()}/corenlp.zip")
+    monkeypatch.setattr(java, "SPICE_PROBE_TIMEOUT_S", 10.0)
 
     def no_download() -> str:
         raise AssertionError("must not download when the address is unreachable")
 
-    monkeypatch.setattr(metrics, "_download_spice_models", no_download)
+    monkeypatch.setattr(java, "_download_spice_models", no_download)
     # A carriage return inside a caption must not shift captions between images (the Java PTB
     # tokenizer would read it as a line end).
     refs = {**SIMPLE_REFS, 15: ["a black dog catching a frisbee", "a dog jumps to catch a frisbee"]}
     preds = {**SIMPLE_PREDS, 15: "a black dog\rcatching a frisbee"}
-    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.metrics"):
+    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.java"):
         overall, per_image = official_scores(refs, preds, spice=True)
     assert "SPICE" not in overall and all("SPICE" not in s for s in per_image.values())
     assert set(overall) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"}
@@ -248,10 +244,10 @@ def test_spice_partial_install_not_downloaded(
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "stanford-corenlp-3.6.0.jar").write_bytes(b"")
-    monkeypatch.setattr(metrics, "_spice_lib_dir", lambda: lib)
-    monkeypatch.setattr(metrics, "_probe_spice_models_url", lambda: pytest.fail("no probe expected"))
-    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.metrics"):
-        assert metrics.ensure_spice_models() is False
+    monkeypatch.setattr(java, "_spice_lib_dir", lambda: lib)
+    monkeypatch.setattr(java, "_probe_spice_models_url", lambda: pytest.fail("no probe expected"))
+    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.java"):
+        assert java.ensure_spice_models() is False
     assert len(caplog.records) == 1
     assert "stanford-corenlp-3.6.0-models.jar is missing" in caplog.records[0].getMessage()
 
@@ -260,20 +256,20 @@ def test_spice_partial_install_not_downloaded(
 def test_spice_java_runs_with_options_and_fails_in_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.DEBUG, logger="captioner.evaluation.metrics"):
-        metrics._spice_check_call(["java", "-version"], cwd=tmp_path)
+    with caplog.at_level(logging.DEBUG, logger="captioner.evaluation.java"):
+        java._spice_check_call(["java", "-version"], cwd=tmp_path)
     assert "--add-opens=java.base/java.lang=ALL-UNNAMED" in caplog.text  # Java 9+ echoes JDK_JAVA_OPTIONS
     with pytest.raises(CaptionerError, match=r"^SPICE failed \(java exit status 1\): .*nonexistent\.jar") as info:
-        metrics._spice_check_call(["java", "-jar", "nonexistent.jar"], cwd=tmp_path)
+        java._spice_check_call(["java", "-jar", "nonexistent.jar"], cwd=tmp_path)
     assert "\n" not in str(info.value)
 
 
 @needs_java
-@pytest.mark.skipif(bool(metrics.missing_spice_models()), reason="SPICE's Stanford CoreNLP models are not installed")
+@pytest.mark.skipif(bool(java.missing_spice_models()), reason="SPICE's Stanford CoreNLP models are not installed")
 def test_spice_runs_when_models_present(caplog: pytest.LogCaptureFixture) -> None:
     refs = {i: SIMPLE_REFS[i] for i in (10, 12)}
     preds = {i: SIMPLE_PREDS[i] for i in (10, 12)}
-    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.metrics"):
+    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.java"):
         overall, per_image = official_scores(refs, preds, spice=True)
     assert not caplog.records
     assert 0.0 < overall["SPICE"] <= 1.0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 
+from captioner.evaluation.metrics import ptb_tokenize
 from captioner.text.vocab import tokenize
 
 KEYS = tuple(f"nltk_corpus_BLEU_{n}" for n in range(1, 5))
@@ -54,13 +55,8 @@ def tokenized(
     ids = sorted(predictions)
     if not ptb:
         return {i: [tokenize(c) for c in references[i]] for i in ids}, {i: tokenize(predictions[i]) for i in ids}
-    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
-    from captioner.evaluation.metrics import _one_line, _quiet_pycocoevalcap
-
-    gts = {i: [{"caption": _one_line(c)} for c in references[i]] for i in ids}
-    res = {i: [{"caption": _one_line(predictions[i])}] for i in ids}
-    with _quiet_pycocoevalcap():
-        tokenizer = PTBTokenizer()
-        gts_tok, res_tok = tokenizer.tokenize(gts), tokenizer.tokenize(res)
-    return {i: [c.split() for c in gts_tok[i]] for i in ids}, {i: res_tok[i][0].split() for i in ids}
+    # One run of the Java tokenizer over every caption; each caption is tokenised on its own line.
+    captions = [c for i in ids for c in references[i]] + [predictions[i] for i in ids]
+    tokens = iter(ptb_tokenize(captions))
+    refs = {i: [next(tokens) for _ in references[i]] for i in ids}
+    return refs, {i: next(tokens) for i in ids}

@@ -1,12 +1,27 @@
 """`captioner evaluate`: a checkpoint on a split (official metrics, grounding, saliency), or a
-COCO results file."""
+COCO results file. Arguments, files and printing; the evaluation itself is
+`captioner.evaluation.evaluate`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from captioner.apps.arguments import add_decode_arguments
+from captioner.apps.arguments import add_decode_arguments, decode_options
+from captioner.core.errors import CaptionerError
+
+if TYPE_CHECKING:  # loaded when used: `captioner evaluate --help` needs neither torch nor the metrics
+    from captioner.core.config import DataConfig
+    from captioner.data.records import ImageRecord
+    from captioner.evaluation.evaluate import Evaluation, GroundingRequest, Scores
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EVAL_DIR = "runs/eval"  # `evaluate --results` without --out writes its scores here
+FIGURES = 8  # --heatmaps: figures of this many first images
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -37,9 +52,168 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from captioner.evaluation.evaluate import run_evaluation
-
-    report = run_evaluation(args)
+    """Scores come from the official COCO caption code (pycocoevalcap, Java) unless `--fast` asks
+    for the in-process BLEU/CIDEr-D used during training. Writes the COCO-format results and a
+    JSON of overall and per-image scores (and the grounding score with `--grounding`)."""
+    report = score_results_file(args) if args.results or args.annotations else score_checkpoint(args)
     if args.json:
         print(json.dumps(report, indent=1))
     return 0
+
+
+def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
+    """`--results FILE --annotations FILE`: score a COCO results file; the scores go to --out, or
+    runs/eval, never beside the results file (its folder may be read-only or shared data)."""
+    from captioner.evaluation.evaluate import score_predictions
+    from captioner.evaluation.report import rounded, write_scores_json
+    from captioner.evaluation.results_files import load_references, load_results
+
+    if not (args.results and args.annotations):
+        raise CaptionerError("evaluate: --results and --annotations go together")
+    if args.grounding:
+        raise CaptionerError("evaluate: --grounding needs a CHECKPOINT (attention maps), not a results file")
+    references = load_references(args.annotations)
+    predictions = load_results(args.results, references)
+    scores = score_predictions(references, predictions, official=not args.fast, spice=args.spice)
+    report = {"results": str(args.results), "annotations": str(args.annotations), "images": len(scores.per_image) or None}
+    report.update(scores.beside_official())
+    out = Path(args.out) if args.out else Path(DEFAULT_EVAL_DIR) / f"{Path(args.results).stem}_scores.json"
+    out = out / "scores.json" if out.suffix != ".json" else out
+    write_scores_json(out, scores.overall, scores.per_image, extra=report)
+    if not args.json:
+        print_scores(f"{args.results} against {args.annotations}", scores)
+        print(f"scores: {out}")
+    return {**report, "scores": rounded(scores.overall), "scores_file": str(out)}
+
+
+def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
+    """CHECKPOINT: caption its dataset's split (the images, or the feature store with --features)
+    and score the captions; results and scores go to --out, else beside the checkpoint."""
+    from captioner.core.runtime import resolve_device
+    from captioner.data.datasets import load_split
+    from captioner.evaluation.evaluate import evaluate
+    from captioner.evaluation.report import rounded, write_scores_json
+    from captioner.models.checkpoint import checkpoint_config, load_captioner
+
+    if not args.checkpoint:
+        raise CaptionerError("evaluate: give a CHECKPOINT, or --results FILE --annotations FILE")
+    if args.saliency and not args.grounding:
+        raise CaptionerError("evaluate: --saliency scores saliency maps against instance masks; it needs --grounding")
+    model = load_captioner(args.checkpoint, resolve_device(args.device))
+    config = checkpoint_config(args.checkpoint)  # the dataset the model was trained on
+    records = all_records = load_split(config.data, args.split)
+    if args.limit:
+        records = records[: args.limit]
+    grounding = grounding_request(args, config.data) if args.grounding else None
+    options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}
+    out_dir = Path(args.out) if args.out else Path(args.checkpoint).parent
+    results_path = out_dir / f"results_{args.split}.json"
+    scored = records
+    stored: dict[str, Any] = {}
+    if args.features:  # the frozen encoder's stored grids instead of the images
+        from captioner.data.store import split_features
+
+        config.data.feature_store = args.features
+        split = split_features(model, config, args.split, all_records, use=records)
+        scored = split.records  # without the images that failed to load when the store was built
+        stored = {"features": split.features, "grid": split.grid, "num_workers": config.data.num_workers}
+    evaluation = evaluate(
+        model, scored, official=not args.fast, spice=args.spice, grounding=grounding, results_file=results_path,
+        batch_size=args.batch_size, **stored, **options,
+    )
+    scores = evaluation.scores
+    report: dict[str, Any] = {
+        "checkpoint": str(args.checkpoint),
+        "split": args.split,
+        "images": len(evaluation.captions),
+        "beam_size": options["beam_size"],
+        "decode": {k: v for k, v in options.items() if v is not None},
+        "metrics": scores.metrics,
+        "results": str(results_path),
+    }
+    report.update(scores.beside_official())
+    if evaluation.grounding is not None:
+        report["grounding"] = evaluation.grounding.to_json()
+        if args.heatmaps:
+            outlined_figures(Path(args.heatmaps), records, evaluation)
+    write_scores_json(out_dir / f"scores_{args.split}.json", scores.overall, scores.per_image, extra=report)
+    if not args.json:
+        title = f"{args.checkpoint} on {args.split} ({len(evaluation.captions)} images, beam {options['beam_size']}, {scores.metrics})"
+        print_scores(title, scores)
+        if "grounding" in report:
+            print_grounding(report["grounding"])
+        for record in records[:3]:
+            if record.image_id in evaluation.captions:
+                print(f"  e.g. {record.path.name}: {evaluation.captions[record.image_id].text!r}")
+        print(f"results: {results_path}")
+    return {**report, "scores": rounded(scores.overall)}
+
+
+def grounding_request(args: argparse.Namespace, data: DataConfig) -> GroundingRequest:
+    """--grounding's instances (--instances, or the shapes world's own file) and maps; how words
+    name objects follows the dataset the model was trained on."""
+    from captioner.evaluation.evaluate import GroundingRequest
+    from captioner.evaluation.grounding import Instances
+
+    if args.instances:
+        path = Path(args.instances)
+    elif data.dataset == "shapes":
+        path = Path(data.root) / f"instances_{args.split}.json"
+    else:
+        raise CaptionerError("evaluate --grounding: give --instances FILE (COCO instances_*.json) for this dataset")
+    kind = "shapes" if data.dataset == "shapes" else "coco"
+    return GroundingRequest(Instances(path), kind, args.layer, args.head, gradcam=args.saliency == "gradcam")
+
+
+def outlined_figures(out_dir: Path, records: list[ImageRecord], evaluation: Evaluation, count: int = FIGURES) -> None:
+    """Heatmap figures of the first images, each scored word's true region outlined in white."""
+    from captioner.data.images import load_image
+    from captioner.evaluation.grounding import word_regions
+    from captioner.viz.overlays import save_attention_figure
+
+    assert evaluation.grounding is not None
+    request = evaluation.grounding.request
+    for record in [r for r in records if r.image_id in evaluation.captions][:count]:
+        caption = evaluation.captions[record.image_id]
+        outlines = word_regions(caption, record.image_id, request.instances, request.kind)
+        save_attention_figure(
+            out_dir / f"{record.path.stem}_grounding.png", load_image(record.path), caption,
+            layer=request.layer, head=request.head, outlines=outlines,
+        )
+    log.info("grounding figures (true regions outlined): %s", out_dir)
+
+
+def print_scores(title: str, scores: Scores) -> None:
+    """The metrics, then the tutorial-style BLEU and the caption statistics beside them."""
+    print(title)
+    for key, value in scores.overall.items():
+        print(f"  {key:<8} {value:.4f}")
+    beside = scores.beside_official()
+    bleu, stats = beside["tutorial_bleu"], beside["caption_stats"]
+    print(f"  {'nltk_corpus_BLEU_4':<8} {bleu['nltk_corpus_BLEU_4']:.4f}  ({bleu['label']})")
+    print(f"  bad endings {100 * stats['bad_ending_rate']:.1f}%, repeated bigrams "
+          f"{100 * stats['repeated_bigram_rate']:.1f}% of captions, mean length {stats['mean_length']:.1f} words")
+
+
+def print_grounding(g: dict[str, Any]) -> None:
+    """The grounding score beside its uniform baseline, overall and per category, then every map kind."""
+    print(f"  grounding {g['score']:.4f} vs uniform {g['uniform_baseline']:.4f} "
+          f"({g['ratio']:.1f}x, {g['words']} object words)")
+    for name, c in g["per_category"].items():
+        ratio = f"{c['ratio']:.1f}x" if c["ratio"] is not None else "n/a"
+        print(f"    {name:<14} {c['score']:.4f} vs {c['uniform_baseline']:.4f} ({ratio}, {c['words']} words)")
+    print_per_head(g["per_head"])
+
+
+def print_per_head(table: dict[str, Any]) -> None:
+    """Grounding and pointing-game hit rate of every map kind, beside the baselines."""
+    if not table.get("words"):
+        return
+    base = table["baselines"]
+    print(f"  per map, {table['words']} grounded words: grounding (uniform {base['uniform_grounding']:.4f}), "
+          f"pointing game within {table['pointing_tolerance_px']} px (random point {base['random_point']:.4f}, "
+          f"centre {base['centre_point']:.4f})")
+    for name, scores in table["maps"].items():
+        print(f"    {name:<8} grounding {scores['grounding']:.4f}  pointing {scores['pointing']:.4f}")
+    if table["best_head"]:
+        print(f"  best head (pointing): {table['best_head']}")

@@ -1,0 +1,249 @@
+"""pycocoevalcap's Java side: the runtime check, its tools' output sent to the log, SPICE's models.
+
+The official metrics run Java programs (the PTB tokenizer, METEOR, SPICE) that print progress to
+stdout and stderr; `quiet_pycocoevalcap` captures that output and sends it to this module's
+logger at DEBUG level, so callers control what is shown. SPICE also needs the Stanford CoreNLP
+models, about 400 MB, which `ensure_spice_models` installs (bounded in time) or explains how to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from captioner.core.errors import CaptionerError
+
+logger = logging.getLogger(__name__)
+
+JAVA_MISSING = (
+    "Java not found: the official COCO metrics (PTB tokenizer, METEOR, SPICE) need a Java 8+ "
+    "runtime on PATH, e.g. apt-get install default-jre"
+)
+
+# SPICE's model download (pycocoevalcap.spice.get_stanford_models, about 400 MB) has no timeout of
+# its own; it runs in a child process bounded by these, after a quick reachability probe so that an
+# offline machine gives up in seconds rather than waiting for the whole download bound.
+SPICE_PROBE_TIMEOUT_S = 20.0
+SPICE_DOWNLOAD_TIMEOUT_S = 1800.0
+
+# Java 9+ refuses the reflection that SPICE's parse cache (FST serialisation of Strings and
+# ArrayLists, with FST's default class registry) relies on, and SPICE then dies with
+# InaccessibleObjectException before scoring anything. Opening these packages to the unnamed
+# module is the smallest set that lets the cache work on Java 17 (found by running SPICE's
+# LmdbTupleDB alone); Java 8 ignores JDK_JAVA_OPTIONS.
+_SPICE_JAVA_OPTIONS = " ".join(
+    f"--add-opens=java.base/{package}=ALL-UNNAMED"
+    for package in ("java.lang", "java.math", "java.util", "java.util.concurrent", "java.net", "java.text")
+)
+
+# Characters that end a line for the Java PTB tokenizer (-preserveLines) besides "\n", which
+# pycocoevalcap already replaces. One inside a caption would shift every later caption onto the
+# wrong image, so they become spaces; captions without them are passed on unchanged.
+_LINE_BREAKS = re.compile("[\r\u2028\u2029\x0b\x0c\x85]")
+
+
+def one_line(caption: str) -> str:
+    """The caption with every character the Java PTB tokenizer reads as a line end made a space."""
+    return _LINE_BREAKS.sub(" ", caption)
+
+
+def check_java() -> str:
+    """Check that `java` is on PATH, runs, and is version 8 or newer; return its version line."""
+    java = shutil.which("java")
+    if java is None:
+        raise CaptionerError(JAVA_MISSING)
+    try:
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise CaptionerError(
+            f"Java at {java} does not run ({e}); the official COCO metrics need a Java 8+ runtime"
+        ) from None
+    output = (proc.stderr or "") + (proc.stdout or "")
+    if proc.returncode != 0:
+        last = output.strip().splitlines()[-1:] or ["no output"]
+        raise CaptionerError(
+            f"Java at {java} fails to start ({last[0]}); the official COCO metrics need a Java 8+ runtime"
+        )
+    first = output.strip().splitlines()[0] if output.strip() else "unknown version"
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
+    if match:
+        major = int(match.group(1))
+        if major == 1 and match.group(2):  # "1.8.0_242" is Java 8
+            major = int(match.group(2))
+        if major < 8:
+            raise CaptionerError(f"Java at {java} is too old ({first}); the official COCO metrics need Java 8 or newer")
+    return first
+
+
+def _log_output(name: str, output: str | bytes | None) -> None:
+    if isinstance(output, bytes):
+        output = output.decode("utf-8", "replace")
+    for line in (output or "").splitlines():
+        if line.strip():
+            logger.debug("%s: %s", name, line.rstrip())
+
+
+class _LoggedPopen(subprocess.Popen):  # type: ignore[type-arg]
+    """Popen that also pipes stderr (unless told otherwise) and logs it when communicate() ends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("stderr", subprocess.PIPE)
+        super().__init__(*args, **kwargs)
+
+    def communicate(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        out, err = super().communicate(*args, **kwargs)
+        _log_output("java", err)
+        return out, err
+
+
+def _spice_check_call(cmd: list[str], **kwargs: Any) -> int:
+    """Stand-in for `subprocess.check_call` in pycocoevalcap's SPICE wrapper: same command, with
+    its output captured into the log, the Java 9+ options, and a one-line error if it fails."""
+    env = dict(kwargs.pop("env", None) or os.environ)
+    env["JDK_JAVA_OPTIONS"] = f"{env.get('JDK_JAVA_OPTIONS', '')} {_SPICE_JAVA_OPTIONS}".strip()
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, **kwargs)
+    _log_output("spice", proc.stdout)
+    _log_output("spice", proc.stderr)
+    if proc.returncode != 0:
+        # pycocoevalcap removes its temporary input/output files only on success.
+        cwd = Path(kwargs.get("cwd") or ".")
+        for arg in cmd:
+            candidate = cwd / arg
+            if candidate.parent.name == "tmp" and candidate.is_file():
+                candidate.unlink(missing_ok=True)
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip() and not line.startswith("NOTE:")]
+        causes = [line for line in lines if line.startswith("Caused by:")] or [
+            line for line in lines if "Exception" in line or "Error" in line
+        ]
+        reason = (causes or lines or ["no error output"])[-1]
+        raise CaptionerError(f"SPICE failed (java exit status {proc.returncode}): {reason}")
+    return 0
+
+
+@contextlib.contextmanager
+def quiet_pycocoevalcap() -> Iterator[io.StringIO]:
+    """Capture pycocoevalcap's prints and its Java tools' stderr for the duration.
+
+    pycocoevalcap calls `subprocess.Popen`/`check_call` through the module name `subprocess` in
+    its tokenizer and SPICE modules, so swapping that name there reroutes only those calls. Not
+    thread-safe: do not score from two threads at once.
+    """
+    from pycocoevalcap.spice import spice as spice_module
+    from pycocoevalcap.tokenizer import ptbtokenizer
+
+    quiet = types.SimpleNamespace(PIPE=subprocess.PIPE, Popen=_LoggedPopen, check_call=_spice_check_call)
+    saved = ptbtokenizer.subprocess, spice_module.subprocess
+    ptbtokenizer.subprocess = quiet  # type: ignore[assignment]
+    spice_module.subprocess = quiet  # type: ignore[assignment]
+    stdout = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout):
+            yield stdout
+    finally:
+        ptbtokenizer.subprocess, spice_module.subprocess = saved
+        _log_output("pycocoevalcap", stdout.getvalue())
+
+
+# --- SPICE's Stanford CoreNLP models ---------------------------------------------------------
+
+
+def _spice_lib_dir() -> Path:
+    """Where pycocoevalcap's SPICE jar looks for CoreNLP (its manifest's Class-Path: lib/...)."""
+    from pycocoevalcap.spice import get_stanford_models as gsm
+
+    return Path(gsm.SPICEDIR).resolve() / gsm.SPICELIB
+
+
+def _spice_model_files() -> list[Path]:
+    from pycocoevalcap.spice import get_stanford_models as gsm
+
+    lib = _spice_lib_dir()
+    return [lib / f"{gsm.JAR}.jar", lib / f"{gsm.JAR}-models.jar"]
+
+
+def _spice_models_url() -> str:
+    # The address pycocoevalcap.spice.get_stanford_models downloads from.
+    from pycocoevalcap.spice import get_stanford_models as gsm
+
+    return f"http://nlp.stanford.edu/software/{gsm.CORENLP}.zip"
+
+
+def missing_spice_models() -> list[Path]:
+    """The Stanford CoreNLP jars SPICE needs that are not installed (empty when SPICE can run)."""
+    return [path for path in _spice_model_files() if not path.is_file()]
+
+
+_PROBE = (
+    "import sys, urllib.request as u; "
+    "u.urlopen(u.Request(sys.argv[1], method='HEAD'), timeout=float(sys.argv[2])).close()"
+)
+
+
+def _probe_spice_models_url() -> str | None:
+    """None if the download address answers, else why not. In a child process so that even a
+    hanging name lookup is bounded."""
+    url = _spice_models_url()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE, url, str(SPICE_PROBE_TIMEOUT_S / 2)],
+            capture_output=True, text=True, timeout=SPICE_PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return f"{url} did not answer within {SPICE_PROBE_TIMEOUT_S:.0f} s"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return f"{url} is unreachable ({last})"
+    return None
+
+
+def _download_spice_models() -> str | None:
+    """Run pycocoevalcap's own downloader, bounded in time; None on success, else why not."""
+    code = "from pycocoevalcap.spice.get_stanford_models import get_stanford_models; get_stanford_models()"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=SPICE_DOWNLOAD_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return f"the download did not finish within {SPICE_DOWNLOAD_TIMEOUT_S:.0f} s"
+    _log_output("get_stanford_models", proc.stdout)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return f"the download failed ({last})"
+    return None
+
+
+def ensure_spice_models() -> bool:
+    """True if SPICE's CoreNLP models are installed, downloading them (bounded) if need be.
+
+    When they are missing and cannot be had, log one warning that says so and how to get them.
+    """
+    missing = missing_spice_models()
+    if not missing:
+        return True
+    lib = _spice_lib_dir()
+    if len(missing) == 1 and missing[0].name.endswith("-models.jar"):
+        # pycocoevalcap's downloader checks only the code jar, so it would never fetch this one.
+        reason = f"{missing[0].name} is missing (an interrupted download?)"
+    else:
+        logger.info("SPICE needs the Stanford CoreNLP 3.6.0 models (about 400 MB, downloaded once) in %s", lib)
+        reason = _probe_spice_models_url() or _download_spice_models()
+        if reason is None and not missing_spice_models():
+            return True
+        reason = reason or f"the download did not produce {', '.join(p.name for p in missing_spice_models())}"
+    logger.warning(
+        "SPICE skipped: the Stanford CoreNLP 3.6.0 models are not in %s and could not be downloaded: %s. "
+        "To enable it, run `python -m pycocoevalcap.spice.get_stanford_models` with internet access, or copy "
+        "%s and %s from %s into that folder",
+        lib, reason, *(p.name for p in _spice_model_files()), _spice_models_url(),
+    )
+    return False

@@ -1,0 +1,58 @@
+"""The scores file: overall and per-image scores as JSON, with what produced them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from captioner.core.errors import CaptionerError
+
+
+def _json_number(value: float) -> float | None:
+    return value if math.isfinite(value) else None  # NaN is not JSON
+
+
+def write_scores_json(
+    path: str | os.PathLike[str],
+    overall: Mapping[str, float],
+    per_image: Mapping[int, Mapping[str, float]],
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Write `{**extra, "overall": {...}, "num_images": n, "per_image": [{"image_id", ...}]}`.
+
+    Per-image entries are sorted by image id, like COCOEvalCap's `evalImgs`; non-finite scores
+    become null. The file is replaced atomically.
+    """
+    path = Path(path)
+    extra = dict(extra or {})
+    clash = {"overall", "num_images", "per_image"} & extra.keys()
+    if clash:
+        raise ValueError(f"extra must not use the keys {sorted(clash)}")
+    document = {
+        **extra,
+        "overall": {key: _json_number(float(value)) for key, value in overall.items()},
+        "num_images": len(per_image),
+        "per_image": [
+            {"image_id": image_id, **{k: _json_number(float(v)) for k, v in per_image[image_id].items()}}
+            for image_id in sorted(per_image)
+        ],
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise CaptionerError(f"cannot write scores to {path}: {e.strerror or e}") from None
+
+
+def rounded(scores: Mapping[str, float]) -> dict[str, float]:
+    """Scores to 4 decimals, as reports print and return them (the scores file keeps every digit)."""
+    return {key: round(value, 4) for key, value in scores.items()}

@@ -1,0 +1,125 @@
+"""COCO caption files: the annotation (reference) file and a results file, read and checked.
+
+Every mistake in them stops with one DatasetError line naming the file and the record, since a
+results file written for the wrong split or by a buggy script would otherwise score silently
+against the wrong captions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from captioner.core.errors import CaptionerError, DatasetError
+from captioner.data.records import is_int, read_json
+
+References = dict[int, list[str]]
+"""Image id -> its reference (human) captions."""
+Predictions = dict[int, str]
+"""Image id -> the one predicted caption."""
+
+
+def load_references(path: str | os.PathLike[str]) -> References:
+    """Read a COCO-format caption annotation file into image id -> reference captions.
+
+    The file is `{"images": [...], "annotations": [{"image_id": int, "caption": str, ...}]}`;
+    only "annotations" is needed (an image listed without captions cannot be scored against).
+    """
+    path = Path(path)
+    data = read_json(path, "annotation file")
+    if not isinstance(data, dict):
+        raise DatasetError(f"{path}: expected a COCO caption annotation object, got a JSON {type(data).__name__}")
+    annotations = data.get("annotations")
+    if annotations is None:
+        raise DatasetError(f'{path}: missing "annotations" (not a COCO caption annotation file?)')
+    if not isinstance(annotations, list):
+        raise DatasetError(f'{path}: "annotations" must be a list, got {type(annotations).__name__}')
+    if "images" in data and not isinstance(data["images"], list):
+        raise DatasetError(f'{path}: "images" must be a list, got {type(data["images"]).__name__}')
+    references: References = {}
+    for i, ann in enumerate(annotations):
+        if not isinstance(ann, dict):
+            raise DatasetError(f"{path}: annotations[{i}] is not an object")
+        for field in ("image_id", "caption"):
+            if field not in ann:
+                raise DatasetError(f'{path}: annotations[{i}] has no "{field}"')
+        if not is_int(ann["image_id"]):
+            raise DatasetError(f'{path}: annotations[{i}]: "image_id" must be an integer, got {ann["image_id"]!r}')
+        if not isinstance(ann["caption"], str):
+            raise DatasetError(f'{path}: annotations[{i}]: "caption" must be a string, got {ann["caption"]!r}')
+        references.setdefault(ann["image_id"], []).append(ann["caption"])
+    if not references:
+        raise DatasetError(f"{path}: no caption annotations")
+    return references
+
+
+def load_results(path: str | os.PathLike[str], references: Mapping[int, list[str]]) -> Predictions:
+    """Read a COCO results file (`[{"image_id": int, "caption": str}, ...]`), checked against the
+    annotations: every image must be annotated, appear once, and have a non-empty caption."""
+    path = Path(path)
+    data = read_json(path, "results file")
+    expected = 'a JSON list of {"image_id": int, "caption": str} objects'
+    if not isinstance(data, list):
+        raise DatasetError(f"{path}: expected {expected}, got a JSON {type(data).__name__}")
+    if not data:
+        raise DatasetError(f"{path}: no results (empty list)")
+    predictions: Predictions = {}
+    first_item: dict[int, int] = {}
+    for i, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise DatasetError(f"{path}: item {i} is a {type(item).__name__}, expected {expected}")
+        for field in ("image_id", "caption"):
+            if field not in item:
+                raise DatasetError(f'{path}: item {i} has no "{field}" (expected {expected})')
+        image_id, caption = item["image_id"], item["caption"]
+        if not is_int(image_id):
+            raise DatasetError(f'{path}: item {i}: "image_id" must be an integer, got {image_id!r}')
+        if not isinstance(caption, str):
+            raise DatasetError(f'{path}: item {i} (image {image_id}): "caption" must be a string, got {caption!r}')
+        if not caption.strip():
+            raise DatasetError(f"{path}: item {i} (image {image_id}) has an empty caption")
+        if image_id in first_item:
+            raise DatasetError(
+                f"{path}: image {image_id} has more than one caption (items {first_item[image_id]} and {i}); "
+                "the COCO evaluation expects exactly one per image"
+            )
+        first_item[image_id] = i
+        predictions[image_id] = caption
+    unknown = [image_id for image_id in predictions if image_id not in references]
+    if unknown:
+        shown = ", ".join(str(image_id) for image_id in unknown[:5])
+        more = ", ..." if len(unknown) > 5 else ""
+        raise DatasetError(
+            f"{path}: {len(unknown)} of {len(predictions)} image ids are not in the annotations "
+            f"({shown}{more}); wrong annotation file or split?"
+        )
+    return predictions
+
+
+def scored_ids(references: Mapping[int, list[str]], predictions: Mapping[int, str]) -> list[int]:
+    """The predicted image ids, sorted, after checking each has references."""
+    if not predictions:
+        raise DatasetError("no predictions to score")
+    missing = [image_id for image_id in predictions if not references.get(image_id)]
+    if missing:
+        shown = ", ".join(str(image_id) for image_id in missing[:5])
+        raise DatasetError(f"{len(missing)} predicted image ids have no reference captions ({shown})")
+    # Sorted because pycocoevalcap's SPICE returns per-image scores in sorted id order while
+    # COCOEvalCap pairs them with the ids in dict order; with sorted keys every scorer agrees.
+    # No corpus score depends on the order.
+    return sorted(predictions)
+
+
+def write_results(path: str | os.PathLike[str], predictions: Mapping[int, str]) -> Path:
+    """Write the COCO results format, `[{"image_id": int, "caption": str}, ...]` sorted by image id,
+    which `load_results` and the COCO evaluation server read back."""
+    path = Path(path)
+    rows = [{"image_id": image_id, "caption": predictions[image_id]} for image_id in sorted(predictions)]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rows, indent=1))
+    except OSError as e:
+        raise CaptionerError(f"cannot write results to {path}: {e.strerror or e}") from None
+    return path
