@@ -198,10 +198,12 @@ class Captioner(nn.Module):
     def caption(self, images: ImageInput, *, batch_size: int | None = None, **options: Any) -> Caption: ...
 
     @overload
-    def caption(self, images: Sequence[ImageInput], *, batch_size: int | None = None, **options: Any) -> list[Caption]: ...
+    def caption(
+        self, images: list[ImageInput] | tuple[ImageInput, ...], *, batch_size: int | None = None, **options: Any
+    ) -> list[Caption]: ...
 
     def caption(
-        self, images: ImageInput | Sequence[ImageInput], *, batch_size: int | None = None, **options: Any
+        self, images: ImageInput | list[ImageInput] | tuple[ImageInput, ...], *, batch_size: int | None = None, **options: Any
     ) -> Caption | list[Caption]:
         """Caption an image (a path, an encoded image file's bytes, or a PIL image) or a list of
         them: one Caption, or a list of Captions in the same order, decoded in batches of

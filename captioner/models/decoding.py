@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,15 +87,15 @@ _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(DecodeOptions)}  # an
 
 
 def _check_type(name: str, value: Any, kind: str) -> None:
-    """bool options take True/False, int options whole numbers, float options any real number."""
+    """bool options take True/False, int options whole numbers, float options finite numbers."""
     if kind == "bool":
         ok = isinstance(value, bool)
     elif kind.startswith("int"):
         ok = (value is None and kind.endswith("None")) or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
     else:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if not ok:
-        expected = {"bool": "true or false", "float": "a number"}.get(kind, "a whole number")
+        expected = {"bool": "true or false", "float": "a finite number"}.get(kind, "a whole number")
         raise ConfigError(f"decode: {name} must be {expected}, got {value!r}")
 
 
