@@ -89,11 +89,11 @@ def assert_beam_ranks_by_length_penalty(decoder, feats, bos: int, eos: int) -> N
     for each of `feats` (B, N, D), the caption `best_by_enumeration` finds, with its score, for
     alpha 0, 0.7 and 2; and the winner changes with alpha (longer for 2), so a search that
     ignored alpha would fail."""
-    from captioner.models.decoding import beam_search
+    from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search
 
     winners = {}
     for alpha in (0.0, 0.7, 2.0):
-        hyps = beam_search(decoder, feats, bos, eos, beam_size=32, max_length=5, alpha=alpha, banned=(0, bos))
+        hyps = beam_search(decoder, feats, SpecialTokens(bos, eos, (0, bos)), DecodeOptions(beam_size=32, max_length=5, length_penalty=alpha))
         expected = [best_by_enumeration(decoder, feat, [3, 4], bos=bos, eos=eos, max_length=5, alpha=alpha) for feat in feats]
         assert [h.tokens for h in hyps] == [tokens for tokens, _ in expected], alpha
         assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
