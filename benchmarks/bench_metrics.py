@@ -17,7 +17,8 @@ import os
 import time
 from pathlib import Path
 
-from captioner.evaluation.metrics import fast_scores, load_references, official_scores
+from captioner.evaluation.metrics import fast_scores, official_scores
+from captioner.evaluation.results_files import load_references
 
 
 def main() -> None:

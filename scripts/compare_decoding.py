@@ -2,25 +2,18 @@
 the caption statistics per option, the images encoded once. Prints a Markdown table.
 
     python scripts/compare_decoding.py runs/flickr8k_lstm_lite0/best.pt --split test
+
+`captioner evaluate` scores one decoding setting per run and encodes the images each time; this
+decodes the split's encoder features, kept in memory, with every setting of VARIANTS.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
-import torch
-
-from captioner.data.datasets import load_split
-from captioner.evaluation.caption_stats import caption_stats
-from captioner.evaluation.evaluate import (
-    beside_official,
-    caption_records,
-    references_for,
-)
-from captioner.evaluation.metrics import official_scores
-from captioner.models.checkpoint import load_captioner
-from captioner.training.fit import encode_records
+from captioner.core.errors import CaptionerError
 
 VARIANTS = {  # name -> Captioner.decode options
     "greedy": {"beam_size": 1},
@@ -30,38 +23,53 @@ VARIANTS = {  # name -> Captioner.decode options
     "diverse beam 3 (3 groups, lambda 0.5)": {"beam_size": 3, "diverse_groups": 3, "diversity_strength": 0.5},
 }
 KEYS = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
+HEADER = ("decoding", *KEYS, "nltk BLEU-4", "bad endings", "repeated bigram", "words", "cut off", "decode s")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint")
-    parser.add_argument("--split", default="test")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    model = load_captioner(args.checkpoint)
-    records = load_split(model.config.data, args.split)
-    features, grid, records = encode_records(model, records, 16, 0, f"encoding {args.split}")
-    header = ["decoding", *KEYS, "nltk BLEU-4", "bad endings", "repeated bigram", "words", "cut off", "decode s"]
-    print(f"{args.checkpoint} on {args.split} ({len(records)} images)\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" + "---:|" * (len(header) - 1))
+def compare(checkpoint: str, split: str, device: str, batch_size: int | None) -> None:
+    from captioner.core.runtime import set_threads
+    from captioner.data.datasets import load_split
+    from captioner.evaluation.evaluate import caption_records, encode_records, references_for, score_predictions
+    from captioner.models.checkpoint import checkpoint_config, load_captioner
+
+    set_threads()
+    model = load_captioner(checkpoint, device)
+    records = load_split(checkpoint_config(checkpoint).data, split)
+    encoded = encode_records(model, records, batch_size)
+    print(f"{checkpoint} on {split} ({len(encoded.records)} images)\n")
+    print("| " + " | ".join(HEADER) + " |")
+    print("|" + "---|" + "---:|" * (len(HEADER) - 1))
     for name, options in VARIANTS.items():
         start = time.perf_counter()
-        captions = caption_records(model, records, features=features, grid=grid, progress=False, **options)
+        captions = caption_records(
+            model, encoded.records, batch_size, features=encoded.features, grid=encoded.grid, progress=False, **options
+        )
         seconds = time.perf_counter() - start
-        references = references_for(records, captions)
-        predictions = {i: c.text for i, c in captions.items()}
-        overall, _ = official_scores(references, predictions)
-        extra = beside_official(references, predictions, fast=False)
-        stats = caption_stats(predictions.values())
-        cut = sum(not c.finished for c in captions.values())
+        predictions = {image_id: caption.text for image_id, caption in captions.items()}
+        scores = score_predictions(references_for(encoded.records, captions), predictions)
+        stats = scores.caption_stats
         cells = [
-            name, *(f"{overall[k]:.3f}" for k in KEYS), f"{extra['tutorial_bleu']['nltk_corpus_BLEU_4']:.3f}",
+            name, *(f"{scores.overall[k]:.3f}" for k in KEYS), f"{scores.tutorial_bleu['nltk_corpus_BLEU_4']:.3f}",
             f"{100 * stats['bad_ending_rate']:.1f}%", f"{100 * stats['repeated_bigram_rate']:.1f}%",
-            f"{stats['mean_length']:.1f}", str(cut), f"{seconds:.1f}",
+            f"{stats['mean_length']:.1f}", str(sum(not c.finished for c in captions.values())), f"{seconds:.1f}",
         ]
         print("| " + " | ".join(cells) + " |", flush=True)
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", help="a checkpoint file (best.pt, last.pt)")
+    parser.add_argument("--split", default="test", choices=("train", "val", "test"))
+    parser.add_argument("--batch-size", type=int, default=None, help="images per batch (default: the config's decode.batch_size)")
+    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
+    args = parser.parse_args(argv)
+    try:
+        compare(args.checkpoint, args.split, args.device, args.batch_size)
+    except CaptionerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

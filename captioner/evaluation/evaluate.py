@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from captioner.core.errors import DatasetError
 from captioner.data.batching import image_loader
 from captioner.data.records import ImageRecord
-from captioner.data.store import StoreRows, feature_batches
+from captioner.data.store import SplitFeatures, StoreRows, feature_batches
 from captioner.evaluation.caption_stats import caption_stats
 from captioner.evaluation.grounding import GroundingReport, Instances, grounding_score
 from captioner.evaluation.interpret import InterpretReport, interpret_scores, records_grad_cam
@@ -75,6 +76,34 @@ def caption_records(
             bar.update(len(indices))
     bar.close()
     return results
+
+
+@torch.no_grad()
+def encode_records(
+    model: Captioner, records: list[ImageRecord], batch_size: int | None = None, num_workers: int = 0, progress: bool = True
+) -> SplitFeatures:
+    """Encode every image of `records` once, in memory, to decode the same images several ways
+    (`caption_records(features=..., grid=...)`) without encoding them again: the records whose
+    images loaded and their encoder features (num_loaded, N, D) on the model's device. Unlike the
+    feature store, this works for an encoder that was fine-tuned."""
+    model.eval()
+    batch_size = batch_size or model.decode_config.batch_size
+    kept: list[ImageRecord] = []
+    parts: list[torch.Tensor] = []
+    grid: tuple[int, int] | None = None
+    bar = tqdm(total=len(records), desc="encoding", unit="img", disable=not progress, leave=False)
+    for batch in image_loader(records, model.transform, batch_size, num_workers):
+        if batch is None:
+            continue
+        images, indices = batch
+        feats, grid = model.encoder(images.to(model.device))  # (B, N, D); a blind model zeroes them when decoding
+        parts.append(feats)
+        kept += [records[i] for i in indices.tolist()]
+        bar.update(len(indices))
+    bar.close()
+    if grid is None:
+        raise DatasetError(f"none of the {len(records)} images could be loaded")
+    return SplitFeatures(kept, torch.cat(parts), grid)  # features (num_loaded, N, D)
 
 
 def references_for(records: list[ImageRecord], captioned: Mapping[int, Any]) -> References:
