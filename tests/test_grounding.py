@@ -55,8 +55,9 @@ def test_coco_synonyms() -> None:
     assert {i: len(v) for i, v in regions.items()} == {1: 2, 4: 2, 7: 1}  # "cat": no cat in the image
 
 
-def test_attention_on_the_object_scores_one_and_uniform_scores_the_baseline(shapes: Instances) -> None:
-    oracle, uniform = {}, {}
+def oracle_captions(shapes: Instances) -> dict[int, Caption]:
+    """A caption of every image whose colour and shape words attend exactly to their object's mask."""
+    oracle = {}
     for image_id in shapes.coco.getImgIds():
         words = describe(shapes, image_id)
         h = w = 64  # maps at image resolution: an exact oracle
@@ -66,6 +67,14 @@ def test_attention_on_the_object_scores_one_and_uniform_scores_the_baseline(shap
             mask = torch.from_numpy(shapes.mask(obj)).float()
             exact[4 * k + 2] = exact[4 * k + 3] = mask / mask.sum()
         oracle[image_id] = caption_with_maps(words, exact)
+    return oracle
+
+
+def test_attention_on_the_object_scores_one_and_uniform_scores_the_baseline(shapes: Instances) -> None:
+    oracle = oracle_captions(shapes)
+    uniform = {}
+    for image_id in shapes.coco.getImgIds():
+        words = describe(shapes, image_id)
         uniform[image_id] = caption_with_maps(words, torch.full((len(words), 4, 4), 1 / 16))
     good, flat = grounding_score(oracle, shapes), grounding_score(uniform, shapes)
     assert good.words == flat.words > 30
@@ -126,3 +135,22 @@ def test_grounding_is_reported_per_category(shapes: Instances) -> None:
     assert weighted == pytest.approx(report["score"], abs=1e-3)
     for c in per_category.values():  # uniform maps: each category scores its own baseline
         assert c["score"] == pytest.approx(c["uniform_baseline"], rel=0.1) and c["ratio"] == pytest.approx(1.0, abs=0.1)
+
+
+def test_score_grounding_reports_the_attention_and_every_map_kind(shapes: Instances) -> None:
+    """The library's grounding step (what `captioner evaluate --grounding` reports): the requested
+    maps' score, and grounding and pointing of every map kind over the same words."""
+    from captioner.evaluation.evaluate import GroundingRequest, score_grounding
+    from tests.helpers import tiny_model
+
+    oracle = oracle_captions(shapes)
+    grounding = score_grounding(tiny_model(), [], oracle, GroundingRequest(shapes, "shapes"))
+    report = grounding.to_json()
+    assert report["instances"] == str(shapes.path) and report["layer"] == -1 and report["head"] == "mean"
+    assert report["words"] == report["per_head"]["words"] > 30
+    assert report["score"] == pytest.approx(1.0, abs=0.02) and report["ratio"] > 5
+    assert set(report["per_head"]["maps"]) == {"L0H0"}  # one map a word: no mean, no Grad-CAM unless asked
+    exact = report["per_head"]["maps"]["L0H0"]
+    assert exact["grounding"] == pytest.approx(1.0, abs=0.02) and exact["pointing"] == 1.0
+    baselines = report["per_head"]["baselines"]
+    assert baselines["uniform_grounding"] == report["uniform_baseline"] < baselines["random_point"] < 1.0

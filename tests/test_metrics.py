@@ -7,6 +7,8 @@ import json
 import logging
 import math
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from helpers import require
 
 from captioner.core.errors import CaptionerError, DatasetError
 from captioner.evaluation import java
+from captioner.evaluation.evaluate import caption_records, encode_records, evaluate, references_for, score_predictions
 from captioner.evaluation.metrics import OFFICIAL_KEYS, evaluate_results_file, fast_scores, official_scores
 from captioner.evaluation.report import rounded, write_scores_json
 from captioner.evaluation.results_files import load_references, load_results, scored_ids, write_results
@@ -293,3 +296,158 @@ def test_write_scores_json(tmp_path: Path) -> None:
     assert data["results"] == "res.json" and data["split"] == "val"
     with pytest.raises(ValueError, match="overall"):
         write_scores_json(path, overall, per_image, extra={"overall": 1})
+
+
+def test_results_file_written_is_read_back(tmp_path: Path) -> None:
+    path = write_results(tmp_path / "out" / "results.json", {3: "a cat", 1: "a dog"})
+    assert [row["image_id"] for row in json.loads(path.read_text())] == [1, 3]  # sorted, like the scores file
+    assert load_results(path, {1: ["x"], 3: ["y"]}) == {1: "a dog", 3: "a cat"}
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(CaptionerError, match=r"^cannot write results to .*a_file/results\.json: ") as info:
+        write_results(tmp_path / "a_file" / "results.json", {1: "a dog"})
+    assert "\n" not in str(info.value)
+
+
+def test_scored_ids_are_sorted_and_rounded_keeps_four_decimals() -> None:
+    # SPICE returns per-image scores in sorted id order: every scorer must see the ids that way.
+    assert scored_ids(REFS, {3: "x", 1: "y", 2: "z"}) == [1, 2, 3]
+    assert rounded({"CIDEr": 0.123456, "Bleu_4": 0.99995}) == {"CIDEr": 0.1235, "Bleu_4": 1.0}
+
+
+def test_line_ends_inside_a_caption_become_spaces() -> None:
+    assert java.one_line("a dog\rrunning\u2028on\x0bthe\x0cgreen\x85grass\u2029now") == "a dog running on the green grass now"
+    assert java.one_line("a plain caption, unchanged") == "a plain caption, unchanged"
+
+
+# --- the library evaluation and the CLI over it --------------------------------------------------
+
+# Each prediction is its image's only reference: nltk BLEU-4 is exactly 1, and the statistics
+# are known by hand ("a dog on a dog" repeats "a dog"; "a cat on the" ends on "the").
+OWN_REFERENCES = {1: ["a dog on a dog"], 2: ["a cat on the"]}
+OWN_PREDICTIONS = {1: "a dog on a dog", 2: "a cat on the"}
+
+
+def test_score_predictions_fast() -> None:
+    scores = score_predictions(OWN_REFERENCES, OWN_PREDICTIONS, official=False)
+    assert scores.overall == fast_scores(OWN_REFERENCES, OWN_PREDICTIONS) and scores.per_image == {}
+    assert scores.metrics == "fast (in-process BLEU, CIDEr-D)"
+    assert scores.tutorial_bleu["nltk_corpus_BLEU_4"] == pytest.approx(1.0)
+    assert scores.caption_stats == {"bad_ending_rate": 0.5, "repeated_bigram_rate": 0.5, "mean_length": 4.5}
+    beside = scores.beside_official()
+    assert beside["tutorial_bleu"]["label"].startswith("tutorial-style") and beside["tutorial_bleu"]["nltk_corpus_BLEU_4"] == 1.0
+
+
+@needs_java
+def test_score_predictions_official() -> None:
+    scores = score_predictions(SIMPLE_REFS, SIMPLE_PREDS)
+    overall, per_image = official_scores(SIMPLE_REFS, SIMPLE_PREDS)
+    assert scores.overall == overall and scores.per_image == per_image
+    assert tuple(scores.overall) == OFFICIAL_KEYS and scores.metrics == "official (pycocoevalcap)"
+    assert 0.3 < scores.tutorial_bleu["nltk_corpus_BLEU_4"] < 1.0
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny LSTM over a 4-image shapes test split, saved with its run config."""
+    from helpers import tiny_config, tiny_model
+
+    from captioner.data.shapes import generate_shapes
+    from captioner.models.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny_eval")
+    generate_shapes(root / "shapes", 0, 0, 4, image_size=32, progress=False)
+    overrides = (f"data.root={root / 'shapes'}", "decode.max_length=6")
+    save_checkpoint(root / "model.pt", tiny_model(*overrides), tiny_config(*overrides))
+    return root / "model.pt"
+
+
+def test_evaluate_is_what_the_cli_reports(tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from captioner.apps.cli import main
+    from captioner.data.datasets import load_split
+    from captioner.data.records import ImageRecord
+    from captioner.models.checkpoint import checkpoint_config, load_captioner
+
+    model = load_captioner(tiny_checkpoint, "cpu")
+    records = load_split(checkpoint_config(tiny_checkpoint).data, "test")
+    evaluation = evaluate(model, records, official=False, results_file=tmp_path / "mine.json", beam_size=2, progress=False)
+    assert set(evaluation.captions) == {r.image_id for r in records} and evaluation.references == references_for(records, evaluation.captions)
+    assert load_results(tmp_path / "mine.json", evaluation.references) == evaluation.predictions
+    assert evaluation.scores.overall == fast_scores(evaluation.references, evaluation.predictions)
+    assert evaluation.grounding is None
+
+    assert main(["evaluate", str(tiny_checkpoint), "--split", "test", "--fast", "--beam", "2", "--json", "--out", str(tmp_path / "cli")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["scores"] == rounded(evaluation.scores.overall) and report["images"] == len(records)
+    assert report["tutorial_bleu"] == evaluation.scores.beside_official()["tutorial_bleu"]
+    assert report["decode"] == {"beam_size": 2} and report["metrics"] == evaluation.scores.metrics
+    assert (tmp_path / "cli" / "results_test.json").read_text() == (tmp_path / "mine.json").read_text()
+
+    # Encoded once in memory, decoded from the features: the same captions; an image that does
+    # not load is left out of both.
+    broken = ImageRecord(999, tmp_path / "missing.png", ("a red circle",))
+    encoded = encode_records(model, [*records, broken], progress=False)
+    assert [r.image_id for r in encoded.records] == [r.image_id for r in records]
+    assert encoded.features.shape[:2] == (len(records), encoded.grid[0] * encoded.grid[1])  # (n, N, D)
+    again = caption_records(model, encoded.records, features=encoded.features, grid=encoded.grid, beam_size=2, progress=False)
+    assert {i: c.text for i, c in again.items()} == evaluation.predictions
+
+
+LOADED = "import json, sys, {module}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} | {{m for m in sys.modules if m.startswith('captioner.')}})))"
+
+
+def loaded_by(module: str) -> set[str]:
+    result = subprocess.run([sys.executable, "-c", LOADED.format(module=module)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return set(json.loads(result.stdout))  # top-level packages, and every captioner module
+
+
+def test_the_evaluation_library_loads_no_app_and_the_metric_stack_only_when_scoring() -> None:
+    """pycocoevalcap and nltk load when scores are computed, not on import; the library imports no
+    app, figure or training code; `captioner evaluate --help` needs no torch."""
+    library = loaded_by("captioner.evaluation.evaluate")
+    assert "torch" in library and "captioner.evaluation.metrics" in library
+    assert not library & {"pycocoevalcap", "nltk", "matplotlib", "gradio", "captioner.apps", "captioner.viz", "captioner.training"}
+    assert not loaded_by("captioner.apps.commands.evaluate") & {"torch", "pycocoevalcap", "nltk", "matplotlib"}
+
+
+# --- scripts -------------------------------------------------------------------------------------
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=600)
+
+
+def test_results_table(tmp_path: Path) -> None:
+    official = dict.fromkeys(OFFICIAL_KEYS, 0.5)
+    report = {"images": 12, "beam_size": 3, "caption_stats": {"bad_ending_rate": 0.25, "repeated_bigram_rate": 0.0, "mean_length": 8.0}}
+    write_scores_json(tmp_path / "a" / "scores_test.json", official, {}, extra=report)
+    write_scores_json(tmp_path / "b" / "scores_val.json", {**official, "CIDEr": 0.75}, {}, extra=report)
+    table = run_script("results_table.py", str(tmp_path / "a"))
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("| run | images | beam | Bleu_1")
+    assert lines[2] == "| a | 12 | 3 | " + "0.500 | " * 7 + "25.0% | 0.0% | - |"
+    assert "| b | 12 | 3 |" in run_script("results_table.py", "--split", "val", str(tmp_path / "b")).stdout
+    missing = run_script("results_table.py", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.startswith("error: ") and "b/scores_test.json: no scores" in missing.stderr and missing.stderr.count("\n") == 1
+
+
+@needs_java
+def test_compare_decoding(tiny_checkpoint: Path) -> None:
+    result = run_script("compare_decoding.py", str(tiny_checkpoint), "--device", "cpu")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and not line.startswith("| decoding")]
+    assert [row.split(" | ")[0].lstrip("| ") for row in rows] == [
+        "greedy", "greedy + trigram blocking", "beam 3", "beam 3 + trigram blocking", "diverse beam 3 (3 groups, lambda 0.5)"]
+    # The beam-3 row is the library's evaluation with beam 3, to the table's three decimals.
+    from captioner.data.datasets import load_split
+    from captioner.models.checkpoint import checkpoint_config, load_captioner
+
+    model = load_captioner(tiny_checkpoint, "cpu")
+    records = load_split(checkpoint_config(tiny_checkpoint).data, "test")
+    overall = evaluate(model, records, beam_size=3, progress=False).scores.overall
+    cells = rows[2].strip("| ").split(" | ")
+    assert cells[1:6] == [f"{overall[k]:.3f}" for k in ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")]
