@@ -91,17 +91,15 @@ def test_pointing_game_inside_near_and_outside_the_mask():
 
 def test_pointing_game_on_an_upsampled_grid_map():
     """A grid map whose peak cell covers the object hits; one whose peak is far off misses."""
-    from captioner.evaluation.interpret import point_of
+    from captioner.models.caption import upsample
 
     grid = torch.full((8, 8), 0.01)
     grid[2, 3] = 1.0  # cell rows 32..47, columns 48..63
-    y, x = point_of(grid, (128, 128))
-    assert 32 <= y < 48 and 48 <= x < 64
+    image_map = upsample(grid[None], (128, 128))  # (1, 128, 128)
+    index = int(image_map.flatten().argmax())
+    assert 32 <= index // 128 < 48 and 48 <= index % 128 < 64  # the peak stays in its cell
     mask = torch.zeros(128, 128, dtype=torch.bool)
     mask[36:44, 52:60] = True
-    from captioner.models.caption import upsample
-
-    image_map = upsample(grid[None], (128, 128))  # (1, 128, 128)
     assert pointing_hits(image_map, dilate(mask)).item() == 1.0
     far = torch.zeros(128, 128, dtype=torch.bool)
     far[100:120, 100:120] = True
@@ -206,3 +204,34 @@ def test_cli_evaluate_grounding_per_head_and_caption_figures(tmp_path, capsys):
     save_checkpoint(lstm, tiny_model())
     assert main(["caption", str(lstm), str(image), "--self-attention", str(out)]) != 0
     assert "needs a transformer checkpoint" in capsys.readouterr().err
+
+
+def test_interpret_table_script(tmp_path):
+    """scripts/interpret_table.py: one row per map kind, named in words, beside the baselines; a
+    scores file without per-map grounding or an argument without LABEL= is one line, exit 2."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "interpret_table.py"
+    maps = {"L0H0": (0.2, 0.5), "L0H1": (0.4, 0.75), "L0 mean": (0.3, 0.6), "gradcam": (0.1, 0.25)}
+    per_head = {
+        "words": 4, "pointing_tolerance_px": 15, "best_head": "L0H1",
+        "baselines": {"uniform_grounding": 0.05, "random_point": 0.125, "centre_point": 0.25},
+        "maps": {name: {"grounding": g, "pointing": p} for name, (g, p) in maps.items()},
+    }
+    scores = tmp_path / "scores_test.json"
+    scores.write_text(json.dumps({"grounding": {"per_head": per_head}}))
+    result = subprocess.run([sys.executable, str(script), f"TF={scores}"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[2:] == [
+        "| TF | layer 0, head 0 | 0.200 | 0.050 | 0.500 | 0.125 | 0.250 |",
+        "| TF | layer 0, head 1 (best) | 0.400 | 0.050 | 0.750 | 0.125 | 0.250 |",
+        "| TF | layer 0, mean of heads | 0.300 | 0.050 | 0.600 | 0.125 | 0.250 |",
+        "| TF | Grad-CAM | 0.100 | 0.050 | 0.250 | 0.125 | 0.250 |",
+    ]
+    (tmp_path / "plain.json").write_text(json.dumps({"overall": {"CIDEr": 0.5}}))
+    for argument, message in ((f"X={tmp_path / 'plain.json'}", "no per-map grounding scores"), (str(scores), "expected LABEL=SCORES_JSON")):
+        failed = subprocess.run([sys.executable, str(script), argument], capture_output=True, text=True, timeout=60)
+        assert failed.returncode == 2 and failed.stdout == "" and message in failed.stderr and failed.stderr.count("\n") == 1

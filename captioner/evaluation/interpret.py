@@ -52,13 +52,6 @@ def pointing_hits(maps: torch.Tensor, dilated: torch.Tensor) -> torch.Tensor:
     return (at_max & inside).sum(dim=1).float() / at_max.sum(dim=1).float()  # (M,)
 
 
-def point_of(grid_map: torch.Tensor, size: tuple[int, int]) -> tuple[int, int]:
-    """The (row, column) image pixel where a (h, w) grid map, upsampled to `size`, peaks."""
-    image_map = upsample(grid_map[None], size)[0]  # (H, W)
-    index = int(image_map.flatten().argmax())
-    return index // size[1], index % size[1]
-
-
 @dataclass
 class MapScores:
     """Grounding and pointing over the grounded words of one kind of map."""
