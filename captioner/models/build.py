@@ -7,7 +7,8 @@ this is the name training, the feature store and the benchmarks build models by.
 from __future__ import annotations
 
 from captioner.core.config import Config
-from captioner.models.captioner import Captioner, build_decoder
+from captioner.models.captioner import Captioner
+from captioner.models.decoders import build_decoder
 from captioner.text.vocab import Vocabulary
 
 __all__ = ["build_decoder", "build_model"]

@@ -2,15 +2,12 @@
 
 `Captioner.from_pretrained(path)` loads one from a checkpoint file or a run folder and
 `model.caption(images)` captions paths, encoded image files or PIL images. The model is built from
-its model configuration alone (`Captioner.from_config`), so this module also holds the two things
-building and loading need below `build` and `checkpoint`, which both return Captioners: the
-decoder registry and the checkpoint reader.
+its model configuration alone (`Captioner.from_config`); the checkpoint's file format is read
+by `checkpoint_format`, the decoders come from `decoders`.
 """
 
 from __future__ import annotations
 
-import pickle
-import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -20,12 +17,18 @@ import torch
 from PIL import Image
 from torch import nn
 
-from captioner.core.config import Config, DecodeConfig, ModelConfig, config_from_dict
+from captioner.core.config import Config, DecodeConfig, ModelConfig
 from captioner.core.errors import CheckpointError, ConfigError, ImageLoadError
 from captioner.core.runtime import resolve_device
 from captioner.data.images import ImageTransform, load_image, to_rgb, upright
 from captioner.models.caption import Caption
+from captioner.models.checkpoint_format import (
+    checkpoint_file,
+    model_config,
+    read_checkpoint,
+)
 from captioner.models.decoder import Decoder, DecoderOutput
+from captioner.models.decoders import build_decoder
 from captioner.models.decoding import (
     DecodeOptions,
     Hypothesis,
@@ -33,12 +36,9 @@ from captioner.models.decoding import (
     decode_hypotheses,
 )
 from captioner.models.encoders import Encoder, build_encoder
-from captioner.models.lstm_decoder import LSTMDecoder
 from captioner.text.vocab import Vocabulary
 
 ImageInput = str | Path | bytes | Image.Image  # a path, an encoded image file, or a picture
-FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes
-RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
 
 
 class Captioner(nn.Module):
@@ -261,63 +261,3 @@ def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
         raise ImageLoadError(f"caption: {position or 'the image'}: {e}") from None
 
 
-def build_decoder(config: Config, vocab_size: int, feat_dim: int) -> Decoder:
-    """The decoder `model.decoder` describes, over features of `feat_dim`."""
-    d = config.model.decoder
-    if d.type == "lstm":
-        return LSTMDecoder(vocab_size, feat_dim, d.embed_dim, d.hidden_dim, d.attention_dim, d.dropout)
-    if d.type == "transformer":
-        from captioner.models.transformer_decoder import TransformerDecoder
-
-        return TransformerDecoder.from_config(d, vocab_size, feat_dim)
-    raise ConfigError(f"model.decoder.type: unknown decoder {d.type!r}")
-
-
-def checkpoint_file(path: str | Path) -> Path:
-    """A checkpoint file as given, or a run folder's best.pt, else its last.pt."""
-    path = Path(path)
-    if path.is_file():
-        return path
-    if path.is_dir():
-        for name in RUN_CHECKPOINTS:
-            if (path / name).is_file():
-                return path / name
-        raise CheckpointError(f"{path}: a folder without a checkpoint (no {' or '.join(RUN_CHECKPOINTS)})")
-    raise CheckpointError(f"{path}: checkpoint not found (no such file or run folder; Hub ids cannot be loaded in this version)")
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint's payload, read with weights_only (no code runs): weights, config, vocabulary
-    and whatever training kept there."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint not found")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: not a readable captioner checkpoint ({first[:200]})") from None
-    if not isinstance(payload, dict) or not {"model", "config", "vocab"} <= payload.keys():
-        raise CheckpointError(f"{path}: not a captioner checkpoint (it lacks model, config or vocab)")
-    version = payload.get("format_version")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {version} is not supported (this version reads {FORMAT_VERSION})")
-    return payload
-
-
-def model_config(stored: Any, path: str | Path) -> Config:
-    """The sections of a checkpoint's config that make the model (model, data.image_size,
-    decode), checked like a config file; the other sections keep their defaults, so a training
-    setting this version no longer accepts does not stop a model from loading."""
-    if not isinstance(stored, dict):
-        raise CheckpointError(f"{path}: incompatible config: expected a mapping of sections, got {type(stored).__name__}")
-    sections = {name: stored[name] for name in ("model", "decode") if name in stored}
-    data = stored.get("data", {})
-    if not isinstance(data, dict):
-        sections["data"] = data  # refused below, naming the section
-    elif "image_size" in data:
-        sections["data"] = {"image_size": data["image_size"]}
-    try:
-        return config_from_dict(sections, source=f"{path} (config)")
-    except ConfigError as e:
-        raise CheckpointError(f"{path}: incompatible config: {e}") from None

@@ -2,9 +2,9 @@
 
 A checkpoint holds only tensors and plain Python data (no pickled modules or classes), so
 `torch.load(path, weights_only=True)` reads it and loading can never run code; it carries its
-own config and vocabulary, so loading needs no YAML. Reading the file and rebuilding the model
-from it live with the model (`Captioner.from_pretrained`, `read_checkpoint`); this module writes
-checkpoints, loads models from them and reads a run's whole config back.
+own config and vocabulary, so loading needs no YAML. The file format is read in
+`checkpoint_format`; this module writes checkpoints, loads models from them and reads a run's
+whole config back.
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ import torch
 
 from captioner.core.config import Config, config_from_dict
 from captioner.core.errors import CheckpointError, ConfigError
-from captioner.models.captioner import FORMAT_VERSION, Captioner, read_checkpoint
+from captioner.models.captioner import Captioner
+from captioner.models.checkpoint_format import (
+    FORMAT_VERSION,
+    checkpoint_file,
+    read_checkpoint,
+)
 
 __all__ = ["FORMAT_VERSION", "checkpoint_config", "load_captioner", "read_checkpoint", "save_checkpoint"]
 
@@ -42,6 +47,7 @@ def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = 
 def checkpoint_config(path: str | Path) -> Config:
     """The whole config a checkpoint was trained with (its dataset, training sections), checked
     like a config file: unlike loading the model, a setting this version refuses stops here."""
+    path = checkpoint_file(path)  # a run folder: its best.pt, else last.pt
     payload = read_checkpoint(path)
     try:
         return config_from_dict(payload["config"], source=f"{path} (config)")
