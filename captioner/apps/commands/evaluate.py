@@ -94,19 +94,21 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     from captioner.evaluation.evaluate import evaluate
     from captioner.evaluation.report import rounded, write_scores_json
     from captioner.models.checkpoint import checkpoint_config, load_captioner
+    from captioner.models.checkpoint_format import checkpoint_file
 
     if not args.checkpoint:
         raise CaptionerError("evaluate: give a CHECKPOINT, or --results FILE --annotations FILE")
     if args.saliency and not args.grounding:
         raise CaptionerError("evaluate: --saliency scores saliency maps against instance masks; it needs --grounding")
-    model = load_captioner(args.checkpoint, resolve_device(args.device))
-    config = checkpoint_config(args.checkpoint)  # the dataset the model was trained on
+    checkpoint = checkpoint_file(args.checkpoint)  # a run folder: its best.pt, else last.pt
+    model = load_captioner(checkpoint, resolve_device(args.device))
+    config = checkpoint_config(checkpoint)  # the dataset the model was trained on
     records = all_records = load_split(config.data, args.split)
     if args.limit:
         records = records[: args.limit]
     grounding = grounding_request(args, config.data) if args.grounding else None
     options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}
-    out_dir = Path(args.out) if args.out else Path(args.checkpoint).parent
+    out_dir = Path(args.out) if args.out else checkpoint.parent
     results_path = out_dir / f"results_{args.split}.json"
     scored = records
     stored: dict[str, Any] = {}
@@ -123,7 +125,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     )
     scores = evaluation.scores
     report: dict[str, Any] = {
-        "checkpoint": str(args.checkpoint),
+        "checkpoint": str(checkpoint),
         "split": args.split,
         "images": len(evaluation.captions),
         "beam_size": options["beam_size"],
@@ -138,7 +140,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
             outlined_figures(Path(args.heatmaps), records, evaluation)
     write_scores_json(out_dir / f"scores_{args.split}.json", scores.overall, scores.per_image, extra=report)
     if not args.json:
-        title = f"{args.checkpoint} on {args.split} ({len(evaluation.captions)} images, beam {options['beam_size']}, {scores.metrics})"
+        title = f"{checkpoint} on {args.split} ({len(evaluation.captions)} images, beam {options['beam_size']}, {scores.metrics})"
         print_scores(title, scores)
         if "grounding" in report:
             print_grounding(report["grounding"])
