@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,14 @@ def tiny_model(*overrides: str, seed: int = 0) -> Captioner:
 
 
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of a `captioner` or torchrun child process in a test: this checkout
+    first on the path, and one thread per process (several run at once on a few cores, and
+    more threads than cores only contend)."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1", **extra}
 
 
 def require(available: bool, reason: str) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from coco_tree import CocoTree, build_coco_tree
+from helpers import subprocess_env
 
 from captioner.core.config import DataConfig
 from captioner.core.errors import DatasetError
@@ -98,7 +98,7 @@ def tree(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> CocoTre
 def rehearsal(tree: CocoTree, tmp_path_factory: pytest.TempPathFactory) -> Rehearsal:
     root = tmp_path_factory.mktemp("coco_rehearsal")
     weights = stand_in_weights(root / "torch")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_HOME": str(root / "torch"), "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1"}
+    env = subprocess_env(TORCH_HOME=str(root / "torch"))
     return Rehearsal(tree, root / "runs", env, weights)
 
 
