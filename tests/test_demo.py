@@ -2,8 +2,8 @@
 
 The session's tiny LSTM (conftest.py `shapes_lstm`, trained once for the end-to-end tests too)
 gives real captions with real attention; a tiny random transformer stands in for a multi-layer,
-multi-head model. Every server is stopped with `captioner.apps.demo.close`, which waits for the
-captions it is still computing: a worker thread left inside torch aborts the interpreter at exit.
+multi-head model. Every server is stopped with `captioner.apps.demo.server.close`, which waits
+for the captions it is still computing: a worker thread left inside torch aborts the interpreter at exit.
 """
 
 from __future__ import annotations
@@ -28,19 +28,11 @@ require_module("gradio", "the demo extra is not installed (pip install -e .[demo
 
 from conftest import TrainedRun  # noqa: E402
 
-from captioner.apps.demo import (  # noqa: E402
-    MEAN,
-    Callbacks,
-    Result,
-    attention_choices,
-    build_demo,
-    caption_page,
-    close,
-    dataset_examples,
-    default_checkpoint,
-    launch,
-    render_page,
-)
+from captioner.apps.demo.cards import dataset_examples  # noqa: E402
+from captioner.apps.demo.choices import MEAN, attention_choices  # noqa: E402
+from captioner.apps.demo.page import Result, caption_page, render_page  # noqa: E402
+from captioner.apps.demo.server import close, default_checkpoint, launch  # noqa: E402
+from captioner.apps.demo.ui import Callbacks, build_demo, enable_download  # noqa: E402
 from captioner.core.config import load_config  # noqa: E402
 from captioner.core.errors import CaptionerError, CheckpointError  # noqa: E402
 from captioner.data.images import load_image  # noqa: E402
@@ -126,6 +118,26 @@ def test_bad_uploads_get_a_clear_message(model, trained: Trained, tmp_path: Path
     assert "Traceback" not in page.note
 
 
+WITHOUT_GRADIO = """
+import sys
+sys.modules["gradio"] = None  # any import of Gradio now fails
+from captioner.apps.demo import caption_page, dataset_examples, load_models
+from captioner.apps.demo.checks import check_request
+from captioner.apps.demo.page import render_page
+from captioner.apps.cli import main
+sys.exit(main(["demo", "missing.pt"]))
+"""
+
+
+def test_page_logic_needs_no_gradio_and_the_command_says_it_is_missing() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", WITHOUT_GRADIO], capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]  # the imports passed; `captioner demo` refused in one line
+    assert done.stderr.strip() == "error: demo: Gradio is not installed (pip install -e '.[demo]')"
+
+
 def test_no_upload_asks_for_one(model, tmp_path: Path) -> None:
     assert "Upload an image" in page_for(model, None, tmp_path).note
 
@@ -198,9 +210,9 @@ def test_a_bug_in_a_callback_gets_a_sentence_and_the_log_gets_the_traceback(
     def broken(*args, **kwargs):
         raise RuntimeError("an internal bug")
 
-    monkeypatch.setattr("captioner.apps.demo.caption_page", broken)
-    with caplog.at_level("ERROR", logger="captioner.apps.demo"):
-        text, score, gallery, note, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, MAX_LENGTH, "1", MEAN)
+    monkeypatch.setattr("captioner.apps.demo.ui.caption_page", broken)
+    with caplog.at_level("ERROR", logger="captioner.apps.demo.ui"):
+        text, _, gallery, note, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, MAX_LENGTH, "1", MEAN)
     assert (text, gallery, result) == ("", [], None)
     assert "Something went wrong on the server" in note and "an internal bug" not in note and "Traceback" not in note
     assert "an internal bug" in caplog.text and "captioning failed" in caplog.text
@@ -209,14 +221,12 @@ def test_a_bug_in_a_callback_gets_a_sentence_and_the_log_gets_the_traceback(
 def test_figure_failure_keeps_the_caption_and_the_download_disabled(
     model, trained: Trained, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from captioner.apps.demo import enable_download
-
     callbacks = Callbacks({str(trained.checkpoint): model})
     text, _, _, _, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, MAX_LENGTH, "1", MEAN)
     assert text and result is not None
     assert Path(callbacks.figure(result, "1", MEAN)).is_file()
-    monkeypatch.setattr("captioner.apps.demo.write_figure", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
-    with caplog.at_level("ERROR", logger="captioner.apps.demo"):
+    monkeypatch.setattr("captioner.apps.demo.ui.write_figure", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with caplog.at_level("ERROR", logger="captioner.apps.demo.ui"):
         assert callbacks.figure(result, "1", MEAN) is None
     assert "drawing the figure failed" in caplog.text
     assert enable_download(None).interactive is False
@@ -268,7 +278,7 @@ import sys, time
 from pathlib import Path
 import torch
 import torch.nn.functional as F
-import captioner.apps.demo as demo_module
+from captioner.apps.demo import page, server, ui
 from gradio_client import Client, handle_file
 
 checkpoint, image, started = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -279,15 +289,15 @@ def slow_page(*args, **kwargs):  # a caption that is still inside torch when the
     until = time.time() + 3
     while time.time() < until:
         F.interpolate(x, size=(600, 600), mode="bilinear")
-    return demo_module.refusal("done")
+    return page.refusal("done")
 
-demo_module.caption_page = slow_page
-demo = demo_module.build_demo([Path(checkpoint)], [])
-url = demo_module.launch(demo, "127.0.0.1", int(sys.argv[4]), block=False)
+ui.caption_page = slow_page  # what the /caption callback calls
+demo = ui.build_demo([Path(checkpoint)], [])
+url = server.launch(demo, "127.0.0.1", int(sys.argv[4]), block=False)
 Client(url, verbose=False).submit(handle_file(image), api_name="/caption")
 while not started.exists():
     time.sleep(0.05)
-demo_module.close(demo)
+server.close(demo)
 """
 
 
@@ -299,7 +309,7 @@ def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trai
     import sys
 
     args = [sys.executable, "-c", SHUTDOWN_SCRIPT, str(trained.transformer), str(trained.images[0]), str(tmp_path / "started"), str(free_port())]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert (tmp_path / "started").exists(), done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr

@@ -16,14 +16,11 @@ pytest.importorskip("gradio", reason="the demo extra is not installed (pip insta
 
 from helpers import never_stopping, tiny_model  # noqa: E402
 
-from captioner.apps.demo import (  # noqa: E402
-    build_demo,
-    caption_page,
-    close,
-    inside_views,
-    launch,
-    model_card,
-)
+from captioner.apps.demo.cards import model_card  # noqa: E402
+from captioner.apps.demo.figures import inside_views  # noqa: E402
+from captioner.apps.demo.page import caption_page  # noqa: E402
+from captioner.apps.demo.server import close, launch  # noqa: E402
+from captioner.apps.demo.ui import build_demo  # noqa: E402
 from captioner.data.shapes import generate_shapes  # noqa: E402
 from captioner.models.checkpoint import load_captioner, read_checkpoint, save_checkpoint  # noqa: E402
 
@@ -71,14 +68,14 @@ def test_inside_views_follow_the_layer_head_and_word_choices(served, tmp_path: P
     lstm, transformer, images = served
     model = load_captioner(transformer)
     page = caption_page(model, "tiny", images[0], beam_size=2, max_length=6)
-    caption = page.result.caption
+    image, caption = page.result.image, page.result.caption
     assert caption.self_attn is not None and caption.self_attn.shape[:2] == (len(caption.words), 2)
-    view, grid = inside_views(page.result, "1", "mean", "1: x")
-    view_head, grid_word = inside_views(page.result, "1", "2", f"3: {caption.words[2]}")
+    view, grid = inside_views(image, caption, "1", "mean", "1: x")
+    view_head, grid_word = inside_views(image, caption, "1", "2", f"3: {caption.words[2]}")
     assert view.width > 2 * view_head.width  # every head and the mean, against one head
     assert view.size != grid.size and np.abs(np.asarray(grid, float) - np.asarray(grid_word, float)).mean() > 0.1
     lstm_page = caption_page(load_captioner(lstm), "tiny", images[0], beam_size=2, max_length=6)
-    assert inside_views(lstm_page.result, "1", "mean", None) == (None, None)
+    assert inside_views(lstm_page.result.image, lstm_page.result.caption, "1", "mean", None) == (None, None)
 
 
 # --- a real browser ------------------------------------------------------------------------------

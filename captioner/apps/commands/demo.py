@@ -20,7 +20,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from captioner.apps.demo import serve
+        from captioner.apps.demo.server import serve
     except ModuleNotFoundError as e:
         if e.name != "gradio":
             raise

@@ -1,0 +1,75 @@
+"""The served models: loading them, their menu labels, their cards (what each was trained on and
+how it scored) and example images from their own dataset. Everything is read from the
+checkpoints; nothing here needs Gradio.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from captioner.core.config import Config, config_from_dict
+from captioner.core.errors import CaptionerError
+from captioner.data.datasets import load_split
+from captioner.models.captioner import Captioner
+from captioner.models.checkpoint import load_captioner, read_checkpoint
+
+
+def load_models(checkpoints: list[Path], device: str = "cpu") -> dict[str, Captioner]:
+    """Checkpoint path -> model; a bad checkpoint stops the start with its one-line error."""
+    if not checkpoints:
+        raise CaptionerError("demo: no checkpoint to serve")
+    return {str(path): load_captioner(path, device) for path in dict.fromkeys(checkpoints)}
+
+
+def model_label(path: str, model: Captioner) -> str:
+    """What the model menu shows: 'run/best.pt (lstm over small_cnn)'."""
+    name = Path(path)
+    return f"{name.parent.name}/{name.name} ({model.config.decoder.type} over {model.config.encoder.name})"
+
+
+def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
+    """One Markdown line: what a served model was trained on and how it scored on validation,
+    from the checkpoint's config, vocabulary and train state."""
+    config = config_from_dict(payload["config"], source=path) if payload else None
+    state = payload.get("train_state") or {}
+    history = state.get("history") or []
+    best_epoch, best_step = state.get("best_epoch"), state.get("best_step")
+    row = next((r for r in history if r.get("epoch") == best_epoch and best_step in (None, r.get("step"))), history[-1] if history else None)
+    metric = config.train.val_metric if config else "?"
+    if row:
+        scores = ", ".join(f"{k[4:]} {float(v):.3f}" for k, v in row.items() if k.startswith("val_"))
+        where = f"epoch {row['epoch']}" + (f", step {row['step']}" if "epochs_done" in row else "")  # mid-epoch (train.val_every_steps)
+        val = f"validation at {where} of {state.get('epoch', '?')} (best {metric}): {scores}"
+    else:
+        val = "no validation scores in the checkpoint"
+    dataset = config.data.dataset if config else "an unknown dataset"
+    return (
+        f"**{model_label(path, model)}**: trained on **{dataset}** ({model.image_size} px images), "
+        f"vocabulary {len(model.vocab)} words; {val}."
+    )
+
+
+def model_cards(models: dict[str, Captioner]) -> str:
+    """What every served model was trained on, so a caption is read in its light (the shapes
+    model describes coloured shapes, whatever the photograph)."""
+    lines = []
+    for path, model in models.items():
+        try:
+            payload = read_checkpoint(path)
+        except CaptionerError:
+            payload = {}
+        lines.append("- " + model_card(path, model, payload))
+    return "**Models served**\n\n" + "\n".join(lines)
+
+
+def dataset_examples(config: Config, count: int = 4) -> list[Path]:
+    """The first test images of the dataset a model was trained on, where they are on this machine."""
+    data = config.data
+    if data.dataset == "shapes" and not (Path(data.root) / "captions_test.json").is_file():
+        return []  # never generate a dataset just for examples
+    try:
+        records = load_split(data, "test", check_images=False)
+    except CaptionerError:
+        return []
+    return [r.path for r in records if r.path.is_file()][:count]

@@ -1,0 +1,69 @@
+"""Checking a /caption request: every value must be one the page's own controls could send.
+
+Gradio's range checks belong to the page, not to the project; a request with a beam of 10,000
+would hold the server for everyone, so the callback checks each value again here, before any
+decoding, and refuses by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from captioner.apps.demo.choices import MEAN, attention_choices
+from captioner.core.errors import RequestError
+from captioner.models.captioner import Captioner
+
+MAX_BEAM = 10  # the beam slider's range
+MAX_LENGTH = 60  # the maximum-length slider's range
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked /caption request: values the page's own controls could have sent."""
+
+    model_name: str
+    beam_size: int
+    max_length: int
+    layer: str | None
+    head: str
+
+
+def whole_number(value: Any, what: str, low: int, high: int) -> int:
+    """`value` as an int in [low, high]; sliders send floats, so 3.0 is 3, but 2.5, NaN, True
+    and "3" are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{what} must be a whole number from {low} to {high}, got {value!r}")
+    if not (math.isfinite(value) and value == int(value) and low <= value <= high):
+        raise RequestError(f"{what} must be a whole number from {low} to {high}, got {value!r}")
+    return int(value)
+
+
+def menu_value(value: Any) -> str | None:
+    """A dropdown value as the menu's string ("2" for 2), None for no choice."""
+    if value is None or value == "":
+        return None
+    return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else repr(value)
+
+
+def check_request(
+    models: dict[str, Captioner], model_name: Any, beam_size: Any, max_length: Any, layer: Any, head: Any
+) -> Request:
+    """Check every value of a /caption request against what the page offers, or raise
+    `RequestError` naming the value. No model name picks the first model; no layer or head the
+    defaults (the last layer, the mean of heads)."""
+    if model_name in (None, ""):
+        model_name = next(iter(models))
+    if not isinstance(model_name, str) or model_name not in models:
+        raise RequestError(f"unknown model {str(model_name)[:80]!r}: choose one of the menu's models")
+    model = models[model_name]
+    beam = whole_number(beam_size, "beam width", 1, MAX_BEAM)
+    length = whole_number(max_length, "maximum length", 1, MAX_LENGTH)
+    layers, heads = attention_choices(model)
+    layer, head = menu_value(layer), menu_value(head) or MEAN
+    if layer is not None and layer not in layers:
+        raise RequestError(f"decoder layer must be one of {', '.join(layers)} for this model, got {layer[:20]!r}")
+    if head not in heads:
+        raise RequestError(f"attention head must be one of {', '.join(heads)} for this model, got {head[:20]!r}")
+    return Request(model_name, beam, length, layer, head)

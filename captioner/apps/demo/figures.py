@@ -1,0 +1,78 @@
+"""The demo's pictures beyond the per-word overlays: the downloadable attention figure and the
+transformer views (self-attention head view, a word's layers x heads maps).
+
+pyplot keeps global state, so figures are drawn one at a time even when requests run in
+parallel on the server's worker threads.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from PIL import Image
+
+from captioner.apps.demo.choices import maps_label, parse_layer_head, word_position
+from captioner.models.caption import Caption
+from captioner.viz.overlays import save_attention_figure
+
+FIGURE_LOCK = threading.Lock()
+MAX_AGE_S = 600.0  # pictures older than this are deleted: Gradio has copied each into its cache by then
+
+
+def write_figure(image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None, figure_dir: Path) -> Path:
+    """The downloadable figure: the image, then each word over its map (the CLI's --heatmaps
+    figure). About a second for twenty words, so the page draws it after showing the caption."""
+    prune(figure_dir)
+    layer_index, head_index = parse_layer_head(caption, layer, head)
+    maps = maps_label(caption, layer_index, head_index)
+    title = f"{caption.text}  (score {caption.score:.2f}{', ' + maps if maps else ''})"
+    path = figure_dir / f"attention_{uuid.uuid4().hex[:12]}.png"
+    with FIGURE_LOCK:
+        return save_attention_figure(path, image, caption, layer=layer_index, head=head_index, title=title)
+
+
+def prune(folder: Path, max_age_s: float = MAX_AGE_S) -> None:
+    """Delete the old figures and overlays of `folder`."""
+    if not folder.is_dir():
+        return
+    now = time.time()
+    for old in [*folder.glob("attention_*.png"), *folder.glob("overlay_*.jpg")]:
+        try:
+            if now - old.stat().st_mtime > max_age_s:
+                old.unlink()
+        except OSError:
+            pass  # another request removed it first
+
+
+def inside_views(
+    image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None, word: str | None
+) -> tuple[Image.Image | None, Image.Image | None]:
+    """The transformer views of a captioned image: the self-attention head view of the chosen
+    layer (the chosen head, or every head and their mean), and the chosen word's cross-attention
+    as a layers x heads grid of maps. -> (head view, head grid), (None, None) for the LSTM."""
+    from captioner.viz.figures import head_grid_figure, head_view_figure
+
+    if caption.self_attn is None or not caption.words:
+        return None, None
+    layer_index, head_index = parse_layer_head(caption, layer, head)
+    position = word_position(caption, word)
+    with FIGURE_LOCK:
+        view = figure_image(head_view_figure(caption, [layer_index], None if head_index is None else [head_index]))
+        grid = figure_image(head_grid_figure(image, caption, [position]))
+    return view, grid
+
+
+def figure_image(fig: Figure) -> Image.Image:
+    """A matplotlib figure as a PIL image (closed after)."""
+    import matplotlib.pyplot as plt  # here, after captioner.viz has chosen the Agg backend
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80)
+    plt.close(fig)
+    buffer.seek(0)
+    return Image.open(buffer).convert("RGB")

@@ -1,0 +1,88 @@
+"""Serving the page: the default model, starting the server, and stopping it cleanly.
+
+`serve()` is what `captioner demo` and `demo/app.py` run. Nothing here reaches the internet:
+no share link, no server-side rendering, analytics off.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from captioner.apps.demo.ui import build_demo, wait_for_callbacks
+from captioner.core.config import load_config
+from captioner.core.errors import CaptionerError
+
+if TYPE_CHECKING:
+    import gradio as gr
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = Path("configs/shapes_lstm.yaml")  # the quickstart's model, relative to the project folder
+MAX_FILE_SIZE = "10mb"  # uploads above this are refused by the server before any decoding
+
+
+def default_checkpoint(config_path: Path = DEFAULT_CONFIG) -> Path:
+    """The quickstart's model: its best.pt if trained, else train it now (progress in the log)."""
+    if not config_path.is_file():
+        raise CaptionerError(f"{config_path}: not found; run the demo from the project folder or give a CHECKPOINT")
+    config = load_config(config_path)
+    best = Path(config.train.out_dir) / "best.pt"
+    if best.is_file():
+        return best
+    from captioner.training.fit import (
+        fit,  # the training stack, only when there is a model to train
+    )
+
+    log.info("no trained model at %s: training %s first (the quickstart's model; minutes on a CPU)", best, config_path)
+    return fit(config)
+
+
+def launch(
+    demo: gr.Blocks,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    block: bool = True,
+    max_file_size: str | int = MAX_FILE_SIZE,
+) -> str:
+    """Serve the page; returns its URL (at once when not `block`, e.g. in tests)."""
+    _, url, _ = demo.launch(
+        server_name=host,
+        server_port=port,
+        share=False,
+        prevent_thread_lock=not block,
+        max_file_size=max_file_size,
+        ssr_mode=False,
+        pwa=False,
+        mcp_server=False,
+        enable_monitoring=False,
+        show_error=False,  # no exception text in the page; the callbacks put messages there themselves
+        quiet=not block,
+    )
+    return url
+
+
+def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
+    """Stop the server, then wait for the captions and figures it was still computing: the
+    server's worker threads are daemons, and one left inside torch when the interpreter exits
+    aborts it ("terminate called without an active exception")."""
+    demo.close()
+    if not wait_for_callbacks(demo, timeout):
+        log.warning("the demo closed with a caption still running after %.0f s", timeout)
+
+
+def serve(
+    checkpoints: list[Path] | None = None,
+    examples: list[Path] | None = None,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+) -> None:
+    """`captioner demo`: the given checkpoints, by default the quickstart's model (trained first
+    when missing), until interrupted."""
+    demo = build_demo(checkpoints or [default_checkpoint()], examples)
+    log.info("serving the demo on http://%s:%d", host, port)
+    try:
+        launch(demo, host, port, block=True)
+    finally:  # interrupted: let the captions in flight finish before the interpreter exits
+        close(demo)

@@ -1,0 +1,269 @@
+"""The Gradio page: its components, the callbacks its events run, and the request queue.
+
+The callbacks only translate between Gradio values and the page logic (`captioner.apps.demo.page`),
+which does the work. The API a client sees: /caption, then /figure in its session.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import tempfile
+import threading
+import uuid
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+from PIL import Image
+
+from captioner.apps.demo.cards import (
+    dataset_examples,
+    load_models,
+    model_cards,
+    model_label,
+)
+from captioner.apps.demo.checks import MAX_BEAM, MAX_LENGTH, check_request
+from captioner.apps.demo.choices import menus, word_choices, word_position
+from captioner.apps.demo.figures import inside_views, prune, write_figure
+from captioner.apps.demo.page import (
+    PageOutput,
+    Result,
+    caption_page,
+    message,
+    render_page,
+)
+from captioner.core.errors import RequestError
+from captioner.data.images import MAX_PIXELS
+from captioner.models.captioner import Captioner
+from captioner.models.checkpoint import checkpoint_config
+
+log = logging.getLogger(__name__)
+
+QUEUE_SIZE = 64  # waiting requests beyond this are told the queue is full
+
+
+class UploadImage(gr.Image):
+    """An image input that hands the uploaded file to the captioner untouched.
+
+    gr.Image would decode and convert the file itself, so a non-image would fail inside Gradio
+    with no useful message, and a 16-bit or CMYK file would be converted twice; here our own
+    loader validates and converts every file, exactly as for the CLI.
+    """
+
+    is_template = True  # drawn by the frontend's Image component
+
+    def preprocess(self, payload: Any) -> str | None:
+        if payload is None:
+            return None
+        if getattr(payload, "path", None):
+            return str(payload.path)
+        return super().preprocess(payload)  # a base64 data URL: let Gradio write it to a file
+
+
+class Callbacks:
+    """What the page's events run: the loaded models, and Gradio values in and out."""
+
+    def __init__(self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS) -> None:
+        self.models = models
+        self.max_pixels = max_pixels
+        self.out_dir = Path(tempfile.mkdtemp(prefix="captioner-demo-"))
+        self._running = 0  # callbacks in flight on the server's worker threads
+        self._idle = threading.Condition()
+
+    def tracked(self, callback: Callable[..., Any]) -> Callable[..., Any]:
+        """`callback`, counted while it runs, so that `close` can wait for it: a worker thread
+        still inside torch when the interpreter exits aborts the process (exit status 134)."""
+
+        @functools.wraps(callback)  # Gradio reads the signature for the API
+        def run(*args: Any) -> Any:
+            with self._idle:
+                self._running += 1
+            try:
+                return callback(*args)
+            finally:
+                with self._idle:
+                    self._running -= 1
+                    self._idle.notify_all()
+
+        return run
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no callback runs; False if one still does after `timeout` seconds."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def model(self, name: str) -> tuple[str, Captioner]:
+        name = name if name in self.models else next(iter(self.models))
+        return name, self.models[name]
+
+    def caption(self, image: str | None, model_name: str, beam_size: float, max_length: float, layer: str, head: str) -> tuple:
+        """The /caption endpoint. Every request value is checked here, whatever the page's
+        controls allow, before any decoding: a refused request is answered at once."""
+        try:
+            if image is not None and not isinstance(image, (str, Path)):
+                raise RequestError(f"the image must be an uploaded file, got a {type(image).__name__}")
+            request = check_request(self.models, model_name, beam_size, max_length, layer, head)
+            model = self.models[request.model_name]
+            label = model_label(request.model_name, model)
+            page = caption_page(
+                model, label, image, request.beam_size, request.max_length, request.layer, request.head, None, self.max_pixels
+            )
+        except RequestError as e:
+            page = message(f"**Request refused.** {e}")
+        except Exception:  # a bug: the log gets the traceback, the page a sentence
+            log.exception("captioning failed")
+            page = message("**Something went wrong on the server** (the error is in its log).")
+        return self.outputs(page)
+
+    def redraw(self, result: Result | None, layer: str, head: str) -> tuple:
+        if result is None:  # nothing captioned yet
+            return tuple(gr.skip() for _ in range(5))
+        return self.outputs(render_page(result, layer, head))
+
+    def figure(self, result: Result | None, layer: str, head: str) -> str | None:
+        """The second step of a caption or redraw: the figure for the download button."""
+        if result is None:
+            return None
+        try:
+            return str(write_figure(result.image, result.caption, layer, head, self.out_dir))
+        except Exception:  # the caption is on the page already; a figure is not worth an error
+            log.exception("drawing the figure failed")
+            return None
+
+    def inside(self, result: Result | None, layer: str, head: str, word: str | None) -> tuple:
+        """The transformer views (head view, per-head maps, the word menu) of the kept caption."""
+        if result is None or result.caption.self_attn is None:
+            hidden = gr.update(visible=False)
+            return hidden, hidden, hidden
+        try:
+            view, grid = inside_views(result.image, result.caption, layer, head, word)
+        except Exception:  # the caption is on the page already
+            log.exception("drawing the transformer views failed")
+            return gr.skip(), gr.skip(), gr.skip()
+        choices = word_choices(result.caption)
+        value = choices[word_position(result.caption, word)] if choices else None
+        return (
+            gr.update(value=view, visible=True),
+            gr.update(value=grid, visible=True),
+            gr.update(choices=choices, value=value, visible=True),
+        )
+
+    def choose_model(self, model_name: str) -> tuple[gr.Dropdown, gr.Dropdown]:
+        """Layer and head menus for this model's decoder."""
+        layer, head = menus(self.model(model_name)[1])
+        return gr.Dropdown(**layer), gr.Dropdown(**head)
+
+    def outputs(self, page: PageOutput) -> tuple:
+        """Page values in the order of the page's outputs (the figure is a step of its own)."""
+        return page.text, page.score_line, self.files(page.gallery), page.note, page.result
+
+    def files(self, gallery: list[tuple[Image.Image, str]]) -> list[tuple[str, str]]:
+        """Overlays as JPEG files of unique names. Gradio would write PIL images in place to paths
+        named by their content, so when two requests get the same overlay, one could download it
+        while the other rewrites it; it copies files into its cache atomically."""
+        prune(self.out_dir)
+        paths = [self.out_dir / f"overlay_{uuid.uuid4().hex[:12]}.jpg" for _ in gallery]
+        for path, (picture, _) in zip(paths, gallery):
+            picture.save(path, quality=90)
+        return [(str(path), word) for path, (_, word) in zip(paths, gallery)]
+
+
+def disable_download() -> gr.DownloadButton:
+    return gr.DownloadButton(value=None, interactive=False)
+
+
+def enable_download(figure: str | None) -> gr.DownloadButton:
+    return gr.DownloadButton(interactive=bool(figure))
+
+
+def build_demo(
+    checkpoints: list[Path],
+    examples: list[Path] | None = None,
+    concurrency: int = 1,
+    queue_size: int = QUEUE_SIZE,
+    max_pixels: int = MAX_PIXELS,
+    device: str = "cpu",
+) -> gr.Blocks:
+    """The page, with a queue: `concurrency` captions run at once (1 gives each every core), up
+    to `queue_size` wait, the rest are told the queue is full. `examples` None: the first test
+    images of the first model's dataset, where they are on this machine."""
+    callbacks = Callbacks(load_models(checkpoints, device), max_pixels)
+    first_name, first = callbacks.model("")
+    examples = dataset_examples(checkpoint_config(first_name)) if examples is None else examples
+    with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False, delete_cache=(600, 3600)) as demo:
+        gr.Markdown(
+            "## Image captioning with spatial attention\n"
+            "Upload an image or pick an example, then **Caption**. Each word comes with the map of "
+            "where the model looked while writing it."
+        )
+        with gr.Row():
+            with gr.Column(scale=1):
+                image = UploadImage(label="Image", type="filepath", sources=["upload", "clipboard"], height=320, elem_id="image")
+                choices = [(model_label(name, model), name) for name, model in callbacks.models.items()]
+                model_name = gr.Dropdown(choices, value=first_name, label="Model", elem_id="model")
+                decode = first.decode_config
+                with gr.Row():
+                    beam = gr.Slider(1, MAX_BEAM, value=min(decode.beam_size, MAX_BEAM), step=1, label="Beam width", elem_id="beam")
+                    length = gr.Slider(
+                        1, MAX_LENGTH, value=min(decode.max_length, MAX_LENGTH), step=1, label="Maximum length", elem_id="max_length"
+                    )
+                with gr.Row():
+                    layer_menu, head_menu = menus(first)
+                    layer = gr.Dropdown(label="Decoder layer", elem_id="layer", **layer_menu)
+                    head = gr.Dropdown(label="Attention head", elem_id="head", **head_menu)
+                run = gr.Button("Caption", variant="primary", elem_id="run")
+                if examples:
+                    gr.Examples([[str(p)] for p in examples], inputs=[image], label="Examples")
+            with gr.Column(scale=2):
+                text = gr.Textbox(label="Caption", interactive=False, elem_id="caption")
+                score = gr.Markdown(label="Score", elem_id="score")
+                note = gr.Markdown(label="Note", elem_id="note")
+                gallery = gr.Gallery(label="Attention per word", columns=4, height="auto", elem_id="heatmaps")
+                download = gr.DownloadButton("Download the figure", interactive=False, elem_id="download")
+                # Transformers only: shown once a caption has self-attention weights.
+                head_view = gr.Image(label="Self-attention head view (each word to the earlier words it attends to; "
+                                     "layer and head from the menus)", type="pil", visible=False, elem_id="head_view")
+                grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word")
+                head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False, elem_id="head_grid")
+        gr.Markdown(model_cards(callbacks.models), elem_id="model_card")
+        result = gr.State(None)
+
+        # Each event: disable the download at once, show the caption and heatmaps, draw the figure
+        # (about a second more), enable the download. The API: /caption, then /figure in its session.
+        shown = [text, score, gallery, note, result]
+        cpu = {"concurrency_id": "cpu"}  # captions and figures share the queue's workers
+        private = {"api_visibility": "private"}
+
+        def then_figure(event: Any, **api: Any) -> None:
+            drawn = event.then(callbacks.tracked(callbacks.figure), [result, layer, head], [download], **cpu, **api)
+            drawn.then(enable_download, [download], [download], queue=False, **private)
+
+        captioned = run.click(disable_download, None, [download], queue=False, **private).then(
+            callbacks.tracked(callbacks.caption), [image, model_name, beam, length, layer, head], shown, api_name="caption", **cpu
+        )
+        then_figure(captioned, api_name="figure")
+        inside_in, inside_out = [result, layer, head, grid_word], [head_view, head_grid, grid_word]
+        captioned.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
+        for menu in (layer, head):  # a new layer/head redraws the kept caption; no decoding again
+            cleared = menu.input(disable_download, None, [download], queue=False, **private)
+            redrawn = cleared.then(callbacks.tracked(callbacks.redraw), [result, layer, head], shown, **cpu, **private)
+            then_figure(redrawn, **private)
+            redrawn.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
+        grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
+        model_name.change(callbacks.choose_model, [model_name], [layer, head], queue=False, **private)
+    _CALLBACKS[demo] = callbacks
+    return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
+
+
+# Each page's callbacks, so that the server can wait for the ones still running when it stops.
+_CALLBACKS: weakref.WeakKeyDictionary[gr.Blocks, Callbacks] = weakref.WeakKeyDictionary()
+
+
+def wait_for_callbacks(demo: gr.Blocks, timeout: float) -> bool:
+    """Wait until none of the page's callbacks runs; False if one still does after `timeout`
+    seconds (True for a page not built by `build_demo`)."""
+    callbacks = _CALLBACKS.get(demo)
+    return callbacks is None or callbacks.wait_idle(timeout)
