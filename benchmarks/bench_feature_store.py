@@ -44,7 +44,7 @@ from captioner.data.store import (  # noqa: E402
 )
 from captioner.models.build import build_model  # noqa: E402
 from captioner.text.vocab import Vocabulary  # noqa: E402
-from captioner.training.fit import caption_loss  # noqa: E402
+from captioner.training.loop import caption_loss  # noqa: E402
 
 GRID, DIM = (7, 7), 1280
 WORDS = "a man woman dog cat child red blue green ball grass water street runs sits jumps on in the with".split()

@@ -58,7 +58,7 @@ from captioner.models.build import build_model  # noqa: E402
 from captioner.models.captioner import Captioner  # noqa: E402
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search  # noqa: E402
 from captioner.text.vocab import SPECIALS, Vocabulary  # noqa: E402
-from captioner.training.fit import caption_loss  # noqa: E402
+from captioner.training.loop import caption_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("coco_lstm_resnet101", "coco_transformer_resnet101")

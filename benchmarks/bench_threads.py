@@ -32,7 +32,7 @@ def worker(config_path: str, steps: int, threads: int) -> None:
     from captioner.data.images import ImageTransform
     from captioner.models.build import build_model
     from captioner.text.vocab import Vocabulary
-    from captioner.training.fit import caption_loss
+    from captioner.training.loop import caption_loss
 
     set_threads(threads)
     torch.manual_seed(0)

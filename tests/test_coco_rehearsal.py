@@ -301,7 +301,7 @@ def test_init_lets_a_stage_change_only_how_the_encoder_trains(tmp_path: Path, ca
 
     from captioner.core.errors import CheckpointError
     from captioner.models.checkpoint import save_checkpoint
-    from captioner.training.fit import read_init_checkpoint
+    from captioner.training.stages import read_init_checkpoint
 
     path = tmp_path / "xe.pt"
     save_checkpoint(path, tiny_model("model.encoder.fine_tune_blocks=0"))

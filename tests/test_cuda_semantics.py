@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException
 
 from captioner.core.config import load_config
 from captioner.data.batching import collate_captions
-from captioner.training.fit import caption_loss
+from captioner.training.loop import caption_loss
 
 DECODERS = ["lstm", "transformer"]
 

@@ -127,7 +127,9 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
     # Only rank 0 wrote: the run folder holds one run's files (the frozen encoder's feature
     # store included, which rank 0 built while rank 1 waited), and rank 1 touched nothing in it.
     names = sorted(p.name for p in (runs / "ddp").iterdir())
-    assert names == ["best.pt", "config.yaml", "features", "last.pt", "metrics.csv", "tensorboard", "training_curves.png", "vocab.json"]
+    assert names == [
+        "best.pt", "config.yaml", "features", "last.pt", "metrics.csv", "step_losses.csv", "tensorboard", "training_curves.png", "vocab.json",
+    ]
     assert sorted(p.name for p in (runs / "ddp" / "features").iterdir()) == ["train.json", "train.npy", "val.json", "val.npy"]
     assert len(list((runs / "ddp" / "tensorboard").iterdir())) == 1
     rank0, rank1 = ((audit / f"rank{r}.txt").read_text() for r in (0, 1))

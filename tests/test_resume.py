@@ -222,7 +222,7 @@ def test_validating_mid_epoch_changes_no_weight_and_keeps_the_best_step(shapes: 
 
 
 def test_a_checkpoint_from_before_best_step_takes_it_from_its_history() -> None:
-    from captioner.training.fit import TrainState
+    from captioner.training.state import TrainState
 
     history = [{"epoch": epoch, "step": 12 * epoch} for epoch in (1, 2, 3)]
     state = TrainState()

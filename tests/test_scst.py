@@ -15,7 +15,7 @@ from captioner.core.config import ScstConfig
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.batching import CaptionBatch
 from captioner.models.checkpoint import load_captioner, read_checkpoint
-from captioner.models.decoding import greedy_decode
+from captioner.models.decoding import DecodeOptions, SpecialTokens, greedy_decode
 from captioner.training.scst import SelfCritical, mean_of_others
 
 
@@ -54,21 +54,33 @@ def test_mean_baseline_is_the_mean_of_the_other_samples() -> None:
     assert mean_of_others(rewards, 3).tolist() == [4.0, 3.5, 1.5, 1.5, 1.5, 0.0]
 
 
+class Scripted(Recorder):
+    """Rewards that differ within every image (0, 1, 4, 9 for its four samples), whatever the
+    captions say: a random tiny model rarely writes a chosen word, and all-zero rewards would let
+    a wrong baseline pass."""
+
+    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        super().__call__(tokens, lengths, images)
+        return torch.tensor([float((i % 4) ** 2) for i in range(len(images))])
+
+
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
 def test_mean_baseline_through_the_objective(decoder: str) -> None:
     model = tiny_model(f"model.decoder.type={decoder}").train()
-    reward = Recorder(model.vocab.index["red"])
+    reward = Scripted(model.vocab.index["red"])
     objective = SelfCritical(ScstConfig(samples=4, baseline="mean", max_length=6), model.vocab, [], reward)
     torch.manual_seed(0)
     loss, parts = objective(model, feature_batch(model), tiny_config(), encoded=True)
     candidates, keys = reward.calls[0]
     assert len(reward.calls) == 1 and len(candidates) == 12  # no greedy decoding for this baseline
     assert keys == [10] * 4 + [11] * 4 + [12] * 4  # samples are scored against their own image
-    r = np.array([c.count(reward.word_id) for c in candidates], dtype=float).reshape(3, 4)
-    expected = (r.sum(1, keepdims=True) - r) / 3  # (3, 4): the others of the same image
+    r = np.array([[0.0, 1.0, 4.0, 9.0]] * 3)  # (3, 4)
+    expected = (r.sum(1, keepdims=True) - r) / 3  # (3, 4): the mean of the others of the same image
     assert float(parts["baseline"]) == pytest.approx(expected.mean())
     assert float(parts["advantage"]) == pytest.approx(0.0, abs=1e-6)  # float32; sum of (r - mean of others) over an image is 0
-    assert float(parts["advantage_abs"]) == pytest.approx(np.abs(r - expected).mean())
+    # 4.0 with the others' mean; a mean over all four samples (the sample's own reward in its
+    # baseline) would give 3.0, a mean over the whole batch the same.
+    assert float(parts["advantage_abs"]) == pytest.approx(np.abs(r - expected).mean()) == pytest.approx(4.0)
     assert loss.requires_grad
 
 
@@ -82,7 +94,7 @@ def test_greedy_baseline_is_the_reward_of_the_greedy_caption(decoder: str) -> No
     _, parts = objective(model, batch, tiny_config(), encoded=True)
     assert model.training  # the greedy baseline decodes in eval mode and restores the mode
     model.eval()
-    greedy = greedy_decode(model.decoder, batch.images, vocab.bos_id, vocab.eos_id, 6, banned=(0, 1, 3))
+    greedy = greedy_decode(model.decoder, batch.images, SpecialTokens(vocab.bos_id, vocab.eos_id, (0, 1, 3)), DecodeOptions(max_length=6))
     greedy_candidates = [ended(h.tokens, h.finished, vocab.eos_id) for h in greedy]
     (samples, sample_keys), (scored, keys) = reward.calls
     assert scored == greedy_candidates and keys == [10, 11, 12]
@@ -133,7 +145,7 @@ class Constant:
 
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
 def test_xent_weight_adds_the_cross_entropy_stage_loss(decoder: str) -> None:
-    from captioner.training.fit import caption_loss
+    from captioner.training.loop import caption_loss
 
     model = tiny_model(f"model.decoder.type={decoder}", "model.decoder.dropout=0.0").train()
     vocab = model.vocab
@@ -245,22 +257,23 @@ def test_scst_stage_needs_a_starting_checkpoint(tmp_path: Path) -> None:
 
 def test_validation_decodes_with_train_val_beam_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import captioner.training.fit as train
+    import captioner.training.validate as validation
 
     torch.set_num_threads(1)
     beams: list[int] = []
-    decode = train.caption_records
+    decode = validation.caption_records
 
     def spy(*args, **kwargs):
         beams.append(kwargs["beam_size"])
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(train, "caption_records", spy)
+    monkeypatch.setattr(validation, "caption_records", spy)
     config = tiny_config(f"data.root={tmp_path / 'shapes'}", "data.shapes_num_train=8", "data.shapes_num_val=4",
                          "data.shapes_num_test=2", "data.batch_size=8", "train.epochs=1", "train.val_beam_size=2",
                          "decode.max_length=6", f"train.out_dir={tmp_path / 'run'}")
     train.fit(config)
     assert beams == [2]  # the one validation of the epoch decoded with the configured beam
-    assert (tmp_path / "run" / "training_curves.png").is_file()
+    assert (tmp_path / "run" / "metrics.csv").is_file() and (tmp_path / "run" / "step_losses.csv").is_file()  # what the curves are drawn from
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,9 @@ from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captio
 from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.training.distributed import Distributed
-from captioner.training.fit import TrainState, make_scheduler, train_one_epoch
+from captioner.training.loop import train_one_epoch
+from captioner.training.schedule import make_scheduler
+from captioner.training.state import TrainState
 
 aten = torch.ops.aten
 # ops whose result the host must wait for: a value read, or an output sized by the values
@@ -139,7 +141,7 @@ def test_training_steps_read_the_device_only_when_logging(tmp_path, simulation: 
     per_step = steps_syncs(tmp_path, simulation, decoder)
     assert len(per_step) == 4
     assert per_step[0] == [] and per_step[2] == [], per_step  # ordinary steps: not one sync
-    assert per_step[1] == ["tolist at train.py:" + per_step[1][0].rsplit(":", 1)[-1]]  # log steps: one read of the sums
+    assert per_step[1] == ["tolist at state.py:" + per_step[1][0].rsplit(":", 1)[-1]]  # log steps: one read of the sums
     assert len(per_step[3]) == 1
 
 
@@ -210,4 +212,4 @@ def test_scst_steps_read_the_device_only_when_logging(tmp_path, simulation: Devi
     per_step = scst_steps_syncs(tmp_path, simulation, decoder, baseline)
     assert len(per_step) == 4
     assert per_step[0] == [] and per_step[2] == [], per_step
-    assert len(per_step[1]) == 1 and per_step[1][0].startswith("tolist at train.py:"), per_step[1]  # the log step's one read
+    assert len(per_step[1]) == 1 and per_step[1][0].startswith("tolist at state.py:"), per_step[1]  # the log step's one read

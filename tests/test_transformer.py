@@ -13,7 +13,7 @@ from captioner.models.build import build_model
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, select_rows
 from captioner.models.transformer_decoder import TransformerDecoder, grid_encoding
 from captioner.text.vocab import SPECIALS, Vocabulary
-from captioner.training.fit import caption_loss
+from captioner.training.loop import caption_loss
 
 V, D, N = 13, 6, 9  # vocabulary, feature dim, a 3x3 grid
 BOS, EOS = 1, 2

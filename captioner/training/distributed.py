@@ -117,6 +117,11 @@ def launched() -> bool:
     return _env_int("WORLD_SIZE", 1) > 1
 
 
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun job, or a process started on its own."""
+    return _env_int("RANK", 0) == 0
+
+
 def rank_prefix() -> str:
     return f"rank {_env_int('RANK', 0)}: " if launched() else ""
 

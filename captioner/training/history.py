@@ -1,0 +1,49 @@
+"""A run's history files, read without torch (scripts/plot_runs.py, the curves): metrics.csv, a
+row per validation, and step_losses.csv, the training loss at every logged step."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+METRICS = "metrics.csv"
+STEP_LOSSES = "step_losses.csv"
+
+
+def write_history(path: Path, history: list[dict]) -> None:
+    keys = list(dict.fromkeys(k for row in history for k in row))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(history)
+
+
+def read_history(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+    for row in rows:
+        row["epoch"], row["step"] = int(row["epoch"]), int(row["step"])
+    return rows
+
+
+def epochs_trained(row: dict) -> float:
+    """Where a history row sits on an epoch axis: mid-epoch validations (train.val_every_steps)
+    at their fraction, `epochs_done`; the others at their epoch."""
+    return row.get("epochs_done", row["epoch"])
+
+
+def write_step_losses(path: Path, step_losses: list[list]) -> None:
+    """[step, mean loss since the previous log] pairs, as the training loop logs them."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["step", "loss"])
+        writer.writerows(step_losses)
+
+
+def read_step_losses(path: Path) -> list[tuple[int, float]]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [(int(row["step"]), float(row["loss"])) for row in csv.DictReader(f)]

@@ -1,0 +1,120 @@
+"""One epoch of training: the cross-entropy objective and `train_one_epoch`, which runs any
+objective (cross-entropy or self-critical) without reading the device back between logs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from captioner.core.config import Config
+from captioner.core.errors import DatasetError
+from captioner.data.batching import CaptionBatch
+from captioner.models.captioner import Captioner
+from captioner.models.decoder import DecoderOutput
+from captioner.training.distributed import Distributed
+from captioner.training.state import TrainState
+
+log = logging.getLogger(__name__)
+
+
+def caption_loss(
+    model: Captioner,
+    batch: CaptionBatch,
+    config: Config,
+    encoded: bool,
+    totals: tuple[int, ...] | None = None,
+    forward: Callable[..., DecoderOutput] | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Cross-entropy of each next word given the previous ones, plus the attention penalty.
+
+    Both are averages over the global batch: `totals` = (target words, captions, images) summed
+    over every rank (default: this batch's), so that under DDP, where gradients are averaged over
+    ranks, `loss * world_size` gives each rank its exact share of the global batch's mean.
+    Nothing here reads a value back from the device: the lengths are a CPU tensor, the
+    padding is skipped with `ignore_index` (not a boolean mask, whose size the host would wait
+    for), and the parts come back as detached tensors, read only when they are logged.
+    `forward` is the module to call (the DDP wrapper), `model` the one it wraps.
+    """
+    lengths = batch.lengths - 1  # (C,) input words per caption; on the CPU
+    if bool((lengths[:-1] < lengths[1:]).any()):  # host tensor: no device sync; collate_captions sorts already
+        lengths, order = lengths.sort(descending=True, stable=True)
+        rows = order.to(batch.tokens.device, non_blocking=True)
+        batch = replace(batch, tokens=batch.tokens[rows], image_rows=batch.image_rows[rows], lengths=batch.lengths[order])
+    num_targets, num_captions = totals[:2] if totals is not None else (int(lengths.sum()), len(lengths))
+    inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]  # (C, T) each
+    out = (forward or model)(batch.images, inputs, batch.image_rows, encoded=encoded, lengths=lengths)
+    pad = model.vocab.pad_id
+    xent_sum = F.cross_entropy(
+        out.logits.flatten(0, 1).float(),  # (C * T, V)
+        targets.flatten(),  # (C * T,)
+        ignore_index=pad,
+        reduction="sum",
+        label_smoothing=config.train.label_smoothing,
+    )
+    xent = xent_sum / num_targets
+    penalty = model.decoder.attention_penalty(out.attn.float(), targets != pad) * (len(lengths) / num_captions)
+    loss = xent + config.train.attention_penalty * penalty
+    return loss, {"loss": loss.detach(), "xent": xent.detach(), "penalty": penalty.detach()}
+
+
+def train_one_epoch(
+    model: Captioner,
+    forward: Callable[..., DecoderOutput],
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    config: Config,
+    ctx: Distributed,
+    epoch: int,
+    state: TrainState,
+    on_step: Callable[[], None] | None = None,
+    objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] = caption_loss,
+) -> None:
+    """One epoch from the sampler's start position. A step reads nothing back from the device:
+    the loss parts add up in device tensors, summed over ranks and read every `log_every`
+    steps and at the end of the epoch. `objective` is the stage's loss: `caption_loss`, or
+    `scst.SelfCritical` (whose logged values are `state.logged`)."""
+    model.train()
+    device = ctx.device
+    use_amp = config.train.amp and device.type == "cuda"
+    channels_last = config.train.channels_last and device.type == "cuda" and not state.encoded
+    bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True, initial=state.position,
+               total=len(loader), disable=not ctx.is_main)
+    for batch in bar:
+        state.position += 1
+        if batch is None:  # every image of the batch failed to load
+            if ctx.enabled:  # the other ranks would wait for this one's gradients forever
+                raise DatasetError("every image of a batch failed to load; under torchrun a rank cannot skip a step (fix or remove the files the warnings name)")
+            continue
+        local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths), len(batch.indices)]  # target words, captions, images: CPU
+        totals = tuple(ctx.sum_host(local))  # over every rank: what each rank's loss is a share of
+        batch = batch.to(device, channels_last=channels_last)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
+            loss, parts = objective(model, batch, config, state.encoded, totals, forward)
+        optimizer.zero_grad(set_to_none=True)
+        (loss * ctx.world_size).backward()  # gradients are averaged over ranks; the loss is a share of the global mean
+        if ctx.enabled and forward is model:  # no DDP wrapper saw this step (SCST): average here
+            ctx.average_gradients(model.parameters())
+        if config.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        state.step += 1
+        state.accumulate(torch.stack([parts[k] for k in state.logged]))  # (P,) on the device, not read here
+        if config.train.log_every and state.step % config.train.log_every == 0:
+            values = state.read_running(ctx)
+            bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
+            log.debug("step %d loss %.4f", state.step, values["loss"])
+            state.step_losses.append([state.step, values["loss"]])
+            if state.writer is not None:
+                for key, value in values.items():
+                    state.writer.add_scalar(f"train/{key}", value, state.step)
+        if on_step is not None:
+            on_step()
+    bar.close()

@@ -1,0 +1,90 @@
+"""Where training stands (`TrainState`): epoch, position in it, step, best score, history and the
+device sums of the logged losses; all of it goes into last.pt for an exact resume."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from captioner.training.distributed import Distributed
+
+LOGGED = ("loss", "xent", "penalty")  # cross-entropy's logged values; an objective may name its own (`logged`)
+
+
+@dataclass
+class TrainState:
+    """Where training stands; all of it goes into last.pt so that a resumed run continues
+    exactly (the position in the epoch, the running loss sums, the history of epochs)."""
+
+    epoch: int = 0  # epochs completed
+    position: int = 0  # batches of epoch `epoch + 1` already trained
+    step: int = 0
+    best_score: float = -math.inf
+    best_epoch: int = 0  # the epoch best.pt was validated in (0: an SCST stage's starting model)
+    best_step: int = 0  # and the step (mid-epoch with train.val_every_steps)
+    history: list[dict] = field(default_factory=list)
+    step_losses: list[list] = field(default_factory=list)  # [step, mean loss since the last log]
+    # Device sums of the objective's logged values (`logged`: loss first), read only when logged:
+    # since the last log, and over the epoch.
+    logged: tuple[str, ...] = LOGGED
+    running: torch.Tensor | None = None  # (P,)
+    running_steps: int = 0
+    epoch_sums: torch.Tensor | None = None  # (P,)
+    epoch_steps: int = 0
+    encoded: bool = False
+    writer: object | None = None
+
+    def reset_sums(self, device: torch.device) -> None:
+        self.running = torch.zeros(len(self.logged), device=device)  # (P,)
+        self.epoch_sums = torch.zeros(len(self.logged), device=device)  # (P,)
+        self.running_steps = self.epoch_steps = 0
+
+    def accumulate(self, parts: torch.Tensor) -> None:
+        assert self.running is not None and self.epoch_sums is not None
+        self.running += parts
+        self.epoch_sums += parts
+        self.running_steps += 1
+        self.epoch_steps += 1
+
+    def read_running(self, ctx: Distributed) -> dict[str, float]:
+        """The mean of each logged value per step since the last read, over all ranks (one sync)."""
+        assert self.running is not None
+        sums = ctx.sum_(self.running.clone()).tolist()
+        values = {k: v / max(1, self.running_steps) for k, v in zip(self.logged, sums)}
+        self.running.zero_()
+        self.running_steps = 0
+        return values
+
+    def read_epoch_means(self, ctx: Distributed) -> dict[str, float]:
+        """The epoch's mean of each logged value per step, over all ranks (one sync)."""
+        assert self.epoch_sums is not None
+        if not self.epoch_steps:
+            return {k: float("nan") for k in self.logged}
+        sums = ctx.sum_(self.epoch_sums.clone()).tolist()
+        return {k: v / self.epoch_steps for k, v in zip(self.logged, sums)}
+
+    def to_dict(self) -> dict:
+        """Plain data (tensors, numbers, lists) for a weights_only checkpoint."""
+        return {
+            "epoch": self.epoch, "position": self.position, "step": self.step,
+            "best_score": self.best_score, "best_epoch": self.best_epoch, "best_step": self.best_step,
+            "history": self.history, "step_losses": self.step_losses,
+            "running": self.running.cpu() if self.running is not None else None, "running_steps": self.running_steps,
+            "epoch_sums": self.epoch_sums.cpu() if self.epoch_sums is not None else None, "epoch_steps": self.epoch_steps,
+        }
+
+    def load(self, saved: dict, device: torch.device) -> None:
+        self.epoch, self.step = saved["epoch"], saved["step"]
+        self.position = saved.get("position", 0)
+        self.best_score, self.best_epoch = saved["best_score"], saved["best_epoch"]
+        self.history = list(saved.get("history", []))
+        # Checkpoints from before best_step validated at epoch ends only: the best epoch's row has it.
+        self.best_step = saved.get("best_step", next((r["step"] for r in self.history if r["epoch"] == self.best_epoch), 0))
+        self.step_losses = list(saved.get("step_losses", []))
+        self.reset_sums(device)
+        if saved.get("running") is not None and self.position:  # mid-epoch: the sums go on
+            self.running.copy_(saved["running"])
+            self.epoch_sums.copy_(saved["epoch_sums"])
+            self.running_steps, self.epoch_steps = saved["running_steps"], saved["epoch_steps"]
