@@ -35,7 +35,7 @@ def memory() -> dict[str, float]:
 
 
 def synthetic_references(annotations: Path, images: int, seed: int = 0) -> list[list[str]]:
-    from captioner.evaluation.metrics import load_references
+    from captioner.evaluation.results_files import load_references
 
     pool = [c for captions in load_references(annotations).values() for c in captions]
     rng = random.Random(seed)

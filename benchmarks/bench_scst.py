@@ -47,7 +47,7 @@ def clock() -> float:
 def bench_reward(args: argparse.Namespace) -> None:
     from pycocoevalcap.cider.cider_scorer import CiderScorer
 
-    from captioner.evaluation.metrics import load_references
+    from captioner.evaluation.results_files import load_references
     from captioner.text.vocab import Vocabulary, tokenize
     from captioner.training.rewards import Bleu4, CiderD, reference_corpus
 

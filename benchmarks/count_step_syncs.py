@@ -10,12 +10,16 @@ lengths back at every decoder step, so its count grows with the longest caption.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
-ROOT = sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).resolve().parents[1])
+_parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+_parser.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parents[1]), help="the checkout whose loop is counted")
+ROOT = str(Path(_parser.parse_args().root).resolve())
 sys.path[:0] = [ROOT, str(Path(__file__).resolve().parents[1] / "tests")]
 
 import pytest  # noqa: E402
@@ -26,11 +30,27 @@ from test_sync import DeviceSimulation  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 import captioner  # noqa: E402
-import captioner.training.fit as train  # noqa: E402
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions  # noqa: E402
 from captioner.data.images import ImageTransform  # noqa: E402
 from captioner.data.records import ImageRecord  # noqa: E402
 
+
+
+def training_loop() -> SimpleNamespace:
+    """The loop's names in the layered package (captioner.training), or an older checkout's train.py."""
+    try:
+        from captioner.training.distributed import Distributed
+        from captioner.training.loop import train_one_epoch
+        from captioner.training.schedule import make_scheduler
+        from captioner.training.state import TrainState
+    except ImportError:
+        import captioner.train as old
+
+        return SimpleNamespace(**vars(old))
+    return SimpleNamespace(Distributed=Distributed, train_one_epoch=train_one_epoch, make_scheduler=make_scheduler, TrainState=TrainState)
+
+
+train = training_loop()
 NEW_LOOP = hasattr(train, "Distributed")  # the loop of this branch; older ones moved lengths to the device
 
 
@@ -85,7 +105,7 @@ def main() -> None:
         if NEW_LOOP:
             ctx = train.Distributed(torch.device("cpu"))
             state.reset_sums(ctx.device)
-            sim.mark(state.running, state.epoch_loss)
+            sim.mark(state.running, state.epoch_sums)
             train.train_one_epoch(model, model, loader, optimizer, scheduler, config, ctx, 1, state, on_step)
         else:
             train.train_one_epoch(model, loader, optimizer, scheduler, config, torch.device("cpu"), 1, state, on_step)

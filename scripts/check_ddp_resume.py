@@ -7,6 +7,7 @@ command and --resume. Prints whether the final weights are bit-identical. CPU, a
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -44,7 +45,10 @@ def descendants(pid: int) -> list[int]:
 
 
 def main() -> None:
-    base = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp())
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("work_dir", nargs="?", type=Path, help="where the runs go (default: a new temporary folder)")
+    args = parser.parse_args()
+    base = args.work_dir or Path(tempfile.mkdtemp())
     data = base / "shapes"
     if not data.exists():
         generate_shapes(data, 48, 4, 2, image_size=32, seed=0, progress=False)

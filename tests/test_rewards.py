@@ -180,7 +180,7 @@ def coco_val(shared_data) -> tuple[dict[int, list[str]], dict[int, str]]:
     machine captions (image id -> caption)."""
     import json
 
-    from captioner.evaluation.metrics import load_references
+    from captioner.evaluation.results_files import load_references
 
     references = load_references(shared_data / "coco" / "captions_val2014.json")
     results = json.loads((shared_data / "coco" / "captions_val2014_fakecap_results.json").read_text())

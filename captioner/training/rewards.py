@@ -87,9 +87,6 @@ class CiderD:
             raise ValueError(f"CiderD: image {key!r} has no references")
         self._references[key] = [self._vector(ngram_counts(ref, self.n)) for ref in refs]
 
-    def has_references(self, key: Hashable) -> bool:
-        return key in self._references
-
     def _vector(self, counts: Counter) -> _Vector:
         weights: list[dict[NGram, float]] = [{} for _ in range(self.n)]
         squares = [0.0] * self.n
