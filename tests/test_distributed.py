@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY_MODEL, subprocess_env
 
 from captioner.apps.cli import main
 from captioner.core.config import load_config
@@ -27,14 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # and only the order of float sums differs. (An encoder that trains, like the default shapes
 # small_cnn, has BatchNorm layers that normalise each rank's batch on its own statistics.)
 TINY = [
+    *TINY_MODEL,
     "data.image_size=64",
     "data.captions_per_image=one",
     "model.encoder.name=efficientnet_lite0",
     "model.encoder.pretrained=true",
     "model.encoder.fine_tune_blocks=0",
-    "model.decoder.embed_dim=16",
-    "model.decoder.hidden_dim=24",
-    "model.decoder.attention_dim=12",
     "model.decoder.dropout=0.0",
     "train.epochs=4",
     "train.lr=3e-3",
@@ -61,7 +60,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def environment(site: Path, **extra: str) -> dict[str, str]:
     site.mkdir(exist_ok=True)
     shutil.copy(ROOT / "tests" / "torchrun_site.py", site / "sitecustomize.py")
-    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1", **extra}
+    return subprocess_env(PYTHONPATH=f"{site}{os.pathsep}{ROOT}", **extra)  # the site file runs in every rank
 
 
 def torchrun(args: list[str], env: dict[str, str], timeout: float, monitor_interval: float | None = None) -> subprocess.CompletedProcess:
@@ -98,7 +97,7 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
     single_run = subprocess.Popen(  # beside the torchrun one, to save time
         [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=8",
          f"data.root={shapes}", f"train.out_dir={tmp_path / 'single'}", "train.val_every_steps=4"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1"},
+        cwd=ROOT, env=subprocess_env(),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     ddp = torchrun(["train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",

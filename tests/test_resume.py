@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY_MODEL, subprocess_env
 
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.shapes import generate_shapes
@@ -24,14 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # 48 images, batch 4: 12 steps an epoch, a mid-epoch checkpoint every 3. Dropout, one random
 # caption per image and augmentation all draw random numbers that the resume must replay.
 TINY = [
-    "data.image_size=32",
+    *TINY_MODEL,
     "data.batch_size=4",
     "data.captions_per_image=one",
     "data.augment=true",
-    "model.encoder.width=8",
-    "model.decoder.embed_dim=16",
-    "model.decoder.hidden_dim=24",
-    "model.decoder.attention_dim=12",
     "model.decoder.dropout=0.3",
     "train.epochs=2",
     "train.warmup_steps=3",
@@ -52,7 +49,7 @@ def train_command(data: Path, out: Path, *extra: str) -> list[str]:
 def environment() -> dict[str, str]:
     # One thread: the same float sums in every run (CAPTIONER_THREADS, since captioner.core.runtime otherwise
     # picks the cores free at start, which differ between the reference and the resumed run under load).
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1"}
+    return subprocess_env()
 
 
 @pytest.fixture(scope="module")
