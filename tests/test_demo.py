@@ -9,6 +9,7 @@ for the captions it is still computing: a worker thread left inside torch aborts
 from __future__ import annotations
 
 import io
+import json
 import os
 import socket
 import struct
@@ -71,17 +72,60 @@ def page_for(model, upload, tmp_path: Path, **options):
 # --- page logic --------------------------------------------------------------------------------
 
 
-def test_caption_page_gives_caption_heatmaps_and_figure(model, trained: Trained, tmp_path: Path) -> None:
-    image = trained.images[0]
-    page = page_for(model, image, tmp_path)
-    expected = model.caption(load_image(image), beam_size=3, max_length=MAX_LENGTH)  # the CLI's path
-    assert page.text == expected.text and page.text
-    assert f"score {expected.score:.3f}" in page.score_line and "beam 3" in page.score_line
-    assert [word for _, word in page.gallery] == expected.words
-    assert all(overlay.size == Image.open(image).size for overlay, _ in page.gallery)
+def cli_captions(checkpoint: Path, images: list[Path], capsys: pytest.CaptureFixture[str], beam: int, length: int) -> list[dict]:
+    """What `captioner caption CHECKPOINT IMAGES --json` prints: the independent path to compare
+    the page with (its own model loaded from the file, the batched `caption_files` decoding)."""
+    from captioner.apps.cli import main
+
+    capsys.readouterr()  # drop what earlier calls printed
+    assert main(["caption", str(checkpoint), *map(str, images), "--beam", str(beam), "--max-length", str(length), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [row["image"] for row in rows] == [str(p) for p in images]
+    return rows
+
+
+def test_caption_page_says_what_the_cli_says_for_the_same_file_and_options(
+    model, trained: Trained, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The page's caption, word for word, is what `captioner caption --json` prints for the same
+    upload with the same options. The uploads are stored sideways with an EXIF tag to turn them
+    upright, and the options (beam 2, 5 words) are not the model's defaults (beam 3, 20 words);
+    the image is one where each of these changes the caption, so a page that captioned the
+    pixels as stored, ignored the beam or the length, or rewrote the text would not match."""
+    beam, length = 2, 5
+    uploads, as_stored = [], []
+    for i, image in enumerate(trained.images):
+        upright = Image.open(image).convert("RGB")
+        exif = Image.Exif()
+        exif[0x0112] = 6  # orientation: turn 90 degrees clockwise to view
+        upload = tmp_path / f"sideways_{i}.jpg"
+        upright.transpose(Image.Transpose.ROTATE_90).save(upload, quality=95, exif=exif)
+        uploads.append(upload)
+        as_stored.append(tmp_path / f"as_stored_{i}.png")  # the same pixels, without the tag
+        Image.open(upload).convert("RGB").save(as_stored[-1])
+    asked = cli_captions(trained.checkpoint, uploads, capsys, beam, length)
+    other_beam = cli_captions(trained.checkpoint, uploads, capsys, model.decode_config.beam_size, length)
+    other_length = cli_captions(trained.checkpoint, uploads, capsys, beam, model.decode_config.max_length)
+    not_turned = cli_captions(trained.checkpoint, as_stored, capsys, beam, length)
+    telling = [
+        i for i, row in enumerate(asked)
+        if row["caption"] not in (other_beam[i]["caption"], other_length[i]["caption"], not_turned[i]["caption"])
+    ]
+    assert telling, "no test image whose caption changes with the beam, the length and the orientation"
+    upload, expected = uploads[telling[0]], asked[telling[0]]
+
+    page = caption_page(model, "tiny", upload, beam_size=beam, max_length=length, figure_dir=tmp_path)
+    assert page.text == expected["caption"]
+    words = expected["caption"].split()
+    score = float(page.score_line.removeprefix("score ").split(" ", 1)[0])
+    assert abs(score - expected["score"]) < 6e-4 and f"· beam {beam} ·" in page.score_line  # the CLI rounds to 4 places
+    assert [word for _, word in page.gallery] == words
+    upright_size = Image.open(trained.images[telling[0]]).size
+    assert all(overlay.size == upright_size for overlay, _ in page.gallery)
     assert page.figure is not None and Image.open(page.figure).format == "PNG"
-    assert count_panels(page.figure) == 1 + len(expected.words)  # the input, then a panel per word
-    assert page.note == ""
+    assert count_panels(page.figure) == 1 + len(words)  # the input, then a panel per word
+    cut = "" if expected["finished"] else f" The caption reached the maximum length ({length} words) before the model ended it."
+    assert page.note == "Turned upright as its EXIF orientation says." + cut
 
 
 def write_huge_png(path: Path, width: int, height: int) -> None:
@@ -339,18 +383,19 @@ def client(url: str, tmp_path: Path):
 
 
 def test_api_captions_through_the_same_path_as_the_cli(server: str, trained: Trained, model, tmp_path: Path) -> None:
+    """Through the server, with options other than the page's defaults: the callback passes them on."""
     from gradio_client import handle_file
 
-    image = trained.images[1]
+    image, beam, length = trained.images[1], 2, 5
     api = client(server, tmp_path)
     text, score, gallery, note = api.predict(
-        handle_file(str(image)), model_name=str(trained.checkpoint), beam_size=3, max_length=MAX_LENGTH, api_name="/caption"
+        handle_file(str(image)), model_name=str(trained.checkpoint), beam_size=beam, max_length=length, api_name="/caption"
     )
-    [expected] = model.caption_files([image], beam_size=3, max_length=MAX_LENGTH)  # what `captioner caption` prints
-    assert text == expected.text and score.startswith(f"score {expected.score:.3f}")
+    [expected] = model.caption_files([image], beam_size=beam, max_length=length)  # what `captioner caption` prints
+    assert text == expected.text and score.startswith(f"score {expected.score:.3f}") and f"· beam {beam} ·" in score
     assert [item["caption"] for item in gallery] == expected.words
     assert all(Image.open(item["image"]).size == Image.open(image).size for item in gallery)
-    assert note == ""
+    assert note == ("" if expected.finished else f"The caption reached the maximum length ({length} words) before the model ended it.")
     figure = api.predict(api_name="/figure")  # of this session's caption
     assert Image.open(figure).format == "PNG" and count_panels(figure) == 1 + len(expected.words)
 
