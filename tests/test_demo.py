@@ -230,7 +230,7 @@ def test_default_checkpoint_uses_the_quickstart_model_or_trains_it(tmp_path: Pat
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs/shapes_lstm.yaml").write_text((REPO / "configs/shapes_lstm.yaml").read_text())
     trainings = []
-    monkeypatch.setattr("captioner.training.fit.fit", lambda config: trainings.append(config.train.out_dir) or Path("trained.pt"))
+    monkeypatch.setattr("captioner.training.fit.fit", lambda config, resume=False: trainings.append(config.train.out_dir) or Path("trained.pt"))
     assert default_checkpoint() == Path("trained.pt") and trainings == ["runs/shapes_lstm"]
     (tmp_path / "runs/shapes_lstm").mkdir(parents=True)
     (tmp_path / "runs/shapes_lstm/best.pt").write_bytes(b"weights")

@@ -18,8 +18,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from captioner.core.config import load_config
-    from captioner.training.distributed import is_main_process
-    from captioner.training.fit import fit
+    from captioner.apps.runs import train_run
 
     overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
     config = load_config(args.config, overrides)
@@ -27,10 +26,6 @@ def run(args: argparse.Namespace) -> int:
         from captioner.core.runtime import set_threads
 
         set_threads(config.train.threads)  # the run's own setting beats the process default set in main
-    best = fit(config, resume=args.resume)
-    if is_main_process():  # under torchrun, rank 0 alone writes the run's files
-        from captioner.viz.curves import plot_run
-
-        plot_run(config.train.out_dir, config.train.val_metric, config.train.val_beam_size)
+    best = train_run(config, resume=args.resume)
     print(f"best checkpoint: {best}")
     return 0

@@ -31,12 +31,10 @@ def default_checkpoint(config_path: Path = DEFAULT_CONFIG) -> Path:
     best = Path(config.train.out_dir) / "best.pt"
     if best.is_file():
         return best
-    from captioner.training.fit import (
-        fit,  # the training stack, only when there is a model to train
-    )
+    from captioner.apps.runs import train_run
 
     log.info("no trained model at %s: training %s first (the quickstart's model; minutes on a CPU)", best, config_path)
-    return fit(config)
+    return train_run(config)
 
 
 def launch(
