@@ -51,6 +51,9 @@ def test_overrides_are_typed(tmp_path: Path) -> None:
         ("train.lr=nan", r"'train.lr' must be a finite number > 0; got nan$"),  # the string form too
         ("train.device=gpu", r"'train.device' must be auto, cpu, mps, cuda or cuda:N; got 'gpu'$"),
         ("data.root=", r"'data.root' must not be empty"),
+        # backbone names belong to the registry (tests/test_encoder.py): here only their form
+        ("model.encoder.name=ResNet-50", r"'model.encoder.name' must be a registered name .*; got 'ResNet-50'$"),
+        ("model.encoder.normalization=0.5", r"'model.encoder.normalization' must be a registered name .*; got '0.5'$"),
     ],
 )
 def test_bad_overrides(override: str, message: str) -> None:
@@ -175,6 +178,19 @@ def test_checkpoint_configs_are_checked_like_files(tmp_path: Path) -> None:
     save_checkpoint(tmp_path / "bad_decode.pt", model, config)
     with pytest.raises(CheckpointError, match=r"^\S*bad_decode.pt: incompatible config: .*'decode.max_length' must be in \[1, 1000\]; got 0$"):
         load_captioner(tmp_path / "bad_decode.pt", device="cpu")
+
+
+def test_a_stored_encoder_section_without_normalization_predates_it() -> None:
+    """Checkpoints written before `model.encoder.normalization` existed normalised with ImageNet's
+    statistics: read back, they say so, while a fresh config names the backbone's own."""
+    assert load_config(None, []).model.encoder.normalization == "backbone"
+    old = config_from_dict({"model": {"encoder": {"name": "efficientnet_lite0", "pretrained": True}}})
+    assert old.model.encoder.normalization == "imagenet" and old.model.encoder.name == "efficientnet_lite0"
+    recorded = config_from_dict({"model": {"encoder": {"name": "efficientnet_lite0", "normalization": "tf_lite"}}})
+    assert recorded.model.encoder.normalization == "tf_lite"
+    assert config_from_dict({"model": {"encoder": {"normalization": "backbone"}}}).model.encoder.normalization == "backbone"
+    assert config_from_dict({}).model.encoder.normalization == "backbone"  # no stored encoder section: nothing to translate
+    assert config_from_dict(Config().to_dict()) == Config()  # what this version writes reads back unchanged
 
 
 def test_cross_field_rules() -> None:

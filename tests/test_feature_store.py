@@ -81,7 +81,7 @@ def test_stored_rows_equal_the_encoder_on_the_images(shapes_root: Path, tmp_path
     config = shapes_config(shapes_root, tmp_path / "run")
     model = frozen_model(config)
     records = load_split(config.data, "val")
-    store = extract(model, tmp_path / "store", "val", records, batch_size=5, progress=False)
+    store = extract(model.encoder, model.transform, tmp_path / "store", "val", records, batch_size=5, progress=False)
     assert store.complete and store.grid == (2, 2) and store.feat_dim == 1280 and not store.failed_rows
     assert store.array_path.stat().st_size == store.nbytes()
     with torch.no_grad():
@@ -106,7 +106,7 @@ def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, t
     config = shapes_config(shapes_root, tmp_path / "run")
     model = frozen_model(config)
     records = load_split(config.data, "train")
-    clean = extract(model, tmp_path / "clean", "train", records, batch_size=6, progress=False)
+    clean = extract(model.encoder, model.transform, tmp_path / "clean", "train", records, batch_size=6, progress=False)
 
     forward = model.encoder.forward
     calls = {"n": 0}
@@ -119,17 +119,17 @@ def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, t
 
     monkeypatch.setattr(model.encoder, "forward", crashing)
     with pytest.raises(KeyboardInterrupt):
-        extract(model, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
+        extract(model.encoder, model.transform, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
     _, manifest_path = store_files(tmp_path / "resumed", "train")
     assert json.loads(manifest_path.read_text())["rows_done"] == 12  # two batches were written and recorded
     with pytest.raises(FeatureStoreError, match=r"train\.json: extraction stopped at row 12 of 40"):
-        open_store(tmp_path / "resumed", "train", model, records)
+        open_store(tmp_path / "resumed", "train", model.encoder, model.transform, records)
 
     monkeypatch.setattr(model.encoder, "forward", forward)
     encoded = []
     monkeypatch.setattr(model.encoder, "forward", lambda images: encoded.append(len(images)) or forward(images))
     caplog.set_level(logging.INFO, logger="captioner.data.store")
-    resumed = ensure_store(model, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
+    resumed = ensure_store(model.encoder, model.transform, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
     assert "train: resuming at row 12 of 40 -> 40 x 2x2 x 1280 fp16" in caplog.text
     assert sum(encoded) == 1 + 40 - 12  # the probe, then only the rows not yet written
     assert resumed.complete
@@ -144,7 +144,7 @@ def test_failed_images_are_recorded_and_skipped(shapes_root: Path, tmp_path: Pat
     model = frozen_model(config)
     records = load_split(config.data, "val")
     records[2].path.write_bytes(b"\xff\xd8\xff not really a jpeg")  # exists on disk, fails to decode
-    store = extract(model, tmp_path / "store", "val", records, batch_size=4, progress=False)
+    store = extract(model.encoder, model.transform, tmp_path / "store", "val", records, batch_size=4, progress=False)
     assert store.complete
     assert store.manifest["failed"] == [{"row": 2, "image_id": records[2].image_id, "path": str(records[2].path)}]
     kept, rows = store.rows_of(records)
@@ -154,32 +154,37 @@ def test_failed_images_are_recorded_and_skipped(shapes_root: Path, tmp_path: Pat
 
 def test_a_store_written_before_the_transform_described_itself_still_opens(shapes_root: Path, tmp_path: Path) -> None:
     """Stores from before the uint8 pipeline name their transform by hand ({"resize": "square", ...});
-    the pipeline they stand for computes the same features today, so they open; another
-    hand-written transform is refused."""
-    config = shapes_config(shapes_root, tmp_path / "run")
+    the pipeline they stand for (ImageNet statistics) computes the same features today, so they
+    open for a model that normalises so (an old Lite0 checkpoint records imagenet) and not for
+    today's Lite0; another hand-written transform is refused."""
+    config = shapes_config(shapes_root, tmp_path / "run", "model.encoder.normalization=imagenet")
     model, records = frozen_model(config), load_split(config.data, "val")
-    extract(model, tmp_path / "store", "val", records, batch_size=6, progress=False)
+    extract(model.encoder, model.transform, tmp_path / "store", "val", records, batch_size=6, progress=False)
     _, manifest_path = store_files(tmp_path / "store", "val")
     manifest = json.loads(manifest_path.read_text())
     manifest["identity"]["transform"] = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
     manifest_path.write_text(json.dumps(manifest))
-    assert open_store(tmp_path / "store", "val", model, records).complete
+    assert open_store(tmp_path / "store", "val", model.encoder, model.transform, records).complete
+    today = frozen_model(shapes_config(shapes_root, tmp_path / "run"))
+    with pytest.raises(CaptionerError, match=r"transform is \[.*0\.485.* in the store but .*0\.498"):
+        open_store(tmp_path / "store", "val", today.encoder, today.transform, records)
     manifest["identity"]["transform"]["antialias"] = False
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(CaptionerError, match="transform is"):
-        open_store(tmp_path / "store", "val", model, records)
+        open_store(tmp_path / "store", "val", model.encoder, model.transform, records)
 
 
 def test_a_stale_store_is_refused_in_one_line(shapes_root: Path, tmp_path: Path) -> None:
     root = copy_world(shapes_root, tmp_path)
     config = shapes_config(root, tmp_path / "run")
     records = load_split(config.data, "val")
-    extract(frozen_model(config), tmp_path / "store", "val", records, batch_size=6, progress=False)
+    model = frozen_model(config)
+    extract(model.encoder, model.transform, tmp_path / "store", "val", records, batch_size=6, progress=False)
     manifest = str(tmp_path / "store" / "val.json")
 
     def refusal(model: Captioner, records) -> str:
         with pytest.raises(CaptionerError) as error:
-            open_store(tmp_path / "store", "val", model, records)
+            open_store(tmp_path / "store", "val", model.encoder, model.transform, records)
         message = str(error.value)
         assert "\n" not in message and message.startswith(manifest)
         return message
@@ -200,6 +205,37 @@ def test_a_stale_store_is_refused_in_one_line(shapes_root: Path, tmp_path: Path)
 
     code = main(["features", "configs/shapes_lstm.yaml", *FROZEN, f"data.root={root}", "--splits", "val", "--out", str(tmp_path / "store")])
     assert code == 2  # the CLI prints the one line and stops
+
+
+def test_the_features_command_runs_the_encoder_alone(shapes_root: Path, tmp_path: Path, monkeypatch) -> None:
+    """`captioner features` builds no Captioner (no decoder, no vocabulary), and its store is the
+    one a model of the same config reads."""
+    def no_model(*args, **kwargs):
+        raise AssertionError("the features command built a whole model")
+
+    monkeypatch.setattr("captioner.models.build.build_model", no_model)
+    monkeypatch.setattr(Captioner, "from_config", no_model)
+    store = tmp_path / "store"
+    assert main(["features", "configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "--splits", "val", "--out", str(store)]) == 0
+    monkeypatch.undo()
+    model = frozen_model(shapes_config(shapes_root, tmp_path / "run"))
+    records = load_split(shapes_config(shapes_root, tmp_path / "run").data, "val")
+    opened = open_store(store, "val", model.encoder, model.transform, records)
+    with torch.no_grad():
+        direct = torch.cat([model.encoder(images)[0] for images, _ in image_loader(records, model.transform, 6)])  # (R, N, D)
+    torch.testing.assert_close(opened.load(list(range(opened.num_rows)), torch.device("cpu")).float(), direct, rtol=2e-3, atol=2e-3)
+
+
+def test_a_store_of_other_pixel_statistics_is_stale(shapes_root: Path, tmp_path: Path) -> None:
+    """Lite0 stores written with ImageNet's statistics (as before the registry said tf_lite) are
+    refused for today's Lite0, and still open for a model that records imagenet (an old checkpoint)."""
+    records = load_split(shapes_config(shapes_root, tmp_path / "run").data, "val")
+    old = frozen_model(shapes_config(shapes_root, tmp_path / "run", "model.encoder.normalization=imagenet"))
+    extract(old.encoder, old.transform, tmp_path / "store", "val", records, batch_size=6, progress=False)
+    today = frozen_model(shapes_config(shapes_root, tmp_path / "run"))
+    with pytest.raises(FeatureStoreError, match=r"val\.json: transform is \[.*'Normalize\(mean=\[0\.485.* in the store but .*Normalize\(mean=\[0\.498"):
+        open_store(tmp_path / "store", "val", today.encoder, today.transform, records)
+    assert open_store(tmp_path / "store", "val", old.encoder, old.transform, records).complete
 
 
 def test_extraction_stops_when_the_disk_is_full(shapes_root: Path, tmp_path: Path, monkeypatch, capsys, caplog) -> None:

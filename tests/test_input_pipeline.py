@@ -29,15 +29,19 @@ from captioner.data.device_decode import (
     transform_on_device,
 )
 from captioner.data.images import (
+    IMAGENET,
     IMAGENET_MEAN,
     IMAGENET_STD,
     ImageTransform,
+    PixelNormalization,
     load_image,
     normalize_images,
 )
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import generate_shapes
 from captioner.data.store import check_manifest, identity
+from captioner.models.backbones import NORMALIZATIONS
+from captioner.models.captioner import Captioner
 from captioner.training import fit as train
 from captioner.training.fit import fit
 
@@ -86,22 +90,48 @@ def test_normalize_refuses_float_images() -> None:
         normalize_images(torch.zeros(1, 3, 4, 4))
 
 
+@pytest.mark.parametrize("name", list(NORMALIZATIONS))
+def test_the_described_normalisation_is_the_one_that_runs(name: str, shared_data: Path) -> None:
+    """Each registered set of statistics: the encoder's `PixelNormalization` computes, to the bit,
+    what the torchvision steps its description names compute, on real photos."""
+    images = torch.stack([ImageTransform(SIZE)(load_image(p)) for p in photos(shared_data, 2)])  # (2, 3, S, S) uint8
+    normalization = PixelNormalization(NORMALIZATIONS[name])
+    described = normalization.describe()
+    steps = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(NORMALIZATIONS[name].mean), list(NORMALIZATIONS[name].std))])
+    assert described == [repr(step) for step in steps.transforms]
+    assert torch.equal(normalization(images), steps(images))
+
+
+def identify(model: Captioner) -> dict:
+    return identity(model.encoder, model.transform)
+
+
 def test_store_identity_describes_the_real_transform(tmp_path: Path) -> None:
     model = tiny_model()
-    described = identity(model)["transform"]
-    assert described == ImageTransform(SIZE).describe()
+    described = identify(model)["transform"]
+    assert described == [*ImageTransform(SIZE).describe(), *IMAGENET.describe()]
+    assert described == [*[repr(step) for step in model.transform.pipeline().transforms], *model.encoder.normalize.describe()]
     assert any("Resize(size=[32, 32]" in step for step in described) and any("Normalize(mean=[0.485" in step for step in described)
-    assert ImageTransform(48).describe() != described
+    assert identity(model.encoder, ImageTransform(48))["transform"] != described
+    # Other statistics (another backbone's, or a config's) are another pipeline: a store made with them is stale.
+    other_statistics = tiny_model("model.encoder.normalization=tf_lite")
+    assert identify(other_statistics)["transform"][:2] == described[:2] and identify(other_statistics)["transform"] != described
     # A store written by the old code described the same pipeline by hand: it stands for today's
     # description (features are bit-identical), so it is accepted; any other hand-written one is refused.
-    legacy = {**identity(model), "transform": {"resize": "square", "antialias": True, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}}
+    legacy = {**identify(model), "transform": {"resize": "square", "antialias": True, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}}
     manifest = {"identity": legacy, "image_ids": [], "split": "train", "paths": []}
-    check_manifest(tmp_path / "train.json", manifest, identity(model), [])
+    check_manifest(tmp_path / "train.json", manifest, identify(model), [])
+    with pytest.raises(FeatureStoreError, match=r"train\.json: transform is .* in the store but .*Normalize\(mean=\[0\.498"):
+        check_manifest(tmp_path / "train.json", manifest, identify(other_statistics), [])  # a legacy store was ImageNet's
     other = {**legacy, "transform": {**legacy["transform"], "resize": "shorter side"}}
     with pytest.raises(FeatureStoreError, match=r"train\.json: transform is \{'resize'.* in the store but \['PILToTensor\(\)'") as error:
-        check_manifest(tmp_path / "train.json", {**manifest, "identity": other}, identity(model), [])
+        check_manifest(tmp_path / "train.json", {**manifest, "identity": other}, identify(model), [])
     assert "\n" not in str(error.value)
-    check_manifest(tmp_path / "train.json", {**manifest, "identity": identity(model)}, identity(model), [])
+    check_manifest(tmp_path / "train.json", {**manifest, "identity": identify(model)}, identify(model), [])
+    # A store written before the transform and the normalisation were described apart: the same list.
+    before = ["PILToTensor()", "Resize(size=[32, 32], interpolation=bilinear, antialias=True)", "ToDtype(scale=True)",
+              "Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], inplace=False)"]
+    check_manifest(tmp_path / "train.json", {**manifest, "identity": {**legacy, "transform": before}}, identify(model), [])
 
 
 # --- workers and threads ----------------------------------------------------------------------------

@@ -168,10 +168,20 @@ class DataConfig:
     shapes_seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
 
 
+# Backbones and their pixel statistics are registered in captioner.models.backbones (the one
+# list of them; core may not import models): here a name need only look like one, and the
+# registry refuses an unknown one in one line when the model is built or the config checked.
+REGISTERED_NAME = Text(r"[a-z][a-z0-9_]*", "a registered name (lower case, digits, _; see docs/encoders.md)")
+
+
 @dataclass
 class EncoderConfig:
-    name: str = setting("small_cnn", Choice(("small_cnn", "resnet50", "resnet101", "resnet152", "efficientnet_lite0")))
+    name: str = setting("small_cnn", REGISTERED_NAME)  # small_cnn, resnet50/101/152, efficientnet_lite0 (captioner.models.backbones)
     pretrained: bool = setting(False, Flag())  # ImageNet weights (torchvision API; lite0 from its package, offline)
+    # Pixel statistics of the on-device normalisation: backbone (the registry entry's own), imagenet
+    # or tf_lite. A checkpoint written before this key existed normalised with imagenet
+    # (config_from_dict fills that in), so it keeps the input it was trained on.
+    normalization: str = setting("backbone", REGISTERED_NAME)
     grid_size: int = setting(0, Range(ge=0, le=64))  # adaptive-pool the feature map to grid_size x grid_size; 0 keeps it
     fine_tune_blocks: int = setting(0, Range(ge=-1))  # pretrained backbones: train the top N blocks (0 = frozen, -1 = all)
     width: int = setting(32, POSITIVE)  # small_cnn: channels of the first block (doubled at each of 4 blocks)
@@ -307,11 +317,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return config
 
 
+# Every checkpoint written before `model.encoder.normalization` existed normalised its images
+# with ImageNet's statistics, whatever its backbone (captioner.models.backbones.NORMALIZATIONS).
+LEGACY_NORMALIZATION = "imagenet"
+
+
 def config_from_dict(raw: dict[str, Any], source: str = "checkpoint") -> Config:
+    """A config stored with a checkpoint (or written by `Config.to_dict`), checked like a file.
+
+    A stored encoder section without `normalization` predates that key: it gets the statistics
+    it was trained with, not today's default, so an old model sees the input it learned from."""
     config = Config()
-    _merge(config, raw, "", source)
+    _merge(config, _with_legacy_normalization(raw), "", source)
     validate(config, source)
     return config
+
+
+def _with_legacy_normalization(raw: dict[str, Any]) -> dict[str, Any]:
+    model = raw.get("model") if isinstance(raw, dict) else None
+    encoder = model.get("encoder") if isinstance(model, dict) else None
+    if not isinstance(encoder, dict) or "normalization" in encoder:
+        return raw
+    return {**raw, "model": {**model, "encoder": {**encoder, "normalization": LEGACY_NORMALIZATION}}}
 
 
 def _merge(node: Any, raw: dict[str, Any], prefix: str, source: str) -> None:

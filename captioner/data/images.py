@@ -15,6 +15,7 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+from torch import nn
 from torchvision.transforms import v2
 
 from captioner.core.errors import ImageLoadError
@@ -178,8 +179,9 @@ class ImageTransform:
     spatial meaning of captions (a mild crop and photometric jitter, never a horizontal flip,
     since captions say left and right; no hue change, since captions name colours).
 
-    The float conversion and normalisation run on the device, inside the encoder
-    (`normalize_images`): a uint8 image crosses to the device in a quarter of the bytes.
+    The float conversion and normalisation run on the device, inside the encoder (its
+    `PixelNormalization`, with the backbone's own statistics): a uint8 image crosses to the
+    device in a quarter of the bytes.
     """
 
     image_size: int
@@ -188,14 +190,17 @@ class ImageTransform:
 
     def __call__(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
         """A PIL picture or a uint8 (3, H, W) tensor -> uint8 (3, S, S)."""
-        return _pipeline(self.image_size, self.train and self.augment)(image)
+        return self.pipeline()(image)
+
+    def pipeline(self) -> v2.Compose:
+        """The steps this transform runs (cached per size and augmentation)."""
+        return _pipeline(self.image_size, self.train and self.augment)
 
     def describe(self) -> list[str]:
-        """Every step from the decoded picture to the encoder's input, as the transform objects
-        state their settings: a changed step changes this description."""
-        return [repr(step) for step in _pipeline(self.image_size, self.train and self.augment).transforms] + [
-            repr(step) for step in _device_normalisation().transforms
-        ]
+        """Every step from the decoded picture to the uint8 image, as the transform objects that
+        run them state their settings: a changed step changes this description. The encoder's
+        `PixelNormalization.describe()` continues it to the encoder's input."""
+        return [repr(step) for step in self.pipeline().transforms]
 
 
 CROP_MIN_SCALE = 0.85  # each side of the training crop keeps at least this fraction of the image's
@@ -241,36 +246,66 @@ def _pipeline(image_size: int, augment: bool) -> v2.Compose:
     return v2.Compose([v2.PILToTensor(), *steps])  # uint8 (3, S, S)
 
 
-@functools.lru_cache(maxsize=None)
-def _device_normalisation() -> v2.Compose:
-    return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+@dataclass(frozen=True)
+class PixelStatistics:
+    """The per-channel mean and std (of pixels in [0, 1]) a backbone's weights were trained with."""
+
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def tensors(self, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """mean and std as (3, 1, 1) float32 tensors on `device`."""
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=device).view(3, 1, 1)  # (3, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32, device=device).view(3, 1, 1)  # (3, 1, 1)
+        return mean, std
+
+    def describe(self) -> list[str]:
+        """The steps `normalize_images` runs with these statistics, named as the torchvision
+        transforms that compute the same numbers to the bit (tests/test_input_pipeline.py
+        holds the two together), so a store records them as it records the resize."""
+        return [repr(v2.ToDtype(torch.float32, scale=True)), repr(v2.Normalize(list(self.mean), list(self.std)))]
 
 
-def pixel_statistics(device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """ImageNet's mean and std as (3, 1, 1) float32 tensors on `device`."""
-    mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32).view(3, 1, 1)  # (3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, dtype=torch.float32).view(3, 1, 1)  # (3, 1, 1)
-    return mean.to(device), std.to(device)
+IMAGENET = PixelStatistics(IMAGENET_MEAN, IMAGENET_STD)
+
+
+class PixelNormalization(nn.Module):
+    """uint8 images -> float32 normalised with `statistics`, on the images' device.
+
+    The constants are buffers, so they live on the encoder's device and a training step copies
+    nothing from the host (v2.Normalize would make both from Python lists at every call, two
+    copies that wait for the GPU). Not persistent: state dicts, checkpoints and feature-store
+    fingerprints do not hold them (the encoder's config names the statistics).
+    """
+
+    def __init__(self, statistics: PixelStatistics) -> None:
+        super().__init__()
+        self.statistics = statistics
+        mean, std = statistics.tensors()
+        self.register_buffer("mean", mean, persistent=False)  # (3, 1, 1)
+        self.register_buffer("std", std, persistent=False)  # (3, 1, 1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (..., 3, H, W) -> float32 (..., 3, H, W)."""
+        return normalize_images(images, self.mean, self.std)
+
+    def describe(self) -> list[str]:
+        return self.statistics.describe()
+
+    def extra_repr(self) -> str:
+        return f"mean={list(self.statistics.mean)}, std={list(self.statistics.std)}"
 
 
 def normalize_images(images: torch.Tensor, mean: torch.Tensor | None = None, std: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 images (..., 3, H, W) as `ImageTransform` makes them -> normalised float32, on
-    their own device; `_device_normalisation`'s ops in its order (x * (1/255), then
-    (x - mean) / std), so the numbers are bit-identical to the float pipeline's on the CPU.
+    their own device; the ops of `PixelStatistics.describe()` in its order (x * (1/255), then
+    (x - mean) / std), so the numbers are bit-identical to torchvision's on the CPU.
 
-    `mean` and `std` (3, 1, 1), on the images' device: the encoder keeps them as buffers, so a
-    training step copies nothing from the host (v2.Normalize would make both from Python lists
-    at every call, two copies that wait for the GPU). Default: `pixel_statistics` made here."""
+    `mean` and `std` (3, 1, 1), on the images' device (`PixelNormalization` keeps them as
+    buffers). Default: ImageNet's, made here."""
     if images.dtype != torch.uint8:
         raise TypeError(f"normalize_images: expected uint8 images, got {images.dtype}")
     if mean is None or std is None:
-        mean, std = pixel_statistics(images.device)
+        mean, std = IMAGENET.tensors(images.device)
     scaled = images.to(torch.float32).mul_(1.0 / 255)  # (..., 3, H, W): v2.ToDtype(scale=True)
     return scaled.sub(mean).div_(std)  # (..., 3, H, W): v2.Normalize
-
-
-def denormalize(images: torch.Tensor) -> torch.Tensor:
-    """Undo the normalisation: (..., 3, H, W) -> values in [0, 1]."""
-    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=images.device).view(3, 1, 1)
-    return (images * std + mean).clamp(0, 1)

@@ -17,6 +17,11 @@ so the pages live in the kernel's page cache, shared by all workers, and never i
 memory of the reader: a memmap would map every page it touched into the process and its
 resident size would grow towards the store's size over an epoch. Rows stay fp16 on their way
 to the device (half the bytes to copy); the model casts them to its own dtype there.
+
+The store runs an encoder and names it; it takes the encoder module and the transform that makes
+its images (`StoreEncoder`, which captioner.models.encoders.Encoder is), not a whole model: the
+data layer does not import the models. `split_features`, for training and evaluation, takes
+anything that holds the two (a Captioner's `encoder` and `transform`).
 """
 
 from __future__ import annotations
@@ -27,23 +32,22 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from captioner.core.config import Config
+from captioner.core.config import Config, EncoderConfig
 from captioner.core.errors import ConfigError, FeatureStoreError
 from captioner.core.runtime import loader_workers
 from captioner.data.batching import image_loader
-from captioner.data.images import ImageTransform
+from captioner.data.images import IMAGENET, ImageTransform, PixelNormalization
 from captioner.data.records import ImageRecord
-from captioner.models.captioner import Captioner
 
 log = logging.getLogger(__name__)
 
@@ -64,36 +68,73 @@ def store_files(directory: str | Path, split: str) -> tuple[Path, Path]:
     return directory / f"{split}.npy", directory / f"{split}.json"
 
 
-def encoder_fingerprint(model: Captioner) -> str:
+class StoreEncoder(Protocol):
+    """What the store needs of an encoder (captioner.models.encoders.Encoder is one): it maps
+    uint8 images (B, 3, S, S) to feats (B, N, D) and their grid, normalising them itself, and
+    says what built it, how it normalises, whether it trains and where it runs."""
+
+    config: EncoderConfig
+    normalize: PixelNormalization
+
+    @property
+    def frozen(self) -> bool: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]: ...
+
+    def state_dict(self) -> Mapping[str, torch.Tensor]: ...
+
+    def eval(self) -> Any: ...
+
+
+class EncodesImages(Protocol):
+    """What holds an encoder and the transform of its images (a Captioner does)."""
+
+    @property
+    def encoder(self) -> StoreEncoder: ...
+
+    @property
+    def transform(self) -> ImageTransform: ...
+
+
+def encoder_fingerprint(encoder: StoreEncoder) -> str:
     """A hash of the encoder's state dict (names, shapes, dtypes, values, batch-norm statistics)."""
     digest = hashlib.blake2b(digest_size=16)
-    for name, tensor in model.encoder.state_dict().items():
+    for name, tensor in encoder.state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data if tensor.numel() else b"")
     return digest.hexdigest()
 
 
-def identity(model: Captioner) -> dict[str, Any]:
+def input_pipeline(encoder: StoreEncoder, transform: ImageTransform) -> list[str]:
+    """Every step from the decoded picture to the encoder's input, as the objects that run them
+    state their settings: the transform's, then the encoder's normalisation."""
+    return [*transform.describe(), *encoder.normalize.describe()]
+
+
+def identity(encoder: StoreEncoder, transform: ImageTransform) -> dict[str, Any]:
     """What the features depend on, besides the images: the fields a store must match, in the
     order they are compared (the first mismatch names the error)."""
-    encoder = model.config.encoder
+    config = encoder.config
     return {
-        "encoder.name": encoder.name,
-        "encoder.pretrained": encoder.pretrained,
-        "encoder.grid_size": encoder.grid_size,
-        "encoder.fine_tune_blocks": encoder.fine_tune_blocks,
-        "encoder.fingerprint": encoder_fingerprint(model),
-        "image_size": model.image_size,
-        "transform": model.transform.describe(),  # the real pipeline's steps: a changed one marks the store stale
+        "encoder.name": config.name,
+        "encoder.pretrained": config.pretrained,
+        "encoder.grid_size": config.grid_size,
+        "encoder.fine_tune_blocks": config.fine_tune_blocks,
+        "encoder.fingerprint": encoder_fingerprint(encoder),
+        "image_size": transform.image_size,
+        "transform": input_pipeline(encoder, transform),  # the real pipeline's steps: a changed one marks the store stale
     }
 
 
-def check_frozen(model: Captioner) -> None:
-    if not model.encoder.frozen:
+def check_frozen(encoder: StoreEncoder) -> None:
+    if not encoder.frozen:
         raise ConfigError(
             "model.encoder: a feature store needs a frozen encoder (pretrained: true, fine_tune_blocks: 0); "
-            f"{model.config.encoder.name} here trains, so its features change every step"
+            f"{encoder.config.name} here trains, so its features change every step"
         )
 
 
@@ -109,7 +150,7 @@ def size_text(nbytes: float) -> str:
 
 
 class FeatureStore:
-    """One split's store on disk, its manifest checked against a model and a list of images."""
+    """One split's store on disk, its manifest checked against an encoder and a list of images."""
 
     def __init__(self, directory: str | Path, split: str, manifest: dict[str, Any]) -> None:
         self.array_path, self.manifest_path = store_files(directory, split)
@@ -179,8 +220,10 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
 
 
 # How stores written before the transform described its own steps named it: the square resize
-# with antialiasing and ImageNet normalisation, which is `ImageTransform(size).describe()` today
-# (the same operations in the same order: tests/test_input_pipeline.py shows the features equal).
+# with antialiasing and ImageNet normalisation, which is the evaluation `ImageTransform` followed
+# by ImageNet's `PixelStatistics` today (the same operations in the same order:
+# tests/test_input_pipeline.py shows the features equal). Stores written since name the steps as
+# `input_pipeline` does, so they need no translation.
 LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
 
@@ -188,7 +231,7 @@ def stored_identity(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's identity with an older store's transform named as the current code names it."""
     stored = dict(manifest["identity"])
     if stored.get("transform") == LEGACY_TRANSFORM and "image_size" in stored:
-        stored["transform"] = ImageTransform(stored["image_size"]).describe()
+        stored["transform"] = [*ImageTransform(stored["image_size"]).describe(), *IMAGENET.describe()]
     return stored
 
 
@@ -213,13 +256,15 @@ def check_manifest(manifest_path: Path, manifest: dict[str, Any], expected: dict
         raise FeatureStoreError(f"{manifest_path}: image_ids differ from the {manifest['split']} split: {detail}; {hint}")
 
 
-def open_store(directory: str | Path, split: str, model: Captioner, records: list[ImageRecord]) -> FeatureStore:
-    """The complete store of `split`, checked against `model` and the split's `records`."""
+def open_store(
+    directory: str | Path, split: str, encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord],
+) -> FeatureStore:
+    """The complete store of `split`, checked against the encoder, its transform and the split's `records`."""
     array_path, manifest_path = store_files(directory, split)
     if not manifest_path.is_file() or not array_path.is_file():
         raise FeatureStoreError(f"{manifest_path}: no feature store for {split} here (make it with `captioner features CONFIG`)")
     manifest = read_manifest(manifest_path)
-    check_manifest(manifest_path, manifest, identity(model), records)
+    check_manifest(manifest_path, manifest, identity(encoder, transform), records)
     store = FeatureStore(directory, split, manifest)
     if not store.complete:
         raise FeatureStoreError(
@@ -230,48 +275,48 @@ def open_store(directory: str | Path, split: str, model: Captioner, records: lis
 
 
 def ensure_store(
-    model: Captioner, directory: str | Path, split: str, records: list[ImageRecord], batch_size: int,
-    num_workers: int = 0, progress: bool = True,
+    encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str, records: list[ImageRecord],
+    batch_size: int, num_workers: int = 0, progress: bool = True,
 ) -> FeatureStore:
     """Open the store of `split`, extracting (or finishing) it first when needed."""
     _, manifest_path = store_files(directory, split)
     if manifest_path.is_file():
         manifest = read_manifest(manifest_path)
-        check_manifest(manifest_path, manifest, identity(model), records)
+        check_manifest(manifest_path, manifest, identity(encoder, transform), records)
         if manifest["rows_done"] == len(manifest["image_ids"]):
             return FeatureStore(directory, split, manifest)
-    return extract(model, directory, split, records, batch_size, num_workers, progress)
+    return extract(encoder, transform, directory, split, records, batch_size, num_workers, progress)
 
 
 # --- extraction -----------------------------------------------------------------------------------
 
 
 @torch.no_grad()
-def probe_grid(model: Captioner) -> tuple[tuple[int, int], int]:
-    """The grid (h, w) and feature dim the encoder gives at the configured image size."""
-    size = model.image_size
-    feats, grid = model.encoder.eval()(torch.zeros(1, 3, size, size, device=model.device))  # (1, N, D)
+def probe_grid(encoder: StoreEncoder, image_size: int) -> tuple[tuple[int, int], int]:
+    """The grid (h, w) and feature dim the encoder gives at `image_size`."""
+    encoder.eval()
+    feats, grid = encoder(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, N, D)
     return grid, feats.shape[-1]
 
 
 @torch.no_grad()
 def extract(
-    model: Captioner, directory: str | Path, split: str, records: list[ImageRecord], batch_size: int,
-    num_workers: int = 0, progress: bool = True,
+    encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str, records: list[ImageRecord],
+    batch_size: int, num_workers: int = 0, progress: bool = True,
 ) -> FeatureStore:
     """Encode every image of `records` once into the store of `split`; resumes a stopped run.
 
     Prints the size before it starts and stops with one line when the disk lacks the space.
     Images that fail to load are recorded in the manifest and their rows left as zeros.
     """
-    check_frozen(model)
+    check_frozen(encoder)
     if not records:
         raise FeatureStoreError(f"{split}: no images to encode")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     array_path, manifest_path = store_files(directory, split)
-    expected = identity(model)
-    grid, feat_dim = probe_grid(model)
+    expected = identity(encoder, transform)
+    grid, feat_dim = probe_grid(encoder, transform.image_size)
     shape = (len(records), grid[0] * grid[1], feat_dim)
     fresh = not (manifest_path.is_file() and array_path.is_file())
     if not fresh:
@@ -301,7 +346,7 @@ def extract(
     header = npy_header_bytes(array_path)
     row_bytes = shape[1] * shape[2] * np.dtype(DTYPE).itemsize
 
-    model.eval()
+    encoder.eval()
     began, saved = time.time(), time.time()
     seconds_before = manifest["seconds"]
     fd = os.open(array_path, os.O_WRONLY)
@@ -311,7 +356,7 @@ def extract(
         # Its seed draw is taken in a fork of the global RNG, so that training goes the same way
         # whether the store was built in this process or before.
         with torch.random.fork_rng(devices=[]):
-            batches = iter(image_loader(records[start:], model.transform, batch_size, num_workers))
+            batches = iter(image_loader(records[start:], transform, batch_size, num_workers))
         for first in range(start, len(records), batch_size):
             count = min(batch_size, len(records) - first)
             batch = next(batches)
@@ -319,7 +364,7 @@ def extract(
             loaded = set()
             if batch is not None:
                 images, indices = batch
-                feats, _ = model.encoder(images.to(model.device))  # (B, N, D)
+                feats, _ = encoder(images.to(encoder.device))  # (B, N, D)
                 feats = feats.float().clamp_(-FP16_MAX, FP16_MAX).to(torch.float16).cpu().numpy()
                 local = indices.numpy() - (first - start)  # loader indices count from `start`
                 block[local] = feats
@@ -430,30 +475,33 @@ class SplitFeatures:
 
 
 def split_features(
-    model: Captioner, config: Config, split: str, records: list[ImageRecord],
+    model: EncodesImages, config: Config, split: str, records: list[ImageRecord],
     use: list[ImageRecord] | None = None, build: bool = True,
 ) -> SplitFeatures:
     """The stored features of `use` (default: all of `records`, the whole split), the store
-    built first when absent (`build`), refused when stale. With `data.features_on_device` the
-    rows are loaded onto the model's device when they fit (on a CPU: into memory)."""
+    of `model.encoder` with `model.transform` (a Captioner's) built first when absent (`build`),
+    refused when stale. With `data.features_on_device` the rows are loaded onto the encoder's
+    device when they fit (on a CPU: into memory)."""
     directory = store_dir(config)
     data = config.data
+    encoder, transform = model.encoder, model.transform
+    device = encoder.device
     if build:
-        store = ensure_store(model, directory, split, records, data.batch_size, data.num_workers)
+        store = ensure_store(encoder, transform, directory, split, records, data.batch_size, data.num_workers)
     else:
-        store = open_store(directory, split, model, records)
+        store = open_store(directory, split, encoder, transform, records)
     kept, rows = store.rows_of(records if use is None else use)
     if store.failed_rows:
         log.warning("%s: %d images failed to load at extraction and are skipped (%s)", split, len(store.failed_rows), store.manifest_path)
     if data.features_on_device:
         need = len(rows) * store.row_bytes
-        free = free_memory(model.device)
+        free = free_memory(device)
         if need < 0.9 * free:
-            log.info("%s: %s of features loaded onto %s", split, size_text(need), model.device)
-            return SplitFeatures(kept, store.load(rows, model.device), store.grid)
+            log.info("%s: %s of features loaded onto %s", split, size_text(need), device)
+            return SplitFeatures(kept, store.load(rows, device), store.grid)
         log.warning(
             "%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; reading from disk",
-            split, size_text(need), size_text(free), model.device,
+            split, size_text(need), size_text(free), device,
         )
     return SplitFeatures(kept, store.rows(rows), store.grid)
 

@@ -22,10 +22,11 @@ def run(args: argparse.Namespace) -> int:
     from captioner.core.config import load_config
     from captioner.core.runtime import resolve_device
     from captioner.data.datasets import load_split
+    from captioner.data.images import ImageTransform
     from captioner.data.shapes import SPLITS
     from captioner.data.store import check_frozen, ensure_store, size_text, store_dir
-    from captioner.models.build import build_model
-    from captioner.text.vocab import Vocabulary
+    from captioner.models.backbones import check_encoder_config
+    from captioner.models.encoders import build_encoder
 
     config = load_config(args.config, args.overrides)
     if args.out:
@@ -35,12 +36,16 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not splits:
         bad = ",".join(unknown) or repr(args.splits)
         raise CaptionerError(f"features --splits: {bad} is not a split; use {','.join(SPLITS)}")
-    model = build_model(config, Vocabulary.build([])).to(resolve_device(config.train.device, "train.device"))  # only the encoder runs
-    check_frozen(model)
+    check_encoder_config(config.model.encoder)  # an unknown backbone stops here, before any weights load
+    device = resolve_device(config.train.device, "train.device")
+    encoder = build_encoder(config.model.encoder).to(device)  # only the encoder runs: no decoder, no vocabulary
+    check_frozen(encoder)
+    transform = ImageTransform(config.data.image_size)  # the evaluation transform, as a Captioner's
     directory = store_dir(config)
     for split in splits:
         start = time.time()
-        store = ensure_store(model, directory, split, load_split(config.data, split), config.data.batch_size, config.data.num_workers)
+        records = load_split(config.data, split)
+        store = ensure_store(encoder, transform, directory, split, records, config.data.batch_size, config.data.num_workers)
         failed = len(store.failed_rows)
         print(f"{split}: {store.num_rows} images ({failed} failed to load) x {store.grid[0]}x{store.grid[1]} x "
               f"{store.feat_dim} fp16, {size_text(store.nbytes())}: {store.array_path} ({time.time() - start:.1f}s)")

