@@ -238,12 +238,13 @@ class RandomWindowCrop:
 
 @functools.lru_cache(maxsize=None)
 def _pipeline(image_size: int, augment: bool) -> v2.Compose:
-    steps: list[Callable[[torch.Tensor], torch.Tensor]]
     if augment:
-        steps = [RandomWindowCrop(image_size), v2.ColorJitter(brightness=0.2, contrast=0.2)]
-    else:
-        steps = [v2.Resize((image_size, image_size), antialias=True)]
-    return v2.Compose([v2.PILToTensor(), *steps])  # uint8 (3, S, S)
+        return v2.Compose([v2.PILToTensor(), RandomWindowCrop(image_size), v2.ColorJitter(brightness=0.2, contrast=0.2)])
+    # Pillow's bilinear resize of the picture, then the uint8 tensor: the resize is Pillow's own, so
+    # a runtime without torch (captioner.deploy) preprocesses to the same bytes (torchvision's
+    # tensor resize rounds a few pixels one level apart). A uint8 tensor given instead is resized
+    # by torchvision.
+    return v2.Compose([v2.Resize((image_size, image_size), antialias=True), v2.PILToTensor()])  # uint8 (3, S, S)
 
 
 @dataclass(frozen=True)

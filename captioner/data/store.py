@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import v2
 from tqdm import tqdm
 
 from captioner.core.config import Config, EncoderConfig
@@ -220,18 +221,19 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
 
 
 # How stores written before the transform described its own steps named it: the square resize
-# with antialiasing and ImageNet normalisation, which is the evaluation `ImageTransform` followed
-# by ImageNet's `PixelStatistics` today (the same operations in the same order:
-# tests/test_input_pipeline.py shows the features equal). Stores written since name the steps as
-# `input_pipeline` does, so they need no translation.
+# with antialiasing and ImageNet normalisation, which ran as torchvision's tensor resize (the
+# steps below). Since the resize is Pillow's (data/images._pipeline), those features differ by
+# a level on a few pixels: such a store is stale, and is refused naming both pipelines.
 LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
 
 def stored_identity(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's identity with an older store's transform named as the current code names it."""
+    """The manifest's identity with an older store's transform named as the current code names its steps."""
     stored = dict(manifest["identity"])
     if stored.get("transform") == LEGACY_TRANSFORM and "image_size" in stored:
-        stored["transform"] = [*ImageTransform(stored["image_size"]).describe(), *IMAGENET.describe()]
+        size = stored["image_size"]
+        tensor_resize = [repr(v2.PILToTensor()), repr(v2.Resize((size, size), antialias=True))]
+        stored["transform"] = [*tensor_resize, *IMAGENET.describe()]
     return stored
 
 
