@@ -18,17 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from captioner.text.endings import ARTICLES, BAD_ENDINGS, CONJUNCTIONS, PREPOSITIONS  # noqa: F401 - re-exported
 from captioner.text.vocab import tokenize
-
-ARTICLES = frozenset({"a", "an", "the"})
-PREPOSITIONS = frozenset({
-    "of", "in", "on", "at", "to", "for", "with", "from", "into", "onto", "near", "under", "beneath",
-    "between", "among", "across", "through", "toward", "towards", "against", "upon", "beside", "during",
-    "without", "within", "like", "atop",
-})
-CONJUNCTIONS = frozenset({"and", "or", "but", "nor", "while", "because", "as", "if", "than", "whereas"})
-BAD_ENDINGS = ARTICLES | PREPOSITIONS | CONJUNCTIONS
-
 
 def words_of(caption: str | Sequence[str]) -> list[str]:
     return tokenize(caption) if isinstance(caption, str) else [w.lower() for w in caption]

@@ -1,0 +1,167 @@
+"""The one image loader: a file, bytes or upload -> an upright 8-bit RGB picture, or one
+`ImageLoadError` naming the file. Pillow and numpy only (no torch), so the ONNX runtime
+(`captioner.deploy`) refuses the same hostile files the PyTorch path does."""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, TypeVar
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from captioner.core.errors import ImageLoadError
+
+# A decompression bomb guard: 50 megapixels is far above any camera photo a captioner needs and
+# far below what exhausts memory when decoded (PIL's own default warns at 89 MP, errors at 179 MP).
+MAX_PIXELS = 50_000_000
+
+
+# The formats the project reads. Pillow can open some forty; every other plugin is unreachable
+# from here, since some hand data to outside programs (EPS and PostScript go to Ghostscript) and
+# most are rarely exercised parsers that an upload has no reason to reach.
+SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+_HEADER_BYTES = 64  # enough for every plugin's signature check
+
+
+def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int = MAX_PIXELS) -> Image.Image:
+    """Read an image file as an upright 8-bit RGB picture, or raise `ImageLoadError`.
+
+    Only `SUPPORTED_FORMATS` are opened; a file of another format (EPS, PDF, PSD, ICO, ...) is
+    refused by name, read only as far as its signature. EXIF orientation is applied (a malformed
+    EXIF block leaves the picture as stored); modes L, LA, P (with transparency), RGBA, CMYK,
+    LAB, 16-bit and 32-bit greyscale become RGB (transparent areas composited over white); only
+    the first frame of an animation or the first page of a TIFF is used. Zero-byte, truncated and
+    non-image files, and images over `max_pixels` (checked from the header, before decoding),
+    raise an error that names the file.
+    """
+    return open_checked(source, decode_rgb, max_pixels)
+
+
+def decode_rgb(image: Image.Image) -> Image.Image:
+    """An opened, checked image decoded as `load_image` returns it: the first frame, upright, RGB."""
+    image.seek(0)  # first frame of an animation, first page of a TIFF
+    image.load()
+    return to_rgb(upright(image))
+
+
+T = TypeVar("T")
+
+
+def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T], max_pixels: int = MAX_PIXELS) -> T:
+    """`finish(image)` on the file opened with `load_image`'s checks (supported format, a
+    non-empty size under `max_pixels`, read from the header only); every failure, in `finish`
+    too, is an `ImageLoadError` naming the file."""
+    name = str(source) if isinstance(source, (str, Path)) else "<upload>"
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise ImageLoadError(f"{name}: no such file" if not path.exists() else f"{name}: not a file")
+        if path.stat().st_size == 0:
+            raise ImageLoadError(f"{name}: empty file (0 bytes)")
+    elif isinstance(source, bytes):
+        if not source:
+            raise ImageLoadError(f"{name}: empty file (0 bytes)")
+        source = io.BytesIO(source)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # Pillow's notes on damaged metadata
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with open_image(source, name) as image:
+                width, height = image.size
+                if width < 1 or height < 1:
+                    raise ImageLoadError(f"{name}: image is {width}x{height} pixels (empty)")
+                if width * height > max_pixels:
+                    raise ImageLoadError(
+                        f"{name}: image is {width}x{height} = {width * height / 1e6:.0f} megapixels, "
+                        f"over the limit of {max_pixels / 1e6:.0f} (possible decompression bomb)"
+                    )
+                return finish(image)
+    except ImageLoadError:
+        raise
+    except FileNotFoundError:
+        raise ImageLoadError(f"{name}: no such file") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        # Pillow's own header check (at 89 MP) fired before ours: the same message as ours.
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        pixels = f"{int(found.group(1)) / 1e6:.0f} megapixels" if found else "too many pixels"
+        raise ImageLoadError(
+            f"{name}: image has {pixels}, over the limit of {max_pixels / 1e6:.0f} (possible decompression bomb)"
+        ) from None
+    except MemoryError:
+        raise ImageLoadError(f"{name}: too large to decode in memory") from None
+    # Pillow's decoders report damaged data with any of these (struct.error from short headers,
+    # IndexError/KeyError/TypeError from inconsistent TIFF and EXIF tags): a bad file, not a bug.
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, KeyError, TypeError, ZeroDivisionError) as e:
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ImageLoadError(f"{name}: corrupt or truncated image ({reason})") from None
+
+
+def open_image(source: str | Path | BinaryIO, name: str | None = None) -> Image.Image:
+    """`Image.open` restricted to `SUPPORTED_FORMATS` (header only, nothing decoded yet).
+
+    A file no supported plugin accepts is named by the format whose signature it carries, found
+    with Pillow's prefix checks alone, so no other plugin's parser ever runs on it.
+    """
+    name = name or str(source)
+    try:
+        return Image.open(source, formats=SUPPORTED_FORMATS)
+    except UnidentifiedImageError:
+        pass
+    raise ImageLoadError(f"{name}: {_describe_refused(source)}; supported formats: {', '.join(SUPPORTED_FORMATS)}")
+
+
+def _describe_refused(source: str | Path | BinaryIO) -> str:
+    """'EPS format (by its signature), which this project does not read', or 'not an image file' for an unknown signature."""
+    if isinstance(source, (str, Path)):
+        with open(source, "rb") as f:
+            prefix = f.read(_HEADER_BYTES)
+    else:
+        source.seek(0)
+        prefix = source.read(_HEADER_BYTES)
+    Image.init()  # registers every plugin's signature check; opening nothing
+    for format_id, (_, accept) in Image.OPEN.items():
+        if format_id in SUPPORTED_FORMATS or accept is None:
+            continue
+        try:
+            accepted = accept(prefix)
+        except Exception:  # noqa: BLE001 - a signature check that chokes is no match
+            accepted = False
+        if accepted:
+            return f"{format_id} format (by its signature), which this project does not read"
+    if prefix.lstrip().startswith((b"%!", b"%PDF")):
+        return "not an image file (a PostScript or PDF document)"
+    return "not an image file"
+
+
+def upright(image: Image.Image) -> Image.Image:
+    """Apply the EXIF orientation; a malformed EXIF block leaves the picture as stored."""
+    try:
+        return ImageOps.exif_transpose(image)
+    except Exception:  # noqa: BLE001 - EXIF is metadata: its damage must not refuse a good picture
+        return image
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Convert any PIL mode to 8-bit RGB; transparency is composited over white."""
+    if image.mode == "RGB":
+        return image
+    if image.mode.startswith(("I", "F")):  # I;16, I;16B, I;16L, I;16S (TIFF), I (32-bit), F
+        array = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        top = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
+        array = np.clip(array / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(array, mode="L").convert("RGB")
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBa", "La"):  # premultiplied alpha (TIFF): undo it first
+        image = image.convert("RGBA") if image.mode == "RGBa" else image.convert("LA")
+    if image.mode in ("RGBA", "LA", "PA"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")  # L, P, CMYK, YCbCr, 1, ...
