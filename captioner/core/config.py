@@ -274,6 +274,8 @@ class DecodeConfig:
     block_trigrams: bool = setting(False, Flag())  # never repeat a word trigram within a caption (beam, greedy, sampling)
     diverse_groups: int = setting(1, POSITIVE)  # diverse beam search: groups of beam_size / groups beams (1: plain beam search)
     diversity_strength: float = setting(0.5, Range(ge=0))  # lambda of the Hamming diversity penalty between groups
+    min_length: int = setting(0, Range(ge=0, le=1000))  # words before <eos> is allowed (every decoding mode)
+    suppress_bad_endings: bool = setting(False, Flag())  # no <eos> right after "a", "with", "of", ... (text/endings.py)
 
 
 @dataclass

@@ -34,3 +34,9 @@ class FeatureStoreError(CaptionerError):
 
 class RequestError(CaptionerError):
     """A demo request carries a value outside what the page offers (beam, length, model, ...)."""
+
+
+class ExportError(CaptionerError):
+    """An exported model folder (Hub layout or ONNX) is missing a file, has a file that does not
+    match its config or checksum, or was written by an incompatible version; or a Hub repo id
+    cannot be reached (offline, no token)."""
