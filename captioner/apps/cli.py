@@ -12,7 +12,7 @@ import logging
 import sys
 import traceback
 
-from captioner.apps.commands import caption, data, demo, evaluate, features, train
+from captioner.apps.commands import caption, data, demo, evaluate, export, features, push, train
 from captioner.core.errors import CaptionerError
 
 log = logging.getLogger("captioner")
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captioner", description="Image captioning with spatial attention.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in (data, train, features, caption, evaluate, demo):
+    for command in (data, train, features, caption, evaluate, export, push, demo):
         command.add_parser(commands)
     return parser
 

@@ -29,6 +29,7 @@ from captioner.models.checkpoint_format import (
 )
 from captioner.models.decoder import Decoder, DecoderOutput
 from captioner.models.decoders import build_decoder
+from captioner.models.export_format import CONFIG, WEIGHTS, is_exported, read_exported, write_exported
 from captioner.models.decoding import (
     DecodeOptions,
     Hypothesis,
@@ -70,25 +71,68 @@ class Captioner(nn.Module):
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "auto") -> Captioner:
         """A trained model, in eval mode on `device` ("auto": a CUDA GPU when there is one).
 
-        `path` is a checkpoint file or a run folder (its best.pt, else its last.pt). Only the
-        checkpoint's model, input size and decoding sections are read: a model trained with
-        settings this version no longer accepts still captions. No ImageNet weights are
-        fetched (the checkpoint has them)."""
+        `path` is a checkpoint file, a run folder (its best.pt, else its last.pt), a folder
+        written by `save_pretrained` / `captioner export`, or a Hub repo id ("owner/name",
+        fetched with huggingface_hub; offline, from its cache). Only the model, input size and
+        decoding sections are read: a model trained with settings this version no longer
+        accepts still captions. No ImageNet weights are fetched (the weights file has them).
+        Nothing is unpickled: checkpoints load with weights_only, exports are safetensors."""
         path = checkpoint_file(path)
-        payload = read_checkpoint(path)
-        config = model_config(payload["config"], path)
-        model = cls.from_config(config, Vocabulary(payload["vocab"]), load_pretrained=False)
+        if is_exported(path):
+            exported = read_exported(path)
+            config = model_config(exported.settings, path / CONFIG)
+            model = cls.from_config(config, Vocabulary(exported.vocab), load_pretrained=False)
+            model._load_weights(exported.state_dict, path / WEIGHTS)
+        else:
+            payload = read_checkpoint(path)
+            config = model_config(payload["config"], path)
+            model = cls.from_config(config, Vocabulary(payload["vocab"]), load_pretrained=False)
+            model._load_weights(payload["model"], path)
+        return model.to(resolve_device(device)).eval()
+
+    def _load_weights(self, state_dict: dict[str, torch.Tensor], source: Path) -> None:
+        """Load a state dict that must fit this model exactly; one line naming `source` if not."""
         try:
-            missing, unexpected = model.load_state_dict(payload["model"], strict=False)
+            missing, unexpected = self.load_state_dict(state_dict, strict=False)
         except RuntimeError as e:  # shape mismatches
-            raise CheckpointError(f"{path}: weights do not fit the model its config describes ({str(e).splitlines()[1].strip()[:200]})") from None
+            raise CheckpointError(f"{source}: weights do not fit the model its config describes ({str(e).splitlines()[1].strip()[:200]})") from None
         if missing or unexpected:
             names = (missing + unexpected)[:3]
             raise CheckpointError(
-                f"{path}: weights do not match the model its config describes "
+                f"{source}: weights do not match the model its config describes "
                 f"({len(missing)} missing, {len(unexpected)} unexpected, e.g. {', '.join(names)})"
             )
-        return model.to(resolve_device(device)).eval()
+
+    def save_pretrained(self, folder: str | Path, **metadata_fields: Any) -> list[Path]:
+        """Write this model as an exported folder (safetensors + JSON: `export_format`) that
+        `from_pretrained` reads back; `metadata_fields` (the training config, scores ...) go
+        into config.json. Returns the files written."""
+        grid = self.grid_size()
+        statistics = self.encoder.normalize.statistics
+        fields = {
+            "special_tokens": {"pad": self.vocab.pad_id, "bos": self.vocab.bos_id, "eos": self.vocab.eos_id, "unk": self.vocab.unk_id},
+            "preprocessing": {
+                "image_size": self.image_size,
+                "resize": "Pillow bilinear to image_size x image_size, then uint8 RGB",
+                "normalize": "x / 255, then (x - mean) / std per channel",
+                "mean": list(statistics.mean),
+                "std": list(statistics.std),
+            },
+            "encoder": {"backbone": self.config.encoder.name, "grid": list(grid), "feature_dim": self.encoder.out_dim},
+            **metadata_fields,
+        }
+        return write_exported(folder, self.state_dict(), self.settings(), self.vocab.to_list(), fields)
+
+    @torch.no_grad()
+    def grid_size(self) -> tuple[int, int]:
+        """(h, w) of the encoder's grid at this model's input size."""
+        probe = torch.zeros(1, 3, self.image_size, self.image_size, dtype=torch.uint8, device=self.device)  # (1, 3, S, S)
+        was_training = self.training
+        self.eval()
+        try:
+            return tuple(self.encoder(probe)[1])  # type: ignore[return-value]
+        finally:
+            self.train(was_training)
 
     def settings(self) -> dict:
         """The config sections that rebuild this model (a checkpoint without a training config

@@ -18,6 +18,7 @@ import torch
 from captioner.core.config import Config, config_from_dict
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.models.captioner import Captioner
+from captioner.models.export_format import CONFIG, is_exported, read_config
 from captioner.models.checkpoint_format import (
     FORMAT_VERSION,
     checkpoint_file,
@@ -48,14 +49,20 @@ def checkpoint_config(path: str | Path) -> Config:
     """The whole config a checkpoint was trained with (its dataset, training sections), checked
     like a config file: unlike loading the model, a setting this version refuses stops here."""
     path = checkpoint_file(path)  # a run folder: its best.pt, else last.pt
-    payload = read_checkpoint(path)
+    if is_exported(path):  # an export keeps the training config in its config.json
+        stored = read_config(path).get("training_config")
+        if not isinstance(stored, dict):
+            raise CheckpointError(f"{path / CONFIG}: no training_config (exported without one); its dataset is unknown")
+        source = f"{path / CONFIG} (training_config)"
+    else:
+        stored, source = read_checkpoint(path)["config"], f"{path} (config)"
     try:
-        return config_from_dict(payload["config"], source=f"{path} (config)")
+        return config_from_dict(stored, source=source)
     except ConfigError as e:
         raise CheckpointError(f"{path}: incompatible config: {e}") from None
 
 
 def load_captioner(path: str | Path, device: str | torch.device = "auto") -> Captioner:
-    """`Captioner.from_pretrained`: a checkpoint file or a run folder (its best.pt, else
-    last.pt) -> the model in eval mode on `device` ("auto": a CUDA GPU when there is one)."""
+    """`Captioner.from_pretrained`: a checkpoint file, a run folder (its best.pt, else last.pt),
+    an exported folder or a Hub repo id -> the model in eval mode on `device` ("auto": a CUDA GPU when there is one)."""
     return Captioner.from_pretrained(path, device)

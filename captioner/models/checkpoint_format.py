@@ -1,4 +1,4 @@
-"""A checkpoint file: which file a path means, its payload read with weights_only (no code runs),
+"""A checkpoint file: which file (or exported folder, or Hub repo) a path means, its payload read with weights_only (no code runs),
 its format version, and the config sections that rebuild the model."""
 
 from __future__ import annotations
@@ -12,22 +12,30 @@ import torch
 
 from captioner.core.config import Config, config_from_dict
 from captioner.core.errors import CheckpointError, ConfigError
+from captioner.models.export_format import CONFIG, hub_snapshot, is_exported, looks_like_repo_id
 
 FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes
 RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
 
 
 def checkpoint_file(path: str | Path) -> Path:
-    """A checkpoint file as given, or a run folder's best.pt, else its last.pt."""
+    """What a model path means: a checkpoint file as given; an exported folder (its config.json:
+    `export_format`) as given; a run folder's best.pt, else its last.pt; else a Hub repo id
+    ("owner/name"), downloaded into the Hugging Face cache (or found there offline)."""
+    name = str(path)
     path = Path(path)
     if path.is_file():
         return path
     if path.is_dir():
-        for name in RUN_CHECKPOINTS:
-            if (path / name).is_file():
-                return path / name
-        raise CheckpointError(f"{path}: a folder without a checkpoint (no {' or '.join(RUN_CHECKPOINTS)})")
-    raise CheckpointError(f"{path}: checkpoint not found (no such file or run folder; Hub ids cannot be loaded in this version)")
+        if is_exported(path):
+            return path
+        for candidate in RUN_CHECKPOINTS:
+            if (path / candidate).is_file():
+                return path / candidate
+        raise CheckpointError(f"{path}: a folder without a model (no {' or '.join(RUN_CHECKPOINTS)}, no {CONFIG})")
+    if looks_like_repo_id(name):
+        return hub_snapshot(name)
+    raise CheckpointError(f"{path}: checkpoint not found (no such file, run folder, exported folder or Hub repo id)")
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -108,7 +108,8 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         records = records[: args.limit]
     grounding = grounding_request(args, config.data) if args.grounding else None
     options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}
-    out_dir = Path(args.out) if args.out else checkpoint.parent
+    # Beside a checkpoint; an exported folder stays as it was exported (its checksums, its card).
+    out_dir = Path(args.out) if args.out else Path(DEFAULT_EVAL_DIR) / checkpoint.name if checkpoint.is_dir() else checkpoint.parent
     results_path = out_dir / f"results_{args.split}.json"
     scored = records
     stored: dict[str, Any] = {}

@@ -13,6 +13,7 @@ from captioner.core.errors import CaptionerError
 from captioner.data.datasets import load_split
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import load_captioner, read_checkpoint
+from captioner.models.export_format import is_exported, read_config
 
 
 def load_models(checkpoints: list[Path], device: str = "cpu") -> dict[str, Captioner]:
@@ -56,11 +57,22 @@ def model_cards(models: dict[str, Captioner]) -> str:
     lines = []
     for path, model in models.items():
         try:
-            payload = read_checkpoint(path)
+            payload = exported_payload(Path(path)) if is_exported(path) else read_checkpoint(path)
         except CaptionerError:
             payload = {}
         lines.append("- " + model_card(path, model, payload))
     return "**Models served**\n\n" + "\n".join(lines)
+
+
+def exported_payload(folder: Path) -> dict[str, Any]:
+    """What a card reads from a checkpoint, from an exported folder's config.json: the training
+    config and the validation scores the export recorded."""
+    config = read_config(folder)
+    scores = config.get("scores") or {}
+    epoch = scores.get("validation_epoch")
+    row = {"epoch": epoch, **{f"val_{k}": v for k, v in (scores.get("validation") or {}).items()}}
+    history = [row] if scores.get("validation") else []
+    return {"config": config.get("training_config") or {}, "train_state": {"history": history, "best_epoch": epoch, "epoch": epoch}}
 
 
 def dataset_examples(config: Config, count: int = 4) -> list[Path]:

@@ -1,0 +1,24 @@
+"""`captioner export CHECKPOINT DIR`: the model in the Hugging Face Hub layout (safetensors, JSON,
+a model card with its scores and an attention figure), with `--onnx` also its ONNX graphs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser("export", help="write a checkpoint as a loadable, shareable folder (Hub layout; --onnx)")
+    export.add_argument("checkpoint", help="a checkpoint (.pt) or a run folder (its best.pt)")
+    export.add_argument("folder", help="the folder to write (new or empty, or an earlier export)")
+    export.add_argument("--image", help="the image the card's attention figure captions (default: the first test image)")
+    export.add_argument("--onnx", action="store_true", help="also write the encoder and the decoder step as ONNX (onnx/)")
+    export.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from captioner.apps.export import export_model
+
+    files = export_model(args.checkpoint, args.folder, image=args.image, onnx=args.onnx)
+    for path in files:
+        print(path)
+    return 0

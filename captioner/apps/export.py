@@ -1,0 +1,121 @@
+"""A trained checkpoint -> a folder anyone can load and publish: the Hub layout
+(`models/export_format`: safetensors, config.json, vocab.json), a model card with the scores
+the run recorded and one attention figure, and on request the ONNX graphs; and its upload to the
+Hugging Face Hub."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from captioner.apps.model_card import model_card, read_scores
+from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
+from captioner.data.images import load_image
+from captioner.models.captioner import Captioner
+from captioner.models.checkpoint import checkpoint_config
+from captioner.models.checkpoint_format import checkpoint_file, read_checkpoint
+from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported
+
+log = logging.getLogger(__name__)
+
+FIGURE = "attention.png"
+WRITTEN = {WEIGHTS, CONFIG, VOCAB, CARD, FIGURE, "onnx"}  # what an export folder may already hold
+
+
+def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path | None = None, onnx: bool = False) -> list[Path]:
+    """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written.
+
+    The figure captions `image`, else the first test image of the model's dataset that loads;
+    without one the card says so and has no figure."""
+    source = checkpoint_file(checkpoint)
+    if is_exported(source):
+        raise ExportError(f"{source}: already an exported folder; export takes a checkpoint (.pt) or a run folder")
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(f"{folder}: exists and is not a folder")
+    if folder.is_dir():
+        foreign = sorted(p.name for p in folder.iterdir() if p.name not in WRITTEN and not p.name.endswith(".tmp"))
+        if foreign:
+            raise ExportError(f"{folder}: not empty ({', '.join(foreign[:3])} ...) and not an export; give a new or empty folder")
+    payload = read_checkpoint(source)
+    config = checkpoint_config(source)
+    model = Captioner.from_pretrained(source, device="cpu")
+    scores = read_scores(source, payload.get("train_state"))
+    files = model.save_pretrained(
+        folder,
+        training_config=config.to_dict(),
+        scores={"validation": scores.validation, "validation_epoch": scores.validation_epoch, "test": scores.test},
+    )
+    example = _figure_image(image, config)
+    figure = None
+    if example is not None:
+        from captioner.viz.overlays import save_attention_figure
+
+        picture = load_image(example)
+        caption = model.caption(picture)
+        files.append(save_attention_figure(folder / FIGURE, picture, caption))
+        figure = FIGURE
+    card = model_card(
+        folder.name, config, len(model.vocab), sum(p.numel() for p in model.parameters()), model.grid_size(), scores,
+        figure, Path(example).name if example is not None else None,
+    )
+    (folder / CARD).write_text(card, encoding="utf-8")
+    files.append(folder / CARD)
+    if onnx:
+        from captioner.models.onnx_export import export_onnx
+
+        files += export_onnx(model, folder)
+    return files
+
+
+def _figure_image(image: str | Path | None, config) -> Path | None:  # noqa: ANN001 - a Config
+    """The image the card's figure captions: the one given (it must load), else the first test
+    image of the model's dataset that loads, else None (logged)."""
+    if image is not None:
+        load_image(image)  # a bad --image is the user's error: its one line, not a silent skip
+        return Path(image)
+    from captioner.data.datasets import load_split
+
+    try:
+        records = load_split(config.data, "test", check_images=False)
+    except CaptionerError as e:
+        log.warning("no attention figure on the card: the model's test images are not here (%s); give --image", e)
+        return None
+    for record in records[:20]:
+        try:
+            load_image(record.path)
+            return Path(record.path)
+        except ImageLoadError:
+            continue
+    log.warning("no attention figure on the card: none of the first test images loads; give --image")
+    return None
+
+
+def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, image: str | Path | None = None) -> str:
+    """Upload an exported folder (or export a checkpoint first, into a temporary folder) to the
+    Hub repo `repo_id`, created if missing; returns the repo's URL. Offline, without a token, or
+    when the Hub refuses: one line naming what is missing."""
+    import httpx
+    from huggingface_hub import HfApi, get_token
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise ExportError(f"push {repo_id}: offline (HF_HUB_OFFLINE is set); unset it to upload")
+    if not get_token():
+        raise ExportError(f"push {repo_id}: no Hugging Face token; run `hf auth login` or set HF_TOKEN to a token with write access")
+    source = checkpoint_file(checkpoint)
+    with tempfile.TemporaryDirectory(prefix="captioner-push-") as tmp:
+        folder = source if is_exported(source) else Path(tmp) / Path(repo_id).name
+        if not is_exported(source):
+            export_model(source, folder, image=image)
+        api = HfApi()
+        try:
+            url = api.create_repo(repo_id, private=private, exist_ok=True)
+            api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="Upload captioner model")
+        except HfHubHTTPError as e:
+            raise ExportError(f"push {repo_id}: the Hub refused ({str(e).splitlines()[0][:160]})") from None
+        except (OSError, httpx.HTTPError) as e:  # no route to the Hub
+            raise ExportError(f"push {repo_id}: could not reach the Hub ({str(e).splitlines()[0][:160]})") from None
+    return str(url)

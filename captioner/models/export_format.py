@@ -1,0 +1,212 @@
+"""An exported model folder in the Hugging Face Hub layout: what it holds, written and read with
+safetensors and JSON only (nothing is unpickled, so loading one can never run code).
+
+    model.safetensors   the state dict (tensors only)
+    config.json         the model, input size and decoding sections that rebuild the model, the
+                        vocabulary size and special ids, the preprocessing, the whole training
+                        config (for `captioner evaluate`), and a sha256 of every other file
+    vocab.json          the words by id
+    README.md           the model card (written by `captioner export`, not read back)
+
+A Hub repo id ("owner/name") is fetched with `huggingface_hub` into its cache and read the same
+way; offline, or when the repo cannot be reached, the error says so in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from captioner.core.errors import ExportError
+
+FORMAT = "captioner"
+FORMAT_VERSION = 1  # of the folders `write_exported` writes; `read_exported` reads only this one
+WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
+HUB_FILES = [CONFIG, VOCAB, WEIGHTS, CARD, "*.jpg", "*.png", "onnx/*"]  # what a download fetches
+# owner/name as the Hub spells repo ids: letters, digits, "-", "_", "." (not at the ends)
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+
+
+@dataclass
+class Exported:
+    """What an exported folder holds, checked: the sections that rebuild the model, the
+    vocabulary, the weights, and the training config and scores when the export recorded them."""
+
+    folder: Path
+    settings: dict[str, Any]  # {"model": ..., "data": {"image_size": ...}, "decode": ...}
+    vocab: list[str]
+    state_dict: dict[str, torch.Tensor]
+    config: dict[str, Any]  # the whole config.json
+
+
+def captioner_version() -> str:
+    try:
+        return metadata.version("captioner")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def is_exported(path: str | Path) -> bool:
+    """A folder with a config.json: an exported model (a run folder has best.pt or last.pt)."""
+    return (Path(path) / CONFIG).is_file()
+
+
+def looks_like_repo_id(name: str) -> bool:
+    """owner/name, and not a missing checkpoint file's path (runs/best.pt)."""
+    return bool(REPO_ID.match(name)) and ".." not in name and not name.endswith((".pt", ".pth", ".ckpt", ".bin"))
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_atomically(path: Path, write: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # a shareable file (safetensors writes 0600), as the process's umask allows
+    os.replace(tmp, path)  # a crash mid-write never leaves half a file under the final name
+
+
+def write_exported(
+    folder: str | Path, state_dict: dict[str, torch.Tensor], settings: dict[str, Any], vocab: list[str],
+    metadata_fields: dict[str, Any],
+) -> list[Path]:
+    """Write model.safetensors, vocab.json and config.json (last, with the checksums of the
+    others) into `folder`; `metadata_fields` (special ids, preprocessing, training config,
+    scores ...) go into config.json beside the model's sections. Returns the files written."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
+    tensors = {name: value.detach().to("cpu").contiguous().clone() for name, value in state_dict.items()}
+    _write_atomically(folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    _write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(vocab, ensure_ascii=False)))
+    config = {
+        "library_name": FORMAT,
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "captioner_version": captioner_version(),
+        **settings,
+        "vocab_size": len(vocab),
+        **metadata_fields,
+        "files": {name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size} for name in (WEIGHTS, VOCAB)},
+    }
+    _write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1)))
+    return [folder / WEIGHTS, folder / VOCAB, folder / CONFIG]
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """config.json of an exported folder, checked for its format and version (one line if not)."""
+    path = Path(folder) / CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ExportError(f"{path}: missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ExportError(f"{path}: not valid JSON ({str(e)[:120]})") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        found = config.get("format") if isinstance(config, dict) else type(config).__name__
+        raise ExportError(f"{path}: not a captioner export (format {found!r}, expected {FORMAT!r})")
+    if config.get("format_version") != FORMAT_VERSION:
+        raise ExportError(
+            f"{path}: export format version {config.get('format_version')!r} is not supported "
+            f"(this version, captioner {captioner_version()}, reads {FORMAT_VERSION})"
+        )
+    for key in ("model", "data", "decode", "vocab_size", "files"):
+        if key not in config:
+            raise ExportError(f"{path}: lacks {key!r}")
+    return config
+
+
+def verify_files(folder: Path, config: dict[str, Any]) -> None:
+    """Every file config.json lists is there, with its recorded size and sha256: a truncated,
+    corrupt or swapped file is refused naming it, before anything reads it."""
+    files = config["files"]
+    if not isinstance(files, dict) or not {WEIGHTS, VOCAB} <= files.keys():
+        raise ExportError(f"{folder / CONFIG}: 'files' must list {WEIGHTS} and {VOCAB} with their checksums")
+    for name, recorded in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise ExportError(f"{path}: missing (listed in {CONFIG})")
+        if not isinstance(recorded, dict) or "sha256" not in recorded:
+            raise ExportError(f"{folder / CONFIG}: files.{name} has no sha256")
+        size = path.stat().st_size
+        if "bytes" in recorded and size != recorded["bytes"]:
+            raise ExportError(f"{path}: {size} bytes, but {CONFIG} records {recorded['bytes']} (truncated or replaced)")
+        if sha256(path) != recorded["sha256"]:
+            raise ExportError(f"{path}: checksum does not match {CONFIG} (corrupt or replaced)")
+
+
+def read_exported(folder: str | Path) -> Exported:
+    """An exported folder's config, vocabulary and weights, each checked (one line naming the
+    file if not): format and version, checksums, vocabulary size, readable safetensors."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = read_config(folder)
+    verify_files(folder, config)
+    try:
+        vocab = json.loads((folder / VOCAB).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ExportError(f"{folder / VOCAB}: not valid JSON ({str(e)[:120]})") from None
+    if not isinstance(vocab, list) or not all(isinstance(w, str) for w in vocab):
+        raise ExportError(f"{folder / VOCAB}: expected a list of words")
+    if len(vocab) != config["vocab_size"]:
+        raise ExportError(f"{folder / VOCAB}: {len(vocab)} words, but {CONFIG} says vocab_size {config['vocab_size']}")
+    try:
+        state_dict = load_file(str(folder / WEIGHTS))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ExportError(f"{folder / WEIGHTS}: not a readable safetensors file ({str(e).splitlines()[0][:160]})") from None
+    settings = {"model": config["model"], "data": config["data"], "decode": config["decode"]}
+    return Exported(folder, settings, vocab, state_dict, config)
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
+    """The local folder of Hub repo `repo_id` (downloaded into the Hugging Face cache, or found
+    there when offline); one-line ExportError when it cannot be had."""
+    try:
+        import httpx
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            HfHubHTTPError,
+            HFValidationError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise ExportError(f"{repo_id}: loading a Hub repo id needs huggingface_hub (pip install huggingface_hub)") from None
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    try:
+        folder = snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES, local_files_only=offline)
+    except LocalEntryNotFoundError:
+        reason = "offline (HF_HUB_OFFLINE is set)" if offline else "the Hub cannot be reached"
+        raise ExportError(f"{repo_id}: not a local folder or checkpoint, and {reason} with no cached copy of this Hub repo") from None
+    except (RepositoryNotFoundError, GatedRepoError):
+        raise ExportError(f"{repo_id}: no such Hub repo, or it is private or gated (set HF_TOKEN to a token that can read it)") from None
+    except RevisionNotFoundError:
+        raise ExportError(f"{repo_id}: no revision {revision!r} on the Hub") from None
+    except HFValidationError:
+        raise ExportError(f"{repo_id}: not a valid Hub repo id (owner/name)") from None
+    except (HfHubHTTPError, OSError, httpx.HTTPError) as e:  # HTTP and connection errors, a full cache disk
+        raise ExportError(f"{repo_id}: could not download from the Hub ({str(e).splitlines()[0][:160]})") from None
+    if not is_exported(folder):
+        raise ExportError(f"{repo_id}: the Hub repo has no {CONFIG}; it is not a captioner export")
+    return Path(folder)
