@@ -16,7 +16,7 @@ from captioner.data.images import load_image
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import checkpoint_config
 from captioner.models.checkpoint_format import checkpoint_file, read_checkpoint
-from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported
+from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported, network_errors
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,6 @@ def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, imag
     """Upload an exported folder (or export a checkpoint first, into a temporary folder) to the
     Hub repo `repo_id`, created if missing; returns the repo's URL. Offline, without a token, or
     when the Hub refuses: one line naming what is missing."""
-    import httpx
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -116,6 +115,6 @@ def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, imag
             api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="Upload captioner model")
         except HfHubHTTPError as e:
             raise ExportError(f"push {repo_id}: the Hub refused ({str(e).splitlines()[0][:160]})") from None
-        except (OSError, httpx.HTTPError) as e:  # no route to the Hub
+        except (OSError, *network_errors()) as e:  # no route to the Hub
             raise ExportError(f"push {repo_id}: could not reach the Hub ({str(e).splitlines()[0][:160]})") from None
     return str(url)

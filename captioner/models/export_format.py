@@ -177,11 +177,22 @@ def read_exported(folder: str | Path) -> Exported:
     return Exported(folder, settings, vocab, state_dict, config)
 
 
+def network_errors() -> tuple[type[Exception], ...]:
+    """The base classes of the HTTP client errors huggingface_hub lets through (its client has
+    been requests, httpx and httpx2 across versions): whichever are installed."""
+    found: list[type[Exception]] = []
+    for module, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
+        try:
+            found.append(getattr(__import__(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
 def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
     """The local folder of Hub repo `repo_id` (downloaded into the Hugging Face cache, or found
     there when offline); one-line ExportError when it cannot be had."""
     try:
-        import httpx
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import (
             GatedRepoError,
@@ -205,7 +216,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
         raise ExportError(f"{repo_id}: no revision {revision!r} on the Hub") from None
     except HFValidationError:
         raise ExportError(f"{repo_id}: not a valid Hub repo id (owner/name)") from None
-    except (HfHubHTTPError, OSError, httpx.HTTPError) as e:  # HTTP and connection errors, a full cache disk
+    except (HfHubHTTPError, OSError, *network_errors()) as e:  # HTTP and connection errors, a full cache disk
         raise ExportError(f"{repo_id}: could not download from the Hub ({str(e).splitlines()[0][:160]})") from None
     if not is_exported(folder):
         raise ExportError(f"{repo_id}: the Hub repo has no {CONFIG}; it is not a captioner export")

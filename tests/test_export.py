@@ -1,0 +1,274 @@
+"""Export in the Hub layout: safetensors + JSON + a model card, loaded back with no unpickling,
+by path or Hub repo id (from the cache, offline), through every command that takes a model; and
+every broken export refused in one line naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import TrainedRun
+from helpers import subprocess_env
+
+from captioner.apps.cli import main
+from captioner.core.errors import CheckpointError, ExportError
+from captioner.models.captioner import Captioner
+from captioner.models.checkpoint import checkpoint_config, read_checkpoint
+from captioner.models.export_format import CONFIG, VOCAB, WEIGHTS, sha256
+
+
+@pytest.fixture(scope="module")
+def exported(shapes_lstm: TrainedRun, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(run copy with a fast test evaluation beside its checkpoint, its export)."""
+    root = tmp_path_factory.mktemp("export")
+    run = root / "run"
+    shutil.copytree(shapes_lstm.run, run, ignore=shutil.ignore_patterns("tensorboard"))
+    assert main(["evaluate", str(run / "best.pt"), "--split", "test", "--fast"]) == 0  # scores_test.json beside it
+    assert main(["export", str(run), str(root / "model")]) == 0
+    return run, root / "model"
+
+
+def card_metadata(folder: Path) -> dict:
+    text = (folder / "README.md").read_text()
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def test_export_writes_the_hub_layout_and_loads_back_identically(exported: tuple[Path, Path], shapes_lstm: TrainedRun) -> None:
+    run, folder = exported
+    assert {p.name for p in folder.iterdir()} == {WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"}
+    config = json.loads((folder / CONFIG).read_text())
+    original = Captioner.from_pretrained(run / "best.pt", device="cpu")
+    assert config["vocab_size"] == len(original.vocab) == len(json.loads((folder / VOCAB).read_text()))
+    assert config["model"]["decoder"]["type"] == "lstm" and config["data"] == {"image_size": 64}
+    assert config["preprocessing"]["image_size"] == 64 and config["encoder"]["grid"] == list(original.grid_size())
+    assert config["files"][WEIGHTS]["sha256"] == sha256(folder / WEIGHTS)
+    loaded = Captioner.from_pretrained(folder, device="cpu")
+    for name, tensor in original.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+    images = shapes_lstm.test_images[:4]
+    before, after = original.caption(images), loaded.caption(images)
+    assert [c.text for c in before] == [c.text for c in after] and [c.score for c in before] == [c.score for c in after]
+    # The training config travels with the export: evaluate knows the dataset.
+    assert checkpoint_config(folder).data.dataset == "shapes"
+
+
+def test_the_card_carries_the_runs_own_scores(exported: tuple[Path, Path]) -> None:
+    run, folder = exported
+    meta = card_metadata(folder)
+    assert meta["pipeline_tag"] == "image-to-text" and meta["library_name"] == "captioner"
+    test_scores = json.loads((run / "scores_test.json").read_text())["overall"]
+    (result,) = meta["model-index"][0]["results"]
+    assert result["dataset"]["split"] == "test"
+    by_name = {m["name"]: m["value"] for m in result["metrics"]}
+    assert by_name["CIDEr-D"] == round(test_scores["CIDEr"], 4) and by_name["BLEU-4"] == round(test_scores["Bleu_4"], 4)
+    state = read_checkpoint(run / "best.pt")["train_state"]
+    best = [row for row in state["history"] if row["epoch"] == state["best_epoch"]][-1]
+    card = (folder / "README.md").read_text()
+    assert f"| validation (best epoch {best['epoch']}) | {best['val_Bleu_1']:.3f} |" in card
+    assert "![Attention of each word of a caption](attention.png)" in card and "## Intended use and limitations" in card
+
+
+def test_loading_an_export_unpickles_nothing(exported: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    _, folder = exported
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an export must load without torch.load or pickle")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr("pickle.load", refuse)
+    monkeypatch.setattr("pickle.loads", refuse)
+    assert Captioner.from_pretrained(folder, device="cpu").vocab
+
+
+def test_caption_evaluate_and_demo_take_an_export(exported: tuple[Path, Path], shapes_lstm: TrainedRun, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    run, folder = exported
+    image = shapes_lstm.test_images[0]
+    assert main(["caption", str(folder), str(image)]) == 0
+    by_export = capsys.readouterr().out
+    assert main(["caption", str(run / "best.pt"), str(image)]) == 0
+    assert capsys.readouterr().out.split("\t")[1] == by_export.split("\t")[1]
+    assert main(["evaluate", str(folder), "--split", "test", "--fast", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "scores_test.json").is_file()
+    assert sorted(p.name for p in folder.iterdir()) == sorted([WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"])  # untouched
+    from captioner.apps.demo.cards import load_models, model_cards
+
+    card = model_cards(load_models([folder]))
+    assert "trained on **shapes**" in card and "validation at epoch" in card
+
+
+def broken_copy(folder: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "broken"
+    shutil.copytree(folder, copy)
+    return copy
+
+
+def assert_one_line(error: pytest.ExceptionInfo, *fragments: str) -> None:
+    message = str(error.value)
+    assert "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_a_truncated_or_flipped_weights_file_is_refused(exported: tuple[Path, Path], tmp_path: Path) -> None:
+    folder = broken_copy(exported[1], tmp_path)
+    data = (folder / WEIGHTS).read_bytes()
+    (folder / WEIGHTS).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ExportError) as error:
+        Captioner.from_pretrained(folder)
+    assert_one_line(error, str(folder / WEIGHTS), "truncated")
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x01
+    (folder / WEIGHTS).write_bytes(bytes(flipped))
+    with pytest.raises(ExportError) as error:
+        Captioner.from_pretrained(folder)
+    assert_one_line(error, str(folder / WEIGHTS), "checksum")
+    (folder / WEIGHTS).unlink()
+    with pytest.raises(ExportError) as error:
+        Captioner.from_pretrained(folder)
+    assert_one_line(error, str(folder / WEIGHTS), "missing")
+
+
+def rewrite_config(folder: Path, change: dict) -> None:
+    config = json.loads((folder / CONFIG).read_text())
+    for dotted, value in change.items():
+        *parents, key = dotted.split(".")
+        target = config
+        for name in parents:
+            target = target[name]
+        target[key] = value
+    (folder / CONFIG).write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    ("change", "fragments"),
+    [
+        ({"format_version": 99}, ["export format version 99 is not supported"]),
+        ({"format": "transformers"}, ["not a captioner export"]),
+        ({"model.decoder.hidden_dim": 48}, ["model.safetensors: weights do not fit the model its config describes"]),
+        ({"vocab_size": 7}, ["vocab.json", "says vocab_size 7"]),
+        ({"model.decoder.type": "gru"}, ["incompatible config", "model.decoder.type"]),
+    ],
+)
+def test_a_config_that_does_not_match_its_files_is_refused(
+    exported: tuple[Path, Path], tmp_path: Path, change: dict, fragments: list[str]
+) -> None:
+    folder = broken_copy(exported[1], tmp_path)
+    rewrite_config(folder, change)
+    with pytest.raises((ExportError, CheckpointError)) as error:
+        Captioner.from_pretrained(folder)
+    assert_one_line(error, *fragments)
+
+
+def test_a_broken_export_is_one_line_from_the_cli(exported: tuple[Path, Path], shapes_lstm: TrainedRun, tmp_path: Path) -> None:
+    folder = broken_copy(exported[1], tmp_path)
+    (folder / CONFIG).write_text("{not json")
+    result = subprocess.run(
+        [sys.executable, "-m", "captioner", "caption", str(folder), str(shapes_lstm.test_images[0])],
+        capture_output=True, text=True, env=subprocess_env(), timeout=120,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {folder / CONFIG}: not valid JSON")
+
+
+def test_export_refuses_a_foreign_folder_and_an_export_as_source(exported: tuple[Path, Path], tmp_path: Path) -> None:
+    run, folder = exported
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError) as error:
+        main_raising(["export", str(run), str(tmp_path)])
+    assert_one_line(error, "not empty (notes.txt", "not an export")
+    with pytest.raises(ExportError) as error:
+        main_raising(["export", str(folder), str(tmp_path / "again")])
+    assert_one_line(error, "already an exported folder")
+
+
+def main_raising(argv: list[str]) -> None:
+    """Run a command's `run` directly, so its CaptionerError reaches the test."""
+    from captioner.apps.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+def hub_cache_with(folder: Path, cache: Path, repo_id: str) -> None:
+    """The layout huggingface_hub's cache gives a downloaded repo: refs/main -> snapshots/<rev>/files."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    revision = "0" * 40
+    shutil.copytree(folder, repo / "snapshots" / revision)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+
+
+def test_a_hub_repo_id_loads_from_the_cache_offline_and_is_refused_in_one_line_when_absent(
+    exported: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "hub"
+    hub_cache_with(exported[1], cache, "someone/shapes-lstm")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    model = Captioner.from_pretrained("someone/shapes-lstm", device="cpu")
+    assert len(model.vocab) == json.loads((exported[1] / CONFIG).read_text())["vocab_size"]
+    with pytest.raises(ExportError) as error:
+        Captioner.from_pretrained("someone/not-there")
+    assert_one_line(error, "someone/not-there", "offline (HF_HUB_OFFLINE is set)", "no cached copy")
+    with pytest.raises(CheckpointError) as error:
+        Captioner.from_pretrained("runs/missing.pt")  # a missing file is not taken for a repo id
+    assert_one_line(error, "runs/missing.pt: checkpoint not found")
+
+
+def run_cli(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "captioner", *argv], capture_output=True, text=True,
+                          env=subprocess_env(**env), timeout=120)
+
+
+def test_push_without_a_token_offline_or_without_a_network_is_one_line(exported: tuple[Path, Path], tmp_path: Path) -> None:
+    folder = str(exported[1])
+    home = {"HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": ""}
+    result = run_cli("push", folder, "someone/model", **home)
+    assert result.returncode == 2 and result.stderr.strip().endswith("no Hugging Face token; run `hf auth login` or set HF_TOKEN to a token with write access")
+    result = run_cli("push", folder, "someone/model", HF_HUB_OFFLINE="1", **home)
+    assert result.returncode == 2 and "offline (HF_HUB_OFFLINE is set)" in result.stderr and "Traceback" not in result.stderr
+    # A token, but no Hub to reach (a closed local port): the connection error in one line.
+    result = run_cli("push", folder, "someone/model", HF_HOME=str(tmp_path / "hf"), HF_TOKEN="hf_fake", HF_ENDPOINT="http://127.0.0.1:9")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "push someone/model: could not reach the Hub" in result.stderr.strip().splitlines()[-1]
+    result = run_cli("push", folder, "not a repo")
+    assert result.returncode == 2 and "'not a repo' is not a Hub repo id" in result.stderr
+
+
+def test_push_uploads_the_export_of_a_checkpoint(exported: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Hub's side is replaced by a recorder (no network here); what reaches it is real: the
+    folder export_model wrote, whole."""
+    run, _ = exported
+    uploaded: dict[str, object] = {}
+
+    class RecordingApi:
+        def create_repo(self, repo_id: str, private: bool, exist_ok: bool) -> str:
+            uploaded["repo"] = (repo_id, private, exist_ok)
+            return f"https://huggingface.co/{repo_id}"
+
+        def upload_folder(self, repo_id: str, folder_path: str, commit_message: str) -> None:
+            uploaded["files"] = sorted(p.name for p in Path(folder_path).iterdir())
+            uploaded["loads"] = len(Captioner.from_pretrained(folder_path, device="cpu").vocab) > 0
+
+    monkeypatch.setattr("huggingface_hub.HfApi", RecordingApi)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: "hf_recorded")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    from captioner.apps.export import push_model
+
+    assert push_model(run, "someone/shapes", private=True) == "https://huggingface.co/someone/shapes"
+    assert uploaded["repo"] == ("someone/shapes", True, True)
+    assert uploaded["files"] == sorted([WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"]) and uploaded["loads"]
+    assert os.environ.get("HF_TOKEN") != "hf_recorded"
