@@ -1,7 +1,7 @@
 """captioner: image captioning with spatial attention.
 
     from captioner import Captioner
-    model = Captioner.from_pretrained("runs/shapes_lstm")        # a run folder or a .pt file
+    model = Captioner.from_pretrained("runs/shapes_lstm")        # a run folder, a .pt, an export folder or a Hub id
     caption = model.caption("photo.jpg", beam_size=3)
     caption.text, caption.words, caption.heatmaps()              # (T, h, w) attention per word
     captions = model.caption(["a.jpg", "b.png"])                 # a list in, a list out
