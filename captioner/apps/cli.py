@@ -37,11 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from captioner.training import distributed
-
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
+    if getattr(args, "runtime", None) == "onnx":  # the ONNX runtime: no torch is loaded, none need be installed
+        try:
+            return args.func(args)
+        except CaptionerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    from captioner.training import distributed
+
     try:
         from captioner.core.runtime import set_threads
 
