@@ -129,9 +129,19 @@ def model_card(
 
 
 def _data_size(config: Config) -> str:
+    """How many training images, counted where the export runs (the images present, as training
+    found them), else the split's name."""
     if config.data.dataset == "shapes":
         return f"{config.data.shapes_num_train} training images"
-    return f"trained on its train split (data.root {config.data.root})"
+    from captioner.core.errors import CaptionerError
+    from captioner.data.datasets import load_split
+
+    try:
+        records = load_split(config.data, "train")
+    except CaptionerError:
+        return "its train split"
+    captions = sum(len(r.captions) for r in records)
+    return f"{len(records):,} training images with {captions:,} captions"
 
 
 def _score_lines(scores: CardScores) -> list[str]:
