@@ -317,4 +317,9 @@ def test_bad_options_and_images_are_one_line(exported: Exported, tmp_path: Path,
     assert "\n" not in str(error.value)
     with pytest.raises(ImageLoadError, match="image 2 of 2"):
         runtime.caption([pictures[0], b"junk"])
+    good = tmp_path / "good.png"
+    pictures[0].save(good)
+    results = runtime.caption_files([corrupt, good, tmp_path / "absent.png"], beam_size=2)  # the rest go on
+    assert isinstance(results[0], ImageLoadError) and isinstance(results[2], ImageLoadError) and "absent.png" in str(results[2])
+    assert results[1].tokens == exported.model.caption(good, beam_size=2).tokens
     assert issubclass(ExportError, CaptionerError)

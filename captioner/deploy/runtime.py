@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
 
-from captioner.core.errors import ConfigError
+from captioner.core.errors import ConfigError, ImageLoadError
+from captioner.data.pictures import load_image
 from captioner.deploy.bundle import Bundle, load_bundle
-from captioner.deploy.preprocess import ImageInput, image_batch, picture_of
+from captioner.deploy.preprocess import ImageInput, image_array, image_batch, picture_of
 from captioner.deploy.search import Arrays, Hypothesis, SearchOptions, TokenRules, beam_search, greedy_search
 from captioner.text.endings import BAD_ENDINGS
 
@@ -129,6 +131,27 @@ class OnnxCaptioner:
             pictures = [picture_of(x) if single else picture_of(x, f"image {start + i + 1} of {len(items)}") for i, x in enumerate(chunk)]
             captions += self.caption_arrays(image_batch(pictures, self.image_size), search)
         return captions[0] if single else captions
+
+    def caption_files(
+        self, paths: Sequence[str | Path], batch_size: int | None = None, **options: Any
+    ) -> list[OnnxCaption | ImageLoadError]:
+        """Caption files in batches (default: the export's decode.batch_size); a file that fails
+        to load gives its one-line error in its place and the rest go on (as
+        `Captioner.caption_files`, for the command line)."""
+        search = self.options(**options)
+        batch_size = batch_size or int(self.decode_defaults.get("batch_size", 32))
+        results: list[OnnxCaption | ImageLoadError] = []
+        for start in range(0, len(paths), batch_size):
+            loaded: list[np.ndarray | ImageLoadError] = []
+            for path in paths[start : start + batch_size]:
+                try:
+                    loaded.append(image_array(load_image(path), self.image_size))  # (3, S, S)
+                except ImageLoadError as e:
+                    loaded.append(e)
+            good = [x for x in loaded if isinstance(x, np.ndarray)]
+            captions = iter(self.caption_arrays(np.stack(good), search) if good else [])  # (b, 3, S, S) in
+            results += [x if isinstance(x, ImageLoadError) else next(captions) for x in loaded]
+        return results
 
     def caption_arrays(self, images: np.ndarray, search: SearchOptions | None = None) -> list[OnnxCaption]:
         """uint8 images (B, 3, S, S), as `preprocess.image_batch` makes them -> a caption each."""
