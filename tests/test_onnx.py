@@ -175,6 +175,20 @@ def test_a_lite0_encoder_exports_and_captions_alike(tmp_path: Path, pictures: li
         assert have.tokens == want.tokens and have.score == pytest.approx(want.score, abs=1e-4)
 
 
+def test_a_pool_the_torchscript_exporter_refuses_goes_through_dynamo(tmp_path: Path, pictures: list) -> None:
+    """A 4x4 feature map pooled to 3x3: TorchScript's exporter has no such adaptive pool; the
+    dynamo exporter decomposes it, and the graph still reproduces torch."""
+    model = tiny_model("model.encoder.grid_size=3", "data.image_size=64")
+    export_onnx(model, tmp_path)
+    manifest = json.loads((tmp_path / "onnx" / "onnx.json").read_text())
+    assert manifest["files"]["encoder"]["exporter"] == "dynamo" and manifest["files"]["decoder_step"]["exporter"] == "torchscript"
+    runtime = OnnxCaptioner.from_folder(tmp_path, threads=1)
+    assert runtime.grid == (3, 3)
+    for want, have in zip(model.caption(pictures[:3], beam_size=1, max_length=5), runtime.caption(pictures[:3], beam_size=1, max_length=5)):
+        assert have.tokens == want.tokens and have.score == pytest.approx(want.score, abs=1e-4)
+        np.testing.assert_allclose(have.attn, want.attn.numpy(), atol=1e-4)
+
+
 # --- the search's own rules, on a decoder given as a table of next-word log-probabilities ------------
 
 BIGRAM_WORDS = ["<pad>", "<bos>", "<eos>", "<unk>", "a", "dog", "runs"]

@@ -16,12 +16,16 @@ unless they reproduce torch.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
+import inspect
+import io
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,6 +42,7 @@ from captioner.models.decoder import Decoder
 FORMAT_NAME = "captioner-onnx"
 FORMAT_VERSION = 1
 DEFAULT_OPSET = 17
+DYNAMO_MIN_OPSET = 18  # the dynamo exporter writes opset 18 and later
 SUBFOLDER = "onnx"
 GRAPH_FILES = {"encoder": "encoder.onnx", "decoder_init": "decoder_init.onnx", "decoder_step": "decoder_step.onnx"}
 PARITY_TOLERANCE = 1e-4  # max |onnxruntime - torch| allowed, relative to the tensor's scale (at least 1)
@@ -115,12 +120,12 @@ def export_onnx(model: Captioner, folder: str | Path, opset: int | None = None, 
         raise ExportError(f"export: capacity must be >= 1 step, got {capacity}")
 
     specs, summary = _graph_specs(model, capacity)
-    paths = []
+    paths, exporters = [], {}
     for spec in specs:
         path = out / GRAPH_FILES[spec.key]
-        _export_graph(spec, path, opset)
+        exporters[spec.key] = _export_graph(spec, path, opset)
         paths.append(path)
-    manifest = _manifest(model, specs, paths, opset, summary)
+    manifest = _manifest(model, specs, paths, opset, {**summary, "exporters": exporters})
     manifest_path = out / "onnx.json"
     manifest_path.write_text(json.dumps(manifest, indent=1))
     check_parity(specs, paths)
@@ -177,18 +182,46 @@ def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict
     return specs, summary
 
 
-def _export_graph(spec: GraphSpec, path: Path, opset: int) -> None:
-    """Trace `spec.module` into `path` with a dynamic batch dimension on every input and output.
+def _export_graph(spec: GraphSpec, path: Path, opset: int) -> dict[str, Any]:
+    """Trace `spec.module` into `path` with a dynamic batch dimension on every input and output;
+    returns the exporter that wrote it and the opset it used.
 
-    The TorchScript exporter (dynamo=False): it traces these graphs in a fraction of a second
-    and gives the same numbers as the dynamo exporter, which takes seconds per graph."""
-    dynamic = {name: {0: "batch"} for name in [*spec.inputs, *spec.outputs]}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-        torch.onnx.export(
-            spec.module, spec.example, str(path), input_names=spec.inputs, output_names=spec.outputs,
-            dynamic_axes=dynamic, opset_version=opset, dynamo=False, do_constant_folding=True,
-        )
+    The TorchScript exporter first (dynamo=False): it traces these graphs in a fraction of a
+    second. What it cannot express (an adaptive pool to a grid that does not divide the feature
+    map) goes to the dynamo exporter, which decomposes it, in seconds. Both failing is a
+    one-line ExportError."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+            torch.onnx.export(
+                spec.module, spec.example, str(path), input_names=spec.inputs, output_names=spec.outputs,
+                dynamic_axes={name: {0: "batch"} for name in [*spec.inputs, *spec.outputs]}, opset_version=opset,
+                dynamo=False,
+            )
+        return {"exporter": "torchscript", "opset": opset}
+    except Exception as torchscript_error:  # noqa: BLE001 - the exporter raises many kinds; dynamo may still manage
+        first_reason = " ".join(str(torchscript_error).split())[:160]
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                spec.module, spec.example, input_names=spec.inputs, output_names=spec.outputs,
+                dynamic_shapes=_dynamic_batch(spec), opset_version=max(opset, DYNAMO_MIN_OPSET), dynamo=True, verbose=False,
+            )
+            program.save(str(path))
+        return {"exporter": "dynamo", "opset": max(opset, DYNAMO_MIN_OPSET)}
+    except Exception as e:  # noqa: BLE001
+        reason = " ".join(str(e).split())[:160]
+        raise ExportError(f"export: torch.onnx cannot export {path.name} (TorchScript: {first_reason}; dynamo: {reason})") from None
+
+
+def _dynamic_batch(spec: GraphSpec) -> dict[str, Any]:
+    """The dynamo exporter's dynamic shapes: dimension 0 of every input is the batch."""
+    batch = torch.export.Dim("batch")
+    params = list(inspect.signature(spec.module.forward).parameters.values())
+    if params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        return {params[0].name: tuple({0: batch} for _ in spec.example)}
+    return {p.name: {0: batch} for p in params[: len(spec.example)]}
 
 
 def sha256_of(path: Path) -> str:
@@ -208,7 +241,10 @@ def _manifest(model: Captioner, specs: list[GraphSpec], paths: list[Path], opset
         "captioner_version": captioner.__version__,
         "torch_version": torch.__version__,
         "opset": opset,
-        "files": {spec.key: {"path": path.name, "sha256": sha256_of(path)} for spec, path in zip(specs, paths)},
+        "files": {
+            spec.key: {"path": path.name, "sha256": sha256_of(path), **summary["exporters"][spec.key]}
+            for spec, path in zip(specs, paths)
+        },
         "graphs": {spec.key: {"inputs": spec.inputs, "outputs": spec.outputs} for spec in specs},
         "memory": summary["memory"],
         "state": summary["state"],
