@@ -115,6 +115,21 @@ def test_captions_scores_and_maps_equal_pytorch(exported: Exported, pictures: li
         np.testing.assert_allclose(have.heatmaps(), want.heatmaps().numpy(), atol=1e-4)
 
 
+def test_n_best_lists_equal_pytorch(exported: Exported, pictures: list, tmp_path: Path) -> None:
+    paths = []
+    for i, picture in enumerate(pictures[::2][:4]):
+        paths.append(tmp_path / f"{i}.png")
+        picture.save(paths[-1])
+    expected = exported.model.caption_files(paths, n_best=3, beam_size=4)
+    got = exported.runtime.caption_files(paths, n_best=3, beam_size=4)
+    assert [[c.tokens for c in ranked] for ranked in got] == [[c.tokens for c in ranked] for ranked in expected]
+    assert all(len(ranked) == 3 for ranked in got)
+    for want, have in zip(expected, got):
+        assert [c.score for c in have] == pytest.approx([c.score for c in want], abs=1e-4)
+    with pytest.raises(ConfigError, match=r"n_best \(5\) must be between 1 and the beam size \(4\)"):
+        exported.runtime.caption_files(paths, n_best=5, beam_size=4)
+
+
 def test_a_single_image_gives_one_caption(exported: Exported, pictures: list) -> None:
     caption = exported.runtime.caption(pictures[1], beam_size=2)
     assert caption.tokens == exported.model.caption(pictures[1], beam_size=2).tokens

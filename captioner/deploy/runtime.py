@@ -24,7 +24,7 @@ from captioner.core.errors import ConfigError, ImageLoadError
 from captioner.data.pictures import load_image
 from captioner.deploy.bundle import Bundle, load_bundle
 from captioner.deploy.preprocess import ImageInput, image_array, image_batch, picture_of
-from captioner.deploy.search import Arrays, Hypothesis, SearchOptions, TokenRules, beam_search, greedy_search
+from captioner.deploy.search import Arrays, Hypothesis, SearchOptions, TokenRules, beam_search_n_best, greedy_search
 from captioner.text.endings import BAD_ENDINGS
 
 
@@ -133,12 +133,14 @@ class OnnxCaptioner:
         return captions[0] if single else captions
 
     def caption_files(
-        self, paths: Sequence[str | Path], batch_size: int | None = None, **options: Any
-    ) -> list[OnnxCaption | ImageLoadError]:
+        self, paths: Sequence[str | Path], batch_size: int | None = None, n_best: int | None = None, **options: Any
+    ) -> list[OnnxCaption | ImageLoadError] | list[list[OnnxCaption] | ImageLoadError]:
         """Caption files in batches (default: the export's decode.batch_size); a file that fails
         to load gives its one-line error in its place and the rest go on (as
-        `Captioner.caption_files`, for the command line)."""
+        `Captioner.caption_files`, for the command line). With `n_best`, each good file gives
+        its list of up to n_best distinct captions, best first (n_best <= beam_size)."""
         search = self.options(**options)
+        self._check_n_best(n_best, search)
         batch_size = batch_size or int(self.decode_defaults.get("batch_size", 32))
         results: list[OnnxCaption | ImageLoadError] = []
         for start in range(0, len(paths), batch_size):
@@ -149,17 +151,37 @@ class OnnxCaptioner:
                 except ImageLoadError as e:
                     loaded.append(e)
             good = [x for x in loaded if isinstance(x, np.ndarray)]
-            captions = iter(self.caption_arrays(np.stack(good), search) if good else [])  # (b, 3, S, S) in
-            results += [x if isinstance(x, ImageLoadError) else next(captions) for x in loaded]
+            ranked = iter(self.caption_arrays_n_best(np.stack(good), search, n_best or 1) if good else [])  # (b, 3, S, S) in
+            for x in loaded:
+                if isinstance(x, ImageLoadError):
+                    results.append(x)
+                else:
+                    captions = next(ranked)
+                    results.append(captions if n_best is not None else captions[0])
         return results
 
     def caption_arrays(self, images: np.ndarray, search: SearchOptions | None = None) -> list[OnnxCaption]:
         """uint8 images (B, 3, S, S), as `preprocess.image_batch` makes them -> a caption each."""
-        search = search or self.options()
+        return [ranked[0] for ranked in self.caption_arrays_n_best(images, search or self.options(), 1)]
+
+    def caption_arrays_n_best(self, images: np.ndarray, search: SearchOptions, n_best: int) -> list[list[OnnxCaption]]:
+        """uint8 images (B, 3, S, S) -> per image its n_best distinct captions, best first
+        (greedy decoding, beam_size 1, gives one)."""
         feats = self.encode(images)  # (B, N, D)
         memory, state = self.start(feats)
-        decode = greedy_search if search.beam_size <= 1 else beam_search
-        return [self._caption(h) for h in decode(self.step, memory, state, self.rules, search)]
+        if search.beam_size <= 1:
+            ranked = [[h] for h in greedy_search(self.step, memory, state, self.rules, search)]
+        else:
+            ranked = beam_search_n_best(self.step, memory, state, self.rules, search, n_best)
+        return [[self._caption(h) for h in hyps] for hyps in ranked]
+
+    @staticmethod
+    def _check_n_best(n_best: int | None, search: SearchOptions) -> None:
+        if n_best is None:
+            return
+        check_option("n_best", n_best, "int")
+        if not 1 <= n_best <= search.beam_size:
+            raise ConfigError(f"decode: n_best ({n_best}) must be between 1 and the beam size ({search.beam_size})")
 
     def encode(self, images: np.ndarray) -> np.ndarray:
         """uint8 images (B, 3, S, S) -> feats (B, N, D)."""

@@ -148,8 +148,15 @@ class BeamHistory:
 
 
 def beam_search(step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions) -> list[Hypothesis]:
-    """The best hypothesis of each image's beam search; memory and state hold one row per image
-    (B). Each step runs the decoder once over B*K rows (K = beam_size), ranks each image's K*V
+    """The best hypothesis of each image's `beam_search_n_best`."""
+    return [ranked[0] for ranked in beam_search_n_best(step, memory, state, rules, options, n_best=1)]
+
+
+def beam_search_n_best(
+    step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions, n_best: int = 1
+) -> list[list[Hypothesis]]:
+    """Per image the `n_best` (<= beam_size) best distinct hypotheses of its beam search, best
+    first; memory and state hold one row per image (B). Each step runs the decoder once over B*K rows (K = beam_size), ranks each image's K*V
     continuations and keeps the top 2K: an <eos> among the top K becomes a finished hypothesis,
     the best K others stay live. An image is done once it has K finished hypotheses that no live
     beam can still beat; at max_length its live beams compete with the finished ones on the
@@ -223,5 +230,10 @@ def beam_search(step: StepFunction, memory: Arrays, state: Arrays, rules: TokenR
                 raw = live_scores[row]
                 if raw != float("-inf"):
                     pool.append(Hypothesis(history[row].tolist(), raw / live_penalty, raw, beams.attention(row, map_shape), False))
-        results.append(sorted(pool, key=lambda h: -h.score)[0])
+        ranked, seen = [], set()
+        for hyp in sorted(pool, key=lambda h: -h.score):
+            if tuple(hyp.tokens) not in seen:  # keep each caption once
+                seen.add(tuple(hyp.tokens))
+                ranked.append(hyp)
+        results.append(ranked[:n_best])
     return results
