@@ -168,7 +168,7 @@ def test_the_runtime_preprocesses_to_the_transforms_bytes(exported: Exported, pi
         np.testing.assert_array_equal(image_array(picture, 32), exported.model.transform(picture).numpy())
 
 
-def test_export_fails_when_onnxruntime_and_torch_disagree(tmp_path: Path) -> None:
+def test_export_fails_when_onnxruntime_and_torch_disagree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_model()
     export_onnx(model, tmp_path)
     specs, _ = onnx_export._graph_specs(model, capacity=5)
@@ -178,6 +178,14 @@ def test_export_fails_when_onnxruntime_and_torch_disagree(tmp_path: Path) -> Non
         model.decoder.init_h.bias.add_(0.5)  # torch changes after the graphs were written
     with pytest.raises(ExportError, match=r"decoder_init\.onnx output state\.h differs from torch"):
         onnx_export.check_parity(specs, paths)
+
+    def failing_check(*args: object) -> float:
+        raise ExportError("export: decoder_step.onnx output logprobs differs from torch")
+
+    monkeypatch.setattr(onnx_export, "check_parity", failing_check)
+    with pytest.raises(ExportError, match="differs from torch"):
+        export_onnx(model, tmp_path)
+    assert not (tmp_path / "onnx" / "onnx.json").exists()  # no manifest vouches for graphs that failed (nor the old one)
 
 
 def test_a_lite0_encoder_exports_and_captions_alike(tmp_path: Path, pictures: list) -> None:

@@ -23,6 +23,7 @@ import hashlib
 import inspect
 import io
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ FORMAT_VERSION = 1
 DEFAULT_OPSET = 17
 DYNAMO_MIN_OPSET = 18  # the dynamo exporter writes opset 18 and later
 SUBFOLDER = "onnx"
+MANIFEST = "onnx.json"
 GRAPH_FILES = {"encoder": "encoder.onnx", "decoder_init": "decoder_init.onnx", "decoder_step": "decoder_step.onnx"}
 PARITY_TOLERANCE = 1e-4  # max |onnxruntime - torch| allowed, relative to the tensor's scale (at least 1)
 
@@ -112,12 +114,17 @@ def export_onnx(model: Captioner, folder: str | Path, opset: int | None = None, 
     cache); default: the model's decode.max_length. Raises ExportError when onnxruntime does not
     reproduce torch on a random batch (max |diff| over PARITY_TOLERANCE)."""
     model = _cpu_float_copy(model)
-    out = Path(folder) / SUBFOLDER
-    out.mkdir(parents=True, exist_ok=True)
     opset = DEFAULT_OPSET if opset is None else opset
     capacity = model.decode_config.max_length if capacity is None else capacity
     if capacity < 1:
         raise ExportError(f"export: capacity must be >= 1 step, got {capacity}")
+    out = Path(folder) / SUBFOLDER
+    manifest_path = out / MANIFEST
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        manifest_path.unlink(missing_ok=True)  # an older export's manifest never vouches for these graphs
+    except OSError as e:
+        raise ExportError(f"{out}: cannot write the export here ({e.strerror})") from None
 
     specs, summary = _graph_specs(model, capacity)
     paths, exporters = [], {}
@@ -125,10 +132,12 @@ def export_onnx(model: Captioner, folder: str | Path, opset: int | None = None, 
         path = out / GRAPH_FILES[spec.key]
         exporters[spec.key] = _export_graph(spec, path, opset)
         paths.append(path)
-    manifest = _manifest(model, specs, paths, opset, {**summary, "exporters": exporters})
-    manifest_path = out / "onnx.json"
-    manifest_path.write_text(json.dumps(manifest, indent=1))
     check_parity(specs, paths)
+    # The manifest last, atomically: a folder whose graphs failed the check has none.
+    manifest = _manifest(model, specs, paths, opset, {**summary, "exporters": exporters})
+    tmp = manifest_path.with_name(MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, manifest_path)
     return [*paths, manifest_path]
 
 
