@@ -88,7 +88,7 @@ def compare(label: str, checkpoint: Path, source: Path, args: argparse.Namespace
         print(f"    differs: torch {a.text!r} ({a.score:.4f})  onnx {b.text!r} ({b.score:.4f})")
 
     timed = paths[: args.latency_images]
-    print(f"  latency per image (ms, file -> caption, {args.threads} threads, best of {args.repeats} over {len(timed)} images):")
+    print(f"  latency per image (ms, file -> caption, {args.threads} thread{'s' if args.threads > 1 else ''}, best of {args.repeats} over {len(timed)} images):")
     print(f"    {'batch':>5}  {'pytorch':>9}  {'onnx':>9}  {'speed-up':>8}")
     for batch in (1, 8):
         torch_ms = per_image_ms(lambda chunk: model.caption(chunk, **decode), timed, batch, args.repeats)
