@@ -317,9 +317,11 @@ def test_a_changed_or_missing_graph_is_one_line_naming_it(exported: Exported, tm
         ({"format_version": 2}, r"onnx\.json: format_version 2 is another captioner version's ONNX format"),
         ({"format": "something-else"}, r"onnx\.json: not a captioner ONNX export"),
         ({"grid": "7x7"}, r"onnx\.json: field 'grid' is missing or malformed"),
+        ({"vocab": ["<pad>", "<bos>", "<eos>", "<unk>", "a"]}, r"onnx\.json: the step graph scores \d+ words, its vocab has 5"),
+        ({"special_tokens": {"bos": 1, "eos": 99, "banned": [0]}}, r"onnx\.json: special_tokens \[1, 99, 0\] are not all ids"),
     ],
 )
-def test_a_manifest_from_another_version_is_refused_in_one_line(exported: Exported, tmp_path: Path, edit: dict, message: str) -> None:
+def test_a_manifest_from_another_version_or_edited_is_refused_in_one_line(exported: Exported, tmp_path: Path, edit: dict, message: str) -> None:
     folder = copy_of(exported, tmp_path)
     manifest = json.loads((folder / "onnx.json").read_text())
     (folder / "onnx.json").write_text(json.dumps({**manifest, **edit}))

@@ -153,6 +153,10 @@ def load_bundle(folder: str | Path, threads: int | None = None) -> Bundle:
         vocab = Vocabulary(manifest["vocab"])
     except CaptionerError as e:
         raise ExportError(f"{manifest_path}: vocab: {e}") from None
+    special = manifest["special_tokens"]
+    ids = [special["bos"], special["eos"], *special["banned"]]
+    if not all(isinstance(i, int) and 0 <= i < len(vocab) for i in ids):
+        raise ExportError(f"{manifest_path}: special_tokens {ids} are not all ids of its {len(vocab)}-word vocab")
     sessions = {
         graph: open_session(
             manifest_path.parent / manifest["files"][graph]["path"], manifest_path, manifest["files"][graph]["sha256"],
@@ -160,4 +164,7 @@ def load_bundle(folder: str | Path, threads: int | None = None) -> Bundle:
         )
         for graph in GRAPHS
     }
+    logprobs = sessions["decoder_step"].get_outputs()[0].shape  # ["batch", V]
+    if logprobs[-1] != len(vocab):
+        raise ExportError(f"{manifest_path}: the step graph scores {logprobs[-1]} words, its vocab has {len(vocab)}")
     return Bundle(manifest_path.parent, manifest, vocab, sessions)
