@@ -287,6 +287,10 @@ def test_the_command_line_captions_without_torch(exported: Exported, pictures: l
     assert result.returncode == 0, result.stderr
     expected = exported.model.caption(paths, beam_size=2, max_length=9)
     assert result.stdout.splitlines() == [f"{path}\t{c.text}" for path, c in zip(paths, expected)]
+    missing = tmp_path / "missing.png"  # reported in one line; the others are still captioned
+    result = run_without_torch(str(exported.folder), str(paths[0]), str(missing), "--beam", "2", "--max-length", "9")
+    assert result.returncode == 1 and result.stdout.splitlines() == [f"{paths[0]}\t{expected[0].text}"]
+    assert result.stderr.count("\n") == 1 and "missing.png: no such file" in result.stderr
 
 
 def copy_of(exported: Exported, tmp_path: Path) -> Path:

@@ -1,6 +1,7 @@
 """`python -m captioner.deploy DIR IMAGE...`: one caption per image from an exported ONNX folder,
-without torch. Prints `IMAGE<TAB>caption`; bad input (a folder that is not a current export, an
-image that does not load, a bad option) is one line on stderr and exit status 1."""
+without torch. Prints `IMAGE<TAB>caption`; bad input is one line on stderr and exit status 1: a
+folder that is not a current export or a bad option stops at once, an image that does not load
+is reported and the others are still captioned."""
 
 from __future__ import annotations
 
@@ -26,13 +27,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         model = OnnxCaptioner.from_folder(args.folder, threads=args.threads)
-        captions = model.caption(list(args.images), beam_size=args.beam, max_length=args.max_length)
+        results = model.caption_files(args.images, beam_size=args.beam, max_length=args.max_length)
     except CaptionerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    for image, caption in zip(args.images, captions):
-        print(f"{image}\t{caption.text}")
-    return 0
+    failures = 0
+    for image, result in zip(args.images, results):
+        if isinstance(result, CaptionerError):
+            print(f"error: {result}", file=sys.stderr)
+            failures += 1
+        else:
+            print(f"{image}\t{result.text}")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
