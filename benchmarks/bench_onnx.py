@@ -13,6 +13,9 @@ the graphs against torch), every image is captioned by `Captioner.caption` and b
   beam 3, for both, with the same thread count (`--threads`, default torch's), best of
   `--repeats` passes over the first `--latency-images` images.
 
+On a CPU shared with other work, set OMP_WAIT_POLICY=PASSIVE to compare like with like at more
+than one thread: the runtime's idle threads sleep, and torch's OpenMP threads otherwise spin.
+
 `--install-size` adds the disk size of each path's distributions and all their dependencies, as
 installed in this environment (their RECORD files; nothing is downloaded): onnxruntime, numpy,
 Pillow and PyYAML against torch and torchvision. docs/deploy.md gives the fresh-venv commands
