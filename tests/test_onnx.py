@@ -96,6 +96,7 @@ DECODINGS = [
     {"beam_size": 3, "length_penalty": 0.7, "block_trigrams": True},
     {"beam_size": 4, "max_length": 4},  # many beams cut off: finished and live ones compete at max_length
     {"beam_size": 1, "max_length": 3, "block_trigrams": True},
+    {"beam_size": 2, "batch_size": 4},  # several batches, the last one short
 ]
 
 
