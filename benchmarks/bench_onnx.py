@@ -1,0 +1,171 @@
+"""The ONNX runtime against PyTorch on this CPU: caption agreement, score differences, latency per
+image, and the install size of each path.
+
+For each `--run LABEL CHECKPOINT IMAGES` (IMAGES: a folder of images, or a Flickr8k root, whose
+official test split is used), the checkpoint is exported with `export_onnx` (which itself checks
+the graphs against torch), every image is captioned by `Captioner.caption` and by
+`OnnxCaptioner.caption` at the model's own decode settings, and the script prints:
+
+- agreement: the share of images whose two captions have the same words;
+- max |logprob diff| and |score diff| over the agreeing captions, and the largest difference of
+  their attention maps;
+- latency per image, file to caption (loading and resizing included), at batch 1 and batch 8,
+  beam 3, for both, with the same thread count (`--threads`, default torch's), best of
+  `--repeats` passes over the first `--latency-images` images.
+
+On a CPU shared with other work, set OMP_WAIT_POLICY=PASSIVE to compare like with like at more
+than one thread: the runtime's idle threads sleep, and torch's OpenMP threads otherwise spin.
+
+`--install-size` adds the disk size of each path's distributions and all their dependencies, as
+installed in this environment (their RECORD files; nothing is downloaded): onnxruntime, numpy,
+Pillow and PyYAML against torch and torchvision. docs/deploy.md gives the fresh-venv commands
+that check the ONNX-only figure.
+
+    python benchmarks/bench_onnx.py --run shapes runs/shapes_lstm/best.pt data/shapes/test \\
+        --run flickr8k runs/flickr8k_lstm_lite0/best.pt ../shared/data/flickr8k --install-size
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as metadata
+import re
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from captioner.data.flickr8k import load_flickr8k
+from captioner.deploy.runtime import OnnxCaptioner
+from captioner.models.captioner import Captioner
+from captioner.models.onnx_export import export_onnx
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
+ONNX_PATH = ("onnxruntime", "numpy", "pillow", "pyyaml")
+TORCH_PATH = ("torch", "torchvision", "numpy", "pillow", "pyyaml")
+
+
+def image_paths(source: Path) -> list[Path]:
+    """A Flickr8k root -> its official test photos on disk; a folder -> its images, sorted."""
+    if (source / "Flickr_8k.testImages.txt").is_file():
+        return [record.path for record in load_flickr8k(source, "test")]
+    return sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def per_image_ms(caption: Callable[[list[Path]], object], paths: list[Path], batch: int, repeats: int) -> float:
+    """Milliseconds per image to caption `paths` in batches of `batch`, best of `repeats` passes."""
+    caption(paths[:batch])  # warm-up: first-call allocations, thread pools
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(0, len(paths), batch):
+            caption(paths[i : i + batch])
+        best = min(best, time.perf_counter() - start)
+    return 1000 * best / len(paths)
+
+
+def compare(label: str, checkpoint: Path, source: Path, args: argparse.Namespace, out: Path) -> None:
+    paths = image_paths(source)
+    model = Captioner.from_pretrained(checkpoint, device="cpu")
+    start = time.perf_counter()
+    export_onnx(model, out / label)
+    export_s = time.perf_counter() - start
+    runtime = OnnxCaptioner.from_folder(out / label, threads=args.threads)
+    decode = {"beam_size": args.beam}
+    print(f"\n{label}: {checkpoint} ({model.config.encoder.name} + {model.config.decoder.type}), {len(paths)} images "
+          f"from {source}; exported and checked in {export_s:.1f} s; beam {args.beam}, "
+          f"max_length {model.decode_config.max_length}, length_penalty {model.decode_config.length_penalty}")
+
+    expected = model.caption(paths, **decode)
+    got = runtime.caption(paths, **decode)
+    same = [(a, b) for a, b in zip(expected, got) if a.tokens == b.tokens]
+    logprob_diff = max((abs(a.logprob - b.logprob) for a, b in same), default=float("nan"))
+    score_diff = max((abs(a.score - b.score) for a, b in same), default=float("nan"))
+    attn_diff = max((float(np.abs(a.attn.numpy() - b.attn).max(initial=0.0)) for a, b in same), default=float("nan"))
+    print(f"  agreement {len(same)}/{len(paths)} = {100 * len(same) / len(paths):.1f}%   max |logprob diff| {logprob_diff:.2e}   "
+          f"max |score diff| {score_diff:.2e}   max |attn diff| {attn_diff:.2e}")
+    for a, b in [(a, b) for a, b in zip(expected, got) if a.tokens != b.tokens][:3]:
+        print(f"    differs: torch {a.text!r} ({a.score:.4f})  onnx {b.text!r} ({b.score:.4f})")
+
+    timed = paths[: args.latency_images]
+    print(f"  latency per image (ms, file -> caption, {args.threads} thread{'s' if args.threads > 1 else ''}, best of {args.repeats} over {len(timed)} images):")
+    print(f"    {'batch':>5}  {'pytorch':>9}  {'onnx':>9}  {'speed-up':>8}")
+    for batch in (1, 8):
+        torch_ms = per_image_ms(lambda chunk: model.caption(chunk, **decode), timed, batch, args.repeats)
+        onnx_ms = per_image_ms(lambda chunk: runtime.caption(chunk, **decode), timed, batch, args.repeats)
+        print(f"    {batch:>5}  {torch_ms:>9.1f}  {onnx_ms:>9.1f}  {torch_ms / onnx_ms:>7.2f}x")
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def closure(roots: Sequence[str]) -> set[str]:
+    """The installed distributions `roots` need, with every dependency (extras left out)."""
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = canonical(todo.pop())
+        if name in seen:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # an optional dependency not installed here
+        seen.add(name)
+        for line in dist.requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return seen
+
+
+def installed_bytes(name: str) -> int:
+    dist = metadata.distribution(name)
+    total = 0
+    for file in dist.files or []:
+        path = Path(dist.locate_file(file))
+        if path.is_file():
+            total += path.stat().st_size
+    return total
+
+
+def print_install_sizes() -> None:
+    print("\ninstall size (installed files of each path's distributions and all their dependencies, this environment):")
+    for label, roots in (("onnx runtime path", ONNX_PATH), ("pytorch path", TORCH_PATH)):
+        names = sorted(closure(roots))
+        sizes = {name: installed_bytes(name) for name in names}
+        largest = ", ".join(f"{n} {s / 2**20:.0f}" for n, s in sorted(sizes.items(), key=lambda x: -x[1])[:4])
+        print(f"  {label:18} {sum(sizes.values()) / 2**20:8.0f} MiB in {len(names)} distributions (largest, MiB: {largest})")
+    package = Path(__file__).resolve().parent.parent / "captioner"
+    size = sum(p.stat().st_size for p in package.rglob("*.py"))
+    print(f"  captioner itself   {size / 2**20:8.1f} MiB of Python source (pip install --no-deps)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", nargs=3, action="append", default=[], metavar=("LABEL", "CHECKPOINT", "IMAGES"),
+                        help="a checkpoint and a folder of images or a Flickr8k root (its test split); repeatable")
+    parser.add_argument("--beam", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="for both torch and onnxruntime")
+    parser.add_argument("--latency-images", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="where the exports go (default: a temporary folder)")
+    parser.add_argument("--install-size", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.out or Path(tmp)
+        for label, checkpoint, source in args.run:
+            compare(label, Path(checkpoint), Path(source), args, out)
+    if args.install_size:
+        print_install_sizes()
+
+
+if __name__ == "__main__":
+    main()

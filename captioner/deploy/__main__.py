@@ -1,0 +1,45 @@
+"""`python -m captioner.deploy DIR IMAGE...`: one caption per image from an exported ONNX folder,
+without torch. Prints `IMAGE<TAB>caption`; bad input is one line on stderr and exit status 1: a
+folder that is not a current export or a bad option stops at once, an image that does not load
+is reported and the others are still captioned."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from captioner.core.errors import CaptionerError
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m captioner.deploy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", help="the folder `captioner export CKPT DIR --onnx` wrote (DIR or DIR/onnx)")
+    parser.add_argument("images", nargs="+")
+    parser.add_argument("--beam", type=int, default=None, metavar="K", help="beam size (1: greedy; default: the export's)")
+    parser.add_argument("--max-length", type=int, default=None, metavar="N", help="most words per caption (default: the export's)")
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime threads per operator (default: the cores available)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    from captioner.deploy.runtime import OnnxCaptioner
+
+    try:
+        model = OnnxCaptioner.from_folder(args.folder, threads=args.threads)
+        results = model.caption_files(args.images, beam_size=args.beam, max_length=args.max_length)
+    except CaptionerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    failures = 0
+    for image, result in zip(args.images, results):
+        if isinstance(result, CaptionerError):
+            print(f"error: {result}", file=sys.stderr)
+            failures += 1
+        else:
+            print(f"{image}\t{result.text}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""An exported folder, checked: `onnx.json` read and validated, every graph's checksum compared,
+and the onnxruntime sessions made. Every problem is one `ExportError` line naming the file.
+
+The format (name and version) is the one `captioner.models.onnx_export` writes; the two modules
+may not import each other (models and deploy are independent layers), so each states it and
+tests/test_onnx.py holds them equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from captioner.core.errors import CaptionerError, ExportError
+from captioner.text.vocab import Vocabulary
+
+FORMAT_NAME = "captioner-onnx"
+FORMAT_VERSION = 1
+MANIFEST = "onnx.json"
+GRAPHS = ("encoder", "decoder_init", "decoder_step")
+
+# The fields the runtime reads, with the JSON types each must have.
+REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "files": dict,
+    "graphs": dict,
+    "memory": list,
+    "state": list,
+    "capacity": (int, type(None)),
+    "vocab": list,
+    "special_tokens": dict,
+    "image_size": int,
+    "grid": list,
+    "decoder": dict,
+    "decode": dict,
+}
+
+
+@dataclass
+class Bundle:
+    """A checked export: its manifest, vocabulary and one session per graph."""
+
+    folder: Path  # the folder holding onnx.json
+    manifest: dict[str, Any]
+    vocab: Vocabulary
+    sessions: dict[str, ort.InferenceSession]
+
+    def path(self, graph: str) -> Path:
+        return self.folder / self.manifest["files"][graph]["path"]
+
+
+def find_manifest(folder: str | Path) -> Path:
+    """`folder`/onnx.json, or `folder`/onnx/onnx.json (the folder `captioner export` was given)."""
+    folder = Path(folder)
+    for candidate in (folder / MANIFEST, folder / "onnx" / MANIFEST):
+        if candidate.is_file():
+            return candidate
+    if not folder.exists():
+        raise ExportError(f"{folder}: no such folder")
+    raise ExportError(f"{folder}: no {MANIFEST} here or in {folder / 'onnx'} (make one with `captioner export CKPT DIR --onnx`)")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """onnx.json, checked for format, version and the fields the runtime reads."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExportError(f"{path}: cannot be read ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ExportError(f"{path}: not a captioner ONNX export (format {found!r}, expected {FORMAT_NAME!r})")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ExportError(
+            f"{path}: format_version {version!r} is another captioner version's ONNX format (this one reads "
+            f"{FORMAT_VERSION}; exported by captioner {manifest.get('captioner_version', '?')}): re-export the checkpoint"
+        )
+    for field, kind in REQUIRED_FIELDS.items():
+        if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
+            raise ExportError(f"{path}: field {field!r} is missing or malformed")
+    for graph in GRAPHS:
+        entry, names = manifest["files"].get(graph), manifest["graphs"].get(graph)
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("sha256"), str)):
+            raise ExportError(f"{path}: files.{graph} must give the graph's path and sha256")
+        if Path(entry["path"]).name != entry["path"] or entry["path"] in ("", ".", ".."):
+            raise ExportError(f"{path}: files.{graph}.path must be a file name beside onnx.json, got {entry['path']!r}")
+        if not (isinstance(names, dict) and all(isinstance(names.get(k), list) for k in ("inputs", "outputs"))):
+            raise ExportError(f"{path}: graphs.{graph} must list the graph's inputs and outputs")
+    if not (len(manifest["grid"]) == 2 and all(isinstance(x, int) and x > 0 for x in manifest["grid"])):
+        raise ExportError(f"{path}: grid must be [h, w], got {manifest['grid']!r}")
+    special = manifest["special_tokens"]
+    if not (isinstance(special.get("bos"), int) and isinstance(special.get("eos"), int) and isinstance(special.get("banned"), list)):
+        raise ExportError(f"{path}: special_tokens must give bos, eos and banned ids")
+    return manifest
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def session_options(threads: int | None) -> ort.SessionOptions:
+    """One decode runs one graph at a time: `threads` (default: the cores this process may use)
+    inside each operator, none between operators. Idle threads sleep instead of spinning: a
+    decode runs many small operators, and on a CPU shared with other work spinning threads take
+    the cycles the working ones need (on 2 busy cores, batch-1 latency fell about fourfold)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or available_cores()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only: the CLI's output is the captions
+    return options
+
+
+def open_session(path: Path, manifest_path: Path, expected_sha256: str, names: dict, threads: int | None) -> ort.InferenceSession:
+    """The checked graph file's session, its inputs and outputs those onnx.json names."""
+    if not path.is_file():
+        raise ExportError(f"{path}: missing (listed in {manifest_path.name}); re-export the checkpoint")
+    if sha256_of(path) != expected_sha256:
+        raise ExportError(f"{path}: sha256 does not match {manifest_path.name} (the file was changed or damaged); re-export the checkpoint")
+    try:
+        session = ort.InferenceSession(str(path), sess_options=session_options(threads), providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own several classes for a bad model
+        raise ExportError(f"{path}: onnxruntime cannot load it ({' '.join(str(e).split())[:200]})") from None
+    inputs, outputs = [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
+    if inputs != names["inputs"] or outputs != names["outputs"]:
+        raise ExportError(f"{path}: inputs {inputs} and outputs {outputs} are not those {manifest_path.name} lists")
+    return session
+
+
+def load_bundle(folder: str | Path, threads: int | None = None) -> Bundle:
+    """An exported folder (the folder holding onnx.json, or the one above it), checked, with
+    its three sessions on the CPU."""
+    manifest_path = find_manifest(folder)
+    manifest = read_manifest(manifest_path)
+    try:
+        vocab = Vocabulary(manifest["vocab"])
+    except CaptionerError as e:
+        raise ExportError(f"{manifest_path}: vocab: {e}") from None
+    special = manifest["special_tokens"]
+    ids = [special["bos"], special["eos"], *special["banned"]]
+    if not all(isinstance(i, int) and 0 <= i < len(vocab) for i in ids):
+        raise ExportError(f"{manifest_path}: special_tokens {ids} are not all ids of its {len(vocab)}-word vocab")
+    sessions = {
+        graph: open_session(
+            manifest_path.parent / manifest["files"][graph]["path"], manifest_path, manifest["files"][graph]["sha256"],
+            manifest["graphs"][graph], threads,
+        )
+        for graph in GRAPHS
+    }
+    logprobs = sessions["decoder_step"].get_outputs()[0].shape  # ["batch", V]
+    if logprobs[-1] != len(vocab):
+        raise ExportError(f"{manifest_path}: the step graph scores {logprobs[-1]} words, its vocab has {len(vocab)}")
+    return Bundle(manifest_path.parent, manifest, vocab, sessions)

@@ -1,0 +1,217 @@
+"""`OnnxCaptioner`: caption images from an exported folder with onnxruntime, numpy and Pillow.
+
+    from captioner.deploy import OnnxCaptioner
+    model = OnnxCaptioner.from_folder("export/")          # the folder `captioner export --onnx` wrote
+    caps = model.caption(["a.jpg", pil_image], beam_size=3)
+    caps[0].text, caps[0].score, caps[0].heatmaps()      # (T, h, w) attention per word
+
+The encoder graph turns a batch into feats, the init graph makes the decoder's memory and first
+state, and the search (`search.py`) calls the step graph once per word over every image's beams.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+
+from captioner.core.errors import ConfigError, ImageLoadError
+from captioner.data.pictures import load_image
+from captioner.deploy.bundle import Bundle, load_bundle
+from captioner.deploy.preprocess import ImageInput, image_array, image_batch, picture_of
+from captioner.deploy.search import Arrays, Hypothesis, SearchOptions, TokenRules, beam_search_n_best, greedy_search
+from captioner.text.endings import BAD_ENDINGS
+
+
+@dataclass
+class OnnxCaption:
+    """One image's caption, as `captioner.models.caption.Caption` holds it, in numpy."""
+
+    text: str
+    words: list[str]
+    tokens: list[int]
+    score: float  # length-normalised log-probability that ranked it
+    logprob: float
+    attn: np.ndarray  # (T, L, H, h, w) float32: every word's attention, per decoder layer and head
+    finished: bool  # False when the maximum length cut it short
+
+    def heatmaps(self, layer: int = -1, head: int | None = None) -> np.ndarray:
+        """(T, h, w) maps for display: one layer, one head or the mean over heads (the default)."""
+        maps = self.attn[:, layer]  # (T, H, h, w)
+        return maps.mean(axis=1) if head is None else maps[:, head]  # (T, h, w)
+
+    def to_json(self) -> dict:
+        return {"caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4), "finished": self.finished}
+
+
+# The options `caption` takes, with the kind of value each must be.
+OPTION_KINDS = {
+    "beam_size": "int", "max_length": "int", "length_penalty": "float", "block_trigrams": "bool",
+    "min_length": "int", "suppress_bad_endings": "bool",
+}
+
+
+class OnnxCaptioner:
+    """An exported captioner: its three onnxruntime sessions, vocabulary, input size and
+    decoding defaults (the model's `decode` section at export)."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        manifest = bundle.manifest
+        self.bundle = bundle
+        self.vocab = bundle.vocab
+        self.image_size: int = manifest["image_size"]
+        self.grid: tuple[int, int] = (int(manifest["grid"][0]), int(manifest["grid"][1]))
+        self.capacity: int | None = manifest["capacity"]
+        self.decode_defaults: dict[str, Any] = dict(manifest["decode"])
+        self.memory_names = [f"memory.{k}" for k in manifest["memory"]]
+        self.state_names = [f"state.{k}" for k in manifest["state"]]
+        special = manifest["special_tokens"]
+        V = len(self.vocab)
+        banned = np.zeros(V, dtype=bool)  # (V,)
+        banned[special["banned"]] = True
+        bad_endings = np.array([word in BAD_ENDINGS for word in self.vocab.to_list()])  # (V,)
+        self.rules = TokenRules(special["bos"], special["eos"], banned, bad_endings)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, threads: int | None = None) -> OnnxCaptioner:
+        """The export in `folder` (the one holding onnx.json, or its parent), checked: a missing
+        or changed graph, or another format version, is a one-line ExportError naming the file.
+        `threads`: onnxruntime's threads per operator (default: the cores available)."""
+        return cls(load_bundle(folder, threads))
+
+    def options(self, **overrides: Any) -> SearchOptions:
+        """The decoding defaults with `overrides` (None keeps a default), checked: a bad value,
+        or a max_length beyond the steps the graph was exported for, is a one-line ConfigError."""
+        for name in overrides:
+            if name not in OPTION_KINDS:
+                raise ConfigError(f"decode: unknown option {name!r} for the ONNX runtime (options: {', '.join(OPTION_KINDS)})")
+        values = {name: self.decode_defaults.get(name, 0 if OPTION_KINDS[name] != "bool" else False) for name in OPTION_KINDS}
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        for name, kind in OPTION_KINDS.items():
+            check_option(name, values[name], kind)
+        if values["beam_size"] < 1 or values["max_length"] < 1:
+            raise ConfigError(f"decode: beam size and max length must be >= 1, got {values['beam_size']} and {values['max_length']}")
+        if values["length_penalty"] < 0 or values["min_length"] < 0:
+            raise ConfigError("decode: length_penalty and min_length must be >= 0")
+        if self.capacity is not None and values["max_length"] > self.capacity:
+            raise ConfigError(
+                f"decode: max_length {values['max_length']} exceeds the {self.capacity} steps "
+                f"{self.bundle.path('decoder_step')} was exported for (re-export with a larger capacity)"
+            )
+        return SearchOptions(**values)
+
+    @overload
+    def caption(self, images: ImageInput, *, batch_size: int | None = None, **options: Any) -> OnnxCaption: ...
+
+    @overload
+    def caption(
+        self, images: list[ImageInput] | tuple[ImageInput, ...], *, batch_size: int | None = None, **options: Any
+    ) -> list[OnnxCaption]: ...
+
+    def caption(
+        self, images: ImageInput | list[ImageInput] | tuple[ImageInput, ...], *, batch_size: int | None = None, **options: Any
+    ) -> OnnxCaption | list[OnnxCaption]:
+        """Caption an image (a path, an encoded file's bytes or a PIL image) or a list of them,
+        in batches of `batch_size` (default: the export's decode.batch_size). `options`:
+        beam_size, max_length, length_penalty, block_trigrams, min_length, suppress_bad_endings
+        (None: the export's defaults). A list stops at its first image that does not load, with
+        that image's one-line ImageLoadError."""
+        search = self.options(**options)
+        single = not isinstance(images, (list, tuple))
+        items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
+        batch_size = batch_size or int(self.decode_defaults.get("batch_size", 32))
+        captions: list[OnnxCaption] = []
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            pictures = [picture_of(x) if single else picture_of(x, f"image {start + i + 1} of {len(items)}") for i, x in enumerate(chunk)]
+            captions += self.caption_arrays(image_batch(pictures, self.image_size), search)
+        return captions[0] if single else captions
+
+    def caption_files(
+        self, paths: Sequence[str | Path], batch_size: int | None = None, n_best: int | None = None, **options: Any
+    ) -> list[OnnxCaption | ImageLoadError] | list[list[OnnxCaption] | ImageLoadError]:
+        """Caption files in batches (default: the export's decode.batch_size); a file that fails
+        to load gives its one-line error in its place and the rest go on (as
+        `Captioner.caption_files`, for the command line). With `n_best`, each good file gives
+        its list of up to n_best distinct captions, best first (n_best <= beam_size)."""
+        search = self.options(**options)
+        self._check_n_best(n_best, search)
+        batch_size = batch_size or int(self.decode_defaults.get("batch_size", 32))
+        results: list[OnnxCaption | ImageLoadError] = []
+        for start in range(0, len(paths), batch_size):
+            loaded: list[np.ndarray | ImageLoadError] = []
+            for path in paths[start : start + batch_size]:
+                try:
+                    loaded.append(image_array(load_image(path), self.image_size))  # (3, S, S)
+                except ImageLoadError as e:
+                    loaded.append(e)
+            good = [x for x in loaded if isinstance(x, np.ndarray)]
+            ranked = iter(self.caption_arrays_n_best(np.stack(good), search, n_best or 1) if good else [])  # (b, 3, S, S) in
+            for x in loaded:
+                if isinstance(x, ImageLoadError):
+                    results.append(x)
+                else:
+                    captions = next(ranked)
+                    results.append(captions if n_best is not None else captions[0])
+        return results
+
+    def caption_arrays(self, images: np.ndarray, search: SearchOptions | None = None) -> list[OnnxCaption]:
+        """uint8 images (B, 3, S, S), as `preprocess.image_batch` makes them -> a caption each."""
+        return [ranked[0] for ranked in self.caption_arrays_n_best(images, search or self.options(), 1)]
+
+    def caption_arrays_n_best(self, images: np.ndarray, search: SearchOptions, n_best: int) -> list[list[OnnxCaption]]:
+        """uint8 images (B, 3, S, S) -> per image its n_best distinct captions, best first
+        (greedy decoding, beam_size 1, gives one)."""
+        feats = self.encode(images)  # (B, N, D)
+        memory, state = self.start(feats)
+        if search.beam_size <= 1:
+            ranked = [[h] for h in greedy_search(self.step, memory, state, self.rules, search)]
+        else:
+            ranked = beam_search_n_best(self.step, memory, state, self.rules, search, n_best)
+        return [[self._caption(h) for h in hyps] for hyps in ranked]
+
+    @staticmethod
+    def _check_n_best(n_best: int | None, search: SearchOptions) -> None:
+        if n_best is None:
+            return
+        check_option("n_best", n_best, "int")
+        if not 1 <= n_best <= search.beam_size:
+            raise ConfigError(f"decode: n_best ({n_best}) must be between 1 and the beam size ({search.beam_size})")
+
+    def encode(self, images: np.ndarray) -> np.ndarray:
+        """uint8 images (B, 3, S, S) -> feats (B, N, D)."""
+        return self.bundle.sessions["encoder"].run(["feats"], {"images": images})[0]  # (B, N, D)
+
+    def start(self, feats: np.ndarray) -> tuple[Arrays, Arrays]:
+        """feats (B, N, D) -> the decoder's memory and first state, by name."""
+        outputs = self.bundle.sessions["decoder_init"].run(None, {"feats": feats})
+        n = len(self.memory_names)
+        return dict(zip(self.memory_names, outputs[:n])), dict(zip(self.state_names, outputs[n:]))
+
+    def step(self, memory: Arrays, prev: np.ndarray, state: Arrays) -> tuple[np.ndarray, np.ndarray, Arrays]:
+        """One decoder step: prev (R,) -> logprobs (R, V), attn (R, L, H, N), the next state."""
+        outputs = self.bundle.sessions["decoder_step"].run(None, {**memory, "prev_tokens": prev, **state})
+        return outputs[0], outputs[1], dict(zip(self.state_names, outputs[2:]))
+
+    def _caption(self, hyp: Hypothesis) -> OnnxCaption:
+        words = self.vocab.decode_words(hyp.tokens)
+        attn = hyp.attn.reshape(hyp.attn.shape[0], *hyp.attn.shape[1:3], *self.grid)  # (T, L, H, h, w)
+        return OnnxCaption(" ".join(words), words, hyp.tokens, hyp.score, hyp.logprob, attn, hyp.finished)
+
+
+def check_option(name: str, value: Any, kind: str) -> None:
+    """bool options take True/False, int options whole numbers, float options finite numbers."""
+    if kind == "bool":
+        ok = isinstance(value, bool)
+    elif kind == "int":
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok:
+        expected = {"bool": "true or false", "float": "a finite number"}.get(kind, "a whole number")
+        raise ConfigError(f"decode: {name} must be {expected}, got {value!r}")

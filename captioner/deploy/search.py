@@ -1,0 +1,239 @@
+"""Greedy decoding and batched beam search in numpy, over any decoder step given as a function.
+
+The same search as `captioner.models.decoding` (greedy_decode, beam_search_n_best with one
+group), written again for numpy so the runtime loads no torch: the same banned ids, trigram
+blocking, GNMT length penalty ((5 + length) / 6) ** alpha, the same rule for when an image's
+search is done and the same competition between finished and cut-off beams at max_length, with
+scores accumulated in float32 as torch does. So captions come out the same when the step
+returns the same numbers. Two rules the runtime adds on <eos>: `min_length` and
+`suppress_bad_endings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+# memory, prev_tokens (R,), state -> logprobs (R, V), attn (R, L, H, N), next state
+StepFunction = Callable[[Arrays, np.ndarray, Arrays], tuple[np.ndarray, np.ndarray, Arrays]]
+
+NEG_INF = np.float32(-np.inf)
+
+
+@dataclass(frozen=True)
+class TokenRules:
+    """The ids a search treats apart: every caption starts at `bos` and ends at `eos`; `banned`
+    (V,) bool, true at ids never produced (<pad>, <bos>, <unk>); `bad_endings` (V,) bool, true at
+    the words a caption may not end on when `suppress_bad_endings` is asked for."""
+
+    bos: int
+    eos: int
+    banned: np.ndarray
+    bad_endings: np.ndarray
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    beam_size: int
+    max_length: int
+    length_penalty: float
+    block_trigrams: bool
+    min_length: int
+    suppress_bad_endings: bool
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # word ids, without <bos> and <eos>
+    score: float  # total log-probability, divided by the length penalty
+    logprob: float  # total log-probability, <eos> included when the caption ended
+    attn: np.ndarray  # (T, L, H, N): the attention at each word
+    finished: bool  # False when max_length was reached before <eos>
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's ((5 + length) / 6) ** alpha; alpha = 0 ranks by total log-probability."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def apply_rules(logprobs: np.ndarray, history: np.ndarray, rules: TokenRules, options: SearchOptions) -> np.ndarray:
+    """logprobs (R, V) with -inf at the ids no row may produce now: the banned ids, and <eos>
+    while the caption is shorter than `min_length` words or (with `suppress_bad_endings`) right
+    after a bad ending. history (R, t): the words so far."""
+    logprobs = np.where(rules.banned, NEG_INF, logprobs.astype(np.float32, copy=False))  # (R, V)
+    t = history.shape[1]
+    if t < options.min_length:
+        logprobs[:, rules.eos] = NEG_INF
+    elif options.suppress_bad_endings and t > 0:
+        logprobs[rules.bad_endings[history[:, -1]], rules.eos] = NEG_INF
+    return logprobs
+
+
+def block_repeated_trigrams(logprobs: np.ndarray, history: np.ndarray) -> np.ndarray:
+    """-inf at every word that would repeat a trigram already in its row's caption: w is blocked
+    when the last two words (a, b) already occur as (a, b, w). logprobs (R, V), history (R, t)."""
+    if history.shape[1] < 3:
+        return logprobs
+    last = history[:, -2:]  # (R, 2)
+    match = (history[:, :-2] == last[:, :1]) & (history[:, 1:-1] == last[:, 1:])  # (R, t-2): (a, b) at i, i+1
+    rows, starts = np.nonzero(match)
+    blocked = logprobs.copy()
+    blocked[rows, history[rows, starts + 2]] = NEG_INF
+    return blocked
+
+
+def greedy_search(step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions) -> list[Hypothesis]:
+    """The most probable allowed word at each step, for every row of memory and state, until
+    every row has ended or max_length words; the score is the log-probability of the words and
+    the <eos>."""
+    batch = len(next(iter(memory.values())))
+    prev = np.full(batch, rules.bos, dtype=np.int64)  # (B,)
+    logprob = np.zeros(batch, dtype=np.float32)  # (B,)
+    history = np.zeros((batch, 0), dtype=np.int64)  # (B, t)
+    done = np.zeros(batch, dtype=bool)  # (B,)
+    lengths = np.full(batch, options.max_length)  # (B,)
+    maps = []
+    for t in range(options.max_length):
+        logprobs, attn, state = step(memory, prev, state)  # (B, V), (B, L, H, N)
+        logprobs = apply_rules(logprobs, history, rules, options)  # (B, V)
+        allowed = block_repeated_trigrams(logprobs, history) if options.block_trigrams else logprobs  # (B, V)
+        prev = allowed.argmax(axis=1)  # (B,)
+        logprob += np.where(done, np.float32(0.0), logprobs[np.arange(batch), prev])
+        history = np.concatenate([history, prev[:, None]], axis=1)  # (B, t+1)
+        maps.append(attn.astype(np.float32, copy=False))
+        ended = (prev == rules.eos) & ~done
+        lengths[ended] = t
+        done |= ended
+        if done.all():
+            break
+    attn_bt = np.stack(maps, axis=1)  # (B, T, L, H, N)
+    return [
+        Hypothesis(history[b, : lengths[b]].tolist(), float(logprob[b]), float(logprob[b]), attn_bt[b, : lengths[b]], bool(done[b]))
+        for b in range(batch)
+    ]
+
+
+def top_descending(values: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of the k largest values of each row, largest first (ties: lower index
+    first); values (R, M) -> (R, k)."""
+    k = min(k, values.shape[1])
+    part = np.argpartition(-values, k - 1, axis=1)[:, :k]  # (R, k), unordered
+    order = np.lexsort((part, -np.take_along_axis(values, part, axis=1)), axis=1)  # (R, k): by value, then index
+    return np.take_along_axis(part, order, axis=1)  # (R, k)
+
+
+class BeamHistory:
+    """The attention maps of every live beam, kept as each step's maps and back-pointers: a
+    beam's maps are read back once, when it becomes a hypothesis, instead of being copied with
+    every reordering."""
+
+    def __init__(self) -> None:
+        self.maps: list[np.ndarray] = []  # per step (R, L, H, N), rows as after that step's reordering
+        self.parents: list[np.ndarray] = []  # per step (R,): the row each beam came from
+
+    def append(self, attn: np.ndarray, rows: np.ndarray) -> None:
+        self.maps.append(attn[rows])  # (R, L, H, N)
+        self.parents.append(rows)
+
+    def attention(self, row: int, shape: tuple[int, ...]) -> np.ndarray:
+        """(t, L, H, N): the maps of the beam in `row` after the last step, first word first."""
+        maps = []
+        for step in range(len(self.maps) - 1, -1, -1):
+            maps.append(self.maps[step][row])
+            row = int(self.parents[step][row])
+        return np.stack(maps[::-1]) if maps else np.zeros((0, *shape), dtype=np.float32)  # (t, L, H, N)
+
+
+def beam_search(step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions) -> list[Hypothesis]:
+    """The best hypothesis of each image's `beam_search_n_best`."""
+    return [ranked[0] for ranked in beam_search_n_best(step, memory, state, rules, options, n_best=1)]
+
+
+def beam_search_n_best(
+    step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions, n_best: int = 1
+) -> list[list[Hypothesis]]:
+    """Per image the `n_best` (<= beam_size) best distinct hypotheses of its beam search, best
+    first; memory and state hold one row per image (B). Each step runs the decoder once over B*K rows (K = beam_size), ranks each image's K*V
+    continuations and keeps the top 2K: an <eos> among the top K becomes a finished hypothesis,
+    the best K others stay live. An image is done once it has K finished hypotheses that no live
+    beam can still beat; at max_length its live beams compete with the finished ones on the
+    same length-penalised score (finished=False)."""
+    B = len(next(iter(memory.values())))
+    K, max_length, alpha, eos = options.beam_size, options.max_length, options.length_penalty, rules.eos
+    memory = {k: np.repeat(v, K, axis=0) for k, v in memory.items()}  # (B*K, ...): beams of image b are rows b*K..b*K+K-1
+    state = {k: np.repeat(v, K, axis=0) for k, v in state.items()}  # (B*K, ...)
+    prev = np.full(B * K, rules.bos, dtype=np.int64)  # (B*K,)
+    scores = np.full((B, K), NEG_INF, dtype=np.float32)  # (B, K)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    history = np.zeros((B * K, 0), dtype=np.int64)  # (B*K, t)
+    beams = BeamHistory()
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    done = [False] * B
+    best_possible_penalty = length_penalty(max_length, alpha)
+    map_shape: tuple[int, ...] = ()
+
+    for t in range(max_length):
+        logprobs, attn, state = step(memory, prev, state)  # (B*K, V), (B*K, L, H, N)
+        attn = attn.astype(np.float32, copy=False)
+        map_shape = attn.shape[1:]
+        logprobs = apply_rules(logprobs, history, rules, options)  # (B*K, V)
+        if options.block_trigrams:
+            logprobs = block_repeated_trigrams(logprobs, history)
+        V = logprobs.shape[1]
+        candidates = (scores.reshape(B * K, 1) + logprobs).reshape(B, K * V)  # (B, K*V): true log-probabilities
+        top_index = top_descending(candidates, 2 * K)  # (B, 2K)
+        top_scores = np.take_along_axis(candidates, top_index, axis=1)  # (B, 2K)
+        top_beam, top_token = top_index // V, top_index % V  # (B, 2K) each
+        is_eos = top_token == eos  # (B, 2K)
+
+        # Finished hypotheses: <eos> within the top K of a search still going on.
+        for b, j in np.argwhere(is_eos[:, :K] & np.isfinite(top_scores[:, :K])):
+            if done[b]:
+                continue
+            row = b * K + int(top_beam[b, j])
+            raw = float(top_scores[b, j])
+            finished[b].append(
+                Hypothesis(history[row].tolist(), raw / length_penalty(t, alpha), raw, beams.attention(row, map_shape), True)
+            )
+
+        # Live beams: the best K candidates of each image that do not end here.
+        live_pos = top_descending(np.where(is_eos, NEG_INF, top_scores), K)  # (B, K)
+        live_key = np.take_along_axis(np.where(is_eos, NEG_INF, top_scores), live_pos, axis=1)  # (B, K)
+        live_beam = np.take_along_axis(top_beam, live_pos, axis=1)  # (B, K)
+        live_token = np.take_along_axis(top_token, live_pos, axis=1)  # (B, K)
+        scores = np.where(np.isinf(live_key), NEG_INF, np.take_along_axis(top_scores, live_pos, axis=1))  # (B, K)
+        rows = (np.arange(B)[:, None] * K + live_beam).reshape(-1)  # (B*K,)
+        state = {k: np.take(v, rows, axis=0) for k, v in state.items()}
+        history = np.concatenate([history[rows], live_token.reshape(-1, 1)], axis=1)  # (B*K, t+1)
+        beams.append(attn, rows)
+        prev = live_token.reshape(-1)  # (B*K,)
+
+        best_live = scores.max(axis=1).tolist()  # (B,)
+        for b in range(B):
+            if not done[b] and len(finished[b]) >= K:
+                worst = sorted(h.score for h in finished[b])[-K]
+                done[b] = worst >= best_live[b] / best_possible_penalty
+        if all(done):
+            break
+
+    live_scores = scores.reshape(B * K).tolist()  # (B*K,)
+    steps = history.shape[1]
+    live_penalty = length_penalty(steps, alpha)
+    results = []
+    for b in range(B):
+        pool = list(finished[b])
+        if not done[b]:  # cut off at max_length: its live beams compete on the same score
+            for row in range(b * K, (b + 1) * K):
+                raw = live_scores[row]
+                if raw != float("-inf"):
+                    pool.append(Hypothesis(history[row].tolist(), raw / live_penalty, raw, beams.attention(row, map_shape), False))
+        ranked, seen = [], set()
+        for hyp in sorted(pool, key=lambda h: -h.score):
+            if tuple(hyp.tokens) not in seen:  # keep each caption once
+                seen.add(tuple(hyp.tokens))
+                ranked.append(hyp)
+        results.append(ranked[:n_best])
+    return results

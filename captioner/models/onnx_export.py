@@ -1,0 +1,310 @@
+"""ONNX export: a Captioner -> three graphs and an `onnx.json` that `captioner.deploy` runs
+with onnxruntime, numpy and Pillow alone.
+
+    encoder.onnx        images uint8 (B, 3, S, S) -> feats (B, N, D)      normalisation inside
+    decoder_init.onnx   feats (B, N, D) -> memory.*, state.*             `prepare` + `init_state`
+    decoder_step.onnx   memory.*, prev_tokens (B,), state.* -> logprobs (B, V), attn (B, L, H, N), next_state.*
+
+The graphs mirror the decoder interface (decoder.py), so the runtime's search knows no decoder:
+memory and state are whatever the decoder's dicts hold (the LSTM's h and c; the transformer's
+key/value cache per layer and its position), each batch-first with a dynamic batch, so beam
+search expands and reorders them row by row. The transformer's cache is preallocated for
+`capacity` steps: the step graph has that shape baked in and the runtime refuses a longer
+max_length. After writing, onnxruntime runs the graphs on a random batch and the export fails
+unless they reproduce torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import inspect
+import io
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import captioner
+from captioner.core.errors import ExportError
+from captioner.models.captioner import Captioner
+from captioner.models.decoder import Decoder
+
+# What the runtime checks before it loads a graph (captioner/deploy/bundle.py reads the same
+# name and version; tests/test_onnx.py holds the two together, since models and deploy may not
+# import each other). Bump the version whenever the graphs' inputs, outputs or onnx.json change.
+FORMAT_NAME = "captioner-onnx"
+FORMAT_VERSION = 1
+DEFAULT_OPSET = 17
+DYNAMO_MIN_OPSET = 18  # the dynamo exporter writes opset 18 and later
+SUBFOLDER = "onnx"
+MANIFEST = "onnx.json"
+GRAPH_FILES = {"encoder": "encoder.onnx", "decoder_init": "decoder_init.onnx", "decoder_step": "decoder_step.onnx"}
+PARITY_TOLERANCE = 1e-4  # max |onnxruntime - torch| allowed, relative to the tensor's scale (at least 1)
+
+
+class EncoderGraph(nn.Module):
+    """uint8 images (B, 3, S, S) -> feats (B, N, D), as `Captioner.encode` (zeros for a blind model)."""
+
+    def __init__(self, model: Captioner) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        feats, _ = self.model.encode(images)  # (B, N, D)
+        return feats
+
+
+class DecoderInitGraph(nn.Module):
+    """feats (B, N, D) -> the memory tensors, then the state tensors, in the given key orders."""
+
+    def __init__(self, decoder: Decoder, memory_keys: list[str], state_keys: list[str], capacity: int | None) -> None:
+        super().__init__()
+        self.decoder, self.memory_keys, self.state_keys, self.capacity = decoder, memory_keys, state_keys, capacity
+
+    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        memory = self.decoder.prepare(feats)
+        state = self.decoder.init_state(memory, capacity=self.capacity)
+        return (*[memory[k] for k in self.memory_keys], *[state[k] for k in self.state_keys])
+
+
+class DecoderStepGraph(nn.Module):
+    """`Decoder.step` with flat tensors: memory..., prev_tokens, state... -> logprobs, attn, state..."""
+
+    def __init__(self, decoder: Decoder, memory_keys: list[str], state_keys: list[str]) -> None:
+        super().__init__()
+        self.decoder, self.memory_keys, self.state_keys = decoder, memory_keys, state_keys
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = len(self.memory_keys)
+        memory = dict(zip(self.memory_keys, tensors[:n]))
+        state = dict(zip(self.state_keys, tensors[n + 1 :]))
+        logprobs, attn, state = self.decoder.step(memory, tensors[n], state)  # (B, V), (B, L, H, N)
+        return (logprobs, attn, *[state[k] for k in self.state_keys])
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSpec:
+    """One graph to write: the module, example inputs, and its input and output names."""
+
+    key: str
+    module: nn.Module
+    example: tuple[torch.Tensor, ...]
+    inputs: list[str]
+    outputs: list[str]
+
+    def __post_init__(self) -> None:
+        # A new wrapper starts in training mode; the exporter puts the module in eval mode and
+        # afterwards restores the wrapper's mode recursively, which would leave the model's
+        # batch norm and dropout training. In eval mode from the start, it stays there.
+        self.module.eval()
+
+
+def export_onnx(model: Captioner, folder: str | Path, opset: int | None = None, capacity: int | None = None) -> list[Path]:
+    """Write `folder`/onnx/{encoder,decoder_init,decoder_step}.onnx and onnx.json; returns their paths.
+
+    `capacity` bounds the steps of a decoder whose state grows (the transformer's key/value
+    cache); default: the model's decode.max_length. Raises ExportError when onnxruntime does not
+    reproduce torch on a random batch (max |diff| over PARITY_TOLERANCE)."""
+    model = _cpu_float_copy(model)
+    opset = DEFAULT_OPSET if opset is None else opset
+    capacity = model.decode_config.max_length if capacity is None else capacity
+    if capacity < 1:
+        raise ExportError(f"export: capacity must be >= 1 step, got {capacity}")
+    out = Path(folder) / SUBFOLDER
+    manifest_path = out / MANIFEST
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        manifest_path.unlink(missing_ok=True)  # an older export's manifest never vouches for these graphs
+    except OSError as e:
+        raise ExportError(f"{out}: cannot write the export here ({e.strerror})") from None
+
+    specs, summary = _graph_specs(model, capacity)
+    paths, exporters = [], {}
+    for spec in specs:
+        path = out / GRAPH_FILES[spec.key]
+        exporters[spec.key] = _export_graph(spec, path, opset)
+        paths.append(path)
+    check_parity(specs, paths)
+    # The manifest last, atomically: a folder whose graphs failed the check has none.
+    manifest = _manifest(model, specs, paths, opset, {**summary, "exporters": exporters})
+    tmp = manifest_path.with_name(MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, manifest_path)
+    return [*paths, manifest_path]
+
+
+def _cpu_float_copy(model: Captioner) -> Captioner:
+    """The model in eval mode on the CPU in float32; a copy when it is elsewhere, so the
+    caller's model is left as it was."""
+    if model.device.type != "cpu" or model.dtype != torch.float32 or model.training:
+        model = copy.deepcopy(model).cpu().float()
+    return model.eval()
+
+
+@torch.no_grad()
+def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict]:
+    """The three graphs with example inputs (a batch of 2 random images), and what onnx.json
+    says about the model's shapes: grid, layers, heads, the state's capacity."""
+    decoder = model.decoder
+    S = model.image_size
+    images = torch.randint(0, 256, (2, 3, S, S), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))  # (2, 3, S, S)
+    feats, grid = model.encode(images)  # (2, N, D)
+    memory = decoder.prepare(feats)
+    state = decoder.init_state(memory, capacity=capacity)
+    memory_keys, state_keys = list(memory), list(state)
+    bos = torch.full((2,), model.special_tokens.bos, dtype=torch.long)  # (2,)
+    _, attn, _ = decoder.step(memory, bos, state)  # attn (2, L, H, N)
+    # The state limits the steps only when its shapes depend on the capacity (a preallocated cache).
+    roomier = decoder.init_state(memory, capacity=capacity + 1)
+    grows = any(roomier[k].shape != state[k].shape for k in state_keys)
+    memory_names = [f"memory.{k}" for k in memory_keys]
+    state_names = [f"state.{k}" for k in state_keys]
+    specs = [
+        GraphSpec("encoder", EncoderGraph(model), (images,), ["images"], ["feats"]),
+        GraphSpec(
+            "decoder_init", DecoderInitGraph(decoder, memory_keys, state_keys, capacity), (feats,), ["feats"],
+            [*memory_names, *state_names],
+        ),
+        GraphSpec(
+            "decoder_step", DecoderStepGraph(decoder, memory_keys, state_keys),
+            (*[memory[k] for k in memory_keys], bos, *[state[k] for k in state_keys]),
+            [*memory_names, "prev_tokens", *state_names],
+            ["logprobs", "attn", *[f"next_state.{k}" for k in state_keys]],
+        ),
+    ]
+    summary = {
+        "grid": list(grid),
+        "layers": int(attn.shape[1]),
+        "heads": int(attn.shape[2]),
+        "memory": memory_keys,
+        "state": state_keys,
+        "capacity": capacity if grows else None,
+    }
+    return specs, summary
+
+
+def _export_graph(spec: GraphSpec, path: Path, opset: int) -> dict[str, Any]:
+    """Trace `spec.module` into `path` with a dynamic batch dimension on every input and output;
+    returns the exporter that wrote it and the opset it used.
+
+    The TorchScript exporter first (dynamo=False): it traces these graphs in a fraction of a
+    second. What it cannot express (an adaptive pool to a grid that does not divide the feature
+    map) goes to the dynamo exporter, which decomposes it, in seconds. Both failing is a
+    one-line ExportError."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+            torch.onnx.export(
+                spec.module, spec.example, str(path), input_names=spec.inputs, output_names=spec.outputs,
+                dynamic_axes={name: {0: "batch"} for name in [*spec.inputs, *spec.outputs]}, opset_version=opset,
+                dynamo=False,
+            )
+        return {"exporter": "torchscript", "opset": opset}
+    except Exception as torchscript_error:  # noqa: BLE001 - the exporter raises many kinds; dynamo may still manage
+        first_reason = " ".join(str(torchscript_error).split())[:160]
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                spec.module, spec.example, input_names=spec.inputs, output_names=spec.outputs,
+                dynamic_shapes=_dynamic_batch(spec), opset_version=max(opset, DYNAMO_MIN_OPSET), dynamo=True, verbose=False,
+            )
+            program.save(str(path))
+        return {"exporter": "dynamo", "opset": max(opset, DYNAMO_MIN_OPSET)}
+    except Exception as e:  # noqa: BLE001
+        reason = " ".join(str(e).split())[:160]
+        raise ExportError(f"export: torch.onnx cannot export {path.name} (TorchScript: {first_reason}; dynamo: {reason})") from None
+
+
+def _dynamic_batch(spec: GraphSpec) -> dict[str, Any]:
+    """The dynamo exporter's dynamic shapes: dimension 0 of every input is the batch."""
+    batch = torch.export.Dim("batch")
+    params = list(inspect.signature(spec.module.forward).parameters.values())
+    if params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        return {params[0].name: tuple({0: batch} for _ in spec.example)}
+    return {p.name: {0: batch} for p in params[: len(spec.example)]}
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest(model: Captioner, specs: list[GraphSpec], paths: list[Path], opset: int, summary: dict) -> dict:
+    """onnx.json: everything the runtime needs besides the graphs, and checksums of the graphs."""
+    special = model.special_tokens
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "captioner_version": captioner.__version__,
+        "torch_version": torch.__version__,
+        "opset": opset,
+        "files": {
+            spec.key: {"path": path.name, "sha256": sha256_of(path), **summary["exporters"][spec.key]}
+            for spec, path in zip(specs, paths)
+        },
+        "graphs": {spec.key: {"inputs": spec.inputs, "outputs": spec.outputs} for spec in specs},
+        "memory": summary["memory"],
+        "state": summary["state"],
+        "capacity": summary["capacity"],  # steps the step graph's state holds; null: no limit
+        "vocab": model.vocab.to_list(),
+        "special_tokens": {"bos": special.bos, "eos": special.eos, "banned": list(special.banned)},
+        "image_size": model.image_size,
+        "grid": summary["grid"],
+        "encoder": model.config.encoder.name,
+        "decoder": {"type": model.config.decoder.type, "layers": summary["layers"], "heads": summary["heads"]},
+        "decode": dataclasses.asdict(model.decode_config),
+    }
+
+
+@torch.no_grad()
+def check_parity(specs: list[GraphSpec], paths: list[Path], steps: int = 3) -> float:
+    """Run the graphs in onnxruntime on 3 random images (the traces saw 2: this checks the
+    dynamic batch too) and the step graph for `steps` greedy steps from the init graph's output;
+    raise ExportError naming the first output that differs from torch by more than
+    PARITY_TOLERANCE (scaled by the output's magnitude, at least 1). Returns the largest such
+    difference."""
+    import onnxruntime as ort
+
+    sessions = {spec.key: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]) for spec, path in zip(specs, paths)}
+    worst = 0.0
+
+    def compare(spec: GraphSpec, feed: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
+        nonlocal worst
+        expected = spec.module(*feed)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        got = sessions[spec.key].run(spec.outputs, {n: t.numpy() for n, t in zip(spec.inputs, feed)})
+        for name, want, have in zip(spec.outputs, expected, got):
+            want = want.numpy()
+            if want.shape != have.shape:
+                raise ExportError(f"export: {GRAPH_FILES[spec.key]} output {name} has shape {have.shape}, torch {want.shape}")
+            scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+            diff = float(np.abs(want.astype(np.float64) - have).max(initial=0.0)) / scale
+            worst = max(worst, diff)
+            if not diff <= PARITY_TOLERANCE:
+                raise ExportError(f"export: {GRAPH_FILES[spec.key]} output {name} differs from torch by {diff:.2e} (> {PARITY_TOLERANCE})")
+        return got
+
+    encoder, init, step = specs
+    images = torch.randint(0, 256, (3, *encoder.example[0].shape[1:]), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    feats = compare(encoder, (images,))[0]  # (3, N, D)
+    start = compare(init, (torch.from_numpy(feats),))
+    n_memory = len(init.outputs) - (len(step.outputs) - 2)  # init gives memory, then state; step returns each state tensor
+    memory, state = [torch.from_numpy(x) for x in start[:n_memory]], [torch.from_numpy(x) for x in start[n_memory:]]
+    prev = step.example[n_memory][:1].expand(3).contiguous()  # (3,) <bos>
+    for _ in range(steps):
+        out = compare(step, (*memory, prev, *state))
+        prev = torch.from_numpy(out[0]).argmax(dim=-1)  # (3,)
+        state = [torch.from_numpy(x) for x in out[2:]]
+    return worst
