@@ -272,3 +272,40 @@ def test_push_uploads_the_export_of_a_checkpoint(exported: tuple[Path, Path], mo
     assert uploaded["repo"] == ("someone/shapes", True, True)
     assert uploaded["files"] == sorted([WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"]) and uploaded["loads"]
     assert os.environ.get("HF_TOKEN") != "hf_recorded"
+
+
+CLI_WITHOUT_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "torchvision"):
+            raise ImportError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, NoTorch())
+from captioner.apps.cli import main
+code = main(sys.argv[1:])
+assert not any(m.split(".")[0] == "torch" for m in sys.modules)
+sys.exit(code)
+"""
+
+
+def test_export_onnx_and_caption_with_the_onnx_runtime_without_torch(
+    exported: tuple[Path, Path], shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run, _ = exported
+    folder = tmp_path / "with-onnx"
+    assert main(["export", str(run), str(folder), "--onnx"]) == 0
+    assert {"encoder.onnx", "decoder_init.onnx", "decoder_step.onnx", "onnx.json"} <= {p.name for p in (folder / "onnx").iterdir()}
+    capsys.readouterr()
+    images = [str(p) for p in shapes_lstm.test_images[:3]]
+    assert main(["caption", str(folder), *images, "--beam", "2"]) == 0
+    by_torch = capsys.readouterr().out
+    result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "caption", str(folder), *images, "--beam", "2", "--runtime", "onnx"],
+                            capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == by_torch
+    result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "caption", str(folder), images[0], "--runtime", "onnx", "--sample"],
+                            capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == "error: caption --runtime onnx: --sample need the PyTorch runtime (leave out --runtime onnx)"
+    result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "caption", str(exported[1]), images[0], "--runtime", "onnx"],
+                            capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert result.returncode == 2 and "no onnx.json" in result.stderr and "Traceback" not in result.stderr

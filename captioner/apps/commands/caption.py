@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither 
     from PIL import Image
 
     from captioner.models.caption import Caption
+    from captioner.deploy import OnnxCaptioner
     from captioner.models.captioner import Captioner
     from captioner.viz.figures import FigureRequest
 
@@ -44,6 +45,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                          help="write each caption's cross-attention per layer and head, a grid of small maps per word, here")
     caption.add_argument("--saliency", choices=("gradcam",), default=None,
                          help="with --heatmaps: also draw each word's Grad-CAM beside its attention")
+    caption.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
+                         help="onnx: run an export made with `captioner export --onnx` on onnxruntime, without torch "
+                              "(greedy and beam search, n-best, --json --attention; no sampling or figures)")
     caption.set_defaults(func=run)
 
 
@@ -51,8 +55,10 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 
 
 def run(args: argparse.Namespace) -> int:
-    from captioner.data.images import load_image
-    from captioner.models.checkpoint import load_captioner
+    from captioner.data.pictures import load_image
+
+    if args.runtime != "onnx":
+        from captioner.models.checkpoint import load_captioner
 
     sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     if sampling and not args.sample:
@@ -60,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         raise CaptionerError(f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} only with --sample")
     if args.saliency and not args.heatmaps:
         raise CaptionerError("caption: --saliency draws beside the heatmaps; give --heatmaps OUTDIR too")
-    model = load_captioner(args.checkpoint, args.device)
+    model = onnx_model(args) if args.runtime == "onnx" else load_captioner(args.checkpoint, args.device)
     paths = expand_images(args.images)
     if not paths:
         raise CaptionerError("caption: no images given")
@@ -104,6 +110,20 @@ def run(args: argparse.Namespace) -> int:
     if failures:
         print(f"{failures} of {len(paths)} images failed", file=sys.stderr)
     return 1 if failures else 0
+
+
+ONNX_REFUSES = {"sample": "--sample", "heatmaps": "--heatmaps", "self_attention": "--self-attention",
+                "head_grid": "--head-grid", "saliency": "--saliency"}
+
+
+def onnx_model(args: argparse.Namespace) -> OnnxCaptioner:
+    """The ONNX runtime on an export's onnx/ graphs; the options it cannot serve refused in one line."""
+    from captioner.deploy import OnnxCaptioner
+
+    refused = [flag for name, flag in ONNX_REFUSES.items() if getattr(args, name, None)]
+    if refused:
+        raise CaptionerError(f"caption --runtime onnx: {', '.join(refused)} need the PyTorch runtime (leave out --runtime onnx)")
+    return OnnxCaptioner.from_folder(args.checkpoint)
 
 
 def figure_request(args: argparse.Namespace) -> FigureRequest | None:
