@@ -144,7 +144,7 @@ def efficientnet_lite_classifier(name: str, pretrained: bool) -> nn.Module:
     net = EfficientNet.from_name(name.replace("_", "-"))
     if pretrained:
         state = torch.load(lite_weights_path(name), map_location="cpu", weights_only=True)
-        net.load_state_dict(state)
+        net.load_state_dict(state, strict=True)  # every tensor of the file has its place, and every place its tensor
     return net
 
 
