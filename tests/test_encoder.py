@@ -44,7 +44,9 @@ def test_every_registered_backbone_matches_its_registry_entry(name: str) -> None
     assert encoder.normalize.statistics == spec.statistics == NORMALIZATIONS[spec.normalization]
     assert torch.equal(feats, by_torchvision)
     assert not any(key.startswith("normalize.") for key in encoder.state_dict())
-    assert spec.input_size % spec.stride == 0 and (spec.weights is None) == (not spec.pretrainable)
+    # An input side need not be a multiple of the stride: Lite1's 240 px and Lite2's 260 px give ceil(side / 32)
+    # cells (tests/test_backbones.py).
+    assert spec.input_size >= spec.stride and (spec.weights is None) == (not spec.pretrainable)
 
 
 def test_the_registry_is_the_one_list_of_names() -> None:

@@ -22,6 +22,7 @@ from captioner.data.records import (
 log = logging.getLogger(__name__)
 
 KARPATHY_COCO_SIZES = {"train": 113_287, "val": 5_000, "test": 5_000}  # train with restval (82,783 + 30,504)
+KARPATHY_SPLITS = ("train", "restval", "val", "test")  # the values an entry's `split` may take
 _reported: set[tuple[str, int]] = set()  # (file, mtime) whose sizes this process has logged: once, not once per split
 
 
@@ -121,12 +122,14 @@ def _check_entries(path: Path, entries: list, name: str, fields: dict) -> set:
 def load_karpathy(
     split_file: str | Path, image_root: str | Path, split: str, check_images: bool = True, strict: bool = False
 ) -> list[ImageRecord]:
-    """Records of one split of a Karpathy file (`dataset_coco.json`, `dataset_flickr8k.json`, ...).
+    """Records of one split of a Karpathy file (`dataset_coco.json`, `dataset_flickr8k.json`,
+    `dataset_flickr30k.json`).
 
     As in the papers that use these splits, `restval` images join `train`. COCO entries carry
-    `filepath` (train2014/val2014) and `cocoid`; Flickr entries carry neither, so their ids are
-    `imgid`. Each sentence needs its `raw` string or its `tokens` list; a malformed entry stops
-    the load with the entry's index.
+    `filepath` (train2014/val2014) and `cocoid`; Flickr entries carry neither (their images lie
+    directly under `image_root`), so their ids are `imgid`. Each sentence needs its `raw` string
+    or its `tokens` list; a malformed entry (a missing field, a split other than train, restval,
+    val or test) stops the load with the entry's index.
     """
     split_file = check_file(split_file, "Karpathy split file")
     data = read_json(split_file, "Karpathy split file")
@@ -155,6 +158,8 @@ def load_karpathy(
         if image_id in seen:
             raise DatasetError(f"{where} repeats image id {image_id} of images[{seen[image_id]}]")
         seen[image_id] = i
+        if entry["split"] not in KARPATHY_SPLITS:
+            raise DatasetError(f"{where}: unknown split {entry['split']!r} (one of {', '.join(KARPATHY_SPLITS)})")
         sizes[entry["split"]] += 1
         if entry["split"] not in wanted:
             continue

