@@ -176,7 +176,7 @@ REGISTERED_NAME = Text(r"[a-z][a-z0-9_]*", "a registered name (lower case, digit
 
 @dataclass
 class EncoderConfig:
-    name: str = setting("small_cnn", REGISTERED_NAME)  # small_cnn, resnet50/101/152, efficientnet_lite0 (captioner.models.backbones)
+    name: str = setting("small_cnn", REGISTERED_NAME)  # small_cnn, resnet50/101/152, efficientnet_lite0/1/2 (captioner.models.backbones)
     pretrained: bool = setting(False, Flag())  # ImageNet weights (torchvision API; lite0 from its package, offline)
     # Pixel statistics of the on-device normalisation: backbone (the registry entry's own), imagenet
     # or tf_lite. A checkpoint written before this key existed normalised with imagenet
