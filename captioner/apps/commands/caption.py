@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioner.apps.arguments import add_decode_arguments, decode_options, expand_images
+from captioner.apps.arguments import add_decode_arguments, add_ensemble_arguments, decode_options, expand_images, load_model
 from captioner.core.errors import CaptionerError, ImageLoadError
 
 if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither torch nor matplotlib
@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither 
 
     from captioner.models.caption import Caption
     from captioner.models.captioner import Captioner
+    from captioner.models.ensemble import Ensemble
     from captioner.viz.figures import FigureRequest
 
 
@@ -26,6 +27,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     caption.add_argument("checkpoint")
     caption.add_argument("images", nargs="+")
     add_decode_arguments(caption)
+    add_ensemble_arguments(caption)
     caption.add_argument("--n-best", type=int, default=None, metavar="N",
                          help="N hypotheses per image, best first, each with its score (N <= beam; with --sample: N draws)")
     caption.add_argument("--sample", action="store_true", help="sample instead of searching (see --top-k, --top-p)")
@@ -52,7 +54,6 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 
 def run(args: argparse.Namespace) -> int:
     from captioner.data.images import load_image
-    from captioner.models.checkpoint import load_captioner
 
     sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     if sampling and not args.sample:
@@ -60,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
         raise CaptionerError(f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} only with --sample")
     if args.saliency and not args.heatmaps:
         raise CaptionerError("caption: --saliency draws beside the heatmaps; give --heatmaps OUTDIR too")
-    model = load_captioner(args.checkpoint, args.device)
+    if args.ensemble and (args.self_attention or args.saliency):
+        flag = "--self-attention" if args.self_attention else "--saliency"
+        raise CaptionerError(f"caption: {flag} looks inside one model; an ensemble (--ensemble) has several")
+    model = load_model("caption", args.checkpoint, args)
     paths = expand_images(args.images)
     if not paths:
         raise CaptionerError("caption: no images given")
@@ -117,7 +121,7 @@ def figure_request(args: argparse.Namespace) -> FigureRequest | None:
     return FigureRequest(**folder, gradcam=gradcam, layer=args.layer, head=args.head)
 
 
-def figures(model: Captioner, path: Path, image: Image.Image, caption: Caption, request: FigureRequest, suffix: str) -> dict[str, str]:
+def figures(model: Captioner | Ensemble, path: Path, image: Image.Image, caption: Caption, request: FigureRequest, suffix: str) -> dict[str, str]:
     """Draw a caption's requested figures (Grad-CAM computed first when asked); their paths by kind."""
     from captioner.viz.figures import save_caption_figures
 
