@@ -195,8 +195,8 @@ class Ensemble(nn.Module):
         return self.decoder.combine
 
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Packed images (B, P), uint8 from `self.transform` -> packed feats (B, sum N_i*D_i)
-        float32, each member's grid from its own encoder, and the first member's grid (h, w)."""
+        """Packed images (B, P), uint8 from `self.transform` -> packed feats (B, sum N_i*D_i),
+        float32, each member's part from its own encoder; and the first member's grid (h, w)."""
         feats = [
             member.encode(part.to(member.device))[0].flatten(1).float()  # (B, N_i*D_i)
             for member, part in zip(self.members, self.transform.split(images))
