@@ -39,6 +39,8 @@ class DecodeOptions:
     max_length: int = _CONFIG_DEFAULTS.max_length  # words
     length_penalty: float = _CONFIG_DEFAULTS.length_penalty  # alpha of ((5 + length) / 6) ** alpha
     block_trigrams: bool = _CONFIG_DEFAULTS.block_trigrams  # never repeat a word trigram within a caption
+    min_length: int = _CONFIG_DEFAULTS.min_length  # words before <eos> is allowed (every mode)
+    suppress_bad_endings: bool = _CONFIG_DEFAULTS.suppress_bad_endings  # no <eos> right after "a", "with", "of", ...
     diverse_groups: int = _CONFIG_DEFAULTS.diverse_groups  # diverse beam search: groups of beam_size / groups beams
     diversity_strength: float = _CONFIG_DEFAULTS.diversity_strength  # lambda of the Hamming penalty between groups
     n_best: int = 1  # hypotheses per image (beam search), or draws per image (sampling)
@@ -48,8 +50,6 @@ class DecodeOptions:
     top_p: float = 1.0  # draw from the nucleus of this mass only
     seed: int | None = None  # for reproducible draws
     self_attention: bool = False  # also return the decoder's self-attention weights (transformers)
-    min_length: int = _CONFIG_DEFAULTS.min_length  # words before <eos> is allowed (every mode)
-    suppress_bad_endings: bool = _CONFIG_DEFAULTS.suppress_bad_endings  # no <eos> right after "a", "with", "of", ...
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
