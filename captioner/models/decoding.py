@@ -228,9 +228,10 @@ class SampledCaptions:
 
 
 def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """(V,) bool, true at the ids never produced (every decoding function's `banned`): built once
-    per decode, so that no step indexes a device tensor with a host list, and copied without
-    blocking (a tensor made from a list on the device would wait for it)."""
+    """(V,) bool, true at the ids never produced (every decoding function's `banned`; the ending
+    rule's <eos> and bad-ending masks are made the same way): built once per decode, so that no
+    step indexes a device tensor with a host list, and copied without blocking (a tensor made
+    from a list on the device would wait for it)."""
     mask = torch.zeros(vocab_size, dtype=torch.bool)  # (V,), made on the host
     mask[list(banned)] = True
     if torch.device(device).type == "cuda":  # pinned, so the copy does not wait for the GPU
@@ -389,7 +390,8 @@ def decode_hypotheses(decoder: Decoder, feats: torch.Tensor, special: SpecialTok
 @torch.no_grad()
 def greedy_decode(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> list[Hypothesis]:
     """The most probable word at each step; feats (B, N, D). Uses max_length, min_length,
-    suppress_bad_endings, block_trigrams and self_attention of the options. The score is the log-probability of the words and the <eos>."""
+    suppress_bad_endings, block_trigrams and self_attention of the options. The score is the
+    log-probability of the words and the <eos>."""
     return decode_step_by_step(decoder, feats, special, options, lambda allowed: allowed.argmax(dim=-1))
 
 
