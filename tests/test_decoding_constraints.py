@@ -251,3 +251,23 @@ def test_cli_constraint_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "min_length" in err and len(err.splitlines()) == 1
     with pytest.raises(SystemExit):
         main([*base, "--min-length", "-1"])
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_the_rule_reads_nothing_back_from_the_device(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SCST roll-outs run a fixed number of steps and never wait on the device; with both
+    constraints on they still do not (counted by test_sync's simulated device)."""
+    from test_sync import DeviceSimulation, watch_reads
+
+    model = tiny_model(f"model.decoder.type={kind}")
+    feats, _ = model.encode(torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8))  # (B, N, D)
+    special = model.special_tokens
+    ending = EndingRule.build(special, 3, True, model.decoder.vocab_size, feats.device)
+    assert ending is not None and ending.bad_after is not None
+    sim = DeviceSimulation()
+    watch_reads(sim, monkeypatch)
+    with sim, torch.no_grad():
+        sim.mark(*model.parameters(), *model.buffers(), feats, ending.eos_column, ending.bad_after)
+        sample_captions(model.decoder, feats, special.bos, special.eos, n=2, max_length=6, banned=special.banned, ending=ending)
+        greedy_captions(model.decoder, feats, special.bos, special.eos, max_length=6, banned=special.banned, ending=ending)
+    assert sim.syncs == []

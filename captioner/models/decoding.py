@@ -272,7 +272,7 @@ class EndingRule:
             return logprobs.masked_fill(self.eos_column, float("-inf"))  # (R, V)
         if self.bad_after is None:
             return logprobs
-        after_bad = self.bad_after[prev]  # (R,) bool: gathered on the device
+        after_bad = self.bad_after.index_select(0, prev)  # (R,) bool: gathered on the device
         return logprobs.masked_fill(after_bad[:, None] & self.eos_column, float("-inf"))  # (R, V)
 
 
