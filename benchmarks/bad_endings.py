@@ -1,8 +1,8 @@
-"""Bad endings, minimum length and the scores: one checkpoint decoded greedily and with beam 3,
-with and without `suppress_bad_endings` and `min_length`, the images encoded once. Prints a
-Markdown table: official metrics (or --fast), the share of captions ending on "a", "with",
-"of", ... (caption_stats, the same word lists decoding suppresses), mean length, captions cut
-at max_length and the decoding time.
+"""Bad endings, minimum length and the scores: one checkpoint decoded greedily, with beam 3 and
+by sampling, with and without `suppress_bad_endings` and `min_length`, the images encoded once.
+Prints a Markdown table: official metrics (or --fast), the share of captions ending on "a",
+"with", "of", ... (caption_stats, the same word lists decoding suppresses), mean length,
+captions cut at max_length and the decoding time.
 
     python benchmarks/bad_endings.py runs/flickr8k_lstm_lite0/best.pt --split test
 """
@@ -25,6 +25,9 @@ VARIANTS = {  # name -> Captioner.decode options
     "beam 3, min length 5": {"beam_size": 3, "min_length": 5},
     "beam 3, min length 8": {"beam_size": 3, "min_length": 8},
     "beam 3, no bad endings, min length 5": {"beam_size": 3, "suppress_bad_endings": True, "min_length": 5},
+    "sampling (T 1, seed 0)": {"sample": True, "seed": 0},
+    "sampling, no bad endings": {"sample": True, "seed": 0, "suppress_bad_endings": True},
+    "sampling, min length 8": {"sample": True, "seed": 0, "min_length": 8},
 }
 KEYS = ("Bleu_4", "METEOR", "CIDEr")
 HEADER = ("decoding", "BLEU-4", "METEOR", "CIDEr-D", "bad endings", "words", "cut off", "decode s")
