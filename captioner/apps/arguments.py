@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from captioner.core.errors import CaptionerError
+
+if TYPE_CHECKING:  # loaded when used: `--help` needs no torch
+    from captioner.models.captioner import Captioner
+    from captioner.models.ensemble import Ensemble
 
 log = logging.getLogger("captioner")
 
@@ -36,6 +42,8 @@ def decode_options(args: argparse.Namespace) -> dict[str, Any]:
         "block_trigrams": True if args.block_trigrams else None,
         "diverse_groups": args.diverse_groups,
         "diversity_strength": args.diversity_strength,
+        "min_length": args.min_length,
+        "suppress_bad_endings": True if args.no_bad_endings else None,
     }
     return {name: value for name, value in given.items() if value is not None}
 
@@ -51,13 +59,54 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam", type=positive_int, default=None, help="beam width (1 = greedy; default from the config)")
     parser.add_argument("--max-length", type=positive_int, default=None, help="words per caption (default from the config)")
     parser.add_argument("--block-trigrams", action="store_true", help="never repeat a word trigram within a caption")
+    parser.add_argument("--min-length", type=non_negative_int, default=None, metavar="N",
+                        help="no caption shorter than N words (default from the config)")
+    parser.add_argument("--no-bad-endings", action="store_true",
+                        help='no caption ending on "a", "with", "of", ... (<eos> is not allowed right after them)')
     parser.add_argument("--diverse-groups", type=int, default=None, metavar="G",
                         help="diverse beam search with G groups of beam/G beams (default from the config)")
     parser.add_argument("--diversity-strength", type=float, default=None, metavar="LAMBDA",
                         help="Hamming diversity penalty between groups (default from the config)")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="images per batch (default: the config's decode.batch_size)")
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
+
+
+def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ensemble", nargs="+", action="extend", default=[], metavar="CKPT",
+                        help="more checkpoints with the same vocabulary, decoded with CHECKPOINT as one model "
+                             "(their probabilities averaged at every step); give it after the images")
+    parser.add_argument("--combine", choices=("prob", "logprob"), default=None,
+                        help="with --ensemble: average the members' probabilities (prob, the default) or their "
+                             "log-probabilities, renormalised (logprob)")
+
+
+def load_model(command: str, checkpoint: str | Path, args: argparse.Namespace) -> Captioner | Ensemble:
+    """CHECKPOINT, or with --ensemble the ensemble of it and the other checkpoints, on --device."""
+    from captioner.core.runtime import resolve_device
+    from captioner.models.checkpoint import load_captioner
+
+    if args.combine and not args.ensemble:
+        raise CaptionerError(f"{command}: --combine applies only with --ensemble")
+    if not args.ensemble:
+        return load_captioner(checkpoint, resolve_device(args.device))
+    from captioner.models.ensemble import Ensemble
+
+    for member in args.ensemble:
+        if Path(member).suffix.lower() in IMAGE_SUFFIXES:
+            raise CaptionerError(f"{command}: --ensemble takes checkpoints, and {member} is an image (give --ensemble after the images)")
+    return Ensemble.from_pretrained([checkpoint, *args.ensemble], resolve_device(args.device), args.combine or "prob")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from captioner.core.errors import DatasetError
+from captioner.core.errors import ConfigError, DatasetError
 from captioner.data.batching import image_loader
 from captioner.data.records import ImageRecord
 from captioner.data.store import SplitFeatures, StoreRows, feature_batches
@@ -32,11 +32,12 @@ from captioner.evaluation.tutorial_bleu import LABEL as TUTORIAL_LABEL
 from captioner.evaluation.tutorial_bleu import nltk_corpus_bleu, tokenized
 from captioner.models.caption import Caption
 from captioner.models.captioner import Captioner
+from captioner.models.ensemble import Ensemble
 
 
 @torch.no_grad()
 def caption_records(
-    model: Captioner,
+    model: Captioner | Ensemble,
     records: list[ImageRecord],
     batch_size: int | None = None,
     features: torch.Tensor | StoreRows | None = None,
@@ -51,7 +52,10 @@ def caption_records(
     feature store, read by `num_workers` DataLoader workers, or a tensor in memory or on the
     device) are decoded instead of the images. `decode_options` (beam size, trigram blocking,
     diverse beam search...) go to `Captioner.decode` by name; those not given keep the model's.
+    An `Ensemble` captions the images (each member encodes them itself): stored features are
+    one encoder's, and are refused.
     """
+    refuse_for_ensemble(model, features)
     model.eval()
     batch_size = batch_size or model.decode_config.batch_size
     results: dict[int, Caption] = {}
@@ -104,6 +108,19 @@ def encode_records(
     if grid is None:
         raise DatasetError(f"none of the {len(records)} images could be loaded")
     return SplitFeatures(kept, torch.cat(parts), grid)  # features (num_loaded, N, D)
+
+
+def refuse_for_ensemble(
+    model: Captioner | Ensemble, features: torch.Tensor | StoreRows | None = None, grounding: GroundingRequest | None = None
+) -> None:
+    """What an ensemble cannot do, as a one-line ConfigError: decode stored features (they are
+    one encoder's; each member encodes the images itself) or Grad-CAM (one model's gradients)."""
+    if not isinstance(model, Ensemble):
+        return
+    if features is not None:
+        raise ConfigError("evaluate: stored features are one encoder's; an ensemble encodes the images with each member's encoder")
+    if grounding is not None and grounding.gradcam:
+        raise ConfigError("evaluate: Grad-CAM follows one model's gradients; an ensemble has several")
 
 
 def references_for(records: list[ImageRecord], captioned: Mapping[int, Any]) -> References:
@@ -183,13 +200,14 @@ class Grounding:
 
 
 def score_grounding(
-    model: Captioner, records: list[ImageRecord], captions: dict[int, Caption], request: GroundingRequest,
+    model: Captioner | Ensemble, records: list[ImageRecord], captions: dict[int, Caption], request: GroundingRequest,
     batch_size: int | None = None,
 ) -> Grounding:
     """Score the attention of every object word of `captions` against the instance masks; with
     `request.gradcam` the images of `records` are encoded again for Grad-CAM."""
     attention = grounding_score(captions, request.instances, request.kind, layer=request.layer, head=request.head)
     saliency = None
+    refuse_for_ensemble(model, grounding=request)
     if request.gradcam:
         batch_size = batch_size or model.decode_config.batch_size
         saliency = records_grad_cam(model, records, captions, request.instances, request.kind, batch_size)
@@ -214,7 +232,7 @@ class Evaluation:
 
 
 def evaluate(
-    model: Captioner,
+    model: Captioner | Ensemble,
     records: list[ImageRecord],
     *,
     official: bool = True,
@@ -231,7 +249,9 @@ def evaluate(
     """Caption `records` (their images, or their stored `features` over `grid`, row i for record
     i) with `decode_options`, and score the captions (`score_predictions`) and, with a
     `grounding` request, their attention. With `results_file` the captions are written there in
-    the COCO results format as soon as they exist, so a scorer that fails loses none of them."""
+    the COCO results format as soon as they exist, so a scorer that fails loses none of them.
+    `model` may be an `Ensemble` (decoding from the images; no Grad-CAM)."""
+    refuse_for_ensemble(model, features, grounding)  # before captioning
     captions = caption_records(model, records, batch_size, features, grid, num_workers, progress, **decode_options)
     predictions = {image_id: caption.text for image_id, caption in captions.items()}
     if results_file is not None:

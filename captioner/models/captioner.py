@@ -37,6 +37,7 @@ from captioner.models.decoding import (
     decode_hypotheses,
 )
 from captioner.models.encoders import Encoder, build_encoder
+from captioner.text.endings import BAD_ENDINGS
 from captioner.text.vocab import Vocabulary
 
 ImageInput = str | Path | bytes | Image.Image  # a path, an encoded image file, or a picture
@@ -150,9 +151,11 @@ class Captioner(nn.Module):
     @property
     def special_tokens(self) -> SpecialTokens:
         """<bos>, <eos>, and the ids no caption contains: <pad>, <bos>, <unk> are not words, and
-        every word of a caption gets its own attention map."""
+        every word of a caption gets its own attention map; and the ids of the vocabulary's
+        words a caption must not end on (`suppress_bad_endings`)."""
         vocab = self.vocab
-        return SpecialTokens(vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id, vocab.unk_id))
+        bad_endings = tuple(sorted(vocab.index[word] for word in BAD_ENDINGS if word in vocab.index))
+        return SpecialTokens(vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id, vocab.unk_id), bad_endings)
 
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """images (B, 3, H, W), uint8 from `self.transform` (normalised on their device by the

@@ -39,6 +39,8 @@ class DecodeOptions:
     max_length: int = _CONFIG_DEFAULTS.max_length  # words
     length_penalty: float = _CONFIG_DEFAULTS.length_penalty  # alpha of ((5 + length) / 6) ** alpha
     block_trigrams: bool = _CONFIG_DEFAULTS.block_trigrams  # never repeat a word trigram within a caption
+    min_length: int = _CONFIG_DEFAULTS.min_length  # words before <eos> is allowed (every mode)
+    suppress_bad_endings: bool = _CONFIG_DEFAULTS.suppress_bad_endings  # no <eos> right after "a", "with", "of", ...
     diverse_groups: int = _CONFIG_DEFAULTS.diverse_groups  # diverse beam search: groups of beam_size / groups beams
     diversity_strength: float = _CONFIG_DEFAULTS.diversity_strength  # lambda of the Hamming penalty between groups
     n_best: int = 1  # hypotheses per image (beam search), or draws per image (sampling)
@@ -56,6 +58,8 @@ class DecodeOptions:
             raise ConfigError(f"decode: n_best must be >= 1, got {self.n_best}")
         if self.beam_size < 1 or self.max_length < 1:
             raise ConfigError(f"decode: beam size and max length must be >= 1, got {self.beam_size} and {self.max_length}")
+        if not 0 <= self.min_length <= self.max_length:
+            raise ConfigError(f"decode: min_length must be between 0 and max_length ({self.max_length}), got {self.min_length}")
         if self.sample:  # the search options do not apply: each of the n_best is its own draw
             try:
                 check_sampling(self.temperature, self.top_k, self.top_p)
@@ -103,11 +107,13 @@ def _check_type(name: str, value: Any, kind: str) -> None:
 class SpecialTokens:
     """The ids decoding treats apart: every caption starts from `bos` and ends at `eos`, and the
     `banned` ids (<pad>, <bos>, <unk>) are never produced, since they are not words and every
-    word of a caption must line up with its own attention map."""
+    word of a caption must line up with its own attention map. `bad_endings` are the ids of the
+    words a caption must not end on (text/endings.py), for `suppress_bad_endings`."""
 
     bos: int
     eos: int
     banned: tuple[int, ...] = ()
+    bad_endings: tuple[int, ...] = ()
 
 
 @dataclass
@@ -222,14 +228,57 @@ class SampledCaptions:
 
 
 def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """(V,) bool, true at the ids never produced (every decoding function's `banned`): built once
-    per decode, so that no step indexes a device tensor with a host list, and copied without
-    blocking (a tensor made from a list on the device would wait for it)."""
+    """(V,) bool, true at the ids never produced (every decoding function's `banned`; the ending
+    rule's <eos> and bad-ending masks are made the same way): built once per decode, so that no
+    step indexes a device tensor with a host list, and copied without blocking (a tensor made
+    from a list on the device would wait for it)."""
     mask = torch.zeros(vocab_size, dtype=torch.bool)  # (V,), made on the host
     mask[list(banned)] = True
     if torch.device(device).type == "cuda":  # pinned, so the copy does not wait for the GPU
         mask = mask.pin_memory()
     return mask.to(device, non_blocking=True)  # (V,)
+
+
+@dataclass(frozen=True)
+class EndingRule:
+    """When <eos> may be chosen: not before `min_length` words, and with `bad_after` (V,) bool,
+    not right after a word it marks (a caption ending on "a", "with", "of" ...).
+
+    The same rule in greedy decoding, beam search, sampling and the SCST roll-out: it sets the
+    <eos> column of the step's log-probabilities to -inf, where the banned ids are masked. The
+    word count is the host's loop counter and the previous words index a device mask, so a
+    step reads nothing back from the device. A caption that reaches max_length is still cut
+    there; `DecodeOptions` keeps min_length <= max_length."""
+
+    eos_column: torch.Tensor  # (V,) bool, true at <eos> only
+    min_length: int = 0
+    bad_after: torch.Tensor | None = None  # (V,) bool: no <eos> right after these words
+
+    @classmethod
+    def build(
+        cls, special: SpecialTokens, min_length: int, suppress_bad_endings: bool, vocab_size: int, device: torch.device
+    ) -> EndingRule | None:
+        """The rule for these options, or None when neither constraint is on (decoding is then
+        exactly what it was without them)."""
+        if min_length <= 0 and not suppress_bad_endings:
+            return None
+        bad_after = banned_mask(special.bad_endings, vocab_size, device) if suppress_bad_endings else None  # (V,)
+        return cls(banned_mask((special.eos,), vocab_size, device), min_length, bad_after)
+
+    def apply(self, logprobs: torch.Tensor, prev: torch.Tensor, words: int) -> torch.Tensor:
+        """logprobs (R, V) of the step after `words` words, the last of them prev (R,) (<bos>
+        at the first step) -> the same with <eos> at -inf where it may not come yet."""
+        if words < self.min_length:
+            return logprobs.masked_fill(self.eos_column, float("-inf"))  # (R, V)
+        if self.bad_after is None:
+            return logprobs
+        after_bad = self.bad_after.index_select(0, prev)  # (R,) bool: gathered on the device
+        return logprobs.masked_fill(after_bad[:, None] & self.eos_column, float("-inf"))  # (R, V)
+
+
+def apply_ending_rule(rule: EndingRule | None, logprobs: torch.Tensor, prev: torch.Tensor, words: int) -> torch.Tensor:
+    """`rule.apply`, or logprobs (R, V) unchanged without a rule."""
+    return logprobs if rule is None else rule.apply(logprobs, prev, words)
 
 
 def roll_out(
@@ -241,10 +290,12 @@ def roll_out(
     pick: Callable[[torch.Tensor], torch.Tensor],
     banned: tuple[int, ...] = (),
     block_trigrams: bool = False,
+    ending: EndingRule | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decode every row of `memory` for exactly `max_length` steps, choosing each word with
-    `pick(allowed logprobs (R, V)) -> (R,)`. Static bounds: rows that ended keep stepping on <pad>
-    with their positions masked, and nothing is read back from the device (no early exit).
+    `pick(allowed logprobs (R, V)) -> (R,)`; `ending` says when <eos> may be chosen. Static
+    bounds: rows that ended keep stepping on <pad> with their positions masked, and nothing is
+    read back from the device (no early exit).
 
     Returns tokens (R, T) (words, <eos> where ended, then 0), the model's log-probability of each
     (R, T) (0 where masked; with gradients when enabled) and mask (R, T), T = max_length."""
@@ -259,7 +310,7 @@ def roll_out(
     for t in range(max_length):
         logprobs, _, state = decoder.step(memory, prev, state)  # (R, V)
         logprobs = logprobs.float()
-        allowed = logprobs.detach().masked_fill(forbidden, float("-inf"))  # (R, V)
+        allowed = apply_ending_rule(ending, logprobs.detach().masked_fill(forbidden, float("-inf")), prev, t)  # (R, V)
         if block_trigrams:
             allowed = block_repeated_trigrams(allowed, history[:, :t])
         token = pick(allowed).masked_fill(done, 0)  # (R,)
@@ -284,6 +335,7 @@ def sample_captions(
     top_p: float = 1.0,
     block_trigrams: bool = False,
     generator: torch.Generator | None = None,
+    ending: EndingRule | None = None,
 ) -> SampledCaptions:
     """Sample n captions per image with gradients, for self-critical training; feats (B, N, D).
 
@@ -303,14 +355,15 @@ def sample_captions(
     memory = select_rows(decoder.prepare(feats), image_rows)  # (B*n, ...) per-image constants
     tokens, logprobs, mask = roll_out(
         decoder, memory, bos_id, eos_id, max_length, lambda allowed: draw(allowed, temperature, top_k, top_p, generator),
-        banned, block_trigrams,
+        banned, block_trigrams, ending,
     )  # (B*n, T) each
     return SampledCaptions(tokens, logprobs, mask, mask.sum(dim=1), image_rows)
 
 
 @torch.no_grad()
 def greedy_captions(
-    decoder: Decoder, feats: torch.Tensor, bos_id: int, eos_id: int, max_length: int, banned: tuple[int, ...] = ()
+    decoder: Decoder, feats: torch.Tensor, bos_id: int, eos_id: int, max_length: int, banned: tuple[int, ...] = (),
+    ending: EndingRule | None = None,
 ) -> SampledCaptions:
     """The greedy caption of each image as device tensors (SCST's greedy baseline); feats (B, N, D).
 
@@ -318,7 +371,8 @@ def greedy_captions(
     maps, host copies or early exit: `max_length` steps, rows that ended masked."""
     B = feats.shape[0]
     tokens, logprobs, mask = roll_out(
-        decoder, decoder.prepare(feats), bos_id, eos_id, max_length, lambda allowed: allowed.argmax(dim=-1), banned
+        decoder, decoder.prepare(feats), bos_id, eos_id, max_length, lambda allowed: allowed.argmax(dim=-1), banned,
+        ending=ending,
     )  # (B, T) each
     return SampledCaptions(tokens, logprobs, mask, mask.sum(dim=1), torch.arange(B, device=feats.device))
 
@@ -335,8 +389,9 @@ def decode_hypotheses(decoder: Decoder, feats: torch.Tensor, special: SpecialTok
 
 @torch.no_grad()
 def greedy_decode(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> list[Hypothesis]:
-    """The most probable word at each step; feats (B, N, D). Uses max_length, block_trigrams and
-    self_attention of the options. The score is the log-probability of the words and the <eos>."""
+    """The most probable word at each step; feats (B, N, D). Uses max_length, min_length,
+    suppress_bad_endings, block_trigrams and self_attention of the options. The score is the
+    log-probability of the words and the <eos>."""
     return decode_step_by_step(decoder, feats, special, options, lambda allowed: allowed.argmax(dim=-1))
 
 
@@ -377,11 +432,12 @@ def decode_step_by_step(
     done = torch.zeros(batch, dtype=torch.bool, device=feats.device)  # (B,)
     lengths = torch.full((batch,), max_length, dtype=torch.long)
     forbidden = banned_mask(special.banned, decoder.vocab_size, feats.device)  # (V,)
+    ending = EndingRule.build(special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, feats.device)
     for t in range(max_length):
         logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, options.self_attention)  # (B, V), (B, L, H, N)
         if self_w is not None:
             self_maps.append(self_w.float())  # (B, L, H, t+1)
-        logprobs = logprobs.float().masked_fill(forbidden, float("-inf"))  # (B, V)
+        logprobs = apply_ending_rule(ending, logprobs.float().masked_fill(forbidden, float("-inf")), prev, t)  # (B, V)
         allowed = block_repeated_trigrams(logprobs, history) if options.block_trigrams else logprobs  # (B, V)
         prev = pick(allowed)  # (B,)
         logprob += torch.where(done, 0.0, logprobs.gather(1, prev[:, None]).squeeze(1))
@@ -461,10 +517,11 @@ def beam_search_n_best(
     done = [False] * S
     best_possible_penalty = length_penalty(max_length, alpha)
     forbidden = banned_mask(special.banned, decoder.vocab_size, device)  # (V,)
+    ending = EndingRule.build(special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, device)
 
     for t in range(max_length):
         logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, self_attention)  # (B*K, V), (B*K, L, H, N)
-        logprobs = logprobs.float().masked_fill(forbidden, float("-inf"))  # (B*K, V)
+        logprobs = apply_ending_rule(ending, logprobs.float().masked_fill(forbidden, float("-inf")), prev, t)  # (B*K, V)
         if options.block_trigrams:
             logprobs = block_repeated_trigrams(logprobs, history)
         V = logprobs.shape[-1]

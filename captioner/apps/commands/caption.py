@@ -9,16 +9,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioner.apps.arguments import add_decode_arguments, decode_options, expand_images
+from captioner.apps.arguments import add_decode_arguments, add_ensemble_arguments, decode_options, expand_images, load_model
 from captioner.core.errors import CaptionerError, ImageLoadError
 
 if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither torch nor matplotlib
     import torch
     from PIL import Image
 
-    from captioner.models.caption import Caption
     from captioner.deploy import OnnxCaptioner
+    from captioner.models.caption import Caption
     from captioner.models.captioner import Captioner
+    from captioner.models.ensemble import Ensemble
     from captioner.viz.figures import FigureRequest
 
 
@@ -27,6 +28,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     caption.add_argument("checkpoint")
     caption.add_argument("images", nargs="+")
     add_decode_arguments(caption)
+    add_ensemble_arguments(caption)
     caption.add_argument("--n-best", type=int, default=None, metavar="N",
                          help="N hypotheses per image, best first, each with its score (N <= beam; with --sample: N draws)")
     caption.add_argument("--sample", action="store_true", help="sample instead of searching (see --top-k, --top-p)")
@@ -57,16 +59,16 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 def run(args: argparse.Namespace) -> int:
     from captioner.data.pictures import load_image
 
-    if args.runtime != "onnx":
-        from captioner.models.checkpoint import load_captioner
-
     sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     if sampling and not args.sample:
         flags = [SAMPLING_FLAGS[name] for name in sampling]
         raise CaptionerError(f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} only with --sample")
     if args.saliency and not args.heatmaps:
         raise CaptionerError("caption: --saliency draws beside the heatmaps; give --heatmaps OUTDIR too")
-    model = onnx_model(args) if args.runtime == "onnx" else load_captioner(args.checkpoint, args.device)
+    if args.ensemble and (args.self_attention or args.saliency):
+        flag = "--self-attention" if args.self_attention else "--saliency"
+        raise CaptionerError(f"caption: {flag} looks inside one model; an ensemble (--ensemble) has several")
+    model = onnx_model(args) if args.runtime == "onnx" else load_model("caption", args.checkpoint, args)
     paths = expand_images(args.images)
     if not paths:
         raise CaptionerError("caption: no images given")
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 ONNX_REFUSES = {"sample": "--sample", "heatmaps": "--heatmaps", "self_attention": "--self-attention",
-                "head_grid": "--head-grid", "saliency": "--saliency"}
+                "head_grid": "--head-grid", "saliency": "--saliency", "ensemble": "--ensemble"}
 
 
 def onnx_model(args: argparse.Namespace) -> OnnxCaptioner:
@@ -137,7 +139,7 @@ def figure_request(args: argparse.Namespace) -> FigureRequest | None:
     return FigureRequest(**folder, gradcam=gradcam, layer=args.layer, head=args.head)
 
 
-def figures(model: Captioner, path: Path, image: Image.Image, caption: Caption, request: FigureRequest, suffix: str) -> dict[str, str]:
+def figures(model: Captioner | Ensemble, path: Path, image: Image.Image, caption: Caption, request: FigureRequest, suffix: str) -> dict[str, str]:
     """Draw a caption's requested figures (Grad-CAM computed first when asked); their paths by kind."""
     from captioner.viz.figures import save_caption_figures
 

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from captioner.apps.arguments import add_decode_arguments, decode_options
+from captioner.apps.arguments import add_decode_arguments, add_ensemble_arguments, decode_options, load_model
 from captioner.core.errors import CaptionerError
 
 if TYPE_CHECKING:  # loaded when used: `captioner evaluate --help` needs neither torch nor the metrics
@@ -47,6 +47,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--layer", type=int, default=-1, help="decoder layer of the maps (transformer)")
     evaluate.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
     add_decode_arguments(evaluate)
+    add_ensemble_arguments(evaluate)
     evaluate.add_argument("--json", action="store_true")
     evaluate.set_defaults(func=run)
 
@@ -89,27 +90,28 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
 def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     """CHECKPOINT: caption its dataset's split (the images, or the feature store with --features)
     and score the captions; results and scores go to --out, else beside the checkpoint."""
-    from captioner.core.runtime import resolve_device
     from captioner.data.datasets import load_split
     from captioner.evaluation.evaluate import evaluate
     from captioner.evaluation.report import rounded, write_scores_json
-    from captioner.models.checkpoint import checkpoint_config, load_captioner
+    from captioner.models.checkpoint import checkpoint_config
     from captioner.models.checkpoint_format import checkpoint_file
 
     if not args.checkpoint:
         raise CaptionerError("evaluate: give a CHECKPOINT, or --results FILE --annotations FILE")
     if args.saliency and not args.grounding:
         raise CaptionerError("evaluate: --saliency scores saliency maps against instance masks; it needs --grounding")
+    if args.ensemble and (args.features or args.saliency):
+        flag = "--features" if args.features else "--saliency"
+        raise CaptionerError(f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images with each member's encoder")
     checkpoint = checkpoint_file(args.checkpoint)  # a run folder: its best.pt, else last.pt
-    model = load_captioner(checkpoint, resolve_device(args.device))
+    model = load_model("evaluate", checkpoint, args)
     config = checkpoint_config(checkpoint)  # the dataset the model was trained on
     records = all_records = load_split(config.data, args.split)
     if args.limit:
         records = records[: args.limit]
     grounding = grounding_request(args, config.data) if args.grounding else None
     options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}
-    # Beside a checkpoint; an exported folder stays as it was exported (its checksums, its card).
-    out_dir = Path(args.out) if args.out else Path(DEFAULT_EVAL_DIR) / checkpoint.name if checkpoint.is_dir() else checkpoint.parent
+    out_dir = Path(args.out) if args.out else default_out_dir(checkpoint, args.ensemble)
     results_path = out_dir / f"results_{args.split}.json"
     scored = records
     stored: dict[str, Any] = {}
@@ -127,6 +129,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     scores = evaluation.scores
     report: dict[str, Any] = {
         "checkpoint": str(checkpoint),
+        **({"ensemble": [str(checkpoint), *args.ensemble], "combine": args.combine or "prob"} if args.ensemble else {}),
         "split": args.split,
         "images": len(evaluation.captions),
         "beam_size": options["beam_size"],
@@ -141,7 +144,8 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
             outlined_figures(Path(args.heatmaps), records, evaluation)
     write_scores_json(out_dir / f"scores_{args.split}.json", scores.overall, scores.per_image, extra=report)
     if not args.json:
-        title = f"{checkpoint} on {args.split} ({len(evaluation.captions)} images, beam {options['beam_size']}, {scores.metrics})"
+        name = " + ".join([str(checkpoint), *args.ensemble])
+        title = f"{name} on {args.split} ({len(evaluation.captions)} images, beam {options['beam_size']}, {scores.metrics})"
         print_scores(title, scores)
         if "grounding" in report:
             print_grounding(report["grounding"])
@@ -150,6 +154,18 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"  e.g. {record.path.name}: {evaluation.captions[record.image_id].text!r}")
         print(f"results: {results_path}")
     return {**report, "scores": rounded(scores.overall)}
+
+
+def default_out_dir(checkpoint: Path, ensemble: list[str]) -> Path:
+    """Beside the checkpoint; an ensemble's in a folder there named after the other members, so
+    that it never overwrites the first member's own results. An exported folder stays as it was
+    exported (its checksums, its card): its results go to runs/eval/<its name>."""
+    base = Path(DEFAULT_EVAL_DIR) / checkpoint.name if checkpoint.is_dir() else checkpoint.parent
+    if not ensemble:
+        return base
+    names = [Path(member).stem if Path(member).suffix else Path(member).name for member in ensemble]
+    names = [Path(member).parent.name if name in ("best", "last") else name for member, name in zip(ensemble, names)]
+    return base / ("ensemble_" + "_".join(names))
 
 
 def grounding_request(args: argparse.Namespace, data: DataConfig) -> GroundingRequest:

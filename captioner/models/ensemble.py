@@ -1,0 +1,231 @@
+"""Ensembles: several captioners with one vocabulary decode as one.
+
+At every step each member's decoder scores the next word, and the ensemble's log-probability
+is the log of the mean of the members' probabilities (as self-critical.pytorch's ensemble
+evaluation averages them), or with combine="logprob" the mean of their log-probabilities,
+renormalised (a product of experts, which favours the words every member finds likely). It
+happens behind the decoder interface (`EnsembleDecoder`), so greedy decoding, beam search,
+sampling and every decoding option work unchanged.
+
+Members may differ in encoder (backbone, image size, grid, feature width): each encodes the
+picture resized for it by its own transform. Their features travel as one packed tensor,
+(B, sum of N_i * D_i), which the decoding functions treat like any feats (they read only its
+batch size and device, and pick its rows), and which `EnsembleDecoder.prepare` splits back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import nn
+
+from captioner.core.errors import CheckpointError, ConfigError
+from captioner.data.images import ImageTransform
+from captioner.models.captioner import Captioner
+from captioner.models.decoder import Decoder, DecoderOutput, Memory, State
+
+COMBINES = ("prob", "logprob")  # the mean of probabilities; the renormalised mean of log-probabilities
+
+
+def prefixed(member: int, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A member's memory or state under keys "<member>/<key>", so that one dict holds every
+    member's and `select_rows` reorders them all."""
+    return {f"{member}/{key}": value for key, value in tensors.items()}
+
+
+def member_part(tensors: dict[str, torch.Tensor], member: int) -> dict[str, torch.Tensor]:
+    """The member's own entries of a `prefixed` dict, under their own keys."""
+    prefix = f"{member}/"
+    return {key[len(prefix) :]: value for key, value in tensors.items() if key.startswith(prefix)}
+
+
+class EnsembleDecoder(Decoder):
+    """M decoders over one vocabulary as one decoder.
+
+    feats are packed: (B, sum of N_i * D_i), member i's grid (B, N_i, D_i) flattened, in member
+    order (`shapes` gives each (N_i, D_i)). Memory and state hold every member's under prefixed
+    keys. The attention map of a step is the mean over members of their layer-and-head means,
+    (B, 1, 1, N), when `mean_attention` (the members' grids are alike); else the first member's
+    layer-and-head mean: maps over different grids cannot be averaged.
+    """
+
+    has_self_attention = False  # the members' self-attention weights are not combined
+
+    def __init__(
+        self, decoders: Sequence[Decoder], shapes: Sequence[tuple[int, int]], combine: str = "prob",
+        mean_attention: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if combine not in COMBINES:
+            raise ConfigError(f"ensemble: combine must be one of {', '.join(COMBINES)}; got {combine!r}")
+        if not decoders or len(decoders) != len(shapes):
+            raise ValueError(f"ensemble: {len(decoders)} decoders and {len(shapes)} feature shapes")
+        sizes = sorted({decoder.vocab_size for decoder in decoders})
+        if len(sizes) > 1:
+            raise ConfigError(f"ensemble: the decoders' vocabularies differ in size ({', '.join(map(str, sizes))} words)")
+        self.members = nn.ModuleList(decoders)
+        self.shapes = [(int(n), int(d)) for n, d in shapes]
+        self.combine = combine
+        self.vocab_size = sizes[0]
+        self.mean_attention = len({n for n, _ in self.shapes}) == 1 if mean_attention is None else mean_attention
+
+    def split(self, feats: torch.Tensor) -> list[torch.Tensor]:
+        """Packed feats (B, sum N_i*D_i) -> each member's (B, N_i, D_i), in its decoder's dtype."""
+        parts = feats.split([n * d for n, d in self.shapes], dim=1)  # (B, N_i*D_i) each
+        return [
+            part.reshape(part.shape[0], n, d).to(next(decoder.parameters()).dtype)  # (B, N_i, D_i)
+            for part, (n, d), decoder in zip(parts, self.shapes, self.members)
+        ]
+
+    def prepare(self, feats: torch.Tensor) -> Memory:
+        memory: Memory = {}
+        for i, (decoder, part) in enumerate(zip(self.members, self.split(feats))):
+            memory |= prefixed(i, decoder.prepare(part))
+        return memory
+
+    def init_state(self, memory: Memory, capacity: int | None = None) -> State:
+        state: State = {}
+        for i, decoder in enumerate(self.members):
+            state |= prefixed(i, decoder.init_state(member_part(memory, i), capacity))
+        return state
+
+    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
+        logprobs, maps, new_state = [], [], {}
+        for i, decoder in enumerate(self.members):
+            member_logprobs, attn, member_state = decoder.step(member_part(memory, i), prev_tokens, member_part(state, i))
+            logprobs.append(member_logprobs.float())  # (R, V)
+            maps.append(attn.float().mean(dim=(1, 2)))  # (R, N_i): the mean over layers and heads
+            new_state |= prefixed(i, member_state)
+        combined = self.combined(torch.stack(logprobs))  # (R, V)
+        return combined, self.combined_map(maps)[:, None, None], new_state  # (R, V), (R, 1, 1, N)
+
+    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None) -> DecoderOutput:
+        """Teacher forcing through every member; logits (B, T, V) are the combined
+        log-probabilities (their own log-softmax), attn (B, T, 1, 1, N) as in `step`."""
+        logprobs, maps = [], []
+        for decoder, part in zip(self.members, self.split(feats)):
+            out = decoder(part, tokens, lengths)
+            logprobs.append(out.logits.float().log_softmax(dim=-1))  # (B, T, V)
+            maps.append(out.attn.float().mean(dim=(2, 3)))  # (B, T, N_i)
+        return DecoderOutput(self.combined(torch.stack(logprobs)), self.combined_map(maps)[:, :, None, None])
+
+    def combined(self, logprobs: torch.Tensor) -> torch.Tensor:
+        """The members' log-probabilities (M, ..., V) -> the ensemble's (..., V)."""
+        if self.combine == "prob":  # log of the mean probability, without leaving log space
+            return torch.logsumexp(logprobs, dim=0) - math.log(logprobs.shape[0])  # (..., V)
+        return logprobs.mean(dim=0).log_softmax(dim=-1)  # (..., V)
+
+    def combined_map(self, maps: list[torch.Tensor]) -> torch.Tensor:
+        """The members' maps (..., N_i) -> their mean, or the first member's (..., N_0)."""
+        return torch.stack(maps).mean(dim=0) if self.mean_attention else maps[0]
+
+
+class EnsembleTransform:
+    """Every member's transform of one picture, flattened and concatenated: uint8 (P,), with
+    P = sum of 3 * S_i * S_i. Images batch and load like one model's, and the ensemble's
+    `encode` splits them back (`split`)."""
+
+    def __init__(self, transforms: Sequence[ImageTransform]) -> None:
+        self.transforms = list(transforms)
+
+    def __call__(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
+        return torch.cat([transform(image).flatten() for transform in self.transforms])  # (P,)
+
+    def split(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """Packed images (B, P) -> each member's (B, 3, S_i, S_i)."""
+        sides = [transform.image_size for transform in self.transforms]
+        parts = images.split([3 * side * side for side in sides], dim=1)  # (B, 3*S_i*S_i) each
+        return [part.reshape(part.shape[0], 3, side, side) for part, side in zip(parts, sides)]  # (B, 3, S_i, S_i)
+
+
+class Ensemble(nn.Module):
+    """Captioners with one vocabulary that caption as one model: `caption`, `caption_files`,
+    `caption_images`, `decode` and `decode_n_best` as `Captioner`'s, with the same options.
+
+    Decoding defaults (`decode_config`: beam, batch size, ...) are the first member's, and so is
+    the grid of the attention maps of the captions when the members' grids differ. `encode`
+    takes the packed images of `transform` and gives packed features; the features of a
+    feature store (one encoder's) do not fit it.
+    """
+
+    # Captioning is Captioner's own code: it reads only vocab, decode_config, transform, encode,
+    # decoder and the parameters' device, which an ensemble has too.
+    special_tokens = Captioner.special_tokens
+    device = Captioner.device
+    decode_options = Captioner.decode_options
+    decode = Captioner.decode
+    decode_n_best = Captioner.decode_n_best
+    _caption = Captioner._caption
+    caption_images = Captioner.caption_images
+    caption = Captioner.caption
+    caption_files = Captioner.caption_files
+
+    def __init__(self, members: Sequence[Captioner], combine: str = "prob", names: Sequence[str] | None = None) -> None:
+        super().__init__()
+        if not members:
+            raise ConfigError("ensemble: no members")
+        self.names = list(names) if names is not None else [f"member {i + 1}" for i in range(len(members))]
+        check_same_vocabulary(members, self.names)
+        self.members = nn.ModuleList(members)
+        self.vocab = members[0].vocab
+        self.decode_config = members[0].decode_config
+        self.transform = EnsembleTransform([member.transform for member in members])
+        shapes, grids = zip(*(feature_shape(member) for member in members))
+        self.grid: tuple[int, int] = grids[0]
+        self.decoder = EnsembleDecoder(
+            [member.decoder for member in members], shapes, combine, mean_attention=len(set(grids)) == 1
+        )
+
+    @classmethod
+    def from_pretrained(cls, paths: Sequence[str | Path], device: str | torch.device = "auto", combine: str = "prob") -> Ensemble:
+        """The checkpoints (files or run folders) at `paths`, each loaded by
+        `Captioner.from_pretrained`, as one ensemble in eval mode on `device`. Members with
+        different vocabularies are a one-line CheckpointError naming both files."""
+        if combine not in COMBINES:  # before loading anything
+            raise ConfigError(f"ensemble: combine must be one of {', '.join(COMBINES)}; got {combine!r}")
+        members = [Captioner.from_pretrained(path, device) for path in paths]
+        return cls(members, combine, names=[str(path) for path in paths]).eval()
+
+    @property
+    def combine(self) -> str:
+        return self.decoder.combine
+
+    def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Packed images (B, P), uint8 from `self.transform` -> packed feats (B, sum N_i*D_i),
+        float32, each member's part from its own encoder; and the first member's grid (h, w)."""
+        feats = [
+            member.encode(part.to(member.device))[0].flatten(1).float()  # (B, N_i*D_i)
+            for member, part in zip(self.members, self.transform.split(images))
+        ]
+        return torch.cat(feats, dim=1), self.grid  # (B, sum N_i*D_i)
+
+
+def check_same_vocabulary(members: Sequence[Captioner], names: Sequence[str]) -> None:
+    """A one-line CheckpointError naming the first member whose vocabulary differs from the
+    first one's, and how: the first differing word, or the sizes."""
+    first = members[0].vocab.to_list()
+    for name, member in zip(names[1:], members[1:]):
+        words = member.vocab.to_list()
+        if words == first:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(first, words)) if a != b), None)
+        how = f"word {at} is {first[at]!r} in one, {words[at]!r} in the other" if at is not None else f"{len(first)} vs {len(words)} words"
+        raise CheckpointError(f"ensemble: {names[0]} and {name} have different vocabularies ({how}); members must share one")
+
+
+@torch.no_grad()
+def feature_shape(member: Captioner) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(N, D) of a member's features and its grid (h, w), from encoding one blank image of its
+    input size (in eval mode: a probe must not move batch-norm statistics)."""
+    was_training = member.training
+    member.eval()
+    try:
+        side = member.transform.image_size
+        feats, grid = member.encode(torch.zeros(1, 3, side, side, dtype=torch.uint8, device=member.device))  # (1, N, D)
+    finally:
+        member.train(was_training)
+    return (feats.shape[1], feats.shape[2]), (int(grid[0]), int(grid[1]))
