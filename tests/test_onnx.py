@@ -97,6 +97,8 @@ DECODINGS = [
     {"beam_size": 4, "max_length": 4},  # many beams cut off: finished and live ones compete at max_length
     {"beam_size": 1, "max_length": 3, "block_trigrams": True},
     {"beam_size": 2, "batch_size": 4},  # several batches, the last one short
+    {"beam_size": 1, "min_length": 6, "suppress_bad_endings": True},  # the ending rule, as models/decoding.py applies it
+    {"beam_size": 3, "min_length": 8, "suppress_bad_endings": True},
 ]
 
 
@@ -107,6 +109,9 @@ def test_captions_scores_and_maps_equal_pytorch(exported: Exported, pictures: li
     assert len({c.text for c in expected}) >= 3  # the images get different captions
     if options.get("max_length", 30) <= 4:
         assert any(not c.finished for c in expected)  # the cut-off path is exercised
+    if "min_length" in options:  # the rule changes captions here, so the runtime's rule is compared, not idle
+        plain = exported.model.caption(pictures, beam_size=options["beam_size"])
+        assert [c.text for c in plain] != [c.text for c in expected]
     for want, have in zip(expected, got, strict=True):
         assert (have.tokens, have.words, have.text, have.finished) == (want.tokens, want.words, want.text, want.finished)
         assert have.score == pytest.approx(want.score, abs=1e-4)
