@@ -92,7 +92,16 @@ def test_unaugmented_crop_is_the_evaluation_transform(shape: str) -> None:
     image = edge_image(*SHAPES[shape])
     evaluation = ImageTransform(SIZE)(image)
     assert torch.equal(ImageTransform(SIZE, train=True, augment=False)(image), evaluation)
-    assert torch.equal(RandomWindowCrop(SIZE, min_scale=1.0)(pil_to_tensor(image)), evaluation)
+    assert_same_but_rounding(RandomWindowCrop(SIZE, min_scale=1.0)(pil_to_tensor(image)), evaluation)
+
+
+def assert_same_but_rounding(crop: torch.Tensor, evaluation: torch.Tensor) -> None:
+    """The training crop resizes a tensor with torchvision (as the device path does), evaluation
+    the picture with Pillow (as the ONNX runtime does): at scale 1 they agree to one level of 255
+    on a few pixels, their rounding."""
+    difference = (crop.int() - evaluation.int()).abs()
+    assert crop.shape == evaluation.shape and int(difference.max()) <= 1
+    assert float((difference > 0).float().mean()) < 0.1
 
 
 def test_real_photo(shared_data: Path) -> None:
@@ -101,7 +110,7 @@ def test_real_photo(shared_data: Path) -> None:
     width, height = image.size
     assert width != height  # a real 4:3 or 3:4 photo
     evaluation = ImageTransform(SIZE)(image)
-    assert torch.equal(RandomWindowCrop(SIZE, min_scale=1.0)(pil_to_tensor(image)), evaluation)
+    assert_same_but_rounding(RandomWindowCrop(SIZE, min_scale=1.0)(pil_to_tensor(image)), evaluation)
     train = ImageTransform(SIZE, train=True, augment=True)
     outputs = []
     for seed in range(6):

@@ -95,7 +95,8 @@ def _pipeline(image_size: int, augment: bool) -> v2.Compose:
     # Pillow's bilinear resize of the picture, then the uint8 tensor: the resize is Pillow's own, so
     # a runtime without torch (captioner.deploy) preprocesses to the same bytes (torchvision's
     # tensor resize rounds a few pixels one level apart). A uint8 tensor given instead is resized
-    # by torchvision.
+    # by torchvision. The training crop above stays on tensors, so the device path
+    # (data/device_decode) replays it exactly; at scale 1 it is this resize to one level.
     return v2.Compose([v2.Resize((image_size, image_size), antialias=True), v2.PILToTensor()])  # uint8 (3, S, S)
 
 
