@@ -152,26 +152,22 @@ def test_failed_images_are_recorded_and_skipped(shapes_root: Path, tmp_path: Pat
     assert not store.rows([2])[0].any()  # the failed row holds zeros, and nothing reads it
 
 
-def test_a_store_written_before_the_transform_described_itself_still_opens(shapes_root: Path, tmp_path: Path) -> None:
-    """Stores from before the uint8 pipeline name their transform by hand ({"resize": "square", ...});
-    the pipeline they stand for (ImageNet statistics) computes the same features today, so they
-    open for a model that normalises so (an old Lite0 checkpoint records imagenet) and not for
-    today's Lite0; another hand-written transform is refused."""
+def test_a_store_written_before_the_pillow_resize_is_stale(shapes_root: Path, tmp_path: Path) -> None:
+    """Stores from before the uint8 pipeline name their transform by hand ({"resize": "square", ...}):
+    torchvision's tensor resize, which rounds a few pixels apart from the Pillow resize the
+    transform runs since issue 20. Their features are not today's, so they are refused, in one
+    line naming both pipelines, for every model."""
     config = shapes_config(shapes_root, tmp_path / "run", "model.encoder.normalization=imagenet")
     model, records = frozen_model(config), load_split(config.data, "val")
     extract(model.encoder, model.transform, tmp_path / "store", "val", records, batch_size=6, progress=False)
     _, manifest_path = store_files(tmp_path / "store", "val")
+    assert open_store(tmp_path / "store", "val", model.encoder, model.transform, records).complete
     manifest = json.loads(manifest_path.read_text())
     manifest["identity"]["transform"] = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
     manifest_path.write_text(json.dumps(manifest))
-    assert open_store(tmp_path / "store", "val", model.encoder, model.transform, records).complete
-    today = frozen_model(shapes_config(shapes_root, tmp_path / "run"))
-    with pytest.raises(CaptionerError, match=r"transform is \[.*0\.485.* in the store but .*0\.498"):
-        open_store(tmp_path / "store", "val", today.encoder, today.transform, records)
-    manifest["identity"]["transform"]["antialias"] = False
-    manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(CaptionerError, match="transform is"):
+    with pytest.raises(CaptionerError, match=r"transform is \['PILToTensor\(\)', 'Resize.* in the store but \['Resize.*'PILToTensor\(\)'") as error:
         open_store(tmp_path / "store", "val", model.encoder, model.transform, records)
+    assert "\n" not in str(error.value)
 
 
 def test_a_stale_store_is_refused_in_one_line(shapes_root: Path, tmp_path: Path) -> None:
