@@ -165,3 +165,21 @@ def to_rgb(image: Image.Image) -> Image.Image:
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
     return image.convert("RGB")  # L, P, CMYK, YCbCr, 1, ...
+
+
+ImageInput = str | Path | bytes | Image.Image  # a path, an encoded image file, or a picture
+
+
+def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
+    """A path, an encoded file's bytes or a PIL image -> the upright RGB picture `load_image`
+    makes of a file; `position` ("image 2 of 5") starts the error of an image in a list."""
+    if isinstance(image, Image.Image):
+        return to_rgb(upright(image))
+    try:
+        if not isinstance(image, (str, Path, bytes)):
+            raise ImageLoadError(f"expected a path, bytes or a PIL image, got {type(image).__name__}")
+        return load_image(image)
+    except ImageLoadError as e:
+        if position is None and isinstance(image, (str, Path)):
+            raise  # its message names the file
+        raise ImageLoadError(f"caption: {position or 'the image'}: {e}") from None

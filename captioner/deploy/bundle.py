@@ -8,7 +8,6 @@ tests/test_onnx.py holds them equal.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from captioner.core.checksums import sha256_of
 from captioner.core.errors import CaptionerError, ExportError
 from captioner.text.vocab import Vocabulary
 
@@ -99,14 +99,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if not (isinstance(special.get("bos"), int) and isinstance(special.get("eos"), int) and isinstance(special.get("banned"), list)):
         raise ExportError(f"{path}: special_tokens must give bos, eos and banned ids")
     return manifest
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def available_cores() -> int:

@@ -4,30 +4,8 @@ RGB picture, then HWC -> CHW), from the same loader, which refuses the same file
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from PIL import Image
-
-from captioner.core.errors import ImageLoadError
-from captioner.data.pictures import load_image, to_rgb, upright
-
-ImageInput = str | Path | bytes | Image.Image  # a path, an encoded image file, or a picture
-
-
-def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
-    """A path, an encoded file's bytes or a PIL image -> the upright RGB picture `load_image`
-    makes of a file; `position` ("image 2 of 5") starts the error of an image in a list."""
-    if isinstance(image, Image.Image):
-        return to_rgb(upright(image))
-    try:
-        if not isinstance(image, (str, Path, bytes)):
-            raise ImageLoadError(f"expected a path, bytes or a PIL image, got {type(image).__name__}")
-        return load_image(image)
-    except ImageLoadError as e:
-        if position is None and isinstance(image, (str, Path)):
-            raise  # its message names the file
-        raise ImageLoadError(f"caption: {position or 'the image'}: {e}") from None
 
 
 def image_array(picture: Image.Image, size: int) -> np.ndarray:

@@ -21,10 +21,17 @@ from typing import Any, overload
 import numpy as np
 
 from captioner.core.errors import ConfigError, ImageLoadError
-from captioner.data.pictures import load_image
+from captioner.data.pictures import ImageInput, load_image, picture_of
 from captioner.deploy.bundle import Bundle, load_bundle
-from captioner.deploy.preprocess import ImageInput, image_array, image_batch, picture_of
-from captioner.deploy.search import Arrays, Hypothesis, SearchOptions, TokenRules, beam_search_n_best, greedy_search
+from captioner.deploy.preprocess import image_array, image_batch
+from captioner.deploy.search import (
+    Arrays,
+    Hypothesis,
+    SearchOptions,
+    TokenRules,
+    beam_search_n_best,
+    greedy_search,
+)
 from captioner.text.endings import BAD_ENDINGS
 
 

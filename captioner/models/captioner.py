@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, overload
 
 import torch
-from PIL import Image
 from torch import nn
 
 from captioner.core.config import Config, DecodeConfig, ModelConfig
 from captioner.core.errors import CheckpointError, ConfigError, ImageLoadError
 from captioner.core.runtime import resolve_device
-from captioner.data.images import ImageTransform, load_image, to_rgb, upright
+from captioner.data.images import ImageTransform, load_image
+from captioner.data.pictures import ImageInput, picture_of
 from captioner.models.caption import Caption
 from captioner.models.checkpoint_format import (
     checkpoint_file,
@@ -29,7 +29,6 @@ from captioner.models.checkpoint_format import (
 )
 from captioner.models.decoder import Decoder, DecoderOutput
 from captioner.models.decoders import build_decoder
-from captioner.models.export_format import CONFIG, WEIGHTS, is_exported, read_exported, write_exported
 from captioner.models.decoding import (
     DecodeOptions,
     Hypothesis,
@@ -37,10 +36,15 @@ from captioner.models.decoding import (
     decode_hypotheses,
 )
 from captioner.models.encoders import Encoder, build_encoder
+from captioner.models.export_format import (
+    CONFIG,
+    WEIGHTS,
+    is_exported,
+    read_exported,
+    write_exported,
+)
 from captioner.text.endings import BAD_ENDINGS
 from captioner.text.vocab import Vocabulary
-
-ImageInput = str | Path | bytes | Image.Image  # a path, an encoded image file, or a picture
 
 
 class Captioner(nn.Module):
@@ -291,20 +295,3 @@ class Captioner(nn.Module):
             captions = iter(self.caption_images(torch.stack(good), **decode_options) if good else [])
             results += [x if isinstance(x, ImageLoadError) else next(captions) for x in loaded]
         return results
-
-
-def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
-    """A path, an encoded file's bytes or a PIL image -> the upright RGB picture `load_image`
-    makes of a file; `position` ("image 2 of 5") starts the error of an image in a list."""
-    if isinstance(image, Image.Image):
-        return to_rgb(upright(image))
-    try:
-        if not isinstance(image, (str, Path, bytes)):
-            raise ImageLoadError(f"expected a path, bytes or a PIL image, got {type(image).__name__}")
-        return load_image(image)
-    except ImageLoadError as e:
-        if position is None and isinstance(image, (str, Path)):
-            raise  # its message names the file
-        raise ImageLoadError(f"caption: {position or 'the image'}: {e}") from None
-
-

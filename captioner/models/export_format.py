@@ -14,7 +14,6 @@ way; offline, or when the repo cannot be reached, the error says so in one line.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 
+from captioner.core.checksums import sha256_of as sha256
 from captioner.core.errors import ExportError
 
 FORMAT = "captioner"
@@ -62,14 +62,6 @@ def is_exported(path: str | Path) -> bool:
 def looks_like_repo_id(name: str) -> bool:
     """owner/name, and not a missing checkpoint file's path (runs/best.pt)."""
     return bool(REPO_ID.match(name)) and ".." not in name and not name.endswith((".pt", ".pth", ".ckpt", ".bin"))
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_atomically(path: Path, write: Any) -> None:

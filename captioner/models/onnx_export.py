@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
 import inspect
 import io
 import json
@@ -33,6 +32,7 @@ import torch
 from torch import nn
 
 import captioner
+from captioner.core.checksums import sha256_of
 from captioner.core.errors import ExportError
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import Decoder
@@ -231,14 +231,6 @@ def _dynamic_batch(spec: GraphSpec) -> dict[str, Any]:
     if params[0].kind is inspect.Parameter.VAR_POSITIONAL:
         return {params[0].name: tuple({0: batch} for _ in spec.example)}
     return {p.name: {0: batch} for p in params[: len(spec.example)]}
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _manifest(model: Captioner, specs: list[GraphSpec], paths: list[Path], opset: int, summary: dict) -> dict:
