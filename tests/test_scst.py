@@ -298,3 +298,22 @@ def test_mean_baseline_needs_two_samples_and_some_reward() -> None:
     with pytest.raises(ConfigError, match="both 0"):
         tiny_config("scst.cider_weight=0")
     assert tiny_config("scst.baseline=greedy", "scst.samples=1").scst.samples == 1
+
+
+@pytest.mark.parametrize("baseline", ["greedy", "mean"])
+def test_scst_suppress_bad_endings_keeps_samples_and_baseline_from_ending_on_a_listed_word(baseline: str) -> None:
+    """With the LSTM's output biased towards "a" and <eos>, unconstrained samples end on "a";
+    with scst.suppress_bad_endings neither the samples nor the greedy baseline ever do."""
+    model = tiny_model().train()
+    vocab = model.vocab
+    with torch.no_grad():
+        model.decoder.out_vocab.bias[vocab.index["a"]] += 6.0
+        model.decoder.out_vocab.bias[vocab.eos_id] += 6.0
+    for suppress in (False, True):
+        torch.manual_seed(0)
+        reward = Recorder(vocab.index["red"])
+        settings = ScstConfig(samples=8, baseline=baseline, max_length=8, suppress_bad_endings=suppress)
+        SelfCritical(settings, vocab, [], reward)(model, feature_batch(model), tiny_config(), encoded=True)
+        scored = [caption for candidates, _ in reward.calls for caption in candidates]
+        ends_on_a = [c[-2:] == [vocab.index["a"], vocab.eos_id] for c in scored]
+        assert any(ends_on_a) != suppress, (suppress, scored[:4])

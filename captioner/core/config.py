@@ -263,6 +263,7 @@ class ScstConfig:
     bleu_weight: float = setting(0.0, Range(ge=0))
     xent_weight: float = setting(0.0, Range(ge=0))  # + this x the cross-entropy stage's loss on the batch's reference captions (0: pure SCST)
     dropout: bool = setting(True, Flag())  # sample with the decoder's dropout on, as in training (self-critical.pytorch); false: the test-time decoder
+    suppress_bad_endings: bool = setting(False, Flag())  # samples and greedy baseline never end on "a", "with", "of", ... (text/endings.py)
 
 
 @dataclass

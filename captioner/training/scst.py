@@ -39,7 +39,8 @@ import torch
 from captioner.core.config import Config, ScstConfig
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
-from captioner.models.decoding import greedy_captions, sample_captions
+from captioner.models.decoding import EndingRule, SpecialTokens, greedy_captions, sample_captions
+from captioner.text.endings import BAD_ENDINGS
 from captioner.text.vocab import Vocabulary
 from captioner.training.rewards import DeviceReward
 
@@ -76,12 +77,23 @@ class SelfCritical:
         self.vocab = vocab
         self.reward = reward or DeviceReward(vocab, references, settings.cider_weight, settings.bleu_weight, cache_dir)
         self.banned = (vocab.pad_id, vocab.bos_id, vocab.unk_id)
+        bad_endings = tuple(sorted(vocab.index[word] for word in BAD_ENDINGS if word in vocab.index))
+        self.special = SpecialTokens(vocab.bos_id, vocab.eos_id, self.banned, bad_endings)
+        self.endings: dict[torch.device, EndingRule | None] = {}  # per device: built once, not per step
         self.reward_seconds = 0.0  # host time spent in the reward, in total (launch time only on a GPU)
         self.xent = xent
         if settings.xent_weight and xent is None:
             raise ValueError("SelfCritical: scst.xent_weight needs the cross-entropy objective (xent)")
 
     logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "reward_seconds", "xent")
+
+    def ending_rule(self, device: torch.device) -> EndingRule | None:
+        """scst.suppress_bad_endings as the decoding's ending rule (None when off), on `device`."""
+        if device not in self.endings:
+            self.endings[device] = EndingRule.build(
+                self.special, 0, self.settings.suppress_bad_endings, len(self.vocab), device
+            )
+        return self.endings[device]
 
     def score(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """(C,) rewards as float32 on the tokens' device, timed into `reward_seconds`."""
@@ -115,7 +127,8 @@ class SelfCritical:
         model.decoder.train(s.dropout)  # without dropout the policy sampled and pushed is the test-time decoder
         try:
             samples = sample_captions(
-                model.decoder, feats, vocab.bos_id, vocab.eos_id, n, s.max_length, s.temperature, banned=self.banned
+                model.decoder, feats, vocab.bos_id, vocab.eos_id, n, s.max_length, s.temperature, banned=self.banned,
+                ending=self.ending_rule(feats.device),
             )  # tokens, logprobs, mask: (B*n, T)
         finally:
             model.decoder.train(decoder_was_training)
@@ -125,7 +138,9 @@ class SelfCritical:
             was_training = model.training
             model.eval()
             try:
-                greedy = greedy_captions(model.decoder, feats.detach(), vocab.bos_id, vocab.eos_id, s.max_length, self.banned)
+                greedy = greedy_captions(
+                    model.decoder, feats.detach(), vocab.bos_id, vocab.eos_id, s.max_length, self.banned, self.ending_rule(feats.device)
+                )
             finally:
                 model.train(was_training)
             baseline = self.score(greedy.tokens, greedy.lengths, images).repeat_interleave(n)  # (B*n,)
