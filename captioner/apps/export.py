@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from captioner.apps.model_card import model_card, read_scores
+from captioner.core.config import Config
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
 from captioner.data.images import load_image
 from captioner.models.captioner import Captioner
@@ -70,7 +71,7 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
     return files
 
 
-def _figure_image(image: str | Path | None, config) -> Path | None:  # noqa: ANN001 - a Config
+def _figure_image(image: str | Path | None, config: Config) -> Path | None:
     """The image the card's figure captions: the one given (it must load), else the first test
     image of the model's dataset that loads, else None (logged)."""
     if image is not None:
