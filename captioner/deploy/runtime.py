@@ -32,7 +32,7 @@ from captioner.deploy.search import (
     beam_search_n_best,
     greedy_search,
 )
-from captioner.text.endings import BAD_ENDINGS
+from captioner.text.endings import bad_ending_ids
 
 
 @dataclass
@@ -81,7 +81,8 @@ class OnnxCaptioner:
         V = len(self.vocab)
         banned = np.zeros(V, dtype=bool)  # (V,)
         banned[special["banned"]] = True
-        bad_endings = np.array([word in BAD_ENDINGS for word in self.vocab.to_list()])  # (V,)
+        bad_endings = np.zeros(V, dtype=bool)  # (V,)
+        bad_endings[list(bad_ending_ids(self.vocab.index))] = True
         self.rules = TokenRules(special["bos"], special["eos"], banned, bad_endings)
 
     @classmethod

@@ -43,7 +43,6 @@ from captioner.models.export_format import (
     read_exported,
     write_exported,
 )
-from captioner.text.endings import BAD_ENDINGS
 from captioner.text.vocab import Vocabulary
 
 
@@ -89,11 +88,17 @@ class Captioner(nn.Module):
             model = cls.from_config(config, Vocabulary(exported.vocab), load_pretrained=False)
             model._load_weights(exported.state_dict, path / WEIGHTS)
         else:
-            payload = read_checkpoint(path)
-            config = model_config(payload["config"], path)
-            model = cls.from_config(config, Vocabulary(payload["vocab"]), load_pretrained=False)
-            model._load_weights(payload["model"], path)
+            model = cls.from_checkpoint_payload(read_checkpoint(path), path)
         return model.to(resolve_device(device)).eval()
+
+    @classmethod
+    def from_checkpoint_payload(cls, payload: dict[str, Any], source: Path) -> Captioner:
+        """The model of a checkpoint's payload already read (`read_checkpoint(source)`), on the
+        CPU: for a caller that needs the payload's other parts too and reads the file once."""
+        config = model_config(payload["config"], source)
+        model = cls.from_config(config, Vocabulary(payload["vocab"]), load_pretrained=False)
+        model._load_weights(payload["model"], source)
+        return model
 
     def _load_weights(self, state_dict: dict[str, torch.Tensor], source: Path) -> None:
         """Load a state dict that must fit this model exactly; one line naming `source` if not."""
@@ -157,9 +162,7 @@ class Captioner(nn.Module):
         """<bos>, <eos>, and the ids no caption contains: <pad>, <bos>, <unk> are not words, and
         every word of a caption gets its own attention map; and the ids of the vocabulary's
         words a caption must not end on (`suppress_bad_endings`)."""
-        vocab = self.vocab
-        bad_endings = tuple(sorted(vocab.index[word] for word in BAD_ENDINGS if word in vocab.index))
-        return SpecialTokens(vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id, vocab.unk_id), bad_endings)
+        return SpecialTokens.of(self.vocab)
 
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """images (B, 3, H, W), uint8 from `self.transform` (normalised on their device by the

@@ -22,9 +22,11 @@ import torch
 
 from captioner.core.config import DecodeConfig
 from captioner.core.errors import ConfigError
+from captioner.text.endings import bad_ending_ids
 
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
+    from captioner.text.vocab import Vocabulary
 
 _CONFIG_DEFAULTS = DecodeConfig()  # the options a config also holds default to the config's defaults
 
@@ -114,6 +116,12 @@ class SpecialTokens:
     eos: int
     banned: tuple[int, ...] = ()
     bad_endings: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, vocab: Vocabulary) -> SpecialTokens:
+        """A vocabulary's: <pad>, <bos>, <unk> banned (they are not words, and every word of a
+        caption gets its own attention map), and its bad-ending words' ids."""
+        return cls(vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id, vocab.unk_id), bad_ending_ids(vocab.index))
 
 
 @dataclass

@@ -9,6 +9,8 @@ captions cut off mid-phrase, not style.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 ARTICLES = frozenset({"a", "an", "the"})
 PREPOSITIONS = frozenset({
     "of", "in", "on", "at", "to", "for", "with", "from", "into", "onto", "near", "under", "beneath",
@@ -19,3 +21,6 @@ CONJUNCTIONS = frozenset({"and", "or", "but", "nor", "while", "because", "as", "
 BAD_ENDINGS = ARTICLES | PREPOSITIONS | CONJUNCTIONS
 
 
+def bad_ending_ids(index: Mapping[str, int]) -> tuple[int, ...]:
+    """The ids of a vocabulary's words in BAD_ENDINGS (`index`: word -> id, `Vocabulary.index`), in order."""
+    return tuple(sorted(index[word] for word in BAD_ENDINGS if word in index))

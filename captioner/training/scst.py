@@ -40,7 +40,6 @@ from captioner.core.config import Config, ScstConfig
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoding import EndingRule, SpecialTokens, greedy_captions, sample_captions
-from captioner.text.endings import BAD_ENDINGS
 from captioner.text.vocab import Vocabulary
 from captioner.training.rewards import DeviceReward
 
@@ -76,9 +75,8 @@ class SelfCritical:
         self.settings = settings
         self.vocab = vocab
         self.reward = reward or DeviceReward(vocab, references, settings.cider_weight, settings.bleu_weight, cache_dir)
-        self.banned = (vocab.pad_id, vocab.bos_id, vocab.unk_id)
-        bad_endings = tuple(sorted(vocab.index[word] for word in BAD_ENDINGS if word in vocab.index))
-        self.special = SpecialTokens(vocab.bos_id, vocab.eos_id, self.banned, bad_endings)
+        self.special = SpecialTokens.of(vocab)  # the ids decoding treats apart, as `Captioner.special_tokens`
+        self.banned = self.special.banned
         self.endings: dict[torch.device, EndingRule | None] = {}  # per device: built once, not per step
         self.reward_seconds = 0.0  # host time spent in the reward, in total (launch time only on a GPU)
         self.xent = xent
