@@ -48,26 +48,25 @@ def decode_options(args: argparse.Namespace) -> dict[str, Any]:
     return {name: value for name, value in given.items() if value is not None}
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
+def whole_number(text: str, minimum: int) -> int:
+    """`text` as an integer of at least `minimum`, or argparse's one-line error."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    return whole_number(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+    return whole_number(text, 0)
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:

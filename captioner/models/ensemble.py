@@ -217,15 +217,8 @@ def check_same_vocabulary(members: Sequence[Captioner], names: Sequence[str]) ->
         raise CheckpointError(f"ensemble: {names[0]} and {name} have different vocabularies ({how}); members must share one")
 
 
-@torch.no_grad()
 def feature_shape(member: Captioner) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(N, D) of a member's features and its grid (h, w), from encoding one blank image of its
-    input size (in eval mode: a probe must not move batch-norm statistics)."""
-    was_training = member.training
-    member.eval()
-    try:
-        side = member.transform.image_size
-        feats, grid = member.encode(torch.zeros(1, 3, side, side, dtype=torch.uint8, device=member.device))  # (1, N, D)
-    finally:
-        member.train(was_training)
-    return (feats.shape[1], feats.shape[2]), (int(grid[0]), int(grid[1]))
+    """(N, D) of a member's features and its grid (h, w): N = h * w cells of the encoder's D
+    channels, the grid from `Captioner.grid_size` (one blank image encoded in eval mode)."""
+    grid = member.grid_size()
+    return (grid[0] * grid[1], member.encoder.out_dim), grid

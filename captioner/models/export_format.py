@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -64,7 +65,8 @@ def looks_like_repo_id(name: str) -> bool:
     return bool(REPO_ID.match(name)) and ".." not in name and not name.endswith((".pt", ".pth", ".ckpt", ".bin"))
 
 
-def _write_atomically(path: Path, write: Any) -> None:
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` beside `path`, then renamed onto it, readable as the umask allows."""
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
     umask = os.umask(0)
@@ -86,8 +88,8 @@ def write_exported(
     folder.mkdir(parents=True, exist_ok=True)
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
     tensors = {name: value.detach().to("cpu").contiguous().clone() for name, value in state_dict.items()}
-    _write_atomically(folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
-    _write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(vocab, ensure_ascii=False)))
+    write_atomically(folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(vocab, ensure_ascii=False)))
     config = {
         "library_name": FORMAT,
         "format": FORMAT,
@@ -98,7 +100,7 @@ def write_exported(
         **metadata_fields,
         "files": {name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size} for name in (WEIGHTS, VOCAB)},
     }
-    _write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1)))
+    write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1)))
     return [folder / WEIGHTS, folder / VOCAB, folder / CONFIG]
 
 

@@ -22,7 +22,6 @@ import dataclasses
 import inspect
 import io
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from captioner.core.checksums import sha256_of
 from captioner.core.errors import ExportError
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import Decoder
+from captioner.models.export_format import write_atomically
 
 # What the runtime checks before it loads a graph (captioner/deploy/bundle.py reads the same
 # name and version; tests/test_onnx.py holds the two together, since models and deploy may not
@@ -135,9 +135,7 @@ def export_onnx(model: Captioner, folder: str | Path, opset: int | None = None, 
     check_parity(specs, paths)
     # The manifest last, atomically: a folder whose graphs failed the check has none.
     manifest = _manifest(model, specs, paths, opset, {**summary, "exporters": exporters})
-    tmp = manifest_path.with_name(MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, manifest_path)
+    write_atomically(manifest_path, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1)))
     return [*paths, manifest_path]
 
 
