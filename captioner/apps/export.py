@@ -15,7 +15,7 @@ from captioner.core.config import Config
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
 from captioner.data.images import load_image
 from captioner.models.captioner import Captioner
-from captioner.models.checkpoint import checkpoint_config
+from captioner.models.checkpoint import run_config
 from captioner.models.checkpoint_format import checkpoint_file, read_checkpoint
 from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported, network_errors
 
@@ -40,9 +40,9 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
         foreign = sorted(p.name for p in folder.iterdir() if p.name not in WRITTEN and not p.name.endswith(".tmp"))
         if foreign:
             raise ExportError(f"{folder}: not empty ({', '.join(foreign[:3])} ...) and not an export; give a new or empty folder")
-    payload = read_checkpoint(source)
-    config = checkpoint_config(source)
-    model = Captioner.from_pretrained(source, device="cpu")
+    payload = read_checkpoint(source)  # read once: the weights, the run config and the history
+    config = run_config(payload["config"], source)
+    model = Captioner.from_checkpoint_payload(payload, source).eval()
     scores = read_scores(source, payload.get("train_state"))
     files = model.save_pretrained(
         folder,

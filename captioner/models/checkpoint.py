@@ -53,11 +53,15 @@ def checkpoint_config(path: str | Path) -> Config:
         stored = read_config(path).get("training_config")
         if not isinstance(stored, dict):
             raise CheckpointError(f"{path / CONFIG}: no training_config (exported without one); its dataset is unknown")
-        source = f"{path / CONFIG} (training_config)"
-    else:
-        stored, source = read_checkpoint(path)["config"], f"{path} (config)"
+        return run_config(stored, path, f"{path / CONFIG} (training_config)")
+    return run_config(read_checkpoint(path)["config"], path)
+
+
+def run_config(stored: dict[str, Any], path: Path, source: str | None = None) -> Config:
+    """A stored run config checked like a config file; one line naming `path` when this version
+    refuses a setting. `source` names where in the file it was (default: the checkpoint's config)."""
     try:
-        return config_from_dict(stored, source=source)
+        return config_from_dict(stored, source=source or f"{path} (config)")
     except ConfigError as e:
         raise CheckpointError(f"{path}: incompatible config: {e}") from None
 
