@@ -22,6 +22,7 @@ import torch
 from helpers import WORDS, require_module, subprocess_env, tiny_model
 from PIL import Image
 
+from captioner.core.checksums import sha256_of
 from captioner.core.errors import CaptionerError, ConfigError, ExportError, ImageLoadError
 from captioner.models.captioner import Captioner
 from captioner.text.endings import BAD_ENDINGS
@@ -159,7 +160,7 @@ def test_the_manifest_describes_the_graphs(exported: Exported) -> None:
     assert manifest["state"] == (["h", "c"] if kind == "lstm" else ["k_0", "v_0", "k_1", "v_1", "pos"])
     for graph, entry in manifest["files"].items():
         path = folder / entry["path"]
-        assert entry["sha256"] == bundle.sha256_of(path)
+        assert entry["sha256"] == sha256_of(path)
         proto = onnx.load(str(path))
         names = [i.name for i in proto.graph.input]
         assert names == manifest["graphs"][graph]["inputs"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from captioner.core.errors import ExportError
+
 
 def sha256_of(path: str | Path) -> str:
     """The hex sha256 of a file, read in 1 MiB blocks (a model file never sits in memory twice)."""
@@ -13,3 +15,16 @@ def sha256_of(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def verify_file(path: Path, sha256: str, listed_in: Path, size: int | None = None) -> None:
+    """A file an export's manifest (`listed_in`) records is there, with the recorded size when
+    one is recorded and its sha256: a missing, truncated or altered file is one ExportError
+    naming it, raised before anything reads it."""
+    if not path.is_file():
+        raise ExportError(f"{path}: missing (listed in {listed_in.name}); re-export the checkpoint")
+    found = path.stat().st_size
+    if size is not None and found != size:
+        raise ExportError(f"{path}: {found} bytes, but {listed_in.name} records {size} (truncated or replaced); re-export the checkpoint")
+    if sha256_of(path) != sha256:
+        raise ExportError(f"{path}: sha256 does not match {listed_in.name} (checksum differs: the file was changed or damaged); re-export the checkpoint")

@@ -16,7 +16,7 @@ from typing import Any
 
 import onnxruntime as ort
 
-from captioner.core.checksums import sha256_of
+from captioner.core.checksums import verify_file
 from captioner.core.errors import CaptionerError, ExportError
 from captioner.text.vocab import Vocabulary
 
@@ -125,10 +125,7 @@ def session_options(threads: int | None) -> ort.SessionOptions:
 
 def open_session(path: Path, manifest_path: Path, expected_sha256: str, names: dict, threads: int | None) -> ort.InferenceSession:
     """The checked graph file's session, its inputs and outputs those onnx.json names."""
-    if not path.is_file():
-        raise ExportError(f"{path}: missing (listed in {manifest_path.name}); re-export the checkpoint")
-    if sha256_of(path) != expected_sha256:
-        raise ExportError(f"{path}: sha256 does not match {manifest_path.name} (the file was changed or damaged); re-export the checkpoint")
+    verify_file(path, expected_sha256, manifest_path)
     try:
         session = ort.InferenceSession(str(path), sess_options=session_options(threads), providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own several classes for a bad model

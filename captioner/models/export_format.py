@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from captioner.core.checksums import sha256_of as sha256
+from captioner.core.checksums import verify_file
 from captioner.core.errors import ExportError
 
 FORMAT = "captioner"
@@ -134,16 +135,9 @@ def verify_files(folder: Path, config: dict[str, Any]) -> None:
     if not isinstance(files, dict) or not {WEIGHTS, VOCAB} <= files.keys():
         raise ExportError(f"{folder / CONFIG}: 'files' must list {WEIGHTS} and {VOCAB} with their checksums")
     for name, recorded in files.items():
-        path = folder / name
-        if not path.is_file():
-            raise ExportError(f"{path}: missing (listed in {CONFIG})")
         if not isinstance(recorded, dict) or "sha256" not in recorded:
             raise ExportError(f"{folder / CONFIG}: files.{name} has no sha256")
-        size = path.stat().st_size
-        if "bytes" in recorded and size != recorded["bytes"]:
-            raise ExportError(f"{path}: {size} bytes, but {CONFIG} records {recorded['bytes']} (truncated or replaced)")
-        if sha256(path) != recorded["sha256"]:
-            raise ExportError(f"{path}: checksum does not match {CONFIG} (corrupt or replaced)")
+        verify_file(folder / name, recorded["sha256"], folder / CONFIG, recorded.get("bytes"))
 
 
 def read_exported(folder: str | Path) -> Exported:
