@@ -8,7 +8,7 @@ import io
 import re
 import struct
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -183,3 +183,12 @@ def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
         if position is None and isinstance(image, (str, Path)):
             raise  # its message names the file
         raise ImageLoadError(f"caption: {position or 'the image'}: {e}") from None
+
+
+def picture_batches(items: Sequence[ImageInput], batch_size: int, positions: bool = True) -> Iterator[list[Image.Image]]:
+    """`items` as pictures (`picture_of`), `batch_size` at a time; with `positions`, an image that
+    does not load is named by its place in the list ("image 2 of 5"). Stops at the first such
+    image with its one-line ImageLoadError: `caption` takes a list as one request."""
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        yield [picture_of(x, f"image {start + i + 1} of {len(items)}" if positions else None) for i, x in enumerate(chunk)]

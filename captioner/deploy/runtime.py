@@ -21,7 +21,7 @@ from typing import Any, overload
 import numpy as np
 
 from captioner.core.errors import ConfigError, ImageLoadError
-from captioner.data.pictures import ImageInput, load_image, picture_of
+from captioner.data.pictures import ImageInput, load_image, picture_batches
 from captioner.deploy.bundle import Bundle, load_bundle
 from captioner.deploy.preprocess import image_array, image_batch
 from captioner.deploy.search import (
@@ -134,9 +134,7 @@ class OnnxCaptioner:
         items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
         batch_size = batch_size or int(self.decode_defaults.get("batch_size", 32))
         captions: list[OnnxCaption] = []
-        for start in range(0, len(items), batch_size):
-            chunk = items[start : start + batch_size]
-            pictures = [picture_of(x) if single else picture_of(x, f"image {start + i + 1} of {len(items)}") for i, x in enumerate(chunk)]
+        for pictures in picture_batches(items, batch_size, positions=not single):
             captions += self.caption_arrays(image_batch(pictures, self.image_size), search)
         return captions[0] if single else captions
 

@@ -20,7 +20,7 @@ from captioner.core.config import Config, DecodeConfig, ModelConfig
 from captioner.core.errors import CheckpointError, ConfigError, ImageLoadError
 from captioner.core.runtime import resolve_device
 from captioner.data.images import ImageTransform, load_image
-from captioner.data.pictures import ImageInput, picture_of
+from captioner.data.pictures import ImageInput, picture_batches
 from captioner.models.caption import Caption
 from captioner.models.checkpoint_format import (
     checkpoint_file,
@@ -270,9 +270,7 @@ class Captioner(nn.Module):
         items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
         batch_size = batch_size or self.decode_config.batch_size
         captions: list[Caption] = []
-        for start in range(0, len(items), batch_size):
-            chunk = items[start : start + batch_size]
-            pictures = [picture_of(x) if single else picture_of(x, f"image {start + i + 1} of {len(items)}") for i, x in enumerate(chunk)]
+        for pictures in picture_batches(items, batch_size, positions=not single):
             batch = torch.stack([self.transform(p) for p in pictures])  # (b, 3, S, S) uint8
             captions += self.caption_images(batch, **options)
         return captions[0] if single else captions
