@@ -42,7 +42,7 @@ from captioner.training.history import (
     write_history,
     write_step_losses,
 )
-from captioner.training.loop import caption_loss, train_one_epoch
+from captioner.training.loop import bf16_autocast, caption_loss, train_one_epoch
 from captioner.training.resume import rng_state, set_rng_state
 from captioner.training.schedule import (
     describe_schedule,
@@ -169,6 +169,9 @@ class Run:
                 ctx.barrier()
         if config.train.channels_last or config.train.compile:
             accelerate(model, config, device, state.encoded)
+        if config.train.cpu_amp and device.type == "cpu" and ctx.is_main:
+            on = bf16_autocast(config, device)
+            log.info("train.cpu_amp: %s", "bf16 autocast (this CPU has native bf16)" if on else "ignored: this CPU has no native bf16")
 
         scst = config.train.stage == "scst"
         pairs = "all" if scst else data.captions_per_image  # SCST: one item per image, rewarded against all its references

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from captioner.core.config import Config
 from captioner.core.errors import DatasetError
+from captioner.core.runtime import cpu_has_native_bf16
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput
@@ -63,6 +64,14 @@ def caption_loss(
     return loss, {"loss": loss.detach(), "xent": xent.detach(), "penalty": penalty.detach()}
 
 
+def bf16_autocast(config: Config, device: torch.device) -> bool:
+    """Whether training steps run under bf16 autocast: `train.amp` on CUDA, `train.cpu_amp` on a
+    CPU that has native bf16 (the optimiser's weights, the loss and its reduction stay fp32)."""
+    if device.type == "cuda":
+        return config.train.amp
+    return device.type == "cpu" and config.train.cpu_amp and cpu_has_native_bf16()
+
+
 def train_one_epoch(
     model: Captioner,
     forward: Callable[..., DecoderOutput],
@@ -82,7 +91,7 @@ def train_one_epoch(
     `scst.SelfCritical` (whose logged values are `state.logged`)."""
     model.train()
     device = ctx.device
-    use_amp = config.train.amp and device.type == "cuda"
+    use_amp = bf16_autocast(config, device)
     channels_last = config.train.channels_last and device.type == "cuda" and not state.encoded
     bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True, initial=state.position,
                total=len(loader), disable=not ctx.is_main)

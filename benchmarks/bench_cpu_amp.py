@@ -1,0 +1,96 @@
+"""The quickstart's training step in fp32 and under bf16 autocast (`train.cpu_amp`), side by side.
+
+    python benchmarks/bench_cpu_amp.py [--config configs/shapes_lstm.yaml] [--steps 6] [--rounds 3] [--threads N]
+
+A shapes world of a few batches is drawn into a temporary folder; both variants train the same
+model (each from the same initial weights, with its own AdamW) on the same batches, and the
+rounds alternate them so a change in the machine's load hits both alike. Printed: seconds per
+step (median over rounds) and the ratio, and whether this CPU multiplies bf16 natively (without
+that, `train.cpu_amp` is ignored and this benchmark says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from captioner.core.config import load_config
+from captioner.core.runtime import cpu_has_native_bf16, set_threads
+from captioner.data.batching import CaptionDataset, collate_captions
+from captioner.data.datasets import load_split
+from captioner.data.images import ImageTransform
+from captioner.data.shapes import generate_shapes
+from captioner.models.build import build_model
+from captioner.text.vocab import Vocabulary
+from captioner.training.loop import caption_loss
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per variant and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
+    args = parser.parse_args()
+    threads = set_threads(args.threads)
+    native = cpu_has_native_bf16()
+    print(f"threads {threads}; native bf16 on this CPU: {native}")
+    if not native:
+        print("train.cpu_amp is ignored on this CPU (bf16 would be emulated); timing it anyway")
+
+    with tempfile.TemporaryDirectory() as folder:
+        config = load_config(args.config, [f"data.root={folder}", "train.device=cpu"])
+        data = config.data
+        generate_shapes(folder, data.batch_size * (args.steps + 1), 1, 1, image_size=data.image_size, progress=False)
+        records = load_split(data, "train")
+        vocab = Vocabulary.build((c for r in records for c in r.captions), data.min_word_count)
+        dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size, train=True), data.max_caption_length, data.captions_per_image)
+        batches = list(DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate_captions))
+
+    torch.manual_seed(0)
+    first = build_model(config, vocab).train()
+    variants = {}
+    for name, bf16 in (("fp32", False), ("bf16 autocast", True)):
+        model = copy.deepcopy(first)
+        variants[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4), bf16)
+
+    def epoch(name: str) -> tuple[float, float]:
+        """Seconds per step over the batches after the first, and the last loss."""
+        model, optimizer, bf16 = variants[name]
+        start = 0.0
+        for i, batch in enumerate(batches):
+            if i == 1:
+                start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss, _ = caption_loss(model, batch, config, encoded=False)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return (time.perf_counter() - start) / (len(batches) - 1), float(loss.detach())
+
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    losses: dict[str, float] = {}
+    for _ in range(args.rounds):
+        for name in variants:
+            step, losses[name] = epoch(name)
+            seconds[name].append(step)
+    print(f"\n{config.model.encoder.name} + {config.model.decoder.type}, {data.image_size} px, batch {data.batch_size} images "
+          f"({data.captions_per_image} captions each), {args.steps} steps x {args.rounds} rounds")
+    print("| variant | s/step | last loss |\n|---|---:|---:|")
+    for name in variants:
+        print(f"| {name} | {statistics.median(seconds[name]):.3f} | {losses[name]:.4f} |")
+    ratio = statistics.median(seconds["fp32"]) / statistics.median(seconds["bf16 autocast"])
+    print(f"bf16 autocast is {ratio:.2f}x the fp32 step's speed")
+
+
+if __name__ == "__main__":
+    main()
