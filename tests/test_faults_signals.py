@@ -1,0 +1,153 @@
+"""Fault: SIGTERM or SIGINT mid-training (what a scheduler sends before it kills a job; Ctrl-C).
+The signal is really sent to the training process (under torchrun: to one rank only). The run
+finishes its step, writes last.pt, exits 128 + the signal with one line giving the resume
+command, and that command ends with the very weights of a run that was never interrupted."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import subprocess_env
+from test_distributed import TINY as DISTRIBUTED_TINY
+from test_distributed import environment as torchrun_environment
+from test_resume import TINY, logged_steps
+
+from captioner.data.shapes import generate_shapes
+
+ROOT = Path(__file__).resolve().parents[1]
+# No periodic checkpoints: every step since the last validation is lost unless the signal saves it.
+SINGLE = [*TINY, "train.checkpoint_every_steps=0"]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shapes")
+    generate_shapes(root, 48, 4, 2, image_size=32, seed=0, progress=False)
+    return root
+
+
+class Training:
+    """A training subprocess whose stderr is read as it comes."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.err: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.err.extend(self.process.stderr), daemon=True)
+        self.reader.start()
+
+    def wait_for_step(self, step: int, timeout: float = 300) -> None:
+        deadline = time.time() + timeout
+        while max(logged_steps("".join(self.err)), default=0) < step:
+            assert self.process.poll() is None, "".join(self.err)[-3000:]
+            assert time.time() < deadline, "training too slow to reach the step"
+            time.sleep(0.01)
+
+    def finish(self, timeout: float = 600) -> tuple[int, str]:
+        code = self.process.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        return code, "".join(self.err)
+
+
+def command(data: Path, out: Path, overrides: list[str], *extra: str) -> list[str]:
+    return [sys.executable, "-m", "captioner", "-v", "train", "configs/shapes_lstm.yaml", *overrides,
+            f"data.root={data}", f"train.out_dir={out}", *extra]
+
+
+def resume_line(err: str, signum: int) -> tuple[int, str]:
+    """The one line the stopped run prints: the step it stopped after, the resume command."""
+    lines = [line for line in err.splitlines() if "resume with:" in line]
+    assert len(lines) == 1, err[-3000:]
+    name = signal.Signals(signum).name
+    found = re.fullmatch(rf"stopped by {name} at step (\d+): (\S+) saved; resume with: (.+)", lines[0])
+    assert found, lines[0]
+    # No traceback from the ranks; torchrun itself reports a worker's non-zero exit with its own.
+    launcher = err.count("ChildFailedError") and err.count("Traceback") == 1
+    assert "Traceback" not in err or launcher, err[-3000:]
+    return int(found[1]), found[3]
+
+
+def assert_same_weights(expected_path: Path, got_path: Path) -> None:
+    expected, got = torch.load(expected_path, weights_only=True), torch.load(got_path, weights_only=True)
+    assert expected["train_state"]["step"] == got["train_state"]["step"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, got["model"][name]), name
+    for key, state in expected["optimizer"]["state"].items():
+        for name, tensor in state.items():
+            assert torch.equal(tensor, got["optimizer"]["state"][key][name]), (key, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_mid_epoch_saves_the_step_and_resumes_bit_exact(shapes: Path, tmp_path: Path, signum: int) -> None:
+    env = subprocess_env()
+    reference = Training(command(shapes, tmp_path / "reference", SINGLE), env)
+    run = tmp_path / "signalled"
+    stopped = Training(command(shapes, run, SINGLE), env)
+    stopped.wait_for_step(5)  # mid-epoch 1 (12 steps an epoch), no checkpoint written yet
+    os.kill(stopped.process.pid, signum)
+    code, err = stopped.finish()
+    assert code == 128 + signum, err[-3000:]
+    step, resume = resume_line(err, signum)
+    saved = torch.load(run / "last.pt", weights_only=True)["train_state"]
+    assert saved["step"] == step == max(logged_steps(err)) and 5 <= step < 12, (step, saved["step"])  # no step lost
+    assert saved["position"] == step  # mid-epoch: the position in the epoch goes into last.pt
+
+    words = shlex.split(resume)
+    assert words[:2] == ["captioner", "train"] and words[-1] == "--resume"
+    resumed = subprocess.run([sys.executable, "-m", "captioner", "-v", *words[1:]], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert logged_steps(resumed.stderr) == list(range(step + 1, 25))
+    code, reference_err = reference.finish()
+    assert code == 0, reference_err[-3000:]
+    assert_same_weights(tmp_path / "reference" / "last.pt", run / "last.pt")
+
+
+def worker_pids(launcher: int) -> dict[int, int]:
+    """rank -> pid of the processes torchrun started."""
+    ranks: dict[int, int] = {}
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    for pid in map(int, children):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = next((int(v.split(b"=")[1]) for v in environ if v.startswith(b"RANK=")), None)
+        if rank is not None:
+            ranks[rank] = pid
+    return ranks
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the ranks' processes in /proc")
+def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(shapes: Path, tmp_path: Path) -> None:
+    env = torchrun_environment(tmp_path / "site")
+    overrides = [*DISTRIBUTED_TINY, "data.batch_size=4", "train.epochs=2"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "captioner"]
+    reference = Training([*launch, *command(shapes, tmp_path / "reference", overrides)[3:]], env)
+    code, reference_err = reference.finish()
+    assert code == 0, reference_err[-3000:]
+
+    run = tmp_path / "signalled"
+    stopped = Training([*launch, *command(shapes, run, overrides)[3:]], env)
+    stopped.wait_for_step(3)  # 6 steps an epoch
+    ranks = worker_pids(stopped.process.pid)
+    assert sorted(ranks) == [0, 1]
+    os.kill(ranks[1], signal.SIGTERM)  # rank 1 alone: rank 0 learns of it through the step's all-reduce
+    code, err = stopped.finish(timeout=300)
+    step, resume = resume_line(err, signal.SIGTERM)
+    assert code != 0 and "rank 1: " not in err.split("resume with:")[0].splitlines()[-1]
+    saved = torch.load(run / "last.pt", weights_only=True)["train_state"]
+    assert saved["step"] == step and len(saved["rng"]) == 2  # both ranks' random states, gathered at the same step
+    words = shlex.split(resume)
+    assert words[:3] == ["torchrun", "--nproc_per_node=2", "-m"] and words[-1] == "--resume"
+    resumed = subprocess.run([*launch, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_weights(tmp_path / "reference" / "last.pt", run / "last.pt")
