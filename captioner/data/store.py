@@ -396,6 +396,8 @@ def extract(
     checksums = manifest.get("checksums")  # None: a store begun by an earlier version, which recorded none
     header = npy_header_bytes(array_path)
     row_bytes = shape[1] * shape[2] * np.dtype(DTYPE).itemsize
+    if array_path.stat().st_size < header + total:  # cut at its last row done by a full disk: sparse again to its size
+        os.truncate(array_path, header + total)
 
     encoder.eval()
     began, saved = time.time(), time.time()
@@ -426,6 +428,9 @@ def extract(
                 if written != len(data):  # a short write: the disk filled during it
                     raise OSError(28, os.strerror(28))
             except OSError as e:
+                # The rows from `first` on are not done: cutting the file there gives back the pages a
+                # partial write took, so that the manifest saying how far it got still fits on the disk.
+                os.ftruncate(fd, header + first * row_bytes)
                 raise write_failure(array_path, e, "; the rows written so far are kept: run again when there is space and it resumes") from None
             if checksums is not None:
                 checksums.append([first, count, hashlib.sha256(data).hexdigest()])

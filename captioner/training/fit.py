@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from captioner.core.config import Config, dump_config
 from captioner.core.errors import CheckpointError, ConfigError
+from captioner.core.files import write_failure
 from captioner.core.runtime import loader_workers, resolve_device, seed_everything
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
@@ -84,8 +85,11 @@ def fit(config: Config, resume: bool = False) -> Path:
     if checkpoint or initial:
         model.load_state_dict((checkpoint or initial)["model"])  # the encoder too: fine-tuned layers stay fine-tuned
     if ctx.is_main:
-        vocab.save(out_dir / "vocab.json")
-        dump_config(config, out_dir / "config.yaml")
+        try:
+            vocab.save(out_dir / "vocab.json")
+            dump_config(config, out_dir / "config.yaml")
+        except OSError as e:  # a full disk before the first step: one line naming the file
+            raise write_failure(Path(e.filename or out_dir), e) from None
     run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint)
     run.stop.install()  # from here a SIGTERM or SIGINT ends the step, saves last.pt and raises Interrupted
     try:
