@@ -241,3 +241,27 @@ def test_training_curves_past_the_file_size_limit_keep_the_previous_figure(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     assert "File too large" in one_error_line(result.stderr, f"{tmp_path}/training_curves.png")
     assert result.stdout.split()[-1] == "True"
+
+
+def test_an_export_past_the_file_size_limit_keeps_the_previous_export(tmp_path: Path) -> None:
+    folder = tmp_path / "export"
+    code = f"""
+        import sys, torch
+        from helpers import tiny_model
+        from captioner.core.errors import StorageError
+        from captioner.models.captioner import Captioner
+        from captioner.models.export_format import write_exported
+        first, second = tiny_model(seed=0), tiny_model(seed=1)
+        write_exported("{folder}", first.state_dict(), first.settings(), first.vocab.to_list(), {{}})
+        limit_file_size(100_000)  # the weights are about 300 KB
+        try:
+            write_exported("{folder}", second.state_dict(), second.settings(), second.vocab.to_list(), {{}})
+        except StorageError as e:
+            print("error: " + str(e), file=sys.stderr)
+        loaded = Captioner.from_pretrained("{folder}", "cpu")  # checksums verified
+        print(all(torch.equal(v, loaded.state_dict()[k]) for k, v in first.state_dict().items()))
+    """
+    result = python(tmp_path, code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "File too large" in one_error_line(result.stderr, f"{folder}/model.safetensors")
+    assert result.stdout.split()[-1] == "True"
