@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from captioner.core.checksums import sha256_of
 from captioner.core.config import Config, config_from_dict
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.core.files import write_atomically
@@ -37,23 +38,20 @@ COMMENT_BYTES = len(CHECKSUM_TAG) + 64  # the tag and a hex sha256
 log = logging.getLogger(__name__)
 
 
-class HashingWriter:
-    """A file torch.save writes into, hashing the bytes as they pass and keeping the OSError
-    of a failed write (torch reports it as an unrelated RuntimeError)."""
+class WriteErrorKeeper:
+    """The file torch.save writes into, keeping the OSError of a failed write (a full disk),
+    which torch reports as an unrelated RuntimeError."""
 
     def __init__(self, file: BinaryIO) -> None:
         self.file = file
-        self.digest = hashlib.sha256()
         self.error: OSError | None = None
 
     def write(self, data: bytes) -> int:
         try:
-            written = self.file.write(data)
+            return self.file.write(data)
         except OSError as e:
             self.error = e
             raise
-        self.digest.update(data)
-        return written
 
     def flush(self) -> None:
         self.file.flush()
@@ -65,16 +63,16 @@ def write_checkpoint_file(payload: dict[str, Any], path: str | Path) -> None:
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
-            writer = HashingWriter(f)
+            writer = WriteErrorKeeper(f)
             try:
                 torch.save(payload, writer)
             except RuntimeError:
                 if writer.error is not None:
                     raise writer.error from None
                 raise
-            f.flush()
-            # The archive ends with its end record, whose last two bytes are the comment's length (0).
-            comment = CHECKSUM_TAG + writer.digest.hexdigest().encode()
+        # Hashed from the page cache just written: faster than hashing inside torch's write calls.
+        comment = CHECKSUM_TAG + sha256_of(tmp).encode()
+        with open(tmp, "r+b") as f:  # the archive ends with its end record, whose last two bytes are the comment's length (0)
             f.seek(-2, os.SEEK_END)
             f.write(len(comment).to_bytes(2, "little") + comment)
 
