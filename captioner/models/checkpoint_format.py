@@ -4,8 +4,8 @@ config sections that rebuild the model.
 
 The checksum travels inside the file: torch.save writes a zip archive, whose last record (the
 end of central directory) may carry a comment; the comment holds the sha256 of everything
-before it (with the comment's length field as torch wrote it, zero). It is computed as torch
-writes, and checked in one streamed read before torch reads the file, so a truncated or
+before it (with the comment's length field as torch wrote it, zero). It is computed from the
+file just written, and checked in one streamed read before torch reads the file, so a truncated or
 altered checkpoint is refused by name before any weight is used. A copy keeps it (no sidecar
 file to lose), and torch, which ignores zip comments, reads the file as any other.
 """
