@@ -151,3 +151,41 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(shapes: Path, 
     resumed = subprocess.run([*launch, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_weights(tmp_path / "reference" / "last.pt", run / "last.pt")
+
+
+def test_repeated_signals_never_kill_but_a_later_ctrl_c_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real signals to this process: SIGTERM twice (a scheduler and torchrun each forward one)
+    only asks once; the same Ctrl-C delivered twice at once is one; Ctrl-C again later stops now."""
+    import captioner.training.interrupt as interrupt
+    from captioner.training.distributed import Distributed
+
+    monkeypatch.setattr(interrupt, "REPEAT_GRACE_SECONDS", 0.2)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    stop = interrupt.StopSignals()
+    stop.install()
+    try:
+        alone = Distributed(torch.device("cpu"))
+        assert not stop.stop_after_step([0, 0], alone)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.votes() == [1, 0] and stop.stop_after_step([0, 0], alone) and stop.signal == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # at once: the same Ctrl-C
+        assert stop.votes() == [1, 1]
+        time.sleep(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)  # the handler runs at the next bytecode
+    finally:
+        stop.restore()
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # the handlers are given back
+
+
+def test_under_torchrun_the_summed_votes_decide_not_this_ranks_own() -> None:
+    from captioner.training.distributed import Distributed
+    from captioner.training.interrupt import StopSignals
+
+    rank = Distributed(torch.device("cpu"), rank=0, world_size=2)
+    stop = StopSignals()
+    assert not stop.stop_after_step([0, 0], rank)
+    assert stop.stop_after_step([0, 1], rank) and stop.signal == signal.SIGINT  # another rank's Ctrl-C
