@@ -251,7 +251,8 @@ def check_array(store: FeatureStore) -> None:
     try:
         def chunk_digest(chunk: list) -> str:  # sha256 releases the GIL: chunks hash on several cores at once
             first, count, _ = chunk
-            digest, offset, end = hashlib.sha256(), store.header_bytes + first * store.row_bytes, store.header_bytes + (first + count) * store.row_bytes
+            digest = hashlib.sha256()
+            offset, end = store.header_bytes + first * store.row_bytes, store.header_bytes + (first + count) * store.row_bytes
             while offset < end:
                 block = os.pread(fd, min(end - offset, 1 << 20), offset)
                 if not block:  # cut short since the size was checked: the digest differs

@@ -100,10 +100,16 @@ def verify_checksum(path: Path) -> bool:
                 remaining -= len(block)
             digest.update(b"\x00\x00")  # the length field as torch wrote it
             if digest.hexdigest() != recorded:
-                raise CheckpointError(f"{path}: not a readable captioner checkpoint (its sha256 differs from the one recorded when it was written: the file is damaged or altered)")
+                raise CheckpointError(
+                    f"{path}: not a readable captioner checkpoint (its sha256 differs from the one recorded when it was "
+                    "written: the file is damaged or altered)"
+                )
             return True
     if not tail[-END_RECORD_BYTES:].startswith(END_RECORD):  # every archive torch writes ends with its end record
-        raise CheckpointError(f"{path}: not a readable captioner checkpoint (truncated, or another kind of file: {size} bytes that do not end as a torch archive does)")
+        raise CheckpointError(
+            f"{path}: not a readable captioner checkpoint (truncated, or another kind of file: {size} bytes that do not "
+            "end as a torch archive does)"
+        )
     log.warning("%s: written without a checksum (before checksums were recorded): it cannot be checked for damage", path)
     return False
 
