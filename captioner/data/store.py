@@ -249,20 +249,12 @@ def check_array(store: FeatureStore) -> None:
         return
     fd = os.open(array_path, os.O_RDONLY)
     try:
-        def chunk_digest(chunk: list) -> str:  # sha256 releases the GIL: chunks hash on several cores at once
+        def digest(chunk: list) -> str:
             first, count, _ = chunk
-            digest = hashlib.sha256()
-            offset, end = store.header_bytes + first * store.row_bytes, store.header_bytes + (first + count) * store.row_bytes
-            while offset < end:
-                block = os.pread(fd, min(end - offset, 1 << 20), offset)
-                if not block:  # cut short since the size was checked: the digest differs
-                    break
-                digest.update(block)
-                offset += len(block)
-            return digest.hexdigest()
+            return range_sha256(fd, store.header_bytes + first * store.row_bytes, count * store.row_bytes)
 
-        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            for (first, count, recorded), found in zip(chunks, pool.map(chunk_digest, chunks)):
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # sha256 releases the GIL
+            for (first, count, recorded), found in zip(chunks, pool.map(digest, chunks)):
                 if found != recorded:
                     raise FeatureStoreError(
                         f"{array_path}: rows {first}-{first + count - 1} differ from the sha256 recorded when they were written "
@@ -270,6 +262,19 @@ def check_array(store: FeatureStore) -> None:
                     )
     finally:
         os.close(fd)
+
+
+def range_sha256(fd: int, offset: int, length: int) -> str:
+    """The sha256 of `length` bytes of the open file `fd` from `offset`, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    end = offset + length
+    while offset < end:
+        block = os.pread(fd, min(end - offset, 1 << 20), offset)
+        if not block:  # cut short since its size was checked: the digest differs
+            break
+        digest.update(block)
+        offset += len(block)
+    return digest.hexdigest()
 
 
 # How stores written before the transform described its own steps named it: the square resize
