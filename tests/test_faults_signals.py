@@ -40,7 +40,8 @@ class Training:
     """A training subprocess whose stderr is read as it comes."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True)  # its own process group, as a scheduler's job has
         self.err: list[str] = []
         self.reader = threading.Thread(target=lambda: self.err.extend(self.process.stderr), daemon=True)
         self.reader.start()
@@ -87,14 +88,21 @@ def assert_same_weights(expected_path: Path, got_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_mid_epoch_saves_the_step_and_resumes_bit_exact(shapes: Path, tmp_path: Path, signum: int) -> None:
+@pytest.mark.parametrize(("signum", "workers", "group"), [(signal.SIGTERM, 0, False), (signal.SIGINT, 0, False), (signal.SIGTERM, 2, True)],
+                         ids=["SIGTERM", "SIGINT", "SIGTERM-to-the-group-with-2-loader-workers"])
+def test_a_signal_mid_epoch_saves_the_step_and_resumes_bit_exact(shapes: Path, tmp_path: Path, signum: int, workers: int, group: bool) -> None:
+    """`group`: the signal goes to every process of the job (the trainer and its DataLoader
+    workers), as a scheduler sends it."""
     env = subprocess_env()
-    reference = Training(command(shapes, tmp_path / "reference", SINGLE), env)
+    overrides = [*SINGLE, f"data.num_workers={workers}"]
+    reference = Training(command(shapes, tmp_path / "reference", overrides), env)
     run = tmp_path / "signalled"
-    stopped = Training(command(shapes, run, SINGLE), env)
+    stopped = Training(command(shapes, run, overrides), env)
     stopped.wait_for_step(5)  # mid-epoch 1 (12 steps an epoch), no checkpoint written yet
-    os.kill(stopped.process.pid, signum)
+    if group:
+        os.killpg(stopped.process.pid, signum)
+    else:
+        os.kill(stopped.process.pid, signum)
     code, err = stopped.finish()
     assert code == 128 + signum, err[-3000:]
     step, resume = resume_line(err, signum)
