@@ -265,3 +265,23 @@ def test_an_export_past_the_file_size_limit_keeps_the_previous_export(tmp_path: 
     assert result.returncode == 0, result.stderr[-3000:]
     assert "File too large" in one_error_line(result.stderr, f"{folder}/model.safetensors")
     assert result.stdout.split()[-1] == "True"
+
+
+def test_caption_heatmaps_past_the_file_size_limit_are_one_line_and_no_partial_figure(tmp_path: Path) -> None:
+    figures = tmp_path / "figures"
+    code = f"""
+        import sys
+        import numpy as np
+        from PIL import Image
+        from helpers import tiny_model
+        from captioner.apps.cli import main
+        from captioner.models.checkpoint import save_checkpoint
+        save_checkpoint("{tmp_path}/model.pt", tiny_model("decode.max_length=4"))
+        Image.fromarray(np.full((40, 48, 3), 90, dtype=np.uint8)).save("{tmp_path}/photo.png")
+        limit_file_size(5000)  # the checkpoint is written; the figure (about 30 KB) is not
+        sys.exit(main(["caption", "{tmp_path}/model.pt", "{tmp_path}/photo.png", "--heatmaps", "{figures}", "--device", "cpu"]))
+    """
+    result = python(tmp_path, code)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "File too large" in one_error_line(result.stderr, f"{figures}/photo_attention.png")
+    assert list(figures.iterdir()) == []  # no half-written figure
