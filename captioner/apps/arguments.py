@@ -18,6 +18,28 @@ log = logging.getLogger("captioner")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
+class AnyOrderParser(argparse.ArgumentParser):
+    """A parser that takes options and positionals in any order: `train CONFIG --init X
+    train.epochs=3` as well as `train CONFIG train.epochs=3 --init X`.
+
+    argparse stops filling a positional list (`overrides`, `images`) at the first option after
+    it, so what follows was "unrecognized"; intermixed parsing reads the options first, then the
+    positionals from what is left. A parser with subcommands cannot be parsed that way (its
+    commands' own parsers, which are of this class, are), and keeps argparse's order."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        has_commands = any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in self._get_positional_actions())
+        if self._intermixing or has_commands:  # the intermixed parse's own two passes land here
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def expand_images(inputs: list[str]) -> list[Path]:
     """Files as given, folders as the images inside them (sorted)."""
     paths: list[Path] = []

@@ -40,3 +40,8 @@ class ExportError(CaptionerError):
     """An exported model folder (Hub layout or ONNX) is missing a file, has a file that does not
     match its config or checksum, or was written by an incompatible version; or a Hub repo id
     cannot be reached (offline, no token)."""
+
+
+class StorageError(CaptionerError):
+    """A file could not be written: the disk is full (ENOSPC), or the file would exceed the
+    process's size limit or the user's quota. The file it names was left as it was before."""

@@ -9,7 +9,10 @@ One split is two files in the store folder:
 
 A store made by another encoder, image size or transform, or for another list of images, is
 refused with one line naming the manifest and the field, never read silently. Extraction
-writes in chunks and records its progress, so a crash or Ctrl-C resumes where it stopped.
+writes in chunks and records its progress, so a crash, Ctrl-C or a full disk resumes where it
+stopped. Each chunk's sha256 goes into the manifest as it is written; opening a finished store
+checks the array against its manifest (shape, dtype, size) and every chunk against its sha256
+in one streamed read, so a truncated or damaged array is refused by name before a row is used.
 
 Reading: `StoreRows` answers `rows[i] -> (N, D)` with one positional read (`os.pread`) of the
 row's bytes from a file it opens lazily in each process (each DataLoader worker has its own),
@@ -33,6 +36,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,7 +48,8 @@ from torchvision.transforms import v2
 from tqdm import tqdm
 
 from captioner.core.config import Config, EncoderConfig
-from captioner.core.errors import ConfigError, FeatureStoreError
+from captioner.core.errors import ConfigError, FeatureStoreError, StorageError
+from captioner.core.files import size_text, write_atomically, write_failure
 from captioner.core.runtime import loader_workers
 from captioner.data.batching import image_loader
 from captioner.data.images import IMAGENET, ImageTransform, PixelNormalization
@@ -139,14 +144,6 @@ def check_frozen(encoder: StoreEncoder) -> None:
         )
 
 
-def size_text(nbytes: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if nbytes < 1000:
-            return f"{nbytes:.1f} {unit}"
-        nbytes /= 1000
-    return f"{nbytes:.1f} TB"
-
-
 # --- the store of one split -----------------------------------------------------------------------
 
 
@@ -197,9 +194,21 @@ class FeatureStore:
         return self.header_bytes + self.num_rows * self.row_bytes
 
 
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """A .npy file's shape, dtype and where its rows start, from its header alone."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+            return shape, dtype, f.tell()
+    except (OSError, ValueError) as e:
+        raise FeatureStoreError(f"{path}: not a readable feature array ({str(e)[:120]})") from None
+
+
 def npy_header_bytes(path: Path) -> int:
     """Where the rows start in a .npy file (after its magic string and header)."""
-    return int(np.load(path, mmap_mode="r").offset)  # numpy parses the header; no data is read
+    return npy_header(path)[2]
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -215,9 +224,57 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest))
-    os.replace(tmp, path)  # atomic: a crash never leaves half a manifest
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(manifest)))  # a crash or full disk never leaves half a manifest
+
+
+def check_array(store: FeatureStore) -> None:
+    """The array is what its manifest says (shape, dtype, every byte there) and, for a store
+    that records them, every chunk has the sha256 recorded when it was written: one streamed
+    read of the file. A store written before checksums is read with a warning."""
+    manifest, array_path = store.manifest, store.array_path
+    hint = f"run `captioner features CONFIG` again after deleting {array_path} and {store.manifest_path.name}"
+    shape, dtype, _ = npy_header(array_path)
+    if list(shape) != list(manifest["shape"]) or dtype != np.dtype(DTYPE):
+        raise FeatureStoreError(
+            f"{array_path}: holds {dtype} {tuple(shape)}, but {store.manifest_path.name} records {manifest['dtype']} "
+            f"{tuple(manifest['shape'])}; {hint}"
+        )
+    expected_bytes = store.header_bytes + store.num_rows * store.row_bytes
+    found_bytes = array_path.stat().st_size
+    if found_bytes < expected_bytes:
+        raise FeatureStoreError(f"{array_path}: {found_bytes} bytes, {expected_bytes} expected (truncated); {hint}")
+    chunks = manifest.get("checksums")
+    if chunks is None:
+        log.warning("%s: written without checksums (by an earlier version): it cannot be checked for damage", array_path)
+        return
+    fd = os.open(array_path, os.O_RDONLY)
+    try:
+        def digest(chunk: list) -> str:
+            first, count, _ = chunk
+            return range_sha256(fd, store.header_bytes + first * store.row_bytes, count * store.row_bytes)
+
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # sha256 releases the GIL
+            for (first, count, recorded), found in zip(chunks, pool.map(digest, chunks)):
+                if found != recorded:
+                    raise FeatureStoreError(
+                        f"{array_path}: rows {first}-{first + count - 1} differ from the sha256 recorded when they were written "
+                        f"(the file is damaged or altered); {hint}"
+                    )
+    finally:
+        os.close(fd)
+
+
+def range_sha256(fd: int, offset: int, length: int) -> str:
+    """The sha256 of `length` bytes of the open file `fd` from `offset`, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    end = offset + length
+    while offset < end:
+        block = os.pread(fd, min(end - offset, 1 << 20), offset)
+        if not block:  # cut short since its size was checked: the digest differs
+            break
+        digest.update(block)
+        offset += len(block)
+    return digest.hexdigest()
 
 
 # How stores written before the transform described its own steps named it: the square resize
@@ -273,6 +330,7 @@ def open_store(
             f"{manifest_path}: extraction stopped at row {manifest['rows_done']} of {store.num_rows}; "
             "run `captioner features CONFIG` again to finish it"
         )
+    check_array(store)
     return store
 
 
@@ -286,7 +344,9 @@ def ensure_store(
         manifest = read_manifest(manifest_path)
         check_manifest(manifest_path, manifest, identity(encoder, transform), records)
         if manifest["rows_done"] == len(manifest["image_ids"]):
-            return FeatureStore(directory, split, manifest)
+            store = FeatureStore(directory, split, manifest)
+            check_array(store)
+            return store
     return extract(encoder, transform, directory, split, records, batch_size, num_workers, progress)
 
 
@@ -329,7 +389,7 @@ def extract(
             "format": FORMAT, "version": VERSION, "split": split, "identity": expected,
             "grid": list(grid), "feat_dim": feat_dim, "dtype": np.dtype(DTYPE).name, "shape": list(shape),
             "image_ids": [r.image_id for r in records], "paths": [str(r.path) for r in records],
-            "rows_done": 0, "failed": [], "seconds": 0.0,
+            "rows_done": 0, "failed": [], "seconds": 0.0, "checksums": [],  # [first row, rows, sha256] per chunk written
         }
     total = int(np.prod(shape)) * np.dtype(DTYPE).itemsize
     start = manifest["rows_done"]
@@ -343,10 +403,16 @@ def extract(
             f"{directory}: the {split} store needs {size_text(needed)} more on disk, only {size_text(free)} is free"
         )
     if fresh:  # (an array left without its manifest is overwritten: nothing says what it holds)
-        np.lib.format.open_memmap(array_path, mode="w+", dtype=DTYPE, shape=shape)  # header + a sparse file, no data written
+        try:
+            np.lib.format.open_memmap(array_path, mode="w+", dtype=DTYPE, shape=shape)  # header + a sparse file, no data written
+        except OSError as e:
+            raise write_failure(array_path, e) from None
         write_manifest(manifest_path, manifest)
+    checksums = manifest.get("checksums")  # None: a store begun by an earlier version, which recorded none
     header = npy_header_bytes(array_path)
     row_bytes = shape[1] * shape[2] * np.dtype(DTYPE).itemsize
+    if array_path.stat().st_size < header + total:  # cut at its last row done by a full disk: sparse again to its size
+        os.truncate(array_path, header + total)
 
     encoder.eval()
     began, saved = time.time(), time.time()
@@ -371,7 +437,18 @@ def extract(
                 local = indices.numpy() - (first - start)  # loader indices count from `start`
                 block[local] = feats
                 loaded = set(local.tolist())
-            os.pwrite(fd, block.tobytes(), header + first * row_bytes)
+            data = block.tobytes()
+            try:
+                written = os.pwrite(fd, data, header + first * row_bytes)
+                if written != len(data):  # a short write: the disk filled during it
+                    raise OSError(28, os.strerror(28))
+            except OSError as e:
+                # The rows from `first` on are not done: cutting the file there gives back the pages a
+                # partial write took, so that the manifest saying how far it got still fits on the disk.
+                os.ftruncate(fd, header + first * row_bytes)
+                raise write_failure(array_path, e, "; the rows written so far are kept: run again when there is space and it resumes") from None
+            if checksums is not None:
+                checksums.append([first, count, hashlib.sha256(data).hexdigest()])
             for i in range(count):
                 if i not in loaded:
                     record = records[first + i]
@@ -387,7 +464,10 @@ def extract(
         bar.close()
         os.close(fd)
         manifest["seconds"] = round(seconds_before + time.time() - began, 1)
-        write_manifest(manifest_path, manifest)  # the rows written so far count, whatever stopped us
+        try:
+            write_manifest(manifest_path, manifest)  # the rows written so far count, whatever stopped us
+        except StorageError as e:  # a full disk: the manifest saved last stands, and a resume redoes the rows since
+            log.warning("%s", e)
     if len(manifest["failed"]) == len(records):
         raise FeatureStoreError(f"{manifest_path}: none of the {len(records)} {split} images could be loaded")
     return FeatureStore(directory, split, manifest)

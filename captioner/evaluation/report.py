@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -10,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from captioner.core.errors import CaptionerError
+from captioner.core.files import write_atomically
 
 
 def _json_number(value: float) -> float | None:
@@ -26,7 +25,8 @@ def write_scores_json(
     """Write `{**extra, "overall": {...}, "num_images": n, "per_image": [{"image_id", ...}]}`.
 
     Per-image entries are sorted by image id, like COCOEvalCap's `evalImgs`; non-finite scores
-    become null. The file is replaced atomically.
+    become null. The file is replaced atomically; a failed write (a full disk) is one StorageError
+    naming it, and the previous file stays.
     """
     path = Path(path)
     extra = dict(extra or {})
@@ -42,15 +42,8 @@ def write_scores_json(
             for image_id in sorted(per_image)
         ],
     }
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise CaptionerError(f"cannot write scores to {path}: {e.strerror or e}") from None
+    text = json.dumps(document, indent=1) + "\n"
+    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))  # a full disk: one StorageError, the old file kept
 
 
 def rounded(scores: Mapping[str, float]) -> dict[str, float]:

@@ -9,7 +9,6 @@ whole config back.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from captioner.models.checkpoint_format import (
     FORMAT_VERSION,
     checkpoint_file,
     read_checkpoint,
+    write_checkpoint_file,
 )
 
 __all__ = ["FORMAT_VERSION", "checkpoint_config", "load_captioner", "read_checkpoint", "save_checkpoint"]
@@ -30,7 +30,8 @@ __all__ = ["FORMAT_VERSION", "checkpoint_config", "load_captioner", "read_checkp
 
 def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = None, **extra: Any) -> None:
     """Write model weights, the run's `config` (else the model's own sections: model, input size,
-    decoding), vocabulary and `extra` (optimizer state, step, metrics ...)."""
+    decoding), vocabulary and `extra` (optimizer state, step, metrics ...), with a checksum
+    that loading verifies. A full disk is one StorageError; the file at `path` stays as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -40,9 +41,7 @@ def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = 
         "vocab": model.vocab.to_list(),
         **extra,
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a half checkpoint at `path`
+    write_checkpoint_file(payload, path)  # atomic and checksummed: a crash or a full disk never leaves half a checkpoint at `path`
 
 
 def checkpoint_config(path: str | Path) -> Config:

@@ -1,21 +1,117 @@
-"""A checkpoint file: which file (or exported folder, or Hub repo) a path means, its payload read with weights_only (no code runs),
-its format version, and the config sections that rebuild the model."""
+"""A checkpoint file: which file (or exported folder, or Hub repo) a path means, its payload
+written with a checksum and read with weights_only (no code runs), its format version, and the
+config sections that rebuild the model.
+
+The checksum travels inside the file: torch.save writes a zip archive, whose last record (the
+end of central directory) may carry a comment; the comment holds the sha256 of everything
+before it (with the comment's length field as torch wrote it, zero). It is computed from the
+file just written, and checked in one streamed read before torch reads the file, so a truncated or
+altered checkpoint is refused by name before any weight is used. A copy keeps it (no sidecar
+file to lose), and torch, which ignores zip comments, reads the file as any other.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
+from captioner.core.checksums import sha256_of
 from captioner.core.config import Config, config_from_dict
 from captioner.core.errors import CheckpointError, ConfigError
+from captioner.core.files import write_atomically
 from captioner.models.export_format import CONFIG, hub_snapshot, is_exported, looks_like_repo_id
 
 FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes
 RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
+CHECKSUM_TAG = b"captioner-sha256:"
+END_RECORD = b"PK\x05\x06"  # a zip's end of central directory: 22 bytes, then its comment
+END_RECORD_BYTES = 22
+COMMENT_BYTES = len(CHECKSUM_TAG) + 64  # the tag and a hex sha256
+
+log = logging.getLogger(__name__)
+
+
+class WriteErrorKeeper:
+    """The file torch.save writes into, keeping the OSError of a failed write (a full disk),
+    which torch reports as an unrelated RuntimeError."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def write_checkpoint_file(payload: dict[str, Any], path: str | Path) -> None:
+    """torch.save `payload` to `path` atomically, with its sha256 in the zip comment. A full disk
+    is one StorageError naming `path`; the previous file at `path` stays as it was."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            writer = WriteErrorKeeper(f)
+            try:
+                torch.save(payload, writer)
+            except RuntimeError:
+                if writer.error is not None:
+                    raise writer.error from None
+                raise
+        # Hashed from the page cache just written: faster than hashing inside torch's write calls.
+        comment = CHECKSUM_TAG + sha256_of(tmp).encode()
+        with open(tmp, "r+b") as f:  # the archive ends with its end record, whose last two bytes are the comment's length (0)
+            f.seek(-2, os.SEEK_END)
+            f.write(len(comment).to_bytes(2, "little") + comment)
+
+    write_atomically(path, write)
+
+
+def verify_checksum(path: Path) -> bool:
+    """Whether `path`'s recorded checksum holds: True; False for a checkpoint written before
+    checksums (said in a warning). A truncated or altered file is one CheckpointError."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        tail_bytes = min(size, END_RECORD_BYTES + COMMENT_BYTES)
+        f.seek(size - tail_bytes)
+        tail = f.read(tail_bytes)
+        if tail.startswith(END_RECORD) and tail[END_RECORD_BYTES:].startswith(CHECKSUM_TAG):
+            recorded = tail[END_RECORD_BYTES + len(CHECKSUM_TAG):].decode("ascii", "replace")
+            digest = hashlib.sha256()
+            f.seek(0)
+            remaining = size - COMMENT_BYTES - 2  # everything before the comment's length field
+            while remaining > 0:
+                block = f.read(min(1 << 20, remaining))
+                if not block:
+                    break
+                digest.update(block)
+                remaining -= len(block)
+            digest.update(b"\x00\x00")  # the length field as torch wrote it
+            if digest.hexdigest() != recorded:
+                raise CheckpointError(
+                    f"{path}: not a readable captioner checkpoint (its sha256 differs from the one recorded when it was "
+                    "written: the file is damaged or altered)"
+                )
+            return True
+    if not tail[-END_RECORD_BYTES:].startswith(END_RECORD):  # every archive torch writes ends with its end record
+        raise CheckpointError(
+            f"{path}: not a readable captioner checkpoint (truncated, or another kind of file: {size} bytes that do not "
+            "end as a torch archive does)"
+        )
+    log.warning("%s: written without a checksum (before checksums were recorded): it cannot be checked for damage", path)
+    return False
 
 
 def checkpoint_file(path: str | Path) -> Path:
@@ -44,9 +140,10 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
+    verify_checksum(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as e:
+    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: not a readable captioner checkpoint ({first[:200]})") from None
     if not isinstance(payload, dict) or not {"model", "config", "vocab"} <= payload.keys():

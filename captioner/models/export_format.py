@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from captioner.core.files import write_atomically as write_files_atomically
 from captioner.core.checksums import sha256_of as sha256
 from captioner.core.checksums import verify_file
 from captioner.core.errors import ExportError
@@ -67,13 +68,30 @@ def looks_like_repo_id(name: str) -> bool:
 
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """`write(tmp)` beside `path`, then renamed onto it, readable as the umask allows."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # a shareable file (safetensors writes 0600), as the process's umask allows
-    os.replace(tmp, path)  # a crash mid-write never leaves half a file under the final name
+    """`write(tmp)` beside `path`, then renamed onto it (`core.files.write_atomically`: a full
+    disk is one StorageError and the previous file stays), readable as the umask allows."""
+
+    def shareable(tmp: Path) -> None:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # a shareable file (safetensors writes 0600), as the process's umask allows
+
+    write_files_atomically(path, shareable)
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors' save_file, its I/O failures (a full disk) raised as the OSError they are."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        found = re.search(r"I/O error: (.*) \(os error (\d+)\)", str(e))
+        if found is None:
+            raise
+        raise OSError(int(found[2]), found[1]) from None
 
 
 def write_exported(
@@ -83,13 +101,11 @@ def write_exported(
     """Write model.safetensors, vocab.json and config.json (last, with the checksums of the
     others) into `folder`; `metadata_fields` (special ids, preprocessing, training config,
     scores ...) go into config.json beside the model's sections. Returns the files written."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
     tensors = {name: value.detach().to("cpu").contiguous().clone() for name, value in state_dict.items()}
-    write_atomically(folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    write_atomically(folder / WEIGHTS, lambda tmp: save_safetensors(tensors, tmp))
     write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(vocab, ensure_ascii=False)))
     config = {
         "library_name": FORMAT,

@@ -10,9 +10,10 @@ what an exact resume needs (position in the epoch, running sums, every RNG state
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from captioner.core.config import Config, dump_config
 from captioner.core.errors import CheckpointError, ConfigError
+from captioner.core.files import write_failure
 from captioner.core.runtime import loader_workers, resolve_device, seed_everything
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
@@ -42,6 +44,7 @@ from captioner.training.history import (
     write_history,
     write_step_losses,
 )
+from captioner.training.interrupt import Interrupted, StopSignals
 from captioner.training.loop import bf16_autocast, caption_loss, train_one_epoch
 from captioner.training.resume import rng_state, set_rng_state
 from captioner.training.schedule import (
@@ -82,12 +85,21 @@ def fit(config: Config, resume: bool = False) -> Path:
     if checkpoint or initial:
         model.load_state_dict((checkpoint or initial)["model"])  # the encoder too: fine-tuned layers stay fine-tuned
     if ctx.is_main:
-        vocab.save(out_dir / "vocab.json")
-        dump_config(config, out_dir / "config.yaml")
+        try:
+            vocab.save(out_dir / "vocab.json")
+            dump_config(config, out_dir / "config.yaml")
+        except OSError as e:  # a full disk before the first step: one line naming the file
+            raise write_failure(Path(e.filename or out_dir), e) from None
     run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint)
+    run.stop.install()  # from here a SIGTERM or SIGINT ends the step, saves last.pt and raises Interrupted
     try:
         run.train()
+    except Interrupted:
+        ctx.barrier()  # no rank leaves before rank 0 has written last.pt (torchrun stops the others when one exits)
+        distributed.shutdown(ctx)
+        raise
     finally:
+        run.stop.restore()
         run.close()
     if ctx.is_main:
         log.info("best val %s %.4f at epoch %d, step %d: %s", run.metric, run.state.best_score, run.state.best_epoch,
@@ -137,6 +149,7 @@ class Run:
     grid: tuple[int, int] | None
     resumed: bool
     started: float
+    stop: StopSignals = field(default_factory=StopSignals)
 
     @property
     def out_dir(self) -> Path:
@@ -189,6 +202,7 @@ class Run:
         loader = DataLoader(
             train_set, batch_sampler=sampler, num_workers=workers, collate_fn=collate_captions,
             pin_memory=device.type == "cuda" and not on_device, persistent_workers=workers > 0,
+            worker_init_fn=ignore_stop_signals,  # a SIGTERM to the whole process group stops the run, not its loaders
             generator=torch.Generator().manual_seed(config.train.seed),  # worker seeds; the global RNG stays untouched
         )
         if ctx.is_main:
@@ -246,7 +260,10 @@ class Run:
                 state.reset_sums(self.ctx.device)
             self.sampler.set_epoch(epoch, start=state.position)
             train_one_epoch(self.model, self.forward, self.loader, self.optimizer, self.scheduler, config, self.ctx, epoch,
-                            state, self.after_step, self.objective)
+                            state, self.after_step, self.objective, self.stop)
+            if self.stop.signal is not None:  # every rank stopped after the same step
+                self.keep_progress()
+                raise Interrupted(self.stop.signal, str(self.out_dir / "last.pt"), state.step)
             means = state.read_epoch_means(self.ctx)
             state.epoch, state.position = epoch, 0
             row = {"epoch": epoch, "step": state.step, "train_loss": round(means["loss"], 5), "lr": self.scheduler.get_last_lr()[0]}
@@ -309,6 +326,13 @@ class Run:
     def close(self) -> None:
         if self.state.writer is not None:
             self.state.writer.close()
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """A DataLoader worker leaves SIGTERM and SIGINT to the training process, which stops after
+    its step and then ends its workers; killed by a signal, a worker would fail the run mid-step."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def should_stop(config: Config, state: TrainState, epoch: int, started: float) -> bool:

@@ -6,16 +6,23 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from captioner.core.files import write_atomically
+
 METRICS = "metrics.csv"
 STEP_LOSSES = "step_losses.csv"
 
 
 def write_history(path: Path, history: list[dict]) -> None:
+    """Replaced atomically: a full disk leaves the previous file whole (one StorageError)."""
     keys = list(dict.fromkeys(k for row in history for k in row))
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(history)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(history)
+
+    write_atomically(path, write)
 
 
 def read_history(path: Path) -> list[dict]:
@@ -35,11 +42,15 @@ def epochs_trained(row: dict) -> float:
 
 
 def write_step_losses(path: Path, step_losses: list[list]) -> None:
-    """[step, mean loss since the previous log] pairs, as the training loop logs them."""
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["step", "loss"])
-        writer.writerows(step_losses)
+    """[step, mean loss since the previous log] pairs, as the training loop logs them; replaced atomically."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["step", "loss"])
+            writer.writerows(step_losses)
+
+    write_atomically(path, write)
 
 
 def read_step_losses(path: Path) -> list[tuple[int, float]]:

@@ -19,6 +19,7 @@ from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput
 from captioner.training.distributed import Distributed
+from captioner.training.interrupt import StopSignals
 from captioner.training.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -84,11 +85,13 @@ def train_one_epoch(
     state: TrainState,
     on_step: Callable[[], None] | None = None,
     objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] = caption_loss,
+    stop: StopSignals | None = None,
 ) -> None:
     """One epoch from the sampler's start position. A step reads nothing back from the device:
     the loss parts add up in device tensors, summed over ranks and read every `log_every`
     steps and at the end of the epoch. `objective` is the stage's loss: `caption_loss`, or
-    `scst.SelfCritical` (whose logged values are `state.logged`)."""
+    `scst.SelfCritical` (whose logged values are `state.logged`). After a step that `stop`
+    says every rank stops after (a SIGTERM or SIGINT), the epoch ends there."""
     model.train()
     device = ctx.device
     use_amp = bf16_autocast(config, device)
@@ -102,7 +105,8 @@ def train_one_epoch(
                 raise DatasetError("every image of a batch failed to load; under torchrun a rank cannot skip a step (fix or remove the files the warnings name)")
             continue
         local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths), len(batch.indices)]  # target words, captions, images: CPU
-        totals = tuple(ctx.sum_host(local))  # over every rank: what each rank's loss is a share of
+        summed = ctx.sum_host(local + (stop.votes() if stop else []))  # over every rank, with the ranks' stop votes
+        totals = tuple(summed[:3])  # what each rank's loss is a share of
         batch = batch.to(device, channels_last=channels_last)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
             loss, parts = objective(model, batch, config, state.encoded, totals, forward)
@@ -126,4 +130,6 @@ def train_one_epoch(
                     state.writer.add_scalar(f"train/{key}", value, state.step)
         if on_step is not None:
             on_step()
+        if stop is not None and stop.stop_after_step(summed[3:], ctx):
+            break
     bar.close()

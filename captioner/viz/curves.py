@@ -11,6 +11,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from captioner.core.files import write_atomically  # noqa: E402
 from captioner.training.history import (  # noqa: E402
     METRICS,
     STEP_LOSSES,
@@ -48,9 +49,7 @@ def plot_run(run_dir: str | Path, metric: str, beam_size: int = 1) -> Path | Non
     if not history:
         return None
     fig = training_figure(history, read_step_losses(run_dir / STEP_LOSSES), metric, beam_size)
-    fig.savefig(run_dir / CURVES, dpi=100)
-    plt.close(fig)
-    return run_dir / CURVES
+    return save_figure(fig, run_dir / CURVES)
 
 
 def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: str = "reward", title: str = "") -> Figure:
@@ -73,8 +72,11 @@ def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: s
 
 
 def save_figure(fig: Figure, out: str | Path) -> Path:
+    """`fig` into `out` (its format from the suffix), replaced atomically: a full disk is one
+    StorageError and the previous figure stays whole."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        write_atomically(out, lambda tmp: fig.savefig(tmp, dpi=100, format=out.suffix.lstrip(".") or "png"))
+    finally:
+        plt.close(fig)
     return out

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from captioner.core.errors import CaptionerError  # noqa: E402
+from captioner.core.files import write_atomically  # noqa: E402
 from captioner.models.caption import Caption, upsample  # noqa: E402
 from captioner.viz.overlays import overlay, save_attention_figure  # noqa: E402
 
@@ -133,13 +134,15 @@ def saliency_figure(
 
 
 def save_figure(fig: Figure, *paths: str | Path, dpi: int = 90) -> list[Path]:
-    """Write the figure to each path (its format from the suffix: .png, .svg, .jpg) and close it."""
+    """Write the figure to each path (its format from the suffix: .png, .svg, .jpg) and close it;
+    each replaced atomically (a full disk: one StorageError naming it)."""
     written = []
-    for path in map(Path, paths):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=dpi)
-        written.append(path)
-    plt.close(fig)
+    try:
+        for path in map(Path, paths):
+            write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))  # noqa: B023
+            written.append(path)
+    finally:
+        plt.close(fig)
     return written
 
 

@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from captioner.core.files import write_atomically  # noqa: E402
 from captioner.models.caption import Caption, upsample  # noqa: E402
 
 
@@ -61,8 +62,9 @@ def attention_figure(
 
 def save_attention_figure(path: str | Path, image: Image.Image, caption: Caption, **options) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig = attention_figure(image, caption, **options)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:  # replaced atomically: a full disk is one StorageError naming the file
+        write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=90, format=path.suffix.lstrip(".") or "png"))
+    finally:
+        plt.close(fig)
     return path

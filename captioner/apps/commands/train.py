@@ -1,8 +1,14 @@
-"""`captioner train CONFIG [overrides]`: cross-entropy or self-critical training from a YAML config."""
+"""`captioner train CONFIG [overrides]`: cross-entropy or self-critical training from a YAML config.
+
+SIGTERM or SIGINT stops it after the current step with last.pt saved, one line saying how to
+resume, and exit status 128 + the signal's number (143, 130)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import sys
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -17,8 +23,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from captioner.core.config import load_config
     from captioner.apps.runs import train_run
+    from captioner.core.config import load_config
+    from captioner.training import distributed
+    from captioner.training.interrupt import Interrupted
 
     overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
     config = load_config(args.config, overrides)
@@ -26,6 +34,25 @@ def run(args: argparse.Namespace) -> int:
         from captioner.core.runtime import set_threads
 
         set_threads(config.train.threads)  # the run's own setting beats the process default set in main
-    best = train_run(config, resume=args.resume)
+    try:
+        best = train_run(config, resume=args.resume)
+    except Interrupted as stopped:
+        if distributed.is_main_process():  # one line for the whole run, from rank 0
+            print(f"stopped by {stopped}; resume with: {resume_command(args)}", file=sys.stderr)
+        return 128 + stopped.signal  # as a shell reports a process its signal ended
     print(f"best checkpoint: {best}")
     return 0
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The command line that continues this run from its last.pt: the same config, overrides
+    and --init, with --resume (under torchrun, the same number of processes per node)."""
+    from captioner.training import distributed
+
+    words = ["train", args.config, *args.overrides, *(["--init", args.init] if args.init else []), "--resume"]
+    if not distributed.launched():
+        return shlex.join(["captioner", *words])
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if os.environ.get("WORLD_SIZE") == per_node:  # one node
+        return shlex.join(["torchrun", f"--nproc_per_node={per_node}", "-m", "captioner", *words])
+    return f"torchrun (this job's options) -m captioner {shlex.join(words)}"
