@@ -222,6 +222,26 @@ def test_a_scores_file_past_the_file_size_limit_keeps_the_previous_one(tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fault_script.py", "scores.json"]
 
 
+def test_a_results_file_past_the_file_size_limit_keeps_the_previous_one(tmp_path: Path) -> None:
+    path = tmp_path / "results_test.json"
+    code = f"""
+        import sys
+        from captioner.core.errors import StorageError
+        from captioner.evaluation.results_files import write_results
+        write_results("{path}", {{1: "a dog"}})
+        limit_file_size(4096)
+        try:
+            write_results("{path}", {{i: "a dog runs through the grass" for i in range(5000)}})
+        except StorageError as e:
+            print("error: " + str(e), file=sys.stderr)
+    """
+    result = python(tmp_path, code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "File too large" in one_error_line(result.stderr, str(path))
+    assert json.loads(path.read_text()) == [{"image_id": 1, "caption": "a dog"}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fault_script.py", "results_test.json"]
+
+
 def test_training_curves_past_the_file_size_limit_keep_the_previous_figure(tmp_path: Path) -> None:
     (tmp_path / "metrics.csv").write_text("epoch,step,train_loss,val_Bleu_4\n1,10,2.0,0.1\n2,20,1.5,0.2\n")
     code = f"""

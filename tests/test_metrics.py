@@ -303,7 +303,7 @@ def test_results_file_written_is_read_back(tmp_path: Path) -> None:
     assert [row["image_id"] for row in json.loads(path.read_text())] == [1, 3]  # sorted, like the scores file
     assert load_results(path, {1: ["x"], 3: ["y"]}) == {1: "a dog", 3: "a cat"}
     (tmp_path / "a_file").write_text("")
-    with pytest.raises(CaptionerError, match=r"^cannot write results to .*a_file/results\.json: ") as info:
+    with pytest.raises(CaptionerError, match=r"^.*a_file/results\.json: cannot write it ") as info:
         write_results(tmp_path / "a_file" / "results.json", {1: "a dog"})
     assert "\n" not in str(info.value)
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from captioner.core.errors import CaptionerError, DatasetError
+from captioner.core.files import write_atomically
 from captioner.data.records import is_int, read_json
 
 References = dict[int, list[str]]
@@ -117,9 +118,5 @@ def write_results(path: str | os.PathLike[str], predictions: Mapping[int, str]) 
     which `load_results` and the COCO evaluation server read back."""
     path = Path(path)
     rows = [{"image_id": image_id, "caption": predictions[image_id]} for image_id in sorted(predictions)]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(rows, indent=1))
-    except OSError as e:
-        raise CaptionerError(f"cannot write results to {path}: {e.strerror or e}") from None
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(rows, indent=1)))  # a full disk: one line, the old file kept
     return path
