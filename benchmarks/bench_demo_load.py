@@ -1,0 +1,382 @@
+"""The demo under load: many clients at once, real photos with broken files mixed in.
+
+    python benchmarks/bench_demo_load.py /work/runs/flickr8k_lstm_lite0/best.pt
+    python benchmarks/bench_demo_load.py CHECKPOINT --compare        # also one caption at a time (the old queue)
+    python benchmarks/bench_demo_load.py CHECKPOINT --clients 40 --queue-size 8 --requests 4   # a flood
+    python benchmarks/bench_demo_load.py CHECKPOINT --cache-every 2 --cache-max-age 10      # a day of temp files, compressed
+
+Starts `captioner demo CHECKPOINT` in a process of its own (its temporary files under a folder
+of this script's, so they can be counted), then runs --clients threads, each with its own
+gradio_client session, each asking --requests captions one after another, as a user clicking
+Caption would: the upload, the caption, its word heatmaps downloaded (and with --figure the
+page's second step, the downloadable figure). Every --broken-every-th request sends a broken file
+instead (a truncated JPEG, a text file named .jpg, an empty file, a PNG announcing 64 megapixels),
+which must get its one-line message. Prints: requests, answers and errors by kind, latency
+p50/p95/max, captions/s, the server's resident memory (start, peak, end) and its temporary files
+(peak, end, and after one cleanup period more). --url measures a server already running instead
+(no memory or temp-file numbers unless --pid is given).
+
+Before the run, the first photos are captioned here, one by one, with the same options; the
+served captions of those photos must be the same words (the server batches them with others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+PHOTOS = DATA / "flickr8k" / "images"
+REFUSED = "**Could not caption this file.**"
+
+
+# --- the inputs ----------------------------------------------------------------------------------
+
+
+def broken_files(folder: Path, photo: Path) -> list[tuple[str, Path, str]]:
+    """(kind, file, what its one-line message must say): files a user might upload by mistake."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    truncated = folder / "truncated.jpg"
+    truncated.write_bytes(photo.read_bytes()[:2000])
+    text = folder / "notes.jpg"
+    text.write_text("not a picture, only a name ending in .jpg\n")
+    empty = folder / "empty.png"
+    empty.write_bytes(b"")
+    buffer = io.BytesIO()
+    Image.new("L", (1, 1)).save(buffer, "PNG")
+    data = bytearray(buffer.getvalue())
+    data[16:24] = struct.pack(">II", 8000, 8000)  # IHDR width, height: a decompression bomb's header
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    bomb = folder / "bomb.png"
+    bomb.write_bytes(bytes(data))
+    return [
+        ("truncated JPEG", truncated, "truncated.jpg: corrupt or truncated"),
+        ("text named .jpg", text, "notes.jpg: not an image file"),
+        ("empty file", empty, "empty.png: empty file"),
+        ("64-megapixel PNG", bomb, "bomb.png: image is 8000x8000"),
+    ]
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(checkpoint: Path, options: list[str], temp: Path, timeout: float = 300.0) -> tuple[subprocess.Popen, str]:
+    """`captioner demo CHECKPOINT OPTIONS` on a free local port, its temporary folder `temp`,
+    once it answers."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    env.pop("GRADIO_TEMP_DIR", None)  # the demo makes its own cache, inside TMPDIR
+    command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(checkpoint), "--port", str(port), "--examples", str(PHOTOS / "1001773457_577c3a7d70.jpg"), *options]
+    log = Path(tempfile.mkstemp(prefix="bench-demo-server-", suffix=".log")[1])  # outside `temp`: not one of its files
+    with log.open("w") as output:  # the server's log, never a pipe that could fill and stall it
+        server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the demo exited with code {server.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    server.terminate()
+    raise SystemExit(f"the demo did not answer on {url} within {timeout:.0f} s")
+
+
+def resident_mb(pid: int) -> float | None:
+    """The process's resident memory in MB (Linux /proc), None when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def temp_files(folder: Path | None) -> tuple[int, int, float]:
+    """(files, folders, MB) under `folder`."""
+    if folder is None:
+        return 0, 0, 0.0
+    files = folders = size = 0
+    for root, dirs, names in os.walk(folder):
+        folders += len(dirs)
+        for name in names:
+            try:
+                size += os.lstat(os.path.join(root, name)).st_size
+                files += 1
+            except OSError:
+                pass
+    return files, folders, size / 1e6
+
+
+@dataclass
+class Watch:
+    """The server's memory and temporary files, sampled every `every` seconds in a thread."""
+
+    pid: int | None
+    temp: Path | None
+    every: float = 0.5
+    rss: list[float] = field(default_factory=list)
+    files: list[int] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def sample(self) -> None:
+        if self.pid is not None and (mb := resident_mb(self.pid)) is not None:
+            self.rss.append(mb)
+        if self.temp is not None:
+            self.files.append(temp_files(self.temp)[0])
+
+    def run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def __enter__(self) -> Watch:
+        self.sample()
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+# --- the clients ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    kind: str  # "caption", or the broken file's kind
+    outcome: str  # "captioned", "refused as expected", or what went wrong
+    seconds: float
+    text: str = ""
+    photo: str = ""
+    figure_seconds: float | None = None
+
+
+def outcome(kind: str, expected: str, answer: tuple) -> tuple[str, str]:
+    """How one /caption answer went: (outcome, caption text)."""
+    text, _, gallery, note = answer
+    if kind == "caption":
+        words = text.split()
+        good = bool(words) and len(gallery) == len(words) and all(Path(item["image"]).is_file() for item in gallery)
+        return ("captioned" if good else f"bad answer: {note[:80] or 'no heatmaps'}"), text
+    if note.startswith(REFUSED) and expected in note and "\n" not in note.strip():
+        return "refused with its one-line message", text
+    return f"wrong message: {note[:80]!r}", text
+
+
+def client_run(
+    url: str, index: int, photos: list[Path], broken: list[tuple[str, Path, str]], args: argparse.Namespace, downloads: Path,
+    gate: threading.Barrier, answers: list[Answer],
+) -> None:
+    from gradio_client import Client, handle_file
+
+    client = Client(url, verbose=False, analytics_enabled=False, download_files=str(downloads / str(index)))
+    options = {k: v for k, v in (("beam_size", args.beam), ("max_length", args.max_length)) if v is not None}
+    gate.wait()
+    for r in range(args.requests):
+        number = index * args.requests + r
+        if args.broken_every and r % args.broken_every == args.broken_every - 1:
+            kind, path, expected = broken[(number // args.broken_every) % len(broken)]
+        else:
+            kind, path, expected = "caption", photos[number % len(photos)], ""
+        started = time.perf_counter()
+        try:
+            answer = client.predict(handle_file(str(path)), **options, api_name="/caption")
+            result, text = outcome(kind, expected, answer)
+        except Exception as e:  # noqa: BLE001 - counted by kind in the report
+            busy = "queue is full" in str(e).lower()
+            answers.append(Answer(kind, "busy: queue full" if busy else f"error: {type(e).__name__}", time.perf_counter() - started))
+            continue
+        seconds = time.perf_counter() - started
+        figure_seconds = None
+        if args.figure and kind == "caption":
+            started = time.perf_counter()
+            try:
+                client.predict(api_name="/figure")
+                figure_seconds = time.perf_counter() - started
+            except Exception as e:  # noqa: BLE001
+                result = f"figure error: {type(e).__name__}"
+        answers.append(Answer(kind, result, seconds, text, path.name, figure_seconds))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], args: argparse.Namespace, label: str) -> dict:
+    """Warm the server up, run the clients, print the report; returns its numbers."""
+    from gradio_client import Client, handle_file
+
+    work = Path(tempfile.mkdtemp(prefix="bench-demo-load-"))
+    broken = broken_files(work / "broken", photos[0])
+    warm = Client(url, verbose=False, analytics_enabled=False, download_files=str(work / "warm"))
+    for photo in photos[:2]:
+        warm.predict(handle_file(str(photo)), api_name="/caption")
+    answers: list[Answer] = []
+    gate = threading.Barrier(args.clients + 1)
+    threads = [
+        threading.Thread(target=client_run, args=(url, i, photos, broken, args, work / "downloads", gate, answers))
+        for i in range(args.clients)
+    ]
+    for t in threads:
+        t.start()
+    with Watch(pid, temp) as watch:
+        gate.wait()
+        started = time.perf_counter()
+        for t in threads:
+            t.join()
+        total = time.perf_counter() - started
+    captions = [a for a in answers if a.kind == "caption" and a.outcome == "captioned"]
+    latencies = [a.seconds for a in answers if a.kind == "caption" and not a.outcome.startswith("busy")]
+    outcomes = Counter((a.kind, a.outcome) for a in answers)
+    print(f"\n== {label}: {args.clients} clients x {args.requests} requests ({len(answers)} requests), {total:.1f} s")
+    for (kind, result), count in sorted(outcomes.items()):
+        print(f"  {kind:<18} {result:<40} {count}")
+    report = {"captions_per_s": len(captions) / total, "requests": len(answers)}
+    if latencies:
+        report |= {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95), "max": max(latencies)}
+        print(
+            f"  caption latency (upload to heatmaps downloaded): p50 {report['p50']:.2f} s, p95 {report['p95']:.2f} s, "
+            f"max {report['max']:.2f} s, mean {statistics.mean(latencies):.2f} s"
+        )
+    refusals = [a.seconds for a in answers if a.kind != "caption" and a.outcome.startswith("refused")]
+    if refusals:
+        print(f"  broken files answered in: median {statistics.median(refusals):.2f} s, max {max(refusals):.2f} s")
+    figures = [a.figure_seconds for a in answers if a.figure_seconds is not None]
+    if figures:
+        print(f"  then the figure: p50 {percentile(figures, 0.5):.2f} s, p95 {percentile(figures, 0.95):.2f} s")
+    print(f"  throughput: {report['captions_per_s']:.2f} captions/s ({len(captions)} captions with their heatmaps)")
+    if watch.rss:
+        report |= {"rss_start": watch.rss[0], "rss_peak": max(watch.rss), "rss_end": watch.rss[-1]}
+        print(f"  server resident memory: start {watch.rss[0]:.0f} MB, peak {max(watch.rss):.0f} MB, end {watch.rss[-1]:.0f} MB")
+    if temp is not None:
+        print(f"  server temporary files: start {watch.files[0]}, peak {max(watch.files)}, end {watch.files[-1]} "
+              f"({temp_files(temp)[1]} folders, {temp_files(temp)[2]:.1f} MB)")
+    report["wrong"] = wrong_captions(answers, args)
+    return report
+
+
+def expected_captions(checkpoint: Path, photos: list[Path], args: argparse.Namespace) -> dict[str, str]:
+    """The first --check photos captioned here one at a time, as the CLI would: photo name -> text."""
+    if not args.check:
+        return {}
+    import torch
+
+    from captioner.data.images import load_image
+    from captioner.models.checkpoint import load_captioner
+
+    torch.set_num_threads(1)
+    model = load_captioner(checkpoint)
+    defaults = {"beam_size": min(model.decode_config.beam_size, 10), "max_length": min(model.decode_config.max_length, 60)}
+    options = {**defaults, **{k: v for k, v in (("beam_size", args.beam), ("max_length", args.max_length)) if v is not None}}
+    return {p.name: model.caption(load_image(p), **options).text for p in photos[: args.check]}
+
+
+def wrong_captions(answers: list[Answer], args: argparse.Namespace) -> int:
+    expected = args.expected
+    checked = [a for a in answers if a.photo in expected and a.outcome == "captioned"]
+    wrong = [a for a in checked if a.text != expected[a.photo]]
+    if expected:
+        print(f"  served captions equal to single-image captions made here: {len(checked) - len(wrong)}/{len(checked)}")
+        for a in wrong[:3]:
+            print(f"    {a.photo}: served {a.text!r}, expected {expected[a.photo]!r}")
+    return len(wrong)
+
+
+def after_cleanup(temp: Path, args: argparse.Namespace) -> None:
+    """Wait one cleanup period after the load ends and count the temporary files left."""
+    wait = args.cache_every + args.cache_max_age + 2
+    print(f"  waiting {wait:.0f} s (--cache-max-age + --cache-every) for the cleanup ...", flush=True)
+    time.sleep(wait)
+    files, folders, mb = temp_files(temp)
+    print(f"  server temporary files after it: {files} files, {folders} folders, {mb:.1f} MB")
+
+
+def served_run(checkpoint: Path, photos: list[Path], args: argparse.Namespace, max_batch: int, label: str) -> dict:
+    temp = Path(tempfile.mkdtemp(prefix="bench-demo-server-"))
+    options = ["--max-batch", str(max_batch), "--queue-size", str(args.queue_size),
+               "--cache-every", str(args.cache_every), "--cache-max-age", str(args.cache_max_age)]
+    server, url = start_server(checkpoint, options, temp)
+    try:
+        report = load_run(url, server.pid, temp, photos, args, label)
+        if args.cache_max_age < 120:
+            after_cleanup(temp, args)
+        return report
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", type=Path, nargs="?", help="served with `captioner demo` (or give --url)")
+    parser.add_argument("--url", help="a demo already running, instead of starting one")
+    parser.add_argument("--pid", type=int, help="with --url: the server's process id, for its memory")
+    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--requests", type=int, default=48, help="requests per client, one after another")
+    parser.add_argument("--broken-every", type=int, default=8, help="every N-th request of a client sends a broken file (0: none)")
+    parser.add_argument("--beam", type=int, help="default: the page's (the model's config)")
+    parser.add_argument("--max-length", type=int, help="default: the page's (the model's config)")
+    parser.add_argument("--figure", action="store_true", help="after each caption, also ask for its figure, as the page does")
+    parser.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch")
+    parser.add_argument("--queue-size", type=int, default=32, help="the server's --queue-size")
+    parser.add_argument("--cache-every", type=int, default=600, help="the server's --cache-every")
+    parser.add_argument("--cache-max-age", type=int, default=3600, help="the server's --cache-max-age (under 120: wait for a cleanup and count)")
+    parser.add_argument("--compare", action="store_true", help="first run the server one caption at a time (--max-batch 1, the old queue)")
+    parser.add_argument("--check", type=int, default=12, help="photos captioned here first, to compare with the served captions")
+    parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
+    args = parser.parse_args()
+    if (args.checkpoint is None) == (args.url is None):
+        parser.error("give a CHECKPOINT to serve, or --url of a running demo")
+
+    photos = sorted(PHOTOS.glob("*.jpg"))[: args.photos]
+    if not photos:
+        raise SystemExit(f"no photos in {PHOTOS}")
+    print(f"{os.cpu_count()} CPUs; load average now {os.getloadavg()[0]:.1f}; photos from {PHOTOS}")
+    args.expected = expected_captions(args.checkpoint, photos, args) if args.checkpoint else {}
+    if args.url:
+        report = load_run(args.url, args.pid, None, photos, args, f"the demo at {args.url}")
+        return 1 if report["wrong"] else 0
+    reports = {}
+    if args.compare:
+        reports["one at a time"] = served_run(args.checkpoint, photos, args, 1, "one caption at a time (--max-batch 1: the old queue)")
+    reports["batched"] = served_run(args.checkpoint, photos, args, args.max_batch, f"batched (--max-batch {args.max_batch})")
+    if len(reports) > 1:
+        print("\n| server | p50 s | p95 s | max s | captions/s | RSS start/peak/end MB |\n|---|---:|---:|---:|---:|---|")
+        for name, r in reports.items():
+            print(f"| {name} | {r.get('p50', 0):.2f} | {r.get('p95', 0):.2f} | {r.get('max', 0):.2f} | {r['captions_per_s']:.2f} | "
+                  f"{r.get('rss_start', 0):.0f} / {r.get('rss_peak', 0):.0f} / {r.get('rss_end', 0):.0f} |")
+    return 1 if any(r["wrong"] for r in reports.values()) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
