@@ -47,12 +47,15 @@ def prune(folder: Path, max_age_s: float) -> None:
             pass  # another request removed it first
 
 
-def prune_folders(cache: Path, max_age_s: float) -> None:
-    """Delete the empty folders directly under `cache` not changed for `max_age_s`: Gradio keeps
-    each cached file in a folder named by its hash and deletes the file, never the folder."""
+def prune_folders(cache: Path, max_age_s: float, keep: Path) -> None:
+    """Delete the empty folders directly under `cache` (but `keep`) not changed for `max_age_s`:
+    Gradio keeps each cached file in a folder named by its hash and deletes the file, never the
+    folder."""
     now = time.time()
     for folder in cache.iterdir() if cache.is_dir() else []:
         try:
+            if folder == keep:
+                continue
             if folder.is_dir() and now - folder.stat().st_mtime > max_age_s and not any(folder.iterdir()):
                 folder.rmdir()  # fails, harmlessly, if a file arrived meanwhile
         except OSError:

@@ -208,7 +208,7 @@ class Callbacks:
         self.out_dir.mkdir(parents=True, exist_ok=True)  # a cache cleared under us
         prune(self.out_dir, self.cleanup.max_age_s)
         if self.cleanup.empty_folders:
-            prune_folders(self.cache, self.cleanup.max_age_s)
+            prune_folders(self.cache, self.cleanup.max_age_s, keep=self.out_dir)
 
 
 def disable_download() -> gr.DownloadButton:
