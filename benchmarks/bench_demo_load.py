@@ -277,7 +277,9 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
     print(f"  throughput: {report['captions_per_s']:.2f} captions/s ({len(captions)} captions with their heatmaps)")
     if watch.rss:
         report |= {"rss_start": watch.rss[0], "rss_peak": max(watch.rss), "rss_end": watch.rss[-1]}
-        print(f"  server resident memory: start {watch.rss[0]:.0f} MB, peak {max(watch.rss):.0f} MB, end {watch.rss[-1]:.0f} MB")
+        quarters = " / ".join(f"{watch.rss[round(q * (len(watch.rss) - 1))]:.0f}" for q in (0.25, 0.5, 0.75))
+        print(f"  server resident memory: start {watch.rss[0]:.0f} MB, at 1/4, 1/2, 3/4 of the run {quarters} MB, "
+              f"end {watch.rss[-1]:.0f} MB, peak {max(watch.rss):.0f} MB")
     if temp is not None:
         print(f"  server temporary files: start {watch.files[0]}, peak {max(watch.files)}, end {watch.files[-1]} "
               f"({temp_files(temp)[1]} folders, {temp_files(temp)[2]:.1f} MB)")

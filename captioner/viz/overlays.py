@@ -23,22 +23,23 @@ TITLE_SIZE, HEADING_SIZE = 15, 15  # font sizes in px: a panel's word, the sheet
 
 
 @functools.lru_cache(maxsize=8)
-def colour_table(cmap: str) -> np.ndarray:
-    """(256, 3) float32 RGB of a matplotlib colormap, 0..255. A lookup in it gives exactly the
+def colour_table(cmap: str) -> bytes:
+    """A matplotlib colormap as a 256-colour palette (RGB bytes). A lookup in it gives the
     colours the colormap's own call gives: that call also picks entry floor(x * 256) of 256."""
     import matplotlib
 
-    return (matplotlib.colormaps[cmap](np.arange(256))[:, :3] * 255).astype(np.float32)  # (256, 3)
+    return (matplotlib.colormaps[cmap](np.arange(256))[:, :3] * 255).astype(np.uint8).tobytes()  # (256 * 3,)
 
 
 def overlay(image: Image.Image, heatmap: np.ndarray, alpha: float = 0.55, cmap: str = "jet") -> Image.Image:
-    """Blend a (H, W) heatmap, scaled to its own maximum, over the image."""
-    heat = (heatmap / max(float(heatmap.max()), 1e-12)).astype(np.float32)  # (H, W) in 0..1
-    index = np.minimum((heat * 256).astype(np.intp), 255)  # (H, W): the colormap's entry
-    colours = colour_table(cmap)[index]  # (H, W, 3)
-    base = np.asarray(image.convert("RGB"), dtype=np.float32)  # (H, W, 3)
-    weight = (alpha * np.sqrt(heat))[..., None]  # (H, W, 1): the faint tail of the map shows the image through
-    return Image.fromarray((base * (1 - weight) + colours * weight).astype(np.uint8))
+    """Blend a (H, W) heatmap, scaled to its own maximum, over the image: the colormap as a
+    palette and the blend as Pillow's composite, both in C (within one level of float arithmetic)."""
+    heat = heatmap / max(float(heatmap.max()), 1e-12)  # (H, W) in 0..1
+    index = np.minimum(heat * 256, 255).astype(np.uint8)  # (H, W): the colormap's entry
+    colours = Image.fromarray(index, "L")
+    colours.putpalette(colour_table(cmap))  # now mode P
+    weight = (np.sqrt(heat) * (alpha * 255) + 0.5).astype(np.uint8)  # (H, W): the faint tail of the map shows the image through
+    return Image.composite(colours.convert("RGB"), image.convert("RGB"), Image.fromarray(weight, "L"))
 
 
 def word_overlays(image: Image.Image, caption: Caption, layer: int = -1, head: int | None = None) -> list[tuple[str, Image.Image]]:
