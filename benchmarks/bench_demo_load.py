@@ -2,14 +2,17 @@
 
     python benchmarks/bench_demo_load.py /work/runs/flickr8k_lstm_lite0/best.pt
     python benchmarks/bench_demo_load.py CHECKPOINT --compare        # also one caption at a time (the old queue)
+    python benchmarks/bench_demo_load.py CHECKPOINT --reference-src /tmp/before --rounds 2  # the code before, alternating
     python benchmarks/bench_demo_load.py CHECKPOINT --clients 40 --queue-size 8 --requests 4   # a flood
     python benchmarks/bench_demo_load.py CHECKPOINT --cache-every 2 --cache-max-age 10      # a day of temp files, compressed
 
 Starts `captioner demo CHECKPOINT` in a process of its own (its temporary files under a folder
 of this script's, so they can be counted), then runs --clients threads, each with its own
 gradio_client session, each asking --requests captions one after another, as a user clicking
-Caption would: the upload, the caption, its word heatmaps downloaded (and with --figure the
-page's second step, the downloadable figure). Every --broken-every-th request sends a broken file
+Caption would: the upload, the caption, its word heatmaps downloaded as a browser fetches them
+(over one kept-alive connection; --gradio-downloads lets gradio_client download them, which
+costs this machine more CPU than the server's own work), and with --figure the page's second
+step, the downloadable figure. Every --broken-every-th request sends a broken file
 instead (a truncated JPEG, a text file named .jpg, an empty file, a PNG announcing 64 megapixels),
 which must get its one-line message. Prints: requests, answers and errors by kind, latency
 p50/p95/max, captions/s, the server's resident memory (start, peak, end) and its temporary files
@@ -81,13 +84,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(checkpoint: Path, options: list[str], temp: Path, timeout: float = 300.0) -> tuple[subprocess.Popen, str]:
+def start_server(
+    checkpoint: Path, options: list[str], temp: Path, source: Path | None = None, timeout: float = 300.0
+) -> tuple[subprocess.Popen, str]:
     """`captioner demo CHECKPOINT OPTIONS` on a free local port, its temporary folder `temp`,
-    once it answers."""
+    once it answers; from the `source` tree when given (a reference version of the code)."""
     import httpx
 
     port = free_port()
-    env = {**os.environ, "TMPDIR": str(temp)}
+    env = {**os.environ, "TMPDIR": str(temp), **({"PYTHONPATH": str(source.resolve())} if source else {})}
     env.pop("GRADIO_TEMP_DIR", None)  # the demo makes its own cache, inside TMPDIR
     command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(checkpoint), "--port", str(port), "--examples", str(PHOTOS / "1001773457_577c3a7d70.jpg"), *options]
     log = Path(tempfile.mkstemp(prefix="bench-demo-server-", suffix=".log")[1])  # outside `temp`: not one of its files
@@ -116,6 +121,15 @@ def resident_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The process's user + system CPU time so far (Linux /proc), None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def temp_files(folder: Path | None) -> tuple[int, int, float]:
@@ -180,12 +194,21 @@ class Answer:
     figure_seconds: float | None = None
 
 
-def outcome(kind: str, expected: str, answer: tuple) -> tuple[str, str]:
+def fetch_heatmaps(gallery: list[dict], session) -> bool:
+    """Download the answer's heatmaps as a browser does, over one kept-alive connection (with
+    `session`, an httpx.Client), or check the files gradio_client downloaded (session None)."""
+    if session is None:
+        return all(Path(item["image"]).is_file() for item in gallery)
+    pictures = [session.get(item["image"]["url"]) for item in gallery]
+    return all(r.status_code == 200 and r.content[:2] == b"\xff\xd8" for r in pictures)  # JPEGs
+
+
+def outcome(kind: str, expected: str, answer: tuple, session) -> tuple[str, str]:
     """How one /caption answer went: (outcome, caption text)."""
     text, _, gallery, note = answer
     if kind == "caption":
         words = text.split()
-        good = bool(words) and len(gallery) == len(words) and all(Path(item["image"]).is_file() for item in gallery)
+        good = bool(words) and len(gallery) == len(words) and fetch_heatmaps(gallery, session)
         return ("captioned" if good else f"bad answer: {note[:80] or 'no heatmaps'}"), text
     if note.startswith(REFUSED) and expected in note and "\n" not in note.strip():
         return "refused with its one-line message", text
@@ -196,9 +219,12 @@ def client_run(
     url: str, index: int, photos: list[Path], broken: list[tuple[str, Path, str]], args: argparse.Namespace, downloads: Path,
     gate: threading.Barrier, answers: list[Answer],
 ) -> None:
+    import httpx
     from gradio_client import Client, handle_file
 
-    client = Client(url, verbose=False, analytics_enabled=False, download_files=str(downloads / str(index)))
+    own_downloads = str(downloads / str(index)) if args.gradio_downloads else False
+    client = Client(url, verbose=False, analytics_enabled=False, download_files=own_downloads)
+    session = None if args.gradio_downloads else httpx.Client(timeout=120)
     options = {k: v for k, v in (("beam_size", args.beam), ("max_length", args.max_length)) if v is not None}
     gate.wait()
     for r in range(args.requests):
@@ -210,7 +236,7 @@ def client_run(
         started = time.perf_counter()
         try:
             answer = client.predict(handle_file(str(path)), **options, api_name="/caption")
-            result, text = outcome(kind, expected, answer)
+            result, text = outcome(kind, expected, answer, session)
         except Exception as e:  # noqa: BLE001 - counted by kind in the report
             busy = "queue is full" in str(e).lower()
             answers.append(Answer(kind, "busy: queue full" if busy else f"error: {type(e).__name__}", time.perf_counter() - started))
@@ -251,10 +277,11 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
         t.start()
     with Watch(pid, temp) as watch:
         gate.wait()
-        started = time.perf_counter()
+        started, cpu_before, own_before = time.perf_counter(), cpu_seconds(pid) if pid else None, time.process_time()
         for t in threads:
             t.join()
         total = time.perf_counter() - started
+        cpu_after, own_cpu = cpu_seconds(pid) if pid else None, time.process_time() - own_before
     captions = [a for a in answers if a.kind == "caption" and a.outcome == "captioned"]
     latencies = [a.seconds for a in answers if a.kind == "caption" and not a.outcome.startswith("busy")]
     outcomes = Counter((a.kind, a.outcome) for a in answers)
@@ -275,6 +302,10 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
     if figures:
         print(f"  then the figure: p50 {percentile(figures, 0.5):.2f} s, p95 {percentile(figures, 0.95):.2f} s")
     print(f"  throughput: {report['captions_per_s']:.2f} captions/s ({len(captions)} captions with their heatmaps)")
+    if cpu_before is not None and cpu_after is not None and captions:
+        report["cpu_per_caption"] = (cpu_after - cpu_before) / len(captions)
+        print(f"  CPU time per caption (robust to other load): server {report['cpu_per_caption']:.3f} s, "
+              f"these clients {own_cpu / len(captions):.3f} s")
     if watch.rss:
         report |= {"rss_start": watch.rss[0], "rss_peak": max(watch.rss), "rss_end": watch.rss[-1]}
         quarters = " / ".join(f"{watch.rss[round(q * (len(watch.rss) - 1))]:.0f}" for q in (0.25, 0.5, 0.75))
@@ -323,14 +354,17 @@ def after_cleanup(temp: Path, args: argparse.Namespace) -> None:
     print(f"  server temporary files after it: {files} files, {folders} folders, {mb:.1f} MB")
 
 
-def served_run(checkpoint: Path, photos: list[Path], args: argparse.Namespace, max_batch: int, label: str) -> dict:
+def served_run(
+    checkpoint: Path, photos: list[Path], args: argparse.Namespace, max_batch: int, label: str, source: Path | None = None
+) -> dict:
+    """Start a server (from `source` with its own defaults, when given), load it, stop it."""
     temp = Path(tempfile.mkdtemp(prefix="bench-demo-server-"))
     options = ["--max-batch", str(max_batch), "--queue-size", str(args.queue_size),
                "--cache-every", str(args.cache_every), "--cache-max-age", str(args.cache_max_age)]
-    server, url = start_server(checkpoint, options, temp)
+    server, url = start_server(checkpoint, [] if source else options, temp, source)
     try:
         report = load_run(url, server.pid, temp, photos, args, label)
-        if args.cache_max_age < 120:
+        if args.cache_max_age < 120 and source is None:
             after_cleanup(temp, args)
         return report
     finally:
@@ -348,12 +382,18 @@ def main() -> int:
     parser.add_argument("--broken-every", type=int, default=8, help="every N-th request of a client sends a broken file (0: none)")
     parser.add_argument("--beam", type=int, help="default: the page's (the model's config)")
     parser.add_argument("--max-length", type=int, help="default: the page's (the model's config)")
+    parser.add_argument("--gradio-downloads", action="store_true",
+                        help="let gradio_client download the heatmaps (a new connection and TLS context per file: "
+                             "4x the client CPU of a browser's kept-alive fetches, the default)")
     parser.add_argument("--figure", action="store_true", help="after each caption, also ask for its figure, as the page does")
     parser.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch")
     parser.add_argument("--queue-size", type=int, default=32, help="the server's --queue-size")
     parser.add_argument("--cache-every", type=int, default=600, help="the server's --cache-every")
     parser.add_argument("--cache-max-age", type=int, default=3600, help="the server's --cache-max-age (under 120: wait for a cleanup and count)")
-    parser.add_argument("--compare", action="store_true", help="first run the server one caption at a time (--max-batch 1, the old queue)")
+    parser.add_argument("--compare", action="store_true", help="also run the server one caption at a time (--max-batch 1, the old queue)")
+    parser.add_argument("--reference-src", type=Path, metavar="DIR",
+                        help="also serve from this source tree, e.g. the code before: git archive COMMIT | tar -x -C DIR")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each server, alternating (with --compare or --reference-src)")
     parser.add_argument("--check", type=int, default=12, help="photos captioned here first, to compare with the served captions")
     parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
     args = parser.parse_args()
@@ -368,16 +408,23 @@ def main() -> int:
     if args.url:
         report = load_run(args.url, args.pid, None, photos, args, f"the demo at {args.url}")
         return 1 if report["wrong"] else 0
-    reports = {}
-    if args.compare:
-        reports["one at a time"] = served_run(args.checkpoint, photos, args, 1, "one caption at a time (--max-batch 1: the old queue)")
-    reports["batched"] = served_run(args.checkpoint, photos, args, args.max_batch, f"batched (--max-batch {args.max_batch})")
+    reports: list[tuple[str, dict]] = []
+    for round_ in range(1, args.rounds + 1):
+        if args.reference_src:
+            name = f"reference ({args.reference_src})"
+            reports.append((name, served_run(args.checkpoint, photos, args, 1, f"{name}, round {round_}", args.reference_src)))
+        if args.compare:
+            name = "one caption at a time (--max-batch 1)"
+            reports.append((name, served_run(args.checkpoint, photos, args, 1, f"{name}, round {round_}")))
+        name = f"batched (--max-batch {args.max_batch})"
+        reports.append((name, served_run(args.checkpoint, photos, args, args.max_batch, f"{name}, round {round_}")))
     if len(reports) > 1:
-        print("\n| server | p50 s | p95 s | max s | captions/s | RSS start/peak/end MB |\n|---|---:|---:|---:|---:|---|")
-        for name, r in reports.items():
+        print("\n| server | p50 s | p95 s | max s | captions/s | server CPU s per caption | RSS start / peak / end MB |")
+        print("|---|---:|---:|---:|---:|---:|---|")
+        for name, r in reports:
             print(f"| {name} | {r.get('p50', 0):.2f} | {r.get('p95', 0):.2f} | {r.get('max', 0):.2f} | {r['captions_per_s']:.2f} | "
-                  f"{r.get('rss_start', 0):.0f} / {r.get('rss_peak', 0):.0f} / {r.get('rss_end', 0):.0f} |")
-    return 1 if any(r["wrong"] for r in reports.values()) else 0
+                  f"{r.get('cpu_per_caption', 0):.3f} | {r.get('rss_start', 0):.0f} / {r.get('rss_peak', 0):.0f} / {r.get('rss_end', 0):.0f} |")
+    return 1 if any(r["wrong"] for _, r in reports) else 0
 
 
 if __name__ == "__main__":
