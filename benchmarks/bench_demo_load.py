@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import signal
 import socket
 import statistics
 import struct
@@ -86,9 +87,10 @@ def free_port() -> int:
 
 def start_server(
     checkpoint: Path, options: list[str], temp: Path, source: Path | None = None, timeout: float = 300.0
-) -> tuple[subprocess.Popen, str]:
+) -> tuple[subprocess.Popen, str, Path]:
     """`captioner demo CHECKPOINT OPTIONS` on a free local port, its temporary folder `temp`,
-    once it answers; from the `source` tree when given (a reference version of the code)."""
+    once it answers; from the `source` tree when given (a reference version of the code).
+    -> (the server, its URL, its log file)."""
     import httpx
 
     port = free_port()
@@ -97,7 +99,10 @@ def start_server(
     command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(checkpoint), "--port", str(port), "--examples", str(PHOTOS / "1001773457_577c3a7d70.jpg"), *options]
     log = Path(tempfile.mkstemp(prefix="bench-demo-server-", suffix=".log")[1])  # outside `temp`: not one of its files
     with log.open("w") as output:  # the server's log, never a pipe that could fill and stall it
-        server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+        # SIGINT back to its default in the server, where a shell started this script in the
+        # background with SIGINT ignored: the server is stopped with it, as with Ctrl-C.
+        restore_interrupt = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+        server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, preexec_fn=restore_interrupt)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -105,7 +110,7 @@ def start_server(
             raise SystemExit(f"the demo exited with code {server.returncode}: {log.read_text()[-2000:]}")
         try:
             if httpx.get(url, timeout=5).status_code == 200:
-                return server, url
+                return server, url, log
         except httpx.HTTPError:
             time.sleep(0.5)
     server.terminate()
@@ -361,15 +366,22 @@ def served_run(
     temp = Path(tempfile.mkdtemp(prefix="bench-demo-server-"))
     options = ["--max-batch", str(max_batch), "--queue-size", str(args.queue_size),
                "--cache-every", str(args.cache_every), "--cache-max-age", str(args.cache_max_age)]
-    server, url = start_server(checkpoint, [] if source else options, temp, source)
+    server, url, log = start_server(checkpoint, [] if source else options, temp, source)
     try:
         report = load_run(url, server.pid, temp, photos, args, label)
         if args.cache_max_age < 120 and source is None:
             after_cleanup(temp, args)
         return report
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        server.send_signal(signal.SIGINT)  # as Ctrl-C: the server stops cleanly and logs its batch sizes
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        sizes = [line.split("caption batches by size: ")[1] for line in log.read_text().splitlines() if "caption batches by size: " in line]
+        if sizes:
+            print(f"  caption batches by size (size: batches): {sizes[-1]}")
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from captioner.apps.demo.batcher import MAX_BATCH
-from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, build_demo, wait_for_callbacks
+from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, wait_for_callbacks
 from captioner.core.config import load_config
 from captioner.core.errors import CaptionerError
 
@@ -74,6 +74,7 @@ def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
     demo.close()
     if not wait_for_callbacks(demo, timeout):
         log.warning("the demo closed with a caption still running after %.0f s", timeout)
+    log.info("caption batches by size: %s", batch_sizes(demo))
 
 
 def limit_malloc_arenas(arenas: int = 2) -> bool:

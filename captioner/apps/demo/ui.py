@@ -311,3 +311,10 @@ def wait_for_callbacks(demo: gr.Blocks, timeout: float) -> bool:
     seconds (True for a page not built by `build_demo`)."""
     callbacks = _CALLBACKS.get(demo)
     return callbacks is None or callbacks.wait_idle(timeout)
+
+
+def batch_sizes(demo: gr.Blocks) -> dict[int, int]:
+    """How many caption batches of each size the page decoded (empty for a page not built by
+    `build_demo`)."""
+    callbacks = _CALLBACKS.get(demo)
+    return dict(sorted(callbacks.batcher.batch_sizes.items())) if callbacks is not None else {}
