@@ -350,13 +350,24 @@ def wrong_captions(answers: list[Answer], args: argparse.Namespace) -> int:
     return len(wrong)
 
 
-def after_cleanup(temp: Path, args: argparse.Namespace) -> None:
-    """Wait one cleanup period after the load ends and count the temporary files left."""
+def after_cleanup(url: str, temp: Path, args: argparse.Namespace) -> None:
+    """Wait one cleanup period after the load ends and count the temporary files left; then, a
+    period later (a folder emptied by the cleanup has just changed, so it is old one period
+    after), send one request (a text file: it leaves no heatmaps), which prunes the folders left
+    empty, and count again."""
+    from gradio_client import Client, handle_file
+
     wait = args.cache_every + args.cache_max_age + 2
     print(f"  waiting {wait:.0f} s (--cache-max-age + --cache-every) for the cleanup ...", flush=True)
     time.sleep(wait)
     files, folders, mb = temp_files(temp)
     print(f"  server temporary files after it: {files} files, {folders} folders, {mb:.1f} MB")
+    time.sleep(wait)
+    note = Path(tempfile.mkdtemp(prefix="bench-demo-load-")) / "note.jpg"
+    note.write_text("not a picture")
+    Client(url, verbose=False, analytics_enabled=False, download_files=False).predict(handle_file(str(note)), api_name="/caption")
+    files, folders, mb = temp_files(temp)
+    print(f"  after one more request (which prunes the empty folders): {files} files, {folders} folders, {mb:.1f} MB")
 
 
 def served_run(
@@ -370,7 +381,7 @@ def served_run(
     try:
         report = load_run(url, server.pid, temp, photos, args, label)
         if args.cache_max_age < 120 and source is None:
-            after_cleanup(temp, args)
+            after_cleanup(url, temp, args)
         return report
     finally:
         server.send_signal(signal.SIGINT)  # as Ctrl-C: the server stops cleanly and logs its batch sizes
