@@ -96,7 +96,8 @@ def start_server(
     port = free_port()
     env = {**os.environ, "TMPDIR": str(temp), **({"PYTHONPATH": str(source.resolve())} if source else {})}
     env.pop("GRADIO_TEMP_DIR", None)  # the demo makes its own cache, inside TMPDIR
-    command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(checkpoint), "--port", str(port), "--examples", str(PHOTOS / "1001773457_577c3a7d70.jpg"), *options]
+    example = PHOTOS / "1001773457_577c3a7d70.jpg"
+    command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(checkpoint), "--port", str(port), "--examples", str(example), *options]
     log = Path(tempfile.mkstemp(prefix="bench-demo-server-", suffix=".log")[1])  # outside `temp`: not one of its files
     with log.open("w") as output:  # the server's log, never a pipe that could fill and stall it
         # SIGINT back to its default in the server, where a shell started this script in the
@@ -412,7 +413,8 @@ def main() -> int:
     parser.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch")
     parser.add_argument("--queue-size", type=int, default=32, help="the server's --queue-size")
     parser.add_argument("--cache-every", type=int, default=600, help="the server's --cache-every")
-    parser.add_argument("--cache-max-age", type=int, default=3600, help="the server's --cache-max-age (under 120: wait for a cleanup and count)")
+    parser.add_argument("--cache-max-age", type=int, default=3600,
+                        help="the server's --cache-max-age (under 120: wait for a cleanup and count)")
     parser.add_argument("--compare", action="store_true", help="also run the server one caption at a time (--max-batch 1, the old queue)")
     parser.add_argument("--reference-src", type=Path, metavar="DIR",
                         help="also serve from this source tree, e.g. the code before: git archive COMMIT | tar -x -C DIR")
@@ -446,7 +448,8 @@ def main() -> int:
         print("|---|---:|---:|---:|---:|---:|---|")
         for name, r in reports:
             print(f"| {name} | {r.get('p50', 0):.2f} | {r.get('p95', 0):.2f} | {r.get('max', 0):.2f} | {r['captions_per_s']:.2f} | "
-                  f"{r.get('cpu_per_caption', 0):.3f} | {r.get('rss_start', 0):.0f} / {r.get('rss_peak', 0):.0f} / {r.get('rss_end', 0):.0f} |")
+                  f"{r.get('cpu_per_caption', 0):.3f} | "
+                  f"{r.get('rss_start', 0):.0f} / {r.get('rss_peak', 0):.0f} / {r.get('rss_end', 0):.0f} |")
     return 1 if any(r["wrong"] for _, r in reports) else 0
 
 

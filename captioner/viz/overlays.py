@@ -119,5 +119,6 @@ def save_attention_figure(path: str | Path, image: Image.Image, caption: Caption
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sheet = attention_sheet(image, caption, **options)
-    sheet.save(path, **({"compress_level": 1} if path.suffix.lower() == ".png" else {}))  # PNG: the fastest level; photos barely compress more
+    fastest = {"compress_level": 1} if path.suffix.lower() == ".png" else {}  # photos barely compress more at higher levels
+    sheet.save(path, **fastest)
     return path

@@ -16,7 +16,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
     demo.add_argument("--port", type=int, default=7860)
     demo.add_argument("--max-batch", type=positive_int, default=8, help="captions decoded together at most (default 8)")
-    demo.add_argument("--queue-size", type=positive_int, default=32, help="requests that may wait; more are told the app is busy (default 32)")
+    demo.add_argument("--queue-size", type=positive_int, default=32,
+                      help="requests that may wait; more are told the app is busy (default 32)")
     demo.add_argument("--cache-max-age", type=positive_int, default=3600, metavar="SECONDS",
                       help="temporary files (uploads, heatmaps, figures) older than this are deleted (default 3600)")
     demo.add_argument("--cache-every", type=positive_int, default=600, metavar="SECONDS",
