@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from captioner.apps.arguments import expand_images
+from captioner.apps.arguments import expand_images, positive_int
 from captioner.core.errors import CaptionerError
 
 
@@ -15,6 +15,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--examples", nargs="+", help="example images or folders (default: the first model's test images)")
     demo.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
     demo.add_argument("--port", type=int, default=7860)
+    demo.add_argument("--max-batch", type=positive_int, default=8, help="captions decoded together at most (default 8)")
+    demo.add_argument("--queue-size", type=positive_int, default=32,
+                      help="requests that may wait; more are told the app is busy (default 32)")
+    demo.add_argument("--cache-max-age", type=positive_int, default=3600, metavar="SECONDS",
+                      help="temporary files (uploads, heatmaps, figures) older than this are deleted (default 3600)")
+    demo.add_argument("--cache-every", type=positive_int, default=600, metavar="SECONDS",
+                      help="how often old temporary files are looked for (default 600)")
     demo.set_defaults(func=run)
 
 
@@ -26,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise CaptionerError("demo: Gradio is not installed (pip install -e '.[demo]')") from None
 
+    from captioner.apps.demo.ui import Cleanup
+
     examples = expand_images(args.examples) if args.examples else None
-    serve([Path(c) for c in args.checkpoints], examples, host=args.host, port=args.port)
+    cleanup = Cleanup(every_s=args.cache_every, max_age_s=args.cache_max_age)
+    serve([Path(c) for c in args.checkpoints], examples, args.host, args.port, args.max_batch, args.queue_size, cleanup)
     return 0

@@ -1,8 +1,9 @@
 """The demo's pictures beyond the per-word overlays: the downloadable attention figure and the
 transformer views (self-attention head view, a word's layers x heads maps).
 
-pyplot keeps global state, so figures are drawn one at a time even when requests run in
-parallel on the server's worker threads.
+The attention figure is composed with Pillow (`captioner.viz.overlays.attention_sheet`), so
+requests draw theirs in parallel; pyplot keeps global state, so the transformer views, drawn with
+it, are drawn one at a time.
 """
 
 from __future__ import annotations
@@ -20,24 +21,21 @@ from captioner.apps.demo.choices import maps_label, parse_layer_head, word_posit
 from captioner.models.caption import Caption
 from captioner.viz.overlays import save_attention_figure
 
-FIGURE_LOCK = threading.Lock()
-MAX_AGE_S = 600.0  # pictures older than this are deleted: Gradio has copied each into its cache by then
+FIGURE_LOCK = threading.Lock()  # pyplot's global state: one transformer view at a time
 
 
 def write_figure(image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None, figure_dir: Path) -> Path:
     """The downloadable figure: the image, then each word over its map (the CLI's --heatmaps
-    figure). About a second for twenty words, so the page draws it after showing the caption."""
-    prune(figure_dir)
+    figure). The page draws it after showing the caption."""
     layer_index, head_index = parse_layer_head(caption, layer, head)
     maps = maps_label(caption, layer_index, head_index)
     title = f"{caption.text}  (score {caption.score:.2f}{', ' + maps if maps else ''})"
     path = figure_dir / f"attention_{uuid.uuid4().hex[:12]}.png"
-    with FIGURE_LOCK:
-        return save_attention_figure(path, image, caption, layer=layer_index, head=head_index, title=title)
+    return save_attention_figure(path, image, caption, layer=layer_index, head=head_index, title=title)
 
 
-def prune(folder: Path, max_age_s: float = MAX_AGE_S) -> None:
-    """Delete the old figures and overlays of `folder`."""
+def prune(folder: Path, max_age_s: float) -> None:
+    """Delete the figures and overlays of `folder` older than `max_age_s`."""
     if not folder.is_dir():
         return
     now = time.time()
@@ -47,6 +45,21 @@ def prune(folder: Path, max_age_s: float = MAX_AGE_S) -> None:
                 old.unlink()
         except OSError:
             pass  # another request removed it first
+
+
+def prune_folders(cache: Path, max_age_s: float, keep: Path) -> None:
+    """Delete the empty folders directly under `cache` (but `keep`) not changed for `max_age_s`:
+    Gradio keeps each cached file in a folder named by its hash and deletes the file, never the
+    folder."""
+    now = time.time()
+    for folder in cache.iterdir() if cache.is_dir() else []:
+        try:
+            if folder == keep:
+                continue
+            if folder.is_dir() and now - folder.stat().st_mtime > max_age_s and not any(folder.iterdir()):
+                folder.rmdir()  # fails, harmlessly, if a file arrived meanwhile
+        except OSError:
+            pass
 
 
 def inside_views(

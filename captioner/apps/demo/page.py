@@ -15,6 +15,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from captioner.apps.demo.batcher import CaptionBatcher
 from captioner.apps.demo.choices import MEAN, maps_label, parse_layer_head
 from captioner.apps.demo.figures import write_figure
 from captioner.core.errors import ImageLoadError
@@ -23,7 +24,7 @@ from captioner.models.caption import Caption
 from captioner.models.captioner import Captioner
 from captioner.viz.overlays import word_overlays
 
-DISPLAY_SIDE = 640  # overlays are drawn on a copy this size at most: a 40 MP photo stays cheap to show
+DISPLAY_SIDE = 512  # overlays are drawn on a copy this size at most: the gallery's preview, and a 40 MP photo stays cheap to show
 
 
 @dataclass
@@ -94,10 +95,12 @@ def caption_page(
     head: str | int | None = MEAN,
     figure_dir: Path | None = None,
     max_pixels: int = MAX_PIXELS,
+    batcher: CaptionBatcher | None = None,
 ) -> PageOutput:
     """Caption an uploaded file and draw its heatmaps (and its figure into `figure_dir`, if given).
     A file the loader refuses gives its one-line reason in the note, named by the file's own name
-    rather than the server's temporary path."""
+    rather than the server's temporary path. With a `batcher`, the decoding is batched with the
+    other requests it serves meanwhile."""
     if upload is None or str(upload) == "":
         return message("Upload an image or pick an example first.")
     path = Path(upload)
@@ -108,7 +111,8 @@ def caption_page(
         return refusal(str(e).replace(str(path), path.name))
     # Transformers keep their self-attention from this same pass, for the head view.
     self_attention = model.decoder.has_self_attention
-    caption = model.caption(image, beam_size=int(beam_size), max_length=int(max_length), self_attention=self_attention)
+    options = {"beam_size": int(beam_size), "max_length": int(max_length), "self_attention": self_attention}
+    caption = batcher.caption(model, image, **options) if batcher is not None else model.caption(image, **options)
     shown = image.copy()
     shown.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE))
     notes = conversion_notes(path)

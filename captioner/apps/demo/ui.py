@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import functools
 import logging
-import tempfile
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 from PIL import Image
 
+from captioner.apps.demo.batcher import MAX_BATCH, CaptionBatcher
 from captioner.apps.demo.cards import (
     dataset_examples,
     load_models,
@@ -27,7 +29,7 @@ from captioner.apps.demo.cards import (
 )
 from captioner.apps.demo.checks import MAX_BEAM, MAX_LENGTH, check_request
 from captioner.apps.demo.choices import menus, word_choices, word_position
-from captioner.apps.demo.figures import inside_views, prune, write_figure
+from captioner.apps.demo.figures import inside_views, prune, prune_folders, write_figure
 from captioner.apps.demo.page import (
     PageOutput,
     Result,
@@ -42,7 +44,20 @@ from captioner.models.checkpoint import checkpoint_config
 
 log = logging.getLogger(__name__)
 
-QUEUE_SIZE = 64  # waiting requests beyond this are told the queue is full
+QUEUE_SIZE = 32  # waiting events beyond this are told the app is busy: at most a few seconds' work
+JPEG_QUALITY = 85  # the overlays the gallery shows: a tenth of a PNG's bytes, no visible loss at this size
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """How the server keeps its temporary files bounded: every `every_s` seconds, files older than
+    `max_age_s` go (uploads and answers alike, by Gradio's `delete_cache`; the overlays and figures
+    of this page by `prune`), and so do the empty folders Gradio leaves in its cache when that cache
+    is this server's alone (`captioner demo` gives it one: see `server.private_cache`)."""
+
+    every_s: float = 600.0
+    max_age_s: float = 3600.0
+    empty_folders: bool = False
 
 
 class UploadImage(gr.Image):
@@ -66,10 +81,21 @@ class UploadImage(gr.Image):
 class Callbacks:
     """What the page's events run: the loaded models, and Gradio values in and out."""
 
-    def __init__(self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS) -> None:
+    def __init__(
+        self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS, max_batch: int = MAX_BATCH, cleanup: Cleanup = Cleanup()
+    ) -> None:
+        from gradio.utils import get_upload_folder
+
         self.models = models
         self.max_pixels = max_pixels
-        self.out_dir = Path(tempfile.mkdtemp(prefix="captioner-demo-"))
+        self.batcher = CaptionBatcher(max_batch)
+        self.cleanup = cleanup
+        # Inside Gradio's cache, so that Gradio serves the pictures where they are instead of
+        # hashing and copying each into its cache: one file per picture, deleted on its schedule.
+        self.cache = Path(get_upload_folder())
+        self.out_dir = self.cache / f"captioner-demo-{uuid.uuid4().hex[:12]}"
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._pruned = time.monotonic()
         self._running = 0  # callbacks in flight on the server's worker threads
         self._idle = threading.Condition()
 
@@ -109,7 +135,8 @@ class Callbacks:
             model = self.models[request.model_name]
             label = model_label(request.model_name, model)
             page = caption_page(
-                model, label, image, request.beam_size, request.max_length, request.layer, request.head, None, self.max_pixels
+                model, label, image, request.beam_size, request.max_length, request.layer, request.head, None, self.max_pixels,
+                self.batcher,
             )
         except RequestError as e:
             page = message(f"**Request refused.** {e}")
@@ -128,6 +155,7 @@ class Callbacks:
         if result is None:
             return None
         try:
+            self.prune()
             return str(write_figure(result.image, result.caption, layer, head, self.out_dir))
         except Exception:  # the caption is on the page already; a figure is not worth an error
             log.exception("drawing the figure failed")
@@ -164,11 +192,23 @@ class Callbacks:
         """Overlays as JPEG files of unique names. Gradio would write PIL images in place to paths
         named by their content, so when two requests get the same overlay, one could download it
         while the other rewrites it; it copies files into its cache atomically."""
-        prune(self.out_dir)
+        self.prune()
         paths = [self.out_dir / f"overlay_{uuid.uuid4().hex[:12]}.jpg" for _ in gallery]
         for path, (picture, _) in zip(paths, gallery):
-            picture.save(path, quality=90)
+            picture.save(path, quality=JPEG_QUALITY)
         return [(str(path), word) for path, (_, word) in zip(paths, gallery)]
+
+    def prune(self) -> None:
+        """At most every `cleanup.every_s` seconds: delete this page's old pictures, and the
+        cache's old empty folders when the cache is this server's alone."""
+        now = time.monotonic()
+        if now - self._pruned < self.cleanup.every_s:
+            return
+        self._pruned = now
+        self.out_dir.mkdir(parents=True, exist_ok=True)  # a cache cleared under us
+        prune(self.out_dir, self.cleanup.max_age_s)
+        if self.cleanup.empty_folders:
+            prune_folders(self.cache, self.cleanup.max_age_s, keep=self.out_dir)
 
 
 def disable_download() -> gr.DownloadButton:
@@ -182,18 +222,22 @@ def enable_download(figure: str | None) -> gr.DownloadButton:
 def build_demo(
     checkpoints: list[Path],
     examples: list[Path] | None = None,
-    concurrency: int = 1,
+    max_batch: int = MAX_BATCH,
     queue_size: int = QUEUE_SIZE,
     max_pixels: int = MAX_PIXELS,
     device: str = "cpu",
+    cleanup: Cleanup = Cleanup(),
 ) -> gr.Blocks:
-    """The page, with a queue: `concurrency` captions run at once (1 gives each every core), up
-    to `queue_size` wait, the rest are told the queue is full. `examples` None: the first test
-    images of the first model's dataset, where they are on this machine."""
-    callbacks = Callbacks(load_models(checkpoints, device), max_pixels)
+    """The page, with a bounded queue: up to `max_batch` events run at once, and the captions
+    among them are decoded as one batch; up to `queue_size` more wait, and the rest are told at
+    once that the app is busy ("This application is currently busy. Please try again." in the
+    browser, QueueError through the API). `examples` None: the first test images of the first
+    model's dataset, where they are on this machine. `cleanup`: how long temporary files live."""
+    callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
     first_name, first = callbacks.model("")
     examples = dataset_examples(checkpoint_config(first_name)) if examples is None else examples
-    with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False, delete_cache=(600, 3600)) as demo:
+    delete_cache = (max(1, round(cleanup.every_s)), max(1, round(cleanup.max_age_s)))
+    with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False, delete_cache=delete_cache) as demo:
         gr.Markdown(
             "## Image captioning with spatial attention\n"
             "Upload an image or pick an example, then **Caption**. Each word comes with the map of "
@@ -229,12 +273,12 @@ def build_demo(
                 grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word")
                 head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False, elem_id="head_grid")
         gr.Markdown(model_cards(callbacks.models), elem_id="model_card")
-        result = gr.State(None)
+        result = gr.State(None, time_to_live=cleanup.max_age_s)  # a redraw needs it only as long as its pictures live
 
         # Each event: disable the download at once, show the caption and heatmaps, draw the figure
         # (about a second more), enable the download. The API: /caption, then /figure in its session.
         shown = [text, score, gallery, note, result]
-        cpu = {"concurrency_id": "cpu"}  # captions and figures share the queue's workers
+        cpu = {"concurrency_id": "cpu"}  # captions and figures share the queue's workers (max_batch of them)
         private = {"api_visibility": "private"}
 
         def then_figure(event: Any, **api: Any) -> None:
@@ -255,7 +299,7 @@ def build_demo(
         grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
         model_name.change(callbacks.choose_model, [model_name], [layer, head], queue=False, **private)
     _CALLBACKS[demo] = callbacks
-    return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
+    return demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
 
 
 # Each page's callbacks, so that the server can wait for the ones still running when it stops.
@@ -267,3 +311,10 @@ def wait_for_callbacks(demo: gr.Blocks, timeout: float) -> bool:
     seconds (True for a page not built by `build_demo`)."""
     callbacks = _CALLBACKS.get(demo)
     return callbacks is None or callbacks.wait_idle(timeout)
+
+
+def batch_sizes(demo: gr.Blocks) -> dict[int, int]:
+    """How many caption batches of each size the page decoded (empty for a page not built by
+    `build_demo`)."""
+    callbacks = _CALLBACKS.get(demo)
+    return dict(sorted(callbacks.batcher.batch_sizes.items())) if callbacks is not None else {}

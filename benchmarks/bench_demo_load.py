@@ -1,0 +1,457 @@
+"""The demo under load: many clients at once, real photos with broken files mixed in.
+
+    python benchmarks/bench_demo_load.py /work/runs/flickr8k_lstm_lite0/best.pt
+    python benchmarks/bench_demo_load.py CHECKPOINT --compare        # also one caption at a time (the old queue)
+    python benchmarks/bench_demo_load.py CHECKPOINT --reference-src /tmp/before --rounds 2  # the code before, alternating
+    python benchmarks/bench_demo_load.py CHECKPOINT --clients 40 --queue-size 8 --requests 4   # a flood
+    python benchmarks/bench_demo_load.py CHECKPOINT --cache-every 2 --cache-max-age 10      # a day of temp files, compressed
+
+Starts `captioner demo CHECKPOINT` in a process of its own (its temporary files under a folder
+of this script's, so they can be counted), then runs --clients threads, each with its own
+gradio_client session, each asking --requests captions one after another, as a user clicking
+Caption would: the upload, the caption, its word heatmaps downloaded as a browser fetches them
+(over one kept-alive connection; --gradio-downloads lets gradio_client download them, which
+costs this machine more CPU than the server's own work), and with --figure the page's second
+step, the downloadable figure. Every --broken-every-th request sends a broken file
+instead (a truncated JPEG, a text file named .jpg, an empty file, a PNG announcing 64 megapixels),
+which must get its one-line message. Prints: requests, answers and errors by kind, latency
+p50/p95/max, captions/s, the server's resident memory (start, peak, end) and its temporary files
+(peak, end, and after one cleanup period more). --url measures a server already running instead
+(no memory or temp-file numbers unless --pid is given).
+
+Before the run, the first photos are captioned here, one by one, with the same options; the
+served captions of those photos must be the same words (the server batches them with others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+PHOTOS = DATA / "flickr8k" / "images"
+REFUSED = "**Could not caption this file.**"
+
+
+# --- the inputs ----------------------------------------------------------------------------------
+
+
+def broken_files(folder: Path, photo: Path) -> list[tuple[str, Path, str]]:
+    """(kind, file, what its one-line message must say): files a user might upload by mistake."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    truncated = folder / "truncated.jpg"
+    truncated.write_bytes(photo.read_bytes()[:2000])
+    text = folder / "notes.jpg"
+    text.write_text("not a picture, only a name ending in .jpg\n")
+    empty = folder / "empty.png"
+    empty.write_bytes(b"")
+    buffer = io.BytesIO()
+    Image.new("L", (1, 1)).save(buffer, "PNG")
+    data = bytearray(buffer.getvalue())
+    data[16:24] = struct.pack(">II", 8000, 8000)  # IHDR width, height: a decompression bomb's header
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    bomb = folder / "bomb.png"
+    bomb.write_bytes(bytes(data))
+    return [
+        ("truncated JPEG", truncated, "truncated.jpg: corrupt or truncated"),
+        ("text named .jpg", text, "notes.jpg: not an image file"),
+        ("empty file", empty, "empty.png: empty file"),
+        ("64-megapixel PNG", bomb, "bomb.png: image is 8000x8000"),
+    ]
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(
+    checkpoint: Path, options: list[str], temp: Path, source: Path | None = None, timeout: float = 300.0
+) -> tuple[subprocess.Popen, str, Path]:
+    """`captioner demo CHECKPOINT OPTIONS` on a free local port, its temporary folder `temp`,
+    once it answers; from the `source` tree when given (a reference version of the code).
+    -> (the server, its URL, its log file)."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "TMPDIR": str(temp), **({"PYTHONPATH": str(source.resolve())} if source else {})}
+    env.pop("GRADIO_TEMP_DIR", None)  # the demo makes its own cache, inside TMPDIR
+    example = PHOTOS / "1001773457_577c3a7d70.jpg"
+    command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(checkpoint), "--port", str(port), "--examples", str(example), *options]
+    log = Path(tempfile.mkstemp(prefix="bench-demo-server-", suffix=".log")[1])  # outside `temp`: not one of its files
+    with log.open("w") as output:  # the server's log, never a pipe that could fill and stall it
+        # SIGINT back to its default in the server, where a shell started this script in the
+        # background with SIGINT ignored: the server is stopped with it, as with Ctrl-C.
+        restore_interrupt = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+        server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, preexec_fn=restore_interrupt)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the demo exited with code {server.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return server, url, log
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    server.terminate()
+    raise SystemExit(f"the demo did not answer on {url} within {timeout:.0f} s")
+
+
+def resident_mb(pid: int) -> float | None:
+    """The process's resident memory in MB (Linux /proc), None when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The process's user + system CPU time so far (Linux /proc), None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def temp_files(folder: Path | None) -> tuple[int, int, float]:
+    """(files, folders, MB) under `folder`."""
+    if folder is None:
+        return 0, 0, 0.0
+    files = folders = size = 0
+    for root, dirs, names in os.walk(folder):
+        folders += len(dirs)
+        for name in names:
+            try:
+                size += os.lstat(os.path.join(root, name)).st_size
+                files += 1
+            except OSError:
+                pass
+    return files, folders, size / 1e6
+
+
+@dataclass
+class Watch:
+    """The server's memory and temporary files, sampled every `every` seconds in a thread."""
+
+    pid: int | None
+    temp: Path | None
+    every: float = 0.5
+    rss: list[float] = field(default_factory=list)
+    files: list[int] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def sample(self) -> None:
+        if self.pid is not None and (mb := resident_mb(self.pid)) is not None:
+            self.rss.append(mb)
+        if self.temp is not None:
+            self.files.append(temp_files(self.temp)[0])
+
+    def run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def __enter__(self) -> Watch:
+        self.sample()
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+# --- the clients ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    kind: str  # "caption", or the broken file's kind
+    outcome: str  # "captioned", "refused as expected", or what went wrong
+    seconds: float
+    text: str = ""
+    photo: str = ""
+    figure_seconds: float | None = None
+
+
+def fetch_heatmaps(gallery: list[dict], session) -> bool:
+    """Download the answer's heatmaps as a browser does, over one kept-alive connection (with
+    `session`, an httpx.Client), or check the files gradio_client downloaded (session None)."""
+    if session is None:
+        return all(Path(item["image"]).is_file() for item in gallery)
+    pictures = [session.get(item["image"]["url"]) for item in gallery]
+    return all(r.status_code == 200 and r.content[:2] == b"\xff\xd8" for r in pictures)  # JPEGs
+
+
+def outcome(kind: str, expected: str, answer: tuple, session) -> tuple[str, str]:
+    """How one /caption answer went: (outcome, caption text)."""
+    text, _, gallery, note = answer
+    if kind == "caption":
+        words = text.split()
+        good = bool(words) and len(gallery) == len(words) and fetch_heatmaps(gallery, session)
+        return ("captioned" if good else f"bad answer: {note[:80] or 'no heatmaps'}"), text
+    if note.startswith(REFUSED) and expected in note and "\n" not in note.strip():
+        return "refused with its one-line message", text
+    return f"wrong message: {note[:80]!r}", text
+
+
+def client_run(
+    url: str, index: int, photos: list[Path], broken: list[tuple[str, Path, str]], args: argparse.Namespace, downloads: Path,
+    gate: threading.Barrier, answers: list[Answer],
+) -> None:
+    import httpx
+    from gradio_client import Client, handle_file
+
+    own_downloads = str(downloads / str(index)) if args.gradio_downloads else False
+    client = Client(url, verbose=False, analytics_enabled=False, download_files=own_downloads)
+    session = None if args.gradio_downloads else httpx.Client(timeout=120)
+    options = {k: v for k, v in (("beam_size", args.beam), ("max_length", args.max_length)) if v is not None}
+    gate.wait()
+    for r in range(args.requests):
+        number = index * args.requests + r
+        if args.broken_every and r % args.broken_every == args.broken_every - 1:
+            kind, path, expected = broken[(number // args.broken_every) % len(broken)]
+        else:
+            kind, path, expected = "caption", photos[number % len(photos)], ""
+        started = time.perf_counter()
+        try:
+            answer = client.predict(handle_file(str(path)), **options, api_name="/caption")
+            result, text = outcome(kind, expected, answer, session)
+        except Exception as e:  # noqa: BLE001 - counted by kind in the report
+            busy = "queue is full" in str(e).lower()
+            answers.append(Answer(kind, "busy: queue full" if busy else f"error: {type(e).__name__}", time.perf_counter() - started))
+            continue
+        seconds = time.perf_counter() - started
+        figure_seconds = None
+        if args.figure and kind == "caption":
+            started = time.perf_counter()
+            try:
+                client.predict(api_name="/figure")
+                figure_seconds = time.perf_counter() - started
+            except Exception as e:  # noqa: BLE001
+                result = f"figure error: {type(e).__name__}"
+        answers.append(Answer(kind, result, seconds, text, path.name, figure_seconds))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], args: argparse.Namespace, label: str) -> dict:
+    """Warm the server up, run the clients, print the report; returns its numbers."""
+    from gradio_client import Client, handle_file
+
+    work = Path(tempfile.mkdtemp(prefix="bench-demo-load-"))
+    broken = broken_files(work / "broken", photos[0])
+    warm = Client(url, verbose=False, analytics_enabled=False, download_files=str(work / "warm"))
+    for photo in photos[:2]:
+        warm.predict(handle_file(str(photo)), api_name="/caption")
+    answers: list[Answer] = []
+    gate = threading.Barrier(args.clients + 1)
+    threads = [
+        threading.Thread(target=client_run, args=(url, i, photos, broken, args, work / "downloads", gate, answers))
+        for i in range(args.clients)
+    ]
+    for t in threads:
+        t.start()
+    with Watch(pid, temp) as watch:
+        gate.wait()
+        started, cpu_before, own_before = time.perf_counter(), cpu_seconds(pid) if pid else None, time.process_time()
+        for t in threads:
+            t.join()
+        total = time.perf_counter() - started
+        cpu_after, own_cpu = cpu_seconds(pid) if pid else None, time.process_time() - own_before
+    captions = [a for a in answers if a.kind == "caption" and a.outcome == "captioned"]
+    latencies = [a.seconds for a in answers if a.kind == "caption" and not a.outcome.startswith("busy")]
+    outcomes = Counter((a.kind, a.outcome) for a in answers)
+    print(f"\n== {label}: {args.clients} clients x {args.requests} requests ({len(answers)} requests), {total:.1f} s")
+    for (kind, result), count in sorted(outcomes.items()):
+        print(f"  {kind:<18} {result:<40} {count}")
+    report = {"captions_per_s": len(captions) / total, "requests": len(answers)}
+    if latencies:
+        report |= {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95), "max": max(latencies)}
+        print(
+            f"  caption latency (upload to heatmaps downloaded): p50 {report['p50']:.2f} s, p95 {report['p95']:.2f} s, "
+            f"max {report['max']:.2f} s, mean {statistics.mean(latencies):.2f} s"
+        )
+    refusals = [a.seconds for a in answers if a.kind != "caption" and a.outcome.startswith("refused")]
+    if refusals:
+        print(f"  broken files answered in: median {statistics.median(refusals):.2f} s, max {max(refusals):.2f} s")
+    figures = [a.figure_seconds for a in answers if a.figure_seconds is not None]
+    if figures:
+        print(f"  then the figure: p50 {percentile(figures, 0.5):.2f} s, p95 {percentile(figures, 0.95):.2f} s")
+    print(f"  throughput: {report['captions_per_s']:.2f} captions/s ({len(captions)} captions with their heatmaps)")
+    if cpu_before is not None and cpu_after is not None and captions:
+        report["cpu_per_caption"] = (cpu_after - cpu_before) / len(captions)
+        print(f"  CPU time per caption (robust to other load): server {report['cpu_per_caption']:.3f} s, "
+              f"these clients {own_cpu / len(captions):.3f} s")
+    if watch.rss:
+        report |= {"rss_start": watch.rss[0], "rss_peak": max(watch.rss), "rss_end": watch.rss[-1]}
+        quarters = " / ".join(f"{watch.rss[round(q * (len(watch.rss) - 1))]:.0f}" for q in (0.25, 0.5, 0.75))
+        print(f"  server resident memory: start {watch.rss[0]:.0f} MB, at 1/4, 1/2, 3/4 of the run {quarters} MB, "
+              f"end {watch.rss[-1]:.0f} MB, peak {max(watch.rss):.0f} MB")
+    if temp is not None:
+        print(f"  server temporary files: start {watch.files[0]}, peak {max(watch.files)}, end {watch.files[-1]} "
+              f"({temp_files(temp)[1]} folders, {temp_files(temp)[2]:.1f} MB)")
+    report["wrong"] = wrong_captions(answers, args)
+    return report
+
+
+def expected_captions(checkpoint: Path, photos: list[Path], args: argparse.Namespace) -> dict[str, str]:
+    """The first --check photos captioned here one at a time, as the CLI would: photo name -> text."""
+    if not args.check:
+        return {}
+    import torch
+
+    from captioner.data.images import load_image
+    from captioner.models.checkpoint import load_captioner
+
+    torch.set_num_threads(1)
+    model = load_captioner(checkpoint)
+    defaults = {"beam_size": min(model.decode_config.beam_size, 10), "max_length": min(model.decode_config.max_length, 60)}
+    options = {**defaults, **{k: v for k, v in (("beam_size", args.beam), ("max_length", args.max_length)) if v is not None}}
+    return {p.name: model.caption(load_image(p), **options).text for p in photos[: args.check]}
+
+
+def wrong_captions(answers: list[Answer], args: argparse.Namespace) -> int:
+    expected = args.expected
+    checked = [a for a in answers if a.photo in expected and a.outcome == "captioned"]
+    wrong = [a for a in checked if a.text != expected[a.photo]]
+    if expected:
+        print(f"  served captions equal to single-image captions made here: {len(checked) - len(wrong)}/{len(checked)}")
+        for a in wrong[:3]:
+            print(f"    {a.photo}: served {a.text!r}, expected {expected[a.photo]!r}")
+    return len(wrong)
+
+
+def after_cleanup(url: str, temp: Path, args: argparse.Namespace) -> None:
+    """Wait one cleanup period after the load ends and count the temporary files left; then, a
+    period later (a folder emptied by the cleanup has just changed, so it is old one period
+    after), send one request (a text file: it leaves no heatmaps), which prunes the folders left
+    empty, and count again."""
+    from gradio_client import Client, handle_file
+
+    wait = args.cache_every + args.cache_max_age + 2
+    print(f"  waiting {wait:.0f} s (--cache-max-age + --cache-every) for the cleanup ...", flush=True)
+    time.sleep(wait)
+    files, folders, mb = temp_files(temp)
+    print(f"  server temporary files after it: {files} files, {folders} folders, {mb:.1f} MB")
+    time.sleep(wait)
+    note = Path(tempfile.mkdtemp(prefix="bench-demo-load-")) / "note.jpg"
+    note.write_text("not a picture")
+    Client(url, verbose=False, analytics_enabled=False, download_files=False).predict(handle_file(str(note)), api_name="/caption")
+    files, folders, mb = temp_files(temp)
+    print(f"  after one more request (which prunes the empty folders): {files} files, {folders} folders, {mb:.1f} MB")
+
+
+def served_run(
+    checkpoint: Path, photos: list[Path], args: argparse.Namespace, max_batch: int, label: str, source: Path | None = None
+) -> dict:
+    """Start a server (from `source` with its own defaults, when given), load it, stop it."""
+    temp = Path(tempfile.mkdtemp(prefix="bench-demo-server-"))
+    options = ["--max-batch", str(max_batch), "--queue-size", str(args.queue_size),
+               "--cache-every", str(args.cache_every), "--cache-max-age", str(args.cache_max_age)]
+    server, url, log = start_server(checkpoint, [] if source else options, temp, source)
+    try:
+        report = load_run(url, server.pid, temp, photos, args, label)
+        if args.cache_max_age < 120 and source is None:
+            after_cleanup(url, temp, args)
+        return report
+    finally:
+        server.send_signal(signal.SIGINT)  # as Ctrl-C: the server stops cleanly and logs its batch sizes
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        sizes = [line.split("caption batches by size: ")[1] for line in log.read_text().splitlines() if "caption batches by size: " in line]
+        if sizes:
+            print(f"  caption batches by size (size: batches): {sizes[-1]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", type=Path, nargs="?", help="served with `captioner demo` (or give --url)")
+    parser.add_argument("--url", help="a demo already running, instead of starting one")
+    parser.add_argument("--pid", type=int, help="with --url: the server's process id, for its memory")
+    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--requests", type=int, default=48, help="requests per client, one after another")
+    parser.add_argument("--broken-every", type=int, default=8, help="every N-th request of a client sends a broken file (0: none)")
+    parser.add_argument("--beam", type=int, help="default: the page's (the model's config)")
+    parser.add_argument("--max-length", type=int, help="default: the page's (the model's config)")
+    parser.add_argument("--gradio-downloads", action="store_true",
+                        help="let gradio_client download the heatmaps (a new connection and TLS context per file: "
+                             "4x the client CPU of a browser's kept-alive fetches, the default)")
+    parser.add_argument("--figure", action="store_true", help="after each caption, also ask for its figure, as the page does")
+    parser.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch")
+    parser.add_argument("--queue-size", type=int, default=32, help="the server's --queue-size")
+    parser.add_argument("--cache-every", type=int, default=600, help="the server's --cache-every")
+    parser.add_argument("--cache-max-age", type=int, default=3600,
+                        help="the server's --cache-max-age (under 120: wait for a cleanup and count)")
+    parser.add_argument("--compare", action="store_true", help="also run the server one caption at a time (--max-batch 1, the old queue)")
+    parser.add_argument("--reference-src", type=Path, metavar="DIR",
+                        help="also serve from this source tree, e.g. the code before: git archive COMMIT | tar -x -C DIR")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each server, alternating (with --compare or --reference-src)")
+    parser.add_argument("--check", type=int, default=12, help="photos captioned here first, to compare with the served captions")
+    parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
+    args = parser.parse_args()
+    if (args.checkpoint is None) == (args.url is None):
+        parser.error("give a CHECKPOINT to serve, or --url of a running demo")
+
+    photos = sorted(PHOTOS.glob("*.jpg"))[: args.photos]
+    if not photos:
+        raise SystemExit(f"no photos in {PHOTOS}")
+    print(f"{os.cpu_count()} CPUs; load average now {os.getloadavg()[0]:.1f}; photos from {PHOTOS}")
+    args.expected = expected_captions(args.checkpoint, photos, args) if args.checkpoint else {}
+    if args.url:
+        report = load_run(args.url, args.pid, None, photos, args, f"the demo at {args.url}")
+        return 1 if report["wrong"] else 0
+    reports: list[tuple[str, dict]] = []
+    for round_ in range(1, args.rounds + 1):
+        if args.reference_src:
+            name = f"reference ({args.reference_src})"
+            reports.append((name, served_run(args.checkpoint, photos, args, 1, f"{name}, round {round_}", args.reference_src)))
+        if args.compare:
+            name = "one caption at a time (--max-batch 1)"
+            reports.append((name, served_run(args.checkpoint, photos, args, 1, f"{name}, round {round_}")))
+        name = f"batched (--max-batch {args.max_batch})"
+        reports.append((name, served_run(args.checkpoint, photos, args, args.max_batch, f"{name}, round {round_}")))
+    if len(reports) > 1:
+        print("\n| server | p50 s | p95 s | max s | captions/s | server CPU s per caption | RSS start / peak / end MB |")
+        print("|---|---:|---:|---:|---:|---:|---|")
+        for name, r in reports:
+            print(f"| {name} | {r.get('p50', 0):.2f} | {r.get('p95', 0):.2f} | {r.get('max', 0):.2f} | {r['captions_per_s']:.2f} | "
+                  f"{r.get('cpu_per_caption', 0):.3f} | "
+                  f"{r.get('rss_start', 0):.0f} / {r.get('rss_peak', 0):.0f} / {r.get('rss_end', 0):.0f} |")
+    return 1 if any(r["wrong"] for _, r in reports) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""Captioning the requests that arrive together in one batch: one encoder pass, one beam search.
+
+Each /caption callback runs on a server worker thread and hands its image here. While a batch
+decodes, the images that arrive wait; when it ends, one waiting thread takes every waiting image
+with the same model and options (up to `max_batch`) and decodes them together, so under load the
+two cores run a few large batches instead of many single images fighting over them. Beam search
+keeps each image's beams apart, so an image's caption does not depend on its batch.
+
+No thread of its own: the decoding runs on the callbacks' threads, which the server already
+waits for when it stops.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from PIL import Image
+
+from captioner.models.caption import Caption
+from captioner.models.captioner import Captioner
+
+MAX_BATCH = 8  # images per batch: past this, a larger batch adds latency more than throughput on 2 cores
+
+
+@dataclass(eq=False)  # jobs are told apart by identity
+class Job:
+    """One image to caption, and where its caption (or the error decoding raised) goes."""
+
+    model: Captioner
+    image: Image.Image
+    options: dict[str, Any]
+    key: tuple = field(init=False)  # jobs with equal keys can share a batch
+    result: Caption | BaseException | None = None
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.key = (id(self.model), tuple(sorted(self.options.items())))
+
+
+class CaptionBatcher:
+    """Batches the images of concurrent callers; `caption` returns each caller's own caption."""
+
+    def __init__(self, max_batch: int = MAX_BATCH) -> None:
+        self.max_batch = max_batch
+        self.batch_sizes: Counter[int] = Counter()  # how many batches of each size ran
+        self._pending: list[Job] = []
+        self._decoding = False
+        self._changed = threading.Condition()
+
+    def caption(self, model: Captioner, image: Image.Image, **options: Any) -> Caption:
+        """`model.caption(image, **options)`, decoded together with the images other threads ask
+        for meanwhile. Raises what decoding raised."""
+        job = Job(model, image, options)
+        with self._changed:
+            self._pending.append(job)
+            while not job.done and self._decoding:
+                self._changed.wait()
+            if not job.done:  # nothing decodes now: this thread decodes the next batch
+                self._decoding = True
+                batch = [pending for pending in self._pending if pending.key == job.key][: self.max_batch]
+                self._pending = [pending for pending in self._pending if pending not in batch]
+        if not job.done:
+            try:
+                self.run(batch)
+            finally:
+                with self._changed:
+                    self._decoding = False
+                    self._changed.notify_all()
+        if isinstance(job.result, BaseException):
+            raise job.result
+        assert job.result is not None
+        return job.result
+
+    def run(self, batch: list[Job]) -> None:
+        """Decode `batch` (one model, one set of options) in one call; each job gets its caption,
+        or all of them the error."""
+        first = batch[0]
+        try:
+            captions: list[Caption | BaseException] = list(first.model.caption([job.image for job in batch], **first.options))
+        except Exception as e:  # noqa: BLE001 - handed to every caller, who raises it
+            captions = [e] * len(batch)
+        with self._changed:
+            self.batch_sizes[len(batch)] += 1
+            for job, caption in zip(batch, captions):
+                job.result, job.done = caption, True

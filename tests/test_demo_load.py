@@ -1,0 +1,257 @@
+"""The demo under load: concurrent requests decoded as one batch, a bounded queue that says when
+it is full, and temporary files that do not outlive their cleanup period.
+
+The session's tiny trained LSTM (conftest.py `shapes_lstm`) captions the shapes test images,
+each differently, so a caption handed to the wrong request would show; a tiny random model serves
+the server tests, where what the caption says does not matter.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TrainedRun
+from helpers import never_stopping, require_module, tiny_model
+from PIL import Image
+
+require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
+
+from captioner.apps.demo.batcher import CaptionBatcher  # noqa: E402
+from captioner.apps.demo.server import close, launch  # noqa: E402
+from captioner.apps.demo.ui import Callbacks, Cleanup, build_demo  # noqa: E402
+from captioner.data.images import load_image  # noqa: E402
+from captioner.models.checkpoint import load_captioner, save_checkpoint  # noqa: E402
+
+OPTIONS = {"beam_size": 3, "max_length": 8}
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return never_stopping(tiny_model())
+
+
+@pytest.fixture(scope="module")
+def trained(shapes_lstm: TrainedRun):
+    torch.set_num_threads(1)
+    return load_captioner(shapes_lstm.checkpoint)
+
+
+@pytest.fixture(scope="module")
+def shapes(shapes_lstm: TrainedRun) -> list[Image.Image]:
+    return [load_image(path) for path in shapes_lstm.test_images]
+
+
+def pictures(count: int, seed: int = 0, size: tuple[int, int] = (40, 48)) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)) for _ in range(count)]
+
+
+def hold_first_batch(batcher: CaptionBatcher, model, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make the model's first caption call wait until released, so that the requests sent
+    meanwhile pile up behind it: (started, release)."""
+    started, release = threading.Event(), threading.Event()
+    calls = Counter()
+    original = model.caption
+
+    def caption(images, **options):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            started.set()
+            assert release.wait(60)
+        return original(images, **options)
+
+    monkeypatch.setattr(model, "caption", caption)
+    return started, release
+
+
+def ask_all(batcher: CaptionBatcher, model, images: list[Image.Image], options: list[dict], started: threading.Event,
+            release: threading.Event) -> list:
+    """The first image alone, held; then the others from threads of their own; then release."""
+    results: list = [None] * len(images)
+
+    def ask(i: int) -> None:
+        try:
+            results[i] = batcher.caption(model, images[i], **options[i])
+        except Exception as e:  # noqa: BLE001 - the test looks at what each caller got
+            results[i] = e
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(images))]
+    threads[0].start()
+    assert started.wait(60)
+    for t in threads[1:]:
+        t.start()
+    deadline = time.time() + 30
+    while len(batcher._pending) < len(images) - 1 and time.time() < deadline:  # all of them waiting
+        time.sleep(0.01)
+    release.set()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_requests_that_arrive_together_are_one_batch_with_the_captions_of_single_requests(trained, shapes, monkeypatch) -> None:
+    model, images = trained, shapes[:6]
+    alone = [model.caption(image, **OPTIONS) for image in images]
+    assert len({c.text for c in alone}) > 2  # different images, different captions: a mix-up would show
+    batcher = CaptionBatcher(max_batch=8)
+    started, release = hold_first_batch(batcher, model, monkeypatch)
+    served = ask_all(batcher, model, images, [OPTIONS] * 6, started, release)
+    assert batcher.batch_sizes == Counter({1: 1, 5: 1})  # the held one, then the five that waited, together
+    assert [c.text for c in served] == [c.text for c in alone]
+    assert [c.score for c in served] == pytest.approx([c.score for c in alone], abs=1e-5)
+    for got, want in zip(served, alone):
+        assert torch.allclose(got.attn, want.attn, atol=1e-5)  # each its own heatmaps
+
+
+def test_a_batch_holds_one_set_of_options_and_at_most_max_batch_images(trained, shapes, monkeypatch) -> None:
+    model, images = trained, shapes[6:12]
+    options = [OPTIONS, {**OPTIONS, "beam_size": 2}, OPTIONS, OPTIONS, OPTIONS, {**OPTIONS, "beam_size": 2}]
+    alone = [model.caption(image, **o) for image, o in zip(images, options)]
+    batcher = CaptionBatcher(max_batch=2)
+    started, release = hold_first_batch(batcher, model, monkeypatch)
+    served = ask_all(batcher, model, images, options, started, release)
+    assert [c.text for c in served] == [c.text for c in alone]
+    assert sum(batcher.batch_sizes.values()) == 4 and max(batcher.batch_sizes) == 2  # held; 3 beam-3 as 2 + 1; 2 beam-2
+
+
+def test_a_failed_batch_fails_each_of_its_requests_and_the_next_batch_runs(model, monkeypatch) -> None:
+    batcher = CaptionBatcher()
+    images = pictures(3, seed=2)
+    monkeypatch.setattr(model, "caption", lambda images, **options: (_ for _ in ()).throw(RuntimeError("decoding broke")))
+    with pytest.raises(RuntimeError, match="decoding broke"):
+        batcher.caption(model, images[0], **OPTIONS)
+    monkeypatch.undo()
+    assert batcher.caption(model, images[1], **OPTIONS).text == model.caption(images[1], **OPTIONS).text
+
+
+# --- through the server --------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, model) -> Path:
+    path = tmp_path_factory.mktemp("load") / "lstm.pt"
+    save_checkpoint(path, model)
+    return path
+
+
+def client(url: str, folder: Path):
+    from gradio_client import Client
+
+    return Client(url, verbose=False, analytics_enabled=False, download_files=str(folder))
+
+
+def test_a_flood_is_told_the_app_is_busy_and_the_queued_requests_are_served(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One caption runs (held), two wait in the queue, and the rest are refused at once with
+    Gradio's "queue is full" (the browser shows "This application is currently busy. Please try
+    again."); released, the running and the queued ones are answered."""
+    from gradio_client import handle_file
+    from gradio_client.utils import QueueError
+
+    from captioner.apps.demo import page
+
+    held, release = threading.Event(), threading.Event()
+    real = page.caption_page
+
+    def slow_page(*args, **kwargs):
+        held.set()
+        assert release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("captioner.apps.demo.ui.caption_page", slow_page)
+    demo = build_demo([checkpoint], [], max_batch=1, queue_size=2)
+    url = launch(demo, "127.0.0.1", free_port(), block=False)
+    try:
+        photo = tmp_path / "photo.png"
+        pictures(1)[0].save(photo)
+        running = client(url, tmp_path / "0").submit(handle_file(str(photo)), api_name="/caption")
+        assert held.wait(60)
+        queued = [client(url, tmp_path / str(i)).submit(handle_file(str(photo)), api_name="/caption") for i in (1, 2)]
+        deadline = time.time() + 30
+        while len(demo._queue) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        refused = 0
+        for i in range(3, 6):
+            with pytest.raises(QueueError, match="[Qq]ueue is full"):
+                client(url, tmp_path / str(i)).predict(handle_file(str(photo)), api_name="/caption")
+            refused += 1
+        release.set()
+        texts = [job.result(timeout=120)[0] for job in [running, *queued]]
+        assert refused == 3 and len(set(texts)) == 1 and texts[0]
+    finally:
+        release.set()
+        close(demo)
+
+
+def count_files(folder: Path) -> tuple[int, int]:
+    """(files, folders) under `folder`."""
+    files = folders = 0
+    for _, dirs, names in os.walk(folder):
+        files += len(names)
+        folders += len(dirs)
+    return files, folders
+
+
+def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A day of requests with the cleanup shrunk from hourly to seconds: files older than
+    max_age_s go (uploads, heatmaps, figures), and so do the folders Gradio leaves empty, so the
+    cache holds the last few seconds' files, not all of them."""
+    from gradio_client import handle_file
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))  # this server's alone, as `captioner demo` makes it
+    cleanup = Cleanup(every_s=1, max_age_s=3, empty_folders=True)  # an age above a request's latency: files live until fetched
+    demo = build_demo([checkpoint], [], cleanup=cleanup)
+    url = launch(demo, "127.0.0.1", free_port(), block=False)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    try:
+        api = client(url, tmp_path / "downloads")
+        counts, requests = [], 0
+        started = time.time()
+        while requests < 12 or time.time() - started < 12:  # three cleanup ages at least
+            photo = photos / f"photo_{requests}.png"
+            pictures(1, seed=requests)[0].save(photo)  # each upload a file of its own
+            text, _, gallery, _ = api.predict(handle_file(str(photo)), api_name="/caption")
+            assert text and len(gallery) == len(text.split())
+            assert api.predict(api_name="/figure")
+            requests += 1
+            counts.append(count_files(cache))
+        per_request = len(text.split()) + 2  # heatmaps, the figure, the upload
+        assert max(files for files, _ in counts) < 0.7 * requests * per_request  # files were deleted along the way
+        time.sleep(cleanup.max_age_s + 2 * cleanup.every_s + 1)
+        assert count_files(cache)[0] <= 1  # all gone but what Gradio keeps for the page
+        api.predict(handle_file(str(photos / "photo_0.png")), api_name="/caption")  # a request prunes the empty folders
+        files, folders = count_files(cache)
+        assert folders <= 3 and files <= per_request + 1  # this request's own files, in its folders
+    finally:
+        close(demo)
+
+
+def test_callbacks_write_their_pictures_inside_gradios_cache(checkpoint: Path, model, tmp_path: Path, monkeypatch) -> None:
+    """So that Gradio serves each heatmap where it is, instead of hashing and copying it: one file
+    per picture, deleted on Gradio's schedule."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "cache"))
+    callbacks = Callbacks({str(checkpoint): model})
+    photo = tmp_path / "photo.png"
+    pictures(1)[0].save(photo)
+    _, _, gallery, _, result = callbacks.caption(str(photo), str(checkpoint), 3, 8, "1", "mean")
+    assert gallery and all(Path(path).parent == callbacks.out_dir for path, _ in gallery)
+    assert callbacks.out_dir.parent == tmp_path / "cache"
+    assert Path(callbacks.figure(result, "1", "mean")).parent == callbacks.out_dir
