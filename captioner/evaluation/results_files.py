@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from captioner.core.errors import CaptionerError, DatasetError
+from captioner.core.errors import DatasetError
 from captioner.core.files import write_atomically
 from captioner.data.records import is_int, read_json
 
