@@ -507,8 +507,9 @@ def beam_search_n_best(
         raise ValueError(f"n_best must be between 1 and the beam size {K}; got {n_best}")
     Kg, S = K // G, B * G  # beams per group; searches (image, group), rows s*Kg..s*Kg+Kg-1 of search s = b*G+g
     expand = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,): beams of image b are rows b*K..b*K+K-1
-    memory = select_rows(decoder.prepare(feats), expand)  # per-image constants: expanded once, never reordered
-    state = decoder.init_state(memory, capacity=max_length)
+    per_image = decoder.prepare(feats)
+    state = select_rows(decoder.init_state(per_image, capacity=max_length), expand)  # (B*K, ...) each
+    memory = decoder.expand_memory(per_image, K)  # per-image constants: expanded once (if at all), never reordered
     prev = torch.full((B * K,), bos_id, dtype=torch.long, device=device)  # (B*K,)
     scores = torch.full((B, G, Kg), float("-inf"), device=device)  # (B, G, Kg)
     scores[:, :, 0] = 0.0  # all beams of a group start identical: expand only the first
@@ -529,12 +530,13 @@ def beam_search_n_best(
 
     for t in range(max_length):
         logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, self_attention)  # (B*K, V), (B*K, L, H, N)
-        logprobs = apply_ending_rule(ending, logprobs.float().masked_fill(forbidden, float("-inf")), prev, t)  # (B*K, V)
+        # In place on the step's own fresh (B*K, V) output: each copy of it is a new 4 MB buffer per step.
+        logprobs = apply_ending_rule(ending, logprobs.float().masked_fill_(forbidden, float("-inf")), prev, t)  # (B*K, V)
         if options.block_trigrams:
             logprobs = block_repeated_trigrams(logprobs, history)
         V = logprobs.shape[-1]
         attn = attn.float()
-        candidates = (scores.view(B * K, 1) + logprobs).view(B, G, Kg * V)  # (B, G, Kg*V): true log-probabilities
+        candidates = logprobs.add_(scores.view(B * K, 1)).view(B, G, Kg * V)  # (B, G, Kg*V): true log-probabilities
         chosen = torch.zeros(B, V, device=device)  # (B, V): how many earlier groups' beams took each word now
         picks = []
         for g in range(G):

@@ -50,6 +50,11 @@ class LSTMDecoder(Decoder):
     def prepare(self, feats: torch.Tensor) -> Memory:
         return {"feats": feats, "projected": self.attention.project(feats)}  # (B, N, D), (B, N, A)
 
+    def expand_memory(self, memory: Memory, beams: int) -> Memory:
+        """The memory as it is: `step` attends with the K rows of an image over that image's one
+        copy of the grid (AdditiveAttention.attend), which K copies would only push out of cache."""
+        return memory
+
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
         """h_0, c_0 from the mean feature; `capacity` is not needed: the state is the same size at every step."""
         mean = memory["feats"].mean(dim=1)  # (B, D)
