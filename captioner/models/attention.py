@@ -52,7 +52,9 @@ class AdditiveAttention(nn.Module):
         score_weight = self.score.weight[0] * 2  # (A,): w of 2 w^T sigmoid(.)
         score_bias = self.score.bias - self.score.weight.sum()  # (1,): b - w^T 1, the -1 of tanh
         if R == B:
-            hidden = torch.add(projected, query.unsqueeze(1), alpha=2).sigmoid_()  # (B, N, A): 2(W_h h + W_s s); in place
+            # The query doubled before the add: the add's backward then only sums the (B, N, A)
+            # gradient for it, where alpha=2 would also scale all of it.
+            hidden = torch.add(projected, (query * 2).unsqueeze(1)).sigmoid_()  # (B, N, A): of 2(W_h h + W_s s); in place
             scores = torch.matmul(hidden, score_weight) + score_bias  # (B, N): e_tij
             weights = scores.softmax(dim=-1)  # (B, N): a_tij
             return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (B, D), (B, N)
