@@ -34,12 +34,12 @@ def stepwise_logits(decoder: LSTMDecoder, feats: torch.Tensor, tokens: torch.Ten
     return logits, attn
 
 
-def test_lstm_forward_equals_stepwise_values_and_gradients() -> None:
+@pytest.mark.parametrize("lengths", [[7, 7, 5, 2, 1], [7, 7, 7, 7, 7]], ids=["padded", "full"])
+def test_lstm_forward_equals_stepwise_values_and_gradients(lengths: list[int]) -> None:
     torch.manual_seed(0)
     decoder = LSTMDecoder(vocab_size=23, feat_dim=10, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0)
     feats = torch.randn(5, 9, 10)
     tokens = torch.randint(0, 23, (5, 7))
-    lengths = [7, 7, 5, 2, 1]
     fast = decoder(feats, tokens, torch.tensor(lengths))
     slow_logits, slow_attn = stepwise_logits(decoder, feats, tokens, lengths)
     torch.testing.assert_close(fast.logits, slow_logits, atol=1e-5, rtol=1e-5)

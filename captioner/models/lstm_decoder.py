@@ -91,13 +91,15 @@ class LSTMDecoder(Decoder):
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
         H, D = self.cell.hidden_size, feats.shape[-1]
-        w_in, w_hh = self.cell.weight_ih, self.cell.weight_hh  # (4H, E + D), (4H, H)
+        w_hh = self.cell.weight_hh  # (4H, H)
+        # Split, not sliced: the backward of a split is one cat, that of each slice a zero-filled copy of the whole.
+        w_embedded, w_context = self.cell.weight_ih.split((self.embed_dim, D), dim=1)  # (4H, E), (4H, D)
         # The embedding's share of the cell input, for every step at once; biases folded in.
         cell_in = torch.addmm(
-            self.cell.bias_ih + self.cell.bias_hh, embedded.reshape(B * T, -1), w_in[:, : self.embed_dim].t()
+            self.cell.bias_ih + self.cell.bias_hh, embedded.reshape(B * T, -1), w_embedded.t()
         ).view(B, T, 4 * H).unbind(1)  # T x (B, 4H): unbound once, so backward stacks one gradient, not T
         # The products of h_{t-1} and z_t at every step, each weight's gradient as one product over all steps.
-        context_product = RecurrentProduct(w_in[:, self.embed_dim :].t())  # (D, 4H)
+        context_product = RecurrentProduct(w_context.t())  # (D, 4H)
         # One product of h_{t-1} per step: attention query W_s, gate f_beta and the recurrent weights.
         state_product = RecurrentProduct(torch.cat([self.attention.state_proj.weight, self.gate.weight, w_hh]).t())  # (H, A + D + 4H)
         b_state = torch.cat([self.attention.state_proj.bias, self.gate.bias, w_hh.new_zeros(4 * H)])  # (A + D + 4H,)
@@ -119,6 +121,9 @@ class LSTMDecoder(Decoder):
             hs.append(h)
             contexts.append(context)
             maps.append(weights)
+        if len(active) == T and active[-1] == B:  # no padding: batch-major outputs directly, nothing to scatter
+            logits = self._output(embedded, torch.stack(hs, dim=1), torch.stack(contexts, dim=1))  # (B, T, V)
+            return DecoderOutput(logits, torch.stack(maps, dim=1)[:, :, None, None, :])  # attn (B, T, 1, 1, N)
         # Real positions in time-major order (as a packed sequence) and where they sit in (B*T).
         rows = torch.tensor([t + b * T for t, n in enumerate(active) for b in range(n)])  # (M,), on the host
         if rows.device != feats.device:  # pinned and non-blocking: the host never waits for the device here
