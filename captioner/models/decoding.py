@@ -508,9 +508,9 @@ def beam_search_n_best(
     Kg, S = K // G, B * G  # beams per group; searches (image, group), rows s*Kg..s*Kg+Kg-1 of search s = b*G+g
     expand = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,): beams of image b are rows b*K..b*K+K-1
     per_image = decoder.prepare(feats)
-    state = select_rows(decoder.init_state(per_image, capacity=max_length), expand)  # (B*K, ...) each
+    state = decoder.init_state(per_image, capacity=max_length)  # (B, ...) each: one row per image until the first step
     memory = decoder.expand_memory(per_image, K)  # per-image constants: expanded once (if at all), never reordered
-    prev = torch.full((B * K,), bos_id, dtype=torch.long, device=device)  # (B*K,)
+    prev = torch.full((B,), bos_id, dtype=torch.long, device=device)  # (B,)
     scores = torch.full((B, G, Kg), float("-inf"), device=device)  # (B, G, Kg)
     scores[:, :, 0] = 0.0  # all beams of a group start identical: expand only the first
     history = torch.empty((B * K, 0), dtype=torch.long, device=device)  # (B*K, t)
@@ -529,7 +529,12 @@ def beam_search_n_best(
     ending = EndingRule.build(special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, device)
 
     for t in range(max_length):
-        logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, self_attention)  # (B*K, V), (B*K, L, H, N)
+        logprobs, attn, state, self_w = step_decoder(decoder, memory if t else per_image, prev, state, self_attention)
+        if t == 0:  # the K beams of an image are one hypothesis until now: stepped once per image, then copied to each
+            logprobs, attn, prev = logprobs.index_select(0, expand), attn.index_select(0, expand), prev.index_select(0, expand)
+            state = select_rows(state, expand)  # (B*K, ...) each
+            self_w = None if self_w is None else self_w.index_select(0, expand)
+        # logprobs (B*K, V), attn (B*K, L, H, N)
         # In place on the step's own fresh (B*K, V) output: each copy of it is a new 4 MB buffer per step.
         logprobs = apply_ending_rule(ending, logprobs.float().masked_fill_(forbidden, float("-inf")), prev, t)  # (B*K, V)
         if options.block_trigrams:
