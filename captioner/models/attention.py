@@ -33,7 +33,7 @@ class AdditiveAttention(nn.Module):
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         """feats (B, N, D) -> 2 (W_h h_ij + b_h) (B, N, A): doubled for `attend`'s sigmoid."""
-        return self.feat_proj(feats).mul_(2)  # (B, N, A); in place: the product's backward does not need it
+        return self.feat_proj(feats) * 2  # (B, N, A)
 
     def forward(self, feats: torch.Tensor, projected: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """feats (B, N, D), projected (B, N, A) from `project`, state (R, S) -> context (R, D),
@@ -64,6 +64,7 @@ class AdditiveAttention(nn.Module):
             return self.attend(feats.index_select(0, rows), projected.index_select(0, rows), query)
         queries = query.view(B, K, 1, -1)  # (B, K, 1, A)
         block = projected.new_empty(K, *projected.shape[1:])  # (K, N, A): one image's rows, reused
+        score_weight = score_weight.to(block.dtype)  # out= products take no autocast: the block's dtype
         scores = projected.new_empty(B, K, projected.shape[1])  # (B, K, N)
         for b in range(B):
             torch.add(projected[b], queries[b], alpha=2, out=block).sigmoid_()  # (K, N, A)
