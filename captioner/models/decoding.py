@@ -1,7 +1,7 @@
 """Greedy decoding, sampling and batched beam search, through the decoder interface alone.
 
-Nothing here knows which decoder it drives: it calls `prepare`, `init_state` and `step`, and
-reorders memory and state with `select_rows`. Every function decodes a whole batch of images at
+Nothing here knows which decoder it drives: it calls `prepare`, `init_state`, `expand_memory`
+and `step`, and reorders memory and state with `select_rows`. Every function decodes a whole batch of images at
 once. The inference functions take the decoder, the features, the `SpecialTokens` and one
 `DecodeOptions`, and return, per image, the word ids, the score and the attention map of every
 word; `sample_captions` returns padded token tensors whose log-probabilities carry gradients,
