@@ -7,6 +7,7 @@ import torch
 from helpers import assert_beam_ranks_by_length_penalty, tiny_model
 
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, sample_n_best
+from captioner.models import attention as attention_module
 from captioner.models.lstm_decoder import LSTMDecoder
 
 
@@ -197,10 +198,12 @@ def test_attention_computes_the_papers_tanh_scores(decoder: LSTMDecoder) -> None
     torch.testing.assert_close(context, torch.bmm(weights.unsqueeze(1), feats).squeeze(1), atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("grad", [False, True])
-def test_step_reads_one_memory_for_every_beam_of_an_image(decoder: LSTMDecoder, grad: bool) -> None:
+@pytest.mark.parametrize(("grad", "block_bytes"), [(False, 1), (False, 1400), (False, 1 << 22), (True, 1 << 22)])
+def test_step_reads_one_memory_for_every_beam_of_an_image(decoder: LSTMDecoder, grad: bool, block_bytes: int, monkeypatch) -> None:
     """B images' memory with B*K state rows (rows b*K.. of image b) steps as the memory
-    repeated K times would: the in-place block without gradients, expanded rows with them."""
+    repeated K times would: the in-place blocks without gradients (one image per block, two
+    images and a short last block, all at once), expanded rows with them."""
+    monkeypatch.setattr(attention_module, "BLOCK_BYTES", block_bytes)  # one image's block here: 4 x 7 x 6 floats, 672 bytes
     feats, K = torch.randn(3, 7, 10), 4
     memory = decoder.prepare(feats)
     rows = torch.arange(3).repeat_interleave(K)  # (B*K,)

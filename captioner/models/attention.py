@@ -9,6 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
+BLOCK_BYTES = 4 << 20  # AdditiveAttention.attend's working block with several rows per image
+
+
 class AdditiveAttention(nn.Module):
     """Bahdanau attention as in Show, Attend and Tell:
 
@@ -63,12 +66,16 @@ class AdditiveAttention(nn.Module):
             rows = torch.arange(B, device=feats.device).repeat_interleave(K)  # (R,)
             return self.attend(feats.index_select(0, rows), projected.index_select(0, rows), query)
         queries = query.view(B, K, 1, -1)  # (B, K, 1, A)
-        block = projected.new_empty(K, *projected.shape[1:])  # (K, N, A): one image's rows, reused
+        # Images per block: a few MB stays in cache, and few blocks keep the parallel regions few
+        # (each costs a wait for every thread, long on a machine whose cores are busy).
+        n = max(1, min(B, BLOCK_BYTES // (K * projected[0].numel() * projected.element_size())))
+        block = projected.new_empty(n, K, *projected.shape[1:])  # (n, K, N, A), reused
         score_weight = score_weight.to(block.dtype)  # out= products take no autocast: the block's dtype
         scores = projected.new_empty(B, K, projected.shape[1])  # (B, K, N)
-        for b in range(B):
-            torch.add(projected[b], queries[b], alpha=2, out=block).sigmoid_()  # (K, N, A)
-            torch.matmul(block, score_weight, out=scores[b])  # (K, N)
+        for b in range(0, B, n):
+            rows = block[: min(n, B - b)]  # (n, K, N, A); the last block may be short
+            torch.add(projected[b : b + n, None], queries[b : b + n], alpha=2, out=rows).sigmoid_()  # (n, K, N, A)
+            torch.matmul(rows, score_weight, out=scores[b : b + n])  # (n, K, N)
         weights = scores.add_(score_bias).softmax(dim=-1)  # (B, K, N): a_tij
         context = torch.bmm(weights, feats)  # (B, K, D): each image's grid read once for its K rows
         return context.view(R, -1), weights.view(R, -1)  # (R, D), (R, N)

@@ -542,15 +542,16 @@ def beam_search_n_best(
         V = logprobs.shape[-1]
         attn = attn.float()
         candidates = logprobs.add_(scores.view(B * K, 1)).view(B, G, Kg * V)  # (B, G, Kg*V): true log-probabilities
-        chosen = torch.zeros(B, V, device=device)  # (B, V): how many earlier groups' beams took each word now
+        chosen = torch.zeros(B, V, device=device) if G > 1 else None  # (B, V): how many earlier groups' beams took each word now
         picks = []
         for g in range(G):
-            penalised = candidates[:, g] - options.diversity_strength * chosen.repeat(1, Kg) if g else candidates[:, g]  # (B, Kg*V)
+            penalised = candidates[:, g] - options.diversity_strength * chosen.repeat(1, Kg) if chosen is not None and g else candidates[:, g]  # (B, Kg*V)
             top_key, top_index = penalised.topk(2 * Kg, dim=1)  # (B, 2Kg)
             top_scores = candidates[:, g].gather(1, top_index)  # (B, 2Kg)
             is_eos = top_index % V == eos_id  # (B, 2Kg)
             live_key, live_pos = top_key.masked_fill(is_eos, float("-inf")).topk(Kg, dim=1)  # (B, Kg) each
-            chosen.scatter_add_(1, top_index.gather(1, live_pos) % V, torch.isfinite(live_key).float())
+            if chosen is not None:  # later groups pay for these words
+                chosen.scatter_add_(1, top_index.gather(1, live_pos) % V, torch.isfinite(live_key).float())
             picks.append((top_key, top_index, top_scores, is_eos, live_key, live_pos))
         top_key, top_index, top_scores, is_eos, live_key, live_pos = (
             torch.stack(x, dim=1).view(S, -1) for x in zip(*picks)
