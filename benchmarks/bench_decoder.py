@@ -43,35 +43,41 @@ from captioner.models.lstm_decoder import LSTMDecoder  # noqa: E402
 BOS, EOS = 1, 2
 
 
-def timed(fn: Callable[[], object], repeats: int, device: torch.device, warm: bool = True) -> float:
-    """Median seconds of `repeats` calls after one warm-up call."""
+def timed(
+    fn: Callable[[], object], repeats: int, device: torch.device, warm: bool = True, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """Median seconds of `repeats` calls after one warm-up call, by `clock`."""
     if warm:
         fn()
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start = clock()
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
 def timed_pair(
-    ours: Callable[[], object], theirs: Callable[[], object] | None, repeats: int, device: torch.device
+    ours: Callable[[], object],
+    theirs: Callable[[], object] | None,
+    repeats: int,
+    device: torch.device,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[float, float | None]:
     """Median seconds of each, their calls alternating, so a change in the machine's background
     load hits both alike (this is how the ratios stay meaningful on a shared machine)."""
     if theirs is None:
-        return timed(ours, repeats, device), None
+        return timed(ours, repeats, device, clock=clock), None
     ours()
     theirs()
     a, b = [], []
     for _ in range(repeats):
-        a.append(timed(ours, 1, device, warm=False))
-        b.append(timed(theirs, 1, device, warm=False))
+        a.append(timed(ours, 1, device, warm=False, clock=clock))
+        b.append(timed(theirs, 1, device, warm=False, clock=clock))
     return statistics.median(a), statistics.median(b)
 
 
@@ -90,12 +96,18 @@ def main() -> None:
     parser.add_argument("--reference-images", type=int, default=4, help="images the reference captions, one by one")
     parser.add_argument("--reference", help="reference checkout or git dir (default: $CAPTIONER_REFERENCE or the mirror)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
+    parser.add_argument(
+        "--cpu-time", action="store_true",
+        help="time by this process's CPU time, not the wall clock: on a machine busy with other jobs, at --threads 1, "
+        "it counts our own work and not the time others held the core (threads waiting on each other count at 2+)",
+    )
     args = parser.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     threads = set_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
     N, D, V, T, B = 196, 2048, args.vocab, args.length, 32
-    print(f"device {device}, threads {threads}, LSTM 512/512/512, grid 14x14x{D}, vocabulary {V}")
+    print(f"device {device}, threads {threads}, LSTM 512/512/512, grid 14x14x{D}, vocabulary {V}, {'CPU' if args.cpu_time else 'wall'} time")
     try:
         ref = load_reference(args.reference, device)
     except ReferenceUnavailable as e:
@@ -105,7 +117,7 @@ def main() -> None:
     feats = torch.randn(B, N, D, device=device)
     tokens = torch.randint(4, V, (B, T + 1), device=device)
     decoder = LSTMDecoder(V, D, embed_dim=512, hidden_dim=512, attention_dim=512, dropout=0.5).to(device)
-    optimizer = torch.optim.AdamW(decoder.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(decoder.parameters(), lr=1e-4, fused=True)  # as training.schedule.make_optimizer
     real = torch.ones(B, T, dtype=torch.bool, device=device)
 
     def our_train_step() -> None:
@@ -129,7 +141,7 @@ def main() -> None:
         def reference_step() -> None:
             train_step(ref_decoder, ref_optimizer, grid, tokens, caplens)
 
-    ours, theirs = timed_pair(our_train_step, reference_step, args.repeats, device)
+    ours, theirs = timed_pair(our_train_step, reference_step, args.repeats, device, clock)
     row("ours", ours, B / ours, "captions/s")
     if theirs is not None:
         row("reference (train.py step)", theirs, B / theirs, "captions/s")
@@ -160,6 +172,7 @@ def main() -> None:
             reference_beam if batch == args.beam_images else None,
             args.repeats,
             device,
+            clock,
         )
         rates[batch] = batch / seconds
         row(f"ours, {batch} image(s) at once", seconds, rates[batch], "images/s")

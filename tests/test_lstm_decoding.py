@@ -7,6 +7,7 @@ import torch
 from helpers import assert_beam_ranks_by_length_penalty, tiny_model
 
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, sample_n_best
+from captioner.models import attention as attention_module
 from captioner.models.lstm_decoder import LSTMDecoder
 
 
@@ -184,3 +185,49 @@ def test_sampling(decoder: LSTMDecoder) -> None:
         for s in (0, 0, 1)
     ]
     assert draws[0] == draws[1] and draws[0] != draws[2]  # reproducible for a seed, varied across seeds
+
+
+def test_attention_computes_the_papers_tanh_scores(decoder: LSTMDecoder) -> None:
+    """The sigmoid form (doubled projection, 2 sigmoid(2x) - 1) gives e = w^T tanh(W_h h + W_s s) + b."""
+    attention = decoder.attention
+    feats, state = torch.randn(4, 7, 10), torch.randn(4, 12)
+    hidden = torch.tanh(attention.feat_proj(feats) + attention.state_proj(state).unsqueeze(1))  # (B, N, A)
+    weights = attention.score(hidden).squeeze(-1).softmax(dim=-1)  # (B, N)
+    context, got = attention(feats, attention.project(feats), state)
+    torch.testing.assert_close(got, weights, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(context, torch.bmm(weights.unsqueeze(1), feats).squeeze(1), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("grad", "block_bytes"), [(False, 1), (False, 1400), (False, 1 << 22), (True, 1 << 22)])
+def test_step_reads_one_memory_for_every_beam_of_an_image(decoder: LSTMDecoder, grad: bool, block_bytes: int, monkeypatch) -> None:
+    """B images' memory with B*K state rows (rows b*K.. of image b) steps as the memory
+    repeated K times would: the in-place blocks without gradients (one image per block, two
+    images and a short last block, all at once), expanded rows with them."""
+    monkeypatch.setattr(attention_module, "BLOCK_BYTES", block_bytes)  # one image's block here: 4 x 7 x 6 floats, 672 bytes
+    feats, K = torch.randn(3, 7, 10), 4
+    memory = decoder.prepare(feats)
+    rows = torch.arange(3).repeat_interleave(K)  # (B*K,)
+    state = {k: v.index_select(0, rows) + 0.1 * torch.randn_like(v.index_select(0, rows)) for k, v in decoder.init_state(memory).items()}
+    prev = torch.randint(0, 20, (3 * K,))
+    with torch.set_grad_enabled(grad):
+        shared = decoder.step(decoder.expand_memory(memory, K), prev, state)
+    expanded = decoder.step({k: v.index_select(0, rows) for k, v in memory.items()}, prev, state)
+    for a, b in zip(shared[:2], expanded[:2]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert decoder.expand_memory(memory, K) is memory
+
+
+def test_beam_search_without_expanded_memory_finds_the_same_captions(decoder: LSTMDecoder, monkeypatch) -> None:
+    feats = torch.randn(5, 7, 10)
+    options = DecodeOptions(beam_size=3, max_length=9, n_best=3)
+    from captioner.models.decoder import Decoder
+    from captioner.models.decoding import beam_search_n_best
+
+    shared = beam_search_n_best(decoder, feats, SPECIAL, options)
+    monkeypatch.setattr(LSTMDecoder, "expand_memory", Decoder.expand_memory)  # every beam its own copy
+    repeated = beam_search_n_best(decoder, feats, SPECIAL, options)
+    assert [[h.tokens for h in hyps] for hyps in shared] == [[h.tokens for h in hyps] for hyps in repeated]
+    for a, b in zip(shared, repeated):
+        for x, y in zip(a, b):
+            assert x.score == pytest.approx(y.score, abs=1e-5)
+            torch.testing.assert_close(x.attn, y.attn, atol=1e-6, rtol=1e-5)

@@ -67,7 +67,7 @@ class Exported:
 
 @pytest.fixture(scope="module", params=["lstm", "transformer"])
 def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Exported:
-    model = briefly_trained(request.param)
+    model = briefly_trained(request.param, seed=1)
     folder = tmp_path_factory.mktemp(f"export_{request.param}")
     export_onnx(model, folder)
     return Exported(model, folder, OnnxCaptioner.from_folder(folder, threads=1))

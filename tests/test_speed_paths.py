@@ -18,7 +18,7 @@ from captioner.core.config import load_config
 from captioner.core.errors import ConfigError
 from captioner.core.runtime import ENV_THREADS, resolve_threads, set_threads
 from captioner.models.attention import MultiHeadAttention
-from captioner.models.lstm_decoder import LSTMDecoder, active_rows
+from captioner.models.lstm_decoder import LSTMDecoder, RecurrentProduct, active_rows
 
 
 def stepwise_logits(decoder: LSTMDecoder, feats: torch.Tensor, tokens: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,12 +34,12 @@ def stepwise_logits(decoder: LSTMDecoder, feats: torch.Tensor, tokens: torch.Ten
     return logits, attn
 
 
-def test_lstm_forward_equals_stepwise_values_and_gradients() -> None:
+@pytest.mark.parametrize("lengths", [[7, 7, 5, 2, 1], [7, 7, 7, 7, 7]], ids=["padded", "full"])
+def test_lstm_forward_equals_stepwise_values_and_gradients(lengths: list[int]) -> None:
     torch.manual_seed(0)
     decoder = LSTMDecoder(vocab_size=23, feat_dim=10, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0)
     feats = torch.randn(5, 9, 10)
     tokens = torch.randint(0, 23, (5, 7))
-    lengths = [7, 7, 5, 2, 1]
     fast = decoder(feats, tokens, torch.tensor(lengths))
     slow_logits, slow_attn = stepwise_logits(decoder, feats, tokens, lengths)
     torch.testing.assert_close(fast.logits, slow_logits, atol=1e-5, rtol=1e-5)
@@ -54,6 +54,37 @@ def test_lstm_forward_equals_stepwise_values_and_gradients() -> None:
     slow_grads = grads(stepwise_logits(decoder, feats, tokens, lengths)[0])
     for (name, _), f, s in zip(decoder.named_parameters(), fast_grads, slow_grads):
         torch.testing.assert_close(f, s, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_recurrent_product_gives_autograds_gradients() -> None:
+    """Its weight gradient (one product after the last step) and input gradients are autograd's,
+    with rows dropping out along the way, again on a second backward of the same graph; no
+    gradient: the plain product."""
+    torch.manual_seed(3)
+    weight = torch.randn(6, 5, requires_grad=True)
+    start = torch.randn(4, 6, requires_grad=True)
+    back = torch.randn(5, 6)
+
+    def run(product: RecurrentProduct | None, backwards: int = 1) -> list[torch.Tensor]:
+        weight.grad = start.grad = None
+        x, loss = start, torch.zeros(())
+        for rows in (4, 4, 3, 1):
+            y = product(x[:rows]) if product is not None else x[:rows] @ weight  # (rows, 5)
+            x = torch.tanh(y @ back)  # (rows, 6)
+            loss = loss + (x * torch.linspace(-1, 1, x.numel()).view_as(x)).sum()
+        for _ in range(backwards):
+            loss.backward(retain_graph=True)
+        return [weight.grad.clone(), start.grad.clone()]
+
+    plain = run(None)
+    for got, want in zip(run(RecurrentProduct(weight)), plain):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    for got, want in zip(run(RecurrentProduct(weight), backwards=2), plain):
+        torch.testing.assert_close(got, 2 * want, atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        assert not RecurrentProduct(weight).deferred
+        x = torch.randn(2, 6)
+        assert torch.equal(RecurrentProduct(weight)(x), x @ weight)
 
 
 def test_lstm_padding_outputs_are_zero() -> None:

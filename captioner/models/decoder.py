@@ -6,9 +6,11 @@
     forward(feats (B,N,D), tokens (B,T), lengths) -> DecoderOutput(logits (B,T,V), attn (B,T,L,H,N))
 
 Memory and State are dicts of batch-first tensors. Beam search expands the memory to K rows per
-image once and reorders only the state, with one `index_select` per tensor (`decoding.select_rows`). Splitting the
-per-image constants (the LSTM's projected grid W_h h_ij, the transformer's cross-attention keys
-and values) out of the state keeps them from being copied at every step of beam search.
+image once (`expand_memory`) and reorders only the state, with one `index_select` per tensor
+(`decoding.select_rows`). Splitting the per-image constants (the LSTM's projected grid W_h h_ij,
+the transformer's cross-attention keys and values) out of the state keeps them from being copied
+at every step of beam search; the LSTM does not expand its memory at all: its step reads one
+image's grid for all K rows of that image.
 
 The state's shapes never change from step to step (a decoder with a growing cache preallocates
 it: `capacity` is the most steps the caller will run, the decoding functions' max_length; None
@@ -50,6 +52,14 @@ class Decoder(nn.Module):
 
     def prepare(self, feats: torch.Tensor) -> Memory:
         raise NotImplementedError
+
+    def expand_memory(self, memory: Memory, beams: int) -> Memory:
+        """The memory for `beams` hypotheses per image, where state rows b*beams .. b*beams+beams-1
+        belong to image b (beam search). By default every tensor's rows are repeated; a decoder
+        whose `step` reads one image's memory for all its rows returns the memory as it is."""
+        B = next(iter(memory.values())).shape[0]
+        rows = torch.arange(B, device=next(iter(memory.values())).device).repeat_interleave(beams)  # (B*beams,)
+        return {key: value.index_select(0, rows) for key, value in memory.items()}
 
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
         """The state before the first step, with room for `capacity` steps (None: the decoder's default)."""

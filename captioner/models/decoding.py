@@ -1,7 +1,7 @@
 """Greedy decoding, sampling and batched beam search, through the decoder interface alone.
 
-Nothing here knows which decoder it drives: it calls `prepare`, `init_state` and `step`, and
-reorders memory and state with `select_rows`. Every function decodes a whole batch of images at
+Nothing here knows which decoder it drives: it calls `prepare`, `init_state`, `expand_memory`
+and `step`, and reorders memory and state with `select_rows`. Every function decodes a whole batch of images at
 once. The inference functions take the decoder, the features, the `SpecialTokens` and one
 `DecodeOptions`, and return, per image, the word ids, the score and the attention map of every
 word; `sample_captions` returns padded token tensors whose log-probabilities carry gradients,
@@ -507,9 +507,10 @@ def beam_search_n_best(
         raise ValueError(f"n_best must be between 1 and the beam size {K}; got {n_best}")
     Kg, S = K // G, B * G  # beams per group; searches (image, group), rows s*Kg..s*Kg+Kg-1 of search s = b*G+g
     expand = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,): beams of image b are rows b*K..b*K+K-1
-    memory = select_rows(decoder.prepare(feats), expand)  # per-image constants: expanded once, never reordered
-    state = decoder.init_state(memory, capacity=max_length)
-    prev = torch.full((B * K,), bos_id, dtype=torch.long, device=device)  # (B*K,)
+    per_image = decoder.prepare(feats)
+    state = decoder.init_state(per_image, capacity=max_length)  # (B, ...) each: one row per image until the first step
+    memory = decoder.expand_memory(per_image, K)  # per-image constants: expanded once (if at all), never reordered
+    prev = torch.full((B,), bos_id, dtype=torch.long, device=device)  # (B,)
     scores = torch.full((B, G, Kg), float("-inf"), device=device)  # (B, G, Kg)
     scores[:, :, 0] = 0.0  # all beams of a group start identical: expand only the first
     history = torch.empty((B * K, 0), dtype=torch.long, device=device)  # (B*K, t)
@@ -528,22 +529,29 @@ def beam_search_n_best(
     ending = EndingRule.build(special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, device)
 
     for t in range(max_length):
-        logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, self_attention)  # (B*K, V), (B*K, L, H, N)
-        logprobs = apply_ending_rule(ending, logprobs.float().masked_fill(forbidden, float("-inf")), prev, t)  # (B*K, V)
+        logprobs, attn, state, self_w = step_decoder(decoder, memory if t else per_image, prev, state, self_attention)
+        if t == 0:  # the K beams of an image are one hypothesis until now: stepped once per image, then copied to each
+            logprobs, attn, prev = logprobs.index_select(0, expand), attn.index_select(0, expand), prev.index_select(0, expand)
+            state = select_rows(state, expand)  # (B*K, ...) each
+            self_w = None if self_w is None else self_w.index_select(0, expand)
+        # logprobs (B*K, V), attn (B*K, L, H, N)
+        # In place on the step's own fresh (B*K, V) output: each copy of it is a new 4 MB buffer per step.
+        logprobs = apply_ending_rule(ending, logprobs.float().masked_fill_(forbidden, float("-inf")), prev, t)  # (B*K, V)
         if options.block_trigrams:
             logprobs = block_repeated_trigrams(logprobs, history)
         V = logprobs.shape[-1]
         attn = attn.float()
-        candidates = (scores.view(B * K, 1) + logprobs).view(B, G, Kg * V)  # (B, G, Kg*V): true log-probabilities
-        chosen = torch.zeros(B, V, device=device)  # (B, V): how many earlier groups' beams took each word now
+        candidates = logprobs.add_(scores.view(B * K, 1)).view(B, G, Kg * V)  # (B, G, Kg*V): true log-probabilities
+        chosen = torch.zeros(B, V, device=device) if G > 1 else None  # (B, V): how many earlier groups' beams took each word now
         picks = []
         for g in range(G):
-            penalised = candidates[:, g] - options.diversity_strength * chosen.repeat(1, Kg) if g else candidates[:, g]  # (B, Kg*V)
+            penalised = candidates[:, g] - options.diversity_strength * chosen.repeat(1, Kg) if chosen is not None and g else candidates[:, g]  # (B, Kg*V)
             top_key, top_index = penalised.topk(2 * Kg, dim=1)  # (B, 2Kg)
             top_scores = candidates[:, g].gather(1, top_index)  # (B, 2Kg)
             is_eos = top_index % V == eos_id  # (B, 2Kg)
             live_key, live_pos = top_key.masked_fill(is_eos, float("-inf")).topk(Kg, dim=1)  # (B, Kg) each
-            chosen.scatter_add_(1, top_index.gather(1, live_pos) % V, torch.isfinite(live_key).float())
+            if chosen is not None:  # later groups pay for these words
+                chosen.scatter_add_(1, top_index.gather(1, live_pos) % V, torch.isfinite(live_key).float())
             picks.append((top_key, top_index, top_scores, is_eos, live_key, live_pos))
         top_key, top_index, top_scores, is_eos, live_key, live_pos = (
             torch.stack(x, dim=1).view(S, -1) for x in zip(*picks)

@@ -50,6 +50,11 @@ class LSTMDecoder(Decoder):
     def prepare(self, feats: torch.Tensor) -> Memory:
         return {"feats": feats, "projected": self.attention.project(feats)}  # (B, N, D), (B, N, A)
 
+    def expand_memory(self, memory: Memory, beams: int) -> Memory:
+        """The memory as it is: `step` attends with the K rows of an image over that image's one
+        copy of the grid (AdditiveAttention.attend), which K copies would only push out of cache."""
+        return memory
+
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
         """h_0, c_0 from the mean feature; `capacity` is not needed: the state is the same size at every step."""
         mean = memory["feats"].mean(dim=1)  # (B, D)
@@ -86,14 +91,17 @@ class LSTMDecoder(Decoder):
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
         H, D = self.cell.hidden_size, feats.shape[-1]
-        w_in, w_hh = self.cell.weight_ih, self.cell.weight_hh  # (4H, E + D), (4H, H)
+        w_hh = self.cell.weight_hh  # (4H, H)
+        # Split, not sliced: the backward of a split is one cat, that of each slice a zero-filled copy of the whole.
+        w_embedded, w_context = self.cell.weight_ih.split((self.embed_dim, D), dim=1)  # (4H, E), (4H, D)
         # The embedding's share of the cell input, for every step at once; biases folded in.
         cell_in = torch.addmm(
-            self.cell.bias_ih + self.cell.bias_hh, embedded.reshape(B * T, -1), w_in[:, : self.embed_dim].t()
+            self.cell.bias_ih + self.cell.bias_hh, embedded.reshape(B * T, -1), w_embedded.t()
         ).view(B, T, 4 * H).unbind(1)  # T x (B, 4H): unbound once, so backward stacks one gradient, not T
-        w_context = w_in[:, self.embed_dim :].t()  # (D, 4H)
+        # The products of h_{t-1} and z_t at every step, each weight's gradient as one product over all steps.
+        context_product = RecurrentProduct(w_context.t())  # (D, 4H)
         # One product of h_{t-1} per step: attention query W_s, gate f_beta and the recurrent weights.
-        w_state = torch.cat([self.attention.state_proj.weight, self.gate.weight, w_hh]).t()  # (H, A + D + 4H)
+        state_product = RecurrentProduct(torch.cat([self.attention.state_proj.weight, self.gate.weight, w_hh]).t())  # (H, A + D + 4H)
         b_state = torch.cat([self.attention.state_proj.bias, self.gate.bias, w_hh.new_zeros(4 * H)])  # (A + D + 4H,)
         A = self.attention.state_proj.out_features
         hs, contexts, maps = [], [], []
@@ -101,10 +109,11 @@ class LSTMDecoder(Decoder):
             if n < state["h"].shape[0]:  # the shortest captions have ended: drop their rows
                 memory = {k: v[:n] for k, v in memory.items()}
                 state = {k: v[:n] for k, v in state.items()}
-            query, gate, recurrent = torch.addmm(b_state, state["h"], w_state).split((A, D, 4 * H), dim=1)
+            query, gate, recurrent = (state_product(state["h"]) + b_state).split((A, D, 4 * H), dim=1)
             context, weights = self.attention.attend(memory["feats"], memory["projected"], query)  # (n, D), (n, N)
             context = torch.sigmoid(gate) * context  # (n, D): gated z_t
-            gates = torch.addmm(cell_in[t][:n] + recurrent, context, w_context)  # (n, 4H)
+            step_in = cell_in[t] if n == B else cell_in[t][:n]  # (n, 4H); a slice's backward would zero-fill a copy
+            gates = context_product(context) + (step_in + recurrent)  # (n, 4H)
             i, f, g, o = gates.chunk(4, dim=1)  # (n, H) each, nn.LSTMCell's order
             c = torch.sigmoid(f) * state["c"] + torch.sigmoid(i) * torch.tanh(g)  # (n, H)
             h = torch.sigmoid(o) * torch.tanh(c)  # (n, H)
@@ -112,6 +121,9 @@ class LSTMDecoder(Decoder):
             hs.append(h)
             contexts.append(context)
             maps.append(weights)
+        if len(active) == T and active[-1] == B:  # no padding: batch-major outputs directly, nothing to scatter
+            logits = self._output(embedded, torch.stack(hs, dim=1), torch.stack(contexts, dim=1))  # (B, T, V)
+            return DecoderOutput(logits, torch.stack(maps, dim=1)[:, :, None, None, :])  # attn (B, T, 1, 1, N)
         # Real positions in time-major order (as a packed sequence) and where they sit in (B*T).
         rows = torch.tensor([t + b * T for t, n in enumerate(active) for b in range(n)])  # (M,), on the host
         if rows.device != feats.device:  # pinned and non-blocking: the host never waits for the device here
@@ -153,3 +165,64 @@ def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[in
             break
         counts.append(n)
     return counts
+
+
+class RecurrentProduct:
+    """x_t @ w at every step of a recurrence, with w's gradient as one product over all steps.
+
+    Autograd's own product would compute x_t^T g_t at each step's backward and add the T
+    results into w's gradient: T thin products (inner size: the batch) and T additions of a
+    whole weight-sized matrix. Here each step's backward gives x_t its gradient and keeps
+    (x_t, g_t); w's gradient X^T G is computed once, after the last of them (autograd runs the
+    node that hands w to the steps only after every step's backward). Without gradients, under
+    autocast or torch.compile, it is the plain product.
+    """
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.collected: list[tuple[torch.Tensor, torch.Tensor]] = []  # (x_t, g_t) per step, filled by backward
+        self.deferred = (
+            torch.is_grad_enabled()
+            and weight.requires_grad
+            and not torch.is_autocast_enabled(weight.device.type)
+            and not torch.compiler.is_compiling()
+        )
+        self.weight = _SharedWeight.apply(weight, self.collected) if self.deferred else weight  # (I, O)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (n, I) -> x @ w (n, O)."""
+        return _StepProduct.apply(x, self.weight, self.collected) if self.deferred else x @ self.weight
+
+
+class _SharedWeight(torch.autograd.Function):
+    """The weight as every step sees it; its backward runs after all of theirs and computes its
+    gradient from what they collected."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, collected: list) -> torch.Tensor:  # type: ignore[override]
+        ctx.collected = collected
+        ctx.set_materialize_grads(False)  # the steps pass it no gradient: no zero matrix is made for it
+        return weight.view_as(weight)  # (I, O)
+
+    @staticmethod
+    def backward(ctx, _unused: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
+        if not ctx.collected:
+            return None, None
+        inputs, grads = zip(*ctx.collected)
+        ctx.collected.clear()  # free the steps' tensors now
+        return torch.cat(inputs).t() @ torch.cat(grads), None  # (I, O): sum_t x_t^T g_t
+
+
+class _StepProduct(torch.autograd.Function):
+    """x @ w for one step; backward: x's gradient g w^T, and (x, g) handed on for w's."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, collected: list) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.collected = collected
+        return x @ weight  # (n, O)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        ctx.collected.append((x, grad))
+        return grad @ weight.t(), None, None  # (n, I)

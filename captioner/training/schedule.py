@@ -75,4 +75,5 @@ def make_optimizer(model: Captioner, config: Config, scale: float) -> torch.opti
         # A gentler rate fine-tunes pretrained layers; an encoder learning from scratch needs the full one.
         encoder_lr = config.train.encoder_lr if config.model.encoder.pretrained else config.train.lr
         groups.append({"params": encoder_params, "lr": encoder_lr * scale})
-    return torch.optim.AdamW(groups, weight_decay=config.train.weight_decay)
+    # fused: one kernel for all parameters (fp32 as before), several times faster than the loop over them on the CPU.
+    return torch.optim.AdamW(groups, weight_decay=config.train.weight_decay, fused=True)
