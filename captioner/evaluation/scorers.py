@@ -16,11 +16,13 @@ whitespace, ROUGE-L on single spaces).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -33,32 +35,106 @@ _BLEU_TINY, _BLEU_SMALL = 1e-15, 1e-9
 NgramCounts = Counter  # n-gram (a tuple of 1..4 words) -> count in one caption
 
 
-@dataclass(frozen=True)
-class CountedCaptions:
-    """Each image's hypothesis and references with their 1- to 4-gram counts, computed once and
-    shared by BLEU and CIDEr-D. Row i of each list is image i, in the order they were given."""
-
-    hypotheses: list[NgramCounts]
-    references: list[list[NgramCounts]]
-    hypothesis_lengths: list[int]
-    reference_lengths: list[list[int]]
-
-    @classmethod
-    def of(cls, hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> CountedCaptions:
-        hyp_words = [h.split() for h in hypotheses]
-        ref_words = [[r.split() for r in refs] for refs in references]
-        return cls(
-            [ngram_counts(w) for w in hyp_words],
-            [[ngram_counts(w) for w in refs] for refs in ref_words],
-            [len(w) for w in hyp_words],
-            [[len(w) for w in refs] for refs in ref_words],
-        )
-
-
 def ngram_counts(w: list[str]) -> NgramCounts:
     """The 1- to 4-grams of a caption's words (each a tuple, as pycocoevalcap keys them) and their
     counts, inserted in pycocoevalcap's order: all unigrams, then bigrams, and so on."""
     return Counter(chain(zip(w), zip(w, w[1:]), zip(w, w[1:], w[2:]), zip(w, w[1:], w[2:], w[3:])))
+
+
+@dataclass(frozen=True)
+class CountedCaptions:
+    """The n-gram statistics BLEU and CIDEr-D share, computed once: every caption's n-gram counts,
+    and for every (image, reference) pair the reference's count of each hypothesis n-gram.
+
+    Flat arrays in image order: "hyp" rows are the hypotheses' n-grams (image by image, each in
+    pycocoevalcap's order), "pair" rows the (image, reference) pairs, "match" rows one hypothesis
+    n-gram of one pair (pair by pair), "ref" rows the references' own n-grams."""
+
+    num_images: int
+    hyp_lengths: list[int]  # words per hypothesis
+    ref_lengths: list[list[int]]  # words per reference
+    hyp_grams: list[tuple[str, ...]]
+    hyp_tf: np.ndarray  # (hyp,) float64
+    hyp_order: np.ndarray  # (hyp,) n - 1
+    hyp_image: np.ndarray  # (hyp,)
+    pair_image: np.ndarray  # (pair,)
+    pair_ref_length: np.ndarray  # (pair,)
+    match_hyp: np.ndarray  # (match,) row of hyp
+    match_pair: np.ndarray  # (match,)
+    match_ref_tf: np.ndarray  # (match,) float64, 0 where the reference lacks the n-gram
+    ref_grams: list[tuple[str, ...]]
+    ref_tf: np.ndarray  # (ref,) float64
+    ref_order: np.ndarray  # (ref,) n - 1
+    ref_pair: np.ndarray  # (ref,)
+    document_frequency: Counter  # n-gram -> number of images whose references have it
+
+    @classmethod
+    def of(cls, hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> CountedCaptions:
+        with _collector_paused():
+            return cls._of(hypotheses, references)
+
+    @classmethod
+    def _of(cls, hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> CountedCaptions:
+        hyp_words = [h.split() for h in hypotheses]
+        hyp_counts = [ngram_counts(w) for w in hyp_words]
+        ref_words = [[r.split() for r in refs] for refs in references]
+        ref_counts = [[ngram_counts(w) for w in refs] for refs in ref_words]
+        document_frequency: Counter = Counter()
+        match_ref_tf: list[int] = []
+        for hyp, refs in zip(hyp_counts, ref_counts):
+            document_frequency.update(set().union(*refs))
+            grams = list(hyp)
+            for ref in refs:  # the reference's count of each hypothesis n-gram, in C (dict.get via map)
+                match_ref_tf += map(ref.get, grams, repeat(0))
+        flat_refs = [ref for refs in ref_counts for ref in refs]
+        hyp_grams = list(chain.from_iterable(hyp_counts))
+        ref_grams = list(chain.from_iterable(flat_refs))
+        hyp_sizes = np.array([len(c) for c in hyp_counts], dtype=np.int64)
+        refs_per_image = np.array([len(refs) for refs in ref_counts], dtype=np.int64)
+        pair_image = np.repeat(np.arange(len(hyp_counts)), refs_per_image)  # (pair,)
+        pair_sizes = hyp_sizes[pair_image]  # hypothesis n-grams per pair
+        match_pair = np.repeat(np.arange(len(pair_image)), pair_sizes)  # (match,)
+        hyp_start = np.cumsum(hyp_sizes) - hyp_sizes
+        match_start = np.cumsum(pair_sizes) - pair_sizes
+        match_hyp = hyp_start[pair_image][match_pair] + np.arange(len(match_pair)) - match_start[match_pair]
+        return cls(
+            num_images=len(hyp_counts),
+            hyp_lengths=[len(w) for w in hyp_words],
+            ref_lengths=[[len(w) for w in refs] for refs in ref_words],
+            hyp_grams=hyp_grams,
+            hyp_tf=np.fromiter(chain.from_iterable(c.values() for c in hyp_counts), np.float64, len(hyp_grams)),
+            hyp_order=np.fromiter(map(len, hyp_grams), np.int64, len(hyp_grams)) - 1,
+            hyp_image=np.repeat(np.arange(len(hyp_counts)), hyp_sizes),
+            pair_image=pair_image,
+            pair_ref_length=np.array([length for lengths in ref_words for length in map(len, lengths)], dtype=np.int64),
+            match_hyp=match_hyp,
+            match_pair=match_pair,
+            match_ref_tf=np.array(match_ref_tf, dtype=np.float64),
+            ref_grams=ref_grams,
+            ref_tf=np.fromiter(chain.from_iterable(c.values() for c in flat_refs), np.float64, len(ref_grams)),
+            ref_order=np.fromiter(map(len, ref_grams), np.int64, len(ref_grams)) - 1,
+            ref_pair=np.repeat(np.arange(len(flat_refs)), [len(c) for c in flat_refs]),
+            document_frequency=document_frequency,
+        )
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector: counting creates millions of tuples and dicts, none
+    of them garbage, which it would otherwise rescan again and again (about 15% of the time)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _sums(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """Per index, the sum of its values added one by one in array order (np.bincount's loop), so
+    each sum is formed in the order pycocoevalcap's Python loop forms it."""
+    return np.bincount(index, weights=values, minlength=size)
 
 
 # --- BLEU ------------------------------------------------------------------------------------------
@@ -68,25 +144,24 @@ def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
     """pycocoevalcap's `Bleu(4)`: corpus BLEU-1..4 (clipped matches and guesses summed over the
     corpus, brevity penalty from the reference length closest to each hypothesis, the shorter on a
     tie) and per-image BLEU-1..4 (`per_image[n - 1][i]`)."""
+    best = np.zeros(len(counted.hyp_tf))  # (hyp,) the most any one reference has of the n-gram
+    np.maximum.at(best, counted.match_hyp, counted.match_ref_tf)
+    clipped = np.minimum(best, counted.hyp_tf)
+    correct = _sums(counted.hyp_image * MAX_N + counted.hyp_order, clipped, counted.num_images * MAX_N)
+    correct_per_image = correct.reshape(counted.num_images, MAX_N).astype(np.int64).tolist()  # (images, 4), whole numbers
+
     correct_total, guess_total = [0] * MAX_N, [0] * MAX_N
     test_total = ref_total = 0
     per_image: list[list[float]] = [[] for _ in range(MAX_N)]
-    for hyp, refs, test_len, ref_lens in zip(
-        counted.hypotheses, counted.references, counted.hypothesis_lengths, counted.reference_lengths
-    ):
-        correct = [0] * MAX_N
-        for gram, count in hyp.items():
-            best = max(ref.get(gram, 0) for ref in refs)
-            if best:
-                correct[len(gram) - 1] += min(best, count)
+    for correct_n, test_len, ref_lens in zip(correct_per_image, counted.hyp_lengths, counted.ref_lengths):
         guess = [max(0, test_len - k) for k in range(MAX_N)]
         ref_len = min((abs(length - test_len), length) for length in ref_lens)[1]
         test_total += test_len
         ref_total += ref_len
         for k in range(MAX_N):
-            correct_total[k] += correct[k]
+            correct_total[k] += correct_n[k]
             guess_total[k] += guess[k]
-        for k, score in enumerate(_bleu_n(correct, guess, test_len, ref_len)):
+        for k, score in enumerate(_bleu_n(correct_n, guess, test_len, ref_len)):
             per_image[k].append(score)
     return _bleu_n(correct_total, guess_total, test_total, ref_total), per_image
 
@@ -112,51 +187,49 @@ def cider_d(counted: CountedCaptions) -> tuple[float, list[float]]:
     """pycocoevalcap's `Cider()` (CIDEr-D): tf-idf vectors of 1..4-grams with document frequencies
     over the references of the scored images, hypothesis weights clipped by each reference's, a
     Gaussian penalty on the length difference (sigma 6), averaged over n and references, times 10.
-    Returns the corpus score (the mean) and each image's."""
-    document_frequency: Counter = Counter()
-    for refs in counted.references:
-        document_frequency.update(set().union(*refs))
+    Returns the corpus score (the mean) and each image's.
+
+    Vectorised over all (image, reference) pairs; every sum is formed in pycocoevalcap's order
+    (`_sums`) and every operation is its own, so the scores are the same doubles."""
     # np.log as pycocoevalcap takes it (math.log may differ in the last bit); an n-gram that no
     # reference has counts as df 1, so its weight per occurrence is log_images.
-    log_images = float(np.log(float(len(counted.references))))
-    grams = list(document_frequency)
-    log_df = np.log(np.maximum(1.0, np.array([document_frequency[g] for g in grams], dtype=np.float64)))
-    idf = dict(zip(grams, (log_images - log_df).tolist()))
+    log_images = float(np.log(float(counted.num_images)))
+    grams = list(counted.document_frequency)
+    log_df = np.log(np.maximum(1.0, np.array([counted.document_frequency[g] for g in grams], dtype=np.float64)))
+    idf_of = dict(zip(grams, (log_images - log_df).tolist()))
+    hyp_idf = np.fromiter(map(idf_of.get, counted.hyp_grams, repeat(log_images)), np.float64, len(counted.hyp_grams))
+    ref_idf = np.fromiter(map(idf_of.get, counted.ref_grams, repeat(log_images)), np.float64, len(counted.ref_grams))
 
-    scores = []
-    for hyp, refs, test_len, ref_lens in zip(
-        counted.hypotheses, counted.references, counted.hypothesis_lengths, counted.reference_lengths
-    ):
-        hyp_vec, hyp_norm = _tfidf(hyp, idf, log_images)
-        hyp_bigrams = max(0, test_len - 1)  # pycocoevalcap's "length" is the bigram count
-        total = [0.0] * MAX_N
-        for ref, ref_len in zip(refs, ref_lens):
-            ref_vec, ref_norm = _tfidf(ref, idf, log_images)
-            delta = float(hyp_bigrams - max(0, ref_len - 1))
-            penalty = math.e ** (-(delta**2) / (2 * CIDER_SIGMA**2))
-            for n in range(MAX_N):
-                ref_n = ref_vec[n]
-                value = 0.0
-                for gram, weight in hyp_vec[n].items():
-                    ref_weight = ref_n.get(gram, 0.0)
-                    value += min(weight, ref_weight) * ref_weight
-                if hyp_norm[n] != 0 and ref_norm[n] != 0:
-                    value /= hyp_norm[n] * ref_norm[n]
-                total[n] += value * penalty
-        scores.append(sum(total) / MAX_N / len(refs) * 10.0)
+    num_pairs = len(counted.pair_image)
+    hyp_weight = counted.hyp_tf * hyp_idf  # (hyp,) tf-idf
+    ref_weight = counted.ref_tf * ref_idf  # (ref,)
+    hyp_norm = np.sqrt(_sums(counted.hyp_image * MAX_N + counted.hyp_order, hyp_weight**2, counted.num_images * MAX_N))
+    ref_norm = np.sqrt(_sums(counted.ref_pair * MAX_N + counted.ref_order, ref_weight**2, num_pairs * MAX_N))
+    hyp_norm = hyp_norm.reshape(-1, MAX_N)[counted.pair_image]  # (pair, 4)
+    ref_norm = ref_norm.reshape(-1, MAX_N)  # (pair, 4)
+
+    # Per pair and n: the sum over hypothesis n-grams of min(hyp weight, ref weight) * ref weight.
+    match_hyp_weight = hyp_weight[counted.match_hyp]  # (match,)
+    match_ref_weight = counted.match_ref_tf * hyp_idf[counted.match_hyp]  # (match,)
+    terms = np.minimum(match_hyp_weight, match_ref_weight) * match_ref_weight
+    match_order = counted.hyp_order[counted.match_hyp]
+    value = _sums(counted.match_pair * MAX_N + match_order, terms, num_pairs * MAX_N).reshape(num_pairs, MAX_N)
+    both = (hyp_norm != 0) & (ref_norm != 0)
+    value = np.where(both, value / np.where(both, hyp_norm * ref_norm, 1.0), value)  # (pair, 4)
+
+    # pycocoevalcap's "length" is the bigram count, max(words - 1, 0).
+    hyp_bigrams = np.maximum(np.array(counted.hyp_lengths, dtype=np.int64) - 1, 0)[counted.pair_image]
+    delta = hyp_bigrams - np.maximum(counted.pair_ref_length - 1, 0)  # (pair,)
+    penalties = {d: math.e ** (-(float(d) ** 2) / (2 * CIDER_SIGMA**2)) for d in np.unique(delta).tolist()}
+    value = value * np.array([penalties[d] for d in delta.tolist()])[:, None]  # (pair, 4)
+
+    per_image_n = np.stack(
+        [_sums(counted.pair_image, value[:, n], counted.num_images) for n in range(MAX_N)], axis=1
+    )  # (images, 4): each image's references summed in order
+    refs_per_image = np.bincount(counted.pair_image, minlength=counted.num_images)
+    total = ((per_image_n[:, 0] + per_image_n[:, 1]) + per_image_n[:, 2]) + per_image_n[:, 3]
+    scores = (total / MAX_N / refs_per_image * 10.0).tolist()
     return float(np.mean(np.array(scores))), scores
-
-
-def _tfidf(counts: NgramCounts, idf: dict[tuple[str, ...], float], log_images: float) -> tuple[list[dict], list[float]]:
-    """Per n: n-gram -> tf-idf weight, and the vector's Euclidean norm."""
-    vec: list[dict] = [{} for _ in range(MAX_N)]
-    squares = [0.0] * MAX_N
-    for gram, tf in counts.items():
-        n = len(gram) - 1
-        weight = float(tf) * idf.get(gram, log_images)
-        vec[n][gram] = weight
-        squares[n] += weight**2
-    return vec, [math.sqrt(s) for s in squares]
 
 
 # --- ROUGE-L ---------------------------------------------------------------------------------------
