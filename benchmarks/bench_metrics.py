@@ -9,7 +9,8 @@ references (itself included, so the scores are high): a full-size workload, not 
 
 The default annotation file is coco/captions_val2014.json under $CAPTIONER_SHARED_DATA, else under
 the shared/data folder beside the repository. After runs first, then before, then fast_scores;
-the machine's load average is printed with each, since other work on the cores slows them all.
+the machine's load average is printed with each, since other work on the cores slows them all,
+and the CPU seconds of each path (Python and Java apart), which other work hardly changes.
 """
 
 from __future__ import annotations
@@ -17,14 +18,33 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from captioner.evaluation.meteor import default_processes
 from captioner.evaluation.metrics import fast_scores, pycocoevalcap_scores, score_official
 from captioner.evaluation.results_files import load_references
 
 STAGES = ("PTB tokenizer", "n-gram counts", "BLEU", "ROUGE-L", "CIDEr-D", "METEOR", "total")
+
+
+def cpu_seconds(run: Callable[[], Any]) -> tuple[Any, float, float]:
+    """run()'s result, and the CPU seconds it took in this process (all threads) and in the child
+    processes it started and reaped (the Java tools). CPU time, unlike wall time, hardly changes
+    with what else runs on the machine."""
+    self_before = resource.getrusage(resource.RUSAGE_SELF)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = run()
+    self_after = resource.getrusage(resource.RUSAGE_SELF)
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def used(after: Any, before: Any) -> float:
+        return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+    return result, used(self_after, self_before), used(children_after, children_before)
 
 
 def main() -> None:
@@ -47,14 +67,20 @@ def main() -> None:
           f"{len(os.sched_getaffinity(0))} cores, {processes} METEOR processes")
 
     print(f"after: load average {os.getloadavg()[0]:.1f} at the start")
-    after = score_official(references, predictions, spice=args.spice, meteor_processes=processes)
+    after, after_python, after_java = cpu_seconds(
+        lambda: score_official(references, predictions, spice=args.spice, meteor_processes=processes)
+    )
     before_overall, before_per_image, before_s = {}, {}, {}
+    before_python = before_java = float("nan")
     if not args.no_before:
         print(f"before: load average {os.getloadavg()[0]:.1f} at the start")
-        before_overall, before_per_image, before_s = pycocoevalcap_scores(references, predictions)
+        (before_overall, before_per_image, before_s), before_python, before_java = cpu_seconds(
+            lambda: pycocoevalcap_scores(references, predictions)
+        )
     start = time.perf_counter()
     fast = fast_scores(references, predictions)
     fast_s = time.perf_counter() - start
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
     print("\n| stage | before: pycocoevalcap (s) | after: score_official (s) |")
     print("|---|---:|---:|")
@@ -63,6 +89,8 @@ def main() -> None:
         new = f"{after.seconds[stage]:.1f}" if stage in after.seconds else "-"
         note = " (beside BLEU, ROUGE-L, CIDEr-D)" if stage == "METEOR" else ""
         print(f"| {stage}{note} | {old} | {new} |")
+    print(f"| CPU seconds: Python (all threads) | {before_python:.1f} | {after_python:.1f} |")
+    print(f"| CPU seconds: Java (tokenizer, METEOR) | {before_java:.1f} | {after_java:.1f} |")
     print(f"| fast_scores (in-process tokenizer, BLEU + CIDEr-D) | | {fast_s:.1f} |")
 
     print("\n| metric | before | after | largest per-image difference |")
