@@ -14,6 +14,7 @@ SPICE also needs the Stanford CoreNLP models, about 400 MB, which `ensure_spice_
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import logging
 import os
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -75,6 +77,13 @@ STALL_TIMEOUT_S = 300.0
 # A tool run to completion (the PTB tokenizer) gets this long plus PER_LINE_TIMEOUT_S per input line.
 RUN_TIMEOUT_S = 120.0
 PER_LINE_TIMEOUT_S = 0.002
+# While many answers are still to come, `exchange` lets the pipes fill for this long between reads:
+# METEOR flushes every answer line, and waking for each (thousands a second) would take the GIL
+# from the thread computing the other metrics that often (a convoy that tripled their wall time on
+# a loaded machine). Pipes are enlarged to PIPE_BYTES so that they hold far more than that.
+BATCH_WAIT_S = 0.05
+BATCH_MIN_LINES = 256
+PIPE_BYTES = 1 << 20
 
 
 def java_executable() -> str:
@@ -150,6 +159,9 @@ class LineTool:
         except BaseException:
             self._stderr.close()
             raise
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError, AttributeError):  # Linux only; the default size works too
+                fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # type: ignore[union-attr]
 
     def __enter__(self) -> LineTool:
         return self
@@ -238,6 +250,8 @@ def exchange(tools: Sequence[LineTool], requests: Sequence[tuple[bytes, int]]) -
                 counts[k] += chunk.count(b"\n")
                 if counts[k] >= requests[k][1]:
                     selector.unregister(key.fileobj)
+            if any(requests[k][1] - counts[k] >= BATCH_MIN_LINES for k in range(len(tools))):
+                time.sleep(BATCH_WAIT_S)
     answers = []
     for k, tool in enumerate(tools):
         lines = bytes(received[k]).split(b"\n")[:-1]
