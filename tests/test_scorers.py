@@ -93,9 +93,20 @@ def test_lcs_length_equals_the_dynamic_programme() -> None:
         assert scorers.lcs_length(a, b) == my_lcs(a, b) == scorers.lcs_length(b, a), (a, b)
 
 
-def test_default_meteor_processes() -> None:
+def test_default_meteor_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(meteor.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(meteor, "_available_memory", lambda: 64 << 30)
+    monkeypatch.setattr(meteor.os, "getloadavg", lambda: (0.3, 0.0, 0.0))
     assert meteor.default_processes(1000) == 1  # one JVM start beats two for a small set
-    assert 1 <= meteor.default_processes(40504) <= min(meteor.MAX_PROCESSES, 9)
+    assert meteor.default_processes(12000) == 3
+    assert meteor.default_processes(40504) == 8  # idle: one per core
+    monkeypatch.setattr(meteor.os, "getloadavg", lambda: (6.5, 0.0, 0.0))
+    assert meteor.default_processes(40504) == 2  # two cores free
+    monkeypatch.setattr(meteor.os, "getloadavg", lambda: (12.0, 0.0, 0.0))
+    assert meteor.default_processes(40504) == 1
+    monkeypatch.setattr(meteor.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(meteor, "_available_memory", lambda: 5 << 30)
+    assert meteor.default_processes(40504) == 2  # 2 GB each
 
 
 @pytest.mark.usefixtures("java")

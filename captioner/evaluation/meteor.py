@@ -41,11 +41,14 @@ def _meteor_dir() -> Path:
 
 
 def default_processes(num_images: int) -> int:
-    """How many METEOR processes to run for `num_images`: one per core this process may use,
-    at most one per MIN_IMAGES_PER_PROCESS images, and as many as the available memory holds."""
+    """How many METEOR processes to run for `num_images`: one per free core (the cores this process
+    may use less the 1-minute load average; on a busy machine a second JVM only adds its 6 s of
+    start-up to the CPU time), at most one per MIN_IMAGES_PER_PROCESS images, and as many as the
+    available memory holds."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    free = cores - int(os.getloadavg()[0]) if hasattr(os, "getloadavg") else cores
     by_size = math.ceil(num_images / MIN_IMAGES_PER_PROCESS)
-    return max(1, min(cores, by_size, _available_memory() // PROCESS_MEMORY_BYTES, MAX_PROCESSES))
+    return max(1, min(free, by_size, _available_memory() // PROCESS_MEMORY_BYTES, MAX_PROCESSES))
 
 
 def _available_memory() -> int:
