@@ -42,11 +42,12 @@ def _meteor_dir() -> Path:
 
 def default_processes(num_images: int) -> int:
     """How many METEOR processes to run for `num_images`: one per free core (the cores this process
-    may use less the 1-minute load average; on a busy machine a second JVM only adds its 6 s of
-    start-up to the CPU time), at most one per MIN_IMAGES_PER_PROCESS images, and as many as the
-    available memory holds."""
+    may use less the 1-minute load average) but one, which computes BLEU, ROUGE-L and CIDEr-D
+    meanwhile; at most one per MIN_IMAGES_PER_PROCESS images; as many as the available memory
+    holds; at least one. On 2 cores that is one: a second JVM competes with the Python metrics and
+    adds its 6 s start-up (docs/benchmarks.md, issue 21)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    free = cores - int(os.getloadavg()[0]) if hasattr(os, "getloadavg") else cores
+    free = cores - int(os.getloadavg()[0]) - 1 if hasattr(os, "getloadavg") else cores - 1
     by_size = math.ceil(num_images / MIN_IMAGES_PER_PROCESS)
     return max(1, min(free, by_size, _available_memory() // PROCESS_MEMORY_BYTES, MAX_PROCESSES))
 
