@@ -43,11 +43,6 @@ OFFICIAL_KEYS = (*BLEU_KEYS, "METEOR", "ROUGE_L", "CIDEr")
 SPICE_KEY = "SPICE"
 
 
-# pycocoevalcap's PTBTokenizer: the command it runs, and the tokens it drops afterwards.
-_PTB_ARGS = ["-cp", "stanford-corenlp-3.4.1.jar", "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines", "-lowerCase"]
-_PUNCTUATIONS = frozenset(["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":", "-", "--", "...", ";"])
-
-
 def ptb_token_lines(captions: Sequence[str]) -> list[str]:
     """Each caption tokenised as pycocoevalcap's PTBTokenizer gives it (its tokens joined by single
     spaces, punctuation removed), from ONE run of the Java tokenizer over all of them.
@@ -59,15 +54,18 @@ def ptb_token_lines(captions: Sequence[str]) -> list[str]:
 
     if not captions:
         return []
+    # pycocoevalcap's command: CoreNLP 3.4.1's PTBTokenizer, one caption per line, lower-cased.
+    args = ["-cp", ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR, "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines", "-lowerCase"]
     with tempfile.TemporaryDirectory(prefix="captioner-ptb-") as folder:
         path = Path(folder) / "captions.txt"
         path.write_text("\n".join(one_line(c).replace("\n", " ") for c in captions), encoding="utf-8")
         jar_folder = Path(ptbtokenizer.__file__).resolve().parent
-        output = run_java("PTB tokenizer", [*_PTB_ARGS, str(path)], jar_folder, len(captions))
+        output = run_java("PTB tokenizer", [*args, str(path)], jar_folder, len(captions))
     lines = output.split("\n")
     if len(lines) < len(captions):
         raise JavaToolError(f"PTB tokenizer failed: {len(captions)} captions in, {len(lines)} lines out")
-    return [" ".join(w for w in line.rstrip().split(" ") if w not in _PUNCTUATIONS) for line in lines[: len(captions)]]
+    drop = frozenset(ptbtokenizer.PUNCTUATIONS)
+    return [" ".join(w for w in line.rstrip().split(" ") if w not in drop) for line in lines[: len(captions)]]
 
 
 def ptb_tokenize(captions: list[str]) -> list[list[str]]:
