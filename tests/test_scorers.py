@@ -99,9 +99,9 @@ def test_default_meteor_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(meteor.os, "getloadavg", lambda: (0.3, 0.0, 0.0))
     assert meteor.default_processes(1000) == 1  # one JVM start beats two for a small set
     assert meteor.default_processes(12000) == 3
-    assert meteor.default_processes(40504) == 7  # idle: one per core but the Python metrics' one
-    monkeypatch.setattr(meteor.os, "getloadavg", lambda: (5.5, 0.0, 0.0))
-    assert meteor.default_processes(40504) == 2  # three cores free
+    assert meteor.default_processes(40504) == 8  # idle: one per core
+    monkeypatch.setattr(meteor.os, "getloadavg", lambda: (6.5, 0.0, 0.0))
+    assert meteor.default_processes(40504) == 2  # two cores free
     monkeypatch.setattr(meteor.os, "getloadavg", lambda: (12.0, 0.0, 0.0))
     assert meteor.default_processes(40504) == 1
     monkeypatch.setattr(meteor.os, "getloadavg", lambda: (0.0, 0.0, 0.0))

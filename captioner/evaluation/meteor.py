@@ -42,12 +42,13 @@ def _meteor_dir() -> Path:
 
 def default_processes(num_images: int) -> int:
     """How many METEOR processes to run for `num_images`: one per free core (the cores this process
-    may use less the 1-minute load average) but one, which computes BLEU, ROUGE-L and CIDEr-D
-    meanwhile; at most one per MIN_IMAGES_PER_PROCESS images; as many as the available memory
-    holds; at least one. On 2 cores that is one: a second JVM competes with the Python metrics and
-    adds its 6 s start-up (docs/benchmarks.md, issue 21)."""
+    may use less the 1-minute load average, rounded down); at most one per MIN_IMAGES_PER_PROCESS
+    images; as many as the available memory holds; at least one. On an idle 2-core machine that
+    is two (29 s over val2014, against 35 s with one); once other work takes a core, one: a second
+    JVM then only competes with the Python metrics and adds its 6 s start-up (60 s against 38 s;
+    docs/benchmarks.md, issue 21)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    free = cores - int(os.getloadavg()[0]) - 1 if hasattr(os, "getloadavg") else cores - 1
+    free = cores - int(os.getloadavg()[0]) if hasattr(os, "getloadavg") else cores
     by_size = math.ceil(num_images / MIN_IMAGES_PER_PROCESS)
     return max(1, min(free, by_size, _available_memory() // PROCESS_MEMORY_BYTES, MAX_PROCESSES))
 
