@@ -1,12 +1,16 @@
-"""Time the official COCO metrics (and the fast in-process ones) over all of COCO val2014.
+"""Time the official COCO metrics over all of COCO val2014: pycocoevalcap's own code (before) and
+`score_official` (after), stage by stage, with the largest difference between their scores.
 
 Predictions are the first reference caption of each of the 40,504 images, scored against all its
 references (itself included, so the scores are high): a full-size workload, not a result.
 
-    python benchmarks/bench_metrics.py [path/to/captions_val2014.json] [--spice]
+    python benchmarks/bench_metrics.py [path/to/captions_val2014.json] [--images N]
+        [--meteor-processes P] [--no-before] [--spice]
 
 The default annotation file is coco/captions_val2014.json under $CAPTIONER_SHARED_DATA, else under
-the shared/data folder beside the repository.
+the shared/data folder beside the repository. After runs first, then before, then fast_scores;
+the machine's load average is printed with each, since other work on the cores slows them all,
+and the CPU seconds of each path (Python and Java apart), which other work hardly changes.
 """
 
 from __future__ import annotations
@@ -14,38 +18,90 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from captioner.evaluation.metrics import fast_scores, official_scores
+from captioner.evaluation.meteor import default_processes
+from captioner.evaluation.metrics import fast_scores, pycocoevalcap_scores, score_official
 from captioner.evaluation.results_files import load_references
+
+STAGES = ("PTB tokenizer", "n-gram counts", "BLEU", "ROUGE-L", "CIDEr-D", "METEOR", "total")
+
+
+def cpu_seconds(run: Callable[[], Any]) -> tuple[Any, float, float]:
+    """run()'s result, and the CPU seconds it took in this process (all threads) and in the child
+    processes it started and reaped (the Java tools). CPU time, unlike wall time, hardly changes
+    with what else runs on the machine."""
+    self_before = resource.getrusage(resource.RUSAGE_SELF)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = run()
+    self_after = resource.getrusage(resource.RUSAGE_SELF)
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def used(after: Any, before: Any) -> float:
+        return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+    return result, used(self_after, self_before), used(children_after, children_before)
 
 
 def main() -> None:
     shared = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("annotations", nargs="?", type=Path, default=shared / "coco" / "captions_val2014.json")
-    parser.add_argument("--spice", action="store_true", help="also compute SPICE (needs its CoreNLP models)")
+    parser.add_argument("--images", type=int, default=0, help="score only the first N images (0: all)")
+    parser.add_argument("--meteor-processes", type=int, default=0, help="METEOR processes (0: the default for this machine)")
+    parser.add_argument("--no-before", action="store_true", help="skip pycocoevalcap's own run")
+    parser.add_argument("--spice", action="store_true", help="also compute SPICE after (needs its CoreNLP models)")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     references = load_references(args.annotations)
+    if args.images:
+        references = {i: references[i] for i in sorted(references)[: args.images]}
     predictions = {image_id: captions[0] for image_id, captions in references.items()}
-    print(f"{len(predictions)} images, {sum(map(len, references.values()))} references")
+    processes = args.meteor_processes or default_processes(len(predictions))
+    print(f"{len(predictions)} images, {sum(map(len, references.values()))} references; "
+          f"{len(os.sched_getaffinity(0))} cores, {processes} METEOR processes")
 
-    start = time.perf_counter()
-    overall, _ = official_scores(references, predictions, spice=args.spice)
-    official_s = time.perf_counter() - start
-    print(f"official_scores: {official_s:.1f} s")
-    for key, value in overall.items():
-        print(f"  {key}: {value:.4f}")
-
+    print(f"after: load average {os.getloadavg()[0]:.1f} at the start")
+    after, after_python, after_java = cpu_seconds(
+        lambda: score_official(references, predictions, spice=args.spice, meteor_processes=processes)
+    )
+    before_overall, before_per_image, before_s = {}, {}, {}
+    before_python = before_java = float("nan")
+    if not args.no_before:
+        print(f"before: load average {os.getloadavg()[0]:.1f} at the start")
+        (before_overall, before_per_image, before_s), before_python, before_java = cpu_seconds(
+            lambda: pycocoevalcap_scores(references, predictions)
+        )
     start = time.perf_counter()
     fast = fast_scores(references, predictions)
     fast_s = time.perf_counter() - start
-    print(f"fast_scores: {fast_s:.1f} s")
-    for key, value in fast.items():
-        print(f"  {key}: {value:.4f}")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+    print("\n| stage | before: pycocoevalcap (s) | after: score_official (s) |")
+    print("|---|---:|---:|")
+    for stage in (*STAGES, *(["SPICE"] if "SPICE" in after.seconds else [])):
+        old = f"{before_s[stage]:.1f}" if stage in before_s else "-"
+        new = f"{after.seconds[stage]:.1f}" if stage in after.seconds else "-"
+        note = " (beside BLEU, ROUGE-L, CIDEr-D)" if stage == "METEOR" else ""
+        print(f"| {stage}{note} | {old} | {new} |")
+    print(f"| CPU seconds: Python (all threads) | {before_python:.1f} | {after_python:.1f} |")
+    print(f"| CPU seconds: Java (tokenizer, METEOR) | {before_java:.1f} | {after_java:.1f} |")
+    print(f"| fast_scores (in-process tokenizer, BLEU + CIDEr-D) | | {fast_s:.1f} |")
+
+    print("\n| metric | before | after | largest per-image difference |")
+    print("|---|---:|---:|---:|")
+    for key, value in after.overall.items():
+        if key in before_overall:
+            worst = max(abs(before_per_image[i][key] - after.per_image[i][key]) for i in after.per_image)
+            print(f"| {key} | {before_overall[key]:.6f} | {value:.6f} | {worst:.1e} |")
+        else:
+            print(f"| {key} | - | {value:.6f} | - |")
+    print("fast_scores:", ", ".join(f"{key} {value:.6f}" for key, value in fast.items()))
 
 
 if __name__ == "__main__":

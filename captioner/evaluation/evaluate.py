@@ -25,7 +25,7 @@ from captioner.data.store import SplitFeatures, StoreRows, feature_batches
 from captioner.evaluation.caption_stats import caption_stats
 from captioner.evaluation.grounding import GroundingReport, Instances, grounding_score
 from captioner.evaluation.interpret import InterpretReport, interpret_scores, records_grad_cam
-from captioner.evaluation.metrics import fast_scores, official_scores
+from captioner.evaluation.metrics import fast_scores, score_official
 from captioner.evaluation.report import rounded
 from captioner.evaluation.results_files import Predictions, References, write_results
 from captioner.evaluation.tutorial_bleu import LABEL as TUTORIAL_LABEL
@@ -161,10 +161,12 @@ def score_predictions(references: References, predictions: Predictions, official
     `spice`; needs Java), or BLEU and CIDEr-D in process; and beside them nltk's corpus BLEU and the
     caption statistics on the same tokens (the Java PTB tokenizer's, or `vocab.tokenize`'s)."""
     if official:
-        overall, per_image = official_scores(references, predictions, spice=spice)
+        run = score_official(references, predictions, spice=spice)
+        overall, per_image = run.overall, run.per_image
+        refs, preds = tokenized(run.references, run.predictions)  # the tokens the official scores saw
     else:
         overall, per_image = fast_scores(references, predictions), {}
-    refs, preds = tokenized(references, predictions, ptb=official)
+        refs, preds = tokenized(references, predictions, ptb=False)
     return Scores(overall, per_image, official, nltk_corpus_bleu(refs, preds), caption_stats(preds.values()))
 
 

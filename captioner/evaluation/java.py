@@ -1,23 +1,32 @@
-"""pycocoevalcap's Java side: the runtime check, its tools' output sent to the log, SPICE's models.
+"""pycocoevalcap's Java side: the runtime check, the Java tools run with bounds, SPICE's models.
 
-The official metrics run Java programs (the PTB tokenizer, METEOR, SPICE) that print progress to
-stdout and stderr; `quiet_pycocoevalcap` captures that output and sends it to this module's
-logger at DEBUG level, so callers control what is shown. SPICE also needs the Stanford CoreNLP
-models, about 400 MB, which `ensure_spice_models` installs (bounded in time) or explains how to.
+The official metrics run Java programs (the PTB tokenizer, METEOR, SPICE). `run_java` runs one to
+completion within a time limit; `LineTool` keeps one running that answers lines on stdin with lines
+on stdout (METEOR's -stdio mode), and `exchange` talks to several at once. A tool that exits, or
+stays silent for `STALL_TIMEOUT_S`, becomes one `JavaToolError` naming it and what happened, and
+its process is always killed and waited for, its pipes and files closed: an evaluation leaves no
+Java process and no open file behind, whatever happens. `quiet_pycocoevalcap` sends the output of
+pycocoevalcap's own wrappers (SPICE, the reference path) to this module's logger at DEBUG level.
+SPICE also needs the Stanford CoreNLP models, about 400 MB, which `ensure_spice_models` installs
+(bounded in time) or explains how to.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import logging
 import os
 import re
+import selectors
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +66,37 @@ def one_line(caption: str) -> str:
     return _LINE_BREAKS.sub(" ", caption)
 
 
-def check_java() -> str:
-    """Check that `java` is on PATH, runs, and is version 8 or newer; return its version line."""
+class JavaToolError(CaptionerError):
+    """A Java tool of the official metrics died, hung or answered something unexpected."""
+
+
+# The longest a running Java tool may stay silent (no output read, no input taken) before it counts
+# as hung and is killed. METEOR is silent while it loads its paraphrase table (about 6 s on an idle
+# core, a minute on a machine loaded 10 times over), so this is generous.
+STALL_TIMEOUT_S = 300.0
+# A tool run to completion (the PTB tokenizer) gets this long plus PER_LINE_TIMEOUT_S per input line.
+RUN_TIMEOUT_S = 120.0
+PER_LINE_TIMEOUT_S = 0.002
+# While many answers are still to come, `exchange` lets the pipes fill for this long between reads:
+# METEOR flushes every answer line, and waking for each (thousands a second) would take the GIL
+# from the thread computing the other metrics that often (a convoy that tripled their wall time on
+# a loaded machine). Pipes are enlarged to PIPE_BYTES so that they hold far more than that.
+BATCH_WAIT_S = 0.05
+BATCH_MIN_LINES = 256
+PIPE_BYTES = 1 << 20
+
+
+def java_executable() -> str:
+    """The `java` on PATH, or CaptionerError saying how to get one."""
     java = shutil.which("java")
     if java is None:
         raise CaptionerError(JAVA_MISSING)
+    return java
+
+
+def check_java() -> str:
+    """Check that `java` is on PATH, runs, and is version 8 or newer; return its version line."""
+    java = java_executable()
     try:
         proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -83,6 +118,147 @@ def check_java() -> str:
         if major < 8:
             raise CaptionerError(f"Java at {java} is too old ({first}); the official COCO metrics need Java 8 or newer")
     return first
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("NOTE:")]
+    return lines[-1] if lines else "no error output"
+
+
+def run_java(name: str, args: Sequence[str], cwd: str | os.PathLike[str], lines: int) -> str:
+    """Run `java args` in `cwd` to completion and return its stdout; `lines` (the input's size)
+    scales the time limit. A non-zero exit or the time limit is one JavaToolError naming `name`."""
+    timeout = RUN_TIMEOUT_S + PER_LINE_TIMEOUT_S * lines
+    try:
+        proc = subprocess.run(
+            [java_executable(), *args], cwd=cwd, capture_output=True, encoding="utf-8", errors="replace", timeout=timeout
+        )
+    except subprocess.TimeoutExpired:  # subprocess.run has killed and reaped it
+        raise JavaToolError(f"{name} failed: the Java process did not finish within {timeout:.0f} s and was stopped") from None
+    _log_output(name, proc.stderr)
+    if proc.returncode != 0:
+        raise JavaToolError(
+            f"{name} failed: the Java process exited with status {proc.returncode} ({_last_line(proc.stderr)})"
+        )
+    return proc.stdout
+
+
+class LineTool:
+    """A Java program that answers lines on stdin with lines on stdout, kept running between
+    requests (METEOR's -stdio mode). Its stderr goes to a temporary file, so it can never block on
+    a full pipe, and its last line explains a failure. Use it as a context manager, or `close` it."""
+
+    def __init__(self, name: str, args: Sequence[str], cwd: str | os.PathLike[str]) -> None:
+        self.name = name
+        self._stderr = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(
+                [java_executable(), *args], cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=self._stderr, bufsize=0,
+            )
+        except BaseException:
+            self._stderr.close()
+            raise
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError, AttributeError):  # Linux only; the default size works too
+                fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # type: ignore[union-attr]
+
+    def __enter__(self) -> LineTool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def kill(self) -> None:
+        """Stop the process now (safe from another thread, and when it has already exited)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    def close(self) -> None:
+        """Kill the process if it still runs, reap it, close its pipes and its stderr file."""
+        self.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        stderr = self.stderr_text()
+        self._stderr.close()
+        _log_output(self.name, stderr)
+
+    def stderr_text(self) -> str:
+        if self._stderr.closed:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read().decode("utf-8", "replace")
+
+    def died(self, received: int, expected: int) -> JavaToolError:
+        """The error for a process that closed its output after `received` of `expected` lines."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        status = "was killed" if self.proc.returncode is not None and self.proc.returncode < 0 else (
+            f"exited with status {self.proc.returncode}" if self.proc.returncode is not None else "closed its output"
+        )
+        return JavaToolError(
+            f"{self.name} failed: the Java process {status} after {received} of {expected} answers "
+            f"({_last_line(self.stderr_text())})"
+        )
+
+
+def exchange(tools: Sequence[LineTool], requests: Sequence[tuple[bytes, int]]) -> list[list[bytes]]:
+    """Send tool k the bytes of requests[k] and read back the number of lines it names, from all
+    tools at once (one thread, non-blocking pipes: no tool waits on another, and none can fill a
+    pipe that is not being read). Returns each tool's lines, without their line ends.
+
+    A tool that exits before answering, or that neither takes input nor answers for
+    `STALL_TIMEOUT_S`, raises JavaToolError; the caller then closes the tools."""
+    pending = [memoryview(data) for data, _ in requests]
+    received = [bytearray() for _ in tools]
+    counts = [0] * len(tools)
+    with selectors.DefaultSelector() as selector:
+        for k, tool in enumerate(tools):
+            assert tool.proc.stdin is not None and tool.proc.stdout is not None
+            if pending[k]:
+                os.set_blocking(tool.proc.stdin.fileno(), False)
+                selector.register(tool.proc.stdin, selectors.EVENT_WRITE, (k, "write"))
+            if requests[k][1] > 0:
+                selector.register(tool.proc.stdout, selectors.EVENT_READ, (k, "read"))
+        while selector.get_map():
+            events = selector.select(timeout=STALL_TIMEOUT_S)
+            if not events:
+                k = next(key.data[0] for key in selector.get_map().values())
+                tools[k].kill()
+                raise JavaToolError(
+                    f"{tools[k].name} failed: the Java process gave no answer for {STALL_TIMEOUT_S:g} s "
+                    f"({counts[k]} of {requests[k][1]} answers) and was stopped"
+                )
+            for key, _ in events:
+                k, direction = key.data
+                if direction == "write":
+                    try:
+                        written = os.write(key.fd, pending[k][: 1 << 16])
+                    except BrokenPipeError:
+                        raise tools[k].died(counts[k], requests[k][1]) from None
+                    pending[k] = pending[k][written:]
+                    if not pending[k]:
+                        selector.unregister(key.fileobj)
+                    continue
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    raise tools[k].died(counts[k], requests[k][1])
+                received[k] += chunk
+                counts[k] += chunk.count(b"\n")
+                if counts[k] >= requests[k][1]:
+                    selector.unregister(key.fileobj)
+            if any(requests[k][1] - counts[k] >= BATCH_MIN_LINES for k in range(len(tools))):
+                time.sleep(BATCH_WAIT_S)
+    answers = []
+    for k, tool in enumerate(tools):
+        lines = bytes(received[k]).split(b"\n")[:-1]
+        if len(lines) != requests[k][1]:
+            raise JavaToolError(f"{tool.name} failed: expected {requests[k][1]} answers, got {len(lines)}")
+        answers.append(lines)
+    return answers
 
 
 def _log_output(name: str, output: str | bytes | None) -> None:

@@ -1,11 +1,12 @@
 """Caption metrics: the official COCO evaluation, and a fast in-process subset for validation.
 
-`official_scores` runs pycocoevalcap's own scorers exactly as its `COCOEvalCap` does (Java PTB
-tokenizer, BLEU-1..4, METEOR, ROUGE-L, CIDEr-D and optionally SPICE), so the numbers are the ones
-papers and the COCO server report. It needs a Java runtime (`captioner.evaluation.java`).
-`fast_scores` computes BLEU and CIDEr-D in process with the pure-Python tokenizer of
-`captioner.text.vocab`, for training-time validation where starting Java for every epoch would
-cost more than the scoring.
+`official_scores` gives pycocoevalcap's numbers for its `COCOEvalCap` metrics (Java PTB tokenizer,
+BLEU-1..4, METEOR, ROUGE-L, CIDEr-D and optionally SPICE), the ones papers and the COCO server
+report, in a fraction of its time: one tokenizer run, exact in-process BLEU/ROUGE-L/CIDEr-D
+(`scorers`), METEOR in parallel Java processes beside them (`meteor`). It needs a Java runtime
+(`java`). `pycocoevalcap_scores` runs pycocoevalcap's own code, the reference. `fast_scores`
+computes BLEU and CIDEr-D in process with the pure-Python tokenizer of `captioner.text.vocab`, for
+training-time validation where starting Java for every epoch would cost more than the scoring.
 """
 
 from __future__ import annotations
@@ -13,18 +14,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from captioner.core.errors import CaptionerError
 from captioner.evaluation.java import (
+    JavaToolError,
     check_java,
     ensure_spice_models,
     one_line,
     quiet_pycocoevalcap,
+    run_java,
 )
+from captioner.evaluation.meteor import MeteorPool
+from captioner.evaluation.meteor import default_processes as default_meteor_processes
 from captioner.evaluation.results_files import load_references, load_results, scored_ids
+from captioner.evaluation.scorers import CountedCaptions, bleu, cider_d, rouge_l
 from captioner.text.vocab import tokenize
 
 logger = logging.getLogger(__name__)
@@ -34,112 +43,231 @@ OFFICIAL_KEYS = (*BLEU_KEYS, "METEOR", "ROUGE_L", "CIDEr")
 SPICE_KEY = "SPICE"
 
 
+def ptb_token_lines(captions: Sequence[str]) -> list[str]:
+    """Each caption tokenised as pycocoevalcap's PTBTokenizer gives it (its tokens joined by single
+    spaces, punctuation removed), from ONE run of the Java tokenizer over all of them.
+
+    The same Java command, input file and punctuation removal as pycocoevalcap's wrapper, with a
+    time limit and a one-line JavaToolError if Java fails, and the input file written to a
+    temporary folder (pycocoevalcap writes it into its installed package)."""
+    from pycocoevalcap.tokenizer import ptbtokenizer
+
+    if not captions:
+        return []
+    # pycocoevalcap's command: CoreNLP 3.4.1's PTBTokenizer, one caption per line, lower-cased.
+    args = ["-cp", ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR, "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines", "-lowerCase"]
+    with tempfile.TemporaryDirectory(prefix="captioner-ptb-") as folder:
+        path = Path(folder) / "captions.txt"
+        path.write_text("\n".join(one_line(c).replace("\n", " ") for c in captions), encoding="utf-8")
+        jar_folder = Path(ptbtokenizer.__file__).resolve().parent
+        output = run_java("PTB tokenizer", [*args, str(path)], jar_folder, len(captions))
+    lines = output.split("\n")
+    if len(lines) < len(captions):
+        raise JavaToolError(f"PTB tokenizer failed: {len(captions)} captions in, {len(lines)} lines out")
+    drop = frozenset(ptbtokenizer.PUNCTUATIONS)
+    return [" ".join(w for w in line.rstrip().split(" ") if w not in drop) for line in lines[: len(captions)]]
+
+
 def ptb_tokenize(captions: list[str]) -> list[list[str]]:
     """Each caption's tokens as the official evaluation scores them: pycocoevalcap's Java PTB
     tokenizer and punctuation removal, run once over all of them. Needs Java."""
-    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
     check_java()
-    with quiet_pycocoevalcap():
-        out = PTBTokenizer().tokenize({i: [{"caption": one_line(c)}] for i, c in enumerate(captions)})
-    if len(out) != len(captions):
-        raise CaptionerError("the Java PTB tokenizer returned the wrong number of captions (see the DEBUG log)")
-    return [out[i][0].split() for i in range(len(captions))]
+    return [line.split() for line in ptb_token_lines(captions)]
+
+
+@dataclass
+class OfficialScores:
+    """The official metrics of one set of predictions, with the tokens they were computed on and
+    the seconds each stage took (the METEOR stage runs beside BLEU, ROUGE-L and CIDEr-D)."""
+
+    overall: dict[str, float]
+    per_image: dict[int, dict[str, float]]
+    references: dict[int, list[str]]  # image id -> its references, PTB-tokenised and space-joined
+    predictions: dict[int, str]  # image id -> the prediction, PTB-tokenised and space-joined
+    seconds: dict[str, float]
 
 
 def official_scores(
-    references: Mapping[int, list[str]], predictions: Mapping[int, str], spice: bool = False
+    references: Mapping[int, list[str]], predictions: Mapping[int, str], spice: bool = False,
+    meteor_processes: int | None = None,
 ) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
-    """Score `predictions` with pycocoevalcap exactly as its `COCOEvalCap.evaluate` does.
+    """Score `predictions` as pycocoevalcap's `COCOEvalCap.evaluate` does; see `score_official`.
+    Returns the overall scores and the per-image scores."""
+    scores = score_official(references, predictions, spice=spice, meteor_processes=meteor_processes)
+    return scores.overall, scores.per_image
+
+
+def score_official(
+    references: Mapping[int, list[str]], predictions: Mapping[int, str], spice: bool = False,
+    meteor_processes: int | None = None,
+) -> OfficialScores:
+    """The official COCO caption metrics of `predictions`, equal to pycocoevalcap's.
 
     Only the predicted images are scored (as in the official demo, `params['image_id'] =
-    cocoRes.getImgIds()`), each against all its references. Returns the overall scores and the
-    per-image scores, keyed Bleu_1..Bleu_4, METEOR, ROUGE_L, CIDEr and, when `spice` is true and
-    SPICE's CoreNLP models are installed (or can be downloaded), SPICE (its "All" F-score).
+    cocoRes.getImgIds()`), each against all its references. Scores are keyed Bleu_1..Bleu_4,
+    METEOR, ROUGE_L, CIDEr and, when `spice` is true and SPICE's CoreNLP models are installed (or
+    can be downloaded), SPICE (its "All" F-score). "CIDEr" is pycocoevalcap's CIDEr, which is the
+    CIDEr-D variant (clipped n-gram counts, length penalty, sigma 6) that the COCO evaluation
+    server reports, scaled like it (so 0.6, not 60).
 
-    "CIDEr" is pycocoevalcap's CIDEr, which is the CIDEr-D variant (clipped n-gram counts, length
-    penalty, sigma 6) that the COCO evaluation server reports, scaled like it (so 0.6, not 60).
+    How, faster than pycocoevalcap and with its numbers: the METEOR processes start first (their
+    paraphrase tables load while the rest runs; `meteor_processes` of them, by default
+    `meteor.default_processes`), one run of the Java PTB tokenizer serves every metric, METEOR scores
+    in a background thread while BLEU, ROUGE-L and CIDEr-D run here (`scorers`, n-grams counted once
+    for BLEU and CIDEr-D), and SPICE runs last through pycocoevalcap. `pycocoevalcap_scores` is the
+    reference this is checked against.
 
-    Needs Java 8+ on PATH (PTB tokenizer, METEOR, SPICE); raises CaptionerError without it.
+    Needs Java 8+ on PATH (PTB tokenizer, METEOR, SPICE); raises CaptionerError without it, and
+    JavaToolError when a Java tool dies or hangs.
     """
     ids = scored_ids(references, predictions)
-    java = check_java()
-    logger.debug("java: %s", java)
+    logger.debug("java: %s", check_java())
+    run_spice = spice and ensure_spice_models()
+    processes = meteor_processes or default_meteor_processes(len(ids))
+    seconds: dict[str, float] = {}
+    overall: dict[str, float] = {}
+    per_image: dict[int, dict[str, float]] = {i: {} for i in ids}
+    start_all = time.perf_counter()
+    with MeteorPool(processes) as meteor:
+        start = time.perf_counter()
+        captions = [c for i in ids for c in references[i]] + [predictions[i] for i in ids]
+        lines = iter(ptb_token_lines(captions))
+        gts = {i: [next(lines) for _ in references[i]] for i in ids}
+        res = {i: next(lines) for i in ids}
+        seconds["PTB tokenizer"] = time.perf_counter() - start
+        logger.info("PTB tokenizer: %d images, %d references (%.1f s)", len(ids), len(captions) - len(ids), seconds["PTB tokenizer"])
+
+        hypotheses, refs = [res[i] for i in ids], [gts[i] for i in ids]
+        results: dict[str, Any] = {}
+        meteor_thread = threading.Thread(target=_run_meteor, args=(meteor, hypotheses, refs, results), daemon=True)
+        meteor_thread.start()
+        try:
+            start = time.perf_counter()
+            counted = CountedCaptions.of(hypotheses, refs)
+            seconds["n-gram counts"] = time.perf_counter() - start
+            for name, keys, scorer in (
+                ("BLEU", BLEU_KEYS, lambda: bleu(counted)),
+                ("ROUGE-L", ("ROUGE_L",), lambda: _one(rouge_l(hypotheses, refs))),
+                ("CIDEr-D", ("CIDEr",), lambda: _one(cider_d(counted))),
+            ):
+                start = time.perf_counter()
+                _record(ids, keys, *scorer(), overall, per_image)
+                seconds[name] = time.perf_counter() - start
+                logger.info("%s (%.1f s)", ", ".join(f"{k}: {overall[k]:.3f}" for k in keys), seconds[name])
+            meteor_thread.join()
+        finally:
+            if meteor_thread.is_alive():  # this thread failed or was interrupted: stop METEOR too
+                meteor.kill()
+                meteor_thread.join()
+    if "error" in results:
+        raise results["error"]
+    seconds["METEOR"] = results["seconds"]
+    _record(ids, ("METEOR",), *_one(results["scores"]), overall, per_image)
+    logger.info("METEOR: %.3f (%d processes, %.1f s beside the others)", overall["METEOR"], processes, seconds["METEOR"])
+    overall = {key: overall[key] for key in OFFICIAL_KEYS}  # the official order
+
+    if run_spice:
+        from pycocoevalcap.spice.spice import Spice
+
+        start = time.perf_counter()
+        with quiet_pycocoevalcap():
+            score, scores = Spice().compute_score({i: gts[i] for i in ids}, {i: [res[i]] for i in ids})
+        overall[SPICE_KEY] = float(score)
+        for image_id, image_score in zip(ids, scores):  # per image SPICE gives every category; keep "All"
+            per_image[image_id][SPICE_KEY] = float(image_score["All"]["f"])
+        seconds["SPICE"] = time.perf_counter() - start
+    seconds["total"] = time.perf_counter() - start_all
+    return OfficialScores(overall, per_image, gts, res, seconds)
+
+
+def _run_meteor(meteor: MeteorPool, hypotheses: list[str], references: list[list[str]], results: dict[str, Any]) -> None:
+    """Thread body: METEOR's scores, or the error, into `results`."""
+    start = time.perf_counter()
+    try:
+        results["scores"] = meteor.score(hypotheses, references)
+    except BaseException as e:  # handed to the main thread, which raises it
+        results["error"] = e
+    results["seconds"] = time.perf_counter() - start
+
+
+def _one(scores: tuple[float, list[float]]) -> tuple[list[float], list[list[float]]]:
+    """A one-metric scorer's (corpus, per image) in the shape of BLEU's (per key)."""
+    return [scores[0]], [scores[1]]
+
+
+def _record(
+    ids: list[int], keys: Sequence[str], corpus: list[float], images: list[list[float]],
+    overall: dict[str, float], per_image: dict[int, dict[str, float]],
+) -> None:
+    for key, value, values in zip(keys, corpus, images):
+        overall[key] = float(value)
+        for image_id, image_value in zip(ids, values):
+            per_image[image_id][key] = float(image_value)
+
+
+def pycocoevalcap_scores(
+    references: Mapping[int, list[str]], predictions: Mapping[int, str]
+) -> tuple[dict[str, float], dict[int, dict[str, float]], dict[str, float]]:
+    """pycocoevalcap's own tokenizer and scorers run one after the other, exactly as its
+    `COCOEvalCap.evaluate` does (no SPICE): the reference `score_official` is checked against, and
+    the "before" of benchmarks/bench_metrics.py. Returns overall, per-image and seconds per stage."""
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.meteor.meteor import Meteor
     from pycocoevalcap.rouge.rouge import Rouge
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
-    run_spice = spice and ensure_spice_models()
-    # COCOEvalCap hands the tokenizer the annotation dicts; only "caption" is read.
+    ids = scored_ids(references, predictions)
+    check_java()
     gts = {i: [{"caption": one_line(c)} for c in references[i]] for i in ids}
     res = {i: [{"caption": one_line(predictions[i])}] for i in ids}
-
     overall: dict[str, float] = {}
     per_image: dict[int, dict[str, float]] = {i: {} for i in ids}
+    seconds: dict[str, float] = {}
+    start_all = start = time.perf_counter()
     with quiet_pycocoevalcap():
-        start = time.perf_counter()
         tokenizer = PTBTokenizer()
         gts_tok, res_tok = tokenizer.tokenize(gts), tokenizer.tokenize(res)
-        for name, tokenized, source in (("references", gts_tok, gts), ("predictions", res_tok, res)):
-            if [len(tokenized.get(i, ())) for i in ids] != [len(source[i]) for i in ids]:
-                raise CaptionerError(f"the Java PTB tokenizer returned the wrong number of {name} (see the DEBUG log)")
-        logger.info(
-            "PTB tokenizer: %d images, %d references (%.1f s)",
-            len(ids), sum(map(len, gts.values())), time.perf_counter() - start,
-        )
-
-        scorers: list[tuple[Any, str | tuple[str, ...]]] = [
-            (Bleu(4), BLEU_KEYS), (Meteor(), "METEOR"), (Rouge(), "ROUGE_L"), (Cider(), "CIDEr")
-        ]
-        if run_spice:
-            from pycocoevalcap.spice.spice import Spice
-
-            scorers.append((Spice(), SPICE_KEY))
+        seconds["PTB tokenizer"] = time.perf_counter() - start
+        meteor = None
         try:
-            for scorer, method in scorers:
+            for name, keys, make in (
+                ("BLEU", BLEU_KEYS, lambda: Bleu(4)), ("METEOR", ("METEOR",), Meteor),
+                ("ROUGE-L", ("ROUGE_L",), Rouge), ("CIDEr-D", ("CIDEr",), Cider),
+            ):
                 start = time.perf_counter()
+                scorer = make()
+                meteor = scorer if name == "METEOR" else meteor
                 score, scores = scorer.compute_score(gts_tok, res_tok)
-                names, values, image_values = (
-                    (method, score, scores) if isinstance(method, tuple) else ((method,), [score], [scores])
-                )
-                for key, value, values_per_image in zip(names, values, image_values):
-                    overall[key] = float(value)
-                    for image_id, image_score in zip(ids, values_per_image):
-                        if key == SPICE_KEY:  # per image SPICE gives every category; keep "All"
-                            image_score = image_score["All"]["f"]
-                        per_image[image_id][key] = float(image_score)
-                logger.info(
-                    "%s (%.1f s)", ", ".join(f"{k}: {overall[k]:.3f}" for k in names), time.perf_counter() - start
-                )
+                if name != "BLEU":
+                    score, scores = [score], [scores]
+                _record(ids, keys, score, scores, overall, per_image)
+                seconds[name] = time.perf_counter() - start
         finally:
-            for scorer, _ in scorers:
-                if isinstance(scorer, Meteor):  # stop its Java process now rather than at GC
-                    with contextlib.suppress(Exception):
-                        scorer.meteor_p.stdin.close()
-                        scorer.meteor_p.kill()
-                        scorer.meteor_p.wait()
-    return overall, per_image
+            if meteor is not None:  # stop its Java process now rather than at GC
+                with contextlib.suppress(Exception):
+                    meteor.meteor_p.stdin.close()
+                    meteor.meteor_p.kill()
+                    meteor.meteor_p.wait()
+                    meteor.meteor_p.stdout.close()
+                    meteor.meteor_p.stderr.close()
+    seconds["total"] = time.perf_counter() - start_all
+    return overall, per_image, seconds
 
 
 def fast_scores(references: Mapping[int, list[str]], predictions: Mapping[int, str]) -> dict[str, float]:
     """BLEU-1..4 and CIDEr-D ("CIDEr") of `predictions`, in process and without Java.
 
     Tokenised with `captioner.text.tokenizer.tokenize` (which reproduces the PTB tokenizer and its
-    punctuation removal) and scored by pycocoevalcap's own pure-Python Bleu and Cider, so the
-    numbers match `official_scores`. For validation during training; report `official_scores` in results.
+    punctuation removal) and scored by the same `scorers` as `official_scores`, so the numbers
+    match it. For validation during training; report `official_scores` in results.
     """
-    from pycocoevalcap.bleu.bleu import Bleu
-    from pycocoevalcap.cider.cider import Cider
-
     ids = scored_ids(references, predictions)
-    gts = {i: [" ".join(tokenize(c)) for c in references[i]] for i in ids}
-    res = {i: [" ".join(tokenize(predictions[i]))] for i in ids}
-    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
-    cider, _ = Cider().compute_score(gts, res)
-    scores = {key: float(value) for key, value in zip(BLEU_KEYS, bleu)}
-    scores["CIDEr"] = float(cider)
+    counted = CountedCaptions.of(
+        [" ".join(tokenize(predictions[i])) for i in ids], [[" ".join(tokenize(c)) for c in references[i]] for i in ids]
+    )
+    scores = {key: float(value) for key, value in zip(BLEU_KEYS, bleu(counted)[0])}
+    scores["CIDEr"] = cider_d(counted)[0]
     return scores
 
 

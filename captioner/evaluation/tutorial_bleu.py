@@ -48,11 +48,14 @@ def nltk_corpus_bleu(references: Mapping[int, list[list[str]]], predictions: Map
 
 
 def tokenized(
-    references: Mapping[int, list[str]], predictions: Mapping[int, str], ptb: bool
+    references: Mapping[int, list[str]], predictions: Mapping[int, str], ptb: bool | None = None
 ) -> tuple[dict[int, list[list[str]]], dict[int, list[str]]]:
     """Word lists of the references and predictions: the Java PTB tokenizer's (`ptb`, as the
-    official scorer tokenises) or `captioner.text.vocab.tokenize`'s."""
+    official scorer tokenises) or `captioner.text.vocab.tokenize`'s; with `ptb=None` the captions
+    are already tokenised and joined by spaces (`metrics.OfficialScores` keeps them so)."""
     ids = sorted(predictions)
+    if ptb is None:
+        return {i: [c.split() for c in references[i]] for i in ids}, {i: predictions[i].split() for i in ids}
     if not ptb:
         return {i: [tokenize(c) for c in references[i]] for i in ids}, {i: tokenize(predictions[i]) for i in ids}
     # One run of the Java tokenizer over every caption; each caption is tokenised on its own line.

@@ -1,0 +1,157 @@
+"""The Java tools of the official metrics leave nothing behind and never hang an evaluation.
+
+Most tests put a fake `java` first on PATH: a shell script that answers `-version`, tokenises like
+the PTB tokenizer (lower-cases its file) and speaks METEOR's -stdio protocol (awk), or, when told
+by $FAKE_JAVA, hangs or dies in the middle. One test kills a real METEOR process mid-evaluation.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from captioner.evaluation import java
+from captioner.evaluation.java import JavaToolError
+from captioner.evaluation.metrics import official_scores
+
+REFS = {1: ["A dog runs on the grass.", "A brown dog running"], 2: ["A cat sits on a mat"], 3: ["Two people ride bikes"]}
+PREDS = {1: "a dog runs", 2: "a cat on a mat", 3: "people on bikes"}
+
+# 23 whole-number fields, the shape of METEOR's alignment statistics.
+_STATS = " ".join(["3.0"] * 2 + ["0.0"] * 2 + ["3.0"] * 2 + ["0.0"] * 14 + ["1.0", "3.0", "3.0"])
+FAKE_JAVA = textwrap.dedent(
+    f"""\
+    #!/bin/sh
+    case "$*" in
+      *-version*) echo 'openjdk version "17.0.1" 2021-10-19' >&2; exit 0 ;;
+      *PTBTokenizer*)
+        case "$FAKE_JAVA" in
+          tokenizer-hang) exec sleep 600 ;;
+          tokenizer-die) echo 'Exception in thread "main" java.lang.OutOfMemoryError: Java heap space' >&2; exit 2 ;;
+        esac
+        for last; do :; done
+        tr 'A-Z' 'a-z' < "$last"; echo; exit 0 ;;
+      *meteor*)
+        case "$FAKE_JAVA" in
+          meteor-hang) exec sleep 600 ;;
+          meteor-die) read -r line; echo 'java.lang.OutOfMemoryError: Java heap space' >&2; exit 3 ;;
+        esac
+        while read -r line; do
+          case "$FAKE_JAVA:$line" in
+            meteor-garbage:*) echo 'Error: specify hypothesis and at least one reference' ;;
+            *:SCORE*) echo '{_STATS}' ;;
+            *:EVAL*) n=$(printf '%s' "$line" | grep -o '|||' | wc -l); seq "$n" | sed 's/.*/0.5/'; echo 0.5 ;;
+          esac
+        done; exit 0 ;;
+    esac
+    echo "fake java: unexpected arguments $*" >&2; exit 64
+    """
+)
+
+
+@pytest.fixture
+def fake_java(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "java"
+    script.write_text(FAKE_JAVA)
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("FAKE_JAVA", raising=False)
+    return script
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def children() -> list[int]:
+    """Every process whose parent is this one (running or a zombie not yet reaped)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                found.append(int(entry))
+    return found
+
+
+def test_a_hundred_evaluations_leave_no_process_fd_or_thread(fake_java: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(java, "STALL_TIMEOUT_S", 20.0)  # a broken fake fails in seconds, not minutes
+    official_scores(REFS, PREDS, meteor_processes=2)  # imports and first-use caches before counting
+    fds, threads = open_fds(), threading.active_count()
+    assert children() == []
+    for _ in range(100):
+        overall, per_image = official_scores(REFS, PREDS, meteor_processes=2)
+        assert overall["METEOR"] == 0.5 and per_image[3]["METEOR"] == 0.5  # the fake's answers came through
+    assert children() == []
+    assert open_fds() == fds
+    assert threading.active_count() == threads
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("meteor-die", r"^METEOR \(process \d of 2\) failed: the Java process exited with status 3 after 0 of \d answers "
+                       r"\(java\.lang\.OutOfMemoryError: Java heap space\)$"),
+        ("meteor-hang", r"^METEOR \(process \d of 2\) failed: the Java process gave no answer for 2 s \(0 of \d answers\) and was stopped$"),
+        ("meteor-garbage", r"^METEOR \(process 1 of 2\) failed: answered 'Error: specify hypothesis.*' instead of alignment statistics$"),
+        ("tokenizer-die", r"^PTB tokenizer failed: the Java process exited with status 2 \(.*OutOfMemoryError: Java heap space\)$"),
+        ("tokenizer-hang", r"^PTB tokenizer failed: the Java process did not finish within 2 s and was stopped$"),
+    ],
+)
+def test_a_java_tool_that_dies_or_hangs_is_one_line_error_in_time(
+    fake_java: Path, monkeypatch: pytest.MonkeyPatch, mode: str, message: str
+) -> None:
+    monkeypatch.setenv("FAKE_JAVA", mode)
+    monkeypatch.setattr(java, "STALL_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(java, "RUN_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(java, "PER_LINE_TIMEOUT_S", 0.0)
+    fds = open_fds()
+    start = time.monotonic()
+    with pytest.raises(JavaToolError, match=message) as info:
+        official_scores(REFS, PREDS, meteor_processes=2)
+    assert time.monotonic() - start < 30  # the time limit, not the fake's 600 s sleep
+    assert "\n" not in str(info.value)
+    assert children() == [] and open_fds() == fds
+
+
+@pytest.mark.usefixtures("java")
+def test_a_real_meteor_killed_mid_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kill the real METEOR JVM while it loads or scores: the evaluation ends with one line."""
+    fds = open_fds()
+    killed: list[int] = []
+
+    def kill_meteor() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            for pid in children():
+                try:
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"meteor-1.5.jar" in command:
+                    time.sleep(0.5)  # well inside its start-up: the paraphrase table takes seconds
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_meteor)
+    killer.start()
+    try:
+        with pytest.raises(JavaToolError, match=r"^METEOR \(process 1 of 1\) failed: the Java process was killed after 0 of 3 answers") as info:
+            official_scores(REFS, PREDS, meteor_processes=1)
+    finally:
+        killer.join()
+    assert killed and "\n" not in str(info.value)
+    assert children() == [] and open_fds() == fds
