@@ -49,6 +49,10 @@ LOSS_TOLERANCE = 1e-4  # relative, on every step's loss (measured: 2e-5 after 24
 # Adam divides each gradient by its own running scale, so float-order noise in gradients that
 # are nearly zero becomes steps of up to lr: weights agree to a few lr-sized steps (measured 1.3e-3).
 WEIGHT_TOLERANCE = 5e-3
+# The attention score's bias shifts every cell's score alike, which the softmax cancels: its true
+# gradient is 0, so all it receives is rounding noise, which Adam scales up to lr-sized steps of
+# either sign (measured 6e-3 apart after 24 steps). It changes no output; every other weight is compared.
+SHIFT_ONLY = "decoder.attention.score.bias"
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +120,8 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
     assert ddp_losses[-6:, 1].mean() < 0.8 * ddp_losses[:6, 1].mean(), ddp_losses[:, 1]  # it learns
     torch.testing.assert_close(ddp_losses[:, 1], single_losses[:, 1], rtol=LOSS_TOLERANCE, atol=0)
     for name, tensor in single_state["model"].items():
+        if name == SHIFT_ONLY:
+            continue
         torch.testing.assert_close(ddp_state["model"][name], tensor, rtol=0, atol=WEIGHT_TOLERANCE, msg=name)
     # validation is sharded over the ranks and gathered: the same captions, the same scores
     ddp_history, single_history = ddp_state["train_state"]["history"], single_state["train_state"]["history"]
