@@ -97,13 +97,16 @@ def start_server(
     env = {**os.environ, "TMPDIR": str(temp), **({"PYTHONPATH": str(source.resolve())} if source else {})}
     env.pop("GRADIO_TEMP_DIR", None)  # the demo makes its own cache, inside TMPDIR
     example = PHOTOS / "1001773457_577c3a7d70.jpg"
-    command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(checkpoint), "--port", str(port), "--examples", str(example), *options]
+    command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(Path(checkpoint).resolve()), "--port", str(port), "--examples", str(example), *options]
     log = Path(tempfile.mkstemp(prefix="bench-demo-server-", suffix=".log")[1])  # outside `temp`: not one of its files
     with log.open("w") as output:  # the server's log, never a pipe that could fill and stall it
         # SIGINT back to its default in the server, where a shell started this script in the
         # background with SIGINT ignored: the server is stopped with it, as with Ctrl-C.
         restore_interrupt = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
-        server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, preexec_fn=restore_interrupt)
+        # `python -m` puts the working folder first on sys.path, before PYTHONPATH: a reference
+        # tree must be the working folder too, or this checkout's captioner is the one served.
+        server = subprocess.Popen(command, env=env, cwd=source.resolve() if source else None, stdout=output,
+                                  stderr=subprocess.STDOUT, preexec_fn=restore_interrupt)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + timeout
     while time.time() < deadline:
