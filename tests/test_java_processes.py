@@ -37,6 +37,7 @@ FAKE_JAVA = textwrap.dedent(
         esac
         for last; do :; done
         tr 'A-Z' 'a-z' < "$last"; echo; exit 0 ;;
+      *spice*) exec sleep 600 ;;
       *meteor*)
         case "$FAKE_JAVA" in
           meteor-hang) exec sleep 600 ;;
@@ -123,6 +124,19 @@ def test_a_java_tool_that_dies_or_hangs_is_one_line_error_in_time(
     assert time.monotonic() - start < 30  # the time limit, not the fake's 600 s sleep
     assert "\n" not in str(info.value)
     assert children() == [] and open_fds() == fds
+
+
+def test_a_spice_run_that_hangs_is_stopped_with_one_line(fake_java: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPICE runs as one Java process through pycocoevalcap's wrapper, which calls
+    `subprocess.check_call` without a limit: ours stops it, and removes its temporary files."""
+    monkeypatch.setattr(java, "SPICE_TIMEOUT_S", 2.0)
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / "in.json").write_text("[]")
+    start = time.monotonic()
+    with pytest.raises(JavaToolError, match=r"^SPICE failed: the Java process did not finish within 2 s and was stopped$"):
+        java._spice_check_call(["java", "-jar", "-Xmx8G", "spice-1.0.jar", "tmp/in.json", "-subset"], cwd=str(tmp_path))
+    assert time.monotonic() - start < 30
+    assert children() == [] and not (tmp_path / "tmp" / "in.json").exists()
 
 
 @pytest.mark.usefixtures("java")

@@ -77,6 +77,9 @@ STALL_TIMEOUT_S = 300.0
 # A tool run to completion (the PTB tokenizer) gets this long plus PER_LINE_TIMEOUT_S per input line.
 RUN_TIMEOUT_S = 120.0
 PER_LINE_TIMEOUT_S = 0.002
+# SPICE parses every caption with CoreNLP in one run: minutes for the 5,000 images of a COCO test
+# split on a few cores, so an hour without finishing means it hangs.
+SPICE_TIMEOUT_S = 3600.0
 # While many answers are still to come, `exchange` lets the pipes fill for this long between reads:
 # METEOR flushes every answer line, and waking for each (thousands a second) would take the GIL
 # from the thread computing the other metrics that often (a convoy that tripled their wall time on
@@ -287,22 +290,29 @@ def _spice_check_call(cmd: list[str], **kwargs: Any) -> int:
     its output captured into the log, the Java 9+ options, and a one-line error if it fails."""
     env = dict(kwargs.pop("env", None) or os.environ)
     env["JDK_JAVA_OPTIONS"] = f"{env.get('JDK_JAVA_OPTIONS', '')} {_SPICE_JAVA_OPTIONS}".strip()
-    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, **kwargs)
-    _log_output("spice", proc.stdout)
-    _log_output("spice", proc.stderr)
-    if proc.returncode != 0:
-        # pycocoevalcap removes its temporary input/output files only on success.
-        cwd = Path(kwargs.get("cwd") or ".")
+    cwd = Path(kwargs.get("cwd") or ".")
+
+    def remove_temporary_files() -> None:  # pycocoevalcap removes its input/output files only on success
         for arg in cmd:
             candidate = cwd / arg
             if candidate.parent.name == "tmp" and candidate.is_file():
                 candidate.unlink(missing_ok=True)
+
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, timeout=SPICE_TIMEOUT_S, **kwargs)
+    except subprocess.TimeoutExpired:  # subprocess.run has killed and reaped it
+        remove_temporary_files()
+        raise JavaToolError(f"SPICE failed: the Java process did not finish within {SPICE_TIMEOUT_S:.0f} s and was stopped") from None
+    _log_output("spice", proc.stdout)
+    _log_output("spice", proc.stderr)
+    if proc.returncode != 0:
+        remove_temporary_files()
         lines = [line.strip() for line in proc.stderr.splitlines() if line.strip() and not line.startswith("NOTE:")]
         causes = [line for line in lines if line.startswith("Caused by:")] or [
             line for line in lines if "Exception" in line or "Error" in line
         ]
         reason = (causes or lines or ["no error output"])[-1]
-        raise CaptionerError(f"SPICE failed (java exit status {proc.returncode}): {reason}")
+        raise JavaToolError(f"SPICE failed (java exit status {proc.returncode}): {reason}")
     return 0
 
 
