@@ -27,6 +27,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_demo_load import wait_until_served  # noqa: E402
+
 DATA = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 PHOTO = DATA / "flickr8k" / "images" / "1001773457_577c3a7d70.jpg"  # 500x375
 
@@ -57,21 +60,10 @@ def free_port() -> int:
 
 def start_server(checkpoint: Path, port: int, timeout: float = 300.0) -> tuple[subprocess.Popen, str]:
     """`captioner demo CHECKPOINT` on 127.0.0.1:port, once it answers."""
-    import httpx
-
     server = subprocess.Popen([sys.executable, "-m", "captioner.apps.cli", "demo", str(checkpoint), "--port", str(port)])
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"the demo exited with code {server.returncode}")
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return server, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    server.terminate()
-    raise SystemExit(f"the demo did not answer on {url} within {timeout:.0f} s")
+    wait_until_served(server, url, timeout)
+    return server, url
 
 
 def ask(url: str, image: Path, beam: int, max_length: int, downloads: Path | None) -> tuple[float, tuple, float]:

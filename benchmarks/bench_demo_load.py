@@ -91,8 +91,6 @@ def start_server(
     """`captioner demo CHECKPOINT OPTIONS` on a free local port, its temporary folder `temp`,
     once it answers; from the `source` tree when given (a reference version of the code).
     -> (the server, its URL, its log file)."""
-    import httpx
-
     port = free_port()
     env = {**os.environ, "TMPDIR": str(temp), **({"PYTHONPATH": str(source.resolve())} if source else {})}
     env.pop("GRADIO_TEMP_DIR", None)  # the demo makes its own cache, inside TMPDIR
@@ -108,13 +106,22 @@ def start_server(
         server = subprocess.Popen(command, env=env, cwd=source.resolve() if source else None, stdout=output,
                                   stderr=subprocess.STDOUT, preexec_fn=restore_interrupt)
     url = f"http://127.0.0.1:{port}/"
+    wait_until_served(server, url, timeout, log)
+    return server, url, log
+
+
+def wait_until_served(server: subprocess.Popen, url: str, timeout: float, log: Path | None = None) -> None:
+    """Return once the demo answers at `url`; stop with its exit code (and its log's end) if it
+    exits first, or stop it when it stays silent for `timeout` seconds."""
+    import httpx
+
     deadline = time.time() + timeout
     while time.time() < deadline:
         if server.poll() is not None:
-            raise SystemExit(f"the demo exited with code {server.returncode}: {log.read_text()[-2000:]}")
+            raise SystemExit(f"the demo exited with code {server.returncode}" + (f": {log.read_text()[-2000:]}" if log else ""))
         try:
             if httpx.get(url, timeout=5).status_code == 200:
-                return server, url, log
+                return
         except httpx.HTTPError:
             time.sleep(0.5)
     server.terminate()
