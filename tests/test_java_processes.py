@@ -72,7 +72,23 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+_BEFORE_THE_TEST: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_of_other_tests() -> None:
+    """The processes this pytest process already had when a test began (a browser driver or a
+    server another test module keeps for its session) are not the test's to count or to kill."""
+    _BEFORE_THE_TEST.clear()
+    _BEFORE_THE_TEST.update(all_children())
+
+
 def children() -> list[int]:
+    """The children this test started that are still there (running, or zombies not yet reaped)."""
+    return [pid for pid in all_children() if pid not in _BEFORE_THE_TEST]
+
+
+def all_children() -> list[int]:
     """Every process whose parent is this one (running or a zombie not yet reaped)."""
     found = []
     for entry in os.listdir("/proc"):
