@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from captioner.core.errors import CaptionerError
 
@@ -36,7 +35,7 @@ HEADER = ("decoding", "BLEU-4", "METEOR", "CIDEr-D", "bad endings", "words", "cu
 def measure(checkpoint: str, split: str, device: str, batch_size: int | None, official: bool) -> None:
     from captioner.core.runtime import set_threads
     from captioner.data.datasets import load_split
-    from captioner.evaluation.evaluate import caption_records, encode_records, references_for, score_predictions
+    from captioner.evaluation.evaluate import decode_variants, encode_records
     from captioner.models.checkpoint import checkpoint_config, load_captioner
 
     set_threads()
@@ -47,19 +46,12 @@ def measure(checkpoint: str, split: str, device: str, batch_size: int | None, of
     print(f"{checkpoint} on {split} ({len(encoded.records)} images, max length {model.decode_config.max_length}, {metrics})\n")
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" + "---:|" * (len(HEADER) - 1))
-    for name, options in VARIANTS.items():
-        start = time.perf_counter()
-        captions = caption_records(
-            model, encoded.records, batch_size, features=encoded.features, grid=encoded.grid, progress=False, **options
-        )
-        seconds = time.perf_counter() - start
-        predictions = {image_id: caption.text for image_id, caption in captions.items()}
-        scores = score_predictions(references_for(encoded.records, captions), predictions, official=official)
-        stats = scores.caption_stats
+    for variant in decode_variants(model, encoded, VARIANTS, batch_size, official=official):
+        scores, stats = variant.scores, variant.scores.caption_stats
         cells = [
-            name, *(f"{scores.overall[k]:.3f}" if k in scores.overall else "-" for k in KEYS),
+            variant.name, *(f"{scores.overall[k]:.3f}" if k in scores.overall else "-" for k in KEYS),
             f"{100 * stats['bad_ending_rate']:.1f}%", f"{stats['mean_length']:.1f}",
-            str(sum(not c.finished for c in captions.values())), f"{seconds:.1f}",
+            str(sum(not c.finished for c in variant.captions.values())), f"{variant.seconds:.1f}",
         ]
         print("| " + " | ".join(cells) + " |", flush=True)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from captioner.core.errors import CaptionerError
 
@@ -29,7 +28,7 @@ HEADER = ("decoding", *KEYS, "nltk BLEU-4", "bad endings", "repeated bigram", "w
 def compare(checkpoint: str, split: str, device: str, batch_size: int | None) -> None:
     from captioner.core.runtime import set_threads
     from captioner.data.datasets import load_split
-    from captioner.evaluation.evaluate import caption_records, encode_records, references_for, score_predictions
+    from captioner.evaluation.evaluate import decode_variants, encode_records
     from captioner.models.checkpoint import checkpoint_config, load_captioner
 
     set_threads()
@@ -39,19 +38,12 @@ def compare(checkpoint: str, split: str, device: str, batch_size: int | None) ->
     print(f"{checkpoint} on {split} ({len(encoded.records)} images)\n")
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" + "---:|" * (len(HEADER) - 1))
-    for name, options in VARIANTS.items():
-        start = time.perf_counter()
-        captions = caption_records(
-            model, encoded.records, batch_size, features=encoded.features, grid=encoded.grid, progress=False, **options
-        )
-        seconds = time.perf_counter() - start
-        predictions = {image_id: caption.text for image_id, caption in captions.items()}
-        scores = score_predictions(references_for(encoded.records, captions), predictions)
-        stats = scores.caption_stats
+    for variant in decode_variants(model, encoded, VARIANTS, batch_size):
+        scores, stats = variant.scores, variant.scores.caption_stats
         cells = [
-            name, *(f"{scores.overall[k]:.3f}" for k in KEYS), f"{scores.tutorial_bleu['nltk_corpus_BLEU_4']:.3f}",
+            variant.name, *(f"{scores.overall[k]:.3f}" for k in KEYS), f"{scores.tutorial_bleu['nltk_corpus_BLEU_4']:.3f}",
             f"{100 * stats['bad_ending_rate']:.1f}%", f"{100 * stats['repeated_bigram_rate']:.1f}%",
-            f"{stats['mean_length']:.1f}", str(sum(not c.finished for c in captions.values())), f"{seconds:.1f}",
+            f"{stats['mean_length']:.1f}", str(sum(not c.finished for c in variant.captions.values())), f"{variant.seconds:.1f}",
         ]
         print("| " + " | ".join(cells) + " |", flush=True)
 

@@ -10,7 +10,8 @@ teacher-forced outputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,33 @@ def score_predictions(references: References, predictions: Predictions, official
         overall, per_image = fast_scores(references, predictions), {}
         refs, preds = tokenized(references, predictions, ptb=False)
     return Scores(overall, per_image, official, nltk_corpus_bleu(refs, preds), caption_stats(preds.values()))
+
+
+@dataclass
+class DecodedVariant:
+    """One decoding setting's captions of a split, their scores, and the seconds decoding took."""
+
+    name: str
+    captions: dict[int, Caption]
+    scores: Scores
+    seconds: float
+
+
+def decode_variants(
+    model: Captioner, encoded: SplitFeatures, variants: Mapping[str, Mapping[str, Any]], batch_size: int | None = None,
+    official: bool = True,
+) -> Iterator[DecodedVariant]:
+    """Caption and score the images `encode_records` encoded once, with each of `variants` (name
+    -> decoding options) in turn, yielding each as it is done so a caller can report it at once."""
+    for name, options in variants.items():
+        start = time.perf_counter()
+        captions = caption_records(
+            model, encoded.records, batch_size, features=encoded.features, grid=encoded.grid, progress=False, **options
+        )
+        seconds = time.perf_counter() - start
+        predictions = {image_id: caption.text for image_id, caption in captions.items()}
+        scores = score_predictions(references_for(encoded.records, captions), predictions, official=official)
+        yield DecodedVariant(name, captions, scores, seconds)
 
 
 # --- grounding -------------------------------------------------------------------------------------
