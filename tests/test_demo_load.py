@@ -24,7 +24,7 @@ from PIL import Image
 
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
-from captioner.apps.demo.batcher import CaptionBatcher  # noqa: E402
+from captioner.apps.demo.batcher import CaptionBatcher, Job  # noqa: E402
 from captioner.apps.demo.server import close, launch  # noqa: E402
 from captioner.apps.demo.ui import Callbacks, Cleanup, build_demo  # noqa: E402
 from captioner.data.images import load_image  # noqa: E402
@@ -121,6 +121,20 @@ def test_a_batch_holds_one_set_of_options_and_at_most_max_batch_images(trained, 
     served = ask_all(batcher, model, images, options, started, release)
     assert [c.text for c in served] == [c.text for c in alone]
     assert sum(batcher.batch_sizes.values()) == 4 and max(batcher.batch_sizes) == 2  # held; 3 beam-3 as 2 + 1; 2 beam-2
+
+
+def test_a_caller_behind_more_than_max_batch_of_its_kind_still_gets_its_caption(model) -> None:
+    """The decoding thread takes the oldest max_batch jobs of its key, which need not include its
+    own (CI once woke the third of three beam-3 callers first, with max_batch=2): it must go on
+    decoding until its own job is served, not return without a caption."""
+    images = pictures(3, seed=3)
+    batcher = CaptionBatcher(max_batch=2)
+    older = [Job(model, image, dict(OPTIONS)) for image in images[:2]]  # waiting before this caller
+    batcher._pending.extend(older)
+    got = batcher.caption(model, images[2], **OPTIONS)
+    assert got.text == model.caption(images[2], **OPTIONS).text
+    assert all(job.done and job.result.text == model.caption(job.image, **OPTIONS).text for job in older)
+    assert batcher.batch_sizes == Counter({2: 1, 1: 1}) and not batcher._pending
 
 
 def test_a_failed_batch_fails_each_of_its_requests_and_the_next_batch_runs(model, monkeypatch) -> None:

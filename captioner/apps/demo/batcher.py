@@ -56,13 +56,18 @@ class CaptionBatcher:
         job = Job(model, image, options)
         with self._changed:
             self._pending.append(job)
-            while not job.done and self._decoding:
-                self._changed.wait()
-            if not job.done:  # nothing decodes now: this thread decodes the next batch
+        while True:
+            with self._changed:
+                while not job.done and self._decoding:
+                    self._changed.wait()
+                if job.done:
+                    break
+                # Nothing decodes now: this thread decodes the oldest batch of its key. With more
+                # than max_batch of them waiting, that batch may leave this job out: loop until
+                # a batch (this thread's or another's) has served it.
                 self._decoding = True
                 batch = [pending for pending in self._pending if pending.key == job.key][: self.max_batch]
                 self._pending = [pending for pending in self._pending if pending not in batch]
-        if not job.done:
             try:
                 self.run(batch)
             finally:
