@@ -37,6 +37,7 @@ from reference_sat import (  # noqa: E402
 )
 
 from captioner.core.runtime import set_threads  # noqa: E402
+from captioner.models import products  # noqa: E402
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search  # noqa: E402
 from captioner.models.lstm_decoder import LSTMDecoder  # noqa: E402
 
@@ -97,6 +98,10 @@ def main() -> None:
     parser.add_argument("--reference", help="reference checkout or git dir (default: $CAPTIONER_REFERENCE or the mirror)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
     parser.add_argument(
+        "--products", choices=["onednn", "torch"], default="onednn",
+        help="our dense layers' fp32 products: through oneDNN (captioner.models.products, the default) or torch's own (MKL)",
+    )
+    parser.add_argument(
         "--cpu-time", action="store_true",
         help="time by this process's CPU time, not the wall clock: on a machine busy with other jobs, at --threads 1, "
         "it counts our own work and not the time others held the core (threads waiting on each other count at 2+)",
@@ -104,10 +109,14 @@ def main() -> None:
     args = parser.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
     threads = set_threads(args.threads)
+    products.set_onednn(args.products == "onednn")
     device = torch.device(args.device)
     torch.manual_seed(0)
     N, D, V, T, B = 196, 2048, args.vocab, args.length, 32
-    print(f"device {device}, threads {threads}, LSTM 512/512/512, grid 14x14x{D}, vocabulary {V}, {'CPU' if args.cpu_time else 'wall'} time")
+    print(
+        f"device {device}, threads {threads}, LSTM 512/512/512, grid 14x14x{D}, vocabulary {V}, "
+        f"{'CPU' if args.cpu_time else 'wall'} time, our products: {args.products}"
+    )
     try:
         ref = load_reference(args.reference, device)
     except ReferenceUnavailable as e:

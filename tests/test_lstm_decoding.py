@@ -6,8 +6,8 @@ import pytest
 import torch
 from helpers import assert_beam_ranks_by_length_penalty, tiny_model
 
-from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, sample_n_best
 from captioner.models import attention as attention_module
+from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, sample_n_best
 from captioner.models.lstm_decoder import LSTMDecoder
 
 
@@ -42,8 +42,10 @@ def test_attention_is_a_distribution_over_the_grid(decoder: LSTMDecoder) -> None
 
 def test_grid_projection_is_computed_once_per_image(decoder: LSTMDecoder, monkeypatch) -> None:
     calls = []
-    original = decoder.attention.feat_proj.forward
-    monkeypatch.setattr(decoder.attention.feat_proj, "forward", lambda x: calls.append(x.shape) or original(x))
+    original = attention_module.dense  # W_h's product, whichever route it takes
+    monkeypatch.setattr(
+        attention_module, "dense", lambda x, layer: (layer is decoder.attention.feat_proj and calls.append(x.shape)) or original(x, layer)
+    )
     decoder(torch.randn(2, 9, 10), torch.randint(0, 20, (2, 8)))
     beam_search(decoder, torch.randn(2, 9, 10), SPECIAL, DecodeOptions(beam_size=3, max_length=8))
     assert calls == [(2, 9, 10), (2, 9, 10)]  # once per batch of images, not per step or per beam

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioner.models.products import dense
 
 BLOCK_BYTES = 4 << 20  # AdditiveAttention.attend's working block with several rows per image
 
@@ -36,12 +37,12 @@ class AdditiveAttention(nn.Module):
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         """feats (B, N, D) -> 2 (W_h h_ij + b_h) (B, N, A): doubled for `attend`'s sigmoid."""
-        return self.feat_proj(feats) * 2  # (B, N, A)
+        return dense(feats, self.feat_proj) * 2  # (B, N, A)
 
     def forward(self, feats: torch.Tensor, projected: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """feats (B, N, D), projected (B, N, A) from `project`, state (R, S) -> context (R, D),
         weights (R, N); R = B, or R = B*K for K hypotheses per image (see `attend`)."""
-        return self.attend(feats, projected, self.state_proj(state))
+        return self.attend(feats, projected, dense(state, self.state_proj))
 
     def attend(self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """As `forward` with the state already projected: query = W_s s_{t-1} + b_s (R, A), so a
@@ -112,7 +113,7 @@ class MultiHeadAttention(nn.Module):
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, S, d) -> keys, values (B, nh, S, hs) each, contiguous: a cached grid is then read
         in place at every step instead of being copied by each matmul."""
-        return self.split_heads(self.k_proj(x)).contiguous(), self.split_heads(self.v_proj(x)).contiguous()
+        return self.split_heads(dense(x, self.k_proj)).contiguous(), self.split_heads(dense(x, self.v_proj)).contiguous()
 
     def attend(
         self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
@@ -120,14 +121,14 @@ class MultiHeadAttention(nn.Module):
         """query (B, Tq, d), k and v (B, nh, Tk, hs), mask broadcastable to (B, nh, Tq, Tk), true
         where a query may look -> output (B, Tq, d), weights (B, nh, Tq, Tk)."""
         B, Tq, d = query.shape
-        q = self.split_heads(self.q_proj(query))  # (B, nh, Tq, hs)
+        q = self.split_heads(dense(query, self.q_proj))  # (B, nh, Tq, hs)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, nh, Tq, Tk)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = scores.softmax(dim=-1)  # (B, nh, Tq, Tk)
         out = self.dropout(weights) @ v  # (B, nh, Tq, hs)
         out = out.transpose(1, 2).reshape(B, Tq, d)  # (B, Tq, d)
-        return self.out_proj(out), weights
+        return dense(out, self.out_proj), weights
 
     def attend_fused(
         self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
@@ -136,10 +137,10 @@ class MultiHeadAttention(nn.Module):
         that never materialises them): query (B, Tq, d), k and v (B, nh, Tk, hs) -> (B, Tq, d).
         For attention whose maps nobody reads, such as the decoder's self-attention."""
         B, Tq, d = query.shape
-        q = self.split_heads(self.q_proj(query))  # (B, nh, Tq, hs)
+        q = self.split_heads(dense(query, self.q_proj))  # (B, nh, Tq, hs)
         p = self.dropout.p if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, Tq, hs)
-        return self.out_proj(out.transpose(1, 2).reshape(B, Tq, d))  # (B, Tq, d)
+        return dense(out.transpose(1, 2).reshape(B, Tq, d), self.out_proj)  # (B, Tq, d)
 
     def forward(
         self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from captioner.models.attention import AdditiveAttention
 from captioner.models.decoder import Decoder, DecoderOutput, Memory, State
+from captioner.models.products import dense, gram, linear, prepared
 
 
 class LSTMDecoder(Decoder):
@@ -58,18 +61,22 @@ class LSTMDecoder(Decoder):
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
         """h_0, c_0 from the mean feature; `capacity` is not needed: the state is the same size at every step."""
         mean = memory["feats"].mean(dim=1)  # (B, D)
-        return {"h": torch.tanh(self.init_h(mean)), "c": torch.tanh(self.init_c(mean))}  # (B, H) each
+        return {"h": torch.tanh(dense(mean, self.init_h)), "c": torch.tanh(dense(mean, self.init_c))}  # (B, H) each
 
     def _output(self, embedded: torch.Tensor, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """The deep output: embedded (..., E), h (..., H), gated context (..., D) -> logits (..., V)."""
-        deep = embedded + self.out_hidden(self.dropout(h)) + self.out_context(context)  # (..., E)
-        return self.out_vocab(self.dropout(deep))  # (..., V)
+        deep = embedded + dense(self.dropout(h), self.out_hidden) + dense(context, self.out_context)  # (..., E)
+        return dense(self.dropout(deep), self.out_vocab)  # (..., V)
 
     def _advance(self, memory: Memory, embedded: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         """One step from embedded previous words (B, E) -> logits (B, V), weights (B, N), state."""
         context, weights = self.attention(memory["feats"], memory["projected"], state["h"])  # (B, D), (B, N)
-        context = torch.sigmoid(self.gate(state["h"])) * context  # (B, D): gated z_t
-        h, c = self.cell(torch.cat([embedded, context], dim=1), (state["h"], state["c"]))  # (B, H) each
+        context = torch.sigmoid(dense(state["h"], self.gate)) * context  # (B, D): gated z_t
+        cell = self.cell  # nn.LSTMCell's parameters and arithmetic, its products through `linear`
+        gates = linear(torch.cat([embedded, context], dim=1), cell.weight_ih, cell.bias_ih) + linear(
+            state["h"], cell.weight_hh, cell.bias_hh
+        )  # (B, 4H)
+        h, c = lstm_update(gates, state["c"])  # (B, H) each
         return self._output(embedded, h, context), weights, {"h": h, "c": c}  # (B, V), (B, N)
 
     def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
@@ -95,8 +102,8 @@ class LSTMDecoder(Decoder):
         # Split, not sliced: the backward of a split is one cat, that of each slice a zero-filled copy of the whole.
         w_embedded, w_context = self.cell.weight_ih.split((self.embed_dim, D), dim=1)  # (4H, E), (4H, D)
         # The embedding's share of the cell input, for every step at once; biases folded in.
-        cell_in = torch.addmm(
-            self.cell.bias_ih + self.cell.bias_hh, embedded.reshape(B * T, -1), w_embedded.t()
+        cell_in = linear(
+            embedded.reshape(B * T, -1), w_embedded, self.cell.bias_ih + self.cell.bias_hh
         ).view(B, T, 4 * H).unbind(1)  # T x (B, 4H): unbound once, so backward stacks one gradient, not T
         # The products of h_{t-1} and z_t at every step, each weight's gradient as one product over all steps.
         context_product = RecurrentProduct(w_context.t())  # (D, 4H)
@@ -114,9 +121,7 @@ class LSTMDecoder(Decoder):
             context = torch.sigmoid(gate) * context  # (n, D): gated z_t
             step_in = cell_in[t] if n == B else cell_in[t][:n]  # (n, 4H); a slice's backward would zero-fill a copy
             gates = context_product(context) + (step_in + recurrent)  # (n, 4H)
-            i, f, g, o = gates.chunk(4, dim=1)  # (n, H) each, nn.LSTMCell's order
-            c = torch.sigmoid(f) * state["c"] + torch.sigmoid(i) * torch.tanh(g)  # (n, H)
-            h = torch.sigmoid(o) * torch.tanh(c)  # (n, H)
+            h, c = lstm_update(gates, state["c"])  # (n, H) each
             state = {"h": h, "c": c}
             hs.append(h)
             contexts.append(context)
@@ -147,6 +152,14 @@ class LSTMDecoder(Decoder):
         return ((1.0 - coverage) ** 2).mean()
 
 
+def lstm_update(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """nn.LSTMCell's update from its pre-activations: gates (n, 4H) in its order (i, f, g, o),
+    c_{t-1} (n, H) -> h_t, c_t (n, H) each."""
+    i, f, g, o = gates.chunk(4, dim=1)  # (n, H) each
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (n, H)
+    return torch.sigmoid(o) * torch.tanh(c), c  # (n, H) each
+
+
 def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[int]:
     """How many rows are still inside their caption at each of `steps` steps (trailing zeros cut).
 
@@ -174,8 +187,9 @@ class RecurrentProduct:
     results into w's gradient: T thin products (inner size: the batch) and T additions of a
     whole weight-sized matrix. Here each step's backward gives x_t its gradient and keeps
     (x_t, g_t); w's gradient X^T G is computed once, after the last of them (autograd runs the
-    node that hands w to the steps only after every step's backward). Without gradients, under
-    autocast or torch.compile, it is the plain product.
+    node that hands w to the steps only after every step's backward). The steps' products use
+    w as prepared once for them (`products.prepared`). With gradients under autocast or
+    torch.compile, or for the input alone, it is autograd's plain product.
     """
 
     def __init__(self, weight: torch.Tensor) -> None:
@@ -187,10 +201,20 @@ class RecurrentProduct:
             and not torch.compiler.is_compiling()
         )
         self.weight = _SharedWeight.apply(weight, self.collected) if self.deferred else weight  # (I, O)
+        plain = torch.is_grad_enabled() and not self.deferred  # autograd differentiates the product itself
+        self.forward = (lambda x: x @ weight) if plain else prepared(weight.t())  # x (n, I) -> x @ w (n, O)
+        self._backward: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._weight = weight
+
+    def backward(self, grad: torch.Tensor) -> torch.Tensor:
+        """grad (n, O) -> grad @ w^T (n, I); w prepared at the first step's backward."""
+        if self._backward is None:
+            self._backward = prepared(self._weight)
+        return self._backward(grad)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (n, I) -> x @ w (n, O)."""
-        return _StepProduct.apply(x, self.weight, self.collected) if self.deferred else x @ self.weight
+        return _StepProduct.apply(x, self.weight, self) if self.deferred else self.forward(x)
 
 
 class _SharedWeight(torch.autograd.Function):
@@ -209,20 +233,20 @@ class _SharedWeight(torch.autograd.Function):
             return None, None
         inputs, grads = zip(*ctx.collected)
         ctx.collected.clear()  # free the steps' tensors now
-        return torch.cat(inputs).t() @ torch.cat(grads), None  # (I, O): sum_t x_t^T g_t
+        return gram(torch.cat(inputs), torch.cat(grads)), None  # (I, O): sum_t x_t^T g_t
 
 
 class _StepProduct(torch.autograd.Function):
     """x @ w for one step; backward: x's gradient g w^T, and (x, g) handed on for w's."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, collected: list) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x, weight)
-        ctx.collected = collected
-        return x @ weight  # (n, O)
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, product: RecurrentProduct) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x)
+        ctx.product = product
+        return product.forward(x)  # (n, O)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
-        x, weight = ctx.saved_tensors
-        ctx.collected.append((x, grad))
-        return grad @ weight.t(), None, None  # (n, I)
+        (x,) = ctx.saved_tensors
+        ctx.product.collected.append((x, grad))
+        return ctx.product.backward(grad), None, None  # (n, I)

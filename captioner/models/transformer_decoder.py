@@ -10,6 +10,7 @@ from torch import nn
 from captioner.core.config import DecoderConfig
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.decoder import Decoder, DecoderOutput, Memory, State
+from captioner.models.products import dense
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -116,7 +117,12 @@ class TransformerDecoderLayer(nn.Module):
         h = self._block_input(x, self.norm_cross)
         out, weights = self.cross_attn.attend(h, cross_k, cross_v)  # (B, T, d), (B, nh, T, N)
         x = self._residual(x, out, self.norm_cross)
-        return self._residual(x, self.ff(self._block_input(x, self.norm_ff)), self.norm_ff), weights
+        return self._residual(x, self.feed_forward(self._block_input(x, self.norm_ff)), self.norm_ff), weights
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`self.ff(x)` (linear, activation, dropout, linear) with its products through `dense`: (B, T, d) -> (B, T, d)."""
+        expand, activation, dropout, contract = self.ff
+        return dense(dropout(activation(dense(x, expand))), contract)  # (B, T, d)
 
     def _block_input(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         """Pre-norm normalises what enters a block; post-norm what leaves the residual sum."""
@@ -205,7 +211,8 @@ class TransformerDecoder(Decoder):
 
     def prepare(self, feats: torch.Tensor) -> Memory:
         """feats (B, N, D) -> every layer's cross-attention keys and values, (B, nh, N, hs) each."""
-        grid = self.grid_proj(feats)  # (B, N, d)
+        projection, norm = self.grid_proj
+        grid = norm(dense(feats, projection))  # (B, N, d)
         if self.grid_position_encoding:
             grid = grid + grid_encoding(feats.shape[1], self.d_model, feats.device).to(grid.dtype)  # (B, N, d)
         grid = self.dropout(grid)
@@ -261,7 +268,7 @@ class TransformerDecoder(Decoder):
         if self_attention:
             seen = int(new_state["pos"].max())  # t+1: the host needs it to cut the slots never written
             new_state["self_attn"] = torch.stack(self_maps, dim=1)[..., :seen]  # (B, L, nh, t+1)
-        logits = self.out(self.final_norm(x[:, 0]))  # (B, V)
+        logits = dense(self.final_norm(x[:, 0]), self.out)  # (B, V)
         return logits.log_softmax(dim=-1), torch.stack(maps, dim=1), new_state  # (B, V), (B, L, nh, N)
 
     def forward(
@@ -285,6 +292,6 @@ class TransformerDecoder(Decoder):
             maps.append(w.transpose(1, 2))  # (B, T, nh, N)
             if self_w is not None:
                 self_maps.append(self_w.transpose(1, 2))  # (B, T, nh, T)
-        logits = self.out(self.final_norm(x))  # (B, T, V)
+        logits = dense(self.final_norm(x), self.out)  # (B, T, V)
         self_attn = torch.stack(self_maps, dim=2) if self_attention else None  # (B, T, L, nh, T)
         return DecoderOutput(logits, torch.stack(maps, dim=2), self_attn)  # attn (B, T, L, nh, N)

@@ -1,0 +1,110 @@
+"""The dense layers' products: torch's own (MKL's sgemm for fp32) against oneDNN's inner product
+with a reordered weight (`captioner.models.products`), side by side, alternating call by call.
+
+    python benchmarks/bench_products.py [--threads N] [--repeats 20]
+
+The shapes are the LSTM decoder's at the benchmark sizes of `bench_decoder.py` (COCO-like: 10,000
+words, 512 wide, a 14x14x2048 grid): a beam-search step of 32 images x 3 beams (96 rows), one
+image (3 rows), and the training step of 32 captions x 20 words (its forward and both backward
+products). Each row also gives the largest difference from float64, for both routes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from captioner.core.runtime import set_threads  # noqa: E402
+from captioner.models import products  # noqa: E402
+
+# (what, rows M, inputs K, outputs N, whether each call reorders its weight: training's
+# weights change at every step; decoding reuses the copy cached for the weight)
+SHAPES = [
+    ("beam step, 96 rows: deep output to 10k words", 96, 512, 10_000, False),
+    ("beam step, 96 rows: LSTM input weights [E y; z]", 96, 2_560, 2_048, False),
+    ("beam step, 96 rows: gate f_beta / recurrent weights", 96, 512, 2_048, False),
+    ("beam step, 96 rows: L_z context to embedding", 96, 2_048, 512, False),
+    ("beam step, 3 rows (one image): deep output", 3, 512, 10_000, False),
+    ("training: W_h over the grid, 32 x 196 cells (reordered each call)", 6_272, 2_048, 512, True),
+    ("training: deep output, 640 words (reordered each call)", 640, 512, 10_000, True),
+    ("training step t: h_{t-1} products, 32 rows (reordered once a step)", 32, 512, 4_608, False),
+    ("training step t: context into the cell, 32 rows (reordered once a step)", 32, 2_048, 2_048, False),
+]
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def alternating(a: Callable[[], object], b: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median ms of each, one call of each in turn, after a warm-up of both."""
+    a(), b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        ta.append(median_ms(a, 1))
+        tb.append(median_ms(b, 1))
+    return statistics.median(ta), statistics.median(tb)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    threads = set_threads(args.threads)
+    if not products.onednn_enabled():
+        sys.exit("bench_products: this torch build has no oneDNN inner product (or CAPTIONER_ONEDNN=0)")
+    torch.manual_seed(0)
+    print(f"threads {threads}, fp32, median of {args.repeats} alternating calls; error: largest |difference| from float64")
+    print("| product | M x K x N | torch (MKL) | oneDNN | speed-up | error torch / oneDNN |")
+    print("|---|---|---:|---:|---:|---:|")
+    for what, M, K, N, fresh in SHAPES:
+        x, weight, bias = torch.randn(M, K), torch.randn(N, K) / K**0.5, torch.randn(N)
+        exact = torch.addmm(bias.double(), x.double(), weight.double().t())
+
+        def ours() -> torch.Tensor:
+            if fresh:
+                return products._product(x, products._reorder(weight), bias)
+            return products.linear(x, weight, bias)
+
+        def theirs() -> torch.Tensor:
+            return F.linear(x, weight, bias)
+
+        with torch.no_grad():
+            t_theirs, t_ours = alternating(theirs, ours, args.repeats)
+            errors = [(f().double() - exact).abs().max().item() for f in (theirs, ours)]
+        print(
+            f"| {what} | {M} x {K} x {N} | {t_theirs:.2f} ms | {t_ours:.2f} ms | {t_theirs / t_ours:.2f}x "
+            f"| {errors[0]:.1e} / {errors[1]:.1e} |"
+        )
+    print("\nbackward of the training products (x W^T: the input's gradient g W, the weight's g^T x)")
+    print("| product | torch: g W + g^T x | oneDNN | speed-up |\n|---|---:|---:|---:|")
+    for what, M, K, N, _ in SHAPES[5:7]:
+        x, weight = torch.randn(M, K), torch.randn(N, K)
+        g = torch.randn(M, N)
+
+        def theirs_backward() -> None:
+            g @ weight, g.t() @ x
+
+        def ours_backward() -> None:
+            products.prepared(weight.t())(g), products.gram(g, x)
+
+        t_theirs, t_ours = alternating(theirs_backward, ours_backward, max(3, args.repeats // 4))
+        print(f"| {what} | {t_theirs:.1f} ms | {t_ours:.1f} ms | {t_theirs / t_ours:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Dense layers' matrix products on the CPU through oneDNN.
+
+For fp32 on the CPU, torch's `F.linear` and `@` call MKL's sgemm. On processors where MKL does
+not take its fast path (the AMD EPYC machines this project is measured on, and many cloud
+servers), oneDNN's inner product with a weight reordered into its blocked layout is 2.5-3.5x
+faster on the decoders' shapes (`benchmarks/bench_products.py`). It is the same fp32
+arithmetic in another summation order: results agree to fp32 rounding (about 1e-6 relative),
+not bit for bit.
+
+`linear(x, weight, bias)` is `F.linear` with that route taken where it applies: an fp32 CPU
+tensor, outside autocast (bf16 products already go through oneDNN), tracing, ONNX export and
+torch.compile (which see the plain op). Without gradients the reordered weight is cached per
+weight tensor and reused until the weight changes (an optimizer step, `load_state_dict`); with
+gradients each call reorders its weight once and the backward's two products go through
+oneDNN too. `CAPTIONER_ONEDNN=0` turns the route off, for comparisons.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_REORDER: Callable[..., torch.Tensor] | None = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
+_INNER_PRODUCT: Callable[..., torch.Tensor] | None = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+
+
+def onednn_enabled() -> bool:
+    """Whether this torch build has oneDNN's inner product and `CAPTIONER_ONEDNN` does not turn it off."""
+    return (
+        _REORDER is not None
+        and _INNER_PRODUCT is not None
+        and torch.backends.mkldnn.is_available()
+        and os.environ.get("CAPTIONER_ONEDNN", "1") != "0"
+    )
+
+
+_ENABLED = onednn_enabled()
+
+
+def set_onednn(enabled: bool) -> None:
+    """Turn the oneDNN route on or off for this process (benchmarks compare the two)."""
+    global _ENABLED
+    _ENABLED = enabled and onednn_enabled()
+
+
+def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        _ENABLED
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and not weight.is_mkldnn
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.jit.is_tracing()
+        and not torch.onnx.is_in_onnx_export()
+        and not torch.compiler.is_compiling()
+        and not torch.compiler.is_exporting()
+    )
+
+
+def _product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., K) @ W^T + bias -> (..., N), W (N, K) reordered by `_reorder`."""
+    return _INNER_PRODUCT(x, packed, bias, "none", [], "")  # type: ignore[misc]
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    """weight (N, K), any strides -> oneDNN's blocked copy of it."""
+    return _REORDER(weight.contiguous())  # type: ignore[misc]
+
+
+# Reordered weights for products without gradients: id(weight) -> (weakref to it, its storage,
+# its version, the copy). An in-place change bumps the version; a new tensor fails the weakref
+# check; a dead weight's entry is dropped by the weakref's callback.
+_CACHE: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
+
+
+def _cached_reorder(weight: torch.Tensor) -> torch.Tensor:
+    key = id(weight)
+    entry = _CACHE.get(key)
+    if entry is not None and entry[0]() is weight and entry[1] == weight.data_ptr() and entry[2] == weight._version:
+        return entry[3]
+    packed = _reorder(weight.detach())
+    _CACHE[key] = (weakref.ref(weight, lambda _ref, key=key: _CACHE.pop(key, None)), weight.data_ptr(), weight._version, packed)
+    return packed
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`: x (..., K), weight (N, K), bias (N,) -> (..., N)."""
+    if not _applies(x, weight):
+        return F.linear(x, weight, bias)
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    if needs_grad:
+        return _Linear.apply(x, weight, bias)
+    return _product(x, _cached_reorder(weight), None if bias is None else bias.detach())
+
+
+def dense(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """`layer(x)` through `linear`."""
+    return linear(x, layer.weight, layer.bias)
+
+
+def prepared(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x (n, K) -> x @ weight^T (n, N) for a weight (N, K) that many products share within one
+    pass (the steps of a recurrence): reordered once, here. No gradients flow through it: it is
+    for the inside of autograd Functions."""
+    if not _applies(weight, weight):
+        return lambda x: x @ weight.t()
+    packed = _reorder(weight.detach())
+    return lambda x: _product(x, packed, None)
+
+
+def gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a^T b: a (M, P), b (M, Q) -> (P, Q), summed over the M rows (a weight's gradient from a
+    layer's inputs and output gradients). oneDNN reorders the smaller of the two operands."""
+    if not _applies(a, b):
+        return a.t() @ b
+    if b.shape[1] <= a.shape[1]:
+        return _product(a.t(), _reorder(b.t()), None)  # (P, Q): a^T (b^T)^T
+    return _product(b.t(), _reorder(a.t()), None).t()  # (P, Q): (b^T a)^T
+
+
+class _Linear(torch.autograd.Function):
+    """`F.linear` with gradients, every product through oneDNN: forward x W^T, backward g W for
+    x and g^T x for W."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _product(x, _reorder(weight), bias)  # (..., N)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        needs_x, needs_w, needs_b = ctx.needs_input_grad
+        N, K = weight.shape
+        g = grad.reshape(-1, N)  # (M, N)
+        grad_x = grad_w = grad_b = None
+        if needs_x:
+            grad_x = _product(g, _reorder(weight.t()), None).view(*x.shape[:-1], K)  # (..., K): g W
+        if needs_w:
+            grad_w = gram(g, x.reshape(-1, K))  # (N, K): g^T x
+        if needs_b and ctx.has_bias:
+            grad_b = g.sum(0)  # (N,)
+        return grad_x, grad_w, grad_b
