@@ -1,10 +1,8 @@
 """The dense layers' products through oneDNN (`captioner.models.products`): the numbers of
 `F.linear` and autograd to fp32 rounding, the route really taken where it applies and not where
-it does not, and a cached weight that follows every change of the weight it was made from."""
+it does not, and a weight reordered once per decoding loop and anew in the next."""
 
 from __future__ import annotations
-
-import gc
 
 import pytest
 import torch
@@ -12,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from captioner.models import products
-from captioner.models.products import dense, gram, linear, prepared
+from captioner.models.products import dense, gram, linear, prepared, reused_weights
 
 pytestmark = pytest.mark.skipif(not products.onednn_enabled(), reason="this torch build has no oneDNN inner product")
 
@@ -72,33 +70,52 @@ def test_a_frozen_layer_still_passes_its_input_gradient(calls) -> None:
     assert layer.weight.grad is None
 
 
-def test_the_cached_weight_follows_the_weight(calls, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without gradients the reordered weight is made once and reused; an optimizer step, a
-    load_state_dict and a new Parameter each make it anew (a stale copy would give the old
-    layer's numbers); a dead weight's copy is let go."""
+def test_weights_are_reordered_once_per_scope_and_anew_in_the_next(calls, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside `reused_weights` (a decoding loop) a weight is reordered once and reused; the next
+    scope reorders it again, so a change between them is seen: a fused AdamW step, which changes
+    the weights in place without bumping their version (a cache keyed on it went stale and
+    scored the validation of a resumed run with old weights), and a load_state_dict."""
     torch.manual_seed(3)
     layer = nn.Linear(16, 12)
     x = torch.randn(5, 16)
     made = []
     original = products._reorder
     monkeypatch.setattr(products, "_reorder", lambda w: made.append(w.shape) or original(w))
-    with torch.no_grad():
+    with torch.no_grad(), reused_weights():
         dense(x, layer), dense(x, layer)
-        assert len(made) == 1
-    layer(x).sum().backward()
-    torch.optim.SGD(layer.parameters(), lr=0.5).step()  # in place
+        with reused_weights():  # nested: the outer copies serve
+            dense(x, layer)
+    assert len(made) == 1
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.5, fused=True)
+    layer(x).square().sum().backward()
+    version = layer.weight._version
+    optimizer.step()
+    assert layer.weight._version == version  # why the scope, not the version, decides
     other = nn.Linear(16, 12)
     with torch.no_grad():
-        torch.testing.assert_close(dense(x, layer), layer(x), **FP32)
-        layer.load_state_dict(other.state_dict())  # copy_ in place
-        torch.testing.assert_close(dense(x, layer), other(x), **FP32)
-        layer.weight = nn.Parameter(torch.randn(12, 16))  # a new tensor
-        torch.testing.assert_close(dense(x, layer), layer(x), **FP32)
-    assert len(made) == 4
-    cached = len(products._CACHE)
-    del layer, other
-    gc.collect()
-    assert len(products._CACHE) == cached - 1  # the layer's last weight; the others were dropped as they died
+        with reused_weights():
+            torch.testing.assert_close(dense(x, layer), F.linear(x, layer.weight, layer.bias), **FP32)
+        layer.load_state_dict(other.state_dict())
+        with reused_weights():
+            torch.testing.assert_close(dense(x, layer), other(x), **FP32)
+        dense(x, layer), dense(x, layer)  # outside a scope: every call reorders
+    assert len(made) == 5
+
+
+def test_decoding_reorders_each_weight_once_per_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search
+    from captioner.models.lstm_decoder import LSTMDecoder
+
+    torch.manual_seed(6)
+    decoder = LSTMDecoder(vocab_size=30, feat_dim=8, embed_dim=6, hidden_dim=10, attention_dim=5).eval()
+    monkeypatch.setattr(products, "_ENABLED", True)
+    made = []
+    original = products._reorder
+    monkeypatch.setattr(products, "_reorder", lambda w: made.append(tuple(w.shape)) or original(w))
+    beam_search(decoder, torch.randn(2, 4, 8), SpecialTokens(1, 2), DecodeOptions(beam_size=3, max_length=6))
+    assert len(made) == 10  # once each, not once a step: W_h, W_s, init h and c, gate, W_ih, W_hh, L_h, L_z, L_o
+    beam_search(decoder, torch.randn(2, 4, 8), SpecialTokens(1, 2), DecodeOptions(beam_size=3, max_length=6))
+    assert len(made) == 20
 
 
 class Dense(nn.Module):

@@ -22,6 +22,7 @@ import torch
 
 from captioner.core.config import DecodeConfig
 from captioner.core.errors import ConfigError
+from captioner.models.products import reused_weights
 from captioner.text.endings import bad_ending_ids
 
 if TYPE_CHECKING:
@@ -289,6 +290,7 @@ def apply_ending_rule(rule: EndingRule | None, logprobs: torch.Tensor, prev: tor
     return logprobs if rule is None else rule.apply(logprobs, prev, words)
 
 
+@reused_weights()  # the dense layers' weights reordered once for the whole loop
 def roll_out(
     decoder: Decoder,
     memory: dict[str, torch.Tensor],
@@ -420,6 +422,7 @@ def sample_n_best(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens,
     return [sorted(drawn[b * n : (b + 1) * n], key=lambda h: -h.score) for b in range(B)]
 
 
+@reused_weights()  # the dense layers' weights reordered once for the whole loop
 def decode_step_by_step(
     decoder: Decoder,
     feats: torch.Tensor,
@@ -478,6 +481,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, o
 
 
 @torch.no_grad()
+@reused_weights()  # the dense layers' weights reordered once for the whole search
 def beam_search_n_best(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> list[list[Hypothesis]]:

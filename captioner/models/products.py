@@ -9,17 +9,18 @@ not bit for bit.
 
 `linear(x, weight, bias)` is `F.linear` with that route taken where it applies: an fp32 CPU
 tensor, outside autocast (bf16 products already go through oneDNN), tracing, ONNX export and
-torch.compile (which see the plain op). Without gradients the reordered weight is cached per
-weight tensor and reused until the weight changes (an optimizer step, `load_state_dict`); with
-gradients each call reorders its weight once and the backward's two products go through
-oneDNN too. `CAPTIONER_ONEDNN=0` turns the route off, for comparisons.
+torch.compile (which see the plain op). Without gradients, inside `reused_weights()` (the
+decoding loops) each weight is reordered once per loop; with gradients each call reorders its
+weight and the backward's two products go through oneDNN too. `CAPTIONER_ONEDNN=0` turns the
+route off, for comparisons.
 """
 
 from __future__ import annotations
 
 import os
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -73,20 +74,36 @@ def _reorder(weight: torch.Tensor) -> torch.Tensor:
     return _REORDER(weight.contiguous())  # type: ignore[misc]
 
 
-# Reordered weights for products without gradients: id(weight) -> (weakref to it, its storage,
-# its version, the copy). An in-place change bumps the version; a new tensor fails the weakref
-# check; a dead weight's entry is dropped by the weakref's callback.
-_CACHE: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
+# The weights reordered in the current `reused_weights` scope: id(weight) -> (weight, its copy).
+# Holding the weight keeps its id from being reused by another tensor while the scope lasts.
+_SCOPE: ContextVar[dict[int, tuple[torch.Tensor, torch.Tensor]] | None] = ContextVar("captioner_reordered", default=None)
 
 
-def _cached_reorder(weight: torch.Tensor) -> torch.Tensor:
-    key = id(weight)
-    entry = _CACHE.get(key)
-    if entry is not None and entry[0]() is weight and entry[1] == weight.data_ptr() and entry[2] == weight._version:
-        return entry[3]
-    packed = _reorder(weight.detach())
-    _CACHE[key] = (weakref.ref(weight, lambda _ref, key=key: _CACHE.pop(key, None)), weight.data_ptr(), weight._version, packed)
-    return packed
+@contextmanager
+def reused_weights() -> Iterator[None]:
+    """Within it, products without gradients reorder each weight once and reuse the copy: for a
+    decoding loop, whose weights cannot change while it runs. (A cache that outlived the loop
+    would have to notice every change of a weight, and a fused optimizer's step changes weights
+    in place without bumping their version.) Per thread and nestable: an inner scope uses the
+    outer one's copies."""
+    if _SCOPE.get() is not None:
+        yield
+        return
+    token = _SCOPE.set({})
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def _scoped_reorder(weight: torch.Tensor) -> torch.Tensor:
+    scope = _SCOPE.get()
+    if scope is None:
+        return _reorder(weight.detach())
+    entry = scope.get(id(weight))
+    if entry is None or entry[0] is not weight:
+        entry = scope[id(weight)] = (weight, _reorder(weight.detach()))
+    return entry[1]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -98,7 +115,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     )
     if needs_grad:
         return _Linear.apply(x, weight, bias)
-    return _product(x, _cached_reorder(weight), None if bias is None else bias.detach())
+    return _product(x, _scoped_reorder(weight), None if bias is None else bias.detach())
 
 
 def dense(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
