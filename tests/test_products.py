@@ -138,6 +138,8 @@ def test_the_route_is_not_taken_where_it_does_not_apply(calls, monkeypatch: pyte
             assert dense(x, layer).dtype == torch.bfloat16  # autocast's cast, as layer(x) would
         traced = torch.jit.trace(Dense(layer), (x,), check_trace=False)  # the check would rerun it eagerly
         assert "mkldnn" not in str(traced.graph)  # an exported graph holds the plain op
+        with torch.backends.mkldnn.flags(enabled=False):
+            assert torch.equal(dense(x, layer), F.linear(x, layer.weight, layer.bias))
         products.set_onednn(False)
         assert torch.equal(dense(x, layer), F.linear(x, layer.weight, layer.bias))
     assert calls == []

@@ -52,6 +52,7 @@ def set_onednn(enabled: bool) -> None:
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         _ENABLED
+        and torch.backends.mkldnn.enabled  # a user who turned oneDNN off gets none of it
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
