@@ -118,6 +118,24 @@ def test_decoding_reorders_each_weight_once_per_search(monkeypatch: pytest.Monke
     assert len(made) == 20
 
 
+def test_sampling_with_gradients_reorders_each_weight_once_per_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SCST's samples carry gradients: each step's forward products still share one reordered
+    copy of each weight, the gradients still reach every layer."""
+    from captioner.models.decoding import sample_captions
+    from captioner.models.lstm_decoder import LSTMDecoder
+
+    torch.manual_seed(7)
+    decoder = LSTMDecoder(vocab_size=30, feat_dim=8, embed_dim=6, hidden_dim=10, attention_dim=5).train()
+    monkeypatch.setattr(products, "_ENABLED", True)
+    made = []
+    original = products._reorder
+    monkeypatch.setattr(products, "_reorder", lambda w: made.append(tuple(w.shape)) or original(w))
+    sampled = sample_captions(decoder, torch.randn(2, 4, 8), 1, 2, n=3, max_length=6, generator=torch.Generator().manual_seed(0))
+    assert len(made) == 10  # once each for the whole roll-out, not once a step
+    sampled.logprobs.sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in decoder.parameters())
+
+
 class Dense(nn.Module):
     def __init__(self, layer: nn.Linear) -> None:
         super().__init__()

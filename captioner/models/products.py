@@ -10,8 +10,8 @@ not bit for bit.
 `linear(x, weight, bias)` is `F.linear` with that route taken where it applies: an fp32 CPU
 tensor, outside autocast (bf16 products already go through oneDNN), tracing, ONNX export and
 torch.compile (which see the plain op). Without gradients, inside `reused_weights()` (the
-decoding loops) each weight is reordered once per loop; with gradients each call reorders its
-weight and the backward's two products go through oneDNN too. `CAPTIONER_ONEDNN=0` turns the
+decoding loops) each weight is reordered once per loop; with gradients each call outside such a
+loop reorders its weight, and the backward's two products go through oneDNN too. `CAPTIONER_ONEDNN=0` turns the
 route off, for comparisons.
 """
 
@@ -152,7 +152,8 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _product(x, _reorder(weight), bias)  # (..., N)
+        # In a decoding loop with gradients (SCST's samples) the weight is reordered once for all steps.
+        return _product(x, _scoped_reorder(weight), bias)  # (..., N)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
