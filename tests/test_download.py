@@ -1,4 +1,4 @@
-"""Tests for the COCO downloader against a local HTTP server on 127.0.0.1 (never the internet)."""
+"""Tests for the COCO and Flickr8k downloaders against a local HTTP server on 127.0.0.1 (never the internet)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from captioner.apps.cli import main
 from captioner.core.errors import DatasetError
 from captioner.data import download
-from captioner.data.download import RemoteFile, download_coco, download_file
+from captioner.data.download import RemoteFile, download_coco, download_file, download_flickr8k
+from captioner.data.flickr8k import load_flickr8k
 
 
 @dataclass
@@ -322,3 +324,142 @@ def test_official_table_is_consistent():
     for f in download.COCO_FILES:
         assert f.url.endswith("/" + f.name) and f.size > 0
         assert f.md5 is None or re.fullmatch(r"[0-9a-f]{32}", f.md5)
+
+
+# Flickr8k: the two archives as the real ones are laid out (the text files at the top of
+# Flickr8k_text.zip; the photos in Flicker8k_Dataset/, sic, beside a __MACOSX/ tree of resource
+# forks in Flickr8k_Dataset.zip), with three photos, one per split.
+FLICKR8K_PATH = "/jbrownlee/Datasets/releases/download/Flickr8k/"
+PHOTOS = {f"{n}_abc.jpg": os.urandom(20_000 + n) for n in (1, 2, 3)}
+TOKENS = "".join(f"{name}#{k}\tA dog runs number {k} .\n" for name in PHOTOS for k in range(5))
+FLICKR8K_ARCHIVES = {
+    FLICKR8K_PATH + "Flickr8k_text.zip": _zip({
+        "Flickr8k.token.txt": TOKENS.encode(),
+        "Flickr_8k.trainImages.txt": b"1_abc.jpg\n",
+        "Flickr_8k.devImages.txt": b"2_abc.jpg\n",
+        "Flickr_8k.testImages.txt": b"3_abc.jpg\n",
+        "readme.txt": b"Flickr8k",
+    }),
+    FLICKR8K_PATH + "Flickr8k_Dataset.zip": _zip({
+        **{f"Flicker8k_Dataset/{name}": data for name, data in PHOTOS.items()},
+        **{f"__MACOSX/Flicker8k_Dataset/._{name}": b"\0\5\26\7" for name in PHOTOS},
+    }),
+}
+
+
+@pytest.fixture
+def flickr8k(server, monkeypatch) -> ServerState:
+    """Serve the fake archives; the table keeps the official URLs and (unknown) sizes, with the
+    fakes' MD5s."""
+    server.files.update(FLICKR8K_ARCHIVES)
+    table = tuple(RemoteFile(f.name, f.url, f.size, _md5(FLICKR8K_ARCHIVES[FLICKR8K_PATH + f.name]), f.group)
+                  for f in download.FLICKR8K_FILES)
+    monkeypatch.setattr(download, "FLICKR8K_FILES", table)
+    return server
+
+
+def test_download_flickr8k_unpacks_a_root_that_load_flickr8k_reads(flickr8k, tmp_path):
+    paths = download_flickr8k(tmp_path, mirror=flickr8k.base, progress=False)
+
+    assert [r for r, _ in flickr8k.requests] == [FLICKR8K_PATH + "Flickr8k_text.zip",  # small one first
+                                                 FLICKR8K_PATH + "Flickr8k_Dataset.zip"]
+    assert tmp_path / "Flickr8k.token.txt" in paths and tmp_path / "Flicker8k_Dataset" in paths
+    assert not (tmp_path / "__MACOSX").exists() and tmp_path / "__MACOSX" not in paths
+    assert not (tmp_path / "images").exists()  # the archive's folder, not renamed
+    for split, name in (("train", "1_abc.jpg"), ("val", "2_abc.jpg"), ("test", "3_abc.jpg")):
+        records = load_flickr8k(tmp_path, split, strict=True)  # no data.image_root needed
+        assert [r.path for r in records] == [tmp_path / "Flicker8k_Dataset" / name]
+        assert records[0].captions == tuple(f"A dog runs number {k} ." for k in range(5))
+        assert records[0].path.read_bytes() == PHOTOS[name]
+    assert not list(tmp_path.rglob("*.part"))
+
+
+def test_flickr8k_command_says_what_it_fetched_and_the_config_line(flickr8k, tmp_path, capsys):
+    root = tmp_path / "flickr8k"
+    assert main(["data", "flickr8k", "--root", str(root), "--mirror", flickr8k.base]) == 0
+    out = capsys.readouterr().out
+    assert f"Flickr8k ready under {root}: Flickr8k_text.zip, Flickr8k_Dataset.zip" in out
+    assert f"3 photos in {root / 'Flicker8k_Dataset'}" in out
+    assert "train 1, val 1, test 1 images with captions" in out
+    assert f"use it with: data.root={root} " in out
+
+    assert main(["data", "flickr8k", "--root", str(root), "--mirror", flickr8k.base]) == 0
+    assert len(flickr8k.requests) == 2  # the second run fetches nothing
+    assert "train 1, val 1, test 1" in capsys.readouterr().out
+
+
+def test_flickr8k_resumes_an_interrupted_download(flickr8k, tmp_path):
+    photos = FLICKR8K_PATH + "Flickr8k_Dataset.zip"
+    flickr8k.cut_after[photos] = 25_000
+
+    download_flickr8k(tmp_path, mirror=flickr8k.base, progress=False)
+
+    assert flickr8k.requests_for(photos) == [None, "bytes=25000-"]
+    assert (tmp_path / "downloads" / "Flickr8k_Dataset.zip").read_bytes() == FLICKR8K_ARCHIVES[photos]
+    assert [r.path.name for r in load_flickr8k(tmp_path, "train", strict=True)] == ["1_abc.jpg"]
+
+
+def test_flickr8k_resumes_a_part_file_left_by_a_killed_run(flickr8k, tmp_path):
+    photos = FLICKR8K_PATH + "Flickr8k_Dataset.zip"
+    (tmp_path / "downloads").mkdir()
+    (tmp_path / "downloads" / "Flickr8k_Dataset.zip.part").write_bytes(FLICKR8K_ARCHIVES[photos][:30_000])
+
+    download_flickr8k(tmp_path, mirror=flickr8k.base, progress=False)
+
+    assert flickr8k.requests_for(photos) == ["bytes=30000-"]
+    assert len(load_flickr8k(tmp_path, "test", strict=True)) == 1
+
+
+def test_flickr8k_checksum_mismatch_is_one_line_naming_the_file(flickr8k, monkeypatch, tmp_path, capsys):
+    text, photos = download.FLICKR8K_FILES
+    monkeypatch.setattr(download, "FLICKR8K_FILES", (text, RemoteFile(photos.name, photos.url, None, "0" * 32, photos.group)))
+
+    assert main(["data", "flickr8k", "--root", str(tmp_path), "--mirror", flickr8k.base]) == 2
+
+    err = capsys.readouterr().err  # progress bars too, each redrawn after a carriage return
+    errors = [line for line in err.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "Traceback" not in err
+    assert errors[0].startswith("error: Flickr8k_Dataset.zip: checksum mismatch (expected md5 " + "0" * 32)
+    assert not list((tmp_path / "downloads").glob("Flickr8k_Dataset.zip*"))  # nothing corrupt kept
+    assert not (tmp_path / "Flicker8k_Dataset").exists()
+
+
+@pytest.mark.parametrize("bad", ["a file", "under a file"])
+def test_flickr8k_bad_root_is_one_line(flickr8k, tmp_path, capsys, bad):
+    (tmp_path / "taken").write_text("not a folder")
+    root = tmp_path / "taken" if bad == "a file" else tmp_path / "taken" / "flickr8k"
+
+    assert main(["data", "flickr8k", "--root", str(root), "--mirror", flickr8k.base]) == 2
+
+    err = capsys.readouterr().err
+    expected = "is a file, not a folder" if bad == "a file" else "cannot create the folder"
+    assert err.startswith("error: ") and expected in err and str(root) in err and err.count("\n") == 1
+    assert flickr8k.requests == []  # refused before any download
+
+
+def test_flickr8k_archives_without_the_expected_files(flickr8k, monkeypatch, tmp_path):
+    """A mirror serving other archives under these names: named, not a loader error later."""
+    other = _zip({"notes.txt": b"x"})
+    flickr8k.files[FLICKR8K_PATH + "Flickr8k_text.zip"] = other
+    text, photos = download.FLICKR8K_FILES
+    monkeypatch.setattr(download, "FLICKR8K_FILES", (RemoteFile(text.name, text.url, None, _md5(other), text.group), photos))
+
+    with pytest.raises(DatasetError, match=r"did not unpack Flickr8k\.token\.txt, Flickr_8k\.trainImages\.txt, .*downloads$"):
+        download_flickr8k(tmp_path, mirror=flickr8k.base, progress=False)
+
+
+def test_loader_prefers_images_to_the_archive_folder(tmp_path):
+    (tmp_path / "Flickr8k.token.txt").write_text("a.jpg#0\tA dog .\n")
+    (tmp_path / "Flickr_8k.trainImages.txt").write_text("a.jpg\n")
+    for folder in ("Flicker8k_Dataset", "images"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.jpg").write_bytes(b"jpeg")
+        assert load_flickr8k(tmp_path, "train")[0].path == tmp_path / folder / "a.jpg"
+    assert load_flickr8k(tmp_path, "train", image_root=tmp_path / "Flicker8k_Dataset")[0].path.parent.name == "Flicker8k_Dataset"
+
+
+def test_official_flickr8k_table():
+    assert [f.name for f in download.FLICKR8K_FILES] == ["Flickr8k_text.zip", "Flickr8k_Dataset.zip"]
+    for f in download.FLICKR8K_FILES:
+        assert f.url == "https://github.com/jbrownlee/Datasets/releases/download/Flickr8k/" + f.name
+        assert f.size is None and re.fullmatch(r"[0-9a-f]{32}", f.md5) and f.group == "flickr8k"

@@ -1,9 +1,11 @@
-"""Download and unpack the COCO caption data set (`captioner data coco --root DIR`).
+"""Download and unpack the COCO and Flickr8k caption data sets (`captioner data coco|flickr8k --root DIR`).
 
 `download_coco` fetches the official images and caption annotations of one COCO year (and
 optionally Karpathy's split file) into `root/downloads/`, checks their size and MD5, and extracts
 them into `root`, so that `root/train2014/...` and `root/annotations/captions_train2014.json`
-exist. `download_file` is the resumable, verified single-file downloader underneath. Only the
+exist. `download_flickr8k` does the same for Flickr8k's two archives, leaving the caption and
+split files at `root` and the photos in `root/Flicker8k_Dataset/`, the layout `load_flickr8k`
+reads. `download_file` is the resumable, verified single-file downloader underneath. Only the
 standard library (urllib, hashlib, zipfile) and tqdm are used.
 """
 
@@ -22,13 +24,14 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from tqdm import tqdm
 
 from captioner.core.errors import DatasetError
+from captioner.data.flickr8k import SPLIT_FILES, TOKEN_FILE, default_image_folder
 
-__all__ = ["COCO_FILES", "YEARS", "RemoteFile", "download_coco", "download_file"]
+__all__ = ["COCO_FILES", "FLICKR8K_FILES", "YEARS", "RemoteFile", "download_coco", "download_file", "download_flickr8k"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -36,13 +39,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One archive to fetch: its file name, official URL, size in bytes, MD5 (None if unknown)."""
+    """One archive to fetch: its file name, official URL, size in bytes and MD5 (None if unknown)."""
 
     name: str
     url: str
-    size: int
+    size: int | None
     md5: str | None
-    group: str  # "2014", "2017" or "karpathy": which call of `download_coco` wants it
+    group: str  # "2014", "2017", "karpathy" (which call of `download_coco` wants it) or "flickr8k"
 
 
 # Sizes: tensorflow/datasets, tensorflow_datasets/url_checksums/coco_captions.txt (which records
@@ -72,6 +75,20 @@ COCO_FILES: tuple[RemoteFile, ...] = (
                36_745_453, None, "karpathy"),
 )
 YEARS = ("2014", "2017")
+
+# The University of Illinois now hands Flickr8k out through a request form; these copies of its
+# two archives are the ones tutorials and libraries fetch. MD5s as published with them; no byte
+# sizes we could confirm, so the server's Content-Length stands in (and the MD5 decides).
+_FLICKR8K_URL = "https://github.com/jbrownlee/Datasets/releases/download/Flickr8k/"
+FLICKR8K_FILES: tuple[RemoteFile, ...] = (
+    # Text first: 2.3 MB that fail fast on a bad link or mirror, before the 1.1 GB of photos.
+    # Flickr8k.token.txt, Flickr_8k.{train,dev,test}Images.txt and others, at the archive's top.
+    RemoteFile("Flickr8k_text.zip", _FLICKR8K_URL + "Flickr8k_text.zip", None,
+               "bf6c1abcb8e4a833b7f922104de18627", "flickr8k"),
+    # Flicker8k_Dataset/ (sic) with the 8,091 JPEGs.
+    RemoteFile("Flickr8k_Dataset.zip", _FLICKR8K_URL + "Flickr8k_Dataset.zip", None,
+               "f18a1e2920de5bd84dae7cf08ec78978", "flickr8k"),
+)
 
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 60.0
@@ -142,11 +159,39 @@ def download_coco(
     year = str(year)
     if year not in YEARS:
         raise DatasetError(f"unknown COCO year {year!r}: choose one of {', '.join(YEARS)}")
-    root = Path(root)
-    downloads = root / "downloads"
     wanted = [f for f in COCO_FILES if f.group == year or (karpathy and f.group == "karpathy")]
+    return _download_and_extract(wanted, Path(root), mirror, progress)
+
+
+def download_flickr8k(root: Path, mirror: str | None = None, progress: bool = True) -> list[Path]:
+    """Download Flickr8k's caption and photo archives into `root` and unpack them.
+
+    Afterwards `root` holds Flickr8k.token.txt and the split files, and the photos are in
+    root/Flicker8k_Dataset/ (the archive's spelling), which `load_flickr8k` finds by itself: the
+    root is a config's `data.root` as it stands. Archives stay in `root/downloads/`, and a
+    repeated call neither downloads nor extracts again. `mirror` is as in `download_coco`.
+    Returns the top-level paths extracted.
+    """
+    root = Path(root)
+    extracted = _download_and_extract(FLICKR8K_FILES, root, mirror, progress)
+    missing = [name for name in (TOKEN_FILE, *SPLIT_FILES.values()) if not (root / name).is_file()]
+    if not default_image_folder(root).is_dir():
+        missing.append("Flicker8k_Dataset/")
+    if missing:  # a mirror serving other archives under these names
+        raise DatasetError(f"{root}: the Flickr8k archives did not unpack {', '.join(missing)} "
+                           f"there; check the files in {root / 'downloads'}")
+    return extracted
+
+
+def _download_and_extract(
+    wanted: Sequence[RemoteFile], root: Path, mirror: str | None, progress: bool
+) -> list[Path]:
+    """Fetch each archive into root/downloads/ and extract it into `root` once (a marker file
+    records what it produced); return the top-level paths extracted."""
+    urls = [_apply_mirror(remote.url, mirror) for remote in wanted]  # a bad mirror fails first
+    downloads = _make_folder(_make_folder(root) / "downloads")
     extracted: list[Path] = []
-    for remote in wanted:
+    for remote, url in zip(wanted, urls):
         marker = downloads / f"{remote.name}.extracted"
         if marker.is_file():
             paths = [root / line for line in marker.read_text().splitlines() if line]
@@ -155,13 +200,23 @@ def download_coco(
                 extracted.extend(paths)
                 continue
             logger.warning("files extracted from %s are missing, extracting again", remote.name)
-        url = _apply_mirror(remote.url, mirror)
         archive = download_file(url, downloads / remote.name, remote.size, remote.md5, progress)
         tops = _extract(archive, root, progress)
         # Written last: a crash mid-extraction leaves no marker, so the next call re-extracts.
         marker.write_text("".join(f"{t}\n" for t in tops))
         extracted.extend(root / t for t in tops)
     return extracted
+
+
+def _make_folder(path: Path) -> Path:
+    """Create `path` (and its parents): a file in the way or no permission is a one-line error."""
+    if path.exists() and not path.is_dir():
+        raise DatasetError(f"{path} is a file, not a folder to download into")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatasetError(f"cannot create the folder {path}: {e.strerror or e}") from None
+    return path
 
 
 def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> int | None:
@@ -308,7 +363,9 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
     """Extract `archive` into `root`; return the top-level names it created, in order."""
     try:
         with zipfile.ZipFile(archive) as zf:
-            members = zf.infolist()
+            # Archives zipped on a Mac (Flickr8k_Dataset.zip) carry a __MACOSX/ tree of
+            # resource forks, a "._" file per photo: nothing a reader wants, so never extracted.
+            members = [m for m in zf.infolist() if not m.filename.startswith("__MACOSX/")]
             for member in tqdm(members, unit="file", desc=f"extracting {archive.name}",
                                disable=not progress):
                 zf.extract(member, root)  # zipfile drops "..", drive and leading "/" parts

@@ -9,6 +9,16 @@ from captioner.core.errors import DatasetError
 from captioner.data.records import ImageRecord, drop_missing, read_text
 
 SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt", "test": "Flickr_8k.testImages.txt"}
+TOKEN_FILE = "Flickr8k.token.txt"
+# The photos' folder under the root: ours first, then the one the official Flickr8k_Dataset.zip
+# unpacks to (its name misspelt there), so an unzipped download needs no renaming or image_root.
+IMAGE_FOLDERS = ("images", "Flicker8k_Dataset")
+
+
+def default_image_folder(root: str | Path) -> Path:
+    """root/images, else root/Flicker8k_Dataset if only that exists (root/images if neither does)."""
+    root = Path(root)
+    return next((root / name for name in IMAGE_FOLDERS if (root / name).is_dir()), root / IMAGE_FOLDERS[0])
 
 
 def read_token_file(path: str | Path) -> dict[str, list[str]]:
@@ -41,14 +51,15 @@ def load_flickr8k(
     check_images: bool = True,
     strict: bool = False,
 ) -> list[ImageRecord]:
-    """Records of one official split (train, val = dev, test); `image_root` defaults to root/images.
+    """Records of one official split (train, val = dev, test); `image_root` defaults to
+    `default_image_folder(root)`: root/images, or the official zip's root/Flicker8k_Dataset.
 
     Image ids are the images' positions in the caption file, so they are stable across splits.
     """
     root = Path(root)
     if split not in SPLIT_FILES:
         raise DatasetError(f"{root}: unknown Flickr8k split {split!r} (train, val or test)")
-    captions = read_token_file(root / "Flickr8k.token.txt")
+    captions = read_token_file(root / TOKEN_FILE)
     ids = {name: i for i, name in enumerate(captions)}
     split_file = root / SPLIT_FILES[split]
     names: list[str] = []
@@ -63,6 +74,6 @@ def load_flickr8k(
             raise DatasetError(f"{split_file}:{number}: {name} has no captions in Flickr8k.token.txt")
         lines[name] = number
         names.append(name)
-    folder = Path(image_root) if image_root is not None else root / "images"
+    folder = Path(image_root) if image_root is not None else default_image_folder(root)
     records = [ImageRecord(ids[n], folder / n, tuple(captions[n])) for n in names]
     return drop_missing(records, str(split_file), strict) if check_images else records
