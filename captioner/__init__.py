@@ -1,7 +1,8 @@
 """captioner: image captioning with spatial attention.
 
-    from captioner import Captioner
+    from captioner import Captioner, default_model
     model = Captioner.from_pretrained("runs/shapes_lstm")        # a run folder, a .pt, an export folder or a Hub id
+    model = default_model()                                      # runs/default_model if exported, else runs/shapes_lstm
     caption = model.caption("photo.jpg", beam_size=3)
     caption.text, caption.words, caption.heatmaps()              # (T, h, w) attention per word
     captions = model.caption(["a.jpg", "b.png"])                 # a list in, a list out
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from captioner.models.caption import Caption
     from captioner.models.captioner import Captioner
-    from captioner.models.checkpoint import load_captioner
+    from captioner.models.checkpoint import default_model, load_captioner
     from captioner.models.decoding import DecodeOptions
 
 __version__ = "0.1.0"
@@ -28,9 +29,10 @@ _PUBLIC = {
     "Caption": "captioner.models.caption",
     "Captioner": "captioner.models.captioner",
     "DecodeOptions": "captioner.models.decoding",
+    "default_model": "captioner.models.checkpoint",
     "load_captioner": "captioner.models.checkpoint",
 }
-__all__ = ["Caption", "Captioner", "DecodeOptions", "load_captioner"]  # the keys of _PUBLIC
+__all__ = ["Caption", "Captioner", "DecodeOptions", "default_model", "load_captioner"]  # the keys of _PUBLIC
 
 
 def __getattr__(name: str) -> Any:

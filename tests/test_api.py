@@ -78,10 +78,10 @@ def test_import_captioner_is_lazy() -> None:
     code = (
         "import sys, captioner\n"
         "assert 'torch' not in sys.modules, 'torch imported by import captioner'\n"
-        "from captioner import Caption, Captioner, DecodeOptions, load_captioner\n"
+        "from captioner import Caption, Captioner, DecodeOptions, default_model, load_captioner\n"
         "assert 'torch' in sys.modules\n"
-        "assert Captioner.__module__ == 'captioner.models.captioner' and callable(load_captioner)\n"
-        "assert sorted(captioner.__all__) == ['Caption', 'Captioner', 'DecodeOptions', 'load_captioner']\n"
+        "assert Captioner.__module__ == 'captioner.models.captioner' and callable(load_captioner) and callable(default_model)\n"
+        "assert sorted(captioner.__all__) == ['Caption', 'Captioner', 'DecodeOptions', 'default_model', 'load_captioner']\n"
         "try:\n    captioner.Capshuner\nexcept AttributeError as e:\n    print(e)\n"
     )
     result = run_python(code, ROOT)

@@ -21,11 +21,12 @@ from captioner.models.export_format import CONFIG, is_exported, read_config
 from captioner.models.checkpoint_format import (
     FORMAT_VERSION,
     checkpoint_file,
+    find_default_model,
     read_checkpoint,
     write_checkpoint_file,
 )
 
-__all__ = ["FORMAT_VERSION", "checkpoint_config", "load_captioner", "read_checkpoint", "save_checkpoint"]
+__all__ = ["FORMAT_VERSION", "checkpoint_config", "default_model", "load_captioner", "read_checkpoint", "save_checkpoint"]
 
 
 def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = None, **extra: Any) -> None:
@@ -69,3 +70,10 @@ def load_captioner(path: str | Path, device: str | torch.device = "auto") -> Cap
     """`Captioner.from_pretrained`: a checkpoint file, a run folder (its best.pt, else last.pt),
     an exported folder or a Hub repo id -> the model in eval mode on `device` ("auto": a CUDA GPU when there is one)."""
     return Captioner.from_pretrained(path, device)
+
+
+def default_model(device: str | torch.device = "auto") -> Captioner:
+    """The project's default model, run from the project folder: the export at
+    runs/default_model when there is one, else the quickstart's shapes run (runs/shapes_lstm);
+    one line saying what to run when neither is there (`checkpoint_format.default_model_choice`)."""
+    return Captioner.from_pretrained(find_default_model(), device)

@@ -17,6 +17,7 @@ import logging
 import os
 import pickle
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -24,12 +25,19 @@ import torch
 
 from captioner.core.checksums import sha256_of
 from captioner.core.config import Config, config_from_dict
-from captioner.core.errors import CheckpointError, ConfigError
+from captioner.core.errors import CheckpointError, ConfigError, ExportError
 from captioner.core.files import write_atomically
-from captioner.models.export_format import CONFIG, hub_snapshot, is_exported, looks_like_repo_id
+from captioner.models.export_format import CONFIG, hub_snapshot, is_exported, looks_like_repo_id, read_config
 
 FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes
 RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
+DEFAULT_MODEL = Path("runs/default_model")
+"""Where the project's default model lives, relative to the project folder: the best model for
+real photographs (a Flickr8k captioner trained on all 6,000 training images), put there with
+`captioner export runs/<best run> runs/default_model`. `captioner demo` and `captioner caption`
+without a model, and `captioner.default_model()`, load it when it is there and the quickstart's
+shapes run (`QUICKSTART_RUN`) when it is not."""
+QUICKSTART_RUN = Path("runs/shapes_lstm")  # configs/shapes_lstm.yaml's train.out_dir: the default without an export
 CHECKSUM_TAG = b"captioner-sha256:"
 END_RECORD = b"PK\x05\x06"  # a zip's end of central directory: 22 bytes, then its comment
 END_RECORD_BYTES = 22
@@ -132,6 +140,49 @@ def checkpoint_file(path: str | Path) -> Path:
     if looks_like_repo_id(name):
         return hub_snapshot(name)
     raise CheckpointError(f"{path}: checkpoint not found (no such file, run folder, exported folder or Hub repo id)")
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    """Which model a command given none uses, and why (`default_model_choice`)."""
+
+    path: Path  # DEFAULT_MODEL (an export) or QUICKSTART_RUN (a run folder, perhaps not trained yet)
+    exported: bool
+    reason: str  # the one line logged
+
+
+def default_model_choice() -> DefaultModel:
+    """The export at DEFAULT_MODEL when that folder exists, else the quickstart's shapes run; the
+    choice is logged. A DEFAULT_MODEL that is there but holds no readable export is an error
+    naming the file: someone put a model there, and serving the shapes model on photographs
+    instead would look like a broken model, not like a fallback."""
+    folder = DEFAULT_MODEL
+    if not folder.exists():
+        choice = DefaultModel(QUICKSTART_RUN, False, f"default model: the shapes run {QUICKSTART_RUN} (no export at {folder})")
+        log.info(choice.reason)
+        return choice
+    if not folder.is_dir():
+        raise ExportError(f"{folder}: not a folder; the default model is an exported folder (`captioner export RUN {folder}`), "
+                          "or remove it to use the shapes model")
+    if not is_exported(folder):  # `export` writes config.json last: an export cut short lacks it
+        raise ExportError(f"{folder / CONFIG}: missing, so {folder} holds no complete export; re-run `captioner export RUN {folder}` "
+                          "or remove the folder to use the shapes model")
+    read_config(folder)  # a damaged config.json: its one line now, before the choice is logged
+    choice = DefaultModel(folder, True, f"default model: the export at {folder}")
+    log.info(choice.reason)
+    return choice
+
+
+def find_default_model() -> Path:
+    """What to load when no model is named: `default_model_choice()`'s, which must exist (nothing
+    here trains); one line saying what to run when neither the export nor the shapes run is here."""
+    choice = default_model_choice()
+    if choice.exported or any((choice.path / name).is_file() for name in RUN_CHECKPOINTS):
+        return choice.path
+    raise CheckpointError(
+        f"no default model here: neither an export at {DEFAULT_MODEL} (`captioner export runs/<best run> {DEFAULT_MODEL}`) "
+        f"nor a trained {QUICKSTART_RUN} (`captioner train configs/shapes_lstm.yaml`); run from the project folder"
+    )
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
