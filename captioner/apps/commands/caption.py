@@ -1,5 +1,9 @@
-"""`captioner caption CHECKPOINT IMAGES...`: captions, n-best lists and samples, as text or JSON,
-with attention, head-view and Grad-CAM figures on request."""
+"""`captioner caption [CHECKPOINT] IMAGES...`: captions, n-best lists and samples, as text or JSON,
+with attention, head-view and Grad-CAM figures on request.
+
+CHECKPOINT may be left out: when the first argument is an image file (by its extension) or a
+folder of images with no model in it, every argument is an image and the project's default
+model captions them (the export at runs/default_model, else the shapes run)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioner.apps.arguments import add_decode_arguments, add_ensemble_arguments, decode_options, expand_images, load_model
+from captioner.apps.arguments import (
+    IMAGE_SUFFIXES,
+    add_decode_arguments,
+    add_ensemble_arguments,
+    decode_options,
+    expand_images,
+    load_model,
+)
 from captioner.core.errors import CaptionerError, ImageLoadError
 
 if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither torch nor matplotlib
@@ -25,8 +36,10 @@ if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     caption = commands.add_parser("caption", help="caption images or folders of images")
-    caption.add_argument("checkpoint")
-    caption.add_argument("images", nargs="+")
+    caption.add_argument("checkpoint", nargs="?",
+                         help="a .pt, a run folder, an export or a Hub id; left out when the first argument is an image "
+                              "(or a folder of images): the default model, runs/default_model if exported, else runs/shapes_lstm")
+    caption.add_argument("images", nargs="*")
     add_decode_arguments(caption)
     add_ensemble_arguments(caption)
     caption.add_argument("--n-best", type=int, default=None, metavar="N",
@@ -68,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ensemble and (args.self_attention or args.saliency):
         flag = "--self-attention" if args.self_attention else "--saliency"
         raise CaptionerError(f"caption: {flag} looks inside one model; an ensemble (--ensemble) has several")
+    args.checkpoint, args.images = model_and_images([args.checkpoint, *args.images] if args.checkpoint else args.images, args.runtime)
     model = onnx_model(args) if args.runtime == "onnx" else load_model("caption", args.checkpoint, args)
     paths = expand_images(args.images)
     if not paths:
@@ -112,6 +126,35 @@ def run(args: argparse.Namespace) -> int:
     if failures:
         print(f"{failures} of {len(paths)} images failed", file=sys.stderr)
     return 1 if failures else 0
+
+
+def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, list[str]]:
+    """The model and the images among the positional arguments: the first names the model unless
+    it is an image file (by its extension, found or not) or a folder of images with no model in
+    it, in which case all are images and the model is the default one."""
+    if not inputs:
+        raise CaptionerError("caption: no images given")
+    first = Path(inputs[0])
+    # The ONNX runtime loads no torch, so it does not look inside folders for a model.
+    if not (first.suffix.lower() in IMAGE_SUFFIXES or (runtime != "onnx" and image_folder(first))):
+        if len(inputs) == 1:
+            raise CaptionerError(f"caption: no images given after the model {inputs[0]} (a first argument that is an image "
+                                 "file or a folder of images is captioned with the default model)")
+        return inputs[0], inputs[1:]
+    if runtime == "onnx":  # the default may be a PyTorch run, which onnxruntime cannot load
+        raise CaptionerError("caption --runtime onnx: name the exported folder to run first (e.g. runs/default_model)")
+    from captioner.models.checkpoint_format import find_default_model  # torch: loaded once a model is
+
+    return str(find_default_model()), inputs
+
+
+def image_folder(path: Path) -> bool:
+    """A folder holding images and no model (no best.pt, last.pt or config.json): the images to caption."""
+    from captioner.models.checkpoint_format import CONFIG, RUN_CHECKPOINTS
+
+    if not path.is_dir() or any((path / name).is_file() for name in (*RUN_CHECKPOINTS, CONFIG)):
+        return False
+    return any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.iterdir())
 
 
 ONNX_REFUSES = {"sample": "--sample", "heatmaps": "--heatmaps", "self_attention": "--self-attention",
