@@ -1,6 +1,6 @@
-"""The served models: loading them, their menu labels, their cards (what each was trained on and
-how it scored) and example images from their own dataset. Everything is read from the
-checkpoints; nothing here needs Gradio.
+"""The served models: loading them, their menu labels, the line saying which one serves and its
+test scores, their cards (what each was trained on and how it scored) and example images from
+their own dataset. Everything is read from the checkpoints and exports; nothing here needs Gradio.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from captioner.apps.model_card import DATASETS, METRICS, read_scores
 from captioner.core.config import Config, config_from_dict
 from captioner.core.errors import CaptionerError
 from captioner.data.datasets import load_split
@@ -29,14 +30,19 @@ def model_label(path: str, model: Captioner) -> str:
     return f"{name.parent.name}/{name.name} ({model.config.decoder.type} over {model.config.encoder.name})"
 
 
+def best_row(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The history row of the best validation (its epoch, and its step when mid-epoch), else the last."""
+    history = state.get("history") or []
+    best_epoch, best_step = state.get("best_epoch"), state.get("best_step")
+    return next((r for r in history if r.get("epoch") == best_epoch and best_step in (None, r.get("step"))), history[-1] if history else None)
+
+
 def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
     """One Markdown line: what a served model was trained on and how it scored on validation,
     from the checkpoint's config, vocabulary and train state."""
     config = config_from_dict(payload["config"], source=path) if payload else None
     state = payload.get("train_state") or {}
-    history = state.get("history") or []
-    best_epoch, best_step = state.get("best_epoch"), state.get("best_step")
-    row = next((r for r in history if r.get("epoch") == best_epoch and best_step in (None, r.get("step"))), history[-1] if history else None)
+    row = best_row(state)
     metric = config.train.val_metric if config else "?"
     if row:
         scores = ", ".join(f"{k[4:]} {float(v):.3f}" for k, v in row.items() if k.startswith("val_"))
@@ -51,28 +57,76 @@ def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
     )
 
 
-def model_cards(models: dict[str, Captioner]) -> str:
+def model_cards(models: dict[str, Captioner], payloads: dict[str, dict[str, Any]] | None = None) -> str:
     """What every served model was trained on, so a caption is read in its light (the shapes
-    model describes coloured shapes, whatever the photograph)."""
+    model describes coloured shapes, whatever the photograph). `payloads`: `recorded(path)` of
+    each, when already read."""
     lines = []
     for path, model in models.items():
-        try:
-            payload = exported_payload(Path(path)) if is_exported(path) else read_checkpoint(path)
-        except CaptionerError:
-            payload = {}
+        payload = payloads[path] if payloads is not None and path in payloads else recorded(path)
         lines.append("- " + model_card(path, model, payload))
     return "**Models served**\n\n" + "\n".join(lines)
 
 
+def recorded(path: str) -> dict[str, Any]:
+    """What the page reads of a served model besides its weights: `config` and `train_state` (a
+    checkpoint's own, or an export's rebuilt from its config.json) and `test`, the test-split
+    evaluations recorded with it (split -> {"overall", "beam_size", ...}); {} when unreadable."""
+    try:
+        if is_exported(path):
+            return exported_payload(Path(path))
+        payload = read_checkpoint(path)
+    except CaptionerError:
+        return {}
+    return {"config": payload["config"], "train_state": payload.get("train_state"), "test": read_scores(Path(path), None).test}
+
+
 def exported_payload(folder: Path) -> dict[str, Any]:
     """What a card reads from a checkpoint, from an exported folder's config.json: the training
-    config and the validation scores the export recorded."""
+    config, and the validation and test scores the export recorded."""
     config = read_config(folder)
     scores = config.get("scores") or {}
     epoch = scores.get("validation_epoch")
     row = {"epoch": epoch, **{f"val_{k}": v for k, v in (scores.get("validation") or {}).items()}}
     history = [row] if scores.get("validation") else []
-    return {"config": config.get("training_config") or {}, "train_state": {"history": history, "best_epoch": epoch, "epoch": epoch}}
+    return {
+        "config": config.get("training_config") or {},
+        "train_state": {"history": history, "best_epoch": epoch, "epoch": epoch},
+        "test": scores.get("test") or {},
+    }
+
+
+SERVING_METRICS = ("Bleu_4", "METEOR", "CIDEr")  # the serving line's scores, by COCO's names
+
+
+def serving_line(path: str, model: Captioner, payload: dict[str, Any]) -> str:
+    """Markdown: 'Serving: <model> — <dataset>, test BLEU-4 x, METEOR y, CIDEr-D z (beam 3)', the
+    test scores recorded with the model; without them its best validation's, marked as such."""
+    try:
+        config = config_from_dict(payload["config"], source=path) if payload.get("config") else None
+    except CaptionerError:
+        config = None
+    name = model_label(path, model)
+    if config is not None and is_exported(path) and Path(config.train.out_dir).name != Path(path).name:
+        name += f", exported from {Path(config.train.out_dir).name}"
+    dataset = DATASETS.get(config.data.dataset, (config.data.dataset,))[0] if config else "an unknown dataset"
+    test = (payload.get("test") or {}).get("test") or {}
+    row = best_row(payload.get("train_state") or {})
+    validation = {k[len("val_"):]: v for k, v in (row or {}).items() if k.startswith("val_")}
+    if named_scores(test.get("overall") or {}):
+        beam = f" (beam {test['beam_size']})" if test.get("beam_size") else ""
+        scores = f"test {named_scores(test['overall'])}{beam}"
+    elif named_scores(validation):
+        beam = f", beam {config.train.val_beam_size}" if config else ""
+        scores = f"validation {named_scores(validation)} (epoch {row.get('epoch', '?')}{beam}; no test scores recorded)"
+    else:
+        scores = "no test or validation scores recorded"
+    return f"**Serving:** {name} — {dataset}, {scores}"
+
+
+def named_scores(overall: dict[str, Any]) -> str:
+    """'BLEU-4 0.200, METEOR 0.190, CIDEr-D 0.500' for those of SERVING_METRICS in `overall`."""
+    return ", ".join(f"{METRICS[m][1]} {float(overall[m]):.3f}" for m in SERVING_METRICS if isinstance(overall.get(m), (int, float)))
 
 
 def dataset_examples(config: Config, count: int = 4) -> list[Path]:

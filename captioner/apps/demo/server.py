@@ -17,6 +17,7 @@ from captioner.apps.demo.batcher import MAX_BATCH
 from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, wait_for_callbacks
 from captioner.core.config import load_config
 from captioner.core.errors import CaptionerError
+from captioner.models.checkpoint_format import default_model_choice
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -29,7 +30,12 @@ SESSIONS = 1000  # sessions whose state the server keeps (Gradio's default, 10,0
 
 
 def default_checkpoint(config_path: Path = DEFAULT_CONFIG) -> Path:
-    """The quickstart's model: its best.pt if trained, else train it now (progress in the log)."""
+    """The project's default model: the export at runs/default_model when there is one
+    (`default_model_choice`, which logs the choice), else the quickstart's model, its best.pt if
+    trained, else trained now (progress in the log)."""
+    choice = default_model_choice()
+    if choice.exported:
+        return choice.path
     if not config_path.is_file():
         raise CaptionerError(f"{config_path}: not found; run the demo from the project folder or give a CHECKPOINT")
     config = load_config(config_path)
@@ -114,8 +120,9 @@ def serve(
     queue_size: int = QUEUE_SIZE,
     cleanup: Cleanup = Cleanup(),
 ) -> None:
-    """`captioner demo`: the given checkpoints, by default the quickstart's model (trained first
-    when missing), until interrupted; its temporary files in a cache of its own, removed at the end."""
+    """`captioner demo`: the given checkpoints, by default `default_checkpoint()` (the export at
+    runs/default_model, else the quickstart's model, trained first when missing), until
+    interrupted; its temporary files in a cache of its own, removed at the end."""
     limit_malloc_arenas()
     cache = private_cache()
     cleanup = Cleanup(cleanup.every_s, cleanup.max_age_s, empty_folders=cache is not None)

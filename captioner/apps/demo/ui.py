@@ -26,6 +26,8 @@ from captioner.apps.demo.cards import (
     load_models,
     model_cards,
     model_label,
+    recorded,
+    serving_line,
 )
 from captioner.apps.demo.checks import MAX_BEAM, MAX_LENGTH, check_request
 from captioner.apps.demo.choices import menus, word_choices, word_position
@@ -87,6 +89,7 @@ class Callbacks:
         from gradio.utils import get_upload_folder
 
         self.models = models
+        self.serving: dict[str, str] = {}  # model name -> its "Serving: ..." line (set by build_demo)
         self.max_pixels = max_pixels
         self.batcher = CaptionBatcher(max_batch)
         self.cleanup = cleanup
@@ -179,10 +182,11 @@ class Callbacks:
             gr.update(choices=choices, value=value, visible=True),
         )
 
-    def choose_model(self, model_name: str) -> tuple[gr.Dropdown, gr.Dropdown]:
-        """Layer and head menus for this model's decoder."""
-        layer, head = menus(self.model(model_name)[1])
-        return gr.Dropdown(**layer), gr.Dropdown(**head)
+    def choose_model(self, model_name: str) -> tuple[gr.Dropdown, gr.Dropdown, str]:
+        """Layer and head menus for this model's decoder, and the line saying it serves."""
+        name, model = self.model(model_name)
+        layer, head = menus(model)
+        return gr.Dropdown(**layer), gr.Dropdown(**head), self.serving.get(name, "")
 
     def outputs(self, page: PageOutput) -> tuple:
         """Page values in the order of the page's outputs (the figure is a step of its own)."""
@@ -234,6 +238,8 @@ def build_demo(
     browser, QueueError through the API). `examples` None: the first test images of the first
     model's dataset, where they are on this machine. `cleanup`: how long temporary files live."""
     callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
+    payloads = {name: recorded(name) for name in callbacks.models}  # each checkpoint read once, for the serving line and the cards
+    callbacks.serving = {name: serving_line(name, model, payloads[name]) for name, model in callbacks.models.items()}
     first_name, first = callbacks.model("")
     examples = dataset_examples(checkpoint_config(first_name)) if examples is None else examples
     delete_cache = (max(1, round(cleanup.every_s)), max(1, round(cleanup.max_age_s)))
@@ -243,6 +249,7 @@ def build_demo(
             "Upload an image or pick an example, then **Caption**. Each word comes with the map of "
             "where the model looked while writing it."
         )
+        serving = gr.Markdown(callbacks.serving[first_name], elem_id="serving")  # which model answers, and how it scored
         with gr.Row():
             with gr.Column(scale=1):
                 image = UploadImage(label="Image", type="filepath", sources=["upload", "clipboard"], height=320, elem_id="image")
@@ -272,7 +279,7 @@ def build_demo(
                                      "layer and head from the menus)", type="pil", visible=False, elem_id="head_view")
                 grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word")
                 head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False, elem_id="head_grid")
-        gr.Markdown(model_cards(callbacks.models), elem_id="model_card")
+        gr.Markdown(model_cards(callbacks.models, payloads), elem_id="model_card")
         result = gr.State(None, time_to_live=cleanup.max_age_s)  # a redraw needs it only as long as its pictures live
 
         # Each event: disable the download at once, show the caption and heatmaps, draw the figure
@@ -297,7 +304,7 @@ def build_demo(
             then_figure(redrawn, **private)
             redrawn.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
         grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
-        model_name.change(callbacks.choose_model, [model_name], [layer, head], queue=False, **private)
+        model_name.change(callbacks.choose_model, [model_name], [layer, head, serving], queue=False, **private)
     _CALLBACKS[demo] = callbacks
     return demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
 
