@@ -49,3 +49,22 @@ def caption_stats(captions: Iterable[str | Sequence[str]]) -> dict[str, float]:
         "repeated_bigram_rate": sum(repeats_bigram(w) for w in words) / n,
         "mean_length": sum(map(len, words)) / n,
     }
+
+
+def corpus_stats(captions: Sequence[str | Sequence[str]], training_captions: Iterable[str | Sequence[str]]) -> dict[str, float]:
+    """What a set of captions says, beside what the metrics score: `vocabulary` (distinct words
+    used), `copied_share` (captions that occur word for word among `training_captions`, the
+    memorised ones), `mean_length` and `distinct_share` (distinct captions / captions). A model that
+    describes every image with a few stock sentences scores well on BLEU and poorly here."""
+    words = [tuple(words_of(c)) for c in captions]
+    if not words:
+        return {"captions": 0, "vocabulary": 0, "copied_share": 0.0, "mean_length": 0.0, "distinct_share": 0.0}
+    seen = {tuple(words_of(c)) for c in training_captions}
+    n = len(words)
+    return {
+        "captions": n,
+        "vocabulary": len({w for caption in words for w in caption}),
+        "copied_share": sum(caption in seen for caption in words) / n,
+        "mean_length": sum(map(len, words)) / n,
+        "distinct_share": len(set(words)) / n,
+    }

@@ -140,22 +140,31 @@ def _sums(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
 # --- BLEU ------------------------------------------------------------------------------------------
 
 
-def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
-    """pycocoevalcap's `Bleu(4)`: corpus BLEU-1..4 (clipped matches and guesses summed over the
-    corpus, brevity penalty from the reference length closest to each hypothesis, the shorter on a
-    tie) and per-image BLEU-1..4 (`per_image[n - 1][i]`)."""
+def _clipped_matches(counted: CountedCaptions) -> list[list[int]]:
+    """Per image, the hypothesis's clipped n-gram matches for n = 1..4 (images, 4): each n-gram
+    counted at most as often as the one reference that has it most often."""
     best = np.zeros(len(counted.hyp_tf))  # (hyp,) the most any one reference has of the n-gram
     np.maximum.at(best, counted.match_hyp, counted.match_ref_tf)
     clipped = np.minimum(best, counted.hyp_tf)
     correct = _sums(counted.hyp_image * MAX_N + counted.hyp_order, clipped, counted.num_images * MAX_N)
-    correct_per_image = correct.reshape(counted.num_images, MAX_N).astype(np.int64).tolist()  # (images, 4), whole numbers
+    return correct.reshape(counted.num_images, MAX_N).astype(np.int64).tolist()  # (images, 4), whole numbers
 
+
+def _closest_ref_length(test_len: int, ref_lens: Sequence[int]) -> int:
+    """The reference length closest to the hypothesis's, the shorter on a tie (pycocoevalcap's 'closest')."""
+    return min((abs(length - test_len), length) for length in ref_lens)[1]
+
+
+def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
+    """pycocoevalcap's `Bleu(4)`: corpus BLEU-1..4 (clipped matches and guesses summed over the
+    corpus, brevity penalty from the reference length closest to each hypothesis, the shorter on a
+    tie) and per-image BLEU-1..4 (`per_image[n - 1][i]`)."""
     correct_total, guess_total = [0] * MAX_N, [0] * MAX_N
     test_total = ref_total = 0
     per_image: list[list[float]] = [[] for _ in range(MAX_N)]
-    for correct_n, test_len, ref_lens in zip(correct_per_image, counted.hyp_lengths, counted.ref_lengths):
+    for correct_n, test_len, ref_lens in zip(_clipped_matches(counted), counted.hyp_lengths, counted.ref_lengths):
         guess = [max(0, test_len - k) for k in range(MAX_N)]
-        ref_len = min((abs(length - test_len), length) for length in ref_lens)[1]
+        ref_len = _closest_ref_length(test_len, ref_lens)
         test_total += test_len
         ref_total += ref_len
         for k in range(MAX_N):
@@ -164,6 +173,36 @@ def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
         for k, score in enumerate(_bleu_n(correct_n, guess, test_len, ref_len)):
             per_image[k].append(score)
     return _bleu_n(correct_total, guess_total, test_total, ref_total), per_image
+
+
+@dataclass(frozen=True)
+class BleuParts:
+    """Corpus BLEU taken apart: BLEU-n = brevity_penalty * (p_1 ... p_n) ** (1 / n).
+
+    A BLEU-1 that lags while BLEU-4 does not says which factor to look at: captions too short
+    (`length_ratio` < 1, a penalty below 1 on every order) or wrong words (a low `precisions[0]`)."""
+
+    precisions: tuple[float, ...]  # clipped n-gram precision for n = 1..4
+    hypothesis_words: int
+    reference_words: int  # the closest reference length, summed over the images
+    length_ratio: float  # hypothesis_words / reference_words
+    brevity_penalty: float  # exp(1 - 1 / ratio) below 1, else 1
+
+
+def bleu_parts(counted: CountedCaptions) -> BleuParts:
+    """The factors of pycocoevalcap's corpus BLEU (see `bleu`), summed as it sums them."""
+    correct_total, guess_total = [0] * MAX_N, [0] * MAX_N
+    test_total = ref_total = 0
+    for correct_n, test_len, ref_lens in zip(_clipped_matches(counted), counted.hyp_lengths, counted.ref_lengths):
+        test_total += test_len
+        ref_total += _closest_ref_length(test_len, ref_lens)
+        for k in range(MAX_N):
+            correct_total[k] += correct_n[k]
+            guess_total[k] += max(0, test_len - k)
+    precisions = tuple(c / g if g else 0.0 for c, g in zip(correct_total, guess_total))
+    ratio = test_total / ref_total if ref_total else 0.0
+    penalty = math.exp(1 - 1 / ratio) if 0 < ratio < 1 else (1.0 if ratio >= 1 else 0.0)
+    return BleuParts(precisions, test_total, ref_total, ratio, penalty)
 
 
 def _bleu_n(correct: list[int], guess: list[int], test_len: int, ref_len: int) -> list[float]:

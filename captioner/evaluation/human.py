@@ -1,0 +1,67 @@
+"""The human ceiling: each reference caption scored against the other references of its image.
+
+A model is scored against all five references of an image, a human caption only against the
+other four, and the metrics grow with the number of references, so the two numbers are not
+comparable as they stand. `leave_one_out` puts both on the same footing: for each fold k, human
+caption k of every image is scored against the other references, and so is the model's caption,
+against those same references; each metric is the mean over the folds. The model's row here is
+therefore a little lower than its usual five-reference score, and the gap to the human row is the
+fair one (Karpathy's NeuralTalk and the COCO leaderboard's "human" row are made the same way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from captioner.core.errors import CaptionerError
+
+Scorer = Callable[[Mapping[int, list[str]], Mapping[int, str]], Mapping[str, float]]  # (references, predictions) -> overall
+
+
+@dataclass(frozen=True)
+class LeaveOneOut:
+    folds: int  # references held out in turn (the fewest any image has)
+    human: dict[str, float]  # mean over folds of reference k against the others
+    models: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> mean over the same folds
+
+
+def leave_one_out(
+    references: Mapping[int, Sequence[str]],
+    score: Scorer,
+    predictions: Mapping[str, Mapping[int, str]] | None = None,
+) -> LeaveOneOut:
+    """Score reference k of each image against the image's other references for every k, and each
+    model in `predictions` (name -> image id -> caption) against the same held-out sets.
+
+    Every image needs at least two references; images a model did not caption are an error, so
+    the human and model rows always cover the same images."""
+    if not references:
+        raise CaptionerError("leave-one-out: no references")
+    folds = min(len(refs) for refs in references.values())
+    if folds < 2:
+        short = next(i for i, refs in references.items() if len(refs) < 2)
+        raise CaptionerError(f"leave-one-out: image {short} has {len(references[short])} reference(s); each needs at least 2")
+    predictions = dict(predictions or {})
+    for name, captions in predictions.items():
+        missing = references.keys() - captions.keys()
+        if missing:
+            raise CaptionerError(f"leave-one-out: {name} has no caption for {len(missing)} image(s), e.g. {min(missing)}")
+
+    human_sums: dict[str, float] = {}
+    model_sums: dict[str, dict[str, float]] = {name: {} for name in predictions}
+    for k in range(folds):
+        others = {i: [c for j, c in enumerate(refs) if j != k] for i, refs in references.items()}
+        _accumulate(human_sums, score(others, {i: refs[k] for i, refs in references.items()}))
+        for name, captions in predictions.items():
+            _accumulate(model_sums[name], score(others, {i: captions[i] for i in references}))
+    return LeaveOneOut(
+        folds,
+        {key: total / folds for key, total in human_sums.items()},
+        {name: {key: total / folds for key, total in sums.items()} for name, sums in model_sums.items()},
+    )
+
+
+def _accumulate(sums: dict[str, float], scores: Mapping[str, float]) -> None:
+    for key, value in scores.items():
+        sums[key] = sums.get(key, 0.0) + float(value)
