@@ -22,10 +22,15 @@ VARIANTS = {  # name -> Captioner.decode options
     "diverse beam 3 (3 groups, lambda 0.5)": {"beam_size": 3, "diverse_groups": 3, "diversity_strength": 0.5},
 }
 KEYS = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
-HEADER = ("decoding", *KEYS, "nltk BLEU-4", "bad endings", "repeated bigram", "words", "cut off", "decode s")
+HEADER = ("decoding", *KEYS, "nltk BLEU-4", "p1", "length ratio", "BP", "bad endings", "repeated bigram", "words", "cut off", "decode s")
 
 
-def compare(checkpoint: str, split: str, device: str, batch_size: int | None) -> None:
+def length_penalty_variants(beam_size: int, alphas: list[float]) -> dict[str, dict[str, float]]:
+    """Beam search ranked by log-probability / ((5 + length) / 6) ** alpha, for each alpha."""
+    return {f"beam {beam_size}, length penalty {alpha:g}": {"beam_size": beam_size, "length_penalty": alpha} for alpha in alphas}
+
+
+def compare(checkpoint: str, split: str, device: str, batch_size: int | None, variants: dict[str, dict[str, float]] | None = None) -> None:
     from captioner.core.runtime import set_threads
     from captioner.data.datasets import load_split
     from captioner.evaluation.evaluate import decode_variants, encode_records
@@ -38,10 +43,11 @@ def compare(checkpoint: str, split: str, device: str, batch_size: int | None) ->
     print(f"{checkpoint} on {split} ({len(encoded.records)} images)\n")
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" + "---:|" * (len(HEADER) - 1))
-    for variant in decode_variants(model, encoded, VARIANTS, batch_size):
+    for variant in decode_variants(model, encoded, variants or VARIANTS, batch_size):
         scores, stats = variant.scores, variant.scores.caption_stats
         cells = [
             variant.name, *(f"{scores.overall[k]:.3f}" for k in KEYS), f"{scores.tutorial_bleu['nltk_corpus_BLEU_4']:.3f}",
+            f"{scores.bleu_parts.precisions[0]:.3f}", f"{scores.bleu_parts.length_ratio:.3f}", f"{scores.bleu_parts.brevity_penalty:.3f}",
             f"{100 * stats['bad_ending_rate']:.1f}%", f"{100 * stats['repeated_bigram_rate']:.1f}%",
             f"{stats['mean_length']:.1f}", str(sum(not c.finished for c in variant.captions.values())), f"{variant.seconds:.1f}",
         ]
@@ -54,9 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="test", choices=("train", "val", "test"))
     parser.add_argument("--batch-size", type=int, default=None, help="images per batch (default: the config's decode.batch_size)")
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
+    parser.add_argument("--length-penalties", metavar="A,B,...", help="instead of the fixed variants: beam --beam with each length penalty alpha")
+    parser.add_argument("--beam", type=int, default=3, help="beam width for --length-penalties")
     args = parser.parse_args(argv)
     try:
-        compare(args.checkpoint, args.split, args.device, args.batch_size)
+        variants = None
+        if args.length_penalties:
+            try:
+                alphas = [float(a) for a in args.length_penalties.split(",")]
+            except ValueError:
+                raise CaptionerError(f"--length-penalties: expected numbers separated by commas, got {args.length_penalties!r}") from None
+            variants = length_penalty_variants(args.beam, alphas)
+        compare(args.checkpoint, args.split, args.device, args.batch_size, variants)
     except CaptionerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

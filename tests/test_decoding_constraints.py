@@ -253,6 +253,25 @@ def test_cli_constraint_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         main([*base, "--min-length", "-1"])
 
 
+def test_cli_length_penalty_reaches_the_beam_search(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_checkpoint(tmp_path / "model.pt", eos_loving_model())
+    image = tmp_path / "image.png"
+    Image.fromarray(np.full((20, 24, 3), 90, dtype=np.uint8)).save(image)
+    base = ["caption", str(tmp_path / "model.pt"), str(image), "--device", "cpu", "--json", "--min-length", "2"]
+    scores = {}
+    for alpha in ("0", "1"):
+        assert main([*base, "--length-penalty", alpha]) == 0
+        row = json.loads(capsys.readouterr().out)[0]
+        assert row["caption"].split() == ["a", "a"]
+        scores[alpha] = row["score"]
+    # the same hypothesis, ranked by log-probability / ((5 + words) / 6) with its 2 words
+    assert scores["0"] / scores["1"] == pytest.approx((5 + 2) / 6, rel=1e-4)
+    for bad in ("-1", "inf", "short"):
+        with pytest.raises(SystemExit):
+            main([*base, "--length-penalty", bad])
+        assert "--length-penalty" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kind", ["lstm", "transformer"])
 def test_the_rule_reads_nothing_back_from_the_device(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The SCST roll-outs run a fixed number of steps and never wait on the device; with both

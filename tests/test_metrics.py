@@ -451,3 +451,24 @@ def test_compare_decoding(tiny_checkpoint: Path) -> None:
     overall = evaluate(model, records, beam_size=3, progress=False).scores.overall
     cells = rows[2].strip("| ").split(" | ")
     assert cells[1:6] == [f"{overall[k]:.3f}" for k in ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")]
+
+
+@needs_java
+def test_compare_decoding_length_penalties_and_bleus_factors(tiny_checkpoint: Path) -> None:
+    result = run_script("compare_decoding.py", str(tiny_checkpoint), "--device", "cpu", "--length-penalties", "0,2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines() if line.startswith("| beam")]
+    assert [row[0] for row in rows] == ["beam 3, length penalty 0", "beam 3, length penalty 2"]
+    bad = run_script("compare_decoding.py", str(tiny_checkpoint), "--length-penalties", "0,long")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--length-penalties" in bad.stderr
+    # BLEU's factors multiply back to the official BLEU-1 and BLEU-4 of the same evaluation.
+    from captioner.data.datasets import load_split
+    from captioner.models.checkpoint import checkpoint_config, load_captioner
+
+    model = load_captioner(tiny_checkpoint, "cpu")
+    scores = evaluate(model, load_split(checkpoint_config(tiny_checkpoint).data, "test"), beam_size=3, progress=False).scores
+    parts = scores.bleu_parts
+    assert parts.brevity_penalty * parts.precisions[0] == pytest.approx(scores.overall["Bleu_1"], rel=1e-6, abs=1e-9)
+    geometric = (parts.precisions[0] * parts.precisions[1] * parts.precisions[2] * parts.precisions[3]) ** 0.25
+    assert parts.brevity_penalty * geometric == pytest.approx(scores.overall["Bleu_4"], rel=1e-4, abs=1e-9)
+    assert parts.hypothesis_words == pytest.approx(scores.caption_stats["mean_length"] * len(scores.per_image))

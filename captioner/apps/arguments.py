@@ -65,6 +65,7 @@ def decode_options(args: argparse.Namespace) -> dict[str, Any]:
         "diverse_groups": args.diverse_groups,
         "diversity_strength": args.diversity_strength,
         "min_length": args.min_length,
+        "length_penalty": args.length_penalty,
         "suppress_bad_endings": True if args.no_bad_endings else None,
     }
     return {name: value for name, value in given.items() if value is not None}
@@ -78,6 +79,17 @@ def whole_number(text: str, minimum: int) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < minimum:
         raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number of at least 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
     return value
 
 
@@ -97,6 +109,9 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-trigrams", action="store_true", help="never repeat a word trigram within a caption")
     parser.add_argument("--min-length", type=non_negative_int, default=None, metavar="N",
                         help="no caption shorter than N words (default from the config)")
+    parser.add_argument("--length-penalty", type=non_negative_float, default=None, metavar="ALPHA",
+                        help="beam search ranks by log-probability / ((5 + length) / 6) ** ALPHA; 0 favours short captions "
+                             "(default from the config)")
     parser.add_argument("--no-bad-endings", action="store_true",
                         help='no caption ending on "a", "with", "of", ... (<eos> is not allowed right after them)')
     parser.add_argument("--diverse-groups", type=int, default=None, metavar="G",

@@ -24,6 +24,7 @@ from captioner.data.batching import image_loader
 from captioner.data.records import ImageRecord
 from captioner.data.store import SplitFeatures, StoreRows, feature_batches
 from captioner.evaluation.caption_stats import caption_stats
+from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu_parts
 from captioner.evaluation.grounding import GroundingReport, Instances, grounding_score
 from captioner.evaluation.interpret import InterpretReport, interpret_scores, records_grad_cam
 from captioner.evaluation.metrics import fast_scores, score_official
@@ -142,6 +143,7 @@ class Scores:
     official: bool  # pycocoevalcap with Java; else the fast in-process BLEU and CIDEr-D
     tutorial_bleu: dict[str, float]  # nltk_corpus_BLEU_1..4 on the same tokens, never the official BLEU
     caption_stats: dict[str, float]  # bad-ending and repeated-bigram rates, mean length
+    bleu_parts: BleuParts  # BLEU's factors on the same tokens: n-gram precisions, length ratio, brevity penalty
 
     @property
     def metrics(self) -> str:
@@ -154,6 +156,13 @@ class Scores:
         return {
             "tutorial_bleu": {"label": TUTORIAL_LABEL, **rounded(self.tutorial_bleu)},
             "caption_stats": rounded(self.caption_stats),
+            "bleu_parts": {
+                "precisions": [round(p, 4) for p in self.bleu_parts.precisions],
+                "hypothesis_words": self.bleu_parts.hypothesis_words,
+                "reference_words": self.bleu_parts.reference_words,
+                "length_ratio": round(self.bleu_parts.length_ratio, 4),
+                "brevity_penalty": round(self.bleu_parts.brevity_penalty, 4),
+            },
         }
 
 
@@ -168,7 +177,9 @@ def score_predictions(references: References, predictions: Predictions, official
     else:
         overall, per_image = fast_scores(references, predictions), {}
         refs, preds = tokenized(references, predictions, ptb=False)
-    return Scores(overall, per_image, official, nltk_corpus_bleu(refs, preds), caption_stats(preds.values()))
+    ids = sorted(preds)
+    parts = bleu_parts(CountedCaptions.of([" ".join(preds[i]) for i in ids], [[" ".join(r) for r in refs[i]] for i in ids]))
+    return Scores(overall, per_image, official, nltk_corpus_bleu(refs, preds), caption_stats(preds.values()), parts)
 
 
 @dataclass

@@ -212,6 +212,10 @@ def print_scores(title: str, scores: Scores) -> None:
     print(f"  {'nltk_corpus_BLEU_4':<8} {bleu['nltk_corpus_BLEU_4']:.4f}  ({bleu['label']})")
     print(f"  bad endings {100 * stats['bad_ending_rate']:.1f}%, repeated bigrams "
           f"{100 * stats['repeated_bigram_rate']:.1f}% of captions, mean length {stats['mean_length']:.1f} words")
+    parts = beside["bleu_parts"]
+    print(f"  BLEU's factors: precisions {' / '.join(f'{p:.3f}' for p in parts['precisions'])}, length ratio "
+          f"{parts['length_ratio']:.3f} ({parts['hypothesis_words']} words against the closest references' "
+          f"{parts['reference_words']}), brevity penalty {parts['brevity_penalty']:.3f}")
 
 
 def print_grounding(g: dict[str, Any]) -> None:
