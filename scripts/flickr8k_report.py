@@ -1,0 +1,158 @@
+"""What the models say on a test split, beside the humans: the leave-one-out table with a human
+row, caption statistics (vocabulary, captions copied from training, length), a gallery of test
+photographs with every model's caption and a human one, and the images the best model does worst.
+
+    python scripts/flickr8k_report.py --run LSTM=runs/flickr8k_full/lstm --run "LSTM blind=runs/flickr8k_full/lstm_blind" \\
+        --best LSTM --out runs/flickr8k_full/report --gallery-images ../shared/data/flickr8k/images
+
+Each run folder holds `best.pt`, and `results_test.json` and `scores_test.json` from
+`captioner evaluate RUN/best.pt --split test --out RUN`. Writes report.md, report.json,
+gallery.jpg and worst.jpg to --out. Needs Java (the official metrics) unless --no-human.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from captioner.core.errors import CaptionerError
+
+KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
+GALLERY_SIZE, WORST = 12, 10
+
+
+def parse_run(text: str) -> tuple[str, Path]:
+    name, sep, folder = text.partition("=")
+    if not sep or not name or not folder:
+        raise argparse.ArgumentTypeError(f"expected NAME=RUN_FOLDER, got {text!r}")
+    return name, Path(folder)
+
+
+def read_json(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise CaptionerError(f"{path}: no {what} (run `captioner evaluate {path.parent}/best.pt --split test --out {path.parent}`)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CaptionerError(f"{path}: not a readable {what} ({e})") from None
+
+
+def cells(scores: dict[str, float]) -> list[str]:
+    """BLEU, METEOR and ROUGE-L in percent as the papers print them, CIDEr-D as a fraction; '-' where a
+    metric is missing (a --fast evaluation has no METEOR or ROUGE-L)."""
+    return [("-" if k not in scores else f"{scores[k]:.3f}" if k == "CIDEr" else f"{100 * scores[k]:.1f}") for k in KEYS]
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
+
+
+def report(args: argparse.Namespace) -> dict[str, Any]:
+    from PIL import Image
+
+    from captioner.data.datasets import load_split
+    from captioner.data.images import load_image
+    from captioner.evaluation.caption_stats import corpus_stats
+    from captioner.evaluation.human import leave_one_out
+    from captioner.evaluation.metrics import fast_scores, official_scores
+    from captioner.evaluation.results_files import load_results
+    from captioner.models.checkpoint import checkpoint_config
+    from captioner.viz.gallery import GalleryItem, gallery_sheet
+
+    runs = dict(args.run)
+    if args.best not in runs:
+        raise CaptionerError(f"--best {args.best!r} is not one of the runs ({', '.join(runs)})")
+    data = checkpoint_config(runs[args.best] / "best.pt").data
+    records = load_split(data, args.split)
+    references = {r.image_id: list(r.captions) for r in records}
+    training = [c for r in load_split(data, "train", check_images=False) for c in r.captions]
+    predictions, scores = {}, {}
+    for name, folder in runs.items():
+        results = folder / f"results_{args.split}.json"
+        read_json(results, "results file")
+        predictions[name] = load_results(results, references)
+        scores[name] = read_json(folder / f"scores_{args.split}.json", "scores file")
+        missing = len(references) - len(predictions[name])
+        if missing:
+            raise CaptionerError(f"{results}: {missing} of the {len(references)} {args.split} images have no caption")
+
+    out: dict[str, Any] = {"split": args.split, "images": len(references), "runs": {n: str(f) for n, f in runs.items()}}
+    out["scores"] = {name: scores[name]["overall"] for name in runs}
+    md = [f"# {args.split}: {len(references)} images\n", "## Official metrics, each caption against all its references\n"]
+    md.append(table(["model", *KEYS], [[name, *cells(s)] for name, s in out["scores"].items()]))
+
+    if not args.no_human:
+        scorer = fast_scores if args.fast else (lambda refs, preds: official_scores(refs, preds)[0])
+        folds = leave_one_out(references, scorer, predictions)
+        out["leave_one_out"] = {"folds": folds.folds, "human": folds.human, **folds.models}
+        md += [f"\n## Leave one out: each human caption, and each model, against the other {folds.folds - 1} references\n",
+               table(["captions", *KEYS], [[name, *cells(s)] for name, s in {"human": folds.human, **folds.models}.items()])]
+
+    fold_count = min(len(c) for c in references.values())
+    human_folds = [corpus_stats([references[i][k] for i in references], training) for k in range(fold_count)]
+    stats = {name: corpus_stats(list(predictions[name].values()), training) for name in runs}
+    stats["human (mean of the single-reference sets)"] = {key: sum(f[key] for f in human_folds) / fold_count for key in human_folds[0]}
+    out["caption_stats"] = stats
+    md += ["\n## What the captions say\n", table(
+        ["captions", "vocabulary (words used)", "copied from training", "distinct captions", "mean length (words)"],
+        [[name, f"{s['vocabulary']:.0f}", f"{100 * s['copied_share']:.1f}%", f"{100 * s['distinct_share']:.1f}%", f"{s['mean_length']:.2f}"]
+         for name, s in stats.items()])]
+
+    by_id = {r.image_id: r for r in records}
+    gallery_root = Path(args.gallery_images) if args.gallery_images else None
+    shown = [r for r in records if gallery_root is None or (gallery_root / r.path.name).is_file()]
+    chosen = sorted(random.Random(args.seed).sample(shown, min(GALLERY_SIZE, len(shown))), key=lambda r: r.path.name)
+
+    def picture(record: Any) -> Image.Image:
+        path = gallery_root / record.path.name if gallery_root and (gallery_root / record.path.name).is_file() else record.path
+        return load_image(path)
+
+    items = [GalleryItem(picture(r), r.path.name, [*((n, predictions[n][r.image_id]) for n in runs), ("human", r.captions[0])])
+             for r in chosen]
+    out["gallery"] = [r.path.name for r in chosen]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    gallery_sheet(items).save(Path(args.out) / "gallery.jpg", quality=88)
+
+    per_image = {row["image_id"]: row for row in scores[args.best]["per_image"]}
+    worst = sorted(per_image, key=lambda i: (per_image[i]["CIDEr"], i))[:WORST]
+    out["worst"] = [{"image": by_id[i].path.name, "CIDEr": per_image[i]["CIDEr"], "caption": predictions[args.best][i],
+                     "references": references[i]} for i in worst]
+    md += [f"\n## The {WORST} test images with the lowest CIDEr-D ({args.best})\n"]
+    md += [f"{n}. `{w['image']}` CIDEr-D {w['CIDEr']:.3f}: \"{w['caption']}\"; humans: \"{w['references'][0]}\" / \"{w['references'][1]}\""
+           for n, w in enumerate(out["worst"], 1)]
+    worst_items = [GalleryItem(picture(by_id[i]), f"{by_id[i].path.name}  CIDEr-D {per_image[i]['CIDEr']:.3f}",
+                               [(args.best, predictions[args.best][i]), ("human", references[i][0]), ("human", references[i][1])])
+                   for i in worst]
+    gallery_sheet(worst_items, columns=5).save(Path(args.out) / "worst.jpg", quality=88)
+    (Path(args.out) / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    (Path(args.out) / "report.json").write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print("\n".join(md))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=parse_run, action="append", required=True, metavar="NAME=RUN", help="a model's run folder (repeat)")
+    parser.add_argument("--best", required=True, help="the NAME whose worst images are listed")
+    parser.add_argument("--out", required=True, help="folder for report.md, report.json, gallery.jpg, worst.jpg")
+    parser.add_argument("--split", default="test", choices=("val", "test"))
+    parser.add_argument("--gallery-images", help="a folder of the same photographs at full resolution, shown in the figures where present")
+    parser.add_argument("--seed", type=int, default=0, help="which photographs the gallery shows")
+    parser.add_argument("--no-human", action="store_true", help="leave out the leave-one-out table (it needs Java)")
+    parser.add_argument("--fast", action="store_true", help="leave-one-out with the in-process BLEU and CIDEr-D (no Java, no METEOR)")
+    args = parser.parse_args(argv)
+    try:
+        report(args)
+    except CaptionerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
