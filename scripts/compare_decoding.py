@@ -10,7 +10,9 @@ decodes the split's encoder features, kept in memory, with every setting of VARI
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from captioner.core.errors import CaptionerError
 
@@ -30,7 +32,10 @@ def length_penalty_variants(beam_size: int, alphas: list[float]) -> dict[str, di
     return {f"beam {beam_size}, length penalty {alpha:g}": {"beam_size": beam_size, "length_penalty": alpha} for alpha in alphas}
 
 
-def compare(checkpoint: str, split: str, device: str, batch_size: int | None, variants: dict[str, dict[str, float]] | None = None) -> None:
+def compare(
+    checkpoint: str, split: str, device: str, batch_size: int | None, variants: dict[str, dict[str, float]] | None = None,
+    json_path: str | None = None,
+) -> None:
     from captioner.core.runtime import set_threads
     from captioner.data.datasets import load_split
     from captioner.evaluation.evaluate import decode_variants, encode_records
@@ -43,8 +48,12 @@ def compare(checkpoint: str, split: str, device: str, batch_size: int | None, va
     print(f"{checkpoint} on {split} ({len(encoded.records)} images)\n")
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" + "---:|" * (len(HEADER) - 1))
-    for variant in decode_variants(model, encoded, variants or VARIANTS, batch_size):
+    variants = variants or VARIANTS
+    rows = []
+    for variant in decode_variants(model, encoded, variants, batch_size):
         scores, stats = variant.scores, variant.scores.caption_stats
+        rows.append({"name": variant.name, "options": variants[variant.name], "overall": scores.overall,
+                     **scores.beside_official(), "seconds": round(variant.seconds, 2)})
         cells = [
             variant.name, *(f"{scores.overall[k]:.3f}" for k in KEYS), f"{scores.tutorial_bleu['nltk_corpus_BLEU_4']:.3f}",
             f"{scores.bleu_parts.precisions[0]:.3f}", f"{scores.bleu_parts.length_ratio:.3f}", f"{scores.bleu_parts.brevity_penalty:.3f}",
@@ -52,6 +61,11 @@ def compare(checkpoint: str, split: str, device: str, batch_size: int | None, va
             f"{stats['mean_length']:.1f}", str(sum(not c.finished for c in variant.captions.values())), f"{variant.seconds:.1f}",
         ]
         print("| " + " | ".join(cells) + " |", flush=True)
+    if json_path:
+        from captioner.core.files import write_atomically
+
+        text = json.dumps({"checkpoint": checkpoint, "split": split, "images": len(encoded.records), "variants": rows}, indent=1) + "\n"
+        write_atomically(Path(json_path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
     parser.add_argument("--length-penalties", metavar="A,B,...", help="instead of the fixed variants: beam --beam with each length penalty alpha")
     parser.add_argument("--beam", type=int, default=3, help="beam width for --length-penalties")
+    parser.add_argument("--json", metavar="PATH", help="also write every variant's options, scores and statistics as JSON")
     args = parser.parse_args(argv)
     try:
         variants = None
@@ -71,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError:
                 raise CaptionerError(f"--length-penalties: expected numbers separated by commas, got {args.length_penalties!r}") from None
             variants = length_penalty_variants(args.beam, alphas)
-        compare(args.checkpoint, args.split, args.device, args.batch_size, variants)
+        compare(args.checkpoint, args.split, args.device, args.batch_size, variants, args.json)
     except CaptionerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

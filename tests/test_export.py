@@ -190,6 +190,19 @@ def test_export_refuses_a_foreign_folder_and_an_export_as_source(exported: tuple
     assert_one_line(error, "already an exported folder")
 
 
+def test_export_carries_decoding_defaults_tuned_after_training(exported: tuple[Path, Path], tmp_path: Path) -> None:
+    run, _ = exported
+    assert main(["export", str(run), str(tmp_path / "tuned"), "--beam", "5", "--length-penalty", "1.5"]) == 0
+    config = json.loads((tmp_path / "tuned" / CONFIG).read_text())
+    assert config["decode"]["beam_size"] == 5 and config["decode"]["length_penalty"] == 1.5
+    loaded = Captioner.from_pretrained(tmp_path / "tuned", device="cpu")
+    assert loaded.decode_config.length_penalty == 1.5 and loaded.decode_config.beam_size == 5
+    untouched = json.loads((exported[1] / CONFIG).read_text())["decode"]  # without the flags: the checkpoint's
+    assert untouched["length_penalty"] == checkpoint_config(run / "best.pt").decode.length_penalty
+    with pytest.raises(SystemExit):
+        main(["export", str(run), str(tmp_path / "bad"), "--length-penalty", "-1"])
+
+
 def main_raising(argv: list[str]) -> None:
     """Run a command's `run` directly, so its CaptionerError reaches the test."""
     from captioner.apps.cli import build_parser

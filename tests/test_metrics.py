@@ -455,8 +455,12 @@ def test_compare_decoding(tiny_checkpoint: Path) -> None:
 
 @needs_java
 def test_compare_decoding_length_penalties_and_bleus_factors(tiny_checkpoint: Path) -> None:
-    result = run_script("compare_decoding.py", str(tiny_checkpoint), "--device", "cpu", "--length-penalties", "0,2")
+    result = run_script("compare_decoding.py", str(tiny_checkpoint), "--device", "cpu", "--length-penalties", "0,2",
+                        "--json", str(tiny_checkpoint.parent / "alphas.json"))
     assert result.returncode == 0, result.stderr[-2000:]
+    table = json.loads((tiny_checkpoint.parent / "alphas.json").read_text())
+    assert [v["options"] for v in table["variants"]] == [{"beam_size": 3, "length_penalty": 0.0}, {"beam_size": 3, "length_penalty": 2.0}]
+    assert all(set(v["overall"]) >= {"Bleu_1", "METEOR", "CIDEr"} and "bleu_parts" in v for v in table["variants"])
     rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines() if line.startswith("| beam")]
     assert [row[0] for row in rows] == ["beam 3, length penalty 0", "beam 3, length penalty 2"]
     bad = run_script("compare_decoding.py", str(tiny_checkpoint), "--length-penalties", "0,long")

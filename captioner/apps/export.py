@@ -5,13 +5,16 @@ Hugging Face Hub."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from captioner.apps.model_card import model_card, read_scores
-from captioner.core.config import Config
+from captioner.core.config import Config, DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
 from captioner.data.images import load_image
 from captioner.models.captioner import Captioner
@@ -25,11 +28,16 @@ FIGURE = "attention.png"
 WRITTEN = {WEIGHTS, CONFIG, VOCAB, CARD, FIGURE, "onnx"}  # what an export folder may already hold
 
 
-def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path | None = None, onnx: bool = False) -> list[Path]:
+def export_model(
+    checkpoint: str | Path, folder: str | Path, image: str | Path | None = None, onnx: bool = False,
+    decode: Mapping[str, Any] | None = None,
+) -> list[Path]:
     """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written.
 
     The figure captions `image`, else the first test image of the model's dataset that loads;
-    without one the card says so and has no figure."""
+    without one the card says so and has no figure. `decode` (DecodeConfig fields, such as a
+    length penalty tuned on dev after training) replaces those of the checkpoint's decode section,
+    so every user of the export decodes as its test scores were measured."""
     source = checkpoint_file(checkpoint)
     if is_exported(source):
         raise ExportError(f"{source}: already an exported folder; export takes a checkpoint (.pt) or a run folder")
@@ -43,6 +51,11 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
     payload = read_checkpoint(source)  # read once: the weights, the run config and the history
     config = run_config(payload["config"], source)
     model = Captioner.from_checkpoint_payload(payload, source).eval()
+    if decode:
+        unknown = set(decode) - {f.name for f in dataclasses.fields(DecodeConfig)}
+        if unknown:
+            raise ExportError(f"export: unknown decode setting(s) {', '.join(sorted(unknown))}")
+        model.decode_config = dataclasses.replace(model.decode_config, **decode)
     scores = read_scores(source, payload.get("train_state"))
     files = model.save_pretrained(
         folder,

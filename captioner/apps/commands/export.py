@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from captioner.apps.arguments import non_negative_float, positive_int
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser("export", help="write a checkpoint as a loadable, shareable folder (Hub layout; --onnx)")
@@ -12,13 +14,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument("folder", help="the folder to write (new or empty, or an earlier export)")
     export.add_argument("--image", help="the image the card's attention figure captions (default: the first test image)")
     export.add_argument("--onnx", action="store_true", help="also write the encoder and the decoder step as ONNX (onnx/)")
+    export.add_argument("--beam", type=positive_int, default=None, help="the export's default beam width (default: the checkpoint's)")
+    export.add_argument("--length-penalty", type=non_negative_float, default=None, metavar="ALPHA",
+                        help="the export's default length penalty, e.g. the one tuned on dev (default: the checkpoint's)")
     export.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from captioner.apps.export import export_model
 
-    files = export_model(args.checkpoint, args.folder, image=args.image, onnx=args.onnx)
+    decode = {"beam_size": args.beam, "length_penalty": args.length_penalty}
+    decode = {key: value for key, value in decode.items() if value is not None}
+    files = export_model(args.checkpoint, args.folder, image=args.image, onnx=args.onnx, decode=decode)
     for path in files:
         print(path)
     return 0

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Flickr8k, the full official protocol (6,000 train / 1,000 dev / 1,000 test photographs, five
+# captions each) against Xu et al. 2015, Table 1: every model of the README's table, in one
+# command, resumable. Frozen ImageNet EfficientNet-Lite0 grids, encoded once into one fp16
+# feature store shared by every run. Each model is trained on train, selected on dev, its beam
+# search length penalty tuned on dev (the alpha with the best dev CIDEr-D, the metric checkpoints
+# are selected on), and scored once on test with the official metrics. Then the report (human
+# row, caption statistics, gallery, worst images) and the export of the default model.
+#
+# Usage: bash scripts/flickr8k_full.sh [DATA_ROOT] [IMAGE_ROOT] [STEP ...]
+#   DATA_ROOT   Flickr8k.token.txt and the split files (default ../shared/data/flickr8k)
+#   IMAGE_ROOT  the photographs (default ../shared/data/flickr8k_224/images: all 8,091 at 224x224,
+#               stretched; `captioner data flickr8k --root DIR` fetches the originals: DIR/Flicker8k_Dataset)
+#   STEP        only these steps (lstm, lstm_blind, transformer, lstm_scst, transformer_scst, report, export)
+# Run it again after a crash or Ctrl-C: finished steps are skipped (a `.done` file beside each
+# run), a stopped training run resumes exactly from its last.pt. The time of every step goes to
+# $OUT/timings.tsv with the processor's name. OUT defaults to runs/flickr8k_full.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${1:-../shared/data/flickr8k}
+IMAGES=${2:-../shared/data/flickr8k_224/images}
+shift $(( $# < 2 ? $# : 2 ))
+STEPS=("$@")
+OUT=${OUT:-runs/flickr8k_full}
+ALPHAS=${ALPHAS:-0,0.5,1,1.5,2}
+source .venv/bin/activate
+mkdir -p "$OUT"
+DATA=("data.root=$ROOT" "data.image_root=$IMAGES" "data.feature_store=$OUT/features_lite0")
+CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+
+wanted() {  # is step $1 asked for (all are when none is named)?
+    [ ${#STEPS[@]} -eq 0 ] && return 0
+    local s
+    for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done
+    return 1
+}
+
+timed() {  # name command...: run it, append its seconds to timings.tsv
+    local name=$1 start
+    shift
+    start=$(date +%s)
+    "$@"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$(( $(date +%s) - start ))" "$(date -u +%FT%TZ)" "$CPU" >> "$OUT/timings.tsv"
+}
+
+train() {  # name config overrides...: train (or resume) into $OUT/name
+    local name=$1 config=$2 run=$OUT/$1
+    shift 2
+    if [ -f "$run/train.done" ]; then echo "== $name: trained (remove $run/train.done to train again)"; return; fi
+    local resume=()
+    [ -f "$run/last.pt" ] && resume=(--resume)
+    echo "== $name: training ($config${resume:+, resuming})"
+    timed "train $name" captioner train "$config" "${DATA[@]}" "train.out_dir=$run" "$@" "${resume[@]}"
+    touch "$run/train.done"
+}
+
+score() {  # name: tune the length penalty on dev, then score test once with it
+    local name=$1 run=$OUT/$1
+    if [ -f "$run/score.done" ]; then echo "== $name: scored"; return; fi
+    echo "== $name: length penalty on dev ($ALPHAS)"
+    timed "dev $name" python scripts/compare_decoding.py "$run/best.pt" --split val --length-penalties "$ALPHAS" \
+        --json "$run/length_penalty_val.json" | tee "$run/length_penalty_val.md"
+    local alpha
+    alpha=$(python -c 'import json, sys; rows = json.load(open(sys.argv[1]))["variants"]; print(max(rows, key=lambda r: r["overall"]["CIDEr"])["options"]["length_penalty"])' \
+        "$run/length_penalty_val.json")
+    echo "$alpha" > "$run/length_penalty"
+    echo "== $name: test, beam 3, length penalty $alpha"
+    timed "test $name" captioner evaluate "$run/best.pt" --split test --beam 3 --length-penalty "$alpha" --out "$run"
+    touch "$run/score.done"
+}
+
+model() {  # name config overrides...: train and score
+    wanted "$1" || return 0
+    train "$@"
+    score "$1"
+}
+
+model lstm configs/flickr8k_lstm_lite0.yaml
+model lstm_blind configs/flickr8k_lstm_lite0.yaml model.blind=true
+model transformer configs/flickr8k_transformer_lite0.yaml
+model lstm_scst configs/flickr8k_lstm_lite0_scst.yaml "train.init=$OUT/lstm/best.pt"
+model transformer_scst configs/flickr8k_transformer_lite0_scst.yaml "train.init=$OUT/transformer/best.pt"
+
+# Every run that was scored goes into the report; the best by test CIDEr-D is the default model.
+runs=()
+for name in lstm lstm_scst transformer transformer_scst lstm_blind; do
+    [ -f "$OUT/$name/score.done" ] && runs+=(--run "$name=$OUT/$name")
+done
+best=$(python -c 'import json, sys
+runs = {n: json.load(open(f"{sys.argv[1]}/{n}/scores_test.json"))["overall"]["CIDEr"] for n in sys.argv[2:] if n != "lstm_blind"}
+print(max(runs, key=runs.get) if runs else "")' "$OUT" $(for r in "${runs[@]}"; do [ "$r" != --run ] && echo "${r%%=*}"; done))
+if wanted report && [ -n "$best" ]; then
+    echo "== report (best: $best)"
+    gallery=()
+    [ -d "$ROOT/images" ] && gallery=(--gallery-images "$ROOT/images")  # full-resolution originals, where present
+    timed "report" python scripts/flickr8k_report.py "${runs[@]}" --best "$best" --out "$OUT/report" "${gallery[@]}"
+fi
+if wanted export && [ -n "$best" ]; then
+    echo "== export $best (length penalty $(cat "$OUT/$best/length_penalty")) -> runs/default_model"
+    timed "export" captioner export "$OUT/$best/best.pt" runs/default_model --beam 3 --length-penalty "$(cat "$OUT/$best/length_penalty")"
+fi
+echo "== timings ($OUT/timings.tsv)"
+cat "$OUT/timings.tsv"
