@@ -57,7 +57,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
 
     from captioner.data.datasets import load_split
     from captioner.data.images import load_image
-    from captioner.evaluation.caption_stats import corpus_stats
+    from captioner.evaluation.caption_stats import corpus_stats, unmatched_words
     from captioner.evaluation.human import leave_one_out
     from captioner.evaluation.metrics import fast_scores, official_scores
     from captioner.evaluation.results_files import load_results
@@ -103,6 +103,18 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         [[name, f"{s['vocabulary']:.0f}", f"{100 * s['copied_share']:.1f}%", f"{100 * s['distinct_share']:.1f}%", f"{s['mean_length']:.2f}"]
          for name, s in stats.items()])]
 
+    # Why BLEU-1 is what it is: the words that match no reference, the model's and the humans'.
+    used, unmatched = unmatched_words(predictions[args.best], references)
+    human_used, human_unmatched = unmatched_words({i: refs[0] for i, refs in references.items()},
+                                                  {i: refs[1:] for i, refs in references.items()})
+    precision = {args.best: 1 - sum(unmatched.values()) / max(1, sum(used.values())),
+                 "human (first caption against the other references)": 1 - sum(human_unmatched.values()) / max(1, sum(human_used.values()))}
+    out["unigram_precision"] = precision
+    out["unmatched_words"] = [{"word": w, "unmatched": n, "used": used[w]} for w, n in unmatched.most_common(25)]
+    md += [f"\n## Words that match no reference ({args.best})\n",
+           ", ".join(f"{name}: unigram precision {p:.3f}" for name, p in precision.items()) + "\n",
+           table(["word", "unmatched", "used"], [[w["word"], str(w["unmatched"]), str(w["used"])] for w in out["unmatched_words"]])]
+
     by_id = {r.image_id: r for r in records}
     gallery_root = Path(args.gallery_images) if args.gallery_images else None
     shown = [r for r in records if gallery_root is None or (gallery_root / r.path.name).is_file()]
@@ -125,7 +137,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     md += [f"\n## The {WORST} test images with the lowest CIDEr-D ({args.best})\n"]
     md += [f"{n}. `{w['image']}` CIDEr-D {w['CIDEr']:.3f}: \"{w['caption']}\"; humans: \"{w['references'][0]}\" / \"{w['references'][1]}\""
            for n, w in enumerate(out["worst"], 1)]
-    worst_items = [GalleryItem(picture(by_id[i]), f"{by_id[i].path.name}  CIDEr-D {per_image[i]['CIDEr']:.3f}",
+    worst_items = [GalleryItem(picture(by_id[i]), f"CIDEr-D {per_image[i]['CIDEr']:.3f}  {by_id[i].path.name}",
                                [(args.best, predictions[args.best][i]), ("human", references[i][0]), ("human", references[i][1])])
                    for i in worst]
     gallery_sheet(worst_items, columns=5).save(Path(args.out) / "worst.jpg", quality=88)

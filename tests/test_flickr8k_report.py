@@ -65,6 +65,9 @@ def test_report_on_a_miniature_test_split(flickr8k_224: tuple[Path, Path], tmp_p
         with Image.open(out / figure) as sheet:
             assert sheet.width > 500 and sheet.height > 300
     assert "| human |" in (out / "report.md").read_text()
+    stock_words = copied.lower().rstrip(" .").split()
+    assert {w["word"] for w in report["unmatched_words"]} <= set(stock_words)
+    assert sum(w["used"] for w in report["unmatched_words"]) <= 6 * len(stock_words)
 
     (tmp_path / "stock" / "results_test.json").unlink()
     broken = subprocess.run(

@@ -12,7 +12,7 @@ from helpers import require
 
 from captioner.core.errors import CaptionerError
 from captioner.evaluation import scorers
-from captioner.evaluation.caption_stats import corpus_stats
+from captioner.evaluation.caption_stats import corpus_stats, unmatched_words
 from captioner.evaluation.human import leave_one_out
 from captioner.evaluation.metrics import fast_scores
 from captioner.evaluation.results_files import load_references, load_results
@@ -103,3 +103,13 @@ def test_corpus_stats_counts_vocabulary_copies_length_and_distinct_captions() ->
     assert stats["mean_length"] == (6 + 5 + 6 + 3) / 4
     assert stats["distinct_share"] == 3 / 4
     assert corpus_stats([], training)["captions"] == 0
+
+
+def test_unmatched_words_clip_like_bleu_1() -> None:
+    captions = {1: "a dog and a dog", 2: "a red car"}
+    references = {1: ["a dog runs", "a dog and a cat"], 2: ["a blue car", "the car"]}
+    used, unmatched = unmatched_words(captions, references)
+    assert used == {"a": 3, "dog": 2, "and": 1, "red": 1, "car": 1}
+    assert unmatched == {"a": 0, "dog": 1, "and": 0, "red": 1, "car": 0}  # two "a" allowed by one reference
+    counted = scorers.CountedCaptions.of(list(captions.values()), list(references.values()))
+    assert 1 - sum(unmatched.values()) / sum(used.values()) == pytest.approx(scorers.bleu_parts(counted).precisions[0])

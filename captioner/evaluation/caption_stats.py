@@ -16,7 +16,7 @@ caption given as text and the same caption given as words count alike.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from captioner.text.endings import ARTICLES, BAD_ENDINGS, CONJUNCTIONS, PREPOSITIONS  # noqa: F401 - re-exported
 from captioner.text.vocab import tokenize
@@ -68,3 +68,21 @@ def corpus_stats(captions: Sequence[str | Sequence[str]], training_captions: Ite
         "mean_length": sum(map(len, words)) / n,
         "distinct_share": len(set(words)) / n,
     }
+
+
+def unmatched_words(
+    captions: Mapping[int, str | Sequence[str]], references: Mapping[int, Sequence[str | Sequence[str]]]
+) -> tuple[Counter, Counter]:
+    """(used, unmatched): per word, how often the captions use it, and how often beyond what the
+    image's most generous reference allows (BLEU-1's clipping). 1 - sum(unmatched) / sum(used) is
+    BLEU-1's clipped unigram precision; the words with most unmatched uses say why it is low."""
+    used: Counter = Counter()
+    unmatched: Counter = Counter()
+    for image_id, caption in captions.items():
+        allowed: Counter = Counter()
+        for reference in references[image_id]:
+            allowed |= Counter(words_of(reference))  # the most any one reference has of each word
+        for word, count in Counter(words_of(caption)).items():
+            used[word] += count
+            unmatched[word] += max(0, count - allowed[word])
+    return used, unmatched
