@@ -5,27 +5,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import Path
 
 import pytest
-from helpers import require
+from test_scorers import demo  # noqa: F401 - the COCO demo fixture, used by name
 
 from captioner.core.errors import CaptionerError
 from captioner.evaluation import scorers
 from captioner.evaluation.caption_stats import corpus_stats, unmatched_words
 from captioner.evaluation.human import leave_one_out
 from captioner.evaluation.metrics import fast_scores
-from captioner.evaluation.results_files import load_references, load_results
-
-
-@pytest.fixture(scope="module")
-def demo(shared_data: Path) -> tuple[dict[int, list[str]], dict[int, str]]:
-    coco = shared_data / "coco"
-    annotations, results = coco / "captions_val2014.json", coco / "captions_val2014_fakecap_results.json"
-    require(annotations.is_file() and results.is_file(), f"COCO demo files not found in {coco}")
-    references = load_references(annotations)
-    predictions = load_results(results, references)
-    return {i: references[i] for i in predictions}, predictions
 
 
 def test_bleu_parts_multiply_back_to_pycocoevalcaps_bleu(demo: tuple[dict[int, list[str]], dict[int, str]]) -> None:

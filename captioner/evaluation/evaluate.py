@@ -174,11 +174,12 @@ def score_predictions(references: References, predictions: Predictions, official
         run = score_official(references, predictions, spice=spice)
         overall, per_image = run.overall, run.per_image
         refs, preds = tokenized(run.references, run.predictions)  # the tokens the official scores saw
+        parts = run.bleu_parts  # counted once, with the scores
     else:
         overall, per_image = fast_scores(references, predictions), {}
         refs, preds = tokenized(references, predictions, ptb=False)
-    ids = sorted(preds)
-    parts = bleu_parts(CountedCaptions.of([" ".join(preds[i]) for i in ids], [[" ".join(r) for r in refs[i]] for i in ids]))
+        ids = sorted(preds)
+        parts = bleu_parts(CountedCaptions.of([" ".join(preds[i]) for i in ids], [[" ".join(r) for r in refs[i]] for i in ids]))
     return Scores(overall, per_image, official, nltk_corpus_bleu(refs, preds), caption_stats(preds.values()), parts)
 
 

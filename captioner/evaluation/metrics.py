@@ -33,7 +33,7 @@ from captioner.evaluation.java import (
 from captioner.evaluation.meteor import MeteorPool
 from captioner.evaluation.meteor import default_processes as default_meteor_processes
 from captioner.evaluation.results_files import load_references, load_results, scored_ids
-from captioner.evaluation.scorers import CountedCaptions, bleu, cider_d, rouge_l
+from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu, bleu_parts, cider_d, rouge_l
 from captioner.text.vocab import tokenize
 
 logger = logging.getLogger(__name__)
@@ -85,6 +85,7 @@ class OfficialScores:
     references: dict[int, list[str]]  # image id -> its references, PTB-tokenised and space-joined
     predictions: dict[int, str]  # image id -> the prediction, PTB-tokenised and space-joined
     seconds: dict[str, float]
+    bleu_parts: BleuParts  # BLEU's factors, from the same n-gram counts as the scores
 
 
 def official_scores(
@@ -177,7 +178,7 @@ def score_official(
             per_image[image_id][SPICE_KEY] = float(image_score["All"]["f"])
         seconds["SPICE"] = time.perf_counter() - start
     seconds["total"] = time.perf_counter() - start_all
-    return OfficialScores(overall, per_image, gts, res, seconds)
+    return OfficialScores(overall, per_image, gts, res, seconds, bleu_parts(counted))
 
 
 def _run_meteor(meteor: MeteorPool, hypotheses: list[str], references: list[list[str]], results: dict[str, Any]) -> None:
