@@ -281,18 +281,18 @@ def test_options_default_to_the_config_and_take_overrides_by_name() -> None:
     [
         ({"beam": 3}, r"^decode: unknown option 'beam' \(did you mean 'beam_size'\?\)$"),
         ({"colour": "red"}, r"^decode: unknown option 'colour' \(options: beam_size, max_length, .*self_attention\)$"),
-        ({"beam_size": "3"}, r"^decode: beam_size must be a whole number, got '3'$"),
-        ({"block_trigrams": 1}, r"^decode: block_trigrams must be true or false, got 1$"),
-        ({"top_p": "high", "sample": True}, r"^decode: top_p must be a finite number, got 'high'$"),
-        ({"diversity_strength": float("nan")}, r"^decode: diversity_strength must be a finite number, got nan$"),
-        ({"n_best": 0}, r"^decode: n_best must be >= 1, got 0$"),
-        ({"max_length": 0}, r"^decode: beam size and max length must be >= 1, got 3 and 0$"),
-        ({"diverse_groups": 2}, r"^decode: beam size 3 must be a multiple of diverse_groups 2$"),
-        ({"diversity_strength": -1.0}, r"^decode: diversity_strength must be >= 0, got -1.0$"),
-        ({"n_best": 4}, r"^decode: n_best \(4\) cannot exceed the beam size \(3\); raise the beam or sample$"),
-        ({"sample": True, "temperature": 0.0}, r"^decode: sampling temperature must be > 0; got 0.0$"),
-        ({"sample": True, "top_k": -1}, r"^decode: top_k must be >= 0"),
-        ({"sample": True, "top_p": 1.5}, r"^decode: top_p must be in \(0, 1\]; got 1.5$"),
+        ({"beam_size": "3"}, r"^decode: beam_size must be a whole number in \[1, 100\]; got '3'$"),
+        ({"block_trigrams": 1}, r"^decode: block_trigrams must be true or false; got 1$"),
+        ({"top_p": "high", "sample": True}, r"^decode: top_p must be a finite number in \(0, 1\]; got 'high'$"),
+        ({"diversity_strength": float("nan")}, r"^decode: diversity_strength must be a finite number >= 0; got nan$"),
+        ({"n_best": 0}, r"^decode: n_best must be a whole number in \[1, 100\]; got 0$"),
+        ({"max_length": 0}, r"^decode: max_length must be a whole number in \[1, 1000\]; got 0$"),
+        ({"diverse_groups": 2}, r"^decode: beam_size \(3\) must be a multiple of diverse_groups \(2\)$"),
+        ({"diversity_strength": -1.0}, r"^decode: diversity_strength must be a finite number >= 0; got -1.0$"),
+        ({"n_best": 4}, r"^decode: n_best \(4\) must not exceed beam_size \(3\); raise the beam or sample$"),
+        ({"sample": True, "temperature": 0.0}, r"^decode: temperature must be a finite number > 0; got 0.0$"),
+        ({"sample": True, "top_k": -1}, r"^decode: top_k must be a whole number >= 0; got -1$"),
+        ({"sample": True, "top_p": 1.5}, r"^decode: top_p must be a finite number in \(0, 1\]; got 1.5$"),
     ],
 )
 def test_a_bad_option_is_a_one_line_error_naming_it(overrides: dict, message: str) -> None:
@@ -300,9 +300,10 @@ def test_a_bad_option_is_a_one_line_error_naming_it(overrides: dict, message: st
         DecodeOptions.from_config(DecodeConfig(), **overrides)
 
 
-def test_sampling_options_are_checked_only_when_sampling_and_the_search_options_only_when_searching() -> None:
-    DecodeOptions(temperature=0.0, top_p=5.0)  # searching: the sampling options play no part
-    DecodeOptions(sample=True, beam_size=3, diverse_groups=2, n_best=8)  # sampling: n_best draws, no beam
+def test_every_value_is_judged_alone_and_the_rules_between_options_only_where_they_apply() -> None:
+    with pytest.raises(ConfigError, match="temperature"):  # a temperature of 0 is wrong whether or not it is used
+        DecodeOptions(temperature=0.0)
+    DecodeOptions(sample=True, beam_size=3, diverse_groups=2, n_best=8)  # sampling: n_best draws, no beam to divide
 
 
 @pytest.mark.parametrize("kind", ["lstm", "transformer"])
@@ -494,7 +495,7 @@ def test_cli_n_best_json_with_heatmaps(checkpoint_and_images, tmp_path: Path, ca
             assert Path(h["heatmaps"]).name.endswith(f"_attention_{rank}.png") and Path(h["heatmaps"]).is_file()
             assert len(h["attention"]) == len(h["caption"].split())  # one h x w map per word
     assert main([*args, "--n-best", "5"]) == 2  # more than the beam: a one-line error
-    assert "n_best (5) cannot exceed the beam size (4)" in capsys.readouterr().err
+    assert "n_best (5) must not exceed beam_size (4)" in capsys.readouterr().err
 
 
 def test_cli_nucleus_sampling_is_seeded(checkpoint_and_images, capsys: pytest.CaptureFixture) -> None:
@@ -510,8 +511,10 @@ def test_cli_nucleus_sampling_is_seeded(checkpoint_and_images, capsys: pytest.Ca
     assert all(len(r["n_best"]) == 4 for r in rows)
     assert main(["caption", str(checkpoint), str(images[0]), "--top-k", "5"]) == 2
     assert "only with --sample" in capsys.readouterr().err
-    assert main(["caption", str(checkpoint), str(images[0]), "--sample", "--top-p", "1.5"]) == 2
-    assert "top_p" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse refuses the flag's value with the options' own text
+        main(["caption", str(checkpoint), str(images[0]), "--sample", "--top-p", "1.5"])
+    assert refused.value.code == 2
+    assert "argument --top-p: top_p must be a finite number in (0, 1]; got 1.5" in capsys.readouterr().err
 
 
 def test_cli_block_trigrams_and_diverse_groups(checkpoint_and_images, capsys: pytest.CaptureFixture) -> None:

@@ -66,18 +66,18 @@ def expected_text(checkpoint: Path, image: Path, beam: int, length: int) -> str:
 @pytest.mark.parametrize(
     ("beam", "length", "layer", "head", "message"),
     [
-        (HUGE_BEAM, 12, None, None, "beam width must be a whole number from 1 to 10, got 10000"),
-        (3, HUGE_LENGTH, None, None, "maximum length must be a whole number from 1 to 60, got 100000"),
-        (0, 12, None, None, "beam width .* got 0"),
-        (-1, 12, None, None, "beam width .* got -1"),
-        (2.5, 12, None, None, "beam width .* got 2.5"),
-        (math.nan, 12, None, None, "beam width .* got nan"),
-        (math.inf, 12, None, None, "beam width .* got inf"),
-        (True, 12, None, None, "beam width .* got True"),
-        ("3", 12, None, None, "beam width .* got '3'"),
-        (None, 12, None, None, "beam width .* got None"),
-        (3, 0, None, None, "maximum length .* got 0"),
-        (3, 12.5, None, None, "maximum length .* got 12.5"),
+        (HUGE_BEAM, 12, None, None, r"^beam_size must be a whole number in \[1, 10\]; got 10000$"),
+        (3, HUGE_LENGTH, None, None, r"^max_length must be a whole number in \[1, 60\]; got 100000$"),
+        (0, 12, None, None, "beam_size .* got 0"),
+        (-1, 12, None, None, "beam_size .* got -1"),
+        (2.5, 12, None, None, "beam_size .* got 2.5"),
+        (math.nan, 12, None, None, "beam_size .* got nan"),
+        (math.inf, 12, None, None, "beam_size .* got inf"),
+        (True, 12, None, None, "beam_size .* got True"),
+        ("3", 12, None, None, "beam_size .* got '3'"),
+        (None, 12, None, None, "beam_size .* got None"),
+        (3, 0, None, None, "max_length .* got 0"),
+        (3, 12.5, None, None, "max_length .* got 12.5"),
         (3, 12, "3", None, "decoder layer must be one of 1, 2 for this model, got '3'"),
         (3, 12, "0", None, "decoder layer .* got '0'"),
         (3, 12, ["1"], None, "decoder layer .* got \"\\['1'\\]\""),
@@ -118,7 +118,7 @@ def test_callback_refuses_a_huge_request_at_once_then_serves_the_next(models: Mo
     text, score, gallery, note, result = callbacks.caption(str(models.image), name, HUGE_BEAM, HUGE_LENGTH, "2", MEAN)
     assert time.perf_counter() - started < AT_ONCE_S and not decoded
     assert (text, score, gallery, result) == ("", "", [], None)
-    assert note == "**Request refused.** beam width must be a whole number from 1 to 10, got 10000"
+    assert note == "**Request refused.** beam_size must be a whole number in [1, 10]; got 10000"
 
     for bad in [(name, 3, 12, "9", MEAN), ("nobody.pt", 3, 12, None, MEAN), (name, 3, -5, None, MEAN)]:
         assert callbacks.caption(str(models.image), *bad)[3].startswith("**Request refused.**")
@@ -198,8 +198,8 @@ def test_api_without_gradio_range_check_the_callback_refuses(unchecked_server: s
     seconds, answer = ask(unchecked_server, tmp_path, models, HUGE_BEAM, HUGE_LENGTH)
     assert seconds < AT_ONCE_S and not isinstance(answer, Exception), answer
     text, _, gallery, note = answer
-    assert (text, gallery) == ("", []) and note == "**Request refused.** beam width must be a whole number from 1 to 10, got 10000"
+    assert (text, gallery) == ("", []) and note == "**Request refused.** beam_size must be a whole number in [1, 10]; got 10000"
     seconds, answer = ask(unchecked_server, tmp_path, models, 3, HUGE_LENGTH)
-    assert answer[3] == "**Request refused.** maximum length must be a whole number from 1 to 60, got 100000"
+    assert answer[3] == "**Request refused.** max_length must be a whole number in [1, 60]; got 100000"
     _, answer = ask(unchecked_server, tmp_path, models, 3, 12)
     assert answer[0] == expected_text(models.lstm, models.image, 3, 12) and "refused" not in answer[3]

@@ -349,6 +349,23 @@ def test_a_folder_without_an_export_is_one_line(tmp_path: Path) -> None:
         OnnxCaptioner.from_folder(tmp_path)
 
 
+def test_the_runtime_refuses_options_in_the_schemas_words(exported: Exported) -> None:
+    """One decoding contract: each search option's bad values get the text DecodeOptions gives."""
+    from captioner.core.decode_schema import OPTIONS
+    from captioner.deploy.runtime import SEARCH_OPTIONS
+
+    for name in SEARCH_OPTIONS:
+        option = OPTIONS[name]
+        for bad in (option.outside(option.kind), "x" if option.kind is not bool else 1):
+            if bad is None:
+                continue
+            with pytest.raises(ConfigError) as error:
+                exported.runtime.options(**{name: bad})
+            assert str(error.value) == f"decode: {option.refusal(bad)}"
+    with pytest.raises(ConfigError, match=r"^decode: n_best \(4\) must not exceed beam_size \(3\); raise the beam or sample$"):
+        exported.runtime.caption_files([], n_best=4, beam_size=3)
+
+
 def test_bad_options_and_images_are_one_line(exported: Exported, tmp_path: Path, pictures: list) -> None:
     runtime = exported.runtime
     if runtime.capacity is not None:  # the transformer's cache holds `capacity` steps

@@ -279,11 +279,11 @@ def test_validation_decodes_with_train_val_beam_size(tmp_path: Path, monkeypatch
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("train.val_beam_size=0", r"'train.val_beam_size' must be in \[1, 100\]"),
+        ("train.val_beam_size=0", r"'train.val_beam_size' must be a whole number in \[1, 100\]"),
         ("scst.baseline=best", "'scst.baseline' must be one of greedy, mean"),
         ("train.stage=rl", "'train.stage' must be one of xe, scst"),
         ("scst.samples=0", "'scst.samples' must be >= 1"),
-        ("scst.temperature=0", "'scst.temperature' must be > 0"),
+        ("scst.temperature=0", "'scst.temperature' must be a finite number > 0"),
         ("scst.bleu_weight=-1", "'scst.bleu_weight' must be >= 0"),
     ],
 )

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.errors import CaptionerError
 
 if TYPE_CHECKING:  # loaded when used: `--help` needs no torch
@@ -82,42 +84,51 @@ def whole_number(text: str, minimum: int) -> int:
     return value
 
 
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number of at least 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
-    return value
-
-
 def positive_int(text: str) -> int:
     """argparse type: an integer of at least 1."""
     return whole_number(text, 1)
 
 
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer of at least 0."""
-    return whole_number(text, 0)
+def decode_value(name: str) -> Callable[[str], Any]:
+    """argparse type of a decoding option: the text read as the option's kind and judged by
+    core/decode_schema.py, whose refusal becomes argparse's one-line error."""
+    option = DECODE_OPTIONS[name]
+
+    def parse(text: str) -> Any:
+        try:
+            value = int(text) if option.kind is int else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(option.refusal(text)) from None
+        if not option.allows(value):
+            raise argparse.ArgumentTypeError(option.refusal(value))
+        return value
+
+    parse.__name__ = name  # argparse's "invalid <type> value" names it
+    return parse
+
+
+def takes(name: str) -> str:
+    """What a decoding option's flag takes, for its help: "a whole number in [1, 100]"."""
+    return DECODE_OPTIONS[name].describe()
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--beam", type=positive_int, default=None, help="beam width (1 = greedy; default from the config)")
-    parser.add_argument("--max-length", type=positive_int, default=None, help="words per caption (default from the config)")
+    parser.add_argument("--beam", type=decode_value("beam_size"), default=None,
+                        help=f"beam width, {takes('beam_size')} (1 = greedy; default from the config)")
+    parser.add_argument("--max-length", type=decode_value("max_length"), default=None,
+                        help=f"words per caption, {takes('max_length')} (default from the config)")
     parser.add_argument("--block-trigrams", action="store_true", help="never repeat a word trigram within a caption")
-    parser.add_argument("--min-length", type=non_negative_int, default=None, metavar="N",
-                        help="no caption shorter than N words (default from the config)")
-    parser.add_argument("--length-penalty", type=non_negative_float, default=None, metavar="ALPHA",
-                        help="beam search ranks by log-probability / ((5 + length) / 6) ** ALPHA; 0 favours short captions "
-                             "(default from the config)")
+    parser.add_argument("--min-length", type=decode_value("min_length"), default=None, metavar="N",
+                        help=f"no caption shorter than N words, {takes('min_length')} (default from the config)")
+    parser.add_argument("--length-penalty", type=decode_value("length_penalty"), default=None, metavar="ALPHA",
+                        help="beam search ranks by log-probability / ((5 + length) / 6) ** ALPHA; 0 favours short captions; "
+                             f"{takes('length_penalty')} (default from the config)")
     parser.add_argument("--no-bad-endings", action="store_true",
                         help='no caption ending on "a", "with", "of", ... (<eos> is not allowed right after them)')
-    parser.add_argument("--diverse-groups", type=int, default=None, metavar="G",
-                        help="diverse beam search with G groups of beam/G beams (default from the config)")
-    parser.add_argument("--diversity-strength", type=float, default=None, metavar="LAMBDA",
-                        help="Hamming diversity penalty between groups (default from the config)")
+    parser.add_argument("--diverse-groups", type=decode_value("diverse_groups"), default=None, metavar="G",
+                        help=f"diverse beam search with G groups of beam/G beams, {takes('diverse_groups')} (default from the config)")
+    parser.add_argument("--diversity-strength", type=decode_value("diversity_strength"), default=None, metavar="LAMBDA",
+                        help=f"Hamming diversity penalty between groups, {takes('diversity_strength')} (default from the config)")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="images per batch (default: the config's decode.batch_size)")
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
 

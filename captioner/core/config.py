@@ -22,118 +22,24 @@ from typing import Any
 
 import yaml
 
+from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
+from captioner.core.decode_schema import DecodeOption, combination_problem
 from captioner.core.errors import ConfigError
+from captioner.core.specs import Choice, Flag, Range, Spec, Text
 
 
-@dataclass(frozen=True)
-class Range:
-    """A number's allowed interval: `Range(ge=0, lt=1)` is [0, 1). Floats must also be finite."""
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-
-    def allows(self, value: Any) -> bool:
-        if value is None:  # only reachable for `int | None` and `float | None` keys: None means "not set"
-            return True
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        return (
-            (self.ge is None or value >= self.ge)
-            and (self.gt is None or value > self.gt)
-            and (self.le is None or value <= self.le)
-            and (self.lt is None or value < self.lt)
-        )
-
-    def describe(self) -> str:
-        low = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None
-        high = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else None
-        if low and high:
-            return f"in {low}, {high}"
-        if low:
-            return f"{'>=' if self.ge is not None else '>'} {low[1:]}"
-        if high:
-            return f"{'<=' if self.le is not None else '<'} {high[:-1]}"
-        return "a finite number"
-
-    def outside(self, kind: type) -> Any:
-        """A value of `kind` just outside the interval (for tests)."""
-        step = 1 if kind is int else 0.5
-        if self.ge is not None:
-            return kind(self.ge - step)
-        if self.gt is not None:
-            return kind(self.gt)
-        if self.le is not None:
-            return kind(self.le + step)
-        if self.lt is not None:
-            return kind(self.lt)
-        return None
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One of a fixed set of values."""
-
-    options: tuple[Any, ...]
-
-    def allows(self, value: Any) -> bool:
-        return value in self.options
-
-    def describe(self) -> str:
-        return f"one of {', '.join(map(str, self.options))}"
-
-    def outside(self, kind: type) -> Any:
-        return kind(max(self.options) + 1) if kind is int else "no-such-" + str(self.options[0])
-
-
-@dataclass(frozen=True)
-class Text:
-    """A string: a path or a name; `pattern` (a full match) when only some strings make sense."""
-
-    pattern: str | None = None
-    allowed: str = "a non-empty string"  # how the error message describes the pattern
-
-    def allows(self, value: Any) -> bool:
-        if value is None:  # only reachable for `str | None` keys: None means "not set"
-            return True
-        if self.pattern is not None:
-            return re.fullmatch(self.pattern, value) is not None
-        return value.strip() != ""
-
-    def describe(self) -> str:
-        return self.allowed
-
-    def outside(self, kind: type) -> Any:
-        return "no such value!" if self.pattern is not None else ""
-
-
-@dataclass(frozen=True)
-class Flag:
-    """true or false: the type check is all there is."""
-
-    def allows(self, value: Any) -> bool:
-        return isinstance(value, bool)
-
-    def describe(self) -> str:
-        return "true or false"
-
-    def outside(self, kind: type) -> Any:
-        return None
-
-
-Spec = Range | Choice | Text | Flag
-
-
-def setting(default: Any, spec: Spec) -> Any:
+def setting(default: Any, spec: Spec | DecodeOption) -> Any:
     """Declare a config key with its default and its allowed values, side by side. Every key
     must be declared this way: `validate` checks each value against its spec, and a test fails
     for any key without one."""
     return field(default=default, metadata={"spec": spec})
 
 
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
+def decode_setting(name: str, default: Any = None) -> Any:
+    """A key that holds a decoding option: its spec (and default, unless given) from the one
+    declaration in core/decode_schema.py."""
+    option = DECODE_OPTIONS[name]
+    return setting(option.default if default is None else default, option)
 
 
 POSITIVE = Range(ge=1)  # counts and sizes
@@ -240,7 +146,7 @@ class TrainConfig:
     early_stopping_patience: int = setting(5, COUNT)  # epochs without a better validation score; 0 disables
     val_max_images: int = setting(500, COUNT)  # validation decodes this many val images (0 = all)
     val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))
-    val_beam_size: int = setting(1, Range(ge=1, le=100))  # validation decodes greedily (1, as the field logs it) or with this beam
+    val_beam_size: int = decode_setting("beam_size", 1)  # validation decodes greedily (1, as the field logs it) or with this beam
     val_every_steps: int = setting(0, COUNT)  # also validate every N steps, mid-epoch (best.pt may come from inside an epoch); 0: at each epoch's end
     cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once, into the feature store
     time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
@@ -257,8 +163,8 @@ class ScstConfig:
     """Self-critical sequence training (train.stage: scst): Rennie et al. 2017, Luo 2020."""
 
     samples: int = setting(5, POSITIVE)  # captions sampled per image
-    temperature: float = setting(1.0, Range(gt=0))  # sampling temperature (log-probabilities stay the model's own)
-    max_length: int = setting(20, Range(ge=1, le=1000))  # words per sampled (and greedy-baseline) caption
+    temperature: float = decode_setting("temperature")  # sampling temperature (log-probabilities stay the model's own)
+    max_length: int = decode_setting("max_length", 20)  # words per sampled (and greedy-baseline) caption
     baseline: str = setting("greedy", Choice(("greedy", "mean")))  # greedy: the greedy caption's reward | mean: the image's other samples' mean reward
     cider_weight: float = setting(1.0, Range(ge=0))  # reward = cider_weight * CIDEr-D + bleu_weight * BLEU-4
     bleu_weight: float = setting(0.0, Range(ge=0))
@@ -269,15 +175,18 @@ class ScstConfig:
 
 @dataclass
 class DecodeConfig:
-    beam_size: int = setting(3, Range(ge=1, le=100))
-    max_length: int = setting(30, Range(ge=1, le=1000))  # words
-    length_penalty: float = setting(0.0, Range(ge=0))  # alpha of ((5 + len) / 6) ** alpha; 0 ranks by total log-probability
+    """How a model decodes by default: the options of core/decode_schema.py that a config holds
+    (their limits and meaning are declared there, once) and the inference batch."""
+
+    beam_size: int = decode_setting("beam_size")
+    max_length: int = decode_setting("max_length")
+    length_penalty: float = decode_setting("length_penalty")
     batch_size: int = setting(32, POSITIVE)
-    block_trigrams: bool = setting(False, Flag())  # never repeat a word trigram within a caption (beam, greedy, sampling)
-    diverse_groups: int = setting(1, POSITIVE)  # diverse beam search: groups of beam_size / groups beams (1: plain beam search)
-    diversity_strength: float = setting(0.5, Range(ge=0))  # lambda of the Hamming diversity penalty between groups
-    min_length: int = setting(0, Range(ge=0, le=1000))  # words before <eos> is allowed (every decoding mode)
-    suppress_bad_endings: bool = setting(False, Flag())  # no <eos> right after "a", "with", "of", ... (text/endings.py)
+    block_trigrams: bool = decode_setting("block_trigrams")
+    diverse_groups: int = decode_setting("diverse_groups")
+    diversity_strength: float = decode_setting("diversity_strength")
+    min_length: int = decode_setting("min_length")
+    suppress_bad_endings: bool = decode_setting("suppress_bad_endings")
 
 
 @dataclass
@@ -376,11 +285,26 @@ def _set_dotted(config: Config, dotted: str, value: Any, source: str) -> None:
 
 def _checked(value: Any, node: Any, name: str, dotted: str, source: str) -> Any:
     """The value converted to the key's type and checked against its spec."""
-    value = _coerce(value, _field_type(node, name), dotted, source)
     spec = {f.name: f for f in dataclasses.fields(node)}[name].metadata.get("spec")
+    if isinstance(spec, DecodeOption):
+        return _decode_value(value, spec, dotted, source)
+    value = _coerce(value, _field_type(node, name), dotted, source)
     if spec is not None:
         _check_spec(value, spec, dotted, source)
     return value
+
+
+def _decode_value(value: Any, option: DecodeOption, dotted: str, source: str) -> Any:
+    """A key that holds a decoding option is judged by the option alone, type included, so the
+    config refuses a value in the words the library, the command line and the demo use."""
+    if option.kind is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if not option.allows(value):
+        raise ConfigError(f"{source}: {dotted!r} must be {option.describe()}; got {value!r}")
+    return option.check(value)
 
 
 def _check_spec(value: Any, spec: Spec, dotted: str, source: str) -> None:
@@ -455,6 +379,9 @@ def validate(config: Config, source: str = "config") -> None:
         spec = f.metadata.get("spec")
         if spec is None:  # a programming error, not a user's: declare the key with `setting`
             raise TypeError(f"config key {dotted!r} has no spec: declare it as `{f.name}: T = setting(default, Range/Choice/Text/Flag)`")
+        if isinstance(spec, DecodeOption):
+            _decode_value(get_dotted(config, dotted), spec, dotted, source)
+            continue
         value = _coerce(get_dotted(config, dotted), annotation, dotted, source)  # also values set in code
         _check_spec(value, spec, dotted, source)
     decoder = config.model.decoder
@@ -475,11 +402,9 @@ def validate(config: Config, source: str = "config") -> None:
         raise ConfigError(f"{source}: 'scst.baseline' mean needs 'scst.samples' >= 2 (the other samples of the image), got {scst.samples}")
     if scst.cider_weight == 0 and scst.bleu_weight == 0:
         raise ConfigError(f"{source}: 'scst.cider_weight' and 'scst.bleu_weight' are both 0: the reward would be 0")
-    if config.decode.beam_size % config.decode.diverse_groups:
-        raise ConfigError(
-            f"{source}: 'decode.beam_size' ({config.decode.beam_size}) must be a multiple of "
-            f"'decode.diverse_groups' ({config.decode.diverse_groups})"
-        )
+    problem = combination_problem(dataclasses.asdict(config.decode))
+    if problem:
+        raise ConfigError(f"{source}: decode: {problem}")
 
 
 def dump_config(config: Config, path: str | Path) -> None:

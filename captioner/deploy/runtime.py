@@ -11,8 +11,6 @@ state, and the search (`search.py`) calls the step graph once per word over ever
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,8 @@ from typing import Any, overload
 
 import numpy as np
 
+from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
+from captioner.core.decode_schema import check_options
 from captioner.core.errors import ConfigError, ImageLoadError
 from captioner.data.pictures import ImageInput, load_image, picture_batches
 from captioner.deploy.bundle import Bundle, load_bundle
@@ -56,11 +56,8 @@ class OnnxCaption:
         return {"caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4), "finished": self.finished}
 
 
-# The options `caption` takes, with the kind of value each must be.
-OPTION_KINDS = {
-    "beam_size": "int", "max_length": "int", "length_penalty": "float", "block_trigrams": "bool",
-    "min_length": "int", "suppress_bad_endings": "bool",
-}
+# The decoding options the exported search implements (core/decode_schema.py declares them all).
+SEARCH_OPTIONS = ("beam_size", "max_length", "length_penalty", "block_trigrams", "min_length", "suppress_bad_endings")
 
 
 class OnnxCaptioner:
@@ -96,16 +93,11 @@ class OnnxCaptioner:
         """The decoding defaults with `overrides` (None keeps a default), checked: a bad value,
         or a max_length beyond the steps the graph was exported for, is a one-line ConfigError."""
         for name in overrides:
-            if name not in OPTION_KINDS:
-                raise ConfigError(f"decode: unknown option {name!r} for the ONNX runtime (options: {', '.join(OPTION_KINDS)})")
-        values = {name: self.decode_defaults.get(name, 0 if OPTION_KINDS[name] != "bool" else False) for name in OPTION_KINDS}
+            if name not in SEARCH_OPTIONS:
+                raise ConfigError(f"decode: unknown option {name!r} for the ONNX runtime (options: {', '.join(SEARCH_OPTIONS)})")
+        values = {name: self.decode_defaults.get(name, DECODE_OPTIONS[name].default) for name in SEARCH_OPTIONS}
         values.update({name: value for name, value in overrides.items() if value is not None})
-        for name, kind in OPTION_KINDS.items():
-            check_option(name, values[name], kind)
-        if values["beam_size"] < 1 or values["max_length"] < 1:
-            raise ConfigError(f"decode: beam size and max length must be >= 1, got {values['beam_size']} and {values['max_length']}")
-        if values["length_penalty"] < 0 or values["min_length"] < 0:
-            raise ConfigError("decode: length_penalty and min_length must be >= 0")
+        values = check_options(values)
         if self.capacity is not None and values["max_length"] > self.capacity:
             raise ConfigError(
                 f"decode: max_length {values['max_length']} exceeds the {self.capacity} steps "
@@ -185,9 +177,7 @@ class OnnxCaptioner:
     def _check_n_best(n_best: int | None, search: SearchOptions) -> None:
         if n_best is None:
             return
-        check_option("n_best", n_best, "int")
-        if not 1 <= n_best <= search.beam_size:
-            raise ConfigError(f"decode: n_best ({n_best}) must be between 1 and the beam size ({search.beam_size})")
+        check_options({"n_best": n_best, "beam_size": search.beam_size})
 
     def encode(self, images: np.ndarray) -> np.ndarray:
         """uint8 images (B, 3, S, S) -> feats (B, N, D)."""
@@ -208,16 +198,3 @@ class OnnxCaptioner:
         words = self.vocab.decode_words(hyp.tokens)
         attn = hyp.attn.reshape(hyp.attn.shape[0], *hyp.attn.shape[1:3], *self.grid)  # (T, L, H, h, w)
         return OnnxCaption(" ".join(words), words, hyp.tokens, hyp.score, hyp.logprob, attn, hyp.finished)
-
-
-def check_option(name: str, value: Any, kind: str) -> None:
-    """bool options take True/False, int options whole numbers, float options finite numbers."""
-    if kind == "bool":
-        ok = isinstance(value, bool)
-    elif kind == "int":
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok:
-        expected = {"bool": "true or false", "float": "a finite number"}.get(kind, "a whole number")
-        raise ConfigError(f"decode: {name} must be {expected}, got {value!r}")

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from captioner.core.config import DecodeConfig
+from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
+from captioner.core.decode_schema import check_options
 from captioner.core.errors import ConfigError
 from captioner.models.products import reused_weights
 from captioner.text.endings import bad_ending_ids
@@ -29,81 +29,50 @@ if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
     from captioner.text.vocab import Vocabulary
 
-_CONFIG_DEFAULTS = DecodeConfig()  # the options a config also holds default to the config's defaults
+def _default(name: str) -> Any:
+    return DECODE_OPTIONS[name].default
 
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """Every choice of how to decode, checked once where it is made (a one-line ConfigError
-    naming the bad option). The search options default to the `decode` config section's
-    defaults; `from_config` starts from a model's own section instead."""
+    """Every choice of how to decode, checked once where it is made against the one declaration
+    of the options (core/decode_schema.py: types, limits, the rules between them), so a bad value
+    is the same one-line ConfigError here as in a config, on the command line or in the demo.
+    `from_config` starts from a model's own `decode` section."""
 
-    beam_size: int = _CONFIG_DEFAULTS.beam_size  # 1: greedy decoding
-    max_length: int = _CONFIG_DEFAULTS.max_length  # words
-    length_penalty: float = _CONFIG_DEFAULTS.length_penalty  # alpha of ((5 + length) / 6) ** alpha
-    block_trigrams: bool = _CONFIG_DEFAULTS.block_trigrams  # never repeat a word trigram within a caption
-    min_length: int = _CONFIG_DEFAULTS.min_length  # words before <eos> is allowed (every mode)
-    suppress_bad_endings: bool = _CONFIG_DEFAULTS.suppress_bad_endings  # no <eos> right after "a", "with", "of", ...
-    diverse_groups: int = _CONFIG_DEFAULTS.diverse_groups  # diverse beam search: groups of beam_size / groups beams
-    diversity_strength: float = _CONFIG_DEFAULTS.diversity_strength  # lambda of the Hamming penalty between groups
-    n_best: int = 1  # hypotheses per image (beam search), or draws per image (sampling)
-    sample: bool = False  # draw words instead of searching; the options below apply only then
-    temperature: float = 1.0
-    top_k: int = 0  # draw from the k most probable words only (0: all)
-    top_p: float = 1.0  # draw from the nucleus of this mass only
-    seed: int | None = None  # for reproducible draws
-    self_attention: bool = False  # also return the decoder's self-attention weights (transformers)
+    beam_size: int = _default("beam_size")  # 1: greedy decoding
+    max_length: int = _default("max_length")  # words
+    length_penalty: float = _default("length_penalty")  # alpha of ((5 + length) / 6) ** alpha
+    block_trigrams: bool = _default("block_trigrams")  # never repeat a word trigram within a caption
+    min_length: int = _default("min_length")  # words before <eos> is allowed (every mode)
+    suppress_bad_endings: bool = _default("suppress_bad_endings")  # no <eos> right after "a", "with", "of", ...
+    diverse_groups: int = _default("diverse_groups")  # diverse beam search: groups of beam_size / groups beams
+    diversity_strength: float = _default("diversity_strength")  # lambda of the Hamming penalty between groups
+    n_best: int = _default("n_best")  # hypotheses per image (beam search), or draws per image (sampling)
+    sample: bool = _default("sample")  # draw words instead of searching; the options below apply only then
+    temperature: float = _default("temperature")
+    top_k: int = _default("top_k")  # draw from the k most probable words only (0: all)
+    top_p: float = _default("top_p")  # draw from the nucleus of this mass only
+    seed: int | None = _default("seed")  # for reproducible draws
+    self_attention: bool = _default("self_attention")  # also return the decoder's self-attention weights (transformers)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            _check_type(f.name, getattr(self, f.name), _FIELD_TYPES[f.name])
-        if self.n_best < 1:
-            raise ConfigError(f"decode: n_best must be >= 1, got {self.n_best}")
-        if self.beam_size < 1 or self.max_length < 1:
-            raise ConfigError(f"decode: beam size and max length must be >= 1, got {self.beam_size} and {self.max_length}")
-        if not 0 <= self.min_length <= self.max_length:
-            raise ConfigError(f"decode: min_length must be between 0 and max_length ({self.max_length}), got {self.min_length}")
-        if self.sample:  # the search options do not apply: each of the n_best is its own draw
-            try:
-                check_sampling(self.temperature, self.top_k, self.top_p)
-            except ValueError as e:
-                raise ConfigError(f"decode: {e}") from None
-            return
-        if self.diverse_groups < 1 or self.beam_size % self.diverse_groups:
-            raise ConfigError(f"decode: beam size {self.beam_size} must be a multiple of diverse_groups {self.diverse_groups}")
-        if self.diversity_strength < 0:
-            raise ConfigError(f"decode: diversity_strength must be >= 0, got {self.diversity_strength}")
-        if self.n_best > self.beam_size:
-            raise ConfigError(f"decode: n_best ({self.n_best}) cannot exceed the beam size ({self.beam_size}); raise the beam or sample")
+        checked = check_options({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        for name, value in checked.items():  # 3.0 -> 3: a whole number given as a float is kept as an int
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_config(cls, config: DecodeConfig, **overrides: Any) -> DecodeOptions:
         """A model's `decode` section, then the caller's `overrides` by name; an override of
         None keeps the section's value (or the option's default)."""
         for name in overrides:
-            if name not in _FIELD_TYPES:
-                close = difflib.get_close_matches(name, _FIELD_TYPES, n=1, cutoff=0.6)
-                hint = f"did you mean {close[0]!r}?" if close else f"options: {', '.join(_FIELD_TYPES)}"
+            if name not in DECODE_OPTIONS:
+                close = difflib.get_close_matches(name, DECODE_OPTIONS, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else f"options: {', '.join(DECODE_OPTIONS)}"
                 raise ConfigError(f"decode: unknown option {name!r} ({hint})")
-        configured = {name: getattr(config, name) for name in _FIELD_TYPES if hasattr(config, name)}
+        configured = {name: getattr(config, name) for name in DECODE_OPTIONS if hasattr(config, name)}
         given = {name: value for name, value in overrides.items() if value is not None}
         return cls(**{**configured, **given})
-
-
-_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(DecodeOptions)}  # annotations as strings
-
-
-def _check_type(name: str, value: Any, kind: str) -> None:
-    """bool options take True/False, int options whole numbers, float options finite numbers."""
-    if kind == "bool":
-        ok = isinstance(value, bool)
-    elif kind.startswith("int"):
-        ok = (value is None and kind.endswith("None")) or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
-    else:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok:
-        expected = {"bool": "true or false", "float": "a finite number"}.get(kind, "a whole number")
-        raise ConfigError(f"decode: {name} must be {expected}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -208,12 +177,11 @@ def draw(
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    if not temperature > 0:
-        raise ValueError(f"sampling temperature must be > 0; got {temperature}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 keeps every word); got {top_k}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1]; got {top_p}")
+    """The sampling options of a direct call (self-critical training), judged as DecodeOptions
+    judges them; a ValueError with the same text."""
+    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+        if not DECODE_OPTIONS[name].allows(value):
+            raise ValueError(DECODE_OPTIONS[name].refusal(value))
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -441,7 +409,7 @@ def decode_step_by_step(
     maps, self_maps, logprob = [], [], torch.zeros(batch, device=feats.device)
     history = torch.empty((batch, 0), dtype=torch.long, device=feats.device)  # (B, t)
     done = torch.zeros(batch, dtype=torch.bool, device=feats.device)  # (B,)
-    lengths = torch.full((batch,), max_length, dtype=torch.long)
+    lengths = torch.full((batch,), max_length, dtype=torch.long, device=feats.device)  # (B,)
     forbidden = banned_mask(special.banned, decoder.vocab_size, feats.device)  # (V,)
     ending = EndingRule.build(special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, feats.device)
     for t in range(max_length):
@@ -455,21 +423,21 @@ def decode_step_by_step(
         history = torch.cat([history, prev[:, None]], dim=1)  # (B, t+1)
         maps.append(attn)
         ended = (prev == special.eos) & ~done
-        lengths[ended.cpu()] = t
+        lengths = lengths.masked_fill(ended, t)  # (B,)
         done |= ended
-        if bool(done.all()):
+        if bool(done.all()):  # the step's one read of the device: the early exit
             break
+    # One copy of each thing the host keeps, after the loop; none per image.
     tokens_bt = history.cpu()  # (B, T)
     attn_bt = torch.stack(maps, dim=1).float().cpu()  # (B, T, L, H, N)
     T = attn_bt.shape[1]
     self_bt = torch.stack([pad_last(w, T) for w in self_maps], dim=1).cpu() if self_maps else None  # (B, T, L, H, T)
+    ends, logprobs_b, done_b = lengths.tolist(), logprob.tolist(), done.tolist()
     results = []
     for b in range(batch):
-        n = int(lengths[b])
+        n = ends[b]
         self_b = None if self_bt is None else self_bt[b, :n, ..., :n]  # (n, L, H, n)
-        results.append(
-            Hypothesis(tokens_bt[b, :n].tolist(), float(logprob[b]), float(logprob[b]), attn_bt[b, :n], bool(done[b]), self_b)
-        )
+        results.append(Hypothesis(tokens_bt[b, :n].tolist(), logprobs_b[b], logprobs_b[b], attn_bt[b, :n], done_b[b], self_b))
     return results
 
 
@@ -499,8 +467,13 @@ def beam_search_n_best(
     has K/G finished hypotheses that no live beam of it can still beat. At `max_length` the live
     beams of groups not done compete with the finished hypotheses on the same length-penalised
     score, so a cut-off beam that is clearly better than every ended one wins (finished=False).
-    With `self_attention`, the self-attention weights of every step are kept and reordered with
-    the beams, like the cross-attention history, and come back with each hypothesis.
+    With `self_attention`, the self-attention weights of every step are kept like the
+    cross-attention maps, and come back with each hypothesis.
+
+    The host does the bookkeeping (hypotheses are host objects) from one read of the device per
+    step: which beams end and with what score, where each live beam came from and its word. The
+    attention maps stay on the device, one (B*K, ...) tensor per step; after the search the
+    returned hypotheses' rows are found by following the back-pointers and copied in one go.
     """
     B, K, G, device = feats.shape[0], options.beam_size, options.diverse_groups, feats.device
     max_length, alpha, n_best = options.max_length, options.length_penalty, options.n_best
@@ -517,20 +490,19 @@ def beam_search_n_best(
     prev = torch.full((B,), bos_id, dtype=torch.long, device=device)  # (B,)
     scores = torch.full((B, G, Kg), float("-inf"), device=device)  # (B, G, Kg)
     scores[:, :, 0] = 0.0  # all beams of a group start identical: expand only the first
-    history = torch.empty((B * K, 0), dtype=torch.long, device=device)  # (B*K, t)
-    attn_history: torch.Tensor | None = None  # (B*K, t, L, H, N)
-    self_history: torch.Tensor | None = None  # (B*K, t, L, H, t), with self_attention
-
-    def self_rows(row: int, t: int) -> torch.Tensor | None:
-        """The self-attention of beam `row`'s first t words, (t, L, H, t), or None."""
-        if not self_attention or not decoder.has_self_attention:
-            return None
-        return attn.new_zeros(0, *attn.shape[1:3], 0) if self_history is None else self_history[row, :t, ..., :t].cpu()
-    finished: list[list[Hypothesis]] = [[] for _ in range(S)]
+    history = torch.empty((B * K, 0), dtype=torch.long, device=device)  # (B*K, t): the words, for trigram blocking
+    step_maps: list[torch.Tensor] = []  # per step t: (B*K, L, H, N), the attention of the beams stepped
+    step_self: list[torch.Tensor] = []  # per step t: (B*K, L, H, t+1), with self_attention
+    parents: list[list[int]] = []  # per step: the row each live beam came from (its back-pointer)
+    step_words: list[list[int]] = []  # per step: the word each live beam took
+    # Per search: the finished hypotheses as (score, log-probability, row, words): the beam was
+    # `row` after its last word, and has `words` words.
+    finished: list[list[tuple[float, float, int, int]]] = [[] for _ in range(S)]
     done = [False] * S
     best_possible_penalty = length_penalty(max_length, alpha)
     forbidden = banned_mask(special.banned, decoder.vocab_size, device)  # (V,)
     ending = EndingRule.build(special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, device)
+    live: list[float] = []  # (B*K,) the live beams' log-probabilities after the last step
 
     for t in range(max_length):
         logprobs, attn, state, self_w = step_decoder(decoder, memory if t else per_image, prev, state, self_attention)
@@ -544,7 +516,9 @@ def beam_search_n_best(
         if options.block_trigrams:
             logprobs = block_repeated_trigrams(logprobs, history)
         V = logprobs.shape[-1]
-        attn = attn.float()
+        step_maps.append(attn.float())
+        if self_w is not None:
+            step_self.append(self_w.float())  # (B*K, L, H, t+1)
         candidates = logprobs.add_(scores.view(B * K, 1)).view(B, G, Kg * V)  # (B, G, Kg*V): true log-probabilities
         chosen = torch.zeros(B, V, device=device) if G > 1 else None  # (B, V): how many earlier groups' beams took each word now
         picks = []
@@ -561,17 +535,7 @@ def beam_search_n_best(
             torch.stack(x, dim=1).view(S, -1) for x in zip(*picks)
         )  # (S, 2Kg) each, (S, Kg) for the live ones
         top_beam, top_token = top_index // V, top_index % V  # (S, 2Kg) each: beam within the group, word
-
-        # Finished hypotheses: <eos> within the top Kg of a search still going on.
-        for s, j in (is_eos[:, :Kg] & torch.isfinite(top_key[:, :Kg])).nonzero().tolist():
-            if done[s]:
-                continue
-            row = s * Kg + int(top_beam[s, j])
-            words_attn = attn[:0] if attn_history is None else attn_history[row]  # (t, L, H, N)
-            raw = float(top_scores[s, j])
-            finished[s].append(
-                Hypothesis(history[row].tolist(), raw / length_penalty(t, alpha), raw, words_attn.cpu(), True, self_rows(row, t))
-            )
+        ends = is_eos[:, :Kg] & torch.isfinite(top_key[:, :Kg])  # (S, Kg): <eos> within the top Kg
 
         # Live beams: the best Kg candidates of each search that do not end here.
         live_beam = top_beam.gather(1, live_pos)  # (S, Kg)
@@ -580,44 +544,84 @@ def beam_search_n_best(
         scores = live_scores.view(B, G, Kg)  # (B, G, Kg): a filler (an <eos> or dead candidate) stays dead
         rows = (torch.arange(S, device=device)[:, None] * Kg + live_beam).view(-1)  # (B*K,)
         state = select_rows(state, rows)
-        history = torch.cat([history.index_select(0, rows), live_token.view(-1, 1)], dim=1)  # (B*K, t+1)
-        step_attn = attn.index_select(0, rows).unsqueeze(1)  # (B*K, 1, L, H, N)
-        attn_history = step_attn if attn_history is None else torch.cat([attn_history.index_select(0, rows), step_attn], dim=1)
-        if self_w is not None:
-            step_self = self_w.float().index_select(0, rows).unsqueeze(1)  # (B*K, 1, L, H, t+1)
-            if self_history is not None:  # earlier rows get a zero column for this position: causal
-                step_self = torch.cat([pad_last(self_history.index_select(0, rows), t + 1), step_self], dim=1)
-            self_history = step_self  # (B*K, t+1, L, H, t+1)
+        if options.block_trigrams:
+            history = torch.cat([history.index_select(0, rows), live_token.view(-1, 1)], dim=1)  # (B*K, t+1)
         prev = live_token.view(-1)
 
-        best_live = scores.view(S, Kg).max(dim=1).values.tolist()  # (S,)
+        # The step's one read of the device, in float64, which holds the float32 scores and the ids exactly.
+        read = torch.cat(
+            [x.double() for x in (ends, top_beam[:, :Kg], top_scores[:, :Kg], live_beam, live_token, live_scores)], dim=1
+        ).tolist()  # (S, 6Kg)
+        for s, r in enumerate(read):  # finished hypotheses: <eos> within the top Kg of a search still going on
+            if not done[s]:
+                for j in range(Kg):
+                    if r[j]:
+                        raw = r[2 * Kg + j]
+                        finished[s].append((raw / length_penalty(t, alpha), raw, s * Kg + int(r[Kg + j]), t))
+        parents.append([s * Kg + int(r[3 * Kg + i]) for s, r in enumerate(read) for i in range(Kg)])
+        step_words.append([int(r[4 * Kg + i]) for r in read for i in range(Kg)])
+        live = [r[5 * Kg + i] for r in read for i in range(Kg)]
         for s in range(S):
             if not done[s] and len(finished[s]) >= Kg:
-                worst = sorted(h.score for h in finished[s])[-Kg]
-                done[s] = worst >= best_live[s] / best_possible_penalty
+                worst = sorted(h[0] for h in finished[s])[-Kg]
+                done[s] = worst >= max(live[s * Kg : (s + 1) * Kg]) / best_possible_penalty
         if all(done):
             break
 
-    assert attn_history is not None
-    live_scores = scores.view(B * K).tolist()  # (B*K,)
-    live_penalty = length_penalty(history.shape[1], alpha)
-    results = []
+    steps = len(parents)
+    live_penalty = length_penalty(steps, alpha)
+
+    def lineage(row: int, words: int) -> list[int]:
+        """The rows, after steps 0..words-1, of the beam that is `row` after its last word."""
+        rows = [0] * words
+        for tau in reversed(range(words)):
+            rows[tau] = row
+            row = parents[tau][row]
+        return rows
+
+    chosen: list[list[tuple[list[int], float, float, bool, list[int]]]] = []  # per image: (tokens, score, log-probability, ended, lineage)
     for b in range(B):
-        pool = [h for s in range(b * G, (b + 1) * G) for h in finished[s]]
+        pool = [(*h, True) for s in range(b * G, (b + 1) * G) for h in finished[s]]
         for s in range(b * G, (b + 1) * G):
             if done[s]:
                 continue  # its finished hypotheses already beat every live beam
             for row in range(s * Kg, (s + 1) * Kg):  # cut off at max_length: compete on the same score
-                raw = live_scores[row]
-                if raw != float("-inf"):
-                    n = history.shape[1]
-                    pool.append(
-                        Hypothesis(history[row].tolist(), raw / live_penalty, raw, attn_history[row].cpu(), False, self_rows(row, n))
-                    )
+                if live[row] != float("-inf"):
+                    pool.append((live[row] / live_penalty, live[row], row, steps, False))
         ranked, seen = [], set()
-        for hyp in sorted(pool, key=lambda h: -h.score):
-            if tuple(hyp.tokens) not in seen:  # groups may meet on the same caption: keep it once
-                seen.add(tuple(hyp.tokens))
-                ranked.append(hyp)
-        results.append(ranked[:n_best])
+        for score, raw, row, words, ended in sorted(pool, key=lambda h: -h[0]):
+            if len(ranked) == n_best:
+                break
+            rows = lineage(row, words)
+            tokens = [step_words[tau][r] for tau, r in enumerate(rows)]
+            if tuple(tokens) not in seen:  # groups may meet on the same caption: keep it once
+                seen.add(tuple(tokens))
+                ranked.append((tokens, score, raw, ended, rows))
+        chosen.append(ranked)
+
+    # The maps of the returned hypotheses: each word's row of its step's maps, gathered on the
+    # device and copied to the host once.
+    lineages = [h[4] for ranked in chosen for h in ranked]
+    at = device_index([tau * B * K + parents[tau][r] for rows in lineages for tau, r in enumerate(rows)], device)  # (W,)
+    sizes = [len(rows) for rows in lineages]
+    maps = iter(torch.stack(step_maps).flatten(0, 1).index_select(0, at).cpu().split(sizes))  # (t, L, H, N) each
+    self_maps = None
+    if step_self:
+        self_maps = iter(torch.stack([pad_last(w, steps) for w in step_self]).flatten(0, 1).index_select(0, at).cpu().split(sizes))  # (t, L, H, steps) each
+    results = []
+    for ranked in chosen:
+        hyps = []
+        for tokens, score, raw, ended, rows in ranked:
+            words_self = None if self_maps is None else next(self_maps)[..., : len(rows)]  # (t, L, H, t)
+            hyps.append(Hypothesis(tokens, score, raw, next(maps), ended, words_self))
+        results.append(hyps)
     return results
+
+
+def device_index(index: list[int], device: torch.device) -> torch.Tensor:
+    """A host list of row indices as a long tensor on `device`, copied without blocking (pinned
+    first on CUDA, as `banned_mask` does)."""
+    rows = torch.tensor(index, dtype=torch.long)  # (W,)
+    if torch.device(device).type == "cuda":
+        rows = rows.pin_memory()
+    return rows.to(device, non_blocking=True)

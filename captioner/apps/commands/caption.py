@@ -18,8 +18,10 @@ from captioner.apps.arguments import (
     add_decode_arguments,
     add_ensemble_arguments,
     decode_options,
+    decode_value,
     expand_images,
     load_model,
+    takes,
 )
 from captioner.core.errors import CaptionerError, ImageLoadError
 
@@ -42,13 +44,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     caption.add_argument("images", nargs="*")
     add_decode_arguments(caption)
     add_ensemble_arguments(caption)
-    caption.add_argument("--n-best", type=int, default=None, metavar="N",
-                         help="N hypotheses per image, best first, each with its score (N <= beam; with --sample: N draws)")
+    caption.add_argument("--n-best", type=decode_value("n_best"), default=None, metavar="N",
+                         help=f"N hypotheses per image, best first, each with its score, {takes('n_best')} (N <= beam; with --sample: N draws)")
     caption.add_argument("--sample", action="store_true", help="sample instead of searching (see --top-k, --top-p)")
-    caption.add_argument("--temperature", type=float, default=None, help="with --sample: softmax temperature (default 1)")
-    caption.add_argument("--top-k", type=int, default=None, help="with --sample: draw from the K most probable words only")
-    caption.add_argument("--top-p", type=float, default=None, help="with --sample: draw from the nucleus of mass P only")
-    caption.add_argument("--seed", type=int, default=None, help="with --sample: seed, for reproducible draws")
+    caption.add_argument("--temperature", type=decode_value("temperature"), default=None,
+                         help=f"with --sample: softmax temperature, {takes('temperature')} (default 1)")
+    caption.add_argument("--top-k", type=decode_value("top_k"), default=None,
+                         help=f"with --sample: draw from the K most probable words only, {takes('top_k')} (default 0: all)")
+    caption.add_argument("--top-p", type=decode_value("top_p"), default=None,
+                         help=f"with --sample: draw from the nucleus of mass P only, {takes('top_p')} (default 1)")
+    caption.add_argument("--seed", type=decode_value("seed"), default=None, help="with --sample: seed, for reproducible draws")
     caption.add_argument("--attention", action="store_true", help="with --json: each word's attention map (h x w)")
     caption.add_argument("--json", action="store_true")
     caption.add_argument("--heatmaps", metavar="OUTDIR", help="write one attention figure per image (per hypothesis with --n-best) here")

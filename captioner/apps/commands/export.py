@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from captioner.apps.arguments import non_negative_float, positive_int
+from captioner.apps.arguments import decode_value, takes
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -14,8 +14,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument("folder", help="the folder to write (new or empty, or an earlier export)")
     export.add_argument("--image", help="the image the card's attention figure captions (default: the first test image)")
     export.add_argument("--onnx", action="store_true", help="also write the encoder and the decoder step as ONNX (onnx/)")
-    export.add_argument("--beam", type=positive_int, default=None, help="the export's default beam width (default: the checkpoint's)")
-    export.add_argument("--length-penalty", type=non_negative_float, default=None, metavar="ALPHA",
+    export.add_argument("--beam", type=decode_value("beam_size"), default=None,
+                        help=f"the export's default beam width, {takes('beam_size')} (default: the checkpoint's)")
+    export.add_argument("--length-penalty", type=decode_value("length_penalty"), default=None, metavar="ALPHA",
                         help="the export's default length penalty, e.g. the one tuned on dev (default: the checkpoint's)")
     export.set_defaults(func=run)
 

@@ -7,16 +7,17 @@ decoding, and refuses by name.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from captioner.apps.demo.choices import MEAN, attention_choices
+from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.errors import RequestError
 from captioner.models.captioner import Captioner
 
-MAX_BEAM = 10  # the beam slider's range
-MAX_LENGTH = 60  # the maximum-length slider's range
+# The sliders' ranges: what core/decode_schema.py lets a public page serve.
+MAX_BEAM = int(DECODE_OPTIONS["beam_size"].served.le)  # type: ignore[union-attr]
+MAX_LENGTH = int(DECODE_OPTIONS["max_length"].served.le)  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,13 @@ class Request:
     head: str
 
 
-def whole_number(value: Any, what: str, low: int, high: int) -> int:
-    """`value` as an int in [low, high]; sliders send floats, so 3.0 is 3, but 2.5, NaN, True
-    and "3" are refused."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(f"{what} must be a whole number from {low} to {high}, got {value!r}")
-    if not (math.isfinite(value) and value == int(value) and low <= value <= high):
-        raise RequestError(f"{what} must be a whole number from {low} to {high}, got {value!r}")
-    return int(value)
+def served(name: str, value: Any) -> Any:
+    """A decoding option's value within what the page serves (sliders send floats, so 3.0 is
+    3; 2.5, NaN, True and "3" are refused), or `RequestError` with the option's refusal."""
+    option = DECODE_OPTIONS[name]
+    if not option.allows(value, served=True):
+        raise RequestError(option.refusal(value, served=True))
+    return option.check(value, served=True)
 
 
 def menu_value(value: Any) -> str | None:
@@ -58,8 +58,7 @@ def check_request(
     if not isinstance(model_name, str) or model_name not in models:
         raise RequestError(f"unknown model {str(model_name)[:80]!r}: choose one of the menu's models")
     model = models[model_name]
-    beam = whole_number(beam_size, "beam width", 1, MAX_BEAM)
-    length = whole_number(max_length, "maximum length", 1, MAX_LENGTH)
+    beam, length = served("beam_size", beam_size), served("max_length", max_length)
     layers, heads = attention_choices(model)
     layer, head = menu_value(layer), menu_value(head) or MEAN
     if layer is not None and layer not in layers:

@@ -1,0 +1,140 @@
+"""The decoding options, declared once: each one's type, default, allowed values, the narrower
+range a public demo serves, and what it means.
+
+Every place that takes a decoding option checks it here: the config's `decode` section (its keys
+are declared from this table), `DecodeOptions` (the library), the command line's flags, the demo's
+/caption request and the ONNX runtime. A bad value therefore gets the same words wherever it is
+given ("beam_size must be a whole number in [1, 100]; got 0"), behind the name of the place
+(the config file and key, the flag, the request, "decode:").
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from captioner.core.errors import ConfigError
+from captioner.core.specs import Range
+
+KIND_WORDS = {bool: "true or false", int: "a whole number", float: "a finite number"}
+
+
+@dataclass(frozen=True)
+class DecodeOption:
+    """One decoding option. It is also a config spec (`allows`, `describe`, `outside`), so the
+    config's `decode` keys are declared with it and say the same thing when refused."""
+
+    name: str
+    kind: type  # bool, int or float
+    default: Any
+    meaning: str
+    limits: Range | None = None  # numbers: the interval every caller may use
+    served: Range | None = None  # numbers: the interval a public demo request may use (one request must not hold the server)
+    optional: bool = False  # None allowed: not set
+
+    def allows(self, value: Any, served: bool = False) -> bool:
+        if value is None:
+            return self.optional
+        if self.kind is bool:
+            return isinstance(value, bool)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            return False
+        if self.kind is int and value != int(value):  # 3.0 (a slider's, JSON's) is the whole number 3
+            return False
+        limits = self.served if served and self.served is not None else self.limits
+        return limits is None or limits.allows(value)
+
+    def describe(self, served: bool = False) -> str:
+        """What the option takes, in words: "a whole number in [1, 100]"."""
+        words = KIND_WORDS[self.kind]
+        limits = self.served if served and self.served is not None else self.limits
+        if limits is not None:
+            words += " " + limits.describe()
+        return words + (", or null" if self.optional else "")
+
+    def refusal(self, value: Any, served: bool = False) -> str:
+        """The one text for a bad value, without the place it came from."""
+        return f"{self.name} must be {self.describe(served)}; got {value!r}"
+
+    def check(self, value: Any, served: bool = False) -> Any:
+        """`value` as the option's type (3.0 -> 3 for whole numbers), or a ConfigError
+        "decode: <refusal>". `served`: the demo's narrower range."""
+        if not self.allows(value, served):
+            raise ConfigError(f"decode: {self.refusal(value, served)}")
+        if value is None or self.kind is bool:
+            return value
+        return int(value) if self.kind is int else float(value)
+
+    def outside(self, kind: type) -> Any:
+        """A value just outside the limits (for tests); None when there are none (true/false)."""
+        return None if self.limits is None else self.limits.outside(self.kind)
+
+
+def _option(name: str, kind: type, default: Any, meaning: str, limits: Range | None = None, **more: Any) -> DecodeOption:
+    return DecodeOption(name, kind, default, meaning, limits, **more)
+
+
+WORDS = Range(ge=1, le=1000)  # a caption's length in words
+OPTIONS: dict[str, DecodeOption] = {
+    option.name: option
+    for option in (
+        _option("beam_size", int, 3, "beams per image; 1 decodes greedily", Range(ge=1, le=100), served=Range(ge=1, le=10)),
+        _option("max_length", int, 30, "words per caption at most", WORDS, served=Range(ge=1, le=60)),
+        _option("length_penalty", float, 0.0, "alpha of ((5 + length) / 6) ** alpha; 0 ranks by total log-probability", Range(ge=0)),
+        _option("block_trigrams", bool, False, "never repeat a word trigram within a caption"),
+        _option("min_length", int, 0, "words before `<eos>` is allowed (every mode)", Range(ge=0, le=1000)),
+        _option("suppress_bad_endings", bool, False, 'no `<eos>` right after "a", "with", "of", ... (text/endings.py)'),
+        _option("diverse_groups", int, 1, "diverse beam search: groups of beam_size / groups beams (1: plain)", Range(ge=1, le=100)),
+        _option("diversity_strength", float, 0.5, "lambda of the Hamming diversity penalty between groups", Range(ge=0)),
+        _option("n_best", int, 1, "hypotheses per image (beam search) or draws per image (sampling)", Range(ge=1, le=100)),
+        _option("sample", bool, False, "draw words instead of searching"),
+        _option("temperature", float, 1.0, "sampling: the softmax temperature", Range(gt=0)),
+        _option("top_k", int, 0, "sampling: draw from the k most probable words only (0: all)", Range(ge=0)),
+        _option("top_p", float, 1.0, "sampling: draw from the nucleus of this probability mass only", Range(gt=0, le=1)),
+        _option("seed", int, None, "sampling: the seed of the draws, for reproducible samples", Range(ge=0, lt=2**32), optional=True),
+        _option("self_attention", bool, False, "also return the decoder's self-attention weights (transformers)"),
+    )
+}
+
+
+def check_options(values: Mapping[str, Any], served: bool = False) -> dict[str, Any]:
+    """Every option in `values` checked and converted (`DecodeOption.check`), then the rules
+    that tie options together; the options left out are not checked against each other."""
+    for name in values:
+        if name not in OPTIONS:
+            raise ConfigError(f"decode: unknown option {name!r} (options: {', '.join(OPTIONS)})")
+    checked = {name: OPTIONS[name].check(value, served) for name, value in values.items()}
+    problem = combination_problem(checked)
+    if problem:
+        raise ConfigError(f"decode: {problem}")
+    return checked
+
+
+def combination_problem(values: Mapping[str, Any]) -> str | None:
+    """What is wrong with these (individually valid) options together, or None. Options not
+    given are not judged."""
+    get = values.get
+    if get("min_length") is not None and get("max_length") is not None and get("min_length") > get("max_length"):
+        return f"min_length ({get('min_length')}) must not exceed max_length ({get('max_length')})"
+    if get("sample"):  # the search options do not apply: each draw is its own caption
+        return None
+    beam = get("beam_size")
+    if beam is not None and get("diverse_groups") is not None and beam % get("diverse_groups"):
+        return f"beam_size ({beam}) must be a multiple of diverse_groups ({get('diverse_groups')})"
+    if beam is not None and get("n_best") is not None and get("n_best") > beam:
+        return f"n_best ({get('n_best')}) must not exceed beam_size ({beam}); raise the beam or sample"
+    return None
+
+
+def markdown_table() -> str:
+    """The options as the docs show them (docs/library.md; a test keeps the two equal)."""
+    rows = ["| option | takes | default | what it does |", "| --- | --- | --- | --- |"]
+    for option in OPTIONS.values():
+        takes = option.describe()
+        if option.served is not None:
+            takes += f" (the demo: {option.served.describe()})"
+        rows.append(f"| `{option.name}` | {takes} | {option.default} | {option.meaning} |")
+    return "\n".join(rows)

@@ -1,0 +1,118 @@
+"""What a setting may hold: `Range`, `Choice`, `Text` and `Flag`, each able to say whether it
+allows a value, describe what it allows in words, and give a value just outside (for tests).
+
+The config (`core.config`) declares every key with one of them, and the decoding options
+(`core.decode_schema`) are described by them too, so a value is judged and explained the same
+way wherever it is given.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Range:
+    """A number's allowed interval: `Range(ge=0, lt=1)` is [0, 1). Floats must also be finite."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def allows(self, value: Any) -> bool:
+        if value is None:  # only reachable for `int | None` and `float | None` keys: None means "not set"
+            return True
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+    def describe(self) -> str:
+        low = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None
+        high = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else None
+        if low and high:
+            return f"in {low}, {high}"
+        if low:
+            return f"{'>=' if self.ge is not None else '>'} {low[1:]}"
+        if high:
+            return f"{'<=' if self.le is not None else '<'} {high[:-1]}"
+        return "a finite number"
+
+    def outside(self, kind: type) -> Any:
+        """A value of `kind` just outside the interval (for tests)."""
+        step = 1 if kind is int else 0.5
+        if self.ge is not None:
+            return kind(self.ge - step)
+        if self.gt is not None:
+            return kind(self.gt)
+        if self.le is not None:
+            return kind(self.le + step)
+        if self.lt is not None:
+            return kind(self.lt)
+        return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a fixed set of values."""
+
+    options: tuple[Any, ...]
+
+    def allows(self, value: Any) -> bool:
+        return value in self.options
+
+    def describe(self) -> str:
+        return f"one of {', '.join(map(str, self.options))}"
+
+    def outside(self, kind: type) -> Any:
+        return kind(max(self.options) + 1) if kind is int else "no-such-" + str(self.options[0])
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string: a path or a name; `pattern` (a full match) when only some strings make sense."""
+
+    pattern: str | None = None
+    allowed: str = "a non-empty string"  # how the error message describes the pattern
+
+    def allows(self, value: Any) -> bool:
+        if value is None:  # only reachable for `str | None` keys: None means "not set"
+            return True
+        if self.pattern is not None:
+            return re.fullmatch(self.pattern, value) is not None
+        return value.strip() != ""
+
+    def describe(self) -> str:
+        return self.allowed
+
+    def outside(self, kind: type) -> Any:
+        return "no such value!" if self.pattern is not None else ""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """true or false: the type check is all there is."""
+
+    def allows(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+    def describe(self) -> str:
+        return "true or false"
+
+    def outside(self, kind: type) -> Any:
+        return None
+
+
+Spec = Range | Choice | Text | Flag
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
