@@ -1,0 +1,51 @@
+"""The lowest versions pyproject.toml admits are the ones the suite runs against: a floor below
+what CI installs would promise support nobody has tried (torch 2.4 was admitted while the
+products called `torch.compiler.is_exporting`, which came in 2.6)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+PYPROJECT = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+FLOORED = ("torch", "torchvision", "gradio", "onnxruntime", "onnx", "onnxscript")
+
+
+def floors() -> dict[str, tuple[int, ...]]:
+    """package -> the (major, minor[, patch]) of its `>=` floor, over the core and extra requirements."""
+    found = {}
+    for requirement in [*PYPROJECT["dependencies"], *sum(PYPROJECT["optional-dependencies"].values(), [])]:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9.]+)(?:\s*,.*)?", requirement.strip())
+        if match:
+            parts = tuple(int(part) for part in match.group(2).split("."))
+            found[match.group(1).lower()] = parts + (0,) * (2 - len(parts))  # ">=6" is 6.0: the minor counts
+    return found
+
+
+def installed(package: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version(package))[:3])
+
+
+@pytest.mark.parametrize("package", FLOORED)
+def test_the_floor_is_the_version_the_suite_runs(package: str) -> None:
+    floor = floors().get(package)
+    assert floor is not None, f"pyproject.toml: {package} has no >= floor"
+    here = installed(package)
+    assert here >= floor, f"{package} {version(package)} is below pyproject's floor {floor}"
+    assert here[: len(floor)] == floor, (
+        f"{package}: the suite runs {version(package)} but pyproject admits >= {'.'.join(map(str, floor))}: "
+        "raise the floor to what is tested, or run the suite on the floor"
+    )
+
+
+def test_setup_pins_the_floor() -> None:
+    setup = (Path(__file__).parents[1] / "scripts" / "setup.sh").read_text()
+    for package in ("torch", "torchvision"):
+        pinned = re.search(rf'"{package}==([0-9.]+)"', setup)
+        assert pinned, f"scripts/setup.sh: {package} is not pinned"
+        floor = floors()[package]
+        assert tuple(int(p) for p in pinned.group(1).split("."))[: len(floor)] == floor
