@@ -17,10 +17,16 @@ host-side bookkeeping run as they do on a GPU.
 `fake_cuda()`: torch's FakeTensorMode with tensors on device "cuda" and CUDA autocast switched
 on. The ops run through the real AutocastCUDA kernels and CUDA's device checks on tensors
 without data: a CPU tensor mixed into a device op raises, and so does any read of a device
-value (`.item()`, `bool(t.all())`, `.tolist()`, a boolean mask), which is how a step proves
-it never makes the host wait. Fake kernels skip some dtype checks (index_copy's among them),
-which is what the first layer is for; and the autograd engine needs a real GPU for backward,
-so this layer runs forward passes.
+value (`.item()`, `bool(t.all())`, `.tolist()`, a boolean mask) and any blocking copy from the
+device to the host (`.cpu()`, `.to("cpu")`, `copy_` into a host tensor), which is how a step
+proves it never makes the host wait. Fake kernels skip some dtype checks (index_copy's among
+them), which is what the first layer is for; and the autograd engine needs a real GPU for
+backward, so this layer runs forward passes.
+
+`fake_cuda(values=True)`: the same, for code that reads the device by design (beam search keeps
+its hypotheses on the host). Every device tensor also has its values, computed op by op on the
+CPU beside the fake op, so each read returns what a GPU would; the reads are recorded in
+`mode.device_reads` instead of raising, for the test to count.
 
 `op_dtypes()` records the dtype of every op's output, so a test can hold the two layers
 together: the same forward under both gives the same dtypes op by op.
@@ -39,12 +45,15 @@ from typing import TypeVar
 
 import torch
 from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
     FakeTensor,
     FakeTensorMode,
     unset_fake_temporarily,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakTensorKeyDictionary
 
 M = TypeVar("M", bound=torch.nn.Module)
 AUTOCAST_DTYPE = torch.bfloat16  # what train.py's autocast asks for on CUDA
@@ -153,6 +162,15 @@ def cuda_autocast(dtype: torch.dtype = AUTOCAST_DTYPE) -> Iterator[dict[str, str
         library._destroy()
 
 
+class DeviceRead(RuntimeError):
+    """A blocking copy of a device tensor to the host under `fake_cuda()`: on a GPU the host
+    would wait there for every queued kernel."""
+
+
+def _on_device(t: object) -> bool:
+    return isinstance(t, FakeTensor) and t.device.type == "cuda"
+
+
 class _HostStaysReal(TorchDispatchMode):
     """Inside `fake_cuda`: ops on host tensors alone run for real, as on a GPU machine, where
     the lengths, indices and counters a loop keeps on the CPU have values; any op that touches a
@@ -161,13 +179,52 @@ class _HostStaysReal(TorchDispatchMode):
 
     A copy from the host to the device without non_blocking=True (`torch.tensor(list,
     device=...)`, `.to(device)`) is recorded in `blocking_copies`: on CUDA it waits for the
-    stream (torch.cuda.set_sync_debug_mode flags it), so a step must not make one."""
+    stream (torch.cuda.set_sync_debug_mode flags it), so a step must not make one. A copy from
+    the device to the host without non_blocking=True (`.cpu()`, `.to("cpu")`, `copy_` into a
+    host tensor) waits for every queued kernel: it raises `DeviceRead`, as a value read raises
+    in the fake mode. (A non-blocking one is allowed: it lands in pinned memory, no wait.)
+
+    With `values`, every device tensor made here has a shadow: a CPU tensor with its values,
+    made by the same op (autocast's casts included) on the inputs' shadows. A read of a device
+    value, a copy to the host and an op whose output size depends on the values (`nonzero`) then
+    return the shadow's values, and each is recorded in `device_reads` (`.tolist()` once) rather
+    than raising."""
 
     PIN_OPS = {"_pin_memory", "pin_memory", "is_pinned"}
 
-    def __init__(self) -> None:
+    def __init__(self, values: bool = False) -> None:
         super().__init__()
         self.blocking_copies: list[str] = []
+        self.values = values
+        self.device_reads: list[str] = []
+        self.shadows = WeakTensorKeyDictionary()  # fake device tensor -> a CPU tensor with its values
+
+    def link(self, fake: torch.Tensor, real: torch.Tensor) -> None:
+        self.shadows[fake] = real
+
+    def real(self, tree: object) -> object:
+        """args or kwargs with every fake tensor replaced by its shadow and device "cuda" by the CPU."""
+
+        def convert(x: object) -> object:
+            if isinstance(x, FakeTensor):
+                if x not in self.shadows:
+                    raise RuntimeError("fake_cuda(values=True): a device tensor without values (made outside the mode?)")
+                return self.shadows[x]
+            if isinstance(x, torch.device) and x.type == "cuda":
+                return torch.device("cpu")
+            return x
+
+        return tree_map(convert, tree)
+
+    def read(self, what: str) -> None:
+        entry = f"{what} at {_caller()}"
+        if not self.values:
+            raise DeviceRead(f"{entry}: a copy from the device to the host, which waits for the GPU")
+        self.device_reads.append(entry)
+
+    def run_real(self, func, args: tuple, kwargs: dict):
+        with unset_fake_temporarily():
+            return func(*self.real(args), **self.real(kwargs))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -179,33 +236,71 @@ class _HostStaysReal(TorchDispatchMode):
         to_device = device is not None and torch.device(device).type == "cuda"
         source = tensors[-1] if name == "copy_" else tensors[0] if tensors else None
         into_device = to_device or (name == "copy_" and isinstance(tensors[0], FakeTensor))
-        if name in ("_to_copy", "copy_") and into_device and not isinstance(source, FakeTensor) and not kwargs.get("non_blocking"):
-            if not (name == "copy_" and len(args) > 2 and args[2]):  # copy_(dst, src, non_blocking) given by position
-                self.blocking_copies.append(f"{func} at {_caller()}")
-        if to_device or any(isinstance(t, FakeTensor) for t in tensors):
+        non_blocking = kwargs.get("non_blocking") or (name == "copy_" and len(args) > 2 and args[2])  # copy_(dst, src, non_blocking)
+        if name in ("_to_copy", "copy_") and into_device and not isinstance(source, FakeTensor) and not non_blocking:
+            self.blocking_copies.append(f"{func} at {_caller()}")
+        to_host = (name == "_to_copy" and _on_device(source) and device is not None and torch.device(device).type == "cpu") or (
+            name == "copy_" and _on_device(source) and not _on_device(tensors[0])
+        )
+        if to_host:
+            if not non_blocking:
+                self.read(str(func))
+            return self.run_real(func, args, kwargs) if self.values else func(*args, **kwargs)  # with values: a host tensor
+        if not (to_device or any(isinstance(t, FakeTensor) for t in tensors)):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        if not self.values:
             return func(*args, **kwargs)
-        with unset_fake_temporarily():
-            return func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):  # a read: the shadow's values
+            self.read(str(func))
+            out = self.run_real(func, args, kwargs)
+            if not isinstance(out, torch.Tensor):
+                return out  # a number: what .item() gives
+            fake = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="cuda")  # a fake of the read size
+            self.link(fake, out)
+            return fake
+        fakes = [t for t in tree_flatten(out)[0] if isinstance(t, FakeTensor)]
+        if fakes or func._schema.is_mutable:
+            reals = tree_flatten(self.run_real(func, args, kwargs))[0]
+            for f, r in zip(tree_flatten(out)[0], reals, strict=True):
+                if isinstance(f, FakeTensor):
+                    self.link(f, r)
+        return out
 
 
 @contextlib.contextmanager
-def fake_cuda(dtype: torch.dtype = AUTOCAST_DTYPE, autocast: bool = True) -> Iterator[FakeTensorMode]:
+def fake_cuda(dtype: torch.dtype = AUTOCAST_DTYPE, autocast: bool = True, values: bool = False) -> Iterator[FakeTensorMode]:
     """FakeTensorMode with CUDA autocast on (`torch.autocast("cuda")` refuses without a GPU; the
     flags it would set are set directly). Make tensors with device="cuda" and move models with
     `to_fake_cuda`; the default device stays the CPU, so code that forgets `device=` makes a
     CPU tensor here as it would on a GPU machine, and mixing it in raises. Host tensors keep
     their values; the mode's `blocking_copies` lists the host-to-device copies that would wait
-    (`_HostStaysReal`)."""
+    (`_HostStaysReal`). With `values`, device tensors have values too and the mode's
+    `device_reads` lists every read of them, in order."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     was_enabled, was_dtype = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
-    host = _HostStaysReal()
+    host = _HostStaysReal(values)
     mode.blocking_copies = host.blocking_copies  # type: ignore[attr-defined]  # what the test asserts on
+    mode.device_reads = host.device_reads  # type: ignore[attr-defined]
+    mode.host = host  # type: ignore[attr-defined]  # to_fake_cuda gives the weights their values
+    tolist = FakeTensor.tolist
+
+    def read_list(self: FakeTensor) -> object:  # one read, not one per element (FakeTensor's own tolist)
+        if not (values and _on_device(self)):
+            return tolist(self)
+        host.read("tolist")
+        return host.shadows[self].tolist()
+
     with mode, host:
         torch.set_autocast_enabled("cuda", autocast)
         torch.set_autocast_dtype("cuda", dtype)
+        FakeTensor.tolist = read_list  # type: ignore[method-assign]
         try:
             yield mode
         finally:
+            FakeTensor.tolist = tolist  # type: ignore[method-assign]
             torch.set_autocast_enabled("cuda", was_enabled)
             torch.set_autocast_dtype("cuda", was_dtype)
             torch.clear_autocast_cache()
@@ -223,9 +318,14 @@ def to_fake_cuda(module: M, mode: FakeTensorMode) -> M:
     weights stay tied."""
     converted: dict[int, torch.Tensor] = {}
 
+    host = getattr(mode, "host", None)
+
     def fake(t: torch.Tensor) -> torch.Tensor:
         if id(t) not in converted:
-            converted[id(t)] = mode.from_tensor(t.detach()).to("cuda")
+            on_host = mode.from_tensor(t.detach())
+            if host is not None and host.values:
+                host.link(on_host, t.detach())  # the weights' values follow them to the device
+            converted[id(t)] = on_host.to("cuda")
         return converted[id(t)]
 
     for sub in module.modules():
@@ -233,6 +333,8 @@ def to_fake_cuda(module: M, mode: FakeTensorMode) -> M:
             if p is not None:
                 if id(p) not in converted:
                     converted[id(p)] = torch.nn.Parameter(fake(p), requires_grad=p.requires_grad)
+                    if host is not None and host.values and converted[id(p)] not in host.shadows:
+                        host.link(converted[id(p)], p.detach())
                 sub._parameters[name] = converted[id(p)]
         for name, b in list(sub._buffers.items()):
             if b is not None:

@@ -3,7 +3,9 @@
 Every path a GPU run takes under bf16 autocast: the cross-entropy step and the SCST step
 (forward, backward, optimiser) for both decoders and both baselines, greedy decoding, sampling,
 beam search, grounding and Grad-CAM, under CUDA's dtype policy with real values; and the model's
-forward passes on fake CUDA tensors, where any host/device mixing or device read raises.
+forward passes on fake CUDA tensors, where any host/device mixing, device read or blocking copy
+to the host raises. Beam search and greedy decoding, which read the device by design, run on fake
+CUDA tensors that carry values, and their reads are counted.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import pytest
 import torch
 from cuda_semantics import (
     AUTOCAST_DTYPE,
+    DeviceRead,
     autocast_ops,
     cuda_autocast,
     cuda_policies,
@@ -296,6 +299,186 @@ def test_scst_objective_on_fake_cuda(decoder: str, baseline: str, tmp_path) -> N
     assert loss.device.type == "cuda" and loss.dtype == torch.float32
     assert all(v.device.type == "cuda" for v in logged.values())
     assert mode.blocking_copies == []  # a step after the first copies nothing that waits
+
+
+def test_fake_cuda_catches_copies_to_the_host() -> None:
+    """A blocking copy from the device to the host waits for every queued kernel, as a value read
+    does: `.cpu()`, `.to("cpu")` and `copy_` into a host tensor raise; a non-blocking one (into
+    pinned memory) and host-to-host copies do not."""
+    with fake_cuda():
+        x = torch.randn(3, device="cuda")
+        copies = (lambda: x.cpu(), lambda: x.to("cpu"), lambda: x.to(torch.device("cpu"), torch.float64), lambda: torch.zeros(3).copy_(x))
+        for copy in copies:
+            with pytest.raises(DeviceRead, match="from the device to the host"):
+                copy()
+        assert x.to("cpu", non_blocking=True).device.type == "cpu"
+        assert torch.equal(torch.zeros(2).copy_(torch.ones(2)), torch.ones(2))
+
+
+def test_scst_with_the_reward_copied_to_the_host_fails_on_fake_cuda(tmp_path) -> None:
+    """The mistake tests/test_sync.py's HostReward makes (the reward brought to the host with
+    `.cpu()` and sent back without blocking) stops the SCST forward where the reward is scored."""
+    from test_sync import HostReward
+
+    from captioner.core.config import ScstConfig
+    from captioner.training.rewards import DeviceReward
+    from captioner.training.scst import SelfCritical
+
+    model = tiny_model("model.decoder.type=lstm").train()
+    config = load_config(None, [*TINY_MODEL, "model.decoder.type=lstm", "train.stage=scst"])
+    batch = caption_batch(model)
+    references = [[" ".join(WORDS[i : i + 4]), " ".join(WORDS[i + 1 : i + 6])] for i in range(3)]
+    reward = HostReward(DeviceReward(model.vocab, references))
+    objective = SelfCritical(ScstConfig(samples=3, max_length=8), model.vocab, references, reward)
+    with fake_cuda() as mode, pytest.raises(DeviceRead, match=r"scst\.py:\d+"):
+        to_fake_cuda(model, mode)
+        objective(model, batch.to(torch.device("cuda")), config, encoded=False)
+
+
+def test_fake_cuda_with_values_reads_what_a_gpu_would() -> None:
+    """With values, device tensors compute on CPU shadows beside the fake ops: reads give the
+    numbers and are recorded in order (`.tolist()` once, however long), nothing else is."""
+    with fake_cuda(values=True) as mode:
+        x = torch.arange(6.0).to("cuda", non_blocking=True).view(2, 3) * 2  # (2, 3)
+        x[:, 0] = -1.0
+        assert x.device.type == "cuda" and mode.device_reads == []
+        assert x.tolist() == [[-1.0, 2.0, 4.0], [-1.0, 8.0, 10.0]]
+        assert x.sum().item() == 22.0 and bool((x > 9).any())
+        assert (x > 3).nonzero().shape == (3, 2)
+        host = x.cpu()
+        assert type(host) is torch.Tensor and torch.equal(host, torch.tensor([[-1.0, 2.0, 4.0], [-1.0, 8.0, 10.0]]))
+        x.to("cpu", non_blocking=True)  # no wait: not a read
+    assert [r.split(" at ")[0] for r in mode.device_reads] == [
+        "tolist", "aten._local_scalar_dense.default", "aten._local_scalar_dense.default", "aten.nonzero.default", "aten._to_copy.default",
+    ]
+
+
+def eos_prone(model):
+    """The model with <eos> made likely, so that hypotheses end and searches stop before
+    max_length (an untrained model rarely ends a caption)."""
+    out = model.decoder.out_vocab if hasattr(model.decoder, "out_vocab") else model.decoder.out
+    with torch.no_grad():
+        out.bias[model.vocab.eos_id] += 3.0
+    return model
+
+
+def counting_steps(model, mode) -> None:
+    """Mark each decoder step in mode.device_reads, so that the reads can be split by step."""
+    step = model.decoder.step
+
+    def counted(*args, **kwargs):
+        mode.device_reads.append("step")
+        return step(*args, **kwargs)
+
+    model.decoder.step = counted
+
+
+def reads_per_step(reads: list[str]) -> tuple[list[str], list[list[str]]]:
+    """mode.device_reads split at the step markers: the reads before the first step, and the reads
+    from each step to the next (the last step's: to the end), file:line cut to the file."""
+    marks = [i for i, r in enumerate(reads) if r == "step"]
+    cut = lambda part: [r.rsplit(":", 1)[0] for r in part]  # noqa: E731
+    return cut(reads[: marks[0]]), [cut(reads[i + 1 : j]) for i, j in zip(marks, [*marks[1:], len(reads)])]
+
+
+def same_hypotheses(got, want) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.tokens == w.tokens and g.score == w.score and g.logprob == w.logprob and g.finished == w.finished
+        assert g.attn.device.type == "cpu" and torch.equal(g.attn, w.attn)
+        assert (g.self_attn is None) == (w.self_attn is None) and (g.self_attn is None or torch.equal(g.self_attn, w.self_attn))
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_beam_search_on_fake_cuda(decoder: str) -> None:
+    """The real `beam_search` and `beam_search_n_best` (diverse, n-best) on CUDA tensors that
+    carry values: every word of every hypothesis as under the emulated CUDA policy on the CPU
+    (the same ops in the same dtypes, bit for bit), with one read of the device per step (the
+    host's bookkeeping: hypotheses live on the host by design, and the search stops early) and
+    one copy of the returned maps after it; no blocking copy to the device. With self_attention,
+    the transformer's step reads its position once more per step (a documented inspection path)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, beam_search_n_best
+
+    model = eos_prone(tiny_model(f"model.decoder.type={decoder}"))
+    special = SpecialTokens.of(model.vocab)
+    torch.manual_seed(0)
+    feats = torch.randn(3, 16, model.encoder.out_dim)  # (B, N, D)
+    runs = [
+        (beam_search, DecodeOptions(beam_size=3, max_length=8, length_penalty=0.6, min_length=2)),
+        (
+            beam_search_n_best,
+            DecodeOptions(beam_size=4, diverse_groups=2, n_best=2, max_length=8, min_length=1, block_trigrams=True, self_attention=True),
+        ),
+    ]
+    for search, options in runs:
+        with cuda_autocast(), sdpa_kernel(SDPBackend.MATH):  # fake CUDA has no fused attention kernel either
+            want = search(model.decoder, feats, special, options)
+        fake_model = tiny_model(f"model.decoder.type={decoder}")
+        fake_model.load_state_dict(model.state_dict())
+        with fake_cuda(values=True) as mode:
+            to_fake_cuda(fake_model, mode)
+            counting_steps(fake_model, mode)
+            got = search(fake_model.decoder, feats.to("cuda", non_blocking=True), special, options)
+        flat = lambda hyps: [h for per_image in hyps for h in per_image] if isinstance(hyps[0], list) else hyps  # noqa: E731
+        same_hypotheses(flat(got), flat(want))
+        assert all(h.finished and h.tokens for h in flat(want))  # ended after a word or more: their maps were gathered
+        before, per_step = reads_per_step(mode.device_reads)
+        assert before == [] and 1 < len(per_step) < options.max_length, mode.device_reads  # it stopped early
+        self_read = options.self_attention and decoder == "transformer"
+        in_step = ["aten._local_scalar_dense.default at transformer_decoder.py"] if self_read else []
+        after = ["aten._to_copy.default at decoding.py"] * (2 if self_read else 1)  # the maps (and the self-attention)
+        for i, reads in enumerate(per_step):
+            assert reads == [*in_step, "tolist at decoding.py", *(after if i == len(per_step) - 1 else [])], per_step
+        assert mode.blocking_copies == []
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_greedy_decoding_on_fake_cuda(decoder: str) -> None:
+    """`greedy_captions` (SCST's greedy baseline, with the ending rule) runs on fake CUDA tensors
+    without values, so it reads nothing, and with values gives the emulation's words. The
+    inference's `greedy_decode` reads the device once per step (its early exit) and then copies
+    what the host keeps once each."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from captioner.models.decoding import DecodeOptions, EndingRule, SpecialTokens, greedy_captions, greedy_decode
+
+    model = eos_prone(tiny_model(f"model.decoder.type={decoder}"))
+    special = SpecialTokens.of(model.vocab)
+    torch.manual_seed(0)
+    feats = torch.randn(4, 16, model.encoder.out_dim)  # (B, N, D)
+
+    def baseline(decoder_, feats_):
+        ending = EndingRule.build(special, 2, True, len(model.vocab), feats_.device)
+        return greedy_captions(decoder_, feats_, special.bos, special.eos, 8, special.banned, ending)
+
+    options = DecodeOptions(beam_size=1, max_length=8, min_length=1)
+    with cuda_autocast(), sdpa_kernel(SDPBackend.MATH):
+        want, want_hyps = baseline(model.decoder, feats), greedy_decode(model.decoder, feats, special, options)
+    with fake_cuda() as mode:
+        plain = tiny_model(f"model.decoder.type={decoder}")
+        to_fake_cuda(plain, mode)
+        captions = baseline(plain.decoder, feats.to("cuda", non_blocking=True))  # any read would raise here
+        assert captions.tokens.device.type == "cuda" and captions.tokens.shape == (4, 8)
+        assert mode.blocking_copies == []
+    fake_model = tiny_model(f"model.decoder.type={decoder}")
+    fake_model.load_state_dict(model.state_dict())
+    with fake_cuda(values=True) as mode:
+        to_fake_cuda(fake_model, mode)
+        on_device = feats.to("cuda", non_blocking=True)
+        got = baseline(fake_model.decoder, on_device)
+        assert mode.device_reads == []
+        tokens, mask = got.tokens.cpu(), got.mask.cpu()
+        counting_steps(fake_model, mode)
+        mode.device_reads.clear()
+        got_hyps = greedy_decode(fake_model.decoder, on_device, special, options)
+    assert torch.equal(tokens, want.tokens) and torch.equal(mask, want.mask) and (want.tokens == special.eos).any()
+    same_hypotheses(got_hyps, want_hyps)
+    _, per_step = reads_per_step(mode.device_reads)
+    assert 1 < len(per_step) < 8  # every caption ended before max_length
+    assert all(reads == ["aten._local_scalar_dense.default at decoding.py"] for reads in per_step[:-1]), per_step
+    assert per_step[-1][0] == "aten._local_scalar_dense.default at decoding.py" and len(per_step[-1]) == 6, per_step[-1]
 
 
 def test_fake_cuda_records_copies_to_the_device_that_would_wait() -> None:

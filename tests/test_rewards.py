@@ -213,6 +213,64 @@ def test_device_reward_equals_caption_reward_on_real_coco_captions(coco_val) -> 
     assert got32.dtype == torch.float32 and np.abs(got32.numpy() - want).max() < 2e-5
 
 
+def words_of(vocab: Vocabulary, oov: dict[str, int]):
+    """Token ids (vocabulary ids, negative out-of-vocabulary ones, <eos>) -> the caption as
+    pycocoevalcap takes it: the same tokens, joined by spaces."""
+    names = {index: word for word, index in oov.items()}
+    return lambda ids: " ".join(vocab.words[i] if i >= 0 else names[i] for i in ids)
+
+
+def test_cider_d_equals_pycocoevalcap_on_the_official_demo_results(coco_val) -> None:
+    """pycocoevalcap's CIDEr-D on the official evaluation demo's 1,000 COCO val2014 machine
+    captions against their references, tokenised as the reward tokenises them (`reference_ids`:
+    the PTB-style tokenizer, then <eos>): the vectorised table and the Python CiderD give its
+    per-caption numbers to 1e-6. (The installed pycocoevalcap has no class named CiderD: its
+    `Cider` is CIDEr-D, clipped tf-idf and the Gaussian length penalty, with document
+    frequencies from the scored set, which is what this test gives the table.)"""
+    references, results = coco_val
+    images = sorted(results)  # (1000,) image ids
+    vocab = Vocabulary.build((c for i in images for c in references[i]), 5)
+    oov: dict[str, int] = {}
+    refs = [[reference_ids(vocab, c, oov) for c in references[i]] for i in images]
+    candidates = [reference_ids(vocab, results[i], oov) for i in images]  # out-of-vocabulary words keep their own ids
+    text = words_of(vocab, oov)
+    want = official_cider([text(c).split() for c in candidates], [[text(r).split() for r in rs] for rs in refs])
+    table = ReferenceTable.build(refs).score(*padded(candidates), torch.arange(len(images)))  # (1000,) float64
+    cider = CiderD(refs)
+    for key, rs in enumerate(refs):
+        cider.add_references(key, rs)
+    assert np.abs(table.numpy() - want).max() < 1e-6
+    assert np.abs(cider.score(candidates, range(len(images))) - want).max() < 1e-6
+    assert want.max() > 2.0 and 0.3 < want.mean() < 2.0  # real overlaps, not a table of zeros
+    assert min(oov.values()) < -100  # out-of-vocabulary reference words were in play
+
+
+def test_device_reward_equals_pycocoevalcap_with_the_training_corpus_df_on_real_coco_captions(coco_val) -> None:
+    """The SCST reward as training runs it (`DeviceReward`: document frequencies from all the
+    training references, not the batch's) on COCO val2014: 2,000 images' references as the
+    corpus, the demo's 1,000 machine captions and 500 held-out human captions (some cut before
+    <eos>) as a sampler gives them (vocabulary ids, <unk> for the rest), scored against their own
+    image. pycocoevalcap's CiderScorer, handed the corpus's document frequencies and size, gives
+    the same numbers to 1e-6."""
+    references, results = coco_val
+    images = sorted(results) + [i for i in sorted(references) if i not in results][:1000]  # (2000,) image ids
+    texts = [references[i] for i in images]
+    vocab = Vocabulary.build((c for captions in texts for c in captions), 5)
+    reward = DeviceReward(vocab, texts)
+    oov: dict[str, int] = {}
+    corpus = [[reference_ids(vocab, c, oov) for c in captions] for captions in texts]  # as reference_corpus gives the reward
+    machine = [list(reference_ids(vocab, results[i], {})) for i in images[:1000]]
+    human = [list(corpus[k][k % 5])[: 3 + k % 12] for k in range(1000, 1500)]
+    candidates = [[w if w >= 0 else vocab.unk_id for w in c] for c in machine + human]  # what a sampler can write
+    keys = list(range(1500))
+    got = reward(*padded(candidates), torch.tensor(keys))  # (1500,) float64
+    text = words_of(vocab, oov)
+    corpus_words = [[text(r).split() for r in refs] for refs in corpus]
+    want = official_cider_with_corpus_df([text(c).split() for c in candidates], [corpus_words[k] for k in keys], corpus_words)
+    assert np.abs(got.numpy() - want).max() < 1e-6
+    assert want.max() > 2.0 and np.median(want) > 0.3  # real overlaps, not a table of zeros
+
+
 def test_distinct_ngrams_of_coco_val_do_not_collide(coco_val) -> None:
     """Every distinct 1..4-gram of COCO val2014's 202,654 captions gets its own 64-bit hash:
     compared with an exact injective code of the same n-grams (word ids in base V+1). Words are

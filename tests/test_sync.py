@@ -5,13 +5,17 @@ CPU-only machine the test simulates the device instead: every tensor that would 
 GPU (parameters, the batch after `.to(device)`, and all that is computed from them) is tracked
 through a TorchDispatchMode, while tensors that stay on the host by design (the caption
 lengths, the optimizer's step counters) are not. A read of a tracked tensor's value
-(`item`, `bool`, `int`, `float`, `tolist`, numpy) or an op whose output size depends on its
-values (`nonzero`, boolean-mask indexing) is what would make the host wait for the GPU.
+(`item`, `bool`, `int`, `float`, `tolist`, numpy), a copy of one to the host (`.cpu()`) or an
+op whose output size depends on its values (`nonzero`, boolean-mask indexing) is what would
+make the host wait for the GPU. The simulated device is the CPU, so `.to(<the CPU>)` and a
+`copy_` into a host tensor look like device work here; tests/cuda_semantics.py's fake CUDA,
+where the two devices differ, catches those.
 """
 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -67,8 +71,9 @@ class DeviceSimulation(TorchDispatchMode):
 
 
 def watch_reads(sim: DeviceSimulation, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Count the value reads that bypass the dispatcher (tolist, numpy) on tracked tensors."""
-    for name in ("tolist", "numpy", "__array__"):
+    """Count the value reads that bypass the dispatcher on tracked tensors: tolist, numpy, and
+    `.cpu()`, which on the CPU returns the tensor itself without an op."""
+    for name in ("tolist", "numpy", "__array__", "cpu"):
         original = getattr(torch.Tensor, name)
 
         def read(self, *args, _original=original, _name=name, **kwargs):
@@ -171,23 +176,37 @@ def test_the_simulation_sees_the_reads_that_used_to_be_there(simulation: DeviceS
     assert len(simulation.syncs) == 4, simulation.syncs  # two masks, item, float
 
 
-def scst_steps_syncs(tmp_path, simulation: DeviceSimulation, decoder: str, baseline: str) -> list[list[str]]:
+class HostReward:
+    """The mistake a step must not make: the reward brought to the host (`.cpu()`, a wait for
+    the device) and sent back without blocking, so that nothing downstream sees it."""
+
+    def __init__(self, reward: Callable[..., torch.Tensor]) -> None:
+        self.reward = reward
+
+    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        return self.reward(tokens, lengths, images).cpu().to(tokens.device, non_blocking=True)
+
+
+def scst_steps_syncs(tmp_path, simulation: DeviceSimulation, decoder: str, baseline: str, on_host: bool = False) -> list[list[str]]:
     """Syncs per SCST step (the real CIDEr-D reward table, 5 samples per image) over 4 steps, the
-    logged values read every 2nd step."""
+    logged values read every 2nd step; with `on_host` the reward goes through `HostReward`."""
     from captioner.core.config import ScstConfig
+    from captioner.training.rewards import DeviceReward
     from captioner.training.scst import SelfCritical
 
     config = tiny_config(f"model.decoder.type={decoder}", "train.log_every=2", "data.batch_size=2", "train.device=cpu")
     model = tiny_model(f"model.decoder.type={decoder}").train()
     dataset = CaptionDataset(fake_records(tmp_path, 8), model.vocab, ImageTransform(32, train=True), 20, "all")
     loader = DataLoader(dataset, batch_size=2, collate_fn=collate_captions)
-    objective = SelfCritical(ScstConfig(samples=5, baseline=baseline, max_length=8), model.vocab, [r.captions for r in dataset.records])
+    reward = DeviceReward(model.vocab, [r.captions for r in dataset.records])
+    settings = ScstConfig(samples=5, baseline=baseline, max_length=8)
+    objective = SelfCritical(settings, model.vocab, [r.captions for r in dataset.records], HostReward(reward) if on_host else reward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = make_scheduler(optimizer, config, 4)
     ctx = Distributed(torch.device("cpu"))
     state = TrainState(logged=objective.logged)
     state.reset_sums(ctx.device)
-    table = objective.reward.on(torch.device("cpu"))
+    table = reward.on(torch.device("cpu"))
     per_step: list[list[str]] = []
     with simulation:
         simulation.mark(*model.parameters(), *model.buffers(), state.running, state.epoch_sums)
@@ -213,3 +232,23 @@ def test_scst_steps_read_the_device_only_when_logging(tmp_path, simulation: Devi
     assert len(per_step) == 4
     assert per_step[0] == [] and per_step[2] == [], per_step
     assert len(per_step[1]) == 1 and per_step[1][0].startswith("tolist at state.py:"), per_step[1]  # the log step's one read
+
+
+def test_a_reward_copied_to_the_host_is_counted(tmp_path, simulation: DeviceSimulation) -> None:
+    """A step that brings the reward to the host with `.cpu()` waits for the device there, even
+    if the reward goes straight back: every ordinary step shows one read per reward call (the
+    samples' and the greedy baseline's)."""
+    per_step = scst_steps_syncs(tmp_path, simulation, "lstm", "greedy", on_host=True)
+    assert len(per_step) == 4
+    for step in (per_step[0], per_step[2]):
+        assert len(step) == 2 and all(s.startswith("cpu at scst.py:") for s in step), per_step
+
+
+def test_copies_to_the_host_are_counted(simulation: DeviceSimulation) -> None:
+    """`.cpu()` of a device tensor is a read; of a host tensor it is nothing."""
+    with simulation:
+        loss = torch.randn(3)
+        simulation.mark(loss)
+        loss.sum().cpu()
+        torch.tensor([1.0, 2.0]).cpu()
+    assert simulation.syncs == ["cpu"]

@@ -579,7 +579,8 @@ def beam_search_n_best(
             row = parents[tau][row]
         return rows
 
-    chosen: list[list[tuple[list[int], float, float, bool, list[int]]]] = []  # per image: (tokens, score, log-probability, ended, lineage)
+    # Per image, the hypotheses returned: (tokens, score, log-probability, ended, lineage).
+    chosen: list[list[tuple[list[int], float, float, bool, list[int]]]] = []
     for b in range(B):
         pool = [(*h, True) for s in range(b * G, (b + 1) * G) for h in finished[s]]
         for s in range(b * G, (b + 1) * G):
@@ -604,10 +605,12 @@ def beam_search_n_best(
     lineages = [h[4] for ranked in chosen for h in ranked]
     at = device_index([tau * B * K + parents[tau][r] for rows in lineages for tau, r in enumerate(rows)], device)  # (W,)
     sizes = [len(rows) for rows in lineages]
-    maps = iter(torch.stack(step_maps).flatten(0, 1).index_select(0, at).cpu().split(sizes))  # (t, L, H, N) each
+    all_maps = torch.stack(step_maps).flatten(0, 1)  # (steps*B*K, L, H, N)
+    maps = iter(all_maps.index_select(0, at).cpu().split(sizes))  # (t, L, H, N) each
     self_maps = None
     if step_self:
-        self_maps = iter(torch.stack([pad_last(w, steps) for w in step_self]).flatten(0, 1).index_select(0, at).cpu().split(sizes))  # (t, L, H, steps) each
+        all_self = torch.stack([pad_last(w, steps) for w in step_self]).flatten(0, 1)  # (steps*B*K, L, H, steps)
+        self_maps = iter(all_self.index_select(0, at).cpu().split(sizes))  # (t, L, H, steps) each
     results = []
     for ranked in chosen:
         hyps = []
