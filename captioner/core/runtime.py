@@ -17,6 +17,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -93,6 +94,74 @@ def set_threads(requested: int | None = None) -> int:
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads
+
+
+def own_running_threads() -> int:
+    """This process's threads that are running or runnable now (/proc/self/task/*/stat state R);
+    0 where the kernel does not say."""
+    running = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                running += f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            continue
+    return running
+
+
+def threads_are_automatic(requested: int | None = None) -> bool:
+    """Whether `resolve_threads` fell through to the free cores: nothing fixed the count (a
+    config, $CAPTIONER_THREADS, torchrun)."""
+    return not (requested or positive_env(ENV_THREADS) or positive_env("LOCAL_WORLD_SIZE"))
+
+
+class ThreadGovernor:
+    """Keeps torch's threads at the cores that are free while a long run goes on.
+
+    The count chosen when a command starts is a guess about the minutes after it: a run started
+    beside another process stays on one thread after that process ends, and one started alone
+    keeps two threads when another process takes a core, where each of its threads waits for
+    the other at every operator (measured: an SCST step of 2.8 s alone took 10-20 s beside a test
+    run). So every `every_s` seconds, at a step boundary, the other processes' runnable threads
+    are counted again (the machine's minus this process's own) and the thread count follows."""
+
+    def __init__(self, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 free: Callable[[], int] | None = None) -> None:
+        self.every_s, self.clock = every_s, clock
+        self.free = free or self.free_cores_beside_me
+        self.next_check = clock() + every_s
+        self.changes: list[tuple[int, int]] = []  # (from, to), for the log and the tests
+
+    @staticmethod
+    def free_cores_beside_me(samples: int = 5, interval: float = 0.01) -> int:
+        cores, others = usable_cores(), []
+        for i in range(samples):
+            try:
+                with open("/proc/loadavg") as f:
+                    total = int(f.read().split()[3].split("/")[0])
+            except (OSError, IndexError, ValueError):
+                return torch.get_num_threads()  # cannot tell: keep what there is
+            others.append(max(0, total - max(1, own_running_threads())))
+            if i + 1 < samples:
+                time.sleep(interval)
+        return max(1, min(cores, cores - int(statistics.median(others))))
+
+    def adjust(self) -> int | None:
+        """At a step boundary: the new thread count when it changed, else None."""
+        now = self.clock()
+        if now < self.next_check:
+            return None
+        self.next_check = now + self.every_s
+        wanted, current = self.free(), torch.get_num_threads()
+        if wanted == current:
+            return None
+        torch.set_num_threads(wanted)
+        self.changes.append((current, wanted))
+        return wanted
 
 
 AUTO_WORKERS = -1  # data.num_workers: one rank's share of the node's cores

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from captioner.core.config import Config, dump_config
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.core.files import write_failure
-from captioner.core.runtime import loader_workers, resolve_device, seed_everything
+from captioner.core.runtime import ThreadGovernor, loader_workers, resolve_device, seed_everything, threads_are_automatic
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
 from captioner.data.device_decode import device_preprocess
@@ -150,6 +150,7 @@ class Run:
     resumed: bool
     started: float
     stop: StopSignals = field(default_factory=StopSignals)
+    threads: ThreadGovernor | None = None  # follows the free cores when nothing fixed the thread count (CPU runs)
 
     @property
     def out_dir(self) -> Path:
@@ -221,6 +222,8 @@ class Run:
         state.reset_sums(device)
         run = cls(config, ctx, model, forward, objective, loader, sampler, optimizer, scheduler, state,
                   val_records, val_features, grid, checkpoint is not None, time.time())
+        if device.type == "cpu" and threads_are_automatic(config.train.threads):
+            run.threads = ThreadGovernor()
         if checkpoint is not None:
             run.restore(checkpoint)
         elif ctx.enabled:  # the same initial weights everywhere, then each rank its own dropout masks
@@ -274,7 +277,10 @@ class Run:
                 break
 
     def after_step(self) -> None:
-        """Mid-epoch validation (train.val_every_steps) or checkpoint (train.checkpoint_every_steps)."""
+        """The thread count, then mid-epoch validation (train.val_every_steps) or checkpoint
+        (train.checkpoint_every_steps)."""
+        if self.threads is not None and self.threads.adjust() is not None:
+            log.info("threads %d -> %d: the cores free beside this run changed", *self.threads.changes[-1])
         state, every = self.state, self.config.train.val_every_steps
         if every and state.step % every == 0 and state.position < len(self.loader):  # the epoch's end validates anyway
             epoch = state.epoch + 1
