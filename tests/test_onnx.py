@@ -133,7 +133,7 @@ def test_n_best_lists_equal_pytorch(exported: Exported, pictures: list, tmp_path
     assert all(len(ranked) == 3 for ranked in got)
     for want, have in zip(expected, got):
         assert [c.score for c in have] == pytest.approx([c.score for c in want], abs=1e-4)
-    with pytest.raises(ConfigError, match=r"n_best \(5\) must be between 1 and the beam size \(4\)"):
+    with pytest.raises(ConfigError, match=r"n_best \(5\) must not exceed beam_size \(4\)"):
         exported.runtime.caption_files(paths, n_best=5, beam_size=4)
 
 
