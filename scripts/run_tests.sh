@@ -5,7 +5,7 @@
 # swallowed. Under CI=true a test whose Java, ../shared/data or Chromium is missing fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=demo,test source scripts/setup.sh
+EXTRAS=test source scripts/setup.sh  # test = train, demo, onnx and the test tools
 status=0
 # The layers and the no-cycle rule of pyproject.toml's import-linter contracts.
 lint-imports --no-cache || { status=$?; echo "run_tests.sh: the import contracts are broken (above)" >&2; }

@@ -15,6 +15,7 @@ import traceback
 from captioner.apps.arguments import AnyOrderParser
 from captioner.apps.commands import caption, data, demo, evaluate, export, features, push, train
 from captioner.core.errors import CaptionerError
+from captioner.core.extras import missing_extra
 
 log = logging.getLogger("captioner")
 
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         except CaptionerError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except ModuleNotFoundError as e:
+            if missing_extra(e) is None:
+                raise
+            print(f"error: {missing_extra(e)}", file=sys.stderr)
+            return 2
     from captioner.training import distributed
 
     try:
@@ -58,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {distributed.rank_prefix()}{e}", file=sys.stderr)
         if distributed.launched():  # one of several ranks: leave now, torchrun stops the others
             distributed.abort(2)
+        return 2
+    except ModuleNotFoundError as e:  # a package of an extra this install left out: say which
+        if missing_extra(e) is None:
+            raise
+        print(f"error: {distributed.rank_prefix()}{missing_extra(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -1,0 +1,21 @@
+"""Which optional install brings which package: `pip install captioner` captions with PyTorch;
+training and evaluation, the demo and ONNX export each come with an extra (pyproject.toml).
+A command that reaches a package its install left out stops with one line naming the extra."""
+
+from __future__ import annotations
+
+EXTRA_OF = {
+    "pycocoevalcap": "train", "pycocotools": "train", "nltk": "train", "tensorboard": "train",
+    "gradio": "demo", "gradio_client": "demo",
+    "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "onnx",
+}
+
+
+def missing_extra(error: ModuleNotFoundError) -> str | None:
+    """The one-line message for a package an optional install brings, or None for any other
+    missing module (a bug, or a broken environment: keep the traceback)."""
+    package = (error.name or "").split(".")[0]
+    extra = EXTRA_OF.get(package)
+    if extra is None:
+        return None
+    return f"{package} is not installed: it comes with the '{extra}' extra (pip install 'captioner[{extra}]', or -e '.[{extra}]' in a checkout)"
