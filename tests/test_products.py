@@ -12,14 +12,35 @@ from torch import nn
 from captioner.models import products
 from captioner.models.products import dense, gram, linear, prepared, reused_weights
 
-pytestmark = pytest.mark.skipif(not products.onednn_enabled(), reason="this torch build has no oneDNN inner product")
+from tests.helpers import require, tiny_model
 
 FP32 = {"atol": 2e-5, "rtol": 1e-5}  # another summation order: fp32 rounding over a few hundred terms
+
+
+@pytest.fixture(autouse=True)
+def checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The route's first-use check counts as done (its tests below undo this), so it makes no
+    product of its own inside a test that counts them."""
+    monkeypatch.setattr(products, "_CHECKED", True, raising=False)
+
+
+def needs_onednn() -> None:
+    require(products.onednn_enabled(), "this torch build has no oneDNN inner product (torch.ops.mkldnn)")
+
+
+@pytest.fixture(params=["onednn", "f_linear"])
+def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The tests of numbers run with the route on and off."""
+    if request.param == "onednn":
+        needs_onednn()
+    monkeypatch.setattr(products, "_ENABLED", request.param == "onednn")
+    return request.param
 
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """The input shape of every oneDNN product made, in order."""
+    needs_onednn()
     made: list[tuple[int, ...]] = []
     original = products._INNER_PRODUCT
 
@@ -34,25 +55,27 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("shape", [(7, 33), (2, 5, 33), (33, 7)], ids=["2d", "3d", "transposed-view"])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_linear_gives_f_linear_through_onednn(shape, with_bias, calls) -> None:
+def test_linear_gives_f_linear_through_onednn(shape, with_bias, calls, route: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(products, "_ENABLED", route == "onednn")
     torch.manual_seed(0)
     x = torch.randn(shape) if shape != (33, 7) else torch.randn(shape).t()  # (7, 33) with strides of its transpose
     layer = nn.Linear(33, 19, bias=with_bias)
     with torch.no_grad():
         got = dense(x, layer)
     torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), **FP32)
-    assert calls == [tuple(x.shape)]
+    assert calls == ([tuple(x.shape)] if route == "onednn" else [])
 
 
 @pytest.mark.parametrize("out_features", [9, 300], ids=["x-reordered", "gradient-reordered"])  # gram's two ways
-def test_gradients_are_autograds(out_features: int, calls) -> None:
+def test_gradients_are_autograds(out_features: int, calls, route: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(products, "_ENABLED", route == "onednn")
     torch.manual_seed(1)
     layer = nn.Linear(40, out_features)
     x = torch.randn(3, 11, 40, requires_grad=True)
     weights = torch.randn(3, 11, out_features)
     (dense(x, layer) * weights).sum().backward()
     got = [x.grad, layer.weight.grad, layer.bias.grad]
-    assert len(calls) == 3  # forward, the input's gradient, the weight's gradient
+    assert len(calls) == (3 if route == "onednn" else 0)  # forward, the input's gradient, the weight's gradient
     x.grad = layer.weight.grad = layer.bias.grad = None
     (F.linear(x, layer.weight, layer.bias) * weights).sum().backward()
     for g, want in zip(got, [x.grad, layer.weight.grad, layer.bias.grad]):
@@ -103,6 +126,7 @@ def test_weights_are_reordered_once_per_scope_and_anew_in_the_next(calls, monkey
 
 
 def test_decoding_reorders_each_weight_once_per_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    needs_onednn()
     from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search
     from captioner.models.lstm_decoder import LSTMDecoder
 
@@ -121,6 +145,7 @@ def test_decoding_reorders_each_weight_once_per_search(monkeypatch: pytest.Monke
 def test_sampling_with_gradients_reorders_each_weight_once_per_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """SCST's samples carry gradients: each step's forward products still share one reordered
     copy of each weight, the gradients still reach every layer."""
+    needs_onednn()
     from captioner.models.decoding import sample_captions
     from captioner.models.lstm_decoder import LSTMDecoder
 
@@ -167,7 +192,7 @@ def test_the_route_is_not_taken_where_it_does_not_apply(calls, monkeypatch: pyte
     assert calls == [(3, 6)]
 
 
-def test_prepared_and_gram() -> None:
+def test_prepared_and_gram(route: str) -> None:
     torch.manual_seed(5)
     weight = torch.randn(30, 20)
     x = torch.randn(7, 20)
@@ -177,3 +202,122 @@ def test_prepared_and_gram() -> None:
     torch.testing.assert_close(gram(a, b), a.t() @ b, **FP32)
     torch.testing.assert_close(gram(b, a), b.t() @ a, **FP32)
     torch.testing.assert_close(linear(x, weight), x @ weight.t(), **FP32)
+
+
+def decoder_feat_dim(decoder: nn.Module) -> int:
+    return decoder.grid_proj[0].in_features if hasattr(decoder, "grid_proj") else decoder.init_h.in_features
+
+
+# --- the private ops failing, and layers that are not plain nn.Linear --------------------------------
+
+
+def raises(*args, **kwargs):
+    raise RuntimeError("mkldnn::_linear_pointwise: no such kernel")
+
+
+def other_signature(x, packed):  # a later torch's op with other arguments
+    return x @ packed.t()
+
+
+def wrong_numbers(x, packed, bias, *rest):
+    return torch.zeros(x.shape[0], packed.shape[0])
+
+
+@pytest.mark.parametrize(
+    ("op", "why"),
+    [(None, "TypeError"), (raises, "RuntimeError: mkldnn::_linear_pointwise: no such kernel"), (other_signature, "TypeError"),
+     (wrong_numbers, "gave other numbers than F.linear")],
+    ids=["missing", "raising", "other-signature", "wrong-numbers"],
+)
+def test_a_failing_route_falls_back_at_its_first_use_with_one_line(op, why: str, monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(products, "_INNER_PRODUCT", op)
+    monkeypatch.setattr(products, "_REORDER", getattr(products, "_REORDER") or (lambda w: w))
+    monkeypatch.setattr(products, "_ENABLED", True)
+    monkeypatch.setattr(products, "_CHECKED", False)
+    torch.manual_seed(8)
+    layer, x = nn.Linear(12, 7), torch.randn(4, 12, requires_grad=True)
+    with caplog.at_level("WARNING", logger="captioner.models.products"):
+        for _ in range(3):
+            got = dense(x, layer)
+            torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias))
+            got.sum().backward()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and why in lines[0] and lines[0].endswith("dense layers use F.linear")
+    assert not products._ENABLED
+
+
+def test_the_route_passes_its_check_where_the_ops_work(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    needs_onednn()
+    monkeypatch.setattr(products, "_ENABLED", True)
+    monkeypatch.setattr(products, "_CHECKED", False)
+    with caplog.at_level("WARNING", logger="captioner.models.products"):
+        dense(torch.randn(2, 12), nn.Linear(12, 3))
+    assert products._ENABLED and products._CHECKED and not caplog.records
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_hooks_see_every_call_of_a_decoders_layers(kind: str, route: str) -> None:
+    """A forward hook on a decoder's dense layer (a probe, an adapter's) runs on every call the
+    decoder makes, as it would with layer(x)."""
+
+    model = tiny_model(f"model.decoder.type={kind}").eval()
+    layer = model.decoder.out_vocab if kind == "lstm" else model.decoder.out
+    seen = []
+    handle = layer.register_forward_hook(lambda module, inputs, output: seen.append(tuple(output.shape)))
+    feats = torch.randn(2, 16, decoder_feat_dim(model.decoder))
+    with torch.no_grad():
+        model.decoder(feats, torch.ones(2, 5, dtype=torch.long))
+    handle.remove()
+    assert seen and seen[0][-1] == len(model.vocab)
+
+
+def test_quantize_dynamic_replaces_the_layers_the_decoder_uses(route: str) -> None:
+    """`quantize_dynamic` swaps nn.Linear for its int8 copy: the decoder must run that copy."""
+
+    model = tiny_model("model.decoder.type=lstm").eval()
+    decoder = model.decoder
+    feats, tokens = torch.randn(2, 16, decoder_feat_dim(decoder)), torch.ones(2, 5, dtype=torch.long)
+    with torch.no_grad():
+        plain = decoder(feats, tokens).logits  # (2, 5, V)
+        quantized = torch.ao.quantization.quantize_dynamic(decoder, {nn.Linear}, dtype=torch.qint8)
+        assert type(quantized.out_vocab) is not nn.Linear
+        got = quantized(feats, tokens).logits  # (2, 5, V)
+    assert not torch.equal(got, plain)  # int8 products ran
+    torch.testing.assert_close(got, plain, atol=0.1, rtol=0.1)  # ... and approximate the fp32 ones
+
+
+def test_the_step_by_step_forward_is_the_fused_one(route: str) -> None:
+    """The LSTM's teacher forcing falls back to one `_advance` per step when its layers must run
+    as modules: the same logits and maps as the fused forward, padding zero in both."""
+    model = tiny_model("model.decoder.type=lstm", "model.decoder.dropout=0.0").eval()
+    decoder = model.decoder
+    feats, tokens = torch.randn(3, 16, decoder_feat_dim(decoder)), torch.randint(3, len(model.vocab), (3, 6))
+    lengths = torch.tensor([6, 4, 2])
+    with torch.no_grad():
+        fused = decoder(feats, tokens, lengths)
+        handle = decoder.gate.register_forward_hook(lambda *_: None)  # a hook: the layers must run as modules
+        by_steps = decoder(feats, tokens, lengths)
+        handle.remove()
+    torch.testing.assert_close(by_steps.logits, fused.logits, **FP32)
+    torch.testing.assert_close(by_steps.attn, fused.attn, **FP32)
+    assert by_steps.logits[2, 2:].abs().sum() == 0
+
+
+def test_attention_as_written_is_the_fused_attention() -> None:
+    """With its score layer hooked, additive attention scores with tanh and the layer as a
+    module: the same weights and context as the sigmoid-fused path, for B and B*K rows."""
+    from captioner.models.attention import AdditiveAttention
+
+    torch.manual_seed(9)
+    attention = AdditiveAttention(8, 6, 5)
+    feats, state = torch.randn(2, 7, 8), torch.randn(6, 6)
+    with torch.no_grad():
+        projected = attention.project(feats)
+        fused = [attention(feats, projected, state[:2]), attention(feats, projected, state)]  # R = B, R = B*3
+        handle = attention.score.register_forward_hook(lambda *_: None)
+        written = [attention(feats, projected, state[:2]), attention(feats, projected, state)]
+        handle.remove()
+    for (c1, w1), (c2, w2) in zip(fused, written):
+        torch.testing.assert_close(c2, c1, **FP32)
+        torch.testing.assert_close(w2, w1, **FP32)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioner.models.products import dense
+from captioner.models.products import dense, plain
 
 BLOCK_BYTES = 4 << 20  # AdditiveAttention.attend's working block with several rows per image
 
@@ -44,6 +44,17 @@ class AdditiveAttention(nn.Module):
         weights (R, N); R = B, or R = B*K for K hypotheses per image (see `attend`)."""
         return self.attend(feats, projected, dense(state, self.state_proj))
 
+    def _attend_as_written(self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """e_tij = w^T tanh(W_h h_ij + W_s s_{t-1}) + b with `self.score` called as a module (for a
+        score layer whose weight must not be read: a `quantize_dynamic` copy, a hook)."""
+        B, R = projected.shape[0], query.shape[0]
+        if R != B:  # K rows per image: each row its image's grid
+            rows = torch.arange(B, device=feats.device).repeat_interleave(R // B)  # (R,)
+            feats, projected = feats.index_select(0, rows), projected.index_select(0, rows)  # (R, N, D), (R, N, A)
+        hidden = torch.tanh(projected / 2 + query.unsqueeze(1))  # (R, N, A): project() doubled W_h h + b_h
+        weights = self.score(hidden).squeeze(-1).softmax(dim=-1)  # (R, N): a_tij
+        return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (R, D), (R, N)
+
     def attend(self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """As `forward` with the state already projected: query = W_s s_{t-1} + b_s (R, A), so a
         caller can compute it in one product with other functions of the same state.
@@ -53,6 +64,8 @@ class AdditiveAttention(nn.Module):
         per row, and the (K, N, A) block of each image is made, squashed and scored while it
         is in cache."""
         B, R = projected.shape[0], query.shape[0]
+        if not plain(self.score):  # quantised, wrapped or hooked: the score layer runs as a module, on tanh
+            return self._attend_as_written(feats, projected, query)
         score_weight = self.score.weight[0] * 2  # (A,): w of 2 w^T sigmoid(.)
         score_bias = self.score.bias - self.score.weight.sum()  # (1,): b - w^T 1, the -1 of tanh
         if R == B:

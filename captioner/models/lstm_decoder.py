@@ -9,7 +9,7 @@ from torch import nn
 
 from captioner.models.attention import AdditiveAttention
 from captioner.models.decoder import Decoder, DecoderOutput, Memory, State
-from captioner.models.products import dense, gram, linear, prepared
+from captioner.models.products import dense, gram, linear, plain, prepared
 
 
 class LSTMDecoder(Decoder):
@@ -91,6 +91,8 @@ class LSTMDecoder(Decoder):
         `lengths` is read once (one host transfer when it lives on a GPU; none on the CPU).
         """
         B, T = tokens.shape
+        if not (plain(self.attention.state_proj) and plain(self.gate)):  # quantised, wrapped or hooked: their own forwards
+            return self._forward_by_steps(feats, tokens, lengths)
         active = active_rows(lengths, B, T)  # rows inside their caption at each step, non-increasing
         if not active:  # no caption has a single step: all padding
             return DecoderOutput(feats.new_zeros(B, T, self.vocab_size), feats.new_zeros(B, T, 1, 1, feats.shape[1]))
@@ -141,6 +143,24 @@ class LSTMDecoder(Decoder):
         # softmax in float32 while h is bf16, and CUDA's index_copy does not promote (CPU's does).
         attn = maps_real.new_zeros(B * T, feats.shape[1]).index_copy(0, rows, maps_real).view(B, T, -1)  # (B, T, N)
         return DecoderOutput(logits, attn[:, :, None, None, :])  # attn (B, T, 1, 1, N)
+
+    def _forward_by_steps(self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None) -> DecoderOutput:
+        """Teacher forcing through `_advance`, one step at a time, every layer called as a
+        module: for layers the fused forward must not read the weights of (a `quantize_dynamic`
+        copy, an adapter, a hook). Outputs past a row's length are zero, as in `forward`."""
+        memory, B, T = self.prepare(feats), *tokens.shape
+        state = self.init_state(memory)
+        embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
+        logits, maps = [], []
+        for t in range(T):
+            step_logits, weights, state = self._advance(memory, embedded[:, t], state)  # (B, V), (B, N)
+            logits.append(step_logits)
+            maps.append(weights)
+        logits_all, attn = torch.stack(logits, dim=1), torch.stack(maps, dim=1)  # (B, T, V), (B, T, N)
+        if lengths is not None:
+            inside = (torch.arange(T)[None, :] < lengths.cpu()[:, None]).to(feats.device)  # (B, T): steps inside each caption
+            logits_all, attn = logits_all * inside[..., None], attn * inside[..., None]
+        return DecoderOutput(logits_all, attn[:, :, None, None, :])  # attn (B, T, 1, 1, N)
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(1 - sum_t a_tij)^2 over real steps, averaged over cells and the batch.

@@ -13,10 +13,17 @@ torch.compile (which see the plain op). Without gradients, inside `reused_weight
 decoding loops) each weight is reordered once per loop; with gradients each call outside such a
 loop reorders its weight, and the backward's two products go through oneDNN too. `CAPTIONER_ONEDNN=0` turns the
 route off, for comparisons.
+
+The ops are private (`torch.ops.mkldnn`), so the route checks itself at its first use: one small
+product against `F.linear`. An op that is missing, raises, takes other arguments or gives other
+numbers turns the route off for the process with one log line, and every product goes through
+`F.linear` as before. `dense(x, layer)` steps aside for a layer that is not a plain `nn.Linear`
+(a `quantize_dynamic` copy, an adapter) or has hooks: the layer's own forward runs.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +32,8 @@ from contextvars import ContextVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 _REORDER: Callable[..., torch.Tensor] | None = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
 _INNER_PRODUCT: Callable[..., torch.Tensor] | None = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
@@ -41,12 +50,35 @@ def onednn_enabled() -> bool:
 
 
 _ENABLED = onednn_enabled()
+_CHECKED = False  # whether the route has passed (or failed) its first-use check in this process
 
 
 def set_onednn(enabled: bool) -> None:
     """Turn the oneDNN route on or off for this process (benchmarks compare the two)."""
     global _ENABLED
     _ENABLED = enabled and onednn_enabled()
+
+
+def _route_works() -> bool:
+    """At the first product the route would take: one small product through oneDNN against
+    `F.linear`. A failure turns the route off for the process, with one log line."""
+    global _ENABLED, _CHECKED
+    if _CHECKED:
+        return _ENABLED
+    _CHECKED = True
+    generator = torch.Generator().manual_seed(0)
+    x, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((3, 16), (5, 16), (5,)))  # (3, 16), (5, 16), (5,)
+    try:
+        with torch.no_grad():
+            got = _product(x, _reorder(weight), bias)  # (3, 5)
+        ok = isinstance(got, torch.Tensor) and got.shape == (3, 5) and torch.allclose(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+        problem = "gave other numbers than F.linear" if not ok else ""
+    except Exception as e:  # a private op: missing, renamed, of another signature
+        problem = f"failed ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+    if problem:
+        _ENABLED = False
+        log.warning("products: oneDNN's inner product %s at its first use; dense layers use F.linear", problem)
+    return _ENABLED
 
 
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -62,6 +94,7 @@ def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and not torch.onnx.is_in_onnx_export()
         and not torch.compiler.is_compiling()
         and not torch.compiler.is_exporting()
+        and _route_works()
     )
 
 
@@ -119,9 +152,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _product(x, _scoped_reorder(weight), None if bias is None else bias.detach())
 
 
-def dense(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """`layer(x)` through `linear`."""
+def dense(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """`layer(x)`: through `linear` for a plain `nn.Linear`; a layer of another type (a
+    `quantize_dynamic` copy, an adapter) or with hooks on it (or on every module) runs its own
+    forward, so what was attached to it still applies."""
+    if not plain(layer):
+        return layer(x)
     return linear(x, layer.weight, layer.bias)
+
+
+def plain(layer: nn.Module) -> bool:
+    """Whether `layer` is an `nn.Linear` nothing else has a claim on: code that reads its weight
+    (a fused product) may stand in for its forward."""
+    from torch.nn.modules import module as torch_module
+
+    return type(layer) is nn.Linear and not (
+        layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks or layer._backward_pre_hooks
+        or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+        or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks
+    )
 
 
 def prepared(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
