@@ -139,7 +139,7 @@ class TrainConfig:
     base_batch: int | None = setting(None, POSITIVE)  # the global batch the lrs were tuned at; null: data.batch_size (one process)
     device: str = setting("auto", Text(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N"))
     amp: bool = setting(True, Flag())  # bf16 autocast on CUDA (ignored on CPU)
-    cpu_amp: bool = setting(False, Flag())  # bf16 autocast on a CPU with native bf16 (avx512_bf16 or AMX): ~2x cheaper steps; ignored elsewhere
+    cpu_amp: bool = setting(False, Flag())  # bf16 autocast on a CPU with native bf16 (avx512_bf16 or AMX) where the first steps time it faster; ignored elsewhere
     seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
     log_every: int = setting(50, COUNT)  # steps between loss read-backs from the device (TensorBoard, progress); 0: per epoch
     checkpoint_every_steps: int = setting(0, COUNT)  # also write last.pt every N steps, mid-epoch (resumes at that batch); 0: per epoch

@@ -46,6 +46,7 @@ from captioner.training.history import (
 )
 from captioner.training.interrupt import Interrupted, StopSignals
 from captioner.training.loop import bf16_autocast, caption_loss, train_one_epoch
+from captioner.training.precision import PrecisionTrial
 from captioner.training.resume import rng_state, set_rng_state
 from captioner.training.schedule import (
     describe_schedule,
@@ -183,9 +184,8 @@ class Run:
                 ctx.barrier()
         if config.train.channels_last or config.train.compile:
             accelerate(model, config, device, state.encoded)
-        if config.train.cpu_amp and device.type == "cpu" and ctx.is_main:
-            on = bf16_autocast(config, device)
-            log.info("train.cpu_amp: %s", "bf16 autocast (this CPU has native bf16)" if on else "ignored: this CPU has no native bf16")
+        if config.train.cpu_amp and device.type == "cpu" and ctx.is_main and not bf16_autocast(config, device):
+            log.info("train.cpu_amp: ignored: this CPU has no native bf16")
 
         scst = config.train.stage == "scst"
         pairs = "all" if scst else data.captions_per_image  # SCST: one item per image, rewarded against all its references
@@ -224,6 +224,10 @@ class Run:
                   val_records, val_features, grid, checkpoint is not None, time.time())
         if device.type == "cpu" and threads_are_automatic(config.train.threads):
             run.threads = ThreadGovernor()
+        if device.type == "cpu" and bf16_autocast(config, device):  # after restore: a resumed run keeps its choice
+            state.precision = PrecisionTrial(state.cpu_bf16)
+            if state.cpu_bf16 is None and ctx.is_main:
+                log.info("train.cpu_amp: this CPU has native bf16; the first %d steps time bf16 against fp32", state.precision.steps)
         if checkpoint is not None:
             run.restore(checkpoint)
         elif ctx.enabled:  # the same initial weights everywhere, then each rank its own dropout masks
