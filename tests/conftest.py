@@ -16,6 +16,10 @@ import pytest
 import torch
 from helpers import require
 
+# What the library measures about this machine (core/machine_cache.py) goes to a folder of the
+# test session's, not the user's ~/.cache; child processes inherit it, so they share one decision.
+os.environ.setdefault("CAPTIONER_CACHE_DIR", str(Path(__import__("tempfile").mkdtemp(prefix="captioner-test-cache-"))))
+
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[1]
 

@@ -249,6 +249,7 @@ def test_a_failing_route_falls_back_at_its_first_use_with_one_line(op, why: str,
 
 def test_the_route_passes_its_check_where_the_ops_work(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     needs_onednn()
+    monkeypatch.setenv("CAPTIONER_ONEDNN", "1")  # the check alone, not the speed measurement (tested below)
     monkeypatch.setattr(products, "_ENABLED", True)
     monkeypatch.setattr(products, "_CHECKED", False)
     with caplog.at_level("WARNING", logger="captioner.models.products"):
@@ -321,3 +322,52 @@ def test_attention_as_written_is_the_fused_attention() -> None:
     for (c1, w1), (c2, w2) in zip(fused, written):
         torch.testing.assert_close(c2, c1, **FP32)
         torch.testing.assert_close(w2, w1, **FP32)
+
+
+# --- the route taken where it is measured faster (once per machine) ---------------------------------
+
+
+def test_the_route_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from captioner.core import machine_cache
+
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
+    measured = []
+    monkeypatch.setattr(products, "time_both", lambda: measured.append(1) or (0.004, 0.009))
+    with caplog.at_level("INFO", logger="captioner.models.products"):
+        assert products.faster_here() is True
+    assert "4.00 ms through oneDNN, 9.00 ms through F.linear" in caplog.records[-1].getMessage()
+    assert machine_cache.recall(products.CALIBRATION) == {"onednn": True, "onednn_ms": 4.0, "linear_ms": 9.0}
+    monkeypatch.setattr(products, "time_both", lambda: measured.append(2) or (0.009, 0.004))
+    assert products.faster_here() is True and measured == [1]  # the kept decision, not a new measurement
+    (tmp_path / machine_cache.FILE_NAME).write_text("{not json")  # a corrupt file is measured anew
+    assert products.faster_here() is False and measured == [1, 2]
+    monkeypatch.setattr(products, "time_both", lambda: (0.0098, 0.0100))  # 2% is not worth a private op
+    (tmp_path / machine_cache.FILE_NAME).unlink()
+    assert products.faster_here() is False
+
+
+def test_an_unwritable_cache_only_costs_the_measurement(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(blocker / "cache"))  # a folder inside a file: cannot be made
+    monkeypatch.setattr(products, "time_both", lambda: (0.004, 0.009))
+    assert products.faster_here() is True
+
+
+@pytest.mark.parametrize(("setting", "measures", "route"), [("1", False, True), ("", True, False)])
+def test_onednn_1_takes_the_route_without_measuring(setting: str, measures: bool, route: bool, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    needs_onednn()
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CAPTIONER_ONEDNN", setting)
+    measured = []
+    monkeypatch.setattr(products, "time_both", lambda: measured.append(1) or (0.010, 0.009))  # slower here
+    monkeypatch.setattr(products, "_ENABLED", True)
+    monkeypatch.setattr(products, "_CHECKED", False)
+    dense(torch.randn(2, 12), nn.Linear(12, 3))
+    assert bool(measured) is measures and products._ENABLED is route
+
+
+def test_time_both_measures_both_routes() -> None:
+    needs_onednn()
+    onednn, plain_linear = products.time_both(rounds=1, repeats=2)
+    assert 0 < onednn < 1 and 0 < plain_linear < 1

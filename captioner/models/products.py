@@ -14,7 +14,13 @@ decoding loops) each weight is reordered once per loop; with gradients each call
 loop reorders its weight, and the backward's two products go through oneDNN too. `CAPTIONER_ONEDNN=0` turns the
 route off, for comparisons.
 
-The ops are private (`torch.ops.mkldnn`), so the route checks itself at its first use: one small
+Whether the route is faster depends on the processor (2.0-2.6x on the AMD EPYC machines, less
+or nothing where MKL takes its fast path), so it is measured where it runs: at its first use, a
+decoder-sized product both ways, once per machine and torch version (the decision is kept in
+core/machine_cache.py's file); the route is taken only where it wins by 5%. `CAPTIONER_ONEDNN=1`
+takes it without measuring, `CAPTIONER_ONEDNN=0` never.
+
+The ops are private (`torch.ops.mkldnn`), so the route also checks itself first: one small
 product against `F.linear`. An op that is missing, raises, takes other arguments or gives other
 numbers turns the route off for the process with one log line, and every product goes through
 `F.linear` as before. `dense(x, layer)` steps aside for a layer that is not a plain `nn.Linear`
@@ -45,7 +51,7 @@ def onednn_enabled() -> bool:
         _REORDER is not None
         and _INNER_PRODUCT is not None
         and torch.backends.mkldnn.is_available()
-        and os.environ.get("CAPTIONER_ONEDNN", "1") != "0"
+        and os.environ.get("CAPTIONER_ONEDNN", "") != "0"
     )
 
 
@@ -78,7 +84,53 @@ def _route_works() -> bool:
     if problem:
         _ENABLED = False
         log.warning("products: oneDNN's inner product %s at its first use; dense layers use F.linear", problem)
+        return False
+    if os.environ.get("CAPTIONER_ONEDNN", "") != "1":  # 1: take the route without measuring
+        _ENABLED = faster_here()
     return _ENABLED
+
+
+CALIBRATION = "onednn_products"  # the decision's name in the machine cache
+SHAPE = (160, 512, 2048)  # rows, in, out: an LSTM step's products over a batch of 32 images x 5 captions
+
+
+def time_both(rounds: int = 3, repeats: int = 5) -> tuple[float, float]:
+    """The fastest of `rounds` x `repeats` products of SHAPE through oneDNN and through
+    `F.linear`, interleaved so that a busy moment costs both: (oneDNN s, F.linear s)."""
+    import time
+
+    rows, k, n = SHAPE
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)  # (rows, k), (n, k)
+    best = [float("inf"), float("inf")]
+    with torch.no_grad():
+        packed = _reorder(weight)
+        for _ in range(rounds):
+            for i, product in enumerate((lambda: _product(x, packed, None), lambda: F.linear(x, weight))):
+                product()  # warm
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    product()
+                best[i] = min(best[i], (time.perf_counter() - start) / repeats)
+    return best[0], best[1]
+
+
+def faster_here() -> bool:
+    """Whether the route beats F.linear by 5% on this machine: recalled, else measured and kept."""
+    from captioner.core import machine_cache
+
+    known = machine_cache.recall(CALIBRATION)
+    if isinstance(known, dict) and isinstance(known.get("onednn"), bool):
+        return known["onednn"]
+    onednn, plain_linear = time_both()
+    faster = onednn < 0.95 * plain_linear
+    kept = machine_cache.remember(CALIBRATION, {"onednn": faster, "onednn_ms": round(onednn * 1e3, 3), "linear_ms": round(plain_linear * 1e3, 3)})
+    log.info(
+        "products: a %dx%d by %dx%d product took %.2f ms through oneDNN, %.2f ms through F.linear on this CPU: %s%s",
+        SHAPE[0], SHAPE[1], SHAPE[1], SHAPE[2], onednn * 1e3, plain_linear * 1e3,
+        "the oneDNN route" if faster else "F.linear", f" (kept in {kept})" if kept else "",
+    )
+    return faster
 
 
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -1,0 +1,87 @@
+"""What was measured on this machine, kept between processes: a small JSON file of decisions
+(which fast path wins here), keyed by the processor and the torch version, so a choice measured
+once holds for every later process on the same machine and is measured again on another one.
+
+The file lives in $CAPTIONER_CACHE_DIR, else $XDG_CACHE_HOME/captioner, else ~/.cache/captioner.
+A file that cannot be read (missing, corrupt, another layout) is measured anew; one that cannot be
+written (a read-only home) only costs the measurement again next time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "machine.json"
+
+
+def cache_dir() -> Path:
+    if os.environ.get("CAPTIONER_CACHE_DIR"):
+        return Path(os.environ["CAPTIONER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "captioner"
+
+
+def processor_name() -> str:
+    """The processor's model name (lscpu's "Model name") with its family and model numbers (a
+    virtual machine may say only "AMD EPYC" for a Zen 3 and a Zen 5), else what the platform says."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:  # the first processor's block is enough
+                    break
+    except OSError:
+        pass
+    if "model name" in fields:
+        return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_key() -> str:
+    """The processor, its core count and the torch version: what a speed decision depends on."""
+    return f"{processor_name()} | {os.cpu_count()} cores | torch {torch.__version__}"
+
+
+def _read() -> dict[str, Any]:
+    try:
+        data = json.loads((cache_dir() / FILE_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def recall(name: str) -> Any:
+    """The decision `name` measured on this machine, or None."""
+    entry = _read().get(machine_key())
+    return entry.get(name) if isinstance(entry, dict) else None
+
+
+def remember(name: str, value: Any) -> Path | None:
+    """Keep a decision for this machine (atomically); the file's path, or None when it could not be written."""
+    data = _read()
+    entry = data.get(machine_key())
+    data[machine_key()] = {**(entry if isinstance(entry, dict) else {}), name: value}
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
+            json.dump(data, f, indent=1)
+        os.replace(f.name, folder / FILE_NAME)
+    except OSError as e:
+        log.debug("machine cache: could not write %s (%s)", folder / FILE_NAME, e)
+        return None
+    return folder / FILE_NAME
