@@ -60,9 +60,10 @@ _CHECKED = False  # whether the route has passed (or failed) its first-use check
 
 
 def set_onednn(enabled: bool) -> None:
-    """Turn the oneDNN route on or off for this process (benchmarks compare the two)."""
-    global _ENABLED
-    _ENABLED = enabled and onednn_enabled()
+    """Turn the oneDNN route on or off for this process (benchmarks compare the two): an explicit
+    choice, so the first-use check and measurement are skipped."""
+    global _ENABLED, _CHECKED
+    _ENABLED, _CHECKED = enabled and onednn_enabled(), True
 
 
 def _route_works() -> bool:
