@@ -13,8 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import require_module
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+require_module("tomllib", "reading pyproject.toml needs Python 3.11+ (tomllib)")
+import tomllib  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "captioner"

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_config, tiny_model
+from helpers import require_module, tiny_config, tiny_model
 from PIL import Image
 
 from captioner.apps.cli import main
@@ -166,7 +166,7 @@ def test_caption_takes_a_model_first_unless_the_first_argument_is_an_image(proje
 
 @pytest.fixture
 def demo_server():
-    pytest.importorskip("gradio", reason="the demo extra is not installed (pip install -e .[demo])")
+    require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
     from captioner.apps.demo import server
 
     return server

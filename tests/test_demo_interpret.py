@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
-pytest.importorskip("gradio", reason="the demo extra is not installed (pip install -e .[demo])")
+from helpers import never_stopping, require, require_module, tiny_model
 
-from helpers import never_stopping, tiny_model  # noqa: E402
+require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
 from captioner.apps.demo.cards import model_card  # noqa: E402
 from captioner.apps.demo.figures import inside_views  # noqa: E402
@@ -84,8 +84,9 @@ def test_inside_views_follow_the_layer_head_and_word_choices(served, tmp_path: P
 @pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)")
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+        require(False, f"{CHROMIUM} not found (apt-get install chromium)")
+    require_module("playwright", "playwright is not installed (pip install playwright)")
+    import playwright.sync_api as playwright_api
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield browser

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from helpers import subprocess_env
+from helpers import require, subprocess_env
 from test_resume import TINY
 
 from captioner.data.shapes import generate_shapes
@@ -37,7 +37,7 @@ def can_mount_tmpfs() -> bool:
 def on_small_disk(mount: Path, size_kb: int, script: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the shell `script` with a tmpfs of `size_kb` mounted on `mount`, which only it sees."""
     if not can_mount_tmpfs():
-        pytest.skip("cannot mount a tmpfs in a user namespace here (unshare -rm)")
+        require(False, "cannot mount a tmpfs in a user namespace here (unshare -rm)")
     mount.mkdir(parents=True, exist_ok=True)
     wrapper = f'mount -t tmpfs -o size={size_kb}k tmpfs "{mount}" || exit 99\n{script}'
     return subprocess.run(["unshare", "-rm", "sh", "-c", wrapper], cwd=ROOT, env=subprocess_env(PYTHONPATH=f"{ROOT}:{TESTS}"),

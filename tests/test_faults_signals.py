@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import subprocess_env
+from helpers import require, subprocess_env
 from test_distributed import TINY as DISTRIBUTED_TINY
 from test_distributed import environment as torchrun_environment
 from test_resume import TINY, logged_steps
@@ -134,10 +134,10 @@ def worker_pids(launcher: int) -> dict[int, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the ranks' processes in /proc")
 @pytest.mark.parametrize("target", ["rank 1", "torchrun"])
 def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(shapes: Path, tmp_path: Path, target: str) -> None:
     """`rank 1`: one rank alone receives it; `torchrun`: the launcher, which forwards it to every rank."""
+    require(Path("/proc/self/task").is_dir(), "finds the ranks' processes in /proc (Linux)")
     env = torchrun_environment(tmp_path / "site")
     overrides = [*DISTRIBUTED_TINY, "data.batch_size=4", "train.epochs=2"]
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "captioner"]

@@ -22,7 +22,7 @@ import pytest
 import numpy as np
 from PIL import Image
 
-from tests.helpers import REPO, require, subprocess_env
+from helpers import REPO, require, require_module, subprocess_env
 
 TRAIN = {"pycocoevalcap", "pycocotools", "nltk", "tensorboard"}
 DEMO = {"gradio"}
@@ -104,8 +104,8 @@ def test_the_core_install_captions_and_names_the_extra_a_command_needs(shapes_ls
 
 @pytest.mark.slow
 def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(tmp_path: Path) -> None:
-    pytest.importorskip("onnxruntime")  # the export needs it here; test_onnx requires it under CI
-    from tests.test_onnx import briefly_trained
+    require_module("onnxruntime", "the runtime test exports with onnxruntime (pip install -e .[onnx])")
+    from test_onnx import briefly_trained
 
     from captioner.models.onnx_export import export_onnx
 

@@ -12,7 +12,7 @@ from torch import nn
 from captioner.models import products
 from captioner.models.products import dense, gram, linear, prepared, reused_weights
 
-from tests.helpers import require, tiny_model
+from helpers import require, tiny_model
 
 FP32 = {"atol": 2e-5, "rtol": 1e-5}  # another summation order: fp32 rounding over a few hundred terms
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import require_module
 
 from captioner.text.vocab import Vocabulary
 from captioner.training.rewards import (
@@ -17,7 +18,8 @@ from captioner.training.rewards import (
     reference_ids,
 )
 
-cider_scorer = pytest.importorskip("pycocoevalcap.cider.cider_scorer")
+require_module("pycocoevalcap", "the reward is compared with pycocoevalcap (pip install -e .[train])")
+from pycocoevalcap.cider import cider_scorer  # noqa: E402
 from pycocoevalcap.bleu.bleu import Bleu  # noqa: E402
 from pycocoevalcap.cider.cider import Cider  # noqa: E402
 
