@@ -9,5 +9,7 @@ EXTRAS=test source scripts/setup.sh  # test = train, demo, onnx and the test too
 status=0
 # The layers and the no-cycle rule of pyproject.toml's import-linter contracts.
 lint-imports --no-cache || { status=$?; echo "run_tests.sh: the import contracts are broken (above)" >&2; }
-python -m pytest -q -rs "$@" || { status=$?; echo "run_tests.sh: pytest exited with status $status" >&2; }
+# -n: one pytest worker per core (pytest-xdist); PYTEST_WORKERS=0 runs in this process alone.
+# loadgroup: the tests of an xdist_group share a worker (and its module fixtures).
+python -m pytest -q -rs -n "${PYTEST_WORKERS:-$(nproc)}" --dist loadgroup "$@" || { status=$?; echo "run_tests.sh: pytest exited with status $status" >&2; }
 exit "$status"

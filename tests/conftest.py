@@ -18,6 +18,10 @@ from helpers import require
 
 # What the library measures about this machine (core/machine_cache.py) goes to a folder of the
 # test session's, not the user's ~/.cache; child processes inherit it, so they share one decision.
+# One torch thread per test process: run_tests.sh runs one pytest worker per core, and a fixed
+# count keeps a test's training run from changing threads midway (core.runtime.ThreadGovernor),
+# so runs that must agree to the bit (resume, DDP against one process) sum in one order.
+os.environ.setdefault("CAPTIONER_THREADS", "1")
 os.environ.setdefault("CAPTIONER_CACHE_DIR", str(Path(__import__("tempfile").mkdtemp(prefix="captioner-test-cache-"))))
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -24,6 +24,8 @@ from PIL import Image
 
 from helpers import REPO, require, require_module, subprocess_env
 
+pytestmark = pytest.mark.xdist_group("install_roles")  # one worker resolves the roles once (run_tests.sh: --dist loadgroup)
+
 TRAIN = {"pycocoevalcap", "pycocotools", "nltk", "tensorboard"}
 DEMO = {"gradio"}
 ONNX = {"onnx", "onnxscript", "onnxruntime"}
