@@ -230,7 +230,9 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))  # this server's alone, as `captioner demo` makes it
-    cleanup = Cleanup(every_s=1, max_age_s=3, empty_folders=True)  # an age above a request's latency: files live until fetched
+    # An age well above a request's latency, so files live until the client fetches them: 3 s was
+    # too short beside a second pytest worker (a 403 for a heatmap deleted before its download).
+    cleanup = Cleanup(every_s=1.5, max_age_s=6, empty_folders=True)
     demo = build_demo([checkpoint], [], cleanup=cleanup)
     url = launch(demo, "127.0.0.1", free_port(), block=False)
     photos = tmp_path / "photos"
@@ -239,7 +241,7 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
         api = client(url, tmp_path / "downloads")
         counts, requests = [], 0
         started = time.time()
-        while requests < 12 or time.time() - started < 12:  # three cleanup ages at least
+        while requests < 12 or time.time() - started < 3 * cleanup.max_age_s:  # three cleanup ages at least
             photo = photos / f"photo_{requests}.png"
             pictures(1, seed=requests)[0].save(photo)  # each upload a file of its own
             text, _, gallery, _ = api.predict(handle_file(str(photo)), api_name="/caption")
