@@ -24,38 +24,75 @@ from PIL import Image
 
 from helpers import REPO, require, require_module, subprocess_env
 
-pytestmark = pytest.mark.xdist_group("install_roles")  # one worker resolves the roles once (run_tests.sh: --dist loadgroup)
-
 TRAIN = {"pycocoevalcap", "pycocotools", "nltk", "tensorboard"}
 DEMO = {"gradio"}
 ONNX = {"onnx", "onnxscript", "onnxruntime"}
-# role: (what pip is given, packages it must bring, packages it must not)
+# role: (the distribution and extras pip is given, packages it must bring, packages it must not)
 ROLES = {
-    "core": (".", {"torch", "torchvision", "matplotlib", "safetensors"}, TRAIN | DEMO | ONNX),
-    "train": (".[train]", {"torch"} | TRAIN, DEMO | ONNX),
-    "demo": (".[demo]", {"torch"} | DEMO, TRAIN | ONNX),
-    "onnx": (".[onnx]", {"torch"} | ONNX, TRAIN | DEMO),
-    "all": (".[all]", {"torch"} | TRAIN | DEMO | ONNX, set()),  # extras that name the package's own extras
-    "runtime": ("./runtime", {"onnxruntime", "numpy", "pillow"}, {"torch", "torchvision", "matplotlib", "pyyaml"} | TRAIN | DEMO),
+    "core": ("captioner", {"torch", "torchvision", "matplotlib", "safetensors"}, TRAIN | DEMO | ONNX),
+    "train": ("captioner[train]", {"torch"} | TRAIN, DEMO | ONNX),
+    "demo": ("captioner[demo]", {"torch"} | DEMO, TRAIN | ONNX),
+    "onnx": ("captioner[onnx]", {"torch"} | ONNX, TRAIN | DEMO),
+    "all": ("captioner[all]", {"torch"} | TRAIN | DEMO | ONNX, set()),  # extras that name the package's own extras
+    "runtime": ("captioner-runtime", {"onnxruntime", "numpy", "pillow"}, {"torch", "torchvision", "matplotlib", "pyyaml"} | TRAIN | DEMO),
 }
 
 
-def resolve(target: str, report: Path) -> set[str] | str:
-    """The distributions pip would install for `target` into an empty environment, or pip's error."""
-    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report), target]
+def build_wheels(folder: Path) -> dict[str, Path]:
+    """This checkout's two distributions as wheels (built once: pip would rebuild a source tree
+    for every resolution)."""
+    for source in (REPO, REPO / "runtime"):
+        built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(folder), str(source)],
+                               capture_output=True, text=True, timeout=300)
+        assert built.returncode == 0, built.stderr
+    return {"captioner": next(folder.glob("captioner-*.whl")), "captioner-runtime": next(folder.glob("captioner_runtime-*.whl"))}
+
+
+def resolve(requirement: str, report: Path) -> list[str] | str:
+    """The distributions pip would install for `requirement` into an empty environment, or pip's error."""
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report), requirement]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"pip exited {done.returncode}"
-    return {item["metadata"]["name"].lower().replace("_", "-") for item in json.loads(report.read_text())["install"]}
+    return sorted({item["metadata"]["name"].lower().replace("_", "-") for item in json.loads(report.read_text())["install"]})
 
 
-@pytest.fixture(scope="module")
-def resolved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str] | str]:
-    """Every role at once: pip's resolutions run side by side (mostly waiting on the index)."""
-    folder = tmp_path_factory.mktemp("pip_reports")
-    with ThreadPoolExecutor(len(ROLES)) as pool:
-        futures = {role: pool.submit(resolve, target, folder / f"{role}.json") for role, (target, _, _) in ROLES.items()}
-        return {role: future.result() for role, future in futures.items()}
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This test run's temporary folder, shared by its pytest-xdist workers (each has its own below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Built once per test run, whatever the number of pytest workers (a lock in the run's folder)."""
+    from filelock import FileLock
+
+    shared = run_folder(tmp_path_factory) / "captioner_wheels"
+    with FileLock(str(shared) + ".lock"):
+        if not shared.is_dir():
+            shared.mkdir()
+            build_wheels(shared)
+    return {"captioner": next(shared.glob("captioner-*.whl")), "captioner-runtime": next(shared.glob("captioner_runtime-*.whl"))}
+
+
+@pytest.fixture(scope="session")
+def resolved(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str] | str]:
+    """Every role, resolved once per test run (pip's resolutions side by side, mostly waiting on the index)."""
+    from filelock import FileLock
+
+    shared = run_folder(tmp_path_factory) / "captioner_pip_roles.json"
+    with FileLock(str(shared) + ".lock"):
+        if not shared.is_file():
+            folder = tmp_path_factory.mktemp("pip_reports")
+            with ThreadPoolExecutor(len(ROLES)) as pool:
+                futures = {}
+                for role, (requirement, _, _) in ROLES.items():
+                    name, _, extras = requirement.partition("[")
+                    target = f"{name}{'[' + extras if extras else ''} @ {wheels[name].as_uri()}"
+                    futures[role] = pool.submit(resolve, target, folder / f"{role}.json")
+                shared.write_text(json.dumps({role: future.result() for role, future in futures.items()}))
+    return {role: set(names) if isinstance(names, list) else names for role, names in json.loads(shared.read_text()).items()}
 
 
 @pytest.mark.slow
@@ -105,7 +142,7 @@ def test_the_core_install_captions_and_names_the_extra_a_command_needs(shapes_ls
 
 
 @pytest.mark.slow
-def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(tmp_path: Path) -> None:
+def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(wheels: dict[str, Path], tmp_path: Path) -> None:
     require_module("onnxruntime", "the runtime test exports with onnxruntime (pip install -e .[onnx])")
     from test_onnx import briefly_trained
 
@@ -115,14 +152,10 @@ def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(tmp_pat
     export_onnx(model, tmp_path / "export")
     image = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(image)
-    wheels = tmp_path / "wheels"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(REPO / "runtime")],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *map(str, wheels.glob("*.whl"))],
+    installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(wheels["captioner-runtime"])],
                                capture_output=True, text=True, timeout=600)
     require(installed.returncode == 0, f"pip could not install the runtime's dependencies: {installed.stderr.strip()[-300:]}")
     no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True, cwd=tmp_path, env=outside_checkout())
