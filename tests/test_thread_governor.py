@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from captioner.core.runtime import ThreadGovernor, own_running_threads, threads_are_automatic, usable_cores
+from captioner.core.runtime import ThreadGovernor, free_cores, own_running_threads, threads_are_automatic, usable_cores
 
 
 class Clock:
@@ -39,7 +39,8 @@ def test_the_count_follows_the_free_cores_at_most_every_interval(monkeypatch) ->
 
 def test_the_free_cores_are_counted_without_this_process_own_threads() -> None:
     assert own_running_threads() >= 1  # the thread asking is running
-    free = ThreadGovernor.free_cores_beside_me()
+    assert ThreadGovernor().free is free_cores  # the count a command starts with, measured again mid-run
+    free = free_cores()
     assert 1 <= free <= usable_cores()
 
 

@@ -35,13 +35,14 @@ def usable_cores() -> int:
 
 
 def other_runnable_processes(samples: int = 5, interval: float = 0.01) -> int | None:
-    """Processes running or waiting for a core right now, besides this one (median of a few
-    reads of /proc/loadavg's running count); None where the kernel does not say."""
+    """Threads of other processes running or waiting for a core right now (median of a few
+    reads of /proc/loadavg's running count, less this process's own running threads: one when a
+    command starts, maybe more mid-run); None where the kernel does not say."""
     counts = []
     for i in range(samples):
         try:
             with open("/proc/loadavg") as f:
-                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+                counts.append(int(f.read().split()[3].split("/")[0]) - max(1, own_running_threads()))
         except (OSError, IndexError, ValueError):
             return None
         if i + 1 < samples:
@@ -130,25 +131,10 @@ class ThreadGovernor:
     are counted again (the machine's minus this process's own) and the thread count follows."""
 
     def __init__(self, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 free: Callable[[], int] | None = None) -> None:
-        self.every_s, self.clock = every_s, clock
-        self.free = free or self.free_cores_beside_me
+                 free: Callable[[], int] = free_cores) -> None:
+        self.every_s, self.clock, self.free = every_s, clock, free
         self.next_check = clock() + every_s
         self.changes: list[tuple[int, int]] = []  # (from, to), for the log and the tests
-
-    @staticmethod
-    def free_cores_beside_me(samples: int = 5, interval: float = 0.01) -> int:
-        cores, others = usable_cores(), []
-        for i in range(samples):
-            try:
-                with open("/proc/loadavg") as f:
-                    total = int(f.read().split()[3].split("/")[0])
-            except (OSError, IndexError, ValueError):
-                return torch.get_num_threads()  # cannot tell: keep what there is
-            others.append(max(0, total - max(1, own_running_threads())))
-            if i + 1 < samples:
-                time.sleep(interval)
-        return max(1, min(cores, cores - int(statistics.median(others))))
 
     def adjust(self) -> int | None:
         """At a step boundary: the new thread count when it changed, else None."""
