@@ -304,7 +304,7 @@ def _decode_value(value: Any, option: DecodeOption, dotted: str, source: str) ->
             pass
     if not option.allows(value):
         raise ConfigError(f"{source}: {dotted!r} must be {option.describe()}; got {value!r}")
-    return option.check(value)
+    return option.converted(value)
 
 
 def _check_spec(value: Any, spec: Spec, dotted: str, source: str) -> None:

@@ -64,6 +64,10 @@ class DecodeOption:
         "decode: <refusal>". `served`: the demo's narrower range."""
         if not self.allows(value, served):
             raise ConfigError(f"decode: {self.refusal(value, served)}")
+        return self.converted(value)
+
+    def converted(self, value: Any) -> Any:
+        """An allowed value as the option's type: 3.0 -> 3 for whole numbers."""
         if value is None or self.kind is bool:
             return value
         return int(value) if self.kind is int else float(value)

@@ -37,7 +37,7 @@ def served(name: str, value: Any) -> Any:
     option = DECODE_OPTIONS[name]
     if not option.allows(value, served=True):
         raise RequestError(option.refusal(value, served=True))
-    return option.check(value, served=True)
+    return option.converted(value)
 
 
 def menu_value(value: Any) -> str | None:
