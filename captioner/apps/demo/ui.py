@@ -285,12 +285,16 @@ def build_demo(
         # Each event: disable the download at once, show the caption and heatmaps, draw the figure
         # (about a second more), enable the download. The API: /caption, then /figure in its session.
         shown = [text, score, gallery, note, result]
-        cpu = {"concurrency_id": "cpu"}  # captions and figures share the queue's workers (max_batch of them)
+        # Gradio skips a step ("once") whose previous run is still pending, so on a loaded server a
+        # caption arriving while the last one's views are drawn would never get its own: each step
+        # runs again, on the newest values, when the pending one ends.
+        latest = {"trigger_mode": "always_last"}
+        cpu = {"concurrency_id": "cpu", **latest}  # captions and figures share the queue's workers (max_batch of them)
         private = {"api_visibility": "private"}
 
         def then_figure(event: Any, **api: Any) -> None:
             drawn = event.then(callbacks.tracked(callbacks.figure), [result, layer, head], [download], **cpu, **api)
-            drawn.then(enable_download, [download], [download], queue=False, **private)
+            drawn.then(enable_download, [download], [download], queue=False, **latest, **private)
 
         captioned = run.click(disable_download, None, [download], queue=False, **private).then(
             callbacks.tracked(callbacks.caption), [image, model_name, beam, length, layer, head], shown, api_name="caption", **cpu
