@@ -59,7 +59,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     from captioner.data.images import load_image
     from captioner.evaluation.caption_stats import corpus_stats, unmatched_words
     from captioner.evaluation.human import leave_one_out
-    from captioner.evaluation.metrics import fast_scores, official_scores
+    from captioner.evaluation.metrics import fast_scores, score_official_many
     from captioner.evaluation.results_files import load_results
     from captioner.models.checkpoint import checkpoint_config
     from captioner.viz.gallery import GalleryItem, gallery_sheet
@@ -87,7 +87,8 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     md.append(table(["model", *KEYS], [[name, *cells(s)] for name, s in out["scores"].items()]))
 
     if not args.no_human:
-        scorer = fast_scores if args.fast else (lambda refs, preds: official_scores(refs, preds)[0])
+        scorer = (lambda jobs: [fast_scores(*job) for job in jobs]) if args.fast else (
+            lambda jobs: [scores.overall for scores in score_official_many(jobs)])
         folds = leave_one_out(references, scorer, predictions)
         out["leave_one_out"] = {"folds": folds.folds, "human": folds.human, **folds.models}
         md += [f"\n## Leave one out: each human caption, and each model, against the other {folds.folds - 1} references\n",

@@ -4,7 +4,7 @@ factors, the leave-one-out human ceiling, and the corpus statistics of captions.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pytest
 from test_scorers import demo  # noqa: F401 - the COCO demo fixture, used by name
@@ -46,12 +46,17 @@ def test_bleu_parts_no_penalty_for_long_captions_and_closest_reference_on_ties()
     assert tie.reference_words == 3  # equally close: the shorter one, as pycocoevalcap picks
 
 
-def recording_scorer(calls: list[tuple[dict[int, list[str]], dict[int, str]]]):
-    def score(references: Mapping[int, list[str]], predictions: Mapping[int, str]) -> dict[str, float]:
-        calls.append((dict(references), dict(predictions)))
-        return fast_scores(references, predictions)
+def recording_scorer(calls: list[tuple[dict[int, list[str]], dict[int, str]]], batches: list[int]):
+    def score(jobs: Sequence[tuple[Mapping[int, list[str]], Mapping[int, str]]]) -> list[dict[str, float]]:
+        batches.append(len(jobs))
+        calls.extend((dict(references), dict(predictions)) for references, predictions in jobs)
+        return [fast_scores(*job) for job in jobs]
 
     return score
+
+
+def fast(jobs):
+    return [fast_scores(*job) for job in jobs]
 
 
 def test_leave_one_out_scores_each_reference_against_the_others_and_models_on_the_same_sets() -> None:
@@ -60,26 +65,30 @@ def test_leave_one_out_scores_each_reference_against_the_others_and_models_on_th
         2: ["a man rides a bike", "a person on a bicycle", "a man cycling down a road"],
     }
     calls: list[tuple[dict[int, list[str]], dict[int, str]]] = []
-    result = leave_one_out(references, recording_scorer(calls), {"model": {1: "a dog on the grass", 2: "a man on a bike", 3: "unused"}})
+    batches: list[int] = []
+    result = leave_one_out(
+        references, recording_scorer(calls, batches), {"model": {1: "a dog on the grass", 2: "a man on a bike", 3: "unused"}}
+    )
     assert result.folds == 3
-    assert len(calls) == 6  # per fold: the humans, then the model
+    assert batches == [6]  # one call (one Java start when official): per fold, the humans, then the model
     for k in range(3):
         (human_refs, human_hyps), (model_refs, model_hyps) = calls[2 * k], calls[2 * k + 1]
         assert human_refs == model_refs  # the same held-out references for both
         for i, refs in references.items():
             assert human_hyps[i] == refs[k] and refs[k] not in human_refs[i] and len(human_refs[i]) == 2
         assert model_hyps == {1: "a dog on the grass", 2: "a man on a bike"}
-    expected = sum(fast_scores({i: [c for j, c in enumerate(r) if j != k] for i, r in references.items()},
-                               {i: r[k] for i, r in references.items()})["CIDEr"] for k in range(3)) / 3
-    assert result.human["CIDEr"] == pytest.approx(expected)
-    assert set(result.models["model"]) == set(result.human)
+    folds = [{i: [c for j, c in enumerate(r) if j != k] for i, r in references.items()} for k in range(3)]
+    human = sum(fast_scores(folds[k], {i: r[k] for i, r in references.items()})["CIDEr"] for k in range(3)) / 3
+    model = sum(fast_scores(folds[k], {1: "a dog on the grass", 2: "a man on a bike"})["CIDEr"] for k in range(3)) / 3
+    assert result.human["CIDEr"] == pytest.approx(human) and result.models["model"]["CIDEr"] == pytest.approx(model)
+    assert human != pytest.approx(model) and set(result.models["model"]) == set(result.human)
 
 
 def test_leave_one_out_refuses_images_it_cannot_score() -> None:
     with pytest.raises(CaptionerError, match="image 7 has 1 reference"):
-        leave_one_out({1: ["a b", "c d"], 7: ["e f"]}, fast_scores)
+        leave_one_out({1: ["a b", "c d"], 7: ["e f"]}, fast)
     with pytest.raises(CaptionerError, match="m has no caption for 1 image"):
-        leave_one_out({1: ["a b", "c d"], 2: ["e f", "g h"]}, fast_scores, {"m": {1: "a b"}})
+        leave_one_out({1: ["a b", "c d"], 2: ["e f", "g h"]}, fast, {"m": {1: "a b"}})
 
 
 def test_corpus_stats_counts_vocabulary_copies_length_and_distinct_captions() -> None:

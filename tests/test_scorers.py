@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import require
 
-from captioner.evaluation import meteor, scorers
-from captioner.evaluation.metrics import OFFICIAL_KEYS, pycocoevalcap_scores, score_official
+from captioner.evaluation import meteor, metrics, scorers
+from captioner.evaluation.metrics import OFFICIAL_KEYS, pycocoevalcap_scores, score_official, score_official_many
 from captioner.evaluation.results_files import load_references, load_results
 from captioner.text.tokenizer import tokenize
 
@@ -125,3 +125,36 @@ def test_official_scores_equal_pycocoevalcap_with_two_meteor_processes(
             assert got.per_image[i][key] == pytest.approx(expected_images[i][key], abs=1e-12), (key, i)
     assert 0.1 < got.overall["METEOR"] < 0.5
     assert set(got.seconds) >= {"PTB tokenizer", "BLEU", "ROUGE-L", "CIDEr-D", "METEOR", "total"}
+
+
+@pytest.mark.usefixtures("java")
+def test_official_scores_of_several_jobs_equal_each_job_alone_from_one_start_of_each_java_tool(
+    demo: tuple[dict[int, list[str]], dict[int, str]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two jobs with other captions and other references, as a decoding sweep and a leave-one-out
+    fold make them: the demo's captions cut to five words, and each image's first reference
+    against its others."""
+    references, predictions = demo
+    ids = sorted(predictions)[:60]
+    cut = {i: " ".join(predictions[i].split()[:5]) for i in ids}
+    jobs = [(references, cut), ({i: references[i][1:] for i in ids}, {i: references[i][0] for i in ids})]
+    alone = [score_official(*job, meteor_processes=1) for job in jobs]
+    starts = {"PTB": 0, "METEOR": 0}
+    run_java, pool_init = metrics.run_java, metrics.MeteorPool.__init__
+
+    def counted_run_java(*args, **kwargs):
+        starts["PTB"] += 1
+        return run_java(*args, **kwargs)
+
+    def counted_pool_init(self, *args, **kwargs):
+        starts["METEOR"] += 1
+        pool_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(metrics, "run_java", counted_run_java)
+    monkeypatch.setattr(metrics.MeteorPool, "__init__", counted_pool_init)
+    together = score_official_many(jobs, meteor_processes=1)
+    assert starts == {"PTB": 1, "METEOR": 1}
+    for one, many in zip(alone, together):
+        assert many.overall == one.overall and many.per_image == one.per_image
+        assert many.references == one.references and many.predictions == one.predictions
+    assert together[0].overall["CIDEr"] != together[1].overall["CIDEr"]

@@ -10,8 +10,9 @@ teacher-forced outputs.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from captioner.evaluation.caption_stats import caption_stats
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu_parts
 from captioner.evaluation.grounding import GroundingReport, Instances, grounding_score
 from captioner.evaluation.interpret import InterpretReport, interpret_scores, records_grad_cam
-from captioner.evaluation.metrics import fast_scores, score_official
+from captioner.evaluation.metrics import fast_scores, score_official_many
 from captioner.evaluation.report import rounded
 from captioner.evaluation.results_files import Predictions, References, write_results
 from captioner.evaluation.tutorial_bleu import LABEL as TUTORIAL_LABEL
@@ -35,6 +36,8 @@ from captioner.evaluation.tutorial_bleu import nltk_corpus_bleu, tokenized
 from captioner.models.caption import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.ensemble import Ensemble
+
+logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -170,16 +173,31 @@ def score_predictions(references: References, predictions: Predictions, official
     """Score `predictions` against `references`: pycocoevalcap's official metrics (with SPICE when
     `spice`; needs Java), or BLEU and CIDEr-D in process; and beside them nltk's corpus BLEU and the
     caption statistics on the same tokens (the Java PTB tokenizer's, or `vocab.tokenize`'s)."""
+    return score_predictions_many([(references, predictions)], official, spice)[0]
+
+
+def score_predictions_many(
+    jobs: Sequence[tuple[References, Predictions]], official: bool = True, spice: bool = False,
+) -> list[Scores]:
+    """`score_predictions` of each (references, predictions) job, in order; the official scorer
+    starts its Java tools once for all of them (`score_official_many`)."""
     if official:
-        run = score_official(references, predictions, spice=spice)
-        overall, per_image = run.overall, run.per_image
-        refs, preds = tokenized(run.references, run.predictions)  # the tokens the official scores saw
-        parts = run.bleu_parts  # counted once, with the scores
-    else:
-        overall, per_image = fast_scores(references, predictions), {}
+        runs = score_official_many(jobs, spice=spice)
+        return [_scores(run.overall, run.per_image, True, *tokenized(run.references, run.predictions), run.bleu_parts) for run in runs]
+    scored = []
+    for references, predictions in jobs:
         refs, preds = tokenized(references, predictions, ptb=False)
         ids = sorted(preds)
         parts = bleu_parts(CountedCaptions.of([" ".join(preds[i]) for i in ids], [[" ".join(r) for r in refs[i]] for i in ids]))
+        scored.append(_scores(fast_scores(references, predictions), {}, False, refs, preds, parts))
+    return scored
+
+
+def _scores(
+    overall: dict[str, float], per_image: dict[int, dict[str, float]], official: bool,
+    refs: dict[int, list[list[str]]], preds: dict[int, list[str]], parts: BleuParts,
+) -> Scores:
+    """The scores with nltk's corpus BLEU and the caption statistics on the tokens they saw."""
     return Scores(overall, per_image, official, nltk_corpus_bleu(refs, preds), caption_stats(preds.values()), parts)
 
 
@@ -197,16 +215,19 @@ def decode_variants(
     model: Captioner, encoded: SplitFeatures, variants: Mapping[str, Mapping[str, Any]], batch_size: int | None = None,
     official: bool = True,
 ) -> Iterator[DecodedVariant]:
-    """Caption and score the images `encode_records` encoded once, with each of `variants` (name
-    -> decoding options) in turn, yielding each as it is done so a caller can report it at once."""
+    """Caption the images `encode_records` encoded once with each of `variants` (name -> decoding
+    options), then score every variant in one `score_predictions_many` (one start of the Java
+    tools for all of them)."""
+    decoded: list[tuple[str, dict[int, Caption], float]] = []
     for name, options in variants.items():
         start = time.perf_counter()
         captions = caption_records(
             model, encoded.records, batch_size, features=encoded.features, grid=encoded.grid, progress=False, **options
         )
-        seconds = time.perf_counter() - start
-        predictions = {image_id: caption.text for image_id, caption in captions.items()}
-        scores = score_predictions(references_for(encoded.records, captions), predictions, official=official)
+        decoded.append((name, captions, time.perf_counter() - start))
+        logger.info("decoded %d images with %s (%.1f s)", len(captions), name, decoded[-1][2])
+    jobs = [(references_for(encoded.records, captions), {i: c.text for i, c in captions.items()}) for _, captions, _ in decoded]
+    for (name, captions, seconds), scores in zip(decoded, score_predictions_many(jobs, official=official)):
         yield DecodedVariant(name, captions, scores, seconds)
 
 

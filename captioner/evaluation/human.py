@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 
 from captioner.core.errors import CaptionerError
 
-Scorer = Callable[[Mapping[int, list[str]], Mapping[int, str]], Mapping[str, float]]  # (references, predictions) -> overall
+Job = tuple[Mapping[int, list[str]], Mapping[int, str]]  # (references, predictions)
+# Every job's overall scores, in order, from one call: the official scorer then starts Java once
+# for all the folds (metrics.score_official_many).
+Scorer = Callable[[Sequence[Job]], Sequence[Mapping[str, float]]]
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,8 @@ def leave_one_out(
     predictions: Mapping[str, Mapping[int, str]] | None = None,
 ) -> LeaveOneOut:
     """Score reference k of each image against the image's other references for every k, and each
-    model in `predictions` (name -> image id -> caption) against the same held-out sets.
+    model in `predictions` (name -> image id -> caption) against the same held-out sets, all in
+    one call of `score`.
 
     Every image needs at least two references; images a model did not caption are an error, so
     the human and model rows always cover the same images."""
@@ -48,13 +52,17 @@ def leave_one_out(
         if missing:
             raise CaptionerError(f"leave-one-out: {name} has no caption for {len(missing)} image(s), e.g. {min(missing)}")
 
-    human_sums: dict[str, float] = {}
-    model_sums: dict[str, dict[str, float]] = {name: {} for name in predictions}
+    names = [None, *predictions]  # per fold: the held-out humans (None), then each model
+    jobs: list[Job] = []
     for k in range(folds):
         others = {i: [c for j, c in enumerate(refs) if j != k] for i, refs in references.items()}
-        _accumulate(human_sums, score(others, {i: refs[k] for i, refs in references.items()}))
-        for name, captions in predictions.items():
-            _accumulate(model_sums[name], score(others, {i: captions[i] for i in references}))
+        jobs.append((others, {i: refs[k] for i, refs in references.items()}))
+        jobs += [(others, {i: captions[i] for i in references}) for captions in predictions.values()]
+    human_sums: dict[str, float] = {}
+    model_sums: dict[str, dict[str, float]] = {name: {} for name in predictions}
+    for n, scores in enumerate(score(jobs)):
+        name = names[n % len(names)]
+        _accumulate(human_sums if name is None else model_sums[name], scores)
     return LeaveOneOut(
         folds,
         {key: total / folds for key, total in human_sums.items()},

@@ -32,7 +32,7 @@ from captioner.evaluation.java import (
 )
 from captioner.evaluation.meteor import MeteorPool
 from captioner.evaluation.meteor import default_processes as default_meteor_processes
-from captioner.evaluation.results_files import load_references, load_results, scored_ids
+from captioner.evaluation.results_files import Predictions, References, load_references, load_results, scored_ids
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu, bleu_parts, cider_d, rouge_l
 from captioner.text.vocab import tokenize
 
@@ -99,8 +99,7 @@ def official_scores(
 
 
 def score_official(
-    references: Mapping[int, list[str]], predictions: Mapping[int, str], spice: bool = False,
-    meteor_processes: int | None = None,
+    references: References, predictions: Predictions, spice: bool = False, meteor_processes: int | None = None,
 ) -> OfficialScores:
     """The official COCO caption metrics of `predictions`, equal to pycocoevalcap's.
 
@@ -121,64 +120,92 @@ def score_official(
     Needs Java 8+ on PATH (PTB tokenizer, METEOR, SPICE); raises CaptionerError without it, and
     JavaToolError when a Java tool dies or hangs.
     """
-    ids = scored_ids(references, predictions)
+    return score_official_many([(references, predictions)], spice=spice, meteor_processes=meteor_processes)[0]
+
+
+def score_official_many(
+    jobs: Sequence[tuple[References, Predictions]], spice: bool = False, meteor_processes: int | None = None,
+) -> list[OfficialScores]:
+    """`score_official` of each (references, predictions) job, the same numbers as one call per
+    job, with the Java start-ups shared: one PTB tokenizer run over every distinct caption of all
+    the jobs (it tokenises each line alone) and one set of METEOR processes that scores the jobs in
+    turn. Several decodings of a split, or the folds of a leave-one-out, then cost one METEOR start
+    (its paraphrase table takes about 6 s of a core to load) instead of one each."""
+    id_sets = [scored_ids(references, predictions) for references, predictions in jobs]
     logger.debug("java: %s", check_java())
     run_spice = spice and ensure_spice_models()
-    processes = meteor_processes or default_meteor_processes(len(ids))
-    seconds: dict[str, float] = {}
-    overall: dict[str, float] = {}
-    per_image: dict[int, dict[str, float]] = {i: {} for i in ids}
-    start_all = time.perf_counter()
+    processes = meteor_processes or default_meteor_processes(max((len(ids) for ids in id_sets), default=1))
+    results: list[OfficialScores] = []
     with MeteorPool(processes) as meteor:
         start = time.perf_counter()
-        captions = [c for i in ids for c in references[i]] + [predictions[i] for i in ids]
-        lines = iter(ptb_token_lines(captions))
-        gts = {i: [next(lines) for _ in references[i]] for i in ids}
-        res = {i: next(lines) for i in ids}
-        seconds["PTB tokenizer"] = time.perf_counter() - start
-        logger.info("PTB tokenizer: %d images, %d references (%.1f s)", len(ids), len(captions) - len(ids), seconds["PTB tokenizer"])
+        distinct = list(dict.fromkeys(
+            caption for (references, predictions), ids in zip(jobs, id_sets) for i in ids for caption in (*references[i], predictions[i])
+        ))
+        tokens = dict(zip(distinct, ptb_token_lines(distinct)))
+        tokenizer_seconds = time.perf_counter() - start
+        logger.info("PTB tokenizer: %d jobs, %d distinct captions (%.1f s)", len(jobs), len(distinct), tokenizer_seconds)
+        for (references, predictions), ids in zip(jobs, id_sets):
+            gts = {i: [tokens[c] for c in references[i]] for i in ids}
+            res = {i: tokens[predictions[i]] for i in ids}
+            results.append(_score_tokenized(meteor, ids, gts, res, {"PTB tokenizer": tokenizer_seconds}))
+    for scores in results if run_spice else []:
+        _add_spice(scores)
+    return results
 
-        hypotheses, refs = [res[i] for i in ids], [gts[i] for i in ids]
-        results: dict[str, Any] = {}
-        meteor_thread = threading.Thread(target=_run_meteor, args=(meteor, hypotheses, refs, results), daemon=True)
-        meteor_thread.start()
-        try:
+
+def _score_tokenized(
+    meteor: MeteorPool, ids: list[int], gts: dict[int, list[str]], res: dict[int, str], seconds: dict[str, float],
+) -> OfficialScores:
+    """The official metrics of tokenised captions: METEOR in a background thread while BLEU,
+    ROUGE-L and CIDEr-D run here."""
+    start_all = time.perf_counter()
+    overall: dict[str, float] = {}
+    per_image: dict[int, dict[str, float]] = {i: {} for i in ids}
+    hypotheses, refs = [res[i] for i in ids], [gts[i] for i in ids]
+    results: dict[str, Any] = {}
+    meteor_thread = threading.Thread(target=_run_meteor, args=(meteor, hypotheses, refs, results), daemon=True)
+    meteor_thread.start()
+    try:
+        start = time.perf_counter()
+        counted = CountedCaptions.of(hypotheses, refs)
+        seconds["n-gram counts"] = time.perf_counter() - start
+        for name, keys, scorer in (
+            ("BLEU", BLEU_KEYS, lambda: bleu(counted)),
+            ("ROUGE-L", ("ROUGE_L",), lambda: _one(rouge_l(hypotheses, refs))),
+            ("CIDEr-D", ("CIDEr",), lambda: _one(cider_d(counted))),
+        ):
             start = time.perf_counter()
-            counted = CountedCaptions.of(hypotheses, refs)
-            seconds["n-gram counts"] = time.perf_counter() - start
-            for name, keys, scorer in (
-                ("BLEU", BLEU_KEYS, lambda: bleu(counted)),
-                ("ROUGE-L", ("ROUGE_L",), lambda: _one(rouge_l(hypotheses, refs))),
-                ("CIDEr-D", ("CIDEr",), lambda: _one(cider_d(counted))),
-            ):
-                start = time.perf_counter()
-                _record(ids, keys, *scorer(), overall, per_image)
-                seconds[name] = time.perf_counter() - start
-                logger.info("%s (%.1f s)", ", ".join(f"{k}: {overall[k]:.3f}" for k in keys), seconds[name])
+            _record(ids, keys, *scorer(), overall, per_image)
+            seconds[name] = time.perf_counter() - start
+            logger.info("%s (%.1f s)", ", ".join(f"{k}: {overall[k]:.3f}" for k in keys), seconds[name])
+        meteor_thread.join()
+    finally:
+        if meteor_thread.is_alive():  # this thread failed or was interrupted: stop METEOR too
+            meteor.kill()
             meteor_thread.join()
-        finally:
-            if meteor_thread.is_alive():  # this thread failed or was interrupted: stop METEOR too
-                meteor.kill()
-                meteor_thread.join()
     if "error" in results:
         raise results["error"]
     seconds["METEOR"] = results["seconds"]
     _record(ids, ("METEOR",), *_one(results["scores"]), overall, per_image)
-    logger.info("METEOR: %.3f (%d processes, %.1f s beside the others)", overall["METEOR"], processes, seconds["METEOR"])
+    logger.info("METEOR: %.3f (%d processes, %.1f s beside the others)", overall["METEOR"], len(meteor.tools), seconds["METEOR"])
     overall = {key: overall[key] for key in OFFICIAL_KEYS}  # the official order
-
-    if run_spice:
-        from pycocoevalcap.spice.spice import Spice
-
-        start = time.perf_counter()
-        with quiet_pycocoevalcap():
-            score, scores = Spice().compute_score({i: gts[i] for i in ids}, {i: [res[i]] for i in ids})
-        overall[SPICE_KEY] = float(score)
-        for image_id, image_score in zip(ids, scores):  # per image SPICE gives every category; keep "All"
-            per_image[image_id][SPICE_KEY] = float(image_score["All"]["f"])
-        seconds["SPICE"] = time.perf_counter() - start
-    seconds["total"] = time.perf_counter() - start_all
+    seconds["total"] = seconds["PTB tokenizer"] + time.perf_counter() - start_all
     return OfficialScores(overall, per_image, gts, res, seconds, bleu_parts(counted))
+
+
+def _add_spice(scores: OfficialScores) -> None:
+    """SPICE (its "All" F-score) through pycocoevalcap, after METEOR's processes have ended."""
+    from pycocoevalcap.spice.spice import Spice
+
+    start = time.perf_counter()
+    ids = list(scores.per_image)
+    with quiet_pycocoevalcap():
+        score, image_scores = Spice().compute_score({i: scores.references[i] for i in ids}, {i: [scores.predictions[i]] for i in ids})
+    scores.overall[SPICE_KEY] = float(score)
+    for image_id, image_score in zip(ids, image_scores):  # per image SPICE gives every category; keep "All"
+        scores.per_image[image_id][SPICE_KEY] = float(image_score["All"]["f"])
+    scores.seconds["SPICE"] = time.perf_counter() - start
+    scores.seconds["total"] += scores.seconds["SPICE"]
 
 
 def _run_meteor(meteor: MeteorPool, hypotheses: list[str], references: list[list[str]], results: dict[str, Any]) -> None:
