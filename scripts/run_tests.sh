@@ -11,5 +11,6 @@ status=0
 lint-imports --no-cache || { status=$?; echo "run_tests.sh: the import contracts are broken (above)" >&2; }
 # -n: one pytest worker per core (pytest-xdist); PYTEST_WORKERS=0 runs in this process alone.
 # loadgroup: the tests of an xdist_group share a worker (and its module fixtures).
-python -m pytest -q -rs -n "${PYTEST_WORKERS:-$(nproc)}" --dist loadgroup "$@" || { status=$?; echo "run_tests.sh: pytest exited with status $status" >&2; }
+# --durations: every run names its slowest tests, where the suite's time goes (docs/benchmarks.md).
+python -m pytest -q -rs -n "${PYTEST_WORKERS:-$(nproc)}" --dist loadgroup --durations=25 "$@" || { status=$?; echo "run_tests.sh: pytest exited with status $status" >&2; }
 exit "$status"
