@@ -20,7 +20,7 @@ import contextlib
 import gc
 import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 
@@ -159,20 +159,28 @@ def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
     """pycocoevalcap's `Bleu(4)`: corpus BLEU-1..4 (clipped matches and guesses summed over the
     corpus, brevity penalty from the reference length closest to each hypothesis, the shorter on a
     tie) and per-image BLEU-1..4 (`per_image[n - 1][i]`)."""
-    correct_total, guess_total = [0] * MAX_N, [0] * MAX_N
-    test_total = ref_total = 0
+    images = list(_bleu_counts(counted))
     per_image: list[list[float]] = [[] for _ in range(MAX_N)]
-    for correct_n, test_len, ref_lens in zip(_clipped_matches(counted), counted.hyp_lengths, counted.ref_lengths):
-        guess = [max(0, test_len - k) for k in range(MAX_N)]
-        ref_len = _closest_ref_length(test_len, ref_lens)
-        test_total += test_len
-        ref_total += ref_len
-        for k in range(MAX_N):
-            correct_total[k] += correct_n[k]
-            guess_total[k] += guess[k]
-        for k, score in enumerate(_bleu_n(correct_n, guess, test_len, ref_len)):
+    for image in images:
+        for k, score in enumerate(_bleu_n(*image)):
             per_image[k].append(score)
-    return _bleu_n(correct_total, guess_total, test_total, ref_total), per_image
+    return _bleu_n(*_summed(images)), per_image
+
+
+def _bleu_counts(counted: CountedCaptions) -> Iterator[tuple[list[int], list[int], int, int]]:
+    """Per image: clipped matches and guesses for n = 1..4, its length, and the closest reference's."""
+    for correct_n, test_len, ref_lens in zip(_clipped_matches(counted), counted.hyp_lengths, counted.ref_lengths):
+        yield correct_n, [max(0, test_len - k) for k in range(MAX_N)], test_len, _closest_ref_length(test_len, ref_lens)
+
+
+def _summed(images: Iterable[tuple[list[int], list[int], int, int]]) -> tuple[list[int], list[int], int, int]:
+    """The corpus counts: every image's matches, guesses and lengths summed (integers, so in any order)."""
+    correct, guess, test_total, ref_total = [0] * MAX_N, [0] * MAX_N, 0, 0
+    for correct_n, guess_n, test_len, ref_len in images:
+        correct = [a + b for a, b in zip(correct, correct_n)]
+        guess = [a + b for a, b in zip(guess, guess_n)]
+        test_total, ref_total = test_total + test_len, ref_total + ref_len
+    return correct, guess, test_total, ref_total
 
 
 @dataclass(frozen=True)
@@ -190,15 +198,8 @@ class BleuParts:
 
 
 def bleu_parts(counted: CountedCaptions) -> BleuParts:
-    """The factors of pycocoevalcap's corpus BLEU (see `bleu`), summed as it sums them."""
-    correct_total, guess_total = [0] * MAX_N, [0] * MAX_N
-    test_total = ref_total = 0
-    for correct_n, test_len, ref_lens in zip(_clipped_matches(counted), counted.hyp_lengths, counted.ref_lengths):
-        test_total += test_len
-        ref_total += _closest_ref_length(test_len, ref_lens)
-        for k in range(MAX_N):
-            correct_total[k] += correct_n[k]
-            guess_total[k] += max(0, test_len - k)
+    """The factors of pycocoevalcap's corpus BLEU (see `bleu`), from the same corpus counts."""
+    correct_total, guess_total, test_total, ref_total = _summed(_bleu_counts(counted))
     precisions = tuple(c / g if g else 0.0 for c, g in zip(correct_total, guess_total))
     ratio = test_total / ref_total if ref_total else 0.0
     penalty = math.exp(1 - 1 / ratio) if 0 < ratio < 1 else (1.0 if ratio >= 1 else 0.0)
