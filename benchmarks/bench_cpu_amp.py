@@ -17,6 +17,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -34,6 +35,19 @@ from captioner.training.loop import caption_loss
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def config_batches(config_path: str, count: int) -> tuple[Any, Vocabulary, list[Any]]:
+    """The config (on the CPU), the vocabulary and `count` training batches of a shapes world
+    drawn into a temporary folder, as the config's loader makes them."""
+    with tempfile.TemporaryDirectory() as folder:
+        config = load_config(config_path, [f"data.root={folder}", "train.device=cpu"])
+        data = config.data
+        generate_shapes(folder, data.batch_size * count, 1, 1, image_size=data.image_size, progress=False)
+        records = load_split(data, "train")
+        vocab = Vocabulary.build((c for r in records for c in r.captions), data.min_word_count)
+        dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size, train=True), data.max_caption_length, data.captions_per_image)
+        return config, vocab, list(DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate_captions))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
@@ -47,15 +61,8 @@ def main() -> None:
     if not native:
         print("train.cpu_amp is ignored on this CPU (bf16 would be emulated); timing it anyway")
 
-    with tempfile.TemporaryDirectory() as folder:
-        config = load_config(args.config, [f"data.root={folder}", "train.device=cpu"])
-        data = config.data
-        generate_shapes(folder, data.batch_size * (args.steps + 1), 1, 1, image_size=data.image_size, progress=False)
-        records = load_split(data, "train")
-        vocab = Vocabulary.build((c for r in records for c in r.captions), data.min_word_count)
-        dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size, train=True), data.max_caption_length, data.captions_per_image)
-        batches = list(DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate_captions))
-
+    config, vocab, batches = config_batches(args.config, args.steps + 1)
+    data = config.data
     torch.manual_seed(0)
     first = build_model(config, vocab).train()
     variants = {}
