@@ -15,7 +15,7 @@ from captioner.core.config import ScstConfig
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.batching import CaptionBatch
 from captioner.models.checkpoint import load_captioner, read_checkpoint
-from captioner.models.decoding import DecodeOptions, SpecialTokens, greedy_decode
+from captioner.models.decoding import DecodeOptions, SpecialTokens, greedy_decode, sample_captions
 from captioner.training.scst import SelfCritical, mean_of_others
 
 
@@ -82,6 +82,27 @@ def test_mean_baseline_through_the_objective(decoder: str) -> None:
     # baseline) would give 3.0, a mean over the whole batch the same.
     assert float(parts["advantage_abs"]) == pytest.approx(np.abs(r - expected).mean()) == pytest.approx(4.0)
     assert loss.requires_grad
+
+
+def test_sample_logprob_is_the_mean_per_token_log_probability_of_the_samples() -> None:
+    """The logged `sample_logprob` (the divergence's early sign): each sample's log-probability
+    over its words and <eos>, divided by that count, averaged; recomputed here from the same draw."""
+    model = tiny_model().train()
+    settings = ScstConfig(samples=4, baseline="mean", max_length=6, dropout=False)
+    objective = SelfCritical(settings, model.vocab, [], Scripted(model.vocab.index["red"]))
+    batch = feature_batch(model)
+    torch.manual_seed(0)
+    _, parts = objective(model, batch, tiny_config(), encoded=True)
+    torch.manual_seed(0)
+    feats = model.stored_features(batch.images)  # (B, N, D), as the objective reads them in train mode
+    model.decoder.eval()  # the objective samples without dropout (scst.dropout false)
+    samples = sample_captions(
+        model.decoder, feats, model.vocab.bos_id, model.vocab.eos_id, 4, 6,
+        banned=objective.banned, ending=objective.ending_rule(torch.device("cpu")),
+    )
+    per_token = samples.caption_logprobs().detach() / samples.lengths  # (B*n,)
+    assert float(parts["sample_logprob"]) == pytest.approx(float(per_token.mean()), rel=1e-5)
+    assert float(parts["sample_logprob"]) < 0 and float(per_token.min()) < float(per_token.max())  # not one constant
 
 
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
@@ -217,7 +238,7 @@ def test_init_from_a_checkpoint_trains_an_scst_epoch(decoder: str, tmp_path: Pat
     rows = list(csv.DictReader(open(tmp_path / "scst" / "metrics.csv")))
     assert [int(r["epoch"]) for r in rows] == [0, 1]  # epoch 0: the starting model, validated only
     assert rows[0]["val_CIDEr"] and not rows[0]["train_reward"]
-    for key in ("train_reward", "train_baseline", "train_advantage", "train_sample_length", "train_xent", "val_CIDEr"):
+    for key in ("train_reward", "train_baseline", "train_advantage", "train_sample_length", "train_sample_logprob", "train_xent", "val_CIDEr"):
         assert rows[1][key], key
     assert 0 < float(rows[1]["train_sample_length"]) <= 8
     assert int(rows[1]["step"]) == 3  # 48 images, 16 per batch: one item per image

@@ -83,7 +83,7 @@ class SelfCritical:
         if settings.xent_weight and xent is None:
             raise ValueError("SelfCritical: scst.xent_weight needs the cross-entropy objective (xent)")
 
-    logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "reward_seconds", "xent")
+    logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "sample_logprob", "reward_seconds", "xent")
 
     def ending_rule(self, device: torch.device) -> EndingRule | None:
         """scst.suppress_bad_endings as the decoding's ending rule (None when off), on `device`."""
@@ -150,7 +150,8 @@ class SelfCritical:
         # over ranks): the loss and the logged means become shares too, so that averaging the
         # gradients over ranks and summing the logged values give the global batch's means.
         share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
-        loss = -(advantage * samples.caption_logprobs()).mean() * share
+        logprobs = samples.caption_logprobs()  # (B*n,)
+        loss = -(advantage * logprobs).mean() * share
         xent = torch.zeros((), device=loss.device)
         if s.xent_weight:
             # Teacher forcing on every reference of the batch's images; `totals` make it this rank's share.
@@ -163,7 +164,10 @@ class SelfCritical:
             advantage.mean(),  # with the mean baseline 0 by construction
             advantage.abs().mean(),  # the size of the policy-gradient weights
             words.float().mean(),
-        ])  # (5,) on the device
+            # per word and <eos>: how probable the model finds its own samples. A run that pushes its
+            # losing samples down without limit shows it here first (docs/experiments.md, epoch 4).
+            (logprobs.detach() / samples.lengths.clamp(min=1)).mean(),
+        ])  # (6,) on the device
         seconds = torch.tensor([self.reward_seconds - reward_before], dtype=torch.float32).to(loss.device, non_blocking=True)  # (1,)
         values = torch.cat([means.detach().float(), seconds]) * share  # (P-2,): wall time of this step's scoring last
         logged = dict(zip(self.logged[1:-1], values.unbind()))
