@@ -110,35 +110,19 @@ def test_default_meteor_processes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("java")
-def test_official_scores_equal_pycocoevalcap_with_two_meteor_processes(
-    demo: tuple[dict[int, list[str]], dict[int, str]],
+def test_official_scores_equal_pycocoevalcap_with_two_meteor_processes_and_several_jobs(
+    demo: tuple[dict[int, list[str]], dict[int, str]], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The demo's captions scored beside a second job with other captions and other references
+    (each image's first reference against its others, a leave-one-out fold), from one start of
+    each Java tool: the first job equals pycocoevalcap's own run, the second its own
+    score_official call."""
     references, predictions = demo
     ids = sorted(predictions)[:150]
     subset = {i: predictions[i] for i in ids}
+    fold = ({i: references[i][1:] for i in ids}, {i: references[i][0] for i in ids})
     expected, expected_images, _ = pycocoevalcap_scores(references, subset)
-    got = score_official(references, subset, meteor_processes=2)  # shards of 75 images
-    assert tuple(got.overall) == OFFICIAL_KEYS
-    for key in OFFICIAL_KEYS:
-        assert got.overall[key] == pytest.approx(expected[key], abs=1e-12), key
-        for i in ids:
-            assert got.per_image[i][key] == pytest.approx(expected_images[i][key], abs=1e-12), (key, i)
-    assert 0.1 < got.overall["METEOR"] < 0.5
-    assert set(got.seconds) >= {"PTB tokenizer", "BLEU", "ROUGE-L", "CIDEr-D", "METEOR", "total"}
-
-
-@pytest.mark.usefixtures("java")
-def test_official_scores_of_several_jobs_equal_each_job_alone_from_one_start_of_each_java_tool(
-    demo: tuple[dict[int, list[str]], dict[int, str]], monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Two jobs with other captions and other references, as a decoding sweep and a leave-one-out
-    fold make them: the demo's captions cut to five words, and each image's first reference
-    against its others."""
-    references, predictions = demo
-    ids = sorted(predictions)[:60]
-    cut = {i: " ".join(predictions[i].split()[:5]) for i in ids}
-    jobs = [(references, cut), ({i: references[i][1:] for i in ids}, {i: references[i][0] for i in ids})]
-    alone = [score_official(*job, meteor_processes=1) for job in jobs]
+    fold_alone = score_official(*fold, meteor_processes=1)
     starts = {"PTB": 0, "METEOR": 0}
     run_java, pool_init = metrics.run_java, metrics.MeteorPool.__init__
 
@@ -152,9 +136,15 @@ def test_official_scores_of_several_jobs_equal_each_job_alone_from_one_start_of_
 
     monkeypatch.setattr(metrics, "run_java", counted_run_java)
     monkeypatch.setattr(metrics.MeteorPool, "__init__", counted_pool_init)
-    together = score_official_many(jobs, meteor_processes=1)
+    got, got_fold = score_official_many([(references, subset), fold], meteor_processes=2)  # shards of 75 images
     assert starts == {"PTB": 1, "METEOR": 1}
-    for one, many in zip(alone, together):
-        assert many.overall == one.overall and many.per_image == one.per_image
-        assert many.references == one.references and many.predictions == one.predictions
-    assert together[0].overall["CIDEr"] != together[1].overall["CIDEr"]
+    assert tuple(got.overall) == OFFICIAL_KEYS
+    for key in OFFICIAL_KEYS:
+        assert got.overall[key] == pytest.approx(expected[key], abs=1e-12), key
+        for i in ids:
+            assert got.per_image[i][key] == pytest.approx(expected_images[i][key], abs=1e-12), (key, i)
+    assert 0.1 < got.overall["METEOR"] < 0.5
+    assert set(got.seconds) >= {"PTB tokenizer", "BLEU", "ROUGE-L", "CIDEr-D", "METEOR", "total"}
+    assert got_fold.overall == fold_alone.overall and got_fold.per_image == fold_alone.per_image
+    assert got_fold.references == fold_alone.references and got_fold.predictions == fold_alone.predictions
+    assert got_fold.overall["CIDEr"] != got.overall["CIDEr"]
