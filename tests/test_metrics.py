@@ -435,26 +435,34 @@ def test_results_table(tmp_path: Path) -> None:
     assert missing.stderr.startswith("error: ") and "b/scores_test.json: no scores" in missing.stderr and missing.stderr.count("\n") == 1
 
 
+@pytest.fixture(scope="module")
+def beam3_scores(tiny_checkpoint: Path):
+    """The library's official evaluation of the tiny checkpoint's test split with beam 3: what
+    compare_decoding's beam-3 rows must agree with (one Java start for both tests)."""
+    from captioner.data.datasets import load_split
+    from captioner.models.checkpoint import checkpoint_config, load_captioner
+
+    model = load_captioner(tiny_checkpoint, "cpu")
+    return evaluate(model, load_split(checkpoint_config(tiny_checkpoint).data, "test"), beam_size=3, progress=False).scores
+
+
+@pytest.mark.xdist_group("compare_decoding")  # the two share beam3_scores
 @needs_java
-def test_compare_decoding(tiny_checkpoint: Path) -> None:
+def test_compare_decoding(tiny_checkpoint: Path, beam3_scores) -> None:
     result = run_script("compare_decoding.py", str(tiny_checkpoint), "--device", "cpu")
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and not line.startswith("| decoding")]
     assert [row.split(" | ")[0].lstrip("| ") for row in rows] == [
         "greedy", "greedy + trigram blocking", "beam 3", "beam 3 + trigram blocking", "diverse beam 3 (3 groups, lambda 0.5)"]
     # The beam-3 row is the library's evaluation with beam 3, to the table's three decimals.
-    from captioner.data.datasets import load_split
-    from captioner.models.checkpoint import checkpoint_config, load_captioner
-
-    model = load_captioner(tiny_checkpoint, "cpu")
-    records = load_split(checkpoint_config(tiny_checkpoint).data, "test")
-    overall = evaluate(model, records, beam_size=3, progress=False).scores.overall
+    overall = beam3_scores.overall
     cells = rows[2].strip("| ").split(" | ")
     assert cells[1:6] == [f"{overall[k]:.3f}" for k in ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")]
 
 
+@pytest.mark.xdist_group("compare_decoding")
 @needs_java
-def test_compare_decoding_length_penalties_and_bleus_factors(tiny_checkpoint: Path) -> None:
+def test_compare_decoding_length_penalties_and_bleus_factors(tiny_checkpoint: Path, beam3_scores) -> None:
     result = run_script("compare_decoding.py", str(tiny_checkpoint), "--device", "cpu", "--length-penalties", "0,2",
                         "--json", str(tiny_checkpoint.parent / "alphas.json"))
     assert result.returncode == 0, result.stderr[-2000:]
@@ -466,11 +474,7 @@ def test_compare_decoding_length_penalties_and_bleus_factors(tiny_checkpoint: Pa
     bad = run_script("compare_decoding.py", str(tiny_checkpoint), "--length-penalties", "0,long")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--length-penalties" in bad.stderr
     # BLEU's factors multiply back to the official BLEU-1 and BLEU-4 of the same evaluation.
-    from captioner.data.datasets import load_split
-    from captioner.models.checkpoint import checkpoint_config, load_captioner
-
-    model = load_captioner(tiny_checkpoint, "cpu")
-    scores = evaluate(model, load_split(checkpoint_config(tiny_checkpoint).data, "test"), beam_size=3, progress=False).scores
+    scores = beam3_scores
     parts = scores.bleu_parts
     assert parts.brevity_penalty * parts.precisions[0] == pytest.approx(scores.overall["Bleu_1"], rel=1e-6, abs=1e-9)
     geometric = (parts.precisions[0] * parts.precisions[1] * parts.precisions[2] * parts.precisions[3]) ** 0.25
