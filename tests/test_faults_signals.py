@@ -133,18 +133,31 @@ def worker_pids(launcher: int) -> dict[int, int]:
     return ranks
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("target", ["rank 1", "torchrun"])
-def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(shapes: Path, tmp_path: Path, target: str) -> None:
-    """`rank 1`: one rank alone receives it; `torchrun`: the launcher, which forwards it to every rank."""
-    require(Path("/proc/self/task").is_dir(), "finds the ranks' processes in /proc (Linux)")
-    env = torchrun_environment(tmp_path / "site")
-    overrides = [*DISTRIBUTED_TINY, "data.batch_size=4", "train.epochs=2"]
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "captioner"]
-    reference = Training([*launch, *command(shapes, tmp_path / "reference", overrides)[3:]], env)
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "captioner"]
+TORCHRUN_OVERRIDES = [*DISTRIBUTED_TINY, "data.batch_size=4", "train.epochs=2"]
+
+
+@pytest.fixture(scope="module")
+def torchrun_reference(shapes: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The two-rank run that is never interrupted (its last.pt), trained once for both targets."""
+    root = tmp_path_factory.mktemp("torchrun_reference")
+    env = torchrun_environment(root / "site")
+    reference = Training([*TORCHRUN, *command(shapes, root / "reference", TORCHRUN_OVERRIDES)[3:]], env)
     code, reference_err = reference.finish()
     assert code == 0, reference_err[-3000:]
+    return root / "reference" / "last.pt", env
 
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchrun_signals")  # both targets on the worker that trained the reference
+@pytest.mark.parametrize("target", ["rank 1", "torchrun"])
+def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(
+    shapes: Path, tmp_path: Path, target: str, torchrun_reference: tuple[Path, dict[str, str]],
+) -> None:
+    """`rank 1`: one rank alone receives it; `torchrun`: the launcher, which forwards it to every rank."""
+    require(Path("/proc/self/task").is_dir(), "finds the ranks' processes in /proc (Linux)")
+    reference_last, env = torchrun_reference
+    overrides, launch = TORCHRUN_OVERRIDES, TORCHRUN
     run = tmp_path / "signalled"
     stopped = Training([*launch, *command(shapes, run, overrides)[3:]], env)
     stopped.wait_for_step(3)  # 6 steps an epoch
@@ -161,7 +174,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(shapes: Path, 
     assert words[:3] == ["torchrun", "--nproc_per_node=2", "-m"] and words[-1] == "--resume"
     resumed = subprocess.run([*launch, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_weights(tmp_path / "reference" / "last.pt", run / "last.pt")
+    assert_same_weights(reference_last, run / "last.pt")
 
 
 def test_repeated_signals_never_kill_but_a_later_ctrl_c_does(monkeypatch: pytest.MonkeyPatch) -> None:
