@@ -131,6 +131,8 @@ def score_official_many(
     the jobs (it tokenises each line alone) and one set of METEOR processes that scores the jobs in
     turn. Several decodings of a split, or the folds of a leave-one-out, then cost one METEOR start
     (its paraphrase table takes about 6 s of a core to load) instead of one each."""
+    if not jobs:
+        return []
     id_sets = [scored_ids(references, predictions) for references, predictions in jobs]
     logger.debug("java: %s", check_java())
     run_spice = spice and ensure_spice_models()
