@@ -29,8 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_demo_load import wait_until_served  # noqa: E402
+from shared_data import SHARED_DATA  # noqa: E402
 
-DATA = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = SHARED_DATA
 PHOTO = DATA / "flickr8k" / "images" / "1001773457_577c3a7d70.jpg"  # 500x375
 
 

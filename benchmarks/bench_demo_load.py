@@ -42,7 +42,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DATA = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from shared_data import SHARED_DATA
+
+DATA = SHARED_DATA
 PHOTOS = DATA / "flickr8k" / "images"
 REFUSED = "**Could not caption this file.**"
 

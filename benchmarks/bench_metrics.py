@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shared_data import SHARED_DATA
+
 from captioner.evaluation.meteor import default_processes
 from captioner.evaluation.metrics import fast_scores, pycocoevalcap_scores, score_official
 from captioner.evaluation.results_files import load_references
@@ -48,7 +50,7 @@ def cpu_seconds(run: Callable[[], Any]) -> tuple[Any, float, float]:
 
 
 def main() -> None:
-    shared = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    shared = SHARED_DATA
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("annotations", nargs="?", type=Path, default=shared / "coco" / "captions_val2014.json")
     parser.add_argument("--images", type=int, default=0, help="score only the first N images (0: all)")

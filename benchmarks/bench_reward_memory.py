@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import random
 import tempfile
 import time
 from pathlib import Path
+
+from shared_data import SHARED_DATA
 
 MiB = 2**20
 
@@ -98,7 +99,7 @@ def new_reward(folder: Path, queue: mp.Queue, barrier: mp.Barrier, rank: int) ->
 
 
 def main() -> None:
-    shared = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    shared = SHARED_DATA
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=113287)
     parser.add_argument("--ranks", type=int, default=4, help="processes mapping the same table at once")

@@ -18,13 +18,14 @@ import time
 from pathlib import Path
 
 from bench_metrics import cpu_seconds
+from shared_data import SHARED_DATA
 
 from captioner.evaluation.metrics import score_official, score_official_many
 from captioner.evaluation.results_files import load_references
 
 
 def main() -> None:
-    shared = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    shared = SHARED_DATA
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("annotations", nargs="?", type=Path, default=shared / "coco" / "captions_val2014.json")
     parser.add_argument("--images", type=int, default=1000, help="images per job (Flickr8k's dev and test have 1,000)")

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from shared_data import SHARED_DATA
 
 
 def clock() -> float:
@@ -252,7 +253,7 @@ def bench_step(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    shared = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    shared = SHARED_DATA
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     reward = commands.add_parser("reward")
