@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 import sys
 import time
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from shared_data import SHARED_DATA
 from torchvision.transforms import v2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,11 +70,6 @@ GROUPS = (
     Group("bicycle", r"\b(bike|bikes|bicycle|bicycles|cyclist|cyclists|biker|bikers)\b",
           r"\b(motor ?bike|motorcycle|dirt ?bike|motocross)", frozenset({444, 671, 870, 880})),
 )
-
-
-def shared_data() -> Path:
-    default = ROOT.parent / "shared" / "data"
-    return Path(os.environ.get("CAPTIONER_SHARED_DATA", default))
 
 
 def read_captions(folder: Path, names: set[str]) -> dict[str, list[str]]:
@@ -140,7 +135,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    folder = shared_data() / "flickr8k"
+    folder = SHARED_DATA / "flickr8k"
     paths = sorted((folder / "images").glob("*.jpg"))[: args.images]
     if not paths:
         raise SystemExit(f"error: no Flickr8k photos in {folder / 'images'} (set CAPTIONER_SHARED_DATA)")
