@@ -3,6 +3,7 @@ page logic without a server, then a real browser (issue 13)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import time
 from collections.abc import Iterator
@@ -94,13 +95,17 @@ def browser():
         browser.close()
 
 
+SERVER_CALLS: list[str] = []  # what the page's callbacks were asked and answered, for a failure's message
+
+
 @pytest.fixture(scope="module")
 def server(served) -> Iterator[str]:
     import socket
 
     lstm, transformer, images = served
-    with pytest.MonkeyPatch.context() as patch:  # the page binds the patched method when built
-        patch.setattr(Callbacks, "inside", slow_first_call(Callbacks.inside, seconds=4.0))
+    with pytest.MonkeyPatch.context() as patch:  # the page binds the patched methods when built
+        patch.setattr(Callbacks, "caption", recorded(Callbacks.caption))
+        patch.setattr(Callbacks, "inside", recorded(slow_first_call(Callbacks.inside, seconds=4.0)))
         demo = build_demo([lstm, transformer], images[:2])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -110,11 +115,54 @@ def server(served) -> Iterator[str]:
     close(demo)  # waits for the callbacks still drawing
 
 
+def recorded(method):
+    """`method`, noting in SERVER_CALLS when it was called, on what, and what it answered."""
+    started = time.monotonic()
+
+    def shown(value) -> str:
+        if isinstance(value, dict):  # a gr.update
+            return f"update(visible={value.get('visible')}, value={type(value.get('value')).__name__})"
+        if hasattr(value, "caption") and hasattr(value, "model_name"):  # a kept Result
+            return f"Result({Path(value.model_name).name}: {value.caption.text[:30]!r})"
+        if isinstance(value, str) and "/" in value:  # an upload or a checkpoint: its name says enough
+            return Path(value).name
+        return repr(value)[:60]
+
+    @functools.wraps(method)  # Gradio reads the signature for the API
+    def call(self, *args):
+        begun = time.monotonic() - started
+        try:
+            answer = method(self, *args)
+        except BaseException as e:
+            SERVER_CALLS.append(f"{begun:.1f}s {method.__name__}{[shown(a) for a in args]} raised {e!r}")
+            raise
+        SERVER_CALLS.append(f"{begun:.1f}-{time.monotonic() - started:.1f}s {method.__name__}{[shown(a) for a in args]} -> {[shown(a) for a in answer]}")
+        return answer
+
+    return call
+
+
+def wait_visible(page, selector: str) -> None:
+    """Wait for `selector` to show; if it never does, fail with what the page and the server did."""
+    try:
+        page.wait_for_selector(selector, state="visible", timeout=60_000)
+    except Exception as e:  # playwright's TimeoutError
+        fields = {
+            name: page.evaluate(f"document.querySelector({css!r})?.{prop} ?? null")
+            for name, css, prop in [
+                ("caption", "#caption textarea", "value"), ("note", "#note", "innerText"), ("score", "#score", "innerText"),
+                ("model", "#model input", "value"), ("layer", "#layer input", "value"),
+            ]
+        }
+        raise AssertionError(f"{selector} never showed ({e.__class__.__name__}); page: {fields}; server calls:\n" + "\n".join(SERVER_CALLS)) from None
+
+
 def slow_first_call(method, seconds: float):
     """`method`, whose first call takes `seconds` longer: the first caption's views are still
     being drawn when the next caption arrives, as on a loaded machine (the CI failure of stop 33)."""
     calls = iter(range(1_000_000))
 
+    @functools.wraps(method)
     def slow(*args, **kwargs):
         if next(calls) == 0:
             time.sleep(seconds)
@@ -147,7 +195,7 @@ def test_browser_shows_model_cards_head_view_and_per_head_maps(browser, server: 
     page.get_by_role("option", name="transformer.pt", exact=False).click()
     page.wait_for_selector("#layer", state="visible")
     page.click("#run")
-    page.wait_for_selector("#head_view", state="visible", timeout=60_000)
+    wait_visible(page, "#head_view")
     view = image_src(page, "#head_view")
     grid = image_src(page, "#head_grid")
     words = page.input_value("#caption textarea").split()
