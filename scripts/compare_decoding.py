@@ -2,6 +2,10 @@
 the caption statistics per option, the images encoded once. Prints a Markdown table.
 
     python scripts/compare_decoding.py runs/flickr8k_lstm_lite0/best.pt --split test
+    python scripts/compare_decoding.py a/best.pt --ensemble b/best.pt --split val --length-penalties 0,1
+
+With --ensemble, the checkpoints decode as one model (`captioner evaluate --ensemble`), each
+member encoding the images with its own encoder, once; the split is the first checkpoint's.
 
 `captioner evaluate` scores one decoding setting per run and encodes the images each time; this
 decodes the split's encoder features, kept in memory, with every setting of VARIANTS.
@@ -14,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from captioner.apps.arguments import add_ensemble_arguments, load_model
 from captioner.core.errors import CaptionerError
 
 VARIANTS = {  # name -> Captioner.decode options
@@ -34,18 +39,20 @@ def length_penalty_variants(beam_size: int, alphas: list[float]) -> dict[str, di
 
 def compare(
     checkpoint: str, split: str, device: str, batch_size: int | None, variants: dict[str, dict[str, float]] | None = None,
-    json_path: str | None = None,
+    json_path: str | None = None, ensemble: list[str] | None = None, combine: str | None = None,
 ) -> None:
     from captioner.core.runtime import set_threads
     from captioner.data.datasets import load_split
     from captioner.evaluation.evaluate import decode_variants, encode_records
-    from captioner.models.checkpoint import checkpoint_config, load_captioner
+    from captioner.models.checkpoint import checkpoint_config
 
     set_threads()
-    model = load_captioner(checkpoint, device)
+    members = [checkpoint, *(ensemble or [])]
+    model = load_model("compare_decoding", checkpoint, argparse.Namespace(device=device, ensemble=ensemble or [], combine=combine))
     records = load_split(checkpoint_config(checkpoint).data, split)
     encoded = encode_records(model, records, batch_size)
-    print(f"{checkpoint} on {split} ({len(encoded.records)} images)\n")
+    combined = f" ({combine or 'prob'})" if ensemble else ""
+    print(f"{' + '.join(members)}{combined} on {split} ({len(encoded.records)} images)\n")
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" + "---:|" * (len(HEADER) - 1))
     variants = variants or VARIANTS
@@ -64,7 +71,10 @@ def compare(
     if json_path:
         from captioner.core.files import write_atomically
 
-        text = json.dumps({"checkpoint": checkpoint, "split": split, "images": len(encoded.records), "variants": rows}, indent=1) + "\n"
+        ensembled = {"ensemble": members, "combine": combine or "prob"} if ensemble else {}
+        text = json.dumps(
+            {"checkpoint": checkpoint, **ensembled, "split": split, "images": len(encoded.records), "variants": rows}, indent=1
+        ) + "\n"
         write_atomically(Path(json_path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
@@ -76,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
     parser.add_argument("--length-penalties", metavar="A,B,...", help="instead of the fixed variants: beam --beam with each length penalty alpha")
     parser.add_argument("--beam", type=int, default=3, help="beam width for --length-penalties")
+    add_ensemble_arguments(parser)
     parser.add_argument("--json", metavar="PATH", help="also write every variant's options, scores and statistics as JSON")
     args = parser.parse_args(argv)
     try:
@@ -86,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError:
                 raise CaptionerError(f"--length-penalties: expected numbers separated by commas, got {args.length_penalties!r}") from None
             variants = length_penalty_variants(args.beam, alphas)
-        compare(args.checkpoint, args.split, args.device, args.batch_size, variants, args.json)
+        compare(args.checkpoint, args.split, args.device, args.batch_size, variants, args.json, args.ensemble, args.combine)
     except CaptionerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import runpy
 from pathlib import Path
 
 import numpy as np
@@ -224,3 +225,32 @@ def test_evaluate_takes_an_ensemble(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert not (tmp_path / "a" / "results_test.json").exists()  # the first member's own results are left alone
     assert main(["evaluate", str(tmp_path / "a"), "--ensemble", str(tmp_path / "b"), "--features", str(tmp_path / "f"), "--fast"]) == 2
     assert "ensemble" in capsys.readouterr().err
+
+
+def test_an_ensemble_encodes_a_split_once_and_decodes_it_several_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """encode_records packs each member's features, so compare_decoding's variants (the length
+    penalty tuned on dev) work for an ensemble: each variant's captions are evaluate()'s."""
+    from captioner.data.shapes import generate_shapes
+    from captioner.evaluation.evaluate import decode_variants, encode_records
+
+    generate_shapes(tmp_path / "shapes", 0, 0, 3, image_size=32, progress=False)
+    overrides = (f"data.root={tmp_path / 'shapes'}", "decode.max_length=6")
+    paths = []
+    for name, seed, kind in (("a", 0, "lstm"), ("b", 1, "transformer")):
+        paths.append(tmp_path / f"{name}.pt")
+        decoder = (*overrides, f"model.decoder.type={kind}")
+        save_checkpoint(paths[-1], tiny_model(*decoder, seed=seed), tiny_config(*decoder))
+    ensemble = Ensemble.from_pretrained(paths, "cpu")
+    records = load_split(checkpoint_config(paths[0]).data, "test")
+    encoded = encode_records(ensemble, records, progress=False)
+    assert encoded.features.shape == (len(records), ensemble.packed_width)  # packed: one row per image
+    variants = {f"alpha {a}": {"beam_size": 2, "length_penalty": a} for a in (0.0, 2.0)}
+    for variant in decode_variants(ensemble, encoded, variants, official=False):
+        expected = evaluate(ensemble, records, official=False, progress=False, **variants[variant.name]).predictions
+        assert {i: c.text for i, c in variant.captions.items()} == expected
+    with pytest.raises(ConfigError, match="ensemble"):  # features of another shape are still one encoder's
+        caption_records(ensemble, records, features=encoded.features[:, :-1], grid=encoded.grid)
+
+    compare_decoding = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "compare_decoding.py"))["main"]
+    assert compare_decoding([str(paths[0]), "--combine", "logprob", "--device", "cpu"]) == 2  # the flags reach load_model
+    assert capsys.readouterr().err.strip() == "error: compare_decoding: --combine applies only with --ensemble"

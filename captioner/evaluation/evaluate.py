@@ -58,7 +58,7 @@ def caption_records(
     device) are decoded instead of the images. `decode_options` (beam size, trigram blocking,
     diverse beam search...) go to `Captioner.decode` by name; those not given keep the model's.
     An `Ensemble` captions the images (each member encodes them itself): stored features are
-    one encoder's, and are refused.
+    one encoder's, and are refused; the packed features `encode_records` made with it are not.
     """
     refuse_for_ensemble(model, features)
     model.eval()
@@ -89,12 +89,13 @@ def caption_records(
 
 @torch.no_grad()
 def encode_records(
-    model: Captioner, records: list[ImageRecord], batch_size: int | None = None, num_workers: int = 0, progress: bool = True
+    model: Captioner | Ensemble, records: list[ImageRecord], batch_size: int | None = None, num_workers: int = 0, progress: bool = True
 ) -> SplitFeatures:
     """Encode every image of `records` once, in memory, to decode the same images several ways
     (`caption_records(features=..., grid=...)`) without encoding them again: the records whose
-    images loaded and their encoder features (num_loaded, N, D) on the model's device. Unlike the
-    feature store, this works for an encoder that was fine-tuned."""
+    images loaded and their encoder features (num_loaded, N, D) on the model's device; an
+    ensemble's are packed, (num_loaded, sum N_i*D_i), each member's from its own encoder. Unlike
+    the feature store, this works for an encoder that was fine-tuned, and for an ensemble."""
     model.eval()
     batch_size = batch_size or model.decode_config.batch_size
     kept: list[ImageRecord] = []
@@ -105,7 +106,7 @@ def encode_records(
         if batch is None:
             continue
         images, indices = batch
-        feats, grid = model.encoder(images.to(model.device))  # (B, N, D); a blind model zeroes them when decoding
+        feats, grid = model.encode(images.to(model.device))  # (B, N, D); an ensemble's packed (B, sum N_i*D_i)
         parts.append(feats)
         kept += [records[i] for i in indices.tolist()]
         bar.update(len(indices))
@@ -119,10 +120,12 @@ def refuse_for_ensemble(
     model: Captioner | Ensemble, features: torch.Tensor | StoreRows | None = None, grounding: GroundingRequest | None = None
 ) -> None:
     """What an ensemble cannot do, as a one-line ConfigError: decode stored features (they are
-    one encoder's; each member encodes the images itself) or Grad-CAM (one model's gradients)."""
+    one encoder's; each member encodes the images itself; the packed features its own `encode`
+    made, kept in memory by `encode_records`, are its own) or Grad-CAM (one model's gradients)."""
     if not isinstance(model, Ensemble):
         return
-    if features is not None:
+    its_own = isinstance(features, torch.Tensor) and features.dim() == 2 and features.shape[1] == model.packed_width
+    if features is not None and not its_own:
         raise ConfigError("evaluate: stored features are one encoder's; an ensemble encodes the images with each member's encoder")
     if grounding is not None and grounding.gradcam:
         raise ConfigError("evaluate: Grad-CAM follows one model's gradients; an ensemble has several")
@@ -212,7 +215,7 @@ class DecodedVariant:
 
 
 def decode_variants(
-    model: Captioner, encoded: SplitFeatures, variants: Mapping[str, Mapping[str, Any]], batch_size: int | None = None,
+    model: Captioner | Ensemble, encoded: SplitFeatures, variants: Mapping[str, Mapping[str, Any]], batch_size: int | None = None,
     official: bool = True,
 ) -> Iterator[DecodedVariant]:
     """Caption the images `encode_records` encoded once with each of `variants` (name -> decoding

@@ -194,6 +194,17 @@ class Ensemble(nn.Module):
     def combine(self) -> str:
         return self.decoder.combine
 
+    @property
+    def packed_width(self) -> int:
+        """Width of the packed feats `encode` makes: sum over members of N_i * D_i."""
+        return sum(n * d for n, d in self.decoder.shapes)
+
+    def stored_features(self, feats: torch.Tensor) -> torch.Tensor:
+        """Packed feats that `encode` made and `encode_records` kept in memory -> the decoder's
+        input, unchanged: each member withheld what a blind member must not see when it encoded,
+        and `EnsembleDecoder.split` casts each part to its decoder's dtype."""
+        return feats
+
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Packed images (B, P), uint8 from `self.transform` -> packed feats (B, sum N_i*D_i),
         float32, each member's part from its own encoder; and the first member's grid (h, w)."""
