@@ -11,7 +11,7 @@
 #   DATA_ROOT   Flickr8k.token.txt and the split files (default ../shared/data/flickr8k)
 #   IMAGE_ROOT  the photographs (default ../shared/data/flickr8k_224/images: all 8,091 at 224x224,
 #               stretched; `captioner data flickr8k --root DIR` fetches the originals: DIR/Flicker8k_Dataset)
-#   STEP        only these steps (lstm, lstm_blind, transformer, lstm_scst, transformer_scst, report, export)
+#   STEP        only these steps (lstm, lstm_blind, transformer, lstm_scst, transformer_scst, ensemble, report, export)
 # Run it again after a crash or Ctrl-C: finished steps are skipped (a `.done` file beside each
 # run), a stopped training run resumes exactly from its last.pt. The time of every step goes to
 # $OUT/timings.tsv with the processor's name. OUT defaults to runs/flickr8k_full.
@@ -81,13 +81,48 @@ model transformer configs/flickr8k_transformer_lite0.yaml
 model lstm_scst configs/flickr8k_lstm_lite0_scst.yaml "train.init=$OUT/lstm/best.pt"
 model transformer_scst configs/flickr8k_transformer_lite0_scst.yaml "train.init=$OUT/transformer/best.pt"
 
+checkpoints() {  # "a+b+c": the runs' best.pt files, one per line
+    local name
+    for name in ${1//+/ }; do echo "$OUT/$name/best.pt"; done
+}
+
+ensemble() {  # each candidate of $ENSEMBLES tuned on dev; the best on dev scored once on test, into $OUT/ensemble
+    local run=$OUT/ensemble candidate
+    local -a members
+    if [ -f "$run/score.done" ]; then echo "== ensemble: scored"; return; fi
+    mkdir -p "$run"
+    for candidate in $ENSEMBLES; do
+        [ -f "$run/$candidate.val.json" ] && continue
+        mapfile -t members < <(checkpoints "$candidate")
+        echo "== ensemble $candidate: length penalty on dev ($ALPHAS)"
+        timed "dev ensemble $candidate" python scripts/compare_decoding.py "${members[0]}" --ensemble "${members[@]:1}" --split val \
+            --length-penalties "$ALPHAS" --json "$run/$candidate.val.json" | tee "$run/$candidate.val.md"
+    done
+    read -r candidate alpha < <(python -c 'import json, sys
+best = max(((c, v) for c in sys.argv[2:] for v in json.load(open(f"{sys.argv[1]}/{c}.val.json"))["variants"]),
+           key=lambda cv: cv[1]["overall"]["CIDEr"])
+print(best[0], best[1]["options"]["length_penalty"])' "$run" $ENSEMBLES)
+    echo "$candidate" > "$run/members"
+    echo "$alpha" > "$run/length_penalty"
+    mapfile -t members < <(checkpoints "$candidate")
+    echo "== ensemble $candidate (best on dev): test, beam 3, length penalty $alpha"
+    timed "test ensemble" captioner evaluate "${members[0]}" --ensemble "${members[@]:1}" --split test --beam 3 \
+        --length-penalty "$alpha" --out "$run"
+    touch "$run/score.done"
+}
+# The trained models decoded as one (their probabilities averaged at every step), as
+# self-critical.pytorch's ensemble evaluation does; which models, and the length penalty, chosen on dev.
+ENSEMBLES=${ENSEMBLES:-lstm_scst+transformer lstm+lstm_scst+transformer}
+if wanted ensemble; then ensemble; fi
+
 # Every run that was scored goes into the report; the best by test CIDEr-D is the default model.
 runs=()
-for name in lstm lstm_scst transformer transformer_scst lstm_blind; do
+for name in lstm lstm_scst transformer transformer_scst ensemble lstm_blind; do
     [ -f "$OUT/$name/score.done" ] && runs+=(--run "$name=$OUT/$name")
 done
+# The default model is one network (an export holds one; the demo serves one): not the ensemble.
 best=$(python -c 'import json, sys
-runs = {n: json.load(open(f"{sys.argv[1]}/{n}/scores_test.json"))["overall"]["CIDEr"] for n in sys.argv[2:] if n != "lstm_blind"}
+runs = {n: json.load(open(f"{sys.argv[1]}/{n}/scores_test.json"))["overall"]["CIDEr"] for n in sys.argv[2:] if n not in ("lstm_blind", "ensemble")}
 print(max(runs, key=runs.get) if runs else "")' "$OUT" $(for r in "${runs[@]}"; do [ "$r" != --run ] && echo "${r%%=*}"; done))
 if wanted report && [ -n "$best" ]; then
     echo "== report (best: $best)"
