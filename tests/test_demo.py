@@ -345,18 +345,25 @@ server.close(demo)
 """
 
 
-def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trained, tmp_path: Path) -> None:
+def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trained, server: str, tmp_path: Path) -> None:
     """The exit status 134 ("terminate called without an active exception") that a browser test
     once left behind: a daemon worker thread still inside torch when the interpreter exits.
-    `close` waits for it, so the process ends with status 0."""
+    `close` waits for it, so the process ends with status 0. And the closing server deletes what
+    it cached in its own process's cache, not another server's copy of the same picture (in a
+    shared /tmp/gradio it took this process's upload, and CI's browser test lost its picture)."""
     import subprocess
     import sys
 
+    import httpx
+
+    with trained.images[0].open("rb") as f:  # the picture the other process's server gets too
+        upload = httpx.post(f"{server}gradio_api/upload", files={"files": f}).json()[0]
     args = [sys.executable, "-c", SHUTDOWN_SCRIPT, str(trained.transformer), str(trained.images[0]), str(tmp_path / "started"), str(free_port())]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert (tmp_path / "started").exists(), done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr
+    assert Path(upload).is_file(), f"{upload}: deleted when the other process's server closed"
 
 
 # --- the server, through its API ---------------------------------------------------------------

@@ -271,3 +271,21 @@ def test_callbacks_write_their_pictures_inside_gradios_cache(checkpoint: Path, m
     assert gallery and all(Path(path).parent == callbacks.out_dir for path, _ in gallery)
     assert callbacks.out_dir.parent == tmp_path / "cache"
     assert Path(callbacks.figure(result, "1", "mean")).parent == callbacks.out_dir
+
+
+def test_each_process_that_serves_a_page_gets_a_gradio_cache_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Gradio deletes what a closing server cached, by content-named path: a cache shared with
+    another process loses that process's copies of the same pictures (test_demo's closing test)."""
+    from captioner.apps.demo.cache import OWNER, private_cache
+
+    monkeypatch.delenv("GRADIO_TEMP_DIR", raising=False)
+    monkeypatch.delenv(OWNER, raising=False)
+    first = private_cache()
+    assert first is not None and first.is_dir() and os.environ["GRADIO_TEMP_DIR"] == str(first)
+    assert private_cache() is None  # this process has its own already
+    monkeypatch.setenv(OWNER, f"1 {first}")  # what a child inherits from the process that started it
+    second = private_cache()
+    assert second is not None and second != first and os.environ["GRADIO_TEMP_DIR"] == str(second)
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))  # the user's choice stands, inherited or not
+    monkeypatch.setenv(OWNER, f"1 {second}")
+    assert private_cache() is None and os.environ["GRADIO_TEMP_DIR"] == str(tmp_path)

@@ -7,13 +7,12 @@ no share link, no server-side rendering, analytics off.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from captioner.apps.demo.batcher import MAX_BATCH
+from captioner.apps.demo.cache import private_cache
 from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, wait_for_callbacks
 from captioner.core.config import load_config
 from captioner.core.errors import CaptionerError
@@ -98,17 +97,6 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
         return bool(libc.mallopt(M_ARENA_MAX, arenas))
     except (OSError, AttributeError):
         return False
-
-
-def private_cache() -> Path | None:
-    """Give this process a Gradio cache of its own (GRADIO_TEMP_DIR), unless one is set: the
-    shared /tmp/gradio holds other apps' files, whose folders are not ours to delete. None when
-    the user chose the cache."""
-    if os.environ.get("GRADIO_TEMP_DIR"):
-        return None
-    cache = Path(tempfile.mkdtemp(prefix="captioner-demo-cache-"))
-    os.environ["GRADIO_TEMP_DIR"] = str(cache)  # read by Gradio when it builds the page and the server
-    return cache
 
 
 def serve(

@@ -21,6 +21,7 @@ import gradio as gr
 from PIL import Image
 
 from captioner.apps.demo.batcher import MAX_BATCH, CaptionBatcher
+from captioner.apps.demo.cache import private_cache
 from captioner.apps.demo.cards import (
     dataset_examples,
     load_models,
@@ -55,7 +56,7 @@ class Cleanup:
     """How the server keeps its temporary files bounded: every `every_s` seconds, files older than
     `max_age_s` go (uploads and answers alike, by Gradio's `delete_cache`; the overlays and figures
     of this page by `prune`), and so do the empty folders Gradio leaves in its cache when that cache
-    is this server's alone (`captioner demo` gives it one: see `server.private_cache`)."""
+    is this server's alone (each process that serves a page gets one: see `cache.private_cache`)."""
 
     every_s: float = 600.0
     max_age_s: float = 3600.0
@@ -237,6 +238,7 @@ def build_demo(
     once that the app is busy ("This application is currently busy. Please try again." in the
     browser, QueueError through the API). `examples` None: the first test images of the first
     model's dataset, where they are on this machine. `cleanup`: how long temporary files live."""
+    private_cache()  # before anything is cached: a process of its own, whose closing deletes no other's files
     callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
     payloads = {name: recorded(name) for name in callbacks.models}  # each checkpoint read once, for the serving line and the cards
     callbacks.serving = {name: serving_line(name, model, payloads[name]) for name, model in callbacks.models.items()}
