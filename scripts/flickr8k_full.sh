@@ -54,6 +54,12 @@ train() {  # name config overrides...: train (or resume) into $OUT/name
     touch "$run/train.done"
 }
 
+best_on_dev() {  # sweep.json...: "<file> <alpha>" of the variant with the best dev CIDEr-D, the metric checkpoints are selected on
+    python -c 'import json, sys
+file, best = max(((f, v) for f in sys.argv[1:] for v in json.load(open(f))["variants"]), key=lambda fv: fv[1]["overall"]["CIDEr"])
+print(file, best["options"]["length_penalty"])' "$@"
+}
+
 score() {  # name: tune the length penalty on dev, then score test once with it
     local name=$1 run=$OUT/$1
     if [ -f "$run/score.done" ]; then echo "== $name: scored"; return; fi
@@ -61,8 +67,7 @@ score() {  # name: tune the length penalty on dev, then score test once with it
     timed "dev $name" python scripts/compare_decoding.py "$run/best.pt" --split val --length-penalties "$ALPHAS" \
         --json "$run/length_penalty_val.json" | tee "$run/length_penalty_val.md"
     local alpha
-    alpha=$(python -c 'import json, sys; rows = json.load(open(sys.argv[1]))["variants"]; print(max(rows, key=lambda r: r["overall"]["CIDEr"])["options"]["length_penalty"])' \
-        "$run/length_penalty_val.json")
+    read -r _ alpha < <(best_on_dev "$run/length_penalty_val.json")
     echo "$alpha" > "$run/length_penalty"
     echo "== $name: test, beam 3, length penalty $alpha"
     timed "test $name" captioner evaluate "$run/best.pt" --split test --beam 3 --length-penalty "$alpha" --out "$run"
@@ -98,10 +103,8 @@ ensemble() {  # each candidate of $ENSEMBLES tuned on dev; the best on dev score
         timed "dev ensemble $candidate" python scripts/compare_decoding.py "${members[0]}" --ensemble "${members[@]:1}" --split val \
             --length-penalties "$ALPHAS" --json "$run/$candidate.val.json" | tee "$run/$candidate.val.md"
     done
-    read -r candidate alpha < <(python -c 'import json, sys
-best = max(((c, v) for c in sys.argv[2:] for v in json.load(open(f"{sys.argv[1]}/{c}.val.json"))["variants"]),
-           key=lambda cv: cv[1]["overall"]["CIDEr"])
-print(best[0], best[1]["options"]["length_penalty"])' "$run" $ENSEMBLES)
+    read -r candidate alpha < <(best_on_dev $(for candidate in $ENSEMBLES; do echo "$run/$candidate.val.json"; done))
+    candidate=$(basename "$candidate" .val.json)
     echo "$candidate" > "$run/members"
     echo "$alpha" > "$run/length_penalty"
     mapfile -t members < <(checkpoints "$candidate")
