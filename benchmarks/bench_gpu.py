@@ -1,7 +1,7 @@
 """The GPU benchmark: training and beam search throughput of the COCO configs beside the reference.
 
     python benchmarks/bench_gpu.py [--steps 30] [--out runs/bench_gpu.json] [--reference DIR_OR_GIT_DIR]
-    python benchmarks/bench_gpu.py --configs coco_lstm_resnet101 --device-preprocess decode   # the GPU decodes the JPEGs
+    python benchmarks/bench_gpu.py --configs coco_lstm_resnet101 --device-preprocess decode --parts training   # the GPU decodes the JPEGs
     python benchmarks/bench_gpu.py --device cpu --tiny      # smoke test of the code paths, NOT a measurement
 
 On CUDA with bf16 autocast, for configs/coco_lstm_resnet101.yaml and coco_transformer_resnet101.yaml:
@@ -23,8 +23,9 @@ On CUDA with bf16 autocast, for configs/coco_lstm_resnet101.yaml and coco_transf
    decoder step on cached grids, and its beam search one image at a time.
 
 ResNet-101 runs with random weights (ImageNet weights cannot be downloaded everywhere; the cost
-is the same). Prints a table and writes everything to --out as JSON, with an estimate of one
-COCO epoch (Karpathy train, 113,287 images) for each training row.
+is the same). Prints each row as it is measured and a table at the end, and writes everything to
+--out as JSON after every row ("complete": false until the last), with an estimate of one COCO
+epoch (Karpathy train, 113,287 images) for each training row.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from captioner.training.loop import caption_loss  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("coco_lstm_resnet101", "coco_transformer_resnet101")
 KARPATHY_TRAIN_IMAGES = 113_287
+PARTS = ("training", "scst", "step", "beam", "reference")
 CPU_NOTE = "--device cpu --tiny: a smoke test of the code paths on tiny inputs, NOT a GPU measurement"
 
 
@@ -324,12 +326,17 @@ def our_scst(
     return {**row, "baseline": baseline, "samples": settings.samples, "sync_checked": device.type == "cuda"}
 
 
-def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, rows: int, repeats: int) -> list[dict]:
+def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, rows: int, repeats: int) -> Iterator[dict]:
     """ms per decoder step (beam search and SCST call nothing else per word) for `rows` beams:
-    eager, torch.compile(fullgraph=True), and on CUDA mode="reduce-overhead" (CUDA graphs). On
-    the CPU (the --tiny smoke test) the compiled step is traced by dynamo in full graph but run
-    through aot_eager: Inductor's CPU code is not what a GPU runs, and generating it took 13 of
-    the smoke test's 35 s."""
+    eager, torch.compile(fullgraph=True), and on CUDA mode="reduce-overhead" (CUDA graphs),
+    one row per mode as it is measured; a mode that fails gives a row with its one-line error.
+
+    CUDA graphs: a replay overwrites the outputs of the one before, and in inference every call
+    starts a new replay, so the state a step returns is dead by the time the next step reads it.
+    That mode's loop marks each step and clones the state it feeds back; the copy is timed with
+    it. On the CPU (the --tiny smoke test) the compiled step is traced by dynamo in full graph
+    but run through aot_eager: Inductor's CPU code is not what a GPU runs, and generating it took
+    13 of the smoke test's 35 s."""
     torch.manual_seed(0)
     model = build_model(config, vocab, load_pretrained=False).to(device).eval()
     decoder, length = model.decoder, config.decode.max_length
@@ -338,8 +345,8 @@ def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, r
     modes = {"eager": decoder.step, "compiled": torch.compile(decoder.step, fullgraph=True, backend=backend)}
     if device.type == "cuda":
         modes["compiled, CUDA graphs"] = torch.compile(decoder.step, fullgraph=True, mode="reduce-overhead")
-    results = []
     for name, step in modes.items():
+        graphs = name.endswith("CUDA graphs")
 
         @torch.no_grad()
         def caption() -> None:
@@ -348,16 +355,23 @@ def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, r
                 state = decoder.init_state(memory, capacity=length)
                 prev = torch.full((rows,), vocab.bos_id, device=device)
                 for _ in range(length):
+                    if graphs:
+                        torch.compiler.cudagraph_mark_step_begin()
                     logprobs, _, state = step(memory, prev, state)
+                    if graphs:  # the next replay overwrites this one's outputs
+                        state = {key: value.clone() for key, value in state.items()}
                     prev = logprobs.argmax(dim=-1)  # (R,)
 
-        start = time.perf_counter()
-        caption()  # compiles
-        sync(device)
-        first = time.perf_counter() - start
-        seconds = median_seconds(caption, repeats, device)
-        results.append({"step": name, "rows": rows, "ms_per_step": 1000 * seconds / length, "first_caption_s": first})
-    return results
+        try:
+            start = time.perf_counter()
+            caption()  # compiles
+            sync(device)
+            first = time.perf_counter() - start
+            seconds = median_seconds(caption, repeats, device)
+        except Exception as e:  # one mode failing (a CUDA graph capture, say) still leaves the others' rows
+            yield {"step": name, "rows": rows, "ms_per_step": None, "first_caption_s": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+            continue
+        yield {"step": name, "rows": rows, "ms_per_step": 1000 * seconds / length, "first_caption_s": first}
 
 
 def eos_unreachable(model: Captioner) -> None:
@@ -431,6 +445,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reference-beam-images", type=int, default=8)
     parser.add_argument("--device-preprocess", default="none", choices=PREPROCESS_CHOICES,
                         help="data.device_preprocess of our training rows (docs/input_pipeline.md)")
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
+                        help="what to measure (default: all); e.g. --parts training for a --device-preprocess comparison")
     parser.add_argument("--out", default="runs/bench_gpu.json")
     return parser.parse_args(argv)
 
@@ -483,7 +499,9 @@ def main(argv: list[str] | None = None) -> int:
         "scst": [],
         "step": [],
         "beam": [],
+        "complete": False,  # True once every requested row is measured
     }
+    out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as folder:
         configs = {name: load_config(ROOT / "configs" / f"{name}.yaml", overrides) for name in CONFIGS}
         batch = max(c.data.batch_size for c in configs.values())
@@ -491,29 +509,44 @@ def main(argv: list[str] | None = None) -> int:
         records, vocab = synthetic_records(paths, vocab_size)
         for name in args.configs:
             config = configs[name]
-            for frozen in (False, True):
-                row = our_training(config, records, vocab, device, frozen, warmup, steps)
-                results["training"].append({"who": "ours", "config": name, "encoder": "frozen, cached grids" if frozen else "fine-tuned", **row})
-            for baseline in ("greedy", "mean"):
-                row = our_scst(config, records, vocab, device, baseline, warmup, steps, Path(folder))
-                results["scst"].append({"config": name, **row})
-            for row in our_compiled_step(config, vocab, device, 3 * batches[-1] // 4 or 3, 3):
-                results["step"].append({"config": name, **row})
-            for row in our_beam(config, vocab, device, batches, beams, 3, 196):
-                results["beam"].append({"who": "ours", "config": name, **row})
-        if ref is not None:
+            if "training" in args.parts:
+                for frozen in (False, True):
+                    row = our_training(config, records, vocab, device, frozen, warmup, steps)
+                    record(results, "training", {"who": "ours", "config": name, "encoder": "frozen, cached grids" if frozen else "fine-tuned", **row}, out)
+            if "scst" in args.parts:
+                for baseline in ("greedy", "mean"):
+                    record(results, "scst", {"config": name, **our_scst(config, records, vocab, device, baseline, warmup, steps, Path(folder))}, out)
+            if "step" in args.parts:
+                for row in our_compiled_step(config, vocab, device, 3 * batches[-1] // 4 or 3, 3):
+                    record(results, "step", {"config": name, **row}, out)
+            if "beam" in args.parts:
+                for row in our_beam(config, vocab, device, batches, beams, 3, 196):
+                    record(results, "beam", {"who": "ours", "config": name, **row}, out)
+        if ref is not None and "reference" in args.parts:
             lstm = configs[CONFIGS[0]]
             for frozen in (False, True):
                 row = reference_training(ref, lstm, records, vocab, device, frozen, warmup, steps, width)
-                results["training"].append({"who": "reference", "config": "its train.py", "encoder": "frozen, cached grids" if frozen else "fine-tuned", **row})
+                record(results, "training", {"who": "reference", "config": "its train.py", "encoder": "frozen, cached grids" if frozen else "fine-tuned", **row}, out)
             for row in reference_beam(ref, vocab, device, beams, ref_images, lstm.decode.max_length, width):
-                results["beam"].append({"who": "reference", "config": "its caption.py", **row})
+                record(results, "beam", {"who": "reference", "config": "its caption.py", **row}, out)
+    results["complete"] = True
+    write(results, out)
     print_table(results)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out}")
     return 0
+
+
+def record(results: dict, section: str, row: dict, out: Path) -> None:
+    """Keep a measured row, print it at once and rewrite --out: a run stopped by a time limit
+    (a GPU lent for minutes) keeps every row it finished."""
+    results[section].append(row)
+    print(f"{section}: {json.dumps(row)}", flush=True)
+    write(results, out)
+
+
+def write(results: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
 
 
 def print_table(results: dict) -> None:
@@ -542,7 +575,10 @@ def print_table(results: dict) -> None:
         )
     print("\n| decoder step | config | rows | ms/step | first caption s (compile) |\n|---|---|---:|---:|---:|")
     for r in results["step"]:
-        print(f"| {r['step']} | {r['config']} | {r['rows']} | {r['ms_per_step']:.2f} | {r['first_caption_s']:.1f} |")
+        if r.get("error"):
+            print(f"| {r['step']} | {r['config']} | {r['rows']} | failed: {r['error']} | |")
+        else:
+            print(f"| {r['step']} | {r['config']} | {r['rows']} | {r['ms_per_step']:.2f} | {r['first_caption_s']:.1f} |")
     print("\n| who | config | beam | batch | steps | images/s |\n|---|---|---:|---:|---:|---:|")
     for r in results["beam"]:
         print(f"| {r['who']} | {r['config']} | {r['beam']} | {r['batch']} | {r['steps']} | {r['images_per_s']:.1f} |")

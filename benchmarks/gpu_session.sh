@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Every GPU check of docs/gpu.md in one run, for a session lent a GPU for a few minutes:
+#
+#   bash benchmarks/gpu_session.sh [OUT] [REFERENCE]     # OUT: runs/gpu_session; REFERENCE: bench_gpu's --reference
+#
+# 1. the command line on CUDA, end to end on a small shapes world: the LSTM trains, fine-tunes
+#    with SCST, evaluates (--fast: no Java) and captions with heatmaps; the transformer trains with
+#    train.compile and train.channels_last on, and captions; the LSTM trains under torchrun
+#    (one rank: NCCL's set-up and collectives on CUDA, gloo on the CPU);
+# 2. benchmarks/bench_gpu.py: training, SCST under set_sync_debug_mode("error"), the decoder step
+#    eager / compiled / CUDA graphs, beam search, beside the reference;
+# 3. bench_gpu's training rows with data.device_preprocess transform and decode.
+#
+# Each step has its own time limit and a failed step does not stop the next; everything is
+# written to OUT/session.log, and bench_gpu rewrites its JSON after every row. Runs with the
+# python3 on the PATH and this checkout on PYTHONPATH, so a GPU machine's own torch is used with
+# no install (the log says which). CPU_SMOKE=1 runs the same steps on the CPU with tiny sizes, to
+# try the script before a GPU is lent; its numbers mean nothing.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=$(mkdir -p "${1:-runs/gpu_session}" && cd "${1:-runs/gpu_session}" && pwd)
+REFERENCE=${2:-${CAPTIONER_REFERENCE:-}}
+WORK=$(mktemp -d -t gpu_session_XXXX)
+PY=${PYTHON:-python3}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+exec > >(tee -a "$OUT/session.log") 2>&1
+
+FAILED=()
+step() {  # step NAME SECONDS COMMAND...: run it under a time limit and say how it ended
+    local name=$1 limit=$2 start=$SECONDS rc
+    shift 2
+    echo; echo "=== $name (limit ${limit} s) $(date +%T)"
+    timeout --kill-after=10 "$limit" "$@"
+    rc=$?
+    echo "=== $name: exit $rc after $((SECONDS - start)) s$([ $rc = 124 ] && echo ', TIME LIMIT')"
+    [ $rc = 0 ] || FAILED+=("$name")
+}
+
+if [ "${CPU_SMOKE:-0}" = 1 ]; then
+    DEVICE=cpu SCALE=(data.shapes_num_train=64 data.shapes_num_val=8 data.image_size=64 model.encoder.width=8)
+    BENCH=(--device cpu --tiny) BENCH_STEPS=()
+else
+    DEVICE=cuda SCALE=(data.shapes_num_train=3000 data.shapes_num_val=64)
+    BENCH=() BENCH_STEPS=(--steps 12 --warmup 3)
+fi
+SHAPES=(data.root="$WORK/shapes" data.shapes_num_test=8 "${SCALE[@]}" train.device=$DEVICE train.val_max_images=64)
+TEST_IMAGES=("$WORK"/shapes/test/test_00000{0,1}.jpg)
+
+step environment 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -3; nproc;
+    $PY -c 'import sys, torch, torchvision; print(sys.version.split()[0], \"torch\", torch.__version__, \"torchvision\", torchvision.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\")'"
+
+step lstm_train 150 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" train.out_dir="$WORK/lstm" train.epochs=2
+step lstm_scst 120 $PY -m captioner train configs/shapes_lstm_scst.yaml "${SHAPES[@]}" train.out_dir="$WORK/lstm_scst" \
+    train.init="$WORK/lstm/best.pt" train.epochs=1
+step lstm_evaluate 60 $PY -m captioner evaluate "$WORK/lstm_scst/best.pt" --split test --beam 3 --fast --device $DEVICE
+step lstm_caption 60 $PY -m captioner caption "$WORK/lstm_scst/best.pt" "${TEST_IMAGES[@]}" --beam 3 --device $DEVICE \
+    --heatmaps "$WORK/heatmaps"
+first_heatmap=$(ls "$WORK"/heatmaps/*.png 2>/dev/null | head -1)
+[ -n "$first_heatmap" ] && cp "$first_heatmap" "$OUT/lstm_heatmap_on_$DEVICE.png"
+
+step bench_gpu 330 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
+
+step transformer_train_compiled 150 $PY -m captioner train configs/shapes_transformer.yaml "${SHAPES[@]}" \
+    train.out_dir="$WORK/transformer" train.epochs=1 train.compile=true train.channels_last=true
+step transformer_caption 60 $PY -m captioner caption "$WORK/transformer/best.pt" "${TEST_IMAGES[@]}" --beam 3 --device $DEVICE
+step torchrun_one_rank 120 $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m captioner train configs/shapes_lstm.yaml \
+    "${SHAPES[@]}" train.out_dir="$WORK/lstm_torchrun" train.epochs=1
+
+for mode in transform decode; do
+    step bench_gpu_$mode 90 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" --configs coco_lstm_resnet101 \
+        --parts training --device-preprocess $mode --out "$OUT/bench_gpu_$mode.json"
+done
+
+rm -rf "$WORK"
+echo; echo "=== done: ${#FAILED[@]} step(s) failed${FAILED:+: ${FAILED[*]}}"
+[ ${#FAILED[@]} = 0 ]
