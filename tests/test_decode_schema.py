@@ -39,7 +39,7 @@ def test_the_schema_is_the_library_options_and_the_config_section() -> None:
     assert [f.name for f in dataclasses.fields(DecodeOptions)] == list(OPTIONS)
     assert DecodeOptions() == DecodeOptions(**{name: option.default for name, option in OPTIONS.items()})
     for f in dataclasses.fields(DecodeConfig):
-        if f.name == "batch_size":  # how many images decode together: not a choice of how
+        if f.name in ("batch_size", "cuda_graphs"):  # how many images decode together, and on what: not choices of how
             continue
         assert f.metadata["spec"] is OPTIONS[f.name] and f.default == OPTIONS[f.name].default, f.name
     # the other keys that hold a decoding option are judged by it too

@@ -182,6 +182,7 @@ class DecodeConfig:
     max_length: int = decode_setting("max_length")
     length_penalty: float = decode_setting("length_penalty")
     batch_size: int = setting(32, POSITIVE)
+    cuda_graphs: bool = setting(False, Flag())  # CUDA: decode with the decoder step replayed as a CUDA graph (models/graphed_step.py); ignored elsewhere
     block_trigrams: bool = decode_setting("block_trigrams")
     diverse_groups: int = decode_setting("diverse_groups")
     diversity_strength: float = decode_setting("diversity_strength")

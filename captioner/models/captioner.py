@@ -36,6 +36,7 @@ from captioner.models.decoding import (
     decode_hypotheses,
 )
 from captioner.models.encoders import Encoder, build_encoder
+from captioner.models.graphed_step import use_graphed_step
 from captioner.models.export_format import (
     CONFIG,
     WEIGHTS,
@@ -224,6 +225,8 @@ class Captioner(nn.Module):
         and they are sorted by log-probability. With `self_attention` (decoders that have one)
         each caption carries its self-attention weights from the same pass.
         """
+        if self.decode_config.cuda_graphs and feats.device.type == "cuda":
+            use_graphed_step(self.decoder)
         ranked = decode_hypotheses(self.decoder, feats, self.special_tokens, self.decode_options(n_best=n_best, **options))
         return [[self._caption(h, grid) for h in hyps] for hyps in ranked]
 
