@@ -15,7 +15,8 @@ On CUDA with bf16 autocast, for configs/coco_lstm_resnet101.yaml and coco_transf
    torch.cuda.set_sync_debug_mode("error"), so a host-device sync stops the benchmark;
 4. the decoder step eager, compiled (fullgraph) and compiled with CUDA graphs (reduce-overhead);
 5. beam search throughput (images/s) for beam 3 and 5 at batch 1, 64 and 256 from cached grids,
-   <eos> unreachable so every run decodes the configs' decode.max_length steps;
+   <eos> unreachable so every run decodes the configs' decode.max_length steps; eager, then with
+   the step replayed as a CUDA graph (decode.cuda_graphs), with how many captions stayed the same;
 6. peak GPU memory (torch.cuda) and GPU utilisation over each measured window (pynvml, when
    installed: `pip install nvidia-ml-py`);
 7. the reference (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning, read from its repository at
@@ -58,13 +59,14 @@ from captioner.data.records import ImageRecord  # noqa: E402
 from captioner.models.build import build_model  # noqa: E402
 from captioner.models.captioner import Captioner  # noqa: E402
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search  # noqa: E402
+from captioner.models.graphed_step import use_graphed_step  # noqa: E402
 from captioner.text.vocab import SPECIALS, Vocabulary  # noqa: E402
 from captioner.training.loop import caption_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("coco_lstm_resnet101", "coco_transformer_resnet101")
 KARPATHY_TRAIN_IMAGES = 113_287
-PARTS = ("training", "scst", "step", "beam", "reference")
+PARTS = ("training", "scst", "step", "beam", "graphs", "reference")  # graphs: beam rows again with decode.cuda_graphs
 CPU_NOTE = "--device cpu --tiny: a smoke test of the code paths on tiny inputs, NOT a GPU measurement"
 
 
@@ -381,23 +383,37 @@ def eos_unreachable(model: Captioner) -> None:
         out.bias[model.vocab.eos_id] = -1e4
 
 
-def our_beam(config: Config, vocab: Vocabulary, device: torch.device, batches: list[int], beams: list[int], repeats: int, grid: int) -> list[dict]:
+def our_beam(
+    config: Config, vocab: Vocabulary, device: torch.device, batches: list[int], beams: list[int], repeats: int, grid: int, graphs_too: bool
+) -> Iterator[dict]:
+    """Beam search images/s per (beam, batch), eager; then on CUDA the same with the decoder step
+    replayed as a CUDA graph (decode.cuda_graphs), with the share of images whose caption is the
+    eager one's (bf16 kernels fused differently can flip a near tie)."""
     torch.manual_seed(0)
     model = build_model(config, vocab, load_pretrained=False).to(device).eval()
     eos_unreachable(model)
-    rows = []
-    for K in beams:
-        for B in batches:
-            feats = torch.randn(B, grid, model.encoder.out_dim, device=device)  # cached grids (B, N, D)
-            special, options = SpecialTokens(vocab.bos_id, vocab.eos_id), DecodeOptions(beam_size=K, max_length=config.decode.max_length)
+    special = SpecialTokens(vocab.bos_id, vocab.eos_id)
+    inputs = {B: torch.randn(B, grid, model.encoder.out_dim, device=device) for B in batches}  # cached grids (B, N, D)
+    eager_tokens: dict[tuple[int, int], list[list[int]]] = {}
+    for graphs in (False, True) if device.type == "cuda" and graphs_too else (False,):
+        if graphs:
+            use_graphed_step(model.decoder)
+        for K in beams:
+            for B in batches:
+                feats, options = inputs[B], DecodeOptions(beam_size=K, max_length=config.decode.max_length)
+                found: list[list[int]] = []
 
-            def run() -> None:
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                    beam_search(model.decoder, feats, special, options)
+                def run() -> None:
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                        found[:] = [h.tokens for h in beam_search(model.decoder, feats, special, options)]
 
-            seconds = median_seconds(run, repeats, device)
-            rows.append({"beam": K, "batch": B, "images_per_s": B / seconds, "steps": config.decode.max_length})
-    return rows
+                seconds = median_seconds(run, repeats, device)
+                row = {"beam": K, "batch": B, "images_per_s": B / seconds, "steps": config.decode.max_length, "cuda_graphs": graphs}
+                if graphs:
+                    row["same_as_eager"] = sum(a == b for a, b in zip(found, eager_tokens[K, B])) / B
+                else:
+                    eager_tokens[K, B] = list(found)
+                yield row
 
 
 def reference_beam(ref, vocab: Vocabulary, device: torch.device, beams: list[int], images: int, steps: int, width: int) -> list[dict]:
@@ -519,8 +535,8 @@ def main(argv: list[str] | None = None) -> int:
             if "step" in args.parts:
                 for row in our_compiled_step(config, vocab, device, 3 * batches[-1] // 4 or 3, 3):
                     record(results, "step", {"config": name, **row}, out)
-            if "beam" in args.parts:
-                for row in our_beam(config, vocab, device, batches, beams, 3, 196):
+            if "beam" in args.parts or "graphs" in args.parts:  # the graphs' rows are compared with eager ones
+                for row in our_beam(config, vocab, device, batches, beams, 3, 196, "graphs" in args.parts):
                     record(results, "beam", {"who": "ours", "config": name, **row}, out)
         if ref is not None and "reference" in args.parts:
             lstm = configs[CONFIGS[0]]
@@ -579,13 +595,16 @@ def print_table(results: dict) -> None:
             print(f"| {r['step']} | {r['config']} | {r['rows']} | failed: {r['error']} | |")
         else:
             print(f"| {r['step']} | {r['config']} | {r['rows']} | {r['ms_per_step']:.2f} | {r['first_caption_s']:.1f} |")
-    print("\n| who | config | beam | batch | steps | images/s |\n|---|---|---:|---:|---:|---:|")
+    print("\n| who | config | step | beam | batch | steps | images/s | captions as eager |\n|---|---|---|---:|---:|---:|---:|---:|")
     for r in results["beam"]:
-        print(f"| {r['who']} | {r['config']} | {r['beam']} | {r['batch']} | {r['steps']} | {r['images_per_s']:.1f} |")
+        graphs = "CUDA graph" if r.get("cuda_graphs") else "eager"
+        same = f"{100 * r['same_as_eager']:.0f}%" if "same_as_eager" in r else ""
+        print(f"| {r['who']} | {r['config']} | {graphs} | {r['beam']} | {r['batch']} | {r['steps']} | {r['images_per_s']:.1f} | {same} |")
     ref_beam = {r["beam"]: r["images_per_s"] for r in results["beam"] if r["who"] == "reference"}
     for r in results["beam"]:
         if r["who"] == "ours" and r["beam"] in ref_beam:
-            print(f"{r['config']} beam {r['beam']} batch {r['batch']}: {r['images_per_s'] / ref_beam[r['beam']]:.1f}x the reference's images/s")
+            graphs = ", CUDA graph" if r.get("cuda_graphs") else ""
+            print(f"{r['config']}{graphs} beam {r['beam']} batch {r['batch']}: {r['images_per_s'] / ref_beam[r['beam']]:.1f}x the reference's images/s")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@
 #    eager / compiled / CUDA graphs, beam search, beside the reference;
 # 3. bench_gpu's training rows with data.device_preprocess transform and decode.
 #
-# Each step has its own time limit and a failed step does not stop the next; everything is
+# 4. a trained model's captions with decode.cuda_graphs off and on (benchmarks/check_cuda_graphs.py).
+#
+# STEPS="environment lstm_train ..." runs only the steps named; BENCH_PARTS sets bench_gpu's
+# --parts. Each step has its own time limit and a failed step does not stop the next; everything is
 # written to OUT/session.log, and bench_gpu rewrites its JSON after every row. Runs with the
 # python3 on the PATH and this checkout on PYTHONPATH, so a GPU machine's own torch is used with
 # no install (the log says which). CPU_SMOKE=1 runs the same steps on the CPU with tiny sizes, to
@@ -29,6 +32,7 @@ FAILED=()
 step() {  # step NAME SECONDS COMMAND...: run it under a time limit and say how it ended
     local name=$1 limit=$2 start=$SECONDS rc
     shift 2
+    if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
     echo; echo "=== $name (limit ${limit} s) $(date +%T)"
     timeout --kill-after=10 "$limit" "$@"
     rc=$?
@@ -38,12 +42,12 @@ step() {  # step NAME SECONDS COMMAND...: run it under a time limit and say how 
 
 if [ "${CPU_SMOKE:-0}" = 1 ]; then
     DEVICE=cpu SCALE=(data.shapes_num_train=64 data.shapes_num_val=8 data.image_size=64 model.encoder.width=8)
-    BENCH=(--device cpu --tiny) BENCH_STEPS=()
+    BENCH=(--device cpu --tiny) BENCH_STEPS=() CHECK=(--device cpu --batch 4 --repeats 1)
 else
     DEVICE=cuda SCALE=(data.shapes_num_train=3000 data.shapes_num_val=64)
-    BENCH=() BENCH_STEPS=(--steps 12 --warmup 3)
+    BENCH=() BENCH_STEPS=(--steps 12 --warmup 3) CHECK=()
 fi
-SHAPES=(data.root="$WORK/shapes" data.shapes_num_test=8 "${SCALE[@]}" train.device=$DEVICE train.val_max_images=64)
+SHAPES=(data.root="$WORK/shapes" data.shapes_num_test=32 "${SCALE[@]}" train.device=$DEVICE train.val_max_images=64)
 TEST_IMAGES=("$WORK"/shapes/test/test_00000{0,1}.jpg)
 
 step environment 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -3; nproc;
@@ -55,14 +59,16 @@ step lstm_scst 120 $PY -m captioner train configs/shapes_lstm_scst.yaml "${SHAPE
 step lstm_evaluate 60 $PY -m captioner evaluate "$WORK/lstm_scst/best.pt" --split test --beam 3 --fast --device $DEVICE
 step lstm_caption 60 $PY -m captioner caption "$WORK/lstm_scst/best.pt" "${TEST_IMAGES[@]}" --beam 3 --device $DEVICE \
     --heatmaps "$WORK/heatmaps"
+step lstm_cuda_graphs 120 $PY benchmarks/check_cuda_graphs.py "$WORK/lstm/best.pt" "$WORK/shapes/test" "${CHECK[@]}"
 first_heatmap=$(ls "$WORK"/heatmaps/*.png 2>/dev/null | head -1)
 [ -n "$first_heatmap" ] && cp "$first_heatmap" "$OUT/lstm_heatmap_on_$DEVICE.png"
 
-step bench_gpu 330 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
+step bench_gpu 330 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" --parts ${BENCH_PARTS:-training scst step beam reference} --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
 
 step transformer_train_compiled 150 $PY -m captioner train configs/shapes_transformer.yaml "${SHAPES[@]}" \
-    train.out_dir="$WORK/transformer" train.epochs=1 train.compile=true train.channels_last=true
+    train.out_dir="$WORK/transformer" train.epochs=3 train.warmup_steps=20 train.compile=true train.channels_last=true
 step transformer_caption 60 $PY -m captioner caption "$WORK/transformer/best.pt" "${TEST_IMAGES[@]}" --beam 3 --device $DEVICE
+step transformer_cuda_graphs 120 $PY benchmarks/check_cuda_graphs.py "$WORK/transformer/best.pt" "$WORK/shapes/test" "${CHECK[@]}"
 step torchrun_one_rank 120 $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m captioner train configs/shapes_lstm.yaml \
     "${SHAPES[@]}" train.out_dir="$WORK/lstm_torchrun" train.epochs=1
 
