@@ -115,7 +115,7 @@ ensemble() {  # each candidate of $ENSEMBLES tuned on dev; the best on dev score
 }
 # The trained models decoded as one (their probabilities averaged at every step), as
 # self-critical.pytorch's ensemble evaluation does; which models, and the length penalty, chosen on dev.
-ENSEMBLES=${ENSEMBLES:-lstm_scst+transformer lstm+lstm_scst+transformer}
+ENSEMBLES=${ENSEMBLES:-lstm_scst+transformer lstm+lstm_scst+transformer lstm_scst+transformer_scst lstm+lstm_scst+transformer_scst}
 if wanted ensemble; then ensemble; fi
 
 # Every run that was scored goes into the report; the best by test CIDEr-D is the default model.

@@ -74,3 +74,12 @@ def test_evaluate_results_writes_scores_to_runs_eval_not_beside_the_input(
     assert (work / "elsewhere" / "scores.json").is_file()
     assert main(["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "s.json"]) == 0
     assert (work / "s.json").is_file() and sorted(data.iterdir()) == before
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import captioner
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"captioner {captioner.__version__}"

@@ -21,7 +21,7 @@ from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search_
 from captioner.models.graphed_step import GraphedStep, use_graphed_step
 from captioner.models.lstm_decoder import LSTMDecoder
 from captioner.models.transformer_decoder import TransformerDecoder
-from tests.helpers import tiny_model
+from helpers import tiny_model
 
 V, D, N, B = 13, 6, 9, 3
 SPECIAL = SpecialTokens(1, 2)

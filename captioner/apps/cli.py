@@ -12,6 +12,7 @@ import logging
 import sys
 import traceback
 
+import captioner
 from captioner.apps.arguments import AnyOrderParser
 from captioner.apps.commands import caption, data, demo, evaluate, export, features, push, train
 from captioner.core.errors import CaptionerError
@@ -32,6 +33,7 @@ def setup_logging(verbose: bool = False) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = AnyOrderParser(prog="captioner", description="Image captioning with spatial attention.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"captioner {captioner.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in (data, train, features, caption, evaluate, export, push, demo):
         command.add_parser(commands)
