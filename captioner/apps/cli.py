@@ -14,7 +14,7 @@ import traceback
 
 import captioner
 from captioner.apps.arguments import AnyOrderParser
-from captioner.apps.commands import caption, data, demo, evaluate, export, features, push, train
+from captioner.apps.commands import caption, config, data, demo, evaluate, export, features, push, train
 from captioner.core.errors import CaptionerError
 from captioner.core.extras import missing_extra
 
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"captioner {captioner.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in (data, train, features, caption, evaluate, export, push, demo):
+    for command in (data, train, features, caption, evaluate, export, push, demo, config):
         command.add_parser(commands)
     return parser
 

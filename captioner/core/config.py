@@ -49,7 +49,7 @@ PROBABILITY_BELOW_ONE = Range(ge=0, lt=1)  # dropout, label smoothing: 1 would r
 
 @dataclass
 class DataConfig:
-    dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k")))
+    dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k")))  # the caption files' layout: shapes (generated), coco (2014/2017 annotations), karpathy (dataset_*.json), flickr8k
     root: str = setting("data/shapes", Text())  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files
     image_root: str | None = setting(None, Text())  # folder of the images when it is not `root` (flickr8k, karpathy)
     karpathy_file: str | None = setting(None, Text())  # dataset_*.json with Karpathy's splits (dataset: karpathy)
@@ -60,7 +60,7 @@ class DataConfig:
     captions_per_image: str = setting("one", Choice(("one", "all")))  # one: a random caption per image per epoch | all: every pair
     augment: bool = setting(False, Flag())  # train-time crop and brightness/contrast jitter (never flips)
     strict: bool = setting(False, Flag())  # stop on images listed in the captions but missing on disk
-    batch_size: int = setting(64, POSITIVE)
+    batch_size: int = setting(64, POSITIVE)  # images per step and per process (each with its captions: captions_per_image)
     num_workers: int = setting(0, Range(ge=-1, le=256))  # DataLoader workers per rank; -1: auto, from the cores and the ranks per node
     device_preprocess: str = setting("none", Choice(("none", "transform", "decode")))  # training on CUDA: the GPU crops, resizes, jitters (transform) and decodes JPEGs (decode, nvjpeg)
     # Frozen encoder, no augmentation: the fp16 feature store (captioner/data/store.py) is read
@@ -69,8 +69,8 @@ class DataConfig:
     features_on_device: bool = setting(False, Flag())  # load the whole store onto the training device when it fits
     # The shapes world is generated into `root` when it is not there yet.
     shapes_num_train: int = setting(4000, POSITIVE)
-    shapes_num_val: int = setting(250, COUNT)
-    shapes_num_test: int = setting(500, COUNT)
+    shapes_num_val: int = setting(250, COUNT)  # shapes: val images generated
+    shapes_num_test: int = setting(500, COUNT)  # shapes: test images generated
     shapes_seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
 
 
@@ -95,19 +95,19 @@ class EncoderConfig:
 
 @dataclass
 class DecoderConfig:
-    type: str = setting("lstm", Choice(("lstm", "transformer")))
-    embed_dim: int = setting(256, POSITIVE)
-    dropout: float = setting(0.5, PROBABILITY_BELOW_ONE)
+    type: str = setting("lstm", Choice(("lstm", "transformer")))  # lstm: Show-Attend-Tell's attention LSTM | transformer: self- and cross-attention layers
+    embed_dim: int = setting(256, POSITIVE)  # word embedding size
+    dropout: float = setting(0.5, PROBABILITY_BELOW_ONE)  # dropout in the decoder
     # lstm
-    hidden_dim: int = setting(512, POSITIVE)
-    attention_dim: int = setting(256, POSITIVE)
+    hidden_dim: int = setting(512, POSITIVE)  # lstm: hidden and cell state size
+    attention_dim: int = setting(256, POSITIVE)  # lstm: size of the additive attention's hidden layer
     # transformer
-    d_model: int = setting(256, POSITIVE)
-    num_layers: int = setting(2, POSITIVE)
-    num_heads: int = setting(4, POSITIVE)
-    ff_dim: int = setting(1024, POSITIVE)
+    d_model: int = setting(256, POSITIVE)  # transformer: model width
+    num_layers: int = setting(2, POSITIVE)  # transformer: decoder layers
+    num_heads: int = setting(4, POSITIVE)  # transformer: attention heads per layer (d_model must divide by it)
+    ff_dim: int = setting(1024, POSITIVE)  # transformer: feed-forward width
     norm_first: bool = setting(False, Flag())  # post-norm as in Vaswani et al. (False) or pre-norm (True)
-    tie_embeddings: bool = setting(True, Flag())
+    tie_embeddings: bool = setting(True, Flag())  # share the input embedding and the output projection's weights
     grid_position_encoding: bool = setting(True, Flag())  # 2-D sinusoidal encoding of the grid cells
 
 
@@ -120,24 +120,24 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    out_dir: str = setting("runs/shapes_lstm", Text())
-    epochs: int = setting(20, POSITIVE)
+    out_dir: str = setting("runs/shapes_lstm", Text())  # checkpoints, metrics.csv, TensorBoard logs and figures
+    epochs: int = setting(20, POSITIVE)  # passes over the training split
     lr: float = setting(4e-4, Range(gt=0))  # decoder
     encoder_lr: float = setting(1e-4, Range(ge=0))  # fine-tuned layers of a pretrained encoder (from scratch: lr)
-    weight_decay: float = setting(0.0, Range(ge=0))
+    weight_decay: float = setting(0.0, Range(ge=0))  # AdamW's weight decay
     grad_clip: float = setting(5.0, Range(ge=0))  # max gradient norm; 0: no clipping
     attention_penalty: float = setting(1.0, Range(ge=0))  # lambda of the doubly stochastic regulariser (lstm)
-    label_smoothing: float = setting(0.0, PROBABILITY_BELOW_ONE)
+    label_smoothing: float = setting(0.0, PROBABILITY_BELOW_ONE)  # cross-entropy label smoothing
     schedule: str = setting("cosine", Choice(("cosine", "constant")))  # after the warmup: cosine to 5% of the peak at the last step, or constant
     # Linear warmup, in epochs (converted through the steps per epoch at the run's world size, so
     # it means the same on 1 and 8 GPUs) or in optimiser steps; set one. Neither: 100 steps.
     warmup_epochs: float | None = setting(None, Range(ge=0))
-    warmup_steps: int | None = setting(None, COUNT)
+    warmup_steps: int | None = setting(None, COUNT)  # linear warmup in optimiser steps (see warmup_epochs)
     # The learning rates (lr, encoder_lr) are used as written (none), or scaled by the global
     # batch (data.batch_size x processes) over base_batch: linearly (Goyal et al. 2017) or by its square root.
     lr_scaling: str = setting("none", Choice(("none", "linear", "sqrt")))
     base_batch: int | None = setting(None, POSITIVE)  # the global batch the lrs were tuned at; null: data.batch_size (one process)
-    device: str = setting("auto", Text(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N"))
+    device: str = setting("auto", Text(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N"))  # auto: a CUDA GPU when there is one, else the CPU
     amp: bool = setting(True, Flag())  # bf16 autocast on CUDA (ignored on CPU)
     cpu_amp: bool = setting(False, Flag())  # bf16 autocast on a CPU with native bf16 (avx512_bf16 or AMX) where the first steps time it faster; ignored elsewhere
     seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
@@ -145,7 +145,7 @@ class TrainConfig:
     checkpoint_every_steps: int = setting(0, COUNT)  # also write last.pt every N steps, mid-epoch (resumes at that batch); 0: per epoch
     early_stopping_patience: int = setting(5, COUNT)  # epochs without a better validation score; 0 disables
     val_max_images: int = setting(500, COUNT)  # validation decodes this many val images (0 = all)
-    val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))
+    val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))  # validation score that picks best.pt and drives early stopping
     val_beam_size: int = decode_setting("beam_size", 1)  # validation decodes greedily (1, as the field logs it) or with this beam
     val_every_steps: int = setting(0, COUNT)  # also validate every N steps, mid-epoch (best.pt may come from inside an epoch); 0: at each epoch's end
     cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once, into the feature store
@@ -167,7 +167,7 @@ class ScstConfig:
     max_length: int = decode_setting("max_length", 20)  # words per sampled (and greedy-baseline) caption
     baseline: str = setting("greedy", Choice(("greedy", "mean")))  # greedy: the greedy caption's reward | mean: the image's other samples' mean reward
     cider_weight: float = setting(1.0, Range(ge=0))  # reward = cider_weight * CIDEr-D + bleu_weight * BLEU-4
-    bleu_weight: float = setting(0.0, Range(ge=0))
+    bleu_weight: float = setting(0.0, Range(ge=0))  # see cider_weight
     xent_weight: float = setting(0.0, Range(ge=0))  # + this x the cross-entropy stage's loss on the batch's reference captions (0: pure SCST)
     dropout: bool = setting(True, Flag())  # sample with the decoder's dropout on, as in training (self-critical.pytorch); false: the test-time decoder
     suppress_bad_endings: bool = setting(False, Flag())  # samples and greedy baseline never end on "a", "with", "of", ... (text/endings.py)
@@ -181,7 +181,7 @@ class DecodeConfig:
     beam_size: int = decode_setting("beam_size")
     max_length: int = decode_setting("max_length")
     length_penalty: float = decode_setting("length_penalty")
-    batch_size: int = setting(32, POSITIVE)
+    batch_size: int = setting(32, POSITIVE)  # images decoded together
     cuda_graphs: bool = setting(False, Flag())  # CUDA: decode with the decoder step replayed as a CUDA graph (models/graphed_step.py); ignored elsewhere
     block_trigrams: bool = decode_setting("block_trigrams")
     diverse_groups: int = decode_setting("diverse_groups")

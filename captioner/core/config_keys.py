@@ -1,0 +1,107 @@
+"""Every config key with its type, default, allowed values and meaning, read from the config code
+itself (`captioner config keys`), and a resolved config as YAML (`captioner config show`).
+
+The meaning of a key is the comment on its line in core/config.py (else the comment block just
+above it, else, for a decoding option, its meaning in core/decode_schema.py), so the list cannot
+drift from the code: a key declared without a comment shows an empty meaning, which a test refuses.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import io
+import tokenize
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from captioner.core import config as config_module
+from captioner.core.config import Config
+from captioner.core.decode_schema import DecodeOption
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str  # dotted, as overrides and YAML files name it: "model.encoder.name"
+    type: str  # "int", "float or null", ...
+    default: Any
+    allowed: str  # the spec's words: "a whole number in [1, 100]", "one of lstm, transformer"
+    meaning: str
+
+
+def _comments() -> tuple[dict[int, str], dict[int, str], dict[str, dict[str, int]]]:
+    """core/config.py's comments by line (those after code, and those on a line of their own),
+    and each dataclass's fields with their line numbers."""
+    source = inspect.getsource(config_module)
+    inline, alone = {}, {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            text = token.string.lstrip("#").strip()
+            (alone if token.line.strip().startswith("#") else inline)[token.start[0]] = text
+    lines: dict[str, dict[str, int]] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef):
+            lines[node.name] = {
+                item.target.id: item.lineno
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
+    return inline, alone, lines
+
+
+def _meaning(line: int, inline: dict[int, str], alone: dict[int, str], spec: Any) -> str:
+    if line in inline:
+        return inline[line]
+    block = []
+    above = line - 1
+    while above in alone:
+        block.insert(0, alone[above])
+        above -= 1
+    if block:
+        return " ".join(block)
+    return spec.meaning if isinstance(spec, DecodeOption) else ""
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, (types.UnionType,)) or typing.get_origin(annotation) is typing.Union:
+        return " or ".join("null" if arg is type(None) else arg.__name__ for arg in typing.get_args(annotation))
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def config_keys() -> list[Key]:
+    """Every key of `Config`, in declaration order."""
+    inline, alone, lines = _comments()
+    keys: list[Key] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            if dataclasses.is_dataclass(hint):
+                walk(hint, f"{prefix}{f.name}.")
+                continue
+            spec = f.metadata["spec"]
+            meaning = _meaning(lines[cls.__name__][f.name], inline, alone, spec)
+            keys.append(Key(prefix + f.name, _type_name(hint), f.default, spec.describe(), meaning))
+
+    walk(Config, "")
+    return keys
+
+
+def format_keys(keys: list[Key]) -> str:
+    """One block per key: the name, its type and default, what it allows, what it means."""
+    out = []
+    for key in keys:
+        default = yaml.safe_dump(key.default, default_flow_style=True).strip().removesuffix("...").strip()
+        out.append(f"{key.name}  ({key.type}, default {default})\n    allowed: {key.allowed}\n    {key.meaning}")
+    return "\n".join(out)
+
+
+def show_config(config: Config) -> str:
+    """The resolved config as YAML, in the layout of the files under configs/."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
