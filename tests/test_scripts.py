@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,48 @@ def test_the_help_runner_reports_a_script_that_fails_to_import(tmp_path: Path) -
     results = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
     assert results[str(broken)]["code"] == "raised" and "No module named 'captioner.no_such_module'" in results[str(broken)]["stderr"]
     assert results[str(writer)]["code"] == 0 and results[str(writer)]["files"] == ["left.txt"]
+
+
+QUICKSTART = Path(__file__).resolve().parent.parent / "scripts" / "quickstart.sh"
+
+
+def run_quickstart(tmp_path: Path, *args: str, java: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """scripts/quickstart.sh with the set-up skipped and a `captioner` that only records its
+    arguments; `java` on the PATH or not."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "calls.txt"
+    (bin_dir / "captioner").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (bin_dir / "captioner").chmod(0o755)
+    for tool in ("sed", "dirname"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # this interpreter, captioner importable
+    (bin_dir / "python").chmod(0o755)
+    if java:
+        (bin_dir / "java").symlink_to("/bin/true")
+    setup = tmp_path / "setup.sh"
+    setup.write_text("")
+    env = {"PATH": str(bin_dir), "SETUP": str(setup), "HOME": str(tmp_path)}
+    result = subprocess.run(["/bin/bash", str(QUICKSTART), *args], capture_output=True, text=True, env=env)
+    return result, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_quickstart_evaluates_the_run_its_overrides_train(tmp_path: Path) -> None:
+    result, calls = run_quickstart(tmp_path, "train.out_dir=runs/mine", "data.root=data/world", "--resume", java=True)
+    assert result.returncode == 0, result.stderr
+    assert calls[0] == "train configs/shapes_lstm.yaml train.out_dir=runs/mine data.root=data/world --resume"
+    assert calls[1] == "evaluate runs/mine/best.pt --split test --beam 3"
+    assert calls[2].startswith("caption runs/mine/best.pt data/world/test/test_000000.jpg")
+
+
+def test_quickstart_without_java_says_so_first_and_scores_in_process(tmp_path: Path) -> None:
+    result, calls = run_quickstart(tmp_path, java=False)
+    assert result.returncode == 0, result.stderr
+    assert "Java not found" in result.stdout and "openjdk-17" in result.stdout
+    assert calls[1] == "evaluate runs/shapes_lstm/best.pt --split test --beam 3 --fast"
+
+
+def test_quickstart_stops_on_a_bad_override_before_training(tmp_path: Path) -> None:
+    result, calls = run_quickstart(tmp_path, "train.epochs=lots", java=True)
+    assert result.returncode != 0 and calls == []
+    assert result.stderr.strip().count("\n") == 0 and "train.epochs" in result.stderr
