@@ -322,3 +322,21 @@ def test_export_onnx_and_caption_with_the_onnx_runtime_without_torch(
     result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "caption", str(exported[1]), images[0], "--runtime", "onnx"],
                             capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert result.returncode == 2 and "no onnx.json" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_transformer_exports_with_its_layers_and_heads_on_the_card(tmp_path: Path) -> None:
+    """The card of a transformer names its layers and heads (the export crashed on a
+    DecoderConfig attribute that does not exist, first met with the Flickr8k SCST transformer)."""
+    from helpers import tiny_model
+    from PIL import Image
+
+    from captioner.apps.export import export_model
+    from captioner.models.checkpoint import save_checkpoint
+
+    model = tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=3", "model.decoder.num_heads=2", "model.decoder.d_model=16")
+    save_checkpoint(tmp_path / "transformer.pt", model)
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(image)
+    export_model(tmp_path / "transformer.pt", tmp_path / "export", image=image)
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "transformer decoder (3 layers, 2 heads;" in card

@@ -80,7 +80,7 @@ def model_card(
     architecture = (
         "Show, Attend and Tell LSTM (additive attention over the grid, gated context, doubly stochastic attention penalty)"
         if decoder == "lstm" else
-        f"transformer decoder ({config.model.decoder.layers} layers, {config.model.decoder.heads} heads; its cross-attention weights are the alignment maps)"
+        f"transformer decoder ({config.model.decoder.num_layers} layers, {config.model.decoder.num_heads} heads; its cross-attention weights are the alignment maps)"
     )
     metadata = _metadata(name, config.data.dataset, decoder, encoder, hub_dataset, dataset_name, scores, license_id)
     lines = [
