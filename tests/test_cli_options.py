@@ -83,3 +83,28 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"captioner {captioner.__version__}"
+
+
+def test_every_argument_of_every_command_has_help_and_shows_its_default() -> None:
+    import argparse
+
+    from captioner.apps.cli import build_parser
+
+    missing, helps = [], {}
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        helps[path] = parser.format_help()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)) and not action.help:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "captioner")
+    assert missing == []
+    flat = {path: " ".join(text.split()) for path, text in helps.items()}  # argparse wraps lines
+    assert "the split of the checkpoint's data to caption and score (default: test)" in flat["captioner evaluate"]
+    assert "training images (default: 4000)" in flat["captioner data shapes"]
+    assert "(default: 7860)" in flat["captioner demo"]
+    assert "(default: None)" not in " ".join(flat.values()) and "(default: False)" not in " ".join(flat.values())

@@ -20,6 +20,17 @@ log = logging.getLogger("captioner")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends with the default wherever one is set and the text does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_text = action.help or ""
+        quiet = action.default in (None, False, argparse.SUPPRESS) or action.default == []
+        if quiet or "default" in help_text or "%(default)" in help_text:
+            return help_text
+        return f"{help_text} (default: %(default)s)"
+
+
 class AnyOrderParser(argparse.ArgumentParser):
     """A parser that takes options and positionals in any order: `train CONFIG --init X
     train.epochs=3` as well as `train CONFIG train.epochs=3 --init X`.
@@ -30,6 +41,10 @@ class AnyOrderParser(argparse.ArgumentParser):
     commands' own parsers, which are of this class, are), and keeps argparse's order."""
 
     _intermixing = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
         has_commands = any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in self._get_positional_actions())

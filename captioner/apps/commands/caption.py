@@ -41,7 +41,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     caption.add_argument("checkpoint", nargs="?",
                          help="a .pt, a run folder, an export or a Hub id; left out when the first argument is an image "
                               "(or a folder of images): the default model, runs/default_model if exported, else runs/shapes_lstm")
-    caption.add_argument("images", nargs="*")
+    caption.add_argument("images", nargs="*", help="image files or folders of images (jpg, png, ...)")
     add_decode_arguments(caption)
     add_ensemble_arguments(caption)
     caption.add_argument("--n-best", type=decode_value("n_best"), default=None, metavar="N",
@@ -55,7 +55,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                          help=f"with --sample: draw from the nucleus of mass P only, {takes('top_p')} (default 1)")
     caption.add_argument("--seed", type=decode_value("seed"), default=None, help="with --sample: seed, for reproducible draws")
     caption.add_argument("--attention", action="store_true", help="with --json: each word's attention map (h x w)")
-    caption.add_argument("--json", action="store_true")
+    caption.add_argument("--json", action="store_true", help="one JSON object per image (words, scores; maps with --attention) instead of text")
     caption.add_argument("--heatmaps", metavar="OUTDIR", help="write one attention figure per image (per hypothesis with --n-best) here")
     caption.add_argument("--layer", type=int, default=-1, help="decoder layer of the maps (transformer)")
     caption.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")

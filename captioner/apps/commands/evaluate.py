@@ -26,8 +26,8 @@ FIGURES = 8  # --heatmaps: figures of this many first images
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate = commands.add_parser("evaluate", help="score a checkpoint on a split, or a results file")
-    evaluate.add_argument("checkpoint", nargs="?")
-    evaluate.add_argument("--split", default="test", choices=("train", "val", "test"))
+    evaluate.add_argument("checkpoint", nargs="?", help="a .pt, a run folder, an export or a Hub id (left out with --results)")
+    evaluate.add_argument("--split", default="test", choices=("train", "val", "test"), help="the split of the checkpoint's data to caption and score")
     evaluate.add_argument(
         "--out",
         help="folder (or .json file with --results) for results and scores (default: next to the checkpoint; "
@@ -48,7 +48,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
     add_decode_arguments(evaluate)
     add_ensemble_arguments(evaluate)
-    evaluate.add_argument("--json", action="store_true")
+    evaluate.add_argument("--json", action="store_true", help="print the scores as JSON instead of a table")
     evaluate.set_defaults(func=run)
 
 

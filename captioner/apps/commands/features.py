@@ -10,7 +10,7 @@ from captioner.core.errors import CaptionerError
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     features = commands.add_parser("features", help="encode the images once into the fp16 feature store (frozen encoder)")
-    features.add_argument("config")
+    features.add_argument("config", help="the training config whose encoder and data are encoded (YAML)")
     features.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.device=cuda")
     features.add_argument("--splits", default="train,val,test", help="comma-separated (default: train,val,test)")
     features.add_argument("--out", help="store folder (default: data.feature_store, else <train.out_dir>/features)")

@@ -13,7 +13,7 @@ import sys
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     train = commands.add_parser("train", help="train a captioner from a YAML config")
-    train.add_argument("config")
+    train.add_argument("config", help="a YAML config: one under configs/ or your own (captioner config keys lists the keys)")
     train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=5")
     train.add_argument("--resume", action="store_true", help="continue from train.out_dir/last.pt")
     train.add_argument(
