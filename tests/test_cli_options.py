@@ -108,3 +108,23 @@ def test_every_argument_of_every_command_has_help_and_shows_its_default() -> Non
     assert "training images (default: 4000)" in flat["captioner data shapes"]
     assert "(default: 7860)" in flat["captioner demo"]
     assert "(default: None)" not in " ".join(flat.values()) and "(default: False)" not in " ".join(flat.values())
+
+
+def test_train_and_features_name_the_device_with_device_as_every_command_does(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    import captioner.apps.runs as runs
+    from captioner.apps.commands.train import resume_command
+
+    seen = {}
+    monkeypatch.setattr(runs, "train_run", lambda config, resume: seen.setdefault("device", config.train.device) and "best.pt")
+    assert main(["train", "configs/shapes_lstm.yaml", "--device", "cpu", "train.epochs=1"]) == 0
+    assert seen["device"] == "cpu"
+    assert main(["train", "configs/shapes_lstm.yaml", "--device", "gpu"]) == 2  # checked as train.device is
+    assert "train.device" in capsys.readouterr().err
+    args = argparse.Namespace(config="c.yaml", overrides=["train.epochs=1"], init=None, device="cuda:1")
+    assert resume_command(args) == "captioner train c.yaml train.epochs=1 --device cuda:1 --resume"
+    assert main(["features", "configs/shapes_lstm.yaml", "--device", "tpu"]) == 2
+    assert "train.device" in capsys.readouterr().err

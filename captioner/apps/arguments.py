@@ -145,7 +145,17 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--diversity-strength", type=decode_value("diversity_strength"), default=None, metavar="LAMBDA",
                         help=f"Hamming diversity penalty between groups, {takes('diversity_strength')} (default from the config)")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="images per batch (default: the config's decode.batch_size)")
-    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
+    add_device_argument(parser, default="auto")
+
+
+DEVICE_HELP = "auto (a CUDA GPU when there is one, else the CPU), cpu, mps, cuda or cuda:N"
+
+
+def add_device_argument(parser: argparse.ArgumentParser, default: str | None) -> None:
+    """`--device`, the one way every command names the device (for train and features it sets
+    train.device; None: the config's)."""
+    where = "" if default else " (default: the config's train.device)"
+    parser.add_argument("--device", default=default, help=DEVICE_HELP + where)
 
 
 def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:

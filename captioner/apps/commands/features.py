@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import time
 
+from captioner.apps.arguments import add_device_argument
 from captioner.core.errors import CaptionerError
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     features = commands.add_parser("features", help="encode the images once into the fp16 feature store (frozen encoder)")
     features.add_argument("config", help="the training config whose encoder and data are encoded (YAML)")
-    features.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.device=cuda")
+    features.add_argument("overrides", nargs="*", help="section.key=value, e.g. data.image_size=448")
     features.add_argument("--splits", default="train,val,test", help="comma-separated (default: train,val,test)")
     features.add_argument("--out", help="store folder (default: data.feature_store, else <train.out_dir>/features)")
+    add_device_argument(features, default=None)
     features.set_defaults(func=run)
 
 
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from captioner.models.backbones import check_encoder_config
     from captioner.models.encoders import build_encoder
 
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, [*args.overrides, *([f"train.device={args.device}"] if args.device else [])])
     if args.out:
         config.data.feature_store = args.out
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]

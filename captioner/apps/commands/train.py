@@ -10,6 +10,8 @@ import os
 import shlex
 import sys
 
+from captioner.apps.arguments import add_device_argument
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     train = commands.add_parser("train", help="train a captioner from a YAML config")
@@ -19,6 +21,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--init", metavar="CHECKPOINT", help="start from this checkpoint's model and vocabulary (e.g. SCST after cross-entropy); sets train.init"
     )
+    add_device_argument(train, default=None)
     train.set_defaults(func=run)
 
 
@@ -28,8 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from captioner.training import distributed
     from captioner.training.interrupt import Interrupted
 
-    overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
-    config = load_config(args.config, overrides)
+    config = load_config(args.config, config_overrides(args))
     if config.train.threads:
         from captioner.core.runtime import set_threads
 
@@ -44,12 +46,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides as written, then what the options set (--init: train.init, --device: train.device)."""
+    return [*args.overrides, *([f"train.init={args.init}"] if args.init else []), *([f"train.device={args.device}"] if args.device else [])]
+
+
 def resume_command(args: argparse.Namespace) -> str:
     """The command line that continues this run from its last.pt: the same config, overrides
     and --init, with --resume (under torchrun, the same number of processes per node)."""
     from captioner.training import distributed
 
-    words = ["train", args.config, *args.overrides, *(["--init", args.init] if args.init else []), "--resume"]
+    options = [*(["--init", args.init] if args.init else []), *(["--device", args.device] if args.device else [])]
+    words = ["train", args.config, *args.overrides, *options, "--resume"]
     if not distributed.launched():
         return shlex.join(["captioner", *words])
     per_node = os.environ.get("LOCAL_WORLD_SIZE", "1")
