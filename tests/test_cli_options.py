@@ -128,3 +128,15 @@ def test_train_and_features_name_the_device_with_device_as_every_command_does(
     assert resume_command(args) == "captioner train c.yaml train.epochs=1 --device cuda:1 --resume"
     assert main(["features", "configs/shapes_lstm.yaml", "--device", "tpu"]) == 2
     assert "train.device" in capsys.readouterr().err
+
+
+def test_ensemble_may_come_before_the_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first, second = tmp_path / "a.pt", tmp_path / "b.pt"
+    save_checkpoint(first, tiny_model(seed=1))
+    save_checkpoint(second, tiny_model(seed=2))
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(image)
+    assert main(["caption", str(first), str(image), "--ensemble", str(second), "--device", "cpu"]) == 0
+    after = capsys.readouterr().out
+    assert main(["caption", str(first), "--ensemble", str(second), str(image), "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == after and str(image) in after

@@ -161,7 +161,7 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str | None) ->
 def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ensemble", nargs="+", action="extend", default=[], metavar="CKPT",
                         help="more checkpoints with the same vocabulary, decoded with CHECKPOINT as one model "
-                             "(their probabilities averaged at every step); give it after the images")
+                             "(their probabilities averaged at every step); before or after the images")
     parser.add_argument("--combine", choices=("prob", "logprob"), default=None,
                         help="with --ensemble: average the members' probabilities (prob, the default) or their "
                              "log-probabilities, renormalised (logprob)")

@@ -77,6 +77,10 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 def run(args: argparse.Namespace) -> int:
     from captioner.data.pictures import load_image
 
+    # --ensemble takes every word after it: images given after its checkpoints are still images.
+    moved = [item for item in args.ensemble if is_image_input(item)]
+    args.ensemble = [item for item in args.ensemble if not is_image_input(item)]
+    args.images = [*args.images, *moved]
     sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     if sampling and not args.sample:
         flags = [SAMPLING_FLAGS[name] for name in sampling]
@@ -151,6 +155,11 @@ def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, li
     from captioner.models.checkpoint_format import find_default_model  # torch: loaded once a model is
 
     return str(find_default_model()), inputs
+
+
+def is_image_input(item: str) -> bool:
+    """An image file (by its extension, found or not) or a folder of images with no model in it."""
+    return Path(item).suffix.lower() in IMAGE_SUFFIXES or image_folder(Path(item))
 
 
 def image_folder(path: Path) -> bool:
