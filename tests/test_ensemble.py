@@ -192,12 +192,14 @@ def test_cli_captions_with_an_ensemble(two_checkpoints, capsys: pytest.CaptureFi
     refusals = [
         [str(images[0]), "--combine", "logprob"],  # without --ensemble
         [str(images[0]), "--ensemble", str(b), "--self-attention", "out"],
-        [str(images[0]), "--ensemble", str(b), str(images[1])],  # an image taken for a member
     ]
     for args in refusals:
         assert main(["caption", str(a), *args, "--device", "cpu"]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: caption:") and len(err.splitlines()) == 1
+    # an image after the members is an image, not a member
+    assert main(["caption", str(a), str(images[0]), "--ensemble", str(b), str(images[1]), "--device", "cpu"]) == 0
+    assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == [str(images[0]), str(images[1])]
 
 
 def test_evaluate_takes_an_ensemble(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
