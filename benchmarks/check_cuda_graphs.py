@@ -11,32 +11,18 @@ GPU; `--device cpu` only rehearses the script (both columns then run the eager s
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from captioner.data.pictures import load_image
-from captioner.models.captioner import Captioner
-from captioner.models.checkpoint import load_captioner
-from captioner.models.graphed_step import use_graphed_step
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_gpu import median_seconds  # noqa: E402
 
-
-def seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    fn()  # warm-up (and, through the graph, the capture)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from captioner.data.pictures import load_image  # noqa: E402
+from captioner.models.captioner import Captioner  # noqa: E402
+from captioner.models.checkpoint import load_captioner  # noqa: E402
+from captioner.models.graphed_step import use_graphed_step  # noqa: E402
 
 
 def decode_all(model: Captioner, feats: torch.Tensor, grid: tuple[int, int], beam: int, one_by_one: bool) -> list[str]:
@@ -76,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         for one_by_one in (True, False):
             model.decoder.__dict__["step"] = graph.eager
             eager: list[str] = []
-            eager_s = seconds(lambda: eager.__setitem__(slice(None), decode_all(model, feats, grid, beam, one_by_one)), args.repeats, device)
+            eager_s = median_seconds(lambda: eager.__setitem__(slice(None), decode_all(model, feats, grid, beam, one_by_one)), args.repeats, device)
             model.decoder.__dict__["step"] = graph
             graphed: list[str] = []
-            graphed_s = seconds(lambda: graphed.__setitem__(slice(None), decode_all(model, feats, grid, beam, one_by_one)), args.repeats, device)
+            graphed_s = median_seconds(lambda: graphed.__setitem__(slice(None), decode_all(model, feats, grid, beam, one_by_one)), args.repeats, device)
             same = sum(a == b for a, b in zip(eager, graphed))
             n = len(paths)
             print(f"| {beam} | {1 if one_by_one else n} | {n / eager_s:.1f} | {n / graphed_s:.1f} | {eager_s / graphed_s:.2f}x | {same}/{n} |")

@@ -26,7 +26,7 @@ class DefaultsFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_text = action.help or ""
         quiet = action.default in (None, False, argparse.SUPPRESS) or action.default == []
-        if quiet or "default" in help_text or "%(default)" in help_text:
+        if quiet or "default" in help_text:
             return help_text
         return f"{help_text} (default: %(default)s)"
 
@@ -156,6 +156,11 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str | None) ->
     train.device; None: the config's)."""
     where = "" if default else " (default: the config's train.device)"
     parser.add_argument("--device", default=default, help=DEVICE_HELP + where)
+
+
+def device_overrides(args: argparse.Namespace) -> list[str]:
+    """The config override that `--device` stands for in train and features (none without it)."""
+    return [f"train.device={args.device}"] if args.device else []
 
 
 def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:

@@ -68,7 +68,7 @@ def _meaning(line: int, inline: dict[int, str], alone: dict[int, str], spec: Any
 
 
 def _type_name(annotation: Any) -> str:
-    if isinstance(annotation, (types.UnionType,)) or typing.get_origin(annotation) is typing.Union:
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         return " or ".join("null" if arg is type(None) else arg.__name__ for arg in typing.get_args(annotation))
     return getattr(annotation, "__name__", str(annotation))
 

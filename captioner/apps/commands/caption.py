@@ -78,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
     from captioner.data.pictures import load_image
 
     # --ensemble takes every word after it: images given after its checkpoints are still images.
-    moved = [item for item in args.ensemble if is_image_input(item)]
-    args.ensemble = [item for item in args.ensemble if not is_image_input(item)]
-    args.images = [*args.images, *moved]
+    words, args.ensemble = args.ensemble, []
+    for word in words:
+        (args.images if is_image_input(word, args.runtime) else args.ensemble).append(word)
     sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     if sampling and not args.sample:
         flags = [SAMPLING_FLAGS[name] for name in sampling]
@@ -143,9 +143,7 @@ def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, li
     it, in which case all are images and the model is the default one."""
     if not inputs:
         raise CaptionerError("caption: no images given")
-    first = Path(inputs[0])
-    # The ONNX runtime loads no torch, so it does not look inside folders for a model.
-    if not (first.suffix.lower() in IMAGE_SUFFIXES or (runtime != "onnx" and image_folder(first))):
+    if not is_image_input(inputs[0], runtime):
         if len(inputs) == 1:
             raise CaptionerError(f"caption: no images given after the model {inputs[0]} (a first argument that is an image "
                                  "file or a folder of images is captioned with the default model)")
@@ -157,9 +155,10 @@ def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, li
     return str(find_default_model()), inputs
 
 
-def is_image_input(item: str) -> bool:
-    """An image file (by its extension, found or not) or a folder of images with no model in it."""
-    return Path(item).suffix.lower() in IMAGE_SUFFIXES or image_folder(Path(item))
+def is_image_input(item: str, runtime: str = "torch") -> bool:
+    """An image file (by its extension, found or not) or a folder of images with no model in it.
+    The ONNX runtime loads no torch, so it does not look inside folders for a model."""
+    return Path(item).suffix.lower() in IMAGE_SUFFIXES or (runtime != "onnx" and image_folder(Path(item)))
 
 
 def image_folder(path: Path) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from captioner.apps.arguments import add_device_argument
+from captioner.apps.arguments import add_device_argument, device_overrides
 from captioner.core.errors import CaptionerError
 
 
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from captioner.models.backbones import check_encoder_config
     from captioner.models.encoders import build_encoder
 
-    config = load_config(args.config, [*args.overrides, *([f"train.device={args.device}"] if args.device else [])])
+    config = load_config(args.config, [*args.overrides, *device_overrides(args)])
     if args.out:
         config.data.feature_store = args.out
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]

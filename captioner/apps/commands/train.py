@@ -10,7 +10,7 @@ import os
 import shlex
 import sys
 
-from captioner.apps.arguments import add_device_argument
+from captioner.apps.arguments import add_device_argument, device_overrides
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 def config_overrides(args: argparse.Namespace) -> list[str]:
     """The overrides as written, then what the options set (--init: train.init, --device: train.device)."""
-    return [*args.overrides, *([f"train.init={args.init}"] if args.init else []), *([f"train.device={args.device}"] if args.device else [])]
+    return [*args.overrides, *([f"train.init={args.init}"] if args.init else []), *device_overrides(args)]
 
 
 def resume_command(args: argparse.Namespace) -> str:
