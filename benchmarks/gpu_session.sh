@@ -63,7 +63,7 @@ step lstm_cuda_graphs 120 $PY benchmarks/check_cuda_graphs.py "$WORK/lstm/best.p
 first_heatmap=$(ls "$WORK"/heatmaps/*.png 2>/dev/null | head -1)
 [ -n "$first_heatmap" ] && cp "$first_heatmap" "$OUT/lstm_heatmap_on_$DEVICE.png"
 
-step bench_gpu 330 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" --parts ${BENCH_PARTS:-training scst step beam reference} --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
+step bench_gpu 330 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" ${BENCH_PARTS:+--parts $BENCH_PARTS} --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
 
 step transformer_train_compiled 150 $PY -m captioner train configs/shapes_transformer.yaml "${SHAPES[@]}" \
     train.out_dir="$WORK/transformer" train.epochs=3 train.warmup_steps=20 train.compile=true train.channels_last=true
