@@ -27,14 +27,16 @@ from helpers import REPO, require, require_module, subprocess_env
 TRAIN = {"pycocoevalcap", "pycocotools", "nltk", "tensorboard"}
 DEMO = {"gradio"}
 ONNX = {"onnx", "onnxscript", "onnxruntime"}
+DATA = {"datasets", "pyarrow"}
 # role: (the distribution and extras pip is given, packages it must bring, packages it must not)
 ROLES = {
-    "core": ("captioner", {"torch", "torchvision", "matplotlib", "safetensors"}, TRAIN | DEMO | ONNX),
-    "train": ("captioner[train]", {"torch"} | TRAIN, DEMO | ONNX),
-    "demo": ("captioner[demo]", {"torch"} | DEMO, TRAIN | ONNX),
-    "onnx": ("captioner[onnx]", {"torch"} | ONNX, TRAIN | DEMO),
-    "all": ("captioner[all]", {"torch"} | TRAIN | DEMO | ONNX, set()),  # extras that name the package's own extras
-    "runtime": ("captioner-runtime", {"onnxruntime", "numpy", "pillow"}, {"torch", "torchvision", "matplotlib", "pyyaml"} | TRAIN | DEMO),
+    "core": ("captioner", {"torch", "torchvision", "matplotlib", "safetensors"}, TRAIN | DEMO | ONNX | DATA),
+    "train": ("captioner[train]", {"torch"} | TRAIN, DEMO | ONNX | DATA),
+    "demo": ("captioner[demo]", {"torch"} | DEMO, TRAIN | ONNX | DATA),
+    "onnx": ("captioner[onnx]", {"torch"} | ONNX, TRAIN | DEMO | DATA),
+    "data": ("captioner[data]", {"torch"} | DATA, TRAIN | DEMO | ONNX),
+    "all": ("captioner[all]", {"torch"} | TRAIN | DEMO | ONNX | DATA, set()),  # extras that name the package's own extras
+    "runtime": ("captioner-runtime", {"onnxruntime", "numpy", "pillow"}, {"torch", "torchvision", "matplotlib", "pyyaml"} | TRAIN | DEMO | DATA),
 }
 
 

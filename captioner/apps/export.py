@@ -97,7 +97,7 @@ def _figure_image(image: str | Path | None, config: Config) -> Path | None:
     except CaptionerError as e:
         log.warning("no attention figure on the card: the model's test images are not here (%s); give --image", e)
         return None
-    for record in records[:20]:
+    for record in [r for r in records if r.stored is None][:20]:  # a figure needs a file to name
         try:
             load_image(record.path)
             return Path(record.path)

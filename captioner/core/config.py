@@ -49,11 +49,18 @@ PROBABILITY_BELOW_ONE = Range(ge=0, lt=1)  # dropout, label smoothing: 1 would r
 
 @dataclass
 class DataConfig:
-    dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k")))  # the caption files' layout: shapes (generated), coco (2014/2017 annotations), karpathy (dataset_*.json), flickr8k
-    root: str = setting("data/shapes", Text())  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files
+    dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k", "imagefolder", "hf")))  # the caption files' layout: shapes (generated), coco (2014/2017 annotations), karpathy (dataset_*.json), flickr8k, imagefolder (images + metadata.jsonl/csv), hf (a Hugging Face dataset on disk)
+    root: str = setting("data/shapes", Text())  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files; imagefolder: the folder; hf: save_to_disk folder or Parquet files
     image_root: str | None = setting(None, Text())  # folder of the images when it is not `root` (flickr8k, karpathy)
     karpathy_file: str | None = setting(None, Text())  # dataset_*.json with Karpathy's splits (dataset: karpathy)
     year: int = setting(2014, Choice((2014, 2017)))  # coco
+    caption_column: str = setting("text", Text())  # imagefolder, hf: the column holding each image's caption (a string, or a list of them)
+    image_column: str = setting("image", Text())  # hf: the column holding the image (an Image feature, bytes or a file path)
+    # imagefolder and hf without train/validation/test splits: a seeded split of the images, the
+    # same for the same images and seed, written to <train.out_dir>/splits.json by training.
+    val_fraction: float = setting(0.05, Range(ge=0, lt=1))  # imagefolder, hf without splits: share of images held out for validation
+    test_fraction: float = setting(0.05, Range(ge=0, lt=1))  # imagefolder, hf without splits: share of images held out for testing
+    split_seed: int = setting(0, Range(ge=0, lt=2**32))  # imagefolder, hf without splits: seed of the held-out draw
     image_size: int = setting(128, Range(ge=16, le=4096))  # images are resized to a square of this side (16: the CNN's stride)
     min_word_count: int = setting(1, POSITIVE)  # words seen fewer times in the train captions become <unk>
     max_caption_length: int = setting(30, POSITIVE)  # words; longer captions are truncated
@@ -395,6 +402,11 @@ def validate(config: Config, source: str = "config") -> None:
         raise ConfigError(
             f"{source}: 'train.warmup_epochs' ({config.train.warmup_epochs:g}) and 'train.warmup_steps' "
             f"({config.train.warmup_steps}) are both set; keep one and set the other to null (epochs mean the same at any number of GPUs)"
+        )
+    if config.data.val_fraction + config.data.test_fraction >= 1:
+        raise ConfigError(
+            f"{source}: 'data.val_fraction' ({config.data.val_fraction:g}) and 'data.test_fraction' "
+            f"({config.data.test_fraction:g}) leave no training images: their sum must be below 1"
         )
     if config.data.dataset == "karpathy" and not config.data.karpathy_file:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")

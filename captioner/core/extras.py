@@ -1,5 +1,5 @@
 """Which optional install brings which package: `pip install captioner` captions with PyTorch;
-training and evaluation, the demo and ONNX export each come with an extra (pyproject.toml).
+training and evaluation, the demo, ONNX export and Hugging Face datasets each come with an extra (pyproject.toml).
 A command that reaches a package its install left out stops with one line naming the extra."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ EXTRA_OF = {
     "pycocoevalcap": "train", "pycocotools": "train", "nltk": "train", "tensorboard": "train",
     "gradio": "demo", "gradio_client": "demo",
     "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "onnx",
+    "datasets": "data", "pyarrow": "data",
 }
 
 

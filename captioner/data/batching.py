@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from captioner.core.errors import ImageLoadError
 from captioner.core.runtime import loader_workers
 from captioner.data.device_decode import PendingImage, read_pending, transform_on_device
 from captioner.data.images import ImageTransform, load_image
-from captioner.data.records import ImageRecord
+from captioner.data.records import ImageRecord, image_data
 from captioner.text.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -150,11 +151,16 @@ def or_none(load: Callable[[], T]) -> T | None:
 
 
 def load_or_none(record: ImageRecord, transform: ImageTransform) -> torch.Tensor | None:
-    return or_none(lambda: transform(load_image(record.path)))
+    return or_none(lambda: transform(load_record_image(record)))
+
+
+def load_record_image(record: ImageRecord) -> Image.Image:
+    """The record's picture, from its file or from the bytes its dataset stores."""
+    return load_image(image_data(record), name=str(record.path))
 
 
 def pending_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None, ship_jpeg: bool) -> PendingImage | None:
-    return or_none(lambda: read_pending(record.path, transform, seed, ship_jpeg))
+    return or_none(lambda: read_pending(image_data(record), transform, seed, ship_jpeg, name=str(record.path)))
 
 
 def collate_captions(batch: list) -> CaptionBatch | None:

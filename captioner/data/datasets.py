@@ -1,4 +1,5 @@
-"""A dataset config -> the records of one split: shapes (generated on first use), COCO, Karpathy splits, Flickr8k."""
+"""A dataset config -> the records of one split: shapes (generated on first use), COCO, Karpathy
+splits, Flickr8k, an image folder, a Hugging Face dataset on disk."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from captioner.data.coco import (
     split_coco_val,
 )
 from captioner.data.flickr8k import load_flickr8k
+from captioner.data.imagefolder import load_imagefolder, seeded_split_files
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import SPLITS
 
@@ -39,7 +41,34 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         return load_karpathy(config.karpathy_file, image_root, split, check_images, strict)
     if config.dataset == "flickr8k":
         return load_flickr8k(root, split, config.image_root, check_images, strict)
+    if config.dataset == "imagefolder":
+        return load_imagefolder(
+            root, split, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed, check_images, strict
+        )
+    if config.dataset == "hf":
+        from captioner.data.hf_datasets import load_hf_dataset  # `datasets` is an extra: imported when asked for
+
+        return load_hf_dataset(
+            root, split, config.image_column, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed
+        )
     raise DatasetError(f"unknown dataset {config.dataset!r}")
+
+
+def seeded_split_record(config: DataConfig) -> dict | None:
+    """What training writes to splits.json when the dataset has no splits of its own and the run
+    drew them (`holdout.seeded_split`): the seed, the fractions and each split's images; else None."""
+    if config.dataset == "imagefolder":
+        splits = seeded_split_files(config.root, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed)
+    elif config.dataset == "hf":
+        from captioner.data.hf_datasets import seeded_split_rows
+
+        splits = seeded_split_rows(config.root, config.image_column, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed)
+    else:
+        return None
+    if splits is None:
+        return None
+    drawn = {"val_fraction": config.val_fraction, "test_fraction": config.test_fraction, "split_seed": config.split_seed}
+    return {"dataset": config.dataset, "root": config.root, **drawn, **{split: splits[split] for split in SPLITS}}
 
 
 def ensure_shapes(config: DataConfig) -> None:

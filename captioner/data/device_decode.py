@@ -46,7 +46,9 @@ class EncodedJpeg:
     name: str
 
 
-def read_for_device(path: str | Path, ship_jpeg: bool = True, max_pixels: int = MAX_PIXELS) -> EncodedJpeg | torch.Tensor:
+def read_for_device(
+    path: str | Path | bytes, ship_jpeg: bool = True, max_pixels: int = MAX_PIXELS, name: str | None = None
+) -> EncodedJpeg | torch.Tensor:
     """In a worker: with `ship_jpeg`, a baseline RGB or greyscale JPEG as its bytes and EXIF
     orientation, after `load_image`'s checks (format, size limit, from the header); any other
     file (progressive JPEGs too, which nvjpeg's GPU backend may refuse) decoded here exactly as
@@ -55,10 +57,11 @@ def read_for_device(path: str | Path, ship_jpeg: bool = True, max_pixels: int = 
     def finish(image: Image.Image) -> EncodedJpeg | torch.Tensor:
         if not ship_jpeg or image.format != "JPEG" or image.mode not in DEVICE_MODES or image.info.get("progressive"):
             return pil_to_tensor(decode_rgb(image))  # (3, H, W)
-        data = torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8)  # (L,)
-        return EncodedJpeg(data, exif_orientation(image), str(path))
+        encoded = path if isinstance(path, bytes) else Path(path).read_bytes()
+        data = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)  # (L,)
+        return EncodedJpeg(data, exif_orientation(image), name or str(path))
 
-    return open_checked(path, finish, max_pixels)
+    return open_checked(path, finish, max_pixels, name)
 
 
 def exif_orientation(image: Image.Image) -> int:
@@ -132,9 +135,11 @@ class PendingImage:
     seed: int | None  # the item's augmentation seed (CaptionDataset's draw); None: the process's RNG
 
 
-def read_pending(path: str | Path, transform: ImageTransform, seed: int | None, ship_jpeg: bool) -> PendingImage:
-    """In a worker: the file read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
-    return PendingImage(read_for_device(path, ship_jpeg), transform, seed)
+def read_pending(
+    path: str | Path | bytes, transform: ImageTransform, seed: int | None, ship_jpeg: bool, name: str | None = None
+) -> PendingImage:
+    """In a worker: the file (or stored bytes) read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
+    return PendingImage(read_for_device(path, ship_jpeg, name=name), transform, seed)
 
 
 def transform_on_device(pending: list[PendingImage], device: torch.device | str) -> torch.Tensor:

@@ -29,7 +29,7 @@ SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 _HEADER_BYTES = 64  # enough for every plugin's signature check
 
 
-def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int = MAX_PIXELS) -> Image.Image:
+def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int = MAX_PIXELS, name: str | None = None) -> Image.Image:
     """Read an image file as an upright 8-bit RGB picture, or raise `ImageLoadError`.
 
     Only `SUPPORTED_FORMATS` are opened; a file of another format (EPS, PDF, PSD, ICO, ...) is
@@ -38,9 +38,9 @@ def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int = MAX_PIXE
     LAB, 16-bit and 32-bit greyscale become RGB (transparent areas composited over white); only
     the first frame of an animation or the first page of a TIFF is used. Zero-byte, truncated and
     non-image files, and images over `max_pixels` (checked from the header, before decoding),
-    raise an error that names the file.
+    raise an error that names the file (`name`, for bytes read from elsewhere).
     """
-    return open_checked(source, decode_rgb, max_pixels)
+    return open_checked(source, decode_rgb, max_pixels, name)
 
 
 def decode_rgb(image: Image.Image) -> Image.Image:
@@ -53,11 +53,13 @@ def decode_rgb(image: Image.Image) -> Image.Image:
 T = TypeVar("T")
 
 
-def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T], max_pixels: int = MAX_PIXELS) -> T:
+def open_checked(
+    source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T], max_pixels: int = MAX_PIXELS, name: str | None = None
+) -> T:
     """`finish(image)` on the file opened with `load_image`'s checks (supported format, a
     non-empty size under `max_pixels`, read from the header only); every failure, in `finish`
-    too, is an `ImageLoadError` naming the file."""
-    name = str(source) if isinstance(source, (str, Path)) else "<upload>"
+    too, is an `ImageLoadError` naming the file (or `name`)."""
+    name = name or (str(source) if isinstance(source, (str, Path)) else "<upload>")
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():

@@ -7,17 +7,36 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from captioner.core.errors import DatasetError
 
 log = logging.getLogger(__name__)
 
 
+class StoredImages(Protocol):
+    """Images kept inside a dataset's own files (a Hugging Face dataset's Arrow or Parquet
+    column), read by row. Picklable: DataLoader workers each open the files themselves."""
+
+    def read(self, row: int) -> bytes: ...
+
+
 @dataclass(frozen=True)
 class ImageRecord:
     image_id: int  # the id results files and metrics use (COCO's id; Flickr8k: line order)
-    path: Path
+    path: Path  # the image file; for a stored image, a name for it: <dataset>/<split>/<row>
     captions: tuple[str, ...]
+    stored: StoredImages | None = None  # set when the image's bytes live in the dataset's files
+    row: int = 0  # the row of `stored` that holds it
+
+
+def image_data(record: ImageRecord) -> Path | bytes:
+    """What the image loader reads for `record`: its file, or its stored bytes."""
+    return record.path if record.stored is None else record.stored.read(record.row)
+
+
+def record_exists(record: ImageRecord) -> bool:
+    return record.stored is not None or os.path.isfile(record.path)
 
 
 def drop_missing(records: list[ImageRecord], source: str, strict: bool = False) -> list[ImageRecord]:
@@ -26,10 +45,10 @@ def drop_missing(records: list[ImageRecord], source: str, strict: bool = False) 
     A caption file that lists images missing on disk is a real case (a partial download, a
     subset); training on what is there is the useful default, `strict` makes it an error.
     """
-    present = [r for r in records if os.path.isfile(r.path)]
+    present = [r for r in records if record_exists(r)]
     missing = len(records) - len(present)
     if missing:
-        example = next(r.path for r in records if not os.path.isfile(r.path))
+        example = next(r.path for r in records if not record_exists(r))
         message = f"{source}: {missing} of {len(records)} images are missing on disk (e.g. {example})"
         if strict:
             raise DatasetError(message + "; strict mode is on")

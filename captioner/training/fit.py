@@ -9,6 +9,7 @@ what an exact resume needs (position in the epoch, running sums, every RNG state
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import time
@@ -21,11 +22,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from captioner.core.config import Config, dump_config
-from captioner.core.errors import CheckpointError, ConfigError
+from captioner.core.errors import CheckpointError, ConfigError, DatasetError
 from captioner.core.files import write_failure
 from captioner.core.runtime import ThreadGovernor, loader_workers, resolve_device, seed_everything, threads_are_automatic
 from captioner.data.batching import CaptionDataset, collate_captions
-from captioner.data.datasets import load_split
+from captioner.data.datasets import load_split, seeded_split_record
 from captioner.data.device_decode import device_preprocess
 from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
@@ -89,6 +90,9 @@ def fit(config: Config, resume: bool = False) -> Path:
         try:
             vocab.save(out_dir / "vocab.json")
             dump_config(config, out_dir / "config.yaml")
+            drawn = seeded_split_record(config.data)
+            if drawn is not None:  # the split this run drew, so evaluation elsewhere can be checked against it
+                (out_dir / "splits.json").write_text(json.dumps(drawn, indent=1))
         except OSError as e:  # a full disk before the first step: one line naming the file
             raise write_failure(Path(e.filename or out_dir), e) from None
     run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint)
@@ -118,6 +122,8 @@ def load_records(config: Config, ctx: Distributed) -> tuple[list[ImageRecord], l
     if not ctx.is_main:
         train = load_split(config.data, "train")
     all_val = load_split(config.data, "val")
+    if not all_val:  # an image folder drawn with data.val_fraction 0, or too small to hold one out
+        raise DatasetError(f"{config.data.root}: the val split is empty, and training picks best.pt on it: set data.val_fraction above 0 or add a validation split")
     return train, all_val[: config.train.val_max_images] if config.train.val_max_images else all_val, all_val
 
 

@@ -1,0 +1,157 @@
+"""A Hugging Face dataset on disk: a `save_to_disk` folder (Arrow files) or Parquet files, read
+through `datasets` with no network. The image column may be an `Image` feature (bytes or a
+path), raw bytes, or a file path; the caption column a string or a list of strings.
+
+Images are not copied out: each record names its row, and `DatasetImages.read` takes the bytes
+from the memory-mapped Arrow table in whichever process loads the image (DataLoader workers open
+the dataset themselves, once). Splits: the dataset's own train / validation (val, valid, dev) /
+test; a dataset with a single split (or none) is split by `holdout.seeded_split`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from captioner.core.errors import DatasetError, ImageLoadError
+from captioner.data.holdout import check_split_name, seeded_split
+from captioner.data.records import ImageRecord
+
+log = logging.getLogger(__name__)
+
+SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid", "dev"), "test": ("test",)}
+SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (a DatasetDict, a Dataset)
+
+
+def _datasets() -> Any:
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never wait on the Hub
+    import datasets  # the 'data' extra; the CLI names it when missing (core/extras.py)
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    return datasets
+
+
+@functools.lru_cache(maxsize=8)
+def open_dataset(root: str) -> dict[str, Any]:
+    """Split name (as the dataset names it) -> `datasets.Dataset`, opened once per process."""
+    path = Path(root)
+    if not path.exists():
+        raise DatasetError(f"{root}: Hugging Face dataset not found")
+    datasets = _datasets()
+    try:
+        if path.is_dir() and any((path / m).is_file() for m in SAVED_MARKERS):
+            loaded = datasets.load_from_disk(str(path))
+        elif path.is_file() and path.suffix == ".parquet":
+            loaded = datasets.load_dataset("parquet", data_files={"train": str(path)})
+        elif path.is_dir() and next(path.rglob("*.parquet"), None) is not None:
+            loaded = datasets.load_dataset("parquet", data_dir=str(path))
+        else:
+            raise DatasetError(
+                f"{root}: not a Hugging Face dataset on disk (no {' or '.join(SAVED_MARKERS)} from save_to_disk, no .parquet files)"
+            )
+    except DatasetError:
+        raise
+    except Exception as e:  # noqa: BLE001 - datasets raises many kinds for a damaged folder; one line names it
+        raise DatasetError(f"{root}: cannot read the Hugging Face dataset ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+
+
+def _split_key(splits: dict[str, Any], split: str) -> str | None:
+    return next((name for name in SPLIT_NAMES[split] if name in splits), None)
+
+
+@dataclass(frozen=True)
+class DatasetImages:
+    """The image column of one split of a dataset on disk, read by row."""
+
+    root: str
+    split: str  # the dataset's own split name
+    column: str
+
+    def read(self, row: int) -> bytes:
+        value = _image_column(self.root, self.split, self.column)[row].as_py()
+        name = f"{self.root} ({self.split}, row {row}, column {self.column!r})"
+        if isinstance(value, dict):  # an Image feature: {"bytes": ..., "path": ...}
+            data, path = value.get("bytes"), value.get("path")
+            if data:
+                return data
+            value = path
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value)
+        if isinstance(value, str) and value:
+            file = Path(value) if os.path.isabs(value) else Path(self.root) / value
+            try:
+                return file.read_bytes()
+            except OSError as e:
+                raise ImageLoadError(f"{name}: cannot read {file} ({e.strerror or e})") from None
+        raise ImageLoadError(f"{name}: no image (the cell is {type(value).__name__})")
+
+
+@functools.lru_cache(maxsize=16)
+def _image_column(root: str, split: str, column: str) -> Any:
+    """The column as a memory-mapped Arrow array (no image decoded, no bytes copied)."""
+    return open_dataset(root)[split].with_format("arrow")[column]
+
+
+def load_hf_dataset(
+    root: str | Path,
+    split: str,
+    image_column: str = "image",
+    caption_column: str = "text",
+    val_fraction: float = 0.05,
+    test_fraction: float = 0.05,
+    split_seed: int = 0,
+) -> list[ImageRecord]:
+    """The records of one split (train, val, test). Image ids number the rows split by split
+    (train, val, test) as the dataset orders them."""
+    root = str(root)
+    check_split_name(split, root)
+    splits = open_dataset(root)
+    pools = {ours: key for ours in SPLIT_NAMES if (key := _split_key(splits, ours)) is not None}
+    seeded = set(pools) == {"train"}
+    key = pools["train"] if seeded else pools.get(split)
+    if key is None:
+        raise DatasetError(f"{root}: no {split} split (the dataset has: {', '.join(splits)}); name one {' or '.join(SPLIT_NAMES[split])}")
+    dataset = splits[key]
+    missing = [c for c in (image_column, caption_column) if c not in dataset.column_names]
+    if missing:
+        raise DatasetError(
+            f"{root} ({key}): no column {missing[0]!r} (columns: {', '.join(dataset.column_names)}); "
+            f"name yours with data.{'image' if missing[0] == image_column else 'caption'}_column"
+        )
+    captions = [_captions(value) for value in dataset.with_format("arrow")[caption_column].to_pylist()]
+    captioned = [row for row, texts in enumerate(captions) if texts]  # a row with no caption teaches nothing
+    if len(captioned) < len(captions):
+        log.warning("%s (%s): %d rows have no caption in %r; skipped", root, key, len(captions) - len(captioned), caption_column)
+    if seeded:
+        drawn = seeded_split(len(captioned), val_fraction, test_fraction, split_seed, f"{root} ({key})")[split]
+        rows, first_id = [captioned[i] for i in drawn], 0
+    else:
+        rows = captioned
+        earlier = list(SPLIT_NAMES)[: list(SPLIT_NAMES).index(split)]
+        first_id = sum(len(splits[pools[s]]) for s in earlier if s in pools)  # ids run on across the splits
+    images = DatasetImages(root, key, image_column)
+    records = [ImageRecord(first_id + row, Path(root) / key / str(row), captions[row], stored=images, row=row) for row in rows]
+    if not records and not seeded:  # a drawn split may be empty (a fraction of 0, a tiny dataset)
+        raise DatasetError(f"{root} ({key}): the {split} split has no row with a caption in {caption_column!r}")
+    return records
+
+
+def _captions(value: object) -> tuple[str, ...]:
+    values = value if isinstance(value, list) else [value]
+    return tuple(v.strip() for v in values if isinstance(v, str) and v.strip())
+
+
+def seeded_split_rows(
+    root: str | Path, image_column: str, caption_column: str, val_fraction: float, test_fraction: float, split_seed: int
+) -> dict[str, list[int]] | None:
+    """The rows of each split when the dataset has one split only (training records them), else None."""
+    splits = open_dataset(str(root))
+    if any(_split_key(splits, s) for s in ("val", "test")) or _split_key(splits, "train") is None:
+        return None
+    drawn = (image_column, caption_column, val_fraction, test_fraction, split_seed)
+    return {split: [r.row for r in load_hf_dataset(root, split, *drawn)] for split in SPLIT_NAMES}

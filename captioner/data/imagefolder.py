@@ -1,0 +1,186 @@
+"""Your own photographs and captions in Hugging Face's `imagefolder` layout: images beside a
+`metadata.jsonl` or `metadata.csv` whose `file_name` column names each image (relative to the
+metadata file) and whose caption column (`text` unless `data.caption_column` says otherwise) holds
+a caption, or a list of them; an image on several rows gathers all their captions.
+
+Splits: `train/`, `validation/` (or `val/`, `valid/`, `dev/`) and `test/` folders, each with its
+metadata file, or one metadata file at the root whose file names all start with those folders;
+otherwise every image is in one pool and `holdout.seeded_split` draws val and test from it.
+
+Read here rather than through `datasets.load_dataset("imagefolder")`: one small text file and
+the files it names need no Arrow cache, no extra install, and keep repeated rows as one image.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from captioner.core.errors import DatasetError
+from captioner.data.holdout import check_split_name, seeded_split
+from captioner.data.records import ImageRecord, drop_missing, read_text
+
+log = logging.getLogger(__name__)
+
+METADATA_FILES = ("metadata.jsonl", "metadata.csv")
+# Our split -> the folder names Hugging Face's loaders accept for it, in the order tried.
+SPLIT_FOLDERS = {"train": ("train",), "val": ("validation", "val", "valid", "dev"), "test": ("test",)}
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One metadata file, read: image file names in first-seen order with their captions."""
+
+    source: Path
+    captions: dict[str, list[str]]  # file name (as written, relative to the file's folder) -> captions
+    skipped: int  # rows with no caption (missing, null or empty)
+
+
+def read_metadata(path: Path, caption_column: str) -> Rows:
+    """A metadata.jsonl or metadata.csv -> `Rows`; a malformed row is one DatasetError naming
+    the file and line, a caption column that no row has names the columns there are."""
+    text = read_text(path, "image folder metadata file")
+    rows = _jsonl_rows(path, text) if path.suffix == ".jsonl" else _csv_rows(path, text)
+    captions: dict[str, list[str]] = {}
+    skipped = 0
+    columns: set[str] = set()
+    for line, row in rows:
+        columns.update(row)
+        name = row.get("file_name")
+        if not isinstance(name, str) or not name.strip():
+            raise DatasetError(f"{path}:{line}: no 'file_name' (the image's path, relative to {path.name})")
+        name = _inside(path, line, name.strip())
+        found = captions.setdefault(name, [])
+        value = row.get(caption_column)
+        texts = value if isinstance(value, list) else [value]
+        for text_value in texts:
+            if text_value is None or (isinstance(text_value, str) and not text_value.strip()):
+                skipped += 1
+                continue
+            if not isinstance(text_value, str):
+                raise DatasetError(f"{path}:{line}: '{caption_column}' holds {type(text_value).__name__} {text_value!r}, not a caption or a list of captions")
+            found.append(text_value.strip())
+    if not captions:
+        raise DatasetError(f"{path}: no rows")
+    if caption_column not in columns:
+        raise DatasetError(
+            f"{path}: no caption column {caption_column!r} (columns: {', '.join(sorted(columns))}); "
+            "name yours with data.caption_column"
+        )
+    captioned = {name: texts for name, texts in captions.items() if texts}  # an image with no caption teaches nothing
+    if not captioned:
+        raise DatasetError(f"{path}: no row has a caption in {caption_column!r}")
+    return Rows(path, captioned, skipped)
+
+
+def _jsonl_rows(path: Path, text: str) -> list[tuple[int, dict]]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise DatasetError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}")
+        rows.append((number, row))
+    return rows
+
+
+def _csv_rows(path: Path, text: str) -> list[tuple[int, dict]]:
+    reader = csv.DictReader(io.StringIO(text))
+    if not reader.fieldnames or "file_name" not in reader.fieldnames:
+        raise DatasetError(f"{path}:1: the header has no 'file_name' column (columns: {', '.join(reader.fieldnames or [])})")
+    return [(reader.line_num, {k: v for k, v in row.items() if k is not None}) for row in reader]
+
+
+def _inside(path: Path, line: int, name: str) -> str:
+    """A file name that stays inside the metadata file's folder (no absolute path, no `..`)."""
+    parts = PurePosixPath(name.replace("\\", "/"))
+    if parts.is_absolute() or ".." in parts.parts:
+        raise DatasetError(f"{path}:{line}: file_name {name!r} leaves the image folder (use a path relative to {path.name})")
+    return parts.as_posix()
+
+
+def metadata_file(folder: Path) -> Path | None:
+    return next((folder / name for name in METADATA_FILES if (folder / name).is_file()), None)
+
+
+def split_layout(root: Path) -> dict[str, Path]:
+    """Our split -> its folder, for the split folders that hold a metadata file."""
+    found = {}
+    for split, names in SPLIT_FOLDERS.items():
+        folder = next((root / n for n in names if metadata_file(root / n) is not None), None)
+        if folder is not None:
+            found[split] = folder
+    return found
+
+
+def load_imagefolder(
+    root: str | Path,
+    split: str,
+    caption_column: str = "text",
+    val_fraction: float = 0.05,
+    test_fraction: float = 0.05,
+    split_seed: int = 0,
+    check_images: bool = True,
+    strict: bool = False,
+) -> list[ImageRecord]:
+    """The records of one split (train, val, test) of the image folder at `root`. Image ids
+    number every image of the folder, split by split (train, val, test), in metadata order."""
+    root = Path(root)
+    check_split_name(split, str(root))
+    if not root.is_dir():
+        raise DatasetError(f"{root}: image folder not found" if not root.exists() else f"{root}: not a folder")
+    pools = _pools(root, caption_column)
+    if set(pools) == {"all"}:
+        rows = pools["all"]
+        names = list(rows.captions)
+        chosen = seeded_split(len(names), val_fraction, test_fraction, split_seed, str(rows.source))[split]
+        records = [ImageRecord(i, rows.source.parent / names[i], tuple(rows.captions[names[i]])) for i in chosen]
+    else:
+        if split not in pools:
+            raise DatasetError(
+                f"{root}: no {split} split (found: {', '.join(pools)}); add a {'/'.join(SPLIT_FOLDERS[split])} "
+                "folder with its metadata file"
+            )
+        earlier = list(SPLIT_FOLDERS)[: list(SPLIT_FOLDERS).index(split)]
+        first_id = sum(len(pools[s].captions) for s in earlier if s in pools)  # ids run on across the splits
+        rows = pools[split]
+        records = [ImageRecord(first_id + i, rows.source.parent / n, tuple(c)) for i, (n, c) in enumerate(rows.captions.items())]
+    if rows.skipped:
+        log.warning("%s: %d rows have no caption in %r; skipped", rows.source, rows.skipped, caption_column)
+    return drop_missing(records, str(rows.source), strict) if check_images else records
+
+
+def _pools(root: Path, caption_column: str) -> dict[str, Rows]:
+    """Split -> its rows: from split folders, from one root file whose names start with split
+    folders, or {'all': the root file's rows} when there are no splits."""
+    folders = split_layout(root)
+    if folders:
+        return {split: read_metadata(metadata_file(folder), caption_column) for split, folder in folders.items()}  # type: ignore[arg-type]
+    path = metadata_file(root)
+    if path is None:
+        raise DatasetError(f"{root}: no metadata.jsonl or metadata.csv (file_name and {caption_column!r} columns) here or in train/, validation/, test/")
+    rows = read_metadata(path, caption_column)
+    by_folder = {split: {n: c for n, c in rows.captions.items() if n.split("/", 1)[0] in names} for split, names in SPLIT_FOLDERS.items()}
+    if sum(len(v) for v in by_folder.values()) == len(rows.captions) and len(rows.captions) > 0:
+        return {split: Rows(path, captions, rows.skipped) for split, captions in by_folder.items() if captions}
+    return {"all": rows}
+
+
+def seeded_split_files(root: str | Path, caption_column: str, val_fraction: float, test_fraction: float, split_seed: int) -> dict[str, list[str]] | None:
+    """The file names of each split when the folder has no split folders (the split training
+    records in its run folder), else None."""
+    pools = _pools(Path(root), caption_column)
+    if set(pools) != {"all"}:
+        return None
+    rows = pools["all"]
+    names = list(rows.captions)
+    splits = seeded_split(len(names), val_fraction, test_fraction, split_seed, str(rows.source))
+    return {split: [names[i] for i in positions] for split, positions in splits.items()}
