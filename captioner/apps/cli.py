@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `captioner ... | head` stopped reading: not an error of ours, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        return 141  # what a shell reports for a command SIGPIPE ended
     except Exception as e:
         if distributed.launched():
             if distributed.peer_failed(e):  # the rank that failed has printed why

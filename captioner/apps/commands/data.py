@@ -42,6 +42,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     source.add_argument("--coco", help="a COCO-format caption file")
     source.add_argument("--karpathy", help="a Karpathy split file (dataset_*.json)")
     source.add_argument("--flickr8k", help="a folder with Flickr8k.token.txt and the split files")
+    source.add_argument("--imagefolder", help="a folder of images with metadata.jsonl or metadata.csv (docs/training.md)")
+    source.add_argument("--hf", help="a Hugging Face dataset on disk: a save_to_disk folder or Parquet files")
     stats.add_argument("config", nargs="?", help="or a training config")
     stats.add_argument("overrides", nargs="*", help="section.key=value")
     stats.add_argument("--min-count", type=int, default=5, help="the vocabulary counts words seen at least this often")
@@ -96,6 +98,8 @@ def run_stats(args: argparse.Namespace) -> int:
     from captioner.data.stats import dataset_stats, format_table
 
     start = time.time()
+    if args.config and "=" in args.config and not Path(args.config).exists():  # `--imagefolder DIR key=value`: no config given
+        args.config, args.overrides = None, [args.config, *args.overrides]
     if args.coco:
         records, source = load_coco_captions(args.coco, Path(args.coco).parent, check_images=False), args.coco
     elif args.karpathy:
@@ -104,16 +108,18 @@ def run_stats(args: argparse.Namespace) -> int:
     elif args.flickr8k:
         records = [r for s in SPLITS for r in load_flickr8k(args.flickr8k, s, check_images=False)]
         source = args.flickr8k
-    elif args.config:
+    elif args.config or args.imagefolder or args.hf:
         from captioner.core.config import load_config
 
-        config = load_config(args.config, args.overrides)
+        layout = ["data.dataset=imagefolder", f"data.root={args.imagefolder}"] if args.imagefolder else []
+        layout = ["data.dataset=hf", f"data.root={args.hf}"] if args.hf else layout
+        config = load_config(args.config, [*layout, *args.overrides])
         records = [r for s in SPLITS for r in load_split(config.data, s, check_images=False)]
-        source = f"{config.data.dataset} ({args.config})"
+        source = f"{config.data.dataset} ({args.config or config.data.root})"
     else:
-        raise CaptionerError("data stats: give --coco FILE, --karpathy FILE, --flickr8k DIR or a CONFIG")
+        raise CaptionerError("data stats: give --coco FILE, --karpathy FILE, --flickr8k DIR, --imagefolder DIR, --hf DIR or a CONFIG")
     stats = dataset_stats(records, args.min_count)
-    if args.flickr8k or args.config:
+    if args.flickr8k or args.config or args.imagefolder or args.hf:
         stats = _with_images_on_disk(stats, records)
     stats["seconds"] = round(time.time() - start, 2)
     if args.json:
@@ -124,5 +130,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def _with_images_on_disk(stats: dict, records: list) -> dict:
-    on_disk = sum(1 for r in records if r.path.is_file())
+    from captioner.data.records import record_exists
+
+    on_disk = sum(1 for r in records if record_exists(r))
     return {**stats, "images on disk": on_disk, "images missing": len(records) - on_disk}
