@@ -287,3 +287,40 @@ def test_training_on_a_folder_without_splits_records_the_drawn_split(tmp_path: P
 
     assert main(["train", *base, "data.val_fraction=0", f"train.out_dir={tmp_path / 'no_val'}"]) == 2
     assert "the val split is empty, and training picks best.pt on it: set data.val_fraction above 0" in capsys.readouterr().err
+
+
+# ---- WebDataset shards ----------------------------------------------------------------------
+
+
+def test_shards_hold_every_image_and_caption_in_img2datasets_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    require_module("webdataset", "the webdataset package is not installed (pip install 'captioner[data]')")
+    import webdataset
+
+    from captioner.apps.cli import main
+
+    rows = [{"file_name": f"{c}_{i}.png", "text": [f"a {c} square", f"{c} {i}"]} for c in COLOURS for i in range(5)]
+    folder = write_folder(tmp_path / "photos", rows)
+    (folder / "black_4.png").write_bytes(b"not an image at all")  # left out, counted
+    out = tmp_path / "shards"
+    argv = ["data", "shards", "--imagefolder", str(folder), "--out", str(out), "--max-count", "4", "--splits", "train,test",
+            "data.val_fraction=0", "data.test_fraction=0.2", "--quiet"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "train: 19 samples in 5 shards" in printed and "1 unreadable images left out" in printed
+
+    config = data(folder, "data.val_fraction=0", "data.test_fraction=0.2")
+    for split in ("train", "test"):
+        index = json.loads((out / split / "shards.json").read_text())
+        records = {f"{r.image_id:09d}": r for r in load_split(config, split) if r.path.name != "black_4.png"}
+        assert [s["nsamples"] for s in index["shardlist"]] == [4] * (len(records) // 4) + ([len(records) % 4] if len(records) % 4 else [])
+        pattern = str(out / split / f"{{00000..{len(index['shardlist']) - 1:05d}}}.tar")
+        samples = list(webdataset.WebDataset(pattern, shardshuffle=False))  # the library's own reader, as a user's would
+        assert sorted(s["__key__"] for s in samples) == sorted(records)
+        for item in samples:
+            record = records[item["__key__"]]
+            assert item["png"] == record.path.read_bytes()  # the image's own bytes and format
+            assert item["txt"].decode() == record.captions[0]
+            assert json.loads(item["json"])["captions"] == list(record.captions)
+
+    assert main(argv) == 2  # shards already there are never mixed with new ones
+    assert "already holds 5 shards; remove them or choose another --out" in capsys.readouterr().err

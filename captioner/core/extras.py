@@ -8,7 +8,7 @@ EXTRA_OF = {
     "pycocoevalcap": "train", "pycocotools": "train", "nltk": "train", "tensorboard": "train",
     "gradio": "demo", "gradio_client": "demo",
     "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "onnx",
-    "datasets": "data", "pyarrow": "data",
+    "datasets": "data", "pyarrow": "data", "webdataset": "data",
 }
 
 

@@ -7,8 +7,12 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from captioner.core.errors import CaptionerError
+
+if TYPE_CHECKING:
+    from captioner.core.config import DataConfig
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -49,6 +53,22 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     stats.add_argument("--min-count", type=int, default=5, help="the vocabulary counts words seen at least this often")
     stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
     stats.set_defaults(func=run_stats)
+
+    shards = data_commands.add_parser(
+        "shards", help="write a dataset as WebDataset shards (img2dataset's layout), e.g. to move it to object storage"
+    )
+    layout = shards.add_mutually_exclusive_group()
+    layout.add_argument("--flickr8k", help="a folder with Flickr8k.token.txt and the split files")
+    layout.add_argument("--imagefolder", help="a folder of images with metadata.jsonl or metadata.csv")
+    layout.add_argument("--hf", help="a Hugging Face dataset on disk: a save_to_disk folder or Parquet files")
+    shards.add_argument("config", nargs="?", help="or a training config (any dataset it reads: COCO, Karpathy, ...)")
+    shards.add_argument("overrides", nargs="*", help="section.key=value")
+    shards.add_argument("--out", required=True, help="output folder: one subfolder of shards per split")
+    shards.add_argument("--splits", default="train,val,test", help="comma-separated splits to write")
+    shards.add_argument("--max-count", type=int, default=1000, help="samples per shard at most")
+    shards.add_argument("--max-size", type=float, default=1e9, help="bytes of images per shard, about (a shard closes past it)")
+    shards.add_argument("--quiet", action="store_true", help="no progress bar")
+    shards.set_defaults(func=run_shards)
 
 
 def run_shapes(args: argparse.Namespace) -> int:
@@ -98,8 +118,6 @@ def run_stats(args: argparse.Namespace) -> int:
     from captioner.data.stats import dataset_stats, format_table
 
     start = time.time()
-    if args.config and "=" in args.config and not Path(args.config).exists():  # `--imagefolder DIR key=value`: no config given
-        args.config, args.overrides = None, [args.config, *args.overrides]
     if args.coco:
         records, source = load_coco_captions(args.coco, Path(args.coco).parent, check_images=False), args.coco
     elif args.karpathy:
@@ -109,13 +127,8 @@ def run_stats(args: argparse.Namespace) -> int:
         records = [r for s in SPLITS for r in load_flickr8k(args.flickr8k, s, check_images=False)]
         source = args.flickr8k
     elif args.config or args.imagefolder or args.hf:
-        from captioner.core.config import load_config
-
-        layout = ["data.dataset=imagefolder", f"data.root={args.imagefolder}"] if args.imagefolder else []
-        layout = ["data.dataset=hf", f"data.root={args.hf}"] if args.hf else layout
-        config = load_config(args.config, [*layout, *args.overrides])
-        records = [r for s in SPLITS for r in load_split(config.data, s, check_images=False)]
-        source = f"{config.data.dataset} ({args.config or config.data.root})"
+        data, source = named_dataset(args)
+        records = [r for s in SPLITS for r in load_split(data, s, check_images=False)]
     else:
         raise CaptionerError("data stats: give --coco FILE, --karpathy FILE, --flickr8k DIR, --imagefolder DIR, --hf DIR or a CONFIG")
     stats = dataset_stats(records, args.min_count)
@@ -126,6 +139,47 @@ def run_stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=1))
     else:
         print(format_table(stats, f"{source}"))
+    return 0
+
+
+def named_dataset(args: argparse.Namespace) -> tuple[DataConfig, str]:
+    """The data config a command's --flickr8k, --imagefolder or --hf DIR, or its CONFIG, names
+    (overrides applied), and how to name it in output."""
+    from captioner.core.config import load_config
+
+    if args.config and "=" in args.config and not Path(args.config).exists():  # `--imagefolder DIR key=value`: no config given
+        args.config, args.overrides = None, [args.config, *args.overrides]
+    kinds = {"flickr8k": getattr(args, "flickr8k", None), "imagefolder": args.imagefolder, "hf": args.hf}
+    layout = [[f"data.dataset={kind}", f"data.root={root}"] for kind, root in kinds.items() if root]
+    config = load_config(args.config, [*(layout[0] if layout else []), *args.overrides])
+    return config.data, f"{config.data.dataset} ({args.config or config.data.root})"
+
+
+def run_shards(args: argparse.Namespace) -> int:
+    from captioner.data.datasets import load_split
+    from captioner.data.shards import existing_shards, write_shards
+
+    if not (args.config or args.flickr8k or args.imagefolder or args.hf):
+        raise CaptionerError("data shards: give --flickr8k DIR, --imagefolder DIR, --hf DIR or a CONFIG")
+    if args.max_count < 1 or args.max_size <= 0:
+        raise CaptionerError(f"data shards: --max-count ({args.max_count}) and --max-size ({args.max_size:g}) must be positive")
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    unknown = [s for s in splits if s not in ("train", "val", "test")]
+    if unknown or not splits:
+        raise CaptionerError(f"data shards: --splits {args.splits!r}: use train, val and test, comma-separated")
+    data, source = named_dataset(args)
+    out = Path(args.out)
+    for split in splits:
+        if existing_shards(out / split):
+            raise CaptionerError(f"{out / split}: already holds {len(existing_shards(out / split))} shards; remove them or choose another --out")
+    start = time.time()
+    for split in splits:
+        records = load_split(data, split)
+        summary = write_shards(records, out / split, args.max_count, int(args.max_size), progress=not args.quiet, description=f"shards {split}")
+        size = sum(s["filesize"] for s in summary.shards)
+        left_out = f", {len(summary.skipped)} unreadable images left out" if summary.skipped else ""
+        print(f"{split}: {summary.samples:,} samples in {len(summary.shards)} shards ({size / 1e6:,.1f} MB) in {out / split}{left_out}")
+    print(f"{source} -> {out} in {time.time() - start:.1f} s; each split's shards.json lists its shards and their sample counts")
     return 0
 
 
