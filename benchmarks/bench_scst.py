@@ -2,7 +2,8 @@
 
     python benchmarks/bench_scst.py reward [path/to/captions_val2014.json] [--images 5000]
     python benchmarks/bench_scst.py step runs/flickr8k_lstm_lite0_scst/best.pt [--steps 8] [--baseline greedy|mean] [--root ROOT]
-    python benchmarks/bench_scst.py step configs/flickr8k_lstm_lite0_scst.yaml   # an untrained model of the config
+    python benchmarks/bench_scst.py step configs/flickr8k_lstm_lite0_scst.yaml --data data.root=../shared/data/flickr8k \
+        data.image_root=../shared/data/flickr8k_224/images   # an untrained model of the config, its data where it is here
     python benchmarks/bench_scst.py syncs [--root ROOT]   # ROOT: a checkout's folder (default this one)
     # today's code against an older commit: git archive COMMIT captioner | tar -x -C /tmp/old; ... syncs --root /tmp/old
 
@@ -197,7 +198,7 @@ def use_checkout(root: Path) -> None:
 
 def bench_step(args: argparse.Namespace) -> None:
     use_checkout(args.root)
-    from captioner.core.config import load_config
+    from captioner.core.config import apply_overrides, load_config
     from captioner.data.batching import CaptionBatch
     from captioner.data.datasets import load_split
     from captioner.models.build import build_model
@@ -206,13 +207,13 @@ def bench_step(args: argparse.Namespace) -> None:
     from captioner.training.scst import SelfCritical
 
     if args.checkpoint.suffix in (".yaml", ".yml"):  # an untrained model of the config: captions run to max_length
-        config = load_config(args.checkpoint, ["model.encoder.pretrained=false"])
+        config = load_config(args.checkpoint, ["model.encoder.pretrained=false", *args.data])
         records = load_split(config.data, "train")
         torch.manual_seed(0)
         model = build_model(config, Vocabulary.build((c for r in records for c in r.captions), config.data.min_word_count))
     else:
         model = load_captioner(args.checkpoint)
-        config = checkpoint_config(args.checkpoint)
+        config = apply_overrides(checkpoint_config(args.checkpoint), args.data, only="data.")
         records = load_split(config.data, "train")
     if args.baseline:
         config.scst.baseline = args.baseline
@@ -266,6 +267,8 @@ def main() -> None:
     step.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the checkout whose captioner runs")
     step.add_argument("--steps", type=int, default=8)
     step.add_argument("--baseline", choices=("greedy", "mean"), default=None, help="default: the checkpoint's scst.baseline")
+    step.add_argument("--data", nargs="*", default=[], metavar="data.KEY=VALUE",
+                      help="where the data is here, e.g. data.root=../shared/data/flickr8k data.image_root=../shared/data/flickr8k_224/images")
     syncs = commands.add_parser("syncs")
     syncs.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
     args = parser.parse_args()

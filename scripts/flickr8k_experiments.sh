@@ -13,7 +13,8 @@ source .venv/bin/activate
 run() {  # name config overrides...
     local name=$1 config=$2
     shift 2
-    captioner train "$config" "data.root=$ROOT" "train.out_dir=runs/$name" "$@"
+    # the shared folder's 1,000 photos are a subset of the official lists: train on the ones there
+    captioner train "$config" "data.root=$ROOT" data.max_missing_fraction=1 "train.out_dir=runs/$name" "$@"
     captioner evaluate "runs/$name/best.pt" --split test --beam 3 --out "runs/$name"
 }
 

@@ -108,7 +108,11 @@ def test_flickr8k_malformed_token_file(tmp_path: Path) -> None:
 
 
 def test_real_flickr8k(shared_data: Path) -> None:
-    config = load_config(None, ["data.dataset=flickr8k", f"data.root={shared_data / 'flickr8k'}"])
+    """The shared folder's 1,000 full-resolution photos: a deliberate subset of the official lists."""
+    subset = ["data.dataset=flickr8k", f"data.root={shared_data / 'flickr8k'}"]
+    with pytest.raises(DatasetError, match=r"Flickr_8k.trainImages.txt: 5247 of 6000 images are missing on disk .*more than data.max_missing_fraction"):
+        load_split(load_config(None, subset).data, "train")  # by default a partial copy stops the load
+    config = load_config(None, [*subset, "data.max_missing_fraction=1"])
     sizes = {split: len(load_split(config.data, split)) for split in ("train", "val", "test")}
     assert sizes == {"train": 753, "val": 113, "test": 125}
     vocab = Vocabulary.build(c for r in load_split(config.data, "train") for c in r.captions)

@@ -155,12 +155,17 @@ def test_rows_without_a_caption_and_missing_images_are_counted_and_skipped(tmp_p
             {"file_name": "green_1.png", "text": None}, {"file_name": "white_1.png", "text": "white"}]
     write_folder(tmp_path, rows)
     (tmp_path / "white_1.png").unlink()
+    whole = ["data.val_fraction=0", "data.test_fraction=0"]
     with caplog.at_level(logging.WARNING):
-        records = load_split(data(tmp_path, "data.val_fraction=0", "data.test_fraction=0"), "train")
+        records = load_split(data(tmp_path, *whole, "data.max_missing_fraction=1"), "train")
     assert [r.path.name for r in records] == ["red_1.png"]
     assert "2 rows have no caption" in caplog.text and "1 of 2 images are missing on disk" in caplog.text
     with pytest.raises(DatasetError, match="strict mode is on"):
-        load_split(data(tmp_path, "data.val_fraction=0", "data.test_fraction=0", "data.strict=true"), "train")
+        load_split(data(tmp_path, *whole, "data.strict=true"), "train")
+    # half the listed images gone is a different dataset: by default the load stops and says how to go on
+    with pytest.raises(DatasetError, match=r"1 of 2 images are missing on disk .*: 50.0%, more than data.max_missing_fraction \(0.05\) "
+                       r"allows; fetch them or point data.image_root at them, or set data.max_missing_fraction=1 to use the 1 there$"):
+        load_split(data(tmp_path, *whole), "train")
 
 
 # ---- a Hugging Face dataset on disk ---------------------------------------------------------
@@ -288,6 +293,15 @@ def test_training_on_a_folder_without_splits_records_the_drawn_split(tmp_path: P
     assert main(["train", *base, "data.val_fraction=0", f"train.out_dir={tmp_path / 'no_val'}"]) == 2
     assert "the val split is empty, and training picks best.pt on it: set data.val_fraction above 0" in capsys.readouterr().err
 
+    # the photos move (a shared checkpoint, another machine): evaluate is told where they are now
+    moved = folder.rename(tmp_path / "elsewhere")
+    assert main(["evaluate", str(tmp_path / "run"), "--fast", "--split", "test", "--json"]) == 2
+    assert f"{folder}: image folder not found" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "run"), f"data.root={moved}", "--fast", "--split", "test", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == 2
+    assert main(["evaluate", str(tmp_path / "run"), "train.epochs=3", "--fast"]) == 2
+    assert "override 'train.epochs=3': only data.* keys can be set here" in capsys.readouterr().err
+
 
 # ---- WebDataset shards ----------------------------------------------------------------------
 
@@ -324,3 +338,21 @@ def test_shards_hold_every_image_and_caption_in_img2datasets_layout(tmp_path: Pa
 
     assert main(argv) == 2  # shards already there are never mixed with new ones
     assert "already holds 5 shards; remove them or choose another --out" in capsys.readouterr().err
+
+
+def test_the_shapes_world_is_never_generated_into_a_folder_of_other_files(tmp_path: Path) -> None:
+    from captioner.data.datasets import ensure_shapes
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "holiday.jpg").write_bytes(png("red"))
+    shapes = ["data.dataset=shapes", "data.shapes_num_train=2", "data.shapes_num_val=1", "data.shapes_num_test=1"]
+    config = load_config(None, [*shapes, f"data.root={tmp_path / 'mine'}"]).data
+    with pytest.raises(DatasetError, match="no shapes caption files .* the folder holds other files: point data.root at a new or empty folder"):
+        ensure_shapes(config)
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["holiday.jpg"]  # nothing written
+
+    fresh = load_config(None, [*shapes, f"data.root={tmp_path / 'new'}"]).data
+    ensure_shapes(fresh)  # a new folder is the generator's
+    (tmp_path / "new" / "captions_test.json").unlink()  # cut short: the generator's own folder is finished again
+    ensure_shapes(fresh)
+    assert len(load_split(fresh, "test")) == 1

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -66,7 +65,8 @@ class DataConfig:
     max_caption_length: int = setting(30, POSITIVE)  # words; longer captions are truncated
     captions_per_image: str = setting("one", Choice(("one", "all")))  # one: a random caption per image per epoch | all: every pair
     augment: bool = setting(False, Flag())  # train-time crop and brightness/contrast jitter (never flips)
-    strict: bool = setting(False, Flag())  # stop on images listed in the captions but missing on disk
+    strict: bool = setting(False, Flag())  # stop on any image listed in the captions but missing on disk
+    max_missing_fraction: float = setting(0.05, Range(ge=0, le=1))  # stop when more of a split's listed images than this are missing (1: train on what is there)
     batch_size: int = setting(64, POSITIVE)  # images per step and per process (each with its captions: captions_per_image)
     num_workers: int = setting(0, Range(ge=-1, le=256))  # DataLoader workers per rank; -1: auto, from the cores and the ranks per node
     device_preprocess: str = setting("none", Choice(("none", "transform", "decode")))  # training on CUDA: the GPU crops, resizes, jitters (transform) and decodes JPEGs (decode, nvjpeg)
@@ -224,11 +224,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if raw is not None and not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, scst, decode)")
         _merge(config, raw or {}, "", source)
+    return apply_overrides(config, overrides, source)
+
+
+def apply_overrides(config: Config, overrides: list[str] | tuple[str, ...], source: str = "config", only: str | None = None) -> Config:
+    """`section.key=value` overrides set on `config` (in place), then the whole config validated.
+    `only` (a prefix such as "data.") refuses any other key in one line."""
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {override!r}: expected section.key=value")
         key = key.strip().lstrip("-")
+        if only is not None and not key.startswith(only):
+            raise ConfigError(f"override {override!r}: only {only}* keys can be set here")
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError:

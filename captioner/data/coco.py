@@ -27,7 +27,8 @@ _reported: set[tuple[str, int]] = set()  # (file, mtime) whose sizes this proces
 
 
 def load_coco_captions(
-    annotation_file: str | Path, image_root: str | Path, check_images: bool = True, strict: bool = False
+    annotation_file: str | Path, image_root: str | Path, check_images: bool = True, strict: bool = False,
+    max_missing: float = 1.0,
 ) -> list[ImageRecord]:
     """Records of a COCO caption file (`captions_*.json`) read through pycocotools."""
     annotation_file = check_file(annotation_file, "caption annotation file")
@@ -40,7 +41,7 @@ def load_coco_captions(
             records.append(ImageRecord(image_id, image_root / coco.imgs[image_id]["file_name"], tuple(captions)))
     if not records:
         raise DatasetError(f"{annotation_file}: no image has a caption")
-    return drop_missing(records, str(annotation_file), strict) if check_images else records
+    return drop_missing(records, str(annotation_file), strict, max_missing) if check_images else records
 
 
 def read_coco(path: Path, what: str, lists: tuple[str, ...]) -> COCO:
@@ -120,7 +121,8 @@ def _check_entries(path: Path, entries: list, name: str, fields: dict) -> set:
 
 
 def load_karpathy(
-    split_file: str | Path, image_root: str | Path, split: str, check_images: bool = True, strict: bool = False
+    split_file: str | Path, image_root: str | Path, split: str, check_images: bool = True, strict: bool = False,
+    max_missing: float = 1.0,
 ) -> list[ImageRecord]:
     """Records of one split of a Karpathy file (`dataset_coco.json`, `dataset_flickr8k.json`,
     `dataset_flickr30k.json`).
@@ -170,7 +172,7 @@ def load_karpathy(
     report_split_sizes(split_file, sizes, coco=any("cocoid" in e for e in images if isinstance(e, dict)))
     if not records:
         raise DatasetError(f"{split_file}: no images in split {split!r}")
-    return drop_missing(records, str(split_file), strict) if check_images else records
+    return drop_missing(records, str(split_file), strict, max_missing) if check_images else records
 
 
 def report_split_sizes(split_file: Path, sizes: Counter[str], coco: bool) -> None:

@@ -17,7 +17,7 @@ from captioner.data.coco import (
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.imagefolder import load_imagefolder, seeded_split_files
 from captioner.data.records import ImageRecord
-from captioner.data.shapes import SPLITS
+from captioner.data.shapes import SHAPES_MARKER, SPLITS
 
 log = logging.getLogger(__name__)
 
@@ -26,25 +26,24 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
     if split not in SPLITS:
         raise DatasetError(f"unknown split {split!r}: use train, val or test")
     root = Path(config.root)
-    strict = config.strict
+    policy = {"strict": config.strict, "max_missing": config.max_missing_fraction}  # images listed but not on disk
     if config.dataset == "shapes":
         ensure_shapes(config)
-        return load_coco_captions(root / f"captions_{split}.json", root / split, check_images, strict)
+        return load_coco_captions(root / f"captions_{split}.json", root / split, check_images, **policy)
     if config.dataset == "coco":
         annotations, images = coco_split_files(root, config.year, split)
         image_root = Path(config.image_root) / images.name if config.image_root else images
-        records = load_coco_captions(annotations, image_root, check_images, strict)
+        records = load_coco_captions(annotations, image_root, check_images, **policy)
         return split_coco_val(records, split)
     if config.dataset == "karpathy":
         assert config.karpathy_file is not None  # validated with the config
         image_root = Path(config.image_root) if config.image_root else root
-        return load_karpathy(config.karpathy_file, image_root, split, check_images, strict)
+        return load_karpathy(config.karpathy_file, image_root, split, check_images, **policy)
     if config.dataset == "flickr8k":
-        return load_flickr8k(root, split, config.image_root, check_images, strict)
+        return load_flickr8k(root, split, config.image_root, check_images, **policy)
     if config.dataset == "imagefolder":
-        return load_imagefolder(
-            root, split, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed, check_images, strict
-        )
+        drawn = (config.caption_column, config.val_fraction, config.test_fraction, config.split_seed)
+        return load_imagefolder(root, split, *drawn, check_images, **policy)
     if config.dataset == "hf":
         from captioner.data.hf_datasets import load_hf_dataset  # `datasets` is an extra: imported when asked for
 
@@ -76,6 +75,11 @@ def ensure_shapes(config: DataConfig) -> None:
     root = Path(config.root)
     if all((root / f"captions_{s}.json").exists() for s in SPLITS):
         return
+    if root.is_dir() and not (root / SHAPES_MARKER).exists() and any(root.iterdir()):  # never write into a user's folder unasked
+        raise DatasetError(
+            f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds other files: "
+            f"point data.root at a new or empty folder, or generate the world there with captioner data shapes --out {root}"
+        )
     from captioner.data.shapes import generate_shapes
 
     log.info("generating the shapes world into %s", root)

@@ -50,6 +50,7 @@ def load_flickr8k(
     image_root: str | Path | None = None,
     check_images: bool = True,
     strict: bool = False,
+    max_missing: float = 1.0,
 ) -> list[ImageRecord]:
     """Records of one official split (train, val = dev, test); `image_root` defaults to
     `default_image_folder(root)`: root/images, or the official zip's root/Flicker8k_Dataset.
@@ -76,4 +77,4 @@ def load_flickr8k(
         names.append(name)
     folder = Path(image_root) if image_root is not None else default_image_folder(root)
     records = [ImageRecord(ids[n], folder / n, tuple(captions[n])) for n in names]
-    return drop_missing(records, str(split_file), strict) if check_images else records
+    return drop_missing(records, str(split_file), strict, max_missing) if check_images else records

@@ -130,6 +130,7 @@ def load_imagefolder(
     split_seed: int = 0,
     check_images: bool = True,
     strict: bool = False,
+    max_missing: float = 1.0,
 ) -> list[ImageRecord]:
     """The records of one split (train, val, test) of the image folder at `root`. Image ids
     number every image of the folder, split by split (train, val, test), in metadata order."""
@@ -155,7 +156,7 @@ def load_imagefolder(
         records = [ImageRecord(first_id + i, rows.source.parent / n, tuple(c)) for i, (n, c) in enumerate(rows.captions.items())]
     if rows.skipped:
         log.warning("%s: %d rows have no caption in %r; skipped", rows.source, rows.skipped, caption_column)
-    return drop_missing(records, str(rows.source), strict) if check_images else records
+    return drop_missing(records, str(rows.source), strict, max_missing) if check_images else records
 
 
 def _pools(root: Path, caption_column: str) -> dict[str, Rows]:

@@ -39,11 +39,13 @@ def record_exists(record: ImageRecord) -> bool:
     return record.stored is not None or os.path.isfile(record.path)
 
 
-def drop_missing(records: list[ImageRecord], source: str, strict: bool = False) -> list[ImageRecord]:
+def drop_missing(records: list[ImageRecord], source: str, strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
     """Keep the records whose image exists; log one line with the count of the others.
 
     A caption file that lists images missing on disk is a real case (a partial download, a
-    subset); training on what is there is the useful default, `strict` makes it an error.
+    subset); training on what is there is useful up to a point: past `max_missing` (a share of
+    the listed images; data.max_missing_fraction for a run) a partial copy would quietly train on
+    a different dataset, so it stops in one line. `strict` stops on any missing image.
     """
     present = [r for r in records if record_exists(r)]
     missing = len(records) - len(present)
@@ -52,6 +54,11 @@ def drop_missing(records: list[ImageRecord], source: str, strict: bool = False) 
         message = f"{source}: {missing} of {len(records)} images are missing on disk (e.g. {example})"
         if strict:
             raise DatasetError(message + "; strict mode is on")
+        if missing / len(records) > max_missing and present:
+            raise DatasetError(
+                f"{message}: {missing / len(records):.1%}, more than data.max_missing_fraction ({max_missing:g}) allows; "
+                f"fetch them or point data.image_root at them, or set data.max_missing_fraction=1 to use the {len(present)} there"
+            )
         log.warning("%s; skipping them", message)
     if records and not present:
         raise DatasetError(f"{source}: none of the {len(records)} images listed exist under {records[0].path.parent}")

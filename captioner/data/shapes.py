@@ -247,6 +247,8 @@ def generate_shapes(
     category_id = {c["name"]: c["id"] for c in categories}
     next_image_id, next_caption_id, next_object_id = 1, 1, 1
     bar = tqdm(total=sum(counts.values()), desc="shapes", unit="img", disable=not progress)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SHAPES_MARKER).write_text("written by captioner's shapes generator; an unfinished world here is generated again\n")
     for split_index, split in enumerate(SPLITS):
         (out / split).mkdir(parents=True, exist_ok=True)
         images, captions, instances = [], [], []
@@ -291,6 +293,9 @@ def generate_shapes(
         )
     bar.close()
     return counts
+
+
+SHAPES_MARKER = ".captioner_shapes"  # marks a folder the generator owns (a run may finish a world it cut short)
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -27,6 +27,10 @@ FIGURES = 8  # --heatmaps: figures of this many first images
 def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate = commands.add_parser("evaluate", help="score a checkpoint on a split, or a results file")
     evaluate.add_argument("checkpoint", nargs="?", help="a .pt, a run folder, an export or a Hub id (left out with --results)")
+    evaluate.add_argument(
+        "data_overrides", nargs="*", metavar="data.KEY=VALUE",
+        help="where the checkpoint's dataset is on this machine, for a moved or shared checkpoint: data.root=..., data.image_root=...",
+    )
     evaluate.add_argument("--split", default="test", choices=("train", "val", "test"), help="the split of the checkpoint's data to caption and score")
     evaluate.add_argument(
         "--out",
@@ -106,6 +110,10 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     checkpoint = checkpoint_file(args.checkpoint)  # a run folder: its best.pt, else last.pt
     model = load_model("evaluate", checkpoint, args)
     config = checkpoint_config(checkpoint)  # the dataset the model was trained on
+    if args.data_overrides:  # ...as it lies on this machine
+        from captioner.core.config import apply_overrides
+
+        apply_overrides(config, args.data_overrides, f"{checkpoint} with the command line's data overrides", only="data.")
     records = all_records = load_split(config.data, args.split)
     if args.limit:
         records = records[: args.limit]
