@@ -155,3 +155,10 @@ def test_the_module_tables_of_the_architecture_page_are_the_codes() -> None:
     spec.loader.exec_module(table)
     page = table.PAGE.read_text()
     assert table.rewritten(page) == page, "docs/architecture.md is stale: run python scripts/architecture_table.py"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_no_issue_numbers_in_user_facing_prose(page: Path) -> None:
+    """A user cannot see the project's issue tracker: "issue 28", "issues 21 and 22", "#21"."""
+    found = re.findall(r"(?i)\bissues? #?\d+|(?<![\w&/])#\d+\b", FENCE.sub("", page.read_text()))
+    assert not found, f"{page_id(page)} refers to issues by number: {sorted(set(found))}"
