@@ -11,6 +11,15 @@ fi
 source .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 # torch/torchvision pinned to the versions this project is tested with; any CUDA or CPU build works.
-python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
+# Without an NVIDIA GPU they come from PyTorch's CPU-only index (scripts/torch_index.sh; TORCH_INDEX
+# chooses); where that index cannot be reached, from the default one, with a line saying so.
+TORCH=("torch==2.14.1" "torchvision==0.29.1")
+index=$(bash "$(dirname "${BASH_SOURCE[0]}")/torch_index.sh")
+if [ -z "$index" ]; then
+    python -m pip install --quiet "${TORCH[@]}"
+elif ! python -m pip install --quiet --retries 1 --timeout 20 --index-url "$index" "${TORCH[@]}" 2>/dev/null; then
+    echo "setup.sh: cannot install torch from $index; installing it from the default index instead (on Linux it brings the CUDA libraries)" >&2
+    python -m pip install --quiet "${TORCH[@]}"
+fi
 EXTRAS=${EXTRAS-train,demo}
 python -m pip install --quiet -e ".${EXTRAS:+[$EXTRAS]}"

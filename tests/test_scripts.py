@@ -111,3 +111,31 @@ def test_quickstart_stops_on_a_bad_override_before_training(tmp_path: Path) -> N
     result, calls = run_quickstart(tmp_path, "train.epochs=lots", java=True)
     assert result.returncode != 0 and calls == []
     assert result.stderr.strip().count("\n") == 0 and "train.epochs" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "gpu, choice, index",
+    [
+        (False, None, "https://download.pytorch.org/whl/cpu"),  # no GPU: the CPU-only wheels, not the CUDA stack
+        (True, None, ""),  # a GPU: the default index's CUDA build
+        (True, "cpu", "https://download.pytorch.org/whl/cpu"),
+        (False, "cuda", ""),
+        (False, "https://mirror.example/simple", "https://mirror.example/simple"),
+    ],
+    ids=["no gpu", "gpu", "cpu chosen", "cuda chosen", "own index"],
+)
+def test_torch_comes_from_the_index_that_fits_the_machine(tmp_path: Path, gpu: bool, choice: str | None, index: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if gpu:  # a stand-in nvidia-smi that lists one GPU
+        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **({"TORCH_INDEX": choice} if choice else {})}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "torch_index.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == index, done.stderr
+
+
+def test_a_torch_index_choice_that_means_nothing_is_one_line() -> None:
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "torch_index.sh")], env={"PATH": "/usr/bin:/bin", "TORCH_INDEX": "gpu"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == "scripts/torch_index.sh: TORCH_INDEX=gpu: use auto, cpu, cuda or an index URL"
