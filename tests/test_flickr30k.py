@@ -111,7 +111,9 @@ def test_a_malformed_entry_is_refused_in_one_line_naming_file_and_entry(tmp_path
 def test_a_missing_photo_is_skipped_or_stops_a_strict_load(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
     missing = tree / "flickr30k-images" / "1000092797.jpg"  # imgid 2, train
     missing.unlink()
-    config = load_config(CONFIG, tree_overrides(tree))
+    with pytest.raises(DatasetError, match=r"1 of 6 images are missing on disk .*: 16.7%, more than data.max_missing_fraction \(0.05\)"):
+        load_split(load_config(CONFIG, tree_overrides(tree)).data, "train")  # a sixth of the split gone: stop by default
+    config = load_config(CONFIG, [*tree_overrides(tree), "data.max_missing_fraction=1"])
     with caplog.at_level(logging.WARNING, logger="captioner.data.records"):
         assert [r.image_id for r in load_split(config.data, "train")] == [0, 1, 3, 4, 5]
     assert caplog.messages == [f"{tree / 'dataset_flickr30k.json'}: 1 of 6 images are missing on disk (e.g. {missing}); skipping them"]
