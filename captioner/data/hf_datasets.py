@@ -116,17 +116,7 @@ def load_hf_dataset(
     key = pools["train"] if seeded else pools.get(split)
     if key is None:
         raise DatasetError(f"{root}: no {split} split (the dataset has: {', '.join(splits)}); name one {' or '.join(SPLIT_NAMES[split])}")
-    dataset = splits[key]
-    missing = [c for c in (image_column, caption_column) if c not in dataset.column_names]
-    if missing:
-        raise DatasetError(
-            f"{root} ({key}): no column {missing[0]!r} (columns: {', '.join(dataset.column_names)}); "
-            f"name yours with data.{'image' if missing[0] == image_column else 'caption'}_column"
-        )
-    captions = [_captions(value) for value in dataset.with_format("arrow")[caption_column].to_pylist()]
-    captioned = [row for row, texts in enumerate(captions) if texts]  # a row with no caption teaches nothing
-    if len(captioned) < len(captions):
-        log.warning("%s (%s): %d rows have no caption in %r; skipped", root, key, len(captions) - len(captioned), caption_column)
+    captions, captioned = split_captions(root, key, splits[key], image_column, caption_column)
     if seeded:
         drawn = seeded_split(len(captioned), val_fraction, test_fraction, split_seed, f"{root} ({key})")[split]
         rows, first_id = [captioned[i] for i in drawn], 0
@@ -141,6 +131,22 @@ def load_hf_dataset(
     return records
 
 
+def split_captions(root: str, key: str, dataset: Any, image_column: str, caption_column: str) -> tuple[list[tuple[str, ...]], list[int]]:
+    """Each row's captions, and the rows that have one (a row with no caption teaches nothing);
+    a column that is not there is one DatasetError naming the columns there are."""
+    missing = [c for c in (image_column, caption_column) if c not in dataset.column_names]
+    if missing:
+        raise DatasetError(
+            f"{root} ({key}): no column {missing[0]!r} (columns: {', '.join(dataset.column_names)}); "
+            f"name yours with data.{'image' if missing[0] == image_column else 'caption'}_column"
+        )
+    captions = [_captions(value) for value in dataset.with_format("arrow")[caption_column].to_pylist()]
+    captioned = [row for row, texts in enumerate(captions) if texts]
+    if len(captioned) < len(captions):
+        log.warning("%s (%s): %d rows have no caption in %r; skipped", root, key, len(captions) - len(captioned), caption_column)
+    return captions, captioned
+
+
 def _captions(value: object) -> tuple[str, ...]:
     values = value if isinstance(value, list) else [value]
     return tuple(v.strip() for v in values if isinstance(v, str) and v.strip())
@@ -151,7 +157,9 @@ def seeded_split_rows(
 ) -> dict[str, list[int]] | None:
     """The rows of each split when the dataset has one split only (training records them), else None."""
     splits = open_dataset(str(root))
-    if any(_split_key(splits, s) for s in ("val", "test")) or _split_key(splits, "train") is None:
+    key = _split_key(splits, "train")
+    if key is None or any(_split_key(splits, s) for s in ("val", "test")):
         return None
-    drawn = (image_column, caption_column, val_fraction, test_fraction, split_seed)
-    return {split: [r.row for r in load_hf_dataset(root, split, *drawn)] for split in SPLIT_NAMES}
+    _, captioned = split_captions(str(root), key, splits[key], image_column, caption_column)  # read once, not once per split
+    drawn = seeded_split(len(captioned), val_fraction, test_fraction, split_seed, f"{root} ({key})")
+    return {split: [captioned[i] for i in positions] for split, positions in drawn.items()}

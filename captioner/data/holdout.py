@@ -6,8 +6,7 @@ from __future__ import annotations
 import random
 
 from captioner.core.errors import DatasetError
-
-SPLITS = ("train", "val", "test")
+from captioner.data.shapes import SPLITS  # the project's three split names, declared once
 
 
 def held_out_count(total: int, fraction: float) -> int:
