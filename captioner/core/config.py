@@ -48,13 +48,20 @@ PROBABILITY_BELOW_ONE = Range(ge=0, lt=1)  # dropout, label smoothing: 1 would r
 
 @dataclass
 class DataConfig:
-    dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k", "imagefolder", "hf")))  # the caption files' layout: shapes (generated), coco (2014/2017 annotations), karpathy (dataset_*.json), flickr8k, imagefolder (images + metadata.jsonl/csv), hf (a Hugging Face dataset on disk)
+    dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k", "imagefolder", "hf", "webdataset")))  # the caption files' layout: shapes (generated), coco (2014/2017 annotations), karpathy (dataset_*.json), flickr8k, imagefolder (images + metadata.jsonl/csv), hf (a Hugging Face dataset on disk), webdataset (shards, streamed)
     root: str = setting("data/shapes", Text())  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files; imagefolder: the folder; hf: save_to_disk folder or Parquet files
     image_root: str | None = setting(None, Text())  # folder of the images when it is not `root` (flickr8k, karpathy)
     karpathy_file: str | None = setting(None, Text())  # dataset_*.json with Karpathy's splits (dataset: karpathy)
     year: int = setting(2014, Choice((2014, 2017)))  # coco
     caption_column: str = setting("text", Text())  # imagefolder, hf: the column holding each image's caption (a string, or a list of them)
     image_column: str = setting("image", Text())  # hf: the column holding the image (an Image feature, bytes or a file path)
+    # webdataset: brace patterns of shards (paths, http(s) URLs, pipe: commands), img2dataset's layout;
+    # the train shards are streamed, val and test read into memory (captioner/data/streaming.py).
+    train_shards: str | None = setting(None, Text())  # webdataset: e.g. https://host/cc3m/{00000..00331}.tar
+    val_shards: str | None = setting(None, Text())  # webdataset: the validation shards (best.pt is picked on them)
+    test_shards: str | None = setting(None, Text())  # webdataset: the test shards (captioner evaluate --split test)
+    shuffle_buffer: int = setting(1000, POSITIVE)  # webdataset: samples each loader worker shuffles among (1: shard order)
+    max_broken_fraction: float = setting(0.01, Range(ge=0, lt=1))  # webdataset: broken samples (bad image, no caption) skipped per worker before the run stops
     # imagefolder and hf without train/validation/test splits: a seeded split of the images, the
     # same for the same images and seed, written to <train.out_dir>/splits.json by training.
     val_fraction: float = setting(0.05, Range(ge=0, lt=1))  # imagefolder, hf without splits: share of images held out for validation
@@ -418,6 +425,15 @@ def validate(config: Config, source: str = "config") -> None:
         )
     if config.data.dataset == "karpathy" and not config.data.karpathy_file:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")
+    if config.data.dataset == "webdataset":
+        missing = [key for key in ("train_shards", "val_shards") if not getattr(config.data, key)]
+        if missing:
+            raise ConfigError(f"{source}: 'data.{missing[0]}' is required when 'data.dataset' is webdataset (a brace pattern of shards)")
+        if config.train.stage == "scst":
+            raise ConfigError(
+                f"{source}: 'train.stage' scst needs every training image's references before it starts, which streamed shards do not give: "
+                "train the cross-entropy stage on the shards, then SCST on an image folder or a Hugging Face dataset (data.dataset imagefolder or hf)"
+            )
     scst = config.scst
     if scst.baseline == "mean" and scst.samples < 2:
         raise ConfigError(f"{source}: 'scst.baseline' mean needs 'scst.samples' >= 2 (the other samples of the image), got {scst.samples}")

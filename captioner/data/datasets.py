@@ -1,5 +1,6 @@
 """A dataset config -> the records of one split: shapes (generated on first use), COCO, Karpathy
-splits, Flickr8k, an image folder, a Hugging Face dataset on disk."""
+splits, Flickr8k, an image folder, a Hugging Face dataset on disk, WebDataset shards (a split
+read whole; training streams its train shards instead, captioner/data/streaming.py)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,20 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         return load_hf_dataset(
             root, split, config.image_column, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed
         )
+    if config.dataset == "webdataset":
+        from captioner.data.streaming import load_shard_records, open_shard_set  # webdataset is an extra
+
+        pattern = split_shards(config, split)
+        return load_shard_records(open_shard_set(pattern, f"data.{split}_shards"), split)
     raise DatasetError(f"unknown dataset {config.dataset!r}")
+
+
+def split_shards(config: DataConfig, split: str) -> str:
+    """The brace pattern of a webdataset split's shards (data.train_shards, val_shards, test_shards)."""
+    pattern = getattr(config, f"{split}_shards")
+    if not pattern:
+        raise DatasetError(f"data.{split}_shards is not set: the {split} split of these shards is not known")
+    return pattern
 
 
 def seeded_split_record(config: DataConfig) -> dict | None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.store import StoreRows, split_features, store_dir
+from captioner.data.streaming import ShardSet, ShardStream, StreamingCaptions, StreamSettings, open_shard_set, shard_captions
 from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint
@@ -76,12 +78,15 @@ def fit(config: Config, resume: bool = False) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.train.seed)
     train_records, val_records, all_val_records = load_records(config, ctx)
+    shards = train_shard_set(config)  # streamed training: the shards and their counts, no records
     checkpoint = read_resume_checkpoint(config) if resume else None
     initial = read_init_checkpoint(config) if config.train.init and checkpoint is None else None
-    vocab = choose_vocabulary(config, checkpoint or initial, train_records)
+    captions = (c for r in train_records for c in r.captions) if shards is None else shard_captions(shards, progress=ctx.is_main)
+    vocab = choose_vocabulary(config, checkpoint or initial, captions)
     log.info(
-        "%s: %d train images, %d val images, vocabulary %d words (min count %d)",
-        config.data.dataset, len(train_records), len(val_records), len(vocab), config.data.min_word_count,
+        "%s: %d train images%s, %d val images, vocabulary %d words (min count %d)",
+        config.data.dataset, len(train_records) if shards is None else shards.samples,
+        "" if shards is None else f" in {len(shards.urls)} shards, streamed", len(val_records), len(vocab), config.data.min_word_count,
     )
     model = build_model(config, vocab, load_pretrained=checkpoint is None and initial is None).to(ctx.device)
     if checkpoint or initial:
@@ -95,7 +100,7 @@ def fit(config: Config, resume: bool = False) -> Path:
                 (out_dir / "splits.json").write_text(json.dumps(drawn, indent=1))
         except OSError as e:  # a full disk before the first step: one line naming the file
             raise write_failure(Path(e.filename or out_dir), e) from None
-    run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint)
+    run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint, shards)
     run.stop.install()  # from here a SIGTERM or SIGINT ends the step, saves last.pt and raises Interrupted
     try:
         run.train()
@@ -116,24 +121,33 @@ def fit(config: Config, resume: bool = False) -> Path:
 def load_records(config: Config, ctx: Distributed) -> tuple[list[ImageRecord], list[ImageRecord], list[ImageRecord]]:
     """(train, the val images validated on, the whole val split). The shapes world is generated on
     first use: by rank 0, before the others read it."""
+    streamed = config.data.dataset == "webdataset"  # the train shards are streamed, never loaded whole
     if ctx.is_main:
-        train = load_split(config.data, "train")
+        train = [] if streamed else load_split(config.data, "train")
     ctx.barrier()
     if not ctx.is_main:
-        train = load_split(config.data, "train")
+        train = [] if streamed else load_split(config.data, "train")
     all_val = load_split(config.data, "val")
     if not all_val:  # an image folder drawn with data.val_fraction 0, or too small to hold one out
         raise DatasetError(f"{config.data.root}: the val split is empty, and training picks best.pt on it: set data.val_fraction above 0 or add a validation split")
     return train, all_val[: config.train.val_max_images] if config.train.val_max_images else all_val, all_val
 
 
-def choose_vocabulary(config: Config, checkpoint: dict | None, train_records: list[ImageRecord]) -> Vocabulary:
+def train_shard_set(config: Config) -> ShardSet | None:
+    """The train shards a webdataset run streams (their counts read from the index); else None."""
+    if config.data.dataset != "webdataset":
+        return None
+    assert config.data.train_shards is not None  # validated with the config
+    return open_shard_set(config.data.train_shards, "data.train_shards")
+
+
+def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterable[str]) -> Vocabulary:
     """A resumed or initialised run keeps its checkpoint's words; a new one counts the training captions."""
     if checkpoint is not None:
         return Vocabulary(checkpoint["vocab"])
     if config.train.stage == "scst":
         raise ConfigError("train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)")
-    return Vocabulary.build((c for r in train_records for c in r.captions), config.data.min_word_count)
+    return Vocabulary.build(captions, config.data.min_word_count)
 
 
 @dataclass
@@ -146,8 +160,8 @@ class Run:
     model: Captioner
     forward: Callable[..., DecoderOutput]  # the model, or its DDP wrapper
     objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-    loader: DataLoader
-    sampler: EpochBatchSampler
+    loader: DataLoader | ShardStream
+    sampler: EpochBatchSampler | ShardStream  # a stream is its own sampler
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     state: TrainState
@@ -170,13 +184,13 @@ class Run:
     @classmethod
     def start(
         cls, config: Config, ctx: Distributed, model: Captioner, train_records: list[ImageRecord],
-        val_records: list[ImageRecord], all_val_records: list[ImageRecord], checkpoint: dict | None,
+        val_records: list[ImageRecord], all_val_records: list[ImageRecord], checkpoint: dict | None, shards: ShardSet | None = None,
     ) -> Run:
         """The data (images, or the feature store for a frozen encoder), the objective, the
         optimiser and schedule, the DDP wrapper; then the checkpoint's state when resuming."""
         data, device = config.data, ctx.device
         state = TrainState()
-        state.encoded = model.encoder.frozen and not data.augment and config.train.cache_features
+        state.encoded = model.encoder.frozen and not data.augment and config.train.cache_features and shards is None
         train_features = val_features = grid = None
         if state.encoded:
             log.info("encoder is frozen: training the decoder on the feature store in %s", store_dir(config))
@@ -203,15 +217,19 @@ class Run:
             if scst else caption_loss
         )
         state.logged = objective.logged if scst else LOGGED
-        sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
         on_device = isinstance(train_features, torch.Tensor)  # a tensor on the device: indexed in this process
         workers = 0 if on_device else loader_workers(data.num_workers)  # -1: this rank's share of the node's cores
-        loader = DataLoader(
-            train_set, batch_sampler=sampler, num_workers=workers, collate_fn=collate_captions,
-            pin_memory=device.type == "cuda" and not on_device, persistent_workers=workers > 0,
-            worker_init_fn=ignore_stop_signals,  # a SIGTERM to the whole process group stops the run, not its loaders
-            generator=torch.Generator().manual_seed(config.train.seed),  # worker seeds; the global RNG stays untouched
-        )
+        loader: DataLoader | ShardStream
+        if shards is not None:
+            loader = sampler = shard_stream(config, ctx, shards, model.vocab, transform, workers)
+        else:
+            sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
+            loader = DataLoader(
+                train_set, batch_sampler=sampler, num_workers=workers, collate_fn=collate_captions,
+                pin_memory=device.type == "cuda" and not on_device, persistent_workers=workers > 0,
+                worker_init_fn=ignore_stop_signals,  # a SIGTERM to the whole process group stops the run, not its loaders
+                generator=torch.Generator().manual_seed(config.train.seed),  # worker seeds; the global RNG stays untouched
+            )
         if ctx.is_main:
             log.info(
                 "%d process%s x batch %d = global batch %d; %d steps per epoch; %s",
@@ -252,6 +270,13 @@ class Run:
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
         self.state.load(checkpoint["train_state"], self.ctx.device)
+        if isinstance(self.loader, ShardStream):
+            self.sampler.set_epoch(self.state.epoch + 1)  # the epoch's plan gives its length
+            if self.state.position:
+                streams = checkpoint["train_state"].get("stream") or []
+                if len(streams) != self.ctx.world_size:
+                    raise CheckpointError(f"{self.out_dir / 'last.pt'}: a mid-epoch checkpoint without the stream positions of {self.ctx.world_size} rank(s)")
+                self.loader.resume(streams[self.ctx.rank], str(self.out_dir / "last.pt"))
         if self.state.position > len(self.sampler):
             raise CheckpointError(
                 f"{self.out_dir / 'last.pt'}: saved at batch {self.state.position} of an epoch of {len(self.sampler)}; the data or batch size changed"
@@ -332,16 +357,32 @@ class Run:
     def save(self, name: str) -> None:
         """Every rank calls this (it gathers their RNG states); rank 0 writes."""
         rng = self.ctx.all_gather(rng_state())
+        streams = self.ctx.all_gather(self.loader.positions()) if isinstance(self.loader, ShardStream) else None
         if self.ctx.is_main:
             save_checkpoint(
                 self.out_dir / name, self.model, self.config,
                 optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                train_state={**self.state.to_dict(), "world_size": self.ctx.world_size, "rng": rng},
+                train_state={**self.state.to_dict(), "world_size": self.ctx.world_size, "rng": rng, "stream": streams},
             )
 
     def close(self) -> None:
         if self.state.writer is not None:
             self.state.writer.close()
+
+
+def shard_stream(config: Config, ctx: Distributed, shards: ShardSet, vocab: Vocabulary, transform: ImageTransform,
+                 workers: int) -> ShardStream:
+    """The streamed training loader of a webdataset run (captioner/data/streaming.py)."""
+    data = config.data
+    settings = StreamSettings(
+        config.train.seed, ctx.rank, ctx.world_size, workers, data.batch_size, data.max_broken_fraction,
+        data.shuffle_buffer, data.max_caption_length, data.captions_per_image,
+    )
+    trace = os.environ.get("CAPTIONER_TRACE_SAMPLES")  # a folder: each rank writes the keys it trains on (auditing an epoch)
+    return ShardStream(
+        StreamingCaptions(shards, vocab, transform, settings), pin_memory=ctx.device.type == "cuda", worker_init_fn=ignore_stop_signals,
+        trace=Path(trace) / f"rank{ctx.rank}.txt" if trace else None,
+    )
 
 
 def ignore_stop_signals(worker_id: int) -> None:

@@ -1,0 +1,302 @@
+"""WebDataset shards streamed to training (captioner/data/streaming.py): the epoch's plan, every
+sample once over ranks and loader workers, resume mid-epoch, broken samples, one-line errors,
+and two torchrun ranks with two workers each reading Flickr8k shards from a loopback HTTP server,
+stopped mid-epoch and resumed."""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import threading
+from collections import Counter
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import TINY_MODEL, require, require_module
+from PIL import Image
+from test_distributed import environment as torchrun_environment
+from test_faults_signals import ROOT, TORCHRUN, Training, resume_line
+from test_flickr8k import flickr8k_224  # noqa: F401 - the fixture is used by name
+
+from captioner.core.config import load_config
+from captioner.core.errors import ConfigError, DatasetError
+from captioner.data.datasets import load_split
+from captioner.data.flickr8k import load_flickr8k
+from captioner.data.images import ImageTransform
+from captioner.data.shards import write_shards
+from captioner.data.streaming import (
+    ShardStream,
+    StreamingCaptions,
+    StreamSettings,
+    open_shard_set,
+    plan_epoch,
+)
+from captioner.text.vocab import Vocabulary
+
+pytestmark = pytest.mark.usefixtures("webdataset_installed")
+
+
+@pytest.fixture(scope="module")
+def webdataset_installed() -> None:
+    require_module("webdataset", "webdataset is not installed (pip install 'captioner[data]')")
+
+
+def picture(seed: int) -> bytes:
+    image = Image.new("RGB", (24, 24), tuple(random.Random(seed).randrange(256) for _ in range(3)))
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def write_tar(path: Path, samples: list[dict]) -> None:
+    import webdataset
+
+    with open(path, "wb") as stream:
+        writer = webdataset.TarWriter(stream, encoder=False)
+        for sample in samples:
+            writer.write(sample)
+        writer.close()
+
+
+def make_shards(folder: Path, counts: list[int], broken: dict[str, str] | None = None, index: bool = True) -> list[str]:
+    """Shards of tiny JPEGs with captions in img2dataset's layout; `broken` maps keys to what is
+    wrong with them ("image": not a JPEG, "caption": none). Returns the keys of the good samples."""
+    folder.mkdir(parents=True, exist_ok=True)
+    broken = broken or {}
+    good, listed = [], []
+    for s, count in enumerate(counts):
+        samples = []
+        for k in range(count):
+            key = f"{s:03d}{k:04d}"
+            sample = {"__key__": key, "jpg": picture(s * 1000 + k), "txt": f"a picture number {k % 7}".encode(),
+                      "json": json.dumps({"captions": [f"a picture number {k % 7}", f"a square of colour {s}"]}).encode()}
+            if broken.get(key) == "image":
+                sample["jpg"] = b"not a jpeg at all"
+            elif broken.get(key) == "caption":
+                del sample["txt"], sample["json"]
+            else:
+                good.append(key)
+            samples.append(sample)
+        write_tar(folder / f"{s:05d}.tar", samples)
+        listed.append({"url": f"{s:05d}.tar", "nsamples": count})
+    if index:
+        (folder / "shards.json").write_text(json.dumps({"wids_version": 1, "shardlist": listed}))
+    return good
+
+
+def stream(folder: Path, count: int, rank: int = 0, world: int = 1, workers: int = 2, batch: int = 4,
+           max_broken: float = 0.0, trace: Path | None = None) -> ShardStream:
+    shards = open_shard_set(str(folder / f"{{00000..{count - 1:05d}}}.tar"), "test shards")
+    vocab = Vocabulary.build(["a picture number 1", "a square of colour 2"], 1)
+    settings = StreamSettings(seed=3, rank=rank, world=world, workers=workers, batch_size=batch, max_broken=max_broken,
+                              buffer=8, max_length=10, pairs="one")
+    return ShardStream(StreamingCaptions(shards, vocab, ImageTransform(16, train=True), settings), trace=trace)
+
+
+def keys_of(trace: Path) -> list[str]:
+    return [line.split()[1] for line in trace.read_text().splitlines()]
+
+
+def test_the_plan_reads_every_shard_once_and_gives_every_rank_the_same_steps() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        counts = tuple(rng.randrange(0, 40) for _ in range(rng.randrange(1, 30)))
+        world, workers, batch = rng.randrange(1, 5), rng.randrange(1, 4), rng.randrange(1, 9)
+        max_broken = rng.choice([0.0, 0.01, 0.2])
+        plan = plan_epoch(counts, 7, 2, world, workers, batch, max_broken)
+        assigned = sorted(i for rank in plan.shards for mine in rank for i in mine)
+        assert assigned == list(range(len(counts)))  # every shard once, to one (rank, worker)
+        assert {sum(rank) for rank in plan.batches} == {plan.steps}  # DDP: the same number of steps on every rank
+        for r in range(world):
+            for w in range(workers):
+                n = sum(counts[i] for i in plan.shards[r][w])
+                assert plan.reserve[r][w] >= max_broken * n
+                assert plan.batches[r][w] * batch <= n - plan.reserve[r][w]  # enough samples even with the reserve broken
+        assert plan == plan_epoch(counts, 7, 2, world, workers, batch, max_broken)  # a pure function: a resume replays it
+    epochs = {plan_epoch(tuple(range(10, 30)), 7, e, 2, 2, 4, 0.0).shards for e in range(1, 6)}
+    assert len(epochs) == 5  # the shards move between ranks and workers from epoch to epoch
+
+
+def test_two_ranks_with_two_workers_each_see_every_sample_at_most_once(tmp_path: Path) -> None:
+    counts = [9, 11, 10, 12, 8, 10, 13, 7]
+    everything = make_shards(tmp_path / "shards", counts)
+    seen: list[str] = []
+    for rank in range(2):
+        trace = tmp_path / f"rank{rank}.txt"
+        loader = stream(tmp_path / "shards", len(counts), rank=rank, world=2, trace=trace)
+        loader.set_epoch(1)
+        batches = list(loader)
+        assert len(batches) == len(loader) and all(len(b.indices) == 4 for b in batches)
+        seen += keys_of(trace)
+    plan = plan_epoch(tuple(counts), 3, 1, 2, 2, 4, 0.0)
+    assert len(seen) == len(set(seen)) == plan.steps * 4 * 2  # none twice; every rank the same number of batches
+    assert set(seen) <= set(everything)
+    for r in range(2):  # what a worker leaves out: its last partial batch and what its rank gave up to match the other
+        for w in range(2):
+            n = sum(counts[i] for i in plan.shards[r][w])
+            assert n - plan.batches[r][w] * 4 < 4 + 4 * (n // 4 - plan.batches[r][w])
+
+
+def test_a_stream_resumed_mid_epoch_trains_the_same_batches_none_twice(tmp_path: Path) -> None:
+    make_shards(tmp_path / "shards", [10, 10, 10, 10, 10, 10])
+    whole = stream(tmp_path / "shards", 6)
+    whole.set_epoch(2)
+    expected = sorted(tuple(sorted(b.indices.tolist())) for b in whole)  # indices: each sample's draw number in its worker
+
+    first = stream(tmp_path / "shards", 6, trace=tmp_path / "first.txt")
+    first.set_epoch(2)
+    taken = []
+    for batch in first:
+        taken.append(tuple(sorted(batch.indices.tolist())))
+        if len(taken) == 5:
+            break
+    saved = first.positions()
+    assert sum(p[0] for p in saved) == 5
+
+    second = stream(tmp_path / "shards", 6, trace=tmp_path / "second.txt")
+    second.resume(saved, "last.pt")
+    second.set_epoch(2, start=5)
+    rest = [tuple(sorted(b.indices.tolist())) for b in second]
+    assert len(taken) + len(rest) == len(whole)
+    keys = keys_of(tmp_path / "first.txt") + keys_of(tmp_path / "second.txt")
+    assert len(keys) == len(set(keys))  # nothing repeated
+    whole_keys = tmp_path / "whole.txt"
+    again = stream(tmp_path / "shards", 6, trace=whole_keys)
+    again.set_epoch(2)
+    list(again)
+    assert sorted(keys) == sorted(keys_of(whole_keys))  # nothing skipped: the same samples as the uninterrupted epoch
+    assert sorted(taken + rest) == expected  # and the same batches
+    with pytest.raises(DatasetError, match="saved with 2 loader worker"):
+        stream(tmp_path / "shards", 6, workers=3).resume(saved, "last.pt")
+
+
+def test_broken_samples_are_skipped_and_counted_and_too_many_stop_the_run_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = make_shards(tmp_path / "shards", [20, 20], broken={"0000003": "image", "0010005": "caption"})
+    loader = stream(tmp_path / "shards", 2, workers=0, max_broken=0.05, trace=tmp_path / "keys.txt")
+    loader.set_epoch(1)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 9  # 40 samples, 2 held in reserve for broken ones: 38 // 4
+    assert set(keys_of(tmp_path / "keys.txt")) <= set(good)
+    assert sum(p[2] for p in loader.positions()) == 2
+    assert any("0000003" in r.message and "skipping a broken sample" in r.message for r in caplog.records)
+
+    strict = stream(tmp_path / "shards", 2, workers=0, max_broken=0.0)
+    strict.set_epoch(1)
+    with pytest.raises(DatasetError) as raised:
+        list(strict)
+    message = str(raised.value)
+    assert "\n" not in message and "max_broken_fraction" in message and ".tar#" in message
+
+
+def test_counts_come_from_the_index_or_img2dataset_stats_and_errors_take_one_line(tmp_path: Path) -> None:
+    make_shards(tmp_path / "wids", [3, 4])
+    assert open_shard_set(str(tmp_path / "wids" / "{00000..00001}.tar"), "x").counts == (3, 4)
+    assert open_shard_set(f"pipe:cat {tmp_path / 'wids' / '00001.tar'}", "x").counts == (4,)  # the index read by the same command
+
+    make_shards(tmp_path / "img2dataset", [5, 2], index=False)
+    for s, n in enumerate([5, 2]):
+        (tmp_path / "img2dataset" / f"{s:05d}_stats.json").write_text(json.dumps({"count": n, "successes": n, "failed_to_download": 0}))
+    assert open_shard_set(str(tmp_path / "img2dataset" / "{00000..00001}.tar"), "x").counts == (5, 2)
+
+    cases = {
+        "": "names no shards",
+        str(tmp_path / "wids" / "{00000..00002}.tar"): "00002.tar: the shard's sample count is unknown",
+        str(tmp_path / "wids" / "notes.txt"): "is not a .tar shard",
+        "http://127.0.0.1:9/{00000..00001}.tar": "does not answer",
+    }
+    for pattern, expected in cases.items():
+        with pytest.raises(DatasetError) as raised:
+            open_shard_set(pattern, "data.train_shards")
+        assert expected in str(raised.value) and "\n" not in str(raised.value)
+    (tmp_path / "wids" / "shards.json").write_text("{")
+    with pytest.raises(DatasetError, match="shards.json: not a shard index"):
+        open_shard_set(str(tmp_path / "wids" / "00000.tar"), "x")
+
+
+def test_val_and_test_shards_are_read_whole_as_records_of_any_dataset(tmp_path: Path) -> None:
+    good = make_shards(tmp_path / "val", [5, 4], broken={"0000002": "image", "0010001": "caption"})
+    config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar", f"data.val_shards={tmp_path / 'val'}/{{00000..00001}}.tar"])
+    records = load_split(config.data, "val")
+    assert [r.path.name for r in records] == sorted([*good, "0000002"])  # no caption: left out; a bad image: skipped when loaded, named
+    assert records[0].captions == ("a picture number 0", "a square of colour 0") and records[0].image_id == 0
+    assert Image.open(io.BytesIO(records[1].stored.read(records[1].row))).size == (24, 24)
+    with pytest.raises(DatasetError, match="data.test_shards is not set"):
+        load_split(config.data, "test")
+
+
+def test_the_config_asks_for_the_shards_and_refuses_scst_on_a_stream() -> None:
+    with pytest.raises(ConfigError, match="'data.train_shards' is required"):
+        load_config(None, ["data.dataset=webdataset"])
+    with pytest.raises(ConfigError, match="scst needs every training image's references"):
+        load_config(None, ["data.dataset=webdataset", "data.train_shards=a.tar", "data.val_shards=b.tar", "train.stage=scst"])
+
+
+class Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # no line per request on the test's stderr
+        pass
+
+
+@pytest.fixture
+def http_server(tmp_path: Path):
+    """A loopback HTTP server over tmp_path/served; yields its base URL."""
+    served = tmp_path / "served"
+    served.mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(served)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", served
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.slow
+def test_two_torchrun_ranks_stream_flickr8k_shards_over_http_and_resume_after_a_stop(
+    flickr8k_224: tuple[Path, Path], tmp_path: Path, http_server: tuple[str, Path],  # noqa: F811
+) -> None:
+    """Flickr8k photos written as shards (`write_shards`, 12 a shard), served on 127.0.0.1, trained
+    by 2 ranks x 2 loader workers; SIGTERM to torchrun mid-epoch 1, then --resume: the samples of
+    epoch 1 are the shard set's, each trained once, and the run finishes epoch 2."""
+    require(Path("/proc/self/task").is_dir(), "finds torchrun's processes in /proc (Linux)")
+    text, images = flickr8k_224
+    base, served = http_server
+    train = load_flickr8k(text, "train", images)[:96]
+    val = load_flickr8k(text, "val", images)[:4]
+    write_shards(train, served / "train", max_count=12, progress=False)
+    write_shards(val, served / "val", max_count=12, progress=False)
+    keys = {f"{r.image_id:09d}" for r in train}
+
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    env = torchrun_environment(tmp_path / "site", CAPTIONER_TRACE_SAMPLES=str(trace))
+    overrides = [*TINY_MODEL, "model.encoder.name=small_cnn", "data.dataset=webdataset", f"data.train_shards={base}/train/{{00000..00007}}.tar",
+                 f"data.val_shards={base}/val/00000.tar", "data.num_workers=2", "data.batch_size=3", "data.shuffle_buffer=5",
+                 "data.max_broken_fraction=0", "train.epochs=2", "train.log_every=1", "train.warmup_steps=1", "decode.max_length=8",
+                 "train.checkpoint_every_steps=0", f"train.out_dir={tmp_path / 'run'}"]
+    stopped = Training([*TORCHRUN, "-v", "train", "configs/shapes_lstm.yaml", *overrides], env)
+    stopped.wait_for_step(5)  # 96 samples / (2 ranks x 3) = 16 steps an epoch
+    os.kill(stopped.process.pid, signal.SIGTERM)
+    code, err = stopped.finish(timeout=300)
+    step, resume = resume_line(err, signal.SIGTERM)
+    assert code != 0 and 5 <= step < 16, err[-3000:]
+    saved = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["train_state"]
+    assert len(saved["stream"]) == 2 and all(len(ranks) == 2 for ranks in saved["stream"])  # 2 ranks x 2 workers' positions
+    assert sum(p[0] for p in saved["stream"][0]) == step
+
+    words = shlex.split(resume)
+    resumed = subprocess.run([*TORCHRUN, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    trained = [line.split() for rank in (0, 1) for line in (trace / f"rank{rank}.txt").read_text().splitlines()]
+    per_epoch = Counter(epoch for epoch, _ in trained)
+    assert per_epoch == {"1": 96, "2": 96}  # 16 steps x 2 ranks x 3 images in each epoch, the stopped one included
+    for epoch in ("1", "2"):
+        seen = [key for e, key in trained if e == epoch]
+        assert sorted(seen) == sorted(keys)  # every sample of the shard set, once: 96 samples divide into whole batches
+    assert f'File "{ROOT / "captioner"}' not in resumed.stderr
