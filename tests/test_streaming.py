@@ -80,6 +80,8 @@ def make_shards(folder: Path, counts: list[int], broken: dict[str, str] | None =
                       "json": json.dumps({"captions": [f"a picture number {k % 7}", f"a square of colour {s}"]}).encode()}
             if broken.get(key) == "image":
                 sample["jpg"] = b"not a jpeg at all"
+            elif broken.get(key) == "truncated":
+                sample["jpg"] = sample["jpg"][: len(sample["jpg"]) // 2]
             elif broken.get(key) == "caption":
                 del sample["txt"], sample["json"]
             else:
@@ -179,13 +181,13 @@ def test_a_stream_resumed_mid_epoch_trains_the_same_batches_none_twice(tmp_path:
 
 
 def test_broken_samples_are_skipped_and_counted_and_too_many_stop_the_run_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    good = make_shards(tmp_path / "shards", [20, 20], broken={"0000003": "image", "0010005": "caption"})
-    loader = stream(tmp_path / "shards", 2, workers=0, max_broken=0.05, trace=tmp_path / "keys.txt")
+    good = make_shards(tmp_path / "shards", [20, 20], broken={"0000003": "image", "0000011": "truncated", "0010005": "caption"})
+    loader = stream(tmp_path / "shards", 2, workers=0, max_broken=0.08, trace=tmp_path / "keys.txt")
     loader.set_epoch(1)
     batches = list(loader)
-    assert len(batches) == len(loader) == 9  # 40 samples, 2 held in reserve for broken ones: 38 // 4
+    assert len(batches) == len(loader) == 9  # 40 samples, 4 held in reserve for broken ones: 36 // 4
     assert set(keys_of(tmp_path / "keys.txt")) <= set(good)
-    assert sum(p[2] for p in loader.positions()) == 2
+    assert sum(p[2] for p in loader.positions()) == 3
     assert any("0000003" in r.message and "skipping a broken sample" in r.message for r in caplog.records)
 
     strict = stream(tmp_path / "shards", 2, workers=0, max_broken=0.0)
@@ -230,6 +232,21 @@ def test_val_and_test_shards_are_read_whole_as_records_of_any_dataset(tmp_path: 
     assert Image.open(io.BytesIO(records[1].stored.read(records[1].row))).size == (24, 24)
     with pytest.raises(DatasetError, match="data.test_shards is not set"):
         load_split(config.data, "test")
+
+
+def test_stats_and_model_cards_count_shards_without_keeping_their_images(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from captioner.apps.cli import main
+    from captioner.apps.model_card import _data_size
+
+    make_shards(tmp_path / "train", [6, 5])
+    make_shards(tmp_path / "val", [3])
+    overrides = ["data.dataset=webdataset", f"data.train_shards={tmp_path / 'train'}/{{00000..00001}}.tar", f"data.val_shards={tmp_path / 'val'}/00000.tar"]
+    assert main(["data", "stats", "configs/shapes_lstm.yaml", *overrides, "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["images"] == 14 and stats["captions"] == 28 and "images missing" not in stats  # train and val; no test shards named
+    config = load_config(None, overrides)
+    assert all(r.stored is None for r in load_split(config.data, "train", check_images=False))
+    assert _data_size(config) == "11 training samples in 2 shards"  # from shards.json, no shard opened
 
 
 def test_the_config_asks_for_the_shards_and_refuses_scst_on_a_stream() -> None:

@@ -134,6 +134,15 @@ def _data_size(config: Config) -> str:
     if config.data.dataset == "shapes":
         return f"{config.data.shapes_num_train} training images"
     from captioner.core.errors import CaptionerError
+
+    if config.data.dataset == "webdataset":  # counted from the shards' index: the shards themselves may be terabytes away
+        from captioner.data.streaming import open_shard_set
+
+        try:
+            shards = open_shard_set(config.data.train_shards or "", "data.train_shards")
+        except CaptionerError:
+            return "its train shards"
+        return f"{shards.samples:,} training samples in {len(shards.urls):,} shards"
     from captioner.data.datasets import load_split
 
     try:

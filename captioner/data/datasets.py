@@ -55,7 +55,7 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         from captioner.data.streaming import load_shard_records, open_shard_set  # webdataset is an extra
 
         pattern = split_shards(config, split)
-        return load_shard_records(open_shard_set(pattern, f"data.{split}_shards"), split)
+        return load_shard_records(open_shard_set(pattern, f"data.{split}_shards"), split, keep_images=check_images)
     raise DatasetError(f"unknown dataset {config.dataset!r}")
 
 

@@ -279,9 +279,10 @@ def shard_captions(shards: ShardSet, progress: bool = True) -> Iterator[str]:
             continue
 
 
-def load_shard_records(shards: ShardSet, split: str) -> list[ImageRecord]:
+def load_shard_records(shards: ShardSet, split: str, keep_images: bool = True) -> list[ImageRecord]:
     """A split read whole into memory (validation and test sets are small): one record per
-    readable sample, its image bytes kept; the broken ones are counted in one warning."""
+    sample with an image and a caption, its image bytes kept unless `keep_images` is False (the
+    captions alone: statistics, a model card); the others are counted in one warning."""
     images: list[bytes] = []
     records: list[ImageRecord] = []
     broken = 0
@@ -291,9 +292,11 @@ def load_shard_records(shards: ShardSet, split: str) -> list[ImageRecord]:
         except BrokenSample:
             broken += 1
             continue
+        kept = InMemoryImages(images) if keep_images else None
         records.append(ImageRecord(sample_image_id(sample, len(records)), Path(split) / sample["__key__"], tuple(captions),
-                                   stored=InMemoryImages(images), row=len(images)))
-        images.append(image)
+                                   stored=kept, row=len(images) if keep_images else 0))
+        if keep_images:
+            images.append(image)
     if broken:
         log.warning("%s: %d of %d samples have no image or caption; left out", shards.pattern, broken, broken + len(records))
     if not records:

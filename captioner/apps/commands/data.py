@@ -118,6 +118,7 @@ def run_stats(args: argparse.Namespace) -> int:
     from captioner.data.stats import dataset_stats, format_table
 
     start = time.time()
+    shards = False
     if args.coco:
         records, source = load_coco_captions(args.coco, Path(args.coco).parent, check_images=False), args.coco
     elif args.karpathy:
@@ -128,11 +129,13 @@ def run_stats(args: argparse.Namespace) -> int:
         source = args.flickr8k
     elif args.config or args.imagefolder or args.hf:
         data, source = named_dataset(args)
-        records = [r for s in SPLITS for r in load_split(data, s, check_images=False)]
+        shards = data.dataset == "webdataset"
+        splits = [s for s in SPLITS if not shards or getattr(data, f"{s}_shards")]  # the shard splits the config names
+        records = [r for s in splits for r in load_split(data, s, check_images=False)]
     else:
         raise CaptionerError("data stats: give --coco FILE, --karpathy FILE, --flickr8k DIR, --imagefolder DIR, --hf DIR or a CONFIG")
     stats = dataset_stats(records, args.min_count)
-    if args.flickr8k or args.config or args.imagefolder or args.hf:
+    if (args.flickr8k or args.config or args.imagefolder or args.hf) and not shards:  # shards hold their images
         stats = _with_images_on_disk(stats, records)
     stats["seconds"] = round(time.time() - start, 2)
     if args.json:
