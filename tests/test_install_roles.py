@@ -166,3 +166,13 @@ def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(wheels:
                                capture_output=True, text=True, timeout=120, cwd=tmp_path, env=outside_checkout())
     assert captioned.returncode == 0, captioned.stderr
     assert captioned.stdout.splitlines() == [f"{image}\t{model.caption(image, beam_size=2, max_length=9).text}"]
+
+
+def test_an_extra_package_missing_its_own_dependency_names_the_extra_too() -> None:
+    """nltk installed without `regex` fails on import with ModuleNotFoundError('regex'): a line naming the extra, not a traceback."""
+    from captioner.core.extras import missing_extra
+
+    assert missing_extra(ModuleNotFoundError("No module named 'regex'", name="regex")) == (
+        "regex is not installed: it comes with the 'train' extra (pip install 'captioner[train]', or -e '.[train]' in a checkout)"
+    )
+    assert missing_extra(ModuleNotFoundError("No module named 'captioner_typo'", name="captioner_typo")) is None  # a bug keeps its traceback

@@ -226,6 +226,13 @@ def test_hf_problems_are_one_line(tmp_path: Path) -> None:
         load_split(hf_data(tmp_path / "saved", "data.caption_column=caption"), "train")
     with pytest.raises(DatasetError, match=r"no column 'photo' .*data.image_column"):
         load_split(hf_data(tmp_path / "saved", "data.image_column=photo"), "test")
+    from datasets import Dataset, Features, Image as ImageFeature, Value
+
+    labelled = Dataset.from_dict({"image": [{"bytes": png("red"), "path": None}], "text": ["red"], "label": [3]},
+                                 features=Features({"image": ImageFeature(), "text": Value("string"), "label": Value("int64")}))
+    DatasetDict({"train": labelled}).save_to_disk(tmp_path / "labelled")
+    with pytest.raises(DatasetError, match=r"\(train\): row 0: 'label' holds int 3, not a caption or a list of captions; name the caption column"):
+        load_split(hf_data(tmp_path / "labelled", "data.caption_column=label"), "train")  # was: every row silently "without a caption"
     (tmp_path / "plain").mkdir()
     with pytest.raises(DatasetError, match="not a Hugging Face dataset on disk"):
         load_split(hf_data(tmp_path / "plain"), "train")

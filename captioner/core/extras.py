@@ -6,6 +6,7 @@ from __future__ import annotations
 
 EXTRA_OF = {
     "pycocoevalcap": "train", "pycocotools": "train", "nltk": "train", "tensorboard": "train",
+    "regex": "train", "joblib": "train",  # nltk's own dependencies: an nltk installed without them fails on import
     "gradio": "demo", "gradio_client": "demo",
     "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "onnx",
     "datasets": "data", "pyarrow": "data", "webdataset": "data",
