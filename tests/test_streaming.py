@@ -31,7 +31,7 @@ from captioner.core.errors import ConfigError, DatasetError
 from captioner.data.datasets import load_split
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.images import ImageTransform
-from captioner.data.shards import write_shards
+from captioner.data.shards import write_shards, write_tar
 from captioner.data.streaming import (
     ShardStream,
     StreamingCaptions,
@@ -55,16 +55,6 @@ def picture(seed: int) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG")
     return buffer.getvalue()
-
-
-def write_tar(path: Path, samples: list[dict]) -> None:
-    import webdataset
-
-    with open(path, "wb") as stream:
-        writer = webdataset.TarWriter(stream, encoder=False)
-        for sample in samples:
-            writer.write(sample)
-        writer.close()
 
 
 def make_shards(folder: Path, counts: list[int], broken: dict[str, str] | None = None, index: bool = True) -> list[str]:

@@ -134,17 +134,16 @@ def _data_size(config: Config) -> str:
     if config.data.dataset == "shapes":
         return f"{config.data.shapes_num_train} training images"
     from captioner.core.errors import CaptionerError
+    from captioner.data.datasets import load_split, split_shards
 
     if config.data.dataset == "webdataset":  # counted from the shards' index: the shards themselves may be terabytes away
         from captioner.data.streaming import open_shard_set
 
         try:
-            shards = open_shard_set(config.data.train_shards or "", "data.train_shards")
+            shards = open_shard_set(split_shards(config.data, "train"), "data.train_shards")
         except CaptionerError:
             return "its train shards"
         return f"{shards.samples:,} training samples in {len(shards.urls):,} shards"
-    from captioner.data.datasets import load_split
-
     try:
         records = load_split(config.data, "train")
     except CaptionerError:

@@ -26,9 +26,10 @@ from torch.utils.data import Sampler
 DRAW_LIMIT = 2**62  # draws are non-negative int64 seeds
 
 
-def epoch_seed(seed: int, epoch: int) -> int:
-    """A 64-bit seed mixed from (seed, epoch) (numpy's SeedSequence hashes them together)."""
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0])
+def epoch_seed(seed: int, epoch: int, *more: int) -> int:
+    """A 64-bit seed mixed from (seed, epoch, *more) (numpy's SeedSequence hashes them together);
+    `more` narrows it to a rank, a worker, a sample."""
+    return int(np.random.SeedSequence([seed, epoch, *more]).generate_state(1, dtype=np.uint64)[0])
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):

@@ -41,20 +41,19 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.batching import CaptionBatch, collate_captions
 from captioner.data.images import ImageTransform, load_image
-from captioner.data.records import ImageRecord
-from captioner.data.sampler import DRAW_LIMIT
+from captioner.data.records import ImageRecord, is_int
+from captioner.data.sampler import DRAW_LIMIT, epoch_seed
+from captioner.data.shards import INDEX
 from captioner.text.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 
-INDEX = "shards.json"  # the wids index beside the shards (captioner.data.shards writes it)
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 SHARD_NAME = re.compile(r"([^/\s]+)\.tar\b")  # a shard's file name inside a path, URL or pipe: command
 TIMEOUT = 30  # seconds an index read over HTTP waits for an answer
@@ -186,15 +185,10 @@ class EpochPlan:
         return sum(self.batches[0])
 
 
-def stream_seed(*parts: int) -> int:
-    """A 64-bit seed mixed from `parts` (numpy's SeedSequence hashes them together)."""
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0])
-
-
 def plan_epoch(counts: tuple[int, ...], seed: int, epoch: int, world: int, workers: int, batch_size: int,
                max_broken: float) -> EpochPlan:
     """The epoch's plan (the module's docstring): every rank takes the same number of steps."""
-    order = random.Random(stream_seed(seed, epoch)).sample(range(len(counts)), len(counts))
+    order = random.Random(epoch_seed(seed, epoch)).sample(range(len(counts)), len(counts))
     shards = tuple(tuple(tuple(order[r::world][w::workers]) for w in range(workers)) for r in range(world))
     sizes = [[sum(counts[i] for i in mine) for mine in rank] for rank in shards]
     reserve = [[math.ceil(max_broken * n) for n in rank] for rank in sizes]
@@ -269,7 +263,7 @@ def sample_name(sample: dict) -> str:
 
 
 def shard_captions(shards: ShardSet, progress: bool = True) -> Iterator[str]:
-    """Every caption in the shards, for the vocabulary: one pass that reads no image."""
+    """Every caption in the shards, for the vocabulary: one pass over the shards that decodes no image."""
     from tqdm import tqdm
 
     for sample in tqdm(read_samples(shards.urls), total=shards.samples, desc="captions", unit="sample", disable=not progress):
@@ -284,6 +278,7 @@ def load_shard_records(shards: ShardSet, split: str, keep_images: bool = True) -
     sample with an image and a caption, its image bytes kept unless `keep_images` is False (the
     captions alone: statistics, a model card); the others are counted in one warning."""
     images: list[bytes] = []
+    stored = InMemoryImages(images) if keep_images else None  # one for the split: every record reads its row
     records: list[ImageRecord] = []
     broken = 0
     for sample in read_samples(shards.urls):
@@ -292,9 +287,8 @@ def load_shard_records(shards: ShardSet, split: str, keep_images: bool = True) -
         except BrokenSample:
             broken += 1
             continue
-        kept = InMemoryImages(images) if keep_images else None
         records.append(ImageRecord(sample_image_id(sample, len(records)), Path(split) / sample["__key__"], tuple(captions),
-                                   stored=kept, row=len(images) if keep_images else 0))
+                                   stored=stored, row=len(images) if keep_images else 0))
         if keep_images:
             images.append(image)
     if broken:
@@ -310,7 +304,7 @@ def sample_image_id(sample: dict, position: int) -> int:
         found = json.loads(sample["json"]).get("image_id") if "json" in sample else None
     except (ValueError, UnicodeDecodeError, AttributeError):
         found = None
-    return found if isinstance(found, int) and not isinstance(found, bool) else position
+    return found if is_int(found) else position
 
 
 @dataclass(eq=False)
@@ -377,10 +371,14 @@ class StreamingCaptions(IterableDataset):
         self.settings = settings
         self.epoch = 1
         self.start = [WorkerPosition() for _ in range(max(1, settings.workers))]
+        self._plan: tuple[int, EpochPlan] | None = None
 
     def plan(self, epoch: int) -> EpochPlan:
-        s = self.settings
-        return plan_epoch(self.shards.counts, s.seed, epoch, s.world, max(1, s.workers), s.batch_size, s.max_broken)
+        """The epoch's plan, made once per epoch: the training loop asks for its length every step."""
+        if self._plan is None or self._plan[0] != epoch:
+            s = self.settings
+            self._plan = epoch, plan_epoch(self.shards.counts, s.seed, epoch, s.world, max(1, s.workers), s.batch_size, s.max_broken)
+        return self._plan[1]
 
     def __iter__(self) -> Iterator[StreamBatch | StreamFailure]:
         info = get_worker_info()
@@ -392,7 +390,7 @@ class StreamingCaptions(IterableDataset):
         if position.batches >= planned:
             return
         urls = [self.shards.urls[i] for i in plan.shards[s.rank][worker]]
-        rng = random.Random(stream_seed(s.seed, self.epoch, s.rank, worker))
+        rng = random.Random(epoch_seed(s.seed, self.epoch, s.rank, worker))
         stream = shuffled(read_samples(urls), s.buffer, rng)
         try:
             for _ in range(position.drawn):  # a resumed epoch: replay the stream up to where it stood, decoding nothing
@@ -401,7 +399,7 @@ class StreamingCaptions(IterableDataset):
             for sample in stream:
                 position.drawn += 1
                 try:
-                    draw = stream_seed(s.seed, self.epoch, s.rank, worker, position.drawn) % DRAW_LIMIT
+                    draw = epoch_seed(s.seed, self.epoch, s.rank, worker, position.drawn) % DRAW_LIMIT
                     items.append(self.item(sample, draw, position.drawn))
                     keys.append(str(sample["__key__"]))
                 except BrokenSample as e:

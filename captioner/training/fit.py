@@ -27,7 +27,7 @@ from captioner.core.errors import CheckpointError, ConfigError, DatasetError
 from captioner.core.files import write_failure
 from captioner.core.runtime import ThreadGovernor, loader_workers, resolve_device, seed_everything, threads_are_automatic
 from captioner.data.batching import CaptionDataset, collate_captions
-from captioner.data.datasets import load_split, seeded_split_record
+from captioner.data.datasets import load_split, seeded_split_record, split_shards
 from captioner.data.device_decode import device_preprocess
 from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
@@ -137,8 +137,7 @@ def train_shard_set(config: Config) -> ShardSet | None:
     """The train shards a webdataset run streams (their counts read from the index); else None."""
     if config.data.dataset != "webdataset":
         return None
-    assert config.data.train_shards is not None  # validated with the config
-    return open_shard_set(config.data.train_shards, "data.train_shards")
+    return open_shard_set(split_shards(config.data, "train"), "data.train_shards")
 
 
 def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterable[str]) -> Vocabulary:
