@@ -170,11 +170,11 @@ STORE = """
             self.encoder, self.calls = encoder, 0
         def __getattr__(self, name):
             return getattr(self.encoder, name)
-        def __call__(self, images):
+        def stored_part(self, images):
             self.calls += 1
             if self.calls == 3:  # the grid probe, the first batch, then the second
                 fill_disk(disk / "filler", leave=16384)  # a few pages stay free: the manifest fits, the next rows do not
-            return self.encoder(images)
+            return self.encoder.stored_part(images)
 
     try:
         extract(FillsTheDisk(model.encoder), model.transform, disk / "store", "val", records, batch_size=5, progress=False)

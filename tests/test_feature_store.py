@@ -108,16 +108,16 @@ def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, t
     records = load_split(config.data, "train")
     clean = extract(model.encoder, model.transform, tmp_path / "clean", "train", records, batch_size=6, progress=False)
 
-    forward = model.encoder.forward
+    stored_part = model.encoder.stored_part
     calls = {"n": 0}
 
     def crashing(images):  # the third batch of the run crashes, like a kill mid-extraction
         calls["n"] += 1
         if calls["n"] == 4:  # the first call probes the grid
             raise KeyboardInterrupt
-        return forward(images)
+        return stored_part(images)
 
-    monkeypatch.setattr(model.encoder, "forward", crashing)
+    monkeypatch.setattr(model.encoder, "stored_part", crashing)
     with pytest.raises(KeyboardInterrupt):
         extract(model.encoder, model.transform, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
     _, manifest_path = store_files(tmp_path / "resumed", "train")
@@ -125,9 +125,8 @@ def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, t
     with pytest.raises(FeatureStoreError, match=r"train\.json: extraction stopped at row 12 of 40"):
         open_store(tmp_path / "resumed", "train", model.encoder, model.transform, records)
 
-    monkeypatch.setattr(model.encoder, "forward", forward)
     encoded = []
-    monkeypatch.setattr(model.encoder, "forward", lambda images: encoded.append(len(images)) or forward(images))
+    monkeypatch.setattr(model.encoder, "stored_part", lambda images: encoded.append(len(images)) or stored_part(images))
     caplog.set_level(logging.INFO, logger="captioner.data.store")
     resumed = ensure_store(model.encoder, model.transform, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
     assert "train: resuming at row 12 of 40 -> 40 x 2x2 x 1280 fp16" in caplog.text
@@ -246,6 +245,12 @@ def test_extraction_stops_when_the_disk_is_full(shapes_root: Path, tmp_path: Pat
     error = [line for line in captured.err.splitlines() if line.startswith("error:")]
     assert "Traceback" not in captured.err and error == [f"error: {tmp_path / 'store'}: the train store needs 409.6 KB more on disk, only 10.0 KB is free"]
     assert not (tmp_path / "store" / "train.npy").exists()
+    # A fine-tuned encoder's store: the way round it is named.
+    assert main([*args, "model.encoder.fine_tune_blocks=6"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path / 'store'}: the train store needs 143.4 KB more on disk, only 10.0 KB is free "
+        "(or train the fine-tuned encoder on the images: train.cache_features=false)"
+    )
 
 
 def test_training_and_evaluation_from_the_store(shapes_root: Path, tmp_path: Path, capsys) -> None:
@@ -292,6 +297,76 @@ def test_bad_store_settings_are_one_line_errors(capsys) -> None:
     assert main(["features", "configs/shapes_lstm.yaml", "--splits", "train,dev"]) == 2
     assert capsys.readouterr().err.strip() == "error: features --splits: dev is not a split; use train,val,test"
     assert main(["features", "configs/shapes_lstm.yaml", "data.shapes_num_train=1", "--splits", "val"]) == 2  # small_cnn trains
-    assert "model.encoder: a feature store needs a frozen encoder" in capsys.readouterr().err
+    assert "model.encoder: a feature store needs some frozen blocks" in capsys.readouterr().err
     assert store_dir(load_config(None, ["train.out_dir=runs/x"])) == Path("runs/x/features")
     assert store_dir(load_config(None, ["data.feature_store=/data/f"])) == Path("/data/f")
+
+
+def test_a_fine_tuned_encoder_is_its_stored_part_then_its_top_blocks() -> None:
+    """`forward` = `from_stored(stored_part(...))` at every cut; the rows' fingerprint covers the
+    frozen blocks alone (a frozen encoder's: its whole state dict, so stores made before stay valid)."""
+    from captioner.data.store import encoder_fingerprint
+    from captioner.models.encoders import square_grid
+
+    images = torch.randint(0, 256, (3, 3, 64, 64), dtype=torch.uint8)
+    fingerprints = {}
+    for top in (0, 1, 6):
+        config = shapes_config(Path("unused"), Path("unused"), f"model.encoder.fine_tune_blocks={top}")
+        encoder = frozen_model(config).encoder
+        assert encoder.num_frozen == 18 - top and encoder.storable
+        with torch.no_grad():
+            cells, grid = encoder.stored_part(images)  # (3, n, C)
+            direct, out_grid = encoder(images)  # (3, N, D)
+            again, again_grid = encoder.from_stored(cells)  # the grid taken as the square of n
+        assert (grid, cells.shape[-1]) == {0: ((2, 2), 1280), 1: ((2, 2), 320), 6: ((4, 4), 112)}[top]
+        assert out_grid == again_grid == (2, 2) and torch.equal(again, direct)
+        assert (set(encoder.frozen_state_dict()) == set(encoder.state_dict())) == (top == 0)
+        fingerprints[top] = encoder_fingerprint(encoder)
+        if top:
+            with torch.no_grad():
+                encoder.blocks[-1][0].weight.add_(1.0)  # a block that trains: the rows do not depend on it
+            assert encoder_fingerprint(encoder) == fingerprints[top]
+            with torch.no_grad():
+                encoder.blocks[encoder.num_frozen - 1].state_dict()[next(iter(encoder.blocks[encoder.num_frozen - 1].state_dict()))].add_(1.0)
+            assert encoder_fingerprint(encoder) != fingerprints[top]
+    assert len(set(fingerprints.values())) == 3
+    with pytest.raises(ValueError, match="12 cells per image do not make a square grid"):
+        square_grid(12)
+
+
+def test_fine_tuning_the_top_blocks_trains_on_the_stored_trunk(shapes_root: Path, tmp_path: Path, capsys) -> None:
+    """With fine_tune_blocks=6 the store holds what the 12 frozen blocks make (4x4 x 112 at
+    64 px); training runs the top 6 blocks on it, and they (only they) learn. Its losses are the
+    losses of training on the images, to the store's fp16 rounding, and the checkpoint captions
+    from the images what it captions from the store."""
+    from captioner.models.checkpoint import checkpoint_config, load_captioner
+
+    common = ["configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "model.encoder.fine_tune_blocks=6"]
+    assert main(["train", *common, f"train.out_dir={tmp_path / 'store'}"]) == 0
+    manifest = json.loads((tmp_path / "store" / "features" / "train.json").read_text())
+    assert manifest["identity"]["encoder.fine_tune_blocks"] == 6 and (manifest["grid"], manifest["feat_dim"]) == ([4, 4], 112)
+    assert main(["train", *common, f"train.out_dir={tmp_path / 'images'}", "train.cache_features=false"]) == 0
+    assert not (tmp_path / "images" / "features").exists()
+    stored = list(csv.DictReader(open(tmp_path / "store" / "metrics.csv")))
+    images = list(csv.DictReader(open(tmp_path / "images" / "metrics.csv")))
+    assert len(stored) == len(images) == 2
+    for a, b in zip(stored, images):
+        assert float(a["train_loss"]) == pytest.approx(float(b["train_loss"]), rel=2e-3)
+
+    model = load_captioner(tmp_path / "store" / "best.pt")
+    pretrained = frozen_model(shapes_config(shapes_root, tmp_path, "model.encoder.fine_tune_blocks=6")).encoder.state_dict()
+    changed = {name.split(".")[1] for name, t in model.encoder.state_dict().items() if not torch.equal(t, pretrained[name])}
+    assert changed and all(int(block) >= 12 for block in changed)  # the top blocks learnt; the frozen ones are the store's
+
+    config = checkpoint_config(tmp_path / "store" / "best.pt")
+    records = load_split(config.data, "val")
+    split = split_features(model, config, "val", records, build=False)
+    assert split.grid == (2, 2)  # the attention's grid, not the stored rows' 4x4
+    from_store = caption_records(model, split.records, beam_size=2, features=split.features, grid=split.grid, progress=False)
+    from_images = caption_records(model, records, beam_size=2, progress=False)
+    assert {i: c.text for i, c in from_store.items()} == {i: c.text for i, c in from_images.items()}
+    assert all(abs(c.logprob - from_images[i].logprob) < 1e-2 and c.attn.shape[-2:] == (2, 2) for i, c in from_store.items())
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "store" / "best.pt"), "--split", "test", "--fast", "--beam", "1", "--json",
+                 "--features", str(tmp_path / "store" / "features")]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == 4

@@ -162,7 +162,7 @@ class TrainConfig:
     val_metric: str = setting("Bleu_4", Choice(("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr")))  # validation score that picks best.pt and drives early stopping
     val_beam_size: int = decode_setting("beam_size", 1)  # validation decodes greedily (1, as the field logs it) or with this beam
     val_every_steps: int = setting(0, COUNT)  # also validate every N steps, mid-epoch (best.pt may come from inside an epoch); 0: at each epoch's end
-    cache_features: bool = setting(True, Flag())  # frozen encoder and no augmentation: encode each image once, into the feature store
+    cache_features: bool = setting(True, Flag())  # no augmentation: what the encoder's frozen blocks make is stored once (the feature store); only the blocks that train run per step
     time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
     threads: int = setting(0, COUNT)  # torch CPU threads for this run; 0: $CAPTIONER_THREADS, else captioner.core.runtime's default
     channels_last: bool = setting(False, Flag())  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU

@@ -1,4 +1,8 @@
-"""The feature store: a frozen encoder's grids, computed once, kept on disk in fp16.
+"""The feature store: what an encoder's frozen blocks make, computed once, kept on disk in fp16.
+
+A frozen encoder's store holds its grids; one that fine-tunes its top blocks stores the input
+of the first block that trains (its cells on that block's grid), and training runs only the
+blocks above it on the stored rows (`Encoder.from_stored`).
 
 One split is two files in the store folder:
 
@@ -75,9 +79,10 @@ def store_files(directory: str | Path, split: str) -> tuple[Path, Path]:
 
 
 class StoreEncoder(Protocol):
-    """What the store needs of an encoder (captioner.models.encoders.Encoder is one): it maps
-    uint8 images (B, 3, S, S) to feats (B, N, D) and their grid, normalising them itself, and
-    says what built it, how it normalises, whether it trains and where it runs."""
+    """What the store needs of an encoder (captioner.models.encoders.Encoder is one): its frozen
+    part maps uint8 images (B, 3, S, S) to cells (B, n, C) and their grid, normalising them
+    itself; it says what built it, how it normalises, whether some of it is frozen (`storable`),
+    the frozen part's weights and where it runs."""
 
     config: EncoderConfig
     normalize: PixelNormalization
@@ -86,13 +91,23 @@ class StoreEncoder(Protocol):
     def frozen(self) -> bool: ...
 
     @property
+    def storable(self) -> bool: ...
+
+    @property
     def device(self) -> torch.device: ...
 
     def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]: ...
 
-    def state_dict(self) -> Mapping[str, torch.Tensor]: ...
+    def stored_part(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]: ...
+
+    def frozen_state_dict(self) -> Mapping[str, torch.Tensor]: ...
 
     def eval(self) -> Any: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    @property
+    def training(self) -> bool: ...
 
 
 class EncodesImages(Protocol):
@@ -106,9 +121,11 @@ class EncodesImages(Protocol):
 
 
 def encoder_fingerprint(encoder: StoreEncoder) -> str:
-    """A hash of the encoder's state dict (names, shapes, dtypes, values, batch-norm statistics)."""
+    """A hash of the frozen part's state dict (names, shapes, dtypes, values, batch-norm
+    statistics): what the stored rows depend on. Blocks that train change every step and are
+    left out; for a frozen encoder it is the whole state dict."""
     digest = hashlib.blake2b(digest_size=16)
-    for name, tensor in encoder.state_dict().items():
+    for name, tensor in encoder.frozen_state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data if tensor.numel() else b"")
@@ -136,11 +153,11 @@ def identity(encoder: StoreEncoder, transform: ImageTransform) -> dict[str, Any]
     }
 
 
-def check_frozen(encoder: StoreEncoder) -> None:
-    if not encoder.frozen:
+def check_storable(encoder: StoreEncoder) -> None:
+    if not encoder.storable:
         raise ConfigError(
-            "model.encoder: a feature store needs a frozen encoder (pretrained: true, fine_tune_blocks: 0); "
-            f"{encoder.config.name} here trains, so its features change every step"
+            "model.encoder: a feature store needs some frozen blocks (pretrained: true, fine_tune_blocks >= 0 and fewer "
+            f"than the backbone's blocks); every block of {encoder.config.name} here trains, so nothing it makes is fixed"
         )
 
 
@@ -355,10 +372,21 @@ def ensure_store(
 
 @torch.no_grad()
 def probe_grid(encoder: StoreEncoder, image_size: int) -> tuple[tuple[int, int], int]:
-    """The grid (h, w) and feature dim the encoder gives at `image_size`."""
+    """The grid (h, w) and width of the cells the encoder's frozen part gives at `image_size`."""
     encoder.eval()
-    feats, grid = encoder(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, N, D)
-    return grid, feats.shape[-1]
+    cells, grid = encoder.stored_part(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, n, C)
+    return grid, cells.shape[-1]
+
+
+@torch.no_grad()
+def output_grid(encoder: StoreEncoder, image_size: int) -> tuple[int, int]:
+    """The grid (h, w) of the whole encoder's output at `image_size` (its attention maps'),
+    probed in eval mode, so that no batch-norm statistic moves; the mode is restored."""
+    training = encoder.training
+    encoder.eval()
+    _, grid = encoder(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, N, D)
+    encoder.train(training)
+    return grid
 
 
 @torch.no_grad()
@@ -371,7 +399,7 @@ def extract(
     Prints the size before it starts and stops with one line when the disk lacks the space.
     Images that fail to load are recorded in the manifest and their rows left as zeros.
     """
-    check_frozen(encoder)
+    check_storable(encoder)
     if not records:
         raise FeatureStoreError(f"{split}: no images to encode")
     directory = Path(directory)
@@ -401,6 +429,7 @@ def extract(
     if needed > free:
         raise FeatureStoreError(
             f"{directory}: the {split} store needs {size_text(needed)} more on disk, only {size_text(free)} is free"
+            + ("" if encoder.frozen else " (or train the fine-tuned encoder on the images: train.cache_features=false)")
         )
     if fresh:  # (an array left without its manifest is overwritten: nothing says what it holds)
         try:
@@ -432,7 +461,7 @@ def extract(
             loaded = set()
             if batch is not None:
                 images, indices = batch
-                feats, _ = encoder(images.to(encoder.device))  # (B, N, D)
+                feats, _ = encoder.stored_part(images.to(encoder.device))  # (B, n, C)
                 feats = feats.float().clamp_(-FP16_MAX, FP16_MAX).to(torch.float16).cpu().numpy()
                 local = indices.numpy() - (first - start)  # loader indices count from `start`
                 block[local] = feats
@@ -549,7 +578,8 @@ def feature_batches(features: torch.Tensor | StoreRows, batch_size: int, num_wor
 @dataclass
 class SplitFeatures:
     """What training or evaluation needs of a split's store: the records kept, their rows
-    (read from disk, or a tensor in memory or on the device), the grid."""
+    (read from disk, or a tensor in memory or on the device), the grid of the encoder's output
+    (of the stored rows themselves when it is frozen)."""
 
     records: list[ImageRecord]
     features: torch.Tensor | StoreRows
@@ -573,6 +603,7 @@ def split_features(
     else:
         store = open_store(directory, split, encoder, transform, records)
     kept, rows = store.rows_of(records if use is None else use)
+    grid = store.grid if encoder.frozen else output_grid(encoder, transform.image_size)  # cells of the trunk: the top blocks pool them
     if store.failed_rows:
         log.warning("%s: %d images failed to load at extraction and are skipped (%s)", split, len(store.failed_rows), store.manifest_path)
     if data.features_on_device:
@@ -580,12 +611,12 @@ def split_features(
         free = free_memory(device)
         if need < 0.9 * free:
             log.info("%s: %s of features loaded onto %s", split, size_text(need), device)
-            return SplitFeatures(kept, store.load(rows, device), store.grid)
+            return SplitFeatures(kept, store.load(rows, device), grid)
         log.warning(
             "%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; reading from disk",
             split, size_text(need), size_text(free), device,
         )
-    return SplitFeatures(kept, store.rows(rows), store.grid)
+    return SplitFeatures(kept, store.rows(rows), grid)
 
 
 def free_memory(device: torch.device) -> int:

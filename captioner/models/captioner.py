@@ -172,10 +172,12 @@ class Captioner(nn.Module):
         return self.withhold_if_blind(feats), grid
 
     def stored_features(self, feats: torch.Tensor) -> torch.Tensor:
-        """Features from the store, (B, N, D) fp16 -> the decoder's input, as `encode` would have
-        made them: cast to the model's dtype on their device (after the copy), and zeroed for
-        a blind model. Every path that decodes stored features goes through here."""
-        return self.withhold_if_blind(feats.to(self.dtype))
+        """Rows of the store, (B, n, C) fp16 -> the decoder's input (B, N, D), as `encode` would
+        have made them: cast to the model's dtype on their device (after the copy), through the
+        encoder's trainable blocks when it fine-tunes some (a frozen one's rows are its
+        output), and zeroed for a blind model. Every path that decodes stored rows goes through here."""
+        feats, _ = self.encoder.from_stored(feats.to(self.dtype))  # (B, N, D)
+        return self.withhold_if_blind(feats)
 
     def withhold_if_blind(self, feats: torch.Tensor) -> torch.Tensor:
         """A blind model (model.blind, the language-model baseline) sees zeros, not the image."""

@@ -7,6 +7,8 @@ before pooling and classifier), behind one factory, `build_encoder`, over one re
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,6 +26,10 @@ class Encoder(nn.Module):
     Only the top `fine_tune_blocks` blocks train (-1: all); the frozen ones stay in eval mode, so
     their batch-norm statistics never drift while the decoder trains. `config` is what built it
     (the feature store names the encoder by it); uint8 input is normalised with `statistics`.
+
+    `forward` is `top(stored_part(images))`: the feature store keeps what the frozen
+    blocks make (the whole encoder's output when nothing trains), and training on it runs only
+    the blocks that train, so fine-tuning the top blocks costs their work alone, not the trunk's.
     """
 
     def __init__(
@@ -59,25 +65,73 @@ class Encoder(nn.Module):
             block.eval()
         return self
 
+    @property
+    def storable(self) -> bool:
+        """Whether a feature store can stand in for part of it: some block is frozen."""
+        return self.num_frozen > 0
+
+    def frozen_state_dict(self) -> dict[str, torch.Tensor]:
+        """The frozen blocks' entries of the state dict (all of it when nothing trains): what
+        stored rows depend on."""
+        frozen = {f"blocks.{i}." for i in range(self.num_frozen)}
+        return {name: t for name, t in self.state_dict().items() if name[: name.index(".", 7) + 1] in frozen}
+
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """images (B, 3, H, W) -> feats (B, N, D), grid (h, w) with N = h * w.
 
         uint8 images (as `ImageTransform` makes them) are normalised here with the backbone's
         statistics, on their device, so every caller preprocesses alike; float images are taken
         as already normalised (Grad-CAM and tests feed those)."""
+        return self.top(*self.stored_part(images))
+
+    def stored_part(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """images (B, 3, H, W) -> what the frozen blocks make, as cells (B, n, C) on their grid
+        (h', w'): the encoder's output when it is frozen, else the first trainable block's input."""
         if images.dtype == torch.uint8:
             images = self.normalize(images)  # (B, 3, H, W) float32
         x = images.contiguous(memory_format=torch.channels_last)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.num_frozen == 0):
             for block in self.blocks[: self.num_frozen]:
                 x = block(x)
+        if self.frozen:
+            return self.cells(x)
+        return self.cells(x, pool=False)
+
+    def from_stored(self, cells: torch.Tensor, grid: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+        """`stored_part`'s cells (B, n, C) on `grid` (default: the square of n cells, as every
+        square image makes) -> feats (B, N, D), grid (h, w): the trainable blocks, then the
+        pool. A frozen encoder's cells are its output already; so are those given to an encoder
+        with no frozen block, which no store holds (tests feed decoder inputs this way)."""
+        grid = grid or square_grid(cells.shape[1])
+        return self.top(cells, grid) if self.storable else (cells, grid)
+
+    def top(self, cells: torch.Tensor, grid: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Cells (B, n, C) of the frozen part's output on `grid` -> feats (B, N, D), grid (h, w):
+        the blocks that train, then the pool."""
+        if self.frozen:
+            return cells, grid
+        B, n, C = cells.shape
+        x = cells.reshape(B, *grid, C).permute(0, 3, 1, 2)  # (B, C, h', w'), channels-last strides: a view
         for block in self.blocks[self.num_frozen :]:
             x = block(x)
-        if self.grid_size:
+        return self.cells(x)
+
+    def cells(self, x: torch.Tensor, pool: bool = True) -> tuple[torch.Tensor, tuple[int, int]]:
+        """A feature map (B, D, h, w) -> its cells (B, h*w, D) and (h, w), pooled to the
+        configured grid first when `pool`."""
+        if pool and self.grid_size:
             x = F.adaptive_avg_pool2d(x, self.grid_size)  # (B, D, g, g)
         B, D, h, w = x.shape
         feats = x.permute(0, 2, 3, 1).reshape(B, h * w, D)  # (B, h*w, D): a view when x is channels-last
         return feats, (h, w)
+
+
+def square_grid(cells: int) -> tuple[int, int]:
+    """(s, s) for `cells` = s * s; a ValueError otherwise (stored rows of another shape)."""
+    side = math.isqrt(cells)
+    if side * side != cells:
+        raise ValueError(f"stored features: {cells} cells per image do not make a square grid")
+    return side, side
 
 
 def build_encoder(config: EncoderConfig, load_pretrained: bool = True) -> Encoder:

@@ -189,10 +189,12 @@ class Run:
         optimiser and schedule, the DDP wrapper; then the checkpoint's state when resuming."""
         data, device = config.data, ctx.device
         state = TrainState()
-        state.encoded = model.encoder.frozen and not data.augment and config.train.cache_features and shards is None
+        state.encoded = model.encoder.storable and not data.augment and config.train.cache_features and shards is None
         train_features = val_features = grid = None
         if state.encoded:
-            log.info("encoder is frozen: training the decoder on the feature store in %s", store_dir(config))
+            encoder = model.encoder
+            trained = "the decoder" if encoder.frozen else f"the decoder and the top {len(encoder.blocks) - encoder.num_frozen} encoder blocks"
+            log.info("training %s on the feature store in %s (what the frozen blocks make, stored once)", trained, store_dir(config))
             if not ctx.is_main:
                 ctx.barrier()  # rank 0 builds the store when it is absent; then the others open it
             stored = split_features(model, config, "train", train_records, build=ctx.is_main)

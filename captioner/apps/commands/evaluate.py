@@ -40,7 +40,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--limit", type=int, default=0, help="evaluate the first N images only")
     evaluate.add_argument("--results", help="score a COCO-format results file instead of a checkpoint")
     evaluate.add_argument("--annotations", help="the COCO caption annotation file for --results")
-    evaluate.add_argument("--features", metavar="DIR", help="decode the frozen encoder's feature store in DIR (built there when absent)")
+    evaluate.add_argument("--features", metavar="DIR", help="decode the rows of the feature store in DIR (what the encoder's frozen blocks make; built there when absent)")
     evaluate.add_argument("--fast", action="store_true", help="in-process BLEU/CIDEr-D instead of the official code")
     evaluate.add_argument("--spice", action="store_true", help="also SPICE (needs its Stanford CoreNLP models)")
     evaluate.add_argument("--grounding", action="store_true", help="score attention against instance masks")
@@ -123,7 +123,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     results_path = out_dir / f"results_{args.split}.json"
     scored = records
     stored: dict[str, Any] = {}
-    if args.features:  # the frozen encoder's stored grids instead of the images
+    if args.features:  # the stored rows instead of the images
         from captioner.data.store import split_features
 
         config.data.feature_store = args.features

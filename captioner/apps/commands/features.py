@@ -10,7 +10,7 @@ from captioner.core.errors import CaptionerError
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    features = commands.add_parser("features", help="encode the images once into the fp16 feature store (frozen encoder)")
+    features = commands.add_parser("features", help="encode the images once into the fp16 feature store (what the frozen blocks make)")
     features.add_argument("config", help="the training config whose encoder and data are encoded (YAML)")
     features.add_argument("overrides", nargs="*", help="section.key=value, e.g. data.image_size=448")
     features.add_argument("--splits", default="train,val,test", help="comma-separated (default: train,val,test)")
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from captioner.data.datasets import load_split
     from captioner.data.images import ImageTransform
     from captioner.data.shapes import SPLITS
-    from captioner.data.store import check_frozen, ensure_store, size_text, store_dir
+    from captioner.data.store import check_storable, ensure_store, size_text, store_dir
     from captioner.models.backbones import check_encoder_config
     from captioner.models.encoders import build_encoder
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     check_encoder_config(config.model.encoder)  # an unknown backbone stops here, before any weights load
     device = resolve_device(config.train.device, "train.device")
     encoder = build_encoder(config.model.encoder).to(device)  # only the encoder runs: no decoder, no vocabulary
-    check_frozen(encoder)
+    check_storable(encoder)
     transform = ImageTransform(config.data.image_size)  # the evaluation transform, as a Captioner's
     directory = store_dir(config)
     for split in splits:
