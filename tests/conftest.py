@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import require
+import suite_timeline
 
 # What the library measures about this machine (core/machine_cache.py) goes to a folder of the
 # test session's, not the user's ~/.cache; child processes inherit it, so they share one decision.
@@ -23,6 +24,11 @@ from helpers import require
 # so runs that must agree to the bit (resume, DDP against one process) sum in one order.
 os.environ.setdefault("CAPTIONER_THREADS", "1")
 os.environ.setdefault("CAPTIONER_CACHE_DIR", str(Path(__import__("tempfile").mkdtemp(prefix="captioner-test-cache-"))))
+
+# Where the suite's time goes, printed after every run (tests/suite_timeline.py): its hooks, here.
+pytest_configure = suite_timeline.pytest_configure
+pytest_runtest_protocol = suite_timeline.pytest_runtest_protocol
+pytest_terminal_summary = suite_timeline.pytest_terminal_summary
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[1]
