@@ -1,5 +1,5 @@
 """Where the suite's time goes: every test's wall and CPU seconds (its own and its waited-for
-children's, fixtures included), per pytest worker, summarised after the run: how busy the cores
+children's, fixtures included; the children's apart too: interpreters and Java started by tests), per pytest worker, summarised after the run: how busy the cores
 were, how long the run's tail kept some workers idle, and the long tests that mostly wait.
 
 conftest.py imports these hooks. The controller (or the only process, without xdist) names a
@@ -19,10 +19,10 @@ TIMELINE = "CAPTIONER_TEST_TIMELINE"
 WAITING = 0.3  # a test whose CPU seconds are under this share of its wall time mostly waits
 
 
-def cpu_seconds() -> float:
-    """User and system seconds of this process and of the children it has waited for."""
+def cpu_seconds() -> tuple[float, float]:
+    """User and system seconds of this process, and of the children it has waited for."""
     times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
+    return times.user + times.system, times.children_user + times.children_system
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,12 +33,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201 (a hook wrapper)
-    start, cpu = time.time(), cpu_seconds()
+    start, (own, children) = time.time(), cpu_seconds()
     yield
     folder = os.environ.get(TIMELINE)
     if folder:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        record = {"test": item.nodeid, "worker": worker, "start": start, "end": time.time(), "cpu": cpu_seconds() - cpu}
+        own_after, children_after = cpu_seconds()
+        record = {"test": item.nodeid, "worker": worker, "start": start, "end": time.time(),
+                  "cpu": own_after - own + children_after - children, "children_cpu": children_after - children}
         with open(Path(folder) / f"{worker}.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -48,7 +50,9 @@ def summarise(records: list[dict], cores: int, started: float | None = None) -> 
     with `started` (when pytest began), how long start-up and collection took before the first test."""
     start, end = min(r["start"] for r in records), max(r["end"] for r in records)
     wall, cpu = end - start, sum(r["cpu"] for r in records)
-    lines = [f"{len(records)} tests in {wall:.0f} s on {cores} cores: {cpu:.0f} CPU seconds, the cores {cpu / (wall * cores):.0%} busy"]
+    children = sum(r.get("children_cpu", 0.0) for r in records)
+    lines = [f"{len(records)} tests in {wall:.0f} s on {cores} cores: {cpu:.0f} CPU seconds ({children:.0f} in child processes), "
+             f"the cores {cpu / (wall * cores):.0%} busy"]
     if started is not None:
         lines[0] += f"; the first began {start - started:.0f} s after pytest started (workers, collection)"
     workers = sorted({r["worker"] for r in records})
