@@ -201,8 +201,7 @@ def our_training(
     data = config.data
     features = None
     if frozen:
-        model.encoder.requires_grad_(False)
-        model.encoder.num_frozen = len(model.encoder.blocks)
+        model.encoder.freeze()
         shape = (len(records), model.encoder.grid_size**2 or 196, model.encoder.out_dim)
         features = torch.randn(shape).to(torch.bfloat16 if device.type == "cuda" else torch.float32)  # (n, N, D)
     transform = ImageTransform(data.image_size, train=True, augment=data.augment)
@@ -291,7 +290,7 @@ def our_scst(
 
     torch.manual_seed(0)
     model = build_model(config, vocab, load_pretrained=False).to(device)
-    model.encoder.requires_grad_(False)
+    model.encoder.freeze()  # the store's rows are the whole encoder's output
     settings = replace(config.scst, baseline=baseline)
     objective = SelfCritical(settings, vocab, [r.captions for r in records], cache_dir=cache_dir)
     optimizer = torch.optim.AdamW(model.decoder.parameters(), lr=config.train.lr)

@@ -220,7 +220,7 @@ def bench_step(args: argparse.Namespace) -> None:
     start = clock()
     objective = SelfCritical(config.scst, model.vocab, [r.captions for r in records])
     setup_s = clock() - start
-    feats, _ = model.encoder(torch.zeros(1, 3, config.data.image_size, config.data.image_size))  # (1, N, D): the grid's shape
+    feats, _ = model.encoder.stored_part(torch.zeros(1, 3, config.data.image_size, config.data.image_size))  # (1, n, C): a stored row's shape
     B = config.data.batch_size
     optimizer = torch.optim.AdamW(model.decoder.parameters(), lr=config.train.lr)
     model.train()

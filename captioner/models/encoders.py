@@ -65,6 +65,13 @@ class Encoder(nn.Module):
             block.eval()
         return self
 
+    def freeze(self) -> Encoder:
+        """Freeze every block (no gradients, batch norms in eval mode): the whole encoder's
+        output is then what a store holds."""
+        self.num_frozen = len(self.blocks)
+        self.requires_grad_(False)
+        return self.train(self.training)
+
     @property
     def storable(self) -> bool:
         """Whether a feature store can stand in for part of it: some block is frozen."""
