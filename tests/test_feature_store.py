@@ -27,7 +27,7 @@ from captioner.data.store import (
     store_dir,
     store_files,
 )
-from captioner.evaluation.evaluate import caption_records
+from captioner.evaluation.evaluate import caption_records, decode_variants, encode_records
 from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from tests.helpers import tiny_vocab
@@ -366,6 +366,11 @@ def test_fine_tuning_the_top_blocks_trains_on_the_stored_trunk(shapes_root: Path
     from_images = caption_records(model, records, beam_size=2, progress=False)
     assert {i: c.text for i, c in from_store.items()} == {i: c.text for i, c in from_images.items()}
     assert all(abs(c.logprob - from_images[i].logprob) < 1e-2 and c.attn.shape[-2:] == (2, 2) for i, c in from_store.items())
+    # Encoded once in memory to decode several ways (compare_decoding): the same captions again.
+    encoded = encode_records(model, records, progress=False)
+    assert encoded.grid == (2, 2) and encoded.features.shape[1:] == (16, 112)  # the frozen blocks' rows
+    (variant,) = decode_variants(model, encoded, {"beam 2": {"beam_size": 2}}, official=False)
+    assert {i: c.text for i, c in variant.captions.items()} == {i: c.text for i, c in from_images.items()}
     capsys.readouterr()
     assert main(["evaluate", str(tmp_path / "store" / "best.pt"), "--split", "test", "--fast", "--beam", "1", "--json",
                  "--features", str(tmp_path / "store" / "features")]) == 0

@@ -93,9 +93,11 @@ def encode_records(
 ) -> SplitFeatures:
     """Encode every image of `records` once, in memory, to decode the same images several ways
     (`caption_records(features=..., grid=...)`) without encoding them again: the records whose
-    images loaded and their encoder features (num_loaded, N, D) on the model's device; an
-    ensemble's are packed, (num_loaded, sum N_i*D_i), each member's from its own encoder. Unlike
-    the feature store, this works for an encoder that was fine-tuned, and for an ensemble."""
+    images loaded and their rows (num_loaded, n, C) on the model's device, what a feature store
+    would hold (the frozen blocks' output; the blocks that train run at each decoding), with the
+    grid of the encoder's output; an ensemble's are its packed features, (num_loaded, sum
+    N_i*D_i), each member's from its own encoder. Unlike the feature store, this works for any
+    encoder, and for an ensemble."""
     model.eval()
     batch_size = batch_size or model.decode_config.batch_size
     kept: list[ImageRecord] = []
@@ -106,7 +108,12 @@ def encode_records(
         if batch is None:
             continue
         images, indices = batch
-        feats, grid = model.encode(images.to(model.device))  # (B, N, D); an ensemble's packed (B, sum N_i*D_i)
+        images = images.to(model.device)
+        if isinstance(model, Ensemble):
+            feats, grid = model.encode(images)  # (B, sum N_i*D_i), packed
+        else:
+            feats, _ = model.encoder.stored_part(images)  # (B, n, C): caption_records runs the rest
+            grid = grid or model.encode(images[:1])[1]  # the attention's grid
         parts.append(feats)
         kept += [records[i] for i in indices.tolist()]
         bar.update(len(indices))

@@ -27,9 +27,10 @@ class Encoder(nn.Module):
     their batch-norm statistics never drift while the decoder trains. `config` is what built it
     (the feature store names the encoder by it); uint8 input is normalised with `statistics`.
 
-    `forward` is `top(stored_part(images))`: the feature store keeps what the frozen
-    blocks make (the whole encoder's output when nothing trains), and training on it runs only
-    the blocks that train, so fine-tuning the top blocks costs their work alone, not the trunk's.
+    `forward` runs the frozen blocks (`trunk`), then the ones that train (`top`). The feature
+    store keeps what the frozen blocks make (`stored_part`: the whole encoder's output when
+    nothing trains), and `from_stored` runs only the blocks that train on it, so fine-tuning the
+    top blocks from the store costs their work alone, not the trunk's.
     """
 
     def __init__(
@@ -89,20 +90,27 @@ class Encoder(nn.Module):
         uint8 images (as `ImageTransform` makes them) are normalised here with the backbone's
         statistics, on their device, so every caller preprocesses alike; float images are taken
         as already normalised (Grad-CAM and tests feed those)."""
-        return self.top(*self.stored_part(images))
+        return self.top(*self.cells(self.trunk(images), pool=self.frozen))
 
-    def stored_part(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """images (B, 3, H, W) -> what the frozen blocks make, as cells (B, n, C) on their grid
-        (h', w'): the encoder's output when it is frozen, else the first trainable block's input."""
+    def trunk(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, 3, H, W) -> the frozen blocks' feature map (B, C, h', w'), without gradients
+        (the normalised images themselves when no block is frozen)."""
         if images.dtype == torch.uint8:
             images = self.normalize(images)  # (B, 3, H, W) float32
         x = images.contiguous(memory_format=torch.channels_last)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.num_frozen == 0):
             for block in self.blocks[: self.num_frozen]:
                 x = block(x)
-        if self.frozen:
-            return self.cells(x)
-        return self.cells(x, pool=False)
+        return x
+
+    def stored_part(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """images (B, 3, H, W) -> the rows `from_stored` takes, cells (B, n, C) on their grid
+        (h', w'): what the frozen blocks make (the first trainable block's input; the encoder's
+        output when it is frozen). An encoder with no frozen block has no such part, and no
+        store: its rows are its output."""
+        if not self.storable:
+            return self(images)
+        return self.cells(self.trunk(images), pool=self.frozen)
 
     def from_stored(self, cells: torch.Tensor, grid: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
         """`stored_part`'s cells (B, n, C) on `grid` (default: the square of n cells, as every
