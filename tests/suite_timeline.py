@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -25,8 +26,14 @@ def cpu_seconds() -> tuple[float, float]:
     return times.user + times.system, times.children_user + times.children_system
 
 
+KEEP_S = 24 * 3600  # earlier runs' folders are kept a day, to be read, then removed
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller: workers inherit the folder
+        for old in Path(tempfile.gettempdir()).glob("captioner-timeline-*"):
+            if time.time() - old.stat().st_mtime > KEEP_S:
+                shutil.rmtree(old, ignore_errors=True)
         os.environ[TIMELINE] = tempfile.mkdtemp(prefix="captioner-timeline-")
         (Path(os.environ[TIMELINE]) / "started").write_text(repr(time.time()))
 
