@@ -26,6 +26,7 @@ import pytest
 import torch
 from coco_tree import CocoTree, build_coco_tree
 from helpers import subprocess_env
+import warm_start
 
 from captioner.core.config import DataConfig
 from captioner.core.errors import DatasetError
@@ -67,7 +68,7 @@ class Rehearsal:
         return [f"data.karpathy_file={self.tree.karpathy_file}", f"data.image_root={self.tree.root}"]
 
     def captioner(self, *args: str, expect: int = 0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-m", "captioner", *args], cwd=ROOT, env=env or self.env,
+        result = warm_start.run([sys.executable, "-m", "captioner", *args], cwd=ROOT, env=env or self.env,
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == expect, result.stderr[-3000:]
         return result
@@ -282,13 +283,13 @@ def test_the_store_route_under_torchrun_with_two_ranks(rehearsal: Rehearsal, sto
     store = rehearsal.runs / "store"
     common = [*SIZES, *rehearsal.data(), *STORE, f"data.feature_store={store}", "data.batch_size=4"]
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "captioner", "train"]
-    xe = subprocess.run([*launch, str(TRANSFORMER), *common, f"train.out_dir={tmp_path / 'xe'}"],
+    xe = warm_start.run([*launch, str(TRANSFORMER), *common, f"train.out_dir={tmp_path / 'xe'}"],
                         cwd=ROOT, env=rehearsal.env, capture_output=True, text=True, timeout=600)
     assert xe.returncode == 0, xe.stderr[-3000:]
     # 20 train images: 2 whole global batches of 2 x 4 an epoch, so the configured 1.13 warmup epochs are 2 steps
     assert ("2 processes x batch 4 = global batch 8; 2 steps per epoch; lr 0.0003, encoder_lr 0.0001 as configured "
             "(train.lr_scaling none); warmup 2 steps = 1 epochs, then cosine") in xe.stderr
-    scst = subprocess.run([*launch, str(TRANSFORMER_SCST), *common, f"train.out_dir={tmp_path / 'scst'}", "train.lr_scaling=linear",
+    scst = warm_start.run([*launch, str(TRANSFORMER_SCST), *common, f"train.out_dir={tmp_path / 'scst'}", "train.lr_scaling=linear",
                            "--init", str(tmp_path / "xe" / "best.pt")], cwd=ROOT, env=rehearsal.env, capture_output=True, text=True, timeout=600)
     assert scst.returncode == 0, scst.stderr[-3000:]
     assert "lr 5e-05, encoder_lr 1e-05 x 0.25 (linear scaling: global batch 8 / base batch 32)" in scst.stderr

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import count_panels, never_stopping, require_module, tiny_model  # noqa: E402
+import warm_start
 from PIL import Image
 
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
@@ -351,7 +352,6 @@ def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trai
     `close` waits for it, so the process ends with status 0. And the closing server deletes what
     it cached in its own process's cache, not another server's copy of the same picture (in a
     shared /tmp/gradio it took this process's upload, and CI's browser test lost its picture)."""
-    import subprocess
     import sys
 
     import httpx
@@ -359,7 +359,7 @@ def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trai
     with trained.images[0].open("rb") as f:  # the picture the other process's server gets too
         upload = httpx.post(f"{server}gradio_api/upload", files={"files": f}).json()[0]
     args = [sys.executable, "-c", SHUTDOWN_SCRIPT, str(trained.transformer), str(trained.images[0]), str(tmp_path / "started"), str(free_port())]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = warm_start.run(args, capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert (tmp_path / "started").exists(), done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import TINY_MODEL, subprocess_env
+import warm_start
 
 from captioner.apps.cli import main
 from captioner.core.config import load_config
@@ -71,7 +72,7 @@ def environment(site: Path, **extra: str) -> dict[str, str]:
 def torchrun(args: list[str], env: dict[str, str], timeout: float, monitor_interval: float | None = None) -> subprocess.CompletedProcess:
     launcher = [] if monitor_interval is None else [f"--monitor-interval={monitor_interval}"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher, "-m", "captioner", *args]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return warm_start.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_one_process_needs_no_group(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,7 +100,7 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
     audit.mkdir()
     runs = tmp_path / "runs"
     env = environment(tmp_path / "site", CAPTIONER_TEST_AUDIT=str(audit), CAPTIONER_TEST_WATCH=str(tmp_path / "runs"))
-    single_run = subprocess.Popen(  # beside the torchrun one, to save time
+    single_run = warm_start.Popen(  # beside the torchrun one, to save time
         [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=8",
          f"data.root={shapes}", f"train.out_dir={tmp_path / 'single'}", "train.val_every_steps=4"],
         cwd=ROOT, env=subprocess_env(),

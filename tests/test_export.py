@@ -16,6 +16,7 @@ import torch
 import yaml
 from conftest import TrainedRun
 from helpers import subprocess_env
+import warm_start
 
 from captioner.apps.cli import main
 from captioner.core.errors import CheckpointError, ExportError
@@ -171,7 +172,7 @@ def test_a_config_that_does_not_match_its_files_is_refused(
 def test_a_broken_export_is_one_line_from_the_cli(exported: tuple[Path, Path], shapes_lstm: TrainedRun, tmp_path: Path) -> None:
     folder = broken_copy(exported[1], tmp_path)
     (folder / CONFIG).write_text("{not json")
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "captioner", "caption", str(folder), str(shapes_lstm.test_images[0])],
         capture_output=True, text=True, env=subprocess_env(), timeout=120,
     )
@@ -242,7 +243,7 @@ def test_a_hub_repo_id_loads_from_the_cache_offline_and_is_refused_in_one_line_w
 
 
 def run_cli(*argv: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "captioner", *argv], capture_output=True, text=True,
+    return warm_start.run([sys.executable, "-m", "captioner", *argv], capture_output=True, text=True,
                           env=subprocess_env(**env), timeout=120)
 
 

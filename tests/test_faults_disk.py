@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers import require, subprocess_env
+import warm_start
 from test_resume import TINY
 
 from captioner.data.shapes import generate_shapes
@@ -70,7 +71,7 @@ def python(tmp_path: Path, code: str, disk: Path | None = None, size_kb: int = 0
     script.write_text(PRELUDE + textwrap.dedent(code))
     if disk is not None:
         return on_small_disk(disk, size_kb, f"{sys.executable} {script}")
-    return subprocess.run([sys.executable, str(script)], cwd=ROOT, env=subprocess_env(PYTHONPATH=f"{ROOT}:{TESTS}"),
+    return warm_start.run([sys.executable, str(script)], cwd=ROOT, env=subprocess_env(PYTHONPATH=f"{ROOT}:{TESTS}"),
                           capture_output=True, text=True, timeout=600)
 
 

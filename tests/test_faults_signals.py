@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import require, subprocess_env
+import warm_start
 from test_distributed import TINY as DISTRIBUTED_TINY
 from test_distributed import environment as torchrun_environment
 from test_resume import TINY, logged_steps
@@ -40,7 +41,7 @@ class Training:
     """A training subprocess whose stderr is read as it comes."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        self.process = warm_start.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                         start_new_session=True)  # its own process group, as a scheduler's job has
         self.err: list[str] = []
         self.reader = threading.Thread(target=lambda: self.err.extend(self.process.stderr), daemon=True)
@@ -112,7 +113,7 @@ def test_a_signal_mid_epoch_saves_the_step_and_resumes_bit_exact(shapes: Path, t
 
     words = shlex.split(resume)
     assert words[:2] == ["captioner", "train"] and words[-1] == "--resume"
-    resumed = subprocess.run([sys.executable, "-m", "captioner", "-v", *words[1:]], cwd=ROOT, env=env,
+    resumed = warm_start.run([sys.executable, "-m", "captioner", "-v", *words[1:]], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert logged_steps(resumed.stderr) == list(range(step + 1, 25))
@@ -172,7 +173,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(
     assert saved["step"] == step and len(saved["rng"]) == 2  # both ranks' random states, gathered at the same step
     words = shlex.split(resume)
     assert words[:3] == ["torchrun", "--nproc_per_node=2", "-m"] and words[-1] == "--resume"
-    resumed = subprocess.run([*launch, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    resumed = warm_start.run([*launch, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_weights(reference_last, run / "last.pt")
 

@@ -5,12 +5,12 @@ worst-images sheets are written; a run without its results is one line."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from helpers import REPO, subprocess_env, tiny_config, tiny_model
+import warm_start
 from PIL import Image
 from test_flickr8k import flickr8k_224, subset  # noqa: F401 - the fixture is used by name
 
@@ -43,7 +43,7 @@ def test_report_on_a_miniature_test_split(flickr8k_224: tuple[Path, Path], tmp_p
     fake_run(tmp_path / "stock", root, dict.fromkeys(references, copied), references)
 
     out = tmp_path / "report"
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, str(REPO / "scripts" / "flickr8k_report.py"), "--run", f"near={tmp_path / 'near'}",
          "--run", f"stock={tmp_path / 'stock'}", "--best", "stock", "--out", str(out), "--fast"],
         capture_output=True, text=True, timeout=600, env=subprocess_env(),
@@ -70,7 +70,7 @@ def test_report_on_a_miniature_test_split(flickr8k_224: tuple[Path, Path], tmp_p
     assert sum(w["used"] for w in report["unmatched_words"]) <= 6 * len(stock_words)
 
     (tmp_path / "stock" / "results_test.json").unlink()
-    broken = subprocess.run(
+    broken = warm_start.run(
         [sys.executable, str(REPO / "scripts" / "flickr8k_report.py"), "--run", f"stock={tmp_path / 'stock'}",
          "--best", "stock", "--out", str(out), "--no-human"], capture_output=True, text=True, timeout=600, env=subprocess_env(),
     )

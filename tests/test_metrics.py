@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import require
+from helpers import require, subprocess_env
+import warm_start
 
 from captioner.core.errors import CaptionerError, DatasetError
 from captioner.evaluation import java
@@ -416,7 +417,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=600)
+    return warm_start.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=600, env=subprocess_env())
 
 
 def test_results_table(tmp_path: Path) -> None:

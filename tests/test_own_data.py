@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import require_module
+import warm_start
 from PIL import Image
 
 from captioner.core.config import load_config
@@ -274,7 +275,7 @@ def test_a_reader_that_stops_early_ends_the_command_without_a_traceback(tmp_path
 
     write_folder(tmp_path, [{"file_name": "red_1.png", "text": "red"}])
     command = [sys.executable, "-m", "captioner", "data", "stats", "--imagefolder", str(tmp_path), "--json"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
+    process = warm_start.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
     process.stdout.close()  # the reader is gone before the command prints anything
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141, stderr

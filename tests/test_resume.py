@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import TINY_MODEL, subprocess_env
+import warm_start
 
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.shapes import generate_shapes
@@ -65,10 +66,10 @@ def logged_steps(output: str) -> list[int]:
 
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: Path) -> None:
-    reference = subprocess.Popen(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=environment(),
+    reference = warm_start.Popen(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=environment(),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # beside the killed run
     run = tmp_path / "killed"
-    process = subprocess.Popen(train_command(shapes, run), cwd=ROOT, env=environment(),
+    process = warm_start.Popen(train_command(shapes, run), cwd=ROOT, env=environment(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not (run / "last.pt").exists():  # the first checkpoint is mid-epoch (step 3 of 12)
@@ -82,7 +83,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: 
     saved = torch.load(run / "last.pt", weights_only=True)["train_state"]
     assert saved["position"] > 0, "the kill came only at an epoch boundary (machine too slow for this test?)"
 
-    resumed = subprocess.run([*train_command(shapes, run), "--resume"], cwd=ROOT, env=environment(),
+    resumed = warm_start.run([*train_command(shapes, run), "--resume"], cwd=ROOT, env=environment(),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     # It went on from the saved batch, not from the start (an ignored --resume would start at step 1).
@@ -189,7 +190,7 @@ def test_validating_mid_epoch_changes_no_weight_and_keeps_the_best_step(shapes: 
     and random numbers (dropout back on, the loaders' seeds not drawn from training's generator),
     and best.pt is the model of the best validation, wherever in an epoch it came."""
     common = ("train.epochs=3", "train.lr=5e-3", "train.val_metric=CIDEr")  # the best CIDEr-D comes mid-epoch 1
-    runs = {name: subprocess.Popen(train_command(shapes, tmp_path / name, *common, *extra), cwd=ROOT, env=environment(),
+    runs = {name: warm_start.Popen(train_command(shapes, tmp_path / name, *common, *extra), cwd=ROOT, env=environment(),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for name, extra in (("epochs", ()), ("steps", ("train.val_every_steps=4",)))}
     for name, process in runs.items():

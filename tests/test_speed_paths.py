@@ -5,13 +5,14 @@ the explicit softmax, and the thread knob's precedence."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import warm_start
+from helpers import subprocess_env
 
 from captioner.core import runtime
 from captioner.core.config import load_config
@@ -160,7 +161,7 @@ BENCH_GPU = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_gpu.p
 
 
 def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCH_GPU), *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
+    return warm_start.run([sys.executable, str(BENCH_GPU), *args], capture_output=True, text=True, env=subprocess_env(**(env or {})))
 
 
 def test_bench_gpu_without_cuda_says_so_in_one_line() -> None:

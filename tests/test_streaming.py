@@ -12,7 +12,6 @@ import os
 import random
 import shlex
 import signal
-import subprocess
 import threading
 from collections import Counter
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import TINY_MODEL, require, require_module
+import warm_start
 from PIL import Image
 from test_distributed import environment as torchrun_environment
 from test_faults_signals import ROOT, TORCHRUN, Training, resume_line
@@ -301,7 +301,7 @@ def test_two_torchrun_ranks_stream_flickr8k_shards_over_http_and_resume_after_a_
     assert sum(p[0] for p in saved["stream"][0]) == step
 
     words = shlex.split(resume)
-    resumed = subprocess.run([*TORCHRUN, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    resumed = warm_start.run([*TORCHRUN, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     trained = [line.split() for rank in (0, 1) for line in (trace / f"rank{rank}.txt").read_text().splitlines()]
     per_epoch = Counter(epoch for epoch, _ in trained)

@@ -1,0 +1,111 @@
+"""tests/warm_start.py: a child forked from the warm interpreter behaves as the cold
+interpreter would, for the commands, pipes, signals and environments the suite gives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import warm_start
+from helpers import subprocess_env
+
+SHOW = "import os, sys; print(sys.argv, os.getcwd(), os.environ.get('WARM_TEST'), sys.path[0]); print('to stderr', file=sys.stderr)"
+
+
+def both(command: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    return warm_start.run(command, **kwargs), subprocess.run(command, **kwargs)
+
+
+@pytest.mark.parametrize("command,expect", [
+    ([SHOW + "; sys.exit(3)", "a", "b c"], 3),
+    (["import sys; sys.exit('a message')"], 1),
+    (["raise ValueError('boom')"], 1),
+    (["import sys; print(sys.stdin.read().upper(), end='')"], 0),
+    (["import sys; sys.stdout.write('a\\r\\nb\\rc\\n')"], 0),
+])
+def test_a_forked_child_prints_and_exits_as_a_cold_one(command: list[str], expect: int, tmp_path: Path) -> None:
+    kwargs = dict(capture_output=True, text=True, cwd=tmp_path, env=subprocess_env(WARM_TEST="x"), input="some input\n", timeout=120)
+    warm, cold = both([sys.executable, "-c", *command], **kwargs)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
+    assert warm.returncode == expect
+
+
+def test_modules_and_scripts_run_as_main(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nprint(__name__, sys.argv[1:], sys.path[0])\n")
+    env = subprocess_env()
+    for command in ([str(script), "x"], ["-m", "json.tool"]):
+        warm, cold = both([sys.executable, *command], capture_output=True, text=True, input='{"a": [1]}', env=env, timeout=120)
+        assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
+    assert warm.stdout == '{\n    "a": [\n        1\n    ]\n}\n'
+
+
+def test_the_child_is_forked_warm_and_its_cpu_is_counted() -> None:
+    before = warm_start.forked_cpu()
+    process = warm_start.Popen([sys.executable, "-c", "import sys, time\nprint('torch' in sys.modules)\nend = time.process_time() + 0.3\n"
+                                "while time.process_time() < end: pass"], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    out, _ = process.communicate(timeout=120)
+    assert process.warm and out == "True\n"  # torch already loaded: it was forked, not started
+    assert process.cpu >= 0.3 and warm_start.forked_cpu() - before >= 0.3
+
+
+def test_a_variable_read_when_libraries_load_sends_the_command_cold() -> None:
+    process = warm_start.Popen([sys.executable, "-c", "import sys; print('torch' in sys.modules)"], stdout=subprocess.PIPE,
+                               text=True, env=subprocess_env(OMP_NUM_THREADS="3"))
+    assert not process.warm and process.communicate(timeout=120)[0] == "False\n"
+
+
+def test_pythonpath_and_its_sitecustomize_are_the_childs(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['SITE_RAN'] = 'yes'\n")
+    (tmp_path / "extra_module.py").write_text("NAME = 'found'\n")
+    env = subprocess_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    code = "import os, extra_module; print(extra_module.NAME, os.environ.get('SITE_RAN'))"
+    warm, cold = both([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert warm.stdout == cold.stdout == "found yes\n", (warm.stderr, cold.stderr)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_signal_ends_the_child_with_the_status_a_cold_one_has(sig: int) -> None:
+    code = "import os, time; print(os.getpid(), os.getsid(0), flush=True); time.sleep(60)"
+    codes = []
+    for popen in (warm_start.Popen, subprocess.Popen):
+        process = popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        env=subprocess_env(), start_new_session=True)
+        pid, session = map(int, process.stdout.readline().split())
+        assert pid == process.pid == session  # its own session, as asked
+        process.send_signal(sig)
+        process.wait(timeout=60)
+        codes.append(process.returncode)
+        process.stdout.close()
+        process.stderr.close()
+    assert codes[0] == codes[1] == -sig
+
+
+def test_a_timeout_kills_the_child() -> None:
+    started = time.time()
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm_start.run([sys.executable, "-c", "import time; time.sleep(60)"], env=subprocess_env(), timeout=1)
+    assert time.time() - started < 30
+
+
+def test_the_child_dies_with_the_test_process_that_asked_for_it(tmp_path: Path) -> None:
+    """A test process killed mid-test (pytest's timeout) leaves no forked child running on."""
+    asker = ("import sys, time, warm_start\n"
+             "p = warm_start.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], env=warm_start._the_server().env)\n"
+             "print(p.pid, p.warm, flush=True)\ntime.sleep(120)")
+    process = subprocess.Popen([sys.executable, "-c", asker], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent,
+                               env=subprocess_env(PYTHONPATH=str(Path(__file__).parent)))
+    pid, warm = process.stdout.readline().split()
+    assert warm == "True" and Path(f"/proc/{pid}").exists()
+    process.kill()
+    process.wait()
+    deadline = time.time() + 30
+    while Path(f"/proc/{pid}").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()
