@@ -71,7 +71,7 @@ def environment(site: Path, **extra: str) -> dict[str, str]:
 
 def torchrun(args: list[str], env: dict[str, str], timeout: float, monitor_interval: float | None = None) -> subprocess.CompletedProcess:
     launcher = [] if monitor_interval is None else [f"--monitor-interval={monitor_interval}"]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher, "-m", "captioner", *args]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher, *warm_start.TORCHRUN_CAPTIONER, *args]
     return warm_start.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -134,7 +134,7 @@ def worker_pids(launcher: int) -> dict[int, int]:
     return ranks
 
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "captioner"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *warm_start.TORCHRUN_CAPTIONER]
 TORCHRUN_OVERRIDES = [*DISTRIBUTED_TINY, "data.batch_size=4", "train.epochs=2"]
 
 

@@ -109,3 +109,46 @@ def test_the_child_dies_with_the_test_process_that_asked_for_it(tmp_path: Path) 
     while Path(f"/proc/{pid}").exists() and time.time() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists()
+
+
+WARM_RANK = Path(__file__).with_name("warm_rank.py")
+PROBE = "import os, sys, time\nprint(os.environ.get('RANK'), 'torch' in sys.modules, os.getpid(), flush=True)\ntime.sleep(float(sys.argv[1]))\n"
+
+
+def test_torchrun_ranks_are_forked_warm_with_their_own_environment(tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(PROBE)
+    env = subprocess_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               *warm_start.TORCHRUN_CAPTIONER[:-1], "probe", "0"]  # the same worker program, another module
+    done = warm_start.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks = sorted(line.split()[:2] for line in done.stdout.splitlines())
+    assert ranks == [["0", "True"], ["1", "True"]]  # each rank had its RANK, and torch before it began: forked
+
+
+def test_a_signal_to_the_worker_program_reaches_the_rank_and_ends_it_alike(tmp_path: Path) -> None:
+    """torchrun (or a test) signals the process it started, which stands in for the forked rank."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    warm_start.run([sys.executable, "-c", "pass"], env=subprocess_env())  # the server is up
+    env = subprocess_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", RANK="1",
+                         **{warm_start.SOCKET: warm_start._the_server().path})
+    program = subprocess.Popen([sys.executable, "-S", "-u", str(WARM_RANK), "-m", "probe", "60"], stdout=subprocess.PIPE,
+                               text=True, env=env, cwd=tmp_path)
+    rank, loaded, pid = program.stdout.readline().split()
+    assert (rank, loaded) == ("1", "True") and int(pid) != program.pid
+    program.send_signal(signal.SIGTERM)
+    assert program.wait(timeout=60) == -signal.SIGTERM
+    program.stdout.close()
+    deadline = time.time() + 30
+    while Path(f"/proc/{pid}").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_without_a_server_the_worker_program_becomes_the_command_itself(tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(PROBE)
+    env = {k: v for k, v in subprocess_env(PYTHONPATH=str(tmp_path), RANK="0").items() if k != warm_start.SOCKET}
+    done = subprocess.run([sys.executable, "-S", "-u", str(WARM_RANK), "-m", "probe", "0"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)
+    rank, loaded, pid = done.stdout.split()
+    assert done.returncode == 0 and (rank, loaded) == ("0", "False")  # exec'd cold: nothing loaded before it

@@ -46,13 +46,27 @@ HANDLED_KWARGS = {"cwd", "env", "stdin", "stdout", "stderr", "text", "capture_ou
                   "check", "encoding", "errors", "universal_newlines"}
 _HEADER = struct.Struct("!I")
 
-_forked_cpu = 0.0  # CPU seconds of the children this process has had forked and waited for
+SOCKET = "CAPTIONER_WARM_START_SOCKET"  # in a warm child's environment: where its server listens (tests/warm_rank.py)
+# The end of a torchrun command whose ranks run `python -m captioner` forked warm:
+# `python -m torch.distributed.run OPTIONS *TORCHRUN_CAPTIONER ARGS`. Its worker program is
+# tests/warm_rank.py, run with -S: a site file of the test's (tests/torchrun_site.py) must run in
+# the rank it stands for, not in it too.
+TORCHRUN_CAPTIONER = ["--no-python", sys.executable, "-S", "-u", str(Path(__file__).with_name("warm_rank.py")), "-m", "captioner"]
+# Read-at-load prefixes that are not: torchrun's variables for its workers, read when used.
+READ_WHEN_USED = ("TORCHELASTIC_", "TORCH_NCCL_")
 
 
 def forked_cpu() -> float:
-    """CPU seconds of the forked children waited for so far (os.times() cannot see them: the
-    server, not this process, is their parent); tests/suite_timeline.py adds them to the children's."""
-    return _forked_cpu
+    """CPU seconds of this process's server and of the children it forked that have ended
+    (os.times() cannot see them: the server, not this process, is their parent; torchrun's warm
+    ranks included); tests/suite_timeline.py adds them to the children's."""
+    if _server is None:
+        return 0.0
+    try:
+        ended = sum(float(line) for line in Path(_server.folder, "cpu").read_text().split())
+    except OSError:
+        ended = 0.0
+    return _server.startup_cpu + ended
 
 
 # ---------------------------------------------------------------- the wire: length-prefixed JSON
@@ -127,6 +141,10 @@ def _monitor(conn: socket.socket) -> None:
     request, fds = _receive(conn, with_fds=3)
     if request is None:
         return
+    differ = _differences(os.environ, request["env"])
+    if differ:  # only tests/warm_rank.py sends such a request: it then starts the command cold
+        _send(conn, {"cold": differ})
+        return
     pid = os.fork()
     if pid == 0:
         conn.close()
@@ -142,8 +160,11 @@ def _monitor(conn: socket.socket) -> None:
             os.kill(pid, signal.SIGKILL)
             watching = []
     _, status, usage = os.wait4(pid, 0)
+    cpu = usage.ru_utime + usage.ru_stime
+    with open(os.path.join(os.path.dirname(conn.getsockname()), "cpu"), "a") as log:
+        log.write(f"{cpu}\n")  # one short append: whole, whichever monitor writes beside it
     try:
-        _send(conn, {"status": status, "cpu": usage.ru_utime + usage.ru_stime})
+        _send(conn, {"status": status, "cpu": cpu})
     except OSError:
         pass
 
@@ -173,10 +194,11 @@ def _become(request: dict, fds: list[int]) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(request["cwd"])
+        server_pythonpath = os.environ.get("PYTHONPATH", "")
         os.environ.clear()
         os.environ.update(request["env"])
         tempfile.tempdir = None  # computed again from this environment's TMPDIR
-        _take_pythonpath(request["server_pythonpath"], os.environ.get("PYTHONPATH", ""))
+        _take_pythonpath(server_pythonpath, os.environ.get("PYTHONPATH", ""))
         unbuffered = request["unbuffered"] or bool(os.environ.get("PYTHONUNBUFFERED"))
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=unbuffered,
@@ -292,12 +314,10 @@ class _Server:
         line = self.process.stdout.readline()
         if line.strip() != "ready":
             raise RuntimeError(f"the warm interpreter did not start (exit {self.process.wait()})")
-        self.frozen = {k: v for k, v in self.env.items() if _read_at_load(k)}
-        global _forked_cpu
-        _forked_cpu += _process_cpu(self.process.pid)  # its imports, paid once for every child it forks
+        self.startup_cpu = _process_cpu(self.process.pid)  # its imports, paid once for every child it forks
 
     def stands_for(self, env: Mapping[str, str]) -> bool:
-        return {k: v for k, v in env.items() if _read_at_load(k)} == self.frozen
+        return not _differences(self.env, env)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -322,7 +342,12 @@ def _process_cpu(pid: int) -> float:
 
 
 def _read_at_load(name: str) -> bool:
-    return name.startswith(LOAD_TIME_PREFIXES) and name not in UNCHECKED
+    return name.startswith(LOAD_TIME_PREFIXES) and name not in UNCHECKED and not name.startswith(READ_WHEN_USED)
+
+
+def _differences(server: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
+    """The variables read at load whose values differ between the server's environment and the wanted one."""
+    return sorted(k for k in {*server, *wanted} if _read_at_load(k) and server.get(k) != wanted.get(k))
 
 
 _server: _Server | None = None
@@ -376,8 +401,7 @@ class Popen:
         server = _the_server() if parsed is not None else None
         self.warm = server is not None and server.stands_for(env)
         if os.environ.get("CAPTIONER_WARM_START_LOG"):  # which commands ran cold, and why
-            why = "warm" if self.warm else ("not python, or options" if parsed is None else
-                                             f"environment: {sorted(k for k in set(env) | set(server.frozen) if _read_at_load(k) and env.get(k) != server.frozen.get(k))}")
+            why = "warm" if self.warm else ("not python, or options" if parsed is None else f"environment: {_differences(server.env, env)}")
             with open(os.environ["CAPTIONER_WARM_START_LOG"], "a") as log:
                 log.write(f"{why}\t{os.environ.get('PYTEST_CURRENT_TEST', '')}\t{' '.join(map(str, command))[:200]!r}\n")
         if not self.warm:
@@ -400,9 +424,8 @@ class Popen:
         self._conn.connect(server.path)
         kind, target, args, unbuffered = parsed
         cwd = os.fspath(kwargs["cwd"]) if kwargs.get("cwd") is not None else os.getcwd()
-        _send(self._conn, {"kind": kind, "target": target, "args": args, "unbuffered": unbuffered, "cwd": cwd, "env": env,
-                           "new_session": bool(kwargs.get("start_new_session")),
-                           "server_pythonpath": server.env.get("PYTHONPATH", "")}, ends)
+        _send(self._conn, {"kind": kind, "target": target, "args": args, "unbuffered": unbuffered, "cwd": cwd, "env": {**env, SOCKET: server.path},
+                           "new_session": bool(kwargs.get("start_new_session"))}, ends)
         for fd in mine:
             os.close(fd)
         reply, _ = _receive(self._conn)
@@ -462,14 +485,12 @@ class Popen:
         return self.returncode
 
     def _finish(self) -> None:
-        global _forked_cpu
         reply, _ = _receive(self._conn)
         self._conn.close()
         if reply is None:
             raise RuntimeError(f"the warm interpreter's monitor of pid {self.pid} ended without its status")
         self._returncode = os.waitstatus_to_exitcode(reply["status"])
         self.cpu = reply["cpu"]
-        _forked_cpu += self.cpu
 
     def send_signal(self, sig: int) -> None:
         if self._cold is not None:

@@ -1,0 +1,58 @@
+"""torchrun's worker in the tests: `python -S -u tests/warm_rank.py -m captioner ARGS` has the test
+worker's warm server (tests/warm_start.py) fork `python -m captioner ARGS` with this process's
+environment (RANK, WORLD_SIZE, ...), folder and stdio, stands in for it (the signals torchrun or a
+test sends are passed on), and exits as it exits. Without a server, or where the server cannot
+stand for this environment, it becomes `python -u -m captioner ARGS` itself (exec)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+
+import warm_start
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def cold(command: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, "-u", *command])
+
+
+def main() -> None:
+    command = sys.argv[1:]
+    path = os.environ.get(warm_start.SOCKET)
+    if not path or len(command) < 2 or command[0] != "-m":
+        cold(command)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        cold(command)
+    request = {"kind": "module", "target": command[1], "args": command[2:], "unbuffered": True, "cwd": os.getcwd(),
+               "env": dict(os.environ), "new_session": False}
+    warm_start._send(conn, request, [0, 1, 2])
+    reply, _ = warm_start._receive(conn)
+    if reply is None or "cold" in reply:
+        conn.close()
+        cold(command)
+    pid = reply["pid"]
+    def forward(sig: int, frame: object) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:  # it has just ended: its status is on the way
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    reply, _ = warm_start._receive(conn)  # the child's end (a forwarded signal interrupts and resumes this wait)
+    code = os.waitstatus_to_exitcode(reply["status"]) if reply else 1
+    if code < 0:  # ended by a signal: end by the same one
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
