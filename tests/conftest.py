@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import require
+from helpers import require, shared_folder
 import suite_timeline
 
 # What the library measures about this machine (core/machine_cache.py) goes to a folder of the
@@ -99,11 +99,20 @@ SHAPES_TINY = [
 
 @pytest.fixture(scope="session")
 def shapes_lstm(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
-    """Seconds on one core: generate 300 + 24 + 12 shapes images and train 8 epochs."""
+    """Seconds on one core: generate 300 + 24 + 12 shapes images and train 8 epochs, once per test
+    run: the first pytest worker to need it trains it, under a lock, and the others read it (the
+    tests copy the run before changing anything in it)."""
+    from filelock import FileLock
+
     from captioner.apps.cli import main
 
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("shapes_lstm")
+    root = shared_folder(tmp_path_factory) / "shapes_lstm"
     args = ["train", str(REPO / "configs/shapes_lstm.yaml"), *SHAPES_TINY, f"data.root={root / 'shapes'}", f"train.out_dir={root / 'run'}"]
-    assert main(args) == 0
+    with FileLock(f"{root}.lock"):
+        if not (root / "trained").is_file():
+            shutil.rmtree(root, ignore_errors=True)  # an earlier worker's attempt that failed
+            root.mkdir()
+            torch.set_num_threads(1)
+            assert main(args) == 0
+            (root / "trained").touch()
     return TrainedRun(root, root / "shapes", root / "run", args)

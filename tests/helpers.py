@@ -55,6 +55,13 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CAPTIONER_THREADS": "1", **extra}
 
 
+def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This test run's temporary folder, shared by its pytest-xdist workers (each has its own below
+    it): what is built there once, under a file lock, serves every worker."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def require(available: bool, reason: str) -> None:
     """Skip the calling test when something it needs is missing, except in CI (CI=true), where a
     skip would let a green run hide that the test never ran: there it fails."""

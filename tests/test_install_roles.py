@@ -22,7 +22,7 @@ import pytest
 import numpy as np
 from PIL import Image
 
-from helpers import REPO, require, require_module, subprocess_env
+from helpers import REPO, require, require_module, shared_folder, subprocess_env
 
 TRAIN = {"pycocoevalcap", "pycocotools", "nltk", "tensorboard"}
 DEMO = {"gradio"}
@@ -59,18 +59,12 @@ def resolve(requirement: str, report: Path) -> list[str] | str:
     return sorted({item["metadata"]["name"].lower().replace("_", "-") for item in json.loads(report.read_text())["install"]})
 
 
-def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This test run's temporary folder, shared by its pytest-xdist workers (each has its own below it)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 @pytest.fixture(scope="session")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Built once per test run, whatever the number of pytest workers (a lock in the run's folder)."""
     from filelock import FileLock
 
-    shared = run_folder(tmp_path_factory) / "captioner_wheels"
+    shared = shared_folder(tmp_path_factory) / "captioner_wheels"
     with FileLock(str(shared) + ".lock"):
         if not shared.is_dir():
             shared.mkdir()
@@ -83,7 +77,7 @@ def resolved(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
     """Every role, resolved once per test run (pip's resolutions side by side, mostly waiting on the index)."""
     from filelock import FileLock
 
-    shared = run_folder(tmp_path_factory) / "captioner_pip_roles.json"
+    shared = shared_folder(tmp_path_factory) / "captioner_pip_roles.json"
     with FileLock(str(shared) + ".lock"):
         if not shared.is_file():
             folder = tmp_path_factory.mktemp("pip_reports")
