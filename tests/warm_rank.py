@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 
 import warm_start
@@ -25,15 +24,11 @@ def main() -> None:
     path = os.environ.get(warm_start.SOCKET)
     if not path or len(command) < 2 or command[0] != "-m":
         cold(command)
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(path)
-    except OSError:
+        conn, reply = warm_start.fork(path, "module", command[1], command[2:], unbuffered=True, cwd=os.getcwd(), env=os.environ,
+                                      new_session=False, fds=[0, 1, 2])
+    except OSError:  # no server listens there any more
         cold(command)
-    request = {"kind": "module", "target": command[1], "args": command[2:], "unbuffered": True, "cwd": os.getcwd(),
-               "env": dict(os.environ), "new_session": False}
-    warm_start._send(conn, request, [0, 1, 2])
-    reply, _ = warm_start._receive(conn)
     if reply is None or "cold" in reply:
         conn.close()
         cold(command)

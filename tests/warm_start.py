@@ -38,12 +38,11 @@ from typing import Any
 # Variables a library reads when it loads (the server loaded them under its own values) or that
 # change how the interpreter itself starts: a request that sets them differently runs cold.
 LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS", "TORCH", "CUDA", "LD_", "MALLOC_", "NUMEXPR_")
-# Applied by the child itself (the first two), or read only when used (torch.hub reads TORCH_HOME
-# at each call).
-UNCHECKED = {"PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_HOME"}
+# Of those, the ones that are not: applied by the child itself (the first two), or read only when
+# used (torch.hub reads TORCH_HOME at each call; torchrun's variables for its workers).
+READ_WHEN_USED = ("PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_HOME", "TORCHELASTIC_", "TORCH_NCCL_")
 PRELOAD = ("numpy", "PIL.Image", "yaml", "tqdm", "torch", "torchvision", "torchvision.models", "torchvision.transforms.v2")
-HANDLED_KWARGS = {"cwd", "env", "stdin", "stdout", "stderr", "text", "capture_output", "timeout", "input", "start_new_session",
-                  "check", "encoding", "errors", "universal_newlines"}
+HANDLED_KWARGS = {"cwd", "env", "stdin", "stdout", "stderr", "text", "start_new_session", "encoding", "errors", "universal_newlines"}
 _HEADER = struct.Struct("!I")
 
 SOCKET = "CAPTIONER_WARM_START_SOCKET"  # in a warm child's environment: where its server listens (tests/warm_rank.py)
@@ -52,8 +51,6 @@ SOCKET = "CAPTIONER_WARM_START_SOCKET"  # in a warm child's environment: where i
 # tests/warm_rank.py, run with -S: a site file of the test's (tests/torchrun_site.py) must run in
 # the rank it stands for, not in it too.
 TORCHRUN_CAPTIONER = ["--no-python", sys.executable, "-S", "-u", str(Path(__file__).with_name("warm_rank.py")), "-m", "captioner"]
-# Read-at-load prefixes that are not: torchrun's variables for its workers, read when used.
-READ_WHEN_USED = ("TORCHELASTIC_", "TORCH_NCCL_")
 
 
 def forked_cpu() -> float:
@@ -103,6 +100,19 @@ def _receive(conn: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[
             return None, fds
         body += chunk
     return json.loads(body), fds
+
+
+def fork(path: str, kind: str, target: str, args: list[str], *, unbuffered: bool, cwd: str, env: Mapping[str, str],
+         new_session: bool, fds: Sequence[int]) -> tuple[socket.socket, dict | None]:
+    """Ask the server listening at `path` to fork `python -m target args` (kind "module"), `-c`
+    ("code") or a script ("path"), with `fds` as its stdin, stdout and stderr: the connection, on
+    which its wait status comes when it ends, and the reply, {"pid": ...} or {"cold": why}."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    _send(conn, {"kind": kind, "target": target, "args": args, "unbuffered": unbuffered, "cwd": cwd, "env": dict(env),
+                 "new_session": new_session}, fds)
+    reply, _ = _receive(conn)
+    return conn, reply
 
 
 # ---------------------------------------------------------------- the server side
@@ -342,7 +352,7 @@ def _process_cpu(pid: int) -> float:
 
 
 def _read_at_load(name: str) -> bool:
-    return name.startswith(LOAD_TIME_PREFIXES) and name not in UNCHECKED and not name.startswith(READ_WHEN_USED)
+    return name.startswith(LOAD_TIME_PREFIXES) and not name.startswith(READ_WHEN_USED)
 
 
 def _differences(server: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
@@ -405,14 +415,13 @@ class Popen:
             with open(os.environ["CAPTIONER_WARM_START_LOG"], "a") as log:
                 log.write(f"{why}\t{os.environ.get('PYTEST_CURRENT_TEST', '')}\t{' '.join(map(str, command))[:200]!r}\n")
         if not self.warm:
-            self._cold = subprocess.Popen(command, **{k: v for k, v in kwargs.items() if k not in ("timeout", "input", "check", "capture_output")})
+            self._cold = subprocess.Popen(command, **kwargs)
             self.pid, self.stdin, self.stdout, self.stderr = self._cold.pid, self._cold.stdin, self._cold.stdout, self._cold.stderr
             return
         self._cold = None
         self._returncode: int | None = None
-        text = bool(kwargs.get("text") or kwargs.get("universal_newlines") or kwargs.get("encoding") or kwargs.get("errors"))
+        self._text = bool(kwargs.get("text") or kwargs.get("universal_newlines") or kwargs.get("encoding") or kwargs.get("errors"))
         self._encoding, self._errors = kwargs.get("encoding") or "utf-8", kwargs.get("errors") or "strict"
-        self._text = text
         ends, mine = [], []
         for name, default_fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
             ends.append(self._end(name, kwargs.get(name), default_fd, mine))
@@ -420,15 +429,12 @@ class Popen:
         if kwargs.get("stderr") == subprocess.STDOUT:
             ends[2] = ends[1]
         self.cpu = 0.0
-        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._conn.connect(server.path)
         kind, target, args, unbuffered = parsed
         cwd = os.fspath(kwargs["cwd"]) if kwargs.get("cwd") is not None else os.getcwd()
-        _send(self._conn, {"kind": kind, "target": target, "args": args, "unbuffered": unbuffered, "cwd": cwd, "env": {**env, SOCKET: server.path},
-                           "new_session": bool(kwargs.get("start_new_session"))}, ends)
+        self._conn, reply = fork(server.path, kind, target, args, unbuffered=unbuffered, cwd=cwd, env={**env, SOCKET: server.path},
+                                 new_session=bool(kwargs.get("start_new_session")), fds=ends)
         for fd in mine:
             os.close(fd)
-        reply, _ = _receive(self._conn)
         if reply is None:
             raise RuntimeError("the warm interpreter did not fork the child")
         self.pid = reply["pid"]
