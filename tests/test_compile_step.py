@@ -108,6 +108,29 @@ def test_step_compiles_once_without_graph_breaks_and_matches_eager(kind: str, gr
                 torch.testing.assert_close(c, e, atol=1e-5, rtol=1e-4)
 
 
+@torch.no_grad()
+def test_lstm_beam_step_compiles_one_graph_for_every_batch(monkeypatch) -> None:
+    """Beam search's LSTM step (K rows per image over one copy of each grid) compiles to one
+    graph whatever the number of images, as CUDA graphs of a GPU's beam search need. Its CPU
+    blocks (here one image each) are a loop that a graph would unroll into one kernel per image,
+    recompiled for every batch: on an H200 that compile had not finished after 70 s."""
+    from captioner.models import attention as attention_module
+
+    monkeypatch.setattr(attention_module, "BLOCK_BYTES", 1)  # on the CPU's eager path: one image per block
+    decoder, K = make_decoder("lstm"), 3
+    compile_count = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(decoder.step, fullgraph=True, backend=compile_count)
+    for images in (2, 4, 8, 16):
+        feats = torch.randn(images, N, D)  # (B, N, D)
+        memory = decoder.expand_memory(decoder.prepare(feats), K)  # the LSTM's: not copied per beam
+        rows = torch.arange(images).repeat_interleave(K)  # (B*K,)
+        state = {k: v.index_select(0, rows) for k, v in decoder.init_state(memory).items()}  # (B*K, H) each
+        prev = torch.randint(3, V, (images * K,))  # (B*K,)
+        for got, expected in zip(compiled(memory, prev, state)[:2], decoder.step(memory, prev, state)[:2]):
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert compile_count.frame_count <= 2, f"4 batch sizes compiled {compile_count.frame_count} graphs"  # static, then dynamic
+
+
 @pytest.mark.parametrize("prepared_in_autocast", [True, False], ids=["bf16_memory", "float32_memory"])
 @torch.no_grad()
 def test_transformer_state_keeps_its_shapes_and_dtype_under_autocast(prepared_in_autocast: bool) -> None:

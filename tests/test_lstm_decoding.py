@@ -200,12 +200,16 @@ def test_attention_computes_the_papers_tanh_scores(decoder: LSTMDecoder) -> None
     torch.testing.assert_close(context, torch.bmm(weights.unsqueeze(1), feats).squeeze(1), atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("grad", "block_bytes"), [(False, 1), (False, 1400), (False, 1 << 22), (True, 1 << 22)])
-def test_step_reads_one_memory_for_every_beam_of_an_image(decoder: LSTMDecoder, grad: bool, block_bytes: int, monkeypatch) -> None:
+@pytest.mark.parametrize(("grad", "block_bytes"), [(False, 1), (False, 1400), (False, 1 << 22), (False, None), (True, 1 << 22)])
+def test_step_reads_one_memory_for_every_beam_of_an_image(decoder: LSTMDecoder, grad: bool, block_bytes: int | None, monkeypatch) -> None:
     """B images' memory with B*K state rows (rows b*K.. of image b) steps as the memory
     repeated K times would: the in-place blocks without gradients (one image per block, two
-    images and a short last block, all at once), expanded rows with them."""
-    monkeypatch.setattr(attention_module, "BLOCK_BYTES", block_bytes)  # one image's block here: 4 x 7 x 6 floats, 672 bytes
+    images and a short last block, all at once; None: the GPU's and a compiled graph's one block
+    of every row), expanded rows with them."""
+    if block_bytes is None:
+        monkeypatch.setattr(attention_module, "in_one_block", lambda feats: True)
+    else:  # one image's block here: 4 x 7 x 6 floats, 672 bytes
+        monkeypatch.setattr(attention_module, "BLOCK_BYTES", block_bytes)
     feats, K = torch.randn(3, 7, 10), 4
     memory = decoder.prepare(feats)
     rows = torch.arange(3).repeat_interleave(K)  # (B*K,)
