@@ -406,8 +406,11 @@ def our_beam(
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                         found[:] = [h.tokens for h in beam_search(model.decoder, feats, special, options)]
 
-                seconds = median_seconds(run, repeats, device)
-                row = {"beam": K, "batch": B, "images_per_s": B / seconds, "steps": config.decode.max_length, "cuda_graphs": graphs}
+                print(f"{time.strftime('%H:%M:%S')} beam {K}, batch {B}, {'CUDA graph' if graphs else 'eager'}: measuring", flush=True)
+                first: list[float] = []
+                seconds = median_seconds(run, repeats, device, first)
+                row = {"beam": K, "batch": B, "images_per_s": B / seconds, "steps": config.decode.max_length, "cuda_graphs": graphs,
+                       "first_call_s": first[0]}  # the first search at a new size: compiles and captures through the graph
                 if graphs:
                     row["same_as_eager"] = sum(a == b for a, b in zip(found, eager_tokens[K, B])) / B
                 else:
@@ -433,8 +436,15 @@ def reference_beam(ref, vocab: Vocabulary, device: torch.device, beams: list[int
     return rows
 
 
-def median_seconds(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
+def median_seconds(fn: Callable[[], None], repeats: int, device: torch.device, first: list[float] | None = None) -> float:
+    """The median of `repeats` timed calls after one untimed warm-up call, whose seconds are
+    appended to `first` when given."""
+    sync(device)
+    start = time.perf_counter()
     fn()
+    sync(device)
+    if first is not None:
+        first.append(time.perf_counter() - start)
     times = []
     for _ in range(repeats):
         sync(device)
@@ -555,7 +565,7 @@ def record(results: dict, section: str, row: dict, out: Path) -> None:
     """Keep a measured row, print it at once and rewrite --out: a run stopped by a time limit
     (a GPU lent for minutes) keeps every row it finished."""
     results[section].append(row)
-    print(f"{section}: {json.dumps(row)}", flush=True)
+    print(f"{time.strftime('%H:%M:%S')} {section}: {json.dumps(row)}", flush=True)
     write(results, out)
 
 

