@@ -71,7 +71,7 @@ first_heatmap=$(ls "$WORK"/heatmaps/*.png 2>/dev/null | head -1)
 [ -n "$first_heatmap" ] && cp "$first_heatmap" "$OUT/lstm_heatmap_on_$DEVICE.png"
 
 step transformer_train_compiled 150 $PY -m captioner train configs/shapes_transformer.yaml "${SHAPES[@]}" \
-    train.out_dir="$WORK/transformer" train.epochs=3 train.warmup_steps=20 train.compile=true train.channels_last=true
+    train.out_dir="$WORK/transformer" train.epochs=12 train.compile=true train.channels_last=true
 step transformer_caption 60 $PY -m captioner caption "$WORK/transformer/best.pt" "${TEST_IMAGES[@]}" --beam 3 --device $DEVICE
 step transformer_cuda_graphs 120 $PY benchmarks/check_cuda_graphs.py "$WORK/transformer/best.pt" "$WORK/shapes/test" "${CHECK[@]}"
 step torchrun_one_rank 120 $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m captioner train configs/shapes_lstm.yaml \
