@@ -70,17 +70,43 @@ def test_pythonpath_and_its_sitecustomize_are_the_childs(tmp_path: Path) -> None
     assert warm.stdout == cold.stdout == "found yes\n", (warm.stderr, cold.stderr)
 
 
+def signals_as_from_a_shell() -> None:
+    """In the cold reference child before its exec: SIGINT and SIGTERM at their defaults and
+    nothing blocked, as a shell starts an interpreter. A child inherits its parent's blocked
+    signals and ignored ones, and once in a full CI run the cold child ignored this test's SIGINT
+    until its 60 s sleep ended: the pytest worker it came from was not in a shell's state."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def signal_state(pid: int) -> str:
+    """A process's blocked, ignored and caught signals and its threads, from /proc."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as e:
+        return str(e)
+    return ", ".join(line.replace("\t", " ") for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt", "Threads")))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_signal_ends_the_child_with_the_status_a_cold_one_has(sig: int) -> None:
     code = "import os, time; print(os.getpid(), os.getsid(0), flush=True); time.sleep(60)"
     codes = []
-    for popen in (warm_start.Popen, subprocess.Popen):
+    for popen, extra in ((warm_start.Popen, {}), (subprocess.Popen, {"preexec_fn": signals_as_from_a_shell})):
         process = popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                        env=subprocess_env(), start_new_session=True)
+                        env=subprocess_env(), start_new_session=True, **extra)
         pid, session = map(int, process.stdout.readline().split())
         assert pid == process.pid == session  # its own session, as asked
         process.send_signal(sig)
-        process.wait(timeout=60)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            state = signal_state(pid)
+            process.kill()
+            process.wait()
+            pytest.fail(f"{popen.__module__}.Popen's child outlived signal {sig} by 30 s: {state}; "
+                        f"this test process: {signal_state(os.getpid())}, SIGINT handler {signal.getsignal(signal.SIGINT)}")
         codes.append(process.returncode)
         process.stdout.close()
         process.stderr.close()
