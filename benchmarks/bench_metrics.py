@@ -2,9 +2,11 @@
 `score_official` (after), stage by stage, with the largest difference between their scores.
 
 Predictions are the first reference caption of each of the 40,504 images, scored against all its
-references (itself included, so the scores are high): a full-size workload, not a result.
+references (itself included, so the scores are high): a full-size workload, not a result. With
+--held-out the first caption is scored against the other ones instead: a human's caption, with the
+words and paraphrases a model's would have, which is what checks METEOR's cut paraphrase table.
 
-    python benchmarks/bench_metrics.py [path/to/captions_val2014.json] [--images N]
+    python benchmarks/bench_metrics.py [path/to/captions_val2014.json] [--images N] [--held-out]
         [--meteor-processes P] [--no-before] [--spice]
 
 The default annotation file is coco/captions_val2014.json under $CAPTIONER_SHARED_DATA, else under
@@ -55,6 +57,7 @@ def main() -> None:
     parser.add_argument("annotations", nargs="?", type=Path, default=shared / "coco" / "captions_val2014.json")
     parser.add_argument("--images", type=int, default=0, help="score only the first N images (0: all)")
     parser.add_argument("--meteor-processes", type=int, default=0, help="METEOR processes (0: the default for this machine)")
+    parser.add_argument("--held-out", action="store_true", help="score the first caption against the others only")
     parser.add_argument("--no-before", action="store_true", help="skip pycocoevalcap's own run")
     parser.add_argument("--spice", action="store_true", help="also compute SPICE after (needs its CoreNLP models)")
     args = parser.parse_args()
@@ -64,6 +67,9 @@ def main() -> None:
     if args.images:
         references = {i: references[i] for i in sorted(references)[: args.images]}
     predictions = {image_id: captions[0] for image_id, captions in references.items()}
+    if args.held_out:
+        references = {image_id: captions[1:] for image_id, captions in references.items() if len(captions) > 1}
+        predictions = {image_id: predictions[image_id] for image_id in references}
     processes = args.meteor_processes or default_processes(len(predictions))
     print(f"{len(predictions)} images, {sum(map(len, references.values()))} references; "
           f"{len(os.sched_getaffinity(0))} cores, {processes} METEOR processes")

@@ -23,7 +23,16 @@ import suite_timeline
 # count keeps a test's training run from changing threads midway (core.runtime.ThreadGovernor),
 # so runs that must agree to the bit (resume, DDP against one process) sum in one order.
 os.environ.setdefault("CAPTIONER_THREADS", "1")
-os.environ.setdefault("CAPTIONER_CACHE_DIR", str(Path(__import__("tempfile").mkdtemp(prefix="captioner-test-cache-"))))
+# The controller (or the only process) makes it and removes it at the end: it holds METEOR's
+# uncompressed paraphrase table and index (evaluation/paraphrases.py), about 390 MB.
+_MADE_CACHE = "CAPTIONER_CACHE_DIR" not in os.environ
+if _MADE_CACHE:
+    os.environ["CAPTIONER_CACHE_DIR"] = __import__("tempfile").mkdtemp(prefix="captioner-test-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _MADE_CACHE and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["CAPTIONER_CACHE_DIR"], ignore_errors=True)
 
 # Where the suite's time goes, printed after every run (tests/suite_timeline.py): its hooks, here.
 pytest_configure = suite_timeline.pytest_configure

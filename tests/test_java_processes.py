@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from captioner.evaluation import java
+from captioner.evaluation import paraphrases
 from captioner.evaluation.java import JavaToolError
 from captioner.evaluation.metrics import official_scores
 
@@ -38,6 +39,7 @@ FAKE_JAVA = textwrap.dedent(
         for last; do :; done
         tr 'A-Z' 'a-z' < "$last"; echo; exit 0 ;;
       *spice*) exec sleep 600 ;;
+      *Normalizer*) cat; exit 0 ;;
       *meteor*)
         case "$FAKE_JAVA" in
           meteor-hang) exec sleep 600 ;;
@@ -158,6 +160,7 @@ def test_a_spice_run_that_hangs_is_stopped_with_one_line(fake_java: Path, tmp_pa
 @pytest.mark.usefixtures("java")
 def test_a_real_meteor_killed_mid_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kill the real METEOR JVM while it loads or scores: the evaluation ends with one line."""
+    monkeypatch.setattr(paraphrases, "MAX_TEXTS", 0)  # the whole table: a start of seconds to kill it in
     fds = open_fds()
     killed: list[int] = []
 
@@ -169,7 +172,7 @@ def test_a_real_meteor_killed_mid_evaluation(monkeypatch: pytest.MonkeyPatch) ->
                     command = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"meteor-1.5.jar" in command:
+                if b"meteor-1.5.jar" in command and b"-stdio" in command:  # not its normaliser
                     time.sleep(0.5)  # well inside its start-up: the paraphrase table takes seconds
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)

@@ -115,15 +115,16 @@ def test_official_scores_equal_pycocoevalcap_with_two_meteor_processes_and_sever
 ) -> None:
     """The demo's captions scored beside a second job with other captions and other references
     (each image's first reference against its others, a leave-one-out fold), from one start of
-    each Java tool: the first job equals pycocoevalcap's own run, the second its own
-    score_official call."""
+    each Java tool: the first job equals pycocoevalcap's own run (METEOR with its whole paraphrase
+    table, against the cut one here), the second its own score_official call."""
     references, predictions = demo
     ids = sorted(predictions)[:150]
     subset = {i: predictions[i] for i in ids}
     fold = ({i: references[i][1:] for i in ids}, {i: references[i][0] for i in ids})
     expected, expected_images, _ = pycocoevalcap_scores(references, subset)
     fold_alone = score_official(*fold, meteor_processes=1)
-    starts = {"PTB": 0, "METEOR": 0}
+    starts: dict[str, int] = {"PTB": 0, "METEOR": 0}
+    tables = []
     run_java, pool_init = metrics.run_java, metrics.MeteorPool.__init__
 
     def counted_run_java(*args, **kwargs):
@@ -132,12 +133,14 @@ def test_official_scores_equal_pycocoevalcap_with_two_meteor_processes_and_sever
 
     def counted_pool_init(self, *args, **kwargs):
         starts["METEOR"] += 1
+        tables.append(args[1])
         pool_init(self, *args, **kwargs)
 
     monkeypatch.setattr(metrics, "run_java", counted_run_java)
     monkeypatch.setattr(metrics.MeteorPool, "__init__", counted_pool_init)
     got, got_fold = score_official_many([(references, subset), fold], meteor_processes=2)  # shards of 75 images
     assert starts == {"PTB": 1, "METEOR": 1}
+    assert tables[0] is not None  # METEOR read its paraphrase table cut to these captions' words
     assert tuple(got.overall) == OFFICIAL_KEYS
     for key in OFFICIAL_KEYS:
         assert got.overall[key] == pytest.approx(expected[key], abs=1e-12), key

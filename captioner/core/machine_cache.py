@@ -19,16 +19,11 @@ from typing import Any
 
 import torch
 
+from captioner.core.cache_folder import cache_dir
+
 log = logging.getLogger(__name__)
 
 FILE_NAME = "machine.json"
-
-
-def cache_dir() -> Path:
-    if os.environ.get("CAPTIONER_CACHE_DIR"):
-        return Path(os.environ["CAPTIONER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "captioner"
 
 
 def processor_name() -> str:

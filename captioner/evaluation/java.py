@@ -128,13 +128,15 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no error output"
 
 
-def run_java(name: str, args: Sequence[str], cwd: str | os.PathLike[str], lines: int) -> str:
-    """Run `java args` in `cwd` to completion and return its stdout; `lines` (the input's size)
-    scales the time limit. A non-zero exit or the time limit is one JavaToolError naming `name`."""
+def run_java(name: str, args: Sequence[str], cwd: str | os.PathLike[str], lines: int, stdin: str = "") -> str:
+    """Run `java args` in `cwd` to completion, `stdin` its input, and return its stdout; `lines`
+    (the input's size) scales the time limit. A non-zero exit or the time limit is one
+    JavaToolError naming `name`."""
     timeout = RUN_TIMEOUT_S + PER_LINE_TIMEOUT_S * lines
     try:
         proc = subprocess.run(
-            [java_executable(), *args], cwd=cwd, capture_output=True, encoding="utf-8", errors="replace", timeout=timeout
+            [java_executable(), *args], cwd=cwd, capture_output=True, encoding="utf-8", errors="replace", timeout=timeout,
+            input=stdin,
         )
     except subprocess.TimeoutExpired:  # subprocess.run has killed and reaped it
         raise JavaToolError(f"{name} failed: the Java process did not finish within {timeout:.0f} s and was stopped") from None

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from captioner.evaluation.java import JavaToolError, LineTool, exchange
+from captioner.evaluation.paraphrases import meteor_dir
 
 # Below this many images per process, starting another JVM (its paraphrase table takes about 6 s of
 # a core to load) costs more than it saves.
@@ -32,12 +33,6 @@ PROCESS_MEMORY_BYTES = 2 << 30  # each runs with -Xmx2G, as pycocoevalcap starts
 # threaded, and on 2 cores the server compiler's and G1's threads cost more than they give
 # (about 15% less CPU over 20,000 images). Neither changes a result: Java's arithmetic is strict.
 JVM_OPTIONS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
-
-
-def _meteor_dir() -> Path:
-    from pycocoevalcap.meteor import meteor
-
-    return Path(meteor.__file__).resolve().parent
 
 
 def default_processes(num_images: int) -> int:
@@ -71,14 +66,17 @@ def score_line(hypothesis: str, references: Sequence[str]) -> str:
 
 
 class MeteorPool:
-    """`processes` METEOR processes, started at once so that their paraphrase tables load while the
-    caller does other work (the PTB tokenizer). A context manager: leaving it kills and reaps them."""
+    """`processes` METEOR processes, started at once, each reading the paraphrase table
+    `paraphrases` (one cut to an evaluation's words, `paraphrases.cut_table`), else METEOR's whole
+    English one. A context manager: leaving it kills and reaps them."""
 
-    def __init__(self, processes: int) -> None:
+    def __init__(self, processes: int, paraphrases: Path | None = None) -> None:
         if processes < 1:
             raise ValueError(f"METEOR needs at least one process, got {processes}")
-        cwd = _meteor_dir()
+        cwd = meteor_dir()
         args = [*JVM_OPTIONS, "-jar", "-Xmx2G", "meteor-1.5.jar", "-", "-", "-stdio", "-l", "en", "-norm"]
+        if paraphrases is not None:  # a table cut to the evaluation's words (paraphrases.cut_table)
+            args += ["-a", str(paraphrases)]
         self.tools: list[LineTool] = []
         try:
             for k in range(processes):

@@ -30,8 +30,9 @@ from captioner.evaluation.java import (
     quiet_pycocoevalcap,
     run_java,
 )
-from captioner.evaluation.meteor import MeteorPool
+from captioner.evaluation.meteor import MeteorPool, score_line
 from captioner.evaluation.meteor import default_processes as default_meteor_processes
+from captioner.evaluation.paraphrases import cut_table
 from captioner.evaluation.results_files import Predictions, References, load_references, load_results, scored_ids
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu, bleu_parts, cider_d, rouge_l
 from captioner.text.vocab import tokenize
@@ -110,10 +111,10 @@ def score_official(
     CIDEr-D variant (clipped n-gram counts, length penalty, sigma 6) that the COCO evaluation
     server reports, scaled like it (so 0.6, not 60).
 
-    How, faster than pycocoevalcap and with its numbers: the METEOR processes start first (their
-    paraphrase tables load while the rest runs; `meteor_processes` of them, by default
-    `meteor.default_processes`), one run of the Java PTB tokenizer serves every metric, METEOR scores
-    in a background thread while BLEU, ROUGE-L and CIDEr-D run here (`scorers`, n-grams counted once
+    How, faster than pycocoevalcap and with its numbers: one run of the Java PTB tokenizer serves
+    every metric; the METEOR processes (`meteor_processes` of them, by default
+    `meteor.default_processes`) read a paraphrase table cut to the words of these captions
+    (`paraphrases`: a second of start-up where the whole table takes ten) and score in a background thread while BLEU, ROUGE-L and CIDEr-D run here (`scorers`, n-grams counted once
     for BLEU and CIDEr-D), and SPICE runs last through pycocoevalcap. `pycocoevalcap_scores` is the
     reference this is checked against.
 
@@ -130,26 +131,30 @@ def score_official_many(
     job, with the Java start-ups shared: one PTB tokenizer run over every distinct caption of all
     the jobs (it tokenises each line alone) and one set of METEOR processes that scores the jobs in
     turn. Several decodings of a split, or the folds of a leave-one-out, then cost one METEOR start
-    (its paraphrase table takes about 6 s of a core to load) instead of one each."""
+    instead of one each."""
     if not jobs:
         return []
     id_sets = [scored_ids(references, predictions) for references, predictions in jobs]
     logger.debug("java: %s", check_java())
     run_spice = spice and ensure_spice_models()
     processes = meteor_processes or default_meteor_processes(max((len(ids) for ids in id_sets), default=1))
+    start = time.perf_counter()
+    distinct = list(dict.fromkeys(
+        caption for (references, predictions), ids in zip(jobs, id_sets) for i in ids for caption in (*references[i], predictions[i])
+    ))
+    tokens = dict(zip(distinct, ptb_token_lines(distinct)))
+    tokenized = [
+        ({i: [tokens[c] for c in references[i]] for i in ids}, {i: tokens[predictions[i]] for i in ids})
+        for (references, predictions), ids in zip(jobs, id_sets)
+    ]
+    tokenizer_seconds = time.perf_counter() - start
+    logger.info("PTB tokenizer: %d jobs, %d distinct captions (%.1f s)", len(jobs), len(distinct), tokenizer_seconds)
     results: list[OfficialScores] = []
-    with MeteorPool(processes) as meteor:
-        start = time.perf_counter()
-        distinct = list(dict.fromkeys(
-            caption for (references, predictions), ids in zip(jobs, id_sets) for i in ids for caption in (*references[i], predictions[i])
-        ))
-        tokens = dict(zip(distinct, ptb_token_lines(distinct)))
-        tokenizer_seconds = time.perf_counter() - start
-        logger.info("PTB tokenizer: %d jobs, %d distinct captions (%.1f s)", len(jobs), len(distinct), tokenizer_seconds)
-        for (references, predictions), ids in zip(jobs, id_sets):
-            gts = {i: [tokens[c] for c in references[i]] for i in ids}
-            res = {i: tokens[predictions[i]] for i in ids}
-            results.append(_score_tokenized(meteor, ids, gts, res, {"PTB tokenizer": tokenizer_seconds}))
+    with tempfile.TemporaryDirectory(prefix="captioner-meteor-") as folder:
+        lines = [score_line(res[i], gts[i]) for (gts, res), ids in zip(tokenized, id_sets) for i in ids]
+        with MeteorPool(processes, cut_table(lines, Path(folder))) as meteor:
+            for (gts, res), ids in zip(tokenized, id_sets):
+                results.append(_score_tokenized(meteor, ids, gts, res, {"PTB tokenizer": tokenizer_seconds}))
     for scores in results if run_spice else []:
         _add_spice(scores)
     return results
