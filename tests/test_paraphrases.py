@@ -21,9 +21,11 @@ ENTRIES = [  # probability, phrase, paraphrase
     (b"0.0625", b"the dog", b"a dog"),
     (b"0.03125", b"on", b"upon"),
     (b"0.2", b"is running", b"runs"),
+    (b"0.3", b"the the", b"a a"),  # a word twice in a phrase counts twice
+    (b"0.1", b"dog dog", b"dogs"),
 ]
 WORDS = {"a", "the", "dog", "runs", "is", "running", "grass", "on"}
-KEPT = [0, 1, 4, 6]
+KEPT = [0, 1, 4, 6, 7]
 
 
 def entry_bytes(entry: tuple[bytes, bytes, bytes]) -> bytes:
@@ -43,7 +45,9 @@ def test_the_cut_keeps_the_entries_whose_words_all_occur_byte_for_byte_and_in_or
     assert index.kept_entries(WORDS).tolist() == KEPT
     index.write_entries(index.kept_entries(WORDS), tmp_path / "cut.gz")
     assert gzip.decompress((tmp_path / "cut.gz").read_bytes()) == b"".join(entry_bytes(ENTRIES[k]) for k in KEPT)
-    assert index.kept_entries(WORDS | {"lawn"}).tolist() == [0, 1, 3, 4, 6]
+    assert index.kept_entries(WORDS | {"lawn"}).tolist() == [0, 1, 3, 4, 6, 7]
+    assert index.kept_entries(WORDS | {"dogs"}).tolist() == [*KEPT, 8]
+    assert index.kept_entries({"the", "a"}).tolist() == [7]
     assert index.kept_entries(set()).tolist() == []
 
 
@@ -68,7 +72,7 @@ def test_segments_are_the_fields_meteor_normalises() -> None:
 
 @pytest.mark.usefixtures("java")
 def test_cut_table_uses_meteors_normaliser_and_writes_the_cut(table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(paraphrases, "MAX_KEPT_SHARE", 1.0)  # 4 of this table's 7 entries apply
+    monkeypatch.setattr(paraphrases, "MAX_KEPT_SHARE", 1.0)  # 5 of this table's 9 entries apply
     words = paraphrases.normalized_words(["A Dog's t-shirt, on GRASS."])
     assert {"a", "dog", "'s", "t", "shirt", ",", "on", "grass", "."} <= words and "A" in words
     cut = cut_table(["SCORE ||| The dog is running on grass ||| A dog runs"], tmp_path, table)
@@ -92,7 +96,7 @@ def test_a_cache_that_cannot_be_written_reads_the_whole_table_with_one_line(
 def test_most_entries_kept_reads_the_whole_table(table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(paraphrases, "normalized_words", lambda texts: WORDS)
     monkeypatch.setattr(paraphrases, "MAX_KEPT_SHARE", 0.5)
-    assert cut_table(["SCORE ||| a ||| b"], tmp_path, table) is None  # 4 of 7 entries
+    assert cut_table(["SCORE ||| a ||| b"], tmp_path, table) is None  # 5 of 9 entries
     monkeypatch.setattr(paraphrases, "MAX_KEPT_SHARE", 0.6)
     assert cut_table(["SCORE ||| a ||| b"], tmp_path, table) is not None
     monkeypatch.setattr(paraphrases, "MAX_TEXTS", 3)
