@@ -158,6 +158,19 @@ def test_stats_on_coco_val2014(shared_data: Path, capsys: pytest.CaptureFixture)
     assert 5000 < stats["vocabulary (min count 5)"] < 8000
 
 
+def test_stats_count_the_words_the_vocabulary_keeps() -> None:
+    from captioner.data.records import ImageRecord
+    from captioner.data.stats import dataset_stats
+
+    captions = [("A dog runs.", "The dog is running!"), ("A cat, a mat.", "Two dogs; one cat")]
+    records = [ImageRecord(i, Path(f"{i}.jpg"), c) for i, c in enumerate(captions)]
+    stats = dataset_stats(records, min_count=2)
+    every = [c for pair in captions for c in pair]
+    assert stats["words (all)"] == len(Vocabulary.build(every, 1)) - 4 == 11  # punctuation is not a word
+    assert stats["vocabulary (min count 2)"] == len(Vocabulary.build(every, 2)) - 4 == 3  # a, dog, cat
+    assert stats["captions"] == 4 and stats["caption length max"] == 4
+
+
 def test_stats_on_flickr8k(shared_data: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["data", "stats", "--flickr8k", str(shared_data / "flickr8k")]) == 0
     out = capsys.readouterr().out
