@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from captioner.evaluation import paraphrases
-from captioner.evaluation.paraphrases import ParaphraseIndex, cut_table, load_index, segments
+from captioner.evaluation.paraphrases import cut_table, load_index, segments
 
 ENTRIES = [  # probability, phrase, paraphrase
     (b"0.5", b"a dog", b"the dog"),
