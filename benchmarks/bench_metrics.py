@@ -21,6 +21,7 @@ import argparse
 import logging
 import os
 import resource
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 
 from shared_data import SHARED_DATA
 
+from captioner.core.errors import CaptionerError
 from captioner.evaluation.meteor import default_processes
 from captioner.evaluation.metrics import fast_scores, pycocoevalcap_scores, score_official
 from captioner.evaluation.results_files import load_references
@@ -63,7 +65,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    references = load_references(args.annotations)
+    try:
+        references = load_references(args.annotations)
+    except CaptionerError as e:  # a missing or malformed annotation file: one line, not a traceback
+        sys.exit(f"bench_metrics: {e}")
     if args.images:
         references = {i: references[i] for i in sorted(references)[: args.images]}
     predictions = {image_id: captions[0] for image_id, captions in references.items()}

@@ -139,3 +139,10 @@ def test_a_torch_index_choice_that_means_nothing_is_one_line() -> None:
     done = subprocess.run(["bash", str(ROOT / "scripts" / "torch_index.sh")], env={"PATH": "/usr/bin:/bin", "TORCH_INDEX": "gpu"},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.strip() == "scripts/torch_index.sh: TORCH_INDEX=gpu: use auto, cpu, cuda or an index URL"
+
+
+def test_bench_metrics_names_a_missing_annotation_file_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "captions_val2014.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_metrics.py"), str(missing)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1 and done.stderr.strip() == f"bench_metrics: {missing}: annotation file not found"
