@@ -114,8 +114,9 @@ def score_official(
     How, faster than pycocoevalcap and with its numbers: one run of the Java PTB tokenizer serves
     every metric; the METEOR processes (`meteor_processes` of them, by default
     `meteor.default_processes`) read a paraphrase table cut to the words of these captions
-    (`paraphrases`: a second of start-up where the whole table takes ten) and score in a background thread while BLEU, ROUGE-L and CIDEr-D run here (`scorers`, n-grams counted once
-    for BLEU and CIDEr-D), and SPICE runs last through pycocoevalcap. `pycocoevalcap_scores` is the
+    (`paraphrases`: a second of start-up where the whole table takes ten) and score in a background
+    thread while BLEU, ROUGE-L and CIDEr-D run here (`scorers`, n-grams counted once for BLEU and
+    CIDEr-D), and SPICE runs last through pycocoevalcap. `pycocoevalcap_scores` is the
     reference this is checked against.
 
     Needs Java 8+ on PATH (PTB tokenizer, METEOR, SPICE); raises CaptionerError without it, and

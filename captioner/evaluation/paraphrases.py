@@ -41,8 +41,8 @@ from captioner.evaluation.java import JavaToolError, run_java
 logger = logging.getLogger(__name__)
 
 INDEX_VERSION = 2
-# The cut costs a run of the normaliser over every text (about 55 us a line) and the table's
-# decompression (1.4 s); METEOR then reads the kept share of the table. Over COCO val2014's
+# The cut costs a run of the normaliser over every text (about 55 us a line) and the copy of the
+# kept entries; METEOR then reads the kept share of the table. Over COCO val2014's
 # captions (each image's first against its other four; AMD EPYC Zen 3): 1,000 images keep 8% of
 # the entries for 3.8 CPU s, 5,000 keep 21% for 6.6 CPU s, all 40,504 keep 43% for 21 CPU s, where
 # the whole table takes about 10 s. So past these bounds METEOR reads the whole table.
@@ -166,21 +166,19 @@ class ParaphraseIndex:
 
     def write_entries(self, kept: np.ndarray, out: Path) -> None:
         """Copy the `kept` entries of the table, byte for byte and in order, into the gzip file `out`."""
-        ends = np.asarray(self.entry_ends, dtype=np.int64)
-        starts = np.concatenate([[0], ends[:-1]])  # (E,)
-        # Runs of consecutive kept entries are copied as one slice.
-        breaks = np.flatnonzero(np.diff(kept) != 1) + 1  # (runs - 1,)
-        run_first = kept[np.concatenate([[0], breaks])] if len(kept) else kept  # (runs,)
-        run_last = kept[np.concatenate([breaks - 1, [len(kept) - 1]])] if len(kept) else kept  # (runs,)
-        run_starts, run_ends = starts[run_first].tolist(), ends[run_last].tolist()
         # Stored, not compressed: METEOR reads any gzip, and this one costs neither side a deflate.
         with gzip.open(out, "wb", compresslevel=0) as f:
-            if not run_starts:
+            if not len(kept):
                 return
+            ends = np.asarray(self.entry_ends, dtype=np.int64)
+            starts = np.concatenate([[0], ends[:-1]])  # (E,)
+            # Runs of consecutive kept entries are copied as one slice.
+            breaks = np.flatnonzero(np.diff(kept) != 1) + 1  # (runs - 1,)
+            run_starts = starts[kept[np.concatenate([[0], breaks])]].tolist()  # (runs,)
+            run_ends = ends[kept[np.concatenate([breaks - 1, [len(kept) - 1]])]].tolist()  # (runs,)
             with open(self.text, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 for s, e in zip(run_starts, run_ends):
                     f.write(data[s:e])
-
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:
@@ -193,6 +191,7 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     lengths = ends.astype(np.int64) - starts  # (runs,)
     offsets = np.cumsum(lengths) - lengths  # (runs,) where each run begins in the output
     return np.repeat(starts.astype(np.int64) - offsets, lengths) + np.arange(int(lengths.sum()))  # (sum of lengths,)
+
 
 def _index_folder(table: Path) -> Path:
     stat = table.stat()
