@@ -175,7 +175,7 @@ def test_bench_gpu_without_cuda_says_so_in_one_line() -> None:
 
 def test_bench_gpu_tiny_cpu_smoke_runs_every_path(tmp_path: Path) -> None:
     """The GPU benchmark's code, end to end on tiny inputs: our training (fine-tuned encoder from
-    JPEG files through the DataLoader, and cached grids), the SCST step with both baselines, the
+    JPEG files through the DataLoader, cached grids from host memory and held on the device), the SCST step with both baselines, the
     eager and compiled decoder step, beam search, and the reference's rows when its repository
     is available."""
     out = tmp_path / "bench.json"
@@ -185,7 +185,8 @@ def test_bench_gpu_tiny_cpu_smoke_runs_every_path(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     ours = [r for r in report["training"] if r["who"] == "ours"]
     assert {(r["config"], r["encoder"]) for r in ours} == {
-        (c, e) for c in ("coco_lstm_resnet101", "coco_transformer_resnet101") for e in ("fine-tuned", "frozen, cached grids")
+        (c, e) for c in ("coco_lstm_resnet101", "coco_transformer_resnet101")
+        for e in ("fine-tuned", "frozen, cached grids", "frozen, grids on the device")  # the last: data.features_on_device
     }
     batch = 2  # --tiny's data.batch_size: every timed step trains on exactly this many images
     for r in ours:  # the rates count what the steps did, over the time they took
