@@ -243,6 +243,16 @@ def test_one_group_is_plain_beam_search_and_groups_run_on_real_decoders(kind: st
         assert len({h.tokens[0] for h in hyps if h.tokens}) >= 2
 
 
+def test_beam_search_refuses_a_vocabulary_its_float32_read_cannot_hold() -> None:
+    """Each step reads its word ids back as float32 (one read, no conversion kernels), exact below 2**24."""
+
+    class Huge:
+        vocab_size = 2**24
+
+    with pytest.raises(ValueError, match="under 2\\*\\*24 words"):
+        beam_search_n_best(Huge(), torch.zeros(1, 4, 8), SPECIAL, DecodeOptions(beam_size=2, max_length=3))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("kind", ["lstm", "transformer"])
 def test_n_best_gives_distinct_sorted_hypotheses_with_attention(kind: str) -> None:
     model = tiny_model(f"model.decoder.type={kind}")

@@ -482,6 +482,8 @@ def beam_search_n_best(
         raise ValueError(f"beam size {K} must be a positive multiple of the number of groups {G}")
     if not 1 <= n_best <= K:
         raise ValueError(f"n_best must be between 1 and the beam size {K}; got {n_best}")
+    if decoder.vocab_size >= 2**24:  # the step's read carries word ids in float32
+        raise ValueError(f"beam search handles vocabularies under 2**24 words; this one has {decoder.vocab_size}")
     Kg, S = K // G, B * G  # beams per group; searches (image, group), rows s*Kg..s*Kg+Kg-1 of search s = b*G+g
     expand = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,): beams of image b are rows b*K..b*K+K-1
     per_image = decoder.prepare(feats)
@@ -529,18 +531,22 @@ def beam_search_n_best(
             is_eos = top_index % V == eos_id  # (B, 2Kg)
             live_key, live_pos = top_key.masked_fill(is_eos, float("-inf")).topk(Kg, dim=1)  # (B, Kg) each
             if chosen is not None:  # later groups pay for these words
-                chosen.scatter_add_(1, top_index.gather(1, live_pos) % V, torch.isfinite(live_key).float())
+                chosen.scatter_add_(1, top_index.gather(1, live_pos) % V, (live_key > float("-inf")).float())
             picks.append((top_key, top_index, top_scores, is_eos, live_key, live_pos))
+        # One image at a time a step is bound by kernel launches, not arithmetic, so the bookkeeping
+        # below launches as few as it can: one group (G = 1, the usual search) is already (S, ...),
+        # and a key is either finite or -inf (log-probabilities never reach +inf), so one
+        # comparison stands for isfinite's four kernels.
         top_key, top_index, top_scores, is_eos, live_key, live_pos = (
-            torch.stack(x, dim=1).view(S, -1) for x in zip(*picks)
+            picks[0] if G == 1 else (torch.stack(x, dim=1).view(S, -1) for x in zip(*picks))
         )  # (S, 2Kg) each, (S, Kg) for the live ones
         top_beam, top_token = top_index // V, top_index % V  # (S, 2Kg) each: beam within the group, word
-        ends = is_eos[:, :Kg] & torch.isfinite(top_key[:, :Kg])  # (S, Kg): <eos> within the top Kg
+        ends = is_eos[:, :Kg] & (top_key[:, :Kg] > float("-inf"))  # (S, Kg): <eos> within the top Kg
 
         # Live beams: the best Kg candidates of each search that do not end here.
         live_beam = top_beam.gather(1, live_pos)  # (S, Kg)
         live_token = top_token.gather(1, live_pos)  # (S, Kg)
-        live_scores = top_scores.gather(1, live_pos).masked_fill(torch.isinf(live_key), float("-inf"))  # (S, Kg)
+        live_scores = top_scores.gather(1, live_pos).masked_fill(live_key == float("-inf"), float("-inf"))  # (S, Kg)
         scores = live_scores.view(B, G, Kg)  # (B, G, Kg): a filler (an <eos> or dead candidate) stays dead
         rows = (torch.arange(S, device=device)[:, None] * Kg + live_beam).view(-1)  # (B*K,)
         state = select_rows(state, rows)
@@ -548,10 +554,9 @@ def beam_search_n_best(
             history = torch.cat([history.index_select(0, rows), live_token.view(-1, 1)], dim=1)  # (B*K, t+1)
         prev = live_token.view(-1)
 
-        # The step's one read of the device, in float64, which holds the float32 scores and the ids exactly.
-        read = torch.cat(
-            [x.double() for x in (ends, top_beam[:, :Kg], top_scores[:, :Kg], live_beam, live_token, live_scores)], dim=1
-        ).tolist()  # (S, 6Kg)
+        # The step's one read of the device. cat promotes the flags and ids to the scores' float32
+        # itself (no conversion kernels); float32 holds the scores and every id below 2**24 exactly.
+        read = torch.cat((ends, top_beam[:, :Kg], top_scores[:, :Kg], live_beam, live_token, live_scores), dim=1).tolist()  # (S, 6Kg)
         for s, r in enumerate(read):  # finished hypotheses: <eos> within the top Kg of a search still going on
             if not done[s]:
                 for j in range(Kg):
