@@ -148,7 +148,7 @@ class LSTMDecoder(Decoder):
         """Teacher forcing through `_advance`, one step at a time, every layer called as a
         module: for layers the fused forward must not read the weights of (a `quantize_dynamic`
         copy, an adapter, a hook). Outputs past a row's length are zero, as in `forward`."""
-        memory, B, T = self.prepare(feats), *tokens.shape
+        memory, T = self.prepare(feats), tokens.shape[1]
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
         logits, maps = [], []
