@@ -39,12 +39,13 @@ install() {  # pip-install arguments (--index-url URL and packages): uv first, t
 
 # torch/torchvision pinned to the versions this project is tested with; any CUDA or CPU build works.
 # Without an NVIDIA GPU they come from PyTorch's CPU-only index (scripts/torch_index.sh; TORCH_INDEX
-# chooses); where that index cannot be reached, from the default one, with a line saying so.
+# chooses); where that index cannot be reached (asked first: scripts/index_answers.sh) or cannot
+# install them, from the default one, with a line saying so.
 TORCH=("torch==2.14.1" "torchvision==0.29.1")
 index=$(bash "$(dirname "${BASH_SOURCE[0]}")/torch_index.sh")
 if [ -z "$index" ]; then
     install "${TORCH[@]}"
-elif ! UV_HTTP_TIMEOUT=20 PIP_TIMEOUT=20 PIP_RETRIES=1 install --index-url "$index" "${TORCH[@]}" 2>/dev/null; then
+elif ! bash "$(dirname "${BASH_SOURCE[0]}")/index_answers.sh" "$index/" || ! UV_HTTP_TIMEOUT=20 PIP_TIMEOUT=20 PIP_RETRIES=1 install --index-url "$index" "${TORCH[@]}" 2>/dev/null; then
     echo "setup.sh: cannot install torch from $index; installing it from the default index instead (on Linux it brings the CUDA libraries)" >&2
     install "${TORCH[@]}"
 fi

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,33 @@ def test_torch_comes_from_the_index_that_fits_the_machine(tmp_path: Path, gpu: b
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **({"TORCH_INDEX": choice} if choice else {})}
     done = subprocess.run(["bash", str(ROOT / "scripts" / "torch_index.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == index, done.stderr
+
+
+def index_answers(url: str) -> tuple[int, float]:
+    """scripts/index_answers.sh's exit status for `url` (2 s to answer), and how long it took."""
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "index_answers.sh"), url, "2"], capture_output=True, text=True, timeout=60)
+    assert not done.stderr, done.stderr
+    return done.returncode, time.monotonic() - started
+
+
+def test_setup_asks_whether_an_index_answers_before_installing_from_it(tmp_path: Path) -> None:
+    """Any HTTP answer counts (the installer decides what it serves); a server that is not there
+    is reported at once, not after the installers' retries; a file:// index is never asked."""
+    server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = int(server.stdout.readline().split("port ")[1].split()[0])  # "Serving HTTP on 127.0.0.1 port N ..."
+        assert index_answers(f"http://127.0.0.1:{port}/")[0] == 0
+        assert index_answers(f"http://127.0.0.1:{port}/whl/cpu/")[0] == 0  # a 404 is an answer
+        server.terminate()
+        server.wait(timeout=10)
+        status, seconds = index_answers(f"http://127.0.0.1:{port}/")  # nothing listens there now
+        assert status == 1 and seconds < 10
+    finally:
+        server.kill()
+    assert index_answers(f"file://{tmp_path}")[0] == 0
+    assert "index_answers.sh" in (ROOT / "scripts" / "setup.sh").read_text()  # and setup.sh asks it
 
 
 def test_a_torch_index_choice_that_means_nothing_is_one_line() -> None:
