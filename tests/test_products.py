@@ -4,6 +4,9 @@ it does not, and a weight reordered once per decoding loop and anew in the next.
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -344,6 +347,26 @@ def test_the_route_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch: 
     monkeypatch.setattr(products, "time_both", lambda: (0.0098, 0.0100))  # 2% is not worth a private op
     (tmp_path / machine_cache.FILE_NAME).unlink()
     assert products.faster_here() is False
+
+
+def test_processes_that_ask_together_take_one_decision(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's ranks start together with nothing kept. Each used to measure for itself: on a
+    close call (2.34 against 2.36 ms, seen here) they took different routes, the last one written
+    won, and a resumed run then read a route one of the ranks had not taken (other bits: the
+    torchrun signal tests' resumed weights differed). The first to ask measures; the others wait
+    and read its decision. Threads stand in for the processes: each opens the lock file itself."""
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def close_call() -> tuple[float, float]:  # each measurement lands on the other side of 5%
+        calls.append(1)
+        time.sleep(0.2)  # the others ask meanwhile
+        return (0.004, 0.009) if len(calls) % 2 else (0.009, 0.004)
+
+    monkeypatch.setattr(products, "time_both", close_call)
+    with ThreadPoolExecutor(4) as pool:
+        routes = list(pool.map(lambda _: products.faster_here(), range(4)))
+    assert routes == [True] * 4 and len(calls) == 1
 
 
 def test_an_unwritable_cache_only_costs_the_measurement(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

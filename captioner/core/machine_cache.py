@@ -14,8 +14,14 @@ import logging
 import os
 import platform
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, each process measures what it finds missing
+    fcntl = None  # type: ignore[assignment]
 
 import torch
 
@@ -80,3 +86,33 @@ def remember(name: str, value: Any) -> Path | None:
         log.debug("machine cache: could not write %s (%s)", folder / FILE_NAME, e)
         return None
     return folder / FILE_NAME
+
+
+def decided(name: str, measure: Callable[[], Any], valid: Callable[[Any], bool]) -> tuple[Any, bool]:
+    """The decision `name` on this machine, and whether this process measured it.
+
+    The first process that finds it missing (or not `valid`) measures it and keeps it while the
+    others wait on a lock beside the file, then read that one: processes started together
+    (torchrun's ranks, a test suite's workers) all take the same decision. Measured each on its
+    own, two of them can land on both sides of a close call, and a run resumed later would then
+    read another decision than one of its ranks took (another summation order: not the same
+    bits). Where the folder cannot be written, each process measures for itself."""
+    known = recall(name)
+    if valid(known):
+        return known, False
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / f"{FILE_NAME}.lock", "w")
+    except OSError:
+        return measure(), True
+    with lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        known = recall(name)  # measured while this process waited
+        if valid(known):
+            return known, False
+        value = measure()
+        remember(name, value)
+        return value, True
+
