@@ -27,6 +27,11 @@ from PIL import Image
 
 from helpers import REPO, require, require_module, shared_folder, subprocess_env
 
+# One worker runs the whole module: its fixtures build wheels and resolve every role (about 20 s,
+# mostly waiting on the index), and a second worker that reached one of its tests meanwhile sat
+# that long on the fixtures' lock, its core idle, instead of running other tests.
+pytestmark = pytest.mark.xdist_group("install_roles")
+
 TRAIN = {"pycocoevalcap", "pycocotools", "nltk", "tensorboard"}
 DEMO = {"gradio"}
 ONNX = {"onnx", "onnxscript", "onnxruntime"}

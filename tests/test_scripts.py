@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import shared_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted(p.relative_to(ROOT) for folder in ("scripts", "benchmarks", "demo") for p in (ROOT / folder).glob("*.py"))
@@ -31,9 +32,20 @@ def test_every_support_module_is_used_by_a_script(module: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def helps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def helps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """Every script's `--help`, run in one fresh interpreter (tests/help_runner.py) rather than
-    one each: the same checks, without importing torch 30 times."""
+    one each: the same checks, without importing torch 30 times.
+
+    Under `--dist loadgroup` (scripts/run_tests.sh) the xdist_group below keeps every test_help on
+    one worker, so this runs once per test run. A second run means the groups were ignored, as
+    pytest 9.2 with pytest-xdist 3.8 silently does (pytest-dev/pytest-xdist#1386): then every
+    group's shared fixture is built on each worker and the other waits on its lock, so it fails."""
+    if getattr(request.config.option, "loadgroup", False):
+        try:
+            (shared_folder(tmp_path_factory) / "script_helps.ran").touch(exist_ok=False)
+        except FileExistsError:
+            pytest.fail("the script_helps group ran on two pytest workers: --dist loadgroup ignored xdist_group "
+                        "(pytest 9.2 with pytest-xdist 3.8, pytest-dev/pytest-xdist#1386; pyproject.toml pins pytest below 9.2)")
     folder = tmp_path_factory.mktemp("helps")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
