@@ -115,4 +115,3 @@ def decided(name: str, measure: Callable[[], Any], valid: Callable[[Any], bool])
         value = measure()
         remember(name, value)
         return value, True
-
