@@ -9,6 +9,7 @@ written (a read-only home) only costs the measurement again next time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,14 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: no lock, each process measures what it finds missing
-    fcntl = None  # type: ignore[assignment]
-
 import torch
 
-from captioner.core.cache_folder import cache_dir
+from captioner.core.cache_folder import cache_dir, exclusive
 
 log = logging.getLogger(__name__)
 
@@ -100,15 +96,11 @@ def decided(name: str, measure: Callable[[], Any], valid: Callable[[Any], bool])
     known = recall(name)
     if valid(known):
         return known, False
-    folder = cache_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        lock = open(folder / f"{FILE_NAME}.lock", "w")
-    except OSError:
-        return measure(), True
-    with lock:
-        if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(exclusive(FILE_NAME))
+        except OSError:
+            return measure(), True
         known = recall(name)  # measured while this process waited
         if valid(known):
             return known, False

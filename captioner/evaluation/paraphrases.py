@@ -21,7 +21,6 @@ table, with one line in the log.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gzip
 import hashlib
 import json
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from captioner.core.cache_folder import cache_dir
+from captioner.core.cache_folder import cache_dir, exclusive
 from captioner.evaluation.java import JavaToolError, run_java
 
 logger = logging.getLogger(__name__)
@@ -208,9 +207,7 @@ def load_index(table: Path) -> ParaphraseIndex:
     if (folder / "done").exists():
         with contextlib.suppress(OSError, ValueError):
             return ParaphraseIndex(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(folder.name):
         if (folder / "done").exists():  # built while this process waited, or damaged
             with contextlib.suppress(OSError, ValueError):
                 return ParaphraseIndex(folder)
