@@ -561,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             lstm = configs[CONFIGS[0]]
             for frozen in (False, True):
                 row = reference_training(ref, lstm, records, vocab, device, frozen, warmup, steps, width)
-                record(results, "training", {"who": "reference", "config": "its train.py", "encoder": "frozen, cached grids" if frozen else "fine-tuned", **row}, out)
+                record(results, "training", {"who": "reference", "config": "its train.py", "encoder": GRIDS["host" if frozen else "images"], **row}, out)
             for row in reference_beam(ref, vocab, device, beams, ref_images, lstm.decode.max_length, width):
                 record(results, "beam", {"who": "reference", "config": "its caption.py", **row}, out)
     results["complete"] = True
