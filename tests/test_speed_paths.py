@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import warm_start
+from torch.utils._python_dispatch import TorchDispatchMode
 from helpers import subprocess_env
 
 from captioner.core import runtime
@@ -47,15 +48,48 @@ def test_lstm_forward_equals_stepwise_values_and_gradients(lengths: list[int]) -
     torch.testing.assert_close(fast.logits, slow_logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fast.attn[:, :, 0, 0], slow_attn, atol=1e-6, rtol=1e-6)
 
+    feats.requires_grad_()  # the encoder learns through the grid's gradient
+
     def grads(logits: torch.Tensor) -> list[torch.Tensor]:
         decoder.zero_grad()
+        feats.grad = None
         (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
-        return [p.grad.clone() for p in decoder.parameters()]
+        return [p.grad.clone() for p in decoder.parameters()] + [feats.grad.clone()]
 
     fast_grads = grads(decoder(feats, tokens, torch.tensor(lengths)).logits)
     slow_grads = grads(stepwise_logits(decoder, feats, tokens, lengths)[0])
-    for (name, _), f, s in zip(decoder.named_parameters(), fast_grads, slow_grads):
+    names = [name for name, _ in decoder.named_parameters()] + ["feats"]
+    for name, f, s in zip(names, fast_grads, slow_grads, strict=True):
         torch.testing.assert_close(f, s, atol=1e-5, rtol=1e-4, msg=name)
+
+
+class CreatedTensors(TorchDispatchMode):
+    """The shapes of the tensors that zero-filling ops create."""
+
+    ZEROS = {torch.ops.aten.zeros.default, torch.ops.aten.new_zeros.default, torch.ops.aten.slice_backward.default, torch.ops.aten.zero_.default}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.zero_filled: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if func in self.ZEROS:
+            self.zero_filled.append(tuple(out.shape))
+        return out
+
+
+def test_lstm_backward_zero_fills_the_grids_gradient_once_whatever_the_lengths() -> None:
+    """Captions that end at 3 different steps: the grid's two tensors (feats, its projection)
+    get one zero-filled gradient each, not one per length (each a copy of the rows above it)."""
+    torch.manual_seed(0)
+    decoder = LSTMDecoder(vocab_size=23, feat_dim=10, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0)
+    feats = torch.randn(5, 9, 10, requires_grad=True)
+    logits = decoder(feats, torch.randint(0, 23, (5, 7)), torch.tensor([7, 7, 5, 2, 1])).logits
+    with CreatedTensors() as created:
+        logits.sum().backward()
+    grid_sized = [shape for shape in created.zero_filled if len(shape) == 3 and shape[1] == 9]
+    assert sorted(grid_sized) == [(5, 9, 6), (5, 9, 10)]
 
 
 @pytest.mark.parametrize("onednn", [False, True], ids=["torch-products", "onednn-products"])

@@ -113,13 +113,16 @@ class LSTMDecoder(Decoder):
         state_product = RecurrentProduct(torch.cat([self.attention.state_proj.weight, self.gate.weight, w_hh]).t())  # (H, A + D + 4H)
         b_state = torch.cat([self.attention.state_proj.bias, self.gate.bias, w_hh.new_zeros(4 * H)])  # (A + D + 4H,)
         A = self.attention.state_proj.out_features
+        # The grid's rows for each number of captions still running, all cut from the full memory at once.
+        sizes = list(dict.fromkeys(active))  # distinct, non-increasing
+        feats_for = dict(zip(sizes, row_prefixes(memory["feats"], sizes)))  # n -> (n, N, D)
+        projected_for = dict(zip(sizes, row_prefixes(memory["projected"], sizes)))  # n -> (n, N, A)
         hs, contexts, maps = [], [], []
         for t, n in enumerate(active):
             if n < state["h"].shape[0]:  # the shortest captions have ended: drop their rows
-                memory = {k: v[:n] for k, v in memory.items()}
                 state = {k: v[:n] for k, v in state.items()}
             query, gate, recurrent = (state_product(state["h"]) + b_state).split((A, D, 4 * H), dim=1)
-            context, weights = self.attention.attend(memory["feats"], memory["projected"], query)  # (n, D), (n, N)
+            context, weights = self.attention.attend(feats_for[n], projected_for[n], query)  # (n, D), (n, N)
             context = torch.sigmoid(gate) * context  # (n, D): gated z_t
             step_in = cell_in[t] if n == B else cell_in[t][:n]  # (n, 4H); a slice's backward would zero-fill a copy
             gates = context_product(context) + (step_in + recurrent)  # (n, 4H)
@@ -198,6 +201,37 @@ def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[in
             break
         counts.append(n)
     return counts
+
+
+def row_prefixes(x: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
+    """x[:n] for each n of `sizes` (non-increasing), with one gradient buffer for x.
+
+    Cut one from the other (x[:n1][:n2]...), each link's backward would zero-fill a gradient
+    the size of the rows above it and copy its own into it: for the grid's memory (n, N, D), as
+    many full-size fills and copies as there are caption lengths in the batch. Here the backward
+    zero-fills one gradient of x's size and adds each prefix's gradient into its rows.
+    """
+    if len(sizes) == 1 and sizes[0] == x.shape[0]:
+        return (x,)
+    return _RowPrefixes.apply(x, tuple(sizes))
+
+
+class _RowPrefixes(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        ctx.sizes, ctx.shape = sizes, x.shape
+        ctx.set_materialize_grads(False)  # a prefix no step used passes no gradient: no zeros made for it
+        return tuple(x[:n] for n in sizes)  # views, (n, ...) each
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
+        used = [(n, g) for n, g in zip(ctx.sizes, grads) if g is not None]
+        if not used:
+            return None, None
+        grad = used[0][1].new_zeros(ctx.shape)  # (B, ...)
+        for n, g in used:
+            grad[:n] += g
+        return grad, None
 
 
 class RecurrentProduct:
