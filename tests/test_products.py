@@ -260,6 +260,45 @@ def test_the_route_passes_its_check_where_the_ops_work(monkeypatch: pytest.Monke
     assert products._ENABLED and products._CHECKED and not caplog.records
 
 
+@pytest.mark.parametrize("taken", [True, False], ids=["onednn", "f_linear"])
+def test_a_resumption_takes_the_route_its_checkpoint_was_trained_with(taken: bool, monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    needs_onednn()
+    monkeypatch.delenv("CAPTIONER_ONEDNN", raising=False)
+    monkeypatch.setattr(products, "_ENABLED", not taken)  # this machine's own decision: the other route
+    with caplog.at_level("INFO", logger="captioner.models.products"):
+        products.take_route(taken, "runs/x/last.pt")
+    assert products.route_taken() is taken
+    assert [r.getMessage() for r in caplog.records] == [
+        f"products: {'oneDNN' if taken else 'F.linear'}, the route runs/x/last.pt was trained with (this machine alone would take the other)"
+    ]
+
+
+@pytest.mark.parametrize("setting", ["0", "1"])
+def test_the_users_onednn_setting_outranks_the_checkpoints_route(setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAPTIONER_ONEDNN", setting)
+    monkeypatch.setattr(products, "_ENABLED", setting == "1" and products.onednn_enabled())
+    before = products.route_taken()
+    products.take_route(not before, "runs/x/last.pt")
+    assert products.route_taken() is before
+
+
+def test_a_checkpoints_onednn_route_that_fails_here_goes_on_with_f_linear_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("CAPTIONER_ONEDNN", raising=False)
+    monkeypatch.setattr(products, "_INNER_PRODUCT", raises)
+    monkeypatch.setattr(products, "_REORDER", getattr(products, "_REORDER") or (lambda w: w))
+    monkeypatch.setattr(products, "_ENABLED", False)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    with caplog.at_level("INFO", logger="captioner.models.products"):
+        products.take_route(True, "runs/x/last.pt")
+    assert not products.route_taken()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "runs/x/last.pt was trained with oneDNN's products" in lines[0]
+    assert "no such kernel" in lines[0] and lines[0].endswith("it goes on with F.linear, not bit for bit")
+
+
 @pytest.mark.parametrize("kind", ["lstm", "transformer"])
 def test_hooks_see_every_call_of_a_decoders_layers(kind: str, route: str) -> None:
     """A forward hook on a decoder's dense layer (a probe, an adapter's) runs on every call the

@@ -17,8 +17,10 @@ import torch
 from helpers import TINY_MODEL, subprocess_env
 import warm_start
 
+from captioner.core import machine_cache
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.shapes import generate_shapes
+from captioner.models import products
 from captioner.training.resume import rng_state, set_rng_state
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,10 +49,20 @@ def train_command(data: Path, out: Path, *extra: str) -> list[str]:
             f"data.root={data}", f"train.out_dir={out}", *extra]
 
 
-def environment() -> dict[str, str]:
+def environment(**extra: str) -> dict[str, str]:
     # One thread: the same float sums in every run (CAPTIONER_THREADS, since captioner.core.runtime otherwise
     # picks the cores free at start, which differ between the reference and the resumed run under load).
-    return subprocess_env()
+    return subprocess_env(**extra)
+
+
+def machine_choosing_plain_products(cache: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The environment of a process on a machine whose measured decision is F.linear (a cache
+    folder saying so), where the run to resume took oneDNN's products (CAPTIONER_ONEDNN=1)."""
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(cache))
+    machine_cache.remember(products.CALIBRATION, {"onednn": False, "onednn_ms": 2.0, "linear_ms": 1.0})
+    env = environment(CAPTIONER_CACHE_DIR=str(cache))
+    env.pop("CAPTIONER_ONEDNN", None)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +77,14 @@ def logged_steps(output: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: Path) -> None:
-    reference = warm_start.Popen(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=environment(),
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run to resume took oneDNN's products; the resumption runs where the machine's own
+    decision says F.linear (two summation orders): it must take the checkpoint's route."""
+    first_part = environment(CAPTIONER_ONEDNN="1")
+    reference = warm_start.Popen(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=first_part,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # beside the killed run
     run = tmp_path / "killed"
-    process = warm_start.Popen(train_command(shapes, run), cwd=ROOT, env=environment(),
+    process = warm_start.Popen(train_command(shapes, run), cwd=ROOT, env=first_part,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not (run / "last.pt").exists():  # the first checkpoint is mid-epoch (step 3 of 12)
@@ -83,9 +98,13 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: 
     saved = torch.load(run / "last.pt", weights_only=True)["train_state"]
     assert saved["position"] > 0, "the kill came only at an epoch boundary (machine too slow for this test?)"
 
-    resumed = warm_start.run([*train_command(shapes, run), "--resume"], cwd=ROOT, env=environment(),
+    assert saved["onednn_products"] is products.onednn_enabled()
+    resumed = warm_start.run([*train_command(shapes, run), "--resume"], cwd=ROOT,
+                             env=machine_choosing_plain_products(tmp_path / "cache", monkeypatch),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    if saved["onednn_products"]:
+        assert "products: oneDNN, the route" in resumed.stderr
     # It went on from the saved batch, not from the start (an ignored --resume would start at step 1).
     assert f"at epoch {saved['epoch'] + 1}, batch {saved['position']}, step {saved['step']}" in resumed.stderr
     assert logged_steps(resumed.stderr) == list(range(saved["step"] + 1, 25))

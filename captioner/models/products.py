@@ -18,7 +18,9 @@ Whether the route is faster depends on the processor (2.0-2.6x on the AMD EPYC m
 or nothing where MKL takes its fast path), so it is measured where it runs: at its first use, a
 decoder-sized product both ways, once per machine and torch version (the decision is kept in
 core/machine_cache.py's file); the route is taken only where it wins by 5%. `CAPTIONER_ONEDNN=1`
-takes it without measuring, `CAPTIONER_ONEDNN=0` never.
+takes it without measuring, `CAPTIONER_ONEDNN=0` never. A training checkpoint records the route
+its run took (`route_taken`), and a resumption takes that one (`take_route`), so that the run goes
+on bit for bit even where this machine's decision is missing or was measured otherwise since.
 
 The ops are private (`torch.ops.mkldnn`), so the route also checks itself first: one small
 product against `F.linear`. An op that is missing, raises, takes other arguments or gives other
@@ -73,15 +75,7 @@ def _route_works() -> bool:
     if _CHECKED:
         return _ENABLED
     _CHECKED = True
-    generator = torch.Generator().manual_seed(0)
-    x, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((3, 16), (5, 16), (5,)))  # (3, 16), (5, 16), (5,)
-    try:
-        with torch.no_grad():
-            got = _product(x, _reorder(weight), bias)  # (3, 5)
-        ok = isinstance(got, torch.Tensor) and got.shape == (3, 5) and torch.allclose(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
-        problem = "gave other numbers than F.linear" if not ok else ""
-    except Exception as e:  # a private op: missing, renamed, of another signature
-        problem = f"failed ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+    problem = _op_problem()
     if problem:
         _ENABLED = False
         log.warning("products: oneDNN's inner product %s at its first use; dense layers use F.linear", problem)
@@ -89,6 +83,42 @@ def _route_works() -> bool:
     if os.environ.get("CAPTIONER_ONEDNN", "") != "1":  # 1: take the route without measuring
         _ENABLED = faster_here()
     return _ENABLED
+
+
+def _op_problem() -> str:
+    """'' when one small product through oneDNN equals `F.linear`'s; else what went wrong."""
+    generator = torch.Generator().manual_seed(0)
+    x, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((3, 16), (5, 16), (5,)))  # (3, 16), (5, 16), (5,)
+    try:
+        with torch.no_grad():
+            got = _product(x, _reorder(weight), bias)  # (3, 5)
+        ok = isinstance(got, torch.Tensor) and got.shape == (3, 5) and torch.allclose(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+        return "gave other numbers than F.linear" if not ok else ""
+    except Exception as e:  # a private op: missing, renamed, of another signature
+        return f"failed ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+
+
+def route_taken() -> bool:
+    """Whether this process's fp32 CPU products go through oneDNN (checked and decided now if no
+    product has asked yet): what a training checkpoint records, for its resumption to take."""
+    return _ENABLED and _route_works()
+
+
+def take_route(onednn: bool, source: str) -> None:
+    """Take the route that the run `source` was trained with, whatever this machine would choose:
+    the two sum in different orders, so a resumption on the other one would not go on bit for
+    bit. `CAPTIONER_ONEDNN` set by the user still decides; a route this torch cannot take is
+    said in one line and not taken."""
+    global _ENABLED, _CHECKED
+    if os.environ.get("CAPTIONER_ONEDNN", "") in ("0", "1") or onednn == route_taken():
+        return
+    if onednn and (problem := _op_problem() if onednn_enabled() else "is not in this torch build"):
+        log.warning("products: %s was trained with oneDNN's products, but here oneDNN's inner product %s: "
+                    "it goes on with F.linear, not bit for bit", source, problem)
+        return
+    _ENABLED, _CHECKED = onednn, True
+    log.info("products: %s, the route %s was trained with (this machine alone would take the other)",
+             "oneDNN" if onednn else "F.linear", source)
 
 
 CALIBRATION = "onednn_products"  # the decision's name in the machine cache

@@ -34,6 +34,7 @@ from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.store import StoreRows, split_features, store_dir
 from captioner.data.streaming import ShardSet, ShardStream, StreamingCaptions, StreamSettings, open_shard_set, shard_captions
+from captioner.models import products
 from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint
@@ -283,6 +284,9 @@ class Run:
                 f"{self.out_dir / 'last.pt'}: saved at batch {self.state.position} of an epoch of {len(self.sampler)}; the data or batch size changed"
             )
         restore_rng(checkpoint["train_state"], self.ctx, self.config.train.seed, self.state)
+        route = checkpoint["train_state"].get("onednn_products")  # a CPU run's; older checkpoints do not say
+        if isinstance(route, bool) and self.ctx.device.type == "cpu":
+            products.take_route(route, str(self.out_dir / "last.pt"))
         log.info("resumed from %s at epoch %d, batch %d, step %d", self.out_dir / "last.pt", self.state.epoch + 1,
                  self.state.position, self.state.step)
 
@@ -363,7 +367,8 @@ class Run:
             save_checkpoint(
                 self.out_dir / name, self.model, self.config,
                 optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                train_state={**self.state.to_dict(), "world_size": self.ctx.world_size, "rng": rng, "stream": streams},
+                train_state={**self.state.to_dict(), "world_size": self.ctx.world_size, "rng": rng, "stream": streams,
+                             "onednn_products": products.route_taken() if self.ctx.device.type == "cpu" else None},
             )
 
     def close(self) -> None:
