@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -272,6 +273,22 @@ def test_a_resumption_takes_the_route_its_checkpoint_was_trained_with(taken: boo
     assert [r.getMessage() for r in caplog.records] == [
         f"products: {'oneDNN' if taken else 'F.linear'}, the route runs/x/last.pt was trained with (this machine alone would take the other)"
     ]
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["onednn", "f_linear"])
+def test_a_resumption_before_any_product_takes_the_route_without_timing_either(
+    taken: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint has decided: no product of SHAPE is timed, on a machine that keeps no decision."""
+    needs_onednn()
+    monkeypatch.delenv("CAPTIONER_ONEDNN", raising=False)
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(products, "_CHECKED", False)
+    monkeypatch.setattr(products, "_ENABLED", True)
+    monkeypatch.setattr(products, "time_both", lambda *a, **k: pytest.fail("timed the two routes"))
+    products.take_route(taken, "runs/x/last.pt")
+    assert products.route_taken() is taken
+    assert not (tmp_path / "machine.json").exists()
 
 
 @pytest.mark.parametrize("setting", ["0", "1"])

@@ -108,17 +108,21 @@ def take_route(onednn: bool, source: str) -> None:
     """Take the route that the run `source` was trained with, whatever this machine would choose:
     the two sum in different orders, so a resumption on the other one would not go on bit for
     bit. `CAPTIONER_ONEDNN` set by the user still decides; a route this torch cannot take is
-    said in one line and not taken."""
+    said in one line and not taken. Nothing is timed: the checkpoint has decided."""
     global _ENABLED, _CHECKED
-    if os.environ.get("CAPTIONER_ONEDNN", "") in ("0", "1") or onednn == route_taken():
+    if os.environ.get("CAPTIONER_ONEDNN", "") in ("0", "1") or (_CHECKED and _ENABLED == onednn):
         return
     if onednn and (problem := _op_problem() if onednn_enabled() else "is not in this torch build"):
         log.warning("products: %s was trained with oneDNN's products, but here oneDNN's inner product %s: "
                     "it goes on with F.linear, not bit for bit", source, problem)
+        _ENABLED, _CHECKED = False, True  # checked: its first product does not check and warn again
         return
+    # What this machine would take: this process's route if a product has asked, else its kept decision.
+    known = _ENABLED if _CHECKED else _kept_decision()
     _ENABLED, _CHECKED = onednn, True
-    log.info("products: %s, the route %s was trained with (this machine alone would take the other)",
-             "oneDNN" if onednn else "F.linear", source)
+    if known is not None and known != onednn:
+        log.info("products: %s, the route %s was trained with (this machine alone would take the other)",
+                 "oneDNN" if onednn else "F.linear", source)
 
 
 CALIBRATION = "onednn_products"  # the decision's name in the machine cache
@@ -152,15 +156,25 @@ def measure_route() -> dict:
     return {"onednn": onednn < 0.95 * plain_linear, "onednn_ms": round(onednn * 1e3, 3), "linear_ms": round(plain_linear * 1e3, 3)}
 
 
+def _valid_decision(known: object) -> bool:
+    return isinstance(known, dict) and isinstance(known.get("onednn"), bool)
+
+
+def _kept_decision() -> bool | None:
+    """The route this machine's cache keeps, without measuring; None when it keeps none."""
+    from captioner.core import machine_cache
+
+    known = machine_cache.recall(CALIBRATION)
+    return known["onednn"] if _valid_decision(known) else None
+
+
 def faster_here() -> bool:
     """Whether the route beats F.linear by 5% on this machine: recalled, else measured by the
     first process that asks and kept for every other (the two routes differ in the last bits, so
     a run and its resumption must take the same one)."""
     from captioner.core import machine_cache
 
-    decision, measured = machine_cache.decided(
-        CALIBRATION, measure_route, lambda known: isinstance(known, dict) and isinstance(known.get("onednn"), bool)
-    )
+    decision, measured = machine_cache.decided(CALIBRATION, measure_route, _valid_decision)
     if measured:
         log.info(
             "products: a %dx%d by %dx%d product took %.2f ms through oneDNN, %.2f ms through F.linear on this CPU: %s",
