@@ -48,6 +48,17 @@ def config_batches(config_path: str, count: int) -> tuple[Any, Vocabulary, list[
         return config, vocab, list(DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate_captions))
 
 
+def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Any, batch: Any, bf16: bool = False) -> float:
+    """One training step as the loop takes it from images (loss, backward, optimiser), optionally
+    under CPU bf16 autocast; returns the loss."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss, _ = caption_loss(model, batch, config, encoded=False)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
@@ -73,16 +84,12 @@ def main() -> None:
     def epoch(name: str) -> tuple[float, float]:
         """Seconds per step over the batches after the first, and the last loss."""
         model, optimizer, bf16 = variants[name]
-        start = 0.0
+        start, loss = 0.0, 0.0
         for i, batch in enumerate(batches):
             if i == 1:
                 start = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss, _ = caption_loss(model, batch, config, encoded=False)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        return (time.perf_counter() - start) / (len(batches) - 1), float(loss.detach())
+            loss = training_step(model, optimizer, config, batch, bf16)
+        return (time.perf_counter() - start) / (len(batches) - 1), loss
 
     seconds: dict[str, list[float]] = {name: [] for name in variants}
     losses: dict[str, float] = {}

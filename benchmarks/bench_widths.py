@@ -1,8 +1,9 @@
 """The training step of a shapes config at several widths of its small CNN, side by side.
 
 One process builds one model per width, with the same vocabulary, and takes the same batches
-through each in turn, round after round. A busy moment then costs every width alike. It prints
-the median seconds per step of each and its speed against the first width. What a width costs
+through each in turn (loss, backward and the optimiser's step, as `profile_step.py` times them),
+round after round. A busy moment then costs every width alike. It prints the median seconds per
+step of each and its speed against the first width. What a width costs
 in captions and attention is measured by training, not here: docs/benchmarks.md ("The
 quickstart on the Zen 3") has the runs.
 
@@ -18,12 +19,11 @@ import statistics
 import time
 
 import torch
-from bench_cpu_amp import ROOT, config_batches
+from bench_cpu_amp import ROOT, config_batches, training_step
 
 from captioner.core.config import load_config
 from captioner.core.runtime import set_threads
 from captioner.models.build import build_model
-from captioner.training.loop import caption_loss
 
 
 def main() -> None:
@@ -44,22 +44,18 @@ def main() -> None:
         if config.model.encoder.name != "small_cnn":
             parser.error(f"{args.config}: model.encoder.name is {config.model.encoder.name}; the widths are the small CNN's")
         torch.manual_seed(0)
-        models[width] = (config, build_model(config, vocab).train())
+        model = build_model(config, vocab).train()
+        models[width] = (config, model, torch.optim.AdamW(model.parameters(), lr=1e-4))
 
-    def step(config, model, batch) -> None:
-        loss, _ = caption_loss(model, batch, config, encoded=False)
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    for config, model in models.values():  # warm-up: first-use calibration, allocator, oneDNN primitives
+    for config, model, optimizer in models.values():  # warm-up: first-use calibration, allocator, oneDNN primitives
         for batch in batches[:2]:
-            step(config, model, batch)
+            training_step(model, optimizer, config, batch)
     seconds: dict[int, list[float]] = {width: [] for width in models}
     for _ in range(args.rounds):
-        for width, (config, model) in models.items():
+        for width, (config, model, optimizer) in models.items():
             start = time.perf_counter()
             for batch in batches[2:]:
-                step(config, model, batch)
+                training_step(model, optimizer, config, batch)
             seconds[width].append((time.perf_counter() - start) / args.steps)
     data = load_config(args.config).data
     print(f"{args.config}: training step, batch {data.batch_size}, {data.image_size} px, {threads} threads, "

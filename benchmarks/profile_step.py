@@ -14,11 +14,10 @@ import argparse
 import time
 
 import torch
-from bench_cpu_amp import ROOT, config_batches
+from bench_cpu_amp import ROOT, config_batches, training_step
 
 from captioner.core.runtime import set_threads
 from captioner.models.build import build_model
-from captioner.training.loop import caption_loss
 
 
 def main() -> None:
@@ -35,10 +34,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(batch) -> None:
-        loss, _ = caption_loss(model, batch, config, encoded=False)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        training_step(model, optimizer, config, batch)
 
     for batch in batches[:2]:  # warm-up: first-use calibration, allocator, oneDNN primitives
         step(batch)
