@@ -346,10 +346,13 @@ class op_dtypes(TorchDispatchMode):
     """Records (op, dtypes of its tensor outputs) for every op that runs below autocast.
 
     Casts that autocast inserts (`_to_copy`) are left out: the two layers cache casts of the
-    weights differently, and what matters is the dtype each real op computes in.
+    weights differently, and what matters is the dtype each real op computes in. So are layout
+    copies (`clone`, which computes in no dtype of its own): `.contiguous()` copies the encoder's
+    cells where the convolutions return NCHW (CUDA) and not where they return channels-last
+    (the CPU's oneDNN).
     """
 
-    SKIPPED = {"_to_copy", "to", "detach", "alias", "lift_fresh", "empty_strided", "_pin_memory", "pin_memory", "is_pinned"}
+    SKIPPED = {"_to_copy", "to", "detach", "alias", "lift_fresh", "empty_strided", "_pin_memory", "pin_memory", "is_pinned", "clone"}
 
     def __init__(self) -> None:
         super().__init__()

@@ -133,14 +133,14 @@ def test_the_two_layers_agree_op_by_op(decoder: str) -> None:
 
     model = tiny_model(f"model.decoder.type={decoder}")
     batch = caption_batch(model)
-    inputs = (batch.tokens[:, :-1], batch.image_rows)
+    lengths = batch.lengths - 1  # the training loss's call: lengths on the host, packed logits
     with cuda_autocast(), sdpa_kernel(SDPBackend.MATH), op_dtypes() as emulated:
-        model(batch.images, *inputs, lengths=batch.lengths - 1)
+        model(batch.images, batch.tokens[:, :-1], batch.image_rows, lengths=lengths, packed=True)
     with fake_cuda() as mode:
         to_fake_cuda(model, mode)
-        images, tokens, rows = (t.to("cuda") for t in (batch.images, *inputs))
-        with op_dtypes() as real_cuda:
-            model(images, tokens, rows, lengths=batch.lengths - 1)
+        images, tokens, rows = (t.to("cuda") for t in (batch.images, batch.tokens, batch.image_rows))
+        with op_dtypes() as real_cuda:  # the tokens cut on the device, as the loss cuts them there
+            model(images, tokens[:, :-1], rows, lengths=lengths, packed=True)
     assert len(emulated.trace) > 100
     assert emulated.trace == real_cuda.trace
     assert ("aten.bmm.default", (AUTOCAST_DTYPE,)) in emulated.trace  # autocast really ran

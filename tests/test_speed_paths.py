@@ -13,15 +13,19 @@ import pytest
 import torch
 import warm_start
 from torch.utils._python_dispatch import TorchDispatchMode
-from helpers import subprocess_env
+from helpers import subprocess_env, tiny_config, tiny_model
 
 from captioner.core import runtime
 from captioner.core.config import load_config
 from captioner.core.errors import ConfigError
 from captioner.core.runtime import ENV_THREADS, resolve_threads, set_threads
+from captioner.data.batching import CaptionBatch
 from captioner.models import products
 from captioner.models.attention import MultiHeadAttention
+from captioner.models.decoder import Decoder
 from captioner.models.lstm_decoder import LSTMDecoder, RecurrentProduct, active_rows
+from captioner.models.transformer_decoder import TransformerDecoder
+from captioner.training.loop import caption_loss
 
 
 def stepwise_logits(decoder: LSTMDecoder, feats: torch.Tensor, tokens: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,6 +141,116 @@ def test_lstm_padding_outputs_are_zero() -> None:
     empty = decoder(torch.randn(2, 4, 4), torch.randint(0, 11, (2, 3)), torch.tensor([0, 0]))
     assert empty.logits.shape == (2, 3, 11) and not empty.logits.any() and empty.attn.shape == (2, 3, 1, 1, 4)
 
+
+
+def tiny_decoder(kind: str) -> Decoder:
+    torch.manual_seed(0)
+    if kind == "lstm":
+        return LSTMDecoder(vocab_size=23, feat_dim=10, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0)
+    return TransformerDecoder(23, 10, d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0)
+
+
+def gradients(decoder: Decoder, feats: torch.Tensor, loss: torch.Tensor) -> list[torch.Tensor]:
+    """Every parameter's gradient and the grid's, of `loss`."""
+    decoder.zero_grad()
+    feats.grad = None
+    loss.backward()
+    return [p.grad.clone() for p in decoder.parameters() if p.grad is not None] + [feats.grad.clone()]
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_teacher_forcing_prepares_each_image_once_with_the_numbers_of_a_grid_per_caption(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five captions of two images: the per-image constants (the LSTM's projected grid and first
+    state, the transformer's keys and values) are computed over the 2 images, not the 5
+    captions, and logits, maps and gradients are those of each caption given its own copy."""
+    decoder = tiny_decoder(kind)
+    feats = torch.randn(2, 9, 10, requires_grad=True)
+    tokens = torch.randint(0, 23, (5, 7))
+    lengths, image_rows = torch.tensor([7, 6, 6, 3, 1]), torch.tensor([1, 0, 1, 0, 0])
+    prepared_rows = []
+    prepare = decoder.prepare
+    monkeypatch.setattr(decoder, "prepare", lambda grid: prepared_rows.append(grid.shape[0]) or prepare(grid))
+    once = decoder(feats, tokens, lengths, image_rows=image_rows)
+    assert prepared_rows == [2]
+    copied = decoder(feats.index_select(0, image_rows), tokens, lengths)
+    torch.testing.assert_close(once.logits, copied.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(once.attn, copied.attn, atol=1e-6, rtol=1e-6)
+    weighting = torch.linspace(-1, 1, once.logits.numel()).view_as(once.logits)  # (C, T, V)
+    got, want = gradients(decoder, feats, (once.logits * weighting).sum()), gradients(decoder, feats, (copied.logits * weighting).sum())
+    for got, want in zip(got, want, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_packed_logits_are_the_real_positions_of_the_padded_ones(kind: str) -> None:
+    decoder = tiny_decoder(kind)
+    feats = torch.randn(4, 9, 10, requires_grad=True)
+    tokens = torch.randint(0, 23, (4, 7))
+    lengths = torch.tensor([7, 5, 2, 1])
+    padded = decoder(feats, tokens, lengths)
+    packed = decoder(feats, tokens, lengths, packed=True)
+    real = (torch.arange(7)[None, :] < lengths[:, None]).flatten()  # (C*T,)
+    assert packed.positions is not None and packed.logits.shape == (int(lengths.sum()), 23)
+    assert sorted(packed.positions.tolist()) == real.nonzero().squeeze(1).tolist()
+    torch.testing.assert_close(packed.logits, padded.logits.flatten(0, 1)[packed.positions], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed.attn, padded.attn)
+    weighting = torch.linspace(-1, 1, real.numel() * 23).view(-1, 23)  # (C*T, V): one weight per logit
+    want = gradients(decoder, feats, (padded.logits.flatten(0, 1)[real] * weighting[real]).sum())
+    got = gradients(decoder, feats, (packed.logits * weighting[packed.positions]).sum())
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    assert decoder(feats, tokens, None, packed=True).positions is None  # no lengths: nothing to skip
+
+
+
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+def test_the_training_loss_of_packed_logits_is_the_cross_entropy_of_every_real_word(decoder: str) -> None:
+    """`caption_loss` scores the decoder's packed logits against the right targets: the mean
+    cross-entropy of every word (and <eos>) of every caption, as the padded logits give it."""
+    overrides = (f"model.decoder.type={decoder}", "model.decoder.dropout=0.0", "train.attention_penalty=0")
+    model, config = tiny_model(*overrides), tiny_config(*overrides)
+    tokens = torch.tensor([[1, 4, 5, 7, 2, 0, 0], [1, 6, 8, 9, 4, 5, 2], [1, 4, 2, 0, 0, 0, 0], [1, 5, 6, 9, 2, 0, 0]])  # (C, T+1)
+    lengths = (tokens != model.vocab.pad_id).sum(dim=1)  # (C,) 5, 7, 3, 5: not sorted, as a loader may give them
+    batch = CaptionBatch(torch.randn(2, 3, 32, 32), tokens, lengths, torch.tensor([1, 0, 1, 0]), torch.arange(2))
+    loss, _ = caption_loss(model, batch, config, encoded=False)
+    padded = model(batch.images, tokens[:, :-1], batch.image_rows).logits  # (C, T, V), every position run
+    words = [(c, t) for c in range(4) for t in range(int(lengths[c]) - 1)]
+    want = torch.stack([-padded[c, t].log_softmax(-1)[tokens[c, t + 1]] for c, t in words]).mean()
+    torch.testing.assert_close(loss, want, atol=1e-5, rtol=1e-5)
+
+class ProductFlops(TorchDispatchMode):
+    """The multiply-adds of the matrix products run under it. A dispatch mode, not torch's
+    FlopCounterMode: that one hooks every module, and a hooked layer sends the LSTM down its
+    step-by-step path (`products.plain`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        a, b = {torch.ops.aten.addmm.default: args[1:3], torch.ops.aten.mm.default: args[:2], torch.ops.aten.bmm.default: args[:2],
+                torch.ops.aten.mv.default: args[:2]}.get(func, (None, None))
+        if a is not None:
+            self.total += a.numel() * (b.shape[-1] if b.dim() > 1 else 1)  # (..., m, k) @ (..., k, n): m k n per batch
+        return out
+
+
+def test_lstm_padding_costs_no_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The products of a padded batch, forward and backward, are those of its captions run one
+    by one without padding: nothing is computed for the padding (a product's work is additive
+    in its rows). torch's products, which the dispatcher sees."""
+    monkeypatch.setattr(products, "_ENABLED", False)
+    decoder = tiny_decoder("lstm")
+    feats, tokens, lengths = torch.randn(3, 9, 10), torch.randint(0, 23, (3, 7)), [7, 3, 1]
+
+    def work(grid: torch.Tensor, words: torch.Tensor, counts: list[int]) -> int:
+        with ProductFlops() as counter:
+            decoder(grid, words, torch.tensor(counts), packed=True).logits.sum().backward()
+        return counter.total
+
+    alone = sum(work(feats[c : c + 1], tokens[c : c + 1, :n], [n]) for c, n in enumerate(lengths))
+    assert alone > 0 and work(feats, tokens, lengths) == alone
 
 def test_active_rows() -> None:
     assert active_rows(None, 3, 4) == [3, 3, 3, 3]

@@ -190,20 +190,21 @@ class Captioner(nn.Module):
         image_rows: torch.Tensor | None = None,
         encoded: bool = False,
         lengths: torch.Tensor | None = None,
+        packed: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing on images (B, 3, H, W), or on stored feats (B, N, D) when `encoded`.
 
         tokens (C, T) are C captions; caption c describes image `image_rows[c]` (default: c), so
-        an image with five captions is encoded once and decoded five times. `lengths` (C,), sorted
-        longest first, lets the decoder skip padding.
+        an image with five captions is encoded once, its per-image constants (the decoder's
+        `prepare`) computed once, and decoded five times. `lengths` (C,), sorted longest first,
+        lets the decoder skip padding; `packed` lets it return the real positions' logits alone
+        (`DecoderOutput.positions`).
         """
         if encoded:
             feats = self.stored_features(images)  # (B, N, D)
         else:
             feats, _ = self.encode(images)  # (B, N, D)
-        if image_rows is not None:
-            feats = feats.index_select(0, image_rows)  # (C, N, D)
-        return self.decoder(feats, tokens, lengths)
+        return self.decoder(feats, tokens, lengths, image_rows=image_rows, packed=packed)
 
     def decode_options(self, **overrides: Any) -> DecodeOptions:
         """This model's decoding defaults (its config's `decode` section) with `overrides` by

@@ -3,7 +3,7 @@
     prepare(feats (B,N,D)) -> Memory                per-image constants, computed once per image
     init_state(memory, capacity) -> State           per-hypothesis recurrent state for `capacity` steps
     step(memory, prev_tokens (B,), state) -> (logprobs (B,V), attn (B,L,H,N), State)
-    forward(feats (B,N,D), tokens (B,T), lengths) -> DecoderOutput(logits (B,T,V), attn (B,T,L,H,N))
+    forward(feats (B,N,D), tokens (C,T), lengths, image_rows, packed) -> DecoderOutput(logits (C,T,V), attn (C,T,L,H,N))
 
 Memory and State are dicts of batch-first tensors. Beam search expands the memory to K rows per
 image once (`expand_memory`) and reorders only the state, with one `index_select` per tensor
@@ -16,6 +16,12 @@ The state's shapes never change from step to step (a decoder with a growing cach
 it: `capacity` is the most steps the caller will run, the decoding functions' max_length; None
 leaves the decoder's own default), and `step` reads nothing back from the device. So one step
 compiles whole, once, with `torch.compile(fullgraph=True)` and can be replayed as a CUDA graph.
+
+Teacher forcing (`forward`) decodes C captions of B images: `image_rows` (C,) names each
+caption's image, and the per-image constants are computed once per image and then given one row
+per caption, not computed five times for five captions. Asked for `packed` logits, a decoder may
+return only the real positions (`DecoderOutput.positions`): the training loss never needs the
+padding's logits, and at Flickr8k's lengths they are half of (C, T, V).
 
 Attention maps are (L, H, N): layers by heads by grid cells. The LSTM has one layer and one head.
 
@@ -39,10 +45,31 @@ Memory = dict[str, torch.Tensor]
 
 @dataclass
 class DecoderOutput:
-    logits: torch.Tensor  # (B, T, V)
+    logits: torch.Tensor  # (B, T, V); (M, V) when `positions` is set
     attn: torch.Tensor  # (B, T, L, H, N)
     self_attn: torch.Tensor | None = None  # (B, T, L, H, T): decoder self-attention, when asked for
+    # (M,) long, for packed logits: row m of `logits` is position positions[m] of the flattened
+    # (B*T); only the real positions (inside each caption) are there. None: `logits` is (B, T, V).
+    positions: torch.Tensor | None = None
 
+
+def select_rows(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Pick rows of every batch-first tensor of a memory or state: beam expansion and reordering,
+    one row per caption in teacher forcing."""
+    return {key: value.index_select(0, index) for key, value in tensors.items()}
+
+
+
+def to_device_quietly(index: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host index tensor on `device`: pinned and non-blocking, so the host never waits for the device."""
+    return index if index.device == device else index.pin_memory().to(device, non_blocking=True)
+
+
+def real_positions(lengths: torch.Tensor, steps: int, device: torch.device) -> torch.Tensor:
+    """Where the positions inside each caption sit in a flattened (C, steps): lengths (C,) on the
+    host -> (M,) long on `device`, batch-major."""
+    inside = torch.arange(steps)[None, :] < lengths[:, None]  # (C, steps)
+    return to_device_quietly(inside.flatten().nonzero().squeeze(1), device)  # (M,)
 
 class Decoder(nn.Module):
     vocab_size: int
@@ -68,9 +95,25 @@ class Decoder(nn.Module):
     def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         raise NotImplementedError
 
-    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None) -> DecoderOutput:
-        """`lengths` (B,), sorted longest first, lets a recurrent decoder skip padded steps."""
+    def forward(
+        self,
+        feats: torch.Tensor,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None,
+        packed: bool = False,
+    ) -> DecoderOutput:
+        """Teacher forcing: feats (B, N, D), tokens (C, T). `image_rows` (C,) is the image of each
+        caption (default: caption c describes image c, C == B). `lengths` (C,), sorted longest
+        first, lets a recurrent decoder skip padded steps; with `packed`, a decoder may return the
+        logits of the real positions alone (DecoderOutput.positions), for which it needs `lengths`."""
         raise NotImplementedError
+
+    def caption_memory(self, feats: torch.Tensor, image_rows: torch.Tensor | None) -> Memory:
+        """The per-image constants of feats (B, N, D), computed once per image, with one row per
+        caption where `image_rows` (C,) says which image each caption describes."""
+        memory = self.prepare(feats)
+        return memory if image_rows is None else select_rows(memory, image_rows)  # (C, ...) each
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """A regulariser on the attention maps added to the loss; none by default.

@@ -22,6 +22,7 @@ from captioner.core.config import DecodeConfig
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_options
 from captioner.core.errors import ConfigError
+from captioner.models.decoder import select_rows
 from captioner.models.products import reused_weights
 from captioner.text.endings import bad_ending_ids
 
@@ -104,11 +105,6 @@ class Hypothesis:
     # (T, L, H, T) when asked for: at word t, the decoder's self-attention over the input
     # positions 0..t (<bos>, then the words before t); zero on later positions.
     self_attn: torch.Tensor | None = None
-
-
-def select_rows(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Pick rows of every batch-first tensor of a memory or state: beam expansion and reordering."""
-    return {key: value.index_select(0, index) for key, value in tensors.items()}
 
 
 def step_decoder(

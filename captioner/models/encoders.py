@@ -137,7 +137,9 @@ class Encoder(nn.Module):
         if pool and self.grid_size:
             x = F.adaptive_avg_pool2d(x, self.grid_size)  # (B, D, g, g)
         B, D, h, w = x.shape
-        feats = x.permute(0, 2, 3, 1).reshape(B, h * w, D)  # (B, h*w, D): a view when x is channels-last
+        # (B, h*w, D), row-major: a view when x is channels-last, else one copy, which the products
+        # and the attention's per-step reads of whole rows would otherwise pay for again and again
+        feats = x.permute(0, 2, 3, 1).reshape(B, h * w, D).contiguous()
         return feats, (h, w)
 
 

@@ -103,12 +103,20 @@ class EnsembleDecoder(Decoder):
         combined = self.combined(torch.stack(logprobs))  # (R, V)
         return combined, self.combined_map(maps)[:, None, None], new_state  # (R, V), (R, 1, 1, N)
 
-    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None) -> DecoderOutput:
-        """Teacher forcing through every member; logits (B, T, V) are the combined
-        log-probabilities (their own log-softmax), attn (B, T, 1, 1, N) as in `step`."""
+    def forward(
+        self,
+        feats: torch.Tensor,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None,
+        packed: bool = False,
+    ) -> DecoderOutput:
+        """Teacher forcing through every member; logits (C, T, V) are the combined
+        log-probabilities (their own log-softmax), attn (C, T, 1, 1, N) as in `step`. Never
+        packed: the members may pack their positions in different orders."""
         logprobs, maps = [], []
         for decoder, part in zip(self.members, self.split(feats)):
-            out = decoder(part, tokens, lengths)
+            out = decoder(part, tokens, lengths, image_rows=image_rows)
             logprobs.append(out.logits.float().log_softmax(dim=-1))  # (B, T, V)
             maps.append(out.attn.float().mean(dim=(2, 3)))  # (B, T, N_i)
         return DecoderOutput(self.combined(torch.stack(logprobs)), self.combined_map(maps)[:, :, None, None])

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from captioner.models.attention import AdditiveAttention
-from captioner.models.decoder import Decoder, DecoderOutput, Memory, State
+from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, select_rows, to_device_quietly
 from captioner.models.products import dense, gram, linear, plain, prepared
 
 
@@ -83,30 +83,50 @@ class LSTMDecoder(Decoder):
         logits, weights, state = self._advance(memory, self.embedding(prev_tokens), state)
         return logits.log_softmax(dim=-1), weights[:, None, None, :], state  # (B, V), (B, 1, 1, N)
 
-    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None) -> DecoderOutput:
-        """Teacher forcing: feats (B, N, D), tokens (B, T) -> logits (B, T, V), attn (B, T, 1, 1, N).
+    def forward(
+        self,
+        feats: torch.Tensor,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None,
+        packed: bool = False,
+    ) -> DecoderOutput:
+        """Teacher forcing: feats (B, N, D), tokens (C, T) -> logits (C, T, V), attn (C, T, 1, 1, N).
 
-        With `lengths` (B,) sorted longest first, step t runs only the rows still inside their
-        caption; outputs past a row's length are zero (they are padding and never scored).
-        `lengths` is read once (one host transfer when it lives on a GPU; none on the CPU).
+        `image_rows` (C,): the image of each caption (default: the c-th). With `lengths` (C,)
+        sorted longest first, step t runs only the rows still inside their caption; outputs past
+        a row's length are zero (they are padding and never scored), and with `packed` the
+        logits are those of the real positions alone, (M, V) in time-major order, at
+        `positions`. `lengths` is read once (one host transfer when it lives on a GPU; none on
+        the CPU).
         """
-        B, T = tokens.shape
+        C, T = tokens.shape
         if not (plain(self.attention.state_proj) and plain(self.gate)):  # quantised, wrapped or hooked: their own forwards
-            return self._forward_by_steps(feats, tokens, lengths)
-        active = active_rows(lengths, B, T)  # rows inside their caption at each step, non-increasing
+            return self._forward_by_steps(feats, tokens, lengths, image_rows)
+        active = active_rows(lengths, C, T)  # rows inside their caption at each step, non-increasing
         if not active:  # no caption has a single step: all padding
-            return DecoderOutput(feats.new_zeros(B, T, self.vocab_size), feats.new_zeros(B, T, 1, 1, feats.shape[1]))
-        memory = self.prepare(feats)
+            return DecoderOutput(feats.new_zeros(C, T, self.vocab_size), feats.new_zeros(C, T, 1, 1, feats.shape[1]))
+        memory = self.prepare(feats)  # once per image
         state = self.init_state(memory)
-        embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
+        if image_rows is not None:  # one row per caption
+            memory, state = select_rows(memory, image_rows), select_rows(state, image_rows)  # (C, ...) each
         H, D = self.cell.hidden_size, feats.shape[-1]
         w_hh = self.cell.weight_hh  # (4H, H)
         # Split, not sliced: the backward of a split is one cat, that of each slice a zero-filled copy of the whole.
         w_embedded, w_context = self.cell.weight_ih.split((self.embed_dim, D), dim=1)  # (4H, E), (4H, D)
+        padded = not (len(active) == T and active[-1] == C)
+        if padded:
+            # Real positions in time-major order (as a packed sequence) and where they sit in (C*T):
+            # step t's rows are one block, and nothing (not even a dropout mask) is made for the padding.
+            rows = to_device_quietly(torch.tensor([t + c * T for t, n in enumerate(active) for c in range(n)]), feats.device)  # (M,)
+            words = tokens.flatten().index_select(0, rows)  # (M,)
+        else:
+            words = tokens.flatten()  # (C*T,), batch-major
+        embedded = self.dropout(self.embedding(words))  # (M, E)
         # The embedding's share of the cell input, for every step at once; biases folded in.
-        cell_in = linear(
-            embedded.reshape(B * T, -1), w_embedded, self.cell.bias_ih + self.cell.bias_hh
-        ).view(B, T, 4 * H).unbind(1)  # T x (B, 4H): unbound once, so backward stacks one gradient, not T
+        cell_in = linear(embedded, w_embedded, self.cell.bias_ih + self.cell.bias_hh)  # (M, 4H)
+        # One block per step, cut once, so backward joins one gradient, not T.
+        cell_in = cell_in.split(active) if padded else cell_in.view(C, T, 4 * H).unbind(1)  # T x (n_t, 4H)
         # The products of h_{t-1} and z_t at every step, each weight's gradient as one product over all steps.
         context_product = RecurrentProduct(w_context.t())  # (D, 4H)
         # One product of h_{t-1} per step: attention query W_s, gate f_beta and the recurrent weights.
@@ -124,34 +144,32 @@ class LSTMDecoder(Decoder):
             query, gate, recurrent = (state_product(state["h"]) + b_state).split((A, D, 4 * H), dim=1)
             context, weights = self.attention.attend(feats_for[n], projected_for[n], query)  # (n, D), (n, N)
             context = torch.sigmoid(gate) * context  # (n, D): gated z_t
-            step_in = cell_in[t] if n == B else cell_in[t][:n]  # (n, 4H); a slice's backward would zero-fill a copy
-            gates = context_product(context) + (step_in + recurrent)  # (n, 4H)
+            gates = context_product(context) + (cell_in[t] + recurrent)  # (n, 4H)
             h, c = lstm_update(gates, state["c"])  # (n, H) each
             state = {"h": h, "c": c}
             hs.append(h)
             contexts.append(context)
             maps.append(weights)
-        if len(active) == T and active[-1] == B:  # no padding: batch-major outputs directly, nothing to scatter
-            logits = self._output(embedded, torch.stack(hs, dim=1), torch.stack(contexts, dim=1))  # (B, T, V)
-            return DecoderOutput(logits, torch.stack(maps, dim=1)[:, :, None, None, :])  # attn (B, T, 1, 1, N)
-        # Real positions in time-major order (as a packed sequence) and where they sit in (B*T).
-        rows = torch.tensor([t + b * T for t, n in enumerate(active) for b in range(n)])  # (M,), on the host
-        if rows.device != feats.device:  # pinned and non-blocking: the host never waits for the device here
-            rows = rows.pin_memory().to(feats.device, non_blocking=True)
-        h_real = torch.cat(hs)  # (M, H)
-        logits = self._output(embedded.reshape(B * T, -1).index_select(0, rows), h_real, torch.cat(contexts))  # (M, V)
-        logits = logits.new_zeros(B * T, self.vocab_size).index_copy(0, rows, logits).view(B, T, -1)  # (B, T, V)
+        if not padded:  # batch-major outputs directly, nothing to scatter
+            logits = self._output(embedded.view(C, T, -1), torch.stack(hs, dim=1), torch.stack(contexts, dim=1))  # (C, T, V)
+            return DecoderOutput(logits, torch.stack(maps, dim=1)[:, :, None, None, :])  # attn (C, T, 1, 1, N)
+        logits = self._output(embedded, torch.cat(hs), torch.cat(contexts))  # (M, V)
         maps_real = torch.cat(maps)  # (M, N)
         # The buffer takes the maps' own dtype: under CUDA autocast the weights come out of the
         # softmax in float32 while h is bf16, and CUDA's index_copy does not promote (CPU's does).
-        attn = maps_real.new_zeros(B * T, feats.shape[1]).index_copy(0, rows, maps_real).view(B, T, -1)  # (B, T, N)
-        return DecoderOutput(logits, attn[:, :, None, None, :])  # attn (B, T, 1, 1, N)
+        attn = maps_real.new_zeros(C * T, feats.shape[1]).index_copy(0, rows, maps_real).view(C, T, -1)  # (C, T, N)
+        if packed:
+            return DecoderOutput(logits, attn[:, :, None, None, :], positions=rows)  # (M, V), attn (C, T, 1, 1, N)
+        logits = logits.new_zeros(C * T, self.vocab_size).index_copy(0, rows, logits).view(C, T, -1)  # (C, T, V)
+        return DecoderOutput(logits, attn[:, :, None, None, :])  # attn (C, T, 1, 1, N)
 
-    def _forward_by_steps(self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None) -> DecoderOutput:
+    def _forward_by_steps(
+        self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None, image_rows: torch.Tensor | None
+    ) -> DecoderOutput:
         """Teacher forcing through `_advance`, one step at a time, every layer called as a
         module: for layers the fused forward must not read the weights of (a `quantize_dynamic`
         copy, an adapter, a hook). Outputs past a row's length are zero, as in `forward`."""
-        memory, T = self.prepare(feats), tokens.shape[1]
+        memory, T = self.caption_memory(feats, image_rows), tokens.shape[1]  # (B, ...) each
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
         logits, maps = [], []

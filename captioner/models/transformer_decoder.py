@@ -9,7 +9,7 @@ from torch import nn
 
 from captioner.core.config import DecoderConfig
 from captioner.models.attention import MultiHeadAttention
-from captioner.models.decoder import Decoder, DecoderOutput, Memory, State
+from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, real_positions
 from captioner.models.products import dense
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -272,15 +272,23 @@ class TransformerDecoder(Decoder):
         return logits.log_softmax(dim=-1), torch.stack(maps, dim=1), new_state  # (B, V), (B, L, nh, N)
 
     def forward(
-        self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None, self_attention: bool = False
+        self,
+        feats: torch.Tensor,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None,
+        packed: bool = False,
+        self_attention: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing: feats (B, N, D), tokens (B, T) -> logits (B, T, V), attn (B, T, L, nh, N),
-        and with `self_attention` self_attn (B, T, L, nh, T) through the explicit softmax path.
+        """Teacher forcing: feats (B, N, D), tokens (C, T) -> logits (C, T, V), attn (C, T, L, nh, N),
+        and with `self_attention` self_attn (C, T, L, nh, T) through the explicit softmax path.
 
-        `lengths` is not needed: all positions run in parallel, and the causal mask already keeps
-        the padding after each caption from reaching its real positions.
+        `image_rows` (C,): the image of each caption (default: the c-th); the keys and values
+        of the grid are computed once per image. All positions run in parallel, and the causal
+        mask already keeps the padding after each caption from reaching its real positions; with
+        `packed` and `lengths` (C,), the output layer runs over the real positions alone.
         """
-        memory = self.prepare(feats)
+        memory = self.caption_memory(feats, image_rows)  # (C, nh, N, hs) each
         T = tokens.shape[1]
         x = self._embed(tokens, torch.arange(T, device=tokens.device))  # (B, T, d)
         causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()  # (T, T): t sees 0..t
@@ -292,6 +300,10 @@ class TransformerDecoder(Decoder):
             maps.append(w.transpose(1, 2))  # (B, T, nh, N)
             if self_w is not None:
                 self_maps.append(self_w.transpose(1, 2))  # (B, T, nh, T)
-        logits = dense(self.final_norm(x), self.out)  # (B, T, V)
-        self_attn = torch.stack(self_maps, dim=2) if self_attention else None  # (B, T, L, nh, T)
-        return DecoderOutput(logits, torch.stack(maps, dim=2), self_attn)  # attn (B, T, L, nh, N)
+        self_attn = torch.stack(self_maps, dim=2) if self_attention else None  # (C, T, L, nh, T)
+        if packed and lengths is not None:
+            positions = real_positions(lengths, T, x.device)  # (M,)
+            logits = dense(self.final_norm(x.flatten(0, 1).index_select(0, positions)), self.out)  # (M, V)
+            return DecoderOutput(logits, torch.stack(maps, dim=2), self_attn, positions)  # attn (C, T, L, nh, N)
+        logits = dense(self.final_norm(x), self.out)  # (C, T, V)
+        return DecoderOutput(logits, torch.stack(maps, dim=2), self_attn)  # attn (C, T, L, nh, N)

@@ -40,8 +40,9 @@ def caption_loss(
     over every rank (default: this batch's), so that under DDP, where gradients are averaged over
     ranks, `loss * world_size` gives each rank its exact share of the global batch's mean.
     Nothing here reads a value back from the device: the lengths are a CPU tensor, the
-    padding is skipped with `ignore_index` (not a boolean mask, whose size the host would wait
-    for), and the parts come back as detached tensors, read only when they are logged.
+    padding is skipped by the decoder's packed logits (their positions come from the host's
+    lengths) or with `ignore_index` (not a boolean mask, whose size the host would wait for),
+    and the parts come back as detached tensors, read only when they are logged.
     `forward` is the module to call (the DDP wrapper), `model` the one it wraps.
     """
     lengths = batch.lengths - 1  # (C,) input words per caption; on the CPU
@@ -51,11 +52,15 @@ def caption_loss(
         batch = replace(batch, tokens=batch.tokens[rows], image_rows=batch.image_rows[rows], lengths=batch.lengths[order])
     num_targets, num_captions = totals[:2] if totals is not None else (int(lengths.sum()), len(lengths))
     inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]  # (C, T) each
-    out = (forward or model)(batch.images, inputs, batch.image_rows, encoded=encoded, lengths=lengths)
+    out = (forward or model)(batch.images, inputs, batch.image_rows, encoded=encoded, lengths=lengths, packed=True)
     pad = model.vocab.pad_id
+    if out.positions is None:  # (C, T, V): the padding is there, and ignored
+        logits, target_words = out.logits.flatten(0, 1), targets.flatten()  # (C * T, V), (C * T,)
+    else:  # the real positions alone: (M, V) and their targets (M,)
+        logits, target_words = out.logits, targets.flatten().index_select(0, out.positions)
     xent_sum = F.cross_entropy(
-        out.logits.flatten(0, 1).float(),  # (C * T, V)
-        targets.flatten(),  # (C * T,)
+        logits.float(),
+        target_words,
         ignore_index=pad,
         reduction="sum",
         label_smoothing=config.train.label_smoothing,
