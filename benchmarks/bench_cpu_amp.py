@@ -48,11 +48,13 @@ def config_batches(config_path: str, count: int) -> tuple[Any, Vocabulary, list[
         return config, vocab, list(DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate_captions))
 
 
-def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Any, batch: Any, bf16: bool = False) -> float:
-    """One training step as the loop takes it from images (loss, backward, optimiser), optionally
-    under CPU bf16 autocast; returns the loss."""
+def training_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Any, batch: Any, bf16: bool = False, encoded: bool = False
+) -> float:
+    """One training step as the loop takes it (loss, backward, optimiser) from images, or from
+    stored grids when `encoded`, optionally under CPU bf16 autocast; returns the loss."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        loss, _ = caption_loss(model, batch, config, encoded=False)
+        loss, _ = caption_loss(model, batch, config, encoded=encoded)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()

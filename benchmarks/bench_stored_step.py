@@ -1,0 +1,100 @@
+"""The training step of a config that trains from a feature store (the Flickr8k and COCO configs,
+`model.encoder.fine_tune_blocks: 0`): seconds per step, and with `--profile` where they go.
+
+    python benchmarks/bench_stored_step.py [--config configs/flickr8k_lstm_lite0.yaml] [--steps 6]
+        [--rounds 3] [--threads N] [--profile 20] [overrides ...]
+
+The batches are the config's own: its training split's captions (all five per image where
+`data.captions_per_image: all`), its vocabulary, its batch size, drawn as the loader draws
+them. The grids stand in for the store's rows: random fp16 of the encoder's shape (7x7x1280 for
+EfficientNet-Lite0 at 224 px); a step's arithmetic depends on their shape, not their values, and
+no ImageNet weights or store are needed. The captions are read from `data.root` (for Flickr8k,
+`data.root=../shared/data/flickr8k`). Run it on an idle machine and name the processor (`lscpu`)
+beside what it prints; timings of two versions of the code come from running it from each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from bench_cpu_amp import ROOT, training_step
+from torch.utils.data import DataLoader
+
+from captioner.core.config import load_config
+from captioner.core.runtime import set_threads
+from captioner.data.batching import CaptionDataset, collate_captions
+from captioner.data.datasets import load_split
+from captioner.data.images import ImageTransform
+from captioner.data.store import output_grid
+from captioner.models.build import build_model
+from captioner.text.vocab import Vocabulary
+
+
+class RandomGrids:
+    """Row i: a (N, D) fp16 grid, the same for the same i, as a store's row would be."""
+
+    def __init__(self, count: int, cells: int, width: int) -> None:
+        self.count, self.cells, self.width = count, cells, width
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(i)
+        return torch.randn(self.cells, self.width, generator=generator).half()  # (N, D)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "flickr8k_lstm_lite0.yaml"))
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="then profile the steps and list the N costliest operators")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.root=../shared/data/flickr8k")
+    args = parser.parse_args()
+    threads = set_threads(args.threads)
+    config = load_config(args.config, [*args.overrides, "train.device=cpu", "model.encoder.pretrained=false"])
+    data = config.data
+    records = load_split(data, "train", check_images=False)
+    vocab = Vocabulary.build((c for r in records for c in r.captions), data.min_word_count)
+    torch.manual_seed(0)
+    model = build_model(config, vocab, load_pretrained=False).train()
+    h, w = output_grid(model.encoder, data.image_size)
+    width = model.encoder.out_dim
+    grids = RandomGrids(len(records), h * w, width)
+    dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size), data.max_caption_length, data.captions_per_image, grids)
+    loader = DataLoader(dataset, batch_size=data.batch_size, shuffle=True, collate_fn=collate_captions, generator=torch.Generator().manual_seed(0))
+    batches = iter(loader)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    first = next(batches)
+    print(
+        f"{args.config}: {config.model.decoder.type} decoder, grids {h}x{w}x{width} fp16, vocabulary {len(vocab)}, "
+        f"{len(first.indices)} images and {len(first.lengths)} captions a batch; threads {threads}"
+    )
+
+    def step() -> None:
+        training_step(model, optimizer, config, next(batches), encoded=True)
+
+    for _ in range(2):  # warm-up: first-use calibration, allocator, oneDNN primitives
+        step()
+    rounds = []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        rounds.append((time.perf_counter() - start) / args.steps)
+    print(f"seconds a step: {statistics.median(rounds):.3f} (median of {args.rounds} rounds of {args.steps}: "
+          f"{', '.join(f'{r:.3f}' for r in rounds)}); an epoch of {len(loader)} steps: {statistics.median(rounds) * len(loader) / 60:.1f} min")
+    if args.profile:
+        with torch.profiler.profile() as profile:
+            for _ in range(args.steps):
+                step()
+        print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
+
+
+if __name__ == "__main__":
+    main()
