@@ -59,7 +59,6 @@ def select_rows(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[s
     return {key: value.index_select(0, index) for key, value in tensors.items()}
 
 
-
 def to_device_quietly(index: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host index tensor on `device`: pinned and non-blocking, so the host never waits for the device."""
     return index if index.device == device else index.pin_memory().to(device, non_blocking=True)
@@ -70,6 +69,7 @@ def real_positions(lengths: torch.Tensor, steps: int, device: torch.device) -> t
     host -> (M,) long on `device`, batch-major."""
     inside = torch.arange(steps)[None, :] < lengths[:, None]  # (C, steps)
     return to_device_quietly(inside.flatten().nonzero().squeeze(1), device)  # (M,)
+
 
 class Decoder(nn.Module):
     vocab_size: int

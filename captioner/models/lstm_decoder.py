@@ -169,19 +169,19 @@ class LSTMDecoder(Decoder):
         """Teacher forcing through `_advance`, one step at a time, every layer called as a
         module: for layers the fused forward must not read the weights of (a `quantize_dynamic`
         copy, an adapter, a hook). Outputs past a row's length are zero, as in `forward`."""
-        memory, T = self.caption_memory(feats, image_rows), tokens.shape[1]  # (B, ...) each
+        memory, T = self.caption_memory(feats, image_rows), tokens.shape[1]  # (C, ...) each
         state = self.init_state(memory)
-        embedded = self.dropout(self.embedding(tokens))  # (B, T, E)
+        embedded = self.dropout(self.embedding(tokens))  # (C, T, E)
         logits, maps = [], []
         for t in range(T):
-            step_logits, weights, state = self._advance(memory, embedded[:, t], state)  # (B, V), (B, N)
+            step_logits, weights, state = self._advance(memory, embedded[:, t], state)  # (C, V), (C, N)
             logits.append(step_logits)
             maps.append(weights)
-        logits_all, attn = torch.stack(logits, dim=1), torch.stack(maps, dim=1)  # (B, T, V), (B, T, N)
+        logits_all, attn = torch.stack(logits, dim=1), torch.stack(maps, dim=1)  # (C, T, V), (C, T, N)
         if lengths is not None:
-            inside = (torch.arange(T)[None, :] < lengths.cpu()[:, None]).to(feats.device)  # (B, T): steps inside each caption
+            inside = (torch.arange(T)[None, :] < lengths.cpu()[:, None]).to(feats.device)  # (C, T): steps inside each caption
             logits_all, attn = logits_all * inside[..., None], attn * inside[..., None]
-        return DecoderOutput(logits_all, attn[:, :, None, None, :])  # attn (B, T, 1, 1, N)
+        return DecoderOutput(logits_all, attn[:, :, None, None, :])  # attn (C, T, 1, 1, N)
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(1 - sum_t a_tij)^2 over real steps, averaged over cells and the batch.

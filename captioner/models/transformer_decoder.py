@@ -284,22 +284,23 @@ class TransformerDecoder(Decoder):
         and with `self_attention` self_attn (C, T, L, nh, T) through the explicit softmax path.
 
         `image_rows` (C,): the image of each caption (default: the c-th); the keys and values
-        of the grid are computed once per image. All positions run in parallel, and the causal
-        mask already keeps the padding after each caption from reaching its real positions; with
-        `packed` and `lengths` (C,), the output layer runs over the real positions alone.
+        of the grid are computed once per image (so its dropout is drawn once per image too).
+        All positions run in parallel, and the causal mask already keeps the padding after each
+        caption from reaching its real positions; with `packed` and `lengths` (C,), the output
+        layer runs over the real positions alone.
         """
         memory = self.caption_memory(feats, image_rows)  # (C, nh, N, hs) each
         T = tokens.shape[1]
-        x = self._embed(tokens, torch.arange(T, device=tokens.device))  # (B, T, d)
+        x = self._embed(tokens, torch.arange(T, device=tokens.device))  # (C, T, d)
         causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()  # (T, T): t sees 0..t
         maps, self_maps = [], []
         for i, layer in enumerate(self.layers):
             x, w, _, _, self_w = layer(
                 x, memory[f"k_{i}"], memory[f"v_{i}"], causal, self_weights=self_attention
-            )  # (B, T, d), (B, nh, T, N), (B, nh, T, T) or None
-            maps.append(w.transpose(1, 2))  # (B, T, nh, N)
+            )  # (C, T, d), (C, nh, T, N), (C, nh, T, T) or None
+            maps.append(w.transpose(1, 2))  # (C, T, nh, N)
             if self_w is not None:
-                self_maps.append(self_w.transpose(1, 2))  # (B, T, nh, T)
+                self_maps.append(self_w.transpose(1, 2))  # (C, T, nh, T)
         self_attn = torch.stack(self_maps, dim=2) if self_attention else None  # (C, T, L, nh, T)
         if packed and lengths is not None:
             positions = real_positions(lengths, T, x.device)  # (M,)
