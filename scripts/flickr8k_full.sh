@@ -13,8 +13,9 @@
 #               stretched; `captioner data flickr8k --root DIR` fetches the originals: DIR/Flicker8k_Dataset)
 #   STEP        only these steps (lstm, lstm_blind, transformer, lstm_scst, transformer_scst, ensemble, report, export)
 # Run it again after a crash or Ctrl-C: finished steps are skipped (a `.done` file beside each
-# run), a stopped training run resumes exactly from its last.pt. The time of every step goes to
-# $OUT/timings.tsv with the processor's name. OUT defaults to runs/flickr8k_full.
+# run), a stopped training run resumes exactly from its last.pt. The time of every invocation of
+# a step goes to $OUT/timings.tsv with the processor's name and its exit status, stopped ones
+# too, and the totals per step and in all are printed at the end. OUT defaults to runs/flickr8k_full.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-../shared/data/flickr8k}
@@ -35,12 +36,14 @@ wanted() {  # is step $1 asked for (all are when none is named)?
     return 1
 }
 
-timed() {  # name command...: run it, append its seconds to timings.tsv
-    local name=$1 start
+timed() {  # name command...: run it, append its seconds and exit status to timings.tsv, even when it
+    # fails or is stopped (a resumed step's time is then the sum of its rows), and return its status
+    local name=$1 start status=0
     shift
     start=$(date +%s)
-    "$@"
-    printf '%s\t%s\t%s\t%s\n' "$name" "$(( $(date +%s) - start ))" "$(date -u +%FT%TZ)" "$CPU" >> "$OUT/timings.tsv"
+    "$@" || status=$?
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$(( $(date +%s) - start ))" "$(date -u +%FT%TZ)" "$CPU" "$status" >> "$OUT/timings.tsv"
+    return "$status"
 }
 
 train() {  # name config overrides...: train (or resume) into $OUT/name
@@ -137,5 +140,7 @@ if wanted export && [ -n "$best" ]; then
     echo "== export $best (length penalty $(cat "$OUT/$best/length_penalty")) -> runs/default_model"
     timed "export" captioner export "$OUT/$best/best.pt" runs/default_model --beam 3 --length-penalty "$(cat "$OUT/$best/length_penalty")"
 fi
-echo "== timings ($OUT/timings.tsv)"
+echo "== timings ($OUT/timings.tsv: step, seconds, ended, processor, exit status)"
 cat "$OUT/timings.tsv"
+# Every invocation of a step adds a row (a stopped and resumed training run, several): the totals.
+awk -F'\t' '{ total[$1] += $2; all += $2 } END { for (step in total) printf "%-40s %7.1f min\n", step, total[step] / 60; printf "%-40s %7.1f min\n", "all steps", all / 60 }' "$OUT/timings.tsv" | sort
