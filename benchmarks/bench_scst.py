@@ -188,6 +188,8 @@ def use_checkout(root: Path) -> None:
     """Import `captioner` from the checkout at root (today's or an older one) and the tests' helpers."""
     import sys
 
+    if not (root / "captioner" / "__init__.py").is_file():
+        sys.exit(f"error: --root {root}: no captioner package there (it names a checkout's folder, e.g. /tmp/old)")
     sys.path[:0] = [str(root), str(Path(__file__).resolve().parents[1] / "tests")]
     for name in [m for m in sys.modules if m == "captioner" or m.startswith("captioner.")]:
         del sys.modules[name]
