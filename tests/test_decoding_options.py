@@ -30,6 +30,7 @@ from captioner.models.decoding import (
     restrict_to_top,
     sample_captions,
     sample_n_best,
+    scored_by_teacher_forcing,
 )
 
 BOS, EOS = 1, 2
@@ -67,6 +68,31 @@ def test_sampled_logprobs_equal_teacher_forcing_and_masks_are_consistent(decoder
     expected = teacher_forced_logprob(decoder, feats.index_select(0, out.image_rows), out.tokens, out.mask)
     torch.testing.assert_close(out.caption_logprobs(), expected, atol=1e-5, rtol=1e-5)
 
+
+
+def test_scoring_the_samples_by_teacher_forcing_gives_the_roll_outs_numbers_and_gradients(decoder: Decoder) -> None:
+    """SCST on the CPU samples without gradients and scores the samples in one teacher-forced
+    pass: each caption's log-probability and every gradient equal those the roll-out records
+    step by step, for captions that end at different steps and some that never end."""
+    torch.manual_seed(2)
+    feats = torch.randn(3, 16, decoder_feat_dim(decoder), requires_grad=True)
+    out_layer = decoder.out_vocab if hasattr(decoder, "out_vocab") else decoder.out
+    with torch.no_grad():
+        out_layer.bias[EOS] += 1.0  # <eos> likely enough that the captions end at many different steps
+    samples = sample_captions(decoder, feats, BOS, EOS, n=5, max_length=9, temperature=0.8, banned=BANNED, generator=torch.Generator().manual_seed(0))
+    assert len(set(samples.lengths.tolist())) >= 4 and samples.lengths.max() == 9
+    weights = torch.linspace(-1, 1, samples.lengths.numel())  # (R,): an advantage per sample
+
+    def gradients(logprobs: torch.Tensor) -> list[torch.Tensor]:
+        decoder.zero_grad()
+        feats.grad = None
+        (weights * logprobs).sum().backward(retain_graph=True)
+        return [p.grad.clone() for p in decoder.parameters() if p.grad is not None] + [feats.grad.clone()]
+
+    scored = scored_by_teacher_forcing(decoder, feats, samples, BOS)
+    torch.testing.assert_close(scored, samples.caption_logprobs(), atol=1e-5, rtol=1e-5)
+    for got, want in zip(gradients(scored), gradients(samples.caption_logprobs()), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 def test_sampled_logprobs_are_the_models_whatever_the_sampling_restrictions(decoder: Decoder) -> None:
     """Temperature, top-k, top-p and trigram blocking change what is drawn, not the recorded

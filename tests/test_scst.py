@@ -15,7 +15,7 @@ from captioner.core.config import ScstConfig
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.batching import CaptionBatch
 from captioner.models.checkpoint import load_captioner, read_checkpoint
-from captioner.models.decoding import DecodeOptions, SpecialTokens, greedy_decode, sample_captions
+from captioner.models.decoding import DecodeOptions, SpecialTokens, greedy_decode, sample_captions, scored_by_teacher_forcing
 from captioner.training.scst import SelfCritical, mean_of_others
 
 
@@ -186,6 +186,34 @@ def test_xent_weight_adds_the_cross_entropy_stage_loss(decoder: str) -> None:
     with pytest.raises(ValueError, match="xent_weight"):
         SelfCritical(settings, vocab, [], Constant())
 
+
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+def test_the_cpu_steps_teacher_forced_scoring_gives_the_roll_outs_loss_and_gradients(decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU without dropout, the samples are drawn without gradients and scored by teacher
+    forcing; with `scst.dropout` (a no-op here, the model's dropout is 0) the roll-out records
+    them with gradients. Same samples, same loss, same gradients."""
+    from captioner.training import scst
+
+    model = tiny_model(f"model.decoder.type={decoder}", "model.decoder.dropout=0.0").train()
+    batch = feature_batch(model, images=4)
+    scorings = []
+    monkeypatch.setattr(scst, "scored_by_teacher_forcing", lambda *a: scorings.append(1) or scored_by_teacher_forcing(*a))
+
+    def step(dropout: bool) -> tuple[float, list[torch.Tensor], list[list[int]]]:
+        reward = Scripted(model.vocab.index["red"])
+        objective = SelfCritical(ScstConfig(samples=4, baseline="mean", max_length=8, dropout=dropout), model.vocab, [], reward)
+        model.zero_grad()
+        torch.manual_seed(0)
+        loss, _ = objective(model, batch, tiny_config(), encoded=True)
+        loss.backward()
+        return float(loss.detach()), [p.grad.clone() for p in model.decoder.parameters() if p.grad is not None], reward.calls[-1][0]
+
+    (scored_loss, scored_grads, scored_samples), (rolled_loss, rolled_grads, rolled_samples) = step(False), step(True)
+    assert scorings == [1]  # the first step scored by teacher forcing, the second by the roll-out
+    assert scored_samples == rolled_samples and len({len(c) for c in scored_samples}) > 1
+    assert scored_loss == pytest.approx(rolled_loss, rel=1e-5, abs=1e-6)
+    for got, want in zip(scored_grads, rolled_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
 def test_scst_dropout_off_samples_the_test_time_decoder(decoder: str) -> None:

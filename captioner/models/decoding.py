@@ -334,6 +334,31 @@ def sample_captions(
     return SampledCaptions(tokens, logprobs, mask, mask.sum(dim=1), image_rows)
 
 
+
+def scored_by_teacher_forcing(decoder: Decoder, feats: torch.Tensor, samples: SampledCaptions, bos_id: int) -> torch.Tensor:
+    """Each sampled caption's log-probability (its words and <eos>), (R,), with gradients, from one
+    teacher-forced pass: the numbers `sample_captions` records step by step with gradients (the
+    same model's log-softmax at the same tokens), for a fraction of the work on the CPU, with no
+    graph through the roll-out and nothing computed for rows that have ended. feats (B, N, D).
+
+    It reads `samples.lengths` on the host, so it is for CPU tensors: on a GPU that read would
+    wait for the device, and the step-by-step record keeps the step free of synchronisations."""
+    R = samples.tokens.shape[0]
+    lengths = samples.lengths.cpu()  # (R,): positions per caption, at least 1
+    order = lengths.sort(descending=True, stable=True).indices  # (R,): longest first, as the LSTM wants them
+    steps = int(lengths[order[0]])
+    targets = samples.tokens.index_select(0, order)[:, :steps]  # (R, steps)
+    inputs = torch.cat([targets.new_full((R, 1), bos_id), targets[:, :-1]], dim=1)  # (R, steps): <bos>, then the words
+    out = decoder(feats, inputs, lengths[order], image_rows=samples.image_rows.index_select(0, order), packed=True)
+    if out.positions is None:  # (R, steps, V), padding included: keep the real positions
+        positions = (torch.arange(steps)[None, :] < lengths[order][:, None]).flatten().nonzero().squeeze(1)  # (M,)
+        logits = out.logits.flatten(0, 1).index_select(0, positions)  # (M, V)
+    else:
+        positions, logits = out.positions, out.logits  # (M,), (M, V)
+    chosen = logits.float().log_softmax(dim=-1).gather(1, targets.flatten().index_select(0, positions)[:, None]).squeeze(1)  # (M,)
+    sorted_sums = chosen.new_zeros(R).index_add(0, positions // steps, chosen)  # (R,) in the sorted order
+    return sorted_sums.new_zeros(R).index_copy(0, order, sorted_sums)  # (R,) in the samples' order
+
 @torch.no_grad()
 def greedy_captions(
     decoder: Decoder, feats: torch.Tensor, bos_id: int, eos_id: int, max_length: int, banned: tuple[int, ...] = (),

@@ -1,7 +1,9 @@
 """Self-critical sequence training: the objective of the second stage (Rennie et al. 2017; Luo 2020).
 
 Per image, `scst.samples` captions are sampled through the decoder interface
-(`decoding.sample_captions`, log-probabilities with gradients), each is rewarded with its CIDEr-D
+(`decoding.sample_captions`, log-probabilities with gradients; on the CPU without dropout, sampled
+without gradients and scored by one teacher-forced pass, `decoding.scored_by_teacher_forcing`,
+the same numbers for less work), each is rewarded with its CIDEr-D
 (plus an optional BLEU-4 term) against all the image's references, and the policy gradient pushes
 up the captions that beat a baseline:
 
@@ -30,6 +32,7 @@ logged values), so `fit` only picks it for the stage and knows nothing else abou
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +42,7 @@ import torch
 from captioner.core.config import Config, ScstConfig
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
-from captioner.models.decoding import EndingRule, SpecialTokens, greedy_captions, sample_captions
+from captioner.models.decoding import EndingRule, SpecialTokens, greedy_captions, sample_captions, scored_by_teacher_forcing
 from captioner.text.vocab import Vocabulary
 from captioner.training.rewards import DeviceReward
 
@@ -123,11 +126,21 @@ class SelfCritical:
         images = batch.indices.to(feats.device, non_blocking=True)  # (B,): dataset index of each image
         decoder_was_training = model.decoder.training
         model.decoder.train(s.dropout)  # without dropout the policy sampled and pushed is the test-time decoder
+        # On the CPU without dropout: sample without gradients, then score the samples in one
+        # teacher-forced pass (the same log-probabilities, a fraction of the work). With dropout
+        # the scoring pass would draw other masks than the sampling did; on a GPU it would read
+        # the samples' lengths back from the device: there the roll-out records them with gradients.
+        by_teacher_forcing = not s.dropout and feats.device.type == "cpu"
         try:
-            samples = sample_captions(
-                model.decoder, feats, vocab.bos_id, vocab.eos_id, n, s.max_length, s.temperature, banned=self.banned,
-                ending=self.ending_rule(feats.device),
-            )  # tokens, logprobs, mask: (B*n, T)
+            with torch.no_grad() if by_teacher_forcing else contextlib.nullcontext():
+                samples = sample_captions(
+                    model.decoder, feats, vocab.bos_id, vocab.eos_id, n, s.max_length, s.temperature, banned=self.banned,
+                    ending=self.ending_rule(feats.device),
+                )  # tokens, logprobs, mask: (B*n, T)
+            if by_teacher_forcing:
+                logprobs = scored_by_teacher_forcing(model.decoder, feats, samples, vocab.bos_id)  # (B*n,)
+            else:
+                logprobs = samples.caption_logprobs()  # (B*n,)
         finally:
             model.decoder.train(decoder_was_training)
         rewards = self.score(samples.tokens, samples.lengths, images.repeat_interleave(n))  # (B*n,)
@@ -150,7 +163,6 @@ class SelfCritical:
         # over ranks): the loss and the logged means become shares too, so that averaging the
         # gradients over ranks and summing the logged values give the global batch's means.
         share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
-        logprobs = samples.caption_logprobs()  # (B*n,)
         loss = -(advantage * logprobs).mean() * share
         xent = torch.zeros((), device=loss.device)
         if s.xent_weight:
