@@ -143,4 +143,4 @@ fi
 echo "== timings ($OUT/timings.tsv: step, seconds, ended, processor, exit status)"
 cat "$OUT/timings.tsv"
 # Every invocation of a step adds a row (a stopped and resumed training run, several): the totals.
-awk -F'\t' '{ total[$1] += $2; all += $2 } END { for (step in total) printf "%-40s %7.1f min\n", step, total[step] / 60; printf "%-40s %7.1f min\n", "all steps", all / 60 }' "$OUT/timings.tsv" | sort
+awk -F'\t' '{ total[$1] += $2; all += $2 } END { for (step in total) printf "%-48s %7.1f min\n", step, total[step] / 60; printf "%-48s %7.1f min\n", "all steps", all / 60 }' "$OUT/timings.tsv" | sort
