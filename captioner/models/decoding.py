@@ -22,7 +22,7 @@ from captioner.core.config import DecodeConfig
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_options
 from captioner.core.errors import ConfigError
-from captioner.models.decoder import select_rows
+from captioner.models.decoder import real_positions, select_rows
 from captioner.models.products import reused_weights
 from captioner.text.endings import bad_ending_ids
 
@@ -345,13 +345,13 @@ def scored_by_teacher_forcing(decoder: Decoder, feats: torch.Tensor, samples: Sa
     wait for the device, and the step-by-step record keeps the step free of synchronisations."""
     R = samples.tokens.shape[0]
     lengths = samples.lengths.cpu()  # (R,): positions per caption, at least 1
-    order = lengths.sort(descending=True, stable=True).indices  # (R,): longest first, as the LSTM wants them
-    steps = int(lengths[order[0]])
+    lengths, order = lengths.sort(descending=True, stable=True)  # (R,) each: longest first, as the LSTM wants them
+    steps = int(lengths[0])
     targets = samples.tokens.index_select(0, order)[:, :steps]  # (R, steps)
     inputs = torch.cat([targets.new_full((R, 1), bos_id), targets[:, :-1]], dim=1)  # (R, steps): <bos>, then the words
-    out = decoder(feats, inputs, lengths[order], image_rows=samples.image_rows.index_select(0, order), packed=True)
+    out = decoder(feats, inputs, lengths, image_rows=samples.image_rows.index_select(0, order), packed=True)
     if out.positions is None:  # (R, steps, V), padding included: keep the real positions
-        positions = (torch.arange(steps)[None, :] < lengths[order][:, None]).flatten().nonzero().squeeze(1)  # (M,)
+        positions = real_positions(lengths, steps, out.logits.device)  # (M,)
         logits = out.logits.flatten(0, 1).index_select(0, positions)  # (M, V)
     else:
         positions, logits = out.positions, out.logits  # (M,), (M, V)
