@@ -96,10 +96,11 @@ def test_sample_logprob_is_the_mean_per_token_log_probability_of_the_samples() -
     torch.manual_seed(0)
     feats = model.stored_features(batch.images)  # (B, N, D), as the objective reads them in train mode
     model.decoder.eval()  # the objective samples without dropout (scst.dropout false)
-    samples = sample_captions(
-        model.decoder, feats, model.vocab.bos_id, model.vocab.eos_id, 4, 6,
-        banned=objective.banned, ending=objective.ending_rule(torch.device("cpu")),
-    )
+    with torch.no_grad():  # as the objective draws them on the CPU: the same rows stepped, the same draws
+        samples = sample_captions(
+            model.decoder, feats, model.vocab.bos_id, model.vocab.eos_id, 4, 6,
+            banned=objective.banned, ending=objective.ending_rule(torch.device("cpu")),
+        )
     per_token = samples.caption_logprobs().detach() / samples.lengths  # (B*n,)
     assert float(parts["sample_logprob"]) == pytest.approx(float(per_token.mean()), rel=1e-5)
     assert float(parts["sample_logprob"]) < 0 and float(per_token.min()) < float(per_token.max())  # not one constant
@@ -192,8 +193,12 @@ def test_the_cpu_steps_teacher_forced_scoring_gives_the_roll_outs_loss_and_gradi
     """On the CPU without dropout, the samples are drawn without gradients and scored by teacher
     forcing; with `scst.dropout` (a no-op here, the model's dropout is 0) the roll-out records
     them with gradients. Same samples, same loss, same gradients."""
+    from captioner.models import decoding
     from captioner.training import scst
 
+    # Both steps draw with the static roll-out, so that they draw the same samples (without
+    # gradients the CPU's roll-out steps fewer rows, and so draws other ones).
+    monkeypatch.setattr(decoding, "reads_are_free", lambda device: False)
     model = tiny_model(f"model.decoder.type={decoder}", "model.decoder.dropout=0.0").train()
     batch = feature_batch(model, images=4)
     scorings = []

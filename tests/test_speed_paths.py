@@ -203,6 +203,50 @@ def test_packed_logits_are_the_real_positions_of_the_padded_ones(kind: str) -> N
 
 
 
+def value_bucket_pick(allowed: torch.Tensor) -> torch.Tensor:
+    """A deterministic pick that is not the argmax: one of each row's top 3 words, chosen by the
+    size of its best log-probability, so that a tiny random decoder's captions end at many
+    different steps (its argmax captions end at once or never)."""
+    which = (allowed.max(dim=-1).values * 37).floor().long() % 3  # (R,)
+    return allowed.topk(3, dim=-1).indices.gather(1, which[:, None]).squeeze(1)  # (R,)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+@pytest.mark.parametrize("constrained", [False, True])
+def test_the_shrinking_roll_out_gives_the_static_ones_numbers_for_less_work(kind: str, constrained: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU without gradients (SCST's sampling, its greedy baseline) the roll-out drops the
+    rows that have ended and stops when none is left: the same words, log-probabilities and
+    masks as the static loop, from fewer rows stepped."""
+    from captioner.models.decoding import EndingRule, SpecialTokens, roll_out
+
+    decoder = tiny_decoder(kind).eval()
+    with torch.no_grad():
+        (decoder.out_vocab if kind == "lstm" else decoder.out).bias[2] = {"lstm": 1.0, "transformer": 2.0}[kind]  # <eos> likely enough to end captions at many steps
+    torch.manual_seed(3)
+    feats = torch.randn(24, 9, 10)  # (B, N, D)
+    special = SpecialTokens(1, 2, (0, 1))
+    ending = EndingRule.build(special, 2, False, 23, torch.device("cpu")) if constrained else None
+    stepped = []
+    step = decoder.step
+    monkeypatch.setattr(decoder, "step", lambda memory, prev, state: stepped.append(len(prev)) or step(memory, prev, state))
+
+    def roll(grad: bool) -> tuple[torch.Tensor, ...]:
+        stepped.clear()
+        with torch.set_grad_enabled(grad):
+            return roll_out(decoder, decoder.prepare(feats), 1, 2, 12, value_bucket_pick, special.banned, constrained, ending)
+
+    tokens, logprobs, mask = roll(grad=True)  # (B, T) each: the static loop
+    static_rows = sum(stepped)
+    shrunk_tokens, shrunk_logprobs, shrunk_mask = roll(grad=False)
+    lengths = mask.sum(dim=1)  # (B,)
+    assert len(set(lengths.tolist())) >= 5 and int(lengths.max()) == 12  # they end at many steps, some never
+    assert torch.equal(shrunk_tokens, tokens) and torch.equal(shrunk_mask, mask)
+    torch.testing.assert_close(shrunk_logprobs, logprobs.detach(), atol=1e-5, rtol=1e-5)
+    assert static_rows == 24 * 12 and len(stepped) == 12
+    assert stepped == sorted(stepped, reverse=True) and stepped[-1] < 24  # rows left as they ended
+    assert int(lengths.sum()) <= sum(stepped) < static_rows * 0.8  # every real position stepped, far fewer in all
+
+
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
 def test_the_training_loss_of_packed_logits_is_the_cross_entropy_of_every_real_word(decoder: str) -> None:
     """`caption_loss` scores the decoder's packed logits against the right targets: the mean

@@ -28,6 +28,8 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
 from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
+from captioner.models import decoding
+from captioner.training import scst
 from captioner.training.distributed import Distributed
 from captioner.training.loop import train_one_epoch
 from captioner.training.schedule import make_scheduler
@@ -82,6 +84,9 @@ def watch_reads(sim: DeviceSimulation, monkeypatch: pytest.MonkeyPatch) -> None:
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, read)
+    # The simulated device is the CPU underneath: the loops must not take their host-only paths.
+    for module in (decoding, scst):
+        monkeypatch.setattr(module, "reads_are_free", lambda device: False)
 
 
 @pytest.fixture
@@ -187,7 +192,9 @@ class HostReward:
         return self.reward(tokens, lengths, images).cpu().to(tokens.device, non_blocking=True)
 
 
-def scst_steps_syncs(tmp_path, simulation: DeviceSimulation, decoder: str, baseline: str, on_host: bool = False) -> list[list[str]]:
+def scst_steps_syncs(
+    tmp_path, simulation: DeviceSimulation, decoder: str, baseline: str, on_host: bool = False, dropout: bool = True
+) -> list[list[str]]:
     """Syncs per SCST step (the real CIDEr-D reward table, 5 samples per image) over 4 steps, the
     logged values read every 2nd step; with `on_host` the reward goes through `HostReward`."""
     from captioner.core.config import ScstConfig
@@ -199,7 +206,7 @@ def scst_steps_syncs(tmp_path, simulation: DeviceSimulation, decoder: str, basel
     dataset = CaptionDataset(fake_records(tmp_path, 8), model.vocab, ImageTransform(32, train=True), 20, "all")
     loader = DataLoader(dataset, batch_size=2, collate_fn=collate_captions)
     reward = DeviceReward(model.vocab, [r.captions for r in dataset.records])
-    settings = ScstConfig(samples=5, baseline=baseline, max_length=8)
+    settings = ScstConfig(samples=5, baseline=baseline, max_length=8, dropout=dropout)
     objective = SelfCritical(settings, model.vocab, [r.captions for r in dataset.records], HostReward(reward) if on_host else reward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = make_scheduler(optimizer, config, 4)
@@ -223,12 +230,15 @@ def scst_steps_syncs(tmp_path, simulation: DeviceSimulation, decoder: str, basel
     return per_step
 
 
+@pytest.mark.parametrize("dropout", [True, False])
 @pytest.mark.parametrize("baseline", ["greedy", "mean"])
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
-def test_scst_steps_read_the_device_only_when_logging(tmp_path, simulation: DeviceSimulation, decoder: str, baseline: str) -> None:
+def test_scst_steps_read_the_device_only_when_logging(tmp_path, simulation: DeviceSimulation, decoder: str, baseline: str, dropout: bool) -> None:
     """Sampling, the greedy baseline, the CIDEr-D reward and the loss: not one device read on an
-    ordinary step (the old step read the device every token and scored on the host)."""
-    per_step = scst_steps_syncs(tmp_path, simulation, decoder, baseline)
+    ordinary step (the old step read the device every token and scored on the host), with the
+    decoder's dropout on or off (the CPU's host-only paths, teacher-forced scoring and the
+    shrinking roll-out, are not taken on a device)."""
+    per_step = scst_steps_syncs(tmp_path, simulation, decoder, baseline, dropout=dropout)
     assert len(per_step) == 4
     assert per_step[0] == [] and per_step[2] == [], per_step
     assert len(per_step[1]) == 1 and per_step[1][0].startswith("tolist at state.py:"), per_step[1]  # the log step's one read

@@ -59,6 +59,13 @@ def select_rows(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[s
     return {key: value.index_select(0, index) for key, value in tensors.items()}
 
 
+def reads_are_free(device: torch.device) -> bool:
+    """Whether the host reads a value of a tensor on `device` without waiting for it (the CPU).
+    Loops ask such questions (have all rows ended?) only there; on a GPU each would stall the
+    queue. The tests' simulated device answers no."""
+    return device.type == "cpu"
+
+
 def to_device_quietly(index: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host index tensor on `device`: pinned and non-blocking, so the host never waits for the device."""
     return index if index.device == device else index.pin_memory().to(device, non_blocking=True)

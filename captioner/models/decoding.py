@@ -22,7 +22,7 @@ from captioner.core.config import DecodeConfig
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_options
 from captioner.core.errors import ConfigError
-from captioner.models.decoder import real_positions, select_rows
+from captioner.models.decoder import reads_are_free, real_positions, select_rows
 from captioner.models.products import reused_weights
 from captioner.text.endings import bad_ending_ids
 
@@ -269,12 +269,15 @@ def roll_out(
     """Decode every row of `memory` for exactly `max_length` steps, choosing each word with
     `pick(allowed logprobs (R, V)) -> (R,)`; `ending` says when <eos> may be chosen. Static
     bounds: rows that ended keep stepping on <pad> with their positions masked, and nothing is
-    read back from the device (no early exit).
+    read back from the device (no early exit). On the CPU without gradients, where reading a
+    value costs nothing, `shrinking_roll_out` returns the same for less work.
 
     Returns tokens (R, T) (words, <eos> where ended, then 0), the model's log-probability of each
     (R, T) (0 where masked; with gradients when enabled) and mask (R, T), T = max_length."""
     R = next(iter(memory.values())).shape[0]
     device = next(iter(memory.values())).device
+    if reads_are_free(device) and not torch.is_grad_enabled():
+        return shrinking_roll_out(decoder, memory, bos_id, eos_id, max_length, pick, banned, block_trigrams, ending)
     state = decoder.init_state(memory, capacity=max_length)
     prev = torch.full((R,), bos_id, dtype=torch.long, device=device)  # (R,)
     done = torch.zeros(R, dtype=torch.bool, device=device)  # (R,)
@@ -294,6 +297,58 @@ def roll_out(
         done = done | (token == eos_id)
         prev = token
     return history, torch.stack(chosen_logprobs, dim=1), torch.stack(masks, dim=1)  # (R, T) each
+
+
+SHRINK_SHARE = 8  # drop ended rows once they are an eighth of the rows still stepping (each drop copies the memory)
+
+
+@reused_weights()
+def shrinking_roll_out(
+    decoder: Decoder,
+    memory: dict[str, torch.Tensor],
+    bos_id: int,
+    eos_id: int,
+    max_length: int,
+    pick: Callable[[torch.Tensor], torch.Tensor],
+    banned: tuple[int, ...] = (),
+    block_trigrams: bool = False,
+    ending: EndingRule | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`roll_out` for the host, without gradients: rows that have ended leave the batch (memory and
+    state cut to the rest) once there are enough of them to pay for the copy, and the loop stops
+    when every row has ended. Same returns as `roll_out`; with a deterministic `pick` the same
+    values. A random `pick` draws for fewer rows, so its draws differ from `roll_out`'s (same
+    distribution). Self-critical samples end after about half of their 20 steps, so this does about
+    half of the decoding work."""
+    R = next(iter(memory.values())).shape[0]
+    history = torch.zeros((R, max_length), dtype=torch.long)  # (R, T)
+    chosen = torch.zeros((R, max_length))  # (R, T)
+    mask = torch.zeros((R, max_length), dtype=torch.bool)  # (R, T)
+    rows = torch.arange(R)  # (A,): the row of each row still stepping
+    done = torch.zeros(R, dtype=torch.bool)  # (A,)
+    state = decoder.init_state(memory, capacity=max_length)
+    prev = torch.full((R,), bos_id, dtype=torch.long)  # (A,)
+    forbidden = banned_mask(banned, decoder.vocab_size, torch.device("cpu"))  # (V,)
+    for t in range(max_length):
+        logprobs, _, state = decoder.step(memory, prev, state)  # (A, V)
+        logprobs = logprobs.float()
+        allowed = apply_ending_rule(ending, logprobs.masked_fill(forbidden, float("-inf")), prev, t)  # (A, V)
+        if block_trigrams:
+            allowed = block_repeated_trigrams(allowed, history.index_select(0, rows)[:, :t])  # (A, V)
+        token = pick(allowed).masked_fill(done, 0)  # (A,)
+        history[rows, t] = token
+        chosen[rows, t] = logprobs.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0)
+        mask[rows, t] = ~done
+        done = done | (token == eos_id)
+        prev = token
+        ended = int(done.sum())
+        if ended == len(rows):
+            break
+        if ended * SHRINK_SHARE >= len(rows):
+            keep = (~done).nonzero().squeeze(1)  # (A',)
+            rows, prev, done = rows[keep], prev[keep], done[keep]
+            memory, state = select_rows(memory, keep), select_rows(state, keep)
+    return history, chosen, mask
 
 
 def sample_captions(
@@ -320,8 +375,10 @@ def sample_captions(
     policy the gradient pushes is the model, the same distribution cross-entropy trains and beam
     search scores, so a sample's log-probability equals the teacher-forced one of its tokens.
     (At temperature 1 with no restriction this is also the distribution sampled from.) Rows
-    that have ended produce <pad> (0) with mask false, and carry no log-probability. Always
-    `max_length` steps (T = max_length): the loop never asks the device whether all rows ended.
+    that have ended produce <pad> (0) with mask false, and carry no log-probability. T =
+    max_length. With gradients, or on a GPU, the loop runs all `max_length` steps and never asks
+    the device whether all rows ended; on the CPU without gradients (SCST's sampling there, scored
+    afterwards by `scored_by_teacher_forcing`) ended rows leave the batch (`shrinking_roll_out`).
     """
     check_sampling(temperature, top_k, top_p)
     B, device = feats.shape[0], feats.device
@@ -367,7 +424,8 @@ def greedy_captions(
     """The greedy caption of each image as device tensors (SCST's greedy baseline); feats (B, N, D).
 
     The same words as `greedy_decode` (argmax, `banned` never produced), without its attention
-    maps, host copies or early exit: `max_length` steps, rows that ended masked."""
+    maps or host copies: on a device `max_length` steps, rows that ended masked, no early exit
+    (on the CPU `shrinking_roll_out` does exit early). T = max_length either way."""
     B = feats.shape[0]
     tokens, logprobs, mask = roll_out(
         decoder, decoder.prepare(feats), bos_id, eos_id, max_length, lambda allowed: allowed.argmax(dim=-1), banned,

@@ -42,6 +42,7 @@ import torch
 from captioner.core.config import Config, ScstConfig
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
+from captioner.models.decoder import reads_are_free
 from captioner.models.decoding import EndingRule, SpecialTokens, greedy_captions, sample_captions, scored_by_teacher_forcing
 from captioner.text.vocab import Vocabulary
 from captioner.training.rewards import DeviceReward
@@ -130,7 +131,7 @@ class SelfCritical:
         # teacher-forced pass (the same log-probabilities, a fraction of the work). With dropout
         # the scoring pass would draw other masks than the sampling did; on a GPU it would read
         # the samples' lengths back from the device: there the roll-out records them with gradients.
-        by_teacher_forcing = not s.dropout and feats.device.type == "cpu"
+        by_teacher_forcing = not s.dropout and reads_are_free(feats.device)
         try:
             with torch.no_grad() if by_teacher_forcing else contextlib.nullcontext():
                 samples = sample_captions(
