@@ -247,6 +247,55 @@ def test_the_shrinking_roll_out_gives_the_static_ones_numbers_for_less_work(kind
     assert int(lengths.sum()) <= sum(stepped) < static_rows * 0.8  # every real position stepped, far fewer in all
 
 
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_batched_beam_search_drops_the_done_images_and_finds_what_each_image_finds_alone(
+    kind: str, groups: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU the images whose searches are done leave the batch's steps: every image's
+    hypotheses (words, scores, maps, self-attention) are still those of its search run alone,
+    and far fewer rows are stepped than the batch's beams times its steps."""
+    from captioner.models import decoding
+    from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search_n_best
+
+    decoder = tiny_decoder(kind).eval()
+    with torch.no_grad():
+        (decoder.out_vocab if kind == "lstm" else decoder.out).bias[2] = {"lstm": 1.0, "transformer": 4.0}[kind]
+    torch.manual_seed(5)
+    feats = torch.randn(12, 9, 10)  # (B, N, D)
+    special = SpecialTokens(1, 2, (0, 1))
+    options = DecodeOptions(
+        beam_size=4 if groups > 1 else 3, diverse_groups=groups, n_best=2, max_length=12, length_penalty=0.5,
+        block_trigrams=groups > 1, self_attention=kind == "transformer",
+    )
+    stepped: list[int] = []
+    step = decoding.step_decoder
+    monkeypatch.setattr(decoding, "step_decoder", lambda d, m, prev, *a: stepped.append(len(prev)) or step(d, m, prev, *a))
+
+    def search(images: torch.Tensor) -> list[list]:
+        stepped.clear()
+        return beam_search_n_best(decoder, images, special, options)
+
+    together = search(feats)
+    together_stepped = list(stepped)  # rows per step
+    alone_steps = []
+    for b in range(12):
+        alone = search(feats[b : b + 1])[0]
+        alone_steps.append(len(stepped))
+        assert [h.tokens for h in together[b]] == [h.tokens for h in alone], b
+        assert [h.finished for h in together[b]] == [h.finished for h in alone], b
+        for got, want in zip(together[b], alone, strict=True):
+            assert got.score == pytest.approx(want.score, abs=1e-5)
+            torch.testing.assert_close(got.attn, want.attn, atol=1e-5, rtol=1e-5)
+            if want.self_attn is not None:
+                torch.testing.assert_close(got.self_attn, want.self_attn, atol=1e-5, rtol=1e-5)
+    K, steps = options.beam_size, len(together_stepped)
+    assert len(set(alone_steps)) >= 3 and steps == max(alone_steps)  # the searches end at different steps
+    assert together_stepped[:2] == [12, 12 * K] and together_stepped[1:] == sorted(together_stepped[1:], reverse=True)
+    needed = sum(1 + K * (n - 1) for n in alone_steps)  # each image's own search; its first step is one row
+    assert needed <= sum(together_stepped) < 0.9 * (12 + 12 * K * (steps - 1))  # static: every beam to the last step
+
+
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
 def test_the_training_loss_of_packed_logits_is_the_cross_entropy_of_every_real_word(decoder: str) -> None:
     """`caption_loss` scores the decoder's packed logits against the right targets: the mean

@@ -553,6 +553,9 @@ def beam_search_n_best(
     step: which beams end and with what score, where each live beam came from and its word. The
     attention maps stay on the device, one (B*K, ...) tensor per step; after the search the
     returned hypotheses' rows are found by following the back-pointers and copied in one go.
+    On the CPU the images whose searches are all done stop being stepped (once they are an eighth
+    of those still stepped): the batch's search then costs about what its images' searches cost
+    alone, not its longest search's steps times every beam, and finds the same hypotheses.
     """
     B, K, G, device = feats.shape[0], options.beam_size, options.diverse_groups, feats.device
     max_length, alpha, n_best = options.max_length, options.length_penalty, options.n_best
@@ -584,13 +587,24 @@ def beam_search_n_best(
     forbidden = banned_mask(special.banned, decoder.vocab_size, device)  # (V,)
     ending = EndingRule.build(special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, device)
     live: list[float] = []  # (B*K,) the live beams' log-probabilities after the last step
+    # On the CPU a step costs in proportion to its rows, so the images whose searches are all done
+    # leave the step (their rows come back as dead, -inf, for the bookkeeping); on a GPU a step's
+    # time hardly depends on its rows, and every row is stepped to the end.
+    shrink = device.type == "cpu"
+    alive = list(range(B))  # the images whose beams are stepped
+    stepped: torch.Tensor | None = None  # (A,) their rows among the B*K, in order; None: all of them
 
     for t in range(max_length):
-        logprobs, attn, state, self_w = step_decoder(decoder, memory if t else per_image, prev, state, self_attention)
+        step_prev = prev if stepped is None else prev.index_select(0, stepped)  # (A,)
+        logprobs, attn, state, self_w = step_decoder(decoder, memory if t else per_image, step_prev, state, self_attention)
         if t == 0:  # the K beams of an image are one hypothesis until now: stepped once per image, then copied to each
             logprobs, attn, prev = logprobs.index_select(0, expand), attn.index_select(0, expand), prev.index_select(0, expand)
             state = select_rows(state, expand)  # (B*K, ...) each
             self_w = None if self_w is None else self_w.index_select(0, expand)
+        elif stepped is not None:  # back to all B*K rows, the done images' dead
+            logprobs = spread_rows(logprobs, stepped, B * K, float("-inf"))  # (B*K, V)
+            attn = spread_rows(attn, stepped, B * K, 0.0)  # (B*K, L, H, N)
+            self_w = None if self_w is None else spread_rows(self_w, stepped, B * K, 0.0)  # (B*K, L, H, t+1)
         # logprobs (B*K, V), attn (B*K, L, H, N)
         # In place on the step's own fresh (B*K, V) output: each copy of it is a new 4 MB buffer per step.
         logprobs = apply_ending_rule(ending, logprobs.float().masked_fill_(forbidden, float("-inf")), prev, t)  # (B*K, V)
@@ -627,8 +641,7 @@ def beam_search_n_best(
         live_token = top_token.gather(1, live_pos)  # (S, Kg)
         live_scores = top_scores.gather(1, live_pos).masked_fill(live_key == float("-inf"), float("-inf"))  # (S, Kg)
         scores = live_scores.view(B, G, Kg)  # (B, G, Kg): a filler (an <eos> or dead candidate) stays dead
-        rows = (torch.arange(S, device=device)[:, None] * Kg + live_beam).view(-1)  # (B*K,)
-        state = select_rows(state, rows)
+        rows = (torch.arange(S, device=device)[:, None] * Kg + live_beam).view(-1)  # (B*K,): each live beam's parent
         if options.block_trigrams:
             history = torch.cat([history.index_select(0, rows), live_token.view(-1, 1)], dim=1)  # (B*K, t+1)
         prev = live_token.view(-1)
@@ -651,6 +664,16 @@ def beam_search_n_best(
                 done[s] = worst >= max(live[s * Kg : (s + 1) * Kg]) / best_possible_penalty
         if all(done):
             break
+        # The state follows each live beam's parent. Once an eighth of the stepped images are done
+        # (the copies of memory and state then pay), only the others' rows are kept.
+        still = [b for b in alive if not all(done[b * G : (b + 1) * G])] if shrink else alive
+        at = torch.full((B * K,), -1, dtype=torch.long, device=device)  # (B*K,): each row's place in the state
+        at[stepped if stepped is not None else slice(None)] = torch.arange(state_rows(state), device=device)
+        if (len(alive) - len(still)) * SHRINK_SHARE >= len(alive):
+            alive = still
+            stepped = device_index([b * K + j for b in alive for j in range(K)], device)  # (A,)
+            memory = decoder.expand_memory(select_rows(per_image, device_index(alive, device)), K)
+        state = select_rows(state, at.index_select(0, rows if stepped is None else rows.index_select(0, stepped)))  # (A, ...) each
 
     steps = len(parents)
     live_penalty = length_penalty(steps, alpha)
@@ -703,6 +726,16 @@ def beam_search_n_best(
             hyps.append(Hypothesis(tokens, score, raw, next(maps), ended, words_self))
         results.append(hyps)
     return results
+
+
+def spread_rows(x: torch.Tensor, rows: torch.Tensor, total: int, fill: float) -> torch.Tensor:
+    """x (A, ...) as rows `rows` (A,) of a (total, ...) tensor whose other rows are `fill`."""
+    return x.new_full((total, *x.shape[1:]), fill).index_copy_(0, rows, x)  # (total, ...)
+
+
+def state_rows(state: dict[str, torch.Tensor]) -> int:
+    """The rows of a decoder state (all its tensors are batch-first)."""
+    return next(iter(state.values())).shape[0]
 
 
 def device_index(index: list[int], device: torch.device) -> torch.Tensor:
