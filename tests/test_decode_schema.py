@@ -47,6 +47,7 @@ def test_the_schema_is_the_library_options_and_the_config_section() -> None:
     assert sections["val_beam_size"].metadata["spec"] is OPTIONS["beam_size"]
     assert sections["scst.max_length"].metadata["spec"] is OPTIONS["max_length"]
     assert sections["scst.temperature"].metadata["spec"] is OPTIONS["temperature"]
+    assert sections["scst.top_k"].metadata["spec"] is OPTIONS["top_k"] and sections["scst.top_p"].metadata["spec"] is OPTIONS["top_p"]
 
 
 @pytest.mark.parametrize(("name", "value"), CASES, ids=[f"{n}={v!r}" for n, v in CASES])

@@ -125,6 +125,23 @@ def test_greedy_baseline_is_the_reward_of_the_greedy_caption(decoder: str) -> No
 
 
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
+def test_scst_top_k_restricts_what_the_samples_draw(decoder: str) -> None:
+    """`scst.top_k` reaches the sampler: with k = 1 every sample is the image's greedy caption."""
+    model = tiny_model(f"model.decoder.type={decoder}").train()
+    vocab = model.vocab
+    reward = Recorder(vocab.index["red"])
+    for top_k in (1, 0):
+        settings = ScstConfig(samples=3, baseline="mean", max_length=6, top_k=top_k, dropout=False)
+        torch.manual_seed(0)
+        SelfCritical(settings, vocab, [], reward)(model, feature_batch(model), tiny_config(), encoded=True)
+    model.eval()
+    greedy = greedy_decode(model.decoder, feature_batch(model).images, SpecialTokens(vocab.bos_id, vocab.eos_id, (0, 1, 3)), DecodeOptions(max_length=6))
+    greedy_captions = [ended(h.tokens, h.finished, vocab.eos_id) for h in greedy for _ in range(3)]
+    (top_1, _), (unrestricted, _) = reward.calls
+    assert top_1 == greedy_captions and unrestricted != greedy_captions  # k = 0 draws from every word
+
+
+@pytest.mark.parametrize("decoder", ["lstm", "transformer"])
 @pytest.mark.parametrize("baseline", ["greedy", "mean"])
 def test_steps_raise_the_probability_of_a_rewarded_word(decoder: str, baseline: str) -> None:
     torch.set_num_threads(1)
@@ -338,6 +355,8 @@ def test_validation_decodes_with_train_val_beam_size(tmp_path: Path, monkeypatch
         ("train.stage=rl", "'train.stage' must be one of xe, scst"),
         ("scst.samples=0", "'scst.samples' must be >= 1"),
         ("scst.temperature=0", "'scst.temperature' must be a finite number > 0"),
+        ("scst.top_k=-1", "'scst.top_k' must be"),
+        ("scst.top_p=0", "'scst.top_p' must be"),
         ("scst.bleu_weight=-1", "'scst.bleu_weight' must be >= 0"),
     ],
 )

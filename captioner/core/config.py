@@ -178,6 +178,8 @@ class ScstConfig:
 
     samples: int = setting(5, POSITIVE)  # captions sampled per image
     temperature: float = decode_setting("temperature")  # sampling temperature (log-probabilities stay the model's own)
+    top_k: int = decode_setting("top_k")  # sample each word among the k most probable only (0: all); as self-critical.pytorch's sample_method top<k>
+    top_p: float = decode_setting("top_p")  # sample each word from the nucleus of this probability mass only (1: all)
     max_length: int = decode_setting("max_length", 20)  # words per sampled (and greedy-baseline) caption
     baseline: str = setting("greedy", Choice(("greedy", "mean")))  # greedy: the greedy caption's reward | mean: the image's other samples' mean reward
     cider_weight: float = setting(1.0, Range(ge=0))  # reward = cider_weight * CIDEr-D + bleu_weight * BLEU-4

@@ -136,7 +136,7 @@ class SelfCritical:
             with torch.no_grad() if by_teacher_forcing else contextlib.nullcontext():
                 samples = sample_captions(
                     model.decoder, feats, vocab.bos_id, vocab.eos_id, n, s.max_length, s.temperature, banned=self.banned,
-                    ending=self.ending_rule(feats.device),
+                    top_k=s.top_k, top_p=s.top_p, ending=self.ending_rule(feats.device),
                 )  # tokens, logprobs, mask: (B*n, T)
             if by_teacher_forcing:
                 logprobs = scored_by_teacher_forcing(model.decoder, feats, samples, vocab.bos_id)  # (B*n,)
