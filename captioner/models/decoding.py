@@ -642,6 +642,8 @@ def beam_search_n_best(
         live_scores = top_scores.gather(1, live_pos).masked_fill(live_key == float("-inf"), float("-inf"))  # (S, Kg)
         scores = live_scores.view(B, G, Kg)  # (B, G, Kg): a filler (an <eos> or dead candidate) stays dead
         rows = (torch.arange(S, device=device)[:, None] * Kg + live_beam).view(-1)  # (B*K,): each live beam's parent
+        if not shrink:
+            state = select_rows(state, rows)  # (B*K, ...) each
         if options.block_trigrams:
             history = torch.cat([history.index_select(0, rows), live_token.view(-1, 1)], dim=1)  # (B*K, t+1)
         prev = live_token.view(-1)
@@ -664,9 +666,11 @@ def beam_search_n_best(
                 done[s] = worst >= max(live[s * Kg : (s + 1) * Kg]) / best_possible_penalty
         if all(done):
             break
-        # The state follows each live beam's parent. Once an eighth of the stepped images are done
-        # (the copies of memory and state then pay), only the others' rows are kept.
-        still = [b for b in alive if not all(done[b * G : (b + 1) * G])] if shrink else alive
+        if not shrink:
+            continue
+        # On the CPU the state follows each live beam's parent here, and once an eighth of the
+        # stepped images are done (the copies of memory and state then pay), only the others' rows are kept.
+        still = [b for b in alive if not all(done[b * G : (b + 1) * G])]
         at = torch.full((B * K,), -1, dtype=torch.long, device=device)  # (B*K,): each row's place in the state
         at[stepped if stepped is not None else slice(None)] = torch.arange(state_rows(state), device=device)
         if (len(alive) - len(still)) * SHRINK_SHARE >= len(alive):
