@@ -593,6 +593,7 @@ def beam_search_n_best(
     shrink = device.type == "cpu"
     alive = list(range(B))  # the images whose beams are stepped
     stepped: torch.Tensor | None = None  # (A,) their rows among the B*K, in order; None: all of them
+    place: torch.Tensor | None = None  # (B*K,): each stepped row's place in the state (-1: none); None: its own row
 
     for t in range(max_length):
         step_prev = prev if stepped is None else prev.index_select(0, stepped)  # (A,)
@@ -671,13 +672,16 @@ def beam_search_n_best(
         # On the CPU the state follows each live beam's parent here, and once an eighth of the
         # stepped images are done (the copies of memory and state then pay), only the others' rows are kept.
         still = [b for b in alive if not all(done[b * G : (b + 1) * G])]
-        at = torch.full((B * K,), -1, dtype=torch.long, device=device)  # (B*K,): each row's place in the state
-        at[stepped if stepped is not None else slice(None)] = torch.arange(state_rows(state), device=device)
+        held = place  # where the state holds each row now
         if (len(alive) - len(still)) * SHRINK_SHARE >= len(alive):
             alive = still
             stepped = device_index([b * K + j for b in alive for j in range(K)], device)  # (A,)
             memory = decoder.expand_memory(select_rows(per_image, device_index(alive, device)), K)
-        state = select_rows(state, at.index_select(0, rows if stepped is None else rows.index_select(0, stepped)))  # (A, ...) each
+            place = torch.full((B * K,), -1, dtype=torch.long, device=device).index_copy_(
+                0, stepped, torch.arange(len(stepped), device=device)
+            )  # (B*K,)
+        sources = rows if stepped is None else rows.index_select(0, stepped)  # (A,): full rows
+        state = select_rows(state, sources if held is None else held.index_select(0, sources))  # (A, ...) each
 
     steps = len(parents)
     live_penalty = length_penalty(steps, alpha)
@@ -735,11 +739,6 @@ def beam_search_n_best(
 def spread_rows(x: torch.Tensor, rows: torch.Tensor, total: int, fill: float) -> torch.Tensor:
     """x (A, ...) as rows `rows` (A,) of a (total, ...) tensor whose other rows are `fill`."""
     return x.new_full((total, *x.shape[1:]), fill).index_copy_(0, rows, x)  # (total, ...)
-
-
-def state_rows(state: dict[str, torch.Tensor]) -> int:
-    """The rows of a decoder state (all its tensors are batch-first)."""
-    return next(iter(state.values())).shape[0]
 
 
 def device_index(index: list[int], device: torch.device) -> torch.Tensor:
