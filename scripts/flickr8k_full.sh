@@ -36,13 +36,30 @@ wanted() {  # is step $1 asked for (all are when none is named)?
     return 1
 }
 
+STEP_NAME="" STEP_START=0  # the step running now, so that a signal ending the script still records its time
+record() {  # status: append the running step's seconds, the time, the processor and the status to timings.tsv
+    printf '%s\t%s\t%s\t%s\t%s\n' "$STEP_NAME" "$(( $(date +%s) - STEP_START ))" "$(date -u +%FT%TZ)" "$CPU" "$1" >> "$OUT/timings.tsv"
+    STEP_NAME=""
+}
+ended_by() {  # signal number: record the running step with the shell's status for that signal, then die of it
+    local signal=$1
+    [ -n "$STEP_NAME" ] && record $(( 128 + signal ))
+    trap - "$signal"
+    kill -s "$signal" $$
+}
+# Ctrl-C, kill or a closed terminal: bash runs these once the step's command has ended (it gets the
+# signal too when the whole process group does: Ctrl-C, `kill -- -PGID`); SIGKILL leaves no row.
+trap 'ended_by 1' HUP
+trap 'ended_by 2' INT
+trap 'ended_by 15' TERM
+
 timed() {  # name command...: run it, append its seconds and exit status to timings.tsv, even when it
     # fails or is stopped (a resumed step's time is then the sum of its rows), and return its status
-    local name=$1 start status=0
+    local status=0
+    STEP_NAME=$1 STEP_START=$(date +%s)
     shift
-    start=$(date +%s)
     "$@" || status=$?
-    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$(( $(date +%s) - start ))" "$(date -u +%FT%TZ)" "$CPU" "$status" >> "$OUT/timings.tsv"
+    record "$status"
     return "$status"
 }
 

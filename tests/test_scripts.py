@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -124,6 +125,37 @@ def test_quickstart_stops_on_a_bad_override_before_training(tmp_path: Path) -> N
     result, calls = run_quickstart(tmp_path, "train.epochs=lots", java=True)
     assert result.returncode != 0 and calls == []
     assert result.stderr.strip().count("\n") == 0 and "train.epochs" in result.stderr
+
+
+FLICKR8K_FULL = Path(__file__).resolve().parent.parent / "scripts" / "flickr8k_full.sh"
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
+def test_flickr8k_full_records_the_step_a_signal_ends(tmp_path: Path, signal_number: int) -> None:
+    """Ctrl-C or `kill -- -PGID` in the middle of a step still leaves its row in timings.tsv (the
+    signal's status), so the totals of a stopped and resumed build keep the stopped part."""
+    repo, bin_dir, out, started = tmp_path / "repo", tmp_path / "bin", tmp_path / "out", tmp_path / "started"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(FLICKR8K_FULL, repo / "scripts")
+    bin_dir.mkdir()
+    (bin_dir / "captioner").write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")  # a training run that takes its time
+    (bin_dir / "captioner").chmod(0o755)
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    (repo / ".venv" / "bin" / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')
+    build = subprocess.Popen(["bash", str(repo / "scripts" / "flickr8k_full.sh"), "data", "images", "lstm"], env={**os.environ, "OUT": str(out)},
+                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while not started.exists():
+        assert build.poll() is None and time.monotonic() < deadline, build.communicate()[0]
+        time.sleep(0.05)
+    time.sleep(1.2)  # a step of at least a second
+    os.killpg(build.pid, signal_number)
+    output = build.communicate(timeout=30)[0]
+    assert build.returncode == -signal_number, output  # the script ends by the signal, as an unhandled one would end it
+    rows = [line.split("\t") for line in (out / "timings.tsv").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0][0] == "train lstm" and rows[0][4] == str(128 + signal_number), rows
+    assert int(rows[0][1]) >= 1 and rows[0][3], rows  # its seconds and the processor's name
+    assert not (out / "lstm" / "train.done").exists()  # stopped, so it resumes on the next run
 
 
 @pytest.mark.parametrize(
