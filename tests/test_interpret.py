@@ -89,6 +89,21 @@ def test_pointing_game_inside_near_and_outside_the_mask():
     assert flat.item() == pytest.approx(dilated.float().mean().item())
 
 
+@pytest.mark.parametrize(
+    "grid, size",
+    [((7, 7), (375, 500)), ((14, 14), (480, 640)), ((8, 8), (128, 128)), ((5, 3), (700, 33)), ((9, 9), (1, 1)), ((7, 7), (3, 2)), ((1, 1), (4, 4))],
+)
+def test_upsample_is_bilinear_interpolation(grid: tuple[int, int], size: tuple[int, int]) -> None:
+    """The separable products give F.interpolate's bilinear maps, up and down, normalised to sum 1."""
+    import torch.nn.functional as F
+
+    from captioner.models.caption import upsample
+
+    maps = torch.rand(3, *grid)  # (T, h, w)
+    expected = F.interpolate(maps[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]  # (T, H, W)
+    torch.testing.assert_close(upsample(maps, size), expected / expected.sum(dim=(1, 2), keepdim=True), rtol=1e-5, atol=1e-9)
+
+
 def test_pointing_game_on_an_upsampled_grid_map():
     """A grid map whose peak cell covers the object hits; one whose peak is far off misses."""
     from captioner.models.caption import upsample
