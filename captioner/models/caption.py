@@ -56,5 +56,6 @@ def upsample(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     rows = linear_weights(maps.shape[1], size[0]).to(maps.device)  # (H, h)
     columns = linear_weights(maps.shape[2], size[1]).to(maps.device)  # (W, w)
     maps = rows @ (maps.float() @ columns.T)  # (T, h, W) -> (T, H, W)
-    maps = maps.clamp_min(0)
-    return maps / maps.sum(dim=(1, 2), keepdim=True).clamp_min(1e-12)
+    # In place: each fresh (T, H, W) buffer is megabytes, and page-faulting them costs more than the arithmetic.
+    maps.clamp_min_(0)
+    return maps.div_(maps.sum(dim=(1, 2), keepdim=True).clamp_min_(1e-12))
