@@ -130,6 +130,12 @@ def test_quickstart_stops_on_a_bad_override_before_training(tmp_path: Path) -> N
 FLICKR8K_FULL = Path(__file__).resolve().parent.parent / "scripts" / "flickr8k_full.sh"
 
 
+def default_interrupt() -> None:
+    """SIGINT back to its default in a child: a shell started with it ignored (as pytest-xdist's
+    workers have it) can neither trap it nor be ended by it, as a script started with `&` can't."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
 def test_flickr8k_full_records_the_step_a_signal_ends(tmp_path: Path, signal_number: int) -> None:
     """Ctrl-C or `kill -- -PGID` in the middle of a step still leaves its row in timings.tsv (the
@@ -143,7 +149,8 @@ def test_flickr8k_full_records_the_step_a_signal_ends(tmp_path: Path, signal_num
     (repo / ".venv" / "bin").mkdir(parents=True)
     (repo / ".venv" / "bin" / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')
     build = subprocess.Popen(["bash", str(repo / "scripts" / "flickr8k_full.sh"), "data", "images", "lstm"], env={**os.environ, "OUT": str(out)},
-                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             preexec_fn=default_interrupt)
     deadline = time.monotonic() + 30
     while not started.exists():
         assert build.poll() is None and time.monotonic() < deadline, build.communicate()[0]
