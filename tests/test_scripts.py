@@ -130,10 +130,10 @@ def test_quickstart_stops_on_a_bad_override_before_training(tmp_path: Path) -> N
 FLICKR8K_FULL = Path(__file__).resolve().parent.parent / "scripts" / "flickr8k_full.sh"
 
 
-def default_interrupt() -> None:
-    """SIGINT back to its default in a child: a shell started with it ignored (as pytest-xdist's
-    workers have it) can neither trap it nor be ended by it, as a script started with `&` can't."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# Runs argv[1:] with SIGINT at its default. A shell started with SIGINT ignored (as pytest-xdist's
+# workers have it, or as `&` leaves a script) can neither trap it nor be ended by it; a disposition
+# set before exec stays. (Popen's preexec_fn would do it in the forked child, unsafely beside threads.)
+DEFAULT_INTERRUPT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
@@ -148,9 +148,9 @@ def test_flickr8k_full_records_the_step_a_signal_ends(tmp_path: Path, signal_num
     (bin_dir / "captioner").chmod(0o755)
     (repo / ".venv" / "bin").mkdir(parents=True)
     (repo / ".venv" / "bin" / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')
-    build = subprocess.Popen(["bash", str(repo / "scripts" / "flickr8k_full.sh"), "data", "images", "lstm"], env={**os.environ, "OUT": str(out)},
-                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             preexec_fn=default_interrupt)
+    command = [sys.executable, "-c", DEFAULT_INTERRUPT, "bash", str(repo / "scripts" / "flickr8k_full.sh"), "data", "images", "lstm"]
+    build = subprocess.Popen(command, env={**os.environ, "OUT": str(out)}, start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
     while not started.exists():
         assert build.poll() is None and time.monotonic() < deadline, build.communicate()[0]
