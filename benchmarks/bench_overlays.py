@@ -1,9 +1,9 @@
 """A caption's word pictures, as the demo draws them: the maps brought to the photo's size, the
 overlays, their JPEG files; and the upsampling against F.interpolate's, side by side.
 
-One process, the same maps each round: `upsample` (two small products) and the former
-F.interpolate call take turns, then `word_overlays` and the JPEG files the demo writes of them.
-Prints the median milliseconds of each over the rounds.
+One process, the same maps: `upsample` (two small products) and the former F.interpolate call
+take turns, one call each (bench_products.alternating), then `word_overlays` and the JPEG files
+the demo writes of them. Prints the median milliseconds of each over the rounds.
 
     python benchmarks/bench_overlays.py [--photo FILE] [--words 10] [--grid 7] [--rounds 30] [--threads N]
 
@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import io
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from bench_products import alternating, median_ms
 from shared_data import SHARED_DATA
 
 from captioner.apps.demo.page import DISPLAY_SIDE
@@ -38,15 +36,6 @@ def interpolated(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     maps = F.interpolate(maps[:, None].float(), size=size, mode="bilinear", align_corners=False)[:, 0]  # (T, H, W)
     maps = maps.clamp_min(0)
     return maps / maps.sum(dim=(1, 2), keepdim=True).clamp_min(1e-12)
-
-
-def median_ms(work: Callable[[], object], rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -72,16 +61,17 @@ def main() -> None:
         for _, picture in word_overlays(image, caption):
             picture.save(io.BytesIO(), format="JPEG", quality=JPEG_QUALITY)
 
-    timings = {"upsample, F.interpolate (the former)": [], "upsample, two products": []}
-    for _ in range(3):  # interleaved, so a busy moment costs both alike
-        timings["upsample, F.interpolate (the former)"].append(median_ms(lambda: interpolated(maps, size), args.rounds))
-        timings["upsample, two products"].append(median_ms(lambda: upsample(maps, size), args.rounds))
-    timings["word overlays (upsample included)"] = [median_ms(lambda: word_overlays(image, caption), args.rounds)]
-    timings["word overlays and their JPEG files"] = [median_ms(jpeg_files, args.rounds)]
+    former, products = alternating(lambda: interpolated(maps, size), lambda: upsample(maps, size), args.rounds)  # a busy moment costs both alike
+    timings = {
+        "upsample, F.interpolate (the former)": former,
+        "upsample, two products": products,
+        "word overlays (upsample included)": median_ms(lambda: word_overlays(image, caption), args.rounds),
+        "word overlays and their JPEG files": median_ms(jpeg_files, args.rounds),
+    }
     print(f"{args.words} maps of {args.grid}x{args.grid} over a {image.width}x{image.height} photo, {threads} threads, "
-          f"median ms of {args.rounds} calls (3 interleaved blocks for the upsampling)")
-    for name, values in timings.items():
-        print(f"  {name:42s} {statistics.median(values):8.2f} ms  ({min(values):.2f}-{max(values):.2f})")
+          f"median ms of {args.rounds} calls (the upsamplings alternating call by call)")
+    for name, value in timings.items():
+        print(f"  {name:42s} {value:8.2f} ms")
 
 
 if __name__ == "__main__":
