@@ -51,8 +51,8 @@ def linear_weights(source: int, target: int) -> torch.Tensor:
 def upsample(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """(T, h, w) grid weights -> (T, H, W) smooth maps at image resolution, each summing to 1.
     Bilinear interpolation is separable: two small products, (H, h) @ (T, h, w) @ (w, W), give
-    F.interpolate's bilinear map (to float rounding) at a fifth of its time: T x h x W x (w + H)
-    multiply-adds, where the interpolation kernel spends about 9 ns a pixel at 1 thread
+    F.interpolate's bilinear map (to float rounding) in a third to a sixth of its time at 1 thread:
+    T x h x W x (w + H) multiply-adds, where the interpolation kernel spends 3-9 ns a pixel
     (benchmarks/bench_overlays.py)."""
     rows = linear_weights(maps.shape[1], size[0]).to(maps.device)  # (H, h)
     columns = linear_weights(maps.shape[2], size[1]).to(maps.device)  # (W, w)
