@@ -179,3 +179,26 @@ def test_transformer_step_leaves_the_given_state_intact() -> None:
     for key, value in state.items():
         assert torch.equal(value, before[key]), key
     torch.testing.assert_close(again, first, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_teacher_forcing_compiles_when_its_host_indices_go_to_another_device(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`train.compile` compiles the teacher-forced forward with dynamic shapes. Its host index
+    tensors (the real positions) are pinned and copied to the device outside the graph: dynamo
+    cannot trace pin_memory ("NYI: aten._pin_memory"), which stopped the first compiled
+    transformer step on an H200. The meta device stands in for the GPU, and pinning is a no-op
+    that counts its calls, since a CPU-only machine cannot pin."""
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: pinned.append(self.shape) or self)
+    decoder = make_decoder(kind).train().to("meta")
+    feats, tokens = (tensor.to("meta") for tensor in inputs())  # (B, N, D), (B, T)
+    lengths = torch.tensor([STEPS, 4, 3])  # on the host, as the collate function leaves them
+    with torch.no_grad():  # the LSTM's deferred weight gradient asks autocast about the device, which meta has not
+        eager = decoder(feats, tokens, lengths, packed=True).logits  # (M, V)
+        calls = len(pinned)
+        torch._dynamo.reset()
+        compiled = torch.compile(decoder, backend="eager", dynamic=True)(feats, tokens, lengths, packed=True).logits  # (M, V)
+    assert compiled.shape == eager.shape == (STEPS + 4 + 3, V)
+    assert calls >= 1 and len(pinned) == 2 * calls  # the compiled forward pinned the same indices, outside its graph

@@ -66,6 +66,7 @@ def reads_are_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+@torch.compiler.disable  # host bookkeeping: dynamo cannot trace pin_memory (train.compile failed on CUDA)
 def to_device_quietly(index: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host index tensor on `device`: pinned and non-blocking, so the host never waits for the device."""
     return index if index.device == device else index.pin_memory().to(device, non_blocking=True)
