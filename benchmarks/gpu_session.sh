@@ -5,7 +5,7 @@
 #
 # 1. the command line on CUDA, end to end on a small shapes world: the LSTM trains, fine-tunes
 #    with SCST, evaluates (--fast: no Java) and captions with heatmaps; the transformer trains with
-#    train.compile and train.channels_last on, and captions; the LSTM trains under torchrun
+#    train.compile and train.channels_last on, and captions, and so does the LSTM for an epoch; the LSTM trains under torchrun
 #    (one rank: NCCL's set-up and collectives on CUDA, gloo on the CPU);
 # 2. benchmarks/bench_gpu.py: training, SCST under set_sync_debug_mode("error"), the decoder step
 #    eager / compiled / CUDA graphs, beam search, beside the reference;
@@ -57,7 +57,9 @@ fi
 SHAPES=(data.root="$WORK/shapes" data.shapes_num_test=32 "${SCALE[@]}" train.device=$DEVICE train.val_max_images=64)
 TEST_IMAGES=("$WORK"/shapes/test/test_00000{0,1}.jpg)
 
-step environment 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -3; nproc;
+# The kernel names the sandbox (gVisor reports 4.4.0, Firecracker 6.x): host-bound rows differ between them.
+step environment 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -3; nproc; uname -r;
+    grep -m1 'model name' /proc/cpuinfo;
     $PY -c 'import sys, torch, torchvision; print(sys.version.split()[0], \"torch\", torch.__version__, \"torchvision\", torchvision.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\")'"
 
 # The benchmark first: it is what a session owes (docs/gpu.md), and a later step that stalls cannot cost it.
@@ -75,6 +77,9 @@ first_heatmap=$(ls "$WORK"/heatmaps/*.png 2>/dev/null | head -1)
 
 step transformer_train_compiled 200 $PY -m captioner train configs/shapes_transformer.yaml "${SHAPES[@]}" \
     train.out_dir="$WORK/transformer" train.epochs=12 train.compile=true train.channels_last=true
+# The LSTM's teacher forcing compiled too: its packed positions are host indices copied to the device.
+step lstm_train_compiled 120 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" \
+    train.out_dir="$WORK/lstm_compiled" train.epochs=1 train.compile=true train.channels_last=true
 step transformer_caption 60 $PY -m captioner caption "$WORK/transformer/best.pt" "${TEST_IMAGES[@]}" --beam 3 --device $DEVICE
 step transformer_cuda_graphs 120 $PY benchmarks/check_cuda_graphs.py "$WORK/transformer/best.pt" "$WORK/shapes/test" "${CHECK[@]}"
 step torchrun_one_rank 120 $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m captioner train configs/shapes_lstm.yaml \
