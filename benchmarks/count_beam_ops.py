@@ -1,6 +1,6 @@
 """Kernels per beam-search step for one image, ours beside the reference, counted on the CPU.
 
-    python benchmarks/count_beam_ops.py [--root CHECKOUT] [--beam 3] [--steps 20] [--reference DIR_OR_GIT_DIR]
+    python benchmarks/count_beam_ops.py [--root CHECKOUT] [--beam 3] [--steps 20] [--reference DIR_OR_GIT_DIR] [--device-path]
     # an older commit: git archive COMMIT captioner configs | tar -x -C /tmp/old; python benchmarks/count_beam_ops.py --root /tmp/old
 
 One image at a time, a GPU's beam search is bound by kernel launches, not arithmetic (the H100
@@ -10,11 +10,17 @@ TorchDispatchMode, for the COCO configs' decoders (random weights, <eos> unreach
 run takes --steps steps, a 14x14 grid) and for the reference's beam search
 (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning, benchmarks/reference_sat.py), with the CPU's
 ms per step beside them. The counts are the measurement; the CPU's times are not the GPU's.
+
+On the CPU our search takes its CPU path (it stops stepping finished images, and the attention
+works in cache-sized blocks). --device-path counts the path a GPU takes instead: our model on the
+tests' fake CUDA tensors (tests/cuda_semantics.py, with values and CUDA's bf16 autocast), so every
+device check answers "cuda". Its ms are the emulation's and are not printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections import Counter
@@ -26,8 +32,9 @@ _parser.add_argument("--beam", type=int, default=3)
 _parser.add_argument("--steps", type=int, default=20, help="words per caption (every run takes all of them)")
 _parser.add_argument("--reference", help="reference checkout or git dir (default: $CAPTIONER_REFERENCE or the mirror)")
 _parser.add_argument("--top", type=int, default=8, help="how many of the most frequent ops to name per row")
+_parser.add_argument("--device-path", action="store_true", help="count our search as a GPU runs it (fake CUDA tensors)")
 ARGS = _parser.parse_args()
-sys.path[:0] = [str(Path(ARGS.root).resolve()), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(Path(ARGS.root).resolve()), str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "tests")]
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -40,8 +47,9 @@ from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search 
 
 CONFIGS = ("coco_lstm_resnet101", "coco_transformer_resnet101")
 # Ops that only re-describe memory: no kernel on a GPU.
+# (prim.device: fake tensors answer `.device` through the dispatcher; a real tensor launches nothing.)
 VIEWS = frozenset({
-    "view", "_unsafe_view", "as_strided", "detach", "alias", "slice", "select", "unsqueeze", "squeeze", "expand",
+    "device", "view", "_unsafe_view", "as_strided", "detach", "alias", "slice", "select", "unsqueeze", "squeeze", "expand",
     "transpose", "t", "permute", "reshape", "_reshape_alias", "flatten", "split", "split_with_sizes", "unbind",
     "chunk", "lift_fresh",
 })
@@ -75,6 +83,20 @@ def measure(run, steps: int) -> tuple[float, float, Counter[str]]:  # noqa: ANN0
     return sum(counter.kernels.values()) / steps, 1000 * seconds / steps, counter.kernels
 
 
+def on_fake_cuda(model, feats: torch.Tensor, special, options) -> tuple[float, float, Counter[str]]:  # noqa: ANN001
+    """measure()'s counts for our search on fake CUDA tensors: the GPU's path, the emulation's time (nan)."""
+    from cuda_semantics import fake_cuda, to_fake_cuda
+
+    with torch.no_grad(), fake_cuda(values=True) as mode:
+        to_fake_cuda(model, mode)
+        device_feats = feats.to("cuda", non_blocking=True)  # (1, N, D)
+        beam_search(model.decoder, device_feats, special, options)  # warm-up, as measure() does
+        counter = CountOps()
+        with counter:
+            beam_search(model.decoder, device_feats, special, options)
+    return sum(counter.kernels.values()) / ARGS.steps, float("nan"), counter.kernels
+
+
 def main() -> int:
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -88,7 +110,10 @@ def main() -> int:
         options = DecodeOptions.from_config(config.decode, beam_size=ARGS.beam, max_length=ARGS.steps)
         feats = torch.randn(1, 196, model.encoder.out_dim)  # (1, N, D): one image's 14x14 grid
         special = SpecialTokens.of(vocab)
-        rows.append((f"ours, {name}", *measure(lambda: beam_search(model.decoder, feats, special, options), ARGS.steps)))
+        if ARGS.device_path:
+            rows.append((f"ours, {name}, device path", *on_fake_cuda(model, feats, special, options)))
+        else:
+            rows.append((f"ours, {name}", *measure(lambda: beam_search(model.decoder, feats, special, options), ARGS.steps)))
     try:
         ref = reference_sat.load_reference(ARGS.reference, torch.device("cpu"))
     except reference_sat.ReferenceUnavailable as e:
@@ -104,7 +129,7 @@ def main() -> int:
     print("| beam search | kernels per step | CPU ms per step | most frequent |\n|---|---:|---:|---|")
     for who, kernels, ms, counts in rows:
         common = ", ".join(f"{op} {n / ARGS.steps:.1f}" for op, n in counts.most_common(ARGS.top))
-        print(f"| {who} | {kernels:.1f} | {ms:.2f} | {common} |")
+        print(f"| {who} | {kernels:.1f} | {'-' if math.isnan(ms) else f'{ms:.2f}'} | {common} |")
     return 0
 
 
