@@ -69,32 +69,30 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def measure(run, steps: int) -> tuple[float, float, Counter[str]]:  # noqa: ANN001
-    """-> kernels per step, CPU ms per step (the mean of 3 runs after a warm-up), the op counts."""
+def measure(run, steps: int, timed: bool = True) -> tuple[float, float, Counter[str]]:  # noqa: ANN001
+    """-> kernels per step, CPU ms per step (the mean of 3 runs after a warm-up; nan if not timed), the op counts."""
     with torch.no_grad():
         run()
         counter = CountOps()
         with counter:
             run()
-        start = time.perf_counter()
-        for _ in range(3):
-            run()
-        seconds = (time.perf_counter() - start) / 3
+        seconds = float("nan")
+        if timed:
+            start = time.perf_counter()
+            for _ in range(3):
+                run()
+            seconds = (time.perf_counter() - start) / 3
     return sum(counter.kernels.values()) / steps, 1000 * seconds / steps, counter.kernels
 
 
 def on_fake_cuda(model, feats: torch.Tensor, special, options) -> tuple[float, float, Counter[str]]:  # noqa: ANN001
-    """measure()'s counts for our search on fake CUDA tensors: the GPU's path, the emulation's time (nan)."""
+    """measure() of our search on fake CUDA tensors: the GPU's path, untimed (the emulation's time means nothing)."""
     from cuda_semantics import fake_cuda, to_fake_cuda
 
-    with torch.no_grad(), fake_cuda(values=True) as mode:
+    with fake_cuda(values=True) as mode:
         to_fake_cuda(model, mode)
         device_feats = feats.to("cuda", non_blocking=True)  # (1, N, D)
-        beam_search(model.decoder, device_feats, special, options)  # warm-up, as measure() does
-        counter = CountOps()
-        with counter:
-            beam_search(model.decoder, device_feats, special, options)
-    return sum(counter.kernels.values()) / ARGS.steps, float("nan"), counter.kernels
+        return measure(lambda: beam_search(model.decoder, device_feats, special, options), ARGS.steps, timed=False)
 
 
 def main() -> int:
