@@ -5,8 +5,8 @@
 #
 # 1. the command line on CUDA, end to end on a small shapes world: the LSTM trains, fine-tunes
 #    with SCST, evaluates (--fast: no Java) and captions with heatmaps; the transformer trains with
-#    train.compile and train.channels_last on, and captions, and so does the LSTM for an epoch; the LSTM trains under torchrun
-#    (one rank: NCCL's set-up and collectives on CUDA, gloo on the CPU);
+#    train.compile and train.channels_last on, and captions; the LSTM trains an epoch with them too,
+#    and one under torchrun (one rank: NCCL's set-up and collectives on CUDA, gloo on the CPU);
 # 2. benchmarks/bench_gpu.py: training, SCST under set_sync_debug_mode("error"), the decoder step
 #    eager / compiled / CUDA graphs, beam search, beside the reference;
 # 3. bench_gpu's training rows with data.device_preprocess transform and decode.
