@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import math
 import os
 import random
 import shlex
@@ -33,6 +34,7 @@ from captioner.data.flickr8k import load_flickr8k
 from captioner.data.images import ImageTransform
 from captioner.data.shards import write_shards, write_tar
 from captioner.data.streaming import (
+    EpochPlan,
     ShardStream,
     StreamingCaptions,
     StreamSettings,
@@ -98,6 +100,13 @@ def keys_of(trace: Path) -> list[str]:
     return [line.split()[1] for line in trace.read_text().splitlines()]
 
 
+def full_batches(counts: tuple[int, ...], plan: EpochPlan, batch: int) -> list[list[int]]:
+    """[rank][worker] -> the full batches of a worker's samples less its reserve, floor((n - reserve) / batch):
+    what it yields before its rank gives any up to match the others (the module's docstring)."""
+    return [[max(0, sum(counts[i] for i in mine) - kept) // batch for mine, kept in zip(rank, reserve)]
+            for rank, reserve in zip(plan.shards, plan.reserve)]
+
+
 def test_the_plan_reads_every_shard_once_and_gives_every_rank_the_same_steps() -> None:
     rng = random.Random(0)
     for _ in range(200):
@@ -107,35 +116,50 @@ def test_the_plan_reads_every_shard_once_and_gives_every_rank_the_same_steps() -
         plan = plan_epoch(counts, 7, 2, world, workers, batch, max_broken)
         assigned = sorted(i for rank in plan.shards for mine in rank for i in mine)
         assert assigned == list(range(len(counts)))  # every shard once, to one (rank, worker)
+        full = full_batches(counts, plan, batch)
+        assert plan.steps == min(sum(rank) for rank in full), (counts, world, workers, batch, max_broken)  # the fewest any rank has
         assert {sum(rank) for rank in plan.batches} == {plan.steps}  # DDP: the same number of steps on every rank
         for r in range(world):
             for w in range(workers):
                 n = sum(counts[i] for i in plan.shards[r][w])
-                assert plan.reserve[r][w] >= max_broken * n
-                assert plan.batches[r][w] * batch <= n - plan.reserve[r][w]  # enough samples even with the reserve broken
+                assert plan.reserve[r][w] == math.ceil(max_broken * n)
+                assert 0 <= plan.batches[r][w] <= full[r][w]  # enough samples even with the reserve broken
+                if plan.batches[r][w] < full[r][w]:  # a worker that gave up batches was among its rank's largest
+                    assert plan.batches[r][w] >= max(plan.batches[r]) - 1
         assert plan == plan_epoch(counts, 7, 2, world, workers, batch, max_broken)  # a pure function: a resume replays it
     epochs = {plan_epoch(tuple(range(10, 30)), 7, e, 2, 2, 4, 0.0).shards for e in range(1, 6)}
     assert len(epochs) == 5  # the shards move between ranks and workers from epoch to epoch
 
 
-def test_two_ranks_with_two_workers_each_see_every_sample_at_most_once(tmp_path: Path) -> None:
+def test_two_ranks_with_two_workers_train_every_full_batch_and_no_sample_twice(tmp_path: Path) -> None:
+    """Every worker trains all its full batches of 4, and each sample of the shards once, but the
+    last partial batch of each worker: these shards give both ranks 9 full batches (workers of 23
+    and 16 samples, and of 22 and 19), so neither gives any up to match the other."""
     counts = [9, 11, 10, 12, 8, 10, 13, 7]
     everything = make_shards(tmp_path / "shards", counts)
+    plan = plan_epoch(tuple(counts), 3, 1, 2, 2, 4, 0.0)
+    sizes = sorted(sorted(sum(counts[i] for i in mine) for mine in rank) for rank in plan.shards)
+    assert sizes == [[16, 23], [19, 22]]  # the seed's plan that the docstring describes
     seen: list[str] = []
     for rank in range(2):
         trace = tmp_path / f"rank{rank}.txt"
         loader = stream(tmp_path / "shards", len(counts), rank=rank, world=2, trace=trace)
         loader.set_epoch(1)
         batches = list(loader)
-        assert len(batches) == len(loader) and all(len(b.indices) == 4 for b in batches)
-        seen += keys_of(trace)
-    plan = plan_epoch(tuple(counts), 3, 1, 2, 2, 4, 0.0)
-    assert len(seen) == len(set(seen)) == plan.steps * 4 * 2  # none twice; every rank the same number of batches
+        assert len(batches) == len(loader) == 9 and all(len(b.indices) == 4 for b in batches)
+        keys = keys_of(trace)
+        for w, mine in enumerate(plan.shards[rank]):
+            n = sum(counts[i] for i in mine)
+            trained = [k for k in keys if int(k[:3]) in mine]  # a key is its shard's number and its place there
+            assert len(trained) == 4 * (n // 4), (rank, w)  # all of the worker's full batches, from its own shards
+        assert len(keys) == 9 * 4
+        seen += keys
+    assert len(seen) == len(set(seen))  # none twice
     assert set(seen) <= set(everything)
-    for r in range(2):  # what a worker leaves out: its last partial batch and what its rank gave up to match the other
-        for w in range(2):
-            n = sum(counts[i] for i in plan.shards[r][w])
-            assert n - plan.batches[r][w] * 4 < 4 + 4 * (n // 4 - plan.batches[r][w])
+    left_out = Counter(int(k[:3]) for k in set(everything) - set(seen))
+    for rank in plan.shards:  # what a worker leaves out is its last partial batch, and nothing else
+        for mine in rank:
+            assert sum(left_out[i] for i in mine) == sum(counts[i] for i in mine) % 4
 
 
 def test_a_stream_resumed_mid_epoch_trains_the_same_batches_none_twice(tmp_path: Path) -> None:
