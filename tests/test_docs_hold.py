@@ -1,6 +1,11 @@
 """What the README and docs/ name exists: every relative link (and its #anchor), every file path
-of the project written in backticks, every config key, and every option of every `captioner`
-command line in them. A renamed option, key, file or heading fails here, not in a user's hands."""
+of the project written in backticks (each file a {a,b} pattern names, a file for each * pattern),
+every config key, and the subcommands and options of every `captioner` command line in them. A
+renamed option, subcommand, key, file or heading fails here, not in a user's hands.
+
+A path or subcommand is left unchecked only where it is written as a placeholder: <name>, a word
+in capitals (PATH, MODEL_DIR), or a capital closing a word (liteN, for lite0, lite1, ...). A name
+with a capital and lower case letters after it (configs/Flickr8k.yaml) is a name, and is checked."""
 
 from __future__ import annotations
 
@@ -63,23 +68,46 @@ def test_links_and_their_anchors_exist(page: Path) -> None:
     assert not broken, f"{page_id(page)}: " + "; ".join(broken)
 
 
+PLACEHOLDER = re.compile(r"<[^<>\s]+>|(?<![A-Za-z])[A-Z][A-Z0-9_]*[A-Z](?![a-z])|(?<=[a-z])[A-Z](?![A-Za-z0-9])")
+
+
+def expand_braces(path: str) -> list[str]:
+    """The paths a shell's brace expansion makes of `path`: {a,b} and {0..2}."""
+    found = re.search(r"\{([^{}]*)\}", path)
+    if not found:
+        return [path]
+    span = re.fullmatch(r"(\d+)\.\.(\d+)", found.group(1))
+    if span:
+        width = len(span.group(1))
+        choices = [f"{i:0{width}d}" for i in range(int(span.group(1)), int(span.group(2)) + 1)]
+    else:
+        choices = found.group(1).split(",")
+    return [p for choice in choices for p in expand_braces(path[: found.start()] + choice + path[found.end():])]
+
+
 def project_paths(text: str) -> set[str]:
-    """Paths of this repository written in backticks or commands (configs/x.yaml, scripts/y.sh, ...);
-    not COMMIT:path (a file of another commit) nor patterns and placeholders."""
+    """Paths of this repository written in backticks or commands (configs/x.yaml, scripts/y.sh, ...),
+    {a,b} patterns expanded and * patterns kept; not COMMIT:path (a file of another commit) nor
+    placeholders (PLACEHOLDER)."""
     found = set()
     pattern = rf"(?<![\w./:-])((?:{'|'.join(PROJECT_DIRS)})/[\w./{{}}*<>,-]*[\w}}>*])"
-    for path in re.findall(pattern, text):
-        if re.search(r"[*<>{}A-Z]", path) or path.endswith("/"):
-            continue  # a pattern or a placeholder (configs/flickr8k_lstm_liteN.yaml), not a file
-        found.add(path.rstrip("."))
+    for written in re.findall(pattern, text):
+        found |= {path.rstrip(".") for path in expand_braces(written) if not PLACEHOLDER.search(path)}
     return found
+
+
+def missing_files(page: Path, text: str) -> list[str]:
+    """The project paths in `text` that name no file under the repository's root or beside `page`
+    (for a * pattern: that match none)."""
+    def exists(path: str) -> bool:
+        return any(any(base.glob(path)) if "*" in path else (base / path).exists() for base in (REPO, page.parent))
+
+    return sorted(p for p in project_paths(" ".join(CODE_SPAN.findall(text)) + "\n" + "\n".join(FENCE.findall(text))) if not exists(p))
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_project_files_named_exist(page: Path) -> None:
-    text = page.read_text()
-    named = project_paths(" ".join(CODE_SPAN.findall(text)) + "\n" + "\n".join(FENCE.findall(text)))
-    missing = sorted(p for p in named if not (REPO / p).exists() and not (page.parent / p).exists())
+    missing = missing_files(page, page.read_text())
     assert not missing, f"{page_id(page)} names files that do not exist: {missing}"
 
 
@@ -107,17 +135,27 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return dict(actions[0].choices) if actions else {}
 
 
-def command_options(words: list[str]) -> tuple[str, set[str], list[str]]:
-    """The command path of a `captioner ...` line, the options its parser knows, the options used."""
-    parser, path = build_parser(), []
-    rest = words
-    while rest and rest[0] in subcommands(parser):
-        parser = subcommands(parser)[rest[0]]
-        path.append(rest[0])
-        rest = rest[1:]
+OR = "\0"  # `captioner data coco\|flickr8k` in a table cell: the alternatives, each checked
+
+
+def command_problems(words: list[str], parser: argparse.ArgumentParser | None = None, path: tuple[str, ...] = ()) -> list[str]:
+    """What is wrong in the words after `captioner`: a subcommand its parent does not have, or an
+    option its command does not have. `captioner data` alone names the group."""
+    parser = parser or build_parser()
+    choices = subcommands(parser)
+    if choices and words and not words[0].startswith("-"):
+        if PLACEHOLDER.search(words[0]):
+            return []  # captioner COMMAND --help
+        wrong = []
+        for name in words[0].split(OR):
+            if name in choices:
+                wrong += command_problems(words[1:], choices[name], (*path, name))
+            else:
+                wrong.append(f"captioner {' '.join((*path, name))} (no such command)")
+        return wrong
     known = {option for action in parser._actions for option in action.option_strings}
-    used = [w.split("=", 1)[0] for w in rest if re.fullmatch(r"--[a-z][a-z0-9-]*(=.*)?", w)]
-    return " ".join(path), known, used
+    used = [w.split("=", 1)[0] for w in words if re.fullmatch(r"--[a-z][a-z0-9-]*(=.*)?", w)]
+    return [f"captioner {' '.join(path)} {option}" for option in used if option not in known]
 
 
 def command_lines(text: str) -> list[str]:
@@ -129,19 +167,38 @@ def command_lines(text: str) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("page", PAGES, ids=page_id)
-def test_command_lines_use_options_that_exist(page: Path) -> None:
+def wrong_commands(text: str) -> list[str]:
     wrong = []
-    for line in command_lines(page.read_text()):
-        line = line.split(" #", 1)[0].split("|", 1)[0].split("&&", 1)[0]
+    for line in command_lines(text):
+        line = line.replace("\\|", OR).split(" #", 1)[0].split("|", 1)[0].split("&&", 1)[0]
         try:
             words = shlex.split(line.replace("[", " ").replace("]", " "))
         except ValueError:
             continue  # an unbalanced quote in prose: nothing to check
-        words = words[3:] if words[:3] == ["python", "-m", "captioner"] else words[1:]
-        path, known, used = command_options(words)
-        wrong += [f"captioner {path} {option}" for option in used if option not in known]
-    assert not wrong, f"{page_id(page)} uses options the command does not have: {sorted(set(wrong))}"
+        wrong += command_problems(words[3:] if words[:3] == ["python", "-m", "captioner"] else words[1:])
+    return sorted(set(wrong))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_command_lines_use_commands_and_options_that_exist(page: Path) -> None:
+    wrong = wrong_commands(page.read_text())
+    assert not wrong, f"{page_id(page)} uses commands or options that do not exist: {wrong}"
+
+
+def test_the_checks_find_a_misnamed_file_and_a_misspelt_command_and_let_placeholders_be() -> None:
+    """The page tests' own check: a path with a capital in it and a subcommand given no option
+    are checked like any other, and only what is written as a placeholder is left alone."""
+    page = REPO / "README.md"
+    wrong = ("Train `configs/Flickr8k_typo.yaml`, then `captioner evalute runs/x/best.pt`; `configs/shapes_{lstm,transfomer}.yaml`.\n"
+             "```bash\ncaptioner data cocoa --root DIR\ncaptioner train configs/shapes_lstm.yaml --epoch 3\n```\n"
+             "`scripts/*.ipynb`, `captioner data shapes\\|coco\\|flickr8\\|stats`, `captioner config shwo`")
+    assert missing_files(page, wrong) == ["configs/Flickr8k_typo.yaml", "configs/shapes_transfomer.yaml", "scripts/*.ipynb"]
+    assert wrong_commands(wrong) == ["captioner config shwo (no such command)", "captioner data cocoa (no such command)",
+                                     "captioner data flickr8 (no such command)", "captioner evalute (no such command)",
+                                     "captioner train --epoch"]
+    placeholders = ("`configs/<name>.yaml`, `configs/flickr8k_lstm_liteN.yaml`, `configs/MODEL.yaml`, `captioner COMMAND --help`, "
+                    "`configs/shapes_*.yaml`, `configs/shapes_{lstm,transformer}.yaml`, `captioner data`, `captioner data coco\\|flickr8k --root DIR`")
+    assert missing_files(page, placeholders) == [] and wrong_commands(placeholders) == []
 
 
 def test_the_module_tables_of_the_architecture_page_are_the_codes() -> None:
