@@ -1,5 +1,6 @@
-"""`train.cpu_amp`: training steps under bf16 autocast on a CPU that multiplies bf16 natively,
-fp32 elsewhere; the switch reaches the step that `train_one_epoch` runs."""
+"""`train.cpu_amp`: the precision of a CPU run's steps (fp32, bf16, or auto: bf16 where the CPU
+multiplies bf16 natively and a calibration on the run's shapes times it faster), decided before
+the first step, never from the run's own steps or random streams, and the same for every step."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from helpers import WORDS, tiny_config, tiny_model
 from torch.utils.data import DataLoader
 
 import captioner.training.loop as loop
+import captioner.training.precision as precision
+from captioner.core.config import config_from_dict
+from captioner.core.errors import ConfigError
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
@@ -32,9 +36,9 @@ def records(folder: Path, n: int = 4) -> list[ImageRecord]:
     return out
 
 
-def step_dtypes(folder: Path, *overrides: str) -> list[torch.dtype]:
-    """The dtype of the logits of each step that `train_one_epoch` runs, and check the step
-    leaves fp32 weights behind."""
+def step_dtypes(folder: Path, bf16: bool | None, *overrides: str) -> list[torch.dtype]:
+    """The dtype of the logits of each step that `train_one_epoch` runs with the train state's
+    precision `bf16`, and check the step leaves fp32 weights behind."""
     config = tiny_config("data.batch_size=2", "train.device=cpu", *overrides)
     model = tiny_model().train()
     dataset = CaptionDataset(records(folder), model.vocab, ImageTransform(32, train=True), 20, "one")
@@ -48,7 +52,7 @@ def step_dtypes(folder: Path, *overrides: str) -> list[torch.dtype]:
         seen.append(out.logits.dtype)
         return loss, parts
 
-    state = TrainState()
+    state = TrainState(bf16=bf16)
     state.reset_sums(CPU)
     loop.train_one_epoch(model, model, loader, optimizer, make_scheduler(optimizer, config, 2), config,
                          Distributed(CPU), 1, state, None, objective)
@@ -56,82 +60,97 @@ def step_dtypes(folder: Path, *overrides: str) -> list[torch.dtype]:
     return seen
 
 
-def test_cpu_amp_runs_the_steps_in_bf16_on_a_cpu_with_native_bf16(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda: True)
-    assert step_dtypes(tmp_path, "train.cpu_amp=true") == [torch.bfloat16] * 2
-    assert step_dtypes(tmp_path, "train.cpu_amp=false") == [torch.float32] * 2
+def test_every_step_runs_in_the_precision_decided_before_the_first(tmp_path: Path) -> None:
+    assert step_dtypes(tmp_path, True) == [torch.bfloat16] * 2
+    assert step_dtypes(tmp_path, False) == [torch.float32] * 2
+    assert step_dtypes(tmp_path, None) == [torch.float32] * 2  # nothing decided: fp32 on the CPU
+    assert step_dtypes(tmp_path, None, "train.amp=true") == [torch.float32] * 2  # train.amp is CUDA's
 
 
-def test_cpu_amp_is_ignored_where_bf16_would_be_emulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda: False)
-    assert step_dtypes(tmp_path, "train.cpu_amp=true") == [torch.float32] * 2
+def test_cpu_amp_takes_its_three_values_and_reads_old_booleans() -> None:
+    assert tiny_config().train.cpu_amp == "fp32"
+    assert [tiny_config(f"train.cpu_amp={v}").train.cpu_amp for v in ("fp32", "bf16", "auto")] == ["fp32", "bf16", "auto"]
+    # Configs and checkpoints from before the three values said true (bf16 where it pays) or false.
+    assert [tiny_config(f"train.cpu_amp={v}").train.cpu_amp for v in ("true", "false", "on", "off")] == ["auto", "fp32", "auto", "fp32"]
+    assert config_from_dict({"train": {"cpu_amp": True}}).train.cpu_amp == "auto"
+    with pytest.raises(ConfigError, match=r"'train.cpu_amp' must be one of fp32, auto, bf16; got 'fp16'"):
+        tiny_config("train.cpu_amp=fp16")
 
 
-def test_amp_alone_is_a_cuda_setting() -> None:
-    config = tiny_config("train.amp=true", "train.cpu_amp=false")
-    assert loop.bf16_autocast(config, torch.device("cuda")) is True
-    assert loop.bf16_autocast(config, CPU) is False
-    assert loop.bf16_autocast(tiny_config("train.amp=false", "train.cpu_amp=true"), torch.device("cuda")) is False
+def test_fp32_and_bf16_are_forced_anywhere_and_auto_needs_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model()
+    monkeypatch.setattr(precision, "time_precisions", lambda *a, **k: pytest.fail("calibrated where nothing was to decide"))
+    for native in (True, False):
+        monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+        assert precision.choose_cpu_bf16(tiny_config("train.cpu_amp=bf16"), model, False, None).bf16 is True
+        assert precision.choose_cpu_bf16(tiny_config("train.cpu_amp=fp32"), model, False, None).bf16 is False
+    choice = precision.choose_cpu_bf16(tiny_config("train.cpu_amp=auto"), model, False, None)
+    assert choice.bf16 is False and "no native bf16" in choice.reason
 
 
-# --- bf16 chosen by timing it on this CPU (training/precision.py) -----------------------------------
+def test_auto_calibrates_once_per_machine_and_shapes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    calls: list[int] = []
+
+    def timed(model, config, encoded, feature_shape):
+        calls.append(config.data.batch_size)
+        return {"bf16": config.data.batch_size == 8, "bf16_ms": 1.0, "fp32_ms": 2.0}
+
+    monkeypatch.setattr(precision, "time_precisions", timed)
+    model = tiny_model()
+    small, large = tiny_config("train.cpu_amp=auto", "data.batch_size=4"), tiny_config("train.cpu_amp=auto", "data.batch_size=8")
+    assert precision.choose_cpu_bf16(small, model, False, None).bf16 is False
+    assert precision.choose_cpu_bf16(small, model, False, None).bf16 is False  # recalled: not timed again
+    assert precision.choose_cpu_bf16(large, model, False, None).bf16 is True  # other shapes: their own calibration
+    assert calls == [4, 8]
+    assert precision.machine_would_choose(large, False, None) is True
+    assert precision.machine_would_choose(tiny_config("train.cpu_amp=auto", "data.batch_size=16"), False, None) is None
 
 
-def test_the_trial_alternates_then_keeps_the_faster(caplog: pytest.LogCaptureFixture) -> None:
-    from captioner.training.precision import PrecisionTrial
-
-    for bf16_seconds, winner in ((0.4, True), (0.7, False)):
-        trial = PrecisionTrial(steps=8)
-        seen = []
-        with caplog.at_level("INFO", logger="captioner.training.precision"):
-            while trial.decided is None:
-                bf16 = trial.bf16_now()
-                seen.append(bf16)
-                trial.record(bf16, bf16_seconds if bf16 else 0.5)
-        assert seen == [False, True] * 4 and trial.decided is winner
-        assert all(trial.bf16_now() is winner for _ in range(3)) and trial.record(winner, 9.0) is None
-        assert len(trial.times[True]) == len(trial.times[False]) == 3  # each precision's first step is a warm-up
-        assert caplog.records[-1].getMessage().endswith("bf16 steps from here" if winner else "fp32 steps from here")
-
-
-def test_a_warm_up_step_does_not_decide() -> None:
-    from captioner.training.precision import PrecisionTrial
-
-    trial = PrecisionTrial(steps=4)
-    for bf16, seconds in ((False, 0.5), (True, 60.0), (False, 0.5), (True, 0.3)):  # bf16's first step: kernels chosen
-        trial.record(bf16, seconds)
-    assert trial.decided is True
-
-
-def test_the_first_steps_of_a_run_time_both_and_the_state_keeps_the_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """train_one_epoch runs each step in the trial's precision, and the decision lands in the
-    train state (saved with last.pt, so a resumed run keeps it)."""
-    from captioner.training.precision import PrecisionTrial
-
-    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda: True)
-    config = tiny_config("data.batch_size=1", "train.device=cpu", "train.cpu_amp=true")
+@pytest.mark.parametrize("encoded", [False, True])
+def test_the_calibration_draws_nothing_from_the_run_and_changes_no_weight(encoded: bool) -> None:
+    """It times a copy over synthetic batches: the global generator, the model's weights and its
+    batch-norm statistics are as they were, and both precisions were timed."""
     model = tiny_model().train()
-    dataset = CaptionDataset(records(tmp_path, n=6), model.vocab, ImageTransform(32, train=True), 20, "one")
-    loader = DataLoader(dataset, batch_size=1, collate_fn=collate_captions)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    seen: list[torch.dtype] = []
+    config = tiny_config("data.batch_size=2", "model.decoder.dropout=0.5")
+    with torch.no_grad():
+        feature_shape = tuple(model.encoder.eval()(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))[0].shape[1:]) if encoded else None  # (N, D)
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    decision = precision.time_precisions(model, config, encoded, feature_shape, steps=1)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert decision["bf16"] == (decision["bf16_ms"] < decision["fp32_ms"]) and decision["fp32_ms"] > 0
 
-    def objective(model, batch, config, encoded, totals, forward):
-        loss, parts = loop.caption_loss(model, batch, config, encoded, totals, forward)
-        seen.append(model(batch.images, batch.tokens[:, :-1], batch.image_rows, lengths=batch.lengths - 1).logits.dtype)
-        return loss, parts
 
-    state = TrainState()
-    state.reset_sums(CPU)
-    state.precision = trial = PrecisionTrial(steps=4)
-    loop.train_one_epoch(model, model, loader, optimizer, make_scheduler(optimizer, config, 6), config,
-                         Distributed(CPU), 1, state, None, objective)
-    assert seen[:4] == [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]
-    assert state.cpu_bf16 is trial.decided is not None
-    assert seen[4:] == [torch.bfloat16 if trial.decided else torch.float32] * 2
-    import statistics
+def test_a_run_decides_before_its_first_step_and_records_the_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """`fit` with auto on a CPU with native bf16: the calibration runs once, before training; every
+    step then runs in its choice, which last.pt records; a second run of the config recalls it."""
+    from captioner.data.shapes import generate_shapes
+    from captioner.training.fit import fit
 
-    assert trial.decided == (statistics.median(trial.times[True]) < statistics.median(trial.times[False]))
-    restored = TrainState()
-    restored.load(state.to_dict(), CPU)
-    assert restored.cpu_bf16 is state.cpu_bf16
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    calls: list[int] = []
+    monkeypatch.setattr(precision, "time_precisions", lambda *a, **k: calls.append(1) or {"bf16": True, "bf16_ms": 1.0, "fp32_ms": 2.0})
+    dtypes: list[torch.dtype] = []
+    original = loop.caption_loss
+
+    def caption_loss(model, batch, config, encoded, totals=None, forward=None):
+        dtypes.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32)
+        return original(model, batch, config, encoded, totals, forward)
+
+    monkeypatch.setattr("captioner.training.fit.caption_loss", caption_loss)
+    generate_shapes(tmp_path / "shapes", 8, 2, 1, image_size=32, seed=0, progress=False)
+    overrides = ["data.batch_size=4", "train.epochs=1", "train.device=cpu", "train.val_max_images=2", "decode.max_length=6",
+                 f"data.root={tmp_path / 'shapes'}", "train.cpu_amp=auto"]
+    for run in ("a", "b"):
+        with caplog.at_level("INFO", logger="captioner.training.fit"):
+            fit(tiny_config(*overrides, f"train.out_dir={tmp_path / run}"))
+        saved = torch.load(tmp_path / run / "last.pt", weights_only=True)["train_state"]
+        assert saved["cpu_bf16"] is True and saved["threads"] == torch.get_num_threads()
+    assert calls == [1] and dtypes == [torch.bfloat16] * 4  # 2 steps a run, all bf16; timed once
+    assert any(r.getMessage().startswith("steps in bf16, 1 thread") for r in caplog.records)

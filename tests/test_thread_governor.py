@@ -1,6 +1,8 @@
-"""The thread count follows the free cores during a run (core.runtime.ThreadGovernor): a run
-started beside another process does not stay on one thread after it ends, and one started alone
-drops a thread when another process takes a core."""
+"""A training run's thread count: fixed before its first step, every usable core unless set, kept
+by --resume (training/speed.py); and, where `train.follow_free_cores` asks for it, following the
+free cores during the run (core.runtime.ThreadGovernor): a run started beside another process
+does not stay on one thread after it ends, and one started alone drops a thread when another
+process takes a core."""
 
 from __future__ import annotations
 
@@ -54,3 +56,47 @@ def test_only_an_automatic_count_is_governed(monkeypatch) -> None:
     monkeypatch.delenv("CAPTIONER_THREADS")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun splits the cores itself
     assert not threads_are_automatic(0)
+
+
+def automatic_threads(monkeypatch, usable: int = 4, free: int = 1) -> None:
+    """A machine of `usable` cores, `free` of them idle now, and nothing setting the count."""
+    import captioner.core.runtime as runtime
+    import captioner.training.speed as speed
+
+    monkeypatch.delenv("CAPTIONER_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(runtime, "usable_cores", lambda: usable)
+    monkeypatch.setattr(runtime, "free_cores", lambda: free)
+    monkeypatch.setattr(speed, "free_cores", lambda: free)
+
+
+def test_a_run_takes_every_usable_core_whatever_the_load(monkeypatch) -> None:
+    """The free cores change with the load and a run's sums with its thread count: two runs of one
+    config on one machine must not differ because another process was running at the start of one."""
+    from captioner.core.runtime import run_threads
+
+    automatic_threads(monkeypatch, usable=4, free=1)
+    assert run_threads() == 4 and run_threads(3) == 3
+    monkeypatch.setenv("CAPTIONER_THREADS", "2")
+    assert run_threads() == 2
+
+
+def test_a_resumed_run_takes_its_recorded_count_unless_one_is_set(monkeypatch, caplog) -> None:
+    from captioner.training.speed import decide_threads
+    from helpers import tiny_config
+
+    before = torch.get_num_threads()
+    try:
+        automatic_threads(monkeypatch, usable=4, free=1)
+        config = tiny_config()
+        assert decide_threads(config, None, "last.pt") == (4, None) and torch.get_num_threads() == 4  # a new run
+        with caplog.at_level("INFO", logger="captioner.training.speed"):
+            assert decide_threads(config, {"threads": 3}, "last.pt") == (3, None) and torch.get_num_threads() == 3
+        assert "threads: 3, as last.pt trained with (this machine alone would take 4)" in caplog.text
+        caplog.clear()
+        assert decide_threads(tiny_config("train.threads=2"), {"threads": 3}, "last.pt") == (2, None)  # set: it wins
+        assert "threads: 2 as set (train.threads), where last.pt trained with 3: it goes on, not bit for bit" in caplog.text
+        threads, governor = decide_threads(tiny_config("train.follow_free_cores=true"), {"threads": 3}, "last.pt")
+        assert threads is None and governor is not None and torch.get_num_threads() == 1  # the free cores, then followed
+    finally:
+        torch.set_num_threads(before)

@@ -153,7 +153,10 @@ class TrainConfig:
     base_batch: int | None = setting(None, POSITIVE)  # the global batch the lrs were tuned at; null: data.batch_size (one process)
     device: str = setting("auto", Text(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N"))  # auto: a CUDA GPU when there is one, else the CPU
     amp: bool = setting(True, Flag())  # bf16 autocast on CUDA (ignored on CPU)
-    cpu_amp: bool = setting(False, Flag())  # bf16 autocast on a CPU with native bf16 (avx512_bf16 or AMX) where the first steps time it faster; ignored elsewhere
+    # The precision of a CPU run's steps, decided before the first one and kept by --resume
+    # (training/precision.py): fp32 | bf16 (autocast, native or emulated) | auto (bf16 where the
+    # CPU has native bf16 and a calibration on the run's shapes, kept per machine, times it faster).
+    cpu_amp: str = setting("fp32", Choice(("fp32", "auto", "bf16")))
     seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
     log_every: int = setting(50, COUNT)  # steps between loss read-backs from the device (TensorBoard, progress); 0: per epoch
     checkpoint_every_steps: int = setting(0, COUNT)  # also write last.pt every N steps, mid-epoch (resumes at that batch); 0: per epoch
@@ -164,7 +167,8 @@ class TrainConfig:
     val_every_steps: int = setting(0, COUNT)  # also validate every N steps, mid-epoch (best.pt may come from inside an epoch); 0: at each epoch's end
     cache_features: bool = setting(True, Flag())  # no augmentation: what the encoder's frozen blocks make is stored once (the feature store); only the blocks that train run per step
     time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
-    threads: int = setting(0, COUNT)  # torch CPU threads for this run; 0: $CAPTIONER_THREADS, else captioner.core.runtime's default
+    threads: int = setting(0, COUNT)  # torch CPU threads for this run, fixed from its first step; 0: $CAPTIONER_THREADS, else torchrun's share, else every usable core (kept by --resume)
+    follow_free_cores: bool = setting(False, Flag())  # CPU: change the thread count mid-run as other processes take or free cores (faster on a shared machine; no longer bit-exact on resume)
     channels_last: bool = setting(False, Flag())  # CUDA: NHWC images and encoder weights (faster convolutions); ignored on CPU
     compile: bool = setting(False, Flag())  # CUDA: torch.compile the decoder; ignored on CPU
     dist_timeout_minutes: float = setting(30.0, Range(gt=0))  # torchrun: a collective waiting longer than this fails the run
@@ -308,9 +312,18 @@ def _set_dotted(config: Config, dotted: str, value: Any, source: str) -> None:
     setattr(node, leaf, _checked(value, node, leaf, dotted, source))
 
 
+# Keys whose values were once booleans: what each old value means now, so that configs and
+# checkpoints written then load as they trained (YAML also reads on/off and yes/no as booleans).
+LEGACY_VALUES: dict[str, dict[Any, Any]] = {
+    "train.cpu_amp": {False: "fp32", True: "auto"},
+}
+
+
 def _checked(value: Any, node: Any, name: str, dotted: str, source: str) -> Any:
     """The value converted to the key's type and checked against its spec."""
     spec = {f.name: f for f in dataclasses.fields(node)}[name].metadata.get("spec")
+    if isinstance(value, bool) and dotted in LEGACY_VALUES:
+        value = LEGACY_VALUES[dotted][value]
     if isinstance(spec, DecodeOption):
         return _decode_value(value, spec, dotted, source)
     value = _coerce(value, _field_type(node, name), dotted, source)

@@ -5,7 +5,9 @@ add contention (each thread spins at synchronisation points while another proces
 core; docs/benchmarks.md has the measurements), so one knob sets them: `train.threads` in a
 training config, else the environment variable CAPTIONER_THREADS, else, under torchrun, its
 OMP_NUM_THREADS (it splits the node's cores between the ranks), else the cores that are free
-when the command starts (the cores minus the other runnable processes, at least 1).
+when the command starts (the cores minus the other runnable processes, at least 1). A training
+run is the exception (`run_threads`): its sums depend on the thread count, so its default is
+every usable core, whatever the load, and the count is kept for the whole run and its resumption.
 
 DataLoader workers: `data.num_workers: -1` (auto) gives each rank its share of the node's cores
 less one for the rank's own process, so 8 ranks on 16 cores run 8 workers, not 64.
@@ -89,6 +91,18 @@ def resolve_threads(requested: int | None = None) -> int:
     return free_cores()
 
 
+def run_threads(requested: int | None = None) -> int:
+    """A training run's thread count, the same for every run on this machine (the sums of its
+    steps depend on it): `requested` (> 0), else $CAPTIONER_THREADS, else under torchrun its
+    $OMP_NUM_THREADS or this rank's share of the cores, else every core this process may use.
+    Never the free cores of the moment: those change with the load, and the weights with them."""
+    if requested:
+        return requested
+    if not threads_are_automatic():
+        return resolve_threads()
+    return usable_cores()
+
+
 def set_threads(requested: int | None = None) -> int:
     """Set torch's intra-op threads as `resolve_threads` says; returns the number set."""
     threads = resolve_threads(requested)
@@ -121,7 +135,8 @@ def threads_are_automatic(requested: int | None = None) -> bool:
 
 
 class ThreadGovernor:
-    """Keeps torch's threads at the cores that are free while a long run goes on.
+    """Keeps torch's threads at the cores that are free while a long run goes on
+    (`train.follow_free_cores`: a run's sums then change with the load, so it is off by default).
 
     The count chosen when a command starts is a guess about the minutes after it: a run started
     beside another process stays on one thread after that process ends, and one started alone

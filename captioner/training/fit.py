@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from captioner.core.config import Config, dump_config
 from captioner.core.errors import CheckpointError, ConfigError, DatasetError
 from captioner.core.files import write_failure
-from captioner.core.runtime import ThreadGovernor, loader_workers, resolve_device, seed_everything, threads_are_automatic
+from captioner.core.runtime import ThreadGovernor, loader_workers, resolve_device, seed_everything
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split, seeded_split_record, split_shards
 from captioner.data.device_decode import device_preprocess
@@ -34,7 +34,6 @@ from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.store import StoreRows, split_features, store_dir
 from captioner.data.streaming import ShardSet, ShardStream, StreamingCaptions, StreamSettings, open_shard_set, shard_captions
-from captioner.models import products
 from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint
@@ -49,8 +48,7 @@ from captioner.training.history import (
     write_step_losses,
 )
 from captioner.training.interrupt import Interrupted, StopSignals
-from captioner.training.loop import bf16_autocast, caption_loss, train_one_epoch
-from captioner.training.precision import PrecisionTrial
+from captioner.training.loop import caption_loss, train_one_epoch
 from captioner.training.resume import rng_state, set_rng_state
 from captioner.training.schedule import (
     describe_schedule,
@@ -59,6 +57,7 @@ from captioner.training.schedule import (
     make_scheduler,
 )
 from captioner.training.scst import SelfCritical
+from captioner.training.speed import SpeedChoices, decide_steps, decide_threads, describe
 from captioner.training.stages import read_init_checkpoint, read_resume_checkpoint
 from captioner.training.state import LOGGED, TrainState
 from captioner.training.validate import validate
@@ -81,6 +80,8 @@ def fit(config: Config, resume: bool = False) -> Path:
     train_records, val_records, all_val_records = load_records(config, ctx)
     shards = train_shard_set(config)  # streamed training: the shards and their counts, no records
     checkpoint = read_resume_checkpoint(config) if resume else None
+    # Fixed before any sums (the feature store's included), and taken back from last.pt.
+    threads, governor = decide_threads(config, checkpoint["train_state"] if checkpoint else None, str(out_dir / "last.pt"))
     initial = read_init_checkpoint(config) if config.train.init and checkpoint is None else None
     captions = (c for r in train_records for c in r.captions) if shards is None else shard_captions(shards, progress=ctx.is_main)
     vocab = choose_vocabulary(config, checkpoint or initial, captions)
@@ -101,7 +102,8 @@ def fit(config: Config, resume: bool = False) -> Path:
                 (out_dir / "splits.json").write_text(json.dumps(drawn, indent=1))
         except OSError as e:  # a full disk before the first step: one line naming the file
             raise write_failure(Path(e.filename or out_dir), e) from None
-    run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint, shards)
+    run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint, shards, threads)
+    run.threads = governor
     run.stop.install()  # from here a SIGTERM or SIGINT ends the step, saves last.pt and raises Interrupted
     try:
         run.train()
@@ -170,8 +172,9 @@ class Run:
     grid: tuple[int, int] | None
     resumed: bool
     started: float
+    speed: SpeedChoices
     stop: StopSignals = field(default_factory=StopSignals)
-    threads: ThreadGovernor | None = None  # follows the free cores when nothing fixed the thread count (CPU runs)
+    threads: ThreadGovernor | None = None  # train.follow_free_cores: the thread count follows the free cores (CPU runs)
 
     @property
     def out_dir(self) -> Path:
@@ -185,9 +188,11 @@ class Run:
     def start(
         cls, config: Config, ctx: Distributed, model: Captioner, train_records: list[ImageRecord],
         val_records: list[ImageRecord], all_val_records: list[ImageRecord], checkpoint: dict | None, shards: ShardSet | None = None,
+        threads: int | None = None,
     ) -> Run:
-        """The data (images, or the feature store for a frozen encoder), the objective, the
-        optimiser and schedule, the DDP wrapper; then the checkpoint's state when resuming."""
+        """The data (images, or the feature store for a frozen encoder), the steps' precision and
+        products route, the objective, the optimiser and schedule, the DDP wrapper; then the
+        checkpoint's state when resuming. `threads`: the count `decide_threads` fixed."""
         data, device = config.data, ctx.device
         state = TrainState()
         state.encoded = model.encoder.storable and not data.augment and config.train.cache_features and shards is None
@@ -206,8 +211,12 @@ class Run:
                 ctx.barrier()
         if config.train.channels_last or config.train.compile:
             accelerate(model, config, device, state.encoded)
-        if config.train.cpu_amp and device.type == "cpu" and ctx.is_main and not bf16_autocast(config, device):
-            log.info("train.cpu_amp: ignored: this CPU has no native bf16")
+        saved = checkpoint["train_state"] if checkpoint is not None else None
+        feature_shape = tuple(train_features[0].shape) if state.encoded and len(train_features) else None  # (N, D)
+        state.bf16, onednn = decide_steps(config, ctx, model, state.encoded, feature_shape, saved, str(Path(config.train.out_dir) / "last.pt"))
+        speed = SpeedChoices(state.bf16, threads, onednn)
+        if ctx.is_main:
+            log.info("%s", describe(speed, device))
 
         scst = config.train.stage == "scst"
         pairs = "all" if scst else data.captions_per_image  # SCST: one item per image, rewarded against all its references
@@ -247,13 +256,7 @@ class Run:
             )
         state.reset_sums(device)
         run = cls(config, ctx, model, forward, objective, loader, sampler, optimizer, scheduler, state,
-                  val_records, val_features, grid, checkpoint is not None, time.time())
-        if device.type == "cpu" and threads_are_automatic(config.train.threads):
-            run.threads = ThreadGovernor()
-        if device.type == "cpu" and bf16_autocast(config, device):  # after restore: a resumed run keeps its choice
-            state.precision = PrecisionTrial(state.cpu_bf16)
-            if state.cpu_bf16 is None and ctx.is_main:
-                log.info("train.cpu_amp: this CPU has native bf16; the first %d steps time bf16 against fp32", state.precision.steps)
+                  val_records, val_features, grid, checkpoint is not None, time.time(), speed)
         if checkpoint is not None:
             run.restore(checkpoint)
         elif ctx.enabled:  # the same initial weights everywhere, then each rank its own dropout masks
@@ -284,9 +287,6 @@ class Run:
                 f"{self.out_dir / 'last.pt'}: saved at batch {self.state.position} of an epoch of {len(self.sampler)}; the data or batch size changed"
             )
         restore_rng(checkpoint["train_state"], self.ctx, self.config.train.seed, self.state)
-        route = checkpoint["train_state"].get("onednn_products")  # a CPU run's; older checkpoints do not say
-        if isinstance(route, bool) and self.ctx.device.type == "cpu":
-            products.take_route(route, str(self.out_dir / "last.pt"))
         log.info("resumed from %s at epoch %d, batch %d, step %d", self.out_dir / "last.pt", self.state.epoch + 1,
                  self.state.position, self.state.step)
 
@@ -367,8 +367,8 @@ class Run:
             save_checkpoint(
                 self.out_dir / name, self.model, self.config,
                 optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                train_state={**self.state.to_dict(), "world_size": self.ctx.world_size, "rng": rng, "stream": streams,
-                             "onednn_products": products.route_taken() if self.ctx.device.type == "cpu" else None},
+                train_state={**self.state.to_dict(), **self.speed.to_dict(), "world_size": self.ctx.world_size, "rng": rng,
+                             "stream": streams},
             )
 
     def close(self) -> None:

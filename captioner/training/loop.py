@@ -4,7 +4,6 @@ objective (cross-entropy or self-critical) without reading the device back betwe
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -15,7 +14,6 @@ from tqdm import tqdm
 
 from captioner.core.config import Config
 from captioner.core.errors import DatasetError
-from captioner.core.runtime import cpu_has_native_bf16
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput
@@ -71,16 +69,6 @@ def caption_loss(
     return loss, {"loss": loss.detach(), "xent": xent.detach(), "penalty": penalty.detach()}
 
 
-def bf16_autocast(config: Config, device: torch.device) -> bool:
-    """Whether training steps run under bf16 autocast: `train.amp` on CUDA, `train.cpu_amp` on a
-    CPU that has native bf16 (the optimiser's weights, the loss and its reduction stay fp32).
-    On the CPU the first steps then time bf16 against fp32 (`PrecisionTrial`, state.precision)
-    and keep the faster."""
-    if device.type == "cuda":
-        return config.train.amp
-    return device.type == "cpu" and config.train.cpu_amp and cpu_has_native_bf16()
-
-
 def train_one_epoch(
     model: Captioner,
     forward: Callable[..., DecoderOutput],
@@ -102,11 +90,12 @@ def train_one_epoch(
     says every rank stops after (a SIGTERM or SIGINT), the epoch ends there."""
     model.train()
     device = ctx.device
-    use_amp = bf16_autocast(config, device)
+    # The steps' precision, decided before the first one (training/speed.py) and never changed
+    # within a run; a caller that decided nothing gets train.amp on CUDA and fp32 on the CPU.
+    amp = state.bf16 if state.bf16 is not None else device.type == "cuda" and config.train.amp
     channels_last = config.train.channels_last and device.type == "cuda" and not state.encoded
     bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True, initial=state.position,
                total=len(loader), disable=not ctx.is_main)
-    trial = state.precision  # a PrecisionTrial where train.cpu_amp may use bf16: it picks each step's precision
     for batch in bar:
         state.position += 1
         if batch is None:  # every image of the batch failed to load
@@ -117,8 +106,6 @@ def train_one_epoch(
         summed = ctx.sum_host(local + (stop.votes() if stop else []))  # over every rank, with the ranks' stop votes
         totals = tuple(summed[:3])  # what each rank's loss is a share of
         batch = batch.to(device, channels_last=channels_last)
-        amp = trial.bf16_now() if trial is not None else use_amp
-        started = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             loss, parts = objective(model, batch, config, state.encoded, totals, forward)
         optimizer.zero_grad(set_to_none=True)
@@ -129,10 +116,6 @@ def train_one_epoch(
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
         optimizer.step()
         scheduler.step()
-        if trial is not None and trial.decided is None:  # a CPU step: its time is its work (no device queue)
-            decided = trial.record(amp, time.perf_counter() - started)
-            if decided is not None:
-                state.cpu_bf16 = trial.decided = ctx.broadcast(decided if ctx.is_main else None) if ctx.enabled else decided
         state.step += 1
         state.accumulate(torch.stack([parts[k] for k in state.logged]))  # (P,) on the device, not read here
         if config.train.log_every and state.step % config.train.log_every == 0:

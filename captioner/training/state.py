@@ -34,10 +34,9 @@ class TrainState:
     epoch_sums: torch.Tensor | None = None  # (P,)
     epoch_steps: int = 0
     encoded: bool = False
-    # train.cpu_amp on a CPU with native bf16: None until the first steps have timed bf16 against
-    # fp32 (training/precision.py); then the winner, kept by a resumed run.
-    cpu_bf16: bool | None = None
-    precision: object | None = None  # the PrecisionTrial deciding it (training/precision.py); not saved
+    # Whether the steps run under bf16 autocast, decided before the first (training/speed.py, which
+    # saves it with the run's other speed choices); None: train.amp on CUDA, fp32 on the CPU.
+    bf16: bool | None = None
     writer: object | None = None
 
     def reset_sums(self, device: torch.device) -> None:
@@ -77,7 +76,6 @@ class TrainState:
             "history": self.history, "step_losses": self.step_losses,
             "running": self.running.cpu() if self.running is not None else None, "running_steps": self.running_steps,
             "epoch_sums": self.epoch_sums.cpu() if self.epoch_sums is not None else None, "epoch_steps": self.epoch_steps,
-            "cpu_bf16": self.cpu_bf16,
         }
 
     def load(self, saved: dict, device: torch.device) -> None:
@@ -88,7 +86,6 @@ class TrainState:
         # Checkpoints from before best_step validated at epoch ends only: the best epoch's row has it.
         self.best_step = saved.get("best_step", next((r["step"] for r in self.history if r["epoch"] == self.best_epoch), 0))
         self.step_losses = list(saved.get("step_losses", []))
-        self.cpu_bf16 = saved.get("cpu_bf16")
         self.reset_sums(device)
         if saved.get("running") is not None and self.position:  # mid-epoch: the sums go on
             self.running.copy_(saved["running"])

@@ -31,11 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from captioner.training import distributed
     from captioner.training.interrupt import Interrupted
 
-    config = load_config(args.config, config_overrides(args))
-    if config.train.threads:
-        from captioner.core.runtime import set_threads
-
-        set_threads(config.train.threads)  # the run's own setting beats the process default set in main
+    config = load_config(args.config, config_overrides(args))  # the run fixes its threads itself (training/speed.py)
     try:
         best = train_run(config, resume=args.resume)
     except Interrupted as stopped:
