@@ -47,19 +47,26 @@ def prune(folder: Path, max_age_s: float) -> None:
             pass  # another request removed it first
 
 
-def prune_folders(cache: Path, max_age_s: float, keep: Path) -> None:
-    """Delete the empty folders directly under `cache` (but `keep`) not changed for `max_age_s`:
+def prune_folders(cache: Path, keep: Path, seen_empty: set[Path]) -> set[Path]:
+    """Delete the folders directly under `cache` (but `keep`) that are empty now and were empty at
+    the previous prune (`seen_empty`); returns the folders empty now that remain, for the next one.
+
     Gradio keeps each cached file in a folder named by its hash and deletes the file, never the
-    folder."""
-    now = time.time()
+    folder. Two looks an interval apart tell an emptied folder from one Gradio has just made for a
+    file it is about to write. A folder's modification time cannot: every deletion inside it
+    renews it, so it would say when Gradio last cleaned, not how old the folder is."""
+    empty_now: set[Path] = set()
     for folder in cache.iterdir() if cache.is_dir() else []:
         try:
-            if folder == keep:
+            if folder == keep or not folder.is_dir() or any(folder.iterdir()):
                 continue
-            if folder.is_dir() and now - folder.stat().st_mtime > max_age_s and not any(folder.iterdir()):
+            if folder in seen_empty:
                 folder.rmdir()  # fails, harmlessly, if a file arrived meanwhile
+            else:
+                empty_now.add(folder)
         except OSError:
             pass
+    return empty_now
 
 
 def inside_views(

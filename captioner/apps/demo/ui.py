@@ -100,6 +100,7 @@ class Callbacks:
         self.out_dir = self.cache / f"captioner-demo-{uuid.uuid4().hex[:12]}"
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._pruned = time.monotonic()
+        self._empty_folders: set[Path] = set()  # the cache's folders found empty at the last prune
         self._running = 0  # callbacks in flight on the server's worker threads
         self._idle = threading.Condition()
 
@@ -205,7 +206,7 @@ class Callbacks:
 
     def prune(self) -> None:
         """At most every `cleanup.every_s` seconds: delete this page's old pictures, and the
-        cache's old empty folders when the cache is this server's alone."""
+        cache's folders found empty at two prunes in a row when the cache is this server's alone."""
         now = time.monotonic()
         if now - self._pruned < self.cleanup.every_s:
             return
@@ -213,7 +214,7 @@ class Callbacks:
         self.out_dir.mkdir(parents=True, exist_ok=True)  # a cache cleared under us
         prune(self.out_dir, self.cleanup.max_age_s)
         if self.cleanup.empty_folders:
-            prune_folders(self.cache, self.cleanup.max_age_s, keep=self.out_dir)
+            self._empty_folders = prune_folders(self.cache, self.out_dir, self._empty_folders)
 
 
 def disable_download() -> gr.DownloadButton:
