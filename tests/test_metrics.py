@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import require, subprocess_env
+from helpers import optional, require, subprocess_env
 import warm_start
 
 from captioner.core.errors import CaptionerError, DatasetError
@@ -269,8 +269,8 @@ def test_spice_java_runs_with_options_and_fails_in_one_line(
 
 
 @needs_java
-@pytest.mark.skipif(bool(java.missing_spice_models()), reason="SPICE's Stanford CoreNLP models are not installed")
 def test_spice_runs_when_models_present(caplog: pytest.LogCaptureFixture) -> None:
+    optional(not java.missing_spice_models(), "SPICE models", "SPICE's Stanford CoreNLP models are not installed")
     refs = {i: SIMPLE_REFS[i] for i in (10, 12)}
     preds = {i: SIMPLE_PREDS[i] for i in (10, 12)}
     with caplog.at_level(logging.WARNING, logger="captioner.evaluation.java"):

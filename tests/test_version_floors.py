@@ -5,6 +5,7 @@ products called `torch.compiler.is_exporting`, which came in 2.6)."""
 from __future__ import annotations
 
 import re
+import runpy
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 PYPROJECT = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
-FLOORED = ("torch", "torchvision", "gradio", "onnxruntime", "onnx", "onnxscript")
+SCRIPTS = Path(__file__).parents[1] / "scripts"
+FLOORED = runpy.run_path(str(SCRIPTS / "floor_constraints.py"))["FLOORED"]  # what the test install holds at its floors
 
 
 def floors() -> dict[str, tuple[int, ...]]:
@@ -49,3 +51,18 @@ def test_setup_pins_the_floor() -> None:
         assert pinned, f"scripts/setup.sh: {package} is not pinned"
         floor = floors()[package]
         assert tuple(int(p) for p in pinned.group(1).split("."))[: len(floor)] == floor
+
+
+def test_the_test_install_is_constrained_to_every_floor() -> None:
+    """scripts/setup.sh with EXTRAS=test installs under floor_constraints.py's pins: one per floored
+    package, each its floor's release series."""
+    import subprocess
+    import sys
+
+    printed = subprocess.run([sys.executable, str(SCRIPTS / "floor_constraints.py")], capture_output=True, text=True, check=True).stdout
+    pins = dict(line.split("==") for line in printed.split())
+    assert list(pins) == list(FLOORED)
+    for package, pin in pins.items():
+        assert tuple(int(p) for p in pin.removesuffix(".*").split(".")) == floors()[package]
+    setup = (SCRIPTS / "setup.sh").read_text()
+    assert 'floor_constraints.py" > "$floors"' in setup and 'install "${constraints[@]}" -e' in setup
