@@ -1,12 +1,14 @@
-"""The quickstart's training step in fp32 and under bf16 autocast (`train.cpu_amp`), side by side.
+"""The quickstart's training step in fp32 and under bf16 autocast (`train.cpu_amp`), side by side,
+and what `train.cpu_amp: auto`'s calibration (training/precision.py) decides for the same shapes.
 
     python benchmarks/bench_cpu_amp.py [--config configs/shapes_lstm.yaml] [--steps 6] [--rounds 3] [--threads N]
 
 A shapes world of a few batches is drawn into a temporary folder; both variants train the same
 model (each from the same initial weights, with its own AdamW) on the same batches, and the
 rounds alternate them so a change in the machine's load hits both alike. Printed: seconds per
-step (median over rounds) and the ratio, and whether this CPU multiplies bf16 natively (without
-that, `train.cpu_amp` is ignored and this benchmark says so).
+step (median over rounds) and the ratio, whether this CPU multiplies bf16 natively (without
+that, `auto` takes fp32 and this benchmark says so), and the calibration's two times and verdict:
+it should pick the precision whose real step is faster.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from captioner.data.shapes import generate_shapes
 from captioner.models.build import build_model
 from captioner.text.vocab import Vocabulary
 from captioner.training.loop import caption_loss
+from captioner.training.precision import time_precisions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,7 +75,7 @@ def main() -> None:
     native = cpu_has_native_bf16()
     print(f"threads {threads}; native bf16 on this CPU: {native}")
     if not native:
-        print("train.cpu_amp is ignored on this CPU (bf16 would be emulated); timing it anyway")
+        print("train.cpu_amp auto takes fp32 on this CPU (bf16 would be emulated); timing it anyway")
 
     config, vocab, batches = config_batches(args.config, args.steps + 1)
     data = config.data
@@ -106,6 +109,10 @@ def main() -> None:
         print(f"| {name} | {statistics.median(seconds[name]):.3f} | {losses[name]:.4f} |")
     ratio = statistics.median(seconds["fp32"]) / statistics.median(seconds["bf16 autocast"])
     print(f"bf16 autocast is {ratio:.2f}x the fp32 step's speed")
+    decision = time_precisions(first, config, False, None)
+    print(f"the calibration (train.cpu_amp auto, synthetic batches of these shapes): bf16 {decision['bf16_ms']:.1f} ms, "
+          f"fp32 {decision['fp32_ms']:.1f} ms a pass: {'bf16' if decision['bf16'] else 'fp32'}"
+          f"{'' if native else ' (not taken here: no native bf16)'}")
 
 
 if __name__ == "__main__":
