@@ -137,10 +137,11 @@ def _data_size(config: Config) -> str:
     from captioner.data.datasets import load_split, split_shards
 
     if config.data.dataset == "webdataset":  # counted from the shards' index: the shards themselves may be terabytes away
+        from captioner.data.bounded_tar import shard_limits
         from captioner.data.streaming import open_shard_set
 
         try:
-            shards = open_shard_set(split_shards(config.data, "train"), "data.train_shards")
+            shards = open_shard_set(split_shards(config.data, "train"), "data.train_shards", shard_limits(config.data))
         except CaptionerError:
             return "its train shards"
         return f"{shards.samples:,} training samples in {len(shards.urls):,} shards"

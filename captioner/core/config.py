@@ -62,6 +62,14 @@ class DataConfig:
     test_shards: str | None = setting(None, Text())  # webdataset: the test shards (captioner evaluate --split test)
     shuffle_buffer: int = setting(1000, POSITIVE)  # webdataset: samples each loader worker shuffles among (1: shard order)
     max_broken_fraction: float = setting(0.01, Range(ge=0, lt=1))  # webdataset: broken samples (bad image, no caption) skipped per worker before the run stops
+    # webdataset: what one shard, and a split held in memory, may take. Past a limit the read stops
+    # with one line naming the shard, the member and the key (captioner/data/bounded_tar.py).
+    max_member_bytes: int = setting(32 * 2**20, POSITIVE)  # webdataset: a shard member (an image, a caption file) larger than this stops the read
+    max_shard_bytes: int = setting(8 * 2**30, POSITIVE)  # webdataset: a shard's bytes once decompressed; more stops the read (an endless stream)
+    max_shard_expansion: float = setting(20.0, Range(ge=1))  # webdataset: a compressed shard's decompressed bytes per byte read, past its first 16 MiB (a bomb)
+    max_split_samples: int = setting(100_000, POSITIVE)  # webdataset: samples a validation or test split holds in memory
+    max_split_bytes: int = setting(4 * 2**30, POSITIVE)  # webdataset: bytes (images and captions) a validation or test split holds in memory
+    max_index_bytes: int = setting(64 * 2**20, POSITIVE)  # webdataset: a shards.json or <shard>_stats.json larger than this is refused
     # imagefolder and hf without train/validation/test splits: a seeded split of the images, the
     # same for the same images and seed, written to <train.out_dir>/splits.json by training.
     val_fraction: float = setting(0.05, Range(ge=0, lt=1))  # imagefolder, hf without splits: share of images held out for validation

@@ -52,10 +52,12 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
             root, split, config.image_column, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed
         )
     if config.dataset == "webdataset":
+        from captioner.data.bounded_tar import shard_limits
         from captioner.data.streaming import load_shard_records, open_shard_set  # webdataset is an extra
 
         pattern = split_shards(config, split)
-        return load_shard_records(open_shard_set(pattern, f"data.{split}_shards"), split, keep_images=check_images)
+        shards = open_shard_set(pattern, f"data.{split}_shards", shard_limits(config))
+        return load_shard_records(shards, split, keep_images=check_images)
     raise DatasetError(f"unknown dataset {config.dataset!r}")
 
 

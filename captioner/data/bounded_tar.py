@@ -1,0 +1,193 @@
+"""A WebDataset shard read within limits: its tar stream, plain or compressed, member by member,
+each size checked before its bytes are read. No shard, however made, takes more memory or time
+than the limits allow (data.max_member_bytes and its neighbours in core/config.py):
+
+- Compression is told from the stream's first bytes (gzip, bzip2, xz; else a plain tar) and undone
+  here, in bounded steps, so that every decompressed byte passes one counter: a shard stops past
+  `max_shard_bytes` (an endless stream), or past `max_shard_expansion` decompressed bytes per byte
+  read once EXPANSION_CHECKED_FROM bytes are out (a bomb).
+- A member's size is read from its header and refused over `max_member_bytes` before its data is
+  read; the tar reader may read no further than the member (or the next header, at most
+  MAX_HEADER_BYTES with its long-name and pax records) that the loop has allowed.
+- A member whose name is not a plain relative name (absolute, `..`, `.`, empty parts, a backslash,
+  a control character) is refused by name: its key becomes a record's path.
+- Members whose suffix the reader does not use are skipped, never held.
+
+Every refusal is one `DatasetError` naming the shard, the member and the limit.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import re
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from captioner.core.config import DataConfig
+from captioner.core.errors import DatasetError
+from captioner.core.files import size_text
+
+MAX_HEADER_BYTES = 1 << 20  # a member's header with its GNU long-name and pax records
+EXPANSION_CHECKED_FROM = 16 << 20  # decompressed bytes before the expansion guard applies: small archives vary too much
+READ_AHEAD = 64 << 10  # the tar reader reads in 10 KiB records: it may read this far past what it was allowed
+COMPRESSIONS: dict[bytes, Callable[[BinaryIO], BinaryIO]] = {  # first bytes -> the reader that undoes them
+    b"\x1f\x8b": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),  # type: ignore[dict-item]
+    b"BZh": lambda raw: bz2.BZ2File(raw),  # type: ignore[dict-item]
+    b"\xfd7zXZ\x00": lambda raw: lzma.LZMAFile(raw),  # type: ignore[dict-item]
+}
+META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's own files (__key__ and the like): never samples
+KEY_AND_SUFFIX = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's split of a member name: key, then every suffix
+
+
+@dataclass(frozen=True)
+class ShardLimits:
+    """What reading shards may take (the data.max_* keys of the webdataset section)."""
+
+    member_bytes: int
+    shard_bytes: int
+    expansion: float
+    split_samples: int
+    split_bytes: int
+    index_bytes: int
+
+
+def shard_limits(data: DataConfig) -> ShardLimits:
+    return ShardLimits(data.max_member_bytes, data.max_shard_bytes, data.max_shard_expansion, data.max_split_samples,
+                       data.max_split_bytes, data.max_index_bytes)
+
+
+DEFAULT_LIMITS = shard_limits(DataConfig())
+
+
+class LimitReached(Exception):
+    """Raised inside the tar reader when the stream passes a limit; `shard_members` words it."""
+
+
+class CountingReader(io.RawIOBase):
+    """The shard's bytes as they arrive (compressed or not), counted."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self.raw.read(len(buffer))
+        buffer[: len(data)] = data
+        self.count += len(data)
+        return len(data)
+
+
+class BoundedStream:
+    """The decompressed tar stream, delivered only up to what the loop allows (`allow`), and never
+    past the shard's limits; `position` counts every byte delivered."""
+
+    def __init__(self, decompressed: BinaryIO, arrived: CountingReader, compressed: bool, limits: ShardLimits) -> None:
+        self.decompressed = decompressed
+        self.arrived = arrived
+        self.compressed = compressed
+        self.limits = limits
+        self.position = 0
+        self.allowed = 0
+        self.reason = ""  # what the allowance is for, to name when it is passed
+
+    def allow(self, end: int, reason: str) -> None:
+        self.allowed = end
+        self.reason = reason
+
+    def read(self, size: int = -1) -> bytes:
+        room = self.allowed + READ_AHEAD - self.position
+        if room <= 0 or size < 0 or size > room:
+            size = max(room, 0) + 1  # one byte past the room, so that passing it is seen
+        data = self.decompressed.read(size)
+        self.position += len(data)
+        if self.position > self.allowed + READ_AHEAD:
+            raise LimitReached(self.reason)
+        if self.position > self.limits.shard_bytes:
+            raise LimitReached(f"more than data.max_shard_bytes ({size_text(self.limits.shard_bytes)}) once decompressed")
+        if self.compressed and self.position > EXPANSION_CHECKED_FROM and self.position > self.limits.expansion * self.arrived.count:
+            raise LimitReached(
+                f"{size_text(self.position)} decompressed from {size_text(self.arrived.count)}, more than "
+                f"data.max_shard_expansion ({self.limits.expansion:g}) times (a decompression bomb?)"
+            )
+        return data
+
+
+def plain_member_name(name: str) -> bool:
+    """A relative name whose parts are all ordinary names: what a sample's key may be."""
+    if not name or name.startswith("/") or "\\" in name or any(ord(c) < 32 or c == "\x7f" for c in name):
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def shard_members(raw: BinaryIO, url: str, limits: ShardLimits, wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes | None]]:
+    """(name, data) for each file of the tar stream `raw` in order, data None for those `wanted`
+    refuses (skipped unread); DatasetError in one line at the first limit passed or name refused."""
+    arrived = CountingReader(raw)
+    buffered = io.BufferedReader(arrived, READ_AHEAD)
+    magic = buffered.peek(8)[:8]
+    opener = next((open_ for prefix, open_ in COMPRESSIONS.items() if magic.startswith(prefix)), None)
+    stream = BoundedStream(opener(buffered) if opener else buffered, arrived, opener is not None, limits)  # type: ignore[arg-type]
+    previous = "its first header"
+    stream.allow(MAX_HEADER_BYTES, f"{previous}: a header (with its long-name and pax records) over {size_text(MAX_HEADER_BYTES)}")
+    try:
+        tar = tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]
+        while (info := tar.next()) is not None:
+            tar.members = []  # a stream keeps every header it read otherwise
+            name = info.name
+            if not plain_member_name(name):
+                raise DatasetError(f"{url}: member {name!r} is not a plain relative name (absolute, '..', '.', an empty part, a backslash or a control character); refused")
+            if info.size > limits.member_bytes:
+                raise DatasetError(f"{url}: member {name!r} is {size_text(info.size)}, more than data.max_member_bytes ({size_text(limits.member_bytes)})")
+            end = info.offset_data + info.size
+            if end > limits.shard_bytes:
+                raise DatasetError(f"{url}: member {name!r} ends past data.max_shard_bytes ({size_text(limits.shard_bytes)}) of the shard")
+            stream.allow(end, f"member {name!r}: more than its header's {info.size} bytes")
+            data = None
+            if info.isreg() and wanted(name):
+                member = tar.extractfile(info)
+                assert member is not None  # a regular file always has one
+                data = member.read()
+            yield name, data
+            previous = f"the header after member {name!r}"
+            stream.allow(end + 2 * tarfile.BLOCKSIZE + MAX_HEADER_BYTES, f"{previous}: a header over {size_text(MAX_HEADER_BYTES)}")
+    except LimitReached as e:
+        raise DatasetError(f"{url}: {e}") from None
+
+
+def member_key(name: str) -> tuple[str, str] | None:
+    """webdataset's split of a member name into the sample's key and its suffix (lower case):
+    "dir/000123.seg.png" -> ("dir/000123", "seg.png"); None for a name without a suffix."""
+    found = KEY_AND_SUFFIX.match(name)
+    return (found.group(1), found.group(2).lower()) if found else None
+
+
+def shard_samples(raw: BinaryIO, url: str, limits: ShardLimits, suffixes: frozenset[str]) -> Iterator[dict]:
+    """The samples of one shard as webdataset groups them ({"__key__", "__url__", suffix: bytes}):
+    consecutive members with one key; only the `suffixes` read are held, but every key counts as a
+    sample, as webdataset counts them, so the shard index's counts hold."""
+    sample: dict | None = None
+    held: set[str] = set()  # the suffixes of the current sample, read or skipped
+    for name, data in shard_members(raw, url, limits, lambda member: (member_key(member) or ("", ""))[1] in suffixes):
+        split = member_key(name)
+        if split is None or META_MEMBER.match(name):
+            continue
+        key, suffix = split
+        if sample is None or sample["__key__"] != key:
+            if sample is not None:
+                yield sample
+            sample, held = {"__key__": key, "__url__": url}, set()
+        if suffix in held:
+            raise DatasetError(f"{url}: member {name!r}: a second {suffix!r} of the sample {key!r} (a duplicate member)")
+        held.add(suffix)
+        if data is not None:
+            sample[suffix] = data
+    if sample is not None:
+        yield sample
