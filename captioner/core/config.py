@@ -50,7 +50,7 @@ PROBABILITY_BELOW_ONE = Range(ge=0, lt=1)  # dropout, label smoothing: 1 would r
 class DataConfig:
     dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k", "imagefolder", "hf", "webdataset")))  # the caption files' layout: shapes (generated), coco (2014/2017 annotations), karpathy (dataset_*.json), flickr8k, imagefolder (images + metadata.jsonl/csv), hf (a Hugging Face dataset on disk), webdataset (shards, streamed)
     root: str = setting("data/shapes", Text())  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files; imagefolder: the folder; hf: save_to_disk folder or Parquet files
-    image_root: str | None = setting(None, Text())  # folder of the images when it is not `root` (flickr8k, karpathy)
+    image_root: str | None = setting(None, Text())  # folder of the images when it is not `root` (flickr8k, karpathy); hf: the folder its image paths are inside
     karpathy_file: str | None = setting(None, Text())  # dataset_*.json with Karpathy's splits (dataset: karpathy)
     year: int = setting(2014, Choice((2014, 2017)))  # coco
     caption_column: str = setting("text", Text())  # imagefolder, hf: the column holding each image's caption (a string, or a list of them)

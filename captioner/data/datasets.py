@@ -49,7 +49,8 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         from captioner.data.hf_datasets import load_hf_dataset  # `datasets` is an extra: imported when asked for
 
         return load_hf_dataset(
-            root, split, config.image_column, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed
+            root, split, config.image_column, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed,
+            image_root=config.image_root,
         )
     if config.dataset == "webdataset":
         from captioner.data.bounded_tar import shard_limits

@@ -1,6 +1,9 @@
 """A Hugging Face dataset on disk: a `save_to_disk` folder (Arrow files) or Parquet files, read
 through `datasets` with no network. The image column may be an `Image` feature (bytes or a
-path), raw bytes, or a file path; the caption column a string or a list of strings.
+path), raw bytes, or a file path; the caption column a string or a list of strings. A file path
+stays inside the dataset's folder (or `data.image_root`, the folder the user names for them): a
+relative path with no `..`, or an absolute one inside that folder; any other is refused by name,
+never read, as an image folder's metadata is (`imagefolder._inside`).
 
 Images are not copied out: each record names its row, and `DatasetImages.read` takes the bytes
 from the memory-mapped Arrow table in whichever process loads the image (DataLoader workers open
@@ -14,7 +17,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from captioner.core.errors import DatasetError, ImageLoadError
@@ -71,6 +74,7 @@ class DatasetImages:
     root: str
     split: str  # the dataset's own split name
     column: str
+    image_root: str | None = None  # the folder its image paths are inside (data.image_root); None: the dataset's own
 
     def read(self, row: int) -> bytes:
         value = _image_column(self.root, self.split, self.column)[row].as_py()
@@ -83,12 +87,32 @@ class DatasetImages:
         if isinstance(value, (bytes, bytearray)):
             return bytes(value)
         if isinstance(value, str) and value:
-            file = Path(value) if os.path.isabs(value) else Path(self.root) / value
+            file = image_file(value, self.image_root or dataset_folder(self.root), name)
             try:
                 return file.read_bytes()
             except OSError as e:
                 raise ImageLoadError(f"{name}: cannot read {file} ({e.strerror or e})") from None
         raise ImageLoadError(f"{name}: no image (the cell is {type(value).__name__})")
+
+
+def dataset_folder(root: str) -> str:
+    """The folder a dataset's relative image paths start from: `root`, or the folder of a .parquet file."""
+    return str(Path(root).parent) if Path(root).is_file() else root
+
+
+def image_file(value: str, folder: str, name: str) -> Path:
+    """The file an image path names, inside `folder`; ImageLoadError naming the row otherwise."""
+    parts = PurePosixPath(value.replace("\\", "/"))
+    if parts.is_absolute() or os.path.isabs(value):
+        inside = os.path.normpath(value)
+        base = os.path.normpath(os.path.abspath(folder))
+        if os.path.commonpath([inside, base]) == base:
+            return Path(inside)
+        raise ImageLoadError(f"{name}: the image path {value!r} is outside the dataset's folder {folder}; refused "
+                             "(set data.image_root to the folder that holds its images)")
+    if ".." in parts.parts:
+        raise ImageLoadError(f"{name}: the image path {value!r} leaves the dataset's folder {folder} (..); refused")
+    return Path(folder) / parts
 
 
 @functools.lru_cache(maxsize=16)
@@ -105,9 +129,11 @@ def load_hf_dataset(
     val_fraction: float = 0.05,
     test_fraction: float = 0.05,
     split_seed: int = 0,
+    image_root: str | Path | None = None,
 ) -> list[ImageRecord]:
     """The records of one split (train, val, test). Image ids number the rows split by split
-    (train, val, test) as the dataset orders them."""
+    (train, val, test) as the dataset orders them. Image paths in the dataset are read inside
+    `image_root` when given, else inside the dataset's folder."""
     root = str(root)
     check_split_name(split, root)
     splits = open_dataset(root)
@@ -124,7 +150,7 @@ def load_hf_dataset(
         rows = captioned
         earlier = list(SPLIT_NAMES)[: list(SPLIT_NAMES).index(split)]
         first_id = sum(len(splits[pools[s]]) for s in earlier if s in pools)  # ids run on across the splits
-    images = DatasetImages(root, key, image_column)
+    images = DatasetImages(root, key, image_column, str(image_root) if image_root is not None else None)
     records = [ImageRecord(first_id + row, Path(root) / key / str(row), captions[row], stored=images, row=row) for row in rows]
     if not records and not seeded:  # a drawn split may be empty (a fraction of 0, a tiny dataset)
         raise DatasetError(f"{root} ({key}): the {split} split has no row with a caption in {caption_column!r}")
