@@ -149,13 +149,14 @@ def test_evaluate_limit(shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.
 
 def test_evaluate_a_run_folder_scores_its_best_checkpoint(shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A run folder stands for its best.pt, as in Captioner.from_pretrained; with no --out the
-    results go beside that checkpoint (a copy of the run here, so the shared run stays as it is)."""
+    results go beside that checkpoint (a copy of the run here, so the shared run stays as it is:
+    a copy is not where its run wrote it, so its dataset outside the working folder is named)."""
     import shutil
 
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(shapes_lstm.checkpoint, run / "best.pt")
-    assert main(["evaluate", str(run), "--split", "test", "--fast", "--json", "--limit", "3"]) == 0
+    assert main(["evaluate", str(run), f"data.root={shapes_lstm.shapes}", "--split", "test", "--fast", "--json", "--limit", "3"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["checkpoint"] == str(run / "best.pt") and report["images"] == 3
     assert (run / "results_test.json").is_file() and not (tmp_path / "results_test.json").exists()

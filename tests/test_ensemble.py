@@ -218,8 +218,9 @@ def test_evaluate_takes_an_ensemble(tmp_path: Path, capsys: pytest.CaptureFixtur
     with pytest.raises(ConfigError, match="ensemble"):
         caption_records(ensemble, records, features=torch.zeros(3, 4, 8), grid=(2, 2))
 
+    # saved outside a run folder, as someone else's checkpoint: its dataset is named
     assert main(["evaluate", str(tmp_path / "a"), "--ensemble", str(tmp_path / "b"), "--split", "test", "--fast",
-                 "--beam", "2", "--json", "--device", "cpu"]) == 0
+                 "--beam", "2", "--json", "--device", "cpu", f"data.root={tmp_path / 'shapes'}"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ensemble"] == [str(tmp_path / "a" / "best.pt"), str(tmp_path / "b")]
     written = json.loads((tmp_path / "a" / "ensemble_b" / "results_test.json").read_text())

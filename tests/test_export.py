@@ -27,12 +27,13 @@ from captioner.models.export_format import CONFIG, VOCAB, WEIGHTS, sha256
 
 @pytest.fixture(scope="module")
 def exported(shapes_lstm: TrainedRun, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(run copy with a fast test evaluation beside its checkpoint, its export)."""
+    """(run copy with a fast test evaluation beside its checkpoint, its export). A copy is no longer
+    in the run folder it was written to: its dataset is named, as for anyone's model."""
     root = tmp_path_factory.mktemp("export")
     run = root / "run"
     shutil.copytree(shapes_lstm.run, run, ignore=shutil.ignore_patterns("tensorboard"))
-    assert main(["evaluate", str(run / "best.pt"), "--split", "test", "--fast"]) == 0  # scores_test.json beside it
-    assert main(["export", str(run), str(root / "model")]) == 0
+    assert main(["evaluate", str(run / "best.pt"), f"data.root={shapes_lstm.shapes}", "--split", "test", "--fast"]) == 0  # scores_test.json beside it
+    assert main(["export", str(run), str(root / "model"), "--image", str(shapes_lstm.test_images[0])]) == 0
     return run, root / "model"
 
 
@@ -97,7 +98,7 @@ def test_caption_evaluate_and_demo_take_an_export(exported: tuple[Path, Path], s
     by_export = capsys.readouterr().out
     assert main(["caption", str(run / "best.pt"), str(image)]) == 0
     assert capsys.readouterr().out.split("\t")[1] == by_export.split("\t")[1]
-    assert main(["evaluate", str(folder), "--split", "test", "--fast", "--out", str(tmp_path)]) == 0
+    assert main(["evaluate", str(folder), f"data.root={shapes_lstm.shapes}", "--split", "test", "--fast", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "scores_test.json").is_file()
     assert sorted(p.name for p in folder.iterdir()) == sorted([WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"])  # untouched
     from captioner.apps.demo.cards import load_models, model_cards
@@ -262,7 +263,7 @@ def test_push_without_a_token_offline_or_without_a_network_is_one_line(exported:
     assert result.returncode == 2 and "'not a repo' is not a Hub repo id" in result.stderr
 
 
-def test_push_uploads_the_export_of_a_checkpoint(exported: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_push_uploads_the_export_of_a_checkpoint(exported: tuple[Path, Path], shapes_lstm: TrainedRun, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Hub's side is replaced by a recorder (no network here); what reaches it is real: the
     folder export_model wrote, whole."""
     run, _ = exported
@@ -282,7 +283,7 @@ def test_push_uploads_the_export_of_a_checkpoint(exported: tuple[Path, Path], mo
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     from captioner.apps.export import push_model
 
-    assert push_model(run, "someone/shapes", private=True) == "https://huggingface.co/someone/shapes"
+    assert push_model(run, "someone/shapes", private=True, image=shapes_lstm.test_images[0]) == "https://huggingface.co/someone/shapes"
     assert uploaded["repo"] == ("someone/shapes", True, True)
     assert uploaded["files"] == sorted([WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"]) and uploaded["loads"]
     assert os.environ.get("HF_TOKEN") != "hf_recorded"

@@ -376,7 +376,8 @@ def test_evaluate_is_what_the_cli_reports(tiny_checkpoint: Path, tmp_path: Path,
     assert evaluation.scores.overall == fast_scores(evaluation.references, evaluation.predictions)
     assert evaluation.grounding is None
 
-    assert main(["evaluate", str(tiny_checkpoint), "--split", "test", "--fast", "--beam", "2", "--json", "--out", str(tmp_path / "cli")]) == 0
+    shapes = f"data.root={checkpoint_config(tiny_checkpoint).data.root}"  # saved outside a run folder: named, as for anyone's checkpoint
+    assert main(["evaluate", str(tiny_checkpoint), shapes, "--split", "test", "--fast", "--beam", "2", "--json", "--out", str(tmp_path / "cli")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["scores"] == rounded(evaluation.scores.overall) and report["images"] == len(records)
     assert report["tutorial_bleu"] == evaluation.scores.beside_official()["tutorial_bleu"]

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from captioner.apps.model_card import model_card, read_scores
-from captioner.core.config import Config, DecodeConfig
+from captioner.core.config import DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
 from captioner.data.images import load_image
+from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.captioner import Captioner
-from captioner.models.checkpoint import run_config
+from captioner.models.checkpoint import config_source, run_config, written_by_its_run
 from captioner.models.checkpoint_format import checkpoint_file, read_checkpoint
 from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported, network_errors
 
@@ -35,7 +36,10 @@ def export_model(
     """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written.
 
     The figure captions `image`, else the first test image of the model's dataset that loads;
-    without one the card says so and has no figure. `decode` (DecodeConfig fields, such as a
+    without one the card says so and has no figure. The card and the figure read the model's
+    dataset only where its settings may name it (`data/model_settings.py`): no shard pattern, URL
+    or command, and no place outside the working folder unless the checkpoint lies in the run
+    folder it was written to. `decode` (DecodeConfig fields, such as a
     length penalty tuned on dev after training) replaces those of the checkpoint's decode section,
     so every user of the export decodes as its test scores were measured."""
     source = checkpoint_file(checkpoint)
@@ -62,7 +66,8 @@ def export_model(
         training_config=config.to_dict(),
         scores={"validation": scores.validation, "validation_epoch": scores.validation_epoch, "test": scores.test},
     )
-    example = _figure_image(image, config)
+    data = stored_settings(config, config_source(source), keep_local_places=written_by_its_run(source, config))
+    example = _figure_image(image, data)
     figure = None
     if example is not None:
         from captioner.viz.overlays import save_attention_figure
@@ -72,7 +77,7 @@ def export_model(
         files.append(save_attention_figure(folder / FIGURE, picture, caption))
         figure = FIGURE
     card = model_card(
-        folder.name, config, len(model.vocab), sum(p.numel() for p in model.parameters()), model.grid_size(), scores,
+        folder.name, data.config, len(model.vocab), sum(p.numel() for p in model.parameters()), model.grid_size(), scores,
         figure, Path(example).name if example is not None else None,
     )
     (folder / CARD).write_text(card, encoding="utf-8")
@@ -84,16 +89,20 @@ def export_model(
     return files
 
 
-def _figure_image(image: str | Path | None, config: Config) -> Path | None:
+def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None:
     """The image the card's figure captions: the one given (it must load), else the first test
-    image of the model's dataset that loads, else None (logged)."""
+    image of the model's dataset that loads (where its settings may name it), else None (logged)."""
     if image is not None:
         load_image(image)  # a bad --image is the user's error: its one line, not a silent skip
         return Path(image)
-    from captioner.data.datasets import load_split
-
+    if data.config.data.dataset == "webdataset":
+        log.warning("no attention figure on the card: a shard's images are no files to name; give --image")
+        return None
+    if data.config.data.dataset == "shapes" and not (Path(data.config.data.root) / "captions_test.json").is_file():
+        log.warning("no attention figure on the card: the shapes world is not at %s (never generated for a figure); give --image", data.config.data.root)
+        return None
     try:
-        records = load_split(config.data, "test", check_images=False)
+        records = data.load_split("test", check_images=False)
     except CaptionerError as e:
         log.warning("no attention figure on the card: the model's test images are not here (%s); give --image", e)
         return None

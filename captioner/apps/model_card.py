@@ -130,7 +130,8 @@ def model_card(
 
 def _data_size(config: Config) -> str:
     """How many training images, counted where the export runs (the images present, as training
-    found them), else the split's name."""
+    found them), else the split's name. `config` is the user's, or a model's made safe
+    (`data/model_settings.py`): it names no shard, URL or command the user did not."""
     if config.data.dataset == "shapes":
         return f"{config.data.shapes_num_train} training images"
     from captioner.core.errors import CaptionerError

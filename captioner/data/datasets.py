@@ -37,7 +37,8 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         records = load_coco_captions(annotations, image_root, check_images, **policy)
         return split_coco_val(records, split)
     if config.dataset == "karpathy":
-        assert config.karpathy_file is not None  # validated with the config
+        if config.karpathy_file is None:  # validated with a config file; a model's stored one may have had it set aside
+            raise DatasetError("data.karpathy_file is not set: the Karpathy split file of this dataset is not known")
         image_root = Path(config.image_root) if config.image_root else root
         return load_karpathy(config.karpathy_file, image_root, split, check_images, **policy)
     if config.dataset == "flickr8k":
@@ -60,6 +61,21 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         shards = open_shard_set(pattern, f"data.{split}_shards", shard_limits(config))
         return load_shard_records(shards, split, keep_images=check_images)
     raise DatasetError(f"unknown dataset {config.dataset!r}")
+
+
+def split_places(config: DataConfig, split: str) -> tuple[str, ...]:
+    """The data keys naming the places `load_split(config, split)` may read: the keys a model's
+    stored config must not have had set aside (`model_settings`) for that split to be read."""
+    places = {
+        "shapes": ("root",),
+        "coco": ("root", "image_root"),
+        "karpathy": ("karpathy_file", "image_root", "root"),
+        "flickr8k": ("root", "image_root"),
+        "imagefolder": ("root",),
+        "hf": ("root", "image_root"),
+        "webdataset": (f"{split}_shards",),
+    }
+    return places[config.dataset]
 
 
 def split_shards(config: DataConfig, split: str) -> str:

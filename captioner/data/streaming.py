@@ -6,7 +6,8 @@ The shards are what img2dataset (or `captioner data shards`) writes: `00000.tar`
 "caption"). They are given as a brace pattern of local paths, http(s) URLs or `pipe:` commands
 (`https://host/cc3m/{00000..00331}.tar`), opened with webdataset's `gopen` and read member by
 member within limits (`bounded_tar`: a member's size, a shard's decompressed bytes, names that stay
-relative); nothing is copied to disk.
+relative); nothing is copied to disk. Only the user's own config names shards: a model's stored
+config never does (`model_settings`), since a `pipe:` pattern is a shell command.
 
 An epoch needs each shard's sample count before it starts, so that every rank takes the same
 number of steps (DDP waits for all of them at each step): from the `shards.json` beside the

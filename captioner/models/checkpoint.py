@@ -4,18 +4,22 @@ A checkpoint holds only tensors and plain Python data (no pickled modules or cla
 `torch.load(path, weights_only=True)` reads it and loading can never run code; it carries its
 own config and vocabulary, so loading needs no YAML. The file format is read in
 `checkpoint_format`; this module writes checkpoints, loads models from them and reads a run's
-whole config back.
+whole config back: as data, whose data section names no shard, command or URL, and for a command
+that reads the model's dataset (`model_settings`) no place outside the working folder either,
+unless the checkpoint lies in the run folder it was written to (`data/model_settings.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from captioner.core.config import Config, config_from_dict
+from captioner.core.config import Config, apply_overrides, config_from_dict
 from captioner.core.errors import CheckpointError, ConfigError
+from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.captioner import Captioner
 from captioner.models.export_format import CONFIG, is_exported, read_config
 from captioner.models.checkpoint_format import (
@@ -26,7 +30,7 @@ from captioner.models.checkpoint_format import (
     write_checkpoint_file,
 )
 
-__all__ = ["FORMAT_VERSION", "checkpoint_config", "default_model", "load_captioner", "read_checkpoint", "save_checkpoint"]
+__all__ = ["FORMAT_VERSION", "checkpoint_config", "default_model", "load_captioner", "model_settings", "read_checkpoint", "save_checkpoint"]
 
 
 def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = None, **extra: Any) -> None:
@@ -47,14 +51,51 @@ def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = 
 
 def checkpoint_config(path: str | Path) -> Config:
     """The whole config a checkpoint was trained with (its dataset, training sections), checked
-    like a config file: unlike loading the model, a setting this version refuses stops here."""
+    like a config file: unlike loading the model, a setting this version refuses stops here. Its
+    data section's shard patterns and URLs are set aside (`data/model_settings.py`); its local
+    places are kept, for a program that asks for the run's config (a command that reads the
+    model's data takes `model_settings`)."""
     path = checkpoint_file(path)  # a run folder: its best.pt, else last.pt
+    return stored_settings(stored_config(path), config_source(path), keep_local_places=True).config
+
+
+def model_settings(path: str | Path, data_overrides: Sequence[str] = ()) -> StoredSettings:
+    """The config a model carries, as data to read its dataset with: the user's `data_overrides`
+    (data.KEY=VALUE) applied and kept whole, then every shard pattern, URL and command set aside,
+    and every place outside the working folder too, unless the checkpoint lies in the run folder
+    it was written to (its own run, read where it trained)."""
+    path = checkpoint_file(path)
+    config = stored_config(path)
+    if data_overrides:  # where the model's data is on this machine: the user's word
+        apply_overrides(config, list(data_overrides), f"{path} with the command line's data overrides", only="data.")
+    named = {override.partition("=")[0].strip().lstrip("-") for override in data_overrides}
+    return stored_settings(config, config_source(path), keep_local_places=written_by_its_run(path, config), named=named)
+
+
+def stored_config(path: Path) -> Config:
+    """The run config a checkpoint file or an exported folder holds, checked, as stored."""
     if is_exported(path):  # an export keeps the training config in its config.json
         stored = read_config(path).get("training_config")
         if not isinstance(stored, dict):
             raise CheckpointError(f"{path / CONFIG}: no training_config (exported without one); its dataset is unknown")
-        return run_config(stored, path, f"{path / CONFIG} (training_config)")
+        return run_config(stored, path, config_source(path))
     return run_config(read_checkpoint(path)["config"], path)
+
+
+def config_source(path: Path) -> str:
+    return f"{path / CONFIG} (training_config)" if is_exported(path) else f"{path} (config)"
+
+
+def written_by_its_run(path: Path, config: Config) -> bool:
+    """Whether checkpoint file `path` lies in the folder its run wrote it to (train.out_dir, a
+    relative one from the working folder): the user's own run, not a copy or a download. An
+    export never is: it is the form a model is shared in."""
+    if is_exported(path):
+        return False
+    try:
+        return path.parent.resolve() == Path(config.train.out_dir).resolve()
+    except (OSError, RuntimeError, ValueError):  # a loop of links, a NUL: not its run folder
+        return False
 
 
 def run_config(stored: dict[str, Any], path: Path, source: str | None = None) -> Config:

@@ -29,7 +29,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("checkpoint", nargs="?", help="a .pt, a run folder, an export or a Hub id (left out with --results)")
     evaluate.add_argument(
         "data_overrides", nargs="*", metavar="data.KEY=VALUE",
-        help="where the checkpoint's dataset is on this machine, for a moved or shared checkpoint: data.root=..., data.image_root=...",
+        help="where the checkpoint's dataset is on this machine, for a moved or shared checkpoint: data.root=..., data.image_root=..., "
+             "data.test_shards=... (a model's own settings never name shards, URLs or places outside this folder)",
     )
     evaluate.add_argument("--split", default="test", choices=("train", "val", "test"), help="the split of the checkpoint's data to caption and score")
     evaluate.add_argument(
@@ -94,10 +95,10 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
 def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     """CHECKPOINT: caption its dataset's split (the images, or the feature store with --features)
     and score the captions; results and scores go to --out, else beside the checkpoint."""
-    from captioner.data.datasets import load_split
+    from captioner.data import datasets  # noqa: F401 - the loaders need the 'train' extra (pycocotools): said before the model loads
     from captioner.evaluation.evaluate import evaluate
     from captioner.evaluation.report import rounded, write_scores_json
-    from captioner.models.checkpoint import checkpoint_config
+    from captioner.models.checkpoint import model_settings
     from captioner.models.checkpoint_format import checkpoint_file
 
     if not args.checkpoint:
@@ -109,12 +110,9 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         raise CaptionerError(f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images with each member's encoder")
     checkpoint = checkpoint_file(args.checkpoint)  # a run folder: its best.pt, else last.pt
     model = load_model("evaluate", checkpoint, args)
-    config = checkpoint_config(checkpoint)  # the dataset the model was trained on
-    if args.data_overrides:  # ...as it lies on this machine
-        from captioner.core.config import apply_overrides
-
-        apply_overrides(config, args.data_overrides, f"{checkpoint} with the command line's data overrides", only="data.")
-    records = all_records = load_split(config.data, args.split)
+    settings = model_settings(checkpoint, args.data_overrides)  # the dataset the model was trained on, as it lies on this machine
+    config = settings.config
+    records = all_records = settings.load_split(args.split)  # one line when the model's settings name a place it may not
     if args.limit:
         records = records[: args.limit]
     grounding = grounding_request(args, config.data) if args.grounding else None

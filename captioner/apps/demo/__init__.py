@@ -26,7 +26,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 # Names importable from the package, by the module that defines them.
 _PAGE = ("Result", "PageOutput", "caption_page", "render_page")
-_CARDS = ("dataset_examples", "load_models", "model_card")
+_CARDS = ("dataset_examples", "load_models", "model_card", "model_examples")
 _UI = ("Callbacks", "build_demo")
 _SERVER = ("default_checkpoint", "launch", "close", "serve")
 

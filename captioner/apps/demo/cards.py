@@ -1,6 +1,8 @@
 """The served models: loading them, their menu labels, the line saying which one serves and its
 test scores, their cards (what each was trained on and how it scored) and example images from
 their own dataset. Everything is read from the checkpoints and exports; nothing here needs Gradio.
+A model's settings are data: its examples come only from places they may name
+(`models.checkpoint.model_settings`), never from a shard pattern, a URL or a command.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from captioner.core.config import Config, config_from_dict
 from captioner.core.errors import CaptionerError
 from captioner.data.datasets import load_split
 from captioner.models.captioner import Captioner
-from captioner.models.checkpoint import load_captioner, read_checkpoint
+from captioner.models.checkpoint import load_captioner, model_settings, read_checkpoint
 from captioner.models.export_format import is_exported, read_config
 
 
@@ -129,13 +131,22 @@ def named_scores(overall: dict[str, Any]) -> str:
     return ", ".join(f"{METRICS[m][1]} {float(overall[m]):.3f}" for m in SERVING_METRICS if isinstance(overall.get(m), (int, float)))
 
 
+def model_examples(path: str | Path, count: int = 4) -> list[Path]:
+    """The first test images of the dataset the model at `path` was trained on, where they are on
+    this machine and its settings may name them (none when its test split's places were set aside)."""
+    settings = model_settings(path)
+    return [] if settings.unreadable("test") else dataset_examples(settings.config, count)
+
+
 def dataset_examples(config: Config, count: int = 4) -> list[Path]:
-    """The first test images of the dataset a model was trained on, where they are on this machine."""
+    """The first test images of the dataset `config` describes, where they are on this machine."""
     data = config.data
     if data.dataset == "shapes" and not (Path(data.root) / "captions_test.json").is_file():
         return []  # never generate a dataset just for examples
+    if data.dataset == "webdataset":
+        return []  # a shard's samples are no files: a record's path is only its name (which may be a file here)
     try:
         records = load_split(data, "test", check_images=False)
     except CaptionerError:
         return []
-    return [r.path for r in records if r.path.is_file()][:count]
+    return [r.path for r in records if r.stored is None and r.path.is_file()][:count]

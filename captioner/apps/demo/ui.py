@@ -23,9 +23,9 @@ from PIL import Image
 from captioner.apps.demo.batcher import MAX_BATCH, CaptionBatcher
 from captioner.apps.demo.cache import private_cache
 from captioner.apps.demo.cards import (
-    dataset_examples,
     load_models,
     model_cards,
+    model_examples,
     model_label,
     recorded,
     serving_line,
@@ -43,7 +43,6 @@ from captioner.apps.demo.page import (
 from captioner.core.errors import RequestError
 from captioner.data.images import MAX_PIXELS
 from captioner.models.captioner import Captioner
-from captioner.models.checkpoint import checkpoint_config
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +243,7 @@ def build_demo(
     payloads = {name: recorded(name) for name in callbacks.models}  # each checkpoint read once, for the serving line and the cards
     callbacks.serving = {name: serving_line(name, model, payloads[name]) for name, model in callbacks.models.items()}
     first_name, first = callbacks.model("")
-    examples = dataset_examples(checkpoint_config(first_name)) if examples is None else examples
+    examples = model_examples(first_name) if examples is None else examples
     delete_cache = (max(1, round(cleanup.every_s)), max(1, round(cleanup.max_age_s)))
     with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False, delete_cache=delete_cache) as demo:
         gr.Markdown(
