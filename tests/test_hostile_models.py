@@ -1,0 +1,579 @@
+"""A hostile-model corpus, as tests/test_image_fuzz.py is a hostile-image one: checkpoints, exports
+and Hub repositories whose stored configs name commands, URLs and places outside the working folder
+in every data key that could reach I/O, sent through `captioner evaluate`, the demo's examples and
+`captioner export` (its card and figure); shards that are bombs, huge, misnamed or endless, and a
+Hugging Face dataset whose image paths leave its folder, read as the user names them.
+
+Each ends in one line (or, where a command can go without the data, in a log line) with nothing
+run, nothing read outside the working folder, no connection made, and memory bounded. What the
+process starts, opens and connects to is seen by an audit hook (`sys.addaudithook`: every
+subprocess, every file opened by Python, every socket connection), beside a marker file that the
+`pipe:` commands would create and a loopback HTTP server that counts the requests it is sent;
+memory is tracemalloc's peak while a shard is read.
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import functools
+import gzip
+import io
+import json
+import logging
+import lzma
+import os
+import shutil
+import sys
+import tarfile
+import threading
+import tracemalloc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from helpers import TINY_MODEL, require_module, tiny_model
+from PIL import Image
+
+from captioner.apps.cli import main
+from captioner.core.config import Config, DataConfig, config_from_dict, leaf_fields, load_config
+from captioner.core.errors import DatasetError, ImageLoadError
+from captioner.data.datasets import load_split, split_places
+from captioner.data.model_settings import NAMES_NO_PLACE, PLACE_KEYS, SHARD_KEYS
+from captioner.data.records import image_data
+from captioner.data.shapes import generate_shapes
+from captioner.data.shards import write_tar
+from captioner.models.checkpoint import model_settings, save_checkpoint
+
+DATASETS = DataConfig.__dataclass_fields__["dataset"].metadata["spec"].options
+MiB = 1 << 20
+
+# --- what the process does, seen by an audit hook -------------------------------------------------
+
+STARTS = ("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn", "os.fork", "os.forkpty", "pty.spawn")
+CONNECTS = ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname", "urllib.Request")
+
+
+@dataclass
+class Seen:
+    opened: list[str] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+    connected: list[str] = field(default_factory=list)
+
+    def opened_in(self, folder: Path) -> list[str]:
+        base = os.path.abspath(folder)
+        return [p for p in self.opened if p == base or p.startswith(base + os.sep)]
+
+
+WATCHING: list[Seen] = []
+
+
+def audit(event: str, args: tuple) -> None:
+    """Records into the innermost `watched()`; never raises (a hook that raises fails the call it sees)."""
+    if not WATCHING:
+        return
+    try:
+        seen = WATCHING[-1]
+        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            seen.opened.append(os.path.abspath(os.fsdecode(args[0])))
+        elif event in STARTS:
+            seen.started.append(f"{event} {args[:2]!r}"[:300])
+        elif event in CONNECTS:
+            seen.connected.append(f"{event} {args!r}"[:300])
+    except Exception:  # noqa: BLE001 - an odd argument is not the test's business
+        pass
+
+
+@functools.cache
+def hook_once() -> None:
+    sys.addaudithook(audit)  # a hook cannot be removed: one per process, idle outside `watched()`
+
+
+@contextlib.contextmanager
+def watched() -> Iterator[Seen]:
+    hook_once()
+    seen = Seen()
+    WATCHING.append(seen)
+    try:
+        yield seen
+    finally:
+        WATCHING.pop()
+
+
+# --- the world: a working folder, data outside it, a marker, a server -------------------------------
+
+
+class Counting(SimpleHTTPRequestHandler):
+    requests: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        Counting.requests.append(self.path)
+        super().do_GET()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def picture(seed: int, size: int = 16) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), (seed * 37 % 256, 90, 160)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def good_samples(count: int, prefix: str = "") -> list[dict[str, object]]:
+    return [{"__key__": f"{prefix}{k:06d}", "png": picture(k), "txt": f"a red square number {k}".encode()} for k in range(count)]
+
+
+def write_index(folder: Path, counts: dict[str, int]) -> None:
+    (folder / "shards.json").write_text(json.dumps({"wids_version": 1, "shardlist": [{"url": n, "nsamples": c} for n, c in counts.items()]}))
+
+
+@dataclass
+class World:
+    work: Path  # the working folder every test here runs in
+    outside: Path  # a shapes world, an image folder and shards, outside the working folder
+    marker: Path  # what the stored pipe: commands would create
+    server: str  # a loopback HTTP server over `outside`, counting its requests
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    require_module("webdataset", "webdataset is not installed (pip install 'captioner[data]')")
+    base = tmp_path_factory.mktemp("hostile")
+    outside, work = base / "outside", base / "work"
+    work.mkdir()
+    generate_shapes(outside, 4, 2, 2, image_size=32, seed=0, progress=False)
+    for split in ("train", "val", "test"):  # an image folder over the same pictures: metadata beside them
+        rows = [{"file_name": p.name, "text": "a shape"} for p in sorted((outside / split).iterdir())]
+        (outside / split / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (outside / "shards").mkdir()
+    for s in range(2):
+        write_tar(outside / "shards" / f"{s:05d}.tar", good_samples(3, f"{s}"))
+    write_index(outside / "shards", {"00000.tar": 3, "00001.tar": 3})
+    Counting.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Counting, directory=str(outside)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield World(work, outside, base / "ran", f"http://127.0.0.1:{server.server_address[1]}")
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def in_work(world: World, monkeypatch: pytest.MonkeyPatch) -> World:
+    monkeypatch.chdir(world.work)
+    return world
+
+
+def hostile_values(world: World, kind: str, key: str) -> str:
+    """What a stranger's config writes in data.<key>, by kind."""
+    target = world.outside / "shards" / "{00000..00001}.tar" if key in SHARD_KEYS else world.outside
+    return {
+        "command": f"pipe:touch {world.marker} #00000.tar",
+        "url": f"{world.server}/shards/{{00000..00001}}.tar" if key in SHARD_KEYS else f"{world.server}/",
+        "file-url": f"file://{target}",
+        "absolute": str(target),
+        "dotdot": os.path.relpath(target, world.work),  # ../outside/...
+        "home": "~/.ssh",
+    }[kind]
+
+
+KINDS = ("command", "url", "file-url", "absolute", "dotdot", "home")
+
+
+TINY = [*TINY_MODEL, "model.decoder.dropout=0.1"]  # tiny_model()'s sections
+
+
+def hostile_config(world: World, dataset: str, kind: str) -> Config:
+    """A config as a stranger stores it: every key that `dataset` reads a place from, and the
+    feature store, written as `kind`; the model's own sections a tiny model's."""
+    probe = DataConfig(dataset=dataset)
+    keys = {key for split in ("train", "val", "test") for key in split_places(probe, split)} | {"feature_store"}
+    config = load_config(None, TINY)
+    config.data.dataset = dataset
+    for key in keys:  # verbatim: an override's value would be read as YAML (where " #" starts a comment)
+        setattr(config.data, key, hostile_values(world, kind, key))
+    return config_from_dict(config.to_dict(), source=f"a stranger's {dataset} config")  # as it is read back
+
+
+@dataclass
+class Sources:
+    checkpoint: Path  # a .pt that is not in the run folder its config names (someone else's)
+    export: Path
+    hub: str  # a Hub repo id, in a Hugging Face cache laid out as the client lays it out
+
+
+@pytest.fixture(scope="module")
+def hub_cache(world: World) -> Path:
+    return world.work.parent / "hub"
+
+
+def sources(world: World, hub_cache: Path, dataset: str, kind: str) -> Sources:
+    name = f"{dataset}-{kind}"
+    folder = world.work.parent / "models" / name
+    checkpoint = folder / "model.pt"
+    if not checkpoint.is_file():
+        config = hostile_config(world, dataset, kind)
+        model = tiny_model()
+        save_checkpoint(checkpoint, model, config)
+        model.save_pretrained(folder / "export", training_config=config.to_dict())
+        snapshot = hub_cache / f"models--someone--{name}" / "snapshots" / ("0" * 40)
+        shutil.copytree(folder / "export", snapshot)
+        (snapshot.parents[1] / "refs").mkdir()
+        (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    return Sources(checkpoint, folder / "export", f"someone/{name}")
+
+
+@pytest.fixture
+def offline_hub(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+def assert_harmless(seen: Seen, world: World) -> None:
+    """Nothing ran, nothing outside was opened, nothing was connected to."""
+    assert not world.marker.exists(), "a stored pipe: command ran"
+    assert not seen.started, seen.started
+    assert not seen.connected, seen.connected
+    assert not seen.opened_in(world.outside), seen.opened_in(world.outside)[:5]
+    assert not Counting.requests, Counting.requests
+
+
+# --- 1. settings that travel with a model are data ----------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_evaluate_refuses_a_models_places_in_one_line_and_runs_reads_and_connects_to_nothing(
+    in_work: World, hub_cache: Path, offline_hub: None, dataset: str, kind: str, capsys: pytest.CaptureFixture, tmp_path: Path,
+) -> None:
+    world = in_work
+    made = sources(world, hub_cache, dataset, kind)
+    split = "test"
+    named = [f"data.{k}" for k in split_places(DataConfig(dataset=dataset), split)]
+    Counting.requests = []
+    for source in (made.checkpoint, made.export, made.hub):
+        capsys.readouterr()
+        with watched() as seen:
+            code = main(["evaluate", str(source), "--split", split, "--fast", "--out", str(tmp_path / "eval")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and err and err[-1].startswith("error: "), err
+        line = err[-1]
+        assert "is not read where the model's settings say" in line and all(key in line for key in named), line
+        assert "Traceback" not in "\n".join(err)
+        assert_harmless(seen, world)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_the_demo_offers_no_example_and_the_export_shows_no_figure_from_a_models_places(
+    in_work: World, hub_cache: Path, offline_hub: None, dataset: str, kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    from captioner.apps.demo.cards import model_examples
+    from captioner.apps.export import export_model
+
+    world = in_work
+    made = sources(world, hub_cache, dataset, kind)
+    Counting.requests = []
+    with caplog.at_level(logging.WARNING), watched() as seen:
+        for source in (made.checkpoint, made.export, made.hub):
+            assert model_examples(source) == []
+        files = export_model(made.checkpoint, tmp_path / "exported")
+    assert_harmless(seen, world)
+    assert {p.name for p in files} == {"model.safetensors", "config.json", "vocab.json", "README.md"}  # no attention.png
+    data_line = (tmp_path / "exported" / "README.md").read_text().split("## Training data")[1].strip().splitlines()[0]
+    counted = "4000 training images" if dataset == "shapes" else "its train shards" if dataset == "webdataset" else "its train split"
+    assert counted in data_line, data_line  # counted from the config's numbers, or not at all: nothing was read to count
+    assert any("not used, as a model's settings are data" in r.getMessage() for r in caplog.records)
+
+
+def test_the_demo_page_of_a_hostile_export_starts_without_examples(in_work: World, hub_cache: Path) -> None:
+    require_module("gradio", "the demo extra is not installed")
+    from captioner.apps.demo import build_demo, close
+
+    made = sources(in_work, hub_cache, "imagefolder", "absolute")
+    with watched() as seen:
+        demo = build_demo([made.export])
+    close(demo)
+    assert not seen.opened_in(in_work.outside) and not seen.started
+
+
+def test_a_checkpoint_in_its_own_run_folder_reads_its_local_places_but_never_a_command(in_work: World, capsys: pytest.CaptureFixture) -> None:
+    """The user's own run, evaluated where it trained: its data root outside the working folder is
+    read; its stored shard patterns never are; a copy of it elsewhere is anyone's checkpoint."""
+    world = in_work
+    run = world.work.parent / "own_run"
+    config = load_config(None, [*TINY, f"data.root={world.outside}", f"train.out_dir={run}"])
+    config.data.test_shards = f"pipe:touch {world.marker} #00000.tar"
+    save_checkpoint(run / "best.pt", tiny_model(), config)
+    settings = model_settings(run)
+    assert settings.set_aside == {"data.test_shards": f"pipe:touch {world.marker} #00000.tar"}
+    assert len(settings.load_split("test")) == 2  # the shapes world outside: the user's own
+    shutil.copytree(run, world.work / "copied")
+    copied = model_settings(world.work / "copied")
+    assert set(copied.set_aside) == {"data.root", "data.test_shards"} and copied.config.data.root == "data/shapes"
+    with pytest.raises(DatasetError, match=r"copied/best.pt \(config\): the test split is not read .* data.root"):
+        copied.load_split("test")
+    with watched() as seen:
+        assert main(["evaluate", str(world.work / "copied"), "--split", "test", "--fast", "--limit", "1", "--out", "eval",
+                     f"data.root={world.outside}"]) == 0  # the user names it: read
+    assert seen.opened_in(world.outside) and not world.marker.exists()
+
+
+def test_the_users_own_command_line_keeps_every_feature(in_work: World, hub_cache: Path, offline_hub: None, capsys: pytest.CaptureFixture) -> None:
+    """A pipe: the user writes runs: the user's word, not the model's."""
+    world = in_work
+    made = sources(world, hub_cache, "webdataset", "command")
+    shard = world.outside / "shards" / "00000.tar"
+    mine = f"data.test_shards=pipe:cat {shard} #00000.tar"
+    assert main(["evaluate", str(made.export), mine, "--split", "test", "--fast", "--out", "eval", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == 3
+    settings = model_settings(made.checkpoint, [mine])
+    assert "data.test_shards" not in settings.set_aside and settings.config.data.test_shards.startswith("pipe:cat ")
+    assert "data.val_shards" in settings.set_aside  # the model's own still are not
+    assert not world.marker.exists()
+
+
+def test_every_data_key_that_names_a_place_is_judged() -> None:
+    """A text key added to the data section must be sorted into one of model_settings' lists, or a
+    stranger's config could name a place through it."""
+    text_keys = {dotted.removeprefix("data.") for dotted, _, annotation in leaf_fields()
+                 if dotted.startswith("data.") and "str" in str(annotation)}
+    assert text_keys == {*SHARD_KEYS, *PLACE_KEYS, *NAMES_NO_PLACE}
+    for dataset in DATASETS:  # every dataset says what it reads
+        for split in ("train", "val", "test"):
+            assert set(split_places(DataConfig(dataset=dataset), split)) <= {*SHARD_KEYS, *PLACE_KEYS}
+
+
+# --- 2. shards read within limits ---------------------------------------------------------------
+
+
+def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class Zeros(io.RawIOBase):
+    """`size` zero bytes, made as they are read (a bomb's member, never whole in the test's memory)."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        n = min(len(buffer), self.left)
+        buffer[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+def compressed_tar(compress: Callable[[io.BytesIO], io.BufferedIOBase], members: list[tuple[str, int]]) -> bytes:
+    """A tar stream of zero-filled members (name, size), through `compress`."""
+    raw = io.BytesIO()
+    with compress(raw) as stream, tarfile.open(fileobj=stream, mode="w|") as tar:
+        for name, size in members:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tar.addfile(info, io.BufferedReader(Zeros(size), MiB))
+    return raw.getvalue()
+
+
+def GZIP(raw: io.BytesIO) -> io.BufferedIOBase:  # noqa: N802 - read as the compression's name
+    return gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6)
+
+
+def BZIP2(raw: io.BytesIO) -> io.BufferedIOBase:  # noqa: N802
+    return bz2.BZ2File(raw, mode="wb")
+
+
+def XZ(raw: io.BytesIO) -> io.BufferedIOBase:  # noqa: N802
+    return lzma.LZMAFile(raw, mode="wb", preset=0)
+
+
+def header_bomb(kind: bytes, size: int) -> bytes:
+    """A gzip'd tar whose first header is an extended one (pax, or a GNU long name) of `size` bytes:
+    a reader that trusts it reads it whole before it reaches a member."""
+    info = tarfile.TarInfo("././@PaxHeader" if kind == tarfile.XHDTYPE else "././@LongLink")
+    info.type, info.size = kind, size
+    raw = io.BytesIO()
+    with GZIP(raw) as stream:
+        stream.write(info.tobuf(tarfile.USTAR_FORMAT))
+        zeros = Zeros(size)
+        while chunk := zeros.read(MiB):
+            stream.write(chunk)
+    return raw.getvalue()
+
+
+ENDLESS = """# A tar of samples written for ever (asked for shards.json: the index of one shard).
+import io, sys, tarfile
+if sys.argv[2] == "shards.json":
+    print('{"shardlist": [{"url": "00000.tar", "nsamples": 1}]}')
+    sys.exit()
+tar, k = tarfile.open(fileobj=sys.stdout.buffer, mode="w|"), 0
+while True:
+    for suffix, data in (("png", b"x" * int(sys.argv[1])), ("txt", b"a cat")):
+        info = tarfile.TarInfo(f"{k:09d}.{suffix}")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    k += 1
+"""
+
+
+def endless_command(member_bytes: int) -> Callable[[Path], str]:
+    """A pipe: command that never stops writing its shard: the user's own, so it runs."""
+    def make(folder: Path) -> str:
+        (folder / "endless.py").write_text(ENDLESS)
+        return f"pipe:{sys.executable} {folder / 'endless.py'} {member_bytes} 00000.tar"
+    return make
+
+
+@dataclass(frozen=True)
+class ShardCase:
+    name: str
+    make: Callable[[Path], str]  # writes the shard(s) into a folder; returns the val_shards pattern
+    expected: tuple[str, ...]  # what the one line must say
+    overrides: tuple[str, ...] = ()
+    peak: int = 24 * MiB  # tracemalloc's peak while the split is read may not pass this
+
+
+def shard_file(build: Callable[[], bytes], count: int = 1) -> Callable[[Path], str]:
+    """A shard made when the test runs (not when the module is collected) with its index."""
+    def make(folder: Path) -> str:
+        (folder / "00000.tar").write_bytes(build())
+        write_index(folder, {"00000.tar": count})
+        return str(folder / "00000.tar")
+    return make
+
+
+def misnamed(name: str) -> ShardCase:
+    build = functools.partial(tar_bytes, [(name, picture(1)), (name.rsplit(".", 1)[0] + ".txt", b"a cat")])
+    return ShardCase(f"name {name!r}", shard_file(build), (repr(name), "is not a plain relative name"))
+
+
+def claiming(size: int) -> bytes:
+    """A plain tar whose one header says `size` bytes follow; a few do."""
+    info = tarfile.TarInfo("000000.png")
+    info.size = size
+    return info.tobuf(tarfile.GNU_FORMAT) + picture(1)
+
+
+SHARD_CASES = [
+    ShardCase("gzip bomb: one member of 200 MiB", shard_file(functools.partial(compressed_tar, GZIP, [("000000.png", 200 * MiB), ("000000.txt", 3)])),
+              ("'000000.png' is 209.7 MB, more than data.max_member_bytes (33.6 MB)",)),
+    ShardCase("gzip bomb: 300 members of 1 MiB", shard_file(functools.partial(compressed_tar, GZIP, [(f"{k:06d}.{s}", MiB) for k in range(150) for s in ("png", "txt")]), 150),
+              ("more than data.max_shard_expansion (20) times",), peak=40 * MiB),
+    ShardCase("bzip2 bomb: 60 members of 1 MiB", shard_file(functools.partial(compressed_tar, BZIP2, [(f"{k:06d}.{s}", MiB) for k in range(30) for s in ("png", "txt")]), 30),
+              ("more than data.max_shard_expansion (20) times",), peak=40 * MiB),
+    ShardCase("xz bomb: 60 members of 1 MiB", shard_file(functools.partial(compressed_tar, XZ, [(f"{k:06d}.{s}", MiB) for k in range(30) for s in ("png", "txt")]), 30),
+              ("more than data.max_shard_expansion (20) times",), peak=40 * MiB),
+    ShardCase("a pax header of 200 MiB", shard_file(functools.partial(header_bomb, tarfile.XHDTYPE, 200 * MiB)), ("its first header", "over 1.0 MB")),
+    ShardCase("a GNU long name of 200 MiB", shard_file(functools.partial(header_bomb, tarfile.GNUTYPE_LONGNAME, 200 * MiB)), ("its first header", "over 1.0 MB")),
+    ShardCase("a header claiming 64 GiB", shard_file(functools.partial(claiming, 64 << 30)), ("'000000.png' is 68.7 GB, more than data.max_member_bytes",)),
+    ShardCase("a member over a lowered member limit", shard_file(functools.partial(tar_bytes, [("000000.png", bytes(4096)), ("000000.txt", b"a cat")])),
+              ("'000000.png' is 4.1 KB, more than data.max_member_bytes (1.0 KB)",), ("data.max_member_bytes=1000",)),
+    ShardCase("an endless stream", endless_command(64 << 10),
+              ("past data.max_shard_bytes (8.4 MB)",), ("data.max_shard_bytes=8388608",)),
+    ShardCase("endless small samples", endless_command(16),
+              ("the val split holds more than data.max_split_samples (2,000) samples",), ("data.max_split_samples=2000",)),
+    ShardCase("a split's images over its bytes", shard_file(lambda: tar_bytes([(f"{k:06d}.{s}", os.urandom(MiB) if s == "png" else b"a cat")
+                                                                         for k in range(8) for s in ("png", "txt")]), 8),
+              ("the val split takes more than data.max_split_bytes (4.2 MB) in memory",), ("data.max_split_bytes=4194304",)),
+    ShardCase("a duplicate member", shard_file(functools.partial(tar_bytes, [("000000.png", picture(1)), ("000000.png", picture(2))])), ("a duplicate member",)),
+    *(misnamed(name) for name in ("../../etc/000000.png", "/etc/000000.png", "a//000000.png", "./000000.png", "a\\000000.png",
+                                   "line\nbreak.png", "x/../000000.png")),
+]
+
+
+@pytest.mark.parametrize("case", SHARD_CASES, ids=lambda c: c.name)
+def test_a_hostile_shard_ends_in_one_line_within_its_memory(world: World, tmp_path: Path, case: ShardCase) -> None:
+    pattern = case.make(tmp_path)
+    config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar", f"data.val_shards={pattern}", *case.overrides])
+    tracemalloc.start()
+    try:
+        with pytest.raises(DatasetError) as raised:
+            load_split(config.data, "val")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(pattern.split(" ", 1)[0] if not pattern.startswith("pipe:") else "pipe:"), message
+    for fragment in case.expected:
+        assert fragment in message, message
+    assert peak < case.peak, f"{peak / MiB:.1f} MiB"
+
+
+def test_a_shard_index_is_read_within_its_limit(world: World, tmp_path: Path) -> None:
+    """shards.json too large on disk, over HTTP, and from a command that never stops writing it."""
+    big = {"wids_version": 1, "shardlist": [{"url": f"{k:05d}.tar", "nsamples": 1} for k in range(40_000)]}
+    (tmp_path / "00000.tar").write_bytes(tar_bytes([("000000.png", picture(1)), ("000000.txt", b"a cat")]))
+    (tmp_path / "shards.json").write_text(json.dumps(big))
+    served = world.outside / "big_index"
+    shutil.copytree(tmp_path, served)
+    (tmp_path / "spaces.py").write_text("import sys\nwhile True:\n    sys.stdout.write(' ' * 65536)\n")
+    endless = f"pipe:{sys.executable} {tmp_path / 'spaces.py'} 00000.tar"  # asked for shards.json too, it writes for ever
+    for pattern in (str(tmp_path / "00000.tar"), f"{world.server}/big_index/00000.tar", endless):
+        config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar", f"data.val_shards={pattern}",
+                                    "data.max_index_bytes=1000000"])
+        with pytest.raises(DatasetError) as raised:
+            load_split(config.data, "val")
+        assert "\n" not in str(raised.value) and "larger than data.max_index_bytes (1.0 MB)" in str(raised.value), str(raised.value)
+    Counting.requests = []
+
+
+def test_a_shards_limits_let_ordinary_shards_through(world: World, tmp_path: Path) -> None:
+    """The same reader, the same samples as webdataset's: keys, suffixes, captions; gzip'd too."""
+    samples = good_samples(5)
+    write_tar(tmp_path / "00000.tar", samples)
+    (tmp_path / "00001.tar").write_bytes(gzip.compress((tmp_path / "00000.tar").read_bytes()))
+    write_index(tmp_path, {"00000.tar": 5, "00001.tar": 5})
+    config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar", f"data.val_shards={tmp_path}/{{00000..00001}}.tar"])
+    records = load_split(config.data, "val")
+    assert [r.path.name for r in records] == [s["__key__"] for s in samples] * 2
+    assert records[1].captions == ("a red square number 1",) and image_data(records[6]) == samples[1]["png"]
+
+
+# --- 3. a Hugging Face dataset's image paths stay in its folder ------------------------------------
+
+
+def test_hf_image_paths_are_read_inside_the_dataset_folder_only(world: World, tmp_path: Path) -> None:
+    require_module("datasets", "the datasets package is not installed (pip install 'captioner[data]')")
+    from datasets import Dataset
+
+    folder = tmp_path / "dataset"
+    (folder / "images").mkdir(parents=True)
+    (folder / "images" / "inside.png").write_bytes(picture(3))
+    secret = next((world.outside / "test").glob("*.jpg"))  # the shapes world's
+    paths = ["images/inside.png", str(folder / "images" / "inside.png"), str(secret), os.path.relpath(secret, folder),
+             "images/../../" + os.path.relpath(secret, tmp_path)]
+    Dataset.from_dict({"image": paths, "text": ["a shape"] * len(paths)}).save_to_disk(str(folder))
+    config = load_config(None, ["data.dataset=hf", f"data.root={folder}", "data.val_fraction=0", "data.test_fraction=0"])
+    records = load_split(config.data, "train")
+    outcomes: dict[str, str] = {}
+    with watched() as seen:
+        for record in records:
+            try:
+                outcomes[paths[record.row]] = "read" if image_data(record) == picture(3) else "other bytes"
+            except ImageLoadError as e:
+                assert "\n" not in str(e) and f"row {record.row}" in str(e) and "refused" in str(e), str(e)
+                outcomes[paths[record.row]] = "refused"
+    assert [outcomes[p] for p in paths] == ["read", "read", "refused", "refused", "refused"]
+    assert not seen.opened_in(world.outside)
+    # A folder the user names for its images: its absolute paths there are read.
+    named = load_config(None, ["data.dataset=hf", f"data.root={folder}", f"data.image_root={world.outside}",
+                               "data.val_fraction=0", "data.test_fraction=0"])
+    by_row = {r.row: r for r in load_split(named.data, "train")}
+    assert image_data(by_row[2]) == secret.read_bytes()
+    with pytest.raises(ImageLoadError, match="outside the dataset's folder"):
+        image_data(by_row[1])  # the dataset's own folder is no longer the one named
