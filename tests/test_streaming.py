@@ -334,3 +334,15 @@ def test_two_torchrun_ranks_stream_flickr8k_shards_over_http_and_resume_after_a_
         seen = [key for e, key in trained if e == epoch]
         assert sorted(seen) == sorted(keys)  # every sample of the shard set, once: 96 samples divide into whole batches
     assert f'File "{ROOT / "captioner"}' not in resumed.stderr
+
+
+def test_a_training_run_streams_its_shards_within_the_configs_limits(tmp_path: Path) -> None:
+    """The train shards a run streams are read with the data section's limits, not the defaults."""
+    from captioner.training.fit import train_shard_set
+
+    make_shards(tmp_path / "train", [3, 2])
+    overrides = ["data.dataset=webdataset", f"data.train_shards={tmp_path / 'train'}/{{00000..00001}}.tar", "data.val_shards=v.tar"]
+    shards = train_shard_set(load_config(None, [*overrides, "data.max_member_bytes=4096"]))
+    assert shards.samples == 5 and shards.limits.member_bytes == 4096
+    with pytest.raises(DatasetError, match="max_index_bytes"):
+        train_shard_set(load_config(None, [*overrides, "data.max_index_bytes=16"]))

@@ -27,6 +27,7 @@ from captioner.core.errors import CheckpointError, ConfigError, DatasetError
 from captioner.core.files import write_failure
 from captioner.core.runtime import ThreadGovernor, loader_workers, resolve_device, seed_everything
 from captioner.data.batching import CaptionDataset, collate_captions
+from captioner.data.bounded_tar import shard_limits
 from captioner.data.datasets import load_split, seeded_split_record, split_shards
 from captioner.data.device_decode import device_preprocess
 from captioner.data.images import ImageTransform
@@ -140,7 +141,7 @@ def train_shard_set(config: Config) -> ShardSet | None:
     """The train shards a webdataset run streams (their counts read from the index); else None."""
     if config.data.dataset != "webdataset":
         return None
-    return open_shard_set(split_shards(config.data, "train"), "data.train_shards")
+    return open_shard_set(split_shards(config.data, "train"), "data.train_shards", shard_limits(config.data))
 
 
 def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterable[str]) -> Vocabulary:
