@@ -8,9 +8,10 @@
 # row, caption statistics, gallery, worst images) and the export of the default model.
 #
 # Usage: bash scripts/flickr8k_full.sh [DATA_ROOT] [IMAGE_ROOT] [STEP ...]
-#   DATA_ROOT   Flickr8k.token.txt and the split files (default ../shared/data/flickr8k)
-#   IMAGE_ROOT  the photographs (default ../shared/data/flickr8k_224/images: all 8,091 at 224x224,
-#               stretched; `captioner data flickr8k --root DIR` fetches the originals: DIR/Flicker8k_Dataset)
+#   DATA_ROOT   Flickr8k.token.txt and the split files (default data/flickr8k, where
+#               `captioner data flickr8k --root data/flickr8k` unpacks the dataset)
+#   IMAGE_ROOT  the photographs (default: the config's, DATA_ROOT/images else DATA_ROOT/Flicker8k_Dataset;
+#               "" keeps that default when steps follow)
 #   STEP        only these steps (lstm, lstm_blind, transformer, lstm_scst, transformer_scst, ensemble, report, export)
 # Run it again after a crash or Ctrl-C: finished steps are skipped (a `.done` file beside each
 # run), a stopped training run resumes exactly from its last.pt. The time of every invocation of
@@ -18,15 +19,19 @@
 # too, and the totals per step and in all are printed at the end. OUT defaults to runs/flickr8k_full.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=${1:-../shared/data/flickr8k}
-IMAGES=${2:-../shared/data/flickr8k_224/images}
+ROOT=${1:-data/flickr8k}
+IMAGES=${2:-}
 shift $(( $# < 2 ? $# : 2 ))
 STEPS=("$@")
 OUT=${OUT:-runs/flickr8k_full}
 ALPHAS=${ALPHAS:-0,0.5,1,1.5,2}
+if [ ! -f "$ROOT/Flickr8k.token.txt" ]; then
+    echo "flickr8k_full.sh: $ROOT/Flickr8k.token.txt not found: fetch Flickr8k with \`captioner data flickr8k --root $ROOT\`, or name its folder as the first argument" >&2
+    exit 2
+fi
 source .venv/bin/activate
 mkdir -p "$OUT"
-DATA=("data.root=$ROOT" "data.image_root=$IMAGES" "data.feature_store=$OUT/features_lite0")
+DATA=("data.root=$ROOT" ${IMAGES:+"data.image_root=$IMAGES"} "data.feature_store=$OUT/features_lite0")
 CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 
 wanted() {  # is step $1 asked for (all are when none is named)?
@@ -138,14 +143,16 @@ ensemble() {  # each candidate of $ENSEMBLES tuned on dev; the best on dev score
 ENSEMBLES=${ENSEMBLES:-lstm_scst+transformer lstm+lstm_scst+transformer lstm_scst+transformer_scst lstm+lstm_scst+transformer_scst}
 if wanted ensemble; then ensemble; fi
 
-# Every run that was scored goes into the report; the best by test CIDEr-D is the default model.
+# Every run that was scored goes into the report; the default model is the best single network by
+# dev CIDEr-D (at its dev-tuned length penalty), as every other choice of the protocol is made on dev.
 runs=()
 for name in lstm lstm_scst transformer transformer_scst ensemble lstm_blind; do
     [ -f "$OUT/$name/score.done" ] && runs+=(--run "$name=$OUT/$name")
 done
 # The default model is one network (an export holds one; the demo serves one): not the ensemble.
 best=$(python -c 'import json, sys
-runs = {n: json.load(open(f"{sys.argv[1]}/{n}/scores_test.json"))["overall"]["CIDEr"] for n in sys.argv[2:] if n not in ("lstm_blind", "ensemble")}
+dev = lambda n: max(v["overall"]["CIDEr"] for v in json.load(open(f"{sys.argv[1]}/{n}/length_penalty_val.json"))["variants"])
+runs = {n: dev(n) for n in sys.argv[2:] if n not in ("lstm_blind", "ensemble")}
 print(max(runs, key=runs.get) if runs else "")' "$OUT" $(for r in "${runs[@]}"; do [ "$r" != --run ] && echo "${r%%=*}"; done))
 if wanted report && [ -n "$best" ]; then
     echo "== report (best: $best)"

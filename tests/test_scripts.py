@@ -148,6 +148,8 @@ def test_flickr8k_full_records_the_step_a_signal_ends(tmp_path: Path, signal_num
     (bin_dir / "captioner").chmod(0o755)
     (repo / ".venv" / "bin").mkdir(parents=True)
     (repo / ".venv" / "bin" / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')
+    (repo / "data").mkdir()
+    (repo / "data" / "Flickr8k.token.txt").write_text("")
     command = [sys.executable, "-c", DEFAULT_INTERRUPT, "bash", str(repo / "scripts" / "flickr8k_full.sh"), "data", "images", "lstm"]
     build = subprocess.Popen(command, env={**os.environ, "OUT": str(out)}, start_new_session=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -163,6 +165,18 @@ def test_flickr8k_full_records_the_step_a_signal_ends(tmp_path: Path, signal_num
     assert len(rows) == 1 and rows[0][0] == "train lstm" and rows[0][4] == str(128 + signal_number), rows
     assert int(rows[0][1]) >= 1 and rows[0][3], rows  # its seconds and the processor's name
     assert not (out / "lstm" / "train.done").exists()  # stopped, so it resumes on the next run
+
+
+def test_flickr8k_full_defaults_to_the_users_data_folder_and_names_the_command_that_fetches_it(tmp_path: Path) -> None:
+    """Without arguments the script reads data/flickr8k (where `captioner data flickr8k` unpacks the
+    dataset); without its caption file it says so in one line, naming that command, before anything runs."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(FLICKR8K_FULL, repo / "scripts")
+    result = subprocess.run(["bash", str(repo / "scripts" / "flickr8k_full.sh")], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == ("flickr8k_full.sh: data/flickr8k/Flickr8k.token.txt not found: fetch Flickr8k with "
+                                     "`captioner data flickr8k --root data/flickr8k`, or name its folder as the first argument")
 
 
 @pytest.mark.parametrize(
