@@ -1,7 +1,8 @@
 """The Gradio demo as a script: `python demo/app.py [CHECKPOINT ...] [--host H --port P]`.
 
 The same as `captioner demo`: with no checkpoint it serves the export at runs/default_model, else
-the quickstart's model, training it first when it is missing. Run it from the project folder.
+the model packaged with captioner, else the quickstart's trained model (it never trains). Run it
+from the project folder.
 """
 
 import sys

@@ -1,9 +1,11 @@
 """The default model: an export at runs/default_model is what `captioner demo`, `captioner caption`
-without a model and `captioner.default_model()` use; without it, the quickstart's shapes run; a
-broken one is one line naming its file, never a silent fallback. The demo says which model serves
-and its test scores.
+without a model and `captioner.default_model()` use; without it and without a model packaged with
+captioner, the quickstart's shapes run; a broken one is one line naming its file, never a silent
+fallback. The demo says which model serves and its test scores. (The packaged model's place in
+this order: tests/test_packaged_model.py.)
 
-Each test runs in a temporary project folder (chdir) with tiny untrained models: the export has
+Each test runs in a temporary project folder (chdir) with tiny untrained models, and with no
+packaged model installed (the package's folder pointed at an empty one): the export has
 hidden_dim 20 and the shapes run 24, so a loaded model tells which one was chosen.
 """
 
@@ -41,6 +43,14 @@ def write_export(folder: Path, test: dict | None = None) -> None:
     config = tiny_config(f"model.decoder.hidden_dim={EXPORT_HIDDEN}", "data.dataset=flickr8k", "train.out_dir=runs/flickr8k_full")
     scores = {"validation": VALIDATION, "validation_epoch": 4, "test": {"test": test} if test else {}}
     model.save_pretrained(folder, training_config=config.to_dict(), scores=scores)
+
+
+@pytest.fixture(autouse=True)
+def no_packaged_model(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests hold with or without a model packaged in this checkout: they see none."""
+    from captioner.models import packaged
+
+    monkeypatch.setattr(packaged, "PACKAGED_FOLDER", tmp_path_factory.mktemp("no_packaged_model"))
 
 
 @pytest.fixture
@@ -97,7 +107,7 @@ def test_without_an_export_the_default_is_the_shapes_run(
 ) -> None:
     with caplog.at_level(logging.INFO):
         assert default_model(device="cpu").config.decoder.hidden_dim == SHAPES_HIDDEN
-    assert "default model: the shapes run runs/shapes_lstm (no export at runs/default_model)" in caplog.text
+    assert "default model: the shapes run runs/shapes_lstm (no export at runs/default_model, no packaged model)" in caplog.text
     assert main(["caption", "photo.png", "--device", "cpu"]) == 0
     assert loaded == [str(QUICKSTART_RUN)] and capsys.readouterr().out.startswith("photo.png\t")
 
@@ -177,7 +187,7 @@ def test_the_demo_serves_the_export_else_the_shapes_run_and_refuses_a_broken_one
 ) -> None:
     with caplog.at_level(logging.INFO):
         assert demo_server.default_checkpoint() == QUICKSTART_RUN / "best.pt"
-    assert "default model: the shapes run runs/shapes_lstm (no export at runs/default_model)" in caplog.text
+    assert "default model: the shapes run runs/shapes_lstm (no export at runs/default_model, no packaged model)" in caplog.text
     (project / DEFAULT_MODEL).mkdir(parents=True)
     with pytest.raises(ExportError, match=r"^runs/default_model/config.json: missing"):
         demo_server.default_checkpoint()

@@ -224,18 +224,25 @@ def test_layer_and_head_choices_follow_the_decoder(model, trained: Trained, tmp_
     assert "layer 2, mean of heads" in render_page(result, "7", "9", tmp_path).score_line
 
 
-def test_default_checkpoint_uses_the_quickstart_model_or_trains_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bare_demo_serves_the_trained_quickstart_model_and_never_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no export and no packaged model, the quickstart's trained run; with none, one line
+    saying what to run, even where the shapes config is there to train."""
+    from captioner.models import packaged
+
+    monkeypatch.setattr(packaged, "PACKAGED_FOLDER", tmp_path / "no_packaged_model")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CaptionerError, match="run the demo from the project folder"):
-        default_checkpoint()
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs/shapes_lstm.yaml").write_text((REPO / "configs/shapes_lstm.yaml").read_text())
     trainings = []
     monkeypatch.setattr("captioner.training.fit.fit", lambda config, resume=False: trainings.append(config.train.out_dir) or Path("trained.pt"))
-    assert default_checkpoint() == Path("trained.pt") and trainings == ["runs/shapes_lstm"]
+    with pytest.raises(CheckpointError, match=r"^no default model here: .*`captioner train configs/shapes_lstm.yaml`"):
+        default_checkpoint()
+    assert trainings == []
     (tmp_path / "runs/shapes_lstm").mkdir(parents=True)
+    (tmp_path / "runs/shapes_lstm/last.pt").write_bytes(b"weights")
+    assert default_checkpoint() == Path("runs/shapes_lstm/last.pt")
     (tmp_path / "runs/shapes_lstm/best.pt").write_bytes(b"weights")
-    assert default_checkpoint() == Path("runs/shapes_lstm/best.pt") and len(trainings) == 1
+    assert default_checkpoint() == Path("runs/shapes_lstm/best.pt") and trainings == []
 
 
 def test_examples_come_from_the_model_dataset_and_are_never_generated(trained: Trained, tmp_path: Path) -> None:

