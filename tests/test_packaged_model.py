@@ -6,7 +6,8 @@ checked by sha256), decoder weights in float16 only where captions stay the same
 cap, captioning as the run's own best.pt does. What it refuses: a run whose encoder is not frozen
 with a package's ImageNet weights; a missing, truncated or altered file (one line naming it and
 saying how to reinstall). Where it stands: after the user's runs/default_model, before the shapes
-run, from any working folder, for `default_model()`, `captioner caption` and the demo.
+run, from any working folder, for `default_model()`, `captioner caption` and the demo; and every
+caption path says once which model answered, and a shapes model given a photograph says so.
 
 The packaged folder of each test lives in a temporary "installed package" (the module's
 PACKAGED_FOLDER pointed there); one slow test installs a wheel into a fresh venv for real.
@@ -32,13 +33,15 @@ from captioner.apps.cli import main
 from captioner.apps.packaged_model import encode_pictures, keeps_captions_in_half, package_model
 from captioner.core.checksums import sha256_of
 from captioner.core.errors import ExportError
-from captioner.models import packaged
+from captioner.data.shapes import generate_shapes
+from captioner.models import model_origin, packaged
 from captioner.models.backbones import lite_weights_path
 from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import default_model, save_checkpoint
 from captioner.models.checkpoint_format import DEFAULT_MODEL, QUICKSTART_RUN
 from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS
+from captioner.models.model_origin import looks_like_photograph
 
 pytestmark = pytest.mark.xdist_group("packaged_model")  # its module fixtures build models once, on one worker
 
@@ -46,6 +49,7 @@ NAME = "tiny_photos"  # the packaged model's name in these tests
 LITE = ["model.encoder.name=efficientnet_lite0", "model.encoder.pretrained=true", "model.encoder.fine_tune_blocks=0",
         "data.image_size=64", "model.decoder.type=transformer", "decode.max_length=6"]
 TEST_SCORES = {"overall": {"Bleu_4": 0.2341, "METEOR": 0.1876, "CIDEr": 0.5432}, "images": 1000, "beam_size": 3}
+DESCRIBED = f"captioning with {NAME} (packaged with captioner): trained on flickr8k; test BLEU-4 0.234, METEOR 0.188, CIDEr-D 0.543 (beam 3)"
 
 
 def write_run(folder: Path, *overrides: str, seed: int = 0) -> Path:
@@ -68,7 +72,9 @@ def photograph(path: Path, seed: int = 0) -> Path:
 
 @pytest.fixture(autouse=True)
 def fresh_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Each test as a fresh process: no packaged model installed."""
+    """Each test as a fresh process: no model announced yet, and no packaged model installed."""
+    monkeypatch.setattr(model_origin, "_announced", set())
+    monkeypatch.setattr(model_origin, "_warned", set())
     monkeypatch.setattr(packaged, "PACKAGED_FOLDER", tmp_path / "site-packages/captioner/pretrained")
 
 
@@ -114,6 +120,10 @@ def loaded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def tokens(model: Captioner, pictures: list[Image.Image]) -> list[list[int]]:
     """Greedy, then beam-3 captions, as tokens."""
     return [c.tokens for beam in (1, 3) for c in model.caption(pictures, beam_size=beam)]
+
+
+def origin_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == model_origin.log.name]
 
 
 # --- what the folder holds -------------------------------------------------------------------------
@@ -271,7 +281,7 @@ def test_the_packaged_model_is_the_default_from_any_folder_after_the_users_expor
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # no runs/ here at all
     with caplog.at_level(logging.INFO):
-        assert default_model(device="cpu").config.decoder.type == "transformer"  # the packaged model's, not the shapes run's LSTM
+        assert default_model(device="cpu").origin.name == NAME
     assert f"default model: {NAME}, packaged with captioner (no export at runs/default_model)" in caplog.text
     monkeypatch.chdir(project)  # the shapes run is here, and stays a named choice only
     assert default_checkpoint() == installed
@@ -293,6 +303,74 @@ def test_two_packaged_models_are_one_line(installed: Path, project: Path) -> Non
     shutil.copytree(installed, installed.parent / "another")
     with pytest.raises(ExportError, match=r"holds 2 packaged models \(another, tiny_photos\), and the package ships one default model"):
         default_model(device="cpu")
+
+
+# --- saying which model answered ---------------------------------------------------------------------
+
+
+def test_every_caption_path_says_once_which_model_answered(installed: Path, project: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from captioner.apps.demo.batcher import CaptionBatcher
+
+    with caplog.at_level(logging.INFO):
+        assert main(["caption", "photo.png", "--device", "cpu"]) == 0
+        assert main(["caption", "photo.png", "photo.png", "--device", "cpu"]) == 0
+    assert origin_lines(caplog) == [DESCRIBED]  # once per process
+    caplog.clear()
+    model_origin._announced.clear()  # a new process: the library's default model
+    model = default_model(device="cpu")
+    with caplog.at_level(logging.INFO):
+        model.caption("photo.png")
+        model.caption(["photo.png"])
+    assert origin_lines(caplog) == [DESCRIBED]
+    caplog.clear()
+    model_origin._announced.clear()  # a new process: the demo's batcher, which every page request goes through
+    with caplog.at_level(logging.INFO):
+        CaptionBatcher().caption(Captioner.from_pretrained(NAME, device="cpu"), Image.open("photo.png").convert("RGB"))
+    assert origin_lines(caplog) == [DESCRIBED]
+    caplog.clear()  # an ensemble: each member that answers
+    shutil.copytree(QUICKSTART_RUN, "runs/other")
+    with caplog.at_level(logging.INFO):
+        assert main(["caption", str(QUICKSTART_RUN), "photo.png", "--ensemble", "runs/other", "--device", "cpu"]) == 0
+    assert [line.split(":")[0] for line in origin_lines(caplog)][:2] == [f"captioning with {QUICKSTART_RUN}", "captioning with runs/other"]
+
+
+def test_a_shapes_model_given_a_photograph_says_what_it_knows_and_what_to_use(
+    installed: Path, project: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    generate_shapes(tmp_path / "world", 0, 0, 2, image_size=64, progress=False)
+    shapes_image = sorted((tmp_path / "world/test").iterdir())[0]
+    with caplog.at_level(logging.INFO):
+        assert main(["caption", str(QUICKSTART_RUN), str(shapes_image), "--device", "cpu"]) == 0
+    assert origin_lines(caplog) == [f"captioning with {QUICKSTART_RUN}: trained on shapes; no test scores recorded"]
+    with caplog.at_level(logging.INFO):
+        assert main(["caption", str(QUICKSTART_RUN), "photo.png", str(shapes_image), "photo.png", "--device", "cpu"]) == 0
+    assert origin_lines(caplog)[1:] == [
+        f"{QUICKSTART_RUN} was trained on the shapes world: it knows only coloured shapes on a grey background, and this "
+        f"picture looks like a photograph; for photographs use the default model, {NAME} (packaged with captioner: "
+        "`captioner caption IMAGE` with no model, or captioner.default_model())"
+    ]
+    assert [r.levelno for r in caplog.records if r.name == model_origin.log.name][1:] == [logging.WARNING]
+
+
+def test_what_looks_like_a_photograph(tmp_path: Path, shared_data_or_none: Path | None) -> None:
+    for size, fmt in ((48, "jpg"), (64, "jpg"), (128, "jpg"), (128, "png")):
+        world = tmp_path / f"world_{size}_{fmt}"
+        generate_shapes(world, 0, 0, 12, image_size=size, image_format=fmt, progress=False, seed=size)
+        assert not [p.name for p in (world / "test").iterdir() if looks_like_photograph(Image.open(p))], (size, fmt)
+    assert looks_like_photograph(Image.open(photograph(tmp_path / "noise.png")))
+    grey = Image.fromarray(np.full((100, 100, 3), 128, dtype=np.uint8))
+    assert not looks_like_photograph(grey)
+    assert looks_like_photograph(Image.fromarray(np.tile(np.array([[[0, 200, 200]]], dtype=np.uint8), (100, 100, 1))))  # cyan: no shape's colour
+    if shared_data_or_none is not None:
+        photos = sorted((shared_data_or_none / "flickr8k/images").glob("*.jpg"))[:40]
+        assert sum(looks_like_photograph(Image.open(p)) for p in photos) >= 38
+
+
+@pytest.fixture
+def shared_data_or_none() -> Path | None:
+    default = Path(__file__).resolve().parents[2] / "shared" / "data"
+    path = Path(os.environ.get("CAPTIONER_SHARED_DATA", default))
+    return path if path.is_dir() else None
 
 
 # --- a trained run, packaged with the script -----------------------------------------------------------
@@ -381,7 +459,7 @@ def test_a_non_editable_install_carries_the_packaged_model(template: Path, tmp_p
     ran = subprocess.run([str(python), "-c", INSTALLED_CHECK], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=300)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.startswith("library: ") and "photo.png\t" in ran.stdout
-    assert f"default model: {NAME}, packaged with captioner" in ran.stderr
+    assert f"default model: {NAME}, packaged with captioner" in ran.stderr and ran.stderr.count(f"captioning with {NAME}") == 1
     # Altered after installation: config.json against pip's RECORD, one line.
     config = site / "captioner/pretrained" / NAME / CONFIG
     config.write_text(config.read_text() + "\n")  # still valid JSON, still naming the same files

@@ -45,6 +45,7 @@ from captioner.models.export_format import (
     read_exported,
     write_exported,
 )
+from captioner.models.model_origin import ModelOrigin, announce, check_picture, checkpoint_origin, export_origin
 from captioner.models.packaged import is_packaged, read_packaged
 from captioner.text.vocab import Vocabulary
 
@@ -65,6 +66,7 @@ class Captioner(nn.Module):
         self.image_size = image_size
         self.decode_config = decode_config or DecodeConfig()
         self.transform = ImageTransform(image_size)
+        self.origin: ModelOrigin | None = None  # set by from_pretrained: what the caption paths say answered
 
     @classmethod
     def from_config(cls, config: Config, vocab: Vocabulary, load_pretrained: bool = True) -> Captioner:
@@ -86,6 +88,7 @@ class Captioner(nn.Module):
         an export records that they are those its backbone's installed package holds (a
         packaged model's). Nothing is unpickled: checkpoints load with weights_only, exports
         are safetensors."""
+        name = str(path)
         path = checkpoint_file(path)
         if is_exported(path):
             packaged = is_packaged(path)
@@ -96,8 +99,11 @@ class Captioner(nn.Module):
                 check_packaged_weights(encoder_record, config.model.encoder, path / CONFIG)
             model = cls.from_config(config, Vocabulary(exported.vocab), load_pretrained=encoder_record is not None)
             model._load_weights(exported.state_dict, path / WEIGHTS, encoder_from_package=encoder_record is not None)
+            model.origin = export_origin(path.name if packaged else name, exported.config, packaged)
         else:
-            model = cls.from_checkpoint_payload(read_checkpoint(path), path)
+            payload = read_checkpoint(path)
+            model = cls.from_checkpoint_payload(payload, path)
+            model.origin = checkpoint_origin(name, payload["config"], path)
         return model.to(resolve_device(device)).eval()
 
     @classmethod
@@ -183,6 +189,10 @@ class Captioner(nn.Module):
             return None
         return packaged_weights_record(encoder.name)
 
+    @property
+    def origins(self) -> list[ModelOrigin | None]:
+        """Where the model that answers came from (an ensemble has one per member)."""
+        return [self.origin]
 
     @torch.no_grad()
     def grid_size(self) -> tuple[int, int]:
@@ -325,8 +335,11 @@ class Captioner(nn.Module):
         single = not isinstance(images, (list, tuple))
         items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
         batch_size = batch_size or self.decode_config.batch_size
+        announce(self.origins)
         captions: list[Caption] = []
         for pictures in picture_batches(items, batch_size, positions=not single):
+            for picture in pictures:
+                check_picture(self.origins, picture)
             batch = torch.stack([self.transform(p) for p in pictures])  # (b, 3, S, S) uint8
             captions += self.caption_images(batch, **options)
         return captions[0] if single else captions
@@ -339,15 +352,19 @@ class Captioner(nn.Module):
 
         With `n_best=N` among the options, each good file gives its list of N captions."""
         batch_size = batch_size or self.decode_config.batch_size
+        announce(self.origins)
         results: list = []
         for start in range(0, len(paths), batch_size):
             chunk = paths[start : start + batch_size]
             loaded: list[torch.Tensor | ImageLoadError] = []
             for path in chunk:
                 try:
-                    loaded.append(self.transform(load_image(path)))
+                    picture = load_image(path)
                 except ImageLoadError as e:
                     loaded.append(e)
+                    continue
+                check_picture(self.origins, picture)
+                loaded.append(self.transform(picture))
             good = [x for x in loaded if isinstance(x, torch.Tensor)]
             captions = iter(self.caption_images(torch.stack(good), **decode_options) if good else [])
             results += [x if isinstance(x, ImageLoadError) else next(captions) for x in loaded]

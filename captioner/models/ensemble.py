@@ -27,6 +27,7 @@ from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.images import ImageTransform
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import Decoder, DecoderOutput, Memory, State
+from captioner.models.model_origin import ModelOrigin
 
 COMBINES = ("prob", "logprob")  # the mean of probabilities; the renormalised mean of log-probabilities
 
@@ -201,6 +202,11 @@ class Ensemble(nn.Module):
     @property
     def combine(self) -> str:
         return self.decoder.combine
+
+    @property
+    def origins(self) -> list[ModelOrigin | None]:
+        """Where each member came from: the caption paths log every member that answers."""
+        return [member.origin for member in self.members]
 
     @property
     def packed_width(self) -> int:
