@@ -114,7 +114,8 @@ def load_captioner(path: str | Path, device: str | torch.device = "auto") -> Cap
 
 
 def default_model(device: str | torch.device = "auto") -> Captioner:
-    """The project's default model, run from the project folder: the export at
-    runs/default_model when there is one, else the quickstart's shapes run (runs/shapes_lstm);
-    one line saying what to run when neither is there (`checkpoint_format.default_model_choice`)."""
+    """The default model: the export at runs/default_model (from the working folder) when there
+    is one, else the model packaged with captioner, else the quickstart's shapes run
+    (runs/shapes_lstm); one line saying what to run when none is there
+    (`checkpoint_format.default_model_choice`)."""
     return Captioner.from_pretrained(find_default_model(), device)

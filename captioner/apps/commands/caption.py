@@ -3,7 +3,8 @@ with attention, head-view and Grad-CAM figures on request.
 
 CHECKPOINT may be left out: when the first argument is an image file (by its extension) or a
 folder of images with no model in it, every argument is an image and the project's default
-model captions them (the export at runs/default_model, else the shapes run)."""
+model captions them (the export at runs/default_model, else the model packaged with captioner, else
+the shapes run)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     caption = commands.add_parser("caption", help="caption images or folders of images")
     caption.add_argument("checkpoint", nargs="?",
                          help="a .pt, a run folder, an export or a Hub id; left out when the first argument is an image "
-                              "(or a folder of images): the default model, runs/default_model if exported, else runs/shapes_lstm")
+                              "(or a folder of images): the default model, runs/default_model if exported, else the packaged model, "
+                              "else runs/shapes_lstm")
     caption.add_argument("images", nargs="*", help="image files or folders of images (jpg, png, ...)")
     add_decode_arguments(caption)
     add_ensemble_arguments(caption)
