@@ -5,6 +5,7 @@ tests/test_version_floors.py checks the installed versions against the same list
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import tomllib
@@ -25,7 +26,9 @@ def floors(pyproject: Path) -> dict[str, str]:
 
 
 def main() -> None:
-    found = floors(Path(__file__).resolve().parents[1] / "pyproject.toml")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pyproject", type=Path, default=Path(__file__).resolve().parents[1] / "pyproject.toml")
+    found = floors(parser.parse_args().pyproject)
     missing = [package for package in FLOORED if package not in found]
     if missing:
         sys.exit(f"pyproject.toml: no >= floor for {', '.join(missing)}")
