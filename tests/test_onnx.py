@@ -390,3 +390,18 @@ def test_bad_options_and_images_are_one_line(exported: Exported, tmp_path: Path,
     assert isinstance(results[0], ImageLoadError) and isinstance(results[2], ImageLoadError) and "absent.png" in str(results[2])
     assert results[1].tokens == exported.model.caption(good, beam_size=2).tokens
     assert issubclass(ExportError, CaptionerError)
+
+
+def test_the_runtime_given_an_image_where_the_export_goes_says_how_to_export_one(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The runtime ships no model: an image named first (as with `captioner caption photo.jpg`) is
+    one line naming the file and the export command, with the packaged model's name when one is installed."""
+    from captioner.deploy.__main__ import main
+    from captioner.models.packaged import packaged_models
+
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (20, 20)).save(image)
+    assert main([str(image), str(image)]) == 1
+    line = capsys.readouterr().err.strip()
+    name = packaged_models()[0].name if packaged_models() else "RUN"
+    assert line == (f"error: {image}: a file, where the exported ONNX folder goes first; the runtime ships no model: export one with "
+                    f"`captioner export {name} DIR --onnx` (PyTorch's captioner), then `captioner-onnx DIR IMAGE...`")

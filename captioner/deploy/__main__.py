@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from captioner.core.errors import CaptionerError
 
@@ -21,8 +22,24 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def no_export_named(folder: str) -> str | None:
+    """The one line for an image given where the exported folder goes: the runtime ships no model
+    (it stays small and torch-free), so it says how to export the one packaged with captioner."""
+    if not Path(folder).is_file():
+        return None
+    packaged = Path(__file__).resolve().parents[1] / "pretrained"  # where `pip install captioner` puts its model
+    names = sorted(p.name for p in packaged.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))) if packaged.is_dir() else []
+    source = names[0] if names else "RUN"
+    return (f"{folder}: a file, where the exported ONNX folder goes first; the runtime ships no model: export one with "
+            f"`captioner export {source} DIR --onnx` (PyTorch's captioner), then `captioner-onnx DIR IMAGE...`")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
+    problem = no_export_named(args.folder)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     from captioner.deploy.runtime import OnnxCaptioner
 
     try:
