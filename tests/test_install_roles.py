@@ -156,6 +156,17 @@ def test_the_core_install_captions_and_names_the_extra_a_command_needs(shapes_ls
     )
     done = cli_without(DEMO, "demo", str(shapes_lstm.checkpoint), "--port", "0")
     assert done.returncode == 2 and "Gradio is not installed" in done.stderr.strip().splitlines()[-1]
+    # No model named, from a folder with no runs/: the model packaged with captioner answers, offline.
+    from captioner.models.packaged import installed_model
+
+    packaged = installed_model()
+    assert packaged is not None, "no model is packaged with captioner (captioner/pretrained/)"
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(photo)
+    done = subprocess.run([sys.executable, "-c", HIDE_EXTRAS, ",".join(sorted(TRAIN | DEMO | ONNX)), "caption", str(photo)],
+                          capture_output=True, text=True, env=subprocess_env(), timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{photo}\t") and f"captioning with {packaged.name} (packaged with captioner)" in done.stderr
 
 
 @pytest.mark.slow
