@@ -405,3 +405,20 @@ def test_the_runtime_given_an_image_where_the_export_goes_says_how_to_export_one
     name = packaged_models()[0].name if packaged_models() else "RUN"
     assert line == (f"error: {image}: a file, where the exported ONNX folder goes first; the runtime ships no model: export one with "
                     f"`captioner export {name} DIR --onnx` (PyTorch's captioner), then `captioner-onnx DIR IMAGE...`")
+
+
+def test_an_exported_folder_exports_to_onnx_for_the_runtime(tmp_path: Path) -> None:
+    """`captioner export FOLDER DIR --onnx` on an exported folder (the packaged model's, say)
+    writes the ONNX bundle, whose captions are the torch model's; without --onnx it is one line."""
+    from captioner.apps.export import export_model
+    from captioner.core.errors import ExportError
+
+    model = briefly_trained("transformer", seed=3)
+    model.save_pretrained(tmp_path / "exported")
+    files = export_model(tmp_path / "exported", tmp_path / "for_runtime", onnx=True)
+    assert {f.name for f in files} == {"encoder.onnx", "decoder_init.onnx", "decoder_step.onnx", "onnx.json"}
+    runtime = OnnxCaptioner.from_folder(tmp_path / "for_runtime", threads=1)
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    assert runtime.caption(image, beam_size=2, max_length=6).text == model.caption(image, beam_size=2, max_length=6).text
+    with pytest.raises(ExportError, match="already an exported folder; .* with --onnx"):
+        export_model(tmp_path / "exported", tmp_path / "again")

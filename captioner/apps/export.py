@@ -44,7 +44,10 @@ def export_model(
     so every user of the export decodes as its test scores were measured."""
     source = checkpoint_file(checkpoint)
     if is_exported(source):
-        raise ExportError(f"{source}: already an exported folder; export takes a checkpoint (.pt) or a run folder")
+        if not onnx:
+            raise ExportError(f"{source}: already an exported folder; export takes a checkpoint (.pt) or a run folder "
+                              "(or an exported folder with --onnx, for the runtime without PyTorch)")
+        return exported_to_onnx(source, Path(folder), decode)
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ExportError(f"{folder}: exists and is not a folder")
@@ -87,6 +90,17 @@ def export_model(
 
         files += export_onnx(model, folder)
     return files
+
+
+def exported_to_onnx(source: Path, folder: Path, decode: Mapping[str, Any] | None) -> list[Path]:
+    """An exported folder (the model packaged with captioner, say) as the ONNX bundle alone
+    (`folder`/onnx/), for the runtime without PyTorch: the export already holds its card and figure."""
+    from captioner.models.onnx_export import export_onnx
+
+    model = Captioner.from_pretrained(source, "cpu")
+    if decode:
+        model.decode_config = dataclasses.replace(model.decode_config, **decode)
+    return export_onnx(model, folder)
 
 
 def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None:
