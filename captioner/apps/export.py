@@ -58,11 +58,7 @@ def export_model(
     payload = read_checkpoint(source)  # read once: the weights, the run config and the history
     config = run_config(payload["config"], source)
     model = Captioner.from_checkpoint_payload(payload, source).eval()
-    if decode:
-        unknown = set(decode) - {f.name for f in dataclasses.fields(DecodeConfig)}
-        if unknown:
-            raise ExportError(f"export: unknown decode setting(s) {', '.join(sorted(unknown))}")
-        model.decode_config = dataclasses.replace(model.decode_config, **decode)
+    with_decoding(model, decode)
     scores = read_scores(source, payload.get("train_state"))
     files = model.save_pretrained(
         folder,
@@ -98,9 +94,19 @@ def exported_to_onnx(source: Path, folder: Path, decode: Mapping[str, Any] | Non
     from captioner.models.onnx_export import export_onnx
 
     model = Captioner.from_pretrained(source, "cpu")
-    if decode:
-        model.decode_config = dataclasses.replace(model.decode_config, **decode)
+    with_decoding(model, decode)
     return export_onnx(model, folder)
+
+
+def with_decoding(model: Captioner, decode: Mapping[str, Any] | None) -> None:
+    """`decode`'s DecodeConfig fields (a length penalty tuned on dev, say) in place of the model's;
+    an unknown field is one line."""
+    if not decode:
+        return
+    unknown = set(decode) - {f.name for f in dataclasses.fields(DecodeConfig)}
+    if unknown:
+        raise ExportError(f"export: unknown decode setting(s) {', '.join(sorted(unknown))}")
+    model.decode_config = dataclasses.replace(model.decode_config, **decode)
 
 
 def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None:
