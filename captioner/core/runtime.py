@@ -96,11 +96,7 @@ def run_threads(requested: int | None = None) -> int:
     steps depend on it): `requested` (> 0), else $CAPTIONER_THREADS, else under torchrun its
     $OMP_NUM_THREADS or this rank's share of the cores, else every core this process may use.
     Never the free cores of the moment: those change with the load, and the weights with them."""
-    if requested:
-        return requested
-    if not threads_are_automatic():
-        return resolve_threads()
-    return usable_cores()
+    return usable_cores() if threads_are_automatic(requested) else resolve_threads(requested)
 
 
 def set_threads(requested: int | None = None) -> int:
