@@ -28,6 +28,7 @@ import pytest
 import torch
 from helpers import REPO, subprocess_env, tiny_config, tiny_model, tiny_vocab
 from PIL import Image
+from test_default_model import loaded  # noqa: F401 (a fixture: the paths the CLI loads its model from)
 
 from captioner.apps.cli import main
 from captioner.apps.packaged_model import encode_pictures, keeps_captions_in_half, package_model
@@ -104,17 +105,6 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     photograph(folder / "photo.png")
     monkeypatch.chdir(folder)
     return folder
-
-
-@pytest.fixture
-def loaded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths the CLI loads its model from, in order."""
-    from captioner.models import checkpoint
-
-    paths: list[str] = []
-    original = checkpoint.load_captioner
-    monkeypatch.setattr(checkpoint, "load_captioner", lambda path, device="auto": paths.append(str(path)) or original(path, device))
-    return paths
 
 
 def tokens(model: Captioner, pictures: list[Image.Image]) -> list[list[int]]:

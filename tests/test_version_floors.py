@@ -6,25 +6,22 @@ from __future__ import annotations
 
 import re
 import runpy
-import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-PYPROJECT = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
 SCRIPTS = Path(__file__).parents[1] / "scripts"
-FLOORED = runpy.run_path(str(SCRIPTS / "floor_constraints.py"))["FLOORED"]  # what the test install holds at its floors
+FLOOR_SCRIPT = runpy.run_path(str(SCRIPTS / "floor_constraints.py"))  # the floors the test install holds, read one way
+FLOORED = FLOOR_SCRIPT["FLOORED"]
 
 
 def floors() -> dict[str, tuple[int, ...]]:
     """package -> the (major, minor[, patch]) of its `>=` floor, over the core and extra requirements."""
     found = {}
-    for requirement in [*PYPROJECT["dependencies"], *sum(PYPROJECT["optional-dependencies"].values(), [])]:
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9.]+)(?:\s*,.*)?", requirement.strip())
-        if match:
-            parts = tuple(int(part) for part in match.group(2).split("."))
-            found[match.group(1).lower()] = parts + (0,) * (2 - len(parts))  # ">=6" is 6.0: the minor counts
+    for package, floor in FLOOR_SCRIPT["floors"](Path(__file__).parents[1] / "pyproject.toml").items():
+        parts = tuple(int(part) for part in floor.split("."))
+        found[package] = parts + (0,) * (2 - len(parts))  # ">=6" is 6.0: the minor counts
     return found
 
 
