@@ -21,9 +21,13 @@ from captioner.core.extras import missing_extra
 
 log = logging.getLogger("captioner")
 
-def setup_logging(verbose: bool = False) -> None:
+def setup_logging(verbosity: int = 0) -> None:
+    """What a command prints, by level: INFO is what the user acts on (progress, the result,
+    where the files went, the next command); DEBUG (`-v`) the diagnostics (speed choices and
+    calibrations, tokenizer jobs, METEOR's tables, timings); `-q` warnings and errors alone."""
+    verbose = verbosity > 0
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.WARNING if verbosity < 0 else logging.INFO,
         format="%(asctime)s %(levelname)s %(message)s" if verbose else "%(message)s",
         datefmt="%H:%M:%S",
     )
@@ -31,20 +35,35 @@ def setup_logging(verbose: bool = False) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def add_verbosity_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """-v and -q on the parser and every command's parser below it, so that they go before or
+    after the command; a command's own option of the same name (`data shapes --quiet`) stays its own."""
+    taken = set(parser._option_string_actions)
+    if not taken & {"-v", "--verbose"}:
+        parser.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=default,
+                            help="also the diagnostics: speed choices, timings, tokenizer jobs, METEOR's tables, other BLEUs")
+    if not taken & {"-q", "--quiet"}:
+        parser.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1, default=default,
+                            help="warnings and errors only, beside the results")
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        for command in dict.fromkeys(action.choices.values()):  # aliases name one parser twice
+            add_verbosity_options(command, argparse.SUPPRESS)  # the top level's default stands unless given here
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = AnyOrderParser(prog="captioner", description="Image captioning with spatial attention.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"captioner {captioner.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in (data, train, features, caption, evaluate, export, push, demo, config):
         command.add_parser(commands)
+    add_verbosity_options(parser, 0)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    setup_logging(args.verbosity)
     if getattr(args, "runtime", None) == "onnx":  # the ONNX runtime: no torch is loaded, none need be installed
         try:
             return args.func(args)
