@@ -1,4 +1,4 @@
-"""What was measured on this machine, kept between processes: a small JSON file of decisions
+"""What was measured on the local machine, kept between processes: a small JSON file of decisions
 (which fast path wins here), keyed by the processor and the torch version, so a choice measured
 once holds for every later process on the same machine and is measured again on another one.
 
@@ -30,7 +30,7 @@ FILE_NAME = "machine.json"
 
 def processor_name() -> str:
     """The processor's model name (lscpu's "Model name") with its family and model numbers (a
-    virtual machine may say only "AMD EPYC" for a Zen 3 and a Zen 5), else what the platform says."""
+    virtual machine's model name may not tell two processor generations apart), else what the platform says."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -62,13 +62,13 @@ def _read() -> dict[str, Any]:
 
 
 def recall(name: str) -> Any:
-    """The decision `name` measured on this machine, or None."""
+    """The decision `name` measured on the local machine, or None."""
     entry = _read().get(machine_key())
     return entry.get(name) if isinstance(entry, dict) else None
 
 
 def remember(name: str, value: Any) -> Path | None:
-    """Keep a decision for this machine (atomically); the file's path, or None when it could not be written."""
+    """Keep a decision for the local machine (atomically); the file's path, or None when it could not be written."""
     data = _read()
     entry = data.get(machine_key())
     data[machine_key()] = {**(entry if isinstance(entry, dict) else {}), name: value}
@@ -85,7 +85,7 @@ def remember(name: str, value: Any) -> Path | None:
 
 
 def decided(name: str, measure: Callable[[], Any], valid: Callable[[Any], bool]) -> tuple[Any, bool]:
-    """The decision `name` on this machine, and whether this process measured it.
+    """The decision `name` on the local machine, and whether this process measured it.
 
     The first process that finds it missing (or not `valid`) measures it and keeps it while the
     others wait on a lock beside the file, then read that one: processes started together

@@ -92,7 +92,7 @@ def resolve_threads(requested: int | None = None) -> int:
 
 
 def run_threads(requested: int | None = None) -> int:
-    """A training run's thread count, the same for every run on this machine (the sums of its
+    """A training run's thread count, the same for every run on the machine (the sums of its
     steps depend on it): `requested` (> 0), else $CAPTIONER_THREADS, else under torchrun its
     $OMP_NUM_THREADS or this rank's share of the cores, else every core this process may use.
     Never the free cores of the moment: those change with the load, and the weights with them."""

@@ -17,8 +17,9 @@ def in_one_block(feats: torch.Tensor) -> bool:
     """Whether `attend` makes the (B, K, N, A) block of all rows at once: on a GPU, and in a
     compiled graph. The blocks of a few MB are for a CPU's cache; a GPU has memory for the whole
     block and pays a launch per block, and a graph unrolls the loop over blocks into one kernel
-    per block: on an H200 the beam-search step at batch 64, beam 3 (11 blocks) had not compiled
-    after 70 s, where the same step at batch 1 compiled in 10 s."""
+    per block, so its compile time grows with the batch: a beam-search step of 64 images, beam 3
+    (11 blocks) had not compiled after 70 s where one image's compiled in 10 s
+    (`benchmarks/bench_compile_step.py --device cuda`; docs/compile_step.md)."""
     return feats.device.type != "cpu" or torch.compiler.is_compiling()
 
 

@@ -66,7 +66,7 @@ def model_settings(path: str | Path, data_overrides: Sequence[str] = ()) -> Stor
     it was written to (its own run, read where it trained)."""
     path = checkpoint_file(path)
     config = stored_config(path)
-    if data_overrides:  # where the model's data is on this machine: the user's word
+    if data_overrides:  # where the model's data lies locally: the user's word
         apply_overrides(config, list(data_overrides), f"{path} with the command line's data overrides", only="data.")
     named = {override.partition("=")[0].strip().lstrip("-") for override in data_overrides}
     return stored_settings(config, config_source(path), keep_local_places=written_by_its_run(path, config), named=named)

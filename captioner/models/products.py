@@ -1,11 +1,10 @@
 """Dense layers' matrix products on the CPU through oneDNN.
 
 For fp32 on the CPU, torch's `F.linear` and `@` call MKL's sgemm. On processors where MKL does
-not take its fast path (the AMD EPYC machines this project is measured on, and many cloud
-servers), oneDNN's inner product with a weight reordered into its blocked layout is 2.0-2.6x
-faster on the decoders' shapes (`benchmarks/bench_products.py`). It is the same fp32
-arithmetic in another summation order: results agree to fp32 rounding (about 1e-6 relative),
-not bit for bit.
+not take its fast path (AMD's among them, and many cloud servers), oneDNN's inner product with
+a weight reordered into its blocked layout is 2.0-2.6x faster on the decoders' shapes
+(`benchmarks/bench_products.py`). It is the same fp32 arithmetic in another summation order:
+results agree to fp32 rounding (about 1e-6 relative), not bit for bit.
 
 `linear(x, weight, bias)` is `F.linear` with that route taken where it applies: an fp32 CPU
 tensor, outside autocast (bf16 products already go through oneDNN), tracing, ONNX export and
@@ -14,13 +13,13 @@ decoding loops) each weight is reordered once per loop; with gradients each call
 loop reorders its weight, and the backward's two products go through oneDNN too. `CAPTIONER_ONEDNN=0` turns the
 route off, for comparisons.
 
-Whether the route is faster depends on the processor (2.0-2.6x on the AMD EPYC machines, less
-or nothing where MKL takes its fast path), so it is measured where it runs: at its first use, a
+Whether the route is faster depends on the processor (2.0-2.6x where MKL misses its fast path,
+less or nothing where it takes it), so it is measured where it runs: at its first use, a
 decoder-sized product both ways, once per machine and torch version (the decision is kept in
 core/machine_cache.py's file); the route is taken only where it wins by 5%. `CAPTIONER_ONEDNN=1`
 takes it without measuring, `CAPTIONER_ONEDNN=0` never. A training checkpoint records the route
 its run took (`route_taken`), and a resumption takes that one (`take_route`), so that the run goes
-on bit for bit even where this machine's decision is missing or was measured otherwise since.
+on bit for bit even on a machine whose kept decision is missing or differs.
 
 The ops are private (`torch.ops.mkldnn`), so the route also checks itself first: one small
 product against `F.linear`. An op that is missing, raises, takes other arguments or gives other
@@ -105,7 +104,7 @@ def route_taken() -> bool:
 
 
 def take_route(onednn: bool, source: str) -> None:
-    """Take the route that the run `source` was trained with, whatever this machine would choose:
+    """Take the route that the run `source` was trained with, whatever the local decision would be:
     the two sum in different orders, so a resumption on the other one would not go on bit for
     bit. `CAPTIONER_ONEDNN` set by the user still decides; a route this torch cannot take is
     said in one line and not taken. Nothing is timed: the checkpoint has decided."""
@@ -117,7 +116,7 @@ def take_route(onednn: bool, source: str) -> None:
                     "it goes on with F.linear, not bit for bit", source, problem)
         _ENABLED, _CHECKED = False, True  # checked: its first product does not check and warn again
         return
-    # What this machine would take: this process's route if a product has asked, else its kept decision.
+    # The local choice: this process's route if a product has asked, else the machine's kept decision.
     known = _ENABLED if _CHECKED else _kept_decision()
     _ENABLED, _CHECKED = onednn, True
     if known is not None and known != onednn:
@@ -161,7 +160,7 @@ def _valid_decision(known: object) -> bool:
 
 
 def _kept_decision() -> bool | None:
-    """The route this machine's cache keeps, without measuring; None when it keeps none."""
+    """The route the machine cache keeps, without measuring; None when it keeps none."""
     from captioner.core import machine_cache
 
     known = machine_cache.recall(CALIBRATION)
@@ -169,7 +168,7 @@ def _kept_decision() -> bool | None:
 
 
 def faster_here() -> bool:
-    """Whether the route beats F.linear by 5% on this machine: recalled, else measured by the
+    """Whether the route beats F.linear by 5% on the local processor: recalled, else measured by the
     first process that asks and kept for every other (the two routes differ in the last bits, so
     a run and its resumption must take the same one)."""
     from captioner.core import machine_cache

@@ -68,7 +68,7 @@ def choose_cpu_bf16(config: Config, model: Captioner, encoded: bool, feature_sha
 
 
 def machine_would_choose(config: Config, encoded: bool, feature_shape: tuple[int, ...] | None) -> bool | None:
-    """What `auto` takes on this machine for these shapes, without measuring: None when no
+    """What `auto` takes on the local machine for these shapes, without measuring: None when no
     calibration is kept here (a resumed run does not calibrate: its checkpoint has decided)."""
     if not cpu_has_native_bf16():
         return False

@@ -110,7 +110,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         raise CaptionerError(f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images with each member's encoder")
     checkpoint = checkpoint_file(args.checkpoint)  # a run folder: its best.pt, else last.pt
     model = load_model("evaluate", checkpoint, args)
-    settings = model_settings(checkpoint, args.data_overrides)  # the dataset the model was trained on, as it lies on this machine
+    settings = model_settings(checkpoint, args.data_overrides)  # the model's dataset, where it lies locally
     config = settings.config
     records = all_records = settings.load_split(args.split)  # one line when the model's settings name a place it may not
     if args.limit:

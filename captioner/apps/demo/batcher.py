@@ -3,7 +3,7 @@
 Each /caption callback runs on a server worker thread and hands its image here. While a batch
 decodes, the images that arrive wait; when it ends, one waiting thread takes every waiting image
 with the same model and options (up to `max_batch`) and decodes them together, so under load the
-two cores run a few large batches instead of many single images fighting over them. Beam search
+cores run a few large batches instead of many single images fighting over them. Beam search
 keeps each image's beams apart, so an image's caption does not depend on its batch.
 
 No thread of its own: the decoding runs on the callbacks' threads, which the server already
@@ -22,7 +22,8 @@ from PIL import Image
 from captioner.models.caption import Caption
 from captioner.models.captioner import Captioner
 
-MAX_BATCH = 8  # images per batch: past this, a larger batch adds latency more than throughput on 2 cores
+MAX_BATCH = 8  # images per batch: past this, on two cores, a larger batch adds latency more than throughput
+# (benchmarks/bench_demo_load.py --max-batch N)
 
 
 @dataclass(eq=False)  # jobs are told apart by identity

@@ -132,14 +132,14 @@ def named_scores(overall: dict[str, Any]) -> str:
 
 
 def model_examples(path: str | Path, count: int = 4) -> list[Path]:
-    """The first test images of the dataset the model at `path` was trained on, where they are on
-    this machine and its settings may name them (none when its test split's places were set aside)."""
+    """The first test images of the dataset the model at `path` was trained on, where they lie
+    locally and its settings may name them (none when its test split's places were set aside)."""
     settings = model_settings(path)
     return [] if settings.unreadable("test") else dataset_examples(settings.config, count)
 
 
 def dataset_examples(config: Config, count: int = 4) -> list[Path]:
-    """The first test images of the dataset `config` describes, where they are on this machine."""
+    """The first test images of the dataset `config` describes, where they lie locally."""
     data = config.data
     if data.dataset == "shapes" and not (Path(data.root) / "captions_test.json").is_file():
         return []  # never generate a dataset just for examples

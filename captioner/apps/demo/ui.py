@@ -237,7 +237,7 @@ def build_demo(
     among them are decoded as one batch; up to `queue_size` more wait, and the rest are told at
     once that the app is busy ("This application is currently busy. Please try again." in the
     browser, QueueError through the API). `examples` None: the first test images of the first
-    model's dataset, where they are on this machine. `cleanup`: how long temporary files live."""
+    model's dataset, where they lie locally. `cleanup`: how long temporary files live."""
     private_cache()  # before anything is cached: a process of its own, whose closing deletes no other's files
     callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
     payloads = {name: recorded(name) for name in callbacks.models}  # each checkpoint read once, for the serving line and the cards
