@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +88,7 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
     out = out / "scores.json" if out.suffix != ".json" else out
     write_scores_json(out, scores.overall, scores.per_image, extra=report)
     if not args.json:
-        print_scores(f"{args.results} against {args.annotations}", scores)
+        print_scores(f"{args.results} against {args.annotations}", scores, verbose=getattr(args, "verbosity", 0) > 0)
         print(f"scores: {out}")
     return {**report, "scores": rounded(scores.overall), "scores_file": str(out)}
 
@@ -148,17 +149,20 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         report["grounding"] = evaluation.grounding.to_json()
         if args.heatmaps:
             outlined_figures(Path(args.heatmaps), records, evaluation)
-    write_scores_json(out_dir / f"scores_{args.split}.json", scores.overall, scores.per_image, extra=report)
+    scores_path = out_dir / f"scores_{args.split}.json"
+    write_scores_json(scores_path, scores.overall, scores.per_image, extra=report)
     if not args.json:
         name = " + ".join([str(checkpoint), *args.ensemble])
         title = f"{name} on {args.split} ({len(evaluation.captions)} images, beam {options['beam_size']}, {scores.metrics})"
-        print_scores(title, scores)
+        print_scores(title, scores, verbose=getattr(args, "verbosity", 0) > 0)
         if "grounding" in report:
             print_grounding(report["grounding"])
         for record in records[:3]:
             if record.image_id in evaluation.captions:
                 print(f"  e.g. {record.path.name}: {evaluation.captions[record.image_id].text!r}")
-        print(f"results: {results_path}")
+        print(f"captions: {results_path}\nscores: {scores_path}")
+        if records and not args.ensemble:
+            print(f"next: {next_command(checkpoint, records[0].path, out_dir / 'heatmaps')}")
     return {**report, "scores": rounded(scores.overall)}
 
 
@@ -208,16 +212,24 @@ def outlined_figures(out_dir: Path, records: list[ImageRecord], evaluation: Eval
     log.info("grounding figures (true regions outlined): %s", out_dir)
 
 
-def print_scores(title: str, scores: Scores) -> None:
-    """The metrics, then the tutorial-style BLEU and the caption statistics beside them."""
+def next_command(checkpoint: Path, image: Path, heatmaps: Path) -> str:
+    """The command that captions one of the scored images with its word-by-word attention figures."""
+    return shlex.join(["captioner", "caption", str(checkpoint), str(image), "--heatmaps", str(heatmaps)])
+
+
+def print_scores(title: str, scores: Scores, verbose: bool = False) -> None:
+    """The metrics and the caption statistics; with `verbose` (-v) the tutorial-style BLEU and
+    BLEU's factors beside them (both are in the scores file either way)."""
     print(title)
     for key, value in scores.overall.items():
         print(f"  {key:<8} {value:.4f}")
     beside = scores.beside_official()
     bleu, stats = beside["tutorial_bleu"], beside["caption_stats"]
-    print(f"  {'nltk_corpus_BLEU_4':<8} {bleu['nltk_corpus_BLEU_4']:.4f}  ({bleu['label']})")
     print(f"  bad endings {100 * stats['bad_ending_rate']:.1f}%, repeated bigrams "
           f"{100 * stats['repeated_bigram_rate']:.1f}% of captions, mean length {stats['mean_length']:.1f} words")
+    if not verbose:
+        return
+    print(f"  {'nltk_corpus_BLEU_4':<8} {bleu['nltk_corpus_BLEU_4']:.4f}  ({bleu['label']})")
     parts = beside["bleu_parts"]
     print(f"  BLEU's factors: precisions {' / '.join(f'{p:.3f}' for p in parts['precisions'])}, length ratio "
           f"{parts['length_ratio']:.3f} ({parts['hypothesis_words']} words against the closest references' "

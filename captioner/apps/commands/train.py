@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         if distributed.is_main_process():  # one line for the whole run, from rank 0
             print(f"stopped by {stopped}; resume with: {resume_command(args)}", file=sys.stderr)
         return 128 + stopped.signal  # as a shell reports a process its signal ended
-    print(f"best checkpoint: {best}")
+    if distributed.is_main_process():
+        print(f"next: {shlex.join(['captioner', 'evaluate', str(best), '--split', 'test'])}")
     return 0
 
 
