@@ -17,7 +17,7 @@ import torch
 from helpers import require, shared_folder
 import suite_timeline
 
-# What the library measures about this machine (core/machine_cache.py) goes to a folder of the
+# What the library measures about the machine (core/machine_cache.py) goes to a folder of the
 # test session's, not the user's ~/.cache; child processes inherit it, so they share one decision.
 # One torch thread per test process: run_tests.sh runs one pytest worker per core, and a fixed
 # count keeps a test's training run from changing threads midway (core.runtime.ThreadGovernor),

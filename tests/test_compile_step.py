@@ -113,7 +113,7 @@ def test_lstm_beam_step_compiles_one_graph_for_every_batch(monkeypatch) -> None:
     """Beam search's LSTM step (K rows per image over one copy of each grid) compiles to one
     graph whatever the number of images, as CUDA graphs of a GPU's beam search need. Its CPU
     blocks (here one image each) are a loop that a graph would unroll into one kernel per image,
-    recompiled for every batch: on an H200 that compile had not finished after 70 s."""
+    recompiled for every batch, and the longer the more images (docs/compile_step.md)."""
     from captioner.models import attention as attention_module
 
     monkeypatch.setattr(attention_module, "BLOCK_BYTES", 1)  # on the CPU's eager path: one image per block
@@ -187,8 +187,8 @@ def test_teacher_forcing_compiles_when_its_host_indices_go_to_another_device(
 ) -> None:
     """`train.compile` compiles the teacher-forced forward with dynamic shapes. Its host index
     tensors (the real positions) are pinned and copied to the device outside the graph: dynamo
-    cannot trace pin_memory ("NYI: aten._pin_memory"), which stopped the first compiled
-    transformer step on an H200. The meta device stands in for the GPU, and pinning is a no-op
+    cannot trace pin_memory ("NYI: aten._pin_memory"), which would stop a compiled transformer
+    step on a GPU. The meta device stands in for the GPU, and pinning is a no-op
     that counts its calls, since a CPU-only machine cannot pin."""
     pinned = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: pinned.append(self.shape) or self)

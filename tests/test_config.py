@@ -41,7 +41,7 @@ def test_overrides_are_typed(tmp_path: Path) -> None:
         ("epochs", r"expected section.key=value"),
         ("model.decoder.dropout=1.5", r"'model.decoder.dropout' must be in \[0, 1\); got 1.5"),
         ("data.dataset=karpathy", r"'data.karpathy_file' is required"),
-        # the values a review found accepted: each now stops at load with one line
+        # out-of-range values: each stops at load with one line
         ("train.label_smoothing=1.5", r"'train.label_smoothing' must be in \[0, 1\); got 1.5$"),
         ("train.label_smoothing=1", r"'train.label_smoothing' must be in \[0, 1\); got 1.0$"),
         ("decode.length_penalty=-3", r"'decode.length_penalty' must be a finite number >= 0; got -3$"),

@@ -354,11 +354,11 @@ server.close(demo)
 
 
 def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trained, server: str, tmp_path: Path) -> None:
-    """The exit status 134 ("terminate called without an active exception") that a browser test
-    once left behind: a daemon worker thread still inside torch when the interpreter exits.
-    `close` waits for it, so the process ends with status 0. And the closing server deletes what
-    it cached in its own process's cache, not another server's copy of the same picture (in a
-    shared /tmp/gradio it took this process's upload, and CI's browser test lost its picture)."""
+    """A daemon worker thread still inside torch when the interpreter exits ends the process with
+    status 134 ("terminate called without an active exception"); `close` waits for it, so the
+    process ends with status 0. And the closing server deletes what it cached in its own
+    process's cache, not another server's copy of the same picture (in a shared /tmp/gradio it
+    would take this process's upload, and a browser test beside it would lose its picture)."""
     import sys
 
     import httpx

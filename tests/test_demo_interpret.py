@@ -1,5 +1,5 @@
 """The demo's transformer views (self-attention head view, per-head maps) and model cards:
-page logic without a server, then a real browser (issue 13)."""
+page logic without a server, then a real browser."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def wait_visible(page, selector: str) -> None:
 
 def slow_first_call(method, seconds: float):
     """`method`, whose first call takes `seconds` longer: the first caption's views are still
-    being drawn when the next caption arrives, as on a loaded machine (the CI failure of stop 33)."""
+    being drawn when the next caption arrives, as on a loaded machine."""
     calls = iter(range(1_000_000))
 
     @functools.wraps(method)

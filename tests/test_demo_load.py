@@ -127,7 +127,7 @@ def test_a_batch_holds_one_set_of_options_and_at_most_max_batch_images(trained, 
 
 def test_a_caller_behind_more_than_max_batch_of_its_kind_still_gets_its_caption(model) -> None:
     """The decoding thread takes the oldest max_batch jobs of its key, which need not include its
-    own (CI once woke the third of three beam-3 callers first, with max_batch=2): it must go on
+    own (with max_batch=2, the third of three beam-3 callers may wake first): it must go on
     decoding until its own job is served, not return without a caption."""
     images = pictures(3, seed=3)
     batcher = CaptionBatcher(max_batch=2)

@@ -154,7 +154,7 @@ def test_failed_images_are_recorded_and_skipped(shapes_root: Path, tmp_path: Pat
 def test_a_store_written_before_the_pillow_resize_is_stale(shapes_root: Path, tmp_path: Path) -> None:
     """Stores from before the uint8 pipeline name their transform by hand ({"resize": "square", ...}):
     torchvision's tensor resize, which rounds a few pixels apart from the Pillow resize the
-    transform runs since issue 20. Their features are not today's, so they are refused, in one
+    transform runs. Their features are not today's, so they are refused, in one
     line naming both pipelines, for every model."""
     config = shapes_config(shapes_root, tmp_path / "run", "model.encoder.normalization=imagenet")
     model, records = frozen_model(config), load_split(config.data, "val")

@@ -1,4 +1,4 @@
-"""Self-attention recorded in decoding, the pointing game and Grad-CAM (issue 13)."""
+"""Self-attention recorded in decoding, the pointing game and Grad-CAM."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 30's first check on real photos: the same Flickr8k photographs and captions laid out as a
+"""Your own data, checked on real photos: the same Flickr8k photographs and captions laid out as a
 user's image folder (metadata.jsonl) and as a Parquet dataset with the photos inside it give the
 Flickr8k loader's captions, split by split, and train the shipped Flickr8k config for an epoch to
 the same vocabulary."""

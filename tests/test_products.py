@@ -266,7 +266,7 @@ def test_a_resumption_takes_the_route_its_checkpoint_was_trained_with(taken: boo
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     needs_onednn()
     monkeypatch.delenv("CAPTIONER_ONEDNN", raising=False)
-    monkeypatch.setattr(products, "_ENABLED", not taken)  # this machine's own decision: the other route
+    monkeypatch.setattr(products, "_ENABLED", not taken)  # the local decision: the other route
     with caplog.at_level("INFO", logger="captioner.models.products"):
         products.take_route(taken, "runs/x/last.pt")
     assert products.route_taken() is taken

@@ -157,9 +157,9 @@ def test_training_steps_read_the_device_only_when_logging(tmp_path, simulation: 
 
 @pytest.mark.parametrize("simulation", [True], indirect=True)
 def test_lengths_on_the_device_would_cost_syncs(tmp_path, simulation: DeviceSimulation) -> None:
-    """The old batch moved the caption lengths to the device, and the old LSTM forward read them
-    at every decoder step; the LSTM now reads them once per forward (and the loss once more), still
-    more than host lengths, which cost none."""
+    """Caption lengths on the device cost a sync at every read: the LSTM forward reads them once
+    (not at every decoder step) and the loss once more, still more than host lengths, which cost
+    none."""
     per_step = steps_syncs(tmp_path, simulation, "lstm")
     in_decoder = [s for s in per_step[0] if "lstm_decoder.py" in s]
     assert len(in_decoder) == 1 and in_decoder[0].startswith("tolist"), per_step[0]

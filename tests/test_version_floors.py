@@ -1,6 +1,6 @@
 """The lowest versions pyproject.toml admits are the ones the suite runs against: a floor below
-what CI installs would promise support nobody has tried (torch 2.4 was admitted while the
-products called `torch.compiler.is_exporting`, which came in 2.6)."""
+what CI installs would promise support nobody has tried (a floor of torch 2.4 would admit a
+torch without `torch.compiler.is_exporting`, which the products call and which came in 2.6)."""
 
 from __future__ import annotations
 

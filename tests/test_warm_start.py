@@ -73,8 +73,8 @@ def test_pythonpath_and_its_sitecustomize_are_the_childs(tmp_path: Path) -> None
 def signals_as_from_a_shell() -> None:
     """In the cold reference child before its exec: SIGINT and SIGTERM at their defaults and
     nothing blocked, as a shell starts an interpreter. A child inherits its parent's blocked
-    signals and ignored ones, and once in a full CI run the cold child ignored this test's SIGINT
-    until its 60 s sleep ended: the pytest worker it came from was not in a shell's state."""
+    signals and ignored ones, and a pytest worker need not be in a shell's state: a cold child
+    forked from one could ignore this test's SIGINT until its 60 s sleep ends."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
