@@ -29,6 +29,7 @@ from typing import Callable, Sequence, TypeVar
 from tqdm import tqdm
 
 from captioner.core.errors import DatasetError
+from captioner.core.progress import progress_bar
 from captioner.data.flickr8k import SPLIT_FILES, TOKEN_FILE, default_image_folder
 
 __all__ = ["COCO_FILES", "FLICKR8K_FILES", "YEARS", "RemoteFile", "download_coco", "download_file", "download_flickr8k"]
@@ -224,8 +225,8 @@ def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> i
     host = urllib.parse.urlsplit(url).netloc or url
     total = expected_size
     failures = 0
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-              desc=part.name.removesuffix(".part"), disable=not progress) as bar:
+    with progress_bar(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                      desc=part.name.removesuffix(".part"), enabled=progress) as bar:
         while True:
             offset = part.stat().st_size if part.exists() else 0
             if total is not None and offset > total:  # a stale .part of another file version
@@ -366,8 +367,7 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
             # Archives zipped on a Mac (Flickr8k_Dataset.zip) carry a __MACOSX/ tree of
             # resource forks, a "._" file per photo: nothing a reader wants, so never extracted.
             members = [m for m in zf.infolist() if not m.filename.startswith("__MACOSX/")]
-            for member in tqdm(members, unit="file", desc=f"extracting {archive.name}",
-                               disable=not progress):
+            for member in progress_bar(members, unit="file", desc=f"extracting {archive.name}", enabled=progress):
                 zf.extract(member, root)  # zipfile drops "..", drive and leading "/" parts
     except zipfile.BadZipFile as e:
         raise DatasetError(

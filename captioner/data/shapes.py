@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
-from tqdm import tqdm
 
 from captioner.core.errors import DatasetError
+from captioner.core.progress import progress_bar
 
 SHAPES = ("circle", "square", "triangle", "diamond", "star")
 COLOURS = {
@@ -246,7 +246,7 @@ def generate_shapes(
     categories = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(SHAPES)]
     category_id = {c["name"]: c["id"] for c in categories}
     next_image_id, next_caption_id, next_object_id = 1, 1, 1
-    bar = tqdm(total=sum(counts.values()), desc="shapes", unit="img", disable=not progress)
+    bar = progress_bar(total=sum(counts.values()), desc="shapes", unit="img", enabled=progress)
     out.mkdir(parents=True, exist_ok=True)
     (out / SHAPES_MARKER).write_text("written by captioner's shapes generator; an unfinished world here is generated again\n")
     for split_index, split in enumerate(SPLITS):

@@ -17,10 +17,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
-
 from captioner.core.errors import ImageLoadError
 from captioner.core.files import write_atomically
+from captioner.core.progress import progress_bar
 from captioner.data.pictures import open_checked
 from captioner.data.records import ImageRecord, image_data
 
@@ -94,7 +93,7 @@ def write_shards(
         summary.shards.append({"url": path.name, "nsamples": len(pending), "filesize": path.stat().st_size})
         pending, size = [], 0
 
-    for record in tqdm(records, desc=description, unit="img", disable=not progress):
+    for record in progress_bar(records, desc=description, unit="img", enabled=progress):
         try:
             data, suffix = image_bytes(record)
         except ImageLoadError as e:

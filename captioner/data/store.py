@@ -49,11 +49,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
-from tqdm import tqdm
 
 from captioner.core.config import Config, EncoderConfig
 from captioner.core.errors import ConfigError, FeatureStoreError, StorageError
 from captioner.core.files import size_text, write_atomically, write_failure
+from captioner.core.progress import progress_bar
 from captioner.core.runtime import loader_workers
 from captioner.data.batching import image_loader
 from captioner.data.images import IMAGENET, ImageTransform, PixelNormalization
@@ -447,7 +447,7 @@ def extract(
     began, saved = time.time(), time.time()
     seconds_before = manifest["seconds"]
     fd = os.open(array_path, os.O_WRONLY)
-    bar = tqdm(total=len(records), initial=start, desc=f"features {split}", unit="img", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(total=len(records), initial=start, desc=f"features {split}", unit="img", enabled=progress, dynamic_ncols=True)
     try:
         # The loader yields one batch (or None when none of its images loaded) per batch_size records.
         # Its seed draw is taken in a fork of the global RNG, so that training goes the same way

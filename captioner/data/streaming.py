@@ -328,9 +328,9 @@ def sample_name(sample: dict) -> str:
 
 def shard_captions(shards: ShardSet, progress: bool = True) -> Iterator[str]:
     """Every caption in the shards, for the vocabulary: one pass over the shards that decodes no image."""
-    from tqdm import tqdm
+    from captioner.core.progress import progress_bar
 
-    for sample in tqdm(read_samples(shards.urls, shards.limits), total=shards.samples, desc="captions", unit="sample", disable=not progress):
+    for sample in progress_bar(read_samples(shards.urls, shards.limits), total=shards.samples, desc="captions", unit="sample", enabled=progress):
         try:
             yield from sample_captions(sample)
         except BrokenSample:

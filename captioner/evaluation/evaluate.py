@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from captioner.core.errors import ConfigError, DatasetError
+from captioner.core.progress import progress_bar
 from captioner.data.batching import image_loader
 from captioner.data.records import ImageRecord
 from captioner.data.store import SplitFeatures, StoreRows, feature_batches
@@ -64,7 +64,7 @@ def caption_records(
     model.eval()
     batch_size = batch_size or model.decode_config.batch_size
     results: dict[int, Caption] = {}
-    bar = tqdm(total=len(records), desc="captioning", unit="img", disable=not progress, leave=False)
+    bar = progress_bar(total=len(records), desc="captioning", unit="img", enabled=progress, leave=False)
     if features is not None:
         if grid is None:
             raise ValueError("caption_records: stored features need their grid (h, w)")
@@ -103,7 +103,7 @@ def encode_records(
     kept: list[ImageRecord] = []
     parts: list[torch.Tensor] = []
     grid: tuple[int, int] | None = None
-    bar = tqdm(total=len(records), desc="encoding", unit="img", disable=not progress, leave=False)
+    bar = progress_bar(total=len(records), desc="encoding", unit="img", enabled=progress, leave=False)
     for batch in image_loader(records, model.transform, batch_size, num_workers):
         if batch is None:
             continue

@@ -149,7 +149,7 @@ def score_official_many(
         for (references, predictions), ids in zip(jobs, id_sets)
     ]
     tokenizer_seconds = time.perf_counter() - start
-    logger.info("PTB tokenizer: %d jobs, %d distinct captions (%.1f s)", len(jobs), len(distinct), tokenizer_seconds)
+    logger.debug("PTB tokenizer: %d jobs, %d distinct captions (%.1f s)", len(jobs), len(distinct), tokenizer_seconds)
     results: list[OfficialScores] = []
     with tempfile.TemporaryDirectory(prefix="captioner-meteor-") as folder:
         lines = [score_line(res[i], gts[i]) for (gts, res), ids in zip(tokenized, id_sets) for i in ids]
@@ -185,7 +185,7 @@ def _score_tokenized(
             start = time.perf_counter()
             _record(ids, keys, *scorer(), overall, per_image)
             seconds[name] = time.perf_counter() - start
-            logger.info("%s (%.1f s)", ", ".join(f"{k}: {overall[k]:.3f}" for k in keys), seconds[name])
+            logger.debug("%s (%.1f s)", ", ".join(f"{k}: {overall[k]:.3f}" for k in keys), seconds[name])
         meteor_thread.join()
     finally:
         if meteor_thread.is_alive():  # this thread failed or was interrupted: stop METEOR too
@@ -195,7 +195,7 @@ def _score_tokenized(
         raise results["error"]
     seconds["METEOR"] = results["seconds"]
     _record(ids, ("METEOR",), *_one(results["scores"]), overall, per_image)
-    logger.info("METEOR: %.3f (%d processes, %.1f s beside the others)", overall["METEOR"], len(meteor.tools), seconds["METEOR"])
+    logger.debug("METEOR: %.3f (%d processes, %.1f s beside the others)", overall["METEOR"], len(meteor.tools), seconds["METEOR"])
     overall = {key: overall[key] for key in OFFICIAL_KEYS}  # the official order
     seconds["total"] = seconds["PTB tokenizer"] + time.perf_counter() - start_all
     return OfficialScores(overall, per_image, gts, res, seconds, bleu_parts(counted))

@@ -243,6 +243,6 @@ def cut_table(score_lines: list[str], out_dir: Path, table: Path | None = None) 
     except (OSError, ValueError, JavaToolError) as e:
         logger.warning("METEOR: reading its whole paraphrase table (about 10 s): %s", str(e))  # not e: its frames hold the index
         return None
-    logger.info("METEOR: %d of %d paraphrase entries apply to this evaluation", len(kept), len(index.entry_ends))
+    logger.debug("METEOR: %d of %d paraphrase entries apply to this evaluation", len(kept), len(index.entry_ends))
     return out
 

@@ -175,7 +175,7 @@ def faster_here() -> bool:
 
     decision, measured = machine_cache.decided(CALIBRATION, measure_route, _valid_decision)
     if measured:
-        log.info(
+        log.debug(
             "products: a %dx%d by %dx%d product took %.2f ms through oneDNN, %.2f ms through F.linear on this CPU: %s",
             SHAPE[0], SHAPE[1], SHAPE[1], SHAPE[2], decision["onednn_ms"], decision["linear_ms"],
             "the oneDNN route" if decision["onednn"] else "F.linear",

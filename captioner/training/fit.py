@@ -217,7 +217,7 @@ class Run:
         state.bf16, onednn = decide_steps(config, ctx, model, state.encoded, feature_shape, saved, str(Path(config.train.out_dir) / "last.pt"))
         speed = SpeedChoices(state.bf16, threads, onednn)
         if ctx.is_main:
-            log.info("%s", describe(speed, device))
+            log.debug("%s", describe(speed, device))
 
         scst = config.train.stage == "scst"
         pairs = "all" if scst else data.captions_per_image  # SCST: one item per image, rewarded against all its references
@@ -243,7 +243,7 @@ class Run:
                 generator=torch.Generator().manual_seed(config.train.seed),  # worker seeds; the global RNG stays untouched
             )
         if ctx.is_main:
-            log.info(
+            log.debug(
                 "%d process%s x batch %d = global batch %d; %d steps per epoch; %s",
                 ctx.world_size, "es" if ctx.enabled else "", data.batch_size, sampler.global_batch, len(sampler),
                 describe_schedule(config, sampler.global_batch, len(sampler)),

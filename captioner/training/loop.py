@@ -10,10 +10,10 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from captioner.core.config import Config
 from captioner.core.errors import DatasetError
+from captioner.core.progress import progress_bar
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput
@@ -94,8 +94,8 @@ def train_one_epoch(
     # within a run; a caller that decided nothing gets train.amp on CUDA and fp32 on the CPU.
     amp = state.bf16 if state.bf16 is not None else device.type == "cuda" and config.train.amp
     channels_last = config.train.channels_last and device.type == "cuda" and not state.encoded
-    bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True, initial=state.position,
-               total=len(loader), disable=not ctx.is_main)
+    bar = progress_bar(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True, initial=state.position,
+                       total=len(loader), enabled=ctx.is_main)
     for batch in bar:
         state.position += 1
         if batch is None:  # every image of the batch failed to load
