@@ -282,7 +282,8 @@ def test_the_store_route_under_torchrun_with_two_ranks(rehearsal: Rehearsal, sto
     """Two gloo ranks on the single run's store (checked, not rebuilt), then SCST from their best.pt."""
     store = rehearsal.runs / "store"
     common = [*SIZES, *rehearsal.data(), *STORE, f"data.feature_store={store}", "data.batch_size=4"]
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *warm_start.TORCHRUN_CAPTIONER, "train"]
+    # -v: the batch and learning-rate line is a diagnostic
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *warm_start.TORCHRUN_CAPTIONER, "train", "-v"]
     xe = warm_start.run([*launch, str(TRANSFORMER), *common, f"train.out_dir={tmp_path / 'xe'}"],
                         cwd=ROOT, env=rehearsal.env, capture_output=True, text=True, timeout=600)
     assert xe.returncode == 0, xe.stderr[-3000:]

@@ -148,7 +148,7 @@ def test_a_run_decides_before_its_first_step_and_records_the_choice(tmp_path: Pa
     overrides = ["data.batch_size=4", "train.epochs=1", "train.device=cpu", "train.val_max_images=2", "decode.max_length=6",
                  f"data.root={tmp_path / 'shapes'}", "train.cpu_amp=auto"]
     for run in ("a", "b"):
-        with caplog.at_level("INFO", logger="captioner.training.fit"):
+        with caplog.at_level("DEBUG", logger="captioner.training.fit"):
             fit(tiny_config(*overrides, f"train.out_dir={tmp_path / run}"))
         saved = torch.load(tmp_path / run / "last.pt", weights_only=True)["train_state"]
         assert saved["cpu_bf16"] is True and saved["threads"] == torch.get_num_threads()
