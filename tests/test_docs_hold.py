@@ -219,3 +219,44 @@ def test_no_issue_numbers_in_user_facing_prose(page: Path) -> None:
     """A user cannot see the project's issue tracker: "issue 28", "issues 21 and 22", "#21"."""
     found = re.findall(r"(?i)\bissues? #?\d+|(?<![\w&/])#\d+\b", FENCE.sub("", page.read_text()))
     assert not found, f"{page_id(page)} refers to issues by number: {sorted(set(found))}"
+
+
+# The pages a user reads. docs/experiments.md, docs/benchmarks.md and docs/results.md are the
+# records: the commit, date and processor of a measurement belong there, and these pages link to them.
+USER_PAGES = [REPO / "README.md", *(REPO / "docs" / f"{name}.md" for name in (
+    "install", "training", "coco", "captioning", "evaluation", "demo", "export", "deploy", "library", "encoders",
+    "interpretability", "gpu", "reliability", "feature_store", "scst", "input_pipeline", "scst_gpu", "compile_step"))]
+# 7 to 40 lower-case hex digits with at least one letter and one digit, standing alone: not a
+# colour (#1f77b4, 6 digits and a '#'), a number, a float's exponent (1e10000), a word or a path part.
+COMMIT_HASH = r"(?<![\w#/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)(?!\d+e\d+(?![\w/-]))[0-9a-f]{7,40}(?![\w/-])"
+MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.?"
+DATE = rf"\b(?:19|20)\d\d-[01]\d-(?:[0-3]\d\b|\.\.)|\b{MONTH} [0-3]?\d(?:st|nd|rd|th)?\b|\b[0-3]?\d {MONTH}(?= |$)"
+# A user's processor is not ours: CPU and GPU model names, "this machine", the lab's folders.
+MACHINE = (r"\bZen ?\d\b|\bEPYC\b|\bXeon\b|\bRyzen\b|\b[AH]100\b|\bH200\b|(?i:\bthis (?:\d+-core )?(?:machine|VM|processor|CPU)\b)"
+           r"|\.\./shared\b|(?<![\w.])/work/")
+NOTEBOOK_MARK = re.compile(f"{COMMIT_HASH}|{DATE}|{MACHINE}")
+
+
+def notebook_marks(text: str) -> list[str]:
+    """What in `text` belongs in a lab notebook, not in a user's guide: commit hashes, dates,
+    processor names, "this machine" and `../shared`. Link targets are left out: an anchor of a
+    record page may hold a date, and the record pages are where those belong."""
+    return sorted(set(NOTEBOOK_MARK.findall(re.sub(r"\]\([^)\s]*\)", "]()", text))))
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=page_id)
+def test_user_pages_carry_no_commits_dates_or_machines(page: Path) -> None:
+    marks = notebook_marks(page.read_text())
+    assert not marks, f"{page_id(page)}: say it for the user, and leave the record to docs/results.md: {marks}"
+
+
+def test_the_notebook_check_finds_hashes_dates_and_machines_and_lets_numbers_be() -> None:
+    notebook = ("latest alone: 17 min 3 s, test BLEU-4 0.932, fac6009, 2026-11-27 evening, slower than d1f0707's 12 min;\n"
+                "`git archive b55abf5 captioner`, on an AMD EPYC Zen 3 and an Intel Xeon, on this machine and this 2-core CPU,\n"
+                "a run of 2026-11-.., of Nov 27 and of 3 May 2026, with `../shared/data/flickr8k` and /work/runs/x; an H200 and an H100.")
+    assert notebook_marks(notebook) == ["../shared", "/work/", "2026-11-..", "2026-11-27", "3 May", "EPYC", "H100", "H200", "Nov 27",
+                                        "Xeon", "Zen 3", "b55abf5", "d1f0707", "fac6009", "this 2-core CPU", "this machine"]
+    plain = ("colour #1f77b4 and #ff7f0eaa, 1e100000 steps, 1234567 images, a `deadbeef` word, Xu et al. 2015,\n"
+             "March 2015, configs/shapes_lstm.yaml, sha256 prefix `3f2a` and a 224x224 photo, "
+             "[the record](results.md#quickstart-2026-11-27-on-an-epyc-zen-3)")
+    assert notebook_marks(plain) == []
