@@ -41,3 +41,7 @@ captioner train "$CONFIG" "$@"
 captioner evaluate "$RUN/best.pt" --split test --beam 3 "${SCORING[@]}"
 captioner caption "$RUN/best.pt" "$WORLD"/test/test_00000{0,1,2,3}.jpg --beam 3 --heatmaps "$RUN/heatmaps"
 echo "heatmap figures: $RUN/heatmaps/"
+printf '%s\n' "" "What next (in your shell, first: source .venv/bin/activate):" \
+    "  caption your photograph (the packaged model):  captioner caption photo.jpg --heatmaps figures/" \
+    "  the demo, word by word in a browser:           captioner demo" \
+    "  train on your own photos:                      docs/training.md#your-own-photographs"
