@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.errors import CaptionerError
@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # loaded when used: `--help` needs no torch
     from captioner.models.ensemble import Ensemble
 
 log = logging.getLogger("captioner")
+
+REQUIRED = "the following arguments are required: "  # argparse's words for a missing argument
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -42,9 +44,31 @@ class AnyOrderParser(argparse.ArgumentParser):
 
     _intermixing = False
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, needs: str | None = None, **kwargs: Any) -> None:
+        """`needs`: what the command lacks when its positionals are left out, with an example
+        ("a config, e.g. captioner train configs/shapes_lstm.yaml")."""
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
+        self.needs = needs
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's refusal as every user error is: one line on stderr, exit status 2 (no usage
+        block: `--help` shows it). A command or positional left out is said as what to give."""
+        if message.startswith(REQUIRED):
+            message = self.what_to_give(message.removeprefix(REQUIRED).split(", "))
+        else:
+            message += f" (see {self.prog} --help)"
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+    def what_to_give(self, missing: list[str]) -> str:
+        """The missing arguments said as what to give: a command and its choices, or `needs`."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and action.dest in missing:
+                return f"name a command: {', '.join(action.choices)}"
+        positionals = {action.dest for action in self._get_positional_actions()}
+        if self.needs and any(name in positionals for name in missing):
+            return f"give {self.needs}"
+        return REQUIRED + ", ".join(missing)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
         has_commands = any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in self._get_positional_actions())

@@ -9,7 +9,9 @@ from captioner.apps.arguments import decode_value, takes
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    export = commands.add_parser("export", help="write a checkpoint as a loadable, shareable folder (Hub layout; --onnx)")
+    export = commands.add_parser(
+        "export", needs="a checkpoint and the folder to write, e.g. captioner export runs/shapes_lstm runs/shapes_lstm_export",
+        help="write a checkpoint as a loadable, shareable folder (Hub layout; --onnx)")
     export.add_argument("checkpoint", help="a checkpoint (.pt) or a run folder (its best.pt)")
     export.add_argument("folder", help="the folder to write (new or empty, or an earlier export)")
     export.add_argument("--image", help="the image the card's attention figure captions (default: the first test image)")

@@ -10,7 +10,9 @@ from captioner.core.errors import CaptionerError
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    features = commands.add_parser("features", help="encode the images once into the fp16 feature store (what the frozen blocks make)")
+    features = commands.add_parser(
+        "features", needs="a config, e.g. captioner features configs/flickr8k_lstm_lite0.yaml",
+        help="encode the images once into the fp16 feature store (what the frozen blocks make)")
     features.add_argument("config", help="the training config whose encoder and data are encoded (YAML)")
     features.add_argument("overrides", nargs="*", help="section.key=value, e.g. data.image_size=448")
     features.add_argument("--splits", default="train,val,test", help="comma-separated (default: train,val,test)")
@@ -21,6 +23,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Encode each split once into the fp16 feature store (resumes a stopped extraction)."""
+    from captioner.apps.prerequisites import require_data
     from captioner.core.config import load_config
     from captioner.core.runtime import resolve_device
     from captioner.data.datasets import load_split
@@ -38,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not splits:
         bad = ",".join(unknown) or repr(args.splits)
         raise CaptionerError(f"features --splits: {bad} is not a split; use {','.join(SPLITS)}")
+    require_data(config.data, splits)
     check_encoder_config(config.model.encoder)  # an unknown backbone stops here, before any weights load
     device = resolve_device(config.train.device, "train.device")
     encoder = build_encoder(config.model.encoder).to(device)  # only the encoder runs: no decoder, no vocabulary

@@ -7,7 +7,9 @@ import argparse
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    push = commands.add_parser("push", help="upload a model to the Hugging Face Hub (exported first if it is a checkpoint)")
+    push = commands.add_parser(
+        "push", needs="a model and a Hub repo id, e.g. captioner push runs/shapes_lstm you/shapes-captioner",
+        help="upload a model to the Hugging Face Hub (exported first if it is a checkpoint)")
     push.add_argument("checkpoint", help="a checkpoint (.pt), a run folder or an exported folder")
     push.add_argument("repo_id", help="owner/name on the Hub (created if missing)")
     push.add_argument("--private", action="store_true", help="create the repo private")

@@ -14,7 +14,9 @@ from captioner.apps.arguments import add_device_argument, device_overrides
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    train = commands.add_parser("train", help="train a captioner from a YAML config")
+    train = commands.add_parser(
+        "train", needs="a config, e.g. captioner train configs/shapes_lstm.yaml",
+        help="train a captioner from a YAML config")
     train.add_argument("config", help="a YAML config: one under configs/ or your own (captioner config keys lists the keys)")
     train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=5")
     train.add_argument("--resume", action="store_true", help="continue from train.out_dir/last.pt")
@@ -26,12 +28,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from captioner.apps.prerequisites import require_data, require_start
     from captioner.apps.runs import train_run
     from captioner.core.config import load_config
     from captioner.training import distributed
     from captioner.training.interrupt import Interrupted
 
     config = load_config(args.config, config_overrides(args))  # the run fixes its threads itself (training/speed.py)
+    require_start(config, args.resume)
+    require_data(config.data, ["train", "val"])
     try:
         best = train_run(config, resume=args.resume)
     except Interrupted as stopped:

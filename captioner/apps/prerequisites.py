@@ -1,0 +1,82 @@
+"""What a command needs before its work starts, checked first so that it never stops midway for
+something it could have said at once: the official metrics' Java and package, the dataset's files,
+the checkpoint a run starts from. Each refusal is one line that names the way out: `--fast`, the
+install line, the config key to set, the command that downloads the data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from captioner.core.config import Config, DataConfig
+from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, DatasetError
+
+# The command that fetches each downloadable dataset into data.root.
+DOWNLOADS = {
+    "flickr8k": "captioner data flickr8k --root {root}",
+    "coco": "captioner data coco --root {root}",
+}
+
+
+def require_official_metrics() -> None:
+    """`evaluate` without `--fast`: pycocoevalcap (the 'train' extra; the CLI names the install
+    line for a missing package) and a Java runtime that starts."""
+    import pycocoevalcap  # noqa: F401
+
+    from captioner.evaluation.java import check_java
+
+    try:
+        check_java()
+    except CaptionerError as e:
+        raise CaptionerError(f"{e}; or add --fast to score with the in-process BLEU and CIDEr-D") from None
+
+
+def require_data(data: DataConfig, splits: list[str]) -> None:
+    """The dataset's caption files (or folder) where `data` says, for each split. The shapes world
+    is generated on first use, and shards and Hugging Face datasets are judged by their loaders."""
+    for split in splits:
+        missing = missing_data(data, split)
+        if missing is not None:
+            raise DatasetError(missing)
+
+
+def missing_data(data: DataConfig, split: str) -> str | None:
+    """One line naming what `load_split(data, split)` would not find and how to get it, or None."""
+    root = Path(data.root)
+    download = DOWNLOADS.get(data.dataset, "").format(root=data.root)
+    if data.dataset == "flickr8k":
+        from captioner.data.flickr8k import TOKEN_FILE
+
+        if not (root / TOKEN_FILE).is_file():
+            return f"data.root={data.root}: no Flickr8k here ({TOKEN_FILE} not found); download it with {download}, or set data.root=DIR where it is"
+    elif data.dataset == "coco":
+        from captioner.data.coco import coco_split_files
+
+        annotations, _ = coco_split_files(root, data.year, split)
+        if not annotations.is_file():
+            return (f"data.root={data.root}: no COCO {data.year} here ({annotations.relative_to(root)} not found); "
+                    f"download it with {download} --year {data.year}, or set data.root=DIR where it is")
+    elif data.dataset == "karpathy":
+        split_file = Path(data.karpathy_file) if data.karpathy_file is not None else None
+        if split_file is not None and not split_file.is_file():
+            fetch = (f"download it with captioner data coco --root {split_file.parent} --year {data.year} --karpathy, or "
+                     if split_file.name == "dataset_coco.json" else "")  # the other split files come with their own images
+            return f"data.karpathy_file={data.karpathy_file}: Karpathy split file not found; {fetch}set data.karpathy_file=FILE where it is"
+    elif data.dataset in ("imagefolder", "hf") and not root.exists():
+        what = "images with metadata.jsonl or metadata.csv" if data.dataset == "imagefolder" else "a Hugging Face dataset saved to disk"
+        return f"data.root={data.root}: no such folder; set data.root=DIR to the folder of {what}"
+    return None
+
+
+def require_start(config: Config, resume: bool) -> None:
+    """`train`: what the run starts from, before any data is read: with --resume the run's
+    last.pt, else the train.init checkpoint (--init) that an SCST stage needs."""
+    last = Path(config.train.out_dir) / "last.pt"
+    if resume:
+        if not last.is_file():
+            raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir); leave out --resume to start the run")
+        return
+    init = config.train.init
+    if init and not Path(init).exists():
+        raise CheckpointError(f"train.init={init}: checkpoint not found (--init names the .pt a run starts from)")
+    if config.train.stage == "scst" and not init:
+        raise ConfigError("train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)")
