@@ -54,7 +54,7 @@ def launch(
         mcp_server=False,
         enable_monitoring=False,
         show_error=False,  # no exception text in the page; the callbacks put messages there themselves
-        quiet=not block,
+        quiet=True,  # Gradio's own lines: the URL is logged by serve(), and the share=True hint is nothing the command line offers
         state_session_capacity=SESSIONS,
     )
     return url
@@ -67,7 +67,7 @@ def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
     demo.close()
     if not wait_for_callbacks(demo, timeout):
         log.warning("the demo closed with a caption still running after %.0f s", timeout)
-    log.info("caption batches by size: %s", batch_sizes(demo))
+    log.debug("caption batches by size: %s", batch_sizes(demo))
 
 
 def limit_malloc_arenas(arenas: int = 2) -> bool:
