@@ -137,8 +137,8 @@ class ThreadGovernor:
     The count chosen when a command starts is a guess about the minutes after it: a run started
     beside another process stays on one thread after that process ends, and one started alone
     keeps two threads when another process takes a core, where each of its threads waits for
-    the other at every operator (measured: an SCST step of 2.8 s alone took 10-20 s beside a test
-    run). So every `every_s` seconds, at a step boundary, the other processes' runnable threads
+    the other at every operator (an SCST step of 2.8 s alone takes 10-20 s beside the test suite;
+    benchmarks/bench_threads.py measures a training step both ways). So every `every_s` seconds, at a step boundary, the other processes' runnable threads
     are counted again (the machine's minus this process's own) and the thread count follows."""
 
     def __init__(self, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
