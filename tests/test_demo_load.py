@@ -232,8 +232,8 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))  # this server's alone, as `captioner demo` makes it
-    # An age well above a request's latency, so files live until the client fetches them: 3 s was
-    # too short beside a second pytest worker (a 403 for a heatmap deleted before its download).
+    # An age well above a request's latency beside another pytest worker, so files live until the
+    # client fetches them (too short, and a heatmap is deleted before its download: a 403).
     cleanup = Cleanup(every_s=1.5, max_age_s=6, empty_folders=True)
     demo = build_demo([checkpoint], [], cleanup=cleanup)
     url = launch(demo, "127.0.0.1", free_port(), block=False)

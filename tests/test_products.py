@@ -406,11 +406,10 @@ def test_the_route_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch: 
 
 
 def test_processes_that_ask_together_take_one_decision(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """torchrun's ranks start together with nothing kept. Each used to measure for itself: on a
-    close call (2.34 against 2.36 ms, seen here) they took different routes, the last one written
-    won, and a resumed run then read a route one of the ranks had not taken (other bits: the
-    torchrun signal tests' resumed weights differed). The first to ask measures; the others wait
-    and read its decision. Threads stand in for the processes: each opens the lock file itself."""
+    """torchrun's ranks start together with nothing kept. Were each to measure for itself, a close
+    call (a few hundredths of a ms apart) could send them different routes, the last one written
+    would win, and a resumed run would read a route one of the ranks had not taken (other bits in
+    its resumed weights). The first to ask measures; the others wait and read its decision. Threads stand in for the processes: each opens the lock file itself."""
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
     calls = []
 
