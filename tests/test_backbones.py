@@ -71,7 +71,8 @@ def test_packaged_weights_load_strictly(name: str) -> None:
     assert torch.equal(encoder.blocks[-1][0].weight, state["_conv_head.weight"])
 
 
-# (caption pattern every caption matches, ImageNet classes) as in benchmarks/lite0_normalisation.py
+# (caption pattern every caption matches, ImageNet classes), as docs/results/bench_encoders.json's
+# lite0_normalisation record counts them
 DOG = (r"\b(dog|dogs|puppy|puppies)\b", frozenset(range(151, 269)))  # the 118 dog breeds
 BICYCLE = (r"\b(bike|bikes|bicycle|bicycles|cyclist|cyclists|biker|bikers)\b", frozenset({444, 671, 870, 880}))
 MOTOR = r"motor ?bike|motorcycle|dirt ?bike|motocross"

@@ -72,7 +72,7 @@ def test_an_unknown_backbone_stops_the_features_command_before_any_work(monkeypa
 
 
 def test_lite0_normalises_with_tensorflows_statistics_unless_told_otherwise() -> None:
-    """The registry's Lite0 entry says tf_lite (benchmarks/lite0_normalisation.py); a config may
+    """The registry's Lite0 entry says tf_lite (docs/results/bench_encoders.json); a config may
     name other statistics, and the encoder then uses those."""
     lite0 = build_encoder(EncoderConfig(name="efficientnet_lite0"), load_pretrained=False)
     assert lite0.normalize.statistics == NORMALIZATIONS["tf_lite"] == backbone("efficientnet_lite0").statistics

@@ -4,7 +4,7 @@ A CUDA graph writes every replay's outputs into the same memory. On the CPU a st
 that part (`Replay`: per number of rows, one set of output buffers, overwritten by each call),
 so the wrapper's contract is tested here: beam search and greedy decoding through it give the
 eager results exactly, gradients, keyword arguments and CPU tensors take the eager step, and
-each replay starts a new step of the graph tree. On a GPU, benchmarks/check_cuda_graphs.py
+each replay starts a new step of the graph tree. On a GPU, `python -m benchmarks cuda_graphs`
 compares the real graphs' captions with the eager step's (docs/gpu.md).
 """
 

@@ -4,7 +4,7 @@ EXPECTED holds what pycocoevalcap's Java PTB tokenizer (CoreNLP 3.4.1, `-preserv
 -lowerCase`, then its punctuation removal) gave for each caption, generated once by running it.
 Where Java is installed the test runs it again on the same captions, so the stored
 expectations cannot drift from the real tokenizer. Over all of COCO val2014 the agreement is
-measured by benchmarks/bench_tokenizer.py (docs/benchmarks.md).
+measured by `python -m benchmarks tokenizer` (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -138,8 +138,9 @@ class ThreadGovernor:
     beside another process stays on one thread after that process ends, and one started alone
     keeps two threads when another process takes a core, where each of its threads waits for
     the other at every operator (an SCST step of 2.8 s alone takes 10-20 s beside the test suite;
-    benchmarks/bench_threads.py measures a training step both ways). So every `every_s` seconds, at a step boundary, the other processes' runnable threads
-    are counted again (the machine's minus this process's own) and the thread count follows."""
+    `python -m benchmarks threads` measures a training step both ways). So every `every_s`
+    seconds, at a step boundary, the other processes' runnable threads are counted again (the
+    machine's minus this process's own) and the thread count follows."""
 
     def __init__(self, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
                  free: Callable[[], int] = free_cores) -> None:

@@ -1,7 +1,7 @@
 """Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores.
 
 A node has about two cores per GPU; the training transform's crop, resize and jitter cost a
-worker more than the JPEG decode (benchmarks/bench_loader.py). With `transform`, a worker only
+worker more than the JPEG decode (docs/results/bench_loader.json). With `transform`, a worker only
 decodes (`load_image`) and ships the uint8 picture; `CaptionBatch.to` runs the same
 `ImageTransform` on the device, each image under its own seed. With `decode`, a worker only
 reads the file and checks its header with `load_image`'s rules, and the device also decodes

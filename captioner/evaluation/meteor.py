@@ -31,7 +31,7 @@ MAX_PROCESSES = 8
 PROCESS_MEMORY_BYTES = 2 << 30  # each runs with -Xmx2G, as pycocoevalcap starts it
 # The JVM's client compiler only, and its serial collector: METEOR's work is short and single-
 # threaded, and on a few cores the server compiler's and G1's threads cost more than they give
-# (about 15% less CPU over 20,000 images, benchmarks/bench_metrics.py). Neither changes a
+# (about 15% less CPU over 20,000 images, `python -m benchmarks metrics`). Neither changes a
 # result: Java's arithmetic is strict.
 JVM_OPTIONS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 
@@ -42,7 +42,7 @@ def default_processes(num_images: int) -> int:
     images; as many as the available memory holds; at least one. With two idle cores that is two
     (29 s over val2014, against 35 s with one); once other work takes a core, one: a second JVM
     then only competes with the Python metrics and adds its 6 s start-up (60 s against 38 s;
-    `benchmarks/bench_metrics.py --meteor-processes P`)."""
+    `python -m benchmarks metrics --meteor-processes P`)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     free = cores - int(os.getloadavg()[0]) if hasattr(os, "getloadavg") else cores
     by_size = math.ceil(num_images / MIN_IMAGES_PER_PROCESS)

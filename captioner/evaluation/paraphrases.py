@@ -41,10 +41,10 @@ logger = logging.getLogger(__name__)
 
 INDEX_VERSION = 2
 # The cut costs a run of the normaliser over every text (about 55 us a line) and the copy of the
-# kept entries; METEOR then reads the kept share of the table. Over COCO val2014's
-# captions (each image's first against its other four; benchmarks/bench_metrics.py): 1,000 images keep 8% of
-# the entries for 3.8 CPU s, 5,000 keep 21% for 6.6 CPU s, all 40,504 keep 43% for 21 CPU s, where
-# the whole table takes about 10 s. So past these bounds METEOR reads the whole table.
+# kept entries; METEOR then reads the kept share of the table. Over COCO val2014's captions
+# (each image's first against its other four; `python -m benchmarks metrics`): 1,000 images keep
+# 8% of the entries for 3.8 CPU s, 5,000 keep 21% for 6.6 CPU s, all 40,504 keep 43% for 21 CPU s,
+# where the whole table takes about 10 s. So past these bounds METEOR reads the whole table.
 MAX_TEXTS = 20_000
 MAX_KEPT_SHARE = 0.3
 NORMALIZER = "edu.cmu.meteor.util.Normalizer"

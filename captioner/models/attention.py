@@ -19,7 +19,7 @@ def in_one_block(feats: torch.Tensor) -> bool:
     block and pays a launch per block, and a graph unrolls the loop over blocks into one kernel
     per block, so its compile time grows with the batch: a beam-search step of 64 images, beam 3
     (11 blocks) had not compiled after 70 s where one image's compiled in 10 s
-    (`benchmarks/bench_compile_step.py --device cuda`; docs/compile_step.md)."""
+    (docs/compile_step.md)."""
     return feats.device.type != "cpu" or torch.compiler.is_compiling()
 
 

@@ -32,7 +32,8 @@ BACKBONE_STATISTICS = "backbone"
 NORMALIZATIONS: dict[str, PixelStatistics] = {
     "imagenet": IMAGENET,
     # TensorFlow's EfficientNet-Lite preprocessing, (x - 127) / 128 on 0..255 pixels, which its
-    # ImageNet weights were trained with (benchmarks/lite0_normalisation.py, docs/encoders.md).
+    # ImageNet weights were trained with (docs/encoders.md; docs/results/bench_encoders.json, record
+    # `lite0_normalisation`).
     "tf_lite": PixelStatistics((127 / 255, 127 / 255, 127 / 255), (128 / 255, 128 / 255, 128 / 255)),
 }
 

@@ -53,7 +53,7 @@ def upsample(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     Bilinear interpolation is separable: two small products, (H, h) @ (T, h, w) @ (w, W), give
     F.interpolate's bilinear map (to float rounding) in a third to a sixth of its time at 1 thread:
     T x h x W x (w + H) multiply-adds, where the interpolation kernel spends 3-9 ns a pixel
-    (benchmarks/bench_overlays.py)."""
+    (docs/results/bench_demo.json, record `overlays`)."""
     rows = linear_weights(maps.shape[1], size[0]).to(maps.device)  # (H, h)
     columns = linear_weights(maps.shape[2], size[1]).to(maps.device)  # (W, w)
     maps = rows @ (maps.float() @ columns.T)  # (T, h, W) -> (T, H, W)

@@ -3,7 +3,7 @@
 For fp32 on the CPU, torch's `F.linear` and `@` call MKL's sgemm. On processors where MKL does
 not take its fast path (AMD's among them, and many cloud servers), oneDNN's inner product with
 a weight reordered into its blocked layout is 2.0-2.6x faster on the decoders' shapes
-(`benchmarks/bench_products.py`). It is the same fp32 arithmetic in another summation order:
+(`python -m benchmarks products`). It is the same fp32 arithmetic in another summation order:
 results agree to fp32 rounding (about 1e-6 relative), not bit for bit.
 
 `linear(x, weight, bias)` is `F.linear` with that route taken where it applies: an fp32 CPU

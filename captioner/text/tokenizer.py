@@ -11,7 +11,7 @@ brackets become -lrb-/-rrb-, -lsb-/-rsb-, -lcb-/-rcb- (pycocoevalcap's list name
 case, so after lower-casing they survive); quotes, single sentence marks, commas, colons,
 semicolons and dashes are dropped; other symbols ($, %, #, +, =, *) are tokens of their own.
 
-`benchmarks/bench_tokenizer.py` measures the agreement with the Java tokenizer over COCO val2014's
+`python -m benchmarks tokenizer` measures the agreement with the Java tokenizer over COCO val2014's
 202,654 captions (docs/benchmarks.md); tests/test_tokenizer.py pins the hard cases.
 """
 

@@ -5,7 +5,7 @@
   fp32). It runs on any x86 CPU, natively or emulated, so a test can force it anywhere.
 - `auto`: bf16 where the processor multiplies bf16 natively (AVX-512 BF16, AMX) and a calibration
   times the run's step faster in it, else fp32. Whether bf16 pays depends on the processor and
-  the model (`benchmarks/bench_cpu_amp.py` prints both for a config), so it is measured: a copy
+  the model (`python -m benchmarks cpu_amp` prints both for a config), so it is measured: a copy
   of the model takes forward and backward passes over synthetic batches of the run's shapes,
   alternating the two precisions. The calibration draws nothing from the run's random streams (its
   batches come from a generator of their own, and the global one is put back as it was), and its

@@ -23,7 +23,7 @@ from captioner.models.caption import Caption
 from captioner.models.captioner import Captioner
 
 MAX_BATCH = 8  # images per batch: past this, on two cores, a larger batch adds latency more than throughput
-# (benchmarks/bench_demo_load.py --max-batch N)
+# (`python -m benchmarks demo_load --max-batch N`)
 
 
 @dataclass(eq=False)  # jobs are told apart by identity

@@ -74,8 +74,8 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
     """Cap glibc's malloc arenas for this process: by default each of the server's worker
     threads may get an arena of its own, which keeps the pages of freed images and tensors, so
     resident memory climbs under load (1.0 -> 1.5 GB over 150 requests; flat at 1.15 GB with
-    2 arenas: benchmarks/bench_demo_load.py). What MALLOC_ARENA_MAX=2 does, set from here. False where the C library is not
-    glibc."""
+    2 arenas: `python -m benchmarks demo_load`). What MALLOC_ARENA_MAX=2 does, set from here.
+    False where the C library is not glibc."""
     import ctypes
     import ctypes.util
 
