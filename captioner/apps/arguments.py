@@ -82,17 +82,21 @@ class AnyOrderParser(argparse.ArgumentParser):
 
 
 def expand_images(inputs: list[str]) -> list[Path]:
-    """Files as given, folders as the images inside them (sorted)."""
+    """Files as given, folders as the images inside them (sorted). A folder without images is
+    warned about when other inputs give images; with none at all the caller says so in its error."""
     paths: list[Path] = []
+    empty: list[Path] = []
     for item in inputs:
         path = Path(item)
         if path.is_dir():
             found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
             if not found:
-                log.warning("%s: no images in this folder", path)
+                empty.append(path)
             paths += found
         else:
             paths.append(path)  # a missing file gets its own error line when loaded
+    for folder in empty if paths else []:
+        log.warning("%s: no images in this folder", folder)
     return paths
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -92,11 +94,14 @@ def run(args: argparse.Namespace) -> int:
     if args.ensemble and (args.self_attention or args.saliency):
         flag = "--self-attention" if args.self_attention else "--saliency"
         raise CaptionerError(f"caption: {flag} looks inside one model; an ensemble (--ensemble) has several")
-    args.checkpoint, args.images = model_and_images([args.checkpoint, *args.images] if args.checkpoint else args.images, args.runtime)
+    args.checkpoint, args.images = named_model_and_images([args.checkpoint, *args.images] if args.checkpoint else args.images, args.runtime)
+    if args.checkpoint is not None and args.runtime == "torch":
+        from captioner.models.checkpoint_format import checkpoint_file
+
+        checkpoint_file(args.checkpoint)  # a model that is not there is said first
+    paths = images_to_caption(args.images, default=args.checkpoint is None)  # before the model loads
+    args.checkpoint = args.checkpoint or default_model()
     model = onnx_model(args) if args.runtime == "onnx" else load_model("caption", args.checkpoint, args)
-    paths = expand_images(args.images)
-    if not paths:
-        raise CaptionerError("caption: no images given")
     options = decode_options(args)
     if args.self_attention:
         if not model.decoder.has_self_attention:
@@ -107,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         options.update(sample=True, **sampling)
     n_best = args.n_best if args.n_best is not None else (1 if args.sample else None)
     results = model.caption_files(paths, batch_size=args.batch_size, n_best=n_best, **options)
+    refuse_if_none_captioned(paths, results)
     request = figure_request(args)
     failures = 0
     rows = []
@@ -139,10 +145,51 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def images_to_caption(inputs: list[str], default: bool) -> list[Path]:
+    """The image files the inputs name (folders expanded), checked before any model loads: none
+    at all, or none that exists, is one line. Some missing among others are each reported with
+    the images' results, the others captioned. Without a default model (`default`: none named)
+    that is the first thing to fix, and its error comes first."""
+    paths = expand_images(inputs)
+    if not paths:
+        raise CaptionerError(f"caption: no images in {', '.join(inputs)}")
+    if not any(path.exists() for path in paths):
+        if default:
+            before = logging.root.manager.disable
+            logging.disable(logging.INFO)  # which model would have captioned is no news beside the error
+            try:
+                default_model()
+            finally:
+                logging.disable(before)
+        raise ImageLoadError(f"{paths[0]}: no such file" if len(paths) == 1 else f"caption: none of the {len(paths)} images exist (e.g. {paths[0]})")
+    return paths
+
+
+def refuse_if_none_captioned(paths: list[Path], results: Sequence[object]) -> None:
+    """Every image unreadable is the user's mistake, one line; some of them is a partial failure
+    (each named, then a count, exit status 1)."""
+    errors = [result for result in results if isinstance(result, ImageLoadError)]
+    if errors and len(errors) == len(paths):
+        raise errors[0] if len(paths) == 1 else ImageLoadError(f"caption: none of the {len(paths)} images could be read (e.g. {errors[0]})")
+
+
 def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, list[str]]:
     """The model and the images among the positional arguments: the first names the model unless
     it is an image file (by its extension, found or not) or a folder of images with no model in
     it, in which case all are images and the model is the default one."""
+    named, images = named_model_and_images(inputs, runtime)
+    return named if named is not None else default_model(), images
+
+
+def default_model() -> str:
+    """The default model's path (what captions when no model is named)."""
+    from captioner.models.checkpoint_format import find_default_model  # torch: loaded once a model is
+
+    return str(find_default_model())
+
+
+def named_model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str | None, list[str]]:
+    """`model_and_images` with the model None where the default one captions, not yet looked up."""
     if not inputs:
         raise CaptionerError("caption: no images given")
     if not is_image_input(inputs[0], runtime):
@@ -152,9 +199,7 @@ def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, li
         return inputs[0], inputs[1:]
     if runtime == "onnx":  # the default may be a PyTorch run, which onnxruntime cannot load
         raise CaptionerError("caption --runtime onnx: name the exported folder to run first (e.g. runs/default_model)")
-    from captioner.models.checkpoint_format import find_default_model  # torch: loaded once a model is
-
-    return str(find_default_model()), inputs
+    return None, inputs
 
 
 def is_image_input(item: str, runtime: str = "torch") -> bool:
