@@ -246,7 +246,7 @@ def pycocoevalcap_scores(
 ) -> tuple[dict[str, float], dict[int, dict[str, float]], dict[str, float]]:
     """pycocoevalcap's own tokenizer and scorers run one after the other, exactly as its
     `COCOEvalCap.evaluate` does (no SPICE): the reference `score_official` is checked against, and
-    the "before" of benchmarks/bench_metrics.py. Returns overall, per-image and seconds per stage."""
+    the "before" of `python -m benchmarks metrics`. Returns overall, per-image and seconds per stage."""
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.meteor.meteor import Meteor
