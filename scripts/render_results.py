@@ -200,7 +200,9 @@ def record_section(measure: Measure, record: dict) -> list[str]:
             f"- date: {record['date'] or not_recorded}"]
     if record.get("note"):
         out.append(f"- note: {record['note']}")
-    out += ["", "```bash", record["command"], "```", ""]
+    # Indented, not fenced: a command is kept as it ran at its commit, and the docs check reads
+    # fenced commands against the current tree.
+    out += ["", *("    " + line for line in record["command"].splitlines()), ""]
     return out
 
 
