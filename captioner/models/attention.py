@@ -18,7 +18,7 @@ def in_one_block(feats: torch.Tensor) -> bool:
     compiled graph. The blocks of a few MB are for a CPU's cache; a GPU has memory for the whole
     block and pays a launch per block, and a graph unrolls the loop over blocks into one kernel
     per block, so its compile time grows with the batch: a beam-search step of 64 images, beam 3
-    (11 blocks) had not compiled after 70 s where one image's compiled in 10 s
+    (11 blocks) does not compile within 70 s where one image's compiles in 10 s
     (docs/compile_step.md)."""
     return feats.device.type != "cpu" or torch.compiler.is_compiling()
 

@@ -3,8 +3,8 @@
 On a GPU one decoder step is a few hundred small kernels, so at inference its cost is launch
 overhead. `torch.compile(mode="reduce-overhead")` fuses them and captures the step as a CUDA
 graph that replays with one launch. At COCO sizes and 192 rows the transformer's step takes
-2.32 ms eager and 0.75 ms replayed, the LSTM's 0.56 and 0.52 ms (docs/compile_step.md; `python -m benchmarks
-cuda_graphs` times a trained model's decoding both ways).
+2.32 ms eager and 0.75 ms replayed, the LSTM's 0.56 and 0.52 ms (docs/compile_step.md;
+`python -m benchmarks cuda_graphs` times a trained model's decoding both ways).
 
 Two rules of CUDA graphs shape this wrapper:
 

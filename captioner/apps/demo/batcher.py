@@ -22,8 +22,9 @@ from PIL import Image
 from captioner.models.caption import Caption
 from captioner.models.captioner import Captioner
 
-MAX_BATCH = 8  # images per batch: past this, on two cores, a larger batch adds latency more than throughput
-# (`python -m benchmarks demo_load --max-batch N`)
+# Images per batch: past this, on two cores, a larger batch adds latency more than throughput
+# (`python -m benchmarks demo_load --max-batch N`).
+MAX_BATCH = 8
 
 
 @dataclass(eq=False)  # jobs are told apart by identity
