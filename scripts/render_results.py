@@ -187,7 +187,7 @@ def rendered_page(page: Path, measures: dict[str, Measure], root: Path) -> str:
 
 
 def record_section(measure: Measure, record: dict) -> list[str]:
-    out = [f"### {anchor(measure.name, record['id'])}", "", f"**{record['label']}**"]
+    out = [f"### {anchor(measure.name, record['id'])}", "", record["label"]]
     if "superseded_by" in record:
         out[-1] += f" (superseded by [{record['superseded_by']}](#{anchor(measure.name, record['superseded_by'])}))"
     labels = {c["key"]: c["label"] for c in measure.columns}
@@ -210,7 +210,8 @@ def results_markdown(measures: dict[str, Measure]) -> str:
     out = ["# Results: every record", "",
            "Written by `python scripts/render_results.py` from `docs/results/*.json` (a test fails when it is",
            "stale): every measurement behind the tables of the README and the docs, superseded ones included,",
-           "with the command that made it, the commit, the processor, what else ran and the date.", ""]
+           "with the command that made it, the commit, the processor, what else ran and the date.", "",
+           "Measures: " + ", ".join(f"[{name}](#{name})" for name in measures) + ".", ""]
     for measure in measures.values():
         out += [f"## {measure.name}", "", measure.about, ""]
         for record in measure.records:
