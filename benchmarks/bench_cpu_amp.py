@@ -1,21 +1,20 @@
 """The quickstart's training step in fp32 and under bf16 autocast (`train.cpu_amp`), side by side,
 and what `train.cpu_amp: auto`'s calibration (training/precision.py) decides for the same shapes.
 
-    python benchmarks/bench_cpu_amp.py [--config configs/shapes_lstm.yaml] [--steps 6] [--rounds 3] [--threads N]
+    python -m benchmarks cpu_amp [--config configs/shapes_lstm.yaml] [--steps 6] [--rounds 3] [--threads N]
 
 A shapes world of a few batches is drawn into a temporary folder; both variants train the same
 model (each from the same initial weights, with its own AdamW) on the same batches, and the
 rounds alternate them so a change in the machine's load hits both alike. Printed: seconds per
 step (median over rounds) and the ratio, whether this CPU multiplies bf16 natively (without
 that, `auto` takes fp32 and this benchmark says so), and the calibration's two times and verdict:
-it should pick the precision whose real step is faster.
+it should pick the precision whose real step is faster: this is what checks `train.cpu_amp: auto`.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +35,9 @@ from captioner.training.loop import caption_loss
 from captioner.training.precision import time_precisions
 
 ROOT = Path(__file__).resolve().parent.parent
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(ROOT))
+from benchmarks.timing import argument_parser, print_environment, summarise  # noqa: E402
 
 
 def config_batches(config_path: str, count: int) -> tuple[Any, Vocabulary, list[Any]]:
@@ -64,16 +66,16 @@ def training_step(
     return float(loss.detach())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("cpu_amp", __doc__)
     parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
     parser.add_argument("--steps", type=int, default=6, help="timed steps per variant and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
-    args = parser.parse_args()
-    threads = set_threads(args.threads)
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    print_environment(args)
     native = cpu_has_native_bf16()
-    print(f"threads {threads}; native bf16 on this CPU: {native}")
     if not native:
         print("train.cpu_amp auto takes fp32 on this CPU (bf16 would be emulated); timing it anyway")
 
@@ -106,14 +108,15 @@ def main() -> None:
           f"({data.captions_per_image} captions each), {args.steps} steps x {args.rounds} rounds")
     print("| variant | s/step | last loss |\n|---|---:|---:|")
     for name in variants:
-        print(f"| {name} | {statistics.median(seconds[name]):.3f} | {losses[name]:.4f} |")
-    ratio = statistics.median(seconds["fp32"]) / statistics.median(seconds["bf16 autocast"])
+        print(f"| {name} | {summarise(seconds[name])} | {losses[name]:.4f} |")
+    ratio = summarise(seconds["fp32"]).median / summarise(seconds["bf16 autocast"]).median
     print(f"bf16 autocast is {ratio:.2f}x the fp32 step's speed")
     decision = time_precisions(first, config, False, None)
     print(f"the calibration (train.cpu_amp auto, synthetic batches of these shapes): bf16 {decision['bf16_ms']:.1f} ms, "
           f"fp32 {decision['fp32_ms']:.1f} ms a pass: {'bf16' if decision['bf16'] else 'fp32'}"
           f"{'' if native else ' (not taken here: no native bf16)'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,17 +1,17 @@
 """The demo under load: many clients at once, real photos with broken files mixed in.
 
-    python benchmarks/bench_demo_load.py /work/runs/flickr8k_lstm_lite0/best.pt
-    python benchmarks/bench_demo_load.py CHECKPOINT --compare        # also one caption at a time (the old queue)
-    python benchmarks/bench_demo_load.py CHECKPOINT --reference-src /tmp/before --rounds 2  # the code before, alternating
-    python benchmarks/bench_demo_load.py CHECKPOINT --clients 40 --queue-size 8 --requests 4   # a flood
-    python benchmarks/bench_demo_load.py CHECKPOINT --cache-every 2 --cache-max-age 10      # a day of temp files, compressed
+    python -m benchmarks demo_load runs/flickr8k_lstm_lite0/best.pt
+    python -m benchmarks demo_load CHECKPOINT --compare        # also one caption at a time (--max-batch 1)
+    python -m benchmarks demo_load CHECKPOINT --reference-src /tmp/before --rounds 2  # another version, alternating
+    python -m benchmarks demo_load CHECKPOINT --clients 40 --queue-size 8 --requests 4   # a flood
+    python -m benchmarks demo_load CHECKPOINT --cache-every 2 --cache-max-age 10      # a day of temp files, compressed
 
 Starts `captioner demo CHECKPOINT` in a process of its own (its temporary files under a folder
 of this script's, so they can be counted), then runs --clients threads, each with its own
 gradio_client session, each asking --requests captions one after another, as a user clicking
 Caption would: the upload, the caption, its word heatmaps downloaded as a browser fetches them
 (over one kept-alive connection; --gradio-downloads lets gradio_client download them, which
-costs this machine more CPU than the server's own work), and with --figure the page's second
+costs the clients more CPU than the server's own work), and with --figure the page's second
 step, the downloadable figure. Every --broken-every-th request sends a broken file
 instead (a truncated JPEG, a text file named .jpg, an empty file, a PNG announcing 64 megapixels),
 which must get its one-line message. Prints: requests, answers and errors by kind, latency
@@ -21,11 +21,11 @@ p50/p95/max, captions/s, the server's resident memory (start, peak, end) and its
 
 Before the run, the first photos are captioned here, one by one, with the same options; the
 served captions of those photos must be the same words (the server batches them with others).
+It sets the demo's defaults: `--max-batch 8`, `--queue-size 32`, the malloc arena cap.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import signal
@@ -42,7 +42,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared_data import SHARED_DATA
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.shared_data import SHARED_DATA  # noqa: E402
+from benchmarks.timing import argument_parser, print_environment  # noqa: E402
 
 DATA = SHARED_DATA
 PHOTOS = DATA / "flickr8k" / "images"
@@ -408,8 +411,8 @@ def served_run(
             print(f"  caption batches by size (size: batches): {sizes[-1]}")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("demo_load", __doc__)
     parser.add_argument("checkpoint", type=Path, nargs="?", help="served with `captioner demo` (or give --url)")
     parser.add_argument("--url", help="a demo already running, instead of starting one")
     parser.add_argument("--pid", type=int, help="with --url: the server's process id, for its memory")
@@ -433,14 +436,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each server, alternating (with --compare or --reference-src)")
     parser.add_argument("--check", type=int, default=12, help="photos captioned here first, to compare with the served captions")
     parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if (args.checkpoint is None) == (args.url is None):
         parser.error("give a CHECKPOINT to serve, or --url of a running demo")
 
     photos = sorted(PHOTOS.glob("*.jpg"))[: args.photos]
     if not photos:
         raise SystemExit(f"no photos in {PHOTOS}")
-    print(f"{os.cpu_count()} CPUs; load average now {os.getloadavg()[0]:.1f}; photos from {PHOTOS}")
+    print_environment(args)
+    print(f"photos from {PHOTOS}")
     args.expected = expected_captions(args.checkpoint, photos, args) if args.checkpoint else {}
     if args.url:
         report = load_run(args.url, args.pid, None, photos, args, f"the demo at {args.url}")

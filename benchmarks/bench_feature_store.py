@@ -2,17 +2,17 @@
 default, 6.3 GB: the size of EfficientNet-Lite0 on 50k images), read at random by a training run
 of the Flickr8k LSTM decoder through DataLoader workers, with the peak memory of the run.
 
-    python benchmarks/bench_feature_store.py --dir /tmp/store_bench [--rows 50000] [--steps 200]
+    python -m benchmarks feature_store --dir /tmp/store_bench [--rows 50000] [--steps 200]
 
 Prints read throughput (grids/s: sequential and random, from a cold and a warm page cache),
 then trains the decoder for --steps steps on batches drawn at random from the store and reports
 the peak resident memory of the main process and its workers (sampled from /proc every 0.2 s,
-and resource.getrusage's maxima). The store is deleted at the end unless --keep.
+and resource.getrusage's maxima). The store is deleted at the end unless --keep. It is what
+shows that the store's positional reads keep a run's memory flat at any store size.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -27,8 +27,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.timing import argument_parser, print_environment  # noqa: E402
 from captioner.core.config import load_config  # noqa: E402
 from captioner.data.batching import CaptionDataset, collate_captions  # noqa: E402
 from captioner.data.images import ImageTransform  # noqa: E402
@@ -192,8 +194,8 @@ def memmap_contrast(store: FeatureStore, count: int) -> dict:
             "pread_rss_growth_gb": round((rss_kb(os.getpid(), "VmRSS") - before) / 2**20, 3)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("feature_store", __doc__)
     parser.add_argument("--dir", required=True, help="folder for the synthetic store (deleted at the end)")
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--steps", type=int, default=200)
@@ -201,14 +203,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--read-count", type=int, default=5000, help="grids per throughput measurement")
     parser.add_argument("--keep", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    print_environment(args)
     directory = Path(args.dir)
     need = args.rows * GRID[0] * GRID[1] * DIM * 2
     free = shutil.disk_usage(directory.parent if not directory.exists() else directory).free
     print(f"store: {args.rows} x {GRID[0]}x{GRID[1]} x {DIM} fp16 = {size_text(need)} in {directory} ({size_text(free)} free)")
     if need > free:
-        sys.exit("not enough disk space")
+        print("feature_store: not enough disk space", file=sys.stderr)
+        return 1
     report: dict = {"rows": args.rows, "bytes": need}
     try:
         start = time.perf_counter()
@@ -228,7 +232,8 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)
     print(json.dumps(report, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

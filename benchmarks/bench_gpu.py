@@ -1,8 +1,8 @@
 """The GPU benchmark: training and beam search throughput of the COCO configs beside the reference.
 
-    python benchmarks/bench_gpu.py [--steps 30] [--out runs/bench_gpu.json] [--reference DIR_OR_GIT_DIR]
-    python benchmarks/bench_gpu.py --configs coco_lstm_resnet101 --device-preprocess decode --parts training   # the GPU decodes the JPEGs
-    python benchmarks/bench_gpu.py --device cpu --tiny      # smoke test of the code paths, NOT a measurement
+    python -m benchmarks gpu [--steps 30] [--out runs/bench_gpu.json] [--reference DIR_OR_GIT_DIR]
+    python -m benchmarks gpu --configs coco_lstm_resnet101 --device-preprocess decode --parts training   # the GPU decodes the JPEGs
+    python -m benchmarks gpu --device cpu --tiny      # smoke test of the code paths, NOT a measurement
 
 On CUDA with bf16 autocast, for configs/coco_lstm_resnet101.yaml and coco_transformer_resnet101.yaml:
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import threading
@@ -48,8 +47,10 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reference_sat  # noqa: E402
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import reference_sat  # noqa: E402
+from benchmarks import timing  # noqa: E402
 
 from captioner.core.config import Config, load_config  # noqa: E402
 from captioner.core.runtime import loader_workers  # noqa: E402
@@ -128,7 +129,7 @@ class Utilisation:
                 pynvml.nvmlInit()
                 self.nvml = pynvml
                 self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-            except Exception:  # no pynvml, or no NVML on this machine: utilisation is not reported
+            except Exception:  # no pynvml, or no NVML on the host: utilisation is not reported
                 self.handle = None
 
     def __enter__(self) -> Utilisation:
@@ -447,29 +448,25 @@ def reference_beam(ref, vocab: Vocabulary, device: torch.device, beams: list[int
 
 
 def median_seconds(fn: Callable[[], None], repeats: int, device: torch.device, first: list[float] | None = None) -> float:
-    """The median of `repeats` timed calls after one untimed warm-up call, whose seconds are
-    appended to `first` when given."""
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    if first is not None:
-        first.append(time.perf_counter() - start)
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
+    """The median of `repeats` timed calls after one warm-up call, whose seconds are appended to
+    `first` when given. Each call is timed to the device's end of its work."""
+    def synced() -> None:
         fn()
         sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    sync(device)
+    start = time.perf_counter()
+    synced()
+    if first is not None:
+        first.append(time.perf_counter() - start)
+    return timing.measure(synced, repeats, warmup=0).median
 
 
 # --- main --------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = timing.argument_parser("gpu", __doc__)
     parser.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (only with --tiny)")
     parser.add_argument("--tiny", action="store_true", help="tiny inputs and few steps: exercises the code, measures nothing")
     parser.add_argument("--steps", type=int, default=30, help="measured training steps per row")
@@ -491,7 +488,7 @@ def check_device(args: argparse.Namespace) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise Usage("bench_gpu: no CUDA GPU is available; this benchmark measures a GPU (`--device cpu --tiny` only smoke-tests its code)")
     if device.type == "cpu" and not args.tiny:
-        raise Usage("bench_gpu: --device cpu runs only with --tiny (a smoke test; CPU numbers are benchmarks/bench_decoder.py's)")
+        raise Usage("bench_gpu: --device cpu runs only with --tiny (a smoke test; the CPU's benchmarks are in python -m benchmarks --list)")
     if device.type not in ("cuda", "cpu"):
         raise Usage(f"bench_gpu: --device {args.device!r}: expected cuda, cuda:N or cpu")
     return device
@@ -504,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     except Usage as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    timing.print_environment(args)
     if args.tiny:
         print(CPU_NOTE if device.type == "cpu" else "--tiny: tiny inputs, NOT a measurement")
         overrides = ["data.image_size=64", "data.batch_size=2", "data.num_workers=0", "decode.max_length=3"]

@@ -6,18 +6,19 @@ references (itself included, so the scores are high): a full-size workload, not 
 --held-out the first caption is scored against the other ones instead: a human's caption, with the
 words and paraphrases a model's would have, which is what checks METEOR's cut paraphrase table.
 
-    python benchmarks/bench_metrics.py [path/to/captions_val2014.json] [--images N] [--held-out]
+    python -m benchmarks metrics [path/to/captions_val2014.json] [--images N] [--held-out]
         [--meteor-processes P] [--no-before] [--spice]
 
 The default annotation file is coco/captions_val2014.json under $CAPTIONER_SHARED_DATA, else under
 the shared/data folder beside the repository. After runs first, then before, then fast_scores;
 the machine's load average is printed with each, since other work on the cores slows them all,
-and the CPU seconds of each path (Python and Java apart), which other work hardly changes.
+and the CPU seconds of each path (Python and Java apart), which other work hardly changes. It
+decides `meteor.default_processes` (one METEOR process per free core) and checks that the
+official scores stay equal to pycocoevalcap's to the last digit.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import resource
@@ -27,12 +28,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shared_data import SHARED_DATA
-
 from captioner.core.errors import CaptionerError
 from captioner.evaluation.meteor import default_processes
 from captioner.evaluation.metrics import fast_scores, pycocoevalcap_scores, score_official
 from captioner.evaluation.results_files import load_references
+
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.shared_data import SHARED_DATA  # noqa: E402
+from benchmarks.timing import argument_parser, print_environment  # noqa: E402
 
 STAGES = ("PTB tokenizer", "n-gram counts", "BLEU", "ROUGE-L", "CIDEr-D", "METEOR", "total")
 
@@ -53,22 +57,23 @@ def cpu_seconds(run: Callable[[], Any]) -> tuple[Any, float, float]:
     return result, used(self_after, self_before), used(children_after, children_before)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     shared = SHARED_DATA
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser("metrics", __doc__)
     parser.add_argument("annotations", nargs="?", type=Path, default=shared / "coco" / "captions_val2014.json")
     parser.add_argument("--images", type=int, default=0, help="score only the first N images (0: all)")
     parser.add_argument("--meteor-processes", type=int, default=0, help="METEOR processes (0: the default for this machine)")
     parser.add_argument("--held-out", action="store_true", help="score the first caption against the others only")
     parser.add_argument("--no-before", action="store_true", help="skip pycocoevalcap's own run")
     parser.add_argument("--spice", action="store_true", help="also compute SPICE after (needs its CoreNLP models)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     try:
         references = load_references(args.annotations)
     except CaptionerError as e:  # a missing or malformed annotation file: one line, not a traceback
         sys.exit(f"bench_metrics: {e}")
+    print_environment(args)
     if args.images:
         references = {i: references[i] for i in sorted(references)[: args.images]}
     predictions = {image_id: captions[0] for image_id, captions in references.items()}
@@ -115,7 +120,8 @@ def main() -> None:
         else:
             print(f"| {key} | - | {value:.6f} | - |")
     print("fast_scores:", ", ".join(f"{key} {value:.6f}" for key, value in fast.items()))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,5 +1,6 @@
 """The ONNX runtime against PyTorch on this CPU: caption agreement, score differences, latency per
-image, and the install size of each path.
+image, and the install size of each path. It is what `captioner export --onnx` promises: the same
+captions, faster, from a far smaller install.
 
 For each `--run LABEL CHECKPOINT IMAGES` (IMAGES: a folder of images, or a Flickr8k root, whose
 official test split is used), the checkpoint is exported with `export_onnx` (which itself checks
@@ -10,7 +11,7 @@ the graphs against torch), every image is captioned by `Captioner.caption` and b
 - max |logprob diff| and |score diff| over the agreeing captions, and the largest difference of
   their attention maps;
 - latency per image, file to caption (loading and resizing included), at batch 1 and batch 8,
-  beam 3, for both, with the same thread count (`--threads`, default torch's), best of
+  beam 3, for both, with the same thread count (`--threads`, default torch's), the median of
   `--repeats` passes over the first `--latency-images` images.
 
 On a CPU shared with other work, set OMP_WAIT_POLICY=PASSIVE to compare like with like at more
@@ -21,8 +22,8 @@ installed in this environment (their RECORD files; nothing is downloaded): onnxr
 Pillow and PyYAML against torch and torchvision. docs/deploy.md gives the fresh-venv commands
 that check the ONNX-only figure.
 
-    python benchmarks/bench_onnx.py --run shapes runs/shapes_lstm/best.pt data/shapes/test \\
-        --run flickr8k runs/flickr8k_lstm_lite0/best.pt ../shared/data/flickr8k --install-size
+    python -m benchmarks onnx --run shapes runs/shapes_lstm/best.pt data/shapes/test \\
+        --run flickr8k runs/flickr8k_lstm_lite0/best.pt data/flickr8k --install-size
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as metadata
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +44,10 @@ from captioner.data.flickr8k import load_flickr8k
 from captioner.deploy.runtime import OnnxCaptioner
 from captioner.models.captioner import Captioner
 from captioner.models.onnx_export import export_onnx
+
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.timing import argument_parser, measure, print_environment  # noqa: E402
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 ONNX_PATH = ("onnxruntime", "numpy", "pillow", "pyyaml")
@@ -56,15 +62,13 @@ def image_paths(source: Path) -> list[Path]:
 
 
 def per_image_ms(caption: Callable[[list[Path]], object], paths: list[Path], batch: int, repeats: int) -> float:
-    """Milliseconds per image to caption `paths` in batches of `batch`, best of `repeats` passes."""
-    caption(paths[:batch])  # warm-up: first-call allocations, thread pools
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+    """Milliseconds per image to caption `paths` in batches of `batch`, the median of `repeats` passes
+    after a warm-up pass (first-call allocations, thread pools)."""
+    def caption_all() -> None:
         for i in range(0, len(paths), batch):
             caption(paths[i : i + batch])
-        best = min(best, time.perf_counter() - start)
-    return 1000 * best / len(paths)
+
+    return 1000 * measure(caption_all, repeats, warmup=1).median / len(paths)
 
 
 def compare(label: str, checkpoint: Path, source: Path, args: argparse.Namespace, out: Path) -> None:
@@ -147,8 +151,8 @@ def print_install_sizes() -> None:
     print(f"  captioner itself   {size / 2**20:8.1f} MiB of Python source (pip install --no-deps)")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("onnx", __doc__)
     parser.add_argument("--run", nargs=3, action="append", default=[], metavar=("LABEL", "CHECKPOINT", "IMAGES"),
                         help="a checkpoint and a folder of images or a Flickr8k root (its test split); repeatable")
     parser.add_argument("--beam", type=int, default=3)
@@ -159,13 +163,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--install-size", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    print_environment(args)
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         for label, checkpoint, source in args.run:
             compare(label, Path(checkpoint), Path(source), args, out)
     if args.install_size:
         print_install_sizes()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

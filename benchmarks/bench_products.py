@@ -1,29 +1,30 @@
 """The dense layers' products: torch's own (MKL's sgemm for fp32) against oneDNN's inner product
 with a reordered weight (`captioner.models.products`), side by side, alternating call by call.
 
-    python benchmarks/bench_products.py [--threads N] [--repeats 20]
+    python -m benchmarks products [--threads N] [--repeats 20]
 
-The shapes are the LSTM decoder's at the benchmark sizes of `bench_decoder.py` (COCO-like: 10,000
-words, 512 wide, a 14x14x2048 grid): a beam-search step of 32 images x 3 beams (96 rows), one
+It decides the route of `captioner.models.products` (oneDNN where it is faster, measured once per
+machine). The shapes are the LSTM decoder's at COCO sizes (10,000 words, 512 wide, a 14x14x2048
+grid): a beam-search step of 32 images x 3 beams (96 rows), one
 image (3 rows), and the training step of 32 captions x 20 words (its forward and both backward
 products). Each row also gives the largest difference from float64, for both routes.
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from captioner.core.runtime import set_threads  # noqa: E402
-from captioner.models import products  # noqa: E402
+from captioner.core.runtime import set_threads
+from captioner.models import products
+
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.timing import alternate, argument_parser, print_environment  # noqa: E402
 
 # (what, rows M, inputs K, outputs N, whether each call reorders its weight: training's
 # weights change at every step; decoding reuses the copy cached for the weight)
@@ -40,35 +41,24 @@ SHAPES = [
 ]
 
 
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
-
-
 def alternating(a: Callable[[], object], b: Callable[[], object], repeats: int) -> tuple[float, float]:
     """Median ms of each, one call of each in turn, after a warm-up of both."""
-    a(), b()
-    ta, tb = [], []
-    for _ in range(repeats):
-        ta.append(median_ms(a, 1))
-        tb.append(median_ms(b, 1))
-    return statistics.median(ta), statistics.median(tb)
+    timings = alternate({"a": a, "b": b}, repeats, warmup=1)
+    return timings["a"].median * 1e3, timings["b"].median * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("products", __doc__)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
     parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
-    threads = set_threads(args.threads)
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
     if not products.onednn_enabled():
-        sys.exit("bench_products: this torch build has no oneDNN inner product (or CAPTIONER_ONEDNN=0)")
+        print("products: this torch build has no oneDNN inner product (or CAPTIONER_ONEDNN=0)", file=sys.stderr)
+        return 1
+    print_environment(args)
     torch.manual_seed(0)
-    print(f"threads {threads}, fp32, median of {args.repeats} alternating calls; error: largest |difference| from float64")
+    print(f"fp32, median of {args.repeats} alternating calls; error: largest |difference| from float64")
     print("| product | M x K x N | torch (MKL) | oneDNN | speed-up | error torch / oneDNN |")
     print("|---|---|---:|---:|---:|---:|")
     for what, M, K, N, fresh in SHAPES:
@@ -104,7 +94,8 @@ def main() -> None:
 
         t_theirs, t_ours = alternating(theirs_backward, ours_backward, max(3, args.repeats // 4))
         print(f"| {what} | {t_theirs:.1f} ms | {t_ours:.1f} ms | {t_theirs / t_ours:.2f}x |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

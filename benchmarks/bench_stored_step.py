@@ -1,7 +1,7 @@
 """The training step of a config that trains from a feature store (the Flickr8k and COCO configs,
 `model.encoder.fine_tune_blocks: 0`): seconds per step, and with `--profile` where they go.
 
-    python benchmarks/bench_stored_step.py [--config configs/flickr8k_lstm_lite0.yaml] [--steps 6]
+    python -m benchmarks stored_step [--config configs/flickr8k_lstm_lite0.yaml] [--steps 6]
         [--rounds 3] [--threads N] [--profile 20] [overrides ...]
 
 The batches are the config's own: its training split's captions (all five per image where
@@ -9,18 +9,17 @@ The batches are the config's own: its training split's captions (all five per im
 them. The grids stand in for the store's rows: random fp16 of the encoder's shape (7x7x1280 for
 EfficientNet-Lite0 at 224 px); a step's arithmetic depends on their shape, not their values, and
 no ImageNet weights or store are needed. The captions are read from `data.root` (for Flickr8k,
-`data.root=../shared/data/flickr8k`). Run it on an idle machine and name the processor (`lscpu`)
-beside what it prints; timings of two versions of the code come from running it from each.
+`data.root=data/flickr8k`). Timings of two versions of the code come from running it from a
+checkout of each; `--profile` is the tool for a step that misses its speed goal.
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
-from bench_cpu_amp import ROOT, training_step
 from torch.utils.data import DataLoader
 
 from captioner.core.config import load_config
@@ -31,6 +30,11 @@ from captioner.data.images import ImageTransform
 from captioner.data.store import output_grid
 from captioner.models.build import build_model
 from captioner.text.vocab import Vocabulary
+
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.bench_cpu_amp import ROOT, training_step  # noqa: E402
+from benchmarks.timing import argument_parser, print_environment, summarise  # noqa: E402
 
 
 class RandomGrids:
@@ -47,16 +51,17 @@ class RandomGrids:
         return torch.randn(self.cells, self.width, generator=generator).half()  # (N, D)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("stored_step", __doc__)
     parser.add_argument("--config", default=str(ROOT / "configs" / "flickr8k_lstm_lite0.yaml"))
     parser.add_argument("--steps", type=int, default=6, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="then profile the steps and list the N costliest operators")
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.root=../shared/data/flickr8k")
-    args = parser.parse_args()
-    threads = set_threads(args.threads)
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.root=data/flickr8k")
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    print_environment(args)
     config = load_config(args.config, [*args.overrides, "train.device=cpu", "model.encoder.pretrained=false"])
     data = config.data
     records = load_split(data, "train", check_images=False)
@@ -73,7 +78,7 @@ def main() -> None:
     first = next(batches)
     print(
         f"{args.config}: {config.model.decoder.type} decoder, grids {h}x{w}x{width} fp16, vocabulary {len(vocab)}, "
-        f"{len(first.indices)} images and {len(first.lengths)} captions a batch; threads {threads}"
+        f"{len(first.indices)} images and {len(first.lengths)} captions a batch"
     )
 
     def step() -> None:
@@ -87,14 +92,15 @@ def main() -> None:
         for _ in range(args.steps):
             step()
         rounds.append((time.perf_counter() - start) / args.steps)
-    print(f"seconds a step: {statistics.median(rounds):.3f} (median of {args.rounds} rounds of {args.steps}: "
-          f"{', '.join(f'{r:.3f}' for r in rounds)}); an epoch of {len(loader)} steps: {statistics.median(rounds) * len(loader) / 60:.1f} min")
+    timing = summarise(rounds)
+    print(f"seconds a step: {timing} (rounds of {args.steps} steps); an epoch of {len(loader)} steps: {timing.median * len(loader) / 60:.1f} min")
     if args.profile:
         with torch.profiler.profile() as profile:
             for _ in range(args.steps):
                 step()
         print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,24 +1,28 @@
 """Threads on a small shared machine: training steps with 1 and 2 torch threads, alone and
 against a competing process, side by side in one run.
 
-    python benchmarks/bench_threads.py [--config configs/shapes_lstm.yaml] [--steps 8] [--rounds 2]
+    python -m benchmarks threads [--config configs/shapes_lstm.yaml] [--steps 8] [--rounds 2]
 
 Each worker is a fresh process that trains `--steps` steps of the config's model on the first
 batches of its training split (after one warm-up step) and prints its seconds per step. For each
 thread count the driver runs one worker alone, then two at once (the competitor is an identical
 worker). Rounds alternate the settings so slow drifts in the background load hit all of them.
+It decides `train.threads: 0` (captioner/core/runtime.py): the free cores, not all of them.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(ROOT))
+from benchmarks.timing import argument_parser, print_environment, summarise  # noqa: E402
 
 
 def worker(config_path: str, steps: int, threads: int) -> None:
@@ -60,9 +64,7 @@ def worker(config_path: str, steps: int, threads: int) -> None:
 
 def run(config: str, steps: int, threads: int, copies: int) -> list[float]:
     command = [sys.executable, __file__, "--worker", "--config", config, "--steps", str(steps), "--threads", str(threads)]
-    env = {"OMP_NUM_THREADS": str(threads)}
-    import os
-
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, **env}) for _ in range(copies)]
     outputs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
@@ -70,17 +72,18 @@ def run(config: str, steps: int, threads: int, copies: int) -> list[float]:
     return [float(o.strip().splitlines()[-1]) for o in outputs]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("threads", __doc__)
     parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         worker(args.config, args.steps, args.threads)
-        return
+        return 0
+    print_environment(args)
     settings = [(1, 1), (2, 1), (1, 2), (2, 2)]  # (threads, processes at once)
     results: dict[tuple[int, int], list[float]] = {s: [] for s in settings}
     for r in range(args.rounds):
@@ -90,9 +93,10 @@ def main() -> None:
     print(f"{Path(args.config).name}: seconds per training step (median over rounds and processes)")
     print("| threads per process | alone | against one competing process | slowdown |\n|---:|---:|---:|---:|")
     for threads in (1, 2):
-        alone, shared = statistics.median(results[(threads, 1)]), statistics.median(results[(threads, 2)])
-        print(f"| {threads} | {alone:.2f} s | {shared:.2f} s | {shared / alone:.2f}x |")
+        alone, shared = summarise(results[(threads, 1)]), summarise(results[(threads, 2)])
+        print(f"| {threads} | {alone} | {shared} | {shared.median / alone.median:.2f}x |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,28 +1,30 @@
 """A trained model's captions with its decoder step eager and replayed as a CUDA graph
 (`decode.cuda_graphs`): how many are the same, and decoding speed at batch 1 and at a full batch.
 
-    python benchmarks/check_cuda_graphs.py CHECKPOINT IMAGE_FOLDER [--beams 1 3] [--batch 32]
+    python -m benchmarks cuda_graphs CHECKPOINT IMAGE_FOLDER [--beams 1 3] [--batch 32]
 
 Encodes up to --batch images of the folder once, then decodes them (bf16 autocast, as evaluation
 runs on CUDA) eager, then through the graph: all at once and one image at a time. Needs a CUDA
-GPU; `--device cpu` only rehearses the script (both columns then run the eager step).
+GPU; `--device cpu` only rehearses the script (both columns then run the eager step). It is what
+`decode.cuda_graphs` rests on: the same captions, faster at batch 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu import median_seconds  # noqa: E402
+from captioner.data.pictures import load_image
+from captioner.models.captioner import Captioner
+from captioner.models.checkpoint import load_captioner
+from captioner.models.graphed_step import use_graphed_step
 
-from captioner.data.pictures import load_image  # noqa: E402
-from captioner.models.captioner import Captioner  # noqa: E402
-from captioner.models.checkpoint import load_captioner  # noqa: E402
-from captioner.models.graphed_step import use_graphed_step  # noqa: E402
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.bench_gpu import median_seconds  # noqa: E402
+from benchmarks.timing import argument_parser, print_environment  # noqa: E402
 
 
 def decode_all(model: Captioner, feats: torch.Tensor, grid: tuple[int, int], beam: int, one_by_one: bool) -> list[str]:
@@ -33,7 +35,7 @@ def decode_all(model: Captioner, feats: torch.Tensor, grid: tuple[int, int], bea
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser("cuda_graphs", __doc__)
     parser.add_argument("checkpoint")
     parser.add_argument("images", type=Path)
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 3])
@@ -49,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print(f"error: {args.images}: no .jpg or .png images", file=sys.stderr)
         return 2
+    print_environment(args)
     model = load_captioner(args.checkpoint, device=device)
     images = torch.stack([model.transform(load_image(p)) for p in paths]).to(device)  # (B, 3, S, S) uint8
     with torch.no_grad():

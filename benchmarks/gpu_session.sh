@@ -7,11 +7,11 @@
 #    with SCST, evaluates (--fast: no Java) and captions with heatmaps; the transformer trains with
 #    train.compile and train.channels_last on, and captions; the LSTM trains an epoch with them too,
 #    and one under torchrun (one rank: NCCL's set-up and collectives on CUDA, gloo on the CPU);
-# 2. benchmarks/bench_gpu.py: training, SCST under set_sync_debug_mode("error"), the decoder step
+# 2. python -m benchmarks gpu: training, SCST under set_sync_debug_mode("error"), the decoder step
 #    eager / compiled / CUDA graphs, beam search, beside the reference;
 # 3. bench_gpu's training rows with data.device_preprocess transform and decode.
 #
-# 4. a trained model's captions with decode.cuda_graphs off and on (benchmarks/check_cuda_graphs.py);
+# 4. a trained model's captions with decode.cuda_graphs off and on (python -m benchmarks cuda_graphs);
 # 5. beam search through decode.cuda_graphs at batch 1, 64 and 256 per decoder (bench_gpu --parts
 #    graphs, recompilations logged);
 # 6. the LSTM trained on CUDA from a feature store of a pretrained EfficientNet-Lite0's frozen
@@ -63,7 +63,7 @@ step environment 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_ver
     $PY -c 'import sys, torch, torchvision; print(sys.version.split()[0], \"torch\", torch.__version__, \"torchvision\", torchvision.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\")'"
 
 # The benchmark first: it is what a session owes (docs/gpu.md), and a later step that stalls cannot cost it.
-step bench_gpu 330 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" ${BENCH_PARTS:+--parts $BENCH_PARTS} --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
+step bench_gpu 330 $PY -m benchmarks gpu "${BENCH[@]}" "${BENCH_STEPS[@]}" ${BENCH_PARTS:+--parts $BENCH_PARTS} --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
 
 step lstm_train 150 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" train.out_dir="$WORK/lstm" train.epochs=2
 step lstm_scst 120 $PY -m captioner train configs/shapes_lstm_scst.yaml "${SHAPES[@]}" train.out_dir="$WORK/lstm_scst" \
@@ -71,7 +71,7 @@ step lstm_scst 120 $PY -m captioner train configs/shapes_lstm_scst.yaml "${SHAPE
 step lstm_evaluate 60 $PY -m captioner evaluate "$WORK/lstm_scst/best.pt" --split test --beam 3 --fast --device $DEVICE
 step lstm_caption 60 $PY -m captioner caption "$WORK/lstm_scst/best.pt" "${TEST_IMAGES[@]}" --beam 3 --device $DEVICE \
     --heatmaps "$WORK/heatmaps"
-step lstm_cuda_graphs 120 $PY benchmarks/check_cuda_graphs.py "$WORK/lstm/best.pt" "$WORK/shapes/test" "${CHECK[@]}"
+step lstm_cuda_graphs 120 $PY -m benchmarks cuda_graphs "$WORK/lstm/best.pt" "$WORK/shapes/test" "${CHECK[@]}"
 first_heatmap=$(ls "$WORK"/heatmaps/*.png 2>/dev/null | head -1)
 [ -n "$first_heatmap" ] && cp "$first_heatmap" "$OUT/lstm_heatmap_on_$DEVICE.png"
 
@@ -81,7 +81,7 @@ step transformer_train_compiled 200 $PY -m captioner train configs/shapes_transf
 step lstm_train_compiled 120 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" \
     train.out_dir="$WORK/lstm_compiled" train.epochs=1 train.compile=true train.channels_last=true
 step transformer_caption 60 $PY -m captioner caption "$WORK/transformer/best.pt" "${TEST_IMAGES[@]}" --beam 3 --device $DEVICE
-step transformer_cuda_graphs 120 $PY benchmarks/check_cuda_graphs.py "$WORK/transformer/best.pt" "$WORK/shapes/test" "${CHECK[@]}"
+step transformer_cuda_graphs 120 $PY -m benchmarks cuda_graphs "$WORK/transformer/best.pt" "$WORK/shapes/test" "${CHECK[@]}"
 step torchrun_one_rank 120 $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m captioner train configs/shapes_lstm.yaml \
     "${SHAPES[@]}" train.out_dir="$WORK/lstm_torchrun" train.epochs=1
 
@@ -106,12 +106,12 @@ export PY WORK
 step lstm_streamed 150 bash -c 'streamed "$@"' streamed "${SHAPES[@]}"
 
 for config in lstm transformer; do
-    step bench_graphs_$config 100 env TORCH_LOGS=recompiles $PY benchmarks/bench_gpu.py "${BENCH[@]}" --steps 1 --warmup 1 \
+    step bench_graphs_$config 100 env TORCH_LOGS=recompiles $PY -m benchmarks gpu "${BENCH[@]}" --steps 1 --warmup 1 \
         --configs coco_${config}_resnet101 --parts graphs --out "$OUT/bench_graphs_$config.json"
 done
 
 for mode in transform decode; do
-    step bench_gpu_$mode 90 $PY benchmarks/bench_gpu.py "${BENCH[@]}" "${BENCH_STEPS[@]}" --configs coco_lstm_resnet101 \
+    step bench_gpu_$mode 90 $PY -m benchmarks gpu "${BENCH[@]}" "${BENCH_STEPS[@]}" --configs coco_lstm_resnet101 \
         --parts training --device-preprocess $mode --out "$OUT/bench_gpu_$mode.json"
 done
 

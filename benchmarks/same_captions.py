@@ -1,9 +1,9 @@
 """Do two versions of the code decode the same captions? Record with one, compare with the other.
 
     # with the old code on the path (e.g. `git worktree add /tmp/old <commit>`):
-    PYTHONPATH=/tmp/old python benchmarks/same_captions.py record old.json RUN [RUN ...]
-    python benchmarks/same_captions.py record new.json RUN [RUN ...]
-    python benchmarks/same_captions.py compare old.json new.json [--score-tolerance 1e-5]
+    (cd /tmp/old && python -m benchmarks same_captions record old.json RUN [RUN ...])
+    python -m benchmarks same_captions record new.json RUN [RUN ...]
+    python -m benchmarks same_captions compare old.json new.json [--score-tolerance 1e-5]
 
 `record` captions every test image of each run's own dataset (its config's data section) by beam
 search with each of `--beams` (default 3 and 5), keeping all K hypotheses per image (n_best = K),
@@ -73,8 +73,9 @@ def compare(old_file: Path, new_file: Path, tolerance: float) -> int:
     return int(failed)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks same_captions", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="caption every test image of each run, write word ids and scores")
     rec.add_argument("out", type=Path)
@@ -85,12 +86,12 @@ def main() -> None:
     cmp.add_argument("old", type=Path)
     cmp.add_argument("new", type=Path)
     cmp.add_argument("--score-tolerance", type=float, default=1e-5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.command == "record":
         record(args.out, args.runs, args.beams, args.batch_size)
-    else:
-        sys.exit(compare(args.old, args.new, args.score_tolerance))
+        return 0
+    return compare(args.old, args.new, args.score_tolerance)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

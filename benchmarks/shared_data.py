@@ -1,5 +1,6 @@
-"""Where the benchmarks find the real data this machine cannot download: $CAPTIONER_SHARED_DATA,
-else the `shared/data` folder beside the repository (../shared/data from its root)."""
+"""Where the benchmarks find the real data sets they read (Flickr8k's photos, COCO's caption
+files), which they do not download: $CAPTIONER_SHARED_DATA, else a `shared/data` folder beside
+the repository."""
 
 from __future__ import annotations
 

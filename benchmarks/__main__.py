@@ -1,0 +1,64 @@
+"""The benchmarks, one runner:
+
+    python -m benchmarks --list          # each benchmark and what it measures
+    python -m benchmarks NAME [ARGS]     # run one; NAME --help explains its arguments
+
+Each benchmark is a module here with a `main(argv)` that times through `benchmarks/timing.py` and
+prints one environment line before its numbers. What each one decides, and its last numbers, are in
+docs/benchmarks.md; settled questions keep their numbers in docs/results/bench_*.json.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# NAME -> module of this folder. Each still informs a default or checks a speed change.
+BENCHMARKS = {
+    "threads": "bench_threads",
+    "cpu_amp": "bench_cpu_amp",
+    "products": "bench_products",
+    "stored_step": "bench_stored_step",
+    "beam_photos": "bench_beam_photos",
+    "same_captions": "same_captions",
+    "feature_store": "bench_feature_store",
+    "metrics": "bench_metrics",
+    "tokenizer": "bench_tokenizer",
+    "onnx": "bench_onnx",
+    "packaged_model": "bench_packaged_model",
+    "demo_load": "bench_demo_load",
+    "gpu": "bench_gpu",
+    "cuda_graphs": "check_cuda_graphs",
+}
+
+
+def describe(module: str) -> str:
+    """The first sentence of a benchmark's docstring, read without importing it (or torch)."""
+    doc = ast.get_docstring(ast.parse((HERE / f"{module}.py").read_text(encoding="utf-8"))) or ""
+    return doc.split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip(".")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "--list"):
+        if not argv or argv[0] != "--list":
+            print("usage: python -m benchmarks NAME [ARGS] | --list\n")
+        width = max(map(len, BENCHMARKS))
+        for name, module in BENCHMARKS.items():
+            print(f"{name:<{width}}  {describe(module)}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHMARKS:
+        print(f"python -m benchmarks: no benchmark {name!r} (python -m benchmarks --list names them)", file=sys.stderr)
+        return 2
+    if str(HERE.parent) not in sys.path:  # run as a file (python benchmarks/__main__.py) as well as with -m
+        sys.path.insert(0, str(HERE.parent))
+    return importlib.import_module(f"benchmarks.{BENCHMARKS[name]}").main(rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

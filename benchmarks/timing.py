@@ -1,0 +1,121 @@
+"""The one timing helper every benchmark uses: warm-up calls, repeated calls (alternating between
+variants, so a change in the machine's load hits each alike), the median and interquartile range,
+and the line that names the environment a number was taken in.
+
+A timing means little without that line: the processor, the cores this process may use, torch's
+version and threads, the load average, and what the caller says ran beside it (`--beside`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of repeated runs of one action, warm-up excluded."""
+
+    seconds: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def quartiles(self) -> tuple[float, float]:
+        """The first and third quartile (both the single value for one run)."""
+        if len(self.seconds) < 2:
+            return self.seconds[0], self.seconds[0]
+        q1, _, q3 = statistics.quantiles(self.seconds, n=4, method="inclusive")
+        return q1, q3
+
+    def ms(self) -> str:
+        q1, q3 = self.quartiles
+        return f"{self.median * 1e3:.2f} ms (IQR {q1 * 1e3:.2f}-{q3 * 1e3:.2f}, n={len(self.seconds)})"
+
+    def __str__(self) -> str:
+        q1, q3 = self.quartiles
+        return f"{self.median:.3f} s (IQR {q1:.3f}-{q3:.3f}, n={len(self.seconds)})"
+
+
+def summarise(seconds: Sequence[float]) -> Timing:
+    """A Timing of seconds measured elsewhere (in worker processes, or per step of a loop)."""
+    if not seconds:
+        raise ValueError("no timings to summarise")
+    return Timing(tuple(float(s) for s in seconds))
+
+
+def measure(action: Callable[[], object], repeats: int = 5, warmup: int = 1,
+            clock: Callable[[], float] = time.perf_counter) -> Timing:
+    """Call `action` `warmup` times untimed, then `repeats` times timed."""
+    return alternate({"action": action}, repeats, warmup, clock)["action"]
+
+
+def alternate(actions: Mapping[str, Callable[[], object]], repeats: int = 5, warmup: int = 1,
+              clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
+    """Time several actions round after round, each once a round, the order reversed every other
+    round, so that slow drifts in the machine's load reach every action alike. `clock` may be
+    time.thread_time to count this thread's CPU time instead of the wall clock."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, not {repeats} and {warmup}")
+    names = list(actions)
+    for _ in range(warmup):
+        for name in names:
+            actions[name]()
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(repeats):
+        for name in names if round_ % 2 == 0 else reversed(names):
+            start = clock()
+            actions[name]()
+            seconds[name].append(clock() - start)
+    return {name: summarise(seconds[name]) for name in names}
+
+
+def processor() -> str:
+    """The processor's model name with its family and model numbers (a VM often reports only the
+    vendor's brand), and whether it multiplies bf16 natively."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+                if not line.strip():
+                    break
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = fields.get("model name", platform.machine())
+    bf16 = "native bf16" if "avx512_bf16" in fields.get("flags", "").split() else "no native bf16"
+    if "cpu family" in fields:
+        return f"{name} (family {fields['cpu family']} model {fields.get('model', '?')}, {bf16})"
+    return name
+
+
+def environment(beside: str | None) -> str:
+    """One line: processor, usable cores, torch version and threads, load average, what ran beside."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"# {processor()}; {cores} cores; torch {torch.__version__}, {torch.get_num_threads()} threads; "
+            f"load {load:.1f}; beside: {beside or 'not said (--beside)'}")
+
+
+def argument_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of `python -m benchmarks NAME`: the module's docstring as its help, and
+    `--beside`, what else ran on the machine, which the environment line repeats."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--beside", metavar="TEXT", default=None,
+                        help="what else ran on the machine meanwhile ('nothing', 'the test suite', ...): printed with the numbers")
+    return parser
+
+
+def print_environment(args: argparse.Namespace) -> None:
+    print(environment(args.beside), flush=True)
