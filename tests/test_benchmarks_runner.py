@@ -1,0 +1,77 @@
+"""The benchmarks' runner (`python -m benchmarks NAME`) and their one timing helper: every benchmark
+module is reachable by a name, the list explains each in a line, a wrong name is one line and exit 2,
+and the helper alternates its variants and reports the median and quartiles of what it timed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = ROOT / "benchmarks"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"benchmarks_under_test_{name}", FOLDER / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+runner = load("__main__")
+timing = load("timing")
+
+
+def test_every_benchmark_module_has_a_name() -> None:
+    benchmarks = {p.stem for p in FOLDER.glob("*.py") if p.name != "__main__.py" and "\ndef main(" in p.read_text()}
+    assert benchmarks == set(runner.BENCHMARKS.values())
+
+
+def test_the_list_explains_each_benchmark_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    assert runner.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(runner.BENCHMARKS)
+    assert all(len(line.split(maxsplit=1)) == 2 and "\n" not in line for line in lines)
+
+
+def test_an_unknown_benchmark_is_one_line_and_exit_2(capsys: pytest.CaptureFixture) -> None:
+    assert runner.main(["no_such_benchmark"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "--list" in captured.err
+
+
+def test_a_benchmark_runs_by_its_name() -> None:
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "same_captions", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: python -m benchmarks same_captions")
+
+
+def test_alternate_reverses_the_order_every_other_round_and_takes_the_median() -> None:
+    calls: list[str] = []
+    now = [0.0]
+    cost = {"a": iter([1.0, 2.0, 9.0]), "b": iter([5.0, 5.0, 5.0])}
+
+    def action(name: str):
+        def run() -> None:
+            calls.append(name)
+            now[0] += next(cost[name]) if len(calls) > 2 else 0.0  # the warm-up round costs nothing
+        return run
+
+    timings = timing.alternate({"a": action("a"), "b": action("b")}, repeats=3, warmup=1, clock=lambda: now[0])
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
+    assert timings["a"].seconds == (1.0, 2.0, 9.0) and timings["a"].median == 2.0
+    assert timings["a"].quartiles == (1.5, 5.5) and timings["b"].median == 5.0
+
+
+def test_the_environment_line_says_what_ran_beside() -> None:
+    line = timing.environment("the test suite")
+    assert line.startswith("# ") and "\n" not in line
+    assert "cores" in line and "torch" in line and line.endswith("beside: the test suite")
