@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
@@ -215,3 +216,25 @@ def load_model(command: str, checkpoint: str | Path, args: argparse.Namespace) -
         if Path(member).suffix.lower() in IMAGE_SUFFIXES:
             raise CaptionerError(f"{command}: --ensemble takes checkpoints, and {member} is an image (give --ensemble after the images)")
     return Ensemble.from_pretrained([checkpoint, *args.ensemble], resolve_device(args.device), args.combine or "prob")
+
+
+@contextlib.contextmanager
+def said_by_an_error(logger_name: str) -> Iterator[None]:
+    """Hold back what `logger_name` logs while the block runs: logged when it ends well, dropped
+    when it stops with a CaptionerError, whose one line says it again (a user error is one line)."""
+    logger = logging.getLogger(logger_name)
+    held: list[logging.LogRecord] = []
+    holder = logging.Handler()
+    holder.emit = held.append  # type: ignore[method-assign]
+    propagate, logger.propagate = logger.propagate, False
+    logger.addHandler(holder)
+    try:
+        yield
+    except CaptionerError:
+        held.clear()
+        raise
+    finally:
+        logger.removeHandler(holder)
+        logger.propagate = propagate
+        for record in held:
+            logger.handle(record)

@@ -49,6 +49,9 @@ def drop_missing(records: list[ImageRecord], source: str, strict: bool = False, 
     """
     present = [r for r in records if record_exists(r)]
     missing = len(records) - len(present)
+    if records and not present:  # a moved or deleted image folder: the key that points at it
+        raise DatasetError(f"{source}: none of the {len(records)} images listed exist under {records[0].path.parent}; "
+                           "point data.root (or data.image_root, where the images lie apart from the captions) at them")
     if missing:
         example = next(r.path for r in records if not record_exists(r))
         message = f"{source}: {missing} of {len(records)} images are missing on disk (e.g. {example})"
@@ -60,8 +63,6 @@ def drop_missing(records: list[ImageRecord], source: str, strict: bool = False, 
                 f"fetch them or point data.image_root at them, or set data.max_missing_fraction=1 to use the {len(present)} there"
             )
         log.warning("%s; skipping them", message)
-    if records and not present:
-        raise DatasetError(f"{source}: none of the {len(records)} images listed exist under {records[0].path.parent}")
     return present
 
 

@@ -34,10 +34,11 @@ from captioner.core.errors import CaptionerError
 
 logger = logging.getLogger(__name__)
 
-JAVA_MISSING = (
-    "Java not found: the official COCO metrics (PTB tokenizer, METEOR, SPICE) need a Java 8+ "
-    "runtime on PATH, e.g. apt-get install default-jre"
-)
+# What the official metrics need, said alike by every refusal: the version tested, the oldest
+# accepted (check_java), and the install line the quickstart gives.
+JAVA_NEEDED = "the official COCO metrics (PTB tokenizer, METEOR, SPICE) need Java 17, as tested (any Java 8+ runtime on PATH runs them)"
+JAVA_INSTALL = "Debian/Ubuntu: apt-get install openjdk-17-jre-headless"
+JAVA_MISSING = f"Java not found: {JAVA_NEEDED}; install it ({JAVA_INSTALL})"
 
 # SPICE's model download (pycocoevalcap.spice.get_stanford_models, about 400 MB) has no timeout of
 # its own; it runs in a child process bounded by these, after a quick reachability probe so that an
@@ -104,13 +105,13 @@ def check_java() -> str:
         proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise CaptionerError(
-            f"Java at {java} does not run ({e}); the official COCO metrics need a Java 8+ runtime"
+            f"Java at {java} does not run ({e}); {JAVA_NEEDED} ({JAVA_INSTALL})"
         ) from None
     output = (proc.stderr or "") + (proc.stdout or "")
     if proc.returncode != 0:
         last = output.strip().splitlines()[-1:] or ["no output"]
         raise CaptionerError(
-            f"Java at {java} fails to start ({last[0]}); the official COCO metrics need a Java 8+ runtime"
+            f"Java at {java} fails to start ({last[0]}); {JAVA_NEEDED} ({JAVA_INSTALL})"
         )
     first = output.strip().splitlines()[0] if output.strip() else "unknown version"
     match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
@@ -119,7 +120,7 @@ def check_java() -> str:
         if major == 1 and match.group(2):  # "1.8.0_242" is Java 8
             major = int(match.group(2))
         if major < 8:
-            raise CaptionerError(f"Java at {java} is too old ({first}); the official COCO metrics need Java 8 or newer")
+            raise CaptionerError(f"Java at {java} is too old ({first}); {JAVA_NEEDED} ({JAVA_INSTALL})")
     return first
 
 
