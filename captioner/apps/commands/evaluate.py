@@ -11,7 +11,8 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from captioner.apps.arguments import add_decode_arguments, add_ensemble_arguments, decode_options, load_model
+from captioner.apps.arguments import add_decode_arguments, add_ensemble_arguments, decode_options, load_model, said_by_an_error
+from captioner.apps.prerequisites import require_data, require_official_metrics
 from captioner.core.errors import CaptionerError
 
 if TYPE_CHECKING:  # loaded when used: `captioner evaluate --help` needs neither torch nor the metrics
@@ -79,6 +80,8 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
         raise CaptionerError("evaluate: --results and --annotations go together")
     if args.grounding:
         raise CaptionerError("evaluate: --grounding needs a CHECKPOINT (attention maps), not a results file")
+    if not args.fast:
+        require_official_metrics()
     references = load_references(args.annotations)
     predictions = load_results(args.results, references)
     scores = score_predictions(references, predictions, official=not args.fast, spice=args.spice)
@@ -109,11 +112,16 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     if args.ensemble and (args.features or args.saliency):
         flag = "--features" if args.features else "--saliency"
         raise CaptionerError(f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images with each member's encoder")
+    if not args.fast:  # before any image is captioned
+        require_official_metrics()
     checkpoint = checkpoint_file(args.checkpoint)  # a run folder: its best.pt, else last.pt
     model = load_model("evaluate", checkpoint, args)
-    settings = model_settings(checkpoint, args.data_overrides)  # the model's dataset, where it lies locally
-    config = settings.config
-    records = all_records = settings.load_split(args.split)  # one line when the model's settings name a place it may not
+    with said_by_an_error("captioner.data.model_settings"):  # a place set aside, then refused: the refusal's line alone
+        settings = model_settings(checkpoint, args.data_overrides)  # the model's dataset, where it lies locally
+        config = settings.config
+        if not settings.unreadable(args.split):
+            require_data(config.data, [args.split])
+        records = all_records = settings.load_split(args.split)  # one line when the model's settings name a place it may not
     if args.limit:
         records = records[: args.limit]
     grounding = grounding_request(args, config.data) if args.grounding else None
