@@ -150,7 +150,7 @@ def setup(device: torch.device, timeout_minutes: float) -> Distributed:
     else:
         dist.init_process_group("gloo", timeout=timeout)
         host_group = dist.group.WORLD
-    log.info("rank %d of %d on %s (%s)", rank, world_size, device, dist.get_backend())
+    log.debug("rank %d of %d on %s (%s)", rank, world_size, device, dist.get_backend())
     return Distributed(device, rank, world_size, local_rank, host_group)
 
 
