@@ -45,9 +45,9 @@ def add_verbosity_options(parser: argparse.ArgumentParser, default: object) -> N
     if not taken & {"-q", "--quiet"}:
         parser.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1, default=default,
                             help="warnings and errors only, beside the results")
-    for action in parser._subparsers._group_actions if parser._subparsers else ():
-        for command in dict.fromkeys(action.choices.values()):  # aliases name one parser twice
-            add_verbosity_options(command, argparse.SUPPRESS)  # the top level's default stands unless given here
+    commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for command in dict.fromkeys(p for action in commands for p in action.choices.values()):  # an alias names a parser twice
+        add_verbosity_options(command, argparse.SUPPRESS)  # the top level's default stands unless given here
 
 
 def build_parser() -> argparse.ArgumentParser:
