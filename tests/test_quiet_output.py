@@ -100,9 +100,10 @@ def test_evaluate_prints_scores_files_and_the_next_command_and_diagnostics_with_
     assert "\r" not in default.both
     assert found(default.both, EVALUATE_DIAGNOSTICS) == []
     lines = default.out.strip().splitlines()
-    assert lines[-3:-1] == [f"captions: {trained.root / 'run' / 'results_test.json'}", f"scores: {trained.root / 'run' / 'scores_test.json'}"]
+    run = trained.root / "run"
+    assert lines[-3:-1] == [f"captions: {run / 'results_test.json'}", f"scores: {run / 'scores_test.json'}"]
     image = trained.root / "shapes" / "test" / "test_000000.jpg"
-    assert lines[-1] == f"next: captioner caption {trained.checkpoint} {image} --heatmaps {trained.root / 'run' / 'heatmaps'}"
+    assert lines[-1] == f"next: captioner caption {trained.checkpoint} {image} --heatmaps {run / 'heatmaps'}"
     verbose = captioner("-v", "evaluate", str(trained.checkpoint), "--split", "test", "--limit", "4")
     assert found(verbose.both, EVALUATE_DIAGNOSTICS) == list(EVALUATE_DIAGNOSTICS)
 
