@@ -61,9 +61,10 @@ def missing_data(data: DataConfig, split: str) -> str | None:
             fetch = (f"download it with captioner data coco --root {split_file.parent} --year {data.year} --karpathy, or "
                      if split_file.name == "dataset_coco.json" else "")  # the other split files come with their own images
             return f"data.karpathy_file={data.karpathy_file}: Karpathy split file not found; {fetch}set data.karpathy_file=FILE where it is"
-    elif data.dataset in ("imagefolder", "hf") and not root.exists():
-        what = "images with metadata.jsonl or metadata.csv" if data.dataset == "imagefolder" else "a Hugging Face dataset saved to disk"
-        return f"data.root={data.root}: no such folder; set data.root=DIR to the folder of {what}"
+    elif data.dataset == "imagefolder" and not root.is_dir():
+        return f"{root}: image folder not found; set data.root=DIR to a folder of images with metadata.jsonl or metadata.csv"
+    elif data.dataset == "hf" and not root.exists():
+        return f"{root}: Hugging Face dataset not found; set data.root to a save_to_disk folder or Parquet files"
     return None
 
 
@@ -80,3 +81,15 @@ def require_start(config: Config, resume: bool) -> None:
         raise CheckpointError(f"train.init={init}: checkpoint not found (--init names the .pt a run starts from)")
     if config.train.stage == "scst" and not init:
         raise ConfigError("train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)")
+
+
+def writable_folder(folder: str | Path, flag: str) -> None:
+    """The folder a command writes into, made now (with its parents) so that a place that cannot
+    be written is said before the work starts, as the downloads say it."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise CaptionerError(f"{flag} {path}: a file, not a folder to write into")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CaptionerError(f"{flag} {path}: cannot create the folder ({e.strerror or e})") from None

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from captioner.apps.prerequisites import require_data, writable_folder
 from captioner.core.errors import CaptionerError
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run_shapes(args: argparse.Namespace) -> int:
     from captioner.data.shapes import generate_shapes
 
+    writable_folder(args.out, "data shapes --out")
     start = time.time()
     counts = generate_shapes(
         args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed, args.format, progress=not args.quiet
@@ -129,6 +131,8 @@ def run_stats(args: argparse.Namespace) -> int:
         source = args.flickr8k
     elif args.config or args.imagefolder or args.hf:
         data, source = named_dataset(args)
+        if args.config:  # a folder named by its flag is refused by its loader, naming the folder
+            require_data(data, list(SPLITS))
         shards = data.dataset == "webdataset"
         splits = [s for s in SPLITS if not shards or getattr(data, f"{s}_shards")]  # the shard splits the config names
         records = [r for s in splits for r in load_split(data, s, check_images=False)]
@@ -171,6 +175,8 @@ def run_shards(args: argparse.Namespace) -> int:
     if unknown or not splits:
         raise CaptionerError(f"data shards: --splits {args.splits!r}: use train, val and test, comma-separated")
     data, source = named_dataset(args)
+    if args.config:  # a folder named by its flag is refused by its loader, naming the folder
+        require_data(data, splits)
     out = Path(args.out)
     for split in splits:
         if existing_shards(out / split):

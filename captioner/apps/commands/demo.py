@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from captioner.apps.arguments import expand_images, positive_int
-from captioner.core.errors import CaptionerError
+from captioner.core.errors import CaptionerError, ImageLoadError
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -37,7 +37,18 @@ def run(args: argparse.Namespace) -> int:
 
     from captioner.apps.demo.ui import Cleanup
 
-    examples = expand_images(args.examples) if args.examples else None
+    examples = example_images(args.examples) if args.examples else None
     cleanup = Cleanup(every_s=args.cache_every, max_age_s=args.cache_max_age)
     serve([Path(c) for c in args.checkpoints], examples, args.host, args.port, args.max_batch, args.queue_size, cleanup)
     return 0
+
+
+def example_images(inputs: list[str]) -> list[Path]:
+    """--examples as image files, each there, before the page is served."""
+    paths = expand_images(inputs)
+    if not paths:
+        raise CaptionerError(f"demo --examples: no images in {', '.join(inputs)}")
+    missing = [path for path in paths if not path.is_file()]
+    if missing:
+        raise ImageLoadError(f"demo --examples: {missing[0]}: no such file")
+    return paths
