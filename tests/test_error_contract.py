@@ -1,0 +1,271 @@
+"""The error contract of the `captioner` command, walked command by command.
+
+A user's mistake (a missing or wrong path, an unreadable image or checkpoint, a bad config key
+or value, a missing argument, a missing prerequisite: Java, an extra's package, a data folder) is
+one line on stderr and exit status 2, said before the work starts and naming the way out. A
+partial failure (some images captioned, some not) names each failure and ends with a summary
+line, exit status 1. The table below holds a row per mistake; a command of the parser without a
+row fails `test_every_command_has_rows`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import REPO, subprocess_env, tiny_config, tiny_model
+from PIL import Image
+
+from captioner.apps.cli import build_parser, main
+from captioner.models.checkpoint import save_checkpoint
+
+CONFIGS = REPO / "configs"
+
+
+@dataclass(frozen=True)
+class Row:
+    """`captioner ARGV` in an empty working folder, after `setup`, exits with `code`; for 2 its
+    only line matches `line`, for 1 its last line does. Words in braces name the `world` files."""
+
+    argv: list[str]
+    code: int
+    line: str
+    setup: tuple[str, ...] = field(default=())
+
+
+# What must not run before a command has refused: the work each command does.
+WORK = {
+    "train": "captioner.apps.runs.train_run",
+    "features": "captioner.data.store.ensure_store",
+    "evaluate": "captioner.evaluation.evaluate.evaluate",
+    "data shapes": "captioner.data.shapes.generate_shapes",
+}
+
+FLICKR8K = str(CONFIGS / "flickr8k_lstm_lite0.yaml")
+SHAPES = str(CONFIGS / "shapes_lstm.yaml")
+
+ROWS: dict[str, Row] = {
+    # the command line itself
+    "no command": Row([], 2, r"^error: captioner: name a command: data, train, features, caption"),
+    "unknown command": Row(["nosuch"], 2, r"^error: captioner: argument command: invalid choice: 'nosuch'"),
+    "unknown option": Row(["caption", "{model}", "{image}", "--no-such-flag"], 2, r"^error: captioner: unrecognized arguments: --no-such-flag"),
+    # data
+    "data: no subcommand": Row(["data"], 2, r"^error: captioner data: name a command: shapes, coco, flickr8k, stats, shards$"),
+    "data shapes: no --out": Row(["data", "shapes"], 2, r"^error: captioner data shapes: the following arguments are required: --out$"),
+    "data shapes: --out a file": Row(["data", "shapes", "--out", "{image}"], 2, r"^error: data shapes --out .*good\.png: a file, not a folder"),
+    "data shapes: bad number": Row(["data", "shapes", "--out", "d", "--num-train", "many"], 2, r"argument --num-train: invalid int value: 'many'"),
+    "data coco: no --root": Row(["data", "coco"], 2, r"^error: captioner data coco: the following arguments are required: --root$"),
+    "data coco: --root a file": Row(["data", "coco", "--root", "{image}"], 2, r"good\.png is a file, not a folder to download into$"),
+    "data coco: bad year": Row(["data", "coco", "--root", "d", "--year", "2015"], 2, r"argument --year: invalid choice: 2015"),
+    "data flickr8k: no --root": Row(["data", "flickr8k"], 2, r"^error: captioner data flickr8k: the following arguments are required: --root$"),
+    "data flickr8k: --root a file": Row(["data", "flickr8k", "--root", "{image}"], 2, r"good\.png is a file, not a folder to download into$"),
+    "data stats: nothing to describe": Row(["data", "stats"], 2, r"^error: data stats: give --coco FILE, --karpathy FILE"),
+    "data stats: missing file": Row(["data", "stats", "--coco", "missing.json"], 2, r"^error: missing\.json: caption annotation file not found$"),
+    "data stats: broken file": Row(["data", "stats", "--coco", "{broken_json}"], 2, r"broken\.json: not valid JSON"),
+    "data stats: config without its data": Row(["data", "stats", FLICKR8K, "data.root=nowhere"], 2,
+                                               r"^error: data\.root=nowhere: no Flickr8k here .*download it with captioner data flickr8k --root nowhere"),
+    "data shards: nothing to write": Row(["data", "shards", "--out", "s"], 2, r"^error: data shards: give --flickr8k DIR"),
+    "data shards: no --out": Row(["data", "shards", SHAPES], 2, r"the following arguments are required: --out$"),
+    "data shards: bad splits": Row(["data", "shards", SHAPES, "--out", "s", "--splits", "dev"], 2, r"--splits 'dev': use train, val and test"),
+    "data shards: config without its data": Row(["data", "shards", FLICKR8K, "data.root=nowhere", "--out", "s"], 2,
+                                                r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k --root nowhere"),
+    # config
+    "config: no subcommand": Row(["config"], 2, r"^error: captioner config: name a command: show, keys$"),
+    "config show: missing file": Row(["config", "show", "missing.yaml"], 2, r"^error: missing\.yaml: config file not found$"),
+    "config show: broken YAML": Row(["config", "show", "{broken_yaml}"], 2, r"broken\.yaml: not valid YAML"),
+    "config show: unknown key": Row(["config", "show", "train.epochz=3"], 2, r"unknown key 'train\.epochz' \(did you mean 'train\.epochs'\?\)$"),
+    "config show: bad value": Row(["config", "show", "train.epochs=many"], 2, r"'train\.epochs' must be int; got 'many'$"),
+    "config keys: no such key": Row(["config", "keys", "zzz"], 2, r"^error: no config key starts with 'zzz'"),
+    # train
+    "train: no config": Row(["train"], 2, r"^error: captioner train: give a config, e.g\. captioner train configs/shapes_lstm\.yaml$"),
+    "train: missing config": Row(["train", "missing.yaml"], 2, r"^error: missing\.yaml: config file not found$"),
+    "train: broken YAML": Row(["train", "{broken_yaml}"], 2, r"broken\.yaml: not valid YAML"),
+    "train: unknown key": Row(["train", SHAPES, "train.epochz=3"], 2, r"unknown key 'train\.epochz' \(did you mean 'train\.epochs'\?\)$"),
+    "train: bad value": Row(["train", SHAPES, "train.lr=.nan"], 2, r"'train\.lr' must be a finite number > 0; got nan$"),
+    "train: bad device": Row(["train", SHAPES, "--device", "gpu"], 2, r"train\.device"),
+    "train: missing --init": Row(["train", SHAPES, "--init", "missing.pt"], 2, r"^error: train\.init=missing\.pt: checkpoint not found"),
+    "train: nothing to resume": Row(["train", SHAPES, "--resume"], 2, r"last\.pt: nothing to resume .*leave out --resume"),
+    "train: no Flickr8k": Row(["train", FLICKR8K, "data.root=nowhere"], 2,
+                              r"^error: data\.root=nowhere: no Flickr8k here \(Flickr8k\.token\.txt not found\); download it with "
+                              r"captioner data flickr8k --root nowhere, or set data\.root=DIR"),
+    "train: no COCO": Row(["train", str(CONFIGS / "coco_lstm_resnet101.yaml")], 2,
+                          r"data\.karpathy_file=data/coco/dataset_coco\.json: .*captioner data coco --root data/coco --year 2014 --karpathy"),
+    "train: no image folder": Row(["train", str(CONFIGS / "imagefolder_lstm_lite0.yaml"), "data.root=nowhere"], 2,
+                                  r"nowhere: image folder not found; set data\.root=DIR"),
+    # features
+    "features: no config": Row(["features"], 2, r"^error: captioner features: give a config, e\.g\. captioner features configs/"),
+    "features: bad splits": Row(["features", SHAPES, "--splits", "dev"], 2, r"features --splits: dev is not a split"),
+    "features: no Flickr8k": Row(["features", FLICKR8K, "data.root=nowhere"], 2, r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k"),
+    # caption
+    "caption: nothing": Row(["caption"], 2, r"^error: caption: no images given$"),
+    "caption: a missing image": Row(["caption", "missing.jpg"], 2, r"^error: missing\.jpg: no such file$"),
+    "caption: only missing images": Row(["caption", "{model}", "missing.jpg", "gone.png"], 2, r"^error: caption: none of the 2 images exist \(e\.g\. missing\.jpg\)$"),
+    "caption: an unreadable image": Row(["caption", "{model}", "{bad_image}"], 2, r"^error: .*bad\.jpg: not an image file"),
+    "caption: only unreadable images": Row(["caption", "{model}", "{bad_image}", "{bad_image}"], 2, r"^error: caption: none of the 2 images could be read"),
+    "caption: a folder without images": Row(["caption", "{model}", "{empty}"], 2, r"^error: caption: no images in .*empty$"),
+    "caption: a model without images": Row(["caption", "{model}"], 2, r"^error: caption: no images given after the model"),
+    "caption: missing model": Row(["caption", "missing.pt", "missing.jpg"], 2, r"^error: missing\.pt: checkpoint not found"),
+    "caption: truncated model": Row(["caption", "{truncated}", "{image}"], 2, r"truncated\.pt: not a readable captioner checkpoint"),
+    "caption: bad beam": Row(["caption", "{model}", "{image}", "--beam", "0"], 2, r"argument --beam: beam_size must be a whole number"),
+    "caption: sampling flag without --sample": Row(["caption", "{model}", "{image}", "--top-k", "5"], 2, r"--top-k applies only with --sample$"),
+    "caption: some images fail": Row(["caption", "{model}", "{image}", "{bad_image}", "missing.jpg"], 1, r"^2 of 3 images failed$"),
+    # evaluate
+    "evaluate: nothing": Row(["evaluate"], 2, r"^error: evaluate: give a CHECKPOINT, or --results FILE --annotations FILE$"),
+    "evaluate: missing model": Row(["evaluate", "missing.pt", "--fast"], 2, r"^error: missing\.pt: checkpoint not found"),
+    "evaluate: truncated model": Row(["evaluate", "{truncated}", "--fast"], 2, r"truncated\.pt: not a readable captioner checkpoint"),
+    "evaluate: results alone": Row(["evaluate", "--results", "r.json"], 2, r"--results and --annotations go together$"),
+    "evaluate: missing results": Row(["evaluate", "--fast", "--results", "missing.json", "--annotations", "{broken_json}"], 2, r"broken\.json: not valid JSON"),
+    "evaluate: no Java": Row(["evaluate", "{model}"], 2,
+                             r"^error: Java not found: .*need Java 17.*apt-get install openjdk-17-jre-headless.*; or add --fast", ("no_java", "no_model")),
+    "evaluate: no Java for a results file": Row(["evaluate", "--results", "missing.json", "--annotations", "missing.json"], 2,
+                                                r"^error: Java not found: .*or add --fast", ("no_java",)),
+    "evaluate: no metrics package": Row(["evaluate", "{model}"], 2,
+                                        r"^error: pycocoevalcap is not installed: it comes with the 'train' extra \(pip install 'captioner\[train\]'",
+                                        ("no_pycocoevalcap", "no_model")),
+    "evaluate: the model's data is not here": Row(["evaluate", "{flickr8k_model}", "--fast"], 2,
+                                                  r"^error: data\.root=data/flickr8k: no Flickr8k here .*captioner data flickr8k --root data/flickr8k"),
+    "evaluate: the images are gone": Row(["evaluate", "{shapes_model}", "--fast"], 2,
+                                         r"captions_test\.json: none of the 1 images listed exist under .*; point data\.root", ("shapes_without_images",)),
+    "evaluate: a place the model may not name": Row(["evaluate", "{elsewhere_model}", "--fast"], 2, r"name the data yourself \(data\.root=\.\.\.\)$"),
+    "evaluate: --saliency without --grounding": Row(["evaluate", "{model}", "--fast", "--saliency", "gradcam"], 2, r"it needs --grounding$"),
+    # export and push
+    "export: nothing": Row(["export"], 2, r"^error: captioner export: give a checkpoint and the folder to write, e\.g\. captioner export"),
+    "export: missing model": Row(["export", "missing.pt", "out"], 2, r"^error: missing\.pt: checkpoint not found"),
+    "export: truncated model": Row(["export", "{truncated}", "out"], 2, r"truncated\.pt: not a readable captioner checkpoint"),
+    "export: a folder that holds other files": Row(["export", "{model}", "{full}"], 2, r"full: not empty .*and not an export"),
+    "export: missing figure image": Row(["export", "{model}", "out", "--image", "missing.jpg"], 2, r"^error: missing\.jpg: no such file$"),
+    "push: nothing": Row(["push"], 2, r"^error: captioner push: give a model and a Hub repo id, e\.g\. captioner push"),
+    "push: bad repo id": Row(["push", "{model}", "nobody"], 2, r"^error: push: 'nobody' is not a Hub repo id \(owner/name\)$"),
+    "push: offline": Row(["push", "{model}", "someone/model"], 2, r"^error: push someone/model: offline \(HF_HUB_OFFLINE is set\)", ("offline",)),
+    # demo
+    "demo: missing model": Row(["demo", "missing.pt"], 2, r"^error: missing\.pt: checkpoint not found"),
+    "demo: examples without images": Row(["demo", "{model}", "--examples", "{empty}"], 2, r"^error: demo --examples: no images in .*empty$"),
+    "demo: a missing example": Row(["demo", "{model}", "--examples", "missing.jpg"], 2, r"^error: demo --examples: missing\.jpg: no such file$"),
+    "demo: no Gradio": Row(["demo", "{model}"], 2, r"^error: (demo: Gradio|gradio) is not installed.*\[demo\]", ("no_gradio",)),
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The files the rows name: tiny checkpoints (one whole, one cut short, three whose stored
+    data sections point where nothing is), images good and bad, broken files, folders."""
+    import torch
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("world")
+    files = {name: root / name for name in ("model.pt", "good.png", "bad.jpg", "truncated.pt", "broken.json", "broken.yaml", "empty", "full")}
+    save_checkpoint(files["model.pt"], tiny_model("decode.max_length=4"))
+    Image.fromarray(np.full((20, 24, 3), 90, dtype=np.uint8)).save(files["good.png"])
+    files["bad.jpg"].write_bytes(b"not an image")
+    files["truncated.pt"].write_bytes(files["model.pt"].read_bytes()[:5000])
+    files["broken.json"].write_text("{")
+    files["broken.yaml"].write_text("train: [1\n")
+    files["empty"].mkdir()
+    files["full"].mkdir()
+    (files["full"] / "notes.txt").write_text("mine")
+    stored = {"flickr8k_model": ["data.dataset=flickr8k", "data.root=data/flickr8k"],
+              "shapes_model": ["data.dataset=shapes", "data.root=shapes"],
+              "elsewhere_model": [f"data.root={root / 'elsewhere'}"]}  # absolute, and not where its run wrote it
+    paths = {name: str(path) for name, path in files.items()}
+    paths |= {"model": paths["model.pt"], "image": paths["good.png"], "bad_image": paths["bad.jpg"], "truncated": paths["truncated.pt"],
+              "broken_json": paths["broken.json"], "broken_yaml": paths["broken.yaml"]}
+    for name, overrides in stored.items():
+        save_checkpoint(root / f"{name}.pt", tiny_model("decode.max_length=4"), tiny_config("decode.max_length=4", *overrides))
+        paths[name] = str(root / f"{name}.pt")
+    return paths
+
+
+def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """The prerequisite a row takes away, or the files it leaves half there."""
+    if "no_java" in setup:
+        (folder / "bin").mkdir()
+        monkeypatch.setenv("PATH", str(folder / "bin"))  # no java on it
+    if "no_model" in setup:  # the check must come before the model loads, let alone captions
+        monkeypatch.setattr("captioner.apps.commands.evaluate.load_model", refuse("a model loaded before the prerequisites were checked"))
+    if "no_pycocoevalcap" in setup:
+        monkeypatch.setitem(sys.modules, "pycocoevalcap", None)  # import raises ModuleNotFoundError, as when the extra is left out
+    if "no_gradio" in setup:
+        monkeypatch.setitem(sys.modules, "gradio", None)
+        monkeypatch.delitem(sys.modules, "captioner.apps.demo.server", raising=False)
+    if "offline" in setup:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not
+        shapes = folder / "shapes"
+        shapes.mkdir()
+        for split in ("train", "val", "test"):
+            listing = {"images": [{"id": 1, "file_name": f"{split}_1.jpg"}], "annotations": [{"id": 1, "image_id": 1, "caption": "a red circle"}]}
+            (shapes / f"captions_{split}.json").write_text(json.dumps(listing))
+
+
+def refuse(what: str):
+    def stop(*args: object, **kwargs: object) -> None:
+        raise AssertionError(what)
+
+    return stop
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> tuple[int, list[str]]:
+    """`captioner ARGV` in-process: its exit status, and the lines a user sees on stderr (printed,
+    and logged at WARNING or above; the info lines of its progress are the command's output)."""
+    with caplog.at_level(logging.WARNING):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's refusals
+            code = e.code
+    err = capsys.readouterr().err
+    logged = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    return int(code or 0), [line for line in err.splitlines() if line.strip()] + logged
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_a_mistake_is_one_line_and_exit_2_a_partial_failure_a_summary_and_exit_1(
+    name: str, world: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+) -> None:
+    row = ROWS[name]
+    monkeypatch.chdir(tmp_path)
+    argv = [re.sub(r"\{(\w+)\}", lambda m: world[m.group(1)], word) for word in row.argv]
+    if row.code == 2:  # a refusal comes before the command's work
+        command = " ".join(row.argv[:2]) if row.argv[:1] == ["data"] else " ".join(row.argv[:1])
+        if command in WORK:
+            monkeypatch.setattr(WORK[command], refuse(f"{command} started its work before refusing"))
+    prepare(row.setup, monkeypatch, tmp_path)
+    code, lines = run_cli(argv, capsys, caplog)
+    assert code == row.code, (code, lines)
+    assert not any("Traceback" in line for line in lines), lines
+    if row.code == 2:
+        assert len(lines) == 1, lines
+    assert re.search(row.line, lines[-1]), lines
+
+
+def command_paths(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command the parser has, as the words that name it: ("train",), ("data", "shapes"), ..."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += command_paths(sub, (*path, name)) or [(*path, name)]
+    return found
+
+
+def test_every_command_has_rows() -> None:
+    """A command added to the parser needs its rows in the table: at least one refusal."""
+    walked = {tuple(row.argv[: len(path)]) for row in ROWS.values() if row.code == 2 for path in command_paths(build_parser())}
+    missing = [" ".join(path) for path in command_paths(build_parser()) if path not in walked]
+    assert missing == []
+
+
+def test_caption_of_a_missing_photo_is_one_line_in_a_real_process(tmp_path: Path) -> None:
+    """`captioner caption missing.jpg` as typed in a shell: with the default model's log lines and
+    all, stderr is one line and the status 2, and no model is loaded for it."""
+    done = subprocess.run([sys.executable, "-m", "captioner", "caption", "missing.jpg"], cwd=tmp_path, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stderr, done.stdout) == (2, "error: missing.jpg: no such file\n", "")
