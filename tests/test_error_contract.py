@@ -116,6 +116,8 @@ ROWS: dict[str, Row] = {
     "caption: truncated model": Row(["caption", "{truncated}", "{image}"], 2, r"truncated\.pt: not a readable captioner checkpoint"),
     "caption: bad beam": Row(["caption", "{model}", "{image}", "--beam", "0"], 2, r"argument --beam: beam_size must be a whole number"),
     "caption: sampling flag without --sample": Row(["caption", "{model}", "{image}", "--top-k", "5"], 2, r"--top-k applies only with --sample$"),
+    "caption: no onnxruntime": Row(["caption", "{empty}", "{image}", "--runtime", "onnx"], 2,
+                                   r"^error: onnxruntime is not installed: it comes with the 'onnx' extra", ("no_onnxruntime",)),
     "caption: some images fail": Row(["caption", "{model}", "{image}", "{bad_image}", "missing.jpg"], 1, r"^2 of 3 images failed$"),
     # evaluate
     "evaluate: nothing": Row(["evaluate"], 2, r"^error: evaluate: give a CHECKPOINT, or --results FILE --annotations FILE$"),
@@ -142,6 +144,8 @@ ROWS: dict[str, Row] = {
     "export: truncated model": Row(["export", "{truncated}", "out"], 2, r"truncated\.pt: not a readable captioner checkpoint"),
     "export: a folder that holds other files": Row(["export", "{model}", "{full}"], 2, r"full: not empty .*and not an export"),
     "export: missing figure image": Row(["export", "{model}", "out", "--image", "missing.jpg"], 2, r"^error: missing\.jpg: no such file$"),
+    "export: no onnx package": Row(["export", "{model}", "out", "--onnx", "--image", "{image}"], 2,
+                                   r"^error: onnx is not installed: it comes with the 'onnx' extra", ("no_onnx", "nothing_written")),
     "push: nothing": Row(["push"], 2, r"^error: captioner push: give a model and a Hub repo id, e\.g\. captioner push"),
     "push: bad repo id": Row(["push", "{model}", "nobody"], 2, r"^error: push: 'nobody' is not a Hub repo id \(owner/name\)$"),
     "push: offline": Row(["push", "{model}", "someone/model"], 2, r"^error: push someone/model: offline \(HF_HUB_OFFLINE is set\)", ("offline",)),
@@ -195,6 +199,13 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
     if "no_gradio" in setup:
         monkeypatch.setitem(sys.modules, "gradio", None)
         monkeypatch.delitem(sys.modules, "captioner.apps.demo.server", raising=False)
+    if "no_onnx" in setup:
+        monkeypatch.setitem(sys.modules, "onnx", None)
+    if "nothing_written" in setup:  # the check comes before the Hub layout is written
+        monkeypatch.setattr("captioner.apps.export.export_model", refuse("export wrote files before checking its prerequisites"))
+    if "no_onnxruntime" in setup:
+        monkeypatch.setitem(sys.modules, "onnxruntime", None)
+        monkeypatch.delitem(sys.modules, "captioner.deploy.bundle", raising=False)
     if "offline" in setup:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not

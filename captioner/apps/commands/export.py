@@ -26,6 +26,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from captioner.apps.export import export_model
 
+    if args.onnx:
+        import onnx  # noqa: F401 - the 'onnx' extra: a missing one is said before any file is written
     decode = {"beam_size": args.beam, "length_penalty": args.length_penalty}
     decode = {key: value for key, value in decode.items() if value is not None}
     files = export_model(args.checkpoint, args.folder, image=args.image, onnx=args.onnx, decode=decode)
