@@ -132,6 +132,9 @@ ROWS: dict[str, Row] = {
     "evaluate: no metrics package": Row(["evaluate", "{model}"], 2,
                                         r"^error: pycocoevalcap is not installed: it comes with the 'train' extra \(pip install 'captioner\[train\]'",
                                         ("no_pycocoevalcap", "no_model")),
+    "evaluate: no SPICE models": Row(["evaluate", "{model}", "--spice"], 2,
+                                     r"^error: evaluate --spice: SPICE's Stanford CoreNLP models are not installed .*or leave out --spice$",
+                                     ("no_spice_models", "no_model")),
     "evaluate: the model's data is not here": Row(["evaluate", "{flickr8k_model}", "--fast"], 2,
                                                   r"^error: data\.root=data/flickr8k: no Flickr8k here .*captioner data flickr8k --root data/flickr8k"),
     "evaluate: the images are gone": Row(["evaluate", "{shapes_model}", "--fast"], 2,
@@ -194,6 +197,12 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
         monkeypatch.setenv("PATH", str(folder / "bin"))  # no java on it
     if "no_model" in setup:  # the check must come before the model loads, let alone captions
         monkeypatch.setattr("captioner.apps.commands.evaluate.load_model", refuse("a model loaded before the prerequisites were checked"))
+    if "no_spice_models" in setup:  # offline, and never downloaded: the library warns and scores without SPICE
+        def offline() -> bool:
+            logging.getLogger("captioner.evaluation.java").warning("SPICE skipped: the Stanford CoreNLP 3.6.0 models are not here")
+            return False
+
+        monkeypatch.setattr("captioner.evaluation.java.ensure_spice_models", offline)
     if "no_pycocoevalcap" in setup:
         monkeypatch.setitem(sys.modules, "pycocoevalcap", None)  # import raises ModuleNotFoundError, as when the extra is left out
     if "no_gradio" in setup:

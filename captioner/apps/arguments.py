@@ -220,21 +220,25 @@ def load_model(command: str, checkpoint: str | Path, args: argparse.Namespace) -
 
 @contextlib.contextmanager
 def said_by_an_error(logger_name: str) -> Iterator[None]:
-    """Hold back what `logger_name` logs while the block runs: logged when it ends well, dropped
-    when it stops with a CaptionerError, whose one line says it again (a user error is one line)."""
+    """Hold back the warnings `logger_name` logs while the block runs: logged when it ends well,
+    dropped when it stops with a CaptionerError, whose one line says it again (a user error is one
+    line). Its info lines pass as they come."""
     logger = logging.getLogger(logger_name)
     held: list[logging.LogRecord] = []
-    holder = logging.Handler()
-    holder.emit = held.append  # type: ignore[method-assign]
-    propagate, logger.propagate = logger.propagate, False
-    logger.addHandler(holder)
+
+    def hold(record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        held.append(record)
+        return False
+
+    logger.addFilter(hold)
     try:
         yield
     except CaptionerError:
         held.clear()
         raise
     finally:
-        logger.removeHandler(holder)
-        logger.propagate = propagate
+        logger.removeFilter(hold)
         for record in held:
             logger.handle(record)

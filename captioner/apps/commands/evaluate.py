@@ -81,7 +81,7 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
     if args.grounding:
         raise CaptionerError("evaluate: --grounding needs a CHECKPOINT (attention maps), not a results file")
     if not args.fast:
-        require_official_metrics()
+        require_official_metrics(args.spice)
     references = load_references(args.annotations)
     predictions = load_results(args.results, references)
     scores = score_predictions(references, predictions, official=not args.fast, spice=args.spice)
@@ -113,7 +113,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         flag = "--features" if args.features else "--saliency"
         raise CaptionerError(f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images with each member's encoder")
     if not args.fast:  # before any image is captioned
-        require_official_metrics()
+        require_official_metrics(args.spice)
     checkpoint = checkpoint_file(args.checkpoint)  # a run folder: its best.pt, else last.pt
     model = load_model("evaluate", checkpoint, args)
     with said_by_an_error("captioner.data.model_settings"):  # a place set aside, then refused: the refusal's line alone
