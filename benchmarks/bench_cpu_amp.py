@@ -29,7 +29,7 @@ from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
 from captioner.data.images import ImageTransform
 from captioner.data.shapes import generate_shapes
-from captioner.models.build import build_model
+from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
 from captioner.training.loop import caption_loss
 from captioner.training.precision import time_precisions
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     config, vocab, batches = config_batches(args.config, args.steps + 1)
     data = config.data
     torch.manual_seed(0)
-    first = build_model(config, vocab).train()
+    first = Captioner.from_config(config, vocab).train()
     variants = {}
     for name, bf16 in (("fp32", False), ("bf16 autocast", True)):
         model = copy.deepcopy(first)

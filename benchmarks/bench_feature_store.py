@@ -44,7 +44,7 @@ from captioner.data.store import (  # noqa: E402
     store_files,
     write_manifest,
 )
-from captioner.models.build import build_model  # noqa: E402
+from captioner.models.captioner import Captioner  # noqa: E402
 from captioner.text.vocab import Vocabulary  # noqa: E402
 from captioner.training.loop import caption_loss  # noqa: E402
 
@@ -141,7 +141,7 @@ def train(store: FeatureStore, steps: int, batch_size: int, workers: int) -> dic
         "model.decoder.hidden_dim=128", "model.decoder.attention_dim=64",
     ])
     torch.manual_seed(0)
-    model = build_model(config, vocab)
+    model = Captioner.from_config(config, vocab)
     model.train()
     dataset = CaptionDataset(records, vocab, ImageTransform(224), 25, "one", store.rows(list(range(store.num_rows))))
     sampler = torch.utils.data.RandomSampler(dataset, num_samples=steps * batch_size, generator=torch.Generator().manual_seed(0))

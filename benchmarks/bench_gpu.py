@@ -58,7 +58,6 @@ from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captio
 from captioner.data.device_decode import PREPROCESS_CHOICES, device_preprocess  # noqa: E402
 from captioner.data.images import ImageTransform, normalize_images  # noqa: E402
 from captioner.data.records import ImageRecord  # noqa: E402
-from captioner.models.build import build_model  # noqa: E402
 from captioner.models.captioner import Captioner  # noqa: E402
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search  # noqa: E402
 from captioner.models.graphed_step import use_graphed_step  # noqa: E402
@@ -205,7 +204,7 @@ def our_training(
     `grids` (a key of GRIDS): "host" is train.py's cached-feature path, "device" the same with
     data.features_on_device (the rows indexed on the device, no workers, nothing pinned)."""
     torch.manual_seed(0)
-    model = build_model(config, vocab, load_pretrained=False).to(device)  # random ResNet weights, same cost
+    model = Captioner.from_config(config, vocab, load_pretrained=False).to(device)  # random ResNet weights, same cost
     data = config.data
     frozen, on_device = grids != "images", grids == "device"
     features = None
@@ -300,7 +299,7 @@ def our_scst(
     from captioner.training.scst import SelfCritical
 
     torch.manual_seed(0)
-    model = build_model(config, vocab, load_pretrained=False).to(device)
+    model = Captioner.from_config(config, vocab, load_pretrained=False).to(device)
     model.encoder.freeze()  # the store's rows are the whole encoder's output
     settings = replace(config.scst, baseline=baseline)
     objective = SelfCritical(settings, vocab, [r.captions for r in records], cache_dir=cache_dir)
@@ -350,7 +349,7 @@ def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, r
     but run through aot_eager: Inductor's CPU code is not what a GPU runs, and generating it took
     13 of the smoke test's 35 s."""
     torch.manual_seed(0)
-    model = build_model(config, vocab, load_pretrained=False).to(device).eval()
+    model = Captioner.from_config(config, vocab, load_pretrained=False).to(device).eval()
     decoder, length = model.decoder, config.decode.max_length
     feats = torch.randn(rows, model.encoder.grid_size**2 or 196, model.encoder.out_dim, device=device)  # (R, N, D)
     backend = "inductor" if device.type == "cuda" else "aot_eager"
@@ -400,7 +399,7 @@ def our_beam(
     replayed as a CUDA graph (decode.cuda_graphs), with the share of images whose caption is the
     eager one's (bf16 kernels fused differently can flip a near tie)."""
     torch.manual_seed(0)
-    model = build_model(config, vocab, load_pretrained=False).to(device).eval()
+    model = Captioner.from_config(config, vocab, load_pretrained=False).to(device).eval()
     eos_unreachable(model)
     special = SpecialTokens(vocab.bos_id, vocab.eos_id)
     inputs = {B: torch.randn(B, grid, model.encoder.out_dim, device=device) for B in batches}  # cached grids (B, N, D)

@@ -28,7 +28,7 @@ from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
 from captioner.data.images import ImageTransform
 from captioner.data.store import output_grid
-from captioner.models.build import build_model
+from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     records = load_split(data, "train", check_images=False)
     vocab = Vocabulary.build((c for r in records for c in r.captions), data.min_word_count)
     torch.manual_seed(0)
-    model = build_model(config, vocab, load_pretrained=False).train()
+    model = Captioner.from_config(config, vocab, load_pretrained=False).train()
     h, w = output_grid(model.encoder, data.image_size)
     width = model.encoder.out_dim
     grids = RandomGrids(len(records), h * w, width)

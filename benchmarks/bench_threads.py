@@ -34,7 +34,7 @@ def worker(config_path: str, steps: int, threads: int) -> None:
     from captioner.data.batching import CaptionDataset, collate_captions
     from captioner.data.datasets import load_split
     from captioner.data.images import ImageTransform
-    from captioner.models.build import build_model
+    from captioner.models.captioner import Captioner
     from captioner.text.vocab import Vocabulary
     from captioner.training.loop import caption_loss
 
@@ -44,7 +44,7 @@ def worker(config_path: str, steps: int, threads: int) -> None:
     data = config.data
     records = load_split(data, "train")[: data.batch_size * (steps + 1)]
     vocab = Vocabulary.build((c for r in records for c in r.captions), data.min_word_count)
-    model = build_model(config, vocab).train()
+    model = Captioner.from_config(config, vocab).train()
     dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size, train=True), data.max_caption_length, data.captions_per_image)
     batches = list(DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate_captions))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

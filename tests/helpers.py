@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from captioner.core.config import Config, load_config
-from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
 
@@ -41,7 +40,7 @@ def tiny_model(*overrides: str, seed: int = 0) -> Captioner:
     import torch
 
     torch.manual_seed(seed)
-    return build_model(tiny_config(*overrides), tiny_vocab()).eval()
+    return Captioner.from_config(tiny_config(*overrides), tiny_vocab()).eval()
 
 
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")

@@ -25,7 +25,7 @@ def test_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
     torch.testing.assert_close(loaded(images, tokens).logits, model(images, tokens).logits, rtol=0, atol=0)
     a, b = model.caption_images(images, beam_size=2), loaded.caption_images(images, beam_size=2)
     assert [c.tokens for c in a] == [c.tokens for c in b]
-    assert loaded.config == model.config
+    assert loaded.config == model.config and loaded.spec() == model.spec()
 
 
 def test_missing_checkpoint(tmp_path: Path) -> None:
@@ -57,11 +57,11 @@ def test_incompatible_weights(tmp_path: Path) -> None:
     path = tmp_path / "model.pt"
     save_checkpoint(path, model)
     payload = torch.load(path, weights_only=True)
-    payload["config"]["model"]["decoder"]["hidden_dim"] = 40  # config no longer fits the weights
+    payload["spec"]["decoder"]["hidden_dim"] = 40  # the spec no longer fits the weights
     torch.save(payload, path)
     with pytest.raises(CheckpointError, match="do not fit the model"):
         load_captioner(path)
-    payload["config"]["model"]["decoder"]["bogus"] = 1
+    payload["spec"]["decoder"]["bogus"] = 1
     torch.save(payload, path)
     with pytest.raises(CheckpointError, match="incompatible config.*bogus"):
         load_captioner(path)

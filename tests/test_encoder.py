@@ -17,7 +17,7 @@ from captioner.core.config import EncoderConfig, load_config
 from captioner.core.errors import ConfigError
 from captioner.data.images import IMAGENET
 from captioner.models.backbones import BACKBONES, NORMALIZATIONS, backbone
-from captioner.models.build import build_model
+from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import load_captioner, save_checkpoint
 from captioner.models.encoders import build_encoder
 
@@ -91,7 +91,7 @@ def test_a_checkpoint_keeps_the_normalisation_it_was_trained_with(tmp_path: Path
         "model.decoder.hidden_dim=8", "model.decoder.attention_dim=8",
     ])
     torch.manual_seed(0)
-    model = build_model(replace(config, model=replace(config.model, encoder=replace(config.model.encoder, normalization="imagenet"))),
+    model = Captioner.from_config(replace(config, model=replace(config.model, encoder=replace(config.model.encoder, normalization="imagenet"))),
                         tiny_vocab(), load_pretrained=False).eval()
     save_checkpoint(tmp_path / "old.pt", model)
     payload = torch.load(tmp_path / "old.pt", weights_only=True)
@@ -103,7 +103,7 @@ def test_a_checkpoint_keeps_the_normalisation_it_was_trained_with(tmp_path: Path
     with torch.no_grad():
         assert torch.equal(old.encode(images)[0], model.encode(images)[0])
 
-    save_checkpoint(tmp_path / "new.pt", build_model(config, tiny_vocab(), load_pretrained=False))
+    save_checkpoint(tmp_path / "new.pt", Captioner.from_config(config, tiny_vocab(), load_pretrained=False))
     new = load_captioner(tmp_path / "new.pt", device="cpu")
     assert new.config.encoder.normalization == "backbone" and new.encoder.normalize.statistics == NORMALIZATIONS["tf_lite"]
 

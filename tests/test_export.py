@@ -48,9 +48,10 @@ def test_export_writes_the_hub_layout_and_loads_back_identically(exported: tuple
     assert {p.name for p in folder.iterdir()} == {WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"}
     config = json.loads((folder / CONFIG).read_text())
     original = Captioner.from_pretrained(run / "best.pt", device="cpu")
-    assert config["vocab_size"] == len(original.vocab) == len(json.loads((folder / VOCAB).read_text()))
-    assert config["model"]["decoder"]["type"] == "lstm" and config["data"] == {"image_size": 64}
-    assert config["preprocessing"]["image_size"] == 64 and config["encoder"]["grid"] == list(original.grid_size())
+    spec = config["spec"]
+    assert spec["vocab_size"] == len(original.vocab) == len(json.loads((folder / VOCAB).read_text()))
+    assert spec["decoder"]["type"] == "lstm" and spec["preprocessing"]["image_size"] == 64
+    assert spec["grid"] == list(original.grid_size()) and spec["special_tokens"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
     assert config["files"][WEIGHTS]["sha256"] == sha256(folder / WEIGHTS)
     loaded = Captioner.from_pretrained(folder, device="cpu")
     for name, tensor in original.state_dict().items():
@@ -155,9 +156,9 @@ def rewrite_config(folder: Path, change: dict) -> None:
     [
         ({"format_version": 99}, ["export format version 99 is not supported"]),
         ({"format": "transformers"}, ["not a captioner export"]),
-        ({"model.decoder.hidden_dim": 48}, ["model.safetensors: weights do not fit the model its config describes"]),
-        ({"vocab_size": 7}, ["vocab.json", "says vocab_size 7"]),
-        ({"model.decoder.type": "gru"}, ["incompatible config", "model.decoder.type"]),
+        ({"spec.decoder.hidden_dim": 48}, ["model.safetensors: weights do not fit the model its config describes"]),
+        ({"spec.vocab_size": 7}, ["vocab.json", "says vocab_size 7"]),
+        ({"spec.decoder.type": "gru"}, ["incompatible config", "model.decoder.type"]),
     ],
 )
 def test_a_config_that_does_not_match_its_files_is_refused(
@@ -196,10 +197,10 @@ def test_export_carries_decoding_defaults_tuned_after_training(exported: tuple[P
     run, _ = exported
     assert main(["export", str(run), str(tmp_path / "tuned"), "--beam", "5", "--length-penalty", "1.5"]) == 0
     config = json.loads((tmp_path / "tuned" / CONFIG).read_text())
-    assert config["decode"]["beam_size"] == 5 and config["decode"]["length_penalty"] == 1.5
+    assert config["spec"]["decode"]["beam_size"] == 5 and config["spec"]["decode"]["length_penalty"] == 1.5
     loaded = Captioner.from_pretrained(tmp_path / "tuned", device="cpu")
     assert loaded.decode_config.length_penalty == 1.5 and loaded.decode_config.beam_size == 5
-    untouched = json.loads((exported[1] / CONFIG).read_text())["decode"]  # without the flags: the checkpoint's
+    untouched = json.loads((exported[1] / CONFIG).read_text())["spec"]["decode"]  # without the flags: the checkpoint's
     assert untouched["length_penalty"] == checkpoint_config(run / "best.pt").decode.length_penalty
     with pytest.raises(SystemExit):
         main(["export", str(run), str(tmp_path / "bad"), "--length-penalty", "-1"])
@@ -234,7 +235,7 @@ def test_a_hub_repo_id_loads_from_the_cache_offline_and_is_refused_in_one_line_w
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     model = Captioner.from_pretrained("someone/shapes-lstm", device="cpu")
-    assert len(model.vocab) == json.loads((exported[1] / CONFIG).read_text())["vocab_size"]
+    assert len(model.vocab) == json.loads((exported[1] / CONFIG).read_text())["spec"]["vocab_size"]
     with pytest.raises(ExportError) as error:
         Captioner.from_pretrained("someone/not-there")
     assert_one_line(error, "someone/not-there", "offline (HF_HUB_OFFLINE is set)", "no cached copy")

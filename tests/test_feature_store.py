@@ -28,7 +28,6 @@ from captioner.data.store import (
     store_files,
 )
 from captioner.evaluation.evaluate import caption_records, decode_variants, encode_records
-from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from tests.helpers import tiny_vocab
 
@@ -68,7 +67,7 @@ def shapes_config(root: Path, out: Path, *overrides: str) -> Config:
 
 def frozen_model(config: Config) -> Captioner:
     torch.manual_seed(0)
-    return build_model(config, tiny_vocab()).eval()
+    return Captioner.from_config(config, tiny_vocab()).eval()
 
 
 def copy_world(shapes_root: Path, tmp_path: Path) -> Path:
@@ -209,7 +208,6 @@ def test_the_features_command_runs_the_encoder_alone(shapes_root: Path, tmp_path
     def no_model(*args, **kwargs):
         raise AssertionError("the features command built a whole model")
 
-    monkeypatch.setattr("captioner.models.build.build_model", no_model)
     monkeypatch.setattr(Captioner, "from_config", no_model)
     store = tmp_path / "store"
     assert main(["features", "configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "--splits", "val", "--out", str(store)]) == 0

@@ -37,7 +37,6 @@ from captioner.core.errors import ExportError
 from captioner.data.shapes import generate_shapes
 from captioner.models import model_origin, packaged
 from captioner.models.backbones import lite_weights_path
-from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import default_model, save_checkpoint
 from captioner.models.checkpoint_format import DEFAULT_MODEL, QUICKSTART_RUN
@@ -59,7 +58,7 @@ def write_run(folder: Path, *overrides: str, seed: int = 0) -> Path:
     scores_test.json of `captioner evaluate`."""
     torch.manual_seed(seed)
     config = tiny_config(*LITE, "data.dataset=flickr8k", *overrides)
-    save_checkpoint(folder / "best.pt", build_model(config, tiny_vocab()).eval(), config)
+    save_checkpoint(folder / "best.pt", Captioner.from_config(config, tiny_vocab()).eval(), config)
     (folder / "scores_test.json").write_text(json.dumps(TEST_SCORES))
     return folder
 

@@ -9,7 +9,7 @@ from helpers import assert_beam_ranks_by_length_penalty, tiny_model
 from captioner.core.config import Config
 from captioner.data.batching import CaptionBatch
 from captioner.models.attention import MultiHeadAttention
-from captioner.models.build import build_model
+from captioner.models.captioner import Captioner
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, select_rows
 from captioner.models.transformer_decoder import TransformerDecoder, grid_encoding
 from captioner.text.vocab import SPECIALS, Vocabulary
@@ -212,7 +212,7 @@ def test_build_model_captions_images_end_to_end() -> None:
     config = tiny_transformer_config()
     vocab = Vocabulary([*SPECIALS, "a", "red", "blue", "circle", "square"])
     torch.manual_seed(0)
-    model = build_model(config, vocab, load_pretrained=False)
+    model = Captioner.from_config(config, vocab, load_pretrained=False)
     assert isinstance(model.decoder, TransformerDecoder)
     images = torch.randn(2, 3, 32, 32)
     for beam_size in (1, 3):
@@ -231,7 +231,7 @@ def test_training_loss_reaches_every_decoder_weight() -> None:
     config = tiny_transformer_config()
     vocab = Vocabulary([*SPECIALS, "a", "red", "blue", "circle", "square"])
     torch.manual_seed(0)
-    model = build_model(config, vocab, load_pretrained=False).train()
+    model = Captioner.from_config(config, vocab, load_pretrained=False).train()
     tokens = torch.tensor([[1, 4, 5, 7, 2, 0], [1, 6, 8, 2, 0, 0], [1, 4, 6, 5, 8, 2]])  # (C, T) padded
     lengths = (tokens != vocab.pad_id).sum(dim=1)  # (C,) 5, 4, 6
     batch = CaptionBatch(torch.randn(2, 3, 32, 32), tokens, lengths, torch.tensor([0, 1, 1]), torch.arange(2))

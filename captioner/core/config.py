@@ -115,9 +115,45 @@ class EncoderConfig:
     width: int = setting(32, POSITIVE)  # small_cnn: channels of the first block (doubled at each of 4 blocks)
 
 
+@dataclass(frozen=True)
+class LSTMDecoderConfig:
+    """What the `lstm` decoder reads of `model.decoder` (Show, Attend and Tell)."""
+
+    embed_dim: int
+    hidden_dim: int
+    attention_dim: int
+    dropout: float
+
+
+@dataclass(frozen=True)
+class TransformerDecoderConfig:
+    """What the `transformer` decoder reads of `model.decoder` (its words embed at d_model)."""
+
+    d_model: int
+    num_layers: int
+    num_heads: int
+    ff_dim: int
+    dropout: float
+    norm_first: bool
+    tie_embeddings: bool
+    grid_position_encoding: bool
+
+
+DecoderSettings = LSTMDecoderConfig | TransformerDecoderConfig
+# The decoders by name, each with the config class of the keys it reads; models/spec.py adds
+# the builder of each (core may not import torch).
+DECODER_CONFIGS: dict[str, type[LSTMDecoderConfig] | type[TransformerDecoderConfig]] = {
+    "lstm": LSTMDecoderConfig,
+    "transformer": TransformerDecoderConfig,
+}
+
+
 @dataclass
 class DecoderConfig:
-    type: str = setting("lstm", Choice(("lstm", "transformer")))  # lstm: Show-Attend-Tell's attention LSTM | transformer: self- and cross-attention layers
+    """`model.decoder` as users write it: one flat section whose `type` picks the decoder and,
+    with it, the keys that count (`settings()`); the others keep their defaults, unread."""
+
+    type: str = setting("lstm", Choice(tuple(DECODER_CONFIGS)))  # lstm: Show-Attend-Tell's attention LSTM | transformer: self- and cross-attention layers
     embed_dim: int = setting(256, POSITIVE)  # word embedding size
     dropout: float = setting(0.5, PROBABILITY_BELOW_ONE)  # dropout in the decoder
     # lstm
@@ -131,6 +167,17 @@ class DecoderConfig:
     norm_first: bool = setting(False, Flag())  # post-norm as in Vaswani et al. (False) or pre-norm (True)
     tie_embeddings: bool = setting(True, Flag())  # share the input embedding and the output projection's weights
     grid_position_encoding: bool = setting(True, Flag())  # 2-D sinusoidal encoding of the grid cells
+
+    def settings(self) -> DecoderSettings:
+        """The chosen decoder's own config: the keys of this section its type reads."""
+        kind = DECODER_CONFIGS[self.type]
+        return kind(**{f.name: getattr(self, f.name) for f in dataclasses.fields(kind)})
+
+    @classmethod
+    def of(cls, settings: DecoderSettings) -> DecoderConfig:
+        """The flat section holding `settings` (the keys no decoder of its type reads at their defaults)."""
+        name = next(name for name, kind in DECODER_CONFIGS.items() if isinstance(settings, kind))
+        return cls(type=name, **dataclasses.asdict(settings))
 
 
 @dataclass

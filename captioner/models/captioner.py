@@ -3,7 +3,8 @@
 `Captioner.from_pretrained(path)` loads one from a checkpoint file or a run folder and
 `model.caption(images)` captions paths, encoded image files or PIL images. The model is built from
 its model configuration alone (`Captioner.from_config`); the checkpoint's file format is read
-by `checkpoint_format`, the decoders come from `decoders`.
+by `checkpoint_format`, the decoders come from `decoder_registry`, and what a model is, as its
+files record it, is its spec (`Captioner.spec`, core/model_spec.py).
 """
 
 from __future__ import annotations
@@ -16,19 +17,16 @@ from typing import Any, overload
 import torch
 from torch import nn
 
-from captioner.core.config import Config, DecodeConfig, ModelConfig
+from captioner.core.config import Config, DecodeConfig, DecoderConfig, ModelConfig
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, ImageLoadError
 from captioner.core.runtime import resolve_device
 from captioner.data.images import ImageTransform, load_image
 from captioner.data.pictures import ImageInput, picture_batches
 from captioner.models.caption import Caption
-from captioner.models.checkpoint_format import (
-    checkpoint_file,
-    model_config,
-    read_checkpoint,
-)
+from captioner.core.model_spec import ModelSpec, Preprocessing, SpecialIds
+from captioner.models.checkpoint_format import checkpoint_file, checkpoint_spec, read_checkpoint
 from captioner.models.decoder import Decoder, DecoderOutput
-from captioner.models.decoders import build_decoder
+from captioner.models.decoder_registry import build_decoder
 from captioner.models.decoding import (
     DecodeOptions,
     Hypothesis,
@@ -62,7 +60,7 @@ class Captioner(nn.Module):
         self.encoder = encoder
         self.decoder = decoder
         self.vocab = vocab
-        self.config = config
+        self.config = ModelConfig(config.encoder, DecoderConfig.of(config.decoder.settings()), config.blind)  # its decoder's keys alone
         self.image_size = image_size
         self.decode_config = decode_config or DecodeConfig()
         self.transform = ImageTransform(image_size)
@@ -73,8 +71,14 @@ class Captioner(nn.Module):
         """The model `config` describes, with fresh weights (the backbone's ImageNet weights
         when the config asks for them and `load_pretrained`)."""
         encoder = build_encoder(config.model.encoder, load_pretrained)
-        decoder = build_decoder(config, len(vocab), encoder.out_dim)
+        decoder = build_decoder(config.model.decoder.settings(), len(vocab), encoder.out_dim)
         return cls(encoder, decoder, vocab, config.model, config.data.image_size, config.decode)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, load_pretrained: bool = False) -> Captioner:
+        """The model `spec` describes, with fresh weights (the backbone's ImageNet weights when
+        the spec's encoder asks for them and `load_pretrained`)."""
+        return cls.from_config(spec.config(), Vocabulary(list(spec.vocab)), load_pretrained)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "auto") -> Captioner:
@@ -93,11 +97,10 @@ class Captioner(nn.Module):
         if is_exported(path):
             packaged = is_packaged(path)
             exported = read_packaged(path) if packaged else read_exported(path)
-            config = model_config(exported.settings, path / CONFIG)
             encoder_record = exported.config.get("encoder_weights")
             if encoder_record is not None:
-                check_packaged_weights(encoder_record, config.model.encoder, path / CONFIG)
-            model = cls.from_config(config, Vocabulary(exported.vocab), load_pretrained=encoder_record is not None)
+                check_packaged_weights(encoder_record, exported.spec.encoder, path / CONFIG)
+            model = cls.from_spec(exported.spec, load_pretrained=encoder_record is not None)
             model._load_weights(exported.state_dict, path / WEIGHTS, encoder_from_package=encoder_record is not None)
             model.origin = export_origin(path.name if packaged else name, exported.config, packaged)
         else:
@@ -110,8 +113,7 @@ class Captioner(nn.Module):
     def from_checkpoint_payload(cls, payload: dict[str, Any], source: Path) -> Captioner:
         """The model of a checkpoint's payload already read (`read_checkpoint(source)`), on the
         CPU: for a caller that needs the payload's other parts too and reads the file once."""
-        config = model_config(payload["config"], source)
-        model = cls.from_config(config, Vocabulary(payload["vocab"]), load_pretrained=False)
+        model = cls.from_spec(checkpoint_spec(payload, source))
         model._load_weights(payload["model"], source)
         return model
 
@@ -158,21 +160,23 @@ class Captioner(nn.Module):
         if half_precision:
             state_dict = {name: t.half() if t.is_floating_point() else t for name, t in state_dict.items()}
             metadata_fields = {**metadata_fields, "weights_dtype": "float16"}
-        grid = self.grid_size()
-        statistics = self.encoder.normalize.statistics
-        fields = {
-            "special_tokens": {"pad": self.vocab.pad_id, "bos": self.vocab.bos_id, "eos": self.vocab.eos_id, "unk": self.vocab.unk_id},
-            "preprocessing": {
-                "image_size": self.image_size,
-                "resize": "Pillow bilinear to image_size x image_size, then uint8 RGB",
-                "normalize": "x / 255, then (x - mean) / std per channel",
-                "mean": list(statistics.mean),
-                "std": list(statistics.std),
-            },
-            "encoder": {"backbone": self.config.encoder.name, "grid": list(grid), "feature_dim": self.encoder.out_dim},
-            **metadata_fields,
-        }
-        return write_exported(folder, state_dict, self.settings(), self.vocab.to_list(), fields, checksummed)
+        return write_exported(folder, state_dict, self.spec(self.grid_size()), metadata_fields, checksummed)
+
+    def spec(self, grid: tuple[int, int] | None = None) -> ModelSpec:
+        """What this model is, as every model file records it (`grid`: the encoder's, when known:
+        `grid_size()` runs the encoder once)."""
+        statistics, vocab = self.encoder.normalize.statistics, self.vocab
+        return ModelSpec(
+            encoder=self.config.encoder,
+            preprocessing=Preprocessing(self.image_size, tuple(statistics.mean), tuple(statistics.std)),
+            decoder=self.config.decoder.settings(),
+            vocab=tuple(vocab.to_list()),
+            special=SpecialIds(vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.unk_id),
+            decode=self.decode_config,
+            blind=self.config.blind,
+            grid=grid,
+            feature_dim=self.encoder.out_dim,
+        )
 
     def packaged_encoder_record(self) -> dict[str, str] | None:
         """What an export records in place of this model's encoder weights when they are the

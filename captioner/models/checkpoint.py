@@ -34,15 +34,16 @@ __all__ = ["FORMAT_VERSION", "checkpoint_config", "default_model", "load_caption
 
 
 def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = None, **extra: Any) -> None:
-    """Write model weights, the run's `config` (else the model's own sections: model, input size,
-    decoding), vocabulary and `extra` (optimizer state, step, metrics ...), with a checksum
+    """Write model weights, the model's spec, the run's `config` (else the model's own sections:
+    model, input size, decoding), vocabulary and `extra` (optimizer state, step, metrics ...), with a checksum
     that loading verifies. A full disk is one StorageError; the file at `path` stays as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format_version": FORMAT_VERSION,
         "model": model.state_dict(),
-        "config": config.to_dict() if config is not None else model.settings(),
+        "spec": model.spec().to_dict(),  # what the model is: loading reads this
+        "config": config.to_dict() if config is not None else model.settings(),  # how it was trained: resuming reads this
         "vocab": model.vocab.to_list(),
         **extra,
     }

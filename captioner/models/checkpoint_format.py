@@ -1,6 +1,6 @@
 """A checkpoint file: which file (or exported folder, or Hub repo) a path means, its payload
 written with a checksum and read with weights_only (no code runs), its format version, and the
-config sections that rebuild the model.
+spec that rebuilds the model.
 
 The checksum travels inside the file: torch.save writes a zip archive, whose last record (the
 end of central directory) may carry a comment; the comment holds the sha256 of everything
@@ -24,13 +24,13 @@ from typing import Any, BinaryIO
 import torch
 
 from captioner.core.checksums import sha256_of
-from captioner.core.config import Config, config_from_dict
 from captioner.core.errors import CheckpointError, ConfigError, ExportError
 from captioner.core.files import write_atomically
+from captioner.core.model_spec import ModelSpec
 from captioner.models.export_format import CONFIG, hub_snapshot, is_exported, looks_like_repo_id, read_config
 from captioner.models.packaged import installed_model, packaged_model
 
-FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes
+FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes (the model's `spec` in them is versioned in it)
 RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
 DEFAULT_MODEL = Path("runs/default_model")
 """Where the project's default model lives, relative to the project folder: the best model for
@@ -218,19 +218,14 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return payload
 
 
-def model_config(stored: Any, path: str | Path) -> Config:
-    """The sections of a checkpoint's config that make the model (model, data.image_size,
-    decode), checked like a config file; the other sections keep their defaults, so a training
-    setting this version no longer accepts does not stop a model from loading."""
-    if not isinstance(stored, dict):
-        raise CheckpointError(f"{path}: incompatible config: expected a mapping of sections, got {type(stored).__name__}")
-    sections = {name: stored[name] for name in ("model", "decode") if name in stored}
-    data = stored.get("data", {})
-    if not isinstance(data, dict):
-        sections["data"] = data  # refused below, naming the section
-    elif "image_size" in data:
-        sections["data"] = {"image_size": data["image_size"]}
+def checkpoint_spec(payload: dict[str, Any], path: str | Path) -> ModelSpec:
+    """The model a checkpoint's payload describes: its `spec`, or, in a checkpoint written before
+    the spec, its config's model, input size and decoding sections with its vocabulary (the
+    other sections are not read, so a training setting this version no longer accepts does not
+    stop a model from loading). One CheckpointError naming `path` when this version refuses a setting."""
     try:
-        return config_from_dict(sections, source=f"{path} (config)")
+        if "spec" in payload:
+            return ModelSpec.from_dict(payload["spec"], f"{path} (spec)")
+        return ModelSpec.from_sections(payload["config"], payload["vocab"], f"{path} (config)")
     except ConfigError as e:
         raise CheckpointError(f"{path}: incompatible config: {e}") from None

@@ -2,8 +2,8 @@
 safetensors and JSON only (nothing is unpickled, so loading one can never run code).
 
     model.safetensors   the state dict (tensors only)
-    config.json         the model, input size and decoding sections that rebuild the model, the
-                        vocabulary size and special ids, the preprocessing, the whole training
+    config.json         the model's spec (core/model_spec.py: encoder and preprocessing, decoder,
+                        vocabulary size and special ids, decoding defaults), the whole training
                         config (for `captioner evaluate`), and a sha256 of every other file
     vocab.json          the words by id
     README.md           the model card (written by `captioner export`, not read back)
@@ -30,13 +30,15 @@ from typing import Any
 
 import torch
 
-from captioner.core.files import write_atomically as write_files_atomically
 from captioner.core.checksums import sha256_of as sha256
 from captioner.core.checksums import REEXPORT, verify_file
-from captioner.core.errors import ExportError
+from captioner.core.errors import CheckpointError, ConfigError, ExportError
+from captioner.core.files import write_atomically
+from captioner.core.model_spec import ModelSpec
 
 FORMAT = "captioner"
-FORMAT_VERSION = 1  # of the folders `write_exported` writes; `read_exported` reads only this one
+FORMAT_VERSION = 2  # of the folders `write_exported` writes: the model described by its `spec`
+LEGACY_VERSION = 1  # still read: the model in config sections (model, data, decode) beside vocab_size, special_tokens, preprocessing
 WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
 HUB_FILES = [CONFIG, VOCAB, WEIGHTS, CARD, "*.jpg", "*.png", "onnx/*"]  # what a download fetches
 # owner/name as the Hub spells repo ids: letters, digits, "-", "_", "." (not at the ends)
@@ -49,8 +51,7 @@ class Exported:
     vocabulary, the weights, and the training config and scores when the export recorded them."""
 
     folder: Path
-    settings: dict[str, Any]  # {"model": ..., "data": {"image_size": ...}, "decode": ...}
-    vocab: list[str]
+    spec: ModelSpec  # the vocabulary included
     state_dict: dict[str, torch.Tensor]
     config: dict[str, Any]  # the whole config.json
 
@@ -72,17 +73,16 @@ def looks_like_repo_id(name: str) -> bool:
     return bool(REPO_ID.match(name)) and ".." not in name and not name.endswith((".pt", ".pth", ".ckpt", ".bin"))
 
 
-def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """`write(tmp)` beside `path`, then renamed onto it (`core.files.write_atomically`: a full
-    disk is one StorageError and the previous file stays), readable as the umask allows."""
+def readable_by_all(write: Callable[[Path], object]) -> Callable[[Path], None]:
+    """`write`, then the file made as readable as the process's umask allows (safetensors writes 0600)."""
 
     def shareable(tmp: Path) -> None:
         write(tmp)
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # a shareable file (safetensors writes 0600), as the process's umask allows
+        os.chmod(tmp, 0o666 & ~umask)
 
-    write_files_atomically(path, shareable)
+    return shareable
 
 
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -100,26 +100,25 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def write_exported(
-    folder: str | Path, state_dict: dict[str, torch.Tensor], settings: dict[str, Any], vocab: list[str],
-    metadata_fields: dict[str, Any], checksummed: Sequence[str] = (),
+    folder: str | Path, state_dict: dict[str, torch.Tensor], spec: ModelSpec, metadata_fields: dict[str, Any],
+    checksummed: Sequence[str] = (),
 ) -> list[Path]:
     """Write model.safetensors, vocab.json and config.json (last, with the checksums of the
     others and of the files named in `checksummed`, already in `folder`) into `folder`;
-    `metadata_fields` (special ids, preprocessing, training config, scores ...) go into
-    config.json beside the model's sections. Returns the files written."""
+    `metadata_fields` (training config, scores ...) go into config.json beside the model's
+    spec. Returns the files written."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
     tensors = {name: value.detach().to("cpu").contiguous().clone() for name, value in state_dict.items()}
-    write_atomically(folder / WEIGHTS, lambda tmp: save_safetensors(tensors, tmp))
-    write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(vocab, ensure_ascii=False)))
+    write_atomically(folder / WEIGHTS, readable_by_all(lambda tmp: save_safetensors(tensors, tmp)))
+    write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(list(spec.vocab), ensure_ascii=False)))
     config = {
         "library_name": FORMAT,
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "captioner_version": captioner_version(),
-        **settings,
-        "vocab_size": len(vocab),
+        "spec": spec.to_dict(with_vocab=False),
         **metadata_fields,
         "files": {
             name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size}
@@ -142,12 +141,13 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         found = config.get("format") if isinstance(config, dict) else type(config).__name__
         raise ExportError(f"{path}: not a captioner export (format {found!r}, expected {FORMAT!r})")
-    if config.get("format_version") != FORMAT_VERSION:
+    if config.get("format_version") not in (FORMAT_VERSION, LEGACY_VERSION):
         raise ExportError(
             f"{path}: export format version {config.get('format_version')!r} is not supported "
-            f"(this version, captioner {captioner_version()}, reads {FORMAT_VERSION})"
+            f"(this version, captioner {captioner_version()}, reads {LEGACY_VERSION} and {FORMAT_VERSION})"
         )
-    for key in ("model", "data", "decode", "vocab_size", "files"):
+    required = ("spec",) if config["format_version"] == FORMAT_VERSION else ("model", "data", "decode", "vocab_size")
+    for key in (*required, "files"):
         if key not in config:
             raise ExportError(f"{path}: lacks {key!r}")
     return config
@@ -192,14 +192,29 @@ def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
         raise ExportError(f"{folder / VOCAB}: not valid JSON ({str(e)[:120]})") from None
     if not isinstance(vocab, list) or not all(isinstance(w, str) for w in vocab):
         raise ExportError(f"{folder / VOCAB}: expected a list of words")
-    if len(vocab) != config["vocab_size"]:
-        raise ExportError(f"{folder / VOCAB}: {len(vocab)} words, but {CONFIG} says vocab_size {config['vocab_size']}")
+    size = config["spec"].get("vocab_size") if isinstance(config.get("spec"), dict) else config.get("vocab_size")
+    if len(vocab) != size:
+        raise ExportError(f"{folder / VOCAB}: {len(vocab)} words, but {CONFIG} says vocab_size {size}")
     try:
         state_dict = load_file(str(folder / WEIGHTS))
     except (SafetensorError, OSError, ValueError) as e:
         raise ExportError(f"{folder / WEIGHTS}: not a readable safetensors file ({str(e).splitlines()[0][:160]})") from None
-    settings = {"model": config["model"], "data": config["data"], "decode": config["decode"]}
-    return Exported(folder, settings, vocab, state_dict, config)
+    return Exported(folder, exported_spec(config, vocab, folder / CONFIG), state_dict, config)
+
+
+def exported_spec(config: dict[str, Any], vocab: list[str], path: Path) -> ModelSpec:
+    """The spec a config.json holds (or, in an export written before the spec, its config
+    sections describe); one CheckpointError naming `path` when this version refuses a setting."""
+    try:
+        if config["format_version"] == FORMAT_VERSION:
+            return ModelSpec.from_dict(config["spec"], f"{path} (spec)", vocab)
+        preprocessing, encoder = config.get("preprocessing") or {}, config.get("encoder") or {}
+        return ModelSpec.from_sections(
+            config, vocab, f"{path} (config)", special=config.get("special_tokens"), mean=preprocessing.get("mean"),
+            std=preprocessing.get("std"), grid=encoder.get("grid"), feature_dim=encoder.get("feature_dim"),
+        )
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: incompatible config: {e}") from None
 
 
 def network_errors() -> tuple[type[Exception], ...]:

@@ -7,7 +7,6 @@ import math
 import torch
 from torch import nn
 
-from captioner.core.config import DecoderConfig
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, real_positions
 from captioner.models.products import dense
@@ -188,21 +187,6 @@ class TransformerDecoder(Decoder):
         if tie_embeddings:
             self.out.weight = self.embedding.weight
         self.dropout = nn.Dropout(dropout)
-
-    @classmethod
-    def from_config(cls, cfg: DecoderConfig, vocab_size: int, feat_dim: int) -> TransformerDecoder:
-        return cls(
-            vocab_size,
-            feat_dim,
-            d_model=cfg.d_model,
-            num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads,
-            ff_dim=cfg.ff_dim,
-            dropout=cfg.dropout,
-            norm_first=cfg.norm_first,
-            tie_embeddings=cfg.tie_embeddings,
-            grid_position_encoding=cfg.grid_position_encoding,
-        )
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens (B, T), positions broadcastable to (B, T) -> (B, T, d)."""

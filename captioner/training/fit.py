@@ -35,7 +35,6 @@ from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.store import StoreRows, split_features, store_dir
 from captioner.data.streaming import ShardSet, ShardStream, StreamingCaptions, StreamSettings, open_shard_set, shard_captions
-from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import DecoderOutput
@@ -91,7 +90,7 @@ def fit(config: Config, resume: bool = False) -> Path:
         config.data.dataset, len(train_records) if shards is None else shards.samples,
         "" if shards is None else f" in {len(shards.urls)} shards, streamed", len(val_records), len(vocab), config.data.min_word_count,
     )
-    model = build_model(config, vocab, load_pretrained=checkpoint is None and initial is None).to(ctx.device)
+    model = Captioner.from_config(config, vocab, load_pretrained=checkpoint is None and initial is None).to(ctx.device)
     if checkpoint or initial:
         model.load_state_dict((checkpoint or initial)["model"])  # the encoder too: fine-tuned layers stay fine-tuned
     if ctx.is_main:

@@ -1,0 +1,213 @@
+"""One description of a trained model (`ModelSpec`): its encoder and preprocessing, its decoder's
+own config, its vocabulary and special tokens, and its decoding defaults.
+
+The checkpoint, the exported folder's config.json and the ONNX bundle's onnx.json each carry it
+as one `spec` object (`ModelSpec.to_dict`), versioned once (`SPEC_VERSION`), and each reader
+rebuilds it with `ModelSpec.from_dict`. It is plain data, torch-free, so the ONNX runtime
+(captioner.deploy) reads the same object that the torch model (captioner.models.spec) is built
+from. Files written before the spec existed describe the model in config sections;
+`ModelSpec.from_sections` reads those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from captioner.core.config import (
+    Config,
+    DecodeConfig,
+    DecoderConfig,
+    DecoderSettings,
+    EncoderConfig,
+    ModelConfig,
+    config_from_dict,
+)
+from captioner.core.errors import ConfigError
+
+SPEC_VERSION = 1  # of the `spec` object; bump when a field's meaning changes
+# The ONNX bundle's manifest: written by captioner.models.onnx_export, read by captioner.deploy.bundle.
+ONNX_FORMAT = "captioner-onnx"
+ONNX_FORMAT_VERSION = 2  # 2: the model is described by its `spec`; 1 (still read) spread it over top-level fields
+SPECIAL_WORDS = ("pad", "bos", "eos", "unk")  # the vocabulary's first four entries, in this order
+RESIZE = "Pillow bilinear to image_size x image_size, then uint8 RGB"
+NORMALIZE = "x / 255, then (x - mean) / std per channel"
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How an image becomes the encoder's input: resized to a square of `image_size`, then
+    normalised per channel with `mean` and `std` (on the device, inside the encoder). The
+    statistics are None in a spec read from a file that did not record them (the encoder's
+    `normalization` names them)."""
+
+    image_size: int
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The ids of <pad>, <bos>, <eos> and <unk>; decoding never writes `banned` (pad, bos, unk):
+    they are not words, and every word of a caption gets its own attention map."""
+
+    pad: int
+    bos: int
+    eos: int
+    unk: int
+
+    @property
+    def banned(self) -> tuple[int, ...]:
+        return (self.pad, self.bos, self.unk)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything that rebuilds a model besides its weights, and that its runtime needs."""
+
+    encoder: EncoderConfig
+    preprocessing: Preprocessing
+    decoder: DecoderSettings  # the decoder's own config class (core.config.DECODER_CONFIGS)
+    vocab: tuple[str, ...]
+    special: SpecialIds
+    decode: DecodeConfig
+    blind: bool = False  # the features are zeroed: a language-model baseline
+    grid: tuple[int, int] | None = None  # (h, w) of the encoder's feature grid at image_size, when recorded
+    feature_dim: int | None = None  # D of the encoder's features, when recorded
+
+    @property
+    def decoder_type(self) -> str:
+        return DecoderConfig.of(self.decoder).type
+
+    def model_config(self) -> ModelConfig:
+        """The `model` config section that builds this model."""
+        return ModelConfig(self.encoder, DecoderConfig.of(self.decoder), self.blind)
+
+    def config(self) -> Config:
+        """A config whose model, input size and decoding sections are this spec's (the others at their defaults)."""
+        config = Config(model=self.model_config(), decode=self.decode)
+        config.data.image_size = self.preprocessing.image_size
+        return config
+
+    def to_dict(self, with_vocab: bool = True) -> dict[str, Any]:
+        """The JSON form every model file carries; `with_vocab=False` gives `vocab_size` in place
+        of the words (an export keeps them in vocab.json)."""
+        words: dict[str, Any] = {"vocab": list(self.vocab)} if with_vocab else {"vocab_size": len(self.vocab)}
+        return {
+            "spec_version": SPEC_VERSION,
+            "encoder": dataclasses.asdict(self.encoder),
+            "preprocessing": {
+                "image_size": self.preprocessing.image_size,
+                "resize": RESIZE,
+                "normalize": NORMALIZE,
+                "mean": None if self.preprocessing.mean is None else list(self.preprocessing.mean),
+                "std": None if self.preprocessing.std is None else list(self.preprocessing.std),
+            },
+            "grid": None if self.grid is None else list(self.grid),
+            "feature_dim": self.feature_dim,
+            "decoder": {"type": self.decoder_type, **dataclasses.asdict(self.decoder)},
+            "blind": self.blind,
+            **words,
+            "special_tokens": dataclasses.asdict(self.special),
+            "decode": dataclasses.asdict(self.decode),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any, source: str, vocab: list[str] | None = None) -> ModelSpec:
+        """A `spec` object read back, checked like a config file: one ConfigError naming `source`
+        when a field is missing, unknown or out of range. `vocab`: the words, for a spec written
+        without them."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: spec must be a mapping, got {type(raw).__name__}")
+        if raw.get("spec_version") != SPEC_VERSION:
+            raise ConfigError(f"{source}: spec_version {raw.get('spec_version')!r} is not supported (this version reads {SPEC_VERSION})")
+        missing = [key for key in ("encoder", "preprocessing", "decoder", "special_tokens", "decode") if not isinstance(raw.get(key), dict)]
+        if missing:
+            raise ConfigError(f"{source}: spec lacks {', '.join(missing)} (or one is not a mapping)")
+        words = raw.get("vocab", vocab)
+        if "vocab_size" in raw and words is not None and raw["vocab_size"] != len(words):
+            raise ConfigError(f"{source}: spec says vocab_size {raw['vocab_size']!r}, the vocabulary has {len(words)} words")
+        sections = {
+            "model": {"encoder": raw["encoder"], "decoder": raw["decoder"], "blind": raw.get("blind", False)},
+            "data": {"image_size": raw["preprocessing"].get("image_size")},
+            "decode": raw["decode"],
+        }
+        pre = raw["preprocessing"]
+        return cls.from_sections(
+            sections, words, source, special=raw["special_tokens"], mean=pre.get("mean"), std=pre.get("std"),
+            grid=raw.get("grid"), feature_dim=raw.get("feature_dim"),
+        )
+
+    @classmethod
+    def from_sections(
+        cls, sections: Any, vocab: Any, source: str, *, special: Any = None, mean: Any = None, std: Any = None,
+        grid: Any = None, feature_dim: Any = None,
+    ) -> ModelSpec:
+        """A spec from config sections (model, data.image_size, decode: what files written before
+        the spec held) and the vocabulary's words; the sections are checked like a config file,
+        the other sections of a stored run config are not read, so a training setting this
+        version no longer accepts does not stop a model from loading. The special ids are the
+        vocabulary's (its first four words), checked against `special` when given."""
+        config = config_from_dict(model_sections(sections, source), source=source)
+        words = check_words(vocab, source)
+        ids = SpecialIds(*range(len(SPECIAL_WORDS)))
+        if special is not None and special != dataclasses.asdict(ids):
+            raise ConfigError(f"{source}: special_tokens {special!r} are not the vocabulary's ({dataclasses.asdict(ids)})")
+        return cls(
+            encoder=config.model.encoder,
+            preprocessing=Preprocessing(config.data.image_size, floats(mean, "mean", source), floats(std, "std", source)),
+            decoder=config.model.decoder.settings(),
+            vocab=words,
+            special=ids,
+            decode=config.decode,
+            blind=config.model.blind,
+            grid=grid_of(grid, source),
+            feature_dim=positive_int(feature_dim, "feature_dim", source),
+        )
+
+
+def model_sections(stored: Any, source: str) -> dict[str, Any]:
+    """The sections of a stored config that make the model: model, data.image_size, decode."""
+    if not isinstance(stored, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections, got {type(stored).__name__}")
+    sections = {name: stored[name] for name in ("model", "decode") if name in stored}
+    data = stored.get("data", {})
+    if not isinstance(data, dict):
+        sections["data"] = data  # refused by the config check, naming the section
+    elif "image_size" in data:
+        sections["data"] = {"image_size": data["image_size"]}
+    return sections
+
+
+def check_words(vocab: Any, source: str) -> tuple[str, ...]:
+    """The vocabulary's words: strings, starting with <pad>, <bos>, <eos>, <unk>."""
+    if not isinstance(vocab, (list, tuple)) or not all(isinstance(word, str) for word in vocab):
+        raise ConfigError(f"{source}: vocab must be a list of words")
+    if tuple(vocab[: len(SPECIAL_WORDS)]) != tuple(f"<{word}>" for word in SPECIAL_WORDS):
+        raise ConfigError(f"{source}: vocab must start with {', '.join(f'<{word}>' for word in SPECIAL_WORDS)}")
+    return tuple(vocab)
+
+
+def floats(value: Any, name: str, source: str) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)):
+        raise ConfigError(f"{source}: preprocessing.{name} must be a list of numbers, got {value!r}")
+    return tuple(float(x) for x in value)
+
+
+def grid_of(value: Any, source: str) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and all(positive_int(x, "grid", source) for x in value)):
+        raise ConfigError(f"{source}: grid must be [h, w], got {value!r}")
+    return (value[0], value[1])
+
+
+def positive_int(value: Any, name: str, source: str) -> int | None:
+    if value is None:
+        return None
+    if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        raise ConfigError(f"{source}: {name} must be a positive integer, got {value!r}")
+    return value
