@@ -144,6 +144,7 @@ ROWS: dict[str, Row] = {
     "evaluate: the images are gone": Row(["evaluate", "{shapes_model}", "--fast"], 2,
                                          r"captions_test\.json: none of the 1 images listed exist under .*; point data\.root", ("shapes_without_images",)),
     "evaluate: a place the model may not name": Row(["evaluate", "{elsewhere_model}", "--fast"], 2, r"name the data yourself \(data\.root=\.\.\.\)$"),
+    "evaluate: negative limit": Row(["evaluate", "{model}", "--fast", "--limit", "-2"], 2, r"argument --limit: must be at least 0, got -2"),
     "evaluate: --saliency without --grounding": Row(["evaluate", "{model}", "--fast", "--saliency", "gradcam"], 2, r"it needs --grounding$"),
     # export and push
     "export: nothing": Row(["export"], 2, r"^error: captioner export: give a checkpoint and the folder to write, e\.g\. captioner export"),
@@ -160,6 +161,7 @@ ROWS: dict[str, Row] = {
     "demo: missing model": Row(["demo", "missing.pt"], 2, r"^error: missing\.pt: checkpoint not found"),
     "demo: examples without images": Row(["demo", "{model}", "--examples", "{empty}"], 2, r"^error: demo --examples: no images in .*empty$"),
     "demo: a missing example": Row(["demo", "{model}", "--examples", "missing.jpg"], 2, r"^error: demo --examples: missing\.jpg: no such file$"),
+    "demo: bad port": Row(["demo", "{model}", "--port", "70000"], 2, r"argument --port: a port is at most 65535, got 70000"),
     "demo: no Gradio": Row(["demo", "{model}"], 2, r"^error: (demo: Gradio|gradio) is not installed.*\[demo\]", ("no_gradio",)),
 }
 
