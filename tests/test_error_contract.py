@@ -122,6 +122,10 @@ ROWS: dict[str, Row] = {
     "caption: sampling flag without --sample": Row(["caption", "{model}", "{image}", "--top-k", "5"], 2, r"--top-k applies only with --sample$"),
     "caption: no onnxruntime": Row(["caption", "{empty}", "{image}", "--runtime", "onnx"], 2,
                                    r"^error: onnxruntime is not installed: it comes with the 'onnx' extra", ("no_onnxruntime",)),
+    "caption: a layer the model lacks": Row(["caption", "{model}", "{image}", "--json", "--attention", "--layer", "3"], 2,
+                                            r"^error: caption --layer 3: this model's maps have 1 layer"),
+    "caption: a head the model lacks": Row(["caption", "{model}", "{image}", "--heatmaps", "maps", "--head", "4"], 2,
+                                           r"^error: caption --head 4: this model's maps have 1 head"),
     "caption: some images fail": Row(["caption", "{model}", "{image}", "{bad_image}", "missing.jpg"], 1, r"^2 of 3 images failed$"),
     # evaluate
     "evaluate: nothing": Row(["evaluate"], 2, r"^error: evaluate: give a CHECKPOINT, or --results FILE --annotations FILE$"),
