@@ -24,12 +24,12 @@ from PIL import Image
 
 from captioner.core.checksums import sha256_of
 from captioner.core.errors import CaptionerError, ConfigError, ExportError, ImageLoadError
+from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION
 from captioner.models.captioner import Captioner
 from captioner.text.endings import BAD_ENDINGS
 
 require_module("onnxruntime", "the ONNX runtime tests need onnxruntime (pip install captioner[onnx])")
 
-from captioner.deploy import bundle  # noqa: E402
 from captioner.deploy.preprocess import image_array  # noqa: E402
 from captioner.deploy.runtime import OnnxCaptioner  # noqa: E402
 from captioner.deploy.search import SearchOptions, TokenRules, beam_search, greedy_search  # noqa: E402
@@ -147,15 +147,18 @@ def test_the_manifest_describes_the_graphs(exported: Exported) -> None:
 
     folder = exported.folder / "onnx"
     manifest = json.loads((folder / "onnx.json").read_text())
-    assert (manifest["format"], manifest["format_version"]) == (bundle.FORMAT_NAME, bundle.FORMAT_VERSION)
-    assert (onnx_export.FORMAT_NAME, onnx_export.FORMAT_VERSION) == (bundle.FORMAT_NAME, bundle.FORMAT_VERSION)
+    assert (manifest["format"], manifest["format_version"]) == (ONNX_FORMAT, ONNX_FORMAT_VERSION)
     model = exported.model
-    assert manifest["vocab"] == model.vocab.to_list() and manifest["image_size"] == model.image_size == 32
+    spec = manifest["spec"]
+    assert spec == model.spec(model.grid_size()).to_dict()  # the one description every model file carries
+    assert spec["vocab"] == model.vocab.to_list() and spec["preprocessing"]["image_size"] == model.image_size == 32
     special = model.special_tokens
-    assert manifest["special_tokens"] == {"bos": special.bos, "eos": special.eos, "banned": list(special.banned)}
-    assert manifest["decode"]["beam_size"] == model.decode_config.beam_size
+    assert [spec["special_tokens"][name] for name in ("bos", "eos")] == [special.bos, special.eos]
+    assert [spec["special_tokens"][name] for name in ("pad", "bos", "unk")] == list(special.banned)
+    assert spec["decode"]["beam_size"] == model.decode_config.beam_size
     kind = model.config.decoder.type
-    assert manifest["decoder"] == ({"type": "lstm", "layers": 1, "heads": 1} if kind == "lstm" else {"type": "transformer", "layers": 2, "heads": 2})
+    assert spec["decoder"]["type"] == kind
+    assert manifest["attention"] == ({"layers": 1, "heads": 1} if kind == "lstm" else {"layers": 2, "heads": 2})
     assert manifest["capacity"] == (None if kind == "lstm" else model.decode_config.max_length)
     assert manifest["state"] == (["h", "c"] if kind == "lstm" else ["k_0", "v_0", "k_1", "v_1", "pos"])
     for graph, entry in manifest["files"].items():
@@ -325,17 +328,24 @@ def test_a_changed_or_missing_graph_is_one_line_naming_it(exported: Exported, tm
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        ({"format_version": 2}, r"onnx\.json: format_version 2 is another captioner version's ONNX format"),
+        ({"format_version": 3}, r"onnx\.json: format_version 3 is another captioner version's ONNX format"),
         ({"format": "something-else"}, r"onnx\.json: not a captioner ONNX export"),
-        ({"grid": "7x7"}, r"onnx\.json: field 'grid' is missing or malformed"),
-        ({"vocab": ["<pad>", "<bos>", "<eos>", "<unk>", "a"]}, r"onnx\.json: the step graph scores \d+ words, its vocab has 5"),
-        ({"special_tokens": {"bos": 1, "eos": 99, "banned": [0]}}, r"onnx\.json: special_tokens \[1, 99, 0\] are not all ids"),
+        ({"spec": "7x7"}, r"onnx\.json: field 'spec' is missing or malformed"),
+        ({"spec.grid": "7x7"}, r"onnx\.json \(spec\): grid must be \[h, w\], got '7x7'"),
+        ({"spec.vocab": ["<pad>", "<bos>", "<eos>", "<unk>", "a"]}, r"onnx\.json: the step graph scores \d+ words, its vocab has 5"),
+        ({"spec.special_tokens": {"pad": 0, "bos": 1, "eos": 99, "unk": 3}}, r"onnx\.json \(spec\): special_tokens .* are not the vocabulary's"),
     ],
 )
 def test_a_manifest_from_another_version_or_edited_is_refused_in_one_line(exported: Exported, tmp_path: Path, edit: dict, message: str) -> None:
     folder = copy_of(exported, tmp_path)
     manifest = json.loads((folder / "onnx.json").read_text())
-    (folder / "onnx.json").write_text(json.dumps({**manifest, **edit}))
+    for dotted, value in edit.items():  # "spec.grid": the grid inside the spec
+        *parents, key = dotted.split(".")
+        target = manifest
+        for name in parents:
+            target = target[name]
+        target[key] = value
+    (folder / "onnx.json").write_text(json.dumps(manifest))
     with pytest.raises(ExportError, match=message) as error:
         OnnxCaptioner.from_folder(folder)
     assert "\n" not in str(error.value)

@@ -1,13 +1,15 @@
 """An exported folder, checked: `onnx.json` read and validated, every graph's checksum compared,
 and the onnxruntime sessions made. Every problem is one `ExportError` line naming the file.
 
-The format (name and version) is the one `captioner.models.onnx_export` writes; the two modules
-may not import each other (models and deploy are independent layers), so each states it and
-tests/test_onnx.py holds them equal.
+The format (name and version) is declared once, in core/model_spec.py, beside the model spec that
+onnx.json carries (`captioner.models.onnx_export` writes it; models and deploy may not import each
+other). A bundle of format 1, written before the spec, spread the model's vocabulary, special ids,
+input size, grid and decoding defaults over top-level fields; it is still read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -17,38 +19,44 @@ from typing import Any
 import onnxruntime as ort
 
 from captioner.core.checksums import verify_file
-from captioner.core.errors import CaptionerError, ExportError
+from captioner.core.errors import CaptionerError, ConfigError, ExportError
+from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION, ModelSpec, SpecialIds
 from captioner.text.vocab import Vocabulary
 
-FORMAT_NAME = "captioner-onnx"
-FORMAT_VERSION = 1
+LEGACY_VERSION = 1  # still read: the model's fields at the top level, no spec
 MANIFEST = "onnx.json"
 GRAPHS = ("encoder", "decoder_init", "decoder_step")
 
 # The fields the runtime reads, with the JSON types each must have.
-REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
+GRAPH_FIELDS: dict[str, type | tuple[type, ...]] = {
     "files": dict,
     "graphs": dict,
     "memory": list,
     "state": list,
     "capacity": (int, type(None)),
-    "vocab": list,
-    "special_tokens": dict,
-    "image_size": int,
-    "grid": list,
-    "decoder": dict,
-    "decode": dict,
+}
+REQUIRED_FIELDS: dict[int, dict[str, type | tuple[type, ...]]] = {
+    ONNX_FORMAT_VERSION: {**GRAPH_FIELDS, "spec": dict},
+    LEGACY_VERSION: {
+        **GRAPH_FIELDS, "vocab": list, "special_tokens": dict, "image_size": int, "grid": list, "decoder": dict, "decode": dict,
+    },
 }
 
 
 @dataclass
 class Bundle:
-    """A checked export: its manifest, vocabulary and one session per graph."""
+    """A checked export: its manifest, the model it holds (what the runtime reads of its spec)
+and one session per graph."""
 
     folder: Path  # the folder holding onnx.json
     manifest: dict[str, Any]
     vocab: Vocabulary
     sessions: dict[str, ort.InferenceSession]
+    spec: ModelSpec | None  # None in a bundle of format 1, written before the spec
+    image_size: int
+    grid: tuple[int, int]  # (h, w) of the encoder's feature grid
+    special: SpecialIds
+    decode: dict[str, Any]  # the model's decoding defaults (its config's decode section)
 
     def path(self, graph: str) -> Path:
         return self.folder / self.manifest["files"][graph]["path"]
@@ -73,16 +81,17 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise ExportError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ExportError(f"{path}: cannot be read ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+    if not isinstance(manifest, dict) or manifest.get("format") != ONNX_FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ExportError(f"{path}: not a captioner ONNX export (format {found!r}, expected {FORMAT_NAME!r})")
+        raise ExportError(f"{path}: not a captioner ONNX export (format {found!r}, expected {ONNX_FORMAT!r})")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in REQUIRED_FIELDS or isinstance(version, bool):
         raise ExportError(
             f"{path}: format_version {version!r} is another captioner version's ONNX format (this one reads "
-            f"{FORMAT_VERSION}; exported by captioner {manifest.get('captioner_version', '?')}): re-export the checkpoint"
+            f"{LEGACY_VERSION} and {ONNX_FORMAT_VERSION}; exported by captioner {manifest.get('captioner_version', '?')}): "
+            "re-export the checkpoint"
         )
-    for field, kind in REQUIRED_FIELDS.items():
+    for field, kind in REQUIRED_FIELDS[version].items():
         if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
             raise ExportError(f"{path}: field {field!r} is missing or malformed")
     for graph in GRAPHS:
@@ -93,12 +102,56 @@ def read_manifest(path: Path) -> dict[str, Any]:
             raise ExportError(f"{path}: files.{graph}.path must be a file name beside onnx.json, got {entry['path']!r}")
         if not (isinstance(names, dict) and all(isinstance(names.get(k), list) for k in ("inputs", "outputs"))):
             raise ExportError(f"{path}: graphs.{graph} must list the graph's inputs and outputs")
+    if version == LEGACY_VERSION:
+        check_legacy_fields(manifest, path)
+    return manifest
+
+
+def check_legacy_fields(manifest: dict[str, Any], path: Path) -> None:
+    """A format-1 manifest's model fields: grid [h, w], and the bos, eos and banned ids."""
     if not (len(manifest["grid"]) == 2 and all(isinstance(x, int) and x > 0 for x in manifest["grid"])):
         raise ExportError(f"{path}: grid must be [h, w], got {manifest['grid']!r}")
     special = manifest["special_tokens"]
     if not (isinstance(special.get("bos"), int) and isinstance(special.get("eos"), int) and isinstance(special.get("banned"), list)):
         raise ExportError(f"{path}: special_tokens must give bos, eos and banned ids")
-    return manifest
+
+
+def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec | None, Vocabulary, SpecialIds, int, tuple[int, int], dict]:
+    """What the runtime reads of the model: its spec (format 1: none), vocabulary, special ids,
+    input size, grid and decoding defaults; one ExportError naming `path` when they do not hold."""
+    if manifest["format_version"] == LEGACY_VERSION:
+        return (None, legacy_vocab(manifest, path), legacy_special(manifest, path), manifest["image_size"],
+                (manifest["grid"][0], manifest["grid"][1]), dict(manifest["decode"]))
+    try:
+        spec = ModelSpec.from_dict(manifest["spec"], f"{path} (spec)")
+    except ConfigError as e:
+        raise ExportError(str(e)) from None
+    if spec.grid is None:
+        raise ExportError(f"{path}: spec.grid must be [h, w], got None")
+    try:
+        vocab = Vocabulary(list(spec.vocab))
+    except CaptionerError as e:
+        raise ExportError(f"{path}: spec.vocab: {e}") from None
+    return spec, vocab, spec.special, spec.preprocessing.image_size, spec.grid, dataclasses.asdict(spec.decode)
+
+
+def legacy_vocab(manifest: dict[str, Any], path: Path) -> Vocabulary:
+    try:
+        return Vocabulary(manifest["vocab"])
+    except CaptionerError as e:
+        raise ExportError(f"{path}: vocab: {e}") from None
+
+
+def legacy_special(manifest: dict[str, Any], path: Path) -> SpecialIds:
+    """A format-1 manifest's bos, eos and banned ids, which must be the vocabulary's (its first four words)."""
+    special, size = manifest["special_tokens"], len(manifest["vocab"])
+    ids = [special["bos"], special["eos"], *special["banned"]]
+    if not all(isinstance(i, int) and 0 <= i < size for i in ids):
+        raise ExportError(f"{path}: special_tokens {ids} are not all ids of its {size}-word vocab")
+    known = SpecialIds(0, 1, 2, 3)
+    if (special["bos"], special["eos"], tuple(special["banned"])) != (known.bos, known.eos, known.banned):
+        raise ExportError(f"{path}: special_tokens {ids} are not its vocab's <bos>, <eos> and <pad>, <bos>, <unk>")
+    return known
 
 
 def available_cores() -> int:
@@ -141,14 +194,7 @@ def load_bundle(folder: str | Path, threads: int | None = None) -> Bundle:
     its three sessions on the CPU."""
     manifest_path = find_manifest(folder)
     manifest = read_manifest(manifest_path)
-    try:
-        vocab = Vocabulary(manifest["vocab"])
-    except CaptionerError as e:
-        raise ExportError(f"{manifest_path}: vocab: {e}") from None
-    special = manifest["special_tokens"]
-    ids = [special["bos"], special["eos"], *special["banned"]]
-    if not all(isinstance(i, int) and 0 <= i < len(vocab) for i in ids):
-        raise ExportError(f"{manifest_path}: special_tokens {ids} are not all ids of its {len(vocab)}-word vocab")
+    spec, vocab, special, image_size, grid, decode = read_model(manifest, manifest_path)
     sessions = {
         graph: open_session(
             manifest_path.parent / manifest["files"][graph]["path"], manifest_path, manifest["files"][graph]["sha256"],
@@ -159,4 +205,4 @@ def load_bundle(folder: str | Path, threads: int | None = None) -> Bundle:
     logprobs = sessions["decoder_step"].get_outputs()[0].shape  # ["batch", V]
     if logprobs[-1] != len(vocab):
         raise ExportError(f"{manifest_path}: the step graph scores {logprobs[-1]} words, its vocab has {len(vocab)}")
-    return Bundle(manifest_path.parent, manifest, vocab, sessions)
+    return Bundle(manifest_path.parent, manifest, vocab, sessions, spec, image_size, grid, special, decode)

@@ -68,19 +68,19 @@ class OnnxCaptioner:
         manifest = bundle.manifest
         self.bundle = bundle
         self.vocab = bundle.vocab
-        self.image_size: int = manifest["image_size"]
-        self.grid: tuple[int, int] = (int(manifest["grid"][0]), int(manifest["grid"][1]))
+        self.image_size: int = bundle.image_size
+        self.grid: tuple[int, int] = bundle.grid
         self.capacity: int | None = manifest["capacity"]
-        self.decode_defaults: dict[str, Any] = dict(manifest["decode"])
+        self.decode_defaults: dict[str, Any] = dict(bundle.decode)
         self.memory_names = [f"memory.{k}" for k in manifest["memory"]]
         self.state_names = [f"state.{k}" for k in manifest["state"]]
-        special = manifest["special_tokens"]
+        special = bundle.special
         V = len(self.vocab)
         banned = np.zeros(V, dtype=bool)  # (V,)
-        banned[special["banned"]] = True
+        banned[list(special.banned)] = True
         bad_endings = np.zeros(V, dtype=bool)  # (V,)
         bad_endings[list(bad_ending_ids(self.vocab.index))] = True
-        self.rules = TokenRules(special["bos"], special["eos"], banned, bad_endings)
+        self.rules = TokenRules(special.bos, special.eos, banned, bad_endings)
 
     @classmethod
     def from_folder(cls, folder: str | Path, threads: int | None = None) -> OnnxCaptioner:

@@ -33,15 +33,11 @@ from torch import nn
 import captioner
 from captioner.core.checksums import sha256_of
 from captioner.core.errors import ExportError
+from captioner.core.files import write_atomically
+from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import Decoder
-from captioner.models.export_format import write_atomically
 
-# What the runtime checks before it loads a graph (captioner/deploy/bundle.py reads the same
-# name and version; tests/test_onnx.py holds the two together, since models and deploy may not
-# import each other). Bump the version whenever the graphs' inputs, outputs or onnx.json change.
-FORMAT_NAME = "captioner-onnx"
-FORMAT_VERSION = 1
 DEFAULT_OPSET = 17
 DYNAMO_MIN_OPSET = 18  # the dynamo exporter writes opset 18 and later
 SUBFOLDER = "onnx"
@@ -233,10 +229,9 @@ def _dynamic_batch(spec: GraphSpec) -> dict[str, Any]:
 
 def _manifest(model: Captioner, specs: list[GraphSpec], paths: list[Path], opset: int, summary: dict) -> dict:
     """onnx.json: everything the runtime needs besides the graphs, and checksums of the graphs."""
-    special = model.special_tokens
     return {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format": ONNX_FORMAT,  # its version: bump it whenever the graphs' inputs, outputs or onnx.json change
+        "format_version": ONNX_FORMAT_VERSION,
         "captioner_version": captioner.__version__,
         "torch_version": torch.__version__,
         "opset": opset,
@@ -248,13 +243,8 @@ def _manifest(model: Captioner, specs: list[GraphSpec], paths: list[Path], opset
         "memory": summary["memory"],
         "state": summary["state"],
         "capacity": summary["capacity"],  # steps the step graph's state holds; null: no limit
-        "vocab": model.vocab.to_list(),
-        "special_tokens": {"bos": special.bos, "eos": special.eos, "banned": list(special.banned)},
-        "image_size": model.image_size,
-        "grid": summary["grid"],
-        "encoder": model.config.encoder.name,
-        "decoder": {"type": model.config.decoder.type, "layers": summary["layers"], "heads": summary["heads"]},
-        "decode": dataclasses.asdict(model.decode_config),
+        "attention": {"layers": summary["layers"], "heads": summary["heads"]},  # attn (B, L, H, N) of the step graph
+        "spec": model.spec(tuple(summary["grid"])).to_dict(),  # the model: vocabulary, special ids, input size, grid, decoding defaults
     }
 
 
