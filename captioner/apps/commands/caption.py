@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise CaptionerError(f"caption: {flag} looks inside one model; an ensemble (--ensemble) has several")
     args.checkpoint, args.images = named_model_and_images([args.checkpoint, *args.images] if args.checkpoint else args.images, args.runtime)
     if args.checkpoint is not None and args.runtime == "torch":
-        from captioner.models.checkpoint_format import checkpoint_file
+        from captioner.models.model_paths import checkpoint_file
 
         checkpoint_file(args.checkpoint)  # a model that is not there is said first
     paths = images_to_caption(args.images, default=args.checkpoint is None)  # before the model loads
@@ -200,7 +200,7 @@ def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, li
 
 def default_model() -> str:
     """The default model's path (what captions when no model is named)."""
-    from captioner.models.checkpoint_format import find_default_model  # torch: loaded once a model is
+    from captioner.models.default_model import find_default_model  # torch: loaded once a model is
 
     return str(find_default_model())
 
@@ -227,7 +227,8 @@ def is_image_input(item: str, runtime: str = "torch") -> bool:
 
 def image_folder(path: Path) -> bool:
     """A folder holding images and no model (no best.pt, last.pt or config.json): the images to caption."""
-    from captioner.models.checkpoint_format import CONFIG, RUN_CHECKPOINTS
+    from captioner.models.export_format import CONFIG
+    from captioner.models.model_paths import RUN_CHECKPOINTS
 
     if not path.is_dir() or any((path / name).is_file() for name in (*RUN_CHECKPOINTS, CONFIG)):
         return False

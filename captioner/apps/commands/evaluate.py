@@ -110,7 +110,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     from captioner.evaluation.evaluate import evaluate
     from captioner.evaluation.report import rounded, write_scores_json
     from captioner.models.checkpoint import model_settings
-    from captioner.models.checkpoint_format import checkpoint_file
+    from captioner.models.model_paths import checkpoint_file
 
     if not args.checkpoint:
         raise CaptionerError("evaluate: give a CHECKPOINT, or --results FILE --annotations FILE")

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from captioner.apps.demo.batcher import MAX_BATCH
 from captioner.apps.demo.cache import private_cache
 from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, wait_for_callbacks
-from captioner.models.checkpoint_format import checkpoint_file, find_default_model
+from captioner.models.default_model import find_default_model
+from captioner.models.model_paths import checkpoint_file
 from captioner.models.export_format import is_exported
 
 if TYPE_CHECKING:
