@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from captioner.models.caption import Caption
+    from captioner.models.caption_result import Caption
     from captioner.models.captioner import Captioner
     from captioner.models.checkpoint import default_model, load_captioner
     from captioner.models.decoding import DecodeOptions
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "Caption": "captioner.models.caption",
+    "Caption": "captioner.models.caption_result",
     "Captioner": "captioner.models.captioner",
     "DecodeOptions": "captioner.models.decoding",
     "default_model": "captioner.models.checkpoint",

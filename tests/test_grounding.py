@@ -15,7 +15,7 @@ from captioner.evaluation.grounding import (
     grounding_score,
     shapes_regions,
 )
-from captioner.models.caption import Caption
+from captioner.models.caption_result import Caption
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ from captioner.text.endings import bad_ending_ids
 
 @dataclass
 class OnnxCaption:
-    """One image's caption, as `captioner.models.caption.Caption` holds it, in numpy."""
+    """One image's caption, as `captioner.models.caption_result.Caption` holds it, in numpy."""
 
     text: str
     words: list[str]

@@ -33,7 +33,7 @@ from captioner.evaluation.report import rounded
 from captioner.evaluation.results_files import Predictions, References, write_results
 from captioner.evaluation.tutorial_bleu import LABEL as TUTORIAL_LABEL
 from captioner.evaluation.tutorial_bleu import nltk_corpus_bleu, tokenized
-from captioner.models.caption import Caption
+from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.ensemble import Ensemble
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from captioner.core.errors import DatasetError
-from captioner.models.caption import Caption, upsample
+from captioner.models.caption_result import Caption, upsample
 
 # COCO category -> words or phrases that name it in captions (singular and plural), after Lu et
 # al.'s Neural Baby Talk lists, trimmed to common words. Words that often name something else are

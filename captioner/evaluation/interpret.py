@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from captioner.evaluation.grounding import Instances, word_regions
-from captioner.models.caption import Caption, upsample
+from captioner.models.caption_result import Caption, upsample
 from captioner.models.captioner import Captioner
 
 TOLERANCE = 15  # pixels: the pointing game's usual tolerance

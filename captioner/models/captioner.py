@@ -22,7 +22,7 @@ from captioner.core.errors import CheckpointError, ConfigError, ExportError, Ima
 from captioner.core.runtime import resolve_device
 from captioner.data.images import ImageTransform, load_image
 from captioner.data.pictures import ImageInput, picture_batches
-from captioner.models.caption import Caption
+from captioner.models.caption_result import Caption
 from captioner.core.model_spec import ModelSpec, Preprocessing, SpecialIds
 from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
 from captioner.models.model_paths import checkpoint_file

@@ -17,7 +17,7 @@ from PIL import Image  # noqa: E402
 
 from captioner.core.errors import CaptionerError  # noqa: E402
 from captioner.core.files import write_atomically  # noqa: E402
-from captioner.models.caption import Caption, upsample  # noqa: E402
+from captioner.models.caption_result import Caption, upsample  # noqa: E402
 from captioner.viz.overlays import overlay, save_attention_figure  # noqa: E402
 
 HEAD_COLOURS = plt.get_cmap("tab10")

@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter, ImageFont
 
 from captioner.core.files import write_atomically
-from captioner.models.caption import Caption, upsample
+from captioner.models.caption_result import Caption, upsample
 
 PANEL_SIDE = 216  # px: a panel's longer side (the 2.4-inch panels of the former matplotlib figure at 90 dpi)
 GAP = 12  # px of white between panels: what keeps them apart on the sheet

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither 
     from PIL import Image
 
     from captioner.deploy import OnnxCaptioner
-    from captioner.models.caption import Caption
+    from captioner.models.caption_result import Caption
     from captioner.models.captioner import Captioner
     from captioner.models.ensemble import Ensemble
     from captioner.viz.figures import FigureRequest
@@ -177,7 +177,7 @@ def refuse_if_none_captioned(paths: list[Path], results: Sequence[object]) -> No
 def check_map_choice(layer: int, head: int | None, results: Sequence[object]) -> None:
     """--layer and --head within the model's attention maps (known from a caption's: (T, L, H, ...)),
     said in one line before anything is printed or drawn."""
-    from captioner.models.caption import Caption
+    from captioner.models.caption_result import Caption
 
     first = next((r[0] if isinstance(r, list) else r for r in results if not isinstance(r, ImageLoadError)), None)
     if not isinstance(first, Caption) or first.attn.dim() < 3:

@@ -19,7 +19,7 @@ from typing import Any
 
 from PIL import Image
 
-from captioner.models.caption import Caption
+from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
 
 # Images per batch: past this, on two cores, a larger batch adds latency more than throughput

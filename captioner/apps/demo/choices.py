@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from captioner.models.caption import Caption
+from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
 
 MEAN = "mean"  # the head choice that averages the heads

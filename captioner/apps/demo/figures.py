@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from captioner.apps.demo.choices import maps_label, parse_layer_head, word_position
-from captioner.models.caption import Caption
+from captioner.models.caption_result import Caption
 from captioner.viz.overlays import save_attention_figure
 
 FIGURE_LOCK = threading.Lock()  # pyplot's global state: one transformer view at a time
