@@ -200,7 +200,7 @@ def floats(value: Any, name: str, source: str) -> tuple[float, ...] | None:
 def grid_of(value: Any, source: str) -> tuple[int, int] | None:
     if value is None:
         return None
-    if not (isinstance(value, list) and len(value) == 2 and all(positive_int(x, "grid", source) for x in value)):
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value)):
         raise ConfigError(f"{source}: grid must be [h, w], got {value!r}")
     return (value[0], value[1])
 

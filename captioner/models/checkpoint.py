@@ -1,4 +1,5 @@
-"""Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically, loaded with weights_only.
+"""Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically,
+loaded with weights_only.
 
 A checkpoint holds only tensors and plain Python data (no pickled modules or classes), so
 `torch.load(path, weights_only=True)` reads it and loading can never run code; it carries its
