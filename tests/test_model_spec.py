@@ -12,7 +12,8 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from captioner.core.config import DECODER_CONFIGS, DecoderConfig, LSTMDecoderConfig, TransformerDecoderConfig
+from captioner.core.config import DecoderConfig
+from captioner.core.decoder_configs import DECODER_CONFIGS, LSTMDecoderConfig, TransformerDecoderConfig
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.core.model_spec import SPEC_VERSION, ModelSpec
 from captioner.models.captioner import Captioner

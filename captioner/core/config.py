@@ -23,6 +23,7 @@ import yaml
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import DecodeOption, combination_problem
+from captioner.core.decoder_configs import DECODER_CONFIGS, DecoderSettings
 from captioner.core.errors import ConfigError
 from captioner.core.specs import Choice, Flag, Range, Spec, Text
 
@@ -113,39 +114,6 @@ class EncoderConfig:
     grid_size: int = setting(0, Range(ge=0, le=64))  # adaptive-pool the feature map to grid_size x grid_size; 0 keeps it
     fine_tune_blocks: int = setting(0, Range(ge=-1))  # pretrained backbones: train the top N blocks (0 = frozen, -1 = all)
     width: int = setting(32, POSITIVE)  # small_cnn: channels of the first block (doubled at each of 4 blocks)
-
-
-@dataclass(frozen=True)
-class LSTMDecoderConfig:
-    """What the `lstm` decoder reads of `model.decoder` (Show, Attend and Tell)."""
-
-    embed_dim: int
-    hidden_dim: int
-    attention_dim: int
-    dropout: float
-
-
-@dataclass(frozen=True)
-class TransformerDecoderConfig:
-    """What the `transformer` decoder reads of `model.decoder` (its words embed at d_model)."""
-
-    d_model: int
-    num_layers: int
-    num_heads: int
-    ff_dim: int
-    dropout: float
-    norm_first: bool
-    tie_embeddings: bool
-    grid_position_encoding: bool
-
-
-DecoderSettings = LSTMDecoderConfig | TransformerDecoderConfig
-# The decoders by name, each with the config class of the keys it reads; models/spec.py adds
-# the builder of each (core may not import torch).
-DECODER_CONFIGS: dict[str, type[LSTMDecoderConfig] | type[TransformerDecoderConfig]] = {
-    "lstm": LSTMDecoderConfig,
-    "transformer": TransformerDecoderConfig,
-}
 
 
 @dataclass

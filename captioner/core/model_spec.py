@@ -15,15 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from captioner.core.config import (
-    Config,
-    DecodeConfig,
-    DecoderConfig,
-    DecoderSettings,
-    EncoderConfig,
-    ModelConfig,
-    config_from_dict,
-)
+from captioner.core.config import Config, DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig, config_from_dict
+from captioner.core.decoder_configs import DecoderSettings
 from captioner.core.errors import ConfigError
 
 SPEC_VERSION = 1  # of the `spec` object; bump when a field's meaning changes
@@ -68,7 +61,7 @@ class ModelSpec:
 
     encoder: EncoderConfig
     preprocessing: Preprocessing
-    decoder: DecoderSettings  # the decoder's own config class (core.config.DECODER_CONFIGS)
+    decoder: DecoderSettings  # the decoder's own config class (core/decoder_configs.py)
     vocab: tuple[str, ...]
     special: SpecialIds
     decode: DecodeConfig

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from captioner.core.config import DECODER_CONFIGS, LSTMDecoderConfig, TransformerDecoderConfig
+from captioner.core.decoder_configs import DECODER_CONFIGS, LSTMDecoderConfig, TransformerDecoderConfig
 from captioner.models.decoder import Decoder
 
 __all__ = ["DECODERS", "DecoderEntry", "build_decoder"]
