@@ -87,9 +87,9 @@ class Captioner(nn.Module):
 
         `path` is a checkpoint file, a run folder (its best.pt, else its last.pt), a folder
         written by `save_pretrained` / `captioner export`, or a Hub repo id ("owner/name",
-        fetched with huggingface_hub; offline, from its cache). Only the model, input size and
-        decoding sections are read: a model trained with settings this version no longer
-        accepts still captions. No ImageNet weights are fetched: the weights file has them, or
+        fetched with huggingface_hub; offline, from its cache). Only the model's spec is read
+        (in a file from before the spec, its model, input size and decoding sections): a model
+        trained with settings this version no longer accepts still captions. No ImageNet weights are fetched: the weights file has them, or
         an export records that they are those its backbone's installed package holds (a
         packaged model's). Nothing is unpickled: checkpoints load with weights_only, exports
         are safetensors."""
