@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import DecodeOption, combination_problem
@@ -247,6 +246,7 @@ class Config:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults, then the YAML file, then `section.key=value` overrides, then validation."""
+    import yaml  # here, not at the top: the torch-free runtime reads model specs without PyYAML
     config = Config()
     source = "defaults"
     if path is not None:
@@ -266,6 +266,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 def apply_overrides(config: Config, overrides: list[str] | tuple[str, ...], source: str = "config", only: str | None = None) -> Config:
     """`section.key=value` overrides set on `config` (in place), then the whole config validated.
     `only` (a prefix such as "data.") refuses any other key in one line."""
+    import yaml
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key:
@@ -483,4 +484,5 @@ def validate(config: Config, source: str = "config") -> None:
 
 
 def dump_config(config: Config, path: str | Path) -> None:
+    import yaml
     Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
