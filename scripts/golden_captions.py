@@ -1,6 +1,5 @@
 """The golden captions: what today's models say, written to tests/data/golden/captions.json, so that
-a refactor of the model description, the decoding or the exports (issue 52) can show it changed
-nothing: tests/test_golden_captions.py decodes them again and compares, byte for byte on the
+a refactor of the model description, the decoding or the exports can show it changed nothing: tests/test_golden_captions.py decodes them again and compares, byte for byte on the
 machine that wrote the file.
 
     python scripts/golden_captions.py             # rewrite captions.json from the committed models

@@ -1,4 +1,4 @@
-"""The golden captions (issue 52's safety net): the models in tests/data/golden/, written before the
+"""The golden captions, the safety net of a refactor: the models in tests/data/golden/, written before the
 model description, the decoding and the exports were refactored, still load and still say exactly
 what tests/data/golden/captions.json records, for every decoding of scripts/golden_captions.py
 (greedy, beam, n-best, length penalty with trigram blocking, the ending rule, diverse groups,
@@ -57,7 +57,8 @@ def assert_as_recorded(got: dict[str, Any], want: dict[str, Any], what: str) -> 
     assert list(got) == list(want), f"{what}: other decodings than recorded"
     if same_machine():
         for name in want:
-            assert got[name] == want[name], f"{what}, {name}: not the recorded captions (byte for byte on {EXPECTED['made_on']})"
+            assert got[name] == want[name], f"{what}, {name}: not the recorded captions (byte for byte on {EXPECTED['made_on']}): " \
+                                            f"{first_difference(got[name], want[name])}"
         return
     for name in want:
         pairs = [(g, w) for image in want[name] for g, w in zip(got[name][image], want[name][image], strict=True)]
@@ -70,6 +71,17 @@ def assert_as_recorded(got: dict[str, Any], want: dict[str, Any], what: str) -> 
         assert not far, f"{what}, {name}: scores beyond {SCORE_TOLERANCE} of the recorded ones: {far}"
 
 
+def first_difference(got: dict[str, list[dict]], want: dict[str, list[dict]]) -> str:
+    """The first caption that differs from the record, and how, for the failure message."""
+    for image, captions in want.items():
+        for rank, (g, w) in enumerate(zip(got.get(image, []), captions)):
+            if g != w:
+                return f"{image} #{rank}: got {g}, recorded {w}"
+        if len(got.get(image, [])) != len(captions):
+            return f"{image}: {len(got.get(image, []))} captions, recorded {len(captions)}"
+    return f"other images: {sorted(got)} (recorded {sorted(want)})"
+
+
 def pictures() -> list[Path]:
     found = sorted(Path(SCRIPT["PICTURES"]).glob("*.png"))
     assert [p.name for p in found] == EXPECTED["pictures"]
@@ -80,7 +92,7 @@ def test_the_old_model_files_are_the_ones_recorded() -> None:
     """The checkpoints, the export and its ONNX bundle from before the refactor are still those
     files (checksums), and their state dicts, read with weights_only and safetensors alone,
     hold the names and shapes recorded."""
-    assert SCRIPT["file_checksums"]() == EXPECTED["files"], "tests/data/golden/: the files from before issue 52 were changed"
+    assert SCRIPT["file_checksums"]() == EXPECTED["files"], "tests/data/golden/: the model files from before the refactor were changed (never rewrite them)"
     assert SCRIPT["stored_layouts"]() == EXPECTED["layouts"]
     assert SCRIPT["DECODINGS"] == EXPECTED["decodings"]
 
