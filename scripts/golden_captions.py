@@ -21,7 +21,9 @@ decoding in DECODINGS, each with its token ids, text and score as repr(float); t
 the committed ONNX bundle when onnxruntime is installed (the test also holds a fresh ONNX export
 of today's code to them); the state dicts' names and shapes and the sha256 of every committed model
 file (they are the "from before" files: never rewrite them after the format changed); and
-machine_key() as "made_on".
+machine_key() as "made_on". The captions are decoded on one thread with the dense layers'
+products pinned to oneDNN's route where torch has it (`pinned_arithmetic`), whichever route the
+machine's timing would pick; "onednn_products" records whether it was taken.
 
 Note: `--models` is not reproducible on another machine, or another torch; after it, the test's
 "old format" files are today's, which is the point only before a format change.
@@ -35,6 +37,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -219,15 +223,39 @@ def has_onnxruntime() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 
 
+@contextmanager
+def pinned_arithmetic() -> Iterator[bool]:
+    """One thread, and the dense layers' products through oneDNN where this torch has it: a
+    route otherwise chosen by timing it (models/products.py), which sums in another order than
+    F.linear and so would change the last bits of the scores from one measurement to the next.
+    Yields whether the oneDNN route is taken; puts both settings back after."""
+    import torch
+
+    from captioner.models import products
+
+    threads, kept = torch.get_num_threads(), (products._ENABLED, products._CHECKED)
+    torch.set_num_threads(1)
+    products.set_onednn(True)
+    try:
+        yield products.route_taken()
+    finally:
+        torch.set_num_threads(threads)
+        products._ENABLED, products._CHECKED = kept
+
+
 def golden_record(shared: Path | None, onnx: bool) -> dict[str, Any]:
     """Everything captions.json holds, computed now from the committed files (and `shared`)."""
+    with pinned_arithmetic() as onednn:
+        return {**_golden_record(shared, onnx), "onednn_products": onednn}
+
+
+def _golden_record(shared: Path | None, onnx: bool) -> dict[str, Any]:
     import torch
 
     from captioner import default_model
     from captioner.core.machine_cache import machine_key
     from captioner.models.captioner import Captioner
 
-    torch.set_num_threads(1)
     pictures = sorted(PICTURES.glob("*.png"))
     record: dict[str, Any] = {"made_on": machine_key(), "torch": torch.__version__, "decodings": DECODINGS,
                               "pictures": [p.name for p in pictures], "layouts": stored_layouts(), "files": file_checksums(), "shapes": {}}

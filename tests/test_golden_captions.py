@@ -5,8 +5,9 @@ what tests/data/golden/captions.json records, for every decoding of scripts/gold
 cut-off beams, seeded sampling), both decoders, the checkpoint, the export, the ONNX bundle through
 the torch-free runtime and the packaged model on Flickr8k photographs.
 
-On the machine (processor, cores, torch) that wrote the file, the record is equal byte for byte:
-texts, token ids and every score as repr(float). Elsewhere, where other kernels sum in other orders
+On the machine (processor, cores, torch) that wrote the file, on one thread and the same route
+for the dense layers' products, the record is equal byte for byte: texts, token ids and every score
+as repr(float). Elsewhere, where other kernels sum in other orders
 (tests/test_packaged_captions.py's reasoning), greedy captions are worded the same, every score of a
 caption worded the same is within SCORE_TOLERANCE of the recorded one, and at most one caption in
 six of the other decodings is worded otherwise (a near tie in a beam or a draw may fall the other
@@ -37,18 +38,20 @@ SHAPES_MODELS = ["lstm", "transformer", "export_lstm"]
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """The record was made on one thread: the same summation order, the same bits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def pinned_arithmetic():
+    """As the record was made: one thread, the dense layers' products on the route it names
+    (timing would pick one per test session, and the two routes differ in the last bits)."""
+    with SCRIPT["pinned_arithmetic"]() as onednn:
+        yield onednn
 
 
 def same_machine() -> bool:
+    """Whether the captions must be the recorded ones byte for byte: the same processor, cores and
+    torch, and the same products route (CAPTIONER_ONEDNN=0 turns it off)."""
     from captioner.core.machine_cache import machine_key
+    from captioner.models import products
 
-    return machine_key() == EXPECTED["made_on"]
+    return machine_key() == EXPECTED["made_on"] and products.route_taken() == EXPECTED["onednn_products"]
 
 
 def assert_as_recorded(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
