@@ -134,3 +134,21 @@ def test_the_packaged_model_captions_flickr8k_photographs_as_recorded(shared_dat
     model = default_model("cpu")
     assert model.origin.name == EXPECTED["flickr8k"]["model"]
     assert_as_recorded(SCRIPT["caption_all"](model, photos), EXPECTED["flickr8k"]["captions"], "the packaged model")
+
+
+@pytest.mark.parametrize("name, writer", [("lstm", "save_pretrained"), ("transformer", "save_pretrained"), ("transformer", "save_checkpoint")])
+def test_an_old_model_written_again_today_captions_as_recorded(name: str, writer: str, tmp_path: Path) -> None:
+    """An old model loaded and written again by today's code, as an export or a checkpoint, reads
+    back to the same captions: what the writers write, the loaders read whole."""
+    from captioner.models.captioner import Captioner
+    from captioner.models.checkpoint import save_checkpoint
+
+    model = Captioner.from_pretrained(SCRIPT["CHECKPOINTS"][name], device="cpu")
+    path = tmp_path / "model.pt" if writer == "save_checkpoint" else tmp_path / "export"
+    if writer == "save_checkpoint":
+        save_checkpoint(path, model)
+    else:
+        model.save_pretrained(path)
+    again = Captioner.from_pretrained(path, device="cpu")
+    assert SCRIPT["layout"](again.state_dict()) == EXPECTED["layouts"][name]
+    assert_as_recorded(SCRIPT["caption_all"](again, pictures()), EXPECTED["shapes"][name], f"{name} after {writer}")
