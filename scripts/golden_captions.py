@@ -151,10 +151,10 @@ def stored_layouts() -> dict[str, dict[str, list[int]]]:
 
 def file_checksums() -> dict[str, str]:
     """sha256 of every committed model file (relative path -> hex), pictures included."""
-    from captioner.core.checksums import sha256_of
+    import hashlib
 
     files = sorted(p for p in GOLDEN.rglob("*") if p.is_file() and p != CAPTIONS and p.name != "README.md")
-    return {p.relative_to(GOLDEN).as_posix(): sha256_of(p) for p in files}
+    return {p.relative_to(GOLDEN).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def record_caption(caption: Any) -> dict[str, Any]:
@@ -163,24 +163,15 @@ def record_caption(caption: Any) -> dict[str, Any]:
 
 
 def caption_all(model: Any, images: list) -> dict[str, Any]:
-    """Every decoding of DECODINGS on `images` (paths) with a torch Captioner: name -> per image
-    a list of captions, best first (one unless n_best)."""
-    import torch
-
-    batch = torch.stack([model.transform(model_picture(path)) for path in images])  # (B, 3, S, S) uint8
+    """Every decoding of DECODINGS on `images` (paths) with a torch Captioner, through its public
+    `caption_files` (one batch): name -> image name -> its captions, best first (one unless n_best)."""
     out: dict[str, Any] = {}
     for name, options in DECODINGS.items():
         options = dict(options)
         n_best = options.pop("n_best", 1)
-        ranked = model.caption_images(batch, n_best=n_best, **options)
-        out[name] = {Path(path).name: [record_caption(c) for c in captions] for path, captions in zip(images, ranked)}
+        ranked = model.caption_files([str(p) for p in images], n_best=n_best, **options)
+        out[name] = {Path(path).name: [record_caption(c) for c in captions] for path, captions in zip(images, ranked, strict=True)}
     return out
-
-
-def model_picture(path: Path) -> Any:
-    from captioner.data.images import load_image
-
-    return load_image(path)
 
 
 def onnx_captions(folder: Path, images: list) -> dict[str, Any]:
@@ -199,7 +190,7 @@ def onnx_captions(folder: Path, images: list) -> dict[str, Any]:
 
 def fresh_onnx_export(work: Path) -> Path:
     """export_lstm's model exported to ONNX again by today's code, into `work`."""
-    from captioner.models.captioner import Captioner
+    from captioner import Captioner
     from captioner.models.onnx_export import export_onnx
 
     export_onnx(Captioner.from_pretrained(EXPORT, device="cpu"), work)
@@ -252,9 +243,8 @@ def golden_record(shared: Path | None, onnx: bool) -> dict[str, Any]:
 def _golden_record(shared: Path | None, onnx: bool) -> dict[str, Any]:
     import torch
 
-    from captioner import default_model
+    from captioner import Captioner, default_model
     from captioner.core.machine_cache import machine_key
-    from captioner.models.captioner import Captioner
 
     pictures = sorted(PICTURES.glob("*.png"))
     record: dict[str, Any] = {"made_on": machine_key(), "torch": torch.__version__, "decodings": DECODINGS,

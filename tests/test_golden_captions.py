@@ -102,7 +102,7 @@ def test_the_old_model_files_are_the_ones_recorded() -> None:
 
 @pytest.mark.parametrize("name", SHAPES_MODELS)
 def test_old_shapes_models_load_and_caption_as_recorded(name: str) -> None:
-    from captioner.models.captioner import Captioner
+    from captioner import Captioner
 
     path = {**SCRIPT["CHECKPOINTS"], "export_lstm": SCRIPT["EXPORT"]}[name]
     model = Captioner.from_pretrained(path, device="cpu")
@@ -140,7 +140,7 @@ def test_the_packaged_model_captions_flickr8k_photographs_as_recorded(shared_dat
 def test_an_old_model_written_again_today_captions_as_recorded(name: str, writer: str, tmp_path: Path) -> None:
     """An old model loaded and written again by today's code, as an export or a checkpoint, reads
     back to the same captions: what the writers write, the loaders read whole."""
-    from captioner.models.captioner import Captioner
+    from captioner import Captioner
     from captioner.models.checkpoint import save_checkpoint
 
     model = Captioner.from_pretrained(SCRIPT["CHECKPOINTS"][name], device="cpu")
