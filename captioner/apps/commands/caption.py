@@ -26,6 +26,7 @@ from captioner.apps.arguments import (
     load_model,
     takes,
 )
+from captioner.apps.prerequisites import writable_folder
 from captioner.core.errors import CaptionerError, ImageLoadError
 
 if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither torch nor matplotlib
@@ -100,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
 
         checkpoint_file(args.checkpoint)  # a model that is not there is said first
     paths = images_to_caption(args.images, default=args.checkpoint is None)  # before the model loads
+    for flag in ("heatmaps", "self_attention", "head_grid"):
+        if getattr(args, flag):
+            writable_folder(getattr(args, flag), f"caption --{flag.replace('_', '-')}")
     args.checkpoint = args.checkpoint or default_model()
     model = onnx_model(args) if args.runtime == "onnx" else load_model("caption", args.checkpoint, args)
     options = decode_options(args)
