@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from captioner.apps.arguments import said_by_an_error
 from captioner.core.config import Config, DataConfig
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, DatasetError
 
@@ -24,7 +25,6 @@ def require_official_metrics(spice: bool = False) -> None:
     (downloaded now if need be: a command that asked for SPICE does not go without it)."""
     import pycocoevalcap  # noqa: F401
 
-    from captioner.apps.arguments import said_by_an_error
     from captioner.evaluation.java import check_java, ensure_spice_models
 
     try:
