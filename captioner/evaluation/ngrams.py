@@ -36,6 +36,7 @@ BLEU_TINY, BLEU_SMALL = 1e-15, 1e-9
 NGram = tuple[Hashable, ...]
 NgramCounts = Counter  # n-gram (a tuple of 1..n tokens) -> count in one caption
 Number = TypeVar("Number")  # a float, a numpy array or a torch tensor
+Key = TypeVar("Key", bound=Hashable)  # an n-gram, or a word where only unigrams are counted
 
 
 def ngram_counts(tokens: Sequence[Hashable], n: int = MAX_N) -> NgramCounts:
@@ -99,9 +100,9 @@ def bleu_clip(hyp_count: Number, max_ref_count: Number) -> Number:
     return min(hyp_count, max_ref_count) if isinstance(hyp_count, int) else hyp_count.clip(max=max_ref_count)
 
 
-def max_reference_counts(refs: Iterable[NgramCounts]) -> dict[NGram, int]:
+def max_reference_counts(refs: Iterable[Mapping[Key, int]]) -> dict[Key, int]:
     """Per n-gram, the most any one reference has of it: the cap on a hypothesis's matches."""
-    maxima: dict[NGram, int] = {}
+    maxima: dict[Key, int] = {}
     for counts in refs:
         for gram, count in counts.items():
             if count > maxima.get(gram, 0):
