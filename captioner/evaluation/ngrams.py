@@ -1,6 +1,7 @@
-"""The n-gram core of BLEU and CIDEr-D, as pycocoevalcap defines them: one definition that the
-evaluation's scorers (`scorers`), the CPU reward (`training/host_reward.py`) and the device reward
-(`training/device_reward.py`) all build on.
+"""The n-gram core of BLEU and CIDEr-D as pycocoevalcap defines them, shared by the scorers and both SCST rewards.
+
+The evaluation's scorers (`scorers`), the CPU reward (`training/host_reward.py`) and the device
+reward (`training/device_reward.py`) all build on these definitions:
 
 - counts: `ngram_counts`, a caption's 1..4-grams in pycocoevalcap's order (its `precook`);
 - document frequencies: `document_frequency` (per n-gram, the images whose references hold it)
