@@ -6,9 +6,10 @@ frequency once per occurrence, and fills a dynamic-programming table for each RO
 each caption's n-grams are counted once (`CountedCaptions`, shared by BLEU and CIDEr-D), each
 distinct n-gram's idf is computed once, and the longest common subsequence is a bit-parallel pass
 over one caption. The n-gram rules themselves (counts, document frequencies, CIDEr-D's clipping and
-length penalty, BLEU's clipping and smoothing) are `ngrams`', which the SCST rewards share. The formulas, their smoothing constants and the order of the floating-point operations
-per image follow pycocoevalcap's, so the scores agree with it to about 1e-15 (tests/test_scorers.py
-compares them on real COCO captions).
+length penalty, BLEU's clipping and smoothing) come from `ngrams`, which the SCST rewards share.
+The formulas, their smoothing constants and the order of the floating-point operations per image
+follow pycocoevalcap's, so the scores agree with it to about 1e-15 (tests/test_scorers.py compares
+them on real COCO captions).
 
 Every scorer takes captions already tokenised and joined by spaces, as pycocoevalcap's PTB
 tokenizer returns them, and splits them the way pycocoevalcap's scorer does (BLEU and CIDEr-D on
