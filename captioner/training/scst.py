@@ -23,8 +23,8 @@ reshapes it.
 
 A step reads nothing back from the device (tests/test_sync.py): sampling and the greedy baseline
 run `max_length` steps with finished rows masked, the CIDEr-D reward is computed by torch ops on
-the samples' device from a reference table shared by the ranks of a node (rewards.DeviceReward,
-captioner/training/reward_table.py), and the logged values stay device tensors (docs/scst_gpu.md).
+the samples' device from a reference table shared by the ranks of a node
+(`device_reward.DeviceReward`), and the logged values stay device tensors (docs/scst_gpu.md).
 
 `SelfCritical` is called like `train.caption_loss`, (model, batch, config, encoded) -> (loss,
 logged values), so `fit` only picks it for the stage and knows nothing else about it.
@@ -45,7 +45,7 @@ from captioner.models.captioner import Captioner
 from captioner.models.decoder import reads_are_free
 from captioner.models.decoding import EndingRule, SpecialTokens, greedy_captions, sample_captions, scored_by_teacher_forcing
 from captioner.text.vocab import Vocabulary
-from captioner.training.rewards import DeviceReward
+from captioner.training.device_reward import DeviceReward
 
 # (tokens (C, T), lengths (C,), dataset image indices (C,)) -> (C,) rewards on the tokens' device
 Reward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
