@@ -199,10 +199,10 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
         monkeypatch.setattr("captioner.apps.commands.evaluate.load_model", refuse("a model loaded before the prerequisites were checked"))
     if "no_spice_models" in setup:  # offline, and never downloaded: the library warns and scores without SPICE
         def offline() -> bool:
-            logging.getLogger("captioner.evaluation.java").warning("SPICE skipped: the Stanford CoreNLP 3.6.0 models are not here")
+            logging.getLogger("captioner.evaluation.spice_models").warning("SPICE skipped: the Stanford CoreNLP 3.6.0 models are not here")
             return False
 
-        monkeypatch.setattr("captioner.evaluation.java.ensure_spice_models", offline)
+        monkeypatch.setattr("captioner.evaluation.spice_models.ensure_spice_models", offline)
     if "no_pycocoevalcap" in setup:
         monkeypatch.setitem(sys.modules, "pycocoevalcap", None)  # import raises ModuleNotFoundError, as when the extra is left out
     if "no_gradio" in setup:
