@@ -35,15 +35,9 @@ from captioner.core.config import load_config  # noqa: E402
 from captioner.data.batching import CaptionDataset, collate_captions  # noqa: E402
 from captioner.data.images import ImageTransform  # noqa: E402
 from captioner.data.records import ImageRecord  # noqa: E402
-from captioner.data.store import (  # noqa: E402
-    FORMAT,
-    VERSION,
-    FeatureStore,
-    npy_header_bytes,
-    size_text,
-    store_files,
-    write_manifest,
-)
+from captioner.core.files import size_text  # noqa: E402
+from captioner.data.store_format import FORMAT, VERSION, npy_header_bytes, store_files, write_manifest  # noqa: E402
+from captioner.data.store_reader import FeatureStore  # noqa: E402
 from captioner.models.build import build_model  # noqa: E402
 from captioner.text.vocab import Vocabulary  # noqa: E402
 from captioner.training.loop import caption_loss  # noqa: E402

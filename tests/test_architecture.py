@@ -78,7 +78,7 @@ def test_import_captioner_is_light() -> None:
     assert not loaded_after("import captioner") & {*HEAVY, "torch"}
 
 
-@pytest.mark.parametrize("module", ["captioner.models.checkpoint", "captioner.models.build", "captioner.data.store", "captioner.data.datasets"])
+@pytest.mark.parametrize("module", ["captioner.models.checkpoint", "captioner.models.build", "captioner.data.store_splits", "captioner.data.datasets"])
 def test_the_library_layers_load_no_ui_plotting_or_metric_stack(module: str) -> None:
     loaded = loaded_after(f"import {module}")
     assert "torch" in loaded or module == "captioner.data.datasets"

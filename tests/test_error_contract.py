@@ -44,7 +44,7 @@ class Row:
 # What must not run before a command has refused: the work each command does.
 WORK = {
     "train": "captioner.apps.runs.train_run",
-    "features": "captioner.data.store.ensure_store",
+    "features": "captioner.data.store_extract.ensure_store",
     "evaluate": "captioner.evaluation.evaluate.evaluate",
     "data shapes": "captioner.data.shapes.generate_shapes",
 }

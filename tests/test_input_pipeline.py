@@ -40,7 +40,7 @@ from captioner.data.images import (
 )
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import generate_shapes
-from captioner.data.store import check_manifest, identity
+from captioner.data.store_format import check_manifest, identity
 from captioner.models.backbones import NORMALIZATIONS
 from captioner.models.captioner import Captioner
 from captioner.training import fit as train

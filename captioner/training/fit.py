@@ -33,7 +33,9 @@ from captioner.data.device_decode import device_preprocess
 from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
-from captioner.data.store import StoreRows, split_features, store_dir
+from captioner.data.store_format import store_dir
+from captioner.data.store_reader import StoreRows
+from captioner.data.store_splits import split_features
 from captioner.data.streaming import ShardSet, ShardStream, StreamingCaptions, StreamSettings, open_shard_set, shard_captions
 from captioner.models.build import build_model
 from captioner.models.captioner import Captioner

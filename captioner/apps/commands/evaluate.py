@@ -131,7 +131,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     scored = records
     stored: dict[str, Any] = {}
     if args.features:  # the stored rows instead of the images
-        from captioner.data.store import split_features
+        from captioner.data.store_splits import split_features
 
         config.data.feature_store = args.features
         split = split_features(model, config, args.split, all_records, use=records)
