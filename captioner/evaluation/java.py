@@ -21,7 +21,6 @@ import re
 import selectors
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import types
