@@ -29,7 +29,8 @@ from captioner.data.images import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.store_reader import StoreRows
-from captioner.data.streaming import ShardSet, ShardStream, open_shard_set, shard_captions
+from captioner.data.shard_reader import ShardSet, open_shard_set, shard_captions
+from captioner.data.streaming import ShardStream
 from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint

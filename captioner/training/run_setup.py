@@ -26,7 +26,8 @@ from captioner.data.sampler import EpochBatchSampler
 from captioner.data.store_format import store_dir
 from captioner.data.store_reader import StoreRows
 from captioner.data.store_splits import split_features
-from captioner.data.streaming import ShardSet, ShardStream, StreamingCaptions, StreamSettings
+from captioner.data.shard_reader import ShardSet
+from captioner.data.streaming import ShardStream, StreamingCaptions, StreamSettings
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput
 from captioner.text.vocab import Vocabulary
