@@ -1,6 +1,6 @@
 """What a training run is built from, one step each: the data route (the feature store or the
-images or streamed shards), the steps' precision, the dataset, the objective, the loader, the
-DDP wrapper, the event writer. `Run.start` (captioner/training/fit.py) calls them in order.
+images or streamed shards), the steps' precision, the dataset, the objective, the loader and
+the DDP wrapper. `Run.start` (captioner/training/fit.py) calls them in order.
 """
 
 from __future__ import annotations
