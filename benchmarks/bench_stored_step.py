@@ -23,7 +23,7 @@ from captioner.core.runtime import set_threads
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
 from captioner.data.images import ImageTransform
-from captioner.data.store import output_grid
+from captioner.data.store_splits import output_grid
 from captioner.models.build import build_model
 from captioner.text.vocab import Vocabulary
 

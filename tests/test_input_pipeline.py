@@ -40,10 +40,10 @@ from captioner.data.images import (
 )
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import generate_shapes
-from captioner.data.store import check_manifest, identity
+from captioner.data.store_format import check_manifest, identity
 from captioner.models.backbones import NORMALIZATIONS
 from captioner.models.captioner import Captioner
-from captioner.training import fit as train
+from captioner.training import run_setup
 from captioner.training.fit import fit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -313,7 +313,7 @@ def test_training_with_device_preprocessing_gives_the_same_weights(tmp_path: Pat
     ]
     decoded_batches = []  # CaptionBatch.to runs in this process: count the batches it decoded
     monkeypatch.setattr(batching, "transform_on_device", lambda *args: decoded_batches.append(1) or transform_on_device(*args))
-    monkeypatch.setattr(train, "device_preprocess", lambda requested, device: requested)
+    monkeypatch.setattr(run_setup, "device_preprocess", lambda requested, device: requested)
     weights = {}
     for preprocess in ("none", "transform", "decode"):
         out = tmp_path / preprocess

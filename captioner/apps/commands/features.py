@@ -29,7 +29,9 @@ def run(args: argparse.Namespace) -> int:
     from captioner.data.datasets import load_split
     from captioner.data.images import ImageTransform
     from captioner.data.shapes import SPLITS
-    from captioner.data.store import check_storable, ensure_store, size_text, store_dir
+    from captioner.core.files import size_text
+    from captioner.data.store_extract import ensure_store
+    from captioner.data.store_format import check_storable, store_dir
     from captioner.models.backbones import check_encoder_config
     from captioner.models.encoders import build_encoder
 
