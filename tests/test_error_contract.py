@@ -234,7 +234,8 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
         monkeypatch.setattr("captioner.apps.export.export_model", refuse("export wrote files before checking its prerequisites"))
     if "no_onnxruntime" in setup:
         monkeypatch.setitem(sys.modules, "onnxruntime", None)
-        monkeypatch.delitem(sys.modules, "captioner.deploy.bundle", raising=False)
+        for loaded in ("captioner.deploy.bundle", "captioner.deploy.runtime"):  # an earlier test may have imported them
+            monkeypatch.delitem(sys.modules, loaded, raising=False)
     if "offline" in setup:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not
