@@ -33,7 +33,7 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
 from benchmarks.timing import argument_parser, print_environment  # noqa: E402
 from captioner.core.config import load_config  # noqa: E402
 from captioner.data.batching import CaptionDataset, collate_captions  # noqa: E402
-from captioner.data.images import ImageTransform  # noqa: E402
+from captioner.data.image_transform import ImageTransform  # noqa: E402
 from captioner.data.records import ImageRecord  # noqa: E402
 from captioner.data.store import (  # noqa: E402
     FORMAT,

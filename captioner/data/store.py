@@ -54,9 +54,9 @@ from captioner.core.config import Config, EncoderConfig
 from captioner.core.errors import ConfigError, FeatureStoreError, StorageError
 from captioner.core.files import size_text, write_atomically, write_failure
 from captioner.core.progress import progress_bar
-from captioner.core.runtime import loader_workers
+from captioner.core.process_settings import loader_workers
 from captioner.data.batching import image_loader
-from captioner.data.images import IMAGENET, ImageTransform, PixelNormalization
+from captioner.data.image_transform import IMAGENET, ImageTransform, PixelNormalization
 from captioner.data.records import ImageRecord
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,7 @@ def range_sha256(fd: int, offset: int, length: int) -> str:
 
 # How stores written before the transform described its own steps named it: the square resize
 # with antialiasing and ImageNet normalisation, which ran as torchvision's tensor resize (the
-# steps below). Since the resize is Pillow's (data/images._pipeline), those features differ by
+# steps below). Since the resize is Pillow's (data/image_transform._pipeline), those features differ by
 # a level on a few pixels: such a store is stale, and is refused naming both pipelines.
 LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 

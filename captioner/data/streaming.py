@@ -52,7 +52,8 @@ from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.core.files import size_text
 from captioner.data.batching import CaptionBatch, collate_captions
 from captioner.data.bounded_tar import DEFAULT_LIMITS, ShardLimits, shard_samples
-from captioner.data.images import ImageTransform, load_image
+from captioner.data.image_files import load_image
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord, is_int
 from captioner.data.sampler import DRAW_LIMIT, epoch_seed
 from captioner.data.shards import INDEX
