@@ -72,12 +72,16 @@ ROWS: dict[str, Row] = {
     "data stats: broken file": Row(["data", "stats", "--coco", "{broken_json}"], 2, r"broken\.json: not valid JSON"),
     "data stats: config without its data": Row(["data", "stats", FLICKR8K, "data.root=nowhere"], 2,
                                                r"^error: data\.root=nowhere: no Flickr8k here .*download it with captioner data flickr8k --root nowhere"),
+    "data stats: no Flickr8k in the folder": Row(["data", "stats", "--flickr8k", "nowhere"], 2,
+                                                 r"^error: --flickr8k nowhere: no Flickr8k here .*captioner data flickr8k --root nowhere, or give --flickr8k DIR"),
     "data shards: nothing to write": Row(["data", "shards", "--out", "s"], 2, r"^error: data shards: give --flickr8k DIR"),
     "data shards: no --out": Row(["data", "shards", SHAPES], 2, r"the following arguments are required: --out$"),
     "data shards: bad splits": Row(["data", "shards", SHAPES, "--out", "s", "--splits", "dev"], 2, r"--splits 'dev': use train, val and test"),
     "data shards: config without its data": Row(["data", "shards", FLICKR8K, "data.root=nowhere", "--out", "s"], 2,
                                                 r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k --root nowhere"),
     # config
+    "data shards: no Flickr8k in the folder": Row(["data", "shards", "--flickr8k", "nowhere", "--out", "s"], 2,
+                                                  r"^error: --flickr8k nowhere: no Flickr8k here .*captioner data flickr8k --root nowhere"),
     "config: no subcommand": Row(["config"], 2, r"^error: captioner config: name a command: show, keys$"),
     "config show: missing file": Row(["config", "show", "missing.yaml"], 2, r"^error: missing\.yaml: config file not found$"),
     "config show: broken YAML": Row(["config", "show", "{broken_yaml}"], 2, r"broken\.yaml: not valid YAML"),
@@ -118,6 +122,10 @@ ROWS: dict[str, Row] = {
     "caption: sampling flag without --sample": Row(["caption", "{model}", "{image}", "--top-k", "5"], 2, r"--top-k applies only with --sample$"),
     "caption: no onnxruntime": Row(["caption", "{empty}", "{image}", "--runtime", "onnx"], 2,
                                    r"^error: onnxruntime is not installed: it comes with the 'onnx' extra", ("no_onnxruntime",)),
+    "caption: a layer the model lacks": Row(["caption", "{model}", "{image}", "--json", "--attention", "--layer", "3"], 2,
+                                            r"^error: caption --layer 3: this model's maps have 1 layer"),
+    "caption: a head the model lacks": Row(["caption", "{model}", "{image}", "--heatmaps", "maps", "--head", "4"], 2,
+                                           r"^error: caption --head 4: this model's maps have 1 head"),
     "caption: some images fail": Row(["caption", "{model}", "{image}", "{bad_image}", "missing.jpg"], 1, r"^2 of 3 images failed$"),
     # evaluate
     "evaluate: nothing": Row(["evaluate"], 2, r"^error: evaluate: give a CHECKPOINT, or --results FILE --annotations FILE$"),
@@ -140,6 +148,7 @@ ROWS: dict[str, Row] = {
     "evaluate: the images are gone": Row(["evaluate", "{shapes_model}", "--fast"], 2,
                                          r"captions_test\.json: none of the 1 images listed exist under .*; point data\.root", ("shapes_without_images",)),
     "evaluate: a place the model may not name": Row(["evaluate", "{elsewhere_model}", "--fast"], 2, r"name the data yourself \(data\.root=\.\.\.\)$"),
+    "evaluate: negative limit": Row(["evaluate", "{model}", "--fast", "--limit", "-2"], 2, r"argument --limit: must be at least 0, got -2"),
     "evaluate: --saliency without --grounding": Row(["evaluate", "{model}", "--fast", "--saliency", "gradcam"], 2, r"it needs --grounding$"),
     # export and push
     "export: nothing": Row(["export"], 2, r"^error: captioner export: give a checkpoint and the folder to write, e\.g\. captioner export"),
@@ -156,6 +165,7 @@ ROWS: dict[str, Row] = {
     "demo: missing model": Row(["demo", "missing.pt"], 2, r"^error: missing\.pt: checkpoint not found"),
     "demo: examples without images": Row(["demo", "{model}", "--examples", "{empty}"], 2, r"^error: demo --examples: no images in .*empty$"),
     "demo: a missing example": Row(["demo", "{model}", "--examples", "missing.jpg"], 2, r"^error: demo --examples: missing\.jpg: no such file$"),
+    "demo: bad port": Row(["demo", "{model}", "--port", "70000"], 2, r"argument --port: a port is at most 65535, got 70000"),
     "demo: no Gradio": Row(["demo", "{model}"], 2, r"^error: (demo: Gradio|gradio) is not installed.*\[demo\]", ("no_gradio",)),
 }
 

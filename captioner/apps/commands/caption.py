@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     n_best = args.n_best if args.n_best is not None else (1 if args.sample else None)
     results = model.caption_files(paths, batch_size=args.batch_size, n_best=n_best, **options)
     refuse_if_none_captioned(paths, results)
+    check_map_choice(args.layer, args.head, results)
     request = figure_request(args)
     failures = 0
     rows = []
@@ -171,6 +172,22 @@ def refuse_if_none_captioned(paths: list[Path], results: Sequence[object]) -> No
     errors = [result for result in results if isinstance(result, ImageLoadError)]
     if errors and len(errors) == len(paths):
         raise errors[0] if len(paths) == 1 else ImageLoadError(f"caption: none of the {len(paths)} images could be read (e.g. {errors[0]})")
+
+
+def check_map_choice(layer: int, head: int | None, results: Sequence[object]) -> None:
+    """--layer and --head within the model's attention maps (known from a caption's: (T, L, H, ...)),
+    said in one line before anything is printed or drawn."""
+    from captioner.models.caption import Caption
+
+    first = next((r[0] if isinstance(r, list) else r for r in results if not isinstance(r, ImageLoadError)), None)
+    if not isinstance(first, Caption) or first.attn.dim() < 3:
+        return
+    layers, heads = first.attn.shape[1], first.attn.shape[2]
+    if not -layers <= layer < layers:
+        raise CaptionerError(f"caption --layer {layer}: this model's maps have {layers} layer{'s' if layers > 1 else ''} "
+                             f"(0 to {layers - 1}; -1 is the last)")
+    if head is not None and not 0 <= head < heads:
+        raise CaptionerError(f"caption --head {head}: this model's maps have {heads} head{'s' if heads > 1 else ''} (0 to {heads - 1})")
 
 
 def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, list[str]]:
