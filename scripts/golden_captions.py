@@ -175,7 +175,7 @@ def caption_all(model: Any, images: list) -> dict[str, Any]:
 
 
 def model_picture(path: Path) -> Any:
-    from captioner.data.images import load_image
+    from captioner.data.image_files import load_image
 
     return load_image(path)
 
