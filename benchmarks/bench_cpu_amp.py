@@ -3,12 +3,9 @@ and what `train.cpu_amp: auto`'s calibration (training/precision.py) decides for
 
     python -m benchmarks cpu_amp [--config configs/shapes_lstm.yaml] [--steps 6] [--rounds 3] [--threads N]
 
-A shapes world of a few batches is drawn into a temporary folder; both variants train the same
-model (each from the same initial weights, with its own AdamW) on the same batches, and the
-rounds alternate them so a change in the machine's load hits both alike. Printed: seconds per
-step (median over rounds) and the ratio, whether this CPU multiplies bf16 natively (without
-that, `auto` takes fp32 and this benchmark says so), and the calibration's two times and verdict:
-it should pick the precision whose real step is faster: this is what checks `train.cpu_amp: auto`.
+Both variants train the same model from the same weights on the same batches of a small shapes
+world, alternating by round. The calibration's verdict should name the faster real step: this is
+what checks `train.cpu_amp: auto`.
 """
 
 from __future__ import annotations

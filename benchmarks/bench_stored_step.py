@@ -4,13 +4,9 @@
     python -m benchmarks stored_step [--config configs/flickr8k_lstm_lite0.yaml] [--steps 6]
         [--rounds 3] [--threads N] [--profile 20] [overrides ...]
 
-The batches are the config's own: its training split's captions (all five per image where
-`data.captions_per_image: all`), its vocabulary, its batch size, drawn as the loader draws
-them. The grids stand in for the store's rows: random fp16 of the encoder's shape (7x7x1280 for
-EfficientNet-Lite0 at 224 px); a step's arithmetic depends on their shape, not their values, and
-no ImageNet weights or store are needed. The captions are read from `data.root` (for Flickr8k,
-`data.root=data/flickr8k`). Timings of two versions of the code come from running it from a
-checkout of each; `--profile` is the tool for a step that misses its speed goal.
+The batches are the config's own (its training captions from `data.root`, vocabulary and batch
+size); random fp16 grids of the encoder's shape stand in for the store's rows, since a step's cost
+depends on their shape only. Another version's time comes from running it in that checkout.
 """
 
 from __future__ import annotations

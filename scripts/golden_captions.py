@@ -1,6 +1,5 @@
 """The golden captions: what today's models say, written to tests/data/golden/captions.json, so that
-a refactor of the model description, the decoding or the exports (issue 52) can show it changed
-nothing: tests/test_golden_captions.py decodes them again and compares, byte for byte on the
+a refactor of the model description, the decoding or the exports can show it changed nothing: tests/test_golden_captions.py decodes them again and compares, byte for byte on the
 machine that wrote the file.
 
     python scripts/golden_captions.py             # rewrite captions.json from the committed models
@@ -18,11 +17,14 @@ tests/data/golden/ holds, made once by `--models` and committed:
 captions.json holds, for each shapes model (both checkpoints and the export) on the pictures, and
 for the packaged model (captioner.default_model()) on the first Flickr8k test photographs (from
 the shared data folder, as scripts/packaged_captions.py picks them), the captions of every
-decoding in DECODINGS, each with its token ids, text and score as repr(float); the ONNX runtime on
+decoding in DECODINGS, each with its token ids, text, score as repr(float) and attention maps
+(shape and checksum); the ONNX runtime on
 the committed ONNX bundle when onnxruntime is installed (the test also holds a fresh ONNX export
 of today's code to them); the state dicts' names and shapes and the sha256 of every committed model
 file (they are the "from before" files: never rewrite them after the format changed); and
-machine_key() as "made_on".
+machine_key() as "made_on". The captions are decoded on one thread with the dense layers'
+products pinned to oneDNN's route where torch has it (`pinned_arithmetic`), whichever route the
+machine's timing would pick; "onednn_products" records whether it was taken.
 
 Note: `--models` is not reproducible on another machine, or another torch; after it, the test's
 "old format" files are today's, which is the point only before a format change.
@@ -36,6 +38,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,36 +152,36 @@ def stored_layouts() -> dict[str, dict[str, list[int]]]:
 
 def file_checksums() -> dict[str, str]:
     """sha256 of every committed model file (relative path -> hex), pictures included."""
-    from captioner.core.checksums import sha256_of
+    import hashlib
 
     files = sorted(p for p in GOLDEN.rglob("*") if p.is_file() and p != CAPTIONS and p.name != "README.md")
-    return {p.relative_to(GOLDEN).as_posix(): sha256_of(p) for p in files}
+    return {p.relative_to(GOLDEN).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def record_caption(caption: Any) -> dict[str, Any]:
+    """A caption as captions.json holds it: words, ids, scores as repr(float), and its attention
+    maps (T, L, H, h, w) by shape and the sha256 of their float32 bytes."""
+    import hashlib
+
+    import numpy as np
+
+    attn = caption.attn.numpy() if hasattr(caption.attn, "numpy") else caption.attn
+    attn = np.ascontiguousarray(attn, dtype=np.float32)
     return {"text": caption.text, "tokens": [int(t) for t in caption.tokens], "score": repr(float(caption.score)),
-            "logprob": repr(float(caption.logprob)), "finished": bool(caption.finished)}
+            "logprob": repr(float(caption.logprob)), "finished": bool(caption.finished),
+            "attn_shape": list(attn.shape), "attn_sha256": hashlib.sha256(attn.tobytes()).hexdigest()}
 
 
 def caption_all(model: Any, images: list) -> dict[str, Any]:
-    """Every decoding of DECODINGS on `images` (paths) with a torch Captioner: name -> per image
-    a list of captions, best first (one unless n_best)."""
-    import torch
-
-    batch = torch.stack([model.transform(model_picture(path)) for path in images])  # (B, 3, S, S) uint8
+    """Every decoding of DECODINGS on `images` (paths) with a torch Captioner, through its public
+    `caption_files` (one batch): name -> image name -> its captions, best first (one unless n_best)."""
     out: dict[str, Any] = {}
     for name, options in DECODINGS.items():
         options = dict(options)
         n_best = options.pop("n_best", 1)
-        ranked = model.caption_images(batch, n_best=n_best, **options)
-        out[name] = {Path(path).name: [record_caption(c) for c in captions] for path, captions in zip(images, ranked)}
+        ranked = model.caption_files([str(p) for p in images], n_best=n_best, **options)
+        out[name] = {Path(path).name: [record_caption(c) for c in captions] for path, captions in zip(images, ranked, strict=True)}
     return out
-
-
-def model_picture(path: Path) -> Any:
-    from captioner.data.image_files import load_image
-
-    return load_image(path)
 
 
 def onnx_captions(folder: Path, images: list) -> dict[str, Any]:
@@ -196,7 +200,7 @@ def onnx_captions(folder: Path, images: list) -> dict[str, Any]:
 
 def fresh_onnx_export(work: Path) -> Path:
     """export_lstm's model exported to ONNX again by today's code, into `work`."""
-    from captioner.models.captioner import Captioner
+    from captioner import Captioner
     from captioner.models.onnx_export import export_onnx
 
     export_onnx(Captioner.from_pretrained(EXPORT, device="cpu"), work)
@@ -220,15 +224,38 @@ def has_onnxruntime() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 
 
-def golden_record(shared: Path | None, onnx: bool) -> dict[str, Any]:
-    """Everything captions.json holds, computed now from the committed files (and `shared`)."""
+@contextmanager
+def pinned_arithmetic() -> Iterator[bool]:
+    """One thread, and the dense layers' products through oneDNN where this torch has it: a
+    route otherwise chosen by timing it (models/products.py), which sums in another order than
+    F.linear and so would change the last bits of the scores from one measurement to the next.
+    Yields whether the oneDNN route is taken; puts both settings back after."""
     import torch
 
-    from captioner import default_model
-    from captioner.core.machine_cache import machine_key
-    from captioner.models.captioner import Captioner
+    from captioner.models import products
 
+    threads, kept = torch.get_num_threads(), (products._ENABLED, products._CHECKED)
     torch.set_num_threads(1)
+    products.set_onednn(True)
+    try:
+        yield products.route_taken()
+    finally:
+        torch.set_num_threads(threads)
+        products._ENABLED, products._CHECKED = kept
+
+
+def golden_record(shared: Path | None, onnx: bool) -> dict[str, Any]:
+    """Everything captions.json holds, computed now from the committed files (and `shared`)."""
+    with pinned_arithmetic() as onednn:
+        return {**_golden_record(shared, onnx), "onednn_products": onednn}
+
+
+def _golden_record(shared: Path | None, onnx: bool) -> dict[str, Any]:
+    import torch
+
+    from captioner import Captioner, default_model
+    from captioner.core.machine_cache import machine_key
+
     pictures = sorted(PICTURES.glob("*.png"))
     record: dict[str, Any] = {"made_on": machine_key(), "torch": torch.__version__, "decodings": DECODINGS,
                               "pictures": [p.name for p in pictures], "layouts": stored_layouts(), "files": file_checksums(), "shapes": {}}

@@ -97,6 +97,8 @@ ROWS: dict[str, Row] = {
     "train: bad device": Row(["train", SHAPES, "--device", "gpu"], 2, r"train\.device"),
     "train: missing --init": Row(["train", SHAPES, "--init", "missing.pt"], 2, r"^error: train\.init=missing\.pt: checkpoint not found"),
     "train: nothing to resume": Row(["train", SHAPES, "--resume"], 2, r"last\.pt: nothing to resume .*leave out --resume"),
+    "train: an out_dir that cannot be made": Row(["train", SHAPES, "train.out_dir={image}/run"], 2,
+                                                 r"^error: train\.out_dir=.*good\.png/run: cannot create the folder"),
     "train: no Flickr8k": Row(["train", FLICKR8K, "data.root=nowhere"], 2,
                               r"^error: data\.root=nowhere: no Flickr8k here \(Flickr8k\.token\.txt not found\); download it with "
                               r"captioner data flickr8k --root nowhere, or set data\.root=DIR"),
@@ -126,6 +128,8 @@ ROWS: dict[str, Row] = {
                                             r"^error: caption --layer 3: this model's maps have 1 layer"),
     "caption: a head the model lacks": Row(["caption", "{model}", "{image}", "--heatmaps", "maps", "--head", "4"], 2,
                                            r"^error: caption --head 4: this model's maps have 1 head"),
+    "caption: a figure folder that cannot be made": Row(["caption", "{model}", "{image}", "--heatmaps", "{image}"], 2,
+                                                        r"^error: caption --heatmaps .*good\.png: a file, not a folder to write into$", ("no_caption",)),
     "caption: some images fail": Row(["caption", "{model}", "{image}", "{bad_image}", "missing.jpg"], 1, r"^2 of 3 images failed$"),
     # evaluate
     "evaluate: nothing": Row(["evaluate"], 2, r"^error: evaluate: give a CHECKPOINT, or --results FILE --annotations FILE$"),
@@ -149,6 +153,8 @@ ROWS: dict[str, Row] = {
                                          r"captions_test\.json: none of the 1 images listed exist under .*; point data\.root", ("shapes_without_images",)),
     "evaluate: a place the model may not name": Row(["evaluate", "{elsewhere_model}", "--fast"], 2, r"name the data yourself \(data\.root=\.\.\.\)$"),
     "evaluate: negative limit": Row(["evaluate", "{model}", "--fast", "--limit", "-2"], 2, r"argument --limit: must be at least 0, got -2"),
+    "evaluate: an --out that cannot be made": Row(["evaluate", "{model}", "--fast", "--out", "{image}/eval"], 2,
+                                                  r"^error: evaluate --out .*good\.png/eval: cannot create the folder", ("shapes_world",)),
     "evaluate: --saliency without --grounding": Row(["evaluate", "{model}", "--fast", "--saliency", "gradcam"], 2, r"it needs --grounding$"),
     # export and push
     "export: nothing": Row(["export"], 2, r"^error: captioner export: give a checkpoint and the folder to write, e\.g\. captioner export"),
@@ -213,6 +219,10 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
             return False
 
         monkeypatch.setattr("captioner.evaluation.java.ensure_spice_models", offline)
+    if "no_caption" in setup:  # the folder is checked before the model loads
+        monkeypatch.setattr("captioner.apps.commands.caption.load_model", refuse("a model loaded before the figure folder was checked"))
+    if "shapes_world" in setup:  # the model's data, there: one image a split
+        shapes_world(folder / "data" / "shapes", with_images=True)
     if "no_pycocoevalcap" in setup:
         monkeypatch.setitem(sys.modules, "pycocoevalcap", None)  # import raises ModuleNotFoundError, as when the extra is left out
     if "no_gradio" in setup:
@@ -228,11 +238,17 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
     if "offline" in setup:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not
-        shapes = folder / "shapes"
-        shapes.mkdir()
-        for split in ("train", "val", "test"):
-            listing = {"images": [{"id": 1, "file_name": f"{split}_1.jpg"}], "annotations": [{"id": 1, "image_id": 1, "caption": "a red circle"}]}
-            (shapes / f"captions_{split}.json").write_text(json.dumps(listing))
+        shapes_world(folder / "shapes", with_images=False)
+
+
+def shapes_world(root: Path, with_images: bool) -> None:
+    """A shapes world of one image a split, in COCO format (with its image files or without)."""
+    for split in ("train", "val", "test"):
+        (root / split).mkdir(parents=True)
+        listing = {"images": [{"id": 1, "file_name": f"{split}_1.jpg"}], "annotations": [{"id": 1, "image_id": 1, "caption": "a red circle"}]}
+        (root / f"captions_{split}.json").write_text(json.dumps(listing))
+        if with_images:
+            Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8)).save(root / split / f"{split}_1.jpg")
 
 
 def refuse(what: str):

@@ -5,8 +5,10 @@ install line, the config key to set, the command that downloads the data."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from captioner.apps.arguments import said_by_an_error
 from captioner.core.config import Config, DataConfig
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, DatasetError
 
@@ -23,7 +25,6 @@ def require_official_metrics(spice: bool = False) -> None:
     (downloaded now if need be: a command that asked for SPICE does not go without it)."""
     import pycocoevalcap  # noqa: F401
 
-    from captioner.apps.arguments import said_by_an_error
     from captioner.evaluation.java import check_java, ensure_spice_models
 
     try:
@@ -93,13 +94,17 @@ def require_start(config: Config, resume: bool) -> None:
         raise ConfigError("train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)")
 
 
-def writable_folder(folder: str | Path, flag: str) -> None:
+def writable_folder(folder: str | Path, given_as: str) -> None:
     """The folder a command writes into, made now (with its parents) so that a place that cannot
-    be written is said before the work starts, as the downloads say it."""
+    be written is said before the work starts, as the downloads say it. `given_as`: the option or
+    config key that named it ("evaluate --out", "train.out_dir")."""
     path = Path(folder)
+    said = f"{given_as}={path}" if given_as.startswith(("data.", "train.")) else f"{given_as} {path}"
     if path.exists() and not path.is_dir():
-        raise CaptionerError(f"{flag} {path}: a file, not a folder to write into")
+        raise CaptionerError(f"{said}: a file, not a folder to write into")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise CaptionerError(f"{flag} {path}: cannot create the folder ({e.strerror or e})") from None
+        raise CaptionerError(f"{said}: cannot create the folder ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK):
+        raise CaptionerError(f"{said}: this folder is not writable")

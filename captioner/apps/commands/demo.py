@@ -36,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
         raise CaptionerError("demo: Gradio is not installed (pip install -e '.[demo]')") from None
 
     from captioner.apps.demo.ui import Cleanup
+    from captioner.models.checkpoint_format import checkpoint_file
 
+    for checkpoint in args.checkpoints:  # a model or an example that is not there is said before any model loads
+        checkpoint_file(checkpoint)
     examples = example_images(args.examples) if args.examples else None
     cleanup = Cleanup(every_s=args.cache_every, max_age_s=args.cache_max_age)
     serve([Path(c) for c in args.checkpoints], examples, args.host, args.port, args.max_batch, args.queue_size, cleanup)

@@ -19,7 +19,7 @@ from captioner.apps.arguments import (
     nonnegative_int,
     said_by_an_error,
 )
-from captioner.apps.prerequisites import require_data, require_official_metrics
+from captioner.apps.prerequisites import require_data, require_official_metrics, writable_folder
 from captioner.core.errors import CaptionerError
 
 if TYPE_CHECKING:  # loaded when used: `captioner evaluate --help` needs neither torch nor the metrics
@@ -135,6 +135,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}
     out_dir = Path(args.out) if args.out else default_out_dir(checkpoint, args.ensemble)
     results_path = out_dir / f"results_{args.split}.json"
+    writable_folder(out_dir, "evaluate --out")  # before any caption is made, not after all of them
     scored = records
     stored: dict[str, Any] = {}
     if args.features:  # the stored rows instead of the images
