@@ -16,7 +16,7 @@ import captioner.training.precision as precision
 from captioner.core.config import config_from_dict
 from captioner.core.errors import ConfigError
 from captioner.data.batching import CaptionDataset, collate_captions
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.training.distributed import Distributed
 from captioner.training.schedule import make_scheduler

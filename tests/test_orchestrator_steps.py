@@ -57,7 +57,7 @@ def test_record_failures_names_each_row_that_did_not_load(caplog: pytest.LogCapt
 
 def test_run_setup_steps_pick_the_loader_and_objective_the_stage_needs() -> None:
     from captioner.data.batching import CaptionDataset
-    from captioner.data.images import ImageTransform
+    from captioner.data.image_transform import ImageTransform
     from captioner.training.loop import caption_loss
     from captioner.training.run_setup import make_loader, make_objective, uses_feature_store, wrap_for_ddp
 

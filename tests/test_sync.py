@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.models import decoding
 from captioner.training import scst

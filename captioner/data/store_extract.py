@@ -24,7 +24,7 @@ from captioner.core.errors import FeatureStoreError, StorageError
 from captioner.core.files import size_text, write_failure
 from captioner.core.progress import progress_bar
 from captioner.data.batching import image_loader
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.store_format import (
     DTYPE,

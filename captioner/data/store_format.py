@@ -36,7 +36,7 @@ from torchvision.transforms import v2
 from captioner.core.config import Config, EncoderConfig
 from captioner.core.errors import ConfigError, FeatureStoreError
 from captioner.core.files import write_atomically
-from captioner.data.images import IMAGENET, ImageTransform, PixelNormalization
+from captioner.data.image_transform import IMAGENET, ImageTransform, PixelNormalization
 from captioner.data.records import ImageRecord
 
 FORMAT = "captioner-feature-store"

@@ -27,8 +27,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from captioner.core.errors import FeatureStoreError
-from captioner.core.runtime import loader_workers
-from captioner.data.images import ImageTransform
+from captioner.core.process_settings import loader_workers
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.store_format import (
     DTYPE,

@@ -38,7 +38,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.batching import CaptionBatch, collate_captions
-from captioner.data.images import ImageTransform, load_image
+from captioner.data.image_files import load_image
+from captioner.data.image_transform import ImageTransform
 from captioner.data.sampler import DRAW_LIMIT, epoch_seed
 from captioner.data.shard_reader import BrokenSample, ShardSet, read_samples, sample_captions, sample_image, sample_name
 from captioner.text.vocab import Vocabulary

@@ -22,10 +22,10 @@ from torch.utils.data import DataLoader
 from captioner.core.config import Config, dump_config
 from captioner.core.errors import CheckpointError, ConfigError, DatasetError
 from captioner.core.files import write_failure
-from captioner.core.runtime import ThreadGovernor, resolve_device, seed_everything
+from captioner.core.process_settings import ThreadGovernor, resolve_device, seed_everything
 from captioner.data.bounded_tar import shard_limits
 from captioner.data.datasets import load_split, seeded_split_record, split_shards
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.store_reader import StoreRows

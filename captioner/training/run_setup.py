@@ -17,10 +17,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from captioner.core.config import Config
-from captioner.core.runtime import loader_workers
+from captioner.core.process_settings import loader_workers
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.device_decode import device_preprocess
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.store_format import store_dir

@@ -244,7 +244,7 @@ def grounding_request(args: argparse.Namespace, data: DataConfig) -> GroundingRe
 
 def outlined_figures(out_dir: Path, records: list[ImageRecord], evaluation: Evaluation, count: int = FIGURES) -> None:
     """Heatmap figures of the first images, each scored word's true region outlined in white."""
-    from captioner.data.images import load_image
+    from captioner.data.image_files import load_image
     from captioner.evaluation.grounding import word_regions
     from captioner.viz.overlays import save_attention_figure
 

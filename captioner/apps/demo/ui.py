@@ -32,7 +32,7 @@ from captioner.apps.demo.cards import (
 )
 from captioner.apps.demo.checks import MAX_BEAM, MAX_LENGTH, check_request
 from captioner.apps.demo.choices import menus, word_choices, word_position
-from captioner.apps.demo.figures import inside_views, prune, prune_folders, write_figure
+from captioner.apps.demo.page_figures import inside_views, prune, prune_folders, write_figure
 from captioner.apps.demo.page import (
     PageOutput,
     Result,
@@ -41,7 +41,7 @@ from captioner.apps.demo.page import (
     render_page,
 )
 from captioner.core.errors import RequestError
-from captioner.data.images import MAX_PIXELS
+from captioner.data.image_files import MAX_PIXELS
 from captioner.models.captioner import Captioner
 
 log = logging.getLogger(__name__)
