@@ -21,10 +21,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from captioner.core.config import load_config
-from captioner.core.runtime import cpu_has_native_bf16, set_threads
+from captioner.core.process_settings import cpu_has_native_bf16, set_threads
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.data.shapes import generate_shapes
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
     parser.add_argument("--steps", type=int, default=6, help="timed steps per variant and round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: as captioner.core.process_settings sets them)")
     args = parser.parse_args(argv)
     set_threads(args.threads)
     print_environment(args)

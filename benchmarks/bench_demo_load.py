@@ -308,7 +308,7 @@ def expected_captions(checkpoint: Path, photos: list[Path], args: argparse.Names
         return {}
     import torch
 
-    from captioner.data.images import load_image
+    from captioner.data.image_files import load_image
     from captioner.models.checkpoint import load_captioner
 
     torch.set_num_threads(1)

@@ -35,10 +35,10 @@ from benchmarks import reference_sat  # noqa: E402
 from benchmarks import timing  # noqa: E402
 
 from captioner.core.config import Config, load_config  # noqa: E402
-from captioner.core.runtime import loader_workers  # noqa: E402
+from captioner.core.process_settings import loader_workers  # noqa: E402
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions  # noqa: E402
 from captioner.data.device_decode import PREPROCESS_CHOICES, device_preprocess  # noqa: E402
-from captioner.data.images import ImageTransform, normalize_images  # noqa: E402
+from captioner.data.image_transform import ImageTransform, normalize_images  # noqa: E402
 from captioner.data.records import ImageRecord  # noqa: E402
 from captioner.models.captioner import Captioner  # noqa: E402
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search  # noqa: E402

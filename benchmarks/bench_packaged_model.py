@@ -22,7 +22,7 @@ ROUND = """
 import json, sys, time
 t0 = time.perf_counter()
 import torch
-from captioner.core.runtime import set_threads
+from captioner.core.process_settings import set_threads
 set_threads({threads})
 from captioner.models.checkpoint import default_model
 t1 = time.perf_counter()

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from captioner.core.runtime import set_threads
+from captioner.core.process_settings import set_threads
 from captioner.models import products
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
@@ -47,7 +47,7 @@ def alternating(a: Callable[[], object], b: Callable[[], object], repeats: int) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("products", __doc__)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: as captioner.core.process_settings sets them)")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
     set_threads(args.threads)

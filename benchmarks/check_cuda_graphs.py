@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from captioner.data.pictures import load_image
+from captioner.data.image_files import load_image
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import load_captioner
 from captioner.models.graphed_step import use_graphed_step

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from captioner.data.datasets import load_split
-from captioner.data.pictures import load_image
+from captioner.data.image_files import load_image
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import checkpoint_config
 

@@ -57,7 +57,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     from PIL import Image
 
     from captioner.data.datasets import load_split
-    from captioner.data.images import load_image
+    from captioner.data.image_files import load_image
     from captioner.evaluation.caption_stats import corpus_stats, unmatched_words
     from captioner.evaluation.human import leave_one_out
     from captioner.evaluation.metrics import fast_scores, score_official_many

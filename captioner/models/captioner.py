@@ -19,11 +19,11 @@ from torch import nn
 
 from captioner.core.config import Config, DecodeConfig, DecoderConfig, ModelConfig
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, ImageLoadError
-from captioner.core.runtime import resolve_device
-from captioner.data.images import ImageTransform, load_image
-from captioner.data.pictures import ImageInput, picture_batches
-from captioner.models.caption_result import Caption
 from captioner.core.model_spec import ModelSpec, Preprocessing, SpecialIds
+from captioner.core.process_settings import resolve_device
+from captioner.data.image_files import ImageInput, load_image, picture_batches
+from captioner.data.image_transform import ImageTransform
+from captioner.models.caption_result import Caption
 from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
 from captioner.models.model_paths import checkpoint_file
 from captioner.models.decoder import Decoder, DecoderOutput
