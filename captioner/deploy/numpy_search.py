@@ -1,12 +1,13 @@
 """Greedy decoding and batched beam search in numpy, over any decoder step given as a function.
 
-The same search as `captioner.models.decoding` (greedy_decode, beam_search_n_best with one
-group), written again for numpy so the runtime loads no torch: the same banned ids, trigram
+The same search as `captioner.models.decoding.search` (greedy_decode, beam_search_n_best with
+one group), written again for numpy so the runtime loads no torch: the same banned ids, trigram
 blocking, GNMT length penalty ((5 + length) / 6) ** alpha, the same rule for when an image's
 search is done and the same competition between finished and cut-off beams at max_length, with
 scores accumulated in float32 as torch does. So captions come out the same when the step
-returns the same numbers. Two rules the runtime adds on <eos>: `min_length` and
-`suppress_bad_endings`.
+returns the same numbers, and the same two rules on <eos>: `min_length` and
+`suppress_bad_endings`. The options come checked by core/decode_schema.py, which the search
+asks again only about its own rules (n_best and the beam).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from captioner.core.decode_schema import check_search
 
 Arrays = dict[str, np.ndarray]
 # memory, prev_tokens (R,), state -> logprobs (R, V), attn (R, L, H, N), next state
@@ -161,6 +164,7 @@ def beam_search_n_best(
     the best K others stay live. An image is done once it has K finished hypotheses that no live
     beam can still beat; at max_length its live beams compete with the finished ones on the
     same length-penalised score (finished=False)."""
+    check_search({"beam_size": options.beam_size, "n_best": n_best})
     B = len(next(iter(memory.values())))
     K, max_length, alpha, eos = options.beam_size, options.max_length, options.length_penalty, rules.eos
     memory = {k: np.repeat(v, K, axis=0) for k, v in memory.items()}  # (B*K, ...): beams of image b are rows b*K..b*K+K-1
