@@ -159,8 +159,8 @@ def beam_search_n_best(
     step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions, n_best: int = 1
 ) -> list[list[Hypothesis]]:
     """Per image the `n_best` (<= beam_size) best distinct hypotheses of its beam search, best
-    first; memory and state hold one row per image (B). Each step runs the decoder once over B*K rows (K = beam_size), ranks each image's K*V
-    continuations and keeps the top 2K: an <eos> among the top K becomes a finished hypothesis,
+    first; memory and state hold one row per image (B). Each step runs the decoder once over B*K
+    rows (K = beam_size), ranks each image's K*V continuations and keeps the top 2K: an <eos> among the top K becomes a finished hypothesis,
     the best K others stay live. An image is done once it has K finished hypotheses that no live
     beam can still beat; at max_length its live beams compete with the finished ones on the
     same length-penalised score (finished=False)."""
@@ -223,13 +223,24 @@ def beam_search_n_best(
         if all(done):
             break
 
+    return best_hypotheses(finished, done, scores, history, beams, map_shape, alpha, n_best)
+
+
+def best_hypotheses(
+    finished: list[list[Hypothesis]], done: list[bool], scores: np.ndarray, history: np.ndarray, beams: BeamHistory,
+    map_shape: tuple[int, ...], alpha: float, n_best: int,
+) -> list[list[Hypothesis]]:
+    """Per image its `n_best` best distinct hypotheses, best first: the finished ones and, for an
+    image not done (cut off at max_length), its live beams on the same length-penalised score.
+    scores (B, K): the live beams' log-probabilities; history (B*K, t) their words."""
+    B, K = scores.shape
     live_scores = scores.reshape(B * K).tolist()  # (B*K,)
     steps = history.shape[1]
     live_penalty = length_penalty(steps, alpha)
     results = []
     for b in range(B):
         pool = list(finished[b])
-        if not done[b]:  # cut off at max_length: its live beams compete on the same score
+        if not done[b]:
             for row in range(b * K, (b + 1) * K):
                 raw = live_scores[row]
                 if raw != float("-inf"):
