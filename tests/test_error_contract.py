@@ -72,12 +72,16 @@ ROWS: dict[str, Row] = {
     "data stats: broken file": Row(["data", "stats", "--coco", "{broken_json}"], 2, r"broken\.json: not valid JSON"),
     "data stats: config without its data": Row(["data", "stats", FLICKR8K, "data.root=nowhere"], 2,
                                                r"^error: data\.root=nowhere: no Flickr8k here .*download it with captioner data flickr8k --root nowhere"),
+    "data stats: no Flickr8k in the folder": Row(["data", "stats", "--flickr8k", "nowhere"], 2,
+                                                 r"^error: --flickr8k nowhere: no Flickr8k here .*captioner data flickr8k --root nowhere, or give --flickr8k DIR"),
     "data shards: nothing to write": Row(["data", "shards", "--out", "s"], 2, r"^error: data shards: give --flickr8k DIR"),
     "data shards: no --out": Row(["data", "shards", SHAPES], 2, r"the following arguments are required: --out$"),
     "data shards: bad splits": Row(["data", "shards", SHAPES, "--out", "s", "--splits", "dev"], 2, r"--splits 'dev': use train, val and test"),
     "data shards: config without its data": Row(["data", "shards", FLICKR8K, "data.root=nowhere", "--out", "s"], 2,
                                                 r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k --root nowhere"),
     # config
+    "data shards: no Flickr8k in the folder": Row(["data", "shards", "--flickr8k", "nowhere", "--out", "s"], 2,
+                                                  r"^error: --flickr8k nowhere: no Flickr8k here .*captioner data flickr8k --root nowhere"),
     "config: no subcommand": Row(["config"], 2, r"^error: captioner config: name a command: show, keys$"),
     "config show: missing file": Row(["config", "show", "missing.yaml"], 2, r"^error: missing\.yaml: config file not found$"),
     "config show: broken YAML": Row(["config", "show", "{broken_yaml}"], 2, r"broken\.yaml: not valid YAML"),
@@ -93,6 +97,8 @@ ROWS: dict[str, Row] = {
     "train: bad device": Row(["train", SHAPES, "--device", "gpu"], 2, r"train\.device"),
     "train: missing --init": Row(["train", SHAPES, "--init", "missing.pt"], 2, r"^error: train\.init=missing\.pt: checkpoint not found"),
     "train: nothing to resume": Row(["train", SHAPES, "--resume"], 2, r"last\.pt: nothing to resume .*leave out --resume"),
+    "train: an out_dir that cannot be made": Row(["train", SHAPES, "train.out_dir={image}/run"], 2,
+                                                 r"^error: train\.out_dir=.*good\.png/run: cannot create the folder"),
     "train: no Flickr8k": Row(["train", FLICKR8K, "data.root=nowhere"], 2,
                               r"^error: data\.root=nowhere: no Flickr8k here \(Flickr8k\.token\.txt not found\); download it with "
                               r"captioner data flickr8k --root nowhere, or set data\.root=DIR"),
@@ -118,6 +124,12 @@ ROWS: dict[str, Row] = {
     "caption: sampling flag without --sample": Row(["caption", "{model}", "{image}", "--top-k", "5"], 2, r"--top-k applies only with --sample$"),
     "caption: no onnxruntime": Row(["caption", "{empty}", "{image}", "--runtime", "onnx"], 2,
                                    r"^error: onnxruntime is not installed: it comes with the 'onnx' extra", ("no_onnxruntime",)),
+    "caption: a layer the model lacks": Row(["caption", "{model}", "{image}", "--json", "--attention", "--layer", "3"], 2,
+                                            r"^error: caption --layer 3: this model's maps have 1 layer"),
+    "caption: a head the model lacks": Row(["caption", "{model}", "{image}", "--heatmaps", "maps", "--head", "4"], 2,
+                                           r"^error: caption --head 4: this model's maps have 1 head"),
+    "caption: a figure folder that cannot be made": Row(["caption", "{model}", "{image}", "--heatmaps", "{image}"], 2,
+                                                        r"^error: caption --heatmaps .*good\.png: a file, not a folder to write into$", ("no_caption",)),
     "caption: some images fail": Row(["caption", "{model}", "{image}", "{bad_image}", "missing.jpg"], 1, r"^2 of 3 images failed$"),
     # evaluate
     "evaluate: nothing": Row(["evaluate"], 2, r"^error: evaluate: give a CHECKPOINT, or --results FILE --annotations FILE$"),
@@ -140,6 +152,9 @@ ROWS: dict[str, Row] = {
     "evaluate: the images are gone": Row(["evaluate", "{shapes_model}", "--fast"], 2,
                                          r"captions_test\.json: none of the 1 images listed exist under .*; point data\.root", ("shapes_without_images",)),
     "evaluate: a place the model may not name": Row(["evaluate", "{elsewhere_model}", "--fast"], 2, r"name the data yourself \(data\.root=\.\.\.\)$"),
+    "evaluate: negative limit": Row(["evaluate", "{model}", "--fast", "--limit", "-2"], 2, r"argument --limit: must be at least 0, got -2"),
+    "evaluate: an --out that cannot be made": Row(["evaluate", "{model}", "--fast", "--out", "{image}/eval"], 2,
+                                                  r"^error: evaluate --out .*good\.png/eval: cannot create the folder", ("shapes_world",)),
     "evaluate: --saliency without --grounding": Row(["evaluate", "{model}", "--fast", "--saliency", "gradcam"], 2, r"it needs --grounding$"),
     # export and push
     "export: nothing": Row(["export"], 2, r"^error: captioner export: give a checkpoint and the folder to write, e\.g\. captioner export"),
@@ -156,6 +171,7 @@ ROWS: dict[str, Row] = {
     "demo: missing model": Row(["demo", "missing.pt"], 2, r"^error: missing\.pt: checkpoint not found"),
     "demo: examples without images": Row(["demo", "{model}", "--examples", "{empty}"], 2, r"^error: demo --examples: no images in .*empty$"),
     "demo: a missing example": Row(["demo", "{model}", "--examples", "missing.jpg"], 2, r"^error: demo --examples: missing\.jpg: no such file$"),
+    "demo: bad port": Row(["demo", "{model}", "--port", "70000"], 2, r"argument --port: a port is at most 65535, got 70000"),
     "demo: no Gradio": Row(["demo", "{model}"], 2, r"^error: (demo: Gradio|gradio) is not installed.*\[demo\]", ("no_gradio",)),
 }
 
@@ -203,6 +219,10 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
             return False
 
         monkeypatch.setattr("captioner.evaluation.java.ensure_spice_models", offline)
+    if "no_caption" in setup:  # the folder is checked before the model loads
+        monkeypatch.setattr("captioner.apps.commands.caption.load_model", refuse("a model loaded before the figure folder was checked"))
+    if "shapes_world" in setup:  # the model's data, there: one image a split
+        shapes_world(folder / "data" / "shapes", with_images=True)
     if "no_pycocoevalcap" in setup:
         monkeypatch.setitem(sys.modules, "pycocoevalcap", None)  # import raises ModuleNotFoundError, as when the extra is left out
     if "no_gradio" in setup:
@@ -218,11 +238,17 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
     if "offline" in setup:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not
-        shapes = folder / "shapes"
-        shapes.mkdir()
-        for split in ("train", "val", "test"):
-            listing = {"images": [{"id": 1, "file_name": f"{split}_1.jpg"}], "annotations": [{"id": 1, "image_id": 1, "caption": "a red circle"}]}
-            (shapes / f"captions_{split}.json").write_text(json.dumps(listing))
+        shapes_world(folder / "shapes", with_images=False)
+
+
+def shapes_world(root: Path, with_images: bool) -> None:
+    """A shapes world of one image a split, in COCO format (with its image files or without)."""
+    for split in ("train", "val", "test"):
+        (root / split).mkdir(parents=True)
+        listing = {"images": [{"id": 1, "file_name": f"{split}_1.jpg"}], "annotations": [{"id": 1, "image_id": 1, "caption": "a red circle"}]}
+        (root / f"captions_{split}.json").write_text(json.dumps(listing))
+        if with_images:
+            Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8)).save(root / split / f"{split}_1.jpg")
 
 
 def refuse(what: str):

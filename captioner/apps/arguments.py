@@ -133,6 +133,19 @@ def positive_int(text: str) -> int:
     return whole_number(text, 1)
 
 
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer of at least 0."""
+    return whole_number(text, 0)
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 to 65535."""
+    value = whole_number(text, 0)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {value}")
+    return value
+
+
 def decode_value(name: str) -> Callable[[str], Any]:
     """argparse type of a decoding option: the text read as the option's kind and judged by
     core/decode_schema.py, whose refusal becomes argparse's one-line error."""

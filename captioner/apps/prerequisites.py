@@ -5,8 +5,10 @@ install line, the config key to set, the command that downloads the data."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from captioner.apps.arguments import said_by_an_error
 from captioner.core.config import Config, DataConfig
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, DatasetError
 
@@ -23,7 +25,6 @@ def require_official_metrics(spice: bool = False) -> None:
     (downloaded now if need be: a command that asked for SPICE does not go without it)."""
     import pycocoevalcap  # noqa: F401
 
-    from captioner.apps.arguments import said_by_an_error
     from captioner.evaluation.java import check_java, ensure_spice_models
 
     try:
@@ -37,31 +38,34 @@ def require_official_metrics(spice: bool = False) -> None:
                                      "run python -m pycocoevalcap.spice.get_stanford_models with internet access, or leave out --spice")
 
 
-def require_data(data: DataConfig, splits: list[str]) -> None:
+def require_data(data: DataConfig, splits: list[str], given_as: str = "data.root") -> None:
     """The dataset's caption files (or folder) where `data` says, for each split. The shapes world
-    is generated on first use, and shards and Hugging Face datasets are judged by their loaders."""
+    is generated on first use, and shards are judged by their loader. `given_as`: how the user
+    named data.root (the key, or a flag such as --flickr8k), which the message names back."""
     for split in splits:
-        missing = missing_data(data, split)
+        missing = missing_data(data, split, given_as)
         if missing is not None:
             raise DatasetError(missing)
 
 
-def missing_data(data: DataConfig, split: str) -> str | None:
+def missing_data(data: DataConfig, split: str, given_as: str = "data.root") -> str | None:
     """One line naming what `load_split(data, split)` would not find and how to get it, or None."""
     root = Path(data.root)
     download = DOWNLOADS.get(data.dataset, "").format(root=data.root)
+    flag = given_as.startswith("--")
+    place, elsewhere = (f"{given_as} {data.root}", f"give {given_as} DIR") if flag else (f"{given_as}={data.root}", f"set {given_as}=DIR")
     if data.dataset == "flickr8k":
         from captioner.data.flickr8k import TOKEN_FILE
 
         if not (root / TOKEN_FILE).is_file():
-            return f"data.root={data.root}: no Flickr8k here ({TOKEN_FILE} not found); download it with {download}, or set data.root=DIR where it is"
+            return f"{place}: no Flickr8k here ({TOKEN_FILE} not found); download it with {download}, or {elsewhere} where it is"
     elif data.dataset == "coco":
         from captioner.data.coco import coco_split_files
 
         annotations, _ = coco_split_files(root, data.year, split)
         if not annotations.is_file():
-            return (f"data.root={data.root}: no COCO {data.year} here ({annotations.relative_to(root)} not found); "
-                    f"download it with {download} --year {data.year}, or set data.root=DIR where it is")
+            return (f"{place}: no COCO {data.year} here ({annotations.relative_to(root)} not found); "
+                    f"download it with {download} --year {data.year}, or {elsewhere} where it is")
     elif data.dataset == "karpathy":
         split_file = Path(data.karpathy_file) if data.karpathy_file is not None else None
         if split_file is not None and not split_file.is_file():
@@ -90,13 +94,17 @@ def require_start(config: Config, resume: bool) -> None:
         raise ConfigError("train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)")
 
 
-def writable_folder(folder: str | Path, flag: str) -> None:
+def writable_folder(folder: str | Path, given_as: str) -> None:
     """The folder a command writes into, made now (with its parents) so that a place that cannot
-    be written is said before the work starts, as the downloads say it."""
+    be written is said before the work starts, as the downloads say it. `given_as`: the option or
+    config key that named it ("evaluate --out", "train.out_dir")."""
     path = Path(folder)
+    said = f"{given_as}={path}" if given_as.startswith(("data.", "train.")) else f"{given_as} {path}"
     if path.exists() and not path.is_dir():
-        raise CaptionerError(f"{flag} {path}: a file, not a folder to write into")
+        raise CaptionerError(f"{said}: a file, not a folder to write into")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise CaptionerError(f"{flag} {path}: cannot create the folder ({e.strerror or e})") from None
+        raise CaptionerError(f"{said}: cannot create the folder ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK):
+        raise CaptionerError(f"{said}: this folder is not writable")

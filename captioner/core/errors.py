@@ -1,9 +1,12 @@
 """User-facing errors.
 
 Every mistake a user can make (a bad path, a corrupt image, a malformed annotation file, a bad
-config value, an incompatible checkpoint) raises a subclass of `CaptionerError` whose message is
-one line naming the problem and the file or field. The CLI prints that line and exits non-zero;
-any other exception is a bug and keeps its traceback.
+config value, an incompatible checkpoint, a missing prerequisite) raises a subclass of
+`CaptionerError` whose message is one line naming the problem, the file or field, and where it
+helps the way out. The `captioner` command prints that line and exits 2, before its work where
+the mistake can be seen then (`captioner/apps/prerequisites.py`); a partial failure (some images
+captioned, some not) names each failure, then a count, and exits 1. Any other exception is a bug
+and keeps its traceback. tests/test_error_contract.py walks every command through this.
 """
 
 

@@ -26,6 +26,7 @@ from captioner.apps.arguments import (
     load_model,
     takes,
 )
+from captioner.apps.prerequisites import writable_folder
 from captioner.core.errors import CaptionerError, ImageLoadError
 
 if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither torch nor matplotlib
@@ -100,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
 
         checkpoint_file(args.checkpoint)  # a model that is not there is said first
     paths = images_to_caption(args.images, default=args.checkpoint is None)  # before the model loads
+    for flag in ("heatmaps", "self_attention", "head_grid"):
+        if getattr(args, flag):
+            writable_folder(getattr(args, flag), f"caption --{flag.replace('_', '-')}")
     args.checkpoint = args.checkpoint or default_model()
     model = onnx_model(args) if args.runtime == "onnx" else load_model("caption", args.checkpoint, args)
     options = decode_options(args)
@@ -113,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     n_best = args.n_best if args.n_best is not None else (1 if args.sample else None)
     results = model.caption_files(paths, batch_size=args.batch_size, n_best=n_best, **options)
     refuse_if_none_captioned(paths, results)
+    check_map_choice(args.layer, args.head, results)
     request = figure_request(args)
     failures = 0
     rows = []
@@ -171,6 +176,21 @@ def refuse_if_none_captioned(paths: list[Path], results: Sequence[object]) -> No
     errors = [result for result in results if isinstance(result, ImageLoadError)]
     if errors and len(errors) == len(paths):
         raise errors[0] if len(paths) == 1 else ImageLoadError(f"caption: none of the {len(paths)} images could be read (e.g. {errors[0]})")
+
+
+def check_map_choice(layer: int, head: int | None, results: Sequence[object]) -> None:
+    """--layer and --head within the model's attention maps (known from a caption's: (T, L, H, ...)),
+    said in one line before anything is printed or drawn."""
+    first = next((r[0] if isinstance(r, list) else r for r in results if not isinstance(r, ImageLoadError)), None)
+    attn = getattr(first, "attn", None)  # a tensor, or the ONNX runtime's array: no torch imported for it
+    if attn is None or attn.ndim < 3:
+        return
+    layers, heads = attn.shape[1], attn.shape[2]
+    if not -layers <= layer < layers:
+        raise CaptionerError(f"caption --layer {layer}: this model's maps have {layers} layer{'s' if layers > 1 else ''} "
+                             f"(0 to {layers - 1}; -1 is the last)")
+    if head is not None and not 0 <= head < heads:
+        raise CaptionerError(f"caption --head {head}: this model's maps have {heads} head{'s' if heads > 1 else ''} (0 to {heads - 1})")
 
 
 def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, list[str]]:

@@ -113,6 +113,7 @@ def run_flickr8k(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
+    from captioner.core.config import DataConfig
     from captioner.data.coco import load_coco_captions, load_karpathy
     from captioner.data.datasets import load_split
     from captioner.data.flickr8k import load_flickr8k
@@ -127,6 +128,7 @@ def run_stats(args: argparse.Namespace) -> int:
         records = [r for s in SPLITS for r in load_karpathy(args.karpathy, ".", s, check_images=False)]
         source = args.karpathy
     elif args.flickr8k:
+        require_data(DataConfig(dataset="flickr8k", root=args.flickr8k), ["train"], given_as="--flickr8k")
         records = [r for s in SPLITS for r in load_flickr8k(args.flickr8k, s, check_images=False)]
         source = args.flickr8k
     elif args.config or args.imagefolder or args.hf:
@@ -175,8 +177,8 @@ def run_shards(args: argparse.Namespace) -> int:
     if unknown or not splits:
         raise CaptionerError(f"data shards: --splits {args.splits!r}: use train, val and test, comma-separated")
     data, source = named_dataset(args)
-    if args.config:  # a folder named by its flag is refused by its loader, naming the folder
-        require_data(data, splits)
+    if args.config or args.flickr8k:  # an image folder or HF dataset named by its flag: its loader names the folder
+        require_data(data, splits, given_as="--flickr8k" if args.flickr8k else "data.root")
     out = Path(args.out)
     for split in splits:
         if existing_shards(out / split):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from captioner.apps.arguments import expand_images, positive_int
+from captioner.apps.arguments import expand_images, port_number, positive_int
 from captioner.core.errors import CaptionerError, ImageLoadError
 
 
@@ -16,7 +16,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                            "else the quickstart's trained shapes model; never trained here)")
     demo.add_argument("--examples", nargs="+", help="example images or folders (default: the first model's test images)")
     demo.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    demo.add_argument("--port", type=int, default=7860, help="the port the page is served on")
+    demo.add_argument("--port", type=port_number, default=7860, help="the port the page is served on")
     demo.add_argument("--max-batch", type=positive_int, default=8, help="captions decoded together at most (default 8)")
     demo.add_argument("--queue-size", type=positive_int, default=32,
                       help="requests that may wait; more are told the app is busy (default 32)")
@@ -36,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
         raise CaptionerError("demo: Gradio is not installed (pip install -e '.[demo]')") from None
 
     from captioner.apps.demo.ui import Cleanup
+    from captioner.models.checkpoint_format import checkpoint_file
 
+    for checkpoint in args.checkpoints:  # a model or an example that is not there is said before any model loads
+        checkpoint_file(checkpoint)
     examples = example_images(args.examples) if args.examples else None
     cleanup = Cleanup(every_s=args.cache_every, max_age_s=args.cache_max_age)
     serve([Path(c) for c in args.checkpoints], examples, args.host, args.port, args.max_batch, args.queue_size, cleanup)

@@ -11,8 +11,15 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from captioner.apps.arguments import add_decode_arguments, add_ensemble_arguments, decode_options, load_model, said_by_an_error
-from captioner.apps.prerequisites import require_data, require_official_metrics
+from captioner.apps.arguments import (
+    add_decode_arguments,
+    add_ensemble_arguments,
+    decode_options,
+    load_model,
+    nonnegative_int,
+    said_by_an_error,
+)
+from captioner.apps.prerequisites import require_data, require_official_metrics, writable_folder
 from captioner.core.errors import CaptionerError
 
 if TYPE_CHECKING:  # loaded when used: `captioner evaluate --help` needs neither torch nor the metrics
@@ -40,7 +47,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="folder (or .json file with --results) for results and scores (default: next to the checkpoint; "
         "with --results, runs/eval/<results name>_scores.json)",
     )
-    evaluate.add_argument("--limit", type=int, default=0, help="evaluate the first N images only")
+    evaluate.add_argument("--limit", type=nonnegative_int, default=0, help="evaluate the first N images only (0: all)")
     evaluate.add_argument("--results", help="score a COCO-format results file instead of a checkpoint")
     evaluate.add_argument("--annotations", help="the COCO caption annotation file for --results")
     evaluate.add_argument("--features", metavar="DIR", help="decode the rows of the feature store in DIR (what the encoder's frozen blocks make; built there when absent)")
@@ -128,6 +135,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}
     out_dir = Path(args.out) if args.out else default_out_dir(checkpoint, args.ensemble)
     results_path = out_dir / f"results_{args.split}.json"
+    writable_folder(out_dir, "evaluate --out")  # before any caption is made, not after all of them
     scored = records
     stored: dict[str, Any] = {}
     if args.features:  # the stored rows instead of the images

@@ -28,7 +28,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from captioner.apps.prerequisites import require_data, require_start
+    from captioner.apps.prerequisites import require_data, require_start, writable_folder
     from captioner.apps.runs import train_run
     from captioner.core.config import load_config
     from captioner.training import distributed
@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, config_overrides(args))  # the run fixes its threads itself (training/speed.py)
     require_start(config, args.resume)
     require_data(config.data, ["train", "val"])
+    writable_folder(config.train.out_dir, "train.out_dir")
     try:
         best = train_run(config, resume=args.resume)
     except Interrupted as stopped:
