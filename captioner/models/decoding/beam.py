@@ -57,7 +57,7 @@ class Beam:
         self.decoder, self.options, self.eos = decoder, options, special.eos
         self.B, self.K, self.G, self.Kg, self.S, self.device = B, K, G, K // G, B * G, device
         self.expand_rows = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,): beams of image b are rows b*K..b*K+K-1
-        self.per_image = decoder.prepare(feats)
+        self.per_image = decoder.prepare(feats)  # (B, ...) each: the per-image constants
         self.state = decoder.init_state(self.per_image, capacity=options.max_length)  # (B, ...) each: one row per image until the first step
         self.memory = decoder.expand_memory(self.per_image, K)  # per-image constants: expanded once (if at all), never reordered
         self.prev = torch.full((B,), special.bos, dtype=torch.long, device=device)  # (B,)
@@ -142,8 +142,8 @@ class Beam:
         top_beam, top_token = top_index // V, top_index % V  # (S, 2Kg) each: beam within the group, word
         return Choice(
             ends=is_eos[:, :Kg] & (top_key[:, :Kg] > NEG_INF),  # (S, Kg): <eos> within the top Kg
-            end_beam=top_beam[:, :Kg],
-            end_scores=top_scores[:, :Kg],
+            end_beam=top_beam[:, :Kg],  # (S, Kg)
+            end_scores=top_scores[:, :Kg],  # (S, Kg)
             live_beam=top_beam.gather(1, live_pos),  # (S, Kg)
             live_token=top_token.gather(1, live_pos),  # (S, Kg)
             live_scores=top_scores.gather(1, live_pos).masked_fill(live_key == NEG_INF, NEG_INF),  # (S, Kg)
