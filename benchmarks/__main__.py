@@ -25,7 +25,6 @@ BENCHMARKS = {
     "stored_step": "bench_stored_step",
     "beam_photos": "bench_beam_photos",
     "same_captions": "same_captions",
-    "feature_store": "bench_feature_store",
     "metrics": "bench_metrics",
     "tokenizer": "bench_tokenizer",
     "onnx": "bench_onnx",

@@ -2,13 +2,9 @@
 
     python -m benchmarks beam_photos runs/flickr8k_full/lstm/best.pt [--images 320] [--batch 32] [--threads 2]
 
-Encodes --images Flickr8k photographs (the 224x224 folder of the shared data, test-split end of the
-sorted list) once, then times beam search (beam 3, the checkpoint's decoder, `--length-penalty`)
-over them in batches of --batch, --rounds times after one warm-up round, and prints the median.
-The captions' lengths decide how long each batch runs, so random grids would not do: a trained
-decoder on real photographs ends its searches at different steps, as it does in use. It checks
-the CPU beam search's shrinking batch (done images leave the step); an older version's time comes
-from running it in a checkout of that version.
+Encodes --images Flickr8k photographs once, then times beam search (beam 3) over them in batches
+of --batch and prints the median of --rounds. A trained decoder on real photographs ends its
+searches at different steps, so this is what checks the CPU's shrinking batch.
 """
 
 from __future__ import annotations

@@ -3,12 +3,9 @@ and what `train.cpu_amp: auto`'s calibration (training/precision.py) decides for
 
     python -m benchmarks cpu_amp [--config configs/shapes_lstm.yaml] [--steps 6] [--rounds 3] [--threads N]
 
-A shapes world of a few batches is drawn into a temporary folder; both variants train the same
-model (each from the same initial weights, with its own AdamW) on the same batches, and the
-rounds alternate them so a change in the machine's load hits both alike. Printed: seconds per
-step (median over rounds) and the ratio, whether this CPU multiplies bf16 natively (without
-that, `auto` takes fp32 and this benchmark says so), and the calibration's two times and verdict:
-it should pick the precision whose real step is faster: this is what checks `train.cpu_amp: auto`.
+Both variants train the same model from the same weights on the same batches of a small shapes
+world, alternating by round. The calibration's verdict should name the faster real step: this is
+what checks `train.cpu_amp: auto`.
 """
 
 from __future__ import annotations
@@ -24,10 +21,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from captioner.core.config import load_config
-from captioner.core.runtime import cpu_has_native_bf16, set_threads
+from captioner.core.process_settings import cpu_has_native_bf16, set_threads
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.data.shapes import generate_shapes
 from captioner.models.build import build_model
 from captioner.text.vocab import Vocabulary
@@ -71,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
     parser.add_argument("--steps", type=int, default=6, help="timed steps per variant and round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: as captioner.core.process_settings sets them)")
     args = parser.parse_args(argv)
     set_threads(args.threads)
     print_environment(args)

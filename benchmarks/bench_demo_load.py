@@ -1,27 +1,14 @@
 """The demo under load: many clients at once, real photos with broken files mixed in.
 
     python -m benchmarks demo_load runs/flickr8k_lstm_lite0/best.pt
-    python -m benchmarks demo_load CHECKPOINT --compare        # also one caption at a time (--max-batch 1)
-    python -m benchmarks demo_load CHECKPOINT --reference-src /tmp/before --rounds 2  # another version, alternating
     python -m benchmarks demo_load CHECKPOINT --clients 40 --queue-size 8 --requests 4   # a flood
-    python -m benchmarks demo_load CHECKPOINT --cache-every 2 --cache-max-age 10      # a day of temp files, compressed
 
-Starts `captioner demo CHECKPOINT` in a process of its own (its temporary files under a folder
-of this script's, so they can be counted), then runs --clients threads, each with its own
-gradio_client session, each asking --requests captions one after another, as a user clicking
-Caption would: the upload, the caption, its word heatmaps downloaded as a browser fetches them
-(over one kept-alive connection; --gradio-downloads lets gradio_client download them, which
-costs the clients more CPU than the server's own work), and with --figure the page's second
-step, the downloadable figure. Every --broken-every-th request sends a broken file
-instead (a truncated JPEG, a text file named .jpg, an empty file, a PNG announcing 64 megapixels),
-which must get its one-line message. Prints: requests, answers and errors by kind, latency
-p50/p95/max, captions/s, the server's resident memory (start, peak, end) and its temporary files
-(peak, end, and after one cleanup period more). --url measures a server already running instead
-(no memory or temp-file numbers unless --pid is given).
-
-Before the run, the first photos are captioned here, one by one, with the same options; the
-served captions of those photos must be the same words (the server batches them with others).
-It sets the demo's defaults: `--max-batch 8`, `--queue-size 32`, the malloc arena cap.
+Starts `captioner demo CHECKPOINT` in its own process (or measures --url), then runs --clients
+gradio_client sessions in threads, each asking --requests captions one after another and fetching
+the word heatmaps as a browser does; every --broken-every-th upload is a broken file, which must get
+its one-line message. The first --check photos are captioned here too: the served captions must be
+the same words. Prints latency, captions/s, the server's CPU, memory and temporary files. It sets
+the demo's defaults: `--max-batch 8`, `--queue-size 32`, the malloc arena cap.
 """
 
 from __future__ import annotations
@@ -90,26 +77,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(
-    checkpoint: Path, options: list[str], temp: Path, source: Path | None = None, timeout: float = 300.0
-) -> tuple[subprocess.Popen, str, Path]:
-    """`captioner demo CHECKPOINT OPTIONS` on a free local port, its temporary folder `temp`,
-    once it answers; from the `source` tree when given (a reference version of the code).
-    -> (the server, its URL, its log file)."""
+def start_server(checkpoint: Path, options: list[str], temp: Path, timeout: float = 300.0) -> tuple[subprocess.Popen, str, Path]:
+    """`captioner demo CHECKPOINT OPTIONS` on a free local port with its temporary files in `temp`,
+    once it answers -> (the server, its URL, its log file)."""
     port = free_port()
-    env = {**os.environ, "TMPDIR": str(temp), **({"PYTHONPATH": str(source.resolve())} if source else {})}
+    env = {**os.environ, "TMPDIR": str(temp)}
     env.pop("GRADIO_TEMP_DIR", None)  # the demo makes its own cache, inside TMPDIR
     example = PHOTOS / "1001773457_577c3a7d70.jpg"
     command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(Path(checkpoint).resolve()), "--port", str(port), "--examples", str(example), *options]
     log = Path(tempfile.mkstemp(prefix="bench-demo-server-", suffix=".log")[1])  # outside `temp`: not one of its files
     with log.open("w") as output:  # the server's log, never a pipe that could fill and stall it
-        # SIGINT back to its default in the server, where a shell started this script in the
-        # background with SIGINT ignored: the server is stopped with it, as with Ctrl-C.
+        # SIGINT back to its default in the server (a shell may start this script with it ignored): Ctrl-C stops both
         restore_interrupt = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
-        # `python -m` puts the working folder first on sys.path, before PYTHONPATH: a reference
-        # tree must be the working folder too, or this checkout's captioner is the one served.
-        server = subprocess.Popen(command, env=env, cwd=source.resolve() if source else None, stdout=output,
-                                  stderr=subprocess.STDOUT, preexec_fn=restore_interrupt)
+        server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, preexec_fn=restore_interrupt)
     url = f"http://127.0.0.1:{port}/"
     wait_until_served(server, url, timeout, log)
     return server, url, log
@@ -212,14 +192,10 @@ class Answer:
     seconds: float
     text: str = ""
     photo: str = ""
-    figure_seconds: float | None = None
 
 
 def fetch_heatmaps(gallery: list[dict], session) -> bool:
-    """Download the answer's heatmaps as a browser does, over one kept-alive connection (with
-    `session`, an httpx.Client), or check the files gradio_client downloaded (session None)."""
-    if session is None:
-        return all(Path(item["image"]).is_file() for item in gallery)
+    """Download the answer's heatmaps as a browser does, over one kept-alive connection."""
     pictures = [session.get(item["image"]["url"]) for item in gallery]
     return all(r.status_code == 200 and r.content[:2] == b"\xff\xd8" for r in pictures)  # JPEGs
 
@@ -237,15 +213,14 @@ def outcome(kind: str, expected: str, answer: tuple, session) -> tuple[str, str]
 
 
 def client_run(
-    url: str, index: int, photos: list[Path], broken: list[tuple[str, Path, str]], args: argparse.Namespace, downloads: Path,
+    url: str, index: int, photos: list[Path], broken: list[tuple[str, Path, str]], args: argparse.Namespace,
     gate: threading.Barrier, answers: list[Answer],
 ) -> None:
     import httpx
     from gradio_client import Client, handle_file
 
-    own_downloads = str(downloads / str(index)) if args.gradio_downloads else False
-    client = Client(url, verbose=False, analytics_enabled=False, download_files=own_downloads)
-    session = None if args.gradio_downloads else httpx.Client(timeout=120)
+    client = Client(url, verbose=False, analytics_enabled=False, download_files=False)
+    session = httpx.Client(timeout=120)
     options = {k: v for k, v in (("beam_size", args.beam), ("max_length", args.max_length)) if v is not None}
     gate.wait()
     for r in range(args.requests):
@@ -262,16 +237,7 @@ def client_run(
             busy = "queue is full" in str(e).lower()
             answers.append(Answer(kind, "busy: queue full" if busy else f"error: {type(e).__name__}", time.perf_counter() - started))
             continue
-        seconds = time.perf_counter() - started
-        figure_seconds = None
-        if args.figure and kind == "caption":
-            started = time.perf_counter()
-            try:
-                client.predict(api_name="/figure")
-                figure_seconds = time.perf_counter() - started
-            except Exception as e:  # noqa: BLE001
-                result = f"figure error: {type(e).__name__}"
-        answers.append(Answer(kind, result, seconds, text, path.name, figure_seconds))
+        answers.append(Answer(kind, result, time.perf_counter() - started, text, path.name))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -291,7 +257,7 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
     answers: list[Answer] = []
     gate = threading.Barrier(args.clients + 1)
     threads = [
-        threading.Thread(target=client_run, args=(url, i, photos, broken, args, work / "downloads", gate, answers))
+        threading.Thread(target=client_run, args=(url, i, photos, broken, args, gate, answers))
         for i in range(args.clients)
     ]
     for t in threads:
@@ -319,9 +285,6 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
     refusals = [a.seconds for a in answers if a.kind != "caption" and a.outcome.startswith("refused")]
     if refusals:
         print(f"  broken files answered in: median {statistics.median(refusals):.2f} s, max {max(refusals):.2f} s")
-    figures = [a.figure_seconds for a in answers if a.figure_seconds is not None]
-    if figures:
-        print(f"  then the figure: p50 {percentile(figures, 0.5):.2f} s, p95 {percentile(figures, 0.95):.2f} s")
     print(f"  throughput: {report['captions_per_s']:.2f} captions/s ({len(captions)} captions with their heatmaps)")
     if cpu_before is not None and cpu_after is not None and captions:
         report["cpu_per_caption"] = (cpu_after - cpu_before) / len(captions)
@@ -345,7 +308,7 @@ def expected_captions(checkpoint: Path, photos: list[Path], args: argparse.Names
         return {}
     import torch
 
-    from captioner.data.images import load_image
+    from captioner.data.image_files import load_image
     from captioner.models.checkpoint import load_captioner
 
     torch.set_num_threads(1)
@@ -366,39 +329,12 @@ def wrong_captions(answers: list[Answer], args: argparse.Namespace) -> int:
     return len(wrong)
 
 
-def after_cleanup(url: str, temp: Path, args: argparse.Namespace) -> None:
-    """Wait one cleanup period after the load ends and count the temporary files left; then, a
-    period later (a folder emptied by the cleanup has just changed, so it is old one period
-    after), send one request (a text file: it leaves no heatmaps), which prunes the folders left
-    empty, and count again."""
-    from gradio_client import Client, handle_file
-
-    wait = args.cache_every + args.cache_max_age + 2
-    print(f"  waiting {wait:.0f} s (--cache-max-age + --cache-every) for the cleanup ...", flush=True)
-    time.sleep(wait)
-    files, folders, mb = temp_files(temp)
-    print(f"  server temporary files after it: {files} files, {folders} folders, {mb:.1f} MB")
-    time.sleep(wait)
-    note = Path(tempfile.mkdtemp(prefix="bench-demo-load-")) / "note.jpg"
-    note.write_text("not a picture")
-    Client(url, verbose=False, analytics_enabled=False, download_files=False).predict(handle_file(str(note)), api_name="/caption")
-    files, folders, mb = temp_files(temp)
-    print(f"  after one more request (which prunes the empty folders): {files} files, {folders} folders, {mb:.1f} MB")
-
-
-def served_run(
-    checkpoint: Path, photos: list[Path], args: argparse.Namespace, max_batch: int, label: str, source: Path | None = None
-) -> dict:
-    """Start a server (from `source` with its own defaults, when given), load it, stop it."""
+def served_run(checkpoint: Path, photos: list[Path], args: argparse.Namespace) -> dict:
+    """Start a server, load it, stop it."""
     temp = Path(tempfile.mkdtemp(prefix="bench-demo-server-"))
-    options = ["--max-batch", str(max_batch), "--queue-size", str(args.queue_size),
-               "--cache-every", str(args.cache_every), "--cache-max-age", str(args.cache_max_age)]
-    server, url, log = start_server(checkpoint, [] if source else options, temp, source)
+    server, url, log = start_server(checkpoint, ["--max-batch", str(args.max_batch), "--queue-size", str(args.queue_size)], temp)
     try:
-        report = load_run(url, server.pid, temp, photos, args, label)
-        if args.cache_max_age < 120 and source is None:
-            after_cleanup(url, temp, args)
-        return report
+        return load_run(url, server.pid, temp, photos, args, f"--max-batch {args.max_batch}, --queue-size {args.queue_size}")
     finally:
         server.send_signal(signal.SIGINT)  # as Ctrl-C: the server stops cleanly and logs its batch sizes
         try:
@@ -421,19 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broken-every", type=int, default=8, help="every N-th request of a client sends a broken file (0: none)")
     parser.add_argument("--beam", type=int, help="default: the page's (the model's config)")
     parser.add_argument("--max-length", type=int, help="default: the page's (the model's config)")
-    parser.add_argument("--gradio-downloads", action="store_true",
-                        help="let gradio_client download the heatmaps (a new connection and TLS context per file: "
-                             "4x the client CPU of a browser's kept-alive fetches, the default)")
-    parser.add_argument("--figure", action="store_true", help="after each caption, also ask for its figure, as the page does")
     parser.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch")
     parser.add_argument("--queue-size", type=int, default=32, help="the server's --queue-size")
-    parser.add_argument("--cache-every", type=int, default=600, help="the server's --cache-every")
-    parser.add_argument("--cache-max-age", type=int, default=3600,
-                        help="the server's --cache-max-age (under 120: wait for a cleanup and count)")
-    parser.add_argument("--compare", action="store_true", help="also run the server one caption at a time (--max-batch 1, the old queue)")
-    parser.add_argument("--reference-src", type=Path, metavar="DIR",
-                        help="also serve from this source tree, e.g. the code before: git archive COMMIT | tar -x -C DIR")
-    parser.add_argument("--rounds", type=int, default=1, help="runs of each server, alternating (with --compare or --reference-src)")
     parser.add_argument("--check", type=int, default=12, help="photos captioned here first, to compare with the served captions")
     parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
     args = parser.parse_args(argv)
@@ -448,25 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     args.expected = expected_captions(args.checkpoint, photos, args) if args.checkpoint else {}
     if args.url:
         report = load_run(args.url, args.pid, None, photos, args, f"the demo at {args.url}")
-        return 1 if report["wrong"] else 0
-    reports: list[tuple[str, dict]] = []
-    for round_ in range(1, args.rounds + 1):
-        if args.reference_src:
-            name = f"reference ({args.reference_src})"
-            reports.append((name, served_run(args.checkpoint, photos, args, 1, f"{name}, round {round_}", args.reference_src)))
-        if args.compare:
-            name = "one caption at a time (--max-batch 1)"
-            reports.append((name, served_run(args.checkpoint, photos, args, 1, f"{name}, round {round_}")))
-        name = f"batched (--max-batch {args.max_batch})"
-        reports.append((name, served_run(args.checkpoint, photos, args, args.max_batch, f"{name}, round {round_}")))
-    if len(reports) > 1:
-        print("\n| server | p50 s | p95 s | max s | captions/s | server CPU s per caption | RSS start / peak / end MB |")
-        print("|---|---:|---:|---:|---:|---:|---|")
-        for name, r in reports:
-            print(f"| {name} | {r.get('p50', 0):.2f} | {r.get('p95', 0):.2f} | {r.get('max', 0):.2f} | {r['captions_per_s']:.2f} | "
-                  f"{r.get('cpu_per_caption', 0):.3f} | "
-                  f"{r.get('rss_start', 0):.0f} / {r.get('rss_peak', 0):.0f} / {r.get('rss_end', 0):.0f} |")
-    return 1 if any(r["wrong"] for _, r in reports) else 0
+    else:
+        report = served_run(args.checkpoint, photos, args)
+    return 1 if report["wrong"] else 0
 
 
 if __name__ == "__main__":

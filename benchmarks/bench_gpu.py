@@ -1,33 +1,15 @@
 """The GPU benchmark: training and beam search throughput of the COCO configs beside the reference.
 
     python -m benchmarks gpu [--steps 30] [--out runs/bench_gpu.json] [--reference DIR_OR_GIT_DIR]
-    python -m benchmarks gpu --configs coco_lstm_resnet101 --device-preprocess decode --parts training   # the GPU decodes the JPEGs
+    python -m benchmarks gpu --configs coco_lstm_resnet101 --device-preprocess decode --parts training
     python -m benchmarks gpu --device cpu --tiny      # smoke test of the code paths, NOT a measurement
 
-On CUDA with bf16 autocast, for configs/coco_lstm_resnet101.yaml and coco_transformer_resnet101.yaml:
-
-1. training throughput (captions/s, images/s) with the configs' encoder (ResNet-101 at 448 px,
-   top blocks fine-tuned) and batch, from COCO-sized 640x480 JPEG files that this script writes,
-   through the real DataLoader (the configs' workers, decoding, resizing, augmentation) and
-   train.py's `caption_loss`, with AdamW as train.py builds it;
-2. the same with the encoder frozen: train.py's cached-feature path (grids precomputed once),
-   read from host memory, and held on the device as data.features_on_device does;
-3. the SCST step (both baselines) on cached grids, its measured steps under
-   torch.cuda.set_sync_debug_mode("error"), so a host-device sync stops the benchmark;
-4. the decoder step eager, compiled (fullgraph) and compiled with CUDA graphs (reduce-overhead);
-5. beam search throughput (images/s) for beam 3 and 5 at batch 1, 64 and 256 from cached grids,
-   <eos> unreachable so every run decodes the configs' decode.max_length steps; eager, then with
-   the step replayed as a CUDA graph (decode.cuda_graphs), with how many captions stayed the same;
-6. peak GPU memory (torch.cuda) and GPU utilisation over each measured window (pynvml, when
-   installed: `pip install nvidia-ml-py`);
-7. the reference (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning, read from its repository at
-   run time, see benchmarks/reference_sat.py): its training step with its encoder fine-tuned, its
-   decoder step on cached grids, and its beam search one image at a time.
-
-ResNet-101 runs with random weights (ImageNet weights cannot be downloaded everywhere; the cost
-is the same). Prints each row as it is measured and a table at the end, and writes everything to
---out as JSON after every row ("complete": false until the last), with an estimate of one COCO
-epoch (Karpathy train, 113,287 images) for each training row.
+With bf16 autocast and random ResNet-101 weights, on synthetic 640x480 JPEGs through the real
+loader: training (encoder fine-tuned, frozen on cached grids, grids on the device), the SCST step
+under torch.cuda.set_sync_debug_mode("error"), the decoder step eager / compiled / CUDA graphs,
+beam search at batch 1, 64 and 256 (<eos> unreachable), peak memory and GPU utilisation (pynvml),
+and the reference (benchmarks/reference_sat.py) where its repository is given. Each row is
+printed and written to --out as it is measured ("complete": false until the last).
 """
 
 from __future__ import annotations
@@ -53,10 +35,10 @@ from benchmarks import reference_sat  # noqa: E402
 from benchmarks import timing  # noqa: E402
 
 from captioner.core.config import Config, load_config  # noqa: E402
-from captioner.core.runtime import loader_workers  # noqa: E402
+from captioner.core.process_settings import loader_workers  # noqa: E402
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions  # noqa: E402
 from captioner.data.device_decode import PREPROCESS_CHOICES, device_preprocess  # noqa: E402
-from captioner.data.images import ImageTransform, normalize_images  # noqa: E402
+from captioner.data.image_transform import ImageTransform, normalize_images  # noqa: E402
 from captioner.data.records import ImageRecord  # noqa: E402
 from captioner.models.build import build_model  # noqa: E402
 from captioner.models.captioner import Captioner  # noqa: E402
@@ -589,16 +571,11 @@ def print_table(results: dict) -> None:
     print(f"\n{results['device']}, torch {results['torch']}")
     print("| who | config | encoder | captions/s | images/s | peak GiB | GPU util % | COCO epoch (h) |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
-    reference = {r["encoder"]: r for r in results["training"] if r["who"] == "reference"}
     for r in results["training"]:
         print(
             f"| {r['who']} | {r['config']} | {r['encoder']} | {r['captions_per_s']:.1f} | {r['images_per_s']:.1f} | "
             f"{fmt(r['peak_memory_gib'], '.1f')} | {fmt(r['gpu_utilisation_percent'], '.0f')} | {r['coco_epoch_hours']:.2f} |"
         )
-    for r in results["training"]:
-        if r["who"] == "ours" and r["encoder"] in reference:
-            ratio = r["captions_per_s"] / reference[r["encoder"]]["captions_per_s"]
-            print(f"{r['config']} ({r['encoder']}): {ratio:.1f}x the reference's captions/s")
     print("\n| SCST | baseline | samples | captions/s | images/s | peak GiB | GPU util % | syncs checked |\n|---|---|---:|---:|---:|---:|---:|---|")
     for r in results["scst"]:
         print(
@@ -617,11 +594,6 @@ def print_table(results: dict) -> None:
         graphs = "CUDA graph" if r.get("cuda_graphs") else "eager"
         same = f"{100 * r['same_as_eager']:.0f}%" if "same_as_eager" in r else ""
         print(f"| {r['who']} | {r['config']} | {graphs} | {r['beam']} | {r['batch']} | {r['steps']} | {r['images_per_s']:.1f} | {same} |")
-    ref_beam = {r["beam"]: r["images_per_s"] for r in results["beam"] if r["who"] == "reference"}
-    for r in results["beam"]:
-        if r["who"] == "ours" and r["beam"] in ref_beam:
-            graphs = ", CUDA graph" if r.get("cuda_graphs") else ""
-            print(f"{r['config']}{graphs} beam {r['beam']} batch {r['batch']}: {r['images_per_s'] / ref_beam[r['beam']]:.1f}x the reference's images/s")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,14 @@
 """Time the official COCO metrics over all of COCO val2014: pycocoevalcap's own code (before) and
 `score_official` (after), stage by stage, with the largest difference between their scores.
 
-Predictions are the first reference caption of each of the 40,504 images, scored against all its
-references (itself included, so the scores are high): a full-size workload, not a result. With
---held-out the first caption is scored against the other ones instead: a human's caption, with the
-words and paraphrases a model's would have, which is what checks METEOR's cut paraphrase table.
-
     python -m benchmarks metrics [path/to/captions_val2014.json] [--images N] [--held-out]
         [--meteor-processes P] [--no-before] [--spice]
 
-The default annotation file is coco/captions_val2014.json under $CAPTIONER_SHARED_DATA, else under
-the shared/data folder beside the repository. After runs first, then before, then fast_scores;
-the machine's load average is printed with each, since other work on the cores slows them all,
-and the CPU seconds of each path (Python and Java apart), which other work hardly changes. It
-decides `meteor.default_processes` (one METEOR process per free core) and checks that the
-official scores stay equal to pycocoevalcap's to the last digit.
+Each image's first reference is scored against its references (a full-size workload, not a
+result); --held-out scores it against the other four, which exercises METEOR's paraphrases. The
+default file is coco/captions_val2014.json under $CAPTIONER_SHARED_DATA. Wall and CPU seconds are
+printed per path. It decides `meteor.default_processes` and checks the official scores stay equal
+to pycocoevalcap's.
 """
 
 from __future__ import annotations

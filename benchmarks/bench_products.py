@@ -3,11 +3,9 @@ with a reordered weight (`captioner.models.products`), side by side, alternating
 
     python -m benchmarks products [--threads N] [--repeats 20]
 
-It decides the route of `captioner.models.products` (oneDNN where it is faster, measured once per
-machine). The shapes are the LSTM decoder's at COCO sizes (10,000 words, 512 wide, a 14x14x2048
-grid): a beam-search step of 32 images x 3 beams (96 rows), one
-image (3 rows), and the training step of 32 captions x 20 words (its forward and both backward
-products). Each row also gives the largest difference from float64, for both routes.
+It decides the route of `captioner.models.products`. The shapes are the LSTM decoder's at COCO
+sizes (beam steps of 96 and 3 rows, the training step's forward and backward products); each row
+also gives both routes' largest difference from float64.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from captioner.core.runtime import set_threads
+from captioner.core.process_settings import set_threads
 from captioner.models import products
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
@@ -49,7 +47,7 @@ def alternating(a: Callable[[], object], b: Callable[[], object], repeats: int) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("products", __doc__)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: as captioner.core.process_settings sets them)")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
     set_threads(args.threads)

@@ -4,13 +4,9 @@
     python -m benchmarks stored_step [--config configs/flickr8k_lstm_lite0.yaml] [--steps 6]
         [--rounds 3] [--threads N] [--profile 20] [overrides ...]
 
-The batches are the config's own: its training split's captions (all five per image where
-`data.captions_per_image: all`), its vocabulary, its batch size, drawn as the loader draws
-them. The grids stand in for the store's rows: random fp16 of the encoder's shape (7x7x1280 for
-EfficientNet-Lite0 at 224 px); a step's arithmetic depends on their shape, not their values, and
-no ImageNet weights or store are needed. The captions are read from `data.root` (for Flickr8k,
-`data.root=data/flickr8k`). Timings of two versions of the code come from running it from a
-checkout of each; `--profile` is the tool for a step that misses its speed goal.
+The batches are the config's own (its training captions from `data.root`, vocabulary and batch
+size); random fp16 grids of the encoder's shape stand in for the store's rows, since a step's cost
+depends on their shape only. Another version's time comes from running it in that checkout.
 """
 
 from __future__ import annotations
@@ -23,11 +19,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from captioner.core.config import load_config
-from captioner.core.runtime import set_threads
+from captioner.core.process_settings import set_threads
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
-from captioner.data.images import ImageTransform
-from captioner.data.store import output_grid
+from captioner.data.image_transform import ImageTransform
+from captioner.data.store_splits import output_grid
 from captioner.models.build import build_model
 from captioner.text.vocab import Vocabulary
 
@@ -56,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(ROOT / "configs" / "flickr8k_lstm_lite0.yaml"))
     parser.add_argument("--steps", type=int, default=6, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.runtime's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.process_settings's)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="then profile the steps and list the N costliest operators")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.root=data/flickr8k")
     args = parser.parse_args(argv)

@@ -3,11 +3,8 @@ against a competing process, side by side in one run.
 
     python -m benchmarks threads [--config configs/shapes_lstm.yaml] [--steps 8] [--rounds 2]
 
-Each worker is a fresh process that trains `--steps` steps of the config's model on the first
-batches of its training split (after one warm-up step) and prints its seconds per step. For each
-thread count the driver runs one worker alone, then two at once (the competitor is an identical
-worker). Rounds alternate the settings so slow drifts in the background load hit all of them.
-It decides `train.threads: 0` (captioner/core/runtime.py): the free cores, not all of them.
+Each worker is a fresh process; the competitor is an identical worker; rounds alternate the
+settings. It decides `train.threads: 0` (captioner/core/process_settings.py): the free cores, not all.
 """
 
 from __future__ import annotations
@@ -30,10 +27,10 @@ def worker(config_path: str, steps: int, threads: int) -> None:
     from torch.utils.data import DataLoader
 
     from captioner.core.config import load_config
-    from captioner.core.runtime import set_threads
+    from captioner.core.process_settings import set_threads
     from captioner.data.batching import CaptionDataset, collate_captions
     from captioner.data.datasets import load_split
-    from captioner.data.images import ImageTransform
+    from captioner.data.image_transform import ImageTransform
     from captioner.models.build import build_model
     from captioner.text.vocab import Vocabulary
     from captioner.training.loop import caption_loss

@@ -1,12 +1,9 @@
 """How often the in-process tokenizer gives exactly the Java PTB tokenizer's tokens.
 
-Runs pycocoevalcap's PTBTokenizer (Stanford CoreNLP 3.4.1, Java, with its punctuation removal)
-once over every caption of a COCO caption file, tokenises the same captions with
-`captioner.text.tokenizer.tokenize`, and prints the share of captions whose token lists are equal,
-the commonest disagreeing tokens, and a few disagreeing captions. It is what lets `--fast`
-metrics tokenise in process: the agreement must stay near 100%.
-
     python -m benchmarks tokenizer data/coco/captions_val2014.json
+
+Prints the share of captions whose tokens are equal, the commonest disagreements and a few
+captions. It is what lets `--fast` metrics tokenise in process: the agreement must stay near 100%.
 """
 
 from __future__ import annotations

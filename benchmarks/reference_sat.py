@@ -1,11 +1,6 @@
 """The reference Show-Attend-Tell implementation (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning),
-read from its repository at run time for side-by-side benchmarks. Nothing of it is copied here.
-
-Its `models.py` is read from a checkout or a bare git directory (`git show HEAD:models.py`),
-written to a temporary folder and imported from there. Its training step (train.py) and its beam
-search (caption.py's `caption_image_beam_search`, which needs scipy.misc and an image file and so
-cannot be imported) are driven below exactly as its code drives its decoder, step for step, on
-features we give it.
+read from its repository at run time (a checkout, or `git show HEAD:models.py` of a git directory)
+and driven below as its train.py and caption.py drive its decoder. Nothing of it is copied here.
 """
 
 from __future__ import annotations

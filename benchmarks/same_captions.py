@@ -5,12 +5,10 @@
     python -m benchmarks same_captions record new.json RUN [RUN ...]
     python -m benchmarks same_captions compare old.json new.json [--score-tolerance 1e-5]
 
-`record` captions every test image of each run's own dataset (its config's data section) by beam
-search with each of `--beams` (default 3 and 5), keeping all K hypotheses per image (n_best = K),
-with the run's own decoding options (length penalty, minimum length, bad endings, trigrams), and
-writes their word ids and scores. The images are encoded once per run and decoded from the same
-features for every beam size. `compare` lists every image whose word ids differ and the largest
-score difference; it exits 1 if any caption differs or a score moves by more than the tolerance.
+`record` writes every hypothesis (n_best = K) of every test image of each run's dataset, for each
+of `--beams`, with the run's own decoding options. `compare` lists the images whose word ids
+differ and the largest score change; it exits 1 if a caption differs or a score moves by more than
+the tolerance.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from pathlib import Path
 import torch
 
 from captioner.data.datasets import load_split
-from captioner.data.pictures import load_image
+from captioner.data.image_files import load_image
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import checkpoint_config
 

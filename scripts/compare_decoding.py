@@ -41,7 +41,7 @@ def compare(
     checkpoint: str, split: str, device: str, batch_size: int | None, variants: dict[str, dict[str, float]] | None = None,
     json_path: str | None = None, ensemble: list[str] | None = None, combine: str | None = None,
 ) -> None:
-    from captioner.core.runtime import set_threads
+    from captioner.core.process_settings import set_threads
     from captioner.data.datasets import load_split
     from captioner.evaluation.evaluate import decode_variants, encode_records
     from captioner.models.checkpoint import checkpoint_config

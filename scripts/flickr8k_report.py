@@ -3,9 +3,10 @@ row, caption statistics (vocabulary, captions copied from training, length), a g
 photographs with every model's caption and a human one, and the images the best model does worst.
 
     python scripts/flickr8k_report.py --run LSTM=runs/flickr8k_full/lstm --run "LSTM blind=runs/flickr8k_full/lstm_blind" \\
-        --best LSTM --out runs/flickr8k_full/report --gallery-images ../shared/data/flickr8k/images
+        --best LSTM --out runs/flickr8k_full/report --gallery-images data/flickr8k/images
 
-Each run folder holds `best.pt`, and `results_test.json` and `scores_test.json` from
+--gallery-images is a folder of the Flickr8k photographs at full resolution, such as the images/
+folder that `captioner data flickr8k --root data/flickr8k` writes. Each run folder holds `best.pt`, and `results_test.json` and `scores_test.json` from
 `captioner evaluate RUN/best.pt --split test --out RUN`. Writes report.md, report.json,
 gallery.jpg and worst.jpg to --out. Needs Java (the official metrics) unless --no-human.
 """
@@ -56,7 +57,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     from PIL import Image
 
     from captioner.data.datasets import load_split
-    from captioner.data.images import load_image
+    from captioner.data.image_files import load_image
     from captioner.evaluation.caption_stats import corpus_stats, unmatched_words
     from captioner.evaluation.human import leave_one_out
     from captioner.evaluation.metrics import fast_scores, score_official_many

@@ -17,7 +17,8 @@ tests/data/golden/ holds, made once by `--models` and committed:
 captions.json holds, for each shapes model (both checkpoints and the export) on the pictures, and
 for the packaged model (captioner.default_model()) on the first Flickr8k test photographs (from
 the shared data folder, as scripts/packaged_captions.py picks them), the captions of every
-decoding in DECODINGS, each with its token ids, text and score as repr(float); the ONNX runtime on
+decoding in DECODINGS, each with its token ids, text, score as repr(float) and attention maps
+(shape and checksum); the ONNX runtime on
 the committed ONNX bundle when onnxruntime is installed (the test also holds a fresh ONNX export
 of today's code to them); the state dicts' names and shapes and the sha256 of every committed model
 file (they are the "from before" files: never rewrite them after the format changed); and
@@ -158,8 +159,17 @@ def file_checksums() -> dict[str, str]:
 
 
 def record_caption(caption: Any) -> dict[str, Any]:
+    """A caption as captions.json holds it: words, ids, scores as repr(float), and its attention
+    maps (T, L, H, h, w) by shape and the sha256 of their float32 bytes."""
+    import hashlib
+
+    import numpy as np
+
+    attn = caption.attn.numpy() if hasattr(caption.attn, "numpy") else caption.attn
+    attn = np.ascontiguousarray(attn, dtype=np.float32)
     return {"text": caption.text, "tokens": [int(t) for t in caption.tokens], "score": repr(float(caption.score)),
-            "logprob": repr(float(caption.logprob)), "finished": bool(caption.finished)}
+            "logprob": repr(float(caption.logprob)), "finished": bool(caption.finished),
+            "attn_shape": list(attn.shape), "attn_sha256": hashlib.sha256(attn.tobytes()).hexdigest()}
 
 
 def caption_all(model: Any, images: list) -> dict[str, Any]:

@@ -3,10 +3,12 @@ write what it said to tests/data/packaged_captions.json: the file tests/test_pac
 holds the installed model to (byte for byte on the processor that wrote it, within a stated
 tolerance of the scores elsewhere).
 
-    python scripts/packaged_captions.py --photos ../shared/data/flickr8k/images --split ../shared/data/flickr8k/Flickr_8k.testImages.txt
+    python scripts/packaged_captions.py --photos data/flickr8k/images --split data/flickr8k/Flickr_8k.testImages.txt
 
-The photographs are the first COUNT test-split files (by name) present in --photos: photographs
-the model never trained or was tuned on. Run it again after packaging another model.
+--photos is a folder of Flickr8k's photographs and --split its official test split file, as
+`captioner data flickr8k --root data/flickr8k` writes them. The photographs are the first COUNT
+test-split files (by name) present in --photos: photographs the model never trained or was tuned
+on. Run it again after packaging another model.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import suite_timeline
 # What the library measures about the machine (core/machine_cache.py) goes to a folder of the
 # test session's, not the user's ~/.cache; child processes inherit it, so they share one decision.
 # One torch thread per test process: run_tests.sh runs one pytest worker per core, and a fixed
-# count keeps a test's training run from changing threads midway (core.runtime.ThreadGovernor),
+# count keeps a test's training run from changing threads midway (core.process_settings.ThreadGovernor),
 # so runs that must agree to the bit (resume, DDP against one process) sum in one order.
 os.environ.setdefault("CAPTIONER_THREADS", "1")
 # The controller (or the only process) makes it and removes it at the end: it holds METEOR's

@@ -6,6 +6,7 @@ The contracts live in pyproject.toml ([tool.importlinter]); `lint-imports` check
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -78,8 +79,45 @@ def test_import_captioner_is_light() -> None:
     assert not loaded_after("import captioner") & {*HEAVY, "torch"}
 
 
-@pytest.mark.parametrize("module", ["captioner.models.checkpoint", "captioner.models.build", "captioner.data.store", "captioner.data.datasets"])
+@pytest.mark.parametrize("module", ["captioner.models.checkpoint", "captioner.models.build", "captioner.data.store_splits", "captioner.data.datasets"])
 def test_the_library_layers_load_no_ui_plotting_or_metric_stack(module: str) -> None:
     loaded = loaded_after(f"import {module}")
     assert "torch" in loaded or module == "captioner.data.datasets"
     assert not loaded & set(HEAVY) - ({"pycocotools"} if module == "captioner.data.datasets" else set())
+
+
+# Functions and modules past the size limits, each owned by work still under way; an entry goes
+# when its function or module is split (the tests below fail on an entry no longer needed).
+LONG_FUNCTIONS: set[tuple[str, str]] = set()
+LONG_MODULES = {
+    "captioner/core/config.py",  # one config class per decoder in the model spec
+}
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 400
+
+
+def function_lengths() -> dict[tuple[str, str], int]:
+    """Lines of every function and method in captioner/ (decorators left out), by (file, name)."""
+    lengths: dict[tuple[str, str], int] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                key = (path.relative_to(ROOT).as_posix(), node.name)
+                lengths[key] = max(lengths.get(key, 0), node.end_lineno - node.lineno + 1)
+    return lengths
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    """An orchestrator reads as a list of named steps, each a function that can be tested alone."""
+    lengths = function_lengths()
+    long = {key for key, lines in lengths.items() if lines > MAX_FUNCTION_LINES}
+    assert not long - LONG_FUNCTIONS, {f"{path}::{name}": lengths[path, name] for path, name in sorted(long - LONG_FUNCTIONS)}
+    assert not LONG_FUNCTIONS - long, f"no longer over {MAX_FUNCTION_LINES} lines: take them off LONG_FUNCTIONS: {sorted(LONG_FUNCTIONS - long)}"
+
+
+def test_no_module_is_longer_than_400_lines() -> None:
+    """A module that grows past 400 lines has usually taken a second job: split it by job."""
+    lengths = {path.relative_to(ROOT).as_posix(): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    long = {path for path, lines in lengths.items() if lines > MAX_MODULE_LINES}
+    assert not long - LONG_MODULES, {path: lengths[path] for path in sorted(long - LONG_MODULES)}
+    assert not LONG_MODULES - long, f"no longer over {MAX_MODULE_LINES} lines: take them off LONG_MODULES: {sorted(LONG_MODULES - long)}"

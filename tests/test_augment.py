@@ -14,13 +14,8 @@ from PIL import Image
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from captioner.data.batching import CaptionDataset
-from captioner.data.images import (
-    CROP_MIN_SCALE,
-    ImageTransform,
-    RandomWindowCrop,
-    crop_window,
-    load_image,
-)
+from captioner.data.image_files import load_image
+from captioner.data.image_transform import CROP_MIN_SCALE, ImageTransform, RandomWindowCrop, crop_window
 from captioner.data.records import ImageRecord
 
 SHAPES = {"4:3": (500, 375), "3:4": (375, 500), "16:9": (640, 360)}  # (width, height)

@@ -15,7 +15,8 @@ from helpers import REPO
 
 from captioner.core.config import EncoderConfig
 from captioner.core.errors import ConfigError
-from captioner.data.images import ImageTransform, load_image, normalize_images
+from captioner.data.image_files import load_image
+from captioner.data.image_transform import ImageTransform, normalize_images
 from captioner.models.backbones import (
     LITE_WEIGHTS,
     NORMALIZATIONS,

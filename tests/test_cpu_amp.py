@@ -16,7 +16,7 @@ import captioner.training.precision as precision
 from captioner.core.config import config_from_dict
 from captioner.core.errors import ConfigError
 from captioner.data.batching import CaptionDataset, collate_captions
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.training.distributed import Distributed
 from captioner.training.schedule import make_scheduler
@@ -143,12 +143,12 @@ def test_a_run_decides_before_its_first_step_and_records_the_choice(tmp_path: Pa
         dtypes.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32)
         return original(model, batch, config, encoded, totals, forward)
 
-    monkeypatch.setattr("captioner.training.fit.caption_loss", caption_loss)
+    monkeypatch.setattr("captioner.training.run_setup.caption_loss", caption_loss)
     generate_shapes(tmp_path / "shapes", 8, 2, 1, image_size=32, seed=0, progress=False)
     overrides = ["data.batch_size=4", "train.epochs=1", "train.device=cpu", "train.val_max_images=2", "decode.max_length=6",
                  f"data.root={tmp_path / 'shapes'}", "train.cpu_amp=auto"]
     for run in ("a", "b"):
-        with caplog.at_level("DEBUG", logger="captioner.training.fit"):
+        with caplog.at_level("DEBUG", logger="captioner.training.run_setup"):
             fit(tiny_config(*overrides, f"train.out_dir={tmp_path / run}"))
         saved = torch.load(tmp_path / run / "last.pt", weights_only=True)["train_state"]
         assert saved["cpu_bf16"] is True and saved["threads"] == torch.get_num_threads()

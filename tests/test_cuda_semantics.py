@@ -321,7 +321,7 @@ def test_scst_with_the_reward_copied_to_the_host_fails_on_fake_cuda(tmp_path) ->
     from test_sync import HostReward
 
     from captioner.core.config import ScstConfig
-    from captioner.training.rewards import DeviceReward
+    from captioner.training.device_reward import DeviceReward
     from captioner.training.scst import SelfCritical
 
     model = tiny_model("model.decoder.type=lstm").train()

@@ -18,7 +18,7 @@ from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.coco import load_coco_captions, load_karpathy
 from captioner.data.datasets import load_split
 from captioner.data.flickr8k import load_flickr8k
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.text.vocab import Vocabulary
 
 

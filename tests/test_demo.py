@@ -37,7 +37,7 @@ from captioner.apps.demo.server import close, default_checkpoint, launch  # noqa
 from captioner.apps.demo.ui import Callbacks, build_demo, enable_download  # noqa: E402
 from captioner.core.config import load_config  # noqa: E402
 from captioner.core.errors import CaptionerError, CheckpointError  # noqa: E402
-from captioner.data.images import load_image  # noqa: E402
+from captioner.data.image_files import load_image  # noqa: E402
 from captioner.models.caption import Caption  # noqa: E402
 from captioner.models.checkpoint import load_captioner, save_checkpoint  # noqa: E402
 

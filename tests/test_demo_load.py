@@ -29,7 +29,7 @@ import httpx  # noqa: E402 (gradio_client's HTTP client)
 from captioner.apps.demo.batcher import CaptionBatcher, Job  # noqa: E402
 from captioner.apps.demo.server import close, launch  # noqa: E402
 from captioner.apps.demo.ui import Callbacks, Cleanup, build_demo  # noqa: E402
-from captioner.data.images import load_image  # noqa: E402
+from captioner.data.image_files import load_image  # noqa: E402
 from captioner.models.checkpoint import load_captioner, save_checkpoint  # noqa: E402
 
 OPTIONS = {"beam_size": 3, "max_length": 8}
@@ -310,7 +310,7 @@ def test_each_process_that_serves_a_page_gets_a_gradio_cache_of_its_own(monkeypa
 
 def test_an_empty_folder_goes_at_the_second_prune_that_finds_it_empty_whatever_its_time(tmp_path: Path) -> None:
     """Gradio's deletions renew a folder's modification time; what is deleted does not depend on it."""
-    from captioner.apps.demo.figures import prune_folders
+    from captioner.apps.demo.page_figures import prune_folders
 
     keep, emptied, holding = (tmp_path / name for name in ("page", "emptied", "holding"))
     for folder in (keep, emptied, holding):

@@ -29,7 +29,7 @@ from captioner.apps.demo.choices import MEAN  # noqa: E402
 from captioner.apps.demo.server import close, launch  # noqa: E402
 from captioner.apps.demo.ui import Callbacks, build_demo  # noqa: E402
 from captioner.core.errors import RequestError  # noqa: E402
-from captioner.data.images import load_image  # noqa: E402
+from captioner.data.image_files import load_image  # noqa: E402
 from captioner.models.captioner import Captioner  # noqa: E402
 from captioner.models.checkpoint import load_captioner, save_checkpoint  # noqa: E402
 

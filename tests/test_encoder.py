@@ -15,7 +15,7 @@ from torchvision.transforms import v2
 from captioner.apps.cli import main
 from captioner.core.config import EncoderConfig, load_config
 from captioner.core.errors import ConfigError
-from captioner.data.images import IMAGENET
+from captioner.data.image_transform import IMAGENET
 from captioner.models.backbones import BACKBONES, NORMALIZATIONS, backbone
 from captioner.models.build import build_model
 from captioner.models.checkpoint import load_captioner, save_checkpoint

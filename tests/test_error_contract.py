@@ -44,7 +44,7 @@ class Row:
 # What must not run before a command has refused: the work each command does.
 WORK = {
     "train": "captioner.apps.runs.train_run",
-    "features": "captioner.data.store.ensure_store",
+    "features": "captioner.data.store_extract.ensure_store",
     "evaluate": "captioner.evaluation.evaluate.evaluate",
     "data shapes": "captioner.data.shapes.generate_shapes",
 }
@@ -215,10 +215,10 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
         monkeypatch.setattr("captioner.apps.commands.evaluate.load_model", refuse("a model loaded before the prerequisites were checked"))
     if "no_spice_models" in setup:  # offline, and never downloaded: the library warns and scores without SPICE
         def offline() -> bool:
-            logging.getLogger("captioner.evaluation.java").warning("SPICE skipped: the Stanford CoreNLP 3.6.0 models are not here")
+            logging.getLogger("captioner.evaluation.spice_models").warning("SPICE skipped: the Stanford CoreNLP 3.6.0 models are not here")
             return False
 
-        monkeypatch.setattr("captioner.evaluation.java.ensure_spice_models", offline)
+        monkeypatch.setattr("captioner.evaluation.spice_models.ensure_spice_models", offline)
     if "no_caption" in setup:  # the folder is checked before the model loads
         monkeypatch.setattr("captioner.apps.commands.caption.load_model", refuse("a model loaded before the figure folder was checked"))
     if "shapes_world" in setup:  # the model's data, there: one image a split
@@ -234,7 +234,8 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
         monkeypatch.setattr("captioner.apps.export.export_model", refuse("export wrote files before checking its prerequisites"))
     if "no_onnxruntime" in setup:
         monkeypatch.setitem(sys.modules, "onnxruntime", None)
-        monkeypatch.delitem(sys.modules, "captioner.deploy.bundle", raising=False)
+        for loaded in ("captioner.deploy.bundle", "captioner.deploy.runtime"):  # an earlier test may have imported them
+            monkeypatch.delitem(sys.modules, loaded, raising=False)
     if "offline" in setup:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not

@@ -156,7 +156,7 @@ STORE = """
     import numpy as np
     from captioner.core.errors import StorageError
     from captioner.data.datasets import load_split
-    from captioner.data.store import ensure_store, extract
+    from captioner.data.store_extract import ensure_store, extract
     from test_feature_store import frozen_model, shapes_config
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")

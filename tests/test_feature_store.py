@@ -19,14 +19,10 @@ from captioner.core.config import Config, load_config
 from captioner.core.errors import CaptionerError, FeatureStoreError
 from captioner.data.batching import image_loader
 from captioner.data.datasets import load_split
-from captioner.data.store import (
-    ensure_store,
-    extract,
-    open_store,
-    split_features,
-    store_dir,
-    store_files,
-)
+from captioner.data.store_extract import ensure_store, extract
+from captioner.data.store_format import store_dir, store_files
+from captioner.data.store_reader import open_store
+from captioner.data.store_splits import split_features
 from captioner.evaluation.evaluate import caption_records, decode_variants, encode_records
 from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
@@ -127,7 +123,7 @@ def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, t
 
     encoded = []
     monkeypatch.setattr(model.encoder, "stored_part", lambda images: encoded.append(len(images)) or stored_part(images))
-    caplog.set_level(logging.INFO, logger="captioner.data.store")
+    caplog.set_level(logging.INFO, logger="captioner.data.store_extract")
     resumed = ensure_store(model.encoder, model.transform, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
     assert "train: resuming at row 12 of 40 -> 40 x 2x2 x 1280 fp16" in caplog.text
     assert sum(encoded) == 1 + 40 - 12  # the probe, then only the rows not yet written
@@ -236,9 +232,9 @@ def test_a_store_of_other_pixel_statistics_is_stale(shapes_root: Path, tmp_path:
 
 def test_extraction_stops_when_the_disk_is_full(shapes_root: Path, tmp_path: Path, monkeypatch, capsys, caplog) -> None:
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr("captioner.data.store.shutil.disk_usage", lambda path: Usage(10**9, 10**9 - 10_000, 10_000))
+    monkeypatch.setattr("captioner.data.store_extract.shutil.disk_usage", lambda path: Usage(10**9, 10**9 - 10_000, 10_000))
     args = ["features", "configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "--splits", "train", "--out", str(tmp_path / "store")]
-    caplog.set_level(logging.INFO, logger="captioner.data.store")
+    caplog.set_level(logging.INFO, logger="captioner.data.store_extract")
     assert main(args) == 2
     captured = capsys.readouterr()
     assert "train: 40 images -> 40 x 2x2 x 1280 fp16 = 409.6 KB" in caplog.text  # said before it starts
@@ -305,7 +301,7 @@ def test_bad_store_settings_are_one_line_errors(capsys) -> None:
 def test_a_fine_tuned_encoder_is_its_stored_part_then_its_top_blocks() -> None:
     """`forward` = `from_stored(stored_part(...))` at every cut; the rows' fingerprint covers the
     frozen blocks alone (a frozen encoder's: its whole state dict, so stores made before stay valid)."""
-    from captioner.data.store import encoder_fingerprint
+    from captioner.data.store_format import encoder_fingerprint
     from captioner.models.encoders import square_grid
 
     images = torch.randint(0, 256, (3, 3, 64, 64), dtype=torch.uint8)

@@ -6,10 +6,11 @@ cut-off beams, seeded sampling), both decoders, the checkpoint, the export, the 
 the torch-free runtime and the packaged model on Flickr8k photographs.
 
 On the machine (processor, cores, torch) that wrote the file, on one thread and the same route
-for the dense layers' products, the record is equal byte for byte: texts, token ids and every score
-as repr(float). Elsewhere, where other kernels sum in other orders
+for the dense layers' products, the record is equal byte for byte: texts, token ids, every score
+as repr(float) and the attention maps' float32 bytes (by checksum). Elsewhere, where other kernels sum in other orders
 (tests/test_packaged_captions.py's reasoning), greedy captions are worded the same, every score of a
-caption worded the same is within SCORE_TOLERANCE of the recorded one, and at most one caption in
+caption worded the same is within SCORE_TOLERANCE of the recorded one (its attention maps of the
+recorded shape), and at most one caption in
 six of the other decodings is worded otherwise (a near tie in a beam or a draw may fall the other
 way).
 
@@ -72,6 +73,8 @@ def assert_as_recorded(got: dict[str, Any], want: dict[str, Any], what: str) -> 
         far = [(g["text"], g["score"], w["score"]) for g, w in pairs
                if g["text"] == w["text"] and abs(float(g["score"]) - float(w["score"])) > SCORE_TOLERANCE]
         assert not far, f"{what}, {name}: scores beyond {SCORE_TOLERANCE} of the recorded ones: {far}"
+        shapes = [(g["text"], g["attn_shape"], w["attn_shape"]) for g, w in pairs if g["text"] == w["text"] and g["attn_shape"] != w["attn_shape"]]
+        assert not shapes, f"{what}, {name}: attention maps of other shapes than recorded: {shapes}"
 
 
 def first_difference(got: dict[str, list[dict]], want: dict[str, list[dict]]) -> str:

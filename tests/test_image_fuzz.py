@@ -23,12 +23,8 @@ from helpers import tiny_model
 from PIL import EpsImagePlugin, Image
 
 from captioner.core.errors import ImageLoadError
-from captioner.data.images import (
-    MAX_PIXELS,
-    SUPPORTED_FORMATS,
-    ImageTransform,
-    load_image,
-)
+from captioner.data.image_files import MAX_PIXELS, SUPPORTED_FORMATS, load_image
+from captioner.data.image_transform import ImageTransform
 from captioner.models.captioner import Captioner
 
 SEED = 12

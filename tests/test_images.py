@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from captioner.core.errors import ImageLoadError
-from captioner.data.images import ImageTransform, load_image, normalize_images
+from captioner.data.image_files import load_image
+from captioner.data.image_transform import ImageTransform, normalize_images
 
 
 def save(image: Image.Image, path: Path, **options) -> Path:

@@ -16,7 +16,7 @@ from torchvision.io import decode_jpeg
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from captioner.core import runtime
+from captioner.core import process_settings
 from captioner.core.config import load_config
 from captioner.core.errors import ConfigError, FeatureStoreError, ImageLoadError
 from captioner.data import batching, device_decode
@@ -29,21 +29,21 @@ from captioner.data.device_decode import (
     read_for_device,
     transform_on_device,
 )
-from captioner.data.images import (
+from captioner.data.image_files import load_image
+from captioner.data.image_transform import (
     IMAGENET,
     IMAGENET_MEAN,
     IMAGENET_STD,
     ImageTransform,
     PixelNormalization,
-    load_image,
     normalize_images,
 )
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import generate_shapes
-from captioner.data.store import check_manifest, identity
+from captioner.data.store_format import check_manifest, identity
 from captioner.models.backbones import NORMALIZATIONS
 from captioner.models.captioner import Captioner
-from captioner.training import fit as train
+from captioner.training import run_setup
 from captioner.training.fit import fit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,12 +151,12 @@ def test_store_identity_describes_the_real_transform(tmp_path: Path) -> None:
 @pytest.fixture
 def node(monkeypatch: pytest.MonkeyPatch):
     """A node with `cores` usable cores and a clean environment of thread and rank settings."""
-    for name in ("LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", runtime.ENV_THREADS):
+    for name in ("LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", process_settings.ENV_THREADS):
         monkeypatch.delenv(name, raising=False)
 
     def make(cores: int, **env: str) -> None:
-        monkeypatch.setattr(runtime, "usable_cores", lambda: cores)
-        monkeypatch.setattr(runtime, "free_cores", lambda: cores)
+        monkeypatch.setattr(process_settings, "usable_cores", lambda: cores)
+        monkeypatch.setattr(process_settings, "free_cores", lambda: cores)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
 
@@ -166,22 +166,22 @@ def node(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize(("cores", "ranks", "workers"), [(16, 8, 1), (16, 4, 3), (16, 1, 15), (2, 8, 1), (2, 1, 1), (64, 8, 7)])
 def test_auto_workers_share_the_cores_between_the_ranks(node, cores: int, ranks: int, workers: int) -> None:
     node(cores, LOCAL_WORLD_SIZE=str(ranks))
-    assert runtime.loader_workers(runtime.AUTO_WORKERS) == workers
-    assert runtime.loader_workers(5) == 5 and runtime.loader_workers(0) == 0  # a number is taken as given
+    assert process_settings.loader_workers(process_settings.AUTO_WORKERS) == workers
+    assert process_settings.loader_workers(5) == 5 and process_settings.loader_workers(0) == 0  # a number is taken as given
 
 
 def test_image_loader_resolves_auto_workers(node) -> None:
     node(4, LOCAL_WORLD_SIZE="2")
-    assert image_loader([], ImageTransform(SIZE), 4, runtime.AUTO_WORKERS).num_workers == 1
+    assert image_loader([], ImageTransform(SIZE), 4, process_settings.AUTO_WORKERS).num_workers == 1
 
 
 def test_auto_workers_outside_torchrun(node) -> None:
     node(16)
-    assert runtime.loader_workers(runtime.AUTO_WORKERS) == 15
+    assert process_settings.loader_workers(process_settings.AUTO_WORKERS) == 15
 
 
 def test_num_workers_config() -> None:
-    assert load_config(None, ["data.num_workers=-1"]).data.num_workers == runtime.AUTO_WORKERS
+    assert load_config(None, ["data.num_workers=-1"]).data.num_workers == process_settings.AUTO_WORKERS
     with pytest.raises(ConfigError, match="data.num_workers") as error:
         load_config(None, ["data.num_workers=-2"])
     assert "\n" not in str(error.value)
@@ -189,27 +189,27 @@ def test_num_workers_config() -> None:
 
 def test_threads_honour_torchrun(node) -> None:
     node(16, LOCAL_WORLD_SIZE="8", OMP_NUM_THREADS="2")
-    assert runtime.resolve_threads() == 2  # torchrun's split of the node, not the 16 cores
-    assert runtime.resolve_threads(5) == 5  # train.threads wins
+    assert process_settings.resolve_threads() == 2  # torchrun's split of the node, not the 16 cores
+    assert process_settings.resolve_threads(5) == 5  # train.threads wins
     node(16, LOCAL_WORLD_SIZE="8", OMP_NUM_THREADS="2", CAPTIONER_THREADS="3")
-    assert runtime.resolve_threads() == 3  # then $CAPTIONER_THREADS
+    assert process_settings.resolve_threads() == 3  # then $CAPTIONER_THREADS
 
 
 def test_threads_under_torchrun_without_omp(node) -> None:
     node(16, LOCAL_WORLD_SIZE="4")
-    assert runtime.resolve_threads() == 4  # this rank's share of the cores
+    assert process_settings.resolve_threads() == 4  # this rank's share of the cores
 
 
 def test_threads_outside_torchrun_ignore_omp(node) -> None:
     node(6, OMP_NUM_THREADS="2")
-    assert runtime.resolve_threads() == 6  # the free cores, as before
+    assert process_settings.resolve_threads() == 6  # the free cores, as before
 
 
-@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "LOCAL_WORLD_SIZE", runtime.ENV_THREADS])
+@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "LOCAL_WORLD_SIZE", process_settings.ENV_THREADS])
 def test_bad_thread_settings_are_one_line_errors(node, name: str) -> None:
     node(4, **{"LOCAL_WORLD_SIZE": "2", name: "many"})
     with pytest.raises(ConfigError, match=rf"^{name}='many': expected a positive integer$"):
-        runtime.resolve_threads()
+        process_settings.resolve_threads()
 
 
 # --- JPEG decoding on the device (its CPU branch: torchvision's libjpeg) -----------------------------
@@ -313,7 +313,7 @@ def test_training_with_device_preprocessing_gives_the_same_weights(tmp_path: Pat
     ]
     decoded_batches = []  # CaptionBatch.to runs in this process: count the batches it decoded
     monkeypatch.setattr(batching, "transform_on_device", lambda *args: decoded_batches.append(1) or transform_on_device(*args))
-    monkeypatch.setattr(train, "device_preprocess", lambda requested, device: requested)
+    monkeypatch.setattr(run_setup, "device_preprocess", lambda requested, device: requested)
     weights = {}
     for preprocess in ("none", "transform", "decode"):
         out = tmp_path / preprocess

@@ -16,7 +16,7 @@ from helpers import optional, require, subprocess_env
 import warm_start
 
 from captioner.core.errors import CaptionerError, DatasetError
-from captioner.evaluation import java
+from captioner.evaluation import java, spice_models
 from captioner.evaluation.evaluate import caption_records, encode_records, evaluate, references_for, score_predictions
 from captioner.evaluation.metrics import OFFICIAL_KEYS, evaluate_results_file, fast_scores, official_scores
 from captioner.evaluation.report import rounded, write_scores_json
@@ -218,19 +218,19 @@ def test_spice_skipped_with_one_warning_when_models_absent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # No models (an empty lib folder), and a download address that refuses at once: no network.
-    monkeypatch.setattr(java, "_spice_lib_dir", lambda: tmp_path / "lib")
-    monkeypatch.setattr(java, "_spice_models_url", lambda: f"http://127.0.0.1:{_closed_port()}/corenlp.zip")
-    monkeypatch.setattr(java, "SPICE_PROBE_TIMEOUT_S", 10.0)
+    monkeypatch.setattr(spice_models, "_spice_lib_dir", lambda: tmp_path / "lib")
+    monkeypatch.setattr(spice_models, "_spice_models_url", lambda: f"http://127.0.0.1:{_closed_port()}/corenlp.zip")
+    monkeypatch.setattr(spice_models, "SPICE_PROBE_TIMEOUT_S", 10.0)
 
     def no_download() -> str:
         raise AssertionError("must not download when the address is unreachable")
 
-    monkeypatch.setattr(java, "_download_spice_models", no_download)
+    monkeypatch.setattr(spice_models, "_download_spice_models", no_download)
     # A carriage return inside a caption must not shift captions between images (the Java PTB
     # tokenizer would read it as a line end).
     refs = {**SIMPLE_REFS, 15: ["a black dog catching a frisbee", "a dog jumps to catch a frisbee"]}
     preds = {**SIMPLE_PREDS, 15: "a black dog\rcatching a frisbee"}
-    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.java"):
+    with caplog.at_level(logging.WARNING, logger="captioner.evaluation"):
         overall, per_image = official_scores(refs, preds, spice=True)
     assert "SPICE" not in overall and all("SPICE" not in s for s in per_image.values())
     assert set(overall) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"}
@@ -248,10 +248,10 @@ def test_spice_partial_install_not_downloaded(
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "stanford-corenlp-3.6.0.jar").write_bytes(b"")
-    monkeypatch.setattr(java, "_spice_lib_dir", lambda: lib)
-    monkeypatch.setattr(java, "_probe_spice_models_url", lambda: pytest.fail("no probe expected"))
-    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.java"):
-        assert java.ensure_spice_models() is False
+    monkeypatch.setattr(spice_models, "_spice_lib_dir", lambda: lib)
+    monkeypatch.setattr(spice_models, "_probe_spice_models_url", lambda: pytest.fail("no probe expected"))
+    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.spice_models"):
+        assert spice_models.ensure_spice_models() is False
     assert len(caplog.records) == 1
     assert "stanford-corenlp-3.6.0-models.jar is missing" in caplog.records[0].getMessage()
 
@@ -270,10 +270,10 @@ def test_spice_java_runs_with_options_and_fails_in_one_line(
 
 @needs_java
 def test_spice_runs_when_models_present(caplog: pytest.LogCaptureFixture) -> None:
-    optional(not java.missing_spice_models(), "SPICE models", "SPICE's Stanford CoreNLP models are not installed")
+    optional(not spice_models.missing_spice_models(), "SPICE models", "SPICE's Stanford CoreNLP models are not installed")
     refs = {i: SIMPLE_REFS[i] for i in (10, 12)}
     preds = {i: SIMPLE_PREDS[i] for i in (10, 12)}
-    with caplog.at_level(logging.WARNING, logger="captioner.evaluation.java"):
+    with caplog.at_level(logging.WARNING, logger="captioner.evaluation"):
         overall, per_image = official_scores(refs, preds, spice=True)
     assert not caplog.records
     assert 0.0 < overall["SPICE"] <= 1.0

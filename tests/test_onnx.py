@@ -168,7 +168,7 @@ def test_the_manifest_describes_the_graphs(exported: Exported) -> None:
 
 
 def test_the_runtime_preprocesses_to_the_transforms_bytes(exported: Exported, pictures: list) -> None:
-    from captioner.data.pictures import picture_of
+    from captioner.data.image_files import picture_of
 
     for item in pictures:
         picture = picture_of(item)

@@ -50,7 +50,7 @@ def train_command(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def environment(**extra: str) -> dict[str, str]:
-    # One thread: the same float sums in every run (CAPTIONER_THREADS, since captioner.core.runtime otherwise
+    # One thread: the same float sums in every run (CAPTIONER_THREADS, since captioner.core.process_settings otherwise
     # picks the cores free at start, which differ between the reference and the resumed run under load).
     return subprocess_env(**extra)
 
@@ -167,7 +167,7 @@ def test_workers_load_the_same_batches_as_the_main_process(shapes: Path) -> None
     from captioner.core.config import load_config
     from captioner.data.batching import CaptionDataset, collate_captions
     from captioner.data.datasets import load_split
-    from captioner.data.images import ImageTransform
+    from captioner.data.image_transform import ImageTransform
     from captioner.text.vocab import Vocabulary
 
     config = load_config(None, [f"data.root={shapes}", "data.image_size=32"])

@@ -10,11 +10,11 @@ import pytest
 from helpers import require_module
 
 from captioner.text.vocab import Vocabulary
-from captioner.training.rewards import (
+from captioner.evaluation.ngrams import ngram_counts
+from captioner.training.host_reward import (
     Bleu4,
     CaptionReward,
     CiderD,
-    ngram_counts,
     reference_ids,
 )
 
@@ -143,14 +143,14 @@ def test_caption_reward_scores_eos_and_keeps_out_of_vocabulary_reference_words()
 
 import torch  # noqa: E402
 
-from captioner.training.reward_table import (  # noqa: E402
+from captioner.training.device_reward import (  # noqa: E402
+    DeviceReward,
     ReferenceTable,
     cached_table,
     fingerprint,
     ngram_hashes,
     padded,
 )
-from captioner.training.rewards import DeviceReward  # noqa: E402
 
 
 @pytest.mark.parametrize("seed", [0, 1])

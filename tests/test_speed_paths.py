@@ -15,10 +15,10 @@ import warm_start
 from torch.utils._python_dispatch import TorchDispatchMode
 from helpers import subprocess_env, tiny_config, tiny_model
 
-from captioner.core import runtime
+from captioner.core import process_settings
 from captioner.core.config import load_config
 from captioner.core.errors import ConfigError
-from captioner.core.runtime import ENV_THREADS, resolve_threads, set_threads
+from captioner.core.process_settings import ENV_THREADS, resolve_threads, set_threads
 from captioner.data.batching import CaptionBatch
 from captioner.models import products
 from captioner.models.attention import MultiHeadAttention
@@ -370,14 +370,14 @@ def test_fused_self_attention_equals_explicit(masked: bool) -> None:
 
 def test_thread_knob_precedence(monkeypatch) -> None:
     monkeypatch.delenv(ENV_THREADS, raising=False)
-    monkeypatch.setattr(runtime, "usable_cores", lambda: 4)
-    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: 0)
+    monkeypatch.setattr(process_settings, "usable_cores", lambda: 4)
+    monkeypatch.setattr(process_settings, "other_runnable_processes", lambda: 0)
     assert resolve_threads(None) == 4  # an idle machine: every core
-    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: 3)
+    monkeypatch.setattr(process_settings, "other_runnable_processes", lambda: 3)
     assert resolve_threads(None) == 1  # three others running: the one free core
-    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: 9)
+    monkeypatch.setattr(process_settings, "other_runnable_processes", lambda: 9)
     assert resolve_threads(None) == 1  # overloaded: never fewer than one
-    monkeypatch.setattr(runtime, "other_runnable_processes", lambda: None)
+    monkeypatch.setattr(process_settings, "other_runnable_processes", lambda: None)
     assert resolve_threads(None) == 4  # no /proc: all cores, as torch would
     monkeypatch.setenv(ENV_THREADS, "3")
     assert resolve_threads(None) == 3

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.models.decoding import sampling
 from captioner.training import scst
@@ -198,7 +198,7 @@ def scst_steps_syncs(
     """Syncs per SCST step (the real CIDEr-D reward table, 5 samples per image) over 4 steps, the
     logged values read every 2nd step; with `on_host` the reward goes through `HostReward`."""
     from captioner.core.config import ScstConfig
-    from captioner.training.rewards import DeviceReward
+    from captioner.training.device_reward import DeviceReward
     from captioner.training.scst import SelfCritical
 
     config = tiny_config(f"model.decoder.type={decoder}", "train.log_every=2", "data.batch_size=2", "train.device=cpu")

@@ -1,6 +1,6 @@
 """A training run's thread count: fixed before its first step, every usable core unless set, kept
 by --resume (training/speed.py); and, where `train.follow_free_cores` asks for it, following the
-free cores during the run (core.runtime.ThreadGovernor): a run started beside another process
+free cores during the run (core.process_settings.ThreadGovernor): a run started beside another process
 does not stay on one thread after it ends, and one started alone drops a thread when another
 process takes a core."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from captioner.core.runtime import ThreadGovernor, free_cores, own_running_threads, threads_are_automatic, usable_cores
+from captioner.core.process_settings import ThreadGovernor, free_cores, own_running_threads, threads_are_automatic, usable_cores
 
 
 class Clock:
@@ -60,20 +60,20 @@ def test_only_an_automatic_count_is_governed(monkeypatch) -> None:
 
 def automatic_threads(monkeypatch, usable: int = 4, free: int = 1) -> None:
     """A machine of `usable` cores, `free` of them idle now, and nothing setting the count."""
-    import captioner.core.runtime as runtime
+    import captioner.core.process_settings as process_settings
     import captioner.training.speed as speed
 
     monkeypatch.delenv("CAPTIONER_THREADS", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    monkeypatch.setattr(runtime, "usable_cores", lambda: usable)
-    monkeypatch.setattr(runtime, "free_cores", lambda: free)
+    monkeypatch.setattr(process_settings, "usable_cores", lambda: usable)
+    monkeypatch.setattr(process_settings, "free_cores", lambda: free)
     monkeypatch.setattr(speed, "free_cores", lambda: free)
 
 
 def test_a_run_takes_every_usable_core_whatever_the_load(monkeypatch) -> None:
     """The free cores change with the load and a run's sums with its thread count: two runs of one
     config on one machine must not differ because another process was running at the start of one."""
-    from captioner.core.runtime import run_threads
+    from captioner.core.process_settings import run_threads
 
     automatic_threads(monkeypatch, usable=4, free=1)
     assert run_threads() == 4 and run_threads(3) == 3

@@ -59,7 +59,7 @@ def transformer_caption(words: list[str], layers: int = 2, heads: int = 2, grid:
 
 
 def test_caption_figures_are_written_as_requested(photo: Image.Image, tmp_path: Path) -> None:
-    from captioner.viz.figures import FigureRequest, save_caption_figures
+    from captioner.viz.caption_figures import FigureRequest, save_caption_figures
 
     caption = transformer_caption(["a", "red", "circle"])
     cams = {t: torch.rand(3, 3) for t in range(3)}  # (h, w) per word position

@@ -45,10 +45,10 @@ if RANK is not None and os.environ.get("CAPTIONER_TEST_AUDIT"):
     atexit.register(_report)
 
 if RANK is not None and os.environ.get("CAPTIONER_TEST_FAIL_RANK") == RANK:
-    import captioner.training.fit
+    import captioner.training.run_setup
     from captioner.core.errors import DatasetError
 
-    _loss = captioner.training.fit.caption_loss
+    _loss = captioner.training.run_setup.caption_loss
     _calls = [0]
 
     def _failing_loss(*args, **kwargs):
@@ -57,4 +57,4 @@ if RANK is not None and os.environ.get("CAPTIONER_TEST_FAIL_RANK") == RANK:
             raise DatasetError(f"injected failure: a file only rank {RANK} reads is unreadable")
         return _loss(*args, **kwargs)
 
-    captioner.training.fit.caption_loss = _failing_loss
+    captioner.training.run_setup.caption_loss = _failing_loss

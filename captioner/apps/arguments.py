@@ -213,7 +213,7 @@ def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_model(command: str, checkpoint: str | Path, args: argparse.Namespace) -> Captioner | Ensemble:
     """CHECKPOINT, or with --ensemble the ensemble of it and the other checkpoints, on --device."""
-    from captioner.core.runtime import resolve_device
+    from captioner.core.process_settings import resolve_device
     from captioner.models.checkpoint import load_captioner
 
     if args.combine and not args.ensemble:

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from captioner.training import distributed
 
     try:
-        from captioner.core.runtime import set_threads
+        from captioner.core.process_settings import set_threads
 
         set_threads()  # $CAPTIONER_THREADS or the default, before any torch work
         return args.func(args)

@@ -16,7 +16,7 @@ from typing import Any
 from captioner.apps.model_card import model_card, read_scores
 from captioner.core.config import DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
-from captioner.data.images import load_image
+from captioner.data.image_files import load_image
 from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import config_source, run_config, written_by_its_run

@@ -33,7 +33,7 @@ from captioner.apps.model_card import CardScores, model_card, read_scores
 from captioner.core.config import Config, DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
 from captioner.core.files import size_text
-from captioner.data.images import load_image
+from captioner.data.image_files import load_image
 from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.backbones import weights_package
 from captioner.models.captioner import Captioner

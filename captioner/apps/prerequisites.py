@@ -25,14 +25,15 @@ def require_official_metrics(spice: bool = False) -> None:
     (downloaded now if need be: a command that asked for SPICE does not go without it)."""
     import pycocoevalcap  # noqa: F401
 
-    from captioner.evaluation.java import check_java, ensure_spice_models
+    from captioner.evaluation.java import check_java
+    from captioner.evaluation.spice_models import ensure_spice_models
 
     try:
         check_java()
     except CaptionerError as e:
         raise CaptionerError(f"{e}; or add --fast to score with the in-process BLEU and CIDEr-D") from None
     if spice:
-        with said_by_an_error("captioner.evaluation.java"):  # its warning that SPICE will be skipped: said by the refusal
+        with said_by_an_error("captioner.evaluation.spice_models"):  # its warning that SPICE will be skipped: said by the refusal
             if not ensure_spice_models():
                 raise CaptionerError("evaluate --spice: SPICE's Stanford CoreNLP models are not installed and could not be downloaded; "
                                      "run python -m pycocoevalcap.spice.get_stanford_models with internet access, or leave out --spice")

@@ -1,1 +1,1 @@
-"""Configuration, errors and the runtime (threads, devices, seeding): what every layer uses."""
+"""Configuration, errors and the process settings (threads, devices, seeding): what every layer uses."""

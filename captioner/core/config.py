@@ -85,7 +85,7 @@ class DataConfig:
     batch_size: int = setting(64, POSITIVE)  # images per step and per process (each with its captions: captions_per_image)
     num_workers: int = setting(0, Range(ge=-1, le=256))  # DataLoader workers per rank; -1: auto, from the cores and the ranks per node
     device_preprocess: str = setting("none", Choice(("none", "transform", "decode")))  # training on CUDA: the GPU crops, resizes, jitters (transform) and decodes JPEGs (decode, nvjpeg)
-    # Frozen encoder, no augmentation: the fp16 feature store (captioner/data/store.py) is read
+    # Frozen encoder, no augmentation: the fp16 feature store (captioner/data/store_format.py) is read
     # instead of the images; built there first when absent. null: <train.out_dir>/features.
     feature_store: str | None = setting(None, Text(allowed="a folder, or null for <train.out_dir>/features"))
     features_on_device: bool = setting(False, Flag())  # load the whole store onto the training device when it fits

@@ -1,3 +1,3 @@
 """Files on disk -> records -> batches: images, the datasets (shapes, COCO, Karpathy splits,
 Flickr8k), batching and sampling, and the fp16 feature store. Nothing is imported here, so
-`import captioner.data.images` does not load pycocotools."""
+`import captioner.data.image_transform` does not load pycocotools."""

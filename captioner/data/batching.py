@@ -13,9 +13,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from captioner.core.errors import ImageLoadError
-from captioner.core.runtime import loader_workers
+from captioner.core.process_settings import loader_workers
 from captioner.data.device_decode import PendingImage, read_pending, transform_on_device
-from captioner.data.images import ImageTransform, load_image
+from captioner.data.image_files import load_image
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord, image_data
 from captioner.text.vocab import Vocabulary
 

@@ -55,7 +55,7 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         )
     if config.dataset == "webdataset":
         from captioner.data.bounded_tar import shard_limits
-        from captioner.data.streaming import load_shard_records, open_shard_set  # webdataset is an extra
+        from captioner.data.shard_reader import load_shard_records, open_shard_set  # webdataset is an extra
 
         pattern = split_shards(config, split)
         shards = open_shard_set(pattern, f"data.{split}_shards", shard_limits(config))

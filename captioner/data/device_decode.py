@@ -24,13 +24,8 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from captioner.data.images import (
-    MAX_PIXELS,
-    ImageTransform,
-    decode_rgb,
-    load_image,
-    open_checked,
-)
+from captioner.data.image_files import MAX_PIXELS, decode_rgb, load_image, open_checked
+from captioner.data.image_transform import ImageTransform
 
 DEVICE_MODES = ("RGB", "L")  # JPEG colour modes decode_jpeg turns into RGB itself
 EXIF_ORIENTATION = 0x0112

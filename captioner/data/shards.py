@@ -20,7 +20,7 @@ from pathlib import Path
 from captioner.core.errors import ImageLoadError
 from captioner.core.files import write_atomically
 from captioner.core.progress import progress_bar
-from captioner.data.pictures import open_checked
+from captioner.data.image_files import open_checked
 from captioner.data.records import ImageRecord, image_data
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Images -> the encoder's input, uint8 (B, 3, S, S), with Pillow and numpy: the same bytes as the
-PyTorch transform (`captioner.data.images.ImageTransform`: Pillow's bilinear resize of the upright
+PyTorch transform (`captioner.data.image_transform.ImageTransform`: Pillow's bilinear resize of the upright
 RGB picture, then HWC -> CHW), from the same loader, which refuses the same files."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import numpy as np
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_capacity, check_names, check_options
 from captioner.core.errors import ImageLoadError
-from captioner.data.pictures import ImageInput, load_image, picture_batches
+from captioner.data.image_files import ImageInput, load_image, picture_batches
 from captioner.deploy.bundle import Bundle, load_bundle
 from captioner.deploy.preprocess import image_array, image_batch
 from captioner.deploy.numpy_search import (

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
+from captioner.evaluation.ngrams import bleu_clip, max_reference_counts
 from captioner.text.endings import ARTICLES, BAD_ENDINGS, CONJUNCTIONS, PREPOSITIONS  # noqa: F401 - re-exported
 from captioner.text.vocab import tokenize
 
@@ -79,10 +80,8 @@ def unmatched_words(
     used: Counter = Counter()
     unmatched: Counter = Counter()
     for image_id, caption in captions.items():
-        allowed: Counter = Counter()
-        for reference in references[image_id]:
-            allowed |= Counter(words_of(reference))  # the most any one reference has of each word
+        allowed = max_reference_counts(Counter(words_of(reference)) for reference in references[image_id])
         for word, count in Counter(words_of(caption)).items():
             used[word] += count
-            unmatched[word] += max(0, count - allowed[word])
+            unmatched[word] += count - bleu_clip(count, allowed.get(word, 0))
     return used, unmatched

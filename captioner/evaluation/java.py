@@ -1,4 +1,4 @@
-"""pycocoevalcap's Java side: the runtime check, the Java tools run with bounds, SPICE's models.
+"""pycocoevalcap's Java side: the runtime check and the Java tools, run with bounds.
 
 The official metrics run Java programs (the PTB tokenizer, METEOR, SPICE). `run_java` runs one to
 completion within a time limit; `LineTool` keeps one running that answers lines on stdin with lines
@@ -7,8 +7,7 @@ stays silent for `STALL_TIMEOUT_S`, becomes one `JavaToolError` naming it and wh
 its process is always killed and waited for, its pipes and files closed: an evaluation leaves no
 Java process and no open file behind, whatever happens. `quiet_pycocoevalcap` sends the output of
 pycocoevalcap's own wrappers (SPICE, the reference path) to this module's logger at DEBUG level.
-SPICE also needs the Stanford CoreNLP models, about 400 MB, which `ensure_spice_models` installs
-(bounded in time) or explains how to.
+SPICE's Stanford CoreNLP models are installed by `captioner.evaluation.spice_models`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import re
 import selectors
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import types
@@ -39,12 +37,6 @@ logger = logging.getLogger(__name__)
 JAVA_NEEDED = "the official COCO metrics (PTB tokenizer, METEOR, SPICE) need Java 17, as tested (any Java 8+ runtime on PATH runs them)"
 JAVA_INSTALL = "Debian/Ubuntu: apt-get install openjdk-17-jre-headless"
 JAVA_MISSING = f"Java not found: {JAVA_NEEDED}; install it ({JAVA_INSTALL})"
-
-# SPICE's model download (pycocoevalcap.spice.get_stanford_models, about 400 MB) has no timeout of
-# its own; it runs in a child process bounded by these, after a quick reachability probe so that an
-# offline machine gives up in seconds rather than waiting for the whole download bound.
-SPICE_PROBE_TIMEOUT_S = 20.0
-SPICE_DOWNLOAD_TIMEOUT_S = 1800.0
 
 # Java 9+ refuses the reflection that SPICE's parse cache (FST serialisation of Strings and
 # ArrayLists, with FST's default class registry) relies on, and SPICE then dies with
@@ -141,7 +133,7 @@ def run_java(name: str, args: Sequence[str], cwd: str | os.PathLike[str], lines:
         )
     except subprocess.TimeoutExpired:  # subprocess.run has killed and reaped it
         raise JavaToolError(f"{name} failed: the Java process did not finish within {timeout:.0f} s and was stopped") from None
-    _log_output(name, proc.stderr)
+    log_output(name, proc.stderr)
     if proc.returncode != 0:
         raise JavaToolError(
             f"{name} failed: the Java process exited with status {proc.returncode} ({_last_line(proc.stderr)})"
@@ -190,7 +182,7 @@ class LineTool:
                     stream.close()
         stderr = self.stderr_text()
         self._stderr.close()
-        _log_output(self.name, stderr)
+        log_output(self.name, stderr)
 
     def stderr_text(self) -> str:
         if self._stderr.closed:
@@ -267,7 +259,7 @@ def exchange(tools: Sequence[LineTool], requests: Sequence[tuple[bytes, int]]) -
     return answers
 
 
-def _log_output(name: str, output: str | bytes | None) -> None:
+def log_output(name: str, output: str | bytes | None) -> None:
     if isinstance(output, bytes):
         output = output.decode("utf-8", "replace")
     for line in (output or "").splitlines():
@@ -284,7 +276,7 @@ class _LoggedPopen(subprocess.Popen):  # type: ignore[type-arg]
 
     def communicate(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         out, err = super().communicate(*args, **kwargs)
-        _log_output("java", err)
+        log_output("java", err)
         return out, err
 
 
@@ -306,8 +298,8 @@ def _spice_check_call(cmd: list[str], **kwargs: Any) -> int:
     except subprocess.TimeoutExpired:  # subprocess.run has killed and reaped it
         remove_temporary_files()
         raise JavaToolError(f"SPICE failed: the Java process did not finish within {SPICE_TIMEOUT_S:.0f} s and was stopped") from None
-    _log_output("spice", proc.stdout)
-    _log_output("spice", proc.stderr)
+    log_output("spice", proc.stdout)
+    log_output("spice", proc.stderr)
     if proc.returncode != 0:
         remove_temporary_files()
         lines = [line.strip() for line in proc.stderr.splitlines() if line.strip() and not line.startswith("NOTE:")]
@@ -340,99 +332,4 @@ def quiet_pycocoevalcap() -> Iterator[io.StringIO]:
             yield stdout
     finally:
         ptbtokenizer.subprocess, spice_module.subprocess = saved
-        _log_output("pycocoevalcap", stdout.getvalue())
-
-
-# --- SPICE's Stanford CoreNLP models ---------------------------------------------------------
-
-
-def _spice_lib_dir() -> Path:
-    """Where pycocoevalcap's SPICE jar looks for CoreNLP (its manifest's Class-Path: lib/...)."""
-    from pycocoevalcap.spice import get_stanford_models as gsm
-
-    return Path(gsm.SPICEDIR).resolve() / gsm.SPICELIB
-
-
-def _spice_model_files() -> list[Path]:
-    from pycocoevalcap.spice import get_stanford_models as gsm
-
-    lib = _spice_lib_dir()
-    return [lib / f"{gsm.JAR}.jar", lib / f"{gsm.JAR}-models.jar"]
-
-
-def _spice_models_url() -> str:
-    # The address pycocoevalcap.spice.get_stanford_models downloads from.
-    from pycocoevalcap.spice import get_stanford_models as gsm
-
-    return f"http://nlp.stanford.edu/software/{gsm.CORENLP}.zip"
-
-
-def missing_spice_models() -> list[Path]:
-    """The Stanford CoreNLP jars SPICE needs that are not installed (empty when SPICE can run)."""
-    return [path for path in _spice_model_files() if not path.is_file()]
-
-
-_PROBE = (
-    "import sys, urllib.request as u; "
-    "u.urlopen(u.Request(sys.argv[1], method='HEAD'), timeout=float(sys.argv[2])).close()"
-)
-
-
-def _probe_spice_models_url() -> str | None:
-    """None if the download address answers, else why not. In a child process so that even a
-    hanging name lookup is bounded."""
-    url = _spice_models_url()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _PROBE, url, str(SPICE_PROBE_TIMEOUT_S / 2)],
-            capture_output=True, text=True, timeout=SPICE_PROBE_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        return f"{url} did not answer within {SPICE_PROBE_TIMEOUT_S:.0f} s"
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-        return f"{url} is unreachable ({last})"
-    return None
-
-
-def _download_spice_models() -> str | None:
-    """Run pycocoevalcap's own downloader, bounded in time; None on success, else why not."""
-    code = "from pycocoevalcap.spice.get_stanford_models import get_stanford_models; get_stanford_models()"
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=SPICE_DOWNLOAD_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        return f"the download did not finish within {SPICE_DOWNLOAD_TIMEOUT_S:.0f} s"
-    _log_output("get_stanford_models", proc.stdout)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-        return f"the download failed ({last})"
-    return None
-
-
-def ensure_spice_models() -> bool:
-    """True if SPICE's CoreNLP models are installed, downloading them (bounded) if need be.
-
-    When they are missing and cannot be had, log one warning that says so and how to get them.
-    """
-    missing = missing_spice_models()
-    if not missing:
-        return True
-    lib = _spice_lib_dir()
-    if len(missing) == 1 and missing[0].name.endswith("-models.jar"):
-        # pycocoevalcap's downloader checks only the code jar, so it would never fetch this one.
-        reason = f"{missing[0].name} is missing (an interrupted download?)"
-    else:
-        logger.info("SPICE needs the Stanford CoreNLP 3.6.0 models (about 400 MB, downloaded once) in %s", lib)
-        reason = _probe_spice_models_url() or _download_spice_models()
-        if reason is None and not missing_spice_models():
-            return True
-        reason = reason or f"the download did not produce {', '.join(p.name for p in missing_spice_models())}"
-    logger.warning(
-        "SPICE skipped: the Stanford CoreNLP 3.6.0 models are not in %s and could not be downloaded: %s. "
-        "To enable it, run `python -m pycocoevalcap.spice.get_stanford_models` with internet access, or copy "
-        "%s and %s from %s into that folder",
-        lib, reason, *(p.name for p in _spice_model_files()), _spice_models_url(),
-    )
-    return False
+        log_output("pycocoevalcap", stdout.getvalue())

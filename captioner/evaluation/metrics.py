@@ -25,7 +25,6 @@ from typing import Any
 from captioner.evaluation.java import (
     JavaToolError,
     check_java,
-    ensure_spice_models,
     one_line,
     quiet_pycocoevalcap,
     run_java,
@@ -35,6 +34,7 @@ from captioner.evaluation.meteor import default_processes as default_meteor_proc
 from captioner.evaluation.paraphrases import cut_table
 from captioner.evaluation.results_files import Predictions, References, load_references, load_results, scored_ids
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu, bleu_parts, cider_d, rouge_l
+from captioner.evaluation.spice_models import ensure_spice_models
 from captioner.text.vocab import tokenize
 
 logger = logging.getLogger(__name__)

@@ -3,11 +3,13 @@
 pycocoevalcap spends most of its time in per-n-gram Python and numpy-scalar work: it counts every
 caption's n-grams twice (once for BLEU, once for CIDEr-D), takes `np.log` of each n-gram's document
 frequency once per occurrence, and fills a dynamic-programming table for each ROUGE-L pair. Here
-each caption's n-grams are counted once (`ngram_counts`, shared by BLEU and CIDEr-D), each distinct
-n-gram's idf is computed once, and the longest common subsequence is a bit-parallel pass over one
-caption. The formulas, their smoothing constants and the order of the floating-point operations
-per image follow pycocoevalcap's, so the scores agree with it to about 1e-15 (tests/test_scorers.py
-compares them on real COCO captions).
+each caption's n-grams are counted once (`CountedCaptions`, shared by BLEU and CIDEr-D), each
+distinct n-gram's idf is computed once, and the longest common subsequence is a bit-parallel pass
+over one caption. The n-gram rules themselves (counts, document frequencies, CIDEr-D's clipping and
+length penalty, BLEU's clipping and smoothing) come from `ngrams`, which the SCST rewards share.
+The formulas, their smoothing constants and the order of the floating-point operations per image
+follow pycocoevalcap's, so the scores agree with it to about 1e-15 (tests/test_scorers.py compares
+them on real COCO captions).
 
 Every scorer takes captions already tokenised and joined by spaces, as pycocoevalcap's PTB
 tokenizer returns them, and splits them the way pycocoevalcap's scorer does (BLEU and CIDEr-D on
@@ -26,19 +28,23 @@ from itertools import chain, repeat
 
 import numpy as np
 
-MAX_N = 4  # BLEU-1..4 and CIDEr-D's n-grams up to 4
-CIDER_SIGMA = 6.0  # CIDEr-D's length penalty, exp(-delta^2 / (2 sigma^2))
+from captioner.evaluation.ngrams import (
+    CIDER_SCALE,
+    MAX_N,
+    bleu_clip,
+    bleu_guesses,
+    bleu_scores,
+    cider_clip,
+    cider_length,
+    cider_length_penalty,
+    closest_ref_length,
+    document_frequency,
+    idf_table,
+    log_images,
+    ngram_counts,
+)
+
 ROUGE_BETA = 1.2  # ROUGE-L's recall weight
-# pycocoevalcap's BLEU smoothing: a precision with no match is 1e-15 / guesses, not 0.
-_BLEU_TINY, _BLEU_SMALL = 1e-15, 1e-9
-
-NgramCounts = Counter  # n-gram (a tuple of 1..4 words) -> count in one caption
-
-
-def ngram_counts(w: list[str]) -> NgramCounts:
-    """The 1- to 4-grams of a caption's words (each a tuple, as pycocoevalcap keys them) and their
-    counts, inserted in pycocoevalcap's order: all unigrams, then bigrams, and so on."""
-    return Counter(chain(zip(w), zip(w, w[1:]), zip(w, w[1:], w[2:]), zip(w, w[1:], w[2:], w[3:])))
 
 
 @dataclass(frozen=True)
@@ -79,10 +85,8 @@ class CountedCaptions:
         hyp_counts = [ngram_counts(w) for w in hyp_words]
         ref_words = [[r.split() for r in refs] for refs in references]
         ref_counts = [[ngram_counts(w) for w in refs] for refs in ref_words]
-        document_frequency: Counter = Counter()
         match_ref_tf: list[int] = []
         for hyp, refs in zip(hyp_counts, ref_counts):
-            document_frequency.update(set().union(*refs))
             grams = list(hyp)
             for ref in refs:  # the reference's count of each hypothesis n-gram, in C (dict.get via map)
                 match_ref_tf += map(ref.get, grams, repeat(0))
@@ -114,7 +118,7 @@ class CountedCaptions:
             ref_tf=np.fromiter(chain.from_iterable(c.values() for c in flat_refs), np.float64, len(ref_grams)),
             ref_order=np.fromiter(map(len, ref_grams), np.int64, len(ref_grams)) - 1,
             ref_pair=np.repeat(np.arange(len(flat_refs)), [len(c) for c in flat_refs]),
-            document_frequency=document_frequency,
+            document_frequency=document_frequency(ref_counts),
         )
 
 
@@ -145,14 +149,9 @@ def _clipped_matches(counted: CountedCaptions) -> list[list[int]]:
     counted at most as often as the one reference that has it most often."""
     best = np.zeros(len(counted.hyp_tf))  # (hyp,) the most any one reference has of the n-gram
     np.maximum.at(best, counted.match_hyp, counted.match_ref_tf)
-    clipped = np.minimum(best, counted.hyp_tf)
+    clipped = bleu_clip(counted.hyp_tf, best)
     correct = _sums(counted.hyp_image * MAX_N + counted.hyp_order, clipped, counted.num_images * MAX_N)
     return correct.reshape(counted.num_images, MAX_N).astype(np.int64).tolist()  # (images, 4), whole numbers
-
-
-def _closest_ref_length(test_len: int, ref_lens: Sequence[int]) -> int:
-    """The reference length closest to the hypothesis's, the shorter on a tie (pycocoevalcap's 'closest')."""
-    return min((abs(length - test_len), length) for length in ref_lens)[1]
 
 
 def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
@@ -162,15 +161,15 @@ def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
     images = list(_bleu_counts(counted))
     per_image: list[list[float]] = [[] for _ in range(MAX_N)]
     for image in images:
-        for k, score in enumerate(_bleu_n(*image)):
+        for k, score in enumerate(bleu_scores(*image)):
             per_image[k].append(score)
-    return _bleu_n(*_summed(images)), per_image
+    return bleu_scores(*_summed(images)), per_image
 
 
 def _bleu_counts(counted: CountedCaptions) -> Iterator[tuple[list[int], list[int], int, int]]:
     """Per image: clipped matches and guesses for n = 1..4, its length, and the closest reference's."""
     for correct_n, test_len, ref_lens in zip(_clipped_matches(counted), counted.hyp_lengths, counted.ref_lengths):
-        yield correct_n, [max(0, test_len - k) for k in range(MAX_N)], test_len, _closest_ref_length(test_len, ref_lens)
+        yield correct_n, bleu_guesses(test_len), test_len, closest_ref_length(test_len, ref_lens)
 
 
 def _summed(images: Iterable[tuple[list[int], list[int], int, int]]) -> tuple[list[int], list[int], int, int]:
@@ -206,19 +205,6 @@ def bleu_parts(counted: CountedCaptions) -> BleuParts:
     return BleuParts(precisions, test_total, ref_total, ratio, penalty)
 
 
-def _bleu_n(correct: list[int], guess: list[int], test_len: int, ref_len: int) -> list[float]:
-    """BLEU-1..4 from match counts, with pycocoevalcap's operations in its order."""
-    scores = []
-    product = 1.0
-    for k in range(MAX_N):
-        product *= (float(correct[k]) + _BLEU_TINY) / (float(guess[k]) + _BLEU_SMALL)
-        scores.append(product ** (1.0 / (k + 1)))
-    ratio = (test_len + _BLEU_TINY) / (ref_len + _BLEU_SMALL)
-    if ratio < 1:
-        penalty = math.exp(1 - 1 / ratio)
-        scores = [score * penalty for score in scores]
-    return scores
-
 
 # --- CIDEr-D ---------------------------------------------------------------------------------------
 
@@ -231,14 +217,10 @@ def cider_d(counted: CountedCaptions) -> tuple[float, list[float]]:
 
     Vectorised over all (image, reference) pairs; every sum is formed in pycocoevalcap's order
     (`_sums`) and every operation is its own, so the scores are the same doubles."""
-    # np.log as pycocoevalcap takes it (math.log may differ in the last bit); an n-gram that no
-    # reference has counts as df 1, so its weight per occurrence is log_images.
-    log_images = float(np.log(float(counted.num_images)))
-    grams = list(counted.document_frequency)
-    log_df = np.log(np.maximum(1.0, np.array([counted.document_frequency[g] for g in grams], dtype=np.float64)))
-    idf_of = dict(zip(grams, (log_images - log_df).tolist()))
-    hyp_idf = np.fromiter(map(idf_of.get, counted.hyp_grams, repeat(log_images)), np.float64, len(counted.hyp_grams))
-    ref_idf = np.fromiter(map(idf_of.get, counted.ref_grams, repeat(log_images)), np.float64, len(counted.ref_grams))
+    # An n-gram that no reference has counts as df 1: its idf is log(images).
+    idf_of, unseen = idf_table(counted.document_frequency, counted.num_images), log_images(counted.num_images)
+    hyp_idf = np.fromiter(map(idf_of.get, counted.hyp_grams, repeat(unseen)), np.float64, len(counted.hyp_grams))
+    ref_idf = np.fromiter(map(idf_of.get, counted.ref_grams, repeat(unseen)), np.float64, len(counted.ref_grams))
 
     num_pairs = len(counted.pair_image)
     hyp_weight = counted.hyp_tf * hyp_idf  # (hyp,) tf-idf
@@ -251,16 +233,15 @@ def cider_d(counted: CountedCaptions) -> tuple[float, list[float]]:
     # Per pair and n: the sum over hypothesis n-grams of min(hyp weight, ref weight) * ref weight.
     match_hyp_weight = hyp_weight[counted.match_hyp]  # (match,)
     match_ref_weight = counted.match_ref_tf * hyp_idf[counted.match_hyp]  # (match,)
-    terms = np.minimum(match_hyp_weight, match_ref_weight) * match_ref_weight
+    terms = cider_clip(match_hyp_weight, match_ref_weight)
     match_order = counted.hyp_order[counted.match_hyp]
     value = _sums(counted.match_pair * MAX_N + match_order, terms, num_pairs * MAX_N).reshape(num_pairs, MAX_N)
     both = (hyp_norm != 0) & (ref_norm != 0)
     value = np.where(both, value / np.where(both, hyp_norm * ref_norm, 1.0), value)  # (pair, 4)
 
-    # pycocoevalcap's "length" is the bigram count, max(words - 1, 0).
-    hyp_bigrams = np.maximum(np.array(counted.hyp_lengths, dtype=np.int64) - 1, 0)[counted.pair_image]
-    delta = hyp_bigrams - np.maximum(counted.pair_ref_length - 1, 0)  # (pair,)
-    penalties = {d: math.e ** (-(float(d) ** 2) / (2 * CIDER_SIGMA**2)) for d in np.unique(delta).tolist()}
+    hyp_length = cider_length(np.array(counted.hyp_lengths, dtype=np.int64))[counted.pair_image]  # (pair,)
+    delta = hyp_length - cider_length(counted.pair_ref_length)  # (pair,)
+    penalties = {d: cider_length_penalty(float(d)) for d in np.unique(delta).tolist()}
     value = value * np.array([penalties[d] for d in delta.tolist()])[:, None]  # (pair, 4)
 
     per_image_n = np.stack(
@@ -268,7 +249,7 @@ def cider_d(counted: CountedCaptions) -> tuple[float, list[float]]:
     )  # (images, 4): each image's references summed in order
     refs_per_image = np.bincount(counted.pair_image, minlength=counted.num_images)
     total = ((per_image_n[:, 0] + per_image_n[:, 1]) + per_image_n[:, 2]) + per_image_n[:, 3]
-    scores = (total / MAX_N / refs_per_image * 10.0).tolist()
+    scores = (total / MAX_N / refs_per_image * CIDER_SCALE).tolist()
     return float(np.mean(np.array(scores))), scores
 
 

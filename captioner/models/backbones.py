@@ -23,7 +23,7 @@ from torch import nn
 from captioner.core.checksums import sha256_of
 from captioner.core.config import EncoderConfig
 from captioner.core.errors import ConfigError, ExportError
-from captioner.data.images import IMAGENET, PixelStatistics
+from captioner.data.image_transform import IMAGENET, PixelStatistics
 
 # The pixel statistics a config may name (`model.encoder.normalization`); "backbone" names the
 # registry entry's own. Checkpoints written before that key existed used imagenet

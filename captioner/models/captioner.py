@@ -18,9 +18,9 @@ from torch import nn
 
 from captioner.core.config import Config, DecodeConfig, ModelConfig
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, ImageLoadError
-from captioner.core.runtime import resolve_device
-from captioner.data.images import ImageTransform, load_image
-from captioner.data.pictures import ImageInput, picture_batches
+from captioner.core.process_settings import resolve_device
+from captioner.data.image_files import ImageInput, load_image, picture_batches
+from captioner.data.image_transform import ImageTransform
 from captioner.models.caption import Caption
 from captioner.models.checkpoint_format import (
     checkpoint_file,

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from captioner.core.config import EncoderConfig
-from captioner.data.images import PixelNormalization, PixelStatistics
+from captioner.data.image_transform import PixelNormalization, PixelStatistics
 from captioner.models.backbones import BACKBONES, check_encoder_config, pixel_statistics
 
 __all__ = ["BACKBONES", "Encoder", "build_encoder"]

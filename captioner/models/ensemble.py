@@ -24,7 +24,7 @@ from PIL import Image
 from torch import nn
 
 from captioner.core.errors import CheckpointError, ConfigError
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import Decoder, DecoderOutput, Memory, State
 from captioner.models.model_origin import ModelOrigin

@@ -11,30 +11,26 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from captioner.core.config import Config, dump_config
 from captioner.core.errors import CheckpointError, ConfigError, DatasetError
 from captioner.core.files import write_failure
-from captioner.core.runtime import ThreadGovernor, loader_workers, resolve_device, seed_everything
-from captioner.data.batching import CaptionDataset, collate_captions
+from captioner.core.process_settings import ThreadGovernor, resolve_device, seed_everything
 from captioner.data.bounded_tar import shard_limits
 from captioner.data.datasets import load_split, seeded_split_record, split_shards
-from captioner.data.device_decode import device_preprocess
-from captioner.data.images import ImageTransform
+from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
-from captioner.data.store import StoreRows, split_features, store_dir
-from captioner.data.streaming import ShardSet, ShardStream, StreamingCaptions, StreamSettings, open_shard_set, shard_captions
+from captioner.data.store_reader import StoreRows
+from captioner.data.shard_reader import ShardSet, open_shard_set, shard_captions
+from captioner.data.streaming import ShardStream
 from captioner.models.build import build_model
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint
@@ -49,16 +45,23 @@ from captioner.training.history import (
     write_step_losses,
 )
 from captioner.training.interrupt import Interrupted, StopSignals
-from captioner.training.loop import caption_loss, train_one_epoch
+from captioner.training.loop import train_one_epoch
 from captioner.training.resume import rng_state, set_rng_state
-from captioner.training.schedule import (
-    describe_schedule,
-    lr_scale,
-    make_optimizer,
-    make_scheduler,
-)
+from captioner.training.schedule import lr_scale, make_optimizer, make_scheduler
 from captioner.training.scst import SelfCritical
-from captioner.training.speed import SpeedChoices, decide_steps, decide_threads, describe
+from captioner.training.run_setup import (
+    RunData,
+    accelerate,
+    caption_dataset,
+    decide_speed,
+    log_batch_plan,
+    make_loader,
+    make_objective,
+    stored_data,
+    uses_feature_store,
+    wrap_for_ddp,
+)
+from captioner.training.speed import SpeedChoices, decide_threads
 from captioner.training.stages import read_init_checkpoint, read_resume_checkpoint
 from captioner.training.state import LOGGED, TrainState
 from captioner.training.validate import validate
@@ -194,82 +197,44 @@ class Run:
         """The data (images, or the feature store for a frozen encoder), the steps' precision and
         products route, the objective, the optimiser and schedule, the DDP wrapper; then the
         checkpoint's state when resuming. `threads`: the count `decide_threads` fixed."""
-        data, device = config.data, ctx.device
         state = TrainState()
-        state.encoded = model.encoder.storable and not data.augment and config.train.cache_features and shards is None
-        train_features = val_features = grid = None
+        state.encoded = uses_feature_store(config, model, shards)
         if state.encoded:
-            encoder = model.encoder
-            trained = "the decoder" if encoder.frozen else f"the decoder and the top {len(encoder.blocks) - encoder.num_frozen} encoder blocks"
-            log.info("training %s on the feature store in %s (what the frozen blocks make, stored once)", trained, store_dir(config))
-            if not ctx.is_main:
-                ctx.barrier()  # rank 0 builds the store when it is absent; then the others open it
-            stored = split_features(model, config, "train", train_records, build=ctx.is_main)
-            train_records, train_features, grid = stored.records, stored.features, stored.grid
-            stored = split_features(model, config, "val", all_val_records, use=val_records, build=ctx.is_main)
-            val_records, val_features = stored.records, stored.features
-            if ctx.is_main:
-                ctx.barrier()
-        if config.train.channels_last or config.train.compile:
-            accelerate(model, config, device, state.encoded)
-        saved = checkpoint["train_state"] if checkpoint is not None else None
-        feature_shape = tuple(train_features[0].shape) if state.encoded and len(train_features) else None  # (N, D)
-        state.bf16, onednn = decide_steps(config, ctx, model, state.encoded, feature_shape, saved, str(Path(config.train.out_dir) / "last.pt"))
-        speed = SpeedChoices(state.bf16, threads, onednn)
-        if ctx.is_main:
-            log.debug("%s", describe(speed, device))
-
-        scst = config.train.stage == "scst"
-        pairs = "all" if scst else data.captions_per_image  # SCST: one item per image, rewarded against all its references
-        transform = ImageTransform(data.image_size, train=True, augment=data.augment)
-        train_set = CaptionDataset(train_records, model.vocab, transform, data.max_caption_length, pairs, train_features)
-        train_set.device_preprocess = device_preprocess(data.device_preprocess, device)  # CaptionBatch.to runs it there
-        objective = (  # the reward table: saved once per node, mapped by every rank
-            SelfCritical(config.scst, model.vocab, [r.captions for r in train_set.records], xent=caption_loss, cache_dir=Path(config.train.out_dir))
-            if scst else caption_loss
-        )
-        state.logged = objective.logged if scst else LOGGED
-        on_device = isinstance(train_features, torch.Tensor)  # a tensor on the device: indexed in this process
-        workers = 0 if on_device else loader_workers(data.num_workers)  # -1: this rank's share of the node's cores
-        loader: DataLoader | ShardStream
-        if shards is not None:
-            loader = sampler = shard_stream(config, ctx, shards, model.vocab, transform, workers)
+            data = stored_data(config, ctx, model, train_records, val_records, all_val_records)
         else:
-            sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
-            loader = DataLoader(
-                train_set, batch_sampler=sampler, num_workers=workers, collate_fn=collate_captions,
-                pin_memory=device.type == "cuda" and not on_device, persistent_workers=workers > 0,
-                worker_init_fn=ignore_stop_signals,  # a SIGTERM to the whole process group stops the run, not its loaders
-                generator=torch.Generator().manual_seed(config.train.seed),  # worker seeds; the global RNG stays untouched
-            )
-        if ctx.is_main:
-            log.debug(
-                "%d process%s x batch %d = global batch %d; %d steps per epoch; %s",
-                ctx.world_size, "es" if ctx.enabled else "", data.batch_size, sampler.global_batch, len(sampler),
-                describe_schedule(config, sampler.global_batch, len(sampler)),
-            )
+            data = RunData(train_records, val_records)
+        if config.train.channels_last or config.train.compile:
+            accelerate(model, config, ctx.device, state.encoded)
+        speed = decide_speed(config, ctx, model, state, data, checkpoint, threads)
+        transform = ImageTransform(config.data.image_size, train=True, augment=config.data.augment)
+        train_set = caption_dataset(config, model, data, transform, ctx.device)
+        objective = make_objective(config, model, train_set)
+        state.logged = objective.logged if isinstance(objective, SelfCritical) else LOGGED
+        loader, sampler = make_loader(config, ctx, train_set, shards, model.vocab)
+        log_batch_plan(config, ctx, sampler)
         optimizer = make_optimizer(model, config, lr_scale(config, sampler.global_batch))
         scheduler = make_scheduler(optimizer, config, len(sampler))
-        forward: Callable[..., DecoderOutput] = model
-        if ctx.enabled and not scst:  # SCST samples step by step through the bare decoder: its gradients are averaged by hand
-            forward = DistributedDataParallel(
-                model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=config.model.blind
-            )
-        state.reset_sums(device)
+        forward = wrap_for_ddp(model, config, ctx)
+        state.reset_sums(ctx.device)
         run = cls(config, ctx, model, forward, objective, loader, sampler, optimizer, scheduler, state,
-                  val_records, val_features, grid, checkpoint is not None, time.time(), speed)
+                  data.val_records, data.val_features, data.grid, checkpoint is not None, time.time(), speed)
         if checkpoint is not None:
             run.restore(checkpoint)
         elif ctx.enabled:  # the same initial weights everywhere, then each rank its own dropout masks
             seed_everything(config.train.seed + ctx.rank)
         if ctx.is_main:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # A resumed run drops the events the killed run logged after its checkpoint.
-            state.writer = SummaryWriter(str(run.out_dir / "tensorboard"), purge_step=state.step + 1 if checkpoint else None)
-            if checkpoint is not None:
-                write_history(run.out_dir / METRICS, state.history)  # rows logged after the checkpoint go
+            run.open_writer(checkpoint)
         return run
+
+    def open_writer(self, checkpoint: dict | None) -> None:
+        """The TensorBoard writer (rank 0). A resumed run drops the events the killed run logged
+        after its checkpoint, and the history rows logged after it."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        state = self.state
+        state.writer = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=state.step + 1 if checkpoint else None)
+        if checkpoint is not None:
+            write_history(self.out_dir / METRICS, state.history)
 
     def restore(self, checkpoint: dict) -> None:
         """The optimiser, schedule, position and random streams of last.pt."""
@@ -377,28 +342,6 @@ class Run:
             self.state.writer.close()
 
 
-def shard_stream(config: Config, ctx: Distributed, shards: ShardSet, vocab: Vocabulary, transform: ImageTransform,
-                 workers: int) -> ShardStream:
-    """The streamed training loader of a webdataset run (captioner/data/streaming.py)."""
-    data = config.data
-    settings = StreamSettings(
-        config.train.seed, ctx.rank, ctx.world_size, workers, data.batch_size, data.max_broken_fraction,
-        data.shuffle_buffer, data.max_caption_length, data.captions_per_image,
-    )
-    trace = os.environ.get("CAPTIONER_TRACE_SAMPLES")  # a folder: each rank writes the keys it trains on (auditing an epoch)
-    return ShardStream(
-        StreamingCaptions(shards, vocab, transform, settings), pin_memory=ctx.device.type == "cuda", worker_init_fn=ignore_stop_signals,
-        trace=Path(trace) / f"rank{ctx.rank}.txt" if trace else None,
-    )
-
-
-def ignore_stop_signals(worker_id: int) -> None:
-    """A DataLoader worker leaves SIGTERM and SIGINT to the training process, which stops after
-    its step and then ends its workers; killed by a signal, a worker would fail the run mid-step."""
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
-
-
 def should_stop(config: Config, state: TrainState, epoch: int, started: float) -> bool:
     patience = config.train.early_stopping_patience
     if patience and epoch - state.best_epoch >= patience:
@@ -425,14 +368,3 @@ def restore_rng(saved: dict, ctx: Distributed, seed: int, state: TrainState) -> 
         )
     log.warning("the checkpoint holds no random states for %d processes: resuming with fresh ones (not bit-exact)", ctx.world_size)
     seed_everything(seed + 1000 * state.epoch + ctx.rank)
-
-
-def accelerate(model: Captioner, config: Config, device: torch.device, encoded: bool) -> None:
-    """`train.channels_last` and `train.compile`: CUDA options, ignored (and said so) on the CPU."""
-    if device.type != "cuda":
-        log.info("train.channels_last / train.compile are CUDA options: ignored on %s", device)
-        return
-    if config.train.channels_last and not encoded:
-        model.encoder.to(memory_format=torch.channels_last)
-    if config.train.compile:
-        model.decoder.compile(dynamic=True)  # in place: parameter names (and checkpoints) stay as they are

@@ -31,7 +31,7 @@ import torch
 
 from captioner.core import machine_cache
 from captioner.core.config import Config
-from captioner.core.runtime import cpu_has_native_bf16
+from captioner.core.process_settings import cpu_has_native_bf16
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.training.loop import caption_loss

@@ -23,8 +23,8 @@ reshapes it.
 
 A step reads nothing back from the device (tests/test_sync.py): sampling and the greedy baseline
 run `max_length` steps with finished rows masked, the CIDEr-D reward is computed by torch ops on
-the samples' device from a reference table shared by the ranks of a node (rewards.DeviceReward,
-captioner/training/reward_table.py), and the logged values stay device tensors (docs/scst_gpu.md).
+the samples' device from a reference table shared by the ranks of a node
+(`device_reward.DeviceReward`), and the logged values stay device tensors (docs/scst_gpu.md).
 
 `SelfCritical` is called like `train.caption_loss`, (model, batch, config, encoded) -> (loss,
 logged values), so `fit` only picks it for the stage and knows nothing else about it.
@@ -44,9 +44,9 @@ from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import reads_are_free
 from captioner.models.decoding.rules import EndingRule, SpecialTokens
-from captioner.models.decoding.sampling import greedy_captions, sample_captions, scored_by_teacher_forcing
+from captioner.models.decoding.sampling import SampledCaptions, greedy_captions, sample_captions, scored_by_teacher_forcing
 from captioner.text.vocab import Vocabulary
-from captioner.training.rewards import DeviceReward
+from captioner.training.device_reward import DeviceReward
 
 # (tokens (C, T), lengths (C,), dataset image indices (C,)) -> (C,) rewards on the tokens' device
 Reward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -118,14 +118,31 @@ class SelfCritical:
         captions, images) over every rank; `forward` (the DDP wrapper of cross-entropy) is not
         used: sampling runs the bare decoder, and `train_one_epoch` averages its gradients.
         Nothing is read back from the device (except by a BLEU term in the reward)."""
-        s, vocab = self.settings, self.vocab
         reward_before = self.reward_seconds
-        n = s.samples
-        if encoded:
-            feats = model.stored_features(batch.images)  # (B, N, D)
-        else:
-            feats, _ = model.encode(batch.images)  # (B, N, D), with gradients into a fine-tuned encoder
+        n = self.settings.samples
+        feats = batch_features(model, batch, encoded)  # (B, N, D)
         images = batch.indices.to(feats.device, non_blocking=True)  # (B,): dataset index of each image
+        samples, logprobs = self.sample(model, feats)  # (B*n, T), (B*n,)
+        rewards = self.score(samples.tokens, samples.lengths, images.repeat_interleave(n))  # (B*n,)
+        baseline = self.baseline(model, feats, images, rewards)  # (B*n,)
+        advantage = rewards - baseline  # (B*n,)
+        # Under torchrun this rank's images are a share of the global batch's (`totals[2]`, summed
+        # over ranks): the loss and the logged means become shares too, so that averaging the
+        # gradients over ranks and summing the logged values give the global batch's means.
+        share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
+        loss = -(advantage * logprobs).mean() * share
+        xent = torch.zeros((), device=loss.device)
+        if self.settings.xent_weight:
+            # Teacher forcing on every reference of the batch's images; `totals` make it this rank's share.
+            xent, _ = self.xent(model, batch, config, encoded, totals)
+            loss = loss + self.settings.xent_weight * xent
+        logged = self.logged_means(samples, logprobs, rewards, baseline, share, self.reward_seconds - reward_before)
+        return loss, {"loss": loss.detach().float(), **logged, "xent": xent.detach().float()}
+
+    def sample(self, model: Captioner, feats: torch.Tensor) -> tuple[SampledCaptions, torch.Tensor]:
+        """`scst.samples` captions per image and their log-probabilities with gradients (B*n,),
+        drawn in the decoder's mode that `scst.dropout` asks for (its own mode restored after)."""
+        s, vocab = self.settings, self.vocab
         decoder_was_training = model.decoder.training
         model.decoder.train(s.dropout)  # without dropout the policy sampled and pushed is the test-time decoder
         # On the CPU without dropout: sample without gradients, then score the samples in one
@@ -136,7 +153,7 @@ class SelfCritical:
         try:
             with torch.no_grad() if by_teacher_forcing else contextlib.nullcontext():
                 samples = sample_captions(
-                    model.decoder, feats, vocab.bos_id, vocab.eos_id, n, s.max_length, s.temperature, banned=self.banned,
+                    model.decoder, feats, vocab.bos_id, vocab.eos_id, s.samples, s.max_length, s.temperature, banned=self.banned,
                     top_k=s.top_k, top_p=s.top_p, ending=self.ending_rule(feats.device),
                 )  # tokens, logprobs, mask: (B*n, T)
             if by_teacher_forcing:
@@ -145,33 +162,33 @@ class SelfCritical:
                 logprobs = samples.caption_logprobs()  # (B*n,)
         finally:
             model.decoder.train(decoder_was_training)
-        rewards = self.score(samples.tokens, samples.lengths, images.repeat_interleave(n))  # (B*n,)
+        return samples, logprobs
 
-        if s.baseline == "greedy":
-            was_training = model.training
-            model.eval()
-            try:
-                greedy = greedy_captions(
-                    model.decoder, feats.detach(), vocab.bos_id, vocab.eos_id, s.max_length, self.banned, self.ending_rule(feats.device)
-                )
-            finally:
-                model.train(was_training)
-            baseline = self.score(greedy.tokens, greedy.lengths, images).repeat_interleave(n)  # (B*n,)
-        else:
-            baseline = mean_of_others(rewards, n)  # (B*n,)
+    def baseline(self, model: Captioner, feats: torch.Tensor, images: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+        """Each sample's baseline (B*n,): its image's greedy caption's reward, decoded in eval
+        mode without gradients, or the mean reward of the image's other samples."""
+        n = self.settings.samples
+        if self.settings.baseline != "greedy":
+            return mean_of_others(rewards, n)  # (B*n,)
+        was_training = model.training
+        model.eval()
+        try:
+            greedy = greedy_captions(
+                model.decoder, feats.detach(), self.vocab.bos_id, self.vocab.eos_id, self.settings.max_length, self.banned,
+                self.ending_rule(feats.device),
+            )
+        finally:
+            model.train(was_training)
+        return self.score(greedy.tokens, greedy.lengths, images).repeat_interleave(n)  # (B*n,)
 
+    def logged_means(
+        self, samples: SampledCaptions, logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torch.Tensor, share: float,
+        reward_seconds: float,
+    ) -> dict[str, torch.Tensor]:
+        """The step's logged values but the loss and xent, as 0-d tensors on the device (this
+        rank's `share` of each), read back only every `log_every` steps."""
         advantage = rewards - baseline  # (B*n,)
-        # Under torchrun this rank's images are a share of the global batch's (`totals[2]`, summed
-        # over ranks): the loss and the logged means become shares too, so that averaging the
-        # gradients over ranks and summing the logged values give the global batch's means.
-        share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
-        loss = -(advantage * logprobs).mean() * share
-        xent = torch.zeros((), device=loss.device)
-        if s.xent_weight:
-            # Teacher forcing on every reference of the batch's images; `totals` make it this rank's share.
-            xent, _ = self.xent(model, batch, config, encoded, totals)
-            loss = loss + s.xent_weight * xent
-        words = (samples.mask & (samples.tokens != vocab.eos_id)).sum(dim=1)  # (B*n,): <eos> is not a word
+        words = (samples.mask & (samples.tokens != self.vocab.eos_id)).sum(dim=1)  # (B*n,): <eos> is not a word
         means = torch.stack([
             rewards.mean(),
             baseline.mean(),
@@ -182,7 +199,15 @@ class SelfCritical:
             # losing samples down without limit shows it here first (docs/experiments.md, epoch 4).
             (logprobs.detach() / samples.lengths.clamp(min=1)).mean(),
         ])  # (6,) on the device
-        seconds = torch.tensor([self.reward_seconds - reward_before], dtype=torch.float32).to(loss.device, non_blocking=True)  # (1,)
+        seconds = torch.tensor([reward_seconds], dtype=torch.float32).to(rewards.device, non_blocking=True)  # (1,)
         values = torch.cat([means.detach().float(), seconds]) * share  # (P-2,): wall time of this step's scoring last
-        logged = dict(zip(self.logged[1:-1], values.unbind()))
-        return loss, {"loss": loss.detach().float(), **logged, "xent": xent.detach().float()}
+        return dict(zip(self.logged[1:-1], values.unbind()))
+
+
+def batch_features(model: Captioner, batch: CaptionBatch, encoded: bool) -> torch.Tensor:
+    """The batch's image features (B, N, D): from the stored rows, or encoded with gradients
+    into a fine-tuned encoder."""
+    if encoded:
+        return model.stored_features(batch.images)  # (B, N, D)
+    feats, _ = model.encode(batch.images)  # (B, N, D)
+    return feats

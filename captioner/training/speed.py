@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from captioner.core.config import Config
-from captioner.core.runtime import ENV_THREADS, ThreadGovernor, free_cores, run_threads, threads_are_automatic
+from captioner.core.process_settings import ENV_THREADS, ThreadGovernor, free_cores, run_threads, threads_are_automatic
 from captioner.models import products
 from captioner.models.captioner import Captioner
 from captioner.training.distributed import Distributed

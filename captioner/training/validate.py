@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from captioner.data.records import ImageRecord
-from captioner.data.store import StoreRows
+from captioner.data.store_reader import StoreRows
 from captioner.evaluation.evaluate import caption_records, references_for
 from captioner.evaluation.metrics import fast_scores
 from captioner.models.captioner import Captioner

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither 
     from captioner.models.caption import Caption
     from captioner.models.captioner import Captioner
     from captioner.models.ensemble import Ensemble
-    from captioner.viz.figures import FigureRequest
+    from captioner.viz.caption_figures import FigureRequest
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -80,7 +80,7 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 
 
 def run(args: argparse.Namespace) -> int:
-    from captioner.data.pictures import load_image
+    from captioner.data.image_files import load_image
 
     # --ensemble takes every word after it: images given after its checkpoints are still images.
     words, args.ensemble = args.ensemble, []
@@ -255,7 +255,7 @@ def figure_request(args: argparse.Namespace) -> FigureRequest | None:
     """The figures asked for, or None (plotting is loaded only when some are)."""
     if not (args.heatmaps or args.self_attention or args.head_grid):
         return None
-    from captioner.viz.figures import FigureRequest
+    from captioner.viz.caption_figures import FigureRequest
 
     folder = {name: Path(getattr(args, name)) if getattr(args, name) else None for name in ("heatmaps", "self_attention", "head_grid")}
     gradcam = folder["heatmaps"] if args.saliency == "gradcam" else None  # drawn beside the heatmaps
@@ -264,7 +264,7 @@ def figure_request(args: argparse.Namespace) -> FigureRequest | None:
 
 def figures(model: Captioner | Ensemble, path: Path, image: Image.Image, caption: Caption, request: FigureRequest, suffix: str) -> dict[str, str]:
     """Draw a caption's requested figures (Grad-CAM computed first when asked); their paths by kind."""
-    from captioner.viz.figures import save_caption_figures
+    from captioner.viz.caption_figures import save_caption_figures
 
     if request.per_word and not caption.words:  # the model ended at once: no word to draw
         print(f"{path}: empty caption, no per-word figures", file=sys.stderr)

@@ -109,9 +109,36 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     from captioner.data import datasets  # noqa: F401 - the loaders need the 'train' extra (pycocotools): said before the model loads
     from captioner.evaluation.evaluate import evaluate
     from captioner.evaluation.report import rounded, write_scores_json
-    from captioner.models.checkpoint import model_settings
     from captioner.models.checkpoint_format import checkpoint_file
 
+    check_checkpoint_arguments(args)
+    if not args.fast:  # before any image is captioned
+        require_official_metrics(args.spice)
+    checkpoint = checkpoint_file(args.checkpoint)  # a run folder: its best.pt, else last.pt
+    model = load_model("evaluate", checkpoint, args)
+    config, records, all_records = checkpoint_split(checkpoint, args)
+    grounding = grounding_request(args, config.data) if args.grounding else None
+    options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}
+    out_dir = Path(args.out) if args.out else default_out_dir(checkpoint, args.ensemble)
+    results_path = out_dir / f"results_{args.split}.json"
+    writable_folder(out_dir, "evaluate --out")  # before any caption is made, not after all of them
+    scored, stored = stored_rows(args.features, model, config, args.split, records, all_records) if args.features else (records, {})
+    evaluation = evaluate(
+        model, scored, official=not args.fast, spice=args.spice, grounding=grounding, results_file=results_path,
+        batch_size=args.batch_size, **stored, **options,
+    )
+    report = checkpoint_report(args, checkpoint, evaluation, options, results_path)
+    if evaluation.grounding is not None and args.heatmaps:
+        outlined_figures(Path(args.heatmaps), records, evaluation)
+    scores_path = out_dir / f"scores_{args.split}.json"
+    write_scores_json(scores_path, evaluation.scores.overall, evaluation.scores.per_image, extra=report)
+    if not args.json:
+        print_checkpoint_scores(args, checkpoint, records, evaluation, report, out_dir, {"captions": results_path, "scores": scores_path})
+    return {**report, "scores": rounded(evaluation.scores.overall)}
+
+
+def check_checkpoint_arguments(args: argparse.Namespace) -> None:
+    """Refuse, in one line, flags that do not go together, before anything is loaded."""
     if not args.checkpoint:
         raise CaptionerError("evaluate: give a CHECKPOINT, or --results FILE --annotations FILE")
     if args.saliency and not args.grounding:
@@ -119,36 +146,38 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     if args.ensemble and (args.features or args.saliency):
         flag = "--features" if args.features else "--saliency"
         raise CaptionerError(f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images with each member's encoder")
-    if not args.fast:  # before any image is captioned
-        require_official_metrics(args.spice)
-    checkpoint = checkpoint_file(args.checkpoint)  # a run folder: its best.pt, else last.pt
-    model = load_model("evaluate", checkpoint, args)
+
+
+def checkpoint_split(checkpoint: Path, args: argparse.Namespace) -> tuple[Any, list[ImageRecord], list[ImageRecord]]:
+    """The model's own settings (its dataset, where it lies locally), and the split's records:
+    the first --limit of them, and all of them."""
+    from captioner.models.checkpoint import model_settings
+
     with said_by_an_error("captioner.data.model_settings"):  # a place set aside, then refused: the refusal's line alone
-        settings = model_settings(checkpoint, args.data_overrides)  # the model's dataset, where it lies locally
+        settings = model_settings(checkpoint, args.data_overrides)
         config = settings.config
         if not settings.unreadable(args.split):
             require_data(config.data, [args.split])
-        records = all_records = settings.load_split(args.split)  # one line when the model's settings name a place it may not
-    if args.limit:
-        records = records[: args.limit]
-    grounding = grounding_request(args, config.data) if args.grounding else None
-    options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}
-    out_dir = Path(args.out) if args.out else default_out_dir(checkpoint, args.ensemble)
-    results_path = out_dir / f"results_{args.split}.json"
-    writable_folder(out_dir, "evaluate --out")  # before any caption is made, not after all of them
-    scored = records
-    stored: dict[str, Any] = {}
-    if args.features:  # the stored rows instead of the images
-        from captioner.data.store import split_features
+        all_records = settings.load_split(args.split)  # one line when the model's settings name a place it may not
+    return config, all_records[: args.limit] if args.limit else all_records, all_records
 
-        config.data.feature_store = args.features
-        split = split_features(model, config, args.split, all_records, use=records)
-        scored = split.records  # without the images that failed to load when the store was built
-        stored = {"features": split.features, "grid": split.grid, "num_workers": config.data.num_workers}
-    evaluation = evaluate(
-        model, scored, official=not args.fast, spice=args.spice, grounding=grounding, results_file=results_path,
-        batch_size=args.batch_size, **stored, **options,
-    )
+
+def stored_rows(
+    features: str, model: Any, config: Any, split: str, records: list[ImageRecord], all_records: list[ImageRecord],
+) -> tuple[list[ImageRecord], dict[str, Any]]:
+    """--features DIR: the records whose rows are stored (without the images that failed to load
+    when the store was built), and what `evaluate` decodes instead of the images."""
+    from captioner.data.store_splits import split_features
+
+    config.data.feature_store = features
+    stored = split_features(model, config, split, all_records, use=records)
+    return stored.records, {"features": stored.features, "grid": stored.grid, "num_workers": config.data.num_workers}
+
+
+def checkpoint_report(
+    args: argparse.Namespace, checkpoint: Path, evaluation: Evaluation, options: dict[str, Any], results_path: Path,
+) -> dict[str, Any]:
+    """What the scores file records beside the scores: the model(s), the split, the decoding, the files."""
     scores = evaluation.scores
     report: dict[str, Any] = {
         "checkpoint": str(checkpoint),
@@ -163,23 +192,26 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     report.update(scores.beside_official())
     if evaluation.grounding is not None:
         report["grounding"] = evaluation.grounding.to_json()
-        if args.heatmaps:
-            outlined_figures(Path(args.heatmaps), records, evaluation)
-    scores_path = out_dir / f"scores_{args.split}.json"
-    write_scores_json(scores_path, scores.overall, scores.per_image, extra=report)
-    if not args.json:
-        name = " + ".join([str(checkpoint), *args.ensemble])
-        title = f"{name} on {args.split} ({len(evaluation.captions)} images, beam {options['beam_size']}, {scores.metrics})"
-        print_scores(title, scores, verbose=getattr(args, "verbosity", 0) > 0)
-        if "grounding" in report:
-            print_grounding(report["grounding"])
-        for record in records[:3]:
-            if record.image_id in evaluation.captions:
-                print(f"  e.g. {record.path.name}: {evaluation.captions[record.image_id].text!r}")
-        print(f"captions: {results_path}\nscores: {scores_path}")
-        if records and not args.ensemble:
-            print(f"next: {next_command(checkpoint, records[0].path, out_dir / 'heatmaps')}")
-    return {**report, "scores": rounded(scores.overall)}
+    return report
+
+
+def print_checkpoint_scores(
+    args: argparse.Namespace, checkpoint: Path, records: list[ImageRecord], evaluation: Evaluation, report: dict[str, Any],
+    out_dir: Path, files: dict[str, Path],
+) -> None:
+    """The table, the grounding, three example captions, where the files are, and what to run next."""
+    scores = evaluation.scores
+    name = " + ".join([str(checkpoint), *args.ensemble])
+    title = f"{name} on {args.split} ({len(evaluation.captions)} images, beam {report['beam_size']}, {scores.metrics})"
+    print_scores(title, scores, verbose=getattr(args, "verbosity", 0) > 0)
+    if "grounding" in report:
+        print_grounding(report["grounding"])
+    for record in records[:3]:
+        if record.image_id in evaluation.captions:
+            print(f"  e.g. {record.path.name}: {evaluation.captions[record.image_id].text!r}")
+    print(f"captions: {files['captions']}\nscores: {files['scores']}")
+    if records and not args.ensemble:
+        print(f"next: {next_command(checkpoint, records[0].path, out_dir / 'heatmaps')}")
 
 
 def default_out_dir(checkpoint: Path, ensemble: list[str]) -> Path:
@@ -212,7 +244,7 @@ def grounding_request(args: argparse.Namespace, data: DataConfig) -> GroundingRe
 
 def outlined_figures(out_dir: Path, records: list[ImageRecord], evaluation: Evaluation, count: int = FIGURES) -> None:
     """Heatmap figures of the first images, each scored word's true region outlined in white."""
-    from captioner.data.images import load_image
+    from captioner.data.image_files import load_image
     from captioner.evaluation.grounding import word_regions
     from captioner.viz.overlays import save_attention_figure
 

@@ -25,11 +25,13 @@ def run(args: argparse.Namespace) -> int:
     """Encode each split once into the fp16 feature store (resumes a stopped extraction)."""
     from captioner.apps.prerequisites import require_data
     from captioner.core.config import load_config
-    from captioner.core.runtime import resolve_device
+    from captioner.core.process_settings import resolve_device
     from captioner.data.datasets import load_split
-    from captioner.data.images import ImageTransform
+    from captioner.data.image_transform import ImageTransform
     from captioner.data.shapes import SPLITS
-    from captioner.data.store import check_storable, ensure_store, size_text, store_dir
+    from captioner.core.files import size_text
+    from captioner.data.store_extract import ensure_store
+    from captioner.data.store_format import check_storable, store_dir
     from captioner.models.backbones import check_encoder_config
     from captioner.models.encoders import build_encoder
 

@@ -1,11 +1,12 @@
 """The Gradio demo: caption an image and show, word by word, where the model looked.
 
-One job per module, importing one way (choices <- checks, batcher, figures <- page <- ui <- server):
+One job per module, importing one way (choices <- checks, batcher, page_figures <- page <- ui <- server):
 
 - `choices`: the layer, head and word menus, and their values as map indices;
 - `checks`: every value of a /caption request checked against what the page offers;
 - `batcher`: the images of concurrent requests decoded as one batch;
-- `figures`: the downloadable attention figure and the transformer views;
+- `page_figures`: the page's figure files (the downloadable attention figure, pruned when old) and
+  the transformer views;
 - `page`: captioning an upload and laying out the page (no Gradio: testable without a server);
 - `cards`: the served models, their labels, cards and example images;
 - `ui`: the Gradio page, its callbacks, its bounded queue and the cleanup of its files;

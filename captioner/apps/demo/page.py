@@ -17,9 +17,9 @@ from PIL import Image
 
 from captioner.apps.demo.batcher import CaptionBatcher
 from captioner.apps.demo.choices import MEAN, maps_label, parse_layer_head
-from captioner.apps.demo.figures import write_figure
+from captioner.apps.demo.page_figures import write_figure
 from captioner.core.errors import ImageLoadError
-from captioner.data.images import MAX_PIXELS, load_image, open_image
+from captioner.data.image_files import MAX_PIXELS, load_image, open_image
 from captioner.models.caption import Caption
 from captioner.models.captioner import Captioner
 from captioner.viz.overlays import word_overlays

@@ -32,7 +32,7 @@ from captioner.apps.demo.cards import (
 )
 from captioner.apps.demo.checks import MAX_BEAM, MAX_LENGTH, check_request
 from captioner.apps.demo.choices import menus, word_choices, word_position
-from captioner.apps.demo.figures import inside_views, prune, prune_folders, write_figure
+from captioner.apps.demo.page_figures import inside_views, prune, prune_folders, write_figure
 from captioner.apps.demo.page import (
     PageOutput,
     Result,
@@ -41,7 +41,7 @@ from captioner.apps.demo.page import (
     render_page,
 )
 from captioner.core.errors import RequestError
-from captioner.data.images import MAX_PIXELS
+from captioner.data.image_files import MAX_PIXELS
 from captioner.models.captioner import Captioner
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,8 @@ class Callbacks:
         from gradio.utils import get_upload_folder
 
         self.models = models
-        self.serving: dict[str, str] = {}  # model name -> its "Serving: ..." line (set by build_demo)
+        self.serving: dict[str, str] = {}  # model name -> its "Serving: ..." line (set by page_callbacks)
+        self.payloads: dict[str, dict[str, Any]] = {}  # model name -> what its checkpoint records, for the cards
         self.max_pixels = max_pixels
         self.batcher = CaptionBatcher(max_batch)
         self.cleanup = cleanup
@@ -239,80 +240,129 @@ def build_demo(
     browser, QueueError through the API). `examples` None: the first test images of the first
     model's dataset, where they lie locally. `cleanup`: how long temporary files live."""
     private_cache()  # before anything is cached: a process of its own, whose closing deletes no other's files
-    callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
-    payloads = {name: recorded(name) for name in callbacks.models}  # each checkpoint read once, for the serving line and the cards
-    callbacks.serving = {name: serving_line(name, model, payloads[name]) for name, model in callbacks.models.items()}
-    first_name, first = callbacks.model("")
+    callbacks = page_callbacks(checkpoints, device, max_pixels, max_batch, cleanup)
+    first_name, _ = callbacks.model("")
     examples = model_examples(first_name) if examples is None else examples
-    delete_cache = (max(1, round(cleanup.every_s)), max(1, round(cleanup.max_age_s)))
-    with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False, delete_cache=delete_cache) as demo:
-        gr.Markdown(
-            "## Image captioning with spatial attention\n"
-            "Upload an image or pick an example, then **Caption**. Each word comes with the map of "
-            "where the model looked while writing it."
-        )
-        serving = gr.Markdown(callbacks.serving[first_name], elem_id="serving")  # which model answers, and how it scored
-        with gr.Row():
-            with gr.Column(scale=1):
-                image = UploadImage(label="Image", type="filepath", sources=["upload", "clipboard"], height=320, elem_id="image")
-                choices = [(model_label(name, model), name) for name, model in callbacks.models.items()]
-                model_name = gr.Dropdown(choices, value=first_name, label="Model", elem_id="model")
-                decode = first.decode_config
-                with gr.Row():
-                    beam = gr.Slider(1, MAX_BEAM, value=min(decode.beam_size, MAX_BEAM), step=1, label="Beam width", elem_id="beam")
-                    length = gr.Slider(
-                        1, MAX_LENGTH, value=min(decode.max_length, MAX_LENGTH), step=1, label="Maximum length", elem_id="max_length"
-                    )
-                with gr.Row():
-                    layer_menu, head_menu = menus(first)
-                    layer = gr.Dropdown(label="Decoder layer", elem_id="layer", **layer_menu)
-                    head = gr.Dropdown(label="Attention head", elem_id="head", **head_menu)
-                run = gr.Button("Caption", variant="primary", elem_id="run")
-                if examples:
-                    gr.Examples([[str(p)] for p in examples], inputs=[image], label="Examples")
-            with gr.Column(scale=2):
-                text = gr.Textbox(label="Caption", interactive=False, elem_id="caption")
-                score = gr.Markdown(label="Score", elem_id="score")
-                note = gr.Markdown(label="Note", elem_id="note")
-                gallery = gr.Gallery(label="Attention per word", columns=4, height="auto", elem_id="heatmaps")
-                download = gr.DownloadButton("Download the figure", interactive=False, elem_id="download")
-                # Transformers only: shown once a caption has self-attention weights.
-                head_view = gr.Image(label="Self-attention head view (each word to the earlier words it attends to; "
-                                     "layer and head from the menus)", type="pil", visible=False, elem_id="head_view")
-                grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word")
-                head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False, elem_id="head_grid")
-        gr.Markdown(model_cards(callbacks.models, payloads), elem_id="model_card")
-        result = gr.State(None, time_to_live=cleanup.max_age_s)  # a redraw needs it only as long as its pictures live
-
-        # Each event: disable the download at once, show the caption and heatmaps, draw the figure
-        # (about a second more), enable the download. The API: /caption, then /figure in its session.
-        shown = [text, score, gallery, note, result]
-        # Gradio skips a step ("once") whose previous run is still pending, so on a loaded server a
-        # caption arriving while the last one's views are drawn would never get its own: each step
-        # runs again, on the newest values, when the pending one ends.
-        latest = {"trigger_mode": "always_last"}
-        cpu = {"concurrency_id": "cpu", **latest}  # captions and figures share the queue's workers (max_batch of them)
-        private = {"api_visibility": "private"}
-
-        def then_figure(event: Any, **api: Any) -> None:
-            drawn = event.then(callbacks.tracked(callbacks.figure), [result, layer, head], [download], **cpu, **api)
-            drawn.then(enable_download, [download], [download], queue=False, **latest, **private)
-
-        captioned = run.click(disable_download, None, [download], queue=False, **private).then(
-            callbacks.tracked(callbacks.caption), [image, model_name, beam, length, layer, head], shown, api_name="caption", **cpu
-        )
-        then_figure(captioned, api_name="figure")
-        inside_in, inside_out = [result, layer, head, grid_word], [head_view, head_grid, grid_word]
-        captioned.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
-        for menu in (layer, head):  # a new layer/head redraws the kept caption; no decoding again
-            cleared = menu.input(disable_download, None, [download], queue=False, **private)
-            redrawn = cleared.then(callbacks.tracked(callbacks.redraw), [result, layer, head], shown, **cpu, **private)
-            then_figure(redrawn, **private)
-            redrawn.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
-        grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
-        model_name.change(callbacks.choose_model, [model_name], [layer, head, serving], queue=False, **private)
+    with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False, delete_cache=cache_lifetimes(cleanup)) as demo:
+        page = lay_out_page(callbacks, examples, cleanup)
+        wire_events(page, callbacks)
     _CALLBACKS[demo] = callbacks
     return demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
+
+
+def page_callbacks(checkpoints: list[Path], device: str, max_pixels: int, max_batch: int, cleanup: Cleanup) -> Callbacks:
+    """The models loaded, each checkpoint read once more for its serving line and card."""
+    callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
+    callbacks.payloads = {name: recorded(name) for name in callbacks.models}
+    callbacks.serving = {name: serving_line(name, model, callbacks.payloads[name]) for name, model in callbacks.models.items()}
+    return callbacks
+
+
+def cache_lifetimes(cleanup: Cleanup) -> tuple[int, int]:
+    """Gradio's `delete_cache`: how often to look, and how old a file may be, in whole seconds (at least 1)."""
+    return max(1, round(cleanup.every_s)), max(1, round(cleanup.max_age_s))
+
+
+def slider_starts(model: Captioner) -> tuple[int, int]:
+    """Where the beam and length sliders start: the model's own decoding defaults, within the page's limits."""
+    decode = model.decode_config
+    return min(decode.beam_size, MAX_BEAM), min(decode.max_length, MAX_LENGTH)
+
+
+@dataclass
+class Page:
+    """The page's components that its events read or write."""
+
+    serving: Any
+    image: Any
+    model_name: Any
+    beam: Any
+    length: Any
+    layer: Any
+    head: Any
+    run: Any
+    text: Any
+    score: Any
+    note: Any
+    gallery: Any
+    download: Any
+    head_view: Any
+    grid_word: Any
+    head_grid: Any
+    result: Any
+
+
+def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -> Page:
+    """The components, inside the open `gr.Blocks`: the request on the left, the answer on the right, the cards below."""
+    first_name, first = callbacks.model("")
+    gr.Markdown(
+        "## Image captioning with spatial attention\n"
+        "Upload an image or pick an example, then **Caption**. Each word comes with the map of "
+        "where the model looked while writing it."
+    )
+    serving = gr.Markdown(callbacks.serving[first_name], elem_id="serving")  # which model answers, and how it scored
+    with gr.Row():
+        with gr.Column(scale=1):
+            image = UploadImage(label="Image", type="filepath", sources=["upload", "clipboard"], height=320, elem_id="image")
+            choices = [(model_label(name, model), name) for name, model in callbacks.models.items()]
+            model_name = gr.Dropdown(choices, value=first_name, label="Model", elem_id="model")
+            beam_start, length_start = slider_starts(first)
+            with gr.Row():
+                beam = gr.Slider(1, MAX_BEAM, value=beam_start, step=1, label="Beam width", elem_id="beam")
+                length = gr.Slider(1, MAX_LENGTH, value=length_start, step=1, label="Maximum length", elem_id="max_length")
+            with gr.Row():
+                layer_menu, head_menu = menus(first)
+                layer = gr.Dropdown(label="Decoder layer", elem_id="layer", **layer_menu)
+                head = gr.Dropdown(label="Attention head", elem_id="head", **head_menu)
+            run = gr.Button("Caption", variant="primary", elem_id="run")
+            if examples:
+                gr.Examples([[str(p)] for p in examples], inputs=[image], label="Examples")
+        with gr.Column(scale=2):
+            text = gr.Textbox(label="Caption", interactive=False, elem_id="caption")
+            score = gr.Markdown(label="Score", elem_id="score")
+            note = gr.Markdown(label="Note", elem_id="note")
+            gallery = gr.Gallery(label="Attention per word", columns=4, height="auto", elem_id="heatmaps")
+            download = gr.DownloadButton("Download the figure", interactive=False, elem_id="download")
+            # Transformers only: shown once a caption has self-attention weights.
+            head_view = gr.Image(label="Self-attention head view (each word to the earlier words it attends to; "
+                                 "layer and head from the menus)", type="pil", visible=False, elem_id="head_view")
+            grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word")
+            head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False, elem_id="head_grid")
+    gr.Markdown(model_cards(callbacks.models, callbacks.payloads), elem_id="model_card")
+    result = gr.State(None, time_to_live=cleanup.max_age_s)  # a redraw needs it only as long as its pictures live
+    return Page(serving, image, model_name, beam, length, layer, head, run, text, score, note, gallery, download,
+                head_view, grid_word, head_grid, result)
+
+
+def wire_events(page: Page, callbacks: Callbacks) -> None:
+    """Each event: disable the download at once, show the caption and heatmaps, draw the figure
+    (about a second more), enable the download. The API: /caption, then /figure in its session."""
+    p = page
+    shown = [p.text, p.score, p.gallery, p.note, p.result]
+    # Gradio skips a step ("once") whose previous run is still pending, so on a loaded server a
+    # caption arriving while the last one's views are drawn would never get its own: each step
+    # runs again, on the newest values, when the pending one ends.
+    latest = {"trigger_mode": "always_last"}
+    cpu = {"concurrency_id": "cpu", **latest}  # captions and figures share the queue's workers (max_batch of them)
+    private = {"api_visibility": "private"}
+
+    def then_figure(event: Any, **api: Any) -> None:
+        drawn = event.then(callbacks.tracked(callbacks.figure), [p.result, p.layer, p.head], [p.download], **cpu, **api)
+        drawn.then(enable_download, [p.download], [p.download], queue=False, **latest, **private)
+
+    captioned = p.run.click(disable_download, None, [p.download], queue=False, **private).then(
+        callbacks.tracked(callbacks.caption), [p.image, p.model_name, p.beam, p.length, p.layer, p.head], shown, api_name="caption", **cpu
+    )
+    then_figure(captioned, api_name="figure")
+    inside_in, inside_out = [p.result, p.layer, p.head, p.grid_word], [p.head_view, p.head_grid, p.grid_word]
+    captioned.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
+    for menu in (p.layer, p.head):  # a new layer/head redraws the kept caption; no decoding again
+        cleared = menu.input(disable_download, None, [p.download], queue=False, **private)
+        redrawn = cleared.then(callbacks.tracked(callbacks.redraw), [p.result, p.layer, p.head], shown, **cpu, **private)
+        then_figure(redrawn, **private)
+        redrawn.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
+    p.grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
+    p.model_name.change(callbacks.choose_model, [p.model_name], [p.layer, p.head, p.serving], queue=False, **private)
 
 
 # Each page's callbacks, so that the server can wait for the ones still running when it stops.

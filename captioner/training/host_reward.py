@@ -1,4 +1,7 @@
-"""Caption rewards for self-critical training: CIDEr-D and BLEU-4 on token sequences.
+"""The SCST reward on the host: CIDEr-D and BLEU-4 of token sequences, in Python, one caption at a time.
+
+The reference that the device reward (`device_reward`) is held equal to, and the BLEU-4 part of
+the reward, which runs here. Both are built on the n-gram core, `captioner.evaluation.ngrams`.
 
 CIDEr-D here is the official one (pycocoevalcap's `CiderScorer`: tf-idf n-gram vectors for
 n = 1..4, clipped cosine similarity, a Gaussian length penalty with sigma 6, x10) with one
@@ -9,7 +12,7 @@ against the same idf weights, and the reward of a caption does not depend on its
 
 Sequences are tuples of any hashable tokens (word ids, strings). Every reference's tf-idf vectors
 are computed once per image and cached; scoring a candidate is then one pass over its own n-grams
-per reference, which is what makes the reward cheap next to a decoder step (docs/benchmarks.md).
+per reference.
 
 `CiderD.score(candidates, image_keys)` agrees with pycocoevalcap fed the same document
 frequencies and corpus size to 1e-6 (tests/test_rewards.py), including pycocoevalcap's quirk that
@@ -18,30 +21,32 @@ the "length" in the length penalty counts bigrams (a caption's words minus one).
 
 from __future__ import annotations
 
-import functools
 import math
-import os
-from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
+from captioner.evaluation.ngrams import (
+    CIDER_SCALE,
+    CIDER_SIGMA,
+    MAX_N,
+    NGram,
+    NgramCounts,
+    bleu_guesses,
+    bleu_scores,
+    cider_clip,
+    cider_length,
+    cider_length_penalty,
+    clipped_matches,
+    closest_ref_length,
+    document_frequency,
+    idf_table,
+    log_images,
+    max_reference_counts,
+    ngram_counts,
+)
 from captioner.text.vocab import Vocabulary, tokenize
-from captioner.training.reward_table import ReferenceTable, cached_table, fingerprint
-
-NGram = tuple[Hashable, ...]
-
-
-def ngram_counts(tokens: Sequence[Hashable], n: int = 4) -> Counter:
-    """Counts of every 1..n-gram of a token sequence (the `precook` of the COCO scorers)."""
-    tokens = tuple(tokens)
-    counts: Counter = Counter()
-    for k in range(1, n + 1):
-        for i in range(len(tokens) - k + 1):
-            counts[tokens[i : i + k]] += 1
-    return counts
 
 
 @dataclass
@@ -50,7 +55,7 @@ class _Vector:
 
     weights: list[dict[NGram, float]]  # per order k: n-gram -> tf * idf
     norms: list[float]  # per order k: the L2 norm of weights[k]
-    length: int  # bigram count (pycocoevalcap's `length`): the length-penalty's argument
+    length: int  # `ngrams.cider_length`: the length penalty's argument
 
 
 class CiderD:
@@ -65,62 +70,53 @@ class CiderD:
 
     def __init__(
         self,
-        corpus: Iterable[Sequence[Sequence[Hashable]]],
-        n: int = 4,
-        sigma: float = 6.0,
+        corpus: Sequence[Sequence[Sequence[Hashable]]],
+        n: int = MAX_N,
+        sigma: float = CIDER_SIGMA,
     ) -> None:
+        if not corpus:
+            raise ValueError("CiderD: the document-frequency corpus is empty")
         self.n = n
         self.sigma = sigma
-        self.document_frequency: Counter = Counter()
-        num_images = 0
-        for refs in corpus:
-            num_images += 1
-            self.document_frequency.update({g for ref in refs for g in ngram_counts(ref, n)})
-        if num_images == 0:
-            raise ValueError("CiderD: the document-frequency corpus is empty")
-        self.log_num_images = math.log(float(num_images))
+        df = document_frequency((ngram_counts(ref, n) for ref in refs) for refs in corpus)
+        self.idf = idf_table(df, len(corpus))  # n-gram -> idf, computed once
+        self.unseen_idf = log_images(len(corpus))  # an n-gram no reference of the corpus has counts as seen once
         self._references: dict[Hashable, list[_Vector]] = {}
 
     def add_references(self, key: Hashable, refs: Sequence[Sequence[Hashable]]) -> None:
         """Register (and vectorise, once) the references that candidates for `key` are scored against."""
         if not refs:
             raise ValueError(f"CiderD: image {key!r} has no references")
-        self._references[key] = [self._vector(ngram_counts(ref, self.n)) for ref in refs]
+        self._references[key] = [self._vector(ngram_counts(ref, self.n), len(ref)) for ref in refs]
 
-    def _vector(self, counts: Counter) -> _Vector:
+    def _vector(self, counts: NgramCounts, num_words: int) -> _Vector:
         weights: list[dict[NGram, float]] = [{} for _ in range(self.n)]
         squares = [0.0] * self.n
-        length = 0
-        df, log_n = self.document_frequency, self.log_num_images
+        idf, unseen = self.idf, self.unseen_idf
         for gram, tf in counts.items():
-            k = len(gram) - 1
-            # An n-gram no reference of the corpus has counts as seen once (idf = log N).
-            value = float(tf) * (log_n - math.log(max(1.0, float(df.get(gram, 0.0)))))
-            weights[k][gram] = value
-            squares[k] += value * value
-            if k == 1:
-                length += tf
-        return _Vector(weights, [math.sqrt(s) for s in squares], length)
+            value = float(tf) * idf.get(gram, unseen)
+            weights[len(gram) - 1][gram] = value
+            squares[len(gram) - 1] += value * value
+        return _Vector(weights, [math.sqrt(s) for s in squares], cider_length(num_words))
 
     def score_one(self, candidate: Sequence[Hashable], key: Hashable) -> float:
         """CIDEr-D of one candidate against the references registered under `key`."""
         refs = self._references[key]
-        hyp = self._vector(ngram_counts(candidate, self.n))
+        hyp = self._vector(ngram_counts(candidate, self.n), len(candidate))
         total = 0.0
         for ref in refs:
-            delta = float(hyp.length - ref.length)
-            penalty = math.exp(-(delta * delta) / (2.0 * self.sigma * self.sigma))
+            penalty = cider_length_penalty(float(hyp.length - ref.length), self.sigma)
             for k in range(self.n):
                 ref_weights = ref.weights[k]
                 value = 0.0
                 for gram, h in hyp.weights[k].items():
                     r = ref_weights.get(gram)
                     if r is not None:
-                        value += min(h, r) * r  # clipped: repeating an n-gram earns nothing past the reference's count
+                        value += cider_clip(h, r)
                 if hyp.norms[k] != 0.0 and ref.norms[k] != 0.0:
                     value /= hyp.norms[k] * ref.norms[k]
                 total += value * penalty
-        return total / self.n / len(refs) * 10.0
+        return total / self.n / len(refs) * CIDER_SCALE
 
     def score(self, candidates: Sequence[Sequence[Hashable]], keys: Sequence[Hashable]) -> np.ndarray:
         """(C,) CIDEr-D of candidate c against the references of image keys[c]."""
@@ -132,7 +128,7 @@ class Bleu4:
     reference length; its 1e-15/1e-9 smoothing, so a caption with no matching 4-gram scores ~0).
     Reference n-gram maxima are cached per image."""
 
-    def __init__(self, n: int = 4) -> None:
+    def __init__(self, n: int = MAX_N) -> None:
         self.n = n
         self._references: dict[Hashable, tuple[list[int], dict[NGram, int]]] = {}
 
@@ -145,28 +141,14 @@ class Bleu4:
         return bleu
 
     def add_references(self, key: Hashable, refs: Sequence[Sequence[Hashable]]) -> None:
-        maxima: dict[NGram, int] = {}
-        for ref in refs:
-            for gram, count in ngram_counts(ref, self.n).items():
-                if count > maxima.get(gram, 0):
-                    maxima[gram] = count
+        maxima = max_reference_counts(ngram_counts(ref, self.n) for ref in refs)
         self._references[key] = ([len(ref) for ref in refs], maxima)
 
     def score_one(self, candidate: Sequence[Hashable], key: Hashable) -> float:
         lengths, maxima = self._references[key]
         test_len = len(candidate)
-        correct = [0] * self.n
-        for gram, count in ngram_counts(candidate, self.n).items():
-            correct[len(gram) - 1] += min(maxima.get(gram, 0), count)
-        bleu = 1.0
-        for k in range(self.n):
-            bleu *= (correct[k] + 1e-15) / (max(0, test_len - k) + 1e-9)
-        bleu **= 1.0 / self.n
-        ref_len = min((abs(length - test_len), length) for length in lengths)[1]
-        ratio = (test_len + 1e-15) / (ref_len + 1e-9)
-        if ratio < 1:
-            bleu *= math.exp(1 - 1 / ratio)
-        return bleu
+        correct = clipped_matches(ngram_counts(candidate, self.n), maxima, self.n)
+        return bleu_scores(correct, bleu_guesses(test_len, self.n), test_len, closest_ref_length(test_len, lengths))[-1]
 
     def score(self, candidates: Sequence[Sequence[Hashable]], keys: Sequence[Hashable]) -> np.ndarray:
         return np.array([self.score_one(c, k) for c, k in zip(candidates, keys, strict=True)], dtype=np.float64)
@@ -223,51 +205,4 @@ class CaptionReward:
             reward += self.cider_weight * self.cider.score(candidates, keys)
         if self.bleu_weight:
             reward += self.bleu_weight * self.bleu.score(candidates, keys)
-        return reward
-
-
-class DeviceReward:
-    """The SCST reward computed where the samples are: cider_weight * CIDEr-D from a
-    `reward_table.ReferenceTable` (the same numbers as `CaptionReward`'s, to 1e-12 in float64),
-    plus bleu_weight * BLEU-4, which still runs on the host (it reads the tokens back: one wait
-    for the device per step, only when bleu_weight > 0).
-
-    With `cache_dir` the table is built once and saved there under a fingerprint of the
-    vocabulary and the references, and every process (the ranks of a node) memory-maps the same
-    files; it is copied to a GPU once per process (float32 weights there, float64 on the CPU).
-    """
-
-    def __init__(
-        self,
-        vocab: Vocabulary,
-        references: Sequence[Sequence[str]],
-        cider_weight: float = 1.0,
-        bleu_weight: float = 0.0,
-        cache_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
-        self.cider_weight, self.bleu_weight = cider_weight, bleu_weight
-        # Tokenised only when something needs it: a table already cached needs no references.
-        corpus = functools.cache(lambda: reference_corpus(vocab, references))
-        build = lambda: ReferenceTable.build(corpus())  # noqa: E731
-        self.table = cached_table(cache_dir, fingerprint(vocab.words, references), build) if cache_dir else build()
-        self.bleu = Bleu4.of(corpus()) if bleu_weight else Bleu4()
-        self._tables: dict[torch.device, ReferenceTable] = {}
-
-    def on(self, device: torch.device) -> ReferenceTable:
-        """The table on `device`, copied there once."""
-        if device not in self._tables:
-            self._tables[device] = self.table if device.type == "cpu" else self.table.to(device, torch.float32)
-        return self._tables[device]
-
-    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-        """(C,) rewards of the captions tokens[c, :lengths[c]] (word ids, then <eos> where it
-        ended) against the references of dataset image images[c]; on tokens' device."""
-        table = self.on(tokens.device)
-        reward = torch.zeros(tokens.shape[0], dtype=table.ref_weights.dtype, device=tokens.device)  # (C,)
-        if self.cider_weight:
-            reward = reward + self.cider_weight * table.score(tokens, lengths, images)
-        if self.bleu_weight:
-            candidates = [row[:length] for row, length in zip(tokens.tolist(), lengths.tolist())]
-            bleu = self.bleu.score(candidates, images.tolist())  # (C,) on the host
-            reward = reward + self.bleu_weight * torch.as_tensor(bleu, dtype=reward.dtype).to(reward.device)
         return reward

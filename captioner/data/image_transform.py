@@ -1,4 +1,6 @@
-"""The one image loader and the one transform that training, evaluation, CLI and demo share."""
+"""The one transform from a picture to the encoder's input, shared by training, evaluation, CLI
+and demo: a resize (training adds a crop and jitter) to uint8 (3, S, S) on the host, then the
+normalisation the encoder runs on the device. The pictures come from `data/image_files.py`."""
 
 from __future__ import annotations
 
@@ -9,17 +11,6 @@ import torch
 from PIL import Image
 from torch import nn
 from torchvision.transforms import v2
-
-from captioner.data.pictures import (  # noqa: F401 - the loader, re-exported where it always was
-    MAX_PIXELS,
-    SUPPORTED_FORMATS,
-    decode_rgb,
-    load_image,
-    open_checked,
-    open_image,
-    to_rgb,
-    upright,
-)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

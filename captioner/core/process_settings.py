@@ -1,4 +1,5 @@
-"""Process-wide runtime settings, applied once when the command line starts.
+"""Process-wide settings, applied once when the command line starts: torch threads, DataLoader
+workers, the device, seeding.
 
 Threads: on a small shared machine, torch threads beyond the cores that are really free only
 add contention (each thread spins at synchronisation points while another process holds its

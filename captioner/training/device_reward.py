@@ -1,7 +1,9 @@
-"""CIDEr-D on the device: the references as flat sorted tensors, scored with torch ops.
+"""The SCST reward on the device: CIDEr-D from the references as flat sorted tensors, scored with
+torch ops where the samples are (`DeviceReward`, over a `ReferenceTable`).
 
-`rewards.CiderD` scores in Python on the host, one n-gram at a time, with every reference's
-tf-idf vectors in dicts per process. Here the same numbers come from a `ReferenceTable`:
+`host_reward.CiderD` scores in Python on the host, one n-gram at a time, with every reference's
+tf-idf vectors in dicts per process. Here the same numbers come from a `ReferenceTable`, built on
+the same n-gram core (`captioner.evaluation.ngrams`: idf, clipping, length and its penalty):
 
 - every n-gram (n = 1..4) of token ids is hashed to one int64 (`ngram_hashes`: a polynomial
   rolling hash mod 2^64 with an odd 64-bit multiplier, each token offset by 2^32 so that ids,
@@ -31,9 +33,9 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import hashlib
 import itertools
-import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -44,13 +46,25 @@ import numpy as np
 import torch
 
 from captioner.core.errors import DatasetError
+from captioner.evaluation.ngrams import (
+    CIDER_SCALE,
+    CIDER_SIGMA,
+    MAX_N,
+    cider_clip,
+    cider_length,
+    cider_length_penalty,
+    inverse_document_frequency,
+    log_images,
+)
+from captioner.text.vocab import Vocabulary
+from captioner.training.host_reward import Bleu4, reference_corpus
 
 MULTIPLIER = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64: odd, so every step is a bijection mod 2^64
 TOKEN_OFFSET = 1 << 32  # token ids (negative ones for out-of-vocabulary reference words) become positive codes
 FORMAT = 2  # bump when the arrays or the hash change: it is part of the fingerprint
 
 
-def ngram_hashes(tokens: torch.Tensor, lengths: torch.Tensor, n: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ngram_hashes(tokens: torch.Tensor, lengths: torch.Tensor, n: int = MAX_N) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hashes of every 1..n-gram of each row of tokens (R, L), the first lengths[r] positions true.
 
     Returns hashes (R, W) int64, valid (R, W) bool and order (W,) (1..n) with W = sum over k of
@@ -140,9 +154,11 @@ class ReferenceTable:
         return int(self.meta[4])
 
     @classmethod
-    def build(cls, references: Sequence[Sequence[Sequence[int]]], n: int = 4, sigma: float = 6.0, chunk: int = 20000) -> ReferenceTable:
+    def build(
+        cls, references: Sequence[Sequence[Sequence[int]]], n: int = MAX_N, sigma: float = CIDER_SIGMA, chunk: int = 20000
+    ) -> ReferenceTable:
         """From each image's reference token sequences (ids, <eos> included where the reward has it);
-        the document frequencies come from the same images, as `rewards.CaptionReward` has them."""
+        the document frequencies come from the same images, as `host_reward.CaptionReward` has them."""
         if not references:
             raise DatasetError("reward references: the document-frequency corpus is empty")
         for i, refs in enumerate(references):
@@ -171,9 +187,9 @@ class ReferenceTable:
             image_grams.append(by_image[run_starts(image, by_image)])  # each image's distinct n-grams
         df_hashes, df_counts = torch.unique(torch.cat(image_grams), return_counts=True)  # (D,) each, sorted
         caption, gram, gram_order, tf = (torch.cat(parts) for parts in zip(*caption_grams))  # (G,) each
-        log_n = math.log(float(len(references)))
+        log_n = log_images(len(references))
         df = df_counts[torch.searchsorted(df_hashes, gram)]  # (G,): every reference n-gram is in the corpus
-        weights = tf.double() * (log_n - torch.log(df.double().clamp(min=1.0)))  # (G,)
+        weights = tf.double() * inverse_document_frequency(df.double(), log_n)  # (G,)
         num_captions = int(image_offsets[-1])
         norms = torch.zeros(num_captions * n, dtype=torch.float64).index_add_(0, caption * n + gram_order - 1, weights * weights)  # (Rc*n,)
         per_caption = torch.bincount(caption, minlength=num_captions)  # (Rc,)
@@ -242,11 +258,11 @@ class ReferenceTable:
         tf, first = distinct_counts(hashes, valid)  # (C, W) each
         found = torch.searchsorted(self.df_hashes, hashes).clamp(max=len(self.df_hashes) - 1)  # (C, W)
         df = torch.where(self.df_hashes[found] == hashes, self.df_counts[found], 0)  # (C, W): 0 for n-grams no reference has
-        idf = self.log_num_images - torch.log(df.to(dtype).clamp(min=1.0))  # (C, W)
+        idf = inverse_document_frequency(df.to(dtype), self.log_num_images)  # (C, W)
         hyp = torch.where(first, tf.to(dtype) * idf, 0.0)  # (C, W): each distinct n-gram's weight, once
         order_onehot = torch.nn.functional.one_hot(order - 1, n).to(dtype)  # (W, n)
         hyp_norms = ((hyp * hyp) @ order_onehot).sqrt()  # (C, n)
-        hyp_length = (lengths - 1).clamp(min=0)  # (C,): bigram count
+        hyp_length = cider_length(lengths)  # (C,)
 
         # The candidate's image's references: slots j < max_refs, true where the image has a j-th caption.
         slot = torch.arange(self.max_refs, device=tokens.device)  # (J,)
@@ -266,18 +282,18 @@ class ReferenceTable:
         hit = (found < count[:, :, None]) & (rows.gather(2, found) == target)  # (C, J, W)
         position = (start[:, :, None] + found).clamp(max=last)  # (C, J, W): index into the flat arrays
         ref_weight = torch.where(hit, self.ref_weights[position], 0.0)  # (C, J, W)
-        clipped = torch.minimum(hyp[:, None, :], ref_weight) * ref_weight  # (C, J, W): min(h, r) * r
+        clipped = cider_clip(hyp[:, None, :], ref_weight)  # (C, J, W): min(h, r) * r
         overlap = clipped @ order_onehot  # (C, J, n)
         ref_norms = self.ref_norms[ref]  # (C, J, n)
         denominator = hyp_norms[:, None, :] * ref_norms  # (C, J, n): a zero norm means a zero overlap
         cosine = overlap / torch.where(denominator == 0, 1.0, denominator)  # (C, J, n)
         delta = (hyp_length[:, None] - self.ref_lengths[ref]).to(dtype)  # (C, J)
-        penalty = torch.exp(-(delta * delta) / (2.0 * sigma * sigma))  # (C, J)
+        penalty = cider_length_penalty(delta, sigma)  # (C, J)
         per_ref = cosine.sum(dim=2) * penalty * has_ref  # (C, J)
-        return per_ref.sum(dim=1) / n / num_refs.to(dtype) * 10.0  # (C,)
+        return per_ref.sum(dim=1) / n / num_refs.to(dtype) * CIDER_SCALE  # (C,)
 
 
-def fingerprint(vocab_words: Sequence[str], references: Sequence[Sequence[str]], n: int = 4, sigma: float = 6.0) -> str:
+def fingerprint(vocab_words: Sequence[str], references: Sequence[Sequence[str]], n: int = MAX_N, sigma: float = CIDER_SIGMA) -> str:
     """A digest of everything a table depends on: the vocabulary, every image's reference texts
     in order, n, sigma and the table format."""
     digest = hashlib.sha256(f"reward-table v{FORMAT} n={n} sigma={sigma}\n".encode())
@@ -310,3 +326,50 @@ def cached_table(folder: str | os.PathLike[str], key: str, build: Callable[[], R
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return ReferenceTable.load(target)
+
+
+class DeviceReward:
+    """The SCST reward computed where the samples are: cider_weight * CIDEr-D from a
+    `ReferenceTable` (the same numbers as `CaptionReward`'s, to 1e-12 in float64),
+    plus bleu_weight * BLEU-4, which still runs on the host (it reads the tokens back: one wait
+    for the device per step, only when bleu_weight > 0).
+
+    With `cache_dir` the table is built once and saved there under a fingerprint of the
+    vocabulary and the references, and every process (the ranks of a node) memory-maps the same
+    files; it is copied to a GPU once per process (float32 weights there, float64 on the CPU).
+    """
+
+    def __init__(
+        self,
+        vocab: Vocabulary,
+        references: Sequence[Sequence[str]],
+        cider_weight: float = 1.0,
+        bleu_weight: float = 0.0,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.cider_weight, self.bleu_weight = cider_weight, bleu_weight
+        # Tokenised only when something needs it: a table already cached needs no references.
+        corpus = functools.cache(lambda: reference_corpus(vocab, references))
+        build = lambda: ReferenceTable.build(corpus())  # noqa: E731
+        self.table = cached_table(cache_dir, fingerprint(vocab.words, references), build) if cache_dir else build()
+        self.bleu = Bleu4.of(corpus()) if bleu_weight else Bleu4()
+        self._tables: dict[torch.device, ReferenceTable] = {}
+
+    def on(self, device: torch.device) -> ReferenceTable:
+        """The table on `device`, copied there once."""
+        if device not in self._tables:
+            self._tables[device] = self.table if device.type == "cpu" else self.table.to(device, torch.float32)
+        return self._tables[device]
+
+    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        """(C,) rewards of the captions tokens[c, :lengths[c]] (word ids, then <eos> where it
+        ended) against the references of dataset image images[c]; on tokens' device."""
+        table = self.on(tokens.device)
+        reward = torch.zeros(tokens.shape[0], dtype=table.ref_weights.dtype, device=tokens.device)  # (C,)
+        if self.cider_weight:
+            reward = reward + self.cider_weight * table.score(tokens, lengths, images)
+        if self.bleu_weight:
+            candidates = [row[:length] for row, length in zip(tokens.tolist(), lengths.tolist())]
+            bleu = self.bleu.score(candidates, images.tolist())  # (C,) on the host
+            reward = reward + self.bleu_weight * torch.as_tensor(bleu, dtype=reward.dtype).to(reward.device)
+        return reward

@@ -1,5 +1,6 @@
-"""The demo's pictures beyond the per-word overlays: the downloadable attention figure and the
-transformer views (self-attention head view, a word's layers x heads maps).
+"""The demo page's figures beyond the per-word overlays: the downloadable attention figure and the
+transformer views (self-attention head view, a word's layers x heads maps), and the pruning of
+the files they leave. `captioner.viz` draws them; this module serves them to the page.
 
 The attention figure is composed with Pillow (`captioner.viz.overlays.attention_sheet`), so
 requests draw theirs in parallel; pyplot keeps global state, so the transformer views, drawn with
@@ -75,7 +76,7 @@ def inside_views(
     """The transformer views of a captioned image: the self-attention head view of the chosen
     layer (the chosen head, or every head and their mean), and the chosen word's cross-attention
     as a layers x heads grid of maps. -> (head view, head grid), (None, None) for the LSTM."""
-    from captioner.viz.figures import head_grid_figure, head_view_figure
+    from captioner.viz.caption_figures import head_grid_figure, head_view_figure
 
     if caption.self_attn is None or not caption.words:
         return None, None

@@ -1,5 +1,5 @@
-"""The one image loader: a file, bytes or upload -> an upright 8-bit RGB picture, or one
-`ImageLoadError` naming the file. Pillow and numpy only (no torch), so the ONNX runtime
+"""Image files read safely, the one image loader: a file, bytes or upload -> an upright 8-bit RGB
+picture, or one `ImageLoadError` naming the file. Pillow and numpy only (no torch), so the ONNX runtime
 (`captioner.deploy`) refuses the same hostile files the PyTorch path does."""
 
 from __future__ import annotations

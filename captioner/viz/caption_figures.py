@@ -1,4 +1,4 @@
-"""Figures for looking inside a caption: the self-attention head view (after bertviz), the grid
+"""Matplotlib figures for looking inside one caption: the self-attention head view (after bertviz), the grid
 of cross-attention maps per layer and head, and attention beside Grad-CAM; `save_caption_figures`
 writes the ones a caller asks for."""
 

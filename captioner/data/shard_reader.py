@@ -1,0 +1,322 @@
+"""WebDataset shards read: the shard set and each shard's sample count, the samples read member
+by member within limits, a sample's fields, and a whole split read into records.
+
+The shards are what img2dataset (or `captioner data shards`) writes: `00000.tar` holding
+`key.jpg` (or .png/.webp), `key.txt` and optionally `key.json` (with "captions", a list, or
+"caption"). They are given as a brace pattern of local paths, http(s) URLs or `pipe:` commands
+(`https://host/cc3m/{00000..00331}.tar`), opened with webdataset's `gopen` and read member by
+member within limits (`bounded_tar`: a member's size, a shard's decompressed bytes, names that stay
+relative); nothing is copied to disk. Only the user's own config names shards: a model's stored
+config never does (`model_settings`), since a `pipe:` pattern is a shell command.
+
+Each shard's sample count comes from the `shards.json` beside the shards (the wids index
+`captioner data shards` writes) or img2dataset's `<shard>_stats.json`. Streaming them to
+training is `captioner.data.streaming`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from captioner.core.errors import DatasetError
+from captioner.core.files import size_text
+from captioner.data.bounded_tar import DEFAULT_LIMITS, ShardLimits, shard_samples
+from captioner.data.records import ImageRecord, is_int
+from captioner.data.shards import INDEX
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
+READ_SUFFIXES = frozenset((*IMAGE_SUFFIXES, "txt", "json"))  # a sample's members that are read; the others are skipped unread
+SHARD_NAME = re.compile(r"([^/\s]+)\.tar\b")  # a shard's file name inside a path, URL or pipe: command
+TIMEOUT = 30  # seconds an index read over HTTP waits for an answer
+READ_PIECE = 1 << 20  # an index is read in pieces of this many bytes
+
+
+class BrokenSample(Exception):
+    """A sample that cannot be trained on: skipped and counted, never fatal below the limit."""
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    """The shards of one split and each one's sample count."""
+
+    pattern: str
+    urls: tuple[str, ...]
+    counts: tuple[int, ...]
+    limits: ShardLimits = DEFAULT_LIMITS
+
+    @property
+    def samples(self) -> int:
+        return sum(self.counts)
+
+
+def open_shard_set(pattern: str, what: str, limits: ShardLimits = DEFAULT_LIMITS) -> ShardSet:
+    """The shards `pattern` names (braces expanded) with their counts, read within `limits`
+    (`shard_limits(config.data)`); DatasetError in one line for an empty list, an index that does
+    not answer or a shard it does not count."""
+    from webdataset.shardlists import expand_urls  # the 'data' extra
+
+    urls = tuple(u for u in expand_urls(pattern.strip()) if u)
+    if not urls:
+        raise DatasetError(f"{what}: {pattern!r} names no shards")
+    return ShardSet(pattern, urls, tuple(shard_counts(urls, what, limits.index_bytes)), limits)
+
+
+def shard_counts(urls: Iterable[str], what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes) -> list[int]:
+    """Each shard's sample count: from the shards.json beside it (read once per folder), else
+    from img2dataset's `<shard>_stats.json`; neither may be over `max_bytes`."""
+    indexes: dict[str, dict[str, int] | None] = {}
+    counts = []
+    for url in urls:
+        name = shard_name(url, what)
+        index_url = sibling(url, name + ".tar", INDEX)
+        if index_url not in indexes:
+            indexes[index_url] = read_index(index_url, max_bytes)
+        listed = indexes[index_url]
+        if listed is not None and name + ".tar" in listed:
+            counts.append(listed[name + ".tar"])
+            continue
+        stats_url = sibling(url, name + ".tar", name + "_stats.json")
+        stats = read_small(stats_url, "the shard's sample count", max_bytes, missing_ok=True)
+        if stats is None:
+            where = f"{index_url} does not list it" if listed is not None else f"no {INDEX} at {index_url}"
+            raise DatasetError(f"{url}: the shard's sample count is unknown ({where}, and no {stats_url}); write the index with captioner data shards, or keep img2dataset's _stats.json files")
+        try:
+            counts.append(int(json.loads(stats)["successes"]))
+        except (ValueError, KeyError, TypeError):
+            raise DatasetError(f"{stats_url}: not an img2dataset stats file (no integer 'successes')") from None
+    return counts
+
+
+def shard_name(url: str, what: str) -> str:
+    found = SHARD_NAME.findall(url)
+    if not found:
+        raise DatasetError(f"{what}: {url!r} is not a .tar shard")
+    return found[-1]
+
+
+def sibling(url: str, shard_file: str, name: str) -> str:
+    """`url` with its (last) shard file name replaced by `name`: the file beside the shard, read the
+    same way (path, URL, or the same pipe: command)."""
+    at = url.rfind(shard_file)
+    return url[:at] + name + url[at + len(shard_file):]
+
+
+def read_index(url: str, max_bytes: int = DEFAULT_LIMITS.index_bytes) -> dict[str, int] | None:
+    """A wids index's shard file names -> sample counts, or None when there is none at `url`."""
+    data = read_small(url, "the shard index", max_bytes, missing_ok=True)
+    if data is None:
+        return None
+    try:
+        shards = json.loads(data)["shardlist"]
+        return {Path(str(s["url"])).name: int(s["nsamples"]) for s in shards}
+    except (ValueError, KeyError, TypeError):
+        raise DatasetError(f"{url}: not a shard index (a JSON object whose 'shardlist' has 'url' and 'nsamples' per shard)") from None
+
+
+def read_small(url: str, what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes, missing_ok: bool = False) -> bytes | None:
+    """A small file beside the shards: a path, a file:// or http(s) URL, or a pipe: command, of at
+    most `max_bytes` (data.max_index_bytes). None when it is not there and `missing_ok`;
+    DatasetError when the place does not answer or the file is larger."""
+    if url.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
+                return at_most(read_at_most(response, max_bytes), max_bytes, url, what)
+        except urllib.error.HTTPError as e:
+            if e.code == 404 and missing_ok:
+                return None
+            raise DatasetError(f"{url}: {what}: HTTP {e.code} {e.reason}") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise DatasetError(f"{url}: {what}: the server does not answer ({reason})") from None
+    if url.startswith("pipe:"):
+        try:
+            data = command_output(url, max_bytes)
+        except Exception:  # the command's own failure: a missing file and a dead host look alike here
+            if missing_ok:
+                return None
+            raise DatasetError(f"{url}: {what}: the command failed") from None
+        return at_most(data, max_bytes, url, what)
+    path = Path(url.removeprefix("file://"))
+    if not path.exists() and missing_ok:
+        return None
+    try:
+        with open(path, "rb") as file:
+            return at_most(read_at_most(file, max_bytes), max_bytes, str(path), what)
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+
+
+def command_output(url: str, max_bytes: int) -> bytes:
+    """At most `max_bytes` + 1 bytes of a pipe: command's output; a command that writes more is
+    stopped there, not read to its end (nor waited for: it may never end)."""
+    from webdataset.gopen import gopen
+
+    command = gopen(url)
+    data = read_at_most(command, max_bytes)
+    if len(data) > max_bytes:
+        command.proc.kill()
+        command.proc.wait()
+        command.stream.close()
+        return data
+    command.close()  # waits for the command; its failure raises
+    return data
+
+
+def read_at_most(stream: Any, max_bytes: int) -> bytes:
+    """Up to `max_bytes` + 1 bytes of `stream`, read in pieces (a file, an HTTP response and a pipe
+    each reserve the whole size asked for at once)."""
+    pieces: list[bytes] = []
+    total = 0
+    while total <= max_bytes:
+        piece = stream.read(min(READ_PIECE, max_bytes + 1 - total))
+        if not piece:
+            break
+        pieces.append(piece)
+        total += len(piece)
+    return b"".join(pieces)
+
+
+def at_most(data: bytes, max_bytes: int, where: str, what: str) -> bytes:
+    if len(data) > max_bytes:
+        raise DatasetError(f"{where}: {what} is larger than data.max_index_bytes ({size_text(max_bytes)}); refused")
+    return data
+
+
+def read_samples(urls: Iterable[str], limits: ShardLimits = DEFAULT_LIMITS) -> Iterator[dict]:
+    """The samples of the shards in order, as webdataset groups a tar's files by key: {"__key__",
+    "__url__", suffix: bytes, ...} (the suffixes read: images, .txt, .json), each shard read within
+    `limits` (`bounded_tar`). A shard that cannot be opened or read is one DatasetError."""
+    from webdataset.gopen import gopen  # the 'data' extra
+
+    for url in urls:
+        stream = None
+        try:
+            stream = gopen(url)
+            yield from shard_samples(stream, url, limits, READ_SUFFIXES)
+        except DatasetError:
+            raise
+        except Exception as e:  # a curl or pipe exit, a truncated tar or gzip, a missing file: the shard is named
+            detail = (str(e.args[0] if e.args else e).splitlines() or [""])[0][:200]
+            raise DatasetError(f"{url}: the shard cannot be read ({type(e).__name__}: {detail})") from None
+        finally:
+            if stream is not None:
+                release(stream)
+
+
+def release(stream: object) -> None:
+    """Close a shard's stream. A command still writing (its reader stopped early, or at the tar's
+    end before its padding) is stopped: its exit status after that says nothing about the shard."""
+    process = getattr(stream, "proc", None)
+    if process is not None and process.poll() is None:
+        process.kill()
+    with contextlib.suppress(Exception):
+        stream.close()  # type: ignore[attr-defined]
+
+
+def sample_captions(sample: dict) -> list[str]:
+    """A sample's captions: its JSON's "captions" list or "caption", else its .txt."""
+    if "json" in sample:
+        try:
+            meta = json.loads(sample["json"])
+        except (ValueError, UnicodeDecodeError):
+            raise BrokenSample("its .json is not valid JSON") from None
+        found = meta.get("captions") or meta.get("caption") if isinstance(meta, dict) else None
+        captions = [found] if isinstance(found, str) else found if isinstance(found, list) else []
+        captions = [c for c in captions if isinstance(c, str) and c.strip()]
+        if captions:
+            return captions
+    if "txt" in sample:
+        try:
+            text = sample["txt"].decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise BrokenSample("its .txt is not UTF-8") from None
+        if text:
+            return [text]
+    raise BrokenSample("no caption (.txt or .json)")
+
+
+def sample_image(sample: dict) -> bytes:
+    for suffix in IMAGE_SUFFIXES:
+        if suffix in sample:
+            return sample[suffix]
+    raise BrokenSample("no image (.jpg, .png, .webp, ...)")
+
+
+def sample_name(sample: dict) -> str:
+    return f"{sample.get('__url__', '?')}#{sample.get('__key__', '?')}"
+
+
+def shard_captions(shards: ShardSet, progress: bool = True) -> Iterator[str]:
+    """Every caption in the shards, for the vocabulary: one pass over the shards that decodes no image."""
+    from captioner.core.progress import progress_bar
+
+    for sample in progress_bar(read_samples(shards.urls, shards.limits), total=shards.samples, desc="captions", unit="sample", enabled=progress):
+        try:
+            yield from sample_captions(sample)
+        except BrokenSample:
+            continue
+
+
+def load_shard_records(shards: ShardSet, split: str, keep_images: bool = True) -> list[ImageRecord]:
+    """A split read whole into memory (validation and test sets are small): one record per
+    sample with an image and a caption, its image bytes kept unless `keep_images` is False (the
+    captions alone: statistics, a model card); the others are counted in one warning. A split held
+    whole (validation, test, or any with its images) stops past data.max_split_samples samples or
+    data.max_split_bytes bytes of images and captions."""
+    images: list[bytes] = []
+    stored = InMemoryImages(images) if keep_images else None  # one for the split: every record reads its row
+    records: list[ImageRecord] = []
+    broken = 0
+    held = 0  # image bytes kept
+    limits = shards.limits
+    for sample in read_samples(shards.urls, limits):
+        try:
+            captions, image = sample_captions(sample), sample_image(sample)
+        except BrokenSample:
+            broken += 1
+            continue
+        if keep_images or split != "train":  # held whole: a validation or test split, any split with its images
+            held += (len(image) if keep_images else 0) + sum(len(c) for c in captions)
+            if len(records) >= limits.split_samples:
+                raise DatasetError(f"{sample_name(sample)}: the {split} split holds more than data.max_split_samples ({limits.split_samples:,}) samples; refused")
+            if held > limits.split_bytes:
+                raise DatasetError(f"{sample_name(sample)}: the {split} split takes more than data.max_split_bytes ({size_text(limits.split_bytes)}) in memory; refused")
+        records.append(ImageRecord(sample_image_id(sample, len(records)), Path(split) / sample["__key__"], tuple(captions),
+                                   stored=stored, row=len(images) if keep_images else 0))
+        if keep_images:
+            images.append(image)
+    if broken:
+        log.warning("%s: %d of %d samples have no image or caption; left out", shards.pattern, broken, broken + len(records))
+    if not records:
+        raise DatasetError(f"{shards.pattern}: no sample with an image and a caption")
+    return records
+
+
+def sample_image_id(sample: dict, position: int) -> int:
+    """The sample's image id: its JSON's "image_id" when there is one, else its position."""
+    try:
+        found = json.loads(sample["json"]).get("image_id") if "json" in sample else None
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        found = None
+    return found if is_int(found) else position
+
+
+@dataclass(eq=False)
+class InMemoryImages:
+    """A split's image bytes, read by row (records.StoredImages)."""
+
+    images: list[bytes]
+
+    def read(self, row: int) -> bytes:
+        return self.images[row]

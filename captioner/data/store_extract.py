@@ -1,0 +1,262 @@
+"""Extracting a feature store: every image of a split encoded once into `<split>.npy`, resumably.
+
+Extraction writes in chunks and records its progress, so a crash, Ctrl-C or a full disk resumes
+where it stopped; each chunk's sha256 goes into the manifest as it is written. `extract` reads as
+its steps: plan (the manifest, new or resumed), check the disk, allocate the array, encode the
+batches (each encoded, written and recorded), and refuse a split none of whose images loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from captioner.core.errors import FeatureStoreError, StorageError
+from captioner.core.files import size_text, write_failure
+from captioner.core.progress import progress_bar
+from captioner.data.batching import image_loader
+from captioner.data.image_transform import ImageTransform
+from captioner.data.records import ImageRecord
+from captioner.data.store_format import (
+    DTYPE,
+    FORMAT,
+    VERSION,
+    StoreEncoder,
+    check_manifest,
+    check_storable,
+    identity,
+    npy_header_bytes,
+    read_manifest,
+    store_files,
+    write_manifest,
+)
+from captioner.data.store_reader import FeatureStore, check_array
+
+log = logging.getLogger(__name__)
+
+FP16_MAX = float(np.finfo(np.float16).max)
+SAVE_PROGRESS_SECONDS = 10.0  # how much work a SIGKILL can lose at most (Ctrl-C and errors lose none)
+
+
+@dataclass
+class Extraction:
+    """One split's extraction: where it writes, the array's shape and the manifest it keeps."""
+
+    split: str
+    array_path: Path
+    manifest_path: Path
+    manifest: dict[str, Any]
+    fresh: bool  # no array and manifest yet: both are made anew
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.manifest["shape"])  # type: ignore[return-value]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.shape[1] * self.shape[2] * np.dtype(DTYPE).itemsize
+
+    @property
+    def total_bytes(self) -> int:
+        return self.shape[0] * self.row_bytes
+
+
+@torch.no_grad()
+def extract(
+    encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str, records: list[ImageRecord],
+    batch_size: int, num_workers: int = 0, progress: bool = True,
+) -> FeatureStore:
+    """Encode every image of `records` once into the store of `split`; resumes a stopped run.
+
+    Prints the size before it starts and stops with one line when the disk lacks the space.
+    Images that fail to load are recorded in the manifest and their rows left as zeros.
+    """
+    check_storable(encoder)
+    if not records:
+        raise FeatureStoreError(f"{split}: no images to encode")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    job = plan_extraction(encoder, transform, directory, split, records)
+    check_disk_space(job, directory, encoder.frozen)
+    header = allocate_array(job)
+    encoder.eval()
+    encode_batches(encoder, transform, records, job, header, batch_size, num_workers, progress)
+    if len(job.manifest["failed"]) == len(records):
+        raise FeatureStoreError(f"{job.manifest_path}: none of the {len(records)} {split} images could be loaded")
+    return FeatureStore(directory, split, job.manifest)
+
+
+def plan_extraction(
+    encoder: StoreEncoder, transform: ImageTransform, directory: Path, split: str, records: list[ImageRecord],
+) -> Extraction:
+    """The manifest to extract under: the one on disk, checked against the encoder and the
+    records, when its array is there too; else a new one."""
+    array_path, manifest_path = store_files(directory, split)
+    expected = identity(encoder, transform)
+    grid, feat_dim = probe_grid(encoder, transform.image_size)
+    fresh = not (manifest_path.is_file() and array_path.is_file())
+    if fresh:
+        manifest = new_manifest(split, expected, grid, feat_dim, records)
+    else:
+        manifest = read_manifest(manifest_path)
+        check_manifest(manifest_path, manifest, expected, records)
+    return Extraction(split, array_path, manifest_path, manifest, fresh)
+
+
+def new_manifest(
+    split: str, expected: dict[str, Any], grid: tuple[int, int], feat_dim: int, records: list[ImageRecord],
+) -> dict[str, Any]:
+    """The manifest of a store not begun: no row done, no image failed, no chunk written."""
+    shape = (len(records), grid[0] * grid[1], feat_dim)  # (rows, N, D)
+    return {
+        "format": FORMAT, "version": VERSION, "split": split, "identity": expected,
+        "grid": list(grid), "feat_dim": feat_dim, "dtype": np.dtype(DTYPE).name, "shape": list(shape),
+        "image_ids": [r.image_id for r in records], "paths": [str(r.path) for r in records],
+        "rows_done": 0, "failed": [], "seconds": 0.0, "checksums": [],  # [first row, rows, sha256] per chunk written
+    }
+
+
+def check_disk_space(job: Extraction, directory: Path, frozen: bool) -> None:
+    """Say what will be written, and refuse in one line when the disk lacks the space for it
+    (what a resumed array already holds counts as had)."""
+    shape, total, start = job.shape, job.total_bytes, job.manifest["rows_done"]
+    allocated = job.array_path.stat().st_blocks * 512 if not job.fresh else 0
+    needed = max(0, total - allocated)
+    free = shutil.disk_usage(directory).free
+    verb = f"resuming at row {start} of {shape[0]}" if start else f"{shape[0]} images"
+    grid = job.manifest["grid"]
+    log.info("%s: %s -> %d x %dx%d x %d fp16 = %s in %s", job.split, verb, shape[0], *grid, shape[2], size_text(total), job.array_path)
+    if needed > free:
+        raise FeatureStoreError(
+            f"{directory}: the {job.split} store needs {size_text(needed)} more on disk, only {size_text(free)} is free"
+            + ("" if frozen else " (or train the fine-tuned encoder on the images: train.cache_features=false)")
+        )
+
+
+def allocate_array(job: Extraction) -> int:
+    """Make a fresh store's array (a header and a sparse file) and manifest, or bring a resumed
+    array back to its full size; returns where the rows start in the file."""
+    if job.fresh:  # (an array left without its manifest is overwritten: nothing says what it holds)
+        try:
+            np.lib.format.open_memmap(job.array_path, mode="w+", dtype=DTYPE, shape=job.shape)  # header + a sparse file, no data written
+        except OSError as e:
+            raise write_failure(job.array_path, e) from None
+        write_manifest(job.manifest_path, job.manifest)
+    header = npy_header_bytes(job.array_path)
+    if job.array_path.stat().st_size < header + job.total_bytes:  # cut at its last row done by a full disk: sparse again to its size
+        os.truncate(job.array_path, header + job.total_bytes)
+    return header
+
+
+def encode_batches(
+    encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord], job: Extraction, header: int,
+    batch_size: int, num_workers: int, progress: bool,
+) -> None:
+    """Encode, write and record the rows from `rows_done` on, batch by batch; the manifest is
+    saved every `SAVE_PROGRESS_SECONDS` and at the end, whatever stopped the loop."""
+    manifest, start = job.manifest, job.manifest["rows_done"]
+    checksums = manifest.get("checksums")  # None: a store begun by an earlier version, which recorded none
+    began, saved = time.time(), time.time()
+    seconds_before = manifest["seconds"]
+    fd = os.open(job.array_path, os.O_WRONLY)
+    bar = progress_bar(total=len(records), initial=start, desc=f"features {job.split}", unit="img", enabled=progress, dynamic_ncols=True)
+    try:
+        # The loader yields one batch (or None when none of its images loaded) per batch_size records.
+        # Its seed draw is taken in a fork of the global RNG, so that training goes the same way
+        # whether the store was built in this process or before.
+        with torch.random.fork_rng(devices=[]):
+            batches = iter(image_loader(records[start:], transform, batch_size, num_workers))
+        for first in range(start, len(records), batch_size):
+            count = min(batch_size, len(records) - first)
+            block, loaded = encode_block(encoder, next(batches), count, first - start, job.shape[1:])
+            data = block.tobytes()
+            write_rows(fd, data, header + first * job.row_bytes, job.array_path)
+            if checksums is not None:
+                checksums.append([first, count, hashlib.sha256(data).hexdigest()])
+            record_failures(manifest, records, first, count, loaded, job.split)
+            manifest["rows_done"] = first + count
+            bar.update(count)
+            if time.time() - saved > SAVE_PROGRESS_SECONDS:
+                manifest["seconds"] = round(seconds_before + time.time() - began, 1)
+                write_manifest(job.manifest_path, manifest)
+                saved = time.time()
+    finally:
+        bar.close()
+        os.close(fd)
+        manifest["seconds"] = round(seconds_before + time.time() - began, 1)
+        try:
+            write_manifest(job.manifest_path, manifest)  # the rows written so far count, whatever stopped us
+        except StorageError as e:  # a full disk: the manifest saved last stands, and a resume redoes the rows since
+            log.warning("%s", e)
+
+
+def encode_block(
+    encoder: StoreEncoder, batch: tuple[torch.Tensor, torch.Tensor] | None, count: int, offset: int, row_shape: tuple[int, ...],
+) -> tuple[np.ndarray, set[int]]:
+    """The `count` fp16 rows of one batch of records, zeros for the images that failed to load,
+    and the positions (0..count-1) that loaded. `batch`: the loader's images and their indices,
+    which count from `offset` records before this batch's first; None when none loaded."""
+    block = np.zeros((count, *row_shape), dtype=DTYPE)  # (b, N, D); rows of failed images stay zero
+    if batch is None:
+        return block, set()
+    images, indices = batch
+    feats, _ = encoder.stored_part(images.to(encoder.device))  # (B, n, C)
+    feats = feats.float().clamp_(-FP16_MAX, FP16_MAX).to(torch.float16).cpu().numpy()  # (B, n, C): inf would poison a row
+    local = indices.numpy() - offset  # (B,): loader indices count from the first row of this run
+    block[local] = feats
+    return block, set(local.tolist())
+
+
+def write_rows(fd: int, data: bytes, offset: int, array_path: Path) -> None:
+    """Write one chunk of rows at `offset`; on a full disk cut the file there and say so in one line."""
+    try:
+        written = os.pwrite(fd, data, offset)
+        if written != len(data):  # a short write: the disk filled during it
+            raise OSError(28, os.strerror(28))
+    except OSError as e:
+        # The rows from `offset` on are not done: cutting the file there gives back the pages a
+        # partial write took, so that the manifest saying how far it got still fits on the disk.
+        os.ftruncate(fd, offset)
+        raise write_failure(array_path, e, "; the rows written so far are kept: run again when there is space and it resumes") from None
+
+
+def record_failures(manifest: dict[str, Any], records: list[ImageRecord], first: int, count: int, loaded: set[int], split: str) -> None:
+    """Record in the manifest, and warn about, each image of rows first..first+count-1 that did not load."""
+    for i in range(count):
+        if i not in loaded:
+            record = records[first + i]
+            manifest["failed"].append({"row": first + i, "image_id": record.image_id, "path": str(record.path)})
+            log.warning("%s: image %d (%s) failed to load; recorded and skipped", split, record.image_id, record.path)
+
+
+@torch.no_grad()
+def probe_grid(encoder: StoreEncoder, image_size: int) -> tuple[tuple[int, int], int]:
+    """The grid (h, w) and width of the cells the encoder's frozen part gives at `image_size`."""
+    encoder.eval()
+    cells, grid = encoder.stored_part(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, n, C)
+    return grid, cells.shape[-1]
+
+
+def ensure_store(
+    encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str, records: list[ImageRecord],
+    batch_size: int, num_workers: int = 0, progress: bool = True,
+) -> FeatureStore:
+    """Open the store of `split`, extracting (or finishing) it first when needed."""
+    _, manifest_path = store_files(directory, split)
+    if manifest_path.is_file():
+        manifest = read_manifest(manifest_path)
+        check_manifest(manifest_path, manifest, identity(encoder, transform), records)
+        if manifest["rows_done"] == len(manifest["image_ids"]):
+            store = FeatureStore(directory, split, manifest)
+            check_array(store)
+            return store
+    return extract(encoder, transform, directory, split, records, batch_size, num_workers, progress)

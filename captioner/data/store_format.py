@@ -1,0 +1,208 @@
+"""The feature store's format: what an encoder's frozen blocks make, kept on disk in fp16.
+
+A frozen encoder's store holds its grids; one that fine-tunes its top blocks stores the input
+of the first block that trains (its cells on that block's grid), and training runs only the
+blocks above it on the stored rows (`Encoder.from_stored`).
+
+One split is two files in the store folder:
+
+    <split>.npy    a numpy array (rows, N, D) of float16, row i = the grid of image i
+    <split>.json   the manifest: encoder (name, settings, a fingerprint of its weights), image
+                   size and transform, grid (h, w), feature dim, dtype, the image ids and paths in
+                   row order, how many rows are written and which images failed to load
+
+This module holds the files' names, the manifest's reading and writing, and the checks that
+refuse, in one line naming the manifest and the field, a store made by another encoder, image
+size or transform, or for another list of images. Extraction is `store_extract`, reading rows
+`store_reader`, a split's features for training and evaluation `store_splits`.
+
+The store runs an encoder and names it; it takes the encoder module and the transform that makes
+its images (`StoreEncoder`, which captioner.models.encoders.Encoder is), not a whole model: the
+data layer does not import the models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torchvision.transforms import v2
+
+from captioner.core.config import Config, EncoderConfig
+from captioner.core.errors import ConfigError, FeatureStoreError
+from captioner.core.files import write_atomically
+from captioner.data.image_transform import IMAGENET, ImageTransform, PixelNormalization
+from captioner.data.records import ImageRecord
+
+FORMAT = "captioner-feature-store"
+VERSION = 1
+DTYPE = np.float16
+
+
+def store_dir(config: Config) -> Path:
+    """Where the store of `config` lives: `data.feature_store`, else `<train.out_dir>/features`."""
+    return Path(config.data.feature_store or Path(config.train.out_dir) / "features")
+
+
+def store_files(directory: str | Path, split: str) -> tuple[Path, Path]:
+    directory = Path(directory)
+    return directory / f"{split}.npy", directory / f"{split}.json"
+
+
+class StoreEncoder(Protocol):
+    """What the store needs of an encoder (captioner.models.encoders.Encoder is one): its frozen
+    part maps uint8 images (B, 3, S, S) to cells (B, n, C) and their grid, normalising them
+    itself; it says what built it, how it normalises, whether some of it is frozen (`storable`),
+    the frozen part's weights and where it runs."""
+
+    config: EncoderConfig
+    normalize: PixelNormalization
+
+    @property
+    def frozen(self) -> bool: ...
+
+    @property
+    def storable(self) -> bool: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]: ...
+
+    def stored_part(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]: ...
+
+    def frozen_state_dict(self) -> Mapping[str, torch.Tensor]: ...
+
+    def eval(self) -> Any: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    @property
+    def training(self) -> bool: ...
+
+
+class EncodesImages(Protocol):
+    """What holds an encoder and the transform of its images (a Captioner does)."""
+
+    @property
+    def encoder(self) -> StoreEncoder: ...
+
+    @property
+    def transform(self) -> ImageTransform: ...
+
+
+def encoder_fingerprint(encoder: StoreEncoder) -> str:
+    """A hash of the frozen part's state dict (names, shapes, dtypes, values, batch-norm
+    statistics): what the stored rows depend on. Blocks that train change every step and are
+    left out; for a frozen encoder it is the whole state dict."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in encoder.frozen_state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def input_pipeline(encoder: StoreEncoder, transform: ImageTransform) -> list[str]:
+    """Every step from the decoded picture to the encoder's input, as the objects that run them
+    state their settings: the transform's, then the encoder's normalisation."""
+    return [*transform.describe(), *encoder.normalize.describe()]
+
+
+def identity(encoder: StoreEncoder, transform: ImageTransform) -> dict[str, Any]:
+    """What the features depend on, besides the images: the fields a store must match, in the
+    order they are compared (the first mismatch names the error)."""
+    config = encoder.config
+    return {
+        "encoder.name": config.name,
+        "encoder.pretrained": config.pretrained,
+        "encoder.grid_size": config.grid_size,
+        "encoder.fine_tune_blocks": config.fine_tune_blocks,
+        "encoder.fingerprint": encoder_fingerprint(encoder),
+        "image_size": transform.image_size,
+        "transform": input_pipeline(encoder, transform),  # the real pipeline's steps: a changed one marks the store stale
+    }
+
+
+def check_storable(encoder: StoreEncoder) -> None:
+    if not encoder.storable:
+        raise ConfigError(
+            "model.encoder: a feature store needs some frozen blocks (pretrained: true, fine_tune_blocks >= 0 and fewer "
+            f"than the backbone's blocks); every block of {encoder.config.name} here trains, so nothing it makes is fixed"
+        )
+
+
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """A .npy file's shape, dtype and where its rows start, from its header alone."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+            return shape, dtype, f.tell()
+    except (OSError, ValueError) as e:
+        raise FeatureStoreError(f"{path}: not a readable feature array ({str(e)[:120]})") from None
+
+
+def npy_header_bytes(path: Path) -> int:
+    """Where the rows start in a .npy file (after its magic string and header)."""
+    return npy_header(path)[2]
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise FeatureStoreError(f"{path}: not a readable feature store manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FeatureStoreError(f"{path}: not a captioner feature store manifest")
+    if manifest.get("version") != VERSION:
+        raise FeatureStoreError(f"{path}: store format version {manifest.get('version')} is not supported (this code reads {VERSION})")
+    return manifest
+
+
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(manifest)))  # a crash or full disk never leaves half a manifest
+
+
+# How stores written before the transform described its own steps named it: the square resize
+# with antialiasing and ImageNet normalisation, which ran as torchvision's tensor resize (the
+# steps below). Since the resize is Pillow's (data/images._pipeline), those features differ by
+# a level on a few pixels: such a store is stale, and is refused naming both pipelines.
+LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+
+def stored_identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's identity with an older store's transform named as the current code names its steps."""
+    stored = dict(manifest["identity"])
+    if stored.get("transform") == LEGACY_TRANSFORM and "image_size" in stored:
+        size = stored["image_size"]
+        tensor_resize = [repr(v2.PILToTensor()), repr(v2.Resize((size, size), antialias=True))]
+        stored["transform"] = [*tensor_resize, *IMAGENET.describe()]
+    return stored
+
+
+def check_manifest(manifest_path: Path, manifest: dict[str, Any], expected: dict[str, Any], records: list[ImageRecord]) -> None:
+    """Refuse, in one line naming the file and the field, a store made otherwise or for other images."""
+    hint = f"delete {manifest_path.parent} or set data.feature_store to another folder"
+    stored = stored_identity(manifest)
+    for key, value in expected.items():
+        if stored.get(key) != value:
+            raise FeatureStoreError(f"{manifest_path}: {key} is {stored.get(key)!r} in the store but {value!r} here; {hint}")
+    stored, wanted = manifest["image_ids"], [r.image_id for r in records]
+    if stored != wanted:
+        stored_set, wanted_set = set(stored), set(wanted)
+        missing = [i for i in stored if i not in wanted_set]
+        extra = [i for i in wanted if i not in stored_set]
+        detail = (
+            f"{len(missing)} of its images are no longer in the split (e.g. image {missing[0]}, "
+            f"{manifest['paths'][stored.index(missing[0])]})" if missing
+            else f"the split has {len(extra)} images it lacks (e.g. image {extra[0]})" if extra
+            else "the images are in another order"
+        )
+        raise FeatureStoreError(f"{manifest_path}: image_ids differ from the {manifest['split']} split: {detail}; {hint}")

@@ -1,0 +1,89 @@
+"""A split's stored features for training and evaluation: the store built when absent, its rows
+read from disk or loaded onto the device, and the grid of the encoder's output.
+
+`split_features` takes anything that holds an encoder and the transform of its images (a
+Captioner's `encoder` and `transform`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from captioner.core.config import Config
+from captioner.core.files import size_text
+from captioner.data.records import ImageRecord
+from captioner.data.store_extract import ensure_store
+from captioner.data.store_format import EncodesImages, StoreEncoder, store_dir
+from captioner.data.store_reader import StoreRows, open_store
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def output_grid(encoder: StoreEncoder, image_size: int) -> tuple[int, int]:
+    """The grid (h, w) of the whole encoder's output at `image_size` (its attention maps'),
+    probed in eval mode, so that no batch-norm statistic moves; the mode is restored."""
+    training = encoder.training
+    encoder.eval()
+    _, grid = encoder(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, N, D)
+    encoder.train(training)
+    return grid
+
+
+@dataclass
+class SplitFeatures:
+    """What training or evaluation needs of a split's store: the records kept, their rows
+    (read from disk, or a tensor in memory or on the device), the grid of the encoder's output
+    (of the stored rows themselves when it is frozen)."""
+
+    records: list[ImageRecord]
+    features: torch.Tensor | StoreRows
+    grid: tuple[int, int]
+
+
+def split_features(
+    model: EncodesImages, config: Config, split: str, records: list[ImageRecord],
+    use: list[ImageRecord] | None = None, build: bool = True,
+) -> SplitFeatures:
+    """The stored features of `use` (default: all of `records`, the whole split), the store
+    of `model.encoder` with `model.transform` (a Captioner's) built first when absent (`build`),
+    refused when stale. With `data.features_on_device` the rows are loaded onto the encoder's
+    device when they fit (on a CPU: into memory)."""
+    directory = store_dir(config)
+    data = config.data
+    encoder, transform = model.encoder, model.transform
+    device = encoder.device
+    if build:
+        store = ensure_store(encoder, transform, directory, split, records, data.batch_size, data.num_workers)
+    else:
+        store = open_store(directory, split, encoder, transform, records)
+    kept, rows = store.rows_of(records if use is None else use)
+    grid = store.grid if encoder.frozen else output_grid(encoder, transform.image_size)  # cells of the trunk: the top blocks pool them
+    if store.failed_rows:
+        log.warning("%s: %d images failed to load at extraction and are skipped (%s)", split, len(store.failed_rows), store.manifest_path)
+    if data.features_on_device:
+        need = len(rows) * store.row_bytes
+        free = free_memory(device)
+        if need < 0.9 * free:
+            log.info("%s: %s of features loaded onto %s", split, size_text(need), device)
+            return SplitFeatures(kept, store.load(rows, device), grid)
+        log.warning(
+            "%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; reading from disk",
+            split, size_text(need), size_text(free), device,
+        )
+    return SplitFeatures(kept, store.rows(rows), grid)
+
+
+def free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

@@ -1,0 +1,187 @@
+"""What a training run is built from, one step each: the data route (the feature store or the
+images or streamed shards), the steps' precision, the dataset, the objective, the loader and
+the DDP wrapper. `Run.start` (captioner/training/fit.py) calls them in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from captioner.core.config import Config
+from captioner.core.process_settings import loader_workers
+from captioner.data.batching import CaptionDataset, collate_captions
+from captioner.data.device_decode import device_preprocess
+from captioner.data.image_transform import ImageTransform
+from captioner.data.records import ImageRecord
+from captioner.data.sampler import EpochBatchSampler
+from captioner.data.store_format import store_dir
+from captioner.data.store_reader import StoreRows
+from captioner.data.store_splits import split_features
+from captioner.data.shard_reader import ShardSet
+from captioner.data.streaming import ShardStream, StreamingCaptions, StreamSettings
+from captioner.models.captioner import Captioner
+from captioner.models.decoder import DecoderOutput
+from captioner.text.vocab import Vocabulary
+from captioner.training.distributed import Distributed
+from captioner.training.loop import caption_loss
+from captioner.training.schedule import describe_schedule
+from captioner.training.scst import SelfCritical
+from captioner.training.speed import SpeedChoices, decide_steps, describe
+from captioner.training.state import TrainState
+
+log = logging.getLogger(__name__)
+
+Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass
+class RunData:
+    """The images a run trains and validates on, with their stored rows on the store route
+    (None on the images route) and the grid of the encoder's output (None: read off each batch)."""
+
+    train_records: list[ImageRecord]
+    val_records: list[ImageRecord]
+    train_features: torch.Tensor | StoreRows | None = None
+    val_features: torch.Tensor | StoreRows | None = None
+    grid: tuple[int, int] | None = None
+
+
+def uses_feature_store(config: Config, model: Captioner, shards: ShardSet | None) -> bool:
+    """Train on the feature store: the encoder has frozen blocks, the images are not augmented,
+    `train.cache_features` is on and the images are not streamed."""
+    return model.encoder.storable and not config.data.augment and config.train.cache_features and shards is None
+
+
+def stored_data(
+    config: Config, ctx: Distributed, model: Captioner, train_records: list[ImageRecord],
+    val_records: list[ImageRecord], all_val_records: list[ImageRecord],
+) -> RunData:
+    """The train and val rows of the feature store: rank 0 builds the store when it is absent,
+    then the other ranks open it."""
+    encoder = model.encoder
+    trained = "the decoder" if encoder.frozen else f"the decoder and the top {len(encoder.blocks) - encoder.num_frozen} encoder blocks"
+    log.info("training %s on the feature store in %s (what the frozen blocks make, stored once)", trained, store_dir(config))
+    if not ctx.is_main:
+        ctx.barrier()
+    train = split_features(model, config, "train", train_records, build=ctx.is_main)
+    val = split_features(model, config, "val", all_val_records, use=val_records, build=ctx.is_main)
+    if ctx.is_main:
+        ctx.barrier()
+    return RunData(train.records, val.records, train.features, val.features, train.grid)
+
+
+def decide_speed(
+    config: Config, ctx: Distributed, model: Captioner, state: TrainState, data: RunData, checkpoint: dict | None,
+    threads: int | None,
+) -> SpeedChoices:
+    """The steps' precision and products route, decided on synthetic work (or taken back from
+    the checkpoint) before the first step; `threads`: the count `decide_threads` fixed."""
+    saved = checkpoint["train_state"] if checkpoint is not None else None
+    features = data.train_features
+    feature_shape = tuple(features[0].shape) if state.encoded and features is not None and len(features) else None  # (N, D)
+    state.bf16, onednn = decide_steps(config, ctx, model, state.encoded, feature_shape, saved, str(Path(config.train.out_dir) / "last.pt"))
+    speed = SpeedChoices(state.bf16, threads, onednn)
+    if ctx.is_main:
+        log.debug("%s", describe(speed, ctx.device))
+    return speed
+
+
+def caption_dataset(config: Config, model: Captioner, data: RunData, transform: ImageTransform, device: torch.device) -> CaptionDataset:
+    """The training pairs: one per caption for cross-entropy (up to `data.captions_per_image`),
+    one per image for SCST, rewarded against all its references."""
+    pairs = "all" if config.train.stage == "scst" else config.data.captions_per_image
+    train_set = CaptionDataset(
+        data.train_records, model.vocab, transform, config.data.max_caption_length, pairs, data.train_features,
+    )
+    train_set.device_preprocess = device_preprocess(config.data.device_preprocess, device)  # CaptionBatch.to runs it there
+    return train_set
+
+
+def make_objective(config: Config, model: Captioner, train_set: CaptionDataset) -> Objective | SelfCritical:
+    """Cross-entropy, or for the SCST stage the self-critical objective over the training
+    images' references (its reward table saved once per node, mapped by every rank)."""
+    if config.train.stage != "scst":
+        return caption_loss
+    references = [r.captions for r in train_set.records]
+    return SelfCritical(config.scst, model.vocab, references, xent=caption_loss, cache_dir=Path(config.train.out_dir))
+
+
+def make_loader(
+    config: Config, ctx: Distributed, train_set: CaptionDataset, shards: ShardSet | None, vocab: Vocabulary,
+) -> tuple[DataLoader | ShardStream, EpochBatchSampler | ShardStream]:
+    """The training loader and what plans its epochs (a stream is its own sampler). Rows
+    already on the device are indexed in this process; otherwise workers read them."""
+    data, device = config.data, ctx.device
+    on_device = isinstance(train_set.features, torch.Tensor)
+    workers = 0 if on_device else loader_workers(data.num_workers)  # -1: this rank's share of the node's cores
+    if shards is not None:
+        stream = shard_stream(config, ctx, shards, vocab, train_set.transform, workers)
+        return stream, stream
+    sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
+    loader = DataLoader(
+        train_set, batch_sampler=sampler, num_workers=workers, collate_fn=collate_captions,
+        pin_memory=device.type == "cuda" and not on_device, persistent_workers=workers > 0,
+        worker_init_fn=ignore_stop_signals,  # a SIGTERM to the whole process group stops the run, not its loaders
+        generator=torch.Generator().manual_seed(config.train.seed),  # worker seeds; the global RNG stays untouched
+    )
+    return loader, sampler
+
+
+def log_batch_plan(config: Config, ctx: Distributed, sampler: EpochBatchSampler | ShardStream) -> None:
+    if ctx.is_main:
+        log.debug(
+            "%d process%s x batch %d = global batch %d; %d steps per epoch; %s",
+            ctx.world_size, "es" if ctx.enabled else "", config.data.batch_size, sampler.global_batch, len(sampler),
+            describe_schedule(config, sampler.global_batch, len(sampler)),
+        )
+
+
+def wrap_for_ddp(model: Captioner, config: Config, ctx: Distributed) -> Callable[..., DecoderOutput]:
+    """The model, or under torchrun its DDP wrapper. SCST samples step by step through the bare
+    decoder: its gradients are averaged by hand, and it gets no wrapper."""
+    if not ctx.enabled or config.train.stage == "scst":
+        return model
+    device = ctx.device
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=config.model.blind)
+
+
+def shard_stream(config: Config, ctx: Distributed, shards: ShardSet, vocab: Vocabulary, transform: ImageTransform,
+                 workers: int) -> ShardStream:
+    """The streamed training loader of a webdataset run (captioner/data/streaming.py)."""
+    data = config.data
+    settings = StreamSettings(
+        config.train.seed, ctx.rank, ctx.world_size, workers, data.batch_size, data.max_broken_fraction,
+        data.shuffle_buffer, data.max_caption_length, data.captions_per_image,
+    )
+    trace = os.environ.get("CAPTIONER_TRACE_SAMPLES")  # a folder: each rank writes the keys it trains on (auditing an epoch)
+    return ShardStream(
+        StreamingCaptions(shards, vocab, transform, settings), pin_memory=ctx.device.type == "cuda", worker_init_fn=ignore_stop_signals,
+        trace=Path(trace) / f"rank{ctx.rank}.txt" if trace else None,
+    )
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """A DataLoader worker leaves SIGTERM and SIGINT to the training process, which stops after
+    its step and then ends its workers; killed by a signal, a worker would fail the run mid-step."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def accelerate(model: Captioner, config: Config, device: torch.device, encoded: bool) -> None:
+    """`train.channels_last` and `train.compile`: CUDA options, ignored (and said so) on the CPU."""
+    if device.type != "cuda":
+        log.info("train.channels_last / train.compile are CUDA options: ignored on %s", device)
+        return
+    if config.train.channels_last and not encoded:
+        model.encoder.to(memory_format=torch.channels_last)
+    if config.train.compile:
+        model.decoder.compile(dynamic=True)  # in place: parameter names (and checkpoints) stay as they are
