@@ -167,7 +167,7 @@ def test_teacher_forced_forward_on_fake_cuda(decoder: str) -> None:
 def test_decoder_steps_on_fake_cuda(decoder: str) -> None:
     """prepare, init_state, step and the beam reordering, as beam search and SCST drive them,
     on CUDA tensors: no host/device mixing, no device read."""
-    from captioner.models.decoding import select_rows
+    from captioner.models.decoder import select_rows
 
     model = tiny_model(f"model.decoder.type={decoder}")
     with fake_cuda() as mode:
@@ -187,7 +187,7 @@ def test_decoder_steps_on_fake_cuda(decoder: str) -> None:
 def test_scst_sampling_on_fake_cuda(decoder: str) -> None:
     """Sampling the SCST captions reads nothing back from the device: it runs to the end on
     CUDA tensors without values (the old loop's `bool(done.all())` raised here)."""
-    from captioner.models.decoding import sample_captions
+    from captioner.models.decoding.sampling import sample_captions
 
     model = tiny_model(f"model.decoder.type={decoder}").train()
     vocab = model.vocab
@@ -428,9 +428,9 @@ def test_beam_search_on_fake_cuda(decoder: str) -> None:
         assert before == [] and 1 < len(per_step) < options.max_length, mode.device_reads  # it stopped early
         self_read = options.self_attention and decoder == "transformer"
         in_step = ["aten._local_scalar_dense.default at transformer_decoder.py"] if self_read else []
-        after = ["aten._to_copy.default at decoding.py"] * (2 if self_read else 1)  # the maps (and the self-attention)
+        after = ["aten._to_copy.default at beam.py"] * (2 if self_read else 1)  # the maps (and the self-attention)
         for i, reads in enumerate(per_step):
-            assert reads == [*in_step, "tolist at decoding.py", *(after if i == len(per_step) - 1 else [])], per_step
+            assert reads == [*in_step, "tolist at beam.py", *(after if i == len(per_step) - 1 else [])], per_step
         assert mode.blocking_copies == []
 
 
@@ -442,7 +442,9 @@ def test_greedy_decoding_on_fake_cuda(decoder: str) -> None:
     what the host keeps once each."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from captioner.models.decoding import DecodeOptions, EndingRule, SpecialTokens, greedy_captions, greedy_decode
+    from captioner.models.decoding import DecodeOptions, SpecialTokens, greedy_decode
+    from captioner.models.decoding.rules import EndingRule
+    from captioner.models.decoding.sampling import greedy_captions
 
     model = eos_prone(tiny_model(f"model.decoder.type={decoder}"))
     special = SpecialTokens.of(model.vocab)
@@ -477,8 +479,8 @@ def test_greedy_decoding_on_fake_cuda(decoder: str) -> None:
     same_hypotheses(got_hyps, want_hyps)
     _, per_step = reads_per_step(mode.device_reads)
     assert 1 < len(per_step) < 8  # every caption ended before max_length
-    assert all(reads == ["aten._local_scalar_dense.default at decoding.py"] for reads in per_step[:-1]), per_step
-    assert per_step[-1][0] == "aten._local_scalar_dense.default at decoding.py" and len(per_step[-1]) == 6, per_step[-1]
+    assert all(reads == ["aten._local_scalar_dense.default at search.py"] for reads in per_step[:-1]), per_step
+    assert per_step[-1][0] == "aten._local_scalar_dense.default at search.py" and len(per_step[-1]) == 6, per_step[-1]
 
 
 def test_fake_cuda_records_copies_to_the_device_that_would_wait() -> None:

@@ -158,3 +158,53 @@ def test_the_docs_table_is_the_schema() -> None:
 
     docs = (Path(__file__).parents[1] / "docs" / "library.md").read_text()
     assert markdown_table() in docs, "docs/library.md: paste captioner.core.decode_schema.markdown_table() into 'Decoding options'"
+
+
+@pytest.mark.parametrize(("flag", "name"), [("--beam", "beam_size"), ("--max-length", "max_length")])
+def test_the_runtimes_command_line_refuses_in_the_same_words(flag: str, name: str, capsys: pytest.CaptureFixture) -> None:
+    """`python -m captioner.deploy` parses its decoding flags through the schema, as `captioner caption` does."""
+    from captioner.deploy.__main__ import parse_arguments
+
+    option = OPTIONS[name]
+    for text, shown in ((str(option.outside(option.kind)), option.outside(option.kind)), ("many", "many"), ("2.5", "2.5")):
+        with pytest.raises(SystemExit) as stopped:
+            parse_arguments(["export/", "photo.jpg", flag, text])
+        assert stopped.value.code == 2
+        assert f"argument {flag}: {option.refusal(shown)}" in capsys.readouterr().err
+    assert getattr(parse_arguments(["export/", "photo.jpg", flag, "4"]), flag.lstrip("-").replace("-", "_")) == 4
+
+
+@pytest.mark.parametrize(
+    ("names", "allowed", "where", "message"),
+    [
+        (["beams"], OPTIONS, "", r"^decode: unknown option 'beams' \(did you mean 'beam_size'\?\)$"),
+        (["colour"], OPTIONS, "", r"^decode: unknown option 'colour' \(options: beam_size, max_length, .*self_attention\)$"),
+        (["temperature"], ("beam_size", "max_length"), " for the ONNX runtime",
+         r"^decode: unknown option 'temperature' for the ONNX runtime \(options: beam_size, max_length\)$"),
+    ],
+)
+def test_an_unknown_option_is_one_text_with_a_hint(names: list, allowed, where: str, message: str) -> None:
+    from captioner.core.decode_schema import check_names
+
+    with pytest.raises(ConfigError, match=message):
+        check_names(names, allowed, where)
+    with pytest.raises(ConfigError, match=message.replace(" for the ONNX runtime", "")):
+        check_options({name: 1 for name in names}) if allowed is OPTIONS else check_names(names, allowed)
+
+
+def test_the_searches_and_the_samplers_rules_are_the_schemas() -> None:
+    """A search asks the schema its own rules even for options made for sampling; a direct call
+    of SCST's sampler is judged as DecodeOptions judges its values: ConfigError, the same words."""
+    from captioner.core.decode_schema import check_search
+    from captioner.models.decoding.sampling import check_sampling
+
+    with pytest.raises(ConfigError, match=r"^decode: beam_size \(4\) must be a multiple of diverse_groups \(3\)$"):
+        check_search({"beam_size": 4, "diverse_groups": 3, "n_best": 1, "sample": True})
+    check_search({"beam_size": 4, "diverse_groups": 2, "n_best": 4})
+    for values in ({"temperature": 0.0}, {"top_k": -1}, {"top_p": 1.5}):
+        arguments = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, **values}
+        with pytest.raises(ConfigError) as error:
+            check_sampling(**arguments)
+        with pytest.raises(ConfigError) as expected:
+            DecodeOptions(sample=True, **values)
+        assert str(error.value) == str(expected.value)

@@ -18,16 +18,9 @@ from captioner.core.config import DecodeConfig
 from captioner.core.errors import ConfigError
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import Decoder, Memory, State
-from captioner.models.decoding import (
-    DecodeOptions,
-    EndingRule,
-    Hypothesis,
-    SpecialTokens,
-    beam_search,
-    decode_hypotheses,
-    greedy_captions,
-    sample_captions,
-)
+from captioner.models.decoding import DecodeOptions, Hypothesis, SpecialTokens, beam_search, decode_hypotheses
+from captioner.models.decoding.rules import EndingRule
+from captioner.models.decoding.sampling import greedy_captions, sample_captions
 from captioner.models.lstm_decoder import LSTMDecoder
 from captioner.text.endings import BAD_ENDINGS
 

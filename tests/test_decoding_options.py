@@ -19,19 +19,9 @@ from captioner.evaluation.caption_stats import caption_stats, ends_badly, repeat
 from captioner.evaluation.tutorial_bleu import nltk_corpus_bleu, tokenized
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import Decoder
-from captioner.models.decoding import (
-    DecodeOptions,
-    SpecialTokens,
-    banned_mask,
-    beam_search,
-    beam_search_n_best,
-    block_repeated_trigrams,
-    greedy_decode,
-    restrict_to_top,
-    sample_captions,
-    sample_n_best,
-    scored_by_teacher_forcing,
-)
+from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, beam_search_n_best, greedy_decode, sample_n_best
+from captioner.models.decoding.rules import banned_mask, block_repeated_trigrams
+from captioner.models.decoding.sampling import restrict_to_top, sample_captions, scored_by_teacher_forcing
 
 BOS, EOS = 1, 2
 BANNED = (0, 1, 3)  # <pad>, <bos>, <unk>

@@ -32,7 +32,7 @@ require_module("onnxruntime", "the ONNX runtime tests need onnxruntime (pip inst
 
 from captioner.deploy.preprocess import image_array  # noqa: E402
 from captioner.deploy.runtime import OnnxCaptioner  # noqa: E402
-from captioner.deploy.search import SearchOptions, TokenRules, beam_search, greedy_search  # noqa: E402
+from captioner.deploy.numpy_search import SearchOptions, TokenRules, beam_search, greedy_search  # noqa: E402
 from captioner.models import onnx_export  # noqa: E402
 from captioner.models.onnx_export import export_onnx  # noqa: E402
 
@@ -98,7 +98,7 @@ DECODINGS = [
     {"beam_size": 4, "max_length": 4},  # many beams cut off: finished and live ones compete at max_length
     {"beam_size": 1, "max_length": 3, "block_trigrams": True},
     {"beam_size": 2, "batch_size": 4},  # several batches, the last one short
-    {"beam_size": 1, "min_length": 6, "suppress_bad_endings": True},  # the ending rule, as models/decoding.py applies it
+    {"beam_size": 1, "min_length": 6, "suppress_bad_endings": True},  # the ending rule, as models/decoding/rules.py applies it
     {"beam_size": 3, "min_length": 8, "suppress_bad_endings": True},
 ]
 

@@ -76,7 +76,7 @@ def test_run_setup_steps_pick_the_loader_and_objective_the_stage_needs() -> None
 
 def test_scst_logged_means_are_this_ranks_share_of_each_mean() -> None:
     from captioner.core.config import ScstConfig
-    from captioner.models.decoding import SampledCaptions
+    from captioner.models.decoding.sampling import SampledCaptions
     from captioner.training.scst import SelfCritical
 
     vocab = tiny_vocab()

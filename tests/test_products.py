@@ -150,7 +150,7 @@ def test_sampling_with_gradients_reorders_each_weight_once_per_loop(monkeypatch:
     """SCST's samples carry gradients: each step's forward products still share one reordered
     copy of each weight, the gradients still reach every layer."""
     needs_onednn()
-    from captioner.models.decoding import sample_captions
+    from captioner.models.decoding.sampling import sample_captions
     from captioner.models.lstm_decoder import LSTMDecoder
 
     torch.manual_seed(7)

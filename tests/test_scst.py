@@ -15,7 +15,8 @@ from captioner.core.config import ScstConfig
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.batching import CaptionBatch
 from captioner.models.checkpoint import load_captioner, read_checkpoint
-from captioner.models.decoding import DecodeOptions, SpecialTokens, greedy_decode, sample_captions, scored_by_teacher_forcing
+from captioner.models.decoding import DecodeOptions, SpecialTokens, greedy_decode
+from captioner.models.decoding.sampling import sample_captions, scored_by_teacher_forcing
 from captioner.training.scst import SelfCritical, mean_of_others
 
 
@@ -210,12 +211,12 @@ def test_the_cpu_steps_teacher_forced_scoring_gives_the_roll_outs_loss_and_gradi
     """On the CPU without dropout, the samples are drawn without gradients and scored by teacher
     forcing; with `scst.dropout` (a no-op here, the model's dropout is 0) the roll-out records
     them with gradients. Same samples, same loss, same gradients."""
-    from captioner.models import decoding
+    from captioner.models.decoding import sampling
     from captioner.training import scst
 
     # Both steps draw with the static roll-out, so that they draw the same samples (without
     # gradients the CPU's roll-out steps fewer rows, and so draws other ones).
-    monkeypatch.setattr(decoding, "reads_are_free", lambda device: False)
+    monkeypatch.setattr(sampling, "reads_are_free", lambda device: False)
     model = tiny_model(f"model.decoder.type={decoder}", "model.decoder.dropout=0.0").train()
     batch = feature_batch(model, images=4)
     scorings = []

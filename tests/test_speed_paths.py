@@ -217,7 +217,8 @@ def test_the_shrinking_roll_out_gives_the_static_ones_numbers_for_less_work(kind
     """On the CPU without gradients (SCST's sampling, its greedy baseline) the roll-out drops the
     rows that have ended and stops when none is left: the same words, log-probabilities and
     masks as the static loop, from fewer rows stepped."""
-    from captioner.models.decoding import EndingRule, SpecialTokens, roll_out
+    from captioner.models.decoding.rules import EndingRule, SpecialTokens
+    from captioner.models.decoding.sampling import roll_out
 
     decoder = tiny_decoder(kind).eval()
     with torch.no_grad():
@@ -255,8 +256,7 @@ def test_batched_beam_search_drops_the_done_images_and_finds_what_each_image_fin
     """On the CPU the images whose searches are done leave the batch's steps: every image's
     hypotheses (words, scores, maps, self-attention) are still those of its search run alone,
     and far fewer rows are stepped than the batch's beams times its steps."""
-    from captioner.models import decoding
-    from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search_n_best
+    from captioner.models.decoding import DecodeOptions, SpecialTokens, beam, beam_search_n_best
 
     decoder = tiny_decoder(kind).eval()
     with torch.no_grad():
@@ -269,8 +269,8 @@ def test_batched_beam_search_drops_the_done_images_and_finds_what_each_image_fin
         block_trigrams=groups > 1, self_attention=kind == "transformer",
     )
     stepped: list[int] = []
-    step = decoding.step_decoder
-    monkeypatch.setattr(decoding, "step_decoder", lambda d, m, prev, *a: stepped.append(len(prev)) or step(d, m, prev, *a))
+    step = beam.step_decoder
+    monkeypatch.setattr(beam, "step_decoder", lambda d, m, prev, *a: stepped.append(len(prev)) or step(d, m, prev, *a))
 
     def search(images: torch.Tensor) -> list[list]:
         stepped.clear()

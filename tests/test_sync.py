@@ -28,7 +28,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
-from captioner.models import decoding
+from captioner.models.decoding import sampling
 from captioner.training import scst
 from captioner.training.distributed import Distributed
 from captioner.training.loop import train_one_epoch
@@ -85,7 +85,7 @@ def watch_reads(sim: DeviceSimulation, monkeypatch: pytest.MonkeyPatch) -> None:
 
         monkeypatch.setattr(torch.Tensor, name, read)
     # The simulated device is the CPU underneath: the loops must not take their host-only paths.
-    for module in (decoding, scst):
+    for module in (sampling, scst):
         monkeypatch.setattr(module, "reads_are_free", lambda device: False)
 
 

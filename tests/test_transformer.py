@@ -10,7 +10,8 @@ from captioner.core.config import Config
 from captioner.data.batching import CaptionBatch
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.captioner import Captioner
-from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, select_rows
+from captioner.models.decoder import select_rows
+from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode
 from captioner.models.transformer_decoder import TransformerDecoder, grid_encoding
 from captioner.text.vocab import SPECIALS, Vocabulary
 from captioner.training.loop import caption_loss

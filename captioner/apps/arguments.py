@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
-from captioner.core.errors import CaptionerError
+from captioner.core.errors import CaptionerError, ConfigError
 
 if TYPE_CHECKING:  # loaded when used: `--help` needs no torch
     from captioner.models.captioner import Captioner
@@ -153,12 +153,9 @@ def decode_value(name: str) -> Callable[[str], Any]:
 
     def parse(text: str) -> Any:
         try:
-            value = int(text) if option.kind is int else float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(option.refusal(text)) from None
-        if not option.allows(value):
-            raise argparse.ArgumentTypeError(option.refusal(value))
-        return value
+            return option.parse(text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
     parse.__name__ = name  # argparse's "invalid <type> value" names it
     return parse

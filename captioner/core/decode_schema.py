@@ -10,9 +10,10 @@ given ("beam_size must be a whole number in [1, 100]; got 0"), behind the name o
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,17 @@ class DecodeOption:
             raise ConfigError(f"decode: {self.refusal(value, served)}")
         return self.converted(value)
 
+    def parse(self, text: str) -> Any:
+        """A command line's text read as the option's kind and checked: the value, or a
+        ConfigError with the option's one refusal (without "decode:", which the flag replaces)."""
+        try:
+            value = int(text) if self.kind is int else float(text)
+        except ValueError:
+            raise ConfigError(self.refusal(text)) from None
+        if not self.allows(value):
+            raise ConfigError(self.refusal(value))
+        return self.converted(value)
+
     def converted(self, value: Any) -> Any:
         """An allowed value as the option's type: 3.0 -> 3 for whole numbers."""
         if value is None or self.kind is bool:
@@ -104,12 +116,20 @@ OPTIONS: dict[str, DecodeOption] = {
 }
 
 
+def check_names(names: Collection[str], allowed: Collection[str] = OPTIONS, where: str = "") -> None:
+    """A ConfigError for the first name that is not an option `allowed` here (`where`: " for the
+    ONNX runtime", when a surface takes fewer than all), with the closest option as a hint."""
+    for name in names:
+        if name not in allowed:
+            close = difflib.get_close_matches(name, list(allowed), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"options: {', '.join(allowed)}"
+            raise ConfigError(f"decode: unknown option {name!r}{where} ({hint})")
+
+
 def check_options(values: Mapping[str, Any], served: bool = False) -> dict[str, Any]:
     """Every option in `values` checked and converted (`DecodeOption.check`), then the rules
     that tie options together; the options left out are not checked against each other."""
-    for name in values:
-        if name not in OPTIONS:
-            raise ConfigError(f"decode: unknown option {name!r} (options: {', '.join(OPTIONS)})")
+    check_names(values)
     checked = {name: OPTIONS[name].check(value, served) for name, value in values.items()}
     problem = combination_problem(checked)
     if problem:
@@ -119,18 +139,41 @@ def check_options(values: Mapping[str, Any], served: bool = False) -> dict[str, 
 
 def combination_problem(values: Mapping[str, Any]) -> str | None:
     """What is wrong with these (individually valid) options together, or None. Options not
-    given are not judged."""
+    given are not judged; with `sample` the search's rules do not apply (each draw is its own
+    caption)."""
     get = values.get
     if get("min_length") is not None and get("max_length") is not None and get("min_length") > get("max_length"):
         return f"min_length ({get('min_length')}) must not exceed max_length ({get('max_length')})"
-    if get("sample"):  # the search options do not apply: each draw is its own caption
-        return None
+    return None if get("sample") else search_problem(values)
+
+
+def search_problem(values: Mapping[str, Any]) -> str | None:
+    """What is wrong with these options for a beam search (groups that divide the beam, no more
+    hypotheses than beams), or None; options not given are not judged."""
+    get = values.get
     beam = get("beam_size")
     if beam is not None and get("diverse_groups") is not None and beam % get("diverse_groups"):
         return f"beam_size ({beam}) must be a multiple of diverse_groups ({get('diverse_groups')})"
     if beam is not None and get("n_best") is not None and get("n_best") > beam:
         return f"n_best ({get('n_best')}) must not exceed beam_size ({beam}); raise the beam or sample"
     return None
+
+
+def check_search(values: Mapping[str, Any]) -> None:
+    """The search's rules (`search_problem`) for a search about to run, whatever `sample` says:
+    a ConfigError with the same text as anywhere else."""
+    problem = search_problem(values)
+    if problem:
+        raise ConfigError(f"decode: {problem}")
+
+
+def check_capacity(max_length: int, capacity: int | None, holder: str) -> None:
+    """A ConfigError when `max_length` words need more steps than `holder` (a graph, a cache)
+    was built for; None: no limit."""
+    if capacity is not None and max_length > capacity:
+        raise ConfigError(
+            f"decode: max_length {max_length} exceeds the {capacity} steps {holder} was exported for (re-export with a larger capacity)"
+        )
 
 
 def markdown_table() -> str:

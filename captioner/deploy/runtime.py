@@ -6,7 +6,7 @@
     caps[0].text, caps[0].score, caps[0].heatmaps()      # (T, h, w) attention per word
 
 The encoder graph turns a batch into feats, the init graph makes the decoder's memory and first
-state, and the search (`search.py`) calls the step graph once per word over every image's beams.
+state, and the search (`numpy_search.py`) calls the step graph once per word over every image's beams.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Any, overload
 import numpy as np
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
-from captioner.core.decode_schema import check_options
-from captioner.core.errors import ConfigError, ImageLoadError
+from captioner.core.decode_schema import check_capacity, check_names, check_options
+from captioner.core.errors import ImageLoadError
 from captioner.data.image_files import ImageInput, load_image, picture_batches
 from captioner.deploy.bundle import Bundle, load_bundle
 from captioner.deploy.preprocess import image_array, image_batch
-from captioner.deploy.search import (
+from captioner.deploy.numpy_search import (
     Arrays,
     Hypothesis,
     SearchOptions,
@@ -92,17 +92,11 @@ class OnnxCaptioner:
     def options(self, **overrides: Any) -> SearchOptions:
         """The decoding defaults with `overrides` (None keeps a default), checked: a bad value,
         or a max_length beyond the steps the graph was exported for, is a one-line ConfigError."""
-        for name in overrides:
-            if name not in SEARCH_OPTIONS:
-                raise ConfigError(f"decode: unknown option {name!r} for the ONNX runtime (options: {', '.join(SEARCH_OPTIONS)})")
+        check_names(overrides, SEARCH_OPTIONS, " for the ONNX runtime")
         values = {name: self.decode_defaults.get(name, DECODE_OPTIONS[name].default) for name in SEARCH_OPTIONS}
         values.update({name: value for name, value in overrides.items() if value is not None})
         values = check_options(values)
-        if self.capacity is not None and values["max_length"] > self.capacity:
-            raise ConfigError(
-                f"decode: max_length {values['max_length']} exceeds the {self.capacity} steps "
-                f"{self.bundle.path('decoder_step')} was exported for (re-export with a larger capacity)"
-            )
+        check_capacity(values["max_length"], self.capacity, str(self.bundle.path("decoder_step")))
         return SearchOptions(**values)
 
     @overload

@@ -43,14 +43,8 @@ from captioner.core.config import Config, ScstConfig
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import reads_are_free
-from captioner.models.decoding import (
-    EndingRule,
-    SampledCaptions,
-    SpecialTokens,
-    greedy_captions,
-    sample_captions,
-    scored_by_teacher_forcing,
-)
+from captioner.models.decoding.rules import EndingRule, SpecialTokens
+from captioner.models.decoding.sampling import SampledCaptions, greedy_captions, sample_captions, scored_by_teacher_forcing
 from captioner.text.vocab import Vocabulary
 from captioner.training.device_reward import DeviceReward
 

@@ -1,12 +1,13 @@
 """Greedy decoding and batched beam search in numpy, over any decoder step given as a function.
 
-The same search as `captioner.models.decoding` (greedy_decode, beam_search_n_best with one
-group), written again for numpy so the runtime loads no torch: the same banned ids, trigram
+The same search as `captioner.models.decoding.search` (greedy_decode, beam_search_n_best with
+one group), written again for numpy so the runtime loads no torch: the same banned ids, trigram
 blocking, GNMT length penalty ((5 + length) / 6) ** alpha, the same rule for when an image's
 search is done and the same competition between finished and cut-off beams at max_length, with
 scores accumulated in float32 as torch does. So captions come out the same when the step
-returns the same numbers. Two rules the runtime adds on <eos>: `min_length` and
-`suppress_bad_endings`.
+returns the same numbers, and the same two rules on <eos>: `min_length` and
+`suppress_bad_endings`. The options come checked by core/decode_schema.py, which the search
+asks again only about its own rules (n_best and the beam).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from captioner.core.decode_schema import check_search
 
 Arrays = dict[str, np.ndarray]
 # memory, prev_tokens (R,), state -> logprobs (R, V), attn (R, L, H, N), next state
@@ -156,11 +159,12 @@ def beam_search_n_best(
     step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions, n_best: int = 1
 ) -> list[list[Hypothesis]]:
     """Per image the `n_best` (<= beam_size) best distinct hypotheses of its beam search, best
-    first; memory and state hold one row per image (B). Each step runs the decoder once over B*K rows (K = beam_size), ranks each image's K*V
-    continuations and keeps the top 2K: an <eos> among the top K becomes a finished hypothesis,
+    first; memory and state hold one row per image (B). Each step runs the decoder once over B*K
+    rows (K = beam_size), ranks each image's K*V continuations and keeps the top 2K: an <eos> among the top K becomes a finished hypothesis,
     the best K others stay live. An image is done once it has K finished hypotheses that no live
     beam can still beat; at max_length its live beams compete with the finished ones on the
     same length-penalised score (finished=False)."""
+    check_search({"beam_size": options.beam_size, "n_best": n_best})
     B = len(next(iter(memory.values())))
     K, max_length, alpha, eos = options.beam_size, options.max_length, options.length_penalty, rules.eos
     memory = {k: np.repeat(v, K, axis=0) for k, v in memory.items()}  # (B*K, ...): beams of image b are rows b*K..b*K+K-1
@@ -219,13 +223,24 @@ def beam_search_n_best(
         if all(done):
             break
 
+    return best_hypotheses(finished, done, scores, history, beams, map_shape, alpha, n_best)
+
+
+def best_hypotheses(
+    finished: list[list[Hypothesis]], done: list[bool], scores: np.ndarray, history: np.ndarray, beams: BeamHistory,
+    map_shape: tuple[int, ...], alpha: float, n_best: int,
+) -> list[list[Hypothesis]]:
+    """Per image its `n_best` best distinct hypotheses, best first: the finished ones and, for an
+    image not done (cut off at max_length), its live beams on the same length-penalised score.
+    scores (B, K): the live beams' log-probabilities; history (B*K, t) their words."""
+    B, K = scores.shape
     live_scores = scores.reshape(B * K).tolist()  # (B*K,)
     steps = history.shape[1]
     live_penalty = length_penalty(steps, alpha)
     results = []
     for b in range(B):
         pool = list(finished[b])
-        if not done[b]:  # cut off at max_length: its live beams compete on the same score
+        if not done[b]:
             for row in range(b * K, (b + 1) * K):
                 raw = live_scores[row]
                 if raw != float("-inf"):
