@@ -34,7 +34,8 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
 from benchmarks import reference_sat  # noqa: E402
 from benchmarks import timing  # noqa: E402
 
-from captioner.core.config import Config, load_config  # noqa: E402
+from captioner.core.config import load_config  # noqa: E402
+from captioner.core.config_sections import Config  # noqa: E402
 from captioner.core.process_settings import loader_workers  # noqa: E402
 from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions  # noqa: E402
 from captioner.data.device_decode import PREPROCESS_CHOICES, device_preprocess  # noqa: E402

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from captioner.core.config import Config, load_config
+from captioner.core.config import load_config
+from captioner.core.config_sections import Config
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import REPO
 
-from captioner.core.config import EncoderConfig
+from captioner.core.config_sections import EncoderConfig
 from captioner.core.errors import ConfigError
 from captioner.data.image_files import load_image
 from captioner.data.image_transform import ImageTransform, normalize_images

@@ -28,7 +28,7 @@ from coco_tree import CocoTree, build_coco_tree
 from helpers import subprocess_env
 import warm_start
 
-from captioner.core.config import DataConfig
+from captioner.core.config_sections import DataConfig
 from captioner.core.errors import DatasetError
 from captioner.data.coco import load_karpathy
 from captioner.data.datasets import load_split

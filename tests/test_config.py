@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from captioner.core.config import Config, config_from_dict, leaf_fields, load_config
+from captioner.core.config import config_from_dict, leaf_fields, load_config
+from captioner.core.config_sections import Config
 from captioner.core.errors import CheckpointError, ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
@@ -205,9 +206,10 @@ def test_a_key_without_a_spec_stops_every_load(monkeypatch: pytest.MonkeyPatch) 
     import dataclasses
 
     from captioner.core import config as config_module
+    from captioner.core.config_sections import DecodeConfig
 
     @dataclasses.dataclass
-    class Decode(config_module.DecodeConfig):
+    class Decode(DecodeConfig):
         new_key: int = 3
 
     @dataclasses.dataclass

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from captioner.apps.cli import main
-from captioner.core.config import Config, load_config
+from captioner.core.config import load_config
+from captioner.core.config_sections import Config
 from captioner.core.config_keys import config_keys
 
 

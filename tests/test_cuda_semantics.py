@@ -207,7 +207,7 @@ def test_scst_step_under_cuda_autocast(decoder: str, baseline: str) -> None:
     """The self-critical step as train_one_epoch runs it on a GPU: sampling, the greedy
     baseline's decoding and the reward inside bf16 autocast, then backward: a finite loss and
     float32 gradients."""
-    from captioner.core.config import ScstConfig
+    from captioner.core.config_sections import ScstConfig
     from captioner.training.scst import SelfCritical
 
     model = tiny_model(f"model.decoder.type={decoder}").train()
@@ -283,7 +283,7 @@ def test_scst_objective_on_fake_cuda(decoder: str, baseline: str, tmp_path) -> N
     """The whole SCST forward (encoding, sampling, the greedy baseline, the CIDEr-D reward from
     the reference table, the loss and the logged values) on CUDA tensors without values: any
     device read raises here, and nothing is mixed in from the host."""
-    from captioner.core.config import ScstConfig
+    from captioner.core.config_sections import ScstConfig
     from captioner.training.scst import SelfCritical
 
     model = tiny_model(f"model.decoder.type={decoder}").train()
@@ -320,7 +320,7 @@ def test_scst_with_the_reward_copied_to_the_host_fails_on_fake_cuda(tmp_path) ->
     `.cpu()` and sent back without blocking) stops the SCST forward where the reward is scored."""
     from test_sync import HostReward
 
-    from captioner.core.config import ScstConfig
+    from captioner.core.config_sections import ScstConfig
     from captioner.training.device_reward import DeviceReward
     from captioner.training.scst import SelfCritical
 

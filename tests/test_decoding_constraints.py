@@ -14,7 +14,7 @@ from helpers import tiny_model
 from PIL import Image
 
 from captioner.apps.cli import main
-from captioner.core.config import DecodeConfig
+from captioner.core.config_sections import DecodeConfig
 from captioner.core.errors import ConfigError
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import Decoder, Memory, State

@@ -13,7 +13,7 @@ from helpers import tiny_model
 from PIL import Image
 
 from captioner.apps.cli import main
-from captioner.core.config import DecodeConfig
+from captioner.core.config_sections import DecodeConfig
 from captioner.core.errors import ConfigError
 from captioner.evaluation.caption_stats import caption_stats, ends_badly, repeats_bigram
 from captioner.evaluation.tutorial_bleu import nltk_corpus_bleu, tokenized

@@ -13,7 +13,8 @@ from helpers import tiny_vocab
 from torchvision.transforms import v2
 
 from captioner.apps.cli import main
-from captioner.core.config import EncoderConfig, load_config
+from captioner.core.config import load_config
+from captioner.core.config_sections import EncoderConfig
 from captioner.core.errors import ConfigError
 from captioner.data.image_transform import IMAGENET
 from captioner.models.backbones import BACKBONES, NORMALIZATIONS, backbone

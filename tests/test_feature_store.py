@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from captioner.apps.cli import main
-from captioner.core.config import Config, load_config
+from captioner.core.config import load_config
+from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, FeatureStoreError
 from captioner.data.batching import image_loader
 from captioner.data.datasets import load_split

@@ -38,7 +38,8 @@ from helpers import TINY_MODEL, require_module, tiny_model
 from PIL import Image
 
 from captioner.apps.cli import main
-from captioner.core.config import Config, DataConfig, config_from_dict, leaf_fields, load_config
+from captioner.core.config import config_from_dict, leaf_fields, load_config
+from captioner.core.config_sections import Config, DataConfig
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.datasets import load_split, split_places
 from captioner.data.model_settings import NAMES_NO_PLACE, PLACE_KEYS, SHARD_KEYS

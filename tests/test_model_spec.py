@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from captioner.core.config import DecoderConfig
+from captioner.core.config_sections import DecoderConfig
 from captioner.core.decoder_configs import DECODER_CONFIGS, LSTMDecoderConfig, TransformerDecoderConfig
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.core.model_spec import SPEC_VERSION, ModelSpec

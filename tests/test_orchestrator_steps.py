@@ -75,7 +75,7 @@ def test_run_setup_steps_pick_the_loader_and_objective_the_stage_needs() -> None
 
 
 def test_scst_logged_means_are_this_ranks_share_of_each_mean() -> None:
-    from captioner.core.config import ScstConfig
+    from captioner.core.config_sections import ScstConfig
     from captioner.models.decoding.sampling import SampledCaptions
     from captioner.training.scst import SelfCritical
 
@@ -93,7 +93,7 @@ def test_scst_logged_means_are_this_ranks_share_of_each_mean() -> None:
 
 
 def test_scst_mean_baseline_is_the_mean_of_the_other_samples() -> None:
-    from captioner.core.config import ScstConfig
+    from captioner.core.config_sections import ScstConfig
     from captioner.training.scst import SelfCritical
 
     model = tiny_model()

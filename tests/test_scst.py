@@ -11,7 +11,7 @@ import torch
 from helpers import TINY_MODEL, tiny_config, tiny_model
 
 from captioner.apps.cli import main
-from captioner.core.config import ScstConfig
+from captioner.core.config_sections import ScstConfig
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.batching import CaptionBatch
 from captioner.models.checkpoint import load_captioner, read_checkpoint

@@ -197,7 +197,7 @@ def scst_steps_syncs(
 ) -> list[list[str]]:
     """Syncs per SCST step (the real CIDEr-D reward table, 5 samples per image) over 4 steps, the
     logged values read every 2nd step; with `on_host` the reward goes through `HostReward`."""
-    from captioner.core.config import ScstConfig
+    from captioner.core.config_sections import ScstConfig
     from captioner.training.device_reward import DeviceReward
     from captioner.training.scst import SelfCritical
 

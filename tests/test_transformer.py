@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import assert_beam_ranks_by_length_penalty, tiny_model
 
-from captioner.core.config import Config
+from captioner.core.config_sections import Config
 from captioner.data.batching import CaptionBatch
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.captioner import Captioner

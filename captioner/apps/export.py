@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from captioner.apps.model_card import model_card, read_scores
-from captioner.core.config import DecodeConfig
+from captioner.core.config_sections import DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
 from captioner.data.image_files import load_image
 from captioner.data.model_settings import StoredSettings, stored_settings

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from captioner.core.config import Config
+from captioner.core.config_sections import Config
 
 # Metric names as COCO's evaluation reports them -> (Hub metric type, display name)
 METRICS = {

@@ -30,7 +30,7 @@ import yaml
 from PIL import Image
 
 from captioner.apps.model_card import CardScores, model_card, read_scores
-from captioner.core.config import Config, DecodeConfig
+from captioner.core.config_sections import Config, DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
 from captioner.core.files import size_text
 from captioner.data.image_files import load_image

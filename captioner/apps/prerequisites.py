@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from captioner.apps.arguments import said_by_an_error
-from captioner.core.config import Config, DataConfig
+from captioner.core.config_sections import Config, DataConfig
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, DatasetError
 
 # The command that fetches each downloadable dataset into data.root.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from captioner.core.config import Config
+from captioner.core.config_sections import Config
 
 
 def train_run(config: Config, resume: bool = False) -> Path:

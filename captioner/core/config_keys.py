@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from captioner.core import config as config_module
-from captioner.core.config import Config
+from captioner.core import config_sections as config_module
+from captioner.core.config_sections import Config
 from captioner.core.decode_schema import DecodeOption
 
 
@@ -35,7 +35,7 @@ class Key:
 
 
 def _comments() -> tuple[dict[int, str], dict[int, str], dict[str, dict[str, int]]]:
-    """core/config.py's comments by line (those after code, and those on a line of their own),
+    """core/config_sections.py's comments by line (those after code, and those on a line of their own),
     and each dataclass's fields with their line numbers."""
     source = inspect.getsource(config_module)
     inline, alone = {}, {}

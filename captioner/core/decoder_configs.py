@@ -1,4 +1,4 @@
-"""Each decoder's own config: the keys of the flat `model.decoder` section (core.config's
+"""Each decoder's own config: the keys of the flat `model.decoder` section (core.config_sections'
 `DecoderConfig`, what users write) that the decoder of that type reads, as one frozen class per
 decoder, by name. A model spec holds one of these; models/decoder_registry.py builds from it."""
 

@@ -15,7 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from captioner.core.config import Config, DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig, config_from_dict
+from captioner.core.config import config_from_dict
+from captioner.core.config_sections import Config, DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig
 from captioner.core.decoder_configs import DecoderSettings
 from captioner.core.errors import ConfigError
 

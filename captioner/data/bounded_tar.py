@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from captioner.core.config import DataConfig
+from captioner.core.config_sections import DataConfig
 from captioner.core.errors import DatasetError
 from captioner.core.files import size_text
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from captioner.core.config import DataConfig
+from captioner.core.config_sections import DataConfig
 from captioner.core.errors import DatasetError
 from captioner.data.coco import (
     coco_split_files,

@@ -28,7 +28,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from captioner.core.config import Config, DataConfig
+from captioner.core.config_sections import Config, DataConfig
 from captioner.core.errors import DatasetError
 from captioner.data.records import ImageRecord
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torchvision.transforms import v2
 
-from captioner.core.config import Config, EncoderConfig
+from captioner.core.config_sections import Config, EncoderConfig
 from captioner.core.errors import ConfigError, FeatureStoreError
 from captioner.core.files import write_atomically
 from captioner.data.image_transform import IMAGENET, ImageTransform, PixelNormalization

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from captioner.core.config import Config
+from captioner.core.config_sections import Config
 from captioner.core.files import size_text
 from captioner.data.records import ImageRecord
 from captioner.data.store_extract import ensure_store

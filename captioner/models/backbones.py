@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from captioner.core.checksums import sha256_of
-from captioner.core.config import EncoderConfig
+from captioner.core.config_sections import EncoderConfig
 from captioner.core.errors import ConfigError, ExportError
 from captioner.data.image_transform import IMAGENET, PixelStatistics
 

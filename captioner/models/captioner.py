@@ -17,7 +17,7 @@ from typing import Any, overload
 import torch
 from torch import nn
 
-from captioner.core.config import Config, DecodeConfig, DecoderConfig, ModelConfig
+from captioner.core.config_sections import Config, DecodeConfig, DecoderConfig, ModelConfig
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, ImageLoadError
 from captioner.core.model_spec import ModelSpec, Preprocessing, SpecialIds
 from captioner.core.process_settings import resolve_device

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from captioner.core.config import Config, apply_overrides, config_from_dict
+from captioner.core.config import apply_overrides, config_from_dict
+from captioner.core.config_sections import Config
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.captioner import Captioner

@@ -1,5 +1,5 @@
 """The decoder registry: each decoder's name, the config class of the keys it reads
-(core.config.DECODER_CONFIGS) and the function that builds it from one.
+(core.decoder_configs.DECODER_CONFIGS) and the function that builds it from one.
 
 A model's whole description is `core.model_spec.ModelSpec` (plain data, so the ONNX runtime
 reads it too); its decoder part is one of these config classes.
@@ -40,7 +40,7 @@ class DecoderEntry:
     build: Callable[..., Decoder]  # (config, vocab_size, feat_dim) -> Decoder
 
 
-# `model.decoder.type` -> its entry; a new decoder adds its config class to core.config.DECODER_CONFIGS and its builder here.
+# `model.decoder.type` -> its entry; a new decoder adds its config class to core.decoder_configs.DECODER_CONFIGS and its builder here.
 DECODERS: dict[str, DecoderEntry] = {
     "lstm": DecoderEntry(LSTMDecoderConfig, build_lstm),
     "transformer": DecoderEntry(TransformerDecoderConfig, build_transformer),

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioner.core.config import EncoderConfig
+from captioner.core.config_sections import EncoderConfig
 from captioner.data.image_transform import PixelNormalization, PixelStatistics
 from captioner.models.backbones import BACKBONES, check_encoder_config, pixel_statistics
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from captioner.core.config import Config, dump_config
+from captioner.core.config import dump_config
+from captioner.core.config_sections import Config
 from captioner.core.errors import CheckpointError, ConfigError, DatasetError
 from captioner.core.files import write_failure
 from captioner.core.process_settings import ThreadGovernor, resolve_device, seed_everything

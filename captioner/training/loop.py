@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from captioner.core.config import Config
+from captioner.core.config_sections import Config
 from captioner.core.errors import DatasetError
 from captioner.core.progress import progress_bar
 from captioner.data.batching import CaptionBatch

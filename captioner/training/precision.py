@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from captioner.core import machine_cache
-from captioner.core.config import Config
+from captioner.core.config_sections import Config
 from captioner.core.process_settings import cpu_has_native_bf16
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner

@@ -16,7 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from captioner.core.config import Config
+from captioner.core.config_sections import Config
 from captioner.core.process_settings import loader_workers
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.device_decode import device_preprocess

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from captioner.core.config import Config
+from captioner.core.config_sections import Config
 from captioner.models.captioner import Captioner
 
 DEFAULT_WARMUP_STEPS = 100  # neither train.warmup_epochs nor train.warmup_steps set

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from captioner.core.config import Config, ScstConfig
+from captioner.core.config_sections import Config, ScstConfig
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import reads_are_free

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from captioner.core.config import Config
+from captioner.core.config_sections import Config
 from captioner.core.process_settings import ENV_THREADS, ThreadGovernor, free_cores, run_threads, threads_are_automatic
 from captioner.models import products
 from captioner.models.captioner import Captioner

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from captioner.core.config import Config
+from captioner.core.config_sections import Config
 from captioner.core.errors import CheckpointError
 from captioner.models.checkpoint import read_checkpoint
 

@@ -13,7 +13,7 @@ from captioner.apps.prerequisites import require_data, writable_folder
 from captioner.core.errors import CaptionerError
 
 if TYPE_CHECKING:
-    from captioner.core.config import DataConfig
+    from captioner.core.config_sections import DataConfig
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -113,7 +113,7 @@ def run_flickr8k(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from captioner.core.config import DataConfig
+    from captioner.core.config_sections import DataConfig
     from captioner.data.coco import load_coco_captions, load_karpathy
     from captioner.data.datasets import load_split
     from captioner.data.flickr8k import load_flickr8k

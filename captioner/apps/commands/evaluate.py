@@ -23,7 +23,7 @@ from captioner.apps.prerequisites import require_data, require_official_metrics,
 from captioner.core.errors import CaptionerError
 
 if TYPE_CHECKING:  # loaded when used: `captioner evaluate --help` needs neither torch nor the metrics
-    from captioner.core.config import DataConfig
+    from captioner.core.config_sections import DataConfig
     from captioner.data.records import ImageRecord
     from captioner.evaluation.evaluate import Evaluation, GroundingRequest, Scores
 

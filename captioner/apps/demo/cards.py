@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from captioner.apps.model_card import DATASETS, METRICS, read_scores
-from captioner.core.config import Config, config_from_dict
+from captioner.core.config import config_from_dict
+from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError
 from captioner.data.datasets import load_split
 from captioner.models.captioner import Captioner

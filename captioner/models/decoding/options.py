@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from captioner.core.config import DecodeConfig
+from captioner.core.config_sections import DecodeConfig
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_names, check_options
 
