@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, config_overrides(args))  # the run fixes its threads itself (training/speed.py)
     require_start(config, args.resume)
     require_data(config.data, ["train", "val"])
-    writable_folder(config.train.out_dir, "train.out_dir")
+    if distributed.is_main_process():  # rank 0 alone writes the run folder; the others never touch it
+        writable_folder(config.train.out_dir, "train.out_dir")
     try:
         best = train_run(config, resume=args.resume)
     except Interrupted as stopped:
