@@ -106,7 +106,7 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
         cwd=ROOT, env=subprocess_env(),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
-    ddp = torchrun(["train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",
+    ddp = torchrun(["train", "-v", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",
                     f"train.out_dir={runs / 'ddp'}", "train.val_every_steps=4"], env, timeout=600)  # also validates mid-epoch
     _, single_err = single_run.communicate(timeout=600)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
