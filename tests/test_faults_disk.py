@@ -273,10 +273,10 @@ def test_an_export_past_the_file_size_limit_keeps_the_previous_export(tmp_path: 
         from captioner.models.captioner import Captioner
         from captioner.models.export_format import write_exported
         first, second = tiny_model(seed=0), tiny_model(seed=1)
-        write_exported("{folder}", first.state_dict(), first.settings(), first.vocab.to_list(), {{}})
+        write_exported("{folder}", first.state_dict(), first.spec(first.grid_size()), {{}})
         limit_file_size(100_000)  # the weights are about 300 KB
         try:
-            write_exported("{folder}", second.state_dict(), second.settings(), second.vocab.to_list(), {{}})
+            write_exported("{folder}", second.state_dict(), second.spec(second.grid_size()), {{}})
         except StorageError as e:
             print("error: " + str(e), file=sys.stderr)
         loaded = Captioner.from_pretrained("{folder}", "cpu")  # checksums verified
