@@ -316,3 +316,19 @@ def test_caption_of_a_missing_photo_is_one_line_in_a_real_process(tmp_path: Path
     done = subprocess.run([sys.executable, "-m", "captioner", "caption", "missing.jpg"], cwd=tmp_path, env=subprocess_env(),
                           capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stderr, done.stdout) == (2, "error: missing.jpg: no such file\n", "")
+
+
+def test_caption_of_an_unreadable_photo_is_one_line_and_a_partial_failure_names_the_model(tmp_path: Path) -> None:
+    """The default model loads for a photo that exists but is not an image: the lines saying which
+    model captions are held back, so the refusal is stderr's one line; beside a good photo they are
+    said, the bad one named and the count last."""
+    (tmp_path / "bad.jpg").write_bytes(b"not an image")
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(tmp_path / "good.png")
+    command = [sys.executable, "-m", "captioner", "caption"]
+    refused = subprocess.run([*command, "bad.jpg"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.splitlines() == ["error: bad.jpg: not an image file; supported formats: JPEG, PNG, WEBP, GIF, BMP, TIFF"]
+    partial = subprocess.run([*command, "good.png", "bad.jpg"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    lines = partial.stderr.splitlines()
+    assert partial.returncode == 1 and partial.stdout.startswith("good.png\t")
+    assert any(line.startswith("captioning with ") for line in lines) and lines[-2:] == [refused.stderr.strip(), "1 of 2 images failed"]

@@ -229,26 +229,31 @@ def load_model(command: str, checkpoint: str | Path, args: argparse.Namespace) -
 
 
 @contextlib.contextmanager
-def said_by_an_error(logger_name: str) -> Iterator[None]:
-    """Hold back the warnings `logger_name` logs while the block runs: logged when it ends well,
-    dropped when it stops with a CaptionerError, whose one line says it again (a user error is one
-    line). Its info lines pass as they come."""
-    logger = logging.getLogger(logger_name)
-    held: list[logging.LogRecord] = []
+def said_by_an_error(*logger_names: str, level: int = logging.WARNING) -> Iterator[None]:
+    """Hold back what the named loggers log at `level` or above while the block runs: logged when
+    it ends well, dropped when it stops with a CaptionerError, whose one line says it again (a user
+    error is one line). Lines below `level` pass as they come."""
+    loggers = [logging.getLogger(name) for name in logger_names]
+    held: list[tuple[logging.Logger, logging.LogRecord]] = []
 
-    def hold(record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        held.append(record)
-        return False
+    def holder(logger: logging.Logger) -> Callable[[logging.LogRecord], bool]:
+        def hold(record: logging.LogRecord) -> bool:
+            if record.levelno < level:
+                return True
+            held.append((logger, record))
+            return False
+        return hold
 
-    logger.addFilter(hold)
+    filters = [(logger, holder(logger)) for logger in loggers]
+    for logger, hold in filters:
+        logger.addFilter(hold)
     try:
         yield
     except CaptionerError:
         held.clear()
         raise
     finally:
-        logger.removeFilter(hold)
-        for record in held:
+        for logger, hold in filters:
+            logger.removeFilter(hold)
+        for logger, record in held:
             logger.handle(record)

@@ -24,6 +24,7 @@ from captioner.apps.arguments import (
     decode_value,
     expand_images,
     load_model,
+    said_by_an_error,
     takes,
 )
 from captioner.apps.prerequisites import writable_folder
@@ -104,20 +105,22 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("heatmaps", "self_attention", "head_grid"):
         if getattr(args, flag):
             writable_folder(getattr(args, flag), f"caption --{flag.replace('_', '-')}")
-    args.checkpoint = args.checkpoint or default_model()
-    model = onnx_model(args) if args.runtime == "onnx" else load_model("caption", args.checkpoint, args)
-    options = decode_options(args)
-    if args.self_attention:
-        if not model.decoder.has_self_attention:
-            raise CaptionerError(f"caption: --self-attention needs a transformer checkpoint; {args.checkpoint} has an "
-                                 f"{model.config.decoder.type} decoder")
-        options["self_attention"] = True
-    if args.sample:
-        options.update(sample=True, **sampling)
-    n_best = args.n_best if args.n_best is not None else (1 if args.sample else None)
-    results = model.caption_files(paths, batch_size=args.batch_size, n_best=n_best, **options)
-    refuse_if_none_captioned(paths, results)
-    check_map_choice(args.layer, args.head, results)
+    # Which model captions (its origin, its scores) is said once some image is captioned: a refusal is its one line.
+    with said_by_an_error("captioner.models.default_model", "captioner.models.model_origin", level=logging.INFO):
+        args.checkpoint = args.checkpoint or default_model()
+        model = onnx_model(args) if args.runtime == "onnx" else load_model("caption", args.checkpoint, args)
+        options = decode_options(args)
+        if args.self_attention:
+            if not model.decoder.has_self_attention:
+                raise CaptionerError(f"caption: --self-attention needs a transformer checkpoint; {args.checkpoint} has an "
+                                     f"{model.config.decoder.type} decoder")
+            options["self_attention"] = True
+        if args.sample:
+            options.update(sample=True, **sampling)
+        n_best = args.n_best if args.n_best is not None else (1 if args.sample else None)
+        results = model.caption_files(paths, batch_size=args.batch_size, n_best=n_best, **options)
+        refuse_if_none_captioned(paths, results)
+        check_map_choice(args.layer, args.head, results)
     request = figure_request(args)
     failures = 0
     rows = []
