@@ -297,10 +297,15 @@ def test_the_command_line_captions_without_torch(exported: Exported, pictures: l
     assert result.returncode == 0, result.stderr
     expected = exported.model.caption(paths, beam_size=2, max_length=9)
     assert result.stdout.splitlines() == [f"{path}\t{c.text}" for path, c in zip(paths, expected)]
-    missing = tmp_path / "missing.png"  # reported in one line; the others are still captioned
+    missing = tmp_path / "missing.png"  # named in one line, the others still captioned, then the count: exit 1
     result = run_without_torch(str(exported.folder), str(paths[0]), str(missing), "--beam", "2", "--max-length", "9")
     assert result.returncode == 1 and result.stdout.splitlines() == [f"{paths[0]}\t{expected[0].text}"]
-    assert result.stderr.count("\n") == 1 and "missing.png: no such file" in result.stderr
+    assert result.stderr.splitlines() == [f"error: {missing}: no such file", "1 of 2 images failed"]
+    result = run_without_torch(str(exported.folder), str(missing), "--beam", "0")  # a mistake: one line, exit 2
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == ["error: python -m captioner.deploy: argument --beam: beam_size must be a whole number in [1, 100]; got 0"]
+    result = run_without_torch(str(exported.folder), str(missing))  # nothing to caption: one line, exit 2
+    assert (result.returncode, result.stderr.splitlines()) == (2, [f"error: {missing}: no such file"])
 
 
 def copy_of(exported: Exported, tmp_path: Path) -> Path:
@@ -320,8 +325,8 @@ def test_a_changed_or_missing_graph_is_one_line_naming_it(exported: Exported, tm
     shutil.copy(exported.folder / "onnx" / "encoder.onnx", folder / "encoder.onnx")
     with pytest.raises(ExportError, match=r"decoder_step\.onnx: missing \(listed in onnx\.json\)"):
         OnnxCaptioner.from_folder(folder)
-    result = run_without_torch(str(folder), "any.png")  # the command line: one line, exit status 1
-    assert result.returncode == 1 and result.stdout == ""
+    result = run_without_torch(str(folder), "any.png")  # the command line: one line, exit status 2
+    assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "decoder_step.onnx: missing" in result.stderr
 
 
@@ -410,7 +415,7 @@ def test_the_runtime_given_an_image_where_the_export_goes_says_how_to_export_one
 
     image = tmp_path / "photo.png"
     Image.new("RGB", (20, 20)).save(image)
-    assert main([str(image), str(image)]) == 1
+    assert main([str(image), str(image)]) == 2
     line = capsys.readouterr().err.strip()
     name = packaged_models()[0].name if packaged_models() else "RUN"
     assert line == (f"error: {image}: a file, where the exported ONNX folder goes first; the runtime ships no model: export one with "

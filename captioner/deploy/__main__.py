@@ -1,7 +1,8 @@
 """`python -m captioner.deploy DIR IMAGE...`: one caption per image from an exported ONNX folder,
-without torch. Prints `IMAGE<TAB>caption`; bad input is one line on stderr and exit status 1: a
-folder that is not a current export or a bad option stops at once, an image that does not load
-is reported and the others are still captioned."""
+without torch. Prints `IMAGE<TAB>caption`. The contract of `captioner`'s commands: a mistake (a folder
+that is not a current export, a bad option, no image that loads) is one line on stderr and exit
+status 2, before any work where it can be; an image that does not load beside others that do is
+named, the others are still captioned, and a count ends stderr with exit status 1."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.errors import CaptionerError, ConfigError
@@ -30,8 +31,15 @@ def option_value(name: str) -> Callable[[str], Any]:
     return parse
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's refusal as one line and exit status 2, without the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m captioner.deploy", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m captioner.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="the folder `captioner export CKPT DIR --onnx` wrote (DIR or DIR/onnx)")
     parser.add_argument("images", nargs="+")
     parser.add_argument("--beam", type=option_value("beam_size"), default=None, metavar="K",
@@ -59,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = no_export_named(args.folder)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
-        return 1
+        return 2
     from captioner.deploy.runtime import OnnxCaptioner
 
     try:
@@ -67,14 +75,19 @@ def main(argv: list[str] | None = None) -> int:
         results = model.caption_files(args.images, beam_size=args.beam, max_length=args.max_length)
     except CaptionerError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    failures = 0
+        return 2
+    failures = [result for result in results if isinstance(result, CaptionerError)]
+    if failures and len(failures) == len(results):  # nothing captioned: the user's mistake, one line
+        many = f"none of the {len(results)} images could be read (e.g. {failures[0]})"
+        print(f"error: {failures[0] if len(results) == 1 else many}", file=sys.stderr)
+        return 2
     for image, result in zip(args.images, results):
         if isinstance(result, CaptionerError):
             print(f"error: {result}", file=sys.stderr)
-            failures += 1
         else:
             print(f"{image}\t{result.text}")
+    if failures:
+        print(f"{len(failures)} of {len(results)} images failed", file=sys.stderr)
     return 1 if failures else 0
 
 
