@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
-from captioner.core.errors import CaptionerError, ConfigError
+from captioner.core.errors import CaptionerError
 
 if TYPE_CHECKING:  # loaded when used: `--help` needs no torch
     from captioner.models.captioner import Captioner
@@ -147,18 +147,8 @@ def port_number(text: str) -> int:
 
 
 def decode_value(name: str) -> Callable[[str], Any]:
-    """argparse type of a decoding option: the text read as the option's kind and judged by
-    core/decode_schema.py, whose refusal becomes argparse's one-line error."""
-    option = DECODE_OPTIONS[name]
-
-    def parse(text: str) -> Any:
-        try:
-            return option.parse(text)
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    parse.__name__ = name  # argparse's "invalid <type> value" names it
-    return parse
+    """argparse type of a decoding option, judged by core/decode_schema.py."""
+    return DECODE_OPTIONS[name].argument_type()
 
 
 def takes(name: str) -> str:

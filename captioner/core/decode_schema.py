@@ -10,10 +10,11 @@ given ("beam_size must be a whole number in [1, 100]; got 0"), behind the name o
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import math
 import numbers
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,19 @@ class DecodeOption:
         if not self.allows(value):
             raise ConfigError(self.refusal(value))
         return self.converted(value)
+
+    def argument_type(self) -> Callable[[str], Any]:
+        """The option as an argparse `type`: `parse`, whose refusal becomes argparse's one-line
+        error. Every command line that takes a decoding option reads it through this."""
+
+        def parse(text: str) -> Any:
+            try:
+                return self.parse(text)
+            except ConfigError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+
+        parse.__name__ = self.name  # argparse's "invalid <type> value" names it
+        return parse
 
     def converted(self, value: Any) -> Any:
         """An allowed value as the option's type: 3.0 -> 3 for whole numbers."""

@@ -8,27 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
-from captioner.core.errors import CaptionerError, ConfigError
-
-
-def option_value(name: str) -> Callable[[str], Any]:
-    """argparse type of a decoding option: the text parsed and judged by core/decode_schema.py,
-    whose one refusal becomes argparse's one-line error (as `captioner caption` says it)."""
-    option = DECODE_OPTIONS[name]
-
-    def parse(text: str) -> Any:
-        try:
-            return option.parse(text)
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    parse.__name__ = name  # argparse's "invalid <type> value" names it
-    return parse
+from captioner.core.errors import CaptionerError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -42,9 +26,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m captioner.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="the folder `captioner export CKPT DIR --onnx` wrote (DIR or DIR/onnx)")
     parser.add_argument("images", nargs="+")
-    parser.add_argument("--beam", type=option_value("beam_size"), default=None, metavar="K",
+    parser.add_argument("--beam", type=DECODE_OPTIONS["beam_size"].argument_type(), default=None, metavar="K",
                         help=f"beam size, {DECODE_OPTIONS['beam_size'].describe()} (1: greedy; default: the export's)")
-    parser.add_argument("--max-length", type=option_value("max_length"), default=None, metavar="N",
+    parser.add_argument("--max-length", type=DECODE_OPTIONS["max_length"].argument_type(), default=None, metavar="N",
                         help=f"most words per caption, {DECODE_OPTIONS['max_length'].describe()} (default: the export's)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime threads per operator (default: the cores available)")
     return parser.parse_args(argv)
