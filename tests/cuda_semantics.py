@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-import traceback
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +53,8 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
+
+from package_frames import package_caller
 
 M = TypeVar("M", bound=torch.nn.Module)
 AUTOCAST_DTYPE = torch.bfloat16  # what train.py's autocast asks for on CUDA
@@ -307,9 +308,8 @@ def fake_cuda(dtype: torch.dtype = AUTOCAST_DTYPE, autocast: bool = True, values
 
 
 def _caller() -> str:
-    """file:line of the innermost project frame (captioner/) on the stack."""
-    frame = next((f for f in reversed(traceback.extract_stack()) if "/captioner/" in f.filename), None)
-    return f"{frame.filename.rsplit('/', 2)[-1]}:{frame.lineno}" if frame else "?"
+    """file:line of the innermost frame of the imported package on the stack."""
+    return package_caller() or "?"
 
 
 def to_fake_cuda(module: M, mode: FakeTensorMode) -> M:

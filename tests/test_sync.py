@@ -20,6 +20,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from helpers import WORDS, tiny_config, tiny_model
+from package_frames import package_caller
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.data import DataLoader
@@ -56,8 +57,8 @@ class DeviceSimulation(TorchDispatchMode):
         return isinstance(t, torch.Tensor) and t in self.on_device
 
     def record(self, what: str) -> None:
-        caller = next((f for f in reversed(traceback.extract_stack()[:-2]) if "/captioner/" in f.filename), None)
-        self.syncs.append(f"{what} at {caller.filename.rsplit('/', 2)[-1]}:{caller.lineno}" if caller else what)
+        caller = package_caller(traceback.extract_stack()[:-2])
+        self.syncs.append(f"{what} at {caller}" if caller else what)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
