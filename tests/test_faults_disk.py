@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import shlex
 import sys
 import textwrap
 from functools import cache
@@ -40,7 +41,7 @@ def on_small_disk(mount: Path, size_kb: int, script: str, timeout: float = 600) 
     if not can_mount_tmpfs():
         require(False, "cannot mount a tmpfs in a user namespace here (unshare -rm)")
     mount.mkdir(parents=True, exist_ok=True)
-    wrapper = f'mount -t tmpfs -o size={size_kb}k tmpfs "{mount}" || exit 99\n{script}'
+    wrapper = f"mount -t tmpfs -o size={size_kb}k tmpfs {shlex.quote(str(mount))} || exit 99\n{script}"
     return subprocess.run(["unshare", "-rm", "sh", "-c", wrapper], cwd=ROOT, env=subprocess_env(PYTHONPATH=f"{ROOT}:{TESTS}"),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -70,7 +71,7 @@ def python(tmp_path: Path, code: str, disk: Path | None = None, size_kb: int = 0
     script = tmp_path / "fault_script.py"
     script.write_text(PRELUDE + textwrap.dedent(code))
     if disk is not None:
-        return on_small_disk(disk, size_kb, f"{sys.executable} {script}")
+        return on_small_disk(disk, size_kb, shlex.join([sys.executable, str(script)]))
     return warm_start.run([sys.executable, str(script)], cwd=ROOT, env=subprocess_env(PYTHONPATH=f"{ROOT}:{TESTS}"),
                           capture_output=True, text=True, timeout=600)
 
@@ -138,8 +139,8 @@ def test_training_that_fills_the_disk_stops_in_one_line_with_its_checkpoints_who
     train = [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "train.checkpoint_every_steps=0",
              f"data.root={shapes}", f"train.out_dir={out}"]
     check = ("import json, sys; from captioner.models.checkpoint_format import read_checkpoint; "
-             f"print(json.dumps({{n: read_checkpoint('{out}/' + n)['train_state']['epoch'] for n in ('best.pt', 'last.pt')}}))")
-    script = f"{' '.join(train)}; echo \"exit $?\"; ls {out}; python -c \"{check}\""
+             f"print(json.dumps({{n: read_checkpoint({str(out)!r} + '/' + n)['train_state']['epoch'] for n in ('best.pt', 'last.pt')}}))")
+    script = f"{shlex.join(train)}; echo \"exit $?\"; ls {shlex.quote(str(out))}; {shlex.join([sys.executable, '-c', check])}"
     result = on_small_disk(out, 3000, script)
     assert "exit 2" in result.stdout, result.stdout + result.stderr[-3000:]
     assert "the previous" in one_error_line(result.stderr, str(out))  # best.pt or last.pt, whichever epoch 2 wrote first

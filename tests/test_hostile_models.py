@@ -24,6 +24,7 @@ import logging
 import lzma
 import os
 import shutil
+import shlex
 import sys
 import tarfile
 import threading
@@ -171,7 +172,7 @@ def hostile_values(world: World, kind: str, key: str) -> str:
     """What a stranger's config writes in data.<key>, by kind."""
     target = world.outside / "shards" / "{00000..00001}.tar" if key in SHARD_KEYS else world.outside
     return {
-        "command": f"pipe:touch {world.marker} #00000.tar",
+        "command": f"pipe:touch {shlex.quote(str(world.marker))} #00000.tar",
         "url": f"{world.server}/shards/{{00000..00001}}.tar" if key in SHARD_KEYS else f"{world.server}/",
         "file-url": f"file://{target}",
         "absolute": str(target),
@@ -310,10 +311,10 @@ def test_a_checkpoint_in_its_own_run_folder_reads_its_local_places_but_never_a_c
     world = in_work
     run = world.work.parent / "own_run"
     config = load_config(None, [*TINY, f"data.root={world.outside}", f"train.out_dir={run}"])
-    config.data.test_shards = f"pipe:touch {world.marker} #00000.tar"
+    config.data.test_shards = f"pipe:touch {shlex.quote(str(world.marker))} #00000.tar"
     save_checkpoint(run / "best.pt", tiny_model(), config)
     settings = model_settings(run)
-    assert settings.set_aside == {"data.test_shards": f"pipe:touch {world.marker} #00000.tar"}
+    assert settings.set_aside == {"data.test_shards": f"pipe:touch {shlex.quote(str(world.marker))} #00000.tar"}
     assert len(settings.load_split("test")) == 2  # the shapes world outside: the user's own
     shutil.copytree(run, world.work / "copied")
     copied = model_settings(world.work / "copied")
@@ -331,7 +332,7 @@ def test_the_users_own_command_line_keeps_every_feature(in_work: World, hub_cach
     world = in_work
     made = sources(world, hub_cache, "webdataset", "command")
     shard = world.outside / "shards" / "00000.tar"
-    mine = f"data.test_shards=pipe:cat {shard} #00000.tar"
+    mine = f"data.test_shards=pipe:cat {shlex.quote(str(shard))} #00000.tar"
     assert main(["evaluate", str(made.export), mine, "--split", "test", "--fast", "--out", "eval", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["images"] == 3
     settings = model_settings(made.checkpoint, [mine])
@@ -436,7 +437,7 @@ def endless_command(member_bytes: int) -> Callable[[Path], str]:
     """A pipe: command that never stops writing its shard: the user's own, so it runs."""
     def make(folder: Path) -> str:
         (folder / "endless.py").write_text(ENDLESS)
-        return f"pipe:{sys.executable} {folder / 'endless.py'} {member_bytes} 00000.tar"
+        return f"pipe:{shlex.join([sys.executable, str(folder / 'endless.py'), str(member_bytes)])} 00000.tar"
     return make
 
 
@@ -523,7 +524,7 @@ def test_a_shard_index_is_read_within_its_limit(world: World, tmp_path: Path) ->
     served = world.outside / "big_index"
     shutil.copytree(tmp_path, served)
     (tmp_path / "spaces.py").write_text("import sys\nwhile True:\n    sys.stdout.write(' ' * 65536)\n")
-    endless = f"pipe:{sys.executable} {tmp_path / 'spaces.py'} 00000.tar"  # asked for shards.json too, it writes for ever
+    endless = f"pipe:{shlex.join([sys.executable, str(tmp_path / 'spaces.py')])} 00000.tar"  # asked for shards.json too, it writes for ever
     for pattern in (str(tmp_path / "00000.tar"), f"{world.server}/big_index/00000.tar", endless):
         config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar", f"data.val_shards={pattern}",
                                     "data.max_index_bytes=1000000"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -95,7 +96,7 @@ def run_quickstart(tmp_path: Path, *args: str, java: bool) -> tuple[subprocess.C
     (bin_dir / "captioner").chmod(0o755)
     for tool in ("sed", "dirname"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # this interpreter, captioner importable
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')  # this interpreter, captioner importable
     (bin_dir / "python").chmod(0o755)
     if java:
         (bin_dir / "java").symlink_to("/bin/true")
@@ -144,7 +145,7 @@ def test_flickr8k_full_records_the_step_a_signal_ends(tmp_path: Path, signal_num
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(FLICKR8K_FULL, repo / "scripts")
     bin_dir.mkdir()
-    (bin_dir / "captioner").write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")  # a training run that takes its time
+    (bin_dir / "captioner").write_text(f"#!/bin/sh\ntouch {shlex.quote(str(started))}\nexec sleep 60\n")  # a training run that takes its time
     (bin_dir / "captioner").chmod(0o755)
     (repo / ".venv" / "bin").mkdir(parents=True)
     (repo / ".venv" / "bin" / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')

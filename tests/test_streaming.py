@@ -209,7 +209,7 @@ def test_broken_samples_are_skipped_and_counted_and_too_many_stop_the_run_in_one
 def test_counts_come_from_the_index_or_img2dataset_stats_and_errors_take_one_line(tmp_path: Path) -> None:
     make_shards(tmp_path / "wids", [3, 4])
     assert open_shard_set(str(tmp_path / "wids" / "{00000..00001}.tar"), "x").counts == (3, 4)
-    piped = open_shard_set(f"pipe:cat {tmp_path / 'wids' / '00001.tar'}", "x")
+    piped = open_shard_set(f"pipe:cat {shlex.quote(str(tmp_path / 'wids' / '00001.tar'))}", "x")
     assert piped.counts == (4,)  # the index read by the same command
     assert [s["__key__"] for s in read_samples(piped.urls)] == [f"001{k:04d}" for k in range(4)]
 
