@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -105,12 +106,24 @@ def test_most_entries_kept_reads_the_whole_table(table: Path, tmp_path: Path, mo
 
 
 @pytest.mark.usefixtures("java")
-def test_meteor_with_the_cut_table_scores_real_captions_as_with_the_whole_one(shared_data: Path, tmp_path: Path) -> None:
+def test_meteor_with_the_cut_table_scores_real_captions_as_with_the_whole_one(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each of 150 Flickr8k test images' first human caption against its other four: the cut
-    table (a few thousand entries) gives every image's METEOR and the corpus's to the last bit."""
+    table (a few thousand entries) gives every image's METEOR and the corpus's to the last bit.
+    METEOR runs from a folder with a space in its name, as it does in a checkout under one (the
+    jar's own lookup of its whole table fails there)."""
     from captioner.data.flickr8k import read_token_file
+    from captioner.evaluation import meteor as meteor_module
     from captioner.evaluation.meteor import MeteorPool, score_line
     from captioner.evaluation.metrics import ptb_token_lines
+
+    spaced = tmp_path / "a b" / "meteor"
+    spaced.mkdir(parents=True)
+    shutil.copy(paraphrases.meteor_dir() / "meteor-1.5.jar", spaced)  # 6 MB: a link would be resolved by Java
+    (spaced / "data").symlink_to(paraphrases.meteor_dir() / "data")
+    monkeypatch.setattr(paraphrases, "meteor_dir", lambda: spaced)
+    monkeypatch.setattr(meteor_module, "meteor_dir", lambda: spaced)
 
     captions = read_token_file(shared_data / "flickr8k" / "Flickr8k.token.txt")
     names = sorted(captions)[:150]

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from captioner.evaluation.java import JavaToolError, LineTool, exchange
-from captioner.evaluation.paraphrases import meteor_dir
+from captioner.evaluation.paraphrases import full_table, meteor_dir
 
 # Below this many images per process, starting another JVM (its paraphrase table takes about 6 s of
 # a core to load) costs more than it saves.
@@ -69,15 +69,15 @@ def score_line(hypothesis: str, references: Sequence[str]) -> str:
 class MeteorPool:
     """`processes` METEOR processes, started at once, each reading the paraphrase table
     `paraphrases` (one cut to an evaluation's words, `paraphrases.cut_table`), else METEOR's whole
-    English one. A context manager: leaving it kills and reaps them."""
+    English one, always named by its path: METEOR finds its own table through the jar's URL, which a
+    folder with a space in its name breaks. A context manager: leaving it kills and reaps them."""
 
     def __init__(self, processes: int, paraphrases: Path | None = None) -> None:
         if processes < 1:
             raise ValueError(f"METEOR needs at least one process, got {processes}")
         cwd = meteor_dir()
-        args = [*JVM_OPTIONS, "-jar", "-Xmx2G", "meteor-1.5.jar", "-", "-", "-stdio", "-l", "en", "-norm"]
-        if paraphrases is not None:  # a table cut to the evaluation's words (paraphrases.cut_table)
-            args += ["-a", str(paraphrases)]
+        args = [*JVM_OPTIONS, "-jar", "-Xmx2G", "meteor-1.5.jar", "-", "-", "-stdio", "-l", "en", "-norm",
+                "-a", str(paraphrases or full_table())]
         self.tools: list[LineTool] = []
         try:
             for k in range(processes):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import tempfile
 import threading
 import time
@@ -31,7 +32,7 @@ from captioner.evaluation.java import (
 )
 from captioner.evaluation.meteor import MeteorPool, score_line
 from captioner.evaluation.meteor import default_processes as default_meteor_processes
-from captioner.evaluation.paraphrases import cut_table
+from captioner.evaluation.paraphrases import cut_table, full_table, meteor_dir
 from captioner.evaluation.results_files import Predictions, References, load_references, load_results, scored_ids
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu, bleu_parts, cider_d, rouge_l
 from captioner.evaluation.spice_models import ensure_spice_models
@@ -249,7 +250,6 @@ def pycocoevalcap_scores(
     the "before" of `python -m benchmarks metrics`. Returns overall, per-image and seconds per stage."""
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
-    from pycocoevalcap.meteor.meteor import Meteor
     from pycocoevalcap.rouge.rouge import Rouge
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
@@ -268,7 +268,7 @@ def pycocoevalcap_scores(
         meteor = None
         try:
             for name, keys, make in (
-                ("BLEU", BLEU_KEYS, lambda: Bleu(4)), ("METEOR", ("METEOR",), Meteor),
+                ("BLEU", BLEU_KEYS, lambda: Bleu(4)), ("METEOR", ("METEOR",), _pycocoevalcap_meteor),
                 ("ROUGE-L", ("ROUGE_L",), Rouge), ("CIDEr-D", ("CIDEr",), Cider),
             ):
                 start = time.perf_counter()
@@ -289,6 +289,20 @@ def pycocoevalcap_scores(
                     meteor.meteor_p.stderr.close()
     seconds["total"] = time.perf_counter() - start_all
     return overall, per_image, seconds
+
+
+def _pycocoevalcap_meteor() -> Any:
+    """pycocoevalcap's `Meteor`, its scoring untouched, started with its paraphrase table named by
+    path, as `MeteorPool` starts METEOR: the jar's own lookup breaks in a folder with a space."""
+    from pycocoevalcap.meteor import meteor
+
+    scorer = meteor.Meteor.__new__(meteor.Meteor)
+    scorer.meteor_cmd = ["java", "-jar", "-Xmx2G", meteor.METEOR_JAR, "-", "-", "-stdio", "-l", "en", "-norm",
+                         "-a", str(full_table())]
+    scorer.meteor_p = subprocess.Popen(scorer.meteor_cmd, cwd=meteor_dir(), stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    scorer.lock = threading.Lock()
+    return scorer
 
 
 def fast_scores(references: Mapping[int, list[str]], predictions: Mapping[int, str]) -> dict[str, float]:
