@@ -22,7 +22,7 @@ from captioner.data.store_extract import ensure_store, extract
 from captioner.data.store_reader import open_store
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.checkpoint_format import FORMAT_VERSION, read_checkpoint
-from tests.test_feature_store import frozen_model, shapes_config
+from test_feature_store import frozen_model, shapes_config
 
 
 @pytest.fixture

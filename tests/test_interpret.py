@@ -11,7 +11,7 @@ from captioner.evaluation.interpret import (
     grad_cam,
     pointing_hits,
 )
-from tests.helpers import tiny_model
+from helpers import tiny_model
 
 torch.set_num_threads(1)
 

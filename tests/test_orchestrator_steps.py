@@ -15,7 +15,7 @@ from captioner.core.errors import CaptionerError
 from captioner.data.records import ImageRecord
 from captioner.data.store_extract import encode_block, new_manifest, record_failures
 from captioner.training.distributed import Distributed
-from tests.helpers import tiny_config, tiny_model, tiny_vocab
+from helpers import tiny_config, tiny_model, tiny_vocab
 
 
 class Halving:
