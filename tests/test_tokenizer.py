@@ -9,6 +9,9 @@ measured by `python -m benchmarks tokenizer` (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from captioner.evaluation.metrics import ptb_tokenize
@@ -78,6 +81,24 @@ def test_tokens_equal_the_java_ptb_tokenizer(caption: str, java: str) -> None:
 
 @pytest.mark.usefixtures("java")  # skips locally without Java, fails under CI=true (conftest.py)
 def test_stored_expectations_are_what_java_gives_today() -> None:
+    captions = [caption for caption, _ in EXPECTED]
+    assert [" ".join(tokens) for tokens in ptb_tokenize(captions)] == [java for _, java in EXPECTED]
+
+
+@pytest.mark.usefixtures("java")
+def test_java_tokenizes_the_same_under_lang_c_from_a_folder_named_beyond_ascii(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Java reads its class path and files in the locale's charset: under LANG=C the jar in a venv
+    under 'ä ö/' was not found, and 'café' would be mangled. Java runs in a UTF-8 locale there."""
+    from pycocoevalcap.tokenizer import ptbtokenizer
+
+    folder = tmp_path / "ä ö"
+    folder.mkdir()
+    shutil.copy(Path(ptbtokenizer.__file__).parent / ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR, folder)
+    monkeypatch.setattr(ptbtokenizer, "__file__", str(folder / "ptbtokenizer.py"))
+    for name in ("LC_ALL", "LC_CTYPE", "LANG"):
+        monkeypatch.setenv(name, "C")
     captions = [caption for caption, _ in EXPECTED]
     assert [" ".join(tokens) for tokens in ptb_tokenize(captions)] == [java for _, java in EXPECTED]
 

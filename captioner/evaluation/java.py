@@ -90,11 +90,22 @@ def java_executable() -> str:
     return java
 
 
+def java_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (else this process's) for a Java child, in a UTF-8 locale where it names none: Java
+    reads its class path, its working folder and its files in the locale's charset, so under
+    LANG=C a folder named beyond ASCII is not found and such letters in captions are mangled."""
+    env = dict(os.environ if env is None else env)
+    current = env.get("LC_ALL") or env.get("LC_CTYPE") or env.get("LANG") or ""
+    if not re.search(r"utf-?8", current, re.IGNORECASE):
+        env["LC_ALL"] = "C.UTF-8"
+    return env
+
+
 def check_java() -> str:
     """Check that `java` is on PATH, runs, and is version 8 or newer; return its version line."""
     java = java_executable()
     try:
-        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60, env=java_environment())
     except (OSError, subprocess.TimeoutExpired) as e:
         raise CaptionerError(
             f"Java at {java} does not run ({e}); {JAVA_NEEDED} ({JAVA_INSTALL})"
@@ -129,7 +140,7 @@ def run_java(name: str, args: Sequence[str], cwd: str | os.PathLike[str], lines:
     try:
         proc = subprocess.run(
             [java_executable(), *args], cwd=cwd, capture_output=True, encoding="utf-8", errors="replace", timeout=timeout,
-            input=stdin,
+            input=stdin, env=java_environment(),
         )
     except subprocess.TimeoutExpired:  # subprocess.run has killed and reaped it
         raise JavaToolError(f"{name} failed: the Java process did not finish within {timeout:.0f} s and was stopped") from None
@@ -152,7 +163,7 @@ class LineTool:
         try:
             self.proc = subprocess.Popen(
                 [java_executable(), *args], cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=self._stderr, bufsize=0,
+                stderr=self._stderr, bufsize=0, env=java_environment(),
             )
         except BaseException:
             self._stderr.close()
@@ -272,6 +283,7 @@ class _LoggedPopen(subprocess.Popen):  # type: ignore[type-arg]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("stderr", subprocess.PIPE)
+        kwargs["env"] = java_environment(kwargs.get("env"))
         super().__init__(*args, **kwargs)
 
     def communicate(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -283,7 +295,7 @@ class _LoggedPopen(subprocess.Popen):  # type: ignore[type-arg]
 def _spice_check_call(cmd: list[str], **kwargs: Any) -> int:
     """Stand-in for `subprocess.check_call` in pycocoevalcap's SPICE wrapper: same command, with
     its output captured into the log, the Java 9+ options, and a one-line error if it fails."""
-    env = dict(kwargs.pop("env", None) or os.environ)
+    env = java_environment(kwargs.pop("env", None))
     env["JDK_JAVA_OPTIONS"] = f"{env.get('JDK_JAVA_OPTIONS', '')} {_SPICE_JAVA_OPTIONS}".strip()
     cwd = Path(kwargs.get("cwd") or ".")
 

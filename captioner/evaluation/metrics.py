@@ -26,6 +26,7 @@ from typing import Any
 from captioner.evaluation.java import (
     JavaToolError,
     check_java,
+    java_environment,
     one_line,
     quiet_pycocoevalcap,
     run_java,
@@ -300,7 +301,7 @@ def _pycocoevalcap_meteor() -> Any:
     scorer.meteor_cmd = ["java", "-jar", "-Xmx2G", meteor.METEOR_JAR, "-", "-", "-stdio", "-l", "en", "-norm",
                          "-a", str(full_table())]
     scorer.meteor_p = subprocess.Popen(scorer.meteor_cmd, cwd=meteor_dir(), stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=java_environment())
     scorer.lock = threading.Lock()
     return scorer
 
