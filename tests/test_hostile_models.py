@@ -39,6 +39,7 @@ from PIL import Image
 
 from captioner.apps.cli import main
 from captioner.core.config import config_from_dict, leaf_fields, load_config
+from captioner.core.checksums import sha256_of
 from captioner.core.config_sections import Config, DataConfig
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.datasets import load_split, split_places
@@ -578,3 +579,91 @@ def test_hf_image_paths_are_read_inside_the_dataset_folder_only(world: World, tm
     assert image_data(by_row[2]) == secret.read_bytes()
     with pytest.raises(ImageLoadError, match="outside the dataset's folder"):
         image_data(by_row[1])  # the dataset's own folder is no longer the one named
+
+
+# --- 4. every file of data a model brings is read within limits ------------------------------------
+
+
+def oversized_json(limit: int) -> str:
+    """Valid JSON a mebibyte over `limit`: one long string."""
+    return json.dumps("a" * (limit + MiB))
+
+
+def nested_json(levels: int = 100_000) -> str:
+    """Valid JSON nested `levels` deep (about 200 KB for 100,000): the parser recurses once a level."""
+    return "[" * levels + "]" * levels
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("limits") / "export"
+    tiny_model().save_pretrained(folder, training_config=load_config(None, TINY).to_dict())
+    return folder
+
+
+def hostile_copy(tiny_export: Path, tmp_path: Path, name: str, text: str) -> Path:
+    """A copy of the export with `name` replaced by `text`; its checksum recorded as a stranger would."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_export, folder)
+    (folder / name).write_text(text, encoding="utf-8")
+    if name != "config.json":
+        config = json.loads((folder / "config.json").read_text())
+        config["files"][name] = {"sha256": sha256_of(folder / name), "bytes": (folder / name).stat().st_size}
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+LIMITS = {"oversized": ("16.8 MB", "may take; refused"), "nested": ("32 levels", "may have; refused")}
+
+
+@pytest.mark.parametrize("name", ["config.json", "vocab.json"])
+@pytest.mark.parametrize("kind", list(LIMITS))
+def test_an_exports_json_past_a_limit_is_one_line_naming_it_and_the_limit(
+    tiny_export: Path, tmp_path: Path, name: str, kind: str, capsys: pytest.CaptureFixture,
+) -> None:
+    from captioner.core.bounded_files import MODEL_JSON_BYTES
+
+    folder = hostile_copy(tiny_export, tmp_path, name, oversized_json(MODEL_JSON_BYTES) if kind == "oversized" else nested_json())
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "photo.png")
+    tracemalloc.start()
+    try:
+        code = main(["caption", str(folder), str(tmp_path / "photo.png"), "--device", "cpu"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {folder / name}: ") and all(fragment in err[0] for fragment in LIMITS[kind]), err[0]
+    assert peak < 2 * MODEL_JSON_BYTES, f"{peak / MiB:.1f} MiB"  # never the whole file, whatever its size
+
+
+@pytest.mark.parametrize("kind", list(LIMITS))
+def test_an_onnx_spec_past_a_limit_is_one_line(tmp_path: Path, kind: str) -> None:
+    require_module("onnxruntime", "the ONNX runtime needs onnxruntime (pip install captioner[onnx])")
+    from captioner.core.bounded_files import MODEL_JSON_BYTES
+    from captioner.core.errors import ExportError
+    from captioner.deploy.bundle import load_bundle
+
+    (tmp_path / "onnx.json").write_text(oversized_json(MODEL_JSON_BYTES) if kind == "oversized" else nested_json())
+    with pytest.raises(ExportError) as raised:
+        load_bundle(tmp_path)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{tmp_path / 'onnx.json'}: ") and all(f in message for f in LIMITS[kind])
+
+
+@pytest.mark.parametrize("kind", list(LIMITS))
+def test_scores_beside_a_checkpoint_past_a_limit_are_left_out_in_one_line(tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    from captioner.apps.export import export_model
+    from captioner.core.bounded_files import SCORES_JSON_BYTES
+    from captioner.models.model_origin import checkpoint_origin
+
+    save_checkpoint(tmp_path / "run" / "best.pt", tiny_model(), load_config(None, TINY))
+    scores = tmp_path / "run" / "scores_test.json"
+    scores.write_text(oversized_json(SCORES_JSON_BYTES) if kind == "oversized" else nested_json())
+    limit = "33.6 MB" if kind == "oversized" else "32 levels"
+    with caplog.at_level(logging.WARNING):
+        export_model(tmp_path / "run", tmp_path / "export", image=None)
+        origin = checkpoint_origin("run", load_config(None, TINY).to_dict(), tmp_path / "run" / "best.pt")
+    warned = [r.getMessage() for r in caplog.records if str(scores) in r.getMessage()]
+    assert len(warned) == 2 and all(limit in line and "its scores are left out" in line for line in warned), warned
+    assert origin.test_scores == {} and "No scores were recorded" in (tmp_path / "export" / "README.md").read_text()

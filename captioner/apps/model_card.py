@@ -9,13 +9,17 @@ checkpoint. A score that was never measured is said to be missing, not filled in
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from captioner.core.bounded_files import SCORES_JSON_BYTES, read_json
 from captioner.core.config_sections import Config
+from captioner.core.errors import CaptionerError
+
+log = logging.getLogger(__name__)
 
 # Metric names as COCO's evaluation reports them -> (Hub metric type, display name)
 METRICS = {
@@ -51,10 +55,7 @@ def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardSco
         scores.validation_epoch = int(row["epoch"]) if "epoch" in row else None
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
     for path in sorted(folder.glob("scores_*.json")):
-        try:
-            document = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue  # not ours or damaged: the card says what it could read
+        document = read_scores_file(path)
         if isinstance(document, dict) and isinstance(document.get("overall"), dict):
             split = path.stem[len("scores_"):]
             overall = {k: float(v) for k, v in document["overall"].items() if _finite(v)}
@@ -63,6 +64,18 @@ def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardSco
                 "beam_size": document.get("beam_size"), "metrics": document.get("metrics", "official COCO caption metrics"),
             }
     return scores
+
+
+def read_scores_file(path: Path) -> Any:
+    """A scores_<split>.json, read within its limits (`core/bounded_files.py`); None, with one
+    warning naming it, when it cannot be read (damaged, or past a limit): the card says what it could read."""
+    try:
+        return read_json(path, "scores file", CaptionerError, max_bytes=SCORES_JSON_BYTES)
+    except OSError as e:
+        log.warning("%s: cannot be read (%s); its scores are left out", path, e.strerror or e)
+    except CaptionerError as e:
+        log.warning("%s; its scores are left out", e)
+    return None
 
 
 def _finite(value: Any) -> bool:

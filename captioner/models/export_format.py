@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from captioner.core.bounded_files import read_json
 from captioner.core.checksums import sha256_of as sha256
 from captioner.core.checksums import REEXPORT, verify_file
 from captioner.core.errors import CheckpointError, ConfigError, ExportError
@@ -103,7 +104,7 @@ def write_exported(
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
     tensors = {name: value.detach().to("cpu").contiguous().clone() for name, value in state_dict.items()}
     write_atomically(folder / WEIGHTS, readable_by_all(lambda tmp: save_safetensors(tensors, tmp)))
-    write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(list(spec.vocab), ensure_ascii=False)))
+    write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(list(spec.vocab), ensure_ascii=False), encoding="utf-8"))
     config = {
         "library_name": FORMAT,
         "format": FORMAT,
@@ -116,19 +117,18 @@ def write_exported(
             for name in dict.fromkeys((WEIGHTS, VOCAB, *checksummed))
         },
     }
-    write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1)))
+    write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1), encoding="utf-8"))
     return [folder / WEIGHTS, folder / VOCAB, folder / CONFIG]
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    """config.json of an exported folder, checked for its format and version (one line if not)."""
+    """config.json of an exported folder, read within its limits (`core/bounded_files.py`) and
+    checked for its format and version (one line if not)."""
     path = Path(folder) / CONFIG
     try:
-        config = json.loads(path.read_text())
+        config = read_json(path, f"model's {CONFIG}", ExportError)  # within a size cap and a depth: a model's file is data
     except FileNotFoundError:
         raise ExportError(f"{path}: missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ExportError(f"{path}: not valid JSON ({str(e)[:120]})") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         found = config.get("format") if isinstance(config, dict) else type(config).__name__
         raise ExportError(f"{path}: not a captioner export (format {found!r}, expected {FORMAT!r})")
@@ -178,9 +178,9 @@ def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
     from safetensors.torch import load_file
 
     try:
-        vocab = json.loads((folder / VOCAB).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ExportError(f"{folder / VOCAB}: not valid JSON ({str(e)[:120]})") from None
+        vocab = read_json(folder / VOCAB, f"model's {VOCAB}", ExportError)
+    except FileNotFoundError:  # gone since its checksum was verified
+        raise ExportError(f"{folder / VOCAB}: missing") from None
     if not isinstance(vocab, list) or not all(isinstance(w, str) for w in vocab):
         raise ExportError(f"{folder / VOCAB}: expected a list of words")
     size = config["spec"].get("vocab_size") if isinstance(config.get("spec"), dict) else config.get("vocab_size")
