@@ -2,7 +2,9 @@
 and Hub repositories whose stored configs name commands, URLs and places outside the working folder
 in every data key that could reach I/O, sent through `captioner evaluate`, the demo's examples and
 `captioner export` (its card and figure); shards that are bombs, huge, misnamed or endless, and a
-Hugging Face dataset whose image paths leave its folder, read as the user names them.
+Hugging Face dataset whose image paths leave its folder, read as the user names them; and every
+file of data a model brings (config.json, vocab.json, onnx.json, the scores beside a checkpoint,
+its card's YAML) oversized and nested 100,000 deep, read within limits.
 
 Each ends in one line (or, where a command can go without the data, in a log line) with nothing
 run, nothing read outside the working folder, no connection made, and memory bounded. What the
@@ -220,11 +222,19 @@ def sources(world: World, hub_cache: Path, dataset: str, kind: str) -> Sources:
         model = tiny_model()
         save_checkpoint(checkpoint, model, config)
         model.save_pretrained(folder / "export", training_config=config.to_dict())
+        as_stored(folder / "export", config)
         snapshot = hub_cache / f"models--someone--{name}" / "snapshots" / ("0" * 40)
         shutil.copytree(folder / "export", snapshot)
         (snapshot.parents[1] / "refs").mkdir()
         (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
     return Sources(checkpoint, folder / "export", f"someone/{name}")
+
+
+def as_stored(export: Path, config: Config) -> None:
+    """The export's config.json with `config` whole, as a stranger's tool writes it (captioner's
+    own exports leave the places out: `core/portable_config.py`)."""
+    stored = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**stored, "training_config": config.to_dict()}))
 
 
 @pytest.fixture
@@ -667,3 +677,45 @@ def test_scores_beside_a_checkpoint_past_a_limit_are_left_out_in_one_line(tmp_pa
     warned = [r.getMessage() for r in caplog.records if str(scores) in r.getMessage()]
     assert len(warned) == 2 and all(limit in line and "its scores are left out" in line for line in warned), warned
     assert origin.test_scores == {} and "No scores were recorded" in (tmp_path / "export" / "README.md").read_text()
+
+
+LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))  # 81 aliases, 9**9 strings walked
+CARDS = {  # a card's kind -> (its text, what the line says)
+    "oversized": (lambda: "---\nlibrary_name: captioner\n---\n" + "a" * 2 * MiB, ("1.0 MB", "a model card may take; refused")),
+    "nested": (lambda: "---\nx: " + nested_json() + "\n---\n", ("32 levels", "a model card's metadata may have; refused")),
+    "aliases": (lambda: "---\n" + LAUGHS + "---\n", ("20 YAML aliases", "a model card's metadata may hold; refused")),
+}
+
+
+@pytest.mark.parametrize("kind", list(CARDS))
+def test_a_card_past_a_limit_is_one_line_and_nothing_is_pushed(
+    tiny_export: Path, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`captioner push` of an exported folder reads its card (to leave out the places its recipe
+    names): within limits, as safe YAML, so a card that is huge, deep or an alias bomb stops it in one line."""
+    from captioner.apps.export import push_model
+    from captioner.core.errors import ExportError
+
+    text, says = CARDS[kind]
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_export, folder)
+    (folder / "README.md").write_text(text(), encoding="utf-8")
+    uploaded: list[str] = []
+
+    class RecordingApi:
+        def create_repo(self, repo_id: str, private: bool, exist_ok: bool) -> str:
+            uploaded.append(repo_id)
+            return repo_id
+
+        def upload_folder(self, repo_id: str, folder_path: str, commit_message: str) -> None:
+            uploaded.append(folder_path)
+
+    monkeypatch.setattr("huggingface_hub.HfApi", RecordingApi)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: "hf_recorded")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(ExportError) as raised:
+        push_model(folder, "someone/model")
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{folder / 'README.md'}: ") and all(f in message for f in says), message
+    assert uploaded == []
