@@ -2,12 +2,14 @@
 push (of a checkpoint, and of an export written before its places were left out) and a packaged
 model hold the recipe of the run, every place of its config a name or null, and no file written
 (text or binary) holds the checkout's path, $HOME, the temporary folder or the run folder's
-absolute path.
+absolute path. The model packaged in this checkout is held to the same, and reads its own
+settings without a warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -24,7 +26,7 @@ from captioner.core.config import leaf_fields, load_config
 from captioner.core.portable_config import UNNAMED, place_keys, value_at
 from captioner.core.specs import Place, Text
 from captioner.models.captioner import Captioner
-from captioner.models.checkpoint import checkpoint_config, save_checkpoint
+from captioner.models.checkpoint import checkpoint_config, model_settings, save_checkpoint
 from captioner.models.export_format import CARD, CONFIG
 
 NAME = re.compile(r"[\w{][\w.{}-]*")  # what a place may become: a name, never a path
@@ -150,6 +152,38 @@ def test_a_packaged_model_names_no_place_of_the_machine(photo: Path, tmp_path: P
     assert_portable(json.loads((folder / CONFIG).read_text())["training_config"])
     assert leaks(folder, this_machine(run, tmp_path)) == []
     assert "## Recipe" in (folder / CARD).read_text() and Captioner.from_pretrained(folder, device="cpu").vocab  # checksums hold
+
+
+def packaged_folder() -> Path:
+    from captioner.models.packaged import packaged_models
+
+    found = packaged_models()
+    assert len(found) == 1, found  # the checkout ships one
+    return found[0]
+
+
+def test_the_packaged_model_carries_names_only_and_reads_its_settings_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The model in captioner/pretrained/: its config and card name no folder of the machine that
+    trained it, its files match their checksums, and the demo's examples and evaluate read its
+    settings without a warning about them (a stranger's model that names paths still has one)."""
+    from captioner.apps.demo.cards import model_examples
+    from captioner.core.checksums import sha256_of
+
+    folder = packaged_folder()
+    config = json.loads((folder / CONFIG).read_text())
+    assert_portable(config["training_config"])
+    card = (folder / CARD).read_text()
+    assert "../" not in card and "shared/data" not in card and "runs/" not in card.split("## Recipe")[1]
+    for name, recorded in config["files"].items():
+        assert sha256_of(folder / name) == recorded["sha256"], name
+    assert not make_portable(folder, write=False)
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert model_settings(folder).set_aside == {}
+        assert model_examples(folder) == []  # its Flickr8k is not here: no examples, and nothing said
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 def test_a_place_with_no_name_becomes_unnamed_where_a_value_is_needed() -> None:
