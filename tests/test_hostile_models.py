@@ -4,7 +4,9 @@ in every data key that could reach I/O, sent through `captioner evaluate`, the d
 `captioner export` (its card and figure); shards that are bombs, huge, misnamed or endless, and a
 Hugging Face dataset whose image paths leave its folder, read as the user names them; and every
 file of data a model brings (config.json, vocab.json, onnx.json, the scores beside a checkpoint,
-its card's YAML) oversized and nested 100,000 deep, read within limits.
+its card's YAML) oversized and nested 100,000 deep, read within limits; and links inside a folder
+that lead out of it (a model's settings, an image folder's listing, a Hugging Face dataset's
+paths), refused, where the user's own links and the Hub cache's are followed.
 
 Each ends in one line (or, where a command can go without the data, in a log line) with nothing
 run, nothing read outside the working folder, no connection made, and memory bounded. What the
@@ -719,3 +721,132 @@ def test_a_card_past_a_limit_is_one_line_and_nothing_is_pushed(
     message = str(raised.value)
     assert "\n" not in message and message.startswith(f"{folder / 'README.md'}: ") and all(f in message for f in says), message
     assert uploaded == []
+
+
+# --- 5. a link is never a way out of the folder ----------------------------------------------------
+
+
+def link(path: Path, target: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target, target_is_directory=target.is_dir())
+    return path
+
+
+def strangers_checkpoint(world: World, name: str, *overrides: str) -> Path:
+    """A checkpoint someone else trained (not in the run folder its config names)."""
+    path = world.work.parent / "models" / name / "model.pt"
+    save_checkpoint(path, tiny_model(), load_config(None, [*TINY, *overrides]))
+    return path
+
+
+def test_a_link_in_the_working_folder_is_no_way_out_for_a_models_settings(in_work: World, capsys: pytest.CaptureFixture) -> None:
+    """A stranger's model names places inside the working folder that are links out of it, to a
+    folder and to a file: refused in one line naming each, nothing read outside. The same link given
+    by the user on the command line is followed, as a data.root on a dataset disk is."""
+    world = in_work
+    link(world.work / "linked_world", world.outside)
+    link(world.work / "linked_split.json", world.outside / "captions_test.json")
+    (world.work / "images_here").mkdir(exist_ok=True)
+    cases = {
+        "data.root": strangers_checkpoint(world, "folder-link", "data.root=linked_world"),
+        "data.karpathy_file": strangers_checkpoint(world, "file-link", "data.dataset=karpathy", "data.karpathy_file=linked_split.json",
+                                                   "data.image_root=images_here", "data.root=images_here"),
+    }
+    for key, checkpoint in cases.items():
+        capsys.readouterr()
+        with watched() as seen:
+            code = main(["evaluate", str(checkpoint), "--split", "test", "--fast", "--out", "eval"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+        assert f"{key} 'linked_" in err[0] and "a link in the working folder that leads outside it, to" in err[0], err[0]
+        assert not seen.opened_in(world.outside)
+    with watched() as seen:  # the user's own word: the link is followed
+        assert main(["evaluate", str(cases["data.root"]), "data.root=linked_world", "--split", "test", "--fast", "--limit", "1",
+                     "--out", "eval"]) == 0
+    assert seen.opened_in(world.work / "linked_world")  # the images outside, read through the link
+
+
+def test_an_image_folders_listing_cannot_leave_it_through_a_link(world: World, tmp_path: Path) -> None:
+    """metadata.jsonl names a link to a file outside, then a file under a link to a folder outside:
+    each refused in one line naming the row and the name. The folder itself may be a link (the
+    user's data.root): followed."""
+    from captioner.data.imagefolder import load_imagefolder
+
+    secret = next((world.outside / "test").glob("*.jpg"))
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    shutil.copyfile(secret, folder / "inside.jpg")
+    link(folder / "to_file.jpg", secret)
+    link(folder / "to_folder", world.outside / "test")
+    for name in ("to_file.jpg", f"to_folder/{secret.name}"):
+        rows = [{"file_name": "inside.jpg", "text": "a shape"}, {"file_name": name, "text": "a shape"}]
+        (folder / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with watched() as seen, pytest.raises(DatasetError) as raised:
+            load_imagefolder(folder, "train", val_fraction=0, test_fraction=0)
+        message = str(raised.value)
+        assert "\n" not in message and message.startswith(f"{folder / 'metadata.jsonl'}:2: file_name {name!r} is a link out of the image folder")
+        assert not seen.opened_in(world.outside)
+    (folder / "metadata.jsonl").write_text(json.dumps({"file_name": "inside.jpg", "text": "a shape"}) + "\n")
+    records = load_imagefolder(link(tmp_path / "my_photos", folder), "train", val_fraction=0, test_fraction=0)
+    assert [r.path.name for r in records] == ["inside.jpg"] and records[0].path.read_bytes() == secret.read_bytes()
+
+
+def test_hf_image_paths_cannot_leave_the_dataset_through_a_link(world: World, tmp_path: Path) -> None:
+    require_module("datasets", "the datasets package is not installed (pip install 'captioner[data]')")
+    from datasets import Dataset
+
+    secret = next((world.outside / "test").glob("*.jpg"))
+    folder = tmp_path / "dataset"
+    (folder / "images").mkdir(parents=True)
+    (folder / "images" / "inside.png").write_bytes(picture(3))
+    link(folder / "images" / "linked.jpg", secret)
+    link(folder / "elsewhere", world.outside / "test")
+    root = tmp_path / "my_dataset"  # the user's data.root, a link to the dataset: followed
+    paths = ["images/inside.png", "images/linked.jpg", f"elsewhere/{secret.name}", str(root / "images" / "linked.jpg")]
+    Dataset.from_dict({"image": paths, "text": ["a shape"] * len(paths)}).save_to_disk(str(folder))
+    link(root, folder)
+    config = load_config(None, ["data.dataset=hf", f"data.root={root}", "data.val_fraction=0", "data.test_fraction=0"])
+    outcomes = {}
+    with watched() as seen:
+        for record in load_split(config.data, "train"):
+            try:
+                outcomes[paths[record.row]] = "read" if image_data(record) == picture(3) else "other bytes"
+            except ImageLoadError as e:
+                assert "\n" not in str(e) and "is a link out of the dataset's folder" in str(e) and "refused" in str(e), str(e)
+                outcomes[paths[record.row]] = "refused"
+    assert [outcomes[p] for p in paths] == ["read", "refused", "refused", "refused"]
+    assert not seen.opened_in(world.outside)
+    # The folder the user names for its images may be a link too: its files are read.
+    named = load_config(None, ["data.dataset=hf", f"data.root={root}", f"data.image_root={link(tmp_path / 'my_images', folder)}",
+                               "data.val_fraction=0", "data.test_fraction=0"])
+    assert image_data({r.row: r for r in load_split(named.data, "train")}[0]) == picture(3)
+
+
+def test_a_models_own_files_in_the_hugging_face_cache_are_links_and_load(
+    tiny_export: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Hub client's cache keeps a snapshot's files as links into the repo's blob store: a model
+    loads through them, and its settings read quietly."""
+    import huggingface_hub.constants as constants
+
+    from captioner.models.captioner import Captioner
+
+    repo = tmp_path / "hub" / "models--someone--linked"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    for file in tiny_export.iterdir():
+        blob = repo / "blobs" / sha256_of(file)
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(file, blob)
+        link(snapshot / file.name, Path("../../blobs") / blob.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    for name, value in (("HF_HUB_CACHE", str(tmp_path / "hub")), ("HF_HUB_OFFLINE", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    assert (snapshot / "config.json").is_symlink()
+    with caplog.at_level(logging.WARNING):
+        assert len(Captioner.from_pretrained("someone/linked", device="cpu").vocab) > 4
+        assert model_settings("someone/linked").set_aside == {}
+    assert [r.getMessage() for r in caplog.records] == []
