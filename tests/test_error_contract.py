@@ -65,8 +65,15 @@ ROWS: dict[str, Row] = {
     "data coco: no --root": Row(["data", "coco"], 2, r"^error: captioner data coco: the following arguments are required: --root$"),
     "data coco: --root a file": Row(["data", "coco", "--root", "{image}"], 2, r"good\.png is a file, not a folder to download into$"),
     "data coco: bad year": Row(["data", "coco", "--root", "d", "--year", "2015"], 2, r"argument --year: invalid choice: 2015"),
+    "data coco: offline": Row(["data", "coco", "--root", "d", "--mirror", "http://127.0.0.1:9"], 2,
+                              r"^error: cannot reach 127\.0\.0\.1:9: no internet\? .* while downloading http://127\.0\.0\.1:9/zips/"
+                              r"train2014\.zip; or fetch it by hand, save it as d/downloads/train2014\.zip and run this again$",
+                              ("no_backoff",)),
     "data flickr8k: no --root": Row(["data", "flickr8k"], 2, r"^error: captioner data flickr8k: the following arguments are required: --root$"),
     "data flickr8k: --root a file": Row(["data", "flickr8k", "--root", "{image}"], 2, r"good\.png is a file, not a folder to download into$"),
+    "data flickr8k: offline": Row(["data", "flickr8k", "--root", "d", "--mirror", "http://127.0.0.1:9"], 2,
+                                  r"^error: cannot reach 127\.0\.0\.1:9: .*Flickr8k_text\.zip; or fetch it by hand, save it as "
+                                  r"d/downloads/Flickr8k_text\.zip and run this again$", ("no_backoff",)),
     "data stats: nothing to describe": Row(["data", "stats"], 2, r"^error: data stats: give --coco FILE, --karpathy FILE"),
     "data stats: missing file": Row(["data", "stats", "--coco", "missing.json"], 2, r"^error: missing\.json: caption annotation file not found$"),
     "data stats: broken file": Row(["data", "stats", "--coco", "{broken_json}"], 2, r"broken\.json: not valid JSON"),
@@ -238,6 +245,8 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
             monkeypatch.delitem(sys.modules, loaded, raising=False)
     if "offline" in setup:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if "no_backoff" in setup:  # a download's retries at once: what they say is the point, not their pace
+        monkeypatch.setattr("captioner.data.download.RETRY_BACKOFF_S", 0.0)
     if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not
         shapes_world(folder / "shapes", with_images=False)
 
