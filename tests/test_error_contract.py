@@ -163,6 +163,11 @@ ROWS: dict[str, Row] = {
     "evaluate: an --out that cannot be made": Row(["evaluate", "{model}", "--fast", "--out", "{image}/eval"], 2,
                                                   r"^error: evaluate --out .*good\.png/eval: cannot create the folder", ("shapes_world",)),
     "evaluate: --saliency without --grounding": Row(["evaluate", "{model}", "--fast", "--saliency", "gradcam"], 2, r"it needs --grounding$"),
+    "evaluate: a grounding layer the model lacks": Row(["evaluate", "{model}", "--fast", "--grounding", "--layer", "9"], 2,
+                                                       r"^error: evaluate --layer 9: this model's maps have 1 layer \(0 to 0; -1 is the last\)$",
+                                                       ("shapes_world",)),
+    "evaluate: a grounding head the model lacks": Row(["evaluate", "{model}", "--fast", "--grounding", "--head", "2"], 2,
+                                                      r"^error: evaluate --head 2: this model's maps have 1 head \(0 to 0\)$", ("shapes_world",)),
     # export and push
     "export: nothing": Row(["export"], 2, r"^error: captioner export: give a checkpoint and the folder to write, e\.g\. captioner export"),
     "export: missing model": Row(["export", "missing.pt", "out"], 2, r"^error: missing\.pt: checkpoint not found"),
