@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -21,13 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, subprocess_env, tiny_config, tiny_model
+from helpers import REPO, require_module, subprocess_env, tiny_config, tiny_model
 from PIL import Image
 
 from captioner.apps.cli import build_parser, main
 from captioner.models.checkpoint import save_checkpoint
 
 CONFIGS = REPO / "configs"
+BUSY: list[socket.socket] = []  # listening sockets the module's rows find their ports taken by
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,9 @@ ROWS: dict[str, Row] = {
     "demo: examples without images": Row(["demo", "{model}", "--examples", "{empty}"], 2, r"^error: demo --examples: no images in .*empty$"),
     "demo: a missing example": Row(["demo", "{model}", "--examples", "missing.jpg"], 2, r"^error: demo --examples: missing\.jpg: no such file$"),
     "demo: bad port": Row(["demo", "{model}", "--port", "70000"], 2, r"argument --port: a port is at most 65535, got 70000"),
+    "demo: a port in use": Row(["demo", "{model}", "--port", "{busy_port}"], 2,
+                               r"^error: demo --port \d+: port \d+ on 127\.0\.0\.1 is in use \(another demo\?\); give another with --port$",
+                               ("no_demo_model",)),
     "demo: no Gradio": Row(["demo", "{model}"], 2, r"^error: (demo: Gradio|gradio) is not installed.*\[demo\]", ("no_gradio",)),
 }
 
@@ -209,7 +214,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     stored = {"flickr8k_model": ["data.dataset=flickr8k", "data.root=data/flickr8k"],
               "shapes_model": ["data.dataset=shapes", "data.root=shapes"],
               "elsewhere_model": [f"data.root={root / 'elsewhere'}"]}  # absolute, and not where its run wrote it
-    paths = {name: str(path) for name, path in files.items()}
+    BUSY.append(socket.create_server(("127.0.0.1", 0)))  # a port another process serves on, for this module's rows
+    paths = {name: str(path) for name, path in files.items()} | {"busy_port": str(BUSY[-1].getsockname()[1])}
     paths |= {"model": paths["model.pt"], "image": paths["good.png"], "bad_image": paths["bad.jpg"], "truncated": paths["truncated.pt"],
               "broken_json": paths["broken.json"], "broken_yaml": paths["broken.yaml"]}
     for name, overrides in stored.items():
@@ -237,6 +243,9 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
         shapes_world(folder / "data" / "shapes", with_images=True)
     if "no_pycocoevalcap" in setup:
         monkeypatch.setitem(sys.modules, "pycocoevalcap", None)  # import raises ModuleNotFoundError, as when the extra is left out
+    if "no_demo_model" in setup:  # the port is checked before any model loads
+        require_module("gradio", "the demo extra is not installed")
+        monkeypatch.setattr("captioner.apps.demo.cards.load_captioner", refuse("a model loaded before the port was checked"))
     if "no_gradio" in setup:
         monkeypatch.setitem(sys.modules, "gradio", None)
         monkeypatch.delitem(sys.modules, "captioner.apps.demo.server", raising=False)
