@@ -646,7 +646,7 @@ def test_an_exports_json_past_a_limit_is_one_line_naming_it_and_the_limit(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: {folder / name}: ") and all(fragment in err[0] for fragment in LIMITS[kind]), err[0]
-    assert peak < 2 * MODEL_JSON_BYTES, f"{peak / MiB:.1f} MiB"  # never the whole file, whatever its size
+    assert peak < 8 * MiB, f"{peak / MiB:.1f} MiB"  # never the whole file, nor a buffer the size of the cap
 
 
 @pytest.mark.parametrize("kind", list(LIMITS))

@@ -44,7 +44,9 @@ def read_capped(path: str | Path, what: str, max_bytes: int, error: type[Caption
             size = os.fstat(f.fileno()).st_size if path.is_file() else None
             if size is not None and size > max_bytes:
                 raise error(f"{path}: {size_text(size)}, more than the {size_text(max_bytes)} a {what} may take; refused")
-            data = f.read(max_bytes + 1)  # a pipe or a file still growing: never more than the cap and one byte
+            # The size when known (read() sizes its buffer by the request); a pipe or a file still
+            # growing: never more than the cap and one byte.
+            data = f.read((max_bytes if size is None else size) + 1)
     except (FileNotFoundError, CaptionerError):
         raise
     except OSError as e:
