@@ -77,7 +77,7 @@ def port_taken(host: str, port: int) -> CaptionerError:
 
 def check_port(host: str, port: int) -> None:
     """Bind to `port` on `host` and let go, as Gradio does before it serves: a port in use (or a
-    host that is no address of this machine) is one line naming it and the flag, before any
+    host that is no local address) is one line naming it and the flag, before any
     model loads."""
     try:
         family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
