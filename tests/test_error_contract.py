@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -21,13 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, subprocess_env, tiny_config, tiny_model
+from helpers import REPO, require_module, subprocess_env, tiny_config, tiny_model
 from PIL import Image
 
 from captioner.apps.cli import build_parser, main
 from captioner.models.checkpoint import save_checkpoint
 
 CONFIGS = REPO / "configs"
+BUSY: list[socket.socket] = []  # listening sockets the module's rows find their ports taken by
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,15 @@ ROWS: dict[str, Row] = {
     "data coco: no --root": Row(["data", "coco"], 2, r"^error: captioner data coco: the following arguments are required: --root$"),
     "data coco: --root a file": Row(["data", "coco", "--root", "{image}"], 2, r"good\.png is a file, not a folder to download into$"),
     "data coco: bad year": Row(["data", "coco", "--root", "d", "--year", "2015"], 2, r"argument --year: invalid choice: 2015"),
+    "data coco: offline": Row(["data", "coco", "--root", "d", "--mirror", "http://127.0.0.1:9"], 2,
+                              r"^error: cannot reach 127\.0\.0\.1:9: no internet\? .* while downloading http://127\.0\.0\.1:9/zips/"
+                              r"train2014\.zip; or fetch it by hand, save it as d/downloads/train2014\.zip and run this again$",
+                              ("no_backoff",)),
     "data flickr8k: no --root": Row(["data", "flickr8k"], 2, r"^error: captioner data flickr8k: the following arguments are required: --root$"),
     "data flickr8k: --root a file": Row(["data", "flickr8k", "--root", "{image}"], 2, r"good\.png is a file, not a folder to download into$"),
+    "data flickr8k: offline": Row(["data", "flickr8k", "--root", "d", "--mirror", "http://127.0.0.1:9"], 2,
+                                  r"^error: cannot reach 127\.0\.0\.1:9: .*Flickr8k_text\.zip; or fetch it by hand, save it as "
+                                  r"d/downloads/Flickr8k_text\.zip and run this again$", ("no_backoff",)),
     "data stats: nothing to describe": Row(["data", "stats"], 2, r"^error: data stats: give --coco FILE, --karpathy FILE"),
     "data stats: missing file": Row(["data", "stats", "--coco", "missing.json"], 2, r"^error: missing\.json: caption annotation file not found$"),
     "data stats: broken file": Row(["data", "stats", "--coco", "{broken_json}"], 2, r"broken\.json: not valid JSON"),
@@ -156,6 +165,11 @@ ROWS: dict[str, Row] = {
     "evaluate: an --out that cannot be made": Row(["evaluate", "{model}", "--fast", "--out", "{image}/eval"], 2,
                                                   r"^error: evaluate --out .*good\.png/eval: cannot create the folder", ("shapes_world",)),
     "evaluate: --saliency without --grounding": Row(["evaluate", "{model}", "--fast", "--saliency", "gradcam"], 2, r"it needs --grounding$"),
+    "evaluate: a grounding layer the model lacks": Row(["evaluate", "{model}", "--fast", "--grounding", "--layer", "9"], 2,
+                                                       r"^error: evaluate --layer 9: this model's maps have 1 layer \(0 to 0; -1 is the last\)$",
+                                                       ("shapes_world",)),
+    "evaluate: a grounding head the model lacks": Row(["evaluate", "{model}", "--fast", "--grounding", "--head", "2"], 2,
+                                                      r"^error: evaluate --head 2: this model's maps have 1 head \(0 to 0\)$", ("shapes_world",)),
     # export and push
     "export: nothing": Row(["export"], 2, r"^error: captioner export: give a checkpoint and the folder to write, e\.g\. captioner export"),
     "export: missing model": Row(["export", "missing.pt", "out"], 2, r"^error: missing\.pt: checkpoint not found"),
@@ -172,6 +186,9 @@ ROWS: dict[str, Row] = {
     "demo: examples without images": Row(["demo", "{model}", "--examples", "{empty}"], 2, r"^error: demo --examples: no images in .*empty$"),
     "demo: a missing example": Row(["demo", "{model}", "--examples", "missing.jpg"], 2, r"^error: demo --examples: missing\.jpg: no such file$"),
     "demo: bad port": Row(["demo", "{model}", "--port", "70000"], 2, r"argument --port: a port is at most 65535, got 70000"),
+    "demo: a port in use": Row(["demo", "{model}", "--port", "{busy_port}"], 2,
+                               r"^error: demo --port \d+: port \d+ on 127\.0\.0\.1 is in use \(another demo\?\); give another with --port$",
+                               ("no_demo_model",)),
     "demo: no Gradio": Row(["demo", "{model}"], 2, r"^error: (demo: Gradio|gradio) is not installed.*\[demo\]", ("no_gradio",)),
 }
 
@@ -197,7 +214,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     stored = {"flickr8k_model": ["data.dataset=flickr8k", "data.root=data/flickr8k"],
               "shapes_model": ["data.dataset=shapes", "data.root=shapes"],
               "elsewhere_model": [f"data.root={root / 'elsewhere'}"]}  # absolute, and not where its run wrote it
-    paths = {name: str(path) for name, path in files.items()}
+    BUSY.append(socket.create_server(("127.0.0.1", 0)))  # a port another process serves on, for this module's rows
+    paths = {name: str(path) for name, path in files.items()} | {"busy_port": str(BUSY[-1].getsockname()[1])}
     paths |= {"model": paths["model.pt"], "image": paths["good.png"], "bad_image": paths["bad.jpg"], "truncated": paths["truncated.pt"],
               "broken_json": paths["broken.json"], "broken_yaml": paths["broken.yaml"]}
     for name, overrides in stored.items():
@@ -225,6 +243,9 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
         shapes_world(folder / "data" / "shapes", with_images=True)
     if "no_pycocoevalcap" in setup:
         monkeypatch.setitem(sys.modules, "pycocoevalcap", None)  # import raises ModuleNotFoundError, as when the extra is left out
+    if "no_demo_model" in setup:  # the port is checked before any model loads
+        require_module("gradio", "the demo extra is not installed")
+        monkeypatch.setattr("captioner.apps.demo.cards.load_captioner", refuse("a model loaded before the port was checked"))
     if "no_gradio" in setup:
         monkeypatch.setitem(sys.modules, "gradio", None)
         monkeypatch.delitem(sys.modules, "captioner.apps.demo.server", raising=False)
@@ -238,6 +259,8 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
             monkeypatch.delitem(sys.modules, loaded, raising=False)
     if "offline" in setup:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if "no_backoff" in setup:  # a download's retries at once: what they say is the point, not their pace
+        monkeypatch.setattr("captioner.data.download.RETRY_BACKOFF_S", 0.0)
     if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not
         shapes_world(folder / "shapes", with_images=False)
 

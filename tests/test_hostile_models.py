@@ -2,7 +2,11 @@
 and Hub repositories whose stored configs name commands, URLs and places outside the working folder
 in every data key that could reach I/O, sent through `captioner evaluate`, the demo's examples and
 `captioner export` (its card and figure); shards that are bombs, huge, misnamed or endless, and a
-Hugging Face dataset whose image paths leave its folder, read as the user names them.
+Hugging Face dataset whose image paths leave its folder, read as the user names them; and every
+file of data a model brings (config.json, vocab.json, onnx.json, the scores beside a checkpoint,
+its card's YAML) oversized and nested 100,000 deep, read within limits; and links inside a folder
+that lead out of it (a model's settings, an image folder's listing, a Hugging Face dataset's
+paths), refused, where the user's own links and the Hub cache's are followed.
 
 Each ends in one line (or, where a command can go without the data, in a log line) with nothing
 run, nothing read outside the working folder, no connection made, and memory bounded. What the
@@ -40,6 +44,7 @@ from PIL import Image
 
 from captioner.apps.cli import main
 from captioner.core.config import config_from_dict, leaf_fields, load_config
+from captioner.core.checksums import sha256_of
 from captioner.core.config_sections import Config, DataConfig
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.datasets import load_split, split_places
@@ -220,11 +225,19 @@ def sources(world: World, hub_cache: Path, dataset: str, kind: str) -> Sources:
         model = tiny_model()
         save_checkpoint(checkpoint, model, config)
         model.save_pretrained(folder / "export", training_config=config.to_dict())
+        as_stored(folder / "export", config)
         snapshot = hub_cache / f"models--someone--{name}" / "snapshots" / ("0" * 40)
         shutil.copytree(folder / "export", snapshot)
         (snapshot.parents[1] / "refs").mkdir()
         (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
     return Sources(checkpoint, folder / "export", f"someone/{name}")
+
+
+def as_stored(export: Path, config: Config) -> None:
+    """The export's config.json with `config` whole, as a stranger's tool writes it (captioner's
+    own exports leave the places out: `core/portable_config.py`)."""
+    stored = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**stored, "training_config": config.to_dict()}))
 
 
 @pytest.fixture
@@ -579,3 +592,262 @@ def test_hf_image_paths_are_read_inside_the_dataset_folder_only(world: World, tm
     assert image_data(by_row[2]) == secret.read_bytes()
     with pytest.raises(ImageLoadError, match="outside the dataset's folder"):
         image_data(by_row[1])  # the dataset's own folder is no longer the one named
+
+
+# --- 4. every file of data a model brings is read within limits ------------------------------------
+
+
+def oversized_json(limit: int) -> str:
+    """Valid JSON a mebibyte over `limit`: one long string."""
+    return json.dumps("a" * (limit + MiB))
+
+
+def nested_json(levels: int = 100_000) -> str:
+    """Valid JSON nested `levels` deep (about 200 KB for 100,000): the parser recurses once a level."""
+    return "[" * levels + "]" * levels
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("limits") / "export"
+    tiny_model().save_pretrained(folder, training_config=load_config(None, TINY).to_dict())
+    return folder
+
+
+def hostile_copy(tiny_export: Path, tmp_path: Path, name: str, text: str) -> Path:
+    """A copy of the export with `name` replaced by `text`; its checksum recorded as a stranger would."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_export, folder)
+    (folder / name).write_text(text, encoding="utf-8")
+    if name != "config.json":
+        config = json.loads((folder / "config.json").read_text())
+        config["files"][name] = {"sha256": sha256_of(folder / name), "bytes": (folder / name).stat().st_size}
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+LIMITS = {"oversized": ("16.8 MB", "may take; refused"), "nested": ("32 levels", "may have; refused")}
+
+
+@pytest.mark.parametrize("name", ["config.json", "vocab.json"])
+@pytest.mark.parametrize("kind", list(LIMITS))
+def test_an_exports_json_past_a_limit_is_one_line_naming_it_and_the_limit(
+    tiny_export: Path, tmp_path: Path, name: str, kind: str, capsys: pytest.CaptureFixture,
+) -> None:
+    from captioner.core.bounded_files import MODEL_JSON_BYTES
+
+    folder = hostile_copy(tiny_export, tmp_path, name, oversized_json(MODEL_JSON_BYTES) if kind == "oversized" else nested_json())
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "photo.png")
+    tracemalloc.start()
+    try:
+        code = main(["caption", str(folder), str(tmp_path / "photo.png"), "--device", "cpu"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {folder / name}: ") and all(fragment in err[0] for fragment in LIMITS[kind]), err[0]
+    assert peak < 8 * MiB, f"{peak / MiB:.1f} MiB"  # never the whole file, nor a buffer the size of the cap
+
+
+@pytest.mark.parametrize("kind", list(LIMITS))
+def test_an_onnx_spec_past_a_limit_is_one_line(tmp_path: Path, kind: str) -> None:
+    require_module("onnxruntime", "the ONNX runtime needs onnxruntime (pip install captioner[onnx])")
+    from captioner.core.bounded_files import MODEL_JSON_BYTES
+    from captioner.core.errors import ExportError
+    from captioner.deploy.bundle import load_bundle
+
+    (tmp_path / "onnx.json").write_text(oversized_json(MODEL_JSON_BYTES) if kind == "oversized" else nested_json())
+    with pytest.raises(ExportError) as raised:
+        load_bundle(tmp_path)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{tmp_path / 'onnx.json'}: ") and all(f in message for f in LIMITS[kind])
+
+
+@pytest.mark.parametrize("kind", list(LIMITS))
+def test_scores_beside_a_checkpoint_past_a_limit_are_left_out_in_one_line(tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    from captioner.apps.export import export_model
+    from captioner.core.bounded_files import SCORES_JSON_BYTES
+    from captioner.models.model_origin import checkpoint_origin
+
+    save_checkpoint(tmp_path / "run" / "best.pt", tiny_model(), load_config(None, TINY))
+    scores = tmp_path / "run" / "scores_test.json"
+    scores.write_text(oversized_json(SCORES_JSON_BYTES) if kind == "oversized" else nested_json())
+    limit = "33.6 MB" if kind == "oversized" else "32 levels"
+    with caplog.at_level(logging.WARNING):
+        export_model(tmp_path / "run", tmp_path / "export", image=None)
+        origin = checkpoint_origin("run", load_config(None, TINY).to_dict(), tmp_path / "run" / "best.pt")
+    warned = [r.getMessage() for r in caplog.records if str(scores) in r.getMessage()]
+    assert len(warned) == 2 and all(limit in line and "its scores are left out" in line for line in warned), warned
+    assert origin.test_scores == {} and "No scores were recorded" in (tmp_path / "export" / "README.md").read_text()
+
+
+LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))  # 81 aliases, 9**9 strings walked
+CARDS = {  # a card's kind -> (its text, what the line says)
+    "oversized": (lambda: "---\nlibrary_name: captioner\n---\n" + "a" * 2 * MiB, ("1.0 MB", "a model card may take; refused")),
+    "nested": (lambda: "---\nx: " + nested_json() + "\n---\n", ("32 levels", "a model card's metadata may have; refused")),
+    "aliases": (lambda: "---\n" + LAUGHS + "---\n", ("20 YAML aliases", "a model card's metadata may hold; refused")),
+}
+
+
+@pytest.mark.parametrize("kind", list(CARDS))
+def test_a_card_past_a_limit_is_one_line_and_nothing_is_pushed(
+    tiny_export: Path, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`captioner push` of an exported folder reads its card (to leave out the places its recipe
+    names): within limits, as safe YAML, so a card that is huge, deep or an alias bomb stops it in one line."""
+    from captioner.apps.export import push_model
+    from captioner.core.errors import ExportError
+
+    text, says = CARDS[kind]
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_export, folder)
+    (folder / "README.md").write_text(text(), encoding="utf-8")
+    uploaded: list[str] = []
+
+    class RecordingApi:
+        def create_repo(self, repo_id: str, private: bool, exist_ok: bool) -> str:
+            uploaded.append(repo_id)
+            return repo_id
+
+        def upload_folder(self, repo_id: str, folder_path: str, commit_message: str) -> None:
+            uploaded.append(folder_path)
+
+    monkeypatch.setattr("huggingface_hub.HfApi", RecordingApi)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: "hf_recorded")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(ExportError) as raised:
+        push_model(folder, "someone/model")
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{folder / 'README.md'}: ") and all(f in message for f in says), message
+    assert uploaded == []
+
+
+# --- 5. a link is never a way out of the folder ----------------------------------------------------
+
+
+def link(path: Path, target: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target, target_is_directory=target.is_dir())
+    return path
+
+
+def strangers_checkpoint(world: World, name: str, *overrides: str) -> Path:
+    """A checkpoint someone else trained (not in the run folder its config names)."""
+    path = world.work.parent / "models" / name / "model.pt"
+    save_checkpoint(path, tiny_model(), load_config(None, [*TINY, *overrides]))
+    return path
+
+
+def test_a_link_in_the_working_folder_is_no_way_out_for_a_models_settings(in_work: World, capsys: pytest.CaptureFixture) -> None:
+    """A stranger's model names places inside the working folder that are links out of it, to a
+    folder and to a file: refused in one line naming each, nothing read outside. The same link given
+    by the user on the command line is followed, as a data.root on a dataset disk is."""
+    world = in_work
+    link(world.work / "linked_world", world.outside)
+    link(world.work / "linked_split.json", world.outside / "captions_test.json")
+    (world.work / "images_here").mkdir(exist_ok=True)
+    cases = {
+        "data.root": strangers_checkpoint(world, "folder-link", "data.root=linked_world"),
+        "data.karpathy_file": strangers_checkpoint(world, "file-link", "data.dataset=karpathy", "data.karpathy_file=linked_split.json",
+                                                   "data.image_root=images_here", "data.root=images_here"),
+    }
+    for key, checkpoint in cases.items():
+        capsys.readouterr()
+        with watched() as seen:
+            code = main(["evaluate", str(checkpoint), "--split", "test", "--fast", "--out", "eval"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+        assert f"{key} 'linked_" in err[0] and "a link in the working folder that leads outside it, to" in err[0], err[0]
+        assert not seen.opened_in(world.outside)
+    with watched() as seen:  # the user's own word: the link is followed
+        assert main(["evaluate", str(cases["data.root"]), "data.root=linked_world", "--split", "test", "--fast", "--limit", "1",
+                     "--out", "eval"]) == 0
+    assert seen.opened_in(world.work / "linked_world")  # the images outside, read through the link
+
+
+def test_an_image_folders_listing_cannot_leave_it_through_a_link(world: World, tmp_path: Path) -> None:
+    """metadata.jsonl names a link to a file outside, then a file under a link to a folder outside:
+    each refused in one line naming the row and the name. The folder itself may be a link (the
+    user's data.root): followed."""
+    from captioner.data.imagefolder import load_imagefolder
+
+    secret = next((world.outside / "test").glob("*.jpg"))
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    shutil.copyfile(secret, folder / "inside.jpg")
+    link(folder / "to_file.jpg", secret)
+    link(folder / "to_folder", world.outside / "test")
+    for name in ("to_file.jpg", f"to_folder/{secret.name}"):
+        rows = [{"file_name": "inside.jpg", "text": "a shape"}, {"file_name": name, "text": "a shape"}]
+        (folder / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with watched() as seen, pytest.raises(DatasetError) as raised:
+            load_imagefolder(folder, "train", val_fraction=0, test_fraction=0)
+        message = str(raised.value)
+        assert "\n" not in message and message.startswith(f"{folder / 'metadata.jsonl'}:2: file_name {name!r} is a link out of the image folder")
+        assert not seen.opened_in(world.outside)
+    (folder / "metadata.jsonl").write_text(json.dumps({"file_name": "inside.jpg", "text": "a shape"}) + "\n")
+    records = load_imagefolder(link(tmp_path / "my_photos", folder), "train", val_fraction=0, test_fraction=0)
+    assert [r.path.name for r in records] == ["inside.jpg"] and records[0].path.read_bytes() == secret.read_bytes()
+
+
+def test_hf_image_paths_cannot_leave_the_dataset_through_a_link(world: World, tmp_path: Path) -> None:
+    require_module("datasets", "the datasets package is not installed (pip install 'captioner[data]')")
+    from datasets import Dataset
+
+    secret = next((world.outside / "test").glob("*.jpg"))
+    folder = tmp_path / "dataset"
+    (folder / "images").mkdir(parents=True)
+    (folder / "images" / "inside.png").write_bytes(picture(3))
+    link(folder / "images" / "linked.jpg", secret)
+    link(folder / "elsewhere", world.outside / "test")
+    root = tmp_path / "my_dataset"  # the user's data.root, a link to the dataset: followed
+    paths = ["images/inside.png", "images/linked.jpg", f"elsewhere/{secret.name}", str(root / "images" / "linked.jpg")]
+    Dataset.from_dict({"image": paths, "text": ["a shape"] * len(paths)}).save_to_disk(str(folder))
+    link(root, folder)
+    config = load_config(None, ["data.dataset=hf", f"data.root={root}", "data.val_fraction=0", "data.test_fraction=0"])
+    outcomes = {}
+    with watched() as seen:
+        for record in load_split(config.data, "train"):
+            try:
+                outcomes[paths[record.row]] = "read" if image_data(record) == picture(3) else "other bytes"
+            except ImageLoadError as e:
+                assert "\n" not in str(e) and "is a link out of the dataset's folder" in str(e) and "refused" in str(e), str(e)
+                outcomes[paths[record.row]] = "refused"
+    assert [outcomes[p] for p in paths] == ["read", "refused", "refused", "refused"]
+    assert not seen.opened_in(world.outside)
+    # The folder the user names for its images may be a link too: its files are read.
+    named = load_config(None, ["data.dataset=hf", f"data.root={root}", f"data.image_root={link(tmp_path / 'my_images', folder)}",
+                               "data.val_fraction=0", "data.test_fraction=0"])
+    assert image_data({r.row: r for r in load_split(named.data, "train")}[0]) == picture(3)
+
+
+def test_a_models_own_files_in_the_hugging_face_cache_are_links_and_load(
+    tiny_export: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Hub client's cache keeps a snapshot's files as links into the repo's blob store: a model
+    loads through them, and its settings read quietly."""
+    import huggingface_hub.constants as constants
+
+    from captioner.models.captioner import Captioner
+
+    repo = tmp_path / "hub" / "models--someone--linked"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    for file in tiny_export.iterdir():
+        blob = repo / "blobs" / sha256_of(file)
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(file, blob)
+        link(snapshot / file.name, Path("../../blobs") / blob.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    for name, value in (("HF_HUB_CACHE", str(tmp_path / "hub")), ("HF_HUB_OFFLINE", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    assert (snapshot / "config.json").is_symlink()
+    with caplog.at_level(logging.WARNING):
+        assert len(Captioner.from_pretrained("someone/linked", device="cpu").vocab) > 4
+        assert model_settings("someone/linked").set_aside == {}
+    assert [r.getMessage() for r in caplog.records] == []

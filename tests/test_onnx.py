@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import WORDS, require_module, subprocess_env, tiny_model
+from helpers import REPO, WORDS, require_module, subprocess_env, tiny_model
 from PIL import Image
 
 from captioner.core.checksums import sha256_of
@@ -215,6 +215,8 @@ def test_a_pool_the_torchscript_exporter_refuses_goes_through_dynamo(tmp_path: P
     export_onnx(model, tmp_path)
     manifest = json.loads((tmp_path / "onnx" / "onnx.json").read_text())
     assert manifest["files"]["encoder"]["exporter"] == "dynamo" and manifest["files"]["decoder_step"]["exporter"] == "torchscript"
+    graph = (tmp_path / "onnx" / "encoder.onnx").read_bytes()  # its trace's records (source files of this checkout) left out
+    assert b"pkg.torch.onnx.stack_trace" not in graph and str(REPO).encode() not in graph
     runtime = OnnxCaptioner.from_folder(tmp_path, threads=1)
     assert runtime.grid == (3, 3)
     for want, have in zip(model.caption(pictures[:3], beam_size=1, max_length=5), runtime.caption(pictures[:3], beam_size=1, max_length=5)):

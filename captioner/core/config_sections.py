@@ -12,7 +12,7 @@ from typing import Any
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import DecodeOption
 from captioner.core.decoder_configs import DECODER_CONFIGS, DecoderSettings
-from captioner.core.specs import Choice, Flag, Range, Spec, Text
+from captioner.core.specs import Choice, Flag, Place, Range, Spec, Text
 
 
 def setting(default: Any, spec: Spec | DecodeOption) -> Any:
@@ -37,17 +37,17 @@ PROBABILITY_BELOW_ONE = Range(ge=0, lt=1)  # dropout, label smoothing: 1 would r
 @dataclass
 class DataConfig:
     dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k", "imagefolder", "hf", "webdataset")))  # the caption files' layout: shapes (generated), coco (2014/2017 annotations), karpathy (dataset_*.json), flickr8k, imagefolder (images + metadata.jsonl/csv), hf (a Hugging Face dataset on disk), webdataset (shards, streamed)
-    root: str = setting("data/shapes", Text())  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files; imagefolder: the folder; hf: save_to_disk folder or Parquet files
-    image_root: str | None = setting(None, Text())  # folder of the images when it is not `root` (flickr8k, karpathy); hf: the folder its image paths are inside
-    karpathy_file: str | None = setting(None, Text())  # dataset_*.json with Karpathy's splits (dataset: karpathy)
+    root: str = setting("data/shapes", Place(travels="name"))  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files; imagefolder: the folder; hf: save_to_disk folder or Parquet files
+    image_root: str | None = setting(None, Place())  # folder of the images when it is not `root` (flickr8k, karpathy); hf: the folder its image paths are inside
+    karpathy_file: str | None = setting(None, Place(travels="name"))  # dataset_*.json with Karpathy's splits (dataset: karpathy)
     year: int = setting(2014, Choice((2014, 2017)))  # coco
     caption_column: str = setting("text", Text())  # imagefolder, hf: the column holding each image's caption (a string, or a list of them)
     image_column: str = setting("image", Text())  # hf: the column holding the image (an Image feature, bytes or a file path)
     # webdataset: brace patterns of shards (paths, http(s) URLs, pipe: commands), img2dataset's layout;
     # the train shards are streamed, val and test read into memory (captioner/data/streaming.py).
-    train_shards: str | None = setting(None, Text())  # webdataset: e.g. https://host/cc3m/{00000..00331}.tar
-    val_shards: str | None = setting(None, Text())  # webdataset: the validation shards (best.pt is picked on them)
-    test_shards: str | None = setting(None, Text())  # webdataset: the test shards (captioner evaluate --split test)
+    train_shards: str | None = setting(None, Place(travels="name"))  # webdataset: e.g. https://host/cc3m/{00000..00331}.tar
+    val_shards: str | None = setting(None, Place(travels="name"))  # webdataset: the validation shards (best.pt is picked on them)
+    test_shards: str | None = setting(None, Place(travels="name"))  # webdataset: the test shards (captioner evaluate --split test)
     shuffle_buffer: int = setting(1000, POSITIVE)  # webdataset: samples each loader worker shuffles among (1: shard order)
     max_broken_fraction: float = setting(0.01, Range(ge=0, lt=1))  # webdataset: broken samples (bad image, no caption) skipped per worker before the run stops
     # webdataset: what one shard, and a split held in memory, may take. Past a limit the read stops
@@ -75,7 +75,7 @@ class DataConfig:
     device_preprocess: str = setting("none", Choice(("none", "transform", "decode")))  # training on CUDA: the GPU crops, resizes, jitters (transform) and decodes JPEGs (decode, nvjpeg)
     # Frozen encoder, no augmentation: the fp16 feature store (captioner/data/store_format.py) is read
     # instead of the images; built there first when absent. null: <train.out_dir>/features.
-    feature_store: str | None = setting(None, Text(allowed="a folder, or null for <train.out_dir>/features"))
+    feature_store: str | None = setting(None, Place(allowed="a folder, or null for <train.out_dir>/features"))
     features_on_device: bool = setting(False, Flag())  # load the whole store onto the training device when it fits
     # The shapes world is generated into `root` when it is not there yet.
     shapes_num_train: int = setting(4000, POSITIVE)
@@ -144,7 +144,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    out_dir: str = setting("runs/shapes_lstm", Text())  # checkpoints, metrics.csv, TensorBoard logs and figures
+    out_dir: str = setting("runs/shapes_lstm", Place(travels="name"))  # checkpoints, metrics.csv, TensorBoard logs and figures
     epochs: int = setting(20, POSITIVE)  # passes over the training split
     lr: float = setting(4e-4, Range(gt=0))  # decoder
     encoder_lr: float = setting(1e-4, Range(ge=0))  # fine-tuned layers of a pretrained encoder (from scratch: lr)
@@ -183,7 +183,7 @@ class TrainConfig:
     compile: bool = setting(False, Flag())  # CUDA: torch.compile the decoder; ignored on CPU
     dist_timeout_minutes: float = setting(30.0, Range(gt=0))  # torchrun: a collective waiting longer than this fails the run
     stage: str = setting("xe", Choice(("xe", "scst")))  # xe: cross-entropy (teacher forcing) | scst: self-critical, from train.init
-    init: str | None = setting(None, Text())  # start from this checkpoint's model, vocabulary and encoder; optimiser and schedule fresh
+    init: str | None = setting(None, Place(travels="run"))  # start from this checkpoint's model, vocabulary and encoder; optimiser and schedule fresh
 
 
 @dataclass

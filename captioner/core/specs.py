@@ -98,6 +98,16 @@ class Text:
 
 
 @dataclass(frozen=True)
+class Place(Text):
+    """A string naming a place on the machine: a path, a folder, a shard pattern. What a model
+    carries of it (`core/portable_config.py`) is never the place itself but, by `travels`: "name",
+    its last component (a dataset's or a run's name); "run", the name of the run folder a
+    checkpoint lies in; "null", nothing."""
+
+    travels: str = "null"
+
+
+@dataclass(frozen=True)
 class Flag:
     """true or false: the type check is all there is."""
 
@@ -111,7 +121,7 @@ class Flag:
         return None
 
 
-Spec = Range | Choice | Text | Flag
+Spec = Range | Choice | Text | Place | Flag
 
 
 def _num(x: float) -> str:

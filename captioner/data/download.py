@@ -254,7 +254,7 @@ def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> i
             if failures >= MAX_ATTEMPTS:
                 raise _give_up(url, host, part, error) from None
             delay = RETRY_BACKOFF_S * 2 ** max(failures - 1, 0)
-            logger.warning("download of %s failed (%s), retrying in %.0f s", url, error, delay)
+            logger.debug("download of %s failed (%s), retrying in %.0f s", url, error, delay)  # the last failure is the one line said
             time.sleep(delay)
 
 
@@ -316,13 +316,15 @@ def _complete_after_416(error: urllib.error.HTTPError, part: Path) -> bool:
 
 
 def _give_up(url: str, host: str, part: Path, error: Exception) -> DatasetError:
+    """The one line after the last attempt: what could not be had, and how to give it by hand."""
+    dest = part.with_name(part.name.removesuffix(".part"))
     kept = f"; run again to resume from {part}" if part.exists() else ""
+    by_hand = f"; or fetch it by hand, save it as {dest} and run this again"
     if isinstance(error, urllib.error.HTTPError):
-        return DatasetError(f"cannot download {url}: HTTP {error.code} {error.reason}{kept}")
+        return DatasetError(f"cannot download {url}: HTTP {error.code} {error.reason}{kept}{by_hand}")
     if isinstance(error, urllib.error.URLError):  # the connection itself could not be made
-        return DatasetError(f"cannot reach {host}: no internet? ({error.reason}) while "
-                            f"downloading {url}{kept}")
-    return DatasetError(f"download of {url} kept failing ({error}){kept}")
+        return DatasetError(f"cannot reach {host}: no internet? ({error.reason}) while downloading {url}{kept}{by_hand}")
+    return DatasetError(f"download of {url} kept failing ({error}){kept}{by_hand}")
 
 
 def _check_free_space(part: Path, needed: int | None) -> None:

@@ -2,8 +2,9 @@
 through `datasets` with no network. The image column may be an `Image` feature (bytes or a
 path), raw bytes, or a file path; the caption column a string or a list of strings. A file path
 stays inside the dataset's folder (or `data.image_root`, the folder the user names for them): a
-relative path with no `..`, or an absolute one inside that folder; any other is refused by name,
-never read, as an image folder's metadata is (`imagefolder._inside`).
+relative path with no `..`, or an absolute one inside that folder, and in either case no link out
+of it (real paths compared); any other is refused by name, never read, as an image folder's
+metadata is (`imagefolder._inside`).
 
 Images are not copied out: each record names its row, and `DatasetImages.read` takes the bytes
 from the memory-mapped Arrow table in whichever process loads the image (DataLoader workers open
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from captioner.core.confinement import Confinement, is_within
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.holdout import check_split_name, seeded_split
 from captioner.data.records import ImageRecord
@@ -101,18 +103,30 @@ def dataset_folder(root: str) -> str:
 
 
 def image_file(value: str, folder: str, name: str) -> Path:
-    """The file an image path names, inside `folder`; ImageLoadError naming the row otherwise."""
+    """The file an image path names, inside `folder`, a link's real path included; ImageLoadError
+    naming the row otherwise."""
     parts = PurePosixPath(value.replace("\\", "/"))
     if parts.is_absolute() or os.path.isabs(value):
         inside = os.path.normpath(value)
         base = os.path.normpath(os.path.abspath(folder))
-        if os.path.commonpath([inside, base]) == base:
-            return Path(inside)
-        raise ImageLoadError(f"{name}: the image path {value!r} is outside the dataset's folder {folder}; refused "
-                             "(set data.image_root to the folder that holds its images)")
-    if ".." in parts.parts:
+        if not is_within(inside, base):
+            raise ImageLoadError(f"{name}: the image path {value!r} is outside the dataset's folder {folder}; refused "
+                                 "(set data.image_root to the folder that holds its images)")
+        file = Path(inside)
+    elif ".." in parts.parts:
         raise ImageLoadError(f"{name}: the image path {value!r} leaves the dataset's folder {folder} (..); refused")
-    return Path(folder) / parts
+    else:
+        file = Path(folder) / parts
+    target = confinement(folder).escape(file)
+    if target is not None:
+        raise ImageLoadError(f"{name}: the image path {value!r} is a link out of the dataset's folder {folder} (to {target}); refused")
+    return file
+
+
+@functools.lru_cache(maxsize=16)
+def confinement(folder: str) -> Confinement:
+    """The folder's real path and its subfolders', resolved once per process."""
+    return Confinement(folder)
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,6 +1,6 @@
 """Your own photographs and captions in Hugging Face's `imagefolder` layout: images beside a
 `metadata.jsonl` or `metadata.csv` whose `file_name` column names each image (relative to the
-metadata file) and whose caption column (`text` unless `data.caption_column` says otherwise) holds
+metadata file, and never out of its folder, through a link either) and whose caption column (`text` unless `data.caption_column` says otherwise) holds
 a caption, or a list of them; an image on several rows gathers all their captions.
 
 Splits: `train/`, `validation/` (or `val/`, `valid/`, `dev/`) and `test/` folders, each with its
@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from captioner.core.confinement import Confinement
 from captioner.core.errors import DatasetError
 from captioner.data.holdout import check_split_name, seeded_split
 from captioner.data.records import ImageRecord, drop_missing, read_text
@@ -48,12 +49,13 @@ def read_metadata(path: Path, caption_column: str) -> Rows:
     captions: dict[str, list[str]] = {}
     skipped = 0
     columns: set[str] = set()
+    folder = Confinement(path.parent)
     for line, row in rows:
         columns.update(row)
         name = row.get("file_name")
         if not isinstance(name, str) or not name.strip():
             raise DatasetError(f"{path}:{line}: no 'file_name' (the image's path, relative to {path.name})")
-        name = _inside(path, line, name.strip())
+        name = _inside(path, line, name.strip(), folder)
         found = captions.setdefault(name, [])
         value = row.get(caption_column)
         texts = value if isinstance(value, list) else [value]
@@ -99,11 +101,15 @@ def _csv_rows(path: Path, text: str) -> list[tuple[int, dict]]:
     return [(reader.line_num, {k: v for k, v in row.items() if k is not None}) for row in reader]
 
 
-def _inside(path: Path, line: int, name: str) -> str:
-    """A file name that stays inside the metadata file's folder (no absolute path, no `..`)."""
+def _inside(path: Path, line: int, name: str, folder: Confinement) -> str:
+    """A file name that stays inside the metadata file's folder: no absolute path, no `..`, and no
+    link that leads out of it (real paths compared)."""
     parts = PurePosixPath(name.replace("\\", "/"))
     if parts.is_absolute() or ".." in parts.parts:
         raise DatasetError(f"{path}:{line}: file_name {name!r} leaves the image folder (use a path relative to {path.name})")
+    target = folder.escape(parts.as_posix())
+    if target is not None:
+        raise DatasetError(f"{path}:{line}: file_name {name!r} is a link out of the image folder (to {target}); refused")
     return parts.as_posix()
 
 

@@ -9,7 +9,8 @@ holds the config:
 - any other place written as a URL or a command (`pipe:`, `http://`, `s3://`, `file:` ...).
 Set aside too, unless the config is a checkpoint's that lies in the run folder it was written to
 (the user's own run, read where it trained: `keep_local_places`):
-- a place outside the working folder: an absolute path, a `..`, a `~`, a control character.
+- a place outside the working folder: an absolute path, a `..`, a `~`, a control character;
+- a place inside it that a link leads out of: judged by real paths (`core/confinement.py`).
 A key set aside takes its default (the project's own: data/shapes, or none) and one log line names
 it. A command that would read it (`StoredSettings.load_split`) refuses in one line naming the key
 for the user to give; the demo's examples and an export's card and figure go without.
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from captioner.core.config_sections import Config, DataConfig
+from captioner.core.confinement import escapes
 from captioner.core.errors import DatasetError
 from captioner.data.records import ImageRecord
 
@@ -95,8 +97,13 @@ def place_problem(key: str, value: str, keep_local_places: bool) -> str | None:
         return "a shard pattern: webdataset opens it as a path, a URL or a shell command"
     if SCHEME.match(value):
         return "a URL or a command"
-    if not keep_local_places and outside_working_folder(value):
+    if keep_local_places:
+        return None
+    if outside_working_folder(value):
         return "a path outside the working folder, which only a checkpoint in the run folder it was written to may name"
+    target = escapes(value, os.getcwd())
+    if target is not None:
+        return f"a link in the working folder that leads outside it, to {shown(target)}"
     return None
 
 

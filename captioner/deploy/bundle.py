@@ -10,7 +10,6 @@ input size, grid and decoding defaults over top-level fields; it is still read.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from captioner.core.bounded_files import read_json
 from captioner.core.checksums import verify_file
 from captioner.core.errors import CaptionerError, ConfigError, ExportError
 from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION, ModelSpec, SpecialIds
@@ -74,13 +74,12 @@ def find_manifest(folder: str | Path) -> Path:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """onnx.json, checked for format, version and the fields the runtime reads."""
+    """onnx.json, read within its limits (`core/bounded_files.py`), checked for format, version
+    and the fields the runtime reads."""
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ExportError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ExportError(f"{path}: cannot be read ({e})") from None
+        manifest = read_json(path, f"model's {MANIFEST}", ExportError)
+    except FileNotFoundError:
+        raise ExportError(f"{path}: missing") from None
     if not isinstance(manifest, dict) or manifest.get("format") != ONNX_FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ExportError(f"{path}: not a captioner ONNX export (format {found!r}, expected {ONNX_FORMAT!r})")

@@ -210,6 +210,11 @@ class Captioner(nn.Module):
         finally:
             self.train(was_training)
 
+    def attention_shape(self) -> tuple[int, int]:
+        """(layers, heads) of the attention maps its captions carry: (1, 1) for the LSTM."""
+        decoder = self.config.decoder
+        return (decoder.num_layers, decoder.num_heads) if decoder.type == "transformer" else (1, 1)
+
     def settings(self) -> dict:
         """The config sections that rebuild this model (a checkpoint without a training config
         carries these): the model, the input size and the decoding defaults."""

@@ -199,6 +199,10 @@ class Ensemble(nn.Module):
         members = [Captioner.from_pretrained(path, device) for path in paths]
         return cls(members, combine, names=[str(path) for path in paths]).eval()
 
+    def attention_shape(self) -> tuple[int, int]:
+        """(layers, heads) of its captions' maps: one map a word, the members' layer-and-head means combined."""
+        return (1, 1)
+
     @property
     def combine(self) -> str:
         return self.decoder.combine

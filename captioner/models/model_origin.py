@@ -10,7 +10,6 @@ names the model to use instead: a fluent caption of the wrong world would otherw
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Iterable
@@ -21,6 +20,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from captioner.core.bounded_files import SCORES_JSON_BYTES, read_json
+from captioner.core.errors import CaptionerError
 from captioner.data.shapes import COLOURS
 from captioner.models.default_model import DEFAULT_MODEL
 from captioner.models.export_format import is_exported
@@ -68,10 +69,14 @@ def checkpoint_origin(name: str, stored_config: Any, checkpoint: Path) -> ModelO
     scores_test.json beside it when there is one."""
     data = stored_config.get("data") if isinstance(stored_config, dict) else None
     dataset = data.get("dataset") if isinstance(data, dict) else None
+    path = checkpoint.parent / "scores_test.json"
     try:
-        test = json.loads((checkpoint.parent / "scores_test.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        test = None  # never evaluated, or not readable: no scores claimed
+        test = read_json(path, "scores file", CaptionerError, max_bytes=SCORES_JSON_BYTES)
+    except OSError:
+        test = None  # never evaluated: no scores claimed
+    except CaptionerError as e:  # damaged, or past a limit: said, and no scores claimed
+        log.warning("%s; its scores are left out", e)
+        test = None
     return ModelOrigin(name, dataset if isinstance(dataset, str) else None, *overall_scores(test))
 
 

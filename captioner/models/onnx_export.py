@@ -44,6 +44,8 @@ SUBFOLDER = "onnx"
 MANIFEST = "onnx.json"
 GRAPH_FILES = {"encoder": "encoder.onnx", "decoder_init": "decoder_init.onnx", "decoder_step": "decoder_step.onnx"}
 PARITY_TOLERANCE = 1e-4  # max |onnxruntime - torch| allowed, relative to the tensor's scale (at least 1)
+# What the exporters record about the tracing in a graph's metadata: source lines, module paths.
+TRACE_KEYS = ("pkg.torch.onnx.", "namespace")
 
 
 class EncoderGraph(nn.Module):
@@ -201,6 +203,7 @@ def _export_graph(spec: GraphSpec, path: Path, opset: int) -> dict[str, Any]:
                 dynamic_axes={name: {0: "batch"} for name in [*spec.inputs, *spec.outputs]}, opset_version=opset,
                 dynamo=False,
             )
+        strip_trace_records(path)
         return {"exporter": "torchscript", "opset": opset}
     except Exception as torchscript_error:  # noqa: BLE001 - the exporter raises many kinds; dynamo may still manage
         first_reason = " ".join(str(torchscript_error).split())[:160]
@@ -212,10 +215,38 @@ def _export_graph(spec: GraphSpec, path: Path, opset: int) -> dict[str, Any]:
                 dynamic_shapes=_dynamic_batch(spec), opset_version=max(opset, DYNAMO_MIN_OPSET), dynamo=True, verbose=False,
             )
             program.save(str(path))
+        strip_trace_records(path)
         return {"exporter": "dynamo", "opset": max(opset, DYNAMO_MIN_OPSET)}
     except Exception as e:  # noqa: BLE001
         reason = " ".join(str(e).split())[:160]
         raise ExportError(f"export: torch.onnx cannot export {path.name} (TorchScript: {first_reason}; dynamo: {reason})") from None
+
+
+def strip_trace_records(path: Path) -> bool:
+    """Drop from the graph at `path` what the exporter recorded of the tracing: doc strings, and
+    the nodes' metadata (the dynamo exporter's stack traces name the files of the checkout, and
+    so the folders of the machine, that traced it). What the graph computes is untouched.
+    Returns whether anything was dropped (the file is written again only then)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    dropped = False
+    graphs = [model.graph, *(function for function in model.functions)]
+    while graphs:  # a graph's nodes, and the subgraphs their attributes hold
+        graph = graphs.pop()
+        for proto in (graph, *graph.node, *graph.input, *graph.output, *graph.value_info, *graph.initializer):
+            if getattr(proto, "doc_string", ""):
+                proto.doc_string, dropped = "", True
+            if hasattr(proto, "metadata_props") and any(p.key.startswith(TRACE_KEYS) for p in proto.metadata_props):
+                kept = [p for p in proto.metadata_props if not p.key.startswith(TRACE_KEYS)]
+                del proto.metadata_props[:]
+                proto.metadata_props.extend(kept)
+                dropped = True
+        graphs += [attribute.g for node in graph.node for attribute in node.attribute if attribute.HasField("g")]
+        graphs += [g for node in graph.node for attribute in node.attribute for g in attribute.graphs]
+    if dropped:
+        onnx.save(model, str(path))
+    return dropped
 
 
 def _dynamic_batch(spec: GraphSpec) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from captioner.apps.arguments import (
     IMAGE_SUFFIXES,
     add_decode_arguments,
     add_ensemble_arguments,
+    check_layer_and_head,
     decode_options,
     decode_value,
     expand_images,
@@ -188,12 +189,7 @@ def check_map_choice(layer: int, head: int | None, results: Sequence[object]) ->
     attn = getattr(first, "attn", None)  # a tensor, or the ONNX runtime's array: no torch imported for it
     if attn is None or attn.ndim < 3:
         return
-    layers, heads = attn.shape[1], attn.shape[2]
-    if not -layers <= layer < layers:
-        raise CaptionerError(f"caption --layer {layer}: this model's maps have {layers} layer{'s' if layers > 1 else ''} "
-                             f"(0 to {layers - 1}; -1 is the last)")
-    if head is not None and not 0 <= head < heads:
-        raise CaptionerError(f"caption --head {head}: this model's maps have {heads} head{'s' if heads > 1 else ''} (0 to {heads - 1})")
+    check_layer_and_head("caption", layer, head, attn.shape[1], attn.shape[2])
 
 
 def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, list[str]]:

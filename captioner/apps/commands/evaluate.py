@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from captioner.apps.arguments import (
     add_decode_arguments,
     add_ensemble_arguments,
+    check_layer_and_head,
     decode_options,
     load_model,
     nonnegative_int,
@@ -116,6 +117,8 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         require_official_metrics(args.spice)
     checkpoint = checkpoint_file(args.checkpoint)  # a run folder: its best.pt, else last.pt
     model = load_model("evaluate", checkpoint, args)
+    if args.grounding:  # the maps it scores: a layer or head the model lacks is said before its data is read
+        check_layer_and_head("evaluate", args.layer, args.head, *model.attention_shape())
     config, records, all_records = checkpoint_split(checkpoint, args)
     grounding = grounding_request(args, config.data) if args.grounding else None
     options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}

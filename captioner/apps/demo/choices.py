@@ -16,8 +16,7 @@ MEAN = "mean"  # the head choice that averages the heads
 
 def attention_shape(model: Captioner) -> tuple[int, int]:
     """(layers, heads) of the decoder's attention maps: (1, 1) for the LSTM."""
-    decoder = model.config.decoder
-    return (decoder.num_layers, decoder.num_heads) if decoder.type == "transformer" else (1, 1)
+    return model.attention_shape()
 
 
 def attention_choices(model: Captioner) -> tuple[list[str], list[str]]:

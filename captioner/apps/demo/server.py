@@ -6,14 +6,17 @@ no share link, no server-side rendering, analytics off.
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from captioner.apps.demo.batcher import MAX_BATCH
 from captioner.apps.demo.cache import private_cache
 from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, wait_for_callbacks
+from captioner.core.errors import CaptionerError
 from captioner.models.default_model import find_default_model
 from captioner.models.model_paths import checkpoint_file
 from captioner.models.export_format import is_exported
@@ -43,22 +46,51 @@ def launch(
     block: bool = True,
     max_file_size: str | int = MAX_FILE_SIZE,
 ) -> str:
-    """Serve the page; returns its URL (at once when not `block`, e.g. in tests)."""
-    _, url, _ = demo.launch(
-        server_name=host,
-        server_port=port,
-        share=False,
-        prevent_thread_lock=not block,
-        max_file_size=max_file_size,
-        ssr_mode=False,
-        pwa=False,
-        mcp_server=False,
-        enable_monitoring=False,
-        show_error=False,  # no exception text in the page; the callbacks put messages there themselves
-        quiet=True,  # Gradio's own lines: the URL is logged by serve(), and the share=True hint is nothing the command line offers
-        state_session_capacity=SESSIONS,
-    )
+    """Serve the page; returns its URL (at once when not `block`, e.g. in tests). A port taken
+    meanwhile is one CaptionerError line, as `check_port` says it before the models load."""
+    try:
+        _, url, _ = demo.launch(
+            server_name=host,
+            server_port=port,
+            share=False,
+            prevent_thread_lock=not block,
+            max_file_size=max_file_size,
+            ssr_mode=False,
+            pwa=False,
+            mcp_server=False,
+            enable_monitoring=False,
+            show_error=False,  # no exception text in the page; the callbacks put messages there themselves
+            quiet=True,  # Gradio's own lines: the URL is logged by serve(), and the share=True hint is nothing the command line offers
+            state_session_capacity=SESSIONS,
+        )
+    except OSError as e:
+        if "empty port" not in str(e) and e.errno != errno.EADDRINUSE:
+            raise
+        raise port_taken(host, port) from None
     return url
+
+
+def port_taken(host: str, port: int) -> CaptionerError:
+    """The one line for a port another process serves on."""
+    return CaptionerError(f"demo --port {port}: port {port} on {host} is in use (another demo?); give another with --port")
+
+
+def check_port(host: str, port: int) -> None:
+    """Bind to `port` on `host` and let go, as Gradio does before it serves: a port in use (or a
+    host that is no local address) is one line naming it and the flag, before any
+    model loads."""
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise CaptionerError(f"demo --host {host}: not an address to serve on ({e.strerror})") from None
+    with socket.socket(family, kind, protocol) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free to serve on
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise port_taken(host, port) from None
+            raise CaptionerError(f"demo --host {host} --port {port}: cannot serve there ({e.strerror})") from None
 
 
 def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
@@ -100,6 +132,7 @@ def serve(
     """`captioner demo`: the given checkpoints, by default `default_checkpoint()` (the export at
     runs/default_model, else the packaged model, else the quickstart's trained model), until
     interrupted; its temporary files in a cache of its own, removed at the end."""
+    check_port(host, port)
     limit_malloc_arenas()
     cache = private_cache()
     cleanup = Cleanup(cleanup.every_s, cleanup.max_age_s, empty_folders=cache is not None)

@@ -1,0 +1,126 @@
+"""The files of data a model brings (its config.json, vocabulary, ONNX spec, the scores beside a
+checkpoint, its card's YAML metadata), read within limits: no more than a size cap is read, and
+the nesting depth is measured before anything is parsed, without recursion. A file past a limit
+is one error line naming it and the limit, never a RecursionError from the parser nor a read of
+however many gigabytes the file holds.
+
+The YAML of a card is read with PyYAML's safe loader (no tags that build objects), with a cap on
+its aliases (an alias is a reference to an anchored node: a few dozen nested ones expand into
+billions of nodes for whoever walks the result) and on its depth. PyYAML is imported when a card
+is read: the torch-free runtime reads JSON only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from captioner.core.errors import CaptionerError
+from captioner.core.files import size_text
+
+MODEL_JSON_BYTES = 16 * 2**20  # config.json, vocab.json, onnx.json: a 100,000-word vocabulary takes about 1.5 MB
+SCORES_JSON_BYTES = 32 * 2**20  # scores_<split>.json: its per-image rows, about 300 bytes an image
+CARD_BYTES = 2**20  # a model card (README.md): a few kilobytes
+MAX_DEPTH = 32  # nesting of objects and lists; a model's files nest 5 deep
+MAX_ALIASES = 20  # YAML aliases in a card's metadata (captioner writes none): 20 expand to at most a few thousand nodes
+
+# A JSON string, escapes included; one left open runs to the end. Every quote starts a match that
+# succeeds, so the scan is linear whatever the text (a pattern that can fail rescans from each quote).
+STRING = re.compile(r'"[^"\\]*(?:\\.?[^"\\]*)*(?:"|\Z)', re.DOTALL)
+NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def read_capped(path: str | Path, what: str, max_bytes: int, error: type[CaptionerError]) -> bytes:
+    """At most `max_bytes` of `path`; one `error` line naming the file and the cap when it holds
+    more. FileNotFoundError is the caller's to word; any other OSError is one `error` line."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size if path.is_file() else None
+            if size is not None and size > max_bytes:
+                raise error(f"{path}: {size_text(size)}, more than the {size_text(max_bytes)} a {what} may take; refused")
+            # The size when known (read() sizes its buffer by the request); a pipe or a file still
+            # growing: never more than the cap and one byte.
+            data = f.read((max_bytes if size is None else size) + 1)
+    except (FileNotFoundError, CaptionerError):
+        raise
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror or e})") from None
+    if len(data) > max_bytes:
+        raise error(f"{path}: more than the {size_text(max_bytes)} a {what} may take; refused")
+    return data
+
+
+def nests_deeper_than(text: str, levels: int) -> bool:
+    """Whether the objects and lists of a JSON text nest more than `levels` deep, counted over its
+    brackets outside strings: no recursion, and C loops (regular expressions, accumulate) over
+    the text's length."""
+    if text.count("[") + text.count("{") <= levels:  # fewer openings than levels: most files, at once
+        return False
+    brackets = NOT_BRACKET.sub("", STRING.sub("", text))
+    return max(itertools.accumulate(map(STEP.__getitem__, brackets)), default=0) > levels
+
+
+def parse_json(text: str, path: str | Path, what: str, max_depth: int, error: type[CaptionerError]) -> Any:
+    """`text` parsed, once its depth is within `max_depth`; one `error` line naming `path` if not."""
+    if nests_deeper_than(text, max_depth):
+        raise error(f"{path}: nested deeper than the {max_depth} levels a {what} may have; refused")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+
+
+def read_json(
+    path: str | Path, what: str, error: type[CaptionerError], max_bytes: int = MODEL_JSON_BYTES, max_depth: int = MAX_DEPTH,
+) -> Any:
+    """A JSON file a model brings, read within its size cap and depth (`what` names it in the
+    error line: "model's config.json"); any failure is one `error` line naming the file, except a
+    missing file (FileNotFoundError, for the caller to word)."""
+    data = read_capped(path, what, max_bytes, error)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not valid JSON (not UTF-8 text: {e.reason} at byte {e.start})") from None
+    return parse_json(text, path, what, max_depth, error)
+
+
+def load_yaml(
+    text: str, source: str, what: str, error: type[CaptionerError], max_depth: int = MAX_DEPTH, max_aliases: int = MAX_ALIASES,
+) -> Any:
+    """YAML text from a model (a card's metadata) with the safe loader, refused in one `error`
+    line naming `source` when it nests deeper than `max_depth` or holds more than `max_aliases`
+    aliases; its own syntax errors too."""
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        """SafeLoader that counts the aliases it meets and the depth it composes at."""
+
+        aliases = 0
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                self.aliases += 1
+                if self.aliases > max_aliases:
+                    raise error(f"{source}: more than the {max_aliases} YAML aliases a {what} may hold; refused")
+            self.depth += 1
+            try:
+                if self.depth > max_depth:
+                    raise error(f"{source}: nested deeper than the {max_depth} levels a {what} may have; refused")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    loader = BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as e:
+        raise error(f"{source}: not valid YAML ({' '.join(str(e).split())[:160]})") from None
+    finally:
+        loader.dispose()

@@ -1,0 +1,96 @@
+"""What a model carries of the run that trained it: the recipe (the dataset's kind, its splits,
+every setting that shaped the weights), never the folders of the machine that made it.
+
+Every key declared as a `Place` (a path, a folder, a shard pattern: data.root, image_root,
+karpathy_file, the shard patterns, feature_store, train.out_dir, train.init) is written as what
+its spec says travels: its last component (the dataset's folder name, the run's name, the shard
+files' pattern), the name of the run a checkpoint came from, or null. A place with no such name
+(`~`, `/`, a command) becomes "unnamed" where the config needs a value. A text value of a key this
+version does not declare (an older export's) that holds a path separator or starts with `~`
+becomes its last component too. Relative paths are no exception: they are the maker's folders as well.
+
+`portable_config` is the one function every writer of a model's config uses: `write_exported`
+(every export, push and packaged model) and the card's recipe.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from captioner.core.config import leaf_fields
+from captioner.core.specs import Place
+
+UNNAMED = "unnamed"  # what a place that names nothing portable becomes where the config needs a value
+NAME = re.compile(r"(?!\.{1,2}$)[\w{][\w.{}-]{0,99}")  # a file or folder name, a shard pattern's braces included
+SEPARATORS = re.compile(r"[/\\\s:]+")  # between the components of a path, a URL or a command
+PATH_LIKE = re.compile(r"[/\\]|^~")  # text that names a place
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
+
+
+def place_keys() -> dict[str, Place]:
+    """Dotted key -> its spec, for every key of the config that names a place."""
+    return {dotted: f.metadata["spec"] for dotted, f, _ in leaf_fields() if isinstance(f.metadata.get("spec"), Place)}
+
+
+def last_name(value: str) -> str | None:
+    """The last component of a path, URL or command when it is a plain name, else None."""
+    parts = [part for part in SEPARATORS.split(value) if part]
+    return parts[-1] if parts and NAME.fullmatch(parts[-1]) else None
+
+
+def run_name(value: str) -> str | None:
+    """The name of the run a checkpoint path points into: the folder of runs/x/best.pt; a run
+    folder's own name; a lone checkpoint file's name."""
+    parts = [part for part in SEPARATORS.split(value) if part]
+    if len(parts) > 1 and parts[-1].endswith(CHECKPOINT_SUFFIXES):
+        parts = parts[:-1]
+    return parts[-1] if parts and NAME.fullmatch(parts[-1]) else None
+
+
+def portable_value(value: Any, spec: Place) -> str | None:
+    """What a model carries of a place: None for "null" keys and unset ones, else a name."""
+    if value is None or spec.travels == "null":
+        return None
+    name = (run_name if spec.travels == "run" else last_name)(value) if isinstance(value, str) else None
+    return name or UNNAMED
+
+
+def value_at(stored: dict[str, Any], dotted: str) -> Any:
+    """The value of a dotted key in a stored config (a dict of sections); None where it has none."""
+    node: Any = stored
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def portable_config(stored: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a run's config (`Config.to_dict()`, or as a model stored it) in which no key
+    names a place of the machine that wrote it."""
+    portable = copy.deepcopy(stored)
+    places = place_keys()
+    for dotted, spec in places.items():
+        *sections, key = dotted.split(".")
+        node: Any = portable
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node:
+            node[key] = portable_value(node[key], spec)
+    strip_undeclared_paths(portable, "", places)
+    return portable
+
+
+def strip_undeclared_paths(node: Any, prefix: str, places: dict[str, Place]) -> None:
+    """Text under keys this version does not declare that holds a path separator: its last
+    component (an older version's place, whatever its name)."""
+    declared = {dotted for dotted, _, _ in leaf_fields()}
+    stack = [(node, prefix)]
+    while stack:  # a stored config may nest as deep as its reader let it: no recursion here
+        current, at = stack.pop()
+        for key, value in list(current.items()) if isinstance(current, dict) else []:
+            dotted = f"{at}{key}"
+            if isinstance(value, dict):
+                stack.append((value, dotted + "."))
+            elif isinstance(value, str) and dotted not in declared and dotted not in places and PATH_LIKE.search(value):
+                current[key] = last_name(value) or UNNAMED
