@@ -49,9 +49,9 @@ def leaks(folder: Path, needles: dict[str, bytes]) -> list[str]:
 
 
 def assert_portable(training_config: dict) -> None:
-    for dotted, spec in place_keys().items():
+    for dotted, (spec, default) in place_keys().items():
         value = value_at(training_config, dotted)
-        assert value is None or (spec.travels != "null" and NAME.fullmatch(value) and value not in (".", "..")), (dotted, value)
+        assert value in (None, default) or (spec.travels != "null" and NAME.fullmatch(value)), (dotted, value)
 
 
 def places_of_this_machine(run: Path, tmp_path: Path) -> list[str]:
@@ -85,7 +85,7 @@ def test_every_text_key_is_a_place_or_a_name() -> None:
     assert text_keys == {"data.caption_column", "data.image_column"}
     assert set(place_keys()) >= {"data.root", "data.image_root", "data.karpathy_file", "data.train_shards", "data.feature_store",
                                  "train.out_dir", "train.init"}
-    assert all(isinstance(spec, Place) for spec in place_keys().values())
+    assert all(isinstance(spec, Place) for spec, _ in place_keys().values())
 
 
 def test_an_export_and_its_onnx_graphs_name_no_place_of_the_machine(run: Path, photo: Path, tmp_path: Path) -> None:
@@ -195,6 +195,19 @@ def test_a_place_with_no_name_becomes_unnamed_where_a_value_is_needed() -> None:
     portable = portable_config(stored)
     assert (portable["data"]["root"], portable["data"]["karpathy_file"], portable["train"]["init"]) == (UNNAMED, UNNAMED, UNNAMED)
     assert portable["data"]["cache"] == "cache" and stored["data"]["root"] == "/"
+
+
+def test_a_name_keeps_its_spaces_a_command_its_pattern_and_a_default_stays() -> None:
+    """A folder named with a space is one name ('my photos', not 'photos'); a shard command carries
+    the pattern it reads; a key at its own default (data/shapes, where the project puts the shapes
+    world) names nothing of the maker's and stays, so evaluating a shapes export reads it there."""
+    from captioner.core.portable_config import portable_config
+
+    stored = load_config(None, ["data.dataset=imagefolder", "data.root=/home/someone/my photos",
+                                "data.val_shards=pipe:cat '/home/someone/shards/val {0..3}.tar'"]).to_dict()
+    portable = portable_config(stored)
+    assert portable["data"]["root"] == "my photos" and portable["data"]["val_shards"] == "val {0..3}.tar"
+    assert portable_config(load_config(None, []).to_dict())["data"]["root"] == "data/shapes"
 
 
 def test_an_older_exports_traced_graph_is_stripped_on_its_way_to_the_hub(run: Path, photo: Path, tmp_path: Path) -> None:

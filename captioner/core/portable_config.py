@@ -17,40 +17,57 @@ from __future__ import annotations
 
 import copy
 import re
+import shlex
 from typing import Any
 
 from captioner.core.config import leaf_fields
 from captioner.core.specs import Place
 
 UNNAMED = "unnamed"  # what a place that names nothing portable becomes where the config needs a value
-NAME = re.compile(r"(?!\.{1,2}$)[\w{][\w.{}-]{0,99}")  # a file or folder name, a shard pattern's braces included
-SEPARATORS = re.compile(r"[/\\\s:]+")  # between the components of a path, a URL or a command
+NAME = re.compile(r"(?!\.{1,2}$)[\w{]([\w.{} -]{0,98}[\w.{}-])?")  # a file or folder name, spaces and braces included
+SEPARATORS = re.compile(r"[/\\]+")  # between the components of a path or a URL
+COMMAND = "pipe:"  # a shard command: its last word is the pattern it reads
 PATH_LIKE = re.compile(r"[/\\]|^~")  # text that names a place
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
 
 
-def place_keys() -> dict[str, Place]:
-    """Dotted key -> its spec, for every key of the config that names a place."""
-    return {dotted: f.metadata["spec"] for dotted, f, _ in leaf_fields() if isinstance(f.metadata.get("spec"), Place)}
+def place_keys() -> dict[str, tuple[Place, Any]]:
+    """Dotted key -> its spec and default, for every key of the config that names a place."""
+    return {dotted: (f.metadata["spec"], f.default) for dotted, f, _ in leaf_fields()
+            if isinstance(f.metadata.get("spec"), Place)}
+
+
+def components(value: str) -> list[str]:
+    """The components of a path or URL; of a shard command, those of its last word."""
+    if value.startswith(COMMAND):
+        try:
+            words = shlex.split(value[len(COMMAND):])
+        except ValueError:  # an unclosed quote: the command's plain words
+            words = value[len(COMMAND):].split()
+        value = (words or [""])[-1]
+    return [part for part in SEPARATORS.split(value) if part]
 
 
 def last_name(value: str) -> str | None:
     """The last component of a path, URL or command when it is a plain name, else None."""
-    parts = [part for part in SEPARATORS.split(value) if part]
+    parts = components(value)
     return parts[-1] if parts and NAME.fullmatch(parts[-1]) else None
 
 
 def run_name(value: str) -> str | None:
     """The name of the run a checkpoint path points into: the folder of runs/x/best.pt; a run
     folder's own name; a lone checkpoint file's name."""
-    parts = [part for part in SEPARATORS.split(value) if part]
+    parts = components(value)
     if len(parts) > 1 and parts[-1].endswith(CHECKPOINT_SUFFIXES):
         parts = parts[:-1]
     return parts[-1] if parts and NAME.fullmatch(parts[-1]) else None
 
 
-def portable_value(value: Any, spec: Place) -> str | None:
-    """What a model carries of a place: None for "null" keys and unset ones, else a name."""
+def portable_value(value: Any, spec: Place, default: Any = None) -> str | None:
+    """What a model carries of a place: None for "null" keys and unset ones; the key's own default
+    (the project's relative place, such as data/shapes: nothing of the maker's); else a name."""
+    if value is not None and value == default:
+        return value
     if value is None or spec.travels == "null":
         return None
     name = (run_name if spec.travels == "run" else last_name)(value) if isinstance(value, str) else None
@@ -70,13 +87,13 @@ def portable_config(stored: dict[str, Any]) -> dict[str, Any]:
     names a place of the machine that wrote it."""
     portable = copy.deepcopy(stored)
     places = place_keys()
-    for dotted, spec in places.items():
+    for dotted, (spec, default) in places.items():
         *sections, key = dotted.split(".")
         node: Any = portable
         for section in sections:
             node = node.get(section) if isinstance(node, dict) else None
         if isinstance(node, dict) and key in node:
-            node[key] = portable_value(node[key], spec)
+            node[key] = portable_value(node[key], spec, default)
     strip_undeclared_paths(portable, "", places)
     return portable
 
