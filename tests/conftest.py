@@ -43,6 +43,14 @@ CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def in_an_empty_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts in an empty folder of its own, wherever pytest was started: a test that
+    found the project's files through the working folder (configs/..., tests.helpers) passed only
+    from the checkout's root, and one that wrote runs/ or data/ there wrote into the checkout."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The read-only real-data folder (COCO captions, Flickr8k): $CAPTIONER_SHARED_DATA, else

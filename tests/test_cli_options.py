@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import REPO, tiny_model
+
+SHAPES_LSTM = str(REPO / "configs/shapes_lstm.yaml")
 from PIL import Image
 
 from captioner.apps.cli import main
@@ -111,22 +113,24 @@ def test_every_argument_of_every_command_has_help_and_shows_its_default() -> Non
 
 
 def test_train_and_features_name_the_device_with_device_as_every_command_does(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     import argparse
+
+    monkeypatch.chdir(tmp_path)  # train makes its run folder (runs/shapes_lstm) before the run
 
     import captioner.apps.runs as runs
     from captioner.apps.commands.train import resume_command
 
     seen = {}
     monkeypatch.setattr(runs, "train_run", lambda config, resume: seen.setdefault("device", config.train.device) and "best.pt")
-    assert main(["train", "configs/shapes_lstm.yaml", "--device", "cpu", "train.epochs=1"]) == 0
+    assert main(["train", SHAPES_LSTM, "--device", "cpu", "train.epochs=1"]) == 0
     assert seen["device"] == "cpu"
-    assert main(["train", "configs/shapes_lstm.yaml", "--device", "gpu"]) == 2  # checked as train.device is
+    assert main(["train", SHAPES_LSTM, "--device", "gpu"]) == 2  # checked as train.device is
     assert "train.device" in capsys.readouterr().err
     args = argparse.Namespace(config="c.yaml", overrides=["train.epochs=1"], init=None, device="cuda:1")
     assert resume_command(args) == "captioner train c.yaml train.epochs=1 --device cuda:1 --resume"
-    assert main(["features", "configs/shapes_lstm.yaml", "--device", "tpu"]) == 2
+    assert main(["features", SHAPES_LSTM, "--device", "tpu"]) == 2
     assert "train.device" in capsys.readouterr().err
 
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import yaml
+from helpers import REPO
 
 from captioner.apps.cli import main
 from captioner.core.config import load_config
@@ -23,16 +24,16 @@ def all_key_names(cls: type = Config, prefix: str = "") -> list[str]:
 
 
 def test_show_prints_the_resolved_config_as_yaml(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["config", "show", "configs/shapes_transformer.yaml", "train.epochs=3", "decode.beam_size=5"]) == 0
+    assert main(["config", "show", str(REPO / "configs/shapes_transformer.yaml"), "train.epochs=3", "decode.beam_size=5"]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)
-    assert shown == load_config("configs/shapes_transformer.yaml", ["train.epochs=3", "decode.beam_size=5"]).to_dict()
+    assert shown == load_config(str(REPO / "configs/shapes_transformer.yaml"), ["train.epochs=3", "decode.beam_size=5"]).to_dict()
     assert shown["train"]["epochs"] == 3 and shown["model"]["decoder"]["type"] == "transformer"
     assert main(["config", "show", "train.lr=0.01"]) == 0  # overrides of the built-in defaults
     assert yaml.safe_load(capsys.readouterr().out)["train"]["lr"] == 0.01
 
 
 def test_show_refuses_a_bad_value_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["config", "show", "configs/shapes_lstm.yaml", "train.epochs=many"]) == 2
+    assert main(["config", "show", str(REPO / "configs/shapes_lstm.yaml"), "train.epochs=many"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "train.epochs" in err and "many" in err
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_vocab
+from helpers import REPO, tiny_vocab
 from torchvision.transforms import v2
 
 from captioner.apps.cli import main
@@ -68,7 +68,7 @@ def test_an_unknown_backbone_stops_the_features_command_before_any_work(monkeypa
         raise AssertionError("the split was loaded before the backbone was checked")
 
     monkeypatch.setattr("captioner.data.datasets.load_split", no_data)
-    assert main(["features", "configs/shapes_lstm.yaml", "model.encoder.name=resnet18", "--splits", "val"]) == 2
+    assert main(["features", str(REPO / "configs/shapes_lstm.yaml"), "model.encoder.name=resnet18", "--splits", "val"]) == 2
     assert capsys.readouterr().err.strip() == f"error: model.encoder.name: unknown backbone 'resnet18'; registered: {', '.join(BACKBONES)}"
 
 

@@ -92,7 +92,7 @@ def run_quickstart(tmp_path: Path, *args: str, java: bool) -> tuple[subprocess.C
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     calls = tmp_path / "calls.txt"
-    (bin_dir / "captioner").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (bin_dir / "captioner").write_text(f'#!/bin/sh\necho "$*" >> {shlex.quote(str(calls))}\n')
     (bin_dir / "captioner").chmod(0o755)
     for tool in ("sed", "dirname"):
         (bin_dir / tool).symlink_to(shutil.which(tool))

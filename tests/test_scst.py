@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import TINY_MODEL, tiny_config, tiny_model
+from helpers import REPO, TINY_MODEL, tiny_config, tiny_model
 
 from captioner.apps.cli import main
 from captioner.core.config_sections import ScstConfig
@@ -280,7 +280,7 @@ TINY = [
 def test_init_from_a_checkpoint_trains_an_scst_epoch(decoder: str, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     data = f"data.root={tmp_path / 'shapes'}"
-    config = f"configs/shapes_{decoder}.yaml"
+    config = str(REPO / f"configs/shapes_{decoder}.yaml")
     assert main(["train", config, *TINY, data, f"train.out_dir={tmp_path / 'xe'}"]) == 0
     xe = tmp_path / "xe" / "best.pt"
     scst = [*TINY, data, f"train.out_dir={tmp_path / 'scst'}", "train.stage=scst", "scst.samples=3", "scst.max_length=8"]

@@ -86,15 +86,20 @@ def test_stored_expectations_are_what_java_gives_today() -> None:
 
 
 @pytest.mark.usefixtures("java")
-def test_java_tokenizes_the_same_under_lang_c_from_a_folder_named_beyond_ascii(
+def test_java_tokenizes_the_same_under_lang_c_from_folders_named_beyond_ascii_and_with_spaces(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Java reads its class path and files in the locale's charset: under LANG=C the jar in a venv
-    under 'ä ö/' was not found, and 'café' would be mangled. Java runs in a UTF-8 locale there."""
+    under 'ä ö/' was not found, and 'café' would be mangled; Java runs in a UTF-8 locale there.
+    CoreNLP's tokenizer misread an input file in a temporary folder with a space: none is written."""
+    import tempfile
+
     from pycocoevalcap.tokenizer import ptbtokenizer
 
     folder = tmp_path / "ä ö"
     folder.mkdir()
+    (tmp_path / "t m p").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "t m p"))
     shutil.copy(Path(ptbtokenizer.__file__).parent / ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR, folder)
     monkeypatch.setattr(ptbtokenizer, "__file__", str(folder / "ptbtokenizer.py"))
     for name in ("LC_ALL", "LC_CTYPE", "LANG"):

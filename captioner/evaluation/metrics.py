@@ -50,20 +50,19 @@ def ptb_token_lines(captions: Sequence[str]) -> list[str]:
     """Each caption tokenised as pycocoevalcap's PTBTokenizer gives it (its tokens joined by single
     spaces, punctuation removed), from ONE run of the Java tokenizer over all of them.
 
-    The same Java command, input file and punctuation removal as pycocoevalcap's wrapper, with a
-    time limit and a one-line JavaToolError if Java fails, and the input file written to a
-    temporary folder (pycocoevalcap writes it into its installed package)."""
+    The same Java command, input and punctuation removal as pycocoevalcap's wrapper, with a time
+    limit and a one-line JavaToolError if Java fails; the input is piped in (pycocoevalcap writes
+    it into its installed package)."""
     from pycocoevalcap.tokenizer import ptbtokenizer
 
     if not captions:
         return []
     # pycocoevalcap's command: CoreNLP 3.4.1's PTBTokenizer, one caption per line, lower-cased.
     args = ["-cp", ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR, "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines", "-lowerCase"]
-    with tempfile.TemporaryDirectory(prefix="captioner-ptb-") as folder:
-        path = Path(folder) / "captions.txt"
-        path.write_text("\n".join(one_line(c).replace("\n", " ") for c in captions), encoding="utf-8")
-        jar_folder = Path(ptbtokenizer.__file__).resolve().parent
-        output = run_java("PTB tokenizer", [*args, str(path)], jar_folder, len(captions))
+    # The captions go in on stdin: CoreNLP's PTBTokenizer misreads a file name with a space in it.
+    text = "\n".join(one_line(c).replace("\n", " ") for c in captions)
+    jar_folder = Path(ptbtokenizer.__file__).resolve().parent
+    output = run_java("PTB tokenizer", args, jar_folder, len(captions), stdin=text)
     lines = output.split("\n")
     if len(lines) < len(captions):
         raise JavaToolError(f"PTB tokenizer failed: {len(captions)} captions in, {len(lines)} lines out")
