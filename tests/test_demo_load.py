@@ -33,6 +33,7 @@ from captioner.data.image_files import load_image  # noqa: E402
 from captioner.models.checkpoint import load_captioner, save_checkpoint  # noqa: E402
 
 OPTIONS = {"beam_size": 3, "max_length": 8}
+SHORT = 4  # words a server test's captions are cut at: its random model writes to the limit, a heatmap a word
 
 
 @pytest.fixture(scope="module")
@@ -196,9 +197,10 @@ def test_a_flood_is_told_the_app_is_busy_and_the_queued_requests_are_served(
     try:
         photo = tmp_path / "photo.png"
         pictures(1)[0].save(photo)
-        running = client(url, tmp_path / "0").submit(handle_file(str(photo)), api_name="/caption")
+        running = client(url, tmp_path / "0").submit(handle_file(str(photo)), max_length=SHORT, api_name="/caption")
         assert held.wait(60)
-        queued = [client(url, tmp_path / str(i)).submit(handle_file(str(photo)), api_name="/caption") for i in (1, 2)]
+        queued = [client(url, tmp_path / str(i)).submit(handle_file(str(photo)), max_length=SHORT, api_name="/caption")
+                  for i in (1, 2)]
         deadline = time.time() + 30
         while len(demo._queue) < 2 and time.time() < deadline:
             time.sleep(0.05)
@@ -227,14 +229,16 @@ def count_files(folder: Path) -> tuple[int, int]:
 def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A day of requests with the cleanup shrunk from hourly to seconds: files older than
     max_age_s go (uploads, heatmaps, figures), and so do the folders Gradio leaves empty, so the
-    cache holds the last few seconds' files, not all of them."""
+    cache holds the last few seconds' files, not all of them. Requests come at a steady pace (a
+    quarter of the cleanup age apart at most), so what the cache holds is bounded by time."""
     from gradio_client import handle_file
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))  # this server's alone, as `captioner demo` makes it
     # An age well above a request's latency beside another pytest worker, so files live until the
     # client fetches them (too short, and a heatmap is deleted before its download: a 403).
-    cleanup = Cleanup(every_s=1.5, max_age_s=6, empty_folders=True)
+    cleanup = Cleanup(every_s=1.0, max_age_s=4, empty_folders=True)
+    pace = cleanup.max_age_s / 4  # seconds between requests' starts, at least
     demo = build_demo([checkpoint], [], cleanup=cleanup)
     url = launch(demo, "127.0.0.1", free_port(), block=False)
     photos = tmp_path / "photos"
@@ -244,6 +248,7 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
         counts, requests, text = [], 0, ""
         started = time.time()
         while requests < 12 or time.time() - started < 3 * cleanup.max_age_s:  # three cleanup ages at least
+            time.sleep(max(0.0, started + requests * pace - time.time()))
             photo = photos / f"photo_{requests}.png"
             pictures(1, seed=requests)[0].save(photo)  # each upload a file of its own
             # Files younger than max_age_s are never deleted: a request's files can be gone before the
@@ -251,7 +256,7 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
             # (seen with a training run and a second test suite beside this one).
             asked = time.time()
             try:
-                text, _, gallery, _ = api.predict(handle_file(str(photo)), api_name="/caption")
+                text, _, gallery, _ = api.predict(handle_file(str(photo)), max_length=SHORT, api_name="/caption")
             except httpx.HTTPStatusError as e:
                 assert e.response.status_code == 403 and time.time() - asked > cleanup.max_age_s - cleanup.every_s, e
                 requests += 1
@@ -269,7 +274,11 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
         assert count_files(cache)[0] <= 1  # all gone but what Gradio keeps for the page
         # A request's prune finds the emptied folders; the next one, an interval later, deletes them.
         for _ in range(2):
-            api.predict(handle_file(str(photos / "photo_0.png")), api_name="/caption")
+            asked = time.time()
+            try:
+                api.predict(handle_file(str(photos / "photo_0.png")), max_length=SHORT, api_name="/caption")
+            except httpx.HTTPStatusError as e:  # as in the loop: only a request that outlived the cleanup age
+                assert e.response.status_code == 403 and time.time() - asked > cleanup.max_age_s - cleanup.every_s, e
             time.sleep(cleanup.every_s + 0.5)
         files, folders = count_files(cache)
         assert folders <= 6 and files <= 2 * per_request + 1  # the two requests' own files, in their folders

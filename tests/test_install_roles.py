@@ -7,8 +7,9 @@ install it: `uv pip compile`, which reads the same metadata as pip and gives the
 `pip install --dry-run --ignore-installed` (89 distributions for the demo role, the package
 itself included) for 0.7 CPU s a role instead of 12.5. A role the resolver finds no install for
 fails; only an index it cannot reach (no network) skips, and fails under CI=true. That the core
-captions without the extras runs the CLI with their packages hidden; the runtime is installed
-for real, by pip, in a fresh venv and captions there."""
+captions without the extras runs the CLI with their packages hidden (forked from the warm
+interpreter of tests/warm_start.py, which has imported none of them); the runtime is installed
+for real, by uv from the same index, in a fresh venv and captions there."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import numpy as np
 from PIL import Image
 
 from helpers import REPO, require, require_module, shared_folder, subprocess_env
+import warm_start
 
 # One worker runs the whole module: its fixtures build wheels and resolve every role (about 20 s,
 # mostly waiting on the index), and a second worker that reached one of its tests meanwhile sat
@@ -51,10 +53,10 @@ ROLES = {
 
 def build_wheels(folder: Path) -> dict[str, Path]:
     """This checkout's two distributions as wheels (built once: pip would rebuild a source tree
-    for every resolution)."""
+    for every resolution), with this environment's setuptools rather than one installed for each build."""
     for source in (REPO, REPO / "runtime"):
-        built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(folder), str(source)],
-                               capture_output=True, text=True, timeout=300)
+        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(folder), str(source)]
+        built = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert built.returncode == 0, built.stderr
     return {"captioner": next(folder.glob("captioner-*.whl")), "captioner-runtime": next(folder.glob("captioner_runtime-*.whl"))}
 
@@ -138,9 +140,11 @@ sys.exit(main())
 """
 
 
-def cli_without(packages: set[str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", HIDE_EXTRAS, ",".join(sorted(packages)), *args], capture_output=True, text=True,
-                          env=subprocess_env(), timeout=300)
+def cli_without(packages: set[str], *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`captioner ARGS` in a child process where `packages` cannot be imported (forked warm: the
+    server has imported torch and torchvision, none of the extras)."""
+    command = [sys.executable, "-c", HIDE_EXTRAS, ",".join(sorted(packages)), *args]
+    return warm_start.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=300, cwd=cwd)
 
 
 def test_the_core_install_captions_and_names_the_extra_a_command_needs(shapes_lstm, tmp_path: Path) -> None:
@@ -163,8 +167,7 @@ def test_the_core_install_captions_and_names_the_extra_a_command_needs(shapes_ls
     assert packaged is not None, "no model is packaged with captioner (captioner/pretrained/)"
     photo = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(photo)
-    done = subprocess.run([sys.executable, "-c", HIDE_EXTRAS, ",".join(sorted(TRAIN | DEMO | ONNX)), "caption", str(photo)],
-                          capture_output=True, text=True, env=subprocess_env(), timeout=300, cwd=tmp_path)
+    done = cli_without(TRAIN | DEMO | ONNX, "caption", str(photo), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{photo}\t") and f"captioning with {packaged.name} (packaged with captioner)" in done.stderr
 
@@ -172,6 +175,7 @@ def test_the_core_install_captions_and_names_the_extra_a_command_needs(shapes_ls
 @pytest.mark.slow
 def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(wheels: dict[str, Path], tmp_path: Path) -> None:
     require_module("onnxruntime", "the runtime test exports with onnxruntime (pip install -e .[onnx])")
+    require_module("uv", "uv, the installer, is not installed (pip install -e '.[test]')")
     from test_onnx import briefly_trained
 
     from captioner.models.onnx_export import export_onnx
@@ -181,11 +185,11 @@ def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(wheels:
     image = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(image)
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)  # uv installs into it: the same resolution as pip's, without pip's 10 CPU s
     python = env_dir / "bin" / "python"
-    installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(wheels["captioner-runtime"])],
-                               capture_output=True, text=True, timeout=600)
-    require(installed.returncode == 0, f"pip could not install the runtime's dependencies: {installed.stderr.strip()[-300:]}")
+    installed = subprocess.run([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", str(python),
+                                str(wheels["captioner-runtime"])], capture_output=True, text=True, timeout=600)
+    require(installed.returncode == 0, f"uv could not install the runtime's dependencies: {installed.stderr.strip()[-300:]}")
     no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True, cwd=tmp_path, env=outside_checkout())
     assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
     captioned = subprocess.run([str(env_dir / "bin" / "captioner-onnx"), str(tmp_path / "export"), str(image), "--beam", "2", "--max-length", "9"],

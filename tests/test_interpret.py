@@ -201,10 +201,12 @@ def test_cli_evaluate_grounding_per_head_and_caption_figures(tmp_path, capsys):
     model = tiny_model("model.decoder.type=transformer", f"data.root={tmp_path / 'shapes'}", "decode.max_length=6")
     checkpoint = tmp_path / "tf.pt"
     save_checkpoint(checkpoint, model)
-    code = main(["evaluate", str(checkpoint), "--split", "test", "--grounding", "--saliency", "gradcam",
+    shapes = f"data.root={tmp_path / 'shapes'}"  # saved outside a run folder: named, or the default data/shapes in the cwd
+    code = main(["evaluate", str(checkpoint), shapes, "--split", "test", "--grounding", "--saliency", "gradcam",
                  "--fast", "--json", "--out", str(tmp_path / "eval")])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
+    assert report["images"] == 3  # this test's world
     heads = report["grounding"]["per_head"]
     if heads["words"]:  # a random model may name no object of its image
         assert {"L0H0", "L0H1", "L0 mean", "gradcam"} <= set(heads["maps"]) and heads["best_head"].startswith("L0H")
