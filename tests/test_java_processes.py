@@ -1,7 +1,7 @@
 """The Java tools of the official metrics leave nothing behind and never hang an evaluation.
 
 Most tests put a fake `java` first on PATH: a shell script that answers `-version`, tokenises like
-the PTB tokenizer (lower-cases its file) and speaks METEOR's -stdio protocol (awk), or, when told
+the PTB tokenizer (lower-cases its input: a file, or stdin) and speaks METEOR's -stdio protocol (awk), or, when told
 by $FAKE_JAVA, hangs or dies in the middle. One test kills a real METEOR process mid-evaluation.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from captioner.evaluation import java
 from captioner.evaluation import paraphrases
 from captioner.evaluation.java import JavaToolError
-from captioner.evaluation.metrics import official_scores
+from captioner.evaluation.metrics import official_scores, pycocoevalcap_scores
 
 REFS = {1: ["A dog runs on the grass.", "A brown dog running"], 2: ["A cat sits on a mat"], 3: ["Two people ride bikes"]}
 PREDS = {1: "a dog runs", 2: "a cat on a mat", 3: "people on bikes"}
@@ -37,7 +37,7 @@ FAKE_JAVA = textwrap.dedent(
           tokenizer-die) echo 'Exception in thread "main" java.lang.OutOfMemoryError: Java heap space' >&2; exit 2 ;;
         esac
         for last; do :; done
-        tr 'A-Z' 'a-z' < "$last"; echo; exit 0 ;;
+        if [ -f "$last" ]; then tr 'A-Z' 'a-z' < "$last"; else tr 'A-Z' 'a-z'; fi; echo; exit 0 ;;
       *spice*) exec sleep 600 ;;
       *Normalizer*) cat; exit 0 ;;
       *meteor*)
@@ -115,6 +115,25 @@ def test_a_hundred_evaluations_leave_no_process_fd_or_thread(fake_java: Path, mo
     assert children() == []
     assert open_fds() == fds
     assert threading.active_count() == threads
+
+
+def test_a_failed_pycocoevalcap_reference_leaves_no_lock_to_wait_on(fake_java: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pycocoevalcap's Meteor keeps its lock when its scoring fails, and its __del__ takes that lock:
+    the object's end waited for ever, and a whole pytest worker with it."""
+    monkeypatch.setenv("FAKE_JAVA", "meteor-die")
+    failed: list[str] = []
+
+    def score() -> None:
+        try:
+            pycocoevalcap_scores(REFS, PREDS)
+        except Exception as error:  # noqa: BLE001 (whatever pycocoevalcap raises: the test is what follows)
+            failed.append(type(error).__name__)
+
+    scoring = threading.Thread(target=score, daemon=True)
+    scoring.start()
+    scoring.join(60)
+    assert not scoring.is_alive() and failed, "the failed reference's METEOR never let go"
+    assert children() == []
 
 
 @pytest.mark.parametrize(

@@ -287,6 +287,9 @@ def pycocoevalcap_scores(
                     meteor.meteor_p.wait()
                     meteor.meteor_p.stdout.close()
                     meteor.meteor_p.stderr.close()
+                # Its __del__ takes its lock, which a failed compute_score never gives back: it would
+                # wait for ever in whichever thread collects it.
+                meteor.lock = threading.Lock()
     seconds["total"] = time.perf_counter() - start_all
     return overall, per_image, seconds
 
