@@ -459,7 +459,8 @@ def browser(chromium: Path):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:  # stops the driver on the way out
-        browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+        # Chromium reads file names in the locale's charset: under LANG=C it cannot open an upload named beyond ASCII
+        browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS, env={**os.environ, "LC_ALL": "C.UTF-8"})
         try:
             yield browser
         finally:

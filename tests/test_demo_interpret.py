@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,7 +91,8 @@ def browser():
     require_module("playwright", "playwright is not installed (pip install playwright)")
     import playwright.sync_api as playwright_api
     with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        # Chromium reads file names in the locale's charset: under LANG=C it cannot open an upload named beyond ASCII
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, env={**os.environ, "LC_ALL": "C.UTF-8"})
         yield browser
         browser.close()
 

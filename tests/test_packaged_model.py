@@ -426,11 +426,14 @@ sys.exit(main(["caption", "photo.png", "--device", "cpu"]))
 
 
 @pytest.mark.slow
-def test_a_non_editable_install_carries_the_packaged_model(template: Path, tmp_path: Path) -> None:
+def test_a_non_editable_install_carries_the_packaged_model(
+    template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The package's source (pyproject.toml, README.md, captioner/) with a packaged model, built as
     a wheel and installed without dependencies into a fresh venv that reaches this one's packages
     through a .pth line; captioning there, from a folder with no runs/, uses it. An altered
     config.json is caught against the installer's RECORD."""
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")  # under LANG=C, a venv named beyond ASCII defeats Python's own start-up
     source = tmp_path / "source"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
