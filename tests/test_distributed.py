@@ -165,37 +165,33 @@ def test_a_failing_rank_stops_every_rank_with_its_message(shapes: Path, tmp_path
     assert not (tmp_path / "run" / "last.pt").exists()
 
 
-def _average_in_a_group(rank: int, world_size: int, port: int, results: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        ctx = distributed.Distributed(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"))
-        a, b, frozen = (torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2)),
-                        torch.nn.Parameter(torch.zeros(1), requires_grad=False))
-        a.grad = torch.full((3,), float(rank + 1))  # rank 0: 1, rank 1: 2
-        if rank == 1:
-            b.grad = torch.full((2, 2), 4.0)  # rank 0 has none: it counts as zero
-        ctx.average_gradients([a, b, frozen])
-        results[rank] = (a.grad.tolist(), b.grad.tolist(), frozen.grad)
-    finally:
-        torch.distributed.destroy_process_group()
-
-
-def test_average_gradients_over_two_ranks() -> None:
+def test_average_gradients_over_two_ranks(tmp_path: Path) -> None:
     """The hand-made average of SCST steps (no DDP wrapper): every rank ends with the mean, a
-    missing gradient counts as zero, frozen parameters are left alone."""
+    missing gradient counts as zero, frozen parameters are left alone. Each rank is a process of
+    its own (tests/speed_b_gloo_rank.py, forked warm)."""
+    import json
     import socket
-
-    import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.spawn(_average_in_a_group, args=(2, port, results), nprocs=2, join=True)
+    script = str(Path(__file__).with_name("speed_b_gloo_rank.py"))
+    ranks = [warm_start.Popen([sys.executable, script, str(rank), "2", str(port), str(tmp_path / f"rank{rank}.json")],
+                              cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+             for rank in (0, 1)]
+    try:
+        for rank, process in enumerate(ranks):
+            _, err = process.communicate(timeout=120)
+            assert process.returncode == 0, (rank, err[-2000:])
+    finally:
+        for process in ranks:
+            if process.poll() is None:  # its peer failed and it waits in the collective
+                process.kill()
+                process.wait()
     for rank in (0, 1):
-        a, b, frozen = results[rank]
-        assert a == [1.5, 1.5, 1.5] and b == [[2.0, 2.0], [2.0, 2.0]] and frozen is None
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result == {"a": [1.5, 1.5, 1.5], "b": [[2.0, 2.0], [2.0, 2.0]], "frozen": None}
 
 
 @pytest.mark.slow

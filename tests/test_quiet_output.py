@@ -9,16 +9,16 @@ world trained here (seconds).
 from __future__ import annotations
 
 import io
-import os
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import REPO, SHAPES_TINY
+from helpers import subprocess_env
 from test_scripts import run_quickstart
+import warm_start
 
 from captioner.apps.cli import build_parser
 from captioner.core.progress import progress_bar
@@ -29,8 +29,8 @@ TRAIN_DIAGNOSTICS = ("global batch", "steps in ", "calibrat", "products:")
 EVALUATE_DIAGNOSTICS = ("PTB tokenizer", "paraphrase entries", "not comparable", "nltk_corpus_BLEU", "BLEU's factors", "processes,")
 
 EPOCHS = 2
-TINY = [*(o for o in SHAPES_TINY if not o.startswith(("train.epochs", "data.shapes_num_train"))),
-        "data.shapes_num_train=48", f"train.epochs={EPOCHS}"]
+TINY = [*(o for o in SHAPES_TINY if not o.startswith(("train.epochs", "data.shapes_num_"))),
+        "data.shapes_num_train=32", "data.shapes_num_val=8", "data.shapes_num_test=4", f"train.epochs={EPOCHS}"]
 
 
 @dataclass
@@ -45,7 +45,8 @@ class Output:
 
 def captioner(*args: str) -> Output:
     """`captioner ARGS` with stdout and stderr to pipes (not a terminal); it must succeed."""
-    result = subprocess.run([sys.executable, "-m", "captioner", *args], cwd=REPO, capture_output=True, env=os.environ.copy(), timeout=600)
+    command = [sys.executable, "-m", "captioner", *args]
+    result = warm_start.run(command, cwd=REPO, capture_output=True, env=subprocess_env(), timeout=600)
     # Decoded here: text mode's universal newlines would turn a bar's carriage returns into newlines.
     out, err = result.stdout.decode(), result.stderr.decode()
     assert result.returncode == 0, err[-3000:]
@@ -78,6 +79,7 @@ def found(text: str, markers: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("quiet_trained")  # one worker trains the module's runs once
 def test_train_prints_a_line_per_epoch_and_the_next_command(trained: Trained) -> None:
     output = trained.default
     assert "\r" not in output.both  # no progress-bar frames in a log file
@@ -89,12 +91,14 @@ def test_train_prints_a_line_per_epoch_and_the_next_command(trained: Trained) ->
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("quiet_trained")  # one worker trains the module's runs once
 def test_train_with_v_adds_the_diagnostics(trained: Trained) -> None:
     assert "\r" not in trained.verbose.both
     assert found(trained.verbose.err, ("global batch", "steps in ")) == ["global batch", "steps in "]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("quiet_trained")  # one worker trains the module's runs once
 def test_evaluate_prints_scores_files_and_the_next_command_and_diagnostics_with_v(trained: Trained, java: str) -> None:
     default = captioner("evaluate", str(trained.checkpoint), "--split", "test", "--limit", "4")
     assert "\r" not in default.both

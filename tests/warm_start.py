@@ -39,8 +39,10 @@ from typing import Any
 # change how the interpreter itself starts: a request that sets them differently runs cold.
 LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS", "TORCH", "CUDA", "LD_", "MALLOC_", "NUMEXPR_")
 # Of those, the ones that are not: applied by the child itself (the first two), or read only when
-# used (torch.hub reads TORCH_HOME at each call; torchrun's variables for its workers).
-READ_WHEN_USED = ("PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_HOME", "TORCHELASTIC_", "TORCH_NCCL_")
+# used (torch.hub reads TORCH_HOME at each call; torchrun's variables for its workers; the CUDA
+# driver reads CUDA_VISIBLE_DEVICES when it starts, and the server starts no CUDA).
+READ_WHEN_USED = ("PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_HOME", "TORCHELASTIC_", "TORCH_NCCL_",
+                  "CUDA_VISIBLE_DEVICES")
 PRELOAD = ("numpy", "PIL.Image", "yaml", "tqdm", "torch", "torchvision", "torchvision.models", "torchvision.transforms.v2")
 HANDLED_KWARGS = {"cwd", "env", "stdin", "stdout", "stderr", "text", "start_new_session", "encoding", "errors", "universal_newlines"}
 _HEADER = struct.Struct("!I")
