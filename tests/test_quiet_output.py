@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import re
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,8 @@ def test_train_prints_a_line_per_epoch_and_the_next_command(trained: Trained) ->
     assert found(output.both, TRAIN_DIAGNOSTICS) == []
     epochs = [line for line in output.both.splitlines() if re.match(r"epoch \d+/\d+ ", line)]
     assert len(epochs) == EPOCHS
-    assert output.out.strip().splitlines()[-1] == f"next: captioner evaluate {trained.checkpoint} --split test"
+    next_command = shlex.join(["captioner", "evaluate", str(trained.checkpoint), "--split", "test"])
+    assert output.out.strip().splitlines()[-1] == f"next: {next_command}"
     assert len(output.both.splitlines()) <= EPOCHS + 5  # the world, the data, the epochs, the best, the next command
 
 
@@ -107,7 +109,8 @@ def test_evaluate_prints_scores_files_and_the_next_command_and_diagnostics_with_
     run = trained.root / "run"
     assert lines[-3:-1] == [f"captions: {run / 'results_test.json'}", f"scores: {run / 'scores_test.json'}"]
     image = trained.root / "shapes" / "test" / "test_000000.jpg"
-    assert lines[-1] == f"next: captioner caption {trained.checkpoint} {image} --heatmaps {run / 'heatmaps'}"
+    words = ["captioner", "caption", str(trained.checkpoint), str(image), "--heatmaps", str(run / "heatmaps")]
+    assert lines[-1] == "next: " + shlex.join(words)  # a command to paste: a folder with a space is quoted
     verbose = captioner("-v", "evaluate", str(trained.checkpoint), "--split", "test", "--limit", "4")
     assert found(verbose.both, EVALUATE_DIAGNOSTICS) == list(EVALUATE_DIAGNOSTICS)
 

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_MODEL, require, require_module
+from helpers import REPO, TINY_MODEL, require, require_module
+
+SHAPES_LSTM = str(REPO / "configs/shapes_lstm.yaml")  # wherever pytest started
 import warm_start
 from PIL import Image
 from test_distributed import environment as torchrun_environment
@@ -251,7 +253,7 @@ def test_stats_and_model_cards_count_shards_without_keeping_their_images(tmp_pat
     make_shards(tmp_path / "train", [6, 5])
     make_shards(tmp_path / "val", [3])
     overrides = ["data.dataset=webdataset", f"data.train_shards={tmp_path / 'train'}/{{00000..00001}}.tar", f"data.val_shards={tmp_path / 'val'}/00000.tar"]
-    assert main(["data", "stats", "configs/shapes_lstm.yaml", *overrides, "--json"]) == 0
+    assert main(["data", "stats", SHAPES_LSTM, *overrides, "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["images"] == 14 and stats["captions"] == 28 and "images missing" not in stats  # train and val; no test shards named
     config = load_config(None, overrides)
@@ -307,7 +309,7 @@ def test_two_torchrun_ranks_stream_flickr8k_shards_over_http_and_resume_after_a_
                  f"data.val_shards={base}/val/00000.tar", "data.num_workers=2", "data.batch_size=3", "data.shuffle_buffer=5",
                  "data.max_broken_fraction=0", "train.epochs=2", "train.log_every=1", "train.warmup_steps=1", "decode.max_length=8",
                  "train.checkpoint_every_steps=0", f"train.out_dir={tmp_path / 'run'}"]
-    stopped = Training([*TORCHRUN, "-v", "train", "configs/shapes_lstm.yaml", *overrides], env)
+    stopped = Training([*TORCHRUN, "-v", "train", SHAPES_LSTM, *overrides], env)
     stopped.wait_for_step(5)  # 96 samples / (2 ranks x 3) = 16 steps an epoch
     os.kill(stopped.process.pid, signal.SIGTERM)
     code, err = stopped.finish(timeout=300)

@@ -1,4 +1,4 @@
-"""One rank of test_distributed's gradient average: `python speed_b_gloo_rank.py RANK WORLD PORT OUT`.
+"""One rank of test_distributed's gradient average: `python gloo_rank.py RANK WORLD PORT OUT`.
 
 Started as a script (forked warm by tests/warm_start.py), it joins a gloo group on 127.0.0.1:PORT,
 averages hand-made gradients with `Distributed.average_gradients` and writes what it holds after
