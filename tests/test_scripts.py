@@ -39,15 +39,19 @@ def helps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     one each: the same checks, without importing torch 30 times.
 
     Under `--dist loadgroup` (scripts/run_tests.sh) the xdist_group below keeps every test_help on
-    one worker, so this runs once per test run. A second run means the groups were ignored, as
-    pytest 9.2 with pytest-xdist 3.8 silently does (pytest-dev/pytest-xdist#1386): then every
-    group's shared fixture is built on each worker and the other waits on its lock, so it fails."""
+    one worker, so this runs on one worker only (again there only when a shuffled order leaves the
+    module and comes back). A run on a second worker means the groups were ignored, as pytest 9.2
+    with pytest-xdist 3.8 silently does (pytest-dev/pytest-xdist#1386): then every group's shared
+    fixture is built on each worker and the other waits on its lock, so it fails."""
     if getattr(request.config.option, "loadgroup", False):
-        try:
-            (shared_folder(tmp_path_factory) / "script_helps.ran").touch(exist_ok=False)
+        ran, worker = shared_folder(tmp_path_factory) / "script_helps.ran", os.environ.get("PYTEST_XDIST_WORKER", "main")
+        try:  # the same worker again is a shuffled order that left the module and came back: not the bug
+            with open(ran, "x") as f:
+                f.write(worker)
         except FileExistsError:
-            pytest.fail("the script_helps group ran on two pytest workers: --dist loadgroup ignored xdist_group "
-                        "(pytest 9.2 with pytest-xdist 3.8, pytest-dev/pytest-xdist#1386; pyproject.toml pins pytest below 9.2)")
+            if ran.read_text() != worker:
+                pytest.fail("the script_helps group ran on two pytest workers: --dist loadgroup ignored xdist_group "
+                            "(pytest 9.2 with pytest-xdist 3.8, pytest-dev/pytest-xdist#1386; pyproject.toml pins pytest below 9.2)")
     folder = tmp_path_factory.mktemp("helps")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
