@@ -253,7 +253,8 @@ def check_layer_and_head(command: str, layer: int, head: int | None, layers: int
     """--layer and --head within a model's attention maps, `layers` x `heads` of them: one line
     naming the flag and what the model has, before anything is captioned or drawn."""
     if not -layers <= layer < layers:
-        raise CaptionerError(f"{command} --layer {layer}: this model's maps have {layers} layer{'s' if layers > 1 else ''} "
-                             f"(0 to {layers - 1}; -1 is the last)")
+        raise CaptionerError(f"{command} --layer {layer}: this model's maps have {layers} "
+                             f"layer{'s' if layers > 1 else ''} (0 to {layers - 1}; -1 is the last)")
     if head is not None and not 0 <= head < heads:
-        raise CaptionerError(f"{command} --head {head}: this model's maps have {heads} head{'s' if heads > 1 else ''} (0 to {heads - 1})")
+        raise CaptionerError(f"{command} --head {head}: this model's maps have {heads} "
+                             f"head{'s' if heads > 1 else ''} (0 to {heads - 1})")

@@ -201,7 +201,8 @@ def make_portable(folder: Path, write: bool = True) -> bool:
         strip_traced_graphs(folder, traced)
     if new_card is not None and new_card != card:
         write_atomically(folder / CARD, lambda tmp: tmp.write_text(new_card, encoding="utf-8"))
-        if isinstance(config["files"], dict) and CARD in config["files"]:  # its checksum too (a packaged model's card is checked)
+        # its checksum too (a packaged model's card is checked)
+        if isinstance(config["files"], dict) and CARD in config["files"]:
             config["files"][CARD] = {"sha256": sha256_of(folder / CARD), "bytes": (folder / CARD).stat().st_size}
     if stored is not None:
         config["training_config"] = recipe

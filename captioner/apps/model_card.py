@@ -159,8 +159,8 @@ def recipe_lines(recipe: dict[str, Any]) -> list[str]:
     return [
         RECIPE, "",
         "The training config, as `captioner train` read it (also `training_config` in config.json), without the places "
-        "of the machine that trained it: each is null or a name only (the dataset's folder, the run, the run it started "
-        "from). To train it again, save the YAML below as recipe.yaml and give your own paths (PATH):",
+        "of the machine that trained it: each is null or a name only (the dataset's folder, the run, the run it "
+        "started from). To train it again, save the YAML below as recipe.yaml and give your own paths (PATH):",
         "", "```", " ".join(["captioner train recipe.yaml", *(f"{dotted}=PATH" for dotted in places)]), "```", "",
         "```yaml", yaml.safe_dump(portable, sort_keys=False).rstrip(), "```", "",
     ]

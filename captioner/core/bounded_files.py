@@ -43,7 +43,9 @@ def read_capped(path: str | Path, what: str, max_bytes: int, error: type[Caption
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size if path.is_file() else None
             if size is not None and size > max_bytes:
-                raise error(f"{path}: {size_text(size)}, more than the {size_text(max_bytes)} a {what} may take; refused")
+                raise error(
+                    f"{path}: {size_text(size)}, more than the {size_text(max_bytes)} a {what} may take; refused"
+                )
             # The size when known (read() sizes its buffer by the request); a pipe or a file still
             # growing: never more than the cap and one byte.
             data = f.read((max_bytes if size is None else size) + 1)
@@ -77,7 +79,8 @@ def parse_json(text: str, path: str | Path, what: str, max_depth: int, error: ty
 
 
 def read_json(
-    path: str | Path, what: str, error: type[CaptionerError], max_bytes: int = MODEL_JSON_BYTES, max_depth: int = MAX_DEPTH,
+    path: str | Path, what: str, error: type[CaptionerError],
+    max_bytes: int = MODEL_JSON_BYTES, max_depth: int = MAX_DEPTH,
 ) -> Any:
     """A JSON file a model brings, read within its size cap and depth (`what` names it in the
     error line: "model's config.json"); any failure is one `error` line naming the file, except a
@@ -91,7 +94,8 @@ def read_json(
 
 
 def load_yaml(
-    text: str, source: str, what: str, error: type[CaptionerError], max_depth: int = MAX_DEPTH, max_aliases: int = MAX_ALIASES,
+    text: str, source: str, what: str, error: type[CaptionerError],
+    max_depth: int = MAX_DEPTH, max_aliases: int = MAX_ALIASES,
 ) -> Any:
     """YAML text from a model (a card's metadata) with the safe loader, refused in one `error`
     line naming `source` when it nests deeper than `max_depth` or holds more than `max_aliases`

@@ -37,17 +37,25 @@ PROBABILITY_BELOW_ONE = Range(ge=0, lt=1)  # dropout, label smoothing: 1 would r
 @dataclass
 class DataConfig:
     dataset: str = setting("shapes", Choice(("shapes", "coco", "karpathy", "flickr8k", "imagefolder", "hf", "webdataset")))  # the caption files' layout: shapes (generated), coco (2014/2017 annotations), karpathy (dataset_*.json), flickr8k, imagefolder (images + metadata.jsonl/csv), hf (a Hugging Face dataset on disk), webdataset (shards, streamed)
-    root: str = setting("data/shapes", Place(travels="name"))  # shapes: generator output; coco: folder with annotations/; flickr8k: caption files; imagefolder: the folder; hf: save_to_disk folder or Parquet files
-    image_root: str | None = setting(None, Place())  # folder of the images when it is not `root` (flickr8k, karpathy); hf: the folder its image paths are inside
-    karpathy_file: str | None = setting(None, Place(travels="name"))  # dataset_*.json with Karpathy's splits (dataset: karpathy)
+    # shapes: generator output; coco: folder with annotations/; flickr8k: caption files; imagefolder: the folder;
+    # hf: save_to_disk folder or Parquet files
+    root: str = setting("data/shapes", Place(travels="name"))
+    # folder of the images when it is not `root` (flickr8k, karpathy); hf: the folder its image paths are inside
+    image_root: str | None = setting(None, Place())
+    # dataset_*.json with Karpathy's splits (dataset: karpathy)
+    karpathy_file: str | None = setting(None, Place(travels="name"))
     year: int = setting(2014, Choice((2014, 2017)))  # coco
     caption_column: str = setting("text", Text())  # imagefolder, hf: the column holding each image's caption (a string, or a list of them)
     image_column: str = setting("image", Text())  # hf: the column holding the image (an Image feature, bytes or a file path)
     # webdataset: brace patterns of shards (paths, http(s) URLs, pipe: commands), img2dataset's layout;
     # the train shards are streamed, val and test read into memory (captioner/data/streaming.py).
-    train_shards: str | None = setting(None, Place(travels="name"))  # webdataset: e.g. https://host/cc3m/{00000..00331}.tar
-    val_shards: str | None = setting(None, Place(travels="name"))  # webdataset: the validation shards (best.pt is picked on them)
-    test_shards: str | None = setting(None, Place(travels="name"))  # webdataset: the test shards (captioner evaluate --split test)
+    train_shards: str | None = setting(  # webdataset: e.g. https://host/cc3m/{00000..00331}.tar
+        None, Place(travels="name")
+    )
+    # webdataset: the validation shards (best.pt is picked on them)
+    val_shards: str | None = setting(None, Place(travels="name"))
+    # webdataset: the test shards (captioner evaluate --split test)
+    test_shards: str | None = setting(None, Place(travels="name"))
     shuffle_buffer: int = setting(1000, POSITIVE)  # webdataset: samples each loader worker shuffles among (1: shard order)
     max_broken_fraction: float = setting(0.01, Range(ge=0, lt=1))  # webdataset: broken samples (bad image, no caption) skipped per worker before the run stops
     # webdataset: what one shard, and a split held in memory, may take. Past a limit the read stops
@@ -144,7 +152,8 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    out_dir: str = setting("runs/shapes_lstm", Place(travels="name"))  # checkpoints, metrics.csv, TensorBoard logs and figures
+    # checkpoints, metrics.csv, TensorBoard logs and figures
+    out_dir: str = setting("runs/shapes_lstm", Place(travels="name"))
     epochs: int = setting(20, POSITIVE)  # passes over the training split
     lr: float = setting(4e-4, Range(gt=0))  # decoder
     encoder_lr: float = setting(1e-4, Range(ge=0))  # fine-tuned layers of a pretrained encoder (from scratch: lr)
@@ -183,7 +192,8 @@ class TrainConfig:
     compile: bool = setting(False, Flag())  # CUDA: torch.compile the decoder; ignored on CPU
     dist_timeout_minutes: float = setting(30.0, Range(gt=0))  # torchrun: a collective waiting longer than this fails the run
     stage: str = setting("xe", Choice(("xe", "scst")))  # xe: cross-entropy (teacher forcing) | scst: self-critical, from train.init
-    init: str | None = setting(None, Place(travels="run"))  # start from this checkpoint's model, vocabulary and encoder; optimiser and schedule fresh
+    # start from this checkpoint's model, vocabulary and encoder; optimiser and schedule fresh
+    init: str | None = setting(None, Place(travels="run"))
 
 
 @dataclass

@@ -254,7 +254,8 @@ def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> i
             if failures >= MAX_ATTEMPTS:
                 raise _give_up(url, host, part, error) from None
             delay = RETRY_BACKOFF_S * 2 ** max(failures - 1, 0)
-            logger.debug("download of %s failed (%s), retrying in %.0f s", url, error, delay)  # the last failure is the one line said
+            # the last failure is the one line said
+            logger.debug("download of %s failed (%s), retrying in %.0f s", url, error, delay)
             time.sleep(delay)
 
 
@@ -323,7 +324,9 @@ def _give_up(url: str, host: str, part: Path, error: Exception) -> DatasetError:
     if isinstance(error, urllib.error.HTTPError):
         return DatasetError(f"cannot download {url}: HTTP {error.code} {error.reason}{kept}{by_hand}")
     if isinstance(error, urllib.error.URLError):  # the connection itself could not be made
-        return DatasetError(f"cannot reach {host}: no internet? ({error.reason}) while downloading {url}{kept}{by_hand}")
+        return DatasetError(
+            f"cannot reach {host}: no internet? ({error.reason}) while downloading {url}{kept}{by_hand}"
+        )
     return DatasetError(f"download of {url} kept failing ({error}){kept}{by_hand}")
 
 

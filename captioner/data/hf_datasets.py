@@ -119,7 +119,8 @@ def image_file(value: str, folder: str, name: str) -> Path:
         file = Path(folder) / parts
     target = confinement(folder).escape(file)
     if target is not None:
-        raise ImageLoadError(f"{name}: the image path {value!r} is a link out of the dataset's folder {folder} (to {target}); refused")
+        raise ImageLoadError(f"{name}: the image path {value!r} is a link out of the dataset's folder {folder} "
+                             f"(to {target}); refused")
     return file
 
 

@@ -1,6 +1,7 @@
 """Your own photographs and captions in Hugging Face's `imagefolder` layout: images beside a
 `metadata.jsonl` or `metadata.csv` whose `file_name` column names each image (relative to the
-metadata file, and never out of its folder, through a link either) and whose caption column (`text` unless `data.caption_column` says otherwise) holds
+metadata file, and never out of its folder, through a link either) and whose caption column
+(`text` unless `data.caption_column` says otherwise) holds
 a caption, or a list of them; an image on several rows gathers all their captions.
 
 Splits: `train/`, `validation/` (or `val/`, `valid/`, `dev/`) and `test/` folders, each with its
@@ -109,7 +110,9 @@ def _inside(path: Path, line: int, name: str, folder: Confinement) -> str:
         raise DatasetError(f"{path}:{line}: file_name {name!r} leaves the image folder (use a path relative to {path.name})")
     target = folder.escape(parts.as_posix())
     if target is not None:
-        raise DatasetError(f"{path}:{line}: file_name {name!r} is a link out of the image folder (to {target}); refused")
+        raise DatasetError(
+            f"{path}:{line}: file_name {name!r} is a link out of the image folder (to {target}); refused"
+        )
     return parts.as_posix()
 
 

@@ -109,7 +109,9 @@ def write_exported(
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
     tensors = {name: value.detach().to("cpu").contiguous().clone() for name, value in state_dict.items()}
     write_atomically(folder / WEIGHTS, readable_by_all(lambda tmp: save_safetensors(tensors, tmp)))
-    write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(list(spec.vocab), ensure_ascii=False), encoding="utf-8"))
+    write_atomically(
+        folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(list(spec.vocab), ensure_ascii=False), encoding="utf-8")
+    )
     if isinstance(metadata_fields.get("training_config"), dict):
         metadata_fields = {**metadata_fields, "training_config": portable_config(metadata_fields["training_config"])}
     config = {
@@ -133,7 +135,8 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     checked for its format and version (one line if not)."""
     path = Path(folder) / CONFIG
     try:
-        config = read_json(path, f"model's {CONFIG}", ExportError)  # within a size cap and a depth: a model's file is data
+        # within a size cap and a depth: a model's file is data
+        config = read_json(path, f"model's {CONFIG}", ExportError)
     except FileNotFoundError:
         raise ExportError(f"{path}: missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:

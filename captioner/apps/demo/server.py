@@ -60,7 +60,9 @@ def launch(
             mcp_server=False,
             enable_monitoring=False,
             show_error=False,  # no exception text in the page; the callbacks put messages there themselves
-            quiet=True,  # Gradio's own lines: the URL is logged by serve(), and the share=True hint is nothing the command line offers
+            # Gradio's own lines: the URL is logged by serve(), and the share=True hint is nothing the
+            # command line offers
+            quiet=True,
             state_session_capacity=SESSIONS,
         )
     except OSError as e:
@@ -72,7 +74,9 @@ def launch(
 
 def port_taken(host: str, port: int) -> CaptionerError:
     """The one line for a port another process serves on."""
-    return CaptionerError(f"demo --port {port}: port {port} on {host} is in use (another demo?); give another with --port")
+    return CaptionerError(
+        f"demo --port {port}: port {port} on {host} is in use (another demo?); give another with --port"
+    )
 
 
 def check_port(host: str, port: int) -> None:
@@ -80,7 +84,9 @@ def check_port(host: str, port: int) -> None:
     host that is no local address) is one line naming it and the flag, before any
     model loads."""
     try:
-        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        family, kind, protocol, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as e:
         raise CaptionerError(f"demo --host {host}: not an address to serve on ({e.strerror})") from None
     with socket.socket(family, kind, protocol) as probe:
