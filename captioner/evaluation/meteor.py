@@ -60,6 +60,13 @@ def _available_memory() -> int:
     return MAX_PROCESSES * PROCESS_MEMORY_BYTES  # unknown: do not limit by memory
 
 
+def meteor_arguments(paraphrases: Path | None = None) -> list[str]:
+    """pycocoevalcap's METEOR command after `java` (run in `meteor_dir()`), its paraphrase table
+    named by path: METEOR finds its own through the jar's URL, which a folder with a space breaks."""
+    table = paraphrases or full_table()
+    return ["-jar", "-Xmx2G", "meteor-1.5.jar", "-", "-", "-stdio", "-l", "en", "-norm", "-a", str(table)]
+
+
 def score_line(hypothesis: str, references: Sequence[str]) -> str:
     """pycocoevalcap's SCORE line for one image (its hypothesis loses any "|||" and double space)."""
     hypothesis = hypothesis.replace("|||", "").replace("  ", " ")
@@ -69,15 +76,13 @@ def score_line(hypothesis: str, references: Sequence[str]) -> str:
 class MeteorPool:
     """`processes` METEOR processes, started at once, each reading the paraphrase table
     `paraphrases` (one cut to an evaluation's words, `paraphrases.cut_table`), else METEOR's whole
-    English one, always named by its path: METEOR finds its own table through the jar's URL, which a
-    folder with a space in its name breaks. A context manager: leaving it kills and reaps them."""
+    English one (`meteor_arguments`). A context manager: leaving it kills and reaps them."""
 
     def __init__(self, processes: int, paraphrases: Path | None = None) -> None:
         if processes < 1:
             raise ValueError(f"METEOR needs at least one process, got {processes}")
         cwd = meteor_dir()
-        args = [*JVM_OPTIONS, "-jar", "-Xmx2G", "meteor-1.5.jar", "-", "-", "-stdio", "-l", "en", "-norm",
-                "-a", str(paraphrases or full_table())]
+        args = [*JVM_OPTIONS, *meteor_arguments(paraphrases)]
         self.tools: list[LineTool] = []
         try:
             for k in range(processes):

@@ -31,9 +31,9 @@ from captioner.evaluation.java import (
     quiet_pycocoevalcap,
     run_java,
 )
-from captioner.evaluation.meteor import MeteorPool, score_line
+from captioner.evaluation.meteor import MeteorPool, meteor_arguments, score_line
 from captioner.evaluation.meteor import default_processes as default_meteor_processes
-from captioner.evaluation.paraphrases import cut_table, full_table, meteor_dir
+from captioner.evaluation.paraphrases import cut_table, meteor_dir
 from captioner.evaluation.results_files import Predictions, References, load_references, load_results, scored_ids
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu, bleu_parts, cider_d, rouge_l
 from captioner.evaluation.spice_models import ensure_spice_models
@@ -296,12 +296,11 @@ def pycocoevalcap_scores(
 
 def _pycocoevalcap_meteor() -> Any:
     """pycocoevalcap's `Meteor`, its scoring untouched, started with its paraphrase table named by
-    path, as `MeteorPool` starts METEOR: the jar's own lookup breaks in a folder with a space."""
+    path, as `MeteorPool` starts METEOR (`meteor_arguments`)."""
     from pycocoevalcap.meteor import meteor
 
     scorer = meteor.Meteor.__new__(meteor.Meteor)
-    scorer.meteor_cmd = ["java", "-jar", "-Xmx2G", meteor.METEOR_JAR, "-", "-", "-stdio", "-l", "en", "-norm",
-                         "-a", str(full_table())]
+    scorer.meteor_cmd = ["java", *meteor_arguments()]
     scorer.meteor_p = subprocess.Popen(scorer.meteor_cmd, cwd=meteor_dir(), stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=java_environment())
     scorer.lock = threading.Lock()
