@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -156,8 +157,14 @@ def _check_spec(value: Any, spec: Spec, dotted: str, source: str) -> None:
 
 
 def _field_type(node: Any, name: str) -> Any:
-    hints = typing.get_type_hints(type(node))
-    return hints[name]
+    return _type_hints(type(node))[name]
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A section's annotations, resolved once per class: resolving them (`typing.get_type_hints`
+    evaluates every string annotation) cost more than the rest of reading a config."""
+    return typing.get_type_hints(cls)
 
 
 def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
@@ -188,7 +195,8 @@ def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
 def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
     """Every key of the config as (dotted name, its dataclass field, its type), walked from the
     dataclasses themselves, so a key added anywhere is found here."""
-    node = node if node is not None else Config()
+    if node is None:
+        return list(_leaves_of(Config))
     leaves = []
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
@@ -197,6 +205,12 @@ def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclass
         else:
             leaves.append((f"{prefix}{f.name}", f, _field_type(node, f.name)))
     return leaves
+
+
+@functools.cache
+def _leaves_of(config_class: type) -> tuple[tuple[str, dataclasses.Field, Any], ...]:
+    """The keys of a config class (its classes fix them), walked once."""
+    return tuple(leaf_fields(config_class()))
 
 
 def _all_keys() -> list[str]:
