@@ -237,7 +237,7 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))  # this server's alone, as `captioner demo` makes it
     # An age well above a request's latency beside another pytest worker, so files live until the
     # client fetches them (too short, and a heatmap is deleted before its download: a 403).
-    cleanup = Cleanup(every_s=1.0, max_age_s=4, empty_folders=True)
+    cleanup = Cleanup(every_s=0.5, max_age_s=2, empty_folders=True)
     pace = cleanup.max_age_s / 4  # seconds between requests' starts, at least
     demo = build_demo([checkpoint], [], cleanup=cleanup)
     url = launch(demo, "127.0.0.1", free_port(), block=False)
@@ -270,7 +270,7 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
         assert text, "every request outlived the cleanup age: too loaded a machine to check anything"
         per_request = len(text.split()) + 2  # heatmaps, the figure, the upload
         assert max(files for files, _ in counts) < 0.7 * requests * per_request  # files were deleted along the way
-        time.sleep(cleanup.max_age_s + 2 * cleanup.every_s + 1)
+        time.sleep(cleanup.max_age_s + 3 * cleanup.every_s)
         assert count_files(cache)[0] <= 1  # all gone but what Gradio keeps for the page
         # A request's prune finds the emptied folders; the next one, an interval later, deletes them.
         for _ in range(2):
@@ -279,7 +279,7 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
                 api.predict(handle_file(str(photos / "photo_0.png")), max_length=SHORT, api_name="/caption")
             except httpx.HTTPStatusError as e:  # as in the loop: only a request that outlived the cleanup age
                 assert e.response.status_code == 403 and time.time() - asked > cleanup.max_age_s - cleanup.every_s, e
-            time.sleep(cleanup.every_s + 0.5)
+            time.sleep(2 * cleanup.every_s)
         files, folders = count_files(cache)
         assert folders <= 6 and files <= 2 * per_request + 1  # the two requests' own files, in their folders
     finally:
