@@ -132,21 +132,48 @@ def test_a_checkpoint_past_the_file_size_limit_leaves_best_and_last_whole(tmp_pa
 
 @pytest.mark.slow
 def test_training_that_fills_the_disk_stops_in_one_line_with_its_checkpoints_whole(tmp_path: Path) -> None:
-    """Epoch 1's best.pt and last.pt fit (about 1.2 MB each); epoch 2's last.pt does not."""
+    """Epoch 1's checkpoint fits (about 1.2 MB: best.pt, and last.pt a second name for its
+    file); epoch 2's last.pt, a file of its own, does not."""
     shapes = tmp_path / "shapes"
     generate_shapes(shapes, 48, 4, 2, image_size=32, seed=0, progress=False)
     out = tmp_path / "run"
     train = [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "train.checkpoint_every_steps=0",
              f"data.root={shapes}", f"train.out_dir={out}"]
     check = ("import json, sys; from captioner.models.checkpoint_format import read_checkpoint; "
-             f"print(json.dumps({{n: read_checkpoint({str(out)!r} + '/' + n)['train_state']['epoch'] for n in ('best.pt', 'last.pt')}}))")
+             f"import os; folder = {str(out)!r}; epochs = {{n: read_checkpoint(folder + '/' + n)['train_state']['epoch'] "
+             "for n in ('best.pt', 'last.pt')}; "
+             "print(json.dumps({**epochs, 'one file': os.path.samefile(folder + '/best.pt', folder + '/last.pt')}))")
     script = f"{shlex.join(train)}; echo \"exit $?\"; ls {shlex.quote(str(out))}; {shlex.join([sys.executable, '-c', check])}"
-    result = on_small_disk(out, 3000, script)
+    result = on_small_disk(out, 2000, script)
     assert "exit 2" in result.stdout, result.stdout + result.stderr[-3000:]
     assert "the previous" in one_error_line(result.stderr, str(out))  # best.pt or last.pt, whichever epoch 2 wrote first
     assert "No space left on device" in result.stderr
-    assert json.loads(result.stdout.splitlines()[-1]) == {"best.pt": 1, "last.pt": 1}  # epoch 1's, verified
+    assert json.loads(result.stdout.splitlines()[-1]) == {"best.pt": 1, "last.pt": 1, "one file": True}  # epoch 1's, verified
     assert ".tmp" not in result.stdout
+
+
+def test_a_second_name_for_a_checkpoint_is_a_link_or_else_a_whole_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """last.pt as a second name of best.pt: a hard link where the file system has them, a copy
+    where it has none; either way the next best.pt, written whole and renamed, leaves it as it was."""
+    import os
+
+    from captioner.core.files import same_file_as, write_atomically
+
+    best, last = tmp_path / "best.pt", tmp_path / "last.pt"
+    best.write_bytes(b"epoch 1")
+    last.write_bytes(b"epoch 0")
+    same_file_as(best, last)
+    assert os.path.samefile(best, last)
+    write_atomically(best, lambda tmp: tmp.write_bytes(b"epoch 2"))
+    assert last.read_bytes() == b"epoch 1"
+
+    def no_links(source: object, target: object) -> None:
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    same_file_as(best, last)
+    assert last.read_bytes() == b"epoch 2" and not os.path.samefile(best, last)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]  # no temporary file left behind
 
 
 # --- the feature store ----------------------------------------------------------------------------

@@ -55,3 +55,20 @@ def write_atomically(path: str | Path, write: Callable[[Path], T]) -> T:
         kept = f"; the previous {path.name} is kept" if path.exists() else ""
         raise write_failure(path, e, kept) from None
     return result
+
+
+def same_file_as(source: Path, path: Path) -> None:
+    """Make `path` hold what `source` holds, at once: a second name for its file (a hard link),
+    or, where the file system has none, a copy written as `write_atomically` writes. The file at
+    `source` is never written in place (checkpoints are replaced whole), so the two names stay
+    what they are when one of them is written again."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        os.link(source, tmp)
+        os.replace(tmp, path)
+        return
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    write_atomically(path, lambda copy: shutil.copyfile(source, copy))

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from captioner.core.config import dump_config
 from captioner.core.config_sections import Config
 from captioner.core.errors import CheckpointError, ConfigError, DatasetError
-from captioner.core.files import write_failure
+from captioner.core.files import same_file_as, write_failure
 from captioner.core.process_settings import ThreadGovernor, resolve_device, seed_everything
 from captioner.data.bounded_tar import shard_limits
 from captioner.data.datasets import load_split, seeded_split_record, split_shards
@@ -179,6 +179,7 @@ class Run:
     speed: SpeedChoices
     stop: StopSignals = field(default_factory=StopSignals)
     threads: ThreadGovernor | None = None  # train.follow_free_cores: the thread count follows the free cores (CPU runs)
+    best_written_at: tuple[int, int, int] | None = None  # (step, epoch, position) of the last best.pt written
 
     @property
     def out_dir(self) -> Path:
@@ -317,10 +318,20 @@ class Run:
             )
         if improved:
             self.save("best.pt")
+            self.best_written_at = self.where()
+
+    def where(self) -> tuple[int, int, int]:
+        return self.state.step, self.state.epoch, self.state.position
 
     def keep_progress(self) -> None:
-        """last.pt and the history files after a validation: a resumed run starts from what best.pt and the history say."""
-        self.save("last.pt")
+        """last.pt and the history files after a validation: a resumed run starts from what best.pt and the history say.
+        When best.pt was written at this very point, last.pt is the same checkpoint: a second name
+        for its file, not a second copy written (a COCO ResNet-101 run's is 500 MB)."""
+        if self.best_written_at == self.where():
+            if self.ctx.is_main:  # every rank decides alike: no rank gathers for a save here
+                same_file_as(self.out_dir / "best.pt", self.out_dir / "last.pt")
+        else:
+            self.save("last.pt")
         if self.ctx.is_main:
             write_history(self.out_dir / METRICS, self.state.history)
             write_step_losses(self.out_dir / STEP_LOSSES, self.state.step_losses)
