@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=test source scripts/setup.sh  # test = train, demo, onnx and the test tools
 status=0
+# The tests' own modules too (setup.sh compiled the package's): the suite's hundreds of child
+# processes then read bytecode even where Python may not write it (PYTHONDONTWRITEBYTECODE).
+python -m compileall -q -j 0 tests scripts benchmarks >/dev/null
 # The layers and the no-cycle rule of pyproject.toml's import-linter contracts.
 lint-imports --no-cache || { status=$?; echo "run_tests.sh: the import contracts are broken (above)" >&2; }
 # -n: one pytest worker per core (pytest-xdist); PYTEST_WORKERS=0 runs in this process alone.
