@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         print(CPU_NOTE if device.type == "cpu" else "--tiny: tiny inputs, NOT a measurement")
         overrides = ["data.image_size=64", "data.batch_size=2", "data.num_workers=0", "decode.max_length=3"]
-        warmup, steps, vocab_size, batches, beams, width, image_size = 1, 2, 50, [1, 2], [3], 32, (96, 72)
+        warmup, steps, vocab_size, batches, beams, width, image_size = 1, 1, 50, [1, 2], [3], 32, (96, 72)
         overrides += ["model.decoder.embed_dim=32", "model.decoder.hidden_dim=32", "model.decoder.attention_dim=32"]
         overrides += ["model.decoder.d_model=32", "model.decoder.ff_dim=64", "model.decoder.num_heads=2", "model.decoder.num_layers=1"]
         ref_images = 1
