@@ -27,6 +27,7 @@ from captioner.evaluation.java import (
     JavaToolError,
     check_java,
     java_environment,
+    java_executable,
     one_line,
     quiet_pycocoevalcap,
     run_java,
@@ -300,7 +301,7 @@ def _pycocoevalcap_meteor() -> Any:
     from pycocoevalcap.meteor import meteor
 
     scorer = meteor.Meteor.__new__(meteor.Meteor)
-    scorer.meteor_cmd = ["java", *meteor_arguments()]
+    scorer.meteor_cmd = [java_executable(), *meteor_arguments()]
     scorer.meteor_p = subprocess.Popen(scorer.meteor_cmd, cwd=meteor_dir(), stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=java_environment())
     scorer.lock = threading.Lock()
