@@ -44,6 +44,19 @@ def tiny_model(*overrides: str, seed: int = 0) -> Captioner:
     return Captioner.from_config(tiny_config(*overrides), tiny_vocab()).eval()
 
 
+# Headless in CI's container: no sandbox, no GPU, nothing fetched in the background.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+
+
+def launch_chromium(playwright, executable: Path):
+    """The system Chromium at `executable`, started by a playwright driver for a browser test. It
+    gets a UTF-8 locale: Chromium reads file names in the locale's charset, and under LANG=C it
+    cannot open an upload named beyond ASCII."""
+    return playwright.chromium.launch(executable_path=str(executable), args=CHROMIUM_ARGS,
+                                      env={**os.environ, "LC_ALL": "C.UTF-8"})
+
+
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import count_panels, never_stopping, require_module, tiny_model  # noqa: E402
+from helpers import count_panels, launch_chromium, never_stopping, require_module, tiny_model  # noqa: E402
 import warm_start
 from PIL import Image
 
@@ -42,7 +42,6 @@ from captioner.models.caption_result import Caption  # noqa: E402
 from captioner.models.checkpoint import load_captioner, save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slow
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 REPO = Path(__file__).resolve().parents[1]
 MAX_LENGTH = 20  # the session model's decode.max_length (the page's default): its captions end before it
 
@@ -459,8 +458,7 @@ def browser(chromium: Path):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:  # stops the driver on the way out
-        # Chromium reads file names in the locale's charset: under LANG=C it cannot open an upload named beyond ASCII
-        browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS, env={**os.environ, "LC_ALL": "C.UTF-8"})
+        browser = launch_chromium(p, chromium)
         try:
             yield browser
         finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import never_stopping, require, require_module, tiny_model
+from helpers import launch_chromium, never_stopping, require, require_module, tiny_model
 
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
@@ -29,7 +28,6 @@ from captioner.models.checkpoint import load_captioner, read_checkpoint, save_ch
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 HISTORY = [
     {"epoch": 1, "step": 10, "val_BLEU4": 0.41, "val_CIDEr": 1.5},
     {"epoch": 2, "step": 20, "val_BLEU4": 0.52, "val_CIDEr": 2.25},
@@ -91,8 +89,7 @@ def browser():
     require_module("playwright", "playwright is not installed (pip install playwright)")
     import playwright.sync_api as playwright_api
     with playwright_api.sync_playwright() as p:
-        # Chromium reads file names in the locale's charset: under LANG=C it cannot open an upload named beyond ASCII
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, env={**os.environ, "LC_ALL": "C.UTF-8"})
+        browser = launch_chromium(p, CHROMIUM)
         yield browser
         browser.close()
 
