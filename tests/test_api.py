@@ -56,8 +56,8 @@ def test_the_library_page_runs_as_written(project: Path) -> None:
     assert len(blocks) >= 4
     # Forked from the warm interpreter (tests/warm_start.py): the page's code runs as a script
     # would, without a cold torch import; the tests below that look at imports start cold.
-    result = warm_start.run([sys.executable, "-c", "\n".join(blocks)], cwd=project, capture_output=True, text=True, timeout=300,
-                            env=subprocess_env())
+    result = warm_start.run([sys.executable, "-c", "\n".join(blocks)], cwd=project, capture_output=True, text=True,
+                            timeout=300, env=subprocess_env())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "caption: image 2 of 2: missing.jpg: no such file" in result.stdout  # the error the page shows
 

@@ -87,9 +87,11 @@ def weights_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 def test_what_cannot_be_loaded_is_named_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
-    with pytest.raises(CheckpointError, match=r"^.*run: a folder without a model \(no best.pt or last.pt, no config.json\)$"):
+    with pytest.raises(CheckpointError,
+                       match=r"^.*run: a folder without a model \(no best.pt or last.pt, no config.json\)$"):
         Captioner.from_pretrained(tmp_path / "run")
-    with pytest.raises(CheckpointError, match=r"^.*missing/model.pt: checkpoint not found \(no such file, run folder, exported folder or Hub repo id\)$"):
+    with pytest.raises(CheckpointError, match=r"^.*missing/model.pt: checkpoint not found "
+                                              r"\(no such file, run folder, exported folder or Hub repo id\)$"):
         Captioner.from_pretrained(tmp_path / "missing/model.pt")
     # A Hub id is fetched (tests/test_export.py: from the cache, offline); with no network and
     # no cached copy it is one line saying so.

@@ -128,7 +128,8 @@ def test_karpathy_split_sizes_are_logged_and_departures_from_coco_warned(
 ) -> None:
     from captioner.data import coco
 
-    monkeypatch.setattr(coco, "_reported", set())  # logged once per process: an earlier test may have read this tree's file
+    # logged once per process: an earlier test may have read this tree's file
+    monkeypatch.setattr(coco, "_reported", set())
     with caplog.at_level(logging.INFO, logger="captioner.data.coco"):
         train = load_karpathy(tree.karpathy_file, tree.root, "train")
     assert len(train) == 16 + 4  # restval joins train

@@ -172,13 +172,15 @@ def test_checkpoint_configs_are_checked_like_files(tmp_path: Path) -> None:
     save_checkpoint(tmp_path / "bad.pt", model, config)
     loaded = load_captioner(tmp_path / "bad.pt", device="cpu")
     assert loaded.config == model.config and loaded.image_size == model.image_size
-    with pytest.raises(CheckpointError, match=r"^.*bad.pt: incompatible config: .*'train.label_smoothing' must be in \[0, 1\); got 1.5$"):
+    with pytest.raises(CheckpointError, match=r"^.*bad.pt: incompatible config: "
+                                              r".*'train.label_smoothing' must be in \[0, 1\); got 1.5$"):
         checkpoint_config(tmp_path / "bad.pt")
     save_checkpoint(tmp_path / "bad_decode.pt", model)
     payload = torch.load(tmp_path / "bad_decode.pt", weights_only=True)
     payload["spec"]["decode"]["max_length"] = 0  # the model's decoding defaults, as loading reads them
     torch.save(payload, tmp_path / "bad_decode.pt")
-    with pytest.raises(CheckpointError, match=r"^.*bad_decode.pt: incompatible config: .*'decode.max_length' must be a whole number in \[1, 1000\]; got 0$"):
+    with pytest.raises(CheckpointError, match=r"^.*bad_decode.pt: incompatible config: "
+                                              r".*'decode.max_length' must be a whole number in \[1, 1000\]; got 0$"):
         load_captioner(tmp_path / "bad_decode.pt", device="cpu")
 
 

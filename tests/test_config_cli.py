@@ -24,9 +24,10 @@ def all_key_names(cls: type = Config, prefix: str = "") -> list[str]:
 
 
 def test_show_prints_the_resolved_config_as_yaml(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["config", "show", str(REPO / "configs/shapes_transformer.yaml"), "train.epochs=3", "decode.beam_size=5"]) == 0
+    config = str(REPO / "configs/shapes_transformer.yaml")
+    assert main(["config", "show", config, "train.epochs=3", "decode.beam_size=5"]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)
-    assert shown == load_config(str(REPO / "configs/shapes_transformer.yaml"), ["train.epochs=3", "decode.beam_size=5"]).to_dict()
+    assert shown == load_config(config, ["train.epochs=3", "decode.beam_size=5"]).to_dict()
     assert shown["train"]["epochs"] == 3 and shown["model"]["decoder"]["type"] == "transformer"
     assert main(["config", "show", "train.lr=0.01"]) == 0  # overrides of the built-in defaults
     assert yaml.safe_load(capsys.readouterr().out)["train"]["lr"] == 0.01

@@ -68,7 +68,8 @@ def test_an_unknown_backbone_stops_the_features_command_before_any_work(monkeypa
         raise AssertionError("the split was loaded before the backbone was checked")
 
     monkeypatch.setattr("captioner.data.datasets.load_split", no_data)
-    assert main(["features", str(REPO / "configs/shapes_lstm.yaml"), "model.encoder.name=resnet18", "--splits", "val"]) == 2
+    config = str(REPO / "configs/shapes_lstm.yaml")
+    assert main(["features", config, "model.encoder.name=resnet18", "--splits", "val"]) == 2
     assert capsys.readouterr().err.strip() == f"error: model.encoder.name: unknown backbone 'resnet18'; registered: {', '.join(BACKBONES)}"
 
 

@@ -140,19 +140,23 @@ def test_training_that_fills_the_disk_stops_in_one_line_with_its_checkpoints_who
     train = [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "train.checkpoint_every_steps=0",
              f"data.root={shapes}", f"train.out_dir={out}"]
     check = ("import json, sys; from captioner.models.checkpoint_format import read_checkpoint; "
-             f"import os; folder = {str(out)!r}; epochs = {{n: read_checkpoint(folder + '/' + n)['train_state']['epoch'] "
-             "for n in ('best.pt', 'last.pt')}; "
+             f"import os; folder = {str(out)!r}; "
+             "epochs = {n: read_checkpoint(folder + '/' + n)['train_state']['epoch'] for n in ('best.pt', 'last.pt')}; "
              "print(json.dumps({**epochs, 'one file': os.path.samefile(folder + '/best.pt', folder + '/last.pt')}))")
-    script = f"{shlex.join(train)}; echo \"exit $?\"; ls {shlex.quote(str(out))}; {shlex.join([sys.executable, '-c', check])}"
+    script = (f"{shlex.join(train)}; echo \"exit $?\"; ls {shlex.quote(str(out))}; "
+              f"{shlex.join([sys.executable, '-c', check])}")
     result = on_small_disk(out, 2000, script)
     assert "exit 2" in result.stdout, result.stdout + result.stderr[-3000:]
     assert "the previous" in one_error_line(result.stderr, str(out))  # best.pt or last.pt, whichever epoch 2 wrote first
     assert "No space left on device" in result.stderr
-    assert json.loads(result.stdout.splitlines()[-1]) == {"best.pt": 1, "last.pt": 1, "one file": True}  # epoch 1's, verified
+    # epoch 1's, verified
+    assert json.loads(result.stdout.splitlines()[-1]) == {"best.pt": 1, "last.pt": 1, "one file": True}
     assert ".tmp" not in result.stdout
 
 
-def test_a_second_name_for_a_checkpoint_is_a_link_or_else_a_whole_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_name_for_a_checkpoint_is_a_link_or_else_a_whole_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """last.pt as a second name of best.pt: a hard link where the file system has them, a copy
     where it has none; either way the next best.pt, written whole and renamed, leaves it as it was."""
     import os

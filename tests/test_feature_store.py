@@ -197,7 +197,8 @@ def test_a_stale_store_is_refused_in_one_line(shapes_root: Path, tmp_path: Path)
     message = refusal(frozen_model(config), load_split(config.data, "val"))
     assert f"image_ids differ from the val split: 1 of its images are no longer in the split (e.g. image {missing.image_id}" in message
 
-    code = main(["features", SHAPES_LSTM, *FROZEN, f"data.root={root}", "--splits", "val", "--out", str(tmp_path / "store")])
+    code = main(["features", SHAPES_LSTM, *FROZEN, f"data.root={root}", "--splits", "val",
+                 "--out", str(tmp_path / "store")])
     assert code == 2  # the CLI prints the one line and stops
 
 
@@ -209,7 +210,8 @@ def test_the_features_command_runs_the_encoder_alone(shapes_root: Path, tmp_path
 
     monkeypatch.setattr(Captioner, "from_config", no_model)
     store = tmp_path / "store"
-    assert main(["features", SHAPES_LSTM, *FROZEN, f"data.root={shapes_root}", "--splits", "val", "--out", str(store)]) == 0
+    assert main(["features", SHAPES_LSTM, *FROZEN, f"data.root={shapes_root}", "--splits", "val",
+                 "--out", str(store)]) == 0
     monkeypatch.undo()
     model = frozen_model(shapes_config(shapes_root, tmp_path / "run"))
     records = load_split(shapes_config(shapes_root, tmp_path / "run").data, "val")
@@ -234,7 +236,8 @@ def test_a_store_of_other_pixel_statistics_is_stale(shapes_root: Path, tmp_path:
 def test_extraction_stops_when_the_disk_is_full(shapes_root: Path, tmp_path: Path, monkeypatch, capsys, caplog) -> None:
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr("captioner.data.store_extract.shutil.disk_usage", lambda path: Usage(10**9, 10**9 - 10_000, 10_000))
-    args = ["features", SHAPES_LSTM, *FROZEN, f"data.root={shapes_root}", "--splits", "train", "--out", str(tmp_path / "store")]
+    args = ["features", SHAPES_LSTM, *FROZEN, f"data.root={shapes_root}", "--splits", "train",
+            "--out", str(tmp_path / "store")]
     caplog.set_level(logging.INFO, logger="captioner.data.store_extract")
     assert main(args) == 2
     captured = capsys.readouterr()

@@ -537,7 +537,8 @@ def test_a_shard_index_is_read_within_its_limit(world: World, tmp_path: Path) ->
     served = world.outside / "big_index"
     shutil.copytree(tmp_path, served)
     (tmp_path / "spaces.py").write_text("import sys\nwhile True:\n    sys.stdout.write(' ' * 65536)\n")
-    endless = f"pipe:{shlex.join([sys.executable, str(tmp_path / 'spaces.py')])} 00000.tar"  # asked for shards.json too, it writes for ever
+    # asked for shards.json too, it writes for ever
+    endless = f"pipe:{shlex.join([sys.executable, str(tmp_path / 'spaces.py')])} 00000.tar"
     for pattern in (str(tmp_path / "00000.tar"), f"{world.server}/big_index/00000.tar", endless):
         config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar", f"data.val_shards={pattern}",
                                     "data.max_index_bytes=1000000"])

@@ -273,7 +273,8 @@ def test_device_decoding_keeps_load_image_checks(tmp_path: Path, shared_data: Pa
         read_for_device(tmp_path / "page.pdf")
     truncated = tmp_path / "truncated.jpg"
     truncated.write_bytes(photo.read_bytes()[:2000])  # a whole header, a few rows of the scan
-    with pytest.raises(ImageLoadError, match=r"^.*truncated\.jpg: corrupt or truncated image \(image file is truncated"):
+    with pytest.raises(ImageLoadError,
+                       match=r"^.*truncated\.jpg: corrupt or truncated image \(image file is truncated"):
         decode_jpegs([read_for_device(photo), read_for_device(truncated)], "cpu")  # the batch names the bad file
 
 

@@ -55,7 +55,8 @@ def build_wheels(folder: Path) -> dict[str, Path]:
     """This checkout's two distributions as wheels (built once: pip would rebuild a source tree
     for every resolution), with this environment's setuptools rather than one installed for each build."""
     for source in (REPO, REPO / "runtime"):
-        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(folder), str(source)]
+        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                   "-w", str(folder), str(source)]
         built = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert built.returncode == 0, built.stderr
     return {"captioner": next(folder.glob("captioner-*.whl")), "captioner-runtime": next(folder.glob("captioner_runtime-*.whl"))}
@@ -189,7 +190,8 @@ def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(wheels:
     python = env_dir / "bin" / "python"
     installed = subprocess.run([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", str(python),
                                 str(wheels["captioner-runtime"])], capture_output=True, text=True, timeout=600)
-    require(installed.returncode == 0, f"uv could not install the runtime's dependencies: {installed.stderr.strip()[-300:]}")
+    require(installed.returncode == 0,
+            f"uv could not install the runtime's dependencies: {installed.stderr.strip()[-300:]}")
     no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True, cwd=tmp_path, env=outside_checkout())
     assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
     captioned = subprocess.run([str(env_dir / "bin" / "captioner-onnx"), str(tmp_path / "export"), str(image), "--beam", "2", "--max-length", "9"],

@@ -201,7 +201,8 @@ def test_cli_evaluate_grounding_per_head_and_caption_figures(tmp_path, capsys):
     model = tiny_model("model.decoder.type=transformer", f"data.root={tmp_path / 'shapes'}", "decode.max_length=6")
     checkpoint = tmp_path / "tf.pt"
     save_checkpoint(checkpoint, model)
-    shapes = f"data.root={tmp_path / 'shapes'}"  # saved outside a run folder: named, or the default data/shapes in the cwd
+    # saved outside a run folder: named, or the default data/shapes in the cwd
+    shapes = f"data.root={tmp_path / 'shapes'}"
     code = main(["evaluate", str(checkpoint), shapes, "--split", "test", "--grounding", "--saliency", "gradcam",
                  "--fast", "--json", "--out", str(tmp_path / "eval")])
     assert code == 0

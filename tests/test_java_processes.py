@@ -117,7 +117,9 @@ def test_a_hundred_evaluations_leave_no_process_fd_or_thread(fake_java: Path, mo
     assert threading.active_count() == threads
 
 
-def test_a_failed_pycocoevalcap_reference_leaves_no_lock_to_wait_on(fake_java: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_pycocoevalcap_reference_leaves_no_lock_to_wait_on(
+    fake_java: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """pycocoevalcap's Meteor keeps its lock when its scoring fails, and its __del__ takes that lock:
     the object's end waited for ever, and a whole pytest worker with it."""
     monkeypatch.setenv("FAKE_JAVA", "meteor-die")

@@ -379,7 +379,8 @@ TRAIN_TINY = [  # 2 epochs of 2 steps: trained, and a best epoch to choose, is a
     "data.shapes_num_train=32", "data.shapes_num_val=8", "data.shapes_num_test=8", "data.batch_size=16",
     "data.image_size=64", "model.encoder.name=efficientnet_lite0", "model.encoder.pretrained=true", "model.encoder.fine_tune_blocks=0",
     "model.decoder.d_model=32", "model.decoder.num_heads=2", "model.decoder.ff_dim=64", "model.decoder.num_layers=1",
-    "model.decoder.dropout=0.0", "train.epochs=2", "train.lr=3e-3", "train.warmup_steps=2", "train.early_stopping_patience=0",
+    "model.decoder.dropout=0.0", "train.epochs=2", "train.lr=3e-3", "train.warmup_steps=2",
+    "train.early_stopping_patience=0",
     "decode.max_length=12",
 ]
 

@@ -210,7 +210,9 @@ def test_a_name_keeps_its_spaces_a_command_its_pattern_and_a_default_stays() -> 
     assert portable_config(load_config(None, []).to_dict())["data"]["root"] == "data/shapes"
 
 
-def test_an_older_exports_traced_graph_is_stripped_on_its_way_to_the_hub(run: Path, photo: Path, tmp_path: Path) -> None:
+def test_an_older_exports_traced_graph_is_stripped_on_its_way_to_the_hub(
+    run: Path, photo: Path, tmp_path: Path
+) -> None:
     """An ONNX graph that still holds the dynamo exporter's stack traces (from an export written
     before they were dropped): make_portable, as push runs it on a copy, drops them and the
     checksum in onnx.json follows, so the bundle still verifies."""
@@ -221,14 +223,18 @@ def test_an_older_exports_traced_graph_is_stripped_on_its_way_to_the_hub(run: Pa
     export_model(run, folder, image=photo)
     node = onnx.helper.make_node("Identity", ["images"], ["feats"])
     trace = node.metadata_props.add()
-    trace.key, trace.value = "pkg.torch.onnx.stack_trace", f'File "{REPO}/captioner/models/onnx_export.py", line 57, in forward'
-    graph = onnx.helper.make_graph([node], "encoder", [onnx.helper.make_tensor_value_info("images", onnx.TensorProto.FLOAT, [1])],
-                                   [onnx.helper.make_tensor_value_info("feats", onnx.TensorProto.FLOAT, [1])])
+    trace.key = "pkg.torch.onnx.stack_trace"
+    trace.value = f'File "{REPO}/captioner/models/onnx_export.py", line 57, in forward'
+    images, feats = (onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [1])
+                     for name in ("images", "feats"))
+    graph = onnx.helper.make_graph([node], "encoder", [images], [feats])
     (folder / "onnx").mkdir()
     onnx.save(onnx.helper.make_model(graph), str(folder / "onnx" / "encoder.onnx"))
-    (folder / "onnx" / "onnx.json").write_text(json.dumps({"files": {"encoder": {"path": "encoder.onnx",
-                                                                                   "sha256": sha256_of(folder / "onnx" / "encoder.onnx")}}}))
+    digest = sha256_of(folder / "onnx" / "encoder.onnx")
+    manifest = {"files": {"encoder": {"path": "encoder.onnx", "sha256": digest}}}
+    (folder / "onnx" / "onnx.json").write_text(json.dumps(manifest))
     assert make_portable(folder)
-    assert leaks(folder, this_machine(run, tmp_path)) == [] and b"stack_trace" not in (folder / "onnx" / "encoder.onnx").read_bytes()
+    assert leaks(folder, this_machine(run, tmp_path)) == []
+    assert b"stack_trace" not in (folder / "onnx" / "encoder.onnx").read_bytes()
     recorded = json.loads((folder / "onnx" / "onnx.json").read_text())["files"]["encoder"]["sha256"]
     assert recorded == sha256_of(folder / "onnx" / "encoder.onnx") and not make_portable(folder, write=False)

@@ -44,14 +44,16 @@ def helps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     with pytest-xdist 3.8 silently does (pytest-dev/pytest-xdist#1386): then every group's shared
     fixture is built on each worker and the other waits on its lock, so it fails."""
     if getattr(request.config.option, "loadgroup", False):
-        ran, worker = shared_folder(tmp_path_factory) / "script_helps.ran", os.environ.get("PYTEST_XDIST_WORKER", "main")
+        ran = shared_folder(tmp_path_factory) / "script_helps.ran"
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         try:  # the same worker again is a shuffled order that left the module and came back: not the bug
             with open(ran, "x") as f:
                 f.write(worker)
         except FileExistsError:
             if ran.read_text() != worker:
                 pytest.fail("the script_helps group ran on two pytest workers: --dist loadgroup ignored xdist_group "
-                            "(pytest 9.2 with pytest-xdist 3.8, pytest-dev/pytest-xdist#1386; pyproject.toml pins pytest below 9.2)")
+                            "(pytest 9.2 with pytest-xdist 3.8, pytest-dev/pytest-xdist#1386; "
+                            "pyproject.toml pins pytest below 9.2)")
     folder = tmp_path_factory.mktemp("helps")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
@@ -100,7 +102,8 @@ def run_quickstart(tmp_path: Path, *args: str, java: bool) -> tuple[subprocess.C
     (bin_dir / "captioner").chmod(0o755)
     for tool in ("sed", "dirname"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')  # this interpreter, captioner importable
+    # this interpreter, captioner importable
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
     (bin_dir / "python").chmod(0o755)
     if java:
         (bin_dir / "java").symlink_to("/bin/true")
@@ -149,7 +152,8 @@ def test_flickr8k_full_records_the_step_a_signal_ends(tmp_path: Path, signal_num
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(FLICKR8K_FULL, repo / "scripts")
     bin_dir.mkdir()
-    (bin_dir / "captioner").write_text(f"#!/bin/sh\ntouch {shlex.quote(str(started))}\nexec sleep 60\n")  # a training run that takes its time
+    # a training run that takes its time
+    (bin_dir / "captioner").write_text(f"#!/bin/sh\ntouch {shlex.quote(str(started))}\nexec sleep 60\n")
     (bin_dir / "captioner").chmod(0o755)
     (repo / ".venv" / "bin").mkdir(parents=True)
     (repo / ".venv" / "bin" / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')

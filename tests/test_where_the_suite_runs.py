@@ -68,5 +68,6 @@ def test_no_test_imports_the_tests_folder_as_a_package() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            offenders += [f"{path.name}:{node.lineno}" for name in names if name == "tests" or name.startswith("tests.")]
+            offenders += [f"{path.name}:{node.lineno}" for name in names
+                          if name == "tests" or name.startswith("tests.")]
     assert not offenders, offenders

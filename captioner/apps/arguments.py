@@ -165,15 +165,18 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-length", type=decode_value("min_length"), default=None, metavar="N",
                         help=f"no caption shorter than N words, {takes('min_length')} (default from the config)")
     parser.add_argument("--length-penalty", type=decode_value("length_penalty"), default=None, metavar="ALPHA",
-                        help="beam search ranks by log-probability / ((5 + length) / 6) ** ALPHA; 0 favours short captions; "
-                             f"{takes('length_penalty')} (default from the config)")
+                        help="beam search ranks by log-probability / ((5 + length) / 6) ** ALPHA; "
+                             f"0 favours short captions; {takes('length_penalty')} (default from the config)")
     parser.add_argument("--no-bad-endings", action="store_true",
                         help='no caption ending on "a", "with", "of", ... (<eos> is not allowed right after them)')
     parser.add_argument("--diverse-groups", type=decode_value("diverse_groups"), default=None, metavar="G",
-                        help=f"diverse beam search with G groups of beam/G beams, {takes('diverse_groups')} (default from the config)")
+                        help=f"diverse beam search with G groups of beam/G beams, {takes('diverse_groups')} "
+                             "(default from the config)")
     parser.add_argument("--diversity-strength", type=decode_value("diversity_strength"), default=None, metavar="LAMBDA",
-                        help=f"Hamming diversity penalty between groups, {takes('diversity_strength')} (default from the config)")
-    parser.add_argument("--batch-size", type=positive_int, default=None, help="images per batch (default: the config's decode.batch_size)")
+                        help=f"Hamming diversity penalty between groups, {takes('diversity_strength')} "
+                             "(default from the config)")
+    parser.add_argument("--batch-size", type=positive_int, default=None,
+                        help="images per batch (default: the config's decode.batch_size)")
     add_device_argument(parser, default="auto")
 
 
@@ -214,7 +217,8 @@ def load_model(command: str, checkpoint: str | Path, args: argparse.Namespace) -
 
     for member in args.ensemble:
         if Path(member).suffix.lower() in IMAGE_SUFFIXES:
-            raise CaptionerError(f"{command}: --ensemble takes checkpoints, and {member} is an image (give --ensemble after the images)")
+            raise CaptionerError(f"{command}: --ensemble takes checkpoints, and {member} is an image "
+                                 "(give --ensemble after the images)")
     return Ensemble.from_pretrained([checkpoint, *args.ensemble], resolve_device(args.device), args.combine or "prob")
 
 

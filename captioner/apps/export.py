@@ -65,7 +65,8 @@ def export_model(
     if folder.is_dir():
         foreign = sorted(p.name for p in folder.iterdir() if p.name not in WRITTEN and not p.name.endswith(".tmp"))
         if foreign:
-            raise ExportError(f"{folder}: not empty ({', '.join(foreign[:3])} ...) and not an export; give a new or empty folder")
+            raise ExportError(f"{folder}: not empty ({', '.join(foreign[:3])} ...) and not an export; "
+                              "give a new or empty folder")
     payload = read_checkpoint(source)  # read once: the weights, the run config and the history
     config = run_config(payload["config"], source)
     model = Captioner.from_checkpoint_payload(payload, source).eval()
@@ -87,8 +88,8 @@ def export_model(
         files.append(save_attention_figure(folder / FIGURE, picture, caption))
         figure = FIGURE
     card = model_card(
-        folder.name, data.config, len(model.vocab), sum(p.numel() for p in model.parameters()), model.grid_size(), scores,
-        figure, Path(example).name if example is not None else None, recipe=config.to_dict(),
+        folder.name, data.config, len(model.vocab), sum(p.numel() for p in model.parameters()), model.grid_size(),
+        scores, figure, Path(example).name if example is not None else None, recipe=config.to_dict(),
     )
     (folder / CARD).write_text(card, encoding="utf-8")
     files.append(folder / CARD)
@@ -130,7 +131,8 @@ def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None
         log.warning("no attention figure on the card: a shard's images are no files to name; give --image")
         return None
     if data.config.data.dataset == "shapes" and not (Path(data.config.data.root) / "captions_test.json").is_file():
-        log.warning("no attention figure on the card: the shapes world is not at %s (never generated for a figure); give --image", data.config.data.root)
+        log.warning("no attention figure on the card: the shapes world is not at %s (never generated for a figure); "
+                    "give --image", data.config.data.root)
         return None
     try:
         records = data.load_split("test", check_images=False)
@@ -157,7 +159,8 @@ def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, imag
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         raise ExportError(f"push {repo_id}: offline (HF_HUB_OFFLINE is set); unset it to upload")
     if not get_token():
-        raise ExportError(f"push {repo_id}: no Hugging Face token; run `hf auth login` or set HF_TOKEN to a token with write access")
+        raise ExportError(f"push {repo_id}: no Hugging Face token; run `hf auth login` or set HF_TOKEN "
+                          "to a token with write access")
     source = checkpoint_file(checkpoint)
     with tempfile.TemporaryDirectory(prefix="captioner-push-") as tmp:
         folder = Path(tmp) / Path(repo_id).name
