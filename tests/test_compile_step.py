@@ -18,8 +18,8 @@ from torch._dynamo.utils import counters
 
 from captioner.models.decoder import Decoder
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode
-from captioner.models.lstm_decoder import LSTMDecoder
-from captioner.models.transformer_decoder import TransformerDecoder
+from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
+from captioner.models.decoders.transformer import TransformerConfig, TransformerDecoder
 
 V, D, N, B = 13, 6, 9, 3  # vocabulary, feature dim, a 3x3 grid, rows
 BOS, EOS = 1, 2
@@ -29,9 +29,9 @@ STEPS = 6
 def make_decoder(kind: str) -> Decoder:
     torch.manual_seed(0)
     if kind == "lstm":
-        decoder: Decoder = LSTMDecoder(V, D, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0)
+        decoder: Decoder = LSTMDecoder(LSTMConfig(embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0), V, D)
     else:
-        decoder = TransformerDecoder(V, D, d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0)
+        decoder = TransformerDecoder(TransformerConfig(d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0), V, D)
     return decoder.eval()
 
 

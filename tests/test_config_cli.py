@@ -12,14 +12,21 @@ from helpers import REPO
 from captioner.apps.cli import main
 from captioner.core.config import load_config
 from captioner.core.config_sections import Config
+from captioner.core.decoder_types import decoder_type, registered
 from captioner.core.config_keys import config_keys
 
 
 def all_key_names(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every key, walked from the dataclasses; the decoder section: its type, then every registered decoder's keys."""
     names = []
     for f in dataclasses.fields(cls):
         value = getattr(cls(), f.name)
-        names += all_key_names(type(value), f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else [prefix + f.name]
+        if f.metadata.get("decoder"):
+            names.append(f"{prefix}{f.name}.type")
+            for name in registered():
+                names += all_key_names(decoder_type(name).config, f"{prefix}{f.name}.")
+        else:
+            names += all_key_names(type(value), f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else [prefix + f.name]
     return names
 
 

@@ -427,7 +427,7 @@ def test_beam_search_on_fake_cuda(decoder: str) -> None:
         before, per_step = reads_per_step(mode.device_reads)
         assert before == [] and 1 < len(per_step) < options.max_length, mode.device_reads  # it stopped early
         self_read = options.self_attention and decoder == "transformer"
-        in_step = ["aten._local_scalar_dense.default at transformer_decoder.py"] if self_read else []
+        in_step = ["aten._local_scalar_dense.default at transformer.py"] if self_read else []
         after = ["aten._to_copy.default at beam.py"] * (2 if self_read else 1)  # the maps (and the self-attention)
         for i, reads in enumerate(per_step):
             assert reads == [*in_step, "tolist at beam.py", *(after if i == len(per_step) - 1 else [])], per_step

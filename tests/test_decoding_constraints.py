@@ -21,7 +21,7 @@ from captioner.models.decoder import Decoder, Memory, State
 from captioner.models.decoding import DecodeOptions, Hypothesis, SpecialTokens, beam_search, decode_hypotheses
 from captioner.models.decoding.rules import EndingRule
 from captioner.models.decoding.sampling import greedy_captions, sample_captions
-from captioner.models.lstm_decoder import LSTMDecoder
+from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
 from captioner.text.endings import BAD_ENDINGS
 
 # A vocabulary of 8 ids: <pad>, <bos>, <eos>, <unk>, then "a" (a bad ending), "red", "circle", "square".
@@ -132,7 +132,7 @@ def test_constrained_beam_search_finds_the_best_allowed_caption(min_length: int,
     """With a beam holding every hypothesis, the constrained search is exact: it returns the most
     probable caption among those the constraints allow, found by enumeration."""
     torch.manual_seed(0)
-    decoder = LSTMDecoder(vocab_size=5, feat_dim=6, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0).eval()
+    decoder = LSTMDecoder(LSTMConfig(embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0), 5, 6).eval()
     with torch.no_grad():
         decoder.out_vocab.weight.mul_(3.0)  # a peakier model: captions of different lengths compete
     feats = torch.randn(8, 4, 6)  # (B, N, D)

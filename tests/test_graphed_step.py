@@ -20,8 +20,8 @@ from captioner.core.errors import ConfigError
 from captioner.models.decoder import Decoder
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search_n_best, greedy_decode
 from captioner.models.graphed_step import GraphedStep, use_graphed_step
-from captioner.models.lstm_decoder import LSTMDecoder
-from captioner.models.transformer_decoder import TransformerDecoder
+from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
+from captioner.models.decoders.transformer import TransformerConfig, TransformerDecoder
 from helpers import tiny_model
 
 V, D, N, B = 13, 6, 9, 3
@@ -31,8 +31,8 @@ SPECIAL = SpecialTokens(1, 2)
 def make_decoder(kind: str) -> Decoder:
     torch.manual_seed(0)
     if kind == "lstm":
-        return LSTMDecoder(V, D, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0).eval()
-    return TransformerDecoder(V, D, d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0).eval()
+        return LSTMDecoder(LSTMConfig(embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0), V, D).eval()
+    return TransformerDecoder(TransformerConfig(d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0), V, D).eval()
 
 
 class Replay:

@@ -9,7 +9,7 @@ from beam_enumeration import assert_beam_ranks_by_length_penalty
 
 from captioner.models import attention as attention_module
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode, sample_n_best
-from captioner.models.lstm_decoder import LSTMDecoder
+from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
 
 
 SPECIAL = SpecialTokens(bos=1, eos=2)
@@ -18,7 +18,7 @@ SPECIAL = SpecialTokens(bos=1, eos=2)
 @pytest.fixture
 def decoder() -> LSTMDecoder:
     torch.manual_seed(0)
-    return LSTMDecoder(vocab_size=20, feat_dim=10, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.3).eval()
+    return LSTMDecoder(LSTMConfig(embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.3), 20, 10).eval()
 
 
 def test_forward_matches_step(decoder: LSTMDecoder) -> None:
@@ -53,7 +53,7 @@ def test_grid_projection_is_computed_once_per_image(decoder: LSTMDecoder, monkey
 
 
 def test_attention_penalty() -> None:
-    decoder = LSTMDecoder(10, 4, 4, 4, 4)
+    decoder = LSTMDecoder(LSTMConfig(embed_dim=4, hidden_dim=4, attention_dim=4), 10, 4)
     attn = torch.zeros(1, 4, 1, 1, 4)
     attn[0, torch.arange(4), 0, 0, torch.arange(4)] = 1.0  # each cell attended exactly once
     mask = torch.ones(1, 4, dtype=torch.bool)
@@ -124,7 +124,7 @@ def test_beam_search_ranks_by_the_length_penalty() -> None:
     found by enumerating all captions. The witness below shows the winner changes with alpha, so
     a search that ignored alpha would fail here."""
     torch.manual_seed(0)
-    decoder = LSTMDecoder(vocab_size=5, feat_dim=6, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0).eval()
+    decoder = LSTMDecoder(LSTMConfig(embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0), 5, 6).eval()
     with torch.no_grad():
         decoder.out_vocab.weight.mul_(3.0)  # a peakier model: captions of different lengths compete
     feats = torch.randn(8, 4, 6)  # (B, N, D)

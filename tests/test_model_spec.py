@@ -12,14 +12,16 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from captioner.core.config_sections import DecoderConfig
-from captioner.core.decoder_configs import DECODER_CONFIGS, LSTMDecoderConfig, TransformerDecoderConfig
+from captioner.core.config import decoder_config
+from captioner.core.decoder_types import decoder_type, registered
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.core.model_spec import SPEC_VERSION, ModelSpec
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
-from captioner.models.decoder_registry import DECODERS, build_decoder
+from captioner.models.decoder import build_decoder
+from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
+from captioner.models.decoders.transformer import TransformerConfig
 from captioner.models.export_format import read_exported
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
@@ -30,15 +32,17 @@ DECODER_OVERRIDES = {
 
 
 def test_every_decoder_config_has_its_builder_and_reads_only_its_keys() -> None:
-    assert set(DECODERS) == set(DECODER_CONFIGS) == set(DECODER_OVERRIDES)
-    flat = DecoderConfig(type="lstm", hidden_dim=24, d_model=99)
-    assert flat.settings() == LSTMDecoderConfig(embed_dim=256, hidden_dim=24, attention_dim=256, dropout=0.5)
-    assert DecoderConfig.of(flat.settings()) == DecoderConfig(type="lstm", hidden_dim=24)  # d_model: not the LSTM's
-    transformer = DecoderConfig(type="transformer", d_model=32, num_heads=4).settings()
-    assert isinstance(transformer, TransformerDecoderConfig) and transformer.d_model == 32
-    for name, entry in DECODERS.items():
-        decoder = build_decoder(DecoderConfig(type=name, d_model=16, num_heads=2).settings(), vocab_size=10, feat_dim=8)
-        assert entry.config is DECODER_CONFIGS[name] and decoder.__class__.__name__.lower().startswith(name)
+    assert registered() == list(DECODER_OVERRIDES)
+    lstm = decoder_config({"type": "lstm", "hidden_dim": 24}, "test")
+    assert lstm == LSTMConfig(embed_dim=256, hidden_dim=24, attention_dim=256, dropout=0.5)
+    assert decoder_config({"type": "lstm", "d_model": 99}, "test") == LSTMConfig()  # d_model: not the LSTM's
+    transformer = decoder_config({"type": "transformer", "d_model": 32, "num_heads": 4}, "test")
+    assert transformer == TransformerConfig(d_model=32, num_heads=4)
+    assert isinstance(build_decoder(LSTMConfig(), vocab_size=10, feat_dim=8), LSTMDecoder)
+    for name in registered():
+        entry = decoder_type(name)
+        decoder = build_decoder(entry.config(), vocab_size=10, feat_dim=8)
+        assert type(decoder) is entry.module and decoder.__class__.__name__.lower().startswith(name)
 
 
 @pytest.mark.parametrize("kind", list(DECODER_OVERRIDES))
@@ -47,7 +51,7 @@ def test_a_spec_survives_json_and_builds_the_same_model(kind: str) -> None:
     spec = model.spec(model.grid_size())
     raw = json.loads(json.dumps(spec.to_dict()))
     assert raw["spec_version"] == SPEC_VERSION and raw["decoder"]["type"] == kind
-    assert set(raw["decoder"]) == {"type", *(f.name for f in dataclasses.fields(DECODER_CONFIGS[kind]))}
+    assert set(raw["decoder"]) == {"type", *(f.name for f in dataclasses.fields(decoder_type(kind).config))}
     again = ModelSpec.from_dict(raw, "test")
     assert again == spec
     rebuilt = Captioner.from_spec(again)

@@ -132,10 +132,10 @@ def test_weights_are_reordered_once_per_scope_and_anew_in_the_next(calls, monkey
 def test_decoding_reorders_each_weight_once_per_search(monkeypatch: pytest.MonkeyPatch) -> None:
     needs_onednn()
     from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search
-    from captioner.models.lstm_decoder import LSTMDecoder
+    from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
 
     torch.manual_seed(6)
-    decoder = LSTMDecoder(vocab_size=30, feat_dim=8, embed_dim=6, hidden_dim=10, attention_dim=5).eval()
+    decoder = LSTMDecoder(LSTMConfig(embed_dim=6, hidden_dim=10, attention_dim=5), 30, 8).eval()
     monkeypatch.setattr(products, "_ENABLED", True)
     made = []
     original = products._reorder
@@ -151,10 +151,10 @@ def test_sampling_with_gradients_reorders_each_weight_once_per_loop(monkeypatch:
     copy of each weight, the gradients still reach every layer."""
     needs_onednn()
     from captioner.models.decoding.sampling import sample_captions
-    from captioner.models.lstm_decoder import LSTMDecoder
+    from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
 
     torch.manual_seed(7)
-    decoder = LSTMDecoder(vocab_size=30, feat_dim=8, embed_dim=6, hidden_dim=10, attention_dim=5).train()
+    decoder = LSTMDecoder(LSTMConfig(embed_dim=6, hidden_dim=10, attention_dim=5), 30, 8).train()
     monkeypatch.setattr(products, "_ENABLED", True)
     made = []
     original = products._reorder

@@ -23,8 +23,8 @@ from captioner.data.batching import CaptionBatch
 from captioner.models import products
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.decoder import Decoder
-from captioner.models.lstm_decoder import LSTMDecoder, RecurrentProduct, active_rows
-from captioner.models.transformer_decoder import TransformerDecoder
+from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder, RecurrentProduct, active_rows
+from captioner.models.decoders.transformer import TransformerConfig, TransformerDecoder
 from captioner.training.loop import caption_loss
 
 
@@ -44,7 +44,7 @@ def stepwise_logits(decoder: LSTMDecoder, feats: torch.Tensor, tokens: torch.Ten
 @pytest.mark.parametrize("lengths", [[7, 7, 5, 2, 1], [7, 7, 7, 7, 7]], ids=["padded", "full"])
 def test_lstm_forward_equals_stepwise_values_and_gradients(lengths: list[int]) -> None:
     torch.manual_seed(0)
-    decoder = LSTMDecoder(vocab_size=23, feat_dim=10, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0)
+    decoder = LSTMDecoder(LSTMConfig(embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0), 23, 10)
     feats = torch.randn(5, 9, 10)
     tokens = torch.randint(0, 23, (5, 7))
     fast = decoder(feats, tokens, torch.tensor(lengths))
@@ -87,7 +87,7 @@ def test_lstm_backward_zero_fills_the_grids_gradient_once_whatever_the_lengths()
     """Captions that end at 3 different steps: the grid's two tensors (feats, its projection)
     get one zero-filled gradient each, not one per length (each a copy of the rows above it)."""
     torch.manual_seed(0)
-    decoder = LSTMDecoder(vocab_size=23, feat_dim=10, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0)
+    decoder = LSTMDecoder(LSTMConfig(embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0), 23, 10)
     feats = torch.randn(5, 9, 10, requires_grad=True)
     logits = decoder(feats, torch.randint(0, 23, (5, 7)), torch.tensor([7, 7, 5, 2, 1])).logits
     with CreatedTensors() as created:
@@ -133,7 +133,7 @@ def test_recurrent_product_gives_autograds_gradients(onednn: bool, monkeypatch: 
 
 def test_lstm_padding_outputs_are_zero() -> None:
     torch.manual_seed(1)
-    decoder = LSTMDecoder(vocab_size=11, feat_dim=4, embed_dim=4, hidden_dim=5, attention_dim=3).eval()
+    decoder = LSTMDecoder(LSTMConfig(embed_dim=4, hidden_dim=5, attention_dim=3), 11, 4).eval()
     out = decoder(torch.randn(3, 4, 4), torch.randint(0, 11, (3, 6)), torch.tensor([4, 2, 2]))
     assert (out.logits[:, 4:] == 0).all() and (out.logits[1:, 2:] == 0).all()
     assert (out.logits[0, :4] != 0).any(dim=-1).all()
@@ -146,8 +146,8 @@ def test_lstm_padding_outputs_are_zero() -> None:
 def tiny_decoder(kind: str) -> Decoder:
     torch.manual_seed(0)
     if kind == "lstm":
-        return LSTMDecoder(vocab_size=23, feat_dim=10, embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0)
-    return TransformerDecoder(23, 10, d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0)
+        return LSTMDecoder(LSTMConfig(embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0), 23, 10)
+    return TransformerDecoder(TransformerConfig(d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0), 23, 10)
 
 
 def gradients(decoder: Decoder, feats: torch.Tensor, loss: torch.Tensor) -> list[torch.Tensor]:

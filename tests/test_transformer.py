@@ -12,7 +12,7 @@ from captioner.models.attention import MultiHeadAttention
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import select_rows
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, greedy_decode
-from captioner.models.transformer_decoder import TransformerDecoder, grid_encoding
+from captioner.models.decoders.transformer import TransformerConfig, TransformerDecoder, grid_encoding
 from captioner.text.vocab import SPECIALS, Vocabulary
 from captioner.training.loop import caption_loss
 
@@ -23,10 +23,9 @@ SPECIAL = SpecialTokens(BOS, EOS)
 
 def make_decoder(norm_first: bool = False, tie: bool = True, grid_pe: bool = True, seed: int = 0) -> TransformerDecoder:
     torch.manual_seed(seed)
-    decoder = TransformerDecoder(
-        V, D, d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.1,
-        norm_first=norm_first, tie_embeddings=tie, grid_position_encoding=grid_pe,
-    )
+    config = TransformerConfig(d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.1, norm_first=norm_first,
+                               tie_embeddings=tie, grid_position_encoding=grid_pe)
+    decoder = TransformerDecoder(config, V, D)
     return decoder.eval().double()  # float64: the two paths agree far below the tolerance
 
 
@@ -140,7 +139,8 @@ def test_beam_search_ranks_by_the_length_penalty() -> None:
     caption that maximises log-probability / ((5 + length) / 6) ** alpha over all captions, and
     the winner changes with alpha (so a search that ignored alpha fails)."""
     torch.manual_seed(0)
-    decoder = TransformerDecoder(5, D, d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0, tie_embeddings=False)
+    config = TransformerConfig(d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0, tie_embeddings=False)
+    decoder = TransformerDecoder(config, 5, D)
     decoder = decoder.eval().double()
     decoder.out.weight.mul_(3.0)  # a peakier model: captions of different lengths compete
     feats = torch.randn(8, N, D, dtype=torch.float64)  # (B, N, D)
@@ -203,8 +203,7 @@ def tiny_transformer_config() -> Config:
     config = Config()
     config.data.image_size = 32
     config.model.encoder.width = 4  # small_cnn: a 2x2 grid of 32-d features
-    d = config.model.decoder
-    d.type, d.d_model, d.num_layers, d.num_heads, d.ff_dim, d.dropout = "transformer", 16, 2, 4, 32, 0.1
+    config.model.decoder = TransformerConfig(d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.1)
     config.train.attention_penalty = 0.0
     return config
 

@@ -101,13 +101,7 @@ def model_card(
     dataset_name, hub_dataset, dataset_text = DATASETS.get(dataset, (dataset, None, dataset))
     decoder = config.model.decoder.type
     encoder = config.model.encoder.name
-    architecture = (
-        "Show, Attend and Tell LSTM (additive attention over the grid, gated context, "
-        "doubly stochastic attention penalty)"
-        if decoder == "lstm" else
-        f"transformer decoder ({config.model.decoder.num_layers} layers, {config.model.decoder.num_heads} heads; "
-        "its cross-attention weights are the alignment maps)"
-    )
+    architecture = getattr(config.model.decoder, "describe", lambda: f"{decoder} decoder")()
     metadata = _metadata(name, dataset, decoder, encoder, hub_dataset, dataset_name, scores, license_id)
     lines = [
         "---", metadata.rstrip(), "---", "",

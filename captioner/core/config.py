@@ -21,6 +21,7 @@ from typing import Any
 
 from captioner.core.config_sections import Config
 from captioner.core.decode_schema import DecodeOption, combination_problem
+from captioner.core.decoder_types import decoder_type, registered, type_of
 from captioner.core.errors import ConfigError
 from captioner.core.specs import Spec
 
@@ -48,7 +49,8 @@ def apply_overrides(config: Config, overrides: list[str] | tuple[str, ...], sour
     """`section.key=value` overrides set on `config` (in place), then the whole config validated.
     `only` (a prefix such as "data.") refuses any other key in one line."""
     import yaml
-    for override in overrides:
+    for override in sorted(overrides, key=lambda o: not o.partition("=")[0].strip().lstrip("-").endswith(TYPE_KEY)):
+        # the decoder's type first: it says which keys the others may name
         key, sep, text = override.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {override!r}: expected section.key=value")
@@ -64,28 +66,42 @@ def apply_overrides(config: Config, overrides: list[str] | tuple[str, ...], sour
     return config
 
 
-# Every checkpoint written before `model.encoder.normalization` existed normalised its images
-# with ImageNet's statistics, whatever its backbone (captioner.models.backbones.NORMALIZATIONS).
-LEGACY_NORMALIZATION = "imagenet"
-
-
 def config_from_dict(raw: dict[str, Any], source: str = "checkpoint") -> Config:
-    """A config stored with a checkpoint (or written by `Config.to_dict`), checked like a file.
+    """A config stored with a checkpoint (or written by `Config.to_dict`), upgraded from an older
+    layout (core/upgrade.py) and checked like a file."""
+    from captioner.core.upgrade import upgrade_run_config
 
-    A stored encoder section without `normalization` predates that key: it gets the statistics
-    it was trained with, not today's default, so an old model sees the input it learned from."""
     config = Config()
-    _merge(config, _with_legacy_normalization(raw), "", source)
+    _merge(config, upgrade_run_config(raw), "", source)
     validate(config, source)
     return config
 
 
-def _with_legacy_normalization(raw: dict[str, Any]) -> dict[str, Any]:
-    model = raw.get("model") if isinstance(raw, dict) else None
-    encoder = model.get("encoder") if isinstance(model, dict) else None
-    if not isinstance(encoder, dict) or "normalization" in encoder:
-        return raw
-    return {**raw, "model": {**model, "encoder": {**encoder, "normalization": LEGACY_NORMALIZATION}}}
+TYPE_KEY = "model.decoder.type"
+
+
+def section_from_dict(kind: type, raw: Any, prefix: str, source: str) -> Any:
+    """One section (`kind`, e.g. EncoderConfig) from a stored mapping, every key checked like a file's;
+    `prefix` ("model.encoder.") names the keys in messages."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: {prefix.rstrip('.')!r} must be a mapping, got {raw!r}")
+    node = kind()
+    _merge(node, raw, prefix, source)
+    for dotted, f, annotation in leaf_fields(node, prefix):
+        _check_leaf(get_dotted(node, dotted.removeprefix(prefix)), f, annotation, dotted, source)
+    return node
+
+
+def decoder_config(raw: Any, source: str) -> Any:
+    """A `model.decoder` section (`type` and its keys) as its registered decoder's config, checked."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: 'model.decoder' must be a mapping, got {raw!r}")
+    kind = decoder_type(raw.get("type"), repr(TYPE_KEY), source).config
+    config = section_from_dict(kind, {k: v for k, v in raw.items() if k != "type"}, "model.decoder.", source)
+    problem = getattr(config, "problem", lambda: None)()  # a decoder's rule that ties its keys together
+    if problem:
+        raise ConfigError(f"{source}: {problem}")
+    return config
 
 
 def _merge(node: Any, raw: dict[str, Any], prefix: str, source: str) -> None:
@@ -93,14 +109,40 @@ def _merge(node: Any, raw: dict[str, Any], prefix: str, source: str) -> None:
     for key, value in raw.items():
         dotted = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"{source}: unknown key {dotted!r}{_suggest(dotted)}")
+            _another_decoders(node, key, value, dotted, source)
+            continue
         current = getattr(node, key)
+        if names[key].metadata.get("decoder") and isinstance(value, dict):
+            current = _switch_decoder(node, key, value.get("type", type_of(current)), dotted, source)
+            value = {k: v for k, v in value.items() if k != "type"}
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {dotted!r} must be a mapping, got {value!r}")
             _merge(current, value, dotted + ".", source)
         else:
             setattr(node, key, _checked(value, node, key, dotted, source))
+
+
+def _switch_decoder(node: Any, key: str, name: Any, dotted: str, source: str) -> Any:
+    """Make `node.key` a config of the decoder type `name`, keeping the values set (not defaults) of the keys both types have."""
+    current, kind = getattr(node, key), decoder_type(name, repr(f"{dotted}.type"), source).config
+    if type(current) is not kind:
+        own = {f.name for f in dataclasses.fields(kind)}
+        kept = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)
+                if f.name in own and getattr(current, f.name) != f.default}
+        setattr(node, key, kind(**kept))
+    return getattr(node, key)
+
+
+def _another_decoders(node: Any, key: str, value: Any, dotted: str, source: str) -> None:
+    """A key `node` does not have: in a decoder's section, a key of another registered decoder is
+    checked against that decoder's spec and left unused (one file can set up either decoder, and
+    `model.decoder.type` picks); anything else is an unknown key."""
+    decoders = [decoder_type(name).config for name in registered()]
+    owner = next((kind() for kind in decoders if hasattr(kind(), key)), None) if type(node) in decoders else None
+    if owner is None or dataclasses.is_dataclass(getattr(owner, key)):
+        raise ConfigError(f"{source}: unknown key {dotted!r}{_suggest(dotted)}")
+    _checked(value, owner, key, dotted, source)
 
 
 def _set_dotted(config: Config, dotted: str, value: Any, source: str) -> None:
@@ -110,8 +152,12 @@ def _set_dotted(config: Config, dotted: str, value: Any, source: str) -> None:
         if not dataclasses.is_dataclass(node) or not hasattr(node, part):
             raise ConfigError(f"{source}: unknown key {dotted!r}{_suggest(dotted)}")
         node = getattr(node, part)
+    if dotted == TYPE_KEY:
+        _switch_decoder(config.model, "decoder", value, "model.decoder", source)
+        return
     if not dataclasses.is_dataclass(node) or leaf not in {f.name for f in dataclasses.fields(node)}:
-        raise ConfigError(f"{source}: unknown key {dotted!r}{_suggest(dotted)}")
+        _another_decoders(node, leaf, value, dotted, source)
+        return
     if dataclasses.is_dataclass(getattr(node, leaf)):
         raise ConfigError(f"{source}: {dotted!r} is a section; set one of its keys, e.g. {dotted}.KEY=VALUE")
     setattr(node, leaf, _checked(value, node, leaf, dotted, source))
@@ -194,9 +240,11 @@ def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
 
 def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
     """Every key of the config as (dotted name, its dataclass field, its type), walked from the
-    dataclasses themselves, so a key added anywhere is found here."""
+    dataclasses themselves, so a key added anywhere is found here. Without `node`: every key a
+    config may hold, those of every registered decoder included (`model.decoder.type` is not one:
+    it picks the section's class)."""
     if node is None:
-        return list(_leaves_of(Config))
+        return _every_key()
     leaves = []
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
@@ -207,14 +255,30 @@ def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclass
     return leaves
 
 
+def _decoder_classes() -> list[type]:
+    return [decoder_type(name).config for name in registered()]
+
+
+def _every_key() -> list[tuple[str, dataclasses.Field, Any]]:
+    """The keys of a config with each registered decoder in turn, each listed once (the first
+    decoder that has it)."""
+    keys: dict[str, tuple[str, dataclasses.Field, Any]] = {}
+    for kind in _decoder_classes():
+        for leaf in _leaves_of(Config, kind):
+            keys.setdefault(leaf[0], leaf)
+    return list(keys.values())
+
+
 @functools.cache
-def _leaves_of(config_class: type) -> tuple[tuple[str, dataclasses.Field, Any], ...]:
-    """The keys of a config class (its classes fix them), walked once."""
-    return tuple(leaf_fields(config_class()))
+def _leaves_of(config_class: type, decoder_class: type) -> tuple[tuple[str, dataclasses.Field, Any], ...]:
+    """The keys of a config class with a decoder config class (the classes fix them), walked once."""
+    config = config_class()
+    config.model.decoder = decoder_class()
+    return tuple(leaf_fields(config))
 
 
 def _all_keys() -> list[str]:
-    return [dotted for dotted, _, _ in leaf_fields()]
+    return [dotted for dotted, _, _ in leaf_fields()] + [TYPE_KEY]
 
 
 def _suggest(dotted: str) -> str:
@@ -229,23 +293,24 @@ def get_dotted(config: Config, dotted: str) -> Any:
     return node
 
 
+def _check_leaf(value: Any, f: dataclasses.Field, annotation: Any, dotted: str, source: str) -> None:
+    """A key's value against its spec, also for values set in code."""
+    spec = f.metadata.get("spec")
+    if spec is None:  # a programming error, not a user's: declare the key with `setting`
+        raise TypeError(f"config key {dotted!r} has no spec: declare it as `{f.name}: T = setting(default, Range/Choice/...)`")
+    if isinstance(spec, DecodeOption):
+        _decode_value(value, spec, dotted, source)
+    else:
+        _check_spec(_coerce(value, annotation, dotted, source), spec, dotted, source)
+
+
 def validate(config: Config, source: str = "config") -> None:
     """Every key against its spec, then the rules that tie keys together."""
-    for dotted, f, annotation in leaf_fields():
-        spec = f.metadata.get("spec")
-        if spec is None:  # a programming error, not a user's: declare the key with `setting`
-            raise TypeError(f"config key {dotted!r} has no spec: declare it as `{f.name}: T = setting(default, Range/Choice/Text/Flag)`")
-        if isinstance(spec, DecodeOption):
-            _decode_value(get_dotted(config, dotted), spec, dotted, source)
-            continue
-        value = _coerce(get_dotted(config, dotted), annotation, dotted, source)  # also values set in code
-        _check_spec(value, spec, dotted, source)
-    decoder = config.model.decoder
-    if decoder.type == "transformer" and decoder.d_model % decoder.num_heads:
-        raise ConfigError(
-            f"{source}: 'model.decoder.d_model' ({decoder.d_model}) must be divisible by "
-            f"'model.decoder.num_heads' ({decoder.num_heads})"
-        )
+    for dotted, f, annotation in _leaves_of(Config, type(config.model.decoder)):
+        _check_leaf(get_dotted(config, dotted), f, annotation, dotted, source)
+    problem = getattr(config.model.decoder, "problem", lambda: None)()  # a decoder's rule that ties its keys together
+    if problem:
+        raise ConfigError(f"{source}: {problem}")
     if config.train.warmup_epochs is not None and config.train.warmup_steps is not None:
         raise ConfigError(
             f"{source}: 'train.warmup_epochs' ({config.train.warmup_epochs:g}) and 'train.warmup_steps' "

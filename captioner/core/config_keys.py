@@ -1,15 +1,16 @@
 """Every config key with its type, default, allowed values and meaning, read from the config code
 itself (`captioner config keys`), and a resolved config as YAML (`captioner config show`).
 
-The meaning of a key is the comment on its line in core/config.py (else the comment block just
-above it, else, for a decoding option, its meaning in core/decode_schema.py), so the list cannot
-drift from the code: a key declared without a comment shows an empty meaning, which a test refuses.
+The meaning of a key is the comment on its line where its section is declared (else the comment
+block just above it, else, for a decoding option, its meaning in core/decode_schema.py), so the list
+cannot drift from the code: a key declared without a comment shows an empty meaning, which a test refuses.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import io
 import tokenize
@@ -20,9 +21,10 @@ from typing import Any
 
 import yaml
 
-from captioner.core import config_sections as config_module
 from captioner.core.config_sections import Config
 from captioner.core.decode_schema import DecodeOption
+from captioner.core.decoder_types import DEFAULT, decoder_type, registered
+from captioner.core.specs import Choice
 
 
 @dataclass(frozen=True)
@@ -34,27 +36,25 @@ class Key:
     meaning: str
 
 
-def _comments() -> tuple[dict[int, str], dict[int, str], dict[str, dict[str, int]]]:
-    """core/config_sections.py's comments by line (those after code, and those on a line of their own),
-    and each dataclass's fields with their line numbers."""
-    source = inspect.getsource(config_module)
+@functools.cache
+def _comments(cls: type) -> tuple[dict[int, str], dict[int, str], dict[str, int]]:
+    """The comments of the module that declares `cls`, by line (those after code, and those on a
+    line of their own), and `cls`'s fields with their line numbers."""
+    source = inspect.getsource(inspect.getmodule(cls))
     inline, alone = {}, {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             text = token.string.lstrip("#").strip()
             (alone if token.line.strip().startswith("#") else inline)[token.start[0]] = text
-    lines: dict[str, dict[str, int]] = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.ClassDef):
-            lines[node.name] = {
-                item.target.id: item.lineno
-                for item in node.body
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
-            }
+    node = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    lines = {item.target.id: item.lineno for item in node.body
+             if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)}
     return inline, alone, lines
 
 
-def _meaning(line: int, inline: dict[int, str], alone: dict[int, str], spec: Any) -> str:
+def _meaning(cls: type, name: str, spec: Any) -> str:
+    inline, alone, lines = _comments(cls)
+    line = lines[name]
     if line in inline:
         return inline[line]
     block = []
@@ -74,20 +74,26 @@ def _type_name(annotation: Any) -> str:
 
 
 def config_keys() -> list[Key]:
-    """Every key of `Config`, in declaration order."""
-    inline, alone, lines = _comments()
+    """Every key of `Config`, in declaration order; in `model.decoder`, its type, then each
+    registered decoder's keys, their meaning prefixed with the decoder's name."""
     keys: list[Key] = []
 
-    def walk(cls: type, prefix: str) -> None:
+    def walk(cls: type, prefix: str, owner: str = "") -> None:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
+            if f.metadata.get("decoder"):
+                names = registered()
+                keys.append(Key(f"{prefix}{f.name}.type", "str", DEFAULT, Choice(tuple(names)).describe(),
+                                "the decoder: " + ", ".join(f"{n} ({decoder_type(n).module.__name__})" for n in names)))
+                for name in names:
+                    walk(decoder_type(name).config, f"{prefix}{f.name}.", f"{name}: ")
+                continue
             hint = hints[f.name]
             if dataclasses.is_dataclass(hint):
                 walk(hint, f"{prefix}{f.name}.")
                 continue
             spec = f.metadata["spec"]
-            meaning = _meaning(lines[cls.__name__][f.name], inline, alone, spec)
-            keys.append(Key(prefix + f.name, _type_name(hint), f.default, spec.describe(), meaning))
+            keys.append(Key(prefix + f.name, _type_name(hint), f.default, spec.describe(), owner + _meaning(cls, f.name, spec)))
 
     walk(Config, "")
     return keys

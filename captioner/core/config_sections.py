@@ -11,7 +11,7 @@ from typing import Any
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import DecodeOption
-from captioner.core.decoder_configs import DECODER_CONFIGS, DecoderSettings
+from captioner.core.decoder_types import default_decoder, section
 from captioner.core.specs import Choice, Flag, Place, Range, Spec, Text
 
 
@@ -112,43 +112,10 @@ class EncoderConfig:
 
 
 @dataclass
-class DecoderConfig:
-    """`model.decoder` as users write it: one flat section whose `type` picks the decoder and,
-    with it, the keys that count (`settings()`); the others keep their defaults, unread."""
-
-    type: str = setting("lstm", Choice(tuple(DECODER_CONFIGS)))  # lstm: Show-Attend-Tell's attention LSTM | transformer: self- and cross-attention layers
-    embed_dim: int = setting(256, POSITIVE)  # word embedding size
-    dropout: float = setting(0.5, PROBABILITY_BELOW_ONE)  # dropout in the decoder
-    # lstm
-    hidden_dim: int = setting(512, POSITIVE)  # lstm: hidden and cell state size
-    attention_dim: int = setting(256, POSITIVE)  # lstm: size of the additive attention's hidden layer
-    # transformer
-    d_model: int = setting(256, POSITIVE)  # transformer: model width
-    num_layers: int = setting(2, POSITIVE)  # transformer: decoder layers
-    num_heads: int = setting(4, POSITIVE)  # transformer: attention heads per layer (d_model must divide by it)
-    ff_dim: int = setting(1024, POSITIVE)  # transformer: feed-forward width
-    norm_first: bool = setting(False, Flag())  # post-norm as in Vaswani et al. (False) or pre-norm (True)
-    tie_embeddings: bool = setting(True, Flag())  # share the input embedding and the output projection's weights
-    grid_position_encoding: bool = setting(True, Flag())  # 2-D sinusoidal encoding of the grid cells
-
-    def settings(self) -> DecoderSettings:
-        """The chosen decoder's own config: the keys of this section its type reads."""
-        kind = DECODER_CONFIGS[self.type]
-        return kind(**{f.name: getattr(self, f.name) for f in dataclasses.fields(kind)})
-
-    @classmethod
-    def of(cls, settings: DecoderSettings) -> DecoderConfig:
-        """The flat section holding `settings` (the keys no decoder of its type reads at their defaults)."""
-        name = next(name for name, kind in DECODER_CONFIGS.items() if isinstance(settings, kind))
-        return cls(type=name, **dataclasses.asdict(settings))
-
-
-@dataclass
 class ModelConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
-    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    decoder: Any = field(default_factory=default_decoder, metadata={"decoder": True})  # a registered decoder's config
     blind: bool = setting(False, Flag())  # zero the image features: a language-model baseline
-
 
 @dataclass
 class TrainConfig:
@@ -239,4 +206,6 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        raw = dataclasses.asdict(self)
+        raw["model"]["decoder"] = section(self.model.decoder)  # its type first
+        return raw

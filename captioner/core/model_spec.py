@@ -1,13 +1,10 @@
 """One description of a trained model (`ModelSpec`): its encoder and preprocessing, its decoder's
-own config, its vocabulary and special tokens, and its decoding defaults.
+section, its vocabulary and special tokens, and its decoding defaults.
 
-The checkpoint, the exported folder's config.json and the ONNX bundle's onnx.json each carry it
-as one `spec` object (`ModelSpec.to_dict`), versioned once (`SPEC_VERSION`), and each reader
-rebuilds it with `ModelSpec.from_dict`. It is plain data, torch-free, so the ONNX runtime
-(captioner.deploy) reads the same object that the torch model (captioner.models.spec) is built
-from. Files written before the spec existed describe the model in config sections;
-`ModelSpec.from_sections` reads those.
-"""
+Every model file carries it as one `spec` object (`to_dict`), versioned once (`SPEC_VERSION`), read
+back by `from_dict`. It is plain data, torch-free: the decoder's section stays a mapping (`type`
+and its keys), which the decoder registry turns into the decoder's config where a model is built,
+so the ONNX runtime reads the same object without knowing any decoder."""
 
 from __future__ import annotations
 
@@ -15,10 +12,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from captioner.core.config import config_from_dict
-from captioner.core.config_sections import Config, DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig
-from captioner.core.decoder_configs import DecoderSettings
+from captioner.core.config import decoder_config, section_from_dict
+from captioner.core.config_sections import Config, DataConfig, DecodeConfig, EncoderConfig, ModelConfig
+from captioner.core.decode_schema import combination_problem
+from captioner.core.decoder_types import section
 from captioner.core.errors import ConfigError
+from captioner.core.upgrade import upgrade_run_config
 
 SPEC_VERSION = 1  # of the `spec` object; bump when a field's meaning changes
 # The ONNX bundle's manifest: written by captioner.models.onnx_export, read by captioner.deploy.bundle.
@@ -62,7 +61,7 @@ class ModelSpec:
 
     encoder: EncoderConfig
     preprocessing: Preprocessing
-    decoder: DecoderSettings  # the decoder's own config class (core/decoder_configs.py)
+    decoder: dict[str, Any]  # the `model.decoder` section: its type and keys (`decoder_config()` checks and builds them)
     vocab: tuple[str, ...]
     special: SpecialIds
     decode: DecodeConfig
@@ -72,17 +71,29 @@ class ModelSpec:
 
     @property
     def decoder_type(self) -> str:
-        return DecoderConfig.of(self.decoder).type
+        return self.decoder["type"]
+
+    def decoder_config(self, source: str = "spec") -> Any:
+        """The decoder's section as its registered config dataclass, checked."""
+        return decoder_config(self.decoder, source)
 
     def model_config(self) -> ModelConfig:
         """The `model` config section that builds this model."""
-        return ModelConfig(self.encoder, DecoderConfig.of(self.decoder), self.blind)
+        return ModelConfig(self.encoder, self.decoder_config(), self.blind)
 
     def config(self) -> Config:
         """A config whose model, input size and decoding sections are this spec's (the others at their defaults)."""
         config = Config(model=self.model_config(), decode=self.decode)
         config.data.image_size = self.preprocessing.image_size
         return config
+
+    @classmethod
+    def of(cls, config: Config, vocab: tuple[str, ...], mean: Any = None, std: Any = None, grid: Any = None,
+           feature_dim: int | None = None) -> ModelSpec:
+        """The spec of the model `config` describes, with the vocabulary's words."""
+        return cls(encoder=config.model.encoder, preprocessing=Preprocessing(config.data.image_size, mean, std),
+                   decoder=section(config.model.decoder), vocab=vocab, special=SpecialIds(*range(len(SPECIAL_WORDS))),
+                   decode=config.decode, blind=config.model.blind, grid=grid, feature_dim=feature_dim)
 
     def to_dict(self, with_vocab: bool = True) -> dict[str, Any]:
         """The JSON form every model file carries; `with_vocab=False` gives `vocab_size` in place
@@ -100,7 +111,7 @@ class ModelSpec:
             },
             "grid": None if self.grid is None else list(self.grid),
             "feature_dim": self.feature_dim,
-            "decoder": {"type": self.decoder_type, **dataclasses.asdict(self.decoder)},
+            "decoder": dict(self.decoder),
             "blind": self.blind,
             **words,
             "special_tokens": dataclasses.asdict(self.special),
@@ -108,7 +119,7 @@ class ModelSpec:
         }
 
     @classmethod
-    def from_dict(cls, raw: Any, source: str, vocab: list[str] | None = None) -> ModelSpec:
+    def from_dict(cls, raw: Any, source: str, vocab: list[str] | None = None, check_decoder: bool = True) -> ModelSpec:
         """A `spec` object read back, checked like a config file: one ConfigError naming `source`
         when a field is missing, unknown or out of range. `vocab`: the words, for a spec written
         without them."""
@@ -122,42 +133,58 @@ class ModelSpec:
         words = raw.get("vocab", vocab)
         if "vocab_size" in raw and words is not None and raw["vocab_size"] != len(words):
             raise ConfigError(f"{source}: spec says vocab_size {raw['vocab_size']!r}, the vocabulary has {len(words)} words")
-        sections = {
-            "model": {"encoder": raw["encoder"], "decoder": raw["decoder"], "blind": raw.get("blind", False)},
-            "data": {"image_size": raw["preprocessing"].get("image_size")},
-            "decode": raw["decode"],
-        }
         pre = raw["preprocessing"]
-        return cls.from_sections(
-            sections, words, source, special=raw["special_tokens"], mean=pre.get("mean"), std=pre.get("std"),
-            grid=raw.get("grid"), feature_dim=raw.get("feature_dim"),
-        )
+        return cls.checked(raw["encoder"], raw["decoder"], pre.get("image_size"), raw["decode"], words, source,
+                           blind=raw.get("blind", False), special=raw["special_tokens"], mean=pre.get("mean"),
+                           std=pre.get("std"), grid=raw.get("grid"), feature_dim=raw.get("feature_dim"),
+                           check_decoder=check_decoder)
 
     @classmethod
-    def from_sections(
-        cls, sections: Any, vocab: Any, source: str, *, special: Any = None, mean: Any = None, std: Any = None,
-        grid: Any = None, feature_dim: Any = None,
+    def from_sections(cls, sections: Any, vocab: Any, source: str, **parts: Any) -> ModelSpec:
+        """A spec from a stored run config (what files written before the spec held: its model,
+        data.image_size and decode sections; the others are not read, so a training setting this
+        version no longer accepts does not stop a model from loading). `parts`: as `checked` takes them."""
+        sections = model_sections(upgrade_run_config(sections), source)
+        model = sections.get("model", {})
+        if not isinstance(model, dict):
+            raise ConfigError(f"{source}: 'model' must be a mapping, got {model!r}")
+        data = sections.get("data", {})
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: 'data' must be a mapping, got {data!r}")
+        return cls.checked(model.get("encoder", {}), model.get("decoder", {"type": "lstm"}),
+                           data.get("image_size", DataConfig.image_size), sections.get("decode", {}), vocab, source,
+                           blind=model.get("blind", False), **parts)
+
+    @classmethod
+    def checked(
+        cls, encoder: Any, decoder: Any, image_size: Any, decode: Any, vocab: Any, source: str, *, blind: Any = False,
+        special: Any = None, mean: Any = None, std: Any = None, grid: Any = None, feature_dim: Any = None,
+        check_decoder: bool = True,
     ) -> ModelSpec:
-        """A spec from config sections (model, data.image_size, decode: what files written before
-        the spec held) and the vocabulary's words; the sections are checked like a config file,
-        the other sections of a stored run config are not read, so a training setting this
-        version no longer accepts does not stop a model from loading. The special ids are the
-        vocabulary's (its first four words), checked against `special` when given."""
-        config = config_from_dict(model_sections(sections, source), source=source)
+        """A spec from its parts as read, each checked like a config file's (one ConfigError naming
+        `source`). The special ids are the vocabulary's first four words, checked against `special`
+        when given. `check_decoder=False` keeps the decoder's section as it is, unread (the ONNX
+        runtime, whose graphs hold the decoder)."""
         words = check_words(vocab, source)
         ids = SpecialIds(*range(len(SPECIAL_WORDS)))
         if special is not None and special != dataclasses.asdict(ids):
             raise ConfigError(f"{source}: special_tokens {special!r} are not the vocabulary's ({dataclasses.asdict(ids)})")
+        if check_decoder:
+            decoder = section(decoder_config(decoder, source))
+        elif not (isinstance(decoder, dict) and isinstance(decoder.get("type"), str)):
+            raise ConfigError(f"{source}: 'model.decoder' must be a mapping with a type, got {decoder!r}")
+        decode_config = section_from_dict(DecodeConfig, decode, "decode.", source)
+        problem = combination_problem(dataclasses.asdict(decode_config))
+        if problem:
+            raise ConfigError(f"{source}: decode: {problem}")
+        size = section_from_dict(DataConfig, {"image_size": image_size}, "data.", source).image_size
+        if not isinstance(blind, bool):
+            raise ConfigError(f"{source}: 'model.blind' must be bool; got {blind!r}")
         return cls(
-            encoder=config.model.encoder,
-            preprocessing=Preprocessing(config.data.image_size, floats(mean, "mean", source), floats(std, "std", source)),
-            decoder=config.model.decoder.settings(),
-            vocab=words,
-            special=ids,
-            decode=config.decode,
-            blind=config.model.blind,
-            grid=grid_of(grid, source),
-            feature_dim=positive_int(feature_dim, "feature_dim", source),
+            encoder=section_from_dict(EncoderConfig, encoder, "model.encoder.", source),
+            preprocessing=Preprocessing(size, floats(mean, "mean", source), floats(std, "std", source)),
+            decoder=dict(decoder), vocab=words, special=ids, decode=decode_config, blind=blind,
+            grid=grid_of(grid, source), feature_dim=positive_int(feature_dim, "feature_dim", source),
         )
 
 

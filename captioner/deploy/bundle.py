@@ -122,7 +122,7 @@ def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec | None, 
         return (None, legacy_vocab(manifest, path), legacy_special(manifest, path), manifest["image_size"],
                 (manifest["grid"][0], manifest["grid"][1]), dict(manifest["decode"]))
     try:
-        spec = ModelSpec.from_dict(manifest["spec"], f"{path} (spec)")
+        spec = ModelSpec.from_dict(manifest["spec"], f"{path} (spec)", check_decoder=False)
     except ConfigError as e:
         raise ExportError(str(e)) from None
     if spec.grid is None:

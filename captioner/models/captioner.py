@@ -3,7 +3,7 @@
 `Captioner.from_pretrained(path)` loads one from a checkpoint file or a run folder and
 `model.caption(images)` captions paths, encoded image files or PIL images. The model is built from
 its model configuration alone (`Captioner.from_config`); the checkpoint's file format is read
-by `checkpoint_format`, the decoders come from `decoder_registry`, and what a model is, as its
+by `checkpoint_format`, the decoders are those registered (`models/decoders`), and what a model is, as its
 files record it, is its spec (`Captioner.spec`, core/model_spec.py).
 """
 
@@ -17,7 +17,8 @@ from typing import Any, overload
 import torch
 from torch import nn
 
-from captioner.core.config_sections import Config, DecodeConfig, DecoderConfig, ModelConfig
+from captioner.core.config_sections import Config, DecodeConfig, ModelConfig
+from captioner.core.decoder_types import section
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, ImageLoadError
 from captioner.core.model_spec import ModelSpec, Preprocessing, SpecialIds
 from captioner.core.process_settings import resolve_device
@@ -26,8 +27,8 @@ from captioner.data.image_transform import ImageTransform
 from captioner.models.caption_result import Caption
 from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
 from captioner.models.model_paths import checkpoint_file
-from captioner.models.decoder import Decoder, DecoderOutput
-from captioner.models.decoder_registry import build_decoder
+from captioner.models.decoder import Decoder, DecoderOutput, build_decoder
+from captioner.models.decoders import lstm, transformer  # noqa: F401  (registers captioner's own decoders)
 from captioner.models.decoding import (
     DecodeOptions,
     Hypothesis,
@@ -61,7 +62,7 @@ class Captioner(nn.Module):
         self.encoder = encoder
         self.decoder = decoder
         self.vocab = vocab
-        self.config = ModelConfig(config.encoder, DecoderConfig.of(config.decoder.settings()), config.blind)  # its decoder's keys alone
+        self.config = ModelConfig(config.encoder, config.decoder, config.blind)
         self.image_size = image_size
         self.decode_config = decode_config or DecodeConfig()
         self.transform = ImageTransform(image_size)
@@ -72,7 +73,7 @@ class Captioner(nn.Module):
         """The model `config` describes, with fresh weights (the backbone's ImageNet weights
         when the config asks for them and `load_pretrained`)."""
         encoder = build_encoder(config.model.encoder, load_pretrained)
-        decoder = build_decoder(config.model.decoder.settings(), len(vocab), encoder.out_dim)
+        decoder = build_decoder(config.model.decoder, len(vocab), encoder.out_dim)
         return cls(encoder, decoder, vocab, config.model, config.data.image_size, config.decode)
 
     @classmethod
@@ -170,7 +171,7 @@ class Captioner(nn.Module):
         return ModelSpec(
             encoder=self.config.encoder,
             preprocessing=Preprocessing(self.image_size, tuple(statistics.mean), tuple(statistics.std)),
-            decoder=self.config.decoder.settings(),
+            decoder=section(self.config.decoder),
             vocab=tuple(vocab.to_list()),
             special=SpecialIds(vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.unk_id),
             decode=self.decode_config,
@@ -212,13 +213,13 @@ class Captioner(nn.Module):
 
     def attention_shape(self) -> tuple[int, int]:
         """(layers, heads) of the attention maps its captions carry: (1, 1) for the LSTM."""
-        decoder = self.config.decoder
-        return (decoder.num_layers, decoder.num_heads) if decoder.type == "transformer" else (1, 1)
+        return self.decoder.attention_shape
 
     def settings(self) -> dict:
         """The config sections that rebuild this model (a checkpoint without a training config
         carries these): the model, the input size and the decoding defaults."""
-        return {"model": asdict(self.config), "data": {"image_size": self.image_size}, "decode": asdict(self.decode_config)}
+        model = {**asdict(self.config), "decoder": section(self.config.decoder)}
+        return {"model": model, "data": {"image_size": self.image_size}, "decode": asdict(self.decode_config)}
 
     @property
     def device(self) -> torch.device:

@@ -25,6 +25,7 @@ from captioner.core.checksums import sha256_of
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.core.files import write_atomically
 from captioner.core.model_spec import ModelSpec
+from captioner.core.upgrade import upgrade_run_config
 
 FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes (the model's `spec` in them is versioned in it)
 CHECKSUM_TAG = b"captioner-sha256:"
@@ -128,7 +129,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     version = payload.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format {version} is not supported (this version reads {FORMAT_VERSION})")
-    return payload
+    return {**payload, "config": upgrade_run_config(payload["config"])}
 
 
 def checkpoint_spec(payload: dict[str, Any], path: str | Path) -> ModelSpec:

@@ -34,10 +34,14 @@ is the one exception to the rule above: cutting the weights to t+1 positions rea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
+
+from captioner.core import decoder_types
 
 State = dict[str, torch.Tensor]
 Memory = dict[str, torch.Tensor]
@@ -80,10 +84,17 @@ def real_positions(lengths: torch.Tensor, steps: int, device: torch.device) -> t
 
 
 class Decoder(nn.Module):
+    """Built as `Decoder(config, vocab_size, feat_dim)` from its registered config dataclass."""
+
     vocab_size: int
     # True for decoders whose `step` takes self_attention=True and then returns the state with
     # "self_attn" (B, L, H, t+1): the weights its self-attention used at this step.
     has_self_attention: bool = False
+
+    @property
+    def attention_shape(self) -> tuple[int, int]:
+        """(layers, heads) of its attention maps: (1, 1) unless it has several."""
+        return (1, 1)
 
     def prepare(self, feats: torch.Tensor) -> Memory:
         raise NotImplementedError
@@ -129,3 +140,25 @@ class Decoder(nn.Module):
         attn (B, T, L, H, N), mask (B, T) true at real (non-pad) positions -> scalar.
         """
         return attn.new_zeros(())
+
+
+D = TypeVar("D", bound=type[Decoder])
+
+
+def register_decoder(name: str, config: type) -> Callable[[D], D]:
+    """Class decorator: `model.decoder.type: name` builds this decoder from a `config` instance.
+
+        @register_decoder("gru", GRUConfig)
+        class GRUDecoder(Decoder): ...
+    """
+
+    def register(module: D) -> D:
+        decoder_types.register(name, config, module)
+        return module
+
+    return register
+
+
+def build_decoder(config: Any, vocab_size: int, feat_dim: int) -> Decoder:
+    """The registered decoder whose config class `config` is, over features of `feat_dim`."""
+    return decoder_types.decoder_type(decoder_types.type_of(config)).module(config, vocab_size, feat_dim)

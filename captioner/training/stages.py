@@ -3,12 +3,10 @@ config's, except how the stage trains it), and the checkpoint a `--resume` conti
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 
 from captioner.core.config_sections import Config
-from captioner.core.decoder_configs import DECODER_CONFIGS
 from captioner.core.errors import CheckpointError
 from captioner.models.checkpoint import read_checkpoint
 
@@ -35,7 +33,7 @@ def read_init_checkpoint(config: Config) -> dict:
     (a model trained on the feature store), or freeze one it fine-tuned. The weights fit either way."""
     path = config.train.init
     checkpoint = read_checkpoint(path)
-    saved, current = read_by_decoder(checkpoint["config"].get("model", {})), read_by_decoder(config.to_dict()["model"])
+    saved, current = checkpoint["config"].get("model", {}), config.to_dict()["model"]
     for dotted in TRAINING_CHOICES:
         was, now = dotted_value(saved, dotted), dotted_value(current, dotted)
         if was != now:
@@ -44,17 +42,6 @@ def read_init_checkpoint(config: Config) -> dict:
     if conflict:
         raise CheckpointError(f"{path}: {conflict}; train.init needs the model section the checkpoint was trained with")
     return checkpoint
-
-
-def read_by_decoder(model: dict) -> dict:
-    """A model section with only the decoder keys its decoder type reads: the others shape nothing,
-    and a model saved without its run's config stores them at their defaults."""
-    decoder = dict(model.get("decoder", {}))
-    kind = DECODER_CONFIGS.get(decoder.get("type"))
-    if kind is not None:
-        reads = {f.name for f in dataclasses.fields(kind)} | {"type"}
-        decoder = {key: value for key, value in decoder.items() if key in reads}
-    return {**model, "decoder": decoder}
 
 
 def dotted_value(section: dict, dotted: str) -> object:

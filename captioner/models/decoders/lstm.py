@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from captioner.core.config_sections import POSITIVE, PROBABILITY_BELOW_ONE, setting
 from captioner.models.attention import AdditiveAttention
-from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, select_rows, to_device_quietly
+from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, register_decoder, select_rows, to_device_quietly
 from captioner.models.products import dense, gram, linear, plain, prepared
 
 
+@dataclass
+class LSTMConfig:
+    """`model.decoder` of `type: lstm`: Show, Attend and Tell."""
+
+    embed_dim: int = setting(256, POSITIVE)  # word embedding size
+    dropout: float = setting(0.5, PROBABILITY_BELOW_ONE)  # dropout in the decoder
+    hidden_dim: int = setting(512, POSITIVE)  # hidden and cell state size
+    attention_dim: int = setting(256, POSITIVE)  # size of the additive attention's hidden layer
+
+    def describe(self) -> str:
+        """The architecture in words, for the model card."""
+        return ("Show, Attend and Tell LSTM (additive attention over the grid, gated context, "
+                "doubly stochastic attention penalty)")
+
+
+@register_decoder("lstm", LSTMConfig)
 class LSTMDecoder(Decoder):
     """At step t: attend with s_{t-1}, gate the context, run the LSTM cell on [E y_{t-1}; z_t],
     and predict with the paper's deep output p(y_t) ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t)).
@@ -27,20 +45,13 @@ class LSTMDecoder(Decoder):
     query, gate, recurrent weights) are one matrix product per step.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        feat_dim: int,
-        embed_dim: int = 256,
-        hidden_dim: int = 512,
-        attention_dim: int = 256,
-        dropout: float = 0.5,
-    ) -> None:
+    def __init__(self, config: LSTMConfig, vocab_size: int, feat_dim: int) -> None:
         super().__init__()
+        embed_dim, hidden_dim = config.embed_dim, config.hidden_dim
         self.vocab_size = vocab_size
         self.embed_dim = embed_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim)
-        self.attention = AdditiveAttention(feat_dim, hidden_dim, attention_dim)
+        self.attention = AdditiveAttention(feat_dim, hidden_dim, config.attention_dim)
         self.init_h = nn.Linear(feat_dim, hidden_dim)
         self.init_c = nn.Linear(feat_dim, hidden_dim)
         self.gate = nn.Linear(hidden_dim, feat_dim)  # beta_t = sigmoid(f_beta(h_{t-1}))
@@ -48,7 +59,7 @@ class LSTMDecoder(Decoder):
         self.out_hidden = nn.Linear(hidden_dim, embed_dim)  # L_h
         self.out_context = nn.Linear(feat_dim, embed_dim)  # L_z
         self.out_vocab = nn.Linear(embed_dim, vocab_size)  # L_o
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def prepare(self, feats: torch.Tensor) -> Memory:
         return {"feats": feats, "projected": self.attention.project(feats)}  # (B, N, D), (B, N, A)

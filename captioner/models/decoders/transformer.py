@@ -3,15 +3,45 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from captioner.core.config_sections import POSITIVE, PROBABILITY_BELOW_ONE, setting
+from captioner.core.specs import Choice, Flag
 from captioner.models.attention import MultiHeadAttention
-from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, real_positions
+from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, real_positions, register_decoder
 from captioner.models.products import dense
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+
+@dataclass
+class TransformerConfig:
+    """`model.decoder` of `type: transformer`: its words embed at d_model."""
+
+    d_model: int = setting(256, POSITIVE)  # model width
+    num_layers: int = setting(2, POSITIVE)  # decoder layers
+    num_heads: int = setting(4, POSITIVE)  # attention heads per layer (d_model must divide by it)
+    ff_dim: int = setting(1024, POSITIVE)  # feed-forward width
+    dropout: float = setting(0.5, PROBABILITY_BELOW_ONE)  # dropout in the decoder
+    norm_first: bool = setting(False, Flag())  # post-norm as in Vaswani et al. (False) or pre-norm (True)
+    tie_embeddings: bool = setting(True, Flag())  # share the input embedding and the output projection's weights
+    grid_position_encoding: bool = setting(True, Flag())  # 2-D sinusoidal encoding of the grid cells
+    activation: str = setting("relu", Choice(tuple(ACTIVATIONS)))  # of the feed-forward block
+
+    def describe(self) -> str:
+        """The architecture in words, for the model card."""
+        return (f"transformer decoder ({self.num_layers} layers, {self.num_heads} heads; "
+                "its cross-attention weights are the alignment maps)")
+
+    def problem(self) -> str | None:
+        """What is wrong with these keys together, if anything."""
+        if self.d_model % self.num_heads:
+            return (f"'model.decoder.d_model' ({self.d_model}) must be divisible by "
+                    f"'model.decoder.num_heads' ({self.num_heads})")
+        return None
 
 
 def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -132,6 +162,7 @@ class TransformerDecoderLayer(nn.Module):
         return x if self.norm_first else norm(x)
 
 
+@register_decoder("transformer", TransformerConfig)
 class TransformerDecoder(Decoder):
     """Token embedding * sqrt(d_model) + sinusoidal positions, `num_layers` decoder layers over
     the grid projected to d_model (Linear + LayerNorm, + a 2-D sinusoidal code of each cell), a
@@ -156,37 +187,29 @@ class TransformerDecoder(Decoder):
     # not come from the decoding functions, which pass their max_length.
     default_capacity = 64
 
-    def __init__(
-        self,
-        vocab_size: int,
-        feat_dim: int,
-        d_model: int = 256,
-        num_layers: int = 2,
-        num_heads: int = 4,
-        ff_dim: int = 1024,
-        dropout: float = 0.1,
-        norm_first: bool = False,
-        tie_embeddings: bool = True,
-        grid_position_encoding: bool = True,
-        activation: str = "relu",
-    ) -> None:
+    def __init__(self, config: TransformerConfig, vocab_size: int, feat_dim: int) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}; got {activation!r}")
+        c = config
         self.vocab_size = vocab_size
-        self.d_model = d_model
-        self.grid_position_encoding = grid_position_encoding
+        self.d_model = d_model = c.d_model
+        self.grid_position_encoding = c.grid_position_encoding
         self.embedding = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model**-0.5)  # unit scale after * sqrt(d_model)
         self.grid_proj = nn.Sequential(nn.Linear(feat_dim, d_model), nn.LayerNorm(d_model))
         self.layers = nn.ModuleList(
-            TransformerDecoderLayer(d_model, num_heads, ff_dim, dropout, norm_first, activation) for _ in range(num_layers)
+            TransformerDecoderLayer(d_model, c.num_heads, c.ff_dim, c.dropout, c.norm_first, c.activation)
+            for _ in range(c.num_layers)
         )
-        self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.final_norm = nn.LayerNorm(d_model) if c.norm_first else nn.Identity()
         self.out = nn.Linear(d_model, vocab_size)
-        if tie_embeddings:
+        if c.tie_embeddings:
             self.out.weight = self.embedding.weight
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(c.dropout)
+        self._attention_shape = (c.num_layers, c.num_heads)
+
+    @property
+    def attention_shape(self) -> tuple[int, int]:
+        return self._attention_shape
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens (B, T), positions broadcastable to (B, T) -> (B, T, d)."""
