@@ -23,7 +23,7 @@ from captioner.core.config_sections import Config
 from captioner.core.decode_schema import DecodeOption, combination_problem
 from captioner.core.decoder_types import decoder_type, registered, type_of
 from captioner.core.errors import ConfigError
-from captioner.core.specs import Spec
+from captioner.core.specs import Choice, Spec
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -241,8 +241,7 @@ def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
 def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
     """Every key of the config as (dotted name, its dataclass field, its type), walked from the
     dataclasses themselves, so a key added anywhere is found here. Without `node`: every key a
-    config may hold, those of every registered decoder included (`model.decoder.type` is not one:
-    it picks the section's class)."""
+    config may hold, those of every registered decoder included."""
     if node is None:
         return _every_key()
     leaves = []
@@ -261,8 +260,11 @@ def _decoder_classes() -> list[type]:
 
 def _every_key() -> list[tuple[str, dataclasses.Field, Any]]:
     """The keys of a config with each registered decoder in turn, each listed once (the first
-    decoder that has it)."""
+    decoder that has it), and `model.decoder.type`, which may name any of them."""
     keys: dict[str, tuple[str, dataclasses.Field, Any]] = {}
+    kind_key: dataclasses.Field = dataclasses.field(metadata={"spec": Choice(tuple(registered()))})
+    kind_key.name = "type"
+    keys[TYPE_KEY] = (TYPE_KEY, kind_key, str)
     for kind in _decoder_classes():
         for leaf in _leaves_of(Config, kind):
             keys.setdefault(leaf[0], leaf)
@@ -278,7 +280,7 @@ def _leaves_of(config_class: type, decoder_class: type) -> tuple[tuple[str, data
 
 
 def _all_keys() -> list[str]:
-    return [dotted for dotted, _, _ in leaf_fields()] + [TYPE_KEY]
+    return [dotted for dotted, _, _ in leaf_fields()]
 
 
 def _suggest(dotted: str) -> str:

@@ -38,7 +38,7 @@ def upgrade_decoder_section(decoder: Any) -> Any:
         return decoder
     flat = {"hidden_dim", "attention_dim", "d_model", "num_layers", "num_heads", "ff_dim"}
     kind = decoder.get("type", "lstm")
-    if kind not in FLAT_DECODER or not flat <= decoder.keys():
+    if not isinstance(kind, str) or kind not in FLAT_DECODER or not flat <= decoder.keys():
         return decoder
     kept = {"type": kind, **{key: decoder[key] for key in FLAT_DECODER[kind] if key in decoder}}
     return {**kept, "activation": "relu"} if kind == "transformer" else kept  # the only one it had
