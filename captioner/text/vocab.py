@@ -1,8 +1,5 @@
-"""Tokenisation and the word vocabulary.
-
-`tokenize` (from `captioner.text.tokenizer`) gives the words the official COCO caption evaluation
-scores: pycocoevalcap's Java PTB tokenizer and punctuation removal, reproduced in pure Python.
-"""
+"""The word vocabulary, and `tokenize` (from `captioner.text.tokenizer`): the words the official
+COCO caption evaluation scores."""
 
 from __future__ import annotations
 
