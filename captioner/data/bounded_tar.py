@@ -1,7 +1,7 @@
-"""A WebDataset shard read within limits (data.max_*): its tar stream, plain or compressed, member by
-member, every decompressed byte counted and each size checked before its bytes are read, so no
+"""A WebDataset shard read within limits: its tar stream, plain or compressed, member by member,
+each size checked before its bytes are read. Every decompressed byte is counted (data.max_*), so no
 shard (an endless stream, a bomb, a huge member, a name like `..`) takes more memory or time than
-allowed. Every refusal is one `DatasetError` naming the shard, the member and the limit."""
+allowed; every refusal is one `DatasetError` naming the shard, the member and the limit."""
 
 from __future__ import annotations
 

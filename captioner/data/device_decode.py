@@ -1,4 +1,4 @@
-"""Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores: with
+"""Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores. With
 `transform` a worker only decodes and the device runs the `ImageTransform` under each item's seed;
 with `decode` the device also decodes the JPEGs (nvjpeg, one call a batch), others decoded by PIL.
 On the CPU the same code runs with libjpeg, which the tests check against PIL."""

@@ -1,6 +1,6 @@
-"""Download and unpack the COCO and Flickr8k caption data sets (`captioner data coco|flickr8k --root DIR`):
-archives into `root/downloads/`, size and MD5 checked, extracted into `root` in the layout the
-loaders read. `download_file` is the resumable, verified downloader underneath (urllib only)."""
+"""Download and unpack the COCO and Flickr8k caption data sets (`captioner data coco|flickr8k --root DIR`).
+Archives go into `root/downloads/`, size and MD5 checked, and are extracted into `root` in the
+layout the loaders read; `download_file` is the resumable, verified downloader (urllib only)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Your own photographs and captions in Hugging Face's `imagefolder` layout: a `metadata.jsonl` or
-`.csv` whose `file_name` names each image (never out of its folder, links included) and whose caption
-column holds captions. Splits come from train/validation/test folders, else `holdout.seeded_split`.
-Read here, not through `datasets`: no Arrow cache, no extra install."""
+"""Your own photographs and captions in Hugging Face's `imagefolder` layout. A `metadata.jsonl` or
+`.csv` names each image in `file_name` (never out of its folder, links included) beside its caption
+column; splits come from train/validation/test folders, else `holdout.seeded_split`. Read here, not
+through `datasets`: no Arrow cache, no extra install."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Settings that travel with a model are data, never a place to read: a model's stored config keeps
-its dataset, columns and numbers, but shard patterns (webdataset may run them as commands), URLs and
-commands, and (unless `keep_local_places`) paths out of the working folder or links leading out of it
-are set aside to their defaults, with one log line. The user's own keys (`named`) are kept."""
+"""Settings that travel with a model are data: what a model's stored config may make this program
+read. Its dataset, columns and numbers are kept, but shard patterns (webdataset may run them as
+commands), URLs and commands, and (unless `keep_local_places`) paths or links out of the working
+folder are set aside to their defaults, with one log line; the user's own keys (`named`) are kept."""
 
 from __future__ import annotations
 

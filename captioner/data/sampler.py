@@ -1,7 +1,7 @@
-"""The training order: a permutation and a draw per position, a pure function of (seed, epoch), so
-an epoch replays from any batch. Global batch k is positions [k * G, (k + 1) * G), rank r taking
-every world_size-th from r (as DistributedSampler), so any number of processes sees the same batches.
-Items are (index, draw): the dataset's per-item randomness comes from `draw`."""
+"""The training order: one shuffle per epoch from (seed, epoch), sharded over ranks, resumable. A
+permutation and a draw per position, so an epoch replays from any batch; global batch k is positions
+[k * G, (k + 1) * G), rank r taking every world_size-th from r (as DistributedSampler), so any number
+of processes sees the same batches. Items are (index, draw): per-item randomness comes from `draw`."""
 
 from __future__ import annotations
 

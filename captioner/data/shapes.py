@@ -1,6 +1,6 @@
-"""The synthetic shapes world, in COCO format with instance masks: 1 to 3 shapes of distinct (colour,
-shape) per image, so every colour or shape word has one true region for scoring attention. Seeded
-per image (byte-identical files); captions from templates of different frequencies."""
+"""The synthetic shapes world: a dataset in COCO format with ground-truth masks. 1 to 3 shapes of
+distinct (colour, shape) per image, so every colour or shape word has one true region for scoring
+attention; seeded per image (byte-identical files), captions from templates of different frequencies."""
 
 from __future__ import annotations
 

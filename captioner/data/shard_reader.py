@@ -1,7 +1,7 @@
-"""WebDataset shards as img2dataset (or `captioner data shards`) writes them, named by a brace pattern
-of paths, http(s) URLs or `pipe:` commands and read within limits (`bounded_tar`), nothing copied to
-disk; sample counts come from `shards.json` or img2dataset's `<shard>_stats.json`. Only the user's
-own config names shards (`model_settings`): a `pipe:` pattern is a shell command."""
+"""WebDataset shards read: the shard set and each shard's sample count, the samples read within
+limits (`bounded_tar`), a sample's fields, and a whole split read into records. Shards are a brace
+pattern of paths, http(s) URLs or `pipe:` commands, named only by the user's own config
+(`model_settings`); counts come from `shards.json` or img2dataset's `<shard>_stats.json`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Extracting a feature store: every image of a split encoded once into `<split>.npy`, in chunks
-whose progress and sha256 the manifest records, so a crash, Ctrl-C or a full disk resumes there."""
+"""Extracting a feature store: every image of a split encoded once into `<split>.npy`, resumably.
+Chunks' progress and sha256 go into the manifest, so a crash, Ctrl-C or a full disk resumes there."""
 
 from __future__ import annotations
 

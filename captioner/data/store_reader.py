@@ -1,6 +1,6 @@
-"""Reading a finished feature store: `open_store` checks it whole (shape, size, every chunk's
-sha256), `StoreRows` reads a row with one `os.pread`, so pages stay in the shared page cache, not
-in each worker's resident memory as a memmap's would. Rows stay fp16 to the device."""
+"""Reading a finished feature store: `open_store` checks it whole, `StoreRows` reads its rows. The
+check covers shape, size and every chunk's sha256; a row is one `os.pread`, so pages stay in the
+shared page cache, not in each worker's resident memory as a memmap's would. Rows stay fp16."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""WebDataset shards streamed to training, each sample once an epoch. The plan, a pure function of
-(seed, epoch, world, workers): permuted shards, rank r taking every world-th from r and its worker w
-every workers-th of those; worker (r, w) yields floor((n - reserve) / batch) batches of its n samples,
-reserve = ceil(data.max_broken_fraction x n) for broken ones; every rank takes the fewest steps any
-rank has (DDP), its largest workers giving up batches. A resumed worker replays its stream undecoded
-to its position (batches, drawn, broken), so the epoch goes on with the same batches."""
+"""WebDataset shards streamed to training: each rank and DataLoader worker reads its own shards. The
+plan, a pure function of (seed, epoch, world, workers): permuted shards, rank r taking every world-th
+from r and its worker w every workers-th of those; worker (r, w) yields floor((n - reserve) / batch)
+batches of its n samples, reserve = ceil(data.max_broken_fraction x n) for broken ones; every rank
+takes the fewest steps any rank has (DDP), its largest workers giving up batches. A resumed worker
+replays its stream undecoded to its position (batches, drawn, broken): the epoch goes on the same."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Statistics of generated captions that the n-gram metrics hide, such as self-critical training's
-captions ending on "with a" (`captioner.text.endings`) or repeating a bigram ("a dog and a dog").
-Words come from `tokenize`, so a caption given as text or as words counts alike."""
+"""Statistics of generated captions that the n-gram metrics hide: bad endings and repetition. Think
+of self-critical training's captions ending on "with a" (`captioner.text.endings`) or saying "a dog
+and a dog"; words come from `tokenize`, so a caption given as text or as words counts alike."""
 
 from __future__ import annotations
 

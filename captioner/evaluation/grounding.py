@@ -1,6 +1,6 @@
-"""The attention grounding score: the mass of a word's attention map (upsampled, summing to 1)
-inside the mask of the object it names (a colour or shape word in shapes; a COCO category word or
-synonym in COCO), beside the uniform baseline: the masks' mean area fraction."""
+"""The attention grounding score: how much of a word's attention falls on the object it names. The
+map is upsampled, summing to 1, and its mass inside the object's mask (a colour or shape word in
+shapes, a COCO category word or synonym in COCO) is set beside the masks' mean area fraction."""
 
 from __future__ import annotations
 

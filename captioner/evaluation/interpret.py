@@ -1,6 +1,6 @@
-"""Looking inside a caption: grounding and the pointing game (Zhang et al. 2016; a hit when the
-map's maximum falls in the mask dilated by `TOLERANCE` px) of every attention map kind and of
-Grad-CAM, on each grounded word, beside exact baselines (a uniform map, a random pixel, the centre)."""
+"""Looking inside a caption: per-head grounding, the pointing game and Grad-CAM against attention.
+Each grounded word's maps are scored (pointing: a hit when the maximum falls in the mask dilated by
+`TOLERANCE` px, Zhang et al. 2016) beside exact baselines: a uniform map, a random pixel, the centre."""
 
 from __future__ import annotations
 

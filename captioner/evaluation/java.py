@@ -1,6 +1,6 @@
-"""pycocoevalcap's Java side (PTB tokenizer, METEOR, SPICE): the runtime check and the tools, run
-with bounds. A tool that exits or stays silent too long is one `JavaToolError` naming it, and its
-process is always killed and reaped, its pipes and files closed, whatever happens."""
+"""pycocoevalcap's Java side: the runtime check and the Java tools, run with bounds. A tool that exits
+or stays silent too long is one `JavaToolError` naming it, and its process is always killed and
+reaped, its pipes and files closed, whatever happens."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""METEOR 1.5 as pycocoevalcap runs it, spread over several Java processes: each SCORE line depends
-on its image alone, so each process scores and EVALs a contiguous shard, and one more EVAL of the
+"""METEOR 1.5 as pycocoevalcap runs it, spread over several Java processes. Each SCORE line depends
+on its image alone, so each process scores and EVALs a contiguous shard; one more EVAL of the
 statistics summed as `MeteorStats.addStats` does gives exactly pycocoevalcap's corpus score."""
 
 from __future__ import annotations

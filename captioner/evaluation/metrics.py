@@ -1,6 +1,6 @@
-"""Caption metrics: `official_scores` gives pycocoevalcap's numbers (needs Java) in a fraction of its
-time, checked against `pycocoevalcap_scores` (its own code); `fast_scores` is BLEU and CIDEr-D in
-process, without Java, for validation during training."""
+"""Caption metrics: the official COCO evaluation, and a fast in-process subset for validation.
+`official_scores` gives pycocoevalcap's numbers (needs Java) in a fraction of its time, checked
+against `pycocoevalcap_scores` (its own code); `fast_scores` is BLEU and CIDEr-D without Java."""
 
 from __future__ import annotations
 

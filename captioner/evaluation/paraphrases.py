@@ -1,6 +1,6 @@
-"""METEOR's paraphrase table cut to the entries whose words all occur in one evaluation (as METEOR's
-own normaliser gives them), in file order, so METEOR starts in about a second instead of ten with
-the same scores. The index lives in the cache folder; when it fails METEOR reads the whole table."""
+"""METEOR's paraphrase table cut down to the words one evaluation contains, so METEOR starts in
+about a second instead of ten, with the same scores. The cut keeps, in file order, the entries whose
+words all occur (as METEOR's normaliser gives them); when its index fails METEOR reads the whole table."""
 
 from __future__ import annotations
 

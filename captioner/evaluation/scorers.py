@@ -1,6 +1,6 @@
-"""BLEU-1..4, ROUGE-L and CIDEr-D as pycocoevalcap computes them (to about 1e-15: its floating-point
-operations in its order), in a fraction of its time: n-grams counted once, each idf once, LCS
-bit-parallel. Captions come PTB-tokenised and space-joined, split as pycocoevalcap splits them."""
+"""BLEU-1..4, ROUGE-L and CIDEr-D exactly as pycocoevalcap computes them, in a fraction of its time.
+Its floating-point operations in its order (agreeing to about 1e-15), with n-grams counted once, each
+idf once and LCS bit-parallel, on captions PTB-tokenised and space-joined."""
 
 from __future__ import annotations
 

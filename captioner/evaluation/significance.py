@@ -1,6 +1,6 @@
-"""How sure is a gain? Koehn's paired bootstrap over the test images of two `captioner evaluate`
-runs, for metrics whose corpus score is the mean of the per-image scores (CIDEr-D, ROUGE-L, SPICE).
-Per-image scores are resampled, not recomputed (CIDEr-D keeps the whole split's idf)."""
+"""How sure is a gain? A paired bootstrap over the test images of two `captioner evaluate` runs. It
+is Koehn's, for metrics whose corpus score is the mean of the per-image scores (CIDEr-D, ROUGE-L,
+SPICE); per-image scores are resampled, not recomputed (CIDEr-D keeps the whole split's idf)."""
 
 from __future__ import annotations
 

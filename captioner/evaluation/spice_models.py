@@ -1,5 +1,5 @@
-"""SPICE's Stanford CoreNLP models (about 400 MB): found, or downloaded once within a time bound
-(pycocoevalcap's downloader has none), else one warning that says how to get them."""
+"""SPICE's Stanford CoreNLP models (about 400 MB): found, or downloaded once within a time bound.
+pycocoevalcap's own downloader has none; when the models cannot be had, one warning says how."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""BLEU as the Show-Attend-Tell tutorial reports it: nltk's `corpus_bleu` (no smoothing), on the
-official scorer's tokens, reported as `nltk_corpus_BLEU_n`, never as the official score. It matches
-pycocoevalcap's formula up to smoothing, but gives ~0 when an n-gram order has no match."""
+"""BLEU as the Show-Attend-Tell tutorial reports it: nltk's `corpus_bleu`, beside the official scores.
+No smoothing, on the official scorer's tokens, reported as `nltk_corpus_BLEU_n`, never as the
+official score: it matches pycocoevalcap's formula but gives ~0 when an n-gram order has no match."""
 
 from __future__ import annotations
 

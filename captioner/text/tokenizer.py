@@ -1,6 +1,6 @@
-"""The official COCO evaluation's tokenisation (Java PTBTokenizer, CoreNLP 3.4.1, then
-pycocoevalcap's punctuation removal) in pure Python, so the vocabulary and the fast metrics see the
-words the official scores do. `python -m benchmarks tokenizer` measures the agreement with Java."""
+"""The caption tokenizer: the official COCO evaluation's tokenisation, in pure Python. It reproduces
+the Java PTBTokenizer (CoreNLP 3.4.1) and pycocoevalcap's punctuation removal, so the vocabulary and
+the fast metrics see the official words (`python -m benchmarks tokenizer` measures the agreement)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The word vocabulary, and `tokenize` (from `captioner.text.tokenizer`): the words the official
-COCO caption evaluation scores."""
+"""Tokenisation and the word vocabulary. `tokenize` (from `captioner.text.tokenizer`) gives the
+words the official COCO caption evaluation scores."""
 
 from __future__ import annotations
 

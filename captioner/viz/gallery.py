@@ -1,5 +1,5 @@
-"""Gallery sheets: photographs in a grid, each with captions from several sources beneath it, to
-show what a table of scores hides (a stock sentence, a wrong colour, a missed second person)."""
+"""Gallery sheets: photographs in a grid, each with captions from several sources beneath it. They
+show what a table of scores hides: a stock sentence, a wrong colour, a missed second person."""
 
 from __future__ import annotations
 
