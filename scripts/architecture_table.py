@@ -121,8 +121,8 @@ def path_section() -> str:
     out = [PATH_HEADING, "",
            "Steps 1 to 7 are what captioning an image runs, in order, each with the module that holds it;",
            "step 8 runs them for a list of images, and the rows after it are the twin without torch and the",
-           "callers that turn a Caption into what a person reads. "
-           "Written by `python scripts/architecture_table.py`,",
+           ("callers that turn a Caption into what a person reads. "
+            "Written by `python scripts/architecture_table.py`,"),
            "which finds each name in the code: a test fails when one moves and the page is not rewritten.", "",
            "| # | step | in -> out | where |", "|---:|---|---|---|"]
     out += [f"| {i} | {step.name} | {step.what} | {path_cell(step)} |" for i, step in enumerate(PATH, 1)]

@@ -89,8 +89,8 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
             lambda jobs: [scores.overall for scores in score_official_many(jobs)])
         folds = leave_one_out(references, scorer, predictions)
         out["leave_one_out"] = {"folds": folds.folds, "human": folds.human, **folds.models}
-        md += [f"\n## Leave one out: each human caption, and each model, against the other {folds.folds - 1} "
-               "references\n",
+        md += [(f"\n## Leave one out: each human caption, and each model, against the other {folds.folds - 1} "
+                "references\n"),
                table(["captions", *KEYS],
                      [[name, *cells(s)] for name, s in {"human": folds.human, **folds.models}.items()])]
 
