@@ -1,12 +1,6 @@
-"""The benchmarks, one runner:
-
-    python -m benchmarks --list          # each benchmark and what it measures
-    python -m benchmarks NAME [ARGS]     # run one; NAME --help explains its arguments
-
-Each benchmark is a module here with a `main(argv)` that times through `benchmarks/timing.py` and
-prints one environment line before its numbers. What each one decides, and its last numbers, are in
-docs/benchmarks.md; settled questions keep their numbers in docs/results/bench_*.json.
-"""
+"""The benchmarks' one runner: `python -m benchmarks --list` names each, `python -m benchmarks NAME
+[ARGS]` runs one (a module here with a `main(argv)` timing through `benchmarks/timing.py`). What each
+decides is in docs/benchmarks.md, settled numbers in docs/results/bench_*.json."""
 
 from __future__ import annotations
 
@@ -52,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in BENCHMARKS:
-        print(f"python -m benchmarks: no benchmark {name!r} (python -m benchmarks --list names them)", file=sys.stderr)
+        print(f"python -m benchmarks: no benchmark {name!r} (python -m benchmarks --list names them)",
+              file=sys.stderr)
         return 2
     if str(HERE.parent) not in sys.path:  # run as a file (python benchmarks/__main__.py) as well as with -m
         sys.path.insert(0, str(HERE.parent))

@@ -1,11 +1,6 @@
-"""Batched beam search over real photographs, as evaluation and the demo's batches run it.
-
-    python -m benchmarks beam_photos runs/flickr8k_full/lstm/best.pt [--images 320] [--batch 32] [--threads 2]
-
-Encodes --images Flickr8k photographs once, then times beam search (beam 3) over them in batches
-of --batch and prints the median of --rounds. A trained decoder on real photographs ends its
-searches at different steps, so this is what checks the CPU's shrinking batch.
-"""
+"""Batched beam search over real photographs, as evaluation and the demo's batches run it. --images
+Flickr8k photographs encoded once, searched in batches of --batch: a trained decoder ends its
+searches at different steps, so this checks the CPU's shrinking batch."""
 
 from __future__ import annotations
 
@@ -44,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print_environment(args)
     model = load_captioner(args.checkpoint, device="cpu").eval()
-    pixels = torch.stack([torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1) for f in files])  # (I, 3, H, W)
+    pixels = torch.stack([torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
+                          for f in files])  # (I, 3, H, W)
     with torch.no_grad():
         feats = torch.cat([model.encode(pixels[i : i + 64])[0] for i in range(0, len(files), 64)])  # (I, N, D)
     options = DecodeOptions(beam_size=args.beam, max_length=25, length_penalty=args.length_penalty)

@@ -1,12 +1,6 @@
 """The quickstart's training step in fp32 and under bf16 autocast (`train.cpu_amp`), side by side,
-and what `train.cpu_amp: auto`'s calibration (training/precision.py) decides for the same shapes.
-
-    python -m benchmarks cpu_amp [--config configs/shapes_lstm.yaml] [--steps 6] [--rounds 3] [--threads N]
-
-Both variants train the same model from the same weights on the same batches of a small shapes
-world, alternating by round. The calibration's verdict should name the faster real step: this is
-what checks `train.cpu_amp: auto`.
-"""
+and what `train.cpu_amp: auto`'s calibration decides for the same shapes. It should name the faster
+real step; both train the same weights on the same shapes batches, alternating by round."""
 
 from __future__ import annotations
 
@@ -46,12 +40,14 @@ def config_batches(config_path: str, count: int) -> tuple[Any, Vocabulary, list[
         generate_shapes(folder, data.batch_size * count, 1, 1, image_size=data.image_size, progress=False)
         records = load_split(data, "train")
         vocab = Vocabulary.build((c for r in records for c in r.captions), data.min_word_count)
-        dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size, train=True), data.max_caption_length, data.captions_per_image)
+        dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size, train=True), data.max_caption_length,
+                                 data.captions_per_image)
         return config, vocab, list(DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate_captions))
 
 
 def training_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Any, batch: Any, bf16: bool = False, encoded: bool = False
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Any, batch: Any, bf16: bool = False,
+    encoded: bool = False
 ) -> float:
     """One training step as the loop takes it (loss, backward, optimiser) from images, or from
     stored grids when `encoded`, optionally under CPU bf16 autocast; returns the loss."""
@@ -68,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
     parser.add_argument("--steps", type=int, default=6, help="timed steps per variant and round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: as captioner.core.process_settings sets them)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: as captioner.core.process_settings sets them)")
     args = parser.parse_args(argv)
     set_threads(args.threads)
     print_environment(args)
@@ -101,15 +98,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in variants:
             step, losses[name] = epoch(name)
             seconds[name].append(step)
-    print(f"\n{config.model.encoder.name} + {config.model.decoder.type}, {data.image_size} px, batch {data.batch_size} images "
-          f"({data.captions_per_image} captions each), {args.steps} steps x {args.rounds} rounds")
+    print(f"\n{config.model.encoder.name} + {config.model.decoder.type}, {data.image_size} px, "
+          f"batch {data.batch_size} images ({data.captions_per_image} captions each), "
+          f"{args.steps} steps x {args.rounds} rounds")
     print("| variant | s/step | last loss |\n|---|---:|---:|")
     for name in variants:
         print(f"| {name} | {summarise(seconds[name])} | {losses[name]:.4f} |")
     ratio = summarise(seconds["fp32"]).median / summarise(seconds["bf16 autocast"]).median
     print(f"bf16 autocast is {ratio:.2f}x the fp32 step's speed")
     decision = time_precisions(first, config, False, None)
-    print(f"the calibration (train.cpu_amp auto, synthetic batches of these shapes): bf16 {decision['bf16_ms']:.1f} ms, "
+    print("the calibration (train.cpu_amp auto, synthetic batches of these shapes): "
+          f"bf16 {decision['bf16_ms']:.1f} ms, "
           f"fp32 {decision['fp32_ms']:.1f} ms a pass: {'bf16' if decision['bf16'] else 'fp32'}"
           f"{'' if native else ' (not taken here: no native bf16)'}")
     return 0

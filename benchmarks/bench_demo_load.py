@@ -1,15 +1,7 @@
-"""The demo under load: many clients at once, real photos with broken files mixed in.
-
-    python -m benchmarks demo_load runs/flickr8k_lstm_lite0/best.pt
-    python -m benchmarks demo_load CHECKPOINT --clients 40 --queue-size 8 --requests 4   # a flood
-
-Starts `captioner demo CHECKPOINT` in its own process (or measures --url), then runs --clients
-gradio_client sessions in threads, each asking --requests captions one after another and fetching
-the word heatmaps as a browser does; every --broken-every-th upload is a broken file, which must get
-its one-line message. The first --check photos are captioned here too: the served captions must be
-the same words. Prints latency, captions/s, the server's CPU, memory and temporary files. It sets
-the demo's defaults: `--max-batch 8`, `--queue-size 32`, the malloc arena cap.
-"""
+"""The demo under load: many clients at once, real photos with broken files mixed in. Serves
+CHECKPOINT (or measures --url) to --clients gradio sessions fetching heatmaps as a browser does;
+broken uploads must get their one-line message and the served captions match local ones. It sets
+the demo's defaults (`--max-batch 8`, `--queue-size 32`, the malloc arena cap)."""
 
 from __future__ import annotations
 
@@ -77,19 +69,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(checkpoint: Path, options: list[str], temp: Path, timeout: float = 300.0) -> tuple[subprocess.Popen, str, Path]:
+def start_server(checkpoint: Path, options: list[str], temp: Path,
+                 timeout: float = 300.0) -> tuple[subprocess.Popen, str, Path]:
     """`captioner demo CHECKPOINT OPTIONS` on a free local port with its temporary files in `temp`,
     once it answers -> (the server, its URL, its log file)."""
     port = free_port()
     env = {**os.environ, "TMPDIR": str(temp)}
     env.pop("GRADIO_TEMP_DIR", None)  # the demo makes its own cache, inside TMPDIR
     example = PHOTOS / "1001773457_577c3a7d70.jpg"
-    command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(Path(checkpoint).resolve()), "--port", str(port), "--examples", str(example), *options]
+    command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(Path(checkpoint).resolve()), "--port", str(port),
+               "--examples", str(example), *options]
     log = Path(tempfile.mkstemp(prefix="bench-demo-server-", suffix=".log")[1])  # outside `temp`: not one of its files
     with log.open("w") as output:  # the server's log, never a pipe that could fill and stall it
-        # SIGINT back to its default in the server (a shell may start this script with it ignored): Ctrl-C stops both
+        # SIGINT back to its default in the server (a shell may have it ignored): Ctrl-C stops both
         restore_interrupt = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
-        server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, preexec_fn=restore_interrupt)
+        server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                  preexec_fn=restore_interrupt)
     url = f"http://127.0.0.1:{port}/"
     wait_until_served(server, url, timeout, log)
     return server, url, log
@@ -103,7 +98,8 @@ def wait_until_served(server: subprocess.Popen, url: str, timeout: float, log: P
     deadline = time.time() + timeout
     while time.time() < deadline:
         if server.poll() is not None:
-            raise SystemExit(f"the demo exited with code {server.returncode}" + (f": {log.read_text()[-2000:]}" if log else ""))
+            raise SystemExit(f"the demo exited with code {server.returncode}"
+                             + (f": {log.read_text()[-2000:]}" if log else ""))
         try:
             if httpx.get(url, timeout=5).status_code == 200:
                 return
@@ -235,7 +231,8 @@ def client_run(
             result, text = outcome(kind, expected, answer, session)
         except Exception as e:  # noqa: BLE001 - counted by kind in the report
             busy = "queue is full" in str(e).lower()
-            answers.append(Answer(kind, "busy: queue full" if busy else f"error: {type(e).__name__}", time.perf_counter() - started))
+            answers.append(Answer(kind, "busy: queue full" if busy else f"error: {type(e).__name__}",
+                                  time.perf_counter() - started))
             continue
         answers.append(Answer(kind, result, time.perf_counter() - started, text, path.name))
 
@@ -245,7 +242,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], args: argparse.Namespace, label: str) -> dict:
+def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], args: argparse.Namespace,
+             label: str) -> dict:
     """Warm the server up, run the clients, print the report; returns its numbers."""
     from gradio_client import Client, handle_file
 
@@ -279,8 +277,8 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
     if latencies:
         report |= {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95), "max": max(latencies)}
         print(
-            f"  caption latency (upload to heatmaps downloaded): p50 {report['p50']:.2f} s, p95 {report['p95']:.2f} s, "
-            f"max {report['max']:.2f} s, mean {statistics.mean(latencies):.2f} s"
+            f"  caption latency (upload to heatmaps downloaded): p50 {report['p50']:.2f} s, "
+            f"p95 {report['p95']:.2f} s, max {report['max']:.2f} s, mean {statistics.mean(latencies):.2f} s"
         )
     refusals = [a.seconds for a in answers if a.kind != "caption" and a.outcome.startswith("refused")]
     if refusals:
@@ -293,8 +291,8 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
     if watch.rss:
         report |= {"rss_start": watch.rss[0], "rss_peak": max(watch.rss), "rss_end": watch.rss[-1]}
         quarters = " / ".join(f"{watch.rss[round(q * (len(watch.rss) - 1))]:.0f}" for q in (0.25, 0.5, 0.75))
-        print(f"  server resident memory: start {watch.rss[0]:.0f} MB, at 1/4, 1/2, 3/4 of the run {quarters} MB, "
-              f"end {watch.rss[-1]:.0f} MB, peak {max(watch.rss):.0f} MB")
+        print(f"  server resident memory: start {watch.rss[0]:.0f} MB, at 1/4, 1/2, 3/4 of the run "
+              f"{quarters} MB, end {watch.rss[-1]:.0f} MB, peak {max(watch.rss):.0f} MB")
     if temp is not None:
         print(f"  server temporary files: start {watch.files[0]}, peak {max(watch.files)}, end {watch.files[-1]} "
               f"({temp_files(temp)[1]} folders, {temp_files(temp)[2]:.1f} MB)")
@@ -313,8 +311,10 @@ def expected_captions(checkpoint: Path, photos: list[Path], args: argparse.Names
 
     torch.set_num_threads(1)
     model = load_captioner(checkpoint)
-    defaults = {"beam_size": min(model.decode_config.beam_size, 10), "max_length": min(model.decode_config.max_length, 60)}
-    options = {**defaults, **{k: v for k, v in (("beam_size", args.beam), ("max_length", args.max_length)) if v is not None}}
+    defaults = {"beam_size": min(model.decode_config.beam_size, 10),
+                "max_length": min(model.decode_config.max_length, 60)}
+    options = {**defaults,
+               **{k: v for k, v in (("beam_size", args.beam), ("max_length", args.max_length)) if v is not None}}
     return {p.name: model.caption(load_image(p), **options).text for p in photos[: args.check]}
 
 
@@ -323,7 +323,8 @@ def wrong_captions(answers: list[Answer], args: argparse.Namespace) -> int:
     checked = [a for a in answers if a.photo in expected and a.outcome == "captioned"]
     wrong = [a for a in checked if a.text != expected[a.photo]]
     if expected:
-        print(f"  served captions equal to single-image captions made here: {len(checked) - len(wrong)}/{len(checked)}")
+        print(f"  served captions equal to single-image captions made here: "
+              f"{len(checked) - len(wrong)}/{len(checked)}")
         for a in wrong[:3]:
             print(f"    {a.photo}: served {a.text!r}, expected {expected[a.photo]!r}")
     return len(wrong)
@@ -332,9 +333,11 @@ def wrong_captions(answers: list[Answer], args: argparse.Namespace) -> int:
 def served_run(checkpoint: Path, photos: list[Path], args: argparse.Namespace) -> dict:
     """Start a server, load it, stop it."""
     temp = Path(tempfile.mkdtemp(prefix="bench-demo-server-"))
-    server, url, log = start_server(checkpoint, ["--max-batch", str(args.max_batch), "--queue-size", str(args.queue_size)], temp)
+    server, url, log = start_server(checkpoint, ["--max-batch", str(args.max_batch), "--queue-size",
+                                                 str(args.queue_size)], temp)
     try:
-        return load_run(url, server.pid, temp, photos, args, f"--max-batch {args.max_batch}, --queue-size {args.queue_size}")
+        return load_run(url, server.pid, temp, photos, args,
+                        f"--max-batch {args.max_batch}, --queue-size {args.queue_size}")
     finally:
         server.send_signal(signal.SIGINT)  # as Ctrl-C: the server stops cleanly and logs its batch sizes
         try:
@@ -342,7 +345,8 @@ def served_run(checkpoint: Path, photos: list[Path], args: argparse.Namespace) -
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-        sizes = [line.split("caption batches by size: ")[1] for line in log.read_text().splitlines() if "caption batches by size: " in line]
+        sizes = [line.split("caption batches by size: ")[1] for line in log.read_text().splitlines()
+                 if "caption batches by size: " in line]
         if sizes:
             print(f"  caption batches by size (size: batches): {sizes[-1]}")
 
@@ -354,12 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pid", type=int, help="with --url: the server's process id, for its memory")
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--requests", type=int, default=48, help="requests per client, one after another")
-    parser.add_argument("--broken-every", type=int, default=8, help="every N-th request of a client sends a broken file (0: none)")
+    parser.add_argument("--broken-every", type=int, default=8,
+                        help="every N-th request of a client sends a broken file (0: none)")
     parser.add_argument("--beam", type=int, help="default: the page's (the model's config)")
     parser.add_argument("--max-length", type=int, help="default: the page's (the model's config)")
     parser.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch")
     parser.add_argument("--queue-size", type=int, default=32, help="the server's --queue-size")
-    parser.add_argument("--check", type=int, default=12, help="photos captioned here first, to compare with the served captions")
+    parser.add_argument("--check", type=int, default=12,
+                        help="photos captioned here first, to compare with the served captions")
     parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
     args = parser.parse_args(argv)
     if (args.checkpoint is None) == (args.url is None):

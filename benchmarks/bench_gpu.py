@@ -1,16 +1,10 @@
 """The GPU benchmark: training and beam search throughput of the COCO configs beside the reference.
 
-    python -m benchmarks gpu [--steps 30] [--out runs/bench_gpu.json] [--reference DIR_OR_GIT_DIR]
-    python -m benchmarks gpu --configs coco_lstm_resnet101 --device-preprocess decode --parts training
     python -m benchmarks gpu --device cpu --tiny      # smoke test of the code paths, NOT a measurement
 
-With bf16 autocast and random ResNet-101 weights, on synthetic 640x480 JPEGs through the real
-loader: training (encoder fine-tuned, frozen on cached grids, grids on the device), the SCST step
-under torch.cuda.set_sync_debug_mode("error"), the decoder step eager / compiled / CUDA graphs,
-beam search at batch 1, 64 and 256 (<eos> unreachable), peak memory and GPU utilisation (pynvml),
-and the reference (benchmarks/reference_sat.py) where its repository is given. Each row is
-printed and written to --out as it is measured ("complete": false until the last).
-"""
+bf16 autocast, random ResNet-101 weights, synthetic 640x480 JPEGs through the real loader: training,
+the SCST step (no host sync allowed), the decoder step eager / compiled / CUDA graphs and beam search,
+each row written to --out as it is measured ("complete": false until the last)."""
 
 from __future__ import annotations
 
@@ -50,7 +44,7 @@ from captioner.training.loop import caption_loss  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("coco_lstm_resnet101", "coco_transformer_resnet101")
 KARPATHY_TRAIN_IMAGES = 113_287
-PARTS = ("training", "scst", "step", "beam", "graphs", "reference")  # graphs: beam rows again with decode.cuda_graphs
+PARTS = ("training", "scst", "step", "beam", "graphs", "reference")  # graphs: beam rows with decode.cuda_graphs
 CPU_NOTE = "--device cpu --tiny: a smoke test of the code paths on tiny inputs, NOT a GPU measurement"
 
 
@@ -175,13 +169,14 @@ def optimizer_for(model: Captioner, config: Config, device: torch.device) -> tor
     return torch.optim.AdamW(groups, weight_decay=config.train.weight_decay)
 
 
-# What a training row feeds the model: JPEGs through the fine-tuned encoder, or the frozen
-# encoder's grids computed once, read from host memory or (data.features_on_device) held on the device.
+# What a training row feeds the model: JPEGs through the fine-tuned encoder, or the frozen encoder's
+# grids, read from host memory or (data.features_on_device) held on the device.
 GRIDS = {"images": "fine-tuned", "host": "frozen, cached grids", "device": "frozen, grids on the device"}
 
 
 def our_training(
-    config: Config, records: list[ImageRecord], vocab: Vocabulary, device: torch.device, grids: str, warmup: int, steps: int
+    config: Config, records: list[ImageRecord], vocab: Vocabulary, device: torch.device, grids: str, warmup: int,
+    steps: int
 ) -> dict:
     """train.py's step (caption_loss, backward, clipping, AdamW) on batches from the real loader;
     `grids` (a key of GRIDS): "host" is train.py's cached-feature path, "device" the same with
@@ -194,13 +189,14 @@ def our_training(
     if frozen:
         model.encoder.freeze()
         shape = (len(records), model.encoder.grid_size**2 or 196, model.encoder.out_dim)
-        features = torch.randn(shape).to(torch.bfloat16 if device.type == "cuda" else torch.float32)  # (n, N, D)
+        features = torch.randn(shape).to(
+            torch.bfloat16 if device.type == "cuda" else torch.float32)  # (n, N, D)
         if on_device:
             features = features.to(device)
     transform = ImageTransform(data.image_size, train=True, augment=data.augment)
     dataset = CaptionDataset(
         records, vocab, transform, data.max_caption_length, data.captions_per_image, features,
-        device_preprocess(data.device_preprocess, device),  # --device-preprocess: the GPU crops, jitters (and decodes)
+        device_preprocess(data.device_preprocess, device),  # the GPU crops, jitters (and decodes)
     )
     workers = 0 if frozen else loader_workers(data.num_workers)  # -1: this process's share of the cores
     loader = DataLoader(
@@ -225,7 +221,8 @@ def our_training(
 
 
 def reference_training(
-    ref, config: Config, records: list[ImageRecord], vocab: Vocabulary, device: torch.device, frozen: bool, warmup: int, steps: int, width: int
+    ref, config: Config, records: list[ImageRecord], vocab: Vocabulary, device: torch.device, frozen: bool,
+    warmup: int, steps: int, width: int
 ) -> dict:
     """Its train.py step: one caption per image (its dataset's items), fp32 as its code runs,
     Adam at its rates; with its encoder fine-tuned on the same JPEG pipeline, or on cached grids."""
@@ -256,7 +253,7 @@ def reference_training(
         if encoder is not None:
             encoder.train()
             encoder_optimizer.zero_grad()
-            grid = encoder(normalize_images(batch.images))  # (B, 14, 14, D): it reads normalised floats, as its own pipeline made them
+            grid = encoder(normalize_images(batch.images))  # (B, 14, 14, D): from normalised floats, as its own
         else:
             grid = batch.images
         reference_sat.train_step(decoder, optimizer, grid, batch.tokens, batch.lengths[:, None])
@@ -271,14 +268,12 @@ def reference_training(
 
 
 def our_scst(
-    config: Config, records: list[ImageRecord], vocab: Vocabulary, device: torch.device, baseline: str, warmup: int, steps: int,
-    cache_dir: Path,
+    config: Config, records: list[ImageRecord], vocab: Vocabulary, device: torch.device, baseline: str, warmup: int,
+    steps: int, cache_dir: Path,
 ) -> dict:
-    """The SCST step (scst.SelfCritical: sampling, the baseline, the CIDEr-D reward from the
-    reference table, backward, AdamW) on cached grids, as fit runs it from the feature store.
-    On CUDA, `steps` steps first run under torch.cuda.set_sync_debug_mode("error"): a step that
-    made the host wait for the GPU would stop the benchmark, so a row is also the proof that
-    there is none; then the same number is timed."""
+    """The SCST step (scst.SelfCritical, backward, AdamW) on cached grids, as fit runs it. On CUDA,
+    `steps` steps first run under set_sync_debug_mode("error"), so a row proves no step makes the host
+    wait for the GPU; then the same number is timed."""
     from captioner.training.scst import SelfCritical
 
     torch.manual_seed(0)
@@ -290,7 +285,8 @@ def our_scst(
     B, N = config.data.batch_size, model.encoder.grid_size**2 or 196
     feats = torch.randn(len(records), N, model.encoder.out_dim).half()  # (n, N, D): the store's fp16 rows
     batches = [
-        CaptionBatch(feats[i : i + B], torch.zeros(B, 2, dtype=torch.long), torch.full((B,), 2), torch.arange(B), torch.arange(i, i + B))
+        CaptionBatch(feats[i : i + B], torch.zeros(B, 2, dtype=torch.long), torch.full((B,), 2), torch.arange(B),
+                     torch.arange(i, i + B))
         for i in range(0, len(records) - B + 1, B)
     ]
     if device.type == "cuda":  # as the DataLoader pins them: the copies never wait on pageable memory
@@ -320,17 +316,11 @@ def our_scst(
     return {**row, "baseline": baseline, "samples": settings.samples, "sync_checked": device.type == "cuda"}
 
 
-def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, rows: int, repeats: int) -> Iterator[dict]:
-    """ms per decoder step (beam search and SCST call nothing else per word) for `rows` beams:
-    eager, torch.compile(fullgraph=True), and on CUDA mode="reduce-overhead" (CUDA graphs),
-    one row per mode as it is measured; a mode that fails gives a row with its one-line error.
-
-    CUDA graphs: a replay overwrites the outputs of the one before, and in inference every call
-    starts a new replay, so the state a step returns is dead by the time the next step reads it.
-    That mode's loop marks each step and clones the state it feeds back; the copy is timed with
-    it. On the CPU (the --tiny smoke test) the compiled step is traced by dynamo in full graph
-    but run through aot_eager: Inductor's CPU code is not what a GPU runs, and generating it took
-    13 of the smoke test's 35 s."""
+def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, rows: int,
+                      repeats: int) -> Iterator[dict]:
+    """ms per decoder step for `rows` beams, eager, compiled and (CUDA) CUDA graphs, whose replay
+    overwrites the last one's outputs, so the state fed back is cloned (and timed). A failing mode
+    gives a row with its error. On the CPU the compiled step runs through aot_eager, not Inductor."""
     torch.manual_seed(0)
     model = Captioner.from_config(config, vocab, load_pretrained=False).to(device).eval()
     decoder, length = model.decoder, config.decode.max_length
@@ -362,8 +352,9 @@ def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, r
             sync(device)
             first = time.perf_counter() - start
             seconds = median_seconds(caption, repeats, device)
-        except Exception as e:  # one mode failing (a CUDA graph capture, say) still leaves the others' rows
-            yield {"step": name, "rows": rows, "ms_per_step": None, "first_caption_s": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+        except Exception as e:  # one mode failing (a CUDA graph capture, say) leaves the others' rows
+            yield {"step": name, "rows": rows, "ms_per_step": None, "first_caption_s": None,
+                   "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
             continue
         yield {"step": name, "rows": rows, "ms_per_step": 1000 * seconds / length, "first_caption_s": first}
 
@@ -376,7 +367,8 @@ def eos_unreachable(model: Captioner) -> None:
 
 
 def our_beam(
-    config: Config, vocab: Vocabulary, device: torch.device, batches: list[int], beams: list[int], repeats: int, grid: int, graphs_too: bool
+    config: Config, vocab: Vocabulary, device: torch.device, batches: list[int], beams: list[int], repeats: int,
+    grid: int, graphs_too: bool
 ) -> Iterator[dict]:
     """Beam search images/s per (beam, batch), eager; then on CUDA the same with the decoder step
     replayed as a CUDA graph (decode.cuda_graphs), with the share of images whose caption is the
@@ -385,7 +377,7 @@ def our_beam(
     model = Captioner.from_config(config, vocab, load_pretrained=False).to(device).eval()
     eos_unreachable(model)
     special = SpecialTokens(vocab.bos_id, vocab.eos_id)
-    inputs = {B: torch.randn(B, grid, model.encoder.out_dim, device=device) for B in batches}  # cached grids (B, N, D)
+    inputs = {B: torch.randn(B, grid, model.encoder.out_dim, device=device) for B in batches}  # grids (B, N, D)
     eager_tokens: dict[tuple[int, int], list[list[int]]] = {}
     for graphs in (False, True) if device.type == "cuda" and graphs_too else (False,):
         if graphs:
@@ -399,11 +391,13 @@ def our_beam(
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                         found[:] = [h.tokens for h in beam_search(model.decoder, feats, special, options)]
 
-                print(f"{time.strftime('%H:%M:%S')} beam {K}, batch {B}, {'CUDA graph' if graphs else 'eager'}: measuring", flush=True)
+                print(f"{time.strftime('%H:%M:%S')} beam {K}, batch {B}, {'CUDA graph' if graphs else 'eager'}: "
+                      "measuring", flush=True)
                 first: list[float] = []
                 seconds = median_seconds(run, repeats, device, first)
-                row = {"beam": K, "batch": B, "images_per_s": B / seconds, "steps": config.decode.max_length, "cuda_graphs": graphs,
-                       "first_call_s": first[0]}  # the first search at a new size: compiles and captures through the graph
+                # first_call_s: the first search at a new size compiles and captures the graph
+                row = {"beam": K, "batch": B, "images_per_s": B / seconds, "steps": config.decode.max_length,
+                       "cuda_graphs": graphs, "first_call_s": first[0]}
                 if graphs:
                     row["same_as_eager"] = sum(a == b for a, b in zip(found, eager_tokens[K, B])) / B
                 else:
@@ -411,7 +405,8 @@ def our_beam(
                 yield row
 
 
-def reference_beam(ref, vocab: Vocabulary, device: torch.device, beams: list[int], images: int, steps: int, width: int) -> list[dict]:
+def reference_beam(ref, vocab: Vocabulary, device: torch.device, beams: list[int], images: int, steps: int,
+                   width: int) -> list[dict]:
     torch.manual_seed(0)
     decoder = reference_sat.make_decoder(ref, len(vocab), 2048, device, width).eval()
     with torch.no_grad():
@@ -422,14 +417,16 @@ def reference_beam(ref, vocab: Vocabulary, device: torch.device, beams: list[int
 
         def run() -> None:
             for grid in grids:
-                reference_sat.beam_search_one(decoder, grid, vocab.bos_id, vocab.eos_id, beam_size=K, max_steps=steps - 1)
+                reference_sat.beam_search_one(decoder, grid, vocab.bos_id, vocab.eos_id, beam_size=K,
+                                              max_steps=steps - 1)
 
         seconds = median_seconds(run, 1, device)
         rows.append({"beam": K, "batch": 1, "images_per_s": images / seconds, "steps": steps})
     return rows
 
 
-def median_seconds(fn: Callable[[], None], repeats: int, device: torch.device, first: list[float] | None = None) -> float:
+def median_seconds(fn: Callable[[], None], repeats: int, device: torch.device,
+                   first: list[float] | None = None) -> float:
     """The median of `repeats` timed calls after one warm-up call, whose seconds are appended to
     `first` when given. Each call is timed to the device's end of its work."""
     def synced() -> None:
@@ -450,17 +447,20 @@ def median_seconds(fn: Callable[[], None], repeats: int, device: torch.device, f
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = timing.argument_parser("gpu", __doc__)
     parser.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (only with --tiny)")
-    parser.add_argument("--tiny", action="store_true", help="tiny inputs and few steps: exercises the code, measures nothing")
+    parser.add_argument("--tiny", action="store_true",
+                        help="tiny inputs and few steps: exercises the code, measures nothing")
     parser.add_argument("--steps", type=int, default=30, help="measured training steps per row")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=10_000)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
-    parser.add_argument("--reference", help="reference checkout or git dir (default: $CAPTIONER_REFERENCE or the mirror)")
+    parser.add_argument("--reference",
+                        help="reference checkout or git dir (default: $CAPTIONER_REFERENCE or the mirror)")
     parser.add_argument("--reference-beam-images", type=int, default=8)
     parser.add_argument("--device-preprocess", default="none", choices=PREPROCESS_CHOICES,
                         help="data.device_preprocess of our training rows (docs/input_pipeline.md)")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
-                        help="what to measure (default: all); e.g. --parts training for a --device-preprocess comparison")
+                        help="what to measure (default: all); "
+                             "e.g. --parts training for a --device-preprocess comparison")
     parser.add_argument("--out", default="runs/bench_gpu.json")
     return parser.parse_args(argv)
 
@@ -468,9 +468,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def check_device(args: argparse.Namespace) -> torch.device:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise Usage("bench_gpu: no CUDA GPU is available; this benchmark measures a GPU (`--device cpu --tiny` only smoke-tests its code)")
+        raise Usage("bench_gpu: no CUDA GPU is available; this benchmark measures a GPU "
+                    "(`--device cpu --tiny` only smoke-tests its code)")
     if device.type == "cpu" and not args.tiny:
-        raise Usage("bench_gpu: --device cpu runs only with --tiny (a smoke test; the CPU's benchmarks are in python -m benchmarks --list)")
+        raise Usage("bench_gpu: --device cpu runs only with --tiny "
+                    "(a smoke test; the CPU's benchmarks are in python -m benchmarks --list)")
     if device.type not in ("cuda", "cpu"):
         raise Usage(f"bench_gpu: --device {args.device!r}: expected cuda, cuda:N or cpu")
     return device
@@ -489,11 +491,13 @@ def main(argv: list[str] | None = None) -> int:
         overrides = ["data.image_size=64", "data.batch_size=2", "data.num_workers=0", "decode.max_length=3"]
         warmup, steps, vocab_size, batches, beams, width, image_size = 1, 1, 50, [1, 2], [3], 32, (96, 72)
         overrides += ["model.decoder.embed_dim=32", "model.decoder.hidden_dim=32", "model.decoder.attention_dim=32"]
-        overrides += ["model.decoder.d_model=32", "model.decoder.ff_dim=64", "model.decoder.num_heads=2", "model.decoder.num_layers=1"]
+        overrides += ["model.decoder.d_model=32", "model.decoder.ff_dim=64", "model.decoder.num_heads=2",
+                      "model.decoder.num_layers=1"]
         ref_images = 1
     else:
         overrides, warmup, steps, vocab_size = [], args.warmup, args.steps, args.vocab
-        batches, beams, width, image_size, ref_images = [1, 64, 256], [3, 5], 512, (640, 480), args.reference_beam_images
+        batches, beams, width, image_size, ref_images = ([1, 64, 256], [3, 5], 512, (640, 480),
+                                                         args.reference_beam_images)
     overrides.append(f"data.device_preprocess={args.device_preprocess}")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -506,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reference not available, ours only: {e}")
 
     results: dict = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke test, not a measurement)",
+        "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else "cpu (smoke test, not a measurement)"),
         "torch": torch.__version__,
         "tiny": args.tiny,
         "device_preprocess": args.device_preprocess,
@@ -530,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
                     record(results, "training", {"who": "ours", "config": name, "encoder": encoder, **row}, out)
             if "scst" in args.parts:
                 for baseline in ("greedy", "mean"):
-                    record(results, "scst", {"config": name, **our_scst(config, records, vocab, device, baseline, warmup, steps, Path(folder))}, out)
+                    record(results, "scst", {"config": name, **our_scst(config, records, vocab, device, baseline,
+                                                                         warmup, steps, Path(folder))}, out)
             if "step" in args.parts:
                 for row in our_compiled_step(config, vocab, device, 3 * batches[-1] // 4 or 3, 3):
                     record(results, "step", {"config": name, **row}, out)
@@ -541,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
             lstm = configs[CONFIGS[0]]
             for frozen in (False, True):
                 row = reference_training(ref, lstm, records, vocab, device, frozen, warmup, steps, width)
-                record(results, "training", {"who": "reference", "config": "its train.py", "encoder": GRIDS["host" if frozen else "images"], **row}, out)
+                record(results, "training", {"who": "reference", "config": "its train.py",
+                                             "encoder": GRIDS["host" if frozen else "images"], **row}, out)
             for row in reference_beam(ref, vocab, device, beams, ref_images, lstm.decode.max_length, width):
                 record(results, "beam", {"who": "reference", "config": "its caption.py", **row}, out)
     results["complete"] = True
@@ -574,13 +581,16 @@ def print_table(results: dict) -> None:
     for r in results["training"]:
         print(
             f"| {r['who']} | {r['config']} | {r['encoder']} | {r['captions_per_s']:.1f} | {r['images_per_s']:.1f} | "
-            f"{fmt(r['peak_memory_gib'], '.1f')} | {fmt(r['gpu_utilisation_percent'], '.0f')} | {r['coco_epoch_hours']:.2f} |"
+            f"{fmt(r['peak_memory_gib'], '.1f')} | {fmt(r['gpu_utilisation_percent'], '.0f')} | "
+            f"{r['coco_epoch_hours']:.2f} |"
         )
-    print("\n| SCST | baseline | samples | captions/s | images/s | peak GiB | GPU util % | syncs checked |\n|---|---|---:|---:|---:|---:|---:|---|")
+    print("\n| SCST | baseline | samples | captions/s | images/s | peak GiB | GPU util % | syncs checked |"
+          "\n|---|---|---:|---:|---:|---:|---:|---|")
     for r in results["scst"]:
         print(
-            f"| {r['config']} | {r['baseline']} | {r['samples']} | {r['captions_per_s']:.1f} | {r['images_per_s']:.1f} | "
-            f"{fmt(r['peak_memory_gib'], '.1f')} | {fmt(r['gpu_utilisation_percent'], '.0f')} | "
+            f"| {r['config']} | {r['baseline']} | {r['samples']} | {r['captions_per_s']:.1f} | "
+            f"{r['images_per_s']:.1f} | {fmt(r['peak_memory_gib'], '.1f')} | "
+            f"{fmt(r['gpu_utilisation_percent'], '.0f')} | "
             f"{'none (set_sync_debug_mode error)' if r['sync_checked'] else 'not on this device'} |"
         )
     print("\n| decoder step | config | rows | ms/step | first caption s (compile) |\n|---|---|---:|---:|---:|")
@@ -588,12 +598,15 @@ def print_table(results: dict) -> None:
         if r.get("error"):
             print(f"| {r['step']} | {r['config']} | {r['rows']} | failed: {r['error']} | |")
         else:
-            print(f"| {r['step']} | {r['config']} | {r['rows']} | {r['ms_per_step']:.2f} | {r['first_caption_s']:.1f} |")
-    print("\n| who | config | step | beam | batch | steps | images/s | captions as eager |\n|---|---|---|---:|---:|---:|---:|---:|")
+            print(f"| {r['step']} | {r['config']} | {r['rows']} | {r['ms_per_step']:.2f} | "
+                  f"{r['first_caption_s']:.1f} |")
+    print("\n| who | config | step | beam | batch | steps | images/s | captions as eager |"
+          "\n|---|---|---|---:|---:|---:|---:|---:|")
     for r in results["beam"]:
         graphs = "CUDA graph" if r.get("cuda_graphs") else "eager"
         same = f"{100 * r['same_as_eager']:.0f}%" if "same_as_eager" in r else ""
-        print(f"| {r['who']} | {r['config']} | {graphs} | {r['beam']} | {r['batch']} | {r['steps']} | {r['images_per_s']:.1f} | {same} |")
+        print(f"| {r['who']} | {r['config']} | {graphs} | {r['beam']} | {r['batch']} | {r['steps']} | "
+              f"{r['images_per_s']:.1f} | {same} |")
 
 
 if __name__ == "__main__":

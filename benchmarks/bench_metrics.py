@@ -1,15 +1,7 @@
 """Time the official COCO metrics over all of COCO val2014: pycocoevalcap's own code (before) and
-`score_official` (after), stage by stage, with the largest difference between their scores.
-
-    python -m benchmarks metrics [path/to/captions_val2014.json] [--images N] [--held-out]
-        [--meteor-processes P] [--no-before] [--spice]
-
-Each image's first reference is scored against its references (a full-size workload, not a
-result); --held-out scores it against the other four, which exercises METEOR's paraphrases. The
-default file is coco/captions_val2014.json under $CAPTIONER_SHARED_DATA. Wall and CPU seconds are
-printed per path. It decides `meteor.default_processes` and checks the official scores stay equal
-to pycocoevalcap's.
-"""
+`score_official` (after), stage by stage, with the largest score difference. Wall and CPU seconds;
+each image's first reference is scored (--held-out: against the other four). It decides
+`meteor.default_processes` and checks the scores stay equal to pycocoevalcap's."""
 
 from __future__ import annotations
 
@@ -56,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("metrics", __doc__)
     parser.add_argument("annotations", nargs="?", type=Path, default=shared / "coco" / "captions_val2014.json")
     parser.add_argument("--images", type=int, default=0, help="score only the first N images (0: all)")
-    parser.add_argument("--meteor-processes", type=int, default=0, help="METEOR processes (0: the default for this machine)")
+    parser.add_argument("--meteor-processes", type=int, default=0,
+                        help="METEOR processes (0: the default for this machine)")
     parser.add_argument("--held-out", action="store_true", help="score the first caption against the others only")
     parser.add_argument("--no-before", action="store_true", help="skip pycocoevalcap's own run")
     parser.add_argument("--spice", action="store_true", help="also compute SPICE after (needs its CoreNLP models)")

@@ -1,13 +1,7 @@
 """The ONNX runtime against PyTorch on this CPU: caption agreement, score differences, latency per
-image from file to caption, and (--install-size) the installed size of each path.
-
-    python -m benchmarks onnx --run shapes runs/shapes_lstm/best.pt data/shapes/test \\
-        --run flickr8k runs/flickr8k_lstm_lite0/best.pt data/flickr8k --install-size
-
-Each --run exports the checkpoint with `export_onnx` and captions every image (a folder, or a
-Flickr8k root's test split) with `Captioner` and `OnnxCaptioner` at the same thread count. On a
-shared CPU, OMP_WAIT_POLICY=PASSIVE keeps torch's idle threads from spinning.
-"""
+image from file to caption, and (--install-size) the installed size of each path. Each --run exports
+a checkpoint and captions the images with both at the same thread count (on a shared CPU set
+OMP_WAIT_POLICY=PASSIVE)."""
 
 from __future__ import annotations
 
@@ -44,7 +38,8 @@ def image_paths(source: Path) -> list[Path]:
     return sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
 
 
-def per_image_ms(caption: Callable[[list[Path]], object], paths: list[Path], batch: int, repeats: int) -> float:
+def per_image_ms(caption: Callable[[list[Path]], object], paths: list[Path], batch: int,
+                 repeats: int) -> float:
     """Milliseconds per image to caption `paths` in batches of `batch`, the median of `repeats` passes
     after a warm-up pass (first-call allocations, thread pools)."""
     def caption_all() -> None:
@@ -62,8 +57,8 @@ def compare(label: str, checkpoint: Path, source: Path, args: argparse.Namespace
     export_s = time.perf_counter() - start
     runtime = OnnxCaptioner.from_folder(out / label, threads=args.threads)
     decode = {"beam_size": args.beam}
-    print(f"\n{label}: {checkpoint} ({model.config.encoder.name} + {model.config.decoder.type}), {len(paths)} images "
-          f"from {source}; exported and checked in {export_s:.1f} s; beam {args.beam}, "
+    print(f"\n{label}: {checkpoint} ({model.config.encoder.name} + {model.config.decoder.type}), "
+          f"{len(paths)} images from {source}; exported and checked in {export_s:.1f} s; beam {args.beam}, "
           f"max_length {model.decode_config.max_length}, length_penalty {model.decode_config.length_penalty}")
 
     expected = model.caption(paths, **decode)
@@ -71,14 +66,17 @@ def compare(label: str, checkpoint: Path, source: Path, args: argparse.Namespace
     same = [(a, b) for a, b in zip(expected, got) if a.tokens == b.tokens]
     logprob_diff = max((abs(a.logprob - b.logprob) for a, b in same), default=float("nan"))
     score_diff = max((abs(a.score - b.score) for a, b in same), default=float("nan"))
-    attn_diff = max((float(np.abs(a.attn.numpy() - b.attn).max(initial=0.0)) for a, b in same), default=float("nan"))
-    print(f"  agreement {len(same)}/{len(paths)} = {100 * len(same) / len(paths):.1f}%   max |logprob diff| {logprob_diff:.2e}   "
+    attn_diff = max((float(np.abs(a.attn.numpy() - b.attn).max(initial=0.0)) for a, b in same),
+                    default=float("nan"))
+    print(f"  agreement {len(same)}/{len(paths)} = {100 * len(same) / len(paths):.1f}%   "
+          f"max |logprob diff| {logprob_diff:.2e}   "
           f"max |score diff| {score_diff:.2e}   max |attn diff| {attn_diff:.2e}")
     for a, b in [(a, b) for a, b in zip(expected, got) if a.tokens != b.tokens][:3]:
         print(f"    differs: torch {a.text!r} ({a.score:.4f})  onnx {b.text!r} ({b.score:.4f})")
 
     timed = paths[: args.latency_images]
-    print(f"  latency per image (ms, file -> caption, {args.threads} thread{'s' if args.threads > 1 else ''}, best of {args.repeats} over {len(timed)} images):")
+    print(f"  latency per image (ms, file -> caption, {args.threads} thread{'s' if args.threads > 1 else ''}, "
+          f"best of {args.repeats} over {len(timed)} images):")
     print(f"    {'batch':>5}  {'pytorch':>9}  {'onnx':>9}  {'speed-up':>8}")
     for batch in (1, 8):
         torch_ms = per_image_ms(lambda chunk: model.caption(chunk, **decode), timed, batch, args.repeats)
@@ -123,12 +121,14 @@ def installed_bytes(name: str) -> int:
 
 
 def print_install_sizes() -> None:
-    print("\ninstall size (installed files of each path's distributions and all their dependencies, this environment):")
+    print("\ninstall size (installed files of each path's distributions and all their dependencies, "
+          "this environment):")
     for label, roots in (("onnx runtime path", ONNX_PATH), ("pytorch path", TORCH_PATH)):
         names = sorted(closure(roots))
         sizes = {name: installed_bytes(name) for name in names}
         largest = ", ".join(f"{n} {s / 2**20:.0f}" for n, s in sorted(sizes.items(), key=lambda x: -x[1])[:4])
-        print(f"  {label:18} {sum(sizes.values()) / 2**20:8.0f} MiB in {len(names)} distributions (largest, MiB: {largest})")
+        print(f"  {label:18} {sum(sizes.values()) / 2**20:8.0f} MiB in {len(names)} distributions "
+              f"(largest, MiB: {largest})")
     package = Path(__file__).resolve().parent.parent / "captioner"
     size = sum(p.stat().st_size for p in package.rglob("*.py"))
     print(f"  captioner itself   {size / 2**20:8.1f} MiB of Python source (pip install --no-deps)")
@@ -137,7 +137,8 @@ def print_install_sizes() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("onnx", __doc__)
     parser.add_argument("--run", nargs=3, action="append", default=[], metavar=("LABEL", "CHECKPOINT", "IMAGES"),
-                        help="a checkpoint and a folder of images or a Flickr8k root (its test split); repeatable")
+                        help="a checkpoint and a folder of images or a Flickr8k root (its test split); "
+                             "repeatable")
     parser.add_argument("--beam", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="for both torch and onnxruntime")
     parser.add_argument("--latency-images", type=int, default=16)

@@ -1,10 +1,6 @@
-"""One photograph on the CPU with the model packaged with captioner: what a user waits for.
-
-    python -m benchmarks packaged_model PHOTO [--rounds 3] [--threads N]
-
-Each round is a fresh interpreter, as a user's first command: the import, the load, the first
-caption, a second, and its word maps as the --heatmaps figure; the median of each, in seconds.
-"""
+"""One photograph on the CPU with the model packaged with captioner: what a user waits for. Each
+round is a fresh interpreter: the import, the load, the first caption, a second, and its word maps
+figure; the median of each, in seconds."""
 
 from __future__ import annotations
 
@@ -37,7 +33,8 @@ from captioner.viz.overlays import save_attention_figure
 save_attention_figure(sys.argv[2], Image.open(sys.argv[1]).convert("RGB"), again)
 t5 = time.perf_counter()
 print(json.dumps({{"import": t1 - t0, "load": t2 - t1, "first caption": t3 - t2, "caption": t4 - t3,
-                  "word maps figure": t5 - t4, "text": first.text, "model": model.origin.name, "threads": torch.get_num_threads()}}))
+                  "word maps figure": t5 - t4, "text": first.text, "model": model.origin.name,
+                  "threads": torch.get_num_threads()}}))
 """
 
 
@@ -51,11 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(args.rounds):
-            done = subprocess.run([sys.executable, "-c", ROUND.format(threads=args.threads), args.photo, f"{folder}/maps.png"],
-                                  capture_output=True, text=True, check=True)
+            done = subprocess.run([sys.executable, "-c", ROUND.format(threads=args.threads), args.photo,
+                                   f"{folder}/maps.png"], capture_output=True, text=True, check=True)
             rounds.append(json.loads(done.stdout.strip().splitlines()[-1]))
     first = rounds[0]
-    print(f"{first['model']} on {args.photo}, {first['threads']} thread(s), {args.rounds} fresh interpreters: {first['text']!r}")
+    print(f"{first['model']} on {args.photo}, {first['threads']} thread(s), {args.rounds} fresh interpreters: "
+          f"{first['text']!r}")
     print("| step | seconds |\n|---|---:|")
     for step in ("import", "load", "first caption", "caption", "word maps figure"):
         print(f"| {step} | {summarise([r[step] for r in rounds])} |")

@@ -1,12 +1,6 @@
 """The dense layers' products: torch's own (MKL's sgemm for fp32) against oneDNN's inner product
-with a reordered weight (`captioner.models.products`), side by side, alternating call by call.
-
-    python -m benchmarks products [--threads N] [--repeats 20]
-
-It decides the route of `captioner.models.products`. The shapes are the LSTM decoder's at COCO
-sizes (beam steps of 96 and 3 rows, the training step's forward and backward products); each row
-also gives both routes' largest difference from float64.
-"""
+with a reordered weight, alternating call by call. The shapes are the LSTM decoder's at COCO sizes,
+with each route's error from float64; it decides the route of `captioner.models.products`."""
 
 from __future__ import annotations
 
@@ -47,7 +41,8 @@ def alternating(a: Callable[[], object], b: Callable[[], object], repeats: int) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("products", __doc__)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: as captioner.core.process_settings sets them)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: as captioner.core.process_settings sets them)")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
     set_threads(args.threads)

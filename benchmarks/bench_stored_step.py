@@ -1,13 +1,6 @@
-"""The training step of a config that trains from a feature store (the Flickr8k and COCO configs,
-`model.encoder.fine_tune_blocks: 0`): seconds per step, and with `--profile` where they go.
-
-    python -m benchmarks stored_step [--config configs/flickr8k_lstm_lite0.yaml] [--steps 6]
-        [--rounds 3] [--threads N] [--profile 20] [overrides ...]
-
-The batches are the config's own (its training captions from `data.root`, vocabulary and batch
-size); random fp16 grids of the encoder's shape stand in for the store's rows, since a step's cost
-depends on their shape only. Another version's time comes from running it in that checkout.
-"""
+"""The training step of a config that trains from a feature store (the Flickr8k and COCO configs):
+seconds per step, and with `--profile` where they go. The batches are the config's own; random fp16
+grids of the encoder's shape stand in for the store's rows (a step's cost depends on their shape)."""
 
 from __future__ import annotations
 
@@ -52,8 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(ROOT / "configs" / "flickr8k_lstm_lite0.yaml"))
     parser.add_argument("--steps", type=int, default=6, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: captioner.core.process_settings's)")
-    parser.add_argument("--profile", type=int, default=0, metavar="N", help="then profile the steps and list the N costliest operators")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: captioner.core.process_settings's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="then profile the steps and list the N costliest operators")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.root=data/flickr8k")
     args = parser.parse_args(argv)
     set_threads(args.threads)
@@ -67,14 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     h, w = output_grid(model.encoder, data.image_size)
     width = model.encoder.out_dim
     grids = RandomGrids(len(records), h * w, width)
-    dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size), data.max_caption_length, data.captions_per_image, grids)
-    loader = DataLoader(dataset, batch_size=data.batch_size, shuffle=True, collate_fn=collate_captions, generator=torch.Generator().manual_seed(0))
+    dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size), data.max_caption_length,
+                             data.captions_per_image, grids)
+    loader = DataLoader(dataset, batch_size=data.batch_size, shuffle=True, collate_fn=collate_captions,
+                        generator=torch.Generator().manual_seed(0))
     batches = iter(loader)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     first = next(batches)
     print(
-        f"{args.config}: {config.model.decoder.type} decoder, grids {h}x{w}x{width} fp16, vocabulary {len(vocab)}, "
-        f"{len(first.indices)} images and {len(first.lengths)} captions a batch"
+        f"{args.config}: {config.model.decoder.type} decoder, grids {h}x{w}x{width} fp16, "
+        f"vocabulary {len(vocab)}, {len(first.indices)} images and {len(first.lengths)} captions a batch"
     )
 
     def step() -> None:
@@ -89,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             step()
         rounds.append((time.perf_counter() - start) / args.steps)
     timing = summarise(rounds)
-    print(f"seconds a step: {timing} (rounds of {args.steps} steps); an epoch of {len(loader)} steps: {timing.median * len(loader) / 60:.1f} min")
+    print(f"seconds a step: {timing} (rounds of {args.steps} steps); "
+          f"an epoch of {len(loader)} steps: {timing.median * len(loader) / 60:.1f} min")
     if args.profile:
         with torch.profiler.profile() as profile:
             for _ in range(args.steps):

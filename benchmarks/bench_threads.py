@@ -1,11 +1,6 @@
-"""Threads on a small shared machine: training steps with 1 and 2 torch threads, alone and
-against a competing process, side by side in one run.
-
-    python -m benchmarks threads [--config configs/shapes_lstm.yaml] [--steps 8] [--rounds 2]
-
-Each worker is a fresh process; the competitor is an identical worker; rounds alternate the
-settings. It decides `train.threads: 0` (captioner/core/process_settings.py): the free cores, not all.
-"""
+"""Threads on a small shared machine: training steps with 1 and 2 torch threads, alone and against
+an identical competing process. Each is a fresh process, rounds alternating; it decides
+`train.threads: 0` (captioner/core/process_settings.py): the free cores, not all."""
 
 from __future__ import annotations
 
@@ -42,7 +37,8 @@ def worker(config_path: str, steps: int, threads: int) -> None:
     records = load_split(data, "train")[: data.batch_size * (steps + 1)]
     vocab = Vocabulary.build((c for r in records for c in r.captions), data.min_word_count)
     model = Captioner.from_config(config, vocab).train()
-    dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size, train=True), data.max_caption_length, data.captions_per_image)
+    dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size, train=True), data.max_caption_length,
+                             data.captions_per_image)
     batches = list(DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate_captions))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -60,9 +56,12 @@ def worker(config_path: str, steps: int, threads: int) -> None:
 
 
 def run(config: str, steps: int, threads: int, copies: int) -> list[float]:
-    command = [sys.executable, __file__, "--worker", "--config", config, "--steps", str(steps), "--threads", str(threads)]
-    env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, **env}) for _ in range(copies)]
+    command = [sys.executable, __file__, "--worker", "--config", config, "--steps", str(steps), "--threads",
+               str(threads)]
+    env = {"OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
+             for _ in range(copies)]
     outputs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit("bench_threads: a worker failed")

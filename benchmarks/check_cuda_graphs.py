@@ -1,11 +1,6 @@
 """A trained model's captions with its decoder step eager and replayed as a CUDA graph
 (`decode.cuda_graphs`): how many are the same, and decoding speed at batch 1 and at a full batch.
-
-    python -m benchmarks cuda_graphs CHECKPOINT IMAGE_FOLDER [--beams 1 3] [--batch 32]
-
-Needs a CUDA GPU (`--device cpu` only rehearses the script). It is what `decode.cuda_graphs` rests
-on: the same captions, faster at batch 1.
-"""
+Needs a CUDA GPU (`--device cpu` only rehearses the script)."""
 
 from __future__ import annotations
 
@@ -25,7 +20,8 @@ from benchmarks.bench_gpu import median_seconds  # noqa: E402
 from benchmarks.timing import argument_parser, print_environment  # noqa: E402
 
 
-def decode_all(model: Captioner, feats: torch.Tensor, grid: tuple[int, int], beam: int, one_by_one: bool) -> list[str]:
+def decode_all(model: Captioner, feats: torch.Tensor, grid: tuple[int, int], beam: int,
+               one_by_one: bool) -> list[str]:
     with torch.autocast(feats.device.type, dtype=torch.bfloat16, enabled=feats.device.type == "cuda"):
         if one_by_one:
             return [model.decode(feats[i : i + 1], grid, beam_size=beam)[0].text for i in range(feats.shape[0])]
@@ -43,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: check_cuda_graphs needs a CUDA GPU (on the CPU, decode.cuda_graphs is ignored)", file=sys.stderr)
+        print("error: check_cuda_graphs needs a CUDA GPU (on the CPU, decode.cuda_graphs is ignored)",
+              file=sys.stderr)
         return 2
     paths = sorted(p for p in args.images.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[: args.batch]
     if not paths:
@@ -63,13 +60,18 @@ def main(argv: list[str] | None = None) -> int:
         for one_by_one in (True, False):
             model.decoder.__dict__["step"] = graph.eager
             eager: list[str] = []
-            eager_s = median_seconds(lambda: eager.__setitem__(slice(None), decode_all(model, feats, grid, beam, one_by_one)), args.repeats, device)
+            eager_s = median_seconds(
+                lambda: eager.__setitem__(slice(None), decode_all(model, feats, grid, beam, one_by_one)),
+                args.repeats, device)
             model.decoder.__dict__["step"] = graph
             graphed: list[str] = []
-            graphed_s = median_seconds(lambda: graphed.__setitem__(slice(None), decode_all(model, feats, grid, beam, one_by_one)), args.repeats, device)
+            graphed_s = median_seconds(
+                lambda: graphed.__setitem__(slice(None), decode_all(model, feats, grid, beam, one_by_one)),
+                args.repeats, device)
             same = sum(a == b for a, b in zip(eager, graphed))
             n = len(paths)
-            print(f"| {beam} | {1 if one_by_one else n} | {n / eager_s:.1f} | {n / graphed_s:.1f} | {eager_s / graphed_s:.2f}x | {same}/{n} |")
+            print(f"| {beam} | {1 if one_by_one else n} | {n / eager_s:.1f} | {n / graphed_s:.1f} | "
+                  f"{eager_s / graphed_s:.2f}x | {same}/{n} |")
             for a, b in zip(eager, graphed):
                 if a != b:
                     print(f"  differs: eager {a!r} / graph {b!r}")

@@ -40,7 +40,8 @@ def read_models_source(location: str) -> str:
         )
         if result.returncode == 0:
             return result.stdout
-        raise ReferenceUnavailable(f"{path}: not a checkout with models.py, and `git show HEAD:models.py` failed")
+        raise ReferenceUnavailable(f"{path}: not a checkout with models.py, "
+                                   "and `git show HEAD:models.py` failed")
     raise ReferenceUnavailable(f"{path}: no such directory (give --reference DIR or set CAPTIONER_REFERENCE)")
 
 
@@ -67,14 +68,14 @@ def make_decoder(
 ) -> torch.nn.Module:
     """Its DecoderWithAttention as its train.py builds it (attention, embedding, LSTM of 512)."""
     return module.DecoderWithAttention(
-        attention_dim=width, embed_dim=width, decoder_dim=width, vocab_size=vocab_size, encoder_dim=feat_dim, dropout=0.5
+        attention_dim=width, embed_dim=width, decoder_dim=width, vocab_size=vocab_size, encoder_dim=feat_dim,
+        dropout=0.5
     ).to(device)
 
 
 def make_encoder(module: types.ModuleType, device: torch.device) -> torch.nn.Module:
-    """Its Encoder (ResNet-101, 14x14 grid, blocks 2-4 fine-tuned as its train.py does with
-    fine_tune_encoder), with random weights: it asks torchvision for ImageNet weights, which
-    cannot be downloaded here and cost nothing to run."""
+    """Its Encoder (ResNet-101, 14x14 grid, blocks 2-4 fine-tuned as its train.py does), with random
+    weights: the ImageNet ones it asks for cannot be downloaded here and cost nothing to run."""
     import torchvision
 
     original = torchvision.models.resnet101
@@ -117,15 +118,12 @@ def train_step(
 
 @torch.no_grad()
 def beam_search_one(
-    decoder: torch.nn.Module, encoder_out: torch.Tensor, start: int, end: int, beam_size: int = 3, max_steps: int = 50
+    decoder: torch.nn.Module, encoder_out: torch.Tensor, start: int, end: int, beam_size: int = 3,
+    max_steps: int = 50
 ) -> tuple[list[int] | None, int]:
-    """Its caption_image_beam_search after the encoder, for one image's encoder output
-    (1, g, g, D): k hypotheses as a batch, the attention network re-run on the whole grid at
-    every step, finished hypotheses removed, stop after step `max_steps` + 1 (its `step > 50`).
-
-    -> the best finished sequence (None when none ended; its code would then fail on max([])),
-    and the number of steps run. Integer division where its code divides (written for an older
-    torch whose `/` on integer tensors truncated)."""
+    """Its caption_image_beam_search after the encoder, for one image's output (1, g, g, D), stopping
+    after step `max_steps` + 1 -> the best finished sequence (None when none ended) and the steps run.
+    `//` where its code divides (written for a torch whose `/` on integer tensors truncated)."""
     decoder.eval()
     k = beam_size
     vocab_size = decoder.vocab_size

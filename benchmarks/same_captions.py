@@ -1,14 +1,8 @@
 """Do two versions of the code decode the same captions? Record with one, compare with the other.
 
-    # with the old code on the path (e.g. `git worktree add /tmp/old <commit>`):
-    (cd /tmp/old && python -m benchmarks same_captions record old.json RUN [RUN ...])
+    (cd /tmp/old && python -m benchmarks same_captions record old.json RUN [RUN ...])  # a worktree
     python -m benchmarks same_captions record new.json RUN [RUN ...]
-    python -m benchmarks same_captions compare old.json new.json [--score-tolerance 1e-5]
-
-`record` writes every hypothesis (n_best = K) of every test image of each run's dataset, for each
-of `--beams`, with the run's own decoding options. `compare` lists the images whose word ids
-differ and the largest score change; it exits 1 if a caption differs or a score moves by more than
-the tolerance.
+    python -m benchmarks same_captions compare old.json new.json  # exit 1 on any difference
 """
 
 from __future__ import annotations
@@ -38,13 +32,15 @@ def record(out: Path, runs: list[str], beams: list[int], batch_size: int) -> Non
             encoded = [model.encode(images[i : i + batch_size]) for i in range(0, len(records), batch_size)]
         decoded: dict[str, dict] = {}
         for k in beams:
-            hyps = [c for feats, grid in encoded for c in model.decode_n_best(feats, grid, n_best=k, beam_size=k)]
+            hyps = [c for feats, grid in encoded
+                    for c in model.decode_n_best(feats, grid, n_best=k, beam_size=k)]
             decoded[str(k)] = {
                 str(r.image_id): [{"tokens": c.tokens, "score": c.score, "finished": c.finished} for c in captions]
                 for r, captions in zip(records, hyps)
             }
         report[run] = {"images": len(records), "beams": decoded}
-        print(f"{run}: {len(records)} test images, beams {beams}, {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        print(f"{run}: {len(records)} test images, beams {beams}, {time.perf_counter() - started:.1f} s",
+              file=sys.stderr)
     out.write_text(json.dumps(report))
 
 
@@ -58,13 +54,15 @@ def compare(old_file: Path, new_file: Path, tolerance: float) -> int:
             continue
         for k, images in old[run]["beams"].items():
             other = new[run]["beams"].get(k, {})
-            differ = [i for i in images if [c["tokens"] for c in images[i]] != [c["tokens"] for c in other.get(i, [])]]
+            differ = [i for i in images
+                      if [c["tokens"] for c in images[i]] != [c["tokens"] for c in other.get(i, [])]]
             worst = max(
                 (abs(a["score"] - b["score"]) for i in images if i not in differ for a, b in zip(images[i], other[i])),
                 default=0.0,
             )
             hyps = sum(len(c) for c in images.values())
-            print(f"{run} beam {k}: {len(images)} images, {hyps} hypotheses, {len(differ)} images differ, largest score change {worst:.2e}")
+            print(f"{run} beam {k}: {len(images)} images, {hyps} hypotheses, {len(differ)} images differ, "
+                  f"largest score change {worst:.2e}")
             for i in differ[:10]:
                 print(f"  image {i}: {[c['tokens'] for c in images[i]]} -> {[c['tokens'] for c in other.get(i, [])]}")
             failed |= bool(differ) or worst > tolerance or not images

@@ -7,4 +7,5 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SHARED_DATA = Path(os.environ.get("CAPTIONER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED_DATA = Path(os.environ.get("CAPTIONER_SHARED_DATA",
+                                  Path(__file__).resolve().parents[2] / "shared" / "data"))

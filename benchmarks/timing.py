@@ -1,10 +1,6 @@
 """The one timing helper every benchmark uses: warm-up calls, repeated calls (alternating between
-variants, so a change in the machine's load hits each alike), the median and interquartile range,
-and the line that names the environment a number was taken in.
-
-A timing means little without that line: the processor, the cores this process may use, torch's
-version and threads, the load average, and what the caller says ran beside it (`--beside`).
-"""
+variants, so a change in load hits each alike), the median and interquartile range, and the line
+naming the environment (processor, cores, torch threads, load, what ran `--beside`)."""
 
 from __future__ import annotations
 
@@ -113,7 +109,8 @@ def argument_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--beside", metavar="TEXT", default=None,
-                        help="what else ran on the machine meanwhile ('nothing', 'the test suite', ...): printed with the numbers")
+                        help="what else ran on the machine meanwhile ('nothing', 'the test suite', ...): "
+                             "printed with the numbers")
     return parser
 
 

@@ -1,11 +1,6 @@
 """Write the generated sections of docs/architecture.md from the code, so the page cannot go stale:
-the path from an image to a caption (each step's names found in the code, with the module that
-defines them) and the module tables (each layer's package docstring, each module's line count and
-the first sentence of its docstring).
-
-    python scripts/architecture_table.py           # rewrite both sections
-    python scripts/architecture_table.py --check   # exit 1 when the page differs (tests/test_docs_hold.py)
-"""
+the path from an image to a caption (each step's names found in the code) and the module tables
+(line counts, first sentences of docstrings). `--check` exits 1 when the page differs."""
 
 from __future__ import annotations
 
@@ -19,15 +14,16 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "captioner"
 PAGE = REPO / "docs" / "architecture.md"
-LAYERS = ("core", "text", "data", "models", "deploy", "evaluation", "training", "viz", "apps")  # bottom to top, as the contract
+# bottom to top, as the contract
+LAYERS = ("core", "text", "data", "models", "deploy", "evaluation", "training", "viz", "apps")
 PATH_HEADING = "## From an image to a caption"
 HEADING = "## Modules"
 ABBREVIATIONS = ("et al.", "e.g.", "i.e.", "vs.")
 
 
 class Step(NamedTuple):  # not a dataclass: tests load this file without registering it in sys.modules
-    """One step of the path: what goes in and comes out, and where it happens, as names the code
-    defines in `layer` (a top-level function, class or constant, or Class.method)."""
+    """One step of the path: what goes in and out, and the names `layer` defines for it (a top-level
+    function, class or constant, or Class.method)."""
 
     name: str
     what: str
@@ -38,19 +34,21 @@ class Step(NamedTuple):  # not a dataclass: tests load this file without registe
 # The path every caller takes. Steps 1 to 7 are what `Captioner.caption` runs; the last rows are
 # the callers that turn a Caption into something a person reads.
 PATH = (
-    Step("load", "an image file, its bytes or an upload -> an upright 8-bit RGB picture (EXIF orientation applied, "
-         "any mode made RGB); a broken or hostile file is one `ImageLoadError` naming it", "data", ("load_image",)),
-    Step("transform", "the picture -> uint8 (3, S, S) at the size the model was trained at (training adds a mild crop "
-         "and jitter, never a flip)", "data", ("ImageTransform",)),
-    Step("normalise", "uint8 images (B, 3, S, S) -> float32 with the backbone's mean and std, on the device, as the "
-         "encoder's first layer", "data", ("PixelNormalization",)),
+    Step("load", "an image file, its bytes or an upload -> an upright 8-bit RGB picture (EXIF orientation "
+         "applied, any mode made RGB); a broken or hostile file is one `ImageLoadError` naming it", "data",
+         ("load_image",)),
+    Step("transform", "the picture -> uint8 (3, S, S) at the size the model was trained at (training adds a mild "
+         "crop and jitter, never a flip)", "data", ("ImageTransform",)),
+    Step("normalise", "uint8 images (B, 3, S, S) -> float32 with the backbone's mean and std, on the device, as "
+         "the encoder's first layer", "data", ("PixelNormalization",)),
     Step("encode", "images (B, 3, S, S) -> feats (B, N, D) on a grid (h, w), N = h*w; the CNN comes from the "
          "backbone registry", "models", ("Encoder", "BACKBONES")),
-    Step("step the decoder", "the previous words and the state -> log-probabilities (B, V) of the next word and its "
-         "attention over the N cells; the LSTM attends additively, the transformer with cross-attention",
+    Step("step the decoder", "the previous words and the state -> log-probabilities (B, V) of the next word and "
+         "its attention over the N cells; the LSTM attends additively, the transformer with cross-attention",
          "models", ("Decoder.step", "LSTMDecoder", "TransformerDecoder")),
-    Step("search", "feats -> each image's best word sequences with their scores and attention: greedy decoding, beam "
-         "search or sampling as the `DecodeOptions` say, through `Decoder.step` alone", "models", ("decode_hypotheses",)),
+    Step("search", "feats -> each image's best word sequences with their scores and attention: greedy decoding, "
+         "beam search or sampling as the `DecodeOptions` say, through `Decoder.step` alone", "models",
+         ("decode_hypotheses",)),
     Step("caption", "a finished sequence -> `Caption`: text, words, tokens, score and attention maps (T, L, H, h, w)",
          "models", ("Caption",)),
     Step("all of the above", "steps 1 to 7 for a list of images, in batches: the object the library, the CLI, "
@@ -60,8 +58,8 @@ PATH = (
     Step("overlays", "a Caption's attention maps -> heatmaps over the image, word by word", "viz", ("word_overlays",)),
     Step("metrics", "a split's captions -> the official COCO scores and the attention grounding score",
          "evaluation", ("evaluate",)),
-    Step("CLI and demo", "`captioner caption` prints captions (and draws figures on request); the Gradio page shows "
-         "a caption word by word over the image", "apps", ("commands/caption.py", "caption_page")),
+    Step("CLI and demo", "`captioner caption` prints captions (and draws figures on request); the Gradio page "
+         "shows a caption word by word over the image", "apps", ("commands/caption.py", "caption_page")),
 )
 
 
@@ -90,7 +88,8 @@ def defined_names(tree: ast.Module) -> set[str]:
             if isinstance(node, ast.ClassDef):
                 names |= {f"{node.name}.{member.name}" for member in node.body
                           if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign)
+                   else [])
         names |= {target.id for target in targets if isinstance(target, ast.Name)}
     return names
 
@@ -122,7 +121,8 @@ def path_section() -> str:
     out = [PATH_HEADING, "",
            "Steps 1 to 7 are what captioning an image runs, in order, each with the module that holds it;",
            "step 8 runs them for a list of images, and the rows after it are the twin without torch and the",
-           "callers that turn a Caption into what a person reads. Written by `python scripts/architecture_table.py`,",
+           ("callers that turn a Caption into what a person reads. "
+            "Written by `python scripts/architecture_table.py`,"),
            "which finds each name in the code: a test fails when one moves and the page is not rewritten.", "",
            "| # | step | in -> out | where |", "|---:|---|---|---|"]
     out += [f"| {i} | {step.name} | {step.what} | {path_cell(step)} |" for i, step in enumerate(PATH, 1)]
@@ -144,11 +144,13 @@ def module_rows(package: Path) -> list[tuple[str, int, str]]:
 
 
 def section() -> str:
-    out = [HEADING, "", "Written by `python scripts/architecture_table.py` from the code (a test fails when it is stale):",
+    out = [HEADING, "",
+           "Written by `python scripts/architecture_table.py` from the code (a test fails when it is stale):",
            "each module's line count and the first sentence of its docstring.", ""]
     for layer in LAYERS:
         package = PACKAGE / layer
-        out += [f"**{layer}/** ({first_sentence(docstring(package / '__init__.py'))})", "", "| module | lines | job |", "|---|---:|---|"]
+        out += [f"**{layer}/** ({first_sentence(docstring(package / '__init__.py'))})", "", "| module | lines | job |",
+                "|---|---:|---|"]
         out += [f"| `{name}` | {lines} | {job} |" for name, lines, job in module_rows(package)]
         out.append("")
     return "\n".join(out)

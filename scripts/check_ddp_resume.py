@@ -1,9 +1,6 @@
 """Exact resume under torchrun: 2 gloo ranks trained without a stop, and the same run SIGKILLed
-(the launcher and both workers) after its first mid-epoch checkpoint, then resumed with the same
-command and --resume. Prints whether the final weights are bit-identical. CPU, about 2 minutes.
-
-    python scripts/check_ddp_resume.py [WORK_DIR]
-"""
+(the launcher and both workers) after its first mid-epoch checkpoint, then resumed with --resume.
+Prints whether the final weights are bit-identical. CPU, about 2 minutes."""
 
 from __future__ import annotations
 
@@ -28,7 +25,8 @@ from captioner.data.shapes import generate_shapes  # noqa: E402
 
 def command(data: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "captioner",
-            "train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=2", f"data.root={data}", f"train.out_dir={out}", *extra]
+            "train", "configs/shapes_lstm.yaml", *TINY, "data.batch_size=2", f"data.root={data}",
+            f"train.out_dir={out}", *extra]
 
 
 def descendants(pid: int) -> list[int]:
@@ -57,7 +55,8 @@ def main() -> None:
     reference = subprocess.run(command(data, base / "reference"), cwd=ROOT, env=env, capture_output=True, text=True)
     print(f"uninterrupted run: exit {reference.returncode} in {time.time() - start:.0f}s")
     run = base / "killed"
-    process = subprocess.Popen(command(data, run), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command(data, run), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     while not (run / "last.pt").exists():
         time.sleep(0.01)
     victims = [process.pid, *descendants(process.pid)]  # torchrun starts its workers in sessions of their own
@@ -68,7 +67,8 @@ def main() -> None:
     print(f"killed {len(victims)} processes; last.pt at epoch {saved['epoch'] + 1}, batch {saved['position']}, "
           f"step {saved['step']}, with {len(saved['rng'])} ranks' RNG states")
     resumed = subprocess.run([*command(data, run), "--resume"], cwd=ROOT, env=env, capture_output=True, text=True)
-    print(f"resumed run: exit {resumed.returncode};", *[line for line in resumed.stderr.splitlines() if "resumed from" in line][:1])
+    print(f"resumed run: exit {resumed.returncode};",
+          *[line for line in resumed.stderr.splitlines() if "resumed from" in line][:1])
     expected = torch.load(base / "reference" / "last.pt", weights_only=True)["model"]
     got = torch.load(run / "last.pt", weights_only=True)["model"]
     same = all(torch.equal(expected[k], got[k]) for k in expected)

@@ -1,15 +1,6 @@
 """Compare decoding options on one checkpoint: official metrics, tutorial-style nltk BLEU-4 and
-the caption statistics per option, the images encoded once. Prints a Markdown table.
-
-    python scripts/compare_decoding.py runs/flickr8k_lstm_lite0/best.pt --split test
-    python scripts/compare_decoding.py a/best.pt --ensemble b/best.pt --split val --length-penalties 0,1
-
-With --ensemble, the checkpoints decode as one model (`captioner evaluate --ensemble`), each
-member encoding the images with its own encoder, once; the split is the first checkpoint's.
-
-`captioner evaluate` scores one decoding setting per run and encodes the images each time; this
-decodes the split's encoder features, kept in memory, with every setting of VARIANTS.
-"""
+the caption statistics per option, the images encoded once. Prints a Markdown table. With
+--ensemble the checkpoints decode as one model, on the first checkpoint's split."""
 
 from __future__ import annotations
 
@@ -29,16 +20,19 @@ VARIANTS = {  # name -> Captioner.decode options
     "diverse beam 3 (3 groups, lambda 0.5)": {"beam_size": 3, "diverse_groups": 3, "diversity_strength": 0.5},
 }
 KEYS = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
-HEADER = ("decoding", *KEYS, "nltk BLEU-4", "p1", "length ratio", "BP", "bad endings", "repeated bigram", "words", "cut off", "decode s")
+HEADER = ("decoding", *KEYS, "nltk BLEU-4", "p1", "length ratio", "BP", "bad endings", "repeated bigram", "words",
+          "cut off", "decode s")
 
 
 def length_penalty_variants(beam_size: int, alphas: list[float]) -> dict[str, dict[str, float]]:
     """Beam search ranked by log-probability / ((5 + length) / 6) ** alpha, for each alpha."""
-    return {f"beam {beam_size}, length penalty {alpha:g}": {"beam_size": beam_size, "length_penalty": alpha} for alpha in alphas}
+    return {f"beam {beam_size}, length penalty {alpha:g}": {"beam_size": beam_size, "length_penalty": alpha}
+            for alpha in alphas}
 
 
 def compare(
-    checkpoint: str, split: str, device: str, batch_size: int | None, variants: dict[str, dict[str, float]] | None = None,
+    checkpoint: str, split: str, device: str, batch_size: int | None,
+    variants: dict[str, dict[str, float]] | None = None,
     json_path: str | None = None, ensemble: list[str] | None = None, combine: str | None = None,
 ) -> None:
     from captioner.core.process_settings import set_threads
@@ -48,7 +42,8 @@ def compare(
 
     set_threads()
     members = [checkpoint, *(ensemble or [])]
-    model = load_model("compare_decoding", checkpoint, argparse.Namespace(device=device, ensemble=ensemble or [], combine=combine))
+    model = load_model("compare_decoding", checkpoint,
+                       argparse.Namespace(device=device, ensemble=ensemble or [], combine=combine))
     records = load_split(checkpoint_config(checkpoint).data, split)
     encoded = encode_records(model, records, batch_size)
     combined = f" ({combine or 'prob'})" if ensemble else ""
@@ -62,10 +57,13 @@ def compare(
         rows.append({"name": variant.name, "options": variants[variant.name], "overall": scores.overall,
                      **scores.beside_official(), "seconds": round(variant.seconds, 2)})
         cells = [
-            variant.name, *(f"{scores.overall[k]:.3f}" for k in KEYS), f"{scores.tutorial_bleu['nltk_corpus_BLEU_4']:.3f}",
-            f"{scores.bleu_parts.precisions[0]:.3f}", f"{scores.bleu_parts.length_ratio:.3f}", f"{scores.bleu_parts.brevity_penalty:.3f}",
+            variant.name, *(f"{scores.overall[k]:.3f}" for k in KEYS),
+            f"{scores.tutorial_bleu['nltk_corpus_BLEU_4']:.3f}",
+            f"{scores.bleu_parts.precisions[0]:.3f}", f"{scores.bleu_parts.length_ratio:.3f}",
+            f"{scores.bleu_parts.brevity_penalty:.3f}",
             f"{100 * stats['bad_ending_rate']:.1f}%", f"{100 * stats['repeated_bigram_rate']:.1f}%",
-            f"{stats['mean_length']:.1f}", str(sum(not c.finished for c in variant.captions.values())), f"{variant.seconds:.1f}",
+            f"{stats['mean_length']:.1f}", str(sum(not c.finished for c in variant.captions.values())),
+            f"{variant.seconds:.1f}",
         ]
         print("| " + " | ".join(cells) + " |", flush=True)
     if json_path:
@@ -73,7 +71,8 @@ def compare(
 
         ensembled = {"ensemble": members, "combine": combine or "prob"} if ensemble else {}
         text = json.dumps(
-            {"checkpoint": checkpoint, **ensembled, "split": split, "images": len(encoded.records), "variants": rows}, indent=1
+            {"checkpoint": checkpoint, **ensembled, "split": split, "images": len(encoded.records), "variants": rows},
+            indent=1
         ) + "\n"
         write_atomically(Path(json_path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
@@ -82,12 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="a checkpoint file (best.pt, last.pt)")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"))
-    parser.add_argument("--batch-size", type=int, default=None, help="images per batch (default: the config's decode.batch_size)")
-    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
-    parser.add_argument("--length-penalties", metavar="A,B,...", help="instead of the fixed variants: beam --beam with each length penalty alpha")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="images per batch (default: the config's decode.batch_size)")
+    parser.add_argument("--device", default="auto",
+                        help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
+    parser.add_argument("--length-penalties", metavar="A,B,...",
+                        help="instead of the fixed variants: beam --beam with each length penalty alpha")
     parser.add_argument("--beam", type=int, default=3, help="beam width for --length-penalties")
     add_ensemble_arguments(parser)
-    parser.add_argument("--json", metavar="PATH", help="also write every variant's options, scores and statistics as JSON")
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write every variant's options, scores and statistics as JSON")
     args = parser.parse_args(argv)
     try:
         variants = None
@@ -95,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 alphas = [float(a) for a in args.length_penalties.split(",")]
             except ValueError:
-                raise CaptionerError(f"--length-penalties: expected numbers separated by commas, got {args.length_penalties!r}") from None
+                raise CaptionerError("--length-penalties: expected numbers separated by commas, "
+                                     f"got {args.length_penalties!r}") from None
             variants = length_penalty_variants(args.beam, alphas)
-        compare(args.checkpoint, args.split, args.device, args.batch_size, variants, args.json, args.ensemble, args.combine)
+        compare(args.checkpoint, args.split, args.device, args.batch_size, variants, args.json, args.ensemble,
+                args.combine)
     except CaptionerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

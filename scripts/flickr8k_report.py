@@ -1,15 +1,7 @@
 """What the models say on a test split, beside the humans: the leave-one-out table with a human
-row, caption statistics (vocabulary, captions copied from training, length), a gallery of test
-photographs with every model's caption and a human one, and the images the best model does worst.
-
-    python scripts/flickr8k_report.py --run LSTM=runs/flickr8k_full/lstm --run "LSTM blind=runs/flickr8k_full/lstm_blind" \\
-        --best LSTM --out runs/flickr8k_full/report --gallery-images data/flickr8k/images
-
---gallery-images is a folder of the Flickr8k photographs at full resolution, such as the images/
-folder that `captioner data flickr8k --root data/flickr8k` writes. Each run folder holds `best.pt`, and `results_test.json` and `scores_test.json` from
-`captioner evaluate RUN/best.pt --split test --out RUN`. Writes report.md, report.json,
-gallery.jpg and worst.jpg to --out. Needs Java (the official metrics) unless --no-human.
-"""
+row, caption statistics, a gallery of test photographs and the images the best model does worst.
+Each run folder holds `best.pt` and the results and scores `captioner evaluate RUN/best.pt --split
+test --out RUN` writes. Needs Java (the official metrics) unless --no-human."""
 
 from __future__ import annotations
 
@@ -35,7 +27,8 @@ def parse_run(text: str) -> tuple[str, Path]:
 
 def read_json(path: Path, what: str) -> Any:
     if not path.is_file():
-        raise CaptionerError(f"{path}: no {what} (run `captioner evaluate {path.parent}/best.pt --split test --out {path.parent}`)")
+        raise CaptionerError(f"{path}: no {what} "
+                             f"(run `captioner evaluate {path.parent}/best.pt --split test --out {path.parent}`)")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -45,7 +38,8 @@ def read_json(path: Path, what: str) -> Any:
 def cells(scores: dict[str, float]) -> list[str]:
     """BLEU, METEOR and ROUGE-L in percent as the papers print them, CIDEr-D as a fraction; '-' where a
     metric is missing (a --fast evaluation has no METEOR or ROUGE-L)."""
-    return [("-" if k not in scores else f"{scores[k]:.3f}" if k == "CIDEr" else f"{100 * scores[k]:.1f}") for k in KEYS]
+    return [("-" if k not in scores else f"{scores[k]:.3f}" if k == "CIDEr" else f"{100 * scores[k]:.1f}")
+            for k in KEYS]
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -80,11 +74,14 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         scores[name] = read_json(folder / f"scores_{args.split}.json", "scores file")
         missing = len(references) - len(predictions[name])
         if missing:
-            raise CaptionerError(f"{results}: {missing} of the {len(references)} {args.split} images have no caption")
+            raise CaptionerError(f"{results}: {missing} of the {len(references)} {args.split} images "
+                                 "have no caption")
 
-    out: dict[str, Any] = {"split": args.split, "images": len(references), "runs": {n: str(f) for n, f in runs.items()}}
+    out: dict[str, Any] = {"split": args.split, "images": len(references),
+                           "runs": {n: str(f) for n, f in runs.items()}}
     out["scores"] = {name: scores[name]["overall"] for name in runs}
-    md = [f"# {args.split}: {len(references)} images\n", "## Official metrics, each caption against all its references\n"]
+    md = [f"# {args.split}: {len(references)} images\n",
+          "## Official metrics, each caption against all its references\n"]
     md.append(table(["model", *KEYS], [[name, *cells(s)] for name, s in out["scores"].items()]))
 
     if not args.no_human:
@@ -92,17 +89,21 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
             lambda jobs: [scores.overall for scores in score_official_many(jobs)])
         folds = leave_one_out(references, scorer, predictions)
         out["leave_one_out"] = {"folds": folds.folds, "human": folds.human, **folds.models}
-        md += [f"\n## Leave one out: each human caption, and each model, against the other {folds.folds - 1} references\n",
-               table(["captions", *KEYS], [[name, *cells(s)] for name, s in {"human": folds.human, **folds.models}.items()])]
+        md += [(f"\n## Leave one out: each human caption, and each model, against the other {folds.folds - 1} "
+                "references\n"),
+               table(["captions", *KEYS],
+                     [[name, *cells(s)] for name, s in {"human": folds.human, **folds.models}.items()])]
 
     fold_count = min(len(c) for c in references.values())
     human_folds = [corpus_stats([references[i][k] for i in references], training) for k in range(fold_count)]
     stats = {name: corpus_stats(list(predictions[name].values()), training) for name in runs}
-    stats["human (mean of the single-reference sets)"] = {key: sum(f[key] for f in human_folds) / fold_count for key in human_folds[0]}
+    stats["human (mean of the single-reference sets)"] = {key: sum(f[key] for f in human_folds) / fold_count
+                                                          for key in human_folds[0]}
     out["caption_stats"] = stats
     md += ["\n## What the captions say\n", table(
         ["captions", "vocabulary (words used)", "copied from training", "distinct captions", "mean length (words)"],
-        [[name, f"{s['vocabulary']:.0f}", f"{100 * s['copied_share']:.1f}%", f"{100 * s['distinct_share']:.1f}%", f"{s['mean_length']:.2f}"]
+        [[name, f"{s['vocabulary']:.0f}", f"{100 * s['copied_share']:.1f}%", f"{100 * s['distinct_share']:.1f}%",
+          f"{s['mean_length']:.2f}"]
          for name, s in stats.items()])]
 
     # Why BLEU-1 is what it is: the words that match no reference, the model's and the humans'.
@@ -110,12 +111,14 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     human_used, human_unmatched = unmatched_words({i: refs[0] for i, refs in references.items()},
                                                   {i: refs[1:] for i, refs in references.items()})
     precision = {args.best: 1 - sum(unmatched.values()) / max(1, sum(used.values())),
-                 "human (first caption against the other references)": 1 - sum(human_unmatched.values()) / max(1, sum(human_used.values()))}
+                 "human (first caption against the other references)":
+                     1 - sum(human_unmatched.values()) / max(1, sum(human_used.values()))}
     out["unigram_precision"] = precision
     out["unmatched_words"] = [{"word": w, "unmatched": n, "used": used[w]} for w, n in unmatched.most_common(25)]
     md += [f"\n## Words that match no reference ({args.best})\n",
            ", ".join(f"{name}: unigram precision {p:.3f}" for name, p in precision.items()) + "\n",
-           table(["word", "unmatched", "used"], [[w["word"], str(w["unmatched"]), str(w["used"])] for w in out["unmatched_words"]])]
+           table(["word", "unmatched", "used"],
+                 [[w["word"], str(w["unmatched"]), str(w["used"])] for w in out["unmatched_words"]])]
 
     by_id = {r.image_id: r for r in records}
     gallery_root = Path(args.gallery_images) if args.gallery_images else None
@@ -123,10 +126,12 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     chosen = sorted(random.Random(args.seed).sample(shown, min(GALLERY_SIZE, len(shown))), key=lambda r: r.path.name)
 
     def picture(record: Any) -> Image.Image:
-        path = gallery_root / record.path.name if gallery_root and (gallery_root / record.path.name).is_file() else record.path
+        path = (gallery_root / record.path.name if gallery_root and (gallery_root / record.path.name).is_file()
+                else record.path)
         return load_image(path)
 
-    items = [GalleryItem(picture(r), r.path.name, [*((n, predictions[n][r.image_id]) for n in runs), ("human", r.captions[0])])
+    items = [GalleryItem(picture(r), r.path.name,
+                         [*((n, predictions[n][r.image_id]) for n in runs), ("human", r.captions[0])])
              for r in chosen]
     out["gallery"] = [r.path.name for r in chosen]
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -134,13 +139,15 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
 
     per_image = {row["image_id"]: row for row in scores[args.best]["per_image"]}
     worst = sorted(per_image, key=lambda i: (per_image[i]["CIDEr"], i))[:WORST]
-    out["worst"] = [{"image": by_id[i].path.name, "CIDEr": per_image[i]["CIDEr"], "caption": predictions[args.best][i],
-                     "references": references[i]} for i in worst]
+    out["worst"] = [{"image": by_id[i].path.name, "CIDEr": per_image[i]["CIDEr"],
+                     "caption": predictions[args.best][i], "references": references[i]} for i in worst]
     md += [f"\n## The {WORST} test images with the lowest CIDEr-D ({args.best})\n"]
-    md += [f"{n}. `{w['image']}` CIDEr-D {w['CIDEr']:.3f}: \"{w['caption']}\"; humans: \"{w['references'][0]}\" / \"{w['references'][1]}\""
+    md += [f"{n}. `{w['image']}` CIDEr-D {w['CIDEr']:.3f}: \"{w['caption']}\"; "
+           f"humans: \"{w['references'][0]}\" / \"{w['references'][1]}\""
            for n, w in enumerate(out["worst"], 1)]
     worst_items = [GalleryItem(picture(by_id[i]), f"CIDEr-D {per_image[i]['CIDEr']:.3f}  {by_id[i].path.name}",
-                               [(args.best, predictions[args.best][i]), ("human", references[i][0]), ("human", references[i][1])])
+                               [(args.best, predictions[args.best][i]), ("human", references[i][0]),
+                                ("human", references[i][1])])
                    for i in worst]
     gallery_sheet(worst_items, columns=5).save(Path(args.out) / "worst.jpg", quality=88)
     (Path(args.out) / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
@@ -151,14 +158,17 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=parse_run, action="append", required=True, metavar="NAME=RUN", help="a model's run folder (repeat)")
+    parser.add_argument("--run", type=parse_run, action="append", required=True, metavar="NAME=RUN",
+                        help="a model's run folder (repeat)")
     parser.add_argument("--best", required=True, help="the NAME whose worst images are listed")
     parser.add_argument("--out", required=True, help="folder for report.md, report.json, gallery.jpg, worst.jpg")
     parser.add_argument("--split", default="test", choices=("val", "test"))
-    parser.add_argument("--gallery-images", help="a folder of the same photographs at full resolution, shown in the figures where present")
+    parser.add_argument("--gallery-images",
+                        help="a folder of the same photographs at full resolution, shown in the figures where present")
     parser.add_argument("--seed", type=int, default=0, help="which photographs the gallery shows")
     parser.add_argument("--no-human", action="store_true", help="leave out the leave-one-out table (it needs Java)")
-    parser.add_argument("--fast", action="store_true", help="leave-one-out with the in-process BLEU and CIDEr-D (no Java, no METEOR)")
+    parser.add_argument("--fast", action="store_true",
+                        help="leave-one-out with the in-process BLEU and CIDEr-D (no Java, no METEOR)")
     args = parser.parse_args(argv)
     try:
         report(args)

@@ -1,7 +1,6 @@
 """Print pip constraints that hold each floored package of pyproject.toml at its floor's release
-series (`gradio>=6.31` -> `gradio==6.31.*`): the test install (scripts/setup.sh, EXTRAS=test)
-runs the suite on the versions the floors promise, whatever newer release the index has since.
-tests/test_version_floors.py checks the installed versions against the same list."""
+series (`gradio>=6.31` -> `gradio==6.31.*`), so the test install (scripts/setup.sh, EXTRAS=test)
+runs the suite on the versions the floors promise (tests/test_version_floors.py checks them)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """The README's grounding and pointing-game table from `captioner evaluate --grounding
---saliency gradcam` score files: one row per map kind of each model, beside the baselines.
-
-    python scripts/interpret_table.py LSTM=runs/shapes_lstm/scores_test.json \
-        transformer=runs/shapes_transformer/scores_test.json
-"""
+--saliency gradcam` score files: one row per map kind of each model, beside the baselines."""
 
 from __future__ import annotations
 
@@ -25,7 +21,8 @@ def per_head_table(path: Path) -> dict:
         raise TableError(f"{path}: not a readable scores file ({e})") from None
     table = (report.get("grounding") or {}).get("per_head") if isinstance(report, dict) else None
     if not table or not table.get("words"):
-        raise TableError(f"{path}: no per-map grounding scores (run `captioner evaluate CHECKPOINT --grounding` first)")
+        raise TableError(f"{path}: no per-map grounding scores "
+                         "(run `captioner evaluate CHECKPOINT --grounding` first)")
     return table
 
 
@@ -34,7 +31,8 @@ def rows(label: str, path: Path) -> list[str]:
     base = table["baselines"]
     out = []
     for name, scores in table["maps"].items():
-        what = "Grad-CAM" if name == "gradcam" else ("attention" if name == "L0H0" and len(table["maps"]) <= 2 else name)
+        what = "Grad-CAM" if name == "gradcam" else (
+            "attention" if name == "L0H0" and len(table["maps"]) <= 2 else name)
         if what.startswith("L") and "mean" not in what:
             what = f"layer {what[1]}, head {what.split('H')[1]}" + (" (best)" if name == table["best_head"] else "")
         elif what.endswith("mean") and what.startswith("L"):

@@ -1,12 +1,6 @@
 """Package a run's model inside captioner: the model `pip install` installs and every command uses
 when no model is named (captioner/pretrained/<name>/; the logic is captioner/apps/packaged_model.py).
-
-    python scripts/package_default_model.py runs/flickr8k_transformer_lite0_scst
-    python scripts/package_default_model.py RUN_FOLDER --name NAME --length-penalty 0.6 --images photos/
-
-Run it from the project folder (the run's test images are read where its config names them), with
-`captioner evaluate RUN --split test` done first, so the card and the logs carry the test scores.
-"""
+Run it from the project folder after `captioner evaluate RUN --split test`, so the card has the scores."""
 
 from __future__ import annotations
 
@@ -28,12 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", nargs="+", default=None, metavar="IMAGE",
                         help="images (or folders) whose captions decide float16 storage and check the result "
                              "(default: the first 8 test images of the run's dataset)")
-    parser.add_argument("--beam", type=decode_value("beam_size"), default=None, help=f"the default beam width, {takes('beam_size')}")
+    parser.add_argument("--beam", type=decode_value("beam_size"), default=None,
+                        help=f"the default beam width, {takes('beam_size')}")
     parser.add_argument("--length-penalty", type=decode_value("length_penalty"), default=None, metavar="ALPHA",
                         help="the default length penalty, e.g. the one tuned on dev (default: the run's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    decode = {key: value for key, value in (("beam_size", args.beam), ("length_penalty", args.length_penalty)) if value is not None}
+    decode = {key: value for key, value in (("beam_size", args.beam), ("length_penalty", args.length_penalty))
+              if value is not None}
     try:
         images = expand_images(args.images) if args.images is not None else None
         packaged = package_model(args.run, args.name, args.into, images, decode)

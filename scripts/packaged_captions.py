@@ -1,14 +1,9 @@
-"""Caption a fixed set of Flickr8k test photographs with the model packaged with captioner, and
-write what it said to tests/data/packaged_captions.json: the file tests/test_packaged_captions.py
-holds the installed model to (byte for byte on the processor that wrote it, within a stated
-tolerance of the scores elsewhere).
+"""Caption the first COUNT Flickr8k test photographs (by name) with the model packaged with captioner
+and write what it said to tests/data/packaged_captions.json, which tests/test_packaged_captions.py
+holds the installed model to. Run it again after packaging another model.
 
-    python scripts/packaged_captions.py --photos data/flickr8k/images --split data/flickr8k/Flickr_8k.testImages.txt
-
---photos is a folder of Flickr8k's photographs and --split its official test split file, as
-`captioner data flickr8k --root data/flickr8k` writes them. The photographs are the first COUNT
-test-split files (by name) present in --photos: photographs the model never trained or was tuned
-on. Run it again after packaging another model.
+    python scripts/packaged_captions.py --photos data/flickr8k/images \\
+        --split data/flickr8k/Flickr_8k.testImages.txt
 """
 
 from __future__ import annotations
@@ -43,7 +38,8 @@ def main() -> None:
     record = {
         "model": model.origin.name,
         "made_on": machine_key(),
-        "decode": {"beam_size": model.decode_config.beam_size, "length_penalty": model.decode_config.length_penalty},
+        "decode": {"beam_size": model.decode_config.beam_size,
+                   "length_penalty": model.decode_config.length_penalty},
         "captions": {photo.name: {"text": c.text, "score": c.score} for photo, c in zip(photos, captions)},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

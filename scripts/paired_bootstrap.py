@@ -1,12 +1,6 @@
 """Is run B's gain over run A real? A paired bootstrap over the test images of two evaluations.
-
-    python scripts/paired_bootstrap.py runs/flickr8k_lstm_lite0 runs/flickr8k_lstm_lite0_scst --goal 0.10
-
-Each argument is a run folder holding scores_<split>.json (or the JSON itself), from `captioner
-evaluate CHECKPOINT --split test --out RUN`. Prints the corpus scores, the relative gain with
-its 95% interval, and the share of draws in which B beats A (and reaches the goal).
-See captioner/evaluation/significance.py for what is resampled.
-"""
+Each argument is a run folder holding scores_<split>.json (or the JSON itself); prints the relative
+gain with its 95% interval and the share of draws in which B beats A (captioner/evaluation/significance.py)."""
 
 from __future__ import annotations
 
@@ -35,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="test")
     parser.add_argument("--samples", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--goal", type=float, default=None, help="a relative gain, e.g. 0.10: also print the share of draws that reach it")
+    parser.add_argument("--goal", type=float, default=None,
+                        help="a relative gain, e.g. 0.10: also print the share of draws that reach it")
     args = parser.parse_args(argv)
     if args.samples < 1:
         parser.error(f"--samples must be at least 1, got {args.samples}")
@@ -46,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     except CaptionerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{args.metric} on {result.images} images: {result.base:.4f} -> {result.new:.4f}, gain {100 * result.gain:+.1f}% "
+    print(f"{args.metric} on {result.images} images: {result.base:.4f} -> {result.new:.4f}, "
+          f"gain {100 * result.gain:+.1f}% "
           f"(95% interval {100 * result.low:+.1f}% to {100 * result.high:+.1f}%; {result.samples} paired draws)")
     print(f"  new run higher in {100 * result.p_positive:.1f}% of draws"
           + ("" if result.p_goal is None else f"; gain >= {100 * args.goal:.0f}% in {100 * result.p_goal:.1f}%"))

@@ -1,12 +1,6 @@
-"""Plot validation and training curves of several runs side by side, from their metrics.csv.
-
-    python scripts/plot_runs.py OUT.png RUN_DIR:LABEL [RUN_DIR:LABEL ...] [--val CIDEr] [--train reward]
-
-Left: the validation score per epoch (epoch 0 is an SCST stage's starting model; with
-train.val_every_steps, mid-epoch scores sit at their fraction of an epoch); right: a
-training column per epoch (`train_<name>`, e.g. the SCST stage's mean sample reward).
-Reads the CSV files only: no torch is imported.
-"""
+"""Plot validation and training curves of several runs side by side, from their metrics.csv alone
+(no torch): left the validation score by epoch (mid-epoch scores at their fraction), right a
+training column per epoch (`train_<name>`, e.g. the SCST stage's mean sample reward)."""
 
 from __future__ import annotations
 

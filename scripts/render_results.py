@@ -1,18 +1,9 @@
 """Write the results tables of README.md and docs/*.md, and docs/results.md, from the records in
-docs/results/*.json, so that no table can drift from what was measured.
+docs/results/*.json (one measure a file: "measure", "about", "columns", "records"), so no table can
+drift from what was measured; `--check` exits 1 naming each stale page. A table is a block:
 
-    python scripts/render_results.py           # rewrite every results block and docs/results.md
-    python scripts/render_results.py --check   # exit 1 naming each stale page (tests/test_results_records.py)
-
-A record file holds one measure: {"measure", "about", "columns": [{"key", "label"}], "records":
-[{"id", "label", "numbers", "command", "commit", "processor", "concurrent", "date", "note"?,
-"superseded_by"?}]}. A table is a block in a page:
-
-    <!-- results: MEASURE [ids=a,b] [columns=k1,k2] -->
-    (the generated table)
+    <!-- results: MEASURE [ids=a,b] [columns=k1,k2] -->  (default: records not superseded, all columns)
     <!-- /results -->
-
-Without ids= a block shows every record not superseded, in file order; without columns= every column.
 """
 
 from __future__ import annotations
@@ -84,7 +75,8 @@ def measure_problems(where: str, stem: str, data: object) -> list[str]:
     if not isinstance(data, dict):
         return [f"{where}: not a JSON object"]
     problems = [f"{where}: missing {key!r}" for key in ("measure", "about", "columns", "records") if key not in data]
-    problems += [f"{where}: unknown field {key!r}" for key in data if key not in ("measure", "about", "columns", "records", "label_header")]
+    problems += [f"{where}: unknown field {key!r}" for key in data
+                 if key not in ("measure", "about", "columns", "records", "label_header")]
     if data.get("measure") != stem:
         problems.append(f"{where}: 'measure' must be the file's stem {stem!r}")
     if not NAME.fullmatch(stem):
@@ -100,12 +92,14 @@ def measure_problems(where: str, stem: str, data: object) -> list[str]:
     for record in records:
         problems += record_problems(where, record, set(keys))
     ids = [r.get("id") for r in records if isinstance(r, dict)]
-    problems += [f"{where}: record id {i!r} twice" for i in sorted({i for i in ids if ids.count(i) > 1}, key=str)]
+    problems += [f"{where}: record id {i!r} twice"
+                 for i in sorted({i for i in ids if ids.count(i) > 1}, key=str)]
     for record in records:
         if isinstance(record, dict) and "superseded_by" in record:
             target = record["superseded_by"]
             if target not in ids or target == record.get("id"):
-                problems.append(f"{where}: record {record.get('id')!r}: superseded_by {target!r} names no other record")
+                problems.append(f"{where}: record {record.get('id')!r}: superseded_by {target!r} "
+                                "names no other record")
     return problems
 
 
@@ -122,7 +116,8 @@ def load(root: Path) -> tuple[dict[str, Measure], list[str]]:
         found = measure_problems(where, path.stem, data)
         problems += found
         if not found:
-            measures[path.stem] = Measure(path.stem, data["about"], data["columns"], data["records"], data.get("label_header", ""))
+            measures[path.stem] = Measure(path.stem, data["about"], data["columns"], data["records"],
+                                          data.get("label_header", ""))
     return measures, problems
 
 
@@ -149,8 +144,10 @@ def block_problems(where: str, spec: str, measures: dict[str, Measure]) -> list[
     measure = measures.get(name)
     if measure is None:
         return [f"{where}: block names an unknown measure {name!r}"]
-    problems = [f"{where}: block {name}: unknown option {key!r}" for key in options if key not in ("ids", "columns")]
-    problems += [f"{where}: block {name}: unknown id {i!r}" for i in options.get("ids", []) if measure.record(i) is None]
+    problems = [f"{where}: block {name}: unknown option {key!r}" for key in options
+                if key not in ("ids", "columns")]
+    problems += [f"{where}: block {name}: unknown id {i!r}" for i in options.get("ids", [])
+                 if measure.record(i) is None]
     keys = {c["key"] for c in measure.columns}
     problems += [f"{where}: block {name}: unknown column {k!r}" for k in options.get("columns", []) if k not in keys]
     return problems
@@ -159,7 +156,8 @@ def block_problems(where: str, spec: str, measures: dict[str, Measure]) -> list[
 def table(spec: str, measures: dict[str, Measure], page: Path, root: Path) -> str:
     name, options = parse_spec(spec)
     measure = measures[name]
-    records = [measure.record(i) for i in options["ids"]] if "ids" in options else [r for r in measure.records if "superseded_by" not in r]
+    records = ([measure.record(i) for i in options["ids"]] if "ids" in options
+               else [r for r in measure.records if "superseded_by" not in r])
     wanted = options.get("columns")
     columns = [c for c in measure.columns if wanted is None or c["key"] in wanted]
     if wanted:
@@ -169,13 +167,15 @@ def table(spec: str, measures: dict[str, Measure], page: Path, root: Path) -> st
              "|---|" + "---:|" * len(columns) + "---|"]
     for record in records:
         numbers = [cell(record["numbers"].get(c["key"])) for c in columns]
-        lines.append("| " + " | ".join([cell(record["label"]), *numbers, f"[how]({link}#{anchor(name, record['id'])})"]) + " |")
+        lines.append("| " + " | ".join([cell(record["label"]), *numbers,
+                                        f"[how]({link}#{anchor(name, record['id'])})"]) + " |")
     return "\n".join(lines)
 
 
 def pages(root: Path) -> list[Path]:
     """The pages that may hold results blocks: the README and docs/*.md, not the generated page."""
-    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.exists() and p != results_page(root)]
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+            if p.exists() and p != results_page(root)]
 
 
 def rendered_page(page: Path, measures: dict[str, Measure], root: Path) -> str:

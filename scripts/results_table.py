@@ -1,7 +1,4 @@
-"""Print a Markdown table of `captioner evaluate` score files (scores_<split>.json), one row per run.
-
-    python scripts/results_table.py runs/flickr8k_lstm_lite0 runs/flickr8k_lstm_lite0_blind ...
-"""
+"""Print a Markdown table of `captioner evaluate` score files (scores_<split>.json), one row per run."""
 
 from __future__ import annotations
 
@@ -46,7 +43,8 @@ def row(run: str, report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="a folder holding scores_<split>.json (`captioner evaluate --out RUN`)")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="a folder holding scores_<split>.json (`captioner evaluate --out RUN`)")
     parser.add_argument("--split", default="test", help="which scores file of each run (default: test)")
     args = parser.parse_args(argv)
     try:

@@ -34,9 +34,8 @@ class CaptionBatch:
     indices: torch.Tensor  # (B,) positions of the images in the dataset's records
 
     def to(self, device: torch.device, channels_last: bool = False) -> CaptionBatch:
-        """The batch on `device`; `lengths` and `indices` stay on the CPU, where the training
-        loop and the decoder read them without waiting for the device. Copies are
-        non-blocking (from pinned memory when the DataLoader pins it)."""
+        """The batch on `device`, copied non-blocking; `lengths` and `indices` stay on the CPU, where
+        the training loop and the decoder read them without waiting for the device."""
         if isinstance(self.images, list):
             images = transform_on_device(self.images, device)  # (B, 3, H, W) uint8, decoded there
         else:
@@ -54,7 +53,8 @@ class CaptionBatch:
     def pin_memory(self) -> CaptionBatch:
         """Called by the DataLoader's pin-memory thread (pin_memory=True)."""
         images = self.images if isinstance(self.images, list) else self.images.pin_memory()
-        return CaptionBatch(images, self.tokens.pin_memory(), self.lengths, self.image_rows.pin_memory(), self.indices)
+        return CaptionBatch(images, self.tokens.pin_memory(), self.lengths, self.image_rows.pin_memory(),
+                            self.indices)
 
 
 class FeatureRows(Protocol):
@@ -66,21 +66,9 @@ class FeatureRows(Protocol):
 
 
 class CaptionDataset(Dataset):
-    """Images with their captions for teacher-forced training; an item is one image.
-
-    `pairs="one"`: the image comes with one of its captions, drawn at random each time;
-    `pairs="all"`: with all of its captions, so an epoch sees every (image, caption) pair while
-    each image is loaded and encoded once. A file that fails to load yields None, which
-    `collate_captions` drops, so one bad image never kills a worker or a run.
-
-    An item is `dataset[i]`, or `dataset[(i, draw)]` as `EpochBatchSampler` asks for it: then
-    the caption choice and the augmentation come from `draw` alone, not from the RNG of
-    whichever process loads the item, so they replay exactly after a resume.
-
-    With `device_preprocess` "transform", a worker only decodes the file, and `CaptionBatch.to`
-    runs the transform on the device under the same seed; with "decode", a worker only reads
-    and checks the file, and the device decodes the JPEGs too (captioner.data.device_decode).
-    """
+    """Images with one random caption (`pairs="one"`) or all of them (`"all"`) for teacher-forced
+    training; a file that fails to load yields None, which `collate_captions` drops. For
+    `dataset[(i, draw)]` the caption and augmentation come from `draw` alone, so a resume replays them."""
 
     def __init__(
         self,
@@ -102,7 +90,8 @@ class CaptionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor | PendingImage, list[list[int]], int] | None:
+    def __getitem__(self, key: int | tuple[int, int]
+                    ) -> tuple[torch.Tensor | PendingImage, list[list[int]], int] | None:
         i, draw = key if isinstance(key, tuple) else (key, None)
         choices = self.tokens[i]
         if self.pairs == "all":
@@ -118,7 +107,7 @@ class CaptionDataset(Dataset):
         elif draw is None or not augmented:
             image = load_or_none(self.records[i], self.transform)
         else:
-            with torch.random.fork_rng(devices=[]):  # seeded augmentation; the process's own RNG is left as it was
+            with torch.random.fork_rng(devices=[]):  # seeded augmentation; the process's RNG is left as it was
                 torch.manual_seed(draw)
                 image = load_or_none(self.records[i], self.transform)
         return None if image is None else (image, captions, i)
@@ -160,7 +149,8 @@ def load_record_image(record: ImageRecord) -> Image.Image:
     return load_image(image_data(record), name=str(record.path))
 
 
-def pending_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None, ship_jpeg: bool) -> PendingImage | None:
+def pending_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None,
+                    ship_jpeg: bool) -> PendingImage | None:
     return or_none(lambda: read_pending(image_data(record), transform, seed, ship_jpeg, name=str(record.path)))
 
 
@@ -173,7 +163,8 @@ def collate_captions(batch: list) -> CaptionBatch | None:
         images = torch.stack(images)  # (B, 3, H, W) or (B, N, D)
     captions = [(row, ids) for row, (_, caps, _) in enumerate(batch) for ids in caps]
     captions.sort(key=lambda caption: -len(caption[1]))  # longest first, as the decoder wants them (stable)
-    tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions), dtype=torch.long)  # (C, T), 0 = <pad>
+    tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions),
+                         dtype=torch.long)  # (C, T), 0 = <pad>
     for c, (_, ids) in enumerate(captions):
         tokens[c, : len(ids)] = torch.tensor(ids)
     lengths = torch.tensor([len(ids) for _, ids in captions])  # (C,)
@@ -189,7 +180,8 @@ def collate_images(batch: list) -> tuple[torch.Tensor, torch.Tensor] | None:
     return torch.stack([image for image, _ in batch]), torch.tensor([i for _, i in batch])  # (B, 3, H, W), (B,)
 
 
-def image_loader(records: list[ImageRecord], transform: ImageTransform, batch_size: int, num_workers: int = 0) -> DataLoader:
+def image_loader(records: list[ImageRecord], transform: ImageTransform, batch_size: int,
+                 num_workers: int = 0) -> DataLoader:
     return DataLoader(
         ImageDataset(records, transform),
         batch_size=batch_size,
@@ -197,5 +189,5 @@ def image_loader(records: list[ImageRecord], transform: ImageTransform, batch_si
         num_workers=loader_workers(num_workers),
         collate_fn=collate_images,
         persistent_workers=False,
-        generator=torch.Generator(),  # a loader draws its worker seed from this: validating must not move training's RNG
+        generator=torch.Generator(),  # the loader's worker seed comes from this, not from training's RNG
     )

@@ -1,20 +1,7 @@
 """A WebDataset shard read within limits: its tar stream, plain or compressed, member by member,
-each size checked before its bytes are read. No shard, however made, takes more memory or time
-than the limits allow (data.max_member_bytes and its neighbours in core/config.py):
-
-- Compression is told from the stream's first bytes (gzip, bzip2, xz; else a plain tar) and undone
-  here, in bounded steps, so that every decompressed byte passes one counter: a shard stops past
-  `max_shard_bytes` (an endless stream), or past `max_shard_expansion` decompressed bytes per byte
-  read once EXPANSION_CHECKED_FROM bytes are out (a bomb).
-- A member's size is read from its header and refused over `max_member_bytes` before its data is
-  read; the tar reader may read no further than the member (or the next header, at most
-  MAX_HEADER_BYTES with its long-name and pax records) that the loop has allowed.
-- A member whose name is not a plain relative name (absolute, `..`, `.`, empty parts, a backslash,
-  a control character) is refused by name: its key becomes a record's path.
-- Members whose suffix the reader does not use are skipped, never held.
-
-Every refusal is one `DatasetError` naming the shard, the member and the limit.
-"""
+each size checked before its bytes are read. Every decompressed byte is counted (data.max_*), so no
+shard (an endless stream, a bomb, a huge member, a name like `..`) takes more memory or time than
+allowed; every refusal is one `DatasetError` naming the shard, the member and the limit."""
 
 from __future__ import annotations
 
@@ -33,15 +20,15 @@ from captioner.core.errors import DatasetError
 from captioner.core.files import size_text
 
 MAX_HEADER_BYTES = 1 << 20  # a member's header with its GNU long-name and pax records
-EXPANSION_CHECKED_FROM = 16 << 20  # decompressed bytes before the expansion guard applies: small archives vary too much
-READ_AHEAD = 64 << 10  # the tar reader reads in 10 KiB records: it may read this far past what it was allowed
+EXPANSION_CHECKED_FROM = 16 << 20  # decompressed bytes before the expansion guard: small archives vary
+READ_AHEAD = 64 << 10  # the tar reader reads 10 KiB records: it may read this far past what it was allowed
 COMPRESSIONS: dict[bytes, Callable[[BinaryIO], BinaryIO]] = {  # first bytes -> the reader that undoes them
     b"\x1f\x8b": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),  # type: ignore[dict-item]
     b"BZh": lambda raw: bz2.BZ2File(raw),  # type: ignore[dict-item]
     b"\xfd7zXZ\x00": lambda raw: lzma.LZMAFile(raw),  # type: ignore[dict-item]
 }
 META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's own files (__key__ and the like): never samples
-KEY_AND_SUFFIX = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's split of a member name: key, then every suffix
+KEY_AND_SUFFIX = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's split of a member name: key, suffix
 
 
 @dataclass(frozen=True)
@@ -89,7 +76,8 @@ class BoundedStream:
     """The decompressed tar stream, delivered only up to what the loop allows (`allow`), and never
     past the shard's limits; `position` counts every byte delivered."""
 
-    def __init__(self, decompressed: BinaryIO, arrived: CountingReader, compressed: bool, limits: ShardLimits) -> None:
+    def __init__(self, decompressed: BinaryIO, arrived: CountingReader, compressed: bool,
+                 limits: ShardLimits) -> None:
         self.decompressed = decompressed
         self.arrived = arrived
         self.compressed = compressed
@@ -111,8 +99,10 @@ class BoundedStream:
         if self.position > self.allowed + READ_AHEAD:
             raise LimitReached(self.reason)
         if self.position > self.limits.shard_bytes:
-            raise LimitReached(f"more than data.max_shard_bytes ({size_text(self.limits.shard_bytes)}) once decompressed")
-        if self.compressed and self.position > EXPANSION_CHECKED_FROM and self.position > self.limits.expansion * self.arrived.count:
+            raise LimitReached(f"more than data.max_shard_bytes ({size_text(self.limits.shard_bytes)}) "
+                               "once decompressed")
+        if (self.compressed and self.position > EXPANSION_CHECKED_FROM
+                and self.position > self.limits.expansion * self.arrived.count):
             raise LimitReached(
                 f"{size_text(self.position)} decompressed from {size_text(self.arrived.count)}, more than "
                 f"data.max_shard_expansion ({self.limits.expansion:g}) times (a decompression bomb?)"
@@ -127,28 +117,34 @@ def plain_member_name(name: str) -> bool:
     return all(part not in ("", ".", "..") for part in name.split("/"))
 
 
-def shard_members(raw: BinaryIO, url: str, limits: ShardLimits, wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes | None]]:
+def shard_members(raw: BinaryIO, url: str, limits: ShardLimits,
+                  wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes | None]]:
     """(name, data) for each file of the tar stream `raw` in order, data None for those `wanted`
     refuses (skipped unread); DatasetError in one line at the first limit passed or name refused."""
     arrived = CountingReader(raw)
     buffered = io.BufferedReader(arrived, READ_AHEAD)
     magic = buffered.peek(8)[:8]
     opener = next((open_ for prefix, open_ in COMPRESSIONS.items() if magic.startswith(prefix)), None)
-    stream = BoundedStream(opener(buffered) if opener else buffered, arrived, opener is not None, limits)  # type: ignore[arg-type]
+    stream = BoundedStream(opener(buffered) if opener else buffered,  # type: ignore[arg-type]
+                           arrived, opener is not None, limits)
     previous = "its first header"
-    stream.allow(MAX_HEADER_BYTES, f"{previous}: a header (with its long-name and pax records) over {size_text(MAX_HEADER_BYTES)}")
+    stream.allow(MAX_HEADER_BYTES,
+                 f"{previous}: a header (with its long-name and pax records) over {size_text(MAX_HEADER_BYTES)}")
     try:
         tar = tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]
         while (info := tar.next()) is not None:
             tar.members = []  # a stream keeps every header it read otherwise
             name = info.name
             if not plain_member_name(name):
-                raise DatasetError(f"{url}: member {name!r} is not a plain relative name (absolute, '..', '.', an empty part, a backslash or a control character); refused")
+                raise DatasetError(f"{url}: member {name!r} is not a plain relative name (absolute, '..', '.', "
+                                   "an empty part, a backslash or a control character); refused")
             if info.size > limits.member_bytes:
-                raise DatasetError(f"{url}: member {name!r} is {size_text(info.size)}, more than data.max_member_bytes ({size_text(limits.member_bytes)})")
+                raise DatasetError(f"{url}: member {name!r} is {size_text(info.size)}, "
+                                   f"more than data.max_member_bytes ({size_text(limits.member_bytes)})")
             end = info.offset_data + info.size
             if end > limits.shard_bytes:
-                raise DatasetError(f"{url}: member {name!r} ends past data.max_shard_bytes ({size_text(limits.shard_bytes)}) of the shard")
+                raise DatasetError(f"{url}: member {name!r} ends past data.max_shard_bytes "
+                                   f"({size_text(limits.shard_bytes)}) of the shard")
             stream.allow(end, f"member {name!r}: more than its header's {info.size} bytes")
             data = None
             if info.isreg() and wanted(name):
@@ -157,7 +153,8 @@ def shard_members(raw: BinaryIO, url: str, limits: ShardLimits, wanted: Callable
                 data = member.read()
             yield name, data
             previous = f"the header after member {name!r}"
-            stream.allow(end + 2 * tarfile.BLOCKSIZE + MAX_HEADER_BYTES, f"{previous}: a header over {size_text(MAX_HEADER_BYTES)}")
+            stream.allow(end + 2 * tarfile.BLOCKSIZE + MAX_HEADER_BYTES,
+                         f"{previous}: a header over {size_text(MAX_HEADER_BYTES)}")
     except LimitReached as e:
         raise DatasetError(f"{url}: {e}") from None
 
@@ -170,12 +167,12 @@ def member_key(name: str) -> tuple[str, str] | None:
 
 
 def shard_samples(raw: BinaryIO, url: str, limits: ShardLimits, suffixes: frozenset[str]) -> Iterator[dict]:
-    """The samples of one shard as webdataset groups them ({"__key__", "__url__", suffix: bytes}):
-    consecutive members with one key; only the `suffixes` read are held, but every key counts as a
-    sample, as webdataset counts them, so the shard index's counts hold."""
+    """The samples of one shard as webdataset groups them ({"__key__", "__url__", suffix: bytes}); only
+    `suffixes` are held, but every key counts as a sample, so the shard index's counts hold."""
     sample: dict | None = None
     held: set[str] = set()  # the suffixes of the current sample, read or skipped
-    for name, data in shard_members(raw, url, limits, lambda member: (member_key(member) or ("", ""))[1] in suffixes):
+    for name, data in shard_members(raw, url, limits,
+                                    lambda member: (member_key(member) or ("", ""))[1] in suffixes):
         split = member_key(name)
         if split is None or META_MEMBER.match(name):
             continue
@@ -185,7 +182,8 @@ def shard_samples(raw: BinaryIO, url: str, limits: ShardLimits, suffixes: frozen
                 yield sample
             sample, held = {"__key__": key, "__url__": url}, set()
         if suffix in held:
-            raise DatasetError(f"{url}: member {name!r}: a second {suffix!r} of the sample {key!r} (a duplicate member)")
+            raise DatasetError(f"{url}: member {name!r}: a second {suffix!r} of the sample {key!r} "
+                               "(a duplicate member)")
         held.add(suffix)
         if data is not None:
             sample[suffix] = data

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 KARPATHY_COCO_SIZES = {"train": 113_287, "val": 5_000, "test": 5_000}  # train with restval (82,783 + 30,504)
 KARPATHY_SPLITS = ("train", "restval", "val", "test")  # the values an entry's `split` may take
-_reported: set[tuple[str, int]] = set()  # (file, mtime) whose sizes this process has logged: once, not once per split
+_reported: set[tuple[str, int]] = set()  # (file, mtime) whose sizes this process has logged, once
 
 
 def load_coco_captions(
@@ -45,28 +45,26 @@ def load_coco_captions(
 
 
 def read_coco(path: Path, what: str, lists: tuple[str, ...]) -> COCO:
-    """A pycocotools index of a COCO-format file whose top level holds the `lists` named.
-
-    Every entry is checked first, so that any malformation is one DatasetError naming the file
-    and the entry: a caption file's images need an integer `id` and a `file_name`, its
-    annotations an `image_id` of a listed image and a `caption` string; an instances file's
-    images need `height` and `width`, its categories an `id` and `name`, its annotations a
-    listed `image_id` and `category_id` and a `segmentation`. Ids must be unique.
-    """
+    """A pycocotools index of a COCO-format file whose top level holds the `lists` named; every entry
+    is checked first, so any malformation is one DatasetError naming the file and the entry."""
     data = read_json(path, what)
     if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in lists):
         raise DatasetError(f"{path}: not a {what} (needs {' and '.join(repr(k) for k in lists)} lists)")
     instances = "categories" in lists
     images = _check_entries(path, data["images"], "images", {"id": is_int, **(_SIZE if instances else _FILE)})
-    categories = _check_entries(path, data["categories"], "categories", {"id": is_int, "name": _is_str}) if instances else set()
-    fields = {"image_id": is_int, **({"category_id": is_int, "segmentation": _is_segmentation} if instances else {"caption": _is_str})}
+    categories = (_check_entries(path, data["categories"], "categories", {"id": is_int, "name": _is_str})
+                  if instances else set())
+    fields = {"image_id": is_int, **({"category_id": is_int, "segmentation": _is_segmentation} if instances
+                                     else {"caption": _is_str})}
     annotations = data["annotations"]
     _check_entries(path, annotations, "annotations", fields)
     for i, ann in enumerate(annotations):
         if ann["image_id"] not in images:
-            raise DatasetError(f"{path}: annotations[{i}] names image_id {ann['image_id']}, which 'images' does not list")
+            raise DatasetError(f"{path}: annotations[{i}] names image_id {ann['image_id']}, "
+                               "which 'images' does not list")
         if instances and ann["category_id"] not in categories:
-            raise DatasetError(f"{path}: annotations[{i}] names category_id {ann['category_id']}, which 'categories' does not list")
+            raise DatasetError(f"{path}: annotations[{i}] names category_id {ann['category_id']}, "
+                               "which 'categories' does not list")
     for i, ann in enumerate(annotations):  # pycocotools indexes annotations by id; captions may lack one
         ann.setdefault("id", -1 - i)
     coco = COCO()
@@ -98,8 +96,7 @@ _KINDS = {is_int: "an integer", _is_str: "a string", _is_positive_int: "a positi
 
 
 def _check_entries(path: Path, entries: list, name: str, fields: dict) -> set:
-    """Check that each entry is an object whose `fields` pass their checks; return the set of
-    its ids, refusing a repeated one."""
+    """Check that each entry is an object whose `fields` pass their checks; the set of ids, unique."""
     ids: dict[object, int] = {}
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
@@ -124,15 +121,9 @@ def load_karpathy(
     split_file: str | Path, image_root: str | Path, split: str, check_images: bool = True, strict: bool = False,
     max_missing: float = 1.0,
 ) -> list[ImageRecord]:
-    """Records of one split of a Karpathy file (`dataset_coco.json`, `dataset_flickr8k.json`,
-    `dataset_flickr30k.json`).
-
-    As in the papers that use these splits, `restval` images join `train`. COCO entries carry
-    `filepath` (train2014/val2014) and `cocoid`; Flickr entries carry neither (their images lie
-    directly under `image_root`), so their ids are `imgid`. Each sentence needs its `raw` string
-    or its `tokens` list; a malformed entry (a missing field, a split other than train, restval,
-    val or test) stops the load with the entry's index.
-    """
+    """Records of one split of a Karpathy file (`dataset_coco.json`, `dataset_flickr8k.json`, ...),
+    `restval` joining `train` as in the papers. Flickr entries have no `filepath` or `cocoid` (ids
+    are `imgid`); a malformed entry stops the load with its index."""
     split_file = check_file(split_file, "Karpathy split file")
     data = read_json(split_file, "Karpathy split file")
     images = data.get("images") if isinstance(data, dict) else None
@@ -161,7 +152,8 @@ def load_karpathy(
             raise DatasetError(f"{where} repeats image id {image_id} of images[{seen[image_id]}]")
         seen[image_id] = i
         if entry["split"] not in KARPATHY_SPLITS:
-            raise DatasetError(f"{where}: unknown split {entry['split']!r} (one of {', '.join(KARPATHY_SPLITS)})")
+            raise DatasetError(f"{where}: unknown split {entry['split']!r} "
+                               f"(one of {', '.join(KARPATHY_SPLITS)})")
         sizes[entry["split"]] += 1
         if entry["split"] not in wanted:
             continue
@@ -187,8 +179,9 @@ def report_split_sizes(split_file: Path, sizes: Counter[str], coco: bool) -> Non
     log.info("%s: train %d (%d train + %d restval), val %d, test %d images",
              split_file, train, sizes["train"], sizes["restval"], sizes["val"], sizes["test"])
     if coco and counted != KARPATHY_COCO_SIZES:
-        log.warning("%s: split sizes %s differ from Karpathy's COCO split (%s): a partial or modified file?", split_file,
-                    " / ".join(f"{k} {v}" for k, v in counted.items()), " / ".join(map(str, KARPATHY_COCO_SIZES.values())))
+        log.warning("%s: split sizes %s differ from Karpathy's COCO split (%s): a partial or modified file?",
+                    split_file, " / ".join(f"{k} {v}" for k, v in counted.items()),
+                    " / ".join(map(str, KARPATHY_COCO_SIZES.values())))
 
 
 def _sentence(sentence: object, where: str) -> str:
@@ -202,11 +195,8 @@ def _sentence(sentence: object, where: str) -> str:
 
 
 def coco_split_files(root: str | Path, year: int, split: str) -> tuple[Path, Path]:
-    """(caption file, image folder) of an official COCO release unpacked under `root`.
-
-    Without Karpathy's splits, train is train{year}; val and test are the two halves of
-    val{year} (see `split_coco_val`).
-    """
+    """(caption file, image folder) of an official COCO release under `root`: train is train{year},
+    val and test the two halves of val{year} (`split_coco_val`)."""
     root = Path(root)
     source = "train" if split == "train" else "val"
     return root / "annotations" / f"captions_{source}{year}.json", root / f"{source}{year}"

@@ -27,7 +27,7 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
     if split not in SPLITS:
         raise DatasetError(f"unknown split {split!r}: use train, val or test")
     root = Path(config.root)
-    policy = {"strict": config.strict, "max_missing": config.max_missing_fraction}  # images listed but not on disk
+    policy = {"strict": config.strict, "max_missing": config.max_missing_fraction}  # listed images not on disk
     if config.dataset == "shapes":
         ensure_shapes(config)
         return load_coco_captions(root / f"captions_{split}.json", root / split, check_images, **policy)
@@ -37,8 +37,9 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         records = load_coco_captions(annotations, image_root, check_images, **policy)
         return split_coco_val(records, split)
     if config.dataset == "karpathy":
-        if config.karpathy_file is None:  # validated with a config file; a model's stored one may have had it set aside
-            raise DatasetError("data.karpathy_file is not set: the Karpathy split file of this dataset is not known")
+        if config.karpathy_file is None:  # a model's stored config may have had it set aside
+            raise DatasetError("data.karpathy_file is not set: "
+                               "the Karpathy split file of this dataset is not known")
         image_root = Path(config.image_root) if config.image_root else root
         return load_karpathy(config.karpathy_file, image_root, split, check_images, **policy)
     if config.dataset == "flickr8k":
@@ -50,8 +51,8 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         from captioner.data.hf_datasets import load_hf_dataset  # `datasets` is an extra: imported when asked for
 
         return load_hf_dataset(
-            root, split, config.image_column, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed,
-            image_root=config.image_root,
+            root, split, config.image_column, config.caption_column, config.val_fraction, config.test_fraction,
+            config.split_seed, image_root=config.image_root,
         )
     if config.dataset == "webdataset":
         from captioner.data.bounded_tar import shard_limits
@@ -87,19 +88,22 @@ def split_shards(config: DataConfig, split: str) -> str:
 
 
 def seeded_split_record(config: DataConfig) -> dict | None:
-    """What training writes to splits.json when the dataset has no splits of its own and the run
-    drew them (`holdout.seeded_split`): the seed, the fractions and each split's images; else None."""
+    """What training writes to splits.json when the run drew the splits (`holdout.seeded_split`): the
+    seed, the fractions and each split's images; else None."""
     if config.dataset == "imagefolder":
-        splits = seeded_split_files(config.root, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed)
+        splits = seeded_split_files(config.root, config.caption_column, config.val_fraction, config.test_fraction,
+                                    config.split_seed)
     elif config.dataset == "hf":
         from captioner.data.hf_datasets import seeded_split_rows
 
-        splits = seeded_split_rows(config.root, config.image_column, config.caption_column, config.val_fraction, config.test_fraction, config.split_seed)
+        splits = seeded_split_rows(config.root, config.image_column, config.caption_column, config.val_fraction,
+                                   config.test_fraction, config.split_seed)
     else:
         return None
     if splits is None:
         return None
-    drawn = {"val_fraction": config.val_fraction, "test_fraction": config.test_fraction, "split_seed": config.split_seed}
+    drawn = {"val_fraction": config.val_fraction, "test_fraction": config.test_fraction,
+             "split_seed": config.split_seed}
     return {"dataset": config.dataset, "root": config.root, **drawn, **{split: splits[split] for split in SPLITS}}
 
 
@@ -108,10 +112,12 @@ def ensure_shapes(config: DataConfig) -> None:
     root = Path(config.root)
     if all((root / f"captions_{s}.json").exists() for s in SPLITS):
         return
-    if root.is_dir() and not (root / SHAPES_MARKER).exists() and any(root.iterdir()):  # never write into a user's folder unasked
+    # Never write into a user's folder unasked.
+    if root.is_dir() and not (root / SHAPES_MARKER).exists() and any(root.iterdir()):
         raise DatasetError(
             f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds other files: "
-            f"point data.root at a new or empty folder, or generate the world there with captioner data shapes --out {root}"
+            "point data.root at a new or empty folder, or generate the world there with "
+            f"captioner data shapes --out {root}"
         )
     from captioner.data.shapes import generate_shapes
 

@@ -1,18 +1,7 @@
-"""Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores.
-
-A node has about two cores per GPU; the training transform's crop, resize and jitter cost a
-worker more than the JPEG decode (docs/results/bench_loader.json). With `transform`, a worker only
-decodes (`load_image`) and ships the uint8 picture; `CaptionBatch.to` runs the same
-`ImageTransform` on the device, each image under its own seed. With `decode`, a worker only
-reads the file and checks its header with `load_image`'s rules, and the device also decodes
-the JPEGs, the whole batch in one `torchvision.io.decode_jpeg(device="cuda")` (nvjpeg) call,
-EXIF orientation applied. Files nvjpeg may not take (PNG, WebP, CMYK and progressive JPEGs,
-...) are decoded in the worker by PIL, as `load_image` does; a JPEG the device fails to decode
-is decoded by PIL instead, so a truly corrupt file is named by `load_image`'s one-line error.
-
-On the CPU the same functions run with torchvision's libjpeg decoder, which is what the tests
-check against PIL; the CUDA branch (nvjpeg) runs only on a GPU (docs/input_pipeline.md).
-"""
+"""Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores. With
+`transform` a worker only decodes and the device runs the `ImageTransform` under each item's seed;
+with `decode` the device also decodes the JPEGs (nvjpeg, one call a batch), others decoded by PIL.
+On the CPU the same code runs with libjpeg, which the tests check against PIL."""
 
 from __future__ import annotations
 
@@ -44,13 +33,13 @@ class EncodedJpeg:
 def read_for_device(
     path: str | Path | bytes, ship_jpeg: bool = True, max_pixels: int = MAX_PIXELS, name: str | None = None
 ) -> EncodedJpeg | torch.Tensor:
-    """In a worker: with `ship_jpeg`, a baseline RGB or greyscale JPEG as its bytes and EXIF
-    orientation, after `load_image`'s checks (format, size limit, from the header); any other
-    file (progressive JPEGs too, which nvjpeg's GPU backend may refuse) decoded here exactly as
-    `load_image` decodes it, as uint8 (3, H, W). Bad files raise `ImageLoadError` naming them."""
+    """In a worker: with `ship_jpeg`, a baseline RGB or greyscale JPEG as its bytes and EXIF orientation,
+    after `load_image`'s header checks; any other file (progressive JPEGs too, which nvjpeg may refuse)
+    decoded as `load_image` does, uint8 (3, H, W). Bad files raise `ImageLoadError` naming them."""
 
     def finish(image: Image.Image) -> EncodedJpeg | torch.Tensor:
-        if not ship_jpeg or image.format != "JPEG" or image.mode not in DEVICE_MODES or image.info.get("progressive"):
+        if (not ship_jpeg or image.format != "JPEG" or image.mode not in DEVICE_MODES
+                or image.info.get("progressive")):
             return pil_to_tensor(decode_rgb(image))  # (3, H, W)
         encoded = path if isinstance(path, bytes) else Path(path).read_bytes()
         data = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)  # (L,)
@@ -88,10 +77,9 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
 
 
 def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[torch.Tensor]:
-    """Decode on `device` (nvjpeg on CUDA, one call for the batch; libjpeg on the CPU) as RGB,
-    EXIF orientation applied: one uint8 (3, H, W) per image. When the batched call fails (it
-    does not say which file), each file is decoded alone, and one the device cannot decode is
-    decoded by `load_image`, whose `ImageLoadError` names a truly corrupt file."""
+    """Decode on `device` (one call a batch) as upright RGB, uint8 (3, H, W) each. When the batched
+    call fails (it names no file), each is decoded alone, falling back to `load_image`, whose
+    `ImageLoadError` names a truly corrupt file."""
     try:
         decoded = decode_jpeg([item.data for item in images], mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
@@ -125,7 +113,7 @@ def device_preprocess(requested: str, device: torch.device) -> str:
 class PendingImage:
     """A training item whose transform (and decoding) wait for the device (CaptionBatch.to)."""
 
-    source: EncodedJpeg | torch.Tensor  # a JPEG to decode there, or the uint8 (3, H, W) picture the worker decoded
+    source: EncodedJpeg | torch.Tensor  # a JPEG to decode there, or the uint8 (3, H, W) picture decoded
     transform: ImageTransform
     seed: int | None  # the item's augmentation seed (CaptionDataset's draw); None: the process's RNG
 
@@ -133,20 +121,20 @@ class PendingImage:
 def read_pending(
     path: str | Path | bytes, transform: ImageTransform, seed: int | None, ship_jpeg: bool, name: str | None = None
 ) -> PendingImage:
-    """In a worker: the file (or stored bytes) read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
+    """In a worker: the file (or bytes) read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
     return PendingImage(read_for_device(path, ship_jpeg, name=name), transform, seed)
 
 
 def transform_on_device(pending: list[PendingImage], device: torch.device | str) -> torch.Tensor:
-    """The device half of the loader: decode the JPEGs on `device` (the others came decoded),
-    then each item's transform there, its augmentation drawn from its own seed as the worker
-    would have drawn it -> uint8 (B, 3, S, S)."""
+    """The device half of the loader: decode the JPEGs on `device`, then each item's transform there,
+    its augmentation from its own seed as the worker would have drawn it -> uint8 (B, 3, S, S)."""
     jpegs = [item.source for item in pending if isinstance(item.source, EncodedJpeg)]
     decoded = iter(decode_jpegs(jpegs, device) if jpegs else [])
     images = []
     for item in pending:
         image = next(decoded) if isinstance(item.source, EncodedJpeg) else item.source.to(device)  # (3, H, W)
-        with torch.random.fork_rng(devices=[], enabled=item.seed is not None):  # crop and jitter draw from the CPU RNG, as in the worker
+        # Crop and jitter draw from the CPU RNG, as in the worker.
+        with torch.random.fork_rng(devices=[], enabled=item.seed is not None):
             if item.seed is not None:
                 torch.manual_seed(item.seed)
             images.append(item.transform(image))  # (3, S, S), on the device

@@ -1,13 +1,6 @@
 """Download and unpack the COCO and Flickr8k caption data sets (`captioner data coco|flickr8k --root DIR`).
-
-`download_coco` fetches the official images and caption annotations of one COCO year (and
-optionally Karpathy's split file) into `root/downloads/`, checks their size and MD5, and extracts
-them into `root`, so that `root/train2014/...` and `root/annotations/captions_train2014.json`
-exist. `download_flickr8k` does the same for Flickr8k's two archives, leaving the caption and
-split files at `root` and the photos in `root/Flicker8k_Dataset/`, the layout `load_flickr8k`
-reads. `download_file` is the resumable, verified single-file downloader underneath. Only the
-standard library (urllib, hashlib, zipfile) and tqdm are used.
-"""
+Archives go into `root/downloads/`, size and MD5 checked, and are extracted into `root` in the
+layout the loaders read; `download_file` is the resumable, verified downloader (urllib only)."""
 
 from __future__ import annotations
 
@@ -49,10 +42,8 @@ class RemoteFile:
     group: str  # "2014", "2017", "karpathy" (which call of `download_coco` wants it) or "flickr8k"
 
 
-# Sizes: tensorflow/datasets, tensorflow_datasets/url_checksums/coco_captions.txt (which records
-# SHA-256, not MD5). MD5s: PaddlePaddle/PaddleDetection dataset/coco/download_coco.py; the 2014
-# ones also in salesforce/LAVIS, the 2017 ones also in the MLPerf (mlcommons) COCO download
-# scripts, and the annotations_trainval2014.zip MD5 equals the S3 ETag of that object.
+# Sizes: tensorflow_datasets/url_checksums/coco_captions.txt. MD5s: PaddlePaddle/PaddleDetection
+# dataset/coco/download_coco.py (also salesforce/LAVIS for 2014, MLPerf's scripts for 2017).
 COCO_FILES: tuple[RemoteFile, ...] = (
     RemoteFile("train2014.zip", "http://images.cocodataset.org/zips/train2014.zip",
                13_510_573_713, "0da8c0bd3d6becc4dcb32757491aca88", "2014"),
@@ -68,18 +59,16 @@ COCO_FILES: tuple[RemoteFile, ...] = (
     RemoteFile("annotations_trainval2017.zip",
                "http://images.cocodataset.org/annotations/annotations_trainval2017.zip",
                252_907_541, "f4bbac642086de4f52a3fdda2de5fa2c", "2017"),
-    # No MD5 for Karpathy's archive is published anywhere credible we found, so only its size
-    # (tensorflow-datasets, as above) is checked, against the table and the server's
-    # Content-Length. It holds dataset_coco.json, dataset_flickr8k.json, dataset_flickr30k.json.
+    # No credible MD5 of Karpathy's archive is published: only its size is checked.
+    # It holds dataset_coco.json, dataset_flickr8k.json, dataset_flickr30k.json.
     RemoteFile("caption_datasets.zip",
                "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip",
                36_745_453, None, "karpathy"),
 )
 YEARS = ("2014", "2017")
 
-# The University of Illinois now hands Flickr8k out through a request form; these copies of its
-# two archives are the ones tutorials and libraries fetch. MD5s as published with them; no byte
-# sizes we could confirm, so the server's Content-Length stands in (and the MD5 decides).
+# The copies of Flickr8k's two archives that tutorials and libraries fetch, with their published
+# MD5s; no confirmed sizes, so the server's Content-Length stands in.
 _FLICKR8K_URL = "https://github.com/jbrownlee/Datasets/releases/download/Flickr8k/"
 FLICKR8K_FILES: tuple[RemoteFile, ...] = (
     # Text first: 2.3 MB that fail fast on a bad link or mirror, before the 1.1 GB of photos.
@@ -109,12 +98,8 @@ def download_file(
     md5: str | None = None,
     progress: bool = True,
 ) -> Path:
-    """Download `url` to `dest`, resuming a partial download, and verify its size and MD5.
-
-    Data goes to `dest` + ".part" and is renamed into place only once verified, so `dest` never
-    holds a partial or corrupt file. An existing `dest` of the right size (and MD5) is kept.
-    Raises `DatasetError` on HTTP errors, an unreachable host, or a checksum mismatch.
-    """
+    """Download `url` to `dest` via `dest` + ".part", resuming, renamed into place only once its size
+    and MD5 check, so `dest` is never partial; a matching `dest` is kept. Failures: `DatasetError`."""
     dest = Path(dest)
     if dest.is_file():
         if _matches(dest, expected_size, md5):
@@ -150,13 +135,8 @@ def download_coco(
     mirror: str | None = None,
     progress: bool = True,
 ) -> list[Path]:
-    """Download the COCO `year` images and caption annotations into `root` and unpack them.
-
-    Archives are kept in `root/downloads/`; each is extracted into `root`, after which a marker
-    file records what it produced, so a repeated call neither downloads nor extracts again.
-    `karpathy` also fetches Karpathy's split file. `mirror` is a base URL replacing the scheme and
-    host of every official URL. Returns the top-level paths extracted (e.g. root/train2014).
-    """
+    """Download the COCO `year` images and captions (and with `karpathy` its split file) into `root`,
+    unpacked once; `mirror` replaces every URL's scheme and host. Returns the top-level paths extracted."""
     year = str(year)
     if year not in YEARS:
         raise DatasetError(f"unknown COCO year {year!r}: choose one of {', '.join(YEARS)}")
@@ -165,14 +145,8 @@ def download_coco(
 
 
 def download_flickr8k(root: Path, mirror: str | None = None, progress: bool = True) -> list[Path]:
-    """Download Flickr8k's caption and photo archives into `root` and unpack them.
-
-    Afterwards `root` holds Flickr8k.token.txt and the split files, and the photos are in
-    root/Flicker8k_Dataset/ (the archive's spelling), which `load_flickr8k` finds by itself: the
-    root is a config's `data.root` as it stands. Archives stay in `root/downloads/`, and a
-    repeated call neither downloads nor extracts again. `mirror` is as in `download_coco`.
-    Returns the top-level paths extracted.
-    """
+    """Download Flickr8k's caption and photo archives into `root` and unpack them once, in the layout
+    `load_flickr8k` reads (root/Flicker8k_Dataset/). Returns the top-level paths extracted."""
     root = Path(root)
     extracted = _download_and_extract(FLICKR8K_FILES, root, mirror, progress)
     missing = [name for name in (TOKEN_FILE, *SPLIT_FILES.values()) if not (root / name).is_file()]
@@ -372,7 +346,8 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
             # Archives zipped on a Mac (Flickr8k_Dataset.zip) carry a __MACOSX/ tree of
             # resource forks, a "._" file per photo: nothing a reader wants, so never extracted.
             members = [m for m in zf.infolist() if not m.filename.startswith("__MACOSX/")]
-            for member in progress_bar(members, unit="file", desc=f"extracting {archive.name}", enabled=progress):
+            for member in progress_bar(members, unit="file", desc=f"extracting {archive.name}",
+                                       enabled=progress):
                 zf.extract(member, root)  # zipfile drops "..", drive and leading "/" parts
     except zipfile.BadZipFile as e:
         raise DatasetError(

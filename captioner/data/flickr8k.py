@@ -8,7 +8,8 @@ from pathlib import Path
 from captioner.core.errors import DatasetError
 from captioner.data.records import ImageRecord, drop_missing, read_text
 
-SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt", "test": "Flickr_8k.testImages.txt"}
+SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt",
+               "test": "Flickr_8k.testImages.txt"}
 TOKEN_FILE = "Flickr8k.token.txt"
 # The photos' folder under the root: ours first, then the one the official Flickr8k_Dataset.zip
 # unpacks to (its name misspelt there), so an unzipped download needs no renaming or image_root.
@@ -52,11 +53,8 @@ def load_flickr8k(
     strict: bool = False,
     max_missing: float = 1.0,
 ) -> list[ImageRecord]:
-    """Records of one official split (train, val = dev, test); `image_root` defaults to
-    `default_image_folder(root)`: root/images, or the official zip's root/Flicker8k_Dataset.
-
-    Image ids are the images' positions in the caption file, so they are stable across splits.
-    """
+    """Records of one official split (train, val = dev, test), images under `image_root` (else
+    `default_image_folder(root)`); ids are positions in the caption file, stable across splits."""
     root = Path(root)
     if split not in SPLIT_FILES:
         raise DatasetError(f"{root}: unknown Flickr8k split {split!r} (train, val or test)")

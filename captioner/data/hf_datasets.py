@@ -1,16 +1,6 @@
-"""A Hugging Face dataset on disk: a `save_to_disk` folder (Arrow files) or Parquet files, read
-through `datasets` with no network. The image column may be an `Image` feature (bytes or a
-path), raw bytes, or a file path; the caption column a string or a list of strings. A file path
-stays inside the dataset's folder (or `data.image_root`, the folder the user names for them): a
-relative path with no `..`, or an absolute one inside that folder, and in either case no link out
-of it (real paths compared); any other is refused by name, never read, as an image folder's
-metadata is (`imagefolder._inside`).
-
-Images are not copied out: each record names its row, and `DatasetImages.read` takes the bytes
-from the memory-mapped Arrow table in whichever process loads the image (DataLoader workers open
-the dataset themselves, once). Splits: the dataset's own train / validation (val, valid, dev) /
-test; a dataset with a single split (or none) is split by `holdout.seeded_split`.
-"""
+"""A Hugging Face dataset on disk (a `save_to_disk` folder or Parquet files), read with no network.
+An image path must stay inside the dataset's folder (or `data.image_root`), links included, or is
+refused unread. Records name their rows; the bytes come from the memory-mapped Arrow table."""
 
 from __future__ import annotations
 
@@ -56,12 +46,14 @@ def open_dataset(root: str) -> dict[str, Any]:
             loaded = datasets.load_dataset("parquet", data_dir=str(path))
         else:
             raise DatasetError(
-                f"{root}: not a Hugging Face dataset on disk (no {' or '.join(SAVED_MARKERS)} from save_to_disk, no .parquet files)"
+                f"{root}: not a Hugging Face dataset on disk "
+                f"(no {' or '.join(SAVED_MARKERS)} from save_to_disk, no .parquet files)"
             )
     except DatasetError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds for a damaged folder; one line names it
-        raise DatasetError(f"{root}: cannot read the Hugging Face dataset ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise DatasetError(f"{root}: cannot read the Hugging Face dataset "
+                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
 
 
@@ -76,7 +68,7 @@ class DatasetImages:
     root: str
     split: str  # the dataset's own split name
     column: str
-    image_root: str | None = None  # the folder its image paths are inside (data.image_root); None: the dataset's own
+    image_root: str | None = None  # the folder its image paths are inside (data.image_root); None: the dataset's
 
     def read(self, row: int) -> bytes:
         value = _image_column(self.root, self.split, self.column)[row].as_py()
@@ -98,7 +90,7 @@ class DatasetImages:
 
 
 def dataset_folder(root: str) -> str:
-    """The folder a dataset's relative image paths start from: `root`, or the folder of a .parquet file."""
+    """The folder a dataset's relative image paths start from: `root`, or a .parquet file's folder."""
     return str(Path(root).parent) if Path(root).is_file() else root
 
 
@@ -114,7 +106,8 @@ def image_file(value: str, folder: str, name: str) -> Path:
                                  "(set data.image_root to the folder that holds its images)")
         file = Path(inside)
     elif ".." in parts.parts:
-        raise ImageLoadError(f"{name}: the image path {value!r} leaves the dataset's folder {folder} (..); refused")
+        raise ImageLoadError(f"{name}: the image path {value!r} leaves the dataset's folder {folder} (..); "
+                             "refused")
     else:
         file = Path(folder) / parts
     target = confinement(folder).escape(file)
@@ -146,9 +139,8 @@ def load_hf_dataset(
     split_seed: int = 0,
     image_root: str | Path | None = None,
 ) -> list[ImageRecord]:
-    """The records of one split (train, val, test). Image ids number the rows split by split
-    (train, val, test) as the dataset orders them. Image paths in the dataset are read inside
-    `image_root` when given, else inside the dataset's folder."""
+    """The records of one split (train, val, test), image ids numbering the rows split by split; a
+    dataset with one split is split by `holdout.seeded_split`."""
     root = str(root)
     check_split_name(split, root)
     splits = open_dataset(root)
@@ -156,7 +148,8 @@ def load_hf_dataset(
     seeded = set(pools) == {"train"}
     key = pools["train"] if seeded else pools.get(split)
     if key is None:
-        raise DatasetError(f"{root}: no {split} split (the dataset has: {', '.join(splits)}); name one {' or '.join(SPLIT_NAMES[split])}")
+        raise DatasetError(f"{root}: no {split} split (the dataset has: {', '.join(splits)}); "
+                           f"name one {' or '.join(SPLIT_NAMES[split])}")
     captions, captioned = split_captions(root, key, splits[key], image_column, caption_column)
     if seeded:
         drawn = seeded_split(len(captioned), val_fraction, test_fraction, split_seed, f"{root} ({key})")[split]
@@ -166,13 +159,15 @@ def load_hf_dataset(
         earlier = list(SPLIT_NAMES)[: list(SPLIT_NAMES).index(split)]
         first_id = sum(len(splits[pools[s]]) for s in earlier if s in pools)  # ids run on across the splits
     images = DatasetImages(root, key, image_column, str(image_root) if image_root is not None else None)
-    records = [ImageRecord(first_id + row, Path(root) / key / str(row), captions[row], stored=images, row=row) for row in rows]
+    records = [ImageRecord(first_id + row, Path(root) / key / str(row), captions[row], stored=images, row=row)
+               for row in rows]
     if not records and not seeded:  # a drawn split may be empty (a fraction of 0, a tiny dataset)
         raise DatasetError(f"{root} ({key}): the {split} split has no row with a caption in {caption_column!r}")
     return records
 
 
-def split_captions(root: str, key: str, dataset: Any, image_column: str, caption_column: str) -> tuple[list[tuple[str, ...]], list[int]]:
+def split_captions(root: str, key: str, dataset: Any, image_column: str,
+                   caption_column: str) -> tuple[list[tuple[str, ...]], list[int]]:
     """Each row's captions, and the rows that have one (a row with no caption teaches nothing);
     a column that is not there is one DatasetError naming the columns there are."""
     missing = [c for c in (image_column, caption_column) if c not in dataset.column_names]
@@ -185,7 +180,8 @@ def split_captions(root: str, key: str, dataset: Any, image_column: str, caption
                 for row, value in enumerate(dataset.with_format("arrow")[caption_column].to_pylist())]
     captioned = [row for row, texts in enumerate(captions) if texts]
     if len(captioned) < len(captions):
-        log.warning("%s (%s): %d rows have no caption in %r; skipped", root, key, len(captions) - len(captioned), caption_column)
+        log.warning("%s (%s): %d rows have no caption in %r; skipped", root, key, len(captions) - len(captioned),
+                    caption_column)
     return captions, captioned
 
 
@@ -195,18 +191,20 @@ def _captions(value: object, where: str) -> tuple[str, ...]:
     values = value if isinstance(value, list) else [value]
     wrong = next((v for v in values if v is not None and not isinstance(v, str)), None)
     if wrong is not None:
-        raise DatasetError(f"{where} holds {type(wrong).__name__} {wrong!r}, not a caption or a list of captions; name the caption column with data.caption_column")
+        raise DatasetError(f"{where} holds {type(wrong).__name__} {wrong!r}, not a caption or a list of captions; "
+                           "name the caption column with data.caption_column")
     return tuple(v.strip() for v in values if isinstance(v, str) and v.strip())
 
 
 def seeded_split_rows(
-    root: str | Path, image_column: str, caption_column: str, val_fraction: float, test_fraction: float, split_seed: int
+    root: str | Path, image_column: str, caption_column: str, val_fraction: float, test_fraction: float,
+    split_seed: int
 ) -> dict[str, list[int]] | None:
     """The rows of each split when the dataset has one split only (training records them), else None."""
     splits = open_dataset(str(root))
     key = _split_key(splits, "train")
     if key is None or any(_split_key(splits, s) for s in ("val", "test")):
         return None
-    _, captioned = split_captions(str(root), key, splits[key], image_column, caption_column)  # read once, not once per split
+    _, captioned = split_captions(str(root), key, splits[key], image_column, caption_column)  # read once
     drawn = seeded_split(len(captioned), val_fraction, test_fraction, split_seed, f"{root} ({key})")
     return {split: [captioned[i] for i in positions] for split, positions in drawn.items()}

@@ -17,7 +17,8 @@ def held_out_count(total: int, fraction: float) -> int:
     return max(1, round(total * fraction)) if total >= 3 else 0
 
 
-def seeded_split(total: int, val_fraction: float, test_fraction: float, seed: int, source: str) -> dict[str, list[int]]:
+def seeded_split(total: int, val_fraction: float, test_fraction: float, seed: int,
+                 source: str) -> dict[str, list[int]]:
     """Positions 0..total-1 -> {train, val, test: sorted positions}: a seeded shuffle, the first
     `test` of it for testing, the next `val` for validation, the rest for training."""
     order = list(range(total))
@@ -25,7 +26,8 @@ def seeded_split(total: int, val_fraction: float, test_fraction: float, seed: in
     test = held_out_count(total, test_fraction)
     val = held_out_count(total, val_fraction)
     if total - test - val < 1:
-        raise DatasetError(f"{source}: {total} images leave none for training after {val} for validation and {test} for testing")
+        raise DatasetError(f"{source}: {total} images leave none for training after {val} for validation "
+                           f"and {test} for testing")
     return {"test": sorted(order[:test]), "val": sorted(order[test : test + val]), "train": sorted(order[test + val :])}
 
 

@@ -1,6 +1,6 @@
 """Image files read safely, the one image loader: a file, bytes or upload -> an upright 8-bit RGB
-picture, or one `ImageLoadError` naming the file. Pillow and numpy only (no torch), so the ONNX runtime
-(`captioner.deploy`) refuses the same hostile files the PyTorch path does."""
+picture, or one `ImageLoadError` naming the file. Pillow and numpy only (no torch), so the ONNX
+runtime (`captioner.deploy`) refuses the same hostile files the PyTorch path does."""
 
 from __future__ import annotations
 
@@ -17,29 +17,21 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from captioner.core.errors import ImageLoadError
 
-# A decompression bomb guard: 50 megapixels is far above any camera photo a captioner needs and
-# far below what exhausts memory when decoded (PIL's own default warns at 89 MP, errors at 179 MP).
+# A decompression bomb guard: far above any camera photo, far below what exhausts memory.
 MAX_PIXELS = 50_000_000
 
 
-# The formats the project reads. Pillow can open some forty; every other plugin is unreachable
-# from here, since some hand data to outside programs (EPS and PostScript go to Ghostscript) and
-# most are rarely exercised parsers that an upload has no reason to reach.
+# The formats the project reads; Pillow's other plugins (EPS goes to Ghostscript, most are rarely
+# exercised parsers) are unreachable from here.
 SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 _HEADER_BYTES = 64  # enough for every plugin's signature check
 
 
-def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int = MAX_PIXELS, name: str | None = None) -> Image.Image:
-    """Read an image file as an upright 8-bit RGB picture, or raise `ImageLoadError`.
-
-    Only `SUPPORTED_FORMATS` are opened; a file of another format (EPS, PDF, PSD, ICO, ...) is
-    refused by name, read only as far as its signature. EXIF orientation is applied (a malformed
-    EXIF block leaves the picture as stored); modes L, LA, P (with transparency), RGBA, CMYK,
-    LAB, 16-bit and 32-bit greyscale become RGB (transparent areas composited over white); only
-    the first frame of an animation or the first page of a TIFF is used. Zero-byte, truncated and
-    non-image files, and images over `max_pixels` (checked from the header, before decoding),
-    raise an error that names the file (`name`, for bytes read from elsewhere).
-    """
+def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int = MAX_PIXELS,
+               name: str | None = None) -> Image.Image:
+    """An image file (`SUPPORTED_FORMATS` only) as an upright 8-bit RGB picture, its first frame,
+    transparency over white; empty, truncated, non-image files and images over `max_pixels` (from the
+    header) raise one `ImageLoadError` naming the file (`name`, for bytes)."""
     return open_checked(source, decode_rgb, max_pixels, name)
 
 
@@ -54,7 +46,8 @@ T = TypeVar("T")
 
 
 def open_checked(
-    source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T], max_pixels: int = MAX_PIXELS, name: str | None = None
+    source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T], max_pixels: int = MAX_PIXELS,
+    name: str | None = None
 ) -> T:
     """`finish(image)` on the file opened with `load_image`'s checks (supported format, a
     non-empty size under `max_pixels`, read from the header only); every failure, in `finish`
@@ -97,19 +90,16 @@ def open_checked(
         ) from None
     except MemoryError:
         raise ImageLoadError(f"{name}: too large to decode in memory") from None
-    # Pillow's decoders report damaged data with any of these (struct.error from short headers,
-    # IndexError/KeyError/TypeError from inconsistent TIFF and EXIF tags): a bad file, not a bug.
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, KeyError, TypeError, ZeroDivisionError) as e:
+    # Pillow's decoders report damaged data with any of these: a bad file, not a bug.
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, KeyError, TypeError,
+            ZeroDivisionError) as e:
         reason = " ".join(str(e).split())[:200] or type(e).__name__
         raise ImageLoadError(f"{name}: corrupt or truncated image ({reason})") from None
 
 
 def open_image(source: str | Path | BinaryIO, name: str | None = None) -> Image.Image:
-    """`Image.open` restricted to `SUPPORTED_FORMATS` (header only, nothing decoded yet).
-
-    A file no supported plugin accepts is named by the format whose signature it carries, found
-    with Pillow's prefix checks alone, so no other plugin's parser ever runs on it.
-    """
+    """`Image.open` restricted to `SUPPORTED_FORMATS` (header only); another file is named by the
+    format of its signature, from Pillow's prefix checks alone, so no other parser runs on it."""
     name = name or str(source)
     try:
         return Image.open(source, formats=SUPPORTED_FORMATS)
@@ -119,7 +109,7 @@ def open_image(source: str | Path | BinaryIO, name: str | None = None) -> Image.
 
 
 def _describe_refused(source: str | Path | BinaryIO) -> str:
-    """'EPS format (by its signature), which this project does not read', or 'not an image file' for an unknown signature."""
+    """'EPS format (by its signature), which this project does not read', or 'not an image file'."""
     if isinstance(source, (str, Path)):
         with open(source, "rb") as f:
             prefix = f.read(_HEADER_BYTES)
@@ -187,10 +177,11 @@ def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
         raise ImageLoadError(f"caption: {position or 'the image'}: {e}") from None
 
 
-def picture_batches(items: Sequence[ImageInput], batch_size: int, positions: bool = True) -> Iterator[list[Image.Image]]:
-    """`items` as pictures (`picture_of`), `batch_size` at a time; with `positions`, an image that
-    does not load is named by its place in the list ("image 2 of 5"). Stops at the first such
-    image with its one-line ImageLoadError: `caption` takes a list as one request."""
+def picture_batches(items: Sequence[ImageInput], batch_size: int,
+                    positions: bool = True) -> Iterator[list[Image.Image]]:
+    """`items` as pictures (`picture_of`), `batch_size` at a time; the first image that does not load
+    stops it with one ImageLoadError, with `positions` naming its place ("image 2 of 5")."""
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
-        yield [picture_of(x, f"image {start + i + 1} of {len(items)}" if positions else None) for i, x in enumerate(chunk)]
+        yield [picture_of(x, f"image {start + i + 1} of {len(items)}" if positions else None)
+               for i, x in enumerate(chunk)]

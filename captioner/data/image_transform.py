@@ -18,14 +18,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 @dataclass(frozen=True)
 class ImageTransform:
-    """Resize to a square, as uint8 (3, S, S); the train variant adds augmentation that keeps the
-    spatial meaning of captions (a mild crop and photometric jitter, never a horizontal flip,
-    since captions say left and right; no hue change, since captions name colours).
-
-    The float conversion and normalisation run on the device, inside the encoder (its
-    `PixelNormalization`, with the backbone's own statistics): a uint8 image crosses to the
-    device in a quarter of the bytes.
-    """
+    """Resize to a square, as uint8 (3, S, S) (a quarter of float's bytes to the device, where the encoder
+    normalises); training adds a mild crop and jitter, never a flip (captions say left and right) or
+    a hue change (captions name colours)."""
 
     image_size: int
     train: bool = False
@@ -40,9 +35,8 @@ class ImageTransform:
         return _pipeline(self.image_size, self.train and self.augment)
 
     def describe(self) -> list[str]:
-        """Every step from the decoded picture to the uint8 image, as the transform objects that
-        run them state their settings: a changed step changes this description. The encoder's
-        `PixelNormalization.describe()` continues it to the encoder's input."""
+        """Every step from the decoded picture to the uint8 image, as the transform objects state
+        their settings, so a changed step changes it (`PixelNormalization.describe()` continues it)."""
         return [repr(step) for step in self.pipeline().transforms]
 
 
@@ -50,14 +44,9 @@ CROP_MIN_SCALE = 0.85  # each side of the training crop keeps at least this frac
 
 
 def crop_window(height: int, width: int, min_scale: float = CROP_MIN_SCALE) -> tuple[int, int, int, int]:
-    """A random window (top, left, h, w) inside a height x width image, from torch's RNG.
-
-    Each side keeps an independent random min_scale..1 of the image's side, so the window has
-    the photo's aspect on average (a fixed aspect range has no valid window on a 4:3 photo, and
-    torchvision's RandomResizedCrop then falls back to one centre crop every time); the position
-    is uniform over the valid ones, so the mean window centre is the image centre. At scale 1
-    the window is the whole image.
-    """
+    """A random window (top, left, h, w) from torch's RNG: each side an independent min_scale..1 of
+    the image's, so on average the photo's aspect (RandomResizedCrop's fixed aspect range finds no
+    window on a 4:3 photo), at a uniform position, so centred on average."""
     side_scales = torch.empty(2).uniform_(min_scale, 1.0)  # (2,): height, width
     h = max(1, round(height * float(side_scales[0])))
     w = max(1, round(width * float(side_scales[1])))
@@ -76,18 +65,17 @@ class RandomWindowCrop:
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         top, left, h, w = crop_window(*image.shape[-2:], self.min_scale)
-        return v2.functional.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)  # (3, S, S)
+        return v2.functional.resized_crop(image, top, left, h, w, [self.size, self.size],
+                                          antialias=True)  # (3, S, S)
 
 
 @functools.lru_cache(maxsize=None)
 def _pipeline(image_size: int, augment: bool) -> v2.Compose:
     if augment:
-        return v2.Compose([v2.PILToTensor(), RandomWindowCrop(image_size), v2.ColorJitter(brightness=0.2, contrast=0.2)])
-    # Pillow's bilinear resize of the picture, then the uint8 tensor: the resize is Pillow's own, so
-    # a runtime without torch (captioner.deploy) preprocesses to the same bytes (torchvision's
-    # tensor resize rounds a few pixels one level apart). A uint8 tensor given instead is resized
-    # by torchvision. The training crop above stays on tensors, so the device path
-    # (data/device_decode) replays it exactly; at scale 1 it is this resize to one level.
+        return v2.Compose([v2.PILToTensor(), RandomWindowCrop(image_size),
+                           v2.ColorJitter(brightness=0.2, contrast=0.2)])
+    # Pillow's own resize, so a runtime without torch (captioner.deploy) makes the same bytes; the
+    # training crop stays on tensors, so the device path (data/device_decode) replays it exactly.
     return v2.Compose([v2.Resize((image_size, image_size), antialias=True), v2.PILToTensor()])  # uint8 (3, S, S)
 
 
@@ -105,9 +93,8 @@ class PixelStatistics:
         return mean, std
 
     def describe(self) -> list[str]:
-        """The steps `normalize_images` runs with these statistics, named as the torchvision
-        transforms that compute the same numbers to the bit (tests/test_input_pipeline.py
-        holds the two together), so a store records them as it records the resize."""
+        """The steps `normalize_images` runs, named as the torchvision transforms that compute the
+        same numbers to the bit, so a store records them as it records the resize."""
         return [repr(v2.ToDtype(torch.float32, scale=True)), repr(v2.Normalize(list(self.mean), list(self.std)))]
 
 
@@ -115,13 +102,8 @@ IMAGENET = PixelStatistics(IMAGENET_MEAN, IMAGENET_STD)
 
 
 class PixelNormalization(nn.Module):
-    """uint8 images -> float32 normalised with `statistics`, on the images' device.
-
-    The constants are buffers, so they live on the encoder's device and a training step copies
-    nothing from the host (v2.Normalize would make both from Python lists at every call, two
-    copies that wait for the GPU). Not persistent: state dicts, checkpoints and feature-store
-    fingerprints do not hold them (the encoder's config names the statistics).
-    """
+    """uint8 images -> float32 normalised with `statistics`, on the images' device. The constants are
+    non-persistent buffers: no host copy per step, and no state dict or fingerprint holds them."""
 
     def __init__(self, statistics: PixelStatistics) -> None:
         super().__init__()
@@ -141,13 +123,10 @@ class PixelNormalization(nn.Module):
         return f"mean={list(self.statistics.mean)}, std={list(self.statistics.std)}"
 
 
-def normalize_images(images: torch.Tensor, mean: torch.Tensor | None = None, std: torch.Tensor | None = None) -> torch.Tensor:
-    """uint8 images (..., 3, H, W) as `ImageTransform` makes them -> normalised float32, on
-    their own device; the ops of `PixelStatistics.describe()` in its order (x * (1/255), then
-    (x - mean) / std), so the numbers are bit-identical to torchvision's on the CPU.
-
-    `mean` and `std` (3, 1, 1), on the images' device (`PixelNormalization` keeps them as
-    buffers). Default: ImageNet's, made here."""
+def normalize_images(images: torch.Tensor, mean: torch.Tensor | None = None,
+                     std: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 images (..., 3, H, W) -> float32 (x * (1/255) - mean) / std, bit-identical to torchvision's
+    on the CPU; `mean` and `std` (3, 1, 1) on the images' device, ImageNet's by default."""
     if images.dtype != torch.uint8:
         raise TypeError(f"normalize_images: expected uint8 images, got {images.dtype}")
     if mean is None or std is None:

@@ -1,16 +1,7 @@
-"""Your own photographs and captions in Hugging Face's `imagefolder` layout: images beside a
-`metadata.jsonl` or `metadata.csv` whose `file_name` column names each image (relative to the
-metadata file, and never out of its folder, through a link either) and whose caption column
-(`text` unless `data.caption_column` says otherwise) holds
-a caption, or a list of them; an image on several rows gathers all their captions.
-
-Splits: `train/`, `validation/` (or `val/`, `valid/`, `dev/`) and `test/` folders, each with its
-metadata file, or one metadata file at the root whose file names all start with those folders;
-otherwise every image is in one pool and `holdout.seeded_split` draws val and test from it.
-
-Read here rather than through `datasets.load_dataset("imagefolder")`: one small text file and
-the files it names need no Arrow cache, no extra install, and keep repeated rows as one image.
-"""
+"""Your own photographs and captions in Hugging Face's `imagefolder` layout. A `metadata.jsonl` or
+`.csv` names each image in `file_name` (never out of its folder, links included) beside its caption
+column; splits come from train/validation/test folders, else `holdout.seeded_split`. Read here, not
+through `datasets`: no Arrow cache, no extra install."""
 
 from __future__ import annotations
 
@@ -65,7 +56,8 @@ def read_metadata(path: Path, caption_column: str) -> Rows:
                 skipped += 1
                 continue
             if not isinstance(text_value, str):
-                raise DatasetError(f"{path}:{line}: '{caption_column}' holds {type(text_value).__name__} {text_value!r}, not a caption or a list of captions")
+                raise DatasetError(f"{path}:{line}: '{caption_column}' holds {type(text_value).__name__} "
+                                   f"{text_value!r}, not a caption or a list of captions")
             found.append(text_value.strip())
     if not captions:
         raise DatasetError(f"{path}: no rows")
@@ -74,7 +66,7 @@ def read_metadata(path: Path, caption_column: str) -> Rows:
             f"{path}: no caption column {caption_column!r} (columns: {', '.join(sorted(columns))}); "
             "name yours with data.caption_column"
         )
-    captioned = {name: texts for name, texts in captions.items() if texts}  # an image with no caption teaches nothing
+    captioned = {name: texts for name, texts in captions.items() if texts}  # no caption teaches nothing
     if not captioned:
         raise DatasetError(f"{path}: no row has a caption in {caption_column!r}")
     return Rows(path, captioned, skipped)
@@ -98,7 +90,8 @@ def _jsonl_rows(path: Path, text: str) -> list[tuple[int, dict]]:
 def _csv_rows(path: Path, text: str) -> list[tuple[int, dict]]:
     reader = csv.DictReader(io.StringIO(text))
     if not reader.fieldnames or "file_name" not in reader.fieldnames:
-        raise DatasetError(f"{path}:1: the header has no 'file_name' column (columns: {', '.join(reader.fieldnames or [])})")
+        raise DatasetError(f"{path}:1: the header has no 'file_name' column "
+                           f"(columns: {', '.join(reader.fieldnames or [])})")
     return [(reader.line_num, {k: v for k, v in row.items() if k is not None}) for row in reader]
 
 
@@ -107,7 +100,8 @@ def _inside(path: Path, line: int, name: str, folder: Confinement) -> str:
     link that leads out of it (real paths compared)."""
     parts = PurePosixPath(name.replace("\\", "/"))
     if parts.is_absolute() or ".." in parts.parts:
-        raise DatasetError(f"{path}:{line}: file_name {name!r} leaves the image folder (use a path relative to {path.name})")
+        raise DatasetError(f"{path}:{line}: file_name {name!r} leaves the image folder "
+                           f"(use a path relative to {path.name})")
     target = folder.escape(parts.as_posix())
     if target is not None:
         raise DatasetError(
@@ -162,7 +156,8 @@ def load_imagefolder(
         earlier = list(SPLIT_FOLDERS)[: list(SPLIT_FOLDERS).index(split)]
         first_id = sum(len(pools[s].captions) for s in earlier if s in pools)  # ids run on across the splits
         rows = pools[split]
-        records = [ImageRecord(first_id + i, rows.source.parent / n, tuple(c)) for i, (n, c) in enumerate(rows.captions.items())]
+        records = [ImageRecord(first_id + i, rows.source.parent / n, tuple(c))
+                   for i, (n, c) in enumerate(rows.captions.items())]
     if rows.skipped:
         log.warning("%s: %d rows have no caption in %r; skipped", rows.source, rows.skipped, caption_column)
     return drop_missing(records, str(rows.source), strict, max_missing) if check_images else records
@@ -173,18 +168,22 @@ def _pools(root: Path, caption_column: str) -> dict[str, Rows]:
     folders, or {'all': the root file's rows} when there are no splits."""
     folders = split_layout(root)
     if folders:
-        return {split: read_metadata(metadata_file(folder), caption_column) for split, folder in folders.items()}  # type: ignore[arg-type]
+        return {split: read_metadata(metadata_file(folder), caption_column)  # type: ignore[arg-type]
+                for split, folder in folders.items()}
     path = metadata_file(root)
     if path is None:
-        raise DatasetError(f"{root}: no metadata.jsonl or metadata.csv (file_name and {caption_column!r} columns) here or in train/, validation/, test/")
+        raise DatasetError(f"{root}: no metadata.jsonl or metadata.csv (file_name and {caption_column!r} columns) "
+                           "here or in train/, validation/, test/")
     rows = read_metadata(path, caption_column)
-    by_folder = {split: {n: c for n, c in rows.captions.items() if n.split("/", 1)[0] in names} for split, names in SPLIT_FOLDERS.items()}
+    by_folder = {split: {n: c for n, c in rows.captions.items() if n.split("/", 1)[0] in names}
+                 for split, names in SPLIT_FOLDERS.items()}
     if sum(len(v) for v in by_folder.values()) == len(rows.captions) and len(rows.captions) > 0:
         return {split: Rows(path, captions, rows.skipped) for split, captions in by_folder.items() if captions}
     return {"all": rows}
 
 
-def seeded_split_files(root: str | Path, caption_column: str, val_fraction: float, test_fraction: float, split_seed: int) -> dict[str, list[str]] | None:
+def seeded_split_files(root: str | Path, caption_column: str, val_fraction: float, test_fraction: float,
+                       split_seed: int) -> dict[str, list[str]] | None:
     """The file names of each split when the folder has no split folders (the split training
     records in its run folder), else None."""
     pools = _pools(Path(root), caption_column)

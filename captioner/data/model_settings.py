@@ -1,23 +1,7 @@
-"""Settings that travel with a model are data: what a model's stored config may make this
-program read (a checkpoint's config, an export's training_config, a Hub repository's).
-
-A stored data section still says which dataset the model learnt from, its columns, its split
-fractions and seed, and every number; it names no place the user did not. Set aside, whatever
-holds the config:
-- the shard patterns (data.train_shards, val_shards, test_shards): webdataset opens each with
-  gopen, where a `pipe:` pattern is a shell command and an http(s) one runs curl;
-- any other place written as a URL or a command (`pipe:`, `http://`, `s3://`, `file:` ...).
-Set aside too, unless the config is a checkpoint's that lies in the run folder it was written to
-(the user's own run, read where it trained: `keep_local_places`):
-- a place outside the working folder: an absolute path, a `..`, a `~`, a control character;
-- a place inside it that a link leads out of: judged by real paths (`core/confinement.py`).
-A key set aside takes its default (the project's own: data/shapes, or none) and one log line names
-it. A command that would read it (`StoredSettings.load_split`) refuses in one line naming the key
-for the user to give; the demo's examples and an export's card and figure go without.
-
-The user's own config and command line keep every feature: the keys in `named` (the user's
-data.KEY=VALUE overrides) are the user's, never set aside.
-"""
+"""Settings that travel with a model are data: what a model's stored config may make this program
+read. Its dataset, columns and numbers are kept, but shard patterns (webdataset may run them as
+commands), URLs and commands, and (unless `keep_local_places`) paths or links out of the working
+folder are set aside to their defaults, with one log line; the user's own keys (`named`) are kept."""
 
 from __future__ import annotations
 
@@ -55,7 +39,7 @@ class StoredSettings:
 
     def unreadable(self, split: str) -> list[str]:
         """The keys set aside that `load_split(config.data, split)` would read."""
-        from captioner.data.datasets import split_places  # the loaders' stack (pycocotools) only when data is read
+        from captioner.data.datasets import split_places  # the loaders (pycocotools) only when data is read
 
         places = split_places(self.config.data, split)
         return [key for key in self.set_aside if key.removeprefix("data.") in places]
@@ -100,16 +84,18 @@ def place_problem(key: str, value: str, keep_local_places: bool) -> str | None:
     if keep_local_places:
         return None
     if outside_working_folder(value):
-        return "a path outside the working folder, which only a checkpoint in the run folder it was written to may name"
+        return ("a path outside the working folder, which only a checkpoint in the run folder it was written to "
+                "may name")
     target = escapes(value, os.getcwd())
     if target is not None:
         return f"a link in the working folder that leads outside it, to {shown(target)}"
     return None
 
 
-def stored_settings(config: Config, source: str, keep_local_places: bool = False, named: Collection[str] = ()) -> StoredSettings:
+def stored_settings(config: Config, source: str, keep_local_places: bool = False,
+                    named: Collection[str] = ()) -> StoredSettings:
     """`config` as a model stored it, with what it may not name set aside (the module's rules);
-    the dotted keys of `named` are the user's own and kept. Logs one line when anything is set aside."""
+    the dotted keys of `named` are the user's own and kept."""
     set_aside: dict[str, str] = {}
     reasons: dict[str, str] = {}
     for key in (*SHARD_KEYS, *PLACE_KEYS):

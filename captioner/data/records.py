@@ -39,19 +39,16 @@ def record_exists(record: ImageRecord) -> bool:
     return record.stored is not None or os.path.isfile(record.path)
 
 
-def drop_missing(records: list[ImageRecord], source: str, strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
-    """Keep the records whose image exists; log one line with the count of the others.
-
-    A caption file that lists images missing on disk is a real case (a partial download, a
-    subset); training on what is there is useful up to a point: past `max_missing` (a share of
-    the listed images; data.max_missing_fraction for a run) a partial copy would quietly train on
-    a different dataset, so it stops in one line. `strict` stops on any missing image.
-    """
+def drop_missing(records: list[ImageRecord], source: str, strict: bool = False,
+                 max_missing: float = 1.0) -> list[ImageRecord]:
+    """Keep the records whose image exists, logging the count of the others; past `max_missing` (a
+    share) a partial copy would quietly be another dataset, so it stops, as `strict` does on any."""
     present = [r for r in records if record_exists(r)]
     missing = len(records) - len(present)
     if records and not present:  # a moved or deleted image folder: the key that points at it
-        raise DatasetError(f"{source}: none of the {len(records)} images listed exist under {records[0].path.parent}; "
-                           "point data.root (or data.image_root, where the images lie apart from the captions) at them")
+        raise DatasetError(f"{source}: none of the {len(records)} images listed exist under "
+                           f"{records[0].path.parent}; point data.root (or data.image_root, "
+                           "where the images lie apart from the captions) at them")
     if missing:
         example = next(r.path for r in records if not record_exists(r))
         message = f"{source}: {missing} of {len(records)} images are missing on disk (e.g. {example})"
@@ -59,8 +56,9 @@ def drop_missing(records: list[ImageRecord], source: str, strict: bool = False, 
             raise DatasetError(message + "; strict mode is on")
         if missing / len(records) > max_missing and present:
             raise DatasetError(
-                f"{message}: {missing / len(records):.1%}, more than data.max_missing_fraction ({max_missing:g}) allows; "
-                f"fetch them or point data.image_root at them, or set data.max_missing_fraction=1 to use the {len(present)} there"
+                f"{message}: {missing / len(records):.1%}, more than data.max_missing_fraction ({max_missing:g}) "
+                "allows; fetch them or point data.image_root at them, or set data.max_missing_fraction=1 "
+                f"to use the {len(present)} there"
             )
         log.warning("%s; skipping them", message)
     return present
@@ -92,7 +90,8 @@ def read_json(path: str | Path, what: str) -> object:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); truncated?") from None
+        raise DatasetError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                           "truncated?") from None
 
 
 def is_int(value: object) -> bool:

@@ -1,19 +1,7 @@
-"""The training order: one shuffle per epoch from (seed, epoch), sharded over ranks, resumable.
-
-Every epoch's order is a pure function of (seed, epoch): a permutation of the dataset and one
-random draw per position, both from a generator seeded with those two numbers. So an epoch can
-be replayed after a crash and entered at any batch, and two runs with the same global batch
-see the same images in the same global batches whatever the number of processes.
-
-Global batch k is positions [k * G, (k + 1) * G) of the permutation, G = batch_size x world
-size; rank r takes every world_size-th of them starting at r. That is exactly the split of
-`torch.utils.data.DistributedSampler` followed by a per-rank batch of `batch_size`, so the
-union of the ranks' batches at step k is the single-process batch k of size G.
-
-Items are yielded as (index, draw): the dataset uses `draw` for its per-item randomness (the
-caption picked when it keeps one caption per image, the augmentation), so that randomness
-is the same in any worker process and after a resume.
-"""
+"""The training order: one shuffle per epoch from (seed, epoch), sharded over ranks, resumable. A
+permutation and a draw per position, so an epoch replays from any batch; global batch k is positions
+[k * G, (k + 1) * G), rank r taking every world_size-th from r (as DistributedSampler), so any number
+of processes sees the same batches. Items are (index, draw): per-item randomness comes from `draw`."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""The synthetic shapes world: a dataset in COCO format with ground-truth masks.
-
-Each image holds 1 to 3 coloured shapes on a textured, noisy background. No two objects in an
-image share both colour and shape, so every colour or shape word in a caption has one true
-region, and attention can be scored against the instance masks. Everything is drawn from a
-generator seeded per image, so a seed gives byte-identical files.
-
-Captions are written from templates with different frequencies, like annotators' habits: a
-common canonical phrasing (objects from left to right) and several rarer ones that reorder
-objects, invert relations, drop sizes or add framing words.
-"""
+"""The synthetic shapes world: a dataset in COCO format with ground-truth masks. 1 to 3 shapes of
+distinct (colour, shape) per image, so every colour or shape word has one true region for scoring
+attention; seeded per image (byte-identical files), captions from templates of different frequencies."""
 
 from __future__ import annotations
 
@@ -159,7 +151,8 @@ TEMPLATES: tuple[tuple[float, Template], ...] = (
     (1.5, lambda o: "a picture of " + _chain(o, True)),
     (1.0, lambda o: _chain(o[::-1], True)),  # right to left
     (1.0, lambda o: _chain(o, True) + " on a textured background"),
-    (1.0, lambda o: _with_relations(f"{NUMBER_WORDS[len(o)]} {'shape' if len(o) == 1 else 'shapes'} : " + _listing(o, True), o)),
+    (1.0, lambda o: _with_relations(
+        f"{NUMBER_WORDS[len(o)]} {'shape' if len(o) == 1 else 'shapes'} : " + _listing(o, True), o)),
     (1.0, lambda o: _with_relations("the image shows " + _listing(o, False), o)),
     (0.5, lambda o: _with_relations(_listing(o[::-1], True), o)),
 )
@@ -230,10 +223,8 @@ def generate_shapes(
     image_format: str = "jpg",
     progress: bool = True,
 ) -> dict[str, int]:
-    """Write `out/{split}/*.png`, `out/captions_{split}.json` and `out/instances_{split}.json`.
-
-    Image ids are unique across splits. Returns the number of images per split.
-    """
+    """Write `out/{split}/*.png`, `out/captions_{split}.json` and `out/instances_{split}.json`, image ids
+    unique across splits. Returns the number of images per split."""
     if image_format not in ("png", "jpg"):
         raise DatasetError(f"image format must be png or jpg, got {image_format!r}")
     if image_size < 32:
@@ -248,7 +239,8 @@ def generate_shapes(
     next_image_id, next_caption_id, next_object_id = 1, 1, 1
     bar = progress_bar(total=sum(counts.values()), desc="shapes", unit="img", enabled=progress)
     out.mkdir(parents=True, exist_ok=True)
-    (out / SHAPES_MARKER).write_text("written by captioner's shapes generator; an unfinished world here is generated again\n")
+    (out / SHAPES_MARKER).write_text("written by captioner's shapes generator; "
+                                     "an unfinished world here is generated again\n")
     for split_index, split in enumerate(SPLITS):
         (out / split).mkdir(parents=True, exist_ok=True)
         images, captions, instances = [], [], []
@@ -277,7 +269,8 @@ def generate_shapes(
                         "category_id": category_id[obj.shape],
                         "segmentation": [[v for point in polygon for v in point]],
                         "area": round(polygon_area(polygon), 2),
-                        "bbox": [round(min(xs), 2), round(min(ys), 2), round(max(xs) - min(xs), 2), round(max(ys) - min(ys), 2)],
+                        "bbox": [round(min(xs), 2), round(min(ys), 2), round(max(xs) - min(xs), 2),
+                                 round(max(ys) - min(ys), 2)],
                         "iscrowd": 0,
                         "colour": obj.colour,
                         "size": obj.size,

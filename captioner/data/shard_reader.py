@@ -1,18 +1,7 @@
-"""WebDataset shards read: the shard set and each shard's sample count, the samples read member
-by member within limits, a sample's fields, and a whole split read into records.
-
-The shards are what img2dataset (or `captioner data shards`) writes: `00000.tar` holding
-`key.jpg` (or .png/.webp), `key.txt` and optionally `key.json` (with "captions", a list, or
-"caption"). They are given as a brace pattern of local paths, http(s) URLs or `pipe:` commands
-(`https://host/cc3m/{00000..00331}.tar`), opened with webdataset's `gopen` and read member by
-member within limits (`bounded_tar`: a member's size, a shard's decompressed bytes, names that stay
-relative); nothing is copied to disk. Only the user's own config names shards: a model's stored
-config never does (`model_settings`), since a `pipe:` pattern is a shell command.
-
-Each shard's sample count comes from the `shards.json` beside the shards (the wids index
-`captioner data shards` writes) or img2dataset's `<shard>_stats.json`. Streaming them to
-training is `captioner.data.streaming`.
-"""
+"""WebDataset shards read: the shard set and each shard's sample count, the samples read within
+limits (`bounded_tar`), a sample's fields, and a whole split read into records. Shards are a brace
+pattern of paths, http(s) URLs or `pipe:` commands, named only by the user's own config
+(`model_settings`); counts come from `shards.json` or img2dataset's `<shard>_stats.json`."""
 
 from __future__ import annotations
 
@@ -36,7 +25,7 @@ from captioner.data.shards import INDEX
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
-READ_SUFFIXES = frozenset((*IMAGE_SUFFIXES, "txt", "json"))  # a sample's members that are read; the others are skipped unread
+READ_SUFFIXES = frozenset((*IMAGE_SUFFIXES, "txt", "json"))  # a sample's members that are read; others skipped
 SHARD_NAME = re.compile(r"([^/\s]+)\.tar\b")  # a shard's file name inside a path, URL or pipe: command
 TIMEOUT = 30  # seconds an index read over HTTP waits for an answer
 READ_PIECE = 1 << 20  # an index is read in pieces of this many bytes
@@ -61,9 +50,8 @@ class ShardSet:
 
 
 def open_shard_set(pattern: str, what: str, limits: ShardLimits = DEFAULT_LIMITS) -> ShardSet:
-    """The shards `pattern` names (braces expanded) with their counts, read within `limits`
-    (`shard_limits(config.data)`); DatasetError in one line for an empty list, an index that does
-    not answer or a shard it does not count."""
+    """The shards `pattern` names (braces expanded) with their counts, read within `limits`; one
+    DatasetError for an empty list, an index that does not answer or a shard it does not count."""
     from webdataset.shardlists import expand_urls  # the 'data' extra
 
     urls = tuple(u for u in expand_urls(pattern.strip()) if u)
@@ -90,7 +78,8 @@ def shard_counts(urls: Iterable[str], what: str, max_bytes: int = DEFAULT_LIMITS
         stats = read_small(stats_url, "the shard's sample count", max_bytes, missing_ok=True)
         if stats is None:
             where = f"{index_url} does not list it" if listed is not None else f"no {INDEX} at {index_url}"
-            raise DatasetError(f"{url}: the shard's sample count is unknown ({where}, and no {stats_url}); write the index with captioner data shards, or keep img2dataset's _stats.json files")
+            raise DatasetError(f"{url}: the shard's sample count is unknown ({where}, and no {stats_url}); "
+                               "write the index with captioner data shards, or keep img2dataset's _stats.json files")
         try:
             counts.append(int(json.loads(stats)["successes"]))
         except (ValueError, KeyError, TypeError):
@@ -121,13 +110,14 @@ def read_index(url: str, max_bytes: int = DEFAULT_LIMITS.index_bytes) -> dict[st
         shards = json.loads(data)["shardlist"]
         return {Path(str(s["url"])).name: int(s["nsamples"]) for s in shards}
     except (ValueError, KeyError, TypeError):
-        raise DatasetError(f"{url}: not a shard index (a JSON object whose 'shardlist' has 'url' and 'nsamples' per shard)") from None
+        raise DatasetError(f"{url}: not a shard index "
+                           "(a JSON object whose 'shardlist' has 'url' and 'nsamples' per shard)") from None
 
 
-def read_small(url: str, what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes, missing_ok: bool = False) -> bytes | None:
-    """A small file beside the shards: a path, a file:// or http(s) URL, or a pipe: command, of at
-    most `max_bytes` (data.max_index_bytes). None when it is not there and `missing_ok`;
-    DatasetError when the place does not answer or the file is larger."""
+def read_small(url: str, what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes,
+               missing_ok: bool = False) -> bytes | None:
+    """A small file beside the shards (path, file:// or http(s) URL, pipe: command) of at most
+    `max_bytes`; None when absent and `missing_ok`; DatasetError when it fails or is larger."""
     if url.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
@@ -189,14 +179,14 @@ def read_at_most(stream: Any, max_bytes: int) -> bytes:
 
 def at_most(data: bytes, max_bytes: int, where: str, what: str) -> bytes:
     if len(data) > max_bytes:
-        raise DatasetError(f"{where}: {what} is larger than data.max_index_bytes ({size_text(max_bytes)}); refused")
+        raise DatasetError(f"{where}: {what} is larger than data.max_index_bytes ({size_text(max_bytes)}); "
+                           "refused")
     return data
 
 
 def read_samples(urls: Iterable[str], limits: ShardLimits = DEFAULT_LIMITS) -> Iterator[dict]:
-    """The samples of the shards in order, as webdataset groups a tar's files by key: {"__key__",
-    "__url__", suffix: bytes, ...} (the suffixes read: images, .txt, .json), each shard read within
-    `limits` (`bounded_tar`). A shard that cannot be opened or read is one DatasetError."""
+    """The samples of the shards in order, as webdataset groups them ({"__key__", "__url__", suffix:
+    bytes, ...}), within `limits`; a shard that cannot be opened or read is one DatasetError."""
     from webdataset.gopen import gopen  # the 'data' extra
 
     for url in urls:
@@ -206,7 +196,7 @@ def read_samples(urls: Iterable[str], limits: ShardLimits = DEFAULT_LIMITS) -> I
             yield from shard_samples(stream, url, limits, READ_SUFFIXES)
         except DatasetError:
             raise
-        except Exception as e:  # a curl or pipe exit, a truncated tar or gzip, a missing file: the shard is named
+        except Exception as e:  # a curl or pipe exit, a truncated tar or gzip, a missing file: named
             detail = (str(e.args[0] if e.args else e).splitlines() or [""])[0][:200]
             raise DatasetError(f"{url}: the shard cannot be read ({type(e).__name__}: {detail})") from None
         finally:
@@ -261,7 +251,8 @@ def shard_captions(shards: ShardSet, progress: bool = True) -> Iterator[str]:
     """Every caption in the shards, for the vocabulary: one pass over the shards that decodes no image."""
     from captioner.core.progress import progress_bar
 
-    for sample in progress_bar(read_samples(shards.urls, shards.limits), total=shards.samples, desc="captions", unit="sample", enabled=progress):
+    for sample in progress_bar(read_samples(shards.urls, shards.limits), total=shards.samples, desc="captions",
+                               unit="sample", enabled=progress):
         try:
             yield from sample_captions(sample)
         except BrokenSample:
@@ -269,13 +260,11 @@ def shard_captions(shards: ShardSet, progress: bool = True) -> Iterator[str]:
 
 
 def load_shard_records(shards: ShardSet, split: str, keep_images: bool = True) -> list[ImageRecord]:
-    """A split read whole into memory (validation and test sets are small): one record per
-    sample with an image and a caption, its image bytes kept unless `keep_images` is False (the
-    captions alone: statistics, a model card); the others are counted in one warning. A split held
-    whole (validation, test, or any with its images) stops past data.max_split_samples samples or
-    data.max_split_bytes bytes of images and captions."""
+    """A split read whole into memory: a record per sample with an image and a caption (image bytes
+    kept with `keep_images`), the others counted in one warning; it stops past
+    data.max_split_samples samples or data.max_split_bytes bytes."""
     images: list[bytes] = []
-    stored = InMemoryImages(images) if keep_images else None  # one for the split: every record reads its row
+    stored = InMemoryImages(images) if keep_images else None  # one for the split: each record reads its row
     records: list[ImageRecord] = []
     broken = 0
     held = 0  # image bytes kept
@@ -289,15 +278,18 @@ def load_shard_records(shards: ShardSet, split: str, keep_images: bool = True) -
         if keep_images or split != "train":  # held whole: a validation or test split, any split with its images
             held += (len(image) if keep_images else 0) + sum(len(c) for c in captions)
             if len(records) >= limits.split_samples:
-                raise DatasetError(f"{sample_name(sample)}: the {split} split holds more than data.max_split_samples ({limits.split_samples:,}) samples; refused")
+                raise DatasetError(f"{sample_name(sample)}: the {split} split holds more than "
+                                   f"data.max_split_samples ({limits.split_samples:,}) samples; refused")
             if held > limits.split_bytes:
-                raise DatasetError(f"{sample_name(sample)}: the {split} split takes more than data.max_split_bytes ({size_text(limits.split_bytes)}) in memory; refused")
-        records.append(ImageRecord(sample_image_id(sample, len(records)), Path(split) / sample["__key__"], tuple(captions),
-                                   stored=stored, row=len(images) if keep_images else 0))
+                raise DatasetError(f"{sample_name(sample)}: the {split} split takes more than "
+                                   f"data.max_split_bytes ({size_text(limits.split_bytes)}) in memory; refused")
+        records.append(ImageRecord(sample_image_id(sample, len(records)), Path(split) / sample["__key__"],
+                                   tuple(captions), stored=stored, row=len(images) if keep_images else 0))
         if keep_images:
             images.append(image)
     if broken:
-        log.warning("%s: %d of %d samples have no image or caption; left out", shards.pattern, broken, broken + len(records))
+        log.warning("%s: %d of %d samples have no image or caption; left out", shards.pattern, broken,
+                    broken + len(records))
     if not records:
         raise DatasetError(f"{shards.pattern}: no sample with an image and a caption")
     return records

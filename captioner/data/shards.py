@@ -1,13 +1,6 @@
-"""Any dataset the project reads -> WebDataset shards, as img2dataset writes them: numbered tar
-files (`00000.tar`, ...) holding `<key>.jpg` (the image's own bytes and format), `<key>.txt` (its
-first caption) and `<key>.json` (every caption, the image id and where it came from), so a local
-dataset can move to object storage and be streamed back by any WebDataset reader.
-
-Each split gets its folder, and in it `shards.json`: the shard list with each shard's sample
-count and size in the `wids` index format (`wids_version` 1), so a reader knows an epoch's length
-without opening a shard. A shard is written beside its name and renamed when complete, so a shard
-that exists is whole; an image that is unreadable or not an image is counted, logged and left out.
-"""
+"""Any dataset the project reads -> WebDataset shards, as img2dataset writes them (`<key>.jpg`,
+`.txt`, `.json`). Each split's folder gets a `shards.json` wids index of sample counts, so a reader
+knows an epoch's length unopened; shards are written atomically, a bad image is logged and left out."""
 
 from __future__ import annotations
 
@@ -25,7 +18,8 @@ from captioner.data.records import ImageRecord, image_data
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif"}  # Pillow format -> file suffix
+# Pillow format -> file suffix
+EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif"}
 INDEX = "shards.json"
 
 

@@ -1,10 +1,5 @@
 """Extracting a feature store: every image of a split encoded once into `<split>.npy`, resumably.
-
-Extraction writes in chunks and records its progress, so a crash, Ctrl-C or a full disk resumes
-where it stopped; each chunk's sha256 goes into the manifest as it is written. `extract` reads as
-its steps: plan (the manifest, new or resumed), check the disk, allocate the array, encode the
-batches (each encoded, written and recorded), and refuse a split none of whose images loaded.
-"""
+Chunks' progress and sha256 go into the manifest, so a crash, Ctrl-C or a full disk resumes there."""
 
 from __future__ import annotations
 
@@ -75,11 +70,8 @@ def extract(
     encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str, records: list[ImageRecord],
     batch_size: int, num_workers: int = 0, progress: bool = True,
 ) -> FeatureStore:
-    """Encode every image of `records` once into the store of `split`; resumes a stopped run.
-
-    Prints the size before it starts and stops with one line when the disk lacks the space.
-    Images that fail to load are recorded in the manifest and their rows left as zeros.
-    """
+    """Encode every image of `records` once into the store of `split`, resuming a stopped run; images
+    that fail to load are recorded in the manifest, their rows left as zeros."""
     check_storable(encoder)
     if not records:
         raise FeatureStoreError(f"{split}: no images to encode")
@@ -91,7 +83,8 @@ def extract(
     encoder.eval()
     encode_batches(encoder, transform, records, job, header, batch_size, num_workers, progress)
     if len(job.manifest["failed"]) == len(records):
-        raise FeatureStoreError(f"{job.manifest_path}: none of the {len(records)} {split} images could be loaded")
+        raise FeatureStoreError(f"{job.manifest_path}: none of the {len(records)} {split} images "
+                                "could be loaded")
     return FeatureStore(directory, split, job.manifest)
 
 
@@ -121,7 +114,7 @@ def new_manifest(
         "format": FORMAT, "version": VERSION, "split": split, "identity": expected,
         "grid": list(grid), "feat_dim": feat_dim, "dtype": np.dtype(DTYPE).name, "shape": list(shape),
         "image_ids": [r.image_id for r in records], "paths": [str(r.path) for r in records],
-        "rows_done": 0, "failed": [], "seconds": 0.0, "checksums": [],  # [first row, rows, sha256] per chunk written
+        "rows_done": 0, "failed": [], "seconds": 0.0, "checksums": [],  # [first row, rows, sha256] per chunk
     }
 
 
@@ -134,10 +127,12 @@ def check_disk_space(job: Extraction, directory: Path, frozen: bool) -> None:
     free = shutil.disk_usage(directory).free
     verb = f"resuming at row {start} of {shape[0]}" if start else f"{shape[0]} images"
     grid = job.manifest["grid"]
-    log.info("%s: %s -> %d x %dx%d x %d fp16 = %s in %s", job.split, verb, shape[0], *grid, shape[2], size_text(total), job.array_path)
+    log.info("%s: %s -> %d x %dx%d x %d fp16 = %s in %s", job.split, verb, shape[0], *grid, shape[2], size_text(total),
+             job.array_path)
     if needed > free:
         raise FeatureStoreError(
-            f"{directory}: the {job.split} store needs {size_text(needed)} more on disk, only {size_text(free)} is free"
+            f"{directory}: the {job.split} store needs {size_text(needed)} more on disk, "
+            f"only {size_text(free)} is free"
             + ("" if frozen else " (or train the fine-tuned encoder on the images: train.cache_features=false)")
         )
 
@@ -147,12 +142,14 @@ def allocate_array(job: Extraction) -> int:
     array back to its full size; returns where the rows start in the file."""
     if job.fresh:  # (an array left without its manifest is overwritten: nothing says what it holds)
         try:
-            np.lib.format.open_memmap(job.array_path, mode="w+", dtype=DTYPE, shape=job.shape)  # header + a sparse file, no data written
+            # a header and a sparse file, no data written
+            np.lib.format.open_memmap(job.array_path, mode="w+", dtype=DTYPE, shape=job.shape)
         except OSError as e:
             raise write_failure(job.array_path, e) from None
         write_manifest(job.manifest_path, job.manifest)
     header = npy_header_bytes(job.array_path)
-    if job.array_path.stat().st_size < header + job.total_bytes:  # cut at its last row done by a full disk: sparse again to its size
+    # Cut at its last row done by a full disk: sparse again to its size.
+    if job.array_path.stat().st_size < header + job.total_bytes:
         os.truncate(job.array_path, header + job.total_bytes)
     return header
 
@@ -164,15 +161,15 @@ def encode_batches(
     """Encode, write and record the rows from `rows_done` on, batch by batch; the manifest is
     saved every `SAVE_PROGRESS_SECONDS` and at the end, whatever stopped the loop."""
     manifest, start = job.manifest, job.manifest["rows_done"]
-    checksums = manifest.get("checksums")  # None: a store begun by an earlier version, which recorded none
+    checksums = manifest.get("checksums")  # None: a store begun by a version that recorded none
     began, saved = time.time(), time.time()
     seconds_before = manifest["seconds"]
     fd = os.open(job.array_path, os.O_WRONLY)
-    bar = progress_bar(total=len(records), initial=start, desc=f"features {job.split}", unit="img", enabled=progress, dynamic_ncols=True)
+    bar = progress_bar(total=len(records), initial=start, desc=f"features {job.split}", unit="img", enabled=progress,
+                       dynamic_ncols=True)
     try:
-        # The loader yields one batch (or None when none of its images loaded) per batch_size records.
-        # Its seed draw is taken in a fork of the global RNG, so that training goes the same way
-        # whether the store was built in this process or before.
+        # One batch (None when none of its images loaded) per batch_size records. Its seed is drawn in
+        # a fork of the global RNG, so training goes the same way whether the store is new or not.
         with torch.random.fork_rng(devices=[]):
             batches = iter(image_loader(records[start:], transform, batch_size, num_workers))
         for first in range(start, len(records), batch_size):
@@ -195,22 +192,22 @@ def encode_batches(
         manifest["seconds"] = round(seconds_before + time.time() - began, 1)
         try:
             write_manifest(job.manifest_path, manifest)  # the rows written so far count, whatever stopped us
-        except StorageError as e:  # a full disk: the manifest saved last stands, and a resume redoes the rows since
+        except StorageError as e:  # a full disk: the last manifest stands; a resume redoes the rows since
             log.warning("%s", e)
 
 
 def encode_block(
-    encoder: StoreEncoder, batch: tuple[torch.Tensor, torch.Tensor] | None, count: int, offset: int, row_shape: tuple[int, ...],
+    encoder: StoreEncoder, batch: tuple[torch.Tensor, torch.Tensor] | None, count: int, offset: int,
+    row_shape: tuple[int, ...],
 ) -> tuple[np.ndarray, set[int]]:
-    """The `count` fp16 rows of one batch of records, zeros for the images that failed to load,
-    and the positions (0..count-1) that loaded. `batch`: the loader's images and their indices,
-    which count from `offset` records before this batch's first; None when none loaded."""
+    """The `count` fp16 rows of one batch (zeros where an image failed) and the positions that loaded;
+    `batch`'s indices count from `offset` records before this batch's first (None: none loaded)."""
     block = np.zeros((count, *row_shape), dtype=DTYPE)  # (b, N, D); rows of failed images stay zero
     if batch is None:
         return block, set()
     images, indices = batch
     feats, _ = encoder.stored_part(images.to(encoder.device))  # (B, n, C)
-    feats = feats.float().clamp_(-FP16_MAX, FP16_MAX).to(torch.float16).cpu().numpy()  # (B, n, C): inf would poison a row
+    feats = feats.float().clamp_(-FP16_MAX, FP16_MAX).to(torch.float16).cpu().numpy()  # (B, n, C): no inf
     local = indices.numpy() - offset  # (B,): loader indices count from the first row of this run
     block[local] = feats
     return block, set(local.tolist())
@@ -223,13 +220,15 @@ def write_rows(fd: int, data: bytes, offset: int, array_path: Path) -> None:
         if written != len(data):  # a short write: the disk filled during it
             raise OSError(28, os.strerror(28))
     except OSError as e:
-        # The rows from `offset` on are not done: cutting the file there gives back the pages a
-        # partial write took, so that the manifest saying how far it got still fits on the disk.
+        # Cutting the file at the rows not done frees the pages a partial write took, so the
+        # manifest saying how far it got still fits on the disk.
         os.ftruncate(fd, offset)
-        raise write_failure(array_path, e, "; the rows written so far are kept: run again when there is space and it resumes") from None
+        raise write_failure(array_path, e, "; the rows written so far are kept: "
+                                           "run again when there is space and it resumes") from None
 
 
-def record_failures(manifest: dict[str, Any], records: list[ImageRecord], first: int, count: int, loaded: set[int], split: str) -> None:
+def record_failures(manifest: dict[str, Any], records: list[ImageRecord], first: int, count: int, loaded: set[int],
+                    split: str) -> None:
     """Record in the manifest, and warn about, each image of rows first..first+count-1 that did not load."""
     for i in range(count):
         if i not in loaded:
@@ -242,7 +241,8 @@ def record_failures(manifest: dict[str, Any], records: list[ImageRecord], first:
 def probe_grid(encoder: StoreEncoder, image_size: int) -> tuple[tuple[int, int], int]:
     """The grid (h, w) and width of the cells the encoder's frozen part gives at `image_size`."""
     encoder.eval()
-    cells, grid = encoder.stored_part(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, n, C)
+    cells, grid = encoder.stored_part(
+        torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, n, C)
     return grid, cells.shape[-1]
 
 

@@ -1,25 +1,7 @@
-"""The feature store's format: what an encoder's frozen blocks make, kept on disk in fp16.
-
-A frozen encoder's store holds its grids; one that fine-tunes its top blocks stores the input
-of the first block that trains (its cells on that block's grid), and training runs only the
-blocks above it on the stored rows (`Encoder.from_stored`).
-
-One split is two files in the store folder:
-
-    <split>.npy    a numpy array (rows, N, D) of float16, row i = the grid of image i
-    <split>.json   the manifest: encoder (name, settings, a fingerprint of its weights), image
-                   size and transform, grid (h, w), feature dim, dtype, the image ids and paths in
-                   row order, how many rows are written and which images failed to load
-
-This module holds the files' names, the manifest's reading and writing, and the checks that
-refuse, in one line naming the manifest and the field, a store made by another encoder, image
-size or transform, or for another list of images. Extraction is `store_extract`, reading rows
-`store_reader`, a split's features for training and evaluation `store_splits`.
-
-The store runs an encoder and names it; it takes the encoder module and the transform that makes
-its images (`StoreEncoder`, which captioner.models.encoders.Encoder is), not a whole model: the
-data layer does not import the models.
-"""
+"""The feature store's format: what an encoder's frozen blocks make, kept on disk in fp16. A split is
+`<split>.npy` (rows, N, D) and a `<split>.json` manifest naming the encoder, transform and images;
+checks refuse, in one line, a store made otherwise. It takes a `StoreEncoder`, not a model: the
+data layer does not import the models."""
 
 from __future__ import annotations
 
@@ -55,10 +37,8 @@ def store_files(directory: str | Path, split: str) -> tuple[Path, Path]:
 
 
 class StoreEncoder(Protocol):
-    """What the store needs of an encoder (captioner.models.encoders.Encoder is one): its frozen
-    part maps uint8 images (B, 3, S, S) to cells (B, n, C) and their grid, normalising them
-    itself; it says what built it, how it normalises, whether some of it is frozen (`storable`),
-    the frozen part's weights and where it runs."""
+    """What the store needs of an encoder (captioner.models.encoders.Encoder is one): its frozen part
+    maps uint8 images (B, 3, S, S) to cells (B, n, C) and their grid, normalising them itself."""
 
     config: EncoderConfig
     normalize: PixelNormalization
@@ -97,9 +77,8 @@ class EncodesImages(Protocol):
 
 
 def encoder_fingerprint(encoder: StoreEncoder) -> str:
-    """A hash of the frozen part's state dict (names, shapes, dtypes, values, batch-norm
-    statistics): what the stored rows depend on. Blocks that train change every step and are
-    left out; for a frozen encoder it is the whole state dict."""
+    """A hash of the frozen part's state dict (names, shapes, dtypes, values): what the stored rows
+    depend on. Blocks that train change every step and are left out."""
     digest = hashlib.blake2b(digest_size=16)
     for name, tensor in encoder.frozen_state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
@@ -125,15 +104,16 @@ def identity(encoder: StoreEncoder, transform: ImageTransform) -> dict[str, Any]
         "encoder.fine_tune_blocks": config.fine_tune_blocks,
         "encoder.fingerprint": encoder_fingerprint(encoder),
         "image_size": transform.image_size,
-        "transform": input_pipeline(encoder, transform),  # the real pipeline's steps: a changed one marks the store stale
+        "transform": input_pipeline(encoder, transform),  # the pipeline's steps: a changed one makes the store stale
     }
 
 
 def check_storable(encoder: StoreEncoder) -> None:
     if not encoder.storable:
         raise ConfigError(
-            "model.encoder: a feature store needs some frozen blocks (pretrained: true, fine_tune_blocks >= 0 and fewer "
-            f"than the backbone's blocks); every block of {encoder.config.name} here trains, so nothing it makes is fixed"
+            "model.encoder: a feature store needs some frozen blocks (pretrained: true, fine_tune_blocks >= 0 "
+            f"and fewer than the backbone's blocks); every block of {encoder.config.name} here trains, "
+            "so nothing it makes is fixed"
         )
 
 
@@ -162,19 +142,19 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise FeatureStoreError(f"{path}: not a captioner feature store manifest")
     if manifest.get("version") != VERSION:
-        raise FeatureStoreError(f"{path}: store format version {manifest.get('version')} is not supported (this code reads {VERSION})")
+        raise FeatureStoreError(f"{path}: store format version {manifest.get('version')} is not supported "
+                                f"(this code reads {VERSION})")
     return manifest
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(manifest)))  # a crash or full disk never leaves half a manifest
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(manifest)))  # never half a manifest
 
 
-# How stores written before the transform described its own steps named it: the square resize
-# with antialiasing and ImageNet normalisation, which ran as torchvision's tensor resize (the
-# steps below). Since the resize is Pillow's (data/images._pipeline), those features differ by
-# a level on a few pixels: such a store is stale, and is refused naming both pipelines.
-LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+# An older store's name for its transform: torchvision's tensor resize (the steps below), which
+# differs from Pillow's by a level on a few pixels, so such a store is refused naming both.
+LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406],
+                    "std": [0.229, 0.224, 0.225]}
 
 
 def stored_identity(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -187,13 +167,15 @@ def stored_identity(manifest: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
-def check_manifest(manifest_path: Path, manifest: dict[str, Any], expected: dict[str, Any], records: list[ImageRecord]) -> None:
+def check_manifest(manifest_path: Path, manifest: dict[str, Any], expected: dict[str, Any],
+                   records: list[ImageRecord]) -> None:
     """Refuse, in one line naming the file and the field, a store made otherwise or for other images."""
     hint = f"delete {manifest_path.parent} or set data.feature_store to another folder"
     stored = stored_identity(manifest)
     for key, value in expected.items():
         if stored.get(key) != value:
-            raise FeatureStoreError(f"{manifest_path}: {key} is {stored.get(key)!r} in the store but {value!r} here; {hint}")
+            raise FeatureStoreError(f"{manifest_path}: {key} is {stored.get(key)!r} in the store but {value!r} here; "
+                                    f"{hint}")
     stored, wanted = manifest["image_ids"], [r.image_id for r in records]
     if stored != wanted:
         stored_set, wanted_set = set(stored), set(wanted)
@@ -205,4 +187,5 @@ def check_manifest(manifest_path: Path, manifest: dict[str, Any], expected: dict
             else f"the split has {len(extra)} images it lacks (e.g. image {extra[0]})" if extra
             else "the images are in another order"
         )
-        raise FeatureStoreError(f"{manifest_path}: image_ids differ from the {manifest['split']} split: {detail}; {hint}")
+        raise FeatureStoreError(f"{manifest_path}: image_ids differ from the {manifest['split']} split: "
+                                f"{detail}; {hint}")

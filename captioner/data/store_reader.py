@@ -1,16 +1,6 @@
-"""Reading a finished feature store: `open_store` checks it whole, `StoreRows` reads its rows.
-
-Opening a finished store checks the array against its manifest (shape, dtype, size) and every
-chunk against the sha256 recorded when it was written, in one streamed read, so a truncated or
-damaged array is refused by name before a row is used.
-
-`StoreRows` answers `rows[i] -> (N, D)` with one positional read (`os.pread`) of the row's bytes
-from a file it opens lazily in each process (each DataLoader worker has its own), so the pages
-live in the kernel's page cache, shared by all workers, and never in the resident memory of the
-reader: a memmap would map every page it touched into the process and its resident size would
-grow towards the store's size over an epoch. Rows stay fp16 on their way to the device (half the
-bytes to copy); the model casts them to its own dtype there.
-"""
+"""Reading a finished feature store: `open_store` checks it whole, `StoreRows` reads its rows. The
+check covers shape, size and every chunk's sha256; a row is one `os.pread`, so pages stay in the
+shared page cache, not in each worker's resident memory as a memmap's would. Rows stay fp16."""
 
 from __future__ import annotations
 
@@ -79,7 +69,8 @@ class FeatureStore:
     def load(self, rows: list[int], device: torch.device) -> torch.Tensor:
         """The rows as one fp16 tensor (len(rows), N, D) on `device`, read in chunks so the host
         never holds more than a chunk beside it."""
-        out = torch.empty(len(rows), self.num_cells, self.feat_dim, dtype=torch.float16, device=device)  # (R, N, D)
+        out = torch.empty(len(rows), self.num_cells, self.feat_dim, dtype=torch.float16,
+                          device=device)  # (R, N, D)
         reader = self.rows(rows)
         chunk = max(1, (64 << 20) // self.row_bytes)  # 64 MB at a time
         for start in range(0, len(rows), chunk):
@@ -92,16 +83,15 @@ class FeatureStore:
 
 
 def check_array(store: FeatureStore) -> None:
-    """The array is what its manifest says (shape, dtype, every byte there) and, for a store
-    that records them, every chunk has the sha256 recorded when it was written: one streamed
-    read of the file. A store written before checksums is read with a warning."""
+    """The array is what its manifest says (shape, dtype, every byte there) and every chunk has its
+    recorded sha256, in one streamed read; a store without checksums is read with a warning."""
     manifest, array_path = store.manifest, store.array_path
     hint = f"run `captioner features CONFIG` again after deleting {array_path} and {store.manifest_path.name}"
     shape, dtype, _ = npy_header(array_path)
     if list(shape) != list(manifest["shape"]) or dtype != np.dtype(DTYPE):
         raise FeatureStoreError(
-            f"{array_path}: holds {dtype} {tuple(shape)}, but {store.manifest_path.name} records {manifest['dtype']} "
-            f"{tuple(manifest['shape'])}; {hint}"
+            f"{array_path}: holds {dtype} {tuple(shape)}, but {store.manifest_path.name} records "
+            f"{manifest['dtype']} {tuple(manifest['shape'])}; {hint}"
         )
     expected_bytes = store.header_bytes + store.num_rows * store.row_bytes
     found_bytes = array_path.stat().st_size
@@ -109,7 +99,8 @@ def check_array(store: FeatureStore) -> None:
         raise FeatureStoreError(f"{array_path}: {found_bytes} bytes, {expected_bytes} expected (truncated); {hint}")
     chunks = manifest.get("checksums")
     if chunks is None:
-        log.warning("%s: written without checksums (by an earlier version): it cannot be checked for damage", array_path)
+        log.warning("%s: written without checksums (by an earlier version): it cannot be checked for damage",
+                    array_path)
         return
     fd = os.open(array_path, os.O_RDONLY)
     try:
@@ -121,8 +112,8 @@ def check_array(store: FeatureStore) -> None:
             for (first, count, recorded), found in zip(chunks, pool.map(digest, chunks)):
                 if found != recorded:
                     raise FeatureStoreError(
-                        f"{array_path}: rows {first}-{first + count - 1} differ from the sha256 recorded when they were written "
-                        f"(the file is damaged or altered); {hint}"
+                        f"{array_path}: rows {first}-{first + count - 1} differ from the sha256 recorded "
+                        f"when they were written (the file is damaged or altered); {hint}"
                     )
     finally:
         os.close(fd)
@@ -144,10 +135,11 @@ def range_sha256(fd: int, offset: int, length: int) -> str:
 def open_store(
     directory: str | Path, split: str, encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord],
 ) -> FeatureStore:
-    """The complete store of `split`, checked against the encoder, its transform and the split's `records`."""
+    """The complete store of `split`, checked against the encoder, its transform and `records`."""
     array_path, manifest_path = store_files(directory, split)
     if not manifest_path.is_file() or not array_path.is_file():
-        raise FeatureStoreError(f"{manifest_path}: no feature store for {split} here (make it with `captioner features CONFIG`)")
+        raise FeatureStoreError(f"{manifest_path}: no feature store for {split} here "
+                                "(make it with `captioner features CONFIG`)")
     manifest = read_manifest(manifest_path)
     check_manifest(manifest_path, manifest, identity(encoder, transform), records)
     store = FeatureStore(directory, split, manifest)
@@ -164,10 +156,8 @@ def open_store(
 
 
 class StoreRows:
-    """Rows of a store, read on demand: `rows[i] -> (N, D)` fp16, `rows[a:b] -> (b - a, N, D)`.
-
-    The file is opened on first use in each process, so a DataLoader worker opens its own.
-    """
+    """Rows of a store, read on demand: `rows[i] -> (N, D)` fp16, `rows[a:b] -> (b - a, N, D)`; the file
+    is opened on first use in each process, so a DataLoader worker opens its own."""
 
     def __init__(self, path: Path, header: int, row_shape: tuple[int, int], rows: list[int]) -> None:
         self.path = path
@@ -202,7 +192,8 @@ class StoreRows:
         if isinstance(index, slice):
             return torch.stack([self[i] for i in range(*index.indices(len(self)))])  # (b, N, D)
         if isinstance(index, (list, np.ndarray)):
-            return StoreRows(self.path, self.header, self.row_shape, self.rows[np.asarray(index, dtype=np.int64)].tolist())
+            return StoreRows(self.path, self.header, self.row_shape,
+                             self.rows[np.asarray(index, dtype=np.int64)].tolist())
         return torch.from_numpy(self._read(self.rows[index]).copy())  # (N, D)
 
     def __del__(self) -> None:
@@ -221,13 +212,14 @@ class _RowDataset(Dataset):
         return self.features[i]
 
 
-def feature_batches(features: torch.Tensor | StoreRows, batch_size: int, num_workers: int = 0) -> Iterator[torch.Tensor]:
+def feature_batches(features: torch.Tensor | StoreRows, batch_size: int,
+                    num_workers: int = 0) -> Iterator[torch.Tensor]:
     """Consecutive batches (B, N, D) of stored rows: read by DataLoader workers from disk, or
     sliced from a tensor already in memory or on the device."""
     if isinstance(features, torch.Tensor):
         for start in range(0, len(features), batch_size):
             yield features[start : start + batch_size]  # (B, N, D)
         return
-    # Its own generator: a loader seeds its workers with a draw, which must not come from the
-    # global RNG that dropout uses (validating would change the training that follows).
-    yield from DataLoader(_RowDataset(features), batch_size=batch_size, num_workers=loader_workers(num_workers), generator=torch.Generator())
+    # Its own generator: the workers' seed must not come from the global RNG dropout uses.
+    yield from DataLoader(_RowDataset(features), batch_size=batch_size, num_workers=loader_workers(num_workers),
+                          generator=torch.Generator())

@@ -1,9 +1,5 @@
 """A split's stored features for training and evaluation: the store built when absent, its rows
-read from disk or loaded onto the device, and the grid of the encoder's output.
-
-`split_features` takes anything that holds an encoder and the transform of its images (a
-Captioner's `encoder` and `transform`).
-"""
+read from disk or loaded onto the device, and the grid of the encoder's output."""
 
 from __future__ import annotations
 
@@ -36,9 +32,8 @@ def output_grid(encoder: StoreEncoder, image_size: int) -> tuple[int, int]:
 
 @dataclass
 class SplitFeatures:
-    """What training or evaluation needs of a split's store: the records kept, their rows
-    (read from disk, or a tensor in memory or on the device), the grid of the encoder's output
-    (of the stored rows themselves when it is frozen)."""
+    """What training or evaluation needs of a split's store: the records kept, their rows (on disk,
+    or a tensor in memory or on the device), and the grid of the encoder's output."""
 
     records: list[ImageRecord]
     features: torch.Tensor | StoreRows
@@ -49,10 +44,8 @@ def split_features(
     model: EncodesImages, config: Config, split: str, records: list[ImageRecord],
     use: list[ImageRecord] | None = None, build: bool = True,
 ) -> SplitFeatures:
-    """The stored features of `use` (default: all of `records`, the whole split), the store
-    of `model.encoder` with `model.transform` (a Captioner's) built first when absent (`build`),
-    refused when stale. With `data.features_on_device` the rows are loaded onto the encoder's
-    device when they fit (on a CPU: into memory)."""
+    """The stored features of `use` (default: all `records`) from `model.encoder`'s store, built when
+    absent (`build`), refused when stale; with `data.features_on_device` loaded onto the device if they fit."""
     directory = store_dir(config)
     data = config.data
     encoder, transform = model.encoder, model.transform
@@ -62,9 +55,11 @@ def split_features(
     else:
         store = open_store(directory, split, encoder, transform, records)
     kept, rows = store.rows_of(records if use is None else use)
-    grid = store.grid if encoder.frozen else output_grid(encoder, transform.image_size)  # cells of the trunk: the top blocks pool them
+    # Fine-tuned top blocks pool the trunk's cells: their own grid.
+    grid = store.grid if encoder.frozen else output_grid(encoder, transform.image_size)
     if store.failed_rows:
-        log.warning("%s: %d images failed to load at extraction and are skipped (%s)", split, len(store.failed_rows), store.manifest_path)
+        log.warning("%s: %d images failed to load at extraction and are skipped (%s)", split, len(store.failed_rows),
+                    store.manifest_path)
     if data.features_on_device:
         need = len(rows) * store.row_bytes
         free = free_memory(device)
@@ -72,7 +67,8 @@ def split_features(
             log.info("%s: %s of features loaded onto %s", split, size_text(need), device)
             return SplitFeatures(kept, store.load(rows, device), grid)
         log.warning(
-            "%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; reading from disk",
+            "%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; "
+            "reading from disk",
             split, size_text(need), size_text(free), device,
         )
     return SplitFeatures(kept, store.rows(rows), grid)

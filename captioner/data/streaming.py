@@ -1,28 +1,9 @@
-"""WebDataset shards streamed to training: each rank and DataLoader worker reads its own shards,
-an epoch sees every sample once, and a resumed run continues where the killed one stopped.
-
-The shards, their counts and their samples are read by `captioner.data.shard_reader`.
-
-An epoch needs each shard's sample count before it starts, so that every rank takes the same
-number of steps (DDP waits for all of them at each step): from the `shards.json` beside the
-shards (the wids index `captioner data shards` writes) or img2dataset's `<shard>_stats.json`.
-
-The epoch's plan is a pure function of (seed, epoch, world size, workers):
-- the shards are permuted; rank r takes every world-th shard from r, its worker w every
-  workers-th of those from w, read in that order through a seeded shuffle buffer;
-- worker (r, w) yields floor((n - reserve) / batch) batches of its n samples, where
-  reserve = ceil(data.max_broken_fraction x n) is kept for samples that turn out broken (a bad
-  image, no caption): they are skipped and counted, and one more than the reserve stops the run;
-- every rank then takes the fewest steps any rank has (its largest workers give up batches).
-So in an epoch no sample is seen twice, and each worker leaves out fewer than batch + reserve of
-its samples, plus the imbalance between ranks (docs/training.md).
-
-Resume: each worker's position is (batches yielded, samples drawn from its shuffle buffer,
-broken so far), recorded for the batches the training loop has taken. A resumed worker replays
-its stream without decoding images up to that position, so the epoch goes on with the same
-samples in the same batches, none repeated and none skipped; only the interleaving of the
-workers' batches may differ from the killed run's.
-"""
+"""WebDataset shards streamed to training: each rank and DataLoader worker reads its own shards. The
+plan, a pure function of (seed, epoch, world, workers): permuted shards, rank r taking every world-th
+from r and its worker w every workers-th of those; worker (r, w) yields floor((n - reserve) / batch)
+batches of its n samples, reserve = ceil(data.max_broken_fraction x n) for broken ones; every rank
+takes the fewest steps any rank has (DDP), its largest workers giving up batches. A resumed worker
+replays its stream undecoded to its position (batches, drawn, broken): the epoch goes on the same."""
 
 from __future__ import annotations
 
@@ -41,7 +22,8 @@ from captioner.data.batching import CaptionBatch, collate_captions
 from captioner.data.image_files import load_image
 from captioner.data.image_transform import ImageTransform
 from captioner.data.sampler import DRAW_LIMIT, epoch_seed
-from captioner.data.shard_reader import BrokenSample, ShardSet, read_samples, sample_captions, sample_image, sample_name
+from captioner.data.shard_reader import (BrokenSample, ShardSet, read_samples, sample_captions, sample_image,
+                                         sample_name)
 from captioner.text.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -138,7 +120,8 @@ class StreamSettings:
 class StreamingCaptions(IterableDataset):
     """One rank's batches of an epoch of the shards (run in its DataLoader workers)."""
 
-    def __init__(self, shards: ShardSet, vocab: Vocabulary, transform: ImageTransform, settings: StreamSettings) -> None:
+    def __init__(self, shards: ShardSet, vocab: Vocabulary, transform: ImageTransform,
+                 settings: StreamSettings) -> None:
         self.shards = shards
         self.vocab = vocab
         self.transform = transform
@@ -151,7 +134,8 @@ class StreamingCaptions(IterableDataset):
         """The epoch's plan, made once per epoch: the training loop asks for its length every step."""
         if self._plan is None or self._plan[0] != epoch:
             s = self.settings
-            self._plan = epoch, plan_epoch(self.shards.counts, s.seed, epoch, s.world, max(1, s.workers), s.batch_size, s.max_broken)
+            self._plan = epoch, plan_epoch(self.shards.counts, s.seed, epoch, s.world, max(1, s.workers),
+                                           s.batch_size, s.max_broken)
         return self._plan[1]
 
     def __iter__(self) -> Iterator[StreamBatch | StreamFailure]:
@@ -167,7 +151,7 @@ class StreamingCaptions(IterableDataset):
         rng = random.Random(epoch_seed(s.seed, self.epoch, s.rank, worker))
         stream = shuffled(read_samples(urls, self.shards.limits), s.buffer, rng)
         try:
-            for _ in range(position.drawn):  # a resumed epoch: replay the stream up to where it stood, decoding nothing
+            for _ in range(position.drawn):  # a resumed epoch: replay the stream to where it stood, undecoded
                 next(stream)
             items, keys = [], []
             for sample in stream:
@@ -181,8 +165,9 @@ class StreamingCaptions(IterableDataset):
                     log.warning("skipping a broken sample: %s: %s", sample_name(sample), e)
                     if position.broken > allowed:
                         yield StreamFailure(
-                            f"{sample_name(sample)}: {position.broken} broken samples in {position.drawn} read by rank {s.rank}'s worker {worker}, "
-                            f"more than data.max_broken_fraction ({s.max_broken:g}) allows; fix the shards or raise the limit"
+                            f"{sample_name(sample)}: {position.broken} broken samples in {position.drawn} read by "
+                            f"rank {s.rank}'s worker {worker}, more than data.max_broken_fraction ({s.max_broken:g}) "
+                            "allows; fix the shards or raise the limit"
                         )
                         return
                     continue
@@ -196,8 +181,8 @@ class StreamingCaptions(IterableDataset):
             yield StreamFailure(str(e) or f"{self.shards.pattern}: the shards ended before their counted samples")
             return
         yield StreamFailure(
-            f"{', '.join(urls[:3])}{' ...' if len(urls) > 3 else ''}: rank {s.rank}'s worker {worker} read {position.drawn} samples, "
-            f"fewer than the index counts; the shards or their shards.json changed"
+            f"{', '.join(urls[:3])}{' ...' if len(urls) > 3 else ''}: rank {s.rank}'s worker {worker} "
+            f"read {position.drawn} samples, fewer than the index counts; the shards or their shards.json changed"
         )
 
     def item(self, sample: dict, draw: int, index: int) -> tuple[torch.Tensor, list[list[int]], int]:
@@ -232,7 +217,7 @@ class ShardStream:
     pin_memory: bool = False
     worker_init_fn: Callable[[int], None] | None = None
     taken: list[WorkerPosition] = field(default_factory=list)
-    trace: Path | None = None  # a file that gets the key of every sample trained (CAPTIONER_TRACE_SAMPLES)
+    trace: Path | None = None  # a file that gets every trained sample's key (CAPTIONER_TRACE_SAMPLES)
 
     def __post_init__(self) -> None:
         self.taken = [WorkerPosition() for _ in self.dataset.start]
@@ -250,13 +235,15 @@ class ShardStream:
         if start == 0:
             self.taken = [WorkerPosition() for _ in self.taken]
         elif sum(p.batches for p in self.taken) != start:
-            raise DatasetError(f"the stream was asked to start at batch {start}, but its workers' positions add up to {sum(p.batches for p in self.taken)}")
+            raise DatasetError(f"the stream was asked to start at batch {start}, "
+                               f"but its workers' positions add up to {sum(p.batches for p in self.taken)}")
         self.dataset.start = [WorkerPosition(**vars(p)) for p in self.taken]
         if len(self) == 0:
             s = self.dataset.settings
             raise DatasetError(
-                f"{self.dataset.shards.pattern}: {self.dataset.shards.samples} samples in {len(self.dataset.shards.urls)} shards "
-                f"give no full batch of {s.batch_size} to each of {s.world} rank(s) x {max(1, s.workers)} worker(s); use fewer workers or a smaller batch"
+                f"{self.dataset.shards.pattern}: {self.dataset.shards.samples} samples in "
+                f"{len(self.dataset.shards.urls)} shards give no full batch of {s.batch_size} to each of {s.world} "
+                f"rank(s) x {max(1, s.workers)} worker(s); use fewer workers or a smaller batch"
             )
 
     def positions(self) -> list[list[int]]:
@@ -265,7 +252,8 @@ class ShardStream:
 
     def resume(self, saved: list[list[int]], where: str) -> None:
         if len(saved) != len(self.taken):
-            raise DatasetError(f"{where}: saved with {len(saved)} loader worker(s) per rank mid-epoch; resume it with data.num_workers={len(saved)}")
+            raise DatasetError(f"{where}: saved with {len(saved)} loader worker(s) per rank mid-epoch; "
+                               f"resume it with data.num_workers={len(saved)}")
         self.taken = [WorkerPosition(*p) for p in saved]
 
     def __iter__(self) -> Iterator[CaptionBatch]:
@@ -287,4 +275,5 @@ class ShardStream:
                 trace.close()
             broken = sum(p.broken for p in self.taken)
             if broken:
-                log.warning("%d broken samples skipped in epoch %d so far (rank %d)", broken, self.dataset.epoch, self.dataset.settings.rank)
+                log.warning("%d broken samples skipped in epoch %d so far (rank %d)", broken, self.dataset.epoch,
+                            self.dataset.settings.rank)

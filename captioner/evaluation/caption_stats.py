@@ -1,17 +1,6 @@
-"""Statistics of generated captions that the n-gram metrics hide: bad endings and repetition.
-
-Users of self-critical training report captions that stop on "with a" or "of the" (bad
-endings) and captions that say the same thing twice; these rates show both, before and after.
-
-- bad ending: the caption's last word is an article, a preposition or a conjunction, from the
-  explicit lists below. Words that end English captions legitimately as adverbs or particles
-  ("looking up", "lying down", "standing outside", "walking by", "flying over") are left out,
-  so the rate counts captions that are cut off mid-phrase, not style.
-- repeated bigram: some word bigram occurs at least twice in the caption ("a dog and a dog").
-
-Words come from `captioner.text.vocab.tokenize` (lower case, the PTB tokenizer's splits), so a
-caption given as text and the same caption given as words count alike.
-"""
+"""Statistics of generated captions that the n-gram metrics hide: bad endings and repetition. Think
+of self-critical training's captions ending on "with a" (`captioner.text.endings`) or saying "a dog
+and a dog"; words come from `tokenize`, so a caption given as text or as words counts alike."""
 
 from __future__ import annotations
 
@@ -52,11 +41,11 @@ def caption_stats(captions: Iterable[str | Sequence[str]]) -> dict[str, float]:
     }
 
 
-def corpus_stats(captions: Sequence[str | Sequence[str]], training_captions: Iterable[str | Sequence[str]]) -> dict[str, float]:
-    """What a set of captions says, beside what the metrics score: `vocabulary` (distinct words
-    used), `copied_share` (captions that occur word for word among `training_captions`, the
-    memorised ones), `mean_length` and `distinct_share` (distinct captions / captions). A model that
-    describes every image with a few stock sentences scores well on BLEU and poorly here."""
+def corpus_stats(captions: Sequence[str | Sequence[str]],
+                 training_captions: Iterable[str | Sequence[str]]) -> dict[str, float]:
+    """`vocabulary` (distinct words), `copied_share` (captions found word for word in `training_captions`),
+    `mean_length` and `distinct_share` (distinct captions / captions): a model of a few stock
+    sentences scores well on BLEU and poorly here."""
     words = [tuple(words_of(c)) for c in captions]
     if not words:
         return {"captions": 0, "vocabulary": 0, "copied_share": 0.0, "mean_length": 0.0, "distinct_share": 0.0}

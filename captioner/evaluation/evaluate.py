@@ -1,12 +1,6 @@
 """Caption a split with the model's own decoding and score it: the evaluation as a library.
-
-`evaluate(model, records)` captions the images (or their stored encoder features), scores the
-captions with the official COCO metrics or the fast in-process subset, with the tutorial-style
-BLEU and the caption statistics beside them, and on request scores the attention maps against
-instance masks. Validation during training and `captioner evaluate` both caption through
-`caption_records`, so the numbers always come from captions the model wrote itself, never from
-teacher-forced outputs.
-"""
+Validation and `captioner evaluate` both caption through `caption_records`, so every number comes
+from captions the model wrote itself, never from teacher-forced outputs."""
 
 from __future__ import annotations
 
@@ -53,14 +47,8 @@ def caption_records(
     **decode_options: Any,
 ) -> dict[int, Caption]:
     """image id -> Caption for every record whose image loads (bad files are logged and skipped).
-
-    With `features` (num_records, N, D) and their `grid`, stored encoder outputs (rows of the
-    feature store, read by `num_workers` DataLoader workers, or a tensor in memory or on the
-    device) are decoded instead of the images. `decode_options` (beam size, trigram blocking,
-    diverse beam search...) go to `Captioner.decode` by name; those not given keep the model's.
-    An `Ensemble` captions the images (each member encodes them itself): stored features are
-    one encoder's, and are refused; the packed features `encode_records` made with it are not.
-    """
+    With `features` (num_records, N, D) over `grid`, stored encoder outputs are decoded instead of
+    the images; `decode_options` go to `Captioner.decode`, those not given keep the model's."""
     refuse_for_ensemble(model, features)
     model.eval()
     batch_size = batch_size or model.decode_config.batch_size
@@ -72,7 +60,8 @@ def caption_records(
         start = 0
         for feats in feature_batches(features, batch_size, num_workers):
             feats = model.stored_features(feats.to(model.device, non_blocking=True))  # (B, N, D)
-            for record, caption in zip(records[start : start + len(feats)], model.decode(feats, grid, **decode_options)):
+            for record, caption in zip(records[start : start + len(feats)],
+                                       model.decode(feats, grid, **decode_options)):
                 results[record.image_id] = caption
             start += len(feats)
             bar.update(len(feats))
@@ -90,15 +79,12 @@ def caption_records(
 
 @torch.no_grad()
 def encode_records(
-    model: Captioner | Ensemble, records: list[ImageRecord], batch_size: int | None = None, num_workers: int = 0, progress: bool = True
+    model: Captioner | Ensemble, records: list[ImageRecord], batch_size: int | None = None, num_workers: int = 0,
+    progress: bool = True
 ) -> SplitFeatures:
-    """Encode every image of `records` once, in memory, to decode the same images several ways
-    (`caption_records(features=..., grid=...)`) without encoding them again: the records whose
-    images loaded and their rows (num_loaded, n, C) on the model's device, what a feature store
-    would hold (the frozen blocks' output; the blocks that train run at each decoding), with the
-    grid of the encoder's output; an ensemble's are its packed features, (num_loaded, sum
-    N_i*D_i), each member's from its own encoder. Unlike the feature store, this works for any
-    encoder, and for an ensemble."""
+    """Encode `records`' images once, in memory, to decode them several ways: the loaded records, their
+    rows (num_loaded, n, C) on the device as a feature store would hold them, and the grid; an
+    ensemble's rows are its packed features (num_loaded, sum N_i*D_i). Works for any encoder."""
     model.eval()
     batch_size = batch_size or model.decode_config.batch_size
     kept: list[ImageRecord] = []
@@ -125,23 +111,23 @@ def encode_records(
 
 
 def refuse_for_ensemble(
-    model: Captioner | Ensemble, features: torch.Tensor | StoreRows | None = None, grounding: GroundingRequest | None = None
+    model: Captioner | Ensemble, features: torch.Tensor | StoreRows | None = None,
+    grounding: GroundingRequest | None = None
 ) -> None:
-    """What an ensemble cannot do, as a one-line ConfigError: decode stored features (they are
-    one encoder's; each member encodes the images itself; the packed features its own `encode`
-    made, kept in memory by `encode_records`, are its own) or Grad-CAM (one model's gradients)."""
+    """What an ensemble cannot do, as a one-line ConfigError: decode stored features (one encoder's;
+    its own packed ones from `encode_records` are fine) or Grad-CAM (one model's gradients)."""
     if not isinstance(model, Ensemble):
         return
     its_own = isinstance(features, torch.Tensor) and features.dim() == 2 and features.shape[1] == model.packed_width
     if features is not None and not its_own:
-        raise ConfigError("evaluate: stored features are one encoder's; an ensemble encodes the images with each member's encoder")
+        raise ConfigError("evaluate: stored features are one encoder's; "
+                          "an ensemble encodes the images with each member's encoder")
     if grounding is not None and grounding.gradcam:
         raise ConfigError("evaluate: Grad-CAM follows one model's gradients; an ensemble has several")
 
 
 def references_for(records: list[ImageRecord], captioned: Mapping[int, Any]) -> References:
-    """The reference captions of the images that were captioned (image id -> Caption or text;
-    bad files were skipped)."""
+    """The reference captions of the captioned images (`captioned`: image id -> Caption or text)."""
     return {r.image_id: list(r.captions) for r in records if r.image_id in captioned}
 
 
@@ -157,7 +143,7 @@ class Scores:
     official: bool  # pycocoevalcap with Java; else the fast in-process BLEU and CIDEr-D
     tutorial_bleu: dict[str, float]  # nltk_corpus_BLEU_1..4 on the same tokens, never the official BLEU
     caption_stats: dict[str, float]  # bad-ending and repeated-bigram rates, mean length
-    bleu_parts: BleuParts  # BLEU's factors on the same tokens: n-gram precisions, length ratio, brevity penalty
+    bleu_parts: BleuParts  # BLEU's factors on the same tokens: precisions, length ratio, brevity penalty
 
     @property
     def metrics(self) -> str:
@@ -165,8 +151,7 @@ class Scores:
         return "official (pycocoevalcap)" if self.official else "fast (in-process BLEU, CIDEr-D)"
 
     def beside_official(self) -> dict[str, dict[str, Any]]:
-        """The tutorial-style BLEU (with the label that says what it is) and the caption statistics,
-        rounded as the reports show them."""
+        """The labelled tutorial-style BLEU and the caption statistics, rounded as the reports show them."""
         return {
             "tutorial_bleu": {"label": TUTORIAL_LABEL, **rounded(self.tutorial_bleu)},
             "caption_stats": rounded(self.caption_stats),
@@ -180,10 +165,10 @@ class Scores:
         }
 
 
-def score_predictions(references: References, predictions: Predictions, official: bool = True, spice: bool = False) -> Scores:
-    """Score `predictions` against `references`: pycocoevalcap's official metrics (with SPICE when
-    `spice`; needs Java), or BLEU and CIDEr-D in process; and beside them nltk's corpus BLEU and the
-    caption statistics on the same tokens (the Java PTB tokenizer's, or `vocab.tokenize`'s)."""
+def score_predictions(references: References, predictions: Predictions, official: bool = True,
+                      spice: bool = False) -> Scores:
+    """Official metrics (Java; SPICE when `spice`) or in-process BLEU and CIDEr-D, with nltk's corpus
+    BLEU and the caption statistics beside them on the same tokens."""
     return score_predictions_many([(references, predictions)], official, spice)[0]
 
 
@@ -194,12 +179,14 @@ def score_predictions_many(
     starts its Java tools once for all of them (`score_official_many`)."""
     if official:
         runs = score_official_many(jobs, spice=spice)
-        return [_scores(run.overall, run.per_image, True, *tokenized(run.references, run.predictions), run.bleu_parts) for run in runs]
+        return [_scores(run.overall, run.per_image, True, *tokenized(run.references, run.predictions), run.bleu_parts)
+                for run in runs]
     scored = []
     for references, predictions in jobs:
         refs, preds = tokenized(references, predictions, ptb=False)
         ids = sorted(preds)
-        parts = bleu_parts(CountedCaptions.of([" ".join(preds[i]) for i in ids], [[" ".join(r) for r in refs[i]] for i in ids]))
+        parts = bleu_parts(CountedCaptions.of([" ".join(preds[i]) for i in ids],
+                                              [[" ".join(r) for r in refs[i]] for i in ids]))
         scored.append(_scores(fast_scores(references, predictions), {}, False, refs, preds, parts))
     return scored
 
@@ -223,12 +210,11 @@ class DecodedVariant:
 
 
 def decode_variants(
-    model: Captioner | Ensemble, encoded: SplitFeatures, variants: Mapping[str, Mapping[str, Any]], batch_size: int | None = None,
-    official: bool = True,
+    model: Captioner | Ensemble, encoded: SplitFeatures, variants: Mapping[str, Mapping[str, Any]],
+    batch_size: int | None = None, official: bool = True,
 ) -> Iterator[DecodedVariant]:
-    """Caption the images `encode_records` encoded once with each of `variants` (name -> decoding
-    options), then score every variant in one `score_predictions_many` (one start of the Java
-    tools for all of them)."""
+    """Caption the `encode_records` images with each of `variants` (name -> decoding options), then
+    score them all in one `score_predictions_many` (one start of the Java tools)."""
     decoded: list[tuple[str, dict[int, Caption], float]] = []
     for name, options in variants.items():
         start = time.perf_counter()
@@ -237,7 +223,8 @@ def decode_variants(
         )
         decoded.append((name, captions, time.perf_counter() - start))
         logger.info("decoded %d images with %s (%.1f s)", len(captions), name, decoded[-1][2])
-    jobs = [(references_for(encoded.records, captions), {i: c.text for i, c in captions.items()}) for _, captions, _ in decoded]
+    jobs = [(references_for(encoded.records, captions), {i: c.text for i, c in captions.items()})
+            for _, captions, _ in decoded]
     for (name, captions, seconds), scores in zip(decoded, score_predictions_many(jobs, official=official)):
         yield DecodedVariant(name, captions, scores, seconds)
 
@@ -250,7 +237,7 @@ class GroundingRequest:
     """What to score the attention maps against, and which maps."""
 
     instances: Instances  # the instance masks of the images
-    kind: str = "shapes"  # how words name objects: "shapes" (colour and shape words) or "coco" (categories)
+    kind: str = "shapes"  # how words name objects: "shapes" (colour, shape words) or "coco" (categories)
     layer: int = -1  # decoder layer of the scored maps (transformer)
     head: int | None = None  # attention head; None: the mean over heads
     gradcam: bool = False  # also score each grounded word's Grad-CAM (one gradient pass per caption)
@@ -274,8 +261,8 @@ class Grounding:
 
 
 def score_grounding(
-    model: Captioner | Ensemble, records: list[ImageRecord], captions: dict[int, Caption], request: GroundingRequest,
-    batch_size: int | None = None,
+    model: Captioner | Ensemble, records: list[ImageRecord], captions: dict[int, Caption],
+    request: GroundingRequest, batch_size: int | None = None,
 ) -> Grounding:
     """Score the attention of every object word of `captions` against the instance masks; with
     `request.gradcam` the images of `records` are encoded again for Grad-CAM."""
@@ -320,11 +307,9 @@ def evaluate(
     progress: bool = True,
     **decode_options: Any,
 ) -> Evaluation:
-    """Caption `records` (their images, or their stored `features` over `grid`, row i for record
-    i) with `decode_options`, and score the captions (`score_predictions`) and, with a
-    `grounding` request, their attention. With `results_file` the captions are written there in
-    the COCO results format as soon as they exist, so a scorer that fails loses none of them.
-    `model` may be an `Ensemble` (decoding from the images; no Grad-CAM)."""
+    """Caption `records` (or their stored `features` over `grid`, row i for record i), score the captions
+    and, with `grounding`, their attention. `results_file` gets the captions in COCO's results format
+    before scoring, so a scorer that fails loses none of them."""
     refuse_for_ensemble(model, features, grounding)  # before captioning
     captions = caption_records(model, records, batch_size, features, grid, num_workers, progress, **decode_options)
     predictions = {image_id: caption.text for image_id, caption in captions.items()}

@@ -1,11 +1,6 @@
-"""The attention grounding score: how much of a word's attention falls on the object it names.
-
-For each generated word that refers to an object (a colour or shape word in the shapes world; a
-COCO category word or a common synonym in COCO), take the attention map at that step, upsample
-it to the image, normalise it to sum 1 and add up the mass inside the object's mask. The score
-is reported next to the uniform-attention baseline, the mean area fraction of those masks: a
-map that ignores the image scores exactly the baseline.
-"""
+"""The attention grounding score: how much of a word's attention falls on the object it names. The
+map is upsampled, summing to 1, and its mass inside the object's mask (a colour or shape word in
+shapes, a COCO category word or synonym in COCO) is set beside the masks' mean area fraction."""
 
 from __future__ import annotations
 
@@ -19,14 +14,9 @@ import torch
 from captioner.core.errors import DatasetError
 from captioner.models.caption_result import Caption, upsample
 
-# COCO category -> words or phrases that name it in captions (singular and plural), after Lu et
-# al.'s Neural Baby Talk lists, trimmed to common words. Words that often name something else are
-# left out or kept only inside a phrase, since scoring them would measure attention against the
-# wrong mask: "orange" (a colour), "glass"/"glasses" (a window, spectacles), "wine", "light",
-# "sign", "stop", "traffic", "board" (any board), "bag", "computer" (a desktop is a "tv" in COCO),
-# "vehicle", "ski" (ski slope), "soccer"/"football" (a field, a player), "glove", "mouse".
-# A phrase is scored at its last word, and a word inside a phrase is not scored on its own
-# ("hot dog" is never a dog, "teddy bear" never a bear).
+# COCO category -> words or phrases that name it (after Neural Baby Talk's lists, trimmed). Words
+# that often name something else ("orange", "glass", "sign", "board", "computer") are left out or
+# kept only in a phrase. A phrase is scored at its last word, its other words not on their own.
 COCO_SYNONYMS: dict[str, tuple[str, ...]] = {
     "person": ("person", "people", "man", "men", "woman", "women", "boy", "boys", "girl", "girls", "child",
                "children", "kid", "kids", "guy", "guys", "lady", "ladies", "player", "players", "skier",
@@ -39,7 +29,8 @@ COCO_SYNONYMS: dict[str, tuple[str, ...]] = {
     "traffic light": ("traffic light", "traffic lights", "stoplight", "stoplights", "stop light", "stop lights"),
     "fire hydrant": ("hydrant", "hydrants"), "stop sign": ("stop sign", "stop signs"),
     "parking meter": ("meter", "meters"), "bench": ("bench", "benches"),
-    "bird": ("bird", "birds", "pigeon", "pigeons", "seagull", "duck", "ducks"), "cat": ("cat", "cats", "kitten", "kitty"),
+    "bird": ("bird", "birds", "pigeon", "pigeons", "seagull", "duck", "ducks"),
+    "cat": ("cat", "cats", "kitten", "kitty"),
     "dog": ("dog", "dogs", "puppy", "puppies"), "horse": ("horse", "horses", "pony"),
     "sheep": ("sheep", "lamb", "lambs"), "cow": ("cow", "cows", "cattle", "bull", "calf"),
     "elephant": ("elephant", "elephants"), "bear": ("bear", "bears"), "zebra": ("zebra", "zebras"),
@@ -64,7 +55,8 @@ COCO_SYNONYMS: dict[str, tuple[str, ...]] = {
     "mouse": ("computer mouse",), "remote": ("remote", "remotes", "controller"), "keyboard": ("keyboard", "keyboards"),
     "cell phone": ("phone", "phones", "cellphone", "cell phone"), "microwave": ("microwave", "microwaves"),
     "oven": ("oven", "ovens", "stove"), "toaster": ("toaster",), "sink": ("sink", "sinks"),
-    "refrigerator": ("refrigerator", "fridge", "refrigerators"), "book": ("book", "books"), "clock": ("clock", "clocks"),
+    "refrigerator": ("refrigerator", "fridge", "refrigerators"), "book": ("book", "books"),
+    "clock": ("clock", "clocks"),
     "vase": ("vase", "vases"), "scissors": ("scissors",), "teddy bear": ("teddy", "teddy bear", "teddy bears"),
     "hair drier": ("hair dryer", "hair drier", "blow dryer"), "toothbrush": ("toothbrush", "toothbrushes"),
 }
@@ -127,12 +119,8 @@ class Instances:
 
 
 def shapes_regions(words: list[str], objects: list[dict], categories: dict[int, str]) -> dict[int, list[dict]]:
-    """Word position -> the object a colour or shape word names in the shapes world.
-
-    A colour word names the object whose shape word follows it in the phrase ("red ... circle");
-    a shape word the object whose colour word precedes it. Words naming no object of the image
-    (a wrong caption) are not scored.
-    """
+    """Word position -> the object a colour word (with the shape word after it) or a shape word
+    (with the colour word before it) names; words naming no object of the image are not scored."""
     from captioner.data.shapes import COLOURS, SHAPES
 
     by_name = {(o["colour"], categories[o["category_id"]]): o for o in objects}
@@ -173,7 +161,8 @@ def _object_regions(caption: Caption, image_id: int, instances: Instances, kind:
     return find(caption.words, instances.objects(image_id), instances.category_names)
 
 
-def word_regions(caption: Caption, image_id: int, instances: Instances, kind: str = "shapes") -> dict[int, np.ndarray]:
+def word_regions(caption: Caption, image_id: int, instances: Instances,
+                 kind: str = "shapes") -> dict[int, np.ndarray]:
     """Word position -> (H, W) mask of the object(s) that word names, for the scored words."""
     regions = _object_regions(caption, image_id, instances, kind)
     masks = {o["id"]: instances.mask(o) for objs in regions.values() for o in objs}
@@ -208,4 +197,5 @@ def grounding_score(
             per_category[instances.category_names[objects[position][0]["category_id"]]].append((mass, area))
     if not masses:
         return GroundingReport()
-    return GroundingReport(len(masses), float(np.mean(masses)), float(np.mean(areas)), dict(per_word), dict(per_category))
+    return GroundingReport(len(masses), float(np.mean(masses)), float(np.mean(areas)), dict(per_word),
+                           dict(per_category))

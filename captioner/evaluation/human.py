@@ -1,13 +1,6 @@
 """The human ceiling: each reference caption scored against the other references of its image.
-
-A model is scored against all five references of an image, a human caption only against the
-other four, and the metrics grow with the number of references, so the two numbers are not
-comparable as they stand. `leave_one_out` puts both on the same footing: for each fold k, human
-caption k of every image is scored against the other references, and so is the model's caption,
-against those same references; each metric is the mean over the folds. The model's row here is
-therefore a little lower than its usual five-reference score, and the gap to the human row is the
-fair one (Karpathy's NeuralTalk and the COCO leaderboard's "human" row are made the same way).
-"""
+The metrics grow with the number of references, so for each fold k the model's caption is scored
+against the same references as human caption k, and each metric is the mean over the folds."""
 
 from __future__ import annotations
 
@@ -34,23 +27,22 @@ def leave_one_out(
     score: Scorer,
     predictions: Mapping[str, Mapping[int, str]] | None = None,
 ) -> LeaveOneOut:
-    """Score reference k of each image against the image's other references for every k, and each
-    model in `predictions` (name -> image id -> caption) against the same held-out sets, all in
-    one call of `score`.
-
-    Every image needs at least two references; images a model did not caption are an error, so
-    the human and model rows always cover the same images."""
+    """Score reference k of each image against its other references for every k, and each model in
+    `predictions` (name -> image id -> caption) against the same sets, in one call of `score`. Every
+    image needs two references and every model's caption, so all rows cover the same images."""
     if not references:
         raise CaptionerError("leave-one-out: no references")
     folds = min(len(refs) for refs in references.values())
     if folds < 2:
         short = next(i for i, refs in references.items() if len(refs) < 2)
-        raise CaptionerError(f"leave-one-out: image {short} has {len(references[short])} reference(s); each needs at least 2")
+        raise CaptionerError(f"leave-one-out: image {short} has {len(references[short])} reference(s); "
+                             "each needs at least 2")
     predictions = dict(predictions or {})
     for name, captions in predictions.items():
         missing = references.keys() - captions.keys()
         if missing:
-            raise CaptionerError(f"leave-one-out: {name} has no caption for {len(missing)} image(s), e.g. {min(missing)}")
+            raise CaptionerError(f"leave-one-out: {name} has no caption for {len(missing)} image(s), "
+                                 f"e.g. {min(missing)}")
 
     names = [None, *predictions]  # per fold: the held-out humans (None), then each model
     jobs: list[Job] = []

@@ -1,20 +1,6 @@
 """Looking inside a caption: per-head grounding, the pointing game and Grad-CAM against attention.
-
-Every measure here scores a map over the encoder grid (h, w) for each grounded word (a word that
-names an object with an instance mask, as found by `captioner.evaluation.grounding`):
-
-- grounding: the map upsampled to the image and normalised to sum 1; the mass inside the mask.
-  Baseline: the mask's area fraction (what a uniform map scores).
-- the pointing game (Zhang et al. 2016): a hit when the map's maximum, upsampled to the image,
-  falls in the mask dilated by `TOLERANCE` pixels. Ties (a flat map) count in expectation: the
-  fraction of the tied maximum pixels that hit. Baselines, both exact: a uniformly random pixel
-  (its hit rate is the dilated mask's area fraction) and the image centre.
-
-The maps scored are the attention of each (layer, head), the mean over each layer's heads, the
-mean over every layer and head, and optionally Grad-CAM (Selvaraju et al. 2017) of the word's
-log-probability with respect to the grid features, computed by running the decoder
-teacher-forced on the generated caption with gradients.
-"""
+Each grounded word's maps are scored (pointing: a hit when the maximum falls in the mask dilated by
+`TOLERANCE` px, Zhang et al. 2016) beside exact baselines: a uniform map, a random pixel, the centre."""
 
 from __future__ import annotations
 
@@ -41,10 +27,8 @@ def dilate(mask: torch.Tensor, radius: int = TOLERANCE) -> torch.Tensor:
 
 
 def pointing_hits(maps: torch.Tensor, dilated: torch.Tensor) -> torch.Tensor:
-    """maps (M, H, W) at image resolution, dilated (H, W) bool -> (M,) hit in [0, 1] per map.
-
-    A hit when the map's maximum lies in the dilated mask; with ties, the fraction of the tied
-    maxima that do (the expected hit of a uniform tie-break)."""
+    """maps (M, H, W) at image resolution, dilated (H, W) bool -> (M,) hit in [0, 1] per map; with
+    ties, the fraction of the tied maxima in the mask (the expected hit of a uniform tie-break)."""
     flat = maps.flatten(1)  # (M, H*W)
     top = flat.max(dim=1, keepdim=True).values  # (M, 1)
     at_max = flat >= top - 1e-7 * top.abs().clamp_min(1e-12)  # (M, H*W): float noise counts as a tie
@@ -160,11 +144,8 @@ def _score(
 
 
 def grad_cam(score: Callable[[torch.Tensor], torch.Tensor], feats: torch.Tensor) -> torch.Tensor:
-    """Grad-CAM over a grid: feats (R, N, D), score(feats) -> (R,) one scalar per row (row r's
-    score may depend on row r's features only) -> (R, N) maps.
-
-    Channel weights are the mean gradient over the cells, a_c = 1/N sum_n dS/dA_nc; the map is
-    ReLU(sum_c a_c A_nc) (Selvaraju et al. 2017, with the grid as the last feature map)."""
+    """Grad-CAM over a grid: feats (R, N, D), score(feats) -> (R,) (row r's from row r's features
+    only) -> (R, N) maps ReLU(sum_c a_c A_nc), a_c = 1/N sum_n dS/dA_nc (Selvaraju et al. 2017)."""
     feats = feats.detach().requires_grad_(True)
     with torch.enable_grad():
         scores = score(feats)  # (R,)
@@ -173,10 +154,10 @@ def grad_cam(score: Callable[[torch.Tensor], torch.Tensor], feats: torch.Tensor)
     return F.relu((weights * feats.detach()).sum(dim=-1))  # (R, N)
 
 
-def caption_grad_cam(model: Captioner, feats: torch.Tensor, caption: Caption, positions: list[int]) -> dict[int, torch.Tensor]:
-    """Grad-CAM of log p(word_t | words before t, image) for each word position t in
-    `positions`, from the decoder run teacher-forced on the caption; feats (N, D) of its image
-    -> position -> (h, w) map over the caption's grid."""
+def caption_grad_cam(model: Captioner, feats: torch.Tensor, caption: Caption,
+                     positions: list[int]) -> dict[int, torch.Tensor]:
+    """Grad-CAM of log p(word_t | words before t, image) for each t in `positions`, the decoder run
+    teacher-forced on the caption: feats (N, D) -> position -> (h, w) map."""
     if not positions:
         return {}
     h, w = caption.attn.shape[-2:]

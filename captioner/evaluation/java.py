@@ -1,14 +1,6 @@
-"""pycocoevalcap's Java side: the runtime check and the Java tools, run with bounds.
-
-The official metrics run Java programs (the PTB tokenizer, METEOR, SPICE). `run_java` runs one to
-completion within a time limit; `LineTool` keeps one running that answers lines on stdin with lines
-on stdout (METEOR's -stdio mode), and `exchange` talks to several at once. A tool that exits, or
-stays silent for `STALL_TIMEOUT_S`, becomes one `JavaToolError` naming it and what happened, and
-its process is always killed and waited for, its pipes and files closed: an evaluation leaves no
-Java process and no open file behind, whatever happens. `quiet_pycocoevalcap` sends the output of
-pycocoevalcap's own wrappers (SPICE, the reference path) to this module's logger at DEBUG level.
-SPICE's Stanford CoreNLP models are installed by `captioner.evaluation.spice_models`.
-"""
+"""pycocoevalcap's Java side: the runtime check and the Java tools, run with bounds. A tool that exits
+or stays silent too long is one `JavaToolError` naming it, and its process is always killed and
+reaped, its pipes and files closed, whatever happens."""
 
 from __future__ import annotations
 
@@ -32,25 +24,21 @@ from captioner.core.errors import CaptionerError
 
 logger = logging.getLogger(__name__)
 
-# What the official metrics need, said alike by every refusal: the version tested, the oldest
-# accepted (check_java), and the install line the quickstart gives.
-JAVA_NEEDED = "the official COCO metrics (PTB tokenizer, METEOR, SPICE) need Java 17, as tested (any Java 8+ runtime on PATH runs them)"
+# What the official metrics need, said alike by every refusal.
+JAVA_NEEDED = ("the official COCO metrics (PTB tokenizer, METEOR, SPICE) need Java 17, as tested "
+               "(any Java 8+ runtime on PATH runs them)")
 JAVA_INSTALL = "Debian/Ubuntu: apt-get install openjdk-17-jre-headless"
 JAVA_MISSING = f"Java not found: {JAVA_NEEDED}; install it ({JAVA_INSTALL})"
 
-# Java 9+ refuses the reflection that SPICE's parse cache (FST serialisation of Strings and
-# ArrayLists, with FST's default class registry) relies on, and SPICE then dies with
-# InaccessibleObjectException before scoring anything. Opening these packages to the unnamed
-# module is the smallest set that lets the cache work on Java 17 (found by running SPICE's
-# LmdbTupleDB alone); Java 8 ignores JDK_JAVA_OPTIONS.
+# Java 9+ refuses the reflection SPICE's parse cache (FST) relies on, and SPICE dies with
+# InaccessibleObjectException; these are the fewest packages to open for Java 17. Java 8 ignores them.
 _SPICE_JAVA_OPTIONS = " ".join(
     f"--add-opens=java.base/{package}=ALL-UNNAMED"
     for package in ("java.lang", "java.math", "java.util", "java.util.concurrent", "java.net", "java.text")
 )
 
-# Characters that end a line for the Java PTB tokenizer (-preserveLines) besides "\n", which
-# pycocoevalcap already replaces. One inside a caption would shift every later caption onto the
-# wrong image, so they become spaces; captions without them are passed on unchanged.
+# Line ends for the Java PTB tokenizer (-preserveLines) besides "\n": one inside a caption would
+# shift every later caption onto the wrong image, so they become spaces.
 _LINE_BREAKS = re.compile("[\r\u2028\u2029\x0b\x0c\x85]")
 
 
@@ -63,20 +51,16 @@ class JavaToolError(CaptionerError):
     """A Java tool of the official metrics died, hung or answered something unexpected."""
 
 
-# The longest a running Java tool may stay silent (no output read, no input taken) before it counts
-# as hung and is killed. METEOR is silent while it loads its paraphrase table (about 6 s on an idle
-# core, a minute on a machine loaded 10 times over), so this is generous.
+# The longest a Java tool may stay silent (no output, no input taken) before it counts as hung. METEOR
+# is silent while loading its paraphrase table (a minute on a heavily loaded core), so this is generous.
 STALL_TIMEOUT_S = 300.0
 # A tool run to completion (the PTB tokenizer) gets this long plus PER_LINE_TIMEOUT_S per input line.
 RUN_TIMEOUT_S = 120.0
 PER_LINE_TIMEOUT_S = 0.002
-# SPICE parses every caption with CoreNLP in one run: minutes for the 5,000 images of a COCO test
-# split on a few cores, so an hour without finishing means it hangs.
+# SPICE parses every caption with CoreNLP in one run: minutes for 5,000 images, so an hour means it hangs.
 SPICE_TIMEOUT_S = 3600.0
-# While many answers are still to come, `exchange` lets the pipes fill for this long between reads:
-# METEOR flushes every answer line, and waking for each (thousands a second) would take the GIL
-# from the thread computing the other metrics that often (a convoy that tripled their wall time on
-# a loaded machine). Pipes are enlarged to PIPE_BYTES so that they hold far more than that.
+# While many answers are to come, `exchange` lets the pipes (enlarged to PIPE_BYTES) fill this long
+# between reads: waking for each of METEOR's lines would take the GIL from the other metrics' thread.
 BATCH_WAIT_S = 0.05
 BATCH_MIN_LINES = 256
 PIPE_BYTES = 1 << 20
@@ -91,9 +75,8 @@ def java_executable() -> str:
 
 
 def java_environment(env: dict[str, str] | None = None) -> dict[str, str]:
-    """`env` (else this process's) for a Java child, in a UTF-8 locale where it names none: Java
-    reads its class path, its working folder and its files in the locale's charset, so under
-    LANG=C a folder named beyond ASCII is not found and such letters in captions are mangled."""
+    """`env` (else this process's) for a Java child, in a UTF-8 locale where it names none: under
+    LANG=C Java finds no folder named beyond ASCII and mangles such letters in captions."""
     env = dict(os.environ if env is None else env)
     current = env.get("LC_ALL") or env.get("LC_CTYPE") or env.get("LANG") or ""
     if not re.search(r"utf-?8", current, re.IGNORECASE):
@@ -105,7 +88,8 @@ def check_java() -> str:
     """Check that `java` is on PATH, runs, and is version 8 or newer; return its version line."""
     java = java_executable()
     try:
-        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60, env=java_environment())
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60,
+                              env=java_environment())
     except (OSError, subprocess.TimeoutExpired) as e:
         raise CaptionerError(
             f"Java at {java} does not run ({e}); {JAVA_NEEDED} ({JAVA_INSTALL})"
@@ -133,17 +117,17 @@ def _last_line(text: str) -> str:
 
 
 def run_java(name: str, args: Sequence[str], cwd: str | os.PathLike[str], lines: int, stdin: str = "") -> str:
-    """Run `java args` in `cwd` to completion, `stdin` its input, and return its stdout; `lines`
-    (the input's size) scales the time limit. A non-zero exit or the time limit is one
-    JavaToolError naming `name`."""
+    """Run `java args` in `cwd` to completion on `stdin` and return its stdout; `lines` (the input's
+    size) scales the time limit. A non-zero exit or the time limit is one JavaToolError."""
     timeout = RUN_TIMEOUT_S + PER_LINE_TIMEOUT_S * lines
     try:
         proc = subprocess.run(
-            [java_executable(), *args], cwd=cwd, capture_output=True, encoding="utf-8", errors="replace", timeout=timeout,
-            input=stdin, env=java_environment(),
+            [java_executable(), *args], cwd=cwd, capture_output=True, encoding="utf-8", errors="replace",
+            timeout=timeout, input=stdin, env=java_environment(),
         )
     except subprocess.TimeoutExpired:  # subprocess.run has killed and reaped it
-        raise JavaToolError(f"{name} failed: the Java process did not finish within {timeout:.0f} s and was stopped") from None
+        raise JavaToolError(f"{name} failed: the Java process did not finish within {timeout:.0f} s "
+                            "and was stopped") from None
     log_output(name, proc.stderr)
     if proc.returncode != 0:
         raise JavaToolError(
@@ -153,9 +137,8 @@ def run_java(name: str, args: Sequence[str], cwd: str | os.PathLike[str], lines:
 
 
 class LineTool:
-    """A Java program that answers lines on stdin with lines on stdout, kept running between
-    requests (METEOR's -stdio mode). Its stderr goes to a temporary file, so it can never block on
-    a full pipe, and its last line explains a failure. Use it as a context manager, or `close` it."""
+    """A running Java program that answers lines on stdin with lines on stdout (METEOR's -stdio);
+    stderr goes to a temporary file, so it never blocks on a full pipe. A context manager."""
 
     def __init__(self, name: str, args: Sequence[str], cwd: str | os.PathLike[str]) -> None:
         self.name = name
@@ -215,12 +198,9 @@ class LineTool:
 
 
 def exchange(tools: Sequence[LineTool], requests: Sequence[tuple[bytes, int]]) -> list[list[bytes]]:
-    """Send tool k the bytes of requests[k] and read back the number of lines it names, from all
-    tools at once (one thread, non-blocking pipes: no tool waits on another, and none can fill a
-    pipe that is not being read). Returns each tool's lines, without their line ends.
-
-    A tool that exits before answering, or that neither takes input nor answers for
-    `STALL_TIMEOUT_S`, raises JavaToolError; the caller then closes the tools."""
+    """Send tool k requests[k]'s bytes and read back the number of lines it names, from all tools at
+    once (non-blocking pipes: none waits on another); each tool's lines, without line ends. A tool
+    that exits or stalls for `STALL_TIMEOUT_S` raises JavaToolError; the caller closes the tools."""
     pending = [memoryview(data) for data, _ in requests]
     received = [bytearray() for _ in tools]
     counts = [0] * len(tools)
@@ -306,10 +286,12 @@ def _spice_check_call(cmd: list[str], **kwargs: Any) -> int:
                 candidate.unlink(missing_ok=True)
 
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, timeout=SPICE_TIMEOUT_S, **kwargs)
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, timeout=SPICE_TIMEOUT_S,
+                              **kwargs)
     except subprocess.TimeoutExpired:  # subprocess.run has killed and reaped it
         remove_temporary_files()
-        raise JavaToolError(f"SPICE failed: the Java process did not finish within {SPICE_TIMEOUT_S:.0f} s and was stopped") from None
+        raise JavaToolError(f"SPICE failed: the Java process did not finish within {SPICE_TIMEOUT_S:.0f} s "
+                            "and was stopped") from None
     log_output("spice", proc.stdout)
     log_output("spice", proc.stderr)
     if proc.returncode != 0:
@@ -325,12 +307,8 @@ def _spice_check_call(cmd: list[str], **kwargs: Any) -> int:
 
 @contextlib.contextmanager
 def quiet_pycocoevalcap() -> Iterator[io.StringIO]:
-    """Capture pycocoevalcap's prints and its Java tools' stderr for the duration.
-
-    pycocoevalcap calls `subprocess.Popen`/`check_call` through the module name `subprocess` in
-    its tokenizer and SPICE modules, so swapping that name there reroutes only those calls. Not
-    thread-safe: do not score from two threads at once.
-    """
+    """Capture pycocoevalcap's prints and its Java tools' stderr (by swapping the name `subprocess`
+    in its tokenizer and SPICE modules) for the duration. Not thread-safe."""
     from pycocoevalcap.spice import spice as spice_module
     from pycocoevalcap.tokenizer import ptbtokenizer
 

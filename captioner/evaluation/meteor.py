@@ -1,16 +1,6 @@
-"""METEOR 1.5 as pycocoevalcap runs it, spread over several Java processes.
-
-pycocoevalcap's `Meteor` sends each image's "SCORE ||| ref ||| ... ||| hypothesis" line to one
-`meteor-1.5.jar -stdio` process, which answers with the alignment statistics, then sends one
-"EVAL ||| stats ||| ..." line that turns every image's statistics into its score and their sum into
-the corpus score. Over COCO val2014 the SCORE lines cost about 20 s of one core and the EVAL line
-3-5 s (METEOR parses each statistics line with a `java.util.Scanner`), after 6 s of loading the
-paraphrase table. Each SCORE answer depends on that image alone, so here the images are split into
-contiguous shards, one per process, and each process also EVALs its own shard. The corpus score is
-what METEOR's EVAL computes from the sum of all statistics (`MeteorStats.addStats`, then
-`computeMetrics`), so one more EVAL of that sum, formed the same way, gives exactly the score
-pycocoevalcap reports.
-"""
+"""METEOR 1.5 as pycocoevalcap runs it, spread over several Java processes. Each SCORE line depends
+on its image alone, so each process scores and EVALs a contiguous shard; one more EVAL of the
+statistics summed as `MeteorStats.addStats` does gives exactly pycocoevalcap's corpus score."""
 
 from __future__ import annotations
 
@@ -24,25 +14,19 @@ import numpy as np
 from captioner.evaluation.java import JavaToolError, LineTool, exchange
 from captioner.evaluation.paraphrases import full_table, meteor_dir
 
-# Below this many images per process, starting another JVM (its paraphrase table takes about 6 s of
-# a core to load) costs more than it saves.
+# Below this many images per process, another JVM (about 6 s to load its table) costs more than it saves.
 MIN_IMAGES_PER_PROCESS = 5000
 MAX_PROCESSES = 8
 PROCESS_MEMORY_BYTES = 2 << 30  # each runs with -Xmx2G, as pycocoevalcap starts it
-# The JVM's client compiler only, and its serial collector: METEOR's work is short and single-
-# threaded, and on a few cores the server compiler's and G1's threads cost more than they give
-# (about 15% less CPU over 20,000 images, `python -m benchmarks metrics`). Neither changes a
-# result: Java's arithmetic is strict.
+# The client compiler and the serial collector: METEOR's work is short and single-threaded, so the
+# server compiler's and G1's threads cost more than they give (`python -m benchmarks metrics`).
 JVM_OPTIONS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 
 
 def default_processes(num_images: int) -> int:
-    """How many METEOR processes to run for `num_images`: one per free core (the cores this process
-    may use less the 1-minute load average, rounded down); at most one per MIN_IMAGES_PER_PROCESS
-    images; as many as the available memory holds; at least one. With two idle cores that is two
-    (29 s over val2014, against 35 s with one); once other work takes a core, one: a second JVM
-    then only competes with the Python metrics and adds its 6 s start-up (60 s against 38 s;
-    `python -m benchmarks metrics --meteor-processes P`)."""
+    """METEOR processes for `num_images`: one per free core (usable cores less the 1-minute load), at
+    most one per MIN_IMAGES_PER_PROCESS images and as many as memory holds, at least one
+    (`python -m benchmarks metrics --meteor-processes P`)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     free = cores - int(os.getloadavg()[0]) if hasattr(os, "getloadavg") else cores
     by_size = math.ceil(num_images / MIN_IMAGES_PER_PROCESS)
@@ -74,9 +58,8 @@ def score_line(hypothesis: str, references: Sequence[str]) -> str:
 
 
 class MeteorPool:
-    """`processes` METEOR processes, started at once, each reading the paraphrase table
-    `paraphrases` (one cut to an evaluation's words, `paraphrases.cut_table`), else METEOR's whole
-    English one (`meteor_arguments`). A context manager: leaving it kills and reaps them."""
+    """`processes` METEOR processes, started at once, each reading the paraphrase table `paraphrases`
+    (else METEOR's whole English one). A context manager: leaving it kills and reaps them."""
 
     def __init__(self, processes: int, paraphrases: Path | None = None) -> None:
         if processes < 1:
@@ -116,7 +99,8 @@ class MeteorPool:
         stats = [line.decode().strip() for answers in exchange(tools, requests) for line in answers]
 
         corpus_stats = _sum_stats(stats, tools[0].name)
-        requests = [(f"EVAL ||| {' ||| '.join(stats[i] for i in shard)}\n".encode(), len(shard) + 1) for shard in shards]
+        requests = [(f"EVAL ||| {' ||| '.join(stats[i] for i in shard)}\n".encode(), len(shard) + 1)
+                    for shard in shards]
         first_data, first_lines = requests[0]
         requests[0] = (first_data + f"EVAL ||| {corpus_stats}\n".encode(), first_lines + 2)
         answers = exchange(tools, requests)

@@ -1,13 +1,6 @@
 """Caption metrics: the official COCO evaluation, and a fast in-process subset for validation.
-
-`official_scores` gives pycocoevalcap's numbers for its `COCOEvalCap` metrics (Java PTB tokenizer,
-BLEU-1..4, METEOR, ROUGE-L, CIDEr-D and optionally SPICE), the ones papers and the COCO server
-report, in a fraction of its time: one tokenizer run, exact in-process BLEU/ROUGE-L/CIDEr-D
-(`scorers`), METEOR in parallel Java processes beside them (`meteor`). It needs a Java runtime
-(`java`). `pycocoevalcap_scores` runs pycocoevalcap's own code, the reference. `fast_scores`
-computes BLEU and CIDEr-D in process with the pure-Python tokenizer of `captioner.text.vocab`, for
-training-time validation where starting Java for every epoch would cost more than the scoring.
-"""
+`official_scores` gives pycocoevalcap's numbers (needs Java) in a fraction of its time, checked
+against `pycocoevalcap_scores` (its own code); `fast_scores` is BLEU and CIDEr-D without Java."""
 
 from __future__ import annotations
 
@@ -48,18 +41,15 @@ SPICE_KEY = "SPICE"
 
 
 def ptb_token_lines(captions: Sequence[str]) -> list[str]:
-    """Each caption tokenised as pycocoevalcap's PTBTokenizer gives it (its tokens joined by single
-    spaces, punctuation removed), from ONE run of the Java tokenizer over all of them.
-
-    The same Java command, input and punctuation removal as pycocoevalcap's wrapper, with a time
-    limit and a one-line JavaToolError if Java fails; the input is piped in (pycocoevalcap writes
-    it into its installed package)."""
+    """Each caption as pycocoevalcap's PTBTokenizer gives it (tokens joined by spaces, punctuation
+    removed), from ONE run of the Java tokenizer, with a time limit and a one-line JavaToolError."""
     from pycocoevalcap.tokenizer import ptbtokenizer
 
     if not captions:
         return []
     # pycocoevalcap's command: CoreNLP 3.4.1's PTBTokenizer, one caption per line, lower-cased.
-    args = ["-cp", ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR, "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines", "-lowerCase"]
+    args = ["-cp", ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR, "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines",
+            "-lowerCase"]
     # The captions go in on stdin: CoreNLP's PTBTokenizer misreads a file name with a space in it.
     text = "\n".join(one_line(c).replace("\n", " ") for c in captions)
     jar_folder = Path(ptbtokenizer.__file__).resolve().parent
@@ -95,8 +85,7 @@ def official_scores(
     references: Mapping[int, list[str]], predictions: Mapping[int, str], spice: bool = False,
     meteor_processes: int | None = None,
 ) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
-    """Score `predictions` as pycocoevalcap's `COCOEvalCap.evaluate` does; see `score_official`.
-    Returns the overall scores and the per-image scores."""
+    """(overall, per image) scores of `predictions` as `COCOEvalCap.evaluate` gives them (`score_official`)."""
     scores = score_official(references, predictions, spice=spice, meteor_processes=meteor_processes)
     return scores.overall, scores.per_image
 
@@ -104,37 +93,17 @@ def official_scores(
 def score_official(
     references: References, predictions: Predictions, spice: bool = False, meteor_processes: int | None = None,
 ) -> OfficialScores:
-    """The official COCO caption metrics of `predictions`, equal to pycocoevalcap's.
-
-    Only the predicted images are scored (as in the official demo, `params['image_id'] =
-    cocoRes.getImgIds()`), each against all its references. Scores are keyed Bleu_1..Bleu_4,
-    METEOR, ROUGE_L, CIDEr and, when `spice` is true and SPICE's CoreNLP models are installed (or
-    can be downloaded), SPICE (its "All" F-score). "CIDEr" is pycocoevalcap's CIDEr, which is the
-    CIDEr-D variant (clipped n-gram counts, length penalty, sigma 6) that the COCO evaluation
-    server reports, scaled like it (so 0.6, not 60).
-
-    How, faster than pycocoevalcap and with its numbers: one run of the Java PTB tokenizer serves
-    every metric; the METEOR processes (`meteor_processes` of them, by default
-    `meteor.default_processes`) read a paraphrase table cut to the words of these captions
-    (`paraphrases`: a second of start-up where the whole table takes ten) and score in a background
-    thread while BLEU, ROUGE-L and CIDEr-D run here (`scorers`, n-grams counted once for BLEU and
-    CIDEr-D), and SPICE runs last through pycocoevalcap. `pycocoevalcap_scores` is the
-    reference this is checked against.
-
-    Needs Java 8+ on PATH (PTB tokenizer, METEOR, SPICE); raises CaptionerError without it, and
-    JavaToolError when a Java tool dies or hangs.
-    """
+    """The official COCO caption metrics of the predicted images, equal to pycocoevalcap's: Bleu_1..4,
+    METEOR, ROUGE_L, CIDEr (CIDEr-D, scaled 0.6 not 60) and, with `spice`, SPICE's "All" F-score. One
+    PTB tokenizer run; METEOR on a cut paraphrase table in a thread beside the in-process scorers."""
     return score_official_many([(references, predictions)], spice=spice, meteor_processes=meteor_processes)[0]
 
 
 def score_official_many(
     jobs: Sequence[tuple[References, Predictions]], spice: bool = False, meteor_processes: int | None = None,
 ) -> list[OfficialScores]:
-    """`score_official` of each (references, predictions) job, the same numbers as one call per
-    job, with the Java start-ups shared: one PTB tokenizer run over every distinct caption of all
-    the jobs (it tokenises each line alone) and one set of METEOR processes that scores the jobs in
-    turn. Several decodings of a split, or the folds of a leave-one-out, then cost one METEOR start
-    instead of one each."""
+    """`score_official` of each (references, predictions) job, with the Java start-ups shared: one PTB
+    tokenizer run over every distinct caption and one set of METEOR processes for all the jobs."""
     if not jobs:
         return []
     id_sets = [scored_ids(references, predictions) for references, predictions in jobs]
@@ -143,7 +112,8 @@ def score_official_many(
     processes = meteor_processes or default_meteor_processes(max((len(ids) for ids in id_sets), default=1))
     start = time.perf_counter()
     distinct = list(dict.fromkeys(
-        caption for (references, predictions), ids in zip(jobs, id_sets) for i in ids for caption in (*references[i], predictions[i])
+        caption for (references, predictions), ids in zip(jobs, id_sets) for i in ids
+        for caption in (*references[i], predictions[i])
     ))
     tokens = dict(zip(distinct, ptb_token_lines(distinct)))
     tokenized = [
@@ -166,8 +136,7 @@ def score_official_many(
 def _score_tokenized(
     meteor: MeteorPool, ids: list[int], gts: dict[int, list[str]], res: dict[int, str], seconds: dict[str, float],
 ) -> OfficialScores:
-    """The official metrics of tokenised captions: METEOR in a background thread while BLEU,
-    ROUGE-L and CIDEr-D run here."""
+    """The official metrics of tokenised captions: METEOR in a thread while BLEU, ROUGE-L and CIDEr-D run here."""
     start_all = time.perf_counter()
     overall: dict[str, float] = {}
     per_image: dict[int, dict[str, float]] = {i: {} for i in ids}
@@ -197,7 +166,8 @@ def _score_tokenized(
         raise results["error"]
     seconds["METEOR"] = results["seconds"]
     _record(ids, ("METEOR",), *_one(results["scores"]), overall, per_image)
-    logger.debug("METEOR: %.3f (%d processes, %.1f s beside the others)", overall["METEOR"], len(meteor.tools), seconds["METEOR"])
+    logger.debug("METEOR: %.3f (%d processes, %.1f s beside the others)", overall["METEOR"], len(meteor.tools),
+                 seconds["METEOR"])
     overall = {key: overall[key] for key in OFFICIAL_KEYS}  # the official order
     seconds["total"] = seconds["PTB tokenizer"] + time.perf_counter() - start_all
     return OfficialScores(overall, per_image, gts, res, seconds, bleu_parts(counted))
@@ -210,7 +180,8 @@ def _add_spice(scores: OfficialScores) -> None:
     start = time.perf_counter()
     ids = list(scores.per_image)
     with quiet_pycocoevalcap():
-        score, image_scores = Spice().compute_score({i: scores.references[i] for i in ids}, {i: [scores.predictions[i]] for i in ids})
+        score, image_scores = Spice().compute_score({i: scores.references[i] for i in ids},
+                                                    {i: [scores.predictions[i]] for i in ids})
     scores.overall[SPICE_KEY] = float(score)
     for image_id, image_score in zip(ids, image_scores):  # per image SPICE gives every category; keep "All"
         scores.per_image[image_id][SPICE_KEY] = float(image_score["All"]["f"])
@@ -218,7 +189,8 @@ def _add_spice(scores: OfficialScores) -> None:
     scores.seconds["total"] += scores.seconds["SPICE"]
 
 
-def _run_meteor(meteor: MeteorPool, hypotheses: list[str], references: list[list[str]], results: dict[str, Any]) -> None:
+def _run_meteor(meteor: MeteorPool, hypotheses: list[str], references: list[list[str]],
+                results: dict[str, Any]) -> None:
     """Thread body: METEOR's scores, or the error, into `results`."""
     start = time.perf_counter()
     try:
@@ -246,9 +218,8 @@ def _record(
 def pycocoevalcap_scores(
     references: Mapping[int, list[str]], predictions: Mapping[int, str]
 ) -> tuple[dict[str, float], dict[int, dict[str, float]], dict[str, float]]:
-    """pycocoevalcap's own tokenizer and scorers run one after the other, exactly as its
-    `COCOEvalCap.evaluate` does (no SPICE): the reference `score_official` is checked against, and
-    the "before" of `python -m benchmarks metrics`. Returns overall, per-image and seconds per stage."""
+    """pycocoevalcap's own tokenizer and scorers run in turn as `COCOEvalCap.evaluate` does (no SPICE):
+    the reference for `score_official`. Returns overall, per-image and seconds per stage."""
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.rouge.rouge import Rouge
@@ -309,12 +280,8 @@ def _pycocoevalcap_meteor() -> Any:
 
 
 def fast_scores(references: Mapping[int, list[str]], predictions: Mapping[int, str]) -> dict[str, float]:
-    """BLEU-1..4 and CIDEr-D ("CIDEr") of `predictions`, in process and without Java.
-
-    Tokenised with `captioner.text.tokenizer.tokenize` (which reproduces the PTB tokenizer and its
-    punctuation removal) and scored by the same `scorers` as `official_scores`, so the numbers
-    match it. For validation during training; report `official_scores` in results.
-    """
+    """BLEU-1..4 and CIDEr-D ("CIDEr") in process, without Java: `tokenize` reproduces the PTB
+    tokenizer and the scorers are `official_scores`' own. Report `official_scores` in results."""
     ids = scored_ids(references, predictions)
     counted = CountedCaptions.of(
         [" ".join(tokenize(predictions[i])) for i in ids], [[" ".join(tokenize(c)) for c in references[i]] for i in ids]

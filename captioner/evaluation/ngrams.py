@@ -1,22 +1,6 @@
-"""The n-gram core of BLEU and CIDEr-D as pycocoevalcap defines them, shared by the scorers and both SCST rewards.
-
-The evaluation's scorers (`scorers`), the CPU reward (`training/host_reward.py`) and the device
-reward (`training/device_reward.py`) all build on these definitions:
-
-- counts: `ngram_counts`, a caption's 1..4-grams in pycocoevalcap's order (its `precook`);
-- document frequencies: `document_frequency` (per n-gram, the images whose references hold it)
-  and `inverse_document_frequency`, log(images) - log(max(1, df));
-- CIDEr-D: `cider_clip` (a hypothesis weight counts at most as much as the reference's),
-  `cider_length` and `cider_length_penalty` (a Gaussian of sigma `CIDER_SIGMA` on the difference of
-  bigram counts), `CIDER_SCALE`;
-- BLEU: `bleu_clip`, `max_reference_counts` and `clipped_matches` (each n-gram counted at most as often as the reference that has it most
-  often), `bleu_guesses`, `closest_ref_length` and `bleu_scores` (pycocoevalcap's smoothing and
-  brevity penalty).
-
-The functions that the vectorised scorers call (`inverse_document_frequency`, `cider_clip`,
-`cider_length_penalty`) take a Python float, a numpy array or a torch tensor alike and use the
-same operations in the same order as pycocoevalcap, so every caller gets its numbers.
-"""
+"""The n-gram core of BLEU and CIDEr-D as pycocoevalcap defines them, shared by the scorers and both
+SCST rewards. What the vectorised scorers call takes a float, a numpy array or a torch tensor alike,
+with pycocoevalcap's operations in its order, so every caller gets its numbers."""
 
 from __future__ import annotations
 
@@ -62,7 +46,8 @@ def document_frequency(images: Iterable[Iterable[NgramCounts]]) -> Counter:
 def inverse_document_frequency(df: Number, log_num_images: float) -> Number:
     """CIDEr-D's idf, log(images) - log(max(1, df)): an n-gram that no reference holds counts as
     held once. `df` is a numpy array (np.log, as pycocoevalcap takes it) or a torch tensor."""
-    return log_num_images - df.clip(min=1.0).log() if hasattr(df, "log") else log_num_images - np.log(np.maximum(1.0, df))
+    return (log_num_images - df.clip(min=1.0).log() if hasattr(df, "log")
+            else log_num_images - np.log(np.maximum(1.0, df)))
 
 
 def log_images(num_images: int) -> float:

@@ -1,22 +1,6 @@
 """METEOR's paraphrase table cut down to the words one evaluation contains, so METEOR starts in
-about a second instead of ten, with the same scores.
-
-METEOR 1.5 spends about 10 s of a core at every start reading its English paraphrase table (5.27
-million entries of a probability and two phrases, 61 MB gzipped) into a transducer. An entry can
-only ever match when every word of both its phrases occurs in a hypothesis and its references, as
-METEOR's -norm mode normalises and lower-cases them, so the entries whose words all occur somewhere
-in the evaluation give exactly the matches the whole table gives. They are copied byte for byte
-and in their order (the transducer emits a phrase's paraphrases in file order) into a table beside
-the evaluation, which METEOR reads with -a. METEOR ships the same idea as its FilterParaphrase tool;
-that tool re-reads the whole table, as slowly as a start, so it saves nothing per evaluation.
-
-The words come from METEOR's own normaliser (the class -norm calls, run alone: no table, a fraction
-of a second), so they are METEOR's tokens by construction. The uncompressed table and which entry
-holds which words are kept once per machine in the cache folder (`INDEX_VERSION`; about 390 MB,
-some 18 s to build) and memory-mapped after that. Anything that keeps them from being built or read
-(a read-only or full disk, a damaged file) costs only the speed: METEOR then reads its whole
-table, with one line in the log.
-"""
+about a second instead of ten, with the same scores. The cut keeps, in file order, the entries whose
+words all occur (as METEOR's normaliser gives them); when its index fails METEOR reads the whole table."""
 
 from __future__ import annotations
 
@@ -40,11 +24,8 @@ from captioner.evaluation.java import JavaToolError, run_java
 logger = logging.getLogger(__name__)
 
 INDEX_VERSION = 2
-# The cut costs a run of the normaliser over every text (about 55 us a line) and the copy of the
-# kept entries; METEOR then reads the kept share of the table. Over COCO val2014's captions
-# (each image's first against its other four; `python -m benchmarks metrics`): 1,000 images keep
-# 8% of the entries for 3.8 CPU s, 5,000 keep 21% for 6.6 CPU s, all 40,504 keep 43% for 21 CPU s,
-# where the whole table takes about 10 s. So past these bounds METEOR reads the whole table.
+# Past these bounds the cut (a normaliser run over every text, then METEOR reading the kept share)
+# costs more than the whole table's 10 s (`python -m benchmarks metrics`).
 MAX_TEXTS = 20_000
 MAX_KEPT_SHARE = 0.3
 NORMALIZER = "edu.cmu.meteor.util.Normalizer"
@@ -81,8 +62,7 @@ def normalized_words(texts: list[str]) -> set[str]:
 
 class ParaphraseIndex:
     """Which words each entry of a paraphrase table holds, as inverted lists (a word's phrases, a
-    phrase's entries) so that a few words cost a few lookups, and where each entry's bytes lie in
-    the uncompressed table, kept beside them (table.txt) so that no evaluation decompresses it."""
+    phrase's entries), and where each entry's bytes lie in the uncompressed table.txt beside them."""
 
     FILES = ("entry_phrases", "entry_ends", "phrase_lengths", "word_phrase_starts", "word_phrases",
              "phrase_entry_starts", "phrase_entries")
@@ -97,7 +77,7 @@ class ParaphraseIndex:
         self.phrase_lengths = arrays["phrase_lengths"]  # (P,) words in each phrase
         self.word_phrase_starts = arrays["word_phrase_starts"]  # (W + 1,) each word's run in word_phrases
         self.word_phrases = arrays["word_phrases"]  # (sum of phrase lengths,) a phrase per word occurrence
-        self.phrase_entry_starts = arrays["phrase_entry_starts"]  # (P + 1,) each phrase's run in phrase_entries
+        self.phrase_entry_starts = arrays["phrase_entry_starts"]  # (P + 1,) a phrase's run in phrase_entries
         self.phrase_entries = arrays["phrase_entries"]  # (E,) the entries, by their first phrase
         entries, phrases = len(self.entry_ends), len(self.phrase_lengths)
         if (
@@ -156,11 +136,11 @@ class ParaphraseIndex:
         ids = np.fromiter((self.word_ids[w] for w in words if w in self.word_ids), dtype=np.int64)  # (known,)
         starts = np.asarray(self.word_phrase_starts)
         phrases = self.word_phrases[_ranges(starts[ids], starts[ids + 1])]  # a phrase per known word in it
-        # A phrase is whole when as many of its words are known as it has (a repeated word counts twice).
+        # A phrase is whole when as many of its words are known as it has (a repeat counts twice).
         whole = np.bincount(phrases, minlength=len(self.phrase_lengths)) == self.phrase_lengths  # (P,)
         ok = np.flatnonzero(whole)
         starts = np.asarray(self.phrase_entry_starts)
-        candidates = self.phrase_entries[_ranges(starts[ok], starts[ok + 1])]  # entries whose first phrase is whole
+        candidates = self.phrase_entries[_ranges(starts[ok], starts[ok + 1])]  # entries, first phrase whole
         return np.sort(candidates[whole[self.entry_phrases[candidates, 1]]]).astype(np.int64)  # (kept,)
 
     def write_entries(self, kept: np.ndarray, out: Path) -> None:
@@ -189,7 +169,7 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The indices start..end-1 of every run, one after the other, without a Python loop."""
     lengths = ends.astype(np.int64) - starts  # (runs,)
     offsets = np.cumsum(lengths) - lengths  # (runs,) where each run begins in the output
-    return np.repeat(starts.astype(np.int64) - offsets, lengths) + np.arange(int(lengths.sum()))  # (sum of lengths,)
+    return np.repeat(starts.astype(np.int64) - offsets, lengths) + np.arange(int(lengths.sum()))  # (sum lengths,)
 
 
 def _index_folder(table: Path) -> Path:
@@ -224,9 +204,8 @@ def load_index(table: Path) -> ParaphraseIndex:
 
 
 def cut_table(score_lines: list[str], out_dir: Path, table: Path | None = None) -> Path | None:
-    """The entries of `table` (METEOR's English one by default) that the texts of `score_lines`
-    can match, as a table written into `out_dir`; None when METEOR should read the whole table
-    (most entries kept, or the index unavailable, said in one log line)."""
+    """The entries of `table` (METEOR's English one by default) that `score_lines` can match, as a
+    table in `out_dir`; None when METEOR should read the whole table (said in one log line)."""
     table = table or full_table()
     texts = segments(score_lines)
     if len(texts) > MAX_TEXTS:
@@ -236,12 +215,14 @@ def cut_table(score_lines: list[str], out_dir: Path, table: Path | None = None) 
         index = load_index(table)
         kept = index.kept_entries(normalized_words(texts))
         if len(kept) > MAX_KEPT_SHARE * len(index.entry_ends):
-            logger.debug("METEOR: %d of %d paraphrase entries apply; reading the whole table", len(kept), len(index.entry_ends))
+            logger.debug("METEOR: %d of %d paraphrase entries apply; reading the whole table", len(kept),
+                         len(index.entry_ends))
             return None
         out = out_dir / "paraphrase-cut.gz"
         index.write_entries(kept, out)
     except (OSError, ValueError, JavaToolError) as e:
-        logger.warning("METEOR: reading its whole paraphrase table (about 10 s): %s", str(e))  # not e: its frames hold the index
+        # str(e), not e: its frames hold the index
+        logger.warning("METEOR: reading its whole paraphrase table (about 10 s): %s", str(e))
         return None
     logger.debug("METEOR: %d of %d paraphrase entries apply to this evaluation", len(kept), len(index.entry_ends))
     return out

@@ -22,12 +22,8 @@ def write_scores_json(
     per_image: Mapping[int, Mapping[str, float]],
     extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write `{**extra, "overall": {...}, "num_images": n, "per_image": [{"image_id", ...}]}`.
-
-    Per-image entries are sorted by image id, like COCOEvalCap's `evalImgs`; non-finite scores
-    become null. The file is replaced atomically; a failed write (a full disk) is one StorageError
-    naming it, and the previous file stays.
-    """
+    """Write `{**extra, "overall": {...}, "num_images": n, "per_image": [{"image_id", ...}]}`, per-image
+    entries by image id (as COCOEvalCap's `evalImgs`), non-finite scores null, atomically."""
     path = Path(path)
     extra = dict(extra or {})
     clash = {"overall", "num_images", "per_image"} & extra.keys()
@@ -43,7 +39,7 @@ def write_scores_json(
         ],
     }
     text = json.dumps(document, indent=1) + "\n"
-    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))  # a full disk: one StorageError, the old file kept
+    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))  # a full disk keeps the old file
 
 
 def rounded(scores: Mapping[str, float]) -> dict[str, float]:

@@ -1,9 +1,5 @@
-"""COCO caption files: the annotation (reference) file and a results file, read and checked.
-
-Every mistake in them stops with one DatasetError line naming the file and the record, since a
-results file written for the wrong split or by a buggy script would otherwise score silently
-against the wrong captions.
-"""
+"""COCO caption files: the annotation (reference) file and a results file, read and checked. Every
+mistake is one DatasetError naming the file and record, so a wrong file never scores silently."""
 
 from __future__ import annotations
 
@@ -23,15 +19,13 @@ Predictions = dict[int, str]
 
 
 def load_references(path: str | os.PathLike[str]) -> References:
-    """Read a COCO-format caption annotation file into image id -> reference captions.
-
-    The file is `{"images": [...], "annotations": [{"image_id": int, "caption": str, ...}]}`;
-    only "annotations" is needed (an image listed without captions cannot be scored against).
-    """
+    """Read a COCO caption annotation file (`{"annotations": [{"image_id": int, "caption": str, ...}]}`;
+    "images" is optional) into image id -> reference captions."""
     path = Path(path)
     data = read_json(path, "annotation file")
     if not isinstance(data, dict):
-        raise DatasetError(f"{path}: expected a COCO caption annotation object, got a JSON {type(data).__name__}")
+        raise DatasetError(f"{path}: expected a COCO caption annotation object, "
+                           f"got a JSON {type(data).__name__}")
     annotations = data.get("annotations")
     if annotations is None:
         raise DatasetError(f'{path}: missing "annotations" (not a COCO caption annotation file?)')
@@ -114,9 +108,8 @@ def scored_ids(references: Mapping[int, list[str]], predictions: Mapping[int, st
 
 
 def write_results(path: str | os.PathLike[str], predictions: Mapping[int, str]) -> Path:
-    """Write the COCO results format, `[{"image_id": int, "caption": str}, ...]` sorted by image id,
-    which `load_results` and the COCO evaluation server read back."""
+    """Write the COCO results format, `[{"image_id": int, "caption": str}, ...]`, sorted by image id."""
     path = Path(path)
     rows = [{"image_id": image_id, "caption": predictions[image_id]} for image_id in sorted(predictions)]
-    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(rows, indent=1)))  # a full disk: one line, the old file kept
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(rows, indent=1)))  # a full disk keeps the old file
     return path

@@ -1,20 +1,6 @@
 """BLEU-1..4, ROUGE-L and CIDEr-D exactly as pycocoevalcap computes them, in a fraction of its time.
-
-pycocoevalcap spends most of its time in per-n-gram Python and numpy-scalar work: it counts every
-caption's n-grams twice (once for BLEU, once for CIDEr-D), takes `np.log` of each n-gram's document
-frequency once per occurrence, and fills a dynamic-programming table for each ROUGE-L pair. Here
-each caption's n-grams are counted once (`CountedCaptions`, shared by BLEU and CIDEr-D), each
-distinct n-gram's idf is computed once, and the longest common subsequence is a bit-parallel pass
-over one caption. The n-gram rules themselves (counts, document frequencies, CIDEr-D's clipping and
-length penalty, BLEU's clipping and smoothing) come from `ngrams`, which the SCST rewards share.
-The formulas, their smoothing constants and the order of the floating-point operations per image
-follow pycocoevalcap's, so the scores agree with it to about 1e-15 (tests/test_scorers.py compares
-them on real COCO captions).
-
-Every scorer takes captions already tokenised and joined by spaces, as pycocoevalcap's PTB
-tokenizer returns them, and splits them the way pycocoevalcap's scorer does (BLEU and CIDEr-D on
-whitespace, ROUGE-L on single spaces).
-"""
+Its floating-point operations in its order (agreeing to about 1e-15), with n-grams counted once, each
+idf once and LCS bit-parallel, on captions PTB-tokenised and space-joined."""
 
 from __future__ import annotations
 
@@ -49,12 +35,9 @@ ROUGE_BETA = 1.2  # ROUGE-L's recall weight
 
 @dataclass(frozen=True)
 class CountedCaptions:
-    """The n-gram statistics BLEU and CIDEr-D share, computed once: every caption's n-gram counts,
-    and for every (image, reference) pair the reference's count of each hypothesis n-gram.
-
-    Flat arrays in image order: "hyp" rows are the hypotheses' n-grams (image by image, each in
-    pycocoevalcap's order), "pair" rows the (image, reference) pairs, "match" rows one hypothesis
-    n-gram of one pair (pair by pair), "ref" rows the references' own n-grams."""
+    """The n-gram statistics BLEU and CIDEr-D share, as flat arrays in image order: "hyp" rows are
+    hypothesis n-grams (pycocoevalcap's order), "pair" rows (image, reference) pairs, "match" rows a
+    hypothesis n-gram of one pair with the reference's count, "ref" rows the references' n-grams."""
 
     num_images: int
     hyp_lengths: list[int]  # words per hypothesis
@@ -110,7 +93,8 @@ class CountedCaptions:
             hyp_order=np.fromiter(map(len, hyp_grams), np.int64, len(hyp_grams)) - 1,
             hyp_image=np.repeat(np.arange(len(hyp_counts)), hyp_sizes),
             pair_image=pair_image,
-            pair_ref_length=np.array([length for lengths in ref_words for length in map(len, lengths)], dtype=np.int64),
+            pair_ref_length=np.array([length for lengths in ref_words for length in map(len, lengths)],
+                                     dtype=np.int64),
             match_hyp=match_hyp,
             match_pair=match_pair,
             match_ref_tf=np.array(match_ref_tf, dtype=np.float64),
@@ -155,9 +139,8 @@ def _clipped_matches(counted: CountedCaptions) -> list[list[int]]:
 
 
 def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
-    """pycocoevalcap's `Bleu(4)`: corpus BLEU-1..4 (clipped matches and guesses summed over the
-    corpus, brevity penalty from the reference length closest to each hypothesis, the shorter on a
-    tie) and per-image BLEU-1..4 (`per_image[n - 1][i]`)."""
+    """pycocoevalcap's `Bleu(4)`: corpus BLEU-1..4 (matches and guesses summed over the corpus, the
+    closest reference length for the penalty) and per-image BLEU-1..4 (`per_image[n - 1][i]`)."""
     images = list(_bleu_counts(counted))
     per_image: list[list[float]] = [[] for _ in range(MAX_N)]
     for image in images:
@@ -184,10 +167,8 @@ def _summed(images: Iterable[tuple[list[int], list[int], int, int]]) -> tuple[li
 
 @dataclass(frozen=True)
 class BleuParts:
-    """Corpus BLEU taken apart: BLEU-n = brevity_penalty * (p_1 ... p_n) ** (1 / n).
-
-    A BLEU-1 that lags while BLEU-4 does not says which factor to look at: captions too short
-    (`length_ratio` < 1, a penalty below 1 on every order) or wrong words (a low `precisions[0]`)."""
+    """Corpus BLEU taken apart, BLEU-n = brevity_penalty * (p_1 ... p_n) ** (1 / n): says whether
+    captions are too short (`length_ratio` < 1) or have wrong words (a low `precisions[0]`)."""
 
     precisions: tuple[float, ...]  # clipped n-gram precision for n = 1..4
     hypothesis_words: int
@@ -210,13 +191,8 @@ def bleu_parts(counted: CountedCaptions) -> BleuParts:
 
 
 def cider_d(counted: CountedCaptions) -> tuple[float, list[float]]:
-    """pycocoevalcap's `Cider()` (CIDEr-D): tf-idf vectors of 1..4-grams with document frequencies
-    over the references of the scored images, hypothesis weights clipped by each reference's, a
-    Gaussian penalty on the length difference (sigma 6), averaged over n and references, times 10.
-    Returns the corpus score (the mean) and each image's.
-
-    Vectorised over all (image, reference) pairs; every sum is formed in pycocoevalcap's order
-    (`_sums`) and every operation is its own, so the scores are the same doubles."""
+    """pycocoevalcap's `Cider()` (CIDEr-D): the corpus score (the mean) and each image's, vectorised
+    over all (image, reference) pairs with every sum in pycocoevalcap's order, so the same doubles."""
     # An n-gram that no reference has counts as df 1: its idf is log(images).
     idf_of, unseen = idf_table(counted.document_frequency, counted.num_images), log_images(counted.num_images)
     hyp_idf = np.fromiter(map(idf_of.get, counted.hyp_grams, repeat(unseen)), np.float64, len(counted.hyp_grams))
@@ -225,7 +201,8 @@ def cider_d(counted: CountedCaptions) -> tuple[float, list[float]]:
     num_pairs = len(counted.pair_image)
     hyp_weight = counted.hyp_tf * hyp_idf  # (hyp,) tf-idf
     ref_weight = counted.ref_tf * ref_idf  # (ref,)
-    hyp_norm = np.sqrt(_sums(counted.hyp_image * MAX_N + counted.hyp_order, hyp_weight**2, counted.num_images * MAX_N))
+    hyp_norm = np.sqrt(_sums(counted.hyp_image * MAX_N + counted.hyp_order, hyp_weight**2,
+                             counted.num_images * MAX_N))
     ref_norm = np.sqrt(_sums(counted.ref_pair * MAX_N + counted.ref_order, ref_weight**2, num_pairs * MAX_N))
     hyp_norm = hyp_norm.reshape(-1, MAX_N)[counted.pair_image]  # (pair, 4)
     ref_norm = ref_norm.reshape(-1, MAX_N)  # (pair, 4)

@@ -1,15 +1,6 @@
-"""How sure is a gain? A paired bootstrap over the test images of two `captioner evaluate` runs.
-
-On a small test split (Flickr8k's 125 images here) a few images move corpus CIDEr-D by several
-percent, so "B beats A by 10%" needs an interval. Both runs caption the same images; each
-bootstrap sample draws the images with replacement and takes both runs' mean score over the
-same draw (Koehn 2004's paired bootstrap, as MT and captioning papers use it).
-
-Only metrics whose corpus score is the mean of the per-image scores qualify: pycocoevalcap's
-CIDEr-D, ROUGE-L and SPICE. (Corpus BLEU and METEOR are not means of their per-image values.)
-CIDEr-D's document frequencies stay those of the whole test split in every draw: the per-image
-scores are resampled, not recomputed, which is the usual approximation.
-"""
+"""How sure is a gain? A paired bootstrap over the test images of two `captioner evaluate` runs. It
+is Koehn's, for metrics whose corpus score is the mean of the per-image scores (CIDEr-D, ROUGE-L,
+SPICE); per-image scores are resampled, not recomputed (CIDEr-D keeps the whole split's idf)."""
 
 from __future__ import annotations
 
@@ -41,11 +32,13 @@ def per_image_scores(path: str | Path, metric: str) -> dict[int, float]:
     """image id -> `metric` from a scores JSON that `captioner evaluate` wrote; checked to be one
     whose corpus score is the mean of these."""
     if metric not in MEAN_METRICS:
-        raise CaptionerError(f"metric {metric!r}: a per-image bootstrap needs a metric whose corpus score is the mean of its per-image scores ({', '.join(MEAN_METRICS)})")
+        raise CaptionerError(f"metric {metric!r}: a per-image bootstrap needs a metric whose corpus score "
+                             f"is the mean of its per-image scores ({', '.join(MEAN_METRICS)})")
     try:
         report = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise CaptionerError(f"{path}: no such scores file (captioner evaluate CHECKPOINT --out DIR writes scores_<split>.json)") from None
+        raise CaptionerError(f"{path}: no such scores file "
+                             "(captioner evaluate CHECKPOINT --out DIR writes scores_<split>.json)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CaptionerError(f"{path}: not a readable scores JSON ({' '.join(str(e).split())})") from None
     rows = report.get("per_image") if isinstance(report, dict) else None
@@ -62,13 +55,15 @@ def per_image_scores(path: str | Path, metric: str) -> dict[int, float]:
 
 
 def paired_bootstrap(
-    base: dict[int, float], new: dict[int, float], samples: int = 10_000, seed: int = 0, interval: float = 0.95, goal: float | None = None,
+    base: dict[int, float], new: dict[int, float], samples: int = 10_000, seed: int = 0, interval: float = 0.95,
+    goal: float | None = None,
 ) -> PairedGain:
     """The relative gain of `new` over `base` (image id -> score, the same images), with its
     bootstrap interval and the share of draws that favour `new` (and that reach `goal`)."""
     if base.keys() != new.keys():
         only = sorted(base.keys() ^ new.keys())
-        raise CaptionerError(f"the two runs scored different images ({len(only)} in one only, e.g. image id {only[0]}): compare runs on the same split")
+        raise CaptionerError(f"the two runs scored different images ({len(only)} in one only, "
+                             f"e.g. image id {only[0]}): compare runs on the same split")
     ids = sorted(base)
     a = np.array([base[i] for i in ids])  # (I,)
     b = np.array([new[i] for i in ids])  # (I,)

@@ -1,10 +1,5 @@
 """SPICE's Stanford CoreNLP models (about 400 MB): found, or downloaded once within a time bound.
-
-pycocoevalcap's SPICE jar needs the CoreNLP jars beside it; its own downloader has no timeout, so
-`ensure_spice_models` probes the address first (an offline machine gives up in seconds), runs the
-download in a child process bounded in time, and otherwise logs one warning that says how to get
-them.
-"""
+pycocoevalcap's own downloader has none; when the models cannot be had, one warning says how."""
 
 from __future__ import annotations
 
@@ -17,9 +12,8 @@ from captioner.evaluation.java import log_output
 
 logger = logging.getLogger(__name__)
 
-# SPICE's model download (pycocoevalcap.spice.get_stanford_models, about 400 MB) has no timeout of
-# its own; it runs in a child process bounded by these, after a quick reachability probe so that an
-# offline machine gives up in seconds rather than waiting for the whole download bound.
+# The download runs in a child process bounded by these, after a reachability probe so that an
+# offline machine gives up in seconds.
 SPICE_PROBE_TIMEOUT_S = 20.0
 SPICE_DOWNLOAD_TIMEOUT_S = 1800.0
 
@@ -90,10 +84,8 @@ def _download_spice_models() -> str | None:
 
 
 def ensure_spice_models() -> bool:
-    """True if SPICE's CoreNLP models are installed, downloading them (bounded) if need be.
-
-    When they are missing and cannot be had, log one warning that says so and how to get them.
-    """
+    """True if SPICE's CoreNLP models are installed, downloading them (bounded) if need be; else log
+    one warning that says how to get them."""
     missing = missing_spice_models()
     if not missing:
         return True

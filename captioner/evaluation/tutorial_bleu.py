@@ -1,20 +1,6 @@
 """BLEU as the Show-Attend-Tell tutorial reports it: nltk's `corpus_bleu`, beside the official scores.
-
-The tutorial (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning, eval.py) calls
-`nltk.translate.bleu_score.corpus_bleu(references, hypotheses)` with its default weights and no
-smoothing: n-gram matches are clipped per image against all its references and summed over the
-corpus before the precisions are taken, and the brevity penalty uses, per image, the reference
-length closest to the hypothesis (the shorter on a tie). On the same tokens pycocoevalcap's BLEU
-(the COCO server's) follows the same formula up to its 1e-15 / 1e-9 smoothing constants, and
-nltk gives ~0 (about 1e-155) when some n-gram order has no match at all. The tutorial's published
-numbers differ from the server's mainly in what is scored: word ids after its vocabulary
-cut-off (rare reference words become <unk>) on its own tokens, and no PTB tokenizer. The
-numbers here are reported under their own names, `nltk_corpus_BLEU_n`, never as the official
-score.
-
-Both are computed on the same tokens: those of the Java PTB tokenizer the official scorer uses,
-or `captioner.text.vocab.tokenize` when the official scorer is not run (`--fast`).
-"""
+No smoothing, on the official scorer's tokens, reported as `nltk_corpus_BLEU_n`, never as the
+official score: it matches pycocoevalcap's formula but gives ~0 when an n-gram order has no match."""
 
 from __future__ import annotations
 
@@ -28,12 +14,9 @@ KEYS = tuple(f"nltk_corpus_BLEU_{n}" for n in range(1, 5))
 LABEL = "tutorial-style nltk corpus_bleu, not comparable with COCO-server BLEU"
 
 
-def nltk_corpus_bleu(references: Mapping[int, list[list[str]]], predictions: Mapping[int, list[str]]) -> dict[str, float]:
-    """nltk corpus BLEU-1..4 (uniform weights, no smoothing) of tokenised predictions.
-
-    references: image id -> its reference captions as word lists; predictions: image id -> the
-    predicted words. Only the predicted images are scored.
-    """
+def nltk_corpus_bleu(references: Mapping[int, list[list[str]]],
+                     predictions: Mapping[int, list[str]]) -> dict[str, float]:
+    """nltk corpus BLEU-1..4 (uniform weights, no smoothing) of the predicted images, each caption a word list."""
     from nltk.translate.bleu_score import corpus_bleu
 
     ids = sorted(predictions)

@@ -1,11 +1,6 @@
-"""The words a caption must not end on: articles, prepositions and conjunctions ("a man riding
-a", "a dog with"). Evaluation counts the captions that do (`evaluation.caption_stats`) and
-decoding can forbid them (`<eos>` is not allowed right after one); both read these lists.
-
-Words that end English captions legitimately as adverbs or particles ("looking up", "lying
-down", "standing outside", "walking by", "flying over") are left out, so the rule catches
-captions cut off mid-phrase, not style.
-"""
+"""The words a caption must not end on: articles, prepositions and conjunctions ("a dog with").
+Evaluation counts such captions and decoding can forbid `<eos>` after one. Adverbs and particles
+that end captions legitimately ("looking up", "walking by") are left out."""
 
 from __future__ import annotations
 

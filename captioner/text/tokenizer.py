@@ -1,19 +1,6 @@
-"""The caption tokenizer: the official COCO evaluation's tokenisation, in pure Python.
-
-pycocoevalcap tokenises every caption with Stanford's Java PTBTokenizer (CoreNLP 3.4.1,
-`-preserveLines -lowerCase`) and then drops the tokens in its PUNCTUATIONS list. The vocabulary
-and the fast in-process metrics must see the same words, or the model can never write a
-reference word such as "t-shirt" and the fast scores drift from the official ones. This module
-reproduces that pipeline's output without Java: words keep their inner hyphens, slashes and
-dotted acronyms ("close-up", "and/or", "t.v."); known abbreviations keep their period ("st.",
-"mr."); contractions split ("do n't", "ca n't", "can not", "gon na"); "&" stays a token;
-brackets become -lrb-/-rrb-, -lsb-/-rsb-, -lcb-/-rcb- (pycocoevalcap's list names them in upper
-case, so after lower-casing they survive); quotes, single sentence marks, commas, colons,
-semicolons and dashes are dropped; other symbols ($, %, #, +, =, *) are tokens of their own.
-
-`python -m benchmarks tokenizer` measures the agreement with the Java tokenizer over COCO val2014's
-202,654 captions (docs/benchmarks.md); tests/test_tokenizer.py pins the hard cases.
-"""
+"""The caption tokenizer: the official COCO evaluation's tokenisation, in pure Python. It reproduces
+the Java PTBTokenizer (CoreNLP 3.4.1) and pycocoevalcap's punctuation removal, so the vocabulary and
+the fast metrics see the official words (`python -m benchmarks tokenizer` measures the agreement)."""
 
 from __future__ import annotations
 
@@ -96,10 +83,9 @@ def tokenize(text: str) -> list[str]:
 
 
 def _keeps_period(word: str, after: str) -> bool:
-    """Whether the period after `word` (original case; `after` is the text past the period) is
-    part of it, as for abbreviations, dotted acronyms ("t.v", "u.s.a") and single letters
-    ("a.", "W. Bush"). A period followed by a comma or semicolon stays too; before a word that
-    starts a sentence, a capital letter's period ends it ("a P. The ...")."""
+    """Whether the period after `word` (original case; `after`: the text past it) belongs to it:
+    abbreviations, dotted acronyms, single letters ("W. Bush") and a period before "," or ";",
+    but not a capital's period before a sentence start ("a P. The ...")."""
     lower = word.lower()
     if after[:1] in (",", ";"):
         return True

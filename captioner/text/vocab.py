@@ -1,8 +1,5 @@
-"""Tokenisation and the word vocabulary.
-
-`tokenize` (from `captioner.text.tokenizer`) gives the words the official COCO caption evaluation
-scores: pycocoevalcap's Java PTB tokenizer and punctuation removal, reproduced in pure Python.
-"""
+"""Tokenisation and the word vocabulary. `tokenize` (from `captioner.text.tokenizer`) gives the
+words the official COCO caption evaluation scores."""
 
 from __future__ import annotations
 

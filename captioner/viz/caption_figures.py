@@ -1,6 +1,5 @@
-"""Matplotlib figures for looking inside one caption: the self-attention head view (after bertviz), the grid
-of cross-attention maps per layer and head, and attention beside Grad-CAM; `save_caption_figures`
-writes the ones a caller asks for."""
+"""Matplotlib figures inside one caption: the self-attention head view (after bertviz), the grid of
+cross-attention maps per layer and head, and attention beside Grad-CAM."""
 
 from __future__ import annotations
 
@@ -24,15 +23,15 @@ HEAD_COLOURS = plt.get_cmap("tab10")
 
 
 def head_view_tokens(caption: Caption) -> tuple[list[str], list[str]]:
-    """(left, right) labels of the head view: on the left the word each step produced, on the
-    right the input each position held (<bos>, then the words), so that row t's lines reach the
-    inputs 0..t: <bos> and the words before word t."""
+    """(left, right) labels of the head view: the word each step produced, and the input each
+    position held (<bos>, then the words), so row t's lines reach <bos> and the words before t."""
     return list(caption.words), ["<bos>", *caption.words[:-1]]
 
 
 def _check_self_attention(caption: Caption) -> torch.Tensor:
     if caption.self_attn is None:
-        raise CaptionerError("this caption has no self-attention weights: only transformer decoders have them")
+        raise CaptionerError("this caption has no self-attention weights: "
+                             "only transformer decoders have them")
     return caption.self_attn  # (T, L, H, T)
 
 
@@ -54,9 +53,8 @@ def _draw_head_view(ax, weights: torch.Tensor, left: list[str], right: list[str]
 
 
 def head_view_figure(caption: Caption, layers: list[int] | None = None, heads: list[int] | None = None) -> Figure:
-    """bertviz's head view of the decoder's self-attention: a panel per (layer, head) and per
-    layer the mean over its heads; in each, a line from every word (left) to each earlier input
-    (right) it attends to, as strong as the weight."""
+    """bertviz's head view of the decoder's self-attention: a panel per (layer, head) and a layer's
+    mean over heads, each a line from every word to each earlier input, as strong as the weight."""
     weights = _check_self_attention(caption)  # (T, L, H, T)
     L, H = weights.shape[1:3]
     layers = list(range(L)) if layers is None else layers
@@ -67,7 +65,8 @@ def head_view_figure(caption: Caption, layers: list[int] | None = None, heads: l
     fig, axes = plt.subplots(len(layers), columns, figsize=(2.3 * columns, height * len(layers)), squeeze=False)
     for r, layer in enumerate(layers):
         for c, head in enumerate(heads):
-            _draw_head_view(axes[r, c], weights[:, layer, head], left, right, HEAD_COLOURS(head % 10), f"layer {layer}, head {head}")
+            _draw_head_view(axes[r, c], weights[:, layer, head], left, right, HEAD_COLOURS(head % 10),
+                            f"layer {layer}, head {head}")
         if len(heads) > 1:
             mean = weights[:, layer, heads].mean(dim=1)  # (T, T)
             _draw_head_view(axes[r, -1], mean, left, right, "black", f"layer {layer}, mean")
@@ -126,20 +125,22 @@ def saliency_figure(
         top.set_title(caption.words[p], fontsize=10)
         bottom.imshow(overlay(image, gradcam[i]))
         if i % columns == 0:
-            top.text(-0.08, 0.5, "attention", transform=top.transAxes, rotation=90, ha="right", va="center", fontsize=9)
-            bottom.text(-0.08, 0.5, "Grad-CAM", transform=bottom.transAxes, rotation=90, ha="right", va="center", fontsize=9)
+            top.text(-0.08, 0.5, "attention", transform=top.transAxes, rotation=90, ha="right", va="center",
+                     fontsize=9)
+            bottom.text(-0.08, 0.5, "Grad-CAM", transform=bottom.transAxes, rotation=90, ha="right", va="center",
+                        fontsize=9)
     fig.suptitle(f"attention vs Grad-CAM: {caption.text}", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def save_figure(fig: Figure, *paths: str | Path, dpi: int = 90) -> list[Path]:
-    """Write the figure to each path (its format from the suffix: .png, .svg, .jpg) and close it;
-    each replaced atomically (a full disk: one StorageError naming it)."""
+    """Write the figure atomically to each path (format from the suffix) and close it."""
     written = []
     try:
         for path in map(Path, paths):
-            write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))  # noqa: B023
+            write_atomically(
+                path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))  # noqa: B023
             written.append(path)
     finally:
         plt.close(fig)
@@ -168,10 +169,9 @@ def save_caption_figures(
     image: Image.Image, caption: Caption, request: FigureRequest, stem: str, suffix: str = "",
     cams: dict[int, torch.Tensor] | None = None,
 ) -> dict[str, Path]:
-    """Write the figures `request` asks for, each named stem_KIND+suffix ("photo_heads_2.png");
-    their paths by kind (heatmaps, self_attention, head_grid, gradcam). Per-word figures are
-    skipped for a caption without words, the Grad-CAM figure also without `cams` (word
-    position -> (h, w) map)."""
+    """Write the figures `request` asks for, named stem_KIND+suffix ("photo_heads_2.png"); their paths
+    by kind. Per-word figures are skipped for a caption without words, Grad-CAM also without `cams`
+    (word position -> (h, w) map)."""
     written: dict[str, Path] = {}
     if request.heatmaps is not None:
         written["heatmaps"] = save_attention_figure(
@@ -185,7 +185,8 @@ def save_caption_figures(
             head_view_figure(caption), request.self_attention / f"{base}.png", request.self_attention / f"{base}.svg"
         )
     if request.head_grid is not None:
-        (written["head_grid"],) = save_figure(head_grid_figure(image, caption), request.head_grid / f"{stem}_heads{suffix}.png")
+        (written["head_grid"],) = save_figure(head_grid_figure(image, caption),
+                                              request.head_grid / f"{stem}_heads{suffix}.png")
     if request.gradcam is not None and cams:
         figure = saliency_figure(image, caption, cams, request.layer, request.head)
         (written["gradcam"],) = save_figure(figure, request.gradcam / f"{stem}_gradcam{suffix}.png")

@@ -23,7 +23,8 @@ from captioner.training.history import (  # noqa: E402
 CURVES = "training_curves.png"
 
 
-def training_figure(history: list[dict], step_losses: list[tuple[int, float]], metric: str, beam_size: int = 1) -> Figure:
+def training_figure(history: list[dict], step_losses: list[tuple[int, float]], metric: str,
+                    beam_size: int = 1) -> Figure:
     """Training loss per epoch (and per logged step) beside the validation scores."""
     fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(11, 4))
     if step_losses:
@@ -52,10 +53,10 @@ def plot_run(run_dir: str | Path, metric: str, beam_size: int = 1) -> Path | Non
     return save_figure(fig, run_dir / CURVES)
 
 
-def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: str = "reward", title: str = "") -> Figure:
-    """Several runs side by side: (label, history) each. Left, the validation score `val_<val>`
-    by epochs trained (epoch 0 is an SCST stage's starting model; mid-epoch validations sit at
-    their fraction); right, the training column `train_<train>` per epoch, in the same colour."""
+def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: str = "reward",
+                title: str = "") -> Figure:
+    """Runs side by side, (label, history) each: left `val_<val>` by epochs trained (epoch 0: an SCST
+    stage's starting model), right `train_<train>` per epoch in the same colour."""
     fig, (ax_val, ax_train) = plt.subplots(1, 2, figsize=(11, 4))
     for label, history in runs:
         scores = [(epochs_trained(r), r[f"val_{val}"]) for r in history if f"val_{val}" in r]
@@ -72,8 +73,7 @@ def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: s
 
 
 def save_figure(fig: Figure, out: str | Path) -> Path:
-    """`fig` into `out` (its format from the suffix), replaced atomically: a full disk is one
-    StorageError and the previous figure stays whole."""
+    """`fig` into `out` (format from the suffix), atomically: a full disk keeps the previous figure whole."""
     out = Path(out)
     try:
         write_atomically(out, lambda tmp: fig.savefig(tmp, dpi=100, format=out.suffix.lstrip(".") or "png"))

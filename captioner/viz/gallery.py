@@ -1,8 +1,5 @@
-"""Gallery sheets: photographs in a grid, each with captions from several sources beneath it.
-
-What a table of scores hides (the same stock sentence for many images, a wrong colour, a
-missed second person) shows at once in a gallery of captions beside a human's.
-"""
+"""Gallery sheets: photographs in a grid, each with captions from several sources beneath it. They
+show what a table of scores hides: a stock sentence, a wrong colour, a missed second person."""
 
 from __future__ import annotations
 
@@ -29,7 +26,8 @@ class GalleryItem:
 def _lines(source: str, caption: str, width_chars: int) -> list[str]:
     """`source: caption`, wrapped to `width_chars` with the continuation indented; Flickr8k's
     tokenised " ." ending dropped, so human and model captions read alike."""
-    return textwrap.wrap(f"{source}: {caption.strip().removesuffix(' .')}", width_chars, subsequent_indent="   ") or [f"{source}:"]
+    return (textwrap.wrap(f"{source}: {caption.strip().removesuffix(' .')}", width_chars, subsequent_indent="   ")
+            or [f"{source}:"])
 
 
 def gallery_sheet(items: Sequence[GalleryItem], columns: int = 4, tile_side: int = TILE_SIDE) -> Image.Image:
@@ -51,7 +49,8 @@ def gallery_sheet(items: Sequence[GalleryItem], columns: int = 4, tile_side: int
         draw.text((left, top), shorten(item.title, tile_side, typeface), fill=(90, 90, 90), font=typeface)
         picture = item.image.convert("RGB")
         picture.thumbnail((tile_side, tile_side), Image.Resampling.BILINEAR)
-        sheet.paste(picture, (left + (tile_side - picture.width) // 2, top + line_height + (tile_side - picture.height) // 2))
+        sheet.paste(picture, (left + (tile_side - picture.width) // 2,
+                              top + line_height + (tile_side - picture.height) // 2))
         for n, line in enumerate(lines):
             y = top + line_height + tile_side + 4 + n * line_height
             draw.text((left, y), shorten(line, tile_side, typeface), fill="black", font=typeface)

@@ -1,11 +1,6 @@
 """Attention maps (T, h, w) -> heatmaps over the image: per-word overlays and the sheet of them.
-
-Everything here is numpy and Pillow: a heatmap is a colour lookup and a blend, and the sheet
-(the input, then each word over its map, the word as the panel's title) is pasted together, so
-drawing a caption costs milliseconds, not a matplotlib figure per word. The demo draws one for
-every request; the CLI's --heatmaps, evaluate's grounding figures and export's attention.png
-are the same sheet.
-"""
+Numpy and Pillow only (a colour lookup and a blend per word), so a sheet costs milliseconds, not
+a matplotlib figure per word; the demo, the CLI and evaluation all draw this sheet."""
 
 from __future__ import annotations
 
@@ -18,15 +13,14 @@ from PIL import Image, ImageChops, ImageDraw, ImageFilter, ImageFont
 from captioner.core.files import write_atomically
 from captioner.models.caption_result import Caption, upsample
 
-PANEL_SIDE = 216  # px: a panel's longer side (the 2.4-inch panels of the former matplotlib figure at 90 dpi)
+PANEL_SIDE = 216  # px: a panel's longer side (2.4 inches at 90 dpi)
 GAP = 12  # px of white between panels: what keeps them apart on the sheet
 TITLE_SIZE, HEADING_SIZE = 15, 15  # font sizes in px: a panel's word, the sheet's heading
 
 
 @functools.lru_cache(maxsize=8)
 def colour_table(cmap: str) -> bytes:
-    """A matplotlib colormap as a 256-colour palette (RGB bytes). A lookup in it gives the
-    colours the colormap's own call gives: that call also picks entry floor(x * 256) of 256."""
+    """A matplotlib colormap as a 256-colour palette (RGB bytes), entry floor(x * 256) as the colormap picks."""
     import matplotlib
 
     return (matplotlib.colormaps[cmap](np.arange(256))[:, :3] * 255).astype(np.uint8).tobytes()  # (256 * 3,)
@@ -39,11 +33,12 @@ def overlay(image: Image.Image, heatmap: np.ndarray, alpha: float = 0.55, cmap: 
     index = np.minimum(heat * 256, 255).astype(np.uint8)  # (H, W): the colormap's entry
     colours = Image.fromarray(index, "L")
     colours.putpalette(colour_table(cmap))  # now mode P
-    weight = (np.sqrt(heat) * (alpha * 255) + 0.5).astype(np.uint8)  # (H, W): the faint tail of the map shows the image through
+    weight = (np.sqrt(heat) * (alpha * 255) + 0.5).astype(np.uint8)  # (H, W): the map's faint tail shows through
     return Image.composite(colours.convert("RGB"), image.convert("RGB"), Image.fromarray(weight, "L"))
 
 
-def word_overlays(image: Image.Image, caption: Caption, layer: int = -1, head: int | None = None) -> list[tuple[str, Image.Image]]:
+def word_overlays(image: Image.Image, caption: Caption, layer: int = -1,
+                  head: int | None = None) -> list[tuple[str, Image.Image]]:
     """One (word, image with that word's attention) pair per generated word."""
     maps = upsample(caption.heatmaps(layer, head), (image.height, image.width)).numpy()  # (T, H, W)
     return [(word, overlay(image, heat)) for word, heat in zip(caption.words, maps)]
@@ -65,7 +60,8 @@ def fit(image: Image.Image, side: int) -> Image.Image:
 def draw_outline(picture: Image.Image, mask: np.ndarray) -> Image.Image:
     """`picture` with the border of a (H, W) boolean region (at any resolution) drawn in white."""
     region = Image.fromarray(mask.astype(np.uint8) * 255).resize(picture.size, Image.Resampling.NEAREST)
-    border = ImageChops.difference(region.filter(ImageFilter.MaxFilter(3)), region.filter(ImageFilter.MinFilter(3)))  # a 2-px ring
+    border = ImageChops.difference(region.filter(ImageFilter.MaxFilter(3)),
+                                   region.filter(ImageFilter.MinFilter(3)))  # a 2-px ring
     outlined = picture.copy()
     outlined.paste((255, 255, 255), mask=border)
     return outlined
@@ -103,7 +99,8 @@ def attention_sheet(
     title_height, heading_height = TITLE_SIZE + 8, HEADING_SIZE + 16
     cell_width, cell_height = picture.width + GAP, title_height + picture.height + GAP
     rows = (len(panels) + columns - 1) // columns
-    sheet = Image.new("RGB", (GAP + min(columns, len(panels)) * cell_width, heading_height + rows * cell_height), "white")
+    sheet = Image.new("RGB", (GAP + min(columns, len(panels)) * cell_width, heading_height + rows * cell_height),
+                      "white")
     draw = ImageDraw.Draw(sheet)
     heading = shorten(title or f"{caption.text}  (score {caption.score:.2f})", sheet.width - 2 * GAP, heading_font)
     draw.text((sheet.width / 2, heading_height / 2), heading, fill="black", font=heading_font, anchor="mm")
@@ -121,5 +118,5 @@ def save_attention_figure(path: str | Path, image: Image.Image, caption: Caption
     sheet = attention_sheet(image, caption, **options)
     kind = Image.registered_extensions().get(path.suffix.lower(), "PNG")  # the temporary name has no telling suffix
     fastest = {"compress_level": 1} if kind == "PNG" else {}  # photos barely compress more at higher levels
-    write_atomically(path, lambda tmp: sheet.save(tmp, format=kind, **fastest))  # a full disk: one StorageError, no half file
+    write_atomically(path, lambda tmp: sheet.save(tmp, format=kind, **fastest))  # a full disk: one StorageError
     return path
