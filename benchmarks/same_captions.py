@@ -33,7 +33,7 @@ def record(out: Path, runs: list[str], beams: list[int], batch_size: int) -> Non
         decoded: dict[str, dict] = {}
         for k in beams:
             hyps = [c for feats, grid in encoded
-                    for c in model.decode_n_best(feats, grid, n_best=k, beam_size=k)]
+                    for c in model.decode(feats, grid, n_best=k, beam_size=k)]
             decoded[str(k)] = {
                 str(r.image_id): [{"tokens": c.tokens, "score": c.score, "finished": c.finished} for c in captions]
                 for r, captions in zip(records, hyps)

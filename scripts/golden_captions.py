@@ -174,12 +174,12 @@ def record_caption(caption: Any) -> dict[str, Any]:
 
 def caption_all(model: Any, images: list) -> dict[str, Any]:
     """Every decoding of DECODINGS on `images` (paths) with a torch Captioner, through its public
-    `caption_files` (one batch): name -> image name -> its captions, best first (one unless n_best)."""
+    `caption` (one batch): name -> image name -> its captions, best first (one unless n_best)."""
     out: dict[str, Any] = {}
     for name, options in DECODINGS.items():
         options = dict(options)
         n_best = options.pop("n_best", 1)
-        ranked = model.caption_files([str(p) for p in images], n_best=n_best, **options)
+        ranked = model.caption([str(p) for p in images], n_best=n_best, **options)
         out[name] = {Path(path).name: [record_caption(c) for c in captions] for path, captions in zip(images, ranked, strict=True)}
     return out
 

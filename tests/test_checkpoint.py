@@ -23,7 +23,7 @@ def test_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
     images = torch.randn(2, 3, 32, 32)
     tokens = torch.randint(0, len(model.vocab), (2, 5))
     torch.testing.assert_close(loaded(images, tokens).logits, model(images, tokens).logits, rtol=0, atol=0)
-    a, b = model.caption_images(images, beam_size=2), loaded.caption_images(images, beam_size=2)
+    a, b = model.caption(images, beam_size=2), loaded.caption(images, beam_size=2)
     assert [c.tokens for c in a] == [c.tokens for c in b]
     assert loaded.config == model.config and loaded.spec() == model.spec()
 

@@ -240,7 +240,7 @@ def test_inference_under_cuda_autocast(decoder: str) -> None:
     for options in runs:
         n_best = options.pop("n_best", 1)
         with cuda_autocast():
-            captions = model.caption_images(images, n_best=n_best, max_length=6, **options)
+            captions = model.caption(images, n_best=n_best, max_length=6, **options)
         for caption in (c for per_image in captions for c in per_image):
             assert caption.attn.dtype == torch.float32 and caption.attn.shape[0] == len(caption.words)
             sums = caption.attn.flatten(-2).sum(-1)  # (T, L, H)

@@ -274,7 +274,7 @@ def test_n_best_gives_distinct_sorted_hypotheses_with_attention(kind: str) -> No
     model = tiny_model(f"model.decoder.type={kind}")
     images = torch.randn(2, 3, 32, 32)
     feats, grid = model.encode(images)
-    n_best = model.decode_n_best(feats, grid, n_best=3, beam_size=4, max_length=8)
+    n_best = model.decode(feats, grid, n_best=3, beam_size=4, max_length=8)
     best = model.decode(feats, grid, beam_size=4, max_length=8)
     layers = model.config.decoder.num_layers if kind == "transformer" else 1
     heads = model.config.decoder.num_heads if kind == "transformer" else 1
@@ -285,7 +285,7 @@ def test_n_best_gives_distinct_sorted_hypotheses_with_attention(kind: str) -> No
         for c in captions:
             assert c.attn.shape == (len(c.tokens), layers, heads, *grid)
     with pytest.raises(ConfigError, match="n_best"):
-        model.decode_n_best(feats, grid, n_best=5, beam_size=4)
+        model.decode(feats, grid, n_best=5, beam_size=4)
     with pytest.raises(ConfigError, match="diverse_groups"):
         model.decode(feats, grid, beam_size=3, diverse_groups=2)
 

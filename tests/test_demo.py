@@ -74,7 +74,7 @@ def page_for(model, upload, tmp_path: Path, **options):
 
 def cli_captions(checkpoint: Path, images: list[Path], capsys: pytest.CaptureFixture[str], beam: int, length: int) -> list[dict]:
     """What `captioner caption CHECKPOINT IMAGES --json` prints: the independent path to compare
-    the page with (its own model loaded from the file, the batched `caption_files` decoding)."""
+    the page with (its own model loaded from the file, the batched `caption` decoding)."""
     from captioner.apps.cli import main
 
     capsys.readouterr()  # drop what earlier calls printed
@@ -404,7 +404,7 @@ def test_api_captions_through_the_same_path_as_the_cli(server: str, trained: Tra
     text, score, gallery, note = api.predict(
         handle_file(str(image)), model_name=str(trained.checkpoint), beam_size=beam, max_length=length, api_name="/caption"
     )
-    [expected] = model.caption_files([image], beam_size=beam, max_length=length)  # what `captioner caption` prints
+    [expected] = model.caption([image], beam_size=beam, max_length=length)  # what `captioner caption` prints
     assert text == expected.text and score.startswith(f"score {expected.score:.3f}") and f"· beam {beam} ·" in score
     assert [item["caption"] for item in gallery] == expected.words
     assert all(Image.open(item["image"]).size == Image.open(image).size for item in gallery)

@@ -211,4 +211,4 @@ def test_scst_under_torchrun(shapes: Path, tmp_path: Path) -> None:
     assert len(rows) == 3 and "train_reward" in rows[0]  # the header, epoch 0 (the starting model), epoch 1
     assert rows[1].startswith("0,0,") and int(rows[2].split(",")[1]) == 6  # 48 train images, one item per image, 2 ranks x 4: 6 steps
     model = load_captioner(scst / "best.pt")
-    assert model.caption_files(sorted((shapes / "test").glob("*.jpg"))[:1])[0].words
+    assert model.caption(sorted((shapes / "test").glob("*.jpg"))[:1])[0].words

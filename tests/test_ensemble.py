@@ -40,7 +40,7 @@ def pictures(count: int = 3) -> list[Image.Image]:
 def n_best(model: Captioner | Ensemble, options: dict) -> list[list]:
     images = torch.stack([model.transform(p) for p in pictures()])  # one model: (B, 3, S, S); an ensemble: (B, P)
     options = dict(options)
-    return model.caption_images(images, n_best=options.pop("n_best", 1), max_length=8, **options)
+    return model.caption(images, n_best=options.pop("n_best", 1), max_length=8, **options)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "transformer"])

@@ -122,5 +122,5 @@ def test_the_setting_is_ignored_on_the_cpu_and_checked_in_the_config() -> None:
         load_config(None, ["decode.cuda_graphs=sometimes"])
     plain, graphed = tiny_model(), tiny_model("decode.cuda_graphs=true")
     image = torch.randint(0, 256, (2, 3, plain.image_size, plain.image_size), dtype=torch.uint8)
-    assert [c.text for c in graphed.caption_images(image)] == [c.text for c in plain.caption_images(image)]
+    assert [c.text for c in graphed.caption(image)] == [c.text for c in plain.caption(image)]
     assert "step" not in graphed.decoder.__dict__  # no graph on the CPU

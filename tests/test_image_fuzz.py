@@ -80,7 +80,7 @@ class Outcome:
               f"{len(self.refused)} refused")
         for start in range(0, len(self.tensors), 256):
             batch = torch.stack(self.tensors[start : start + 256])  # (B, 3, S, S)
-            captions = self.model.caption_images(batch, beam_size=1, max_length=3)
+            captions = self.model.caption(batch, beam_size=1, max_length=3)
             assert len(captions) == len(batch) and all(isinstance(c.text, str) for c in captions)
 
 

@@ -84,7 +84,7 @@ def test_uint8_images_encode_bit_identically_to_the_old_float_pipeline(shared_da
     with torch.no_grad():
         assert torch.equal(model.encode(moved.images)[0], model.encode(old[:1])[0])  # batch sizes alike: oneDNN blocks by batch
     # Captioning from files gives the captions the float images give.
-    assert [c.text for c in model.caption_files(paths)] == [c.text for c in model.caption_images(old)]
+    assert [c.text for c in model.caption(paths)] == [c.text for c in model.caption(old)]
 
 
 @pytest.mark.parametrize("size", [32, 224, 260])

@@ -27,8 +27,8 @@ def test_self_attention_is_the_one_decoding_used(transformer, beam):
     prefix; rows are distributions over <bos> and the earlier words, with nothing on later ones;
     asking for them changes no caption."""
     images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    plain = transformer.caption_images(images, beam_size=beam, max_length=7)
-    recorded = transformer.caption_images(images, beam_size=beam, max_length=7, self_attention=True)
+    plain = transformer.caption(images, beam_size=beam, max_length=7)
+    recorded = transformer.caption(images, beam_size=beam, max_length=7, self_attention=True)
     feats, _ = transformer.encode(images)
     for b, (p, c) in enumerate(zip(plain, recorded)):
         assert p.text == c.text and p.self_attn is None
@@ -49,7 +49,7 @@ def test_self_attention_follows_the_beams(transformer):
     """n-best hypotheses each carry their own self-attention: the one of their own prefix."""
     images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     feats, _ = transformer.encode(images)
-    hyps = transformer.caption_images(images, n_best=3, beam_size=3, max_length=6, self_attention=True)[0]
+    hyps = transformer.caption(images, n_best=3, beam_size=3, max_length=6, self_attention=True)[0]
     assert len({h.text for h in hyps}) == len(hyps) > 1
     for h in hyps:
         inputs = torch.tensor([transformer.vocab.bos_id, *h.tokens[:-1]])[None]
@@ -60,7 +60,7 @@ def test_self_attention_follows_the_beams(transformer):
 
 def test_lstm_has_no_self_attention():
     model = tiny_model()
-    caption = model.caption_images(torch.rand(1, 3, 32, 32), max_length=4, self_attention=True)[0]
+    caption = model.caption(torch.rand(1, 3, 32, 32), max_length=4, self_attention=True)[0]
     assert caption.self_attn is None
 
 
@@ -139,7 +139,7 @@ def test_caption_grad_cam_matches_a_hand_computed_gradient(transformer):
     """Grad-CAM through the real decoder equals ReLU(mean-gradient-weighted features) computed by
     hand from the teacher-forced log-probability of one word."""
     images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
-    caption = transformer.caption_images(images, max_length=5, beam_size=1)[0]
+    caption = transformer.caption(images, max_length=5, beam_size=1)[0]
     feats, _ = transformer.encode(images)  # (1, N, D)
     t = len(caption.tokens) - 1
     cams = caption_grad_cam(transformer, feats[0], caption, [0, t])

@@ -135,7 +135,7 @@ def test_config_length_penalty_reaches_the_search() -> None:
     """decode.length_penalty from the config ranks the model's beams: each caption's score is its
     log-probability over the penalty of its length (the raw log-probability when it is ignored)."""
     model = tiny_model("decode.length_penalty=1.5")
-    captions = model.caption_images(torch.randn(4, 3, 32, 32), beam_size=3, max_length=6)
+    captions = model.caption(torch.randn(4, 3, 32, 32), beam_size=3, max_length=6)
     assert any(len(c.tokens) != 1 for c in captions)  # length 1 is the one length the penalty leaves alone
     for c in captions:
         assert c.score == pytest.approx(c.logprob / ((5 + len(c.tokens)) / 6) ** 1.5, rel=1e-5)
@@ -144,7 +144,7 @@ def test_config_length_penalty_reaches_the_search() -> None:
 def test_captioner_captions_a_batch_with_maps() -> None:
     model = tiny_model()
     images = torch.randn(3, 3, 32, 32)
-    captions = model.caption_images(images, beam_size=3, max_length=7)
+    captions = model.caption(images, beam_size=3, max_length=7)
     assert len(captions) == 3
     for caption in captions:
         assert caption.attn.shape == (len(caption.words), 1, 1, 2, 2)  # 32 px / 16 = a 2x2 grid
@@ -173,7 +173,7 @@ def test_banned_tokens_keep_words_and_maps_aligned() -> None:
     with torch.no_grad():
         model.decoder.out_vocab.bias[model.vocab.pad_id] = 50.0  # an untrained model that loves <pad>
     for beam in (1, 3):
-        for caption in model.caption_images(torch.randn(2, 3, 32, 32), beam_size=beam, max_length=6):
+        for caption in model.caption(torch.randn(2, 3, 32, 32), beam_size=beam, max_length=6):
             assert not {model.vocab.pad_id, model.vocab.bos_id, model.vocab.unk_id} & set(caption.tokens)
             assert len(caption.words) == len(caption.tokens) == caption.attn.shape[0]
 

@@ -104,7 +104,7 @@ def test_a_checkpoint_from_before_the_spec_loads_and_saves_in_the_new_format(nam
     for key, tensor in model.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[key]), key
     images = torch.randint(0, 256, (2, 3, model.image_size, model.image_size), dtype=torch.uint8)
-    assert [c.tokens for c in model.caption_images(images, beam_size=3)] == [c.tokens for c in again.caption_images(images, beam_size=3)]
+    assert [c.tokens for c in model.caption(images, beam_size=3)] == [c.tokens for c in again.caption(images, beam_size=3)]
 
 
 def test_an_export_from_before_the_spec_reads_into_the_spec_of_its_checkpoint() -> None:

@@ -127,7 +127,7 @@ def test_n_best_lists_equal_pytorch(exported: Exported, pictures: list, tmp_path
     for i, picture in enumerate(pictures[::2][:4]):
         paths.append(tmp_path / f"{i}.png")
         picture.save(paths[-1])
-    expected = exported.model.caption_files(paths, n_best=3, beam_size=4)
+    expected = exported.model.caption(paths, n_best=3, beam_size=4)
     got = exported.runtime.caption_files(paths, n_best=3, beam_size=4)
     assert [[c.tokens for c in ranked] for ranked in got] == [[c.tokens for c in ranked] for ranked in expected]
     assert all(len(ranked) == 3 for ranked in got)

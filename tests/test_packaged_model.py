@@ -316,8 +316,8 @@ def test_every_caption_path_says_once_which_model_answered(installed: Path, proj
     assert origin_lines(caplog) == [DESCRIBED]  # once per process
     caplog.clear()
     model_origin._announced.clear()  # a new process: the library's default model
-    model = default_model(device="cpu")
     with caplog.at_level(logging.INFO):
+        model = default_model(device="cpu")
         model.caption("photo.png")
         model.caption(["photo.png"])
     assert origin_lines(caplog) == [DESCRIBED]

@@ -150,7 +150,7 @@ def test_beam_search_ranks_by_the_length_penalty() -> None:
 def test_config_length_penalty_reaches_the_search() -> None:
     """decode.length_penalty from the config ranks the transformer's beams too."""
     model = tiny_model("model.decoder.type=transformer", "decode.length_penalty=1.5")
-    captions = model.caption_images(torch.randn(4, 3, 32, 32), beam_size=3, max_length=6)
+    captions = model.caption(torch.randn(4, 3, 32, 32), beam_size=3, max_length=6)
     assert any(len(c.tokens) != 1 for c in captions)  # length 1 is the one length the penalty leaves alone
     for c in captions:
         assert c.score == pytest.approx(c.logprob / ((5 + len(c.tokens)) / 6) ** 1.5, rel=1e-5)
@@ -216,7 +216,7 @@ def test_build_model_captions_images_end_to_end() -> None:
     assert isinstance(model.decoder, TransformerDecoder)
     images = torch.randn(2, 3, 32, 32)
     for beam_size in (1, 3):
-        captions = model.caption_images(images, beam_size=beam_size, max_length=5)
+        captions = model.caption(images, beam_size=beam_size, max_length=5)
         assert len(captions) == 2
         for caption in captions:
             assert caption.attn.shape == (len(caption.tokens), 2, 4, 2, 2)  # (T, L, nh, h, w)

@@ -70,7 +70,7 @@ def caption_records(
             if batch is None:
                 continue
             images, indices = batch
-            for i, caption in zip(indices.tolist(), model.caption_images(images, **decode_options)):
+            for i, caption in zip(indices.tolist(), model.caption(images, **decode_options)):
                 results[records[i].image_id] = caption
             bar.update(len(indices))
     bar.close()

@@ -9,12 +9,13 @@ files record it, is its spec (`Captioner.spec`, core/model_spec.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import torch
+from PIL.Image import Image
 from torch import nn
 
 from captioner.core.config_sections import Config, DecodeConfig, ModelConfig
@@ -22,7 +23,7 @@ from captioner.core.decoder_types import section
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, ImageLoadError
 from captioner.core.model_spec import ModelSpec, Preprocessing, SpecialIds
 from captioner.core.process_settings import resolve_device
-from captioner.data.image_files import ImageInput, load_image, picture_batches
+from captioner.data.image_files import ImageInput, picture_of
 from captioner.data.image_transform import ImageTransform
 from captioner.models.caption_result import Caption
 from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
@@ -45,7 +46,7 @@ from captioner.models.export_format import (
     read_exported,
     write_exported,
 )
-from captioner.models.model_origin import ModelOrigin, announce, check_picture, checkpoint_origin, export_origin
+from captioner.models.model_origin import ModelOrigin, checkpoint_origin, export_origin
 from captioner.models.packaged import is_packaged, read_packaged
 from captioner.text.vocab import Vocabulary
 
@@ -283,100 +284,72 @@ class Captioner(nn.Module):
         return DecodeOptions.from_config(self.decode_config, **overrides)
 
     @torch.no_grad()
-    def decode(self, feats: torch.Tensor, grid: tuple[int, int], **options: Any) -> list[Caption]:
-        """feats (B, N, D) -> one Caption per image, the best one; options as `decode_n_best`."""
-        return [captions[0] for captions in self.decode_n_best(feats, grid, n_best=1, **options)]
-
-    @torch.no_grad()
-    def decode_n_best(self, feats: torch.Tensor, grid: tuple[int, int], n_best: int = 1, **options: Any) -> list[list[Caption]]:
-        """feats (B, N, D) -> per image the `n_best` best distinct captions, best first.
-
-        `options` are `DecodeOptions` fields by name; those not given (or None) come from the
-        config's `decode` section. Beam search (beam_size > 1, optionally diverse with
-        `diverse_groups` groups) gives up to beam_size hypotheses; greedy decoding (beam_size 1)
-        gives one. With `sample`, each of the n_best captions is drawn from softmax(logprobs /
-        temperature), restricted to the `top_k` words and the `top_p` nucleus, seeded by `seed`,
-        and they are sorted by log-probability. With `self_attention` (decoders that have one)
-        each caption carries its self-attention weights from the same pass.
-        """
+    def decode(self, feats: torch.Tensor, grid: tuple[int, int], *, n_best: int | None = None,
+               **options: Any) -> list[Caption] | list[list[Caption]]:
+        """feats (B, N, D) already encoded -> per image its best caption, or with `n_best` its
+        n best distinct ones, best first. `options` are `DecodeOptions` fields by name (unset ones
+        from the config's `decode` section): beam search when beam_size > 1 (diverse with
+        `diverse_groups`), greedy at 1; `sample` draws each caption (temperature, top_k, top_p,
+        seed); `self_attention` (decoders that have one) adds those weights to each caption."""
         if self.decode_config.cuda_graphs and feats.device.type == "cuda":
             use_graphed_step(self.decoder)
-        ranked = decode_hypotheses(self.decoder, feats, self.special_tokens, self.decode_options(n_best=n_best, **options))
-        return [[self._caption(h, grid) for h in hyps] for hyps in ranked]
+        ranked = decode_hypotheses(self.decoder, feats, self.special_tokens, self.decode_options(n_best=n_best or 1, **options))
+        captions = [[self._caption(h, grid) for h in hyps] for hyps in ranked]
+        return captions if n_best is not None else [best[0] for best in captions]
 
     def _caption(self, hyp: Hypothesis, grid: tuple[int, int]) -> Caption:
         words = self.vocab.decode_words(hyp.tokens)
         attn = hyp.attn.reshape(hyp.attn.shape[0], *hyp.attn.shape[1:3], *grid)  # (T, L, H, h, w)
         return Caption(" ".join(words), words, hyp.tokens, hyp.score, hyp.logprob, attn, hyp.finished, hyp.self_attn)
 
+    def caption(
+        self, images: ImageInput | Sequence[ImageInput] | torch.Tensor, *, n_best: int | None = None,
+        batch_size: int | None = None, errors: str = "raise", on_picture: Callable[[Image], None] | None = None,
+        **options: Any,
+    ) -> Caption | list[Any]:
+        """Caption an image (a path, an encoded file's bytes or a PIL image): a Caption; or a list of
+        them: a list in the same order, of Captions or, with `n_best`, of each image's n best.
+        Images are decoded `batch_size` at a time (default: the config's decode.batch_size);
+        `options` as `decode`. A tensor (B, 3, S, S) is a batch `self.transform` made already.
+
+        A list stops at its first image that does not load, with that image's one-line
+        ImageLoadError; `errors="return"` puts each such error in its place instead and goes on.
+        `on_picture` sees each picture as loaded (an application's check of what it is shown)."""
+        if isinstance(images, torch.Tensor) and images.dim() in (2, 4):  # (B, 3, S, S); an ensemble's (B, P)
+            return self._caption_batch(images, n_best, options)
+        if errors not in ("raise", "return"):
+            raise ConfigError(f"caption: errors must be raise or return; got {errors!r}")
+        single = not isinstance(images, (list, tuple))
+        if single and n_best is not None:
+            raise ConfigError("caption: n_best gives several captions per image; pass a list of images")
+        items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
+        batch_size = batch_size or self.decode_config.batch_size
+        results: list = []
+        for start in range(0, len(items), batch_size):
+            loaded: list[torch.Tensor | ImageLoadError] = []
+            for i, item in enumerate(items[start : start + batch_size], start):
+                try:
+                    picture = picture_of(item, None if single or errors == "return" else f"image {i + 1} of {len(items)}")
+                except ImageLoadError as e:
+                    if errors == "raise":
+                        raise
+                    loaded.append(e)
+                    continue
+                if on_picture is not None:
+                    on_picture(picture)
+                loaded.append(self.transform(picture))
+            good = [x for x in loaded if isinstance(x, torch.Tensor)]
+            captions = iter(self._caption_batch(torch.stack(good), n_best, options) if good else [])  # (b, 3, S, S)
+            results += [x if isinstance(x, ImageLoadError) else next(captions) for x in loaded]
+        return results[0] if single else results
+
     @torch.no_grad()
-    def caption_images(
-        self, images: torch.Tensor, n_best: int | None = None, **decode_options: Any
-    ) -> list[Caption] | list[list[Caption]]:
-        """Transformed images (B, 3, H, W), uint8 as `self.transform` makes them -> a caption per
-        image, or with `n_best` a list of the n best per image."""
+    def _caption_batch(self, images: torch.Tensor, n_best: int | None, options: dict[str, Any]) -> list:
+        """Transformed images (B, 3, S, S) -> their captions, in eval mode whatever the model's mode."""
         was_training = self.training
         self.eval()
         try:
-            feats, grid = self.encode(images.to(self.device))
-            if n_best is not None:
-                return self.decode_n_best(feats, grid, n_best, **decode_options)
-            return self.decode(feats, grid, **decode_options)
+            feats, grid = self.encode(images.to(self.device))  # (B, N, D)
+            return self.decode(feats, grid, n_best=n_best, **options)
         finally:
             self.train(was_training)
-
-    @overload
-    def caption(self, images: ImageInput, *, batch_size: int | None = None, **options: Any) -> Caption: ...
-
-    @overload
-    def caption(
-        self, images: list[ImageInput] | tuple[ImageInput, ...], *, batch_size: int | None = None, **options: Any
-    ) -> list[Caption]: ...
-
-    def caption(
-        self, images: ImageInput | list[ImageInput] | tuple[ImageInput, ...], *, batch_size: int | None = None, **options: Any
-    ) -> Caption | list[Caption]:
-        """Caption an image (a path, an encoded image file's bytes, or a PIL image) or a list of
-        them: one Caption, or a list of Captions in the same order, decoded in batches of
-        `batch_size` (default: the config's decode.batch_size). `options` are DecodeOptions
-        fields by name, as for `decode`. A list stops at its first image that does not load,
-        with that image's one-line ImageLoadError."""
-        if "n_best" in options:
-            raise ConfigError("caption: n_best gives several captions per image; use caption_images or decode_n_best")
-        single = not isinstance(images, (list, tuple))
-        items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
-        batch_size = batch_size or self.decode_config.batch_size
-        announce(self.origins)
-        captions: list[Caption] = []
-        for pictures in picture_batches(items, batch_size, positions=not single):
-            for picture in pictures:
-                check_picture(self.origins, picture)
-            batch = torch.stack([self.transform(p) for p in pictures])  # (b, 3, S, S) uint8
-            captions += self.caption_images(batch, **options)
-        return captions[0] if single else captions
-
-    def caption_files(
-        self, paths: Sequence[str | Path], batch_size: int | None = None, **decode_options: Any
-    ) -> list[Caption | ImageLoadError] | list[list[Caption] | ImageLoadError]:
-        """Caption files in batches (of the config's decode.batch_size unless given); a file that
-        fails to load gives its error, the rest go on.
-
-        With `n_best=N` among the options, each good file gives its list of N captions."""
-        batch_size = batch_size or self.decode_config.batch_size
-        announce(self.origins)
-        results: list = []
-        for start in range(0, len(paths), batch_size):
-            chunk = paths[start : start + batch_size]
-            loaded: list[torch.Tensor | ImageLoadError] = []
-            for path in chunk:
-                try:
-                    picture = load_image(path)
-                except ImageLoadError as e:
-                    loaded.append(e)
-                    continue
-                check_picture(self.origins, picture)
-                loaded.append(self.transform(picture))
-            good = [x for x in loaded if isinstance(x, torch.Tensor)]
-            captions = iter(self.caption_images(torch.stack(good), **decode_options) if good else [])
-            results += [x if isinstance(x, ImageLoadError) else next(captions) for x in loaded]
-        return results

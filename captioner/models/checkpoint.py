@@ -23,9 +23,10 @@ from captioner.core.config_sections import Config
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.captioner import Captioner
-from captioner.models.export_format import CONFIG, is_exported, read_config
 from captioner.models.checkpoint_format import FORMAT_VERSION, read_checkpoint, write_checkpoint_file
 from captioner.models.default_model import find_default_model
+from captioner.models.export_format import CONFIG, is_exported, read_config
+from captioner.models.model_origin import announce
 from captioner.models.model_paths import checkpoint_file
 
 __all__ = ["FORMAT_VERSION", "checkpoint_config", "default_model", "load_captioner", "model_settings", "read_checkpoint", "save_checkpoint"]
@@ -116,5 +117,7 @@ def default_model(device: str | torch.device = "auto") -> Captioner:
     """The default model: the export at runs/default_model (from the working folder) when there
     is one, else the model packaged with captioner, else the quickstart's shapes run
     (runs/shapes_lstm); one line saying what to run when none is there
-    (`default_model.default_model_choice`)."""
-    return Captioner.from_pretrained(find_default_model(), device)
+    (`default_model.default_model_choice`). Says once, in the log, which model it is."""
+    model = Captioner.from_pretrained(find_default_model(), device)
+    announce(model.origins)
+    return model

@@ -152,8 +152,8 @@ class EnsembleTransform:
 
 
 class Ensemble(nn.Module):
-    """Captioners with one vocabulary that caption as one model: `caption`, `caption_files`,
-    `caption_images`, `decode` and `decode_n_best` as `Captioner`'s, with the same options.
+    """Captioners with one vocabulary that caption as one model: `caption` and `decode` as
+    `Captioner`'s, with the same options.
 
     Decoding defaults (`decode_config`: beam, batch size, ...) are the first member's, and so is
     the grid of the attention maps of the captions when the members' grids differ. `encode`
@@ -167,11 +167,9 @@ class Ensemble(nn.Module):
     device = Captioner.device
     decode_options = Captioner.decode_options
     decode = Captioner.decode
-    decode_n_best = Captioner.decode_n_best
     _caption = Captioner._caption
-    caption_images = Captioner.caption_images
+    _caption_batch = Captioner._caption_batch
     caption = Captioner.caption
-    caption_files = Captioner.caption_files
 
     def __init__(self, members: Sequence[Captioner], combine: str = "prob", names: Sequence[str] | None = None) -> None:
         super().__init__()

@@ -2,8 +2,8 @@
 its test scores, as its export's config.json or its checkpoint (with the scores_test.json
 `captioner evaluate` wrote beside it) recorded them.
 
-The paths that caption for a user (`Captioner.caption` and `caption_files`: the command line, the
-library's `default_model()`, the demo) log once per process which model answered. A model trained
+The applications that caption for a user (the command line, the library's `default_model()`, the
+demo) log once per process which model answered. A model trained
 on the shapes world that is handed a photograph says once that it knows only coloured shapes, and
 names the model to use instead: a fluent caption of the wrong world would otherwise pass for an answer.
 """
@@ -112,6 +112,12 @@ def check_picture(origins: Iterable[ModelOrigin | None], picture: Image.Image) -
                 "%s was trained on the shapes world: it knows only coloured shapes on a grey background, and this picture "
                 "looks like a photograph; for photographs use %s", origin.name, photograph_model(),
             )
+
+
+def introduce(origins: Iterable[ModelOrigin | None], picture: Image.Image) -> None:
+    """What an application says as it shows a model a picture: which model answers, and whether it fits."""
+    announce(origins)
+    check_picture(origins, picture)
 
 
 def first_time(seen: set[str], name: str) -> bool:

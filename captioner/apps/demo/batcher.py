@@ -21,6 +21,7 @@ from PIL import Image
 
 from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
+from captioner.models.model_origin import introduce
 
 # Images per batch: past this, on two cores, a larger batch adds latency more than throughput
 # (`python -m benchmarks demo_load --max-batch N`).
@@ -55,6 +56,7 @@ class CaptionBatcher:
     def caption(self, model: Captioner, image: Image.Image, **options: Any) -> Caption:
         """`model.caption(image, **options)`, decoded together with the images other threads ask
         for meanwhile. Raises what decoding raised."""
+        introduce(model.origins, image)
         job = Job(model, image, options)
         with self._changed:
             self._pending.append(job)

@@ -22,6 +22,7 @@ from captioner.core.errors import ImageLoadError
 from captioner.data.image_files import MAX_PIXELS, load_image, open_image
 from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
+from captioner.models.model_origin import introduce
 from captioner.viz.overlays import word_overlays
 
 DISPLAY_SIDE = 512  # overlays are drawn on a copy this size at most: the gallery's preview, and a 40 MP photo stays cheap to show
@@ -112,6 +113,8 @@ def caption_page(
     # Transformers keep their self-attention from this same pass, for the head view.
     self_attention = model.decoder.has_self_attention
     options = {"beam_size": int(beam_size), "max_length": int(max_length), "self_attention": self_attention}
+    if batcher is None:
+        introduce(model.origins, image)
     caption = batcher.caption(model, image, **options) if batcher is not None else model.caption(image, **options)
     shown = image.copy()
     shown.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE))
