@@ -1,7 +1,8 @@
 """Greedy decoding and batched beam search in numpy, over any decoder step given as a function.
 
-The same search as `captioner.models.decoding.search` (greedy_decode, beam_search_n_best with
-one group), written again for numpy so the runtime loads no torch: the same banned ids, trigram
+The same two loops as `captioner.models.decoding` (its word-by-word `roll_out` as greedy decoding,
+and beam_search_n_best with one group) behind the same entry point, `decode_hypotheses`, written
+again for numpy so the runtime loads no torch: the same banned ids, trigram
 blocking, GNMT length penalty ((5 + length) / 6) ** alpha, the same rule for when an image's
 search is done and the same competition between finished and cut-off beams at max_length, with
 scores accumulated in float32 as torch does. So captions come out the same when the step
@@ -86,6 +87,16 @@ def block_repeated_trigrams(logprobs: np.ndarray, history: np.ndarray) -> np.nda
     blocked = logprobs.copy()
     blocked[rows, history[rows, starts + 2]] = NEG_INF
     return blocked
+
+
+def decode_hypotheses(
+    step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions, n_best: int = 1
+) -> list[list[Hypothesis]]:
+    """Per image its `n_best` hypotheses, best first: by beam search, or greedy decoding when the
+    beam is 1 (as the library's `decode_hypotheses` without sampling); memory and state (B, ...)."""
+    if options.beam_size <= 1:
+        return [[h] for h in greedy_search(step, memory, state, rules, options)]
+    return beam_search_n_best(step, memory, state, rules, options, n_best)
 
 
 def greedy_search(step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions) -> list[Hypothesis]:
