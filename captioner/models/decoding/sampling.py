@@ -1,7 +1,7 @@
 """Word-by-word decoding: greedy decoding, sampling and SCST's roll-outs as one loop.
 
-`roll_out` takes one word a step per row, chosen by a function passed in (`chooser`: the argmax,
-or a `draw` at a temperature, top-k, nucleus); what differs between its callers is only how
+`roll_out` takes one word a step per row, chosen by a function passed in (`argmax`, or
+`drawing`'s draw at a temperature, top-k, nucleus); what differs between its callers is only how
 ended rows leave (an early exit, a shrinking batch, or static bounds that read nothing back from
 the device). `sample_captions` gives SCST its samples and greedy baseline as padded device
 tensors; `search.py` makes the inference's hypotheses from the same loop.
@@ -66,7 +66,8 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
 
 @dataclass
 class SampledCaptions:
-    """n sampled captions per image, padded; rows b*n .. b*n+n-1 belong to image b."""
+    """`roll_out`'s captions, padded: n per image (sampled, or one greedy), rows b*n .. b*n+n-1
+    belonging to image b; with its maps, also each step's attention."""
 
     tokens: torch.Tensor  # (B*n, T) long: word ids, then <eos> where the caption ended, then 0
     logprobs: torch.Tensor  # (B*n, T) float, with grad: the model's log-probability of each token
@@ -86,11 +87,9 @@ def argmax(allowed: torch.Tensor) -> torch.Tensor:
     return allowed.argmax(dim=-1)  # (R,)
 
 
-def chooser(options: DecodeOptions, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-    """How `roll_out` chooses each word for these options: `argmax`, or with `sample` a `draw`
-    at the options' temperature, top-k and top-p, from a generator on `device` seeded by `seed`."""
-    if not options.sample:
-        return argmax
+def drawing(options: DecodeOptions, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Sampling's choice of each word for `roll_out`: a `draw` at the options' temperature, top-k
+    and top-p, from a generator on `device` seeded by `seed` (None: torch's global one)."""
     generator = None if options.seed is None else torch.Generator(device).manual_seed(options.seed)
     return lambda allowed: draw(allowed, options.temperature, options.top_k, options.top_p, generator)
 
@@ -168,7 +167,7 @@ def sample_captions(
     `n_best` captions drawn per image with gradients (when enabled); else each image's greedy
     caption without gradients (the baseline). The memory is prepared once per image and expanded.
 
-    Words are drawn from softmax(logprobs / temperature) (`chooser`), restricted by the options'
+    Words are drawn from softmax(logprobs / temperature) (`drawing`), restricted by the options'
     rules; the recorded log-probability is the model's own log-softmax at temperature 1, as in
     Rennie et al. 2017 and Luo 2020: the policy the gradient pushes is the model, the same
     distribution cross-entropy trains and beam search scores, so a sample's log-probability equals
@@ -181,7 +180,7 @@ def sample_captions(
     memory = decoder.prepare(feats)  # (B, ...) each: the per-image constants
     memory = select_rows(memory, image_rows) if n > 1 else memory  # (B*n, ...) each
     with torch.set_grad_enabled(options.sample and torch.is_grad_enabled()):  # a greedy caption is only a baseline
-        out = roll_out(decoder, memory, special, options, chooser(options, feats.device))
+        out = roll_out(decoder, memory, special, options, drawing(options, feats.device) if options.sample else argmax)
     out.image_rows = image_rows
     return out
 

@@ -20,7 +20,7 @@ from captioner.core.decode_schema import check_search
 from captioner.models.decoding.beam import Beam
 from captioner.models.decoding.options import DecodeOptions
 from captioner.models.decoding.rules import SpecialTokens
-from captioner.models.decoding.sampling import argmax, chooser, roll_out
+from captioner.models.decoding.sampling import argmax, drawing, roll_out
 from captioner.models.decoding.stepping import Hypothesis
 from captioner.models.products import reused_weights
 
@@ -55,7 +55,7 @@ def sample_n_best(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens,
     the model's log-probability (at temperature 1) of the words and the <eos>."""
     B, n = feats.shape[0], options.n_best
     rows = feats.repeat_interleave(n, dim=0)  # (B*n, N, D): n draws per image
-    drawn = hypotheses(decoder, rows, special, options, chooser(options, feats.device))
+    drawn = hypotheses(decoder, rows, special, options, drawing(options, feats.device))
     return [sorted(drawn[b * n : (b + 1) * n], key=lambda h: -h.score) for b in range(B)]
 
 
