@@ -92,7 +92,10 @@ class SelfCritical:
         if settings.xent_weight and xent is None:
             raise ValueError("SelfCritical: scst.xent_weight needs the cross-entropy objective (xent)")
 
-    logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "sample_logprob", "reward_seconds", "xent")
+    logged = (
+        "loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "sample_logprob", "reward_seconds",
+        "xent",
+    )
 
     def score(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """(C,) rewards as float32 on the tokens' device, timed into `reward_seconds`."""
@@ -157,7 +160,9 @@ class SelfCritical:
             model.decoder.train(decoder_was_training)
         return samples, logprobs
 
-    def baseline(self, model: Captioner, feats: torch.Tensor, images: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    def baseline(
+        self, model: Captioner, feats: torch.Tensor, images: torch.Tensor, rewards: torch.Tensor
+    ) -> torch.Tensor:
         """Each sample's baseline (B*n,): its image's greedy caption's reward, decoded in eval
         mode without gradients, or the mean reward of the image's other samples."""
         n = self.settings.samples
@@ -172,7 +177,8 @@ class SelfCritical:
         return self.score(greedy.tokens, greedy.lengths, images).repeat_interleave(n)  # (B*n,)
 
     def logged_means(
-        self, samples: SampledCaptions, logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torch.Tensor, share: float,
+        self, samples: SampledCaptions, logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torch.Tensor,
+        share: float,
         reward_seconds: float,
     ) -> dict[str, torch.Tensor]:
         """The step's logged values but the loss and xent, as 0-d tensors on the device (this

@@ -103,9 +103,9 @@ def roll_out(
     pick: Callable[[torch.Tensor], torch.Tensor],
     maps: bool = False,
 ) -> SampledCaptions:
-    """The one word-by-word decoding loop (greedy decoding, sampling, SCST's roll-outs): each row
-    of `memory` takes one word a step, `pick(allowed logprobs (R, V)) -> (R,)`, under the options'
-    rules. How ended rows leave is what differs, and nothing else:
+    """The one word-by-word decoding loop (greedy decoding, sampling, SCST's roll-outs): each of
+    the R rows of `memory` takes one word a step, `pick(allowed logprobs (R, V)) -> (R,)`, under
+    the options' rules. How ended rows leave is what differs, and nothing else:
     - `maps` (inference): each step's attention (and self-attention) is kept, and the device is
       asked once a step whether every row has ended (the early exit);
     - else on the CPU without gradients, where a read costs nothing, ended rows leave the batch
@@ -150,8 +150,8 @@ def roll_out(
             break
         if not maps and ended * SHRINK_SHARE >= len(done):
             keep = (~done).nonzero().squeeze(1)  # (A',)
-            rows, prev, done = keep if rows is None else rows[keep], prev[keep], done[keep]
-            memory, state = select_rows(memory, keep), select_rows(state, keep)
+            rows, prev, done = keep if rows is None else rows[keep], prev[keep], done[keep]  # (A',) each
+            memory, state = select_rows(memory, keep), select_rows(state, keep)  # (A', ...) each
     out = SampledCaptions(tokens, chosen, mask, mask.sum(dim=1), torch.arange(R, device=device))
     if maps:
         out.attn = torch.stack(step_maps, dim=1)  # (R, steps, L, H, N)
@@ -185,7 +185,9 @@ def sample_captions(
     return out
 
 
-def scored_by_teacher_forcing(decoder: Decoder, feats: torch.Tensor, samples: SampledCaptions, bos_id: int) -> torch.Tensor:
+def scored_by_teacher_forcing(
+    decoder: Decoder, feats: torch.Tensor, samples: SampledCaptions, bos_id: int
+) -> torch.Tensor:
     """Each sampled caption's log-probability (its words and <eos>), (R,), with gradients, from one
     teacher-forced pass: the numbers `sample_captions` records step by step with gradients (the
     same model's log-softmax at the same tokens), for a fraction of the work on the CPU, with no
@@ -205,6 +207,7 @@ def scored_by_teacher_forcing(decoder: Decoder, feats: torch.Tensor, samples: Sa
         logits = out.logits.flatten(0, 1).index_select(0, positions)  # (M, V)
     else:
         positions, logits = out.positions, out.logits  # (M,), (M, V)
-    chosen = logits.float().log_softmax(dim=-1).gather(1, targets.flatten().index_select(0, positions)[:, None]).squeeze(1)  # (M,)
+    words = targets.flatten().index_select(0, positions)  # (M,)
+    chosen = logits.float().log_softmax(dim=-1).gather(1, words[:, None]).squeeze(1)  # (M,)
     sorted_sums = chosen.new_zeros(R).index_add(0, positions // steps, chosen)  # (R,) in the sorted order
     return sorted_sums.new_zeros(R).index_copy(0, order, sorted_sums)  # (R,) in the samples' order

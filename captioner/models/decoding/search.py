@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
 
 
-def decode_hypotheses(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> list[list[Hypothesis]]:
+def decode_hypotheses(
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
+) -> list[list[Hypothesis]]:
     """feats (B, N, D) -> per image its `n_best` hypotheses, best first: drawn with `sample`,
     else by beam search, or greedy decoding when the beam is 1."""
     if options.sample:
@@ -39,7 +41,9 @@ def decode_hypotheses(decoder: Decoder, feats: torch.Tensor, special: SpecialTok
 
 
 @torch.no_grad()
-def greedy_decode(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> list[Hypothesis]:
+def greedy_decode(
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
+) -> list[Hypothesis]:
     """The most probable word at each step; feats (B, N, D). Uses max_length, min_length,
     suppress_bad_endings, block_trigrams and self_attention of the options. The score is the
     log-probability of the words and the <eos>."""
@@ -47,7 +51,9 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens,
 
 
 @torch.no_grad()
-def sample_n_best(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> list[list[Hypothesis]]:
+def sample_n_best(
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
+) -> list[list[Hypothesis]]:
     """`n_best` captions drawn per image, most probable first; feats (B, N, D).
 
     Each word is drawn from softmax(logprobs / temperature), restricted to the `top_k` words and
@@ -85,7 +91,9 @@ def hypotheses(
 
 
 @torch.no_grad()
-def beam_search(decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> list[Hypothesis]:
+def beam_search(
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
+) -> list[Hypothesis]:
     """The best hypothesis per image of `beam_search_n_best`; feats (B, N, D)."""
     ranked = beam_search_n_best(decoder, feats, special, dataclasses.replace(options, n_best=1))
     return [hyps[0] for hyps in ranked]
