@@ -9,11 +9,7 @@ The inference API documented in docs/library.md is importable from the package i
 from captioner.models.decoding.options import DecodeOptions
 from captioner.models.decoding.rules import SpecialTokens
 from captioner.models.decoding.search import (
-    beam_search,
-    beam_search_n_best,
-    decode_hypotheses,
-    greedy_decode,
-    sample_n_best,
+    beam_search, beam_search_n_best, decode_hypotheses, greedy_decode, sample_n_best,
 )
 from captioner.models.decoding.stepping import Hypothesis
 
