@@ -187,6 +187,7 @@ def test_decoder_steps_on_fake_cuda(decoder: str) -> None:
 def test_scst_sampling_on_fake_cuda(decoder: str) -> None:
     """Sampling the SCST captions reads nothing back from the device: it runs to the end on
     CUDA tensors without values (the old loop's `bool(done.all())` raised here)."""
+    from captioner.models.decoding import DecodeOptions, SpecialTokens
     from captioner.models.decoding.sampling import sample_captions
 
     model = tiny_model(f"model.decoder.type={decoder}").train()
@@ -194,7 +195,8 @@ def test_scst_sampling_on_fake_cuda(decoder: str) -> None:
     with fake_cuda() as mode:
         to_fake_cuda(model, mode)
         feats = torch.randn(2, 16, model.encoder.out_dim, device="cuda")
-        samples = sample_captions(model.decoder, feats, vocab.bos_id, vocab.eos_id, 3, 6, banned=(vocab.pad_id, vocab.bos_id))
+        special = SpecialTokens(vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id))
+        samples = sample_captions(model.decoder, feats, special, DecodeOptions(sample=True, n_best=3, max_length=6))
         loss = -samples.caption_logprobs().mean()
     assert mode.blocking_copies == []
     assert samples.tokens.device.type == "cuda" and samples.tokens.shape[0] == 6
@@ -436,15 +438,14 @@ def test_beam_search_on_fake_cuda(decoder: str) -> None:
 
 @pytest.mark.parametrize("decoder", DECODERS)
 def test_greedy_decoding_on_fake_cuda(decoder: str) -> None:
-    """`greedy_captions` (SCST's greedy baseline, with the ending rule) runs on fake CUDA tensors
-    without values, so it reads nothing, and with values gives the emulation's words. The
+    """`sample_captions` without `sample` (SCST's greedy baseline, with the ending rule) runs on
+    fake CUDA tensors without values, so it reads nothing, and with values gives the emulation's words. The
     inference's `greedy_decode` reads the device once per step (its early exit) and then copies
     what the host keeps once each."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from captioner.models.decoding import DecodeOptions, SpecialTokens, greedy_decode
-    from captioner.models.decoding.rules import EndingRule
-    from captioner.models.decoding.sampling import greedy_captions
+    from captioner.models.decoding.sampling import sample_captions
 
     model = eos_prone(tiny_model(f"model.decoder.type={decoder}"))
     special = SpecialTokens.of(model.vocab)
@@ -452,8 +453,8 @@ def test_greedy_decoding_on_fake_cuda(decoder: str) -> None:
     feats = torch.randn(4, 16, model.encoder.out_dim)  # (B, N, D)
 
     def baseline(decoder_, feats_):
-        ending = EndingRule.build(special, 2, True, len(model.vocab), feats_.device)
-        return greedy_captions(decoder_, feats_, special.bos, special.eos, 8, special.banned, ending)
+        greedy = DecodeOptions(max_length=8, min_length=2, suppress_bad_endings=True)
+        return sample_captions(decoder_, feats_, special, greedy)
 
     options = DecodeOptions(beam_size=1, max_length=8, min_length=1)
     with cuda_autocast(), sdpa_kernel(SDPBackend.MATH):
@@ -479,8 +480,8 @@ def test_greedy_decoding_on_fake_cuda(decoder: str) -> None:
     same_hypotheses(got_hyps, want_hyps)
     _, per_step = reads_per_step(mode.device_reads)
     assert 1 < len(per_step) < 8  # every caption ended before max_length
-    assert all(reads == ["aten._local_scalar_dense.default at search.py"] for reads in per_step[:-1]), per_step
-    assert per_step[-1][0] == "aten._local_scalar_dense.default at search.py" and len(per_step[-1]) == 6, per_step[-1]
+    assert all(reads == ["aten._local_scalar_dense.default at sampling.py"] for reads in per_step[:-1]), per_step
+    assert per_step[-1][0] == "aten._local_scalar_dense.default at sampling.py" and len(per_step[-1]) == 6, per_step[-1]
 
 
 def test_fake_cuda_records_copies_to_the_device_that_would_wait() -> None:

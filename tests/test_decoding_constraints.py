@@ -20,8 +20,8 @@ from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import Decoder, Memory, State
 from captioner.models.decoding import DecodeOptions, Hypothesis, SpecialTokens, beam_search, decode_hypotheses
 from captioner.models.decoding.rules import EndingRule
-from captioner.models.decoding.sampling import greedy_captions, sample_captions
 from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
+from captioner.models.decoding.sampling import sample_captions
 from captioner.text.endings import BAD_ENDINGS
 
 # A vocabulary of 8 ids: <pad>, <bos>, <eos>, <unk>, then "a" (a bad ending), "red", "circle", "square".
@@ -97,15 +97,15 @@ def test_a_caption_reaching_max_length_is_still_cut_there(mode: str) -> None:
 
 def test_scst_roll_outs_follow_the_same_rule() -> None:
     decoder = ScriptedDecoder()
-    for ending in (None, EndingRule.build(SPECIAL, 3, True, 8, FEATS.device)):
-        generator = torch.Generator().manual_seed(0)
-        sampled = sample_captions(decoder, FEATS, BOS, EOS, n=16, max_length=6, banned=SPECIAL.banned, generator=generator, ending=ending)
-        greedy = greedy_captions(decoder, FEATS, BOS, EOS, max_length=6, banned=SPECIAL.banned, ending=ending)
+    for constrained in (False, True):
+        rule = {"max_length": 6, "min_length": 3 if constrained else 0, "suppress_bad_endings": constrained}
+        sampled = sample_captions(decoder, FEATS, SPECIAL, DecodeOptions(sample=True, n_best=16, seed=0, **rule))
+        greedy = sample_captions(decoder, FEATS, SPECIAL, DecodeOptions(**rule))
         for out in (sampled, greedy):
             rows = [row[: int(n)] for row, n in zip(out.tokens.tolist(), out.lengths)]  # words, then <eos> if ended
             short_or_bad = [row[-1:] == [EOS] and (len(row) - 1 < 3 or row[-2:-1] == [A]) for row in rows]
-            assert any(short_or_bad) == (ending is None)
-        assert greedy.tokens[0, :4].tolist() == ([RED, A, EOS, PAD] if ending is None else [RED, A, CIRCLE, EOS])
+            assert any(short_or_bad) == (not constrained)
+        assert greedy.tokens[0, :4].tolist() == ([RED, A, EOS, PAD] if not constrained else [RED, A, CIRCLE, EOS])
 
 
 def best_allowed(decoder: Decoder, feat: torch.Tensor, min_length: int, bad: set[int], max_length: int) -> list[int]:
@@ -280,6 +280,7 @@ def test_the_rule_reads_nothing_back_from_the_device(kind: str, monkeypatch: pyt
     watch_reads(sim, monkeypatch)
     with sim, torch.no_grad():
         sim.mark(*model.parameters(), *model.buffers(), feats, ending.eos_column, ending.bad_after)
-        sample_captions(model.decoder, feats, special.bos, special.eos, n=2, max_length=6, banned=special.banned, ending=ending)
-        greedy_captions(model.decoder, feats, special.bos, special.eos, max_length=6, banned=special.banned, ending=ending)
+        rule = {"max_length": 6, "min_length": 3, "suppress_bad_endings": True}
+        sample_captions(model.decoder, feats, special, DecodeOptions(sample=True, n_best=2, **rule))
+        sample_captions(model.decoder, feats, special, DecodeOptions(**rule))  # the greedy baseline
     assert sim.syncs == []

@@ -43,7 +43,7 @@ def teacher_forced_logprob(decoder: Decoder, feats: torch.Tensor, tokens: torch.
 def test_sampled_logprobs_equal_teacher_forcing_and_masks_are_consistent(decoder: Decoder) -> None:
     torch.manual_seed(1)
     feats = torch.randn(3, 16, decoder_feat_dim(decoder))
-    out = sample_captions(decoder, feats, BOS, EOS, n=4, max_length=12, banned=BANNED, generator=torch.Generator().manual_seed(0))
+    out = sample_captions(decoder, feats, SPECIAL, DecodeOptions(sample=True, n_best=4, max_length=12, seed=0))
     R, T = out.tokens.shape
     assert R == 12 and out.logprobs.shape == out.mask.shape == (R, T)
     assert out.image_rows.tolist() == [0] * 4 + [1] * 4 + [2] * 4
@@ -69,7 +69,8 @@ def test_scoring_the_samples_by_teacher_forcing_gives_the_roll_outs_numbers_and_
     out_layer = decoder.out_vocab if hasattr(decoder, "out_vocab") else decoder.out
     with torch.no_grad():
         out_layer.bias[EOS] += 1.0  # <eos> likely enough that the captions end at many different steps
-    samples = sample_captions(decoder, feats, BOS, EOS, n=5, max_length=9, temperature=0.8, banned=BANNED, generator=torch.Generator().manual_seed(0))
+    options = DecodeOptions(sample=True, n_best=5, max_length=9, temperature=0.8, seed=0)
+    samples = sample_captions(decoder, feats, SPECIAL, options)
     assert len(set(samples.lengths.tolist())) >= 4 and samples.lengths.max() == 9
     weights = torch.linspace(-1, 1, samples.lengths.numel())  # (R,): an advantage per sample
 
@@ -88,10 +89,10 @@ def test_sampled_logprobs_are_the_models_whatever_the_sampling_restrictions(deco
     """Temperature, top-k, top-p and trigram blocking change what is drawn, not the recorded
     log-probability: it stays the model's own (temperature 1), as the policy gradient needs."""
     feats = torch.randn(2, 16, decoder_feat_dim(decoder))
-    out = sample_captions(
-        decoder, feats, BOS, EOS, n=3, max_length=10, temperature=0.5, banned=BANNED, top_k=5, top_p=0.8,
-        block_trigrams=True, generator=torch.Generator().manual_seed(0),
+    options = DecodeOptions(
+        sample=True, n_best=3, max_length=10, temperature=0.5, top_k=5, top_p=0.8, block_trigrams=True, seed=0
     )
+    out = sample_captions(decoder, feats, SPECIAL, options)
     expected = teacher_forced_logprob(decoder, feats.index_select(0, out.image_rows), out.tokens, out.mask)
     torch.testing.assert_close(out.caption_logprobs(), expected, atol=1e-5, rtol=1e-5)
 
@@ -105,7 +106,7 @@ def decoder_feat_dim(decoder: Decoder) -> int:
 def test_sampling_has_gradients_in_train_mode(decoder: Decoder) -> None:
     decoder.train()  # dropout on, as in SCST
     feats = torch.randn(2, 16, decoder_feat_dim(decoder))
-    out = sample_captions(decoder, feats, BOS, EOS, n=3, max_length=8, banned=BANNED)
+    out = sample_captions(decoder, feats, SPECIAL, DecodeOptions(sample=True, n_best=3, max_length=8))
     assert out.logprobs.requires_grad
     decoder.zero_grad()
     (-out.caption_logprobs().sum()).backward()
@@ -116,7 +117,7 @@ def test_sampling_has_gradients_in_train_mode(decoder: Decoder) -> None:
 def test_sampling_under_autocast(decoder: Decoder) -> None:
     feats = torch.randn(2, 16, decoder_feat_dim(decoder))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = sample_captions(decoder, feats, BOS, EOS, n=2, max_length=6, banned=BANNED)
+        out = sample_captions(decoder, feats, SPECIAL, DecodeOptions(sample=True, n_best=2, max_length=6))
     assert out.logprobs.dtype == torch.float32 and torch.isfinite(out.logprobs).all()
     out.caption_logprobs().sum().backward()
 
@@ -124,11 +125,11 @@ def test_sampling_under_autocast(decoder: Decoder) -> None:
 def test_seeded_sampling_reproduces(decoder: Decoder) -> None:
     feats = torch.randn(2, 16, decoder_feat_dim(decoder))
     runs = [
-        sample_captions(decoder, feats, BOS, EOS, n=5, max_length=10, banned=BANNED, generator=torch.Generator().manual_seed(7))
+        sample_captions(decoder, feats, SPECIAL, DecodeOptions(sample=True, n_best=5, max_length=10, seed=7))
         for _ in range(2)
     ]
     assert torch.equal(runs[0].tokens, runs[1].tokens)
-    other = sample_captions(decoder, feats, BOS, EOS, n=5, max_length=10, banned=BANNED, generator=torch.Generator().manual_seed(8))
+    other = sample_captions(decoder, feats, SPECIAL, DecodeOptions(sample=True, n_best=5, max_length=10, seed=8))
     assert not torch.equal(runs[0].tokens, other.tokens)
 
 
@@ -198,9 +199,8 @@ def test_trigram_blocking_never_repeats_a_trigram(kind: str, method: str) -> Non
             return [h.tokens for h in beam_search(decoder, feats, SPECIAL, options)]
         if method == "greedy":
             return [h.tokens for h in greedy_decode(decoder, feats, SPECIAL, DecodeOptions(max_length=14, block_trigrams=block))]
-        out = sample_captions(
-            decoder, feats, BOS, EOS, 4, 14, banned=BANNED, block_trigrams=block, generator=torch.Generator().manual_seed(0)
-        )
+        options = DecodeOptions(sample=True, n_best=4, max_length=14, block_trigrams=block, seed=0)
+        out = sample_captions(decoder, feats, SPECIAL, options)
         return [row[mask].tolist() for row, mask in zip(out.tokens, out.mask)]
 
     assert any(repeated_trigram(c) for c in captions(False))  # the rig works: it loves repetition
@@ -400,8 +400,7 @@ def test_top_k_never_leaves_the_k_best() -> None:
     torch.manual_seed(0)
     table = torch.randn(6, 12)
     decoder, feats = TableDecoder(table), torch.randn(4, 4, 3)
-    out = sample_captions(decoder, feats, BOS, EOS, n=50, max_length=6, banned=BANNED, top_k=3,
-                          generator=torch.Generator().manual_seed(0))
+    out = sample_captions(decoder, feats, SPECIAL, DecodeOptions(sample=True, n_best=50, max_length=6, top_k=3, seed=0))
     allowed = decoder.table.masked_fill(banned_mask(BANNED, decoder.vocab_size, "cpu"), float("-inf"))  # (6, V)
     for t in range(out.tokens.shape[1]):
         top3 = set(allowed[t].topk(3).indices.tolist())

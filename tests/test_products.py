@@ -150,6 +150,7 @@ def test_sampling_with_gradients_reorders_each_weight_once_per_loop(monkeypatch:
     """SCST's samples carry gradients: each step's forward products still share one reordered
     copy of each weight, the gradients still reach every layer."""
     needs_onednn()
+    from captioner.models.decoding import DecodeOptions, SpecialTokens
     from captioner.models.decoding.sampling import sample_captions
     from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
 
@@ -159,7 +160,8 @@ def test_sampling_with_gradients_reorders_each_weight_once_per_loop(monkeypatch:
     made = []
     original = products._reorder
     monkeypatch.setattr(products, "_reorder", lambda w: made.append(tuple(w.shape)) or original(w))
-    sampled = sample_captions(decoder, torch.randn(2, 4, 8), 1, 2, n=3, max_length=6, generator=torch.Generator().manual_seed(0))
+    options = DecodeOptions(sample=True, n_best=3, max_length=6, seed=0)
+    sampled = sample_captions(decoder, torch.randn(2, 4, 8), SpecialTokens(1, 2), options)
     assert len(made) == 10  # once each for the whole roll-out, not once a step
     sampled.logprobs.sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in decoder.parameters())

@@ -98,10 +98,7 @@ def test_sample_logprob_is_the_mean_per_token_log_probability_of_the_samples() -
     feats = model.stored_features(batch.images)  # (B, N, D), as the objective reads them in train mode
     model.decoder.eval()  # the objective samples without dropout (scst.dropout false)
     with torch.no_grad():  # as the objective draws them on the CPU: the same rows stepped, the same draws
-        samples = sample_captions(
-            model.decoder, feats, model.vocab.bos_id, model.vocab.eos_id, 4, 6,
-            banned=objective.banned, ending=objective.ending_rule(torch.device("cpu")),
-        )
+        samples = sample_captions(model.decoder, feats, objective.special, objective.sampling)
     per_token = samples.caption_logprobs().detach() / samples.lengths  # (B*n,)
     assert float(parts["sample_logprob"]) == pytest.approx(float(per_token.mean()), rel=1e-5)
     assert float(parts["sample_logprob"]) < 0 and float(per_token.min()) < float(per_token.max())  # not one constant

@@ -22,7 +22,7 @@ import torch
 from captioner.core.errors import ConfigError
 from captioner.deploy.numpy_search import SearchOptions, TokenRules
 from captioner.deploy.numpy_search import beam_search_n_best as numpy_beam_search
-from captioner.deploy.numpy_search import greedy_search as numpy_greedy_search
+from captioner.deploy.numpy_search import decode_hypotheses as numpy_decode_hypotheses
 from captioner.models.decoder import Decoder, Memory, State
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search_n_best, decode_hypotheses
 
@@ -114,10 +114,8 @@ def numpy_search(decoder: TableDecoder, feats: torch.Tensor, special: SpecialTok
     memory_np, state_np = {k: v.numpy() for k, v in memory.items()}, {k: v.numpy() for k, v in state.items()}
     rules = TokenRules(special.bos, special.eos, np.isin(np.arange(V), special.banned), np.isin(np.arange(V), special.bad_endings))
     search_options = SearchOptions(**{name: getattr(opts, name) for name in SEARCH_FIELDS})
-    if opts.beam_size == 1 and not as_beam:
-        ranked = [[h] for h in numpy_greedy_search(step, memory_np, state_np, rules, search_options)]
-    else:
-        ranked = numpy_beam_search(step, memory_np, state_np, rules, search_options, opts.n_best)
+    search = numpy_beam_search if as_beam else numpy_decode_hypotheses
+    ranked = search(step, memory_np, state_np, rules, search_options, opts.n_best)
     return [[Found(h.tokens, h.score, h.logprob, h.finished, h.attn) for h in hyps] for hyps in ranked]
 
 

@@ -217,7 +217,7 @@ def test_the_shrinking_roll_out_gives_the_static_ones_numbers_for_less_work(kind
     """On the CPU without gradients (SCST's sampling, its greedy baseline) the roll-out drops the
     rows that have ended and stops when none is left: the same words, log-probabilities and
     masks as the static loop, from fewer rows stepped."""
-    from captioner.models.decoding.rules import EndingRule, SpecialTokens
+    from captioner.models.decoding import DecodeOptions, SpecialTokens
     from captioner.models.decoding.sampling import roll_out
 
     decoder = tiny_decoder(kind).eval()
@@ -226,7 +226,7 @@ def test_the_shrinking_roll_out_gives_the_static_ones_numbers_for_less_work(kind
     torch.manual_seed(3)
     feats = torch.randn(24, 9, 10)  # (B, N, D)
     special = SpecialTokens(1, 2, (0, 1))
-    ending = EndingRule.build(special, 2, False, 23, torch.device("cpu")) if constrained else None
+    options = DecodeOptions(max_length=12, block_trigrams=constrained, min_length=2 if constrained else 0)
     stepped = []
     step = decoder.step
     monkeypatch.setattr(decoder, "step", lambda memory, prev, state: stepped.append(len(prev)) or step(memory, prev, state))
@@ -234,7 +234,8 @@ def test_the_shrinking_roll_out_gives_the_static_ones_numbers_for_less_work(kind
     def roll(grad: bool) -> tuple[torch.Tensor, ...]:
         stepped.clear()
         with torch.set_grad_enabled(grad):
-            return roll_out(decoder, decoder.prepare(feats), 1, 2, 12, value_bucket_pick, special.banned, constrained, ending)
+            out = roll_out(decoder, decoder.prepare(feats), special, options, value_bucket_pick)
+        return out.tokens, out.logprobs, out.mask
 
     tokens, logprobs, mask = roll(grad=True)  # (B, T) each: the static loop
     static_rows = sum(stepped)

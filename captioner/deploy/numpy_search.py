@@ -1,7 +1,8 @@
 """Greedy decoding and batched beam search in numpy, over any decoder step given as a function.
 
-The same search as `captioner.models.decoding.search` (greedy_decode, beam_search_n_best with
-one group), written again for numpy so the runtime loads no torch: the same banned ids, trigram
+The same two loops as `captioner.models.decoding` (its word-by-word `roll_out` as greedy decoding,
+and beam_search_n_best with one group) behind the same entry point, `decode_hypotheses`, written
+again for numpy so the runtime loads no torch: the same banned ids, trigram
 blocking, GNMT length penalty ((5 + length) / 6) ** alpha, the same rule for when an image's
 search is done and the same competition between finished and cut-off beams at max_length, with
 scores accumulated in float32 as torch does. So captions come out the same when the step
@@ -88,7 +89,19 @@ def block_repeated_trigrams(logprobs: np.ndarray, history: np.ndarray) -> np.nda
     return blocked
 
 
-def greedy_search(step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions) -> list[Hypothesis]:
+def decode_hypotheses(
+    step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions, n_best: int = 1
+) -> list[list[Hypothesis]]:
+    """Per image its `n_best` hypotheses, best first: by beam search, or greedy decoding when the
+    beam is 1 (as the library's `decode_hypotheses` without sampling); memory and state (B, ...)."""
+    if options.beam_size <= 1:
+        return [[h] for h in greedy_search(step, memory, state, rules, options)]
+    return beam_search_n_best(step, memory, state, rules, options, n_best)
+
+
+def greedy_search(
+    step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions
+) -> list[Hypothesis]:
     """The most probable allowed word at each step, for every row of memory and state, until
     every row has ended or max_length words; the score is the log-probability of the words and
     the <eos>."""
@@ -113,9 +126,10 @@ def greedy_search(step: StepFunction, memory: Arrays, state: Arrays, rules: Toke
         if done.all():
             break
     attn_bt = np.stack(maps, axis=1)  # (B, T, L, H, N)
+    scores = logprob.tolist()
     return [
-        Hypothesis(history[b, : lengths[b]].tolist(), float(logprob[b]), float(logprob[b]), attn_bt[b, : lengths[b]], bool(done[b]))
-        for b in range(batch)
+        Hypothesis(history[b, :n].tolist(), scores[b], scores[b], attn_bt[b, :n], bool(done[b]))
+        for b, n in enumerate(lengths)
     ]
 
 
@@ -150,7 +164,9 @@ class BeamHistory:
         return np.stack(maps[::-1]) if maps else np.zeros((0, *shape), dtype=np.float32)  # (t, L, H, N)
 
 
-def beam_search(step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions) -> list[Hypothesis]:
+def beam_search(
+    step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions
+) -> list[Hypothesis]:
     """The best hypothesis of each image's `beam_search_n_best`."""
     return [ranked[0] for ranked in beam_search_n_best(step, memory, state, rules, options, n_best=1)]
 
@@ -160,14 +176,14 @@ def beam_search_n_best(
 ) -> list[list[Hypothesis]]:
     """Per image the `n_best` (<= beam_size) best distinct hypotheses of its beam search, best
     first; memory and state hold one row per image (B). Each step runs the decoder once over B*K
-    rows (K = beam_size), ranks each image's K*V continuations and keeps the top 2K: an <eos> among the top K becomes a finished hypothesis,
-    the best K others stay live. An image is done once it has K finished hypotheses that no live
-    beam can still beat; at max_length its live beams compete with the finished ones on the
-    same length-penalised score (finished=False)."""
+    rows (K = beam_size), ranks each image's K*V continuations and keeps the top 2K: an <eos>
+    among the top K becomes a finished hypothesis, the best K others stay live. An image is done
+    once it has K finished hypotheses that no live beam can still beat; at max_length its live
+    beams compete with the finished ones on the same length-penalised score (finished=False)."""
     check_search({"beam_size": options.beam_size, "n_best": n_best})
     B = len(next(iter(memory.values())))
     K, max_length, alpha, eos = options.beam_size, options.max_length, options.length_penalty, rules.eos
-    memory = {k: np.repeat(v, K, axis=0) for k, v in memory.items()}  # (B*K, ...): beams of image b are rows b*K..b*K+K-1
+    memory = {k: np.repeat(v, K, axis=0) for k, v in memory.items()}  # (B*K, ...): image b's beams: rows b*K..b*K+K-1
     state = {k: np.repeat(v, K, axis=0) for k, v in state.items()}  # (B*K, ...)
     prev = np.full(B * K, rules.bos, dtype=np.int64)  # (B*K,)
     scores = np.full((B, K), NEG_INF, dtype=np.float32)  # (B, K)
@@ -199,9 +215,8 @@ def beam_search_n_best(
                 continue
             row = b * K + int(top_beam[b, j])
             raw = float(top_scores[b, j])
-            finished[b].append(
-                Hypothesis(history[row].tolist(), raw / length_penalty(t, alpha), raw, beams.attention(row, map_shape), True)
-            )
+            maps = beams.attention(row, map_shape)  # (t, L, H, N)
+            finished[b].append(Hypothesis(history[row].tolist(), raw / length_penalty(t, alpha), raw, maps, True))
 
         # Live beams: the best K candidates of each image that do not end here.
         live_pos = top_descending(np.where(is_eos, NEG_INF, top_scores), K)  # (B, K)
@@ -244,7 +259,8 @@ def best_hypotheses(
             for row in range(b * K, (b + 1) * K):
                 raw = live_scores[row]
                 if raw != float("-inf"):
-                    pool.append(Hypothesis(history[row].tolist(), raw / live_penalty, raw, beams.attention(row, map_shape), False))
+                    maps = beams.attention(row, map_shape)  # (t, L, H, N)
+                    pool.append(Hypothesis(history[row].tolist(), raw / live_penalty, raw, maps, False))
         ranked, seen = [], set()
         for hyp in sorted(pool, key=lambda h: -h.score):
             if tuple(hyp.tokens) not in seen:  # keep each caption once

@@ -24,14 +24,7 @@ from captioner.core.errors import ImageLoadError
 from captioner.data.image_files import ImageInput, load_image, picture_batches
 from captioner.deploy.bundle import Bundle, load_bundle
 from captioner.deploy.preprocess import image_array, image_batch
-from captioner.deploy.numpy_search import (
-    Arrays,
-    Hypothesis,
-    SearchOptions,
-    TokenRules,
-    beam_search_n_best,
-    greedy_search,
-)
+from captioner.deploy.numpy_search import Arrays, Hypothesis, SearchOptions, TokenRules, decode_hypotheses
 from captioner.text.endings import bad_ending_ids
 
 
@@ -161,10 +154,7 @@ class OnnxCaptioner:
         (greedy decoding, beam_size 1, gives one)."""
         feats = self.encode(images)  # (B, N, D)
         memory, state = self.start(feats)
-        if search.beam_size <= 1:
-            ranked = [[h] for h in greedy_search(self.step, memory, state, self.rules, search)]
-        else:
-            ranked = beam_search_n_best(self.step, memory, state, self.rules, search, n_best)
+        ranked = decode_hypotheses(self.step, memory, state, self.rules, search, n_best)
         return [[self._caption(h) for h in hyps] for hyps in ranked]
 
     @staticmethod

@@ -43,8 +43,9 @@ from captioner.core.config_sections import Config, ScstConfig
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import reads_are_free
-from captioner.models.decoding.rules import EndingRule, SpecialTokens
-from captioner.models.decoding.sampling import SampledCaptions, greedy_captions, sample_captions, scored_by_teacher_forcing
+from captioner.models.decoding.options import DecodeOptions
+from captioner.models.decoding.rules import SpecialTokens
+from captioner.models.decoding.sampling import SampledCaptions, sample_captions, scored_by_teacher_forcing
 from captioner.text.vocab import Vocabulary
 from captioner.training.device_reward import DeviceReward
 
@@ -81,22 +82,20 @@ class SelfCritical:
         self.vocab = vocab
         self.reward = reward or DeviceReward(vocab, references, settings.cider_weight, settings.bleu_weight, cache_dir)
         self.special = SpecialTokens.of(vocab)  # the ids decoding treats apart, as `Captioner.special_tokens`
-        self.banned = self.special.banned
-        self.endings: dict[torch.device, EndingRule | None] = {}  # per device: built once, not per step
+        # The samples' and the greedy baseline's decoding: the same length and ending rule.
+        shared = {"max_length": settings.max_length, "suppress_bad_endings": settings.suppress_bad_endings}
+        self.greedy = DecodeOptions(beam_size=1, **shared)
+        drawing = {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p}
+        self.sampling = DecodeOptions(sample=True, n_best=settings.samples, **drawing, **shared)
         self.reward_seconds = 0.0  # host time spent in the reward, in total (launch time only on a GPU)
         self.xent = xent
         if settings.xent_weight and xent is None:
             raise ValueError("SelfCritical: scst.xent_weight needs the cross-entropy objective (xent)")
 
-    logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "sample_logprob", "reward_seconds", "xent")
-
-    def ending_rule(self, device: torch.device) -> EndingRule | None:
-        """scst.suppress_bad_endings as the decoding's ending rule (None when off), on `device`."""
-        if device not in self.endings:
-            self.endings[device] = EndingRule.build(
-                self.special, 0, self.settings.suppress_bad_endings, len(self.vocab), device
-            )
-        return self.endings[device]
+    logged = (
+        "loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "sample_logprob", "reward_seconds",
+        "xent",
+    )
 
     def score(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """(C,) rewards as float32 on the tokens' device, timed into `reward_seconds`."""
@@ -152,10 +151,7 @@ class SelfCritical:
         by_teacher_forcing = not s.dropout and reads_are_free(feats.device)
         try:
             with torch.no_grad() if by_teacher_forcing else contextlib.nullcontext():
-                samples = sample_captions(
-                    model.decoder, feats, vocab.bos_id, vocab.eos_id, s.samples, s.max_length, s.temperature, banned=self.banned,
-                    top_k=s.top_k, top_p=s.top_p, ending=self.ending_rule(feats.device),
-                )  # tokens, logprobs, mask: (B*n, T)
+                samples = sample_captions(model.decoder, feats, self.special, self.sampling)  # (B*n, T) each
             if by_teacher_forcing:
                 logprobs = scored_by_teacher_forcing(model.decoder, feats, samples, vocab.bos_id)  # (B*n,)
             else:
@@ -164,7 +160,9 @@ class SelfCritical:
             model.decoder.train(decoder_was_training)
         return samples, logprobs
 
-    def baseline(self, model: Captioner, feats: torch.Tensor, images: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    def baseline(
+        self, model: Captioner, feats: torch.Tensor, images: torch.Tensor, rewards: torch.Tensor
+    ) -> torch.Tensor:
         """Each sample's baseline (B*n,): its image's greedy caption's reward, decoded in eval
         mode without gradients, or the mean reward of the image's other samples."""
         n = self.settings.samples
@@ -173,16 +171,14 @@ class SelfCritical:
         was_training = model.training
         model.eval()
         try:
-            greedy = greedy_captions(
-                model.decoder, feats.detach(), self.vocab.bos_id, self.vocab.eos_id, self.settings.max_length, self.banned,
-                self.ending_rule(feats.device),
-            )
+            greedy = sample_captions(model.decoder, feats.detach(), self.special, self.greedy)  # (B, T) each
         finally:
             model.train(was_training)
         return self.score(greedy.tokens, greedy.lengths, images).repeat_interleave(n)  # (B*n,)
 
     def logged_means(
-        self, samples: SampledCaptions, logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torch.Tensor, share: float,
+        self, samples: SampledCaptions, logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torch.Tensor,
+        share: float,
         reward_seconds: float,
     ) -> dict[str, torch.Tensor]:
         """The step's logged values but the loss and xent, as 0-d tensors on the device (this

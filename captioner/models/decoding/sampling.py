@@ -1,11 +1,10 @@
-"""Sampling for self-critical training (SCST): captions drawn with the log-probabilities the
-policy gradient needs, and the greedy baseline, as padded device tensors.
+"""Word-by-word decoding: greedy decoding, sampling and SCST's roll-outs as one loop.
 
-`roll_out` steps every row for exactly `max_length` steps and reads nothing back from the
-device (static bounds, for GPUs and gradients); on the CPU without gradients
-`shrinking_roll_out` drops ended rows and stops early, for the same captions. `draw` and
-`restrict_to_top` (temperature, top-k, nucleus) are also the inference's sampling
-(`search.sample_n_best`).
+`roll_out` takes one word a step per row, chosen by a function passed in (`argmax`, or
+`drawing`'s draw at a temperature, top-k, nucleus); what differs between its callers is only how
+ended rows leave (an early exit, a shrinking batch, or static bounds that read nothing back from
+the device). `sample_captions` gives SCST its samples and greedy baseline as padded device
+tensors; `search.py` makes the inference's hypotheses from the same loop.
 """
 
 from __future__ import annotations
@@ -19,11 +18,13 @@ import torch
 from captioner.core.decode_schema import check_options
 from captioner.models.decoder import reads_are_free, real_positions, select_rows
 from captioner.models.decoding.rules import EndingRule, apply_ending_rule, banned_mask, block_repeated_trigrams
-from captioner.models.decoding.stepping import SHRINK_SHARE
+from captioner.models.decoding.stepping import SHRINK_SHARE, pad_last, step_decoder
 from captioner.models.products import reused_weights
 
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
+    from captioner.models.decoding.options import DecodeOptions
+    from captioner.models.decoding.rules import SpecialTokens
 
 
 def restrict_to_top(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -65,153 +66,128 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
 
 @dataclass
 class SampledCaptions:
-    """n sampled captions per image, padded; rows b*n .. b*n+n-1 belong to image b."""
+    """`roll_out`'s captions, padded: n per image (sampled, or one greedy), rows b*n .. b*n+n-1
+    belonging to image b; with its maps, also each step's attention."""
 
     tokens: torch.Tensor  # (B*n, T) long: word ids, then <eos> where the caption ended, then 0
     logprobs: torch.Tensor  # (B*n, T) float, with grad: the model's log-probability of each token
     mask: torch.Tensor  # (B*n, T) bool: true at the words and the <eos>, false after
     lengths: torch.Tensor  # (B*n,) long: true positions per row (words, plus 1 when it ended)
     image_rows: torch.Tensor  # (B*n,) long: the image each caption describes
+    attn: torch.Tensor | None = None  # (B*n, steps, L, H, N): with `roll_out`'s maps, each step's attention
+    self_attn: torch.Tensor | None = None  # (B*n, steps, L, H, steps): with maps and self_attention
 
     def caption_logprobs(self) -> torch.Tensor:
         """(B*n,) each caption's log-probability: its words and its <eos>."""
         return (self.logprobs * self.mask).sum(dim=1)  # (B*n,)
 
+
+def argmax(allowed: torch.Tensor) -> torch.Tensor:
+    """The most probable allowed word of each row: greedy decoding's choice; (R, V) -> (R,)."""
+    return allowed.argmax(dim=-1)  # (R,)
+
+
+def drawing(options: DecodeOptions, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Sampling's choice of each word for `roll_out`: a `draw` at the options' temperature, top-k
+    and top-p, from a generator on `device` seeded by `seed` (None: torch's global one)."""
+    generator = None if options.seed is None else torch.Generator(device).manual_seed(options.seed)
+    return lambda allowed: draw(allowed, options.temperature, options.top_k, options.top_p, generator)
+
+
 @reused_weights()  # the dense layers' weights reordered once for the whole loop
 def roll_out(
     decoder: Decoder,
     memory: dict[str, torch.Tensor],
-    bos_id: int,
-    eos_id: int,
-    max_length: int,
+    special: SpecialTokens,
+    options: DecodeOptions,
     pick: Callable[[torch.Tensor], torch.Tensor],
-    banned: tuple[int, ...] = (),
-    block_trigrams: bool = False,
-    ending: EndingRule | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Decode every row of `memory` for exactly `max_length` steps, choosing each word with
-    `pick(allowed logprobs (R, V)) -> (R,)`; `ending` says when <eos> may be chosen. Static
-    bounds: rows that ended keep stepping on <pad> with their positions masked, and nothing is
-    read back from the device (no early exit). On the CPU without gradients, where reading a
-    value costs nothing, `shrinking_roll_out` returns the same for less work.
-
+    maps: bool = False,
+) -> SampledCaptions:
+    """The one word-by-word decoding loop (greedy decoding, sampling, SCST's roll-outs): each of
+    the R rows of `memory` takes one word a step, `pick(allowed logprobs (R, V)) -> (R,)`, under
+    the options' rules. How ended rows leave is what differs, and nothing else:
+    - `maps` (inference): each step's attention (and self-attention) is kept, and the device is
+      asked once a step whether every row has ended (the early exit);
+    - else on the CPU without gradients, where a read costs nothing, ended rows leave the batch
+      once there are enough of them to pay for the copy, and the loop stops when none is left
+      (the same values for a deterministic `pick`; a random one draws for fewer rows);
+    - else (a GPU, or gradients) static bounds: ended rows step on <pad> with their positions
+      masked, and nothing is read back from the device.
     Returns tokens (R, T) (words, <eos> where ended, then 0), the model's log-probability of each
-    (R, T) (0 where masked; with gradients when enabled) and mask (R, T), T = max_length."""
-    R = next(iter(memory.values())).shape[0]
-    device = next(iter(memory.values())).device
-    if reads_are_free(device) and not torch.is_grad_enabled():
-        return shrinking_roll_out(decoder, memory, bos_id, eos_id, max_length, pick, banned, block_trigrams, ending)
-    state = decoder.init_state(memory, capacity=max_length)
-    prev = torch.full((R,), bos_id, dtype=torch.long, device=device)  # (R,)
-    done = torch.zeros(R, dtype=torch.bool, device=device)  # (R,)
-    history = torch.zeros((R, max_length), dtype=torch.long, device=device)  # (R, T), filled step by step
-    chosen_logprobs, masks = [], []
-    forbidden = banned_mask(banned, decoder.vocab_size, device)  # (V,)
-    for t in range(max_length):
-        logprobs, _, state = decoder.step(memory, prev, state)  # (R, V)
+    (0 where masked; with gradients when enabled) and mask (R, T), T = max_length."""
+    R, device, T = next(iter(memory.values())).shape[0], next(iter(memory.values())).device, options.max_length
+    reads = maps or (reads_are_free(device) and not torch.is_grad_enabled())  # whether a step may read the device
+    tokens = torch.zeros((R, T), dtype=torch.long, device=device)  # (R, T)
+    chosen = torch.zeros((R, T), device=device)  # (R, T)
+    mask = torch.zeros((R, T), dtype=torch.bool, device=device)  # (R, T)
+    rows: torch.Tensor | None = None  # (A,): the rows still stepping once some left; None: all R
+    done = torch.zeros(R, dtype=torch.bool, device=device)  # (A,)
+    prev = torch.full((R,), special.bos, dtype=torch.long, device=device)  # (A,)
+    state = decoder.init_state(memory, capacity=T)
+    forbidden = banned_mask(special.banned, decoder.vocab_size, device)  # (V,)
+    ending = EndingRule.build(special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, device)
+    step_maps, step_self = [], []
+    for t in range(T):
+        logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, maps and options.self_attention)
         logprobs = logprobs.float()
-        allowed = apply_ending_rule(ending, logprobs.detach().masked_fill(forbidden, float("-inf")), prev, t)  # (R, V)
-        if block_trigrams:
-            allowed = block_repeated_trigrams(allowed, history[:, :t])
-        token = pick(allowed).masked_fill(done, 0)  # (R,)
-        chosen_logprobs.append(logprobs.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0))  # (R,)
-        masks.append(~done)  # this position is a word or the <eos>
-        history[:, t] = token
-        done = done | (token == eos_id)
-        prev = token
-    return history, torch.stack(chosen_logprobs, dim=1), torch.stack(masks, dim=1)  # (R, T) each
-
-
-@reused_weights()
-def shrinking_roll_out(
-    decoder: Decoder,
-    memory: dict[str, torch.Tensor],
-    bos_id: int,
-    eos_id: int,
-    max_length: int,
-    pick: Callable[[torch.Tensor], torch.Tensor],
-    banned: tuple[int, ...] = (),
-    block_trigrams: bool = False,
-    ending: EndingRule | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`roll_out` for the host, without gradients: rows that have ended leave the batch (memory and
-    state cut to the rest) once there are enough of them to pay for the copy, and the loop stops
-    when every row has ended. Same returns as `roll_out`; with a deterministic `pick` the same
-    values. A random `pick` draws for fewer rows, so its draws differ from `roll_out`'s (same
-    distribution). Self-critical samples end after about half of their 20 steps, so this does about
-    half of the decoding work."""
-    R = next(iter(memory.values())).shape[0]
-    history = torch.zeros((R, max_length), dtype=torch.long)  # (R, T)
-    chosen = torch.zeros((R, max_length))  # (R, T)
-    mask = torch.zeros((R, max_length), dtype=torch.bool)  # (R, T)
-    rows = torch.arange(R)  # (A,): the row of each row still stepping
-    done = torch.zeros(R, dtype=torch.bool)  # (A,)
-    state = decoder.init_state(memory, capacity=max_length)
-    prev = torch.full((R,), bos_id, dtype=torch.long)  # (A,)
-    forbidden = banned_mask(banned, decoder.vocab_size, torch.device("cpu"))  # (V,)
-    for t in range(max_length):
-        logprobs, _, state = decoder.step(memory, prev, state)  # (A, V)
-        logprobs = logprobs.float()
-        allowed = apply_ending_rule(ending, logprobs.masked_fill(forbidden, float("-inf")), prev, t)  # (A, V)
-        if block_trigrams:
-            allowed = block_repeated_trigrams(allowed, history.index_select(0, rows)[:, :t])  # (A, V)
-        token = pick(allowed).masked_fill(done, 0)  # (A,)
-        history[rows, t] = token
-        chosen[rows, t] = logprobs.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0)
-        mask[rows, t] = ~done
-        done = done | (token == eos_id)
-        prev = token
-        ended = int(done.sum())
-        if ended == len(rows):
+        allowed = apply_ending_rule(ending, logprobs.detach().masked_fill(forbidden, float("-inf")), prev, t)  # (A, V)
+        if options.block_trigrams:
+            history = tokens if rows is None else tokens.index_select(0, rows)  # (A, T)
+            allowed = block_repeated_trigrams(allowed, history[:, :t])  # (A, V)
+        prev = pick(allowed).masked_fill(done, 0)  # (A,)
+        at = slice(None) if rows is None else rows
+        tokens[at, t], mask[at, t] = prev, ~done
+        chosen[at, t] = logprobs.gather(1, prev[:, None]).squeeze(1).masked_fill(done, 0.0)
+        done = done | (prev == special.eos)
+        if maps:
+            step_maps.append(attn)  # (R, L, H, N)
+        if maps and self_w is not None:
+            step_self.append(self_w.float())  # (R, L, H, t+1)
+        if not reads:
+            continue
+        ended = int(done.sum())  # the step's one read of the device
+        if ended == len(done):
             break
-        if ended * SHRINK_SHARE >= len(rows):
+        if not maps and ended * SHRINK_SHARE >= len(done):
             keep = (~done).nonzero().squeeze(1)  # (A',)
-            rows, prev, done = rows[keep], prev[keep], done[keep]
-            memory, state = select_rows(memory, keep), select_rows(state, keep)
-    return history, chosen, mask
+            rows, prev, done = keep if rows is None else rows[keep], prev[keep], done[keep]  # (A',) each
+            memory, state = select_rows(memory, keep), select_rows(state, keep)  # (A', ...) each
+    out = SampledCaptions(tokens, chosen, mask, mask.sum(dim=1), torch.arange(R, device=device))
+    if maps:
+        out.attn = torch.stack(step_maps, dim=1)  # (R, steps, L, H, N)
+        if step_self:
+            out.self_attn = torch.stack([pad_last(w, t + 1) for w in step_self], dim=1)  # (R, steps, L, H, steps)
+    return out
 
 
 def sample_captions(
-    decoder: Decoder,
-    feats: torch.Tensor,
-    bos_id: int,
-    eos_id: int,
-    n: int,
-    max_length: int,
-    temperature: float = 1.0,
-    banned: tuple[int, ...] = (),
-    top_k: int = 0,
-    top_p: float = 1.0,
-    block_trigrams: bool = False,
-    generator: torch.Generator | None = None,
-    ending: EndingRule | None = None,
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> SampledCaptions:
-    """Sample n captions per image with gradients, for self-critical training; feats (B, N, D).
+    """Self-critical training's captions as padded device tensors; feats (B, N, D). With `sample`,
+    `n_best` captions drawn per image with gradients (when enabled); else each image's greedy
+    caption without gradients (the baseline). The memory is prepared once per image and expanded.
 
-    The memory is prepared once per image and expanded n times. Words are drawn from
-    softmax(logprobs / temperature), with `banned` ids (<pad>, <bos>, <unk>) never drawn and
-    optionally top-k / nucleus restriction and trigram blocking. The recorded log-probability is
-    the model's own log-softmax at temperature 1, as in Rennie et al. 2017 and Luo 2020: the
-    policy the gradient pushes is the model, the same distribution cross-entropy trains and beam
-    search scores, so a sample's log-probability equals the teacher-forced one of its tokens.
-    (At temperature 1 with no restriction this is also the distribution sampled from.) Rows
-    that have ended produce <pad> (0) with mask false, and carry no log-probability. T =
-    max_length. With gradients, or on a GPU, the loop runs all `max_length` steps and never asks
+    Words are drawn from softmax(logprobs / temperature) (`drawing`), restricted by the options'
+    rules; the recorded log-probability is the model's own log-softmax at temperature 1, as in
+    Rennie et al. 2017 and Luo 2020: the policy the gradient pushes is the model, the same
+    distribution cross-entropy trains and beam search scores, so a sample's log-probability equals
+    the teacher-forced one of its tokens. Rows that have ended produce <pad> (0) with mask false
+    and no log-probability; T = max_length. With gradients, or on a GPU, `roll_out` never asks
     the device whether all rows ended; on the CPU without gradients (SCST's sampling there, scored
-    afterwards by `scored_by_teacher_forcing`) ended rows leave the batch (`shrinking_roll_out`).
-    """
-    check_sampling(temperature, top_k, top_p)
-    B, device = feats.shape[0], feats.device
-    image_rows = torch.arange(B, device=device).repeat_interleave(n)  # (B*n,)
-    memory = select_rows(decoder.prepare(feats), image_rows)  # (B*n, ...) per-image constants
-    tokens, logprobs, mask = roll_out(
-        decoder, memory, bos_id, eos_id, max_length, lambda allowed: draw(allowed, temperature, top_k, top_p, generator),
-        banned, block_trigrams, ending,
-    )  # (B*n, T) each
-    return SampledCaptions(tokens, logprobs, mask, mask.sum(dim=1), image_rows)
+    afterwards by `scored_by_teacher_forcing`) ended rows leave the batch."""
+    n = options.n_best if options.sample else 1
+    image_rows = torch.arange(feats.shape[0], device=feats.device).repeat_interleave(n)  # (B*n,)
+    memory = decoder.prepare(feats)  # (B, ...) each: the per-image constants
+    memory = select_rows(memory, image_rows) if n > 1 else memory  # (B*n, ...) each
+    with torch.set_grad_enabled(options.sample and torch.is_grad_enabled()):  # a greedy caption is only a baseline
+        out = roll_out(decoder, memory, special, options, drawing(options, feats.device) if options.sample else argmax)
+    out.image_rows = image_rows
+    return out
 
 
-def scored_by_teacher_forcing(decoder: Decoder, feats: torch.Tensor, samples: SampledCaptions, bos_id: int) -> torch.Tensor:
+def scored_by_teacher_forcing(
+    decoder: Decoder, feats: torch.Tensor, samples: SampledCaptions, bos_id: int
+) -> torch.Tensor:
     """Each sampled caption's log-probability (its words and <eos>), (R,), with gradients, from one
     teacher-forced pass: the numbers `sample_captions` records step by step with gradients (the
     same model's log-softmax at the same tokens), for a fraction of the work on the CPU, with no
@@ -231,23 +207,7 @@ def scored_by_teacher_forcing(decoder: Decoder, feats: torch.Tensor, samples: Sa
         logits = out.logits.flatten(0, 1).index_select(0, positions)  # (M, V)
     else:
         positions, logits = out.positions, out.logits  # (M,), (M, V)
-    chosen = logits.float().log_softmax(dim=-1).gather(1, targets.flatten().index_select(0, positions)[:, None]).squeeze(1)  # (M,)
+    words = targets.flatten().index_select(0, positions)  # (M,)
+    chosen = logits.float().log_softmax(dim=-1).gather(1, words[:, None]).squeeze(1)  # (M,)
     sorted_sums = chosen.new_zeros(R).index_add(0, positions // steps, chosen)  # (R,) in the sorted order
     return sorted_sums.new_zeros(R).index_copy(0, order, sorted_sums)  # (R,) in the samples' order
-
-@torch.no_grad()
-def greedy_captions(
-    decoder: Decoder, feats: torch.Tensor, bos_id: int, eos_id: int, max_length: int, banned: tuple[int, ...] = (),
-    ending: EndingRule | None = None,
-) -> SampledCaptions:
-    """The greedy caption of each image as device tensors (SCST's greedy baseline); feats (B, N, D).
-
-    The same words as `greedy_decode` (argmax, `banned` never produced), without its attention
-    maps or host copies: on a device `max_length` steps, rows that ended masked, no early exit
-    (on the CPU `shrinking_roll_out` does exit early). T = max_length either way."""
-    B = feats.shape[0]
-    tokens, logprobs, mask = roll_out(
-        decoder, decoder.prepare(feats), bos_id, eos_id, max_length, lambda allowed: allowed.argmax(dim=-1), banned,
-        ending=ending,
-    )  # (B, T) each
-    return SampledCaptions(tokens, logprobs, mask, mask.sum(dim=1), torch.arange(B, device=feats.device))
