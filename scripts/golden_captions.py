@@ -52,7 +52,7 @@ PICTURES = GOLDEN / "pictures"
 PHOTO_COUNT = 4
 PICTURE_COUNT = 6
 
-# The decodings recorded, by name: DecodeOptions fields (n_best goes to decode_n_best).
+# The decodings recorded, by name: DecodeOptions fields (n_best asks for each image's n best).
 DECODINGS: dict[str, dict[str, Any]] = {
     "defaults": {},  # the model's own decode section (beam 3; the packaged model's length penalty 1.5)
     "greedy": {"beam_size": 1},

@@ -36,8 +36,8 @@ def test_caption_batch_size_defaults_to_the_checkpoint_config(
 ) -> None:
     checkpoint, images = checkpoint_and_images
     seen: list[int] = []
-    original = Captioner.caption_images
-    monkeypatch.setattr(Captioner, "caption_images", lambda self, x, **k: seen.append(len(x)) or original(self, x, **k))
+    original = Captioner._caption_batch
+    monkeypatch.setattr(Captioner, "_caption_batch", lambda self, x, *a: seen.append(len(x)) or original(self, x, *a))
     assert main(["caption", str(checkpoint), *map(str, images), "--device", "cpu", *flag]) == 0
     assert seen == batches  # decode.batch_size=3 from the checkpoint unless the flag says otherwise
     assert len(capsys.readouterr().out.splitlines()) == len(images)

@@ -222,7 +222,7 @@ def test_build_model_captions_images_end_to_end() -> None:
             assert caption.attn.shape == (len(caption.tokens), 2, 4, 2, 2)  # (T, L, nh, h, w)
             assert caption.heatmaps().shape == (len(caption.tokens), 2, 2)
             assert caption.words == vocab.decode_words(caption.tokens)
-    assert model.training  # caption_images restores the mode
+    assert model.training  # caption restores the mode
 
 
 def test_training_loss_reaches_every_decoder_weight() -> None:
