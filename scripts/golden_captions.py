@@ -193,7 +193,7 @@ def onnx_captions(folder: Path, images: list) -> dict[str, Any]:
     for name in ONNX_DECODINGS:
         options = dict(DECODINGS[name])
         n_best = options.pop("n_best", None)
-        ranked = runtime.caption_files([str(p) for p in images], n_best=n_best, **options)
+        ranked = runtime.caption([str(p) for p in images], n_best=n_best, errors="return", **options)
         out[name] = {Path(p).name: [record_caption(c) for c in (r if isinstance(r, list) else [r])] for p, r in zip(images, ranked)}
     return out
 

@@ -82,7 +82,7 @@ def test_a_decoder_from_outside_the_package_trains_exports_and_captions_without_
     again = Captioner.from_pretrained(export, device="cpu").caption(images, beam_size=3)
     assert [c.tokens for c in again] == [c.tokens for c in beams]
     runtime = OnnxCaptioner.from_folder(export / "onnx", threads=1)
-    onnx = runtime.caption_files(images, beam_size=3)
+    onnx = runtime.caption(images, beam_size=3)
     assert [c.tokens for c in onnx] == [c.tokens for c in beams]
     for got, want in zip(onnx, beams):
         np.testing.assert_allclose(got.attn, want.attn.numpy(), atol=1e-4)

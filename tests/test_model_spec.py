@@ -118,7 +118,7 @@ def test_an_export_from_before_the_spec_reads_into_the_spec_of_its_checkpoint() 
     assert exported.spec.grid == tuple(config["encoder"]["grid"])
 
 
-def test_an_onnx_bundle_from_before_the_spec_gives_the_runtime_what_its_checkpoint_says() -> None:
+def test_an_onnx_bundle_from_before_the_spec_is_read_into_the_spec_its_checkpoint_has() -> None:
     pytest.importorskip("onnxruntime")
     from captioner.deploy.bundle import load_bundle
 
@@ -126,5 +126,8 @@ def test_an_onnx_bundle_from_before_the_spec_gives_the_runtime_what_its_checkpoi
     assert manifest["format_version"] == 1 and "spec" not in manifest
     bundle = load_bundle(GOLDEN / "export_lstm")
     spec = Captioner.from_pretrained(GOLDEN / "lstm.pt", device="cpu").spec()
-    assert bundle.spec is None and bundle.vocab.to_list() == list(spec.vocab)
+    assert bundle.vocab.to_list() == list(spec.vocab)
+    upgraded = bundle.spec  # read into today's spec (core/upgrade.py)
+    assert (upgraded.vocab, upgraded.special, upgraded.decode, upgraded.preprocessing.image_size, upgraded.decoder_type) == (
+        spec.vocab, spec.special, spec.decode, spec.preprocessing.image_size, spec.decoder_type)
     assert (bundle.special, bundle.image_size, bundle.decode) == (spec.special, spec.preprocessing.image_size, dataclasses.asdict(spec.decode))

@@ -128,13 +128,13 @@ def test_n_best_lists_equal_pytorch(exported: Exported, pictures: list, tmp_path
         paths.append(tmp_path / f"{i}.png")
         picture.save(paths[-1])
     expected = exported.model.caption(paths, n_best=3, beam_size=4)
-    got = exported.runtime.caption_files(paths, n_best=3, beam_size=4)
+    got = exported.runtime.caption(paths, n_best=3, beam_size=4)
     assert [[c.tokens for c in ranked] for ranked in got] == [[c.tokens for c in ranked] for ranked in expected]
     assert all(len(ranked) == 3 for ranked in got)
     for want, have in zip(expected, got):
         assert [c.score for c in have] == pytest.approx([c.score for c in want], abs=1e-4)
     with pytest.raises(ConfigError, match=r"n_best \(5\) must not exceed beam_size \(4\)"):
-        exported.runtime.caption_files(paths, n_best=5, beam_size=4)
+        exported.runtime.caption(paths, n_best=5, beam_size=4)
 
 
 def test_a_single_image_gives_one_caption(exported: Exported, pictures: list) -> None:
@@ -380,7 +380,7 @@ def test_the_runtime_refuses_options_in_the_schemas_words(exported: Exported) ->
                 exported.runtime.options(**{name: bad})
             assert str(error.value) == f"decode: {option.refusal(bad)}"
     with pytest.raises(ConfigError, match=r"^decode: n_best \(4\) must not exceed beam_size \(3\); raise the beam or sample$"):
-        exported.runtime.caption_files([], n_best=4, beam_size=3)
+        exported.runtime.caption([], n_best=4, beam_size=3)
 
 
 def test_bad_options_and_images_are_one_line(exported: Exported, tmp_path: Path, pictures: list) -> None:
@@ -403,7 +403,7 @@ def test_bad_options_and_images_are_one_line(exported: Exported, tmp_path: Path,
         runtime.caption([pictures[0], b"junk"])
     good = tmp_path / "good.png"
     pictures[0].save(good)
-    results = runtime.caption_files([corrupt, good, tmp_path / "absent.png"], beam_size=2)  # the rest go on
+    results = runtime.caption([corrupt, good, tmp_path / "absent.png"], errors="return", beam_size=2)  # the rest go on
     assert isinstance(results[0], ImageLoadError) and isinstance(results[2], ImageLoadError) and "absent.png" in str(results[2])
     assert results[1].tokens == exported.model.caption(good, beam_size=2).tokens
     assert issubclass(ExportError, CaptionerError)

@@ -24,6 +24,7 @@ from captioner.core.decode_schema import DecodeOption, combination_problem
 from captioner.core.decoder_types import decoder_type, registered, type_of
 from captioner.core.errors import ConfigError
 from captioner.core.specs import Choice, Spec
+from captioner.core.upgrade import upgrade_run_config, upgrade_value
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -69,8 +70,6 @@ def apply_overrides(config: Config, overrides: list[str] | tuple[str, ...], sour
 def config_from_dict(raw: dict[str, Any], source: str = "checkpoint") -> Config:
     """A config stored with a checkpoint (or written by `Config.to_dict`), upgraded from an older
     layout (core/upgrade.py) and checked like a file."""
-    from captioner.core.upgrade import upgrade_run_config
-
     config = Config()
     _merge(config, upgrade_run_config(raw), "", source)
     validate(config, source)
@@ -163,18 +162,10 @@ def _set_dotted(config: Config, dotted: str, value: Any, source: str) -> None:
     setattr(node, leaf, _checked(value, node, leaf, dotted, source))
 
 
-# Keys whose values were once booleans: what each old value means now, so that configs and
-# checkpoints written then load as they trained (YAML also reads on/off and yes/no as booleans).
-LEGACY_VALUES: dict[str, dict[Any, Any]] = {
-    "train.cpu_amp": {False: "fp32", True: "auto"},
-}
-
-
 def _checked(value: Any, node: Any, name: str, dotted: str, source: str) -> Any:
     """The value converted to the key's type and checked against its spec."""
     spec = {f.name: f for f in dataclasses.fields(node)}[name].metadata.get("spec")
-    if isinstance(value, bool) and dotted in LEGACY_VALUES:
-        value = LEGACY_VALUES[dotted][value]
+    value = upgrade_value(dotted, value)
     if isinstance(spec, DecodeOption):
         return _decode_value(value, spec, dotted, source)
     value = _coerce(value, _field_type(node, name), dotted, source)

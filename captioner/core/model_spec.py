@@ -17,7 +17,6 @@ from captioner.core.config_sections import Config, DataConfig, DecodeConfig, Enc
 from captioner.core.decode_schema import combination_problem
 from captioner.core.decoder_types import section
 from captioner.core.errors import ConfigError
-from captioner.core.upgrade import upgrade_run_config
 
 SPEC_VERSION = 1  # of the `spec` object; bump when a field's meaning changes
 # The ONNX bundle's manifest: written by captioner.models.onnx_export, read by captioner.deploy.bundle.
@@ -140,22 +139,6 @@ class ModelSpec:
                            check_decoder=check_decoder)
 
     @classmethod
-    def from_sections(cls, sections: Any, vocab: Any, source: str, **parts: Any) -> ModelSpec:
-        """A spec from a stored run config (what files written before the spec held: its model,
-        data.image_size and decode sections; the others are not read, so a training setting this
-        version no longer accepts does not stop a model from loading). `parts`: as `checked` takes them."""
-        sections = model_sections(upgrade_run_config(sections), source)
-        model = sections.get("model", {})
-        if not isinstance(model, dict):
-            raise ConfigError(f"{source}: 'model' must be a mapping, got {model!r}")
-        data = sections.get("data", {})
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: 'data' must be a mapping, got {data!r}")
-        return cls.checked(model.get("encoder", {}), model.get("decoder", {"type": "lstm"}),
-                           data.get("image_size", DataConfig.image_size), sections.get("decode", {}), vocab, source,
-                           blind=model.get("blind", False), **parts)
-
-    @classmethod
     def checked(
         cls, encoder: Any, decoder: Any, image_size: Any, decode: Any, vocab: Any, source: str, *, blind: Any = False,
         special: Any = None, mean: Any = None, std: Any = None, grid: Any = None, feature_dim: Any = None,
@@ -186,19 +169,6 @@ class ModelSpec:
             decoder=dict(decoder), vocab=words, special=ids, decode=decode_config, blind=blind,
             grid=grid_of(grid, source), feature_dim=positive_int(feature_dim, "feature_dim", source),
         )
-
-
-def model_sections(stored: Any, source: str) -> dict[str, Any]:
-    """The sections of a stored config that make the model: model, data.image_size, decode."""
-    if not isinstance(stored, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections, got {type(stored).__name__}")
-    sections = {name: stored[name] for name in ("model", "decode") if name in stored}
-    data = stored.get("data", {})
-    if not isinstance(data, dict):
-        sections["data"] = data  # refused by the config check, naming the section
-    elif "image_size" in data:
-        sections["data"] = {"image_size": data["image_size"]}
-    return sections
 
 
 def check_words(vocab: Any, source: str) -> tuple[str, ...]:

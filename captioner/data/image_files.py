@@ -8,14 +8,14 @@ import io
 import re
 import struct
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from captioner.core.errors import ImageLoadError
+from captioner.core.errors import ConfigError, ImageLoadError
 
 # A decompression bomb guard: far above any camera photo, far below what exhausts memory.
 MAX_PIXELS = 50_000_000
@@ -177,11 +177,35 @@ def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
         raise ImageLoadError(f"caption: {position or 'the image'}: {e}") from None
 
 
-def picture_batches(items: Sequence[ImageInput], batch_size: int,
-                    positions: bool = True) -> Iterator[list[Image.Image]]:
-    """`items` as pictures (`picture_of`), `batch_size` at a time; the first image that does not load
-    stops it with one ImageLoadError, with `positions` naming its place ("image 2 of 5")."""
+def caption_in_batches(
+    images: ImageInput | Sequence[ImageInput], batch_size: int, caption: Callable[[list[Image.Image]], list],
+    *, n_best: int | None = None, errors: str = "raise", on_picture: Callable[[Image.Image], None] | None = None,
+) -> Any:
+    """The one batching loop of the torch model and the ONNX runtime: `images` (one, or a list) as
+    pictures, `batch_size` at a time, through `caption` (pictures -> a result each). One image gives
+    its result, a list a list. A list stops at the first image that does not load, with one
+    ImageLoadError naming its place ("image 2 of 5"); `errors="return"` puts the error in its place
+    instead. `on_picture` sees each picture as loaded (an application's check of what it is shown)."""
+    if errors not in ("raise", "return"):
+        raise ConfigError(f"caption: errors must be raise or return; got {errors!r}")
+    single = not isinstance(images, (list, tuple))
+    if single and n_best is not None:
+        raise ConfigError("caption: n_best gives several captions per image; pass a list of images")
+    items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
+    results: list = []
     for start in range(0, len(items), batch_size):
-        chunk = items[start : start + batch_size]
-        yield [picture_of(x, f"image {start + i + 1} of {len(items)}" if positions else None)
-               for i, x in enumerate(chunk)]
+        loaded: list[Image.Image | ImageLoadError] = []
+        for i, item in enumerate(items[start : start + batch_size], start):
+            try:
+                loaded.append(picture_of(item, None if single or errors == "return" else f"image {i + 1} of {len(items)}"))
+            except ImageLoadError as e:
+                if errors == "raise":
+                    raise
+                loaded.append(e)
+                continue
+            if on_picture is not None:
+                on_picture(loaded[-1])
+        good = [x for x in loaded if not isinstance(x, ImageLoadError)]
+        captions = iter(caption(good) if good else [])
+        results += [x if isinstance(x, ImageLoadError) else next(captions) for x in loaded]
+    return results[0] if single else results

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         model = OnnxCaptioner.from_folder(args.folder, threads=args.threads)
-        results = model.caption_files(args.images, beam_size=args.beam, max_length=args.max_length)
+        results = model.caption(args.images, errors="return", beam_size=args.beam, max_length=args.max_length)
     except CaptionerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -3,8 +3,7 @@ and the onnxruntime sessions made. Every problem is one `ExportError` line namin
 
 The format (name and version) is declared once, in core/model_spec.py, beside the model spec that
 onnx.json carries (`captioner.models.onnx_export` writes it; models and deploy may not import each
-other). A bundle of format 1, written before the spec, spread the model's vocabulary, special ids,
-input size, grid and decoding defaults over top-level fields; it is still read.
+other). An older bundle is read through core/upgrade.py.
 """
 
 from __future__ import annotations
@@ -21,9 +20,9 @@ from captioner.core.bounded_files import read_json
 from captioner.core.checksums import verify_file
 from captioner.core.errors import CaptionerError, ConfigError, ExportError
 from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION, ModelSpec, SpecialIds
+from captioner.core.upgrade import OLDEST_ONNX, upgrade_onnx_manifest
 from captioner.text.vocab import Vocabulary
 
-LEGACY_VERSION = 1  # still read: the model's fields at the top level, no spec
 MANIFEST = "onnx.json"
 GRAPHS = ("encoder", "decoder_init", "decoder_step")
 
@@ -34,12 +33,6 @@ GRAPH_FIELDS: dict[str, type | tuple[type, ...]] = {
     "memory": list,
     "state": list,
     "capacity": (int, type(None)),
-}
-REQUIRED_FIELDS: dict[int, dict[str, type | tuple[type, ...]]] = {
-    ONNX_FORMAT_VERSION: {**GRAPH_FIELDS, "spec": dict},
-    LEGACY_VERSION: {
-        **GRAPH_FIELDS, "vocab": list, "special_tokens": dict, "image_size": int, "grid": list, "decoder": dict, "decode": dict,
-    },
 }
 
 
@@ -52,7 +45,7 @@ and one session per graph."""
     manifest: dict[str, Any]
     vocab: Vocabulary
     sessions: dict[str, ort.InferenceSession]
-    spec: ModelSpec | None  # None in a bundle of format 1, written before the spec
+    spec: ModelSpec
     image_size: int
     grid: tuple[int, int]  # (h, w) of the encoder's feature grid
     special: SpecialIds
@@ -84,13 +77,14 @@ def read_manifest(path: Path) -> dict[str, Any]:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ExportError(f"{path}: not a captioner ONNX export (format {found!r}, expected {ONNX_FORMAT!r})")
     version = manifest.get("format_version")
-    if version not in REQUIRED_FIELDS or isinstance(version, bool):
+    if version not in range(OLDEST_ONNX, ONNX_FORMAT_VERSION + 1) or isinstance(version, bool):
         raise ExportError(
             f"{path}: format_version {version!r} is another captioner version's ONNX format (this one reads "
-            f"{LEGACY_VERSION} and {ONNX_FORMAT_VERSION}; exported by captioner {manifest.get('captioner_version', '?')}): "
+            f"{OLDEST_ONNX} and {ONNX_FORMAT_VERSION}; exported by captioner {manifest.get('captioner_version', '?')}): "
             "re-export the checkpoint"
         )
-    for field, kind in REQUIRED_FIELDS[version].items():
+    manifest = upgrade_onnx_manifest(manifest, str(path))
+    for field, kind in {**GRAPH_FIELDS, "spec": dict}.items():
         if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
             raise ExportError(f"{path}: field {field!r} is missing or malformed")
     for graph in GRAPHS:
@@ -101,26 +95,12 @@ def read_manifest(path: Path) -> dict[str, Any]:
             raise ExportError(f"{path}: files.{graph}.path must be a file name beside onnx.json, got {entry['path']!r}")
         if not (isinstance(names, dict) and all(isinstance(names.get(k), list) for k in ("inputs", "outputs"))):
             raise ExportError(f"{path}: graphs.{graph} must list the graph's inputs and outputs")
-    if version == LEGACY_VERSION:
-        check_legacy_fields(manifest, path)
     return manifest
 
 
-def check_legacy_fields(manifest: dict[str, Any], path: Path) -> None:
-    """A format-1 manifest's model fields: grid [h, w], and the bos, eos and banned ids."""
-    if not (len(manifest["grid"]) == 2 and all(isinstance(x, int) and x > 0 for x in manifest["grid"])):
-        raise ExportError(f"{path}: grid must be [h, w], got {manifest['grid']!r}")
-    special = manifest["special_tokens"]
-    if not (isinstance(special.get("bos"), int) and isinstance(special.get("eos"), int) and isinstance(special.get("banned"), list)):
-        raise ExportError(f"{path}: special_tokens must give bos, eos and banned ids")
-
-
-def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec | None, Vocabulary, SpecialIds, int, tuple[int, int], dict]:
-    """What the runtime reads of the model: its spec (format 1: none), vocabulary, special ids,
-    input size, grid and decoding defaults; one ExportError naming `path` when they do not hold."""
-    if manifest["format_version"] == LEGACY_VERSION:
-        return (None, legacy_vocab(manifest, path), legacy_special(manifest, path), manifest["image_size"],
-                (manifest["grid"][0], manifest["grid"][1]), dict(manifest["decode"]))
+def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec, Vocabulary, SpecialIds, int, tuple[int, int], dict]:
+    """What the runtime reads of the model: its spec, vocabulary, special ids, input size, grid
+    and decoding defaults; one ExportError naming `path` when they do not hold."""
     try:
         spec = ModelSpec.from_dict(manifest["spec"], f"{path} (spec)", check_decoder=False)
     except ConfigError as e:
@@ -132,25 +112,6 @@ def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec | None, 
     except CaptionerError as e:
         raise ExportError(f"{path}: spec.vocab: {e}") from None
     return spec, vocab, spec.special, spec.preprocessing.image_size, spec.grid, dataclasses.asdict(spec.decode)
-
-
-def legacy_vocab(manifest: dict[str, Any], path: Path) -> Vocabulary:
-    try:
-        return Vocabulary(manifest["vocab"])
-    except CaptionerError as e:
-        raise ExportError(f"{path}: vocab: {e}") from None
-
-
-def legacy_special(manifest: dict[str, Any], path: Path) -> SpecialIds:
-    """A format-1 manifest's bos, eos and banned ids, which must be the vocabulary's (its first four words)."""
-    special, size = manifest["special_tokens"], len(manifest["vocab"])
-    ids = [special["bos"], special["eos"], *special["banned"]]
-    if not all(isinstance(i, int) and 0 <= i < size for i in ids):
-        raise ExportError(f"{path}: special_tokens {ids} are not all ids of its {size}-word vocab")
-    known = SpecialIds(0, 1, 2, 3)
-    if (special["bos"], special["eos"], tuple(special["banned"])) != (known.bos, known.eos, known.banned):
-        raise ExportError(f"{path}: special_tokens {ids} are not its vocab's <bos>, <eos> and <pad>, <bos>, <unk>")
-    return known
 
 
 def available_cores() -> int:

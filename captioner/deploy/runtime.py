@@ -14,16 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_capacity, check_names, check_options
-from captioner.core.errors import ImageLoadError
-from captioner.data.image_files import ImageInput, load_image, picture_batches
+from captioner.data.image_files import ImageInput, caption_in_batches
 from captioner.deploy.bundle import Bundle, load_bundle
-from captioner.deploy.preprocess import image_array, image_batch
+from captioner.deploy.preprocess import image_batch
 from captioner.deploy.numpy_search import Arrays, Hypothesis, SearchOptions, TokenRules, decode_hypotheses
 from captioner.text.endings import bad_ending_ids
 
@@ -92,70 +91,31 @@ class OnnxCaptioner:
         check_capacity(values["max_length"], self.capacity, str(self.bundle.path("decoder_step")))
         return SearchOptions(**values)
 
-    @overload
-    def caption(self, images: ImageInput, *, batch_size: int | None = None, **options: Any) -> OnnxCaption: ...
-
-    @overload
     def caption(
-        self, images: list[ImageInput] | tuple[ImageInput, ...], *, batch_size: int | None = None, **options: Any
-    ) -> list[OnnxCaption]: ...
-
-    def caption(
-        self, images: ImageInput | list[ImageInput] | tuple[ImageInput, ...], *, batch_size: int | None = None, **options: Any
-    ) -> OnnxCaption | list[OnnxCaption]:
-        """Caption an image (a path, an encoded file's bytes or a PIL image) or a list of them,
-        in batches of `batch_size` (default: the export's decode.batch_size). `options`:
-        beam_size, max_length, length_penalty, block_trigrams, min_length, suppress_bad_endings
-        (None: the export's defaults). A list stops at its first image that does not load, with
-        that image's one-line ImageLoadError."""
-        search = self.options(**options)
-        single = not isinstance(images, (list, tuple))
-        items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
-        batch_size = batch_size or int(self.decode_defaults.get("batch_size", 32))
-        captions: list[OnnxCaption] = []
-        for pictures in picture_batches(items, batch_size, positions=not single):
-            captions += self.caption_arrays(image_batch(pictures, self.image_size), search)
-        return captions[0] if single else captions
-
-    def caption_files(
-        self, paths: Sequence[str | Path], batch_size: int | None = None, n_best: int | None = None, **options: Any
-    ) -> list[OnnxCaption | ImageLoadError] | list[list[OnnxCaption] | ImageLoadError]:
-        """Caption files in batches (default: the export's decode.batch_size); a file that fails
-        to load gives its one-line error in its place and the rest go on (as
-        `Captioner.caption_files`, for the command line). With `n_best`, each good file gives
-        its list of up to n_best distinct captions, best first (n_best <= beam_size)."""
+        self, images: ImageInput | Sequence[ImageInput], *, n_best: int | None = None, batch_size: int | None = None,
+        errors: str = "raise", **options: Any,
+    ) -> OnnxCaption | list[Any]:
+        """As `Captioner.caption`: an image (a path, an encoded file's bytes or a PIL image) gives
+        its caption, a list a list (with `n_best`, each image's n best, n_best <= beam_size), in
+        batches of `batch_size` (default: the export's decode.batch_size). `options`: beam_size,
+        max_length, length_penalty, block_trigrams, min_length, suppress_bad_endings (None: the
+        export's defaults). `errors="return"` puts an unreadable image's error in its place."""
         search = self.options(**options)
         self._check_n_best(n_best, search)
-        batch_size = batch_size or int(self.decode_defaults.get("batch_size", 32))
-        results: list[OnnxCaption | ImageLoadError] = []
-        for start in range(0, len(paths), batch_size):
-            loaded: list[np.ndarray | ImageLoadError] = []
-            for path in paths[start : start + batch_size]:
-                try:
-                    loaded.append(image_array(load_image(path), self.image_size))  # (3, S, S)
-                except ImageLoadError as e:
-                    loaded.append(e)
-            good = [x for x in loaded if isinstance(x, np.ndarray)]
-            ranked = iter(self.caption_arrays_n_best(np.stack(good), search, n_best or 1) if good else [])  # (b, 3, S, S) in
-            for x in loaded:
-                if isinstance(x, ImageLoadError):
-                    results.append(x)
-                else:
-                    captions = next(ranked)
-                    results.append(captions if n_best is not None else captions[0])
-        return results
+        return caption_in_batches(
+            images, batch_size or int(self.decode_defaults.get("batch_size", 32)),
+            lambda pictures: self.caption_arrays(image_batch(pictures, self.image_size), search, n_best),
+            n_best=n_best, errors=errors,
+        )
 
-    def caption_arrays(self, images: np.ndarray, search: SearchOptions | None = None) -> list[OnnxCaption]:
-        """uint8 images (B, 3, S, S), as `preprocess.image_batch` makes them -> a caption each."""
-        return [ranked[0] for ranked in self.caption_arrays_n_best(images, search or self.options(), 1)]
-
-    def caption_arrays_n_best(self, images: np.ndarray, search: SearchOptions, n_best: int) -> list[list[OnnxCaption]]:
-        """uint8 images (B, 3, S, S) -> per image its n_best distinct captions, best first
-        (greedy decoding, beam_size 1, gives one)."""
+    def caption_arrays(self, images: np.ndarray, search: SearchOptions | None = None, n_best: int | None = None) -> list:
+        """uint8 images (B, 3, S, S), as `preprocess.image_batch` makes them -> a caption each, or
+        with `n_best` each image's n best distinct captions, best first (greedy gives one)."""
         feats = self.encode(images)  # (B, N, D)
         memory, state = self.start(feats)
-        ranked = decode_hypotheses(self.step, memory, state, self.rules, search, n_best)
-        return [[self._caption(h) for h in hyps] for hyps in ranked]
+        ranked = decode_hypotheses(self.step, memory, state, self.rules, search or self.options(), n_best or 1)
+        captions = [[self._caption(h) for h in hyps] for hyps in ranked]
+        return captions if n_best is not None else [best[0] for best in captions]
 
     @staticmethod
     def _check_n_best(n_best: int | None, search: SearchOptions) -> None:

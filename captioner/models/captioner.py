@@ -20,10 +20,10 @@ from torch import nn
 
 from captioner.core.config_sections import Config, DecodeConfig, ModelConfig
 from captioner.core.decoder_types import section
-from captioner.core.errors import CheckpointError, ConfigError, ExportError, ImageLoadError
+from captioner.core.errors import CheckpointError, ExportError
 from captioner.core.model_spec import ModelSpec, Preprocessing, SpecialIds
 from captioner.core.process_settings import resolve_device
-from captioner.data.image_files import ImageInput, picture_of
+from captioner.data.image_files import ImageInput, caption_in_batches
 from captioner.data.image_transform import ImageTransform
 from captioner.models.caption_result import Caption
 from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
@@ -317,31 +317,11 @@ class Captioner(nn.Module):
         `on_picture` sees each picture as loaded (an application's check of what it is shown)."""
         if isinstance(images, torch.Tensor) and images.dim() in (2, 4):  # (B, 3, S, S); an ensemble's (B, P)
             return self._caption_batch(images, n_best, options)
-        if errors not in ("raise", "return"):
-            raise ConfigError(f"caption: errors must be raise or return; got {errors!r}")
-        single = not isinstance(images, (list, tuple))
-        if single and n_best is not None:
-            raise ConfigError("caption: n_best gives several captions per image; pass a list of images")
-        items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
-        batch_size = batch_size or self.decode_config.batch_size
-        results: list = []
-        for start in range(0, len(items), batch_size):
-            loaded: list[torch.Tensor | ImageLoadError] = []
-            for i, item in enumerate(items[start : start + batch_size], start):
-                try:
-                    picture = picture_of(item, None if single or errors == "return" else f"image {i + 1} of {len(items)}")
-                except ImageLoadError as e:
-                    if errors == "raise":
-                        raise
-                    loaded.append(e)
-                    continue
-                if on_picture is not None:
-                    on_picture(picture)
-                loaded.append(self.transform(picture))
-            good = [x for x in loaded if isinstance(x, torch.Tensor)]
-            captions = iter(self._caption_batch(torch.stack(good), n_best, options) if good else [])  # (b, 3, S, S)
-            results += [x if isinstance(x, ImageLoadError) else next(captions) for x in loaded]
-        return results[0] if single else results
+        return caption_in_batches(
+            images, batch_size or self.decode_config.batch_size,
+            lambda pictures: self._caption_batch(torch.stack([self.transform(p) for p in pictures]), n_best, options),
+            n_best=n_best, errors=errors, on_picture=on_picture,
+        )
 
     @torch.no_grad()
     def _caption_batch(self, images: torch.Tensor, n_best: int | None, options: dict[str, Any]) -> list:

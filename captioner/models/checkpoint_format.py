@@ -25,7 +25,7 @@ from captioner.core.checksums import sha256_of
 from captioner.core.errors import CheckpointError, ConfigError
 from captioner.core.files import write_atomically
 from captioner.core.model_spec import ModelSpec
-from captioner.core.upgrade import upgrade_run_config
+from captioner.core import upgrade
 
 FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes (the model's `spec` in them is versioned in it)
 CHECKSUM_TAG = b"captioner-sha256:"
@@ -129,7 +129,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     version = payload.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format {version} is not supported (this version reads {FORMAT_VERSION})")
-    return {**payload, "config": upgrade_run_config(payload["config"])}
+    return {**payload, "config": upgrade.upgrade_run_config(payload["config"])}
 
 
 def checkpoint_spec(payload: dict[str, Any], path: str | Path) -> ModelSpec:
@@ -138,8 +138,6 @@ def checkpoint_spec(payload: dict[str, Any], path: str | Path) -> ModelSpec:
     other sections are not read, so a training setting this version no longer accepts does not
     stop a model from loading). One CheckpointError naming `path` when this version refuses a setting."""
     try:
-        if "spec" in payload:
-            return ModelSpec.from_dict(payload["spec"], f"{path} (spec)")
-        return ModelSpec.from_sections(payload["config"], payload["vocab"], f"{path} (config)")
+        return ModelSpec.from_dict(*upgrade.checkpoint_spec(payload, str(path)))
     except ConfigError as e:
         raise CheckpointError(f"{path}: incompatible config: {e}") from None

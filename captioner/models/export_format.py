@@ -39,10 +39,10 @@ from captioner.core.errors import CheckpointError, ConfigError, ExportError
 from captioner.core.files import write_atomically
 from captioner.core.model_spec import ModelSpec
 from captioner.core.portable_config import portable_config
+from captioner.core.upgrade import OLDEST_EXPORT, upgrade_export_config
 
 FORMAT = "captioner"
 FORMAT_VERSION = 2  # of the folders `write_exported` writes: the model described by its `spec`
-LEGACY_VERSION = 1  # still read: the model in config sections (model, data, decode) beside vocab_size, special_tokens, preprocessing
 WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
 
 
@@ -142,13 +142,16 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         found = config.get("format") if isinstance(config, dict) else type(config).__name__
         raise ExportError(f"{path}: not a captioner export (format {found!r}, expected {FORMAT!r})")
-    if config.get("format_version") not in (FORMAT_VERSION, LEGACY_VERSION):
+    if config.get("format_version") not in range(OLDEST_EXPORT, FORMAT_VERSION + 1) or isinstance(config.get("format_version"), bool):
         raise ExportError(
             f"{path}: export format version {config.get('format_version')!r} is not supported "
-            f"(this version, captioner {captioner_version()}, reads {LEGACY_VERSION} and {FORMAT_VERSION})"
+            f"(this version, captioner {captioner_version()}, reads {OLDEST_EXPORT} and {FORMAT_VERSION})"
         )
-    required = ("spec",) if config["format_version"] == FORMAT_VERSION else ("model", "data", "decode", "vocab_size")
-    for key in (*required, "files"):
+    try:
+        config = upgrade_export_config(config, str(path))
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: incompatible config: {e}") from None
+    for key in ("spec", "files"):
         if key not in config:
             raise ExportError(f"{path}: lacks {key!r}")
     return config
@@ -193,7 +196,7 @@ def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
         raise ExportError(f"{folder / VOCAB}: missing") from None
     if not isinstance(vocab, list) or not all(isinstance(w, str) for w in vocab):
         raise ExportError(f"{folder / VOCAB}: expected a list of words")
-    size = config["spec"].get("vocab_size") if isinstance(config.get("spec"), dict) else config.get("vocab_size")
+    size = config["spec"].get("vocab_size") if isinstance(config["spec"], dict) else None
     if len(vocab) != size:
         raise ExportError(f"{folder / VOCAB}: {len(vocab)} words, but {CONFIG} says vocab_size {size}")
     try:
@@ -204,15 +207,8 @@ def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
 
 
 def exported_spec(config: dict[str, Any], vocab: list[str], path: Path) -> ModelSpec:
-    """The spec a config.json holds (or, in an export written before the spec, its config
-    sections describe); one CheckpointError naming `path` when this version refuses a setting."""
+    """The spec a config.json holds; one CheckpointError naming `path` when this version refuses a setting."""
     try:
-        if config["format_version"] == FORMAT_VERSION:
-            return ModelSpec.from_dict(config["spec"], f"{path} (spec)", vocab)
-        preprocessing, encoder = config.get("preprocessing") or {}, config.get("encoder") or {}
-        return ModelSpec.from_sections(
-            config, vocab, f"{path} (config)", special=config.get("special_tokens"), mean=preprocessing.get("mean"),
-            std=preprocessing.get("std"), grid=encoder.get("grid"), feature_dim=encoder.get("feature_dim"),
-        )
+        return ModelSpec.from_dict(config["spec"], f"{path} (spec)", vocab)
     except ConfigError as e:
         raise CheckpointError(f"{path}: incompatible config: {e}") from None

@@ -30,7 +30,6 @@ from captioner.apps.arguments import (
 )
 from captioner.apps.prerequisites import writable_folder
 from captioner.core.errors import CaptionerError, ImageLoadError
-from captioner.models.model_origin import announce, check_picture
 
 if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither torch nor matplotlib
     import torch
@@ -120,10 +119,12 @@ def run(args: argparse.Namespace) -> int:
         if args.sample:
             options.update(sample=True, **sampling)
         n_best = args.n_best if args.n_best is not None else (1 if args.sample else None)
-        origins = getattr(model, "origins", [])  # the ONNX runtime records none
-        announce(origins)
-        results = model.caption(paths, batch_size=args.batch_size, n_best=n_best, errors="return",
-                                on_picture=lambda picture: check_picture(origins, picture), **options)
+        if args.runtime == "torch":  # which model answers, and whether the pictures fit it (the runtime has no origin)
+            from captioner.models.model_origin import announce, check_picture
+
+            announce(model.origins)
+            options["on_picture"] = lambda picture: check_picture(model.origins, picture)
+        results = model.caption(paths, batch_size=args.batch_size, n_best=n_best, errors="return", **options)
         refuse_if_none_captioned(paths, results)
         check_map_choice(args.layer, args.head, results)
     request = figure_request(args)
