@@ -37,7 +37,9 @@ def read_init_checkpoint(config: Config) -> dict:
     for dotted in TRAINING_CHOICES:
         was, now = dotted_value(saved, dotted), dotted_value(current, dotted)
         if was != now:
-            log.info("%s: %s is %r in the checkpoint, %r here: this stage trains as its config says", path, dotted, was, now)
+            log.info(
+                "%s: %s is %r in the checkpoint, %r here: this stage trains as its config says", path, dotted, was, now
+            )
     conflict = first_difference(saved, current, "model", skip=TRAINING_CHOICES)
     if conflict:
         raise CheckpointError(f"{path}: {conflict}; train.init needs the model section the checkpoint was trained with")
