@@ -1,6 +1,5 @@
-"""`captioner evaluate`: a checkpoint on a split (official metrics, grounding, saliency), or a
-COCO results file. Arguments, files and printing; the evaluation itself is
-`captioner.evaluation.evaluate`."""
+"""`captioner evaluate`: a checkpoint on a split (official metrics, grounding, saliency), or a COCO
+results file; the evaluation itself is `captioner.evaluation.evaluate`."""
 
 from __future__ import annotations
 
@@ -36,13 +35,17 @@ FIGURES = 8  # --heatmaps: figures of this many first images
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate = commands.add_parser("evaluate", help="score a checkpoint on a split, or a results file")
-    evaluate.add_argument("checkpoint", nargs="?", help="a .pt, a run folder, an export or a Hub id (left out with --results)")
+    evaluate.add_argument(
+        "checkpoint", nargs="?", help="a .pt, a run folder, an export or a Hub id (left out with --results)"
+    )
     evaluate.add_argument(
         "data_overrides", nargs="*", metavar="data.KEY=VALUE",
-        help="where the checkpoint's dataset is on this machine, for a moved or shared checkpoint: data.root=..., data.image_root=..., "
-             "data.test_shards=... (a model's own settings never name shards, URLs or places outside this folder)",
+        help="where the checkpoint's dataset is on this machine, for a moved or shared checkpoint: data.root=..., "
+             "data.image_root=..., data.test_shards=... "
+             "(a model's own settings never name shards, URLs or places outside this folder)",
     )
-    evaluate.add_argument("--split", default="test", choices=("train", "val", "test"), help="the split of the checkpoint's data to caption and score")
+    evaluate.add_argument("--split", default="test", choices=("train", "val", "test"),
+                          help="the split of the checkpoint's data to caption and score")
     evaluate.add_argument(
         "--out",
         help="folder (or .json file with --results) for results and scores (default: next to the checkpoint; "
@@ -51,14 +54,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--limit", type=nonnegative_int, default=0, help="evaluate the first N images only (0: all)")
     evaluate.add_argument("--results", help="score a COCO-format results file instead of a checkpoint")
     evaluate.add_argument("--annotations", help="the COCO caption annotation file for --results")
-    evaluate.add_argument("--features", metavar="DIR", help="decode the rows of the feature store in DIR (what the encoder's frozen blocks make; built there when absent)")
+    evaluate.add_argument("--features", metavar="DIR",
+                          help="decode the rows of the feature store in DIR "
+                               "(what the encoder's frozen blocks make; built there when absent)")
     evaluate.add_argument("--fast", action="store_true", help="in-process BLEU/CIDEr-D instead of the official code")
     evaluate.add_argument("--spice", action="store_true", help="also SPICE (needs its Stanford CoreNLP models)")
     evaluate.add_argument("--grounding", action="store_true", help="score attention against instance masks")
     evaluate.add_argument("--instances", help="COCO instances_*.json for --grounding (shapes: found by itself)")
-    evaluate.add_argument("--heatmaps", metavar="OUTDIR", help="with --grounding: figures of the first images, true regions outlined")
+    evaluate.add_argument("--heatmaps", metavar="OUTDIR",
+                          help="with --grounding: figures of the first images, true regions outlined")
     evaluate.add_argument("--saliency", choices=("gradcam",), default=None,
-                          help="with --grounding: also score Grad-CAM of each grounded word (one gradient pass per caption)")
+                          help="with --grounding: also score Grad-CAM of each grounded word "
+                               "(one gradient pass per caption)")
     evaluate.add_argument("--layer", type=int, default=-1, help="decoder layer of the maps (transformer)")
     evaluate.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
     add_decode_arguments(evaluate)
@@ -68,9 +75,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Scores come from the official COCO caption code (pycocoevalcap, Java) unless `--fast` asks
-    for the in-process BLEU/CIDEr-D used during training. Writes the COCO-format results and a
-    JSON of overall and per-image scores (and the grounding score with `--grounding`)."""
+    """Score with the official COCO caption code, or with `--fast` the in-process BLEU/CIDEr-D; writes the
+    COCO-format results and a JSON of overall and per-image scores."""
     report = score_results_file(args) if args.results or args.annotations else score_checkpoint(args)
     if args.json:
         print(json.dumps(report, indent=1))
@@ -93,7 +99,9 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
     references = load_references(args.annotations)
     predictions = load_results(args.results, references)
     scores = score_predictions(references, predictions, official=not args.fast, spice=args.spice)
-    report = {"results": str(args.results), "annotations": str(args.annotations), "images": len(scores.per_image) or None}
+    report = {
+        "results": str(args.results), "annotations": str(args.annotations), "images": len(scores.per_image) or None
+    }
     report.update(scores.beside_official())
     out = Path(args.out) if args.out else Path(DEFAULT_EVAL_DIR) / f"{Path(args.results).stem}_scores.json"
     out = out / "scores.json" if out.suffix != ".json" else out
@@ -107,7 +115,8 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
 def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     """CHECKPOINT: caption its dataset's split (the images, or the feature store with --features)
     and score the captions; results and scores go to --out, else beside the checkpoint."""
-    from captioner.data import datasets  # noqa: F401 - the loaders need the 'train' extra (pycocotools): said before the model loads
+    # the loaders need the 'train' extra (pycocotools): said before the model loads
+    from captioner.data import datasets  # noqa: F401
     from captioner.evaluation.evaluate import evaluate
     from captioner.evaluation.report import rounded, write_scores_json
     from captioner.models.model_paths import checkpoint_file
@@ -125,7 +134,10 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = Path(args.out) if args.out else default_out_dir(checkpoint, args.ensemble)
     results_path = out_dir / f"results_{args.split}.json"
     writable_folder(out_dir, "evaluate --out")  # before any caption is made, not after all of them
-    scored, stored = stored_rows(args.features, model, config, args.split, records, all_records) if args.features else (records, {})
+    scored, stored = (
+        stored_rows(args.features, model, config, args.split, records, all_records) if args.features
+        else (records, {})
+    )
     evaluation = evaluate(
         model, scored, official=not args.fast, spice=args.spice, grounding=grounding, results_file=results_path,
         batch_size=args.batch_size, **stored, **options,
@@ -136,7 +148,9 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     scores_path = out_dir / f"scores_{args.split}.json"
     write_scores_json(scores_path, evaluation.scores.overall, evaluation.scores.per_image, extra=report)
     if not args.json:
-        print_checkpoint_scores(args, checkpoint, records, evaluation, report, out_dir, {"captions": results_path, "scores": scores_path})
+        print_checkpoint_scores(
+            args, checkpoint, records, evaluation, report, out_dir, {"captions": results_path, "scores": scores_path}
+        )
     return {**report, "scores": rounded(evaluation.scores.overall)}
 
 
@@ -148,10 +162,15 @@ def check_checkpoint_arguments(args: argparse.Namespace) -> None:
         raise CaptionerError("evaluate: --saliency scores saliency maps against instance masks; it needs --grounding")
     if args.ensemble and (args.features or args.saliency):
         flag = "--features" if args.features else "--saliency"
-        raise CaptionerError(f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images with each member's encoder")
+        raise CaptionerError(
+            f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images with each member's "
+            "encoder"
+        )
 
 
-def checkpoint_split(checkpoint: Path, args: argparse.Namespace) -> tuple[Any, list[ImageRecord], list[ImageRecord]]:
+def checkpoint_split(
+    checkpoint: Path, args: argparse.Namespace
+) -> tuple[Any, list[ImageRecord], list[ImageRecord]]:
     """The model's own settings (its dataset, where it lies locally), and the split's records:
     the first --limit of them, and all of them."""
     from captioner.models.checkpoint import model_settings
@@ -199,8 +218,8 @@ def checkpoint_report(
 
 
 def print_checkpoint_scores(
-    args: argparse.Namespace, checkpoint: Path, records: list[ImageRecord], evaluation: Evaluation, report: dict[str, Any],
-    out_dir: Path, files: dict[str, Path],
+    args: argparse.Namespace, checkpoint: Path, records: list[ImageRecord], evaluation: Evaluation,
+    report: dict[str, Any], out_dir: Path, files: dict[str, Path],
 ) -> None:
     """The table, the grounding, three example captions, where the files are, and what to run next."""
     scores = evaluation.scores
@@ -218,9 +237,8 @@ def print_checkpoint_scores(
 
 
 def default_out_dir(checkpoint: Path, ensemble: list[str]) -> Path:
-    """Beside the checkpoint; an ensemble's in a folder there named after the other members, so
-    that it never overwrites the first member's own results. An exported folder stays as it was
-    exported (its checksums, its card): its results go to runs/eval/<its name>."""
+    """Beside the checkpoint (an ensemble's in a subfolder named after the other members); an exported
+    folder stays as exported (its checksums), so its results go to runs/eval/<its name>."""
     base = Path(DEFAULT_EVAL_DIR) / checkpoint.name if checkpoint.is_dir() else checkpoint.parent
     if not ensemble:
         return base
