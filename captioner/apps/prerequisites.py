@@ -1,5 +1,7 @@
-"""What a command needs before its work starts (Java and metrics, data files, the start checkpoint), checked
-first so it never stops midway; each refusal is one line naming the way out."""
+"""What a command needs before its work starts, checked first so it never stops midway.
+
+Java and the metrics, data files, the start checkpoint: each refusal is one line naming the way out.
+"""
 
 from __future__ import annotations
 

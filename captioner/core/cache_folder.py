@@ -1,5 +1,7 @@
-"""Where captioner keeps what it computes once per machine (measured speed decisions, METEOR's
-paraphrase index): $CAPTIONER_CACHE_DIR, else $XDG_CACHE_HOME/captioner, else ~/.cache/captioner."""
+"""Where captioner keeps what it computes once per machine.
+
+$CAPTIONER_CACHE_DIR, else $XDG_CACHE_HOME/captioner, else ~/.cache/captioner.
+"""
 
 from __future__ import annotations
 

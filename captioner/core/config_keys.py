@@ -1,5 +1,4 @@
-"""Every config key with its type, default, allowed values and meaning (`captioner config keys`), and a
-resolved config as YAML (`captioner config show`).
+"""Every config key with its meaning (`captioner config keys`), and a resolved config as YAML.
 
 A key's meaning is the comment on (else just above) its declaration, else a decoding option's meaning in
 core/decode_schema.py, so the list cannot drift from the code; a test refuses a key without one.

@@ -1,5 +1,7 @@
-"""Which optional install (extra, pyproject.toml) brings which package: a command that reaches a package
-its install left out stops with one line naming the extra."""
+"""Which optional install (extra, pyproject.toml) brings which package.
+
+A command that reaches a package its install left out stops with one line naming the extra.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Writing a file so that a failure loses nothing: it is written beside its name and renamed
-onto it, so the previous version stays whole until the new one is; a write that fails (a full
-disk above all) is one `StorageError` naming the file and the space left."""
+"""Writing a file so that a failure loses nothing.
+
+It is written beside its name and renamed onto it; a failed write (a full disk above all) is one
+`StorageError` naming the file and the space left.
+"""
 
 from __future__ import annotations
 

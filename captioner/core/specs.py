@@ -1,5 +1,6 @@
-"""What a setting may hold: `Range`, `Choice`, `Text` and `Flag` allow a value, describe it in words,
-and give one just outside (for tests). Config keys and decoding options are declared with them.
+"""What a setting may hold: `Range`, `Choice`, `Text`, `Place` and `Flag`.
+
+Each allows a value, describes it in words, and gives one just outside (for tests).
 """
 
 from __future__ import annotations

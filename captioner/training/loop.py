@@ -1,5 +1,7 @@
-"""One epoch of training: the cross-entropy objective and `train_one_epoch`, which runs any
-objective (cross-entropy or self-critical) without reading the device back between logs."""
+"""One epoch of training: the cross-entropy objective and `train_one_epoch`.
+
+`train_one_epoch` runs any objective without reading the device back between logs.
+"""
 
 from __future__ import annotations
 

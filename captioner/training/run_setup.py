@@ -1,6 +1,4 @@
-"""What a training run is built from, one step each: data route, precision, dataset, objective,
-loader and DDP wrapper. `Run.start` (captioner/training/fit.py) calls them in order.
-"""
+"""What a training run is built from, one step each; `Run.start` (training/fit.py) calls them in order."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The learning rates: linear warmup then cosine (or constant), the global-batch scaling rule,
-and the optimiser's parameter groups (decoder; fine-tuned encoder layers at their own rate)."""
+"""The learning rates: warmup and decay, the global-batch scaling rule and the optimiser's groups."""
 
 from __future__ import annotations
 

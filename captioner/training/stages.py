@@ -1,5 +1,4 @@
-"""Where a run starts: a stage's `train.init` checkpoint (whose model section must be the
-config's, except how the stage trains it), and the checkpoint a `--resume` continues."""
+"""Where a run starts: a stage's `train.init` checkpoint, or the last.pt a `--resume` continues."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Where training stands (`TrainState`): epoch, position in it, step, best score, history and the
-device sums of the logged losses; all of it goes into last.pt for an exact resume."""
+"""Where training stands (`TrainState`), all of it kept in last.pt for an exact resume."""
 
 from __future__ import annotations
 

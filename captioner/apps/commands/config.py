@@ -1,5 +1,4 @@
-"""`captioner config show [CONFIG] [overrides]` and `captioner config keys [PREFIX]`: the resolved
-config a run would use, and every key with its type, default, allowed values and meaning."""
+"""`captioner config show|keys`: the resolved config a run would use, and every key's meaning."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""`captioner evaluate`: a checkpoint on a split (official metrics, grounding, saliency), or a COCO
-results file; the evaluation itself is `captioner.evaluation.evaluate`."""
+"""`captioner evaluate`: a checkpoint on a split, or a COCO results file.
+
+Metrics, grounding and saliency; the evaluation itself is `captioner.evaluation.evaluate`.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""`captioner export CHECKPOINT DIR`: the model in the Hugging Face Hub layout (safetensors, JSON,
-a model card with its scores and an attention figure), with `--onnx` also its ONNX graphs."""
+"""`captioner export CHECKPOINT DIR`: the model in the Hugging Face Hub layout (`--onnx`: also ONNX)."""
 
 from __future__ import annotations
 
