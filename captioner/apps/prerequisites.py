@@ -1,7 +1,6 @@
 """What a command needs before its work starts, checked first so it never stops midway.
 
-Java and the metrics, data files, the start checkpoint: each refusal is one line naming the way out.
-"""
+Java and the metrics, data files, the start checkpoint: each refusal is one line naming the way out."""
 
 from __future__ import annotations
 
@@ -32,13 +31,11 @@ def require_official_metrics(spice: bool = False) -> None:
     except CaptionerError as e:
         raise CaptionerError(f"{e}; or add --fast to score with the in-process BLEU and CIDEr-D") from None
     if spice:
-        # its warning that SPICE will be skipped: said by the refusal
-        with said_by_an_error("captioner.evaluation.spice_models"):
+        with said_by_an_error("captioner.evaluation.spice_models"):  # its warning is said by the refusal
             if not ensure_spice_models():
-                raise CaptionerError(
-                    "evaluate --spice: SPICE's Stanford CoreNLP models are not installed and could not be downloaded; "
-                    "run python -m pycocoevalcap.spice.get_stanford_models with internet access, or leave out --spice"
-                )
+                raise CaptionerError("evaluate --spice: SPICE's Stanford CoreNLP models are not installed and could "
+                                     "not be downloaded; run python -m pycocoevalcap.spice.get_stanford_models with "
+                                     "internet access, or leave out --spice")
 
 
 def require_data(data: DataConfig, splits: list[str], given_as: str = "data.root") -> None:
@@ -55,18 +52,14 @@ def missing_data(data: DataConfig, split: str, given_as: str = "data.root") -> s
     root = Path(data.root)
     download = DOWNLOADS.get(data.dataset, "").format(root=data.root)
     flag = given_as.startswith("--")
-    place, elsewhere = (
-        (f"{given_as} {data.root}", f"give {given_as} DIR") if flag
-        else (f"{given_as}={data.root}", f"set {given_as}=DIR")
-    )
+    place, elsewhere = ((f"{given_as} {data.root}", f"give {given_as} DIR") if flag
+                        else (f"{given_as}={data.root}", f"set {given_as}=DIR"))
     if data.dataset == "flickr8k":
         from captioner.data.flickr8k import TOKEN_FILE
 
         if not (root / TOKEN_FILE).is_file():
-            return (
-                f"{place}: no Flickr8k here ({TOKEN_FILE} not found); download it with {download}, "
-                f"or {elsewhere} where it is"
-            )
+            return (f"{place}: no Flickr8k here ({TOKEN_FILE} not found); download it with {download}, "
+                    f"or {elsewhere} where it is")
     elif data.dataset == "coco":
         from captioner.data.coco import coco_split_files
 
@@ -77,20 +70,13 @@ def missing_data(data: DataConfig, split: str, given_as: str = "data.root") -> s
     elif data.dataset == "karpathy":
         split_file = Path(data.karpathy_file) if data.karpathy_file is not None else None
         if split_file is not None and not split_file.is_file():
-            # the other split files come with their own images
-            fetch = (
-                f"download it with captioner data coco --root {split_file.parent} --year {data.year} --karpathy, or "
-                if split_file.name == "dataset_coco.json" else ""
-            )
-            return (
-                f"data.karpathy_file={data.karpathy_file}: Karpathy split file not found; "
-                f"{fetch}set data.karpathy_file=FILE where it is"
-            )
+            fetch = (f"download it with captioner data coco --root {split_file.parent} --year {data.year} "
+                     "--karpathy, or " if split_file.name == "dataset_coco.json" else "")  # others come with images
+            return (f"data.karpathy_file={data.karpathy_file}: Karpathy split file not found; "
+                    f"{fetch}set data.karpathy_file=FILE where it is")
     elif data.dataset == "imagefolder" and not root.is_dir():
-        return (
-            f"{root}: image folder not found; set data.root=DIR to a folder of images with metadata.jsonl or "
-            "metadata.csv"
-        )
+        return (f"{root}: image folder not found; set data.root=DIR to a folder of images with metadata.jsonl "
+                "or metadata.csv")
     elif data.dataset == "hf" and not root.exists():
         return f"{root}: Hugging Face dataset not found; set data.root to a save_to_disk folder or Parquet files"
     return None
@@ -102,17 +88,15 @@ def require_start(config: Config, resume: bool) -> None:
     last = Path(config.train.out_dir) / "last.pt"
     if resume:
         if not last.is_file():
-            raise CheckpointError(
-                f"{last}: nothing to resume (no last.pt in train.out_dir); leave out --resume to start the run"
-            )
+            raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir); "
+                                  "leave out --resume to start the run")
         return
     init = config.train.init
     if init and not Path(init).exists():
         raise CheckpointError(f"train.init={init}: checkpoint not found (--init names the .pt a run starts from)")
     if config.train.stage == "scst" and not init:
-        raise ConfigError(
-            "train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)"
-        )
+        raise ConfigError("train.stage: scst starts from a cross-entropy model: "
+                          "set train.init (or pass --init CHECKPOINT)")
 
 
 def writable_folder(folder: str | Path, given_as: str) -> None:

@@ -1,7 +1,6 @@
 """`captioner evaluate`: a checkpoint on a split, or a COCO results file.
 
-Metrics, grounding and saliency; the evaluation itself is `captioner.evaluation.evaluate`.
-"""
+Metrics, grounding and saliency; the evaluation itself is `captioner.evaluation.evaluate`."""
 
 from __future__ import annotations
 
@@ -37,9 +36,8 @@ FIGURES = 8  # --heatmaps: figures of this many first images
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate = commands.add_parser("evaluate", help="score a checkpoint on a split, or a results file")
-    evaluate.add_argument(
-        "checkpoint", nargs="?", help="a .pt, a run folder, an export or a Hub id (left out with --results)"
-    )
+    evaluate.add_argument("checkpoint", nargs="?",
+                          help="a .pt, a run folder, an export or a Hub id (left out with --results)")
     evaluate.add_argument(
         "data_overrides", nargs="*", metavar="data.KEY=VALUE",
         help="where the checkpoint's dataset is on this machine, for a moved or shared checkpoint: data.root=..., "
@@ -77,8 +75,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Score with the official COCO caption code, or with `--fast` the in-process BLEU/CIDEr-D; writes the
-    COCO-format results and a JSON of overall and per-image scores."""
+    """Score with the official COCO code (`--fast`: in-process BLEU/CIDEr-D); write results and scores."""
     report = score_results_file(args) if args.results or args.annotations else score_checkpoint(args)
     if args.json:
         print(json.dumps(report, indent=1))
@@ -86,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
-    """`--results FILE --annotations FILE`: score a COCO results file; the scores go to --out, or
-    runs/eval, never beside the results file (its folder may be read-only or shared data)."""
+    """Score a COCO results file; the scores go to --out or runs/eval, never beside the results file
+    (its folder may be read-only or shared data)."""
     from captioner.evaluation.evaluate import score_predictions
     from captioner.evaluation.report import rounded, write_scores_json
     from captioner.evaluation.results_files import load_references, load_results
@@ -101,9 +98,8 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
     references = load_references(args.annotations)
     predictions = load_results(args.results, references)
     scores = score_predictions(references, predictions, official=not args.fast, spice=args.spice)
-    report = {
-        "results": str(args.results), "annotations": str(args.annotations), "images": len(scores.per_image) or None
-    }
+    report = {"results": str(args.results), "annotations": str(args.annotations),
+              "images": len(scores.per_image) or None}
     report.update(scores.beside_official())
     out = Path(args.out) if args.out else Path(DEFAULT_EVAL_DIR) / f"{Path(args.results).stem}_scores.json"
     out = out / "scores.json" if out.suffix != ".json" else out
@@ -115,10 +111,8 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
-    """CHECKPOINT: caption its dataset's split (the images, or the feature store with --features)
-    and score the captions; results and scores go to --out, else beside the checkpoint."""
-    # the loaders need the 'train' extra (pycocotools): said before the model loads
-    from captioner.data import datasets  # noqa: F401
+    """Caption the checkpoint's split (images, or --features rows) and score it; files go to --out or beside it."""
+    from captioner.data import datasets  # noqa: F401 - the loaders' 'train' extra, said before the model loads
     from captioner.evaluation.evaluate import evaluate
     from captioner.evaluation.report import rounded, write_scores_json
     from captioner.models.model_paths import checkpoint_file
@@ -136,10 +130,8 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = Path(args.out) if args.out else default_out_dir(checkpoint, args.ensemble)
     results_path = out_dir / f"results_{args.split}.json"
     writable_folder(out_dir, "evaluate --out")  # before any caption is made, not after all of them
-    scored, stored = (
-        stored_rows(args.features, model, config, args.split, records, all_records) if args.features
-        else (records, {})
-    )
+    scored, stored = (stored_rows(args.features, model, config, args.split, records, all_records)
+                      if args.features else (records, {}))
     evaluation = evaluate(
         model, scored, official=not args.fast, spice=args.spice, grounding=grounding, results_file=results_path,
         batch_size=args.batch_size, **stored, **options,
@@ -150,9 +142,8 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     scores_path = out_dir / f"scores_{args.split}.json"
     write_scores_json(scores_path, evaluation.scores.overall, evaluation.scores.per_image, extra=report)
     if not args.json:
-        print_checkpoint_scores(
-            args, checkpoint, records, evaluation, report, out_dir, {"captions": results_path, "scores": scores_path}
-        )
+        print_checkpoint_scores(args, checkpoint, records, evaluation, report, out_dir,
+                                {"captions": results_path, "scores": scores_path})
     return {**report, "scores": rounded(evaluation.scores.overall)}
 
 
@@ -164,17 +155,13 @@ def check_checkpoint_arguments(args: argparse.Namespace) -> None:
         raise CaptionerError("evaluate: --saliency scores saliency maps against instance masks; it needs --grounding")
     if args.ensemble and (args.features or args.saliency):
         flag = "--features" if args.features else "--saliency"
-        raise CaptionerError(
-            f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images with each member's "
-            "encoder"
-        )
+        raise CaptionerError(f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images "
+                             "with each member's encoder")
 
 
-def checkpoint_split(
-    checkpoint: Path, args: argparse.Namespace
-) -> tuple[Any, list[ImageRecord], list[ImageRecord]]:
-    """The model's own settings (its dataset, where it lies locally), and the split's records:
-    the first --limit of them, and all of them."""
+def checkpoint_split(checkpoint: Path,
+                     args: argparse.Namespace) -> tuple[Any, list[ImageRecord], list[ImageRecord]]:
+    """The model's own settings, and the split's records: the first --limit of them, and all of them."""
     from captioner.models.checkpoint import model_settings
 
     with said_by_an_error("captioner.data.model_settings"):  # a place set aside, then refused: the refusal's line alone
@@ -189,8 +176,7 @@ def checkpoint_split(
 def stored_rows(
     features: str, model: Any, config: Any, split: str, records: list[ImageRecord], all_records: list[ImageRecord],
 ) -> tuple[list[ImageRecord], dict[str, Any]]:
-    """--features DIR: the records whose rows are stored (without the images that failed to load
-    when the store was built), and what `evaluate` decodes instead of the images."""
+    """--features DIR: the records whose rows are stored, and what `evaluate` decodes instead of images."""
     from captioner.data.store_splits import split_features
 
     config.data.feature_store = features
@@ -250,8 +236,7 @@ def default_out_dir(checkpoint: Path, ensemble: list[str]) -> Path:
 
 
 def grounding_request(args: argparse.Namespace, data: DataConfig) -> GroundingRequest:
-    """--grounding's instances (--instances, or the shapes world's own file) and maps; how words
-    name objects follows the dataset the model was trained on."""
+    """--grounding's instances (--instances, or the shapes world's own file) and maps."""
     from captioner.evaluation.evaluate import GroundingRequest
     from captioner.evaluation.grounding import Instances
 
@@ -289,8 +274,7 @@ def next_command(checkpoint: Path, image: Path, heatmaps: Path) -> str:
 
 
 def print_scores(title: str, scores: Scores, verbose: bool = False) -> None:
-    """The metrics and the caption statistics; with `verbose` (-v) the tutorial-style BLEU and
-    BLEU's factors beside them (both are in the scores file either way)."""
+    """The metrics and caption statistics; with `verbose` (-v) also the tutorial BLEU and BLEU's factors."""
     print(title)
     for key, value in scores.overall.items():
         print(f"  {key:<8} {value:.4f}")

@@ -16,9 +16,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     train = commands.add_parser(
         "train", needs="a config, e.g. captioner train configs/shapes_lstm.yaml",
         help="train a captioner from a YAML config")
-    train.add_argument(
-        "config", help="a YAML config: one under configs/ or your own (captioner config keys lists the keys)"
-    )
+    train.add_argument("config",
+                       help="a YAML config: one under configs/ or your own (captioner config keys lists the keys)")
     train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=5")
     train.add_argument("--resume", action="store_true", help="continue from train.out_dir/last.pt")
     train.add_argument(
@@ -58,8 +57,7 @@ def config_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def resume_command(args: argparse.Namespace) -> str:
-    """The command line that continues this run from its last.pt: the same config, overrides
-    and --init, with --resume (under torchrun, the same number of processes per node)."""
+    """The command line that continues this run from its last.pt (under torchrun, as many processes per node)."""
     from captioner.training import distributed
 
     options = [*(["--init", args.init] if args.init else []), *(["--device", args.device] if args.device else [])]

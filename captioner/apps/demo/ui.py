@@ -100,8 +100,7 @@ class Callbacks:
         self._idle = threading.Condition()
 
     def tracked(self, callback: Callable[..., Any]) -> Callable[..., Any]:
-        """`callback`, counted while it runs, so that `close` can wait for it: a worker thread
-        still inside torch when the interpreter exits aborts the process (exit status 134)."""
+        """`callback`, counted while it runs so `close` can wait: a worker in torch at exit aborts the process."""
 
         @functools.wraps(callback)  # Gradio reads the signature for the API
         def run(*args: Any) -> Any:
@@ -125,11 +124,9 @@ class Callbacks:
         name = name if name in self.models else next(iter(self.models))
         return name, self.models[name]
 
-    def caption(
-        self, image: str | None, model_name: str, beam_size: float, max_length: float, layer: str, head: str
-    ) -> tuple:
-        """The /caption endpoint: every request value is checked before any decoding, whatever the
-        page's controls allow."""
+    def caption(self, image: str | None, model_name: str, beam_size: float, max_length: float, layer: str,
+                head: str) -> tuple:
+        """The /caption endpoint: every value is checked before any decoding, whatever the controls allow."""
         try:
             if image is not None and not isinstance(image, (str, Path)):
                 raise RequestError(f"the image must be an uploaded file, got a {type(image).__name__}")
@@ -201,8 +198,8 @@ class Callbacks:
         return [(str(path), word) for path, (_, word) in zip(paths, gallery)]
 
     def prune(self) -> None:
-        """At most every `cleanup.every_s` seconds: delete this page's old pictures, and the
-        cache's folders found empty at two prunes in a row when the cache is this server's alone."""
+        """At most every `cleanup.every_s` seconds: delete this page's old pictures and, in a cache of
+        its own, the folders found empty at two prunes in a row."""
         now = time.monotonic()
         if now - self._pruned < self.cleanup.every_s:
             return
@@ -231,31 +228,27 @@ def build_demo(
     cleanup: Cleanup = Cleanup(),
 ) -> gr.Blocks:
     """The page, with a bounded queue: up to `max_batch` events run at once (their captions decoded as one
-    batch), up to `queue_size` more wait, and the rest are told the app is busy. `examples` None: the
-    first model's test images, where they lie locally."""
-    # before anything is cached: a process of its own, whose closing deletes no other's files
-    private_cache()
+    batch), up to `queue_size` more wait, the rest are told the app is busy. `examples` None: the first
+    model's test images."""
+    private_cache()  # before anything is cached: closing this process deletes no other's files
     callbacks = page_callbacks(checkpoints, device, max_pixels, max_batch, cleanup)
     first_name, _ = callbacks.model("")
     examples = model_examples(first_name) if examples is None else examples
-    with gr.Blocks(
-        title="captioner: attention heatmaps", analytics_enabled=False, delete_cache=cache_lifetimes(cleanup)
-    ) as demo:
+    with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False,
+                   delete_cache=cache_lifetimes(cleanup)) as demo:
         page = lay_out_page(callbacks, examples, cleanup)
         wire_events(page, callbacks)
     _CALLBACKS[demo] = callbacks
     return demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
 
 
-def page_callbacks(
-    checkpoints: list[Path], device: str, max_pixels: int, max_batch: int, cleanup: Cleanup
-) -> Callbacks:
+def page_callbacks(checkpoints: list[Path], device: str, max_pixels: int, max_batch: int,
+                   cleanup: Cleanup) -> Callbacks:
     """The models loaded, each checkpoint read once more for its serving line and card."""
     callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
     callbacks.payloads = {name: recorded(name) for name in callbacks.models}
-    callbacks.serving = {
-        name: serving_line(name, model, callbacks.payloads[name]) for name, model in callbacks.models.items()
-    }
+    callbacks.serving = {name: serving_line(name, model, callbacks.payloads[name])
+                         for name, model in callbacks.models.items()}
     return callbacks
 
 
@@ -304,17 +297,15 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
     serving = gr.Markdown(callbacks.serving[first_name], elem_id="serving")  # which model answers, and how it scored
     with gr.Row():
         with gr.Column(scale=1):
-            image = UploadImage(
-                label="Image", type="filepath", sources=["upload", "clipboard"], height=320, elem_id="image"
-            )
+            image = UploadImage(label="Image", type="filepath", sources=["upload", "clipboard"], height=320,
+                                elem_id="image")
             choices = [(model_label(name, model), name) for name, model in callbacks.models.items()]
             model_name = gr.Dropdown(choices, value=first_name, label="Model", elem_id="model")
             beam_start, length_start = slider_starts(first)
             with gr.Row():
                 beam = gr.Slider(1, MAX_BEAM, value=beam_start, step=1, label="Beam width", elem_id="beam")
-                length = gr.Slider(
-                    1, MAX_LENGTH, value=length_start, step=1, label="Maximum length", elem_id="max_length"
-                )
+                length = gr.Slider(1, MAX_LENGTH, value=length_start, step=1, label="Maximum length",
+                                   elem_id="max_length")
             with gr.Row():
                 layer_menu, head_menu = menus(first)
                 layer = gr.Dropdown(label="Decoder layer", elem_id="layer", **layer_menu)
@@ -331,12 +322,10 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
             # Transformers only: shown once a caption has self-attention weights.
             head_view = gr.Image(label="Self-attention head view (each word to the earlier words it attends to; "
                                  "layer and head from the menus)", type="pil", visible=False, elem_id="head_view")
-            grid_word = gr.Dropdown(
-                label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word"
-            )
-            head_grid = gr.Image(
-                label="Cross-attention per layer and head", type="pil", visible=False, elem_id="head_grid"
-            )
+            grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False,
+                                    elem_id="grid_word")
+            head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False,
+                                 elem_id="head_grid")
     gr.Markdown(model_cards(callbacks.models, callbacks.payloads), elem_id="model_card")
     result = gr.State(None, time_to_live=cleanup.max_age_s)  # a redraw needs it only as long as its pictures live
     return Page(serving, image, model_name, beam, length, layer, head, run, text, score, note, gallery, download,
@@ -344,16 +333,13 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
 
 
 def wire_events(page: Page, callbacks: Callbacks) -> None:
-    """Each event: disable the download at once, show the caption and heatmaps, draw the figure
-    (about a second more), enable the download. The API: /caption, then /figure in its session."""
+    """Each event: disable the download, show the caption and heatmaps, draw the figure, enable the download."""
     p = page
     shown = [p.text, p.score, p.gallery, p.note, p.result]
-    # Gradio skips a step ("once") whose previous run is still pending, so on a loaded server a
-    # caption arriving while the last one's views are drawn would never get its own: each step
-    # runs again, on the newest values, when the pending one ends.
+    # Gradio skips a step ("once") whose previous run is pending, so a caption arriving meanwhile would
+    # never get its views: each step runs again, on the newest values, when the pending one ends.
     latest = {"trigger_mode": "always_last"}
-    # captions and figures share the queue's workers (max_batch of them)
-    cpu = {"concurrency_id": "cpu", **latest}
+    cpu = {"concurrency_id": "cpu", **latest}  # captions and figures share the queue's max_batch workers
     private = {"api_visibility": "private"}
 
     def then_figure(event: Any, **api: Any) -> None:
@@ -369,9 +355,8 @@ def wire_events(page: Page, callbacks: Callbacks) -> None:
     captioned.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
     for menu in (p.layer, p.head):  # a new layer/head redraws the kept caption; no decoding again
         cleared = menu.input(disable_download, None, [p.download], queue=False, **private)
-        redrawn = cleared.then(
-            callbacks.tracked(callbacks.redraw), [p.result, p.layer, p.head], shown, **cpu, **private
-        )
+        redrawn = cleared.then(callbacks.tracked(callbacks.redraw), [p.result, p.layer, p.head], shown,
+                               **cpu, **private)
         then_figure(redrawn, **private)
         redrawn.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
     p.grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
@@ -383,14 +368,12 @@ _CALLBACKS: weakref.WeakKeyDictionary[gr.Blocks, Callbacks] = weakref.WeakKeyDic
 
 
 def wait_for_callbacks(demo: gr.Blocks, timeout: float) -> bool:
-    """Wait until none of the page's callbacks runs; False if one still does after `timeout`
-    seconds (True for a page not built by `build_demo`)."""
+    """Wait until none of the page's callbacks runs; False if one still does after `timeout` seconds."""
     callbacks = _CALLBACKS.get(demo)
     return callbacks is None or callbacks.wait_idle(timeout)
 
 
 def batch_sizes(demo: gr.Blocks) -> dict[int, int]:
-    """How many caption batches of each size the page decoded (empty for a page not built by
-    `build_demo`)."""
+    """How many caption batches of each size the page decoded (empty for a page not built by `build_demo`)."""
     callbacks = _CALLBACKS.get(demo)
     return dict(sorted(callbacks.batcher.batch_sizes.items())) if callbacks is not None else {}
