@@ -1,8 +1,6 @@
-"""The `captioner` command line: the parser, logging and error handling; each command lives in
-`captioner.apps.commands` (its arguments and a thin `run` over the library).
+"""The `captioner` command line: the parser, logging and error handling (commands: `captioner.apps.commands`).
 
-User mistakes (`CaptionerError`) print one line and exit 2; anything else is a bug and keeps
-its traceback.
+User mistakes (`CaptionerError`) print one line and exit 2; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -22,9 +20,8 @@ from captioner.core.extras import missing_extra
 log = logging.getLogger("captioner")
 
 def setup_logging(verbosity: int = 0) -> None:
-    """What a command prints, by level: INFO is what the user acts on (progress, the result,
-    where the files went, the next command); DEBUG (`-v`) the diagnostics (speed choices and
-    calibrations, tokenizer jobs, METEOR's tables, timings); `-q` warnings and errors alone."""
+    """INFO is what the user acts on (progress, results, files, the next command); DEBUG (`-v`) the
+    diagnostics; `-q` warnings and errors alone."""
     verbose = verbosity > 0
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING if verbosity < 0 else logging.INFO,
@@ -36,17 +33,19 @@ def setup_logging(verbosity: int = 0) -> None:
 
 
 def add_verbosity_options(parser: argparse.ArgumentParser, default: object) -> None:
-    """-v and -q on the parser and every command's parser below it, so that they go before or
-    after the command; a command's own option of the same name (`data shapes --quiet`) stays its own."""
+    """-v and -q on the parser and every command's parser below it, so they go before or after the
+    command; a command's own option of the same name (`data shapes --quiet`) stays its own."""
     taken = set(parser._option_string_actions)
     if not taken & {"-v", "--verbose"}:
         parser.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=default,
-                            help="also the diagnostics: speed choices, timings, tokenizer jobs, METEOR's tables, other BLEUs")
+                            help=("also the diagnostics: speed choices, timings, tokenizer jobs, METEOR's tables, "
+                                  "other BLEUs"))
     if not taken & {"-q", "--quiet"}:
         parser.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1, default=default,
                             help="warnings and errors only, beside the results")
     commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    for command in dict.fromkeys(p for action in commands for p in action.choices.values()):  # an alias names a parser twice
+    # an alias names a parser twice
+    for command in dict.fromkeys(p for action in commands for p in action.choices.values()):
         add_verbosity_options(command, argparse.SUPPRESS)  # the top level's default stands unless given here
 
 
@@ -96,13 +95,16 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `captioner ... | head` stopped reading: not an error of ours, no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        # Python's own flush at exit must not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # what a shell reports for a command SIGPIPE ended
     except Exception as e:
         if distributed.launched():
             if distributed.peer_failed(e):  # the rank that failed has printed why
                 first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-                print(f"error: {distributed.rank_prefix()}stopped because another rank failed ({first})", file=sys.stderr)
+                print(
+                    f"error: {distributed.rank_prefix()}stopped because another rank failed ({first})", file=sys.stderr
+                )
             else:  # a bug on this rank: its traceback, then every rank stops
                 print(f"error: {distributed.rank_prefix()}unexpected failure:", file=sys.stderr)
                 traceback.print_exc()

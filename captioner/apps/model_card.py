@@ -1,13 +1,7 @@
-"""The model card of an exported model: README.md with the Hub's YAML metadata (pipeline tag,
-library, datasets, metrics, a model-index with the scores), what the model is, how to use it, its
-validation and test scores, one attention figure, the data it saw, what it is not for, and the
-recipe: the training config with the places of the machine that trained it left out
-(`core/portable_config.py`), and how to train it again with one's own. A card read back (to push
-an export) is read within limits: its size, and safe YAML of bounded depth and aliases.
+"""The model card of an exported model: README.md with the Hub's YAML metadata, use, scores and recipe.
 
-The scores are read, never typed: validation from the checkpoint's own training history (the
-best epoch's row), test from the `scores_<split>.json` that `captioner evaluate` wrote beside the
-checkpoint. A score that was never measured is said to be missing, not filled in.
+Scores are read, never typed: validation from the checkpoint's history, test from the scores_<split>.json
+beside it; one never measured is said to be missing. The recipe leaves out the maker's places.
 """
 
 from __future__ import annotations
@@ -76,8 +70,8 @@ def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardSco
 
 
 def read_scores_file(path: Path) -> Any:
-    """A scores_<split>.json, read within its limits (`core/bounded_files.py`); None, with one
-    warning naming it, when it cannot be read (damaged, or past a limit): the card says what it could read."""
+    """A scores_<split>.json, read within its limits; None, with one warning naming it, when it cannot be
+    read (damaged, or past a limit)."""
     try:
         return read_json(path, "scores file", CaptionerError, max_bytes=SCORES_JSON_BYTES)
     except OSError as e:
@@ -176,9 +170,8 @@ def with_recipe(card: str, recipe: dict[str, Any]) -> str:
 
 
 def read_card(path: Path) -> tuple[dict[str, Any], str]:
-    """A model card's YAML metadata (between its first two --- lines; {} without) and its text,
-    read within limits (`core/bounded_files.py`): one ExportError line naming the file and the
-    limit past its size, or its metadata's depth or aliases; its metadata must be a mapping."""
+    """A model card's YAML metadata (between its first two --- lines; {} without) and its text, read within
+    limits (`core/bounded_files.py`); a file past one, or metadata that is no mapping, is one ExportError."""
     data = read_capped(path, "model card", CARD_BYTES, ExportError)
     try:
         text = data.decode("utf-8")
@@ -196,9 +189,8 @@ def read_card(path: Path) -> tuple[dict[str, Any], str]:
 
 
 def _data_size(config: Config) -> str:
-    """How many training images, counted where the export runs (the images present, as training
-    found them), else the split's name. `config` is the user's, or a model's made safe
-    (`data/model_settings.py`): it names no shard, URL or command the user did not."""
+    """How many training images, counted where the export runs, else the split's name. A model's `config`
+    was made safe (`data/model_settings.py`): it names no shard, URL or command the user did not."""
     if config.data.dataset == "shapes":
         return f"{config.data.shapes_num_train} training images"
     from captioner.core.errors import CaptionerError

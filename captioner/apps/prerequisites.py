@@ -1,7 +1,6 @@
-"""What a command needs before its work starts, checked first so that it never stops midway for
-something it could have said at once: the official metrics' Java and package, the dataset's files,
-the checkpoint a run starts from. Each refusal is one line that names the way out: `--fast`, the
-install line, the config key to set, the command that downloads the data."""
+"""What a command needs before its work starts, checked first so it never stops midway.
+
+Java and the metrics, data files, the start checkpoint: each refusal is one line naming the way out."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ DOWNLOADS = {
 
 
 def require_official_metrics(spice: bool = False) -> None:
-    """`evaluate` without `--fast`: pycocoevalcap (the 'train' extra; the CLI names the install
-    line for a missing package), a Java runtime that starts, and with `--spice` SPICE's models
-    (downloaded now if need be: a command that asked for SPICE does not go without it)."""
+    """`evaluate` without `--fast`: pycocoevalcap, a Java runtime that starts, and with `--spice` SPICE's
+    models (downloaded now if need be)."""
     import pycocoevalcap  # noqa: F401
 
     from captioner.evaluation.java import check_java
@@ -33,16 +31,16 @@ def require_official_metrics(spice: bool = False) -> None:
     except CaptionerError as e:
         raise CaptionerError(f"{e}; or add --fast to score with the in-process BLEU and CIDEr-D") from None
     if spice:
-        with said_by_an_error("captioner.evaluation.spice_models"):  # its warning that SPICE will be skipped: said by the refusal
+        with said_by_an_error("captioner.evaluation.spice_models"):  # its warning is said by the refusal
             if not ensure_spice_models():
-                raise CaptionerError("evaluate --spice: SPICE's Stanford CoreNLP models are not installed and could not be downloaded; "
-                                     "run python -m pycocoevalcap.spice.get_stanford_models with internet access, or leave out --spice")
+                raise CaptionerError("evaluate --spice: SPICE's Stanford CoreNLP models are not installed and could "
+                                     "not be downloaded; run python -m pycocoevalcap.spice.get_stanford_models with "
+                                     "internet access, or leave out --spice")
 
 
 def require_data(data: DataConfig, splits: list[str], given_as: str = "data.root") -> None:
-    """The dataset's caption files (or folder) where `data` says, for each split. The shapes world
-    is generated on first use, and shards are judged by their loader. `given_as`: how the user
-    named data.root (the key, or a flag such as --flickr8k), which the message names back."""
+    """The dataset's caption files (or folder) for each split; `given_as`: how the user named data.root
+    (the key, or a flag such as --flickr8k), which the message names back."""
     for split in splits:
         missing = missing_data(data, split, given_as)
         if missing is not None:
@@ -54,12 +52,14 @@ def missing_data(data: DataConfig, split: str, given_as: str = "data.root") -> s
     root = Path(data.root)
     download = DOWNLOADS.get(data.dataset, "").format(root=data.root)
     flag = given_as.startswith("--")
-    place, elsewhere = (f"{given_as} {data.root}", f"give {given_as} DIR") if flag else (f"{given_as}={data.root}", f"set {given_as}=DIR")
+    place, elsewhere = ((f"{given_as} {data.root}", f"give {given_as} DIR") if flag
+                        else (f"{given_as}={data.root}", f"set {given_as}=DIR"))
     if data.dataset == "flickr8k":
         from captioner.data.flickr8k import TOKEN_FILE
 
         if not (root / TOKEN_FILE).is_file():
-            return f"{place}: no Flickr8k here ({TOKEN_FILE} not found); download it with {download}, or {elsewhere} where it is"
+            return (f"{place}: no Flickr8k here ({TOKEN_FILE} not found); download it with {download}, "
+                    f"or {elsewhere} where it is")
     elif data.dataset == "coco":
         from captioner.data.coco import coco_split_files
 
@@ -70,11 +70,13 @@ def missing_data(data: DataConfig, split: str, given_as: str = "data.root") -> s
     elif data.dataset == "karpathy":
         split_file = Path(data.karpathy_file) if data.karpathy_file is not None else None
         if split_file is not None and not split_file.is_file():
-            fetch = (f"download it with captioner data coco --root {split_file.parent} --year {data.year} --karpathy, or "
-                     if split_file.name == "dataset_coco.json" else "")  # the other split files come with their own images
-            return f"data.karpathy_file={data.karpathy_file}: Karpathy split file not found; {fetch}set data.karpathy_file=FILE where it is"
+            fetch = (f"download it with captioner data coco --root {split_file.parent} --year {data.year} "
+                     "--karpathy, or " if split_file.name == "dataset_coco.json" else "")  # others come with images
+            return (f"data.karpathy_file={data.karpathy_file}: Karpathy split file not found; "
+                    f"{fetch}set data.karpathy_file=FILE where it is")
     elif data.dataset == "imagefolder" and not root.is_dir():
-        return f"{root}: image folder not found; set data.root=DIR to a folder of images with metadata.jsonl or metadata.csv"
+        return (f"{root}: image folder not found; set data.root=DIR to a folder of images with metadata.jsonl "
+                "or metadata.csv")
     elif data.dataset == "hf" and not root.exists():
         return f"{root}: Hugging Face dataset not found; set data.root to a save_to_disk folder or Parquet files"
     return None
@@ -86,19 +88,20 @@ def require_start(config: Config, resume: bool) -> None:
     last = Path(config.train.out_dir) / "last.pt"
     if resume:
         if not last.is_file():
-            raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir); leave out --resume to start the run")
+            raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir); "
+                                  "leave out --resume to start the run")
         return
     init = config.train.init
     if init and not Path(init).exists():
         raise CheckpointError(f"train.init={init}: checkpoint not found (--init names the .pt a run starts from)")
     if config.train.stage == "scst" and not init:
-        raise ConfigError("train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)")
+        raise ConfigError("train.stage: scst starts from a cross-entropy model: "
+                          "set train.init (or pass --init CHECKPOINT)")
 
 
 def writable_folder(folder: str | Path, given_as: str) -> None:
-    """The folder a command writes into, made now (with its parents) so that a place that cannot
-    be written is said before the work starts, as the downloads say it. `given_as`: the option or
-    config key that named it ("evaluate --out", "train.out_dir")."""
+    """Make the folder a command writes into now, so a place that cannot be written is said before the
+    work starts. `given_as`: the option or key that named it ("evaluate --out", "train.out_dir")."""
     path = Path(folder)
     said = f"{given_as}={path}" if given_as.startswith(("data.", "train.")) else f"{given_as} {path}"
     if path.exists() and not path.is_dir():

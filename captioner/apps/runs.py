@@ -1,5 +1,4 @@
-"""A training run as the apps start one: `fit`, then the run's curves drawn from its files (on
-rank 0 under torchrun). `captioner train` and the demo's default model both go through here."""
+"""A training run as the apps start one: `fit`, then the run's curves (rank 0 alone under torchrun)."""
 
 from __future__ import annotations
 

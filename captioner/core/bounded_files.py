@@ -1,13 +1,8 @@
-"""The files of data a model brings (its config.json, vocabulary, ONNX spec, the scores beside a
-checkpoint, its card's YAML metadata), read within limits: no more than a size cap is read, and
-the nesting depth is measured before anything is parsed, without recursion. A file past a limit
-is one error line naming it and the limit, never a RecursionError from the parser nor a read of
-however many gigabytes the file holds.
+"""The data files a model brings (config.json, vocabulary, ONNX spec, scores, card metadata), read within limits.
 
-The YAML of a card is read with PyYAML's safe loader (no tags that build objects), with a cap on
-its aliases (an alias is a reference to an anchored node: a few dozen nested ones expand into
-billions of nodes for whoever walks the result) and on its depth. PyYAML is imported when a card
-is read: the torch-free runtime reads JSON only.
+At most a size cap is read and the nesting depth is measured before parsing, without recursion: a file
+past a limit is one error line, never a RecursionError or a read of gigabytes. A card's YAML is read
+with the safe loader and a cap on aliases (nested ones expand into billions of nodes) and depth.
 """
 
 from __future__ import annotations
@@ -26,7 +21,8 @@ MODEL_JSON_BYTES = 16 * 2**20  # config.json, vocab.json, onnx.json: a 100,000-w
 SCORES_JSON_BYTES = 32 * 2**20  # scores_<split>.json: its per-image rows, about 300 bytes an image
 CARD_BYTES = 2**20  # a model card (README.md): a few kilobytes
 MAX_DEPTH = 32  # nesting of objects and lists; a model's files nest 5 deep
-MAX_ALIASES = 20  # YAML aliases in a card's metadata (captioner writes none): 20 expand to at most a few thousand nodes
+# YAML aliases in a card's metadata (captioner writes none): 20 expand to at most a few thousand nodes
+MAX_ALIASES = 20
 
 # A JSON string, escapes included; one left open runs to the end. Every quote starts a match that
 # succeeds, so the scan is linear whatever the text (a pattern that can fail rescans from each quote).
@@ -59,9 +55,8 @@ def read_capped(path: str | Path, what: str, max_bytes: int, error: type[Caption
 
 
 def nests_deeper_than(text: str, levels: int) -> bool:
-    """Whether the objects and lists of a JSON text nest more than `levels` deep, counted over its
-    brackets outside strings: no recursion, and C loops (regular expressions, accumulate) over
-    the text's length."""
+    """Whether a JSON text's objects and lists nest more than `levels` deep, counted over its brackets
+    outside strings with C loops (regular expressions, accumulate), no recursion."""
     if text.count("[") + text.count("{") <= levels:  # fewer openings than levels: most files, at once
         return False
     brackets = NOT_BRACKET.sub("", STRING.sub("", text))
@@ -82,9 +77,8 @@ def read_json(
     path: str | Path, what: str, error: type[CaptionerError],
     max_bytes: int = MODEL_JSON_BYTES, max_depth: int = MAX_DEPTH,
 ) -> Any:
-    """A JSON file a model brings, read within its size cap and depth (`what` names it in the
-    error line: "model's config.json"); any failure is one `error` line naming the file, except a
-    missing file (FileNotFoundError, for the caller to word)."""
+    """A JSON file a model brings, read within its size cap and depth; any failure is one `error` line
+    naming the file, except FileNotFoundError, for the caller to word."""
     data = read_capped(path, what, max_bytes, error)
     try:
         text = data.decode("utf-8")
@@ -97,9 +91,8 @@ def load_yaml(
     text: str, source: str, what: str, error: type[CaptionerError],
     max_depth: int = MAX_DEPTH, max_aliases: int = MAX_ALIASES,
 ) -> Any:
-    """YAML text from a model (a card's metadata) with the safe loader, refused in one `error`
-    line naming `source` when it nests deeper than `max_depth` or holds more than `max_aliases`
-    aliases; its own syntax errors too."""
+    """YAML text from a model (a card's metadata) with the safe loader; one `error` line naming `source`
+    when it nests deeper than `max_depth`, holds more than `max_aliases` aliases, or does not parse."""
     import yaml
 
     class BoundedLoader(yaml.SafeLoader):

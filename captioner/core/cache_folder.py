@@ -1,5 +1,7 @@
-"""Where captioner keeps what it computes once per machine (measured speed decisions, METEOR's
-paraphrase index): $CAPTIONER_CACHE_DIR, else $XDG_CACHE_HOME/captioner, else ~/.cache/captioner."""
+"""Where captioner keeps what it computes once per machine.
+
+$CAPTIONER_CACHE_DIR, else $XDG_CACHE_HOME/captioner, else ~/.cache/captioner.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +25,8 @@ def cache_dir() -> Path:
 
 @contextmanager
 def exclusive(name: str) -> Iterator[None]:
-    """Hold the cache folder's lock `name` (the file `<name>.lock` in it, the folder made first):
-    what one process builds or measures there, the others wait for and then read. Raises OSError
-    when the folder cannot be written."""
+    """Hold the cache folder's lock `<name>.lock`, so what one process builds there the others wait
+    for and then read. OSError when the folder cannot be written."""
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{name}.lock", "w") as lock:

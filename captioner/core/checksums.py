@@ -21,13 +21,17 @@ REEXPORT = "re-export the checkpoint"
 
 
 def verify_file(path: Path, sha256: str, listed_in: Path, size: int | None = None, remedy: str = REEXPORT) -> None:
-    """A file an export's manifest (`listed_in`) records is there, with the recorded size when
-    one is recorded and its sha256: a missing, truncated or altered file is one ExportError
-    naming it and ending with `remedy` (how to get a good copy), raised before anything reads it."""
+    """Check a file the manifest `listed_in` records: a missing, truncated or altered file is one ExportError
+    naming it and ending with `remedy` (how to get a good copy)."""
     if not path.is_file():
         raise ExportError(f"{path}: missing (listed in {listed_in.name}); {remedy}")
     found = path.stat().st_size
     if size is not None and found != size:
-        raise ExportError(f"{path}: {found} bytes, but {listed_in.name} records {size} (truncated or replaced); {remedy}")
+        raise ExportError(
+            f"{path}: {found} bytes, but {listed_in.name} records {size} (truncated or replaced); {remedy}"
+        )
     if sha256_of(path) != sha256:
-        raise ExportError(f"{path}: sha256 does not match {listed_in.name} (checksum differs: the file was changed or damaged); {remedy}")
+        raise ExportError(
+            f"{path}: sha256 does not match {listed_in.name} (checksum differs: the file was changed or damaged); "
+            f"{remedy}"
+        )

@@ -1,9 +1,7 @@
-"""Every config key with its type, default, allowed values and meaning, read from the config code
-itself (`captioner config keys`), and a resolved config as YAML (`captioner config show`).
+"""Every config key with its meaning (`captioner config keys`), and a resolved config as YAML.
 
-The meaning of a key is the comment on its line where its section is declared (else the comment
-block just above it, else, for a decoding option, its meaning in core/decode_schema.py), so the list
-cannot drift from the code: a key declared without a comment shows an empty meaning, which a test refuses.
+A key's meaning is the comment on (else just above) its declaration, else a decoding option's meaning in
+core/decode_schema.py, so the list cannot drift from the code; a test refuses a key without one.
 """
 
 from __future__ import annotations
@@ -93,7 +91,9 @@ def config_keys() -> list[Key]:
                 walk(hint, f"{prefix}{f.name}.")
                 continue
             spec = f.metadata["spec"]
-            keys.append(Key(prefix + f.name, _type_name(hint), f.default, spec.describe(), owner + _meaning(cls, f.name, spec)))
+            keys.append(
+                Key(prefix + f.name, _type_name(hint), f.default, spec.describe(), owner + _meaning(cls, f.name, spec))
+            )
 
     walk(Config, "")
     return keys

@@ -1,13 +1,8 @@
-"""Whether a place someone else named stays inside the folder it must, compared by real paths:
-the folder and the place are both resolved, links and all, so a link inside the folder that
-points outside it is no way out. A lexical check (no absolute path, no `..`) comes first, where the
-caller has one; this one sees what the file system does with the name.
+"""Whether a place someone else named stays inside the folder it must, compared by real paths.
 
-What someone else names: a model's stored settings (against the working folder), the file names
-of a dataset's own listing (metadata.csv/jsonl, a Hugging Face dataset's image paths, against the
-dataset's folder). The user's own places (a data.root on the command line that is a link to a
-dataset disk) and a model's own files (links into the Hugging Face cache's blob store) are not
-judged here: they are followed.
+Both are resolved, links and all, so a link inside the folder that points outside is no way out. For
+names from a model's settings or a dataset's listing; the user's own places and a model's own files
+(links into the Hugging Face cache) are followed, not judged here.
 """
 
 from __future__ import annotations

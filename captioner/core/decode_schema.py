@@ -1,11 +1,7 @@
-"""The decoding options, declared once: each one's type, default, allowed values, the narrower
-range a public demo serves, and what it means.
+"""The decoding options, declared once: type, default, allowed values, the demo's narrower range, meaning.
 
-Every place that takes a decoding option checks it here: the config's `decode` section (its keys
-are declared from this table), `DecodeOptions` (the library), the command line's flags, the demo's
-/caption request and the ONNX runtime. A bad value therefore gets the same words wherever it is
-given ("beam_size must be a whole number in [1, 100]; got 0"), behind the name of the place
-(the config file and key, the flag, the request, "decode:").
+The config, the library, the flags, the demo and the ONNX runtime all check options here, so a bad value
+gets the same words wherever it is given ("beam_size must be a whole number in [1, 100]; got 0").
 """
 
 from __future__ import annotations
@@ -34,7 +30,8 @@ class DecodeOption:
     default: Any
     meaning: str
     limits: Range | None = None  # numbers: the interval every caller may use
-    served: Range | None = None  # numbers: the interval a public demo request may use (one request must not hold the server)
+    # numbers: the interval a public demo request may use (one request must not hold the server)
+    served: Range | None = None
     optional: bool = False  # None allowed: not set
 
     def allows(self, value: Any, served: bool = False) -> bool:
@@ -69,8 +66,8 @@ class DecodeOption:
         return self.converted(value)
 
     def parse(self, text: str) -> Any:
-        """A command line's text read as the option's kind and checked: the value, or a
-        ConfigError with the option's one refusal (without "decode:", which the flag replaces)."""
+        """A command line's text read as the option's kind and checked, or a ConfigError with the
+        option's refusal (without "decode:", which the flag replaces)."""
         try:
             value = int(text) if self.kind is int else float(text)
         except ValueError:
@@ -80,8 +77,7 @@ class DecodeOption:
         return self.converted(value)
 
     def argument_type(self) -> Callable[[str], Any]:
-        """The option as an argparse `type`: `parse`, whose refusal becomes argparse's one-line
-        error. Every command line that takes a decoding option reads it through this."""
+        """The option as an argparse `type`: `parse`, whose refusal becomes argparse's one-line error."""
 
         def parse(text: str) -> Any:
             try:
@@ -103,7 +99,9 @@ class DecodeOption:
         return None if self.limits is None else self.limits.outside(self.kind)
 
 
-def _option(name: str, kind: type, default: Any, meaning: str, limits: Range | None = None, **more: Any) -> DecodeOption:
+def _option(
+    name: str, kind: type, default: Any, meaning: str, limits: Range | None = None, **more: Any
+) -> DecodeOption:
     return DecodeOption(name, kind, default, meaning, limits, **more)
 
 
@@ -111,20 +109,37 @@ WORDS = Range(ge=1, le=1000)  # a caption's length in words
 OPTIONS: dict[str, DecodeOption] = {
     option.name: option
     for option in (
-        _option("beam_size", int, 3, "beams per image; 1 decodes greedily", Range(ge=1, le=100), served=Range(ge=1, le=10)),
+        _option(
+            "beam_size", int, 3, "beams per image; 1 decodes greedily", Range(ge=1, le=100), served=Range(ge=1, le=10)
+        ),
         _option("max_length", int, 30, "words per caption at most", WORDS, served=Range(ge=1, le=60)),
-        _option("length_penalty", float, 0.0, "alpha of ((5 + length) / 6) ** alpha; 0 ranks by total log-probability", Range(ge=0)),
+        _option(
+            "length_penalty", float, 0.0, "alpha of ((5 + length) / 6) ** alpha; 0 ranks by total log-probability",
+            Range(ge=0),
+        ),
         _option("block_trigrams", bool, False, "never repeat a word trigram within a caption"),
         _option("min_length", int, 0, "words before `<eos>` is allowed (every mode)", Range(ge=0, le=1000)),
         _option("suppress_bad_endings", bool, False, 'no `<eos>` right after "a", "with", "of", ... (text/endings.py)'),
-        _option("diverse_groups", int, 1, "diverse beam search: groups of beam_size / groups beams (1: plain)", Range(ge=1, le=100)),
-        _option("diversity_strength", float, 0.5, "lambda of the Hamming diversity penalty between groups", Range(ge=0)),
-        _option("n_best", int, 1, "hypotheses per image (beam search) or draws per image (sampling)", Range(ge=1, le=100)),
+        _option(
+            "diverse_groups", int, 1, "diverse beam search: groups of beam_size / groups beams (1: plain)",
+            Range(ge=1, le=100),
+        ),
+        _option(
+            "diversity_strength", float, 0.5, "lambda of the Hamming diversity penalty between groups", Range(ge=0)
+        ),
+        _option(
+            "n_best", int, 1, "hypotheses per image (beam search) or draws per image (sampling)", Range(ge=1, le=100)
+        ),
         _option("sample", bool, False, "draw words instead of searching"),
         _option("temperature", float, 1.0, "sampling: the softmax temperature", Range(gt=0)),
         _option("top_k", int, 0, "sampling: draw from the k most probable words only (0: all)", Range(ge=0)),
-        _option("top_p", float, 1.0, "sampling: draw from the nucleus of this probability mass only", Range(gt=0, le=1)),
-        _option("seed", int, None, "sampling: the seed of the draws, for reproducible samples", Range(ge=0, lt=2**32), optional=True),
+        _option(
+            "top_p", float, 1.0, "sampling: draw from the nucleus of this probability mass only", Range(gt=0, le=1)
+        ),
+        _option(
+            "seed", int, None, "sampling: the seed of the draws, for reproducible samples", Range(ge=0, lt=2**32),
+            optional=True,
+        ),
         _option("self_attention", bool, False, "also return the decoder's self-attention weights (transformers)"),
     )
 }
@@ -152,9 +167,8 @@ def check_options(values: Mapping[str, Any], served: bool = False) -> dict[str, 
 
 
 def combination_problem(values: Mapping[str, Any]) -> str | None:
-    """What is wrong with these (individually valid) options together, or None. Options not
-    given are not judged; with `sample` the search's rules do not apply (each draw is its own
-    caption)."""
+    """What is wrong with these (individually valid) options together, or None. Options not given are
+    not judged; with `sample` the search's rules do not apply."""
     get = values.get
     if get("min_length") is not None and get("max_length") is not None and get("min_length") > get("max_length"):
         return f"min_length ({get('min_length')}) must not exceed max_length ({get('max_length')})"
@@ -186,7 +200,8 @@ def check_capacity(max_length: int, capacity: int | None, holder: str) -> None:
     was built for; None: no limit."""
     if capacity is not None and max_length > capacity:
         raise ConfigError(
-            f"decode: max_length {max_length} exceeds the {capacity} steps {holder} was exported for (re-export with a larger capacity)"
+            f"decode: max_length {max_length} exceeds the {capacity} steps {holder} was exported for "
+            "(re-export with a larger capacity)"
         )
 
 

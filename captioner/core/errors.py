@@ -1,12 +1,8 @@
 """User-facing errors.
 
-Every mistake a user can make (a bad path, a corrupt image, a malformed annotation file, a bad
-config value, an incompatible checkpoint, a missing prerequisite) raises a subclass of
-`CaptionerError` whose message is one line naming the problem, the file or field, and where it
-helps the way out. The `captioner` command prints that line and exits 2, before its work where
-the mistake can be seen then (`captioner/apps/prerequisites.py`); a partial failure (some images
-captioned, some not) names each failure, then a count, and exits 1. Any other exception is a bug
-and keeps its traceback. tests/test_error_contract.py walks every command through this.
+Every user mistake raises a `CaptionerError` whose message is one line naming the problem, the file or
+field, and the way out; `captioner` prints it and exits 2 (a partial failure: each failure, a count, exit 1).
+Any other exception is a bug and keeps its traceback (tests/test_error_contract.py).
 """
 
 
@@ -40,9 +36,8 @@ class RequestError(CaptionerError):
 
 
 class ExportError(CaptionerError):
-    """An exported model folder (Hub layout or ONNX) is missing a file, has a file that does not
-    match its config or checksum, or was written by an incompatible version; or a Hub repo id
-    cannot be reached (offline, no token)."""
+    """An exported model folder is missing a file, has one that does not match its config or checksum,
+    or comes from an incompatible version; or a Hub repo id cannot be reached."""
 
 
 class StorageError(CaptionerError):

@@ -1,6 +1,7 @@
-"""Which optional install brings which package: `pip install captioner` captions with PyTorch;
-training and evaluation, the demo, ONNX export and Hugging Face datasets each come with an extra (pyproject.toml).
-A command that reaches a package its install left out stops with one line naming the extra."""
+"""Which optional install (extra, pyproject.toml) brings which package.
+
+A command that reaches a package its install left out stops with one line naming the extra.
+"""
 
 from __future__ import annotations
 
@@ -20,4 +21,7 @@ def missing_extra(error: ModuleNotFoundError) -> str | None:
     extra = EXTRA_OF.get(package)
     if extra is None:
         return None
-    return f"{package} is not installed: it comes with the '{extra}' extra (pip install 'captioner[{extra}]', or -e '.[{extra}]' in a checkout)"
+    return (
+        f"{package} is not installed: it comes with the '{extra}' extra "
+        f"(pip install 'captioner[{extra}]', or -e '.[{extra}]' in a checkout)"
+    )

@@ -1,6 +1,8 @@
-"""Writing a file so that a failure loses nothing: it is written beside its name and renamed
-onto it, so the previous version stays whole until the new one is; a write that fails (a full
-disk above all) is one `StorageError` naming the file and the space left."""
+"""Writing a file so that a failure loses nothing.
+
+It is written beside its name and renamed onto it; a failed write (a full disk above all) is one
+`StorageError` naming the file and the space left.
+"""
 
 from __future__ import annotations
 
@@ -58,10 +60,8 @@ def write_atomically(path: str | Path, write: Callable[[Path], T]) -> T:
 
 
 def same_file_as(source: Path, path: Path) -> None:
-    """Make `path` hold what `source` holds, at once: a second name for its file (a hard link),
-    or, where the file system has none, a copy written as `write_atomically` writes. The file at
-    `source` is never written in place (checkpoints are replaced whole), so the two names stay
-    what they are when one of them is written again."""
+    """Make `path` a hard link to `source`, else an atomic copy. Safe because files are replaced
+    whole, never written in place: rewriting one name leaves the other as it was."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.unlink(missing_ok=True)

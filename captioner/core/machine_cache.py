@@ -1,10 +1,7 @@
-"""What was measured on the local machine, kept between processes: a small JSON file of decisions
-(which fast path wins here), keyed by the processor and the torch version, so a choice measured
-once holds for every later process on the same machine and is measured again on another one.
+"""What was measured on the local machine, kept between processes: a JSON file of decisions.
 
-The file lives in $CAPTIONER_CACHE_DIR, else $XDG_CACHE_HOME/captioner, else ~/.cache/captioner.
-A file that cannot be read (missing, corrupt, another layout) is measured anew; one that cannot be
-written (a read-only home) only costs the measurement again next time.
+Keyed by processor, core count and torch version, in the cache folder (core/cache_folder.py). A file
+that cannot be read is measured anew; one that cannot be written only costs the measurement next time.
 """
 
 from __future__ import annotations
@@ -29,8 +26,8 @@ FILE_NAME = "machine.json"
 
 
 def processor_name() -> str:
-    """The processor's model name (lscpu's "Model name") with its family and model numbers (a
-    virtual machine's model name may not tell two processor generations apart), else what the platform says."""
+    """The processor's model name with its family and model numbers (a virtual machine's name may not
+    tell two generations apart), else what the platform says."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -68,7 +65,7 @@ def recall(name: str) -> Any:
 
 
 def remember(name: str, value: Any) -> Path | None:
-    """Keep a decision for the local machine (atomically); the file's path, or None when it could not be written."""
+    """Keep a decision for the local machine (atomically); the file's path, or None if it could not be written."""
     data = _read()
     entry = data.get(machine_key())
     data[machine_key()] = {**(entry if isinstance(entry, dict) else {}), name: value}
@@ -85,14 +82,9 @@ def remember(name: str, value: Any) -> Path | None:
 
 
 def decided(name: str, measure: Callable[[], Any], valid: Callable[[Any], bool]) -> tuple[Any, bool]:
-    """The decision `name` on the local machine, and whether this process measured it.
-
-    The first process that finds it missing (or not `valid`) measures it and keeps it while the
-    others wait on a lock beside the file, then read that one: processes started together
-    (torchrun's ranks, a test suite's workers) all take the same decision. Measured each on its
-    own, two of them can land on both sides of a close call, and a run resumed later would then
-    read another decision than one of its ranks took (another summation order: not the same
-    bits). Where the folder cannot be written, each process measures for itself."""
+    """The decision `name` on the local machine, and whether this process measured it. One process
+    measures while the others wait on a lock, so processes started together (torchrun's ranks) take one
+    decision, not both sides of a close call. Where the folder cannot be written, each measures alone."""
     known = recall(name)
     if valid(known):
         return known, False

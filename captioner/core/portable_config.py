@@ -1,16 +1,8 @@
-"""What a model carries of the run that trained it: the recipe (the dataset's kind, its splits,
-every setting that shaped the weights), never the folders of the machine that made it.
+"""What a model carries of the run that trained it: the recipe, never the folders of the machine that made it.
 
-Every key declared as a `Place` (a path, a folder, a shard pattern: data.root, image_root,
-karpathy_file, the shard patterns, feature_store, train.out_dir, train.init) is written as what
-its spec says travels: its last component (the dataset's folder name, the run's name, the shard
-files' pattern), the name of the run a checkpoint came from, or null. A place with no such name
-(`~`, `/`, a command) becomes "unnamed" where the config needs a value. A text value of a key this
-version does not declare (an older export's) that holds a path separator or starts with `~`
-becomes its last component too. Relative paths are no exception: they are the maker's folders as well.
-
-`portable_config` is the one function every writer of a model's config uses: `write_exported`
-(every export, push and packaged model) and the card's recipe.
+Each `Place` key is written as its spec's `travels` says: its last component, the run's name, or null
+("unnamed" where a value is needed and none fits). Undeclared keys' path-like text keeps its last component;
+relative paths are the maker's folders too. Every writer of a model's config goes through `portable_config`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Process-wide settings, applied once when the command line starts: torch threads, DataLoader
-workers, the device, seeding.
+"""Process-wide settings, applied once when the command line starts: threads, workers, device, seeding.
 
-Threads: on a small shared machine, torch threads beyond the cores that are really free only
-add contention (each thread spins at synchronisation points while another process holds its
-core; docs/benchmarks.md has the measurements), so one knob sets them: `train.threads` in a
-training config, else the environment variable CAPTIONER_THREADS, else, under torchrun, its
-OMP_NUM_THREADS (it splits the node's cores between the ranks), else the cores that are free
-when the command starts (the cores minus the other runnable processes, at least 1). A training
-run is the exception (`run_threads`): its sums depend on the thread count, so its default is
-every usable core, whatever the load, and the count is kept for the whole run and its resumption.
-
-DataLoader workers: `data.num_workers: -1` (auto) gives each rank its share of the node's cores
-less one for the rank's own process, so 8 ranks on 16 cores run 8 workers, not 64.
+Threads beyond the free cores only add contention (docs/benchmarks.md), so the default is the free cores;
+a training run takes every usable core instead (`run_threads`), since its sums depend on the count.
 """
 
 from __future__ import annotations
@@ -38,9 +28,8 @@ def usable_cores() -> int:
 
 
 def other_runnable_processes(samples: int = 5, interval: float = 0.01) -> int | None:
-    """Threads of other processes running or waiting for a core right now (median of a few
-    reads of /proc/loadavg's running count, less this process's own running threads: one when a
-    command starts, maybe more mid-run); None where the kernel does not say."""
+    """Threads of other processes running or waiting for a core now (median of a few reads of
+    /proc/loadavg, less this process's running threads); None where the kernel does not say."""
     counts = []
     for i in range(samples):
         try:
@@ -93,10 +82,8 @@ def resolve_threads(requested: int | None = None) -> int:
 
 
 def run_threads(requested: int | None = None) -> int:
-    """A training run's thread count, the same for every run on the machine (the sums of its
-    steps depend on it): `requested` (> 0), else $CAPTIONER_THREADS, else under torchrun its
-    $OMP_NUM_THREADS or this rank's share of the cores, else every core this process may use.
-    Never the free cores of the moment: those change with the load, and the weights with them."""
+    """A training run's thread count, as `resolve_threads` but falling through to every usable core,
+    never the free cores of the moment: those change with the load, and the weights with them."""
     return usable_cores() if threads_are_automatic(requested) else resolve_threads(requested)
 
 
@@ -132,16 +119,9 @@ def threads_are_automatic(requested: int | None = None) -> bool:
 
 
 class ThreadGovernor:
-    """Keeps torch's threads at the cores that are free while a long run goes on
-    (`train.follow_free_cores`: a run's sums then change with the load, so it is off by default).
-
-    The count chosen when a command starts is a guess about the minutes after it: a run started
-    beside another process stays on one thread after that process ends, and one started alone
-    keeps two threads when another process takes a core, where each of its threads waits for
-    the other at every operator (an SCST step of 2.8 s alone takes 10-20 s beside the test suite;
-    `python -m benchmarks threads` measures a training step both ways). So every `every_s`
-    seconds, at a step boundary, the other processes' runnable threads are counted again (the
-    machine's minus this process's own) and the thread count follows."""
+    """Keeps torch's threads at the free cores during a long run (`train.follow_free_cores`; off by
+    default, since the sums then change with the load): every `every_s` seconds, at a step boundary, the
+    free cores are counted again (`python -m benchmarks threads` measures why)."""
 
     def __init__(self, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
                  free: Callable[[], int] = free_cores) -> None:
@@ -167,9 +147,8 @@ AUTO_WORKERS = -1  # data.num_workers: one rank's share of the node's cores
 
 
 def loader_workers(requested: int) -> int:
-    """DataLoader workers for `data.num_workers`: as given when >= 0; for AUTO_WORKERS, this
-    rank's share of the usable cores less one (the rank's own process decodes nothing but
-    keeps the device fed), at least 1."""
+    """DataLoader workers for `data.num_workers`: as given when >= 0; for AUTO_WORKERS, this rank's
+    share of the usable cores less one for the rank itself, at least 1."""
     if requested != AUTO_WORKERS:
         return requested
     return max(1, usable_cores() // local_world_size() - 1)
@@ -191,9 +170,8 @@ def resolve_device(name: str | torch.device = "auto", what: str = "device") -> t
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX tiles). There, oneDNN's
-    bf16 convolutions and matrix products take about half the time of fp32 ones; elsewhere
-    bf16 is emulated and slower than fp32."""
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX tiles); elsewhere bf16 is
+    emulated and slower than fp32."""
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 

@@ -1,9 +1,6 @@
-"""What a setting may hold: `Range`, `Choice`, `Text` and `Flag`, each able to say whether it
-allows a value, describe what it allows in words, and give a value just outside (for tests).
+"""What a setting may hold: `Range`, `Choice`, `Text`, `Place` and `Flag`.
 
-The config (`core.config`) declares every key with one of them, and the decoding options
-(`core.decode_schema`) are described by them too, so a value is judged and explained the same
-way wherever it is given.
+Each allows a value, describes it in words, and gives one just outside (for tests).
 """
 
 from __future__ import annotations
@@ -99,10 +96,8 @@ class Text:
 
 @dataclass(frozen=True)
 class Place(Text):
-    """A string naming a place on the machine: a path, a folder, a shard pattern. What a model
-    carries of it (`core/portable_config.py`) is never the place itself but, by `travels`: "name",
-    its last component (a dataset's or a run's name); "run", the name of the run folder a
-    checkpoint lies in; "null", nothing."""
+    """A path, folder or shard pattern on the machine. A model carries of it (`core/portable_config.py`),
+    by `travels`: "name", its last component; "run", the run folder's name; "null", nothing."""
 
     travels: str = "null"
 

@@ -1,32 +1,11 @@
-"""The SCST reward on the device: CIDEr-D from the references as flat sorted tensors, scored with
-torch ops where the samples are (`DeviceReward`, over a `ReferenceTable`).
+"""The SCST reward on the device: CIDEr-D scored with torch ops from flat sorted tensors.
 
-`host_reward.CiderD` scores in Python on the host, one n-gram at a time, with every reference's
-tf-idf vectors in dicts per process. Here the same numbers come from a `ReferenceTable`, built on
-the same n-gram core (`captioner.evaluation.ngrams`: idf, clipping, length and its penalty):
-
-- every n-gram (n = 1..4) of token ids is hashed to one int64 (`ngram_hashes`: a polynomial
-  rolling hash mod 2^64 with an odd 64-bit multiplier, each token offset by 2^32 so that ids,
-  negative out-of-vocabulary ones included, are never 0);
-- the document frequencies are two sorted arrays (`df_hashes`, `df_counts`), read with
-  `torch.searchsorted`;
-- each reference caption's distinct n-grams, sorted by hash, lie in one flat array of
-  (hash, tf-idf weight) pairs, CSR-like: caption r owns `ref_hashes[ref_offsets[r]:ref_offsets[r+1]]`;
-  its norms per order and its length (bigram count) sit beside it, and an image's captions are
-  `image_offsets[i]:image_offsets[i+1]`;
-- a candidate's n-grams are looked up in each of its image's references by `torch.searchsorted`
-  over the references' slices gathered into padded rows of a width fixed when the table is built
-  (the longest slice), so scoring has static shapes and no host read.
-
-Collisions: two distinct n-grams share a hash with probability about 2^-64 per pair, so among m
-distinct n-grams the chance of any collision is about m^2 / 2^65: 7e-7 for COCO's ~5 million
-distinct reference n-grams, and a step's ~2,000 candidate n-grams meet a reference one by
-accident with probability ~5e-10. tests/test_rewards.py checks that the distinct n-grams of COCO
-val2014's 202,654 captions map to distinct hashes.
-
-The table is a handful of flat arrays, so it is saved once per node (`save`) and memory-mapped
-read-only by every rank (`load`): its pages are shared page cache, not per-process copies
-(`cached_table`; numbers in docs/scst_gpu.md).
+The same numbers as `host_reward.CiderD`, from the same n-gram core (`captioner.evaluation.ngrams`).
+Each 1..4-gram of token ids is one int64 (rolling hash mod 2^64; ids offset by 2^32, so never 0);
+document frequencies and each reference caption's (hash, tf-idf weight) pairs are sorted flat arrays,
+CSR-like, read with `torch.searchsorted` over padded rows of fixed width: static shapes, no host read.
+Any collision among COCO's ~5 million reference n-grams has probability ~7e-7 (tests/test_rewards.py
+checks val2014's). The table is saved once per node and memory-mapped by every rank (`cached_table`).
 """
 
 from __future__ import annotations
@@ -64,7 +43,9 @@ TOKEN_OFFSET = 1 << 32  # token ids (negative ones for out-of-vocabulary referen
 FORMAT = 2  # bump when the arrays or the hash change: it is part of the fingerprint
 
 
-def ngram_hashes(tokens: torch.Tensor, lengths: torch.Tensor, n: int = MAX_N) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ngram_hashes(
+    tokens: torch.Tensor, lengths: torch.Tensor, n: int = MAX_N
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hashes of every 1..n-gram of each row of tokens (R, L), the first lengths[r] positions true.
 
     Returns hashes (R, W) int64, valid (R, W) bool and order (W,) (1..n) with W = sum over k of
@@ -96,7 +77,8 @@ def distinct_counts(hashes: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Te
 def padded(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token sequences -> tokens (R, L) zero-padded, lengths (R,)."""
     lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))  # (R,)
-    flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(lengths.sum()))  # (sum of lengths,)
+    # (sum of lengths,)
+    flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(lengths.sum()))
     tokens = np.zeros((len(sequences), max(1, int(lengths.max(initial=0)))), dtype=np.int64)  # (R, L)
     tokens[np.arange(tokens.shape[1])[None, :] < lengths[:, None]] = flat  # row-major: each row's prefix in order
     return torch.from_numpy(tokens), torch.from_numpy(lengths)
@@ -155,7 +137,11 @@ class ReferenceTable:
 
     @classmethod
     def build(
-        cls, references: Sequence[Sequence[Sequence[int]]], n: int = MAX_N, sigma: float = CIDER_SIGMA, chunk: int = 20000
+        cls,
+        references: Sequence[Sequence[Sequence[int]]],
+        n: int = MAX_N,
+        sigma: float = CIDER_SIGMA,
+        chunk: int = 20000,
     ) -> ReferenceTable:
         """From each image's reference token sequences (ids, <eos> included where the reward has it);
         the document frequencies come from the same images, as `host_reward.CaptionReward` has them."""
@@ -166,7 +152,8 @@ class ReferenceTable:
                 raise DatasetError(f"reward references: image {i} has no references")
         captions_per_image = torch.tensor([len(refs) for refs in references], dtype=torch.long)  # (I,)
         image_offsets = torch.cat([torch.zeros(1, dtype=torch.long), captions_per_image.cumsum(0)])  # (I+1,)
-        caption_grams, image_grams = [], []  # per chunk: (caption, hash, order, tf) and (hash) of distinct (image, n-gram)
+        # per chunk: (caption, hash, order, tf) and (hash) of distinct (image, n-gram)
+        caption_grams, image_grams = [], []
         for start in range(0, len(references), chunk):
             images = references[start : start + chunk]
             first_caption = int(image_offsets[start])
@@ -191,9 +178,13 @@ class ReferenceTable:
         df = df_counts[torch.searchsorted(df_hashes, gram)]  # (G,): every reference n-gram is in the corpus
         weights = tf.double() * inverse_document_frequency(df.double(), log_n)  # (G,)
         num_captions = int(image_offsets[-1])
-        norms = torch.zeros(num_captions * n, dtype=torch.float64).index_add_(0, caption * n + gram_order - 1, weights * weights)  # (Rc*n,)
+        norms = torch.zeros(num_captions * n, dtype=torch.float64).index_add_(
+            0, caption * n + gram_order - 1, weights * weights
+        )  # (Rc*n,)
         per_caption = torch.bincount(caption, minlength=num_captions)  # (Rc,)
-        bigrams = torch.zeros(num_captions, dtype=torch.long).index_add_(0, caption, torch.where(gram_order == 2, tf, 0))  # (Rc,)
+        bigrams = torch.zeros(num_captions, dtype=torch.long).index_add_(
+            0, caption, torch.where(gram_order == 2, tf, 0)
+        )  # (Rc,)
         return cls(
             df_hashes=df_hashes,
             df_counts=df_counts,
@@ -203,7 +194,9 @@ class ReferenceTable:
             ref_norms=norms.sqrt().view(num_captions, n),  # (Rc, n)
             ref_lengths=bigrams,
             image_offsets=image_offsets,
-            meta=torch.tensor([log_n, n, sigma, float(captions_per_image.max()), float(per_caption.max())], dtype=torch.float64),
+            meta=torch.tensor(
+                [log_n, n, sigma, float(captions_per_image.max()), float(per_caption.max())], dtype=torch.float64
+            ),
         )
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float64) -> ReferenceTable:
@@ -257,7 +250,8 @@ class ReferenceTable:
         hashes, valid, order = ngram_hashes(tokens, lengths, n)  # (C, W), (C, W), (W,)
         tf, first = distinct_counts(hashes, valid)  # (C, W) each
         found = torch.searchsorted(self.df_hashes, hashes).clamp(max=len(self.df_hashes) - 1)  # (C, W)
-        df = torch.where(self.df_hashes[found] == hashes, self.df_counts[found], 0)  # (C, W): 0 for n-grams no reference has
+        # (C, W): 0 for n-grams no reference has
+        df = torch.where(self.df_hashes[found] == hashes, self.df_counts[found], 0)
         idf = inverse_document_frequency(df.to(dtype), self.log_num_images)  # (C, W)
         hyp = torch.where(first, tf.to(dtype) * idf, 0.0)  # (C, W): each distinct n-gram's weight, once
         order_onehot = torch.nn.functional.one_hot(order - 1, n).to(dtype)  # (W, n)
@@ -276,7 +270,9 @@ class ReferenceTable:
         column = torch.arange(self.longest_slice, device=tokens.device)  # (S,)
         inside = column < count[:, :, None]  # (C, J, S)
         last = max(len(self.ref_hashes) - 1, 0)
-        rows = torch.where(inside, self.ref_hashes[(start[:, :, None] + column).clamp(max=last)], torch.iinfo(torch.long).max)  # (C, J, S)
+        rows = torch.where(
+            inside, self.ref_hashes[(start[:, :, None] + column).clamp(max=last)], torch.iinfo(torch.long).max
+        )  # (C, J, S)
         target = hashes[:, None, :].expand(-1, rows.shape[1], -1).contiguous()  # (C, J, W)
         found = torch.searchsorted(rows, target).clamp(max=rows.shape[2] - 1)  # (C, J, W)
         hit = (found < count[:, :, None]) & (rows.gather(2, found) == target)  # (C, J, W)
@@ -293,7 +289,9 @@ class ReferenceTable:
         return per_ref.sum(dim=1) / n / num_refs.to(dtype) * CIDER_SCALE  # (C,)
 
 
-def fingerprint(vocab_words: Sequence[str], references: Sequence[Sequence[str]], n: int = MAX_N, sigma: float = CIDER_SIGMA) -> str:
+def fingerprint(
+    vocab_words: Sequence[str], references: Sequence[Sequence[str]], n: int = MAX_N, sigma: float = CIDER_SIGMA
+) -> str:
     """A digest of everything a table depends on: the vocabulary, every image's reference texts
     in order, n, sigma and the table format."""
     digest = hashlib.sha256(f"reward-table v{FORMAT} n={n} sigma={sigma}\n".encode())
@@ -329,15 +327,9 @@ def cached_table(folder: str | os.PathLike[str], key: str, build: Callable[[], R
 
 
 class DeviceReward:
-    """The SCST reward computed where the samples are: cider_weight * CIDEr-D from a
-    `ReferenceTable` (the same numbers as `CaptionReward`'s, to 1e-12 in float64),
-    plus bleu_weight * BLEU-4, which still runs on the host (it reads the tokens back: one wait
-    for the device per step, only when bleu_weight > 0).
-
-    With `cache_dir` the table is built once and saved there under a fingerprint of the
-    vocabulary and the references, and every process (the ranks of a node) memory-maps the same
-    files; it is copied to a GPU once per process (float32 weights there, float64 on the CPU).
-    """
+    """cider_weight * CIDEr-D on the samples' device (`CaptionReward`'s numbers to 1e-12 in float64), plus
+    bleu_weight * BLEU-4 on the host (one device wait per step, only when bleu_weight > 0). With `cache_dir`
+    the table is saved there under a fingerprint and memory-mapped by every process of the node."""
 
     def __init__(
         self,

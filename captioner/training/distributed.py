@@ -1,22 +1,8 @@
 """Training on several processes with torchrun and DistributedDataParallel.
 
-`torchrun --nproc_per_node=N -m captioner train CONFIG` starts N processes with RANK,
-WORLD_SIZE and LOCAL_RANK in their environment; `setup` joins them into one process group
-(NCCL on CUDA, gloo on CPU). Without torchrun the environment names no world and everything
-here is a no-op for one process, so single-process training runs exactly as before.
-
-What the training loop needs from the group, and nothing else:
-- `is_main`: only rank 0 writes files (checkpoints, metrics, TensorBoard, figures);
-- `sum_host`: a sum of Python ints over ranks (the global token count of a step), on the CPU
-  through gloo, so it never waits for the device;
-- `sum_`: an in-place sum of a device tensor (the loss accumulators, read only when logged);
-- `all_gather`: any picklable object from every rank (validation captions, RNG states);
-- `broadcast`: rank 0's decision (early stopping, time limit) given to every rank.
-
-A failure on one rank must stop all of them with its message instead of leaving the others
-waiting in a collective: `abort` prints the error with the rank and leaves the process at once
-(`os._exit`, no clean-up that could itself wait on a dead peer); torchrun then stops the other
-ranks, and the process group's timeout bounds the wait of any collective in any case.
+`setup` joins torchrun's processes into one group (NCCL on CUDA, gloo on CPU); without torchrun every
+collective here is a no-op. Only rank 0 writes files. A failing rank leaves at once (`abort`) rather than
+leave the others waiting in a collective; torchrun then stops them.
 """
 
 from __future__ import annotations
@@ -72,12 +58,9 @@ class Distributed:
         return tensor
 
     def average_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Average the gradients of `parameters` over ranks in one flat all-reduce, in place.
-
-        For a step whose forward did not go through the DDP wrapper (SCST samples step by step
-        through the bare decoder), so DDP's reducer never saw it. A parameter without a gradient
-        on this rank counts as zero, so every rank reduces the same buffer.
-        """
+        """Average the gradients over ranks in one flat all-reduce, for a step DDP's reducer never saw
+        (SCST samples through the bare decoder). A missing gradient counts as zero, so every rank
+        reduces the same buffer."""
         if not self.enabled:
             return
         params = [p for p in parameters if p.requires_grad]
@@ -127,11 +110,8 @@ def rank_prefix() -> str:
 
 
 def setup(device: torch.device, timeout_minutes: float) -> Distributed:
-    """Join the process group torchrun's environment describes; one process: no group at all.
-
-    On CUDA every process takes the GPU of its LOCAL_RANK and the group uses NCCL, with a gloo
-    group beside it for CPU-side collectives; on the CPU the one gloo group serves both.
-    """
+    """Join the process group torchrun's environment describes; one process: no group at all. On CUDA
+    each process takes the GPU of its LOCAL_RANK (NCCL), with a gloo group beside it for CPU collectives."""
     world_size = _env_int("WORLD_SIZE", 1)
     if world_size <= 1:
         return Distributed(device)

@@ -1,10 +1,7 @@
-"""Training a model from a config: `fit(config)` sets up, builds, resumes, runs the epochs with
-validation and checkpoints, and stops (early stopping, time limit).
+"""Training a model from a config: `fit(config)` runs the epochs with validation and checkpoints.
 
-Validation decodes val images with the model's own greedy decoding and scores the captions
-(BLEU/CIDEr-D); the best checkpoint is chosen by that score, never by teacher-forced loss.
-Under torchrun the same code runs on every rank (see `captioner.training.distributed`); last.pt holds
-what an exact resume needs (position in the epoch, running sums, every RNG state).
+best.pt is chosen by the scores of decoded val captions (BLEU/CIDEr-D), never by teacher-forced loss.
+Every torchrun rank runs this code; last.pt holds what an exact resume needs (position, sums, RNG states).
 """
 
 from __future__ import annotations
@@ -70,11 +67,8 @@ log = logging.getLogger(__name__)
 
 
 def fit(config: Config, resume: bool = False) -> Path:
-    """Train a model as `config` says; returns the path of the best checkpoint.
-
-    Under torchrun every process runs this; rank 0 alone writes files. `data.batch_size` is per
-    process: the global batch is batch_size x world size, and the learning rate is used as
-    configured unless train.lr_scaling says otherwise.
+    """Train a model as `config` says; returns the path of the best checkpoint. Rank 0 alone writes files;
+    `data.batch_size` is per process, and the learning rate is as configured unless train.lr_scaling says otherwise.
     """
     out_dir = Path(config.train.out_dir)
     ctx = distributed.setup(resolve_device(config.train.device, "train.device"), config.train.dist_timeout_minutes)
@@ -85,14 +79,21 @@ def fit(config: Config, resume: bool = False) -> Path:
     shards = train_shard_set(config)  # streamed training: the shards and their counts, no records
     checkpoint = read_resume_checkpoint(config) if resume else None
     # Fixed before any sums (the feature store's included), and taken back from last.pt.
-    threads, governor = decide_threads(config, checkpoint["train_state"] if checkpoint else None, str(out_dir / "last.pt"))
+    threads, governor = decide_threads(
+        config, checkpoint["train_state"] if checkpoint else None, str(out_dir / "last.pt")
+    )
     initial = read_init_checkpoint(config) if config.train.init and checkpoint is None else None
-    captions = (c for r in train_records for c in r.captions) if shards is None else shard_captions(shards, progress=ctx.is_main)
+    captions = (
+        (c for r in train_records for c in r.captions)
+        if shards is None
+        else shard_captions(shards, progress=ctx.is_main)
+    )
     vocab = choose_vocabulary(config, checkpoint or initial, captions)
     log.info(
         "%s: %d train images%s, %d val images, vocabulary %d words (min count %d)",
         config.data.dataset, len(train_records) if shards is None else shards.samples,
-        "" if shards is None else f" in {len(shards.urls)} shards, streamed", len(val_records), len(vocab), config.data.min_word_count,
+        "" if shards is None else f" in {len(shards.urls)} shards, streamed", len(val_records), len(vocab),
+        config.data.min_word_count,
     )
     model = Captioner.from_config(config, vocab, load_pretrained=checkpoint is None and initial is None).to(ctx.device)
     if checkpoint or initial:
@@ -112,7 +113,8 @@ def fit(config: Config, resume: bool = False) -> Path:
     try:
         run.train()
     except Interrupted:
-        ctx.barrier()  # no rank leaves before rank 0 has written last.pt (torchrun stops the others when one exits)
+        # no rank leaves before rank 0 has written last.pt (torchrun stops the others when one exits)
+        ctx.barrier()
         distributed.shutdown(ctx)
         raise
     finally:
@@ -125,7 +127,9 @@ def fit(config: Config, resume: bool = False) -> Path:
     return out_dir / "best.pt"
 
 
-def load_records(config: Config, ctx: Distributed) -> tuple[list[ImageRecord], list[ImageRecord], list[ImageRecord]]:
+def load_records(
+    config: Config, ctx: Distributed
+) -> tuple[list[ImageRecord], list[ImageRecord], list[ImageRecord]]:
     """(train, the val images validated on, the whole val split). The shapes world is generated on
     first use: by rank 0, before the others read it."""
     streamed = config.data.dataset == "webdataset"  # the train shards are streamed, never loaded whole
@@ -136,7 +140,10 @@ def load_records(config: Config, ctx: Distributed) -> tuple[list[ImageRecord], l
         train = [] if streamed else load_split(config.data, "train")
     all_val = load_split(config.data, "val")
     if not all_val:  # an image folder drawn with data.val_fraction 0, or too small to hold one out
-        raise DatasetError(f"{config.data.root}: the val split is empty, and training picks best.pt on it: set data.val_fraction above 0 or add a validation split")
+        raise DatasetError(
+            f"{config.data.root}: the val split is empty, and training picks best.pt on it: "
+            "set data.val_fraction above 0 or add a validation split"
+        )
     return train, all_val[: config.train.val_max_images] if config.train.val_max_images else all_val, all_val
 
 
@@ -152,7 +159,9 @@ def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterabl
     if checkpoint is not None:
         return Vocabulary(checkpoint["vocab"])
     if config.train.stage == "scst":
-        raise ConfigError("train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)")
+        raise ConfigError(
+            "train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)"
+        )
     return Vocabulary.build(captions, config.data.min_word_count)
 
 
@@ -178,7 +187,8 @@ class Run:
     started: float
     speed: SpeedChoices
     stop: StopSignals = field(default_factory=StopSignals)
-    threads: ThreadGovernor | None = None  # train.follow_free_cores: the thread count follows the free cores (CPU runs)
+    # train.follow_free_cores: the thread count follows the free cores (CPU runs)
+    threads: ThreadGovernor | None = None
     best_written_at: tuple[int, int, int] | None = None  # (step, epoch, position) of the last best.pt written
 
     @property
@@ -192,8 +202,8 @@ class Run:
     @classmethod
     def start(
         cls, config: Config, ctx: Distributed, model: Captioner, train_records: list[ImageRecord],
-        val_records: list[ImageRecord], all_val_records: list[ImageRecord], checkpoint: dict | None, shards: ShardSet | None = None,
-        threads: int | None = None,
+        val_records: list[ImageRecord], all_val_records: list[ImageRecord], checkpoint: dict | None,
+        shards: ShardSet | None = None, threads: int | None = None,
     ) -> Run:
         """The data (images, or the feature store for a frozen encoder), the steps' precision and
         products route, the objective, the optimiser and schedule, the DDP wrapper; then the
@@ -233,7 +243,9 @@ class Run:
         from torch.utils.tensorboard import SummaryWriter
 
         state = self.state
-        state.writer = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=state.step + 1 if checkpoint else None)
+        state.writer = SummaryWriter(
+            str(self.out_dir / "tensorboard"), purge_step=state.step + 1 if checkpoint else None
+        )
         if checkpoint is not None:
             write_history(self.out_dir / METRICS, state.history)
 
@@ -247,11 +259,15 @@ class Run:
             if self.state.position:
                 streams = checkpoint["train_state"].get("stream") or []
                 if len(streams) != self.ctx.world_size:
-                    raise CheckpointError(f"{self.out_dir / 'last.pt'}: a mid-epoch checkpoint without the stream positions of {self.ctx.world_size} rank(s)")
+                    raise CheckpointError(
+                        f"{self.out_dir / 'last.pt'}: a mid-epoch checkpoint without the stream positions of "
+                        f"{self.ctx.world_size} rank(s)"
+                    )
                 self.loader.resume(streams[self.ctx.rank], str(self.out_dir / "last.pt"))
         if self.state.position > len(self.sampler):
             raise CheckpointError(
-                f"{self.out_dir / 'last.pt'}: saved at batch {self.state.position} of an epoch of {len(self.sampler)}; the data or batch size changed"
+                f"{self.out_dir / 'last.pt'}: saved at batch {self.state.position} of an epoch of "
+                f"{len(self.sampler)}; the data or batch size changed"
             )
         restore_rng(checkpoint["train_state"], self.ctx, self.config.train.seed, self.state)
         log.info("resumed from %s at epoch %d, batch %d, step %d", self.out_dir / "last.pt", self.state.epoch + 1,
@@ -269,14 +285,17 @@ class Run:
             if state.position == 0:
                 state.reset_sums(self.ctx.device)
             self.sampler.set_epoch(epoch, start=state.position)
-            train_one_epoch(self.model, self.forward, self.loader, self.optimizer, self.scheduler, config, self.ctx, epoch,
-                            state, self.after_step, self.objective, self.stop)
+            train_one_epoch(self.model, self.forward, self.loader, self.optimizer, self.scheduler, config, self.ctx,
+                            epoch, state, self.after_step, self.objective, self.stop)
             if self.stop.signal is not None:  # every rank stopped after the same step
                 self.keep_progress()
                 raise Interrupted(self.stop.signal, str(self.out_dir / "last.pt"), state.step)
             means = state.read_epoch_means(self.ctx)
             state.epoch, state.position = epoch, 0
-            row = {"epoch": epoch, "step": state.step, "train_loss": round(means["loss"], 5), "lr": self.scheduler.get_last_lr()[0]}
+            row = {
+                "epoch": epoch, "step": state.step, "train_loss": round(means["loss"], 5),
+                "lr": self.scheduler.get_last_lr()[0],
+            }
             row |= {f"train_{k}": round(v, 5) for k, v in means.items() if k != "loss"}
             self.check(epoch, row, f"epoch {epoch}/{config.train.epochs}  loss {means['loss']:.3f}", epoch_start)
             self.keep_progress()
@@ -289,10 +308,15 @@ class Run:
         if self.threads is not None and self.threads.adjust() is not None:
             log.info("threads %d -> %d: the cores free beside this run changed", *self.threads.changes[-1])
         state, every = self.state, self.config.train.val_every_steps
-        if every and state.step % every == 0 and state.position < len(self.loader):  # the epoch's end validates anyway
+        # the epoch's end validates anyway
+        if every and state.step % every == 0 and state.position < len(self.loader):
             epoch = state.epoch + 1
-            done = round(state.epoch + state.position / len(self.loader), 4)  # epochs trained, with the fraction of this one
-            self.check(epoch, {"epoch": epoch, "step": state.step, "epochs_done": done}, f"epoch {epoch}, step {state.step}", time.time())
+            # epochs trained, with the fraction of this one
+            done = round(state.epoch + state.position / len(self.loader), 4)
+            self.check(
+                epoch, {"epoch": epoch, "step": state.step, "epochs_done": done}, f"epoch {epoch}, step {state.step}",
+                time.time(),
+            )
             self.model.train()  # validation decoded in eval mode
             self.keep_progress()
         elif self.config.train.checkpoint_every_steps and state.step % self.config.train.checkpoint_every_steps == 0:
@@ -314,7 +338,8 @@ class Run:
                 state.writer.add_scalar(f"val/{key}", value, state.step)
             log.info(
                 "%s  val %s %.4f  CIDEr-D %.3f%s  (%.0fs)  e.g. %r",
-                label, self.metric, scores[self.metric], scores["CIDEr"], "  *best*" if improved else "", row["seconds"], example,
+                label, self.metric, scores[self.metric], scores["CIDEr"], "  *best*" if improved else "",
+                row["seconds"], example,
             )
         if improved:
             self.save("best.pt")
@@ -324,9 +349,8 @@ class Run:
         return self.state.step, self.state.epoch, self.state.position
 
     def keep_progress(self) -> None:
-        """last.pt and the history files after a validation: a resumed run starts from what best.pt and the history say.
-        When best.pt was written at this very point, last.pt is the same checkpoint: a second name
-        for its file, not a second copy written (a COCO ResNet-101 run's is 500 MB)."""
+        """last.pt and the history files after a validation, so a resume starts where best.pt and the history
+        stand. If best.pt was just written, last.pt becomes a second name for it, not a second copy."""
         if self.best_written_at == self.where():
             if self.ctx.is_main:  # every rank decides alike: no rank gathers for a save here
                 same_file_as(self.out_dir / "best.pt", self.out_dir / "last.pt")
@@ -344,8 +368,8 @@ class Run:
             save_checkpoint(
                 self.out_dir / name, self.model, self.config,
                 optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                train_state={**self.state.to_dict(), **self.speed.to_dict(), "world_size": self.ctx.world_size, "rng": rng,
-                             "stream": streams},
+                train_state={**self.state.to_dict(), **self.speed.to_dict(), "world_size": self.ctx.world_size,
+                             "rng": rng, "stream": streams},
             )
 
     def close(self) -> None:
@@ -377,5 +401,8 @@ def restore_rng(saved: dict, ctx: Distributed, seed: int, state: TrainState) -> 
             f"{saved.get('world_size', '?')} processes wrote this mid-epoch checkpoint; resume it with as many "
             f"(this run has {ctx.world_size}), or from an end-of-epoch checkpoint"
         )
-    log.warning("the checkpoint holds no random states for %d processes: resuming with fresh ones (not bit-exact)", ctx.world_size)
+    log.warning(
+        "the checkpoint holds no random states for %d processes: resuming with fresh ones (not bit-exact)",
+        ctx.world_size,
+    )
     seed_everything(seed + 1000 * state.epoch + ctx.rank)

@@ -1,22 +1,8 @@
-"""The SCST reward on the host: CIDEr-D and BLEU-4 of token sequences, in Python, one caption at a time.
+"""The SCST reward on the host: CIDEr-D and BLEU-4 of token sequences, in Python.
 
-The reference that the device reward (`device_reward`) is held equal to, and the BLEU-4 part of
-the reward, which runs here. Both are built on the n-gram core, `captioner.evaluation.ngrams`.
-
-CIDEr-D here is the official one (pycocoevalcap's `CiderScorer`: tf-idf n-gram vectors for
-n = 1..4, clipped cosine similarity, a Gaussian length penalty with sigma 6, x10) with one
-difference that the field makes on purpose (Rennie et al. 2017; ruotianluo's self-critical.pytorch):
-the document frequencies and the log corpus size come from a fixed corpus, the training references,
-computed once, not from the captions being scored. A batch of 50 images then scores every caption
-against the same idf weights, and the reward of a caption does not depend on its batch mates.
-
-Sequences are tuples of any hashable tokens (word ids, strings). Every reference's tf-idf vectors
-are computed once per image and cached; scoring a candidate is then one pass over its own n-grams
-per reference.
-
-`CiderD.score(candidates, image_keys)` agrees with pycocoevalcap fed the same document
-frequencies and corpus size to 1e-6 (tests/test_rewards.py), including pycocoevalcap's quirk that
-the "length" in the length penalty counts bigrams (a caption's words minus one).
+The reference the device reward is held equal to, and the BLEU-4 part of the reward. CIDEr-D is
+pycocoevalcap's (to 1e-6, tests/test_rewards.py), except that document frequencies come from a fixed
+corpus, the training references, as in Rennie et al.: a caption's reward does not depend on its batch.
 """
 
 from __future__ import annotations
@@ -59,14 +45,8 @@ class _Vector:
 
 
 class CiderD:
-    """CIDEr-D with document frequencies fixed from a reference corpus.
-
-    `corpus` holds, per image, the token sequences of its references; the document frequency of an
-    n-gram is the number of images whose references contain it, and log(number of images) is the
-    idf's numerator, as pycocoevalcap computes them when the corpus is the scored set itself.
-    `references` (default: the corpus) are the references each candidate is scored against,
-    looked up by key; their vectors are built on first use and cached.
-    """
+    """CIDEr-D with document frequencies fixed from `corpus` (per image, its references' token sequences):
+    an n-gram's df is the number of images whose references hold it, as pycocoevalcap counts them."""
 
     def __init__(
         self,
@@ -175,13 +155,9 @@ def reference_corpus(vocab: Vocabulary, references: Sequence[Sequence[str]]) -> 
 
 
 class CaptionReward:
-    """The SCST reward: cider_weight * CIDEr-D + bleu_weight * BLEU-4 of a sampled caption.
-
-    Built once from the training images' references (document frequencies from all of them).
-    Every sequence, candidate and reference alike, ends in `<eos>` when it ended, as in Rennie et
-    al.: a caption that stops on "with a" then lacks the "a <eos>" n-grams no reference has and
-    loses reward, which keeps bad endings rare. Keys are the images' positions in `references`.
-    """
+    """The SCST reward: cider_weight * CIDEr-D + bleu_weight * BLEU-4 of a sampled caption. Every sequence
+    ends in `<eos>` when it ended (as in Rennie et al.), so a caption that stops on "with a" loses reward.
+    Keys are the images' positions in `references`."""
 
     def __init__(
         self,

@@ -1,15 +1,7 @@
-"""Stopping a run cleanly on SIGTERM or SIGINT: what a cluster scheduler sends before it kills a
-job, and Ctrl-C. The signal only sets a flag; the run finishes the step it is in, writes
-last.pt (atomically, like every checkpoint) and raises `Interrupted`, which the command turns
-into one line with the command that resumes it, and exit status 128 + the signal's number.
+"""Stopping a run cleanly on SIGTERM or SIGINT: finish the step, write last.pt, raise `Interrupted`.
 
-Under torchrun one rank may receive the signal alone. Each rank's vote travels with the step's
-host all-reduce that the loop makes anyway (the global token counts, `Distributed.sum_host`, on
-the CPU through gloo), so every rank sees the same sum at the start of the same step and all of
-them stop after it: no collective is added, and nothing waits for the GPU.
-
-A repeated SIGTERM changes nothing (a scheduler and torchrun may each forward one); a second
-SIGINT, a moment after the first, stops at once (KeyboardInterrupt), as Ctrl-C twice does.
+Each rank's vote rides the step's host all-reduce (`Distributed.sum_host`), so all ranks stop after
+the same step with no added collective. A repeated SIGTERM changes nothing; a second SIGINT stops at once.
 """
 
 from __future__ import annotations

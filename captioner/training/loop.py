@@ -1,5 +1,7 @@
-"""One epoch of training: the cross-entropy objective and `train_one_epoch`, which runs any
-objective (cross-entropy or self-critical) without reading the device back between logs."""
+"""One epoch of training: the cross-entropy objective and `train_one_epoch`.
+
+`train_one_epoch` runs any objective without reading the device back between logs.
+"""
 
 from __future__ import annotations
 
@@ -32,22 +34,17 @@ def caption_loss(
     totals: tuple[int, ...] | None = None,
     forward: Callable[..., DecoderOutput] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Cross-entropy of each next word given the previous ones, plus the attention penalty.
-
-    Both are averages over the global batch: `totals` = (target words, captions, images) summed
-    over every rank (default: this batch's), so that under DDP, where gradients are averaged over
-    ranks, `loss * world_size` gives each rank its exact share of the global batch's mean.
-    Nothing here reads a value back from the device: the lengths are a CPU tensor, the
-    padding is skipped by the decoder's packed logits (their positions come from the host's
-    lengths) or with `ignore_index` (not a boolean mask, whose size the host would wait for),
-    and the parts come back as detached tensors, read only when they are logged.
-    `forward` is the module to call (the DDP wrapper), `model` the one it wraps.
+    """Cross-entropy of each next word plus the attention penalty, averaged over the global batch:
+    `totals` = (target words, captions, images) summed over ranks (default: this batch's). Nothing is read
+    back from the device (no boolean mask: its size would make the host wait). `forward` may be the DDP wrapper.
     """
     lengths = batch.lengths - 1  # (C,) input words per caption; on the CPU
     if bool((lengths[:-1] < lengths[1:]).any()):  # host tensor: no device sync; collate_captions sorts already
         lengths, order = lengths.sort(descending=True, stable=True)
         rows = order.to(batch.tokens.device, non_blocking=True)
-        batch = replace(batch, tokens=batch.tokens[rows], image_rows=batch.image_rows[rows], lengths=batch.lengths[order])
+        batch = replace(
+            batch, tokens=batch.tokens[rows], image_rows=batch.image_rows[rows], lengths=batch.lengths[order]
+        )
     num_targets, num_captions = totals[:2] if totals is not None else (int(lengths.sum()), len(lengths))
     inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]  # (C, T) each
     out = (forward or model)(batch.images, inputs, batch.image_rows, encoded=encoded, lengths=lengths, packed=True)
@@ -83,26 +80,28 @@ def train_one_epoch(
     objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] = caption_loss,
     stop: StopSignals | None = None,
 ) -> None:
-    """One epoch from the sampler's start position. A step reads nothing back from the device:
-    the loss parts add up in device tensors, summed over ranks and read every `log_every`
-    steps and at the end of the epoch. `objective` is the stage's loss: `caption_loss`, or
-    `scst.SelfCritical` (whose logged values are `state.logged`). After a step that `stop`
-    says every rank stops after (a SIGTERM or SIGINT), the epoch ends there."""
+    """One epoch from the sampler's start position; a step reads nothing back from the device (the loss
+    parts are read every `log_every` steps). `objective`: `caption_loss` or `scst.SelfCritical`. The epoch
+    ends after a step that `stop` says every rank stops after."""
     model.train()
     device = ctx.device
     # The steps' precision, decided before the first one (training/speed.py) and never changed
     # within a run; a caller that decided nothing gets train.amp on CUDA and fp32 on the CPU.
     amp = state.bf16 if state.bf16 is not None else device.type == "cuda" and config.train.amp
     channels_last = config.train.channels_last and device.type == "cuda" and not state.encoded
-    bar = progress_bar(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True, initial=state.position,
-                       total=len(loader), enabled=ctx.is_main)
+    bar = progress_bar(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True,
+                       initial=state.position, total=len(loader), enabled=ctx.is_main)
     for batch in bar:
         state.position += 1
         if batch is None:  # every image of the batch failed to load
             if ctx.enabled:  # the other ranks would wait for this one's gradients forever
-                raise DatasetError("every image of a batch failed to load; under torchrun a rank cannot skip a step (fix or remove the files the warnings name)")
+                raise DatasetError(
+                    "every image of a batch failed to load; under torchrun a rank cannot skip a step "
+                    "(fix or remove the files the warnings name)"
+                )
             continue
-        local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths), len(batch.indices)]  # target words, captions, images: CPU
+        # target words, captions, images: CPU
+        local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths), len(batch.indices)]
         summed = ctx.sum_host(local + (stop.votes() if stop else []))  # over every rank, with the ranks' stop votes
         totals = tuple(summed[:3])  # what each rank's loss is a share of
         batch = batch.to(device, channels_last=channels_last)

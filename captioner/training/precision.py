@@ -1,19 +1,9 @@
 """The precision of a CPU run's training steps (`train.cpu_amp`), decided before its first step.
 
-- `fp32`: every step in fp32.
-- `bf16`: every step under bf16 autocast (the optimiser's weights, the loss and its reduction stay
-  fp32). It runs on any x86 CPU, natively or emulated, so a test can force it anywhere.
-- `auto`: bf16 where the processor multiplies bf16 natively (AVX-512 BF16, AMX) and a calibration
-  times the run's step faster in it, else fp32. Whether bf16 pays depends on the processor and
-  the model (`python -m benchmarks cpu_amp` prints both for a config), so it is measured: a copy
-  of the model takes forward and backward passes over synthetic batches of the run's shapes,
-  alternating the two precisions. The calibration draws nothing from the run's random streams (its
-  batches come from a generator of their own, and the global one is put back as it was), and its
-  decision is kept per processor, core count, torch version and shapes (core/machine_cache.py),
-  so every run of a config on a machine takes the same precision and ends with the same weights.
-
-Training itself never switches precision: the choice is made once, logged, saved in last.pt and
-taken back by `--resume` (training/speed.py).
+`fp32`, `bf16` (autocast; weights and loss stay fp32; emulated where not native), or `auto`: bf16 where
+the CPU has native bf16 and a timed calibration on synthetic batches finds it faster. The calibration
+draws nothing from the run's random streams and is kept per machine and shapes (core/machine_cache.py),
+so every run of a config on a machine takes the same precision; last.pt keeps it for `--resume`.
 """
 
 from __future__ import annotations
@@ -51,7 +41,9 @@ class PrecisionChoice:
     reason: str
 
 
-def choose_cpu_bf16(config: Config, model: Captioner, encoded: bool, feature_shape: tuple[int, ...] | None) -> PrecisionChoice:
+def choose_cpu_bf16(
+    config: Config, model: Captioner, encoded: bool, feature_shape: tuple[int, ...] | None
+) -> PrecisionChoice:
     """A new run's precision on the CPU, as `train.cpu_amp` asks (see the module's docstring)."""
     mode = config.train.cpu_amp
     if mode != "auto":
@@ -125,7 +117,9 @@ def time_precisions(model: Captioner, config: Config, encoded: bool, feature_sha
     return {"bf16": bf16_ms < fp32_ms, "bf16_ms": round(bf16_ms, 2), "fp32_ms": round(fp32_ms, 2)}
 
 
-def synthetic_batch(config: Config, vocab_size: int, encoded: bool, feature_shape: tuple[int, ...] | None) -> CaptionBatch:
+def synthetic_batch(
+    config: Config, vocab_size: int, encoded: bool, feature_shape: tuple[int, ...] | None
+) -> CaptionBatch:
     """A batch of the run's shapes from a generator of its own: `data.batch_size` images (or stored
     feature rows of `feature_shape`), each with one caption (five for captions_per_image all) of
     the longest length a training caption can have."""
@@ -137,7 +131,9 @@ def synthetic_batch(config: Config, vocab_size: int, encoded: bool, feature_shap
     if encoded and feature_shape is not None:
         images = torch.randn(B, *feature_shape, generator=generator).half()  # (B, N, D) as the store keeps them
     else:
-        images = torch.randint(0, 256, (B, 3, data.image_size, data.image_size), generator=generator, dtype=torch.uint8)  # (B, 3, H, W)
+        images = torch.randint(
+            0, 256, (B, 3, data.image_size, data.image_size), generator=generator, dtype=torch.uint8
+        )  # (B, 3, H, W)
     first_word = 4 if vocab_size > 4 else 0  # after <pad> <bos> <eos> <unk>
     tokens = torch.randint(first_word, max(vocab_size, first_word + 1), (C, T), generator=generator)  # (C, T)
     lengths = torch.full((C,), T)  # (C,)

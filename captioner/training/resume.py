@@ -1,10 +1,7 @@
 """Random number generator states as plain data, for checkpoints that resume a run exactly.
 
-`rng_state()` captures Python's, numpy's, torch's CPU and (when present) the current CUDA device's
-generator as tensors, lists and ints only, so a checkpoint holding it still loads with
-`torch.load(weights_only=True)`; `set_rng_state` puts them back. Together with the position in
-the epoch (`EpochBatchSampler`), they make a resumed run draw exactly the numbers the
-uninterrupted run drew (dropout masks above all).
+Python's, numpy's, torch's and the current CUDA device's states as tensors, lists and ints only, so a
+checkpoint holding them still loads with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations

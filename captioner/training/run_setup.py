@@ -1,7 +1,4 @@
-"""What a training run is built from, one step each: the data route (the feature store or the
-images or streamed shards), the steps' precision, the dataset, the objective, the loader and
-the DDP wrapper. `Run.start` (captioner/training/fit.py) calls them in order.
-"""
+"""What a training run is built from, one step each; `Run.start` (training/fit.py) calls them in order."""
 
 from __future__ import annotations
 
@@ -68,8 +65,13 @@ def stored_data(
     """The train and val rows of the feature store: rank 0 builds the store when it is absent,
     then the other ranks open it."""
     encoder = model.encoder
-    trained = "the decoder" if encoder.frozen else f"the decoder and the top {len(encoder.blocks) - encoder.num_frozen} encoder blocks"
-    log.info("training %s on the feature store in %s (what the frozen blocks make, stored once)", trained, store_dir(config))
+    trained = (
+        "the decoder" if encoder.frozen
+        else f"the decoder and the top {len(encoder.blocks) - encoder.num_frozen} encoder blocks"
+    )
+    log.info(
+        "training %s on the feature store in %s (what the frozen blocks make, stored once)", trained, store_dir(config)
+    )
     if not ctx.is_main:
         ctx.barrier()
     train = split_features(model, config, "train", train_records, build=ctx.is_main)
@@ -87,22 +89,28 @@ def decide_speed(
     the checkpoint) before the first step; `threads`: the count `decide_threads` fixed."""
     saved = checkpoint["train_state"] if checkpoint is not None else None
     features = data.train_features
-    feature_shape = tuple(features[0].shape) if state.encoded and features is not None and len(features) else None  # (N, D)
-    state.bf16, onednn = decide_steps(config, ctx, model, state.encoded, feature_shape, saved, str(Path(config.train.out_dir) / "last.pt"))
+    # (N, D)
+    feature_shape = tuple(features[0].shape) if state.encoded and features is not None and len(features) else None
+    state.bf16, onednn = decide_steps(
+        config, ctx, model, state.encoded, feature_shape, saved, str(Path(config.train.out_dir) / "last.pt")
+    )
     speed = SpeedChoices(state.bf16, threads, onednn)
     if ctx.is_main:
         log.debug("%s", describe(speed, ctx.device))
     return speed
 
 
-def caption_dataset(config: Config, model: Captioner, data: RunData, transform: ImageTransform, device: torch.device) -> CaptionDataset:
+def caption_dataset(
+    config: Config, model: Captioner, data: RunData, transform: ImageTransform, device: torch.device
+) -> CaptionDataset:
     """The training pairs: one per caption for cross-entropy (up to `data.captions_per_image`),
     one per image for SCST, rewarded against all its references."""
     pairs = "all" if config.train.stage == "scst" else config.data.captions_per_image
     train_set = CaptionDataset(
         data.train_records, model.vocab, transform, config.data.max_caption_length, pairs, data.train_features,
     )
-    train_set.device_preprocess = device_preprocess(config.data.device_preprocess, device)  # CaptionBatch.to runs it there
+    # CaptionBatch.to runs it there
+    train_set.device_preprocess = device_preprocess(config.data.device_preprocess, device)
     return train_set
 
 
@@ -151,7 +159,9 @@ def wrap_for_ddp(model: Captioner, config: Config, ctx: Distributed) -> Callable
     if not ctx.enabled or config.train.stage == "scst":
         return model
     device = ctx.device
-    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=config.model.blind)
+    return DistributedDataParallel(
+        model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=config.model.blind
+    )
 
 
 def shard_stream(config: Config, ctx: Distributed, shards: ShardSet, vocab: Vocabulary, transform: ImageTransform,
@@ -162,9 +172,11 @@ def shard_stream(config: Config, ctx: Distributed, shards: ShardSet, vocab: Voca
         config.train.seed, ctx.rank, ctx.world_size, workers, data.batch_size, data.max_broken_fraction,
         data.shuffle_buffer, data.max_caption_length, data.captions_per_image,
     )
-    trace = os.environ.get("CAPTIONER_TRACE_SAMPLES")  # a folder: each rank writes the keys it trains on (auditing an epoch)
+    # a folder: each rank writes the keys it trains on (auditing an epoch)
+    trace = os.environ.get("CAPTIONER_TRACE_SAMPLES")
     return ShardStream(
-        StreamingCaptions(shards, vocab, transform, settings), pin_memory=ctx.device.type == "cuda", worker_init_fn=ignore_stop_signals,
+        StreamingCaptions(shards, vocab, transform, settings), pin_memory=ctx.device.type == "cuda",
+        worker_init_fn=ignore_stop_signals,
         trace=Path(trace) / f"rank{ctx.rank}.txt" if trace else None,
     )
 

@@ -1,5 +1,4 @@
-"""The learning rates: linear warmup then cosine (or constant), the global-batch scaling rule,
-and the optimiser's parameter groups (decoder; fine-tuned encoder layers at their own rate)."""
+"""The learning rates: warmup and decay, the global-batch scaling rule and the optimiser's groups."""
 
 from __future__ import annotations
 
@@ -45,12 +44,11 @@ def describe_schedule(config: Config, global_batch: int, steps_per_epoch: int) -
     return f"{rates}; warmup {warmup} steps = {warmup / max(1, steps_per_epoch):.3g} epochs, then {train.schedule}"
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, config: Config, steps_per_epoch: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup, then cosine decay to 5% of the peak at the last step (or constant).
-
-    The factor of optimiser step `step` (0-based) depends only on the epochs done after it,
-    (step + 1) / steps_per_epoch, when the warmup is given in epochs: the schedule is then the
-    same function of epochs on 1 and 8 processes, whose epochs have 8x fewer steps."""
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, config: Config, steps_per_epoch: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup, then cosine decay to 5% of the peak at the last step (or constant). With the warmup
+    in epochs, the schedule is the same function of epochs on any number of processes."""
     warmup = warmup_steps(config, steps_per_epoch)
     total_steps = config.train.epochs * steps_per_epoch
 

@@ -1,13 +1,8 @@
-"""The speed choices that change a run's numbers, decided before its first step, recorded in
-last.pt and the log, and taken back by `--resume`.
+"""The speed choices that change a run's numbers, decided before its first step and kept in last.pt.
 
-Three choices sum a step's floats in another order or another precision: the thread count, the
-route of the CPU's dense products (models/products.py) and bf16 or fp32 steps on the CPU
-(training/precision.py). Each is made once, before training, from settings and from
-calibrations kept per machine, never from the run's own steps or random streams; so the same
-config and seed on one machine give the same weights, and a resumed run goes on as the run it
-resumes. A setting the user gives explicitly wins over a checkpoint's choice, and the log says
-that the run then goes on other than bit for bit.
+Thread count, the CPU's dense-products route (models/products.py) and CPU bf16 (training/precision.py)
+each change how a step's floats are summed; made once from settings and per-machine calibrations, they
+make a config and seed give the same weights on one machine. An explicit setting wins over a checkpoint's.
 """
 
 from __future__ import annotations
@@ -65,8 +60,8 @@ def _explicit_source() -> str:
     return f"${ENV_THREADS}" if os.environ.get(ENV_THREADS) else "torchrun's OMP_NUM_THREADS"
 
 
-def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bool, feature_shape: tuple[int, ...] | None,
-                 saved: dict | None, source: str) -> tuple[bool, bool | None]:
+def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bool,
+                 feature_shape: tuple[int, ...] | None, saved: dict | None, source: str) -> tuple[bool, bool | None]:
     """(bf16 steps, the products route) for the run, decided before its first step: on CUDA
     `train.amp` alone; on the CPU the products route first (the calibration's fp32 steps take it),
     then the precision. A resumed run takes its checkpoint's. Every rank takes rank 0's."""
@@ -111,6 +106,12 @@ def describe(choices: SpeedChoices, device: torch.device) -> str:
     """The run's log line: what its steps run with."""
     if device.type != "cpu":
         return f"steps in {'bf16 autocast' if choices.bf16 else 'fp32'} on {device}"
-    threads = f"{choices.threads} thread{'s' if choices.threads != 1 else ''}" if choices.threads else "threads following the free cores"
+    threads = (
+        f"{choices.threads} thread{'s' if choices.threads != 1 else ''}" if choices.threads
+        else "threads following the free cores"
+    )
     route = "oneDNN" if choices.onednn_products else "F.linear"
-    return f"steps in {'bf16' if choices.bf16 else 'fp32'}, {threads}, dense products through {route} (kept in last.pt for --resume)"
+    return (
+        f"steps in {'bf16' if choices.bf16 else 'fp32'}, {threads}, dense products through {route} "
+        "(kept in last.pt for --resume)"
+    )

@@ -1,5 +1,4 @@
-"""Where a run starts: a stage's `train.init` checkpoint (whose model section must be the
-config's, except how the stage trains it), and the checkpoint a `--resume` continues."""
+"""Where a run starts: a stage's `train.init` checkpoint, or the last.pt a `--resume` continues."""
 
 from __future__ import annotations
 
@@ -37,7 +36,9 @@ def read_init_checkpoint(config: Config) -> dict:
     for dotted in TRAINING_CHOICES:
         was, now = dotted_value(saved, dotted), dotted_value(current, dotted)
         if was != now:
-            log.info("%s: %s is %r in the checkpoint, %r here: this stage trains as its config says", path, dotted, was, now)
+            log.info(
+                "%s: %s is %r in the checkpoint, %r here: this stage trains as its config says", path, dotted, was, now
+            )
     conflict = first_difference(saved, current, "model", skip=TRAINING_CHOICES)
     if conflict:
         raise CheckpointError(f"{path}: {conflict}; train.init needs the model section the checkpoint was trained with")

@@ -1,5 +1,4 @@
-"""Where training stands (`TrainState`): epoch, position in it, step, best score, history and the
-device sums of the logged losses; all of it goes into last.pt for an exact resume."""
+"""Where training stands (`TrainState`), all of it kept in last.pt for an exact resume."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ LOGGED = ("loss", "xent", "penalty")  # cross-entropy's logged values; an object
 
 @dataclass
 class TrainState:
-    """Where training stands; all of it goes into last.pt so that a resumed run continues
-    exactly (the position in the epoch, the running loss sums, the history of epochs)."""
+    """Where training stands; all of it goes into last.pt so that a resumed run continues exactly."""
 
     epoch: int = 0  # epochs completed
     position: int = 0  # batches of epoch `epoch + 1` already trained
@@ -74,8 +72,10 @@ class TrainState:
             "epoch": self.epoch, "position": self.position, "step": self.step,
             "best_score": self.best_score, "best_epoch": self.best_epoch, "best_step": self.best_step,
             "history": self.history, "step_losses": self.step_losses,
-            "running": self.running.cpu() if self.running is not None else None, "running_steps": self.running_steps,
-            "epoch_sums": self.epoch_sums.cpu() if self.epoch_sums is not None else None, "epoch_steps": self.epoch_steps,
+            "running": self.running.cpu() if self.running is not None else None,
+            "running_steps": self.running_steps,
+            "epoch_sums": self.epoch_sums.cpu() if self.epoch_sums is not None else None,
+            "epoch_steps": self.epoch_steps,
         }
 
     def load(self, saved: dict, device: torch.device) -> None:
@@ -84,7 +84,9 @@ class TrainState:
         self.best_score, self.best_epoch = saved["best_score"], saved["best_epoch"]
         self.history = list(saved.get("history", []))
         # Checkpoints from before best_step validated at epoch ends only: the best epoch's row has it.
-        self.best_step = saved.get("best_step", next((r["step"] for r in self.history if r["epoch"] == self.best_epoch), 0))
+        self.best_step = saved.get(
+            "best_step", next((r["step"] for r in self.history if r["epoch"] == self.best_epoch), 0)
+        )
         self.step_losses = list(saved.get("step_losses", []))
         self.reset_sums(device)
         if saved.get("running") is not None and self.position:  # mid-epoch: the sums go on

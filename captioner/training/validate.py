@@ -1,6 +1,7 @@
-"""Validation on the model's own captions (greedy or beam), each rank its share, scored with the
-fast BLEU/CIDEr-D on the gathered whole: the best checkpoint is chosen by this, never by a
-teacher-forced loss."""
+"""Validation on the model's own captions, scored with the fast BLEU/CIDEr-D.
+
+best.pt is chosen by this, never by a teacher-forced loss.
+"""
 
 from __future__ import annotations
 

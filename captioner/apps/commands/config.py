@@ -1,5 +1,4 @@
-"""`captioner config show [CONFIG] [overrides]` and `captioner config keys [PREFIX]`: the resolved
-config a run would use, and every key with its type, default, allowed values and meaning."""
+"""`captioner config show|keys`: the resolved config a run would use, and every key's meaning."""
 
 from __future__ import annotations
 
@@ -11,12 +10,15 @@ from captioner.core.errors import ConfigError
 def add_parser(commands: argparse._SubParsersAction) -> None:
     config = commands.add_parser("config", help="print a resolved config, or every config key and what it means")
     config_commands = config.add_subparsers(dest="config_command", required=True)
-    show = config_commands.add_parser("show", help="the config after defaults, the YAML file and the overrides, as YAML")
-    show.add_argument("config", nargs="?", help="a YAML file under configs/ or your own (default: the built-in defaults)")
+    show = config_commands.add_parser("show",
+                                      help="the config after defaults, the YAML file and the overrides, as YAML")
+    show.add_argument("config", nargs="?",
+                      help="a YAML file under configs/ or your own (default: the built-in defaults)")
     show.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=5")
     show.set_defaults(func=run_show)
     keys = config_commands.add_parser("keys", help="every key: type, default, allowed values, meaning")
-    keys.add_argument("prefix", nargs="?", default="", help="only keys starting with this, e.g. train. or decode.beam (default: all)")
+    keys.add_argument("prefix", nargs="?", default="",
+                      help="only keys starting with this, e.g. train. or decode.beam (default: all)")
     keys.set_defaults(func=run_keys)
 
 

@@ -37,7 +37,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     coco.add_argument("--mirror", help="base URL of a mirror to use instead of the official hosts")
     coco.set_defaults(func=run_coco)
 
-    flickr8k = data_commands.add_parser("flickr8k", help="download the Flickr8k photos and captions (~1.1 GB, resumable)")
+    flickr8k = data_commands.add_parser("flickr8k",
+                                        help="download the Flickr8k photos and captions (~1.1 GB, resumable)")
     flickr8k.add_argument("--root", required=True, help="folder to unpack into; the config's data.root")
     flickr8k.add_argument("--mirror", help="base URL of a mirror to use instead of github.com")
     flickr8k.set_defaults(func=run_flickr8k)
@@ -47,7 +48,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     source.add_argument("--coco", help="a COCO-format caption file")
     source.add_argument("--karpathy", help="a Karpathy split file (dataset_*.json)")
     source.add_argument("--flickr8k", help="a folder with Flickr8k.token.txt and the split files")
-    source.add_argument("--imagefolder", help="a folder of images with metadata.jsonl or metadata.csv (docs/training.md)")
+    source.add_argument("--imagefolder",
+                        help="a folder of images with metadata.jsonl or metadata.csv (docs/training.md)")
     source.add_argument("--hf", help="a Hugging Face dataset on disk: a save_to_disk folder or Parquet files")
     stats.add_argument("config", nargs="?", help="or a training config")
     stats.add_argument("overrides", nargs="*", help="section.key=value")
@@ -67,7 +69,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     shards.add_argument("--out", required=True, help="output folder: one subfolder of shards per split")
     shards.add_argument("--splits", default="train,val,test", help="comma-separated splits to write")
     shards.add_argument("--max-count", type=int, default=1000, help="samples per shard at most")
-    shards.add_argument("--max-size", type=float, default=1e9, help="bytes of images per shard, about (a shard closes past it)")
+    shards.add_argument("--max-size", type=float, default=1e9,
+                        help="bytes of images per shard, about (a shard closes past it)")
     shards.add_argument("--quiet", action="store_true", help="no progress bar")
     shards.set_defaults(func=run_shards)
 
@@ -78,7 +81,8 @@ def run_shapes(args: argparse.Namespace) -> int:
     writable_folder(args.out, "data shapes --out")
     start = time.time()
     counts = generate_shapes(
-        args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed, args.format, progress=not args.quiet
+        args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed, args.format,
+        progress=not args.quiet,
     )
     total = sum(counts.values())
     seconds = time.time() - start
@@ -139,7 +143,8 @@ def run_stats(args: argparse.Namespace) -> int:
         splits = [s for s in SPLITS if not shards or getattr(data, f"{s}_shards")]  # the shard splits the config names
         records = [r for s in splits for r in load_split(data, s, check_images=False)]
     else:
-        raise CaptionerError("data stats: give --coco FILE, --karpathy FILE, --flickr8k DIR, --imagefolder DIR, --hf DIR or a CONFIG")
+        raise CaptionerError("data stats: give --coco FILE, --karpathy FILE, --flickr8k DIR, --imagefolder DIR, "
+                             "--hf DIR or a CONFIG")
     stats = dataset_stats(records, args.min_count)
     if (args.flickr8k or args.config or args.imagefolder or args.hf) and not shards:  # shards hold their images
         stats = _with_images_on_disk(stats, records)
@@ -156,7 +161,7 @@ def named_dataset(args: argparse.Namespace) -> tuple[DataConfig, str]:
     (overrides applied), and how to name it in output."""
     from captioner.core.config import load_config
 
-    if args.config and "=" in args.config and not Path(args.config).exists():  # `--imagefolder DIR key=value`: no config given
+    if args.config and "=" in args.config and not Path(args.config).exists():  # `--imagefolder DIR k=v`: no config
         args.config, args.overrides = None, [args.config, *args.overrides]
     kinds = {"flickr8k": getattr(args, "flickr8k", None), "imagefolder": args.imagefolder, "hf": args.hf}
     layout = [[f"data.dataset={kind}", f"data.root={root}"] for kind, root in kinds.items() if root]
@@ -171,7 +176,8 @@ def run_shards(args: argparse.Namespace) -> int:
     if not (args.config or args.flickr8k or args.imagefolder or args.hf):
         raise CaptionerError("data shards: give --flickr8k DIR, --imagefolder DIR, --hf DIR or a CONFIG")
     if args.max_count < 1 or args.max_size <= 0:
-        raise CaptionerError(f"data shards: --max-count ({args.max_count}) and --max-size ({args.max_size:g}) must be positive")
+        raise CaptionerError(f"data shards: --max-count ({args.max_count}) and --max-size ({args.max_size:g}) "
+                             "must be positive")
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     unknown = [s for s in splits if s not in ("train", "val", "test")]
     if unknown or not splits:
@@ -182,15 +188,19 @@ def run_shards(args: argparse.Namespace) -> int:
     out = Path(args.out)
     for split in splits:
         if existing_shards(out / split):
-            raise CaptionerError(f"{out / split}: already holds {len(existing_shards(out / split))} shards; remove them or choose another --out")
+            raise CaptionerError(f"{out / split}: already holds {len(existing_shards(out / split))} shards; "
+                                 "remove them or choose another --out")
     start = time.time()
     for split in splits:
         records = load_split(data, split)
-        summary = write_shards(records, out / split, args.max_count, int(args.max_size), progress=not args.quiet, description=f"shards {split}")
+        summary = write_shards(records, out / split, args.max_count, int(args.max_size), progress=not args.quiet,
+                               description=f"shards {split}")
         size = sum(s["filesize"] for s in summary.shards)
         left_out = f", {len(summary.skipped)} unreadable images left out" if summary.skipped else ""
-        print(f"{split}: {summary.samples:,} samples in {len(summary.shards)} shards ({size / 1e6:,.1f} MB) in {out / split}{left_out}")
-    print(f"{source} -> {out} in {time.time() - start:.1f} s; each split's shards.json lists its shards and their sample counts")
+        print(f"{split}: {summary.samples:,} samples in {len(summary.shards)} shards ({size / 1e6:,.1f} MB) "
+              f"in {out / split}{left_out}")
+    print(f"{source} -> {out} in {time.time() - start:.1f} s; "
+          "each split's shards.json lists its shards and their sample counts")
     return 0
 
 

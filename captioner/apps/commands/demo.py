@@ -12,9 +12,10 @@ from captioner.core.errors import CaptionerError, ImageLoadError
 def add_parser(commands: argparse._SubParsersAction) -> None:
     demo = commands.add_parser("demo", help="serve the Gradio page: captions with per-word attention heatmaps")
     demo.add_argument("checkpoints", nargs="*",
-                      help="models to offer (default: the export at runs/default_model, else the model packaged with captioner, "
-                           "else the quickstart's trained shapes model; never trained here)")
-    demo.add_argument("--examples", nargs="+", help="example images or folders (default: the first model's test images)")
+                      help="models to offer (default: the export at runs/default_model, else the model packaged "
+                           "with captioner, else the quickstart's trained shapes model; never trained here)")
+    demo.add_argument("--examples", nargs="+",
+                      help="example images or folders (default: the first model's test images)")
     demo.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
     demo.add_argument("--port", type=port_number, default=7860, help="the port the page is served on")
     demo.add_argument("--max-batch", type=positive_int, default=8, help="captions decoded together at most (default 8)")

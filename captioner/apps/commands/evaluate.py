@@ -1,6 +1,6 @@
-"""`captioner evaluate`: a checkpoint on a split (official metrics, grounding, saliency), or a
-COCO results file. Arguments, files and printing; the evaluation itself is
-`captioner.evaluation.evaluate`."""
+"""`captioner evaluate`: a checkpoint on a split, or a COCO results file.
+
+Metrics, grounding and saliency; the evaluation itself is `captioner.evaluation.evaluate`."""
 
 from __future__ import annotations
 
@@ -36,13 +36,16 @@ FIGURES = 8  # --heatmaps: figures of this many first images
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate = commands.add_parser("evaluate", help="score a checkpoint on a split, or a results file")
-    evaluate.add_argument("checkpoint", nargs="?", help="a .pt, a run folder, an export or a Hub id (left out with --results)")
+    evaluate.add_argument("checkpoint", nargs="?",
+                          help="a .pt, a run folder, an export or a Hub id (left out with --results)")
     evaluate.add_argument(
         "data_overrides", nargs="*", metavar="data.KEY=VALUE",
-        help="where the checkpoint's dataset is on this machine, for a moved or shared checkpoint: data.root=..., data.image_root=..., "
-             "data.test_shards=... (a model's own settings never name shards, URLs or places outside this folder)",
+        help="where the checkpoint's dataset is on this machine, for a moved or shared checkpoint: data.root=..., "
+             "data.image_root=..., data.test_shards=... "
+             "(a model's own settings never name shards, URLs or places outside this folder)",
     )
-    evaluate.add_argument("--split", default="test", choices=("train", "val", "test"), help="the split of the checkpoint's data to caption and score")
+    evaluate.add_argument("--split", default="test", choices=("train", "val", "test"),
+                          help="the split of the checkpoint's data to caption and score")
     evaluate.add_argument(
         "--out",
         help="folder (or .json file with --results) for results and scores (default: next to the checkpoint; "
@@ -51,14 +54,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--limit", type=nonnegative_int, default=0, help="evaluate the first N images only (0: all)")
     evaluate.add_argument("--results", help="score a COCO-format results file instead of a checkpoint")
     evaluate.add_argument("--annotations", help="the COCO caption annotation file for --results")
-    evaluate.add_argument("--features", metavar="DIR", help="decode the rows of the feature store in DIR (what the encoder's frozen blocks make; built there when absent)")
+    evaluate.add_argument("--features", metavar="DIR",
+                          help="decode the rows of the feature store in DIR "
+                               "(what the encoder's frozen blocks make; built there when absent)")
     evaluate.add_argument("--fast", action="store_true", help="in-process BLEU/CIDEr-D instead of the official code")
     evaluate.add_argument("--spice", action="store_true", help="also SPICE (needs its Stanford CoreNLP models)")
     evaluate.add_argument("--grounding", action="store_true", help="score attention against instance masks")
     evaluate.add_argument("--instances", help="COCO instances_*.json for --grounding (shapes: found by itself)")
-    evaluate.add_argument("--heatmaps", metavar="OUTDIR", help="with --grounding: figures of the first images, true regions outlined")
+    evaluate.add_argument("--heatmaps", metavar="OUTDIR",
+                          help="with --grounding: figures of the first images, true regions outlined")
     evaluate.add_argument("--saliency", choices=("gradcam",), default=None,
-                          help="with --grounding: also score Grad-CAM of each grounded word (one gradient pass per caption)")
+                          help="with --grounding: also score Grad-CAM of each grounded word "
+                               "(one gradient pass per caption)")
     evaluate.add_argument("--layer", type=int, default=-1, help="decoder layer of the maps (transformer)")
     evaluate.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
     add_decode_arguments(evaluate)
@@ -68,9 +75,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Scores come from the official COCO caption code (pycocoevalcap, Java) unless `--fast` asks
-    for the in-process BLEU/CIDEr-D used during training. Writes the COCO-format results and a
-    JSON of overall and per-image scores (and the grounding score with `--grounding`)."""
+    """Score with the official COCO code (`--fast`: in-process BLEU/CIDEr-D); write results and scores."""
     report = score_results_file(args) if args.results or args.annotations else score_checkpoint(args)
     if args.json:
         print(json.dumps(report, indent=1))
@@ -78,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
-    """`--results FILE --annotations FILE`: score a COCO results file; the scores go to --out, or
-    runs/eval, never beside the results file (its folder may be read-only or shared data)."""
+    """Score a COCO results file; the scores go to --out or runs/eval, never beside the results file
+    (its folder may be read-only or shared data)."""
     from captioner.evaluation.evaluate import score_predictions
     from captioner.evaluation.report import rounded, write_scores_json
     from captioner.evaluation.results_files import load_references, load_results
@@ -93,7 +98,8 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
     references = load_references(args.annotations)
     predictions = load_results(args.results, references)
     scores = score_predictions(references, predictions, official=not args.fast, spice=args.spice)
-    report = {"results": str(args.results), "annotations": str(args.annotations), "images": len(scores.per_image) or None}
+    report = {"results": str(args.results), "annotations": str(args.annotations),
+              "images": len(scores.per_image) or None}
     report.update(scores.beside_official())
     out = Path(args.out) if args.out else Path(DEFAULT_EVAL_DIR) / f"{Path(args.results).stem}_scores.json"
     out = out / "scores.json" if out.suffix != ".json" else out
@@ -105,9 +111,8 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
-    """CHECKPOINT: caption its dataset's split (the images, or the feature store with --features)
-    and score the captions; results and scores go to --out, else beside the checkpoint."""
-    from captioner.data import datasets  # noqa: F401 - the loaders need the 'train' extra (pycocotools): said before the model loads
+    """Caption the checkpoint's split (images, or --features rows) and score it; files go to --out or beside it."""
+    from captioner.data import datasets  # noqa: F401 - the loaders' 'train' extra, said before the model loads
     from captioner.evaluation.evaluate import evaluate
     from captioner.evaluation.report import rounded, write_scores_json
     from captioner.models.model_paths import checkpoint_file
@@ -125,7 +130,8 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = Path(args.out) if args.out else default_out_dir(checkpoint, args.ensemble)
     results_path = out_dir / f"results_{args.split}.json"
     writable_folder(out_dir, "evaluate --out")  # before any caption is made, not after all of them
-    scored, stored = stored_rows(args.features, model, config, args.split, records, all_records) if args.features else (records, {})
+    scored, stored = (stored_rows(args.features, model, config, args.split, records, all_records)
+                      if args.features else (records, {}))
     evaluation = evaluate(
         model, scored, official=not args.fast, spice=args.spice, grounding=grounding, results_file=results_path,
         batch_size=args.batch_size, **stored, **options,
@@ -136,7 +142,8 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     scores_path = out_dir / f"scores_{args.split}.json"
     write_scores_json(scores_path, evaluation.scores.overall, evaluation.scores.per_image, extra=report)
     if not args.json:
-        print_checkpoint_scores(args, checkpoint, records, evaluation, report, out_dir, {"captions": results_path, "scores": scores_path})
+        print_checkpoint_scores(args, checkpoint, records, evaluation, report, out_dir,
+                                {"captions": results_path, "scores": scores_path})
     return {**report, "scores": rounded(evaluation.scores.overall)}
 
 
@@ -148,12 +155,13 @@ def check_checkpoint_arguments(args: argparse.Namespace) -> None:
         raise CaptionerError("evaluate: --saliency scores saliency maps against instance masks; it needs --grounding")
     if args.ensemble and (args.features or args.saliency):
         flag = "--features" if args.features else "--saliency"
-        raise CaptionerError(f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images with each member's encoder")
+        raise CaptionerError(f"evaluate: {flag} works on one model; an ensemble (--ensemble) encodes the images "
+                             "with each member's encoder")
 
 
-def checkpoint_split(checkpoint: Path, args: argparse.Namespace) -> tuple[Any, list[ImageRecord], list[ImageRecord]]:
-    """The model's own settings (its dataset, where it lies locally), and the split's records:
-    the first --limit of them, and all of them."""
+def checkpoint_split(checkpoint: Path,
+                     args: argparse.Namespace) -> tuple[Any, list[ImageRecord], list[ImageRecord]]:
+    """The model's own settings, and the split's records: the first --limit of them, and all of them."""
     from captioner.models.checkpoint import model_settings
 
     with said_by_an_error("captioner.data.model_settings"):  # a place set aside, then refused: the refusal's line alone
@@ -168,8 +176,7 @@ def checkpoint_split(checkpoint: Path, args: argparse.Namespace) -> tuple[Any, l
 def stored_rows(
     features: str, model: Any, config: Any, split: str, records: list[ImageRecord], all_records: list[ImageRecord],
 ) -> tuple[list[ImageRecord], dict[str, Any]]:
-    """--features DIR: the records whose rows are stored (without the images that failed to load
-    when the store was built), and what `evaluate` decodes instead of the images."""
+    """--features DIR: the records whose rows are stored, and what `evaluate` decodes instead of images."""
     from captioner.data.store_splits import split_features
 
     config.data.feature_store = features
@@ -199,8 +206,8 @@ def checkpoint_report(
 
 
 def print_checkpoint_scores(
-    args: argparse.Namespace, checkpoint: Path, records: list[ImageRecord], evaluation: Evaluation, report: dict[str, Any],
-    out_dir: Path, files: dict[str, Path],
+    args: argparse.Namespace, checkpoint: Path, records: list[ImageRecord], evaluation: Evaluation,
+    report: dict[str, Any], out_dir: Path, files: dict[str, Path],
 ) -> None:
     """The table, the grounding, three example captions, where the files are, and what to run next."""
     scores = evaluation.scores
@@ -218,9 +225,8 @@ def print_checkpoint_scores(
 
 
 def default_out_dir(checkpoint: Path, ensemble: list[str]) -> Path:
-    """Beside the checkpoint; an ensemble's in a folder there named after the other members, so
-    that it never overwrites the first member's own results. An exported folder stays as it was
-    exported (its checksums, its card): its results go to runs/eval/<its name>."""
+    """Beside the checkpoint (an ensemble's in a subfolder named after the other members); an exported
+    folder stays as exported (its checksums), so its results go to runs/eval/<its name>."""
     base = Path(DEFAULT_EVAL_DIR) / checkpoint.name if checkpoint.is_dir() else checkpoint.parent
     if not ensemble:
         return base
@@ -230,8 +236,7 @@ def default_out_dir(checkpoint: Path, ensemble: list[str]) -> Path:
 
 
 def grounding_request(args: argparse.Namespace, data: DataConfig) -> GroundingRequest:
-    """--grounding's instances (--instances, or the shapes world's own file) and maps; how words
-    name objects follows the dataset the model was trained on."""
+    """--grounding's instances (--instances, or the shapes world's own file) and maps."""
     from captioner.evaluation.evaluate import GroundingRequest
     from captioner.evaluation.grounding import Instances
 
@@ -269,8 +274,7 @@ def next_command(checkpoint: Path, image: Path, heatmaps: Path) -> str:
 
 
 def print_scores(title: str, scores: Scores, verbose: bool = False) -> None:
-    """The metrics and the caption statistics; with `verbose` (-v) the tutorial-style BLEU and
-    BLEU's factors beside them (both are in the scores file either way)."""
+    """The metrics and caption statistics; with `verbose` (-v) also the tutorial BLEU and BLEU's factors."""
     print(title)
     for key, value in scores.overall.items():
         print(f"  {key:<8} {value:.4f}")

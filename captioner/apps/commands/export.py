@@ -1,5 +1,4 @@
-"""`captioner export CHECKPOINT DIR`: the model in the Hugging Face Hub layout (safetensors, JSON,
-a model card with its scores and an attention figure), with `--onnx` also its ONNX graphs."""
+"""`captioner export CHECKPOINT DIR`: the model in the Hugging Face Hub layout (`--onnx`: also ONNX)."""
 
 from __future__ import annotations
 
@@ -10,16 +9,20 @@ from captioner.apps.arguments import decode_value, takes
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
-        "export", needs="a checkpoint and the folder to write, e.g. captioner export runs/shapes_lstm runs/shapes_lstm_export",
+        "export",
+        needs="a checkpoint and the folder to write, e.g. captioner export runs/shapes_lstm runs/shapes_lstm_export",
         help="write a checkpoint as a loadable, shareable folder (Hub layout; --onnx)")
     export.add_argument("checkpoint", help="a checkpoint (.pt) or a run folder (its best.pt)")
     export.add_argument("folder", help="the folder to write (new or empty, or an earlier export)")
-    export.add_argument("--image", help="the image the card's attention figure captions (default: the first test image)")
-    export.add_argument("--onnx", action="store_true", help="also write the encoder and the decoder step as ONNX (onnx/)")
+    export.add_argument("--image",
+                        help="the image the card's attention figure captions (default: the first test image)")
+    export.add_argument("--onnx", action="store_true",
+                        help="also write the encoder and the decoder step as ONNX (onnx/)")
     export.add_argument("--beam", type=decode_value("beam_size"), default=None,
                         help=f"the export's default beam width, {takes('beam_size')} (default: the checkpoint's)")
     export.add_argument("--length-penalty", type=decode_value("length_penalty"), default=None, metavar="ALPHA",
-                        help="the export's default length penalty, e.g. the one tuned on dev (default: the checkpoint's)")
+                        help=("the export's default length penalty, e.g. the one tuned on dev "
+                              "(default: the checkpoint's)"))
     export.set_defaults(func=run)
 
 

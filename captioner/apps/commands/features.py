@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     for split in splits:
         start = time.time()
         records = load_split(config.data, split)
-        store = ensure_store(encoder, transform, directory, split, records, config.data.batch_size, config.data.num_workers)
+        store = ensure_store(encoder, transform, directory, split, records, config.data.batch_size,
+                             config.data.num_workers)
         failed = len(store.failed_rows)
         print(f"{split}: {store.num_rows} images ({failed} failed to load) x {store.grid[0]}x{store.grid[1]} x "
               f"{store.feat_dim} fp16, {size_text(store.nbytes())}: {store.array_path} ({time.time() - start:.1f}s)")

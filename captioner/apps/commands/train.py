@@ -1,7 +1,6 @@
 """`captioner train CONFIG [overrides]`: cross-entropy or self-critical training from a YAML config.
 
-SIGTERM or SIGINT stops it after the current step with last.pt saved, one line saying how to
-resume, and exit status 128 + the signal's number (143, 130)."""
+SIGTERM or SIGINT stops it after the step with last.pt saved, the resume command, and exit status 128 + signal."""
 
 from __future__ import annotations
 
@@ -17,11 +16,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     train = commands.add_parser(
         "train", needs="a config, e.g. captioner train configs/shapes_lstm.yaml",
         help="train a captioner from a YAML config")
-    train.add_argument("config", help="a YAML config: one under configs/ or your own (captioner config keys lists the keys)")
+    train.add_argument("config",
+                       help="a YAML config: one under configs/ or your own (captioner config keys lists the keys)")
     train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=5")
     train.add_argument("--resume", action="store_true", help="continue from train.out_dir/last.pt")
     train.add_argument(
-        "--init", metavar="CHECKPOINT", help="start from this checkpoint's model and vocabulary (e.g. SCST after cross-entropy); sets train.init"
+        "--init", metavar="CHECKPOINT",
+        help="start from this checkpoint's model and vocabulary (e.g. SCST after cross-entropy); sets train.init",
     )
     add_device_argument(train, default=None)
     train.set_defaults(func=run)
@@ -56,8 +57,7 @@ def config_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def resume_command(args: argparse.Namespace) -> str:
-    """The command line that continues this run from its last.pt: the same config, overrides
-    and --init, with --resume (under torchrun, the same number of processes per node)."""
+    """The command line that continues this run from its last.pt (under torchrun, as many processes per node)."""
     from captioner.training import distributed
 
     options = [*(["--init", args.init] if args.init else []), *(["--device", args.device] if args.device else [])]

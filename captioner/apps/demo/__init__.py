@@ -1,19 +1,8 @@
 """The Gradio demo: caption an image and show, word by word, where the model looked.
 
-One job per module, importing one way (choices <- checks, batcher, page_figures <- page <- ui <- server):
-
-- `choices`: the layer, head and word menus, and their values as map indices;
-- `checks`: every value of a /caption request checked against what the page offers;
-- `batcher`: the images of concurrent requests decoded as one batch;
-- `page_figures`: the page's figure files (the downloadable attention figure, pruned when old) and
-  the transformer views;
-- `page`: captioning an upload and laying out the page (no Gradio: testable without a server);
-- `cards`: the served models, their labels, cards and example images;
-- `ui`: the Gradio page, its callbacks, its bounded queue and the cleanup of its files;
-- `server`: the default checkpoint, starting and stopping the server; `serve()` is `captioner demo`.
-
-The names below are importable from the package itself (`from captioner.apps.demo import
-serve`); each loads its module on first use, so importing the page logic alone loads no Gradio.
+Modules import one way: choices <- checks, batcher, page_figures <- page <- ui <- server. The names
+below import from the package (`from captioner.apps.demo import serve`), each loading its module on
+first use, so the page logic alone loads no Gradio.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""The served models: loading them, their menu labels, the line saying which one serves and its
-test scores, their cards (what each was trained on and how it scored) and example images from
-their own dataset. Everything is read from the checkpoints and exports; nothing here needs Gradio.
+"""The served models: loading, menu labels, serving line, cards and example images (no Gradio).
+
 A model's settings are data: its examples come only from places they may name
-(`models.checkpoint.model_settings`), never from a shard pattern, a URL or a command.
-"""
+(`models.checkpoint.model_settings`), never from a shard pattern, a URL or a command."""
 
 from __future__ import annotations
 
@@ -37,19 +35,19 @@ def best_row(state: dict[str, Any]) -> dict[str, Any] | None:
     """The history row of the best validation (its epoch, and its step when mid-epoch), else the last."""
     history = state.get("history") or []
     best_epoch, best_step = state.get("best_epoch"), state.get("best_step")
-    return next((r for r in history if r.get("epoch") == best_epoch and best_step in (None, r.get("step"))), history[-1] if history else None)
+    return next((r for r in history if r.get("epoch") == best_epoch and best_step in (None, r.get("step"))),
+                history[-1] if history else None)
 
 
 def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
-    """One Markdown line: what a served model was trained on and how it scored on validation,
-    from the checkpoint's config, vocabulary and train state."""
+    """One Markdown line: what a served model was trained on and how it scored on validation."""
     config = config_from_dict(payload["config"], source=path) if payload else None
     state = payload.get("train_state") or {}
     row = best_row(state)
     metric = config.train.val_metric if config else "?"
     if row:
         scores = ", ".join(f"{k[4:]} {float(v):.3f}" for k, v in row.items() if k.startswith("val_"))
-        where = f"epoch {row['epoch']}" + (f", step {row['step']}" if "epochs_done" in row else "")  # mid-epoch (train.val_every_steps)
+        where = f"epoch {row['epoch']}" + (f", step {row['step']}" if "epochs_done" in row else "")  # mid-epoch
         val = f"validation at {where} of {state.get('epoch', '?')} (best {metric}): {scores}"
     else:
         val = "no validation scores in the checkpoint"
@@ -61,9 +59,7 @@ def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
 
 
 def model_cards(models: dict[str, Captioner], payloads: dict[str, dict[str, Any]] | None = None) -> str:
-    """What every served model was trained on, so a caption is read in its light (the shapes
-    model describes coloured shapes, whatever the photograph). `payloads`: `recorded(path)` of
-    each, when already read."""
+    """What every served model was trained on, so a caption is read in its light."""
     lines = []
     for path, model in models.items():
         payload = payloads[path] if payloads is not None and path in payloads else recorded(path)
@@ -72,16 +68,16 @@ def model_cards(models: dict[str, Captioner], payloads: dict[str, dict[str, Any]
 
 
 def recorded(path: str) -> dict[str, Any]:
-    """What the page reads of a served model besides its weights: `config` and `train_state` (a
-    checkpoint's own, or an export's rebuilt from its config.json) and `test`, the test-split
-    evaluations recorded with it (split -> {"overall", "beam_size", ...}); {} when unreadable."""
+    """What the page reads of a served model besides its weights: `config`, `train_state` and `test`
+    (split -> {"overall", "beam_size", ...}); {} when unreadable."""
     try:
         if is_exported(path):
             return exported_payload(Path(path))
         payload = read_checkpoint(path)
     except CaptionerError:
         return {}
-    return {"config": payload["config"], "train_state": payload.get("train_state"), "test": read_scores(Path(path), None).test}
+    return {"config": payload["config"], "train_state": payload.get("train_state"),
+            "test": read_scores(Path(path), None).test}
 
 
 def exported_payload(folder: Path) -> dict[str, Any]:
@@ -121,7 +117,8 @@ def serving_line(path: str, model: Captioner, payload: dict[str, Any]) -> str:
         scores = f"test {named_scores(test['overall'])}{beam}"
     elif named_scores(validation):
         beam = f", beam {config.train.val_beam_size}" if config else ""
-        scores = f"validation {named_scores(validation)} (epoch {row.get('epoch', '?')}{beam}; no test scores recorded)"
+        scores = (f"validation {named_scores(validation)} (epoch {row.get('epoch', '?')}{beam}; "
+                  "no test scores recorded)")
     else:
         scores = "no test or validation scores recorded"
     return f"**Serving:** {name} — {dataset}, {scores}"
@@ -129,12 +126,12 @@ def serving_line(path: str, model: Captioner, payload: dict[str, Any]) -> str:
 
 def named_scores(overall: dict[str, Any]) -> str:
     """'BLEU-4 0.200, METEOR 0.190, CIDEr-D 0.500' for those of SERVING_METRICS in `overall`."""
-    return ", ".join(f"{METRICS[m][1]} {float(overall[m]):.3f}" for m in SERVING_METRICS if isinstance(overall.get(m), (int, float)))
+    return ", ".join(f"{METRICS[m][1]} {float(overall[m]):.3f}" for m in SERVING_METRICS
+                     if isinstance(overall.get(m), (int, float)))
 
 
 def model_examples(path: str | Path, count: int = 4) -> list[Path]:
-    """The first test images of the dataset the model at `path` was trained on, where they lie
-    locally and its settings may name them (none when its test split's places were set aside)."""
+    """The first test images of the model's dataset, where they lie locally and its settings may name them."""
     settings = model_settings(path)
     return [] if settings.unreadable("test") else dataset_examples(settings.config, count)
 
@@ -145,7 +142,7 @@ def dataset_examples(config: Config, count: int = 4) -> list[Path]:
     if data.dataset == "shapes" and not (Path(data.root) / "captions_test.json").is_file():
         return []  # never generate a dataset just for examples
     if data.dataset == "webdataset":
-        return []  # a shard's samples are no files: a record's path is only its name (which may be a file here)
+        return []  # a shard's samples are no files: a record's path is only its name
     try:
         records = load_split(data, "test", check_images=False)
     except CaptionerError:

@@ -1,8 +1,6 @@
 """Checking a /caption request: every value must be one the page's own controls could send.
 
-Gradio's range checks belong to the page, not to the project; a request with a beam of 10,000
-would hold the server for everyone, so the callback checks each value again here, before any
-decoding, and refuses by name.
+Gradio's range checks guard the page, not the API: a beam of 10,000 would hold the server for everyone.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ def menu_value(value: Any) -> str | None:
 def check_request(
     models: dict[str, Captioner], model_name: Any, beam_size: Any, max_length: Any, layer: Any, head: Any
 ) -> Request:
-    """Check every value of a /caption request against what the page offers, or raise
-    `RequestError` naming the value. No model name picks the first model; no layer or head the
-    defaults (the last layer, the mean of heads)."""
+    """Check every value of a /caption request against what the page offers, or raise `RequestError`
+    naming it. Left out: the first model, the last layer, the mean of heads."""
     if model_name in (None, ""):
         model_name = next(iter(models))
     if not isinstance(model_name, str) or model_name not in models:

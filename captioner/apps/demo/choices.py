@@ -29,7 +29,8 @@ def menus(model: Captioner) -> tuple[dict[str, Any], dict[str, Any]]:
     """Layer and head menu settings (last layer, mean of heads); hidden for one map per word."""
     layers, heads = attention_choices(model)
     visible = len(layers) > 1 or len(heads) > 2
-    return {"choices": layers, "value": layers[-1], "visible": visible}, {"choices": heads, "value": MEAN, "visible": visible}
+    return ({"choices": layers, "value": layers[-1], "visible": visible},
+            {"choices": heads, "value": MEAN, "visible": visible})
 
 
 def parse_layer_head(caption: Caption, layer: str | int | None, head: str | int | None) -> tuple[int, int | None]:

@@ -1,10 +1,7 @@
-"""The demo page's figures beyond the per-word overlays: the downloadable attention figure and the
-transformer views (self-attention head view, a word's layers x heads maps), and the pruning of
-the files they leave. `captioner.viz` draws them; this module serves them to the page.
+"""The demo page's figures beyond the overlays: the downloadable attention figure, the transformer views.
 
-The attention figure is composed with Pillow (`captioner.viz.overlays.attention_sheet`), so
-requests draw theirs in parallel; pyplot keeps global state, so the transformer views, drawn with
-it, are drawn one at a time.
+The attention figure is drawn with Pillow, so requests draw in parallel; the transformer views use
+pyplot, whose global state makes them one at a time. Old files are pruned here too.
 """
 
 from __future__ import annotations
@@ -25,7 +22,9 @@ from captioner.viz.overlays import save_attention_figure
 FIGURE_LOCK = threading.Lock()  # pyplot's global state: one transformer view at a time
 
 
-def write_figure(image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None, figure_dir: Path) -> Path:
+def write_figure(
+    image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None, figure_dir: Path
+) -> Path:
     """The downloadable figure: the image, then each word over its map (the CLI's --heatmaps
     figure). The page draws it after showing the caption."""
     layer_index, head_index = parse_layer_head(caption, layer, head)
@@ -49,13 +48,9 @@ def prune(folder: Path, max_age_s: float) -> None:
 
 
 def prune_folders(cache: Path, keep: Path, seen_empty: set[Path]) -> set[Path]:
-    """Delete the folders directly under `cache` (but `keep`) that are empty now and were empty at
-    the previous prune (`seen_empty`); returns the folders empty now that remain, for the next one.
-
-    Gradio keeps each cached file in a folder named by its hash and deletes the file, never the
-    folder. Two looks an interval apart tell an emptied folder from one Gradio has just made for a
-    file it is about to write. A folder's modification time cannot: every deletion inside it
-    renews it, so it would say when Gradio last cleaned, not how old the folder is."""
+    """Delete the folders under `cache` (but `keep`) empty now and at the previous prune (`seen_empty`);
+    returns those empty now, for the next one. Two looks apart tell an emptied folder from one Gradio
+    just made (Gradio deletes files, never their folders; a folder's mtime changes with each deletion)."""
     empty_now: set[Path] = set()
     for folder in cache.iterdir() if cache.is_dir() else []:
         try:
@@ -73,9 +68,8 @@ def prune_folders(cache: Path, keep: Path, seen_empty: set[Path]) -> set[Path]:
 def inside_views(
     image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None, word: str | None
 ) -> tuple[Image.Image | None, Image.Image | None]:
-    """The transformer views of a captioned image: the self-attention head view of the chosen
-    layer (the chosen head, or every head and their mean), and the chosen word's cross-attention
-    as a layers x heads grid of maps. -> (head view, head grid), (None, None) for the LSTM."""
+    """(self-attention head view of the chosen layer, the chosen word's layers x heads grid of maps);
+    (None, None) for the LSTM."""
     from captioner.viz.caption_figures import head_grid_figure, head_view_figure
 
     if caption.self_attn is None or not caption.words:

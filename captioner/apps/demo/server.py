@@ -1,7 +1,6 @@
 """Serving the page: the default model, starting the server, and stopping it cleanly.
 
-`serve()` is what `captioner demo` and `demo/app.py` run. Nothing here reaches the internet:
-no share link, no server-side rendering, analytics off.
+Nothing here reaches the internet: no share link, no server-side rendering, analytics off.
 """
 
 from __future__ import annotations
@@ -27,14 +26,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_FILE_SIZE = "10mb"  # uploads above this are refused by the server before any decoding
-SESSIONS = 1000  # sessions whose state the server keeps (Gradio's default, 10,000, is a gigabyte of kept captions)
+# sessions whose state the server keeps (Gradio's default, 10,000, is a gigabyte of kept captions)
+SESSIONS = 1000
 
 
 def default_checkpoint() -> Path:
-    """The default model (`find_default_model`, which logs the choice): the export at
-    runs/default_model, else the model packaged with captioner, else the quickstart's trained
-    shapes run (its best.pt, else last.pt). A bare `captioner demo` never trains: with none of
-    them it stops with one line saying what to run."""
+    """The default model (`find_default_model`): runs/default_model, else the packaged model, else the
+    quickstart's shapes run. A bare `captioner demo` never trains: with none it stops with one line."""
     found = find_default_model()
     return found if is_exported(found) else checkpoint_file(found)
 
@@ -80,9 +78,8 @@ def port_taken(host: str, port: int) -> CaptionerError:
 
 
 def check_port(host: str, port: int) -> None:
-    """Bind to `port` on `host` and let go, as Gradio does before it serves: a port in use (or a
-    host that is no local address) is one line naming it and the flag, before any
-    model loads."""
+    """Bind to `port` on `host` and let go, as Gradio will: a port in use or a host that is no local
+    address is one line naming it, before any model loads."""
     try:
         family, kind, protocol, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -110,11 +107,8 @@ def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
 
 
 def limit_malloc_arenas(arenas: int = 2) -> bool:
-    """Cap glibc's malloc arenas for this process: by default each of the server's worker
-    threads may get an arena of its own, which keeps the pages of freed images and tensors, so
-    resident memory climbs under load (1.0 -> 1.5 GB over 150 requests; flat at 1.15 GB with
-    2 arenas: `python -m benchmarks demo_load`). What MALLOC_ARENA_MAX=2 does, set from here.
-    False where the C library is not glibc."""
+    """Cap glibc's malloc arenas, as MALLOC_ARENA_MAX does: an arena per worker thread keeps freed pages,
+    so memory climbs under load (`python -m benchmarks demo_load`). False where the libc is not glibc."""
     import ctypes
     import ctypes.util
 
@@ -135,9 +129,8 @@ def serve(
     queue_size: int = QUEUE_SIZE,
     cleanup: Cleanup = Cleanup(),
 ) -> None:
-    """`captioner demo`: the given checkpoints, by default `default_checkpoint()` (the export at
-    runs/default_model, else the packaged model, else the quickstart's trained model), until
-    interrupted; its temporary files in a cache of its own, removed at the end."""
+    """`captioner demo`: the checkpoints (default: `default_checkpoint()`) until interrupted; temporary
+    files in a cache of its own, removed at the end."""
     check_port(host, port)
     limit_malloc_arenas()
     cache = private_cache()

@@ -52,10 +52,8 @@ JPEG_QUALITY = 85  # the overlays the gallery shows: a tenth of a PNG's bytes, n
 
 @dataclass(frozen=True)
 class Cleanup:
-    """How the server keeps its temporary files bounded: every `every_s` seconds, files older than
-    `max_age_s` go (uploads and answers alike, by Gradio's `delete_cache`; the overlays and figures
-    of this page by `prune`), and so do the empty folders Gradio leaves in its cache when that cache
-    is this server's alone (each process that serves a page gets one: see `cache.private_cache`)."""
+    """Every `every_s` seconds, temporary files older than `max_age_s` go (Gradio's `delete_cache`, this
+    page's `prune`), and with `empty_folders` the empty folders of a cache that is this server's alone."""
 
     every_s: float = 600.0
     max_age_s: float = 3600.0
@@ -63,12 +61,8 @@ class Cleanup:
 
 
 class UploadImage(gr.Image):
-    """An image input that hands the uploaded file to the captioner untouched.
-
-    gr.Image would decode and convert the file itself, so a non-image would fail inside Gradio
-    with no useful message, and a 16-bit or CMYK file would be converted twice; here our own
-    loader validates and converts every file, exactly as for the CLI.
-    """
+    """An image input that hands the uploaded file to the captioner untouched, so our own loader
+    validates and converts it as for the CLI (gr.Image would fail on a non-image with no useful message)."""
 
     is_template = True  # drawn by the frontend's Image component
 
@@ -84,7 +78,8 @@ class Callbacks:
     """What the page's events run: the loaded models, and Gradio values in and out."""
 
     def __init__(
-        self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS, max_batch: int = MAX_BATCH, cleanup: Cleanup = Cleanup()
+        self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS, max_batch: int = MAX_BATCH,
+        cleanup: Cleanup = Cleanup(),
     ) -> None:
         from gradio.utils import get_upload_folder
 
@@ -105,8 +100,7 @@ class Callbacks:
         self._idle = threading.Condition()
 
     def tracked(self, callback: Callable[..., Any]) -> Callable[..., Any]:
-        """`callback`, counted while it runs, so that `close` can wait for it: a worker thread
-        still inside torch when the interpreter exits aborts the process (exit status 134)."""
+        """`callback`, counted while it runs so `close` can wait: a worker in torch at exit aborts the process."""
 
         @functools.wraps(callback)  # Gradio reads the signature for the API
         def run(*args: Any) -> Any:
@@ -130,9 +124,9 @@ class Callbacks:
         name = name if name in self.models else next(iter(self.models))
         return name, self.models[name]
 
-    def caption(self, image: str | None, model_name: str, beam_size: float, max_length: float, layer: str, head: str) -> tuple:
-        """The /caption endpoint. Every request value is checked here, whatever the page's
-        controls allow, before any decoding: a refused request is answered at once."""
+    def caption(self, image: str | None, model_name: str, beam_size: float, max_length: float, layer: str,
+                head: str) -> tuple:
+        """The /caption endpoint: every value is checked before any decoding, whatever the controls allow."""
         try:
             if image is not None and not isinstance(image, (str, Path)):
                 raise RequestError(f"the image must be an uploaded file, got a {type(image).__name__}")
@@ -140,8 +134,8 @@ class Callbacks:
             model = self.models[request.model_name]
             label = model_label(request.model_name, model)
             page = caption_page(
-                model, label, image, request.beam_size, request.max_length, request.layer, request.head, None, self.max_pixels,
-                self.batcher,
+                model, label, image, request.beam_size, request.max_length, request.layer, request.head, None,
+                self.max_pixels, self.batcher,
             )
         except RequestError as e:
             page = message(f"**Request refused.** {e}")
@@ -195,9 +189,8 @@ class Callbacks:
         return page.text, page.score_line, self.files(page.gallery), page.note, page.result
 
     def files(self, gallery: list[tuple[Image.Image, str]]) -> list[tuple[str, str]]:
-        """Overlays as JPEG files of unique names. Gradio would write PIL images in place to paths
-        named by their content, so when two requests get the same overlay, one could download it
-        while the other rewrites it; it copies files into its cache atomically."""
+        """Overlays as JPEG files of unique names: Gradio writes PIL images in place to paths named by
+        content, where one request could download an overlay another rewrites."""
         self.prune()
         paths = [self.out_dir / f"overlay_{uuid.uuid4().hex[:12]}.jpg" for _ in gallery]
         for path, (picture, _) in zip(paths, gallery):
@@ -205,8 +198,8 @@ class Callbacks:
         return [(str(path), word) for path, (_, word) in zip(paths, gallery)]
 
     def prune(self) -> None:
-        """At most every `cleanup.every_s` seconds: delete this page's old pictures, and the
-        cache's folders found empty at two prunes in a row when the cache is this server's alone."""
+        """At most every `cleanup.every_s` seconds: delete this page's old pictures and, in a cache of
+        its own, the folders found empty at two prunes in a row."""
         now = time.monotonic()
         if now - self._pruned < self.cleanup.every_s:
             return
@@ -234,27 +227,28 @@ def build_demo(
     device: str = "cpu",
     cleanup: Cleanup = Cleanup(),
 ) -> gr.Blocks:
-    """The page, with a bounded queue: up to `max_batch` events run at once, and the captions
-    among them are decoded as one batch; up to `queue_size` more wait, and the rest are told at
-    once that the app is busy ("This application is currently busy. Please try again." in the
-    browser, QueueError through the API). `examples` None: the first test images of the first
-    model's dataset, where they lie locally. `cleanup`: how long temporary files live."""
-    private_cache()  # before anything is cached: a process of its own, whose closing deletes no other's files
+    """The page, with a bounded queue: up to `max_batch` events run at once (their captions decoded as one
+    batch), up to `queue_size` more wait, the rest are told the app is busy. `examples` None: the first
+    model's test images."""
+    private_cache()  # before anything is cached: closing this process deletes no other's files
     callbacks = page_callbacks(checkpoints, device, max_pixels, max_batch, cleanup)
     first_name, _ = callbacks.model("")
     examples = model_examples(first_name) if examples is None else examples
-    with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False, delete_cache=cache_lifetimes(cleanup)) as demo:
+    with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False,
+                   delete_cache=cache_lifetimes(cleanup)) as demo:
         page = lay_out_page(callbacks, examples, cleanup)
         wire_events(page, callbacks)
     _CALLBACKS[demo] = callbacks
     return demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
 
 
-def page_callbacks(checkpoints: list[Path], device: str, max_pixels: int, max_batch: int, cleanup: Cleanup) -> Callbacks:
+def page_callbacks(checkpoints: list[Path], device: str, max_pixels: int, max_batch: int,
+                   cleanup: Cleanup) -> Callbacks:
     """The models loaded, each checkpoint read once more for its serving line and card."""
     callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
     callbacks.payloads = {name: recorded(name) for name in callbacks.models}
-    callbacks.serving = {name: serving_line(name, model, callbacks.payloads[name]) for name, model in callbacks.models.items()}
+    callbacks.serving = {name: serving_line(name, model, callbacks.payloads[name])
+                         for name, model in callbacks.models.items()}
     return callbacks
 
 
@@ -293,7 +287,7 @@ class Page:
 
 
 def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -> Page:
-    """The components, inside the open `gr.Blocks`: the request on the left, the answer on the right, the cards below."""
+    """The components, inside the open `gr.Blocks`: request left, answer right, cards below."""
     first_name, first = callbacks.model("")
     gr.Markdown(
         "## Image captioning with spatial attention\n"
@@ -303,13 +297,15 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
     serving = gr.Markdown(callbacks.serving[first_name], elem_id="serving")  # which model answers, and how it scored
     with gr.Row():
         with gr.Column(scale=1):
-            image = UploadImage(label="Image", type="filepath", sources=["upload", "clipboard"], height=320, elem_id="image")
+            image = UploadImage(label="Image", type="filepath", sources=["upload", "clipboard"], height=320,
+                                elem_id="image")
             choices = [(model_label(name, model), name) for name, model in callbacks.models.items()]
             model_name = gr.Dropdown(choices, value=first_name, label="Model", elem_id="model")
             beam_start, length_start = slider_starts(first)
             with gr.Row():
                 beam = gr.Slider(1, MAX_BEAM, value=beam_start, step=1, label="Beam width", elem_id="beam")
-                length = gr.Slider(1, MAX_LENGTH, value=length_start, step=1, label="Maximum length", elem_id="max_length")
+                length = gr.Slider(1, MAX_LENGTH, value=length_start, step=1, label="Maximum length",
+                                   elem_id="max_length")
             with gr.Row():
                 layer_menu, head_menu = menus(first)
                 layer = gr.Dropdown(label="Decoder layer", elem_id="layer", **layer_menu)
@@ -326,8 +322,10 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
             # Transformers only: shown once a caption has self-attention weights.
             head_view = gr.Image(label="Self-attention head view (each word to the earlier words it attends to; "
                                  "layer and head from the menus)", type="pil", visible=False, elem_id="head_view")
-            grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word")
-            head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False, elem_id="head_grid")
+            grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False,
+                                    elem_id="grid_word")
+            head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False,
+                                 elem_id="head_grid")
     gr.Markdown(model_cards(callbacks.models, callbacks.payloads), elem_id="model_card")
     result = gr.State(None, time_to_live=cleanup.max_age_s)  # a redraw needs it only as long as its pictures live
     return Page(serving, image, model_name, beam, length, layer, head, run, text, score, note, gallery, download,
@@ -335,15 +333,13 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
 
 
 def wire_events(page: Page, callbacks: Callbacks) -> None:
-    """Each event: disable the download at once, show the caption and heatmaps, draw the figure
-    (about a second more), enable the download. The API: /caption, then /figure in its session."""
+    """Each event: disable the download, show the caption and heatmaps, draw the figure, enable the download."""
     p = page
     shown = [p.text, p.score, p.gallery, p.note, p.result]
-    # Gradio skips a step ("once") whose previous run is still pending, so on a loaded server a
-    # caption arriving while the last one's views are drawn would never get its own: each step
-    # runs again, on the newest values, when the pending one ends.
+    # Gradio skips a step ("once") whose previous run is pending, so a caption arriving meanwhile would
+    # never get its views: each step runs again, on the newest values, when the pending one ends.
     latest = {"trigger_mode": "always_last"}
-    cpu = {"concurrency_id": "cpu", **latest}  # captions and figures share the queue's workers (max_batch of them)
+    cpu = {"concurrency_id": "cpu", **latest}  # captions and figures share the queue's max_batch workers
     private = {"api_visibility": "private"}
 
     def then_figure(event: Any, **api: Any) -> None:
@@ -351,14 +347,16 @@ def wire_events(page: Page, callbacks: Callbacks) -> None:
         drawn.then(enable_download, [p.download], [p.download], queue=False, **latest, **private)
 
     captioned = p.run.click(disable_download, None, [p.download], queue=False, **private).then(
-        callbacks.tracked(callbacks.caption), [p.image, p.model_name, p.beam, p.length, p.layer, p.head], shown, api_name="caption", **cpu
+        callbacks.tracked(callbacks.caption), [p.image, p.model_name, p.beam, p.length, p.layer, p.head], shown,
+        api_name="caption", **cpu,
     )
     then_figure(captioned, api_name="figure")
     inside_in, inside_out = [p.result, p.layer, p.head, p.grid_word], [p.head_view, p.head_grid, p.grid_word]
     captioned.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
     for menu in (p.layer, p.head):  # a new layer/head redraws the kept caption; no decoding again
         cleared = menu.input(disable_download, None, [p.download], queue=False, **private)
-        redrawn = cleared.then(callbacks.tracked(callbacks.redraw), [p.result, p.layer, p.head], shown, **cpu, **private)
+        redrawn = cleared.then(callbacks.tracked(callbacks.redraw), [p.result, p.layer, p.head], shown,
+                               **cpu, **private)
         then_figure(redrawn, **private)
         redrawn.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
     p.grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
@@ -370,14 +368,12 @@ _CALLBACKS: weakref.WeakKeyDictionary[gr.Blocks, Callbacks] = weakref.WeakKeyDic
 
 
 def wait_for_callbacks(demo: gr.Blocks, timeout: float) -> bool:
-    """Wait until none of the page's callbacks runs; False if one still does after `timeout`
-    seconds (True for a page not built by `build_demo`)."""
+    """Wait until none of the page's callbacks runs; False if one still does after `timeout` seconds."""
     callbacks = _CALLBACKS.get(demo)
     return callbacks is None or callbacks.wait_idle(timeout)
 
 
 def batch_sizes(demo: gr.Blocks) -> dict[int, int]:
-    """How many caption batches of each size the page decoded (empty for a page not built by
-    `build_demo`)."""
+    """How many caption batches of each size the page decoded (empty for a page not built by `build_demo`)."""
     callbacks = _CALLBACKS.get(demo)
     return dict(sorted(callbacks.batcher.batch_sizes.items())) if callbacks is not None else {}
