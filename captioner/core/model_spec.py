@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from captioner.core.config import decoder_config, section_from_dict
-from captioner.core.config_sections import Config, DataConfig, DecodeConfig, EncoderConfig, ModelConfig
+from captioner.core.config_sections import Config, DataConfig, DecodeConfig, EncoderConfig
 from captioner.core.decode_schema import combination_problem
 from captioner.core.decoder_types import section
 from captioner.core.errors import ConfigError
@@ -75,16 +75,6 @@ class ModelSpec:
     def decoder_config(self, source: str = "spec") -> Any:
         """The decoder's section as its registered config dataclass, checked."""
         return decoder_config(self.decoder, source)
-
-    def model_config(self) -> ModelConfig:
-        """The `model` config section that builds this model."""
-        return ModelConfig(self.encoder, self.decoder_config(), self.blind)
-
-    def config(self) -> Config:
-        """A config whose model, input size and decoding sections are this spec's (the others at their defaults)."""
-        config = Config(model=self.model_config(), decode=self.decode)
-        config.data.image_size = self.preprocessing.image_size
-        return config
 
     @classmethod
     def of(cls, config: Config, vocab: tuple[str, ...], mean: Any = None, std: Any = None, grid: Any = None,

@@ -73,15 +73,16 @@ class Captioner(nn.Module):
     def from_config(cls, config: Config, vocab: Vocabulary, load_pretrained: bool = True) -> Captioner:
         """The model `config` describes, with fresh weights (the backbone's ImageNet weights
         when the config asks for them and `load_pretrained`)."""
-        encoder = build_encoder(config.model.encoder, load_pretrained)
-        decoder = build_decoder(config.model.decoder, len(vocab), encoder.out_dim)
-        return cls(encoder, decoder, vocab, config.model, config.data.image_size, config.decode)
+        return cls.from_spec(ModelSpec.of(config, tuple(vocab.to_list())), load_pretrained)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, load_pretrained: bool = False) -> Captioner:
         """The model `spec` describes, with fresh weights (the backbone's ImageNet weights when
         the spec's encoder asks for them and `load_pretrained`)."""
-        return cls.from_config(spec.config(), Vocabulary(list(spec.vocab)), load_pretrained)
+        encoder, decoder_config = build_encoder(spec.encoder, load_pretrained), spec.decoder_config()
+        decoder = build_decoder(decoder_config, len(spec.vocab), encoder.out_dim)
+        model_config = ModelConfig(spec.encoder, decoder_config, spec.blind)
+        return cls(encoder, decoder, Vocabulary(list(spec.vocab)), model_config, spec.preprocessing.image_size, spec.decode)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "auto") -> Captioner:
