@@ -51,6 +51,17 @@ def test_a_type_resolves_only_among_declared_decoders(tmp_path: Path, monkeypatc
     with pytest.raises(ConfigError, match=r"must be one of lstm, transformer; got 'gru'$"):
         load_config(None, ["model.decoder.type=gru"])
     assert "my_gru" not in sys.modules  # importable, but declared nowhere: never imported
+    import my_gru  # noqa: F401  (the user's own import registers it)
+
+    assert type(load_config(None, ["model.decoder.type=gru"]).model.decoder).__name__ == "GRUConfig"
+
+
+def test_switching_the_type_keeps_what_was_set_for_the_keys_both_decoders_have(tmp_path: Path) -> None:
+    (tmp_path / "lstm.yaml").write_text("model:\n  decoder:\n    type: lstm\n    dropout: 0.1\n    hidden_dim: 64\n")
+    config = load_config(tmp_path / "lstm.yaml", ["model.decoder.type=transformer", "model.decoder.d_model=32"])
+    decoder = config.model.decoder
+    assert decoder.type == "transformer" and decoder.dropout == 0.1 and decoder.d_model == 32  # set: kept
+    assert decoder.num_heads == 4 and not hasattr(decoder, "hidden_dim")  # the transformer's defaults, its keys alone
 
 
 def test_a_decoder_from_outside_the_package_trains_exports_and_captions_without_torch(
