@@ -1,9 +1,6 @@
-"""Decoding by role: `options` (DecodeOptions), `rules` (what every mode applies to a step),
-two loops, `sampling.roll_out` (word by word: greedy decoding, sampling, SCST's roll-outs) and
-the beam search (its state in `beam`), `search` (the inference's entry points over both) and
-`stepping` (what the loops share).
-
-The inference API documented in docs/library.md is importable from the package itself.
+"""Decoding: `options`, `rules` (applied at every step), the loops `sampling.roll_out` and `beam`,
+`search` (the entry points) and `stepping` (what the loops share). The inference API of
+docs/library.md is importable from here.
 """
 
 from captioner.models.decoding.options import DecodeOptions
