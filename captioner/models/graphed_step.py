@@ -1,5 +1,6 @@
-"""The decoder step replayed as a CUDA graph while decoding (`decode.cuda_graphs`): one launch
-instead of hundreds of small kernels (docs/compile_step.md; `python -m benchmarks cuda_graphs`).
+"""The decoder step replayed as a CUDA graph while decoding (`decode.cuda_graphs`).
+
+One launch instead of hundreds of small kernels (docs/compile_step.md; `python -m benchmarks cuda_graphs`).
 
 A replay overwrites the previous one's outputs, so they are cloned, under a lock, before being
 handed back. With gradients, a keyword argument or a tensor off CUDA the eager step runs; each

@@ -1,7 +1,9 @@
-"""Dense layers' fp32 CPU products through oneDNN's inner product, 2.0-2.6x faster where MKL misses
-its fast path (`python -m benchmarks products`); the same arithmetic in another summation order (about
-1e-6 relative). Taken only where a first-use check passes and a kept measurement shows a 5% win;
-`CAPTIONER_ONEDNN=1` takes it, `=0` never. A checkpoint records the route, so a resumption is bit for bit.
+"""Dense layers' fp32 matrix products on the CPU through oneDNN.
+
+2.0-2.6x faster where MKL misses its fast path (`python -m benchmarks products`); the same arithmetic
+in another summation order (about 1e-6 relative). Taken only where a first-use check passes and a kept
+measurement shows a 5% win; `CAPTIONER_ONEDNN=1` takes it, `=0` never. A checkpoint records the route,
+so a resumption is bit for bit.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Decoding: `options`, `rules` (applied at every step), the loops `sampling.roll_out` and `beam`,
-`search` (the entry points) and `stepping` (what the loops share). The inference API of
-docs/library.md is importable from here.
+"""Decoding: greedy decoding, sampling and beam search through the decoder interface.
+
+`options`, `rules` (applied at every step), the loops `sampling.roll_out` and `beam`, `search` (the
+entry points) and `stepping` (what the loops share). docs/library.md's inference API imports from here.
 """
 
 from captioner.models.decoding.options import DecodeOptions

@@ -1,5 +1,6 @@
-"""`DecodeOptions`: every choice of how to decode, as one frozen value the decoding functions take;
-the options are declared once in core/decode_schema.py."""
+"""`DecodeOptions`: every choice of how to decode, as one frozen value the decoding functions take.
+
+The options are declared once in core/decode_schema.py."""
 
 from __future__ import annotations
 

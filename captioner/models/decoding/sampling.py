@@ -1,5 +1,6 @@
-"""Word-by-word decoding: greedy decoding, sampling and SCST's roll-outs as one loop, `roll_out`,
-each word chosen by a function passed in (`argmax` or `drawing`).
+"""Word-by-word decoding: greedy decoding, sampling and SCST's roll-outs as one loop.
+
+`roll_out` chooses each word by a function passed in (`argmax` or `drawing`).
 """
 
 from __future__ import annotations
