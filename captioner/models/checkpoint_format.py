@@ -1,12 +1,8 @@
-"""A checkpoint file: its payload written with a checksum and read with weights_only (no code runs), its format version, and the
-spec that rebuilds the model.
+"""A checkpoint file: its payload written with a checksum and read with weights_only (no code runs),
+its format version, and the spec that rebuilds the model.
 
-The checksum travels inside the file: torch.save writes a zip archive, whose last record (the
-end of central directory) may carry a comment; the comment holds the sha256 of everything
-before it (with the comment's length field as torch wrote it, zero). It is computed from the
-file just written, and checked in one streamed read before torch reads the file, so a truncated or
-altered checkpoint is refused by name before any weight is used. A copy keeps it (no sidecar
-file to lose), and torch, which ignores zip comments, reads the file as any other.
+The sha256 of everything before it sits in the zip archive's end comment (the comment's length field
+counted as zero), checked before torch reads the file, so a damaged checkpoint is refused by name.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from captioner.core.files import write_atomically
 from captioner.core.model_spec import ModelSpec
 from captioner.core import upgrade
 
-FORMAT_VERSION = 1  # of the checkpoint files `checkpoint.save_checkpoint` writes (the model's `spec` in them is versioned in it)
+FORMAT_VERSION = 1  # of the files `checkpoint.save_checkpoint` writes (the `spec` in them has its own)
 CHECKSUM_TAG = b"captioner-sha256:"
 END_RECORD = b"PK\x05\x06"  # a zip's end of central directory: 22 bytes, then its comment
 END_RECORD_BYTES = 22
@@ -37,8 +33,8 @@ log = logging.getLogger(__name__)
 
 
 class WriteErrorKeeper:
-    """The file torch.save writes into, keeping the OSError of a failed write (a full disk),
-    which torch reports as an unrelated RuntimeError."""
+    """The file torch.save writes into, keeping the OSError of a failed write (torch reports a
+    RuntimeError)."""
 
     def __init__(self, file: BinaryIO) -> None:
         self.file = file
@@ -70,7 +66,8 @@ def write_checkpoint_file(payload: dict[str, Any], path: str | Path) -> None:
                 raise
         # Hashed from the page cache just written: faster than hashing inside torch's write calls.
         comment = CHECKSUM_TAG + sha256_of(tmp).encode()
-        with open(tmp, "r+b") as f:  # the archive ends with its end record, whose last two bytes are the comment's length (0)
+        # The archive ends with its end record, whose last two bytes are the comment's length (0).
+        with open(tmp, "r+b") as f:
             f.seek(-2, os.SEEK_END)
             f.write(len(comment).to_bytes(2, "little") + comment)
 
@@ -78,8 +75,8 @@ def write_checkpoint_file(payload: dict[str, Any], path: str | Path) -> None:
 
 
 def verify_checksum(path: Path) -> bool:
-    """Whether `path`'s recorded checksum holds: True; False for a checkpoint written before
-    checksums (said in a warning). A truncated or altered file is one CheckpointError."""
+    """True when `path`'s recorded checksum holds; False (with a warning) when it has none. A
+    truncated or altered file is one CheckpointError."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         tail_bytes = min(size, END_RECORD_BYTES + COMMENT_BYTES)
@@ -99,22 +96,23 @@ def verify_checksum(path: Path) -> bool:
             digest.update(b"\x00\x00")  # the length field as torch wrote it
             if digest.hexdigest() != recorded:
                 raise CheckpointError(
-                    f"{path}: not a readable captioner checkpoint (its sha256 differs from the one recorded when it was "
-                    "written: the file is damaged or altered)"
+                    f"{path}: not a readable captioner checkpoint (its sha256 differs from the one recorded "
+                    "when it was written: the file is damaged or altered)"
                 )
             return True
-    if not tail[-END_RECORD_BYTES:].startswith(END_RECORD):  # every archive torch writes ends with its end record
+    if not tail[-END_RECORD_BYTES:].startswith(END_RECORD):  # every archive torch writes ends with it
         raise CheckpointError(
-            f"{path}: not a readable captioner checkpoint (truncated, or another kind of file: {size} bytes that do not "
-            "end as a torch archive does)"
+            f"{path}: not a readable captioner checkpoint (truncated, or another kind of file: {size} bytes "
+            "that do not end as a torch archive does)"
         )
-    log.warning("%s: written without a checksum (before checksums were recorded): it cannot be checked for damage", path)
+    log.warning(
+        "%s: written without a checksum (before checksums were recorded): it cannot be checked for damage", path
+    )
     return False
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint's payload, read with weights_only (no code runs): weights, config, vocabulary
-    and whatever training kept there."""
+    """A checkpoint's payload, read with weights_only (no code runs)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
@@ -128,15 +126,15 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not a captioner checkpoint (it lacks model, config or vocab)")
     version = payload.get("format_version")
     if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {version} is not supported (this version reads {FORMAT_VERSION})")
+        raise CheckpointError(
+            f"{path}: checkpoint format {version} is not supported (this version reads {FORMAT_VERSION})"
+        )
     return {**payload, "config": upgrade.upgrade_run_config(payload["config"])}
 
 
 def checkpoint_spec(payload: dict[str, Any], path: str | Path) -> ModelSpec:
-    """The model a checkpoint's payload describes: its `spec`, or, in a checkpoint written before
-    the spec, its config's model, input size and decoding sections with its vocabulary (the
-    other sections are not read, so a training setting this version no longer accepts does not
-    stop a model from loading). One CheckpointError naming `path` when this version refuses a setting."""
+    """The model a payload describes: its `spec`, or in an older checkpoint its config's model, input
+    size and decoding sections alone. One CheckpointError naming `path` for a refused setting."""
     try:
         return ModelSpec.from_dict(*upgrade.checkpoint_spec(payload, str(path)))
     except ConfigError as e:

@@ -1,35 +1,15 @@
 """The interface every decoder implements, so training and decoding never look inside one.
 
     prepare(feats (B,N,D)) -> Memory                per-image constants, computed once per image
-    init_state(memory, capacity) -> State           per-hypothesis recurrent state for `capacity` steps
+    init_state(memory, capacity) -> State           per-hypothesis state for `capacity` steps
     step(memory, prev_tokens (B,), state) -> (logprobs (B,V), attn (B,L,H,N), State)
-    forward(feats (B,N,D), tokens (C,T), lengths, image_rows, packed) -> DecoderOutput(logits (C,T,V), attn (C,T,L,H,N))
+    forward(feats (B,N,D), tokens (C,T), lengths, image_rows, packed)
+        -> DecoderOutput(logits (C,T,V), attn (C,T,L,H,N))
 
-Memory and State are dicts of batch-first tensors. Beam search expands the memory to K rows per
-image once (`expand_memory`) and reorders only the state, with one `index_select` per tensor
-(`decoding.select_rows`). Splitting the per-image constants (the LSTM's projected grid W_h h_ij,
-the transformer's cross-attention keys and values) out of the state keeps them from being copied
-at every step of beam search; the LSTM does not expand its memory at all: its step reads one
-image's grid for all K rows of that image.
-
-The state's shapes never change from step to step (a decoder with a growing cache preallocates
-it: `capacity` is the most steps the caller will run, the decoding functions' max_length; None
-leaves the decoder's own default), and `step` reads nothing back from the device. So one step
-compiles whole, once, with `torch.compile(fullgraph=True)` and can be replayed as a CUDA graph.
-
-Teacher forcing (`forward`) decodes C captions of B images: `image_rows` (C,) names each
-caption's image, and the per-image constants are computed once per image and then given one row
-per caption, not computed five times for five captions. Asked for `packed` logits, a decoder may
-return only the real positions (`DecoderOutput.positions`): the training loss never needs the
-padding's logits, and at Flickr8k's lengths they are half of (C, T, V).
-
-Attention maps are (L, H, N): layers by heads by grid cells. The LSTM has one layer and one head.
-
-A decoder with self-attention (`has_self_attention`, the transformer) also takes
-`step(..., self_attention=True)`, and then returns in its new state "self_attn" (B, L, H, t+1):
-the weights that computed this step. The decoding functions take it out of the state, so the
-fast path (no weights) stays the default for training and plain decoding. That inspection path
-is the one exception to the rule above: cutting the weights to t+1 positions reads the position.
+Memory and State are dicts of batch-first tensors; beam search expands the memory once and reorders
+only the state. The state keeps one shape at every step and `step` reads nothing back from the
+device, so a step compiles whole and can be replayed as a CUDA graph. Attention maps are (L, H, N):
+layers by heads by grid cells.
 """
 
 from __future__ import annotations
@@ -64,15 +44,14 @@ def select_rows(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[s
 
 
 def reads_are_free(device: torch.device) -> bool:
-    """Whether the host reads a value of a tensor on `device` without waiting for it (the CPU).
-    Loops ask such questions (have all rows ended?) only there; on a GPU each would stall the
-    queue. The tests' simulated device answers no."""
+    """Whether the host reads a tensor on `device` without waiting (the CPU); loops ask "have all
+    rows ended?" only there. The tests' simulated device answers no."""
     return device.type == "cpu"
 
 
-@torch.compiler.disable  # host bookkeeping: dynamo cannot trace pin_memory (train.compile failed on CUDA)
+@torch.compiler.disable  # host bookkeeping: dynamo cannot trace pin_memory
 def to_device_quietly(index: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host index tensor on `device`: pinned and non-blocking, so the host never waits for the device."""
+    """A host index tensor on `device`, pinned and non-blocking: the host never waits."""
     return index if index.device == device else index.pin_memory().to(device, non_blocking=True)
 
 
@@ -100,18 +79,21 @@ class Decoder(nn.Module):
         raise NotImplementedError
 
     def expand_memory(self, memory: Memory, beams: int) -> Memory:
-        """The memory for `beams` hypotheses per image, where state rows b*beams .. b*beams+beams-1
-        belong to image b (beam search). By default every tensor's rows are repeated; a decoder
-        whose `step` reads one image's memory for all its rows returns the memory as it is."""
+        """The memory for `beams` hypotheses per image (state rows b*beams .. b*beams+beams-1 are
+        image b's); by default every row repeated."""
         B = next(iter(memory.values())).shape[0]
-        rows = torch.arange(B, device=next(iter(memory.values())).device).repeat_interleave(beams)  # (B*beams,)
+        rows = torch.arange(
+            B, device=next(iter(memory.values())).device
+        ).repeat_interleave(beams)  # (B*beams,)
         return {key: value.index_select(0, rows) for key, value in memory.items()}
 
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
-        """The state before the first step, with room for `capacity` steps (None: the decoder's default)."""
+        """The state before the first step, room for `capacity` steps (None: the decoder's default)."""
         raise NotImplementedError
 
-    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def step(
+        self, memory: Memory, prev_tokens: torch.Tensor, state: State
+    ) -> tuple[torch.Tensor, torch.Tensor, State]:
         raise NotImplementedError
 
     def forward(
@@ -122,23 +104,19 @@ class Decoder(nn.Module):
         image_rows: torch.Tensor | None = None,
         packed: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing: feats (B, N, D), tokens (C, T). `image_rows` (C,) is the image of each
-        caption (default: caption c describes image c, C == B). `lengths` (C,), sorted longest
-        first, lets a recurrent decoder skip padded steps; with `packed`, a decoder may return the
-        logits of the real positions alone (DecoderOutput.positions), for which it needs `lengths`."""
+        """Teacher forcing: feats (B, N, D), tokens (C, T); `image_rows` (C,): each caption's image
+        (default: the c-th). `lengths` (C,), longest first, lets a decoder skip padding; with `packed`
+        it may return the real positions' logits alone (DecoderOutput.positions)."""
         raise NotImplementedError
 
     def caption_memory(self, feats: torch.Tensor, image_rows: torch.Tensor | None) -> Memory:
-        """The per-image constants of feats (B, N, D), computed once per image, with one row per
-        caption where `image_rows` (C,) says which image each caption describes."""
+        """The per-image constants of feats (B, N, D), computed once per image, one row per caption
+        when `image_rows` (C,) is given."""
         memory = self.prepare(feats)
         return memory if image_rows is None else select_rows(memory, image_rows)  # (C, ...) each
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """A regulariser on the attention maps added to the loss; none by default.
-
-        attn (B, T, L, H, N), mask (B, T) true at real (non-pad) positions -> scalar.
-        """
+        """A regulariser added to the loss (none by default): attn (B, T, L, H, N), mask (B, T) -> scalar."""
         return attn.new_zeros(())
 
 

@@ -13,13 +13,9 @@ from captioner.models.model_paths import RUN_CHECKPOINTS
 from captioner.models.packaged import installed_model
 
 DEFAULT_MODEL = Path("runs/default_model")
-"""Where the project's default model lives, relative to the project folder: the best model for
-real photographs (a Flickr8k captioner trained on all 6,000 training images), put there with
-`captioner export runs/<best run> runs/default_model`. `captioner demo` and `captioner caption`
-without a model, and `captioner.default_model()`, load it when it is there (a user's own model
-wins), else the model packaged with captioner (`packaged.installed_model`), else the quickstart's
-shapes run (`QUICKSTART_RUN`)."""
-QUICKSTART_RUN = Path("runs/shapes_lstm")  # configs/shapes_lstm.yaml's train.out_dir: the default without an export
+"""The user's best model for photographs, relative to the project folder
+(`captioner export runs/<best run> runs/default_model`); it wins over the packaged one."""
+QUICKSTART_RUN = Path("runs/shapes_lstm")  # configs/shapes_lstm.yaml's train.out_dir
 
 log = logging.getLogger(__name__)
 
@@ -28,32 +24,34 @@ log = logging.getLogger(__name__)
 class DefaultModel:
     """Which model a command given none uses, and why (`default_model_choice`)."""
 
-    path: Path  # DEFAULT_MODEL or the packaged model (exports), or QUICKSTART_RUN (a run folder, perhaps not trained yet)
+    path: Path  # DEFAULT_MODEL or the packaged model (exports), or QUICKSTART_RUN (perhaps not trained yet)
     exported: bool
     reason: str  # the one line logged
 
 
 def default_model_choice() -> DefaultModel:
-    """The export at DEFAULT_MODEL when that folder exists (the user's own), else the model
-    packaged with captioner when one is installed, else the quickstart's shapes run; the choice is
-    logged. A DEFAULT_MODEL that is there but holds no readable export is an error naming the
-    file: someone put a model there, and serving another model on photographs instead would look
-    like a broken model, not like a fallback. So is a packaged model whose config.json is damaged."""
+    """The export at DEFAULT_MODEL if that folder exists, else the packaged model, else the shapes run;
+    logged. A DEFAULT_MODEL without a readable export is an error, not a silent fallback."""
     folder = DEFAULT_MODEL
     if not folder.exists():
         packaged = installed_model()
         if packaged is not None:
-            choice = DefaultModel(packaged, True, f"default model: {packaged.name}, packaged with captioner (no export at {folder})")
+            choice = DefaultModel(
+                packaged, True, f"default model: {packaged.name}, packaged with captioner (no export at {folder})"
+            )
         else:
-            choice = DefaultModel(QUICKSTART_RUN, False, f"default model: the shapes run {QUICKSTART_RUN} (no export at {folder}, no packaged model)")
+            choice = DefaultModel(
+                QUICKSTART_RUN, False,
+                f"default model: the shapes run {QUICKSTART_RUN} (no export at {folder}, no packaged model)",
+            )
         log.info(choice.reason)
         return choice
     if not folder.is_dir():
-        raise ExportError(f"{folder}: not a folder; the default model is an exported folder (`captioner export RUN {folder}`), "
-                          "or remove it to use the shapes model")
+        raise ExportError(f"{folder}: not a folder; the default model is an exported folder "
+                          f"(`captioner export RUN {folder}`), or remove it to use the shapes model")
     if not is_exported(folder):  # `export` writes config.json last: an export cut short lacks it
-        raise ExportError(f"{folder / CONFIG}: missing, so {folder} holds no complete export; re-run `captioner export RUN {folder}` "
-                          "or remove the folder to use the shapes model")
+        raise ExportError(f"{folder / CONFIG}: missing, so {folder} holds no complete export; "
+                          f"re-run `captioner export RUN {folder}` or remove the folder to use the shapes model")
     read_config(folder)  # a damaged config.json: its one line now, before the choice is logged
     choice = DefaultModel(folder, True, f"default model: the export at {folder}")
     log.info(choice.reason)
@@ -61,14 +59,15 @@ def default_model_choice() -> DefaultModel:
 
 
 def find_default_model() -> Path:
-    """What to load when no model is named: `default_model_choice()`'s, which must exist (nothing
-    here trains); one line saying what to run when there is no export, no packaged model and no
-    trained shapes run."""
+    """What to load when no model is named: `default_model_choice()`'s, which must exist; else one
+    line saying what to run."""
     choice = default_model_choice()
     if choice.exported or any((choice.path / name).is_file() for name in RUN_CHECKPOINTS):
         return choice.path
     raise CheckpointError(
-        f"no default model here: no export at {DEFAULT_MODEL} (`captioner export runs/<best run> {DEFAULT_MODEL}`), "
-        f"no model packaged with captioner, and no trained {QUICKSTART_RUN} (`captioner train configs/shapes_lstm.yaml`); "
+        f"no default model here: no export at {DEFAULT_MODEL} "
+        f"(`captioner export runs/<best run> {DEFAULT_MODEL}`), "
+        f"no model packaged with captioner, and no trained {QUICKSTART_RUN} "
+        "(`captioner train configs/shapes_lstm.yaml`); "
         "run from the project folder"
     )

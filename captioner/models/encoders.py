@@ -1,8 +1,6 @@
 """CNN encoders: an image batch -> a grid of feature vectors h_ij.
 
-Every backbone answers the same question the same way (the last convolutional feature map,
-before pooling and classifier), behind one factory, `build_encoder`, over one registry
-(`captioner.models.backbones`).
+The last feature map of any registered backbone, built by `build_encoder`.
 """
 
 from __future__ import annotations
@@ -21,20 +19,17 @@ __all__ = ["BACKBONES", "Encoder", "build_encoder"]
 
 
 class Encoder(nn.Module):
-    """A backbone cut into blocks, an optional adaptive pool to a fixed grid, flattened cells.
-
-    Only the top `fine_tune_blocks` blocks train (-1: all); the frozen ones stay in eval mode, so
-    their batch-norm statistics never drift while the decoder trains. `config` is what built it
-    (the feature store names the encoder by it); uint8 input is normalised with `statistics`.
-
-    `forward` runs the frozen blocks (`trunk`), then the ones that train (`top`). The feature
-    store keeps what the frozen blocks make (`stored_part`: the whole encoder's output when
-    nothing trains), and `from_stored` runs only the blocks that train on it, so fine-tuning the
-    top blocks from the store costs their work alone, not the trunk's.
-    """
+    """A backbone cut into blocks, an optional adaptive pool to a fixed grid, flattened cells. Only the
+    top `fine_tune_blocks` blocks train (-1: all); frozen ones stay in eval mode. A feature store keeps
+    what the frozen `trunk` makes, and `from_stored` runs only the `top` on it."""
 
     def __init__(
-        self, blocks: list[nn.Module], out_dim: int, config: EncoderConfig, fine_tune_blocks: int, statistics: PixelStatistics,
+        self,
+        blocks: list[nn.Module],
+        out_dim: int,
+        config: EncoderConfig,
+        fine_tune_blocks: int,
+        statistics: PixelStatistics,
     ) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
@@ -45,11 +40,9 @@ class Encoder(nn.Module):
         self.num_frozen = len(blocks) - trainable
         for block in self.blocks[: self.num_frozen]:
             block.requires_grad_(False)
-        # The normalisation's constants live with the weights, on their device; not persistent,
-        # so state dicts, checkpoints and feature-store fingerprints are as before.
+        # The normalisation's constants live on the weights' device, not in the state dict.
         self.normalize = PixelNormalization(statistics)
-        # Channels-last (NHWC) weights and activations: oneDNN on the CPU and cuDNN's tensor-core
-        # kernels both run their convolutions in this layout, so nothing is transposed per layer.
+        # Channels-last: the layout oneDNN and cuDNN's tensor-core convolutions run in.
         self.to(memory_format=torch.channels_last)
 
     @property
@@ -67,8 +60,7 @@ class Encoder(nn.Module):
         return self
 
     def freeze(self) -> Encoder:
-        """Freeze every block (no gradients, batch norms in eval mode): the whole encoder's
-        output is then what a store holds."""
+        """Freeze every block (no gradients, batch norms in eval mode)."""
         self.num_frozen = len(self.blocks)
         self.requires_grad_(False)
         return self.train(self.training)
@@ -79,22 +71,17 @@ class Encoder(nn.Module):
         return self.num_frozen > 0
 
     def frozen_state_dict(self) -> dict[str, torch.Tensor]:
-        """The frozen blocks' entries of the state dict (all of it when nothing trains): what
-        stored rows depend on."""
+        """The frozen blocks' entries of the state dict: what stored rows depend on."""
         frozen = {f"blocks.{i}." for i in range(self.num_frozen)}
         return {name: t for name, t in self.state_dict().items() if name[: name.index(".", 7) + 1] in frozen}
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """images (B, 3, H, W) -> feats (B, N, D), grid (h, w) with N = h * w.
-
-        uint8 images (as `ImageTransform` makes them) are normalised here with the backbone's
-        statistics, on their device, so every caller preprocesses alike; float images are taken
-        as already normalised (Grad-CAM and tests feed those)."""
+        """images (B, 3, H, W) -> feats (B, N, D), grid (h, w) with N = h * w; uint8 images are
+        normalised here on their device, float ones taken as normalised."""
         return self.top(*self.cells(self.trunk(images), pool=self.frozen))
 
     def trunk(self, images: torch.Tensor) -> torch.Tensor:
-        """images (B, 3, H, W) -> the frozen blocks' feature map (B, C, h', w'), without gradients
-        (the normalised images themselves when no block is frozen)."""
+        """images (B, 3, H, W) -> the frozen blocks' feature map (B, C, h', w'), without gradients."""
         if images.dtype == torch.uint8:
             images = self.normalize(images)  # (B, 3, H, W) float32
         x = images.contiguous(memory_format=torch.channels_last)
@@ -104,25 +91,22 @@ class Encoder(nn.Module):
         return x
 
     def stored_part(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """images (B, 3, H, W) -> the rows `from_stored` takes, cells (B, n, C) on their grid
-        (h', w'): what the frozen blocks make (the first trainable block's input; the encoder's
-        output when it is frozen). An encoder with no frozen block has no such part, and no
-        store: its rows are its output."""
+        """images (B, 3, H, W) -> the rows `from_stored` takes, cells (B, n, C) on their grid (h', w');
+        without a frozen block, the output."""
         if not self.storable:
             return self(images)
         return self.cells(self.trunk(images), pool=self.frozen)
 
-    def from_stored(self, cells: torch.Tensor, grid: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
-        """`stored_part`'s cells (B, n, C) on `grid` (default: the square of n cells, as every
-        square image makes) -> feats (B, N, D), grid (h, w): the trainable blocks, then the
-        pool. A frozen encoder's cells are its output already; so are those given to an encoder
-        with no frozen block, which no store holds (tests feed decoder inputs this way)."""
+    def from_stored(
+        self, cells: torch.Tensor, grid: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, tuple[int, int]]:
+        """`stored_part`'s cells (B, n, C) on `grid` (default: square) -> feats (B, N, D), grid (h, w)
+        through the trainable blocks; cells pass unchanged without a frozen or a trainable block."""
         grid = grid or square_grid(cells.shape[1])
         return self.top(cells, grid) if self.storable else (cells, grid)
 
     def top(self, cells: torch.Tensor, grid: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Cells (B, n, C) of the frozen part's output on `grid` -> feats (B, N, D), grid (h, w):
-        the blocks that train, then the pool."""
+        """Cells (B, n, C) on `grid` -> feats (B, N, D), grid (h, w): the blocks that train, then the pool."""
         if self.frozen:
             return cells, grid
         B, n, C = cells.shape
@@ -132,13 +116,11 @@ class Encoder(nn.Module):
         return self.cells(x)
 
     def cells(self, x: torch.Tensor, pool: bool = True) -> tuple[torch.Tensor, tuple[int, int]]:
-        """A feature map (B, D, h, w) -> its cells (B, h*w, D) and (h, w), pooled to the
-        configured grid first when `pool`."""
+        """A feature map (B, D, h, w) -> its cells (B, h*w, D) and (h, w), pooled first when `pool`."""
         if pool and self.grid_size:
             x = F.adaptive_avg_pool2d(x, self.grid_size)  # (B, D, g, g)
         B, D, h, w = x.shape
-        # (B, h*w, D), row-major: a view when x is channels-last, else one copy, which the products
-        # and the attention's per-step reads of whole rows would otherwise pay for again and again
+        # (B, h*w, D), row-major and contiguous (a view when x is channels-last), for the per-step reads
         feats = x.permute(0, 2, 3, 1).reshape(B, h * w, D).contiguous()
         return feats, (h, w)
 
@@ -152,11 +134,10 @@ def square_grid(cells: int) -> tuple[int, int]:
 
 
 def build_encoder(config: EncoderConfig, load_pretrained: bool = True) -> Encoder:
-    """The encoder `config` describes, from its registry entry. `load_pretrained=False` builds
-    the architecture only (a checkpoint brings the weights). An unknown backbone or statistics
-    name is a one-line ConfigError, raised before anything is built."""
+    """The encoder `config` describes; `load_pretrained=False` builds the architecture only. An unknown
+    name is a one-line ConfigError before anything is built."""
     spec = check_encoder_config(config)
     pretrained = config.pretrained and spec.pretrainable
     blocks = spec.build(config, pretrained and load_pretrained)
-    fine_tune = config.fine_tune_blocks if pretrained else -1  # random weights (and from-scratch backbones) must train
+    fine_tune = config.fine_tune_blocks if pretrained else -1  # random weights must train
     return Encoder(blocks, spec.feature_dim(config), config, fine_tune, pixel_statistics(config))

@@ -1,16 +1,8 @@
 """Ensembles: several captioners with one vocabulary decode as one.
 
-At every step each member's decoder scores the next word, and the ensemble's log-probability
-is the log of the mean of the members' probabilities (as self-critical.pytorch's ensemble
-evaluation averages them), or with combine="logprob" the mean of their log-probabilities,
-renormalised (a product of experts, which favours the words every member finds likely). It
-happens behind the decoder interface (`EnsembleDecoder`), so greedy decoding, beam search,
-sampling and every decoding option work unchanged.
-
-Members may differ in encoder (backbone, image size, grid, feature width): each encodes the
-picture resized for it by its own transform. Their features travel as one packed tensor,
-(B, sum of N_i * D_i), which the decoding functions treat like any feats (they read only its
-batch size and device, and pick its rows), and which `EnsembleDecoder.prepare` splits back.
+Each step's log-probability is the log of the members' mean probability, or with combine="logprob"
+their renormalised mean log-probability, behind the decoder interface, so every decoding mode works
+unchanged. Members may differ in encoder; their features travel packed, (B, sum of N_i * D_i).
 """
 
 from __future__ import annotations
@@ -33,8 +25,7 @@ COMBINES = ("prob", "logprob")  # the mean of probabilities; the renormalised me
 
 
 def prefixed(member: int, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A member's memory or state under keys "<member>/<key>", so that one dict holds every
-    member's and `select_rows` reorders them all."""
+    """A member's memory or state under keys "<member>/<key>", so one dict holds every member's."""
     return {f"{member}/{key}": value for key, value in tensors.items()}
 
 
@@ -45,14 +36,9 @@ def member_part(tensors: dict[str, torch.Tensor], member: int) -> dict[str, torc
 
 
 class EnsembleDecoder(Decoder):
-    """M decoders over one vocabulary as one decoder.
-
-    feats are packed: (B, sum of N_i * D_i), member i's grid (B, N_i, D_i) flattened, in member
-    order (`shapes` gives each (N_i, D_i)). Memory and state hold every member's under prefixed
-    keys. The attention map of a step is the mean over members of their layer-and-head means,
-    (B, 1, 1, N), when `mean_attention` (the members' grids are alike); else the first member's
-    layer-and-head mean: maps over different grids cannot be averaged.
-    """
+    """M decoders over one vocabulary as one, over packed feats (B, sum of N_i * D_i). A step's map
+    (B, 1, 1, N) is the members' mean layer-and-head map with `mean_attention` (alike grids), else
+    the first member's."""
 
     has_self_attention = False  # the members' self-attention weights are not combined
 
@@ -67,7 +53,9 @@ class EnsembleDecoder(Decoder):
             raise ValueError(f"ensemble: {len(decoders)} decoders and {len(shapes)} feature shapes")
         sizes = sorted({decoder.vocab_size for decoder in decoders})
         if len(sizes) > 1:
-            raise ConfigError(f"ensemble: the decoders' vocabularies differ in size ({', '.join(map(str, sizes))} words)")
+            raise ConfigError(
+                f"ensemble: the decoders' vocabularies differ in size ({', '.join(map(str, sizes))} words)"
+            )
         self.members = nn.ModuleList(decoders)
         self.shapes = [(int(n), int(d)) for n, d in shapes]
         self.combine = combine
@@ -94,10 +82,14 @@ class EnsembleDecoder(Decoder):
             state |= prefixed(i, decoder.init_state(member_part(memory, i), capacity))
         return state
 
-    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def step(
+        self, memory: Memory, prev_tokens: torch.Tensor, state: State
+    ) -> tuple[torch.Tensor, torch.Tensor, State]:
         logprobs, maps, new_state = [], [], {}
         for i, decoder in enumerate(self.members):
-            member_logprobs, attn, member_state = decoder.step(member_part(memory, i), prev_tokens, member_part(state, i))
+            member_logprobs, attn, member_state = decoder.step(
+                member_part(memory, i), prev_tokens, member_part(state, i)
+            )
             logprobs.append(member_logprobs.float())  # (R, V)
             maps.append(attn.float().mean(dim=(1, 2)))  # (R, N_i): the mean over layers and heads
             new_state |= prefixed(i, member_state)
@@ -112,9 +104,8 @@ class EnsembleDecoder(Decoder):
         image_rows: torch.Tensor | None = None,
         packed: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing through every member; logits (C, T, V) are the combined
-        log-probabilities (their own log-softmax), attn (C, T, 1, 1, N) as in `step`. Never
-        packed: the members may pack their positions in different orders."""
+        """Teacher forcing through every member: combined log-probabilities (C, T, V), attn
+        (C, T, 1, 1, N). Never packed: the members may pack in different orders."""
         logprobs, maps = [], []
         for decoder, part in zip(self.members, self.split(feats)):
             out = decoder(part, tokens, lengths, image_rows=image_rows)
@@ -135,8 +126,7 @@ class EnsembleDecoder(Decoder):
 
 class EnsembleTransform:
     """Every member's transform of one picture, flattened and concatenated: uint8 (P,), with
-    P = sum of 3 * S_i * S_i. Images batch and load like one model's, and the ensemble's
-    `encode` splits them back (`split`)."""
+    P = sum of 3 * S_i * S_i."""
 
     def __init__(self, transforms: Sequence[ImageTransform]) -> None:
         self.transforms = list(transforms)
@@ -148,21 +138,17 @@ class EnsembleTransform:
         """Packed images (B, P) -> each member's (B, 3, S_i, S_i)."""
         sides = [transform.image_size for transform in self.transforms]
         parts = images.split([3 * side * side for side in sides], dim=1)  # (B, 3*S_i*S_i) each
-        return [part.reshape(part.shape[0], 3, side, side) for part, side in zip(parts, sides)]  # (B, 3, S_i, S_i)
+        return [
+            part.reshape(part.shape[0], 3, side, side) for part, side in zip(parts, sides)
+        ]  # (B, 3, S_i, S_i)
 
 
 class Ensemble(nn.Module):
-    """Captioners with one vocabulary that caption as one model: `caption` and `decode` as
-    `Captioner`'s, with the same options.
+    """Captioners with one vocabulary that caption as one model, `caption` and `decode` as
+    `Captioner`'s; decoding defaults and the maps' grid are the first member's. A feature store's
+    features (one encoder's) do not fit it."""
 
-    Decoding defaults (`decode_config`: beam, batch size, ...) are the first member's, and so is
-    the grid of the attention maps of the captions when the members' grids differ. `encode`
-    takes the packed images of `transform` and gives packed features; the features of a
-    feature store (one encoder's) do not fit it.
-    """
-
-    # Captioning is Captioner's own code: it reads only vocab, decode_config, transform, encode,
-    # decoder and the parameters' device, which an ensemble has too.
+    # Captioner's own code: it reads only what an ensemble has too.
     special_tokens = Captioner.special_tokens
     device = Captioner.device
     decode_options = Captioner.decode_options
@@ -171,7 +157,9 @@ class Ensemble(nn.Module):
     _caption_batch = Captioner._caption_batch
     caption = Captioner.caption
 
-    def __init__(self, members: Sequence[Captioner], combine: str = "prob", names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, members: Sequence[Captioner], combine: str = "prob", names: Sequence[str] | None = None
+    ) -> None:
         super().__init__()
         if not members:
             raise ConfigError("ensemble: no members")
@@ -188,17 +176,18 @@ class Ensemble(nn.Module):
         )
 
     @classmethod
-    def from_pretrained(cls, paths: Sequence[str | Path], device: str | torch.device = "auto", combine: str = "prob") -> Ensemble:
-        """The checkpoints (files or run folders) at `paths`, each loaded by
-        `Captioner.from_pretrained`, as one ensemble in eval mode on `device`. Members with
-        different vocabularies are a one-line CheckpointError naming both files."""
+    def from_pretrained(
+        cls, paths: Sequence[str | Path], device: str | torch.device = "auto", combine: str = "prob"
+    ) -> Ensemble:
+        """The models at `paths` (as `Captioner.from_pretrained`) as one ensemble in eval mode on
+        `device`; different vocabularies are a one-line CheckpointError naming both files."""
         if combine not in COMBINES:  # before loading anything
             raise ConfigError(f"ensemble: combine must be one of {', '.join(COMBINES)}; got {combine!r}")
         members = [Captioner.from_pretrained(path, device) for path in paths]
         return cls(members, combine, names=[str(path) for path in paths]).eval()
 
     def attention_shape(self) -> tuple[int, int]:
-        """(layers, heads) of its captions' maps: one map a word, the members' layer-and-head means combined."""
+        """(layers, heads) of its captions' maps: one map a word."""
         return (1, 1)
 
     @property
@@ -216,14 +205,13 @@ class Ensemble(nn.Module):
         return sum(n * d for n, d in self.decoder.shapes)
 
     def stored_features(self, feats: torch.Tensor) -> torch.Tensor:
-        """Packed feats that `encode` made and `encode_records` kept in memory -> the decoder's
-        input, unchanged: each member withheld what a blind member must not see when it encoded,
-        and `EnsembleDecoder.split` casts each part to its decoder's dtype."""
+        """Packed feats that `encode` made -> the decoder's input, unchanged (blind members withheld
+        theirs when encoding; `EnsembleDecoder.split` casts)."""
         return feats
 
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Packed images (B, P), uint8 from `self.transform` -> packed feats (B, sum N_i*D_i),
-        float32, each member's part from its own encoder; and the first member's grid (h, w)."""
+        """Packed images (B, P), uint8 -> packed feats (B, sum N_i*D_i), float32, and the first
+        member's grid (h, w)."""
         feats = [
             member.encode(part.to(member.device))[0].flatten(1).float()  # (B, N_i*D_i)
             for member, part in zip(self.members, self.transform.split(images))
@@ -232,20 +220,23 @@ class Ensemble(nn.Module):
 
 
 def check_same_vocabulary(members: Sequence[Captioner], names: Sequence[str]) -> None:
-    """A one-line CheckpointError naming the first member whose vocabulary differs from the
-    first one's, and how: the first differing word, or the sizes."""
+    """A one-line CheckpointError naming the first member whose vocabulary differs, and how."""
     first = members[0].vocab.to_list()
     for name, member in zip(names[1:], members[1:]):
         words = member.vocab.to_list()
         if words == first:
             continue
         at = next((i for i, (a, b) in enumerate(zip(first, words)) if a != b), None)
-        how = f"word {at} is {first[at]!r} in one, {words[at]!r} in the other" if at is not None else f"{len(first)} vs {len(words)} words"
-        raise CheckpointError(f"ensemble: {names[0]} and {name} have different vocabularies ({how}); members must share one")
+        how = (
+            f"word {at} is {first[at]!r} in one, {words[at]!r} in the other"
+            if at is not None else f"{len(first)} vs {len(words)} words"
+        )
+        raise CheckpointError(
+            f"ensemble: {names[0]} and {name} have different vocabularies ({how}); members must share one"
+        )
 
 
 def feature_shape(member: Captioner) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(N, D) of a member's features and its grid (h, w): N = h * w cells of the encoder's D
-    channels, the grid from `Captioner.grid_size` (one blank image encoded in eval mode)."""
+    """(N, D) of a member's features and its grid (h, w), N = h * w (`Captioner.grid_size`)."""
     grid = member.grid_size()
     return (grid[0] * grid[1], member.encoder.out_dim), grid

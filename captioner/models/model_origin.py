@@ -1,11 +1,6 @@
-"""What a loaded model is, for whoever reads its captions: its name, the data it was trained on and
-its test scores, as its export's config.json or its checkpoint (with the scores_test.json
-`captioner evaluate` wrote beside it) recorded them.
-
-The applications that caption for a user (the command line, the library's `default_model()`, the
-demo) log once per process which model answered. A model trained
-on the shapes world that is handed a photograph says once that it knows only coloured shapes, and
-names the model to use instead: a fluent caption of the wrong world would otherwise pass for an answer.
+"""What a loaded model is, for whoever reads its captions: its name, training data and test scores,
+logged once per process. A shapes-world model handed a photograph says so once and names the model
+to use instead: a fluent caption of the wrong world would otherwise pass for an answer.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from captioner.models.packaged import packaged_models
 
 log = logging.getLogger(__name__)
 
-SHOWN_SCORES = {"Bleu_4": "BLEU-4", "METEOR": "METEOR", "CIDEr": "CIDEr-D"}  # the scores the line names, as evaluate records them
+SHOWN_SCORES = {"Bleu_4": "BLEU-4", "METEOR": "METEOR", "CIDEr": "CIDEr-D"}  # evaluate's key -> the line's name
 SHAPES_PALETTE = np.array(list(COLOURS.values()), dtype=np.int16)  # (6, 3) the shapes world's object colours
 
 
@@ -39,7 +34,7 @@ class ModelOrigin:
 
     name: str  # a packaged model's name, else the path or Hub id it was loaded from
     dataset: str | None  # its training config's data.dataset; None when not recorded
-    test_scores: dict[str, float] = field(default_factory=dict)  # its test split's overall scores; empty when never measured
+    test_scores: dict[str, float] = field(default_factory=dict)  # the test split's overall scores; empty: none
     test_beam: int | None = None
     packaged: bool = False
 
@@ -47,7 +42,9 @@ class ModelOrigin:
         """One line: which model answers, its training data and test scores."""
         where = " (packaged with captioner)" if self.packaged else ""
         data = f"trained on {self.dataset}" if self.dataset else "training data not recorded"
-        shown = [f"{label} {self.test_scores[key]:.3f}" for key, label in SHOWN_SCORES.items() if key in self.test_scores]
+        shown = [
+            f"{label} {self.test_scores[key]:.3f}" for key, label in SHOWN_SCORES.items() if key in self.test_scores
+        ]
         beam = f" (beam {self.test_beam})" if self.test_beam else ""
         scores = f"test {', '.join(shown)}{beam}" if shown else "no test scores recorded"
         return f"captioning with {self.name}{where}: {data}; {scores}"
@@ -65,8 +62,7 @@ def export_origin(name: str, config: dict[str, Any], packaged: bool) -> ModelOri
 
 
 def checkpoint_origin(name: str, stored_config: Any, checkpoint: Path) -> ModelOrigin:
-    """The origin a checkpoint records (its config's dataset), with the test scores of the
-    scores_test.json beside it when there is one."""
+    """The origin a checkpoint records, with the scores of the scores_test.json beside it, if any."""
     data = stored_config.get("data") if isinstance(stored_config, dict) else None
     dataset = data.get("dataset") if isinstance(data, dict) else None
     path = checkpoint.parent / "scores_test.json"
@@ -84,7 +80,9 @@ def overall_scores(evaluation: Any) -> tuple[dict[str, float], int | None]:
     """An evaluation's overall scores and beam width, as `captioner evaluate` writes them."""
     if not isinstance(evaluation, dict) or not isinstance(evaluation.get("overall"), dict):
         return {}, None
-    scores = {k: float(v) for k, v in evaluation["overall"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    scores = {
+        k: float(v) for k, v in evaluation["overall"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     beam = evaluation.get("beam_size")
     return scores, beam if isinstance(beam, int) else None
 
@@ -109,13 +107,13 @@ def check_picture(origins: Iterable[ModelOrigin | None], picture: Image.Image) -
             continue
         if looks_like_photograph(picture) and first_time(_warned, origin.name):
             log.warning(
-                "%s was trained on the shapes world: it knows only coloured shapes on a grey background, and this picture "
-                "looks like a photograph; for photographs use %s", origin.name, photograph_model(),
+                "%s was trained on the shapes world: it knows only coloured shapes on a grey background, "
+                "and this picture looks like a photograph; for photographs use %s", origin.name, photograph_model(),
             )
 
 
 def introduce(origins: Iterable[ModelOrigin | None], picture: Image.Image) -> None:
-    """What an application says as it shows a model a picture: which model answers, and whether it fits."""
+    """What an application says as it shows a model a picture: which model answers, whether it fits."""
     announce(origins)
     check_picture(origins, picture)
 
@@ -129,30 +127,27 @@ def first_time(seen: set[str], name: str) -> bool:
 
 
 def photograph_model() -> str:
-    """The model to use on photographs, as the default model's order finds it (without the
-    shapes run): the user's export at runs/default_model, else the packaged model."""
+    """The model to use on photographs: the user's export at runs/default_model, else the packaged one."""
     if is_exported(DEFAULT_MODEL):
-        return f"the default model, the export at {DEFAULT_MODEL} (`captioner caption IMAGE` with no model, or captioner.default_model())"
+        return (f"the default model, the export at {DEFAULT_MODEL} (`captioner caption IMAGE` with no model, "
+                "or captioner.default_model())")
     packaged = packaged_models()
     if packaged:
-        return (f"the default model, {packaged[0].name} (packaged with captioner: `captioner caption IMAGE` with no model, "
-                "or captioner.default_model())")
+        return (f"the default model, {packaged[0].name} (packaged with captioner: "
+                "`captioner caption IMAGE` with no model, or captioner.default_model())")
     return f"a model trained on photographs: none is installed here (`captioner export runs/<run> {DEFAULT_MODEL}`)"
 
 
 def looks_like_photograph(picture: Image.Image) -> bool:
-    """Whether a picture is unlike every image of the shapes world: those are a grey, textured
-    background (low chroma, never near black or near white) with a few shapes in six saturated
-    colours. A picture with over 3% of its pixels, away from any edge (where JPEG blends a shape
-    into the background), coloured in none of the six, or over 1% near black or near white, is
-    taken for a photograph: so are 992 of the first 1,000 Flickr8k photographs, and no generated
-    shapes image of 48 px or more (at most 2.0%, 0.6% and 0.1%). Smaller pictures are not judged."""
+    """Whether a picture is unlike the shapes world (grey background, shapes in six colours): over 3% of
+    its pixels away from edges in none of the colours, or over 1% near black or near white. Pictures
+    under 48 px are not judged."""
     if max(picture.size) < 48:
         return False
     thumbnail = picture.convert("RGB")
     thumbnail.thumbnail((96, 96), Image.Resampling.NEAREST)  # nearest: each pixel keeps its own colour
     image = np.asarray(thumbnail, dtype=np.int16)  # (h, w, 3)
-    step = np.zeros(image.shape[:2], dtype=np.int16)  # (h, w) the largest change to a neighbour, any channel
+    step = np.zeros(image.shape[:2], dtype=np.int16)  # (h, w) the largest change to a neighbour
     rows = np.abs(np.diff(image, axis=0)).max(-1)  # (h-1, w)
     columns = np.abs(np.diff(image, axis=1)).max(-1)  # (h, w-1)
     for change, before, after in ((rows, np.s_[:-1], np.s_[1:]), (columns, np.s_[:, :-1], np.s_[:, 1:])):
@@ -161,7 +156,7 @@ def looks_like_photograph(picture: Image.Image) -> bool:
     pixels = image.reshape(-1, 3)  # (P, 3)
     away_from_edges = step.reshape(-1) < 40  # (P,)
     chroma = pixels.max(1) - pixels.min(1)  # (P,) 0 for a grey
-    palette_distance = np.abs(pixels[:, None, :] - SHAPES_PALETTE[None]).max(-1).min(1)  # (P,) to the nearest object colour
+    palette_distance = np.abs(pixels[:, None, :] - SHAPES_PALETTE[None]).max(-1).min(1)  # (P,) to the nearest
     off_palette = float(((chroma > 40) & (palette_distance > 48) & away_from_edges).mean())
     near_black = float((pixels.max(1) < 40).mean())
     near_white = float((pixels.min(1) > 235).mean())

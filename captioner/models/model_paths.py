@@ -14,10 +14,8 @@ RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, fi
 
 
 def checkpoint_file(path: str | Path) -> Path:
-    """What a model path means: a checkpoint file as given; an exported folder (its config.json:
-    `export_format`) as given; a run folder's best.pt, else its last.pt; else the name of a
-    model packaged with captioner; else a Hub repo id ("owner/name"), downloaded into the Hugging
-    Face cache (or found there offline)."""
+    """A checkpoint file or exported folder as given; a run folder's best.pt, else last.pt; else a
+    packaged model's name; else a Hub repo id ("owner/name"), fetched into the cache."""
     name = str(path)
     path = Path(path)
     if path.is_file():

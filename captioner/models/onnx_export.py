@@ -3,15 +3,12 @@ with onnxruntime, numpy and Pillow alone.
 
     encoder.onnx        images uint8 (B, 3, S, S) -> feats (B, N, D)      normalisation inside
     decoder_init.onnx   feats (B, N, D) -> memory.*, state.*             `prepare` + `init_state`
-    decoder_step.onnx   memory.*, prev_tokens (B,), state.* -> logprobs (B, V), attn (B, L, H, N), next_state.*
+    decoder_step.onnx   memory.*, prev_tokens (B,), state.*
+                            -> logprobs (B, V), attn (B, L, H, N), next_state.*
 
-The graphs mirror the decoder interface (decoder.py), so the runtime's search knows no decoder:
-memory and state are whatever the decoder's dicts hold (the LSTM's h and c; the transformer's
-key/value cache per layer and its position), each batch-first with a dynamic batch, so beam
-search expands and reorders them row by row. The transformer's cache is preallocated for
-`capacity` steps: the step graph has that shape baked in and the runtime refuses a longer
-max_length. After writing, onnxruntime runs the graphs on a random batch and the export fails
-unless they reproduce torch.
+The graphs mirror the decoder interface, memory and state batch-first with a dynamic batch; a
+preallocated cache bakes `capacity` steps into the step graph. The export fails unless
+onnxruntime reproduces torch on a random batch.
 """
 
 from __future__ import annotations
@@ -42,7 +39,9 @@ DEFAULT_OPSET = 17
 DYNAMO_MIN_OPSET = 18  # the dynamo exporter writes opset 18 and later
 SUBFOLDER = "onnx"
 MANIFEST = "onnx.json"
-GRAPH_FILES = {"encoder": "encoder.onnx", "decoder_init": "decoder_init.onnx", "decoder_step": "decoder_step.onnx"}
+GRAPH_FILES = {
+    "encoder": "encoder.onnx", "decoder_init": "decoder_init.onnx", "decoder_step": "decoder_step.onnx"
+}
 PARITY_TOLERANCE = 1e-4  # max |onnxruntime - torch| allowed, relative to the tensor's scale (at least 1)
 # What the exporters record about the tracing in a graph's metadata: source lines, module paths.
 TRACE_KEYS = ("pkg.torch.onnx.", "namespace")
@@ -63,7 +62,9 @@ class EncoderGraph(nn.Module):
 class DecoderInitGraph(nn.Module):
     """feats (B, N, D) -> the memory tensors, then the state tensors, in the given key orders."""
 
-    def __init__(self, decoder: Decoder, memory_keys: list[str], state_keys: list[str], capacity: int | None) -> None:
+    def __init__(
+        self, decoder: Decoder, memory_keys: list[str], state_keys: list[str], capacity: int | None
+    ) -> None:
         super().__init__()
         self.decoder, self.memory_keys, self.state_keys, self.capacity = decoder, memory_keys, state_keys, capacity
 
@@ -99,18 +100,17 @@ class GraphSpec:
     outputs: list[str]
 
     def __post_init__(self) -> None:
-        # A new wrapper starts in training mode; the exporter puts the module in eval mode and
-        # afterwards restores the wrapper's mode recursively, which would leave the model's
-        # batch norm and dropout training. In eval mode from the start, it stays there.
+        # In eval mode from the start: the exporter restores the wrapper's mode recursively after,
+        # which from training mode would leave batch norm and dropout training.
         self.module.eval()
 
 
-def export_onnx(model: Captioner, folder: str | Path, opset: int | None = None, capacity: int | None = None) -> list[Path]:
+def export_onnx(
+    model: Captioner, folder: str | Path, opset: int | None = None, capacity: int | None = None
+) -> list[Path]:
     """Write `folder`/onnx/{encoder,decoder_init,decoder_step}.onnx and onnx.json; returns their paths.
-
-    `capacity` bounds the steps of a decoder whose state grows (the transformer's key/value
-    cache); default: the model's decode.max_length. Raises ExportError when onnxruntime does not
-    reproduce torch on a random batch (max |diff| over PARITY_TOLERANCE)."""
+    `capacity` bounds a growing state's steps (default: decode.max_length). ExportError when
+    onnxruntime does not reproduce torch within PARITY_TOLERANCE."""
     model = _cpu_float_copy(model)
     opset = DEFAULT_OPSET if opset is None else opset
     capacity = model.decode_config.max_length if capacity is None else capacity
@@ -138,8 +138,7 @@ def export_onnx(model: Captioner, folder: str | Path, opset: int | None = None, 
 
 
 def _cpu_float_copy(model: Captioner) -> Captioner:
-    """The model in eval mode on the CPU in float32; a copy when it is elsewhere, so the
-    caller's model is left as it was."""
+    """The model in eval mode on the CPU in float32; a copy if it is not, leaving the caller's as it was."""
     if model.device.type != "cpu" or model.dtype != torch.float32 or model.training:
         model = copy.deepcopy(model).cpu().float()
     return model.eval()
@@ -147,11 +146,12 @@ def _cpu_float_copy(model: Captioner) -> Captioner:
 
 @torch.no_grad()
 def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict]:
-    """The three graphs with example inputs (a batch of 2 random images), and what onnx.json
-    says about the model's shapes: grid, layers, heads, the state's capacity."""
+    """The three graphs with example inputs (2 random images), and the shapes onnx.json records."""
     decoder = model.decoder
     S = model.image_size
-    images = torch.randint(0, 256, (2, 3, S, S), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))  # (2, 3, S, S)
+    images = torch.randint(
+        0, 256, (2, 3, S, S), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )  # (2, 3, S, S)
     feats, grid = model.encode(images)  # (2, N, D)
     memory = decoder.prepare(feats)
     state = decoder.init_state(memory, capacity=capacity)
@@ -188,13 +188,9 @@ def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict
 
 
 def _export_graph(spec: GraphSpec, path: Path, opset: int) -> dict[str, Any]:
-    """Trace `spec.module` into `path` with a dynamic batch dimension on every input and output;
-    returns the exporter that wrote it and the opset it used.
-
-    The TorchScript exporter first (dynamo=False): it traces these graphs in a fraction of a
-    second. What it cannot express (an adaptive pool to a grid that does not divide the feature
-    map) goes to the dynamo exporter, which decomposes it, in seconds. Both failing is a
-    one-line ExportError."""
+    """Trace `spec.module` into `path` with a dynamic batch; returns the exporter and opset used. The
+    TorchScript exporter first (fast); what it cannot express goes to the dynamo exporter. Both
+    failing is a one-line ExportError."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
@@ -205,28 +201,29 @@ def _export_graph(spec: GraphSpec, path: Path, opset: int) -> dict[str, Any]:
             )
         strip_trace_records(path)
         return {"exporter": "torchscript", "opset": opset}
-    except Exception as torchscript_error:  # noqa: BLE001 - the exporter raises many kinds; dynamo may still manage
+    except Exception as torchscript_error:  # noqa: BLE001 - it raises many kinds; dynamo may still manage
         first_reason = " ".join(str(torchscript_error).split())[:160]
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 spec.module, spec.example, input_names=spec.inputs, output_names=spec.outputs,
-                dynamic_shapes=_dynamic_batch(spec), opset_version=max(opset, DYNAMO_MIN_OPSET), dynamo=True, verbose=False,
+                dynamic_shapes=_dynamic_batch(spec), opset_version=max(opset, DYNAMO_MIN_OPSET), dynamo=True,
+                verbose=False,
             )
             program.save(str(path))
         strip_trace_records(path)
         return {"exporter": "dynamo", "opset": max(opset, DYNAMO_MIN_OPSET)}
     except Exception as e:  # noqa: BLE001
         reason = " ".join(str(e).split())[:160]
-        raise ExportError(f"export: torch.onnx cannot export {path.name} (TorchScript: {first_reason}; dynamo: {reason})") from None
+        raise ExportError(
+            f"export: torch.onnx cannot export {path.name} (TorchScript: {first_reason}; dynamo: {reason})"
+        ) from None
 
 
 def strip_trace_records(path: Path) -> bool:
-    """Drop from the graph at `path` what the exporter recorded of the tracing: doc strings, and
-    the nodes' metadata (the dynamo exporter's stack traces name the files of the checkout, and
-    so the folders of the machine, that traced it). What the graph computes is untouched.
-    Returns whether anything was dropped (the file is written again only then)."""
+    """Drop the exporter's records of the tracing (doc strings, metadata naming the checkout's files)
+    from the graph at `path`, its computation untouched; returns whether anything was dropped."""
     import onnx
 
     model = onnx.load(str(path))
@@ -258,7 +255,9 @@ def _dynamic_batch(spec: GraphSpec) -> dict[str, Any]:
     return {p.name: {0: batch} for p in params[: len(spec.example)]}
 
 
-def _manifest(model: Captioner, specs: list[GraphSpec], paths: list[Path], opset: int, summary: dict) -> dict:
+def _manifest(
+    model: Captioner, specs: list[GraphSpec], paths: list[Path], opset: int, summary: dict
+) -> dict:
     """onnx.json: everything the runtime needs besides the graphs, and checksums of the graphs."""
     return {
         "format": ONNX_FORMAT,  # its version: bump it whenever the graphs' inputs, outputs or onnx.json change
@@ -274,21 +273,22 @@ def _manifest(model: Captioner, specs: list[GraphSpec], paths: list[Path], opset
         "memory": summary["memory"],
         "state": summary["state"],
         "capacity": summary["capacity"],  # steps the step graph's state holds; null: no limit
-        "attention": {"layers": summary["layers"], "heads": summary["heads"]},  # attn (B, L, H, N) of the step graph
-        "spec": model.spec(tuple(summary["grid"])).to_dict(),  # the model: vocabulary, special ids, input size, grid, decoding defaults
+        "attention": {"layers": summary["layers"], "heads": summary["heads"]},  # the step graph's attn (B, L, H, N)
+        "spec": model.spec(tuple(summary["grid"])).to_dict(),  # vocabulary, special ids, input size, grid, decoding
     }
 
 
 @torch.no_grad()
 def check_parity(specs: list[GraphSpec], paths: list[Path], steps: int = 3) -> float:
-    """Run the graphs in onnxruntime on 3 random images (the traces saw 2: this checks the
-    dynamic batch too) and the step graph for `steps` greedy steps from the init graph's output;
-    raise ExportError naming the first output that differs from torch by more than
-    PARITY_TOLERANCE (scaled by the output's magnitude, at least 1). Returns the largest such
-    difference."""
+    """Run the graphs in onnxruntime on 3 random images (the traces saw 2) for `steps` greedy steps;
+    ExportError names the first output off torch's by more than PARITY_TOLERANCE (scaled). Returns
+    the largest difference."""
     import onnxruntime as ort
 
-    sessions = {spec.key: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]) for spec, path in zip(specs, paths)}
+    sessions = {
+        spec.key: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        for spec, path in zip(specs, paths)
+    }
     worst = 0.0
 
     def compare(spec: GraphSpec, feed: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
@@ -299,19 +299,26 @@ def check_parity(specs: list[GraphSpec], paths: list[Path], steps: int = 3) -> f
         for name, want, have in zip(spec.outputs, expected, got):
             want = want.numpy()
             if want.shape != have.shape:
-                raise ExportError(f"export: {GRAPH_FILES[spec.key]} output {name} has shape {have.shape}, torch {want.shape}")
+                raise ExportError(
+                    f"export: {GRAPH_FILES[spec.key]} output {name} has shape {have.shape}, torch {want.shape}"
+                )
             scale = max(1.0, float(np.abs(want).max(initial=0.0)))
             diff = float(np.abs(want.astype(np.float64) - have).max(initial=0.0)) / scale
             worst = max(worst, diff)
             if not diff <= PARITY_TOLERANCE:
-                raise ExportError(f"export: {GRAPH_FILES[spec.key]} output {name} differs from torch by {diff:.2e} (> {PARITY_TOLERANCE})")
+                raise ExportError(
+                    f"export: {GRAPH_FILES[spec.key]} output {name} differs from torch by {diff:.2e} "
+                    f"(> {PARITY_TOLERANCE})"
+                )
         return got
 
     encoder, init, step = specs
-    images = torch.randint(0, 256, (3, *encoder.example[0].shape[1:]), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    images = torch.randint(
+        0, 256, (3, *encoder.example[0].shape[1:]), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+    )
     feats = compare(encoder, (images,))[0]  # (3, N, D)
     start = compare(init, (torch.from_numpy(feats),))
-    n_memory = len(init.outputs) - (len(step.outputs) - 2)  # init gives memory, then state; step returns each state tensor
+    n_memory = len(init.outputs) - (len(step.outputs) - 2)  # init gives memory, then state; step each state
     memory, state = [torch.from_numpy(x) for x in start[:n_memory]], [torch.from_numpy(x) for x in start[n_memory:]]
     prev = step.example[n_memory][:1].expand(3).contiguous()  # (3,) <bos>
     for _ in range(steps):

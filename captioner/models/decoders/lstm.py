@@ -10,7 +10,9 @@ from torch import nn
 
 from captioner.core.config_sections import POSITIVE, PROBABILITY_BELOW_ONE, setting
 from captioner.models.attention import AdditiveAttention
-from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, register_decoder, select_rows, to_device_quietly
+from captioner.models.decoder import (
+    Decoder, DecoderOutput, Memory, State, register_decoder, select_rows, to_device_quietly
+)
 from captioner.models.products import dense, gram, linear, plain, prepared
 
 
@@ -31,19 +33,9 @@ class LSTMConfig:
 
 @register_decoder("lstm", LSTMConfig)
 class LSTMDecoder(Decoder):
-    """At step t: attend with s_{t-1}, gate the context, run the LSTM cell on [E y_{t-1}; z_t],
-    and predict with the paper's deep output p(y_t) ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t)).
-
-    The state starts from the mean feature (h_0 = tanh(W_init_h mean_ij h_ij), likewise c_0), and
-    the doubly stochastic penalty on (1 - sum_t a_tij)^2 pushes the model to look at every part of
-    the image over the course of a caption.
-
-    `step` runs one word as written above. Teacher-forced `forward` computes the same numbers
-    faster: only the recurrence (attention, gate, cell) runs in the time loop; the parts that
-    do not feed back (the embedding's share of the cell input, the deep output over the
-    vocabulary) run once over all real positions, and the three products of h_{t-1} (attention
-    query, gate, recurrent weights) are one matrix product per step.
-    """
+    """Step t: attend with h_{t-1}, gate the context z_t, run the LSTM cell on [E y_{t-1}; z_t], predict
+    p(y_t) ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t)); h_0, c_0 = tanh(W mean_ij a_ij). Teacher-forced
+    `forward` gives `step`'s numbers with only the recurrence in the time loop."""
 
     def __init__(self, config: LSTMConfig, vocab_size: int, feat_dim: int) -> None:
         super().__init__()
@@ -65,21 +57,24 @@ class LSTMDecoder(Decoder):
         return {"feats": feats, "projected": self.attention.project(feats)}  # (B, N, D), (B, N, A)
 
     def expand_memory(self, memory: Memory, beams: int) -> Memory:
-        """The memory as it is: `step` attends with the K rows of an image over that image's one
-        copy of the grid (AdditiveAttention.attend), which K copies would only push out of cache."""
+        """The memory as it is: the K rows of an image attend over its one copy of the grid."""
         return memory
 
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
-        """h_0, c_0 from the mean feature; `capacity` is not needed: the state is the same size at every step."""
+        """h_0, c_0 from the mean feature; `capacity` is unused (the state has one size)."""
         mean = memory["feats"].mean(dim=1)  # (B, D)
-        return {"h": torch.tanh(dense(mean, self.init_h)), "c": torch.tanh(dense(mean, self.init_c))}  # (B, H) each
+        return {
+            "h": torch.tanh(dense(mean, self.init_h)), "c": torch.tanh(dense(mean, self.init_c))
+        }  # (B, H) each
 
     def _output(self, embedded: torch.Tensor, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """The deep output: embedded (..., E), h (..., H), gated context (..., D) -> logits (..., V)."""
         deep = embedded + dense(self.dropout(h), self.out_hidden) + dense(context, self.out_context)  # (..., E)
         return dense(self.dropout(deep), self.out_vocab)  # (..., V)
 
-    def _advance(self, memory: Memory, embedded: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def _advance(
+        self, memory: Memory, embedded: torch.Tensor, state: State
+    ) -> tuple[torch.Tensor, torch.Tensor, State]:
         """One step from embedded previous words (B, E) -> logits (B, V), weights (B, N), state."""
         context, weights = self.attention(memory["feats"], memory["projected"], state["h"])  # (B, D), (B, N)
         context = torch.sigmoid(dense(state["h"], self.gate)) * context  # (B, D): gated z_t
@@ -90,7 +85,9 @@ class LSTMDecoder(Decoder):
         h, c = lstm_update(gates, state["c"])  # (B, H) each
         return self._output(embedded, h, context), weights, {"h": h, "c": c}  # (B, V), (B, N)
 
-    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def step(
+        self, memory: Memory, prev_tokens: torch.Tensor, state: State
+    ) -> tuple[torch.Tensor, torch.Tensor, State]:
         logits, weights, state = self._advance(memory, self.embedding(prev_tokens), state)
         return logits.log_softmax(dim=-1), weights[:, None, None, :], state  # (B, V), (B, 1, 1, N)
 
@@ -103,33 +100,31 @@ class LSTMDecoder(Decoder):
         packed: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing: feats (B, N, D), tokens (C, T) -> logits (C, T, V), attn (C, T, 1, 1, N).
-
-        `image_rows` (C,): the image of each caption (default: the c-th). With `lengths` (C,)
-        sorted longest first, step t runs only the rows still inside their caption; outputs past
-        a row's length are zero (they are padding and never scored), and with `packed` the
-        logits are those of the real positions alone, (M, V) in time-major order, at
-        `positions`. `lengths` is read once (one host transfer when it lives on a GPU; none on
-        the CPU).
-        """
+        `image_rows` (C,): each caption's image. With `lengths` (C,) sorted longest first, outputs past a
+        row's length are zero; `packed` gives real positions' logits only, (M, V) time-major, at `positions`."""
         C, T = tokens.shape
-        if not (plain(self.attention.state_proj) and plain(self.gate)):  # quantised, wrapped or hooked: their own forwards
+        # quantised, wrapped or hooked layers: their own forwards
+        if not (plain(self.attention.state_proj) and plain(self.gate)):
             return self._forward_by_steps(feats, tokens, lengths, image_rows)
         active = active_rows(lengths, C, T)  # rows inside their caption at each step, non-increasing
         if not active:  # no caption has a single step: all padding
-            return DecoderOutput(feats.new_zeros(C, T, self.vocab_size), feats.new_zeros(C, T, 1, 1, feats.shape[1]))
+            return DecoderOutput(
+                feats.new_zeros(C, T, self.vocab_size), feats.new_zeros(C, T, 1, 1, feats.shape[1])
+            )
         memory = self.prepare(feats)  # once per image
         state = self.init_state(memory)
         if image_rows is not None:  # one row per caption
             memory, state = select_rows(memory, image_rows), select_rows(state, image_rows)  # (C, ...) each
         H, D = self.cell.hidden_size, feats.shape[-1]
         w_hh = self.cell.weight_hh  # (4H, H)
-        # Split, not sliced: the backward of a split is one cat, that of each slice a zero-filled copy of the whole.
+        # Split, not sliced: a split's backward is one cat, each slice's a zero-filled copy of the whole.
         w_embedded, w_context = self.cell.weight_ih.split((self.embed_dim, D), dim=1)  # (4H, E), (4H, D)
         padded = not (len(active) == T and active[-1] == C)
         if padded:
-            # Real positions in time-major order (as a packed sequence) and where they sit in (C*T):
-            # step t's rows are one block, and nothing (not even a dropout mask) is made for the padding.
-            rows = to_device_quietly(torch.tensor([t + c * T for t, n in enumerate(active) for c in range(n)]), feats.device)  # (M,)
+            # Real positions in time-major order and where they sit in (C*T); nothing is made for padding.
+            rows = to_device_quietly(
+                torch.tensor([t + c * T for t, n in enumerate(active) for c in range(n)]), feats.device
+            )  # (M,)
             words = tokens.flatten().index_select(0, rows)  # (M,)
         else:
             words = tokens.flatten()  # (C*T,), batch-major
@@ -138,10 +133,12 @@ class LSTMDecoder(Decoder):
         cell_in = linear(embedded, w_embedded, self.cell.bias_ih + self.cell.bias_hh)  # (M, 4H)
         # One block per step, cut once, so backward joins one gradient, not T.
         cell_in = cell_in.split(active) if padded else cell_in.view(C, T, 4 * H).unbind(1)  # T x (n_t, 4H)
-        # The products of h_{t-1} and z_t at every step, each weight's gradient as one product over all steps.
+        # The products of h_{t-1} and z_t at every step, each weight's gradient one product over all steps.
         context_product = RecurrentProduct(w_context.t())  # (D, 4H)
         # One product of h_{t-1} per step: attention query W_s, gate f_beta and the recurrent weights.
-        state_product = RecurrentProduct(torch.cat([self.attention.state_proj.weight, self.gate.weight, w_hh]).t())  # (H, A + D + 4H)
+        state_product = RecurrentProduct(
+            torch.cat([self.attention.state_proj.weight, self.gate.weight, w_hh]).t()
+        )  # (H, A + D + 4H)
         b_state = torch.cat([self.attention.state_proj.bias, self.gate.bias, w_hh.new_zeros(4 * H)])  # (A + D + 4H,)
         A = self.attention.state_proj.out_features
         # The grid's rows for each number of captions still running, all cut from the full memory at once.
@@ -162,12 +159,14 @@ class LSTMDecoder(Decoder):
             contexts.append(context)
             maps.append(weights)
         if not padded:  # batch-major outputs directly, nothing to scatter
-            logits = self._output(embedded.view(C, T, -1), torch.stack(hs, dim=1), torch.stack(contexts, dim=1))  # (C, T, V)
+            logits = self._output(
+                embedded.view(C, T, -1), torch.stack(hs, dim=1), torch.stack(contexts, dim=1)
+            )  # (C, T, V)
             return DecoderOutput(logits, torch.stack(maps, dim=1)[:, :, None, None, :])  # attn (C, T, 1, 1, N)
         logits = self._output(embedded, torch.cat(hs), torch.cat(contexts))  # (M, V)
         maps_real = torch.cat(maps)  # (M, N)
-        # The buffer takes the maps' own dtype: under CUDA autocast the weights come out of the
-        # softmax in float32 while h is bf16, and CUDA's index_copy does not promote (CPU's does).
+        # The maps' own dtype: under CUDA autocast they are float32 while h is bf16, and CUDA's
+        # index_copy does not promote (CPU's does).
         attn = maps_real.new_zeros(C * T, feats.shape[1]).index_copy(0, rows, maps_real).view(C, T, -1)  # (C, T, N)
         if packed:
             return DecoderOutput(logits, attn[:, :, None, None, :], positions=rows)  # (M, V), attn (C, T, 1, 1, N)
@@ -177,9 +176,8 @@ class LSTMDecoder(Decoder):
     def _forward_by_steps(
         self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None, image_rows: torch.Tensor | None
     ) -> DecoderOutput:
-        """Teacher forcing through `_advance`, one step at a time, every layer called as a
-        module: for layers the fused forward must not read the weights of (a `quantize_dynamic`
-        copy, an adapter, a hook). Outputs past a row's length are zero, as in `forward`."""
+        """Teacher forcing one `_advance` at a time, every layer called as a module: for layers whose
+        weights the fused forward must not read (quantised, adapted, hooked). Zero past each length."""
         memory, T = self.caption_memory(feats, image_rows), tokens.shape[1]  # (C, ...) each
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (C, T, E)
@@ -190,16 +188,13 @@ class LSTMDecoder(Decoder):
             maps.append(weights)
         logits_all, attn = torch.stack(logits, dim=1), torch.stack(maps, dim=1)  # (C, T, V), (C, T, N)
         if lengths is not None:
-            inside = (torch.arange(T)[None, :] < lengths.cpu()[:, None]).to(feats.device)  # (C, T): steps inside each caption
+            inside = (torch.arange(T)[None, :] < lengths.cpu()[:, None]).to(feats.device)  # (C, T)
             logits_all, attn = logits_all * inside[..., None], attn * inside[..., None]
         return DecoderOutput(logits_all, attn[:, :, None, None, :])  # attn (C, T, 1, 1, N)
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(1 - sum_t a_tij)^2 over real steps, averaged over cells and the batch.
-
-        The paper sums over cells; the mean (as in the best-known reproduction) keeps one
-        penalty weight meaningful for a 7x7 and a 14x14 grid alike.
-        """
+        """(1 - sum_t a_tij)^2 over real steps, averaged (not summed, as in the paper) over cells and
+        the batch, so one penalty weight fits a 7x7 and a 14x14 grid alike."""
         coverage = (attn[:, :, 0, 0, :] * mask.unsqueeze(-1)).sum(dim=1)  # (B, N)
         return ((1.0 - coverage) ** 2).mean()
 
@@ -213,10 +208,8 @@ def lstm_update(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[int]:
-    """How many rows are still inside their caption at each of `steps` steps (trailing zeros cut).
-
-    `lengths` (B,) must be sorted longest first, so the active rows are always the first ones.
-    """
+    """How many rows are inside their caption at each step (trailing zeros cut); `lengths` (B,) must be
+    sorted longest first, so the active rows are the first ones."""
     if lengths is None:
         return [batch] * steps
     values = lengths.tolist()  # one read; the counts below are plain Python
@@ -233,13 +226,8 @@ def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[in
 
 
 def row_prefixes(x: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
-    """x[:n] for each n of `sizes` (non-increasing), with one gradient buffer for x.
-
-    Cut one from the other (x[:n1][:n2]...), each link's backward would zero-fill a gradient
-    the size of the rows above it and copy its own into it: for the grid's memory (n, N, D), as
-    many full-size fills and copies as there are caption lengths in the batch. Here the backward
-    zero-fills one gradient of x's size and adds each prefix's gradient into its rows.
-    """
+    """x[:n] for each n of `sizes` (non-increasing); the backward zero-fills one gradient of x's size
+    and adds each prefix's into its rows, not one full-size fill and copy per prefix."""
     if len(sizes) == 1 and sizes[0] == x.shape[0]:
         return (x,)
     return _RowPrefixes.apply(x, tuple(sizes))
@@ -264,16 +252,9 @@ class _RowPrefixes(torch.autograd.Function):
 
 
 class RecurrentProduct:
-    """x_t @ w at every step of a recurrence, with w's gradient as one product over all steps.
-
-    Autograd's own product would compute x_t^T g_t at each step's backward and add the T
-    results into w's gradient: T thin products (inner size: the batch) and T additions of a
-    whole weight-sized matrix. Here each step's backward gives x_t its gradient and keeps
-    (x_t, g_t); w's gradient X^T G is computed once, after the last of them (autograd runs the
-    node that hands w to the steps only after every step's backward). The steps' products use
-    w as prepared once for them (`products.prepared`). With gradients under autocast or
-    torch.compile, or for the input alone, it is autograd's plain product.
-    """
+    """x_t @ w at every step of a recurrence, w's gradient X^T G computed once after the last step's
+    backward, not T thin products and T weight-sized additions. Under autocast, torch.compile or
+    for the input's gradient alone, it is autograd's plain product."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.collected: list[tuple[torch.Tensor, torch.Tensor]] = []  # (x_t, g_t) per step, filled by backward
@@ -323,7 +304,9 @@ class _StepProduct(torch.autograd.Function):
     """x @ w for one step; backward: x's gradient g w^T, and (x, g) handed on for w's."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, product: RecurrentProduct) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, x: torch.Tensor, weight: torch.Tensor, product: RecurrentProduct
+    ) -> torch.Tensor:
         ctx.save_for_backward(x)
         ctx.product = product
         return product.forward(x)  # (n, O)

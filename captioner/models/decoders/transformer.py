@@ -45,10 +45,8 @@ class TransformerConfig:
 
 
 def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """positions (...) -> (..., dim): PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...).
-
-    Computed on the fly, so captions have no length limit.
-    """
+    """positions (...) -> (..., dim): PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...);
+    computed on the fly, so captions have no length limit."""
     half = (dim + 1) // 2
     freqs = torch.exp(torch.arange(half, device=positions.device) * (-2.0 * math.log(10000.0) / dim))  # (half,)
     angles = positions.float().unsqueeze(-1) * freqs  # (..., half)
@@ -56,13 +54,8 @@ def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def grid_encoding(num_cells: int, dim: int, device: torch.device | None = None) -> torch.Tensor:
-    """(N, dim) position codes of the grid cells, in the encoder's row-major order.
-
-    The decoder sees only feats (B, N, D), so the grid is taken to be square (h = w = sqrt(N), as
-    every encoder config with a square image gives): the first dim // 2 channels encode the row,
-    the rest the column. When N is not a perfect square the cells get a 1-D encoding of their
-    index instead, which still tells them apart but no longer says which cells are neighbours.
-    """
+    """(N, dim) position codes of the grid cells in row-major order, the grid taken as square: the first
+    dim // 2 channels encode the row, the rest the column. A non-square N gets a 1-D code of the index."""
     cells = torch.arange(num_cells, device=device)  # (N,)
     side = math.isqrt(num_cells)
     if side * side != num_cells:
@@ -72,16 +65,9 @@ def grid_encoding(num_cells: int, dim: int, device: torch.device | None = None) 
 
 
 def write_slot(buffer: torch.Tensor, new: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
-    """buffer (B, nh, C, hs) with new (B, nh, 1, hs) written where slot (B, C) is true.
-
-    A masked select, not a growing torch.cat, so the cache keeps one shape for the whole
-    caption (what torch.compile and CUDA graphs need), and not an in-place index_copy_, so the
-    earlier state stays intact for autograd (self-critical training steps with gradients) and for
-    callers that step twice from one state. `new` is cast to the buffer's dtype explicitly, so
-    the state keeps the dtype init_state gave it whatever autocast makes of the projection: CUDA
-    refuses an index_copy across dtypes, and a promoting write into a bf16 buffer would turn the
-    state float32 (and recompile the step).
-    """
+    """buffer (B, nh, C, hs) with new (B, nh, 1, hs) written where slot (B, C) is true: one shape for
+    torch.compile and CUDA graphs, the old state intact for autograd, and the buffer's dtype kept
+    whatever autocast made of `new`."""
     return torch.where(slot[:, None, :, None], new.to(buffer.dtype), buffer)  # (B, nh, C, hs)
 
 
@@ -114,19 +100,10 @@ class TransformerDecoderLayer(nn.Module):
         slot: torch.Tensor | None = None,
         self_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """x (B, T, d) the positions to compute; cross_k, cross_v (B, nh, N, hs); mask broadcastable
-        to (B, nh, T, S), true where a position may look.
-
-        Teacher forcing passes no cache: the self-attention keys are the T positions themselves
-        (S = T). A step passes `cache`, the preallocated self-attention keys and values
-        (B, nh, C, hs) of every position so far, and `slot` (B, C), true at the one position x
-        (T = 1) is: its keys and values are written there and it attends over the whole buffer
-        (S = C), the mask hiding the slots not yet written. Shapes never change from step to step.
-
-        -> x (B, T, d), cross weights (B, nh, T, N), self keys and values (B, nh, S, hs), and with
-        `self_weights` the self-attention weights (B, nh, T, S), else None. Only then does the
-        self-attention take the explicit softmax path, whose weights are the ones it uses.
-        """
+        """x (B, T, d), cross_k/v (B, nh, N, hs), mask broadcastable to (B, nh, T, S), true where a
+        position may look -> x (B, T, d), cross weights (B, nh, T, N), self k/v (B, nh, S, hs), and the
+        self weights (B, nh, T, S) with `self_weights` (explicit softmax path), else None. Teacher forcing
+        has S = T; a step (T = 1) writes its k/v into the `cache` (B, nh, C, hs) at `slot` (B, C), S = C."""
         h = self._block_input(x, self.norm_self)
         k, v = self.self_attn.keys_values(h)  # (B, nh, T, hs) each
         if cache is not None and slot is not None:
@@ -149,7 +126,7 @@ class TransformerDecoderLayer(nn.Module):
         return self._residual(x, self.feed_forward(self._block_input(x, self.norm_ff)), self.norm_ff), weights
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`self.ff(x)` (linear, activation, dropout, linear) with its products through `dense`: (B, T, d) -> (B, T, d)."""
+        """`self.ff(x)` with its products through `dense`: (B, T, d) -> (B, T, d)."""
         expand, activation, dropout, contract = self.ff
         return dense(dropout(activation(dense(x, expand))), contract)  # (B, T, d)
 
@@ -164,23 +141,11 @@ class TransformerDecoderLayer(nn.Module):
 
 @register_decoder("transformer", TransformerConfig)
 class TransformerDecoder(Decoder):
-    """Token embedding * sqrt(d_model) + sinusoidal positions, `num_layers` decoder layers over
-    the grid projected to d_model (Linear + LayerNorm, + a 2-D sinusoidal code of each cell), a
-    final LayerNorm (pre-norm only) and a projection to the vocabulary, optionally tied to the
-    embedding.
-
-    Attention maps are the cross-attention weights of every layer and head, attn (B, T, L, nh, N).
-    A heatmap (`Caption.heatmaps()`) shows by default the last layer, averaged over the heads:
-    the last layer is the one whose reading of the grid feeds the word prediction directly.
-
-    `prepare` projects the grid and every layer's cross-attention keys and values once per image;
-    the state is a preallocated self-attention key/value cache per layer, (B, nh, capacity, hs),
-    plus the position (B,), so each `step` computes one new position, writes it into its slot and
-    attends over the whole buffer with the unwritten slots masked: the same shapes at every step,
-    so the step compiles once (`torch.compile(fullgraph=True)`) and can be captured in a CUDA
-    graph. Beam search reorders the cache like any other batch-first state. Padding after <eos>
-    needs no mask: the causal mask keeps every real position from seeing it.
-    """
+    """Embedding * sqrt(d_model) + sinusoidal positions, `num_layers` layers over the projected grid
+    (+ a 2-D code per cell), a final LayerNorm (pre-norm only) and an output layer, optionally tied.
+    Attention maps: every layer's and head's cross-attention, attn (B, T, L, nh, N). The state is a
+    preallocated k/v cache per layer (B, nh, capacity, hs) and the position (B,): one shape at every
+    step, so the step compiles once and can be captured in a CUDA graph."""
 
     has_self_attention = True
     # Positions the cache holds when `init_state` is not told: enough for `step` calls that do
@@ -221,7 +186,7 @@ class TransformerDecoder(Decoder):
         projection, norm = self.grid_proj
         grid = norm(dense(feats, projection))  # (B, N, d)
         if self.grid_position_encoding:
-            grid = grid + grid_encoding(feats.shape[1], self.d_model, feats.device).to(grid.dtype)  # (B, N, d)
+            grid = grid + grid_encoding(feats.shape[1], self.d_model, feats.device).to(grid.dtype)
         grid = self.dropout(grid)
         memory: Memory = {}
         for i, layer in enumerate(self.layers):
@@ -246,17 +211,14 @@ class TransformerDecoder(Decoder):
     def step(
         self, memory: Memory, prev_tokens: torch.Tensor, state: State, self_attention: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, State]:
-        """One new position: prev_tokens (B,) -> logprobs (B, V), attn (B, L, nh, N), the state
-        with this position's keys and values written into its slot and the position advanced.
-
-        Reads nothing back from the device: a step past the capacity fails on a device-side
-        assertion, not a host check. With `self_attention` the new state also holds "self_attn"
-        (B, L, nh, t+1): the weights this position's self-attention put on positions 0..t, the
-        ones that computed this step (the explicit softmax path instead of the fused kernel);
-        cutting them to t+1 reads the position once, on this inspection path only."""
+        """prev_tokens (B,) -> logprobs (B, V), attn (B, L, nh, N), the state advanced by one position.
+        Reads nothing back from the device (past the capacity a device-side assertion fails), except
+        with `self_attention`: then the state also holds "self_attn" (B, L, nh, t+1)."""
         pos = state["pos"]  # (B,)
         capacity = state["k_0"].shape[2]
-        torch._assert_async((pos < capacity).all(), "TransformerDecoder.step: more steps than init_state's capacity")
+        torch._assert_async(
+            (pos < capacity).all(), "TransformerDecoder.step: more steps than init_state's capacity"
+        )
         slots = torch.arange(capacity, device=pos.device)  # (C,)
         slot = slots == pos[:, None]  # (B, C): where this position's keys and values go
         visible = (slots <= pos[:, None])[:, None, None, :]  # (B, 1, 1, C): positions 0..t
@@ -288,14 +250,8 @@ class TransformerDecoder(Decoder):
         self_attention: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing: feats (B, N, D), tokens (C, T) -> logits (C, T, V), attn (C, T, L, nh, N),
-        and with `self_attention` self_attn (C, T, L, nh, T) through the explicit softmax path.
-
-        `image_rows` (C,): the image of each caption (default: the c-th); the keys and values
-        of the grid are computed once per image (so its dropout is drawn once per image too).
-        All positions run in parallel, and the causal mask already keeps the padding after each
-        caption from reaching its real positions; with `packed` and `lengths` (C,), the output
-        layer runs over the real positions alone.
-        """
+        with `self_attention` self_attn (C, T, L, nh, T). `image_rows` (C,): each caption's image (the
+        grid's k/v once per image); with `packed` and `lengths` (C,) only real positions are output."""
         memory = self.caption_memory(feats, image_rows)  # (C, nh, N, hs) each
         T = tokens.shape[1]
         x = self._embed(tokens, torch.arange(T, device=tokens.device))  # (C, T, d)

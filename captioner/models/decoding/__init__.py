@@ -1,9 +1,7 @@
-"""Decoding by role: `options` (DecodeOptions), `rules` (what every mode applies to a step),
-two loops, `sampling.roll_out` (word by word: greedy decoding, sampling, SCST's roll-outs) and
-the beam search (its state in `beam`), `search` (the inference's entry points over both) and
-`stepping` (what the loops share).
+"""Decoding: greedy decoding, sampling and beam search through the decoder interface.
 
-The inference API documented in docs/library.md is importable from the package itself.
+`options`, `rules` (applied at every step), the loops `sampling.roll_out` and `beam`, `search` (the
+entry points) and `stepping` (what the loops share). docs/library.md's inference API imports from here.
 """
 
 from captioner.models.decoding.options import DecodeOptions

@@ -8,10 +8,8 @@ search s = b*G + g holds rows s*Kg .. s*Kg+Kg-1 of the B*K. A step reads as the 
     beam.advance(choice)               the live beams move on (scores, words, decoder state)
     beam.finish(choice, t)             the endings become hypotheses; the searches that are done
 
-The host does the bookkeeping (hypotheses are host objects) from one read of the device per
-step, in `finish`; the attention maps stay on the device, one (B*K, ...) tensor per step, and
-`best` copies the returned hypotheses' rows once, after the search, following the back-pointers.
-On the CPU the images whose searches are all done stop being stepped (`follow_parents`).
+The host reads the device once per step (`finish`); the maps stay there until `best` copies the
+returned hypotheses' rows once.
 """
 
 from __future__ import annotations
@@ -22,8 +20,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from captioner.models.decoder import select_rows
-from captioner.models.decoding.rules import EndingRule, SpecialTokens, apply_ending_rule, banned_mask, block_repeated_trigrams, length_penalty
-from captioner.models.decoding.stepping import SHRINK_SHARE, Hypothesis, device_index, pad_last, spread_rows, step_decoder
+from captioner.models.decoding.rules import (
+    EndingRule, SpecialTokens, apply_ending_rule, banned_mask, block_repeated_trigrams, length_penalty
+)
+from captioner.models.decoding.stepping import (
+    SHRINK_SHARE, Hypothesis, device_index, pad_last, spread_rows, step_decoder
+)
 
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
@@ -34,9 +36,8 @@ NEG_INF = float("-inf")
 
 @dataclass
 class Choice:
-    """One step's choice, (S, Kg) each, S = B*G searches: which of each search's top Kg
-    candidates end here (`ends`; their beam within the group and total log-probability), and
-    the Kg candidates kept live (their beam, word and total log-probability; -inf: none left)."""
+    """One step's choice, (S, Kg) each, S = B*G searches: which of each search's top Kg candidates end
+    here (beam within the group, total log-probability), and the Kg kept live (-inf: none left)."""
 
     ends: torch.Tensor  # bool
     end_beam: torch.Tensor
@@ -47,24 +48,24 @@ class Choice:
 
 
 class Beam:
-    """Every image's beams while the search runs: the decoder's memory and state, the live beams'
-    scores, last words and histories, the back-pointers and words of every step, each search's
-    finished hypotheses as (score, log-probability, row, words) (the beam was `row` after its
-    last word, and has `words` words), and which searches are done."""
+    """Every image's beams while the search runs; each search's finished hypotheses are (score,
+    log-probability, row, words): the beam was `row` after its last word, and has `words` words."""
 
-    def __init__(self, decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> None:
+    def __init__(
+        self, decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
+    ) -> None:
         B, K, G, device = feats.shape[0], options.beam_size, options.diverse_groups, feats.device
         self.decoder, self.options, self.eos = decoder, options, special.eos
         self.B, self.K, self.G, self.Kg, self.S, self.device = B, K, G, K // G, B * G, device
-        self.expand_rows = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,): beams of image b are rows b*K..b*K+K-1
+        self.expand_rows = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,): image b's rows b*K..
         self.per_image = decoder.prepare(feats)  # (B, ...) each: the per-image constants
-        self.state = decoder.init_state(self.per_image, capacity=options.max_length)  # (B, ...) each: one row per image until the first step
-        self.memory = decoder.expand_memory(self.per_image, K)  # per-image constants: expanded once (if at all), never reordered
+        self.state = decoder.init_state(self.per_image, capacity=options.max_length)  # (B, ...) each: one row per image
+        self.memory = decoder.expand_memory(self.per_image, K)  # expanded once (if at all), never reordered
         self.prev = torch.full((B,), special.bos, dtype=torch.long, device=device)  # (B,)
         self.scores = torch.full((B, G, self.Kg), NEG_INF, device=device)  # (B, G, Kg)
         self.scores[:, :, 0] = 0.0  # all beams of a group start identical: expand only the first
-        self.history = torch.empty((B * K, 0), dtype=torch.long, device=device)  # (B*K, t): the words, for trigram blocking
-        self.step_maps: list[torch.Tensor] = []  # per step t: (B*K, L, H, N), the attention of the beams stepped
+        self.history = torch.empty((B * K, 0), dtype=torch.long, device=device)  # (B*K, t): for trigram blocking
+        self.step_maps: list[torch.Tensor] = []  # per step t: (B*K, L, H, N)
         self.step_self: list[torch.Tensor] = []  # per step t: (B*K, L, H, t+1), with self_attention
         self.parents: list[list[int]] = []  # per step: the row each live beam came from (its back-pointer)
         self.step_words: list[list[int]] = []  # per step: the word each live beam took
@@ -73,14 +74,15 @@ class Beam:
         self.live: list[float] = []  # (B*K,) the live beams' log-probabilities after the last step
         self.best_possible_penalty = length_penalty(options.max_length, options.length_penalty)
         self.forbidden = banned_mask(special.banned, decoder.vocab_size, device)  # (V,)
-        self.ending = EndingRule.build(special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, device)
-        # On the CPU a step costs in proportion to its rows, so the images whose searches are all
-        # done leave the step (their rows come back as dead, -inf, for the bookkeeping); on a GPU
-        # a step's time hardly depends on its rows, and every row is stepped to the end.
+        self.ending = EndingRule.build(
+            special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, device
+        )
+        # On the CPU a step costs in proportion to its rows, so images whose searches are all done
+        # leave the step (their rows come back dead, -inf); on a GPU every row is stepped to the end.
         self.shrink = device.type == "cpu"
         self.alive = list(range(B))  # the images whose beams are stepped
         self.stepped: torch.Tensor | None = None  # (A,) their rows among the B*K, in order; None: all of them
-        self.place: torch.Tensor | None = None  # (B*K,): each stepped row's place in the state (-1: none); None: its own row
+        self.place: torch.Tensor | None = None  # (B*K,): each row's place in the state (-1: none); None: its own
         self.rows = self.expand_rows  # (B*K,): each live beam's parent after the last step
 
     @property
@@ -93,9 +95,13 @@ class Beam:
         B, K, BK = self.B, self.K, self.B * self.K
         prev = self.prev if self.stepped is None else self.prev.index_select(0, self.stepped)  # (A,)
         memory = self.memory if t else self.per_image
-        logprobs, attn, self.state, self_w = step_decoder(self.decoder, memory, prev, self.state, self.options.self_attention)
-        if t == 0:  # the K beams of an image are one hypothesis until now: stepped once per image, then copied to each
-            logprobs, attn = logprobs.index_select(0, self.expand_rows), attn.index_select(0, self.expand_rows)  # (B*K, ...)
+        logprobs, attn, self.state, self_w = step_decoder(
+            self.decoder, memory, prev, self.state, self.options.self_attention
+        )
+        if t == 0:  # an image's K beams are one hypothesis until now: stepped once, then copied to each
+            logprobs, attn = (
+                logprobs.index_select(0, self.expand_rows), attn.index_select(0, self.expand_rows)
+            )  # (B*K, ...)
             self.prev = self.prev.index_select(0, self.expand_rows)  # (B*K,)
             self.state = select_rows(self.state, self.expand_rows)  # (B*K, ...) each
             self_w = None if self_w is None else self_w.index_select(0, self.expand_rows)
@@ -103,8 +109,10 @@ class Beam:
             logprobs = spread_rows(logprobs, self.stepped, BK, NEG_INF)  # (B*K, V)
             attn = spread_rows(attn, self.stepped, BK, 0.0)  # (B*K, L, H, N)
             self_w = None if self_w is None else spread_rows(self_w, self.stepped, BK, 0.0)  # (B*K, L, H, t+1)
-        # In place on the step's own fresh (B*K, V) output: each copy of it is a new 4 MB buffer per step.
-        logprobs = apply_ending_rule(self.ending, logprobs.float().masked_fill_(self.forbidden, NEG_INF), self.prev, t)  # (B*K, V)
+        # In place on the step's own fresh (B*K, V) output: each copy would be a new buffer per step.
+        logprobs = apply_ending_rule(
+            self.ending, logprobs.float().masked_fill_(self.forbidden, NEG_INF), self.prev, t
+        )  # (B*K, V)
         if self.options.block_trigrams:
             logprobs = block_repeated_trigrams(logprobs, self.history)
         self.step_maps.append(attn.float())
@@ -113,18 +121,18 @@ class Beam:
         return logprobs.add_(self.scores.view(BK, 1)).view(B, self.G, -1)  # (B, G, Kg*V): true log-probabilities
 
     def select(self, candidates: torch.Tensor) -> Choice:
-        """Each group ranks its continuations (B, G, Kg*V) by log-probability minus
-        `diversity_strength` times the number of earlier groups' beams that chose the same word
-        at this step (Vijayakumar et al. 2018's Hamming diversity) and keeps its top 2Kg: those
-        ending in <eos> within the top Kg end, the best Kg others stay live. The penalty steers
-        the choice; the scores stay log-probabilities."""
+        """Each group ranks its candidates (B, G, Kg*V) by log-probability minus `diversity_strength` x
+        the earlier groups' beams that took the same word now (Hamming diversity, Vijayakumar et al.
+        2018) and keeps its top 2Kg: <eos> within the top Kg ends, the best Kg others stay live."""
         B, G, Kg = self.B, self.G, self.Kg
         V = candidates.shape[-1] // Kg
-        chosen = torch.zeros(B, V, device=self.device) if G > 1 else None  # (B, V): how many earlier groups' beams took each word now
+        chosen = torch.zeros(B, V, device=self.device) if G > 1 else None  # (B, V): earlier groups' beams per word
         picks = []
         for g in range(G):
             group = candidates[:, g]  # (B, Kg*V)
-            penalised = group - self.options.diversity_strength * chosen.repeat(1, Kg) if chosen is not None and g else group  # (B, Kg*V)
+            penalised = (
+                group - self.options.diversity_strength * chosen.repeat(1, Kg) if chosen is not None and g else group
+            )  # (B, Kg*V)
             top_key, top_index = penalised.topk(2 * Kg, dim=1)  # (B, 2Kg)
             top_scores = group.gather(1, top_index)  # (B, 2Kg)
             is_eos = top_index % V == self.eos  # (B, 2Kg)
@@ -132,10 +140,8 @@ class Beam:
             if chosen is not None:  # later groups pay for these words
                 chosen.scatter_add_(1, top_index.gather(1, live_pos) % V, (live_key > NEG_INF).float())
             picks.append((top_key, top_index, top_scores, is_eos, live_key, live_pos))
-        # One image at a time a step is bound by kernel launches, not arithmetic, so this launches
-        # as few as it can: one group (G = 1, the usual search) is already (S, ...), and a key is
-        # either finite or -inf (log-probabilities never reach +inf), so one comparison stands
-        # for isfinite's four kernels.
+        # Few kernel launches: one group is already (S, ...), and a key is finite or -inf (never +inf),
+        # so one comparison stands for isfinite.
         top_key, top_index, top_scores, is_eos, live_key, live_pos = (
             picks[0] if G == 1 else (torch.stack(x, dim=1).view(self.S, -1) for x in zip(*picks))
         )  # (S, 2Kg) each, (S, Kg) for the live ones
@@ -150,26 +156,28 @@ class Beam:
         )
 
     def advance(self, choice: Choice) -> None:
-        """The live beams take their words: scores, last words and histories follow each live
-        beam's parent (on a GPU the decoder's state too; on the CPU `follow_parents` moves it)."""
+        """The live beams take their words and follow their parents (on a GPU the decoder's state
+        too; on the CPU `follow_parents` moves it)."""
         Kg = self.Kg
-        self.scores = choice.live_scores.view(self.B, self.G, Kg)  # (B, G, Kg): a filler (an <eos> or dead candidate) stays dead
+        self.scores = choice.live_scores.view(self.B, self.G, Kg)  # (B, G, Kg): a filler stays dead
         self.rows = (torch.arange(self.S, device=self.device)[:, None] * Kg + choice.live_beam).view(-1)  # (B*K,)
         if not self.shrink:
             self.state = select_rows(self.state, self.rows)  # (B*K, ...) each
         if self.options.block_trigrams:
-            self.history = torch.cat([self.history.index_select(0, self.rows), choice.live_token.view(-1, 1)], dim=1)  # (B*K, t+1)
+            self.history = torch.cat(
+                [self.history.index_select(0, self.rows), choice.live_token.view(-1, 1)], dim=1
+            )  # (B*K, t+1)
         self.prev = choice.live_token.view(-1)  # (B*K,)
 
     def finish(self, choice: Choice, t: int) -> None:
-        """The step's one read of the device: the endings of searches still going on become
-        finished hypotheses, the back-pointers and words are kept, and a search is done once it
-        has Kg finished hypotheses that no live beam of it can still beat."""
+        """The step's one read of the device: endings become finished hypotheses, and a search is done
+        once it has Kg finished ones that no live beam of it can still beat."""
         Kg, alpha = self.Kg, self.options.length_penalty
         # cat promotes the flags and ids to the scores' float32 itself (no conversion kernels);
         # float32 holds the scores and every id below 2**24 exactly.
         read = torch.cat(
-            (choice.ends, choice.end_beam, choice.end_scores, choice.live_beam, choice.live_token, choice.live_scores), dim=1
+            (choice.ends, choice.end_beam, choice.end_scores, choice.live_beam, choice.live_token, choice.live_scores),
+            dim=1,
         ).tolist()  # (S, 6Kg)
         for s, r in enumerate(read):
             if not self.done[s]:
@@ -186,9 +194,8 @@ class Beam:
                 self.done[s] = worst >= max(self.live[s * Kg : (s + 1) * Kg]) / self.best_possible_penalty
 
     def follow_parents(self) -> None:
-        """On the CPU: the decoder's state follows each live beam's parent, and once an eighth
-        of the stepped images are done (the copies of memory and state then pay), only the
-        others' rows are kept."""
+        """On the CPU: the decoder's state follows each live beam's parent, and once 1/SHRINK_SHARE of
+        the stepped images are done, only the others' rows are kept."""
         if not self.shrink:
             return
         B, G, K = self.B, self.G, self.K
@@ -197,12 +204,16 @@ class Beam:
         if (len(self.alive) - len(still)) * SHRINK_SHARE >= len(self.alive):
             self.alive = still
             self.stepped = device_index([b * K + j for b in self.alive for j in range(K)], self.device)  # (A,)
-            self.memory = self.decoder.expand_memory(select_rows(self.per_image, device_index(self.alive, self.device)), K)
+            self.memory = self.decoder.expand_memory(
+                select_rows(self.per_image, device_index(self.alive, self.device)), K
+            )
             self.place = torch.full((B * K,), -1, dtype=torch.long, device=self.device).index_copy_(
                 0, self.stepped, torch.arange(len(self.stepped), device=self.device)
             )  # (B*K,)
         sources = self.rows if self.stepped is None else self.rows.index_select(0, self.stepped)  # (A,): full rows
-        self.state = select_rows(self.state, sources if held is None else held.index_select(0, sources))  # (A, ...) each
+        self.state = select_rows(
+            self.state, sources if held is None else held.index_select(0, sources)
+        )  # (A, ...) each
 
     def lineage(self, row: int, words: int) -> list[int]:
         """The rows, after steps 0..words-1, of the beam that is `row` after its last word."""
@@ -214,8 +225,7 @@ class Beam:
 
     def ranked(self, b: int, n_best: int) -> list[tuple[list[int], float, float, bool, list[int]]]:
         """Image b's `n_best` best distinct hypotheses as (tokens, score, log-probability, ended,
-        lineage). The live beams of its searches not done were cut off at max_length: they
-        compete with the finished hypotheses on the same length-penalised score."""
+        lineage); live beams cut off at max_length compete on the same length-penalised score."""
         G, Kg, steps = self.G, self.Kg, len(self.parents)
         live_penalty = length_penalty(steps, self.options.length_penalty)
         pool = [(*h, True) for s in range(b * G, (b + 1) * G) for h in self.finished[s]]
@@ -237,18 +247,21 @@ class Beam:
         return ranked
 
     def best(self, n_best: int) -> list[list[Hypothesis]]:
-        """Per image its `n_best` hypotheses, best first, with their maps: each word's row of its
-        step's maps, gathered on the device and copied to the host once."""
+        """Per image its `n_best` hypotheses, best first, with their maps (copied to the host once)."""
         chosen = [self.ranked(b, n_best) for b in range(self.B)]
         steps, BK = len(self.parents), self.B * self.K
         lineages = [h[4] for ranked in chosen for h in ranked]
-        at = device_index([tau * BK + self.parents[tau][r] for rows in lineages for tau, r in enumerate(rows)], self.device)  # (W,)
+        at = device_index(
+            [tau * BK + self.parents[tau][r] for rows in lineages for tau, r in enumerate(rows)], self.device
+        )  # (W,)
         sizes = [len(rows) for rows in lineages]
         all_maps = torch.stack(self.step_maps).flatten(0, 1)  # (steps*B*K, L, H, N)
         maps = iter(all_maps.index_select(0, at).cpu().split(sizes))  # (t, L, H, N) each
         self_maps = None
         if self.step_self:
-            all_self = torch.stack([pad_last(w, steps) for w in self.step_self]).flatten(0, 1)  # (steps*B*K, L, H, steps)
+            all_self = torch.stack(
+                [pad_last(w, steps) for w in self.step_self]
+            ).flatten(0, 1)  # (steps*B*K, L, H, steps)
             self_maps = iter(all_self.index_select(0, at).cpu().split(sizes))  # (t, L, H, steps) each
         results = []
         for ranked in chosen:

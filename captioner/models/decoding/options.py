@@ -1,8 +1,6 @@
 """`DecodeOptions`: every choice of how to decode, as one frozen value the decoding functions take.
 
-The options themselves (types, defaults, limits, the rules between them) are declared once in
-core/decode_schema.py; this class only holds a checked set of them for the library.
-"""
+The options are declared once in core/decode_schema.py."""
 
 from __future__ import annotations
 
@@ -21,10 +19,8 @@ def _default(name: str) -> Any:
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """Every choice of how to decode, checked once where it is made against the one declaration
-    of the options (core/decode_schema.py: types, limits, the rules between them), so a bad value
-    is the same one-line ConfigError here as in a config, on the command line or in the demo.
-    `from_config` starts from a model's own `decode` section."""
+    """Every choice of how to decode, checked where it is made against core/decode_schema.py: a bad
+    value is the same one-line ConfigError as in a config, on the command line or in the demo."""
 
     beam_size: int = _default("beam_size")  # 1: greedy decoding
     max_length: int = _default("max_length")  # words
@@ -49,8 +45,7 @@ class DecodeOptions:
 
     @classmethod
     def from_config(cls, config: DecodeConfig, **overrides: Any) -> DecodeOptions:
-        """A model's `decode` section, then the caller's `overrides` by name; an override of
-        None keeps the section's value (or the option's default)."""
+        """A model's `decode` section, then the caller's `overrides` (None keeps the section's value)."""
         check_names(overrides)
         configured = {name: getattr(config, name) for name in DECODE_OPTIONS if hasattr(config, name)}
         given = {name: value for name, value in overrides.items() if value is not None}

@@ -1,10 +1,6 @@
 """Word-by-word decoding: greedy decoding, sampling and SCST's roll-outs as one loop.
 
-`roll_out` takes one word a step per row, chosen by a function passed in (`argmax`, or
-`drawing`'s draw at a temperature, top-k, nucleus); what differs between its callers is only how
-ended rows leave (an early exit, a shrinking batch, or static bounds that read nothing back from
-the device). `sample_captions` gives SCST its samples and greedy baseline as padded device
-tensors; `search.py` makes the inference's hypotheses from the same loop.
+`roll_out` chooses each word by a function passed in (`argmax` or `drawing`).
 """
 
 from __future__ import annotations
@@ -28,11 +24,8 @@ if TYPE_CHECKING:
 
 
 def restrict_to_top(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Keep the `top_k` most probable words (0: all), then the nucleus: the fewest words, most
-    probable first, whose probability reaches `top_p` (Holtzman et al. 2020); the rest get -inf.
-
-    logits (R, V) are the (temperature-scaled) scores the sample is drawn from.
-    """
+    """logits (R, V) with all but the `top_k` most probable words (0: all) and the `top_p` nucleus
+    (Holtzman et al. 2020) at -inf."""
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (R, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -59,15 +52,14 @@ def draw(
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """The sampling options of a direct call (self-critical training), judged by the schema as
-    DecodeOptions judges them: the same one-line ConfigError."""
+    """The sampling options of a direct call, judged by the schema: the same one-line ConfigError."""
     check_options({"temperature": temperature, "top_k": top_k, "top_p": top_p})
 
 
 @dataclass
 class SampledCaptions:
-    """`roll_out`'s captions, padded: n per image (sampled, or one greedy), rows b*n .. b*n+n-1
-    belonging to image b; with its maps, also each step's attention."""
+    """`roll_out`'s captions, padded: n per image (sampled, or one greedy), rows b*n .. b*n+n-1 of
+    image b."""
 
     tokens: torch.Tensor  # (B*n, T) long: word ids, then <eos> where the caption ended, then 0
     logprobs: torch.Tensor  # (B*n, T) float, with grad: the model's log-probability of each token
@@ -88,8 +80,8 @@ def argmax(allowed: torch.Tensor) -> torch.Tensor:
 
 
 def drawing(options: DecodeOptions, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Sampling's choice of each word for `roll_out`: a `draw` at the options' temperature, top-k
-    and top-p, from a generator on `device` seeded by `seed` (None: torch's global one)."""
+    """Sampling's choice of each word: a `draw` as the options say, from a generator on `device`
+    seeded by `seed` (None: torch's global one)."""
     generator = None if options.seed is None else torch.Generator(device).manual_seed(options.seed)
     return lambda allowed: draw(allowed, options.temperature, options.top_k, options.top_p, generator)
 
@@ -103,18 +95,9 @@ def roll_out(
     pick: Callable[[torch.Tensor], torch.Tensor],
     maps: bool = False,
 ) -> SampledCaptions:
-    """The one word-by-word decoding loop (greedy decoding, sampling, SCST's roll-outs): each of
-    the R rows of `memory` takes one word a step, `pick(allowed logprobs (R, V)) -> (R,)`, under
-    the options' rules. How ended rows leave is what differs, and nothing else:
-    - `maps` (inference): each step's attention (and self-attention) is kept, and the device is
-      asked once a step whether every row has ended (the early exit);
-    - else on the CPU without gradients, where a read costs nothing, ended rows leave the batch
-      once there are enough of them to pay for the copy, and the loop stops when none is left
-      (the same values for a deterministic `pick`; a random one draws for fewer rows);
-    - else (a GPU, or gradients) static bounds: ended rows step on <pad> with their positions
-      masked, and nothing is read back from the device.
-    Returns tokens (R, T) (words, <eos> where ended, then 0), the model's log-probability of each
-    (0 where masked; with gradients when enabled) and mask (R, T), T = max_length."""
+    """Each of the R rows of `memory` takes one word a step, `pick(allowed logprobs (R, V)) -> (R,)`.
+    Ended rows: with `maps`, an early exit read once a step; on the CPU without gradients they leave
+    the batch; else (GPU, gradients) they step on <pad>, nothing read back. T = max_length."""
     R, device, T = next(iter(memory.values())).shape[0], next(iter(memory.values())).device, options.max_length
     reads = maps or (reads_are_free(device) and not torch.is_grad_enabled())  # whether a step may read the device
     tokens = torch.zeros((R, T), dtype=torch.long, device=device)  # (R, T)
@@ -163,24 +146,17 @@ def roll_out(
 def sample_captions(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> SampledCaptions:
-    """Self-critical training's captions as padded device tensors; feats (B, N, D). With `sample`,
-    `n_best` captions drawn per image with gradients (when enabled); else each image's greedy
-    caption without gradients (the baseline). The memory is prepared once per image and expanded.
-
-    Words are drawn from softmax(logprobs / temperature) (`drawing`), restricted by the options'
-    rules; the recorded log-probability is the model's own log-softmax at temperature 1, as in
-    Rennie et al. 2017 and Luo 2020: the policy the gradient pushes is the model, the same
-    distribution cross-entropy trains and beam search scores, so a sample's log-probability equals
-    the teacher-forced one of its tokens. Rows that have ended produce <pad> (0) with mask false
-    and no log-probability; T = max_length. With gradients, or on a GPU, `roll_out` never asks
-    the device whether all rows ended; on the CPU without gradients (SCST's sampling there, scored
-    afterwards by `scored_by_teacher_forcing`) ended rows leave the batch."""
+    """SCST's captions as padded device tensors; feats (B, N, D). With `sample`, `n_best` drawn per
+    image, with gradients when enabled; else the greedy baseline without. The recorded log-probability
+    is the model's at temperature 1 (Rennie et al. 2017), equal to the teacher-forced one."""
     n = options.n_best if options.sample else 1
     image_rows = torch.arange(feats.shape[0], device=feats.device).repeat_interleave(n)  # (B*n,)
     memory = decoder.prepare(feats)  # (B, ...) each: the per-image constants
     memory = select_rows(memory, image_rows) if n > 1 else memory  # (B*n, ...) each
-    with torch.set_grad_enabled(options.sample and torch.is_grad_enabled()):  # a greedy caption is only a baseline
-        out = roll_out(decoder, memory, special, options, drawing(options, feats.device) if options.sample else argmax)
+    with torch.set_grad_enabled(options.sample and torch.is_grad_enabled()):  # a greedy caption: a baseline
+        out = roll_out(
+            decoder, memory, special, options, drawing(options, feats.device) if options.sample else argmax
+        )
     out.image_rows = image_rows
     return out
 
@@ -188,16 +164,12 @@ def sample_captions(
 def scored_by_teacher_forcing(
     decoder: Decoder, feats: torch.Tensor, samples: SampledCaptions, bos_id: int
 ) -> torch.Tensor:
-    """Each sampled caption's log-probability (its words and <eos>), (R,), with gradients, from one
-    teacher-forced pass: the numbers `sample_captions` records step by step with gradients (the
-    same model's log-softmax at the same tokens), for a fraction of the work on the CPU, with no
-    graph through the roll-out and nothing computed for rows that have ended. feats (B, N, D).
-
-    It reads `samples.lengths` on the host, so it is for CPU tensors: on a GPU that read would
-    wait for the device, and the step-by-step record keeps the step free of synchronisations."""
+    """Each sampled caption's log-probability (R,), with gradients, from one teacher-forced pass: the
+    numbers `sample_captions` records, cheaper on the CPU. Reads `samples.lengths` on the host, so it
+    is for CPU tensors. feats (B, N, D)."""
     R = samples.tokens.shape[0]
     lengths = samples.lengths.cpu()  # (R,): positions per caption, at least 1
-    lengths, order = lengths.sort(descending=True, stable=True)  # (R,) each: longest first, as the LSTM wants them
+    lengths, order = lengths.sort(descending=True, stable=True)  # (R,) each: longest first, for the LSTM
     steps = int(lengths[0])
     targets = samples.tokens.index_select(0, order)[:, :steps]  # (R, steps)
     inputs = torch.cat([targets.new_full((R, 1), bos_id), targets[:, :-1]], dim=1)  # (R, steps): <bos>, then the words

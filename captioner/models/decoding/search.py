@@ -1,11 +1,6 @@
-"""Inference: greedy decoding, sampling and batched (diverse) beam search over whole batches of
-images, through the decoder interface alone.
-
-Each function takes the decoder, the features (B, N, D), the `SpecialTokens` and one
-`DecodeOptions`, and returns, per image, hypotheses with their word ids, scores and the attention
-map of every word. Greedy decoding and sampling run `sampling.roll_out` (the loop SCST's
-roll-outs run too) with its maps; the beam search's state and steps are `beam.Beam`; the rules
-every mode applies to a step are in `rules.py`.
+"""Inference: greedy decoding, sampling and batched (diverse) beam search, through the decoder
+interface alone. Each takes the decoder, feats (B, N, D), `SpecialTokens` and `DecodeOptions`, and
+returns per image hypotheses with word ids, scores and every word's attention map.
 """
 
 from __future__ import annotations
@@ -44,9 +39,8 @@ def decode_hypotheses(
 def greedy_decode(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> list[Hypothesis]:
-    """The most probable word at each step; feats (B, N, D). Uses max_length, min_length,
-    suppress_bad_endings, block_trigrams and self_attention of the options. The score is the
-    log-probability of the words and the <eos>."""
+    """The most probable word at each step; feats (B, N, D). The score is the log-probability of
+    the words and the <eos>."""
     return hypotheses(decoder, feats, special, options, argmax)
 
 
@@ -54,11 +48,8 @@ def greedy_decode(
 def sample_n_best(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> list[list[Hypothesis]]:
-    """`n_best` captions drawn per image, most probable first; feats (B, N, D).
-
-    Each word is drawn from softmax(logprobs / temperature), restricted to the `top_k` words and
-    the `top_p` nucleus, from a generator seeded by `seed` (on the features' device); the score is
-    the model's log-probability (at temperature 1) of the words and the <eos>."""
+    """`n_best` captions drawn per image, most probable first; feats (B, N, D). The score is the
+    log-probability at temperature 1 of the words and the <eos>."""
     B, n = feats.shape[0], options.n_best
     rows = feats.repeat_interleave(n, dim=0)  # (B*n, N, D): n draws per image
     drawn = hypotheses(decoder, rows, special, options, drawing(options, feats.device))
@@ -72,9 +63,8 @@ def hypotheses(
     options: DecodeOptions,
     pick: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[Hypothesis]:
-    """One caption per row of feats (R, N, D) from `roll_out` with its maps (and, with
-    `self_attention`, the self-attention weights of this same pass, for decoders that have one).
-    One copy of each thing the host keeps, after the loop; none per image."""
+    """One caption per row of feats (R, N, D) from `roll_out` with its maps; the host copies each
+    thing once, after the loop."""
     out = roll_out(decoder, decoder.prepare(feats), special, options, pick, maps=True)
     assert out.attn is not None  # made with maps
     ended = (out.tokens == special.eos).any(dim=1)  # (R,): a row's words are never <eos> before its end
@@ -104,23 +94,12 @@ def beam_search(
 def beam_search_n_best(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> list[list[Hypothesis]]:
-    """Batched (diverse) beam search over B images with K beams each; feats (B, N, D).
-
-    Returns per image the `n_best` (<= K) best distinct hypotheses, best first.
-
-    The K = `beam_size` beams of an image form G = `diverse_groups` groups of K/G beams
-    (Vijayakumar et al. 2018; one group is ordinary beam search). Every step runs the decoder once
-    over all B*K beams; then each group keeps its top 2K/G continuations (`Beam.select`, with the
-    Hamming diversity penalty between groups): those ending in <eos> that rank within the top K/G
-    become finished hypotheses, the best K/G others stay live. A group is done once it has K/G
-    finished hypotheses that no live beam of it can still beat. At `max_length` the live beams of
-    groups not done compete with the finished hypotheses on the same length-penalised score, so a
-    cut-off beam that is clearly better than every ended one wins (finished=False). With
-    `self_attention`, the self-attention weights of every step come back with each hypothesis.
-    On the CPU the images whose searches are all done stop being stepped: the batch's search then
-    costs about what its images' searches cost alone, and finds the same hypotheses.
-    """
-    check_search({"beam_size": options.beam_size, "diverse_groups": options.diverse_groups, "n_best": options.n_best})
+    """Batched beam search, K beams in G diverse groups per image; feats (B, N, D) -> per image the
+    `n_best` (<= K) best distinct hypotheses, best first. At `max_length` live beams compete with the
+    finished ones on the same length-penalised score (finished=False)."""
+    check_search(
+        {"beam_size": options.beam_size, "diverse_groups": options.diverse_groups, "n_best": options.n_best}
+    )
     if decoder.vocab_size >= 2**24:  # the step's read carries word ids in float32
         raise ValueError(f"beam search handles vocabularies under 2**24 words; this one has {decoder.vocab_size}")
     beam = Beam(decoder, feats, special, options)

@@ -1,9 +1,5 @@
-"""What the decoding loops share: one decoder step (with its self-attention when asked for), the
-hypothesis a loop returns, and the row bookkeeping of a batch that shrinks as its rows end.
-
-Nothing here knows which decoder it drives: the loops call `prepare`, `init_state`,
-`expand_memory` and `step`, and reorder memory and state with `select_rows`.
-"""
+"""What the decoding loops share: one decoder step, the hypothesis a loop returns, and the row
+bookkeeping of a batch that shrinks as its rows end."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ import torch
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
 
-SHRINK_SHARE = 8  # drop ended rows once they are an eighth of the rows still stepping (each drop copies the memory)
+SHRINK_SHARE = 8  # drop ended rows once they are an eighth of those stepping (each drop copies the memory)
 
 
 @dataclass
@@ -31,10 +27,14 @@ class Hypothesis:
 
 
 def step_decoder(
-    decoder: Decoder, memory: dict[str, torch.Tensor], prev: torch.Tensor, state: dict[str, torch.Tensor], self_attention: bool
+    decoder: Decoder,
+    memory: dict[str, torch.Tensor],
+    prev: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    self_attention: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
-    """One decoder step; with `self_attention` (for decoders that have it) also the weights its
-    self-attention used at this step, (R, L, H, t+1), taken out of the state; else None."""
+    """One decoder step; with `self_attention` (decoders that have it) also its self-attention
+    weights (R, L, H, t+1), taken out of the state; else None."""
     if not (self_attention and decoder.has_self_attention):
         logprobs, attn, state = decoder.step(memory, prev, state)
         return logprobs, attn, state, None
@@ -54,8 +54,7 @@ def spread_rows(x: torch.Tensor, rows: torch.Tensor, total: int, fill: float) ->
 
 
 def device_index(index: list[int], device: torch.device) -> torch.Tensor:
-    """A host list of row indices as a long tensor on `device`, copied without blocking (pinned
-    first on CUDA, as `rules.banned_mask` does)."""
+    """A host list of row indices as a long tensor on `device`, copied without blocking."""
     rows = torch.tensor(index, dtype=torch.long)  # (W,)
     if torch.device(device).type == "cuda":
         rows = rows.pin_memory()
