@@ -2,7 +2,8 @@
 
     from captioner import Captioner, default_model
     model = Captioner.from_pretrained("runs/shapes_lstm")        # a run folder, a .pt, an export folder or a Hub id
-    model = default_model()                                      # runs/default_model, else the packaged model, else runs/shapes_lstm
+    # runs/default_model, else the packaged model, else runs/shapes_lstm
+    model = default_model()
     caption = model.caption("photo.jpg", beam_size=3)
     caption.text, caption.words, caption.heatmaps()              # (T, h, w) attention per word
     captions = model.caption(["a.jpg", "b.png"])                 # a list in, a list out

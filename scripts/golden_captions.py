@@ -1,6 +1,7 @@
 """The golden captions: what today's models say, written to tests/data/golden/captions.json, so that
-a refactor of the model description, the decoding or the exports can show it changed nothing: tests/test_golden_captions.py decodes them again and compares, byte for byte on the
-machine that wrote the file.
+a refactor of the model description, the decoding or the exports can show it changed nothing:
+tests/test_golden_captions.py decodes them again and compares, byte for byte on the machine that
+wrote the file.
 
     python scripts/golden_captions.py             # rewrite captions.json from the committed models
     python scripts/golden_captions.py --models    # first train the two tiny shapes models again
@@ -65,7 +66,8 @@ DECODINGS: dict[str, dict[str, Any]] = {
     "sample_seed7": {"sample": True, "temperature": 1.0, "seed": 7, "n_best": 2},
 }
 # The torch-free runtime's options are a subset: no sampling, no diverse groups.
-ONNX_DECODINGS = [name for name, options in DECODINGS.items() if not options.get("sample") and "diverse_groups" not in options]
+ONNX_DECODINGS = [name for name,
+                  options in DECODINGS.items() if not options.get("sample") and "diverse_groups" not in options]
 
 # The tiny shapes world and models (tests/conftest.py's SHAPES_TINY, a few more epochs).
 SHAPES = [
@@ -110,7 +112,8 @@ def train_models(work: Path) -> None:
             raise SystemExit(f"training {kind} failed")
         slim(run / "best.pt", CHECKPOINTS[kind])
     shutil.rmtree(EXPORT, ignore_errors=True)
-    if main(["export", str(CHECKPOINTS["lstm"]), str(EXPORT), "--onnx", "--image", str(sorted((world / "test").iterdir())[0])]) != 0:
+    if main(["export", str(CHECKPOINTS["lstm"]), str(EXPORT), "--onnx", "--image",
+             str(sorted((world / "test").iterdir())[0])]) != 0:
         raise SystemExit("export failed")
     (EXPORT / "attention.png").unlink()  # the model card's figure (~0.7 MB): loading never reads it
     shutil.rmtree(PICTURES, ignore_errors=True)
@@ -145,7 +148,8 @@ def stored_layouts() -> dict[str, dict[str, list[int]]]:
     import torch
     from safetensors.torch import load_file
 
-    layouts = {kind: layout(torch.load(path, map_location="cpu", weights_only=True)["model"]) for kind, path in CHECKPOINTS.items()}
+    layouts = {kind: layout(torch.load(path, map_location="cpu", weights_only=True)["model"]) for kind,
+               path in CHECKPOINTS.items()}
     layouts["export_lstm"] = layout(load_file(EXPORT / "model.safetensors"))
     return layouts
 
@@ -180,7 +184,8 @@ def caption_all(model: Any, images: list) -> dict[str, Any]:
         options = dict(options)
         n_best = options.pop("n_best", 1)
         ranked = model.caption([str(p) for p in images], n_best=n_best, **options)
-        out[name] = {Path(path).name: [record_caption(c) for c in captions] for path, captions in zip(images, ranked, strict=True)}
+        out[name] = {Path(path).name: [record_caption(c) for c in captions] for path,
+                     captions in zip(images, ranked, strict=True)}
     return out
 
 
@@ -194,7 +199,8 @@ def onnx_captions(folder: Path, images: list) -> dict[str, Any]:
         options = dict(DECODINGS[name])
         n_best = options.pop("n_best", None)
         ranked = runtime.caption([str(p) for p in images], n_best=n_best, errors="return", **options)
-        out[name] = {Path(p).name: [record_caption(c) for c in (r if isinstance(r, list) else [r])] for p, r in zip(images, ranked)}
+        out[name] = {Path(p).name: [record_caption(c) for c in (r if isinstance(r, list) else [r])] for p,
+                     r in zip(images, ranked)}
     return out
 
 
@@ -209,7 +215,8 @@ def fresh_onnx_export(work: Path) -> Path:
 
 def flickr_photos(shared: Path, count: int = PHOTO_COUNT) -> list[Path]:
     """The first `count` Flickr8k test photographs (by name), as scripts/packaged_captions.py picks them."""
-    names = sorted(line.strip() for line in (shared / "flickr8k" / "Flickr_8k.testImages.txt").read_text().splitlines() if line.strip())
+    names = sorted(line.strip() for line in (shared / "flickr8k" / "Flickr_8k.testImages.txt").read_text().splitlines()
+                   if line.strip())
     folder = shared / "flickr8k" / "images"
     return [folder / name for name in names if (folder / name).is_file()][:count]
 
@@ -258,7 +265,8 @@ def _golden_record(shared: Path | None, onnx: bool) -> dict[str, Any]:
 
     pictures = sorted(PICTURES.glob("*.png"))
     record: dict[str, Any] = {"made_on": machine_key(), "torch": torch.__version__, "decodings": DECODINGS,
-                              "pictures": [p.name for p in pictures], "layouts": stored_layouts(), "files": file_checksums(), "shapes": {}}
+                              "pictures": [p.name for p in pictures], "layouts": stored_layouts(),
+                              "files": file_checksums(), "shapes": {}}
     for name, path in [*CHECKPOINTS.items(), ("export_lstm", EXPORT)]:
         record["shapes"][name] = caption_all(Captioner.from_pretrained(path, device="cpu"), pictures)
     if onnx:
@@ -266,13 +274,15 @@ def _golden_record(shared: Path | None, onnx: bool) -> dict[str, Any]:
     if shared is not None:
         photos = flickr_photos(shared)
         model = default_model("cpu")
-        record["flickr8k"] = {"model": model.origin.name, "photos": [p.name for p in photos], "captions": caption_all(model, photos)}
+        record["flickr8k"] = {"model": model.origin.name, "photos": [p.name for p in photos],
+                              "captions": caption_all(model, photos)}
     return record
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", action="store_true", help="train the two tiny models again, export one and copy the pictures first")
+    parser.add_argument("--models", action="store_true",
+                        help="train the two tiny models again, export one and copy the pictures first")
     parser.add_argument("--no-onnx", action="store_true", help="leave out the ONNX runtime's captions")
     parser.add_argument("--out", type=Path, default=CAPTIONS)
     args = parser.parse_args()
@@ -282,7 +292,8 @@ def main() -> None:
             train_models(Path(work))
     shared = shared_folder()
     if not shared.is_dir():
-        sys.exit(f"shared data folder not found: {shared} (set CAPTIONER_SHARED_DATA): the Flickr8k photographs are part of the record")
+        sys.exit(f"shared data folder not found: {shared} (set CAPTIONER_SHARED_DATA): the Flickr8k photographs are "
+                 "part of the record")
     record = golden_record(shared, onnx=not args.no_onnx and has_onnxruntime())
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -38,7 +38,8 @@ class CocoTree:
         return [self.root / e["filepath"] / e["filename"] for e in entries if e["split"] == "test"]
 
 
-def build_coco_tree(flickr8k: Path, root: Path, train: int = 16, restval: int = 4, val: int = 6, test: int = 6) -> CocoTree:
+def build_coco_tree(flickr8k: Path, root: Path, train: int = 16, restval: int = 4, val: int = 6,
+                    test: int = 6) -> CocoTree:
     """Write the tree under `root` from the first Flickr8k train/dev photographs in `flickr8k/images`."""
     allowed = {name for split in ("train", "val") for name in (flickr8k / SPLIT_FILES[split]).read_text().split()}
     captions = read_token_file(flickr8k / "Flickr8k.token.txt")
@@ -87,6 +88,7 @@ def write_caption_file(path: Path, images: list[tuple[int, str, tuple[int, int],
     path.write_text(json.dumps({
         "info": {"description": "a miniature COCO 2014 for the rehearsal"},
         "licenses": [],
-        "images": [{"id": cocoid, "file_name": filename, "width": w, "height": h} for cocoid, filename, (w, h), _ in images],
+        "images": [{"id": cocoid, "file_name": filename, "width": w, "height": h} for cocoid, filename, (w, h),
+                   _ in images],
         "annotations": annotations,
     }))

@@ -124,7 +124,8 @@ def shapes_lstm(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     from captioner.apps.cli import main
 
     root = shared_folder(tmp_path_factory) / "shapes_lstm"
-    args = ["train", str(REPO / "configs/shapes_lstm.yaml"), *SHAPES_TINY, f"data.root={root / 'shapes'}", f"train.out_dir={root / 'run'}"]
+    args = ["train", str(REPO / "configs/shapes_lstm.yaml"), *SHAPES_TINY, f"data.root={root / 'shapes'}",
+            f"train.out_dir={root / 'run'}"]
     with FileLock(f"{root}.lock"):
         if not (root / "trained").is_file():
             shutil.rmtree(root, ignore_errors=True)  # an earlier worker's attempt that failed

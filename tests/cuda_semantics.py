@@ -209,7 +209,8 @@ class _HostStaysReal(TorchDispatchMode):
         def convert(x: object) -> object:
             if isinstance(x, FakeTensor):
                 if x not in self.shadows:
-                    raise RuntimeError("fake_cuda(values=True): a device tensor without values (made outside the mode?)")
+                    raise RuntimeError(
+                        "fake_cuda(values=True): a device tensor without values (made outside the mode?)")
                 return self.shadows[x]
             if isinstance(x, torch.device) and x.type == "cuda":
                 return torch.device("cpu")
@@ -237,16 +238,19 @@ class _HostStaysReal(TorchDispatchMode):
         to_device = device is not None and torch.device(device).type == "cuda"
         source = tensors[-1] if name == "copy_" else tensors[0] if tensors else None
         into_device = to_device or (name == "copy_" and isinstance(tensors[0], FakeTensor))
-        non_blocking = kwargs.get("non_blocking") or (name == "copy_" and len(args) > 2 and args[2])  # copy_(dst, src, non_blocking)
+        # copy_(dst, src, non_blocking)
+        non_blocking = kwargs.get("non_blocking") or (name == "copy_" and len(args) > 2 and args[2])
         if name in ("_to_copy", "copy_") and into_device and not isinstance(source, FakeTensor) and not non_blocking:
             self.blocking_copies.append(f"{func} at {_caller()}")
-        to_host = (name == "_to_copy" and _on_device(source) and device is not None and torch.device(device).type == "cpu") or (
+        to_host = (name == "_to_copy" and _on_device(source) and device is not None and torch.device(device).type
+                   == "cpu") or (
             name == "copy_" and _on_device(source) and not _on_device(tensors[0])
         )
         if to_host:
             if not non_blocking:
                 self.read(str(func))
-            return self.run_real(func, args, kwargs) if self.values else func(*args, **kwargs)  # with values: a host tensor
+            # with values: a host tensor
+            return self.run_real(func, args, kwargs) if self.values else func(*args, **kwargs)
         if not (to_device or any(isinstance(t, FakeTensor) for t in tensors)):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
@@ -259,7 +263,8 @@ class _HostStaysReal(TorchDispatchMode):
             out = self.run_real(func, args, kwargs)
             if not isinstance(out, torch.Tensor):
                 return out  # a number: what .item() gives
-            fake = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="cuda")  # a fake of the read size
+            # a fake of the read size
+            fake = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="cuda")
             self.link(fake, out)
             return fake
         fakes = [t for t in tree_flatten(out)[0] if isinstance(t, FakeTensor)]
@@ -272,7 +277,8 @@ class _HostStaysReal(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def fake_cuda(dtype: torch.dtype = AUTOCAST_DTYPE, autocast: bool = True, values: bool = False) -> Iterator[FakeTensorMode]:
+def fake_cuda(dtype: torch.dtype = AUTOCAST_DTYPE, autocast: bool = True,
+              values: bool = False) -> Iterator[FakeTensorMode]:
     """FakeTensorMode with CUDA autocast on (`torch.autocast("cuda")` refuses without a GPU; the
     flags it would set are set directly). Make tensors with device="cuda" and move models with
     `to_fake_cuda`; the default device stays the CPU, so code that forgets `device=` makes a
@@ -352,7 +358,8 @@ class op_dtypes(TorchDispatchMode):
     (the CPU's oneDNN).
     """
 
-    SKIPPED = {"_to_copy", "to", "detach", "alias", "lift_fresh", "empty_strided", "_pin_memory", "pin_memory", "is_pinned", "clone"}
+    SKIPPED = {"_to_copy", "to", "detach", "alias", "lift_fresh", "empty_strided", "_pin_memory", "pin_memory",
+               "is_pinned", "clone"}
 
     def __init__(self) -> None:
         super().__init__()

@@ -47,7 +47,8 @@ def run_help(script: Path, work: Path) -> dict[str, object]:
             module_file = getattr(sys.modules[name], "__file__", None) or ""
             if Path(module_file).resolve().parent == script.parent:
                 del sys.modules[name]
-    return {"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(), "files": sorted(p.name for p in work.iterdir())}
+    return {"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
+            "files": sorted(p.name for p in work.iterdir())}
 
 
 def main() -> None:

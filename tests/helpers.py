@@ -105,7 +105,8 @@ def require_module(name: str, reason: str) -> None:
     require(importlib.util.find_spec(name) is not None, reason)
 
 
-def best_by_enumeration(decoder, feat, words: list[int], bos: int, eos: int, max_length: int, alpha: float) -> tuple[list[int], float]:
+def best_by_enumeration(decoder, feat, words: list[int], bos: int, eos: int, max_length: int,
+                        alpha: float) -> tuple[list[int], float]:
     """The caption beam search should return when its beam holds every hypothesis: each
     sequence of `words` ended by <eos> within `max_length` steps, and each of `max_length` words
     cut off there (it competes with the same score), scored by teacher forcing (independently of
@@ -138,8 +139,10 @@ def assert_beam_ranks_by_length_penalty(decoder, feats, bos: int, eos: int) -> N
 
     winners = {}
     for alpha in (0.0, 0.7, 2.0):
-        hyps = beam_search(decoder, feats, SpecialTokens(bos, eos, (0, bos)), DecodeOptions(beam_size=32, max_length=5, length_penalty=alpha))
-        expected = [best_by_enumeration(decoder, feat, [3, 4], bos=bos, eos=eos, max_length=5, alpha=alpha) for feat in feats]
+        hyps = beam_search(decoder, feats, SpecialTokens(bos, eos, (0, bos)),
+                           DecodeOptions(beam_size=32, max_length=5, length_penalty=alpha))
+        expected = [best_by_enumeration(decoder, feat, [3, 4], bos=bos, eos=eos, max_length=5, alpha=alpha)
+                    for feat in feats]
         assert [h.tokens for h in hyps] == [tokens for tokens, _ in expected], alpha
         assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
         winners[alpha] = [h.tokens for h in hyps]

@@ -1,6 +1,7 @@
 """Where the suite's time goes: every test's wall and CPU seconds (its own and its waited-for
-children's, fixtures included; the children's apart too: interpreters and Java started by tests), per pytest worker, summarised after the run: how busy the cores
-were, how long the run's tail kept some workers idle, and the long tests that mostly wait.
+children's, fixtures included; the children's apart too: interpreters and Java started by tests),
+per pytest worker, summarised after the run: how busy the cores were, how long the run's tail kept
+some workers idle, and the long tests that mostly wait.
 
 conftest.py imports these hooks. The controller (or the only process, without xdist) names a
 folder in $CAPTIONER_TEST_TIMELINE before the workers start; each writes `<worker>.jsonl` there."""
@@ -62,8 +63,8 @@ def summarise(records: list[dict], cores: int, started: float | None = None) -> 
     start, end = min(r["start"] for r in records), max(r["end"] for r in records)
     wall, cpu = end - start, sum(r["cpu"] for r in records)
     children = sum(r.get("children_cpu", 0.0) for r in records)
-    lines = [f"{len(records)} tests in {wall:.0f} s on {cores} cores: {cpu:.0f} CPU seconds ({children:.0f} in child processes), "
-             f"the cores {cpu / (wall * cores):.0%} busy"]
+    lines = [f"{len(records)} tests in {wall:.0f} s on {cores} cores: {cpu:.0f} CPU seconds ({children:.0f} in child "
+             f"processes), the cores {cpu / (wall * cores):.0%} busy"]
     if started is not None:
         lines[0] += f"; the first began {start - started:.0f} s after pytest started (workers, collection)"
     workers = sorted({r["worker"] for r in records})
@@ -72,11 +73,13 @@ def summarise(records: list[dict], cores: int, started: float | None = None) -> 
         own = [r for r in records if r["worker"] == worker]
         busy, used = sum(r["end"] - r["start"] for r in own), sum(r["cpu"] for r in own)
         finished[worker] = max(r["end"] for r in own)
-        lines.append(f"  {worker}: {len(own)} tests, {busy:.0f} s in tests, {used:.0f} CPU s, done at {finished[worker] - start:.0f} s")
+        lines.append(f"  {worker}: {len(own)} tests, {busy:.0f} s in tests, {used:.0f} CPU s, done at "
+                     f"{finished[worker] - start:.0f} s")
     if len(workers) > 1:
         first_done = min(finished.values())
         lines.append(f"  tail: {end - first_done:.0f} s from the first worker running dry to the end")
-    waiting = sorted((r for r in records if r["end"] - r["start"] >= 5 and r["cpu"] < WAITING * (r["end"] - r["start"])),
+    waiting = sorted((r for r in records if r["end"] - r["start"] >= 5
+                      and r["cpu"] < WAITING * (r["end"] - r["start"])),
                      key=lambda r: r["start"] - r["end"])
     if waiting:
         lines.append(f"  mostly waiting (CPU under {WAITING:.0%} of wall, 5 s or more):")
@@ -88,7 +91,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     folder = os.environ.get(TIMELINE)
     if hasattr(config, "workerinput") or not folder:
         return
-    records = [json.loads(line) for path in sorted(Path(folder).glob("*.jsonl")) for line in path.read_text().splitlines()]
+    records = [json.loads(line) for path in sorted(Path(folder).glob("*.jsonl"))
+               for line in path.read_text().splitlines()]
     if not records:
         return
     terminalreporter.write_sep("=", "suite timeline")

@@ -35,7 +35,8 @@ def instances_file(**changes) -> dict:
     return {
         "images": [{"id": 1, "file_name": "a.jpg", "height": 8, "width": 8}],
         "categories": [{"id": 3, "name": "cat"}],
-        "annotations": [{"id": 7, "image_id": 1, "category_id": 3, "segmentation": square, "area": 16, "bbox": [1, 1, 4, 4], "iscrowd": 0}],
+        "annotations": [{"id": 7, "image_id": 1, "category_id": 3, "segmentation": square, "area": 16,
+                         "bbox": [1, 1, 4, 4], "iscrowd": 0}],
         **changes,
     }
 
@@ -77,52 +78,85 @@ CASES: list[tuple[str, Callable[[Path], object], object, str]] = [
     ("coco_truncated", coco, TRUNCATED, r"not valid JSON \(.* at line 1 column \d+\); truncated\?"),
     ("coco_not_utf8", coco, b'{"images": [], "annotations": ["\xff\xfe"]}', r"not UTF-8 text"),
     ("coco_list", coco, [1, 2], r"not a COCO caption file \(needs 'images' and 'annotations' lists\)"),
-    ("coco_no_caption", coco, captions_file(annotations=[{"id": 1, "image_id": 1}]), r"annotations\[0\] has no 'caption'"),
-    ("coco_caption_number", coco, captions_file(annotations=[CAPTIONS[0], {"id": 2, "image_id": 2, "caption": 7}]), r"annotations\[1\]: 'caption' must be a string, got 7"),
-    ("coco_image_id_string", coco, captions_file(annotations=[{"id": 1, "image_id": "1", "caption": "x"}]), r"annotations\[0\]: 'image_id' must be an integer, got '1'"),
-    ("coco_image_id_bool", coco, captions_file(images=[{"id": True, "file_name": "a.jpg"}]), r"images\[0\]: 'id' must be an integer, got True"),
-    ("coco_file_name_number", coco, captions_file(images=[{"id": 1, "file_name": 3}]), r"images\[0\]: 'file_name' must be a string, got 3"),
+    ("coco_no_caption", coco, captions_file(annotations=[{"id": 1, "image_id": 1}]),
+     r"annotations\[0\] has no 'caption'"),
+    ("coco_caption_number", coco, captions_file(annotations=[CAPTIONS[0], {"id": 2, "image_id": 2, "caption": 7}]),
+     r"annotations\[1\]: 'caption' must be a string, got 7"),
+    ("coco_image_id_string", coco, captions_file(annotations=[{"id": 1, "image_id": "1", "caption": "x"}]),
+     r"annotations\[0\]: 'image_id' must be an integer, got '1'"),
+    ("coco_image_id_bool", coco, captions_file(images=[{"id": True, "file_name": "a.jpg"}]),
+     r"images\[0\]: 'id' must be an integer, got True"),
+    ("coco_file_name_number", coco, captions_file(images=[{"id": 1, "file_name": 3}]),
+     r"images\[0\]: 'file_name' must be a string, got 3"),
     ("coco_no_file_name", coco, captions_file(images=[{"id": 1}]), r"images\[0\] has no 'file_name'"),
-    ("coco_duplicate_image", coco, captions_file(images=[*IMAGES, {"id": 1, "file_name": "c.jpg"}]), r"images\[2\] repeats id 1 of images\[0\]"),
-    ("coco_duplicate_annotation", coco, captions_file(annotations=[*CAPTIONS, {"id": 10, "image_id": 2, "caption": "x"}]), r"annotations\[2\] repeats id 10 of annotations\[0\]"),
-    ("coco_unknown_image", coco, captions_file(annotations=[{"id": 1, "image_id": 9, "caption": "x"}]), r"annotations\[0\] names image_id 9, which 'images' does not list"),
+    ("coco_duplicate_image", coco, captions_file(images=[*IMAGES, {"id": 1, "file_name": "c.jpg"}]),
+     r"images\[2\] repeats id 1 of images\[0\]"),
+    ("coco_duplicate_annotation", coco, captions_file(annotations=[
+        *CAPTIONS, {"id": 10, "image_id": 2, "caption": "x"}]), r"annotations\[2\] repeats id 10 of annotations\[0\]"),
+    ("coco_unknown_image", coco, captions_file(annotations=[{"id": 1, "image_id": 9, "caption": "x"}]),
+     r"annotations\[0\] names image_id 9, which 'images' does not list"),
     ("coco_entry_not_object", coco, captions_file(annotations=["a cat"]), r"annotations\[0\] is a str, not an object"),
     # COCO instances files
-    ("inst_no_categories", instances, captions_file(), r"not a COCO instances file \(needs 'images' and 'annotations' and 'categories' lists\)"),
+    ("inst_no_categories", instances, captions_file(),
+     r"not a COCO instances file \(needs 'images' and 'annotations' and 'categories' lists\)"),
     ("inst_no_height", instances, instances_file(images=[{"id": 1, "width": 8}]), r"images\[0\] has no 'height'"),
-    ("inst_zero_width", instances, instances_file(images=[{"id": 1, "height": 8, "width": 0}]), r"images\[0\]: 'width' must be a positive integer, got 0"),
+    ("inst_zero_width", instances, instances_file(images=[{"id": 1, "height": 8, "width": 0}]),
+     r"images\[0\]: 'width' must be a positive integer, got 0"),
     ("inst_category_no_name", instances, instances_file(categories=[{"id": 3}]), r"categories\[0\] has no 'name'"),
-    ("inst_duplicate_category", instances, instances_file(categories=[{"id": 3, "name": "cat"}, {"id": 3, "name": "dog"}]), r"categories\[1\] repeats id 3"),
-    ("inst_no_segmentation", instances, instances_file(annotations=[{"id": 7, "image_id": 1, "category_id": 3}]), r"annotations\[0\] has no 'segmentation'"),
-    ("inst_bad_segmentation", instances, instances_file(annotations=[{"id": 7, "image_id": 1, "category_id": 3, "segmentation": [[1, 2]]}]), r"annotations\[0\]: 'segmentation' must be polygons or RLE"),
-    ("inst_unknown_category", instances, instances_file(annotations=[{"id": 7, "image_id": 1, "category_id": 4, "segmentation": [[0, 0, 4, 0, 4, 4]]}]), r"annotations\[0\] names category_id 4"),
+    ("inst_duplicate_category", instances,
+     instances_file(categories=[{"id": 3, "name": "cat"}, {"id": 3, "name": "dog"}]), r"categories\[1\] repeats id 3"),
+    ("inst_no_segmentation", instances, instances_file(annotations=[{"id": 7, "image_id": 1, "category_id": 3}]),
+     r"annotations\[0\] has no 'segmentation'"),
+    ("inst_bad_segmentation", instances,
+     instances_file(annotations=[{"id": 7, "image_id": 1, "category_id": 3, "segmentation": [[1, 2]]}]),
+     r"annotations\[0\]: 'segmentation' must be polygons or RLE"),
+    ("inst_unknown_category", instances,
+     instances_file(annotations=[{"id": 7, "image_id": 1, "category_id": 4, "segmentation": [[0, 0, 4, 0, 4, 4]]}]),
+     r"annotations\[0\] names category_id 4"),
     ("inst_truncated", instances, json.dumps(instances_file()).encode()[:-3], r"not valid JSON"),
     # Karpathy split files
     ("karpathy_truncated", karpathy, json.dumps(karpathy_file()).encode()[:40], r"not valid JSON"),
     ("karpathy_images_dict", karpathy, {"images": {"a": 1}}, r"not a Karpathy split file \(no 'images' list\)"),
     ("karpathy_entry_string", karpathy, karpathy_file("a.jpg"), r"images\[1\] is a str, not an object"),
-    ("karpathy_no_filename", karpathy, karpathy_file({"split": "test", "cocoid": 6, "sentences": []}), r"images\[1\] has no 'filename'"),
-    ("karpathy_id_string", karpathy, karpathy_file({"filename": "b.jpg", "split": "test", "cocoid": "6", "sentences": []}), r"images\[1\]: 'cocoid'/'imgid' must be an integer, got '6'"),
-    ("karpathy_duplicate_id", karpathy, karpathy_file({"filename": "b.jpg", "split": "train", "cocoid": 5, "sentences": []}), r"images\[1\] repeats image id 5 of images\[0\]"),
-    ("karpathy_raw_number", karpathy, karpathy_file({"filename": "b.jpg", "split": "test", "cocoid": 6, "sentences": [{"raw": 5}]}), r"images\[1\]\.sentences\[0\]: needs a 'raw' string or a 'tokens' list of strings"),
-    ("karpathy_no_sentences", karpathy, karpathy_file({"filename": "b.jpg", "split": "test", "cocoid": 6, "sentences": []}), r"images\[1\]: 'sentences' must be a non-empty list"),
-    ("karpathy_filename_list", karpathy, karpathy_file({"filename": ["b.jpg"], "split": "test", "cocoid": 6, "sentences": [{"raw": "x"}]}), r"images\[1\]: 'filename' and 'filepath' must be strings"),
+    ("karpathy_no_filename", karpathy, karpathy_file({"split": "test", "cocoid": 6, "sentences": []}),
+     r"images\[1\] has no 'filename'"),
+    ("karpathy_id_string", karpathy,
+     karpathy_file({"filename": "b.jpg", "split": "test", "cocoid": "6", "sentences": []}),
+     r"images\[1\]: 'cocoid'/'imgid' must be an integer, got '6'"),
+    ("karpathy_duplicate_id", karpathy,
+     karpathy_file({"filename": "b.jpg", "split": "train", "cocoid": 5, "sentences": []}),
+     r"images\[1\] repeats image id 5 of images\[0\]"),
+    ("karpathy_raw_number", karpathy,
+     karpathy_file({"filename": "b.jpg", "split": "test", "cocoid": 6, "sentences": [{"raw": 5}]}),
+     r"images\[1\]\.sentences\[0\]: needs a 'raw' string or a 'tokens' list of strings"),
+    ("karpathy_no_sentences", karpathy,
+     karpathy_file({"filename": "b.jpg", "split": "test", "cocoid": 6, "sentences": []}),
+     r"images\[1\]: 'sentences' must be a non-empty list"),
+    ("karpathy_filename_list", karpathy,
+     karpathy_file({"filename": ["b.jpg"], "split": "test", "cocoid": 6, "sentences": [{"raw": "x"}]}),
+     r"images\[1\]: 'filename' and 'filepath' must be strings"),
     # results and reference files for scoring
     ("results_truncated", results, b'[{"image_id": 1, "caption": "a c', r"not valid JSON"),
     ("results_object", results, {"image_id": 1, "caption": "x"}, r"expected a JSON list .* got a JSON dict"),
     ("results_no_caption", results, [{"image_id": 1}], r"item 0 has no \"caption\""),
-    ("results_caption_list", results, [{"image_id": 1, "caption": ["a", "cat"]}], r"item 0 \(image 1\): \"caption\" must be a string"),
-    ("results_id_string", results, [{"image_id": "1", "caption": "a cat"}], r"item 0: \"image_id\" must be an integer, got '1'"),
-    ("results_duplicate", results, [{"image_id": 1, "caption": "a"}, {"image_id": 1, "caption": "b"}], r"image 1 has more than one caption \(items 0 and 1\)"),
-    ("results_unknown_image", results, [{"image_id": 3, "caption": "a"}], r"1 of 1 image ids are not in the annotations \(3\)"),
+    ("results_caption_list", results, [{"image_id": 1, "caption": ["a", "cat"]}],
+     r"item 0 \(image 1\): \"caption\" must be a string"),
+    ("results_id_string", results, [{"image_id": "1", "caption": "a cat"}],
+     r"item 0: \"image_id\" must be an integer, got '1'"),
+    ("results_duplicate", results, [{"image_id": 1, "caption": "a"}, {"image_id": 1, "caption": "b"}],
+     r"image 1 has more than one caption \(items 0 and 1\)"),
+    ("results_unknown_image", results, [{"image_id": 3, "caption": "a"}],
+     r"1 of 1 image ids are not in the annotations \(3\)"),
     ("results_empty_caption", results, [{"image_id": 1, "caption": "  "}], r"item 0 \(image 1\) has an empty caption"),
     ("references_no_annotations", references, {"images": []}, r'missing "annotations"'),
-    ("references_caption_number", references, {"annotations": [{"image_id": 1, "caption": None}]}, r'annotations\[0\]: "caption" must be a string, got None'),
+    ("references_caption_number", references, {"annotations": [{"image_id": 1, "caption": None}]},
+     r'annotations\[0\]: "caption" must be a string, got None'),
 ]
 
 
 @pytest.mark.parametrize(("name", "load", "content", "message"), CASES, ids=[c[0] for c in CASES])
-def test_malformed_file_is_one_line_naming_file_and_record(tmp_path: Path, name: str, load, content, message: str) -> None:
+def test_malformed_file_is_one_line_naming_file_and_record(tmp_path: Path, name: str, load, content,
+                                                           message: str) -> None:
     path = write(tmp_path / f"{name}.json", content)
     with pytest.raises(DatasetError) as info:
         load(path)
@@ -152,10 +186,12 @@ GOOD_TOKENS = "a.jpg#0\tA cat .\na.jpg#1\tA small cat .\nb.jpg#0\tA dog .\n"
 @pytest.mark.parametrize(
     ("tokens", "message"),
     [
-        ("a.jpg#0\tA cat .\na.jpg#1 A cat without a tab\n", r"Flickr8k.token.txt:2: expected '<image>.jpg#<n><TAB><caption>'"),
+        ("a.jpg#0\tA cat .\na.jpg#1 A cat without a tab\n",
+         r"Flickr8k.token.txt:2: expected '<image>.jpg#<n><TAB><caption>'"),
         ("a.jpg\tA cat with no number\n", r"Flickr8k.token.txt:1: expected"),
         ("a.jpg#0\tA cat .\na.jpg#1\t   \n", r"Flickr8k.token.txt:2: a.jpg#1 has an empty caption"),
-        ("a.jpg#0\tA cat .\nb.jpg#0\tA dog .\na.jpg#0\tA cat again .\n", r"Flickr8k.token.txt:3: a.jpg#0 repeats line 1"),
+        ("a.jpg#0\tA cat .\nb.jpg#0\tA dog .\na.jpg#0\tA cat again .\n",
+         r"Flickr8k.token.txt:3: a.jpg#0 repeats line 1"),
         ("", r"Flickr8k.token.txt: no captions"),
     ],
 )
@@ -199,6 +235,7 @@ def test_cli_prints_one_line_and_exits_2(tmp_path: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {bad}: annotations[0]: 'caption' must be a string")
     results_file = write(tmp_path / "results.json", [{"image_id": 1, "caption": 5}])
-    assert main(["evaluate", "--fast", "--results", str(results_file), "--annotations", str(write(tmp_path / "ok.json", captions_file()))]) == 2
+    assert main(["evaluate", "--fast", "--results", str(results_file), "--annotations",
+                 str(write(tmp_path / "ok.json", captions_file()))]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "results.json: item 0 (image 1): \"caption\" must be a string" in err

@@ -84,8 +84,10 @@ def test_import_captioner_is_lazy() -> None:
         "assert 'torch' not in sys.modules, 'torch imported by import captioner'\n"
         "from captioner import Caption, Captioner, DecodeOptions, default_model, load_captioner\n"
         "assert 'torch' in sys.modules\n"
-        "assert Captioner.__module__ == 'captioner.models.captioner' and callable(load_captioner) and callable(default_model)\n"
-        "assert sorted(captioner.__all__) == ['Caption', 'Captioner', 'DecodeOptions', 'default_model', 'load_captioner']\n"
+        "assert Captioner.__module__ == 'captioner.models.captioner' and callable(load_captioner) and "
+        "callable(default_model)\n"
+        "assert sorted(captioner.__all__) == ['Caption', 'Captioner', 'DecodeOptions', 'default_model', "
+        "'load_captioner']\n"
         "try:\n    captioner.Capshuner\nexcept AttributeError as e:\n    print(e)\n"
     )
     result = run_python(code, ROOT)
@@ -110,7 +112,8 @@ def test_paths_bytes_and_pictures_caption_alike_and_as_the_cli_does(model: Capti
     for inputs in (paths, [str(p) for p in paths], as_bytes, as_pictures):
         assert [c.tokens for c in model.caption(inputs)] == expected
     short = [c.tokens for c in model.caption(paths, beam_size=1, max_length=3)]
-    assert short == [c.tokens for c in model.caption(paths, errors="return", beam_size=1, max_length=3)]  # the CLI's way
+    # the CLI's way
+    assert short == [c.tokens for c in model.caption(paths, errors="return", beam_size=1, max_length=3)]
     assert all(len(tokens) <= 3 for tokens in short)  # options reach the search
 
 
@@ -125,7 +128,8 @@ def test_a_transparent_picture_is_captioned_like_its_file(model: Captioner, tmp_
     assert caption.attn.shape[0] == len(caption.words)
 
 
-def test_lists_are_decoded_in_batches_of_the_config(model: Captioner, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lists_are_decoded_in_batches_of_the_config(model: Captioner, project: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[int] = []
     original = Captioner._caption_batch
     monkeypatch.setattr(Captioner, "_caption_batch", lambda self, x, *a: seen.append(len(x)) or original(self, x, *a))
@@ -146,7 +150,8 @@ def test_a_bad_image_in_a_list_is_named_in_one_line(model: Captioner, project: P
         model.caption(tmp_path / "missing.jpg")  # one path: the loader's own line
     with pytest.raises(ImageLoadError, match=r"^caption: image 1 of 1: <upload>: empty file \(0 bytes\)$"):
         model.caption([b""])
-    with pytest.raises(ImageLoadError, match=r"^caption: the image: expected a path, bytes or a PIL image, got Tensor$"):
+    with pytest.raises(ImageLoadError,
+                       match=r"^caption: the image: expected a path, bytes or a PIL image, got Tensor$"):
         model.caption(torch.zeros(3, 8, 8))  # type: ignore[call-overload]
 
 

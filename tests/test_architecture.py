@@ -58,7 +58,8 @@ def test_cycles_are_found_by_the_contract(tmp_path: Path) -> None:
         'name = "acyclic"\ntype = "acyclic_siblings"\nancestors = ["cyclic"]\n'
     )
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
-    result = subprocess.run([lint, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": ""})
+    result = subprocess.run([lint, "--no-cache"], cwd=tmp_path, capture_output=True, text=True,
+                            env={"PYTHONPATH": str(tmp_path), "PATH": ""})
     assert result.returncode == 1 and "BROKEN" in result.stdout
 
 
@@ -79,7 +80,8 @@ def test_import_captioner_is_light() -> None:
     assert not loaded_after("import captioner") & {*HEAVY, "torch"}
 
 
-@pytest.mark.parametrize("module", ["captioner.models.checkpoint", "captioner.models.captioner", "captioner.data.store_splits", "captioner.data.datasets"])
+@pytest.mark.parametrize("module", ["captioner.models.checkpoint", "captioner.models.captioner",
+                                    "captioner.data.store_splits", "captioner.data.datasets"])
 def test_the_library_layers_load_no_ui_plotting_or_metric_stack(module: str) -> None:
     loaded = loaded_after(f"import {module}")
     assert "torch" in loaded or module == "captioner.data.datasets"
@@ -109,8 +111,10 @@ def test_no_function_is_longer_than_80_lines() -> None:
     """An orchestrator reads as a list of named steps, each a function that can be tested alone."""
     lengths = function_lengths()
     long = {key for key, lines in lengths.items() if lines > MAX_FUNCTION_LINES}
-    assert not long - LONG_FUNCTIONS, {f"{path}::{name}": lengths[path, name] for path, name in sorted(long - LONG_FUNCTIONS)}
-    assert not LONG_FUNCTIONS - long, f"no longer over {MAX_FUNCTION_LINES} lines: take them off LONG_FUNCTIONS: {sorted(LONG_FUNCTIONS - long)}"
+    assert not long - LONG_FUNCTIONS, {f"{path}::{name}": lengths[path, name] for path,
+                                       name in sorted(long - LONG_FUNCTIONS)}
+    assert not LONG_FUNCTIONS - long, (
+        f"no longer over {MAX_FUNCTION_LINES} lines: take them off LONG_FUNCTIONS: {sorted(LONG_FUNCTIONS - long)}")
 
 
 def test_no_module_is_longer_than_400_lines() -> None:
@@ -118,4 +122,5 @@ def test_no_module_is_longer_than_400_lines() -> None:
     lengths = {path.relative_to(ROOT).as_posix(): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
     long = {path for path, lines in lengths.items() if lines > MAX_MODULE_LINES}
     assert not long - LONG_MODULES, {path: lengths[path] for path in sorted(long - LONG_MODULES)}
-    assert not LONG_MODULES - long, f"no longer over {MAX_MODULE_LINES} lines: take them off LONG_MODULES: {sorted(LONG_MODULES - long)}"
+    assert not LONG_MODULES - long, (
+        f"no longer over {MAX_MODULE_LINES} lines: take them off LONG_MODULES: {sorted(LONG_MODULES - long)}")

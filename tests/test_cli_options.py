@@ -32,7 +32,8 @@ def checkpoint_and_images(tmp_path: Path) -> tuple[Path, list[Path]]:
 
 @pytest.mark.parametrize(("flag", "batches"), [([], [3, 2]), (["--batch-size", "2"], [2, 2, 1])])
 def test_caption_batch_size_defaults_to_the_checkpoint_config(
-    checkpoint_and_images, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: list[str], batches: list[int]
+    checkpoint_and_images, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: list[str],
+    batches: list[int]
 ) -> None:
     checkpoint, images = checkpoint_and_images
     seen: list[int] = []
@@ -61,7 +62,8 @@ def test_evaluate_results_writes_scores_to_runs_eval_not_beside_the_input(
         "annotations": [{"image_id": 1, "caption": "a red circle"}, {"image_id": 2, "caption": "a blue square"}],
     }))
     results = data / "mine.json"
-    results.write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}, {"image_id": 2, "caption": "a blue circle"}]))
+    results.write_text(
+        json.dumps([{"image_id": 1, "caption": "a red circle"}, {"image_id": 2, "caption": "a blue circle"}]))
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -72,9 +74,11 @@ def test_evaluate_results_writes_scores_to_runs_eval_not_beside_the_input(
     assert json.loads(scores.read_text())["overall"]["Bleu_1"] > 0.5
     assert f"scores: {Path('runs/eval/mine_scores.json')}" in capsys.readouterr().out
     # --out as a folder or a file
-    assert main(["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "elsewhere"]) == 0
+    assert main(
+        ["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "elsewhere"]) == 0
     assert (work / "elsewhere" / "scores.json").is_file()
-    assert main(["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "s.json"]) == 0
+    assert main(
+        ["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "s.json"]) == 0
     assert (work / "s.json").is_file() and sorted(data.iterdir()) == before
 
 
@@ -123,7 +127,8 @@ def test_train_and_features_name_the_device_with_device_as_every_command_does(
     from captioner.apps.commands.train import resume_command
 
     seen = {}
-    monkeypatch.setattr(runs, "train_run", lambda config, resume: seen.setdefault("device", config.train.device) and "best.pt")
+    monkeypatch.setattr(runs, "train_run",
+                        lambda config, resume: seen.setdefault("device", config.train.device) and "best.pt")
     assert main(["train", SHAPES_LSTM, "--device", "cpu", "train.epochs=1"]) == 0
     assert seen["device"] == "cpu"
     assert main(["train", SHAPES_LSTM, "--device", "gpu"]) == 2  # checked as train.device is

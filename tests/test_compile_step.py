@@ -31,7 +31,8 @@ def make_decoder(kind: str) -> Decoder:
     if kind == "lstm":
         decoder: Decoder = LSTMDecoder(LSTMConfig(embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0), V, D)
     else:
-        decoder = TransformerDecoder(TransformerConfig(d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0), V, D)
+        decoder = TransformerDecoder(
+            TransformerConfig(d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0), V, D)
     return decoder.eval()
 
 
@@ -128,7 +129,8 @@ def test_lstm_beam_step_compiles_one_graph_for_every_batch(monkeypatch) -> None:
         prev = torch.randint(3, V, (images * K,))  # (B*K,)
         for got, expected in zip(compiled(memory, prev, state)[:2], decoder.step(memory, prev, state)[:2]):
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    assert compile_count.frame_count <= 2, f"4 batch sizes compiled {compile_count.frame_count} graphs"  # static, then dynamic
+    # static, then dynamic
+    assert compile_count.frame_count <= 2, f"4 batch sizes compiled {compile_count.frame_count} graphs"
 
 
 @pytest.mark.parametrize("prepared_in_autocast", [True, False], ids=["bf16_memory", "float32_memory"])
@@ -199,6 +201,7 @@ def test_teacher_forcing_compiles_when_its_host_indices_go_to_another_device(
         eager = decoder(feats, tokens, lengths, packed=True).logits  # (M, V)
         calls = len(pinned)
         torch._dynamo.reset()
-        compiled = torch.compile(decoder, backend="eager", dynamic=True)(feats, tokens, lengths, packed=True).logits  # (M, V)
+        # (M, V)
+        compiled = torch.compile(decoder, backend="eager", dynamic=True)(feats, tokens, lengths, packed=True).logits
     assert compiled.shape == eager.shape == (STEPS + 4 + 3, V)
     assert calls >= 1 and len(pinned) == 2 * calls  # the compiled forward pinned the same indices, outside its graph

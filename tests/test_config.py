@@ -192,15 +192,19 @@ def test_a_stored_encoder_section_without_normalization_predates_it() -> None:
     assert old.model.encoder.normalization == "imagenet" and old.model.encoder.name == "efficientnet_lite0"
     recorded = config_from_dict({"model": {"encoder": {"name": "efficientnet_lite0", "normalization": "tf_lite"}}})
     assert recorded.model.encoder.normalization == "tf_lite"
-    assert config_from_dict({"model": {"encoder": {"normalization": "backbone"}}}).model.encoder.normalization == "backbone"
-    assert config_from_dict({}).model.encoder.normalization == "backbone"  # no stored encoder section: nothing to translate
+    assert config_from_dict(
+        {"model": {"encoder": {"normalization": "backbone"}}}).model.encoder.normalization == "backbone"
+    # no stored encoder section: nothing to translate
+    assert config_from_dict({}).model.encoder.normalization == "backbone"
     assert config_from_dict(Config().to_dict()) == Config()  # what this version writes reads back unchanged
 
 
 def test_cross_field_rules() -> None:
-    with pytest.raises(ConfigError, match=r"'model.decoder.d_model' \(30\) must be divisible by 'model.decoder.num_heads' \(4\)"):
+    with pytest.raises(ConfigError,
+                       match=r"'model.decoder.d_model' \(30\) must be divisible by 'model.decoder.num_heads' \(4\)"):
         load_config(None, ["model.decoder.type=transformer", "model.decoder.d_model=30", "model.decoder.num_heads=4"])
-    load_config(None, ["model.decoder.type=lstm", "model.decoder.d_model=30", "model.decoder.num_heads=4"])  # unused by the LSTM
+    # unused by the LSTM
+    load_config(None, ["model.decoder.type=lstm", "model.decoder.d_model=30", "model.decoder.num_heads=4"])
 
 
 def test_a_key_without_a_spec_stops_every_load(monkeypatch: pytest.MonkeyPatch) -> None:

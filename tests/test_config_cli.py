@@ -26,7 +26,8 @@ def all_key_names(cls: type = Config, prefix: str = "") -> list[str]:
             for name in registered():
                 names += all_key_names(decoder_type(name).config, f"{prefix}{f.name}.")
         else:
-            names += all_key_names(type(value), f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else [prefix + f.name]
+            names += all_key_names(type(value),
+                                   f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else [prefix + f.name]
     return names
 
 
@@ -49,9 +50,11 @@ def test_show_refuses_a_bad_value_in_one_line(capsys: pytest.CaptureFixture[str]
 def test_keys_lists_every_key_with_what_it_allows_and_means(capsys: pytest.CaptureFixture[str]) -> None:
     keys = config_keys()
     assert [k.name for k in keys] == all_key_names()
-    assert all(k.meaning and k.allowed for k in keys), [k.name for k in keys if not k.meaning]  # a key declared without a comment fails here
+    # a key declared without a comment fails here
+    assert all(k.meaning and k.allowed for k in keys), [k.name for k in keys if not k.meaning]
     by_name = {k.name: k for k in keys}
-    assert by_name["model.decoder.type"].allowed == "one of lstm, transformer" and by_name["model.decoder.type"].default == "lstm"
+    assert (by_name["model.decoder.type"].allowed == "one of lstm, transformer"
+            and by_name["model.decoder.type"].default == "lstm")
     assert by_name["train.warmup_steps"].type == "int or null"
     assert by_name["decode.beam_size"].allowed == "a whole number in [1, 100]"
     assert by_name["train.lr_scaling"].meaning.startswith("The learning rates")  # the comment block above the key

@@ -69,9 +69,11 @@ def test_every_step_runs_in_the_precision_decided_before_the_first(tmp_path: Pat
 
 def test_cpu_amp_takes_its_three_values_and_reads_old_booleans() -> None:
     assert tiny_config().train.cpu_amp == "fp32"
-    assert [tiny_config(f"train.cpu_amp={v}").train.cpu_amp for v in ("fp32", "bf16", "auto")] == ["fp32", "bf16", "auto"]
+    assert [tiny_config(f"train.cpu_amp={v}").train.cpu_amp for v in ("fp32", "bf16", "auto")] == ["fp32",
+                                                                                                   "bf16", "auto"]
     # Configs and checkpoints from before the three values said true (bf16 where it pays) or false.
-    assert [tiny_config(f"train.cpu_amp={v}").train.cpu_amp for v in ("true", "false", "on", "off")] == ["auto", "fp32", "auto", "fp32"]
+    assert [tiny_config(f"train.cpu_amp={v}").train.cpu_amp for v in ("true", "false", "on", "off")] == ["auto", "fp32",
+                                                                                                         "auto", "fp32"]
     assert config_from_dict({"train": {"cpu_amp": True}}).train.cpu_amp == "auto"
     with pytest.raises(ConfigError, match=r"'train.cpu_amp' must be one of fp32, auto, bf16; got 'fp16'"):
         tiny_config("train.cpu_amp=fp16")
@@ -79,7 +81,8 @@ def test_cpu_amp_takes_its_three_values_and_reads_old_booleans() -> None:
 
 def test_fp32_and_bf16_are_forced_anywhere_and_auto_needs_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_model()
-    monkeypatch.setattr(precision, "time_precisions", lambda *a, **k: pytest.fail("calibrated where nothing was to decide"))
+    monkeypatch.setattr(precision, "time_precisions",
+                        lambda *a, **k: pytest.fail("calibrated where nothing was to decide"))
     for native in (True, False):
         monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
         assert precision.choose_cpu_bf16(tiny_config("train.cpu_amp=bf16"), model, False, None).bf16 is True
@@ -99,7 +102,8 @@ def test_auto_calibrates_once_per_machine_and_shapes(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(precision, "time_precisions", timed)
     model = tiny_model()
-    small, large = tiny_config("train.cpu_amp=auto", "data.batch_size=4"), tiny_config("train.cpu_amp=auto", "data.batch_size=8")
+    small, large = tiny_config("train.cpu_amp=auto", "data.batch_size=4"), tiny_config("train.cpu_amp=auto",
+                                                                                       "data.batch_size=8")
     assert precision.choose_cpu_bf16(small, model, False, None).bf16 is False
     assert precision.choose_cpu_bf16(small, model, False, None).bf16 is False  # recalled: not timed again
     assert precision.choose_cpu_bf16(large, model, False, None).bf16 is True  # other shapes: their own calibration
@@ -115,7 +119,9 @@ def test_the_calibration_draws_nothing_from_the_run_and_changes_no_weight(encode
     model = tiny_model().train()
     config = tiny_config("data.batch_size=2", "model.decoder.dropout=0.5")
     with torch.no_grad():
-        feature_shape = tuple(model.encoder.eval()(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))[0].shape[1:]) if encoded else None  # (N, D)
+        # (N, D)
+        feature_shape = tuple(
+            model.encoder.eval()(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))[0].shape[1:]) if encoded else None
     model.train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
@@ -135,7 +141,8 @@ def test_a_run_decides_before_its_first_step_and_records_the_choice(tmp_path: Pa
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     calls: list[int] = []
-    monkeypatch.setattr(precision, "time_precisions", lambda *a, **k: calls.append(1) or {"bf16": True, "bf16_ms": 1.0, "fp32_ms": 2.0})
+    monkeypatch.setattr(precision, "time_precisions",
+                        lambda *a, **k: calls.append(1) or {"bf16": True, "bf16_ms": 1.0, "fp32_ms": 2.0})
     dtypes: list[torch.dtype] = []
     original = loop.caption_loss
 
@@ -145,7 +152,8 @@ def test_a_run_decides_before_its_first_step_and_records_the_choice(tmp_path: Pa
 
     monkeypatch.setattr("captioner.training.run_setup.caption_loss", caption_loss)
     generate_shapes(tmp_path / "shapes", 8, 2, 1, image_size=32, seed=0, progress=False)
-    overrides = ["data.batch_size=4", "train.epochs=1", "train.device=cpu", "train.val_max_images=2", "decode.max_length=6",
+    overrides = ["data.batch_size=4", "train.epochs=1", "train.device=cpu", "train.val_max_images=2",
+                 "decode.max_length=6",
                  f"data.root={tmp_path / 'shapes'}", "train.cpu_amp=auto"]
     for run in ("a", "b"):
         with caplog.at_level("DEBUG", logger="captioner.training.run_setup"):

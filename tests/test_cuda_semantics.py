@@ -38,7 +38,8 @@ def caption_batch(model, n_images: int = 3, lengths: tuple[int, ...] = (7, 5, 3)
     items = []
     for i in range(n_images):
         words = " ".join(WORDS[i : i + lengths[i % len(lengths)]])
-        image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)  # as ImageTransform gives it: normalised on the device
+        # as ImageTransform gives it: normalised on the device
+        image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
         items.append((image, [model.vocab.encode(words, 20)], i))
     return collate_captions(items)
 
@@ -54,9 +55,11 @@ def test_the_cuda_lists_are_the_ones_torch_registers_for_cuda() -> None:
     parsed = set(cuda_policies())
     registered = autocast_ops("AutocastCUDA")
     apart = {n for n in registered if n.startswith(("aten::norm", "aten::binary_cross_entropy"))}
-    apart |= {"aten::_cudnn_rnn", "aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::linalg_matrix_sqrth"}
+    apart |= {"aten::_cudnn_rnn", "aten::cudnn_convolution", "aten::cudnn_convolution_transpose",
+              "aten::linalg_matrix_sqrth"}
     assert registered - apart <= parsed, registered - apart - parsed
-    assert {n for n in parsed if n.startswith("aten::")} - registered <= {n for n in parsed if "Dimname" in n}, parsed - registered
+    assert {n for n in parsed if n.startswith("aten::")} - registered <= {n for n in parsed
+                                                                          if "Dimname" in n}, parsed - registered
 
 
 @pytest.mark.parametrize(
@@ -213,7 +216,8 @@ def test_scst_step_under_cuda_autocast(decoder: str, baseline: str) -> None:
     from captioner.training.scst import SelfCritical
 
     model = tiny_model(f"model.decoder.type={decoder}").train()
-    config = load_config(None, [*TINY_MODEL, f"model.decoder.type={decoder}", "train.stage=scst", f"scst.baseline={baseline}"])
+    config = load_config(
+        None, [*TINY_MODEL, f"model.decoder.type={decoder}", "train.stage=scst", f"scst.baseline={baseline}"])
     batch = caption_batch(model)
     references = [[" ".join(WORDS[i : i + 4]), " ".join(WORDS[i + 1 : i + 6])] for i in range(3)]
     objective = SelfCritical(ScstConfig(samples=3, max_length=8, baseline=baseline), model.vocab, references)
@@ -289,10 +293,12 @@ def test_scst_objective_on_fake_cuda(decoder: str, baseline: str, tmp_path) -> N
     from captioner.training.scst import SelfCritical
 
     model = tiny_model(f"model.decoder.type={decoder}").train()
-    config = load_config(None, [*TINY_MODEL, f"model.decoder.type={decoder}", "train.stage=scst", f"scst.baseline={baseline}"])
+    config = load_config(
+        None, [*TINY_MODEL, f"model.decoder.type={decoder}", "train.stage=scst", f"scst.baseline={baseline}"])
     batch = caption_batch(model)
     references = [[" ".join(WORDS[i : i + 4]), " ".join(WORDS[i + 1 : i + 6])] for i in range(3)]
-    objective = SelfCritical(ScstConfig(samples=3, max_length=8, baseline=baseline), model.vocab, references, cache_dir=tmp_path)
+    objective = SelfCritical(ScstConfig(samples=3, max_length=8, baseline=baseline), model.vocab, references,
+                             cache_dir=tmp_path)
     with fake_cuda() as mode:
         to_fake_cuda(model, mode)
         objective(model, batch.to(torch.device("cuda")), config, encoded=False)  # copies the reward's table, once
@@ -309,7 +315,8 @@ def test_fake_cuda_catches_copies_to_the_host() -> None:
     pinned memory) and host-to-host copies do not."""
     with fake_cuda():
         x = torch.randn(3, device="cuda")
-        copies = (lambda: x.cpu(), lambda: x.to("cpu"), lambda: x.to(torch.device("cpu"), torch.float64), lambda: torch.zeros(3).copy_(x))
+        copies = (lambda: x.cpu(), lambda: x.to("cpu"), lambda: x.to(torch.device("cpu"), torch.float64),
+                  lambda: torch.zeros(3).copy_(x))
         for copy in copies:
             with pytest.raises(DeviceRead, match="from the device to the host"):
                 copy()
@@ -351,7 +358,8 @@ def test_fake_cuda_with_values_reads_what_a_gpu_would() -> None:
         assert type(host) is torch.Tensor and torch.equal(host, torch.tensor([[-1.0, 2.0, 4.0], [-1.0, 8.0, 10.0]]))
         x.to("cpu", non_blocking=True)  # no wait: not a read
     assert [r.split(" at ")[0] for r in mode.device_reads] == [
-        "tolist", "aten._local_scalar_dense.default", "aten._local_scalar_dense.default", "aten.nonzero.default", "aten._to_copy.default",
+        "tolist", "aten._local_scalar_dense.default", "aten._local_scalar_dense.default", "aten.nonzero.default",
+        "aten._to_copy.default",
     ]
 
 
@@ -388,7 +396,8 @@ def same_hypotheses(got, want) -> None:
     for g, w in zip(got, want, strict=True):
         assert g.tokens == w.tokens and g.score == w.score and g.logprob == w.logprob and g.finished == w.finished
         assert g.attn.device.type == "cpu" and torch.equal(g.attn, w.attn)
-        assert (g.self_attn is None) == (w.self_attn is None) and (g.self_attn is None or torch.equal(g.self_attn, w.self_attn))
+        assert (g.self_attn is None) == (w.self_attn is None) and (g.self_attn is None
+                                                                   or torch.equal(g.self_attn, w.self_attn))
 
 
 @pytest.mark.parametrize("decoder", DECODERS)
@@ -411,7 +420,8 @@ def test_beam_search_on_fake_cuda(decoder: str) -> None:
         (beam_search, DecodeOptions(beam_size=3, max_length=8, length_penalty=0.6, min_length=2)),
         (
             beam_search_n_best,
-            DecodeOptions(beam_size=4, diverse_groups=2, n_best=2, max_length=8, min_length=1, block_trigrams=True, self_attention=True),
+            DecodeOptions(beam_size=4, diverse_groups=2, n_best=2, max_length=8, min_length=1, block_trigrams=True,
+                          self_attention=True),
         ),
     ]
     for search, options in runs:
@@ -423,7 +433,8 @@ def test_beam_search_on_fake_cuda(decoder: str) -> None:
             to_fake_cuda(fake_model, mode)
             counting_steps(fake_model, mode)
             got = search(fake_model.decoder, feats.to("cuda", non_blocking=True), special, options)
-        flat = lambda hyps: [h for per_image in hyps for h in per_image] if isinstance(hyps[0], list) else hyps  # noqa: E731
+        flat = lambda hyps: (  # noqa: E731
+            [h for per_image in hyps for h in per_image] if isinstance(hyps[0], list) else hyps)
         same_hypotheses(flat(got), flat(want))
         assert all(h.finished and h.tokens for h in flat(want))  # ended after a word or more: their maps were gathered
         before, per_step = reads_per_step(mode.device_reads)

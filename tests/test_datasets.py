@@ -49,7 +49,8 @@ def test_karpathy_format(tmp_path: Path) -> None:
     assert train[1].path == tmp_path / "val2014" / "img1.jpg"
     assert len(load_karpathy(split_file, tmp_path, "test")) == 2
     # through the config, as training uses it
-    config = load_config(None, ["data.dataset=karpathy", f"data.karpathy_file={split_file}", f"data.image_root={tmp_path}"])
+    config = load_config(None,
+                         ["data.dataset=karpathy", f"data.karpathy_file={split_file}", f"data.image_root={tmp_path}"])
     assert [r.image_id for r in load_split(config.data, "val")] == [1002]
     with pytest.raises(DatasetError, match="no images in split"):
         load_karpathy(_write(tmp_path / "empty.json", {"images": []}), tmp_path, "test")
@@ -69,7 +70,8 @@ def test_malformed_annotation_files(tmp_path: Path) -> None:
     _write(tmp_path / "noimages.json", {"annotations": []})
     with pytest.raises(DatasetError, match="noimages.json: not a COCO caption file"):
         load_coco_captions(tmp_path / "noimages.json", tmp_path)
-    _write(tmp_path / "nocaption.json", {"images": [{"id": 1, "file_name": "a.jpg"}], "annotations": [{"id": 1, "image_id": 1}]})
+    _write(tmp_path / "nocaption.json",
+           {"images": [{"id": 1, "file_name": "a.jpg"}], "annotations": [{"id": 1, "image_id": 1}]})
     with pytest.raises(DatasetError, match=r"nocaption.json: annotations\[0\] has no 'caption'"):
         load_coco_captions(tmp_path / "nocaption.json", tmp_path)
     with pytest.raises(DatasetError, match="not a Karpathy split file"):
@@ -110,7 +112,8 @@ def test_flickr8k_malformed_token_file(tmp_path: Path) -> None:
 def test_real_flickr8k(shared_data: Path) -> None:
     """The shared folder's 1,000 full-resolution photos: a deliberate subset of the official lists."""
     subset = ["data.dataset=flickr8k", f"data.root={shared_data / 'flickr8k'}"]
-    with pytest.raises(DatasetError, match=r"Flickr_8k.trainImages.txt: 5247 of 6000 images are missing on disk .*more than data.max_missing_fraction"):
+    with pytest.raises(DatasetError, match=(r"Flickr_8k.trainImages.txt: 5247 of 6000 images are missing on disk "
+                                            r".*more than data.max_missing_fraction")):
         load_split(load_config(None, subset).data, "train")  # by default a partial copy stops the load
     config = load_config(None, [*subset, "data.max_missing_fraction=1"])
     sizes = {split: len(load_split(config.data, split)) for split in ("train", "val", "test")}
@@ -152,7 +155,8 @@ def test_collate_all_pairs(tmp_path: Path) -> None:
 
 
 def test_stats_on_coco_val2014(shared_data: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main(["data", "stats", "--coco", str(shared_data / "coco" / "captions_val2014.json"), "--min-count", "5", "--json"]) == 0
+    assert main(["data", "stats", "--coco", str(shared_data / "coco" / "captions_val2014.json"), "--min-count", "5",
+                 "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["images"] == 40504 and stats["captions"] == 202654
     assert 5000 < stats["vocabulary (min count 5)"] < 8000

@@ -44,11 +44,13 @@ def test_the_schema_is_the_library_options_and_the_config_section() -> None:
             continue
         assert f.metadata["spec"] is OPTIONS[f.name] and f.default == OPTIONS[f.name].default, f.name
     # the other keys that hold a decoding option are judged by it too
-    sections = {f.name: f for f in dataclasses.fields(Config().train)} | {f"scst.{f.name}": f for f in dataclasses.fields(Config().scst)}
+    sections = {f.name: f for f in dataclasses.fields(Config().train)} | {f"scst.{f.name}": f
+                                                                          for f in dataclasses.fields(Config().scst)}
     assert sections["val_beam_size"].metadata["spec"] is OPTIONS["beam_size"]
     assert sections["scst.max_length"].metadata["spec"] is OPTIONS["max_length"]
     assert sections["scst.temperature"].metadata["spec"] is OPTIONS["temperature"]
-    assert sections["scst.top_k"].metadata["spec"] is OPTIONS["top_k"] and sections["scst.top_p"].metadata["spec"] is OPTIONS["top_p"]
+    assert (sections["scst.top_k"].metadata["spec"] is OPTIONS["top_k"]
+            and sections["scst.top_p"].metadata["spec"] is OPTIONS["top_p"])
 
 
 @pytest.mark.parametrize(("name", "value"), CASES, ids=[f"{n}={v!r}" for n, v in CASES])
@@ -69,7 +71,8 @@ CONFIG_CASES = [c for c in CASES if c[0] in CONFIG_KEYS]
 @pytest.mark.parametrize(("name", "value"), CONFIG_CASES, ids=[f"{n}={v!r}" for n, v in CONFIG_CASES])
 def test_the_config_refuses_in_the_same_words(name: str, value: Any, tmp_path) -> None:
     """From an override and from a YAML file: the key, then the schema's words."""
-    text = ".nan" if isinstance(value, float) and math.isnan(value) else repr(value) if isinstance(value, str) else str(value).lower()
+    text = (".nan" if isinstance(value, float) and math.isnan(value) else repr(value) if isinstance(value, str)
+            else str(value).lower())
     with pytest.raises(ConfigError) as error:
         load_config(None, [f"decode.{name}={text}"])
     assert str(error.value) == f"command line: 'decode.{name}' {OPTIONS[name].refusal(value).split(' ', 1)[1]}"
@@ -81,7 +84,8 @@ def test_the_config_refuses_in_the_same_words(name: str, value: Any, tmp_path) -
 
 
 FLAGS = {
-    "--beam": "beam_size", "--max-length": "max_length", "--min-length": "min_length", "--length-penalty": "length_penalty",
+    "--beam": "beam_size", "--max-length": "max_length", "--min-length": "min_length",
+    "--length-penalty": "length_penalty",
     "--diverse-groups": "diverse_groups", "--diversity-strength": "diversity_strength", "--n-best": "n_best",
     "--temperature": "temperature", "--top-k": "top_k", "--top-p": "top_p", "--seed": "seed",
 }
@@ -99,7 +103,8 @@ def test_every_flag_refuses_in_the_same_words(flag: str, capsys: pytest.CaptureF
     with pytest.raises(SystemExit):  # not a number at all
         build_parser().parse_args(["caption", "model.pt", "photo.jpg", flag, "many"])
     assert f"argument {flag}: {option.refusal('many')}" in capsys.readouterr().err
-    assert decode_value(name)(str(option.default if option.default is not None else 7)) is not None  # the default passes
+    # the default passes
+    assert decode_value(name)(str(option.default if option.default is not None else 7)) is not None
 
 
 def test_the_flags_help_states_the_limits(capsys: pytest.CaptureFixture) -> None:
@@ -110,7 +115,8 @@ def test_the_flags_help_states_the_limits(capsys: pytest.CaptureFixture) -> None
     assert "a finite number in (0, 1]" in help_text  # --top-p
 
 
-@pytest.mark.parametrize(("name", "value"), [("beam_size", 11), ("beam_size", 0), ("beam_size", 2.5), ("beam_size", True),
+@pytest.mark.parametrize(("name", "value"),
+                         [("beam_size", 11), ("beam_size", 0), ("beam_size", 2.5), ("beam_size", True),
                                              ("beam_size", "3"), ("max_length", 61), ("max_length", math.inf)])
 def test_the_demo_refuses_in_the_same_words_within_what_it_serves(name: str, value: Any) -> None:
     with pytest.raises(RequestError) as error:
@@ -158,16 +164,19 @@ def test_the_docs_table_is_the_schema() -> None:
     from captioner.core.decode_schema import markdown_table
 
     docs = (Path(__file__).parents[1] / "docs" / "library.md").read_text()
-    assert markdown_table() in docs, "docs/library.md: paste captioner.core.decode_schema.markdown_table() into 'Decoding options'"
+    assert markdown_table() in docs, (
+        "docs/library.md: paste captioner.core.decode_schema.markdown_table() into 'Decoding options'")
 
 
 @pytest.mark.parametrize(("flag", "name"), [("--beam", "beam_size"), ("--max-length", "max_length")])
-def test_the_runtimes_command_line_refuses_in_the_same_words(flag: str, name: str, capsys: pytest.CaptureFixture) -> None:
+def test_the_runtimes_command_line_refuses_in_the_same_words(flag: str, name: str,
+                                                             capsys: pytest.CaptureFixture) -> None:
     """`python -m captioner.deploy` parses its decoding flags through the schema, as `captioner caption` does."""
     from captioner.deploy.__main__ import parse_arguments
 
     option = OPTIONS[name]
-    for text, shown in ((str(option.outside(option.kind)), option.outside(option.kind)), ("many", "many"), ("2.5", "2.5")):
+    for text, shown in ((str(option.outside(option.kind)), option.outside(option.kind)), ("many", "many"),
+                        ("2.5", "2.5")):
         with pytest.raises(SystemExit) as stopped:
             parse_arguments(["export/", "photo.jpg", flag, text])
         assert stopped.value.code == 2
@@ -179,7 +188,8 @@ def test_the_runtimes_command_line_refuses_in_the_same_words(flag: str, name: st
     ("names", "allowed", "where", "message"),
     [
         (["beams"], OPTIONS, "", r"^decode: unknown option 'beams' \(did you mean 'beam_size'\?\)$"),
-        (["colour"], OPTIONS, "", r"^decode: unknown option 'colour' \(options: beam_size, max_length, .*self_attention\)$"),
+        (["colour"], OPTIONS, "",
+         r"^decode: unknown option 'colour' \(options: beam_size, max_length, .*self_attention\)$"),
         (["temperature"], ("beam_size", "max_length"), " for the ONNX runtime",
          r"^decode: unknown option 'temperature' for the ONNX runtime \(options: beam_size, max_length\)$"),
     ],

@@ -141,7 +141,8 @@ def test_constrained_beam_search_finds_the_best_allowed_caption(min_length: int,
     found = [h.tokens for h in beam_search(decoder, feats, special, options)]
     assert found == [best_allowed(decoder, feat, min_length, bad, max_length=4) for feat in feats]
     if min_length or bad:  # the constraint changed some winner
-        unconstrained = [h.tokens for h in beam_search(decoder, feats, special, DecodeOptions(beam_size=32, max_length=4))]
+        unconstrained = [h.tokens
+                         for h in beam_search(decoder, feats, special, DecodeOptions(beam_size=32, max_length=4))]
         assert found != unconstrained
 
 
@@ -178,15 +179,19 @@ def test_a_rule_that_never_fires_changes_nothing(kind: str, mode: str) -> None:
     feats, _ = model.encode(torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8))  # (B, N, D)
     options = DecodeOptions(max_length=8, **MODES[mode])
     plain = decode_hypotheses(model.decoder, feats, model.special_tokens, options)
-    special = SpecialTokens(model.special_tokens.bos, model.special_tokens.eos, model.special_tokens.banned)  # no bad endings
-    suppressed = decode_hypotheses(model.decoder, feats, special, DecodeOptions(max_length=8, suppress_bad_endings=True, **MODES[mode]))
-    assert [[(h.tokens, h.score) for h in hyps] for hyps in suppressed] == [[(h.tokens, h.score) for h in hyps] for hyps in plain]
+    # no bad endings
+    special = SpecialTokens(model.special_tokens.bos, model.special_tokens.eos, model.special_tokens.banned)
+    suppressed = decode_hypotheses(model.decoder, feats, special,
+                                   DecodeOptions(max_length=8, suppress_bad_endings=True, **MODES[mode]))
+    assert [[(h.tokens, h.score) for h in hyps] for hyps in suppressed] == [[(h.tokens, h.score) for h in hyps]
+                                                                            for hyps in plain]
 
 
 def test_special_tokens_carry_the_vocabulary_bad_endings() -> None:
     model = tiny_model()
     bad = model.special_tokens.bad_endings
-    assert sorted(model.vocab.words[i] for i in bad) == sorted(w for w in model.vocab.words if w in BAD_ENDINGS) == ["a", "of"]
+    assert sorted(model.vocab.words[i] for i in bad) == sorted(w for w in model.vocab.words
+                                                               if w in BAD_ENDINGS) == ["a", "of"]
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ from captioner.evaluation.caption_stats import caption_stats, ends_badly, repeat
 from captioner.evaluation.tutorial_bleu import nltk_corpus_bleu, tokenized
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import Decoder
-from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search, beam_search_n_best, greedy_decode, sample_n_best
+from captioner.models.decoding import (DecodeOptions, SpecialTokens, beam_search, beam_search_n_best, greedy_decode,
+                                       sample_n_best)
 from captioner.models.decoding.rules import banned_mask, block_repeated_trigrams
 from captioner.models.decoding.sampling import restrict_to_top, sample_captions, scored_by_teacher_forcing
 
@@ -33,7 +34,8 @@ def decoder(request: pytest.FixtureRequest) -> Decoder:
     return tiny_model(f"model.decoder.type={request.param}").decoder
 
 
-def teacher_forced_logprob(decoder: Decoder, feats: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def teacher_forced_logprob(decoder: Decoder, feats: torch.Tensor, tokens: torch.Tensor,
+                           mask: torch.Tensor) -> torch.Tensor:
     """(R,) log-probability of each padded row of tokens (R, T) under teacher forcing, masked positions only."""
     inputs = torch.cat([torch.full_like(tokens[:, :1], BOS), tokens[:, :-1]], dim=1)  # (R, T): <bos> + prefix
     logprobs = decoder(feats, inputs).logits.log_softmax(-1)  # (R, T, V)
@@ -198,7 +200,8 @@ def test_trigram_blocking_never_repeats_a_trigram(kind: str, method: str) -> Non
             options = DecodeOptions(beam_size=3, max_length=14, block_trigrams=block)
             return [h.tokens for h in beam_search(decoder, feats, SPECIAL, options)]
         if method == "greedy":
-            return [h.tokens for h in greedy_decode(decoder, feats, SPECIAL, DecodeOptions(max_length=14, block_trigrams=block))]
+            return [h.tokens
+                    for h in greedy_decode(decoder, feats, SPECIAL, DecodeOptions(max_length=14, block_trigrams=block))]
         options = DecodeOptions(sample=True, n_best=4, max_length=14, block_trigrams=block, seed=0)
         out = sample_captions(decoder, feats, SPECIAL, options)
         return [row[mask].tolist() for row, mask in zip(out.tokens, out.mask)]
@@ -231,7 +234,8 @@ def test_diverse_beam_groups_differ() -> None:
     decoder, feats = TableDecoder(table), torch.randn(2, 4, 3)
     plain = beam_search_n_best(decoder, feats, SPECIAL, DecodeOptions(beam_size=4, max_length=5, n_best=4))
     diverse = beam_search_n_best(
-        decoder, feats, SPECIAL, DecodeOptions(beam_size=4, max_length=5, diverse_groups=2, diversity_strength=5.0, n_best=4)
+        decoder, feats, SPECIAL,
+        DecodeOptions(beam_size=4, max_length=5, diverse_groups=2, diversity_strength=5.0, n_best=4)
     )
     for hyps in plain:
         assert {h.tokens[0] for h in hyps} == {4}
@@ -251,7 +255,8 @@ def test_one_group_is_plain_beam_search_and_groups_run_on_real_decoders(kind: st
     decoder = tiny_model(f"model.decoder.type={kind}").decoder
     feats = torch.randn(3, 16, decoder_feat_dim(decoder))
     plain = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=4, max_length=10))
-    one_group = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=4, max_length=10, diverse_groups=1, diversity_strength=3.0))
+    one_group = beam_search(decoder, feats, SPECIAL,
+                            DecodeOptions(beam_size=4, max_length=10, diverse_groups=1, diversity_strength=3.0))
     assert [h.tokens for h in plain] == [h.tokens for h in one_group]
     options = DecodeOptions(beam_size=4, max_length=10, diverse_groups=4, diversity_strength=3.0, n_best=4)
     diverse = beam_search_n_best(decoder, feats, SPECIAL, options)
@@ -266,7 +271,8 @@ def test_beam_search_refuses_a_vocabulary_its_float32_read_cannot_hold() -> None
         vocab_size = 2**24
 
     with pytest.raises(ValueError, match="under 2\\*\\*24 words"):
-        beam_search_n_best(Huge(), torch.zeros(1, 4, 8), SPECIAL, DecodeOptions(beam_size=2, max_length=3))  # type: ignore[arg-type]
+        beam_search_n_best(Huge(), torch.zeros(1, 4, 8), SPECIAL,  # type: ignore[arg-type]
+                           DecodeOptions(beam_size=2, max_length=3))
 
 
 @pytest.mark.parametrize("kind", ["lstm", "transformer"])
@@ -378,13 +384,15 @@ def test_live_beam_beats_a_worse_finished_one_at_max_length(groups: int) -> None
     table = probabilities({4: 1.0}, {4: 0.9, EOS: 0.1}, {4: 0.9999, EOS: 1e-6})
     decoder, feats = TableDecoder(table), torch.randn(3, 4, 3)
     for alpha in (0.0, 1.0):
-        hyps = beam_search(decoder, feats, SPECIAL, DecodeOptions(beam_size=2, max_length=5, length_penalty=alpha, diverse_groups=groups))
+        hyps = beam_search(decoder, feats, SPECIAL,
+                           DecodeOptions(beam_size=2, max_length=5, length_penalty=alpha, diverse_groups=groups))
         for h in hyps:
             assert h.tokens == [4] * 5 and not h.finished
             assert h.logprob == pytest.approx(float(decoder.table[1, 4] + 3 * decoder.table[2, 4]), abs=1e-5)
     if groups == 1:  # (with one beam per group, <eos> never ranks within a group's top 1 here)
         ranked = beam_search_n_best(decoder, feats, SPECIAL, DecodeOptions(beam_size=2, max_length=5, n_best=2))
-        assert [(h.tokens, h.finished) for h in ranked[0]] == [([4] * 5, False), ([4], True)]  # the finished one, second
+        # the finished one, second
+        assert [(h.tokens, h.finished) for h in ranked[0]] == [([4] * 5, False), ([4], True)]
 
 
 def test_finished_beam_wins_when_it_is_better() -> None:
@@ -455,7 +463,8 @@ def test_nltk_corpus_bleu_on_a_fixture_computed_by_hand() -> None:
     # On the same tokens pycocoevalcap's BLEU is the same formula up to its smoothing constants.
     from pycocoevalcap.bleu.bleu import Bleu
 
-    official, _ = Bleu(4).compute_score({i: [" ".join(r) for r in refs[i]] for i in refs}, {i: [" ".join(p)] for i, p in preds.items()}, verbose=0)
+    official, _ = Bleu(4).compute_score({i: [" ".join(r) for r in refs[i]] for i in refs},
+                                        {i: [" ".join(p)] for i, p in preds.items()}, verbose=0)
     assert official == pytest.approx(list(scores.values()), abs=1e-6)
     # No 4-gram match anywhere: nltk (no smoothing, as the tutorial calls it) gives ~0.
     assert nltk_corpus_bleu(refs, {1: ["a", "dog", "a", "dog"], 2: ["car", "a", "red"]})["nltk_corpus_BLEU_4"] < 1e-100
@@ -474,7 +483,8 @@ def test_evaluate_reports_tutorial_bleu_and_caption_stats(tmp_path: Path, capsys
     annotations = tmp_path / "captions.json"
     annotations.write_text(json.dumps({
         "images": [{"id": i} for i in BLEU_REFERENCES],
-        "annotations": [{"id": 10 * i + k, "image_id": i, "caption": c} for i, refs in BLEU_REFERENCES.items() for k, c in enumerate(refs)],
+        "annotations": [{"id": 10 * i + k, "image_id": i, "caption": c} for i, refs in BLEU_REFERENCES.items() for k,
+                        c in enumerate(refs)],
     }))
     results = tmp_path / "results.json"
     results.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in BLEU_PREDICTIONS.items()]))
@@ -485,7 +495,8 @@ def test_evaluate_reports_tutorial_bleu_and_caption_stats(tmp_path: Path, capsys
     assert report["caption_stats"] == {"bad_ending_rate": 0.0, "repeated_bigram_rate": 0.5, "mean_length": 4.5}
     assert main(["evaluate", "--results", str(results), "--annotations", str(annotations), "--fast"]) == 0
     printed = capsys.readouterr().out
-    assert "repeated bigrams 50.0%" in printed and "nltk_corpus_BLEU_4" not in printed  # another BLEU: a diagnostic, for -v
+    # another BLEU: a diagnostic, for -v
+    assert "repeated bigrams 50.0%" in printed and "nltk_corpus_BLEU_4" not in printed
     assert main(["evaluate", "--results", str(results), "--annotations", str(annotations), "--fast", "-v"]) == 0
     assert "nltk_corpus_BLEU_4 0.4623" in capsys.readouterr().out
 
@@ -557,7 +568,8 @@ def test_cli_block_trigrams_and_diverse_groups(checkpoint_and_images, capsys: py
 def test_tutorial_bleu_tokens_are_the_official_scorers() -> None:
     """With the official metrics, nltk BLEU scores the Java PTB tokenizer's tokens."""
     refs, preds = tokenized({1: ["A dog, running.", "the dog's ball"]}, {1: "A red car; parked."}, ptb=True)
-    assert refs == {1: [["a", "dog", "running"], ["the", "dog", "'s", "ball"]]} and preds == {1: ["a", "red", "car", "parked"]}
+    assert refs == {1: [["a", "dog", "running"], ["the", "dog", "'s", "ball"]]} and preds == {
+        1: ["a", "red", "car", "parked"]}
 
 
 def test_beam_wider_than_the_vocabulary_never_keeps_an_eos_as_a_live_beam() -> None:

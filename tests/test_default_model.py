@@ -31,7 +31,8 @@ from captioner.models.export_format import CONFIG, WEIGHTS
 
 REPO = Path(__file__).resolve().parents[1]
 EXPORT_HIDDEN, SHAPES_HIDDEN = 20, 24
-TEST_SCORES = {"overall": {"Bleu_1": 0.6, "Bleu_4": 0.2341, "METEOR": 0.1876, "CIDEr": 0.5432}, "images": 1000, "beam_size": 3,
+TEST_SCORES = {"overall": {"Bleu_1": 0.6, "Bleu_4": 0.2341, "METEOR": 0.1876, "CIDEr": 0.5432}, "images": 1000,
+               "beam_size": 3,
                "metrics": "official COCO caption metrics"}
 VALIDATION = {"Bleu_4": 0.2109, "CIDEr": 0.4567}
 
@@ -40,7 +41,8 @@ def write_export(folder: Path, test: dict | None = None) -> None:
     """A tiny export as `captioner export` lays it out, with the scores it records."""
     torch.manual_seed(1)
     model = tiny_model(f"model.decoder.hidden_dim={EXPORT_HIDDEN}", "decode.max_length=4")
-    config = tiny_config(f"model.decoder.hidden_dim={EXPORT_HIDDEN}", "data.dataset=flickr8k", "train.out_dir=runs/flickr8k_full")
+    config = tiny_config(f"model.decoder.hidden_dim={EXPORT_HIDDEN}", "data.dataset=flickr8k",
+                         "train.out_dir=runs/flickr8k_full")
     scores = {"validation": VALIDATION, "validation_epoch": 4, "test": {"test": test} if test else {}}
     model.save_pretrained(folder, training_config=config.to_dict(), scores=scores)
 
@@ -61,7 +63,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs/shapes_lstm.yaml").write_text((REPO / "configs/shapes_lstm.yaml").read_text())
-    save_checkpoint(tmp_path / QUICKSTART_RUN / "best.pt", tiny_model(f"model.decoder.hidden_dim={SHAPES_HIDDEN}", "decode.max_length=4"))
+    save_checkpoint(tmp_path / QUICKSTART_RUN / "best.pt",
+                    tiny_model(f"model.decoder.hidden_dim={SHAPES_HIDDEN}", "decode.max_length=4"))
     Image.fromarray(np.full((24, 20, 3), 120, dtype=np.uint8)).save(tmp_path / "photo.png")
     return tmp_path
 
@@ -73,7 +76,8 @@ def loaded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     paths: list[str] = []
     original = checkpoint.load_captioner
-    monkeypatch.setattr(checkpoint, "load_captioner", lambda path, device="auto": paths.append(str(path)) or original(path, device))
+    monkeypatch.setattr(checkpoint, "load_captioner",
+                        lambda path, device="auto": paths.append(str(path)) or original(path, device))
     return paths
 
 
@@ -107,18 +111,21 @@ def test_without_an_export_the_default_is_the_shapes_run(
 ) -> None:
     with caplog.at_level(logging.INFO):
         assert default_model(device="cpu").config.decoder.hidden_dim == SHAPES_HIDDEN
-    assert "default model: the shapes run runs/shapes_lstm (no export at runs/default_model, no packaged model)" in caplog.text
+    assert ("default model: the shapes run runs/shapes_lstm (no export at runs/default_model, no packaged "
+            "model)") in caplog.text
     assert main(["caption", "photo.png", "--device", "cpu"]) == 0
     assert loaded == [str(QUICKSTART_RUN)] and capsys.readouterr().out.startswith("photo.png\t")
 
 
-def test_with_neither_the_error_says_what_to_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_with_neither_the_error_says_what_to_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckpointError) as caught:
         default_model(device="cpu")
     message = str(caught.value)
     assert "\n" not in message
-    assert "captioner export runs/<best run> runs/default_model" in message and "captioner train configs/shapes_lstm.yaml" in message
+    assert ("captioner export runs/<best run> runs/default_model" in message
+            and "captioner train configs/shapes_lstm.yaml" in message)
     assert main(["caption", "photo.jpg"]) == 2
     assert capsys.readouterr().err.strip() == f"error: {message}"
 
@@ -159,11 +166,15 @@ def test_caption_takes_a_model_first_unless_the_first_argument_is_an_image(proje
     folder = project / "photos"
     folder.mkdir()
     (folder / "a.jpg").write_bytes(b"")
-    assert model_and_images(["runs/shapes_lstm/best.pt", "photo.png", "photos"]) == ("runs/shapes_lstm/best.pt", ["photo.png", "photos"])
-    assert model_and_images(["photo.png", "missing.JPG"]) == (str(QUICKSTART_RUN), ["photo.png", "missing.JPG"])  # by extension, found or not
-    assert model_and_images(["photos", "photo.png"]) == (str(QUICKSTART_RUN), ["photos", "photo.png"])  # a folder of images
+    assert model_and_images(["runs/shapes_lstm/best.pt", "photo.png", "photos"]) == ("runs/shapes_lstm/best.pt",
+                                                                                     ["photo.png", "photos"])
+    # by extension, found or not
+    assert model_and_images(["photo.png", "missing.JPG"]) == (str(QUICKSTART_RUN), ["photo.png", "missing.JPG"])
+    # a folder of images
+    assert model_and_images(["photos", "photo.png"]) == (str(QUICKSTART_RUN), ["photos", "photo.png"])
     (project / QUICKSTART_RUN / "heatmap.jpg").write_bytes(b"")
-    assert model_and_images(["runs/shapes_lstm", "photo.png"]) == ("runs/shapes_lstm", ["photo.png"])  # a run folder is a model, images or not
+    # a run folder is a model, images or not
+    assert model_and_images(["runs/shapes_lstm", "photo.png"]) == ("runs/shapes_lstm", ["photo.png"])
     assert model_and_images(["someone/flickr8k-lstm", "photo.png"])[0] == "someone/flickr8k-lstm"  # a Hub id
     with pytest.raises(CaptionerError, match=r"^caption: no images given after the model runs/shapes_lstm/best.pt"):
         model_and_images(["runs/shapes_lstm/best.pt"])
@@ -187,7 +198,8 @@ def test_the_demo_serves_the_export_else_the_shapes_run_and_refuses_a_broken_one
 ) -> None:
     with caplog.at_level(logging.INFO):
         assert demo_server.default_checkpoint() == QUICKSTART_RUN / "best.pt"
-    assert "default model: the shapes run runs/shapes_lstm (no export at runs/default_model, no packaged model)" in caplog.text
+    assert ("default model: the shapes run runs/shapes_lstm (no export at runs/default_model, no packaged "
+            "model)") in caplog.text
     (project / DEFAULT_MODEL).mkdir(parents=True)
     with pytest.raises(ExportError, match=r"^runs/default_model/config.json: missing"):
         demo_server.default_checkpoint()
@@ -212,14 +224,17 @@ def test_the_page_says_which_model_serves_with_its_test_scores(project: Path, de
     line = serving_text(demo)
     assert line == ("**Serving:** runs/default_model (lstm over small_cnn), exported from flickr8k_full — Flickr8k, "
                     "test BLEU-4 0.234, METEOR 0.188, CIDEr-D 0.543 (beam 3)")
-    ids = [block._id for block in demo.blocks.values() if getattr(block, "elem_id", None) in ("serving", "image", "model_card")]
+    ids = [block._id for block in demo.blocks.values()
+           if getattr(block, "elem_id", None) in ("serving", "image", "model_card")]
     assert ids == sorted(ids)  # above the image and the controls, not among the cards below
     # Another model chosen in the menu: its own line (a checkpoint's test scores come from scores_test.json beside it).
-    (project / QUICKSTART_RUN / "scores_test.json").write_text(json.dumps({**TEST_SCORES, "overall": {"Bleu_4": 0.9, "CIDEr": 5.5}}))
+    (project / QUICKSTART_RUN / "scores_test.json").write_text(
+        json.dumps({**TEST_SCORES, "overall": {"Bleu_4": 0.9, "CIDEr": 5.5}}))
     demo = build_demo([DEFAULT_MODEL, QUICKSTART_RUN / "best.pt"], examples=[])
     assert serving_text(demo).startswith("**Serving:** runs/default_model")
     *_, shapes_line = _CALLBACKS[demo].choose_model(str(QUICKSTART_RUN / "best.pt"))
-    assert shapes_line == "**Serving:** shapes_lstm/best.pt (lstm over small_cnn) — the shapes world, test BLEU-4 0.900, CIDEr-D 5.500 (beam 3)"
+    assert shapes_line == ("**Serving:** shapes_lstm/best.pt (lstm over small_cnn) — the shapes world, test BLEU-4 "
+                           "0.900, CIDEr-D 5.500 (beam 3)")
 
 
 def test_without_test_scores_the_page_gives_validation_marked_as_such(project: Path, demo_server) -> None:
@@ -227,4 +242,5 @@ def test_without_test_scores_the_page_gives_validation_marked_as_such(project: P
 
     write_export(project / DEFAULT_MODEL)
     line = serving_text(build_demo([DEFAULT_MODEL], examples=[]))
-    assert line.endswith("— Flickr8k, validation BLEU-4 0.211, CIDEr-D 0.457 (epoch 4, beam 1; no test scores recorded)"), line
+    assert line.endswith(
+        "— Flickr8k, validation BLEU-4 0.211, CIDEr-D 0.457 (epoch 4, beam 1; no test scores recorded)"), line

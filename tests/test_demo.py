@@ -55,7 +55,8 @@ class Trained:
 @pytest.fixture(scope="module")
 def trained(shapes_lstm: TrainedRun, tmp_path_factory: pytest.TempPathFactory) -> Trained:
     transformer = tmp_path_factory.mktemp("demo") / "transformer.pt"
-    save_checkpoint(transformer, never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
+    save_checkpoint(transformer,
+                    never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
     return Trained(shapes_lstm.checkpoint, transformer, shapes_lstm.test_images)
 
 
@@ -72,13 +73,15 @@ def page_for(model, upload, tmp_path: Path, **options):
 # --- page logic --------------------------------------------------------------------------------
 
 
-def cli_captions(checkpoint: Path, images: list[Path], capsys: pytest.CaptureFixture[str], beam: int, length: int) -> list[dict]:
+def cli_captions(checkpoint: Path, images: list[Path], capsys: pytest.CaptureFixture[str], beam: int,
+                 length: int) -> list[dict]:
     """What `captioner caption CHECKPOINT IMAGES --json` prints: the independent path to compare
     the page with (its own model loaded from the file, the batched `caption` decoding)."""
     from captioner.apps.cli import main
 
     capsys.readouterr()  # drop what earlier calls printed
-    assert main(["caption", str(checkpoint), *map(str, images), "--beam", str(beam), "--max-length", str(length), "--json"]) == 0
+    assert main(["caption", str(checkpoint), *map(str, images), "--beam", str(beam), "--max-length", str(length),
+                 "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["image"] for row in rows] == [str(p) for p in images]
     return rows
@@ -124,7 +127,8 @@ def test_caption_page_says_what_the_cli_says_for_the_same_file_and_options(
     assert all(overlay.size == upright_size for overlay, _ in page.gallery)
     assert page.figure is not None and Image.open(page.figure).format == "PNG"
     assert count_panels(page.figure) == 1 + len(words)  # the input, then a panel per word
-    cut = "" if expected["finished"] else f" The caption reached the maximum length ({length} words) before the model ended it."
+    cut = ("" if expected["finished"]
+           else f" The caption reached the maximum length ({length} words) before the model ended it.")
     assert page.note == "Turned upright as its EXIF orientation says." + cut
 
 
@@ -145,10 +149,12 @@ def write_huge_png(path: Path, width: int, height: int) -> None:
         ("notes.jpg", lambda p: p.write_text("not a picture"), "notes.jpg: not an image file"),
         ("empty.png", lambda p: p.write_bytes(b""), "empty.png: empty file (0 bytes)"),
         ("cut.jpg", None, "cut.jpg: corrupt or truncated"),
-        ("bomb.png", lambda p: write_huge_png(p, 8000, 8000), "bomb.png: image is 8000x8000 = 64 megapixels, over the limit"),
+        ("bomb.png", lambda p: write_huge_png(p, 8000, 8000),
+         "bomb.png: image is 8000x8000 = 64 megapixels, over the limit"),
     ],
 )
-def test_bad_uploads_get_a_clear_message(model, trained: Trained, tmp_path: Path, name: str, make, message: str) -> None:
+def test_bad_uploads_get_a_clear_message(model, trained: Trained, tmp_path: Path, name: str, make,
+                                         message: str) -> None:
     upload = tmp_path / "upload" / name
     upload.parent.mkdir()
     if make is None:
@@ -177,7 +183,8 @@ def test_page_logic_needs_no_gradio_and_the_command_says_it_is_missing() -> None
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", WITHOUT_GRADIO], capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    done = subprocess.run([sys.executable, "-c", WITHOUT_GRADIO], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          check=False)
     assert done.returncode == 2, done.stderr[-2000:]  # the imports passed; `captioner demo` refused in one line
     assert done.stderr.strip() == "error: demo: Gradio is not installed (pip install -e '.[demo]')"
 
@@ -215,7 +222,8 @@ def test_layer_and_head_choices_follow_the_decoder(model, trained: Trained, tmp_
     attn = torch.rand(3, 2, 2, 4, 4).softmax(-1)  # (T, L, H, h, w)
     caption = Caption("a red star", ["a", "red", "star"], [4, 5, 6], -0.5, -1.5, attn, True)
     result = Result(caption, Image.open(trained.images[0]).convert("RGB"), "tiny transformer", 3, 0.1, [])
-    pages = {(layer, head): render_page(result, layer, head, tmp_path) for layer in ("1", "2") for head in (MEAN, "1", "2")}
+    pages = {(layer, head): render_page(result, layer, head, tmp_path) for layer in ("1", "2")
+             for head in (MEAN, "1", "2")}
     assert "layer 1, head 2" in pages["1", "2"].score_line and "layer 2, mean of heads" in pages["2", MEAN].score_line
     pixels = {key: np.asarray(page.gallery[0][0]) for key, page in pages.items()}
     assert len({p.tobytes() for p in pixels.values()}) == len(pixels)
@@ -223,7 +231,8 @@ def test_layer_and_head_choices_follow_the_decoder(model, trained: Trained, tmp_
     assert "layer 2, mean of heads" in render_page(result, "7", "9", tmp_path).score_line
 
 
-def test_a_bare_demo_serves_the_trained_quickstart_model_and_never_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bare_demo_serves_the_trained_quickstart_model_and_never_trains(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """With no export and no packaged model, the quickstart's trained run; with none, one line
     saying what to run, even where the shapes config is there to train."""
     from captioner.models import packaged
@@ -233,7 +242,8 @@ def test_a_bare_demo_serves_the_trained_quickstart_model_and_never_trains(tmp_pa
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs/shapes_lstm.yaml").write_text((REPO / "configs/shapes_lstm.yaml").read_text())
     trainings = []
-    monkeypatch.setattr("captioner.training.fit.fit", lambda config, resume=False: trainings.append(config.train.out_dir) or Path("trained.pt"))
+    monkeypatch.setattr("captioner.training.fit.fit",
+                        lambda config, resume=False: trainings.append(config.train.out_dir) or Path("trained.pt"))
     with pytest.raises(CheckpointError, match=r"^no default model here: .*`captioner train configs/shapes_lstm.yaml`"):
         default_checkpoint()
     assert trainings == []
@@ -263,7 +273,8 @@ def test_a_bug_in_a_callback_gets_a_sentence_and_the_log_gets_the_traceback(
 
     monkeypatch.setattr("captioner.apps.demo.ui.caption_page", broken)
     with caplog.at_level("ERROR", logger="captioner.apps.demo.ui"):
-        text, _, gallery, note, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3, MAX_LENGTH, "1", MEAN)
+        text, _, gallery, note, result = callbacks.caption(str(trained.images[0]), str(trained.checkpoint), 3,
+                                                           MAX_LENGTH, "1", MEAN)
     assert (text, gallery, result) == ("", [], None)
     assert "Something went wrong on the server" in note and "an internal bug" not in note and "Traceback" not in note
     assert "an internal bug" in caplog.text and "captioning failed" in caplog.text
@@ -352,7 +363,8 @@ server.close(demo)
 """
 
 
-def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trained, server: str, tmp_path: Path) -> None:
+def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trained, server: str,
+                                                                   tmp_path: Path) -> None:
     """A daemon worker thread still inside torch when the interpreter exits ends the process with
     status 134 ("terminate called without an active exception"); `close` waits for it, so the
     process ends with status 0. And the closing server deletes what it cached in its own
@@ -364,8 +376,10 @@ def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trai
 
     with trained.images[0].open("rb") as f:  # the picture the other process's server gets too
         upload = httpx.post(f"{server}gradio_api/upload", files={"files": f}).json()[0]
-    args = [sys.executable, "-c", SHUTDOWN_SCRIPT, str(trained.transformer), str(trained.images[0]), str(tmp_path / "started"), str(free_port())]
-    done = warm_start.run(args, capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    args = [sys.executable, "-c", SHUTDOWN_SCRIPT, str(trained.transformer), str(trained.images[0]),
+            str(tmp_path / "started"), str(free_port())]
+    done = warm_start.run(args, capture_output=True, text=True, timeout=300, check=False, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert (tmp_path / "started").exists(), done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr
@@ -402,13 +416,15 @@ def test_api_captions_through_the_same_path_as_the_cli(server: str, trained: Tra
     image, beam, length = trained.images[1], 2, 5
     api = client(server, tmp_path)
     text, score, gallery, note = api.predict(
-        handle_file(str(image)), model_name=str(trained.checkpoint), beam_size=beam, max_length=length, api_name="/caption"
+        handle_file(str(image)), model_name=str(trained.checkpoint), beam_size=beam, max_length=length,
+        api_name="/caption"
     )
     [expected] = model.caption([image], beam_size=beam, max_length=length)  # what `captioner caption` prints
     assert text == expected.text and score.startswith(f"score {expected.score:.3f}") and f"· beam {beam} ·" in score
     assert [item["caption"] for item in gallery] == expected.words
     assert all(Image.open(item["image"]).size == Image.open(image).size for item in gallery)
-    assert note == ("" if expected.finished else f"The caption reached the maximum length ({length} words) before the model ended it.")
+    assert note == ("" if expected.finished
+                    else f"The caption reached the maximum length ({length} words) before the model ended it.")
     figure = api.predict(api_name="/figure")  # of this session's caption
     assert Image.open(figure).format == "PNG" and count_panels(figure) == 1 + len(expected.words)
 
@@ -431,7 +447,8 @@ def test_server_refuses_uploads_over_the_size_limit(server: str) -> None:
     assert response.status_code == 413
 
 
-def test_api_concurrent_requests_all_get_the_right_caption(server: str, trained: Trained, model, tmp_path: Path) -> None:
+def test_api_concurrent_requests_all_get_the_right_caption(server: str, trained: Trained, model,
+                                                           tmp_path: Path) -> None:
     from gradio_client import handle_file
 
     image = trained.images[2]
@@ -495,7 +512,8 @@ def browser_server(trained: Trained) -> Iterator[tuple[str, Path, Path]]:
 
 def test_browser_upload_caption_and_heatmaps(browser, browser_server, tmp_path: Path) -> None:
     url, checkpoint, image = browser_server
-    expected = load_captioner(checkpoint).caption(load_image(image))  # the config's beam and length: the page's defaults
+    # the config's beam and length: the page's defaults
+    expected = load_captioner(checkpoint).caption(load_image(image))
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     outside: list[str] = []
     page.on("request", lambda r: outside.append(r.url) if not r.url.startswith((url, "data:", "blob:")) else None)
@@ -512,7 +530,8 @@ def test_browser_upload_caption_and_heatmaps(browser, browser_server, tmp_path: 
     thumbnails.nth(len(expected.words) - 1).wait_for()
     assert [thumbnails.nth(i).get_attribute("alt") for i in range(thumbnails.count())] == expected.words
     first, second = (page.request.get(thumbnails.nth(i).get_attribute("src")).body() for i in (0, 1))
-    first_pixels, second_pixels = (np.asarray(Image.open(io.BytesIO(b)).convert("RGB"), dtype=np.int16) for b in (first, second))
+    first_pixels, second_pixels = (np.asarray(Image.open(io.BytesIO(b)).convert("RGB"), dtype=np.int16)
+                                   for b in (first, second))
     assert first_pixels.shape == second_pixels.shape and np.abs(first_pixels - second_pixels).mean() > 0.5
     assert "score" in page.inner_text("#score")
     page.wait_for_selector("#download:not([disabled])", timeout=60_000)  # the figure comes a moment after the caption
@@ -536,13 +555,15 @@ def test_browser_upload_caption_and_heatmaps(browser, browser_server, tmp_path: 
     page.set_input_files("#image input[type=file]", str(image))
     page.wait_for_selector(f"#image img[src$='{image.name}']")
     page.click("#run")
-    page.wait_for_function("document.querySelector('#score').innerText.includes('layer 2, mean of heads')", timeout=60_000)
+    page.wait_for_function("document.querySelector('#score').innerText.includes('layer 2, mean of heads')",
+                           timeout=60_000)
     mean_of_heads = thumbnail_pixels(page)
     page.click("#head input")  # a head of its own: the maps are redrawn without decoding again
     page.get_by_role("option", name="1", exact=True).click()
     page.wait_for_function("document.querySelector('#score').innerText.includes('layer 2, head 1')", timeout=60_000)
     head_one = thumbnail_pixels(page)
-    assert mean_of_heads.shape == head_one.shape and np.abs(mean_of_heads - head_one).mean() > 0.5  # other maps, not only other files
+    # other maps, not only other files
+    assert mean_of_heads.shape == head_one.shape and np.abs(mean_of_heads - head_one).mean() > 0.5
     page.wait_for_selector("#download:not([disabled])", timeout=60_000)  # the redraw's figure is done too
     page.close()  # its open connections would hold up the server's shutdown
     assert outside == []  # the page works offline: nothing fetched from anywhere but the demo

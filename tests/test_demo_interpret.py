@@ -44,7 +44,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[P
     lstm, transformer = root / "lstm.pt", root / "transformer.pt"
     state = {"epoch": 3, "best_epoch": 2, "best_score": 2.25, "history": HISTORY}
     save_checkpoint(lstm, never_stopping(tiny_model()), train_state=state)
-    save_checkpoint(transformer, never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
+    save_checkpoint(transformer,
+                    never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
     return lstm, transformer, sorted((root / "shapes" / "test").iterdir())
 
 
@@ -53,14 +54,17 @@ def test_model_card_says_dataset_vocabulary_and_best_validation(served) -> None:
     card = model_card(str(lstm), load_captioner(lstm), read_checkpoint(lstm))
     assert "shapes" in card and f"vocabulary {len(load_captioner(lstm).vocab)} words" in card
     assert "epoch 2 of 3" in card and "BLEU4 0.520" in card and "CIDEr 2.250" in card  # the best epoch's scores
-    assert "no validation scores" in model_card(str(transformer), load_captioner(transformer), read_checkpoint(transformer))
+    assert "no validation scores" in model_card(str(transformer), load_captioner(transformer),
+                                                read_checkpoint(transformer))
 
 
 def test_model_card_names_the_step_of_a_mid_epoch_best(tmp_path: Path) -> None:
     """With train.val_every_steps, epoch 2 has two validations: the card gives the best one's."""
-    history = [*HISTORY[:1], {"epoch": 2, "step": 15, "epochs_done": 1.5, "val_BLEU4": 0.6, "val_CIDEr": 2.5}, *HISTORY[1:]]
+    history = [*HISTORY[:1], {"epoch": 2, "step": 15, "epochs_done": 1.5, "val_BLEU4": 0.6, "val_CIDEr": 2.5},
+               *HISTORY[1:]]
     path = tmp_path / "mid.pt"
-    save_checkpoint(path, never_stopping(tiny_model()), train_state={"epoch": 3, "best_epoch": 2, "best_step": 15, "best_score": 2.5, "history": history})
+    save_checkpoint(path, never_stopping(tiny_model()),
+                    train_state={"epoch": 3, "best_epoch": 2, "best_step": 15, "best_score": 2.5, "history": history})
     card = model_card(str(path), load_captioner(path), read_checkpoint(path))
     assert "epoch 2, step 15 of 3" in card and "CIDEr 2.500" in card
 
@@ -135,7 +139,8 @@ def recorded(method):
         except BaseException as e:
             SERVER_CALLS.append(f"{begun:.1f}s {method.__name__}{[shown(a) for a in args]} raised {e!r}")
             raise
-        SERVER_CALLS.append(f"{begun:.1f}-{time.monotonic() - started:.1f}s {method.__name__}{[shown(a) for a in args]} -> {[shown(a) for a in answer]}")
+        SERVER_CALLS.append(f"{begun:.1f}-{time.monotonic() - started:.1f}s "
+                            f"{method.__name__}{[shown(a) for a in args]} -> {[shown(a) for a in answer]}")
         return answer
 
     return call
@@ -149,11 +154,13 @@ def wait_visible(page, selector: str) -> None:
         fields = {
             name: page.evaluate(f"document.querySelector({css!r})?.{prop} ?? null")
             for name, css, prop in [
-                ("caption", "#caption textarea", "value"), ("note", "#note", "innerText"), ("score", "#score", "innerText"),
+                ("caption", "#caption textarea", "value"), ("note", "#note", "innerText"),
+                ("score", "#score", "innerText"),
                 ("model", "#model input", "value"), ("layer", "#layer input", "value"),
             ]
         }
-        raise AssertionError(f"{selector} never showed ({e.__class__.__name__}); page: {fields}; server calls:\n" + "\n".join(SERVER_CALLS)) from None
+        raise AssertionError(f"{selector} never showed ({e.__class__.__name__}); page: {fields}; server calls:\n"
+                             + "\n".join(SERVER_CALLS)) from None
 
 
 def slow_first_call(method, seconds: float):

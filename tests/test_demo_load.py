@@ -58,7 +58,8 @@ def pictures(count: int, seed: int = 0, size: tuple[int, int] = (40, 48)) -> lis
     return [Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)) for _ in range(count)]
 
 
-def hold_first_batch(batcher: CaptionBatcher, model, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+def hold_first_batch(batcher: CaptionBatcher, model, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event,
+                                                                                               threading.Event]:
     """Make the model's first caption call wait until released, so that the requests sent
     meanwhile pile up behind it: (started, release)."""
     started, release = threading.Event(), threading.Event()
@@ -101,7 +102,8 @@ def ask_all(batcher: CaptionBatcher, model, images: list[Image.Image], options: 
     return results
 
 
-def test_requests_that_arrive_together_are_one_batch_with_the_captions_of_single_requests(trained, shapes, monkeypatch) -> None:
+def test_requests_that_arrive_together_are_one_batch_with_the_captions_of_single_requests(trained, shapes,
+                                                                                          monkeypatch) -> None:
     model, images = trained, shapes[:6]
     alone = [model.caption(image, **OPTIONS) for image in images]
     assert len({c.text for c in alone}) > 2  # different images, different captions: a mix-up would show
@@ -143,7 +145,8 @@ def test_a_caller_behind_more_than_max_batch_of_its_kind_still_gets_its_caption(
 def test_a_failed_batch_fails_each_of_its_requests_and_the_next_batch_runs(model, monkeypatch) -> None:
     batcher = CaptionBatcher()
     images = pictures(3, seed=2)
-    monkeypatch.setattr(model, "caption", lambda images, **options: (_ for _ in ()).throw(RuntimeError("decoding broke")))
+    monkeypatch.setattr(model, "caption",
+                        lambda images, **options: (_ for _ in ()).throw(RuntimeError("decoding broke")))
     with pytest.raises(RuntimeError, match="decoding broke"):
         batcher.caption(model, images[0], **OPTIONS)
     monkeypatch.undo()
@@ -226,7 +229,8 @@ def count_files(folder: Path) -> tuple[int, int]:
     return files, folders
 
 
-def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A day of requests with the cleanup shrunk from hourly to seconds: files older than
     max_age_s go (uploads, heatmaps, figures), and so do the folders Gradio leaves empty, so the
     cache holds the last few seconds' files, not all of them. Requests come at a steady pace (a
@@ -264,7 +268,8 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
             assert text and len(gallery) == len(text.split())
             asked = time.time()
             figure = api.predict(api_name="/figure")
-            assert figure or time.time() - asked > cleanup.max_age_s - cleanup.every_s, "a fresh figure was deleted before its download"
+            assert figure or time.time() - asked > cleanup.max_age_s - cleanup.every_s, (
+                "a fresh figure was deleted before its download")
             requests += 1
             counts.append(count_files(cache))
         assert text, "every request outlived the cleanup age: too loaded a machine to check anything"
@@ -286,7 +291,8 @@ def test_temporary_files_stay_bounded_over_a_compressed_day(checkpoint: Path, tm
         close(demo)
 
 
-def test_callbacks_write_their_pictures_inside_gradios_cache(checkpoint: Path, model, tmp_path: Path, monkeypatch) -> None:
+def test_callbacks_write_their_pictures_inside_gradios_cache(checkpoint: Path, model, tmp_path: Path,
+                                                             monkeypatch) -> None:
     """So that Gradio serves each heatmap where it is, instead of hashing and copying it: one file
     per picture, deleted on Gradio's schedule."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "cache"))
@@ -299,7 +305,8 @@ def test_callbacks_write_their_pictures_inside_gradios_cache(checkpoint: Path, m
     assert Path(callbacks.figure(result, "1", "mean")).parent == callbacks.out_dir
 
 
-def test_each_process_that_serves_a_page_gets_a_gradio_cache_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_each_process_that_serves_a_page_gets_a_gradio_cache_of_its_own(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
     """Gradio deletes what a closing server cached, by content-named path: a cache shared with
     another process loses that process's copies of the same pictures (test_demo's closing test)."""
     from captioner.apps.demo.cache import OWNER, private_cache

@@ -50,7 +50,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("requests")
     save_checkpoint(root / "lstm.pt", never_stopping(tiny_model()))
-    save_checkpoint(root / "transformer.pt", never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
+    save_checkpoint(root / "transformer.pt",
+                    never_stopping(tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=2")))
     picture = np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)
     Image.fromarray(picture).save(root / "photo.png")
     return Models(root / "lstm.pt", root / "transformer.pt", root / "photo.png")
@@ -107,7 +108,8 @@ def test_page_values_pass_and_defaults_fill_in(models: Models) -> None:
 # --- the callback, with no Gradio in front of it -------------------------------------------------
 
 
-def test_callback_refuses_a_huge_request_at_once_then_serves_the_next(models: Models, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_callback_refuses_a_huge_request_at_once_then_serves_the_next(models: Models,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     callbacks = Callbacks(load_models([models.lstm, models.transformer]))
     decoded: list[int] = []
     original = Captioner.decode
@@ -122,7 +124,8 @@ def test_callback_refuses_a_huge_request_at_once_then_serves_the_next(models: Mo
 
     for bad in [(name, 3, 12, "9", MEAN), ("nobody.pt", 3, 12, None, MEAN), (name, 3, -5, None, MEAN)]:
         assert callbacks.caption(str(models.image), *bad)[3].startswith("**Request refused.**")
-    assert callbacks.caption(["not", "a", "file"], name, 3, 12, None, MEAN)[3].startswith("**Request refused.** the image")
+    assert callbacks.caption(["not", "a", "file"], name, 3, 12, None,
+                             MEAN)[3].startswith("**Request refused.** the image")
     assert not decoded
 
     text, score, gallery, note, result = callbacks.caption(str(models.image), name, 3, 12, "2", "1")
@@ -176,14 +179,16 @@ def ask(url: str, tmp_path: Path, models: Models, beam: float, length: float) ->
     started = time.perf_counter()
     try:
         answer: tuple | Exception = tuple(
-            api.predict(handle_file(str(models.image)), model_name=str(models.lstm), beam_size=beam, max_length=length, api_name="/caption")
+            api.predict(handle_file(str(models.image)), model_name=str(models.lstm), beam_size=beam, max_length=length,
+                        api_name="/caption")
         )
     except Exception as e:  # noqa: BLE001 - Gradio's own refusal reaches the client as an exception
         answer = e
     return time.perf_counter() - started, answer
 
 
-def test_api_huge_request_is_answered_at_once_then_the_next_is_served(server: str, models: Models, tmp_path: Path) -> None:
+def test_api_huge_request_is_answered_at_once_then_the_next_is_served(server: str, models: Models,
+                                                                      tmp_path: Path) -> None:
     """Today Gradio's slider check answers first; whichever answers, it is at once and in words."""
     seconds, answer = ask(server, tmp_path, models, HUGE_BEAM, HUGE_LENGTH)
     assert seconds < AT_ONCE_S
@@ -194,11 +199,13 @@ def test_api_huge_request_is_answered_at_once_then_the_next_is_served(server: st
     assert answer[0] == expected_text(models.lstm, models.image, 3, 12) and "refused" not in answer[3]
 
 
-def test_api_without_gradio_range_check_the_callback_refuses(unchecked_server: str, models: Models, tmp_path: Path) -> None:
+def test_api_without_gradio_range_check_the_callback_refuses(unchecked_server: str, models: Models,
+                                                             tmp_path: Path) -> None:
     seconds, answer = ask(unchecked_server, tmp_path, models, HUGE_BEAM, HUGE_LENGTH)
     assert seconds < AT_ONCE_S and not isinstance(answer, Exception), answer
     text, _, gallery, note = answer
-    assert (text, gallery) == ("", []) and note == "**Request refused.** beam_size must be a whole number in [1, 10]; got 10000"
+    assert ((text, gallery) == ("", []) and note
+            == "**Request refused.** beam_size must be a whole number in [1, 10]; got 10000")
     seconds, answer = ask(unchecked_server, tmp_path, models, 3, HUGE_LENGTH)
     assert answer[3] == "**Request refused.** max_length must be a whole number in [1, 60]; got 100000"
     _, answer = ask(unchecked_server, tmp_path, models, 3, 12)

@@ -70,9 +70,11 @@ def environment(site: Path, **extra: str) -> dict[str, str]:
     return subprocess_env(PYTHONPATH=f"{site}{os.pathsep}{ROOT}", **extra)  # the site file runs in every rank
 
 
-def torchrun(args: list[str], env: dict[str, str], timeout: float, monitor_interval: float | None = None) -> subprocess.CompletedProcess:
+def torchrun(args: list[str], env: dict[str, str], timeout: float,
+             monitor_interval: float | None = None) -> subprocess.CompletedProcess:
     launcher = [] if monitor_interval is None else [f"--monitor-interval={monitor_interval}"]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher, *warm_start.TORCHRUN_CAPTIONER, *args]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher,
+               *warm_start.TORCHRUN_CAPTIONER, *args]
     return warm_start.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -108,7 +110,8 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     ddp = torchrun(["train", "-v", SHAPES_LSTM, *TINY, "data.batch_size=4", f"data.root={shapes}",
-                    f"train.out_dir={runs / 'ddp'}", "train.val_every_steps=4"], env, timeout=600)  # also validates mid-epoch
+                    # also validates mid-epoch
+                    f"train.out_dir={runs / 'ddp'}", "train.val_every_steps=4"], env, timeout=600)
     _, single_err = single_run.communicate(timeout=600)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "2 processes x batch 4 = global batch 8; 6 steps per epoch" in ddp.stderr
@@ -127,7 +130,8 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
         torch.testing.assert_close(ddp_state["model"][name], tensor, rtol=0, atol=WEIGHT_TOLERANCE, msg=name)
     # validation is sharded over the ranks and gathered: the same captions, the same scores
     ddp_history, single_history = ddp_state["train_state"]["history"], single_state["train_state"]["history"]
-    assert [r["step"] for r in ddp_history] == [4, 6, 8, 12, 16, 18, 20, 24]  # every 4 steps and at each epoch's end (6 steps)
+    # every 4 steps and at each epoch's end (6 steps)
+    assert [r["step"] for r in ddp_history] == [4, 6, 8, 12, 16, 18, 20, 24]
     assert [{k: v for k, v in r.items() if k.startswith("val_")} for r in ddp_history] == [
         {k: v for k, v in r.items() if k.startswith("val_")} for r in single_history
     ]
@@ -136,9 +140,11 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
     # store included, which rank 0 built while rank 1 waited), and rank 1 touched nothing in it.
     names = sorted(p.name for p in (runs / "ddp").iterdir())
     assert names == [
-        "best.pt", "config.yaml", "features", "last.pt", "metrics.csv", "step_losses.csv", "tensorboard", "training_curves.png", "vocab.json",
+        "best.pt", "config.yaml", "features", "last.pt", "metrics.csv", "step_losses.csv", "tensorboard",
+        "training_curves.png", "vocab.json",
     ]
-    assert sorted(p.name for p in (runs / "ddp" / "features").iterdir()) == ["train.json", "train.npy", "val.json", "val.npy"]
+    assert sorted(p.name for p in (runs / "ddp" / "features").iterdir()) == ["train.json", "train.npy",
+                                                                             "val.json", "val.npy"]
     assert len(list((runs / "ddp" / "tensorboard").iterdir())) == 1
     rank0, rank1 = ((audit / f"rank{r}.txt").read_text() for r in (0, 1))
     assert "last.pt" in rank0 and "metrics.csv" in rank0  # the audit does see writes
@@ -157,7 +163,8 @@ def test_a_failing_rank_stops_every_rank_with_its_message(shapes: Path, tmp_path
     # of the failure at its next collective, and when that comes later than the poll it is killed
     # before it can say so (the race made this test flaky). Polling every 5 s leaves it the time.
     result = torchrun(["train", SHAPES_LSTM, *TINY, "data.batch_size=4", f"data.root={shapes}",
-                       f"train.out_dir={tmp_path / 'run'}", "train.dist_timeout_minutes=2"], env, timeout=240, monitor_interval=5)
+                       f"train.out_dir={tmp_path / 'run'}", "train.dist_timeout_minutes=2"], env, timeout=240,
+                       monitor_interval=5)
     seconds = time.time() - start
     assert result.returncode != 0
     assert "error: rank 1: injected failure: a file only rank 1 reads is unreadable" in result.stderr
@@ -205,10 +212,12 @@ def test_scst_under_torchrun(shapes: Path, tmp_path: Path) -> None:
     assert main(["train", SHAPES_LSTM, *common, f"train.out_dir={xe}"]) == 0
     scst = tmp_path / "scst"
     result = torchrun(["train", SHAPES_LSTM, *common, f"train.out_dir={scst}", "train.stage=scst",
-                       "scst.samples=2", "scst.max_length=6", "train.lr=1e-4", "--init", str(xe / "best.pt")], env, timeout=600)
+                       "scst.samples=2", "scst.max_length=6", "train.lr=1e-4", "--init", str(xe / "best.pt")], env,
+                       timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = (scst / "metrics.csv").read_text().splitlines()
     assert len(rows) == 3 and "train_reward" in rows[0]  # the header, epoch 0 (the starting model), epoch 1
-    assert rows[1].startswith("0,0,") and int(rows[2].split(",")[1]) == 6  # 48 train images, one item per image, 2 ranks x 4: 6 steps
+    # 48 train images, one item per image, 2 ranks x 4: 6 steps
+    assert rows[1].startswith("0,0,") and int(rows[2].split(",")[1]) == 6
     model = load_captioner(scst / "best.pt")
     assert model.caption(sorted((shapes / "test").glob("*.jpg"))[:1])[0].words

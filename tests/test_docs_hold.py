@@ -102,7 +102,8 @@ def missing_files(page: Path, text: str) -> list[str]:
     def exists(path: str) -> bool:
         return any(any(base.glob(path)) if "*" in path else (base / path).exists() for base in (REPO, page.parent))
 
-    return sorted(p for p in project_paths(" ".join(CODE_SPAN.findall(text)) + "\n" + "\n".join(FENCE.findall(text))) if not exists(p))
+    return sorted(p for p in project_paths(" ".join(CODE_SPAN.findall(text)) + "\n" + "\n".join(FENCE.findall(text)))
+                  if not exists(p))
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
@@ -138,7 +139,8 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 OR = "\0"  # `captioner data coco\|flickr8k` in a table cell: the alternatives, each checked
 
 
-def command_problems(words: list[str], parser: argparse.ArgumentParser | None = None, path: tuple[str, ...] = ()) -> list[str]:
+def command_problems(words: list[str], parser: argparse.ArgumentParser | None = None,
+                     path: tuple[str, ...] = ()) -> list[str]:
     """What is wrong in the words after `captioner`: a subcommand its parent does not have, or an
     option its command does not have. `captioner data` alone names the group."""
     parser = parser or build_parser()
@@ -162,7 +164,8 @@ def command_lines(text: str) -> list[str]:
     lines = []
     for block in FENCE.findall(text):
         joined = block.replace("\\\n", " ")
-        lines += [line.strip() for line in joined.splitlines() if re.match(r"\s*(captioner|python -m captioner)\s", line)]
+        lines += [line.strip() for line in joined.splitlines()
+                  if re.match(r"\s*(captioner|python -m captioner)\s", line)]
     lines += [span for span in CODE_SPAN.findall(text) if re.match(r"captioner\s+[a-z]", span)]
     return lines
 
@@ -189,15 +192,19 @@ def test_the_checks_find_a_misnamed_file_and_a_misspelt_command_and_let_placehol
     """The page tests' own check: a path with a capital in it and a subcommand given no option
     are checked like any other, and only what is written as a placeholder is left alone."""
     page = REPO / "README.md"
-    wrong = ("Train `configs/Flickr8k_typo.yaml`, then `captioner evalute runs/x/best.pt`; `configs/shapes_{lstm,transfomer}.yaml`.\n"
+    wrong = ("Train `configs/Flickr8k_typo.yaml`, then `captioner evalute runs/x/best.pt`; "
+             "`configs/shapes_{lstm,transfomer}.yaml`.\n"
              "```bash\ncaptioner data cocoa --root DIR\ncaptioner train configs/shapes_lstm.yaml --epoch 3\n```\n"
              "`scripts/*.ipynb`, `captioner data shapes\\|coco\\|flickr8\\|stats`, `captioner config shwo`")
-    assert missing_files(page, wrong) == ["configs/Flickr8k_typo.yaml", "configs/shapes_transfomer.yaml", "scripts/*.ipynb"]
-    assert wrong_commands(wrong) == ["captioner config shwo (no such command)", "captioner data cocoa (no such command)",
+    assert missing_files(page, wrong) == ["configs/Flickr8k_typo.yaml", "configs/shapes_transfomer.yaml",
+                                          "scripts/*.ipynb"]
+    assert wrong_commands(wrong) == ["captioner config shwo (no such command)",
+                                     "captioner data cocoa (no such command)",
                                      "captioner data flickr8 (no such command)", "captioner evalute (no such command)",
                                      "captioner train --epoch"]
-    placeholders = ("`configs/<name>.yaml`, `configs/flickr8k_lstm_liteN.yaml`, `configs/MODEL.yaml`, `captioner COMMAND --help`, "
-                    "`configs/shapes_*.yaml`, `configs/shapes_{lstm,transformer}.yaml`, `captioner data`, `captioner data coco\\|flickr8k --root DIR`")
+    placeholders = ("`configs/<name>.yaml`, `configs/flickr8k_lstm_liteN.yaml`, `configs/MODEL.yaml`, `captioner "
+                    "COMMAND --help`, `configs/shapes_*.yaml`, `configs/shapes_{lstm,transformer}.yaml`, `captioner "
+                    "data`, `captioner data coco\\|flickr8k --root DIR`")
     assert missing_files(page, placeholders) == [] and wrong_commands(placeholders) == []
 
 
@@ -232,8 +239,8 @@ COMMIT_HASH = r"(?<![\w#/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)(?!\d+e\d+(?![\w/-
 MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.?"
 DATE = rf"\b(?:19|20)\d\d-[01]\d-(?:[0-3]\d\b|\.\.)|\b{MONTH} [0-3]?\d(?:st|nd|rd|th)?\b|\b[0-3]?\d {MONTH}(?= |$)"
 # A user's processor is not ours: CPU and GPU model names, "this machine", the lab's folders.
-MACHINE = (r"\bZen ?\d\b|\bEPYC\b|\bXeon\b|\bRyzen\b|\b[AH]100\b|\bH200\b|(?i:\bthis (?:\d+-core )?(?:machine|VM|processor|CPU)\b)"
-           r"|\.\./shared\b|(?<![\w.])/work/")
+MACHINE = (r"\bZen ?\d\b|\bEPYC\b|\bXeon\b|\bRyzen\b|\b[AH]100\b|\bH200\b|(?i:\bthis (?:\d+-core "
+           r")?(?:machine|VM|processor|CPU)\b)|\.\./shared\b|(?<![\w.])/work/")
 NOTEBOOK_MARK = re.compile(f"{COMMIT_HASH}|{DATE}|{MACHINE}")
 
 
@@ -251,11 +258,16 @@ def test_user_pages_carry_no_commits_dates_or_machines(page: Path) -> None:
 
 
 def test_the_notebook_check_finds_hashes_dates_and_machines_and_lets_numbers_be() -> None:
-    notebook = ("latest alone: 17 min 3 s, test BLEU-4 0.932, fac6009, 2026-11-27 evening, slower than d1f0707's 12 min;\n"
-                "`git archive b55abf5 captioner`, on an AMD EPYC Zen 3 and an Intel Xeon, on this machine and this 2-core CPU,\n"
-                "a run of 2026-11-.., of Nov 27 and of 3 May 2026, with `../shared/data/flickr8k` and /work/runs/x; an H200 and an H100.")
-    assert notebook_marks(notebook) == ["../shared", "/work/", "2026-11-..", "2026-11-27", "3 May", "EPYC", "H100", "H200", "Nov 27",
-                                        "Xeon", "Zen 3", "b55abf5", "d1f0707", "fac6009", "this 2-core CPU", "this machine"]
+    notebook = ("latest alone: 17 min 3 s, test BLEU-4 0.932, fac6009, 2026-11-27 evening, slower than d1f0707's 12 "
+                "min;\n"
+                "`git archive b55abf5 captioner`, on an AMD EPYC Zen 3 and an Intel Xeon, on this machine and this "
+                "2-core CPU,\n"
+                "a run of 2026-11-.., of Nov 27 and of 3 May 2026, with `../shared/data/flickr8k` and /work/runs/x; an "
+                "H200 and an H100.")
+    assert notebook_marks(notebook) == ["../shared", "/work/", "2026-11-..", "2026-11-27", "3 May", "EPYC", "H100",
+                                        "H200", "Nov 27",
+                                        "Xeon", "Zen 3", "b55abf5", "d1f0707", "fac6009", "this 2-core CPU",
+                                        "this machine"]
     plain = ("colour #1f77b4 and #ff7f0eaa, 1e100000 steps, 1234567 images, a `deadbeef` word, Xu et al. 2015,\n"
              "March 2015, configs/shapes_lstm.yaml, sha256 prefix `3f2a` and a 224x224 photo, "
              "[the record](results.md#quickstart-2026-11-27-on-an-epyc-zen-3)")

@@ -412,7 +412,8 @@ def test_flickr8k_resumes_a_part_file_left_by_a_killed_run(flickr8k, tmp_path):
 
 def test_flickr8k_checksum_mismatch_is_one_line_naming_the_file(flickr8k, monkeypatch, tmp_path, capsys):
     text, photos = download.FLICKR8K_FILES
-    monkeypatch.setattr(download, "FLICKR8K_FILES", (text, RemoteFile(photos.name, photos.url, None, "0" * 32, photos.group)))
+    monkeypatch.setattr(download, "FLICKR8K_FILES",
+                        (text, RemoteFile(photos.name, photos.url, None, "0" * 32, photos.group)))
 
     assert main(["data", "flickr8k", "--root", str(tmp_path), "--mirror", flickr8k.base]) == 2
 
@@ -442,9 +443,11 @@ def test_flickr8k_archives_without_the_expected_files(flickr8k, monkeypatch, tmp
     other = _zip({"notes.txt": b"x"})
     flickr8k.files[FLICKR8K_PATH + "Flickr8k_text.zip"] = other
     text, photos = download.FLICKR8K_FILES
-    monkeypatch.setattr(download, "FLICKR8K_FILES", (RemoteFile(text.name, text.url, None, _md5(other), text.group), photos))
+    monkeypatch.setattr(download, "FLICKR8K_FILES",
+                        (RemoteFile(text.name, text.url, None, _md5(other), text.group), photos))
 
-    with pytest.raises(DatasetError, match=r"did not unpack Flickr8k\.token\.txt, Flickr_8k\.trainImages\.txt, .*downloads$"):
+    with pytest.raises(DatasetError,
+                       match=r"did not unpack Flickr8k\.token\.txt, Flickr_8k\.trainImages\.txt, .*downloads$"):
         download_flickr8k(tmp_path, mirror=flickr8k.base, progress=False)
 
 
@@ -455,7 +458,8 @@ def test_loader_prefers_images_to_the_archive_folder(tmp_path):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "a.jpg").write_bytes(b"jpeg")
         assert load_flickr8k(tmp_path, "train")[0].path == tmp_path / folder / "a.jpg"
-    assert load_flickr8k(tmp_path, "train", image_root=tmp_path / "Flicker8k_Dataset")[0].path.parent.name == "Flicker8k_Dataset"
+    assert load_flickr8k(tmp_path, "train",
+                         image_root=tmp_path / "Flicker8k_Dataset")[0].path.parent.name == "Flicker8k_Dataset"
 
 
 def test_official_flickr8k_table():

@@ -38,10 +38,12 @@ def test_every_registered_backbone_matches_its_registry_entry(name: str) -> None
     images = torch.randint(0, 256, (2, 3, SIDE, SIDE), dtype=torch.uint8)  # (B, 3, S, S)
     with torch.no_grad():
         feats, grid = encoder(images)  # (B, N, D)
-        normalized = v2.Normalize(list(spec.statistics.mean), list(spec.statistics.std))(v2.ToDtype(torch.float32, scale=True)(images))
+        normalized = v2.Normalize(list(spec.statistics.mean),
+                                  list(spec.statistics.std))(v2.ToDtype(torch.float32, scale=True)(images))
         by_torchvision, _ = encoder(normalized)  # (B, N, D): float input is taken as normalised
     assert grid == (SIDE // spec.stride, SIDE // spec.stride)
-    assert feats.shape == (2, grid[0] * grid[1], spec.feature_dim(config)) and encoder.out_dim == spec.feature_dim(config)
+    assert feats.shape == (2, grid[0] * grid[1],
+                           spec.feature_dim(config)) and encoder.out_dim == spec.feature_dim(config)
     assert encoder.normalize.statistics == spec.statistics == NORMALIZATIONS[spec.normalization]
     assert torch.equal(feats, by_torchvision)
     assert not any(key.startswith("normalize.") for key in encoder.state_dict())
@@ -56,21 +58,24 @@ def test_the_registry_is_the_one_list_of_names() -> None:
     with pytest.raises(ConfigError) as error:
         build_encoder(EncoderConfig(name="resnet18"))
     assert str(error.value) == f"model.encoder.name: unknown backbone 'resnet18'; registered: {', '.join(BACKBONES)}"
-    with pytest.raises(ConfigError, match=r"^model.encoder.normalization: unknown pixel statistics 'cifar'; one of backbone, imagenet, tf_lite$"):
+    with pytest.raises(ConfigError, match=(r"^model.encoder.normalization: unknown pixel statistics 'cifar'; one of "
+                                           r"backbone, imagenet, tf_lite$")):
         build_encoder(EncoderConfig(name="small_cnn", normalization="cifar"))
     assert load_config(None, ["model.encoder.name=resnet18"]).model.encoder.name == "resnet18"  # the registry's call
     with pytest.raises(ConfigError, match=r"'model.encoder.name' must be a registered name"):
         load_config(None, ["model.encoder.name=Res Net"])
 
 
-def test_an_unknown_backbone_stops_the_features_command_before_any_work(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_an_unknown_backbone_stops_the_features_command_before_any_work(monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys) -> None:
     def no_data(*args, **kwargs):
         raise AssertionError("the split was loaded before the backbone was checked")
 
     monkeypatch.setattr("captioner.data.datasets.load_split", no_data)
     config = str(REPO / "configs/shapes_lstm.yaml")
     assert main(["features", config, "model.encoder.name=resnet18", "--splits", "val"]) == 2
-    assert capsys.readouterr().err.strip() == f"error: model.encoder.name: unknown backbone 'resnet18'; registered: {', '.join(BACKBONES)}"
+    assert (capsys.readouterr().err.strip()
+            == f"error: model.encoder.name: unknown backbone 'resnet18'; registered: {', '.join(BACKBONES)}")
 
 
 def test_lite0_normalises_with_tensorflows_statistics_unless_told_otherwise() -> None:
@@ -93,7 +98,8 @@ def test_a_checkpoint_keeps_the_normalisation_it_was_trained_with(tmp_path: Path
         "model.decoder.hidden_dim=8", "model.decoder.attention_dim=8",
     ])
     torch.manual_seed(0)
-    model = Captioner.from_config(replace(config, model=replace(config.model, encoder=replace(config.model.encoder, normalization="imagenet"))),
+    model = Captioner.from_config(replace(
+        config, model=replace(config.model, encoder=replace(config.model.encoder, normalization="imagenet"))),
                         tiny_vocab(), load_pretrained=False).eval()
     save_checkpoint(tmp_path / "old.pt", model)
     payload = torch.load(tmp_path / "old.pt", weights_only=True)
@@ -107,7 +113,8 @@ def test_a_checkpoint_keeps_the_normalisation_it_was_trained_with(tmp_path: Path
 
     save_checkpoint(tmp_path / "new.pt", Captioner.from_config(config, tiny_vocab(), load_pretrained=False))
     new = load_captioner(tmp_path / "new.pt", device="cpu")
-    assert new.config.encoder.normalization == "backbone" and new.encoder.normalize.statistics == NORMALIZATIONS["tf_lite"]
+    assert (new.config.encoder.normalization == "backbone" and new.encoder.normalize.statistics
+            == NORMALIZATIONS["tf_lite"])
 
 
 @pytest.mark.parametrize("name, dim", [("resnet50", 2048), ("resnet101", 2048)])
@@ -127,7 +134,8 @@ def test_pretrained_weights_offline_give_a_clear_error(monkeypatch: pytest.Monke
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
-    with pytest.raises(ConfigError, match=r"cannot get the ImageNet weights of resnet152.*checkpoints.*pretrained=false"):
+    with pytest.raises(ConfigError,
+                       match=r"cannot get the ImageNet weights of resnet152.*checkpoints.*pretrained=false"):
         build_encoder(EncoderConfig(name="resnet152", pretrained=True))
 
 

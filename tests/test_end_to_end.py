@@ -99,7 +99,8 @@ def test_training_writes_checkpoints_logs_and_curves(shapes_lstm: TrainedRun) ->
     assert list((run / "tensorboard").iterdir())
 
 
-def test_captions_differ_and_name_the_objects_in_each_image(shapes_lstm: TrainedRun, capsys: pytest.CaptureFixture) -> None:
+def test_captions_differ_and_name_the_objects_in_each_image(shapes_lstm: TrainedRun,
+                                                            capsys: pytest.CaptureFixture) -> None:
     result = naming(shapes_lstm.checkpoint, shapes_lstm.shapes, capsys)
     check_names_the_objects(result)
 
@@ -115,7 +116,8 @@ def test_caption_with_heatmaps(shapes_lstm: TrainedRun, tmp_path: Path, capsys: 
         assert count_panels(row["heatmaps"]) == 1 + len(words)  # the input, then a panel per word
 
 
-def test_caption_reports_bad_files_and_goes_on(shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_caption_reports_bad_files_and_goes_on(shapes_lstm: TrainedRun, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture) -> None:
     good = shapes_lstm.test_images[0]
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"\xff\xd8\xff not really a jpeg")
@@ -128,8 +130,10 @@ def test_caption_reports_bad_files_and_goes_on(shapes_lstm: TrainedRun, tmp_path
     assert "Traceback" not in captured.err
 
 
-def test_evaluate_fast_writes_coco_results(shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["evaluate", str(shapes_lstm.checkpoint), "--split", "test", "--beam", "3", "--fast", "--json", "--out", str(tmp_path)]
+def test_evaluate_fast_writes_coco_results(shapes_lstm: TrainedRun, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture) -> None:
+    args = ["evaluate", str(shapes_lstm.checkpoint), "--split", "test", "--beam", "3", "--fast", "--json", "--out",
+            str(tmp_path)]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["images"] == 12 and set(report["scores"]) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"}
@@ -139,7 +143,8 @@ def test_evaluate_fast_writes_coco_results(shapes_lstm: TrainedRun, tmp_path: Pa
 
 
 def test_evaluate_limit(shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["evaluate", str(shapes_lstm.checkpoint), "--split", "test", "--fast", "--json", "--limit", "5", "--out", str(tmp_path)]
+    args = ["evaluate", str(shapes_lstm.checkpoint), "--split", "test", "--fast", "--json", "--limit", "5", "--out",
+            str(tmp_path)]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     results = json.loads((tmp_path / "results_test.json").read_text())
@@ -147,7 +152,8 @@ def test_evaluate_limit(shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.
     assert report["images"] == 5 and sorted(r["image_id"] for r in results) == sorted(i["id"] for i in first_five)
 
 
-def test_evaluate_a_run_folder_scores_its_best_checkpoint(shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_evaluate_a_run_folder_scores_its_best_checkpoint(shapes_lstm: TrainedRun, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
     """A run folder stands for its best.pt, as in Captioner.from_pretrained; with no --out the
     results go beside that checkpoint (a copy of the run here, so the shared run stays as it is:
     a copy is not where its run wrote it, so its dataset outside the working folder is named)."""
@@ -156,7 +162,8 @@ def test_evaluate_a_run_folder_scores_its_best_checkpoint(shapes_lstm: TrainedRu
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(shapes_lstm.checkpoint, run / "best.pt")
-    assert main(["evaluate", str(run), f"data.root={shapes_lstm.shapes}", "--split", "test", "--fast", "--json", "--limit", "3"]) == 0
+    assert main(["evaluate", str(run), f"data.root={shapes_lstm.shapes}", "--split", "test", "--fast", "--json",
+                 "--limit", "3"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["checkpoint"] == str(run / "best.pt") and report["images"] == 3
     assert (run / "results_test.json").is_file() and not (tmp_path / "results_test.json").exists()
@@ -169,7 +176,8 @@ def evaluate_with_grounding(checkpoint: Path, out: Path, capsys: pytest.CaptureF
     return json.loads(capsys.readouterr().out)
 
 
-def test_evaluate_official_with_grounding(shapes_lstm: TrainedRun, java: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_evaluate_official_with_grounding(shapes_lstm: TrainedRun, java: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture) -> None:
     report = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path, capsys, "--heatmaps", str(tmp_path / "figures"))
     figures = sorted((tmp_path / "figures").glob("*_grounding.png"))
     assert len(figures) == 8
@@ -194,21 +202,25 @@ def test_evaluate_official_with_grounding(shapes_lstm: TrainedRun, java: str, tm
     assert again["scores"] == report["scores"]
 
 
-def test_evaluate_grounding_with_an_instances_file(shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_evaluate_grounding_with_an_instances_file(shapes_lstm: TrainedRun, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
     """--instances: the shapes file named explicitly scores as the one found by itself; a file
     that keeps only some objects scores fewer words; a missing one is a one-line error."""
     found = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path / "found", capsys, "--fast")["grounding"]
     instances = shapes_lstm.shapes / "instances_test.json"
-    named = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path / "named", capsys, "--fast", "--instances", str(instances))
+    named = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path / "named", capsys, "--fast", "--instances",
+                                    str(instances))
     assert named["grounding"] == found
     data = json.loads(instances.read_text())
     data["annotations"] = data["annotations"][::2]  # half the objects
     (tmp_path / "half.json").write_text(json.dumps(data))
-    half = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path / "half", capsys, "--fast", "--instances", str(tmp_path / "half.json"))
+    half = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path / "half", capsys, "--fast", "--instances",
+                                   str(tmp_path / "half.json"))
     # Fewer words, not none: which objects survive decides how many of the few scored words
     # keep their object, and a file that was not read would give exactly `found`.
     assert found["words"] > 0 and half["grounding"]["words"] < found["words"]
-    args = ["evaluate", str(shapes_lstm.checkpoint), "--grounding", "--fast", "--instances", str(tmp_path / "none.json"), "--out", str(tmp_path)]
+    args = ["evaluate", str(shapes_lstm.checkpoint), "--grounding", "--fast", "--instances",
+            str(tmp_path / "none.json"), "--out", str(tmp_path)]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "none.json" in err and "Traceback" not in err and err.strip().count("\n") == 0
@@ -225,7 +237,8 @@ def test_resume_continues_from_the_saved_epoch(shapes_lstm: TrainedRun, tmp_path
     before = list(csv.DictReader(open(run / "metrics.csv")))
     epochs_run = []
     original = captioner.training.fit.train_one_epoch
-    monkeypatch.setattr(captioner.training.fit, "train_one_epoch", lambda *a, **k: epochs_run.append(1) or original(*a, **k))
+    monkeypatch.setattr(captioner.training.fit, "train_one_epoch",
+                        lambda *a, **k: epochs_run.append(1) or original(*a, **k))
     args = [*shapes_lstm.train_args[:-1], f"train.out_dir={run}", "train.epochs=10", "--resume"]
     with caplog.at_level(logging.INFO, logger="captioner.training.fit"):
         assert main(args) == 0
@@ -234,7 +247,8 @@ def test_resume_continues_from_the_saved_epoch(shapes_lstm: TrainedRun, tmp_path
     assert len(epochs_run) == 2
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     assert [int(r["epoch"]) for r in rows] == list(range(1, 11))  # no epoch written twice
-    assert [{k: float(v) for k, v in r.items()} for r in rows[:8]] == [{k: pytest.approx(float(v)) for k, v in r.items()} for r in before]
+    assert [{k: float(v) for k, v in r.items()}
+            for r in rows[:8]] == [{k: pytest.approx(float(v)) for k, v in r.items()} for r in before]
     steps_per_epoch = int(before[1]["step"]) - int(before[0]["step"])
     assert [int(r["step"]) for r in rows[8:]] == [saved_step + steps_per_epoch, saved_step + 2 * steps_per_epoch]
 
@@ -273,12 +287,14 @@ def shapes_transformer(shapes_lstm: TrainedRun, tmp_path_factory: pytest.TempPat
     """A tiny transformer trained for seconds on the same shapes world (generated once)."""
     torch.set_num_threads(1)
     run = tmp_path_factory.mktemp("transformer")
-    args = ["train", str(REPO / "configs/shapes_transformer.yaml"), *TRANSFORMER_TINY, f"data.root={shapes_lstm.shapes}", f"train.out_dir={run}"]
+    args = ["train", str(REPO / "configs/shapes_transformer.yaml"), *TRANSFORMER_TINY,
+            f"data.root={shapes_lstm.shapes}", f"train.out_dir={run}"]
     assert main(args) == 0
     return run
 
 
-def test_transformer_end_to_end(shapes_transformer: Path, shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_transformer_end_to_end(shapes_transformer: Path, shapes_lstm: TrainedRun, tmp_path: Path,
+                                capsys: pytest.CaptureFixture) -> None:
     """Train, caption with heatmaps of every layer's heads, evaluate with grounding. Seconds of
     training teach the transformer the captions' language (the loss falls by more than half) but
     not yet to look: unlike the LSTM, it is not asked to name the image's objects above chance."""
@@ -290,7 +306,8 @@ def test_transformer_end_to_end(shapes_transformer: Path, shapes_lstm: TrainedRu
     assert model.config.decoder.type == "transformer" and model.config.decoder.norm_first is True
     caption = model.caption(shapes_lstm.test_images[0])
     assert caption.attn.shape[1:3] == (2, 4)  # (T, layers, heads, h, w): every layer's heads kept for the maps
-    rows = caption_json(checkpoint, shapes_lstm.test_images, capsys, "--beam", "3", "--heatmaps", str(tmp_path / "maps"))
+    rows = caption_json(checkpoint, shapes_lstm.test_images, capsys, "--beam", "3", "--heatmaps",
+                        str(tmp_path / "maps"))
     assert len({r["caption"] for r in rows}) >= 2  # not one caption for every image
     vocab = set(model.vocab.words)
     for row in rows:
@@ -302,7 +319,8 @@ def test_transformer_end_to_end(shapes_transformer: Path, shapes_lstm: TrainedRu
     assert {"words", "score", "uniform_baseline"} <= set(report["grounding"])
 
 
-def test_blind_model_writes_one_caption_for_every_image(shapes_lstm: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_blind_model_writes_one_caption_for_every_image(shapes_lstm: TrainedRun, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
     """model.blind zeroes the image features: trained and evaluated through the same CLI, it
     can only learn the language, so every image gets the same caption (the baseline that the
     tests above beat)."""
@@ -315,6 +333,7 @@ def test_blind_model_writes_one_caption_for_every_image(shapes_lstm: TrainedRun,
     assert result.distinct == 1  # one caption, whatever the image
     with pytest.raises(AssertionError):
         check_names_the_objects(result)  # the check the seeing models pass fails for it
-    assert main(["evaluate", str(run / "best.pt"), "--split", "test", "--fast", "--json", "--out", str(tmp_path / "eval")]) == 0
+    assert main(
+        ["evaluate", str(run / "best.pt"), "--split", "test", "--fast", "--json", "--out", str(tmp_path / "eval")]) == 0
     results = json.loads((tmp_path / "eval" / "results_test.json").read_text())
     assert len({r["caption"] for r in results}) == 1

@@ -60,7 +60,8 @@ def test_an_ensemble_of_two_copies_is_the_model(mode: str) -> None:
     model = tiny_model()
     alone, ensembled = n_best(model, MODES[mode]), n_best(Ensemble([model, model]), MODES[mode])
     assert [[c.tokens for c in hyps] for hyps in ensembled] == [[c.tokens for c in hyps] for hyps in alone]
-    assert [c.score for hyps in ensembled for c in hyps] == pytest.approx([c.score for hyps in alone for c in hyps], abs=1e-5)
+    assert [c.score for hyps in ensembled
+            for c in hyps] == pytest.approx([c.score for hyps in alone for c in hyps], abs=1e-5)
 
 
 def different_members() -> tuple[Captioner, Captioner]:
@@ -133,7 +134,8 @@ def test_an_ensemble_of_different_models_decodes_differently_from_each() -> None
     texts = {}
     for name, model in (("lstm", lstm), ("transformer", transformer), ("ensemble", Ensemble([lstm, transformer]))):
         texts[name] = {hyps[0].text for hyps in n_best(model, MODES["beam"])}
-    assert texts == {"lstm": {"red " * 7 + "red"}, "transformer": {"blue " * 7 + "blue"}, "ensemble": {"circle " * 7 + "circle"}}
+    assert texts == {"lstm": {"red " * 7 + "red"}, "transformer": {"blue " * 7 + "blue"},
+                     "ensemble": {"circle " * 7 + "circle"}}
     for hyps in n_best(Ensemble([lstm, transformer]), MODES["greedy"]):
         assert hyps[0].attn.shape[1:] == (1, 1, 2, 2)  # the first member's grid
 
@@ -162,7 +164,8 @@ def test_members_with_different_vocabularies_are_refused_in_one_line(tmp_path: P
         with pytest.raises(CheckpointError) as info:
             Ensemble.from_pretrained([tmp_path / "a.pt", tmp_path / other], "cpu")
         message = str(info.value)
-        assert "\n" not in message and str(tmp_path / "a.pt") in message and str(tmp_path / other) in message and detail in message
+        assert ("\n" not in message and str(tmp_path / "a.pt") in message and str(tmp_path / other) in message
+                and detail in message)
     with pytest.raises(ConfigError, match="combine"):
         Ensemble([model], combine="max")
     with pytest.raises(ConfigError, match="size"):
@@ -226,11 +229,13 @@ def test_evaluate_takes_an_ensemble(tmp_path: Path, capsys: pytest.CaptureFixtur
     written = json.loads((tmp_path / "a" / "ensemble_b" / "results_test.json").read_text())
     assert {r["image_id"]: r["caption"] for r in written} == evaluation.predictions
     assert not (tmp_path / "a" / "results_test.json").exists()  # the first member's own results are left alone
-    assert main(["evaluate", str(tmp_path / "a"), "--ensemble", str(tmp_path / "b"), "--features", str(tmp_path / "f"), "--fast"]) == 2
+    assert main(["evaluate", str(tmp_path / "a"), "--ensemble", str(tmp_path / "b"), "--features", str(tmp_path / "f"),
+                 "--fast"]) == 2
     assert "ensemble" in capsys.readouterr().err
 
 
-def test_an_ensemble_encodes_a_split_once_and_decodes_it_several_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_ensemble_encodes_a_split_once_and_decodes_it_several_ways(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """encode_records packs each member's features, so compare_decoding's variants (the length
     penalty tuned on dev) work for an ensemble: each variant's captions are evaluate()'s."""
     from captioner.data.shapes import generate_shapes
@@ -255,5 +260,6 @@ def test_an_ensemble_encodes_a_split_once_and_decodes_it_several_ways(tmp_path: 
         caption_records(ensemble, records, features=encoded.features[:, :-1], grid=encoded.grid)
 
     compare_decoding = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "compare_decoding.py"))["main"]
-    assert compare_decoding([str(paths[0]), "--combine", "logprob", "--device", "cpu"]) == 2  # the flags reach load_model
+    # the flags reach load_model
+    assert compare_decoding([str(paths[0]), "--combine", "logprob", "--device", "cpu"]) == 2
     assert capsys.readouterr().err.strip() == "error: compare_decoding: --combine applies only with --ensemble"

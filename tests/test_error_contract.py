@@ -58,138 +58,211 @@ ROWS: dict[str, Row] = {
     # the command line itself
     "no command": Row([], 2, r"^error: captioner: name a command: data, train, features, caption"),
     "unknown command": Row(["nosuch"], 2, r"^error: captioner: argument command: invalid choice: 'nosuch'"),
-    "unknown option": Row(["caption", "{model}", "{image}", "--no-such-flag"], 2, r"^error: captioner: unrecognized arguments: --no-such-flag"),
+    "unknown option": Row(["caption", "{model}", "{image}", "--no-such-flag"], 2,
+                          r"^error: captioner: unrecognized arguments: --no-such-flag"),
     # data
-    "data: no subcommand": Row(["data"], 2, r"^error: captioner data: name a command: shapes, coco, flickr8k, stats, shards$"),
-    "data shapes: no --out": Row(["data", "shapes"], 2, r"^error: captioner data shapes: the following arguments are required: --out$"),
-    "data shapes: --out a file": Row(["data", "shapes", "--out", "{image}"], 2, r"^error: data shapes --out .*good\.png: a file, not a folder"),
-    "data shapes: bad number": Row(["data", "shapes", "--out", "d", "--num-train", "many"], 2, r"argument --num-train: invalid int value: 'many'"),
-    "data coco: no --root": Row(["data", "coco"], 2, r"^error: captioner data coco: the following arguments are required: --root$"),
-    "data coco: --root a file": Row(["data", "coco", "--root", "{image}"], 2, r"good\.png is a file, not a folder to download into$"),
-    "data coco: bad year": Row(["data", "coco", "--root", "d", "--year", "2015"], 2, r"argument --year: invalid choice: 2015"),
+    "data: no subcommand": Row(["data"], 2,
+                               r"^error: captioner data: name a command: shapes, coco, flickr8k, stats, shards$"),
+    "data shapes: no --out": Row(["data", "shapes"], 2,
+                                 r"^error: captioner data shapes: the following arguments are required: --out$"),
+    "data shapes: --out a file": Row(["data", "shapes", "--out", "{image}"], 2,
+                                     r"^error: data shapes --out .*good\.png: a file, not a folder"),
+    "data shapes: bad number": Row(["data", "shapes", "--out", "d", "--num-train", "many"], 2,
+                                   r"argument --num-train: invalid int value: 'many'"),
+    "data coco: no --root": Row(["data", "coco"], 2,
+                                r"^error: captioner data coco: the following arguments are required: --root$"),
+    "data coco: --root a file": Row(["data", "coco", "--root", "{image}"], 2,
+                                    r"good\.png is a file, not a folder to download into$"),
+    "data coco: bad year": Row(["data", "coco", "--root", "d", "--year", "2015"], 2,
+                               r"argument --year: invalid choice: 2015"),
     "data coco: offline": Row(["data", "coco", "--root", "d", "--mirror", "http://127.0.0.1:9"], 2,
-                              r"^error: cannot reach 127\.0\.0\.1:9: no internet\? .* while downloading http://127\.0\.0\.1:9/zips/"
-                              r"train2014\.zip; or fetch it by hand, save it as d/downloads/train2014\.zip and run this again$",
+                              r"^error: cannot reach 127\.0\.0\.1:9: no internet\? .* while downloading "
+                              r"http://127\.0\.0\.1:9/zips/train2014\.zip; or fetch it by hand, save it as "
+                              r"d/downloads/train2014\.zip and run this again$",
                               ("no_backoff",)),
-    "data flickr8k: no --root": Row(["data", "flickr8k"], 2, r"^error: captioner data flickr8k: the following arguments are required: --root$"),
-    "data flickr8k: --root a file": Row(["data", "flickr8k", "--root", "{image}"], 2, r"good\.png is a file, not a folder to download into$"),
+    "data flickr8k: no --root": Row(["data", "flickr8k"], 2,
+                                    r"^error: captioner data flickr8k: the following arguments are required: --root$"),
+    "data flickr8k: --root a file": Row(["data", "flickr8k", "--root", "{image}"], 2,
+                                        r"good\.png is a file, not a folder to download into$"),
     "data flickr8k: offline": Row(["data", "flickr8k", "--root", "d", "--mirror", "http://127.0.0.1:9"], 2,
-                                  r"^error: cannot reach 127\.0\.0\.1:9: .*Flickr8k_text\.zip; or fetch it by hand, save it as "
-                                  r"d/downloads/Flickr8k_text\.zip and run this again$", ("no_backoff",)),
-    "data stats: nothing to describe": Row(["data", "stats"], 2, r"^error: data stats: give --coco FILE, --karpathy FILE"),
-    "data stats: missing file": Row(["data", "stats", "--coco", "missing.json"], 2, r"^error: missing\.json: caption annotation file not found$"),
+                                  r"^error: cannot reach 127\.0\.0\.1:9: .*Flickr8k_text\.zip; or fetch it by hand, "
+                                  r"save it as d/downloads/Flickr8k_text\.zip and run this again$", ("no_backoff",)),
+    "data stats: nothing to describe": Row(["data", "stats"], 2,
+                                           r"^error: data stats: give --coco FILE, --karpathy FILE"),
+    "data stats: missing file": Row(["data", "stats", "--coco", "missing.json"], 2,
+                                    r"^error: missing\.json: caption annotation file not found$"),
     "data stats: broken file": Row(["data", "stats", "--coco", "{broken_json}"], 2, r"broken\.json: not valid JSON"),
     "data stats: config without its data": Row(["data", "stats", FLICKR8K, "data.root=nowhere"], 2,
-                                               r"^error: data\.root=nowhere: no Flickr8k here .*download it with captioner data flickr8k --root nowhere"),
+                                               (r"^error: data\.root=nowhere: no Flickr8k here .*download it with "
+                                                r"captioner data flickr8k --root nowhere")),
     "data stats: no Flickr8k in the folder": Row(["data", "stats", "--flickr8k", "nowhere"], 2,
-                                                 r"^error: --flickr8k nowhere: no Flickr8k here .*captioner data flickr8k --root nowhere, or give --flickr8k DIR"),
-    "data shards: nothing to write": Row(["data", "shards", "--out", "s"], 2, r"^error: data shards: give --flickr8k DIR"),
+                                                 (r"^error: --flickr8k nowhere: no Flickr8k here .*captioner data "
+                                                  r"flickr8k --root nowhere, or give --flickr8k DIR")),
+    "data shards: nothing to write": Row(["data", "shards", "--out", "s"], 2,
+                                         r"^error: data shards: give --flickr8k DIR"),
     "data shards: no --out": Row(["data", "shards", SHAPES], 2, r"the following arguments are required: --out$"),
-    "data shards: bad splits": Row(["data", "shards", SHAPES, "--out", "s", "--splits", "dev"], 2, r"--splits 'dev': use train, val and test"),
+    "data shards: bad splits": Row(["data", "shards", SHAPES, "--out", "s", "--splits", "dev"], 2,
+                                   r"--splits 'dev': use train, val and test"),
     "data shards: config without its data": Row(["data", "shards", FLICKR8K, "data.root=nowhere", "--out", "s"], 2,
-                                                r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k --root nowhere"),
+                                                (r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k "
+                                                 r"--root nowhere")),
     # config
     "data shards: no Flickr8k in the folder": Row(["data", "shards", "--flickr8k", "nowhere", "--out", "s"], 2,
-                                                  r"^error: --flickr8k nowhere: no Flickr8k here .*captioner data flickr8k --root nowhere"),
+                                                  (r"^error: --flickr8k nowhere: no Flickr8k here .*captioner data "
+                                                   r"flickr8k --root nowhere")),
     "config: no subcommand": Row(["config"], 2, r"^error: captioner config: name a command: show, keys$"),
-    "config show: missing file": Row(["config", "show", "missing.yaml"], 2, r"^error: missing\.yaml: config file not found$"),
+    "config show: missing file": Row(["config", "show", "missing.yaml"], 2,
+                                     r"^error: missing\.yaml: config file not found$"),
     "config show: broken YAML": Row(["config", "show", "{broken_yaml}"], 2, r"broken\.yaml: not valid YAML"),
-    "config show: unknown key": Row(["config", "show", "train.epochz=3"], 2, r"unknown key 'train\.epochz' \(did you mean 'train\.epochs'\?\)$"),
-    "config show: bad value": Row(["config", "show", "train.epochs=many"], 2, r"'train\.epochs' must be int; got 'many'$"),
+    "config show: unknown key": Row(["config", "show", "train.epochz=3"], 2,
+                                    r"unknown key 'train\.epochz' \(did you mean 'train\.epochs'\?\)$"),
+    "config show: bad value": Row(["config", "show", "train.epochs=many"], 2,
+                                  r"'train\.epochs' must be int; got 'many'$"),
     "config keys: no such key": Row(["config", "keys", "zzz"], 2, r"^error: no config key starts with 'zzz'"),
     # train
-    "train: no config": Row(["train"], 2, r"^error: captioner train: give a config, e.g\. captioner train configs/shapes_lstm\.yaml$"),
+    "train: no config": Row(
+        ["train"], 2, r"^error: captioner train: give a config, e.g\. captioner train configs/shapes_lstm\.yaml$"),
     "train: missing config": Row(["train", "missing.yaml"], 2, r"^error: missing\.yaml: config file not found$"),
     "train: broken YAML": Row(["train", "{broken_yaml}"], 2, r"broken\.yaml: not valid YAML"),
-    "train: unknown key": Row(["train", SHAPES, "train.epochz=3"], 2, r"unknown key 'train\.epochz' \(did you mean 'train\.epochs'\?\)$"),
-    "train: bad value": Row(["train", SHAPES, "train.lr=.nan"], 2, r"'train\.lr' must be a finite number > 0; got nan$"),
+    "train: unknown key": Row(["train", SHAPES, "train.epochz=3"], 2,
+                              r"unknown key 'train\.epochz' \(did you mean 'train\.epochs'\?\)$"),
+    "train: bad value": Row(["train", SHAPES, "train.lr=.nan"], 2,
+                            r"'train\.lr' must be a finite number > 0; got nan$"),
     "train: bad device": Row(["train", SHAPES, "--device", "gpu"], 2, r"train\.device"),
-    "train: missing --init": Row(["train", SHAPES, "--init", "missing.pt"], 2, r"^error: train\.init=missing\.pt: checkpoint not found"),
-    "train: nothing to resume": Row(["train", SHAPES, "--resume"], 2, r"last\.pt: nothing to resume .*leave out --resume"),
+    "train: missing --init": Row(["train", SHAPES, "--init", "missing.pt"], 2,
+                                 r"^error: train\.init=missing\.pt: checkpoint not found"),
+    "train: nothing to resume": Row(["train", SHAPES, "--resume"], 2,
+                                    r"last\.pt: nothing to resume .*leave out --resume"),
     "train: an out_dir that cannot be made": Row(["train", SHAPES, "train.out_dir={image}/run"], 2,
                                                  r"^error: train\.out_dir=.*good\.png/run: cannot create the folder"),
     "train: no Flickr8k": Row(["train", FLICKR8K, "data.root=nowhere"], 2,
-                              r"^error: data\.root=nowhere: no Flickr8k here \(Flickr8k\.token\.txt not found\); download it with "
-                              r"captioner data flickr8k --root nowhere, or set data\.root=DIR"),
+                              r"^error: data\.root=nowhere: no Flickr8k here \(Flickr8k\.token\.txt not found\); "
+                              r"download it with captioner data flickr8k --root nowhere, or set data\.root=DIR"),
     "train: no COCO": Row(["train", str(CONFIGS / "coco_lstm_resnet101.yaml")], 2,
-                          r"data\.karpathy_file=data/coco/dataset_coco\.json: .*captioner data coco --root data/coco --year 2014 --karpathy"),
+                          (r"data\.karpathy_file=data/coco/dataset_coco\.json: .*captioner data coco --root data/coco "
+                           r"--year 2014 --karpathy")),
     "train: no image folder": Row(["train", str(CONFIGS / "imagefolder_lstm_lite0.yaml"), "data.root=nowhere"], 2,
                                   r"nowhere: image folder not found; set data\.root=DIR"),
     # features
-    "features: no config": Row(["features"], 2, r"^error: captioner features: give a config, e\.g\. captioner features configs/"),
+    "features: no config": Row(["features"], 2,
+                               r"^error: captioner features: give a config, e\.g\. captioner features configs/"),
     "features: bad splits": Row(["features", SHAPES, "--splits", "dev"], 2, r"features --splits: dev is not a split"),
-    "features: no Flickr8k": Row(["features", FLICKR8K, "data.root=nowhere"], 2, r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k"),
+    "features: no Flickr8k": Row(["features", FLICKR8K, "data.root=nowhere"], 2,
+                                 r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k"),
     # caption
     "caption: nothing": Row(["caption"], 2, r"^error: caption: no images given$"),
     "caption: a missing image": Row(["caption", "missing.jpg"], 2, r"^error: missing\.jpg: no such file$"),
-    "caption: only missing images": Row(["caption", "{model}", "missing.jpg", "gone.png"], 2, r"^error: caption: none of the 2 images exist \(e\.g\. missing\.jpg\)$"),
-    "caption: an unreadable image": Row(["caption", "{model}", "{bad_image}"], 2, r"^error: .*bad\.jpg: not an image file"),
-    "caption: only unreadable images": Row(["caption", "{model}", "{bad_image}", "{bad_image}"], 2, r"^error: caption: none of the 2 images could be read"),
-    "caption: a folder without images": Row(["caption", "{model}", "{empty}"], 2, r"^error: caption: no images in .*empty$"),
-    "caption: a model without images": Row(["caption", "{model}"], 2, r"^error: caption: no images given after the model"),
-    "caption: missing model": Row(["caption", "missing.pt", "missing.jpg"], 2, r"^error: missing\.pt: checkpoint not found"),
-    "caption: truncated model": Row(["caption", "{truncated}", "{image}"], 2, r"truncated\.pt: not a readable captioner checkpoint"),
-    "caption: bad beam": Row(["caption", "{model}", "{image}", "--beam", "0"], 2, r"argument --beam: beam_size must be a whole number"),
-    "caption: sampling flag without --sample": Row(["caption", "{model}", "{image}", "--top-k", "5"], 2, r"--top-k applies only with --sample$"),
+    "caption: only missing images": Row(["caption", "{model}", "missing.jpg", "gone.png"], 2,
+                                        r"^error: caption: none of the 2 images exist \(e\.g\. missing\.jpg\)$"),
+    "caption: an unreadable image": Row(["caption", "{model}", "{bad_image}"], 2,
+                                        r"^error: .*bad\.jpg: not an image file"),
+    "caption: only unreadable images": Row(["caption", "{model}", "{bad_image}", "{bad_image}"], 2,
+                                           r"^error: caption: none of the 2 images could be read"),
+    "caption: a folder without images": Row(["caption", "{model}", "{empty}"], 2,
+                                            r"^error: caption: no images in .*empty$"),
+    "caption: a model without images": Row(["caption", "{model}"], 2,
+                                           r"^error: caption: no images given after the model"),
+    "caption: missing model": Row(["caption", "missing.pt", "missing.jpg"], 2,
+                                  r"^error: missing\.pt: checkpoint not found"),
+    "caption: truncated model": Row(["caption", "{truncated}", "{image}"], 2,
+                                    r"truncated\.pt: not a readable captioner checkpoint"),
+    "caption: bad beam": Row(["caption", "{model}", "{image}", "--beam", "0"], 2,
+                             r"argument --beam: beam_size must be a whole number"),
+    "caption: sampling flag without --sample": Row(["caption", "{model}", "{image}", "--top-k", "5"], 2,
+                                                   r"--top-k applies only with --sample$"),
     "caption: no onnxruntime": Row(["caption", "{empty}", "{image}", "--runtime", "onnx"], 2,
-                                   r"^error: onnxruntime is not installed: it comes with the 'onnx' extra", ("no_onnxruntime",)),
-    "caption: a layer the model lacks": Row(["caption", "{model}", "{image}", "--json", "--attention", "--layer", "3"], 2,
+                                   r"^error: onnxruntime is not installed: it comes with the 'onnx' extra",
+                                   ("no_onnxruntime",)),
+    "caption: a layer the model lacks": Row(["caption", "{model}", "{image}", "--json", "--attention", "--layer", "3"],
+                                            2,
                                             r"^error: caption --layer 3: this model's maps have 1 layer"),
     "caption: a head the model lacks": Row(["caption", "{model}", "{image}", "--heatmaps", "maps", "--head", "4"], 2,
                                            r"^error: caption --head 4: this model's maps have 1 head"),
     "caption: a figure folder that cannot be made": Row(["caption", "{model}", "{image}", "--heatmaps", "{image}"], 2,
-                                                        r"^error: caption --heatmaps .*good\.png: a file, not a folder to write into$", ("no_caption",)),
-    "caption: some images fail": Row(["caption", "{model}", "{image}", "{bad_image}", "missing.jpg"], 1, r"^2 of 3 images failed$"),
+                                                        (r"^error: caption --heatmaps .*good\.png: a file, not a "
+                                                         r"folder to write into$"), ("no_caption",)),
+    "caption: some images fail": Row(["caption", "{model}", "{image}", "{bad_image}", "missing.jpg"], 1,
+                                     r"^2 of 3 images failed$"),
     # evaluate
-    "evaluate: nothing": Row(["evaluate"], 2, r"^error: evaluate: give a CHECKPOINT, or --results FILE --annotations FILE$"),
-    "evaluate: missing model": Row(["evaluate", "missing.pt", "--fast"], 2, r"^error: missing\.pt: checkpoint not found"),
-    "evaluate: truncated model": Row(["evaluate", "{truncated}", "--fast"], 2, r"truncated\.pt: not a readable captioner checkpoint"),
+    "evaluate: nothing": Row(["evaluate"], 2,
+                             r"^error: evaluate: give a CHECKPOINT, or --results FILE --annotations FILE$"),
+    "evaluate: missing model": Row(["evaluate", "missing.pt", "--fast"], 2,
+                                   r"^error: missing\.pt: checkpoint not found"),
+    "evaluate: truncated model": Row(["evaluate", "{truncated}", "--fast"], 2,
+                                     r"truncated\.pt: not a readable captioner checkpoint"),
     "evaluate: results alone": Row(["evaluate", "--results", "r.json"], 2, r"--results and --annotations go together$"),
-    "evaluate: missing results": Row(["evaluate", "--fast", "--results", "missing.json", "--annotations", "{broken_json}"], 2, r"broken\.json: not valid JSON"),
+    "evaluate: missing results": Row(["evaluate", "--fast", "--results", "missing.json", "--annotations",
+                                      "{broken_json}"], 2, r"broken\.json: not valid JSON"),
     "evaluate: no Java": Row(["evaluate", "{model}"], 2,
-                             r"^error: Java not found: .*need Java 17.*apt-get install openjdk-17-jre-headless.*; or add --fast", ("no_java", "no_model")),
-    "evaluate: no Java for a results file": Row(["evaluate", "--results", "missing.json", "--annotations", "missing.json"], 2,
+                             (r"^error: Java not found: .*need Java 17.*apt-get install openjdk-17-jre-headless.*; or "
+                              r"add --fast"), ("no_java", "no_model")),
+    "evaluate: no Java for a results file": Row(["evaluate", "--results", "missing.json", "--annotations",
+                                                 "missing.json"], 2,
                                                 r"^error: Java not found: .*or add --fast", ("no_java",)),
     "evaluate: no metrics package": Row(["evaluate", "{model}"], 2,
-                                        r"^error: pycocoevalcap is not installed: it comes with the 'train' extra \(pip install 'captioner\[train\]'",
+                                        (r"^error: pycocoevalcap is not installed: it comes with the 'train' extra "
+                                         r"\(pip install 'captioner\[train\]'"),
                                         ("no_pycocoevalcap", "no_model")),
     "evaluate: no SPICE models": Row(["evaluate", "{model}", "--spice"], 2,
-                                     r"^error: evaluate --spice: SPICE's Stanford CoreNLP models are not installed .*or leave out --spice$",
+                                     (r"^error: evaluate --spice: SPICE's Stanford CoreNLP models are not installed "
+                                      r".*or leave out --spice$"),
                                      ("no_spice_models", "no_model")),
     "evaluate: the model's data is not here": Row(["evaluate", "{flickr8k_model}", "--fast"], 2,
-                                                  r"^error: data\.root=data/flickr8k: no Flickr8k here .*captioner data flickr8k --root data/flickr8k"),
+                                                  (r"^error: data\.root=data/flickr8k: no Flickr8k here .*captioner "
+                                                   r"data flickr8k --root data/flickr8k")),
     "evaluate: the images are gone": Row(["evaluate", "{shapes_model}", "--fast"], 2,
-                                         r"captions_test\.json: none of the 1 images listed exist under .*; point data\.root", ("shapes_without_images",)),
-    "evaluate: a place the model may not name": Row(["evaluate", "{elsewhere_model}", "--fast"], 2, r"name the data yourself \(data\.root=\.\.\.\)$"),
-    "evaluate: negative limit": Row(["evaluate", "{model}", "--fast", "--limit", "-2"], 2, r"argument --limit: must be at least 0, got -2"),
+                                         (r"captions_test\.json: none of the 1 images listed exist under .*; point "
+                                          r"data\.root"), ("shapes_without_images",)),
+    "evaluate: a place the model may not name": Row(["evaluate", "{elsewhere_model}", "--fast"], 2,
+                                                    r"name the data yourself \(data\.root=\.\.\.\)$"),
+    "evaluate: negative limit": Row(["evaluate", "{model}", "--fast", "--limit", "-2"], 2,
+                                    r"argument --limit: must be at least 0, got -2"),
     "evaluate: an --out that cannot be made": Row(["evaluate", "{model}", "--fast", "--out", "{image}/eval"], 2,
-                                                  r"^error: evaluate --out .*good\.png/eval: cannot create the folder", ("shapes_world",)),
-    "evaluate: --saliency without --grounding": Row(["evaluate", "{model}", "--fast", "--saliency", "gradcam"], 2, r"it needs --grounding$"),
-    "evaluate: a grounding layer the model lacks": Row(["evaluate", "{model}", "--fast", "--grounding", "--layer", "9"], 2,
-                                                       r"^error: evaluate --layer 9: this model's maps have 1 layer \(0 to 0; -1 is the last\)$",
+                                                  r"^error: evaluate --out .*good\.png/eval: cannot create the folder",
+                                                  ("shapes_world",)),
+    "evaluate: --saliency without --grounding": Row(["evaluate", "{model}", "--fast", "--saliency", "gradcam"], 2,
+                                                    r"it needs --grounding$"),
+    "evaluate: a grounding layer the model lacks": Row(["evaluate", "{model}", "--fast", "--grounding", "--layer", "9"],
+                                                       2,
+                                                       (r"^error: evaluate --layer 9: this model's maps have 1 layer "
+                                                        r"\(0 to 0; -1 is the last\)$"),
                                                        ("shapes_world",)),
-    "evaluate: a grounding head the model lacks": Row(["evaluate", "{model}", "--fast", "--grounding", "--head", "2"], 2,
-                                                      r"^error: evaluate --head 2: this model's maps have 1 head \(0 to 0\)$", ("shapes_world",)),
+    "evaluate: a grounding head the model lacks": Row(["evaluate", "{model}", "--fast", "--grounding", "--head", "2"],
+                                                      2,
+                                                      (r"^error: evaluate --head 2: this model's maps have 1 head \(0 "
+                                                       r"to 0\)$"), ("shapes_world",)),
     # export and push
-    "export: nothing": Row(["export"], 2, r"^error: captioner export: give a checkpoint and the folder to write, e\.g\. captioner export"),
+    "export: nothing": Row(
+        ["export"], 2, r"^error: captioner export: give a checkpoint and the folder to write, e\.g\. captioner export"),
     "export: missing model": Row(["export", "missing.pt", "out"], 2, r"^error: missing\.pt: checkpoint not found"),
-    "export: truncated model": Row(["export", "{truncated}", "out"], 2, r"truncated\.pt: not a readable captioner checkpoint"),
-    "export: a folder that holds other files": Row(["export", "{model}", "{full}"], 2, r"full: not empty .*and not an export"),
-    "export: missing figure image": Row(["export", "{model}", "out", "--image", "missing.jpg"], 2, r"^error: missing\.jpg: no such file$"),
+    "export: truncated model": Row(["export", "{truncated}", "out"], 2,
+                                   r"truncated\.pt: not a readable captioner checkpoint"),
+    "export: a folder that holds other files": Row(["export", "{model}", "{full}"], 2,
+                                                   r"full: not empty .*and not an export"),
+    "export: missing figure image": Row(["export", "{model}", "out", "--image", "missing.jpg"], 2,
+                                        r"^error: missing\.jpg: no such file$"),
     "export: no onnx package": Row(["export", "{model}", "out", "--onnx", "--image", "{image}"], 2,
-                                   r"^error: onnx is not installed: it comes with the 'onnx' extra", ("no_onnx", "nothing_written")),
+                                   r"^error: onnx is not installed: it comes with the 'onnx' extra",
+                                   ("no_onnx", "nothing_written")),
     "push: nothing": Row(["push"], 2, r"^error: captioner push: give a model and a Hub repo id, e\.g\. captioner push"),
-    "push: bad repo id": Row(["push", "{model}", "nobody"], 2, r"^error: push: 'nobody' is not a Hub repo id \(owner/name\)$"),
-    "push: offline": Row(["push", "{model}", "someone/model"], 2, r"^error: push someone/model: offline \(HF_HUB_OFFLINE is set\)", ("offline",)),
+    "push: bad repo id": Row(["push", "{model}", "nobody"], 2,
+                             r"^error: push: 'nobody' is not a Hub repo id \(owner/name\)$"),
+    "push: offline": Row(["push", "{model}", "someone/model"], 2,
+                         r"^error: push someone/model: offline \(HF_HUB_OFFLINE is set\)", ("offline",)),
     # demo
     "demo: missing model": Row(["demo", "missing.pt"], 2, r"^error: missing\.pt: checkpoint not found"),
-    "demo: examples without images": Row(["demo", "{model}", "--examples", "{empty}"], 2, r"^error: demo --examples: no images in .*empty$"),
-    "demo: a missing example": Row(["demo", "{model}", "--examples", "missing.jpg"], 2, r"^error: demo --examples: missing\.jpg: no such file$"),
-    "demo: bad port": Row(["demo", "{model}", "--port", "70000"], 2, r"argument --port: a port is at most 65535, got 70000"),
+    "demo: examples without images": Row(["demo", "{model}", "--examples", "{empty}"], 2,
+                                         r"^error: demo --examples: no images in .*empty$"),
+    "demo: a missing example": Row(["demo", "{model}", "--examples", "missing.jpg"], 2,
+                                   r"^error: demo --examples: missing\.jpg: no such file$"),
+    "demo: bad port": Row(["demo", "{model}", "--port", "70000"], 2,
+                          r"argument --port: a port is at most 65535, got 70000"),
     "demo: a port in use": Row(["demo", "{model}", "--port", "{busy_port}"], 2,
-                               r"^error: demo --port \d+: port \d+ on 127\.0\.0\.1 is in use \(another demo\?\); give another with --port$",
+                               (r"^error: demo --port \d+: port \d+ on 127\.0\.0\.1 is in use \(another demo\?\); give "
+                                r"another with --port$"),
                                ("no_demo_model",)),
-    "demo: no Gradio": Row(["demo", "{model}"], 2, r"^error: (demo: Gradio|gradio) is not installed.*\[demo\]", ("no_gradio",)),
+    "demo: no Gradio": Row(["demo", "{model}"], 2, r"^error: (demo: Gradio|gradio) is not installed.*\[demo\]",
+                           ("no_gradio",)),
 }
 
 
@@ -201,7 +274,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("world")
-    files = {name: root / name for name in ("model.pt", "good.png", "bad.jpg", "truncated.pt", "broken.json", "broken.yaml", "empty", "full")}
+    files = {name: root / name for name in ("model.pt", "good.png", "bad.jpg", "truncated.pt", "broken.json",
+                                            "broken.yaml", "empty", "full")}
     save_checkpoint(files["model.pt"], tiny_model("decode.max_length=4"))
     Image.fromarray(np.full((20, 24, 3), 90, dtype=np.uint8)).save(files["good.png"])
     files["bad.jpg"].write_bytes(b"not an image")
@@ -216,10 +290,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
               "elsewhere_model": [f"data.root={root / 'elsewhere'}"]}  # absolute, and not where its run wrote it
     BUSY.append(socket.create_server(("127.0.0.1", 0)))  # a port another process serves on, for this module's rows
     paths = {name: str(path) for name, path in files.items()} | {"busy_port": str(BUSY[-1].getsockname()[1])}
-    paths |= {"model": paths["model.pt"], "image": paths["good.png"], "bad_image": paths["bad.jpg"], "truncated": paths["truncated.pt"],
+    paths |= {"model": paths["model.pt"], "image": paths["good.png"], "bad_image": paths["bad.jpg"],
+              "truncated": paths["truncated.pt"],
               "broken_json": paths["broken.json"], "broken_yaml": paths["broken.yaml"]}
     for name, overrides in stored.items():
-        save_checkpoint(root / f"{name}.pt", tiny_model("decode.max_length=4"), tiny_config("decode.max_length=4", *overrides))
+        save_checkpoint(root / f"{name}.pt", tiny_model("decode.max_length=4"),
+                        tiny_config("decode.max_length=4", *overrides))
         paths[name] = str(root / f"{name}.pt")
     return paths
 
@@ -230,29 +306,35 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
         (folder / "bin").mkdir()
         monkeypatch.setenv("PATH", str(folder / "bin"))  # no java on it
     if "no_model" in setup:  # the check must come before the model loads, let alone captions
-        monkeypatch.setattr("captioner.apps.commands.evaluate.load_model", refuse("a model loaded before the prerequisites were checked"))
+        monkeypatch.setattr("captioner.apps.commands.evaluate.load_model",
+                            refuse("a model loaded before the prerequisites were checked"))
     if "no_spice_models" in setup:  # offline, and never downloaded: the library warns and scores without SPICE
         def offline() -> bool:
-            logging.getLogger("captioner.evaluation.spice_models").warning("SPICE skipped: the Stanford CoreNLP 3.6.0 models are not here")
+            logging.getLogger("captioner.evaluation.spice_models").warning(
+                "SPICE skipped: the Stanford CoreNLP 3.6.0 models are not here")
             return False
 
         monkeypatch.setattr("captioner.evaluation.spice_models.ensure_spice_models", offline)
     if "no_caption" in setup:  # the folder is checked before the model loads
-        monkeypatch.setattr("captioner.apps.commands.caption.load_model", refuse("a model loaded before the figure folder was checked"))
+        monkeypatch.setattr("captioner.apps.commands.caption.load_model",
+                            refuse("a model loaded before the figure folder was checked"))
     if "shapes_world" in setup:  # the model's data, there: one image a split
         shapes_world(folder / "data" / "shapes", with_images=True)
     if "no_pycocoevalcap" in setup:
-        monkeypatch.setitem(sys.modules, "pycocoevalcap", None)  # import raises ModuleNotFoundError, as when the extra is left out
+        # import raises ModuleNotFoundError, as when the extra is left out
+        monkeypatch.setitem(sys.modules, "pycocoevalcap", None)
     if "no_demo_model" in setup:  # the port is checked before any model loads
         require_module("gradio", "the demo extra is not installed")
-        monkeypatch.setattr("captioner.apps.demo.cards.load_captioner", refuse("a model loaded before the port was checked"))
+        monkeypatch.setattr("captioner.apps.demo.cards.load_captioner",
+                            refuse("a model loaded before the port was checked"))
     if "no_gradio" in setup:
         monkeypatch.setitem(sys.modules, "gradio", None)
         monkeypatch.delitem(sys.modules, "captioner.apps.demo.server", raising=False)
     if "no_onnx" in setup:
         monkeypatch.setitem(sys.modules, "onnx", None)
     if "nothing_written" in setup:  # the check comes before the Hub layout is written
-        monkeypatch.setattr("captioner.apps.export.export_model", refuse("export wrote files before checking its prerequisites"))
+        monkeypatch.setattr("captioner.apps.export.export_model",
+                            refuse("export wrote files before checking its prerequisites"))
     if "no_onnxruntime" in setup:
         monkeypatch.setitem(sys.modules, "onnxruntime", None)
         for loaded in ("captioner.deploy.bundle", "captioner.deploy.runtime"):  # an earlier test may have imported them
@@ -269,7 +351,8 @@ def shapes_world(root: Path, with_images: bool) -> None:
     """A shapes world of one image a split, in COCO format (with its image files or without)."""
     for split in ("train", "val", "test"):
         (root / split).mkdir(parents=True)
-        listing = {"images": [{"id": 1, "file_name": f"{split}_1.jpg"}], "annotations": [{"id": 1, "image_id": 1, "caption": "a red circle"}]}
+        listing = {"images": [{"id": 1, "file_name": f"{split}_1.jpg"}],
+                   "annotations": [{"id": 1, "image_id": 1, "caption": "a red circle"}]}
         (root / f"captions_{split}.json").write_text(json.dumps(listing))
         if with_images:
             Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8)).save(root / split / f"{split}_1.jpg")
@@ -282,7 +365,8 @@ def refuse(what: str):
     return stop
 
 
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> tuple[int, list[str]]:
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str],
+            caplog: pytest.LogCaptureFixture) -> tuple[int, list[str]]:
     """`captioner ARGV` in-process: its exit status, and the lines a user sees on stderr (printed,
     and logged at WARNING or above; the info lines of its progress are the command's output)."""
     with caplog.at_level(logging.WARNING):
@@ -328,7 +412,8 @@ def command_paths(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -
 
 def test_every_command_has_rows() -> None:
     """A command added to the parser needs its rows in the table: at least one refusal."""
-    walked = {tuple(row.argv[: len(path)]) for row in ROWS.values() if row.code == 2 for path in command_paths(build_parser())}
+    walked = {tuple(row.argv[: len(path)]) for row in ROWS.values() if row.code == 2
+              for path in command_paths(build_parser())}
     missing = [" ".join(path) for path in command_paths(build_parser()) if path not in walked]
     assert missing == []
 
@@ -336,7 +421,8 @@ def test_every_command_has_rows() -> None:
 def test_caption_of_a_missing_photo_is_one_line_in_a_real_process(tmp_path: Path) -> None:
     """`captioner caption missing.jpg` as typed in a shell: with the default model's log lines and
     all, stderr is one line and the status 2, and no model is loaded for it."""
-    done = subprocess.run([sys.executable, "-m", "captioner", "caption", "missing.jpg"], cwd=tmp_path, env=subprocess_env(),
+    done = subprocess.run([sys.executable, "-m", "captioner", "caption", "missing.jpg"], cwd=tmp_path,
+                          env=subprocess_env(),
                           capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stderr, done.stdout) == (2, "error: missing.jpg: no such file\n", "")
 
@@ -348,10 +434,14 @@ def test_caption_of_an_unreadable_photo_is_one_line_and_a_partial_failure_names_
     (tmp_path / "bad.jpg").write_bytes(b"not an image")
     Image.new("RGB", (64, 64), (200, 30, 30)).save(tmp_path / "good.png")
     command = [sys.executable, "-m", "captioner", "caption"]
-    refused = subprocess.run([*command, "bad.jpg"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    refused = subprocess.run([*command, "bad.jpg"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+                             timeout=300)
     assert (refused.returncode, refused.stdout) == (2, "")
-    assert refused.stderr.splitlines() == ["error: bad.jpg: not an image file; supported formats: JPEG, PNG, WEBP, GIF, BMP, TIFF"]
-    partial = subprocess.run([*command, "good.png", "bad.jpg"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert refused.stderr.splitlines() == [
+        "error: bad.jpg: not an image file; supported formats: JPEG, PNG, WEBP, GIF, BMP, TIFF"]
+    partial = subprocess.run([*command, "good.png", "bad.jpg"], cwd=tmp_path, env=subprocess_env(), capture_output=True,
+                             text=True, timeout=300)
     lines = partial.stderr.splitlines()
     assert partial.returncode == 1 and partial.stdout.startswith("good.png\t")
-    assert any(line.startswith("captioning with ") for line in lines) and lines[-2:] == [refused.stderr.strip(), "1 of 2 images failed"]
+    assert any(line.startswith("captioning with ") for line in lines) and lines[-2:] == [refused.stderr.strip(),
+                                                                                         "1 of 2 images failed"]

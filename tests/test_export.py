@@ -32,7 +32,8 @@ def exported(shapes_lstm: TrainedRun, tmp_path_factory: pytest.TempPathFactory) 
     root = tmp_path_factory.mktemp("export")
     run = root / "run"
     shutil.copytree(shapes_lstm.run, run, ignore=shutil.ignore_patterns("tensorboard"))
-    assert main(["evaluate", str(run / "best.pt"), f"data.root={shapes_lstm.shapes}", "--split", "test", "--fast"]) == 0  # scores_test.json beside it
+    # scores_test.json beside it
+    assert main(["evaluate", str(run / "best.pt"), f"data.root={shapes_lstm.shapes}", "--split", "test", "--fast"]) == 0
     assert main(["export", str(run), str(root / "model"), "--image", str(shapes_lstm.test_images[0])]) == 0
     return run, root / "model"
 
@@ -43,7 +44,8 @@ def card_metadata(folder: Path) -> dict:
     return yaml.safe_load(text.split("---\n")[1])
 
 
-def test_export_writes_the_hub_layout_and_loads_back_identically(exported: tuple[Path, Path], shapes_lstm: TrainedRun) -> None:
+def test_export_writes_the_hub_layout_and_loads_back_identically(exported: tuple[Path, Path],
+                                                                 shapes_lstm: TrainedRun) -> None:
     run, folder = exported
     assert {p.name for p in folder.iterdir()} == {WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"}
     config = json.loads((folder / CONFIG).read_text())
@@ -51,7 +53,8 @@ def test_export_writes_the_hub_layout_and_loads_back_identically(exported: tuple
     spec = config["spec"]
     assert spec["vocab_size"] == len(original.vocab) == len(json.loads((folder / VOCAB).read_text()))
     assert spec["decoder"]["type"] == "lstm" and spec["preprocessing"]["image_size"] == 64
-    assert spec["grid"] == list(original.grid_size()) and spec["special_tokens"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
+    assert spec["grid"] == list(original.grid_size()) and spec["special_tokens"] == {"pad": 0, "bos": 1,
+                                                                                     "eos": 2, "unk": 3}
     assert config["files"][WEIGHTS]["sha256"] == sha256(folder / WEIGHTS)
     loaded = Captioner.from_pretrained(folder, device="cpu")
     for name, tensor in original.state_dict().items():
@@ -99,9 +102,11 @@ def test_caption_evaluate_and_demo_take_an_export(exported: tuple[Path, Path], s
     by_export = capsys.readouterr().out
     assert main(["caption", str(run / "best.pt"), str(image)]) == 0
     assert capsys.readouterr().out.split("\t")[1] == by_export.split("\t")[1]
-    assert main(["evaluate", str(folder), f"data.root={shapes_lstm.shapes}", "--split", "test", "--fast", "--out", str(tmp_path)]) == 0
+    assert main(["evaluate", str(folder), f"data.root={shapes_lstm.shapes}", "--split", "test", "--fast", "--out",
+                 str(tmp_path)]) == 0
     assert (tmp_path / "scores_test.json").is_file()
-    assert sorted(p.name for p in folder.iterdir()) == sorted([WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"])  # untouched
+    # untouched
+    assert sorted(p.name for p in folder.iterdir()) == sorted([WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"])
     from captioner.apps.demo.cards import load_models, model_cards
 
     card = model_cards(load_models([folder]))
@@ -171,7 +176,8 @@ def test_a_config_that_does_not_match_its_files_is_refused(
     assert_one_line(error, *fragments)
 
 
-def test_a_broken_export_is_one_line_from_the_cli(exported: tuple[Path, Path], shapes_lstm: TrainedRun, tmp_path: Path) -> None:
+def test_a_broken_export_is_one_line_from_the_cli(exported: tuple[Path, Path], shapes_lstm: TrainedRun,
+                                                  tmp_path: Path) -> None:
     folder = broken_copy(exported[1], tmp_path)
     (folder / CONFIG).write_text("{not json")
     result = warm_start.run(
@@ -249,22 +255,27 @@ def run_cli(*argv: str, **env: str) -> subprocess.CompletedProcess:
                           env=subprocess_env(**env), timeout=120)
 
 
-def test_push_without_a_token_offline_or_without_a_network_is_one_line(exported: tuple[Path, Path], tmp_path: Path) -> None:
+def test_push_without_a_token_offline_or_without_a_network_is_one_line(exported: tuple[Path, Path],
+                                                                       tmp_path: Path) -> None:
     folder = str(exported[1])
     home = {"HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": ""}
     result = run_cli("push", folder, "someone/model", **home)
-    assert result.returncode == 2 and result.stderr.strip().endswith("no Hugging Face token; run `hf auth login` or set HF_TOKEN to a token with write access")
+    assert result.returncode == 2 and result.stderr.strip().endswith(
+        "no Hugging Face token; run `hf auth login` or set HF_TOKEN to a token with write access")
     result = run_cli("push", folder, "someone/model", HF_HUB_OFFLINE="1", **home)
-    assert result.returncode == 2 and "offline (HF_HUB_OFFLINE is set)" in result.stderr and "Traceback" not in result.stderr
+    assert (result.returncode == 2 and "offline (HF_HUB_OFFLINE is set)" in result.stderr
+            and "Traceback" not in result.stderr)
     # A token, but no Hub to reach (a closed local port): the connection error in one line.
-    result = run_cli("push", folder, "someone/model", HF_HOME=str(tmp_path / "hf"), HF_TOKEN="hf_fake", HF_ENDPOINT="http://127.0.0.1:9")
+    result = run_cli("push", folder, "someone/model", HF_HOME=str(tmp_path / "hf"), HF_TOKEN="hf_fake",
+                     HF_ENDPOINT="http://127.0.0.1:9")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "push someone/model: could not reach the Hub" in result.stderr.strip().splitlines()[-1]
     result = run_cli("push", folder, "not a repo")
     assert result.returncode == 2 and "'not a repo' is not a Hub repo id" in result.stderr
 
 
-def test_push_uploads_the_export_of_a_checkpoint(exported: tuple[Path, Path], shapes_lstm: TrainedRun, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_push_uploads_the_export_of_a_checkpoint(exported: tuple[Path, Path], shapes_lstm: TrainedRun,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The Hub's side is replaced by a recorder (no network here); what reaches it is real: the
     folder export_model wrote, whole."""
     run, _ = exported
@@ -284,7 +295,8 @@ def test_push_uploads_the_export_of_a_checkpoint(exported: tuple[Path, Path], sh
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     from captioner.apps.export import push_model
 
-    assert push_model(run, "someone/shapes", private=True, image=shapes_lstm.test_images[0]) == "https://huggingface.co/someone/shapes"
+    assert push_model(run, "someone/shapes", private=True,
+                      image=shapes_lstm.test_images[0]) == "https://huggingface.co/someone/shapes"
     assert uploaded["repo"] == ("someone/shapes", True, True)
     assert uploaded["files"] == sorted([WEIGHTS, CONFIG, VOCAB, "README.md", "attention.png"]) and uploaded["loads"]
     assert os.environ.get("HF_TOKEN") != "hf_recorded"
@@ -310,19 +322,24 @@ def test_export_onnx_and_caption_with_the_onnx_runtime_without_torch(
     run, _ = exported
     folder = tmp_path / "with-onnx"
     assert main(["export", str(run), str(folder), "--onnx"]) == 0
-    assert {"encoder.onnx", "decoder_init.onnx", "decoder_step.onnx", "onnx.json"} <= {p.name for p in (folder / "onnx").iterdir()}
+    assert {"encoder.onnx", "decoder_init.onnx", "decoder_step.onnx",
+            "onnx.json"} <= {p.name for p in (folder / "onnx").iterdir()}
     capsys.readouterr()
     images = [str(p) for p in shapes_lstm.test_images[:3]]
     assert main(["caption", str(folder), *images, "--beam", "2"]) == 0
     by_torch = capsys.readouterr().out
-    result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "caption", str(folder), *images, "--beam", "2", "--runtime", "onnx"],
+    result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "caption", str(folder), *images, "--beam", "2",
+                             "--runtime", "onnx"],
                             capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == by_torch
-    result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "caption", str(folder), images[0], "--runtime", "onnx", "--sample"],
+    result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "caption", str(folder), images[0], "--runtime",
+                             "onnx", "--sample"],
                             capture_output=True, text=True, env=subprocess_env(), timeout=120)
-    assert result.returncode == 2 and result.stderr.strip() == "error: caption --runtime onnx: --sample need the PyTorch runtime (leave out --runtime onnx)"
-    result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "caption", str(exported[1]), images[0], "--runtime", "onnx"],
+    assert (result.returncode == 2 and result.stderr.strip()
+            == "error: caption --runtime onnx: --sample need the PyTorch runtime (leave out --runtime onnx)")
+    result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "caption", str(exported[1]), images[0],
+                             "--runtime", "onnx"],
                             capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert result.returncode == 2 and "no onnx.json" in result.stderr and "Traceback" not in result.stderr
 
@@ -336,7 +353,8 @@ def test_a_transformer_exports_with_its_layers_and_heads_on_the_card(tmp_path: P
     from captioner.apps.export import export_model
     from captioner.models.checkpoint import save_checkpoint
 
-    model = tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=3", "model.decoder.num_heads=2", "model.decoder.d_model=16")
+    model = tiny_model("model.decoder.type=transformer", "model.decoder.num_layers=3", "model.decoder.num_heads=2",
+                       "model.decoder.d_model=16")
     save_checkpoint(tmp_path / "transformer.pt", model)
     image = tmp_path / "photo.png"
     Image.new("RGB", (40, 30), (200, 30, 30)).save(image)

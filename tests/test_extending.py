@@ -43,10 +43,12 @@ def installed(site: Path, declared: bool) -> None:
         (info / "entry_points.txt").write_text("[captioner.decoders]\ngru = my_gru\n")
 
 
-def test_a_type_resolves_only_among_declared_decoders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry) -> None:
+def test_a_type_resolves_only_among_declared_decoders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      registry) -> None:
     installed(tmp_path / "site", declared=False)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    with pytest.raises(ConfigError, match=r"^command line: 'model.decoder.type' must be one of lstm, transformer; got 'my_gru'$"):
+    with pytest.raises(ConfigError,
+                       match=r"^command line: 'model.decoder.type' must be one of lstm, transformer; got 'my_gru'$"):
         load_config(None, ["model.decoder.type=my_gru"])
     with pytest.raises(ConfigError, match=r"must be one of lstm, transformer; got 'gru'$"):
         load_config(None, ["model.decoder.type=gru"])

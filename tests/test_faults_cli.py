@@ -22,10 +22,14 @@ CASES = {
         {"config": "c.yaml", "overrides": ["train.device=cpu", "data.batch_size=2"], "splits": "val", "out": "d"},
     ),
     "data stats": (
-        [["data", "stats", "c.yaml", "--min-count", "3", "data.min_word_count=2", "--json", "data.max_caption_length=9"],
-         ["data", "stats", "--json", "c.yaml", "data.min_word_count=2", "--min-count", "3", "data.max_caption_length=9"],
-         ["data", "stats", "c.yaml", "data.min_word_count=2", "data.max_caption_length=9", "--min-count", "3", "--json"]],
-        {"config": "c.yaml", "overrides": ["data.min_word_count=2", "data.max_caption_length=9"], "min_count": 3, "json": True},
+        [["data", "stats", "c.yaml", "--min-count", "3", "data.min_word_count=2", "--json",
+          "data.max_caption_length=9"],
+         ["data", "stats", "--json", "c.yaml", "data.min_word_count=2", "--min-count", "3",
+          "data.max_caption_length=9"],
+         ["data", "stats", "c.yaml", "data.min_word_count=2", "data.max_caption_length=9", "--min-count",
+          "3", "--json"]],
+        {"config": "c.yaml", "overrides": ["data.min_word_count=2", "data.max_caption_length=9"], "min_count": 3,
+         "json": True},
     ),
     "caption": (
         [["caption", "m.pt", "--beam", "3", "a.jpg", "--json", "b.jpg"],
@@ -44,7 +48,8 @@ CASES = {
         {"checkpoint": "m.pt", "folder": "out", "onnx": True},
     ),
     "push": (
-        [["push", "m.pt", "--private", "o/n"], ["push", "--private", "m.pt", "o/n"], ["push", "m.pt", "o/n", "--private"]],
+        [["push", "m.pt", "--private", "o/n"], ["push", "--private", "m.pt", "o/n"],
+         ["push", "m.pt", "o/n", "--private"]],
         {"checkpoint": "m.pt", "repo_id": "o/n", "private": True},
     ),
     "data shapes": (
@@ -64,8 +69,10 @@ def test_options_and_positionals_in_any_order(command: str, order: int) -> None:
 
 
 def test_the_issue_command_line_parses() -> None:
-    args = build_parser().parse_args(["train", "configs/coco_lstm_resnet101_scst.yaml", "--init", "runs/x/best.pt", "train.epochs=3"])
-    assert (args.config, args.init, args.overrides) == ("configs/coco_lstm_resnet101_scst.yaml", "runs/x/best.pt", ["train.epochs=3"])
+    args = build_parser().parse_args(
+        ["train", "configs/coco_lstm_resnet101_scst.yaml", "--init", "runs/x/best.pt", "train.epochs=3"])
+    assert (args.config, args.init, args.overrides) == ("configs/coco_lstm_resnet101_scst.yaml", "runs/x/best.pt",
+                                                        ["train.epochs=3"])
 
 
 def test_an_unknown_option_is_still_refused_wherever_it_stands(capsys: pytest.CaptureFixture[str]) -> None:

@@ -46,12 +46,14 @@ def caption_refuses(path: Path, photo: Path, capsys: pytest.CaptureFixture[str])
 
 
 @pytest.mark.parametrize("keep", [20000, 0.5, -1, -50, 10])
-def test_a_truncated_checkpoint_is_refused_in_one_line(checkpoint_and_photo, tmp_path: Path, keep: float, capsys) -> None:
+def test_a_truncated_checkpoint_is_refused_in_one_line(checkpoint_and_photo, tmp_path: Path, keep: float,
+                                                       capsys) -> None:
     """`head -c 20000 best.pt > x.pt; captioner caption x.pt photo.jpg` (and other cuts: half,
     the last byte, inside the checksum, the first bytes)."""
     checkpoint, photo = checkpoint_and_photo
     data = checkpoint.read_bytes()
-    cut = keep if isinstance(keep, int) and keep > 0 else len(data) + keep if isinstance(keep, int) else int(len(data) * keep)
+    cut = keep if isinstance(keep, int) and keep > 0 else len(data) + keep if isinstance(keep,
+                                                                                         int) else int(len(data) * keep)
     truncated = tmp_path / "x.pt"
     truncated.write_bytes(data[:cut])
     line = caption_refuses(truncated, photo, capsys)
@@ -65,7 +67,8 @@ def flip_bit(path: Path, offset: int, out: Path) -> Path:
     return out
 
 
-def test_a_flipped_bit_in_the_weights_is_refused_though_torch_would_load_it(checkpoint_and_photo, tmp_path: Path, capsys) -> None:
+def test_a_flipped_bit_in_the_weights_is_refused_though_torch_would_load_it(checkpoint_and_photo, tmp_path: Path,
+                                                                            capsys) -> None:
     checkpoint, photo = checkpoint_and_photo
     weights = torch.load(checkpoint, weights_only=True)["model"]
     name = max(weights, key=lambda k: weights[k].numel())  # the largest tensor: its storage is a zip record of its own
@@ -87,10 +90,12 @@ def test_a_flipped_bit_anywhere_is_refused(checkpoint_and_photo, tmp_path: Path,
         read_checkpoint(flipped)
 
 
-def test_a_checkpoint_from_before_checksums_loads_with_one_warning(checkpoint_and_photo, tmp_path: Path, caplog) -> None:
+def test_a_checkpoint_from_before_checksums_loads_with_one_warning(checkpoint_and_photo, tmp_path: Path,
+                                                                   caplog) -> None:
     checkpoint, _ = checkpoint_and_photo
     old = tmp_path / "old.pt"
-    torch.save(torch.load(checkpoint, weights_only=True), old)  # plain torch.save: no checksum, as earlier versions wrote
+    # plain torch.save: no checksum, as earlier versions wrote
+    torch.save(torch.load(checkpoint, weights_only=True), old)
     with caplog.at_level(logging.WARNING):
         payload = read_checkpoint(old)
     assert payload["format_version"] == FORMAT_VERSION and payload["step"] == 3
@@ -140,7 +145,8 @@ def test_a_truncated_feature_array_is_refused(store_copy) -> None:
     array.write_bytes(array.read_bytes()[:-1000])
     with pytest.raises(FeatureStoreError, match=r"val\.npy: \d+ bytes, \d+ expected \(truncated\)"):
         open_it(model, records, folder)
-    with pytest.raises(FeatureStoreError, match="truncated"):  # and training's path, which would rebuild a missing store
+    # and training's path, which would rebuild a missing store
+    with pytest.raises(FeatureStoreError, match="truncated"):
         ensure_store(model.encoder, model.transform, folder, "val", records, batch_size=5, progress=False)
 
 
@@ -157,7 +163,8 @@ def test_a_flipped_bit_in_the_feature_array_is_refused(store_copy) -> None:
 def test_a_manifest_that_does_not_match_its_array_is_refused(store_copy) -> None:
     model, records, folder = store_copy
     np.save(folder / "val.npy", np.zeros((12, 4, 640), dtype=np.float16))  # another array under the same name
-    with pytest.raises(FeatureStoreError, match=r"val\.npy: holds float16 \(12, 4, 640\), but val\.json records float16 \(12, 4, 1280\)"):
+    with pytest.raises(FeatureStoreError,
+                       match=r"val\.npy: holds float16 \(12, 4, 640\), but val\.json records float16 \(12, 4, 1280\)"):
         open_it(model, records, folder)
 
 

@@ -42,7 +42,8 @@ def on_small_disk(mount: Path, size_kb: int, script: str, timeout: float = 600) 
         require(False, "cannot mount a tmpfs in a user namespace here (unshare -rm)")
     mount.mkdir(parents=True, exist_ok=True)
     wrapper = f"mount -t tmpfs -o size={size_kb}k tmpfs {shlex.quote(str(mount))} || exit 99\n{script}"
-    return subprocess.run(["unshare", "-rm", "sh", "-c", wrapper], cwd=ROOT, env=subprocess_env(PYTHONPATH=f"{ROOT}:{TESTS}"),
+    return subprocess.run(["unshare", "-rm", "sh", "-c", wrapper], cwd=ROOT,
+                          env=subprocess_env(PYTHONPATH=f"{ROOT}:{TESTS}"),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -105,7 +106,8 @@ SAVE_TWICE = """
     kept = {{}}
     for name in ("best.pt", "last.pt"):
         payload = read_checkpoint(folder + "/" + name)  # checksum verified
-        kept[name] = payload["step"] == 1 and all(torch.equal(v, payload["model"][k]) for k, v in first.state_dict().items())
+        kept[name] = (payload["step"] == 1
+                      and all(torch.equal(v, payload["model"][k]) for k, v in first.state_dict().items()))
     print(json.dumps({{"kept": kept, "files": sorted(os.listdir(folder))}}))
 """
 
@@ -122,7 +124,8 @@ def test_a_checkpoint_on_a_full_disk_leaves_best_and_last_whole(tmp_path: Path) 
 
 
 def test_a_checkpoint_past_the_file_size_limit_leaves_best_and_last_whole(tmp_path: Path) -> None:
-    result = python(tmp_path, SAVE_TWICE.format(folder=tmp_path / "run", fill="limit_file_size(200_000)"))  # a checkpoint: 1 MB
+    # a checkpoint: 1 MB
+    result = python(tmp_path, SAVE_TWICE.format(folder=tmp_path / "run", fill="limit_file_size(200_000)"))
     assert result.returncode == 0, result.stderr[-3000:]
     line = one_error_line(result.stderr, f"{tmp_path}/run/last.pt")
     assert "File too large" in line
@@ -137,7 +140,8 @@ def test_training_that_fills_the_disk_stops_in_one_line_with_its_checkpoints_who
     shapes = tmp_path / "shapes"
     generate_shapes(shapes, 48, 4, 2, image_size=32, seed=0, progress=False)
     out = tmp_path / "run"
-    train = [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY, "train.checkpoint_every_steps=0",
+    train = [sys.executable, "-m", "captioner", "train", "configs/shapes_lstm.yaml", *TINY,
+             "train.checkpoint_every_steps=0",
              f"data.root={shapes}", f"train.out_dir={out}"]
     check = ("import json, sys; from captioner.models.checkpoint_format import read_checkpoint; "
              f"import os; folder = {str(out)!r}; "
@@ -147,7 +151,8 @@ def test_training_that_fills_the_disk_stops_in_one_line_with_its_checkpoints_who
               f"{shlex.join([sys.executable, '-c', check])}")
     result = on_small_disk(out, 2000, script)
     assert "exit 2" in result.stdout, result.stdout + result.stderr[-3000:]
-    assert "the previous" in one_error_line(result.stderr, str(out))  # best.pt or last.pt, whichever epoch 2 wrote first
+    # best.pt or last.pt, whichever epoch 2 wrote first
+    assert "the previous" in one_error_line(result.stderr, str(out))
     assert "No space left on device" in result.stderr
     # epoch 1's, verified
     assert json.loads(result.stdout.splitlines()[-1]) == {"best.pt": 1, "last.pt": 1, "one file": True}
@@ -196,7 +201,8 @@ STORE = """
     config = shapes_config(work / "shapes", work / "run")
     records = load_split(config.data, "val")
     model = frozen_model(config)
-    reference = extract(model.encoder, model.transform, work / "reference", "val", records, batch_size=5, progress=False)
+    reference = extract(model.encoder, model.transform, work / "reference", "val", records, batch_size=5,
+                        progress=False)
 
     class FillsTheDisk:  # the encoder, while another process fills the disk during the second batch
         def __init__(self, encoder):
@@ -206,11 +212,13 @@ STORE = """
         def stored_part(self, images):
             self.calls += 1
             if self.calls == 3:  # the grid probe, the first batch, then the second
-                fill_disk(disk / "filler", leave=16384)  # a few pages stay free: the manifest fits, the next rows do not
+                # a few pages stay free: the manifest fits, the next rows do not
+                fill_disk(disk / "filler", leave=16384)
             return self.encoder.stored_part(images)
 
     try:
-        extract(FillsTheDisk(model.encoder), model.transform, disk / "store", "val", records, batch_size=5, progress=False)
+        extract(FillsTheDisk(model.encoder), model.transform, disk / "store", "val", records, batch_size=5,
+                progress=False)
         print("extracted")
     except StorageError as e:
         print("error: " + str(e), file=sys.stderr)
@@ -332,7 +340,8 @@ def test_caption_heatmaps_past_the_file_size_limit_are_one_line_and_no_partial_f
         save_checkpoint("{tmp_path}/model.pt", tiny_model("decode.max_length=4"))
         Image.fromarray(np.full((40, 48, 3), 90, dtype=np.uint8)).save("{tmp_path}/photo.png")
         limit_file_size(5000)  # the checkpoint is written; the figure (about 30 KB) is not
-        sys.exit(main(["caption", "{tmp_path}/model.pt", "{tmp_path}/photo.png", "--heatmaps", "{figures}", "--device", "cpu"]))
+        sys.exit(main(["caption", "{tmp_path}/model.pt", "{tmp_path}/photo.png", "--heatmaps", "{figures}",
+                       "--device", "cpu"]))
     """
     result = python(tmp_path, code)
     assert result.returncode == 2, result.stderr[-3000:]

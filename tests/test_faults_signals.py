@@ -41,7 +41,8 @@ class Training:
     """A training subprocess whose stderr is read as it comes."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        self.process = warm_start.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        self.process = warm_start.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True,
                                         start_new_session=True)  # its own process group, as a scheduler's job has
         self.err: list[str] = []
         self.reader = threading.Thread(target=lambda: self.err.extend(self.process.stderr), daemon=True)
@@ -74,7 +75,8 @@ def resume_line(err: str, signum: int) -> tuple[int, str]:
     assert found, lines[0]
     # No traceback through this package; torchrun reports a worker's non-zero exit (or its own
     # signal) with a traceback of its own.
-    assert f'File "{ROOT / "captioner"}' not in err and ("Traceback" not in err or "torch.distributed.elastic" in err), err[-3000:]
+    assert f'File "{ROOT / "captioner"}' not in err and ("Traceback" not in err
+                                                         or "torch.distributed.elastic" in err), err[-3000:]
     return int(found[1]), found[3]
 
 
@@ -89,9 +91,11 @@ def assert_same_weights(expected_path: Path, got_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("signum", "workers", "group"), [(signal.SIGTERM, 0, False), (signal.SIGINT, 0, False), (signal.SIGTERM, 2, True)],
+@pytest.mark.parametrize(("signum", "workers", "group"),
+                         [(signal.SIGTERM, 0, False), (signal.SIGINT, 0, False), (signal.SIGTERM, 2, True)],
                          ids=["SIGTERM", "SIGINT", "SIGTERM-to-the-group-with-2-loader-workers"])
-def test_a_signal_mid_epoch_saves_the_step_and_resumes_bit_exact(shapes: Path, tmp_path: Path, signum: int, workers: int, group: bool) -> None:
+def test_a_signal_mid_epoch_saves_the_step_and_resumes_bit_exact(shapes: Path, tmp_path: Path, signum: int,
+                                                                 workers: int, group: bool) -> None:
     """`group`: the signal goes to every process of the job (the trainer and its DataLoader
     workers), as a scheduler sends it."""
     env = subprocess_env()
@@ -134,7 +138,8 @@ def worker_pids(launcher: int) -> dict[int, int]:
     return ranks
 
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *warm_start.TORCHRUN_CAPTIONER]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            *warm_start.TORCHRUN_CAPTIONER]
 TORCHRUN_OVERRIDES = [*DISTRIBUTED_TINY, "data.batch_size=4", "train.epochs=2"]
 
 
@@ -173,7 +178,8 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(
     assert saved["step"] == step and len(saved["rng"]) == 2  # both ranks' random states, gathered at the same step
     words = shlex.split(resume)
     assert words[:3] == ["torchrun", "--nproc_per_node=2", "-m"] and words[-1] == "--resume"
-    resumed = warm_start.run([*launch, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    resumed = warm_start.run([*launch, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_weights(reference_last, run / "last.pt")
 

@@ -83,7 +83,8 @@ def test_stored_rows_equal_the_encoder_on_the_images(shapes_root: Path, tmp_path
     assert store.complete and store.grid == (2, 2) and store.feat_dim == 1280 and not store.failed_rows
     assert store.array_path.stat().st_size == store.nbytes()
     with torch.no_grad():
-        direct = torch.cat([model.encoder(images)[0] for images, _ in image_loader(records, model.transform, 4)])  # (R, N, D)
+        # (R, N, D)
+        direct = torch.cat([model.encoder(images)[0] for images, _ in image_loader(records, model.transform, 4)])
     kept, rows = store.rows_of(records)
     reader = store.rows(rows)
     stored = torch.stack([reader[i] for i in range(len(reader))])  # (R, N, D)
@@ -100,7 +101,8 @@ def test_stored_rows_equal_the_encoder_on_the_images(shapes_root: Path, tmp_path
     torch.testing.assert_close(torch.cat(list(loader)), stored, rtol=0, atol=0)
 
 
-def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, tmp_path: Path, monkeypatch, caplog) -> None:
+def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, tmp_path: Path, monkeypatch,
+                                                            caplog) -> None:
     config = shapes_config(shapes_root, tmp_path / "run")
     model = frozen_model(config)
     records = load_split(config.data, "train")
@@ -126,7 +128,8 @@ def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, t
     encoded = []
     monkeypatch.setattr(model.encoder, "stored_part", lambda images: encoded.append(len(images)) or stored_part(images))
     caplog.set_level(logging.INFO, logger="captioner.data.store_extract")
-    resumed = ensure_store(model.encoder, model.transform, tmp_path / "resumed", "train", records, batch_size=6, progress=False)
+    resumed = ensure_store(model.encoder, model.transform, tmp_path / "resumed", "train", records, batch_size=6,
+                           progress=False)
     assert "train: resuming at row 12 of 40 -> 40 x 2x2 x 1280 fp16" in caplog.text
     assert sum(encoded) == 1 + 40 - 12  # the probe, then only the rows not yet written
     assert resumed.complete
@@ -160,9 +163,11 @@ def test_a_store_written_before_the_pillow_resize_is_stale(shapes_root: Path, tm
     _, manifest_path = store_files(tmp_path / "store", "val")
     assert open_store(tmp_path / "store", "val", model.encoder, model.transform, records).complete
     manifest = json.loads(manifest_path.read_text())
-    manifest["identity"]["transform"] = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    manifest["identity"]["transform"] = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406],
+                                         "std": [0.229, 0.224, 0.225]}
     manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(CaptionerError, match=r"transform is \['PILToTensor\(\)', 'Resize.* in the store but \['Resize.*'PILToTensor\(\)'") as error:
+    with pytest.raises(CaptionerError, match=(r"transform is \['PILToTensor\(\)', 'Resize.* in the store but "
+                                              r"\['Resize.*'PILToTensor\(\)'")) as error:
         open_store(tmp_path / "store", "val", model.encoder, model.transform, records)
     assert "\n" not in str(error.value)
 
@@ -195,7 +200,8 @@ def test_a_stale_store_is_refused_in_one_line(shapes_root: Path, tmp_path: Path)
     missing.path.unlink()  # an image gone since extraction: the split no longer lists it
     config.data.max_missing_fraction = 1.0  # 1 of 12 gone: the split is read without it, not stopped
     message = refusal(frozen_model(config), load_split(config.data, "val"))
-    assert f"image_ids differ from the val split: 1 of its images are no longer in the split (e.g. image {missing.image_id}" in message
+    assert ("image_ids differ from the val split: 1 of its images are no longer in the split (e.g. image "
+            f"{missing.image_id}") in message
 
     code = main(["features", SHAPES_LSTM, *FROZEN, f"data.root={root}", "--splits", "val",
                  "--out", str(tmp_path / "store")])
@@ -217,8 +223,10 @@ def test_the_features_command_runs_the_encoder_alone(shapes_root: Path, tmp_path
     records = load_split(shapes_config(shapes_root, tmp_path / "run").data, "val")
     opened = open_store(store, "val", model.encoder, model.transform, records)
     with torch.no_grad():
-        direct = torch.cat([model.encoder(images)[0] for images, _ in image_loader(records, model.transform, 6)])  # (R, N, D)
-    torch.testing.assert_close(opened.load(list(range(opened.num_rows)), torch.device("cpu")).float(), direct, rtol=2e-3, atol=2e-3)
+        # (R, N, D)
+        direct = torch.cat([model.encoder(images)[0] for images, _ in image_loader(records, model.transform, 6)])
+    torch.testing.assert_close(opened.load(list(range(opened.num_rows)), torch.device("cpu")).float(), direct,
+                               rtol=2e-3, atol=2e-3)
 
 
 def test_a_store_of_other_pixel_statistics_is_stale(shapes_root: Path, tmp_path: Path) -> None:
@@ -228,14 +236,16 @@ def test_a_store_of_other_pixel_statistics_is_stale(shapes_root: Path, tmp_path:
     old = frozen_model(shapes_config(shapes_root, tmp_path / "run", "model.encoder.normalization=imagenet"))
     extract(old.encoder, old.transform, tmp_path / "store", "val", records, batch_size=6, progress=False)
     today = frozen_model(shapes_config(shapes_root, tmp_path / "run"))
-    with pytest.raises(FeatureStoreError, match=r"val\.json: transform is \[.*'Normalize\(mean=\[0\.485.* in the store but .*Normalize\(mean=\[0\.498"):
+    with pytest.raises(FeatureStoreError, match=(r"val\.json: transform is \[.*'Normalize\(mean=\[0\.485.* in the "
+                                                 r"store but .*Normalize\(mean=\[0\.498")):
         open_store(tmp_path / "store", "val", today.encoder, today.transform, records)
     assert open_store(tmp_path / "store", "val", old.encoder, old.transform, records).complete
 
 
 def test_extraction_stops_when_the_disk_is_full(shapes_root: Path, tmp_path: Path, monkeypatch, capsys, caplog) -> None:
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr("captioner.data.store_extract.shutil.disk_usage", lambda path: Usage(10**9, 10**9 - 10_000, 10_000))
+    monkeypatch.setattr("captioner.data.store_extract.shutil.disk_usage",
+                        lambda path: Usage(10**9, 10**9 - 10_000, 10_000))
     args = ["features", SHAPES_LSTM, *FROZEN, f"data.root={shapes_root}", "--splits", "train",
             "--out", str(tmp_path / "store")]
     caplog.set_level(logging.INFO, logger="captioner.data.store_extract")
@@ -243,7 +253,8 @@ def test_extraction_stops_when_the_disk_is_full(shapes_root: Path, tmp_path: Pat
     captured = capsys.readouterr()
     assert "train: 40 images -> 40 x 2x2 x 1280 fp16 = 409.6 KB" in caplog.text  # said before it starts
     error = [line for line in captured.err.splitlines() if line.startswith("error:")]
-    assert "Traceback" not in captured.err and error == [f"error: {tmp_path / 'store'}: the train store needs 409.6 KB more on disk, only 10.0 KB is free"]
+    assert "Traceback" not in captured.err and error == [
+        f"error: {tmp_path / 'store'}: the train store needs 409.6 KB more on disk, only 10.0 KB is free"]
     assert not (tmp_path / "store" / "train.npy").exists()
     # A fine-tuned encoder's store: the way round it is named.
     assert main([*args, "model.encoder.fine_tune_blocks=6"]) == 2
@@ -263,7 +274,8 @@ def test_training_and_evaluation_from_the_store(shapes_root: Path, tmp_path: Pat
     store = tmp_path / "disk" / "features"
     assert json.loads((store / "train.json").read_text())["rows_done"] == 40
     assert json.loads((store / "val.json").read_text())["rows_done"] == 12
-    assert main(["train", *common, f"train.out_dir={tmp_path / 'memory'}", "data.features_on_device=true", f"data.feature_store={store}"]) == 0
+    assert main(["train", *common, f"train.out_dir={tmp_path / 'memory'}", "data.features_on_device=true",
+                 f"data.feature_store={store}"]) == 0
     assert not (tmp_path / "memory" / "features").exists()  # the given store was used
     disk = list(csv.DictReader(open(tmp_path / "disk" / "metrics.csv")))
     memory = list(csv.DictReader(open(tmp_path / "memory" / "metrics.csv")))
@@ -278,21 +290,24 @@ def test_training_and_evaluation_from_the_store(shapes_root: Path, tmp_path: Pat
     config = checkpoint_config(tmp_path / "disk" / "best.pt")
     records = load_split(config.data, "val")
     stored = split_features(model, config, "val", records, build=False)
-    from_store = caption_records(model, stored.records, beam_size=2, features=stored.features, grid=stored.grid, num_workers=1, progress=False)
+    from_store = caption_records(model, stored.records, beam_size=2, features=stored.features, grid=stored.grid,
+                                 num_workers=1, progress=False)
     from_images = caption_records(model, records, beam_size=2, progress=False)
     assert {i: c.text for i, c in from_store.items()} == {i: c.text for i, c in from_images.items()}
     for i, caption in from_store.items():
         assert caption.attn.shape[-2:] == (2, 2)
         assert abs(caption.logprob - from_images[i].logprob) < 1e-2
     capsys.readouterr()
-    args = ["evaluate", str(tmp_path / "disk" / "best.pt"), "--split", "test", "--fast", "--beam", "1", "--json", "--features", str(store)]
+    args = ["evaluate", str(tmp_path / "disk" / "best.pt"), "--split", "test", "--fast", "--beam", "1", "--json",
+            "--features", str(store)]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["images"] == 4 and (store / "test.json").is_file()  # the test split's store was built first
 
 
 def test_bad_store_settings_are_one_line_errors(capsys) -> None:
-    with pytest.raises(CaptionerError, match="'data.feature_store' must be a folder, or null for <train.out_dir>/features; got ''"):
+    with pytest.raises(CaptionerError,
+                       match="'data.feature_store' must be a folder, or null for <train.out_dir>/features; got ''"):
         load_config(None, ["data.feature_store=''"])
     assert main(["features", SHAPES_LSTM, "--splits", "train,dev"]) == 2
     assert capsys.readouterr().err.strip() == "error: features --splits: dev is not a split; use train,val,test"
@@ -327,7 +342,8 @@ def test_a_fine_tuned_encoder_is_its_stored_part_then_its_top_blocks() -> None:
                 encoder.blocks[-1][0].weight.add_(1.0)  # a block that trains: the rows do not depend on it
             assert encoder_fingerprint(encoder) == fingerprints[top]
             with torch.no_grad():
-                encoder.blocks[encoder.num_frozen - 1].state_dict()[next(iter(encoder.blocks[encoder.num_frozen - 1].state_dict()))].add_(1.0)
+                encoder.blocks[encoder.num_frozen - 1].state_dict()[next(
+                    iter(encoder.blocks[encoder.num_frozen - 1].state_dict()))].add_(1.0)
             assert encoder_fingerprint(encoder) != fingerprints[top]
     assert len(set(fingerprints.values())) == 3
     with pytest.raises(ValueError, match="12 cells per image do not make a square grid"):
@@ -341,7 +357,8 @@ UNIT_ROUNDOFF = {"fp32": 2.0**-11, "bf16": 2.0**-8}  # fp16's and bf16's: half a
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_fine_tuning_the_top_blocks_trains_on_the_stored_trunk(shapes_root: Path, tmp_path: Path, capsys, precision: str) -> None:
+def test_fine_tuning_the_top_blocks_trains_on_the_stored_trunk(shapes_root: Path, tmp_path: Path, capsys,
+                                                               precision: str) -> None:
     """With fine_tune_blocks=6 the store holds what the 12 frozen blocks make (4x4 x 112 at
     64 px); training runs the top 6 blocks on it, and they (only they) learn. Its losses are the
     losses of training on the images, to the rounding the store adds, in either precision of the
@@ -353,7 +370,8 @@ def test_fine_tuning_the_top_blocks_trains_on_the_stored_trunk(shapes_root: Path
               f"train.cpu_amp={precision}"]
     assert main(["train", *common, f"train.out_dir={tmp_path / 'store'}"]) == 0
     manifest = json.loads((tmp_path / "store" / "features" / "train.json").read_text())
-    assert manifest["identity"]["encoder.fine_tune_blocks"] == 6 and (manifest["grid"], manifest["feat_dim"]) == ([4, 4], 112)
+    assert manifest["identity"]["encoder.fine_tune_blocks"] == 6 and (manifest["grid"],
+                                                                      manifest["feat_dim"]) == ([4, 4], 112)
     assert main(["train", *common, f"train.out_dir={tmp_path / 'images'}", "train.cache_features=false"]) == 0
     assert not (tmp_path / "images" / "features").exists()
     stored = list(csv.DictReader(open(tmp_path / "store" / "metrics.csv")))
@@ -363,18 +381,23 @@ def test_fine_tuning_the_top_blocks_trains_on_the_stored_trunk(shapes_root: Path
         assert float(a["train_loss"]) == pytest.approx(float(b["train_loss"]), rel=4 * UNIT_ROUNDOFF[precision])
 
     model = load_captioner(tmp_path / "store" / "best.pt")
-    pretrained = frozen_model(shapes_config(shapes_root, tmp_path, "model.encoder.fine_tune_blocks=6")).encoder.state_dict()
-    changed = {name.split(".")[1] for name, t in model.encoder.state_dict().items() if not torch.equal(t, pretrained[name])}
-    assert changed and all(int(block) >= 12 for block in changed)  # the top blocks learnt; the frozen ones are the store's
+    pretrained = frozen_model(
+        shapes_config(shapes_root, tmp_path, "model.encoder.fine_tune_blocks=6")).encoder.state_dict()
+    changed = {name.split(".")[1] for name,
+               t in model.encoder.state_dict().items() if not torch.equal(t, pretrained[name])}
+    # the top blocks learnt; the frozen ones are the store's
+    assert changed and all(int(block) >= 12 for block in changed)
 
     config = checkpoint_config(tmp_path / "store" / "best.pt")
     records = load_split(config.data, "val")
     split = split_features(model, config, "val", records, build=False)
     assert split.grid == (2, 2)  # the attention's grid, not the stored rows' 4x4
-    from_store = caption_records(model, split.records, beam_size=2, features=split.features, grid=split.grid, progress=False)
+    from_store = caption_records(model, split.records, beam_size=2, features=split.features, grid=split.grid,
+                                 progress=False)
     from_images = caption_records(model, records, beam_size=2, progress=False)
     assert {i: c.text for i, c in from_store.items()} == {i: c.text for i, c in from_images.items()}
-    assert all(abs(c.logprob - from_images[i].logprob) < 1e-2 and c.attn.shape[-2:] == (2, 2) for i, c in from_store.items())
+    assert all(abs(c.logprob - from_images[i].logprob) < 1e-2 and c.attn.shape[-2:] == (2, 2) for i,
+               c in from_store.items())
     # Encoded once in memory to decode several ways (compare_decoding): the same captions again.
     encoded = encode_records(model, records, progress=False)
     assert encoded.grid == (2, 2) and encoded.features.shape[1:] == (16, 112)  # the frozen blocks' rows

@@ -36,9 +36,11 @@ def flickr30k_entries() -> list[dict]:
     entries = []
     for imgid, split in enumerate(s for s, n in SPLITS.items() for _ in range(n)):
         sentids = list(range(5 * imgid, 5 * imgid + 5))
-        sentences = [{"tokens": caption(imgid, k).split(), "raw": caption(imgid, k).capitalize() + " .", "imgid": imgid, "sentid": sentid}
+        sentences = [{"tokens": caption(imgid, k).split(), "raw": caption(imgid, k).capitalize() + " .", "imgid": imgid,
+                      "sentid": sentid}
                      for k, sentid in enumerate(sentids)]
-        entries.append({"filename": f"{1000092795 + imgid}.jpg", "imgid": imgid, "split": split, "sentids": sentids, "sentences": sentences})
+        entries.append({"filename": f"{1000092795 + imgid}.jpg", "imgid": imgid, "split": split, "sentids": sentids,
+                        "sentences": sentences})
     return entries
 
 
@@ -62,7 +64,8 @@ def tree(tmp_path: Path) -> Path:
 
 
 def tree_overrides(root: Path) -> list[str]:
-    return [f"data.root={root}", f"data.karpathy_file={root / 'dataset_flickr30k.json'}", f"data.image_root={root / 'flickr30k-images'}"]
+    return [f"data.root={root}", f"data.karpathy_file={root / 'dataset_flickr30k.json'}",
+            f"data.image_root={root / 'flickr30k-images'}"]
 
 
 def test_the_config_names_the_karpathy_layout() -> None:
@@ -92,10 +95,12 @@ def test_each_split_loads_with_its_images_and_captions(tree: Path, caplog: pytes
     ({"sentences": None}, r"images\[3\] has no 'sentences'$"),
     ({"split": "dev"}, r"images\[3\]: unknown split 'dev' \(one of train, restval, val, test\)$"),
     ({"sentences": []}, r"images\[3\]: 'sentences' must be a non-empty list$"),
-    ({"sentences": [{"tokens": [1, 2]}]}, r"images\[3\]\.sentences\[0\]: needs a 'raw' string or a 'tokens' list of strings$"),
+    ({"sentences": [{"tokens": [1, 2]}]},
+     r"images\[3\]\.sentences\[0\]: needs a 'raw' string or a 'tokens' list of strings$"),
     ({"imgid": 0}, r"images\[3\] repeats image id 0 of images\[0\]$"),
 ])
-def test_a_malformed_entry_is_refused_in_one_line_naming_file_and_entry(tmp_path: Path, broken: dict, message: str) -> None:
+def test_a_malformed_entry_is_refused_in_one_line_naming_file_and_entry(tmp_path: Path, broken: dict,
+                                                                        message: str) -> None:
     entries = flickr30k_entries()
     for key, value in broken.items():
         if value is None:
@@ -111,14 +116,19 @@ def test_a_malformed_entry_is_refused_in_one_line_naming_file_and_entry(tmp_path
 def test_a_missing_photo_is_skipped_or_stops_a_strict_load(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
     missing = tree / "flickr30k-images" / "1000092797.jpg"  # imgid 2, train
     missing.unlink()
-    with pytest.raises(DatasetError, match=r"1 of 6 images are missing on disk .*: 16.7%, more than data.max_missing_fraction \(0.05\)"):
-        load_split(load_config(CONFIG, tree_overrides(tree)).data, "train")  # a sixth of the split gone: stop by default
+    with pytest.raises(
+            DatasetError,
+            match=r"1 of 6 images are missing on disk .*: 16.7%, more than data.max_missing_fraction \(0.05\)"):
+        # a sixth of the split gone: stop by default
+        load_split(load_config(CONFIG, tree_overrides(tree)).data, "train")
     config = load_config(CONFIG, [*tree_overrides(tree), "data.max_missing_fraction=1"])
     with caplog.at_level(logging.WARNING, logger="captioner.data.records"):
         assert [r.image_id for r in load_split(config.data, "train")] == [0, 1, 3, 4, 5]
-    assert caplog.messages == [f"{tree / 'dataset_flickr30k.json'}: 1 of 6 images are missing on disk (e.g. {missing}); skipping them"]
+    assert caplog.messages == [
+        f"{tree / 'dataset_flickr30k.json'}: 1 of 6 images are missing on disk (e.g. {missing}); skipping them"]
     strict = load_config(CONFIG, [*tree_overrides(tree), "data.strict=true"])
-    with pytest.raises(DatasetError, match=r"dataset_flickr30k\.json: 1 of 6 images are missing on disk \(e\.g\. .*1000092797\.jpg\); strict mode is on$"):
+    with pytest.raises(DatasetError, match=(r"dataset_flickr30k\.json: 1 of 6 images are missing on disk \(e\.g\. "
+                                            r".*1000092797\.jpg\); strict mode is on$")):
         load_split(strict.data, "train")
 
 

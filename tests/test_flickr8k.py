@@ -61,7 +61,8 @@ def subset(text: Path, images: Path, root: Path, counts: dict[str, int]) -> dict
         (root / SPLIT_FILES[split]).write_text("".join(f"{name}\n" for name in chosen[split]))
         for name in chosen[split]:
             shutil.copy(images / name, root / "Flicker8k_Dataset" / name)
-    lines = [f"{name}#{k}\t{caption}\n" for names in chosen.values() for name in names for k, caption in enumerate(captions[name])]
+    lines = [f"{name}#{k}\t{caption}\n" for names in chosen.values() for name in names for k,
+             caption in enumerate(captions[name])]
     (root / TOKEN_FILE).write_text("".join(lines))
     return chosen
 

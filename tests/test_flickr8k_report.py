@@ -29,7 +29,8 @@ def fake_run(folder: Path, root: Path, captions: dict[int, str], references: dic
     write_results(folder / "results_test.json", captions)
     ids = sorted(captions)  # the test's captions are lower case without punctuation: no tokenizer needed
     _, cider = cider_d(CountedCaptions.of([captions[i] for i in ids], [references[i] for i in ids]))
-    write_scores_json(folder / "scores_test.json", fast_scores(references, captions), {i: {"CIDEr": c} for i, c in zip(ids, cider)})
+    write_scores_json(folder / "scores_test.json", fast_scores(references, captions),
+                      {i: {"CIDEr": c} for i, c in zip(ids, cider)})
 
 
 def test_report_on_a_miniature_test_split(flickr8k_224: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
@@ -72,6 +73,8 @@ def test_report_on_a_miniature_test_split(flickr8k_224: tuple[Path, Path], tmp_p
     (tmp_path / "stock" / "results_test.json").unlink()
     broken = warm_start.run(
         [sys.executable, str(REPO / "scripts" / "flickr8k_report.py"), "--run", f"stock={tmp_path / 'stock'}",
-         "--best", "stock", "--out", str(out), "--no-human"], capture_output=True, text=True, timeout=600, env=subprocess_env(),
+         "--best", "stock", "--out", str(out), "--no-human"], capture_output=True, text=True, timeout=600,
+         env=subprocess_env(),
     )
-    assert broken.returncode == 2 and broken.stderr.count("\n") == 1 and "results_test.json: no results file" in broken.stderr
+    assert (broken.returncode == 2 and broken.stderr.count("\n") == 1
+            and "results_test.json: no results file" in broken.stderr)

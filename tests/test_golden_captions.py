@@ -61,8 +61,9 @@ def assert_as_recorded(got: dict[str, Any], want: dict[str, Any], what: str) -> 
     assert list(got) == list(want), f"{what}: other decodings than recorded"
     if same_machine():
         for name in want:
-            assert got[name] == want[name], f"{what}, {name}: not the recorded captions (byte for byte on {EXPECTED['made_on']}): " \
-                                            f"{first_difference(got[name], want[name])}"
+            assert got[name] == want[name], (f"{what}, {name}: not the recorded captions "
+                                             f"(byte for byte on {EXPECTED['made_on']}): "
+                                             f"{first_difference(got[name], want[name])}")
         return
     for name in want:
         pairs = [(g, w) for image in want[name] for g, w in zip(got[name][image], want[name][image], strict=True)]
@@ -73,7 +74,8 @@ def assert_as_recorded(got: dict[str, Any], want: dict[str, Any], what: str) -> 
         far = [(g["text"], g["score"], w["score"]) for g, w in pairs
                if g["text"] == w["text"] and abs(float(g["score"]) - float(w["score"])) > SCORE_TOLERANCE]
         assert not far, f"{what}, {name}: scores beyond {SCORE_TOLERANCE} of the recorded ones: {far}"
-        shapes = [(g["text"], g["attn_shape"], w["attn_shape"]) for g, w in pairs if g["text"] == w["text"] and g["attn_shape"] != w["attn_shape"]]
+        shapes = [(g["text"], g["attn_shape"], w["attn_shape"]) for g,
+                  w in pairs if g["text"] == w["text"] and g["attn_shape"] != w["attn_shape"]]
         assert not shapes, f"{what}, {name}: attention maps of other shapes than recorded: {shapes}"
 
 
@@ -98,7 +100,8 @@ def test_the_old_model_files_are_the_ones_recorded() -> None:
     """The checkpoints, the export and its ONNX bundle from before the refactor are still those
     files (checksums), and their state dicts, read with weights_only and safetensors alone,
     hold the names and shapes recorded."""
-    assert SCRIPT["file_checksums"]() == EXPECTED["files"], "tests/data/golden/: the model files from before the refactor were changed (never rewrite them)"
+    assert SCRIPT["file_checksums"]() == EXPECTED["files"], (
+        "tests/data/golden/: the model files from before the refactor were changed (never rewrite them)")
     assert SCRIPT["stored_layouts"]() == EXPECTED["layouts"]
     assert SCRIPT["DECODINGS"] == EXPECTED["decodings"]
 
@@ -110,14 +113,16 @@ def test_old_shapes_models_load_and_caption_as_recorded(name: str) -> None:
     path = {**SCRIPT["CHECKPOINTS"], "export_lstm": SCRIPT["EXPORT"]}[name]
     model = Captioner.from_pretrained(path, device="cpu")
     loaded = SCRIPT["layout"](model.state_dict())
-    assert loaded == EXPECTED["layouts"][name], f"{name}: the loaded model's weights are laid out otherwise than the file's"
+    assert (loaded
+            == EXPECTED["layouts"][name]), f"{name}: the loaded model's weights are laid out otherwise than the file's"
     assert_as_recorded(SCRIPT["caption_all"](model, pictures()), EXPECTED["shapes"][name], name)
 
 
 def test_the_old_onnx_bundle_captions_as_recorded() -> None:
     """The committed ONNX bundle (export_lstm/onnx), through the torch-free runtime's numpy search."""
     require_module("onnxruntime", "the ONNX runtime needs onnxruntime (pip install captioner[onnx])")
-    assert_as_recorded(SCRIPT["onnx_captions"](Path(SCRIPT["EXPORT"]), pictures()), EXPECTED["onnx_export_lstm"], "export_lstm/onnx")
+    assert_as_recorded(SCRIPT["onnx_captions"](Path(SCRIPT["EXPORT"]), pictures()), EXPECTED["onnx_export_lstm"],
+                       "export_lstm/onnx")
 
 
 def test_a_fresh_onnx_export_captions_as_the_old_bundle(tmp_path: Path) -> None:
@@ -132,14 +137,16 @@ def test_the_packaged_model_captions_flickr8k_photographs_as_recorded(shared_dat
     from captioner import default_model
 
     photos = SCRIPT["flickr_photos"](shared_data)
-    require(len(photos) == len(EXPECTED["flickr8k"]["photos"]), f"{shared_data}: fewer Flickr8k test photographs than recorded")
+    require(len(photos) == len(EXPECTED["flickr8k"]["photos"]),
+            f"{shared_data}: fewer Flickr8k test photographs than recorded")
     assert [p.name for p in photos] == EXPECTED["flickr8k"]["photos"]
     model = default_model("cpu")
     assert model.origin.name == EXPECTED["flickr8k"]["model"]
     assert_as_recorded(SCRIPT["caption_all"](model, photos), EXPECTED["flickr8k"]["captions"], "the packaged model")
 
 
-@pytest.mark.parametrize("name, writer", [("lstm", "save_pretrained"), ("transformer", "save_pretrained"), ("transformer", "save_checkpoint")])
+@pytest.mark.parametrize("name, writer", [("lstm", "save_pretrained"), ("transformer", "save_pretrained"),
+                                          ("transformer", "save_checkpoint")])
 def test_an_old_model_written_again_today_captions_as_recorded(name: str, writer: str, tmp_path: Path) -> None:
     """An old model loaded and written again by today's code, as an export or a checkpoint, reads
     back to the same captions: what the writers write, the loaders read whole."""

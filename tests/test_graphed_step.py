@@ -32,7 +32,8 @@ def make_decoder(kind: str) -> Decoder:
     torch.manual_seed(0)
     if kind == "lstm":
         return LSTMDecoder(LSTMConfig(embed_dim=8, hidden_dim=12, attention_dim=6, dropout=0.0), V, D).eval()
-    return TransformerDecoder(TransformerConfig(d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0), V, D).eval()
+    return TransformerDecoder(TransformerConfig(d_model=16, num_layers=2, num_heads=4, ff_dim=32, dropout=0.0),
+                              V, D).eval()
 
 
 class Replay:
@@ -49,7 +50,8 @@ class Replay:
         logprobs, attn, new_state = self.eager(memory, prev, state)
         rows = prev.shape[0]
         if rows not in self.buffers:
-            self.buffers[rows] = (torch.empty_like(logprobs), torch.empty_like(attn), {k: torch.empty_like(v) for k, v in new_state.items()})
+            self.buffers[rows] = (torch.empty_like(logprobs), torch.empty_like(attn),
+                                  {k: torch.empty_like(v) for k, v in new_state.items()})
         out_logprobs, out_attn, out_state = self.buffers[rows]
         out_logprobs.copy_(logprobs)
         out_attn.copy_(attn)
@@ -72,11 +74,13 @@ def feats() -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", ["lstm", "transformer"])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_decoding_through_replays_gives_the_eager_captions_and_maps(kind: str, beam: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decoding_through_replays_gives_the_eager_captions_and_maps(kind: str, beam: int,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     options = DecodeOptions(beam_size=beam, max_length=7, n_best=beam)
-    search = (lambda d, f: [[h] for h in greedy_decode(d, f, SPECIAL, options)]) if beam == 1 else (lambda d, f: beam_search_n_best(d, f, SPECIAL, options))
+    search = (lambda d, f: [[h] for h in greedy_decode(d, f, SPECIAL, options)]) if beam == 1 else (
+        lambda d, f: beam_search_n_best(d, f, SPECIAL, options))
     decoder = make_decoder(kind)
     eager = search(decoder, feats())
     replay = replaying(decoder)

@@ -59,7 +59,8 @@ MiB = 1 << 20
 
 # --- what the process does, seen by an audit hook -------------------------------------------------
 
-STARTS = ("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn", "os.fork", "os.forkpty", "pty.spawn")
+STARTS = ("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn", "os.fork", "os.forkpty",
+          "pty.spawn")
 CONNECTS = ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname", "urllib.Request")
 
 
@@ -130,11 +131,13 @@ def picture(seed: int, size: int = 16) -> bytes:
 
 
 def good_samples(count: int, prefix: str = "") -> list[dict[str, object]]:
-    return [{"__key__": f"{prefix}{k:06d}", "png": picture(k), "txt": f"a red square number {k}".encode()} for k in range(count)]
+    return [{"__key__": f"{prefix}{k:06d}", "png": picture(k), "txt": f"a red square number {k}".encode()}
+            for k in range(count)]
 
 
 def write_index(folder: Path, counts: dict[str, int]) -> None:
-    (folder / "shards.json").write_text(json.dumps({"wids_version": 1, "shardlist": [{"url": n, "nsamples": c} for n, c in counts.items()]}))
+    (folder / "shards.json").write_text(
+        json.dumps({"wids_version": 1, "shardlist": [{"url": n, "nsamples": c} for n, c in counts.items()]}))
 
 
 @dataclass
@@ -265,7 +268,8 @@ def assert_harmless(seen: Seen, world: World) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_evaluate_refuses_a_models_places_in_one_line_and_runs_reads_and_connects_to_nothing(
-    in_work: World, hub_cache: Path, offline_hub: None, dataset: str, kind: str, capsys: pytest.CaptureFixture, tmp_path: Path,
+    in_work: World, hub_cache: Path, offline_hub: None, dataset: str, kind: str, capsys: pytest.CaptureFixture,
+    tmp_path: Path,
 ) -> None:
     world = in_work
     made = sources(world, hub_cache, dataset, kind)
@@ -287,7 +291,8 @@ def test_evaluate_refuses_a_models_places_in_one_line_and_runs_reads_and_connect
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_the_demo_offers_no_example_and_the_export_shows_no_figure_from_a_models_places(
-    in_work: World, hub_cache: Path, offline_hub: None, dataset: str, kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    in_work: World, hub_cache: Path, offline_hub: None, dataset: str, kind: str, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     from captioner.apps.demo.cards import model_examples
     from captioner.apps.export import export_model
@@ -300,10 +305,13 @@ def test_the_demo_offers_no_example_and_the_export_shows_no_figure_from_a_models
             assert model_examples(source) == []
         files = export_model(made.checkpoint, tmp_path / "exported")
     assert_harmless(seen, world)
-    assert {p.name for p in files} == {"model.safetensors", "config.json", "vocab.json", "README.md"}  # no attention.png
+    # no attention.png
+    assert {p.name for p in files} == {"model.safetensors", "config.json", "vocab.json", "README.md"}
     data_line = (tmp_path / "exported" / "README.md").read_text().split("## Training data")[1].strip().splitlines()[0]
-    counted = "4000 training images" if dataset == "shapes" else "its train shards" if dataset == "webdataset" else "its train split"
-    assert counted in data_line, data_line  # counted from the config's numbers, or not at all: nothing was read to count
+    counted = ("4000 training images" if dataset == "shapes" else "its train shards" if dataset == "webdataset"
+               else "its train split")
+    # counted from the config's numbers, or not at all: nothing was read to count
+    assert counted in data_line, data_line
     assert any("not used, as a model's settings are data" in r.getMessage() for r in caplog.records)
 
 
@@ -318,7 +326,8 @@ def test_the_demo_page_of_a_hostile_export_starts_without_examples(in_work: Worl
     assert not seen.opened_in(in_work.outside) and not seen.started
 
 
-def test_a_checkpoint_in_its_own_run_folder_reads_its_local_places_but_never_a_command(in_work: World, capsys: pytest.CaptureFixture) -> None:
+def test_a_checkpoint_in_its_own_run_folder_reads_its_local_places_but_never_a_command(
+        in_work: World, capsys: pytest.CaptureFixture) -> None:
     """The user's own run, evaluated where it trained: its data root outside the working folder is
     read; its stored shard patterns never are; a copy of it elsewhere is anyone's checkpoint."""
     world = in_work
@@ -335,12 +344,14 @@ def test_a_checkpoint_in_its_own_run_folder_reads_its_local_places_but_never_a_c
     with pytest.raises(DatasetError, match=r"copied/best.pt \(config\): the test split is not read .* data.root"):
         copied.load_split("test")
     with watched() as seen:
-        assert main(["evaluate", str(world.work / "copied"), "--split", "test", "--fast", "--limit", "1", "--out", "eval",
+        assert main(["evaluate", str(world.work / "copied"), "--split", "test", "--fast", "--limit", "1",
+                     "--out", "eval",
                      f"data.root={world.outside}"]) == 0  # the user names it: read
     assert seen.opened_in(world.outside) and not world.marker.exists()
 
 
-def test_the_users_own_command_line_keeps_every_feature(in_work: World, hub_cache: Path, offline_hub: None, capsys: pytest.CaptureFixture) -> None:
+def test_the_users_own_command_line_keeps_every_feature(in_work: World, hub_cache: Path, offline_hub: None,
+                                                        capsys: pytest.CaptureFixture) -> None:
     """A pipe: the user writes runs: the user's word, not the model's."""
     world = in_work
     made = sources(world, hub_cache, "webdataset", "command")
@@ -485,28 +496,42 @@ def claiming(size: int) -> bytes:
 
 
 SHARD_CASES = [
-    ShardCase("gzip bomb: one member of 200 MiB", shard_file(functools.partial(compressed_tar, GZIP, [("000000.png", 200 * MiB), ("000000.txt", 3)])),
+    ShardCase("gzip bomb: one member of 200 MiB",
+              shard_file(functools.partial(compressed_tar, GZIP, [("000000.png", 200 * MiB), ("000000.txt", 3)])),
               ("'000000.png' is 209.7 MB, more than data.max_member_bytes (33.6 MB)",)),
-    ShardCase("gzip bomb: 300 members of 1 MiB", shard_file(functools.partial(compressed_tar, GZIP, [(f"{k:06d}.{s}", MiB) for k in range(150) for s in ("png", "txt")]), 150),
+    ShardCase("gzip bomb: 300 members of 1 MiB", shard_file(functools.partial(
+        compressed_tar, GZIP, [(f"{k:06d}.{s}", MiB) for k in range(150) for s in ("png", "txt")]), 150),
               ("more than data.max_shard_expansion (20) times",), peak=40 * MiB),
-    ShardCase("bzip2 bomb: 60 members of 1 MiB", shard_file(functools.partial(compressed_tar, BZIP2, [(f"{k:06d}.{s}", MiB) for k in range(30) for s in ("png", "txt")]), 30),
+    ShardCase("bzip2 bomb: 60 members of 1 MiB", shard_file(functools.partial(
+        compressed_tar, BZIP2, [(f"{k:06d}.{s}", MiB) for k in range(30) for s in ("png", "txt")]), 30),
               ("more than data.max_shard_expansion (20) times",), peak=40 * MiB),
-    ShardCase("xz bomb: 60 members of 1 MiB", shard_file(functools.partial(compressed_tar, XZ, [(f"{k:06d}.{s}", MiB) for k in range(30) for s in ("png", "txt")]), 30),
+    ShardCase("xz bomb: 60 members of 1 MiB", shard_file(
+        functools.partial(compressed_tar, XZ, [(f"{k:06d}.{s}", MiB) for k in range(30) for s in ("png", "txt")]), 30),
               ("more than data.max_shard_expansion (20) times",), peak=40 * MiB),
-    ShardCase("a pax header of 200 MiB", shard_file(functools.partial(header_bomb, tarfile.XHDTYPE, 200 * MiB)), ("its first header", "over 1.0 MB")),
-    ShardCase("a GNU long name of 200 MiB", shard_file(functools.partial(header_bomb, tarfile.GNUTYPE_LONGNAME, 200 * MiB)), ("its first header", "over 1.0 MB")),
-    ShardCase("a header claiming 64 GiB", shard_file(functools.partial(claiming, 64 << 30)), ("'000000.png' is 68.7 GB, more than data.max_member_bytes",)),
-    ShardCase("a member over a lowered member limit", shard_file(functools.partial(tar_bytes, [("000000.png", bytes(4096)), ("000000.txt", b"a cat")])),
+    ShardCase("a pax header of 200 MiB", shard_file(functools.partial(header_bomb, tarfile.XHDTYPE, 200 * MiB)),
+              ("its first header", "over 1.0 MB")),
+    ShardCase("a GNU long name of 200 MiB", shard_file(
+        functools.partial(header_bomb, tarfile.GNUTYPE_LONGNAME, 200 * MiB)), ("its first header", "over 1.0 MB")),
+    ShardCase("a header claiming 64 GiB", shard_file(functools.partial(claiming, 64 << 30)),
+              ("'000000.png' is 68.7 GB, more than data.max_member_bytes",)),
+    ShardCase("a member over a lowered member limit",
+              shard_file(functools.partial(tar_bytes, [("000000.png", bytes(4096)), ("000000.txt", b"a cat")])),
               ("'000000.png' is 4.1 KB, more than data.max_member_bytes (1.0 KB)",), ("data.max_member_bytes=1000",)),
     ShardCase("an endless stream", endless_command(64 << 10),
               ("past data.max_shard_bytes (8.4 MB)",), ("data.max_shard_bytes=8388608",)),
     ShardCase("endless small samples", endless_command(16),
-              ("the val split holds more than data.max_split_samples (2,000) samples",), ("data.max_split_samples=2000",)),
-    ShardCase("a split's images over its bytes", shard_file(lambda: tar_bytes([(f"{k:06d}.{s}", os.urandom(MiB) if s == "png" else b"a cat")
-                                                                         for k in range(8) for s in ("png", "txt")]), 8),
-              ("the val split takes more than data.max_split_bytes (4.2 MB) in memory",), ("data.max_split_bytes=4194304",)),
-    ShardCase("a duplicate member", shard_file(functools.partial(tar_bytes, [("000000.png", picture(1)), ("000000.png", picture(2))])), ("a duplicate member",)),
-    *(misnamed(name) for name in ("../../etc/000000.png", "/etc/000000.png", "a//000000.png", "./000000.png", "a\\000000.png",
+              ("the val split holds more than data.max_split_samples (2,000) samples",),
+              ("data.max_split_samples=2000",)),
+    ShardCase("a split's images over its bytes",
+              shard_file(lambda: tar_bytes([(f"{k:06d}.{s}", os.urandom(MiB) if s == "png" else b"a cat")
+                                                                         for k in range(8) for s in ("png", "txt")]),
+                                                                         8),
+              ("the val split takes more than data.max_split_bytes (4.2 MB) in memory",),
+              ("data.max_split_bytes=4194304",)),
+    ShardCase("a duplicate member", shard_file(functools.partial(
+        tar_bytes, [("000000.png", picture(1)), ("000000.png", picture(2))])), ("a duplicate member",)),
+    *(misnamed(name)
+      for name in ("../../etc/000000.png", "/etc/000000.png", "a//000000.png", "./000000.png", "a\\000000.png",
                                    "line\nbreak.png", "x/../000000.png")),
 ]
 
@@ -514,7 +539,8 @@ SHARD_CASES = [
 @pytest.mark.parametrize("case", SHARD_CASES, ids=lambda c: c.name)
 def test_a_hostile_shard_ends_in_one_line_within_its_memory(world: World, tmp_path: Path, case: ShardCase) -> None:
     pattern = case.make(tmp_path)
-    config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar", f"data.val_shards={pattern}", *case.overrides])
+    config = load_config(
+        None, ["data.dataset=webdataset", "data.train_shards=x.tar", f"data.val_shards={pattern}", *case.overrides])
     tracemalloc.start()
     try:
         with pytest.raises(DatasetError) as raised:
@@ -523,7 +549,8 @@ def test_a_hostile_shard_ends_in_one_line_within_its_memory(world: World, tmp_pa
     finally:
         tracemalloc.stop()
     message = str(raised.value)
-    assert "\n" not in message and message.startswith(pattern.split(" ", 1)[0] if not pattern.startswith("pipe:") else "pipe:"), message
+    assert "\n" not in message and message.startswith(pattern.split(" ", 1)[0] if not pattern.startswith("pipe:")
+                                                      else "pipe:"), message
     for fragment in case.expected:
         assert fragment in message, message
     assert peak < case.peak, f"{peak / MiB:.1f} MiB"
@@ -544,7 +571,8 @@ def test_a_shard_index_is_read_within_its_limit(world: World, tmp_path: Path) ->
                                     "data.max_index_bytes=1000000"])
         with pytest.raises(DatasetError) as raised:
             load_split(config.data, "val")
-        assert "\n" not in str(raised.value) and "larger than data.max_index_bytes (1.0 MB)" in str(raised.value), str(raised.value)
+        assert ("\n" not in str(raised.value)
+                and "larger than data.max_index_bytes (1.0 MB)" in str(raised.value)), str(raised.value)
     Counting.requests = []
 
 
@@ -554,7 +582,8 @@ def test_a_shards_limits_let_ordinary_shards_through(world: World, tmp_path: Pat
     write_tar(tmp_path / "00000.tar", samples)
     (tmp_path / "00001.tar").write_bytes(gzip.compress((tmp_path / "00000.tar").read_bytes()))
     write_index(tmp_path, {"00000.tar": 5, "00001.tar": 5})
-    config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar", f"data.val_shards={tmp_path}/{{00000..00001}}.tar"])
+    config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar",
+                                f"data.val_shards={tmp_path}/{{00000..00001}}.tar"])
     records = load_split(config.data, "val")
     assert [r.path.name for r in records] == [s["__key__"] for s in samples] * 2
     assert records[1].captions == ("a red square number 1",) and image_data(records[6]) == samples[1]["png"]
@@ -574,7 +603,8 @@ def test_hf_image_paths_are_read_inside_the_dataset_folder_only(world: World, tm
     paths = ["images/inside.png", str(folder / "images" / "inside.png"), str(secret), os.path.relpath(secret, folder),
              "images/../../" + os.path.relpath(secret, tmp_path)]
     Dataset.from_dict({"image": paths, "text": ["a shape"] * len(paths)}).save_to_disk(str(folder))
-    config = load_config(None, ["data.dataset=hf", f"data.root={folder}", "data.val_fraction=0", "data.test_fraction=0"])
+    config = load_config(None,
+                         ["data.dataset=hf", f"data.root={folder}", "data.val_fraction=0", "data.test_fraction=0"])
     records = load_split(config.data, "train")
     outcomes: dict[str, str] = {}
     with watched() as seen:
@@ -637,7 +667,8 @@ def test_an_exports_json_past_a_limit_is_one_line_naming_it_and_the_limit(
 ) -> None:
     from captioner.core.bounded_files import MODEL_JSON_BYTES
 
-    folder = hostile_copy(tiny_export, tmp_path, name, oversized_json(MODEL_JSON_BYTES) if kind == "oversized" else nested_json())
+    folder = hostile_copy(tiny_export, tmp_path, name,
+                          oversized_json(MODEL_JSON_BYTES) if kind == "oversized" else nested_json())
     Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "photo.png")
     tracemalloc.start()
     try:
@@ -647,7 +678,8 @@ def test_an_exports_json_past_a_limit_is_one_line_naming_it_and_the_limit(
         tracemalloc.stop()
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
-    assert err[0].startswith(f"error: {folder / name}: ") and all(fragment in err[0] for fragment in LIMITS[kind]), err[0]
+    assert err[0].startswith(f"error: {folder / name}: ") and all(fragment in err[0]
+                                                                  for fragment in LIMITS[kind]), err[0]
     assert peak < 8 * MiB, f"{peak / MiB:.1f} MiB"  # never the whole file, nor a buffer the size of the cap
 
 
@@ -662,11 +694,13 @@ def test_an_onnx_spec_past_a_limit_is_one_line(tmp_path: Path, kind: str) -> Non
     with pytest.raises(ExportError) as raised:
         load_bundle(tmp_path)
     message = str(raised.value)
-    assert "\n" not in message and message.startswith(f"{tmp_path / 'onnx.json'}: ") and all(f in message for f in LIMITS[kind])
+    assert "\n" not in message and message.startswith(f"{tmp_path / 'onnx.json'}: ") and all(f in message
+                                                                                             for f in LIMITS[kind])
 
 
 @pytest.mark.parametrize("kind", list(LIMITS))
-def test_scores_beside_a_checkpoint_past_a_limit_are_left_out_in_one_line(tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_scores_beside_a_checkpoint_past_a_limit_are_left_out_in_one_line(tmp_path: Path, kind: str,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
     from captioner.apps.export import export_model
     from captioner.core.bounded_files import SCORES_JSON_BYTES
     from captioner.models.model_origin import checkpoint_origin
@@ -684,10 +718,13 @@ def test_scores_beside_a_checkpoint_past_a_limit_are_left_out_in_one_line(tmp_pa
 
 
 LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
-    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))  # 81 aliases, 9**9 strings walked
+    # 81 aliases, 9**9 strings walked
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
 CARDS = {  # a card's kind -> (its text, what the line says)
-    "oversized": (lambda: "---\nlibrary_name: captioner\n---\n" + "a" * 2 * MiB, ("1.0 MB", "a model card may take; refused")),
-    "nested": (lambda: "---\nx: " + nested_json() + "\n---\n", ("32 levels", "a model card's metadata may have; refused")),
+    "oversized": (lambda: "---\nlibrary_name: captioner\n---\n" + "a" * 2 * MiB,
+                  ("1.0 MB", "a model card may take; refused")),
+    "nested": (lambda: "---\nx: " + nested_json() + "\n---\n",
+               ("32 levels", "a model card's metadata may have; refused")),
     "aliases": (lambda: "---\n" + LAUGHS + "---\n", ("20 YAML aliases", "a model card's metadata may hold; refused")),
 }
 
@@ -721,7 +758,8 @@ def test_a_card_past_a_limit_is_one_line_and_nothing_is_pushed(
     with pytest.raises(ExportError) as raised:
         push_model(folder, "someone/model")
     message = str(raised.value)
-    assert "\n" not in message and message.startswith(f"{folder / 'README.md'}: ") and all(f in message for f in says), message
+    assert "\n" not in message and message.startswith(f"{folder / 'README.md'}: ") and all(f in message
+                                                                                           for f in says), message
     assert uploaded == []
 
 
@@ -741,7 +779,8 @@ def strangers_checkpoint(world: World, name: str, *overrides: str) -> Path:
     return path
 
 
-def test_a_link_in_the_working_folder_is_no_way_out_for_a_models_settings(in_work: World, capsys: pytest.CaptureFixture) -> None:
+def test_a_link_in_the_working_folder_is_no_way_out_for_a_models_settings(in_work: World,
+                                                                          capsys: pytest.CaptureFixture) -> None:
     """A stranger's model names places inside the working folder that are links out of it, to a
     folder and to a file: refused in one line naming each, nothing read outside. The same link given
     by the user on the command line is followed, as a data.root on a dataset disk is."""
@@ -751,7 +790,8 @@ def test_a_link_in_the_working_folder_is_no_way_out_for_a_models_settings(in_wor
     (world.work / "images_here").mkdir(exist_ok=True)
     cases = {
         "data.root": strangers_checkpoint(world, "folder-link", "data.root=linked_world"),
-        "data.karpathy_file": strangers_checkpoint(world, "file-link", "data.dataset=karpathy", "data.karpathy_file=linked_split.json",
+        "data.karpathy_file": strangers_checkpoint(world, "file-link", "data.dataset=karpathy",
+                                                   "data.karpathy_file=linked_split.json",
                                                    "data.image_root=images_here", "data.root=images_here"),
     }
     for key, checkpoint in cases.items():
@@ -760,10 +800,12 @@ def test_a_link_in_the_working_folder_is_no_way_out_for_a_models_settings(in_wor
             code = main(["evaluate", str(checkpoint), "--split", "test", "--fast", "--out", "eval"])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
-        assert f"{key} 'linked_" in err[0] and "a link in the working folder that leads outside it, to" in err[0], err[0]
+        assert (f"{key} 'linked_" in err[0]
+                and "a link in the working folder that leads outside it, to" in err[0]), err[0]
         assert not seen.opened_in(world.outside)
     with watched() as seen:  # the user's own word: the link is followed
-        assert main(["evaluate", str(cases["data.root"]), "data.root=linked_world", "--split", "test", "--fast", "--limit", "1",
+        assert main(["evaluate", str(cases["data.root"]), "data.root=linked_world", "--split", "test", "--fast",
+                     "--limit", "1",
                      "--out", "eval"]) == 0
     assert seen.opened_in(world.work / "linked_world")  # the images outside, read through the link
 
@@ -786,7 +828,8 @@ def test_an_image_folders_listing_cannot_leave_it_through_a_link(world: World, t
         with watched() as seen, pytest.raises(DatasetError) as raised:
             load_imagefolder(folder, "train", val_fraction=0, test_fraction=0)
         message = str(raised.value)
-        assert "\n" not in message and message.startswith(f"{folder / 'metadata.jsonl'}:2: file_name {name!r} is a link out of the image folder")
+        assert "\n" not in message and message.startswith(
+            f"{folder / 'metadata.jsonl'}:2: file_name {name!r} is a link out of the image folder")
         assert not seen.opened_in(world.outside)
     (folder / "metadata.jsonl").write_text(json.dumps({"file_name": "inside.jpg", "text": "a shape"}) + "\n")
     records = load_imagefolder(link(tmp_path / "my_photos", folder), "train", val_fraction=0, test_fraction=0)
@@ -814,12 +857,14 @@ def test_hf_image_paths_cannot_leave_the_dataset_through_a_link(world: World, tm
             try:
                 outcomes[paths[record.row]] = "read" if image_data(record) == picture(3) else "other bytes"
             except ImageLoadError as e:
-                assert "\n" not in str(e) and "is a link out of the dataset's folder" in str(e) and "refused" in str(e), str(e)
+                assert ("\n" not in str(e) and "is a link out of the dataset's folder" in str(e)
+                        and "refused" in str(e)), str(e)
                 outcomes[paths[record.row]] = "refused"
     assert [outcomes[p] for p in paths] == ["read", "refused", "refused", "refused"]
     assert not seen.opened_in(world.outside)
     # The folder the user names for its images may be a link too: its files are read.
-    named = load_config(None, ["data.dataset=hf", f"data.root={root}", f"data.image_root={link(tmp_path / 'my_images', folder)}",
+    named = load_config(None, ["data.dataset=hf", f"data.root={root}",
+                               f"data.image_root={link(tmp_path / 'my_images', folder)}",
                                "data.val_fraction=0", "data.test_fraction=0"])
     assert image_data({r.row: r for r in load_split(named.data, "train")}[0]) == picture(3)
 

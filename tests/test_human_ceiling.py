@@ -24,7 +24,8 @@ def test_bleu_parts_multiply_back_to_pycocoevalcaps_bleu(demo: tuple[dict[int, l
     refs = [[r.lower().rstrip(".") for r in references[i]] for i in ids]
     full = [predictions[i].lower().rstrip(".") for i in ids]
     for hyps in (full, [" ".join(h.split()[:6]) for h in full]):  # as they are (ratio 1.004), and cut short
-        expected, _ = Bleu(4).compute_score({i: refs[n] for n, i in enumerate(ids)}, {i: [hyps[n]] for n, i in enumerate(ids)}, verbose=0)
+        expected, _ = Bleu(4).compute_score({i: refs[n] for n, i in enumerate(ids)},
+                                            {i: [hyps[n]] for n, i in enumerate(ids)}, verbose=0)
         parts = scorers.bleu_parts(scorers.CountedCaptions.of(hyps, refs))
         for n in range(4):
             geometric = math.prod(parts.precisions[: n + 1]) ** (1 / (n + 1))
@@ -67,7 +68,8 @@ def test_leave_one_out_scores_each_reference_against_the_others_and_models_on_th
     calls: list[tuple[dict[int, list[str]], dict[int, str]]] = []
     batches: list[int] = []
     result = leave_one_out(
-        references, recording_scorer(calls, batches), {"model": {1: "a dog on the grass", 2: "a man on a bike", 3: "unused"}}
+        references, recording_scorer(calls, batches),
+        {"model": {1: "a dog on the grass", 2: "a man on a bike", 3: "unused"}}
     )
     assert result.folds == 3
     assert batches == [6]  # one call (one Java start when official): per fold, the humans, then the model
@@ -93,10 +95,12 @@ def test_leave_one_out_refuses_images_it_cannot_score() -> None:
 
 def test_corpus_stats_counts_vocabulary_copies_length_and_distinct_captions() -> None:
     training = ["A dog runs on the grass.", "a man rides a bike"]
-    stats = corpus_stats(["a dog runs on the grass", "A man rides a bike .", "a dog runs on the grass", "two cats sleep"], training)
+    stats = corpus_stats(
+        ["a dog runs on the grass", "A man rides a bike .", "a dog runs on the grass", "two cats sleep"], training)
     assert stats["captions"] == 4
     assert stats["copied_share"] == 0.75  # case and punctuation do not make a caption new
-    assert stats["vocabulary"] == len({"a", "dog", "runs", "on", "the", "grass", "man", "rides", "bike", "two", "cats", "sleep"})
+    assert stats["vocabulary"] == len(
+        {"a", "dog", "runs", "on", "the", "grass", "man", "rides", "bike", "two", "cats", "sleep"})
     assert stats["mean_length"] == (6 + 5 + 6 + 3) / 4
     assert stats["distinct_share"] == 3 / 4
     assert corpus_stats([], training)["captions"] == 0

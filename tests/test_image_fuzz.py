@@ -114,7 +114,8 @@ def test_every_supported_format_captions(outcome: Outcome) -> None:
 def test_random_bytes(outcome: Outcome) -> None:
     """Noise, and noise behind each supported format's signature (so its parser runs on it)."""
     rng = np.random.default_rng(SEED)
-    signatures = [b"", b"\xff\xd8\xff\xe0", b"\x89PNG\r\n\x1a\n", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*", b"RIFF\x00\x01\x00\x00WEBPVP8 "]
+    signatures = [b"", b"\xff\xd8\xff\xe0", b"\x89PNG\r\n\x1a\n", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*",
+                  b"RIFF\x00\x01\x00\x00WEBPVP8 "]
     for k, signature in enumerate(signatures):
         for i in range(40):
             body = rng.integers(0, 256, int(rng.integers(1, 3000)), dtype=np.uint8).tobytes()
@@ -154,7 +155,8 @@ def png_chunk(kind: bytes, payload: bytes) -> bytes:
 def png_header(width: int, height: int, body: bytes = b"") -> bytes:
     """A PNG whose IHDR claims width x height (8-bit RGB), with `body` as its compressed data."""
     ihdr = png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-    return b"\x89PNG\r\n\x1a\n" + ihdr + png_chunk(b"IDAT", body or zlib.compress(b"\x00" * 64)) + png_chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + ihdr + png_chunk(b"IDAT",
+                                                   body or zlib.compress(b"\x00" * 64)) + png_chunk(b"IEND", b"")
 
 
 def patched(data: bytes, marker: bytes, offset: int, fmt: str, *values: int) -> bytes:
@@ -301,7 +303,8 @@ def test_exif_orientations_are_applied(outcome: Outcome) -> None:
     sizes = {n: outcome.loaded[f"orientation_{n}.jpg"].size for n in range(1, 9)}
     assert [sizes[n] for n in range(1, 9)] == [(16, 8)] * 4 + [(8, 16)] * 4  # 5-8 turn a quarter
     assert outcome.loaded["orientation_0.jpg"].size == outcome.loaded["orientation_9.jpg"].size == (16, 8)
-    white_left = [np.asarray(outcome.loaded[f"orientation_{n}.jpg"].convert("L"))[:, :2].mean() > 128 for n in (1, 2, 3)]
+    white_left = [np.asarray(outcome.loaded[f"orientation_{n}.jpg"].convert("L"))[:, :2].mean() > 128
+                  for n in (1, 2, 3)]
     assert white_left == [True, False, False]  # 2 mirrors left-right, 3 turns half round
 
 

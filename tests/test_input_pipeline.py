@@ -82,7 +82,8 @@ def test_uint8_images_encode_bit_identically_to_the_old_float_pipeline(shared_da
     moved = batch.to(torch.device("cpu"), channels_last=True)
     assert moved.images.dtype == torch.uint8
     with torch.no_grad():
-        assert torch.equal(model.encode(moved.images)[0], model.encode(old[:1])[0])  # batch sizes alike: oneDNN blocks by batch
+        # batch sizes alike: oneDNN blocks by batch
+        assert torch.equal(model.encode(moved.images)[0], model.encode(old[:1])[0])
     # Captioning from files gives the captions the float images give.
     assert [c.text for c in model.caption(paths)] == [c.text for c in model.caption(old)]
 
@@ -111,7 +112,8 @@ def test_the_described_normalisation_is_the_one_that_runs(name: str, shared_data
     images = torch.stack([ImageTransform(SIZE)(load_image(p)) for p in photos(shared_data, 2)])  # (2, 3, S, S) uint8
     normalization = PixelNormalization(NORMALIZATIONS[name])
     described = normalization.describe()
-    steps = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(NORMALIZATIONS[name].mean), list(NORMALIZATIONS[name].std))])
+    steps = v2.Compose([v2.ToDtype(torch.float32, scale=True),
+                        v2.Normalize(list(NORMALIZATIONS[name].mean), list(NORMALIZATIONS[name].std))])
     assert described == [repr(step) for step in steps.transforms]
     assert torch.equal(normalization(images), steps(images))
 
@@ -124,17 +126,22 @@ def test_store_identity_describes_the_real_transform(tmp_path: Path) -> None:
     model = tiny_model()
     described = identify(model)["transform"]
     assert described == [*ImageTransform(SIZE).describe(), *IMAGENET.describe()]
-    assert described == [*[repr(step) for step in model.transform.pipeline().transforms], *model.encoder.normalize.describe()]
-    assert any("Resize(size=[32, 32]" in step for step in described) and any("Normalize(mean=[0.485" in step for step in described)
+    assert described == [*[repr(step) for step in model.transform.pipeline().transforms],
+                         *model.encoder.normalize.describe()]
+    assert any("Resize(size=[32, 32]" in step for step in described) and any("Normalize(mean=[0.485" in step
+                                                                             for step in described)
     assert identity(model.encoder, ImageTransform(48))["transform"] != described
     # Other statistics (another backbone's, or a config's) are another pipeline: a store made with them is stale.
     other_statistics = tiny_model("model.encoder.normalization=tf_lite")
-    assert identify(other_statistics)["transform"][:2] == described[:2] and identify(other_statistics)["transform"] != described
+    assert (identify(other_statistics)["transform"][:2] == described[:2] and identify(other_statistics)["transform"]
+            != described)
     # A store written by the old code described its pipeline by hand: torchvision's tensor resize,
     # which rounds a few pixels apart from Pillow's; it is stale, and refused naming both.
-    legacy = {**identify(model), "transform": {"resize": "square", "antialias": True, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}}
+    legacy = {**identify(model), "transform": {"resize": "square", "antialias": True, "mean": list(IMAGENET_MEAN),
+                                               "std": list(IMAGENET_STD)}}
     manifest = {"identity": legacy, "image_ids": [], "split": "train", "paths": []}
-    with pytest.raises(FeatureStoreError, match=r"train\.json: transform is \['PILToTensor\(\)', 'Resize.* in the store but \['Resize.*'PILToTensor\(\)'") as error:
+    with pytest.raises(FeatureStoreError, match=(r"train\.json: transform is \['PILToTensor\(\)', 'Resize.* in the "
+                                                 r"store but \['Resize.*'PILToTensor\(\)'")) as error:
         check_manifest(tmp_path / "train.json", manifest, identify(model), [])
     assert "\n" not in str(error.value)
     check_manifest(tmp_path / "train.json", {**manifest, "identity": identify(model)}, identify(model), [])
@@ -142,7 +149,8 @@ def test_store_identity_describes_the_real_transform(tmp_path: Path) -> None:
     before = ["PILToTensor()", "Resize(size=[32, 32], interpolation=bilinear, antialias=True)", "ToDtype(scale=True)",
               "Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], inplace=False)"]
     with pytest.raises(FeatureStoreError, match="transform is"):
-        check_manifest(tmp_path / "train.json", {**manifest, "identity": {**legacy, "transform": before}}, identify(model), [])
+        check_manifest(tmp_path / "train.json", {**manifest, "identity": {**legacy, "transform": before}},
+                       identify(model), [])
 
 
 # --- workers and threads ----------------------------------------------------------------------------
@@ -163,11 +171,13 @@ def node(monkeypatch: pytest.MonkeyPatch):
     return make
 
 
-@pytest.mark.parametrize(("cores", "ranks", "workers"), [(16, 8, 1), (16, 4, 3), (16, 1, 15), (2, 8, 1), (2, 1, 1), (64, 8, 7)])
+@pytest.mark.parametrize(("cores", "ranks", "workers"),
+                         [(16, 8, 1), (16, 4, 3), (16, 1, 15), (2, 8, 1), (2, 1, 1), (64, 8, 7)])
 def test_auto_workers_share_the_cores_between_the_ranks(node, cores: int, ranks: int, workers: int) -> None:
     node(cores, LOCAL_WORLD_SIZE=str(ranks))
     assert process_settings.loader_workers(process_settings.AUTO_WORKERS) == workers
-    assert process_settings.loader_workers(5) == 5 and process_settings.loader_workers(0) == 0  # a number is taken as given
+    # a number is taken as given
+    assert process_settings.loader_workers(5) == 5 and process_settings.loader_workers(0) == 0
 
 
 def test_image_loader_resolves_auto_workers(node) -> None:
@@ -243,7 +253,8 @@ def test_device_path_gives_the_worker_path_images(shared_data: Path) -> None:
     records = [ImageRecord(i, path, ("a red circle",)) for i, path in enumerate(photos(shared_data, 4))]
     transform = ImageTransform(SIZE, train=True, augment=True)
     keys = [(i, 100 + i) for i in range(4)]
-    expected = collate_captions([CaptionDataset(records, tiny_vocab(), transform, 10)[key] for key in keys]).images  # (4, 3, S, S)
+    # (4, 3, S, S)
+    expected = collate_captions([CaptionDataset(records, tiny_vocab(), transform, 10)[key] for key in keys]).images
     for preprocess, shipped in (("transform", torch.Tensor), ("decode", EncodedJpeg)):
         on_device = CaptionDataset(records, tiny_vocab(), transform, 10, device_preprocess=preprocess)
         pending = collate_captions([on_device[key] for key in keys])
@@ -252,7 +263,8 @@ def test_device_path_gives_the_worker_path_images(shared_data: Path) -> None:
             pending.images[1] = replace(pending.images[1], source=pil_to_tensor(load_image(records[1].path)))
         moved = pending.to(torch.device("cpu"), channels_last=True)
         assert moved.images.dtype == torch.uint8 and torch.equal(moved.images, expected)
-        assert torch.equal(transform_on_device(pending.images, "cpu"), expected)  # and again: each item replays its seed
+        # and again: each item replays its seed
+        assert torch.equal(transform_on_device(pending.images, "cpu"), expected)
 
 
 def test_files_the_device_does_not_decode_go_through_pil(tmp_path: Path) -> None:
@@ -278,7 +290,8 @@ def test_device_decoding_keeps_load_image_checks(tmp_path: Path, shared_data: Pa
         decode_jpegs([read_for_device(photo), read_for_device(truncated)], "cpu")  # the batch names the bad file
 
 
-def test_a_jpeg_the_device_refuses_is_decoded_by_pil(tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_jpeg_the_device_refuses_is_decoded_by_pil(tmp_path: Path, shared_data: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """nvjpeg refuses some valid JPEGs (PIL reads them): the batch falls back file by file."""
     paths = photos(shared_data, 2)
     items = [read_for_device(p) for p in paths]
@@ -300,7 +313,8 @@ def test_progressive_jpegs_are_decoded_in_the_worker(tmp_path: Path) -> None:
     assert isinstance(item, torch.Tensor) and item.shape == (3, 10, 20)
 
 
-def test_training_with_device_preprocessing_gives_the_same_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_with_device_preprocessing_gives_the_same_weights(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """`fit` with data.device_preprocess, its device branch forced on the CPU (as on CUDA with
     nvjpeg): the workers ship decoded pictures or JPEG bytes through a DataLoader worker,
     `CaptionBatch.to` (decodes,) crops and jitters them under each item's seed, and the weights
@@ -313,12 +327,14 @@ def test_training_with_device_preprocessing_gives_the_same_weights(tmp_path: Pat
         "train.device=cpu", "decode.max_length=6", f"data.root={root}",
     ]
     decoded_batches = []  # CaptionBatch.to runs in this process: count the batches it decoded
-    monkeypatch.setattr(batching, "transform_on_device", lambda *args: decoded_batches.append(1) or transform_on_device(*args))
+    monkeypatch.setattr(batching, "transform_on_device",
+                        lambda *args: decoded_batches.append(1) or transform_on_device(*args))
     monkeypatch.setattr(run_setup, "device_preprocess", lambda requested, device: requested)
     weights = {}
     for preprocess in ("none", "transform", "decode"):
         out = tmp_path / preprocess
-        fit(load_config(REPO / "configs/shapes_lstm.yaml", [*tiny, f"data.device_preprocess={preprocess}", f"train.out_dir={out}"]))
+        fit(load_config(REPO / "configs/shapes_lstm.yaml",
+                        [*tiny, f"data.device_preprocess={preprocess}", f"train.out_dir={out}"]))
         weights[preprocess] = torch.load(out / "last.pt", weights_only=True)["model"]
     assert len(decoded_batches) == 2 * 16 // 4  # every training batch of the device runs, none of the first
     for preprocess in ("transform", "decode"):

@@ -46,8 +46,10 @@ ROLES = {
     "demo": ("captioner[demo]", {"torch"} | DEMO, TRAIN | ONNX | DATA),
     "onnx": ("captioner[onnx]", {"torch"} | ONNX, TRAIN | DEMO | DATA),
     "data": ("captioner[data]", {"torch"} | DATA, TRAIN | DEMO | ONNX),
-    "all": ("captioner[all]", {"torch"} | TRAIN | DEMO | ONNX | DATA, set()),  # extras that name the package's own extras
-    "runtime": ("captioner-runtime", {"onnxruntime", "numpy", "pillow"}, {"torch", "torchvision", "matplotlib", "pyyaml"} | TRAIN | DEMO | DATA),
+    # extras that name the package's own extras
+    "all": ("captioner[all]", {"torch"} | TRAIN | DEMO | ONNX | DATA, set()),
+    "runtime": ("captioner-runtime", {"onnxruntime", "numpy", "pillow"},
+                {"torch", "torchvision", "matplotlib", "pyyaml"} | TRAIN | DEMO | DATA),
 }
 
 
@@ -59,7 +61,8 @@ def build_wheels(folder: Path) -> dict[str, Path]:
                    "-w", str(folder), str(source)]
         built = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert built.returncode == 0, built.stderr
-    return {"captioner": next(folder.glob("captioner-*.whl")), "captioner-runtime": next(folder.glob("captioner_runtime-*.whl"))}
+    return {"captioner": next(folder.glob("captioner-*.whl")),
+            "captioner-runtime": next(folder.glob("captioner_runtime-*.whl"))}
 
 
 # What uv says when it cannot reach the index (a refused connection, no DNS, no route), not when
@@ -89,7 +92,8 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         if not shared.is_dir():
             shared.mkdir()
             build_wheels(shared)
-    return {"captioner": next(shared.glob("captioner-*.whl")), "captioner-runtime": next(shared.glob("captioner_runtime-*.whl"))}
+    return {"captioner": next(shared.glob("captioner-*.whl")),
+            "captioner-runtime": next(shared.glob("captioner_runtime-*.whl"))}
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +113,8 @@ def resolved(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
                     target = f"{name}{'[' + extras if extras else ''} @ {wheels[name].as_uri()}"
                     futures[role] = pool.submit(resolve, target)
                 shared.write_text(json.dumps({role: future.result() for role, future in futures.items()}))
-    return {role: set(names) if isinstance(names, list) else names for role, names in json.loads(shared.read_text()).items()}
+    return {role: set(names) if isinstance(names, list) else names for role,
+            names in json.loads(shared.read_text()).items()}
 
 
 @pytest.mark.slow
@@ -119,11 +124,13 @@ def test_each_role_installs_what_it_needs_and_nothing_it_does_not(resolved: dict
     requirement, brings, leaves_out = ROLES[role]
     if isinstance(names, str):
         lines = names.splitlines()
-        require(not UNREACHABLE.search(names), f"the resolver could not reach the package index to resolve {role}: {lines[0]} ... {lines[-1].strip()}")
+        require(not UNREACHABLE.search(names),
+                f"the resolver could not reach the package index to resolve {role}: {lines[0]} ... {lines[-1].strip()}")
         pytest.fail(f"{role}: the resolver finds no install of {requirement}:\n{names}", pytrace=False)
     normal = {n.replace("_", "-") for n in brings}
     assert normal <= names, f"{role}: missing {sorted(normal - names)}"
-    assert not ({n.replace("_", "-") for n in leaves_out} & names), f"{role}: should not install {sorted(leaves_out & names)}"
+    assert not (
+        {n.replace("_", "-") for n in leaves_out} & names), f"{role}: should not install {sorted(leaves_out & names)}"
 
 
 def outside_checkout() -> dict[str, str]:
@@ -153,7 +160,8 @@ def test_the_core_install_captions_and_names_the_extra_a_command_needs(shapes_ls
     done = cli_without(TRAIN | DEMO | ONNX, "caption", str(shapes_lstm.checkpoint), image, "--heatmaps", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(image) and list(tmp_path.glob("*.png"))
-    done = cli_without(TRAIN, "evaluate", str(shapes_lstm.checkpoint), "--split", "test", "--limit", "2", "--out", str(tmp_path))
+    done = cli_without(TRAIN, "evaluate", str(shapes_lstm.checkpoint), "--split", "test", "--limit", "2", "--out",
+                       str(tmp_path))
     assert done.returncode == 2 and re.fullmatch(  # the shapes annotations are COCO's format: pycocotools comes first
         r"error: (pycocotools|pycocoevalcap) is not installed: it comes with the 'train' extra "
         r"\(pip install 'captioner\[train\]', or -e '\.\[train\]' in a checkout\)",
@@ -170,11 +178,13 @@ def test_the_core_install_captions_and_names_the_extra_a_command_needs(shapes_ls
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(photo)
     done = cli_without(TRAIN | DEMO | ONNX, "caption", str(photo), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"{photo}\t") and f"captioning with {packaged.name} (packaged with captioner)" in done.stderr
+    assert (done.stdout.startswith(f"{photo}\t")
+            and f"captioning with {packaged.name} (packaged with captioner)" in done.stderr)
 
 
 @pytest.mark.slow
-def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(wheels: dict[str, Path], tmp_path: Path) -> None:
+def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(wheels: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
     require_module("onnxruntime", "the runtime test exports with onnxruntime (pip install -e .[onnx])")
     require_module("uv", "uv, the installer, is not installed (pip install -e '.[test]')")
     from test_onnx import briefly_trained
@@ -192,19 +202,24 @@ def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(wheels:
                                 str(wheels["captioner-runtime"])], capture_output=True, text=True, timeout=600)
     require(installed.returncode == 0,
             f"uv could not install the runtime's dependencies: {installed.stderr.strip()[-300:]}")
-    no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True, cwd=tmp_path, env=outside_checkout())
+    no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True, cwd=tmp_path,
+                              env=outside_checkout())
     assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
-    captioned = subprocess.run([str(env_dir / "bin" / "captioner-onnx"), str(tmp_path / "export"), str(image), "--beam", "2", "--max-length", "9"],
+    captioned = subprocess.run([str(env_dir / "bin" / "captioner-onnx"), str(tmp_path / "export"), str(image), "--beam",
+                                "2", "--max-length", "9"],
                                capture_output=True, text=True, timeout=120, cwd=tmp_path, env=outside_checkout())
     assert captioned.returncode == 0, captioned.stderr
     assert captioned.stdout.splitlines() == [f"{image}\t{model.caption(image, beam_size=2, max_length=9).text}"]
 
 
 def test_an_extra_package_missing_its_own_dependency_names_the_extra_too() -> None:
-    """nltk installed without `regex` fails on import with ModuleNotFoundError('regex'): a line naming the extra, not a traceback."""
+    """nltk installed without `regex` fails on import with ModuleNotFoundError('regex'): a line naming
+    the extra, not a traceback."""
     from captioner.core.extras import missing_extra
 
     assert missing_extra(ModuleNotFoundError("No module named 'regex'", name="regex")) == (
-        "regex is not installed: it comes with the 'train' extra (pip install 'captioner[train]', or -e '.[train]' in a checkout)"
+        ("regex is not installed: it comes with the 'train' extra (pip install 'captioner[train]', or -e '.[train]' in "
+         "a checkout)")
     )
-    assert missing_extra(ModuleNotFoundError("No module named 'captioner_typo'", name="captioner_typo")) is None  # a bug keeps its traceback
+    # a bug keeps its traceback
+    assert missing_extra(ModuleNotFoundError("No module named 'captioner_typo'", name="captioner_typo")) is None

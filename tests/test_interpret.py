@@ -91,7 +91,8 @@ def test_pointing_game_inside_near_and_outside_the_mask():
 
 @pytest.mark.parametrize(
     "grid, size",
-    [((7, 7), (375, 500)), ((14, 14), (480, 640)), ((8, 8), (128, 128)), ((5, 3), (700, 33)), ((9, 9), (1, 1)), ((7, 7), (3, 2)), ((1, 1), (4, 4))],
+    [((7, 7), (375, 500)), ((14, 14), (480, 640)), ((8, 8), (128, 128)), ((5, 3), (700, 33)), ((9, 9), (1, 1)),
+     ((7, 7), (3, 2)), ((1, 1), (4, 4))],
 )
 def test_upsample_is_bilinear_interpolation(grid: tuple[int, int], size: tuple[int, int]) -> None:
     """The separable products give F.interpolate's bilinear maps, up and down, normalised to sum 1."""
@@ -101,7 +102,8 @@ def test_upsample_is_bilinear_interpolation(grid: tuple[int, int], size: tuple[i
 
     maps = torch.rand(3, *grid)  # (T, h, w)
     expected = F.interpolate(maps[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]  # (T, H, W)
-    torch.testing.assert_close(upsample(maps, size), expected / expected.sum(dim=(1, 2), keepdim=True), rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(upsample(maps, size), expected / expected.sum(dim=(1, 2), keepdim=True),
+                               rtol=1e-5, atol=1e-9)
 
 
 def test_pointing_game_on_an_upsampled_grid_map():
@@ -184,7 +186,8 @@ def test_per_head_scores_name_the_head_that_looks_at_the_object(tmp_path):
     assert table["maps"]["L0H1"]["grounding"] < table["baselines"]["uniform_grounding"]
     assert table["maps"]["gradcam"]["pointing"] == 0.5  # one word's map on the object, one off it
     assert table["best_head"] == "L0H0"
-    assert 0 < table["baselines"]["random_point"] < 1 and table["baselines"]["uniform_grounding"] < table["baselines"]["random_point"]
+    assert (0 < table["baselines"]["random_point"] < 1
+            and table["baselines"]["uniform_grounding"] < table["baselines"]["random_point"])
 
 
 def test_cli_evaluate_grounding_per_head_and_caption_figures(tmp_path, capsys):
@@ -217,7 +220,8 @@ def test_cli_evaluate_grounding_per_head_and_caption_figures(tmp_path, capsys):
                  "--heatmaps", str(out), "--saliency", "gradcam"]) == 0
     names = {p.name for p in out.iterdir()}
     stem = image.stem
-    assert {f"{stem}_self_attention.png", f"{stem}_self_attention.svg", f"{stem}_heads.png", f"{stem}_gradcam.png"} <= names
+    assert {f"{stem}_self_attention.png", f"{stem}_self_attention.svg", f"{stem}_heads.png",
+            f"{stem}_gradcam.png"} <= names
     lstm = tmp_path / "lstm.pt"
     save_checkpoint(lstm, tiny_model())
     assert main(["caption", str(lstm), str(image), "--self-attention", str(out)]) != 0
@@ -250,6 +254,8 @@ def test_interpret_table_script(tmp_path):
         "| TF | Grad-CAM | 0.100 | 0.050 | 0.250 | 0.125 | 0.250 |",
     ]
     (tmp_path / "plain.json").write_text(json.dumps({"overall": {"CIDEr": 0.5}}))
-    for argument, message in ((f"X={tmp_path / 'plain.json'}", "no per-map grounding scores"), (str(scores), "expected LABEL=SCORES_JSON")):
+    for argument, message in ((f"X={tmp_path / 'plain.json'}", "no per-map grounding scores"),
+                              (str(scores), "expected LABEL=SCORES_JSON")):
         failed = subprocess.run([sys.executable, str(script), argument], capture_output=True, text=True, timeout=60)
-        assert failed.returncode == 2 and failed.stdout == "" and message in failed.stderr and failed.stderr.count("\n") == 1
+        assert (failed.returncode == 2 and failed.stdout == "" and message in failed.stderr
+                and failed.stderr.count("\n") == 1)

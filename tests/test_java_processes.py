@@ -21,7 +21,8 @@ from captioner.evaluation import paraphrases
 from captioner.evaluation.java import JavaToolError
 from captioner.evaluation.metrics import official_scores, pycocoevalcap_scores
 
-REFS = {1: ["A dog runs on the grass.", "A brown dog running"], 2: ["A cat sits on a mat"], 3: ["Two people ride bikes"]}
+REFS = {1: ["A dog runs on the grass.", "A brown dog running"], 2: ["A cat sits on a mat"],
+        3: ["Two people ride bikes"]}
 PREDS = {1: "a dog runs", 2: "a cat on a mat", 3: "people on bikes"}
 
 # 23 whole-number fields, the shape of METEOR's alignment statistics.
@@ -141,11 +142,15 @@ def test_a_failed_pycocoevalcap_reference_leaves_no_lock_to_wait_on(
 @pytest.mark.parametrize(
     ("mode", "message"),
     [
-        ("meteor-die", r"^METEOR \(process \d of 2\) failed: the Java process exited with status 3 after 0 of \d answers "
+        ("meteor-die",
+         r"^METEOR \(process \d of 2\) failed: the Java process exited with status 3 after 0 of \d answers "
                        r"\(java\.lang\.OutOfMemoryError: Java heap space\)$"),
-        ("meteor-hang", r"^METEOR \(process \d of 2\) failed: the Java process gave no answer for 2 s \(0 of \d answers\) and was stopped$"),
-        ("meteor-garbage", r"^METEOR \(process 1 of 2\) failed: answered 'Error: specify hypothesis.*' instead of alignment statistics$"),
-        ("tokenizer-die", r"^PTB tokenizer failed: the Java process exited with status 2 \(.*OutOfMemoryError: Java heap space\)$"),
+        ("meteor-hang", (r"^METEOR \(process \d of 2\) failed: the Java process gave no answer for 2 s \(0 of \d "
+                         r"answers\) and was stopped$")),
+        ("meteor-garbage",
+         r"^METEOR \(process 1 of 2\) failed: answered 'Error: specify hypothesis.*' instead of alignment statistics$"),
+        ("tokenizer-die",
+         r"^PTB tokenizer failed: the Java process exited with status 2 \(.*OutOfMemoryError: Java heap space\)$"),
         ("tokenizer-hang", r"^PTB tokenizer failed: the Java process did not finish within 2 s and was stopped$"),
     ],
 )
@@ -165,14 +170,16 @@ def test_a_java_tool_that_dies_or_hangs_is_one_line_error_in_time(
     assert children() == [] and open_fds() == fds
 
 
-def test_a_spice_run_that_hangs_is_stopped_with_one_line(fake_java: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_spice_run_that_hangs_is_stopped_with_one_line(fake_java: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """SPICE runs as one Java process through pycocoevalcap's wrapper, which calls
     `subprocess.check_call` without a limit: ours stops it, and removes its temporary files."""
     monkeypatch.setattr(java, "SPICE_TIMEOUT_S", 2.0)
     (tmp_path / "tmp").mkdir()
     (tmp_path / "tmp" / "in.json").write_text("[]")
     start = time.monotonic()
-    with pytest.raises(JavaToolError, match=r"^SPICE failed: the Java process did not finish within 2 s and was stopped$"):
+    with pytest.raises(JavaToolError,
+                       match=r"^SPICE failed: the Java process did not finish within 2 s and was stopped$"):
         java._spice_check_call(["java", "-jar", "-Xmx8G", "spice-1.0.jar", "tmp/in.json", "-subset"], cwd=str(tmp_path))
     assert time.monotonic() - start < 30
     assert children() == [] and not (tmp_path / "tmp" / "in.json").exists()
@@ -203,7 +210,9 @@ def test_a_real_meteor_killed_mid_evaluation(monkeypatch: pytest.MonkeyPatch) ->
     killer = threading.Thread(target=kill_meteor)
     killer.start()
     try:
-        with pytest.raises(JavaToolError, match=r"^METEOR \(process 1 of 1\) failed: the Java process was killed after 0 of 3 answers") as info:
+        with pytest.raises(
+                JavaToolError,
+                match=r"^METEOR \(process 1 of 1\) failed: the Java process was killed after 0 of 3 answers") as info:
             official_scores(REFS, PREDS, meteor_processes=1)
     finally:
         killer.join()

@@ -45,7 +45,8 @@ def test_grid_projection_is_computed_once_per_image(decoder: LSTMDecoder, monkey
     calls = []
     original = attention_module.dense  # W_h's product, whichever route it takes
     monkeypatch.setattr(
-        attention_module, "dense", lambda x, layer: (layer is decoder.attention.feat_proj and calls.append(x.shape)) or original(x, layer)
+        attention_module, "dense",
+        lambda x, layer: (layer is decoder.attention.feat_proj and calls.append(x.shape)) or original(x, layer)
     )
     decoder(torch.randn(2, 9, 10), torch.randint(0, 20, (2, 8)))
     beam_search(decoder, torch.randn(2, 9, 10), SPECIAL, DecodeOptions(beam_size=3, max_length=8))
@@ -184,7 +185,8 @@ def test_sampling(decoder: LSTMDecoder) -> None:
     cold = sample_n_best(decoder, feats, SPECIAL, DecodeOptions(max_length=8, sample=True, temperature=1e-4, seed=0))
     assert [hyps[0].tokens for hyps in cold] == [h.tokens for h in greedy]  # near-zero temperature is greedy
     draws = [
-        [hyps[0].tokens for hyps in sample_n_best(decoder, feats, SPECIAL, DecodeOptions(max_length=8, sample=True, temperature=1.5, seed=s))]
+        [hyps[0].tokens for hyps in sample_n_best(decoder, feats, SPECIAL,
+                                                  DecodeOptions(max_length=8, sample=True, temperature=1.5, seed=s))]
         for s in (0, 0, 1)
     ]
     assert draws[0] == draws[1] and draws[0] != draws[2]  # reproducible for a seed, varied across seeds
@@ -201,8 +203,10 @@ def test_attention_computes_the_papers_tanh_scores(decoder: LSTMDecoder) -> None
     torch.testing.assert_close(context, torch.bmm(weights.unsqueeze(1), feats).squeeze(1), atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("grad", "block_bytes"), [(False, 1), (False, 1400), (False, 1 << 22), (False, None), (True, 1 << 22)])
-def test_step_reads_one_memory_for_every_beam_of_an_image(decoder: LSTMDecoder, grad: bool, block_bytes: int | None, monkeypatch) -> None:
+@pytest.mark.parametrize(("grad", "block_bytes"),
+                         [(False, 1), (False, 1400), (False, 1 << 22), (False, None), (True, 1 << 22)])
+def test_step_reads_one_memory_for_every_beam_of_an_image(decoder: LSTMDecoder, grad: bool, block_bytes: int | None,
+                                                          monkeypatch) -> None:
     """B images' memory with B*K state rows (rows b*K.. of image b) steps as the memory
     repeated K times would: the in-place blocks without gradients (one image per block, two
     images and a short last block, all at once; None: the GPU's and a compiled graph's one block
@@ -214,7 +218,8 @@ def test_step_reads_one_memory_for_every_beam_of_an_image(decoder: LSTMDecoder, 
     feats, K = torch.randn(3, 7, 10), 4
     memory = decoder.prepare(feats)
     rows = torch.arange(3).repeat_interleave(K)  # (B*K,)
-    state = {k: v.index_select(0, rows) + 0.1 * torch.randn_like(v.index_select(0, rows)) for k, v in decoder.init_state(memory).items()}
+    state = {k: v.index_select(0, rows) + 0.1 * torch.randn_like(v.index_select(0, rows)) for k,
+             v in decoder.init_state(memory).items()}
     prev = torch.randint(0, 20, (3 * K,))
     with torch.set_grad_enabled(grad):
         shared = decoder.step(decoder.expand_memory(memory, K), prev, state)

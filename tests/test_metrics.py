@@ -270,7 +270,8 @@ def test_spice_java_runs_with_options_and_fails_in_one_line(
 
 @needs_java
 def test_spice_runs_when_models_present(caplog: pytest.LogCaptureFixture) -> None:
-    optional(not spice_models.missing_spice_models(), "SPICE models", "SPICE's Stanford CoreNLP models are not installed")
+    optional(not spice_models.missing_spice_models(), "SPICE models",
+             "SPICE's Stanford CoreNLP models are not installed")
     refs = {i: SIMPLE_REFS[i] for i in (10, 12)}
     preds = {i: SIMPLE_PREDS[i] for i in (10, 12)}
     with caplog.at_level(logging.WARNING, logger="captioner.evaluation"):
@@ -316,7 +317,8 @@ def test_scored_ids_are_sorted_and_rounded_keeps_four_decimals() -> None:
 
 
 def test_line_ends_inside_a_caption_become_spaces() -> None:
-    assert java.one_line("a dog\rrunning\u2028on\x0bthe\x0cgreen\x85grass\u2029now") == "a dog running on the green grass now"
+    assert java.one_line(
+        "a dog\rrunning\u2028on\x0bthe\x0cgreen\x85grass\u2029now") == "a dog running on the green grass now"
     assert java.one_line("a plain caption, unchanged") == "a plain caption, unchanged"
 
 
@@ -335,7 +337,8 @@ def test_score_predictions_fast() -> None:
     assert scores.tutorial_bleu["nltk_corpus_BLEU_4"] == pytest.approx(1.0)
     assert scores.caption_stats == {"bad_ending_rate": 0.5, "repeated_bigram_rate": 0.5, "mean_length": 4.5}
     beside = scores.beside_official()
-    assert beside["tutorial_bleu"]["label"].startswith("tutorial-style") and beside["tutorial_bleu"]["nltk_corpus_BLEU_4"] == 1.0
+    assert (beside["tutorial_bleu"]["label"].startswith("tutorial-style")
+            and beside["tutorial_bleu"]["nltk_corpus_BLEU_4"] == 1.0)
 
 
 @needs_java
@@ -362,7 +365,8 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "model.pt"
 
 
-def test_evaluate_is_what_the_cli_reports(tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_evaluate_is_what_the_cli_reports(tiny_checkpoint: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
     from captioner.apps.cli import main
     from captioner.data.datasets import load_split
     from captioner.data.records import ImageRecord
@@ -370,14 +374,18 @@ def test_evaluate_is_what_the_cli_reports(tiny_checkpoint: Path, tmp_path: Path,
 
     model = load_captioner(tiny_checkpoint, "cpu")
     records = load_split(checkpoint_config(tiny_checkpoint).data, "test")
-    evaluation = evaluate(model, records, official=False, results_file=tmp_path / "mine.json", beam_size=2, progress=False)
-    assert set(evaluation.captions) == {r.image_id for r in records} and evaluation.references == references_for(records, evaluation.captions)
+    evaluation = evaluate(model, records, official=False, results_file=tmp_path / "mine.json", beam_size=2,
+                          progress=False)
+    assert (set(evaluation.captions) == {r.image_id for r in records} and evaluation.references
+            == references_for(records, evaluation.captions))
     assert load_results(tmp_path / "mine.json", evaluation.references) == evaluation.predictions
     assert evaluation.scores.overall == fast_scores(evaluation.references, evaluation.predictions)
     assert evaluation.grounding is None
 
-    shapes = f"data.root={checkpoint_config(tiny_checkpoint).data.root}"  # saved outside a run folder: named, as for anyone's checkpoint
-    assert main(["evaluate", str(tiny_checkpoint), shapes, "--split", "test", "--fast", "--beam", "2", "--json", "--out", str(tmp_path / "cli")]) == 0
+    # saved outside a run folder: named, as for anyone's checkpoint
+    shapes = f"data.root={checkpoint_config(tiny_checkpoint).data.root}"
+    assert main(["evaluate", str(tiny_checkpoint), shapes, "--split", "test", "--fast", "--beam", "2", "--json",
+                 "--out", str(tmp_path / "cli")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["scores"] == rounded(evaluation.scores.overall) and report["images"] == len(records)
     assert report["tutorial_bleu"] == evaluation.scores.beside_official()["tutorial_bleu"]
@@ -390,15 +398,18 @@ def test_evaluate_is_what_the_cli_reports(tiny_checkpoint: Path, tmp_path: Path,
     encoded = encode_records(model, [*records, broken], progress=False)
     assert [r.image_id for r in encoded.records] == [r.image_id for r in records]
     assert encoded.features.shape[:2] == (len(records), encoded.grid[0] * encoded.grid[1])  # (n, N, D)
-    again = caption_records(model, encoded.records, features=encoded.features, grid=encoded.grid, beam_size=2, progress=False)
+    again = caption_records(model, encoded.records, features=encoded.features, grid=encoded.grid, beam_size=2,
+                            progress=False)
     assert {i: c.text for i, c in again.items()} == evaluation.predictions
 
 
-LOADED = "import json, sys, {module}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} | {{m for m in sys.modules if m.startswith('captioner.')}})))"
+LOADED = ("import json, sys, {module}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} | {{m for m in "
+          "sys.modules if m.startswith('captioner.')}})))")
 
 
 def loaded_by(module: str) -> set[str]:
-    result = subprocess.run([sys.executable, "-c", LOADED.format(module=module)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", LOADED.format(module=module)], capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     return set(json.loads(result.stdout))  # top-level packages, and every captioner module
 
@@ -408,7 +419,8 @@ def test_the_evaluation_library_loads_no_app_and_the_metric_stack_only_when_scor
     app, figure or training code; `captioner evaluate --help` needs no torch."""
     library = loaded_by("captioner.evaluation.evaluate")
     assert "torch" in library and "captioner.evaluation.metrics" in library
-    assert not library & {"pycocoevalcap", "nltk", "matplotlib", "gradio", "captioner.apps", "captioner.viz", "captioner.training"}
+    assert not library & {"pycocoevalcap", "nltk", "matplotlib", "gradio", "captioner.apps", "captioner.viz",
+                          "captioner.training"}
     assert not loaded_by("captioner.apps.commands.evaluate") & {"torch", "pycocoevalcap", "nltk", "matplotlib"}
 
 
@@ -418,12 +430,14 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return warm_start.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=600, env=subprocess_env())
+    return warm_start.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=600,
+                          env=subprocess_env())
 
 
 def test_results_table(tmp_path: Path) -> None:
     official = dict.fromkeys(OFFICIAL_KEYS, 0.5)
-    report = {"images": 12, "beam_size": 3, "caption_stats": {"bad_ending_rate": 0.25, "repeated_bigram_rate": 0.0, "mean_length": 8.0}}
+    report = {"images": 12, "beam_size": 3,
+              "caption_stats": {"bad_ending_rate": 0.25, "repeated_bigram_rate": 0.0, "mean_length": 8.0}}
     write_scores_json(tmp_path / "a" / "scores_test.json", official, {}, extra=report)
     write_scores_json(tmp_path / "b" / "scores_val.json", {**official, "CIDEr": 0.75}, {}, extra=report)
     table = run_script("results_table.py", str(tmp_path / "a"))
@@ -434,7 +448,8 @@ def test_results_table(tmp_path: Path) -> None:
     assert "| b | 12 | 3 |" in run_script("results_table.py", "--split", "val", str(tmp_path / "b")).stdout
     missing = run_script("results_table.py", str(tmp_path / "a"), str(tmp_path / "b"))
     assert missing.returncode == 2 and missing.stdout == ""
-    assert missing.stderr.startswith("error: ") and "b/scores_test.json: no scores" in missing.stderr and missing.stderr.count("\n") == 1
+    assert (missing.stderr.startswith("error: ") and "b/scores_test.json: no scores" in missing.stderr
+            and missing.stderr.count("\n") == 1)
 
 
 @pytest.fixture(scope="module")
@@ -445,7 +460,8 @@ def beam3_scores(tiny_checkpoint: Path):
     from captioner.models.checkpoint import checkpoint_config, load_captioner
 
     model = load_captioner(tiny_checkpoint, "cpu")
-    return evaluate(model, load_split(checkpoint_config(tiny_checkpoint).data, "test"), beam_size=3, progress=False).scores
+    return evaluate(model, load_split(checkpoint_config(tiny_checkpoint).data, "test"), beam_size=3,
+                    progress=False).scores
 
 
 @pytest.mark.xdist_group("compare_decoding")  # the two share beam3_scores
@@ -455,7 +471,8 @@ def test_compare_decoding(tiny_checkpoint: Path, beam3_scores) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and not line.startswith("| decoding")]
     assert [row.split(" | ")[0].lstrip("| ") for row in rows] == [
-        "greedy", "greedy + trigram blocking", "beam 3", "beam 3 + trigram blocking", "diverse beam 3 (3 groups, lambda 0.5)"]
+        "greedy", "greedy + trigram blocking", "beam 3", "beam 3 + trigram blocking",
+        "diverse beam 3 (3 groups, lambda 0.5)"]
     # The beam-3 row is the library's evaluation with beam 3, to the table's three decimals.
     overall = beam3_scores.overall
     cells = rows[2].strip("| ").split(" | ")
@@ -469,7 +486,8 @@ def test_compare_decoding_length_penalties_and_bleus_factors(tiny_checkpoint: Pa
                         "--json", str(tiny_checkpoint.parent / "alphas.json"))
     assert result.returncode == 0, result.stderr[-2000:]
     table = json.loads((tiny_checkpoint.parent / "alphas.json").read_text())
-    assert [v["options"] for v in table["variants"]] == [{"beam_size": 3, "length_penalty": 0.0}, {"beam_size": 3, "length_penalty": 2.0}]
+    assert [v["options"] for v in table["variants"]] == [{"beam_size": 3, "length_penalty": 0.0},
+                                                         {"beam_size": 3, "length_penalty": 2.0}]
     assert all(set(v["overall"]) >= {"Bleu_1", "METEOR", "CIDEr"} and "bleu_parts" in v for v in table["variants"])
     rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines() if line.startswith("| beam")]
     assert [row[0] for row in rows] == ["beam 3, length penalty 0", "beam 3, length penalty 2"]

@@ -27,7 +27,8 @@ from captioner.models.export_format import read_exported
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
 DECODER_OVERRIDES = {
     "lstm": ("model.decoder.type=lstm",),
-    "transformer": ("model.decoder.type=transformer", "model.decoder.d_model=16", "model.decoder.num_heads=2", "model.decoder.ff_dim=32"),
+    "transformer": ("model.decoder.type=transformer", "model.decoder.d_model=16", "model.decoder.num_heads=2",
+                    "model.decoder.ff_dim=32"),
 }
 
 
@@ -104,7 +105,8 @@ def test_a_checkpoint_from_before_the_spec_loads_and_saves_in_the_new_format(nam
     for key, tensor in model.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[key]), key
     images = torch.randint(0, 256, (2, 3, model.image_size, model.image_size), dtype=torch.uint8)
-    assert [c.tokens for c in model.caption(images, beam_size=3)] == [c.tokens for c in again.caption(images, beam_size=3)]
+    assert [c.tokens for c in model.caption(images, beam_size=3)] == [c.tokens
+                                                                      for c in again.caption(images, beam_size=3)]
 
 
 def test_an_export_from_before_the_spec_reads_into_the_spec_of_its_checkpoint() -> None:
@@ -128,6 +130,8 @@ def test_an_onnx_bundle_from_before_the_spec_is_read_into_the_spec_its_checkpoin
     spec = Captioner.from_pretrained(GOLDEN / "lstm.pt", device="cpu").spec()
     assert bundle.vocab.to_list() == list(spec.vocab)
     upgraded = bundle.spec  # read into today's spec (core/upgrade.py)
-    assert (upgraded.vocab, upgraded.special, upgraded.decode, upgraded.preprocessing.image_size, upgraded.decoder_type) == (
+    assert (upgraded.vocab, upgraded.special, upgraded.decode, upgraded.preprocessing.image_size,
+            upgraded.decoder_type) == (
         spec.vocab, spec.special, spec.decode, spec.preprocessing.image_size, spec.decoder_type)
-    assert (bundle.special, bundle.image_size, bundle.decode) == (spec.special, spec.preprocessing.image_size, dataclasses.asdict(spec.decode))
+    assert (bundle.special, bundle.image_size, bundle.decode) == (spec.special, spec.preprocessing.image_size,
+                                                                  dataclasses.asdict(spec.decode))

@@ -73,7 +73,8 @@ def test_idf_is_log_images_minus_log_df_for_floats_arrays_and_tensors() -> None:
     want = np.log(7.0) - np.log(np.array([1.0, 1.0, 2.0, 7.0]))
     assert log_images(7) == np.log(7.0)
     assert np.array_equal(inverse_document_frequency(df, log_images(7)), want)
-    assert torch.allclose(inverse_document_frequency(torch.from_numpy(df), log_images(7)), torch.from_numpy(want), rtol=0, atol=1e-15)
+    assert torch.allclose(inverse_document_frequency(torch.from_numpy(df), log_images(7)), torch.from_numpy(want),
+                          rtol=0, atol=1e-15)
     assert idf_table({("a",): 7, ("b",): 2}, 7) == {("a",): 0.0, ("b",): float(want[2])}
 
 
@@ -82,7 +83,8 @@ def test_cider_clip_and_length_penalty_are_pycocoevalcaps() -> None:
         want = min(h, r) * r  # pycocoevalcap's val[n] += min(vec_hyp, vec_ref) * vec_ref
         assert cider_clip(h, r) == want
         assert cider_clip(np.array([h]), np.array([r]))[0] == want
-        assert float(cider_clip(torch.tensor([h], dtype=torch.float64), torch.tensor([r], dtype=torch.float64))[0]) == want
+        assert float(
+            cider_clip(torch.tensor([h], dtype=torch.float64), torch.tensor([r], dtype=torch.float64))[0]) == want
     assert cider_clip(2.0, 1.0) == 1.0  # twice the reference's weight earns the reference's
     assert ngrams.CIDER_SIGMA == 6.0
     for delta in range(-12, 13):
@@ -163,7 +165,8 @@ def test_bleu_from_the_core_equals_pycocoevalcap() -> None:
             closest_ref_length(len(words), [len(r.split()) for r in rs]),
         )
         assert bleu_scores(*parts) == [per_image_want[k][i] for k in range(4)]
-        totals = [[a + b for a, b in zip(totals[0], parts[0])], [a + b for a, b in zip(totals[1], parts[1])], totals[2] + parts[2], totals[3] + parts[3]]
+        totals = [[a + b for a, b in zip(totals[0], parts[0])], [a + b for a, b in zip(totals[1], parts[1])],
+                  totals[2] + parts[2], totals[3] + parts[3]]
     assert bleu_scores(*totals) == corpus_want
 
 

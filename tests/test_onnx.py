@@ -98,7 +98,8 @@ DECODINGS = [
     {"beam_size": 4, "max_length": 4},  # many beams cut off: finished and live ones compete at max_length
     {"beam_size": 1, "max_length": 3, "block_trigrams": True},
     {"beam_size": 2, "batch_size": 4},  # several batches, the last one short
-    {"beam_size": 1, "min_length": 6, "suppress_bad_endings": True},  # the ending rule, as models/decoding/rules.py applies it
+    # the ending rule, as models/decoding/rules.py applies it
+    {"beam_size": 1, "min_length": 6, "suppress_bad_endings": True},
     {"beam_size": 3, "min_length": 8, "suppress_bad_endings": True},
 ]
 
@@ -114,7 +115,8 @@ def test_captions_scores_and_maps_equal_pytorch(exported: Exported, pictures: li
         plain = exported.model.caption(pictures, beam_size=options["beam_size"])
         assert [c.text for c in plain] != [c.text for c in expected]
     for want, have in zip(expected, got, strict=True):
-        assert (have.tokens, have.words, have.text, have.finished) == (want.tokens, want.words, want.text, want.finished)
+        assert (have.tokens, have.words, have.text, have.finished) == (want.tokens, want.words, want.text,
+                                                                       want.finished)
         assert have.score == pytest.approx(want.score, abs=1e-4)
         assert have.logprob == pytest.approx(want.logprob, abs=1e-4)
         assert have.attn.shape == tuple(want.attn.shape) and have.attn.dtype == np.float32
@@ -195,7 +197,8 @@ def test_export_fails_when_onnxruntime_and_torch_disagree(tmp_path: Path, monkey
     monkeypatch.setattr(onnx_export, "check_parity", failing_check)
     with pytest.raises(ExportError, match="differs from torch"):
         export_onnx(model, tmp_path)
-    assert not (tmp_path / "onnx" / "onnx.json").exists()  # no manifest vouches for graphs that failed (nor the old one)
+    # no manifest vouches for graphs that failed (nor the old one)
+    assert not (tmp_path / "onnx" / "onnx.json").exists()
 
 
 def test_a_lite0_encoder_exports_and_captions_alike(tmp_path: Path, pictures: list) -> None:
@@ -204,7 +207,8 @@ def test_a_lite0_encoder_exports_and_captions_alike(tmp_path: Path, pictures: li
     export_onnx(model, tmp_path)
     runtime = OnnxCaptioner.from_folder(tmp_path / "onnx", threads=1)
     assert runtime.grid == (2, 2)
-    for want, have in zip(model.caption(pictures[:3], beam_size=2, max_length=5), runtime.caption(pictures[:3], beam_size=2, max_length=5)):
+    for want, have in zip(model.caption(pictures[:3], beam_size=2, max_length=5),
+                          runtime.caption(pictures[:3], beam_size=2, max_length=5)):
         assert have.tokens == want.tokens and have.score == pytest.approx(want.score, abs=1e-4)
 
 
@@ -214,12 +218,15 @@ def test_a_pool_the_torchscript_exporter_refuses_goes_through_dynamo(tmp_path: P
     model = tiny_model("model.encoder.grid_size=3", "data.image_size=64")
     export_onnx(model, tmp_path)
     manifest = json.loads((tmp_path / "onnx" / "onnx.json").read_text())
-    assert manifest["files"]["encoder"]["exporter"] == "dynamo" and manifest["files"]["decoder_step"]["exporter"] == "torchscript"
-    graph = (tmp_path / "onnx" / "encoder.onnx").read_bytes()  # its trace's records (source files of this checkout) left out
+    assert (manifest["files"]["encoder"]["exporter"] == "dynamo" and manifest["files"]["decoder_step"]["exporter"]
+            == "torchscript")
+    # its trace's records (source files of this checkout) left out
+    graph = (tmp_path / "onnx" / "encoder.onnx").read_bytes()
     assert b"pkg.torch.onnx.stack_trace" not in graph and str(REPO).encode() not in graph
     runtime = OnnxCaptioner.from_folder(tmp_path, threads=1)
     assert runtime.grid == (3, 3)
-    for want, have in zip(model.caption(pictures[:3], beam_size=1, max_length=5), runtime.caption(pictures[:3], beam_size=1, max_length=5)):
+    for want, have in zip(model.caption(pictures[:3], beam_size=1, max_length=5),
+                          runtime.caption(pictures[:3], beam_size=1, max_length=5)):
         assert have.tokens == want.tokens and have.score == pytest.approx(want.score, abs=1e-4)
         np.testing.assert_allclose(have.attn, want.attn.numpy(), atol=1e-4)
 
@@ -249,7 +256,8 @@ RULES = TokenRules(1, 2, np.isin(np.arange(7), [0, 1, 3]), np.array([w in BAD_EN
     ("min_length", "suppress", "words"),
     [(0, False, [4]), (0, True, [4, 5]), (3, False, [4, 5, 6]), (2, True, [4, 5])],
 )
-def test_min_length_and_bad_endings_hold_back_the_eos(search, min_length: int, suppress: bool, words: list[int]) -> None:
+def test_min_length_and_bad_endings_hold_back_the_eos(search, min_length: int, suppress: bool,
+                                                      words: list[int]) -> None:
     memory, state = {"image": np.zeros((2, 1), dtype=np.float32)}, {"steps": np.zeros(2, dtype=np.int64)}
     options = SearchOptions(beam_size=2, max_length=6, length_penalty=0.0, block_trigrams=False, min_length=min_length,
                             suppress_bad_endings=suppress)
@@ -286,7 +294,8 @@ finally:
 
 
 def run_without_torch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCK_TORCH, *args], capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    return subprocess.run([sys.executable, "-c", BLOCK_TORCH, *args], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=120)
 
 
 def test_the_command_line_captions_without_torch(exported: Exported, pictures: list, tmp_path: Path) -> None:
@@ -305,7 +314,8 @@ def test_the_command_line_captions_without_torch(exported: Exported, pictures: l
     assert result.stderr.splitlines() == [f"error: {missing}: no such file", "1 of 2 images failed"]
     result = run_without_torch(str(exported.folder), str(missing), "--beam", "0")  # a mistake: one line, exit 2
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.splitlines() == ["error: python -m captioner.deploy: argument --beam: beam_size must be a whole number in [1, 100]; got 0"]
+    assert result.stderr.splitlines() == [
+        "error: python -m captioner.deploy: argument --beam: beam_size must be a whole number in [1, 100]; got 0"]
     result = run_without_torch(str(exported.folder), str(missing))  # nothing to caption: one line, exit 2
     assert (result.returncode, result.stderr.splitlines()) == (2, [f"error: {missing}: no such file"])
 
@@ -339,11 +349,14 @@ def test_a_changed_or_missing_graph_is_one_line_naming_it(exported: Exported, tm
         ({"format": "something-else"}, r"onnx\.json: not a captioner ONNX export"),
         ({"spec": "7x7"}, r"onnx\.json: field 'spec' is missing or malformed"),
         ({"spec.grid": "7x7"}, r"onnx\.json \(spec\): grid must be \[h, w\], got '7x7'"),
-        ({"spec.vocab": ["<pad>", "<bos>", "<eos>", "<unk>", "a"]}, r"onnx\.json: the step graph scores \d+ words, its vocab has 5"),
-        ({"spec.special_tokens": {"pad": 0, "bos": 1, "eos": 99, "unk": 3}}, r"onnx\.json \(spec\): special_tokens .* are not the vocabulary's"),
+        ({"spec.vocab": ["<pad>", "<bos>", "<eos>", "<unk>", "a"]},
+         r"onnx\.json: the step graph scores \d+ words, its vocab has 5"),
+        ({"spec.special_tokens": {"pad": 0, "bos": 1, "eos": 99, "unk": 3}},
+         r"onnx\.json \(spec\): special_tokens .* are not the vocabulary's"),
     ],
 )
-def test_a_manifest_from_another_version_or_edited_is_refused_in_one_line(exported: Exported, tmp_path: Path, edit: dict, message: str) -> None:
+def test_a_manifest_from_another_version_or_edited_is_refused_in_one_line(exported: Exported, tmp_path: Path,
+                                                                          edit: dict, message: str) -> None:
     folder = copy_of(exported, tmp_path)
     manifest = json.loads((folder / "onnx.json").read_text())
     for dotted, value in edit.items():  # "spec.grid": the grid inside the spec
@@ -379,14 +392,17 @@ def test_the_runtime_refuses_options_in_the_schemas_words(exported: Exported) ->
             with pytest.raises(ConfigError) as error:
                 exported.runtime.options(**{name: bad})
             assert str(error.value) == f"decode: {option.refusal(bad)}"
-    with pytest.raises(ConfigError, match=r"^decode: n_best \(4\) must not exceed beam_size \(3\); raise the beam or sample$"):
+    with pytest.raises(ConfigError,
+                       match=r"^decode: n_best \(4\) must not exceed beam_size \(3\); raise the beam or sample$"):
         exported.runtime.caption([], n_best=4, beam_size=3)
 
 
 def test_bad_options_and_images_are_one_line(exported: Exported, tmp_path: Path, pictures: list) -> None:
     runtime = exported.runtime
     if runtime.capacity is not None:  # the transformer's cache holds `capacity` steps
-        with pytest.raises(ConfigError, match=rf"max_length {runtime.capacity + 1} exceeds the {runtime.capacity} steps .*decoder_step\.onnx"):
+        with pytest.raises(
+                ConfigError,
+                match=rf"max_length {runtime.capacity + 1} exceeds the {runtime.capacity} steps .*decoder_step\.onnx"):
             runtime.caption(pictures[0], max_length=runtime.capacity + 1)
     else:  # the LSTM's state has no length: longer captions than the default decode fine
         assert len(runtime.caption(pictures[0], max_length=40, beam_size=1).tokens) <= 40
@@ -404,12 +420,14 @@ def test_bad_options_and_images_are_one_line(exported: Exported, tmp_path: Path,
     good = tmp_path / "good.png"
     pictures[0].save(good)
     results = runtime.caption([corrupt, good, tmp_path / "absent.png"], errors="return", beam_size=2)  # the rest go on
-    assert isinstance(results[0], ImageLoadError) and isinstance(results[2], ImageLoadError) and "absent.png" in str(results[2])
+    assert isinstance(results[0], ImageLoadError) and isinstance(results[2],
+                                                                 ImageLoadError) and "absent.png" in str(results[2])
     assert results[1].tokens == exported.model.caption(good, beam_size=2).tokens
     assert issubclass(ExportError, CaptionerError)
 
 
-def test_the_runtime_given_an_image_where_the_export_goes_says_how_to_export_one(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_the_runtime_given_an_image_where_the_export_goes_says_how_to_export_one(tmp_path: Path,
+                                                                                 capsys: pytest.CaptureFixture) -> None:
     """The runtime ships no model: an image named first (as with `captioner caption photo.jpg`) is
     one line naming the file and the export command, with the packaged model's name when one is installed."""
     from captioner.deploy.__main__ import main
@@ -420,8 +438,9 @@ def test_the_runtime_given_an_image_where_the_export_goes_says_how_to_export_one
     assert main([str(image), str(image)]) == 2
     line = capsys.readouterr().err.strip()
     name = packaged_models()[0].name if packaged_models() else "RUN"
-    assert line == (f"error: {image}: a file, where the exported ONNX folder goes first; the runtime ships no model: export one with "
-                    f"`captioner export {name} DIR --onnx` (PyTorch's captioner), then `captioner-onnx DIR IMAGE...`")
+    assert line == (f"error: {image}: a file, where the exported ONNX folder goes first; the runtime ships no model: "
+                    f"export one with `captioner export {name} DIR --onnx` (PyTorch's captioner), then `captioner-onnx "
+                    "DIR IMAGE...`")
 
 
 def test_an_exported_folder_exports_to_onnx_for_the_runtime(tmp_path: Path) -> None:
@@ -436,6 +455,7 @@ def test_an_exported_folder_exports_to_onnx_for_the_runtime(tmp_path: Path) -> N
     assert {f.name for f in files} == {"encoder.onnx", "decoder_init.onnx", "decoder_step.onnx", "onnx.json"}
     runtime = OnnxCaptioner.from_folder(tmp_path / "for_runtime", threads=1)
     image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8))
-    assert runtime.caption(image, beam_size=2, max_length=6).text == model.caption(image, beam_size=2, max_length=6).text
+    assert runtime.caption(image, beam_size=2, max_length=6).text == model.caption(image, beam_size=2,
+                                                                                   max_length=6).text
     with pytest.raises(ExportError, match="already an exported folder; .* with --onnx"):
         export_model(tmp_path / "exported", tmp_path / "again")

@@ -80,7 +80,8 @@ def test_scst_logged_means_are_this_ranks_share_of_each_mean() -> None:
     from captioner.training.scst import SelfCritical
 
     vocab = tiny_vocab()
-    objective = SelfCritical(ScstConfig(samples=2, baseline="mean", max_length=4), vocab, [], lambda t, n, i: torch.zeros(len(t)))
+    objective = SelfCritical(ScstConfig(samples=2, baseline="mean", max_length=4), vocab, [],
+                             lambda t, n, i: torch.zeros(len(t)))
     tokens = torch.tensor([[5, vocab.eos_id, 0], [5, 6, vocab.eos_id]])  # (2, 3): 1 and 2 words, then <eos>
     mask = torch.tensor([[True, True, False], [True, True, True]])  # (2, 3)
     samples = SampledCaptions(tokens, torch.zeros(2, 3), mask, torch.tensor([2, 3]), torch.tensor([0, 0]))
@@ -97,7 +98,8 @@ def test_scst_mean_baseline_is_the_mean_of_the_other_samples() -> None:
     from captioner.training.scst import SelfCritical
 
     model = tiny_model()
-    objective = SelfCritical(ScstConfig(samples=3, baseline="mean", max_length=4), model.vocab, [], lambda t, n, i: torch.zeros(len(t)))
+    objective = SelfCritical(ScstConfig(samples=3, baseline="mean", max_length=4), model.vocab, [],
+                             lambda t, n, i: torch.zeros(len(t)))
     rewards = torch.tensor([0.0, 3.0, 6.0, 1.0, 1.0, 4.0])  # (B*n,): two images, three samples each
     baseline = objective.baseline(model, torch.zeros(2, 4, 16), torch.arange(2), rewards)
     assert baseline.tolist() == [4.5, 3.0, 1.5, 2.5, 2.5, 1.0]
@@ -127,7 +129,9 @@ def test_demo_steps_start_the_sliders_within_the_page_and_round_lifetimes() -> N
 def test_evaluate_checkpoint_refuses_flags_that_do_not_go_together(flags: dict, error: str) -> None:
     from captioner.apps.commands.evaluate import check_checkpoint_arguments
 
-    args = argparse.Namespace(**{"checkpoint": "a.pt", "saliency": None, "grounding": False, "ensemble": [], "features": None, **flags})
+    args = argparse.Namespace(
+        **{"checkpoint": "a.pt", "saliency": None, "grounding": False, "ensemble": [], "features": None, **flags})
     with pytest.raises(CaptionerError, match=error):
         check_checkpoint_arguments(args)
-    check_checkpoint_arguments(argparse.Namespace(checkpoint="a.pt", saliency=None, grounding=False, ensemble=[], features=None))
+    check_checkpoint_arguments(
+        argparse.Namespace(checkpoint="a.pt", saliency=None, grounding=False, ensemble=[], features=None))

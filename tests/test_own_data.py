@@ -91,11 +91,13 @@ def test_a_tiny_folder_still_validates_and_the_fractions_must_leave_training_ima
 
 
 def test_split_folders_give_the_splits_and_ids_run_on_across_them(tmp_path: Path) -> None:
-    write_folder(tmp_path / "train", [{"file_name": "red_1.png", "text": "red"}, {"file_name": "blue_1.png", "text": "blue"}])
+    write_folder(tmp_path / "train",
+                 [{"file_name": "red_1.png", "text": "red"}, {"file_name": "blue_1.png", "text": "blue"}])
     write_folder(tmp_path / "validation", [{"file_name": "green_1.png", "text": "green"}], "metadata.csv")
     write_folder(tmp_path / "test", [{"file_name": "white_1.png", "text": "white"}])
     config = data(tmp_path)
-    got = {s: [(r.image_id, r.path.relative_to(tmp_path).as_posix()) for r in load_split(config, s)] for s in ("train", "val", "test")}
+    got = {s: [(r.image_id, r.path.relative_to(tmp_path).as_posix()) for r in load_split(config, s)]
+           for s in ("train", "val", "test")}
     assert got == {"train": [(0, "train/red_1.png"), (1, "train/blue_1.png")], "val": [(2, "validation/green_1.png")],
                    "test": [(3, "test/white_1.png")]}
     assert seeded_split_record(config) is None  # nothing drawn, nothing to record
@@ -113,23 +115,31 @@ def test_one_root_file_whose_names_start_with_split_folders(tmp_path: Path) -> N
 def test_a_missing_split_folder_is_one_line(tmp_path: Path) -> None:
     write_folder(tmp_path / "train", [{"file_name": "red_1.png", "text": "red"}])
     write_folder(tmp_path / "test", [{"file_name": "blue_1.png", "text": "blue"}])
-    with pytest.raises(DatasetError, match=r"no val split \(found: train, test\); add a validation/val/valid/dev folder"):
+    with pytest.raises(DatasetError,
+                       match=r"no val split \(found: train, test\); add a validation/val/valid/dev folder"):
         load_split(data(tmp_path), "val")
 
 
 @pytest.mark.parametrize(
     "content, problem",
     [
-        ('{"file_name": "red_1.png", "caption": "red"}\n', r"metadata.jsonl: no caption column 'text' \(columns: caption, file_name\); name yours with data.caption_column"),
-        ('{"file_name": "red_1.png", "text": "red"}\n{"file_name": "red_1.png", "text": "red"\n', r"metadata.jsonl:2: not valid JSON"),
+        ('{"file_name": "red_1.png", "caption": "red"}\n', (r"metadata.jsonl: no caption column 'text' \(columns: "
+                                                            r"caption, file_name\); name yours with "
+                                                            r"data.caption_column")),
+        ('{"file_name": "red_1.png", "text": "red"}\n{"file_name": "red_1.png", "text": "red"\n',
+         r"metadata.jsonl:2: not valid JSON"),
         ('["red_1.png", "red"]\n', r"metadata.jsonl:1: expected a JSON object per line, got list"),
         ('{"text": "red"}\n', r"metadata.jsonl:1: no 'file_name'"),
-        ('{"file_name": "../outside.png", "text": "red"}\n', r"metadata.jsonl:1: file_name '../outside.png' leaves the image folder"),
-        ('{"file_name": "/etc/passwd", "text": "red"}\n', r"metadata.jsonl:1: file_name '/etc/passwd' leaves the image folder"),
-        ('{"file_name": "red_1.png", "text": 7}\n', r"metadata.jsonl:1: 'text' holds int 7, not a caption or a list of captions"),
+        ('{"file_name": "../outside.png", "text": "red"}\n',
+         r"metadata.jsonl:1: file_name '../outside.png' leaves the image folder"),
+        ('{"file_name": "/etc/passwd", "text": "red"}\n',
+         r"metadata.jsonl:1: file_name '/etc/passwd' leaves the image folder"),
+        ('{"file_name": "red_1.png", "text": 7}\n',
+         r"metadata.jsonl:1: 'text' holds int 7, not a caption or a list of captions"),
         ("", r"metadata.jsonl: no rows"),
     ],
-    ids=["no caption column", "bad json", "not an object", "no file name", "parent folder", "absolute path", "number", "empty"],
+    ids=["no caption column", "bad json", "not an object", "no file name", "parent folder", "absolute path",
+         "number", "empty"],
 )
 def test_a_malformed_metadata_file_is_one_line_naming_file_and_line(tmp_path: Path, content: str, problem: str) -> None:
     (tmp_path / "red_1.png").write_bytes(png("red"))
@@ -141,7 +151,8 @@ def test_a_malformed_metadata_file_is_one_line_naming_file_and_line(tmp_path: Pa
 
 def test_a_csv_without_file_name_and_a_folder_without_metadata(tmp_path: Path) -> None:
     (tmp_path / "metadata.csv").write_text("image,text\nred_1.png,red\n")
-    with pytest.raises(DatasetError, match=r"metadata.csv:1: the header has no 'file_name' column \(columns: image, text\)"):
+    with pytest.raises(DatasetError,
+                       match=r"metadata.csv:1: the header has no 'file_name' column \(columns: image, text\)"):
         load_split(data(tmp_path), "train")
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -151,7 +162,8 @@ def test_a_csv_without_file_name_and_a_folder_without_metadata(tmp_path: Path) -
         load_split(data(tmp_path / "nowhere"), "train")
 
 
-def test_rows_without_a_caption_and_missing_images_are_counted_and_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_rows_without_a_caption_and_missing_images_are_counted_and_skipped(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
     rows = [{"file_name": "red_1.png", "text": "red"}, {"file_name": "blue_1.png", "text": ""},
             {"file_name": "green_1.png", "text": None}, {"file_name": "white_1.png", "text": "white"}]
     write_folder(tmp_path, rows)
@@ -164,8 +176,10 @@ def test_rows_without_a_caption_and_missing_images_are_counted_and_skipped(tmp_p
     with pytest.raises(DatasetError, match="strict mode is on"):
         load_split(data(tmp_path, *whole, "data.strict=true"), "train")
     # half the listed images gone is a different dataset: by default the load stops and says how to go on
-    with pytest.raises(DatasetError, match=r"1 of 2 images are missing on disk .*: 50.0%, more than data.max_missing_fraction \(0.05\) "
-                       r"allows; fetch them or point data.image_root at them, or set data.max_missing_fraction=1 to use the 1 there$"):
+    with pytest.raises(DatasetError, match=r"1 of 2 images are missing on disk .*: 50.0%, more than "
+                                           r"data.max_missing_fraction \(0.05\) "
+                       r"allows; fetch them or point data.image_root at them, or set data.max_missing_fraction=1 to "
+                       r"use the 1 there$"):
         load_split(data(tmp_path, *whole), "train")
 
 
@@ -179,7 +193,8 @@ def hf_dataset(rows: list[tuple[str, object]], image_column: str = "image", capt
     caption_type = List(Value("string")) if isinstance(rows[0][1], list) else Value("string")
     features = Features({image_column: ImageFeature(), caption_column: caption_type})
     return Dataset.from_dict(
-        {image_column: [{"bytes": png(colour), "path": None} for colour, _ in rows], caption_column: [c for _, c in rows]},
+        {image_column: [{"bytes": png(colour), "path": None} for colour, _ in rows],
+         caption_column: [c for _, c in rows]},
         features=features,
     )
 
@@ -192,7 +207,8 @@ def test_a_saved_dataset_dict_with_embedded_images(tmp_path: Path) -> None:
     from datasets import DatasetDict
 
     train = hf_dataset([("red", ["a red square", "red"]), ("blue", ["blue"])])
-    DatasetDict({"train": train, "validation": hf_dataset([("green", ["green"])]), "test": hf_dataset([("white", ["white"])])}).save_to_disk(tmp_path / "saved")
+    DatasetDict({"train": train, "validation": hf_dataset([("green", ["green"])]),
+                 "test": hf_dataset([("white", ["white"])])}).save_to_disk(tmp_path / "saved")
     config = hf_data(tmp_path / "saved")
     splits = {s: load_split(config, s) for s in ("train", "val", "test")}
     assert [(r.image_id, r.captions) for r in splits["train"]] == [(0, ("a red square", "red")), (1, ("blue",))]
@@ -206,7 +222,8 @@ def test_parquet_files_and_a_single_split_drawn_with_the_seed(tmp_path: Path) ->
     rows = [(colour, f"a {colour} one") for colour in COLOURS for _ in range(4)]  # 20 rows, one caption each
     (tmp_path / "data").mkdir()
     hf_dataset(rows, "picture", "caption").to_parquet(str(tmp_path / "data" / "train-00000-of-00001.parquet"))
-    config = hf_data(tmp_path, "data.image_column=picture", "data.caption_column=caption", "data.val_fraction=0.25", "data.test_fraction=0.25")
+    config = hf_data(tmp_path, "data.image_column=picture", "data.caption_column=caption", "data.val_fraction=0.25",
+                     "data.test_fraction=0.25")
     splits = {s: load_split(config, s) for s in ("train", "val", "test")}
     assert {s: len(v) for s, v in splits.items()} == {"train": 10, "val": 5, "test": 5}
     assert sorted(r.row for v in splits.values() for r in v) == list(range(20))
@@ -220,20 +237,27 @@ def test_parquet_files_and_a_single_split_drawn_with_the_seed(tmp_path: Path) ->
 def test_hf_problems_are_one_line(tmp_path: Path) -> None:
     from datasets import DatasetDict
 
-    DatasetDict({"train": hf_dataset([("red", "red")]), "test": hf_dataset([("blue", "blue")])}).save_to_disk(tmp_path / "saved")
-    with pytest.raises(DatasetError, match=r"no val split \(the dataset has: train, test\); name one validation or val or valid or dev"):
+    DatasetDict({"train": hf_dataset([("red", "red")]),
+                 "test": hf_dataset([("blue", "blue")])}).save_to_disk(tmp_path / "saved")
+    with pytest.raises(
+            DatasetError,
+            match=r"no val split \(the dataset has: train, test\); name one validation or val or valid or dev"):
         load_split(hf_data(tmp_path / "saved"), "val")
-    with pytest.raises(DatasetError, match=r"no column 'caption' \(columns: image, text\); name yours with data.caption_column"):
+    with pytest.raises(DatasetError,
+                       match=r"no column 'caption' \(columns: image, text\); name yours with data.caption_column"):
         load_split(hf_data(tmp_path / "saved", "data.caption_column=caption"), "train")
     with pytest.raises(DatasetError, match=r"no column 'photo' .*data.image_column"):
         load_split(hf_data(tmp_path / "saved", "data.image_column=photo"), "test")
     from datasets import Dataset, Features, Image as ImageFeature, Value
 
     labelled = Dataset.from_dict({"image": [{"bytes": png("red"), "path": None}], "text": ["red"], "label": [3]},
-                                 features=Features({"image": ImageFeature(), "text": Value("string"), "label": Value("int64")}))
+                                 features=Features(
+                                     {"image": ImageFeature(), "text": Value("string"), "label": Value("int64")}))
     DatasetDict({"train": labelled}).save_to_disk(tmp_path / "labelled")
-    with pytest.raises(DatasetError, match=r"\(train\): row 0: 'label' holds int 3, not a caption or a list of captions; name the caption column"):
-        load_split(hf_data(tmp_path / "labelled", "data.caption_column=label"), "train")  # was: every row silently "without a caption"
+    with pytest.raises(DatasetError, match=(r"\(train\): row 0: 'label' holds int 3, not a caption or a list of "
+                                            r"captions; name the caption column")):
+        # was: every row silently "without a caption"
+        load_split(hf_data(tmp_path / "labelled", "data.caption_column=label"), "train")
     (tmp_path / "plain").mkdir()
     with pytest.raises(DatasetError, match="not a Hugging Face dataset on disk"):
         load_split(hf_data(tmp_path / "plain"), "train")
@@ -245,7 +269,8 @@ def test_a_damaged_stored_image_names_the_row(tmp_path: Path) -> None:
     from datasets import Dataset, DatasetDict, Features, Image as ImageFeature, Value
 
     features = Features({"image": ImageFeature(), "text": Value("string")})
-    broken = Dataset.from_dict({"image": [{"bytes": png("red")[:40], "path": None}], "text": ["red"]}, features=features)
+    broken = Dataset.from_dict({"image": [{"bytes": png("red")[:40], "path": None}], "text": ["red"]},
+                               features=features)
     DatasetDict({"train": broken, "validation": broken}).save_to_disk(tmp_path / "saved")
     record = load_split(hf_data(tmp_path / "saved"), "val")[0]
     with pytest.raises(ImageLoadError, match=r"saved/validation/0"):
@@ -255,7 +280,8 @@ def test_a_damaged_stored_image_names_the_row(tmp_path: Path) -> None:
 # ---- the command line ---------------------------------------------------------------------
 
 
-def test_data_stats_describes_an_image_folder_with_overrides_after_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_data_stats_describes_an_image_folder_with_overrides_after_it(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from captioner.apps.cli import main
 
     write_folder(tmp_path, [{"file_name": f"{c}_1.png", "caption": [f"a {c} square", c]} for c in COLOURS])
@@ -282,24 +308,29 @@ def test_a_reader_that_stops_early_ends_the_command_without_a_traceback(tmp_path
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
 
 
-def test_training_on_a_folder_without_splits_records_the_drawn_split(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_training_on_a_folder_without_splits_records_the_drawn_split(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
     from captioner.apps.cli import main
     from helpers import REPO, TINY_MODEL
 
     torch.set_num_threads(1)
-    folder = write_folder(tmp_path / "photos", [{"file_name": f"{c}_{i}.png", "text": f"a {c} square"} for c in COLOURS for i in range(4)])
+    folder = write_folder(tmp_path / "photos",
+                          [{"file_name": f"{c}_{i}.png", "text": f"a {c} square"} for c in COLOURS for i in range(4)])
     base = [str(REPO / "configs" / "shapes_lstm.yaml"), "data.dataset=imagefolder", f"data.root={folder}", *TINY_MODEL,
-            "data.batch_size=4", "train.epochs=1", "train.warmup_steps=1", "data.val_fraction=0.1", "data.test_fraction=0.1"]
+            "data.batch_size=4", "train.epochs=1", "train.warmup_steps=1", "data.val_fraction=0.1",
+            "data.test_fraction=0.1"]
     assert main(["train", *base, f"train.out_dir={tmp_path / 'run'}"]) == 0
     recorded = json.loads((tmp_path / "run" / "splits.json").read_text())
     config = data(folder, "data.val_fraction=0.1", "data.test_fraction=0.1")
-    assert {s: recorded[s] for s in ("train", "val", "test")} == {s: [r.path.name for r in load_split(config, s)] for s in ("train", "val", "test")}
+    assert {s: recorded[s] for s in ("train", "val", "test")} == {s: [r.path.name for r in load_split(config, s)]
+                                                                  for s in ("train", "val", "test")}
     assert (len(recorded["train"]), len(recorded["val"]), len(recorded["test"])) == (16, 2, 2)
 
     assert main(["train", *base, "data.val_fraction=0", f"train.out_dir={tmp_path / 'no_val'}"]) == 2
-    assert "the val split is empty, and training picks best.pt on it: set data.val_fraction above 0" in capsys.readouterr().err
+    assert ("the val split is empty, and training picks best.pt on it: set data.val_fraction above "
+            "0") in capsys.readouterr().err
 
     # the photos move (a shared checkpoint, another machine): evaluate is told where they are now
     moved = folder.rename(tmp_path / "elsewhere")
@@ -314,7 +345,8 @@ def test_training_on_a_folder_without_splits_records_the_drawn_split(tmp_path: P
 # ---- WebDataset shards ----------------------------------------------------------------------
 
 
-def test_shards_hold_every_image_and_caption_in_img2datasets_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_shards_hold_every_image_and_caption_in_img2datasets_layout(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     require_module("webdataset", "the webdataset package is not installed (pip install 'captioner[data]')")
     import webdataset
 
@@ -324,7 +356,8 @@ def test_shards_hold_every_image_and_caption_in_img2datasets_layout(tmp_path: Pa
     folder = write_folder(tmp_path / "photos", rows)
     (folder / "black_4.png").write_bytes(b"not an image at all")  # left out, counted
     out = tmp_path / "shards"
-    argv = ["data", "shards", "--imagefolder", str(folder), "--out", str(out), "--max-count", "4", "--splits", "train,test",
+    argv = ["data", "shards", "--imagefolder", str(folder), "--out", str(out), "--max-count", "4", "--splits",
+            "train,test",
             "data.val_fraction=0", "data.test_fraction=0.2", "--quiet"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -334,9 +367,11 @@ def test_shards_hold_every_image_and_caption_in_img2datasets_layout(tmp_path: Pa
     for split in ("train", "test"):
         index = json.loads((out / split / "shards.json").read_text())
         records = {f"{r.image_id:09d}": r for r in load_split(config, split) if r.path.name != "black_4.png"}
-        assert [s["nsamples"] for s in index["shardlist"]] == [4] * (len(records) // 4) + ([len(records) % 4] if len(records) % 4 else [])
+        assert [s["nsamples"] for s in index["shardlist"]] == [4] * (len(records) // 4) + ([len(records) % 4]
+                                                                                           if len(records) % 4 else [])
         pattern = str(out / split / f"{{00000..{len(index['shardlist']) - 1:05d}}}.tar")
-        samples = list(webdataset.WebDataset(pattern, shardshuffle=False))  # the library's own reader, as a user's would
+        # the library's own reader, as a user's would
+        samples = list(webdataset.WebDataset(pattern, shardshuffle=False))
         assert sorted(s["__key__"] for s in samples) == sorted(records)
         for item in samples:
             record = records[item["__key__"]]
@@ -355,7 +390,9 @@ def test_the_shapes_world_is_never_generated_into_a_folder_of_other_files(tmp_pa
     (tmp_path / "mine" / "holiday.jpg").write_bytes(png("red"))
     shapes = ["data.dataset=shapes", "data.shapes_num_train=2", "data.shapes_num_val=1", "data.shapes_num_test=1"]
     config = load_config(None, [*shapes, f"data.root={tmp_path / 'mine'}"]).data
-    with pytest.raises(DatasetError, match="no shapes caption files .* the folder holds other files: point data.root at a new or empty folder"):
+    with pytest.raises(
+            DatasetError,
+            match="no shapes caption files .* the folder holds other files: point data.root at a new or empty folder"):
         ensure_shapes(config)
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["holiday.jpg"]  # nothing written
 

@@ -52,7 +52,8 @@ def as_parquet(flickr8k: Path, chosen: dict[str, list[str]], folder: Path) -> No
         table.to_parquet(str(folder / "data" / f"{FOLDERS[split]}-00000-of-00001.parquet"))
 
 
-def test_an_image_folder_and_a_parquet_dataset_give_flickr8ks_captions_and_train(flickr8k_224: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_an_image_folder_and_a_parquet_dataset_give_flickr8ks_captions_and_train(  # noqa: F811
+        flickr8k_224: tuple[Path, Path], tmp_path: Path) -> None:
     require_module("datasets", "the datasets package is not installed (pip install 'captioner[data]')")
     torch.set_num_threads(1)
     flickr8k = tmp_path / "flickr8k"
@@ -65,7 +66,8 @@ def test_an_image_folder_and_a_parquet_dataset_give_flickr8ks_captions_and_train
         "hf": [str(OWN), "data.dataset=hf", f"data.root={tmp_path / 'parquet'}"],
     }
     captions = {
-        layout: {split: [r.captions for r in load_split(load_config(config, overrides).data, split)] for split in FOLDERS}
+        layout: {split: [r.captions for r in load_split(load_config(config, overrides).data, split)]
+                 for split in FOLDERS}
         for layout, (config, *overrides) in layouts.items()
     }
     assert captions["imagefolder"] == captions["flickr8k"] and captions["hf"] == captions["flickr8k"]

@@ -24,12 +24,14 @@ def test_the_packaged_model_captions_unseen_photographs_as_recorded(shared_data:
 
     expected = json.loads(EXPECTED.read_text())
     script = runpy.run_path(str(ROOT / "scripts" / "packaged_captions.py"))
-    photos = script["test_photos"](shared_data / "flickr8k" / "images", shared_data / "flickr8k" / "Flickr_8k.testImages.txt",
+    photos = script["test_photos"](shared_data / "flickr8k" / "images",
+                                   shared_data / "flickr8k" / "Flickr_8k.testImages.txt",
                                    len(expected["captions"]))
     assert [p.name for p in photos] == list(expected["captions"])  # the same photographs, in the same order
     model = default_model("cpu")
     assert model.origin.packaged and model.origin.name == expected["model"]
-    assert {"beam_size": model.decode_config.beam_size, "length_penalty": model.decode_config.length_penalty} == expected["decode"]
+    assert {"beam_size": model.decode_config.beam_size,
+            "length_penalty": model.decode_config.length_penalty} == expected["decode"]
     captions = model.caption(photos)
     got = {p.name: (c.text, c.score) for p, c in zip(photos, captions)}
     want = {name: (c["text"], c["score"]) for name, c in expected["captions"].items()}

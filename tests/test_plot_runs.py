@@ -25,17 +25,20 @@ def write_run(folder: Path, rewards: list[float]) -> None:
 
 def lines(ax) -> list[tuple[str, list[float], list[float]]]:
     """(label, x, y) of every line drawn on `ax`, y rounded to the CSV's digits."""
-    return [(line.get_label(), [float(x) for x in line.get_xdata()], [round(float(y), 6) for y in line.get_ydata()]) for line in ax.get_lines()]
+    return [(line.get_label(), [float(x) for x in line.get_xdata()], [round(float(y), 6) for y in line.get_ydata()])
+            for line in ax.get_lines()]
 
 
 def test_runs_figure_draws_each_runs_columns(tmp_path: Path) -> None:
     write_run(tmp_path / "a", [0.3, 0.4])
     write_run(tmp_path / "b", [0.7, 0.8, 0.9])
-    runs = [("t1", read_history(tmp_path / "a" / "metrics.csv")), ("t0.5", read_history(tmp_path / "b" / "metrics.csv"))]
+    runs = [("t1", read_history(tmp_path / "a" / "metrics.csv")),
+            ("t0.5", read_history(tmp_path / "b" / "metrics.csv"))]
     fig = runs_figure(runs, val="CIDEr", train="reward")
     ax_val, ax_train = fig.axes
     assert lines(ax_val) == [("t1", [0, 1, 2], [0.30, 0.31, 0.32]), ("t0.5", [0, 1, 2, 3], [0.30, 0.31, 0.32, 0.33])]
-    assert lines(ax_train) == [("t1", [1, 2], [0.3, 0.4]), ("t0.5", [1, 2, 3], [0.7, 0.8, 0.9])]  # epoch 0 trained nothing
+    # epoch 0 trained nothing
+    assert lines(ax_train) == [("t1", [1, 2], [0.3, 0.4]), ("t0.5", [1, 2, 3], [0.7, 0.8, 0.9])]
     assert [line.get_color() for line in ax_val.get_lines()] == [line.get_color() for line in ax_train.get_lines()]
     assert ax_val.get_ylabel() == "val CIDEr" and ax_train.get_ylabel() == "train reward"
 
@@ -47,14 +50,16 @@ def test_the_script_writes_the_figure_without_torch_and_names_a_missing_run(tmp_
         "import runpy, sys, json; sys.argv = sys.argv[1:]; "
         "runpy.run_path(sys.argv[0], run_name='__main__'); print(json.dumps('torch' in sys.modules))"
     )
-    done = subprocess.run([sys.executable, "-c", probe, SCRIPT[1], str(out), f"{tmp_path / 'a'}:t1"], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", probe, SCRIPT[1], str(out), f"{tmp_path / 'a'}:t1"],
+                          capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) is False  # a CSV plotted with no torch in the process
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     missing = subprocess.run([*SCRIPT, str(out), f"{tmp_path / 'nowhere'}:x"], capture_output=True, text=True, cwd=ROOT)
     assert missing.returncode != 0
-    assert missing.stderr.strip() == f"error: {tmp_path / 'nowhere' / 'metrics.csv'}: no metrics.csv (is {tmp_path / 'nowhere'} a train.out_dir?)"
+    assert missing.stderr.strip() == (
+        f"error: {tmp_path / 'nowhere' / 'metrics.csv'}: no metrics.csv (is {tmp_path / 'nowhere'} a train.out_dir?)")
 
 
 def test_training_curves_come_from_the_run_files(tmp_path: Path) -> None:
@@ -65,9 +70,11 @@ def test_training_curves_come_from_the_run_files(tmp_path: Path) -> None:
         "epoch,step,train_loss,val_Bleu_1,val_Bleu_4,val_CIDEr,seconds\n1,5,2.5,0.5,0.1,0.2,1\n2,10,2.0,0.6,0.2,0.4,1\n"
     )
     write_step_losses(run / "step_losses.csv", [[2, 3.0], [4, 2.6], [6, 2.2]])
-    assert plot_run(run, "Bleu_4", beam_size=3) == run / "training_curves.png" and (run / "training_curves.png").is_file()
+    assert plot_run(run, "Bleu_4",
+                    beam_size=3) == run / "training_curves.png" and (run / "training_curves.png").is_file()
     fig = training_figure(read_history(run / "metrics.csv"), [(2, 3.0), (4, 2.6), (6, 2.2)], "Bleu_4", 3)
     ax_loss, ax_val = fig.axes
     assert lines(ax_loss) == [("per logged step", [2, 4, 6], [3.0, 2.6, 2.2]), ("epoch mean", [5, 10], [2.5, 2.0])]
-    assert lines(ax_val) == [("Bleu_1", [1, 2], [0.5, 0.6]), ("Bleu_4", [1, 2], [0.1, 0.2]), ("CIDEr", [1, 2], [0.2, 0.4])]
+    assert lines(ax_val) == [("Bleu_1", [1, 2], [0.5, 0.6]), ("Bleu_4", [1, 2], [0.1, 0.2]),
+                             ("CIDEr", [1, 2], [0.2, 0.4])]
     assert ax_val.get_title() == "validation (beam 3); best by Bleu_4"

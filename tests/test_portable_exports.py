@@ -57,15 +57,19 @@ def assert_portable(training_config: dict) -> None:
 def places_of_this_machine(run: Path, tmp_path: Path) -> list[str]:
     """A value for every key that names a place, absolute and relative, in the machine's folders."""
     home = Path(os.environ.get("HOME") or tmp_path)
-    return [f"data.root={REPO / 'data' / 'flickr8k'}", f"data.image_root={home / 'datasets' / 'flickr8k_224' / 'images'}",
-            f"data.karpathy_file={tmp_path / 'dataset_flickr8k.json'}", f"data.train_shards={tmp_path / 'shards'}/{{0..3}}.tar",
+    return [f"data.root={REPO / 'data' / 'flickr8k'}",
+            f"data.image_root={home / 'datasets' / 'flickr8k_224' / 'images'}",
+            f"data.karpathy_file={tmp_path / 'dataset_flickr8k.json'}",
+            f"data.train_shards={tmp_path / 'shards'}/{{0..3}}.tar",
             f"data.val_shards=pipe:cat {home}/shards/val.tar", "data.test_shards=../shared/shards/test.tar",
-            f"data.feature_store={run / 'features'}", f"train.out_dir={run}", f"train.init={run.parent / 'xe' / 'best.pt'}"]
+            f"data.feature_store={run / 'features'}", f"train.out_dir={run}",
+            f"train.init={run.parent / 'xe' / 'best.pt'}"]
 
 
 @pytest.fixture
 def run(tmp_path: Path) -> Path:
-    """A run folder as training leaves it: a tiny model whose config names the writing machine's places in every place key."""
+    """A run folder as training leaves it: a tiny model whose config names the writing machine's places
+    in every place key."""
     run = tmp_path / "runs" / "flickr8k_run"
     config = tiny_config("data.dataset=flickr8k", *places_of_this_machine(run, tmp_path))
     save_checkpoint(run / "best.pt", tiny_model(), config)
@@ -81,9 +85,11 @@ def photo(tmp_path: Path) -> Path:
 def test_every_text_key_is_a_place_or_a_name() -> None:
     """A key added to the config that holds free text is declared a Place (and so left out of what
     a model carries) or is one of the names that are no place."""
-    text_keys = {dotted for dotted, f, _ in leaf_fields() if type(f.metadata.get("spec")) is Text and f.metadata["spec"].pattern is None}
+    text_keys = {dotted for dotted, f,
+                 _ in leaf_fields() if type(f.metadata.get("spec")) is Text and f.metadata["spec"].pattern is None}
     assert text_keys == {"data.caption_column", "data.image_column"}
-    assert set(place_keys()) >= {"data.root", "data.image_root", "data.karpathy_file", "data.train_shards", "data.feature_store",
+    assert set(place_keys()) >= {"data.root", "data.image_root", "data.karpathy_file", "data.train_shards",
+                                 "data.feature_store",
                                  "train.out_dir", "train.init"}
     assert all(isinstance(spec, Place) for spec, _ in place_keys().values())
 
@@ -93,9 +99,11 @@ def test_an_export_and_its_onnx_graphs_name_no_place_of_the_machine(run: Path, p
     export_model(run, out, image=photo, onnx=True)
     config = json.loads((out / CONFIG).read_text())["training_config"]
     assert_portable(config)
-    assert (value_at(config, "data.root"), value_at(config, "train.out_dir"), value_at(config, "train.init")) == ("flickr8k", "flickr8k_run", "xe")
+    assert (value_at(config, "data.root"), value_at(config, "train.out_dir"),
+            value_at(config, "train.init")) == ("flickr8k", "flickr8k_run", "xe")
     assert value_at(config, "data.val_shards") == "val.tar" and value_at(config, "data.image_root") is None
-    assert {p.name for p in (out / "onnx").iterdir()} >= {"encoder.onnx", "onnx.json"} and (out / "attention.png").is_file()
+    assert {p.name for p in (out / "onnx").iterdir()} >= {"encoder.onnx",
+                                                          "onnx.json"} and (out / "attention.png").is_file()
     assert leaks(out, this_machine(run, tmp_path)) == []
     # The card's recipe is the same config, and trains again with the reader's places.
     card = (out / CARD).read_text()
@@ -109,7 +117,8 @@ def test_an_export_and_its_onnx_graphs_name_no_place_of_the_machine(run: Path, p
     assert leaks(tmp_path / "onnx_only", this_machine(run, tmp_path)) == []
 
 
-def test_push_uploads_nothing_of_the_machine(run: Path, photo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_push_uploads_nothing_of_the_machine(run: Path, photo: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """From a checkpoint (exported on the way) and from an export that still names places (written
     before they were left out): what reaches the Hub is portable, and the export itself is left as it was."""
     uploaded: list[Path] = []
@@ -131,7 +140,8 @@ def test_push_uploads_nothing_of_the_machine(run: Path, photo: Path, tmp_path: P
     config = json.loads((old / CONFIG).read_text())
     (old / CONFIG).write_text(json.dumps({**config, "training_config": stored}))  # as an older version wrote it
     card = (old / CARD).read_text()
-    (old / CARD).write_text(card.split("```yaml\n")[0] + "```yaml\n" + yaml.safe_dump(stored, sort_keys=False) + "```\n")
+    (old / CARD).write_text(card.split("```yaml\n")[0] + "```yaml\n"
+                            + yaml.safe_dump(stored, sort_keys=False) + "```\n")
     before = {p.name: p.read_bytes() for p in old.iterdir()}
     push_model(old, "someone/model")
     assert len(uploaded) == 2 and {p.name: p.read_bytes() for p in old.iterdir()} == before
@@ -151,7 +161,8 @@ def test_a_packaged_model_names_no_place_of_the_machine(photo: Path, tmp_path: P
     folder = package_model(run, "tiny", into=tmp_path / "packaged", images=[photo]).folder
     assert_portable(json.loads((folder / CONFIG).read_text())["training_config"])
     assert leaks(folder, this_machine(run, tmp_path)) == []
-    assert "## Recipe" in (folder / CARD).read_text() and Captioner.from_pretrained(folder, device="cpu").vocab  # checksums hold
+    # checksums hold
+    assert "## Recipe" in (folder / CARD).read_text() and Captioner.from_pretrained(folder, device="cpu").vocab
 
 
 def packaged_folder() -> Path:
@@ -190,10 +201,12 @@ def test_a_place_with_no_name_becomes_unnamed_where_a_value_is_needed() -> None:
     from captioner.core.portable_config import portable_config
 
     stored = load_config(None, ["data.dataset=karpathy", "data.karpathy_file=x.json"]).to_dict()
-    stored["data"] |= {"karpathy_file": "~", "root": "/", "cache": "/home/someone/cache"}  # cache: a key an older version wrote
+    # cache: a key an older version wrote
+    stored["data"] |= {"karpathy_file": "~", "root": "/", "cache": "/home/someone/cache"}
     stored["train"]["init"] = ".."
     portable = portable_config(stored)
-    assert (portable["data"]["root"], portable["data"]["karpathy_file"], portable["train"]["init"]) == (UNNAMED, UNNAMED, UNNAMED)
+    assert (portable["data"]["root"], portable["data"]["karpathy_file"],
+            portable["train"]["init"]) == (UNNAMED, UNNAMED, UNNAMED)
     assert portable["data"]["cache"] == "cache" and stored["data"]["root"] == "/"
 
 

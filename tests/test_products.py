@@ -59,7 +59,8 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("shape", [(7, 33), (2, 5, 33), (33, 7)], ids=["2d", "3d", "transposed-view"])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_linear_gives_f_linear_through_onednn(shape, with_bias, calls, route: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_linear_gives_f_linear_through_onednn(shape, with_bias, calls, route: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(products, "_ENABLED", route == "onednn")
     torch.manual_seed(0)
     x = torch.randn(shape) if shape != (33, 7) else torch.randn(shape).t()  # (7, 33) with strides of its transpose
@@ -231,7 +232,8 @@ def wrong_numbers(x, packed, bias, *rest):
 
 @pytest.mark.parametrize(
     ("op", "why"),
-    [(None, "TypeError"), (raises, "RuntimeError: mkldnn::_linear_pointwise: no such kernel"), (other_signature, "TypeError"),
+    [(None, "TypeError"), (raises, "RuntimeError: mkldnn::_linear_pointwise: no such kernel"),
+     (other_signature, "TypeError"),
      (wrong_numbers, "gave other numbers than F.linear")],
     ids=["missing", "raising", "other-signature", "wrong-numbers"],
 )
@@ -253,7 +255,8 @@ def test_a_failing_route_falls_back_at_its_first_use_with_one_line(op, why: str,
     assert not products._ENABLED
 
 
-def test_the_route_passes_its_check_where_the_ops_work(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_route_passes_its_check_where_the_ops_work(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     needs_onednn()
     monkeypatch.setenv("CAPTIONER_ONEDNN", "1")  # the check alone, not the speed measurement (tested below)
     monkeypatch.setattr(products, "_ENABLED", True)
@@ -273,7 +276,8 @@ def test_a_resumption_takes_the_route_its_checkpoint_was_trained_with(taken: boo
         products.take_route(taken, "runs/x/last.pt")
     assert products.route_taken() is taken
     assert [r.getMessage() for r in caplog.records] == [
-        f"products: {'oneDNN' if taken else 'F.linear'}, the route runs/x/last.pt was trained with (this machine alone would take the other)"
+        (f"products: {'oneDNN' if taken else 'F.linear'}, the route runs/x/last.pt was trained with (this machine "
+         "alone would take the other)")
     ]
 
 
@@ -388,7 +392,8 @@ def test_attention_as_written_is_the_fused_attention() -> None:
 # --- the route taken where it is measured faster (once per machine) ---------------------------------
 
 
-def test_the_route_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_route_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     from captioner.core import machine_cache
 
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
@@ -411,7 +416,8 @@ def test_processes_that_ask_together_take_one_decision(tmp_path, monkeypatch: py
     """torchrun's ranks start together with nothing kept. Were each to measure for itself, a close
     call (a few hundredths of a ms apart) could send them different routes, the last one written
     would win, and a resumed run would read a route one of the ranks had not taken (other bits in
-    its resumed weights). The first to ask measures; the others wait and read its decision. Threads stand in for the processes: each opens the lock file itself."""
+    its resumed weights). The first to ask measures; the others wait and read its decision. Threads
+    stand in for the processes: each opens the lock file itself."""
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
     calls = []
 
@@ -435,7 +441,8 @@ def test_an_unwritable_cache_only_costs_the_measurement(tmp_path, monkeypatch: p
 
 
 @pytest.mark.parametrize(("setting", "measures", "route"), [("1", False, True), ("", True, False)])
-def test_onednn_1_takes_the_route_without_measuring(setting: str, measures: bool, route: bool, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_onednn_1_takes_the_route_without_measuring(setting: str, measures: bool, route: bool, tmp_path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     needs_onednn()
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CAPTIONER_ONEDNN", setting)

@@ -27,7 +27,8 @@ from captioner.core.progress import progress_bar
 # Lines that are diagnostics: each must stay out of a default run's output and (where the
 # command makes it) come with -v.
 TRAIN_DIAGNOSTICS = ("global batch", "steps in ", "calibrat", "products:")
-EVALUATE_DIAGNOSTICS = ("PTB tokenizer", "paraphrase entries", "not comparable", "nltk_corpus_BLEU", "BLEU's factors", "processes,")
+EVALUATE_DIAGNOSTICS = ("PTB tokenizer", "paraphrase entries", "not comparable", "nltk_corpus_BLEU", "BLEU's factors",
+                        "processes,")
 
 EPOCHS = 2
 TINY = [*(o for o in SHAPES_TINY if not o.startswith(("train.epochs", "data.shapes_num_"))),

@@ -53,7 +53,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config_for(shapes: Path, out: Path, precision: str):
-    return load_config(ROOT / "configs/shapes_lstm.yaml", [*TINY, f"data.root={shapes}", f"train.out_dir={out}", f"train.cpu_amp={precision}"])
+    return load_config(ROOT / "configs/shapes_lstm.yaml",
+                       [*TINY, f"data.root={shapes}", f"train.out_dir={out}", f"train.cpu_amp={precision}"])
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -90,7 +91,8 @@ def stop_after(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_the_same_config_and_seed_give_the_same_weights(shapes: Path, reference: dict[str, Path], tmp_path: Path, precision: str) -> None:
+def test_the_same_config_and_seed_give_the_same_weights(shapes: Path, reference: dict[str, Path], tmp_path: Path,
+                                                        precision: str) -> None:
     fit(config_for(shapes, tmp_path, precision))
     assert_same_weights(weights(reference[precision]), weights(tmp_path))
     saved = torch.load(tmp_path / "last.pt", weights_only=True)["train_state"]
@@ -102,9 +104,11 @@ def test_the_same_config_and_seed_give_the_same_weights(shapes: Path, reference:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("step", [1, STEPS_PER_EPOCH // 2 + 1, STEPS_PER_EPOCH])  # the first, mid-epoch, the epoch's last
+# the first, mid-epoch, the epoch's last
+@pytest.mark.parametrize("step", [1, STEPS_PER_EPOCH // 2 + 1, STEPS_PER_EPOCH])
 def test_a_run_stopped_at_any_step_and_resumed_ends_as_the_one_that_never_stopped(
-    shapes: Path, reference: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str, step: int,
+    shapes: Path, reference: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    precision: str, step: int,
 ) -> None:
     with monkeypatch.context() as stopping:
         stop_after(stopping, step)
@@ -119,7 +123,8 @@ def test_a_run_stopped_at_any_step_and_resumed_ends_as_the_one_that_never_stoppe
 
 @pytest.mark.slow
 def test_auto_resumes_in_the_precision_its_run_took_whatever_this_machine_would_take(
-    shapes: Path, reference: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    shapes: Path, reference: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A run trained in bf16, resumed with train.cpu_amp auto on a machine whose calibration says
     fp32 (or that has no native bf16): it goes on in bf16 and ends as the bf16 reference; one line

@@ -34,7 +34,8 @@ MEASURE = {
     "about": "A toy measure.",
     "columns": [{"key": "bleu4", "label": "BLEU-4"}, {"key": "cider", "label": "CIDEr-D"}],
     "records": [
-        {"id": "new", "label": "the new run", "numbers": {"bleu4": 21.9, "cider": "0.540"}, "command": "captioner evaluate a.pt",
+        {"id": "new", "label": "the new run", "numbers": {"bleu4": 21.9, "cider": "0.540"},
+         "command": "captioner evaluate a.pt",
          "commit": "abc1234", "processor": "some CPU", "concurrent": "nothing", "date": "2026-01-02"},
         {"id": "old", "label": "the old run", "numbers": {"bleu4": 20.1}, "command": "captioner evaluate b.pt",
          "commit": None, "processor": None, "concurrent": None, "date": None, "superseded_by": "new"},
@@ -110,7 +111,8 @@ def other_stem(m: dict) -> None:
     (bad_date, "docs/results/toy.json: record 'new': the date must be YYYY-MM-DD"),
     (other_stem, "docs/results/toy.json: 'measure' must be the file's stem 'toy'"),
 ], ids=lambda x: getattr(x, "__name__", "message"))
-def test_a_malformed_record_is_named_by_file_and_record(tmp_path: Path, break_it: Callable[[dict], None], message: str) -> None:
+def test_a_malformed_record_is_named_by_file_and_record(tmp_path: Path, break_it: Callable[[dict], None],
+                                                        message: str) -> None:
     measure = copy.deepcopy(MEASURE)
     break_it(measure)
     wanted, problems = render.check(toy_repo(tmp_path, measure))
@@ -128,7 +130,8 @@ def test_a_block_naming_what_no_record_has_is_named(tmp_path: Path, block: str, 
     assert problems == [message] and wanted == {}
 
 
-def test_the_command_line_checks_and_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_line_checks_and_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(render, "REPO", toy_repo(tmp_path, MEASURE))
     monkeypatch.setattr("sys.argv", ["render_results.py", "--check"])
     assert render.main() == 1 and "README.md is stale" in capsys.readouterr().err

@@ -77,7 +77,8 @@ def logged_steps(output: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The run to resume took oneDNN's products; the resumption runs where the machine's own
     decision says F.linear (two summation orders): it must take the checkpoint's route."""
     first_part = environment(CAPTIONER_ONEDNN="1")
@@ -208,7 +209,8 @@ def test_validating_mid_epoch_changes_no_weight_and_keeps_the_best_step(shapes: 
     """train.val_every_steps validates inside the epochs: training goes on with the same weights
     and random numbers (dropout back on, the loaders' seeds not drawn from training's generator),
     and best.pt is the model of the best validation, wherever in an epoch it came."""
-    common = ("train.epochs=3", "train.lr=3e-3", "train.val_metric=CIDEr")  # the best CIDEr-D comes mid-epoch 2 (step 16)
+    # the best CIDEr-D comes mid-epoch 2 (step 16)
+    common = ("train.epochs=3", "train.lr=3e-3", "train.val_metric=CIDEr")
     runs = {name: warm_start.Popen(train_command(shapes, tmp_path / name, *common, *extra), cwd=ROOT, env=environment(),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for name, extra in (("epochs", ()), ("steps", ("train.val_every_steps=4",)))}
@@ -224,14 +226,17 @@ def test_validating_mid_epoch_changes_no_weight_and_keeps_the_best_step(shapes: 
     rows = list(csv.DictReader(open(tmp_path / "steps" / "metrics.csv")))
     assert [int(r["step"]) for r in rows] == list(range(4, 37, 4))  # 12 steps an epoch
     assert [int(r["epoch"]) for r in rows] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
-    assert [r["epochs_done"] for r in rows] == [str(round(step / 12, 4)) if step % 12 else "" for step in range(4, 37, 4)]
+    assert [r["epochs_done"] for r in rows] == [str(round(step / 12, 4)) if step % 12 else ""
+                                                for step in range(4, 37, 4)]
     ends = [{k: v for k, v in r.items() if k not in ("seconds", "epochs_done")} for r in rows if not r["epochs_done"]]
-    reference = [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(open(tmp_path / "epochs" / "metrics.csv"))]
+    reference = [{k: v for k, v in r.items() if k != "seconds"}
+                 for r in csv.DictReader(open(tmp_path / "epochs" / "metrics.csv"))]
     assert ends == reference  # the epoch ends score the same models as without the checks between them
 
     scores = [float(r["val_CIDEr"]) for r in rows]
     first_best = scores.index(max(scores))
-    assert rows[first_best]["epochs_done"], f"the best validation came at an epoch's end ({scores}): this test needs it mid-epoch"
+    assert rows[first_best]["epochs_done"], (
+        f"the best validation came at an epoch's end ({scores}): this test needs it mid-epoch")
     best = torch.load(tmp_path / "steps" / "best.pt", weights_only=True)["train_state"]
     assert best["best_score"] == pytest.approx(max(scores), abs=1e-5)
     assert best["best_step"] == best["step"] == int(rows[first_best]["step"])  # best.pt was written at that step
@@ -245,5 +250,6 @@ def test_a_checkpoint_from_before_best_step_takes_it_from_its_history() -> None:
     state = TrainState()
     state.load({"epoch": 3, "step": 36, "best_score": 0.5, "best_epoch": 2, "history": history}, torch.device("cpu"))
     assert (state.best_epoch, state.best_step) == (2, 24)
-    state.load({"epoch": 3, "step": 36, "best_score": 0.5, "best_epoch": 2, "best_step": 20, "history": history}, torch.device("cpu"))
+    state.load({"epoch": 3, "step": 36, "best_score": 0.5, "best_epoch": 2, "best_step": 20, "history": history},
+               torch.device("cpu"))
     assert state.best_step == 20

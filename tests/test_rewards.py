@@ -136,7 +136,8 @@ def test_caption_reward_scores_eos_and_keeps_out_of_vocabulary_reference_words()
     assert scores[0] > scores[2] > 0 and scores[0] > scores[1] > 0  # <eos> n-grams count
     assert scores[3] < scores[0]  # scored against image 1's references, not image 0's
     mixed = CaptionReward(vocab, references, cider_weight=0.5, bleu_weight=2.0)
-    assert mixed([good], [0])[0] == pytest.approx(0.5 * reward.cider.score([good], [0])[0] + 2.0 * mixed.bleu.score([good], [0])[0])
+    assert mixed([good], [0])[0] == pytest.approx(0.5 * reward.cider.score([good], [0])[0]
+                                                  + 2.0 * mixed.bleu.score([good], [0])[0])
 
 
 # --- the vectorised reward: the same numbers from flat tensors ----------------------------------
@@ -204,8 +205,10 @@ def test_device_reward_equals_caption_reward_on_real_coco_captions(coco_val) -> 
     new = DeviceReward(vocab, texts)
     oov: dict[str, int] = {}
     machine = [list(reference_ids(vocab, results[i], oov)) for i in images[:1000]]  # the demo's captions
-    human = [list(reference_ids(vocab, texts[k][k % 5], oov))[: 3 + k % 12] for k in range(1000, 1500)]  # cut: some without <eos>
-    candidates = [[w if w >= 0 else vocab.unk_id for w in c] for c in machine + human]  # a sample holds vocabulary ids only
+    # cut: some without <eos>
+    human = [list(reference_ids(vocab, texts[k][k % 5], oov))[: 3 + k % 12] for k in range(1000, 1500)]
+    # a sample holds vocabulary ids only
+    candidates = [[w if w >= 0 else vocab.unk_id for w in c] for c in machine + human]
     keys = list(range(1000)) + list(range(1000, 1500))
     want = old(candidates, keys)
     got = new(*padded(candidates), torch.tensor(keys))
@@ -260,7 +263,8 @@ def test_device_reward_equals_pycocoevalcap_with_the_training_corpus_df_on_real_
     vocab = Vocabulary.build((c for captions in texts for c in captions), 5)
     reward = DeviceReward(vocab, texts)
     oov: dict[str, int] = {}
-    corpus = [[reference_ids(vocab, c, oov) for c in captions] for captions in texts]  # as reference_corpus gives the reward
+    # as reference_corpus gives the reward
+    corpus = [[reference_ids(vocab, c, oov) for c in captions] for captions in texts]
     machine = [list(reference_ids(vocab, results[i], {})) for i in images[:1000]]
     human = [list(corpus[k][k % 5])[: 3 + k % 12] for k in range(1000, 1500)]
     candidates = [[w if w >= 0 else vocab.unk_id for w in c] for c in machine + human]  # what a sampler can write
@@ -268,7 +272,8 @@ def test_device_reward_equals_pycocoevalcap_with_the_training_corpus_df_on_real_
     got = reward(*padded(candidates), torch.tensor(keys))  # (1500,) float64
     text = words_of(vocab, oov)
     corpus_words = [[text(r).split() for r in refs] for refs in corpus]
-    want = official_cider_with_corpus_df([text(c).split() for c in candidates], [corpus_words[k] for k in keys], corpus_words)
+    want = official_cider_with_corpus_df([text(c).split() for c in candidates], [corpus_words[k] for k in keys],
+                                         corpus_words)
     assert np.abs(got.numpy() - want).max() < 1e-6
     assert want.max() > 2.0 and np.median(want) > 0.3  # real overlaps, not a table of zeros
 
@@ -313,7 +318,8 @@ def test_tables_are_saved_once_and_memory_mapped(tmp_path) -> None:
     for name in ReferenceTable.__dataclass_fields__:
         assert torch.equal(getattr(first, name), getattr(again, name)), name
     maps = Path("/proc/self/maps").read_text()
-    assert all(str(tmp_path / "reward_table_k1" / f"{name}.npy") in maps for name in ("ref_weights", "df_hashes"))  # mapped, not copied
+    # mapped, not copied
+    assert all(str(tmp_path / "reward_table_k1" / f"{name}.npy") in maps for name in ("ref_weights", "df_hashes"))
     cands = [[WORDS.index(w) for w in c] for c in candidates]
     keys = torch.arange(len(cands))
     assert torch.equal(again.score(*padded(cands), keys), ReferenceTable.build(references).score(*padded(cands), keys))

@@ -63,7 +63,8 @@ def test_warmup_in_steps_is_not_the_same_on_8_ranks() -> None:
 def test_neither_set_keeps_the_old_default_of_100_steps_and_both_set_is_an_error() -> None:
     assert lrs(80)[99] == pytest.approx(LR) and lrs(80)[98] == pytest.approx(LR * 99 / 100)
     assert lrs(80, "train.warmup_steps=0", "train.schedule=constant")[0] == pytest.approx(LR)  # no warmup
-    with pytest.raises(ConfigError, match=r"'train.warmup_epochs' \(0.5\) and 'train.warmup_steps' \(40\) are both set; keep one and set the other to null"):
+    with pytest.raises(ConfigError, match=(r"'train.warmup_epochs' \(0.5\) and 'train.warmup_steps' \(40\) are both "
+                                           r"set; keep one and set the other to null")):
         load_config(None, ["train.warmup_epochs=0.5", "train.warmup_steps=40"])
 
 
@@ -83,11 +84,13 @@ def test_lr_scaling_rule(overrides: list[str], global_batch: int, scale: float) 
 
 
 def test_the_rule_and_warmup_are_logged_in_one_line() -> None:
-    config = load_config(None, ["train.lr=4e-4", "train.encoder_lr=1e-4", "train.lr_scaling=linear", "train.base_batch=32",
+    config = load_config(None,
+                         ["train.lr=4e-4", "train.encoder_lr=1e-4", "train.lr_scaling=linear", "train.base_batch=32",
                                 "train.warmup_epochs=0.28"])
     assert describe_schedule(config, 256, 443) == (
         "lr 0.0004, encoder_lr 0.0001 x 8 (linear scaling: global batch 256 / base batch 32); "
         "warmup 124 steps = 0.28 epochs, then cosine"
     )
     config = load_config(None, ["train.warmup_steps=0", "train.schedule=constant"])
-    assert describe_schedule(config, 64, 10).startswith("lr 0.0004, encoder_lr 0.0001 as configured (train.lr_scaling none); warmup 0 steps")
+    assert describe_schedule(config, 64, 10).startswith(
+        "lr 0.0004, encoder_lr 0.0001 as configured (train.lr_scaling none); warmup 0 steps")

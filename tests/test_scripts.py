@@ -18,7 +18,8 @@ import pytest
 from helpers import shared_folder
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = sorted(p.relative_to(ROOT) for folder in ("scripts", "benchmarks", "demo") for p in (ROOT / folder).glob("*.py"))
+FILES = sorted(p.relative_to(ROOT) for folder in ("scripts", "benchmarks", "demo")
+               for p in (ROOT / folder).glob("*.py"))
 SCRIPTS = [p for p in FILES if '__name__ == "__main__"' in (ROOT / p).read_text()]
 SUPPORT = [p for p in FILES if p not in SCRIPTS]  # modules the scripts share (the reference's loader)
 
@@ -82,10 +83,12 @@ def test_the_help_runner_reports_a_script_that_fails_to_import(tmp_path: Path) -
     writer = tmp_path / "writer.py"
     writer.write_text('import argparse\nif __name__ == "__main__":\n    open("left.txt", "w").close()\n'
                       '    argparse.ArgumentParser().parse_args()\n', encoding="utf-8")
-    subprocess.run([sys.executable, str(ROOT / "tests" / "help_runner.py"), str(tmp_path / "out.json"), str(tmp_path / "work"),
+    subprocess.run([sys.executable, str(ROOT / "tests" / "help_runner.py"), str(tmp_path / "out.json"),
+                    str(tmp_path / "work"),
                     str(broken), str(writer)], check=True, cwd=tmp_path, timeout=300)
     results = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
-    assert results[str(broken)]["code"] == "raised" and "No module named 'captioner.no_such_module'" in results[str(broken)]["stderr"]
+    assert (results[str(broken)]["code"] == "raised"
+            and "No module named 'captioner.no_such_module'" in results[str(broken)]["stderr"])
     assert results[str(writer)]["code"] == 0 and results[str(writer)]["files"] == ["left.txt"]
 
 
@@ -141,7 +144,8 @@ FLICKR8K_FULL = Path(__file__).resolve().parent.parent / "scripts" / "flickr8k_f
 # Runs argv[1:] with SIGINT at its default. A shell started with SIGINT ignored (as pytest-xdist's
 # workers have it, or as `&` leaves a script) can neither trap it nor be ended by it; a disposition
 # set before exec stays. (Popen's preexec_fn would do it in the forked child, unsafely beside threads.)
-DEFAULT_INTERRUPT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+DEFAULT_INTERRUPT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])")
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
@@ -159,7 +163,8 @@ def test_flickr8k_full_records_the_step_a_signal_ends(tmp_path: Path, signal_num
     (repo / ".venv" / "bin" / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')
     (repo / "data").mkdir()
     (repo / "data" / "Flickr8k.token.txt").write_text("")
-    command = [sys.executable, "-c", DEFAULT_INTERRUPT, "bash", str(repo / "scripts" / "flickr8k_full.sh"), "data", "images", "lstm"]
+    command = [sys.executable, "-c", DEFAULT_INTERRUPT, "bash", str(repo / "scripts" / "flickr8k_full.sh"), "data",
+               "images", "lstm"]
     build = subprocess.Popen(command, env={**os.environ, "OUT": str(out)}, start_new_session=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
@@ -182,10 +187,12 @@ def test_flickr8k_full_defaults_to_the_users_data_folder_and_names_the_command_t
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(FLICKR8K_FULL, repo / "scripts")
-    result = subprocess.run(["bash", str(repo / "scripts" / "flickr8k_full.sh")], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(["bash", str(repo / "scripts" / "flickr8k_full.sh")], capture_output=True,
+                            text=True, timeout=30)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip() == ("flickr8k_full.sh: data/flickr8k/Flickr8k.token.txt not found: fetch Flickr8k with "
-                                     "`captioner data flickr8k --root data/flickr8k`, or name its folder as the first argument")
+    assert result.stderr.strip() == ("flickr8k_full.sh: data/flickr8k/Flickr8k.token.txt not found: fetch Flickr8k "
+                                     "with `captioner data flickr8k --root data/flickr8k`, or name its folder as the "
+                                     "first argument")
 
 
 @pytest.mark.parametrize(
@@ -199,21 +206,24 @@ def test_flickr8k_full_defaults_to_the_users_data_folder_and_names_the_command_t
     ],
     ids=["no gpu", "gpu", "cpu chosen", "cuda chosen", "own index"],
 )
-def test_torch_comes_from_the_index_that_fits_the_machine(tmp_path: Path, gpu: bool, choice: str | None, index: str) -> None:
+def test_torch_comes_from_the_index_that_fits_the_machine(tmp_path: Path, gpu: bool, choice: str | None,
+                                                          index: str) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     if gpu:  # a stand-in nvidia-smi that lists one GPU
         (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100'\n")
         (bin_dir / "nvidia-smi").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **({"TORCH_INDEX": choice} if choice else {})}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "torch_index.sh")], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "torch_index.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == index, done.stderr
 
 
 def index_answers(url: str) -> tuple[int, float]:
     """scripts/index_answers.sh's exit status for `url` (2 s to answer), and how long it took."""
     started = time.monotonic()
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "index_answers.sh"), url, "2"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "index_answers.sh"), url, "2"], capture_output=True,
+                          text=True, timeout=60)
     assert not done.stderr, done.stderr
     return done.returncode, time.monotonic() - started
 
@@ -221,7 +231,8 @@ def index_answers(url: str) -> tuple[int, float]:
 def test_setup_asks_whether_an_index_answers_before_installing_from_it(tmp_path: Path) -> None:
     """Any HTTP answer counts (the installer decides what it serves); a server that is not there
     is reported at once, not after the installers' retries; a file:// index is never asked."""
-    server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+    server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory",
+                               str(tmp_path)],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         port = int(server.stdout.readline().split("port ")[1].split()[0])  # "Serving HTTP on 127.0.0.1 port N ..."
@@ -238,9 +249,11 @@ def test_setup_asks_whether_an_index_answers_before_installing_from_it(tmp_path:
 
 
 def test_a_torch_index_choice_that_means_nothing_is_one_line() -> None:
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "torch_index.sh")], env={"PATH": "/usr/bin:/bin", "TORCH_INDEX": "gpu"},
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "torch_index.sh")],
+                          env={"PATH": "/usr/bin:/bin", "TORCH_INDEX": "gpu"},
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and done.stderr.strip() == "scripts/torch_index.sh: TORCH_INDEX=gpu: use auto, cpu, cuda or an index URL"
+    assert (done.returncode == 2 and done.stderr.strip()
+            == "scripts/torch_index.sh: TORCH_INDEX=gpu: use auto, cpu, cuda or an index URL")
 
 
 def test_bench_metrics_names_a_missing_annotation_file_in_one_line(tmp_path: Path) -> None:

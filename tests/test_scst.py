@@ -78,7 +78,8 @@ def test_mean_baseline_through_the_objective(decoder: str) -> None:
     r = np.array([[0.0, 1.0, 4.0, 9.0]] * 3)  # (3, 4)
     expected = (r.sum(1, keepdims=True) - r) / 3  # (3, 4): the mean of the others of the same image
     assert float(parts["baseline"]) == pytest.approx(expected.mean())
-    assert float(parts["advantage"]) == pytest.approx(0.0, abs=1e-6)  # float32; sum of (r - mean of others) over an image is 0
+    # float32; sum of (r - mean of others) over an image is 0
+    assert float(parts["advantage"]) == pytest.approx(0.0, abs=1e-6)
     # 4.0 with the others' mean; a mean over all four samples (the sample's own reward in its
     # baseline) would give 3.0, a mean over the whole batch the same.
     assert float(parts["advantage_abs"]) == pytest.approx(np.abs(r - expected).mean()) == pytest.approx(4.0)
@@ -114,7 +115,8 @@ def test_greedy_baseline_is_the_reward_of_the_greedy_caption(decoder: str) -> No
     _, parts = objective(model, batch, tiny_config(), encoded=True)
     assert model.training  # the greedy baseline decodes in eval mode and restores the mode
     model.eval()
-    greedy = greedy_decode(model.decoder, batch.images, SpecialTokens(vocab.bos_id, vocab.eos_id, (0, 1, 3)), DecodeOptions(max_length=6))
+    greedy = greedy_decode(model.decoder, batch.images, SpecialTokens(vocab.bos_id, vocab.eos_id, (0, 1, 3)),
+                           DecodeOptions(max_length=6))
     greedy_candidates = [ended(h.tokens, h.finished, vocab.eos_id) for h in greedy]
     (samples, sample_keys), (scored, keys) = reward.calls
     assert scored == greedy_candidates and keys == [10, 11, 12]
@@ -133,7 +135,8 @@ def test_scst_top_k_restricts_what_the_samples_draw(decoder: str) -> None:
         torch.manual_seed(0)
         SelfCritical(settings, vocab, [], reward)(model, feature_batch(model), tiny_config(), encoded=True)
     model.eval()
-    greedy = greedy_decode(model.decoder, feature_batch(model).images, SpecialTokens(vocab.bos_id, vocab.eos_id, (0, 1, 3)), DecodeOptions(max_length=6))
+    greedy = greedy_decode(model.decoder, feature_batch(model).images,
+                           SpecialTokens(vocab.bos_id, vocab.eos_id, (0, 1, 3)), DecodeOptions(max_length=6))
     greedy_captions = [ended(h.tokens, h.finished, vocab.eos_id) for h in greedy for _ in range(3)]
     (top_1, _), (unrestricted, _) = reward.calls
     assert top_1 == greedy_captions and unrestricted != greedy_captions  # k = 0 draws from every word
@@ -187,7 +190,9 @@ def test_xent_weight_adds_the_cross_entropy_stage_loss(decoder: str) -> None:
     model = tiny_model(f"model.decoder.type={decoder}", "model.decoder.dropout=0.0").train()
     vocab = model.vocab
     words = [vocab.index[w] for w in ("a", "red", "star")]
-    tokens = torch.tensor([[vocab.bos_id, *words, vocab.eos_id], [vocab.bos_id, *words[:2], vocab.eos_id, vocab.pad_id]])  # (2, 5)
+    # (2, 5)
+    tokens = torch.tensor(
+        [[vocab.bos_id, *words, vocab.eos_id], [vocab.bos_id, *words[:2], vocab.eos_id, vocab.pad_id]])
     batch = feature_batch(model, images=2)
     batch = CaptionBatch(batch.images, tokens, torch.tensor([5, 4]), torch.tensor([0, 1]), batch.indices)
     settings = ScstConfig(samples=3, baseline="mean", max_length=6, xent_weight=0.7)
@@ -204,7 +209,8 @@ def test_xent_weight_adds_the_cross_entropy_stage_loss(decoder: str) -> None:
 
 
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
-def test_the_cpu_steps_teacher_forced_scoring_gives_the_roll_outs_loss_and_gradients(decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cpu_steps_teacher_forced_scoring_gives_the_roll_outs_loss_and_gradients(
+        decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the CPU without dropout, the samples are drawn without gradients and scored by teacher
     forcing; with `scst.dropout` (a no-op here, the model's dropout is 0) the roll-out records
     them with gradients. Same samples, same loss, same gradients."""
@@ -217,16 +223,19 @@ def test_the_cpu_steps_teacher_forced_scoring_gives_the_roll_outs_loss_and_gradi
     model = tiny_model(f"model.decoder.type={decoder}", "model.decoder.dropout=0.0").train()
     batch = feature_batch(model, images=4)
     scorings = []
-    monkeypatch.setattr(scst, "scored_by_teacher_forcing", lambda *a: scorings.append(1) or scored_by_teacher_forcing(*a))
+    monkeypatch.setattr(scst, "scored_by_teacher_forcing",
+                        lambda *a: scorings.append(1) or scored_by_teacher_forcing(*a))
 
     def step(dropout: bool) -> tuple[float, list[torch.Tensor], list[list[int]]]:
         reward = Scripted(model.vocab.index["red"])
-        objective = SelfCritical(ScstConfig(samples=4, baseline="mean", max_length=8, dropout=dropout), model.vocab, [], reward)
+        objective = SelfCritical(ScstConfig(samples=4, baseline="mean", max_length=8, dropout=dropout),
+                                 model.vocab, [], reward)
         model.zero_grad()
         torch.manual_seed(0)
         loss, _ = objective(model, batch, tiny_config(), encoded=True)
         loss.backward()
-        return float(loss.detach()), [p.grad.clone() for p in model.decoder.parameters() if p.grad is not None], reward.calls[-1][0]
+        return float(loss.detach()), [p.grad.clone() for p in model.decoder.parameters()
+                                      if p.grad is not None], reward.calls[-1][0]
 
     (scored_loss, scored_grads, scored_samples), (rolled_loss, rolled_grads, rolled_samples) = step(False), step(True)
     assert scorings == [1]  # the first step scored by teacher forcing, the second by the roll-out
@@ -242,7 +251,8 @@ def test_scst_dropout_off_samples_the_test_time_decoder(decoder: str) -> None:
     batch = feature_batch(model, images=4)
 
     def sampled(dropout: bool) -> tuple[list[list[int]], float]:
-        objective = SelfCritical(ScstConfig(samples=4, baseline="mean", max_length=8, dropout=dropout), model.vocab, [], reward)
+        objective = SelfCritical(ScstConfig(samples=4, baseline="mean", max_length=8, dropout=dropout),
+                                 model.vocab, [], reward)
         torch.manual_seed(0)
         loss, _ = objective(model, batch, tiny_config(), encoded=True)
         return reward.calls[-1][0], float(loss.detach())
@@ -280,13 +290,15 @@ def test_init_from_a_checkpoint_trains_an_scst_epoch(decoder: str, tmp_path: Pat
     config = str(REPO / f"configs/shapes_{decoder}.yaml")
     assert main(["train", config, *TINY, data, f"train.out_dir={tmp_path / 'xe'}"]) == 0
     xe = tmp_path / "xe" / "best.pt"
-    scst = [*TINY, data, f"train.out_dir={tmp_path / 'scst'}", "train.stage=scst", "scst.samples=3", "scst.max_length=8"]
+    scst = [*TINY, data, f"train.out_dir={tmp_path / 'scst'}", "train.stage=scst", "scst.samples=3",
+            "scst.max_length=8"]
     assert main(["train", config, *scst, "train.lr=1e-4", "--init", str(xe)]) == 0
 
     rows = list(csv.DictReader(open(tmp_path / "scst" / "metrics.csv")))
     assert [int(r["epoch"]) for r in rows] == [0, 1]  # epoch 0: the starting model, validated only
     assert rows[0]["val_CIDEr"] and not rows[0]["train_reward"]
-    for key in ("train_reward", "train_baseline", "train_advantage", "train_sample_length", "train_sample_logprob", "train_xent", "val_CIDEr"):
+    for key in ("train_reward", "train_baseline", "train_advantage", "train_sample_length", "train_sample_logprob",
+                "train_xent", "val_CIDEr"):
         assert rows[1][key], key
     assert 0 < float(rows[1]["train_sample_length"]) <= 8
     assert int(rows[1]["step"]) == 3  # 48 images, 16 per batch: one item per image
@@ -299,7 +311,8 @@ def test_init_from_a_checkpoint_trains_an_scst_epoch(decoder: str, tmp_path: Pat
     assert trained["train_state"]["step"] == 3  # a fresh schedule: steps count from 0
     assert any(not torch.equal(started["model"][k], v) for k, v in trained["model"].items())  # it trained
     encoder = [k for k in started["model"] if k.startswith("encoder.")]
-    assert encoder and any(not torch.equal(started["model"][k], trained["model"][k]) for k in encoder)  # the encoder is fine-tuned
+    # the encoder is fine-tuned
+    assert encoder and any(not torch.equal(started["model"][k], trained["model"][k]) for k in encoder)
     assert load_captioner(tmp_path / "scst" / "last.pt").vocab.words == started["vocab"]
 
     # Resume continues the SCST stage where it stopped: a second epoch, the same objective.
@@ -308,7 +321,8 @@ def test_init_from_a_checkpoint_trains_an_scst_epoch(decoder: str, tmp_path: Pat
     assert [int(r["epoch"]) for r in rows] == [0, 1, 2] and int(rows[2]["step"]) == 6
     assert rows[2]["train_reward"]
 
-    with pytest.raises(CheckpointError, match=r"model\.decoder\.dropout is 0\.0 in the checkpoint but 0\.3 in the config"):
+    with pytest.raises(CheckpointError,
+                       match=r"model\.decoder\.dropout is 0\.0 in the checkpoint but 0\.3 in the config"):
         from captioner.core.config import load_config
         from captioner.training.fit import fit
 
@@ -342,7 +356,8 @@ def test_validation_decodes_with_train_val_beam_size(tmp_path: Path, monkeypatch
                          "decode.max_length=6", f"train.out_dir={tmp_path / 'run'}")
     train.fit(config)
     assert beams == [2]  # the one validation of the epoch decoded with the configured beam
-    assert (tmp_path / "run" / "metrics.csv").is_file() and (tmp_path / "run" / "step_losses.csv").is_file()  # what the curves are drawn from
+    # what the curves are drawn from
+    assert (tmp_path / "run" / "metrics.csv").is_file() and (tmp_path / "run" / "step_losses.csv").is_file()
 
 
 @pytest.mark.parametrize(

@@ -87,7 +87,8 @@ class Found:
 Search = Callable[..., list[list[Found]]]
 
 
-def torch_search(decoder: TableDecoder, feats: torch.Tensor, special: SpecialTokens = SPECIAL, as_beam: bool = False, **options) -> list[list[Found]]:
+def torch_search(decoder: TableDecoder, feats: torch.Tensor, special: SpecialTokens = SPECIAL, as_beam: bool = False,
+                 **options) -> list[list[Found]]:
     """The torch search as the library runs it (greedy for a beam of 1), or with `as_beam` its
     beam search whatever the beam."""
     opts = DecodeOptions(**options)
@@ -96,7 +97,8 @@ def torch_search(decoder: TableDecoder, feats: torch.Tensor, special: SpecialTok
     return [[Found(h.tokens, h.score, h.logprob, h.finished, h.attn.numpy()) for h in hyps] for hyps in ranked]
 
 
-def numpy_search(decoder: TableDecoder, feats: torch.Tensor, special: SpecialTokens = SPECIAL, as_beam: bool = False, **options) -> list[list[Found]]:
+def numpy_search(decoder: TableDecoder, feats: torch.Tensor, special: SpecialTokens = SPECIAL, as_beam: bool = False,
+                 **options) -> list[list[Found]]:
     """The runtime's numpy search over the same decoder, stepped through a numpy step function
     (as the runtime steps its ONNX graph): greedy for a beam of 1, or with `as_beam` its beam
     search whatever the beam."""
@@ -112,7 +114,8 @@ def numpy_search(decoder: TableDecoder, feats: torch.Tensor, special: SpecialTok
         memory = decoder.prepare(feats)
         state = decoder.init_state(memory)
     memory_np, state_np = {k: v.numpy() for k, v in memory.items()}, {k: v.numpy() for k, v in state.items()}
-    rules = TokenRules(special.bos, special.eos, np.isin(np.arange(V), special.banned), np.isin(np.arange(V), special.bad_endings))
+    rules = TokenRules(special.bos, special.eos, np.isin(np.arange(V), special.banned),
+                       np.isin(np.arange(V), special.bad_endings))
     search_options = SearchOptions(**{name: getattr(opts, name) for name in SEARCH_FIELDS})
     search = numpy_beam_search if as_beam else numpy_decode_hypotheses
     ranked = search(step, memory_np, state_np, rules, search_options, opts.n_best)
@@ -129,13 +132,16 @@ def repeats_a_trigram(tokens: list[int]) -> bool:
     return len(set(trigrams)) < len(trigrams)
 
 
-def enumerated_best(decoder: TableDecoder, feat: torch.Tensor, words: list[int], max_length: int, alpha: float) -> tuple[list[int], float]:
+def enumerated_best(decoder: TableDecoder, feat: torch.Tensor, words: list[int], max_length: int,
+                    alpha: float) -> tuple[list[int], float]:
     """The caption a beam holding every hypothesis returns: each sequence of `words` ended by
     <eos> within max_length, and each of max_length words cut off there, ranked by
     log-probability / ((5 + length) / 6) ** alpha. feat (N, V)."""
     memory = decoder.prepare(feat[None].expand(V, -1, -1))  # V rows: one per previous word
     with torch.no_grad():
-        tables = [decoder.step(memory, torch.arange(V), {"steps": torch.full((V,), float(t))})[0].double() for t in range(max_length + 1)]  # (V, V) each
+        # (V, V) each
+        tables = [decoder.step(memory, torch.arange(V), {"steps": torch.full((V,), float(t))})[0].double()
+                  for t in range(max_length + 1)]
     best: tuple[list[int], float] = ([], float("-inf"))
     candidates = [(list(s), True) for n in range(max_length) for s in itertools.product(words, repeat=n)]
     candidates += [(list(s), False) for s in itertools.product(words, repeat=max_length)]
@@ -213,9 +219,11 @@ def test_min_length_and_bad_endings_hold_back_the_eos(search: Search, beam_size:
     decoder, feats = table_decoder(bos_red=8.0, red_a=8.0, a_eos=8.0, any_eos=2.0), image_feats()
     plain = [hyps[0] for hyps in search(decoder, feats, beam_size=beam_size, max_length=6)]
     assert all(h.tokens == [RED, A] and h.finished for h in plain)
-    longer = [h for hyps in search(decoder, feats, beam_size=beam_size, n_best=beam_size, max_length=6, min_length=4) for h in hyps]
+    longer = [h for hyps in search(decoder, feats, beam_size=beam_size, n_best=beam_size, max_length=6, min_length=4)
+              for h in hyps]
     assert all(len(h.tokens) >= 4 for h in longer) and any(h.finished for h in longer)
-    good_endings = [h for hyps in search(decoder, feats, beam_size=beam_size, max_length=6, suppress_bad_endings=True) for h in hyps]
+    good_endings = [h for hyps in search(decoder, feats, beam_size=beam_size, max_length=6, suppress_bad_endings=True)
+                    for h in hyps]
     assert not any(h.finished and h.tokens[-1:] == [A] for h in good_endings) and any(h.finished for h in good_endings)
 
 
@@ -229,7 +237,8 @@ def test_an_image_that_never_ends_is_cut_at_max_length(search: Search, beam_size
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
 
 
-@pytest.mark.parametrize("options", [{"beam_size": 1}, {"beam_size": 3, "n_best": 3, "length_penalty": 1.0}, {"beam_size": 2, "block_trigrams": True}])
+@pytest.mark.parametrize("options", [{"beam_size": 1}, {"beam_size": 3, "n_best": 3, "length_penalty": 1.0},
+                                     {"beam_size": 2, "block_trigrams": True}])
 def test_each_image_of_a_batch_finds_what_it_finds_alone(search: Search, options: dict) -> None:
     """Images end at different steps (some never do): the batch's hypotheses are each image's own."""
     decoder, feats = table_decoder(seed=6, any_eos=0.5), image_feats(batch=6, seed=7)
@@ -247,14 +256,17 @@ def test_each_image_of_a_batch_finds_what_it_finds_alone(search: Search, options
 @pytest.mark.parametrize("as_beam", [False, True])
 def test_the_search_refuses_more_hypotheses_than_beams_in_the_schemas_words(search: Search, as_beam: bool) -> None:
     if search is numpy_search:  # the runtime's search takes n_best as an argument, beside its options
-        step = lambda memory, prev, state: (np.zeros((len(prev), V), np.float32), np.zeros((len(prev), 1, 1, 1), np.float32), state)  # noqa: E731
+        step = lambda memory, prev, state: (np.zeros((len(prev), V), np.float32),  # noqa: E731
+                                            np.zeros((len(prev), 1, 1, 1), np.float32), state)
         rules = TokenRules(BOS, EOS, np.zeros(V, bool), np.zeros(V, bool))
         options = SearchOptions(2, 5, 0.0, False, 0, False)
-        with pytest.raises(ConfigError, match=r"^decode: n_best \(3\) must not exceed beam_size \(2\); raise the beam or sample$"):
+        with pytest.raises(ConfigError,
+                           match=r"^decode: n_best \(3\) must not exceed beam_size \(2\); raise the beam or sample$"):
             numpy_beam_search(step, {"x": np.zeros((1, 1))}, {"s": np.zeros(1)}, rules, options, n_best=3)
         return
     options = DecodeOptions(sample=True, beam_size=2, n_best=3)  # valid for sampling, not for a search
-    with pytest.raises(ConfigError, match=r"^decode: n_best \(3\) must not exceed beam_size \(2\); raise the beam or sample$"):
+    with pytest.raises(ConfigError,
+                       match=r"^decode: n_best \(3\) must not exceed beam_size \(2\); raise the beam or sample$"):
         beam_search_n_best(table_decoder(), image_feats(), SPECIAL, options)
 
 
@@ -264,7 +276,8 @@ def test_the_search_refuses_more_hypotheses_than_beams_in_the_schemas_words(sear
 def test_diverse_groups_give_distinct_best_first_captions_and_one_group_is_plain_search() -> None:
     """The numpy search has no diverse groups (the runtime offers no `diverse_groups`)."""
     decoder, feats = table_decoder(seed=8), image_feats(seed=9)
-    diverse = torch_search(decoder, feats, beam_size=4, diverse_groups=2, diversity_strength=2.0, n_best=4, max_length=6)
+    diverse = torch_search(decoder, feats, beam_size=4, diverse_groups=2, diversity_strength=2.0, n_best=4,
+                           max_length=6)
     for hyps in diverse:
         assert len({tuple(h.tokens) for h in hyps}) == len(hyps) >= 2
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)

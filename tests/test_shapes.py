@@ -20,7 +20,8 @@ from captioner.text.vocab import tokenize
 @pytest.fixture(scope="module")
 def shapes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shapes")
-    generate_shapes(out, num_train=40, num_val=10, num_test=10, image_size=128, seed=3, image_format="png", progress=False)
+    generate_shapes(out, num_train=40, num_val=10, num_test=10, image_size=128, seed=3, image_format="png",
+                    progress=False)
     return out
 
 
@@ -85,7 +86,8 @@ def test_deterministic_for_a_seed(tmp_path: Path, shapes_dir: Path) -> None:
     first = (shapes_dir / "train" / "train_000000.png").read_bytes()
     assert (tmp_path / "again" / "train" / "train_000000.png").read_bytes() == first
     generate_shapes(tmp_path / "other", 40, 0, 0, image_size=128, seed=4, image_format="png", progress=False)
-    assert (tmp_path / "other" / "captions_train.json").read_bytes() != (shapes_dir / "captions_train.json").read_bytes()
+    assert (tmp_path / "other" / "captions_train.json").read_bytes() != (
+        shapes_dir / "captions_train.json").read_bytes()
 
 
 def test_cli_generates_a_dataset(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

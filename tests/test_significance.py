@@ -18,7 +18,8 @@ import paired_bootstrap as script  # noqa: E402
 
 def scores_file(path: Path, scores: dict[int, float], metric: str = "CIDEr", overall: float | None = None) -> Path:
     mean = sum(scores.values()) / len(scores)
-    report = {"overall": {metric: mean if overall is None else overall}, "per_image": [{"image_id": i, metric: s} for i, s in scores.items()]}
+    report = {"overall": {metric: mean if overall is None else overall},
+              "per_image": [{"image_id": i, metric: s} for i, s in scores.items()]}
     path.write_text(json.dumps(report))
     return path
 

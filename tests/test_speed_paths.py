@@ -28,7 +28,8 @@ from captioner.models.decoders.transformer import TransformerConfig, Transformer
 from captioner.training.loop import caption_loss
 
 
-def stepwise_logits(decoder: LSTMDecoder, feats: torch.Tensor, tokens: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def stepwise_logits(decoder: LSTMDecoder, feats: torch.Tensor, tokens: torch.Tensor,
+                    lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """The plain computation: every row run alone through `_advance`, one word at a time."""
     logits = torch.zeros(*tokens.shape, decoder.vocab_size)
     attn = torch.zeros(*tokens.shape, feats.shape[1])
@@ -70,7 +71,8 @@ def test_lstm_forward_equals_stepwise_values_and_gradients(lengths: list[int]) -
 class CreatedTensors(TorchDispatchMode):
     """The shapes of the tensors that zero-filling ops create."""
 
-    ZEROS = {torch.ops.aten.zeros.default, torch.ops.aten.new_zeros.default, torch.ops.aten.slice_backward.default, torch.ops.aten.zero_.default}
+    ZEROS = {torch.ops.aten.zeros.default, torch.ops.aten.new_zeros.default, torch.ops.aten.slice_backward.default,
+             torch.ops.aten.zero_.default}
 
     def __init__(self) -> None:
         super().__init__()
@@ -159,7 +161,8 @@ def gradients(decoder: Decoder, feats: torch.Tensor, loss: torch.Tensor) -> list
 
 
 @pytest.mark.parametrize("kind", ["lstm", "transformer"])
-def test_teacher_forcing_prepares_each_image_once_with_the_numbers_of_a_grid_per_caption(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_teacher_forcing_prepares_each_image_once_with_the_numbers_of_a_grid_per_caption(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Five captions of two images: the per-image constants (the LSTM's projected grid and first
     state, the transformer's keys and values) are computed over the 2 images, not the 5
     captions, and logits, maps and gradients are those of each caption given its own copy."""
@@ -176,7 +179,8 @@ def test_teacher_forcing_prepares_each_image_once_with_the_numbers_of_a_grid_per
     torch.testing.assert_close(once.logits, copied.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(once.attn, copied.attn, atol=1e-6, rtol=1e-6)
     weighting = torch.linspace(-1, 1, once.logits.numel()).view_as(once.logits)  # (C, T, V)
-    got, want = gradients(decoder, feats, (once.logits * weighting).sum()), gradients(decoder, feats, (copied.logits * weighting).sum())
+    got, want = gradients(decoder, feats, (once.logits * weighting).sum()), gradients(decoder, feats,
+                                                                                      (copied.logits * weighting).sum())
     for got, want in zip(got, want, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
@@ -213,7 +217,8 @@ def value_bucket_pick(allowed: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", ["lstm", "transformer"])
 @pytest.mark.parametrize("constrained", [False, True])
-def test_the_shrinking_roll_out_gives_the_static_ones_numbers_for_less_work(kind: str, constrained: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_shrinking_roll_out_gives_the_static_ones_numbers_for_less_work(kind: str, constrained: bool,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """On the CPU without gradients (SCST's sampling, its greedy baseline) the roll-out drops the
     rows that have ended and stops when none is left: the same words, log-probabilities and
     masks as the static loop, from fewer rows stepped."""
@@ -222,14 +227,16 @@ def test_the_shrinking_roll_out_gives_the_static_ones_numbers_for_less_work(kind
 
     decoder = tiny_decoder(kind).eval()
     with torch.no_grad():
-        (decoder.out_vocab if kind == "lstm" else decoder.out).bias[2] = {"lstm": 1.0, "transformer": 2.0}[kind]  # <eos> likely enough to end captions at many steps
+        # <eos> likely enough to end captions at many steps
+        (decoder.out_vocab if kind == "lstm" else decoder.out).bias[2] = {"lstm": 1.0, "transformer": 2.0}[kind]
     torch.manual_seed(3)
     feats = torch.randn(24, 9, 10)  # (B, N, D)
     special = SpecialTokens(1, 2, (0, 1))
     options = DecodeOptions(max_length=12, block_trigrams=constrained, min_length=2 if constrained else 0)
     stepped = []
     step = decoder.step
-    monkeypatch.setattr(decoder, "step", lambda memory, prev, state: stepped.append(len(prev)) or step(memory, prev, state))
+    monkeypatch.setattr(decoder, "step",
+                        lambda memory, prev, state: stepped.append(len(prev)) or step(memory, prev, state))
 
     def roll(grad: bool) -> tuple[torch.Tensor, ...]:
         stepped.clear()
@@ -303,7 +310,8 @@ def test_the_training_loss_of_packed_logits_is_the_cross_entropy_of_every_real_w
     cross-entropy of every word (and <eos>) of every caption, as the padded logits give it."""
     overrides = (f"model.decoder.type={decoder}", "model.decoder.dropout=0.0", "train.attention_penalty=0")
     model, config = tiny_model(*overrides), tiny_config(*overrides)
-    tokens = torch.tensor([[1, 4, 5, 7, 2, 0, 0], [1, 6, 8, 9, 4, 5, 2], [1, 4, 2, 0, 0, 0, 0], [1, 5, 6, 9, 2, 0, 0]])  # (C, T+1)
+    # (C, T+1)
+    tokens = torch.tensor([[1, 4, 5, 7, 2, 0, 0], [1, 6, 8, 9, 4, 5, 2], [1, 4, 2, 0, 0, 0, 0], [1, 5, 6, 9, 2, 0, 0]])
     lengths = (tokens != model.vocab.pad_id).sum(dim=1)  # (C,) 5, 7, 3, 5: not sorted, as a loader may give them
     batch = CaptionBatch(torch.randn(2, 3, 32, 32), tokens, lengths, torch.tensor([1, 0, 1, 0]), torch.arange(2))
     loss, _ = caption_loss(model, batch, config, encoded=False)
@@ -323,7 +331,8 @@ class ProductFlops(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
-        a, b = {torch.ops.aten.addmm.default: args[1:3], torch.ops.aten.mm.default: args[:2], torch.ops.aten.bmm.default: args[:2],
+        a, b = {torch.ops.aten.addmm.default: args[1:3], torch.ops.aten.mm.default: args[:2],
+                torch.ops.aten.bmm.default: args[:2],
                 torch.ops.aten.mv.default: args[:2]}.get(func, (None, None))
         if a is not None:
             self.total += a.numel() * (b.shape[-1] if b.dim() > 1 else 1)  # (..., m, k) @ (..., k, n): m k n per batch
@@ -403,7 +412,8 @@ BENCH_GPU = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_gpu.p
 
 
 def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return warm_start.run([sys.executable, str(BENCH_GPU), *args], capture_output=True, text=True, env=subprocess_env(**(env or {})))
+    return warm_start.run([sys.executable, str(BENCH_GPU), *args], capture_output=True, text=True,
+                          env=subprocess_env(**(env or {})))
 
 
 def test_bench_gpu_without_cuda_says_so_in_one_line() -> None:
@@ -417,9 +427,9 @@ def test_bench_gpu_without_cuda_says_so_in_one_line() -> None:
 
 def test_bench_gpu_tiny_cpu_smoke_runs_every_path(tmp_path: Path) -> None:
     """The GPU benchmark's code, end to end on tiny inputs: our training (fine-tuned encoder from
-    JPEG files through the DataLoader, cached grids from host memory and held on the device), the SCST step with both baselines, the
-    eager and compiled decoder step, beam search, and the reference's rows when its repository
-    is available."""
+    JPEG files through the DataLoader, cached grids from host memory and held on the device), the SCST
+    step with both baselines, the eager and compiled decoder step, beam search, and the reference's
+    rows when its repository is available."""
     out = tmp_path / "bench.json"
     result = run_script("--device", "cpu", "--tiny", "--out", str(out), env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
@@ -428,17 +438,20 @@ def test_bench_gpu_tiny_cpu_smoke_runs_every_path(tmp_path: Path) -> None:
     ours = [r for r in report["training"] if r["who"] == "ours"]
     assert {(r["config"], r["encoder"]) for r in ours} == {
         (c, e) for c in ("coco_lstm_resnet101", "coco_transformer_resnet101")
-        for e in ("fine-tuned", "frozen, cached grids", "frozen, grids on the device")  # the last: data.features_on_device
+        # the last: data.features_on_device
+        for e in ("fine-tuned", "frozen, cached grids", "frozen, grids on the device")
     }
     batch = 2  # --tiny's data.batch_size: every timed step trains on exactly this many images
     for r in ours:  # the rates count what the steps did, over the time they took
         assert r["images_per_s"] * r["seconds_per_step"] == pytest.approx(batch)
         assert r["captions_per_s"] == pytest.approx(5 * r["images_per_s"])  # captions_per_image: all, five per image
         assert r["coco_epoch_hours"] == pytest.approx(113_287 / r["images_per_s"] / 3600)
-        assert f"| ours | {r['config']} | {r['encoder']} | {r['captions_per_s']:.1f} | {r['images_per_s']:.1f} |" in result.stdout
+        assert (f"| ours | {r['config']} | {r['encoder']} | {r['captions_per_s']:.1f} | {r['images_per_s']:.1f} "
+                "|") in result.stdout
     assert {(r["config"], r["batch"]) for r in report["beam"] if r["who"] == "ours"} >= {("coco_lstm_resnet101", 2)}
     configs = {"coco_lstm_resnet101", "coco_transformer_resnet101"}
-    assert {(r["config"], r["baseline"]) for r in report["scst"]} == {(c, b) for c in configs for b in ("greedy", "mean")}
+    assert {(r["config"], r["baseline"]) for r in report["scst"]} == {(c, b) for c in configs
+                                                                      for b in ("greedy", "mean")}
     for r in report["scst"]:
         assert r["captions_per_s"] == pytest.approx(r["samples"] * r["images_per_s"]) and not r["sync_checked"]
         assert r["images_per_s"] * r["seconds_per_step"] == pytest.approx(batch)
@@ -446,6 +459,9 @@ def test_bench_gpu_tiny_cpu_smoke_runs_every_path(tmp_path: Path) -> None:
     for r in report["step"]:
         assert r["rows"] == 1 and r["ms_per_step"] > 0  # --tiny: 3/4 of the largest batch (2), as integer rows
         assert f"| {r['step']} | {r['config']} | {r['rows']} | {r['ms_per_step']:.2f} |" in result.stdout
-    assert {(r["config"], r["step"]) for r in report["step"]} == {(c, s) for c in configs for s in ("eager", "compiled")}  # no CUDA graphs here
+    # no CUDA graphs here
+    assert {(r["config"], r["step"]) for r in report["step"]} == {(c, s) for c in configs
+                                                                  for s in ("eager", "compiled")}
     if "reference not available" not in result.stdout:
-        assert {r["encoder"] for r in report["training"] if r["who"] == "reference"} == {"fine-tuned", "frozen, cached grids"}
+        assert {r["encoder"] for r in report["training"] if r["who"] == "reference"} == {"fine-tuned",
+                                                                                         "frozen, cached grids"}

@@ -65,7 +65,8 @@ def make_shards(folder: Path, counts: list[int], broken: dict[str, str] | None =
         for k in range(count):
             key = f"{s:03d}{k:04d}"
             sample = {"__key__": key, "jpg": picture(s * 1000 + k), "txt": f"a picture number {k % 7}".encode(),
-                      "json": json.dumps({"captions": [f"a picture number {k % 7}", f"a square of colour {s}"]}).encode()}
+                      "json": json.dumps(
+                          {"captions": [f"a picture number {k % 7}", f"a square of colour {s}"]}).encode()}
             if broken.get(key) == "image":
                 sample["jpg"] = b"not a jpeg at all"
             elif broken.get(key) == "truncated":
@@ -112,7 +113,8 @@ def test_the_plan_reads_every_shard_once_and_gives_every_rank_the_same_steps() -
         assigned = sorted(i for rank in plan.shards for mine in rank for i in mine)
         assert assigned == list(range(len(counts)))  # every shard once, to one (rank, worker)
         full = full_batches(counts, plan, batch)
-        assert plan.steps == min(sum(rank) for rank in full), (counts, world, workers, batch, max_broken)  # the fewest any rank has
+        # the fewest any rank has
+        assert plan.steps == min(sum(rank) for rank in full), (counts, world, workers, batch, max_broken)
         assert {sum(rank) for rank in plan.batches} == {plan.steps}  # DDP: the same number of steps on every rank
         for r in range(world):
             for w in range(workers):
@@ -121,7 +123,8 @@ def test_the_plan_reads_every_shard_once_and_gives_every_rank_the_same_steps() -
                 assert 0 <= plan.batches[r][w] <= full[r][w]  # enough samples even with the reserve broken
                 if plan.batches[r][w] < full[r][w]:  # a worker that gave up batches was among its rank's largest
                     assert plan.batches[r][w] >= max(plan.batches[r]) - 1
-        assert plan == plan_epoch(counts, 7, 2, world, workers, batch, max_broken)  # a pure function: a resume replays it
+        # a pure function: a resume replays it
+        assert plan == plan_epoch(counts, 7, 2, world, workers, batch, max_broken)
     epochs = {plan_epoch(tuple(range(10, 30)), 7, e, 2, 2, 4, 0.0).shards for e in range(1, 6)}
     assert len(epochs) == 5  # the shards move between ranks and workers from epoch to epoch
 
@@ -161,7 +164,8 @@ def test_a_stream_resumed_mid_epoch_trains_the_same_batches_none_twice(tmp_path:
     make_shards(tmp_path / "shards", [10, 10, 10, 10, 10, 10])
     whole = stream(tmp_path / "shards", 6)
     whole.set_epoch(2)
-    expected = sorted(tuple(sorted(b.indices.tolist())) for b in whole)  # indices: each sample's draw number in its worker
+    # indices: each sample's draw number in its worker
+    expected = sorted(tuple(sorted(b.indices.tolist())) for b in whole)
 
     first = stream(tmp_path / "shards", 6, trace=tmp_path / "first.txt")
     first.set_epoch(2)
@@ -190,8 +194,10 @@ def test_a_stream_resumed_mid_epoch_trains_the_same_batches_none_twice(tmp_path:
         stream(tmp_path / "shards", 6, workers=3).resume(saved, "last.pt")
 
 
-def test_broken_samples_are_skipped_and_counted_and_too_many_stop_the_run_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    good = make_shards(tmp_path / "shards", [20, 20], broken={"0000003": "image", "0000011": "truncated", "0010005": "caption"})
+def test_broken_samples_are_skipped_and_counted_and_too_many_stop_the_run_in_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = make_shards(tmp_path / "shards", [20, 20],
+                       broken={"0000003": "image", "0000011": "truncated", "0010005": "caption"})
     loader = stream(tmp_path / "shards", 2, workers=0, max_broken=0.08, trace=tmp_path / "keys.txt")
     loader.set_epoch(1)
     batches = list(loader)
@@ -217,7 +223,8 @@ def test_counts_come_from_the_index_or_img2dataset_stats_and_errors_take_one_lin
 
     make_shards(tmp_path / "img2dataset", [5, 2], index=False)
     for s, n in enumerate([5, 2]):
-        (tmp_path / "img2dataset" / f"{s:05d}_stats.json").write_text(json.dumps({"count": n, "successes": n, "failed_to_download": 0}))
+        (tmp_path / "img2dataset" / f"{s:05d}_stats.json").write_text(
+            json.dumps({"count": n, "successes": n, "failed_to_download": 0}))
     assert open_shard_set(str(tmp_path / "img2dataset" / "{00000..00001}.tar"), "x").counts == (5, 2)
 
     cases = {
@@ -237,25 +244,30 @@ def test_counts_come_from_the_index_or_img2dataset_stats_and_errors_take_one_lin
 
 def test_val_and_test_shards_are_read_whole_as_records_of_any_dataset(tmp_path: Path) -> None:
     good = make_shards(tmp_path / "val", [5, 4], broken={"0000002": "image", "0010001": "caption"})
-    config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar", f"data.val_shards={tmp_path / 'val'}/{{00000..00001}}.tar"])
+    config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar",
+                                f"data.val_shards={tmp_path / 'val'}/{{00000..00001}}.tar"])
     records = load_split(config.data, "val")
-    assert [r.path.name for r in records] == sorted([*good, "0000002"])  # no caption: left out; a bad image: skipped when loaded, named
+    # no caption: left out; a bad image: skipped when loaded, named
+    assert [r.path.name for r in records] == sorted([*good, "0000002"])
     assert records[0].captions == ("a picture number 0", "a square of colour 0") and records[0].image_id == 0
     assert Image.open(io.BytesIO(records[1].stored.read(records[1].row))).size == (24, 24)
     with pytest.raises(DatasetError, match="data.test_shards is not set"):
         load_split(config.data, "test")
 
 
-def test_stats_and_model_cards_count_shards_without_keeping_their_images(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_stats_and_model_cards_count_shards_without_keeping_their_images(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
     from captioner.apps.cli import main
     from captioner.apps.model_card import _data_size
 
     make_shards(tmp_path / "train", [6, 5])
     make_shards(tmp_path / "val", [3])
-    overrides = ["data.dataset=webdataset", f"data.train_shards={tmp_path / 'train'}/{{00000..00001}}.tar", f"data.val_shards={tmp_path / 'val'}/00000.tar"]
+    overrides = ["data.dataset=webdataset", f"data.train_shards={tmp_path / 'train'}/{{00000..00001}}.tar",
+                 f"data.val_shards={tmp_path / 'val'}/00000.tar"]
     assert main(["data", "stats", SHAPES_LSTM, *overrides, "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats["images"] == 14 and stats["captions"] == 28 and "images missing" not in stats  # train and val; no test shards named
+    # train and val; no test shards named
+    assert stats["images"] == 14 and stats["captions"] == 28 and "images missing" not in stats
     config = load_config(None, overrides)
     assert all(r.stored is None for r in load_split(config.data, "train", check_images=False))
     assert _data_size(config) == "11 training samples in 2 shards"  # from shards.json, no shard opened
@@ -265,7 +277,8 @@ def test_the_config_asks_for_the_shards_and_refuses_scst_on_a_stream() -> None:
     with pytest.raises(ConfigError, match="'data.train_shards' is required"):
         load_config(None, ["data.dataset=webdataset"])
     with pytest.raises(ConfigError, match="scst needs every training image's references"):
-        load_config(None, ["data.dataset=webdataset", "data.train_shards=a.tar", "data.val_shards=b.tar", "train.stage=scst"])
+        load_config(None,
+                    ["data.dataset=webdataset", "data.train_shards=a.tar", "data.val_shards=b.tar", "train.stage=scst"])
 
 
 class Quiet(SimpleHTTPRequestHandler):
@@ -305,9 +318,12 @@ def test_two_torchrun_ranks_stream_flickr8k_shards_over_http_and_resume_after_a_
     trace = tmp_path / "trace"
     trace.mkdir()
     env = torchrun_environment(tmp_path / "site", CAPTIONER_TRACE_SAMPLES=str(trace))
-    overrides = [*TINY_MODEL, "model.encoder.name=small_cnn", "data.dataset=webdataset", f"data.train_shards={base}/train/{{00000..00007}}.tar",
-                 f"data.val_shards={base}/val/00000.tar", "data.num_workers=2", "data.batch_size=3", "data.shuffle_buffer=5",
-                 "data.max_broken_fraction=0", "train.epochs=2", "train.log_every=1", "train.warmup_steps=1", "decode.max_length=8",
+    overrides = [*TINY_MODEL, "model.encoder.name=small_cnn", "data.dataset=webdataset",
+                 f"data.train_shards={base}/train/{{00000..00007}}.tar",
+                 f"data.val_shards={base}/val/00000.tar", "data.num_workers=2", "data.batch_size=3",
+                 "data.shuffle_buffer=5",
+                 "data.max_broken_fraction=0", "train.epochs=2", "train.log_every=1", "train.warmup_steps=1",
+                 "decode.max_length=8",
                  "train.checkpoint_every_steps=0", f"train.out_dir={tmp_path / 'run'}"]
     stopped = Training([*TORCHRUN, "-v", "train", SHAPES_LSTM, *overrides], env)
     stopped.wait_for_step(5)  # 96 samples / (2 ranks x 3) = 16 steps an epoch
@@ -316,11 +332,13 @@ def test_two_torchrun_ranks_stream_flickr8k_shards_over_http_and_resume_after_a_
     step, resume = resume_line(err, signal.SIGTERM)
     assert code != 0 and 5 <= step < 16, err[-3000:]
     saved = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["train_state"]
-    assert len(saved["stream"]) == 2 and all(len(ranks) == 2 for ranks in saved["stream"])  # 2 ranks x 2 workers' positions
+    # 2 ranks x 2 workers' positions
+    assert len(saved["stream"]) == 2 and all(len(ranks) == 2 for ranks in saved["stream"])
     assert sum(p[0] for p in saved["stream"][0]) == step
 
     words = shlex.split(resume)
-    resumed = warm_start.run([*TORCHRUN, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    resumed = warm_start.run([*TORCHRUN, "-v", *words[4:]], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     trained = [line.split() for rank in (0, 1) for line in (trace / f"rank{rank}.txt").read_text().splitlines()]
     per_epoch = Counter(epoch for epoch, _ in trained)
@@ -336,7 +354,8 @@ def test_a_training_run_streams_its_shards_within_the_configs_limits(tmp_path: P
     from captioner.training.fit import train_shard_set
 
     make_shards(tmp_path / "train", [3, 2])
-    overrides = ["data.dataset=webdataset", f"data.train_shards={tmp_path / 'train'}/{{00000..00001}}.tar", "data.val_shards=v.tar"]
+    overrides = ["data.dataset=webdataset", f"data.train_shards={tmp_path / 'train'}/{{00000..00001}}.tar",
+                 "data.val_shards=v.tar"]
     shards = train_shard_set(load_config(None, [*overrides, "data.max_member_bytes=4096"]))
     assert shards.samples == 5 and shards.limits.member_bytes == 4096
     with pytest.raises(DatasetError, match="max_index_bytes"):

@@ -64,7 +64,8 @@ class DeviceSimulation(TorchDispatchMode):
         kwargs = kwargs or {}
         inputs, _ = tree_flatten((args, kwargs))
         device = any(self.tracked(t) for t in inputs)
-        if device and (func in SYNC_OPS or (func in MASK_OPS and any(t.dtype == torch.bool for t in inputs if isinstance(t, torch.Tensor)))):
+        if device and (func in SYNC_OPS or (
+            func in MASK_OPS and any(t.dtype == torch.bool for t in inputs if isinstance(t, torch.Tensor)))):
             self.record(str(func))
         out = func(*args, **kwargs)
         if device:
@@ -208,7 +209,8 @@ def scst_steps_syncs(
     loader = DataLoader(dataset, batch_size=2, collate_fn=collate_captions)
     reward = DeviceReward(model.vocab, [r.captions for r in dataset.records])
     settings = ScstConfig(samples=5, baseline=baseline, max_length=8, dropout=dropout)
-    objective = SelfCritical(settings, model.vocab, [r.captions for r in dataset.records], HostReward(reward) if on_host else reward)
+    objective = SelfCritical(settings, model.vocab, [r.captions for r in dataset.records],
+                             HostReward(reward) if on_host else reward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = make_scheduler(optimizer, config, 4)
     ctx = Distributed(torch.device("cpu"))
@@ -218,7 +220,8 @@ def scst_steps_syncs(
     per_step: list[list[str]] = []
     with simulation:
         simulation.mark(*model.parameters(), *model.buffers(), state.running, state.epoch_sums)
-        simulation.mark(*(getattr(table, f) for f in table.__dataclass_fields__ if f != "meta"))  # the table lives on the device
+        # the table lives on the device
+        simulation.mark(*(getattr(table, f) for f in table.__dataclass_fields__ if f != "meta"))
         seen = [0]
 
         def on_step() -> None:
@@ -234,7 +237,8 @@ def scst_steps_syncs(
 @pytest.mark.parametrize("dropout", [True, False])
 @pytest.mark.parametrize("baseline", ["greedy", "mean"])
 @pytest.mark.parametrize("decoder", ["lstm", "transformer"])
-def test_scst_steps_read_the_device_only_when_logging(tmp_path, simulation: DeviceSimulation, decoder: str, baseline: str, dropout: bool) -> None:
+def test_scst_steps_read_the_device_only_when_logging(tmp_path, simulation: DeviceSimulation, decoder: str,
+                                                      baseline: str, dropout: bool) -> None:
     """Sampling, the greedy baseline, the CIDEr-D reward and the loss: not one device read on an
     ordinary step (the old step read the device every token and scored on the host), with the
     decoder's dropout on or off (the CPU's host-only paths, teacher-forced scoring and the
@@ -242,7 +246,8 @@ def test_scst_steps_read_the_device_only_when_logging(tmp_path, simulation: Devi
     per_step = scst_steps_syncs(tmp_path, simulation, decoder, baseline, dropout=dropout)
     assert len(per_step) == 4
     assert per_step[0] == [] and per_step[2] == [], per_step
-    assert len(per_step[1]) == 1 and per_step[1][0].startswith("tolist at state.py:"), per_step[1]  # the log step's one read
+    # the log step's one read
+    assert len(per_step[1]) == 1 and per_step[1][0].startswith("tolist at state.py:"), per_step[1]
 
 
 def test_a_reward_copied_to_the_host_is_counted(tmp_path, simulation: DeviceSimulation) -> None:

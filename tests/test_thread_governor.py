@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from captioner.core.process_settings import ThreadGovernor, free_cores, own_running_threads, threads_are_automatic, usable_cores
+from captioner.core.process_settings import (ThreadGovernor, free_cores, own_running_threads, threads_are_automatic,
+                                             usable_cores)
 
 
 class Clock:
@@ -95,8 +96,10 @@ def test_a_resumed_run_takes_its_recorded_count_unless_one_is_set(monkeypatch, c
         assert "threads: 3, as last.pt trained with (this machine alone would take 4)" in caplog.text
         caplog.clear()
         assert decide_threads(tiny_config("train.threads=2"), {"threads": 3}, "last.pt") == (2, None)  # set: it wins
-        assert "threads: 2 as set (train.threads), where last.pt trained with 3: it goes on, not bit for bit" in caplog.text
+        assert ("threads: 2 as set (train.threads), where last.pt trained with 3: it goes on, not bit for "
+                "bit") in caplog.text
         threads, governor = decide_threads(tiny_config("train.follow_free_cores=true"), {"threads": 3}, "last.pt")
-        assert threads is None and governor is not None and torch.get_num_threads() == 1  # the free cores, then followed
+        # the free cores, then followed
+        assert threads is None and governor is not None and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -37,7 +37,8 @@ def inputs(B: int = 3, T: int = 7, seed: int = 1) -> tuple[torch.Tensor, torch.T
     return feats, tokens
 
 
-def run_steps(decoder: TransformerDecoder, feats: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def run_steps(decoder: TransformerDecoder, feats: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                               torch.Tensor]:
     memory = decoder.prepare(feats)
     state = decoder.init_state(memory)
     logprobs, maps = [], []

@@ -56,7 +56,8 @@ def test_the_test_install_is_constrained_to_every_floor() -> None:
     import subprocess
     import sys
 
-    printed = subprocess.run([sys.executable, str(SCRIPTS / "floor_constraints.py")], capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run([sys.executable, str(SCRIPTS / "floor_constraints.py")], capture_output=True, text=True,
+                             check=True).stdout
     pins = dict(line.split("==") for line in printed.split())
     assert list(pins) == list(FLOORED)
     for package, pin in pins.items():

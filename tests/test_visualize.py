@@ -63,18 +63,21 @@ def test_caption_figures_are_written_as_requested(photo: Image.Image, tmp_path: 
 
     caption = transformer_caption(["a", "red", "circle"])
     cams = {t: torch.rand(3, 3) for t in range(3)}  # (h, w) per word position
-    everything = FigureRequest(heatmaps=tmp_path / "maps", self_attention=tmp_path / "heads", head_grid=tmp_path / "grid",
+    everything = FigureRequest(heatmaps=tmp_path / "maps", self_attention=tmp_path / "heads",
+                               head_grid=tmp_path / "grid",
                                gradcam=tmp_path / "maps")
     written = save_caption_figures(photo, caption, everything, "photo", "_2", cams)
     assert {kind: path.relative_to(tmp_path).as_posix() for kind, path in written.items()} == {
         "heatmaps": "maps/photo_attention_2.png", "self_attention": "heads/photo_self_attention_2.png",
         "head_grid": "grid/photo_heads_2.png", "gradcam": "maps/photo_gradcam_2.png",
     }
-    assert all(path.is_file() for path in written.values()) and (tmp_path / "heads" / "photo_self_attention_2.svg").is_file()
+    assert all(path.is_file()
+               for path in written.values()) and (tmp_path / "heads" / "photo_self_attention_2.svg").is_file()
     assert count_panels(written["heatmaps"]) == 4  # the input and one map per word
     assert count_panels(written["gradcam"]) == 6  # per word: attention above Grad-CAM
     # only what is asked; no Grad-CAM figure without the maps; an empty caption has no per-word figure
-    assert save_caption_figures(photo, caption, FigureRequest(head_grid=tmp_path / "g2"), "p") == {"head_grid": tmp_path / "g2" / "p_heads.png"}
+    assert save_caption_figures(photo, caption, FigureRequest(head_grid=tmp_path / "g2"),
+                                "p") == {"head_grid": tmp_path / "g2" / "p_heads.png"}
     assert save_caption_figures(photo, caption, FigureRequest(gradcam=tmp_path / "g3"), "p") == {}
     empty = transformer_caption([])
     assert set(save_caption_figures(photo, empty, everything, "empty", cams={})) == {"heatmaps"}

@@ -15,7 +15,8 @@ import pytest
 import warm_start
 from helpers import subprocess_env
 
-SHOW = "import os, sys; print(sys.argv, os.getcwd(), os.environ.get('WARM_TEST'), sys.path[0]); print('to stderr', file=sys.stderr)"
+SHOW = ("import os, sys; print(sys.argv, os.getcwd(), os.environ.get('WARM_TEST'), sys.path[0]); print('to stderr', "
+        "file=sys.stderr)")
 
 
 def both(command: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
@@ -30,7 +31,8 @@ def both(command: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, sub
     (["import sys; sys.stdout.write('a\\r\\nb\\rc\\n')"], 0),
 ])
 def test_a_forked_child_prints_and_exits_as_a_cold_one(command: list[str], expect: int, tmp_path: Path) -> None:
-    kwargs = dict(capture_output=True, text=True, cwd=tmp_path, env=subprocess_env(WARM_TEST="x"), input="some input\n", timeout=120)
+    kwargs = dict(capture_output=True, text=True, cwd=tmp_path, env=subprocess_env(WARM_TEST="x"), input="some input\n",
+                  timeout=120)
     warm, cold = both([sys.executable, "-c", *command], **kwargs)
     assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
     assert warm.returncode == expect
@@ -41,22 +43,26 @@ def test_modules_and_scripts_run_as_main(tmp_path: Path) -> None:
     script.write_text("import sys\nprint(__name__, sys.argv[1:], sys.path[0])\n")
     env = subprocess_env()
     for command in ([str(script), "x"], ["-m", "json.tool"]):
-        warm, cold = both([sys.executable, *command], capture_output=True, text=True, input='{"a": [1]}', env=env, timeout=120)
+        warm, cold = both([sys.executable, *command], capture_output=True, text=True, input='{"a": [1]}', env=env,
+                          timeout=120)
         assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
     assert warm.stdout == '{\n    "a": [\n        1\n    ]\n}\n'
 
 
 def test_the_child_is_forked_warm_and_its_cpu_is_counted() -> None:
     before = warm_start.forked_cpu()
-    process = warm_start.Popen([sys.executable, "-c", "import sys, time\nprint('torch' in sys.modules)\nend = time.process_time() + 0.3\n"
-                                "while time.process_time() < end: pass"], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    process = warm_start.Popen([sys.executable, "-c",
+                                "import sys, time\nprint('torch' in sys.modules)\nend = time.process_time() + 0.3\n"
+                                "while time.process_time() < end: pass"], stdout=subprocess.PIPE, text=True,
+                                env=subprocess_env())
     out, _ = process.communicate(timeout=120)
     assert process.warm and out == "True\n"  # torch already loaded: it was forked, not started
     assert process.cpu >= 0.3 and warm_start.forked_cpu() - before >= 0.3
 
 
 def test_a_variable_read_when_libraries_load_sends_the_command_cold() -> None:
-    process = warm_start.Popen([sys.executable, "-c", "import sys; print('torch' in sys.modules)"], stdout=subprocess.PIPE,
+    process = warm_start.Popen([sys.executable, "-c", "import sys; print('torch' in sys.modules)"],
+                               stdout=subprocess.PIPE,
                                text=True, env=subprocess_env(OMP_NUM_THREADS="3"))
     assert not process.warm and process.communicate(timeout=120)[0] == "False\n"
 
@@ -86,7 +92,8 @@ def signal_state(pid: int) -> str:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError as e:
         return str(e)
-    return ", ".join(line.replace("\t", " ") for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt", "Threads")))
+    return ", ".join(line.replace("\t", " ") for line in lines
+                     if line.startswith(("SigBlk", "SigIgn", "SigCgt", "Threads")))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
@@ -106,7 +113,8 @@ def test_a_signal_ends_the_child_with_the_status_a_cold_one_has(sig: int) -> Non
             process.kill()
             process.wait()
             pytest.fail(f"{popen.__module__}.Popen's child outlived signal {sig} by 30 s: {state}; "
-                        f"this test process: {signal_state(os.getpid())}, SIGINT handler {signal.getsignal(signal.SIGINT)}")
+                        f"this test process: {signal_state(os.getpid())}, SIGINT handler "
+                        f"{signal.getsignal(signal.SIGINT)}")
         codes.append(process.returncode)
         process.stdout.close()
         process.stderr.close()
@@ -123,9 +131,11 @@ def test_a_timeout_kills_the_child() -> None:
 def test_the_child_dies_with_the_test_process_that_asked_for_it(tmp_path: Path) -> None:
     """A test process killed mid-test (pytest's timeout) leaves no forked child running on."""
     asker = ("import sys, time, warm_start\n"
-             "p = warm_start.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], env=warm_start._the_server().env)\n"
+             "p = warm_start.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+             "env=warm_start._the_server().env)\n"
              "print(p.pid, p.warm, flush=True)\ntime.sleep(120)")
-    process = subprocess.Popen([sys.executable, "-c", asker], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent,
+    process = subprocess.Popen([sys.executable, "-c", asker], stdout=subprocess.PIPE, text=True,
+                               cwd=Path(__file__).parent,
                                env=subprocess_env(PYTHONPATH=str(Path(__file__).parent)))
     pid, warm = process.stdout.readline().split()
     assert warm == "True" and Path(f"/proc/{pid}").exists()
@@ -138,7 +148,8 @@ def test_the_child_dies_with_the_test_process_that_asked_for_it(tmp_path: Path) 
 
 
 WARM_RANK = Path(__file__).with_name("warm_rank.py")
-PROBE = "import os, sys, time\nprint(os.environ.get('RANK'), 'torch' in sys.modules, os.getpid(), flush=True)\ntime.sleep(float(sys.argv[1]))\n"
+PROBE = ("import os, sys, time\nprint(os.environ.get('RANK'), 'torch' in sys.modules, os.getpid(), "
+         "flush=True)\ntime.sleep(float(sys.argv[1]))\n")
 
 
 def test_torchrun_ranks_are_forked_warm_with_their_own_environment(tmp_path: Path) -> None:
@@ -158,7 +169,8 @@ def test_a_signal_to_the_worker_program_reaches_the_rank_and_ends_it_alike(tmp_p
     warm_start.run([sys.executable, "-c", "pass"], env=subprocess_env())  # the server is up
     env = subprocess_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", RANK="1",
                          **{warm_start.SOCKET: warm_start._the_server().path})
-    program = subprocess.Popen([sys.executable, "-S", "-u", str(WARM_RANK), "-m", "probe", "60"], stdout=subprocess.PIPE,
+    program = subprocess.Popen([sys.executable, "-S", "-u", str(WARM_RANK), "-m", "probe", "60"],
+                               stdout=subprocess.PIPE,
                                text=True, env=env, cwd=tmp_path)
     rank, loaded, pid = program.stdout.readline().split()
     assert (rank, loaded) == ("1", "True") and int(pid) != program.pid
@@ -174,7 +186,8 @@ def test_a_signal_to_the_worker_program_reaches_the_rank_and_ends_it_alike(tmp_p
 def test_without_a_server_the_worker_program_becomes_the_command_itself(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
     env = {k: v for k, v in subprocess_env(PYTHONPATH=str(tmp_path), RANK="0").items() if k != warm_start.SOCKET}
-    done = subprocess.run([sys.executable, "-S", "-u", str(WARM_RANK), "-m", "probe", "0"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-S", "-u", str(WARM_RANK), "-m", "probe", "0"],
+                          capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=120)
     rank, loaded, pid = done.stdout.split()
     assert done.returncode == 0 and (rank, loaded) == ("0", "False")  # exec'd cold: nothing loaded before it

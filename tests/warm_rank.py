@@ -25,7 +25,8 @@ def main() -> None:
     if not path or len(command) < 2 or command[0] != "-m":
         cold(command)
     try:
-        conn, reply = warm_start.fork(path, "module", command[1], command[2:], unbuffered=True, cwd=os.getcwd(), env=os.environ,
+        conn, reply = warm_start.fork(path, "module", command[1], command[2:], unbuffered=True, cwd=os.getcwd(),
+                                      env=os.environ,
                                       new_session=False, fds=[0, 1, 2])
     except OSError:  # no server listens there any more
         cold(command)

@@ -37,14 +37,17 @@ from typing import Any
 
 # Variables a library reads when it loads (the server loaded them under its own values) or that
 # change how the interpreter itself starts: a request that sets them differently runs cold.
-LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS", "TORCH", "CUDA", "LD_", "MALLOC_", "NUMEXPR_")
+LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS", "TORCH", "CUDA", "LD_",
+                      "MALLOC_", "NUMEXPR_")
 # Of those, the ones that are not: applied by the child itself (the first two), or read only when
 # used (torch.hub reads TORCH_HOME at each call; torchrun's variables for its workers; the CUDA
 # driver reads CUDA_VISIBLE_DEVICES when it starts, and the server starts no CUDA).
 READ_WHEN_USED = ("PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_HOME", "TORCHELASTIC_", "TORCH_NCCL_",
                   "CUDA_VISIBLE_DEVICES")
-PRELOAD = ("numpy", "PIL.Image", "yaml", "tqdm", "torch", "torchvision", "torchvision.models", "torchvision.transforms.v2")
-HANDLED_KWARGS = {"cwd", "env", "stdin", "stdout", "stderr", "text", "start_new_session", "encoding", "errors", "universal_newlines"}
+PRELOAD = ("numpy", "PIL.Image", "yaml", "tqdm", "torch", "torchvision", "torchvision.models",
+           "torchvision.transforms.v2")
+HANDLED_KWARGS = {"cwd", "env", "stdin", "stdout", "stderr", "text", "start_new_session", "encoding", "errors",
+                  "universal_newlines"}
 _HEADER = struct.Struct("!I")
 
 SOCKET = "CAPTIONER_WARM_START_SOCKET"  # in a warm child's environment: where its server listens (tests/warm_rank.py)
@@ -52,7 +55,8 @@ SOCKET = "CAPTIONER_WARM_START_SOCKET"  # in a warm child's environment: where i
 # `python -m torch.distributed.run OPTIONS *TORCHRUN_CAPTIONER ARGS`. Its worker program is
 # tests/warm_rank.py, run with -S: a site file of the test's (tests/torchrun_site.py) must run in
 # the rank it stands for, not in it too.
-TORCHRUN_CAPTIONER = ["--no-python", sys.executable, "-S", "-u", str(Path(__file__).with_name("warm_rank.py")), "-m", "captioner"]
+TORCHRUN_CAPTIONER = ["--no-python", sys.executable, "-S", "-u", str(Path(__file__).with_name("warm_rank.py")), "-m",
+                      "captioner"]
 
 
 def forked_cpu() -> float:
@@ -220,7 +224,8 @@ def _become(request: dict, fds: list[int]) -> None:
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()  # a cold start draws its own seed; a fork would share the server's
         status = _run_as_main(request["kind"], request["target"], request["args"])
-    except BaseException:  # noqa: BLE001 - whatever happens, the child must exit here, never return to the server's loop
+    # whatever happens, the child must exit here, never return to the server's loop
+    except BaseException:  # noqa: BLE001
         import traceback
 
         traceback.print_exc()
@@ -413,16 +418,20 @@ class Popen:
         server = _the_server() if parsed is not None else None
         self.warm = server is not None and server.stands_for(env)
         if os.environ.get("CAPTIONER_WARM_START_LOG"):  # which commands ran cold, and why
-            why = "warm" if self.warm else ("not python, or options" if parsed is None else f"environment: {_differences(server.env, env)}")
+            why = "warm" if self.warm else ("not python, or options" if parsed is None
+                                            else f"environment: {_differences(server.env, env)}")
             with open(os.environ["CAPTIONER_WARM_START_LOG"], "a") as log:
-                log.write(f"{why}\t{os.environ.get('PYTEST_CURRENT_TEST', '')}\t{' '.join(map(str, command))[:200]!r}\n")
+                log.write(
+                    f"{why}\t{os.environ.get('PYTEST_CURRENT_TEST', '')}\t{' '.join(map(str, command))[:200]!r}\n")
         if not self.warm:
             self._cold = subprocess.Popen(command, **kwargs)
-            self.pid, self.stdin, self.stdout, self.stderr = self._cold.pid, self._cold.stdin, self._cold.stdout, self._cold.stderr
+            self.pid, self.stdin, self.stdout, self.stderr = (self._cold.pid, self._cold.stdin, self._cold.stdout,
+                                                              self._cold.stderr)
             return
         self._cold = None
         self._returncode: int | None = None
-        self._text = bool(kwargs.get("text") or kwargs.get("universal_newlines") or kwargs.get("encoding") or kwargs.get("errors"))
+        self._text = bool(kwargs.get("text") or kwargs.get("universal_newlines") or kwargs.get("encoding")
+                          or kwargs.get("errors"))
         self._encoding, self._errors = kwargs.get("encoding") or "utf-8", kwargs.get("errors") or "strict"
         ends, mine = [], []
         for name, default_fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
@@ -433,7 +442,8 @@ class Popen:
         self.cpu = 0.0
         kind, target, args, unbuffered = parsed
         cwd = os.fspath(kwargs["cwd"]) if kwargs.get("cwd") is not None else os.getcwd()
-        self._conn, reply = fork(server.path, kind, target, args, unbuffered=unbuffered, cwd=cwd, env={**env, SOCKET: server.path},
+        self._conn, reply = fork(server.path, kind, target, args, unbuffered=unbuffered, cwd=cwd,
+                                 env={**env, SOCKET: server.path},
                                  new_session=bool(kwargs.get("start_new_session")), fds=ends)
         for fd in mine:
             os.close(fd)
@@ -467,7 +477,8 @@ class Popen:
         if not self._text:
             return raw if writing else io.BufferedReader(raw)
         if writing:
-            return io.TextIOWrapper(io.BufferedWriter(raw), encoding=self._encoding, errors=self._errors, write_through=True)
+            return io.TextIOWrapper(io.BufferedWriter(raw), encoding=self._encoding, errors=self._errors,
+                                    write_through=True)
         return io.TextIOWrapper(io.BufferedReader(raw), encoding=self._encoding, errors=self._errors)
 
     # ------------------------------------------------------------ Popen's methods
@@ -525,7 +536,8 @@ class Popen:
             results[name] = stream.read()  # text mode reads with universal newlines, as subprocess's does
             stream.close()
 
-        readers = [threading.Thread(target=drain, args=(name,), daemon=True) for name in ("stdout", "stderr") if getattr(self, name)]
+        readers = [threading.Thread(target=drain, args=(name,), daemon=True) for name in ("stdout", "stderr")
+                   if getattr(self, name)]
         for reader in readers:
             reader.start()
         if self.stdin is not None:

@@ -46,7 +46,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return apply_overrides(config, overrides, source)
 
 
-def apply_overrides(config: Config, overrides: list[str] | tuple[str, ...], source: str = "config", only: str | None = None) -> Config:
+def apply_overrides(config: Config, overrides: list[str] | tuple[str, ...], source: str = "config",
+                    only: str | None = None) -> Config:
     """`section.key=value` overrides set on `config` (in place), then the whole config validated.
     `only` (a prefix such as "data.") refuses any other key in one line."""
     import yaml
@@ -123,7 +124,8 @@ def _merge(node: Any, raw: dict[str, Any], prefix: str, source: str) -> None:
 
 
 def _switch_decoder(node: Any, key: str, name: Any, dotted: str, source: str) -> Any:
-    """Make `node.key` a config of the decoder type `name`, keeping the values set (not defaults) of the keys both types have."""
+    """Make `node.key` a config of the decoder type `name`, keeping the values set (not defaults) of
+    the keys both types have."""
     current, kind = getattr(node, key), decoder_type(name, repr(f"{dotted}.type"), source).config
     if type(current) is not kind:
         own = {f.name for f in dataclasses.fields(kind)}
@@ -290,7 +292,8 @@ def _check_leaf(value: Any, f: dataclasses.Field, annotation: Any, dotted: str, 
     """A key's value against its spec, also for values set in code."""
     spec = f.metadata.get("spec")
     if spec is None:  # a programming error, not a user's: declare the key with `setting`
-        raise TypeError(f"config key {dotted!r} has no spec: declare it as `{f.name}: T = setting(default, Range/Choice/...)`")
+        raise TypeError(
+            f"config key {dotted!r} has no spec: declare it as `{f.name}: T = setting(default, Range/Choice/...)`")
     if isinstance(spec, DecodeOption):
         _decode_value(value, spec, dotted, source)
     else:
@@ -307,7 +310,8 @@ def validate(config: Config, source: str = "config") -> None:
     if config.train.warmup_epochs is not None and config.train.warmup_steps is not None:
         raise ConfigError(
             f"{source}: 'train.warmup_epochs' ({config.train.warmup_epochs:g}) and 'train.warmup_steps' "
-            f"({config.train.warmup_steps}) are both set; keep one and set the other to null (epochs mean the same at any number of GPUs)"
+            f"({config.train.warmup_steps}) are both set; keep one and set the other to null (epochs mean the same at "
+            "any number of GPUs)"
         )
     if config.data.val_fraction + config.data.test_fraction >= 1:
         raise ConfigError(
@@ -319,15 +323,18 @@ def validate(config: Config, source: str = "config") -> None:
     if config.data.dataset == "webdataset":
         missing = [key for key in ("train_shards", "val_shards") if not getattr(config.data, key)]
         if missing:
-            raise ConfigError(f"{source}: 'data.{missing[0]}' is required when 'data.dataset' is webdataset (a brace pattern of shards)")
+            raise ConfigError(f"{source}: 'data.{missing[0]}' is required when 'data.dataset' is webdataset (a brace "
+                              "pattern of shards)")
         if config.train.stage == "scst":
             raise ConfigError(
-                f"{source}: 'train.stage' scst needs every training image's references before it starts, which streamed shards do not give: "
-                "train the cross-entropy stage on the shards, then SCST on an image folder or a Hugging Face dataset (data.dataset imagefolder or hf)"
+                f"{source}: 'train.stage' scst needs every training image's references before it starts, which "
+                "streamed shards do not give: train the cross-entropy stage on the shards, then SCST on an image "
+                "folder or a Hugging Face dataset (data.dataset imagefolder or hf)"
             )
     scst = config.scst
     if scst.baseline == "mean" and scst.samples < 2:
-        raise ConfigError(f"{source}: 'scst.baseline' mean needs 'scst.samples' >= 2 (the other samples of the image), got {scst.samples}")
+        raise ConfigError(f"{source}: 'scst.baseline' mean needs 'scst.samples' >= 2 (the other samples of the image), "
+                          f"got {scst.samples}")
     if scst.cider_weight == 0 and scst.bleu_weight == 0:
         raise ConfigError(f"{source}: 'scst.cider_weight' and 'scst.bleu_weight' are both 0: the reward would be 0")
     problem = combination_problem(dataclasses.asdict(config.decode))

@@ -16,7 +16,8 @@ from typing import Any
 
 from captioner.core.errors import ConfigError
 
-ENTRY_POINTS = "captioner.decoders"  # an installed package's decoders: name = "package.module" (importing it registers them)
+# an installed package's decoders: name = "package.module" (importing it registers them)
+ENTRY_POINTS = "captioner.decoders"
 BUILTIN = {"lstm": "captioner.models.decoders.lstm", "transformer": "captioner.models.decoders.transformer"}
 DEFAULT = "lstm"
 log = logging.getLogger(__name__)
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DecoderType:
-    """A registered decoder: its config dataclass and its module class (built as `module(config, vocab_size, feat_dim)`)."""
+    """A registered decoder: its config dataclass and its module class (built as
+    `module(config, vocab_size, feat_dim)`)."""
 
     name: str
     config: type
@@ -40,8 +42,10 @@ def register(name: str, config: type, module: Any) -> None:
     if not dataclasses.is_dataclass(config) or "type" in {f.name for f in dataclasses.fields(config)}:
         raise TypeError(f"decoder {name!r}: its config must be a dataclass without a `type` field, got {config!r}")
     known = _TYPES.get(name)
-    if known is not None and (known.config.__qualname__, known.module.__qualname__) != (config.__qualname__, module.__qualname__):
-        raise ValueError(f"decoder type {name!r} is registered already, by {known.module.__module__}.{known.module.__qualname__}")
+    if known is not None and (known.config.__qualname__, known.module.__qualname__) != (config.__qualname__,
+                                                                                        module.__qualname__):
+        raise ValueError(
+            f"decoder type {name!r} is registered already, by {known.module.__module__}.{known.module.__qualname__}")
     _TYPES[name] = DecoderType(name, config, module)
     config.type = name  # not a field: `config.model.decoder.type` reads it, asdict leaves it out
 

@@ -60,7 +60,8 @@ class ModelSpec:
 
     encoder: EncoderConfig
     preprocessing: Preprocessing
-    decoder: dict[str, Any]  # the `model.decoder` section: its type and keys (`decoder_config()` checks and builds them)
+    # the `model.decoder` section: its type and keys (`decoder_config()` checks and builds them)
+    decoder: dict[str, Any]
     vocab: tuple[str, ...]
     special: SpecialIds
     decode: DecodeConfig
@@ -115,13 +116,16 @@ class ModelSpec:
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: spec must be a mapping, got {type(raw).__name__}")
         if raw.get("spec_version") != SPEC_VERSION:
-            raise ConfigError(f"{source}: spec_version {raw.get('spec_version')!r} is not supported (this version reads {SPEC_VERSION})")
-        missing = [key for key in ("encoder", "preprocessing", "decoder", "special_tokens", "decode") if not isinstance(raw.get(key), dict)]
+            raise ConfigError(f"{source}: spec_version {raw.get('spec_version')!r} is not supported (this version "
+                              f"reads {SPEC_VERSION})")
+        missing = [key for key in ("encoder", "preprocessing", "decoder", "special_tokens", "decode")
+                   if not isinstance(raw.get(key), dict)]
         if missing:
             raise ConfigError(f"{source}: spec lacks {', '.join(missing)} (or one is not a mapping)")
         words = raw.get("vocab", vocab)
         if "vocab_size" in raw and words is not None and raw["vocab_size"] != len(words):
-            raise ConfigError(f"{source}: spec says vocab_size {raw['vocab_size']!r}, the vocabulary has {len(words)} words")
+            raise ConfigError(
+                f"{source}: spec says vocab_size {raw['vocab_size']!r}, the vocabulary has {len(words)} words")
         pre = raw["preprocessing"]
         return cls.checked(raw["encoder"], raw["decoder"], pre.get("image_size"), raw["decode"], words, source,
                            blind=raw.get("blind", False), special=raw["special_tokens"], mean=pre.get("mean"),
@@ -141,7 +145,8 @@ class ModelSpec:
         words = check_words(vocab, source)
         ids = SpecialIds(*range(len(SPECIAL_WORDS)))
         if special is not None and special != dataclasses.asdict(ids):
-            raise ConfigError(f"{source}: special_tokens {special!r} are not the vocabulary's ({dataclasses.asdict(ids)})")
+            raise ConfigError(
+                f"{source}: special_tokens {special!r} are not the vocabulary's ({dataclasses.asdict(ids)})")
         if check_decoder:
             decoder = section(decoder_config(decoder, source))
         elif not (isinstance(decoder, dict) and isinstance(decoder.get("type"), str)):
@@ -181,7 +186,8 @@ def floats(value: Any, name: str, source: str) -> tuple[float, ...] | None:
 def grid_of(value: Any, source: str) -> tuple[int, int] | None:
     if value is None:
         return None
-    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value)):
+    if not (isinstance(value, list) and len(value) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value)):
         raise ConfigError(f"{source}: grid must be [h, w], got {value!r}")
     return (value[0], value[1])
 

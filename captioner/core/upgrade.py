@@ -102,7 +102,8 @@ def upgrade_export_config(config: dict[str, Any], source: str) -> dict[str, Any]
     preprocessing, encoder = config.get("preprocessing") or {}, config.get("encoder") or {}
     spec = spec_of_sections(config, f"{source} (config)", vocab_size=config["vocab_size"],
                             special_tokens=config.get("special_tokens"), mean=preprocessing.get("mean"),
-                            std=preprocessing.get("std"), grid=encoder.get("grid"), feature_dim=encoder.get("feature_dim"))
+                            std=preprocessing.get("std"), grid=encoder.get("grid"),
+                            feature_dim=encoder.get("feature_dim"))
     return {**config, "format_version": 2, "spec": spec}
 
 

@@ -197,7 +197,8 @@ def caption_in_batches(
         loaded: list[Image.Image | ImageLoadError] = []
         for i, item in enumerate(items[start : start + batch_size], start):
             try:
-                loaded.append(picture_of(item, None if single or errors == "return" else f"image {i + 1} of {len(items)}"))
+                loaded.append(
+                    picture_of(item, None if single or errors == "return" else f"image {i + 1} of {len(items)}"))
             except ImageLoadError as e:
                 if errors == "raise":
                     raise

@@ -29,8 +29,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--beam", type=DECODE_OPTIONS["beam_size"].argument_type(), default=None, metavar="K",
                         help=f"beam size, {DECODE_OPTIONS['beam_size'].describe()} (1: greedy; default: the export's)")
     parser.add_argument("--max-length", type=DECODE_OPTIONS["max_length"].argument_type(), default=None, metavar="N",
-                        help=f"most words per caption, {DECODE_OPTIONS['max_length'].describe()} (default: the export's)")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime threads per operator (default: the cores available)")
+                        help=(f"most words per caption, {DECODE_OPTIONS['max_length'].describe()} (default: the "
+                              "export's)"))
+    parser.add_argument("--threads", type=int, default=None,
+                        help="onnxruntime threads per operator (default: the cores available)")
     return parser.parse_args(argv)
 
 
@@ -40,7 +42,8 @@ def no_export_named(folder: str) -> str | None:
     if not Path(folder).is_file():
         return None
     packaged = Path(__file__).resolve().parents[1] / "pretrained"  # where `pip install captioner` puts its model
-    names = sorted(p.name for p in packaged.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))) if packaged.is_dir() else []
+    names = sorted(p.name for p in packaged.iterdir() if p.is_dir()
+                   and not p.name.startswith(("_", "."))) if packaged.is_dir() else []
     source = names[0] if names else "RUN"
     return (f"{folder}: a file, where the exported ONNX folder goes first; the runtime ships no model: export one with "
             f"`captioner export {source} DIR --onnx` (PyTorch's captioner), then `captioner-onnx DIR IMAGE...`")

@@ -63,7 +63,8 @@ def find_manifest(folder: str | Path) -> Path:
             return candidate
     if not folder.exists():
         raise ExportError(f"{folder}: no such folder")
-    raise ExportError(f"{folder}: no {MANIFEST} here or in {folder / 'onnx'} (make one with `captioner export CKPT DIR --onnx`)")
+    raise ExportError(
+        f"{folder}: no {MANIFEST} here or in {folder / 'onnx'} (make one with `captioner export CKPT DIR --onnx`)")
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -80,8 +81,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if version not in range(OLDEST_ONNX, ONNX_FORMAT_VERSION + 1) or isinstance(version, bool):
         raise ExportError(
             f"{path}: format_version {version!r} is another captioner version's ONNX format (this one reads "
-            f"{OLDEST_ONNX} and {ONNX_FORMAT_VERSION}; exported by captioner {manifest.get('captioner_version', '?')}): "
-            "re-export the checkpoint"
+            f"{OLDEST_ONNX} and {ONNX_FORMAT_VERSION}; exported by captioner "
+            f"{manifest.get('captioner_version', '?')}): re-export the checkpoint"
         )
     manifest = upgrade_onnx_manifest(manifest, str(path))
     for field, kind in {**GRAPH_FIELDS, "spec": dict}.items():
@@ -89,7 +90,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
             raise ExportError(f"{path}: field {field!r} is missing or malformed")
     for graph in GRAPHS:
         entry, names = manifest["files"].get(graph), manifest["graphs"].get(graph)
-        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("sha256"), str)):
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("sha256"), str)):
             raise ExportError(f"{path}: files.{graph} must give the graph's path and sha256")
         if Path(entry["path"]).name != entry["path"] or entry["path"] in ("", ".", ".."):
             raise ExportError(f"{path}: files.{graph}.path must be a file name beside onnx.json, got {entry['path']!r}")
@@ -98,7 +100,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec, Vocabulary, SpecialIds, int, tuple[int, int], dict]:
+def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec, Vocabulary, SpecialIds, int,
+                                                              tuple[int, int], dict]:
     """What the runtime reads of the model: its spec, vocabulary, special ids, input size, grid
     and decoding defaults; one ExportError naming `path` when they do not hold."""
     try:
@@ -136,11 +139,13 @@ def session_options(threads: int | None) -> ort.SessionOptions:
     return options
 
 
-def open_session(path: Path, manifest_path: Path, expected_sha256: str, names: dict, threads: int | None) -> ort.InferenceSession:
+def open_session(path: Path, manifest_path: Path, expected_sha256: str, names: dict,
+                 threads: int | None) -> ort.InferenceSession:
     """The checked graph file's session, its inputs and outputs those onnx.json names."""
     verify_file(path, expected_sha256, manifest_path)
     try:
-        session = ort.InferenceSession(str(path), sess_options=session_options(threads), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), sess_options=session_options(threads),
+                                       providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own several classes for a bad model
         raise ExportError(f"{path}: onnxruntime cannot load it ({' '.join(str(e).split())[:200]})") from None
     inputs, outputs = [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]

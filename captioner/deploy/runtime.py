@@ -45,7 +45,8 @@ class OnnxCaption:
         return maps.mean(axis=1) if head is None else maps[:, head]  # (T, h, w)
 
     def to_json(self) -> dict:
-        return {"caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4), "finished": self.finished}
+        return {"caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4),
+                "finished": self.finished}
 
 
 # The decoding options the exported search implements (core/decode_schema.py declares them all).
@@ -108,7 +109,8 @@ class OnnxCaptioner:
             n_best=n_best, errors=errors,
         )
 
-    def caption_arrays(self, images: np.ndarray, search: SearchOptions | None = None, n_best: int | None = None) -> list:
+    def caption_arrays(self, images: np.ndarray, search: SearchOptions | None = None,
+                       n_best: int | None = None) -> list:
         """uint8 images (B, 3, S, S), as `preprocess.image_batch` makes them -> a caption each, or
         with `n_best` each image's n best distinct captions, best first (greedy gives one)."""
         feats = self.encode(images)  # (B, N, D)

@@ -45,31 +45,37 @@ if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     caption = commands.add_parser("caption", help="caption images or folders of images")
     caption.add_argument("checkpoint", nargs="?",
-                         help="a .pt, a run folder, an export or a Hub id; left out when the first argument is an image "
-                              "(or a folder of images): the default model, runs/default_model if exported, else the packaged model, "
-                              "else runs/shapes_lstm")
+                         help="a .pt, a run folder, an export or a Hub id; left out when the first argument is an "
+                              "image (or a folder of images): the default model, runs/default_model if exported, else "
+                              "the packaged model, else runs/shapes_lstm")
     caption.add_argument("images", nargs="*", help="image files or folders of images (jpg, png, ...)")
     add_decode_arguments(caption)
     add_ensemble_arguments(caption)
     caption.add_argument("--n-best", type=decode_value("n_best"), default=None, metavar="N",
-                         help=f"N hypotheses per image, best first, each with its score, {takes('n_best')} (N <= beam; with --sample: N draws)")
+                         help=(f"N hypotheses per image, best first, each with its score, {takes('n_best')} (N <= "
+                               "beam; with --sample: N draws)"))
     caption.add_argument("--sample", action="store_true", help="sample instead of searching (see --top-k, --top-p)")
     caption.add_argument("--temperature", type=decode_value("temperature"), default=None,
                          help=f"with --sample: softmax temperature, {takes('temperature')} (default 1)")
     caption.add_argument("--top-k", type=decode_value("top_k"), default=None,
-                         help=f"with --sample: draw from the K most probable words only, {takes('top_k')} (default 0: all)")
+                         help=(f"with --sample: draw from the K most probable words only, {takes('top_k')} (default "
+                               "0: all)"))
     caption.add_argument("--top-p", type=decode_value("top_p"), default=None,
                          help=f"with --sample: draw from the nucleus of mass P only, {takes('top_p')} (default 1)")
-    caption.add_argument("--seed", type=decode_value("seed"), default=None, help="with --sample: seed, for reproducible draws")
+    caption.add_argument("--seed", type=decode_value("seed"), default=None,
+                         help="with --sample: seed, for reproducible draws")
     caption.add_argument("--attention", action="store_true", help="with --json: each word's attention map (h x w)")
-    caption.add_argument("--json", action="store_true", help="one JSON object per image (words, scores; maps with --attention) instead of text")
-    caption.add_argument("--heatmaps", metavar="OUTDIR", help="write one attention figure per image (per hypothesis with --n-best) here")
+    caption.add_argument("--json", action="store_true",
+                         help="one JSON object per image (words, scores; maps with --attention) instead of text")
+    caption.add_argument("--heatmaps", metavar="OUTDIR",
+                         help="write one attention figure per image (per hypothesis with --n-best) here")
     caption.add_argument("--layer", type=int, default=-1, help="decoder layer of the maps (transformer)")
     caption.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
     caption.add_argument("--self-attention", metavar="OUTDIR",
                          help="transformer: write each caption's self-attention head view (PNG and SVG) here")
     caption.add_argument("--head-grid", metavar="OUTDIR",
-                         help="write each caption's cross-attention per layer and head, a grid of small maps per word, here")
+                         help=("write each caption's cross-attention per layer and head, a grid of small maps per "
+                               "word, here"))
     caption.add_argument("--saliency", choices=("gradcam",), default=None,
                          help="with --heatmaps: also draw each word's Grad-CAM beside its attention")
     caption.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
@@ -91,13 +97,15 @@ def run(args: argparse.Namespace) -> int:
     sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     if sampling and not args.sample:
         flags = [SAMPLING_FLAGS[name] for name in sampling]
-        raise CaptionerError(f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} only with --sample")
+        raise CaptionerError(
+            f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} only with --sample")
     if args.saliency and not args.heatmaps:
         raise CaptionerError("caption: --saliency draws beside the heatmaps; give --heatmaps OUTDIR too")
     if args.ensemble and (args.self_attention or args.saliency):
         flag = "--self-attention" if args.self_attention else "--saliency"
         raise CaptionerError(f"caption: {flag} looks inside one model; an ensemble (--ensemble) has several")
-    args.checkpoint, args.images = named_model_and_images([args.checkpoint, *args.images] if args.checkpoint else args.images, args.runtime)
+    args.checkpoint, args.images = named_model_and_images([args.checkpoint, *args.images] if args.checkpoint
+                                                          else args.images, args.runtime)
     if args.checkpoint is not None and args.runtime == "torch":
         from captioner.models.model_paths import checkpoint_file
 
@@ -113,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
         options = decode_options(args)
         if args.self_attention:
             if not model.decoder.has_self_attention:
-                raise CaptionerError(f"caption: --self-attention needs a transformer checkpoint; {args.checkpoint} has an "
-                                     f"{model.config.decoder.type} decoder")
+                raise CaptionerError(f"caption: --self-attention needs a transformer checkpoint; {args.checkpoint} has "
+                                     f"an {model.config.decoder.type} decoder")
             options["self_attention"] = True
         if args.sample:
             options.update(sample=True, **sampling)
@@ -147,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
                 entry |= figures(model, path, image, caption, request, f"_{rank}" if args.n_best is not None else "")
             entries.append(entry)
             if not args.json:
-                print(f"{path}\t{hypotheses[0].text}" if args.n_best is None else f"{path}\t{rank}\t{caption.score:.4f}\t{caption.text}")
+                print(f"{path}\t{hypotheses[0].text}" if args.n_best is None
+                      else f"{path}\t{rank}\t{caption.score:.4f}\t{caption.text}")
         row = {"image": str(path), **entries[0]}
         if args.n_best is not None:
             row["n_best"] = entries
@@ -175,7 +184,8 @@ def images_to_caption(inputs: list[str], default: bool) -> list[Path]:
                 default_model()
             finally:
                 logging.disable(before)
-        raise ImageLoadError(f"{paths[0]}: no such file" if len(paths) == 1 else f"caption: none of the {len(paths)} images exist (e.g. {paths[0]})")
+        raise ImageLoadError(f"{paths[0]}: no such file" if len(paths) == 1
+                             else f"caption: none of the {len(paths)} images exist (e.g. {paths[0]})")
     return paths
 
 
@@ -184,7 +194,8 @@ def refuse_if_none_captioned(paths: list[Path], results: Sequence[object]) -> No
     (each named, then a count, exit status 1)."""
     errors = [result for result in results if isinstance(result, ImageLoadError)]
     if errors and len(errors) == len(paths):
-        raise errors[0] if len(paths) == 1 else ImageLoadError(f"caption: none of the {len(paths)} images could be read (e.g. {errors[0]})")
+        raise errors[0] if len(paths) == 1 else ImageLoadError(
+            f"caption: none of the {len(paths)} images could be read (e.g. {errors[0]})")
 
 
 def check_map_choice(layer: int, head: int | None, results: Sequence[object]) -> None:
@@ -218,8 +229,8 @@ def named_model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[s
         raise CaptionerError("caption: no images given")
     if not is_image_input(inputs[0], runtime):
         if len(inputs) == 1:
-            raise CaptionerError(f"caption: no images given after the model {inputs[0]} (a first argument that is an image "
-                                 "file or a folder of images is captioned with the default model)")
+            raise CaptionerError(f"caption: no images given after the model {inputs[0]} (a first argument that is an "
+                                 "image file or a folder of images is captioned with the default model)")
         return inputs[0], inputs[1:]
     if runtime == "onnx":  # the default may be a PyTorch run, which onnxruntime cannot load
         raise CaptionerError("caption --runtime onnx: name the exported folder to run first (e.g. runs/default_model)")
@@ -252,7 +263,8 @@ def onnx_model(args: argparse.Namespace) -> OnnxCaptioner:
 
     refused = [flag for name, flag in ONNX_REFUSES.items() if getattr(args, name, None)]
     if refused:
-        raise CaptionerError(f"caption --runtime onnx: {', '.join(refused)} need the PyTorch runtime (leave out --runtime onnx)")
+        raise CaptionerError(
+            f"caption --runtime onnx: {', '.join(refused)} need the PyTorch runtime (leave out --runtime onnx)")
     return OnnxCaptioner.from_folder(args.checkpoint)
 
 
@@ -262,12 +274,14 @@ def figure_request(args: argparse.Namespace) -> FigureRequest | None:
         return None
     from captioner.viz.caption_figures import FigureRequest
 
-    folder = {name: Path(getattr(args, name)) if getattr(args, name) else None for name in ("heatmaps", "self_attention", "head_grid")}
+    folder = {name: Path(getattr(args, name)) if getattr(args, name) else None
+              for name in ("heatmaps", "self_attention", "head_grid")}
     gradcam = folder["heatmaps"] if args.saliency == "gradcam" else None  # drawn beside the heatmaps
     return FigureRequest(**folder, gradcam=gradcam, layer=args.layer, head=args.head)
 
 
-def figures(model: Captioner | Ensemble, path: Path, image: Image.Image, caption: Caption, request: FigureRequest, suffix: str) -> dict[str, str]:
+def figures(model: Captioner | Ensemble, path: Path, image: Image.Image, caption: Caption, request: FigureRequest,
+            suffix: str) -> dict[str, str]:
     """Draw a caption's requested figures (Grad-CAM computed first when asked); their paths by kind."""
     from captioner.viz.caption_figures import save_caption_figures
 

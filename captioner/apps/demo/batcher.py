@@ -88,7 +88,8 @@ class CaptionBatcher:
         or all of them the error."""
         first = batch[0]
         try:
-            captions: list[Caption | BaseException] = list(first.model.caption([job.image for job in batch], **first.options))
+            captions: list[Caption | BaseException] = list(
+                first.model.caption([job.image for job in batch], **first.options))
         except Exception as e:  # noqa: BLE001 - handed to every caller, who raises it
             captions = [e] * len(batch)
         with self._changed:

@@ -25,7 +25,8 @@ from captioner.models.captioner import Captioner
 from captioner.models.model_origin import introduce
 from captioner.viz.overlays import word_overlays
 
-DISPLAY_SIDE = 512  # overlays are drawn on a copy this size at most: the gallery's preview, and a 40 MP photo stays cheap to show
+# overlays are drawn on a copy this size at most: the gallery's preview, and a 40 MP photo stays cheap to show
+DISPLAY_SIDE = 512
 
 
 @dataclass
@@ -125,7 +126,8 @@ def caption_page(
     return render_page(result, layer, head, figure_dir)
 
 
-def render_page(result: Result, layer: str | int | None, head: str | int | None, figure_dir: Path | None = None) -> PageOutput:
+def render_page(result: Result, layer: str | int | None, head: str | int | None,
+                figure_dir: Path | None = None) -> PageOutput:
     """Overlays (and the figure, when `figure_dir` is given) for one layer/head choice of an
     already captioned image."""
     caption = result.caption
