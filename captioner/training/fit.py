@@ -35,29 +35,14 @@ from captioner.models.decoder import DecoderOutput
 from captioner.text.vocab import Vocabulary
 from captioner.training import distributed
 from captioner.training.distributed import Distributed
-from captioner.training.history import (
-    METRICS,
-    STEP_LOSSES,
-    write_history,
-    write_step_losses,
-)
+from captioner.training.history import METRICS, STEP_LOSSES, write_history, write_step_losses
 from captioner.training.interrupt import Interrupted, StopSignals
 from captioner.training.loop import train_one_epoch
 from captioner.training.resume import rng_state, set_rng_state
 from captioner.training.schedule import lr_scale, make_optimizer, make_scheduler
 from captioner.training.scst import SelfCritical
-from captioner.training.run_setup import (
-    RunData,
-    accelerate,
-    caption_dataset,
-    decide_speed,
-    log_batch_plan,
-    make_loader,
-    make_objective,
-    stored_data,
-    uses_feature_store,
-    wrap_for_ddp,
-)
+from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan,
+                                          make_loader, make_objective, stored_data, uses_feature_store, wrap_for_ddp)
 from captioner.training.speed import SpeedChoices, decide_threads
 from captioner.training.stages import read_init_checkpoint, read_resume_checkpoint
 from captioner.training.state import LOGGED, TrainState
@@ -127,9 +112,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     return out_dir / "best.pt"
 
 
-def load_records(
-    config: Config, ctx: Distributed
-) -> tuple[list[ImageRecord], list[ImageRecord], list[ImageRecord]]:
+def load_records(config: Config, ctx: Distributed) -> tuple[list[ImageRecord], list[ImageRecord], list[ImageRecord]]:
     """(train, the val images validated on, the whole val split). The shapes world is generated on
     first use: by rank 0, before the others read it."""
     streamed = config.data.dataset == "webdataset"  # the train shards are streamed, never loaded whole

@@ -108,9 +108,7 @@ class LSTMDecoder(Decoder):
             return self._forward_by_steps(feats, tokens, lengths, image_rows)
         active = active_rows(lengths, C, T)  # rows inside their caption at each step, non-increasing
         if not active:  # no caption has a single step: all padding
-            return DecoderOutput(
-                feats.new_zeros(C, T, self.vocab_size), feats.new_zeros(C, T, 1, 1, feats.shape[1])
-            )
+            return DecoderOutput(feats.new_zeros(C, T, self.vocab_size), feats.new_zeros(C, T, 1, 1, feats.shape[1]))
         memory = self.prepare(feats)  # once per image
         state = self.init_state(memory)
         if image_rows is not None:  # one row per caption
@@ -122,9 +120,8 @@ class LSTMDecoder(Decoder):
         padded = not (len(active) == T and active[-1] == C)
         if padded:
             # Real positions in time-major order and where they sit in (C*T); nothing is made for padding.
-            rows = to_device_quietly(
-                torch.tensor([t + c * T for t, n in enumerate(active) for c in range(n)]), feats.device
-            )  # (M,)
+            positions = torch.tensor([t + c * T for t, n in enumerate(active) for c in range(n)])  # (M,)
+            rows = to_device_quietly(positions, feats.device)  # (M,)
             words = tokens.flatten().index_select(0, rows)  # (M,)
         else:
             words = tokens.flatten()  # (C*T,), batch-major
@@ -136,9 +133,8 @@ class LSTMDecoder(Decoder):
         # The products of h_{t-1} and z_t at every step, each weight's gradient one product over all steps.
         context_product = RecurrentProduct(w_context.t())  # (D, 4H)
         # One product of h_{t-1} per step: attention query W_s, gate f_beta and the recurrent weights.
-        state_product = RecurrentProduct(
-            torch.cat([self.attention.state_proj.weight, self.gate.weight, w_hh]).t()
-        )  # (H, A + D + 4H)
+        w_state = torch.cat([self.attention.state_proj.weight, self.gate.weight, w_hh]).t()  # (H, A + D + 4H)
+        state_product = RecurrentProduct(w_state)
         b_state = torch.cat([self.attention.state_proj.bias, self.gate.bias, w_hh.new_zeros(4 * H)])  # (A + D + 4H,)
         A = self.attention.state_proj.out_features
         # The grid's rows for each number of captions still running, all cut from the full memory at once.
@@ -159,9 +155,8 @@ class LSTMDecoder(Decoder):
             contexts.append(context)
             maps.append(weights)
         if not padded:  # batch-major outputs directly, nothing to scatter
-            logits = self._output(
-                embedded.view(C, T, -1), torch.stack(hs, dim=1), torch.stack(contexts, dim=1)
-            )  # (C, T, V)
+            hs_, contexts_ = torch.stack(hs, dim=1), torch.stack(contexts, dim=1)  # (C, T, H), (C, T, D)
+            logits = self._output(embedded.view(C, T, -1), hs_, contexts_)  # (C, T, V)
             return DecoderOutput(logits, torch.stack(maps, dim=1)[:, :, None, None, :])  # attn (C, T, 1, 1, N)
         logits = self._output(embedded, torch.cat(hs), torch.cat(contexts))  # (M, V)
         maps_real = torch.cat(maps)  # (M, N)
