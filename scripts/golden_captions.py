@@ -1,34 +1,18 @@
 """The golden captions: what today's models say, written to tests/data/golden/captions.json, so that
-a refactor of the model description, the decoding or the exports can show it changed nothing:
-tests/test_golden_captions.py decodes them again and compares, byte for byte on the machine that
-wrote the file.
+a refactor can show it changed nothing (tests/test_golden_captions.py decodes them again and
+compares, byte for byte on the machine that wrote the file; tests/data/golden/README.md says what
+the folder holds).
 
     python scripts/golden_captions.py             # rewrite captions.json from the committed models
     python scripts/golden_captions.py --models    # first train the two tiny shapes models again
 
-tests/data/golden/ holds, made once by `--models` and committed:
-
-- lstm.pt, transformer.pt: two tiny shapes models (Show-Attend-Tell LSTM, transformer), trained
-  for a few epochs at fp32 on one thread with a fixed seed, saved as `captioner train` saves
-  best.pt (then stripped of the optimizer state, which loading does not read);
-- export_lstm/: lstm.pt exported by `captioner export --onnx` (safetensors + JSON, and the ONNX
-  bundle in export_lstm/onnx; the model card's figure, attention.png, left out: nothing reads it);
-- pictures/: six shapes test pictures (PNG), so the comparison does not depend on the generator.
-
-captions.json holds, for each shapes model (both checkpoints and the export) on the pictures, and
-for the packaged model (captioner.default_model()) on the first Flickr8k test photographs (from
-the shared data folder, as scripts/packaged_captions.py picks them), the captions of every
-decoding in DECODINGS, each with its token ids, text, score as repr(float) and attention maps
-(shape and checksum); the ONNX runtime on
-the committed ONNX bundle when onnxruntime is installed (the test also holds a fresh ONNX export
-of today's code to them); the state dicts' names and shapes and the sha256 of every committed model
-file (they are the "from before" files: never rewrite them after the format changed); and
-machine_key() as "made_on". The captions are decoded on one thread with the dense layers'
-products pinned to oneDNN's route where torch has it (`pinned_arithmetic`), whichever route the
-machine's timing would pick; "onednn_products" records whether it was taken.
-
-Note: `--models` is not reproducible on another machine, or another torch; after it, the test's
-"old format" files are today's, which is the point only before a format change.
+Every decoding of DECODINGS, for the shapes models (both checkpoints and the export, and its ONNX
+bundle when onnxruntime is installed) on the pictures and for the packaged model on the first
+Flickr8k test photographs: tokens, text, scores as repr(float), attention maps by shape and
+checksum; the committed files' checksums and state dict layouts; machine_key() as "made_on".
+Decoded on one thread with the dense layers' products pinned to oneDNN's route where torch has it
+(`pinned_arithmetic`). `--models` is not reproducible elsewhere; after it the "old format" files are
+today's, which is the point only before a format change.
 """
 
 from __future__ import annotations
