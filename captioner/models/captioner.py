@@ -6,6 +6,7 @@ PIL images; what a model is, as its files record it, is its spec (core/model_spe
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -18,7 +19,7 @@ from torch import nn
 from captioner.core.config_sections import Config, DecodeConfig, ModelConfig
 from captioner.core.decoder_types import section
 from captioner.core.errors import CheckpointError, ExportError
-from captioner.core.model_spec import ModelSpec, Preprocessing, SpecialIds
+from captioner.core.model_spec import ModelSpec, Preprocessing
 from captioner.core.process_settings import resolve_device
 from captioner.data.image_files import ImageInput, caption_in_batches
 from captioner.data.image_transform import ImageTransform
@@ -49,22 +50,37 @@ from captioner.text.vocab import Vocabulary
 
 
 class Captioner(nn.Module):
-    """An image captioner with spatial attention; carries its model configuration, vocabulary,
-    transform and decoding defaults, and nothing about how it was trained."""
+    """An image captioner with spatial attention: an encoder and a decoder, and the one description
+    of the model they make (its `ModelSpec`: vocabulary, preprocessing, decoding defaults); nothing
+    about how it was trained."""
 
-    def __init__(
-        self, encoder: Encoder, decoder: Decoder, vocab: Vocabulary, config: ModelConfig, image_size: int,
-        decode_config: DecodeConfig | None = None,
-    ) -> None:
+    def __init__(self, encoder: Encoder, decoder: Decoder, spec: ModelSpec) -> None:
         super().__init__()
         self.encoder = encoder
         self.decoder = decoder
-        self.vocab = vocab
-        self.config = ModelConfig(config.encoder, config.decoder, config.blind)
-        self.image_size = image_size
-        self.decode_config = decode_config or DecodeConfig()
-        self.transform = ImageTransform(image_size)
+        self._spec = spec
+        self._decoder_config = spec.decoder_config()
+        self.vocab = Vocabulary(list(spec.vocab))
+        self.transform = ImageTransform(spec.preprocessing.image_size)
         self.origin: ModelOrigin | None = None  # set by from_pretrained: what the caption paths say answered
+
+    @property
+    def config(self) -> ModelConfig:
+        """The `model` section that builds it: encoder, decoder, blind."""
+        return ModelConfig(self._spec.encoder, self._decoder_config, self._spec.blind)
+
+    @property
+    def image_size(self) -> int:
+        return self._spec.preprocessing.image_size
+
+    @property
+    def decode_config(self) -> DecodeConfig:
+        """Its decoding defaults (the spec's `decode` section)."""
+        return self._spec.decode
+
+    @decode_config.setter
+    def decode_config(self, decode: DecodeConfig) -> None:
+        self._spec = dataclasses.replace(self._spec, decode=decode)
 
     @classmethod
     def from_config(cls, config: Config, vocab: Vocabulary, load_pretrained: bool = True) -> Captioner:
@@ -76,12 +92,8 @@ class Captioner(nn.Module):
     def from_spec(cls, spec: ModelSpec, load_pretrained: bool = False) -> Captioner:
         """The model `spec` describes, with fresh weights (ImageNet's for the backbone when asked
         and `load_pretrained`)."""
-        encoder, decoder_config = build_encoder(spec.encoder, load_pretrained), spec.decoder_config()
-        decoder = build_decoder(decoder_config, len(spec.vocab), encoder.out_dim)
-        model_config = ModelConfig(spec.encoder, decoder_config, spec.blind)
-        return cls(
-            encoder, decoder, Vocabulary(list(spec.vocab)), model_config, spec.preprocessing.image_size, spec.decode
-        )
+        encoder = build_encoder(spec.encoder, load_pretrained)
+        return cls(encoder, build_decoder(spec.decoder_config(), len(spec.vocab), encoder.out_dim), spec)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "auto") -> Captioner:
@@ -159,18 +171,9 @@ class Captioner(nn.Module):
 
     def spec(self, grid: tuple[int, int] | None = None) -> ModelSpec:
         """What this model is, as every model file records it (`grid`: the encoder's, if known)."""
-        statistics, vocab = self.encoder.normalize.statistics, self.vocab
-        return ModelSpec(
-            encoder=self.config.encoder,
-            preprocessing=Preprocessing(self.image_size, tuple(statistics.mean), tuple(statistics.std)),
-            decoder=section(self.config.decoder),
-            vocab=tuple(vocab.to_list()),
-            special=SpecialIds(vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.unk_id),
-            decode=self.decode_config,
-            blind=self.config.blind,
-            grid=grid,
-            feature_dim=self.encoder.out_dim,
-        )
+        statistics = self.encoder.normalize.statistics
+        preprocessing = Preprocessing(self.image_size, tuple(statistics.mean), tuple(statistics.std))
+        return dataclasses.replace(self._spec, preprocessing=preprocessing, grid=grid, feature_dim=self.encoder.out_dim)
 
     def packaged_encoder_record(self) -> dict[str, str] | None:
         """The package and weights sha256 an export records in place of the encoder's weights when
