@@ -27,6 +27,7 @@ def registry(monkeypatch: pytest.MonkeyPatch):
     """The decoder table and sys.modules as they were, after the test (a registration is process-wide)."""
     monkeypatch.setattr(decoder_types, "_TYPES", dict(decoder_types._TYPES))
     monkeypatch.setattr(decoder_types, "_loaded", set(decoder_types._loaded))
+    monkeypatch.setattr(decoder_types, "_points", None)  # the entry points as the test installs them
     yield
     sys.modules.pop("my_gru", None)
 
