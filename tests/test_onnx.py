@@ -30,8 +30,7 @@ from captioner.text.endings import BAD_ENDINGS
 
 require_module("onnxruntime", "the ONNX runtime tests need onnxruntime (pip install captioner[onnx])")
 
-from captioner.deploy.preprocess import image_array  # noqa: E402
-from captioner.deploy.runtime import OnnxCaptioner  # noqa: E402
+from captioner.deploy.runtime import OnnxCaptioner, image_array  # noqa: E402
 from captioner.deploy.numpy_search import SearchOptions, TokenRules, beam_search, greedy_search  # noqa: E402
 from captioner.models import onnx_export  # noqa: E402
 from captioner.models.onnx_export import export_onnx  # noqa: E402

@@ -1,9 +1,6 @@
-"""An exported folder, checked: `onnx.json` read and validated, every graph's checksum compared,
-and the onnxruntime sessions made. Every problem is one `ExportError` line naming the file.
-
-The format (name and version) is declared once, in core/model_spec.py, beside the model spec that
-onnx.json carries (`captioner.models.onnx_export` writes it; models and deploy may not import each
-other). An older bundle is read through core/upgrade.py.
+"""An exported folder, checked: `onnx.json` read and validated (an older one through core/upgrade.py),
+every graph's checksum compared, and the onnxruntime sessions made. The format is declared in
+core/model_spec.py (models and deploy may not import each other). Every problem is one `ExportError` line.
 """
 
 from __future__ import annotations
@@ -28,18 +25,13 @@ GRAPHS = ("encoder", "decoder_init", "decoder_step")
 
 # The fields the runtime reads, with the JSON types each must have.
 GRAPH_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "files": dict,
-    "graphs": dict,
-    "memory": list,
-    "state": list,
-    "capacity": (int, type(None)),
+    "files": dict, "graphs": dict, "memory": list, "state": list, "capacity": (int, type(None)), "spec": dict,
 }
 
 
 @dataclass
 class Bundle:
-    """A checked export: its manifest, the model it holds (what the runtime reads of its spec)
-and one session per graph."""
+    """A checked export: its manifest, the model it holds and one session per graph."""
 
     folder: Path  # the folder holding onnx.json
     manifest: dict[str, Any]
@@ -68,8 +60,7 @@ def find_manifest(folder: str | Path) -> Path:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """onnx.json, read within its limits (`core/bounded_files.py`), checked for format, version
-    and the fields the runtime reads."""
+    """onnx.json, read within its limits, checked for format, version and the fields the runtime reads."""
     try:
         manifest = read_json(path, f"model's {MANIFEST}", ExportError)
     except FileNotFoundError:
@@ -85,7 +76,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"{manifest.get('captioner_version', '?')}): re-export the checkpoint"
         )
     manifest = upgrade_onnx_manifest(manifest, str(path))
-    for field, kind in {**GRAPH_FIELDS, "spec": dict}.items():
+    for field, kind in GRAPH_FIELDS.items():
         if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
             raise ExportError(f"{path}: field {field!r} is missing or malformed")
     for graph in GRAPHS:
@@ -100,10 +91,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec, Vocabulary, SpecialIds, int,
-                                                              tuple[int, int], dict]:
-    """What the runtime reads of the model: its spec, vocabulary, special ids, input size, grid
-    and decoding defaults; one ExportError naming `path` when they do not hold."""
+def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec, Vocabulary]:
+    """The model's spec and vocabulary; one ExportError naming `path` when they do not hold."""
     try:
         spec = ModelSpec.from_dict(manifest["spec"], f"{path} (spec)", check_decoder=False)
     except ConfigError as e:
@@ -114,23 +103,16 @@ def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec, Vocabul
         vocab = Vocabulary(list(spec.vocab))
     except CaptionerError as e:
         raise ExportError(f"{path}: spec.vocab: {e}") from None
-    return spec, vocab, spec.special, spec.preprocessing.image_size, spec.grid, dataclasses.asdict(spec.decode)
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its affinity where the OS tells it)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return spec, vocab
 
 
 def session_options(threads: int | None) -> ort.SessionOptions:
-    """One decode runs one graph at a time: `threads` (default: the cores this process may use)
-    inside each operator, none between operators. Idle threads sleep instead of spinning: a
-    decode runs many small operators, and on a CPU shared with other work spinning threads take
-    the cycles the working ones need (on 2 busy cores, batch-1 latency fell about fourfold)."""
+    """One graph at a time: `threads` (default: the cores this process may use) per operator, none
+    between. Idle threads sleep, not spin: a decode runs many small operators, and on a shared CPU
+    spinning threads take the working ones' cycles (on 2 busy cores, batch-1 latency fell fourfold)."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or available_cores()
+    options.intra_op_num_threads = threads or (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -155,19 +137,15 @@ def open_session(path: Path, manifest_path: Path, expected_sha256: str, names: d
 
 
 def load_bundle(folder: str | Path, threads: int | None = None) -> Bundle:
-    """An exported folder (the folder holding onnx.json, or the one above it), checked, with
-    its three sessions on the CPU."""
+    """An exported folder (holding onnx.json, or the one above it), checked, with its sessions on the CPU."""
     manifest_path = find_manifest(folder)
     manifest = read_manifest(manifest_path)
-    spec, vocab, special, image_size, grid, decode = read_model(manifest, manifest_path)
-    sessions = {
-        graph: open_session(
-            manifest_path.parent / manifest["files"][graph]["path"], manifest_path, manifest["files"][graph]["sha256"],
-            manifest["graphs"][graph], threads,
-        )
-        for graph in GRAPHS
-    }
+    spec, vocab = read_model(manifest, manifest_path)
+    files = manifest["files"]
+    sessions = {graph: open_session(manifest_path.parent / files[graph]["path"], manifest_path, files[graph]["sha256"],
+                                    manifest["graphs"][graph], threads) for graph in GRAPHS}
     logprobs = sessions["decoder_step"].get_outputs()[0].shape  # ["batch", V]
     if logprobs[-1] != len(vocab):
         raise ExportError(f"{manifest_path}: the step graph scores {logprobs[-1]} words, its vocab has {len(vocab)}")
-    return Bundle(manifest_path.parent, manifest, vocab, sessions, spec, image_size, grid, special, decode)
+    return Bundle(manifest_path.parent, manifest, vocab, sessions, spec, spec.preprocessing.image_size, spec.grid,
+                  spec.special, dataclasses.asdict(spec.decode))

@@ -1,14 +1,8 @@
 """Greedy decoding and batched beam search in numpy, over any decoder step given as a function.
 
-The same two loops as `captioner.models.decoding` (its word-by-word `roll_out` as greedy decoding,
-and beam_search_n_best with one group) behind the same entry point, `decode_hypotheses`, written
-again for numpy so the runtime loads no torch: the same banned ids, trigram
-blocking, GNMT length penalty ((5 + length) / 6) ** alpha, the same rule for when an image's
-search is done and the same competition between finished and cut-off beams at max_length, with
-scores accumulated in float32 as torch does. So captions come out the same when the step
-returns the same numbers, and the same two rules on <eos>: `min_length` and
-`suppress_bad_endings`. The options come checked by core/decode_schema.py, which the search
-asks again only about its own rules (n_best and the beam).
+The loops of `captioner.models.decoding` (`roll_out` as greedy decoding, beam_search_n_best with one
+group) behind the same `decode_hypotheses`, again in numpy so the runtime loads no torch: the same
+rules, length penalty, stopping rule and float32 sums, so the same step numbers give the same captions.
 """
 
 from __future__ import annotations
@@ -29,14 +23,12 @@ NEG_INF = np.float32(-np.inf)
 
 @dataclass(frozen=True)
 class TokenRules:
-    """The ids a search treats apart: every caption starts at `bos` and ends at `eos`; `banned`
-    (V,) bool, true at ids never produced (<pad>, <bos>, <unk>); `bad_endings` (V,) bool, true at
-    the words a caption may not end on when `suppress_bad_endings` is asked for."""
+    """The ids a search treats apart: captions start at `bos`, end at `eos`."""
 
     bos: int
     eos: int
-    banned: np.ndarray
-    bad_endings: np.ndarray
+    banned: np.ndarray  # (V,) bool: ids never produced (<pad>, <bos>, <unk>)
+    bad_endings: np.ndarray  # (V,) bool: words a caption may not end on (`suppress_bad_endings`)
 
 
 @dataclass(frozen=True)
@@ -64,9 +56,8 @@ def length_penalty(length: int, alpha: float) -> float:
 
 
 def apply_rules(logprobs: np.ndarray, history: np.ndarray, rules: TokenRules, options: SearchOptions) -> np.ndarray:
-    """logprobs (R, V) with -inf at the ids no row may produce now: the banned ids, and <eos>
-    while the caption is shorter than `min_length` words or (with `suppress_bad_endings`) right
-    after a bad ending. history (R, t): the words so far."""
+    """logprobs (R, V) with -inf at the banned ids, and at <eos> before `min_length` words or after a
+    bad ending (`suppress_bad_endings`); history (R, t): the words so far."""
     logprobs = np.where(rules.banned, NEG_INF, logprobs.astype(np.float32, copy=False))  # (R, V)
     t = history.shape[1]
     if t < options.min_length:
@@ -77,8 +68,7 @@ def apply_rules(logprobs: np.ndarray, history: np.ndarray, rules: TokenRules, op
 
 
 def block_repeated_trigrams(logprobs: np.ndarray, history: np.ndarray) -> np.ndarray:
-    """-inf at every word that would repeat a trigram already in its row's caption: w is blocked
-    when the last two words (a, b) already occur as (a, b, w). logprobs (R, V), history (R, t)."""
+    """-inf at every word w that would repeat a trigram (a, b, w) of its row; logprobs (R, V), history (R, t)."""
     if history.shape[1] < 3:
         return logprobs
     last = history[:, -2:]  # (R, 2)
@@ -92,8 +82,7 @@ def block_repeated_trigrams(logprobs: np.ndarray, history: np.ndarray) -> np.nda
 def decode_hypotheses(
     step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions, n_best: int = 1
 ) -> list[list[Hypothesis]]:
-    """Per image its `n_best` hypotheses, best first: by beam search, or greedy decoding when the
-    beam is 1 (as the library's `decode_hypotheses` without sampling); memory and state (B, ...)."""
+    """Per image its `n_best` hypotheses, best first: greedy when the beam is 1, else beam search."""
     if options.beam_size <= 1:
         return [[h] for h in greedy_search(step, memory, state, rules, options)]
     return beam_search_n_best(step, memory, state, rules, options, n_best)
@@ -102,9 +91,8 @@ def decode_hypotheses(
 def greedy_search(
     step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions
 ) -> list[Hypothesis]:
-    """The most probable allowed word at each step, for every row of memory and state, until
-    every row has ended or max_length words; the score is the log-probability of the words and
-    the <eos>."""
+    """The most probable allowed word at each step for every row, until all ended or max_length;
+    the score is the log-probability of the words and the <eos>."""
     batch = len(next(iter(memory.values())))
     prev = np.full(batch, rules.bos, dtype=np.int64)  # (B,)
     logprob = np.zeros(batch, dtype=np.float32)  # (B,)
@@ -134,8 +122,7 @@ def greedy_search(
 
 
 def top_descending(values: np.ndarray, k: int) -> np.ndarray:
-    """Column indices of the k largest values of each row, largest first (ties: lower index
-    first); values (R, M) -> (R, k)."""
+    """Column indices of each row's k largest values, largest (then lower index) first; (R, M) -> (R, k)."""
     k = min(k, values.shape[1])
     part = np.argpartition(-values, k - 1, axis=1)[:, :k]  # (R, k), unordered
     order = np.lexsort((part, -np.take_along_axis(values, part, axis=1)), axis=1)  # (R, k): by value, then index
@@ -143,9 +130,8 @@ def top_descending(values: np.ndarray, k: int) -> np.ndarray:
 
 
 class BeamHistory:
-    """The attention maps of every live beam, kept as each step's maps and back-pointers: a
-    beam's maps are read back once, when it becomes a hypothesis, instead of being copied with
-    every reordering."""
+    """Each step's attention maps and back-pointers: a beam's maps are read back once, when it
+    becomes a hypothesis, not copied at every reordering."""
 
     def __init__(self) -> None:
         self.maps: list[np.ndarray] = []  # per step (R, L, H, N), rows as after that step's reordering
@@ -174,12 +160,9 @@ def beam_search(
 def beam_search_n_best(
     step: StepFunction, memory: Arrays, state: Arrays, rules: TokenRules, options: SearchOptions, n_best: int = 1
 ) -> list[list[Hypothesis]]:
-    """Per image the `n_best` (<= beam_size) best distinct hypotheses of its beam search, best
-    first; memory and state hold one row per image (B). Each step runs the decoder once over B*K
-    rows (K = beam_size), ranks each image's K*V continuations and keeps the top 2K: an <eos>
-    among the top K becomes a finished hypothesis, the best K others stay live. An image is done
-    once it has K finished hypotheses that no live beam can still beat; at max_length its live
-    beams compete with the finished ones on the same length-penalised score (finished=False)."""
+    """Per image its `n_best` (<= beam_size) best distinct hypotheses, best first. Each step keeps each
+    image's top 2K of K*V continuations: an <eos> in the top K finishes, the best K others stay live;
+    an image is done once no live beam can beat K finished ones (torch's rule)."""
     check_search({"beam_size": options.beam_size, "n_best": n_best})
     B = len(next(iter(memory.values())))
     K, max_length, alpha, eos = options.beam_size, options.max_length, options.length_penalty, rules.eos
@@ -245,9 +228,8 @@ def best_hypotheses(
     finished: list[list[Hypothesis]], done: list[bool], scores: np.ndarray, history: np.ndarray, beams: BeamHistory,
     map_shape: tuple[int, ...], alpha: float, n_best: int,
 ) -> list[list[Hypothesis]]:
-    """Per image its `n_best` best distinct hypotheses, best first: the finished ones and, for an
-    image not done (cut off at max_length), its live beams on the same length-penalised score.
-    scores (B, K): the live beams' log-probabilities; history (B*K, t) their words."""
+    """Per image its `n_best` best distinct hypotheses: the finished ones and, for an image cut off at
+    max_length, its live beams (scores (B, K), history (B*K, t)) on the same penalised score."""
     B, K = scores.shape
     live_scores = scores.reshape(B * K).tolist()  # (B*K,)
     steps = history.shape[1]

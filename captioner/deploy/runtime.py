@@ -5,8 +5,9 @@
     caps = model.caption(["a.jpg", pil_image], beam_size=3)
     caps[0].text, caps[0].score, caps[0].heatmaps()      # (T, h, w) attention per word
 
-The encoder graph turns a batch into feats, the init graph makes the decoder's memory and first
-state, and the search (`numpy_search.py`) calls the step graph once per word over every image's beams.
+The encoder graph makes feats, the init graph the decoder's memory and first state, and the search
+(`numpy_search.py`) calls the step graph once per word. Images are preprocessed with Pillow and numpy
+into the same bytes as the PyTorch transform (`captioner.data.image_transform.ImageTransform`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_capacity, check_names, check_options
 from captioner.data.image_files import ImageInput, caption_in_batches
 from captioner.deploy.bundle import Bundle, load_bundle
-from captioner.deploy.preprocess import image_batch
 from captioner.deploy.numpy_search import Arrays, Hypothesis, SearchOptions, TokenRules, decode_hypotheses
 from captioner.text.endings import bad_ending_ids
+
+
+def image_array(picture: Image.Image, size: int) -> np.ndarray:
+    """An RGB picture -> uint8 (3, size, size): Pillow's bilinear resize, channels first."""
+    resized = np.asarray(picture.resize((size, size), Image.BILINEAR))  # (S, S, 3)
+    return np.ascontiguousarray(resized.transpose(2, 0, 1))  # (3, S, S)
 
 
 @dataclass
@@ -54,8 +61,7 @@ SEARCH_OPTIONS = ("beam_size", "max_length", "length_penalty", "block_trigrams",
 
 
 class OnnxCaptioner:
-    """An exported captioner: its three onnxruntime sessions, vocabulary, input size and
-    decoding defaults (the model's `decode` section at export)."""
+    """An exported captioner: its onnxruntime sessions, vocabulary and decoding defaults."""
 
     def __init__(self, bundle: Bundle) -> None:
         manifest = bundle.manifest
@@ -77,14 +83,12 @@ class OnnxCaptioner:
 
     @classmethod
     def from_folder(cls, folder: str | Path, threads: int | None = None) -> OnnxCaptioner:
-        """The export in `folder` (the one holding onnx.json, or its parent), checked: a missing
-        or changed graph, or another format version, is a one-line ExportError naming the file.
+        """The export in `folder` (holding onnx.json, or its parent), checked (`bundle.load_bundle`);
         `threads`: onnxruntime's threads per operator (default: the cores available)."""
         return cls(load_bundle(folder, threads))
 
     def options(self, **overrides: Any) -> SearchOptions:
-        """The decoding defaults with `overrides` (None keeps a default), checked: a bad value,
-        or a max_length beyond the steps the graph was exported for, is a one-line ConfigError."""
+        """The decoding defaults with `overrides` (None keeps a default), checked in one ConfigError line."""
         check_names(overrides, SEARCH_OPTIONS, " for the ONNX runtime")
         values = {name: self.decode_defaults.get(name, DECODE_OPTIONS[name].default) for name in SEARCH_OPTIONS}
         values.update({name: value for name, value in overrides.items() if value is not None})
@@ -96,34 +100,27 @@ class OnnxCaptioner:
         self, images: ImageInput | Sequence[ImageInput], *, n_best: int | None = None, batch_size: int | None = None,
         errors: str = "raise", **options: Any,
     ) -> OnnxCaption | list[Any]:
-        """As `Captioner.caption`: an image (a path, an encoded file's bytes or a PIL image) gives
-        its caption, a list a list (with `n_best`, each image's n best, n_best <= beam_size), in
-        batches of `batch_size` (default: the export's decode.batch_size). `options`: beam_size,
-        max_length, length_penalty, block_trigrams, min_length, suppress_bad_endings (None: the
-        export's defaults). `errors="return"` puts an unreadable image's error in its place."""
+        """As `Captioner.caption`: an image (path, bytes or PIL image) gives its caption, a list a list
+        (with `n_best`, each image's n best); `options`: the `SEARCH_OPTIONS` (None: the export's).
+        `errors="return"` puts an unreadable image's error in its place."""
         search = self.options(**options)
-        self._check_n_best(n_best, search)
+        if n_best is not None:
+            check_options({"n_best": n_best, "beam_size": search.beam_size})
         return caption_in_batches(
             images, batch_size or int(self.decode_defaults.get("batch_size", 32)),
-            lambda pictures: self.caption_arrays(image_batch(pictures, self.image_size), search, n_best),
+            lambda pictures: self.caption_arrays(np.stack([image_array(p, self.image_size) for p in pictures]),
+                                                 search, n_best),  # (B, 3, S, S)
             n_best=n_best, errors=errors,
         )
 
     def caption_arrays(self, images: np.ndarray, search: SearchOptions | None = None,
                        n_best: int | None = None) -> list:
-        """uint8 images (B, 3, S, S), as `preprocess.image_batch` makes them -> a caption each, or
-        with `n_best` each image's n best distinct captions, best first (greedy gives one)."""
+        """uint8 images (B, 3, S, S) -> a caption each, or with `n_best` each image's n best, best first."""
         feats = self.encode(images)  # (B, N, D)
         memory, state = self.start(feats)
         ranked = decode_hypotheses(self.step, memory, state, self.rules, search or self.options(), n_best or 1)
         captions = [[self._caption(h) for h in hyps] for hyps in ranked]
         return captions if n_best is not None else [best[0] for best in captions]
-
-    @staticmethod
-    def _check_n_best(n_best: int | None, search: SearchOptions) -> None:
-        if n_best is None:
-            return
-        check_options({"n_best": n_best, "beam_size": search.beam_size})
 
     def encode(self, images: np.ndarray) -> np.ndarray:
         """uint8 images (B, 3, S, S) -> feats (B, N, D)."""
