@@ -1,11 +1,7 @@
-"""Loading a config: the defaults, then a YAML file, then dotted command-line overrides, then the
-checks that span keys.
+"""Loading a config: the defaults, then a YAML file, then dotted overrides, then the checks that span keys.
 
-`load_config("configs/shapes_lstm.yaml", ["train.epochs=3"])` returns a validated `Config`. Unknown
-keys, values of the wrong type and values outside their allowed set raise `ConfigError` with one
-line naming the file, the key, the value and what is allowed, so a typo never silently trains the
-wrong model. The sections and their keys are declared in `captioner.core.config_sections`; a key
-declared without a spec fails the test suite (tests/test_config.py) and every config load.
+An unknown key, a value of the wrong type or outside its spec is one `ConfigError` line naming the file,
+the key, the value and what is allowed, so a typo never silently trains the wrong model.
 """
 
 from __future__ import annotations
@@ -69,8 +65,7 @@ def apply_overrides(config: Config, overrides: list[str] | tuple[str, ...], sour
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "checkpoint") -> Config:
-    """A config stored with a checkpoint (or written by `Config.to_dict`), upgraded from an older
-    layout (core/upgrade.py) and checked like a file."""
+    """A stored config (`Config.to_dict`), upgraded from an older layout (core/upgrade.py), checked."""
     config = Config()
     _merge(config, upgrade_run_config(raw), "", source)
     validate(config, source)
@@ -81,8 +76,7 @@ TYPE_KEY = "model.decoder.type"
 
 
 def section_from_dict(kind: type, raw: Any, prefix: str, source: str) -> Any:
-    """One section (`kind`, e.g. EncoderConfig) from a stored mapping, every key checked like a file's;
-    `prefix` ("model.encoder.") names the keys in messages."""
+    """One section (`kind`, e.g. EncoderConfig) from a stored mapping, checked; `prefix` names its keys."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: {prefix.rstrip('.')!r} must be a mapping, got {raw!r}")
     node = kind()
@@ -124,8 +118,7 @@ def _merge(node: Any, raw: dict[str, Any], prefix: str, source: str) -> None:
 
 
 def _switch_decoder(node: Any, key: str, name: Any, dotted: str, source: str) -> Any:
-    """Make `node.key` a config of the decoder type `name`, keeping the values set (not defaults) of
-    the keys both types have."""
+    """Make `node.key` a config of decoder type `name`, keeping the values set of keys both types have."""
     current, kind = getattr(node, key), decoder_type(name, repr(f"{dotted}.type"), source).config
     if type(current) is not kind:
         own = {f.name for f in dataclasses.fields(kind)}
@@ -136,9 +129,8 @@ def _switch_decoder(node: Any, key: str, name: Any, dotted: str, source: str) ->
 
 
 def _another_decoders(node: Any, key: str, value: Any, dotted: str, source: str) -> None:
-    """A key `node` does not have: in a decoder's section, a key of another registered decoder is
-    checked against that decoder's spec and left unused (one file can set up either decoder, and
-    `model.decoder.type` picks); anything else is an unknown key."""
+    """A key `node` does not have: in a decoder's section, another registered decoder's key is checked
+    and left unused (one file can set up either decoder); anything else is an unknown key."""
     decoders = [decoder_type(name).config for name in registered()]
     owner = next((kind() for kind in decoders if hasattr(kind(), key)), None) if type(node) in decoders else None
     if owner is None or dataclasses.is_dataclass(getattr(owner, key)):
@@ -149,7 +141,7 @@ def _another_decoders(node: Any, key: str, value: Any, dotted: str, source: str)
 def _set_dotted(config: Config, dotted: str, value: Any, source: str) -> None:
     *parents, leaf = dotted.split(".")
     node: Any = config
-    for i, part in enumerate(parents):
+    for part in parents:
         if not dataclasses.is_dataclass(node) or not hasattr(node, part):
             raise ConfigError(f"{source}: unknown key {dotted!r}{_suggest(dotted)}")
         node = getattr(node, part)
@@ -170,15 +162,14 @@ def _checked(value: Any, node: Any, name: str, dotted: str, source: str) -> Any:
     value = upgrade_value(dotted, value)
     if isinstance(spec, DecodeOption):
         return _decode_value(value, spec, dotted, source)
-    value = _coerce(value, _field_type(node, name), dotted, source)
+    value = _coerce(value, _type_hints(type(node))[name], dotted, source)
     if spec is not None:
         _check_spec(value, spec, dotted, source)
     return value
 
 
 def _decode_value(value: Any, option: DecodeOption, dotted: str, source: str) -> Any:
-    """A key that holds a decoding option is judged by the option alone, type included, so the
-    config refuses a value in the words the library, the command line and the demo use."""
+    """A decoding option's key is judged by the option alone, so it is refused in the library's words."""
     if option.kind is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
         try:
             value = float(value)
@@ -195,14 +186,9 @@ def _check_spec(value: Any, spec: Spec, dotted: str, source: str) -> None:
         raise ConfigError(f"{source}: {dotted!r} must be {finite}{spec.describe()}; got {value!r}")
 
 
-def _field_type(node: Any, name: str) -> Any:
-    return _type_hints(type(node))[name]
-
-
 @functools.cache
 def _type_hints(cls: type) -> dict[str, Any]:
-    """A section's annotations, resolved once per class: resolving them (`typing.get_type_hints`
-    evaluates every string annotation) cost more than the rest of reading a config."""
+    """A section's annotations, resolved once per class (this cost more than the rest of reading a config)."""
     return typing.get_type_hints(cls)
 
 
@@ -232,9 +218,8 @@ def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
 
 
 def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
-    """Every key of the config as (dotted name, its dataclass field, its type), walked from the
-    dataclasses themselves, so a key added anywhere is found here. Without `node`: every key a
-    config may hold, those of every registered decoder included."""
+    """Every key as (dotted name, field, type), walked from the dataclasses; without `node`, every key
+    a config may hold, those of every registered decoder included."""
     if node is None:
         return _every_key()
     leaves = []
@@ -243,22 +228,17 @@ def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclass
         if dataclasses.is_dataclass(value):
             leaves += leaf_fields(value, f"{prefix}{f.name}.")
         else:
-            leaves.append((f"{prefix}{f.name}", f, _field_type(node, f.name)))
+            leaves.append((f"{prefix}{f.name}", f, _type_hints(type(node))[f.name]))
     return leaves
 
 
-def _decoder_classes() -> list[type]:
-    return [decoder_type(name).config for name in registered()]
-
-
 def _every_key() -> list[tuple[str, dataclasses.Field, Any]]:
-    """The keys of a config with each registered decoder in turn, each listed once (the first
-    decoder that has it), and `model.decoder.type`, which may name any of them."""
+    """The keys with each registered decoder in turn, each once, and `model.decoder.type`."""
     keys: dict[str, tuple[str, dataclasses.Field, Any]] = {}
     kind_key: dataclasses.Field = dataclasses.field(metadata={"spec": Choice(tuple(registered()))})
     kind_key.name = "type"
     keys[TYPE_KEY] = (TYPE_KEY, kind_key, str)
-    for kind in _decoder_classes():
+    for kind in (decoder_type(name).config for name in registered()):
         for leaf in _leaves_of(Config, kind):
             keys.setdefault(leaf[0], leaf)
     return list(keys.values())
@@ -266,26 +246,19 @@ def _every_key() -> list[tuple[str, dataclasses.Field, Any]]:
 
 @functools.cache
 def _leaves_of(config_class: type, decoder_class: type) -> tuple[tuple[str, dataclasses.Field, Any], ...]:
-    """The keys of a config class with a decoder config class (the classes fix them), walked once."""
+    """The keys of a config class with a decoder config class, walked once."""
     config = config_class()
     config.model.decoder = decoder_class()
     return tuple(leaf_fields(config))
 
 
-def _all_keys() -> list[str]:
-    return [dotted for dotted, _, _ in leaf_fields()]
-
-
 def _suggest(dotted: str) -> str:
-    match = difflib.get_close_matches(dotted, _all_keys(), n=1, cutoff=0.6)
+    match = difflib.get_close_matches(dotted, [key for key, _, _ in leaf_fields()], n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def get_dotted(config: Config, dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        node = getattr(node, part)
-    return node
+    return functools.reduce(getattr, dotted.split("."), config)
 
 
 def _check_leaf(value: Any, f: dataclasses.Field, annotation: Any, dotted: str, source: str) -> None:

@@ -52,16 +52,13 @@ def _comments(cls: type) -> tuple[dict[int, str], dict[int, str], dict[str, int]
 
 def _meaning(cls: type, name: str, spec: Any) -> str:
     inline, alone, lines = _comments(cls)
-    line = lines[name]
+    line = top = lines[name]
     if line in inline:
         return inline[line]
-    block = []
-    above = line - 1
-    while above in alone:
-        block.insert(0, alone[above])
-        above -= 1
-    if block:
-        return " ".join(block)
+    while top - 1 in alone:  # the block of comments just above
+        top -= 1
+    if top < line:
+        return " ".join(alone[n] for n in range(top, line))
     return spec.meaning if isinstance(spec, DecodeOption) else ""
 
 

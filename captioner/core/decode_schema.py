@@ -22,8 +22,8 @@ KIND_WORDS = {bool: "true or false", int: "a whole number", float: "a finite num
 
 @dataclass(frozen=True)
 class DecodeOption:
-    """One decoding option. It is also a config spec (`allows`, `describe`, `outside`), so the
-    config's `decode` keys are declared with it and say the same thing when refused."""
+    """One decoding option; also a config spec (`allows`, `describe`, `outside`), so the config's
+    `decode` keys are declared with it and refused in the same words."""
 
     name: str
     kind: type  # bool, int or float
@@ -59,15 +59,13 @@ class DecodeOption:
         return f"{self.name} must be {self.describe(served)}; got {value!r}"
 
     def check(self, value: Any, served: bool = False) -> Any:
-        """`value` as the option's type (3.0 -> 3 for whole numbers), or a ConfigError
-        "decode: <refusal>". `served`: the demo's narrower range."""
+        """`value` converted, or a ConfigError "decode: <refusal>"; `served`: the demo's narrower range."""
         if not self.allows(value, served):
             raise ConfigError(f"decode: {self.refusal(value, served)}")
         return self.converted(value)
 
     def parse(self, text: str) -> Any:
-        """A command line's text read as the option's kind and checked, or a ConfigError with the
-        option's refusal (without "decode:", which the flag replaces)."""
+        """A command line's text as the option's kind, checked (a refusal without "decode:")."""
         try:
             value = int(text) if self.kind is int else float(text)
         except ValueError:
@@ -99,55 +97,36 @@ class DecodeOption:
         return None if self.limits is None else self.limits.outside(self.kind)
 
 
-def _option(
-    name: str, kind: type, default: Any, meaning: str, limits: Range | None = None, **more: Any
-) -> DecodeOption:
-    return DecodeOption(name, kind, default, meaning, limits, **more)
-
-
 WORDS = Range(ge=1, le=1000)  # a caption's length in words
-OPTIONS: dict[str, DecodeOption] = {
-    option.name: option
-    for option in (
-        _option(
-            "beam_size", int, 3, "beams per image; 1 decodes greedily", Range(ge=1, le=100), served=Range(ge=1, le=10)
-        ),
-        _option("max_length", int, 30, "words per caption at most", WORDS, served=Range(ge=1, le=60)),
-        _option(
-            "length_penalty", float, 0.0, "alpha of ((5 + length) / 6) ** alpha; 0 ranks by total log-probability",
-            Range(ge=0),
-        ),
-        _option("block_trigrams", bool, False, "never repeat a word trigram within a caption"),
-        _option("min_length", int, 0, "words before `<eos>` is allowed (every mode)", Range(ge=0, le=1000)),
-        _option("suppress_bad_endings", bool, False, 'no `<eos>` right after "a", "with", "of", ... (text/endings.py)'),
-        _option(
-            "diverse_groups", int, 1, "diverse beam search: groups of beam_size / groups beams (1: plain)",
-            Range(ge=1, le=100),
-        ),
-        _option(
-            "diversity_strength", float, 0.5, "lambda of the Hamming diversity penalty between groups", Range(ge=0)
-        ),
-        _option(
-            "n_best", int, 1, "hypotheses per image (beam search) or draws per image (sampling)", Range(ge=1, le=100)
-        ),
-        _option("sample", bool, False, "draw words instead of searching"),
-        _option("temperature", float, 1.0, "sampling: the softmax temperature", Range(gt=0)),
-        _option("top_k", int, 0, "sampling: draw from the k most probable words only (0: all)", Range(ge=0)),
-        _option(
-            "top_p", float, 1.0, "sampling: draw from the nucleus of this probability mass only", Range(gt=0, le=1)
-        ),
-        _option(
-            "seed", int, None, "sampling: the seed of the draws, for reproducible samples", Range(ge=0, lt=2**32),
-            optional=True,
-        ),
-        _option("self_attention", bool, False, "also return the decoder's self-attention weights (transformers)"),
-    )
-}
+OPTIONS: dict[str, DecodeOption] = {option.name: option for option in (
+    DecodeOption("beam_size", int, 3, "beams per image; 1 decodes greedily", Range(ge=1, le=100),
+                 served=Range(ge=1, le=10)),
+    DecodeOption("max_length", int, 30, "words per caption at most", WORDS, served=Range(ge=1, le=60)),
+    DecodeOption("length_penalty", float, 0.0,
+                 "alpha of ((5 + length) / 6) ** alpha; 0 ranks by total log-probability", Range(ge=0)),
+    DecodeOption("block_trigrams", bool, False, "never repeat a word trigram within a caption"),
+    DecodeOption("min_length", int, 0, "words before `<eos>` is allowed (every mode)", Range(ge=0, le=1000)),
+    DecodeOption("suppress_bad_endings", bool, False,
+                 'no `<eos>` right after "a", "with", "of", ... (text/endings.py)'),
+    DecodeOption("diverse_groups", int, 1, "diverse beam search: groups of beam_size / groups beams (1: plain)",
+                 Range(ge=1, le=100)),
+    DecodeOption("diversity_strength", float, 0.5, "lambda of the Hamming diversity penalty between groups",
+                 Range(ge=0)),
+    DecodeOption("n_best", int, 1, "hypotheses per image (beam search) or draws per image (sampling)",
+                 Range(ge=1, le=100)),
+    DecodeOption("sample", bool, False, "draw words instead of searching"),
+    DecodeOption("temperature", float, 1.0, "sampling: the softmax temperature", Range(gt=0)),
+    DecodeOption("top_k", int, 0, "sampling: draw from the k most probable words only (0: all)", Range(ge=0)),
+    DecodeOption("top_p", float, 1.0, "sampling: draw from the nucleus of this probability mass only",
+                 Range(gt=0, le=1)),
+    DecodeOption("seed", int, None, "sampling: the seed of the draws, for reproducible samples",
+                 Range(ge=0, lt=2**32), optional=True),
+    DecodeOption("self_attention", bool, False, "also return the decoder's self-attention weights (transformers)"),
+)}
 
 
 def check_names(names: Collection[str], allowed: Collection[str] = OPTIONS, where: str = "") -> None:
-    """A ConfigError for the first name that is not an option `allowed` here (`where`: " for the
-    ONNX runtime", when a surface takes fewer than all), with the closest option as a hint."""
+    """A ConfigError for the first name not `allowed` (`where`: " for the ONNX runtime"), with a hint."""
     for name in names:
         if name not in allowed:
             close = difflib.get_close_matches(name, list(allowed), n=1, cutoff=0.6)
@@ -156,8 +135,7 @@ def check_names(names: Collection[str], allowed: Collection[str] = OPTIONS, wher
 
 
 def check_options(values: Mapping[str, Any], served: bool = False) -> dict[str, Any]:
-    """Every option in `values` checked and converted (`DecodeOption.check`), then the rules
-    that tie options together; the options left out are not checked against each other."""
+    """Every option in `values` checked and converted, then the rules that tie the given ones together."""
     check_names(values)
     checked = {name: OPTIONS[name].check(value, served) for name, value in values.items()}
     problem = combination_problem(checked)
@@ -167,8 +145,7 @@ def check_options(values: Mapping[str, Any], served: bool = False) -> dict[str, 
 
 
 def combination_problem(values: Mapping[str, Any]) -> str | None:
-    """What is wrong with these (individually valid) options together, or None. Options not given are
-    not judged; with `sample` the search's rules do not apply."""
+    """What is wrong with these valid options together, or None; with `sample` the search's rules do not apply."""
     get = values.get
     if get("min_length") is not None and get("max_length") is not None and get("min_length") > get("max_length"):
         return f"min_length ({get('min_length')}) must not exceed max_length ({get('max_length')})"
@@ -176,8 +153,7 @@ def combination_problem(values: Mapping[str, Any]) -> str | None:
 
 
 def search_problem(values: Mapping[str, Any]) -> str | None:
-    """What is wrong with these options for a beam search (groups that divide the beam, no more
-    hypotheses than beams), or None; options not given are not judged."""
+    """What is wrong with these options for a beam search (groups, n_best against the beam), or None."""
     get = values.get
     beam = get("beam_size")
     if beam is not None and get("diverse_groups") is not None and beam % get("diverse_groups"):
@@ -188,16 +164,14 @@ def search_problem(values: Mapping[str, Any]) -> str | None:
 
 
 def check_search(values: Mapping[str, Any]) -> None:
-    """The search's rules (`search_problem`) for a search about to run, whatever `sample` says:
-    a ConfigError with the same text as anywhere else."""
+    """The search's rules (`search_problem`) for a search about to run, as a ConfigError."""
     problem = search_problem(values)
     if problem:
         raise ConfigError(f"decode: {problem}")
 
 
 def check_capacity(max_length: int, capacity: int | None, holder: str) -> None:
-    """A ConfigError when `max_length` words need more steps than `holder` (a graph, a cache)
-    was built for; None: no limit."""
+    """A ConfigError when `max_length` words need more steps than `holder` was built for (None: no limit)."""
     if capacity is not None and max_length > capacity:
         raise ConfigError(
             f"decode: max_length {max_length} exceeds the {capacity} steps {holder} was exported for "
