@@ -32,8 +32,7 @@ STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def read_capped(path: str | Path, what: str, max_bytes: int, error: type[CaptionerError]) -> bytes:
-    """At most `max_bytes` of `path`; one `error` line naming the file and the cap when it holds
-    more. FileNotFoundError is the caller's to word; any other OSError is one `error` line."""
+    """At most `max_bytes` of `path`, else one `error` line; FileNotFoundError is the caller's to word."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -55,8 +54,7 @@ def read_capped(path: str | Path, what: str, max_bytes: int, error: type[Caption
 
 
 def nests_deeper_than(text: str, levels: int) -> bool:
-    """Whether a JSON text's objects and lists nest more than `levels` deep, counted over its brackets
-    outside strings with C loops (regular expressions, accumulate), no recursion."""
+    """Whether a JSON text nests more than `levels` deep: its brackets outside strings, counted in C loops."""
     if text.count("[") + text.count("{") <= levels:  # fewer openings than levels: most files, at once
         return False
     brackets = NOT_BRACKET.sub("", STRING.sub("", text))
@@ -77,8 +75,7 @@ def read_json(
     path: str | Path, what: str, error: type[CaptionerError],
     max_bytes: int = MODEL_JSON_BYTES, max_depth: int = MAX_DEPTH,
 ) -> Any:
-    """A JSON file a model brings, read within its size cap and depth; any failure is one `error` line
-    naming the file, except FileNotFoundError, for the caller to word."""
+    """A JSON file a model brings, within its caps; a failure is one `error` line (FileNotFoundError aside)."""
     data = read_capped(path, what, max_bytes, error)
     try:
         text = data.decode("utf-8")
@@ -91,8 +88,8 @@ def load_yaml(
     text: str, source: str, what: str, error: type[CaptionerError],
     max_depth: int = MAX_DEPTH, max_aliases: int = MAX_ALIASES,
 ) -> Any:
-    """YAML text from a model (a card's metadata) with the safe loader; one `error` line naming `source`
-    when it nests deeper than `max_depth`, holds more than `max_aliases` aliases, or does not parse."""
+    """YAML text from a model (a card's metadata), safely: one `error` line when it nests too deep,
+    holds too many aliases or does not parse."""
     import yaml
 
     class BoundedLoader(yaml.SafeLoader):

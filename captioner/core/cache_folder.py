@@ -25,8 +25,7 @@ def cache_dir() -> Path:
 
 @contextmanager
 def exclusive(name: str) -> Iterator[None]:
-    """Hold the cache folder's lock `<name>.lock`, so what one process builds there the others wait
-    for and then read. OSError when the folder cannot be written."""
+    """Hold the cache folder's lock `<name>.lock`: what one process builds, the others wait for."""
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{name}.lock", "w") as lock:

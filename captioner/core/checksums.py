@@ -21,8 +21,7 @@ REEXPORT = "re-export the checkpoint"
 
 
 def verify_file(path: Path, sha256: str, listed_in: Path, size: int | None = None, remedy: str = REEXPORT) -> None:
-    """Check a file the manifest `listed_in` records: a missing, truncated or altered file is one ExportError
-    naming it and ending with `remedy` (how to get a good copy)."""
+    """A missing, truncated or altered file `listed_in` records is one ExportError ending with `remedy`."""
     if not path.is_file():
         raise ExportError(f"{path}: missing (listed in {listed_in.name}); {remedy}")
     found = path.stat().st_size

@@ -1,7 +1,5 @@
 """The sections of a run's config (data, model, train, scst, decode): one dataclass each, every key
-declared with `setting(default, spec)`, its type the annotation and its allowed values the spec
-(`Range`, `Choice`, `Text`, `Flag`), next to each other. Loading, overrides and the checks that
-span keys are in `captioner.core.config`."""
+declared with `setting(default, spec)`, its type the annotation and its meaning the comment on it."""
 
 from __future__ import annotations
 
@@ -16,15 +14,12 @@ from captioner.core.specs import Choice, Flag, Place, Range, Spec, Text
 
 
 def setting(default: Any, spec: Spec | DecodeOption) -> Any:
-    """Declare a config key with its default and its allowed values, side by side. Every key
-    must be declared this way: `validate` checks each value against its spec, and a test fails
-    for any key without one."""
+    """Declare a config key with its default and allowed values; `validate` refuses a key without a spec."""
     return field(default=default, metadata={"spec": spec})
 
 
 def decode_setting(name: str, default: Any = None) -> Any:
-    """A key that holds a decoding option: its spec (and default, unless given) from the one
-    declaration in core/decode_schema.py."""
+    """A key holding a decoding option: its spec (and default, unless given) from core/decode_schema.py."""
     option = DECODE_OPTIONS[name]
     return setting(option.default if default is None else default, option)
 

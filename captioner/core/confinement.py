@@ -20,8 +20,7 @@ def is_within(path: str, base: str) -> bool:
 
 
 class Confinement:
-    """Names checked against one folder: the folder resolved once, each name's own folder once,
-    so a listing of many files in few folders costs one lstat a file."""
+    """Names checked against one folder, each folder resolved once (one lstat a file)."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = str(folder)
@@ -29,8 +28,7 @@ class Confinement:
         self._folders: dict[str, str] = {}
 
     def escape(self, name: str | Path) -> str | None:
-        """Where `name` (relative to the folder, or absolute) leads once resolved, when that is
-        outside the folder; None when it stays inside."""
+        """Where `name` (relative or absolute) leads when that is outside the folder, else None."""
         head, tail = os.path.split(os.path.join(self.folder, name))
         real_head = self._folders.get(head)
         if real_head is None:

@@ -1,9 +1,7 @@
-"""The decoder types a config may name, each with its config dataclass: the table that
-`@register_decoder` (models/decoder.py) fills, torch-free so that configs and specs read it.
-
-A model's config names a type, never code: a type resolves only among captioner's own decoders
-(`BUILTIN`), those registered by code the user imported, and those an installed package declares in
-the `captioner.decoders` entry point group (`gru = "my_package.gru"`), imported when first named."""
+"""The decoder types a config may name, each with its config dataclass: the table `@register_decoder`
+(models/decoder.py) fills, torch-free so that configs and specs read it. A type resolves only among
+captioner's own (`BUILTIN`), those registered by imported code, and those an installed package declares
+in the `captioner.decoders` entry point group (`gru = "my_package.gru"`), imported when first named."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DecoderType:
-    """A registered decoder: its config dataclass and its module class (built as
-    `module(config, vocab_size, feat_dim)`)."""
+    """A registered decoder: its config dataclass and module class (`module(config, vocab_size, feat_dim)`)."""
 
     name: str
     config: type
@@ -52,8 +49,8 @@ def register(name: str, config: type, module: Any) -> None:
 
 
 def _load_entry_points(name: str | None = None) -> None:
-    """Import captioner's own decoders and the installed packages' (the one named `name`, or all);
-    a package's that fails to import is skipped with a warning: a broken plug-in costs its own type."""
+    """Import captioner's decoders and the installed packages' (`name`'s, or all); a plug-in that fails
+    to import is skipped with a warning."""
     for builtin, module in BUILTIN.items():
         if name in (None, builtin) and builtin not in _TYPES:
             import_module(module)

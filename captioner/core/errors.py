@@ -1,8 +1,5 @@
-"""User-facing errors.
-
-Every user mistake raises a `CaptionerError` whose message is one line naming the problem, the file or
-field, and the way out; `captioner` prints it and exits 2 (a partial failure: each failure, a count, exit 1).
-Any other exception is a bug and keeps its traceback (tests/test_error_contract.py).
+"""User-facing errors: a `CaptionerError` is one line naming the problem, the file or field and the way
+out; `captioner` prints it and exits 2. Any other exception is a bug and keeps its traceback.
 """
 
 

@@ -41,8 +41,7 @@ def write_failure(path: Path, error: OSError, kept: str = "") -> StorageError:
 
 
 def write_atomically(path: str | Path, write: Callable[[Path], T]) -> T:
-    """`write(tmp)` beside `path`, flushed to the disk, then renamed onto `path`. On an OSError
-    the temporary file goes and the previous `path`, if any, is untouched."""
+    """`write(tmp)` beside `path`, flushed, renamed onto it; on an OSError the previous `path` stays."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -60,8 +59,7 @@ def write_atomically(path: str | Path, write: Callable[[Path], T]) -> T:
 
 
 def same_file_as(source: Path, path: Path) -> None:
-    """Make `path` a hard link to `source`, else an atomic copy. Safe because files are replaced
-    whole, never written in place: rewriting one name leaves the other as it was."""
+    """Make `path` a hard link to `source`, else an atomic copy (files are replaced whole, never edited)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.unlink(missing_ok=True)

@@ -26,20 +26,15 @@ FILE_NAME = "machine.json"
 
 
 def processor_name() -> str:
-    """The processor's model name with its family and model numbers (a virtual machine's name may not
-    tell two generations apart), else what the platform says."""
+    """The processor's model name with family and model numbers (a VM's name may hide the generation)."""
     fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("model name", "cpu family", "model") and key not in fields:
-                    fields[key] = value.strip()
-                if not line.strip() and fields:  # the first processor's block is enough
-                    break
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "cpu family", "model"):
+                fields.setdefault(key.strip(), value.strip())
+            if not line.strip() and fields:  # the first processor's block is enough
+                break
     if "model name" in fields:
         return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
     return platform.processor() or platform.machine() or "unknown"
@@ -83,8 +78,8 @@ def remember(name: str, value: Any) -> Path | None:
 
 def decided(name: str, measure: Callable[[], Any], valid: Callable[[Any], bool]) -> tuple[Any, bool]:
     """The decision `name` on the local machine, and whether this process measured it. One process
-    measures while the others wait on a lock, so processes started together (torchrun's ranks) take one
-    decision, not both sides of a close call. Where the folder cannot be written, each measures alone."""
+    measures while the others wait on a lock, so torchrun's ranks take one decision, not both sides of
+    a close call; where the folder cannot be written, each measures alone."""
     known = recall(name)
     if valid(known):
         return known, False

@@ -1,10 +1,6 @@
-"""One description of a trained model (`ModelSpec`): its encoder and preprocessing, its decoder's
-section, its vocabulary and special tokens, and its decoding defaults.
-
-Every model file carries it as one `spec` object (`to_dict`), versioned once (`SPEC_VERSION`), read
-back by `from_dict`. It is plain data, torch-free: the decoder's section stays a mapping (`type`
-and its keys), which the decoder registry turns into the decoder's config where a model is built,
-so the ONNX runtime reads the same object without knowing any decoder."""
+"""One description of a trained model (`ModelSpec`): encoder, preprocessing, decoder section, vocabulary,
+special tokens and decoding defaults. Every model file carries it as one versioned `spec` object. It is
+plain torch-free data (the decoder's section stays a mapping), so the ONNX runtime reads it too."""
 
 from __future__ import annotations
 
@@ -29,10 +25,8 @@ NORMALIZE = "x / 255, then (x - mean) / std per channel"
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How an image becomes the encoder's input: resized to a square of `image_size`, then
-    normalised per channel with `mean` and `std` (on the device, inside the encoder). The
-    statistics are None in a spec read from a file that did not record them (the encoder's
-    `normalization` names them)."""
+    """An image resized to a square of `image_size`, then normalised with `mean` and `std` inside the
+    encoder; the statistics are None where a file did not record them (`normalization` names them)."""
 
     image_size: int
     mean: tuple[float, ...] | None = None
@@ -41,8 +35,7 @@ class Preprocessing:
 
 @dataclass(frozen=True)
 class SpecialIds:
-    """The ids of <pad>, <bos>, <eos> and <unk>; decoding never writes `banned` (pad, bos, unk):
-    they are not words, and every word of a caption gets its own attention map."""
+    """The ids of <pad>, <bos>, <eos> and <unk>; decoding never writes `banned` (pad, bos, unk)."""
 
     pad: int
     bos: int
@@ -89,30 +82,21 @@ class ModelSpec:
         """The JSON form every model file carries; `with_vocab=False` gives `vocab_size` in place
         of the words (an export keeps them in vocab.json)."""
         words: dict[str, Any] = {"vocab": list(self.vocab)} if with_vocab else {"vocab_size": len(self.vocab)}
+        pre = self.preprocessing
         return {
-            "spec_version": SPEC_VERSION,
-            "encoder": dataclasses.asdict(self.encoder),
-            "preprocessing": {
-                "image_size": self.preprocessing.image_size,
-                "resize": RESIZE,
-                "normalize": NORMALIZE,
-                "mean": None if self.preprocessing.mean is None else list(self.preprocessing.mean),
-                "std": None if self.preprocessing.std is None else list(self.preprocessing.std),
-            },
-            "grid": None if self.grid is None else list(self.grid),
-            "feature_dim": self.feature_dim,
-            "decoder": dict(self.decoder),
-            "blind": self.blind,
-            **words,
-            "special_tokens": dataclasses.asdict(self.special),
+            "spec_version": SPEC_VERSION, "encoder": dataclasses.asdict(self.encoder),
+            "preprocessing": {"image_size": pre.image_size, "resize": RESIZE, "normalize": NORMALIZE,
+                              "mean": _list(pre.mean), "std": _list(pre.std)},
+            "grid": _list(self.grid), "feature_dim": self.feature_dim, "decoder": dict(self.decoder),
+            "blind": self.blind, **words, "special_tokens": dataclasses.asdict(self.special),
             "decode": dataclasses.asdict(self.decode),
         }
 
     @classmethod
     def from_dict(cls, raw: Any, source: str, vocab: list[str] | None = None, check_decoder: bool = True) -> ModelSpec:
-        """A `spec` object read back, checked like a config file: one ConfigError naming `source`
-        when a field is missing, unknown or out of range. `vocab`: the words, for a spec written
-        without them."""
+        """A `spec` object read back, checked like a config file: one ConfigError naming `source` when a
+        field is missing, unknown or out of range. `vocab`: the words, for a spec written without them.
+        `check_decoder=False` keeps the decoder's section unread (the ONNX runtime: its graphs hold it)."""
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: spec must be a mapping, got {type(raw).__name__}")
         if raw.get("spec_version") != SPEC_VERSION:
@@ -126,43 +110,32 @@ class ModelSpec:
         if "vocab_size" in raw and words is not None and raw["vocab_size"] != len(words):
             raise ConfigError(
                 f"{source}: spec says vocab_size {raw['vocab_size']!r}, the vocabulary has {len(words)} words")
-        pre = raw["preprocessing"]
-        return cls.checked(raw["encoder"], raw["decoder"], pre.get("image_size"), raw["decode"], words, source,
-                           blind=raw.get("blind", False), special=raw["special_tokens"], mean=pre.get("mean"),
-                           std=pre.get("std"), grid=raw.get("grid"), feature_dim=raw.get("feature_dim"),
-                           check_decoder=check_decoder)
-
-    @classmethod
-    def checked(
-        cls, encoder: Any, decoder: Any, image_size: Any, decode: Any, vocab: Any, source: str, *, blind: Any = False,
-        special: Any = None, mean: Any = None, std: Any = None, grid: Any = None, feature_dim: Any = None,
-        check_decoder: bool = True,
-    ) -> ModelSpec:
-        """A spec from its parts as read, each checked like a config file's (one ConfigError naming
-        `source`). The special ids are the vocabulary's first four words, checked against `special`
-        when given. `check_decoder=False` keeps the decoder's section as it is, unread (the ONNX
-        runtime, whose graphs hold the decoder)."""
-        words = check_words(vocab, source)
-        ids = SpecialIds(*range(len(SPECIAL_WORDS)))
-        if special is not None and special != dataclasses.asdict(ids):
+        words = check_words(words, source)
+        ids = SpecialIds(*range(len(SPECIAL_WORDS)))  # the vocabulary's first four words
+        if raw["special_tokens"] != dataclasses.asdict(ids):
             raise ConfigError(
-                f"{source}: special_tokens {special!r} are not the vocabulary's ({dataclasses.asdict(ids)})")
+                f"{source}: special_tokens {raw['special_tokens']!r} are not the vocabulary's "
+                f"({dataclasses.asdict(ids)})")
+        decoder = raw["decoder"]
         if check_decoder:
             decoder = section(decoder_config(decoder, source))
-        elif not (isinstance(decoder, dict) and isinstance(decoder.get("type"), str)):
+        elif not isinstance(decoder.get("type"), str):
             raise ConfigError(f"{source}: 'model.decoder' must be a mapping with a type, got {decoder!r}")
-        decode_config = section_from_dict(DecodeConfig, decode, "decode.", source)
+        decode_config = section_from_dict(DecodeConfig, raw["decode"], "decode.", source)
         problem = combination_problem(dataclasses.asdict(decode_config))
         if problem:
             raise ConfigError(f"{source}: decode: {problem}")
-        size = section_from_dict(DataConfig, {"image_size": image_size}, "data.", source).image_size
+        pre, blind = raw["preprocessing"], raw.get("blind", False)
+        size = section_from_dict(DataConfig, {"image_size": pre.get("image_size")}, "data.", source).image_size
         if not isinstance(blind, bool):
             raise ConfigError(f"{source}: 'model.blind' must be bool; got {blind!r}")
         return cls(
-            encoder=section_from_dict(EncoderConfig, encoder, "model.encoder.", source),
-            preprocessing=Preprocessing(size, floats(mean, "mean", source), floats(std, "std", source)),
+            encoder=section_from_dict(EncoderConfig, raw["encoder"], "model.encoder.", source),
+            preprocessing=Preprocessing(size, floats(pre.get("mean"), "mean", source),
+                                        floats(pre.get("std"), "std", source)),
             decoder=dict(decoder), vocab=words, special=ids, decode=decode_config, blind=blind,
-            grid=grid_of(grid, source), feature_dim=positive_int(feature_dim, "feature_dim", source),
+            grid=grid_of(raw.get("grid"), source),
+            feature_dim=positive_int(raw.get("feature_dim"), "feature_dim", source),
         )
 
 
@@ -198,3 +171,7 @@ def positive_int(value: Any, name: str, source: str) -> int | None:
     if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
         raise ConfigError(f"{source}: {name} must be a positive integer, got {value!r}")
     return value
+
+
+def _list(values: tuple | None) -> list | None:
+    return None if values is None else list(values)

@@ -47,8 +47,7 @@ def last_name(value: str) -> str | None:
 
 
 def run_name(value: str) -> str | None:
-    """The name of the run a checkpoint path points into: the folder of runs/x/best.pt; a run
-    folder's own name; a lone checkpoint file's name."""
+    """The run a checkpoint path points into: x of runs/x/best.pt or runs/x, else a lone file's name."""
     parts = components(value)
     if len(parts) > 1 and parts[-1].endswith(CHECKPOINT_SUFFIXES):
         parts = parts[:-1]
@@ -57,7 +56,7 @@ def run_name(value: str) -> str | None:
 
 def portable_value(value: Any, spec: Place, default: Any = None) -> str | None:
     """What a model carries of a place: None for "null" keys and unset ones; the key's own default
-    (the project's relative place, such as data/shapes: nothing of the maker's); else a name."""
+    (a project place such as data/shapes); else a name."""
     if value is not None and value == default:
         return value
     if value is None or spec.travels == "null":
@@ -75,31 +74,27 @@ def value_at(stored: dict[str, Any], dotted: str) -> Any:
 
 
 def portable_config(stored: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a run's config (`Config.to_dict()`, or as a model stored it) in which no key
-    names a place of the machine that wrote it."""
+    """A copy of a stored run config in which no key names a place of the machine that wrote it."""
     portable = copy.deepcopy(stored)
-    places = place_keys()
-    for dotted, (spec, default) in places.items():
-        *sections, key = dotted.split(".")
-        node: Any = portable
-        for section in sections:
-            node = node.get(section) if isinstance(node, dict) else None
+    for dotted, (spec, default) in place_keys().items():
+        section, _, key = dotted.rpartition(".")
+        node = value_at(portable, section)
         if isinstance(node, dict) and key in node:
             node[key] = portable_value(node[key], spec, default)
-    strip_undeclared_paths(portable, "", places)
+    strip_undeclared_paths(portable)
     return portable
 
 
-def strip_undeclared_paths(node: Any, prefix: str, places: dict[str, Place]) -> None:
+def strip_undeclared_paths(node: Any) -> None:
     """Text under keys this version does not declare that holds a path separator: its last
     component (an older version's place, whatever its name)."""
-    declared = {dotted for dotted, _, _ in leaf_fields()}
-    stack = [(node, prefix)]
+    declared = {dotted for dotted, _, _ in leaf_fields()}  # every declared key, places included
+    stack = [(node, "")]
     while stack:  # a stored config may nest as deep as its reader let it: no recursion here
         current, at = stack.pop()
         for key, value in list(current.items()) if isinstance(current, dict) else []:
             dotted = f"{at}{key}"
             if isinstance(value, dict):
                 stack.append((value, dotted + "."))
-            elif isinstance(value, str) and dotted not in declared and dotted not in places and PATH_LIKE.search(value):
+            elif isinstance(value, str) and dotted not in declared and PATH_LIKE.search(value):
                 current[key] = last_name(value) or UNNAMED

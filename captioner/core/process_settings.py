@@ -28,8 +28,8 @@ def usable_cores() -> int:
 
 
 def other_runnable_processes(samples: int = 5, interval: float = 0.01) -> int | None:
-    """Threads of other processes running or waiting for a core now (median of a few reads of
-    /proc/loadavg, less this process's running threads); None where the kernel does not say."""
+    """Threads of other processes running or waiting for a core now (median of a few /proc/loadavg
+    reads, less this process's running threads); None where the kernel does not say."""
     counts = []
     for i in range(samples):
         try:
@@ -69,11 +69,9 @@ def local_world_size() -> int:
 
 
 def resolve_threads(requested: int | None = None) -> int:
-    """`requested` (> 0) wins; else $CAPTIONER_THREADS; else, under torchrun (LOCAL_WORLD_SIZE
-    set), its $OMP_NUM_THREADS or this rank's share of the cores; else the free cores."""
-    if requested:
-        return requested
-    threads = positive_env(ENV_THREADS)
+    """`requested` (> 0); else $CAPTIONER_THREADS; else under torchrun its $OMP_NUM_THREADS or this
+    rank's share of the cores; else the free cores."""
+    threads = requested or positive_env(ENV_THREADS)
     if threads:
         return threads
     if positive_env("LOCAL_WORLD_SIZE"):
@@ -82,8 +80,8 @@ def resolve_threads(requested: int | None = None) -> int:
 
 
 def run_threads(requested: int | None = None) -> int:
-    """A training run's thread count, as `resolve_threads` but falling through to every usable core,
-    never the free cores of the moment: those change with the load, and the weights with them."""
+    """As `resolve_threads`, but every usable core rather than the free ones: those change with the
+    load, and a run's weights with them."""
     return usable_cores() if threads_are_automatic(requested) else resolve_threads(requested)
 
 
@@ -96,8 +94,7 @@ def set_threads(requested: int | None = None) -> int:
 
 
 def own_running_threads() -> int:
-    """This process's threads that are running or runnable now (/proc/self/task/*/stat state R);
-    0 where the kernel does not say."""
+    """This process's running or runnable threads (/proc/self/task/*/stat state R); 0 if unknown."""
     running = 0
     try:
         tasks = os.listdir("/proc/self/task")
@@ -113,15 +110,13 @@ def own_running_threads() -> int:
 
 
 def threads_are_automatic(requested: int | None = None) -> bool:
-    """Whether `resolve_threads` fell through to the free cores: nothing fixed the count (a
-    config, $CAPTIONER_THREADS, torchrun)."""
+    """Whether nothing (a config, $CAPTIONER_THREADS, torchrun) fixed the thread count."""
     return not (requested or positive_env(ENV_THREADS) or positive_env("LOCAL_WORLD_SIZE"))
 
 
 class ThreadGovernor:
-    """Keeps torch's threads at the free cores during a long run (`train.follow_free_cores`; off by
-    default, since the sums then change with the load): every `every_s` seconds, at a step boundary, the
-    free cores are counted again (`python -m benchmarks threads` measures why)."""
+    """Keeps torch's threads at the free cores during a run (`train.follow_free_cores`), counting them
+    again every `every_s` seconds at a step boundary (`python -m benchmarks threads` measures why)."""
 
     def __init__(self, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
                  free: Callable[[], int] = free_cores) -> None:
@@ -147,16 +142,14 @@ AUTO_WORKERS = -1  # data.num_workers: one rank's share of the node's cores
 
 
 def loader_workers(requested: int) -> int:
-    """DataLoader workers for `data.num_workers`: as given when >= 0; for AUTO_WORKERS, this rank's
-    share of the usable cores less one for the rank itself, at least 1."""
+    """`data.num_workers` as given, or for AUTO_WORKERS this rank's share of the cores less one (>= 1)."""
     if requested != AUTO_WORKERS:
         return requested
     return max(1, usable_cores() // local_world_size() - 1)
 
 
 def resolve_device(name: str | torch.device = "auto", what: str = "device") -> torch.device:
-    """"auto" (a CUDA GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N"; a one-line
-    error when CUDA is asked for and absent."""
+    """"auto" (a CUDA GPU if there is one, else the CPU), "cpu", "cuda" or "cuda:N"; one line if absent."""
     if isinstance(name, torch.device):
         name = str(name)
     if name == "auto":
@@ -170,8 +163,7 @@ def resolve_device(name: str | torch.device = "auto", what: str = "device") -> t
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX tiles); elsewhere bf16 is
-    emulated and slower than fp32."""
+    """Whether this CPU has bf16 in hardware (AVX-512 BF16, AMX); elsewhere it is emulated, slower than fp32."""
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 

@@ -6,6 +6,7 @@ Each allows a value, describes it in words, and gives one just outside (for test
 from __future__ import annotations
 
 import math
+import operator
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +26,8 @@ class Range:
             return True
         if isinstance(value, float) and not math.isfinite(value):
             return False
-        return (
-            (self.ge is None or value >= self.ge)
-            and (self.gt is None or value > self.gt)
-            and (self.le is None or value <= self.le)
-            and (self.lt is None or value < self.lt)
-        )
+        bounds = ((self.ge, operator.ge), (self.gt, operator.gt), (self.le, operator.le), (self.lt, operator.lt))
+        return all(bound is None or test(value, bound) for bound, test in bounds)
 
     def describe(self) -> str:
         low = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None
@@ -46,14 +43,9 @@ class Range:
     def outside(self, kind: type) -> Any:
         """A value of `kind` just outside the interval (for tests)."""
         step = 1 if kind is int else 0.5
-        if self.ge is not None:
-            return kind(self.ge - step)
-        if self.gt is not None:
-            return kind(self.gt)
-        if self.le is not None:
-            return kind(self.le + step)
-        if self.lt is not None:
-            return kind(self.lt)
+        for bound, shift in ((self.ge, -step), (self.gt, 0), (self.le, step), (self.lt, 0)):
+            if bound is not None:
+                return kind(bound + shift)
         return None
 
 

@@ -1,6 +1,5 @@
-"""Formats written before: what an older file says, in today's layout. Each reader of stored
-models and runs (checkpoints, exports, ONNX bundles, configs) passes what it read through here
-first, so no other module knows an old layout."""
+"""Formats written before, in today's layout: every reader of stored models and runs passes what it
+read through here first, so no other module knows an old layout."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ FLAT_DECODER = {"lstm": ("embed_dim", "dropout", "hidden_dim", "attention_dim"),
 
 
 def upgrade_run_config(raw: Any) -> Any:
-    """A stored run config (or its model sections) in today's layout: an encoder section without
-    `normalization` gets the statistics it was trained with; a flat decoder section keeps only
-    the keys of its type."""
+    """A stored run config in today's layout: an encoder section gets the `normalization` it was
+    trained with; a flat decoder section keeps only the keys of its type."""
     model = raw.get("model") if isinstance(raw, dict) else None
     if not isinstance(model, dict):
         return raw
@@ -36,8 +34,7 @@ def upgrade_run_config(raw: Any) -> Any:
 
 
 def upgrade_decoder_section(decoder: Any) -> Any:
-    """A decoder section as written before each decoder had its own keys (it holds both decoders'
-    keys at once): the keys of its type alone. Any other section is returned as it is."""
+    """A flat decoder section (both decoders' keys at once) as the keys of its type alone; others as they are."""
     if not isinstance(decoder, dict):
         return decoder
     flat = {"hidden_dim", "attention_dim", "d_model", "num_layers", "num_heads", "ff_dim"}
@@ -60,10 +57,9 @@ def upgrade_value(dotted: str, value: Any) -> Any:
 
 
 def spec_of_sections(stored: Any, source: str, **parts: Any) -> dict[str, Any]:
-    """The `spec` object of a model that files written before the spec described by a run config
-    (model, data.image_size and decode sections; the others are not read, so a training setting
-    this version no longer accepts does not stop a model from loading). `parts`: vocab or
-    vocab_size, and special_tokens, mean, std, grid, feature_dim where the file recorded them."""
+    """The `spec` of a model filed before the spec, from its run config (only the model, data.image_size
+    and decode sections: a training setting no longer accepted does not stop it loading). `parts`: vocab
+    or vocab_size, and special_tokens, mean, std, grid, feature_dim where the file recorded them."""
     if not isinstance(stored, dict):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(stored).__name__}")
     stored = upgrade_run_config(stored)
@@ -84,16 +80,15 @@ def spec_of_sections(stored: Any, source: str, **parts: Any) -> dict[str, Any]:
 
 
 def checkpoint_spec(payload: dict[str, Any], source: str) -> tuple[Any, str]:
-    """A checkpoint's `spec` object and the name of where it came from: its own, or, written
-    before the spec, one made from its run config and vocabulary."""
+    """A checkpoint's `spec` and where it came from: its own, or one made from its config and vocabulary."""
     if "spec" in payload:
         return payload["spec"], f"{source} (spec)"
     return spec_of_sections(payload["config"], f"{source} (config)", vocab=payload["vocab"]), f"{source} (config)"
 
 
 def upgrade_export_config(config: dict[str, Any], source: str) -> dict[str, Any]:
-    """An export's config.json of format 1 (the model in config sections beside vocab_size,
-    special_tokens, preprocessing and encoder) as format 2, which holds the model's `spec`."""
+    """An export's config.json of format 1 (config sections beside vocab_size, special_tokens,
+    preprocessing and encoder) as format 2, which holds the model's `spec`."""
     if config.get("format_version") != 1:
         return config
     for key in ("model", "data", "decode", "vocab_size"):
