@@ -1,8 +1,7 @@
 """The data files a model brings (config.json, vocabulary, ONNX spec, scores, card metadata), read within limits.
 
-At most a size cap is read and the nesting depth is measured before parsing, without recursion: a file
-past a limit is one error line, never a RecursionError or a read of gigabytes. A card's YAML is read
-with the safe loader and a cap on aliases (nested ones expand into billions of nodes) and depth.
+A size cap, and a depth measured before parsing (a card's YAML: aliases too, which expand into billions of
+nodes): a file past a limit is one error line, never a RecursionError or a read of gigabytes.
 """
 
 from __future__ import annotations

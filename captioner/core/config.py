@@ -19,7 +19,7 @@ from captioner.core.config_sections import Config
 from captioner.core.decode_schema import DecodeOption, combination_problem
 from captioner.core.decoder_types import decoder_type, registered, type_of
 from captioner.core.errors import ConfigError
-from captioner.core.specs import Choice, Spec
+from captioner.core.specs import Choice
 from captioner.core.upgrade import upgrade_run_config, upgrade_value
 
 
@@ -157,15 +157,9 @@ def _set_dotted(config: Config, dotted: str, value: Any, source: str) -> None:
 
 
 def _checked(value: Any, node: Any, name: str, dotted: str, source: str) -> Any:
-    """The value converted to the key's type and checked against its spec."""
-    spec = {f.name: f for f in dataclasses.fields(node)}[name].metadata.get("spec")
-    value = upgrade_value(dotted, value)
-    if isinstance(spec, DecodeOption):
-        return _decode_value(value, spec, dotted, source)
-    value = _coerce(value, _type_hints(type(node))[name], dotted, source)
-    if spec is not None:
-        _check_spec(value, spec, dotted, source)
-    return value
+    """The value (as this version names it) converted to the key's type and checked against its spec."""
+    f = {f.name: f for f in dataclasses.fields(node)}[name]
+    return _check_leaf(upgrade_value(dotted, value), f, _type_hints(type(node))[name], dotted, source)
 
 
 def _decode_value(value: Any, option: DecodeOption, dotted: str, source: str) -> Any:
@@ -178,12 +172,6 @@ def _decode_value(value: Any, option: DecodeOption, dotted: str, source: str) ->
     if not option.allows(value):
         raise ConfigError(f"{source}: {dotted!r} must be {option.describe()}; got {value!r}")
     return option.converted(value)
-
-
-def _check_spec(value: Any, spec: Spec, dotted: str, source: str) -> None:
-    if not spec.allows(value):
-        finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
-        raise ConfigError(f"{source}: {dotted!r} must be {finite}{spec.describe()}; got {value!r}")
 
 
 @functools.cache
@@ -261,16 +249,19 @@ def get_dotted(config: Config, dotted: str) -> Any:
     return functools.reduce(getattr, dotted.split("."), config)
 
 
-def _check_leaf(value: Any, f: dataclasses.Field, annotation: Any, dotted: str, source: str) -> None:
-    """A key's value against its spec, also for values set in code."""
+def _check_leaf(value: Any, f: dataclasses.Field, annotation: Any, dotted: str, source: str) -> Any:
+    """A key's value converted to its type and checked against its spec, also for values set in code."""
     spec = f.metadata.get("spec")
     if spec is None:  # a programming error, not a user's: declare the key with `setting`
         raise TypeError(
             f"config key {dotted!r} has no spec: declare it as `{f.name}: T = setting(default, Range/Choice/...)`")
     if isinstance(spec, DecodeOption):
-        _decode_value(value, spec, dotted, source)
-    else:
-        _check_spec(_coerce(value, annotation, dotted, source), spec, dotted, source)
+        return _decode_value(value, spec, dotted, source)
+    value = _coerce(value, annotation, dotted, source)
+    if not spec.allows(value):
+        finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
+        raise ConfigError(f"{source}: {dotted!r} must be {finite}{spec.describe()}; got {value!r}")
+    return value
 
 
 def validate(config: Config, source: str = "config") -> None:

@@ -1,7 +1,6 @@
 """Every config key with its meaning (`captioner config keys`), and a resolved config as YAML.
 
-A key's meaning is the comment on (else just above) its declaration, else a decoding option's meaning in
-core/decode_schema.py, so the list cannot drift from the code; a test refuses a key without one.
+A key's meaning is the comment on (else just above) its declaration, else its decoding option's: it cannot drift.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Whether a place someone else named stays inside the folder it must, compared by real paths.
 
-Both are resolved, links and all, so a link inside the folder that points outside is no way out. For
-names from a model's settings or a dataset's listing; the user's own places and a model's own files
-(links into the Hugging Face cache) are followed, not judged here.
+Both are resolved, links and all, so a link pointing outside is no way out. For names from a model's
+settings or a dataset's listing; the user's own places are followed, not judged here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Writing a file so that a failure loses nothing.
+"""Writing a file so that a failure loses nothing: beside its name, then renamed onto it.
 
-It is written beside its name and renamed onto it; a failed write (a full disk above all) is one
-`StorageError` naming the file and the space left.
+A failed write (a full disk above all) is one `StorageError` naming the file and the space left.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """What was measured on the local machine, kept between processes: a JSON file of decisions.
 
-Keyed by processor, core count and torch version, in the cache folder (core/cache_folder.py). A file
-that cannot be read is measured anew; one that cannot be written only costs the measurement next time.
+Keyed by processor, core count and torch version; a file that cannot be read or written is measured anew.
 """
 
 from __future__ import annotations

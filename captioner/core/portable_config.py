@@ -1,8 +1,7 @@
 """What a model carries of the run that trained it: the recipe, never the folders of the machine that made it.
 
-Each `Place` key is written as its spec's `travels` says: its last component, the run's name, or null
-("unnamed" where a value is needed and none fits). Undeclared keys' path-like text keeps its last component;
-relative paths are the maker's folders too. Every writer of a model's config goes through `portable_config`.
+Each `Place` key is written as its spec's `travels` says (last component, run name or null; "unnamed" where
+none fits); undeclared keys' path-like text keeps its last component. Every writer goes through here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Process-wide settings, applied once when the command line starts: threads, workers, device, seeding.
 
-Threads beyond the free cores only add contention (docs/benchmarks.md), so the default is the free cores;
-a training run takes every usable core instead (`run_threads`), since its sums depend on the count.
+The default is the free cores (more only add contention); a training run takes every usable core, since
+its sums depend on the count.
 """
 
 from __future__ import annotations

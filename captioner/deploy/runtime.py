@@ -5,9 +5,8 @@
     caps = model.caption(["a.jpg", pil_image], beam_size=3)
     caps[0].text, caps[0].score, caps[0].heatmaps()      # (T, h, w) attention per word
 
-The encoder graph makes feats, the init graph the decoder's memory and first state, and the search
-(`numpy_search.py`) calls the step graph once per word. Images are preprocessed with Pillow and numpy
-into the same bytes as the PyTorch transform (`captioner.data.image_transform.ImageTransform`).
+Images become the same bytes as the PyTorch transform (`captioner.data.image_transform.ImageTransform`);
+the search (`numpy_search.py`) calls the step graph once per word.
 """
 
 from __future__ import annotations
