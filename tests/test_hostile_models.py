@@ -688,7 +688,7 @@ def test_an_onnx_spec_past_a_limit_is_one_line(tmp_path: Path, kind: str) -> Non
     require_module("onnxruntime", "the ONNX runtime needs onnxruntime (pip install captioner[onnx])")
     from captioner.core.bounded_files import MODEL_JSON_BYTES
     from captioner.core.errors import ExportError
-    from captioner.deploy.bundle import load_bundle
+    from captioner.deploy.runtime import load_bundle
 
     (tmp_path / "onnx.json").write_text(oversized_json(MODEL_JSON_BYTES) if kind == "oversized" else nested_json())
     with pytest.raises(ExportError) as raised:

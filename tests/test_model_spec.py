@@ -122,7 +122,7 @@ def test_an_export_from_before_the_spec_reads_into_the_spec_of_its_checkpoint() 
 
 def test_an_onnx_bundle_from_before_the_spec_is_read_into_the_spec_its_checkpoint_has() -> None:
     pytest.importorskip("onnxruntime")
-    from captioner.deploy.bundle import load_bundle
+    from captioner.deploy.runtime import load_bundle
 
     manifest = json.loads((GOLDEN / "export_lstm" / "onnx" / "onnx.json").read_text())
     assert manifest["format_version"] == 1 and "spec" not in manifest

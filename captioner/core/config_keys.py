@@ -35,8 +35,7 @@ class Key:
 
 @functools.cache
 def _comments(cls: type) -> tuple[dict[int, str], dict[int, str], dict[str, int]]:
-    """The comments of the module that declares `cls`, by line (those after code, and those on a
-    line of their own), and `cls`'s fields with their line numbers."""
+    """The comments of `cls`'s module by line (after code; alone on a line), and `cls`'s fields' lines."""
     source = inspect.getsource(inspect.getmodule(cls))
     inline, alone = {}, {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):

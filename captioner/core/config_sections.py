@@ -138,6 +138,7 @@ class ModelConfig:
     decoder: Any = field(default_factory=default_decoder, metadata={"decoder": True})  # a registered decoder's config
     blind: bool = setting(False, Flag())  # zero the image features: a language-model baseline
 
+
 @dataclass
 class TrainConfig:
     # checkpoints, metrics.csv, TensorBoard logs and figures

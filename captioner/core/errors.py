@@ -24,8 +24,7 @@ class CheckpointError(CaptionerError):
 
 
 class FeatureStoreError(CaptionerError):
-    """A feature store is missing, unfinished, made by another encoder or for other images, or
-    would not fit on the disk."""
+    """A feature store is missing, unfinished, made for another encoder or images, or too big for the disk."""
 
 
 class RequestError(CaptionerError):
@@ -33,10 +32,9 @@ class RequestError(CaptionerError):
 
 
 class ExportError(CaptionerError):
-    """An exported model folder is missing a file, has one that does not match its config or checksum,
-    or comes from an incompatible version; or a Hub repo id cannot be reached."""
+    """An export lacks a file, has one that fails its config or checksum, or is of another version; or a
+    Hub repo id cannot be reached."""
 
 
 class StorageError(CaptionerError):
-    """A file could not be written: the disk is full (ENOSPC), or the file would exceed the
-    process's size limit or the user's quota. The file it names was left as it was before."""
+    """A file could not be written (a full disk, a size limit, a quota); the file it names is left as it was."""

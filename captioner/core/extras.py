@@ -15,8 +15,7 @@ EXTRA_OF = {
 
 
 def missing_extra(error: ModuleNotFoundError) -> str | None:
-    """The one-line message for a package an optional install brings, or None for any other
-    missing module (a bug, or a broken environment: keep the traceback)."""
+    """The one-line message for a package an optional install brings; None for any other (keep the traceback)."""
     package = (error.name or "").split(".")[0]
     extra = EXTRA_OF.get(package)
     if extra is None:

@@ -15,7 +15,7 @@ from captioner.core.decoder_types import section
 from captioner.core.errors import ConfigError
 
 SPEC_VERSION = 1  # of the `spec` object; bump when a field's meaning changes
-# The ONNX bundle's manifest: written by captioner.models.onnx_export, read by captioner.deploy.bundle.
+# The ONNX bundle's manifest: written by captioner.models.onnx_export, read by captioner.deploy.runtime.
 ONNX_FORMAT = "captioner-onnx"
 ONNX_FORMAT_VERSION = 2  # 2: the model is described by its `spec`; 1 (still read) spread it over top-level fields
 SPECIAL_WORDS = ("pad", "bos", "eos", "unk")  # the vocabulary's first four entries, in this order

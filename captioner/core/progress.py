@@ -9,6 +9,5 @@ from tqdm import tqdm
 
 
 def progress_bar(iterable: Iterable[Any] | None = None, *, enabled: bool = True, **options: Any) -> tqdm:
-    """A tqdm bar where its stream is a terminal, off in a pipe or log file (tqdm's `disable=None`);
-    `enabled=False` turns it off everywhere (another rank, `--quiet`)."""
+    """A tqdm bar on a terminal, off in a pipe or log file; `enabled=False`: off everywhere (`--quiet`)."""
     return tqdm(iterable, disable=None if enabled else True, **options)

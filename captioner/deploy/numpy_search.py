@@ -232,8 +232,7 @@ def best_hypotheses(
     max_length, its live beams (scores (B, K), history (B*K, t)) on the same penalised score."""
     B, K = scores.shape
     live_scores = scores.reshape(B * K).tolist()  # (B*K,)
-    steps = history.shape[1]
-    live_penalty = length_penalty(steps, alpha)
+    live_penalty = length_penalty(history.shape[1], alpha)
     results = []
     for b in range(B):
         pool = list(finished[b])
@@ -243,10 +242,8 @@ def best_hypotheses(
                 if raw != float("-inf"):
                     maps = beams.attention(row, map_shape)  # (t, L, H, N)
                     pool.append(Hypothesis(history[row].tolist(), raw / live_penalty, raw, maps, False))
-        ranked, seen = [], set()
+        ranked: dict[tuple[int, ...], Hypothesis] = {}
         for hyp in sorted(pool, key=lambda h: -h.score):
-            if tuple(hyp.tokens) not in seen:  # keep each caption once
-                seen.add(tuple(hyp.tokens))
-                ranked.append(hyp)
-        results.append(ranked[:n_best])
+            ranked.setdefault(tuple(hyp.tokens), hyp)  # keep each caption once, at its best
+        results.append(list(ranked.values())[:n_best])
     return results
