@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from captioner.core.config_sections import Config
-from captioner.core.decode_schema import DecodeOption, combination_problem
+from captioner.core.decode_schema import DecodeOption, combination_problem, raise_problem
 from captioner.core.decoder_types import decoder_type, registered, type_of
 from captioner.core.errors import ConfigError
 from captioner.core.specs import Choice
@@ -92,9 +92,7 @@ def decoder_config(raw: Any, source: str) -> Any:
         raise ConfigError(f"{source}: 'model.decoder' must be a mapping, got {raw!r}")
     kind = decoder_type(raw.get("type"), repr(TYPE_KEY), source).config
     config = section_from_dict(kind, {k: v for k, v in raw.items() if k != "type"}, "model.decoder.", source)
-    problem = getattr(config, "problem", lambda: None)()  # a decoder's rule that ties its keys together
-    if problem:
-        raise ConfigError(f"{source}: {problem}")
+    raise_problem(getattr(config, "problem", lambda: None)(), source)  # a decoder's rule that ties its keys together
     return config
 
 
@@ -268,9 +266,7 @@ def validate(config: Config, source: str = "config") -> None:
     """Every key against its spec, then the rules that tie keys together."""
     for dotted, f, annotation in _leaves_of(Config, type(config.model.decoder)):
         _check_leaf(get_dotted(config, dotted), f, annotation, dotted, source)
-    problem = getattr(config.model.decoder, "problem", lambda: None)()  # a decoder's rule that ties its keys together
-    if problem:
-        raise ConfigError(f"{source}: {problem}")
+    raise_problem(getattr(config.model.decoder, "problem", lambda: None)(), source)  # the decoder's own rule
     if config.train.warmup_epochs is not None and config.train.warmup_steps is not None:
         raise ConfigError(
             f"{source}: 'train.warmup_epochs' ({config.train.warmup_epochs:g}) and 'train.warmup_steps' "
@@ -301,9 +297,7 @@ def validate(config: Config, source: str = "config") -> None:
                           f"got {scst.samples}")
     if scst.cider_weight == 0 and scst.bleu_weight == 0:
         raise ConfigError(f"{source}: 'scst.cider_weight' and 'scst.bleu_weight' are both 0: the reward would be 0")
-    problem = combination_problem(dataclasses.asdict(config.decode))
-    if problem:
-        raise ConfigError(f"{source}: decode: {problem}")
+    raise_problem(combination_problem(dataclasses.asdict(config.decode)), f"{source}: decode")
 
 
 def dump_config(config: Config, path: str | Path) -> None:

@@ -138,9 +138,7 @@ def check_options(values: Mapping[str, Any], served: bool = False) -> dict[str, 
     """Every option in `values` checked and converted, then the rules that tie the given ones together."""
     check_names(values)
     checked = {name: OPTIONS[name].check(value, served) for name, value in values.items()}
-    problem = combination_problem(checked)
-    if problem:
-        raise ConfigError(f"decode: {problem}")
+    raise_problem(combination_problem(checked))
     return checked
 
 
@@ -165,9 +163,13 @@ def search_problem(values: Mapping[str, Any]) -> str | None:
 
 def check_search(values: Mapping[str, Any]) -> None:
     """The search's rules (`search_problem`) for a search about to run, as a ConfigError."""
-    problem = search_problem(values)
+    raise_problem(search_problem(values))
+
+
+def raise_problem(problem: str | None, where: str = "decode") -> None:
+    """A ConfigError "<where>: <problem>" when there is a problem (from the `*_problem` rules)."""
     if problem:
-        raise ConfigError(f"decode: {problem}")
+        raise ConfigError(f"{where}: {problem}")
 
 
 def check_capacity(max_length: int, capacity: int | None, holder: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from captioner.core.config import decoder_config, section_from_dict
 from captioner.core.config_sections import Config, DataConfig, DecodeConfig, EncoderConfig
-from captioner.core.decode_schema import combination_problem
+from captioner.core.decode_schema import combination_problem, raise_problem
 from captioner.core.decoder_types import section
 from captioner.core.errors import ConfigError
 
@@ -122,9 +122,7 @@ class ModelSpec:
         elif not isinstance(decoder.get("type"), str):
             raise ConfigError(f"{source}: 'model.decoder' must be a mapping with a type, got {decoder!r}")
         decode_config = section_from_dict(DecodeConfig, raw["decode"], "decode.", source)
-        problem = combination_problem(dataclasses.asdict(decode_config))
-        if problem:
-            raise ConfigError(f"{source}: decode: {problem}")
+        raise_problem(combination_problem(dataclasses.asdict(decode_config)), f"{source}: decode")
         pre, blind = raw["preprocessing"], raw.get("blind", False)
         size = section_from_dict(DataConfig, {"image_size": pre.get("image_size")}, "data.", source).image_size
         if not isinstance(blind, bool):

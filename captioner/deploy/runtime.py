@@ -108,21 +108,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def read_model(manifest: dict[str, Any], path: Path) -> tuple[ModelSpec, Vocabulary]:
-    """The model's spec and vocabulary; one ExportError naming `path` when they do not hold."""
-    try:
-        spec = ModelSpec.from_dict(manifest["spec"], f"{path} (spec)", check_decoder=False)
-    except ConfigError as e:
-        raise ExportError(str(e)) from None
-    if spec.grid is None:
-        raise ExportError(f"{path}: spec.grid must be [h, w], got None")
-    try:
-        vocab = Vocabulary(list(spec.vocab))
-    except CaptionerError as e:
-        raise ExportError(f"{path}: spec.vocab: {e}") from None
-    return spec, vocab
-
-
 def session_options(threads: int | None) -> ort.SessionOptions:
     """One graph at a time: `threads` (default: the cores this process may use) per operator, none
     between. Idle threads sleep, not spin: a decode runs many small operators, and on a shared CPU
@@ -157,7 +142,16 @@ def load_bundle(folder: str | Path, threads: int | None = None) -> Bundle:
     """An exported folder (holding onnx.json, or the one above it), checked, with its sessions on the CPU."""
     manifest_path = find_manifest(folder)
     manifest = read_manifest(manifest_path)
-    spec, vocab = read_model(manifest, manifest_path)
+    try:
+        spec = ModelSpec.from_dict(manifest["spec"], f"{manifest_path} (spec)", check_decoder=False)
+    except ConfigError as e:
+        raise ExportError(str(e)) from None
+    if spec.grid is None:
+        raise ExportError(f"{manifest_path}: spec.grid must be [h, w], got None")
+    try:
+        vocab = Vocabulary(list(spec.vocab))
+    except CaptionerError as e:
+        raise ExportError(f"{manifest_path}: spec.vocab: {e}") from None
     files = manifest["files"]
     sessions = {graph: open_session(manifest_path.parent / files[graph]["path"], manifest_path, files[graph]["sha256"],
                                     manifest["graphs"][graph], threads) for graph in GRAPHS}
