@@ -42,13 +42,8 @@ class CaptionBatch:
             images = self.images.to(device, non_blocking=True)
         if channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)  # (B, 3, H, W), NHWC in memory
-        return CaptionBatch(
-            images,
-            self.tokens.to(device, non_blocking=True),
-            self.lengths,
-            self.image_rows.to(device, non_blocking=True),
-            self.indices,
-        )
+        return CaptionBatch(images, self.tokens.to(device, non_blocking=True), self.lengths,
+                            self.image_rows.to(device, non_blocking=True), self.indices)
 
     def pin_memory(self) -> CaptionBatch:
         """Called by the DataLoader's pin-memory thread (pin_memory=True)."""
@@ -70,16 +65,8 @@ class CaptionDataset(Dataset):
     training; a file that fails to load yields None, which `collate_captions` drops. For
     `dataset[(i, draw)]` the caption and augmentation come from `draw` alone, so a resume replays them."""
 
-    def __init__(
-        self,
-        records: list[ImageRecord],
-        vocab: Vocabulary,
-        transform: ImageTransform,
-        max_length: int,
-        pairs: str = "one",
-        features: FeatureRows | None = None,
-        device_preprocess: str = "none",
-    ) -> None:
+    def __init__(self, records: list[ImageRecord], vocab: Vocabulary, transform: ImageTransform, max_length: int,
+                 pairs: str = "one", features: FeatureRows | None = None, device_preprocess: str = "none") -> None:
         self.records = records
         self.device_preprocess = device_preprocess  # one of device_decode.PREPROCESS_CHOICES
         self.transform = transform

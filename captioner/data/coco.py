@@ -11,13 +11,7 @@ from pathlib import Path
 from pycocotools.coco import COCO
 
 from captioner.core.errors import DatasetError
-from captioner.data.records import (
-    ImageRecord,
-    check_file,
-    drop_missing,
-    is_int,
-    read_json,
-)
+from captioner.data.records import ImageRecord, check_file, drop_missing, is_int, read_json
 
 log = logging.getLogger(__name__)
 

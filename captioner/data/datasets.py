@@ -9,12 +9,7 @@ from pathlib import Path
 
 from captioner.core.config_sections import DataConfig
 from captioner.core.errors import DatasetError
-from captioner.data.coco import (
-    coco_split_files,
-    load_coco_captions,
-    load_karpathy,
-    split_coco_val,
-)
+from captioner.data.coco import coco_split_files, load_coco_captions, load_karpathy, split_coco_val
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.imagefolder import load_imagefolder, seeded_split_files
 from captioner.data.records import ImageRecord
@@ -67,15 +62,9 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
 def split_places(config: DataConfig, split: str) -> tuple[str, ...]:
     """The data keys naming the places `load_split(config, split)` may read: the keys a model's
     stored config must not have had set aside (`model_settings`) for that split to be read."""
-    places = {
-        "shapes": ("root",),
-        "coco": ("root", "image_root"),
-        "karpathy": ("karpathy_file", "image_root", "root"),
-        "flickr8k": ("root", "image_root"),
-        "imagefolder": ("root",),
-        "hf": ("root", "image_root"),
-        "webdataset": (f"{split}_shards",),
-    }
+    places = {"shapes": ("root",), "coco": ("root", "image_root"),
+              "karpathy": ("karpathy_file", "image_root", "root"), "flickr8k": ("root", "image_root"),
+              "imagefolder": ("root",), "hf": ("root", "image_root"), "webdataset": (f"{split}_shards",)}
     return places[config.dataset]
 
 
@@ -122,11 +111,5 @@ def ensure_shapes(config: DataConfig) -> None:
     from captioner.data.shapes import generate_shapes
 
     log.info("generating the shapes world into %s", root)
-    generate_shapes(
-        root,
-        config.shapes_num_train,
-        config.shapes_num_val,
-        config.shapes_num_test,
-        image_size=config.image_size,
-        seed=config.shapes_seed,
-    )
+    generate_shapes(root, config.shapes_num_train, config.shapes_num_val, config.shapes_num_test,
+                    image_size=config.image_size, seed=config.shapes_seed)

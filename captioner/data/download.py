@@ -91,13 +91,8 @@ class _Interrupted(ConnectionError):
     """The server closed the connection before sending the whole body (retried and resumed)."""
 
 
-def download_file(
-    url: str,
-    dest: Path,
-    expected_size: int | None = None,
-    md5: str | None = None,
-    progress: bool = True,
-) -> Path:
+def download_file(url: str, dest: Path, expected_size: int | None = None, md5: str | None = None,
+                  progress: bool = True) -> Path:
     """Download `url` to `dest` via `dest` + ".part", resuming, renamed into place only once its size
     and MD5 check, so `dest` is never partial; a matching `dest` is kept. Failures: `DatasetError`."""
     dest = Path(dest)
@@ -119,22 +114,15 @@ def download_file(
         actual = _md5(part)
         if actual != md5.lower():
             part.unlink()
-            raise DatasetError(
-                f"{dest.name}: checksum mismatch (expected md5 {md5}, got {actual}); "
-                f"removed the corrupt download, run again to retry"
-            )
+            raise DatasetError(f"{dest.name}: checksum mismatch (expected md5 {md5}, got {actual}); "
+                               f"removed the corrupt download, run again to retry")
     os.replace(part, dest)  # atomic on one file system: dest is either absent or complete
     logger.info("downloaded %s", dest)
     return dest
 
 
-def download_coco(
-    root: Path,
-    year: str = "2014",
-    karpathy: bool = False,
-    mirror: str | None = None,
-    progress: bool = True,
-) -> list[Path]:
+def download_coco(root: Path, year: str = "2014", karpathy: bool = False, mirror: str | None = None,
+                  progress: bool = True) -> list[Path]:
     """Download the COCO `year` images and captions (and with `karpathy` its split file) into `root`,
     unpacked once; `mirror` replaces every URL's scheme and host. Returns the top-level paths extracted."""
     year = str(year)
@@ -158,9 +146,7 @@ def download_flickr8k(root: Path, mirror: str | None = None, progress: bool = Tr
     return extracted
 
 
-def _download_and_extract(
-    wanted: Sequence[RemoteFile], root: Path, mirror: str | None, progress: bool
-) -> list[Path]:
+def _download_and_extract(wanted: Sequence[RemoteFile], root: Path, mirror: str | None, progress: bool) -> list[Path]:
     """Fetch each archive into root/downloads/ and extract it into `root` once (a marker file
     records what it produced); return the top-level paths extracted."""
     urls = [_apply_mirror(remote.url, mirror) for remote in wanted]  # a bad mirror fails first
@@ -350,9 +336,7 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
                                        enabled=progress):
                 zf.extract(member, root)  # zipfile drops "..", drive and leading "/" parts
     except zipfile.BadZipFile as e:
-        raise DatasetError(
-            f"{archive}: not a valid zip archive ({e}); delete it and run again"
-        ) from None
+        raise DatasetError(f"{archive}: not a valid zip archive ({e}); delete it and run again") from None
     except OSError as e:
         raise DatasetError(f"cannot extract {archive} into {root}: {e.strerror or e}") from None
     tops: dict[str, None] = {}

@@ -45,10 +45,8 @@ def open_dataset(root: str) -> dict[str, Any]:
         elif path.is_dir() and next(path.rglob("*.parquet"), None) is not None:
             loaded = datasets.load_dataset("parquet", data_dir=str(path))
         else:
-            raise DatasetError(
-                f"{root}: not a Hugging Face dataset on disk "
-                f"(no {' or '.join(SAVED_MARKERS)} from save_to_disk, no .parquet files)"
-            )
+            raise DatasetError(f"{root}: not a Hugging Face dataset on disk "
+                               f"(no {' or '.join(SAVED_MARKERS)} from save_to_disk, no .parquet files)")
     except DatasetError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds for a damaged folder; one line names it
@@ -129,16 +127,9 @@ def _image_column(root: str, split: str, column: str) -> Any:
     return open_dataset(root)[split].with_format("arrow")[column]
 
 
-def load_hf_dataset(
-    root: str | Path,
-    split: str,
-    image_column: str = "image",
-    caption_column: str = "text",
-    val_fraction: float = 0.05,
-    test_fraction: float = 0.05,
-    split_seed: int = 0,
-    image_root: str | Path | None = None,
-) -> list[ImageRecord]:
+def load_hf_dataset(root: str | Path, split: str, image_column: str = "image", caption_column: str = "text",
+                    val_fraction: float = 0.05, test_fraction: float = 0.05, split_seed: int = 0,
+                    image_root: str | Path | None = None) -> list[ImageRecord]:
     """The records of one split (train, val, test), image ids numbering the rows split by split; a
     dataset with one split is split by `holdout.seeded_split`."""
     root = str(root)
@@ -172,10 +163,8 @@ def split_captions(root: str, key: str, dataset: Any, image_column: str,
     a column that is not there is one DatasetError naming the columns there are."""
     missing = [c for c in (image_column, caption_column) if c not in dataset.column_names]
     if missing:
-        raise DatasetError(
-            f"{root} ({key}): no column {missing[0]!r} (columns: {', '.join(dataset.column_names)}); "
-            f"name yours with data.{'image' if missing[0] == image_column else 'caption'}_column"
-        )
+        raise DatasetError(f"{root} ({key}): no column {missing[0]!r} (columns: {', '.join(dataset.column_names)}); "
+                           f"name yours with data.{'image' if missing[0] == image_column else 'caption'}_column")
     captions = [_captions(value, f"{root} ({key}): row {row}: {caption_column!r}")
                 for row, value in enumerate(dataset.with_format("arrow")[caption_column].to_pylist())]
     captioned = [row for row, texts in enumerate(captions) if texts]

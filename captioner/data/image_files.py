@@ -72,10 +72,8 @@ def open_checked(
                 if width < 1 or height < 1:
                     raise ImageLoadError(f"{name}: image is {width}x{height} pixels (empty)")
                 if width * height > max_pixels:
-                    raise ImageLoadError(
-                        f"{name}: image is {width}x{height} = {width * height / 1e6:.0f} megapixels, "
-                        f"over the limit of {max_pixels / 1e6:.0f} (possible decompression bomb)"
-                    )
+                    raise ImageLoadError(f"{name}: image is {width}x{height} = {width * height / 1e6:.0f} megapixels, "
+                                         f"over the limit of {max_pixels / 1e6:.0f} (possible decompression bomb)")
                 return finish(image)
     except ImageLoadError:
         raise

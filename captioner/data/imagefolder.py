@@ -62,10 +62,8 @@ def read_metadata(path: Path, caption_column: str) -> Rows:
     if not captions:
         raise DatasetError(f"{path}: no rows")
     if caption_column not in columns:
-        raise DatasetError(
-            f"{path}: no caption column {caption_column!r} (columns: {', '.join(sorted(columns))}); "
-            "name yours with data.caption_column"
-        )
+        raise DatasetError(f"{path}: no caption column {caption_column!r} (columns: {', '.join(sorted(columns))}); "
+                           "name yours with data.caption_column")
     captioned = {name: texts for name, texts in captions.items() if texts}  # no caption teaches nothing
     if not captioned:
         raise DatasetError(f"{path}: no row has a caption in {caption_column!r}")
@@ -124,17 +122,9 @@ def split_layout(root: Path) -> dict[str, Path]:
     return found
 
 
-def load_imagefolder(
-    root: str | Path,
-    split: str,
-    caption_column: str = "text",
-    val_fraction: float = 0.05,
-    test_fraction: float = 0.05,
-    split_seed: int = 0,
-    check_images: bool = True,
-    strict: bool = False,
-    max_missing: float = 1.0,
-) -> list[ImageRecord]:
+def load_imagefolder(root: str | Path, split: str, caption_column: str = "text", val_fraction: float = 0.05,
+                     test_fraction: float = 0.05, split_seed: int = 0, check_images: bool = True,
+                     strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
     """The records of one split (train, val, test) of the image folder at `root`. Image ids
     number every image of the folder, split by split (train, val, test), in metadata order."""
     root = Path(root)

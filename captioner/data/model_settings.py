@@ -51,10 +51,8 @@ class StoredSettings:
         if missing:
             said = "; ".join(f"{key} {shown(self.set_aside[key])} ({self.reasons[key]})" for key in missing)
             give = " ".join(f"{key}=..." for key in missing)
-            raise DatasetError(
-                f"{self.source}: the {split} split is not read where the model's settings say: {said}; "
-                f"a model's settings are data, never a place to read: name the data yourself ({give})"
-            )
+            raise DatasetError(f"{self.source}: the {split} split is not read where the model's settings say: {said}; "
+                               f"a model's settings are data, never a place to read: name the data yourself ({give})")
         from captioner.data.datasets import load_split
 
         return load_split(self.config.data, split, check_images)
@@ -113,8 +111,6 @@ def stored_settings(config: Config, source: str, keep_local_places: bool = False
     for dotted in set_aside:
         key = dotted.removeprefix("data.")
         setattr(safe.data, key, getattr(defaults, key))
-    log.warning(
-        "%s: not used, as a model's settings are data and never a place to read: %s",
-        source, "; ".join(f"{key} {shown(value)} ({reasons[key]})" for key, value in set_aside.items()),
-    )
+    log.warning("%s: not used, as a model's settings are data and never a place to read: %s",
+                source, "; ".join(f"{key} {shown(value)} ({reasons[key]})" for key, value in set_aside.items()))
     return StoredSettings(safe, set_aside, reasons, source)

@@ -129,11 +129,6 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
         raise FeatureStoreError(f"{path}: not a readable feature array ({str(e)[:120]})") from None
 
 
-def npy_header_bytes(path: Path) -> int:
-    """Where the rows start in a .npy file (after its magic string and header)."""
-    return npy_header(path)[2]
-
-
 def read_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text())
@@ -181,11 +176,9 @@ def check_manifest(manifest_path: Path, manifest: dict[str, Any], expected: dict
         stored_set, wanted_set = set(stored), set(wanted)
         missing = [i for i in stored if i not in wanted_set]
         extra = [i for i in wanted if i not in stored_set]
-        detail = (
-            f"{len(missing)} of its images are no longer in the split (e.g. image {missing[0]}, "
-            f"{manifest['paths'][stored.index(missing[0])]})" if missing
-            else f"the split has {len(extra)} images it lacks (e.g. image {extra[0]})" if extra
-            else "the images are in another order"
-        )
+        detail = (f"{len(missing)} of its images are no longer in the split (e.g. image {missing[0]}, "
+                  f"{manifest['paths'][stored.index(missing[0])]})" if missing
+                  else f"the split has {len(extra)} images it lacks (e.g. image {extra[0]})" if extra
+                  else "the images are in another order")
         raise FeatureStoreError(f"{manifest_path}: image_ids differ from the {manifest['split']} split: "
                                 f"{detail}; {hint}")

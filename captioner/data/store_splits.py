@@ -40,10 +40,8 @@ class SplitFeatures:
     grid: tuple[int, int]
 
 
-def split_features(
-    model: EncodesImages, config: Config, split: str, records: list[ImageRecord],
-    use: list[ImageRecord] | None = None, build: bool = True,
-) -> SplitFeatures:
+def split_features(model: EncodesImages, config: Config, split: str, records: list[ImageRecord],
+                   use: list[ImageRecord] | None = None, build: bool = True) -> SplitFeatures:
     """The stored features of `use` (default: all `records`) from `model.encoder`'s store, built when
     absent (`build`), refused when stale; with `data.features_on_device` loaded onto the device if they fit."""
     directory = store_dir(config)
@@ -66,11 +64,9 @@ def split_features(
         if need < 0.9 * free:
             log.info("%s: %s of features loaded onto %s", split, size_text(need), device)
             return SplitFeatures(kept, store.load(rows, device), grid)
-        log.warning(
-            "%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; "
-            "reading from disk",
-            split, size_text(need), size_text(free), device,
-        )
+        log.warning("%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; "
+                    "reading from disk",
+                    split, size_text(need), size_text(free), device,)
     return SplitFeatures(kept, store.rows(rows), grid)
 
 
