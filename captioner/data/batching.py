@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from captioner.core.errors import ImageLoadError
 from captioner.core.process_settings import loader_workers
-from captioner.data.device_decode import PendingImage, read_pending, transform_on_device
+from captioner.data.device_decode import PendingImage, read_for_device, transform_on_device
 from captioner.data.image_files import load_image
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord, image_data
@@ -138,7 +138,9 @@ def load_record_image(record: ImageRecord) -> Image.Image:
 
 def pending_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None,
                     ship_jpeg: bool) -> PendingImage | None:
-    return or_none(lambda: read_pending(image_data(record), transform, seed, ship_jpeg, name=str(record.path)))
+    """In a worker: the file (or bytes) read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
+    return or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
+                                        transform, seed))
 
 
 def collate_captions(batch: list) -> CaptionBatch | None:
@@ -150,8 +152,7 @@ def collate_captions(batch: list) -> CaptionBatch | None:
         images = torch.stack(images)  # (B, 3, H, W) or (B, N, D)
     captions = [(row, ids) for row, (_, caps, _) in enumerate(batch) for ids in caps]
     captions.sort(key=lambda caption: -len(caption[1]))  # longest first, as the decoder wants them (stable)
-    tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions),
-                         dtype=torch.long)  # (C, T), 0 = <pad>
+    tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions), dtype=torch.long)  # (C, T), 0 = <pad>
     for c, (_, ids) in enumerate(captions):
         tokens[c, : len(ids)] = torch.tensor(ids)
     lengths = torch.tensor([len(ids) for _, ids in captions])  # (C,)
@@ -169,12 +170,7 @@ def collate_images(batch: list) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 def image_loader(records: list[ImageRecord], transform: ImageTransform, batch_size: int,
                  num_workers: int = 0) -> DataLoader:
-    return DataLoader(
-        ImageDataset(records, transform),
-        batch_size=batch_size,
-        shuffle=False,
-        num_workers=loader_workers(num_workers),
-        collate_fn=collate_images,
-        persistent_workers=False,
-        generator=torch.Generator(),  # the loader's worker seed comes from this, not from training's RNG
-    )
+    # The loader's worker seed comes from its own generator, not from training's RNG.
+    return DataLoader(ImageDataset(records, transform), batch_size=batch_size, shuffle=False,
+                      num_workers=loader_workers(num_workers), collate_fn=collate_images, persistent_workers=False,
+                      generator=torch.Generator())

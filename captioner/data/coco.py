@@ -20,10 +20,8 @@ KARPATHY_SPLITS = ("train", "restval", "val", "test")  # the values an entry's `
 _reported: set[tuple[str, int]] = set()  # (file, mtime) whose sizes this process has logged, once
 
 
-def load_coco_captions(
-    annotation_file: str | Path, image_root: str | Path, check_images: bool = True, strict: bool = False,
-    max_missing: float = 1.0,
-) -> list[ImageRecord]:
+def load_coco_captions(annotation_file: str | Path, image_root: str | Path, check_images: bool = True,
+                       strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
     """Records of a COCO caption file (`captions_*.json`) read through pycocotools."""
     annotation_file = check_file(annotation_file, "caption annotation file")
     coco = read_coco(annotation_file, "COCO caption file", ("images", "annotations"))
@@ -111,10 +109,8 @@ def _check_entries(path: Path, entries: list, name: str, fields: dict) -> set:
     return set(ids)
 
 
-def load_karpathy(
-    split_file: str | Path, image_root: str | Path, split: str, check_images: bool = True, strict: bool = False,
-    max_missing: float = 1.0,
-) -> list[ImageRecord]:
+def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, check_images: bool = True,
+                  strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
     """Records of one split of a Karpathy file (`dataset_coco.json`, `dataset_flickr8k.json`, ...),
     `restval` joining `train` as in the papers. Flickr entries have no `filepath` or `cocoid` (ids
     are `imgid`); a malformed entry stops the load with its index."""

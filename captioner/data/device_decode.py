@@ -5,6 +5,7 @@ On the CPU the same code runs with libjpeg, which the tests check against PIL.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,23 +58,21 @@ def exif_orientation(image: Image.Image) -> int:
     return value if value in range(1, 9) else 1
 
 
+# EXIF orientation -> what turns an image (C, H, W) as stored upright, as PIL's `ImageOps.exif_transpose` does
+UPRIGHT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
+    2: lambda image: image.flip(-1),  # mirrored left-right
+    3: lambda image: image.flip(-2, -1),  # rotated 180
+    4: lambda image: image.flip(-2),  # mirrored top-bottom
+    5: lambda image: image.transpose(-2, -1),  # (C, W, H): transposed
+    6: lambda image: image.rot90(-1, dims=(-2, -1)),  # (C, W, H): turned 90 degrees clockwise
+    7: lambda image: image.transpose(-2, -1).flip(-2, -1),  # (C, W, H): transverse
+    8: lambda image: image.rot90(1, dims=(-2, -1)),  # (C, W, H): turned 90 degrees counter-clockwise
+}
+
+
 def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
-    """image (C, H, W) as stored -> upright, as PIL's `ImageOps.exif_transpose` turns it."""
-    if orientation == 2:
-        return image.flip(-1)  # mirrored left-right
-    if orientation == 3:
-        return image.flip(-2, -1)  # rotated 180
-    if orientation == 4:
-        return image.flip(-2)  # mirrored top-bottom
-    if orientation == 5:
-        return image.transpose(-2, -1)  # (C, W, H): transposed
-    if orientation == 6:
-        return image.rot90(-1, dims=(-2, -1))  # (C, W, H): turned 90 degrees clockwise
-    if orientation == 7:
-        return image.transpose(-2, -1).flip(-2, -1)  # (C, W, H): transverse
-    if orientation == 8:
-        return image.rot90(1, dims=(-2, -1))  # (C, W, H): turned 90 degrees counter-clockwise
-    return image
+    """image (C, H, W) as stored -> upright (orientation 1 and unknown ones: as stored)."""
+    return UPRIGHT[orientation](image) if orientation in UPRIGHT else image
 
 
 def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[torch.Tensor]:
@@ -116,13 +115,6 @@ class PendingImage:
     source: EncodedJpeg | torch.Tensor  # a JPEG to decode there, or the uint8 (3, H, W) picture decoded
     transform: ImageTransform
     seed: int | None  # the item's augmentation seed (CaptionDataset's draw); None: the process's RNG
-
-
-def read_pending(
-    path: str | Path | bytes, transform: ImageTransform, seed: int | None, ship_jpeg: bool, name: str | None = None
-) -> PendingImage:
-    """In a worker: the file (or bytes) read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
-    return PendingImage(read_for_device(path, ship_jpeg, name=name), transform, seed)
 
 
 def transform_on_device(pending: list[PendingImage], device: torch.device | str) -> torch.Tensor:

@@ -25,8 +25,6 @@ from captioner.core.errors import DatasetError
 from captioner.core.progress import progress_bar
 from captioner.data.flickr8k import SPLIT_FILES, TOKEN_FILE, default_image_folder
 
-__all__ = ["COCO_FILES", "FLICKR8K_FILES", "YEARS", "RemoteFile", "download_coco", "download_file", "download_flickr8k"]
-
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -104,7 +102,6 @@ def download_file(url: str, dest: Path, expected_size: int | None = None, md5: s
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_suffix(dest.suffix + ".part")
     total = _fetch(url, part, expected_size, progress)
-
     size = part.stat().st_size
     if total is not None and size != total:
         part.unlink()
@@ -195,8 +192,7 @@ def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> i
             if total is not None and offset == total:
                 return total
             try:
-                total = _transfer(url, part, offset, total, bar)
-                return total
+                return _transfer(url, part, offset, total, bar)
             except urllib.error.HTTPError as e:
                 if e.code == 416 and _complete_after_416(e, part):
                     return part.stat().st_size
@@ -284,18 +280,15 @@ def _give_up(url: str, host: str, part: Path, error: Exception) -> DatasetError:
     if isinstance(error, urllib.error.HTTPError):
         return DatasetError(f"cannot download {url}: HTTP {error.code} {error.reason}{kept}{by_hand}")
     if isinstance(error, urllib.error.URLError):  # the connection itself could not be made
-        return DatasetError(
-            f"cannot reach {host}: no internet? ({error.reason}) while downloading {url}{kept}{by_hand}"
-        )
+        return DatasetError(f"cannot reach {host}: no internet? ({error.reason}) "
+                            f"while downloading {url}{kept}{by_hand}")
     return DatasetError(f"download of {url} kept failing ({error}){kept}{by_hand}")
 
 
 def _check_free_space(part: Path, needed: int | None) -> None:
     """Fail before a long transfer rather than with a full disk at 95 %."""
-    if needed is None:
-        return
     free = shutil.disk_usage(part.parent).free
-    if free < needed:
+    if needed is not None and free < needed:
         raise DatasetError(f"not enough disk space for {part.parent / part.stem}: "
                            f"needs {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
 
@@ -332,8 +325,7 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
             # Archives zipped on a Mac (Flickr8k_Dataset.zip) carry a __MACOSX/ tree of
             # resource forks, a "._" file per photo: nothing a reader wants, so never extracted.
             members = [m for m in zf.infolist() if not m.filename.startswith("__MACOSX/")]
-            for member in progress_bar(members, unit="file", desc=f"extracting {archive.name}",
-                                       enabled=progress):
+            for member in progress_bar(members, unit="file", desc=f"extracting {archive.name}", enabled=progress):
                 zf.extract(member, root)  # zipfile drops "..", drive and leading "/" parts
     except zipfile.BadZipFile as e:
         raise DatasetError(f"{archive}: not a valid zip archive ({e}); delete it and run again") from None
@@ -341,8 +333,7 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
         raise DatasetError(f"cannot extract {archive} into {root}: {e.strerror or e}") from None
     tops: dict[str, None] = {}
     for member in members:
-        names = member.filename.replace("\\", "/").split("/")
-        parts = [p for p in names if p not in ("", ".", "..")]
+        parts = [p for p in member.filename.replace("\\", "/").split("/") if p not in ("", ".", "..")]
         if parts:
             tops[parts[0]] = None
     logger.info("extracted %s into %s", archive.name, root)

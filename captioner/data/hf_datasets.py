@@ -13,21 +13,12 @@ from typing import Any
 
 from captioner.core.confinement import Confinement, is_within
 from captioner.core.errors import DatasetError, ImageLoadError
-from captioner.data.holdout import check_split_name, seeded_split
+from captioner.data.imagefolder import SPLIT_FOLDERS, check_split_name, seeded_split
 from captioner.data.records import ImageRecord
 
 log = logging.getLogger(__name__)
 
-SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid", "dev"), "test": ("test",)}
 SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (a DatasetDict, a Dataset)
-
-
-def _datasets() -> Any:
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never wait on the Hub
-    import datasets  # the 'data' extra; the CLI names it when missing (core/extras.py)
-    datasets.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
-    return datasets
 
 
 @functools.lru_cache(maxsize=8)
@@ -36,7 +27,11 @@ def open_dataset(root: str) -> dict[str, Any]:
     path = Path(root)
     if not path.exists():
         raise DatasetError(f"{root}: Hugging Face dataset not found")
-    datasets = _datasets()
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never wait on the Hub
+    import datasets  # the 'data' extra; the CLI names it when missing (core/extras.py)
+
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
     try:
         if path.is_dir() and any((path / m).is_file() for m in SAVED_MARKERS):
             loaded = datasets.load_from_disk(str(path))
@@ -56,7 +51,7 @@ def open_dataset(root: str) -> dict[str, Any]:
 
 
 def _split_key(splits: dict[str, Any], split: str) -> str | None:
-    return next((name for name in SPLIT_NAMES[split] if name in splits), None)
+    return next((name for name in SPLIT_FOLDERS[split] if name in splits), None)
 
 
 @dataclass(frozen=True)
@@ -131,23 +126,23 @@ def load_hf_dataset(root: str | Path, split: str, image_column: str = "image", c
                     val_fraction: float = 0.05, test_fraction: float = 0.05, split_seed: int = 0,
                     image_root: str | Path | None = None) -> list[ImageRecord]:
     """The records of one split (train, val, test), image ids numbering the rows split by split; a
-    dataset with one split is split by `holdout.seeded_split`."""
+    dataset with one split is split by `imagefolder.seeded_split`."""
     root = str(root)
     check_split_name(split, root)
     splits = open_dataset(root)
-    pools = {ours: key for ours in SPLIT_NAMES if (key := _split_key(splits, ours)) is not None}
+    pools = {ours: key for ours in SPLIT_FOLDERS if (key := _split_key(splits, ours)) is not None}
     seeded = set(pools) == {"train"}
     key = pools["train"] if seeded else pools.get(split)
     if key is None:
         raise DatasetError(f"{root}: no {split} split (the dataset has: {', '.join(splits)}); "
-                           f"name one {' or '.join(SPLIT_NAMES[split])}")
+                           f"name one {' or '.join(SPLIT_FOLDERS[split])}")
     captions, captioned = split_captions(root, key, splits[key], image_column, caption_column)
     if seeded:
         drawn = seeded_split(len(captioned), val_fraction, test_fraction, split_seed, f"{root} ({key})")[split]
         rows, first_id = [captioned[i] for i in drawn], 0
     else:
         rows = captioned
-        earlier = list(SPLIT_NAMES)[: list(SPLIT_NAMES).index(split)]
+        earlier = list(SPLIT_FOLDERS)[: list(SPLIT_FOLDERS).index(split)]
         first_id = sum(len(splits[pools[s]]) for s in earlier if s in pools)  # ids run on across the splits
     images = DatasetImages(root, key, image_column, str(image_root) if image_root is not None else None)
     records = [ImageRecord(first_id + row, Path(root) / key / str(row), captions[row], stored=images, row=row)

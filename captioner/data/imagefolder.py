@@ -1,7 +1,7 @@
 """Your own photographs and captions in Hugging Face's `imagefolder` layout. A `metadata.jsonl` or
 `.csv` names each image in `file_name` (never out of its folder, links included) beside its caption
-column; splits come from train/validation/test folders, else `holdout.seeded_split`. Read here, not
-through `datasets`: no Arrow cache, no extra install."""
+column; splits come from train/validation/test folders, else `seeded_split` (also the Hugging Face
+loader's, for a dataset with one split). Read here, not through `datasets`: no Arrow cache, no extra install."""
 
 from __future__ import annotations
 
@@ -9,19 +9,47 @@ import csv
 import io
 import json
 import logging
+import random
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from captioner.core.confinement import Confinement
 from captioner.core.errors import DatasetError
-from captioner.data.holdout import check_split_name, seeded_split
 from captioner.data.records import ImageRecord, drop_missing, read_text
+from captioner.data.shapes import SPLITS  # the project's three split names, declared once
 
 log = logging.getLogger(__name__)
 
 METADATA_FILES = ("metadata.jsonl", "metadata.csv")
 # Our split -> the folder names Hugging Face's loaders accept for it, in the order tried.
 SPLIT_FOLDERS = {"train": ("train",), "val": ("validation", "val", "valid", "dev"), "test": ("test",)}
+
+
+def held_out_count(total: int, fraction: float) -> int:
+    """round(total x fraction), but at least one image when the fraction is not 0 and there are
+    three images or more (a tiny folder still gets something to validate on)."""
+    if fraction <= 0:
+        return 0
+    return max(1, round(total * fraction)) if total >= 3 else 0
+
+
+def seeded_split(total: int, val_fraction: float, test_fraction: float, seed: int,
+                 source: str) -> dict[str, list[int]]:
+    """Positions 0..total-1 -> {train, val, test: sorted positions}, the same for the same total and
+    seed: a seeded shuffle, the first `test` of it for testing, the next `val` for validation."""
+    order = list(range(total))
+    random.Random(seed).shuffle(order)
+    test = held_out_count(total, test_fraction)
+    val = held_out_count(total, val_fraction)
+    if total - test - val < 1:
+        raise DatasetError(f"{source}: {total} images leave none for training after {val} for validation "
+                           f"and {test} for testing")
+    return {"test": sorted(order[:test]), "val": sorted(order[test : test + val]), "train": sorted(order[test + val :])}
+
+
+def check_split_name(split: str, source: str) -> None:
+    if split not in SPLITS:
+        raise DatasetError(f"{source}: unknown split {split!r}: use train, val or test")
 
 
 @dataclass(frozen=True)

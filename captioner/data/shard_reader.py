@@ -66,15 +66,18 @@ def shard_counts(urls: Iterable[str], what: str, max_bytes: int = DEFAULT_LIMITS
     indexes: dict[str, dict[str, int] | None] = {}
     counts = []
     for url in urls:
-        name = shard_name(url, what)
-        index_url = sibling(url, name + ".tar", INDEX)
+        names = SHARD_NAME.findall(url)
+        if not names:
+            raise DatasetError(f"{what}: {url!r} is not a .tar shard")
+        shard_file = names[-1] + ".tar"
+        index_url = sibling(url, shard_file, INDEX)
         if index_url not in indexes:
             indexes[index_url] = read_index(index_url, max_bytes)
         listed = indexes[index_url]
-        if listed is not None and name + ".tar" in listed:
-            counts.append(listed[name + ".tar"])
+        if listed is not None and shard_file in listed:
+            counts.append(listed[shard_file])
             continue
-        stats_url = sibling(url, name + ".tar", name + "_stats.json")
+        stats_url = sibling(url, shard_file, names[-1] + "_stats.json")
         stats = read_small(stats_url, "the shard's sample count", max_bytes, missing_ok=True)
         if stats is None:
             where = f"{index_url} does not list it" if listed is not None else f"no {INDEX} at {index_url}"
@@ -85,13 +88,6 @@ def shard_counts(urls: Iterable[str], what: str, max_bytes: int = DEFAULT_LIMITS
         except (ValueError, KeyError, TypeError):
             raise DatasetError(f"{stats_url}: not an img2dataset stats file (no integer 'successes')") from None
     return counts
-
-
-def shard_name(url: str, what: str) -> str:
-    found = SHARD_NAME.findall(url)
-    if not found:
-        raise DatasetError(f"{what}: {url!r} is not a .tar shard")
-    return found[-1]
 
 
 def sibling(url: str, shard_file: str, name: str) -> str:

@@ -38,16 +38,12 @@ def image_bytes(record: ImageRecord) -> tuple[bytes, str]:
     """The image's bytes as stored and its file suffix, after the loader's checks (a supported
     format, a sane size, read from the header); ImageLoadError naming the file otherwise."""
     source = image_data(record)
-    data = source if isinstance(source, bytes) else _read(source)
+    try:
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    except OSError as e:
+        raise ImageLoadError(f"{source}: cannot read it ({e.strerror or e})") from None
     image_format = open_checked(data, lambda image: image.format, name=str(record.path))
     return data, EXTENSIONS[image_format]
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise ImageLoadError(f"{path}: cannot read it ({e.strerror or e})") from None
 
 
 def sample(key: str, record: ImageRecord, data: bytes, suffix: str) -> dict[str, object]:

@@ -194,13 +194,12 @@ class StreamingCaptions(IterableDataset):
         tokens = [self.vocab.encode(c, self.settings.max_length) for c in captions]
         if self.settings.pairs != "all":
             tokens = [tokens[draw % len(tokens)]]
+        augmented = self.transform.train and self.transform.augment
         try:
             picture = load_image(data, name=sample_name(sample))
-            if self.transform.train and self.transform.augment:
-                with torch.random.fork_rng(devices=[]):  # seeded augmentation: the same after a resume
+            with torch.random.fork_rng(devices=[], enabled=augmented):  # seeded augmentation: the same after a resume
+                if augmented:
                     torch.manual_seed(draw)
-                    image = self.transform(picture)  # (3, S, S) uint8
-            else:
                 image = self.transform(picture)  # (3, S, S) uint8
         except ImageLoadError as e:
             raise BrokenSample(str(e)) from None
