@@ -185,8 +185,7 @@ def _sentence(sentence: object, where: str) -> str:
 
 
 def coco_split_files(root: str | Path, year: int, split: str) -> tuple[Path, Path]:
-    """(caption file, image folder) of an official COCO release under `root`: train is train{year},
-    val and test the two halves of val{year} (`split_coco_val`)."""
+    """(caption file, image folder) of an official COCO release: train{year}, or val{year} for val and test."""
     root = Path(root)
     source = "train" if split == "train" else "val"
     return root / "annotations" / f"captions_{source}{year}.json", root / f"{source}{year}"

@@ -62,8 +62,7 @@ class Rows:
 
 
 def read_metadata(path: Path, caption_column: str) -> Rows:
-    """A metadata.jsonl or metadata.csv -> `Rows`; a malformed row is one DatasetError naming
-    the file and line, a caption column that no row has names the columns there are."""
+    """A metadata.jsonl or metadata.csv -> `Rows`; a malformed row is one DatasetError naming the file and line."""
     text = read_text(path, "image folder metadata file")
     rows = _jsonl_rows(path, text) if path.suffix == ".jsonl" else _csv_rows(path, text)
     captions: dict[str, list[str]] = {}
@@ -142,19 +141,15 @@ def metadata_file(folder: Path) -> Path | None:
 
 def split_layout(root: Path) -> dict[str, Path]:
     """Our split -> its folder, for the split folders that hold a metadata file."""
-    found = {}
-    for split, names in SPLIT_FOLDERS.items():
-        folder = next((root / n for n in names if metadata_file(root / n) is not None), None)
-        if folder is not None:
-            found[split] = folder
-    return found
+    folders = {split: next((root / n for n in names if metadata_file(root / n) is not None), None)
+               for split, names in SPLIT_FOLDERS.items()}
+    return {split: folder for split, folder in folders.items() if folder is not None}
 
 
 def load_imagefolder(root: str | Path, split: str, caption_column: str = "text", val_fraction: float = 0.05,
                      test_fraction: float = 0.05, split_seed: int = 0, check_images: bool = True,
                      strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
-    """The records of one split (train, val, test) of the image folder at `root`. Image ids
-    number every image of the folder, split by split (train, val, test), in metadata order."""
+    """The records of one split; image ids number the folder's images split by split, in metadata order."""
     root = Path(root)
     check_split_name(split, str(root))
     if not root.is_dir():
@@ -202,8 +197,7 @@ def _pools(root: Path, caption_column: str) -> dict[str, Rows]:
 
 def seeded_split_files(root: str | Path, caption_column: str, val_fraction: float, test_fraction: float,
                        split_seed: int) -> dict[str, list[str]] | None:
-    """The file names of each split when the folder has no split folders (the split training
-    records in its run folder), else None."""
+    """The file names of each split when the folder has no split folders (training records them), else None."""
     pools = _pools(Path(root), caption_column)
     if set(pools) != {"all"}:
         return None

@@ -65,8 +65,7 @@ def write_tar(path: Path, samples: list[dict[str, object]]) -> None:
 
 def write_shards(records: list[ImageRecord], folder: str | Path, max_count: int = 1000, max_bytes: int = 1_000_000_000,
                  progress: bool = True, description: str = "shards") -> ShardSummary:
-    """Write `records` as shards of at most `max_count` samples and about `max_bytes` bytes into
-    `folder`, then its `shards.json`; returns what was written and what was left out."""
+    """`records` as shards of at most `max_count` samples and about `max_bytes` bytes, and `shards.json`."""
     folder = Path(folder)
     summary = ShardSummary(folder)
     pending: list[dict[str, object]] = []

@@ -59,8 +59,7 @@ class FeatureStore:
         return StoreRows(self.array_path, self.header_bytes, (self.num_cells, self.feat_dim), rows)
 
     def load(self, rows: list[int], device: torch.device) -> torch.Tensor:
-        """The rows as one fp16 tensor (len(rows), N, D) on `device`, read in chunks so the host
-        never holds more than a chunk beside it."""
+        """The rows as one fp16 tensor (len(rows), N, D) on `device`, through the host a chunk at a time."""
         out = torch.empty(len(rows), self.num_cells, self.feat_dim, dtype=torch.float16, device=device)  # (R, N, D)
         reader = self.rows(rows)
         chunk = max(1, (64 << 20) // self.row_bytes)  # 64 MB at a time
@@ -187,8 +186,7 @@ class StoreRows:
 
 def feature_batches(features: torch.Tensor | StoreRows, batch_size: int,
                     num_workers: int = 0) -> Iterator[torch.Tensor]:
-    """Consecutive batches (B, N, D) of stored rows: read by DataLoader workers from disk, or
-    sliced from a tensor already in memory or on the device."""
+    """Consecutive batches (B, N, D) of stored rows: read from disk by DataLoader workers, or sliced from a tensor."""
     if isinstance(features, torch.Tensor):
         for start in range(0, len(features), batch_size):
             yield features[start : start + batch_size]  # (B, N, D)
