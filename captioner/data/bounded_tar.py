@@ -72,7 +72,7 @@ class CountingReader(io.RawIOBase):
         return len(data)
 
 
-@dataclass
+@dataclass(eq=False)
 class BoundedStream:
     """The decompressed tar stream, delivered only up to what the loop allows (`allow`), and never
     past the shard's limits; `position` counts every byte delivered."""

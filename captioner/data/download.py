@@ -240,13 +240,14 @@ def _transfer(url: str, part: Path, offset: int, total: int | None, bar: tqdm) -
             raise DatasetError(f"{url}: server reports {served} bytes, expected {total} "
                                f"(the file changed upstream, or the mirror holds another file)")
         total = served if served is not None else total
-        _check_free_space(part, None if total is None else total - offset)
-
+        free = shutil.disk_usage(part.parent).free  # fail now rather than with a full disk at 95 %
+        if total is not None and free < total - offset:
+            raise DatasetError(f"not enough disk space for {part.parent / part.stem}: "
+                               f"needs {(total - offset) / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
         bar.reset(total=total)
         bar.update(offset)
         written = 0
-        out = _local_io(part, open, part, "ab" if offset else "wb")
-        with out:
+        with _local_io(part, open, part, "ab" if offset else "wb") as out:
             # Network errors from read() propagate to the retry loop; disk errors do not.
             while chunk := response.read(CHUNK_BYTES):
                 _local_io(part, out.write, chunk)
@@ -283,14 +284,6 @@ def _give_up(url: str, host: str, part: Path, error: Exception) -> DatasetError:
         return DatasetError(f"cannot reach {host}: no internet? ({error.reason}) "
                             f"while downloading {url}{kept}{by_hand}")
     return DatasetError(f"download of {url} kept failing ({error}){kept}{by_hand}")
-
-
-def _check_free_space(part: Path, needed: int | None) -> None:
-    """Fail before a long transfer rather than with a full disk at 95 %."""
-    free = shutil.disk_usage(part.parent).free
-    if needed is not None and free < needed:
-        raise DatasetError(f"not enough disk space for {part.parent / part.stem}: "
-                           f"needs {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
 
 
 def _matches(path: Path, size: int | None, md5: str | None) -> bool:

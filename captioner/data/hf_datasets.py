@@ -93,14 +93,12 @@ def image_file(value: str, folder: str, name: str) -> Path:
     parts = PurePosixPath(value.replace("\\", "/"))
     if parts.is_absolute() or os.path.isabs(value):
         inside = os.path.normpath(value)
-        base = os.path.normpath(os.path.abspath(folder))
-        if not is_within(inside, base):
+        if not is_within(inside, os.path.normpath(os.path.abspath(folder))):
             raise ImageLoadError(f"{name}: the image path {value!r} is outside the dataset's folder {folder}; refused "
                                  "(set data.image_root to the folder that holds its images)")
         file = Path(inside)
     elif ".." in parts.parts:
-        raise ImageLoadError(f"{name}: the image path {value!r} leaves the dataset's folder {folder} (..); "
-                             "refused")
+        raise ImageLoadError(f"{name}: the image path {value!r} leaves the dataset's folder {folder} (..); refused")
     else:
         file = Path(folder) / parts
     target = confinement(folder).escape(file)
