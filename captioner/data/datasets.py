@@ -45,10 +45,8 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
     if config.dataset == "hf":
         from captioner.data.hf_datasets import load_hf_dataset  # `datasets` is an extra: imported when asked for
 
-        return load_hf_dataset(
-            root, split, config.image_column, config.caption_column, config.val_fraction, config.test_fraction,
-            config.split_seed, image_root=config.image_root,
-        )
+        return load_hf_dataset(root, split, config.image_column, config.caption_column, config.val_fraction,
+                               config.test_fraction, config.split_seed, image_root=config.image_root)
     if config.dataset == "webdataset":
         from captioner.data.bounded_tar import shard_limits
         from captioner.data.shard_reader import load_shard_records, open_shard_set  # webdataset is an extra
@@ -103,11 +101,9 @@ def ensure_shapes(config: DataConfig) -> None:
         return
     # Never write into a user's folder unasked.
     if root.is_dir() and not (root / SHAPES_MARKER).exists() and any(root.iterdir()):
-        raise DatasetError(
-            f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds other files: "
-            "point data.root at a new or empty folder, or generate the world there with "
-            f"captioner data shapes --out {root}"
-        )
+        raise DatasetError(f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds "
+                           "other files: point data.root at a new or empty folder, or generate the world there with "
+                           f"captioner data shapes --out {root}")
     from captioner.data.shapes import generate_shapes
 
     log.info("generating the shapes world into %s", root)

@@ -31,9 +31,8 @@ class EncodedJpeg:
     name: str
 
 
-def read_for_device(
-    path: str | Path | bytes, ship_jpeg: bool = True, max_pixels: int = MAX_PIXELS, name: str | None = None
-) -> EncodedJpeg | torch.Tensor:
+def read_for_device(path: str | Path | bytes, ship_jpeg: bool = True, max_pixels: int = MAX_PIXELS,
+                    name: str | None = None) -> EncodedJpeg | torch.Tensor:
     """In a worker: with `ship_jpeg`, a baseline RGB or greyscale JPEG as its bytes and EXIF orientation,
     after `load_image`'s header checks; any other file (progressive JPEGs too, which nvjpeg may refuse)
     decoded as `load_image` does, uint8 (3, H, W). Bad files raise `ImageLoadError` naming them."""

@@ -178,10 +178,8 @@ def _captions(value: object, where: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in values if isinstance(v, str) and v.strip())
 
 
-def seeded_split_rows(
-    root: str | Path, image_column: str, caption_column: str, val_fraction: float, test_fraction: float,
-    split_seed: int
-) -> dict[str, list[int]] | None:
+def seeded_split_rows(root: str | Path, image_column: str, caption_column: str, val_fraction: float,
+                      test_fraction: float, split_seed: int) -> dict[str, list[int]] | None:
     """The rows of each split when the dataset has one split only (training records them), else None."""
     splits = open_dataset(str(root))
     key = _split_key(splits, "train")

@@ -42,10 +42,8 @@ def decode_rgb(image: Image.Image) -> Image.Image:
 T = TypeVar("T")
 
 
-def open_checked(
-    source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T], max_pixels: int = MAX_PIXELS,
-    name: str | None = None
-) -> T:
+def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T],
+                 max_pixels: int = MAX_PIXELS, name: str | None = None) -> T:
     """`finish(image)` on the file opened if its header shows a supported format and a non-empty size
     under `max_pixels`; every failure, in `finish` too, is an `ImageLoadError` naming the file."""
     name = name or (str(source) if isinstance(source, (str, Path)) else "<upload>")
@@ -170,10 +168,9 @@ def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
         raise ImageLoadError(f"caption: {position or 'the image'}: {e}") from None
 
 
-def caption_in_batches(
-    images: ImageInput | Sequence[ImageInput], batch_size: int, caption: Callable[[list[Image.Image]], list],
-    *, n_best: int | None = None, errors: str = "raise", on_picture: Callable[[Image.Image], None] | None = None,
-) -> Any:
+def caption_in_batches(images: ImageInput | Sequence[ImageInput], batch_size: int,
+                       caption: Callable[[list[Image.Image]], list], *, n_best: int | None = None,
+                       errors: str = "raise", on_picture: Callable[[Image.Image], None] | None = None) -> Any:
     """The one batching loop of the torch model and the ONNX runtime: `images` (one, or a list) through
     `caption`, `batch_size` pictures at a time. A list stops at the first image that does not load, its
     error naming its place ("image 2 of 5"), unless `errors="return"` puts the error in its place."""

@@ -125,9 +125,8 @@ def _listing(objects: list[ShapeObject], with_size: bool) -> str:
 
 
 def _relations(objects: list[ShapeObject]) -> str:
-    return " . ".join(
-        f"the {a.colour} {a.shape} is {relation(a, b)} the {b.colour} {b.shape}" for a, b in zip(objects, objects[1:])
-    )
+    pairs = zip(objects, objects[1:])
+    return " . ".join(f"the {a.colour} {a.shape} is {relation(a, b)} the {b.colour} {b.shape}" for a, b in pairs)
 
 
 def _with_relations(head: str, objects: list[ShapeObject]) -> str:

@@ -55,10 +55,8 @@ class Extraction:
 
 
 @torch.no_grad()
-def extract(
-    encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str, records: list[ImageRecord],
-    batch_size: int, num_workers: int = 0, progress: bool = True,
-) -> FeatureStore:
+def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str,
+            records: list[ImageRecord], batch_size: int, num_workers: int = 0, progress: bool = True) -> FeatureStore:
     """Encode every image of `records` once into the store of `split`, resuming a stopped run; images
     that fail to load are recorded in the manifest, their rows left as zeros."""
     check_storable(encoder)
@@ -77,9 +75,8 @@ def extract(
     return FeatureStore(directory, split, job.manifest)
 
 
-def plan_extraction(
-    encoder: StoreEncoder, transform: ImageTransform, directory: Path, split: str, records: list[ImageRecord],
-) -> Extraction:
+def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory: Path, split: str,
+                    records: list[ImageRecord]) -> Extraction:
     """The manifest to extract under: the one on disk, checked against the encoder and the
     records, when its array is there too; else a new one."""
     array_path, manifest_path = store_files(directory, split)
@@ -140,10 +137,8 @@ def allocate_array(job: Extraction) -> int:
     return header
 
 
-def encode_batches(
-    encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord], job: Extraction, header: int,
-    batch_size: int, num_workers: int, progress: bool,
-) -> None:
+def encode_batches(encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord], job: Extraction,
+                   header: int, batch_size: int, num_workers: int, progress: bool) -> None:
     """Encode, write and record the rows from `rows_done` on, batch by batch; the manifest is
     saved every `SAVE_PROGRESS_SECONDS` and at the end, whatever stopped the loop."""
     manifest, start = job.manifest, job.manifest["rows_done"]

@@ -110,11 +110,9 @@ def identity(encoder: StoreEncoder, transform: ImageTransform) -> dict[str, Any]
 
 def check_storable(encoder: StoreEncoder) -> None:
     if not encoder.storable:
-        raise ConfigError(
-            "model.encoder: a feature store needs some frozen blocks (pretrained: true, fine_tune_blocks >= 0 "
-            f"and fewer than the backbone's blocks); every block of {encoder.config.name} here trains, "
-            "so nothing it makes is fixed"
-        )
+        raise ConfigError("model.encoder: a feature store needs some frozen blocks (pretrained: true, "
+                          f"fine_tune_blocks >= 0 and fewer than the backbone's blocks); every block of "
+                          f"{encoder.config.name} here trains, so nothing it makes is fixed")
 
 
 def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:

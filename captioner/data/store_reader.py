@@ -118,9 +118,8 @@ def range_sha256(fd: int, offset: int, length: int) -> str:
     return digest.hexdigest()
 
 
-def open_store(
-    directory: str | Path, split: str, encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord],
-) -> FeatureStore:
+def open_store(directory: str | Path, split: str, encoder: StoreEncoder, transform: ImageTransform,
+               records: list[ImageRecord]) -> FeatureStore:
     """The complete store of `split`, checked against the encoder, its transform and `records`."""
     array_path, manifest_path = store_files(directory, split)
     if not manifest_path.is_file() or not array_path.is_file():
