@@ -77,9 +77,8 @@ def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.
         # Pillow's own header check (at 89 MP) fired before ours: the same message as ours.
         found = re.search(r"\((\d+) pixels\)", str(e))
         pixels = f"{int(found.group(1)) / 1e6:.0f} megapixels" if found else "too many pixels"
-        raise ImageLoadError(
-            f"{name}: image has {pixels}, over the limit of {max_pixels / 1e6:.0f} (possible decompression bomb)"
-        ) from None
+        raise ImageLoadError(f"{name}: image has {pixels}, over the limit of {max_pixels / 1e6:.0f} (possible "
+                             "decompression bomb)") from None
     except MemoryError:
         raise ImageLoadError(f"{name}: too large to decode in memory") from None
     # Pillow's decoders report damaged data with any of these: a bad file, not a bug.

@@ -129,9 +129,8 @@ def _inside(path: Path, line: int, name: str, folder: Confinement) -> str:
                            f"(use a path relative to {path.name})")
     target = folder.escape(parts.as_posix())
     if target is not None:
-        raise DatasetError(
-            f"{path}:{line}: file_name {name!r} is a link out of the image folder (to {target}); refused"
-        )
+        raise DatasetError(f"{path}:{line}: file_name {name!r} is a link out of the image folder (to {target}); "
+                           "refused")
     return parts.as_posix()
 
 
@@ -162,10 +161,8 @@ def load_imagefolder(root: str | Path, split: str, caption_column: str = "text",
         records = [ImageRecord(i, rows.source.parent / names[i], tuple(rows.captions[names[i]])) for i in chosen]
     else:
         if split not in pools:
-            raise DatasetError(
-                f"{root}: no {split} split (found: {', '.join(pools)}); add a {'/'.join(SPLIT_FOLDERS[split])} "
-                "folder with its metadata file"
-            )
+            raise DatasetError(f"{root}: no {split} split (found: {', '.join(pools)}); add a "
+                               f"{'/'.join(SPLIT_FOLDERS[split])} folder with its metadata file")
         earlier = list(SPLIT_FOLDERS)[: list(SPLIT_FOLDERS).index(split)]
         first_id = sum(len(pools[s].captions) for s in earlier if s in pools)  # ids run on across the splits
         rows = pools[split]

@@ -97,10 +97,9 @@ def check_array(store: FeatureStore) -> None:
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # sha256 releases the GIL
             for (first, count, recorded), found in zip(chunks, pool.map(digest, chunks)):
                 if found != recorded:
-                    raise FeatureStoreError(
-                        f"{array_path}: rows {first}-{first + count - 1} differ from the sha256 recorded "
-                        f"when they were written (the file is damaged or altered); {hint}"
-                    )
+                    raise FeatureStoreError(f"{array_path}: rows {first}-{first + count - 1} differ from the sha256 "
+                                            "recorded when they were written (the file is damaged or altered); "
+                                            f"{hint}")
     finally:
         os.close(fd)
 
@@ -129,10 +128,8 @@ def open_store(directory: str | Path, split: str, encoder: StoreEncoder, transfo
     check_manifest(manifest_path, manifest, identity(encoder, transform), records)
     store = FeatureStore(directory, split, manifest)
     if not store.complete:
-        raise FeatureStoreError(
-            f"{manifest_path}: extraction stopped at row {manifest['rows_done']} of {store.num_rows}; "
-            "run `captioner features CONFIG` again to finish it"
-        )
+        raise FeatureStoreError(f"{manifest_path}: extraction stopped at row {manifest['rows_done']} of "
+                                f"{store.num_rows}; run `captioner features CONFIG` again to finish it")
     check_array(store)
     return store
 

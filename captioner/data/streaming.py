@@ -164,11 +164,10 @@ class StreamingCaptions(IterableDataset):
                     position.broken += 1
                     log.warning("skipping a broken sample: %s: %s", sample_name(sample), e)
                     if position.broken > allowed:
-                        yield StreamFailure(
-                            f"{sample_name(sample)}: {position.broken} broken samples in {position.drawn} read by "
-                            f"rank {s.rank}'s worker {worker}, more than data.max_broken_fraction ({s.max_broken:g}) "
-                            "allows; fix the shards or raise the limit"
-                        )
+                        yield StreamFailure(f"{sample_name(sample)}: {position.broken} broken samples in "
+                                            f"{position.drawn} read by rank {s.rank}'s worker {worker}, more than "
+                                            f"data.max_broken_fraction ({s.max_broken:g}) allows; fix the shards or "
+                                            "raise the limit")
                         return
                     continue
                 if len(items) == s.batch_size:
@@ -180,10 +179,9 @@ class StreamingCaptions(IterableDataset):
         except (DatasetError, StopIteration) as e:
             yield StreamFailure(str(e) or f"{self.shards.pattern}: the shards ended before their counted samples")
             return
-        yield StreamFailure(
-            f"{', '.join(urls[:3])}{' ...' if len(urls) > 3 else ''}: rank {s.rank}'s worker {worker} "
-            f"read {position.drawn} samples, fewer than the index counts; the shards or their shards.json changed"
-        )
+        yield StreamFailure(f"{', '.join(urls[:3])}{' ...' if len(urls) > 3 else ''}: rank {s.rank}'s worker {worker} "
+                            f"read {position.drawn} samples, fewer than the index counts; the shards or their "
+                            "shards.json changed")
 
     def item(self, sample: dict, draw: int, index: int) -> tuple[torch.Tensor, list[list[int]], int]:
         """(image (3, S, S) uint8, token lists, `index`: the sample's place in its worker's
@@ -239,11 +237,10 @@ class ShardStream:
         self.dataset.start = [WorkerPosition(**vars(p)) for p in self.taken]
         if len(self) == 0:
             s = self.dataset.settings
-            raise DatasetError(
-                f"{self.dataset.shards.pattern}: {self.dataset.shards.samples} samples in "
-                f"{len(self.dataset.shards.urls)} shards give no full batch of {s.batch_size} to each of {s.world} "
-                f"rank(s) x {max(1, s.workers)} worker(s); use fewer workers or a smaller batch"
-            )
+            raise DatasetError(f"{self.dataset.shards.pattern}: {self.dataset.shards.samples} samples in "
+                               f"{len(self.dataset.shards.urls)} shards give no full batch of {s.batch_size} to each "
+                               f"of {s.world} rank(s) x {max(1, s.workers)} worker(s); use fewer workers or a "
+                               "smaller batch")
 
     def positions(self) -> list[list[int]]:
         """Each worker's position after the batches trained so far (plain data, for last.pt)."""
