@@ -1,7 +1,6 @@
-"""A WebDataset shard read within limits: its tar stream, plain or compressed, member by member,
-each size checked before its bytes are read. Every decompressed byte is counted (data.max_*), so no
-shard (an endless stream, a bomb, a huge member, a name like `..`) takes more memory or time than
-allowed; every refusal is one `DatasetError` naming the shard, the member and the limit."""
+"""A WebDataset shard read within limits (the data.max_* keys, docs/reliability.md): its tar stream, plain
+or compressed, member by member, each size checked before its bytes are read and every decompressed
+byte counted; every refusal is one `DatasetError` naming the shard, the member and the limit."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Your own photographs and captions in Hugging Face's `imagefolder` layout. A `metadata.jsonl` or
-`.csv` names each image in `file_name` (never out of its folder, links included) beside its caption
-column; splits come from train/validation/test folders, else `seeded_split` (also the Hugging Face
-loader's, for a dataset with one split). Read here, not through `datasets`: no Arrow cache, no extra install."""
+"""Your own photographs and captions in Hugging Face's `imagefolder` layout, read without `datasets`. A
+`metadata.jsonl` or `.csv` names each image in `file_name` (never out of its folder, links included) beside
+its caption column; splits come from train/validation/test folders, else `seeded_split` (the HF loader's too)."""
 
 from __future__ import annotations
 

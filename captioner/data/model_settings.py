@@ -1,7 +1,6 @@
-"""Settings that travel with a model are data: what a model's stored config may make this program
-read. Its dataset, columns and numbers are kept, but shard patterns (webdataset may run them as
-commands), URLs and commands, and (unless `keep_local_places`) paths or links out of the working
-folder are set aside to their defaults, with one log line; the user's own keys (`named`) are kept."""
+"""Settings that travel with a model are data (docs/export.md): a model's stored shard patterns (webdataset
+may run them as commands), URLs, commands and (unless `keep_local_places`) places out of the working
+folder are set aside to their defaults with one log line; its dataset, columns and numbers are kept."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The feature store's format: what an encoder's frozen blocks make, kept on disk in fp16. A split is
 `<split>.npy` (rows, N, D) and a `<split>.json` manifest naming the encoder, transform and images;
-checks refuse, in one line, a store made otherwise. It takes a `StoreEncoder`, not a model: the
-data layer does not import the models."""
+checks refuse, in one line, a store made otherwise."""
 
 from __future__ import annotations
 

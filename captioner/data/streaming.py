@@ -1,9 +1,6 @@
-"""WebDataset shards streamed to training: each rank and DataLoader worker reads its own shards. The
-plan, a pure function of (seed, epoch, world, workers): permuted shards, rank r taking every world-th
-from r and its worker w every workers-th of those; worker (r, w) yields floor((n - reserve) / batch)
-batches of its n samples, reserve = ceil(data.max_broken_fraction x n) for broken ones; every rank
-takes the fewest steps any rank has (DDP), its largest workers giving up batches. A resumed worker
-replays its stream undecoded to its position (batches, drawn, broken): the epoch goes on the same."""
+"""WebDataset shards streamed to training: each rank and DataLoader worker reads its own shards, as a
+plan made from (seed, epoch, world, workers) deals them, and a resumed worker replays its stream
+undecoded to its position; docs/training.md says what an epoch is."""
 
 from __future__ import annotations
 
@@ -44,7 +41,9 @@ class EpochPlan:
 
 def plan_epoch(counts: tuple[int, ...], seed: int, epoch: int, world: int, workers: int, batch_size: int,
                max_broken: float) -> EpochPlan:
-    """The epoch's plan (the module's docstring): every rank takes the same number of steps."""
+    """The epoch's plan: permuted shards, rank r taking every world-th from r and its worker w every
+    workers-th of those; each worker keeps a reserve of ceil(max_broken x n) of its n samples for broken
+    ones, and the largest workers give up batches until every rank takes the same number of steps."""
     order = random.Random(epoch_seed(seed, epoch)).sample(range(len(counts)), len(counts))
     shards = tuple(tuple(tuple(order[r::world][w::workers]) for w in range(workers)) for r in range(world))
     sizes = [[sum(counts[i] for i in mine) for mine in rank] for rank in shards]
