@@ -142,8 +142,7 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
             raise DatasetError(f"{where} repeats image id {image_id} of images[{seen[image_id]}]")
         seen[image_id] = i
         if entry["split"] not in KARPATHY_SPLITS:
-            raise DatasetError(f"{where}: unknown split {entry['split']!r} "
-                               f"(one of {', '.join(KARPATHY_SPLITS)})")
+            raise DatasetError(f"{where}: unknown split {entry['split']!r} (one of {', '.join(KARPATHY_SPLITS)})")
         sizes[entry["split"]] += 1
         if entry["split"] not in wanted:
             continue

@@ -33,8 +33,7 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         return split_coco_val(records, split)
     if config.dataset == "karpathy":
         if config.karpathy_file is None:  # a model's stored config may have had it set aside
-            raise DatasetError("data.karpathy_file is not set: "
-                               "the Karpathy split file of this dataset is not known")
+            raise DatasetError("data.karpathy_file is not set: the Karpathy split file of this dataset is not known")
         image_root = Path(config.image_root) if config.image_root else root
         return load_karpathy(config.karpathy_file, image_root, split, check_images, **policy)
     if config.dataset == "flickr8k":

@@ -175,8 +175,7 @@ def read_at_most(stream: Any, max_bytes: int) -> bytes:
 
 def at_most(data: bytes, max_bytes: int, where: str, what: str) -> bytes:
     if len(data) > max_bytes:
-        raise DatasetError(f"{where}: {what} is larger than data.max_index_bytes ({size_text(max_bytes)}); "
-                           "refused")
+        raise DatasetError(f"{where}: {what} is larger than data.max_index_bytes ({size_text(max_bytes)}); refused")
     return data
 
 

@@ -70,8 +70,7 @@ def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | P
     encoder.eval()
     encode_batches(encoder, transform, records, job, header, batch_size, num_workers, progress)
     if len(job.manifest["failed"]) == len(records):
-        raise FeatureStoreError(f"{job.manifest_path}: none of the {len(records)} {split} images "
-                                "could be loaded")
+        raise FeatureStoreError(f"{job.manifest_path}: none of the {len(records)} {split} images could be loaded")
     return FeatureStore(directory, split, job.manifest)
 
 

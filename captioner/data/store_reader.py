@@ -98,8 +98,7 @@ def check_array(store: FeatureStore) -> None:
             for (first, count, recorded), found in zip(chunks, pool.map(digest, chunks)):
                 if found != recorded:
                     raise FeatureStoreError(f"{array_path}: rows {first}-{first + count - 1} differ from the sha256 "
-                                            "recorded when they were written (the file is damaged or altered); "
-                                            f"{hint}")
+                                            f"recorded when they were written (the file is damaged or altered); {hint}")
     finally:
         os.close(fd)
 
