@@ -34,8 +34,8 @@ def held_out_count(total: int, fraction: float) -> int:
 
 def seeded_split(total: int, val_fraction: float, test_fraction: float, seed: int,
                  source: str) -> dict[str, list[int]]:
-    """Positions 0..total-1 -> {train, val, test: sorted positions}, the same for the same total and
-    seed: a seeded shuffle, the first `test` of it for testing, the next `val` for validation."""
+    """Positions 0..total-1 -> {train, val, test: sorted positions}: a seeded shuffle, the first
+    `test` of it for testing, the next `val` for validation, the rest for training."""
     order = list(range(total))
     random.Random(seed).shuffle(order)
     test = held_out_count(total, test_fraction)
