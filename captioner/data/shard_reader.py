@@ -261,8 +261,7 @@ def load_shard_records(shards: ShardSet, split: str, keep_images: bool = True) -
     images: list[bytes] = []
     stored = InMemoryImages(images) if keep_images else None  # one for the split: each record reads its row
     records: list[ImageRecord] = []
-    broken = 0
-    held = 0  # image bytes kept
+    broken, held = 0, 0  # held: the bytes kept in memory
     limits = shards.limits
     for sample in read_samples(shards.urls, limits):
         try:

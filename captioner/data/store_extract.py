@@ -111,9 +111,8 @@ def check_disk_space(job: Extraction, directory: Path, frozen: bool) -> None:
     needed = max(0, total - allocated)
     free = shutil.disk_usage(directory).free
     verb = f"resuming at row {start} of {shape[0]}" if start else f"{shape[0]} images"
-    grid = job.manifest["grid"]
-    log.info("%s: %s -> %d x %dx%d x %d fp16 = %s in %s", job.split, verb, shape[0], *grid, shape[2], size_text(total),
-             job.array_path)
+    log.info("%s: %s -> %d x %dx%d x %d fp16 = %s in %s", job.split, verb, shape[0], *job.manifest["grid"], shape[2],
+             size_text(total), job.array_path)
     if needed > free:
         raise FeatureStoreError(
             f"{directory}: the {job.split} store needs {size_text(needed)} more on disk, only {size_text(free)} is free"
