@@ -74,8 +74,7 @@ def split_shards(config: DataConfig, split: str) -> str:
 
 
 def seeded_split_record(config: DataConfig) -> dict | None:
-    """What training writes to splits.json when the run drew the splits (`imagefolder.seeded_split`): the
-    seed, the fractions and each split's images; else None."""
+    """What training writes to splits.json when the run drew the splits (`imagefolder.seeded_split`), else None."""
     if config.dataset == "imagefolder":
         splits = seeded_split_files(config.root, config.caption_column, config.val_fraction, config.test_fraction,
                                     config.split_seed)

@@ -86,8 +86,7 @@ def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[
 
 
 def decode_one(item: EncodedJpeg, device: torch.device | str) -> torch.Tensor:
-    """One JPEG on `device`, or through PIL (`load_image`, which applies the orientation) when
-    the device's decoder refuses it -> uint8 (3, H, W) on `device`."""
+    """One JPEG on `device`, or through PIL's `load_image` when the device refuses it -> uint8 (3, H, W)."""
     try:
         return orient(decode_jpeg(item.data, mode=ImageReadMode.RGB, device=device), item.orientation)
     except RuntimeError:

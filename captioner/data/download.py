@@ -144,8 +144,7 @@ def download_flickr8k(root: Path, mirror: str | None = None, progress: bool = Tr
 
 
 def _download_and_extract(wanted: Sequence[RemoteFile], root: Path, mirror: str | None, progress: bool) -> list[Path]:
-    """Fetch each archive into root/downloads/ and extract it into `root` once (a marker file
-    records what it produced); return the top-level paths extracted."""
+    """Fetch each archive into root/downloads/ and extract it into `root` once; the top-level paths extracted."""
     urls = [_apply_mirror(remote.url, mirror) for remote in wanted]  # a bad mirror fails first
     downloads = _make_folder(_make_folder(root) / "downloads")
     extracted: list[Path] = []

@@ -88,8 +88,7 @@ def dataset_folder(root: str) -> str:
 
 
 def image_file(value: str, folder: str, name: str) -> Path:
-    """The file an image path names, inside `folder`, a link's real path included; ImageLoadError
-    naming the row otherwise."""
+    """The file an image path names inside `folder` (links resolved), or an ImageLoadError naming the row."""
     parts = PurePosixPath(value.replace("\\", "/"))
     if parts.is_absolute() or os.path.isabs(value):
         inside = os.path.normpath(value)

@@ -120,8 +120,7 @@ def _csv_rows(path: Path, text: str) -> list[tuple[int, dict]]:
 
 
 def _inside(path: Path, line: int, name: str, folder: Confinement) -> str:
-    """A file name that stays inside the metadata file's folder: no absolute path, no `..`, and no
-    link that leads out of it (real paths compared)."""
+    """A file name inside the metadata file's folder: no absolute path, no `..`, no link out of it."""
     parts = PurePosixPath(name.replace("\\", "/"))
     if parts.is_absolute() or ".." in parts.parts:
         raise DatasetError(f"{path}:{line}: file_name {name!r} leaves the image folder "

@@ -44,8 +44,7 @@ class StoredSettings:
         return [key for key in self.set_aside if key.removeprefix("data.") in places]
 
     def load_split(self, split: str, check_images: bool = True) -> list[ImageRecord]:
-        """The split's records, when none of the places it reads was set aside; else one
-        DatasetError naming those keys and saying to give them."""
+        """The split's records, or one DatasetError naming the set-aside keys it would read."""
         missing = self.unreadable(split)
         if missing:
             said = "; ".join(f"{key} {shown(self.set_aside[key])} ({self.reasons[key]})" for key in missing)
@@ -91,8 +90,7 @@ def place_problem(key: str, value: str, keep_local_places: bool) -> str | None:
 
 def stored_settings(config: Config, source: str, keep_local_places: bool = False,
                     named: Collection[str] = ()) -> StoredSettings:
-    """`config` as a model stored it, with what it may not name set aside (the module's rules);
-    the dotted keys of `named` are the user's own and kept."""
+    """`config` as a model stored it, what it may not name set aside; the dotted keys of `named` are kept."""
     set_aside: dict[str, str] = {}
     reasons: dict[str, str] = {}
     for key in (*SHARD_KEYS, *PLACE_KEYS):

@@ -91,8 +91,7 @@ def shard_counts(urls: Iterable[str], what: str, max_bytes: int = DEFAULT_LIMITS
 
 
 def sibling(url: str, shard_file: str, name: str) -> str:
-    """`url` with its (last) shard file name replaced by `name`: the file beside the shard, read the
-    same way (path, URL, or the same pipe: command)."""
+    """`url` with its (last) shard file name replaced by `name`: the file beside the shard, read the same way."""
     at = url.rfind(shard_file)
     return url[:at] + name + url[at + len(shard_file):]
 

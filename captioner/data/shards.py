@@ -35,8 +35,7 @@ class ShardSummary:
 
 
 def image_bytes(record: ImageRecord) -> tuple[bytes, str]:
-    """The image's bytes as stored and its file suffix, after the loader's checks (a supported
-    format, a sane size, read from the header); ImageLoadError naming the file otherwise."""
+    """The image's bytes as stored and its file suffix, after the loader's header checks (else ImageLoadError)."""
     source = image_data(record)
     try:
         data = source if isinstance(source, bytes) else Path(source).read_bytes()

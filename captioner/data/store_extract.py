@@ -76,8 +76,7 @@ def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | P
 
 def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory: Path, split: str,
                     records: list[ImageRecord]) -> Extraction:
-    """The manifest to extract under: the one on disk, checked against the encoder and the
-    records, when its array is there too; else a new one."""
+    """The manifest to extract under: the one on disk (checked) when its array is there too, else a new one."""
     array_path, manifest_path = store_files(directory, split)
     expected = identity(encoder, transform)
     grid, feat_dim = probe_grid(encoder, transform.image_size)

@@ -87,8 +87,7 @@ def encoder_fingerprint(encoder: StoreEncoder) -> str:
 
 
 def input_pipeline(encoder: StoreEncoder, transform: ImageTransform) -> list[str]:
-    """Every step from the decoded picture to the encoder's input, as the objects that run them
-    state their settings: the transform's, then the encoder's normalisation."""
+    """Every step from the decoded picture to the encoder's input, as the objects that run them state them."""
     return [*transform.describe(), *encoder.normalize.describe()]
 
 
