@@ -13,7 +13,7 @@ from typing import Any
 
 from captioner.core.confinement import Confinement, is_within
 from captioner.core.errors import DatasetError, ImageLoadError
-from captioner.data.imagefolder import SPLIT_FOLDERS, check_split_name, seeded_split
+from captioner.data.imagefolder import SPLIT_FOLDERS, caption_texts, check_split_name, seeded_split
 from captioner.data.records import ImageRecord
 
 log = logging.getLogger(__name__)
@@ -157,24 +157,14 @@ def split_captions(root: str, key: str, dataset: Any, image_column: str,
     if missing:
         raise DatasetError(f"{root} ({key}): no column {missing[0]!r} (columns: {', '.join(dataset.column_names)}); "
                            f"name yours with data.{'image' if missing[0] == image_column else 'caption'}_column")
-    captions = [_captions(value, f"{root} ({key}): row {row}: {caption_column!r}")
+    hint = "; name the caption column with data.caption_column"
+    captions = [tuple(caption_texts(value, f"{root} ({key}): row {row}: {caption_column!r}", hint)[0])
                 for row, value in enumerate(dataset.with_format("arrow")[caption_column].to_pylist())]
     captioned = [row for row, texts in enumerate(captions) if texts]
     if len(captioned) < len(captions):
         log.warning("%s (%s): %d rows have no caption in %r; skipped", root, key, len(captions) - len(captioned),
                     caption_column)
     return captions, captioned
-
-
-def _captions(value: object, where: str) -> tuple[str, ...]:
-    """A row's captions: a string or a list of them (None and blanks: none); anything else is the
-    wrong column, named in one line, as the image folder does."""
-    values = value if isinstance(value, list) else [value]
-    wrong = next((v for v in values if v is not None and not isinstance(v, str)), None)
-    if wrong is not None:
-        raise DatasetError(f"{where} holds {type(wrong).__name__} {wrong!r}, not a caption or a list of captions; "
-                           "name the caption column with data.caption_column")
-    return tuple(v.strip() for v in values if isinstance(v, str) and v.strip())
 
 
 def seeded_split_rows(root: str | Path, image_column: str, caption_column: str, val_fraction: float,

@@ -51,6 +51,17 @@ def check_split_name(split: str, source: str) -> None:
         raise DatasetError(f"{source}: unknown split {split!r}: use train, val or test")
 
 
+def caption_texts(value: object, where: str, hint: str = "") -> tuple[list[str], int]:
+    """A caption cell's texts (a string or a list of them) and how many it left out (None, blank);
+    anything else is the wrong column, named in one line."""
+    values = value if isinstance(value, list) else [value]
+    wrong = next((v for v in values if v is not None and not isinstance(v, str)), None)
+    if wrong is not None:
+        raise DatasetError(f"{where} holds {type(wrong).__name__} {wrong!r}, not a caption or a list of captions{hint}")
+    texts = [v.strip() for v in values if isinstance(v, str) and v.strip()]
+    return texts, len(values) - len(texts)
+
+
 @dataclass(frozen=True)
 class Rows:
     """One metadata file, read: image file names in first-seen order with their captions."""
@@ -74,17 +85,9 @@ def read_metadata(path: Path, caption_column: str) -> Rows:
         if not isinstance(name, str) or not name.strip():
             raise DatasetError(f"{path}:{line}: no 'file_name' (the image's path, relative to {path.name})")
         name = _inside(path, line, name.strip(), folder)
-        found = captions.setdefault(name, [])
-        value = row.get(caption_column)
-        texts = value if isinstance(value, list) else [value]
-        for text_value in texts:
-            if text_value is None or (isinstance(text_value, str) and not text_value.strip()):
-                skipped += 1
-                continue
-            if not isinstance(text_value, str):
-                raise DatasetError(f"{path}:{line}: '{caption_column}' holds {type(text_value).__name__} "
-                                   f"{text_value!r}, not a caption or a list of captions")
-            found.append(text_value.strip())
+        texts, left_out = caption_texts(row.get(caption_column), f"{path}:{line}: '{caption_column}'")
+        captions.setdefault(name, []).extend(texts)
+        skipped += left_out
     if not captions:
         raise DatasetError(f"{path}: no rows")
     if caption_column not in columns:
