@@ -19,7 +19,7 @@ from captioner.core.config import load_config
 from captioner.core.errors import ConfigError, DatasetError, ImageLoadError
 from captioner.data.batching import load_record_image
 from captioner.data.datasets import load_split, seeded_split_record
-from captioner.data.holdout import seeded_split
+from captioner.data.imagefolder import seeded_split
 
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255), "white": (255, 255, 255), "black": (0, 0, 0)}
 

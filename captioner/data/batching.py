@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from captioner.core.errors import ImageLoadError
 from captioner.core.process_settings import loader_workers
-from captioner.data.device_decode import PendingImage, read_pending, transform_on_device
+from captioner.data.device_decode import PendingImage, read_for_device, transform_on_device
 from captioner.data.image_files import load_image
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord, image_data
@@ -42,13 +42,8 @@ class CaptionBatch:
             images = self.images.to(device, non_blocking=True)
         if channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)  # (B, 3, H, W), NHWC in memory
-        return CaptionBatch(
-            images,
-            self.tokens.to(device, non_blocking=True),
-            self.lengths,
-            self.image_rows.to(device, non_blocking=True),
-            self.indices,
-        )
+        return CaptionBatch(images, self.tokens.to(device, non_blocking=True), self.lengths,
+                            self.image_rows.to(device, non_blocking=True), self.indices)
 
     def pin_memory(self) -> CaptionBatch:
         """Called by the DataLoader's pin-memory thread (pin_memory=True)."""
@@ -70,16 +65,8 @@ class CaptionDataset(Dataset):
     training; a file that fails to load yields None, which `collate_captions` drops. For
     `dataset[(i, draw)]` the caption and augmentation come from `draw` alone, so a resume replays them."""
 
-    def __init__(
-        self,
-        records: list[ImageRecord],
-        vocab: Vocabulary,
-        transform: ImageTransform,
-        max_length: int,
-        pairs: str = "one",
-        features: FeatureRows | None = None,
-        device_preprocess: str = "none",
-    ) -> None:
+    def __init__(self, records: list[ImageRecord], vocab: Vocabulary, transform: ImageTransform, max_length: int,
+                 pairs: str = "one", features: FeatureRows | None = None, device_preprocess: str = "none") -> None:
         self.records = records
         self.device_preprocess = device_preprocess  # one of device_decode.PREPROCESS_CHOICES
         self.transform = transform
@@ -151,7 +138,9 @@ def load_record_image(record: ImageRecord) -> Image.Image:
 
 def pending_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None,
                     ship_jpeg: bool) -> PendingImage | None:
-    return or_none(lambda: read_pending(image_data(record), transform, seed, ship_jpeg, name=str(record.path)))
+    """In a worker: the file (or bytes) read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
+    return or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
+                                        transform, seed))
 
 
 def collate_captions(batch: list) -> CaptionBatch | None:
@@ -163,8 +152,7 @@ def collate_captions(batch: list) -> CaptionBatch | None:
         images = torch.stack(images)  # (B, 3, H, W) or (B, N, D)
     captions = [(row, ids) for row, (_, caps, _) in enumerate(batch) for ids in caps]
     captions.sort(key=lambda caption: -len(caption[1]))  # longest first, as the decoder wants them (stable)
-    tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions),
-                         dtype=torch.long)  # (C, T), 0 = <pad>
+    tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions), dtype=torch.long)  # (C, T), 0 = <pad>
     for c, (_, ids) in enumerate(captions):
         tokens[c, : len(ids)] = torch.tensor(ids)
     lengths = torch.tensor([len(ids) for _, ids in captions])  # (C,)
@@ -182,12 +170,7 @@ def collate_images(batch: list) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 def image_loader(records: list[ImageRecord], transform: ImageTransform, batch_size: int,
                  num_workers: int = 0) -> DataLoader:
-    return DataLoader(
-        ImageDataset(records, transform),
-        batch_size=batch_size,
-        shuffle=False,
-        num_workers=loader_workers(num_workers),
-        collate_fn=collate_images,
-        persistent_workers=False,
-        generator=torch.Generator(),  # the loader's worker seed comes from this, not from training's RNG
-    )
+    # The loader's worker seed comes from its own generator, not from training's RNG.
+    return DataLoader(ImageDataset(records, transform), batch_size=batch_size, shuffle=False,
+                      num_workers=loader_workers(num_workers), collate_fn=collate_images, persistent_workers=False,
+                      generator=torch.Generator())

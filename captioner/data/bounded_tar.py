@@ -1,7 +1,6 @@
-"""A WebDataset shard read within limits: its tar stream, plain or compressed, member by member,
-each size checked before its bytes are read. Every decompressed byte is counted (data.max_*), so no
-shard (an endless stream, a bomb, a huge member, a name like `..`) takes more memory or time than
-allowed; every refusal is one `DatasetError` naming the shard, the member and the limit."""
+"""A WebDataset shard read within limits (the data.max_* keys, docs/reliability.md): its tar stream, plain
+or compressed, member by member, each size checked before its bytes are read and every decompressed
+byte counted; every refusal is one `DatasetError` naming the shard, the member and the limit."""
 
 from __future__ import annotations
 
@@ -72,23 +71,21 @@ class CountingReader(io.RawIOBase):
         return len(data)
 
 
+@dataclass(eq=False)
 class BoundedStream:
     """The decompressed tar stream, delivered only up to what the loop allows (`allow`), and never
     past the shard's limits; `position` counts every byte delivered."""
 
-    def __init__(self, decompressed: BinaryIO, arrived: CountingReader, compressed: bool,
-                 limits: ShardLimits) -> None:
-        self.decompressed = decompressed
-        self.arrived = arrived
-        self.compressed = compressed
-        self.limits = limits
-        self.position = 0
-        self.allowed = 0
-        self.reason = ""  # what the allowance is for, to name when it is passed
+    decompressed: BinaryIO
+    arrived: CountingReader
+    compressed: bool
+    limits: ShardLimits
+    position: int = 0
+    allowed: int = 0
+    reason: str = ""  # what the allowance is for, to name when it is passed
 
     def allow(self, end: int, reason: str) -> None:
-        self.allowed = end
-        self.reason = reason
+        self.allowed, self.reason = end, reason
 
     def read(self, size: int = -1) -> bytes:
         room = self.allowed + READ_AHEAD - self.position
@@ -103,10 +100,9 @@ class BoundedStream:
                                "once decompressed")
         if (self.compressed and self.position > EXPANSION_CHECKED_FROM
                 and self.position > self.limits.expansion * self.arrived.count):
-            raise LimitReached(
-                f"{size_text(self.position)} decompressed from {size_text(self.arrived.count)}, more than "
-                f"data.max_shard_expansion ({self.limits.expansion:g}) times (a decompression bomb?)"
-            )
+            raise LimitReached(f"{size_text(self.position)} decompressed from {size_text(self.arrived.count)}, "
+                               f"more than data.max_shard_expansion ({self.limits.expansion:g}) times "
+                               "(a decompression bomb?)")
         return data
 
 
@@ -127,9 +123,8 @@ def shard_members(raw: BinaryIO, url: str, limits: ShardLimits,
     opener = next((open_ for prefix, open_ in COMPRESSIONS.items() if magic.startswith(prefix)), None)
     stream = BoundedStream(opener(buffered) if opener else buffered,  # type: ignore[arg-type]
                            arrived, opener is not None, limits)
-    previous = "its first header"
     stream.allow(MAX_HEADER_BYTES,
-                 f"{previous}: a header (with its long-name and pax records) over {size_text(MAX_HEADER_BYTES)}")
+                 f"its first header: a header (with its long-name and pax records) over {size_text(MAX_HEADER_BYTES)}")
     try:
         tar = tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]
         while (info := tar.next()) is not None:
@@ -146,15 +141,10 @@ def shard_members(raw: BinaryIO, url: str, limits: ShardLimits,
                 raise DatasetError(f"{url}: member {name!r} ends past data.max_shard_bytes "
                                    f"({size_text(limits.shard_bytes)}) of the shard")
             stream.allow(end, f"member {name!r}: more than its header's {info.size} bytes")
-            data = None
-            if info.isreg() and wanted(name):
-                member = tar.extractfile(info)
-                assert member is not None  # a regular file always has one
-                data = member.read()
-            yield name, data
-            previous = f"the header after member {name!r}"
+            member = tar.extractfile(info) if info.isreg() and wanted(name) else None
+            yield name, None if member is None else member.read()
             stream.allow(end + 2 * tarfile.BLOCKSIZE + MAX_HEADER_BYTES,
-                         f"{previous}: a header over {size_text(MAX_HEADER_BYTES)}")
+                         f"the header after member {name!r}: a header over {size_text(MAX_HEADER_BYTES)}")
     except LimitReached as e:
         raise DatasetError(f"{url}: {e}") from None
 

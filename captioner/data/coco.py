@@ -11,13 +11,7 @@ from pathlib import Path
 from pycocotools.coco import COCO
 
 from captioner.core.errors import DatasetError
-from captioner.data.records import (
-    ImageRecord,
-    check_file,
-    drop_missing,
-    is_int,
-    read_json,
-)
+from captioner.data.records import ImageRecord, check_file, drop_missing, is_int, read_json
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +20,8 @@ KARPATHY_SPLITS = ("train", "restval", "val", "test")  # the values an entry's `
 _reported: set[tuple[str, int]] = set()  # (file, mtime) whose sizes this process has logged, once
 
 
-def load_coco_captions(
-    annotation_file: str | Path, image_root: str | Path, check_images: bool = True, strict: bool = False,
-    max_missing: float = 1.0,
-) -> list[ImageRecord]:
+def load_coco_captions(annotation_file: str | Path, image_root: str | Path, check_images: bool = True,
+                       strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
     """Records of a COCO caption file (`captions_*.json`) read through pycocotools."""
     annotation_file = check_file(annotation_file, "caption annotation file")
     coco = read_coco(annotation_file, "COCO caption file", ("images", "annotations"))
@@ -117,10 +109,8 @@ def _check_entries(path: Path, entries: list, name: str, fields: dict) -> set:
     return set(ids)
 
 
-def load_karpathy(
-    split_file: str | Path, image_root: str | Path, split: str, check_images: bool = True, strict: bool = False,
-    max_missing: float = 1.0,
-) -> list[ImageRecord]:
+def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, check_images: bool = True,
+                  strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
     """Records of one split of a Karpathy file (`dataset_coco.json`, `dataset_flickr8k.json`, ...),
     `restval` joining `train` as in the papers. Flickr entries have no `filepath` or `cocoid` (ids
     are `imgid`); a malformed entry stops the load with its index."""
@@ -152,8 +142,7 @@ def load_karpathy(
             raise DatasetError(f"{where} repeats image id {image_id} of images[{seen[image_id]}]")
         seen[image_id] = i
         if entry["split"] not in KARPATHY_SPLITS:
-            raise DatasetError(f"{where}: unknown split {entry['split']!r} "
-                               f"(one of {', '.join(KARPATHY_SPLITS)})")
+            raise DatasetError(f"{where}: unknown split {entry['split']!r} (one of {', '.join(KARPATHY_SPLITS)})")
         sizes[entry["split"]] += 1
         if entry["split"] not in wanted:
             continue
@@ -195,8 +184,7 @@ def _sentence(sentence: object, where: str) -> str:
 
 
 def coco_split_files(root: str | Path, year: int, split: str) -> tuple[Path, Path]:
-    """(caption file, image folder) of an official COCO release under `root`: train is train{year},
-    val and test the two halves of val{year} (`split_coco_val`)."""
+    """(caption file, image folder) of an official COCO release: train{year}, or val{year} for val and test."""
     root = Path(root)
     source = "train" if split == "train" else "val"
     return root / "annotations" / f"captions_{source}{year}.json", root / f"{source}{year}"

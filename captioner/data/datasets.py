@@ -9,12 +9,7 @@ from pathlib import Path
 
 from captioner.core.config_sections import DataConfig
 from captioner.core.errors import DatasetError
-from captioner.data.coco import (
-    coco_split_files,
-    load_coco_captions,
-    load_karpathy,
-    split_coco_val,
-)
+from captioner.data.coco import coco_split_files, load_coco_captions, load_karpathy, split_coco_val
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.imagefolder import load_imagefolder, seeded_split_files
 from captioner.data.records import ImageRecord
@@ -38,8 +33,7 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         return split_coco_val(records, split)
     if config.dataset == "karpathy":
         if config.karpathy_file is None:  # a model's stored config may have had it set aside
-            raise DatasetError("data.karpathy_file is not set: "
-                               "the Karpathy split file of this dataset is not known")
+            raise DatasetError("data.karpathy_file is not set: the Karpathy split file of this dataset is not known")
         image_root = Path(config.image_root) if config.image_root else root
         return load_karpathy(config.karpathy_file, image_root, split, check_images, **policy)
     if config.dataset == "flickr8k":
@@ -50,10 +44,8 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
     if config.dataset == "hf":
         from captioner.data.hf_datasets import load_hf_dataset  # `datasets` is an extra: imported when asked for
 
-        return load_hf_dataset(
-            root, split, config.image_column, config.caption_column, config.val_fraction, config.test_fraction,
-            config.split_seed, image_root=config.image_root,
-        )
+        return load_hf_dataset(root, split, config.image_column, config.caption_column, config.val_fraction,
+                               config.test_fraction, config.split_seed, image_root=config.image_root)
     if config.dataset == "webdataset":
         from captioner.data.bounded_tar import shard_limits
         from captioner.data.shard_reader import load_shard_records, open_shard_set  # webdataset is an extra
@@ -67,15 +59,9 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
 def split_places(config: DataConfig, split: str) -> tuple[str, ...]:
     """The data keys naming the places `load_split(config, split)` may read: the keys a model's
     stored config must not have had set aside (`model_settings`) for that split to be read."""
-    places = {
-        "shapes": ("root",),
-        "coco": ("root", "image_root"),
-        "karpathy": ("karpathy_file", "image_root", "root"),
-        "flickr8k": ("root", "image_root"),
-        "imagefolder": ("root",),
-        "hf": ("root", "image_root"),
-        "webdataset": (f"{split}_shards",),
-    }
+    places = {"shapes": ("root",), "coco": ("root", "image_root"),
+              "karpathy": ("karpathy_file", "image_root", "root"), "flickr8k": ("root", "image_root"),
+              "imagefolder": ("root",), "hf": ("root", "image_root"), "webdataset": (f"{split}_shards",)}
     return places[config.dataset]
 
 
@@ -88,8 +74,7 @@ def split_shards(config: DataConfig, split: str) -> str:
 
 
 def seeded_split_record(config: DataConfig) -> dict | None:
-    """What training writes to splits.json when the run drew the splits (`holdout.seeded_split`): the
-    seed, the fractions and each split's images; else None."""
+    """What training writes to splits.json when the run drew the splits (`imagefolder.seeded_split`), else None."""
     if config.dataset == "imagefolder":
         splits = seeded_split_files(config.root, config.caption_column, config.val_fraction, config.test_fraction,
                                     config.split_seed)
@@ -114,19 +99,11 @@ def ensure_shapes(config: DataConfig) -> None:
         return
     # Never write into a user's folder unasked.
     if root.is_dir() and not (root / SHAPES_MARKER).exists() and any(root.iterdir()):
-        raise DatasetError(
-            f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds other files: "
-            "point data.root at a new or empty folder, or generate the world there with "
-            f"captioner data shapes --out {root}"
-        )
+        raise DatasetError(f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds "
+                           "other files: point data.root at a new or empty folder, or generate the world there with "
+                           f"captioner data shapes --out {root}")
     from captioner.data.shapes import generate_shapes
 
     log.info("generating the shapes world into %s", root)
-    generate_shapes(
-        root,
-        config.shapes_num_train,
-        config.shapes_num_val,
-        config.shapes_num_test,
-        image_size=config.image_size,
-        seed=config.shapes_seed,
-    )
+    generate_shapes(root, config.shapes_num_train, config.shapes_num_val, config.shapes_num_test,
+                    image_size=config.image_size, seed=config.shapes_seed)

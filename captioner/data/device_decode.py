@@ -5,6 +5,7 @@ On the CPU the same code runs with libjpeg, which the tests check against PIL.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,9 +31,8 @@ class EncodedJpeg:
     name: str
 
 
-def read_for_device(
-    path: str | Path | bytes, ship_jpeg: bool = True, max_pixels: int = MAX_PIXELS, name: str | None = None
-) -> EncodedJpeg | torch.Tensor:
+def read_for_device(path: str | Path | bytes, ship_jpeg: bool = True, max_pixels: int = MAX_PIXELS,
+                    name: str | None = None) -> EncodedJpeg | torch.Tensor:
     """In a worker: with `ship_jpeg`, a baseline RGB or greyscale JPEG as its bytes and EXIF orientation,
     after `load_image`'s header checks; any other file (progressive JPEGs too, which nvjpeg may refuse)
     decoded as `load_image` does, uint8 (3, H, W). Bad files raise `ImageLoadError` naming them."""
@@ -57,23 +57,21 @@ def exif_orientation(image: Image.Image) -> int:
     return value if value in range(1, 9) else 1
 
 
+# EXIF orientation -> what turns an image (C, H, W) as stored upright, as PIL's `ImageOps.exif_transpose` does
+UPRIGHT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
+    2: lambda image: image.flip(-1),  # mirrored left-right
+    3: lambda image: image.flip(-2, -1),  # rotated 180
+    4: lambda image: image.flip(-2),  # mirrored top-bottom
+    5: lambda image: image.transpose(-2, -1),  # (C, W, H): transposed
+    6: lambda image: image.rot90(-1, dims=(-2, -1)),  # (C, W, H): turned 90 degrees clockwise
+    7: lambda image: image.transpose(-2, -1).flip(-2, -1),  # (C, W, H): transverse
+    8: lambda image: image.rot90(1, dims=(-2, -1)),  # (C, W, H): turned 90 degrees counter-clockwise
+}
+
+
 def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
-    """image (C, H, W) as stored -> upright, as PIL's `ImageOps.exif_transpose` turns it."""
-    if orientation == 2:
-        return image.flip(-1)  # mirrored left-right
-    if orientation == 3:
-        return image.flip(-2, -1)  # rotated 180
-    if orientation == 4:
-        return image.flip(-2)  # mirrored top-bottom
-    if orientation == 5:
-        return image.transpose(-2, -1)  # (C, W, H): transposed
-    if orientation == 6:
-        return image.rot90(-1, dims=(-2, -1))  # (C, W, H): turned 90 degrees clockwise
-    if orientation == 7:
-        return image.transpose(-2, -1).flip(-2, -1)  # (C, W, H): transverse
-    if orientation == 8:
-        return image.rot90(1, dims=(-2, -1))  # (C, W, H): turned 90 degrees counter-clockwise
-    return image
+    """image (C, H, W) as stored -> upright (orientation 1 and unknown ones: as stored)."""
+    return UPRIGHT[orientation](image) if orientation in UPRIGHT else image
 
 
 def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[torch.Tensor]:
@@ -88,8 +86,7 @@ def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[
 
 
 def decode_one(item: EncodedJpeg, device: torch.device | str) -> torch.Tensor:
-    """One JPEG on `device`, or through PIL (`load_image`, which applies the orientation) when
-    the device's decoder refuses it -> uint8 (3, H, W) on `device`."""
+    """One JPEG on `device`, or through PIL's `load_image` when the device refuses it -> uint8 (3, H, W)."""
     try:
         return orient(decode_jpeg(item.data, mode=ImageReadMode.RGB, device=device), item.orientation)
     except RuntimeError:
@@ -116,13 +113,6 @@ class PendingImage:
     source: EncodedJpeg | torch.Tensor  # a JPEG to decode there, or the uint8 (3, H, W) picture decoded
     transform: ImageTransform
     seed: int | None  # the item's augmentation seed (CaptionDataset's draw); None: the process's RNG
-
-
-def read_pending(
-    path: str | Path | bytes, transform: ImageTransform, seed: int | None, ship_jpeg: bool, name: str | None = None
-) -> PendingImage:
-    """In a worker: the file (or bytes) read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
-    return PendingImage(read_for_device(path, ship_jpeg, name=name), transform, seed)
 
 
 def transform_on_device(pending: list[PendingImage], device: torch.device | str) -> torch.Tensor:

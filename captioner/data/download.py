@@ -25,8 +25,6 @@ from captioner.core.errors import DatasetError
 from captioner.core.progress import progress_bar
 from captioner.data.flickr8k import SPLIT_FILES, TOKEN_FILE, default_image_folder
 
-__all__ = ["COCO_FILES", "FLICKR8K_FILES", "YEARS", "RemoteFile", "download_coco", "download_file", "download_flickr8k"]
-
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -91,13 +89,8 @@ class _Interrupted(ConnectionError):
     """The server closed the connection before sending the whole body (retried and resumed)."""
 
 
-def download_file(
-    url: str,
-    dest: Path,
-    expected_size: int | None = None,
-    md5: str | None = None,
-    progress: bool = True,
-) -> Path:
+def download_file(url: str, dest: Path, expected_size: int | None = None, md5: str | None = None,
+                  progress: bool = True) -> Path:
     """Download `url` to `dest` via `dest` + ".part", resuming, renamed into place only once its size
     and MD5 check, so `dest` is never partial; a matching `dest` is kept. Failures: `DatasetError`."""
     dest = Path(dest)
@@ -109,7 +102,6 @@ def download_file(
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_suffix(dest.suffix + ".part")
     total = _fetch(url, part, expected_size, progress)
-
     size = part.stat().st_size
     if total is not None and size != total:
         part.unlink()
@@ -119,22 +111,15 @@ def download_file(
         actual = _md5(part)
         if actual != md5.lower():
             part.unlink()
-            raise DatasetError(
-                f"{dest.name}: checksum mismatch (expected md5 {md5}, got {actual}); "
-                f"removed the corrupt download, run again to retry"
-            )
+            raise DatasetError(f"{dest.name}: checksum mismatch (expected md5 {md5}, got {actual}); "
+                               f"removed the corrupt download, run again to retry")
     os.replace(part, dest)  # atomic on one file system: dest is either absent or complete
     logger.info("downloaded %s", dest)
     return dest
 
 
-def download_coco(
-    root: Path,
-    year: str = "2014",
-    karpathy: bool = False,
-    mirror: str | None = None,
-    progress: bool = True,
-) -> list[Path]:
+def download_coco(root: Path, year: str = "2014", karpathy: bool = False, mirror: str | None = None,
+                  progress: bool = True) -> list[Path]:
     """Download the COCO `year` images and captions (and with `karpathy` its split file) into `root`,
     unpacked once; `mirror` replaces every URL's scheme and host. Returns the top-level paths extracted."""
     year = str(year)
@@ -158,11 +143,8 @@ def download_flickr8k(root: Path, mirror: str | None = None, progress: bool = Tr
     return extracted
 
 
-def _download_and_extract(
-    wanted: Sequence[RemoteFile], root: Path, mirror: str | None, progress: bool
-) -> list[Path]:
-    """Fetch each archive into root/downloads/ and extract it into `root` once (a marker file
-    records what it produced); return the top-level paths extracted."""
+def _download_and_extract(wanted: Sequence[RemoteFile], root: Path, mirror: str | None, progress: bool) -> list[Path]:
+    """Fetch each archive into root/downloads/ and extract it into `root` once; the top-level paths extracted."""
     urls = [_apply_mirror(remote.url, mirror) for remote in wanted]  # a bad mirror fails first
     downloads = _make_folder(_make_folder(root) / "downloads")
     extracted: list[Path] = []
@@ -209,8 +191,7 @@ def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> i
             if total is not None and offset == total:
                 return total
             try:
-                total = _transfer(url, part, offset, total, bar)
-                return total
+                return _transfer(url, part, offset, total, bar)
             except urllib.error.HTTPError as e:
                 if e.code == 416 and _complete_after_416(e, part):
                     return part.stat().st_size
@@ -258,13 +239,14 @@ def _transfer(url: str, part: Path, offset: int, total: int | None, bar: tqdm) -
             raise DatasetError(f"{url}: server reports {served} bytes, expected {total} "
                                f"(the file changed upstream, or the mirror holds another file)")
         total = served if served is not None else total
-        _check_free_space(part, None if total is None else total - offset)
-
+        free = shutil.disk_usage(part.parent).free  # fail now rather than with a full disk at 95 %
+        if total is not None and free < total - offset:
+            raise DatasetError(f"not enough disk space for {part.parent / part.stem}: "
+                               f"needs {(total - offset) / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
         bar.reset(total=total)
         bar.update(offset)
         written = 0
-        out = _local_io(part, open, part, "ab" if offset else "wb")
-        with out:
+        with _local_io(part, open, part, "ab" if offset else "wb") as out:
             # Network errors from read() propagate to the retry loop; disk errors do not.
             while chunk := response.read(CHUNK_BYTES):
                 _local_io(part, out.write, chunk)
@@ -298,20 +280,9 @@ def _give_up(url: str, host: str, part: Path, error: Exception) -> DatasetError:
     if isinstance(error, urllib.error.HTTPError):
         return DatasetError(f"cannot download {url}: HTTP {error.code} {error.reason}{kept}{by_hand}")
     if isinstance(error, urllib.error.URLError):  # the connection itself could not be made
-        return DatasetError(
-            f"cannot reach {host}: no internet? ({error.reason}) while downloading {url}{kept}{by_hand}"
-        )
+        return DatasetError(f"cannot reach {host}: no internet? ({error.reason}) "
+                            f"while downloading {url}{kept}{by_hand}")
     return DatasetError(f"download of {url} kept failing ({error}){kept}{by_hand}")
-
-
-def _check_free_space(part: Path, needed: int | None) -> None:
-    """Fail before a long transfer rather than with a full disk at 95 %."""
-    if needed is None:
-        return
-    free = shutil.disk_usage(part.parent).free
-    if free < needed:
-        raise DatasetError(f"not enough disk space for {part.parent / part.stem}: "
-                           f"needs {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
 
 
 def _matches(path: Path, size: int | None, md5: str | None) -> bool:
@@ -346,19 +317,15 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
             # Archives zipped on a Mac (Flickr8k_Dataset.zip) carry a __MACOSX/ tree of
             # resource forks, a "._" file per photo: nothing a reader wants, so never extracted.
             members = [m for m in zf.infolist() if not m.filename.startswith("__MACOSX/")]
-            for member in progress_bar(members, unit="file", desc=f"extracting {archive.name}",
-                                       enabled=progress):
+            for member in progress_bar(members, unit="file", desc=f"extracting {archive.name}", enabled=progress):
                 zf.extract(member, root)  # zipfile drops "..", drive and leading "/" parts
     except zipfile.BadZipFile as e:
-        raise DatasetError(
-            f"{archive}: not a valid zip archive ({e}); delete it and run again"
-        ) from None
+        raise DatasetError(f"{archive}: not a valid zip archive ({e}); delete it and run again") from None
     except OSError as e:
         raise DatasetError(f"cannot extract {archive} into {root}: {e.strerror or e}") from None
     tops: dict[str, None] = {}
     for member in members:
-        names = member.filename.replace("\\", "/").split("/")
-        parts = [p for p in names if p not in ("", ".", "..")]
+        parts = [p for p in member.filename.replace("\\", "/").split("/") if p not in ("", ".", "..")]
         if parts:
             tops[parts[0]] = None
     logger.info("extracted %s into %s", archive.name, root)

@@ -45,14 +45,8 @@ def read_token_file(path: str | Path) -> dict[str, list[str]]:
     return dict(captions)
 
 
-def load_flickr8k(
-    root: str | Path,
-    split: str,
-    image_root: str | Path | None = None,
-    check_images: bool = True,
-    strict: bool = False,
-    max_missing: float = 1.0,
-) -> list[ImageRecord]:
+def load_flickr8k(root: str | Path, split: str, image_root: str | Path | None = None, check_images: bool = True,
+                  strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
     """Records of one official split (train, val = dev, test), images under `image_root` (else
     `default_image_folder(root)`); ids are positions in the caption file, stable across splits."""
     root = Path(root)

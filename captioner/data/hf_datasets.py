@@ -13,21 +13,12 @@ from typing import Any
 
 from captioner.core.confinement import Confinement, is_within
 from captioner.core.errors import DatasetError, ImageLoadError
-from captioner.data.holdout import check_split_name, seeded_split
+from captioner.data.imagefolder import SPLIT_FOLDERS, caption_texts, check_split_name, seeded_split
 from captioner.data.records import ImageRecord
 
 log = logging.getLogger(__name__)
 
-SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid", "dev"), "test": ("test",)}
 SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (a DatasetDict, a Dataset)
-
-
-def _datasets() -> Any:
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never wait on the Hub
-    import datasets  # the 'data' extra; the CLI names it when missing (core/extras.py)
-    datasets.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
-    return datasets
 
 
 @functools.lru_cache(maxsize=8)
@@ -36,7 +27,11 @@ def open_dataset(root: str) -> dict[str, Any]:
     path = Path(root)
     if not path.exists():
         raise DatasetError(f"{root}: Hugging Face dataset not found")
-    datasets = _datasets()
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never wait on the Hub
+    import datasets  # the 'data' extra; the CLI names it when missing (core/extras.py)
+
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
     try:
         if path.is_dir() and any((path / m).is_file() for m in SAVED_MARKERS):
             loaded = datasets.load_from_disk(str(path))
@@ -45,10 +40,8 @@ def open_dataset(root: str) -> dict[str, Any]:
         elif path.is_dir() and next(path.rglob("*.parquet"), None) is not None:
             loaded = datasets.load_dataset("parquet", data_dir=str(path))
         else:
-            raise DatasetError(
-                f"{root}: not a Hugging Face dataset on disk "
-                f"(no {' or '.join(SAVED_MARKERS)} from save_to_disk, no .parquet files)"
-            )
+            raise DatasetError(f"{root}: not a Hugging Face dataset on disk "
+                               f"(no {' or '.join(SAVED_MARKERS)} from save_to_disk, no .parquet files)")
     except DatasetError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds for a damaged folder; one line names it
@@ -58,7 +51,7 @@ def open_dataset(root: str) -> dict[str, Any]:
 
 
 def _split_key(splits: dict[str, Any], split: str) -> str | None:
-    return next((name for name in SPLIT_NAMES[split] if name in splits), None)
+    return next((name for name in SPLIT_FOLDERS[split] if name in splits), None)
 
 
 @dataclass(frozen=True)
@@ -95,19 +88,16 @@ def dataset_folder(root: str) -> str:
 
 
 def image_file(value: str, folder: str, name: str) -> Path:
-    """The file an image path names, inside `folder`, a link's real path included; ImageLoadError
-    naming the row otherwise."""
+    """The file an image path names inside `folder` (links resolved), or an ImageLoadError naming the row."""
     parts = PurePosixPath(value.replace("\\", "/"))
     if parts.is_absolute() or os.path.isabs(value):
         inside = os.path.normpath(value)
-        base = os.path.normpath(os.path.abspath(folder))
-        if not is_within(inside, base):
+        if not is_within(inside, os.path.normpath(os.path.abspath(folder))):
             raise ImageLoadError(f"{name}: the image path {value!r} is outside the dataset's folder {folder}; refused "
                                  "(set data.image_root to the folder that holds its images)")
         file = Path(inside)
     elif ".." in parts.parts:
-        raise ImageLoadError(f"{name}: the image path {value!r} leaves the dataset's folder {folder} (..); "
-                             "refused")
+        raise ImageLoadError(f"{name}: the image path {value!r} leaves the dataset's folder {folder} (..); refused")
     else:
         file = Path(folder) / parts
     target = confinement(folder).escape(file)
@@ -129,34 +119,27 @@ def _image_column(root: str, split: str, column: str) -> Any:
     return open_dataset(root)[split].with_format("arrow")[column]
 
 
-def load_hf_dataset(
-    root: str | Path,
-    split: str,
-    image_column: str = "image",
-    caption_column: str = "text",
-    val_fraction: float = 0.05,
-    test_fraction: float = 0.05,
-    split_seed: int = 0,
-    image_root: str | Path | None = None,
-) -> list[ImageRecord]:
+def load_hf_dataset(root: str | Path, split: str, image_column: str = "image", caption_column: str = "text",
+                    val_fraction: float = 0.05, test_fraction: float = 0.05, split_seed: int = 0,
+                    image_root: str | Path | None = None) -> list[ImageRecord]:
     """The records of one split (train, val, test), image ids numbering the rows split by split; a
-    dataset with one split is split by `holdout.seeded_split`."""
+    dataset with one split is split by `imagefolder.seeded_split`."""
     root = str(root)
     check_split_name(split, root)
     splits = open_dataset(root)
-    pools = {ours: key for ours in SPLIT_NAMES if (key := _split_key(splits, ours)) is not None}
+    pools = {ours: key for ours in SPLIT_FOLDERS if (key := _split_key(splits, ours)) is not None}
     seeded = set(pools) == {"train"}
     key = pools["train"] if seeded else pools.get(split)
     if key is None:
         raise DatasetError(f"{root}: no {split} split (the dataset has: {', '.join(splits)}); "
-                           f"name one {' or '.join(SPLIT_NAMES[split])}")
+                           f"name one {' or '.join(SPLIT_FOLDERS[split])}")
     captions, captioned = split_captions(root, key, splits[key], image_column, caption_column)
     if seeded:
         drawn = seeded_split(len(captioned), val_fraction, test_fraction, split_seed, f"{root} ({key})")[split]
         rows, first_id = [captioned[i] for i in drawn], 0
     else:
         rows = captioned
-        earlier = list(SPLIT_NAMES)[: list(SPLIT_NAMES).index(split)]
+        earlier = list(SPLIT_FOLDERS)[: list(SPLIT_FOLDERS).index(split)]
         first_id = sum(len(splits[pools[s]]) for s in earlier if s in pools)  # ids run on across the splits
     images = DatasetImages(root, key, image_column, str(image_root) if image_root is not None else None)
     records = [ImageRecord(first_id + row, Path(root) / key / str(row), captions[row], stored=images, row=row)
@@ -172,11 +155,10 @@ def split_captions(root: str, key: str, dataset: Any, image_column: str,
     a column that is not there is one DatasetError naming the columns there are."""
     missing = [c for c in (image_column, caption_column) if c not in dataset.column_names]
     if missing:
-        raise DatasetError(
-            f"{root} ({key}): no column {missing[0]!r} (columns: {', '.join(dataset.column_names)}); "
-            f"name yours with data.{'image' if missing[0] == image_column else 'caption'}_column"
-        )
-    captions = [_captions(value, f"{root} ({key}): row {row}: {caption_column!r}")
+        raise DatasetError(f"{root} ({key}): no column {missing[0]!r} (columns: {', '.join(dataset.column_names)}); "
+                           f"name yours with data.{'image' if missing[0] == image_column else 'caption'}_column")
+    hint = "; name the caption column with data.caption_column"
+    captions = [tuple(caption_texts(value, f"{root} ({key}): row {row}: {caption_column!r}", hint)[0])
                 for row, value in enumerate(dataset.with_format("arrow")[caption_column].to_pylist())]
     captioned = [row for row, texts in enumerate(captions) if texts]
     if len(captioned) < len(captions):
@@ -185,21 +167,8 @@ def split_captions(root: str, key: str, dataset: Any, image_column: str,
     return captions, captioned
 
 
-def _captions(value: object, where: str) -> tuple[str, ...]:
-    """A row's captions: a string or a list of them (None and blanks: none); anything else is the
-    wrong column, named in one line, as the image folder does."""
-    values = value if isinstance(value, list) else [value]
-    wrong = next((v for v in values if v is not None and not isinstance(v, str)), None)
-    if wrong is not None:
-        raise DatasetError(f"{where} holds {type(wrong).__name__} {wrong!r}, not a caption or a list of captions; "
-                           "name the caption column with data.caption_column")
-    return tuple(v.strip() for v in values if isinstance(v, str) and v.strip())
-
-
-def seeded_split_rows(
-    root: str | Path, image_column: str, caption_column: str, val_fraction: float, test_fraction: float,
-    split_seed: int
-) -> dict[str, list[int]] | None:
+def seeded_split_rows(root: str | Path, image_column: str, caption_column: str, val_fraction: float,
+                      test_fraction: float, split_seed: int) -> dict[str, list[int]] | None:
     """The rows of each split when the dataset has one split only (training records them), else None."""
     splits = open_dataset(str(root))
     key = _split_key(splits, "train")

@@ -19,8 +19,6 @@ from captioner.core.errors import ConfigError, ImageLoadError
 
 # A decompression bomb guard: far above any camera photo, far below what exhausts memory.
 MAX_PIXELS = 50_000_000
-
-
 # The formats the project reads; Pillow's other plugins (EPS goes to Ghostscript, most are rarely
 # exercised parsers) are unreachable from here.
 SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
@@ -29,9 +27,8 @@ _HEADER_BYTES = 64  # enough for every plugin's signature check
 
 def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int = MAX_PIXELS,
                name: str | None = None) -> Image.Image:
-    """An image file (`SUPPORTED_FORMATS` only) as an upright 8-bit RGB picture, its first frame,
-    transparency over white; empty, truncated, non-image files and images over `max_pixels` (from the
-    header) raise one `ImageLoadError` naming the file (`name`, for bytes)."""
+    """An image file as an upright 8-bit RGB picture (its first frame, transparency over white), or
+    one `ImageLoadError` naming the file (`name`, for bytes): `open_checked`'s checks."""
     return open_checked(source, decode_rgb, max_pixels, name)
 
 
@@ -45,13 +42,10 @@ def decode_rgb(image: Image.Image) -> Image.Image:
 T = TypeVar("T")
 
 
-def open_checked(
-    source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T], max_pixels: int = MAX_PIXELS,
-    name: str | None = None
-) -> T:
-    """`finish(image)` on the file opened with `load_image`'s checks (supported format, a
-    non-empty size under `max_pixels`, read from the header only); every failure, in `finish`
-    too, is an `ImageLoadError` naming the file (or `name`)."""
+def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T],
+                 max_pixels: int = MAX_PIXELS, name: str | None = None) -> T:
+    """`finish(image)` on the file opened if its header shows a supported format and a non-empty size
+    under `max_pixels`; every failure, in `finish` too, is an `ImageLoadError` naming the file."""
     name = name or (str(source) if isinstance(source, (str, Path)) else "<upload>")
     if isinstance(source, (str, Path)):
         path = Path(source)
@@ -72,10 +66,8 @@ def open_checked(
                 if width < 1 or height < 1:
                     raise ImageLoadError(f"{name}: image is {width}x{height} pixels (empty)")
                 if width * height > max_pixels:
-                    raise ImageLoadError(
-                        f"{name}: image is {width}x{height} = {width * height / 1e6:.0f} megapixels, "
-                        f"over the limit of {max_pixels / 1e6:.0f} (possible decompression bomb)"
-                    )
+                    raise ImageLoadError(f"{name}: image is {width}x{height} = {width * height / 1e6:.0f} megapixels, "
+                                         f"over the limit of {max_pixels / 1e6:.0f} (possible decompression bomb)")
                 return finish(image)
     except ImageLoadError:
         raise
@@ -85,9 +77,8 @@ def open_checked(
         # Pillow's own header check (at 89 MP) fired before ours: the same message as ours.
         found = re.search(r"\((\d+) pixels\)", str(e))
         pixels = f"{int(found.group(1)) / 1e6:.0f} megapixels" if found else "too many pixels"
-        raise ImageLoadError(
-            f"{name}: image has {pixels}, over the limit of {max_pixels / 1e6:.0f} (possible decompression bomb)"
-        ) from None
+        raise ImageLoadError(f"{name}: image has {pixels}, over the limit of {max_pixels / 1e6:.0f} (possible "
+                             "decompression bomb)") from None
     except MemoryError:
         raise ImageLoadError(f"{name}: too large to decode in memory") from None
     # Pillow's decoders report damaged data with any of these: a bad file, not a bug.
@@ -100,12 +91,11 @@ def open_checked(
 def open_image(source: str | Path | BinaryIO, name: str | None = None) -> Image.Image:
     """`Image.open` restricted to `SUPPORTED_FORMATS` (header only); another file is named by the
     format of its signature, from Pillow's prefix checks alone, so no other parser runs on it."""
-    name = name or str(source)
     try:
         return Image.open(source, formats=SUPPORTED_FORMATS)
     except UnidentifiedImageError:
-        pass
-    raise ImageLoadError(f"{name}: {_describe_refused(source)}; supported formats: {', '.join(SUPPORTED_FORMATS)}")
+        refused = _describe_refused(source)
+    raise ImageLoadError(f"{name or source}: {refused}; supported formats: {', '.join(SUPPORTED_FORMATS)}")
 
 
 def _describe_refused(source: str | Path | BinaryIO) -> str:
@@ -177,15 +167,12 @@ def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
         raise ImageLoadError(f"caption: {position or 'the image'}: {e}") from None
 
 
-def caption_in_batches(
-    images: ImageInput | Sequence[ImageInput], batch_size: int, caption: Callable[[list[Image.Image]], list],
-    *, n_best: int | None = None, errors: str = "raise", on_picture: Callable[[Image.Image], None] | None = None,
-) -> Any:
-    """The one batching loop of the torch model and the ONNX runtime: `images` (one, or a list) as
-    pictures, `batch_size` at a time, through `caption` (pictures -> a result each). One image gives
-    its result, a list a list. A list stops at the first image that does not load, with one
-    ImageLoadError naming its place ("image 2 of 5"); `errors="return"` puts the error in its place
-    instead. `on_picture` sees each picture as loaded (an application's check of what it is shown)."""
+def caption_in_batches(images: ImageInput | Sequence[ImageInput], batch_size: int,
+                       caption: Callable[[list[Image.Image]], list], *, n_best: int | None = None,
+                       errors: str = "raise", on_picture: Callable[[Image.Image], None] | None = None) -> Any:
+    """The one batching loop of the torch model and the ONNX runtime: `images` (one, or a list) through
+    `caption`, `batch_size` pictures at a time. A list stops at the first image that does not load, its
+    error naming its place ("image 2 of 5"), unless `errors="return"` puts the error in its place."""
     if errors not in ("raise", "return"):
         raise ConfigError(f"caption: errors must be raise or return; got {errors!r}")
     single = not isinstance(images, (list, tuple))

@@ -1,7 +1,6 @@
-"""Your own photographs and captions in Hugging Face's `imagefolder` layout. A `metadata.jsonl` or
-`.csv` names each image in `file_name` (never out of its folder, links included) beside its caption
-column; splits come from train/validation/test folders, else `holdout.seeded_split`. Read here, not
-through `datasets`: no Arrow cache, no extra install."""
+"""Your own photographs and captions in Hugging Face's `imagefolder` layout, read without `datasets`. A
+`metadata.jsonl` or `.csv` names each image in `file_name` (never out of its folder, links included) beside
+its caption column; splits come from train/validation/test folders, else `seeded_split` (the HF loader's too)."""
 
 from __future__ import annotations
 
@@ -9,19 +8,58 @@ import csv
 import io
 import json
 import logging
+import random
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from captioner.core.confinement import Confinement
 from captioner.core.errors import DatasetError
-from captioner.data.holdout import check_split_name, seeded_split
 from captioner.data.records import ImageRecord, drop_missing, read_text
+from captioner.data.shapes import SPLITS  # the project's three split names, declared once
 
 log = logging.getLogger(__name__)
 
 METADATA_FILES = ("metadata.jsonl", "metadata.csv")
 # Our split -> the folder names Hugging Face's loaders accept for it, in the order tried.
 SPLIT_FOLDERS = {"train": ("train",), "val": ("validation", "val", "valid", "dev"), "test": ("test",)}
+
+
+def held_out_count(total: int, fraction: float) -> int:
+    """round(total x fraction), but at least one image when the fraction is not 0 and there are
+    three images or more (a tiny folder still gets something to validate on)."""
+    if fraction <= 0:
+        return 0
+    return max(1, round(total * fraction)) if total >= 3 else 0
+
+
+def seeded_split(total: int, val_fraction: float, test_fraction: float, seed: int,
+                 source: str) -> dict[str, list[int]]:
+    """Positions 0..total-1 -> {train, val, test: sorted positions}: a seeded shuffle, the first
+    `test` of it for testing, the next `val` for validation, the rest for training."""
+    order = list(range(total))
+    random.Random(seed).shuffle(order)
+    test = held_out_count(total, test_fraction)
+    val = held_out_count(total, val_fraction)
+    if total - test - val < 1:
+        raise DatasetError(f"{source}: {total} images leave none for training after {val} for validation "
+                           f"and {test} for testing")
+    return {"test": sorted(order[:test]), "val": sorted(order[test : test + val]), "train": sorted(order[test + val :])}
+
+
+def check_split_name(split: str, source: str) -> None:
+    if split not in SPLITS:
+        raise DatasetError(f"{source}: unknown split {split!r}: use train, val or test")
+
+
+def caption_texts(value: object, where: str, hint: str = "") -> tuple[list[str], int]:
+    """A caption cell's texts (a string or a list of them) and how many it left out (None, blank);
+    anything else is the wrong column, named in one line."""
+    values = value if isinstance(value, list) else [value]
+    wrong = next((v for v in values if v is not None and not isinstance(v, str)), None)
+    if wrong is not None:
+        raise DatasetError(f"{where} holds {type(wrong).__name__} {wrong!r}, not a caption or a list of captions{hint}")
+    texts = [v.strip() for v in values if isinstance(v, str) and v.strip()]
+    return texts, len(values) - len(texts)
 
 
 @dataclass(frozen=True)
@@ -34,8 +72,7 @@ class Rows:
 
 
 def read_metadata(path: Path, caption_column: str) -> Rows:
-    """A metadata.jsonl or metadata.csv -> `Rows`; a malformed row is one DatasetError naming
-    the file and line, a caption column that no row has names the columns there are."""
+    """A metadata.jsonl or metadata.csv -> `Rows`; a malformed row is one DatasetError naming the file and line."""
     text = read_text(path, "image folder metadata file")
     rows = _jsonl_rows(path, text) if path.suffix == ".jsonl" else _csv_rows(path, text)
     captions: dict[str, list[str]] = {}
@@ -48,24 +85,14 @@ def read_metadata(path: Path, caption_column: str) -> Rows:
         if not isinstance(name, str) or not name.strip():
             raise DatasetError(f"{path}:{line}: no 'file_name' (the image's path, relative to {path.name})")
         name = _inside(path, line, name.strip(), folder)
-        found = captions.setdefault(name, [])
-        value = row.get(caption_column)
-        texts = value if isinstance(value, list) else [value]
-        for text_value in texts:
-            if text_value is None or (isinstance(text_value, str) and not text_value.strip()):
-                skipped += 1
-                continue
-            if not isinstance(text_value, str):
-                raise DatasetError(f"{path}:{line}: '{caption_column}' holds {type(text_value).__name__} "
-                                   f"{text_value!r}, not a caption or a list of captions")
-            found.append(text_value.strip())
+        texts, left_out = caption_texts(row.get(caption_column), f"{path}:{line}: '{caption_column}'")
+        captions.setdefault(name, []).extend(texts)
+        skipped += left_out
     if not captions:
         raise DatasetError(f"{path}: no rows")
     if caption_column not in columns:
-        raise DatasetError(
-            f"{path}: no caption column {caption_column!r} (columns: {', '.join(sorted(columns))}); "
-            "name yours with data.caption_column"
-        )
+        raise DatasetError(f"{path}: no caption column {caption_column!r} (columns: {', '.join(sorted(columns))}); "
+                           "name yours with data.caption_column")
     captioned = {name: texts for name, texts in captions.items() if texts}  # no caption teaches nothing
     if not captioned:
         raise DatasetError(f"{path}: no row has a caption in {caption_column!r}")
@@ -96,17 +123,15 @@ def _csv_rows(path: Path, text: str) -> list[tuple[int, dict]]:
 
 
 def _inside(path: Path, line: int, name: str, folder: Confinement) -> str:
-    """A file name that stays inside the metadata file's folder: no absolute path, no `..`, and no
-    link that leads out of it (real paths compared)."""
+    """A file name inside the metadata file's folder: no absolute path, no `..`, no link out of it."""
     parts = PurePosixPath(name.replace("\\", "/"))
     if parts.is_absolute() or ".." in parts.parts:
         raise DatasetError(f"{path}:{line}: file_name {name!r} leaves the image folder "
                            f"(use a path relative to {path.name})")
     target = folder.escape(parts.as_posix())
     if target is not None:
-        raise DatasetError(
-            f"{path}:{line}: file_name {name!r} is a link out of the image folder (to {target}); refused"
-        )
+        raise DatasetError(f"{path}:{line}: file_name {name!r} is a link out of the image folder (to {target}); "
+                           "refused")
     return parts.as_posix()
 
 
@@ -116,27 +141,15 @@ def metadata_file(folder: Path) -> Path | None:
 
 def split_layout(root: Path) -> dict[str, Path]:
     """Our split -> its folder, for the split folders that hold a metadata file."""
-    found = {}
-    for split, names in SPLIT_FOLDERS.items():
-        folder = next((root / n for n in names if metadata_file(root / n) is not None), None)
-        if folder is not None:
-            found[split] = folder
-    return found
+    folders = {split: next((root / n for n in names if metadata_file(root / n) is not None), None)
+               for split, names in SPLIT_FOLDERS.items()}
+    return {split: folder for split, folder in folders.items() if folder is not None}
 
 
-def load_imagefolder(
-    root: str | Path,
-    split: str,
-    caption_column: str = "text",
-    val_fraction: float = 0.05,
-    test_fraction: float = 0.05,
-    split_seed: int = 0,
-    check_images: bool = True,
-    strict: bool = False,
-    max_missing: float = 1.0,
-) -> list[ImageRecord]:
-    """The records of one split (train, val, test) of the image folder at `root`. Image ids
-    number every image of the folder, split by split (train, val, test), in metadata order."""
+def load_imagefolder(root: str | Path, split: str, caption_column: str = "text", val_fraction: float = 0.05,
+                     test_fraction: float = 0.05, split_seed: int = 0, check_images: bool = True,
+                     strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
+    """The records of one split; image ids number the folder's images split by split, in metadata order."""
     root = Path(root)
     check_split_name(split, str(root))
     if not root.is_dir():
@@ -149,10 +162,8 @@ def load_imagefolder(
         records = [ImageRecord(i, rows.source.parent / names[i], tuple(rows.captions[names[i]])) for i in chosen]
     else:
         if split not in pools:
-            raise DatasetError(
-                f"{root}: no {split} split (found: {', '.join(pools)}); add a {'/'.join(SPLIT_FOLDERS[split])} "
-                "folder with its metadata file"
-            )
+            raise DatasetError(f"{root}: no {split} split (found: {', '.join(pools)}); add a "
+                               f"{'/'.join(SPLIT_FOLDERS[split])} folder with its metadata file")
         earlier = list(SPLIT_FOLDERS)[: list(SPLIT_FOLDERS).index(split)]
         first_id = sum(len(pools[s].captions) for s in earlier if s in pools)  # ids run on across the splits
         rows = pools[split]
@@ -184,8 +195,7 @@ def _pools(root: Path, caption_column: str) -> dict[str, Rows]:
 
 def seeded_split_files(root: str | Path, caption_column: str, val_fraction: float, test_fraction: float,
                        split_seed: int) -> dict[str, list[str]] | None:
-    """The file names of each split when the folder has no split folders (the split training
-    records in its run folder), else None."""
+    """The file names of each split when the folder has no split folders (training records them), else None."""
     pools = _pools(Path(root), caption_column)
     if set(pools) != {"all"}:
         return None

@@ -1,7 +1,6 @@
-"""Settings that travel with a model are data: what a model's stored config may make this program
-read. Its dataset, columns and numbers are kept, but shard patterns (webdataset may run them as
-commands), URLs and commands, and (unless `keep_local_places`) paths or links out of the working
-folder are set aside to their defaults, with one log line; the user's own keys (`named`) are kept."""
+"""Settings that travel with a model are data (docs/export.md): a model's stored shard patterns (webdataset
+may run them as commands), URLs, commands and (unless `keep_local_places`) places out of the working
+folder are set aside to their defaults with one log line; its dataset, columns and numbers are kept."""
 
 from __future__ import annotations
 
@@ -45,16 +44,13 @@ class StoredSettings:
         return [key for key in self.set_aside if key.removeprefix("data.") in places]
 
     def load_split(self, split: str, check_images: bool = True) -> list[ImageRecord]:
-        """The split's records, when none of the places it reads was set aside; else one
-        DatasetError naming those keys and saying to give them."""
+        """The split's records, or one DatasetError naming the set-aside keys it would read."""
         missing = self.unreadable(split)
         if missing:
             said = "; ".join(f"{key} {shown(self.set_aside[key])} ({self.reasons[key]})" for key in missing)
             give = " ".join(f"{key}=..." for key in missing)
-            raise DatasetError(
-                f"{self.source}: the {split} split is not read where the model's settings say: {said}; "
-                f"a model's settings are data, never a place to read: name the data yourself ({give})"
-            )
+            raise DatasetError(f"{self.source}: the {split} split is not read where the model's settings say: {said}; "
+                               f"a model's settings are data, never a place to read: name the data yourself ({give})")
         from captioner.data.datasets import load_split
 
         return load_split(self.config.data, split, check_images)
@@ -94,8 +90,7 @@ def place_problem(key: str, value: str, keep_local_places: bool) -> str | None:
 
 def stored_settings(config: Config, source: str, keep_local_places: bool = False,
                     named: Collection[str] = ()) -> StoredSettings:
-    """`config` as a model stored it, with what it may not name set aside (the module's rules);
-    the dotted keys of `named` are the user's own and kept."""
+    """`config` as a model stored it, what it may not name set aside; the dotted keys of `named` are kept."""
     set_aside: dict[str, str] = {}
     reasons: dict[str, str] = {}
     for key in (*SHARD_KEYS, *PLACE_KEYS):
@@ -113,8 +108,6 @@ def stored_settings(config: Config, source: str, keep_local_places: bool = False
     for dotted in set_aside:
         key = dotted.removeprefix("data.")
         setattr(safe.data, key, getattr(defaults, key))
-    log.warning(
-        "%s: not used, as a model's settings are data and never a place to read: %s",
-        source, "; ".join(f"{key} {shown(value)} ({reasons[key]})" for key, value in set_aside.items()),
-    )
+    log.warning("%s: not used, as a model's settings are data and never a place to read: %s",
+                source, "; ".join(f"{key} {shown(value)} ({reasons[key]})" for key, value in set_aside.items()))
     return StoredSettings(safe, set_aside, reasons, source)

@@ -55,11 +55,9 @@ def drop_missing(records: list[ImageRecord], source: str, strict: bool = False,
         if strict:
             raise DatasetError(message + "; strict mode is on")
         if missing / len(records) > max_missing and present:
-            raise DatasetError(
-                f"{message}: {missing / len(records):.1%}, more than data.max_missing_fraction ({max_missing:g}) "
-                "allows; fetch them or point data.image_root at them, or set data.max_missing_fraction=1 "
-                f"to use the {len(present)} there"
-            )
+            raise DatasetError(f"{message}: {missing / len(records):.1%}, more than data.max_missing_fraction "
+                               f"({max_missing:g}) allows; fetch them or point data.image_root at them, or set "
+                               f"data.max_missing_fraction=1 to use the {len(present)} there")
         log.warning("%s; skipping them", message)
     return present
 

@@ -40,8 +40,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         return self.batch_size * self.world_size
 
     def __len__(self) -> int:
-        """Batches per epoch: full global batches only, or one batch of everything when the
-        dataset is smaller than a global batch."""
+        """Batches per epoch: full global batches only, or one batch of everything for a smaller dataset."""
         return max(1, self.size // self.global_batch)
 
     @property

@@ -66,15 +66,18 @@ def shard_counts(urls: Iterable[str], what: str, max_bytes: int = DEFAULT_LIMITS
     indexes: dict[str, dict[str, int] | None] = {}
     counts = []
     for url in urls:
-        name = shard_name(url, what)
-        index_url = sibling(url, name + ".tar", INDEX)
+        names = SHARD_NAME.findall(url)
+        if not names:
+            raise DatasetError(f"{what}: {url!r} is not a .tar shard")
+        shard_file = names[-1] + ".tar"
+        index_url = sibling(url, shard_file, INDEX)
         if index_url not in indexes:
             indexes[index_url] = read_index(index_url, max_bytes)
         listed = indexes[index_url]
-        if listed is not None and name + ".tar" in listed:
-            counts.append(listed[name + ".tar"])
+        if listed is not None and shard_file in listed:
+            counts.append(listed[shard_file])
             continue
-        stats_url = sibling(url, name + ".tar", name + "_stats.json")
+        stats_url = sibling(url, shard_file, names[-1] + "_stats.json")
         stats = read_small(stats_url, "the shard's sample count", max_bytes, missing_ok=True)
         if stats is None:
             where = f"{index_url} does not list it" if listed is not None else f"no {INDEX} at {index_url}"
@@ -87,16 +90,8 @@ def shard_counts(urls: Iterable[str], what: str, max_bytes: int = DEFAULT_LIMITS
     return counts
 
 
-def shard_name(url: str, what: str) -> str:
-    found = SHARD_NAME.findall(url)
-    if not found:
-        raise DatasetError(f"{what}: {url!r} is not a .tar shard")
-    return found[-1]
-
-
 def sibling(url: str, shard_file: str, name: str) -> str:
-    """`url` with its (last) shard file name replaced by `name`: the file beside the shard, read the
-    same way (path, URL, or the same pipe: command)."""
+    """`url` with its (last) shard file name replaced by `name`: the file beside the shard, read the same way."""
     at = url.rfind(shard_file)
     return url[:at] + name + url[at + len(shard_file):]
 
@@ -179,8 +174,7 @@ def read_at_most(stream: Any, max_bytes: int) -> bytes:
 
 def at_most(data: bytes, max_bytes: int, where: str, what: str) -> bytes:
     if len(data) > max_bytes:
-        raise DatasetError(f"{where}: {what} is larger than data.max_index_bytes ({size_text(max_bytes)}); "
-                           "refused")
+        raise DatasetError(f"{where}: {what} is larger than data.max_index_bytes ({size_text(max_bytes)}); refused")
     return data
 
 
@@ -266,8 +260,7 @@ def load_shard_records(shards: ShardSet, split: str, keep_images: bool = True) -
     images: list[bytes] = []
     stored = InMemoryImages(images) if keep_images else None  # one for the split: each record reads its row
     records: list[ImageRecord] = []
-    broken = 0
-    held = 0  # image bytes kept
+    broken, held = 0, 0  # held: the bytes kept in memory
     limits = shards.limits
     for sample in read_samples(shards.urls, limits):
         try:

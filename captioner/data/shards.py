@@ -35,19 +35,14 @@ class ShardSummary:
 
 
 def image_bytes(record: ImageRecord) -> tuple[bytes, str]:
-    """The image's bytes as stored and its file suffix, after the loader's checks (a supported
-    format, a sane size, read from the header); ImageLoadError naming the file otherwise."""
+    """The image's bytes as stored and its file suffix, after the loader's header checks (else ImageLoadError)."""
     source = image_data(record)
-    data = source if isinstance(source, bytes) else _read(source)
+    try:
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    except OSError as e:
+        raise ImageLoadError(f"{source}: cannot read it ({e.strerror or e})") from None
     image_format = open_checked(data, lambda image: image.format, name=str(record.path))
     return data, EXTENSIONS[image_format]
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise ImageLoadError(f"{path}: cannot read it ({e.strerror or e})") from None
 
 
 def sample(key: str, record: ImageRecord, data: bytes, suffix: str) -> dict[str, object]:
@@ -67,12 +62,9 @@ def write_tar(path: Path, samples: list[dict[str, object]]) -> None:
         writer.close()
 
 
-def write_shards(
-    records: list[ImageRecord], folder: str | Path, max_count: int = 1000, max_bytes: int = 1_000_000_000,
-    progress: bool = True, description: str = "shards",
-) -> ShardSummary:
-    """Write `records` as shards of at most `max_count` samples and about `max_bytes` bytes into
-    `folder`, then its `shards.json`; returns what was written and what was left out."""
+def write_shards(records: list[ImageRecord], folder: str | Path, max_count: int = 1000, max_bytes: int = 1_000_000_000,
+                 progress: bool = True, description: str = "shards") -> ShardSummary:
+    """`records` as shards of at most `max_count` samples and about `max_bytes` bytes, and `shards.json`."""
     folder = Path(folder)
     summary = ShardSummary(folder)
     pending: list[dict[str, object]] = []

@@ -21,19 +21,8 @@ from captioner.core.progress import progress_bar
 from captioner.data.batching import image_loader
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
-from captioner.data.store_format import (
-    DTYPE,
-    FORMAT,
-    VERSION,
-    StoreEncoder,
-    check_manifest,
-    check_storable,
-    identity,
-    npy_header_bytes,
-    read_manifest,
-    store_files,
-    write_manifest,
-)
+from captioner.data.store_format import (DTYPE, FORMAT, VERSION, StoreEncoder, check_manifest, check_storable, identity,
+                                          npy_header, read_manifest, store_files, write_manifest)
 from captioner.data.store_reader import FeatureStore, check_array
 
 log = logging.getLogger(__name__)
@@ -66,10 +55,8 @@ class Extraction:
 
 
 @torch.no_grad()
-def extract(
-    encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str, records: list[ImageRecord],
-    batch_size: int, num_workers: int = 0, progress: bool = True,
-) -> FeatureStore:
+def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str,
+            records: list[ImageRecord], batch_size: int, num_workers: int = 0, progress: bool = True) -> FeatureStore:
     """Encode every image of `records` once into the store of `split`, resuming a stopped run; images
     that fail to load are recorded in the manifest, their rows left as zeros."""
     check_storable(encoder)
@@ -83,16 +70,13 @@ def extract(
     encoder.eval()
     encode_batches(encoder, transform, records, job, header, batch_size, num_workers, progress)
     if len(job.manifest["failed"]) == len(records):
-        raise FeatureStoreError(f"{job.manifest_path}: none of the {len(records)} {split} images "
-                                "could be loaded")
+        raise FeatureStoreError(f"{job.manifest_path}: none of the {len(records)} {split} images could be loaded")
     return FeatureStore(directory, split, job.manifest)
 
 
-def plan_extraction(
-    encoder: StoreEncoder, transform: ImageTransform, directory: Path, split: str, records: list[ImageRecord],
-) -> Extraction:
-    """The manifest to extract under: the one on disk, checked against the encoder and the
-    records, when its array is there too; else a new one."""
+def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory: Path, split: str,
+                    records: list[ImageRecord]) -> Extraction:
+    """The manifest to extract under: the one on disk (checked) when its array is there too, else a new one."""
     array_path, manifest_path = store_files(directory, split)
     expected = identity(encoder, transform)
     grid, feat_dim = probe_grid(encoder, transform.image_size)
@@ -126,15 +110,12 @@ def check_disk_space(job: Extraction, directory: Path, frozen: bool) -> None:
     needed = max(0, total - allocated)
     free = shutil.disk_usage(directory).free
     verb = f"resuming at row {start} of {shape[0]}" if start else f"{shape[0]} images"
-    grid = job.manifest["grid"]
-    log.info("%s: %s -> %d x %dx%d x %d fp16 = %s in %s", job.split, verb, shape[0], *grid, shape[2], size_text(total),
-             job.array_path)
+    log.info("%s: %s -> %d x %dx%d x %d fp16 = %s in %s", job.split, verb, shape[0], *job.manifest["grid"], shape[2],
+             size_text(total), job.array_path)
     if needed > free:
         raise FeatureStoreError(
-            f"{directory}: the {job.split} store needs {size_text(needed)} more on disk, "
-            f"only {size_text(free)} is free"
-            + ("" if frozen else " (or train the fine-tuned encoder on the images: train.cache_features=false)")
-        )
+            f"{directory}: the {job.split} store needs {size_text(needed)} more on disk, only {size_text(free)} is free"
+            + ("" if frozen else " (or train the fine-tuned encoder on the images: train.cache_features=false)"))
 
 
 def allocate_array(job: Extraction) -> int:
@@ -142,22 +123,19 @@ def allocate_array(job: Extraction) -> int:
     array back to its full size; returns where the rows start in the file."""
     if job.fresh:  # (an array left without its manifest is overwritten: nothing says what it holds)
         try:
-            # a header and a sparse file, no data written
             np.lib.format.open_memmap(job.array_path, mode="w+", dtype=DTYPE, shape=job.shape)
         except OSError as e:
             raise write_failure(job.array_path, e) from None
         write_manifest(job.manifest_path, job.manifest)
-    header = npy_header_bytes(job.array_path)
+    header = npy_header(job.array_path)[2]
     # Cut at its last row done by a full disk: sparse again to its size.
     if job.array_path.stat().st_size < header + job.total_bytes:
         os.truncate(job.array_path, header + job.total_bytes)
     return header
 
 
-def encode_batches(
-    encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord], job: Extraction, header: int,
-    batch_size: int, num_workers: int, progress: bool,
-) -> None:
+def encode_batches(encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord], job: Extraction,
+                   header: int, batch_size: int, num_workers: int, progress: bool) -> None:
     """Encode, write and record the rows from `rows_done` on, batch by batch; the manifest is
     saved every `SAVE_PROGRESS_SECONDS` and at the end, whatever stopped the loop."""
     manifest, start = job.manifest, job.manifest["rows_done"]
@@ -196,10 +174,8 @@ def encode_batches(
             log.warning("%s", e)
 
 
-def encode_block(
-    encoder: StoreEncoder, batch: tuple[torch.Tensor, torch.Tensor] | None, count: int, offset: int,
-    row_shape: tuple[int, ...],
-) -> tuple[np.ndarray, set[int]]:
+def encode_block(encoder: StoreEncoder, batch: tuple[torch.Tensor, torch.Tensor] | None, count: int, offset: int,
+                 row_shape: tuple[int, ...]) -> tuple[np.ndarray, set[int]]:
     """The `count` fp16 rows of one batch (zeros where an image failed) and the positions that loaded;
     `batch`'s indices count from `offset` records before this batch's first (None: none loaded)."""
     block = np.zeros((count, *row_shape), dtype=DTYPE)  # (b, N, D); rows of failed images stay zero
@@ -241,8 +217,7 @@ def record_failures(manifest: dict[str, Any], records: list[ImageRecord], first:
 def probe_grid(encoder: StoreEncoder, image_size: int) -> tuple[tuple[int, int], int]:
     """The grid (h, w) and width of the cells the encoder's frozen part gives at `image_size`."""
     encoder.eval()
-    cells, grid = encoder.stored_part(
-        torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, n, C)
+    cells, grid = encoder.stored_part(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, n, C)
     return grid, cells.shape[-1]
 
 

@@ -1,7 +1,6 @@
 """The feature store's format: what an encoder's frozen blocks make, kept on disk in fp16. A split is
 `<split>.npy` (rows, N, D) and a `<split>.json` manifest naming the encoder, transform and images;
-checks refuse, in one line, a store made otherwise. It takes a `StoreEncoder`, not a model: the
-data layer does not import the models."""
+checks refuse, in one line, a store made otherwise."""
 
 from __future__ import annotations
 
@@ -88,8 +87,7 @@ def encoder_fingerprint(encoder: StoreEncoder) -> str:
 
 
 def input_pipeline(encoder: StoreEncoder, transform: ImageTransform) -> list[str]:
-    """Every step from the decoded picture to the encoder's input, as the objects that run them
-    state their settings: the transform's, then the encoder's normalisation."""
+    """Every step from the decoded picture to the encoder's input, as the objects that run them state them."""
     return [*transform.describe(), *encoder.normalize.describe()]
 
 
@@ -110,11 +108,9 @@ def identity(encoder: StoreEncoder, transform: ImageTransform) -> dict[str, Any]
 
 def check_storable(encoder: StoreEncoder) -> None:
     if not encoder.storable:
-        raise ConfigError(
-            "model.encoder: a feature store needs some frozen blocks (pretrained: true, fine_tune_blocks >= 0 "
-            f"and fewer than the backbone's blocks); every block of {encoder.config.name} here trains, "
-            "so nothing it makes is fixed"
-        )
+        raise ConfigError("model.encoder: a feature store needs some frozen blocks (pretrained: true, "
+                          f"fine_tune_blocks >= 0 and fewer than the backbone's blocks); every block of "
+                          f"{encoder.config.name} here trains, so nothing it makes is fixed")
 
 
 def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -127,11 +123,6 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
             return shape, dtype, f.tell()
     except (OSError, ValueError) as e:
         raise FeatureStoreError(f"{path}: not a readable feature array ({str(e)[:120]})") from None
-
-
-def npy_header_bytes(path: Path) -> int:
-    """Where the rows start in a .npy file (after its magic string and header)."""
-    return npy_header(path)[2]
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -181,11 +172,9 @@ def check_manifest(manifest_path: Path, manifest: dict[str, Any], expected: dict
         stored_set, wanted_set = set(stored), set(wanted)
         missing = [i for i in stored if i not in wanted_set]
         extra = [i for i in wanted if i not in stored_set]
-        detail = (
-            f"{len(missing)} of its images are no longer in the split (e.g. image {missing[0]}, "
-            f"{manifest['paths'][stored.index(missing[0])]})" if missing
-            else f"the split has {len(extra)} images it lacks (e.g. image {extra[0]})" if extra
-            else "the images are in another order"
-        )
+        detail = (f"{len(missing)} of its images are no longer in the split (e.g. image {missing[0]}, "
+                  f"{manifest['paths'][stored.index(missing[0])]})" if missing
+                  else f"the split has {len(extra)} images it lacks (e.g. image {extra[0]})" if extra
+                  else "the images are in another order")
         raise FeatureStoreError(f"{manifest_path}: image_ids differ from the {manifest['split']} split: "
                                 f"{detail}; {hint}")

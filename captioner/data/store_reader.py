@@ -14,22 +14,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from captioner.core.errors import FeatureStoreError
 from captioner.core.process_settings import loader_workers
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
-from captioner.data.store_format import (
-    DTYPE,
-    StoreEncoder,
-    check_manifest,
-    identity,
-    npy_header,
-    npy_header_bytes,
-    read_manifest,
-    store_files,
-)
+from captioner.data.store_format import (DTYPE, StoreEncoder, check_manifest, identity, npy_header, read_manifest,
+                                          store_files)
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +38,7 @@ class FeatureStore:
         self.feat_dim: int = manifest["feat_dim"]
         self.num_rows = len(manifest["image_ids"])
         self.row_bytes = self.num_cells * self.feat_dim * np.dtype(DTYPE).itemsize
-        self.header_bytes = npy_header_bytes(self.array_path)
+        self.header_bytes = npy_header(self.array_path)[2]
 
     @property
     def complete(self) -> bool:
@@ -67,15 +59,12 @@ class FeatureStore:
         return StoreRows(self.array_path, self.header_bytes, (self.num_cells, self.feat_dim), rows)
 
     def load(self, rows: list[int], device: torch.device) -> torch.Tensor:
-        """The rows as one fp16 tensor (len(rows), N, D) on `device`, read in chunks so the host
-        never holds more than a chunk beside it."""
-        out = torch.empty(len(rows), self.num_cells, self.feat_dim, dtype=torch.float16,
-                          device=device)  # (R, N, D)
+        """The rows as one fp16 tensor (len(rows), N, D) on `device`, through the host a chunk at a time."""
+        out = torch.empty(len(rows), self.num_cells, self.feat_dim, dtype=torch.float16, device=device)  # (R, N, D)
         reader = self.rows(rows)
         chunk = max(1, (64 << 20) // self.row_bytes)  # 64 MB at a time
         for start in range(0, len(rows), chunk):
-            stop = min(start + chunk, len(rows))
-            out[start:stop] = torch.stack([reader[i] for i in range(start, stop)]).to(device)  # (chunk, N, D)
+            out[start : start + chunk] = reader[start : start + chunk].to(device)  # (chunk, N, D)
         return out
 
     def nbytes(self) -> int:
@@ -89,12 +78,9 @@ def check_array(store: FeatureStore) -> None:
     hint = f"run `captioner features CONFIG` again after deleting {array_path} and {store.manifest_path.name}"
     shape, dtype, _ = npy_header(array_path)
     if list(shape) != list(manifest["shape"]) or dtype != np.dtype(DTYPE):
-        raise FeatureStoreError(
-            f"{array_path}: holds {dtype} {tuple(shape)}, but {store.manifest_path.name} records "
-            f"{manifest['dtype']} {tuple(manifest['shape'])}; {hint}"
-        )
-    expected_bytes = store.header_bytes + store.num_rows * store.row_bytes
-    found_bytes = array_path.stat().st_size
+        raise FeatureStoreError(f"{array_path}: holds {dtype} {tuple(shape)}, but {store.manifest_path.name} records "
+                                f"{manifest['dtype']} {tuple(manifest['shape'])}; {hint}")
+    expected_bytes, found_bytes = store.nbytes(), array_path.stat().st_size
     if found_bytes < expected_bytes:
         raise FeatureStoreError(f"{array_path}: {found_bytes} bytes, {expected_bytes} expected (truncated); {hint}")
     chunks = manifest.get("checksums")
@@ -111,10 +97,8 @@ def check_array(store: FeatureStore) -> None:
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # sha256 releases the GIL
             for (first, count, recorded), found in zip(chunks, pool.map(digest, chunks)):
                 if found != recorded:
-                    raise FeatureStoreError(
-                        f"{array_path}: rows {first}-{first + count - 1} differ from the sha256 recorded "
-                        f"when they were written (the file is damaged or altered); {hint}"
-                    )
+                    raise FeatureStoreError(f"{array_path}: rows {first}-{first + count - 1} differ from the sha256 "
+                                            f"recorded when they were written (the file is damaged or altered); {hint}")
     finally:
         os.close(fd)
 
@@ -132,9 +116,8 @@ def range_sha256(fd: int, offset: int, length: int) -> str:
     return digest.hexdigest()
 
 
-def open_store(
-    directory: str | Path, split: str, encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord],
-) -> FeatureStore:
+def open_store(directory: str | Path, split: str, encoder: StoreEncoder, transform: ImageTransform,
+               records: list[ImageRecord]) -> FeatureStore:
     """The complete store of `split`, checked against the encoder, its transform and `records`."""
     array_path, manifest_path = store_files(directory, split)
     if not manifest_path.is_file() or not array_path.is_file():
@@ -144,15 +127,10 @@ def open_store(
     check_manifest(manifest_path, manifest, identity(encoder, transform), records)
     store = FeatureStore(directory, split, manifest)
     if not store.complete:
-        raise FeatureStoreError(
-            f"{manifest_path}: extraction stopped at row {manifest['rows_done']} of {store.num_rows}; "
-            "run `captioner features CONFIG` again to finish it"
-        )
+        raise FeatureStoreError(f"{manifest_path}: extraction stopped at row {manifest['rows_done']} of "
+                                f"{store.num_rows}; run `captioner features CONFIG` again to finish it")
     check_array(store)
     return store
-
-
-# --- reading rows ---------------------------------------------------------------------------------
 
 
 class StoreRows:
@@ -201,25 +179,13 @@ class StoreRows:
             os.close(self._fd)
 
 
-class _RowDataset(Dataset):
-    def __init__(self, features: StoreRows) -> None:
-        self.features = features
-
-    def __len__(self) -> int:
-        return len(self.features)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.features[i]
-
-
 def feature_batches(features: torch.Tensor | StoreRows, batch_size: int,
                     num_workers: int = 0) -> Iterator[torch.Tensor]:
-    """Consecutive batches (B, N, D) of stored rows: read by DataLoader workers from disk, or
-    sliced from a tensor already in memory or on the device."""
+    """Consecutive batches (B, N, D) of stored rows: read from disk by DataLoader workers, or sliced from a tensor."""
     if isinstance(features, torch.Tensor):
         for start in range(0, len(features), batch_size):
             yield features[start : start + batch_size]  # (B, N, D)
         return
     # Its own generator: the workers' seed must not come from the global RNG dropout uses.
-    yield from DataLoader(_RowDataset(features), batch_size=batch_size, num_workers=loader_workers(num_workers),
+    yield from DataLoader(features, batch_size=batch_size, num_workers=loader_workers(num_workers),
                           generator=torch.Generator())

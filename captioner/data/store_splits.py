@@ -40,20 +40,16 @@ class SplitFeatures:
     grid: tuple[int, int]
 
 
-def split_features(
-    model: EncodesImages, config: Config, split: str, records: list[ImageRecord],
-    use: list[ImageRecord] | None = None, build: bool = True,
-) -> SplitFeatures:
+def split_features(model: EncodesImages, config: Config, split: str, records: list[ImageRecord],
+                   use: list[ImageRecord] | None = None, build: bool = True) -> SplitFeatures:
     """The stored features of `use` (default: all `records`) from `model.encoder`'s store, built when
     absent (`build`), refused when stale; with `data.features_on_device` loaded onto the device if they fit."""
-    directory = store_dir(config)
-    data = config.data
-    encoder, transform = model.encoder, model.transform
+    data, encoder, transform = config.data, model.encoder, model.transform
     device = encoder.device
     if build:
-        store = ensure_store(encoder, transform, directory, split, records, data.batch_size, data.num_workers)
+        store = ensure_store(encoder, transform, store_dir(config), split, records, data.batch_size, data.num_workers)
     else:
-        store = open_store(directory, split, encoder, transform, records)
+        store = open_store(store_dir(config), split, encoder, transform, records)
     kept, rows = store.rows_of(records if use is None else use)
     # Fine-tuned top blocks pool the trunk's cells: their own grid.
     grid = store.grid if encoder.frozen else output_grid(encoder, transform.image_size)
@@ -66,11 +62,8 @@ def split_features(
         if need < 0.9 * free:
             log.info("%s: %s of features loaded onto %s", split, size_text(need), device)
             return SplitFeatures(kept, store.load(rows, device), grid)
-        log.warning(
-            "%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; "
-            "reading from disk",
-            split, size_text(need), size_text(free), device,
-        )
+        log.warning("%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; "
+                    "reading from disk", split, size_text(need), size_text(free), device)
     return SplitFeatures(kept, store.rows(rows), grid)
 
 

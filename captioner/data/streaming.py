@@ -1,9 +1,6 @@
-"""WebDataset shards streamed to training: each rank and DataLoader worker reads its own shards. The
-plan, a pure function of (seed, epoch, world, workers): permuted shards, rank r taking every world-th
-from r and its worker w every workers-th of those; worker (r, w) yields floor((n - reserve) / batch)
-batches of its n samples, reserve = ceil(data.max_broken_fraction x n) for broken ones; every rank
-takes the fewest steps any rank has (DDP), its largest workers giving up batches. A resumed worker
-replays its stream undecoded to its position (batches, drawn, broken): the epoch goes on the same."""
+"""WebDataset shards streamed to training: each rank and DataLoader worker reads its own shards, as a
+plan made from (seed, epoch, world, workers) deals them, and a resumed worker replays its stream
+undecoded to its position; docs/training.md says what an epoch is."""
 
 from __future__ import annotations
 
@@ -44,7 +41,9 @@ class EpochPlan:
 
 def plan_epoch(counts: tuple[int, ...], seed: int, epoch: int, world: int, workers: int, batch_size: int,
                max_broken: float) -> EpochPlan:
-    """The epoch's plan (the module's docstring): every rank takes the same number of steps."""
+    """The epoch's plan: permuted shards, rank r taking every world-th from r and its worker w every
+    workers-th of those; each worker keeps a reserve of ceil(max_broken x n) of its n samples for broken
+    ones, and the largest workers give up batches until every rank takes the same number of steps."""
     order = random.Random(epoch_seed(seed, epoch)).sample(range(len(counts)), len(counts))
     shards = tuple(tuple(tuple(order[r::world][w::workers]) for w in range(workers)) for r in range(world))
     sizes = [[sum(counts[i] for i in mine) for mine in rank] for rank in shards]
@@ -164,11 +163,10 @@ class StreamingCaptions(IterableDataset):
                     position.broken += 1
                     log.warning("skipping a broken sample: %s: %s", sample_name(sample), e)
                     if position.broken > allowed:
-                        yield StreamFailure(
-                            f"{sample_name(sample)}: {position.broken} broken samples in {position.drawn} read by "
-                            f"rank {s.rank}'s worker {worker}, more than data.max_broken_fraction ({s.max_broken:g}) "
-                            "allows; fix the shards or raise the limit"
-                        )
+                        yield StreamFailure(f"{sample_name(sample)}: {position.broken} broken samples in "
+                                            f"{position.drawn} read by rank {s.rank}'s worker {worker}, more than "
+                                            f"data.max_broken_fraction ({s.max_broken:g}) allows; fix the shards or "
+                                            "raise the limit")
                         return
                     continue
                 if len(items) == s.batch_size:
@@ -180,10 +178,9 @@ class StreamingCaptions(IterableDataset):
         except (DatasetError, StopIteration) as e:
             yield StreamFailure(str(e) or f"{self.shards.pattern}: the shards ended before their counted samples")
             return
-        yield StreamFailure(
-            f"{', '.join(urls[:3])}{' ...' if len(urls) > 3 else ''}: rank {s.rank}'s worker {worker} "
-            f"read {position.drawn} samples, fewer than the index counts; the shards or their shards.json changed"
-        )
+        yield StreamFailure(f"{', '.join(urls[:3])}{' ...' if len(urls) > 3 else ''}: rank {s.rank}'s worker {worker} "
+                            f"read {position.drawn} samples, fewer than the index counts; the shards or their "
+                            "shards.json changed")
 
     def item(self, sample: dict, draw: int, index: int) -> tuple[torch.Tensor, list[list[int]], int]:
         """(image (3, S, S) uint8, token lists, `index`: the sample's place in its worker's
@@ -194,13 +191,12 @@ class StreamingCaptions(IterableDataset):
         tokens = [self.vocab.encode(c, self.settings.max_length) for c in captions]
         if self.settings.pairs != "all":
             tokens = [tokens[draw % len(tokens)]]
+        augmented = self.transform.train and self.transform.augment
         try:
             picture = load_image(data, name=sample_name(sample))
-            if self.transform.train and self.transform.augment:
-                with torch.random.fork_rng(devices=[]):  # seeded augmentation: the same after a resume
+            with torch.random.fork_rng(devices=[], enabled=augmented):  # seeded augmentation: the same after a resume
+                if augmented:
                     torch.manual_seed(draw)
-                    image = self.transform(picture)  # (3, S, S) uint8
-            else:
                 image = self.transform(picture)  # (3, S, S) uint8
         except ImageLoadError as e:
             raise BrokenSample(str(e)) from None
@@ -240,11 +236,10 @@ class ShardStream:
         self.dataset.start = [WorkerPosition(**vars(p)) for p in self.taken]
         if len(self) == 0:
             s = self.dataset.settings
-            raise DatasetError(
-                f"{self.dataset.shards.pattern}: {self.dataset.shards.samples} samples in "
-                f"{len(self.dataset.shards.urls)} shards give no full batch of {s.batch_size} to each of {s.world} "
-                f"rank(s) x {max(1, s.workers)} worker(s); use fewer workers or a smaller batch"
-            )
+            raise DatasetError(f"{self.dataset.shards.pattern}: {self.dataset.shards.samples} samples in "
+                               f"{len(self.dataset.shards.urls)} shards give no full batch of {s.batch_size} to each "
+                               f"of {s.world} rank(s) x {max(1, s.workers)} worker(s); use fewer workers or a "
+                               "smaller batch")
 
     def positions(self) -> list[list[int]]:
         """Each worker's position after the batches trained so far (plain data, for last.pt)."""
