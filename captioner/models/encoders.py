@@ -1,7 +1,5 @@
-"""CNN encoders: an image batch -> a grid of feature vectors h_ij.
-
-The last feature map of any registered backbone, built by `build_encoder`.
-"""
+"""CNN encoders: an image batch -> a grid of feature vectors h_ij, the last feature map of any
+registered backbone, built by `build_encoder`."""
 
 from __future__ import annotations
 
@@ -13,9 +11,7 @@ from torch import nn
 
 from captioner.core.config_sections import EncoderConfig
 from captioner.data.image_transform import PixelNormalization, PixelStatistics
-from captioner.models.backbones import BACKBONES, check_encoder_config, pixel_statistics
-
-__all__ = ["BACKBONES", "Encoder", "build_encoder"]
+from captioner.models.backbones import check_encoder_config, pixel_statistics
 
 
 class Encoder(nn.Module):
@@ -24,11 +20,7 @@ class Encoder(nn.Module):
     what the frozen `trunk` makes, and `from_stored` runs only the `top` on it."""
 
     def __init__(
-        self,
-        blocks: list[nn.Module],
-        out_dim: int,
-        config: EncoderConfig,
-        fine_tune_blocks: int,
+        self, blocks: list[nn.Module], out_dim: int, config: EncoderConfig, fine_tune_blocks: int,
         statistics: PixelStatistics,
     ) -> None:
         super().__init__()

@@ -82,27 +82,19 @@ class EnsembleDecoder(Decoder):
             state |= prefixed(i, decoder.init_state(member_part(memory, i), capacity))
         return state
 
-    def step(
-        self, memory: Memory, prev_tokens: torch.Tensor, state: State
-    ) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         logprobs, maps, new_state = [], [], {}
         for i, decoder in enumerate(self.members):
-            member_logprobs, attn, member_state = decoder.step(
-                member_part(memory, i), prev_tokens, member_part(state, i)
-            )
+            member_logprobs, attn, own_state = decoder.step(member_part(memory, i), prev_tokens, member_part(state, i))
             logprobs.append(member_logprobs.float())  # (R, V)
             maps.append(attn.float().mean(dim=(1, 2)))  # (R, N_i): the mean over layers and heads
-            new_state |= prefixed(i, member_state)
+            new_state |= prefixed(i, own_state)
         combined = self.combined(torch.stack(logprobs))  # (R, V)
         return combined, self.combined_map(maps)[:, None, None], new_state  # (R, V), (R, 1, 1, N)
 
     def forward(
-        self,
-        feats: torch.Tensor,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor | None = None,
-        image_rows: torch.Tensor | None = None,
-        packed: bool = False,
+        self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing through every member: combined log-probabilities (C, T, V), attn
         (C, T, 1, 1, N). Never packed: the members may pack in different orders."""
@@ -138,9 +130,7 @@ class EnsembleTransform:
         """Packed images (B, P) -> each member's (B, 3, S_i, S_i)."""
         sides = [transform.image_size for transform in self.transforms]
         parts = images.split([3 * side * side for side in sides], dim=1)  # (B, 3*S_i*S_i) each
-        return [
-            part.reshape(part.shape[0], 3, side, side) for part, side in zip(parts, sides)
-        ]  # (B, 3, S_i, S_i)
+        return [part.reshape(part.shape[0], 3, side, side) for part, side in zip(parts, sides)]  # (B, 3, S_i, S_i)
 
 
 class Ensemble(nn.Module):
@@ -157,9 +147,7 @@ class Ensemble(nn.Module):
     _caption_batch = Captioner._caption_batch
     caption = Captioner.caption
 
-    def __init__(
-        self, members: Sequence[Captioner], combine: str = "prob", names: Sequence[str] | None = None
-    ) -> None:
+    def __init__(self, members: Sequence[Captioner], combine: str = "prob", names: Sequence[str] | None = None) -> None:
         super().__init__()
         if not members:
             raise ConfigError("ensemble: no members")

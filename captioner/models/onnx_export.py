@@ -62,9 +62,7 @@ class EncoderGraph(nn.Module):
 class DecoderInitGraph(nn.Module):
     """feats (B, N, D) -> the memory tensors, then the state tensors, in the given key orders."""
 
-    def __init__(
-        self, decoder: Decoder, memory_keys: list[str], state_keys: list[str], capacity: int | None
-    ) -> None:
+    def __init__(self, decoder: Decoder, memory_keys: list[str], state_keys: list[str], capacity: int | None) -> None:
         super().__init__()
         self.decoder, self.memory_keys, self.state_keys, self.capacity = decoder, memory_keys, state_keys, capacity
 
@@ -111,7 +109,9 @@ def export_onnx(
     """Write `folder`/onnx/{encoder,decoder_init,decoder_step}.onnx and onnx.json; returns their paths.
     `capacity` bounds a growing state's steps (default: decode.max_length). ExportError when
     onnxruntime does not reproduce torch within PARITY_TOLERANCE."""
-    model = _cpu_float_copy(model)
+    if model.device.type != "cpu" or model.dtype != torch.float32 or model.training:
+        model = copy.deepcopy(model).cpu().float()  # a copy: the caller's model stays as it was
+    model.eval()
     opset = DEFAULT_OPSET if opset is None else opset
     capacity = model.decode_config.max_length if capacity is None else capacity
     if capacity < 1:
@@ -125,11 +125,8 @@ def export_onnx(
         raise ExportError(f"{out}: cannot write the export here ({e.strerror})") from None
 
     specs, summary = _graph_specs(model, capacity)
-    paths, exporters = [], {}
-    for spec in specs:
-        path = out / GRAPH_FILES[spec.key]
-        exporters[spec.key] = _export_graph(spec, path, opset)
-        paths.append(path)
+    paths = [out / GRAPH_FILES[spec.key] for spec in specs]
+    exporters = {spec.key: _export_graph(spec, path, opset) for spec, path in zip(specs, paths)}
     check_parity(specs, paths)
     # The manifest last, atomically: a folder whose graphs failed the check has none.
     manifest = _manifest(model, specs, paths, opset, {**summary, "exporters": exporters})
@@ -137,21 +134,12 @@ def export_onnx(
     return [*paths, manifest_path]
 
 
-def _cpu_float_copy(model: Captioner) -> Captioner:
-    """The model in eval mode on the CPU in float32; a copy if it is not, leaving the caller's as it was."""
-    if model.device.type != "cpu" or model.dtype != torch.float32 or model.training:
-        model = copy.deepcopy(model).cpu().float()
-    return model.eval()
-
-
 @torch.no_grad()
 def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict]:
     """The three graphs with example inputs (2 random images), and the shapes onnx.json records."""
     decoder = model.decoder
     S = model.image_size
-    images = torch.randint(
-        0, 256, (2, 3, S, S), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
-    )  # (2, 3, S, S)
+    images = torch.randint(0, 256, (2, 3, S, S), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     feats, grid = model.encode(images)  # (2, N, D)
     memory = decoder.prepare(feats)
     state = decoder.init_state(memory, capacity=capacity)
@@ -228,7 +216,7 @@ def strip_trace_records(path: Path) -> bool:
 
     model = onnx.load(str(path))
     dropped = False
-    graphs = [model.graph, *(function for function in model.functions)]
+    graphs = [model.graph, *model.functions]
     while graphs:  # a graph's nodes, and the subgraphs their attributes hold
         graph = graphs.pop()
         for proto in (graph, *graph.node, *graph.input, *graph.output, *graph.value_info, *graph.initializer):
@@ -255,9 +243,7 @@ def _dynamic_batch(spec: GraphSpec) -> dict[str, Any]:
     return {p.name: {0: batch} for p in params[: len(spec.example)]}
 
 
-def _manifest(
-    model: Captioner, specs: list[GraphSpec], paths: list[Path], opset: int, summary: dict
-) -> dict:
+def _manifest(model: Captioner, specs: list[GraphSpec], paths: list[Path], opset: int, summary: dict) -> dict:
     """onnx.json: everything the runtime needs besides the graphs, and checksums of the graphs."""
     return {
         "format": ONNX_FORMAT,  # its version: bump it whenever the graphs' inputs, outputs or onnx.json change

@@ -10,7 +10,6 @@ import hashlib
 from importlib import metadata
 from pathlib import Path
 
-from captioner.core.checksums import REEXPORT
 from captioner.core.errors import ExportError
 from captioner.models.export_format import CONFIG, Exported, read_config, read_exported
 
@@ -32,11 +31,6 @@ def packaged_models() -> list[Path]:
 def is_packaged(path: str | Path) -> bool:
     """Whether `path` is a packaged model's folder."""
     return Path(path).resolve().parent == PACKAGED_FOLDER.resolve()
-
-
-def remedy_for(folder: str | Path) -> str:
-    """How to repair a damaged model folder: reinstall a packaged one, re-export any other."""
-    return REINSTALL if is_packaged(folder) else REEXPORT
 
 
 def installed_model() -> Path | None:
