@@ -1,14 +1,6 @@
-"""An exported model folder in the Hugging Face Hub layout: what it holds, written and read with
-safetensors and JSON only (nothing is unpickled, so loading one can never run code).
-
-    model.safetensors   the state dict (tensors only)
-    config.json         the model's spec, the portable training config, every other file's sha256
-    vocab.json          the words by id
-    README.md           the model card
-
-config.json's `encoder_weights` may stand for a backbone package's frozen ImageNet weights, and
-`weights_dtype` says float16 tensors, loaded back into float32.
-"""
+"""An exported model folder in the Hugging Face Hub layout (model.safetensors, config.json with the
+spec and every other file's sha256, vocab.json, README.md: docs/export.md), written and read with
+safetensors and JSON only: nothing is unpickled, so loading one can never run code."""
 
 from __future__ import annotations
 

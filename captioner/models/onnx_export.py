@@ -1,15 +1,7 @@
-"""ONNX export: a Captioner -> three graphs and an `onnx.json` that `captioner.deploy` runs
-with onnxruntime, numpy and Pillow alone.
-
-    encoder.onnx        images uint8 (B, 3, S, S) -> feats (B, N, D)      normalisation inside
-    decoder_init.onnx   feats (B, N, D) -> memory.*, state.*             `prepare` + `init_state`
-    decoder_step.onnx   memory.*, prev_tokens (B,), state.*
-                            -> logprobs (B, V), attn (B, L, H, N), next_state.*
-
-The graphs mirror the decoder interface, memory and state batch-first with a dynamic batch; a
-preallocated cache bakes `capacity` steps into the step graph. The export fails unless
-onnxruntime reproduces torch on a random batch.
-"""
+"""ONNX export: a Captioner -> encoder.onnx, decoder_init.onnx (`prepare` + `init_state`) and
+decoder_step.onnx (`step`), batch-first with a dynamic batch (docs/deploy.md), and an `onnx.json`
+that `captioner.deploy` runs with onnxruntime, numpy and Pillow alone. A preallocated cache bakes
+`capacity` steps into the step graph; the export fails unless onnxruntime reproduces torch."""
 
 from __future__ import annotations
 
@@ -39,9 +31,7 @@ DEFAULT_OPSET = 17
 DYNAMO_MIN_OPSET = 18  # the dynamo exporter writes opset 18 and later
 SUBFOLDER = "onnx"
 MANIFEST = "onnx.json"
-GRAPH_FILES = {
-    "encoder": "encoder.onnx", "decoder_init": "decoder_init.onnx", "decoder_step": "decoder_step.onnx"
-}
+GRAPH_FILES = {key: f"{key}.onnx" for key in ("encoder", "decoder_init", "decoder_step")}
 PARITY_TOLERANCE = 1e-4  # max |onnxruntime - torch| allowed, relative to the tensor's scale (at least 1)
 # What the exporters record about the tracing in a graph's metadata: source lines, module paths.
 TRACE_KEYS = ("pkg.torch.onnx.", "namespace")

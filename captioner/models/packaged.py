@@ -40,11 +40,13 @@ def installed_model() -> Path | None:
         return None
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
-        raise ExportError(
-            f"{PACKAGED_FOLDER}: holds {len(found)} packaged models ({names}), "
-            f"and the package ships one default model; {REINSTALL}"
-        )
-    check_config(found[0])
+        raise ExportError(f"{PACKAGED_FOLDER}: holds {len(found)} packaged models ({names}), "
+                          f"and the package ships one default model; {REINSTALL}")
+    verify_installed_file(found[0] / CONFIG)  # config.json: there, as the installer wrote it, and readable
+    try:
+        read_config(found[0])
+    except ExportError as e:
+        raise ExportError(f"{e}; {REINSTALL}") from None
     return found[0]
 
 
@@ -53,15 +55,6 @@ def packaged_model(name: str) -> Path | None:
     if not name or "/" in name or "\\" in name or name.startswith("."):
         return None
     return next((p for p in packaged_models() if p.name == name), None)
-
-
-def check_config(folder: Path) -> None:
-    """A packaged model's config.json: there, as the installer wrote it, and readable."""
-    verify_installed_file(folder / CONFIG)
-    try:
-        read_config(folder)
-    except ExportError as e:
-        raise ExportError(f"{e}; {REINSTALL}") from None
 
 
 def read_packaged(folder: Path) -> Exported:
@@ -80,11 +73,10 @@ def verify_installed_file(path: Path) -> None:
     if not path.is_file():
         raise ExportError(f"{path}: missing; {REINSTALL}")
     data = path.read_bytes()
-    if (size is not None and len(data) != size) or record_digest(data) != digest:
-        raise ExportError(
-            f"{path}: not the file captioner was installed with (its sha256 differs from the installer's record); "
-            f"{REINSTALL}"
-        )
+    found = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")  # as RECORD has it
+    if (size is not None and len(data) != size) or found != digest:
+        raise ExportError(f"{path}: not the file captioner was installed with (its sha256 differs from the "
+                          f"installer's record); {REINSTALL}")
 
 
 def installer_record(path: Path) -> tuple[str, int | None] | None:
@@ -100,8 +92,3 @@ def installer_record(path: Path) -> tuple[str, int | None] | None:
         if Path(distribution.locate_file(file)).resolve() == target:
             return file.hash.value, file.size
     return None
-
-
-def record_digest(data: bytes) -> str:
-    """A sha256 as RECORD writes it (PEP 376): urlsafe base64, unpadded."""
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
