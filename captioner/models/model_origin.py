@@ -1,7 +1,6 @@
 """What a loaded model is, for whoever reads its captions: its name, training data and test scores,
 logged once per process. A shapes-world model handed a photograph says so once and names the model
-to use instead: a fluent caption of the wrong world would otherwise pass for an answer.
-"""
+to use instead: a fluent caption of the wrong world would otherwise pass for an answer."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The model installed with the package, like spaCy's `en_core_web_sm`: an exported folder at
 `captioner/pretrained/<name>/` that loads offline. Its files are checked as any export's, config.json
-against pip's RECORD; a damaged file is one line saying how to reinstall.
-"""
+against pip's RECORD; a damaged file is one line saying how to reinstall."""
 
 from __future__ import annotations
 
