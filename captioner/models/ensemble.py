@@ -154,7 +154,8 @@ class Ensemble(nn.Module):
         self.vocab = members[0].vocab
         self.decode_config = members[0].decode_config
         self.transform = EnsembleTransform([member.transform for member in members])
-        shapes, grids = zip(*(feature_shape(member) for member in members))
+        grids = [member.grid_size() for member in members]
+        shapes = [(h * w, member.encoder.out_dim) for (h, w), member in zip(grids, members)]  # (N_i, D_i)
         self.grid: tuple[int, int] = grids[0]
         self.decoder = EnsembleDecoder(
             [member.decoder for member in members], shapes, combine, mean_attention=len(set(grids)) == 1
@@ -219,9 +220,3 @@ def check_same_vocabulary(members: Sequence[Captioner], names: Sequence[str]) ->
         raise CheckpointError(
             f"ensemble: {names[0]} and {name} have different vocabularies ({how}); members must share one"
         )
-
-
-def feature_shape(member: Captioner) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(N, D) of a member's features and its grid (h, w), N = h * w (`Captioner.grid_size`)."""
-    grid = member.grid_size()
-    return (grid[0] * grid[1], member.encoder.out_dim), grid
