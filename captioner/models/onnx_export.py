@@ -118,15 +118,28 @@ def export_onnx(
     paths = [out / GRAPH_FILES[spec.key] for spec in specs]
     exporters = {spec.key: _export_graph(spec, path, opset) for spec, path in zip(specs, paths)}
     check_parity(specs, paths)
-    # The manifest last, atomically: a folder whose graphs failed the check has none.
-    manifest = _manifest(model, specs, paths, opset, {**summary, "exporters": exporters})
+    # The manifest last, atomically: a folder whose graphs failed the check has none. Bump ONNX_FORMAT_VERSION
+    # whenever the graphs' inputs, outputs or onnx.json change.
+    manifest = {
+        "format": ONNX_FORMAT,
+        "format_version": ONNX_FORMAT_VERSION,
+        "captioner_version": captioner.__version__,
+        "torch_version": torch.__version__,
+        "opset": opset,
+        "files": {
+            spec.key: {"path": path.name, "sha256": sha256_of(path), **exporters[spec.key]}
+            for spec, path in zip(specs, paths)
+        },
+        "graphs": {spec.key: {"inputs": spec.inputs, "outputs": spec.outputs} for spec in specs},
+        **summary,  # memory, state, capacity, attention, spec
+    }
     write_atomically(manifest_path, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1)))
     return [*paths, manifest_path]
 
 
 @torch.no_grad()
 def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict]:
-    """The three graphs with example inputs (2 random images), and the shapes onnx.json records."""
+    """The three graphs with example inputs (2 random images), and what onnx.json records of them."""
     decoder = model.decoder
     S = model.image_size
     images = torch.randint(0, 256, (2, 3, S, S), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
@@ -155,12 +168,11 @@ def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict
         ),
     ]
     summary = {
-        "grid": list(grid),
-        "layers": int(attn.shape[1]),
-        "heads": int(attn.shape[2]),
         "memory": memory_keys,
         "state": state_keys,
-        "capacity": capacity if grows else None,
+        "capacity": capacity if grows else None,  # steps the step graph's state holds; null: no limit
+        "attention": {"layers": int(attn.shape[1]), "heads": int(attn.shape[2])},  # the step graph's attn (B, L, H, N)
+        "spec": model.spec(tuple(grid)).to_dict(),  # vocabulary, special ids, input size, grid, decoding
     }
     return specs, summary
 
@@ -231,27 +243,6 @@ def _dynamic_batch(spec: GraphSpec) -> dict[str, Any]:
     if params[0].kind is inspect.Parameter.VAR_POSITIONAL:
         return {params[0].name: tuple({0: batch} for _ in spec.example)}
     return {p.name: {0: batch} for p in params[: len(spec.example)]}
-
-
-def _manifest(model: Captioner, specs: list[GraphSpec], paths: list[Path], opset: int, summary: dict) -> dict:
-    """onnx.json: everything the runtime needs besides the graphs, and checksums of the graphs."""
-    return {
-        "format": ONNX_FORMAT,  # its version: bump it whenever the graphs' inputs, outputs or onnx.json change
-        "format_version": ONNX_FORMAT_VERSION,
-        "captioner_version": captioner.__version__,
-        "torch_version": torch.__version__,
-        "opset": opset,
-        "files": {
-            spec.key: {"path": path.name, "sha256": sha256_of(path), **summary["exporters"][spec.key]}
-            for spec, path in zip(specs, paths)
-        },
-        "graphs": {spec.key: {"inputs": spec.inputs, "outputs": spec.outputs} for spec in specs},
-        "memory": summary["memory"],
-        "state": summary["state"],
-        "capacity": summary["capacity"],  # steps the step graph's state holds; null: no limit
-        "attention": {"layers": summary["layers"], "heads": summary["heads"]},  # the step graph's attn (B, L, H, N)
-        "spec": model.spec(tuple(summary["grid"])).to_dict(),  # vocabulary, special ids, input size, grid, decoding
-    }
 
 
 @torch.no_grad()
