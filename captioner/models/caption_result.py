@@ -11,6 +11,8 @@ import torch
 
 @dataclass
 class Caption:
+    """One caption of one image: its words, how decoding scored it, and where it looked."""
+
     text: str
     words: list[str]
     tokens: list[int]

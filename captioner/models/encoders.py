@@ -26,7 +26,6 @@ class Encoder(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.out_dim = out_dim
-        self.grid_size = config.grid_size
         self.config = config
         trainable = len(blocks) if fine_tune_blocks < 0 else min(fine_tune_blocks, len(blocks))
         self.num_frozen = len(blocks) - trainable
@@ -109,8 +108,8 @@ class Encoder(nn.Module):
 
     def cells(self, x: torch.Tensor, pool: bool = True) -> tuple[torch.Tensor, tuple[int, int]]:
         """A feature map (B, D, h, w) -> its cells (B, h*w, D) and (h, w), pooled first when `pool`."""
-        if pool and self.grid_size:
-            x = F.adaptive_avg_pool2d(x, self.grid_size)  # (B, D, g, g)
+        if pool and self.config.grid_size:
+            x = F.adaptive_avg_pool2d(x, self.config.grid_size)  # (B, D, g, g)
         B, D, h, w = x.shape
         # (B, h*w, D), row-major and contiguous (a view when x is channels-last), for the per-step reads
         feats = x.permute(0, 2, 3, 1).reshape(B, h * w, D).contiguous()
