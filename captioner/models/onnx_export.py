@@ -273,10 +273,8 @@ def check_parity(specs: list[GraphSpec], paths: list[Path], steps: int = 3) -> f
             diff = float(np.abs(want.astype(np.float64) - have).max(initial=0.0)) / scale
             worst = max(worst, diff)
             if not diff <= PARITY_TOLERANCE:
-                raise ExportError(
-                    f"export: {GRAPH_FILES[spec.key]} output {name} differs from torch by {diff:.2e} "
-                    f"(> {PARITY_TOLERANCE})"
-                )
+                raise ExportError(f"export: {GRAPH_FILES[spec.key]} output {name} differs from torch by {diff:.2e} "
+                                  f"(> {PARITY_TOLERANCE})")
         return got
 
     encoder, init, step = specs
