@@ -1,6 +1,8 @@
-"""The backbone registry, the only list of backbone names (docs/encoders.md shows it): each entry,
-like timm's `pretrained_cfg`, says how to build the network in blocks up to the last feature map,
-its weights, input size, stride, feature dimension and pixel statistics."""
+"""The backbone registry: every encoder backbone, registered once, with what it is.
+
+Each entry (like timm's `pretrained_cfg`) says how to build the network in blocks up to the last
+feature map, its weights, input size, stride, feature dimension and pixel statistics. It is the
+only list of backbone names (docs/encoders.md shows it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Encoder + decoder + vocabulary + preprocessing: the one object every caller captions with.
-`Captioner.from_pretrained(path)` loads one, `model.caption(images)` captions paths, bytes or PIL
-images; what a model is, as its files record it, is its spec (core/model_spec.py)."""
+
+`Captioner.from_pretrained(path)` loads one, `model.caption(images)` captions paths, image bytes or
+PIL images; what a model is, as its files record it, is its spec (core/model_spec.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically and
-loaded with weights_only: plain data, so loading runs no code. A run's config comes back as data:
-no shard, command or URL, nor outside places unless read in its own run folder (data/model_settings.py)."""
+"""Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically,
+loaded with weights_only.
+
+Only tensors and plain data, so loading never runs code and needs no YAML. A run's config comes
+back as data: no shard, command or URL, nor places outside the working folder unless read in its
+own run folder (`data/model_settings.py`)."""
 
 from __future__ import annotations
 

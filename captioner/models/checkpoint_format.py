@@ -1,6 +1,8 @@
-"""A checkpoint file: its payload read with weights_only (no code runs), its format version, the
-spec that rebuilds the model, and its checksum: the sha256 of everything before it, in the zip's end
-comment (its length field counted as zero), checked before torch reads the file."""
+"""A checkpoint file: its payload written with a checksum and read with weights_only (no code runs),
+its format version, and the spec that rebuilds the model.
+
+The sha256 of everything before it sits in the zip archive's end comment (the comment's length field
+counted as zero), checked before torch reads the file, so a damaged checkpoint is refused by name."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""CNN encoders: an image batch -> a grid of feature vectors h_ij, the last feature map of any
-registered backbone, built by `build_encoder`."""
+"""CNN encoders: an image batch -> a grid of feature vectors h_ij.
+
+The last feature map of any registered backbone, built by `build_encoder`."""
 
 from __future__ import annotations
 

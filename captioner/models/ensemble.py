@@ -1,6 +1,8 @@
-"""Ensembles: captioners with one vocabulary decode as one, behind the decoder interface, so every
-decoding mode works unchanged. A step's log-probability is that of the members' mean probability, or
-(combine="logprob") their renormalised mean log-probability; features travel packed, (B, sum N_i*D_i)."""
+"""Ensembles: several captioners with one vocabulary decode as one.
+
+Each step's log-probability is the log of the members' mean probability, or with combine="logprob"
+their renormalised mean log-probability, behind the decoder interface, so every decoding mode works
+unchanged. Members may differ in encoder; their features travel packed, (B, sum of N_i * D_i)."""
 
 from __future__ import annotations
 

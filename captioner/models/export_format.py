@@ -1,6 +1,8 @@
-"""An exported model folder in the Hugging Face Hub layout (model.safetensors, config.json with the
-spec and every other file's sha256, vocab.json, README.md: docs/export.md), written and read with
-safetensors and JSON only: nothing is unpickled, so loading one can never run code."""
+"""An exported model folder in the Hugging Face Hub layout: what it holds, written and read with
+safetensors and JSON only (nothing is unpickled, so loading one can never run code).
+
+model.safetensors, config.json (the spec, the portable training config, every other file's sha256),
+vocab.json and README.md: docs/export.md describes each."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Hugging Face Hub repos: whether a name is a repo id ("owner/name"), and the local folder of one,
-an export fetched into the cache or found there offline; else one line says why."""
+"""Hugging Face Hub repos: whether a name is a repo id ("owner/name"), and the local folder of one.
+
+The folder is an export, fetched into the cache or found there offline; else one line says why."""
 
 from __future__ import annotations
 

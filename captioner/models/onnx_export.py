@@ -1,7 +1,9 @@
-"""ONNX export: a Captioner -> encoder.onnx, decoder_init.onnx (`prepare` + `init_state`) and
-decoder_step.onnx (`step`), batch-first with a dynamic batch (docs/deploy.md), and an `onnx.json`
-that `captioner.deploy` runs with onnxruntime, numpy and Pillow alone. A preallocated cache bakes
-`capacity` steps into the step graph; the export fails unless onnxruntime reproduces torch."""
+"""ONNX export: a Captioner -> three graphs and an `onnx.json` that `captioner.deploy` runs
+with onnxruntime, numpy and Pillow alone.
+
+encoder.onnx, decoder_init.onnx (`prepare` + `init_state`) and decoder_step.onnx (`step`) mirror the
+decoder interface, batch-first with a dynamic batch (docs/deploy.md); a preallocated cache bakes
+`capacity` steps into the step graph. The export fails unless onnxruntime reproduces torch."""
 
 from __future__ import annotations
 
