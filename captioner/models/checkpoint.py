@@ -3,8 +3,7 @@ loaded with weights_only.
 
 Only tensors and plain data, so loading never runs code and needs no YAML. A run's config comes
 back as data: no shard, command or URL, nor places outside the working folder unless read in its
-own run folder (`data/model_settings.py`).
-"""
+own run folder (`data/model_settings.py`)."""
 
 from __future__ import annotations
 
@@ -24,11 +23,6 @@ from captioner.models.default_model import find_default_model
 from captioner.models.export_format import CONFIG, is_exported, read_config
 from captioner.models.model_origin import announce
 from captioner.models.model_paths import checkpoint_file
-
-__all__ = [
-    "FORMAT_VERSION", "checkpoint_config", "default_model", "load_captioner", "model_settings", "read_checkpoint",
-    "save_checkpoint",
-]
 
 
 def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = None, **extra: Any) -> None:
@@ -63,9 +57,7 @@ def model_settings(path: str | Path, data_overrides: Sequence[str] = ()) -> Stor
     if data_overrides:  # where the model's data lies locally: the user's word
         apply_overrides(config, list(data_overrides), f"{path} with the command line's data overrides", only="data.")
     named = {override.partition("=")[0].strip().lstrip("-") for override in data_overrides}
-    return stored_settings(
-        config, config_source(path), keep_local_places=written_by_its_run(path, config), named=named
-    )
+    return stored_settings(config, config_source(path), keep_local_places=written_by_its_run(path, config), named=named)
 
 
 def stored_config(path: Path) -> Config:
@@ -73,9 +65,7 @@ def stored_config(path: Path) -> Config:
     if is_exported(path):  # an export keeps the training config in its config.json
         stored = read_config(path).get("training_config")
         if not isinstance(stored, dict):
-            raise CheckpointError(
-                f"{path / CONFIG}: no training_config (exported without one); its dataset is unknown"
-            )
+            raise CheckpointError(f"{path / CONFIG}: no training_config (exported without one); its dataset is unknown")
         return run_config(stored, path, config_source(path))
     return run_config(read_checkpoint(path)["config"], path)
 

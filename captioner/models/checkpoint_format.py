@@ -2,8 +2,7 @@
 its format version, and the spec that rebuilds the model.
 
 The sha256 of everything before it sits in the zip archive's end comment (the comment's length field
-counted as zero), checked before torch reads the file, so a damaged checkpoint is refused by name.
-"""
+counted as zero), checked before torch reads the file, so a damaged checkpoint is refused by name."""
 
 from __future__ import annotations
 
@@ -74,41 +73,31 @@ def write_checkpoint_file(payload: dict[str, Any], path: str | Path) -> None:
     write_atomically(path, write)
 
 
-def verify_checksum(path: Path) -> bool:
-    """True when `path`'s recorded checksum holds; False (with a warning) when it has none. A
-    truncated or altered file is one CheckpointError."""
+def verify_checksum(path: Path) -> None:
+    """Check `path`'s recorded checksum (a warning when it has none); a truncated or altered file is
+    one CheckpointError."""
     size = path.stat().st_size
     with open(path, "rb") as f:
-        tail_bytes = min(size, END_RECORD_BYTES + COMMENT_BYTES)
-        f.seek(size - tail_bytes)
-        tail = f.read(tail_bytes)
+        f.seek(max(0, size - END_RECORD_BYTES - COMMENT_BYTES))
+        tail = f.read()
         if tail.startswith(END_RECORD) and tail[END_RECORD_BYTES:].startswith(CHECKSUM_TAG):
             recorded = tail[END_RECORD_BYTES + len(CHECKSUM_TAG):].decode("ascii", "replace")
             digest = hashlib.sha256()
             f.seek(0)
             remaining = size - COMMENT_BYTES - 2  # everything before the comment's length field
-            while remaining > 0:
-                block = f.read(min(1 << 20, remaining))
-                if not block:
-                    break
+            while remaining > 0 and (block := f.read(min(1 << 20, remaining))):
                 digest.update(block)
                 remaining -= len(block)
             digest.update(b"\x00\x00")  # the length field as torch wrote it
             if digest.hexdigest() != recorded:
-                raise CheckpointError(
-                    f"{path}: not a readable captioner checkpoint (its sha256 differs from the one recorded "
-                    "when it was written: the file is damaged or altered)"
-                )
-            return True
+                raise CheckpointError(f"{path}: not a readable captioner checkpoint (its sha256 differs from the one "
+                                      "recorded when it was written: the file is damaged or altered)")
+            return
     if not tail[-END_RECORD_BYTES:].startswith(END_RECORD):  # every archive torch writes ends with it
-        raise CheckpointError(
-            f"{path}: not a readable captioner checkpoint (truncated, or another kind of file: {size} bytes "
-            "that do not end as a torch archive does)"
-        )
-    log.warning(
-        "%s: written without a checksum (before checksums were recorded): it cannot be checked for damage", path
-    )
-    return False
+        raise CheckpointError(f"{path}: not a readable captioner checkpoint (truncated, or another kind of file: "
+                              f"{size} bytes that do not end as a torch archive does)")
+    log.warning("%s: written without a checksum (before checksums were recorded): it cannot be checked for damage",
+                path)
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -126,9 +115,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not a captioner checkpoint (it lacks model, config or vocab)")
     version = payload.get("format_version")
     if version != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path}: checkpoint format {version} is not supported (this version reads {FORMAT_VERSION})"
-        )
+        raise CheckpointError(f"{path}: checkpoint format {version} is not supported "
+                              f"(this version reads {FORMAT_VERSION})")
     return {**payload, "config": upgrade.upgrade_run_config(payload["config"])}
 
 

@@ -4,7 +4,6 @@ model packaged with captioner, else the quickstart's shapes run; the choice is l
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 from captioner.core.errors import CheckpointError, ExportError
@@ -20,54 +19,30 @@ QUICKSTART_RUN = Path("runs/shapes_lstm")  # configs/shapes_lstm.yaml's train.ou
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class DefaultModel:
-    """Which model a command given none uses, and why (`default_model_choice`)."""
-
-    path: Path  # DEFAULT_MODEL or the packaged model (exports), or QUICKSTART_RUN (perhaps not trained yet)
-    exported: bool
-    reason: str  # the one line logged
-
-
-def default_model_choice() -> DefaultModel:
-    """The export at DEFAULT_MODEL if that folder exists, else the packaged model, else the shapes run;
-    logged. A DEFAULT_MODEL without a readable export is an error, not a silent fallback."""
-    folder = DEFAULT_MODEL
-    if not folder.exists():
-        packaged = installed_model()
-        if packaged is not None:
-            choice = DefaultModel(
-                packaged, True, f"default model: {packaged.name}, packaged with captioner (no export at {folder})"
-            )
-        else:
-            choice = DefaultModel(
-                QUICKSTART_RUN, False,
-                f"default model: the shapes run {QUICKSTART_RUN} (no export at {folder}, no packaged model)",
-            )
-        log.info(choice.reason)
-        return choice
-    if not folder.is_dir():
-        raise ExportError(f"{folder}: not a folder; the default model is an exported folder "
-                          f"(`captioner export RUN {folder}`), or remove it to use the shapes model")
-    if not is_exported(folder):  # `export` writes config.json last: an export cut short lacks it
-        raise ExportError(f"{folder / CONFIG}: missing, so {folder} holds no complete export; "
-                          f"re-run `captioner export RUN {folder}` or remove the folder to use the shapes model")
-    read_config(folder)  # a damaged config.json: its one line now, before the choice is logged
-    choice = DefaultModel(folder, True, f"default model: the export at {folder}")
-    log.info(choice.reason)
-    return choice
-
-
 def find_default_model() -> Path:
-    """What to load when no model is named: `default_model_choice()`'s, which must exist; else one
-    line saying what to run."""
-    choice = default_model_choice()
-    if choice.exported or any((choice.path / name).is_file() for name in RUN_CHECKPOINTS):
-        return choice.path
+    """What to load when no model is named, logged: the export at DEFAULT_MODEL if that folder exists
+    (without a readable export it is an error, not a silent fallback), else the packaged model, else
+    the shapes run, which must be trained; else one line saying what to run."""
+    folder = DEFAULT_MODEL
+    if folder.exists():
+        if not folder.is_dir():
+            raise ExportError(f"{folder}: not a folder; the default model is an exported folder "
+                              f"(`captioner export RUN {folder}`), or remove it to use the shapes model")
+        if not is_exported(folder):  # `export` writes config.json last: an export cut short lacks it
+            raise ExportError(f"{folder / CONFIG}: missing, so {folder} holds no complete export; "
+                              f"re-run `captioner export RUN {folder}` or remove the folder to use the shapes model")
+        read_config(folder)  # a damaged config.json: its one line now, before the choice is logged
+        log.info("default model: the export at %s", folder)
+        return folder
+    packaged = installed_model()
+    if packaged is not None:
+        log.info("default model: %s, packaged with captioner (no export at %s)", packaged.name, folder)
+        return packaged
+    log.info("default model: the shapes run %s (no export at %s, no packaged model)", QUICKSTART_RUN, folder)
+    if any((QUICKSTART_RUN / name).is_file() for name in RUN_CHECKPOINTS):
+        return QUICKSTART_RUN
     raise CheckpointError(
-        f"no default model here: no export at {DEFAULT_MODEL} "
-        f"(`captioner export runs/<best run> {DEFAULT_MODEL}`), "
+        f"no default model here: no export at {DEFAULT_MODEL} (`captioner export runs/<best run> {DEFAULT_MODEL}`), "
         f"no model packaged with captioner, and no trained {QUICKSTART_RUN} "
-        "(`captioner train configs/shapes_lstm.yaml`); "
-        "run from the project folder"
+        "(`captioner train configs/shapes_lstm.yaml`); run from the project folder"
     )

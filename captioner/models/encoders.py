@@ -1,7 +1,6 @@
 """CNN encoders: an image batch -> a grid of feature vectors h_ij.
 
-The last feature map of any registered backbone, built by `build_encoder`.
-"""
+The last feature map of any registered backbone, built by `build_encoder`."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ from torch import nn
 
 from captioner.core.config_sections import EncoderConfig
 from captioner.data.image_transform import PixelNormalization, PixelStatistics
-from captioner.models.backbones import BACKBONES, check_encoder_config, pixel_statistics
-
-__all__ = ["BACKBONES", "Encoder", "build_encoder"]
+from captioner.models.backbones import check_encoder_config, pixel_statistics
 
 
 class Encoder(nn.Module):
@@ -24,17 +21,12 @@ class Encoder(nn.Module):
     what the frozen `trunk` makes, and `from_stored` runs only the `top` on it."""
 
     def __init__(
-        self,
-        blocks: list[nn.Module],
-        out_dim: int,
-        config: EncoderConfig,
-        fine_tune_blocks: int,
+        self, blocks: list[nn.Module], out_dim: int, config: EncoderConfig, fine_tune_blocks: int,
         statistics: PixelStatistics,
     ) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.out_dim = out_dim
-        self.grid_size = config.grid_size
         self.config = config
         trainable = len(blocks) if fine_tune_blocks < 0 else min(fine_tune_blocks, len(blocks))
         self.num_frozen = len(blocks) - trainable
@@ -117,8 +109,8 @@ class Encoder(nn.Module):
 
     def cells(self, x: torch.Tensor, pool: bool = True) -> tuple[torch.Tensor, tuple[int, int]]:
         """A feature map (B, D, h, w) -> its cells (B, h*w, D) and (h, w), pooled first when `pool`."""
-        if pool and self.grid_size:
-            x = F.adaptive_avg_pool2d(x, self.grid_size)  # (B, D, g, g)
+        if pool and self.config.grid_size:
+            x = F.adaptive_avg_pool2d(x, self.config.grid_size)  # (B, D, g, g)
         B, D, h, w = x.shape
         # (B, h*w, D), row-major and contiguous (a view when x is channels-last), for the per-step reads
         feats = x.permute(0, 2, 3, 1).reshape(B, h * w, D).contiguous()

@@ -2,8 +2,7 @@
 
 Each step's log-probability is the log of the members' mean probability, or with combine="logprob"
 their renormalised mean log-probability, behind the decoder interface, so every decoding mode works
-unchanged. Members may differ in encoder; their features travel packed, (B, sum of N_i * D_i).
-"""
+unchanged. Members may differ in encoder; their features travel packed, (B, sum of N_i * D_i)."""
 
 from __future__ import annotations
 
@@ -82,27 +81,19 @@ class EnsembleDecoder(Decoder):
             state |= prefixed(i, decoder.init_state(member_part(memory, i), capacity))
         return state
 
-    def step(
-        self, memory: Memory, prev_tokens: torch.Tensor, state: State
-    ) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         logprobs, maps, new_state = [], [], {}
         for i, decoder in enumerate(self.members):
-            member_logprobs, attn, member_state = decoder.step(
-                member_part(memory, i), prev_tokens, member_part(state, i)
-            )
+            member_logprobs, attn, own_state = decoder.step(member_part(memory, i), prev_tokens, member_part(state, i))
             logprobs.append(member_logprobs.float())  # (R, V)
             maps.append(attn.float().mean(dim=(1, 2)))  # (R, N_i): the mean over layers and heads
-            new_state |= prefixed(i, member_state)
+            new_state |= prefixed(i, own_state)
         combined = self.combined(torch.stack(logprobs))  # (R, V)
         return combined, self.combined_map(maps)[:, None, None], new_state  # (R, V), (R, 1, 1, N)
 
     def forward(
-        self,
-        feats: torch.Tensor,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor | None = None,
-        image_rows: torch.Tensor | None = None,
-        packed: bool = False,
+        self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing through every member: combined log-probabilities (C, T, V), attn
         (C, T, 1, 1, N). Never packed: the members may pack in different orders."""
@@ -138,9 +129,7 @@ class EnsembleTransform:
         """Packed images (B, P) -> each member's (B, 3, S_i, S_i)."""
         sides = [transform.image_size for transform in self.transforms]
         parts = images.split([3 * side * side for side in sides], dim=1)  # (B, 3*S_i*S_i) each
-        return [
-            part.reshape(part.shape[0], 3, side, side) for part, side in zip(parts, sides)
-        ]  # (B, 3, S_i, S_i)
+        return [part.reshape(part.shape[0], 3, side, side) for part, side in zip(parts, sides)]  # (B, 3, S_i, S_i)
 
 
 class Ensemble(nn.Module):
@@ -157,9 +146,7 @@ class Ensemble(nn.Module):
     _caption_batch = Captioner._caption_batch
     caption = Captioner.caption
 
-    def __init__(
-        self, members: Sequence[Captioner], combine: str = "prob", names: Sequence[str] | None = None
-    ) -> None:
+    def __init__(self, members: Sequence[Captioner], combine: str = "prob", names: Sequence[str] | None = None) -> None:
         super().__init__()
         if not members:
             raise ConfigError("ensemble: no members")
@@ -169,7 +156,8 @@ class Ensemble(nn.Module):
         self.vocab = members[0].vocab
         self.decode_config = members[0].decode_config
         self.transform = EnsembleTransform([member.transform for member in members])
-        shapes, grids = zip(*(feature_shape(member) for member in members))
+        grids = [member.grid_size() for member in members]
+        shapes = [(h * w, member.encoder.out_dim) for (h, w), member in zip(grids, members)]  # (N_i, D_i)
         self.grid: tuple[int, int] = grids[0]
         self.decoder = EnsembleDecoder(
             [member.decoder for member in members], shapes, combine, mean_attention=len(set(grids)) == 1
@@ -234,9 +222,3 @@ def check_same_vocabulary(members: Sequence[Captioner], names: Sequence[str]) ->
         raise CheckpointError(
             f"ensemble: {names[0]} and {name} have different vocabularies ({how}); members must share one"
         )
-
-
-def feature_shape(member: Captioner) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(N, D) of a member's features and its grid (h, w), N = h * w (`Captioner.grid_size`)."""
-    grid = member.grid_size()
-    return (grid[0] * grid[1], member.encoder.out_dim), grid

@@ -1,21 +1,15 @@
 """An exported model folder in the Hugging Face Hub layout: what it holds, written and read with
 safetensors and JSON only (nothing is unpickled, so loading one can never run code).
 
-    model.safetensors   the state dict (tensors only)
-    config.json         the model's spec, the portable training config, every other file's sha256
-    vocab.json          the words by id
-    README.md           the model card
-
-config.json's `encoder_weights` may stand for a backbone package's frozen ImageNet weights, and
-`weights_dtype` says float16 tensors, loaded back into float32.
-"""
+model.safetensors, config.json (the spec, the portable training config, every other file's sha256),
+vocab.json and README.md: docs/export.md describes each."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -59,20 +53,9 @@ def is_exported(path: str | Path) -> bool:
     return (Path(path) / CONFIG).is_file()
 
 
-def readable_by_all(write: Callable[[Path], object]) -> Callable[[Path], None]:
-    """`write`, then the file made as readable as the umask allows (safetensors writes 0600)."""
-
-    def shareable(tmp: Path) -> None:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-
-    return shareable
-
-
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """safetensors' save_file, its I/O failures (a full disk) raised as the OSError they are."""
+    """safetensors' save_file, its I/O failures (a full disk) raised as the OSError they are; the file
+    then made as readable as the umask allows (safetensors writes 0600)."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
@@ -83,6 +66,9 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
         if found is None:
             raise
         raise OSError(int(found[2]), found[1]) from None
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def write_exported(
@@ -95,10 +81,9 @@ def write_exported(
     folder.mkdir(parents=True, exist_ok=True)
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
     tensors = {name: value.detach().to("cpu").contiguous().clone() for name, value in state_dict.items()}
-    write_atomically(folder / WEIGHTS, readable_by_all(lambda tmp: save_safetensors(tensors, tmp)))
-    write_atomically(
-        folder / VOCAB, lambda tmp: tmp.write_text(json.dumps(list(spec.vocab), ensure_ascii=False), encoding="utf-8")
-    )
+    write_atomically(folder / WEIGHTS, lambda tmp: save_safetensors(tensors, tmp))
+    words = json.dumps(list(spec.vocab), ensure_ascii=False)
+    write_atomically(folder / VOCAB, lambda tmp: tmp.write_text(words, encoding="utf-8"))
     if isinstance(metadata_fields.get("training_config"), dict):
         metadata_fields = {**metadata_fields, "training_config": portable_config(metadata_fields["training_config"])}
     config = {
@@ -121,22 +106,16 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     """config.json of an exported folder, read within limits, its format and version checked."""
     path = Path(folder) / CONFIG
     try:
-        # within a size cap and a depth: a model's file is data
-        config = read_json(path, f"model's {CONFIG}", ExportError)
+        config = read_json(path, f"model's {CONFIG}", ExportError)  # within a size cap and a depth: it is data
     except FileNotFoundError:
-        raise ExportError(
-            f"{path}: missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})"
-        ) from None
+        raise ExportError(f"{path}: missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         found = config.get("format") if isinstance(config, dict) else type(config).__name__
         raise ExportError(f"{path}: not a captioner export (format {found!r}, expected {FORMAT!r})")
-    if config.get("format_version") not in range(OLDEST_EXPORT, FORMAT_VERSION + 1) or isinstance(
-        config.get("format_version"), bool
-    ):
-        raise ExportError(
-            f"{path}: export format version {config.get('format_version')!r} is not supported "
-            f"(this version, captioner {captioner_version()}, reads {OLDEST_EXPORT} and {FORMAT_VERSION})"
-        )
+    version = config.get("format_version")
+    if version not in range(OLDEST_EXPORT, FORMAT_VERSION + 1) or isinstance(version, bool):
+        raise ExportError(f"{path}: export format version {version!r} is not supported (this version, "
+                          f"captioner {captioner_version()}, reads {OLDEST_EXPORT} and {FORMAT_VERSION})")
     try:
         config = upgrade_export_config(config, str(path))
     except ConfigError as e:
@@ -194,12 +173,8 @@ def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
         raise ExportError(
             f"{folder / WEIGHTS}: not a readable safetensors file ({str(e).splitlines()[0][:160]})"
         ) from None
-    return Exported(folder, exported_spec(config, vocab, folder / CONFIG), state_dict, config)
-
-
-def exported_spec(config: dict[str, Any], vocab: list[str], path: Path) -> ModelSpec:
-    """The spec a config.json holds; one CheckpointError naming `path` for a refused setting."""
-    try:
-        return ModelSpec.from_dict(config["spec"], f"{path} (spec)", vocab)
+    try:  # a refused setting: one CheckpointError naming config.json
+        spec = ModelSpec.from_dict(config["spec"], f"{folder / CONFIG} (spec)", vocab)
     except ConfigError as e:
-        raise CheckpointError(f"{path}: incompatible config: {e}") from None
+        raise CheckpointError(f"{folder / CONFIG}: incompatible config: {e}") from None
+    return Exported(folder, spec, state_dict, config)

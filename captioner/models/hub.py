@@ -18,9 +18,7 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
 def looks_like_repo_id(name: str) -> bool:
     """owner/name, and not a missing checkpoint file's path (runs/best.pt)."""
-    return bool(REPO_ID.match(name)) and ".." not in name and not name.endswith(
-        (".pt", ".pth", ".ckpt", ".bin")
-    )
+    return bool(REPO_ID.match(name)) and ".." not in name and not name.endswith((".pt", ".pth", ".ckpt", ".bin"))
 
 
 def network_errors() -> tuple[type[Exception], ...]:
@@ -40,11 +38,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import (
-            GatedRepoError,
-            HfHubHTTPError,
-            HFValidationError,
-            LocalEntryNotFoundError,
-            RepositoryNotFoundError,
+            GatedRepoError, HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError,
             RevisionNotFoundError,
         )
     except ImportError:  # pragma: no cover - a declared dependency

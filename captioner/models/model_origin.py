@@ -1,7 +1,6 @@
 """What a loaded model is, for whoever reads its captions: its name, training data and test scores,
 logged once per process. A shapes-world model handed a photograph says so once and names the model
-to use instead: a fluent caption of the wrong world would otherwise pass for an answer.
-"""
+to use instead: a fluent caption of the wrong world would otherwise pass for an answer."""
 
 from __future__ import annotations
 
@@ -50,21 +49,23 @@ class ModelOrigin:
         return f"captioning with {self.name}{where}: {data}; {scores}"
 
 
+def nested(value: Any, *keys: str) -> Any:
+    """value[key][key]..., or None where a level is missing or not a mapping (a model file's data)."""
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def export_origin(name: str, config: dict[str, Any], packaged: bool) -> ModelOrigin:
     """The origin an export's config.json records: its training config's dataset, its test scores."""
-    training = config.get("training_config")
-    data = training.get("data") if isinstance(training, dict) else None
-    dataset = data.get("dataset") if isinstance(data, dict) else None
-    scores = config.get("scores")
-    tests = scores.get("test") if isinstance(scores, dict) else None
-    test = tests.get("test") if isinstance(tests, dict) else None
-    return ModelOrigin(name, dataset if isinstance(dataset, str) else None, *overall_scores(test), packaged)
+    dataset = nested(config, "training_config", "data", "dataset")
+    test = overall_scores(nested(config, "scores", "test", "test"))
+    return ModelOrigin(name, dataset if isinstance(dataset, str) else None, *test, packaged)
 
 
 def checkpoint_origin(name: str, stored_config: Any, checkpoint: Path) -> ModelOrigin:
     """The origin a checkpoint records, with the scores of the scores_test.json beside it, if any."""
-    data = stored_config.get("data") if isinstance(stored_config, dict) else None
-    dataset = data.get("dataset") if isinstance(data, dict) else None
+    dataset = nested(stored_config, "data", "dataset")
     path = checkpoint.parent / "scores_test.json"
     try:
         test = read_json(path, "scores file", CaptionerError, max_bytes=SCORES_JSON_BYTES)
@@ -95,9 +96,8 @@ _warned: set[str] = set()  # the shapes models this process has warned about pho
 def announce(origins: Iterable[ModelOrigin | None]) -> None:
     """Log which model answers, once per model and process."""
     for origin in origins:
-        if origin is None or not first_time(_announced, origin.name):
-            continue
-        log.info(origin.describe())
+        if origin is not None and first_time(_announced, origin.name):
+            log.info(origin.describe())
 
 
 def check_picture(origins: Iterable[ModelOrigin | None], picture: Image.Image) -> None:

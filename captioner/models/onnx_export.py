@@ -1,15 +1,9 @@
 """ONNX export: a Captioner -> three graphs and an `onnx.json` that `captioner.deploy` runs
 with onnxruntime, numpy and Pillow alone.
 
-    encoder.onnx        images uint8 (B, 3, S, S) -> feats (B, N, D)      normalisation inside
-    decoder_init.onnx   feats (B, N, D) -> memory.*, state.*             `prepare` + `init_state`
-    decoder_step.onnx   memory.*, prev_tokens (B,), state.*
-                            -> logprobs (B, V), attn (B, L, H, N), next_state.*
-
-The graphs mirror the decoder interface, memory and state batch-first with a dynamic batch; a
-preallocated cache bakes `capacity` steps into the step graph. The export fails unless
-onnxruntime reproduces torch on a random batch.
-"""
+encoder.onnx, decoder_init.onnx (`prepare` + `init_state`) and decoder_step.onnx (`step`) mirror the
+decoder interface, batch-first with a dynamic batch (docs/deploy.md); a preallocated cache bakes
+`capacity` steps into the step graph. The export fails unless onnxruntime reproduces torch."""
 
 from __future__ import annotations
 
@@ -39,9 +33,7 @@ DEFAULT_OPSET = 17
 DYNAMO_MIN_OPSET = 18  # the dynamo exporter writes opset 18 and later
 SUBFOLDER = "onnx"
 MANIFEST = "onnx.json"
-GRAPH_FILES = {
-    "encoder": "encoder.onnx", "decoder_init": "decoder_init.onnx", "decoder_step": "decoder_step.onnx"
-}
+GRAPH_FILES = {key: f"{key}.onnx" for key in ("encoder", "decoder_init", "decoder_step")}
 PARITY_TOLERANCE = 1e-4  # max |onnxruntime - torch| allowed, relative to the tensor's scale (at least 1)
 # What the exporters record about the tracing in a graph's metadata: source lines, module paths.
 TRACE_KEYS = ("pkg.torch.onnx.", "namespace")
@@ -62,9 +54,7 @@ class EncoderGraph(nn.Module):
 class DecoderInitGraph(nn.Module):
     """feats (B, N, D) -> the memory tensors, then the state tensors, in the given key orders."""
 
-    def __init__(
-        self, decoder: Decoder, memory_keys: list[str], state_keys: list[str], capacity: int | None
-    ) -> None:
+    def __init__(self, decoder: Decoder, memory_keys: list[str], state_keys: list[str], capacity: int | None) -> None:
         super().__init__()
         self.decoder, self.memory_keys, self.state_keys, self.capacity = decoder, memory_keys, state_keys, capacity
 
@@ -111,7 +101,9 @@ def export_onnx(
     """Write `folder`/onnx/{encoder,decoder_init,decoder_step}.onnx and onnx.json; returns their paths.
     `capacity` bounds a growing state's steps (default: decode.max_length). ExportError when
     onnxruntime does not reproduce torch within PARITY_TOLERANCE."""
-    model = _cpu_float_copy(model)
+    if model.device.type != "cpu" or model.dtype != torch.float32 or model.training:
+        model = copy.deepcopy(model).cpu().float()  # a copy: the caller's model stays as it was
+    model.eval()
     opset = DEFAULT_OPSET if opset is None else opset
     capacity = model.decode_config.max_length if capacity is None else capacity
     if capacity < 1:
@@ -125,33 +117,34 @@ def export_onnx(
         raise ExportError(f"{out}: cannot write the export here ({e.strerror})") from None
 
     specs, summary = _graph_specs(model, capacity)
-    paths, exporters = [], {}
-    for spec in specs:
-        path = out / GRAPH_FILES[spec.key]
-        exporters[spec.key] = _export_graph(spec, path, opset)
-        paths.append(path)
+    paths = [out / GRAPH_FILES[spec.key] for spec in specs]
+    exporters = {spec.key: _export_graph(spec, path, opset) for spec, path in zip(specs, paths)}
     check_parity(specs, paths)
-    # The manifest last, atomically: a folder whose graphs failed the check has none.
-    manifest = _manifest(model, specs, paths, opset, {**summary, "exporters": exporters})
+    # The manifest last, atomically: a folder whose graphs failed the check has none. Bump ONNX_FORMAT_VERSION
+    # whenever the graphs' inputs, outputs or onnx.json change.
+    manifest = {
+        "format": ONNX_FORMAT,
+        "format_version": ONNX_FORMAT_VERSION,
+        "captioner_version": captioner.__version__,
+        "torch_version": torch.__version__,
+        "opset": opset,
+        "files": {
+            spec.key: {"path": path.name, "sha256": sha256_of(path), **exporters[spec.key]}
+            for spec, path in zip(specs, paths)
+        },
+        "graphs": {spec.key: {"inputs": spec.inputs, "outputs": spec.outputs} for spec in specs},
+        **summary,  # memory, state, capacity, attention, spec
+    }
     write_atomically(manifest_path, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1)))
     return [*paths, manifest_path]
 
 
-def _cpu_float_copy(model: Captioner) -> Captioner:
-    """The model in eval mode on the CPU in float32; a copy if it is not, leaving the caller's as it was."""
-    if model.device.type != "cpu" or model.dtype != torch.float32 or model.training:
-        model = copy.deepcopy(model).cpu().float()
-    return model.eval()
-
-
 @torch.no_grad()
 def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict]:
-    """The three graphs with example inputs (2 random images), and the shapes onnx.json records."""
+    """The three graphs with example inputs (2 random images), and what onnx.json records of them."""
     decoder = model.decoder
     S = model.image_size
-    images = torch.randint(
-        0, 256, (2, 3, S, S), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
-    )  # (2, 3, S, S)
+    images = torch.randint(0, 256, (2, 3, S, S), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     feats, grid = model.encode(images)  # (2, N, D)
     memory = decoder.prepare(feats)
     state = decoder.init_state(memory, capacity=capacity)
@@ -177,12 +170,11 @@ def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict
         ),
     ]
     summary = {
-        "grid": list(grid),
-        "layers": int(attn.shape[1]),
-        "heads": int(attn.shape[2]),
         "memory": memory_keys,
         "state": state_keys,
-        "capacity": capacity if grows else None,
+        "capacity": capacity if grows else None,  # steps the step graph's state holds; null: no limit
+        "attention": {"layers": int(attn.shape[1]), "heads": int(attn.shape[2])},  # the step graph's attn (B, L, H, N)
+        "spec": model.spec(tuple(grid)).to_dict(),  # vocabulary, special ids, input size, grid, decoding
     }
     return specs, summary
 
@@ -228,7 +220,7 @@ def strip_trace_records(path: Path) -> bool:
 
     model = onnx.load(str(path))
     dropped = False
-    graphs = [model.graph, *(function for function in model.functions)]
+    graphs = [model.graph, *model.functions]
     while graphs:  # a graph's nodes, and the subgraphs their attributes hold
         graph = graphs.pop()
         for proto in (graph, *graph.node, *graph.input, *graph.output, *graph.value_info, *graph.initializer):
@@ -253,29 +245,6 @@ def _dynamic_batch(spec: GraphSpec) -> dict[str, Any]:
     if params[0].kind is inspect.Parameter.VAR_POSITIONAL:
         return {params[0].name: tuple({0: batch} for _ in spec.example)}
     return {p.name: {0: batch} for p in params[: len(spec.example)]}
-
-
-def _manifest(
-    model: Captioner, specs: list[GraphSpec], paths: list[Path], opset: int, summary: dict
-) -> dict:
-    """onnx.json: everything the runtime needs besides the graphs, and checksums of the graphs."""
-    return {
-        "format": ONNX_FORMAT,  # its version: bump it whenever the graphs' inputs, outputs or onnx.json change
-        "format_version": ONNX_FORMAT_VERSION,
-        "captioner_version": captioner.__version__,
-        "torch_version": torch.__version__,
-        "opset": opset,
-        "files": {
-            spec.key: {"path": path.name, "sha256": sha256_of(path), **summary["exporters"][spec.key]}
-            for spec, path in zip(specs, paths)
-        },
-        "graphs": {spec.key: {"inputs": spec.inputs, "outputs": spec.outputs} for spec in specs},
-        "memory": summary["memory"],
-        "state": summary["state"],
-        "capacity": summary["capacity"],  # steps the step graph's state holds; null: no limit
-        "attention": {"layers": summary["layers"], "heads": summary["heads"]},  # the step graph's attn (B, L, H, N)
-        "spec": model.spec(tuple(summary["grid"])).to_dict(),  # vocabulary, special ids, input size, grid, decoding
-    }
 
 
 @torch.no_grad()
@@ -306,10 +275,8 @@ def check_parity(specs: list[GraphSpec], paths: list[Path], steps: int = 3) -> f
             diff = float(np.abs(want.astype(np.float64) - have).max(initial=0.0)) / scale
             worst = max(worst, diff)
             if not diff <= PARITY_TOLERANCE:
-                raise ExportError(
-                    f"export: {GRAPH_FILES[spec.key]} output {name} differs from torch by {diff:.2e} "
-                    f"(> {PARITY_TOLERANCE})"
-                )
+                raise ExportError(f"export: {GRAPH_FILES[spec.key]} output {name} differs from torch by {diff:.2e} "
+                                  f"(> {PARITY_TOLERANCE})")
         return got
 
     encoder, init, step = specs

@@ -1,7 +1,6 @@
 """The model installed with the package, like spaCy's `en_core_web_sm`: an exported folder at
 `captioner/pretrained/<name>/` that loads offline. Its files are checked as any export's, config.json
-against pip's RECORD; a damaged file is one line saying how to reinstall.
-"""
+against pip's RECORD; a damaged file is one line saying how to reinstall."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import hashlib
 from importlib import metadata
 from pathlib import Path
 
-from captioner.core.checksums import REEXPORT
 from captioner.core.errors import ExportError
 from captioner.models.export_format import CONFIG, Exported, read_config, read_exported
 
@@ -34,11 +32,6 @@ def is_packaged(path: str | Path) -> bool:
     return Path(path).resolve().parent == PACKAGED_FOLDER.resolve()
 
 
-def remedy_for(folder: str | Path) -> str:
-    """How to repair a damaged model folder: reinstall a packaged one, re-export any other."""
-    return REINSTALL if is_packaged(folder) else REEXPORT
-
-
 def installed_model() -> Path | None:
     """The packaged default model's folder, its config.json checked, or None; several are an error."""
     found = packaged_models()
@@ -46,11 +39,13 @@ def installed_model() -> Path | None:
         return None
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
-        raise ExportError(
-            f"{PACKAGED_FOLDER}: holds {len(found)} packaged models ({names}), "
-            f"and the package ships one default model; {REINSTALL}"
-        )
-    check_config(found[0])
+        raise ExportError(f"{PACKAGED_FOLDER}: holds {len(found)} packaged models ({names}), "
+                          f"and the package ships one default model; {REINSTALL}")
+    verify_installed_file(found[0] / CONFIG)  # config.json: there, as the installer wrote it, and readable
+    try:
+        read_config(found[0])
+    except ExportError as e:
+        raise ExportError(f"{e}; {REINSTALL}") from None
     return found[0]
 
 
@@ -59,15 +54,6 @@ def packaged_model(name: str) -> Path | None:
     if not name or "/" in name or "\\" in name or name.startswith("."):
         return None
     return next((p for p in packaged_models() if p.name == name), None)
-
-
-def check_config(folder: Path) -> None:
-    """A packaged model's config.json: there, as the installer wrote it, and readable."""
-    verify_installed_file(folder / CONFIG)
-    try:
-        read_config(folder)
-    except ExportError as e:
-        raise ExportError(f"{e}; {REINSTALL}") from None
 
 
 def read_packaged(folder: Path) -> Exported:
@@ -86,11 +72,10 @@ def verify_installed_file(path: Path) -> None:
     if not path.is_file():
         raise ExportError(f"{path}: missing; {REINSTALL}")
     data = path.read_bytes()
-    if (size is not None and len(data) != size) or record_digest(data) != digest:
-        raise ExportError(
-            f"{path}: not the file captioner was installed with (its sha256 differs from the installer's record); "
-            f"{REINSTALL}"
-        )
+    found = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")  # as RECORD has it
+    if (size is not None and len(data) != size) or found != digest:
+        raise ExportError(f"{path}: not the file captioner was installed with (its sha256 differs from the "
+                          f"installer's record); {REINSTALL}")
 
 
 def installer_record(path: Path) -> tuple[str, int | None] | None:
@@ -106,8 +91,3 @@ def installer_record(path: Path) -> tuple[str, int | None] | None:
         if Path(distribution.locate_file(file)).resolve() == target:
             return file.hash.value, file.size
     return None
-
-
-def record_digest(data: bytes) -> str:
-    """A sha256 as RECORD writes it (PEP 376): urlsafe base64, unpadded."""
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
