@@ -20,9 +20,8 @@ from typing import Any
 
 from captioner.evaluation.java import (
     JavaToolError, check_java, java_environment, java_executable, one_line, quiet_pycocoevalcap, run_java)
-from captioner.evaluation.meteor import MeteorPool, meteor_arguments, score_line
+from captioner.evaluation.meteor import MeteorPool, cut_table, meteor_arguments, meteor_dir, score_line
 from captioner.evaluation.meteor import default_processes as default_meteor_processes
-from captioner.evaluation.paraphrases import cut_table, meteor_dir
 from captioner.evaluation.results_files import Predictions, References, load_references, load_results, scored_ids
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu, bleu_parts, cider_d, rouge_l
 from captioner.evaluation.spice_models import ensure_spice_models
