@@ -45,27 +45,26 @@ def caption_records(model: Captioner | Ensemble, records: list[ImageRecord], bat
     model.eval()
     batch_size = batch_size or model.decode_config.batch_size
     results: dict[int, Caption] = {}
-    bar = progress_bar(total=len(records), desc="captioning", unit="img", enabled=progress, leave=False)
-    if features is not None:
-        if grid is None:
-            raise ValueError("caption_records: stored features need their grid (h, w)")
-        start = 0
-        for feats in feature_batches(features, batch_size, num_workers):
-            feats = model.stored_features(feats.to(model.device, non_blocking=True))  # (B, N, D)
-            for record, caption in zip(records[start : start + len(feats)],
-                                       model.decode(feats, grid, **decode_options)):
-                results[record.image_id] = caption
-            start += len(feats)
-            bar.update(len(feats))
-    else:
-        for batch in image_loader(records, model.transform, batch_size, num_workers):
-            if batch is None:
-                continue
-            images, indices = batch
-            for i, caption in zip(indices.tolist(), model.caption(images, **decode_options)):
-                results[records[i].image_id] = caption
-            bar.update(len(indices))
-    bar.close()
+    with progress_bar(total=len(records), desc="captioning", unit="img", enabled=progress, leave=False) as bar:
+        if features is not None:
+            if grid is None:
+                raise ValueError("caption_records: stored features need their grid (h, w)")
+            start = 0
+            for feats in feature_batches(features, batch_size, num_workers):
+                feats = model.stored_features(feats.to(model.device, non_blocking=True))  # (B, N, D)
+                for record, caption in zip(records[start : start + len(feats)],
+                                           model.decode(feats, grid, **decode_options)):
+                    results[record.image_id] = caption
+                start += len(feats)
+                bar.update(len(feats))
+        else:
+            for batch in image_loader(records, model.transform, batch_size, num_workers):
+                if batch is None:
+                    continue
+                images, indices = batch
+                for i, caption in zip(indices.tolist(), model.caption(images, **decode_options)):
+                    results[records[i].image_id] = caption
+                bar.update(len(indices))
     return results
 
 
@@ -80,21 +79,20 @@ def encode_records(model: Captioner | Ensemble, records: list[ImageRecord], batc
     kept: list[ImageRecord] = []
     parts: list[torch.Tensor] = []
     grid: tuple[int, int] | None = None
-    bar = progress_bar(total=len(records), desc="encoding", unit="img", enabled=progress, leave=False)
-    for batch in image_loader(records, model.transform, batch_size, num_workers):
-        if batch is None:
-            continue
-        images, indices = batch
-        images = images.to(model.device)
-        if isinstance(model, Ensemble):
-            feats, grid = model.encode(images)  # (B, sum N_i*D_i), packed
-        else:
-            feats, _ = model.encoder.stored_part(images)  # (B, n, C): caption_records runs the rest
-            grid = grid or model.encode(images[:1])[1]  # the attention's grid
-        parts.append(feats)
-        kept += [records[i] for i in indices.tolist()]
-        bar.update(len(indices))
-    bar.close()
+    with progress_bar(total=len(records), desc="encoding", unit="img", enabled=progress, leave=False) as bar:
+        for batch in image_loader(records, model.transform, batch_size, num_workers):
+            if batch is None:
+                continue
+            images, indices = batch
+            images = images.to(model.device)
+            if isinstance(model, Ensemble):
+                feats, grid = model.encode(images)  # (B, sum N_i*D_i), packed
+            else:
+                feats, _ = model.encoder.stored_part(images)  # (B, n, C): caption_records runs the rest
+                grid = grid or model.encode(images[:1])[1]  # the attention's grid
+            parts.append(feats)
+            kept += [records[i] for i in indices.tolist()]
+            bar.update(len(indices))
     if grid is None:
         raise DatasetError(f"none of the {len(records)} images could be loaded")
     return SplitFeatures(kept, torch.cat(parts), grid)  # features (num_loaded, N, D)

@@ -183,18 +183,14 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.repeat(starts.astype(np.int64) - offsets, lengths) + np.arange(int(lengths.sum()))  # (sum lengths,)
 
 
-def _index_folder(table: Path) -> Path:
+def load_index(table: Path) -> ParaphraseIndex:
+    """The index of `table`, built into the cache folder by the first process that needs it (the
+    others wait for it on a lock); one that cannot be read (damaged, cut short) is built again."""
     stat = table.stat()
     with open(table, "rb") as f:
         digest = hashlib.sha1(f.read(1 << 20))  # the size, time and first megabyte name the table
     digest.update(f"{stat.st_size} {stat.st_mtime_ns} {INDEX_VERSION}".encode())
-    return cache_dir() / f"meteor-paraphrase-index-{digest.hexdigest()[:16]}"
-
-
-def load_index(table: Path) -> ParaphraseIndex:
-    """The index of `table`, built into the cache folder by the first process that needs it (the
-    others wait for it on a lock); one that cannot be read (damaged, cut short) is built again."""
-    folder = _index_folder(table)
+    folder = cache_dir() / f"meteor-paraphrase-index-{digest.hexdigest()[:16]}"
     if (folder / "done").exists():
         with contextlib.suppress(OSError, ValueError):
             return ParaphraseIndex(folder)

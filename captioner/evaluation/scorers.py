@@ -109,16 +109,6 @@ def _sums(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
     return np.bincount(index, weights=values, minlength=size)
 
 
-def _clipped_matches(counted: CountedCaptions) -> list[list[int]]:
-    """Per image, the hypothesis's clipped n-gram matches for n = 1..4 (images, 4): each n-gram
-    counted at most as often as the one reference that has it most often."""
-    best = np.zeros(len(counted.hyp_tf))  # (hyp,) the most any one reference has of the n-gram
-    np.maximum.at(best, counted.match_hyp, counted.match_ref_tf)
-    clipped = bleu_clip(counted.hyp_tf, best)
-    correct = _sums(counted.hyp_image * MAX_N + counted.hyp_order, clipped, counted.num_images * MAX_N)
-    return correct.reshape(counted.num_images, MAX_N).astype(np.int64).tolist()  # (images, 4), whole numbers
-
-
 def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
     """pycocoevalcap's `Bleu(4)`: corpus BLEU-1..4 (matches and guesses summed over the corpus, the
     closest reference length for the penalty) and per-image BLEU-1..4 (`per_image[n - 1][i]`)."""
@@ -131,8 +121,14 @@ def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
 
 
 def _bleu_counts(counted: CountedCaptions) -> Iterator[tuple[list[int], list[int], int, int]]:
-    """Per image: clipped matches and guesses for n = 1..4, its length, and the closest reference's."""
-    for correct_n, test_len, ref_lens in zip(_clipped_matches(counted), counted.hyp_lengths, counted.ref_lengths):
+    """Per image: clipped matches and guesses for n = 1..4, its length, and the closest reference's. An
+    n-gram matches at most as often as the one reference that has it most often."""
+    best = np.zeros(len(counted.hyp_tf))  # (hyp,) the most any one reference has of the n-gram
+    np.maximum.at(best, counted.match_hyp, counted.match_ref_tf)
+    clipped = bleu_clip(counted.hyp_tf, best)
+    correct = _sums(counted.hyp_image * MAX_N + counted.hyp_order, clipped, counted.num_images * MAX_N)
+    matches = correct.reshape(counted.num_images, MAX_N).astype(np.int64).tolist()  # (images, 4), whole numbers
+    for correct_n, test_len, ref_lens in zip(matches, counted.hyp_lengths, counted.ref_lengths):
         yield correct_n, bleu_guesses(test_len), test_len, closest_ref_length(test_len, ref_lens)
 
 

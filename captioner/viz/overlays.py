@@ -53,13 +53,6 @@ def font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     return ImageFont.load_default(size=size)
 
 
-def fit(image: Image.Image, side: int) -> Image.Image:
-    """The image scaled, up or down, so that its longer side is `side` px."""
-    scale = side / max(image.size)
-    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    return image.convert("RGB").resize(size, Image.Resampling.BILINEAR)
-
-
 def draw_outline(picture: Image.Image, mask: np.ndarray) -> Image.Image:
     """`picture` with the border of a (H, W) boolean region (at any resolution) drawn in white."""
     region = Image.fromarray(mask.astype(np.uint8) * 255).resize(picture.size, Image.Resampling.NEAREST)
@@ -85,7 +78,9 @@ def attention_sheet(image: Image.Image, caption: Caption, layer: int = -1, head:
     """The image, then each word over its attention map, `columns` panels a row, each word as its
     panel's title and the caption (or `title`) as the heading. `outlines` maps a word position to
     a (H, W) boolean mask of its true region, drawn as a white border on that word's map."""
-    picture = fit(image, panel_side)
+    scale = panel_side / max(image.size)  # up or down, so that the longer side is `panel_side` px
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    picture = image.convert("RGB").resize(size, Image.Resampling.BILINEAR)
     panels = [("input", picture), *word_overlays(picture, caption, layer, head)]
     for position, mask in (outlines or {}).items():
         if position + 1 < len(panels):
