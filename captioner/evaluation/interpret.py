@@ -61,12 +61,9 @@ class InterpretReport:
     centre_hits: list[float] = field(default_factory=list)  # the image centre in the dilated mask
     maps: dict[str, MapScores] = field(default_factory=dict)  # "L0H1", "L0 mean", "mean", "gradcam"
 
-    def heads(self) -> list[str]:
-        return [name for name in self.maps if name.startswith("L") and "mean" not in name]
-
     def best_head(self) -> str | None:
         """The (layer, head) with the highest pointing hit rate, ties by grounding."""
-        heads = self.heads()
+        heads = [name for name in self.maps if name.startswith("L") and "mean" not in name]
         if len(heads) < 2:  # one map a word (the LSTM): nothing to choose
             return None
         return max(heads, key=lambda n: (np.mean(self.maps[n].hits), np.mean(self.maps[n].masses)))

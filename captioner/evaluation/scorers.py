@@ -193,8 +193,8 @@ def cider_d(counted: CountedCaptions) -> tuple[float, list[float]]:
     penalties = {d: cider_length_penalty(float(d)) for d in np.unique(delta).tolist()}
     value = value * np.array([penalties[d] for d in delta.tolist()])[:, None]  # (pair, 4)
 
-    # (images, 4): each image's references summed in order
-    per_image_n = np.stack([_sums(counted.pair_image, value[:, n], counted.num_images) for n in range(MAX_N)], axis=1)
+    per_image_n = np.stack([_sums(counted.pair_image, value[:, n], counted.num_images) for n in range(MAX_N)],
+                           axis=1)  # (images, 4): each image's references summed in order
     refs_per_image = np.bincount(counted.pair_image, minlength=counted.num_images)
     total = ((per_image_n[:, 0] + per_image_n[:, 1]) + per_image_n[:, 2]) + per_image_n[:, 3]
     scores = (total / MAX_N / refs_per_image * CIDER_SCALE).tolist()

@@ -32,7 +32,6 @@ def _draw_head_view(ax, weights: torch.Tensor, left: list[str], right: list[str]
     for t in range(T):
         ax.text(0, t, left[t], ha="right", va="center", fontsize=8)
         ax.text(1, t, right[t], ha="left", va="center", fontsize=8)
-    for t in range(T):
         for j in range(t + 1):  # causal: nothing after t carries weight
             w = float(weights[t, j])
             if w > 0.02:
