@@ -84,8 +84,7 @@ def head_grid_figure(image: Image.Image, caption: Caption, positions: list[int] 
             for c in range(columns):
                 ax = axes[i * L + layer, c]
                 ax.imshow(overlay(image, pictures[layer * columns + c]))
-                ax.set_xticks([])
-                ax.set_yticks([])
+                ax.set(xticks=[], yticks=[])
                 if i * L + layer == 0:
                     ax.set_title("mean" if c == H else f"head {c}", fontsize=9)
                 if c == 0:
