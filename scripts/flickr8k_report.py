@@ -57,7 +57,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     from captioner.evaluation.metrics import fast_scores, score_official_many
     from captioner.evaluation.results_files import load_results
     from captioner.models.checkpoint import checkpoint_config
-    from captioner.viz.gallery import GalleryItem, gallery_sheet
+    from captioner.viz.overlays import GalleryItem, gallery_sheet
 
     runs = dict(args.run)
     if args.best not in runs:

@@ -24,7 +24,7 @@ import suite_timeline
 # so runs that must agree to the bit (resume, DDP against one process) sum in one order.
 os.environ.setdefault("CAPTIONER_THREADS", "1")
 # The controller (or the only process) makes it and removes it at the end: it holds METEOR's
-# uncompressed paraphrase table and index (evaluation/paraphrases.py), about 390 MB.
+# uncompressed paraphrase table and index (evaluation/meteor.py), about 390 MB.
 _MADE_CACHE = "CAPTIONER_CACHE_DIR" not in os.environ
 if _MADE_CACHE:
     os.environ["CAPTIONER_CACHE_DIR"] = __import__("tempfile").mkdtemp(prefix="captioner-test-cache-")

@@ -16,7 +16,7 @@ from captioner.apps.cli import main
 from captioner.core.config_sections import DecodeConfig
 from captioner.core.errors import ConfigError
 from captioner.evaluation.caption_stats import caption_stats, ends_badly, repeats_bigram
-from captioner.evaluation.tutorial_bleu import nltk_corpus_bleu, tokenized
+from captioner.evaluation.metrics import nltk_corpus_bleu, tokenized
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import Decoder
 from captioner.models.decoding import (DecodeOptions, SpecialTokens, beam_search, beam_search_n_best, greedy_decode,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from captioner.evaluation import java
-from captioner.evaluation import paraphrases
+from captioner.evaluation import meteor
 from captioner.evaluation.java import JavaToolError
 from captioner.evaluation.metrics import official_scores, pycocoevalcap_scores
 
@@ -188,7 +188,7 @@ def test_a_spice_run_that_hangs_is_stopped_with_one_line(fake_java: Path, tmp_pa
 @pytest.mark.usefixtures("java")
 def test_a_real_meteor_killed_mid_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kill the real METEOR JVM while it loads or scores: the evaluation ends with one line."""
-    monkeypatch.setattr(paraphrases, "MAX_TEXTS", 0)  # the whole table: a start of seconds to kill it in
+    monkeypatch.setattr(meteor, "MAX_TEXTS", 0)  # the whole table: a start of seconds to kill it in
     fds = open_fds()
     killed: list[int] = []
 

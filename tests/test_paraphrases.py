@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from captioner.evaluation import paraphrases
-from captioner.evaluation.paraphrases import cut_table, load_index, segments
+from captioner.evaluation import meteor
+from captioner.evaluation.meteor import cut_table, load_index, segments
 
 ENTRIES = [  # probability, phrase, paraphrase
     (b"0.5", b"a dog", b"the dog"),
@@ -54,7 +54,7 @@ def test_the_cut_keeps_the_entries_whose_words_all_occur_byte_for_byte_and_in_or
 
 
 def test_the_index_is_built_once_and_again_when_damaged(table: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger=paraphrases.__name__):
+    with caplog.at_level(logging.INFO, logger=meteor.__name__):
         load_index(table)
         load_index(table)
     assert sum("indexing" in r.getMessage() for r in caplog.records) == 1
@@ -62,7 +62,7 @@ def test_the_index_is_built_once_and_again_when_damaged(table: Path, caplog: pyt
     damaged = folder / "entry_phrases.npy"
     damaged.write_bytes(damaged.read_bytes()[:-5])
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger=paraphrases.__name__):
+    with caplog.at_level(logging.INFO, logger=meteor.__name__):
         assert load_index(table).kept_entries(WORDS).tolist() == KEPT
     assert sum("indexing" in r.getMessage() for r in caplog.records) == 1
 
@@ -75,8 +75,8 @@ def test_segments_are_the_fields_meteor_normalises() -> None:
 @pytest.mark.usefixtures("java")
 def test_cut_table_uses_meteors_normaliser_and_writes_the_cut(table: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(paraphrases, "MAX_KEPT_SHARE", 1.0)  # 5 of this table's 9 entries apply
-    words = paraphrases.normalized_words(["A Dog's t-shirt, on GRASS."])
+    monkeypatch.setattr(meteor, "MAX_KEPT_SHARE", 1.0)  # 5 of this table's 9 entries apply
+    words = meteor.normalized_words(["A Dog's t-shirt, on GRASS."])
     assert {"a", "dog", "'s", "t", "shirt", ",", "on", "grass", "."} <= words and "A" in words
     cut = cut_table(["SCORE ||| The dog is running on grass ||| A dog runs"], tmp_path, table)
     assert cut is not None
@@ -90,20 +90,20 @@ def test_a_cache_that_cannot_be_written_reads_the_whole_table_with_one_line(
     blocker = tmp_path / "a file"
     blocker.write_text("")
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(blocker / "cache"))  # a folder inside a file: cannot be made
-    with caplog.at_level(logging.WARNING, logger=paraphrases.__name__):
+    with caplog.at_level(logging.WARNING, logger=meteor.__name__):
         assert cut_table(["SCORE ||| a dog ||| the dog"], tmp_path, table) is None
     [record] = caplog.records
     assert "whole paraphrase table" in record.getMessage() and "\n" not in record.getMessage()
 
 
 def test_most_entries_kept_reads_the_whole_table(table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(paraphrases, "normalized_words", lambda texts: WORDS)
-    monkeypatch.setattr(paraphrases, "MAX_KEPT_SHARE", 0.5)
+    monkeypatch.setattr(meteor, "normalized_words", lambda texts: WORDS)
+    monkeypatch.setattr(meteor, "MAX_KEPT_SHARE", 0.5)
     assert cut_table(["SCORE ||| a ||| b"], tmp_path, table) is None  # 5 of 9 entries
-    monkeypatch.setattr(paraphrases, "MAX_KEPT_SHARE", 0.6)
+    monkeypatch.setattr(meteor, "MAX_KEPT_SHARE", 0.6)
     assert cut_table(["SCORE ||| a ||| b"], tmp_path, table) is not None
-    monkeypatch.setattr(paraphrases, "MAX_TEXTS", 3)
-    monkeypatch.setattr(paraphrases, "normalized_words", lambda texts: pytest.fail("normalised past MAX_TEXTS"))
+    monkeypatch.setattr(meteor, "MAX_TEXTS", 3)
+    monkeypatch.setattr(meteor, "normalized_words", lambda texts: pytest.fail("normalised past MAX_TEXTS"))
     # four texts: not even normalised
     assert cut_table(["SCORE ||| a ||| b", "SCORE ||| a ||| b"], tmp_path, table) is None
 
@@ -123,9 +123,8 @@ def test_meteor_with_the_cut_table_scores_real_captions_as_with_the_whole_one(
 
     spaced = tmp_path / "a b" / "meteor"
     spaced.mkdir(parents=True)
-    shutil.copy(paraphrases.meteor_dir() / "meteor-1.5.jar", spaced)  # 6 MB: a link would be resolved by Java
-    (spaced / "data").symlink_to(paraphrases.meteor_dir() / "data")
-    monkeypatch.setattr(paraphrases, "meteor_dir", lambda: spaced)
+    shutil.copy(meteor_module.meteor_dir() / "meteor-1.5.jar", spaced)  # 6 MB: a link would be resolved by Java
+    (spaced / "data").symlink_to(meteor_module.meteor_dir() / "data")
     monkeypatch.setattr(meteor_module, "meteor_dir", lambda: spaced)
 
     captions = read_token_file(shared_data / "flickr8k" / "Flickr8k.token.txt")

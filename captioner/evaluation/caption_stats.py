@@ -8,8 +8,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from captioner.evaluation.ngrams import bleu_clip, max_reference_counts
-from captioner.text.endings import ARTICLES, BAD_ENDINGS, CONJUNCTIONS, PREPOSITIONS  # noqa: F401 - re-exported
+from captioner.text.endings import BAD_ENDINGS
 from captioner.text.vocab import tokenize
+
 
 def words_of(caption: str | Sequence[str]) -> list[str]:
     return tokenize(caption) if isinstance(caption, str) else [w.lower() for w in caption]
@@ -24,8 +25,7 @@ def ends_badly(caption: str | Sequence[str]) -> bool:
 def repeats_bigram(caption: str | Sequence[str]) -> bool:
     """True when some word bigram occurs twice or more in the caption."""
     words = words_of(caption)
-    counts = Counter(zip(words, words[1:]))
-    return any(c > 1 for c in counts.values())
+    return any(c > 1 for c in Counter(zip(words, words[1:])).values())
 
 
 def caption_stats(captions: Iterable[str | Sequence[str]]) -> dict[str, float]:

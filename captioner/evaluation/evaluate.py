@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,10 @@ from captioner.evaluation.caption_stats import caption_stats
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu_parts
 from captioner.evaluation.grounding import GroundingReport, Instances, grounding_score
 from captioner.evaluation.interpret import InterpretReport, interpret_scores, records_grad_cam
-from captioner.evaluation.metrics import fast_scores, score_official_many
+from captioner.evaluation.metrics import (
+    TUTORIAL_BLEU_LABEL, fast_scores, nltk_corpus_bleu, score_official_many, tokenized)
 from captioner.evaluation.report import rounded
 from captioner.evaluation.results_files import Predictions, References, write_results
-from captioner.evaluation.tutorial_bleu import LABEL as TUTORIAL_LABEL
-from captioner.evaluation.tutorial_bleu import nltk_corpus_bleu, tokenized
 from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.ensemble import Ensemble
@@ -36,16 +35,9 @@ logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def caption_records(
-    model: Captioner | Ensemble,
-    records: list[ImageRecord],
-    batch_size: int | None = None,
-    features: torch.Tensor | StoreRows | None = None,
-    grid: tuple[int, int] | None = None,
-    num_workers: int = 0,
-    progress: bool = True,
-    **decode_options: Any,
-) -> dict[int, Caption]:
+def caption_records(model: Captioner | Ensemble, records: list[ImageRecord], batch_size: int | None = None,
+                    features: torch.Tensor | StoreRows | None = None, grid: tuple[int, int] | None = None,
+                    num_workers: int = 0, progress: bool = True, **decode_options: Any) -> dict[int, Caption]:
     """image id -> Caption for every record whose image loads (bad files are logged and skipped).
     With `features` (num_records, N, D) over `grid`, stored encoder outputs are decoded instead of
     the images; `decode_options` go to `Captioner.decode`, those not given keep the model's."""
@@ -53,35 +45,32 @@ def caption_records(
     model.eval()
     batch_size = batch_size or model.decode_config.batch_size
     results: dict[int, Caption] = {}
-    bar = progress_bar(total=len(records), desc="captioning", unit="img", enabled=progress, leave=False)
-    if features is not None:
-        if grid is None:
-            raise ValueError("caption_records: stored features need their grid (h, w)")
-        start = 0
-        for feats in feature_batches(features, batch_size, num_workers):
-            feats = model.stored_features(feats.to(model.device, non_blocking=True))  # (B, N, D)
-            for record, caption in zip(records[start : start + len(feats)],
-                                       model.decode(feats, grid, **decode_options)):
-                results[record.image_id] = caption
-            start += len(feats)
-            bar.update(len(feats))
-    else:
-        for batch in image_loader(records, model.transform, batch_size, num_workers):
-            if batch is None:
-                continue
-            images, indices = batch
-            for i, caption in zip(indices.tolist(), model.caption(images, **decode_options)):
-                results[records[i].image_id] = caption
-            bar.update(len(indices))
-    bar.close()
+    with progress_bar(total=len(records), desc="captioning", unit="img", enabled=progress, leave=False) as bar:
+        if features is not None:
+            if grid is None:
+                raise ValueError("caption_records: stored features need their grid (h, w)")
+            start = 0
+            for feats in feature_batches(features, batch_size, num_workers):
+                feats = model.stored_features(feats.to(model.device, non_blocking=True))  # (B, N, D)
+                for record, caption in zip(records[start : start + len(feats)],
+                                           model.decode(feats, grid, **decode_options)):
+                    results[record.image_id] = caption
+                start += len(feats)
+                bar.update(len(feats))
+        else:
+            for batch in image_loader(records, model.transform, batch_size, num_workers):
+                if batch is None:
+                    continue
+                images, indices = batch
+                for i, caption in zip(indices.tolist(), model.caption(images, **decode_options)):
+                    results[records[i].image_id] = caption
+                bar.update(len(indices))
     return results
 
 
 @torch.no_grad()
-def encode_records(
-    model: Captioner | Ensemble, records: list[ImageRecord], batch_size: int | None = None, num_workers: int = 0,
-    progress: bool = True
-) -> SplitFeatures:
+def encode_records(model: Captioner | Ensemble, records: list[ImageRecord], batch_size: int | None = None,
+                   num_workers: int = 0, progress: bool = True) -> SplitFeatures:
     """Encode `records`' images once, in memory, to decode them several ways: the loaded records, their
     rows (num_loaded, n, C) on the device as a feature store would hold them, and the grid; an
     ensemble's rows are its packed features (num_loaded, sum N_i*D_i). Works for any encoder."""
@@ -90,30 +79,27 @@ def encode_records(
     kept: list[ImageRecord] = []
     parts: list[torch.Tensor] = []
     grid: tuple[int, int] | None = None
-    bar = progress_bar(total=len(records), desc="encoding", unit="img", enabled=progress, leave=False)
-    for batch in image_loader(records, model.transform, batch_size, num_workers):
-        if batch is None:
-            continue
-        images, indices = batch
-        images = images.to(model.device)
-        if isinstance(model, Ensemble):
-            feats, grid = model.encode(images)  # (B, sum N_i*D_i), packed
-        else:
-            feats, _ = model.encoder.stored_part(images)  # (B, n, C): caption_records runs the rest
-            grid = grid or model.encode(images[:1])[1]  # the attention's grid
-        parts.append(feats)
-        kept += [records[i] for i in indices.tolist()]
-        bar.update(len(indices))
-    bar.close()
+    with progress_bar(total=len(records), desc="encoding", unit="img", enabled=progress, leave=False) as bar:
+        for batch in image_loader(records, model.transform, batch_size, num_workers):
+            if batch is None:
+                continue
+            images, indices = batch
+            images = images.to(model.device)
+            if isinstance(model, Ensemble):
+                feats, grid = model.encode(images)  # (B, sum N_i*D_i), packed
+            else:
+                feats, _ = model.encoder.stored_part(images)  # (B, n, C): caption_records runs the rest
+                grid = grid or model.encode(images[:1])[1]  # the attention's grid
+            parts.append(feats)
+            kept += [records[i] for i in indices.tolist()]
+            bar.update(len(indices))
     if grid is None:
         raise DatasetError(f"none of the {len(records)} images could be loaded")
     return SplitFeatures(kept, torch.cat(parts), grid)  # features (num_loaded, N, D)
 
 
-def refuse_for_ensemble(
-    model: Captioner | Ensemble, features: torch.Tensor | StoreRows | None = None,
-    grounding: GroundingRequest | None = None
-) -> None:
+def refuse_for_ensemble(model: Captioner | Ensemble, features: torch.Tensor | StoreRows | None = None,
+                        grounding: GroundingRequest | None = None) -> None:
     """What an ensemble cannot do, as a one-line ConfigError: decode stored features (one encoder's;
     its own packed ones from `encode_records` are fine) or Grad-CAM (one model's gradients)."""
     if not isinstance(model, Ensemble):
@@ -129,9 +115,6 @@ def refuse_for_ensemble(
 def references_for(records: list[ImageRecord], captioned: Mapping[int, Any]) -> References:
     """The reference captions of the captioned images (`captioned`: image id -> Caption or text)."""
     return {r.image_id: list(r.captions) for r in records if r.image_id in captioned}
-
-
-# --- scores ----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -153,15 +136,10 @@ class Scores:
     def beside_official(self) -> dict[str, dict[str, Any]]:
         """The labelled tutorial-style BLEU and the caption statistics, rounded as the reports show them."""
         return {
-            "tutorial_bleu": {"label": TUTORIAL_LABEL, **rounded(self.tutorial_bleu)},
+            "tutorial_bleu": {"label": TUTORIAL_BLEU_LABEL, **rounded(self.tutorial_bleu)},
             "caption_stats": rounded(self.caption_stats),
-            "bleu_parts": {
-                "precisions": [round(p, 4) for p in self.bleu_parts.precisions],
-                "hypothesis_words": self.bleu_parts.hypothesis_words,
-                "reference_words": self.bleu_parts.reference_words,
-                "length_ratio": round(self.bleu_parts.length_ratio, 4),
-                "brevity_penalty": round(self.bleu_parts.brevity_penalty, 4),
-            },
+            "bleu_parts": {key: [round(p, 4) for p in value] if key == "precisions" else round(value, 4)
+                           for key, value in asdict(self.bleu_parts).items()},  # the word counts stay whole
         }
 
 
@@ -172,9 +150,8 @@ def score_predictions(references: References, predictions: Predictions, official
     return score_predictions_many([(references, predictions)], official, spice)[0]
 
 
-def score_predictions_many(
-    jobs: Sequence[tuple[References, Predictions]], official: bool = True, spice: bool = False,
-) -> list[Scores]:
+def score_predictions_many(jobs: Sequence[tuple[References, Predictions]], official: bool = True,
+                           spice: bool = False) -> list[Scores]:
     """`score_predictions` of each (references, predictions) job, in order; the official scorer
     starts its Java tools once for all of them (`score_official_many`)."""
     if official:
@@ -191,10 +168,8 @@ def score_predictions_many(
     return scored
 
 
-def _scores(
-    overall: dict[str, float], per_image: dict[int, dict[str, float]], official: bool,
-    refs: dict[int, list[list[str]]], preds: dict[int, list[str]], parts: BleuParts,
-) -> Scores:
+def _scores(overall: dict[str, float], per_image: dict[int, dict[str, float]], official: bool,
+            refs: dict[int, list[list[str]]], preds: dict[int, list[str]], parts: BleuParts) -> Scores:
     """The scores with nltk's corpus BLEU and the caption statistics on the tokens they saw."""
     return Scores(overall, per_image, official, nltk_corpus_bleu(refs, preds), caption_stats(preds.values()), parts)
 
@@ -209,27 +184,21 @@ class DecodedVariant:
     seconds: float
 
 
-def decode_variants(
-    model: Captioner | Ensemble, encoded: SplitFeatures, variants: Mapping[str, Mapping[str, Any]],
-    batch_size: int | None = None, official: bool = True,
-) -> Iterator[DecodedVariant]:
+def decode_variants(model: Captioner | Ensemble, encoded: SplitFeatures, variants: Mapping[str, Mapping[str, Any]],
+                    batch_size: int | None = None, official: bool = True) -> Iterator[DecodedVariant]:
     """Caption the `encode_records` images with each of `variants` (name -> decoding options), then
     score them all in one `score_predictions_many` (one start of the Java tools)."""
     decoded: list[tuple[str, dict[int, Caption], float]] = []
     for name, options in variants.items():
         start = time.perf_counter()
-        captions = caption_records(
-            model, encoded.records, batch_size, features=encoded.features, grid=encoded.grid, progress=False, **options
-        )
+        captions = caption_records(model, encoded.records, batch_size, features=encoded.features, grid=encoded.grid,
+                                   progress=False, **options)
         decoded.append((name, captions, time.perf_counter() - start))
         logger.info("decoded %d images with %s (%.1f s)", len(captions), name, decoded[-1][2])
     jobs = [(references_for(encoded.records, captions), {i: c.text for i, c in captions.items()})
             for _, captions, _ in decoded]
     for (name, captions, seconds), scores in zip(decoded, score_predictions_many(jobs, official=official)):
         yield DecodedVariant(name, captions, scores, seconds)
-
-
-# --- grounding -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -253,17 +222,13 @@ class Grounding:
 
     def to_json(self) -> dict[str, Any]:
         request = self.request
-        return {
-            "instances": str(request.instances.path), "layer": request.layer,
-            "head": "mean" if request.head is None else request.head,
-            **self.attention.to_json(), "per_head": self.per_map.to_json(),
-        }
+        return {"instances": str(request.instances.path), "layer": request.layer,
+                "head": "mean" if request.head is None else request.head,
+                **self.attention.to_json(), "per_head": self.per_map.to_json()}
 
 
-def score_grounding(
-    model: Captioner | Ensemble, records: list[ImageRecord], captions: dict[int, Caption],
-    request: GroundingRequest, batch_size: int | None = None,
-) -> Grounding:
+def score_grounding(model: Captioner | Ensemble, records: list[ImageRecord], captions: dict[int, Caption],
+                    request: GroundingRequest, batch_size: int | None = None) -> Grounding:
     """Score the attention of every object word of `captions` against the instance masks; with
     `request.gradcam` the images of `records` are encoded again for Grad-CAM."""
     attention = grounding_score(captions, request.instances, request.kind, layer=request.layer, head=request.head)
@@ -273,9 +238,6 @@ def score_grounding(
         batch_size = batch_size or model.decode_config.batch_size
         saliency = records_grad_cam(model, records, captions, request.instances, request.kind, batch_size)
     return Grounding(request, attention, interpret_scores(captions, request.instances, request.kind, saliency))
-
-
-# --- the whole evaluation --------------------------------------------------------------------------
 
 
 @dataclass
@@ -292,21 +254,11 @@ class Evaluation:
         return {image_id: caption.text for image_id, caption in self.captions.items()}
 
 
-def evaluate(
-    model: Captioner | Ensemble,
-    records: list[ImageRecord],
-    *,
-    official: bool = True,
-    spice: bool = False,
-    grounding: GroundingRequest | None = None,
-    results_file: str | Path | None = None,
-    batch_size: int | None = None,
-    features: torch.Tensor | StoreRows | None = None,
-    grid: tuple[int, int] | None = None,
-    num_workers: int = 0,
-    progress: bool = True,
-    **decode_options: Any,
-) -> Evaluation:
+def evaluate(model: Captioner | Ensemble, records: list[ImageRecord], *, official: bool = True, spice: bool = False,
+             grounding: GroundingRequest | None = None, results_file: str | Path | None = None,
+             batch_size: int | None = None, features: torch.Tensor | StoreRows | None = None,
+             grid: tuple[int, int] | None = None, num_workers: int = 0, progress: bool = True,
+             **decode_options: Any) -> Evaluation:
     """Caption `records` (or their stored `features` over `grid`, row i for record i), score the captions
     and, with `grounding`, their attention. `results_file` gets the captions in COCO's results format
     before scoring, so a scorer that fails loses none of them."""

@@ -80,14 +80,10 @@ class GroundingReport:
         return self.score / self.baseline if self.baseline else float("nan")
 
     def to_json(self) -> dict:
-        return {
-            "words": self.words,
-            "score": round(self.score, 4),
-            "uniform_baseline": round(self.baseline, 4),
-            "ratio": round(self.ratio, 2),
-            "per_category": {name: _summary(pairs) for name, pairs in sorted(self.per_category.items())},
-            "per_word": {w: round(float(np.mean(v)), 4) for w, v in sorted(self.per_word.items())},
-        }
+        return {"words": self.words, "score": round(self.score, 4), "uniform_baseline": round(self.baseline, 4),
+                "ratio": round(self.ratio, 2),
+                "per_category": {name: _summary(pairs) for name, pairs in sorted(self.per_category.items())},
+                "per_word": {w: round(float(np.mean(v)), 4) for w, v in sorted(self.per_word.items())}}
 
 
 def _summary(pairs: list[tuple[float, float]]) -> dict:
@@ -169,13 +165,8 @@ def word_regions(caption: Caption, image_id: int, instances: Instances,
     return {i: np.logical_or.reduce([masks[o["id"]] for o in objs]) for i, objs in regions.items()}
 
 
-def grounding_score(
-    captions: dict[int, Caption],
-    instances: Instances,
-    kind: str = "shapes",
-    layer: int = -1,
-    head: int | None = None,
-) -> GroundingReport:
+def grounding_score(captions: dict[int, Caption], instances: Instances, kind: str = "shapes", layer: int = -1,
+                    head: int | None = None) -> GroundingReport:
     """Score every object word of every caption against the instance masks, overall, per word
     and per category (the category of the object the word names)."""
     masses, areas = [], []

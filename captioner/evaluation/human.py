@@ -22,11 +22,8 @@ class LeaveOneOut:
     models: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> mean over the same folds
 
 
-def leave_one_out(
-    references: Mapping[int, Sequence[str]],
-    score: Scorer,
-    predictions: Mapping[str, Mapping[int, str]] | None = None,
-) -> LeaveOneOut:
+def leave_one_out(references: Mapping[int, Sequence[str]], score: Scorer,
+                  predictions: Mapping[str, Mapping[int, str]] | None = None) -> LeaveOneOut:
     """Score reference k of each image against its other references for every k, and each model in
     `predictions` (name -> image id -> caption) against the same sets, in one call of `score`. Every
     image needs two references and every model's caption, so all rows cover the same images."""
@@ -54,14 +51,8 @@ def leave_one_out(
     model_sums: dict[str, dict[str, float]] = {name: {} for name in predictions}
     for n, scores in enumerate(score(jobs)):
         name = names[n % len(names)]
-        _accumulate(human_sums if name is None else model_sums[name], scores)
-    return LeaveOneOut(
-        folds,
-        {key: total / folds for key, total in human_sums.items()},
-        {name: {key: total / folds for key, total in sums.items()} for name, sums in model_sums.items()},
-    )
-
-
-def _accumulate(sums: dict[str, float], scores: Mapping[str, float]) -> None:
-    for key, value in scores.items():
-        sums[key] = sums.get(key, 0.0) + float(value)
+        sums = human_sums if name is None else model_sums[name]
+        for key, value in scores.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    return LeaveOneOut(folds, {key: total / folds for key, total in human_sums.items()},
+                       {name: {key: total / folds for key, total in sums.items()} for name, sums in model_sums.items()})

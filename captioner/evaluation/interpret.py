@@ -61,12 +61,9 @@ class InterpretReport:
     centre_hits: list[float] = field(default_factory=list)  # the image centre in the dilated mask
     maps: dict[str, MapScores] = field(default_factory=dict)  # "L0H1", "L0 mean", "mean", "gradcam"
 
-    def heads(self) -> list[str]:
-        return [name for name in self.maps if name.startswith("L") and "mean" not in name]
-
     def best_head(self) -> str | None:
         """The (layer, head) with the highest pointing hit rate, ties by grounding."""
-        heads = self.heads()
+        heads = [name for name in self.maps if name.startswith("L") and "mean" not in name]
         if len(heads) < 2:  # one map a word (the LSTM): nothing to choose
             return None
         return max(heads, key=lambda n: (np.mean(self.maps[n].hits), np.mean(self.maps[n].masses)))
@@ -100,12 +97,8 @@ def map_kinds(caption: Caption) -> dict[str, torch.Tensor]:
     return kinds
 
 
-def interpret_scores(
-    captions: dict[int, Caption],
-    instances: Instances,
-    kind: str = "shapes",
-    saliency: dict[int, dict[int, torch.Tensor]] | None = None,
-) -> InterpretReport:
+def interpret_scores(captions: dict[int, Caption], instances: Instances, kind: str = "shapes",
+                     saliency: dict[int, dict[int, torch.Tensor]] | None = None) -> InterpretReport:
     """Score every attention map kind (and `saliency[image_id][word position]` (h, w) maps,
     reported as "gradcam") on every grounded word of every caption."""
     report = InterpretReport()
@@ -115,11 +108,10 @@ def interpret_scores(
             continue
         info = instances.coco.imgs[image_id]
         size = (info["height"], info["width"])
-        kinds = map_kinds(caption)
         positions = sorted(regions)
         masks = [torch.from_numpy(regions[p]) for p in positions]  # (H, W) each
         grown = [dilate(mask) for mask in masks]  # once per word, for every map kind
-        for name, maps in kinds.items():
+        for name, maps in map_kinds(caption).items():
             _score(report.maps.setdefault(name, MapScores()), maps[positions], masks, grown, size)
         if saliency is not None:
             cams = torch.stack([saliency[image_id][p] for p in positions])  # (W, h, w)
@@ -133,9 +125,8 @@ def interpret_scores(
     return report
 
 
-def _score(
-    scores: MapScores, maps: torch.Tensor, masks: list[torch.Tensor], grown: list[torch.Tensor], size: tuple[int, int]
-) -> None:
+def _score(scores: MapScores, maps: torch.Tensor, masks: list[torch.Tensor], grown: list[torch.Tensor],
+           size: tuple[int, int]) -> None:
     """maps (W, h, w) of W words, their masks and dilated masks (H, W) each: add each word's
     grounding and pointing hit."""
     image_maps = upsample(maps, size)  # (W, H, W), each sums to 1
@@ -181,14 +172,8 @@ def caption_grad_cam(model: Captioner, feats: torch.Tensor, caption: Caption,
     return {p: cam.reshape(h, w).cpu() for p, cam in zip(positions, cams)}  # (h, w) each
 
 
-def records_grad_cam(
-    model: Captioner,
-    records: list,
-    captions: dict[int, Caption],
-    instances: Instances,
-    kind: str = "shapes",
-    batch_size: int = 32,
-) -> dict[int, dict[int, torch.Tensor]]:
+def records_grad_cam(model: Captioner, records: list, captions: dict[int, Caption], instances: Instances,
+                     kind: str = "shapes", batch_size: int = 32) -> dict[int, dict[int, torch.Tensor]]:
     """image id -> word position -> (h, w) Grad-CAM map, for the grounded words of each
     caption. The images are encoded again (the encoder has no attention to disagree with)."""
     from captioner.data.batching import image_loader
@@ -203,7 +188,6 @@ def records_grad_cam(
             feats, _ = model.encode(images.to(model.device))  # (B, N, D)
         for row, i in enumerate(indices.tolist()):
             image_id = wanted[i].image_id
-            caption = captions[image_id]
-            positions = sorted(word_regions(caption, image_id, instances, kind))
-            out[image_id] = caption_grad_cam(model, feats[row], caption, positions)
+            positions = sorted(word_regions(captions[image_id], image_id, instances, kind))
+            out[image_id] = caption_grad_cam(model, feats[row], captions[image_id], positions)
     return out

@@ -88,26 +88,17 @@ def check_java() -> str:
     """Check that `java` is on PATH, runs, and is version 8 or newer; return its version line."""
     java = java_executable()
     try:
-        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60,
-                              env=java_environment())
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60, env=java_environment())
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise CaptionerError(
-            f"Java at {java} does not run ({e}); {JAVA_NEEDED} ({JAVA_INSTALL})"
-        ) from None
-    output = (proc.stderr or "") + (proc.stdout or "")
+        raise CaptionerError(f"Java at {java} does not run ({e}); {JAVA_NEEDED} ({JAVA_INSTALL})") from None
+    output = ((proc.stderr or "") + (proc.stdout or "")).strip()
     if proc.returncode != 0:
-        last = output.strip().splitlines()[-1:] or ["no output"]
-        raise CaptionerError(
-            f"Java at {java} fails to start ({last[0]}); {JAVA_NEEDED} ({JAVA_INSTALL})"
-        )
-    first = output.strip().splitlines()[0] if output.strip() else "unknown version"
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
-    if match:
-        major = int(match.group(1))
-        if major == 1 and match.group(2):  # "1.8.0_242" is Java 8
-            major = int(match.group(2))
-        if major < 8:
-            raise CaptionerError(f"Java at {java} is too old ({first}); {JAVA_NEEDED} ({JAVA_INSTALL})")
+        last = output.splitlines()[-1] if output else "no output"
+        raise CaptionerError(f"Java at {java} fails to start ({last}); {JAVA_NEEDED} ({JAVA_INSTALL})")
+    first = output.splitlines()[0] if output else "unknown version"
+    match = re.search(r'version "(?:1\.)?(\d+)', output)  # "1.8.0_242" is Java 8, "17.0.2" Java 17
+    if match and int(match.group(1)) < 8:
+        raise CaptionerError(f"Java at {java} is too old ({first}); {JAVA_NEEDED} ({JAVA_INSTALL})")
     return first
 
 
@@ -130,15 +121,14 @@ def run_java(name: str, args: Sequence[str], cwd: str | os.PathLike[str], lines:
                             "and was stopped") from None
     log_output(name, proc.stderr)
     if proc.returncode != 0:
-        raise JavaToolError(
-            f"{name} failed: the Java process exited with status {proc.returncode} ({_last_line(proc.stderr)})"
-        )
+        raise JavaToolError(f"{name} failed: the Java process exited with status {proc.returncode} "
+                            f"({_last_line(proc.stderr)})")
     return proc.stdout
 
 
 class LineTool:
     """A running Java program that answers lines on stdin with lines on stdout (METEOR's -stdio);
-    stderr goes to a temporary file, so it never blocks on a full pipe. A context manager."""
+    stderr goes to a temporary file, so it never blocks on a full pipe."""
 
     def __init__(self, name: str, args: Sequence[str], cwd: str | os.PathLike[str]) -> None:
         self.name = name
@@ -154,12 +144,6 @@ class LineTool:
         for stream in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError, AttributeError):  # Linux only; the default size works too
                 fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # type: ignore[union-attr]
-
-    def __enter__(self) -> LineTool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def kill(self) -> None:
         """Stop the process now (safe from another thread, and when it has already exited)."""
@@ -188,13 +172,10 @@ class LineTool:
         """The error for a process that closed its output after `received` of `expected` lines."""
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
-        status = "was killed" if self.proc.returncode is not None and self.proc.returncode < 0 else (
-            f"exited with status {self.proc.returncode}" if self.proc.returncode is not None else "closed its output"
-        )
-        return JavaToolError(
-            f"{self.name} failed: the Java process {status} after {received} of {expected} answers "
-            f"({_last_line(self.stderr_text())})"
-        )
+        code = self.proc.returncode
+        status = "closed its output" if code is None else "was killed" if code < 0 else f"exited with status {code}"
+        return JavaToolError(f"{self.name} failed: the Java process {status} after {received} of {expected} "
+                             f"answers ({_last_line(self.stderr_text())})")
 
 
 def exchange(tools: Sequence[LineTool], requests: Sequence[tuple[bytes, int]]) -> list[list[bytes]]:
@@ -217,10 +198,8 @@ def exchange(tools: Sequence[LineTool], requests: Sequence[tuple[bytes, int]]) -
             if not events:
                 k = next(key.data[0] for key in selector.get_map().values())
                 tools[k].kill()
-                raise JavaToolError(
-                    f"{tools[k].name} failed: the Java process gave no answer for {STALL_TIMEOUT_S:g} s "
-                    f"({counts[k]} of {requests[k][1]} answers) and was stopped"
-                )
+                raise JavaToolError(f"{tools[k].name} failed: the Java process gave no answer for "
+                                    f"{STALL_TIMEOUT_S:g} s ({counts[k]} of {requests[k][1]} answers) and was stopped")
             for key, _ in events:
                 k, direction = key.data
                 if direction == "write":

@@ -1,6 +1,7 @@
 """Caption metrics: the official COCO evaluation, and a fast in-process subset for validation.
 `official_scores` gives pycocoevalcap's numbers (needs Java) in a fraction of its time, checked
-against `pycocoevalcap_scores` (its own code); `fast_scores` is BLEU and CIDEr-D without Java."""
+against `pycocoevalcap_scores` (its own code); `fast_scores` is BLEU and CIDEr-D without Java.
+`nltk_corpus_bleu` is BLEU as the Show-Attend-Tell tutorial reports it, beside the official scores."""
 
 from __future__ import annotations
 
@@ -11,23 +12,16 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from captioner.evaluation.java import (
-    JavaToolError,
-    check_java,
-    java_environment,
-    java_executable,
-    one_line,
-    quiet_pycocoevalcap,
-    run_java,
-)
-from captioner.evaluation.meteor import MeteorPool, meteor_arguments, score_line
+    JavaToolError, check_java, java_environment, java_executable, one_line, quiet_pycocoevalcap, run_java)
+from captioner.evaluation.meteor import MeteorPool, cut_table, meteor_arguments, meteor_dir, score_line
 from captioner.evaluation.meteor import default_processes as default_meteor_processes
-from captioner.evaluation.paraphrases import cut_table, meteor_dir
 from captioner.evaluation.results_files import Predictions, References, load_references, load_results, scored_ids
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu, bleu_parts, cider_d, rouge_l
 from captioner.evaluation.spice_models import ensure_spice_models
@@ -53,8 +47,7 @@ def ptb_token_lines(captions: Sequence[str]) -> list[str]:
     # The captions go in on stdin: CoreNLP's PTBTokenizer misreads a file name with a space in it.
     text = "\n".join(one_line(c).replace("\n", " ") for c in captions)
     jar_folder = Path(ptbtokenizer.__file__).resolve().parent
-    output = run_java("PTB tokenizer", args, jar_folder, len(captions), stdin=text)
-    lines = output.split("\n")
+    lines = run_java("PTB tokenizer", args, jar_folder, len(captions), stdin=text).split("\n")
     if len(lines) < len(captions):
         raise JavaToolError(f"PTB tokenizer failed: {len(captions)} captions in, {len(lines)} lines out")
     drop = frozenset(ptbtokenizer.PUNCTUATIONS)
@@ -81,27 +74,23 @@ class OfficialScores:
     bleu_parts: BleuParts  # BLEU's factors, from the same n-gram counts as the scores
 
 
-def official_scores(
-    references: Mapping[int, list[str]], predictions: Mapping[int, str], spice: bool = False,
-    meteor_processes: int | None = None,
-) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+def official_scores(references: Mapping[int, list[str]], predictions: Mapping[int, str], spice: bool = False,
+                    meteor_processes: int | None = None) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
     """(overall, per image) scores of `predictions` as `COCOEvalCap.evaluate` gives them (`score_official`)."""
     scores = score_official(references, predictions, spice=spice, meteor_processes=meteor_processes)
     return scores.overall, scores.per_image
 
 
-def score_official(
-    references: References, predictions: Predictions, spice: bool = False, meteor_processes: int | None = None,
-) -> OfficialScores:
+def score_official(references: References, predictions: Predictions, spice: bool = False,
+                   meteor_processes: int | None = None) -> OfficialScores:
     """The official COCO caption metrics of the predicted images, equal to pycocoevalcap's: Bleu_1..4,
     METEOR, ROUGE_L, CIDEr (CIDEr-D, scaled 0.6 not 60) and, with `spice`, SPICE's "All" F-score. One
     PTB tokenizer run; METEOR on a cut paraphrase table in a thread beside the in-process scorers."""
     return score_official_many([(references, predictions)], spice=spice, meteor_processes=meteor_processes)[0]
 
 
-def score_official_many(
-    jobs: Sequence[tuple[References, Predictions]], spice: bool = False, meteor_processes: int | None = None,
-) -> list[OfficialScores]:
+def score_official_many(jobs: Sequence[tuple[References, Predictions]], spice: bool = False,
+                        meteor_processes: int | None = None) -> list[OfficialScores]:
     """`score_official` of each (references, predictions) job, with the Java start-ups shared: one PTB
     tokenizer run over every distinct caption and one set of METEOR processes for all the jobs."""
     if not jobs:
@@ -111,10 +100,8 @@ def score_official_many(
     run_spice = spice and ensure_spice_models()
     processes = meteor_processes or default_meteor_processes(max((len(ids) for ids in id_sets), default=1))
     start = time.perf_counter()
-    distinct = list(dict.fromkeys(
-        caption for (references, predictions), ids in zip(jobs, id_sets) for i in ids
-        for caption in (*references[i], predictions[i])
-    ))
+    distinct = list(dict.fromkeys(caption for (references, predictions), ids in zip(jobs, id_sets) for i in ids
+                                  for caption in (*references[i], predictions[i])))
     tokens = dict(zip(distinct, ptb_token_lines(distinct)))
     tokenized = [
         ({i: [tokens[c] for c in references[i]] for i in ids}, {i: tokens[predictions[i]] for i in ids})
@@ -133,9 +120,8 @@ def score_official_many(
     return results
 
 
-def _score_tokenized(
-    meteor: MeteorPool, ids: list[int], gts: dict[int, list[str]], res: dict[int, str], seconds: dict[str, float],
-) -> OfficialScores:
+def _score_tokenized(meteor: MeteorPool, ids: list[int], gts: dict[int, list[str]], res: dict[int, str],
+                     seconds: dict[str, float]) -> OfficialScores:
     """The official metrics of tokenised captions: METEOR in a thread while BLEU, ROUGE-L and CIDEr-D run here."""
     start_all = time.perf_counter()
     overall: dict[str, float] = {}
@@ -205,10 +191,9 @@ def _one(scores: tuple[float, list[float]]) -> tuple[list[float], list[list[floa
     return [scores[0]], [scores[1]]
 
 
-def _record(
-    ids: list[int], keys: Sequence[str], corpus: list[float], images: list[list[float]],
-    overall: dict[str, float], per_image: dict[int, dict[str, float]],
-) -> None:
+def _record(ids: list[int], keys: Sequence[str], corpus: list[float], images: list[list[float]],
+            overall: dict[str, float], per_image: dict[int, dict[str, float]]) -> None:
+    """Each key's corpus score into `overall` and its per-image scores into `per_image`."""
     for key, value, values in zip(keys, corpus, images):
         overall[key] = float(value)
         for image_id, image_value in zip(ids, values):
@@ -283,18 +268,56 @@ def fast_scores(references: Mapping[int, list[str]], predictions: Mapping[int, s
     """BLEU-1..4 and CIDEr-D ("CIDEr") in process, without Java: `tokenize` reproduces the PTB
     tokenizer and the scorers are `official_scores`' own. Report `official_scores` in results."""
     ids = scored_ids(references, predictions)
-    counted = CountedCaptions.of(
-        [" ".join(tokenize(predictions[i])) for i in ids], [[" ".join(tokenize(c)) for c in references[i]] for i in ids]
-    )
+    counted = CountedCaptions.of([" ".join(tokenize(predictions[i])) for i in ids],
+                                 [[" ".join(tokenize(c)) for c in references[i]] for i in ids])
     scores = {key: float(value) for key, value in zip(BLEU_KEYS, bleu(counted)[0])}
     scores["CIDEr"] = cider_d(counted)[0]
     return scores
 
 
-def evaluate_results_file(
-    results_path: str | os.PathLike[str], annotations_path: str | os.PathLike[str], spice: bool = False
-) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+def evaluate_results_file(results_path: str | os.PathLike[str], annotations_path: str | os.PathLike[str],
+                          spice: bool = False) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
     """Load a COCO results file and its annotation file and return `official_scores` of it."""
     references = load_references(annotations_path)
     predictions = load_results(results_path, references)
     return official_scores(references, predictions, spice=spice)
+
+
+# nltk's corpus_bleu with no smoothing, on the official scorer's tokens: it matches pycocoevalcap's
+# formula but gives ~0 when an n-gram order has no match, so it is never reported as the official score.
+TUTORIAL_BLEU_KEYS = tuple(f"nltk_corpus_BLEU_{n}" for n in range(1, 5))
+TUTORIAL_BLEU_LABEL = "tutorial-style nltk corpus_bleu, not comparable with COCO-server BLEU"
+
+
+def nltk_corpus_bleu(references: Mapping[int, list[list[str]]],
+                     predictions: Mapping[int, list[str]]) -> dict[str, float]:
+    """nltk corpus BLEU-1..4 (uniform weights, no smoothing) of the predicted images, each caption a word list."""
+    from nltk.translate.bleu_score import corpus_bleu
+
+    ids = sorted(predictions)
+    refs = [references[i] for i in ids]
+    hyps = [predictions[i] for i in ids]
+    scores = {}
+    with warnings.catch_warnings():  # nltk warns when a precision is zero; the score is then ~0
+        warnings.simplefilter("ignore")
+        for n, key in enumerate(TUTORIAL_BLEU_KEYS, start=1):
+            scores[key] = float(corpus_bleu(refs, hyps, weights=(1.0 / n,) * n))
+    return scores
+
+
+def tokenized(
+    references: Mapping[int, list[str]], predictions: Mapping[int, str], ptb: bool | None = None
+) -> tuple[dict[int, list[list[str]]], dict[int, list[str]]]:
+    """Word lists of the references and predictions: the Java PTB tokenizer's (`ptb`, as the
+    official scorer tokenises) or `tokenize`'s; with `ptb=None` the captions are already tokenised
+    and joined by spaces (`OfficialScores` keeps them so)."""
+    ids = sorted(predictions)
+    if ptb is None:
+        return {i: [c.split() for c in references[i]] for i in ids}, {i: predictions[i].split() for i in ids}
+    if not ptb:
+        return {i: [tokenize(c) for c in references[i]] for i in ids}, {i: tokenize(predictions[i]) for i in ids}
+    # One run of the Java tokenizer over every caption; each caption is tokenised on its own line.
+    captions = [c for i in ids for c in references[i]] + [predictions[i] for i in ids]
+    tokens = iter(ptb_tokenize(captions))
+    refs = {i: [next(tokens) for _ in references[i]] for i in ids}
+    return refs, {i: next(tokens) for i in ids}

@@ -35,8 +35,7 @@ def ngram_counts(tokens: Sequence[Hashable], n: int = MAX_N) -> NgramCounts:
 
 
 def document_frequency(images: Iterable[Iterable[NgramCounts]]) -> Counter:
-    """Per n-gram, the number of images whose references hold it (each image counts once, however
-    many of its references repeat it), from each image's references' `ngram_counts`."""
+    """Per n-gram, the number of images whose references (their `ngram_counts`) hold it."""
     df: Counter = Counter()
     for refs in images:
         df.update(set().union(*refs))
@@ -63,8 +62,7 @@ def idf_table(df: Mapping[NGram, int], num_images: int) -> dict[NGram, float]:
 
 
 def cider_clip(hyp_weight: Number, ref_weight: Number) -> Number:
-    """CIDEr-D's clipped product min(h, r) * r of a hypothesis n-gram's tf-idf weight h and a
-    reference's r: repeating an n-gram earns nothing past the reference's count."""
+    """CIDEr-D's min(h, r) * r of a hypothesis and a reference n-gram's tf-idf weights (no gain past r)."""
     lower = min(hyp_weight, ref_weight) if isinstance(hyp_weight, float) else hyp_weight.clip(max=ref_weight)
     return lower * ref_weight
 
@@ -75,14 +73,12 @@ def cider_length(num_words: Number) -> Number:
 
 
 def cider_length_penalty(delta: Number, sigma: float = CIDER_SIGMA) -> Number:
-    """exp(-delta^2 / (2 sigma^2)) of the difference of two captions' `cider_length`, written as
-    pycocoevalcap writes it (e ** x)."""
+    """exp(-delta^2 / (2 sigma^2)) of two captions' `cider_length` difference, as pycocoevalcap writes it."""
     return math.e ** (-(delta**2) / (2 * sigma**2))
 
 
 def bleu_clip(hyp_count: Number, max_ref_count: Number) -> Number:
-    """BLEU's clipped count min(c, m) of a hypothesis n-gram seen c times, where the reference that
-    has it most often has it m times (`max_reference_counts`)."""
+    """BLEU's clipped count min(c, m) of an n-gram: c its hypothesis count, m its `max_reference_counts`."""
     return min(hyp_count, max_ref_count) if isinstance(hyp_count, int) else hyp_count.clip(max=max_ref_count)
 
 
@@ -97,8 +93,7 @@ def max_reference_counts(refs: Iterable[Mapping[Key, int]]) -> dict[Key, int]:
 
 
 def clipped_matches(hyp: NgramCounts, maxima: Mapping[NGram, int], n: int = MAX_N) -> list[int]:
-    """BLEU's clipped matches for orders 1..n: each hypothesis n-gram counted at most as often as
-    the one reference that has it most often (`max_reference_counts`)."""
+    """BLEU's clipped matches for orders 1..n, each n-gram's count clipped by `bleu_clip`."""
     correct = [0] * n
     for gram, count in hyp.items():
         correct[len(gram) - 1] += bleu_clip(count, maxima.get(gram, 0))

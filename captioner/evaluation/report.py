@@ -16,15 +16,10 @@ def _json_number(value: float) -> float | None:
     return value if math.isfinite(value) else None  # NaN is not JSON
 
 
-def write_scores_json(
-    path: str | os.PathLike[str],
-    overall: Mapping[str, float],
-    per_image: Mapping[int, Mapping[str, float]],
-    extra: Mapping[str, Any] | None = None,
-) -> None:
+def write_scores_json(path: str | os.PathLike[str], overall: Mapping[str, float],
+                      per_image: Mapping[int, Mapping[str, float]], extra: Mapping[str, Any] | None = None) -> None:
     """Write `{**extra, "overall": {...}, "num_images": n, "per_image": [{"image_id", ...}]}`, per-image
     entries by image id (as COCOEvalCap's `evalImgs`), non-finite scores null, atomically."""
-    path = Path(path)
     extra = dict(extra or {})
     clash = {"overall", "num_images", "per_image"} & extra.keys()
     if clash:
@@ -39,7 +34,7 @@ def write_scores_json(
         ],
     }
     text = json.dumps(document, indent=1) + "\n"
-    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))  # a full disk keeps the old file
+    write_atomically(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))  # a full disk keeps the old file
 
 
 def rounded(scores: Mapping[str, float]) -> dict[str, float]:

@@ -24,8 +24,7 @@ def load_references(path: str | os.PathLike[str]) -> References:
     path = Path(path)
     data = read_json(path, "annotation file")
     if not isinstance(data, dict):
-        raise DatasetError(f"{path}: expected a COCO caption annotation object, "
-                           f"got a JSON {type(data).__name__}")
+        raise DatasetError(f"{path}: expected a COCO caption annotation object, got a JSON {type(data).__name__}")
     annotations = data.get("annotations")
     if annotations is None:
         raise DatasetError(f'{path}: missing "annotations" (not a COCO caption annotation file?)')
@@ -76,20 +75,16 @@ def load_results(path: str | os.PathLike[str], references: Mapping[int, list[str
         if not caption.strip():
             raise DatasetError(f"{path}: item {i} (image {image_id}) has an empty caption")
         if image_id in first_item:
-            raise DatasetError(
-                f"{path}: image {image_id} has more than one caption (items {first_item[image_id]} and {i}); "
-                "the COCO evaluation expects exactly one per image"
-            )
+            raise DatasetError(f"{path}: image {image_id} has more than one caption (items {first_item[image_id]} and "
+                               f"{i}); the COCO evaluation expects exactly one per image")
         first_item[image_id] = i
         predictions[image_id] = caption
     unknown = [image_id for image_id in predictions if image_id not in references]
     if unknown:
         shown = ", ".join(str(image_id) for image_id in unknown[:5])
         more = ", ..." if len(unknown) > 5 else ""
-        raise DatasetError(
-            f"{path}: {len(unknown)} of {len(predictions)} image ids are not in the annotations "
-            f"({shown}{more}); wrong annotation file or split?"
-        )
+        raise DatasetError(f"{path}: {len(unknown)} of {len(predictions)} image ids are not in the annotations "
+                           f"({shown}{more}); wrong annotation file or split?")
     return predictions
 
 

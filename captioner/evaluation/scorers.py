@@ -15,22 +15,23 @@ from itertools import chain, repeat
 import numpy as np
 
 from captioner.evaluation.ngrams import (
-    CIDER_SCALE,
-    MAX_N,
-    bleu_clip,
-    bleu_guesses,
-    bleu_scores,
-    cider_clip,
-    cider_length,
-    cider_length_penalty,
-    closest_ref_length,
-    document_frequency,
-    idf_table,
-    log_images,
-    ngram_counts,
-)
+    CIDER_SCALE, MAX_N, bleu_clip, bleu_guesses, bleu_scores, cider_clip, cider_length, cider_length_penalty,
+    closest_ref_length, document_frequency, idf_table, log_images, ngram_counts)
 
 ROUGE_BETA = 1.2  # ROUGE-L's recall weight
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector: counting creates millions of tuples and dicts, none
+    of them garbage, which it would otherwise rescan again and again (about 15% of the time)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,9 @@ class CountedCaptions:
     document_frequency: Counter  # n-gram -> number of images whose references have it
 
     @classmethod
+    @_collector_paused()
     def of(cls, hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> CountedCaptions:
-        with _collector_paused():
-            return cls._of(hypotheses, references)
-
-    @classmethod
-    def _of(cls, hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> CountedCaptions:
+        """Count space-joined hypotheses and their references (hypotheses[i]: image i's)."""
         hyp_words = [h.split() for h in hypotheses]
         hyp_counts = [ngram_counts(w) for w in hyp_words]
         ref_words = [[r.split() for r in refs] for refs in references]
@@ -93,8 +91,7 @@ class CountedCaptions:
             hyp_order=np.fromiter(map(len, hyp_grams), np.int64, len(hyp_grams)) - 1,
             hyp_image=np.repeat(np.arange(len(hyp_counts)), hyp_sizes),
             pair_image=pair_image,
-            pair_ref_length=np.array([length for lengths in ref_words for length in map(len, lengths)],
-                                     dtype=np.int64),
+            pair_ref_length=np.array([len(words) for refs in ref_words for words in refs], dtype=np.int64),
             match_hyp=match_hyp,
             match_pair=match_pair,
             match_ref_tf=np.array(match_ref_tf, dtype=np.float64),
@@ -106,36 +103,10 @@ class CountedCaptions:
         )
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector: counting creates millions of tuples and dicts, none
-    of them garbage, which it would otherwise rescan again and again (about 15% of the time)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _sums(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
     """Per index, the sum of its values added one by one in array order (np.bincount's loop), so
     each sum is formed in the order pycocoevalcap's Python loop forms it."""
     return np.bincount(index, weights=values, minlength=size)
-
-
-# --- BLEU ------------------------------------------------------------------------------------------
-
-
-def _clipped_matches(counted: CountedCaptions) -> list[list[int]]:
-    """Per image, the hypothesis's clipped n-gram matches for n = 1..4 (images, 4): each n-gram
-    counted at most as often as the one reference that has it most often."""
-    best = np.zeros(len(counted.hyp_tf))  # (hyp,) the most any one reference has of the n-gram
-    np.maximum.at(best, counted.match_hyp, counted.match_ref_tf)
-    clipped = bleu_clip(counted.hyp_tf, best)
-    correct = _sums(counted.hyp_image * MAX_N + counted.hyp_order, clipped, counted.num_images * MAX_N)
-    return correct.reshape(counted.num_images, MAX_N).astype(np.int64).tolist()  # (images, 4), whole numbers
 
 
 def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
@@ -150,8 +121,14 @@ def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
 
 
 def _bleu_counts(counted: CountedCaptions) -> Iterator[tuple[list[int], list[int], int, int]]:
-    """Per image: clipped matches and guesses for n = 1..4, its length, and the closest reference's."""
-    for correct_n, test_len, ref_lens in zip(_clipped_matches(counted), counted.hyp_lengths, counted.ref_lengths):
+    """Per image: clipped matches and guesses for n = 1..4, its length, and the closest reference's. An
+    n-gram matches at most as often as the one reference that has it most often."""
+    best = np.zeros(len(counted.hyp_tf))  # (hyp,) the most any one reference has of the n-gram
+    np.maximum.at(best, counted.match_hyp, counted.match_ref_tf)
+    clipped = bleu_clip(counted.hyp_tf, best)
+    correct = _sums(counted.hyp_image * MAX_N + counted.hyp_order, clipped, counted.num_images * MAX_N)
+    matches = correct.reshape(counted.num_images, MAX_N).astype(np.int64).tolist()  # (images, 4), whole numbers
+    for correct_n, test_len, ref_lens in zip(matches, counted.hyp_lengths, counted.ref_lengths):
         yield correct_n, bleu_guesses(test_len), test_len, closest_ref_length(test_len, ref_lens)
 
 
@@ -186,10 +163,6 @@ def bleu_parts(counted: CountedCaptions) -> BleuParts:
     return BleuParts(precisions, test_total, ref_total, ratio, penalty)
 
 
-
-# --- CIDEr-D ---------------------------------------------------------------------------------------
-
-
 def cider_d(counted: CountedCaptions) -> tuple[float, list[float]]:
     """pycocoevalcap's `Cider()` (CIDEr-D): the corpus score (the mean) and each image's, vectorised
     over all (image, reference) pairs with every sum in pycocoevalcap's order, so the same doubles."""
@@ -201,8 +174,7 @@ def cider_d(counted: CountedCaptions) -> tuple[float, list[float]]:
     num_pairs = len(counted.pair_image)
     hyp_weight = counted.hyp_tf * hyp_idf  # (hyp,) tf-idf
     ref_weight = counted.ref_tf * ref_idf  # (ref,)
-    hyp_norm = np.sqrt(_sums(counted.hyp_image * MAX_N + counted.hyp_order, hyp_weight**2,
-                             counted.num_images * MAX_N))
+    hyp_norm = np.sqrt(_sums(counted.hyp_image * MAX_N + counted.hyp_order, hyp_weight**2, counted.num_images * MAX_N))
     ref_norm = np.sqrt(_sums(counted.ref_pair * MAX_N + counted.ref_order, ref_weight**2, num_pairs * MAX_N))
     hyp_norm = hyp_norm.reshape(-1, MAX_N)[counted.pair_image]  # (pair, 4)
     ref_norm = ref_norm.reshape(-1, MAX_N)  # (pair, 4)
@@ -221,16 +193,12 @@ def cider_d(counted: CountedCaptions) -> tuple[float, list[float]]:
     penalties = {d: cider_length_penalty(float(d)) for d in np.unique(delta).tolist()}
     value = value * np.array([penalties[d] for d in delta.tolist()])[:, None]  # (pair, 4)
 
-    per_image_n = np.stack(
-        [_sums(counted.pair_image, value[:, n], counted.num_images) for n in range(MAX_N)], axis=1
-    )  # (images, 4): each image's references summed in order
+    per_image_n = np.stack([_sums(counted.pair_image, value[:, n], counted.num_images) for n in range(MAX_N)],
+                           axis=1)  # (images, 4): each image's references summed in order
     refs_per_image = np.bincount(counted.pair_image, minlength=counted.num_images)
     total = ((per_image_n[:, 0] + per_image_n[:, 1]) + per_image_n[:, 2]) + per_image_n[:, 3]
     scores = (total / MAX_N / refs_per_image * CIDER_SCALE).tolist()
     return float(np.mean(np.array(scores))), scores
-
-
-# --- ROUGE-L ---------------------------------------------------------------------------------------
 
 
 def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:

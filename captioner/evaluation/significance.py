@@ -54,10 +54,8 @@ def per_image_scores(path: str | Path, metric: str) -> dict[int, float]:
     return scores
 
 
-def paired_bootstrap(
-    base: dict[int, float], new: dict[int, float], samples: int = 10_000, seed: int = 0, interval: float = 0.95,
-    goal: float | None = None,
-) -> PairedGain:
+def paired_bootstrap(base: dict[int, float], new: dict[int, float], samples: int = 10_000, seed: int = 0,
+                     interval: float = 0.95, goal: float | None = None) -> PairedGain:
     """The relative gain of `new` over `base` (image id -> score, the same images), with its
     bootstrap interval and the share of draws that favour `new` (and that reach `goal`)."""
     if base.keys() != new.keys():

@@ -33,7 +33,7 @@ def _spice_model_files() -> list[Path]:
 
 
 def _spice_models_url() -> str:
-    # The address pycocoevalcap.spice.get_stanford_models downloads from.
+    """The address pycocoevalcap.spice.get_stanford_models downloads from."""
     from pycocoevalcap.spice import get_stanford_models as gsm
 
     return f"http://nlp.stanford.edu/software/{gsm.CORENLP}.zip"
@@ -44,10 +44,8 @@ def missing_spice_models() -> list[Path]:
     return [path for path in _spice_model_files() if not path.is_file()]
 
 
-_PROBE = (
-    "import sys, urllib.request as u; "
-    "u.urlopen(u.Request(sys.argv[1], method='HEAD'), timeout=float(sys.argv[2])).close()"
-)
+_PROBE = ("import sys, urllib.request as u; "
+          "u.urlopen(u.Request(sys.argv[1], method='HEAD'), timeout=float(sys.argv[2])).close()")
 
 
 def _probe_spice_models_url() -> str | None:
@@ -55,10 +53,8 @@ def _probe_spice_models_url() -> str | None:
     hanging name lookup is bounded."""
     url = _spice_models_url()
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _PROBE, url, str(SPICE_PROBE_TIMEOUT_S / 2)],
-            capture_output=True, text=True, timeout=SPICE_PROBE_TIMEOUT_S,
-        )
+        proc = subprocess.run([sys.executable, "-c", _PROBE, url, str(SPICE_PROBE_TIMEOUT_S / 2)], capture_output=True,
+                              text=True, timeout=SPICE_PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return f"{url} did not answer within {SPICE_PROBE_TIMEOUT_S:.0f} s"
     if proc.returncode != 0:
@@ -71,9 +67,8 @@ def _download_spice_models() -> str | None:
     """Run pycocoevalcap's own downloader, bounded in time; None on success, else why not."""
     code = "from pycocoevalcap.spice.get_stanford_models import get_stanford_models; get_stanford_models()"
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=SPICE_DOWNLOAD_TIMEOUT_S
-        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=SPICE_DOWNLOAD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return f"the download did not finish within {SPICE_DOWNLOAD_TIMEOUT_S:.0f} s"
     log_output("get_stanford_models", proc.stdout)

@@ -26,8 +26,7 @@ _SENTENCE_STARTS = frozenset("The A An This There It".split())
 SPLIT_WORDS = {
     "cannot": ("can", "not"), "gonna": ("gon", "na"), "gotta": ("got", "ta"), "wanna": ("wan", "na"),
     "gimme": ("gim", "me"), "lemme": ("lem", "me"), "gotcha": ("got", "cha"), "'tis": ("'t", "is"),
-    "'twas": ("'t", "was"),
-    "y'all": ("y'", "all"),
+    "'twas": ("'t", "was"), "y'all": ("y'", "all"),
 }
 BRACKETS = {"(": "-lrb-", ")": "-rrb-", "[": "-lsb-", "]": "-rsb-", "{": "-lcb-", "}": "-rcb-"}
 CONTRACTIONS = ("n't", "'s", "'re", "'ve", "'ll", "'d", "'m")
@@ -62,8 +61,7 @@ _APOSTROPHE_WORD = re.compile(r"[^\W\d_iy]'[^\W\d_]{2,}|[^\W\d_]*[aeiouy]'[aeiou
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-case tokens of a caption, as pycocoevalcap's PTB tokenizer and punctuation removal
-    give them."""
+    """Lower-case tokens of a caption, as pycocoevalcap's PTB tokenizer and punctuation removal give them."""
     text = text.translate(_QUOTES)
     tokens: list[str] = []
     for match in _TOKEN.finditer(text):
@@ -94,11 +92,7 @@ def _keeps_period(word: str, after: str) -> bool:
         return not (word.isupper() and following in _SENTENCE_STARTS)
     if lower in ("no", "nos"):  # "no. 2": the lexer's abbreviations of "number"
         return bool(_NUMBER_NEXT.match(after))
-    return (
-        lower in ABBREVIATIONS
-        or word in CAPITALISED_ABBREVIATIONS
-        or bool(_ACRONYM.fullmatch(lower))
-    )
+    return lower in ABBREVIATIONS or word in CAPITALISED_ABBREVIATIONS or bool(_ACRONYM.fullmatch(lower))
 
 
 def _split_word(word: str) -> list[str]:

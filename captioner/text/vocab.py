@@ -11,10 +11,9 @@ from pathlib import Path
 from captioner.core.errors import DatasetError
 from captioner.text.tokenizer import tokenize
 
-__all__ = ["PAD", "BOS", "EOS", "UNK", "SPECIALS", "Vocabulary", "tokenize"]
-
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
+
 
 class Vocabulary:
     """A word <-> id mapping with `<pad>`=0, `<bos>`, `<eos>`, `<unk>` first."""
@@ -44,9 +43,7 @@ class Vocabulary:
     def encode(self, caption: str, max_len: int | None = None) -> list[int]:
         """Caption -> [bos, w1, ..., wn, eos], words truncated to `max_len`."""
         ids = [self.index.get(token, self.unk_id) for token in tokenize(caption)]
-        if max_len is not None:
-            ids = ids[:max_len]
-        return [self.bos_id, *ids, self.eos_id]
+        return [self.bos_id, *ids[:max_len], self.eos_id]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text, stopping at `<eos>` and skipping `<bos>`/`<pad>`."""

@@ -15,24 +15,11 @@ from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from captioner.core.errors import CaptionerError  # noqa: E402
-from captioner.core.files import write_atomically  # noqa: E402
 from captioner.models.caption_result import Caption, upsample  # noqa: E402
+from captioner.viz.curves import save_figure  # noqa: E402
 from captioner.viz.overlays import overlay, save_attention_figure  # noqa: E402
 
 HEAD_COLOURS = plt.get_cmap("tab10")
-
-
-def head_view_tokens(caption: Caption) -> tuple[list[str], list[str]]:
-    """(left, right) labels of the head view: the word each step produced, and the input each
-    position held (<bos>, then the words), so row t's lines reach <bos> and the words before t."""
-    return list(caption.words), ["<bos>", *caption.words[:-1]]
-
-
-def _check_self_attention(caption: Caption) -> torch.Tensor:
-    if caption.self_attn is None:
-        raise CaptionerError("this caption has no self-attention weights: "
-                             "only transformer decoders have them")
-    return caption.self_attn  # (T, L, H, T)
 
 
 def _draw_head_view(ax, weights: torch.Tensor, left: list[str], right: list[str], colour, title: str) -> None:
@@ -45,7 +32,6 @@ def _draw_head_view(ax, weights: torch.Tensor, left: list[str], right: list[str]
     for t in range(T):
         ax.text(0, t, left[t], ha="right", va="center", fontsize=8)
         ax.text(1, t, right[t], ha="left", va="center", fontsize=8)
-    for t in range(T):
         for j in range(t + 1):  # causal: nothing after t carries weight
             w = float(weights[t, j])
             if w > 0.02:
@@ -55,11 +41,15 @@ def _draw_head_view(ax, weights: torch.Tensor, left: list[str], right: list[str]
 def head_view_figure(caption: Caption, layers: list[int] | None = None, heads: list[int] | None = None) -> Figure:
     """bertviz's head view of the decoder's self-attention: a panel per (layer, head) and a layer's
     mean over heads, each a line from every word to each earlier input, as strong as the weight."""
-    weights = _check_self_attention(caption)  # (T, L, H, T)
+    if caption.self_attn is None:
+        raise CaptionerError("this caption has no self-attention weights: only transformer decoders have them")
+    weights = caption.self_attn  # (T, L, H, T)
     L, H = weights.shape[1:3]
     layers = list(range(L)) if layers is None else layers
     heads = list(range(H)) if heads is None else heads
-    left, right = head_view_tokens(caption)
+    # Left: the word each step produced; right: the input each position held, so row t reaches <bos>
+    # and the words before t.
+    left, right = list(caption.words), ["<bos>", *caption.words[:-1]]
     columns = len(heads) + (1 if len(heads) > 1 else 0)
     height = 0.9 + 0.24 * len(left)
     fig, axes = plt.subplots(len(layers), columns, figsize=(2.3 * columns, height * len(layers)), squeeze=False)
@@ -94,8 +84,7 @@ def head_grid_figure(image: Image.Image, caption: Caption, positions: list[int] 
             for c in range(columns):
                 ax = axes[i * L + layer, c]
                 ax.imshow(overlay(image, pictures[layer * columns + c]))
-                ax.set_xticks([])
-                ax.set_yticks([])
+                ax.set(xticks=[], yticks=[])
                 if i * L + layer == 0:
                     ax.set_title("mean" if c == H else f"head {c}", fontsize=9)
                 if c == 0:
@@ -105,10 +94,8 @@ def head_grid_figure(image: Image.Image, caption: Caption, positions: list[int] 
     return fig
 
 
-def saliency_figure(
-    image: Image.Image, caption: Caption, cams: dict[int, torch.Tensor], layer: int = -1, head: int | None = None,
-    columns: int = 8,
-) -> Figure:
+def saliency_figure(image: Image.Image, caption: Caption, cams: dict[int, torch.Tensor], layer: int = -1,
+                    head: int | None = None, columns: int = 8) -> Figure:
     """For each word: its attention map (top) above its Grad-CAM map (bottom), over the image."""
     positions = sorted(cams)
     columns = max(1, min(columns, len(positions)))
@@ -124,27 +111,11 @@ def saliency_figure(
         top.imshow(overlay(image, attention[i]))
         top.set_title(caption.words[p], fontsize=10)
         bottom.imshow(overlay(image, gradcam[i]))
-        if i % columns == 0:
-            top.text(-0.08, 0.5, "attention", transform=top.transAxes, rotation=90, ha="right", va="center",
-                     fontsize=9)
-            bottom.text(-0.08, 0.5, "Grad-CAM", transform=bottom.transAxes, rotation=90, ha="right", va="center",
-                        fontsize=9)
+        for ax, label in ((top, "attention"), (bottom, "Grad-CAM")) if i % columns == 0 else ():
+            ax.text(-0.08, 0.5, label, transform=ax.transAxes, rotation=90, ha="right", va="center", fontsize=9)
     fig.suptitle(f"attention vs Grad-CAM: {caption.text}", fontsize=10)
     fig.tight_layout()
     return fig
-
-
-def save_figure(fig: Figure, *paths: str | Path, dpi: int = 90) -> list[Path]:
-    """Write the figure atomically to each path (format from the suffix) and close it."""
-    written = []
-    try:
-        for path in map(Path, paths):
-            write_atomically(
-                path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))  # noqa: B023
-            written.append(path)
-    finally:
-        plt.close(fig)
-    return written
 
 
 @dataclass(frozen=True)
@@ -165,29 +136,26 @@ class FigureRequest:
         return any(folder is not None for folder in (self.self_attention, self.head_grid, self.gradcam))
 
 
-def save_caption_figures(
-    image: Image.Image, caption: Caption, request: FigureRequest, stem: str, suffix: str = "",
-    cams: dict[int, torch.Tensor] | None = None,
-) -> dict[str, Path]:
+def save_caption_figures(image: Image.Image, caption: Caption, request: FigureRequest, stem: str, suffix: str = "",
+                         cams: dict[int, torch.Tensor] | None = None) -> dict[str, Path]:
     """Write the figures `request` asks for, named stem_KIND+suffix ("photo_heads_2.png"); their paths
     by kind. Per-word figures are skipped for a caption without words, Grad-CAM also without `cams`
     (word position -> (h, w) map)."""
     written: dict[str, Path] = {}
     if request.heatmaps is not None:
-        written["heatmaps"] = save_attention_figure(
-            request.heatmaps / f"{stem}_attention{suffix}.png", image, caption, layer=request.layer, head=request.head
-        )
+        written["heatmaps"] = save_attention_figure(request.heatmaps / f"{stem}_attention{suffix}.png", image,
+                                                    caption, layer=request.layer, head=request.head)
     if not caption.words:
         return written
     if request.self_attention is not None:
         base = f"{stem}_self_attention{suffix}"  # both formats: PNG to look at, SVG to zoom into
-        written["self_attention"], _ = save_figure(
-            head_view_figure(caption), request.self_attention / f"{base}.png", request.self_attention / f"{base}.svg"
-        )
+        folder = request.self_attention
+        written["self_attention"], _ = save_figure(head_view_figure(caption), folder / f"{base}.png",
+                                                   folder / f"{base}.svg", dpi=90)
     if request.head_grid is not None:
-        (written["head_grid"],) = save_figure(head_grid_figure(image, caption),
-                                              request.head_grid / f"{stem}_heads{suffix}.png")
+        figure = head_grid_figure(image, caption)
+        (written["head_grid"],) = save_figure(figure, request.head_grid / f"{stem}_heads{suffix}.png", dpi=90)
     if request.gradcam is not None and cams:
         figure = saliency_figure(image, caption, cams, request.layer, request.head)
-        (written["gradcam"],) = save_figure(figure, request.gradcam / f"{stem}_gradcam{suffix}.png")
+        (written["gradcam"],) = save_figure(figure, request.gradcam / f"{stem}_gradcam{suffix}.png", dpi=90)
     return written

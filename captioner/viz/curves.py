@@ -13,12 +13,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from captioner.core.files import write_atomically  # noqa: E402
 from captioner.training.history import (  # noqa: E402
-    METRICS,
-    STEP_LOSSES,
-    epochs_trained,
-    read_history,
-    read_step_losses,
-)
+    METRICS, STEP_LOSSES, epochs_trained, read_history, read_step_losses)
 
 CURVES = "training_curves.png"
 
@@ -50,7 +45,7 @@ def plot_run(run_dir: str | Path, metric: str, beam_size: int = 1) -> Path | Non
     if not history:
         return None
     fig = training_figure(history, read_step_losses(run_dir / STEP_LOSSES), metric, beam_size)
-    return save_figure(fig, run_dir / CURVES)
+    return save_figure(fig, run_dir / CURVES)[0]
 
 
 def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: str = "reward",
@@ -72,11 +67,15 @@ def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: s
     return fig
 
 
-def save_figure(fig: Figure, out: str | Path) -> Path:
-    """`fig` into `out` (format from the suffix), atomically: a full disk keeps the previous figure whole."""
-    out = Path(out)
+def save_figure(fig: Figure, *paths: str | Path, dpi: int = 100) -> list[Path]:
+    """Write `fig` atomically to each path (format from the suffix: a full disk keeps the previous
+    figure whole), then close it."""
+    written = []
     try:
-        write_atomically(out, lambda tmp: fig.savefig(tmp, dpi=100, format=out.suffix.lstrip(".") or "png"))
+        for path in map(Path, paths):
+            write_atomically(
+                path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))  # noqa: B023
+            written.append(path)
     finally:
         plt.close(fig)
-    return out
+    return written

@@ -1,10 +1,13 @@
-"""Attention maps (T, h, w) -> heatmaps over the image: per-word overlays and the sheet of them.
-Numpy and Pillow only (a colour lookup and a blend per word), so a sheet costs milliseconds, not
-a matplotlib figure per word; the demo, the CLI and evaluation all draw this sheet."""
+"""Attention maps (T, h, w) -> heatmaps over the image: per-word overlays and the sheet of them, and
+gallery sheets of photographs with captions from several sources. Numpy and Pillow only (a colour
+lookup and a blend per word), so a sheet costs milliseconds, not a matplotlib figure per word."""
 
 from __future__ import annotations
 
 import functools
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,13 +53,6 @@ def font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     return ImageFont.load_default(size=size)
 
 
-def fit(image: Image.Image, side: int) -> Image.Image:
-    """The image scaled, up or down, so that its longer side is `side` px."""
-    scale = side / max(image.size)
-    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    return image.convert("RGB").resize(size, Image.Resampling.BILINEAR)
-
-
 def draw_outline(picture: Image.Image, mask: np.ndarray) -> Image.Image:
     """`picture` with the border of a (H, W) boolean region (at any resolution) drawn in white."""
     region = Image.fromarray(mask.astype(np.uint8) * 255).resize(picture.size, Image.Resampling.NEAREST)
@@ -76,20 +72,15 @@ def shorten(text: str, width: int, typeface: ImageFont.FreeTypeFont | ImageFont.
     return text + "…"
 
 
-def attention_sheet(
-    image: Image.Image,
-    caption: Caption,
-    layer: int = -1,
-    head: int | None = None,
-    outlines: dict[int, np.ndarray] | None = None,
-    columns: int = 5,
-    title: str | None = None,
-    panel_side: int = PANEL_SIDE,
-) -> Image.Image:
+def attention_sheet(image: Image.Image, caption: Caption, layer: int = -1, head: int | None = None,
+                    outlines: dict[int, np.ndarray] | None = None, columns: int = 5, title: str | None = None,
+                    panel_side: int = PANEL_SIDE) -> Image.Image:
     """The image, then each word over its attention map, `columns` panels a row, each word as its
     panel's title and the caption (or `title`) as the heading. `outlines` maps a word position to
     a (H, W) boolean mask of its true region, drawn as a white border on that word's map."""
-    picture = fit(image, panel_side)
+    scale = panel_side / max(image.size)  # up or down, so that the longer side is `panel_side` px
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    picture = image.convert("RGB").resize(size, Image.Resampling.BILINEAR)
     panels = [("input", picture), *word_overlays(picture, caption, layer, head)]
     for position, mask in (outlines or {}).items():
         if position + 1 < len(panels):
@@ -120,3 +111,51 @@ def save_attention_figure(path: str | Path, image: Image.Image, caption: Caption
     fastest = {"compress_level": 1} if kind == "PNG" else {}  # photos barely compress more at higher levels
     write_atomically(path, lambda tmp: sheet.save(tmp, format=kind, **fastest))  # a full disk: one StorageError
     return path
+
+
+TILE_SIDE = 256  # px of a gallery photograph's longer side
+TEXT_SIZE = 13  # px: gallery captions
+
+
+@dataclass(frozen=True)
+class GalleryItem:
+    """A photograph of a gallery sheet, its title and captions: a sheet shows what a table of scores
+    hides, such as a stock sentence, a wrong colour or a missed second person."""
+
+    image: Image.Image
+    title: str  # a line above the photograph (its file name, a score)
+    captions: Sequence[tuple[str, str]]  # (source, caption) lines beneath it, in order
+
+
+def _lines(source: str, caption: str, width_chars: int) -> list[str]:
+    """`source: caption`, wrapped to `width_chars` with the continuation indented; Flickr8k's
+    tokenised " ." ending dropped, so human and model captions read alike."""
+    return (textwrap.wrap(f"{source}: {caption.strip().removesuffix(' .')}", width_chars, subsequent_indent="   ")
+            or [f"{source}:"])
+
+
+def gallery_sheet(items: Sequence[GalleryItem], columns: int = 4, tile_side: int = TILE_SIDE) -> Image.Image:
+    """One sheet of `items`, `columns` a row: each photograph letterboxed in a `tile_side` square,
+    its title above and its captions beneath, wrapped to the tile's width."""
+    if not items:
+        raise ValueError("a gallery needs at least one item")
+    typeface = font(TEXT_SIZE)
+    line_height = TEXT_SIZE + 4
+    width_chars = max(12, int(tile_side / typeface.getlength("n")))  # wrap by the width of a typical letter
+    wrapped = [[line for source, text in item.captions for line in _lines(source, text, width_chars)] for item in items]
+    text_height = line_height * (1 + max(map(len, wrapped)))  # the title, then the tallest block of captions
+    cell_width, cell_height = tile_side + GAP, text_height + tile_side + GAP
+    rows = (len(items) + columns - 1) // columns
+    sheet = Image.new("RGB", (GAP + min(columns, len(items)) * cell_width, GAP + rows * cell_height), "white")
+    draw = ImageDraw.Draw(sheet)
+    for i, (item, lines) in enumerate(zip(items, wrapped)):
+        left, top = GAP + (i % columns) * cell_width, GAP + (i // columns) * cell_height
+        draw.text((left, top), shorten(item.title, tile_side, typeface), fill=(90, 90, 90), font=typeface)
+        picture = item.image.convert("RGB")
+        picture.thumbnail((tile_side, tile_side), Image.Resampling.BILINEAR)
+        sheet.paste(picture, (left + (tile_side - picture.width) // 2,
+                              top + line_height + (tile_side - picture.height) // 2))
+        for n, line in enumerate(lines):
+            y = top + line_height + tile_side + 4 + n * line_height
+            draw.text((left, y), shorten(line, tile_side, typeface), fill="black", font=typeface)
+    return sheet
