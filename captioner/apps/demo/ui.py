@@ -30,8 +30,7 @@ from captioner.apps.demo.cards import (
     recorded,
     serving_line,
 )
-from captioner.apps.demo.checks import MAX_BEAM, MAX_LENGTH, check_request
-from captioner.apps.demo.choices import menus, word_choices, word_position
+from captioner.apps.demo.choices import MAX_BEAM, MAX_LENGTH, check_request, menus, word_choices, word_position
 from captioner.apps.demo.page_figures import inside_views, prune, prune_folders, write_figure
 from captioner.apps.demo.page import (
     PageOutput,
