@@ -48,7 +48,7 @@ class AnyOrderParser(argparse.ArgumentParser):
         self.needs = needs
 
     def error(self, message: str) -> NoReturn:
-        """argparse's refusal as every user error is: one line, exit status 2; a missing argument said as what to give."""
+        """argparse's refusal as every user error is: one line, exit status 2; a missing argument as what to give."""
         if message.startswith(REQUIRED):
             message = self.what_to_give(message.removeprefix(REQUIRED).split(", "))
         else:

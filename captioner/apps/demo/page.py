@@ -1,10 +1,6 @@
-"""The page logic, without Gradio: caption an uploaded file and lay out what the page shows.
-
-Inference goes through the same loader, transform and beam search as the CLI (`load_image`, then
-`Captioner.caption`); this module only adds presentation: per-word overlays, the score line,
-notes about what the loader did to an unusual file, and clear messages for files it refused.
-The Gradio callbacks (`captioner.apps.demo.ui`) wrap these functions, so they are tested, and
-usable, without a server.
+"""The page logic, without Gradio (so tested and usable without a server): caption an uploaded file
+with the CLI's loader and beam search, and lay out what the page shows: per-word overlays, the score
+line, notes on what the loader did to an unusual file, clear messages for files it refused.
 """
 
 from __future__ import annotations
@@ -61,9 +57,8 @@ def refusal(reason: str) -> PageOutput:
 
 
 def conversion_notes(path: str | Path) -> list[str]:
-    """What `load_image` did to this file to make it 8-bit upright RGB, in words. Reads only the
-    header, through the loader's own format-restricted opener; never raises (the loader reports
-    unreadable files)."""
+    """What `load_image` did to make this file 8-bit upright RGB, in words, from its header alone (read by
+    the loader's own opener); never raises (the loader reports unreadable files)."""
     try:
         with open_image(path) as image:
             mode, frames = image.mode, getattr(image, "n_frames", 1)
@@ -87,22 +82,12 @@ def conversion_notes(path: str | Path) -> list[str]:
     return notes
 
 
-def caption_page(
-    model: Captioner,
-    model_name: str,
-    upload: str | Path | None,
-    beam_size: int,
-    max_length: int,
-    layer: str | int | None = None,
-    head: str | int | None = MEAN,
-    figure_dir: Path | None = None,
-    max_pixels: int = MAX_PIXELS,
-    batcher: CaptionBatcher | None = None,
-) -> PageOutput:
-    """Caption an uploaded file and draw its heatmaps (and its figure into `figure_dir`, if given).
-    A file the loader refuses gives its one-line reason in the note, named by the file's own name
-    rather than the server's temporary path. With a `batcher`, the decoding is batched with the
-    other requests it serves meanwhile."""
+def caption_page(model: Captioner, model_name: str, upload: str | Path | None, beam_size: int, max_length: int,
+                 layer: str | int | None = None, head: str | int | None = MEAN, figure_dir: Path | None = None,
+                 max_pixels: int = MAX_PIXELS, batcher: CaptionBatcher | None = None) -> PageOutput:
+    """Caption an uploaded file and draw its heatmaps (and its figure into `figure_dir`, if given). A file
+    the loader refuses gives its one-line reason, by the file's own name rather than the server's temporary
+    path. With a `batcher`, the decoding is batched with the other requests it serves meanwhile."""
     if upload is None or str(upload) == "":
         return message("Upload an image or pick an example first.")
     path = Path(upload)
@@ -128,17 +113,14 @@ def caption_page(
 
 def render_page(result: Result, layer: str | int | None, head: str | int | None,
                 figure_dir: Path | None = None) -> PageOutput:
-    """Overlays (and the figure, when `figure_dir` is given) for one layer/head choice of an
-    already captioned image."""
+    """Overlays (and the figure, with `figure_dir`) for one layer/head choice of a captioned image."""
     caption = result.caption
     layer_index, head_index = parse_layer_head(caption, layer, head)
     gallery = [(picture, word) for word, picture in word_overlays(result.image, caption, layer_index, head_index)]
     maps = maps_label(caption, layer_index, head_index)
-    score_line = (
-        f"score {caption.score:.3f} · log-probability {caption.logprob:.2f} · "
-        f"{len(caption.words)} words · beam {result.beam_size} · {result.model_name}"
-        f"{' · ' + maps if maps else ''} · captioned in {result.seconds:.2f} s"
-    )
+    score_line = (f"score {caption.score:.3f} · log-probability {caption.logprob:.2f} · {len(caption.words)} words · "
+                  f"beam {result.beam_size} · {result.model_name}{' · ' + maps if maps else ''} · "
+                  f"captioned in {result.seconds:.2f} s")
     note = " ".join(result.notes)
     if not caption.words:
         note = (note + " The model ended the caption at once: there is no word to show.").strip()

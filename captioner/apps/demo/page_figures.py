@@ -1,7 +1,5 @@
-"""The demo page's figures beyond the overlays: the downloadable attention figure, the transformer views.
-
-The attention figure is drawn with Pillow, so requests draw in parallel; the transformer views use
-pyplot, whose global state makes them one at a time. Old files are pruned here too.
+"""The demo page's figures beyond the overlays, and their pruning: the downloadable attention figure
+(Pillow: requests draw in parallel) and the transformer views (pyplot's global state: one at a time).
 """
 
 from __future__ import annotations
@@ -22,11 +20,9 @@ from captioner.viz.overlays import save_attention_figure
 FIGURE_LOCK = threading.Lock()  # pyplot's global state: one transformer view at a time
 
 
-def write_figure(
-    image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None, figure_dir: Path
-) -> Path:
-    """The downloadable figure: the image, then each word over its map (the CLI's --heatmaps
-    figure). The page draws it after showing the caption."""
+def write_figure(image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None,
+                 figure_dir: Path) -> Path:
+    """The downloadable figure, drawn after the caption is shown: the CLI's --heatmaps figure."""
     layer_index, head_index = parse_layer_head(caption, layer, head)
     maps = maps_label(caption, layer_index, head_index)
     title = f"{caption.text}  (score {caption.score:.2f}{', ' + maps if maps else ''})"
@@ -48,9 +44,8 @@ def prune(folder: Path, max_age_s: float) -> None:
 
 
 def prune_folders(cache: Path, keep: Path, seen_empty: set[Path]) -> set[Path]:
-    """Delete the folders under `cache` (but `keep`) empty now and at the previous prune (`seen_empty`);
-    returns those empty now, for the next one. Two looks apart tell an emptied folder from one Gradio
-    just made (Gradio deletes files, never their folders; a folder's mtime changes with each deletion)."""
+    """Delete the folders under `cache` (but `keep`) empty now and at the previous prune (`seen_empty`); returns
+    those empty now. Two looks apart tell an emptied folder (Gradio deletes files, not folders) from a new one."""
     empty_now: set[Path] = set()
     for folder in cache.iterdir() if cache.is_dir() else []:
         try:
@@ -65,11 +60,9 @@ def prune_folders(cache: Path, keep: Path, seen_empty: set[Path]) -> set[Path]:
     return empty_now
 
 
-def inside_views(
-    image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None, word: str | None
-) -> tuple[Image.Image | None, Image.Image | None]:
-    """(self-attention head view of the chosen layer, the chosen word's layers x heads grid of maps);
-    (None, None) for the LSTM."""
+def inside_views(image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None,
+                 word: str | None) -> tuple[Image.Image | None, Image.Image | None]:
+    """(the chosen layer's self-attention head view, the chosen word's layers x heads maps); LSTM: (None, None)."""
     from captioner.viz.caption_figures import head_grid_figure, head_view_figure
 
     if caption.self_attn is None or not caption.words:

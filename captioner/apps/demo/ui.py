@@ -22,23 +22,10 @@ from PIL import Image
 
 from captioner.apps.demo.batcher import MAX_BATCH, CaptionBatcher
 from captioner.apps.demo.cache import private_cache
-from captioner.apps.demo.cards import (
-    load_models,
-    model_cards,
-    model_examples,
-    model_label,
-    recorded,
-    serving_line,
-)
+from captioner.apps.demo.cards import load_models, model_cards, model_examples, model_label, recorded, serving_line
 from captioner.apps.demo.choices import MAX_BEAM, MAX_LENGTH, check_request, menus, word_choices, word_position
 from captioner.apps.demo.page_figures import inside_views, prune, prune_folders, write_figure
-from captioner.apps.demo.page import (
-    PageOutput,
-    Result,
-    caption_page,
-    message,
-    render_page,
-)
+from captioner.apps.demo.page import PageOutput, Result, caption_page, message, render_page
 from captioner.core.errors import RequestError
 from captioner.data.image_files import MAX_PIXELS
 from captioner.models.captioner import Captioner
@@ -76,10 +63,8 @@ class UploadImage(gr.Image):
 class Callbacks:
     """What the page's events run: the loaded models, and Gradio values in and out."""
 
-    def __init__(
-        self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS, max_batch: int = MAX_BATCH,
-        cleanup: Cleanup = Cleanup(),
-    ) -> None:
+    def __init__(self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS, max_batch: int = MAX_BATCH,
+                 cleanup: Cleanup = Cleanup()) -> None:
         from gradio.utils import get_upload_folder
 
         self.models = models
@@ -132,10 +117,8 @@ class Callbacks:
             request = check_request(self.models, model_name, beam_size, max_length, layer, head)
             model = self.models[request.model_name]
             label = model_label(request.model_name, model)
-            page = caption_page(
-                model, label, image, request.beam_size, request.max_length, request.layer, request.head, None,
-                self.max_pixels, self.batcher,
-            )
+            page = caption_page(model, label, image, request.beam_size, request.max_length, request.layer,
+                                request.head, None, self.max_pixels, self.batcher)
         except RequestError as e:
             page = message(f"**Request refused.** {e}")
         except Exception:  # a bug: the log gets the traceback, the page a sentence
@@ -171,11 +154,8 @@ class Callbacks:
             return gr.skip(), gr.skip(), gr.skip()
         choices = word_choices(result.caption)
         value = choices[word_position(result.caption, word)] if choices else None
-        return (
-            gr.update(value=view, visible=True),
-            gr.update(value=grid, visible=True),
-            gr.update(choices=choices, value=value, visible=True),
-        )
+        return (gr.update(value=view, visible=True), gr.update(value=grid, visible=True),
+                gr.update(choices=choices, value=value, visible=True))
 
     def choose_model(self, model_name: str) -> tuple[gr.Dropdown, gr.Dropdown, str]:
         """Layer and head menus for this model's decoder, and the line saying it serves."""
@@ -188,8 +168,8 @@ class Callbacks:
         return page.text, page.score_line, self.files(page.gallery), page.note, page.result
 
     def files(self, gallery: list[tuple[Image.Image, str]]) -> list[tuple[str, str]]:
-        """Overlays as JPEG files of unique names: Gradio writes PIL images in place to paths named by
-        content, where one request could download an overlay another rewrites."""
+        """Overlays as JPEG files of unique names: Gradio would write PIL images to paths named by content,
+        where one request could download an overlay another rewrites."""
         self.prune()
         paths = [self.out_dir / f"overlay_{uuid.uuid4().hex[:12]}.jpg" for _ in gallery]
         for path, (picture, _) in zip(paths, gallery):
@@ -217,18 +197,11 @@ def enable_download(figure: str | None) -> gr.DownloadButton:
     return gr.DownloadButton(interactive=bool(figure))
 
 
-def build_demo(
-    checkpoints: list[Path],
-    examples: list[Path] | None = None,
-    max_batch: int = MAX_BATCH,
-    queue_size: int = QUEUE_SIZE,
-    max_pixels: int = MAX_PIXELS,
-    device: str = "cpu",
-    cleanup: Cleanup = Cleanup(),
-) -> gr.Blocks:
-    """The page, with a bounded queue: up to `max_batch` events run at once (their captions decoded as one
-    batch), up to `queue_size` more wait, the rest are told the app is busy. `examples` None: the first
-    model's test images."""
+def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_batch: int = MAX_BATCH,
+               queue_size: int = QUEUE_SIZE, max_pixels: int = MAX_PIXELS, device: str = "cpu",
+               cleanup: Cleanup = Cleanup()) -> gr.Blocks:
+    """The page, with a bounded queue: `max_batch` events run at once (their captions one batch), `queue_size`
+    more wait, the rest are told the app is busy. `examples` None: the first model's test images."""
     private_cache()  # before anything is cached: closing this process deletes no other's files
     callbacks = page_callbacks(checkpoints, device, max_pixels, max_batch, cleanup)
     first_name, _ = callbacks.model("")
@@ -288,11 +261,8 @@ class Page:
 def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -> Page:
     """The components, inside the open `gr.Blocks`: request left, answer right, cards below."""
     first_name, first = callbacks.model("")
-    gr.Markdown(
-        "## Image captioning with spatial attention\n"
-        "Upload an image or pick an example, then **Caption**. Each word comes with the map of "
-        "where the model looked while writing it."
-    )
+    gr.Markdown("## Image captioning with spatial attention\nUpload an image or pick an example, then **Caption**. "
+                "Each word comes with the map of where the model looked while writing it.")
     serving = gr.Markdown(callbacks.serving[first_name], elem_id="serving")  # which model answers, and how it scored
     with gr.Row():
         with gr.Column(scale=1):
@@ -321,8 +291,7 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
             # Transformers only: shown once a caption has self-attention weights.
             head_view = gr.Image(label="Self-attention head view (each word to the earlier words it attends to; "
                                  "layer and head from the menus)", type="pil", visible=False, elem_id="head_view")
-            grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False,
-                                    elem_id="grid_word")
+            grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word")
             head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False,
                                  elem_id="head_grid")
     gr.Markdown(model_cards(callbacks.models, callbacks.payloads), elem_id="model_card")
@@ -347,8 +316,7 @@ def wire_events(page: Page, callbacks: Callbacks) -> None:
 
     captioned = p.run.click(disable_download, None, [p.download], queue=False, **private).then(
         callbacks.tracked(callbacks.caption), [p.image, p.model_name, p.beam, p.length, p.layer, p.head], shown,
-        api_name="caption", **cpu,
-    )
+        api_name="caption", **cpu)
     then_figure(captioned, api_name="figure")
     inside_in, inside_out = [p.result, p.layer, p.head, p.grid_word], [p.head_view, p.head_grid, p.grid_word]
     captioned.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
