@@ -50,7 +50,11 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
         if not onnx:
             raise ExportError(f"{source}: already an exported folder; export takes a checkpoint (.pt) or a run folder "
                               "(or an exported folder with --onnx, for the runtime without PyTorch)")
-        return exported_to_onnx(source, Path(folder), decode)
+        from captioner.models.onnx_export import export_onnx
+
+        model = Captioner.from_pretrained(source, "cpu")  # the ONNX bundle alone: the export has its card and figure
+        with_decoding(model, decode)
+        return export_onnx(model, Path(folder))
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ExportError(f"{folder}: exists and is not a folder")
@@ -86,16 +90,6 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
 
         files += export_onnx(model, folder)
     return files
-
-
-def exported_to_onnx(source: Path, folder: Path, decode: Mapping[str, Any] | None) -> list[Path]:
-    """An exported folder (the packaged model, say) as the ONNX bundle alone (`folder`/onnx/), for the runtime
-    without PyTorch: the export already holds its card and figure."""
-    from captioner.models.onnx_export import export_onnx
-
-    model = Captioner.from_pretrained(source, "cpu")
-    with_decoding(model, decode)
-    return export_onnx(model, folder)
 
 
 def with_decoding(model: Captioner, decode: Mapping[str, Any] | None, command: str = "export") -> None:

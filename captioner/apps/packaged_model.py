@@ -98,7 +98,7 @@ def package_model(
             packaged={"name": name, "commit": commit, "data_terms": data_terms(config.data.dataset),
                       "float16_check_images": len(pictures)},
         )
-        size = folder_bytes(staging)
+        size = sum(path.stat().st_size for path in staging.rglob("*") if path.is_file())
         if size > packaged.MAX_BYTES:
             raise ExportError(f"{source}: packaged, its model takes {size_text(size)}, over the "
                               f"{size_text(packaged.MAX_BYTES)} a packaged model may")
@@ -246,7 +246,3 @@ def project_commit() -> str:
     if head.returncode != 0:
         return "unknown"
     return head.stdout.strip() + (" with uncommitted changes" if changed.stdout.strip() else "")
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())

@@ -1,6 +1,6 @@
 """The Gradio demo: caption an image and show, word by word, where the model looked.
 
-Modules import one way: choices <- batcher, page_figures <- page <- ui <- server. The names below
+Modules import one way: choices, batcher <- page <- ui <- server. The names below
 import from the package (`from captioner.apps.demo import serve`), each loading its module on first
 use, so the page logic alone loads no Gradio.
 """

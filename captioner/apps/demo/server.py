@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from captioner.apps.demo.batcher import MAX_BATCH
-from captioner.apps.demo.cache import private_cache
-from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, wait_for_callbacks
+from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, private_cache, wait_for_callbacks
 from captioner.core.errors import CaptionerError
 from captioner.models.default_model import find_default_model
 from captioner.models.model_paths import checkpoint_file

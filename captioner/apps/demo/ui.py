@@ -1,4 +1,4 @@
-"""The Gradio page: its components, the callbacks its events run, and the request queue.
+"""The Gradio page: its components, the callbacks its events run, the request queue, and its cache.
 
 The callbacks only translate between Gradio values and the page logic (`captioner.apps.demo.page`),
 which does the work. The API a client sees: /caption, then /figure in its session.
@@ -6,8 +6,12 @@ which does the work. The API a client sees: /caption, then /figure in its sessio
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -21,11 +25,10 @@ import gradio as gr
 from PIL import Image
 
 from captioner.apps.demo.batcher import MAX_BATCH, CaptionBatcher
-from captioner.apps.demo.cache import private_cache
 from captioner.apps.demo.cards import load_models, model_cards, model_examples, model_label, recorded, serving_line
 from captioner.apps.demo.choices import MAX_BEAM, MAX_LENGTH, check_request, menus, word_choices, word_position
-from captioner.apps.demo.page_figures import inside_views, prune, prune_folders, write_figure
-from captioner.apps.demo.page import PageOutput, Result, caption_page, message, render_page
+from captioner.apps.demo.page import (PageOutput, Result, caption_page, inside_views, message, prune, prune_folders,
+                                     render_page, write_figure)
 from captioner.core.errors import RequestError
 from captioner.data.image_files import MAX_PIXELS
 from captioner.models.captioner import Captioner
@@ -34,6 +37,21 @@ log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 32  # waiting events beyond this are told the app is busy: at most a few seconds' work
 JPEG_QUALITY = 85  # the overlays the gallery shows: a tenth of a PNG's bytes, no visible loss at this size
+OWNER = "CAPTIONER_DEMO_CACHE_OWNER"  # "<process id> <folder>": the process whose private cache that is
+
+
+def private_cache() -> Path | None:
+    """Give this process a Gradio cache of its own, removed at exit, unless GRADIO_TEMP_DIR names the user's
+    or this process's own (not one inherited from a parent); the new folder, or None. Gradio names cached files
+    by content and a closing server deletes its files: in a shared cache it would delete another's uploads."""
+    chosen = os.environ.get("GRADIO_TEMP_DIR")
+    owner, _, folder = os.environ.get(OWNER, "").partition(" ")
+    if chosen and (folder != chosen or owner == str(os.getpid())):
+        return None
+    cache = Path(tempfile.mkdtemp(prefix="captioner-demo-cache-"))
+    os.environ["GRADIO_TEMP_DIR"], os.environ[OWNER] = str(cache), f"{os.getpid()} {cache}"
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    return cache
 
 
 @dataclass(frozen=True)
