@@ -1,7 +1,5 @@
 """The `captioner` command line: the parser, logging and error handling (commands: `captioner.apps.commands`).
-
-User mistakes (`CaptionerError`) print one line and exit 2; anything else is a bug and keeps its traceback.
-"""
+User mistakes (`CaptionerError`) print one line and exit 2; anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 

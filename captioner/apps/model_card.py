@@ -1,7 +1,5 @@
 """The model card of an exported model: README.md with the Hub's YAML metadata, use, scores and recipe.
-
-Scores are read, never typed: validation from the checkpoint's history, test from the scores_<split>.json
-beside it; one never measured is said to be missing. The recipe leaves out the maker's places.
+Scores are read, never typed (one never measured is said to be missing); the recipe names no maker's places.
 """
 
 from __future__ import annotations

@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
     sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     if sampling and not args.sample:
         flags = [SAMPLING_FLAGS[name] for name in sampling]
-        raise CaptionerError(
-            f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} only with --sample")
+        raise CaptionerError(f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} "
+                             "only with --sample")
     if args.saliency and not args.heatmaps:
         raise CaptionerError("caption: --saliency draws beside the heatmaps; give --heatmaps OUTDIR too")
     if args.ensemble and (args.self_attention or args.saliency):
@@ -156,8 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
 def images_to_caption(inputs: list[str], default: bool) -> list[Path]:
     """The image files the inputs name (folders expanded), checked before any model loads: none at all, or none
-    that exists, is one line (after a missing default model's, when `default`: none named); some missing are
-    reported with the results."""
+    that exists, is one line (after a missing default model's, when `default`: none named)."""
     paths = expand_images(inputs)
     if not paths:
         raise CaptionerError(f"caption: no images in {', '.join(inputs)}")

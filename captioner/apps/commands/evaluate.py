@@ -1,6 +1,5 @@
-"""`captioner evaluate`: a checkpoint on a split, or a COCO results file.
-
-Metrics, grounding and saliency; the evaluation itself is `captioner.evaluation.evaluate`."""
+"""`captioner evaluate`: a checkpoint on a split, or a COCO results file: metrics, grounding and saliency
+(the evaluation itself is `captioner.evaluation.evaluate`)."""
 
 from __future__ import annotations
 

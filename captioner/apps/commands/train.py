@@ -1,5 +1,4 @@
 """`captioner train CONFIG [overrides]`: cross-entropy or self-critical training from a YAML config.
-
 SIGTERM or SIGINT stops it after the step with last.pt saved, the resume command, and exit status 128 + signal."""
 
 from __future__ import annotations
