@@ -165,13 +165,11 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser, default="auto")
 
 
-DEVICE_HELP = "auto (a CUDA GPU when there is one, else the CPU), cpu, mps, cuda or cuda:N"
-
-
 def add_device_argument(parser: argparse.ArgumentParser, default: str | None) -> None:
     """`--device`, the one way every command names the device (train and features: train.device; None: the config's)."""
     where = "" if default else " (default: the config's train.device)"
-    parser.add_argument("--device", default=default, help=DEVICE_HELP + where)
+    parser.add_argument("--device", default=default,
+                        help=f"auto (a CUDA GPU when there is one, else the CPU), cpu, mps, cuda or cuda:N{where}")
 
 
 def device_overrides(args: argparse.Namespace) -> list[str]:

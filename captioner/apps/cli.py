@@ -56,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def user_error(error: Exception) -> str | None:
+def user_error(error: CaptionerError | ModuleNotFoundError) -> str | None:
     """The one line of a user's mistake: a CaptionerError, or the extra a missing package comes with; None: a bug."""
-    return str(error) if isinstance(error, CaptionerError) else missing_extra(error)  # type: ignore[arg-type]
+    return str(error) if isinstance(error, CaptionerError) else missing_extra(error)
 
 
 def main(argv: list[str] | None = None) -> int:
