@@ -226,8 +226,7 @@ def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_
     examples = model_examples(first_name) if examples is None else examples
     with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False,
                    delete_cache=cache_lifetimes(cleanup)) as demo:
-        page = lay_out_page(callbacks, examples, cleanup)
-        wire_events(page, callbacks)
+        lay_out_page(callbacks, examples, cleanup)
     _CALLBACKS[demo] = callbacks
     return demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
 
@@ -253,31 +252,9 @@ def slider_starts(model: Captioner) -> tuple[int, int]:
     return min(decode.beam_size, MAX_BEAM), min(decode.max_length, MAX_LENGTH)
 
 
-@dataclass
-class Page:
-    """The page's components that its events read or write."""
-
-    serving: Any
-    image: Any
-    model_name: Any
-    beam: Any
-    length: Any
-    layer: Any
-    head: Any
-    run: Any
-    text: Any
-    score: Any
-    note: Any
-    gallery: Any
-    download: Any
-    head_view: Any
-    grid_word: Any
-    head_grid: Any
-    result: Any
-
-
-def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -> Page:
-    """The components, inside the open `gr.Blocks`: request left, answer right, cards below."""
+def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -> None:
+    """The components, inside the open `gr.Blocks` (request left, answer right, cards below), and their events:
+    disable the download, show the caption and heatmaps, draw the figure, enable the download."""
     first_name, first = callbacks.model("")
     gr.Markdown("## Image captioning with spatial attention\nUpload an image or pick an example, then **Caption**. "
                 "Each word comes with the map of where the model looked while writing it.")
@@ -314,14 +291,8 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
                                  elem_id="head_grid")
     gr.Markdown(model_cards(callbacks.models, callbacks.payloads), elem_id="model_card")
     result = gr.State(None, time_to_live=cleanup.max_age_s)  # a redraw needs it only as long as its pictures live
-    return Page(serving, image, model_name, beam, length, layer, head, run, text, score, note, gallery, download,
-                head_view, grid_word, head_grid, result)
 
-
-def wire_events(page: Page, callbacks: Callbacks) -> None:
-    """Each event: disable the download, show the caption and heatmaps, draw the figure, enable the download."""
-    p = page
-    shown = [p.text, p.score, p.gallery, p.note, p.result]
+    shown = [text, score, gallery, note, result]
     # Gradio skips a step ("once") whose previous run is pending, so a caption arriving meanwhile would
     # never get its views: each step runs again, on the newest values, when the pending one ends.
     latest = {"trigger_mode": "always_last"}
@@ -329,23 +300,22 @@ def wire_events(page: Page, callbacks: Callbacks) -> None:
     private = {"api_visibility": "private"}
 
     def then_figure(event: Any, **api: Any) -> None:
-        drawn = event.then(callbacks.tracked(callbacks.figure), [p.result, p.layer, p.head], [p.download], **cpu, **api)
-        drawn.then(enable_download, [p.download], [p.download], queue=False, **latest, **private)
+        drawn = event.then(callbacks.tracked(callbacks.figure), [result, layer, head], [download], **cpu, **api)
+        drawn.then(enable_download, [download], [download], queue=False, **latest, **private)
 
-    captioned = p.run.click(disable_download, None, [p.download], queue=False, **private).then(
-        callbacks.tracked(callbacks.caption), [p.image, p.model_name, p.beam, p.length, p.layer, p.head], shown,
+    captioned = run.click(disable_download, None, [download], queue=False, **private).then(
+        callbacks.tracked(callbacks.caption), [image, model_name, beam, length, layer, head], shown,
         api_name="caption", **cpu)
     then_figure(captioned, api_name="figure")
-    inside_in, inside_out = [p.result, p.layer, p.head, p.grid_word], [p.head_view, p.head_grid, p.grid_word]
+    inside_in, inside_out = [result, layer, head, grid_word], [head_view, head_grid, grid_word]
     captioned.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
-    for menu in (p.layer, p.head):  # a new layer/head redraws the kept caption; no decoding again
-        cleared = menu.input(disable_download, None, [p.download], queue=False, **private)
-        redrawn = cleared.then(callbacks.tracked(callbacks.redraw), [p.result, p.layer, p.head], shown,
-                               **cpu, **private)
+    for menu in (layer, head):  # a new layer/head redraws the kept caption; no decoding again
+        cleared = menu.input(disable_download, None, [download], queue=False, **private)
+        redrawn = cleared.then(callbacks.tracked(callbacks.redraw), [result, layer, head], shown, **cpu, **private)
         then_figure(redrawn, **private)
         redrawn.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
-    p.grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
-    p.model_name.change(callbacks.choose_model, [p.model_name], [p.layer, p.head, p.serving], queue=False, **private)
+    grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
+    model_name.change(callbacks.choose_model, [model_name], [layer, head, serving], queue=False, **private)
 
 
 # Each page's callbacks, so that the server can wait for the ones still running when it stops.
