@@ -4,6 +4,7 @@ the Hub. Nothing written names a place of the machine that wrote it (`core/porta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -122,11 +123,9 @@ def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None
         log.warning("no attention figure on the card: the model's test images are not here (%s); give --image", e)
         return None
     for record in [r for r in records if r.stored is None][:20]:  # a figure needs a file to name
-        try:
+        with contextlib.suppress(ImageLoadError):
             load_image(record.path)
             return Path(record.path)
-        except ImageLoadError:
-            continue
     log.warning("no attention figure on the card: none of the first test images loads; give --image")
     return None
 

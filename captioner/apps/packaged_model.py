@@ -5,6 +5,7 @@ carries in captioner/pretrained/<name>/ and every command uses when no model is 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -149,14 +150,10 @@ def check_pictures(images: Sequence[str | Path] | None, settings: StoredSettings
     except CaptionerError as e:
         raise ExportError(
             f"{source}: no test images to check the packaged model's captions on ({e}); give --images") from None
-    pictures = []
-    for record in records:
-        if record.stored is not None:
-            continue
-        try:
+    pictures: list[Image.Image] = []
+    for record in [r for r in records if r.stored is None]:  # a stored row is no file to load
+        with contextlib.suppress(ImageLoadError):
             pictures.append(load_image(record.path))
-        except ImageLoadError:
-            continue
         if len(pictures) == CHECK_IMAGES:
             break
     if not pictures:
