@@ -123,11 +123,11 @@ def test_train_and_features_name_the_device_with_device_as_every_command_does(
 
     monkeypatch.chdir(tmp_path)  # train makes its run folder (runs/shapes_lstm) before the run
 
-    import captioner.apps.runs as runs
+    import captioner.apps.commands.train as train
     from captioner.apps.commands.train import resume_command
 
     seen = {}
-    monkeypatch.setattr(runs, "train_run",
+    monkeypatch.setattr(train, "train_run",
                         lambda config, resume: seen.setdefault("device", config.train.device) and "best.pt")
     assert main(["train", SHAPES_LSTM, "--device", "cpu", "train.epochs=1"]) == 0
     assert seen["device"] == "cpu"

@@ -172,7 +172,7 @@ WITHOUT_GRADIO = """
 import sys
 sys.modules["gradio"] = None  # any import of Gradio now fails
 from captioner.apps.demo import caption_page, dataset_examples, load_models
-from captioner.apps.demo.checks import check_request
+from captioner.apps.demo.choices import check_request
 from captioner.apps.demo.page import render_page
 from captioner.apps.cli import main
 sys.exit(main(["demo", "missing.pt"]))

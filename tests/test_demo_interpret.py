@@ -19,8 +19,7 @@ from helpers import launch_chromium, never_stopping, require, require_module, ti
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
 from captioner.apps.demo.cards import model_card  # noqa: E402
-from captioner.apps.demo.page_figures import inside_views  # noqa: E402
-from captioner.apps.demo.page import caption_page  # noqa: E402
+from captioner.apps.demo.page import caption_page, inside_views  # noqa: E402
 from captioner.apps.demo.server import close, launch  # noqa: E402
 from captioner.apps.demo.ui import Callbacks, build_demo  # noqa: E402
 from captioner.data.shapes import generate_shapes  # noqa: E402

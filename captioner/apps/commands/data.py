@@ -1,5 +1,4 @@
-"""`captioner data shapes|coco|flickr8k|stats`: generate the shapes world, download COCO or
-Flickr8k, describe a dataset."""
+"""`captioner data shapes|coco|flickr8k|stats|shards`: generate, download, describe or shard a dataset."""
 
 from __future__ import annotations
 
@@ -57,9 +56,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
     stats.set_defaults(func=run_stats)
 
-    shards = data_commands.add_parser(
-        "shards", help="write a dataset as WebDataset shards (img2dataset's layout), e.g. to move it to object storage"
-    )
+    shards = data_commands.add_parser("shards", help="write a dataset as WebDataset shards (img2dataset's layout), "
+                                                     "e.g. to move it to object storage")
     layout = shards.add_mutually_exclusive_group()
     layout.add_argument("--flickr8k", help="a folder with Flickr8k.token.txt and the split files")
     layout.add_argument("--imagefolder", help="a folder of images with metadata.jsonl or metadata.csv")
@@ -80,10 +78,8 @@ def run_shapes(args: argparse.Namespace) -> int:
 
     writable_folder(args.out, "data shapes --out")
     start = time.time()
-    counts = generate_shapes(
-        args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed, args.format,
-        progress=not args.quiet,
-    )
+    counts = generate_shapes(args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed,
+                             args.format, progress=not args.quiet)
     total = sum(counts.values())
     seconds = time.time() - start
     print(f"wrote {total} images ({', '.join(f'{k} {v}' for k, v in counts.items())}) to {args.out} "
@@ -149,16 +145,12 @@ def run_stats(args: argparse.Namespace) -> int:
     if (args.flickr8k or args.config or args.imagefolder or args.hf) and not shards:  # shards hold their images
         stats = _with_images_on_disk(stats, records)
     stats["seconds"] = round(time.time() - start, 2)
-    if args.json:
-        print(json.dumps(stats, indent=1))
-    else:
-        print(format_table(stats, f"{source}"))
+    print(json.dumps(stats, indent=1) if args.json else format_table(stats, source))
     return 0
 
 
 def named_dataset(args: argparse.Namespace) -> tuple[DataConfig, str]:
-    """The data config a command's --flickr8k, --imagefolder or --hf DIR, or its CONFIG, names
-    (overrides applied), and how to name it in output."""
+    """The data config --flickr8k, --imagefolder or --hf DIR, or CONFIG, names (overrides applied), and its name."""
     from captioner.core.config import load_config
 
     if args.config and "=" in args.config and not Path(args.config).exists():  # `--imagefolder DIR k=v`: no config

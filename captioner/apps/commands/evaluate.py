@@ -1,6 +1,5 @@
-"""`captioner evaluate`: a checkpoint on a split, or a COCO results file.
-
-Metrics, grounding and saliency; the evaluation itself is `captioner.evaluation.evaluate`."""
+"""`captioner evaluate`: a checkpoint on a split, or a COCO results file: metrics, grounding and saliency
+(the evaluation itself is `captioner.evaluation.evaluate`)."""
 
 from __future__ import annotations
 
@@ -11,15 +10,8 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from captioner.apps.arguments import (
-    add_decode_arguments,
-    add_ensemble_arguments,
-    check_layer_and_head,
-    decode_options,
-    load_model,
-    nonnegative_int,
-    said_by_an_error,
-)
+from captioner.apps.arguments import (add_decode_arguments, add_ensemble_arguments, check_layer_and_head,
+                                      decode_options, load_model, nonnegative_int, said_by_an_error)
 from captioner.apps.prerequisites import require_data, require_official_metrics, writable_folder
 from captioner.core.errors import CaptionerError
 
@@ -38,25 +30,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     evaluate = commands.add_parser("evaluate", help="score a checkpoint on a split, or a results file")
     evaluate.add_argument("checkpoint", nargs="?",
                           help="a .pt, a run folder, an export or a Hub id (left out with --results)")
-    evaluate.add_argument(
-        "data_overrides", nargs="*", metavar="data.KEY=VALUE",
-        help="where the checkpoint's dataset is on this machine, for a moved or shared checkpoint: data.root=..., "
-             "data.image_root=..., data.test_shards=... "
-             "(a model's own settings never name shards, URLs or places outside this folder)",
-    )
+    evaluate.add_argument("data_overrides", nargs="*", metavar="data.KEY=VALUE",
+                          help="where the checkpoint's dataset is on this machine, for a moved or shared checkpoint: "
+                               "data.root=..., data.image_root=..., data.test_shards=... (a model's own settings "
+                               "never name shards, URLs or places outside this folder)")
     evaluate.add_argument("--split", default="test", choices=("train", "val", "test"),
                           help="the split of the checkpoint's data to caption and score")
-    evaluate.add_argument(
-        "--out",
-        help="folder (or .json file with --results) for results and scores (default: next to the checkpoint; "
-        "with --results, runs/eval/<results name>_scores.json)",
-    )
+    evaluate.add_argument("--out", help="folder (or .json file with --results) for results and scores (default: "
+                                        "next to the checkpoint; with --results, runs/eval/<results name>_scores.json)")
     evaluate.add_argument("--limit", type=nonnegative_int, default=0, help="evaluate the first N images only (0: all)")
     evaluate.add_argument("--results", help="score a COCO-format results file instead of a checkpoint")
     evaluate.add_argument("--annotations", help="the COCO caption annotation file for --results")
-    evaluate.add_argument("--features", metavar="DIR",
-                          help="decode the rows of the feature store in DIR "
-                               "(what the encoder's frozen blocks make; built there when absent)")
+    evaluate.add_argument("--features", metavar="DIR", help="decode the rows of the feature store in DIR (what the "
+                                                            "encoder's frozen blocks make; built there when absent)")
     evaluate.add_argument("--fast", action="store_true", help="in-process BLEU/CIDEr-D instead of the official code")
     evaluate.add_argument("--spice", action="store_true", help="also SPICE (needs its Stanford CoreNLP models)")
     evaluate.add_argument("--grounding", action="store_true", help="score attention against instance masks")
@@ -83,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
-    """Score a COCO results file; the scores go to --out or runs/eval, never beside the results file
-    (its folder may be read-only or shared data)."""
+    """Score a COCO results file; the scores go to --out or runs/eval, never beside it (perhaps read-only data)."""
     from captioner.evaluation.evaluate import score_predictions
     from captioner.evaluation.report import rounded, write_scores_json
     from captioner.evaluation.results_files import load_references, load_results
@@ -99,8 +84,7 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
     predictions = load_results(args.results, references)
     scores = score_predictions(references, predictions, official=not args.fast, spice=args.spice)
     report = {"results": str(args.results), "annotations": str(args.annotations),
-              "images": len(scores.per_image) or None}
-    report.update(scores.beside_official())
+              "images": len(scores.per_image) or None, **scores.beside_official()}
     out = Path(args.out) if args.out else Path(DEFAULT_EVAL_DIR) / f"{Path(args.results).stem}_scores.json"
     out = out / "scores.json" if out.suffix != ".json" else out
     write_scores_json(out, scores.overall, scores.per_image, extra=report)
@@ -132,10 +116,8 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     writable_folder(out_dir, "evaluate --out")  # before any caption is made, not after all of them
     scored, stored = (stored_rows(args.features, model, config, args.split, records, all_records)
                       if args.features else (records, {}))
-    evaluation = evaluate(
-        model, scored, official=not args.fast, spice=args.spice, grounding=grounding, results_file=results_path,
-        batch_size=args.batch_size, **stored, **options,
-    )
+    evaluation = evaluate(model, scored, official=not args.fast, spice=args.spice, grounding=grounding,
+                          results_file=results_path, batch_size=args.batch_size, **stored, **options)
     report = checkpoint_report(args, checkpoint, evaluation, options, results_path)
     if evaluation.grounding is not None and args.heatmaps:
         outlined_figures(Path(args.heatmaps), records, evaluation)
@@ -159,8 +141,7 @@ def check_checkpoint_arguments(args: argparse.Namespace) -> None:
                              "with each member's encoder")
 
 
-def checkpoint_split(checkpoint: Path,
-                     args: argparse.Namespace) -> tuple[Any, list[ImageRecord], list[ImageRecord]]:
+def checkpoint_split(checkpoint: Path, args: argparse.Namespace) -> tuple[Any, list[ImageRecord], list[ImageRecord]]:
     """The model's own settings, and the split's records: the first --limit of them, and all of them."""
     from captioner.models.checkpoint import model_settings
 
@@ -173,9 +154,8 @@ def checkpoint_split(checkpoint: Path,
     return config, all_records[: args.limit] if args.limit else all_records, all_records
 
 
-def stored_rows(
-    features: str, model: Any, config: Any, split: str, records: list[ImageRecord], all_records: list[ImageRecord],
-) -> tuple[list[ImageRecord], dict[str, Any]]:
+def stored_rows(features: str, model: Any, config: Any, split: str, records: list[ImageRecord],
+                all_records: list[ImageRecord]) -> tuple[list[ImageRecord], dict[str, Any]]:
     """--features DIR: the records whose rows are stored, and what `evaluate` decodes instead of images."""
     from captioner.data.store_splits import split_features
 
@@ -184,11 +164,9 @@ def stored_rows(
     return stored.records, {"features": stored.features, "grid": stored.grid, "num_workers": config.data.num_workers}
 
 
-def checkpoint_report(
-    args: argparse.Namespace, checkpoint: Path, evaluation: Evaluation, options: dict[str, Any], results_path: Path,
-) -> dict[str, Any]:
+def checkpoint_report(args: argparse.Namespace, checkpoint: Path, evaluation: Evaluation, options: dict[str, Any],
+                      results_path: Path) -> dict[str, Any]:
     """What the scores file records beside the scores: the model(s), the split, the decoding, the files."""
-    scores = evaluation.scores
     report: dict[str, Any] = {
         "checkpoint": str(checkpoint),
         **({"ensemble": [str(checkpoint), *args.ensemble], "combine": args.combine or "prob"} if args.ensemble else {}),
@@ -196,19 +174,18 @@ def checkpoint_report(
         "images": len(evaluation.captions),
         "beam_size": options["beam_size"],
         "decode": {k: v for k, v in options.items() if v is not None},
-        "metrics": scores.metrics,
+        "metrics": evaluation.scores.metrics,
         "results": str(results_path),
+        **evaluation.scores.beside_official(),
     }
-    report.update(scores.beside_official())
     if evaluation.grounding is not None:
         report["grounding"] = evaluation.grounding.to_json()
     return report
 
 
-def print_checkpoint_scores(
-    args: argparse.Namespace, checkpoint: Path, records: list[ImageRecord], evaluation: Evaluation,
-    report: dict[str, Any], out_dir: Path, files: dict[str, Path],
-) -> None:
+def print_checkpoint_scores(args: argparse.Namespace, checkpoint: Path, records: list[ImageRecord],
+                            evaluation: Evaluation, report: dict[str, Any], out_dir: Path,
+                            files: dict[str, Path]) -> None:
     """The table, the grounding, three example captions, where the files are, and what to run next."""
     scores = evaluation.scores
     name = " + ".join([str(checkpoint), *args.ensemble])
@@ -225,8 +202,8 @@ def print_checkpoint_scores(
 
 
 def default_out_dir(checkpoint: Path, ensemble: list[str]) -> Path:
-    """Beside the checkpoint (an ensemble's in a subfolder named after the other members); an exported
-    folder stays as exported (its checksums), so its results go to runs/eval/<its name>."""
+    """Beside the checkpoint (an ensemble's in a subfolder named after the other members); an exported folder's
+    (kept as exported: its checksums) in runs/eval/<its name>."""
     base = Path(DEFAULT_EVAL_DIR) / checkpoint.name if checkpoint.is_dir() else checkpoint.parent
     if not ensemble:
         return base
@@ -261,10 +238,8 @@ def outlined_figures(out_dir: Path, records: list[ImageRecord], evaluation: Eval
     for record in [r for r in records if r.image_id in evaluation.captions][:count]:
         caption = evaluation.captions[record.image_id]
         outlines = word_regions(caption, record.image_id, request.instances, request.kind)
-        save_attention_figure(
-            out_dir / f"{record.path.stem}_grounding.png", load_image(record.path), caption,
-            layer=request.layer, head=request.head, outlines=outlines,
-        )
+        save_attention_figure(out_dir / f"{record.path.stem}_grounding.png", load_image(record.path), caption,
+                              layer=request.layer, head=request.head, outlines=outlines)
     log.info("grounding figures (true regions outlined): %s", out_dir)
 
 

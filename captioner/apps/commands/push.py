@@ -1,5 +1,4 @@
-"""`captioner push CHECKPOINT REPO_ID`: export (unless it already is an export) and upload to the
-Hugging Face Hub."""
+"""`captioner push CHECKPOINT REPO_ID`: export (unless it already is an export) and upload to the Hugging Face Hub."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 """`captioner train CONFIG [overrides]`: cross-entropy or self-critical training from a YAML config.
-
 SIGTERM or SIGINT stops it after the step with last.pt saved, the resume command, and exit status 128 + signal."""
 
 from __future__ import annotations
@@ -8,8 +7,10 @@ import argparse
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from captioner.apps.arguments import add_device_argument, device_overrides
+from captioner.core.config_sections import Config
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -30,7 +31,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from captioner.apps.prerequisites import require_data, require_start, writable_folder
-    from captioner.apps.runs import train_run
     from captioner.core.config import load_config
     from captioner.training import distributed
     from captioner.training.interrupt import Interrupted
@@ -49,6 +49,18 @@ def run(args: argparse.Namespace) -> int:
     if distributed.is_main_process():
         print(f"next: {shlex.join(['captioner', 'evaluate', str(best), '--split', 'test'])}")
     return 0
+
+
+def train_run(config: Config, resume: bool = False) -> Path:
+    """Train as `config` says; returns the best checkpoint, with training_curves.png beside it."""
+    from captioner.training.distributed import is_main_process
+    from captioner.training.fit import fit  # the training stack, only when there is a model to train
+    from captioner.viz.curves import plot_run
+
+    best = fit(config, resume=resume)
+    if is_main_process():  # under torchrun, rank 0 alone writes the run's files
+        plot_run(config.train.out_dir, config.train.val_metric, config.train.val_beam_size)
+    return best
 
 
 def config_overrides(args: argparse.Namespace) -> list[str]:

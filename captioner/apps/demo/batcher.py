@@ -1,13 +1,8 @@
 """Captioning the requests that arrive together in one batch: one encoder pass, one beam search.
 
-Each /caption callback runs on a server worker thread and hands its image here. While a batch
-decodes, the images that arrive wait; when it ends, one waiting thread takes every waiting image
-with the same model and options (up to `max_batch`) and decodes them together, so under load the
-cores run a few large batches instead of many single images fighting over them. Beam search
-keeps each image's beams apart, so an image's caption does not depend on its batch.
-
-No thread of its own: the decoding runs on the callbacks' threads, which the server already
-waits for when it stops.
+While a batch decodes, arriving images wait; then one waiting callback thread decodes every waiting
+image of the same model and options (up to `max_batch`), so under load the cores run a few large batches
+instead of many single images fighting over them. An image's caption does not depend on its batch.
 """
 
 from __future__ import annotations
@@ -84,12 +79,11 @@ class CaptionBatcher:
         return job.result
 
     def run(self, batch: list[Job]) -> None:
-        """Decode `batch` (one model, one set of options) in one call; each job gets its caption,
-        or all of them the error."""
+        """Decode `batch` (one model, one set of options) in one call: each job gets its caption, or all the error."""
         first = batch[0]
         try:
-            captions: list[Caption | BaseException] = list(
-                first.model.caption([job.image for job in batch], **first.options))
+            captions: list[Caption | BaseException] = list(first.model.caption([job.image for job in batch],
+                                                                               **first.options))
         except Exception as e:  # noqa: BLE001 - handed to every caller, who raises it
             captions = [e] * len(batch)
         with self._changed:

@@ -52,24 +52,20 @@ def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
     else:
         val = "no validation scores in the checkpoint"
     dataset = config.data.dataset if config else "an unknown dataset"
-    return (
-        f"**{model_label(path, model)}**: trained on **{dataset}** ({model.image_size} px images), "
-        f"vocabulary {len(model.vocab)} words; {val}."
-    )
+    return (f"**{model_label(path, model)}**: trained on **{dataset}** ({model.image_size} px images), "
+            f"vocabulary {len(model.vocab)} words; {val}.")
 
 
 def model_cards(models: dict[str, Captioner], payloads: dict[str, dict[str, Any]] | None = None) -> str:
     """What every served model was trained on, so a caption is read in its light."""
-    lines = []
-    for path, model in models.items():
-        payload = payloads[path] if payloads is not None and path in payloads else recorded(path)
-        lines.append("- " + model_card(path, model, payload))
+    payloads = payloads or {}
+    lines = [f"- {model_card(path, model, payloads[path] if path in payloads else recorded(path))}"
+             for path, model in models.items()]
     return "**Models served**\n\n" + "\n".join(lines)
 
 
 def recorded(path: str) -> dict[str, Any]:
-    """What the page reads of a served model besides its weights: `config`, `train_state` and `test`
-    (split -> {"overall", "beam_size", ...}); {} when unreadable."""
+    """What the page reads of a served model besides its weights: `config`, `train_state`, `test`; {} if unreadable."""
     try:
         if is_exported(path):
             return exported_payload(Path(path))
@@ -81,26 +77,21 @@ def recorded(path: str) -> dict[str, Any]:
 
 
 def exported_payload(folder: Path) -> dict[str, Any]:
-    """What a card reads from a checkpoint, from an exported folder's config.json: the training
-    config, and the validation and test scores the export recorded."""
+    """`recorded` of an exported folder, from its config.json: the training config and the scores it recorded."""
     config = read_config(folder)
     scores = config.get("scores") or {}
     epoch = scores.get("validation_epoch")
     row = {"epoch": epoch, **{f"val_{k}": v for k, v in (scores.get("validation") or {}).items()}}
-    history = [row] if scores.get("validation") else []
-    return {
-        "config": config.get("training_config") or {},
-        "train_state": {"history": history, "best_epoch": epoch, "epoch": epoch},
-        "test": scores.get("test") or {},
-    }
+    return {"config": config.get("training_config") or {}, "test": scores.get("test") or {},
+            "train_state": {"history": [row] if scores.get("validation") else [], "best_epoch": epoch, "epoch": epoch}}
 
 
 SERVING_METRICS = ("Bleu_4", "METEOR", "CIDEr")  # the serving line's scores, by COCO's names
 
 
 def serving_line(path: str, model: Captioner, payload: dict[str, Any]) -> str:
-    """Markdown: 'Serving: <model> — <dataset>, test BLEU-4 x, METEOR y, CIDEr-D z (beam 3)', the
-    test scores recorded with the model; without them its best validation's, marked as such."""
+    """Markdown: 'Serving: <model> — <dataset>, test BLEU-4 x, METEOR y, CIDEr-D z (beam 3)'; without test
+    scores recorded, its best validation's, marked as such."""
     try:
         config = config_from_dict(payload["config"], source=path) if payload.get("config") else None
     except CaptionerError:

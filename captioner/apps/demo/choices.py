@@ -1,27 +1,29 @@
-"""The layer, head and word menus: what they offer for a model, and their values as indices.
+"""The layer, head and word menus, and the check of a /caption request against what they offer.
 
-A menu value left over from another model (or sent through the API) is clamped to the caption's
-own maps, so it never indexes out of range.
+A menu value left over from another model is clamped to the caption's own maps, so it never indexes out
+of range. A request must hold values the page's own controls could send: Gradio's range checks guard the
+page, not the API, and a beam of 10,000 would hold the server for everyone.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
+from captioner.core.errors import RequestError
 from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
 
 MEAN = "mean"  # the head choice that averages the heads
-
-
-def attention_shape(model: Captioner) -> tuple[int, int]:
-    """(layers, heads) of the decoder's attention maps: (1, 1) for the LSTM."""
-    return model.attention_shape()
+# The sliders' ranges: what core/decode_schema.py lets a public page serve.
+MAX_BEAM = int(DECODE_OPTIONS["beam_size"].served.le)  # type: ignore[union-attr]
+MAX_LENGTH = int(DECODE_OPTIONS["max_length"].served.le)  # type: ignore[union-attr]
 
 
 def attention_choices(model: Captioner) -> tuple[list[str], list[str]]:
     """Dropdown choices: layers "1".."L" (default the last) and heads "mean", "1".."H"."""
-    layers, heads = attention_shape(model)
+    layers, heads = model.attention_shape()
     return [str(i + 1) for i in range(layers)], [MEAN, *(str(i + 1) for i in range(heads))]
 
 
@@ -34,8 +36,7 @@ def menus(model: Captioner) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def parse_layer_head(caption: Caption, layer: str | int | None, head: str | int | None) -> tuple[int, int | None]:
-    """Dropdown values -> (layer index, head index or None for the mean), clamped to the caption's
-    maps, so a choice left over from another model never indexes out of range."""
+    """Dropdown values -> (layer index, head index or None for the mean), clamped to the caption's maps."""
     num_layers, num_heads = caption.attn.shape[1:3]
     try:
         layer_index = min(max(int(layer) - 1, 0), num_layers - 1)  # type: ignore[arg-type]
@@ -69,3 +70,49 @@ def word_position(caption: Caption, word: str | None) -> int:
     except ValueError:
         return 0
     return position if 0 <= position < len(caption.words) else 0
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked /caption request: values the page's own controls could have sent."""
+
+    model_name: str
+    beam_size: int
+    max_length: int
+    layer: str | None
+    head: str
+
+
+def served(name: str, value: Any) -> Any:
+    """A decoding option's value within what the page serves (sliders send floats, so 3.0 is
+    3; 2.5, NaN, True and "3" are refused), or `RequestError` with the option's refusal."""
+    option = DECODE_OPTIONS[name]
+    if not option.allows(value, served=True):
+        raise RequestError(option.refusal(value, served=True))
+    return option.converted(value)
+
+
+def menu_value(value: Any) -> str | None:
+    """A dropdown value as the menu's string ("2" for 2), None for no choice."""
+    if value is None or value == "":
+        return None
+    return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else repr(value)
+
+
+def check_request(
+    models: dict[str, Captioner], model_name: Any, beam_size: Any, max_length: Any, layer: Any, head: Any
+) -> Request:
+    """Every value of a /caption request checked against what the page offers, or `RequestError` naming it.
+    Left out: the first model, the last layer, the mean of heads."""
+    if model_name in (None, ""):
+        model_name = next(iter(models))
+    if not isinstance(model_name, str) or model_name not in models:
+        raise RequestError(f"unknown model {str(model_name)[:80]!r}: choose one of the menu's models")
+    beam, length = served("beam_size", beam_size), served("max_length", max_length)
+    layers, heads = attention_choices(models[model_name])
+    layer, head = menu_value(layer), menu_value(head) or MEAN
+    if layer is not None and layer not in layers:
+        raise RequestError(f"decoder layer must be one of {', '.join(layers)} for this model, got {layer[:20]!r}")
+    if head not in heads:
+        raise RequestError(f"attention head must be one of {', '.join(heads)} for this model, got {head[:20]!r}")
+    return Request(model_name, beam, length, layer, head)

@@ -1,32 +1,34 @@
-"""The page logic, without Gradio: caption an uploaded file and lay out what the page shows.
-
-Inference goes through the same loader, transform and beam search as the CLI (`load_image`, then
-`Captioner.caption`); this module only adds presentation: per-word overlays, the score line,
-notes about what the loader did to an unusual file, and clear messages for files it refused.
-The Gradio callbacks (`captioner.apps.demo.ui`) wrap these functions, so they are tested, and
-usable, without a server.
+"""The page logic, without Gradio (so tested and usable without a server): caption an uploaded file
+with the CLI's loader and beam search, and lay out what the page shows: per-word overlays, the score
+line, notes on what the loader did to an unusual file, clear messages for files it refused; the
+downloadable attention figure (Pillow: requests draw in parallel), the transformer views (pyplot's
+global state: one at a time), and the pruning of old pictures.
 """
 
 from __future__ import annotations
 
+import io
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from matplotlib.figure import Figure
 from PIL import Image
 
 from captioner.apps.demo.batcher import CaptionBatcher
-from captioner.apps.demo.choices import MEAN, maps_label, parse_layer_head
-from captioner.apps.demo.page_figures import write_figure
+from captioner.apps.demo.choices import MEAN, maps_label, parse_layer_head, word_position
 from captioner.core.errors import ImageLoadError
 from captioner.data.image_files import MAX_PIXELS, load_image, open_image
 from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.model_origin import introduce
-from captioner.viz.overlays import word_overlays
+from captioner.viz.overlays import save_attention_figure, word_overlays
 
 # overlays are drawn on a copy this size at most: the gallery's preview, and a 40 MP photo stays cheap to show
 DISPLAY_SIDE = 512
+FIGURE_LOCK = threading.Lock()  # pyplot's global state: one transformer view at a time
 
 
 @dataclass
@@ -61,9 +63,8 @@ def refusal(reason: str) -> PageOutput:
 
 
 def conversion_notes(path: str | Path) -> list[str]:
-    """What `load_image` did to this file to make it 8-bit upright RGB, in words. Reads only the
-    header, through the loader's own format-restricted opener; never raises (the loader reports
-    unreadable files)."""
+    """What `load_image` did to make this file 8-bit upright RGB, in words, from its header alone (read by
+    the loader's own opener); never raises (the loader reports unreadable files)."""
     try:
         with open_image(path) as image:
             mode, frames = image.mode, getattr(image, "n_frames", 1)
@@ -87,22 +88,12 @@ def conversion_notes(path: str | Path) -> list[str]:
     return notes
 
 
-def caption_page(
-    model: Captioner,
-    model_name: str,
-    upload: str | Path | None,
-    beam_size: int,
-    max_length: int,
-    layer: str | int | None = None,
-    head: str | int | None = MEAN,
-    figure_dir: Path | None = None,
-    max_pixels: int = MAX_PIXELS,
-    batcher: CaptionBatcher | None = None,
-) -> PageOutput:
-    """Caption an uploaded file and draw its heatmaps (and its figure into `figure_dir`, if given).
-    A file the loader refuses gives its one-line reason in the note, named by the file's own name
-    rather than the server's temporary path. With a `batcher`, the decoding is batched with the
-    other requests it serves meanwhile."""
+def caption_page(model: Captioner, model_name: str, upload: str | Path | None, beam_size: int, max_length: int,
+                 layer: str | int | None = None, head: str | int | None = MEAN, figure_dir: Path | None = None,
+                 max_pixels: int = MAX_PIXELS, batcher: CaptionBatcher | None = None) -> PageOutput:
+    """Caption an uploaded file and draw its heatmaps (and its figure into `figure_dir`, if given). A file
+    the loader refuses gives its one-line reason, by the file's own name rather than the server's temporary
+    path. With a `batcher`, the decoding is batched with the other requests it serves meanwhile."""
     if upload is None or str(upload) == "":
         return message("Upload an image or pick an example first.")
     path = Path(upload)
@@ -128,19 +119,82 @@ def caption_page(
 
 def render_page(result: Result, layer: str | int | None, head: str | int | None,
                 figure_dir: Path | None = None) -> PageOutput:
-    """Overlays (and the figure, when `figure_dir` is given) for one layer/head choice of an
-    already captioned image."""
+    """Overlays (and the figure, with `figure_dir`) for one layer/head choice of a captioned image."""
     caption = result.caption
     layer_index, head_index = parse_layer_head(caption, layer, head)
     gallery = [(picture, word) for word, picture in word_overlays(result.image, caption, layer_index, head_index)]
     maps = maps_label(caption, layer_index, head_index)
-    score_line = (
-        f"score {caption.score:.3f} · log-probability {caption.logprob:.2f} · "
-        f"{len(caption.words)} words · beam {result.beam_size} · {result.model_name}"
-        f"{' · ' + maps if maps else ''} · captioned in {result.seconds:.2f} s"
-    )
+    score_line = (f"score {caption.score:.3f} · log-probability {caption.logprob:.2f} · {len(caption.words)} words · "
+                  f"beam {result.beam_size} · {result.model_name}{' · ' + maps if maps else ''} · "
+                  f"captioned in {result.seconds:.2f} s")
     note = " ".join(result.notes)
     if not caption.words:
         note = (note + " The model ended the caption at once: there is no word to show.").strip()
     figure = write_figure(result.image, caption, layer, head, figure_dir) if figure_dir is not None else None
     return PageOutput(caption.text, score_line, gallery, figure, note, result)
+
+
+def write_figure(image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None,
+                 figure_dir: Path) -> Path:
+    """The downloadable figure, drawn after the caption is shown: the CLI's --heatmaps figure."""
+    layer_index, head_index = parse_layer_head(caption, layer, head)
+    maps = maps_label(caption, layer_index, head_index)
+    title = f"{caption.text}  (score {caption.score:.2f}{', ' + maps if maps else ''})"
+    path = figure_dir / f"attention_{uuid.uuid4().hex[:12]}.png"
+    return save_attention_figure(path, image, caption, layer=layer_index, head=head_index, title=title)
+
+
+def prune(folder: Path, max_age_s: float) -> None:
+    """Delete the figures and overlays of `folder` older than `max_age_s`."""
+    if not folder.is_dir():
+        return
+    now = time.time()
+    for old in [*folder.glob("attention_*.png"), *folder.glob("overlay_*.jpg")]:
+        try:
+            if now - old.stat().st_mtime > max_age_s:
+                old.unlink()
+        except OSError:
+            pass  # another request removed it first
+
+
+def prune_folders(cache: Path, keep: Path, seen_empty: set[Path]) -> set[Path]:
+    """Delete the folders under `cache` (but `keep`) empty now and at the previous prune (`seen_empty`); returns
+    those empty now. Two looks apart tell an emptied folder (Gradio deletes files, not folders) from a new one."""
+    empty_now: set[Path] = set()
+    for folder in cache.iterdir() if cache.is_dir() else []:
+        try:
+            if folder == keep or not folder.is_dir() or any(folder.iterdir()):
+                continue
+            if folder in seen_empty:
+                folder.rmdir()  # fails, harmlessly, if a file arrived meanwhile
+            else:
+                empty_now.add(folder)
+        except OSError:
+            pass
+    return empty_now
+
+
+def inside_views(image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None,
+                 word: str | None) -> tuple[Image.Image | None, Image.Image | None]:
+    """(the chosen layer's self-attention head view, the chosen word's layers x heads maps); LSTM: (None, None)."""
+    from captioner.viz.caption_figures import head_grid_figure, head_view_figure
+
+    if caption.self_attn is None or not caption.words:
+        return None, None
+    layer_index, head_index = parse_layer_head(caption, layer, head)
+    position = word_position(caption, word)
+    with FIGURE_LOCK:
+        view = figure_image(head_view_figure(caption, [layer_index], None if head_index is None else [head_index]))
+        grid = figure_image(head_grid_figure(image, caption, [position]))
+    return view, grid
+
+
+def figure_image(fig: Figure) -> Image.Image:
+    """A matplotlib figure as a PIL image (closed after)."""
+    import matplotlib.pyplot as plt  # here, after captioner.viz has chosen the Agg backend
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80)
+    plt.close(fig)
+    buffer.seek(0)
+    return Image.open(buffer).convert("RGB")

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from captioner.apps.demo.batcher import MAX_BATCH
-from captioner.apps.demo.cache import private_cache
-from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, wait_for_callbacks
+from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, private_cache, wait_for_callbacks
 from captioner.core.errors import CaptionerError
 from captioner.models.default_model import find_default_model
 from captioner.models.model_paths import checkpoint_file
@@ -37,30 +36,16 @@ def default_checkpoint() -> Path:
     return found if is_exported(found) else checkpoint_file(found)
 
 
-def launch(
-    demo: gr.Blocks,
-    host: str = "127.0.0.1",
-    port: int = 7860,
-    block: bool = True,
-    max_file_size: str | int = MAX_FILE_SIZE,
-) -> str:
+def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bool = True,
+           max_file_size: str | int = MAX_FILE_SIZE) -> str:
     """Serve the page; returns its URL (at once when not `block`, e.g. in tests). A port taken
     meanwhile is one CaptionerError line, as `check_port` says it before the models load."""
     try:
         _, url, _ = demo.launch(
-            server_name=host,
-            server_port=port,
-            share=False,
-            prevent_thread_lock=not block,
-            max_file_size=max_file_size,
-            ssr_mode=False,
-            pwa=False,
-            mcp_server=False,
-            enable_monitoring=False,
+            server_name=host, server_port=port, share=False, prevent_thread_lock=not block, max_file_size=max_file_size,
+            ssr_mode=False, pwa=False, mcp_server=False, enable_monitoring=False,
             show_error=False,  # no exception text in the page; the callbacks put messages there themselves
-            # Gradio's own lines: the URL is logged by serve(), and the share=True hint is nothing the
-            # command line offers
-            quiet=True,
+            quiet=True,  # no Gradio lines: serve() logs the URL, and the share=True hint is no option of ours
             state_session_capacity=SESSIONS,
         )
     except OSError as e:
@@ -72,18 +57,16 @@ def launch(
 
 def port_taken(host: str, port: int) -> CaptionerError:
     """The one line for a port another process serves on."""
-    return CaptionerError(
-        f"demo --port {port}: port {port} on {host} is in use (another demo?); give another with --port"
-    )
+    return CaptionerError(f"demo --port {port}: port {port} on {host} is in use (another demo?); "
+                          "give another with --port")
 
 
 def check_port(host: str, port: int) -> None:
     """Bind to `port` on `host` and let go, as Gradio will: a port in use or a host that is no local
     address is one line naming it, before any model loads."""
     try:
-        family, kind, protocol, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                flags=socket.AI_PASSIVE)[0]
     except socket.gaierror as e:
         raise CaptionerError(f"demo --host {host}: not an address to serve on ({e.strerror})") from None
     with socket.socket(family, kind, protocol) as probe:
@@ -97,9 +80,8 @@ def check_port(host: str, port: int) -> None:
 
 
 def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
-    """Stop the server, then wait for the captions and figures it was still computing: the
-    server's worker threads are daemons, and one left inside torch when the interpreter exits
-    aborts it ("terminate called without an active exception")."""
+    """Stop the server, then wait for the captions and figures it was computing: its worker threads are
+    daemons, and one inside torch at exit aborts the interpreter ("terminate called without an active exception")."""
     demo.close()
     if not wait_for_callbacks(demo, timeout):
         log.warning("the demo closed with a caption still running after %.0f s", timeout)
@@ -120,15 +102,9 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
         return False
 
 
-def serve(
-    checkpoints: list[Path] | None = None,
-    examples: list[Path] | None = None,
-    host: str = "127.0.0.1",
-    port: int = 7860,
-    max_batch: int = MAX_BATCH,
-    queue_size: int = QUEUE_SIZE,
-    cleanup: Cleanup = Cleanup(),
-) -> None:
+def serve(checkpoints: list[Path] | None = None, examples: list[Path] | None = None, host: str = "127.0.0.1",
+          port: int = 7860, max_batch: int = MAX_BATCH, queue_size: int = QUEUE_SIZE,
+          cleanup: Cleanup = Cleanup()) -> None:
     """`captioner demo`: the checkpoints (default: `default_checkpoint()`) until interrupted; temporary
     files in a cache of its own, removed at the end."""
     check_port(host, port)

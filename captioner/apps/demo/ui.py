@@ -1,4 +1,4 @@
-"""The Gradio page: its components, the callbacks its events run, and the request queue.
+"""The Gradio page: its components, the callbacks its events run, the request queue, and its cache.
 
 The callbacks only translate between Gradio values and the page logic (`captioner.apps.demo.page`),
 which does the work. The API a client sees: /caption, then /figure in its session.
@@ -6,8 +6,12 @@ which does the work. The API a client sees: /caption, then /figure in its sessio
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -21,25 +25,10 @@ import gradio as gr
 from PIL import Image
 
 from captioner.apps.demo.batcher import MAX_BATCH, CaptionBatcher
-from captioner.apps.demo.cache import private_cache
-from captioner.apps.demo.cards import (
-    load_models,
-    model_cards,
-    model_examples,
-    model_label,
-    recorded,
-    serving_line,
-)
-from captioner.apps.demo.checks import MAX_BEAM, MAX_LENGTH, check_request
-from captioner.apps.demo.choices import menus, word_choices, word_position
-from captioner.apps.demo.page_figures import inside_views, prune, prune_folders, write_figure
-from captioner.apps.demo.page import (
-    PageOutput,
-    Result,
-    caption_page,
-    message,
-    render_page,
-)
+from captioner.apps.demo.cards import load_models, model_cards, model_examples, model_label, recorded, serving_line
+from captioner.apps.demo.choices import MAX_BEAM, MAX_LENGTH, check_request, menus, word_choices, word_position
+from captioner.apps.demo.page import (PageOutput, Result, caption_page, inside_views, message, prune, prune_folders,
+                                     render_page, write_figure)
 from captioner.core.errors import RequestError
 from captioner.data.image_files import MAX_PIXELS
 from captioner.models.captioner import Captioner
@@ -48,6 +37,21 @@ log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 32  # waiting events beyond this are told the app is busy: at most a few seconds' work
 JPEG_QUALITY = 85  # the overlays the gallery shows: a tenth of a PNG's bytes, no visible loss at this size
+OWNER = "CAPTIONER_DEMO_CACHE_OWNER"  # "<process id> <folder>": the process whose private cache that is
+
+
+def private_cache() -> Path | None:
+    """Give this process a Gradio cache of its own, removed at exit, unless GRADIO_TEMP_DIR names the user's
+    or this process's own (not one inherited from a parent); the new folder, or None. Gradio names cached files
+    by content and a closing server deletes its files: in a shared cache it would delete another's uploads."""
+    chosen = os.environ.get("GRADIO_TEMP_DIR")
+    owner, _, folder = os.environ.get(OWNER, "").partition(" ")
+    if chosen and (folder != chosen or owner == str(os.getpid())):
+        return None
+    cache = Path(tempfile.mkdtemp(prefix="captioner-demo-cache-"))
+    os.environ["GRADIO_TEMP_DIR"], os.environ[OWNER] = str(cache), f"{os.getpid()} {cache}"
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    return cache
 
 
 @dataclass(frozen=True)
@@ -77,10 +81,8 @@ class UploadImage(gr.Image):
 class Callbacks:
     """What the page's events run: the loaded models, and Gradio values in and out."""
 
-    def __init__(
-        self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS, max_batch: int = MAX_BATCH,
-        cleanup: Cleanup = Cleanup(),
-    ) -> None:
+    def __init__(self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS, max_batch: int = MAX_BATCH,
+                 cleanup: Cleanup = Cleanup()) -> None:
         from gradio.utils import get_upload_folder
 
         self.models = models
@@ -133,10 +135,8 @@ class Callbacks:
             request = check_request(self.models, model_name, beam_size, max_length, layer, head)
             model = self.models[request.model_name]
             label = model_label(request.model_name, model)
-            page = caption_page(
-                model, label, image, request.beam_size, request.max_length, request.layer, request.head, None,
-                self.max_pixels, self.batcher,
-            )
+            page = caption_page(model, label, image, request.beam_size, request.max_length, request.layer,
+                                request.head, None, self.max_pixels, self.batcher)
         except RequestError as e:
             page = message(f"**Request refused.** {e}")
         except Exception:  # a bug: the log gets the traceback, the page a sentence
@@ -172,11 +172,8 @@ class Callbacks:
             return gr.skip(), gr.skip(), gr.skip()
         choices = word_choices(result.caption)
         value = choices[word_position(result.caption, word)] if choices else None
-        return (
-            gr.update(value=view, visible=True),
-            gr.update(value=grid, visible=True),
-            gr.update(choices=choices, value=value, visible=True),
-        )
+        return (gr.update(value=view, visible=True), gr.update(value=grid, visible=True),
+                gr.update(choices=choices, value=value, visible=True))
 
     def choose_model(self, model_name: str) -> tuple[gr.Dropdown, gr.Dropdown, str]:
         """Layer and head menus for this model's decoder, and the line saying it serves."""
@@ -189,8 +186,8 @@ class Callbacks:
         return page.text, page.score_line, self.files(page.gallery), page.note, page.result
 
     def files(self, gallery: list[tuple[Image.Image, str]]) -> list[tuple[str, str]]:
-        """Overlays as JPEG files of unique names: Gradio writes PIL images in place to paths named by
-        content, where one request could download an overlay another rewrites."""
+        """Overlays as JPEG files of unique names: Gradio would write PIL images to paths named by content,
+        where one request could download an overlay another rewrites."""
         self.prune()
         paths = [self.out_dir / f"overlay_{uuid.uuid4().hex[:12]}.jpg" for _ in gallery]
         for path, (picture, _) in zip(paths, gallery):
@@ -218,26 +215,18 @@ def enable_download(figure: str | None) -> gr.DownloadButton:
     return gr.DownloadButton(interactive=bool(figure))
 
 
-def build_demo(
-    checkpoints: list[Path],
-    examples: list[Path] | None = None,
-    max_batch: int = MAX_BATCH,
-    queue_size: int = QUEUE_SIZE,
-    max_pixels: int = MAX_PIXELS,
-    device: str = "cpu",
-    cleanup: Cleanup = Cleanup(),
-) -> gr.Blocks:
-    """The page, with a bounded queue: up to `max_batch` events run at once (their captions decoded as one
-    batch), up to `queue_size` more wait, the rest are told the app is busy. `examples` None: the first
-    model's test images."""
+def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_batch: int = MAX_BATCH,
+               queue_size: int = QUEUE_SIZE, max_pixels: int = MAX_PIXELS, device: str = "cpu",
+               cleanup: Cleanup = Cleanup()) -> gr.Blocks:
+    """The page, with a bounded queue: `max_batch` events run at once (their captions one batch), `queue_size`
+    more wait, the rest are told the app is busy. `examples` None: the first model's test images."""
     private_cache()  # before anything is cached: closing this process deletes no other's files
     callbacks = page_callbacks(checkpoints, device, max_pixels, max_batch, cleanup)
     first_name, _ = callbacks.model("")
     examples = model_examples(first_name) if examples is None else examples
     with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False,
                    delete_cache=cache_lifetimes(cleanup)) as demo:
-        page = lay_out_page(callbacks, examples, cleanup)
-        wire_events(page, callbacks)
+        lay_out_page(callbacks, examples, cleanup)
     _CALLBACKS[demo] = callbacks
     return demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
 
@@ -263,37 +252,12 @@ def slider_starts(model: Captioner) -> tuple[int, int]:
     return min(decode.beam_size, MAX_BEAM), min(decode.max_length, MAX_LENGTH)
 
 
-@dataclass
-class Page:
-    """The page's components that its events read or write."""
-
-    serving: Any
-    image: Any
-    model_name: Any
-    beam: Any
-    length: Any
-    layer: Any
-    head: Any
-    run: Any
-    text: Any
-    score: Any
-    note: Any
-    gallery: Any
-    download: Any
-    head_view: Any
-    grid_word: Any
-    head_grid: Any
-    result: Any
-
-
-def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -> Page:
-    """The components, inside the open `gr.Blocks`: request left, answer right, cards below."""
+def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -> None:
+    """The components, inside the open `gr.Blocks` (request left, answer right, cards below), and their events:
+    disable the download, show the caption and heatmaps, draw the figure, enable the download."""
     first_name, first = callbacks.model("")
-    gr.Markdown(
-        "## Image captioning with spatial attention\n"
-        "Upload an image or pick an example, then **Caption**. Each word comes with the map of "
-        "where the model looked while writing it."
-    )
+    gr.Markdown("## Image captioning with spatial attention\nUpload an image or pick an example, then **Caption**. "
+                "Each word comes with the map of where the model looked while writing it.")
     serving = gr.Markdown(callbacks.serving[first_name], elem_id="serving")  # which model answers, and how it scored
     with gr.Row():
         with gr.Column(scale=1):
@@ -322,20 +286,13 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
             # Transformers only: shown once a caption has self-attention weights.
             head_view = gr.Image(label="Self-attention head view (each word to the earlier words it attends to; "
                                  "layer and head from the menus)", type="pil", visible=False, elem_id="head_view")
-            grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False,
-                                    elem_id="grid_word")
+            grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word")
             head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False,
                                  elem_id="head_grid")
     gr.Markdown(model_cards(callbacks.models, callbacks.payloads), elem_id="model_card")
     result = gr.State(None, time_to_live=cleanup.max_age_s)  # a redraw needs it only as long as its pictures live
-    return Page(serving, image, model_name, beam, length, layer, head, run, text, score, note, gallery, download,
-                head_view, grid_word, head_grid, result)
 
-
-def wire_events(page: Page, callbacks: Callbacks) -> None:
-    """Each event: disable the download, show the caption and heatmaps, draw the figure, enable the download."""
-    p = page
-    shown = [p.text, p.score, p.gallery, p.note, p.result]
+    shown = [text, score, gallery, note, result]
     # Gradio skips a step ("once") whose previous run is pending, so a caption arriving meanwhile would
     # never get its views: each step runs again, on the newest values, when the pending one ends.
     latest = {"trigger_mode": "always_last"}
@@ -343,24 +300,22 @@ def wire_events(page: Page, callbacks: Callbacks) -> None:
     private = {"api_visibility": "private"}
 
     def then_figure(event: Any, **api: Any) -> None:
-        drawn = event.then(callbacks.tracked(callbacks.figure), [p.result, p.layer, p.head], [p.download], **cpu, **api)
-        drawn.then(enable_download, [p.download], [p.download], queue=False, **latest, **private)
+        drawn = event.then(callbacks.tracked(callbacks.figure), [result, layer, head], [download], **cpu, **api)
+        drawn.then(enable_download, [download], [download], queue=False, **latest, **private)
 
-    captioned = p.run.click(disable_download, None, [p.download], queue=False, **private).then(
-        callbacks.tracked(callbacks.caption), [p.image, p.model_name, p.beam, p.length, p.layer, p.head], shown,
-        api_name="caption", **cpu,
-    )
+    captioned = run.click(disable_download, None, [download], queue=False, **private).then(
+        callbacks.tracked(callbacks.caption), [image, model_name, beam, length, layer, head], shown,
+        api_name="caption", **cpu)
     then_figure(captioned, api_name="figure")
-    inside_in, inside_out = [p.result, p.layer, p.head, p.grid_word], [p.head_view, p.head_grid, p.grid_word]
+    inside_in, inside_out = [result, layer, head, grid_word], [head_view, head_grid, grid_word]
     captioned.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
-    for menu in (p.layer, p.head):  # a new layer/head redraws the kept caption; no decoding again
-        cleared = menu.input(disable_download, None, [p.download], queue=False, **private)
-        redrawn = cleared.then(callbacks.tracked(callbacks.redraw), [p.result, p.layer, p.head], shown,
-                               **cpu, **private)
+    for menu in (layer, head):  # a new layer/head redraws the kept caption; no decoding again
+        cleared = menu.input(disable_download, None, [download], queue=False, **private)
+        redrawn = cleared.then(callbacks.tracked(callbacks.redraw), [result, layer, head], shown, **cpu, **private)
         then_figure(redrawn, **private)
         redrawn.then(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
-    p.grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
-    p.model_name.change(callbacks.choose_model, [p.model_name], [p.layer, p.head, p.serving], queue=False, **private)
+    grid_word.input(callbacks.tracked(callbacks.inside), inside_in, inside_out, **cpu, **private)
+    model_name.change(callbacks.choose_model, [model_name], [layer, head, serving], queue=False, **private)
 
 
 # Each page's callbacks, so that the server can wait for the ones still running when it stops.
