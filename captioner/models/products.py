@@ -8,6 +8,7 @@ so a resumption is bit for bit.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -241,11 +242,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _product(x, _scoped_reorder(weight), None if bias is None else bias.detach())
 
 
-def dense(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """`layer(x)`: through `linear` for a plain `nn.Linear`; any other layer, or one with hooks, runs
-    its own forward."""
-    if not plain(layer):
-        return layer(x)
+def onednn_linear(layer: nn.Linear) -> nn.Linear:
+    """`layer` itself, its forward now `linear` (oneDNN's product where it applies, else `F.linear`).
+    It stays exactly an `nn.Linear`: the same state-dict keys, hooks run, and `quantize_dynamic`
+    swaps it for its int8 copy, which runs its own forward."""
+    layer.forward = functools.partial(_linear_forward, layer)  # a partial: copies and pickles bind their own layer
+    return layer
+
+
+def _linear_forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x, layer.weight, layer.bias)
 
 

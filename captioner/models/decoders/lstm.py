@@ -13,7 +13,7 @@ from captioner.models.attention import AdditiveAttention
 from captioner.models.decoder import (
     Decoder, DecoderOutput, Memory, State, register_decoder, select_rows, to_device_quietly
 )
-from captioner.models.products import dense, gram, linear, plain, prepared
+from captioner.models.products import gram, linear, onednn_linear, plain, prepared
 
 
 @dataclass
@@ -44,13 +44,13 @@ class LSTMDecoder(Decoder):
         self.embed_dim = embed_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         self.attention = AdditiveAttention(feat_dim, hidden_dim, config.attention_dim)
-        self.init_h = nn.Linear(feat_dim, hidden_dim)
-        self.init_c = nn.Linear(feat_dim, hidden_dim)
-        self.gate = nn.Linear(hidden_dim, feat_dim)  # beta_t = sigmoid(f_beta(h_{t-1}))
+        self.init_h = onednn_linear(nn.Linear(feat_dim, hidden_dim))
+        self.init_c = onednn_linear(nn.Linear(feat_dim, hidden_dim))
+        self.gate = onednn_linear(nn.Linear(hidden_dim, feat_dim))  # beta_t = sigmoid(f_beta(h_{t-1}))
         self.cell = nn.LSTMCell(embed_dim + feat_dim, hidden_dim)
-        self.out_hidden = nn.Linear(hidden_dim, embed_dim)  # L_h
-        self.out_context = nn.Linear(feat_dim, embed_dim)  # L_z
-        self.out_vocab = nn.Linear(embed_dim, vocab_size)  # L_o
+        self.out_hidden = onednn_linear(nn.Linear(hidden_dim, embed_dim))  # L_h
+        self.out_context = onednn_linear(nn.Linear(feat_dim, embed_dim))  # L_z
+        self.out_vocab = onednn_linear(nn.Linear(embed_dim, vocab_size))  # L_o
         self.dropout = nn.Dropout(config.dropout)
 
     def prepare(self, feats: torch.Tensor) -> Memory:
@@ -63,21 +63,19 @@ class LSTMDecoder(Decoder):
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
         """h_0, c_0 from the mean feature; `capacity` is unused (the state has one size)."""
         mean = memory["feats"].mean(dim=1)  # (B, D)
-        return {
-            "h": torch.tanh(dense(mean, self.init_h)), "c": torch.tanh(dense(mean, self.init_c))
-        }  # (B, H) each
+        return {"h": torch.tanh(self.init_h(mean)), "c": torch.tanh(self.init_c(mean))}  # (B, H) each
 
     def _output(self, embedded: torch.Tensor, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """The deep output: embedded (..., E), h (..., H), gated context (..., D) -> logits (..., V)."""
-        deep = embedded + dense(self.dropout(h), self.out_hidden) + dense(context, self.out_context)  # (..., E)
-        return dense(self.dropout(deep), self.out_vocab)  # (..., V)
+        deep = embedded + self.out_hidden(self.dropout(h)) + self.out_context(context)  # (..., E)
+        return self.out_vocab(self.dropout(deep))  # (..., V)
 
     def _advance(
         self, memory: Memory, embedded: torch.Tensor, state: State
     ) -> tuple[torch.Tensor, torch.Tensor, State]:
         """One step from embedded previous words (B, E) -> logits (B, V), weights (B, N), state."""
         context, weights = self.attention(memory["feats"], memory["projected"], state["h"])  # (B, D), (B, N)
-        context = torch.sigmoid(dense(state["h"], self.gate)) * context  # (B, D): gated z_t
+        context = torch.sigmoid(self.gate(state["h"])) * context  # (B, D): gated z_t
         cell = self.cell  # nn.LSTMCell's parameters and arithmetic, its products through `linear`
         gates = linear(torch.cat([embedded, context], dim=1), cell.weight_ih, cell.bias_ih) + linear(
             state["h"], cell.weight_hh, cell.bias_hh

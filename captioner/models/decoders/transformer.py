@@ -12,7 +12,7 @@ from captioner.core.config_sections import POSITIVE, PROBABILITY_BELOW_ONE, sett
 from captioner.core.specs import Choice, Flag
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, real_positions, register_decoder
-from captioner.models.products import dense
+from captioner.models.products import onednn_linear
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -83,7 +83,8 @@ class TransformerDecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout)
         self.ff = nn.Sequential(
-            nn.Linear(d_model, ff_dim), ACTIVATIONS[activation](), nn.Dropout(dropout), nn.Linear(ff_dim, d_model)
+            onednn_linear(nn.Linear(d_model, ff_dim)), ACTIVATIONS[activation](), nn.Dropout(dropout),
+            onednn_linear(nn.Linear(ff_dim, d_model)),
         )
         self.norm_self = nn.LayerNorm(d_model)
         self.norm_cross = nn.LayerNorm(d_model)
@@ -123,12 +124,7 @@ class TransformerDecoderLayer(nn.Module):
         h = self._block_input(x, self.norm_cross)
         out, weights = self.cross_attn.attend(h, cross_k, cross_v)  # (B, T, d), (B, nh, T, N)
         x = self._residual(x, out, self.norm_cross)
-        return self._residual(x, self.feed_forward(self._block_input(x, self.norm_ff)), self.norm_ff), weights
-
-    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`self.ff(x)` with its products through `dense`: (B, T, d) -> (B, T, d)."""
-        expand, activation, dropout, contract = self.ff
-        return dense(dropout(activation(dense(x, expand))), contract)  # (B, T, d)
+        return self._residual(x, self.ff(self._block_input(x, self.norm_ff)), self.norm_ff), weights
 
     def _block_input(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         """Pre-norm normalises what enters a block; post-norm what leaves the residual sum."""
@@ -160,13 +156,13 @@ class TransformerDecoder(Decoder):
         self.grid_position_encoding = c.grid_position_encoding
         self.embedding = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model**-0.5)  # unit scale after * sqrt(d_model)
-        self.grid_proj = nn.Sequential(nn.Linear(feat_dim, d_model), nn.LayerNorm(d_model))
+        self.grid_proj = nn.Sequential(onednn_linear(nn.Linear(feat_dim, d_model)), nn.LayerNorm(d_model))
         self.layers = nn.ModuleList(
             TransformerDecoderLayer(d_model, c.num_heads, c.ff_dim, c.dropout, c.norm_first, c.activation)
             for _ in range(c.num_layers)
         )
         self.final_norm = nn.LayerNorm(d_model) if c.norm_first else nn.Identity()
-        self.out = nn.Linear(d_model, vocab_size)
+        self.out = onednn_linear(nn.Linear(d_model, vocab_size))
         if c.tie_embeddings:
             self.out.weight = self.embedding.weight
         self.dropout = nn.Dropout(c.dropout)
@@ -183,8 +179,7 @@ class TransformerDecoder(Decoder):
 
     def prepare(self, feats: torch.Tensor) -> Memory:
         """feats (B, N, D) -> every layer's cross-attention keys and values, (B, nh, N, hs) each."""
-        projection, norm = self.grid_proj
-        grid = norm(dense(feats, projection))  # (B, N, d)
+        grid = self.grid_proj(feats)  # (B, N, d)
         if self.grid_position_encoding:
             grid = grid + grid_encoding(feats.shape[1], self.d_model, feats.device).to(grid.dtype)
         grid = self.dropout(grid)
@@ -237,7 +232,7 @@ class TransformerDecoder(Decoder):
         if self_attention:
             seen = int(new_state["pos"].max())  # t+1: the host needs it to cut the slots never written
             new_state["self_attn"] = torch.stack(self_maps, dim=1)[..., :seen]  # (B, L, nh, t+1)
-        logits = dense(self.final_norm(x[:, 0]), self.out)  # (B, V)
+        logits = self.out(self.final_norm(x[:, 0]))  # (B, V)
         return logits.log_softmax(dim=-1), torch.stack(maps, dim=1), new_state  # (B, V), (B, L, nh, N)
 
     def forward(
@@ -267,7 +262,7 @@ class TransformerDecoder(Decoder):
         self_attn = torch.stack(self_maps, dim=2) if self_attention else None  # (C, T, L, nh, T)
         if packed and lengths is not None:
             positions = real_positions(lengths, T, x.device)  # (M,)
-            logits = dense(self.final_norm(x.flatten(0, 1).index_select(0, positions)), self.out)  # (M, V)
+            logits = self.out(self.final_norm(x.flatten(0, 1).index_select(0, positions)))  # (M, V)
             return DecoderOutput(logits, torch.stack(maps, dim=2), self_attn, positions)  # attn (C, T, L, nh, N)
-        logits = dense(self.final_norm(x), self.out)  # (C, T, V)
+        logits = self.out(self.final_norm(x))  # (C, T, V)
         return DecoderOutput(logits, torch.stack(maps, dim=2), self_attn)  # attn (C, T, L, nh, N)
