@@ -51,8 +51,8 @@ def reads_are_free(device: torch.device) -> bool:
 
 @torch.compiler.disable  # host bookkeeping: dynamo cannot trace pin_memory
 def to_device_quietly(index: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host index tensor on `device`, pinned and non-blocking: the host never waits."""
-    return index if index.device == device else index.pin_memory().to(device, non_blocking=True)
+    """A host tensor on `device`, pinned and non-blocking: the host never waits."""
+    return index if index.device == torch.device(device) else index.pin_memory().to(device, non_blocking=True)
 
 
 def real_positions(lengths: torch.Tensor, steps: int, device: torch.device) -> torch.Tensor:

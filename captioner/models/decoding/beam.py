@@ -21,10 +21,8 @@ import torch
 
 from captioner.models.decoder import select_rows
 from captioner.models.decoding.rules import (
-    EndingRule, SpecialTokens, apply_ending_rule, banned_mask, block_repeated_trigrams, length_penalty
-)
-from captioner.models.decoding.stepping import (
-    SHRINK_SHARE, Hypothesis, device_index, pad_last, spread_rows, step_decoder
+    SHRINK_SHARE, EndingRule, Hypothesis, SpecialTokens, apply_ending_rule, banned_mask, block_repeated_trigrams,
+    device_index, length_penalty, pad_last, spread_rows, step_decoder,
 )
 
 if TYPE_CHECKING:

@@ -13,8 +13,9 @@ import torch
 
 from captioner.core.decode_schema import check_options
 from captioner.models.decoder import reads_are_free, real_positions, select_rows
-from captioner.models.decoding.rules import EndingRule, apply_ending_rule, banned_mask, block_repeated_trigrams
-from captioner.models.decoding.stepping import SHRINK_SHARE, pad_last, step_decoder
+from captioner.models.decoding.rules import (
+    SHRINK_SHARE, EndingRule, apply_ending_rule, banned_mask, block_repeated_trigrams, pad_last, step_decoder,
+)
 from captioner.models.products import reused_weights
 
 if TYPE_CHECKING:

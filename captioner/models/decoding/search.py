@@ -14,9 +14,8 @@ import torch
 from captioner.core.decode_schema import check_search
 from captioner.models.decoding.beam import Beam
 from captioner.models.decoding.options import DecodeOptions
-from captioner.models.decoding.rules import SpecialTokens
+from captioner.models.decoding.rules import Hypothesis, SpecialTokens
 from captioner.models.decoding.sampling import argmax, drawing, roll_out
-from captioner.models.decoding.stepping import Hypothesis
 from captioner.models.products import reused_weights
 
 if TYPE_CHECKING:
