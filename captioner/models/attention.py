@@ -126,30 +126,24 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(self.k_proj(x)).contiguous(), self.split_heads(self.v_proj(x)).contiguous()
 
     def attend(
-        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+        fused: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """query (B, Tq, d), k and v (B, nh, Tk, hs), mask broadcastable to (B, nh, Tq, Tk), true
-        where a query may look -> output (B, Tq, d), weights (B, nh, Tq, Tk)."""
+        where a query may look -> output (B, Tq, d), weights (B, nh, Tq, Tk); `fused`: no weights (None),
+        through the faster F.scaled_dot_product_attention."""
         B, Tq, d = query.shape
         q = self.split_heads(self.q_proj(query))  # (B, nh, Tq, hs)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, nh, Tq, Tk)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        weights = scores.softmax(dim=-1)  # (B, nh, Tq, Tk)
-        out = self.dropout(weights) @ v  # (B, nh, Tq, hs)
-        out = out.transpose(1, 2).reshape(B, Tq, d)  # (B, Tq, d)
-        return self.out_proj(out), weights
-
-    def attend_fused(
-        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """`attend` without the weights, through the fused F.scaled_dot_product_attention:
-        query (B, Tq, d), k and v (B, nh, Tk, hs) -> (B, Tq, d)."""
-        B, Tq, d = query.shape
-        q = self.split_heads(self.q_proj(query))  # (B, nh, Tq, hs)
-        p = self.dropout.p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, Tq, hs)
-        return self.out_proj(out.transpose(1, 2).reshape(B, Tq, d))  # (B, Tq, d)
+        if fused:
+            p = self.dropout.p if self.training else 0.0
+            out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None  # (B, nh, Tq, hs)
+        else:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, nh, Tq, Tk)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = scores.softmax(dim=-1)  # (B, nh, Tq, Tk)
+            out = self.dropout(weights) @ v  # (B, nh, Tq, hs)
+        return self.out_proj(out.transpose(1, 2).reshape(B, Tq, d)), weights  # (B, Tq, d)
 
     def forward(
         self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None

@@ -109,22 +109,12 @@ class TransformerDecoderLayer(nn.Module):
         k, v = self.self_attn.keys_values(h)  # (B, nh, T, hs) each
         if cache is not None and slot is not None:
             k, v = write_slot(cache[0], k, slot), write_slot(cache[1], v, slot)  # (B, nh, C, hs) each
-        self_w = None
-        if self_weights:
-            out, self_w = self.self_attn.attend(h, k, v, mask)  # (B, T, d), (B, nh, T, S)
-        else:
-            out = self.self_attn.attend_fused(h, k, v, mask)  # (B, T, d): the fast path, no weights
-        x, weights = self.cross_and_feed_forward(self._residual(x, out, self.norm_self), cross_k, cross_v)
-        return x, weights, k, v, self_w
-
-    def cross_and_feed_forward(
-        self, x: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The blocks after self-attention: x (B, T, d) -> x (B, T, d), cross weights (B, nh, T, N)."""
+        out, self_w = self.self_attn.attend(h, k, v, mask, fused=not self_weights)  # (B, T, d), (B, nh, T, S)
+        x = self._residual(x, out, self.norm_self)
         h = self._block_input(x, self.norm_cross)
         out, weights = self.cross_attn.attend(h, cross_k, cross_v)  # (B, T, d), (B, nh, T, N)
         x = self._residual(x, out, self.norm_cross)
-        return self._residual(x, self.ff(self._block_input(x, self.norm_ff)), self.norm_ff), weights
+        return self._residual(x, self.ff(self._block_input(x, self.norm_ff)), self.norm_ff), weights, k, v, self_w
 
     def _block_input(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         """Pre-norm normalises what enters a block; post-norm what leaves the residual sum."""
@@ -196,10 +186,8 @@ class TransformerDecoder(Decoder):
             raise ValueError(f"init_state: capacity must be >= 1 position; got {capacity}")
         k = memory["k_0"]  # (B, nh, N, hs)
         B, nh, _, hs = k.shape
-        state: State = {}
-        for i in range(len(self.layers)):
-            state[f"k_{i}"] = k.new_zeros(B, nh, capacity, hs)  # (B, nh, C, hs)
-            state[f"v_{i}"] = k.new_zeros(B, nh, capacity, hs)  # (B, nh, C, hs)
+        names = [f"{kv}_{i}" for i in range(len(self.layers)) for kv in "kv"]
+        state: State = {name: k.new_zeros(B, nh, capacity, hs) for name in names}  # (B, nh, C, hs) each
         state["pos"] = torch.zeros(B, dtype=torch.long, device=k.device)  # (B,)
         return state
 
