@@ -21,12 +21,9 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-_REORDER: Callable[..., torch.Tensor] | None = getattr(
-    getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None
-)
-_INNER_PRODUCT: Callable[..., torch.Tensor] | None = getattr(
-    getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None
-)
+_MKLDNN = getattr(torch.ops, "mkldnn", None)
+_REORDER: Callable[..., torch.Tensor] | None = getattr(_MKLDNN, "_reorder_linear_weight", None)
+_INNER_PRODUCT: Callable[..., torch.Tensor] | None = getattr(_MKLDNN, "_linear_pointwise", None)
 
 
 def onednn_enabled() -> bool:
@@ -50,8 +47,8 @@ def set_onednn(enabled: bool) -> None:
 
 
 def _route_works() -> bool:
-    """At the first product: one small product checked against `F.linear`; a failure turns the route
-    off for the process, with one log line."""
+    """At the first product: one small product checked against `F.linear` (a failure turns the route off,
+    logged once), then the speed."""
     global _ENABLED, _CHECKED
     if _CHECKED:
         return _ENABLED
@@ -84,8 +81,7 @@ def _op_problem() -> str:
 
 
 def route_taken() -> bool:
-    """Whether this process's fp32 CPU products go through oneDNN (decided now if not yet): what a
-    training checkpoint records."""
+    """Whether this process's fp32 CPU products go through oneDNN (decided now if not yet): a checkpoint records it."""
     return _ENABLED and _route_works()
 
 
@@ -118,9 +114,7 @@ def time_both(rounds: int = 3, repeats: int = 5) -> tuple[float, float]:
 
     rows, k, n = SHAPE
     generator = torch.Generator().manual_seed(0)
-    x, weight = (
-        torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
-    )  # (rows, k), (n, k)
+    x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)  # (rows, k), (n, k)
     best = [float("inf"), float("inf")]
     with torch.no_grad():
         packed = _reorder(weight)
@@ -136,12 +130,9 @@ def time_both(rounds: int = 3, repeats: int = 5) -> tuple[float, float]:
 
 def measure_route() -> dict:
     """Both routes timed here: {"onednn": whether it wins by 5%, "onednn_ms", "linear_ms"}."""
-    onednn, plain_linear = time_both()
-    return {
-        "onednn": onednn < 0.95 * plain_linear,
-        "onednn_ms": round(onednn * 1e3, 3),
-        "linear_ms": round(plain_linear * 1e3, 3),
-    }
+    onednn, f_linear = time_both()
+    return {"onednn": onednn < 0.95 * f_linear, "onednn_ms": round(onednn * 1e3, 3),
+            "linear_ms": round(f_linear * 1e3, 3)}
 
 
 def _valid_decision(known: object) -> bool:
@@ -157,8 +148,7 @@ def _kept_decision() -> bool | None:
 
 
 def faster_here() -> bool:
-    """Whether the route beats F.linear by 5% on the local processor: recalled, else measured once and
-    kept for every later process."""
+    """Whether the route beats F.linear by 5% on this processor: recalled, else measured once and kept."""
     from captioner.core import machine_cache
 
     decision, measured = machine_cache.decided(CALIBRATION, measure_route, _valid_decision)
@@ -210,14 +200,12 @@ _SCOPE: ContextVar[dict[int, tuple[torch.Tensor, torch.Tensor]] | None] = Contex
 def reused_weights() -> Iterator[None]:
     """Within it, products without gradients reorder each weight once: for a decoding loop, whose
     weights cannot change while it runs. Per thread and nestable."""
-    if _SCOPE.get() is not None:
-        yield
-        return
-    token = _SCOPE.set({})
+    token = None if _SCOPE.get() is not None else _SCOPE.set({})
     try:
         yield
     finally:
-        _SCOPE.reset(token)
+        if token is not None:
+            _SCOPE.reset(token)
 
 
 def _scoped_reorder(weight: torch.Tensor) -> torch.Tensor:
