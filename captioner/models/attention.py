@@ -50,9 +50,7 @@ class AdditiveAttention(nn.Module):
         B, R = projected.shape[0], query.shape[0]
         if R != B:  # K rows per image: each row its image's grid
             rows = torch.arange(B, device=feats.device).repeat_interleave(R // B)  # (R,)
-            feats, projected = (
-                feats.index_select(0, rows), projected.index_select(0, rows)
-            )  # (R, N, D), (R, N, A)
+            feats, projected = feats.index_select(0, rows), projected.index_select(0, rows)  # (R, N, D), (R, N, A)
         hidden = torch.tanh(projected / 2 + query.unsqueeze(1))  # (R, N, A): project() doubled W_h h + b_h
         weights = self.score(hidden).squeeze(-1).softmax(dim=-1)  # (R, N): a_tij
         return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (R, D), (R, N)
@@ -91,9 +89,7 @@ class AdditiveAttention(nn.Module):
         scores = projected.new_empty(B, K, projected.shape[1])  # (B, K, N)
         for b in range(0, B, n):
             rows = block[: min(n, B - b)]  # (n, K, N, A); the last block may be short
-            torch.add(
-                projected[b : b + n, None], queries[b : b + n], alpha=2, out=rows
-            ).sigmoid_()  # (n, K, N, A)
+            torch.add(projected[b : b + n, None], queries[b : b + n], alpha=2, out=rows).sigmoid_()  # (n, K, N, A)
             torch.matmul(rows, score_weight, out=scores[b : b + n])  # (n, K, N)
         weights = scores.add_(score_bias).softmax(dim=-1)  # (B, K, N): a_tij
         context = torch.bmm(weights, feats)  # (B, K, D): each image's grid read once for its K rows

@@ -91,9 +91,7 @@ class Decoder(nn.Module):
         """The state before the first step, room for `capacity` steps (None: the decoder's default)."""
         raise NotImplementedError
 
-    def step(
-        self, memory: Memory, prev_tokens: torch.Tensor, state: State
-    ) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         raise NotImplementedError
 
     def forward(

@@ -83,9 +83,7 @@ class LSTMDecoder(Decoder):
         h, c = lstm_update(gates, state["c"])  # (B, H) each
         return self._output(embedded, h, context), weights, {"h": h, "c": c}  # (B, V), (B, N)
 
-    def step(
-        self, memory: Memory, prev_tokens: torch.Tensor, state: State
-    ) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         logits, weights, state = self._advance(memory, self.embedding(prev_tokens), state)
         return logits.log_softmax(dim=-1), weights[:, None, None, :], state  # (B, V), (B, 1, 1, N)
 

@@ -199,9 +199,7 @@ class TransformerDecoder(Decoder):
         with `self_attention`: then the state also holds "self_attn" (B, L, nh, t+1)."""
         pos = state["pos"]  # (B,)
         capacity = state["k_0"].shape[2]
-        torch._assert_async(
-            (pos < capacity).all(), "TransformerDecoder.step: more steps than init_state's capacity"
-        )
+        torch._assert_async((pos < capacity).all(), "TransformerDecoder.step: more steps than init_state's capacity")
         slots = torch.arange(capacity, device=pos.device)  # (C,)
         slot = slots == pos[:, None]  # (B, C): where this position's keys and values go
         visible = (slots <= pos[:, None])[:, None, None, :]  # (B, 1, 1, C): positions 0..t

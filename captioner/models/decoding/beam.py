@@ -49,9 +49,7 @@ class Beam:
     """Every image's beams while the search runs; each search's finished hypotheses are (score,
     log-probability, row, words): the beam was `row` after its last word, and has `words` words."""
 
-    def __init__(
-        self, decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
-    ) -> None:
+    def __init__(self, decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> None:
         B, K, G, device = feats.shape[0], options.beam_size, options.diverse_groups, feats.device
         self.decoder, self.options, self.eos = decoder, options, special.eos
         self.B, self.K, self.G, self.Kg, self.S, self.device = B, K, G, K // G, B * G, device

@@ -78,9 +78,7 @@ class SpecialTokens:
     @classmethod
     def of(cls, vocab: Vocabulary) -> SpecialTokens:
         """A vocabulary's, with <pad>, <bos>, <unk> banned."""
-        return cls(
-            vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id, vocab.unk_id), bad_ending_ids(vocab.index)
-        )
+        return cls(vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id, vocab.unk_id), bad_ending_ids(vocab.index))
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -95,9 +93,7 @@ def block_repeated_trigrams(logprobs: torch.Tensor, history: torch.Tensor) -> to
         return logprobs
     last = history[:, -2:]  # (R, 2)
     match = (history[:, :-2] == last[:, :1]) & (history[:, 1:-1] == last[:, 1:])  # (R, t-2): (a, b) at i, i+1
-    blocked = torch.zeros_like(logprobs, dtype=torch.float).scatter_add_(
-        1, history[:, 2:], match.float()
-    )  # (R, V)
+    blocked = torch.zeros_like(logprobs, dtype=torch.float).scatter_add_(1, history[:, 2:], match.float())  # (R, V)
     return logprobs.masked_fill(blocked > 0, float("-inf"))
 
 
@@ -143,8 +139,6 @@ class EndingRule:
         return logprobs.masked_fill(after_bad[:, None] & self.eos_column, float("-inf"))  # (R, V)
 
 
-def apply_ending_rule(
-    rule: EndingRule | None, logprobs: torch.Tensor, prev: torch.Tensor, words: int
-) -> torch.Tensor:
+def apply_ending_rule(rule: EndingRule | None, logprobs: torch.Tensor, prev: torch.Tensor, words: int) -> torch.Tensor:
     """`rule.apply`, or logprobs (R, V) unchanged without a rule."""
     return logprobs if rule is None else rule.apply(logprobs, prev, words)

@@ -155,9 +155,7 @@ def sample_captions(
     memory = decoder.prepare(feats)  # (B, ...) each: the per-image constants
     memory = select_rows(memory, image_rows) if n > 1 else memory  # (B*n, ...) each
     with torch.set_grad_enabled(options.sample and torch.is_grad_enabled()):  # a greedy caption: a baseline
-        out = roll_out(
-            decoder, memory, special, options, drawing(options, feats.device) if options.sample else argmax
-        )
+        out = roll_out(decoder, memory, special, options, drawing(options, feats.device) if options.sample else argmax)
     out.image_rows = image_rows
     return out
 

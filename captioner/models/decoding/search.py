@@ -96,9 +96,7 @@ def beam_search_n_best(
     """Batched beam search, K beams in G diverse groups per image; feats (B, N, D) -> per image the
     `n_best` (<= K) best distinct hypotheses, best first. At `max_length` live beams compete with the
     finished ones on the same length-penalised score (finished=False)."""
-    check_search(
-        {"beam_size": options.beam_size, "diverse_groups": options.diverse_groups, "n_best": options.n_best}
-    )
+    check_search({"beam_size": options.beam_size, "diverse_groups": options.diverse_groups, "n_best": options.n_best})
     if decoder.vocab_size >= 2**24:  # the step's read carries word ids in float32
         raise ValueError(f"beam search handles vocabularies under 2**24 words; this one has {decoder.vocab_size}")
     beam = Beam(decoder, feats, special, options)
