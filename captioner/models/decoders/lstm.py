@@ -40,8 +40,7 @@ class LSTMDecoder(Decoder):
     def __init__(self, config: LSTMConfig, vocab_size: int, feat_dim: int) -> None:
         super().__init__()
         embed_dim, hidden_dim = config.embed_dim, config.hidden_dim
-        self.vocab_size = vocab_size
-        self.embed_dim = embed_dim
+        self.vocab_size, self.embed_dim = vocab_size, embed_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         self.attention = AdditiveAttention(feat_dim, hidden_dim, config.attention_dim)
         self.init_h = onednn_linear(nn.Linear(feat_dim, hidden_dim))
@@ -88,19 +87,14 @@ class LSTMDecoder(Decoder):
         return logits.log_softmax(dim=-1), weights[:, None, None, :], state  # (B, V), (B, 1, 1, N)
 
     def forward(
-        self,
-        feats: torch.Tensor,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor | None = None,
-        image_rows: torch.Tensor | None = None,
-        packed: bool = False,
+        self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing: feats (B, N, D), tokens (C, T) -> logits (C, T, V), attn (C, T, 1, 1, N).
         `image_rows` (C,): each caption's image. With `lengths` (C,) sorted longest first, outputs past a
         row's length are zero; `packed` gives real positions' logits only, (M, V) time-major, at `positions`."""
         C, T = tokens.shape
-        # quantised, wrapped or hooked layers: their own forwards
-        if not (plain(self.attention.state_proj) and plain(self.gate)):
+        if not (plain(self.attention.state_proj) and plain(self.gate)):  # quantised, wrapped, hooked: own forwards
             return self._forward_by_steps(feats, tokens, lengths, image_rows)
         active = active_rows(lengths, C, T)  # rows inside their caption at each step, non-increasing
         if not active:  # no caption has a single step: all padding

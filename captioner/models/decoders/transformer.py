@@ -92,13 +92,8 @@ class TransformerDecoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cross_k: torch.Tensor,
-        cross_v: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
-        slot: torch.Tensor | None = None,
+        self, x: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor, mask: torch.Tensor | None = None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None, slot: torch.Tensor | None = None,
         self_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """x (B, T, d), cross_k/v (B, nh, N, hs), mask broadcastable to (B, nh, T, S), true where a
@@ -222,13 +217,8 @@ class TransformerDecoder(Decoder):
         return logits.log_softmax(dim=-1), torch.stack(maps, dim=1), new_state  # (B, V), (B, L, nh, N)
 
     def forward(
-        self,
-        feats: torch.Tensor,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor | None = None,
-        image_rows: torch.Tensor | None = None,
-        packed: bool = False,
-        self_attention: bool = False,
+        self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None, packed: bool = False, self_attention: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing: feats (B, N, D), tokens (C, T) -> logits (C, T, V), attn (C, T, L, nh, N),
         with `self_attention` self_attn (C, T, L, nh, T). `image_rows` (C,): each caption's image (the

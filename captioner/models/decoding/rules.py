@@ -34,10 +34,7 @@ class Hypothesis:
 
 
 def step_decoder(
-    decoder: Decoder,
-    memory: dict[str, torch.Tensor],
-    prev: torch.Tensor,
-    state: dict[str, torch.Tensor],
+    decoder: Decoder, memory: dict[str, torch.Tensor], prev: torch.Tensor, state: dict[str, torch.Tensor],
     self_attention: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
     """One decoder step; with `self_attention` (decoders that have it) also its self-attention
@@ -116,12 +113,7 @@ class EndingRule:
 
     @classmethod
     def build(
-        cls,
-        special: SpecialTokens,
-        min_length: int,
-        suppress_bad_endings: bool,
-        vocab_size: int,
-        device: torch.device,
+        cls, special: SpecialTokens, min_length: int, suppress_bad_endings: bool, vocab_size: int, device: torch.device,
     ) -> EndingRule | None:
         """The rule for these options, or None when neither constraint is on."""
         if min_length <= 0 and not suppress_bad_endings:

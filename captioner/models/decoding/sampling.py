@@ -41,10 +41,7 @@ def restrict_to_top(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) ->
 
 
 def draw(
-    logprobs: torch.Tensor,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    logprobs: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """One word per row from softmax(logprobs / temperature), restricted to top-k / top-p; (R, V) -> (R,)."""
@@ -89,12 +86,8 @@ def drawing(options: DecodeOptions, device: torch.device) -> Callable[[torch.Ten
 
 @reused_weights()  # the dense layers' weights reordered once for the whole loop
 def roll_out(
-    decoder: Decoder,
-    memory: dict[str, torch.Tensor],
-    special: SpecialTokens,
-    options: DecodeOptions,
-    pick: Callable[[torch.Tensor], torch.Tensor],
-    maps: bool = False,
+    decoder: Decoder, memory: dict[str, torch.Tensor], special: SpecialTokens, options: DecodeOptions,
+    pick: Callable[[torch.Tensor], torch.Tensor], maps: bool = False,
 ) -> SampledCaptions:
     """Each of the R rows of `memory` takes one word a step, `pick(allowed logprobs (R, V)) -> (R,)`.
     Ended rows: with `maps`, an early exit read once a step; on the CPU without gradients they leave

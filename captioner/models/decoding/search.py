@@ -56,10 +56,7 @@ def sample_n_best(
 
 
 def hypotheses(
-    decoder: Decoder,
-    feats: torch.Tensor,
-    special: SpecialTokens,
-    options: DecodeOptions,
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions,
     pick: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[Hypothesis]:
     """One caption per row of feats (R, N, D) from `roll_out` with its maps; the host copies each
