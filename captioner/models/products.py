@@ -28,12 +28,8 @@ _INNER_PRODUCT: Callable[..., torch.Tensor] | None = getattr(_MKLDNN, "_linear_p
 
 def onednn_enabled() -> bool:
     """Whether this torch build has oneDNN's inner product and `CAPTIONER_ONEDNN` does not turn it off."""
-    return (
-        _REORDER is not None
-        and _INNER_PRODUCT is not None
-        and torch.backends.mkldnn.is_available()
-        and os.environ.get("CAPTIONER_ONEDNN", "") != "0"
-    )
+    return (_REORDER is not None and _INNER_PRODUCT is not None and torch.backends.mkldnn.is_available()
+            and os.environ.get("CAPTIONER_ONEDNN", "") != "0")
 
 
 _ENABLED = onednn_enabled()
@@ -164,18 +160,11 @@ def faster_here() -> bool:
 
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
-        _ENABLED
-        and torch.backends.mkldnn.enabled  # a user who turned oneDNN off gets none of it
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and not weight.is_mkldnn
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.jit.is_tracing()
-        and not torch.onnx.is_in_onnx_export()
-        and not torch.compiler.is_compiling()
-        and not torch.compiler.is_exporting()
-        and _route_works()
+        _ENABLED and torch.backends.mkldnn.enabled  # a user who turned oneDNN off gets none of it
+        and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+        and not weight.is_mkldnn and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()
+        and not torch.onnx.is_in_onnx_export() and not torch.compiler.is_compiling()
+        and not torch.compiler.is_exporting() and _route_works()
     )
 
 

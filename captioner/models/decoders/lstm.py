@@ -243,11 +243,8 @@ class RecurrentProduct:
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.collected: list[tuple[torch.Tensor, torch.Tensor]] = []  # (x_t, g_t) per step, filled by backward
-        self.deferred = (
-            torch.is_grad_enabled()
-            and weight.requires_grad
-            and not torch.is_autocast_enabled(weight.device.type)
-            and not torch.compiler.is_compiling()
+        self.deferred = torch.is_grad_enabled() and weight.requires_grad and not (
+            torch.is_autocast_enabled(weight.device.type) or torch.compiler.is_compiling()
         )
         self.weight = _SharedWeight.apply(weight, self.collected) if self.deferred else weight  # (I, O)
         plain = torch.is_grad_enabled() and not self.deferred  # autograd differentiates the product itself
