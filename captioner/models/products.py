@@ -49,13 +49,10 @@ def _route_works() -> bool:
     if _CHECKED:
         return _ENABLED
     _CHECKED = True
-    problem = _op_problem()
-    if problem:
-        _ENABLED = False
+    if problem := _op_problem():
         log.warning("products: oneDNN's inner product %s at its first use; dense layers use F.linear", problem)
-        return False
-    if os.environ.get("CAPTIONER_ONEDNN", "") != "1":  # 1: take the route without measuring
-        _ENABLED = faster_here()
+    # CAPTIONER_ONEDNN=1: the route without measuring
+    _ENABLED = not problem and (os.environ.get("CAPTIONER_ONEDNN", "") == "1" or faster_here())
     return _ENABLED
 
 
