@@ -21,7 +21,7 @@ import torch
 
 from captioner.models.decoder import select_rows
 from captioner.models.decoding.rules import (
-    SHRINK_SHARE, EndingRule, Hypothesis, SpecialTokens, apply_ending_rule, banned_mask, block_repeated_trigrams,
+    SHRINK_SHARE, EndingRule, Hypothesis, SpecialTokens, banned_mask, block_repeated_trigrams,
     device_index, length_penalty, pad_last, spread_rows, step_decoder,
 )
 
@@ -106,9 +106,9 @@ class Beam:
             attn = spread_rows(attn, self.stepped, BK, 0.0)  # (B*K, L, H, N)
             self_w = None if self_w is None else spread_rows(self_w, self.stepped, BK, 0.0)  # (B*K, L, H, t+1)
         # In place on the step's own fresh (B*K, V) output: each copy would be a new buffer per step.
-        logprobs = apply_ending_rule(
-            self.ending, logprobs.float().masked_fill_(self.forbidden, NEG_INF), self.prev, t
-        )  # (B*K, V)
+        logprobs = logprobs.float().masked_fill_(self.forbidden, NEG_INF)  # (B*K, V)
+        if self.ending is not None:
+            logprobs = self.ending.apply(logprobs, self.prev, t)
         if self.options.block_trigrams:
             logprobs = block_repeated_trigrams(logprobs, self.history)
         self.step_maps.append(attn.float())

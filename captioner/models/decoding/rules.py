@@ -129,8 +129,3 @@ class EndingRule:
             return logprobs
         after_bad = self.bad_after.index_select(0, prev)  # (R,) bool: gathered on the device
         return logprobs.masked_fill(after_bad[:, None] & self.eos_column, float("-inf"))  # (R, V)
-
-
-def apply_ending_rule(rule: EndingRule | None, logprobs: torch.Tensor, prev: torch.Tensor, words: int) -> torch.Tensor:
-    """`rule.apply`, or logprobs (R, V) unchanged without a rule."""
-    return logprobs if rule is None else rule.apply(logprobs, prev, words)

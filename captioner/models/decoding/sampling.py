@@ -14,7 +14,7 @@ import torch
 from captioner.core.decode_schema import check_options
 from captioner.models.decoder import reads_are_free, real_positions, select_rows
 from captioner.models.decoding.rules import (
-    SHRINK_SHARE, EndingRule, apply_ending_rule, banned_mask, block_repeated_trigrams, pad_last, step_decoder,
+    SHRINK_SHARE, EndingRule, banned_mask, block_repeated_trigrams, pad_last, step_decoder,
 )
 from captioner.models.products import reused_weights
 
@@ -107,7 +107,9 @@ def roll_out(
     for t in range(T):
         logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, maps and options.self_attention)
         logprobs = logprobs.float()
-        allowed = apply_ending_rule(ending, logprobs.detach().masked_fill(forbidden, float("-inf")), prev, t)  # (A, V)
+        allowed = logprobs.detach().masked_fill(forbidden, float("-inf"))  # (A, V)
+        if ending is not None:
+            allowed = ending.apply(allowed, prev, t)
         if options.block_trigrams:
             history = tokens if rows is None else tokens.index_select(0, rows)  # (A, T)
             allowed = block_repeated_trigrams(allowed, history[:, :t])  # (A, V)
