@@ -105,8 +105,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
-        self.num_heads = num_heads
-        self.head_dim = d_model // num_heads
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
         self.q_proj = onednn_linear(nn.Linear(d_model, d_model))
         self.k_proj = onednn_linear(nn.Linear(d_model, d_model))
         self.v_proj = onednn_linear(nn.Linear(d_model, d_model))

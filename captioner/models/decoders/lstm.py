@@ -131,7 +131,7 @@ class LSTMDecoder(Decoder):
         sizes = list(dict.fromkeys(active))  # distinct, non-increasing
         feats_for = dict(zip(sizes, row_prefixes(memory["feats"], sizes)))  # n -> (n, N, D)
         projected_for = dict(zip(sizes, row_prefixes(memory["projected"], sizes)))  # n -> (n, N, A)
-        hs, contexts, maps = [], [], []
+        steps = []  # (h, context, weights) of each step
         for t, n in enumerate(active):
             if n < state["h"].shape[0]:  # the shortest captions have ended: drop their rows
                 state = {k: v[:n] for k, v in state.items()}
@@ -141,9 +141,8 @@ class LSTMDecoder(Decoder):
             gates = context_product(context) + (cell_in[t] + recurrent)  # (n, 4H)
             h, c = lstm_update(gates, state["c"])  # (n, H) each
             state = {"h": h, "c": c}
-            hs.append(h)
-            contexts.append(context)
-            maps.append(weights)
+            steps.append((h, context, weights))
+        hs, contexts, maps = zip(*steps)  # T x (n_t, H), (n_t, D), (n_t, N)
         if not padded:  # batch-major outputs directly, nothing to scatter
             hs_, contexts_ = torch.stack(hs, dim=1), torch.stack(contexts, dim=1)  # (C, T, H), (C, T, D)
             logits = self._output(embedded.view(C, T, -1), hs_, contexts_)  # (C, T, V)
@@ -166,12 +165,11 @@ class LSTMDecoder(Decoder):
         memory, T = self.caption_memory(feats, image_rows), tokens.shape[1]  # (C, ...) each
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (C, T, E)
-        logits, maps = [], []
+        steps = []
         for t in range(T):
-            step_logits, weights, state = self._advance(memory, embedded[:, t], state)  # (C, V), (C, N)
-            logits.append(step_logits)
-            maps.append(weights)
-        logits_all, attn = torch.stack(logits, dim=1), torch.stack(maps, dim=1)  # (C, T, V), (C, T, N)
+            *outputs, state = self._advance(memory, embedded[:, t], state)  # logits (C, V), weights (C, N)
+            steps.append(outputs)
+        logits_all, attn = (torch.stack(x, dim=1) for x in zip(*steps))  # (C, T, V), (C, T, N)
         if lengths is not None:
             inside = (torch.arange(T)[None, :] < lengths.cpu()[:, None]).to(feats.device)  # (C, T)
             logits_all, attn = logits_all * inside[..., None], attn * inside[..., None]
