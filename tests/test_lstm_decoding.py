@@ -41,13 +41,9 @@ def test_attention_is_a_distribution_over_the_grid(decoder: LSTMDecoder) -> None
     torch.testing.assert_close(out.attn.sum(-1), torch.ones(2, 5, 1, 1))
 
 
-def test_grid_projection_is_computed_once_per_image(decoder: LSTMDecoder, monkeypatch) -> None:
+def test_grid_projection_is_computed_once_per_image(decoder: LSTMDecoder) -> None:
     calls = []
-    original = attention_module.dense  # W_h's product, whichever route it takes
-    monkeypatch.setattr(
-        attention_module, "dense",
-        lambda x, layer: (layer is decoder.attention.feat_proj and calls.append(x.shape)) or original(x, layer)
-    )
+    decoder.attention.feat_proj.register_forward_pre_hook(lambda layer, inputs: calls.append(inputs[0].shape))  # W_h
     decoder(torch.randn(2, 9, 10), torch.randint(0, 20, (2, 8)))
     beam_search(decoder, torch.randn(2, 9, 10), SPECIAL, DecodeOptions(beam_size=3, max_length=8))
     assert calls == [(2, 9, 10), (2, 9, 10)]  # once per batch of images, not per step or per beam

@@ -4,6 +4,8 @@ it does not, and a weight reordered once per decoding loop and anew in the next.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from captioner.models import products
-from captioner.models.products import dense, gram, linear, prepared, reused_weights
+from captioner.models.products import gram, linear, onednn_linear, prepared, reused_weights
 
 from helpers import require, tiny_model
 
@@ -64,9 +66,9 @@ def test_linear_gives_f_linear_through_onednn(shape, with_bias, calls, route: st
     monkeypatch.setattr(products, "_ENABLED", route == "onednn")
     torch.manual_seed(0)
     x = torch.randn(shape) if shape != (33, 7) else torch.randn(shape).t()  # (7, 33) with strides of its transpose
-    layer = nn.Linear(33, 19, bias=with_bias)
+    layer = onednn_linear(nn.Linear(33, 19, bias=with_bias))
     with torch.no_grad():
-        got = dense(x, layer)
+        got = layer(x)
     torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), **FP32)
     assert calls == ([tuple(x.shape)] if route == "onednn" else [])
 
@@ -75,10 +77,10 @@ def test_linear_gives_f_linear_through_onednn(shape, with_bias, calls, route: st
 def test_gradients_are_autograds(out_features: int, calls, route: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(products, "_ENABLED", route == "onednn")
     torch.manual_seed(1)
-    layer = nn.Linear(40, out_features)
+    layer = onednn_linear(nn.Linear(40, out_features))
     x = torch.randn(3, 11, 40, requires_grad=True)
     weights = torch.randn(3, 11, out_features)
-    (dense(x, layer) * weights).sum().backward()
+    (layer(x) * weights).sum().backward()
     got = [x.grad, layer.weight.grad, layer.bias.grad]
     assert len(calls) == (3 if route == "onednn" else 0)  # forward, the input's gradient, the weight's gradient
     x.grad = layer.weight.grad = layer.bias.grad = None
@@ -90,12 +92,22 @@ def test_gradients_are_autograds(out_features: int, calls, route: str, monkeypat
 def test_a_frozen_layer_still_passes_its_input_gradient(calls) -> None:
     """Grad-CAM differentiates the output with respect to the features through frozen weights."""
     torch.manual_seed(2)
-    layer = nn.Linear(8, 5).requires_grad_(False)
+    layer = onednn_linear(nn.Linear(8, 5)).requires_grad_(False)
     x = torch.randn(4, 8, requires_grad=True)
-    dense(x, layer).square().sum().backward()
+    layer(x).square().sum().backward()
     want = torch.autograd.grad(F.linear(x, layer.weight, layer.bias).square().sum(), x)[0]
     torch.testing.assert_close(x.grad, want, **FP32)
     assert layer.weight.grad is None
+
+
+def test_a_routed_layer_stays_an_nn_linear_that_copies_and_pickles(calls) -> None:
+    """`onednn_linear` sets the forward alone; a copy or an unpickled layer takes the route over its own weight."""
+    layer, x = onednn_linear(nn.Linear(6, 4)), torch.randn(3, 6)
+    assert type(layer) is nn.Linear and list(layer.state_dict()) == ["weight", "bias"]
+    for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        other.weight.data.add_(1)
+        torch.testing.assert_close(other(x), F.linear(x, other.weight, other.bias), **FP32)
+    assert calls == [(3, 6), (3, 6)]
 
 
 def test_weights_are_reordered_once_per_scope_and_anew_in_the_next(calls, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,29 +116,29 @@ def test_weights_are_reordered_once_per_scope_and_anew_in_the_next(calls, monkey
     the weights in place without bumping their version (a cache keyed on it went stale and
     scored the validation of a resumed run with old weights), and a load_state_dict."""
     torch.manual_seed(3)
-    layer = nn.Linear(16, 12)
+    layer = onednn_linear(nn.Linear(16, 12))
     x = torch.randn(5, 16)
     made = []
     original = products._reorder
     monkeypatch.setattr(products, "_reorder", lambda w: made.append(w.shape) or original(w))
     with torch.no_grad(), reused_weights():
-        dense(x, layer), dense(x, layer)
+        layer(x), layer(x)
         with reused_weights():  # nested: the outer copies serve
-            dense(x, layer)
+            layer(x)
     assert len(made) == 1
     optimizer = torch.optim.AdamW(layer.parameters(), lr=0.5, fused=True)
-    layer(x).square().sum().backward()
+    F.linear(x, layer.weight, layer.bias).square().sum().backward()
     version = layer.weight._version
     optimizer.step()
     assert layer.weight._version == version  # why the scope, not the version, decides
     other = nn.Linear(16, 12)
     with torch.no_grad():
         with reused_weights():
-            torch.testing.assert_close(dense(x, layer), F.linear(x, layer.weight, layer.bias), **FP32)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), **FP32)
         layer.load_state_dict(other.state_dict())
         with reused_weights():
-            torch.testing.assert_close(dense(x, layer), other(x), **FP32)
-        dense(x, layer), dense(x, layer)  # outside a scope: every call reorders
+            torch.testing.assert_close(layer(x), other(x), **FP32)
+        layer(x), layer(x)  # outside a scope: every call reorders
     assert len(made) == 5
 
 
@@ -168,34 +180,25 @@ def test_sampling_with_gradients_reorders_each_weight_once_per_loop(monkeypatch:
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in decoder.parameters())
 
 
-class Dense(nn.Module):
-    def __init__(self, layer: nn.Linear) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense(x, self.layer)
-
-
 def test_the_route_is_not_taken_where_it_does_not_apply(calls, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(4)
-    layer = nn.Linear(6, 4)
+    layer = onednn_linear(nn.Linear(6, 4))
     x = torch.randn(3, 6)
     with torch.no_grad():
-        dense(x.bfloat16(), layer.bfloat16())  # bf16: torch's own route (oneDNN already)
+        layer.bfloat16()(x.bfloat16())  # bf16: torch's own route (oneDNN already)
         layer.float()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert dense(x, layer).dtype == torch.bfloat16  # autocast's cast, as layer(x) would
-        traced = torch.jit.trace(Dense(layer), (x,), check_trace=False)  # the check would rerun it eagerly
+            assert layer(x).dtype == torch.bfloat16  # autocast's cast, as layer(x) would
+        traced = torch.jit.trace(layer, (x,), check_trace=False)  # the check would rerun it eagerly
         assert "mkldnn" not in str(traced.graph)  # an exported graph holds the plain op
         with torch.backends.mkldnn.flags(enabled=False):
-            assert torch.equal(dense(x, layer), F.linear(x, layer.weight, layer.bias))
+            assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
         products.set_onednn(False)
-        assert torch.equal(dense(x, layer), F.linear(x, layer.weight, layer.bias))
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
     assert calls == []
     products.set_onednn(True)
     with torch.no_grad():
-        dense(x, layer)
+        layer(x)
     assert calls == [(3, 6)]
 
 
@@ -244,10 +247,10 @@ def test_a_failing_route_falls_back_at_its_first_use_with_one_line(op, why: str,
     monkeypatch.setattr(products, "_ENABLED", True)
     monkeypatch.setattr(products, "_CHECKED", False)
     torch.manual_seed(8)
-    layer, x = nn.Linear(12, 7), torch.randn(4, 12, requires_grad=True)
+    layer, x = onednn_linear(nn.Linear(12, 7)), torch.randn(4, 12, requires_grad=True)
     with caplog.at_level("WARNING", logger="captioner.models.products"):
         for _ in range(3):
-            got = dense(x, layer)
+            got = layer(x)
             torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias))
             got.sum().backward()
     lines = [r.getMessage() for r in caplog.records]
@@ -262,7 +265,7 @@ def test_the_route_passes_its_check_where_the_ops_work(monkeypatch: pytest.Monke
     monkeypatch.setattr(products, "_ENABLED", True)
     monkeypatch.setattr(products, "_CHECKED", False)
     with caplog.at_level("WARNING", logger="captioner.models.products"):
-        dense(torch.randn(2, 12), nn.Linear(12, 3))
+        onednn_linear(nn.Linear(12, 3))(torch.randn(2, 12))
     assert products._ENABLED and products._CHECKED and not caplog.records
 
 
@@ -450,7 +453,7 @@ def test_onednn_1_takes_the_route_without_measuring(setting: str, measures: bool
     monkeypatch.setattr(products, "time_both", lambda: measured.append(1) or (0.010, 0.009))  # slower here
     monkeypatch.setattr(products, "_ENABLED", True)
     monkeypatch.setattr(products, "_CHECKED", False)
-    dense(torch.randn(2, 12), nn.Linear(12, 3))
+    onednn_linear(nn.Linear(12, 3))(torch.randn(2, 12))
     assert bool(measured) is measures and products._ENABLED is route
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioner.models.products import dense, plain
+from captioner.models.products import onednn_linear, plain
 
 BLOCK_BYTES = 4 << 20  # AdditiveAttention.attend's working block with several rows per image
 
@@ -27,20 +27,20 @@ class AdditiveAttention(nn.Module):
 
     def __init__(self, feat_dim: int, state_dim: int, attention_dim: int) -> None:
         super().__init__()
-        self.feat_proj = nn.Linear(feat_dim, attention_dim)  # W_h
-        self.state_proj = nn.Linear(state_dim, attention_dim)  # W_s
+        self.feat_proj = onednn_linear(nn.Linear(feat_dim, attention_dim))  # W_h
+        self.state_proj = onednn_linear(nn.Linear(state_dim, attention_dim))  # W_s
         self.score = nn.Linear(attention_dim, 1)  # w
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         """feats (B, N, D) -> 2 (W_h h_ij + b_h) (B, N, A): doubled for `attend`'s sigmoid."""
-        return dense(feats, self.feat_proj) * 2  # (B, N, A)
+        return self.feat_proj(feats) * 2  # (B, N, A)
 
     def forward(
         self, feats: torch.Tensor, projected: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """feats (B, N, D), projected (B, N, A) from `project`, state (R, S) -> context (R, D),
         weights (R, N); R = B, or R = B*K for K hypotheses per image (see `attend`)."""
-        return self.attend(feats, projected, dense(state, self.state_proj))
+        return self.attend(feats, projected, self.state_proj(state))
 
     def _attend_as_written(
         self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor
@@ -50,9 +50,7 @@ class AdditiveAttention(nn.Module):
         B, R = projected.shape[0], query.shape[0]
         if R != B:  # K rows per image: each row its image's grid
             rows = torch.arange(B, device=feats.device).repeat_interleave(R // B)  # (R,)
-            feats, projected = (
-                feats.index_select(0, rows), projected.index_select(0, rows)
-            )  # (R, N, D), (R, N, A)
+            feats, projected = feats.index_select(0, rows), projected.index_select(0, rows)  # (R, N, D), (R, N, A)
         hidden = torch.tanh(projected / 2 + query.unsqueeze(1))  # (R, N, A): project() doubled W_h h + b_h
         weights = self.score(hidden).squeeze(-1).softmax(dim=-1)  # (R, N): a_tij
         return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (R, D), (R, N)
@@ -91,9 +89,7 @@ class AdditiveAttention(nn.Module):
         scores = projected.new_empty(B, K, projected.shape[1])  # (B, K, N)
         for b in range(0, B, n):
             rows = block[: min(n, B - b)]  # (n, K, N, A); the last block may be short
-            torch.add(
-                projected[b : b + n, None], queries[b : b + n], alpha=2, out=rows
-            ).sigmoid_()  # (n, K, N, A)
+            torch.add(projected[b : b + n, None], queries[b : b + n], alpha=2, out=rows).sigmoid_()  # (n, K, N, A)
             torch.matmul(rows, score_weight, out=scores[b : b + n])  # (n, K, N)
         weights = scores.add_(score_bias).softmax(dim=-1)  # (B, K, N): a_tij
         context = torch.bmm(weights, feats)  # (B, K, D): each image's grid read once for its K rows
@@ -109,12 +105,11 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
-        self.num_heads = num_heads
-        self.head_dim = d_model // num_heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.q_proj = onednn_linear(nn.Linear(d_model, d_model))
+        self.k_proj = onednn_linear(nn.Linear(d_model, d_model))
+        self.v_proj = onednn_linear(nn.Linear(d_model, d_model))
+        self.out_proj = onednn_linear(nn.Linear(d_model, d_model))
         self.dropout = nn.Dropout(dropout)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,35 +118,27 @@ class MultiHeadAttention(nn.Module):
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, S, d) -> keys, values (B, nh, S, hs) each, contiguous: a cached grid is read in place."""
-        return (
-            self.split_heads(dense(x, self.k_proj)).contiguous(), self.split_heads(dense(x, self.v_proj)).contiguous()
-        )
+        return self.split_heads(self.k_proj(x)).contiguous(), self.split_heads(self.v_proj(x)).contiguous()
 
     def attend(
-        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+        fused: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """query (B, Tq, d), k and v (B, nh, Tk, hs), mask broadcastable to (B, nh, Tq, Tk), true
-        where a query may look -> output (B, Tq, d), weights (B, nh, Tq, Tk)."""
+        where a query may look -> output (B, Tq, d), weights (B, nh, Tq, Tk); `fused`: no weights (None),
+        through the faster F.scaled_dot_product_attention."""
         B, Tq, d = query.shape
-        q = self.split_heads(dense(query, self.q_proj))  # (B, nh, Tq, hs)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, nh, Tq, Tk)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        weights = scores.softmax(dim=-1)  # (B, nh, Tq, Tk)
-        out = self.dropout(weights) @ v  # (B, nh, Tq, hs)
-        out = out.transpose(1, 2).reshape(B, Tq, d)  # (B, Tq, d)
-        return dense(out, self.out_proj), weights
-
-    def attend_fused(
-        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """`attend` without the weights, through the fused F.scaled_dot_product_attention:
-        query (B, Tq, d), k and v (B, nh, Tk, hs) -> (B, Tq, d)."""
-        B, Tq, d = query.shape
-        q = self.split_heads(dense(query, self.q_proj))  # (B, nh, Tq, hs)
-        p = self.dropout.p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, Tq, hs)
-        return dense(out.transpose(1, 2).reshape(B, Tq, d), self.out_proj)  # (B, Tq, d)
+        q = self.split_heads(self.q_proj(query))  # (B, nh, Tq, hs)
+        if fused:
+            p = self.dropout.p if self.training else 0.0
+            out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None  # (B, nh, Tq, hs)
+        else:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, nh, Tq, Tk)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = scores.softmax(dim=-1)  # (B, nh, Tq, Tk)
+            out = self.dropout(weights) @ v  # (B, nh, Tq, hs)
+        return self.out_proj(out.transpose(1, 2).reshape(B, Tq, d)), weights  # (B, Tq, d)
 
     def forward(
         self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None

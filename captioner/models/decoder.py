@@ -51,8 +51,8 @@ def reads_are_free(device: torch.device) -> bool:
 
 @torch.compiler.disable  # host bookkeeping: dynamo cannot trace pin_memory
 def to_device_quietly(index: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host index tensor on `device`, pinned and non-blocking: the host never waits."""
-    return index if index.device == device else index.pin_memory().to(device, non_blocking=True)
+    """A host tensor on `device`, pinned and non-blocking: the host never waits."""
+    return index if index.device == torch.device(device) else index.pin_memory().to(device, non_blocking=True)
 
 
 def real_positions(lengths: torch.Tensor, steps: int, device: torch.device) -> torch.Tensor:
@@ -81,28 +81,20 @@ class Decoder(nn.Module):
     def expand_memory(self, memory: Memory, beams: int) -> Memory:
         """The memory for `beams` hypotheses per image (state rows b*beams .. b*beams+beams-1 are
         image b's); by default every row repeated."""
-        B = next(iter(memory.values())).shape[0]
-        rows = torch.arange(
-            B, device=next(iter(memory.values())).device
-        ).repeat_interleave(beams)  # (B*beams,)
-        return {key: value.index_select(0, rows) for key, value in memory.items()}
+        first = next(iter(memory.values()))  # (B, ...)
+        rows = torch.arange(first.shape[0], device=first.device).repeat_interleave(beams)  # (B*beams,)
+        return select_rows(memory, rows)  # (B*beams, ...) each
 
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
         """The state before the first step, room for `capacity` steps (None: the decoder's default)."""
         raise NotImplementedError
 
-    def step(
-        self, memory: Memory, prev_tokens: torch.Tensor, state: State
-    ) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         raise NotImplementedError
 
     def forward(
-        self,
-        feats: torch.Tensor,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor | None = None,
-        image_rows: torch.Tensor | None = None,
-        packed: bool = False,
+        self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing: feats (B, N, D), tokens (C, T); `image_rows` (C,): each caption's image
         (default: the c-th). `lengths` (C,), longest first, lets a decoder skip padding; with `packed`
@@ -124,11 +116,8 @@ D = TypeVar("D", bound=type[Decoder])
 
 
 def register_decoder(name: str, config: type) -> Callable[[D], D]:
-    """Class decorator: `model.decoder.type: name` builds this decoder from a `config` instance.
-
-        @register_decoder("gru", GRUConfig)
-        class GRUDecoder(Decoder): ...
-    """
+    """Class decorator (`@register_decoder("gru", GRUConfig)`): `model.decoder.type: name` builds this
+    decoder from a `config` instance."""
 
     def register(module: D) -> D:
         decoder_types.register(name, config, module)

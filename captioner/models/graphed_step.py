@@ -1,11 +1,6 @@
-"""The decoder step replayed as a CUDA graph while decoding (`decode.cuda_graphs`).
-
-One launch instead of hundreds of small kernels (docs/compile_step.md; `python -m benchmarks cuda_graphs`).
-
-A replay overwrites the previous one's outputs, so they are cloned, under a lock, before being
-handed back. With gradients, a keyword argument or a tensor off CUDA the eager step runs; each
-number of rows is its own graph.
-"""
+"""The decoder step replayed as a CUDA graph while decoding (`decode.cuda_graphs`): one launch instead of
+hundreds of small kernels (docs/compile_step.md; `python -m benchmarks cuda_graphs`). Each number of rows
+is its own graph; with gradients, a keyword argument or a tensor off CUDA the eager step runs."""
 
 from __future__ import annotations
 
@@ -39,7 +34,7 @@ class GraphedStep:
         with self.lock:
             torch.compiler.cudagraph_mark_step_begin()
             logprobs, attn, new_state = self.graphed(memory, prev_tokens, state)
-            # The next replay overwrites these: hand back copies.
+            # The next replay overwrites these (hence the lock too): hand back copies.
             return logprobs.clone(), attn.clone(), {key: value.clone() for key, value in new_state.items()}
 
     def __deepcopy__(self, memo: dict) -> GraphedStep:

@@ -8,6 +8,7 @@ so a resumption is bit for bit.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -20,22 +21,15 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-_REORDER: Callable[..., torch.Tensor] | None = getattr(
-    getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None
-)
-_INNER_PRODUCT: Callable[..., torch.Tensor] | None = getattr(
-    getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None
-)
+_MKLDNN = getattr(torch.ops, "mkldnn", None)
+_REORDER: Callable[..., torch.Tensor] | None = getattr(_MKLDNN, "_reorder_linear_weight", None)
+_INNER_PRODUCT: Callable[..., torch.Tensor] | None = getattr(_MKLDNN, "_linear_pointwise", None)
 
 
 def onednn_enabled() -> bool:
     """Whether this torch build has oneDNN's inner product and `CAPTIONER_ONEDNN` does not turn it off."""
-    return (
-        _REORDER is not None
-        and _INNER_PRODUCT is not None
-        and torch.backends.mkldnn.is_available()
-        and os.environ.get("CAPTIONER_ONEDNN", "") != "0"
-    )
+    return (_REORDER is not None and _INNER_PRODUCT is not None and torch.backends.mkldnn.is_available()
+            and os.environ.get("CAPTIONER_ONEDNN", "") != "0")
 
 
 _ENABLED = onednn_enabled()
@@ -49,19 +43,16 @@ def set_onednn(enabled: bool) -> None:
 
 
 def _route_works() -> bool:
-    """At the first product: one small product checked against `F.linear`; a failure turns the route
-    off for the process, with one log line."""
+    """At the first product: one small product checked against `F.linear` (a failure turns the route off,
+    logged once), then the speed."""
     global _ENABLED, _CHECKED
     if _CHECKED:
         return _ENABLED
     _CHECKED = True
-    problem = _op_problem()
-    if problem:
-        _ENABLED = False
+    if problem := _op_problem():
         log.warning("products: oneDNN's inner product %s at its first use; dense layers use F.linear", problem)
-        return False
-    if os.environ.get("CAPTIONER_ONEDNN", "") != "1":  # 1: take the route without measuring
-        _ENABLED = faster_here()
+    # CAPTIONER_ONEDNN=1: the route without measuring
+    _ENABLED = not problem and (os.environ.get("CAPTIONER_ONEDNN", "") == "1" or faster_here())
     return _ENABLED
 
 
@@ -83,8 +74,7 @@ def _op_problem() -> str:
 
 
 def route_taken() -> bool:
-    """Whether this process's fp32 CPU products go through oneDNN (decided now if not yet): what a
-    training checkpoint records."""
+    """Whether this process's fp32 CPU products go through oneDNN (decided now if not yet): a checkpoint records it."""
     return _ENABLED and _route_works()
 
 
@@ -117,9 +107,7 @@ def time_both(rounds: int = 3, repeats: int = 5) -> tuple[float, float]:
 
     rows, k, n = SHAPE
     generator = torch.Generator().manual_seed(0)
-    x, weight = (
-        torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
-    )  # (rows, k), (n, k)
+    x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)  # (rows, k), (n, k)
     best = [float("inf"), float("inf")]
     with torch.no_grad():
         packed = _reorder(weight)
@@ -135,12 +123,9 @@ def time_both(rounds: int = 3, repeats: int = 5) -> tuple[float, float]:
 
 def measure_route() -> dict:
     """Both routes timed here: {"onednn": whether it wins by 5%, "onednn_ms", "linear_ms"}."""
-    onednn, plain_linear = time_both()
-    return {
-        "onednn": onednn < 0.95 * plain_linear,
-        "onednn_ms": round(onednn * 1e3, 3),
-        "linear_ms": round(plain_linear * 1e3, 3),
-    }
+    onednn, f_linear = time_both()
+    return {"onednn": onednn < 0.95 * f_linear, "onednn_ms": round(onednn * 1e3, 3),
+            "linear_ms": round(f_linear * 1e3, 3)}
 
 
 def _valid_decision(known: object) -> bool:
@@ -156,8 +141,7 @@ def _kept_decision() -> bool | None:
 
 
 def faster_here() -> bool:
-    """Whether the route beats F.linear by 5% on the local processor: recalled, else measured once and
-    kept for every later process."""
+    """Whether the route beats F.linear by 5% on this processor: recalled, else measured once and kept."""
     from captioner.core import machine_cache
 
     decision, measured = machine_cache.decided(CALIBRATION, measure_route, _valid_decision)
@@ -173,18 +157,11 @@ def faster_here() -> bool:
 
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
-        _ENABLED
-        and torch.backends.mkldnn.enabled  # a user who turned oneDNN off gets none of it
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and not weight.is_mkldnn
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.jit.is_tracing()
-        and not torch.onnx.is_in_onnx_export()
-        and not torch.compiler.is_compiling()
-        and not torch.compiler.is_exporting()
-        and _route_works()
+        _ENABLED and torch.backends.mkldnn.enabled  # a user who turned oneDNN off gets none of it
+        and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+        and not weight.is_mkldnn and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()
+        and not torch.onnx.is_in_onnx_export() and not torch.compiler.is_compiling()
+        and not torch.compiler.is_exporting() and _route_works()
     )
 
 
@@ -209,14 +186,12 @@ _SCOPE: ContextVar[dict[int, tuple[torch.Tensor, torch.Tensor]] | None] = Contex
 def reused_weights() -> Iterator[None]:
     """Within it, products without gradients reorder each weight once: for a decoding loop, whose
     weights cannot change while it runs. Per thread and nestable."""
-    if _SCOPE.get() is not None:
-        yield
-        return
-    token = _SCOPE.set({})
+    token = None if _SCOPE.get() is not None else _SCOPE.set({})
     try:
         yield
     finally:
-        _SCOPE.reset(token)
+        if token is not None:
+            _SCOPE.reset(token)
 
 
 def _scoped_reorder(weight: torch.Tensor) -> torch.Tensor:
@@ -241,11 +216,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _product(x, _scoped_reorder(weight), None if bias is None else bias.detach())
 
 
-def dense(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """`layer(x)`: through `linear` for a plain `nn.Linear`; any other layer, or one with hooks, runs
-    its own forward."""
-    if not plain(layer):
-        return layer(x)
+def onednn_linear(layer: nn.Linear) -> nn.Linear:
+    """`layer` itself, its forward now `linear` (oneDNN's product where it applies, else `F.linear`).
+    It stays exactly an `nn.Linear`: the same state-dict keys, hooks run, and `quantize_dynamic`
+    swaps it for its int8 copy, which runs its own forward."""
+    layer.forward = functools.partial(_linear_forward, layer)  # a partial: copies and pickles bind their own layer
+    return layer
+
+
+def _linear_forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x, layer.weight, layer.bias)
 
 

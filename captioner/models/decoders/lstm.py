@@ -13,7 +13,7 @@ from captioner.models.attention import AdditiveAttention
 from captioner.models.decoder import (
     Decoder, DecoderOutput, Memory, State, register_decoder, select_rows, to_device_quietly
 )
-from captioner.models.products import dense, gram, linear, plain, prepared
+from captioner.models.products import gram, linear, onednn_linear, plain, prepared
 
 
 @dataclass
@@ -40,17 +40,16 @@ class LSTMDecoder(Decoder):
     def __init__(self, config: LSTMConfig, vocab_size: int, feat_dim: int) -> None:
         super().__init__()
         embed_dim, hidden_dim = config.embed_dim, config.hidden_dim
-        self.vocab_size = vocab_size
-        self.embed_dim = embed_dim
+        self.vocab_size, self.embed_dim = vocab_size, embed_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         self.attention = AdditiveAttention(feat_dim, hidden_dim, config.attention_dim)
-        self.init_h = nn.Linear(feat_dim, hidden_dim)
-        self.init_c = nn.Linear(feat_dim, hidden_dim)
-        self.gate = nn.Linear(hidden_dim, feat_dim)  # beta_t = sigmoid(f_beta(h_{t-1}))
+        self.init_h = onednn_linear(nn.Linear(feat_dim, hidden_dim))
+        self.init_c = onednn_linear(nn.Linear(feat_dim, hidden_dim))
+        self.gate = onednn_linear(nn.Linear(hidden_dim, feat_dim))  # beta_t = sigmoid(f_beta(h_{t-1}))
         self.cell = nn.LSTMCell(embed_dim + feat_dim, hidden_dim)
-        self.out_hidden = nn.Linear(hidden_dim, embed_dim)  # L_h
-        self.out_context = nn.Linear(feat_dim, embed_dim)  # L_z
-        self.out_vocab = nn.Linear(embed_dim, vocab_size)  # L_o
+        self.out_hidden = onednn_linear(nn.Linear(hidden_dim, embed_dim))  # L_h
+        self.out_context = onednn_linear(nn.Linear(feat_dim, embed_dim))  # L_z
+        self.out_vocab = onednn_linear(nn.Linear(embed_dim, vocab_size))  # L_o
         self.dropout = nn.Dropout(config.dropout)
 
     def prepare(self, feats: torch.Tensor) -> Memory:
@@ -63,21 +62,19 @@ class LSTMDecoder(Decoder):
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
         """h_0, c_0 from the mean feature; `capacity` is unused (the state has one size)."""
         mean = memory["feats"].mean(dim=1)  # (B, D)
-        return {
-            "h": torch.tanh(dense(mean, self.init_h)), "c": torch.tanh(dense(mean, self.init_c))
-        }  # (B, H) each
+        return {"h": torch.tanh(self.init_h(mean)), "c": torch.tanh(self.init_c(mean))}  # (B, H) each
 
     def _output(self, embedded: torch.Tensor, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """The deep output: embedded (..., E), h (..., H), gated context (..., D) -> logits (..., V)."""
-        deep = embedded + dense(self.dropout(h), self.out_hidden) + dense(context, self.out_context)  # (..., E)
-        return dense(self.dropout(deep), self.out_vocab)  # (..., V)
+        deep = embedded + self.out_hidden(self.dropout(h)) + self.out_context(context)  # (..., E)
+        return self.out_vocab(self.dropout(deep))  # (..., V)
 
     def _advance(
         self, memory: Memory, embedded: torch.Tensor, state: State
     ) -> tuple[torch.Tensor, torch.Tensor, State]:
         """One step from embedded previous words (B, E) -> logits (B, V), weights (B, N), state."""
         context, weights = self.attention(memory["feats"], memory["projected"], state["h"])  # (B, D), (B, N)
-        context = torch.sigmoid(dense(state["h"], self.gate)) * context  # (B, D): gated z_t
+        context = torch.sigmoid(self.gate(state["h"])) * context  # (B, D): gated z_t
         cell = self.cell  # nn.LSTMCell's parameters and arithmetic, its products through `linear`
         gates = linear(torch.cat([embedded, context], dim=1), cell.weight_ih, cell.bias_ih) + linear(
             state["h"], cell.weight_hh, cell.bias_hh
@@ -85,26 +82,19 @@ class LSTMDecoder(Decoder):
         h, c = lstm_update(gates, state["c"])  # (B, H) each
         return self._output(embedded, h, context), weights, {"h": h, "c": c}  # (B, V), (B, N)
 
-    def step(
-        self, memory: Memory, prev_tokens: torch.Tensor, state: State
-    ) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
         logits, weights, state = self._advance(memory, self.embedding(prev_tokens), state)
         return logits.log_softmax(dim=-1), weights[:, None, None, :], state  # (B, V), (B, 1, 1, N)
 
     def forward(
-        self,
-        feats: torch.Tensor,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor | None = None,
-        image_rows: torch.Tensor | None = None,
-        packed: bool = False,
+        self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing: feats (B, N, D), tokens (C, T) -> logits (C, T, V), attn (C, T, 1, 1, N).
         `image_rows` (C,): each caption's image. With `lengths` (C,) sorted longest first, outputs past a
         row's length are zero; `packed` gives real positions' logits only, (M, V) time-major, at `positions`."""
         C, T = tokens.shape
-        # quantised, wrapped or hooked layers: their own forwards
-        if not (plain(self.attention.state_proj) and plain(self.gate)):
+        if not (plain(self.attention.state_proj) and plain(self.gate)):  # quantised, wrapped, hooked: own forwards
             return self._forward_by_steps(feats, tokens, lengths, image_rows)
         active = active_rows(lengths, C, T)  # rows inside their caption at each step, non-increasing
         if not active:  # no caption has a single step: all padding
@@ -141,7 +131,7 @@ class LSTMDecoder(Decoder):
         sizes = list(dict.fromkeys(active))  # distinct, non-increasing
         feats_for = dict(zip(sizes, row_prefixes(memory["feats"], sizes)))  # n -> (n, N, D)
         projected_for = dict(zip(sizes, row_prefixes(memory["projected"], sizes)))  # n -> (n, N, A)
-        hs, contexts, maps = [], [], []
+        steps = []  # (h, context, weights) of each step
         for t, n in enumerate(active):
             if n < state["h"].shape[0]:  # the shortest captions have ended: drop their rows
                 state = {k: v[:n] for k, v in state.items()}
@@ -151,9 +141,8 @@ class LSTMDecoder(Decoder):
             gates = context_product(context) + (cell_in[t] + recurrent)  # (n, 4H)
             h, c = lstm_update(gates, state["c"])  # (n, H) each
             state = {"h": h, "c": c}
-            hs.append(h)
-            contexts.append(context)
-            maps.append(weights)
+            steps.append((h, context, weights))
+        hs, contexts, maps = zip(*steps)  # T x (n_t, H), (n_t, D), (n_t, N)
         if not padded:  # batch-major outputs directly, nothing to scatter
             hs_, contexts_ = torch.stack(hs, dim=1), torch.stack(contexts, dim=1)  # (C, T, H), (C, T, D)
             logits = self._output(embedded.view(C, T, -1), hs_, contexts_)  # (C, T, V)
@@ -176,12 +165,11 @@ class LSTMDecoder(Decoder):
         memory, T = self.caption_memory(feats, image_rows), tokens.shape[1]  # (C, ...) each
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (C, T, E)
-        logits, maps = [], []
+        steps = []
         for t in range(T):
-            step_logits, weights, state = self._advance(memory, embedded[:, t], state)  # (C, V), (C, N)
-            logits.append(step_logits)
-            maps.append(weights)
-        logits_all, attn = torch.stack(logits, dim=1), torch.stack(maps, dim=1)  # (C, T, V), (C, T, N)
+            *outputs, state = self._advance(memory, embedded[:, t], state)  # logits (C, V), weights (C, N)
+            steps.append(outputs)
+        logits_all, attn = (torch.stack(x, dim=1) for x in zip(*steps))  # (C, T, V), (C, T, N)
         if lengths is not None:
             inside = (torch.arange(T)[None, :] < lengths.cpu()[:, None]).to(feats.device)  # (C, T)
             logits_all, attn = logits_all * inside[..., None], attn * inside[..., None]
@@ -253,11 +241,8 @@ class RecurrentProduct:
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.collected: list[tuple[torch.Tensor, torch.Tensor]] = []  # (x_t, g_t) per step, filled by backward
-        self.deferred = (
-            torch.is_grad_enabled()
-            and weight.requires_grad
-            and not torch.is_autocast_enabled(weight.device.type)
-            and not torch.compiler.is_compiling()
+        self.deferred = torch.is_grad_enabled() and weight.requires_grad and not (
+            torch.is_autocast_enabled(weight.device.type) or torch.compiler.is_compiling()
         )
         self.weight = _SharedWeight.apply(weight, self.collected) if self.deferred else weight  # (I, O)
         plain = torch.is_grad_enabled() and not self.deferred  # autograd differentiates the product itself

@@ -12,7 +12,7 @@ from captioner.core.config_sections import POSITIVE, PROBABILITY_BELOW_ONE, sett
 from captioner.core.specs import Choice, Flag
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, real_positions, register_decoder
-from captioner.models.products import dense
+from captioner.models.products import onednn_linear
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -83,7 +83,8 @@ class TransformerDecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout)
         self.ff = nn.Sequential(
-            nn.Linear(d_model, ff_dim), ACTIVATIONS[activation](), nn.Dropout(dropout), nn.Linear(ff_dim, d_model)
+            onednn_linear(nn.Linear(d_model, ff_dim)), ACTIVATIONS[activation](), nn.Dropout(dropout),
+            onednn_linear(nn.Linear(ff_dim, d_model)),
         )
         self.norm_self = nn.LayerNorm(d_model)
         self.norm_cross = nn.LayerNorm(d_model)
@@ -91,13 +92,8 @@ class TransformerDecoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cross_k: torch.Tensor,
-        cross_v: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
-        slot: torch.Tensor | None = None,
+        self, x: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor, mask: torch.Tensor | None = None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None, slot: torch.Tensor | None = None,
         self_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """x (B, T, d), cross_k/v (B, nh, N, hs), mask broadcastable to (B, nh, T, S), true where a
@@ -108,27 +104,12 @@ class TransformerDecoderLayer(nn.Module):
         k, v = self.self_attn.keys_values(h)  # (B, nh, T, hs) each
         if cache is not None and slot is not None:
             k, v = write_slot(cache[0], k, slot), write_slot(cache[1], v, slot)  # (B, nh, C, hs) each
-        self_w = None
-        if self_weights:
-            out, self_w = self.self_attn.attend(h, k, v, mask)  # (B, T, d), (B, nh, T, S)
-        else:
-            out = self.self_attn.attend_fused(h, k, v, mask)  # (B, T, d): the fast path, no weights
-        x, weights = self.cross_and_feed_forward(self._residual(x, out, self.norm_self), cross_k, cross_v)
-        return x, weights, k, v, self_w
-
-    def cross_and_feed_forward(
-        self, x: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The blocks after self-attention: x (B, T, d) -> x (B, T, d), cross weights (B, nh, T, N)."""
+        out, self_w = self.self_attn.attend(h, k, v, mask, fused=not self_weights)  # (B, T, d), (B, nh, T, S)
+        x = self._residual(x, out, self.norm_self)
         h = self._block_input(x, self.norm_cross)
         out, weights = self.cross_attn.attend(h, cross_k, cross_v)  # (B, T, d), (B, nh, T, N)
         x = self._residual(x, out, self.norm_cross)
-        return self._residual(x, self.feed_forward(self._block_input(x, self.norm_ff)), self.norm_ff), weights
-
-    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`self.ff(x)` with its products through `dense`: (B, T, d) -> (B, T, d)."""
-        expand, activation, dropout, contract = self.ff
-        return dense(dropout(activation(dense(x, expand))), contract)  # (B, T, d)
+        return self._residual(x, self.ff(self._block_input(x, self.norm_ff)), self.norm_ff), weights, k, v, self_w
 
     def _block_input(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         """Pre-norm normalises what enters a block; post-norm what leaves the residual sum."""
@@ -160,13 +141,13 @@ class TransformerDecoder(Decoder):
         self.grid_position_encoding = c.grid_position_encoding
         self.embedding = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model**-0.5)  # unit scale after * sqrt(d_model)
-        self.grid_proj = nn.Sequential(nn.Linear(feat_dim, d_model), nn.LayerNorm(d_model))
+        self.grid_proj = nn.Sequential(onednn_linear(nn.Linear(feat_dim, d_model)), nn.LayerNorm(d_model))
         self.layers = nn.ModuleList(
             TransformerDecoderLayer(d_model, c.num_heads, c.ff_dim, c.dropout, c.norm_first, c.activation)
             for _ in range(c.num_layers)
         )
         self.final_norm = nn.LayerNorm(d_model) if c.norm_first else nn.Identity()
-        self.out = nn.Linear(d_model, vocab_size)
+        self.out = onednn_linear(nn.Linear(d_model, vocab_size))
         if c.tie_embeddings:
             self.out.weight = self.embedding.weight
         self.dropout = nn.Dropout(c.dropout)
@@ -183,8 +164,7 @@ class TransformerDecoder(Decoder):
 
     def prepare(self, feats: torch.Tensor) -> Memory:
         """feats (B, N, D) -> every layer's cross-attention keys and values, (B, nh, N, hs) each."""
-        projection, norm = self.grid_proj
-        grid = norm(dense(feats, projection))  # (B, N, d)
+        grid = self.grid_proj(feats)  # (B, N, d)
         if self.grid_position_encoding:
             grid = grid + grid_encoding(feats.shape[1], self.d_model, feats.device).to(grid.dtype)
         grid = self.dropout(grid)
@@ -201,10 +181,8 @@ class TransformerDecoder(Decoder):
             raise ValueError(f"init_state: capacity must be >= 1 position; got {capacity}")
         k = memory["k_0"]  # (B, nh, N, hs)
         B, nh, _, hs = k.shape
-        state: State = {}
-        for i in range(len(self.layers)):
-            state[f"k_{i}"] = k.new_zeros(B, nh, capacity, hs)  # (B, nh, C, hs)
-            state[f"v_{i}"] = k.new_zeros(B, nh, capacity, hs)  # (B, nh, C, hs)
+        names = [f"{kv}_{i}" for i in range(len(self.layers)) for kv in "kv"]
+        state: State = {name: k.new_zeros(B, nh, capacity, hs) for name in names}  # (B, nh, C, hs) each
         state["pos"] = torch.zeros(B, dtype=torch.long, device=k.device)  # (B,)
         return state
 
@@ -216,9 +194,7 @@ class TransformerDecoder(Decoder):
         with `self_attention`: then the state also holds "self_attn" (B, L, nh, t+1)."""
         pos = state["pos"]  # (B,)
         capacity = state["k_0"].shape[2]
-        torch._assert_async(
-            (pos < capacity).all(), "TransformerDecoder.step: more steps than init_state's capacity"
-        )
+        torch._assert_async((pos < capacity).all(), "TransformerDecoder.step: more steps than init_state's capacity")
         slots = torch.arange(capacity, device=pos.device)  # (C,)
         slot = slots == pos[:, None]  # (B, C): where this position's keys and values go
         visible = (slots <= pos[:, None])[:, None, None, :]  # (B, 1, 1, C): positions 0..t
@@ -237,17 +213,12 @@ class TransformerDecoder(Decoder):
         if self_attention:
             seen = int(new_state["pos"].max())  # t+1: the host needs it to cut the slots never written
             new_state["self_attn"] = torch.stack(self_maps, dim=1)[..., :seen]  # (B, L, nh, t+1)
-        logits = dense(self.final_norm(x[:, 0]), self.out)  # (B, V)
+        logits = self.out(self.final_norm(x[:, 0]))  # (B, V)
         return logits.log_softmax(dim=-1), torch.stack(maps, dim=1), new_state  # (B, V), (B, L, nh, N)
 
     def forward(
-        self,
-        feats: torch.Tensor,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor | None = None,
-        image_rows: torch.Tensor | None = None,
-        packed: bool = False,
-        self_attention: bool = False,
+        self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
+        image_rows: torch.Tensor | None = None, packed: bool = False, self_attention: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing: feats (B, N, D), tokens (C, T) -> logits (C, T, V), attn (C, T, L, nh, N),
         with `self_attention` self_attn (C, T, L, nh, T). `image_rows` (C,): each caption's image (the
@@ -267,7 +238,7 @@ class TransformerDecoder(Decoder):
         self_attn = torch.stack(self_maps, dim=2) if self_attention else None  # (C, T, L, nh, T)
         if packed and lengths is not None:
             positions = real_positions(lengths, T, x.device)  # (M,)
-            logits = dense(self.final_norm(x.flatten(0, 1).index_select(0, positions)), self.out)  # (M, V)
+            logits = self.out(self.final_norm(x.flatten(0, 1).index_select(0, positions)))  # (M, V)
             return DecoderOutput(logits, torch.stack(maps, dim=2), self_attn, positions)  # attn (C, T, L, nh, N)
-        logits = dense(self.final_norm(x), self.out)  # (C, T, V)
+        logits = self.out(self.final_norm(x))  # (C, T, V)
         return DecoderOutput(logits, torch.stack(maps, dim=2), self_attn)  # attn (C, T, L, nh, N)

@@ -21,10 +21,8 @@ import torch
 
 from captioner.models.decoder import select_rows
 from captioner.models.decoding.rules import (
-    EndingRule, SpecialTokens, apply_ending_rule, banned_mask, block_repeated_trigrams, length_penalty
-)
-from captioner.models.decoding.stepping import (
-    SHRINK_SHARE, Hypothesis, device_index, pad_last, spread_rows, step_decoder
+    SHRINK_SHARE, EndingRule, Hypothesis, SpecialTokens, banned_mask, block_repeated_trigrams,
+    device_index, length_penalty, pad_last, spread_rows, step_decoder,
 )
 
 if TYPE_CHECKING:
@@ -51,9 +49,7 @@ class Beam:
     """Every image's beams while the search runs; each search's finished hypotheses are (score,
     log-probability, row, words): the beam was `row` after its last word, and has `words` words."""
 
-    def __init__(
-        self, decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
-    ) -> None:
+    def __init__(self, decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions) -> None:
         B, K, G, device = feats.shape[0], options.beam_size, options.diverse_groups, feats.device
         self.decoder, self.options, self.eos = decoder, options, special.eos
         self.B, self.K, self.G, self.Kg, self.S, self.device = B, K, G, K // G, B * G, device
@@ -110,9 +106,9 @@ class Beam:
             attn = spread_rows(attn, self.stepped, BK, 0.0)  # (B*K, L, H, N)
             self_w = None if self_w is None else spread_rows(self_w, self.stepped, BK, 0.0)  # (B*K, L, H, t+1)
         # In place on the step's own fresh (B*K, V) output: each copy would be a new buffer per step.
-        logprobs = apply_ending_rule(
-            self.ending, logprobs.float().masked_fill_(self.forbidden, NEG_INF), self.prev, t
-        )  # (B*K, V)
+        logprobs = logprobs.float().masked_fill_(self.forbidden, NEG_INF)  # (B*K, V)
+        if self.ending is not None:
+            logprobs = self.ending.apply(logprobs, self.prev, t)
         if self.options.block_trigrams:
             logprobs = block_repeated_trigrams(logprobs, self.history)
         self.step_maps.append(attn.float())

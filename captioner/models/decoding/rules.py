@@ -1,5 +1,6 @@
-"""The rules every decoding mode applies to a step's log-probabilities: banned ids, when `<eos>` may
-come, trigram blocking and GNMT's length penalty. deploy/numpy_search.py implements them again
+"""What the decoding loops share: the rules applied to a step's log-probabilities (banned ids, when
+`<eos>` may come, trigram blocking, GNMT's length penalty), one decoder step, the hypothesis a loop
+returns and the rows of a shrinking batch. deploy/numpy_search.py implements the rules again
 (tests/test_search_conformance.py holds the two together).
 """
 
@@ -10,10 +11,55 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from captioner.models.decoder import to_device_quietly
 from captioner.text.endings import bad_ending_ids
 
 if TYPE_CHECKING:
+    from captioner.models.decoder import Decoder
     from captioner.text.vocab import Vocabulary
+
+SHRINK_SHARE = 8  # drop ended rows once they are an eighth of those stepping (each drop copies the memory)
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # word ids, without <bos> and <eos>
+    score: float  # total log-probability, divided by the length penalty
+    logprob: float  # total log-probability, <eos> included when the caption ended
+    attn: torch.Tensor  # (T, L, H, N): the attention at each word
+    finished: bool  # False when max_length was reached before <eos>
+    # (T, L, H, T) when asked for: at word t, the decoder's self-attention over the input
+    # positions 0..t (<bos>, then the words before t); zero on later positions.
+    self_attn: torch.Tensor | None = None
+
+
+def step_decoder(
+    decoder: Decoder, memory: dict[str, torch.Tensor], prev: torch.Tensor, state: dict[str, torch.Tensor],
+    self_attention: bool,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
+    """One decoder step; with `self_attention` (decoders that have it) also its self-attention
+    weights (R, L, H, t+1), taken out of the state; else None."""
+    if not (self_attention and decoder.has_self_attention):
+        logprobs, attn, state = decoder.step(memory, prev, state)
+        return logprobs, attn, state, None
+    logprobs, attn, state = decoder.step(memory, prev, state, self_attention=True)  # type: ignore[call-arg]
+    state = dict(state)
+    return logprobs, attn, state, state.pop("self_attn")
+
+
+def pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Zero-pad the last dimension of x to `size`."""
+    return torch.nn.functional.pad(x, (0, size - x.shape[-1]))
+
+
+def spread_rows(x: torch.Tensor, rows: torch.Tensor, total: int, fill: float) -> torch.Tensor:
+    """x (A, ...) as rows `rows` (A,) of a (total, ...) tensor whose other rows are `fill`."""
+    return x.new_full((total, *x.shape[1:]), fill).index_copy_(0, rows, x)  # (total, ...)
+
+
+def device_index(index: list[int], device: torch.device) -> torch.Tensor:
+    """A host list of row indices as a long tensor on `device`, copied without blocking."""
+    return to_device_quietly(torch.tensor(index, dtype=torch.long), device)  # (W,)
 
 
 @dataclass(frozen=True)
@@ -29,9 +75,7 @@ class SpecialTokens:
     @classmethod
     def of(cls, vocab: Vocabulary) -> SpecialTokens:
         """A vocabulary's, with <pad>, <bos>, <unk> banned."""
-        return cls(
-            vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id, vocab.unk_id), bad_ending_ids(vocab.index)
-        )
+        return cls(vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id, vocab.unk_id), bad_ending_ids(vocab.index))
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -46,9 +90,7 @@ def block_repeated_trigrams(logprobs: torch.Tensor, history: torch.Tensor) -> to
         return logprobs
     last = history[:, -2:]  # (R, 2)
     match = (history[:, :-2] == last[:, :1]) & (history[:, 1:-1] == last[:, 1:])  # (R, t-2): (a, b) at i, i+1
-    blocked = torch.zeros_like(logprobs, dtype=torch.float).scatter_add_(
-        1, history[:, 2:], match.float()
-    )  # (R, V)
+    blocked = torch.zeros_like(logprobs, dtype=torch.float).scatter_add_(1, history[:, 2:], match.float())  # (R, V)
     return logprobs.masked_fill(blocked > 0, float("-inf"))
 
 
@@ -57,9 +99,7 @@ def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) 
     no step indexes a device tensor with a host list."""
     mask = torch.zeros(vocab_size, dtype=torch.bool)  # (V,), made on the host
     mask[list(banned)] = True
-    if torch.device(device).type == "cuda":  # pinned, so the copy does not wait for the GPU
-        mask = mask.pin_memory()
-    return mask.to(device, non_blocking=True)  # (V,)
+    return to_device_quietly(mask, device)  # (V,)
 
 
 @dataclass(frozen=True)
@@ -73,12 +113,7 @@ class EndingRule:
 
     @classmethod
     def build(
-        cls,
-        special: SpecialTokens,
-        min_length: int,
-        suppress_bad_endings: bool,
-        vocab_size: int,
-        device: torch.device,
+        cls, special: SpecialTokens, min_length: int, suppress_bad_endings: bool, vocab_size: int, device: torch.device,
     ) -> EndingRule | None:
         """The rule for these options, or None when neither constraint is on."""
         if min_length <= 0 and not suppress_bad_endings:
@@ -94,10 +129,3 @@ class EndingRule:
             return logprobs
         after_bad = self.bad_after.index_select(0, prev)  # (R,) bool: gathered on the device
         return logprobs.masked_fill(after_bad[:, None] & self.eos_column, float("-inf"))  # (R, V)
-
-
-def apply_ending_rule(
-    rule: EndingRule | None, logprobs: torch.Tensor, prev: torch.Tensor, words: int
-) -> torch.Tensor:
-    """`rule.apply`, or logprobs (R, V) unchanged without a rule."""
-    return logprobs if rule is None else rule.apply(logprobs, prev, words)

@@ -13,8 +13,9 @@ import torch
 
 from captioner.core.decode_schema import check_options
 from captioner.models.decoder import reads_are_free, real_positions, select_rows
-from captioner.models.decoding.rules import EndingRule, apply_ending_rule, banned_mask, block_repeated_trigrams
-from captioner.models.decoding.stepping import SHRINK_SHARE, pad_last, step_decoder
+from captioner.models.decoding.rules import (
+    SHRINK_SHARE, EndingRule, banned_mask, block_repeated_trigrams, pad_last, step_decoder,
+)
 from captioner.models.products import reused_weights
 
 if TYPE_CHECKING:
@@ -40,10 +41,7 @@ def restrict_to_top(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) ->
 
 
 def draw(
-    logprobs: torch.Tensor,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    logprobs: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """One word per row from softmax(logprobs / temperature), restricted to top-k / top-p; (R, V) -> (R,)."""
@@ -88,12 +86,8 @@ def drawing(options: DecodeOptions, device: torch.device) -> Callable[[torch.Ten
 
 @reused_weights()  # the dense layers' weights reordered once for the whole loop
 def roll_out(
-    decoder: Decoder,
-    memory: dict[str, torch.Tensor],
-    special: SpecialTokens,
-    options: DecodeOptions,
-    pick: Callable[[torch.Tensor], torch.Tensor],
-    maps: bool = False,
+    decoder: Decoder, memory: dict[str, torch.Tensor], special: SpecialTokens, options: DecodeOptions,
+    pick: Callable[[torch.Tensor], torch.Tensor], maps: bool = False,
 ) -> SampledCaptions:
     """Each of the R rows of `memory` takes one word a step, `pick(allowed logprobs (R, V)) -> (R,)`.
     Ended rows: with `maps`, an early exit read once a step; on the CPU without gradients they leave
@@ -113,7 +107,9 @@ def roll_out(
     for t in range(T):
         logprobs, attn, state, self_w = step_decoder(decoder, memory, prev, state, maps and options.self_attention)
         logprobs = logprobs.float()
-        allowed = apply_ending_rule(ending, logprobs.detach().masked_fill(forbidden, float("-inf")), prev, t)  # (A, V)
+        allowed = logprobs.detach().masked_fill(forbidden, float("-inf"))  # (A, V)
+        if ending is not None:
+            allowed = ending.apply(allowed, prev, t)
         if options.block_trigrams:
             history = tokens if rows is None else tokens.index_select(0, rows)  # (A, T)
             allowed = block_repeated_trigrams(allowed, history[:, :t])  # (A, V)
@@ -154,9 +150,7 @@ def sample_captions(
     memory = decoder.prepare(feats)  # (B, ...) each: the per-image constants
     memory = select_rows(memory, image_rows) if n > 1 else memory  # (B*n, ...) each
     with torch.set_grad_enabled(options.sample and torch.is_grad_enabled()):  # a greedy caption: a baseline
-        out = roll_out(
-            decoder, memory, special, options, drawing(options, feats.device) if options.sample else argmax
-        )
+        out = roll_out(decoder, memory, special, options, drawing(options, feats.device) if options.sample else argmax)
     out.image_rows = image_rows
     return out
 

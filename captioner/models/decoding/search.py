@@ -14,9 +14,8 @@ import torch
 from captioner.core.decode_schema import check_search
 from captioner.models.decoding.beam import Beam
 from captioner.models.decoding.options import DecodeOptions
-from captioner.models.decoding.rules import SpecialTokens
+from captioner.models.decoding.rules import Hypothesis, SpecialTokens
 from captioner.models.decoding.sampling import argmax, drawing, roll_out
-from captioner.models.decoding.stepping import Hypothesis
 from captioner.models.products import reused_weights
 
 if TYPE_CHECKING:
@@ -57,10 +56,7 @@ def sample_n_best(
 
 
 def hypotheses(
-    decoder: Decoder,
-    feats: torch.Tensor,
-    special: SpecialTokens,
-    options: DecodeOptions,
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions,
     pick: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[Hypothesis]:
     """One caption per row of feats (R, N, D) from `roll_out` with its maps; the host copies each
@@ -97,9 +93,7 @@ def beam_search_n_best(
     """Batched beam search, K beams in G diverse groups per image; feats (B, N, D) -> per image the
     `n_best` (<= K) best distinct hypotheses, best first. At `max_length` live beams compete with the
     finished ones on the same length-penalised score (finished=False)."""
-    check_search(
-        {"beam_size": options.beam_size, "diverse_groups": options.diverse_groups, "n_best": options.n_best}
-    )
+    check_search({"beam_size": options.beam_size, "diverse_groups": options.diverse_groups, "n_best": options.n_best})
     if decoder.vocab_size >= 2**24:  # the step's read carries word ids in float32
         raise ValueError(f"beam search handles vocabularies under 2**24 words; this one has {decoder.vocab_size}")
     beam = Beam(decoder, feats, special, options)
