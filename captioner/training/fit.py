@@ -29,6 +29,8 @@ from captioner.data.sampler import EpochBatchSampler
 from captioner.data.store_reader import StoreRows
 from captioner.data.shard_reader import ShardSet, open_shard_set, shard_captions
 from captioner.data.streaming import ShardStream
+from captioner.evaluation.evaluate import caption_records, references_for
+from captioner.evaluation.metrics import fast_scores
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import DecoderOutput
@@ -38,15 +40,13 @@ from captioner.training.distributed import Distributed
 from captioner.training.history import METRICS, STEP_LOSSES, write_history, write_step_losses
 from captioner.training.interrupt import Interrupted, StopSignals
 from captioner.training.loop import Objective, train_one_epoch
-from captioner.training.resume import rng_state, set_rng_state
 from captioner.training.schedule import lr_scale, make_optimizer, make_scheduler
 from captioner.training.scst import SelfCritical
 from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan,
                                           make_loader, make_objective, stored_data, uses_feature_store, wrap_for_ddp)
 from captioner.training.speed import SpeedChoices, decide_threads
 from captioner.training.stages import read_init_checkpoint, read_resume_checkpoint
-from captioner.training.state import LOGGED, TrainState
-from captioner.training.validate import validate
+from captioner.training.state import LOGGED, TrainState, restore_rng, rng_state
 
 log = logging.getLogger(__name__)
 
@@ -279,8 +279,7 @@ class Run:
         """Validate; log `row` with the scores and the seconds since `since` into the history;
         keep best.pt. Every rank calls it."""
         state = self.state
-        scores, example = validate(self.model, self.ctx, self.val_records, self.val_features, self.grid,
-                                   self.config.data.num_workers, self.config.train.val_beam_size)
+        scores, example = self.validate()
         improved = scores[self.metric] > state.best_score
         if improved:
             state.best_score, state.best_epoch, state.best_step = scores[self.metric], epoch, state.step
@@ -294,6 +293,18 @@ class Run:
         if improved:
             self.save("best.pt")
             self.best_written_at = self.where()
+
+    def validate(self) -> tuple[dict[str, float], str]:
+        """Greedy (or beam: train.val_beam_size) captions of the val images, each rank its share, scored on the
+        gathered whole (every rank gets the same scores); returns the scores and one example caption."""
+        records, features = self.val_records, self.val_features
+        mine = self.ctx.shard(list(range(len(records))))
+        captions = caption_records(self.model, [records[i] for i in mine], beam_size=self.config.train.val_beam_size,
+                                   features=None if features is None else features[mine], grid=self.grid,
+                                   num_workers=self.config.data.num_workers, progress=False)
+        texts = {image_id: c.text for image_id, c in captions.items()}
+        merged = {k: v for part in self.ctx.all_gather(texts) for k, v in part.items()}
+        return fast_scores(references_for(records, merged), merged), next(iter(merged.values()), "")
 
     def where(self) -> tuple[int, int, int]:
         return self.state.step, self.state.epoch, self.state.position
@@ -336,17 +347,3 @@ def should_stop(config: Config, state: TrainState, epoch: int, started: float) -
         return True
     return False
 
-
-def restore_rng(saved: dict, ctx: Distributed, seed: int, state: TrainState) -> None:
-    """Put back this rank's generators as they were at the checkpoint. A checkpoint from
-    another number of processes can only go on at an epoch boundary, with fresh streams."""
-    states = saved.get("rng")
-    if states is not None and len(states) == ctx.world_size:
-        set_rng_state(states[ctx.rank])
-        return
-    if state.position:
-        raise CheckpointError(f"{saved.get('world_size', '?')} processes wrote this mid-epoch checkpoint; resume it "
-                              f"with as many (this run has {ctx.world_size}), or from an end-of-epoch checkpoint")
-    log.warning("the checkpoint holds no random states for %d processes: resuming with fresh ones (not bit-exact)",
-                ctx.world_size)
-    seed_everything(seed + 1000 * state.epoch + ctx.rank)

@@ -41,22 +41,21 @@ class PrecisionChoice:
     reason: str
 
 
-def choose_cpu_bf16(
-    config: Config, model: Captioner, encoded: bool, feature_shape: tuple[int, ...] | None
-) -> PrecisionChoice:
-    """A new run's precision on the CPU, as `train.cpu_amp` asks (see the module's docstring)."""
+def choose_cpu_bf16(config: Config, model: Captioner, encoded: bool,
+                    feature_shape: tuple[int, ...] | None) -> PrecisionChoice:
+    """A new run's precision on the CPU, as `train.cpu_amp` asks. `auto`'s calibration is recalled, else
+    measured by the first process that asks and kept for every other (torchrun's ranks take one decision)."""
     mode = config.train.cpu_amp
     if mode != "auto":
         return PrecisionChoice(mode == "bf16", f"train.cpu_amp {mode}")
     if not cpu_has_native_bf16():
         return PrecisionChoice(False, "train.cpu_amp auto: this CPU has no native bf16")
-    decision = calibrated(config, model, encoded, feature_shape)
+    name = calibration_name(config, encoded, feature_shape)
+    decision, _ = machine_cache.decided(name, lambda: time_precisions(model, config, encoded, feature_shape), _valid)
     faster = "faster" if decision["bf16"] else "slower"
-    return PrecisionChoice(
-        decision["bf16"],
-        f"train.cpu_amp auto: a step of this run's shapes took {decision['bf16_ms']:.0f} ms in bf16 and "
-        f"{decision['fp32_ms']:.0f} ms in fp32 on this CPU (bf16 {faster})",
-    )
+    return PrecisionChoice(decision["bf16"], f"train.cpu_amp auto: a step of this run's shapes took "
+                           f"{decision['bf16_ms']:.0f} ms in bf16 and {decision['fp32_ms']:.0f} ms in fp32 on this CPU "
+                           f"(bf16 {faster})")
 
 
 def machine_would_choose(config: Config, encoded: bool, feature_shape: tuple[int, ...] | None) -> bool | None:
@@ -66,14 +65,6 @@ def machine_would_choose(config: Config, encoded: bool, feature_shape: tuple[int
         return False
     known = machine_cache.recall(calibration_name(config, encoded, feature_shape))
     return known["bf16"] if _valid(known) else None
-
-
-def calibrated(config: Config, model: Captioner, encoded: bool, feature_shape: tuple[int, ...] | None) -> dict:
-    """{"bf16": whether it is faster, "bf16_ms", "fp32_ms"}: recalled, else measured by the first
-    process that asks and kept for every other (torchrun's ranks take one decision)."""
-    name = calibration_name(config, encoded, feature_shape)
-    decision, _ = machine_cache.decided(name, lambda: time_precisions(model, config, encoded, feature_shape), _valid)
-    return decision
 
 
 def _valid(known: object) -> bool:
@@ -97,8 +88,8 @@ def calibration_name(config: Config, encoded: bool, feature_shape: tuple[int, ..
 def time_precisions(model: Captioner, config: Config, encoded: bool, feature_shape: tuple[int, ...] | None,
                     steps: int = TIMED_STEPS) -> dict:
     """Forward and backward passes of a copy of `model` over one synthetic batch of the run's
-    shapes, fp32 and bf16 alternating, each precision's first pass a warm-up; the medians in ms.
-    The global generator is forked: dropout's draws here leave the run's stream where it was."""
+    shapes, fp32 and bf16 alternating, each precision's first pass a warm-up: {"bf16": whether it is faster,
+    "bf16_ms", "fp32_ms"}, the medians. The global generator is forked: the run's stream stays where it was."""
     trial = copy.deepcopy(model).train()  # batch-norm statistics move in train mode: not the run's
     batch = synthetic_batch(config, len(model.vocab), encoded, feature_shape)
     times: dict[bool, list[float]] = {False: [], True: []}
@@ -117,9 +108,8 @@ def time_precisions(model: Captioner, config: Config, encoded: bool, feature_sha
     return {"bf16": bf16_ms < fp32_ms, "bf16_ms": round(bf16_ms, 2), "fp32_ms": round(fp32_ms, 2)}
 
 
-def synthetic_batch(
-    config: Config, vocab_size: int, encoded: bool, feature_shape: tuple[int, ...] | None
-) -> CaptionBatch:
+def synthetic_batch(config: Config, vocab_size: int, encoded: bool,
+                    feature_shape: tuple[int, ...] | None) -> CaptionBatch:
     """A batch of the run's shapes from a generator of its own: `data.batch_size` images (or stored
     feature rows of `feature_shape`), each with one caption (five for captions_per_image all) of
     the longest length a training caption can have."""
@@ -131,9 +121,8 @@ def synthetic_batch(
     if encoded and feature_shape is not None:
         images = torch.randn(B, *feature_shape, generator=generator).half()  # (B, N, D) as the store keeps them
     else:
-        images = torch.randint(
-            0, 256, (B, 3, data.image_size, data.image_size), generator=generator, dtype=torch.uint8
-        )  # (B, 3, H, W)
+        size = data.image_size
+        images = torch.randint(0, 256, (B, 3, size, size), generator=generator, dtype=torch.uint8)  # (B, 3, H, W)
     first_word = 4 if vocab_size > 4 else 0  # after <pad> <bos> <eos> <unk>
     tokens = torch.randint(first_word, max(vocab_size, first_word + 1), (C, T), generator=generator)  # (C, T)
     lengths = torch.full((C,), T)  # (C,)

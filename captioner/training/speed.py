@@ -72,14 +72,13 @@ def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bo
         products.take_route(route, source)
     onednn = products.route_taken()
     bf16 = resumed_precision(config, saved, encoded, feature_shape, source)
-    if bf16 is None:
-        choice = choose_cpu_bf16(config, model, encoded, feature_shape) if ctx.is_main else None
-        if ctx.is_main:
-            log.debug("%s", choice.reason)
-        bf16 = choice.bf16 if choice is not None else False
+    if bf16 is None and ctx.is_main:
+        choice = choose_cpu_bf16(config, model, encoded, feature_shape)
+        log.debug("%s", choice.reason)
+        bf16 = choice.bf16
     if ctx.enabled:
         bf16 = bool(ctx.broadcast(bf16 if ctx.is_main else None))
-    return bf16, onednn
+    return bool(bf16), onednn
 
 
 def resumed_precision(config: Config, saved: dict | None, encoded: bool, feature_shape: tuple[int, ...] | None,
@@ -106,12 +105,8 @@ def describe(choices: SpeedChoices, device: torch.device) -> str:
     """The run's log line: what its steps run with."""
     if device.type != "cpu":
         return f"steps in {'bf16 autocast' if choices.bf16 else 'fp32'} on {device}"
-    threads = (
-        f"{choices.threads} thread{'s' if choices.threads != 1 else ''}" if choices.threads
-        else "threads following the free cores"
-    )
+    threads = (f"{choices.threads} thread{'s' if choices.threads != 1 else ''}" if choices.threads
+               else "threads following the free cores")
     route = "oneDNN" if choices.onednn_products else "F.linear"
-    return (
-        f"steps in {'bf16' if choices.bf16 else 'fp32'}, {threads}, dense products through {route} "
-        "(kept in last.pt for --resume)"
-    )
+    return (f"steps in {'bf16' if choices.bf16 else 'fp32'}, {threads}, dense products through {route} "
+            "(kept in last.pt for --resume)")

@@ -1,13 +1,24 @@
-"""Where training stands (`TrainState`), all of it kept in last.pt for an exact resume."""
+"""Where training stands (`TrainState`) and the random number generators' states, kept in last.pt for an exact resume.
+
+The generator states are tensors, lists and ints only, so that last.pt still loads with `torch.load(weights_only=True)`.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
+import random
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
+from captioner.core.errors import CheckpointError
+from captioner.core.process_settings import seed_everything
 from captioner.training.distributed import Distributed
+
+log = logging.getLogger(__name__)
 
 LOGGED = ("loss", "xent", "penalty")  # cross-entropy's logged values; an objective may name its own (`logged`)
 
@@ -93,3 +104,44 @@ class TrainState:
             self.running.copy_(saved["running"])
             self.epoch_sums.copy_(saved["epoch_sums"])
             self.running_steps, self.epoch_steps = saved["running_steps"], saved["epoch_steps"]
+
+
+def rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # this process's GPU (torchrun: LOCAL_RANK's)
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    try:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(state["torch"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"the checkpoint's random number generator states are malformed ({e})") from None
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def restore_rng(saved: dict, ctx: Distributed, seed: int, state: TrainState) -> None:
+    """Put back this rank's generators as they were at the checkpoint. A checkpoint from
+    another number of processes can only go on at an epoch boundary, with fresh streams."""
+    states = saved.get("rng")
+    if states is not None and len(states) == ctx.world_size:
+        set_rng_state(states[ctx.rank])
+        return
+    if state.position:
+        raise CheckpointError(f"{saved.get('world_size', '?')} processes wrote this mid-epoch checkpoint; resume it "
+                              f"with as many (this run has {ctx.world_size}), or from an end-of-epoch checkpoint")
+    log.warning("the checkpoint holds no random states for %d processes: resuming with fresh ones (not bit-exact)",
+                ctx.world_size)
+    seed_everything(seed + 1000 * state.epoch + ctx.rank)
