@@ -19,7 +19,7 @@ from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.training.distributed import Distributed
-from captioner.training.schedule import make_scheduler
+from captioner.training.run_setup import make_scheduler
 from captioner.training.state import TrainState
 
 CPU = torch.device("cpu")

@@ -40,13 +40,13 @@ from captioner.training.distributed import Distributed
 from captioner.training.history import METRICS, STEP_LOSSES, write_history, write_step_losses
 from captioner.training.interrupt import Interrupted, StopSignals
 from captioner.training.loop import Objective, train_one_epoch
-from captioner.training.schedule import lr_scale, make_optimizer, make_scheduler
 from captioner.training.scst import SelfCritical
-from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan,
-                                          make_loader, make_objective, stored_data, uses_feature_store, wrap_for_ddp)
+from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan, lr_scale,
+                                          make_loader, make_objective, make_optimizer, make_scheduler, stored_data,
+                                          uses_feature_store, wrap_for_ddp)
 from captioner.training.speed import SpeedChoices, decide_threads
-from captioner.training.stages import read_init_checkpoint, read_resume_checkpoint
-from captioner.training.state import LOGGED, TrainState, restore_rng, rng_state
+from captioner.training.state import (LOGGED, TrainState, read_init_checkpoint, read_resume_checkpoint, restore_rng,
+                                      rng_state)
 
 log = logging.getLogger(__name__)
 

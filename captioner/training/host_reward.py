@@ -118,12 +118,8 @@ def reference_ids(vocab: Vocabulary, caption: str, oov: dict[str, int]) -> tuple
     """A reference as ids ending in `<eos>`, never truncated; a word outside the vocabulary gets
     its own negative id (shared by its occurrences), so the reference keeps its true n-grams and
     document frequencies, and no sampled caption can match it (samples never hold `<unk>`)."""
-    ids = []
-    for word in tokenize(caption):
-        index = vocab.index.get(word)
-        if index is None:
-            index = oov.setdefault(word, -1 - len(oov))
-        ids.append(index)
+    index = vocab.index
+    ids = [index[word] if word in index else oov.setdefault(word, -1 - len(oov)) for word in tokenize(caption)]
     return (*ids, vocab.eos_id)
 
 
