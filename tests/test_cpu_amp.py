@@ -12,7 +12,7 @@ from helpers import WORDS, tiny_config, tiny_model
 from torch.utils.data import DataLoader
 
 import captioner.training.loop as loop
-import captioner.training.precision as precision
+import captioner.training.speed as precision
 from captioner.core.config import config_from_dict
 from captioner.core.errors import ConfigError
 from captioner.data.batching import CaptionDataset, collate_captions

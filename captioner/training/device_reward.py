@@ -14,7 +14,7 @@ import itertools
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -152,12 +152,10 @@ class ReferenceTable:
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float64) -> ReferenceTable:
         """The table on `device`, its weights in `dtype` (float32 on a GPU); `meta` stays on the
         host, so that scoring reads its constants without waiting for the device."""
-        moved = {"meta": self.meta}
-        for f in fields(self):
-            if f.name != "meta":
-                value = getattr(self, f.name)
-                moved[f.name] = (value.to(dtype) if value.is_floating_point() else value).to(device)
-        return ReferenceTable(**moved)
+        def moved(value: torch.Tensor) -> torch.Tensor:
+            return (value.to(dtype) if value.is_floating_point() else value).to(device)
+
+        return replace(self, **{f.name: moved(getattr(self, f.name)) for f in fields(self) if f.name != "meta"})
 
     def save(self, folder: str | os.PathLike[str]) -> None:
         """One .npy per array in `folder` (written to a temporary name, then renamed: a reader

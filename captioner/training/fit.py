@@ -26,7 +26,6 @@ from captioner.data.datasets import load_split, seeded_split_record, split_shard
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
-from captioner.data.store_reader import StoreRows
 from captioner.data.shard_reader import ShardSet, open_shard_set, shard_captions
 from captioner.data.streaming import ShardStream
 from captioner.evaluation.evaluate import caption_records, references_for
@@ -151,9 +150,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     state: TrainState
-    val_records: list[ImageRecord]
-    val_features: torch.Tensor | StoreRows | None
-    grid: tuple[int, int] | None
+    data: RunData  # what the run trains and validates on
     resumed: bool
     started: float
     speed: SpeedChoices
@@ -192,8 +189,8 @@ class Run:
         scheduler = make_scheduler(optimizer, config, len(sampler))
         forward = wrap_for_ddp(model, config, ctx)
         state.reset_sums(ctx.device)
-        run = cls(config, ctx, model, forward, objective, loader, sampler, optimizer, scheduler, state,
-                  data.val_records, data.val_features, data.grid, checkpoint is not None, time.time(), speed)
+        run = cls(config, ctx, model, forward, objective, loader, sampler, optimizer, scheduler, state, data,
+                  checkpoint is not None, time.time(), speed)
         if checkpoint is not None:
             run.restore(checkpoint)
         elif ctx.enabled:  # the same initial weights everywhere, then each rank its own dropout masks
@@ -297,10 +294,10 @@ class Run:
     def validate(self) -> tuple[dict[str, float], str]:
         """Greedy (or beam: train.val_beam_size) captions of the val images, each rank its share, scored on the
         gathered whole (every rank gets the same scores); returns the scores and one example caption."""
-        records, features = self.val_records, self.val_features
+        records, features = self.data.val_records, self.data.val_features
         mine = self.ctx.shard(list(range(len(records))))
         captions = caption_records(self.model, [records[i] for i in mine], beam_size=self.config.train.val_beam_size,
-                                   features=None if features is None else features[mine], grid=self.grid,
+                                   features=None if features is None else features[mine], grid=self.data.grid,
                                    num_workers=self.config.data.num_workers, progress=False)
         texts = {image_id: c.text for image_id, c in captions.items()}
         merged = {k: v for part in self.ctx.all_gather(texts) for k, v in part.items()}
