@@ -6,6 +6,7 @@ COCO's scale: ~7e-7), and the table is saved once per node, memory-mapped by eve
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import functools
@@ -243,15 +244,6 @@ def fingerprint(
     return digest.hexdigest()[:20]
 
 
-def release_freed_memory() -> None:
-    """Hand the build's freed heap back to the system (glibc keeps it otherwise: ~1.2 GB at COCO
-    scale stayed resident in the building rank). A no-op where there is no glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def cached_table(folder: str | os.PathLike[str], key: str, build: Callable[[], ReferenceTable]) -> ReferenceTable:
     """The table saved under folder/key, built by `build()` and saved by the first process that
     gets there (a file lock makes the other ranks of the node wait, then map the same file)."""
@@ -262,7 +254,9 @@ def cached_table(folder: str | os.PathLike[str], key: str, build: Callable[[], R
         try:
             if not (target / "complete").is_file():
                 build().save(target)
-                release_freed_memory()
+                # the build's freed heap back to the system: glibc keeps it (~1.2 GB at COCO scale) otherwise
+                with contextlib.suppress(OSError, AttributeError):  # no glibc: nothing to hand back
+                    ctypes.CDLL("libc.so.6").malloc_trim(0)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return ReferenceTable.load(target)

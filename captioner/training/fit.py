@@ -170,9 +170,9 @@ class Run:
     def start(cls, config: Config, ctx: Distributed, model: Captioner, train_records: list[ImageRecord],
               val_records: list[ImageRecord], all_val_records: list[ImageRecord], checkpoint: dict | None,
               shards: ShardSet | None = None, threads: int | None = None) -> Run:
-        """The data (images, or the feature store for a frozen encoder), the steps' precision and
-        products route, the objective, the optimiser and schedule, the DDP wrapper; then the
-        checkpoint's state when resuming. `threads`: the count `decide_threads` fixed."""
+        """The data (images, or the feature store for a frozen encoder), the steps' speed choices, the objective,
+        the optimiser and schedule, the DDP wrapper; then the checkpoint's state when resuming, and rank 0's
+        TensorBoard writer. `threads`: the count `decide_threads` fixed."""
         state = TrainState(encoded=uses_feature_store(config, model, shards))
         data = (stored_data(config, ctx, model, train_records, val_records, all_val_records) if state.encoded
                 else RunData(train_records, val_records))
@@ -195,19 +195,14 @@ class Run:
             run.restore(checkpoint)
         elif ctx.enabled:  # the same initial weights everywhere, then each rank its own dropout masks
             seed_everything(config.train.seed + ctx.rank)
-        if ctx.is_main:
-            run.open_writer(checkpoint)
+        if ctx.is_main:  # TensorBoard: a resumed run drops the events and history rows logged after its checkpoint
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge_step = state.step + 1 if checkpoint else None
+            state.writer = SummaryWriter(str(run.out_dir / "tensorboard"), purge_step=purge_step)
+            if checkpoint is not None:
+                write_history(run.out_dir / METRICS, state.history)
         return run
-
-    def open_writer(self, checkpoint: dict | None) -> None:
-        """The TensorBoard writer (rank 0). A resumed run drops the events the killed run logged
-        after its checkpoint, and the history rows logged after it."""
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.state.writer = SummaryWriter(str(self.out_dir / "tensorboard"),
-                                          purge_step=self.state.step + 1 if checkpoint else None)
-        if checkpoint is not None:
-            write_history(self.out_dir / METRICS, self.state.history)
 
     def restore(self, checkpoint: dict) -> None:
         """The optimiser, schedule, position and random streams of last.pt."""

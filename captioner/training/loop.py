@@ -1,7 +1,4 @@
-"""One epoch of training: the cross-entropy objective and `train_one_epoch`.
-
-`train_one_epoch` runs any objective without reading the device back between logs.
-"""
+"""One epoch of training (`train_one_epoch`, any objective, no device read between logs) and cross-entropy."""
 
 from __future__ import annotations
 

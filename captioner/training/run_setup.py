@@ -99,7 +99,6 @@ def make_optimizer(model: Captioner, config: Config, scale: float) -> torch.opti
     groups = [{"params": list(model.decoder.parameters()), "lr": config.train.lr * scale}]
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
     if encoder_params:
-        # A gentler rate fine-tunes pretrained layers; an encoder learning from scratch needs the full one.
         encoder_lr = config.train.encoder_lr if config.model.encoder.pretrained else config.train.lr
         groups.append({"params": encoder_params, "lr": encoder_lr * scale})
     # fused: one kernel for all parameters (fp32 as before), several times faster than the loop over them on the CPU.

@@ -62,18 +62,16 @@ def decide_threads(config: Config, saved: dict | None, source: str) -> tuple[int
     threads = run_threads(config.train.threads)
     if isinstance(recorded, int) and recorded > 0 and recorded != threads:
         if explicit:
+            setting = ("train.threads" if config.train.threads
+                       else f"${ENV_THREADS}" if os.environ.get(ENV_THREADS) else "torchrun's OMP_NUM_THREADS")
             log.warning("threads: %d as set (%s), where %s trained with %d: it goes on, not bit for bit",
-                        threads, "train.threads" if config.train.threads else _explicit_source(), source, recorded)
+                        threads, setting, source, recorded)
         else:
             log.info("threads: %d, as %s trained with (this machine alone would take %d)", recorded, source, threads)
             threads = recorded
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads, None
-
-
-def _explicit_source() -> str:
-    return f"${ENV_THREADS}" if os.environ.get(ENV_THREADS) else "torchrun's OMP_NUM_THREADS"
 
 
 def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bool,
