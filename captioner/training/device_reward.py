@@ -1,8 +1,7 @@
 """The SCST reward on the device: CIDEr-D scored with torch ops from flat sorted tensors, no host read.
 
 `host_reward.CiderD`'s numbers from the same n-gram core; n-grams are int64 rolling hashes (a collision at
-COCO's scale: ~7e-7), and the table is saved once per node, memory-mapped by every rank. See docs/scst_gpu.md.
-"""
+COCO's scale: ~7e-7), and the table is saved once per node, memory-mapped by every rank. See docs/scst_gpu.md."""
 
 from __future__ import annotations
 
@@ -232,9 +231,8 @@ class ReferenceTable:
         return per_ref.sum(dim=1) / n / num_refs.to(dtype) * CIDER_SCALE  # (C,)
 
 
-def fingerprint(
-    vocab_words: Sequence[str], references: Sequence[Sequence[str]], n: int = MAX_N, sigma: float = CIDER_SIGMA
-) -> str:
+def fingerprint(vocab_words: Sequence[str], references: Sequence[Sequence[str]], n: int = MAX_N,
+                sigma: float = CIDER_SIGMA) -> str:
     """A digest of everything a table depends on: the vocabulary, every image's reference texts
     in order, n, sigma and the table format."""
     digest = hashlib.sha256(f"reward-table v{FORMAT} n={n} sigma={sigma}\n".encode())

@@ -2,8 +2,7 @@
 
 `setup` joins torchrun's processes into one group (NCCL on CUDA, gloo on CPU); without torchrun every
 collective here is a no-op. Only rank 0 writes files. A failing rank leaves at once (`abort`) rather than
-leave the others waiting in a collective; torchrun then stops them.
-"""
+leave the others waiting in a collective; torchrun then stops them."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Training a model from a config: `fit(config)` runs the epochs with validation and checkpoints.
 
 best.pt is chosen by the scores of decoded val captions (BLEU/CIDEr-D), never by teacher-forced loss.
-Every torchrun rank runs this code; last.pt holds what an exact resume needs (position, sums, RNG states).
-"""
+Every torchrun rank runs this code; last.pt holds what an exact resume needs (position, sums, RNG states)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 The reference the device reward is held equal to, and the BLEU-4 part of the reward. CIDEr-D is
 pycocoevalcap's (to 1e-6, tests/test_rewards.py), except that document frequencies come from a fixed
-corpus, the training references, as in Rennie et al.: a caption's reward does not depend on its batch.
-"""
+corpus, the training references, as in Rennie et al.: a caption's reward does not depend on its batch."""
 
 from __future__ import annotations
 

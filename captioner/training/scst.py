@@ -6,8 +6,7 @@ Per image `scst.samples` sampled captions are rewarded with CIDEr-D (plus an opt
 all its references; the baseline is the greedy caption's reward (decoded in eval mode, without gradients)
 or the mean of the image's other samples. `scst.xent_weight` mixes in the cross-entropy loss on the
 references. A step reads nothing back from the device (tests/test_sync.py): docs/scst.md and
-docs/scst_gpu.md say how. `SelfCritical` is called like `loop.caption_loss`, so `fit` only picks it.
-"""
+docs/scst_gpu.md say how. `SelfCritical` is called like `loop.caption_loss`, so `fit` only picks it."""
 
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """The speed choices that change a run's numbers, decided before its first step and kept in last.pt.
 
-Thread count, the CPU's dense-products route (models/products.py) and the precision of a CPU run's steps each
-change how a step's floats are summed; made once from settings and per-machine calibrations, they make a config
-and seed give the same weights on one machine. An explicit setting wins over a checkpoint's. `train.cpu_amp`:
-`fp32`, `bf16` (autocast; weights and loss stay fp32; emulated where not native), or `auto`: bf16 where the CPU
-has native bf16 and a timed calibration on synthetic batches finds it faster. The calibration draws nothing from
-the run's random streams and is kept per machine and shapes (core/machine_cache.py).
-"""
+Thread count, the CPU's dense-products route (models/products.py) and the precision of a CPU run's steps
+(`train.cpu_amp`) each change how a step's floats are summed; made once from settings and per-machine
+calibrations, they make a config and seed give the same weights on one machine. An explicit setting wins over a
+checkpoint's. `train.cpu_amp auto` takes bf16 where the CPU has it natively and a timed calibration on synthetic
+batches, drawing nothing from the run's random streams, finds it faster (kept per machine and shapes)."""
 
 from __future__ import annotations
 
@@ -136,8 +134,9 @@ class PrecisionChoice:
 
 def choose_cpu_bf16(config: Config, model: Captioner, encoded: bool,
                     feature_shape: tuple[int, ...] | None) -> PrecisionChoice:
-    """A new run's precision on the CPU, as `train.cpu_amp` asks. `auto`'s calibration is recalled, else
-    measured by the first process that asks and kept for every other (torchrun's ranks take one decision)."""
+    """A new run's precision on the CPU, as `train.cpu_amp` asks (bf16: autocast, weights and loss stay fp32).
+    `auto`'s calibration is recalled, else measured by the first process that asks and kept for every other
+    (torchrun's ranks take one decision)."""
     mode = config.train.cpu_amp
     if mode != "auto":
         return PrecisionChoice(mode == "bf16", f"train.cpu_amp {mode}")

@@ -1,7 +1,6 @@
 """Where a run starts (a stage's `train.init` checkpoint, or the last.pt a `--resume` continues) and where it
 stands: `TrainState` and the random number generators' states, kept in last.pt for an exact resume. The generator
-states are tensors, lists and ints only, so that last.pt still loads with `torch.load(weights_only=True)`.
-"""
+states are tensors, lists and ints only, so that last.pt still loads with `torch.load(weights_only=True)`."""
 
 from __future__ import annotations
 
@@ -46,9 +45,7 @@ class TrainState:
     epoch_sums: torch.Tensor | None = None  # (P,)
     epoch_steps: int = 0
     encoded: bool = False
-    # Whether the steps run under bf16 autocast, decided before the first (training/speed.py, which
-    # saves it with the run's other speed choices); None: train.amp on CUDA, fp32 on the CPU.
-    bf16: bool | None = None
+    bf16: bool | None = None  # bf16 autocast steps, as training/speed.py decided; None: train.amp on CUDA, fp32 on CPU
     writer: object | None = None
 
     def reset_sums(self, device: torch.device) -> None:
