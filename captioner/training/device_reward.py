@@ -136,13 +136,11 @@ class ReferenceTable:
         df = df_counts[torch.searchsorted(df_hashes, gram)]  # (G,): every reference n-gram is in the corpus
         weights = tf.double() * inverse_document_frequency(df.double(), log_n)  # (G,)
         num_captions = int(image_offsets[-1])
-        norms = torch.zeros(num_captions * n, dtype=torch.float64).index_add_(
-            0, caption * n + gram_order - 1, weights * weights
-        )  # (Rc*n,)
+        cell = caption * n + gram_order - 1  # (G,): each weight's (caption, order)
+        norms = torch.zeros(num_captions * n, dtype=torch.float64).index_add_(0, cell, weights * weights)  # (Rc*n,)
         per_caption = torch.bincount(caption, minlength=num_captions)  # (Rc,)
-        bigrams = torch.zeros(num_captions, dtype=torch.long).index_add_(
-            0, caption, torch.where(gram_order == 2, tf, 0)
-        )  # (Rc,)
+        bigram_tf = torch.where(gram_order == 2, tf, 0)  # (G,)
+        bigrams = torch.zeros(num_captions, dtype=torch.long).index_add_(0, caption, bigram_tf)  # (Rc,)
         ref_offsets = torch.cat([torch.zeros(1, dtype=torch.long), per_caption.cumsum(0)])  # (Rc+1,)
         meta = torch.tensor([log_n, n, sigma, float(captions_per_image.max()), float(per_caption.max())],
                             dtype=torch.float64)  # (5,)

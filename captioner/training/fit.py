@@ -93,10 +93,12 @@ def fit(config: Config, resume: bool = False) -> Path:
         raise
     finally:
         run.stop.restore()
-        run.close()
+        if run.state.writer is not None:
+            run.state.writer.close()
     if ctx.is_main:
-        log.info("best val %s %.4f at epoch %d, step %d: %s", run.metric, run.state.best_score, run.state.best_epoch,
-                 run.state.best_step, out_dir / "best.pt")
+        state = run.state
+        log.info("best val %s %.4f at epoch %d, step %d: %s", config.train.val_metric, state.best_score,
+                 state.best_epoch, state.best_step, out_dir / "best.pt")
     distributed.shutdown(ctx)
     return out_dir / "best.pt"
 
@@ -160,10 +162,6 @@ class Run:
     @property
     def out_dir(self) -> Path:
         return Path(self.config.train.out_dir)
-
-    @property
-    def metric(self) -> str:
-        return self.config.train.val_metric
 
     @classmethod
     def start(cls, config: Config, ctx: Distributed, model: Captioner, train_records: list[ImageRecord],
@@ -269,17 +267,17 @@ class Run:
     def check(self, epoch: int, row: dict, label: str, since: float) -> None:
         """Validate; log `row` with the scores and the seconds since `since` into the history;
         keep best.pt. Every rank calls it."""
-        state = self.state
+        state, metric = self.state, self.config.train.val_metric
         scores, example = self.validate()
-        improved = scores[self.metric] > state.best_score
+        improved = scores[metric] > state.best_score
         if improved:
-            state.best_score, state.best_epoch, state.best_step = scores[self.metric], epoch, state.step
+            state.best_score, state.best_epoch, state.best_step = scores[metric], epoch, state.step
         row |= {f"val_{k}": round(v, 5) for k, v in scores.items()} | {"seconds": round(time.time() - since, 1)}
         state.history.append(row)
         if self.ctx.is_main:
             for key, value in scores.items():
                 state.writer.add_scalar(f"val/{key}", value, state.step)
-            log.info("%s  val %s %.4f  CIDEr-D %.3f%s  (%.0fs)  e.g. %r", label, self.metric, scores[self.metric],
+            log.info("%s  val %s %.4f  CIDEr-D %.3f%s  (%.0fs)  e.g. %r", label, metric, scores[metric],
                      scores["CIDEr"], "  *best*" if improved else "", row["seconds"], example)
         if improved:
             self.save("best.pt")
@@ -321,10 +319,6 @@ class Run:
                            "rng": rng, "stream": streams}
             save_checkpoint(self.out_dir / name, self.model, self.config, optimizer=self.optimizer.state_dict(),
                             scheduler=self.scheduler.state_dict(), train_state=train_state)
-
-    def close(self) -> None:
-        if self.state.writer is not None:
-            self.state.writer.close()
 
 
 def should_stop(config: Config, state: TrainState, epoch: int, started: float) -> bool:

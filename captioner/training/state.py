@@ -83,8 +83,7 @@ class TrainState:
             "epoch": self.epoch, "position": self.position, "step": self.step,
             "best_score": self.best_score, "best_epoch": self.best_epoch, "best_step": self.best_step,
             "history": self.history, "step_losses": self.step_losses,
-            "running": self.running.cpu() if self.running is not None else None,
-            "running_steps": self.running_steps,
+            "running": self.running.cpu() if self.running is not None else None, "running_steps": self.running_steps,
             "epoch_sums": self.epoch_sums.cpu() if self.epoch_sums is not None else None,
             "epoch_steps": self.epoch_steps,
         }
