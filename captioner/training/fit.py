@@ -331,4 +331,3 @@ def should_stop(config: Config, state: TrainState, epoch: int, started: float) -
         log.info("stopping: the time limit of %.1f minutes is spent", limit)
         return True
     return False
-

@@ -149,4 +149,3 @@ class SelfCritical:
         seconds = torch.tensor([reward_seconds], dtype=torch.float32).to(rewards.device, non_blocking=True)  # (1,)
         values = torch.cat([means.detach().float(), seconds]) * share  # (P-2,): wall time of this step's scoring last
         return dict(zip(self.logged[1:-1], values.unbind()))
-
