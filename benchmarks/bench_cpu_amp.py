@@ -23,7 +23,7 @@ from captioner.data.shapes import generate_shapes
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
 from captioner.training.loop import caption_loss
-from captioner.training.precision import time_precisions
+from captioner.training.speed import time_precisions
 
 ROOT = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package

@@ -341,11 +341,11 @@ def test_init_lets_a_stage_change_only_how_the_encoder_trains(tmp_path: Path, ca
 
     from captioner.core.errors import CheckpointError
     from captioner.models.checkpoint import save_checkpoint
-    from captioner.training.stages import read_init_checkpoint
+    from captioner.training.state import read_init_checkpoint
 
     path = tmp_path / "xe.pt"
     save_checkpoint(path, tiny_model("model.encoder.fine_tune_blocks=0"))
-    with caplog.at_level(logging.INFO, logger="captioner.training.stages"):
+    with caplog.at_level(logging.INFO, logger="captioner.training.state"):
         read_init_checkpoint(tiny_config(f"train.init={path}", "model.encoder.fine_tune_blocks=2"))
     assert [r.getMessage() for r in caplog.records] == [
         f"{path}: model.encoder.fine_tune_blocks is 0 in the checkpoint, 2 here: this stage trains as its config says"

@@ -12,14 +12,14 @@ from helpers import WORDS, tiny_config, tiny_model
 from torch.utils.data import DataLoader
 
 import captioner.training.loop as loop
-import captioner.training.precision as precision
+import captioner.training.speed as precision
 from captioner.core.config import config_from_dict
 from captioner.core.errors import ConfigError
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.training.distributed import Distributed
-from captioner.training.schedule import make_scheduler
+from captioner.training.run_setup import make_scheduler
 from captioner.training.state import TrainState
 
 CPU = torch.device("cpu")

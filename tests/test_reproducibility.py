@@ -129,7 +129,7 @@ def test_auto_resumes_in_the_precision_its_run_took_whatever_this_machine_would_
     """A run trained in bf16, resumed with train.cpu_amp auto on a machine whose calibration says
     fp32 (or that has no native bf16): it goes on in bf16 and ends as the bf16 reference; one line
     says so. An explicit fp32 wins, and says the run no longer goes on bit for bit."""
-    import captioner.training.precision as precision
+    import captioner.training.speed as precision
 
     with monkeypatch.context() as stopping:
         stop_after(stopping, STEPS_PER_EPOCH // 2)

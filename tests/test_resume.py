@@ -21,7 +21,7 @@ from captioner.core import machine_cache
 from captioner.data.sampler import EpochBatchSampler
 from captioner.data.shapes import generate_shapes
 from captioner.models import products
-from captioner.training.resume import rng_state, set_rng_state
+from captioner.training.state import rng_state, set_rng_state
 
 ROOT = Path(__file__).resolve().parents[1]
 

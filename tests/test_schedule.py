@@ -9,7 +9,7 @@ import torch
 
 from captioner.core.config import load_config
 from captioner.core.errors import ConfigError
-from captioner.training.schedule import describe_schedule, lr_scale, make_scheduler
+from captioner.training.run_setup import describe_schedule, lr_scale, make_scheduler
 
 LR = 1e-3
 

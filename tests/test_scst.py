@@ -340,17 +340,16 @@ def test_scst_stage_needs_a_starting_checkpoint(tmp_path: Path) -> None:
 
 def test_validation_decodes_with_train_val_beam_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import captioner.training.fit as train
-    import captioner.training.validate as validation
 
     torch.set_num_threads(1)
     beams: list[int] = []
-    decode = validation.caption_records
+    decode = train.caption_records
 
     def spy(*args, **kwargs):
         beams.append(kwargs["beam_size"])
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(validation, "caption_records", spy)
+    monkeypatch.setattr(train, "caption_records", spy)
     config = tiny_config(f"data.root={tmp_path / 'shapes'}", "data.shapes_num_train=8", "data.shapes_num_val=4",
                          "data.shapes_num_test=2", "data.batch_size=8", "train.epochs=1", "train.val_beam_size=2",
                          "decode.max_length=6", f"train.out_dir={tmp_path / 'run'}")

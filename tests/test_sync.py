@@ -33,7 +33,7 @@ from captioner.models.decoding import sampling
 from captioner.training import scst
 from captioner.training.distributed import Distributed
 from captioner.training.loop import train_one_epoch
-from captioner.training.schedule import make_scheduler
+from captioner.training.run_setup import make_scheduler
 from captioner.training.state import TrainState
 
 aten = torch.ops.aten

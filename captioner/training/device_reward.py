@@ -1,15 +1,11 @@
-"""The SCST reward on the device: CIDEr-D scored with torch ops from flat sorted tensors.
+"""The SCST reward on the device: CIDEr-D scored with torch ops from flat sorted tensors, no host read.
 
-The same numbers as `host_reward.CiderD`, from the same n-gram core (`captioner.evaluation.ngrams`).
-Each 1..4-gram of token ids is one int64 (rolling hash mod 2^64; ids offset by 2^32, so never 0);
-document frequencies and each reference caption's (hash, tf-idf weight) pairs are sorted flat arrays,
-CSR-like, read with `torch.searchsorted` over padded rows of fixed width: static shapes, no host read.
-Any collision among COCO's ~5 million reference n-grams has probability ~7e-7 (tests/test_rewards.py
-checks val2014's). The table is saved once per node and memory-mapped by every rank (`cached_table`).
-"""
+`host_reward.CiderD`'s numbers from the same n-gram core; n-grams are int64 rolling hashes (a collision at
+COCO's scale: ~7e-7), and the table is saved once per node, memory-mapped by every rank. See docs/scst_gpu.md."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import functools
@@ -18,23 +14,15 @@ import itertools
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from captioner.core.errors import DatasetError
-from captioner.evaluation.ngrams import (
-    CIDER_SCALE,
-    CIDER_SIGMA,
-    MAX_N,
-    cider_clip,
-    cider_length,
-    cider_length_penalty,
-    inverse_document_frequency,
-    log_images,
-)
+from captioner.evaluation.ngrams import (CIDER_SCALE, CIDER_SIGMA, MAX_N, cider_clip, cider_length,
+                                         cider_length_penalty, inverse_document_frequency, log_images)
 from captioner.text.vocab import Vocabulary
 from captioner.training.host_reward import Bleu4, reference_corpus
 
@@ -43,13 +31,9 @@ TOKEN_OFFSET = 1 << 32  # token ids (negative ones for out-of-vocabulary referen
 FORMAT = 2  # bump when the arrays or the hash change: it is part of the fingerprint
 
 
-def ngram_hashes(
-    tokens: torch.Tensor, lengths: torch.Tensor, n: int = MAX_N
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Hashes of every 1..n-gram of each row of tokens (R, L), the first lengths[r] positions true.
-
-    Returns hashes (R, W) int64, valid (R, W) bool and order (W,) (1..n) with W = sum over k of
-    L-k+1: the k-grams of all start positions, order by order."""
+def ngram_hashes(tokens: torch.Tensor, lengths: torch.Tensor, n: int = MAX_N) -> tuple[torch.Tensor, ...]:
+    """Hashes (R, W) int64, valid (R, W) and order (W,) of every 1..n-gram of each row of tokens (R, L) within
+    its lengths[r]: W = sum over k of L-k+1, the k-grams of all start positions, order by order."""
     codes = tokens.long() + TOKEN_OFFSET  # (R, L)
     L = tokens.shape[1]
     positions = torch.arange(L, device=tokens.device)  # (L,)
@@ -77,8 +61,7 @@ def distinct_counts(hashes: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Te
 def padded(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token sequences -> tokens (R, L) zero-padded, lengths (R,)."""
     lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))  # (R,)
-    # (sum of lengths,)
-    flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(lengths.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(lengths.sum()))  # (sum,)
     tokens = np.zeros((len(sequences), max(1, int(lengths.max(initial=0)))), dtype=np.int64)  # (R, L)
     tokens[np.arange(tokens.shape[1])[None, :] < lengths[:, None]] = flat  # row-major: each row's prefix in order
     return torch.from_numpy(tokens), torch.from_numpy(lengths)
@@ -115,34 +98,9 @@ class ReferenceTable:
     # the longest caption's number of distinct n-grams (the width of the lookup rows)
     meta: torch.Tensor
 
-    @property
-    def log_num_images(self) -> float:
-        return float(self.meta[0])
-
-    @property
-    def n(self) -> int:
-        return int(self.meta[1])
-
-    @property
-    def sigma(self) -> float:
-        return float(self.meta[2])
-
-    @property
-    def max_refs(self) -> int:
-        return int(self.meta[3])
-
-    @property
-    def longest_slice(self) -> int:
-        return int(self.meta[4])
-
     @classmethod
-    def build(
-        cls,
-        references: Sequence[Sequence[Sequence[int]]],
-        n: int = MAX_N,
-        sigma: float = CIDER_SIGMA,
-        chunk: int = 20000,
-    ) -> ReferenceTable:
+    def build(cls, references: Sequence[Sequence[Sequence[int]]], n: int = MAX_N, sigma: float = CIDER_SIGMA,
+              chunk: int = 20000) -> ReferenceTable:
         """From each image's reference token sequences (ids, <eos> included where the reward has it);
         the document frequencies come from the same images, as `host_reward.CaptionReward` has them."""
         if not references:
@@ -178,39 +136,24 @@ class ReferenceTable:
         df = df_counts[torch.searchsorted(df_hashes, gram)]  # (G,): every reference n-gram is in the corpus
         weights = tf.double() * inverse_document_frequency(df.double(), log_n)  # (G,)
         num_captions = int(image_offsets[-1])
-        norms = torch.zeros(num_captions * n, dtype=torch.float64).index_add_(
-            0, caption * n + gram_order - 1, weights * weights
-        )  # (Rc*n,)
+        cell = caption * n + gram_order - 1  # (G,): each weight's (caption, order)
+        norms = torch.zeros(num_captions * n, dtype=torch.float64).index_add_(0, cell, weights * weights)  # (Rc*n,)
         per_caption = torch.bincount(caption, minlength=num_captions)  # (Rc,)
-        bigrams = torch.zeros(num_captions, dtype=torch.long).index_add_(
-            0, caption, torch.where(gram_order == 2, tf, 0)
-        )  # (Rc,)
-        return cls(
-            df_hashes=df_hashes,
-            df_counts=df_counts,
-            ref_hashes=gram,
-            ref_weights=weights,
-            ref_offsets=torch.cat([torch.zeros(1, dtype=torch.long), per_caption.cumsum(0)]),
-            ref_norms=norms.sqrt().view(num_captions, n),  # (Rc, n)
-            ref_lengths=bigrams,
-            image_offsets=image_offsets,
-            meta=torch.tensor(
-                [log_n, n, sigma, float(captions_per_image.max()), float(per_caption.max())], dtype=torch.float64
-            ),
-        )
+        bigram_tf = torch.where(gram_order == 2, tf, 0)  # (G,)
+        bigrams = torch.zeros(num_captions, dtype=torch.long).index_add_(0, caption, bigram_tf)  # (Rc,)
+        ref_offsets = torch.cat([torch.zeros(1, dtype=torch.long), per_caption.cumsum(0)])  # (Rc+1,)
+        meta = torch.tensor([log_n, n, sigma, float(captions_per_image.max()), float(per_caption.max())],
+                            dtype=torch.float64)  # (5,)
+        ref_norms = norms.sqrt().view(num_captions, n)  # (Rc, n)
+        return cls(df_hashes, df_counts, gram, weights, ref_offsets, ref_norms, bigrams, image_offsets, meta)
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float64) -> ReferenceTable:
         """The table on `device`, its weights in `dtype` (float32 on a GPU); `meta` stays on the
         host, so that scoring reads its constants without waiting for the device."""
-        moved = {"meta": self.meta}
-        for f in fields(self):
-            if f.name != "meta":
-                value = getattr(self, f.name)
-                moved[f.name] = (value.to(dtype) if value.is_floating_point() else value).to(device)
-        return ReferenceTable(**moved)
+        def moved(value: torch.Tensor) -> torch.Tensor:
+            return (value.to(dtype) if value.is_floating_point() else value).to(device)
 
-    def nbytes(self) -> int:
-        return sum(getattr(self, f.name).numel() * getattr(self, f.name).element_size() for f in fields(self))
+        return replace(self, **{f.name: moved(getattr(self, f.name)) for f in fields(self) if f.name != "meta"})
 
     def save(self, folder: str | os.PathLike[str]) -> None:
         """One .npy per array in `folder` (written to a temporary name, then renamed: a reader
@@ -229,13 +172,9 @@ class ReferenceTable:
         folder = Path(folder)
         if not (folder / "complete").is_file():
             raise DatasetError(f"{folder}: not a complete reward reference table (no 'complete' marker)")
-        arrays = {}
-        for f in fields(cls):
-            array = np.load(folder / f"{f.name}.npy", mmap_mode="r")
-            with warnings.catch_warnings():  # torch warns that the mapping is not writable: nothing here writes to it
-                warnings.simplefilter("ignore", UserWarning)
-                arrays[f.name] = torch.from_numpy(array)
-        return cls(**arrays)
+        with warnings.catch_warnings():  # torch warns that the mapping is not writable: nothing here writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            return cls(*(torch.from_numpy(np.load(folder / f"{f.name}.npy", mmap_mode="r")) for f in fields(cls)))
 
     def score(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """(C,) CIDEr-D of candidate c, tokens[c, :lengths[c]] (words, then <eos> if it ended),
@@ -246,20 +185,21 @@ class ReferenceTable:
             return self._score(tokens, lengths, images)
 
     def _score(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-        n, sigma, dtype = self.n, self.sigma, self.ref_weights.dtype
+        log_num_images, n, sigma, max_refs, longest_slice = self.meta.tolist()  # host constants: no device wait
+        n, max_refs, longest_slice, dtype = int(n), int(max_refs), int(longest_slice), self.ref_weights.dtype
         hashes, valid, order = ngram_hashes(tokens, lengths, n)  # (C, W), (C, W), (W,)
         tf, first = distinct_counts(hashes, valid)  # (C, W) each
         found = torch.searchsorted(self.df_hashes, hashes).clamp(max=len(self.df_hashes) - 1)  # (C, W)
         # (C, W): 0 for n-grams no reference has
         df = torch.where(self.df_hashes[found] == hashes, self.df_counts[found], 0)
-        idf = inverse_document_frequency(df.to(dtype), self.log_num_images)  # (C, W)
+        idf = inverse_document_frequency(df.to(dtype), log_num_images)  # (C, W)
         hyp = torch.where(first, tf.to(dtype) * idf, 0.0)  # (C, W): each distinct n-gram's weight, once
         order_onehot = torch.nn.functional.one_hot(order - 1, n).to(dtype)  # (W, n)
         hyp_norms = ((hyp * hyp) @ order_onehot).sqrt()  # (C, n)
         hyp_length = cider_length(lengths)  # (C,)
 
         # The candidate's image's references: slots j < max_refs, true where the image has a j-th caption.
-        slot = torch.arange(self.max_refs, device=tokens.device)  # (J,)
+        slot = torch.arange(max_refs, device=tokens.device)  # (J,)
         first_ref = self.image_offsets[images]  # (C,)
         num_refs = self.image_offsets[images + 1] - first_ref  # (C,)
         has_ref = slot[None, :] < num_refs[:, None]  # (C, J)
@@ -267,7 +207,7 @@ class ReferenceTable:
         # Each reference's slice as a padded sorted row, then one batched searchsorted per row.
         start = self.ref_offsets[ref]  # (C, J)
         count = self.ref_offsets[ref + 1] - start  # (C, J)
-        column = torch.arange(self.longest_slice, device=tokens.device)  # (S,)
+        column = torch.arange(longest_slice, device=tokens.device)  # (S,)
         inside = column < count[:, :, None]  # (C, J, S)
         last = max(len(self.ref_hashes) - 1, 0)
         rows = torch.where(
@@ -289,9 +229,8 @@ class ReferenceTable:
         return per_ref.sum(dim=1) / n / num_refs.to(dtype) * CIDER_SCALE  # (C,)
 
 
-def fingerprint(
-    vocab_words: Sequence[str], references: Sequence[Sequence[str]], n: int = MAX_N, sigma: float = CIDER_SIGMA
-) -> str:
+def fingerprint(vocab_words: Sequence[str], references: Sequence[Sequence[str]], n: int = MAX_N,
+                sigma: float = CIDER_SIGMA) -> str:
     """A digest of everything a table depends on: the vocabulary, every image's reference texts
     in order, n, sigma and the table format."""
     digest = hashlib.sha256(f"reward-table v{FORMAT} n={n} sigma={sigma}\n".encode())
@@ -299,15 +238,6 @@ def fingerprint(
     for captions in references:
         digest.update(b"\x1e" + "\x1f".join(captions).encode())
     return digest.hexdigest()[:20]
-
-
-def release_freed_memory() -> None:
-    """Hand the build's freed heap back to the system (glibc keeps it otherwise: ~1.2 GB at COCO
-    scale stayed resident in the building rank). A no-op where there is no glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def cached_table(folder: str | os.PathLike[str], key: str, build: Callable[[], ReferenceTable]) -> ReferenceTable:
@@ -320,7 +250,9 @@ def cached_table(folder: str | os.PathLike[str], key: str, build: Callable[[], R
         try:
             if not (target / "complete").is_file():
                 build().save(target)
-                release_freed_memory()
+                # the build's freed heap back to the system: glibc keeps it (~1.2 GB at COCO scale) otherwise
+                with contextlib.suppress(OSError, AttributeError):  # no glibc: nothing to hand back
+                    ctypes.CDLL("libc.so.6").malloc_trim(0)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return ReferenceTable.load(target)
@@ -331,14 +263,8 @@ class DeviceReward:
     bleu_weight * BLEU-4 on the host (one device wait per step, only when bleu_weight > 0). With `cache_dir`
     the table is saved there under a fingerprint and memory-mapped by every process of the node."""
 
-    def __init__(
-        self,
-        vocab: Vocabulary,
-        references: Sequence[Sequence[str]],
-        cider_weight: float = 1.0,
-        bleu_weight: float = 0.0,
-        cache_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
+    def __init__(self, vocab: Vocabulary, references: Sequence[Sequence[str]], cider_weight: float = 1.0,
+                 bleu_weight: float = 0.0, cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.cider_weight, self.bleu_weight = cider_weight, bleu_weight
         # Tokenised only when something needs it: a table already cached needs no references.
         corpus = functools.cache(lambda: reference_corpus(vocab, references))

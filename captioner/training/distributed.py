@@ -2,8 +2,7 @@
 
 `setup` joins torchrun's processes into one group (NCCL on CUDA, gloo on CPU); without torchrun every
 collective here is a no-op. Only rank 0 writes files. A failing rank leaves at once (`abort`) rather than
-leave the others waiting in a collective; torchrun then stops them.
-"""
+leave the others waiting in a collective; torchrun then stops them."""
 
 from __future__ import annotations
 
@@ -119,10 +118,8 @@ def setup(device: torch.device, timeout_minutes: float) -> Distributed:
     timeout = timedelta(minutes=timeout_minutes)
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
-            raise ConfigError(
-                f"LOCAL_RANK {local_rank}: this machine has {torch.cuda.device_count()} GPUs "
-                "(torchrun --nproc_per_node must not exceed them)"
-            )
+            raise ConfigError(f"LOCAL_RANK {local_rank}: this machine has {torch.cuda.device_count()} GPUs "
+                              "(torchrun --nproc_per_node must not exceed them)")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", timeout=timeout, device_id=device)
@@ -150,15 +147,13 @@ def abort(code: int) -> NoReturn:
 
 def peer_failed(error: BaseException) -> bool:
     """Whether `error` is this rank's collective failing because another rank went away."""
-    text = str(error)
-    return isinstance(error, dist.DistError) or any(
-        sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "remote worker", "NCCL")
-    )
+    signs = ("Connection closed by peer", "Connection reset by peer", "remote worker", "NCCL")
+    return isinstance(error, dist.DistError) or any(sign in str(error) for sign in signs)
 
 
 def _env_int(name: str, default: int) -> int:
     text = os.environ.get(name)
-    if text is None or text == "":
+    if not text:
         return default
     try:
         return int(text)

@@ -1,8 +1,7 @@
 """Training a model from a config: `fit(config)` runs the epochs with validation and checkpoints.
 
 best.pt is chosen by the scores of decoded val captions (BLEU/CIDEr-D), never by teacher-forced loss.
-Every torchrun rank runs this code; last.pt holds what an exact resume needs (position, sums, RNG states).
-"""
+Every torchrun rank runs this code; last.pt holds what an exact resume needs (position, sums, RNG states)."""
 
 from __future__ import annotations
 
@@ -26,9 +25,10 @@ from captioner.data.datasets import load_split, seeded_split_record, split_shard
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
-from captioner.data.store_reader import StoreRows
 from captioner.data.shard_reader import ShardSet, open_shard_set, shard_captions
 from captioner.data.streaming import ShardStream
+from captioner.evaluation.evaluate import caption_records, references_for
+from captioner.evaluation.metrics import fast_scores
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import DecoderOutput
@@ -37,24 +37,21 @@ from captioner.training import distributed
 from captioner.training.distributed import Distributed
 from captioner.training.history import METRICS, STEP_LOSSES, write_history, write_step_losses
 from captioner.training.interrupt import Interrupted, StopSignals
-from captioner.training.loop import train_one_epoch
-from captioner.training.resume import rng_state, set_rng_state
-from captioner.training.schedule import lr_scale, make_optimizer, make_scheduler
+from captioner.training.loop import Objective, train_one_epoch
 from captioner.training.scst import SelfCritical
-from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan,
-                                          make_loader, make_objective, stored_data, uses_feature_store, wrap_for_ddp)
+from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan, lr_scale,
+                                          make_loader, make_objective, make_optimizer, make_scheduler, stored_data,
+                                          uses_feature_store, wrap_for_ddp)
 from captioner.training.speed import SpeedChoices, decide_threads
-from captioner.training.stages import read_init_checkpoint, read_resume_checkpoint
-from captioner.training.state import LOGGED, TrainState
-from captioner.training.validate import validate
+from captioner.training.state import (LOGGED, TrainState, read_init_checkpoint, read_resume_checkpoint, restore_rng,
+                                      rng_state)
 
 log = logging.getLogger(__name__)
 
 
 def fit(config: Config, resume: bool = False) -> Path:
     """Train a model as `config` says; returns the path of the best checkpoint. Rank 0 alone writes files;
-    `data.batch_size` is per process, and the learning rate is as configured unless train.lr_scaling says otherwise.
-    """
+    `data.batch_size` is per process, and the learning rate is as configured unless train.lr_scaling says otherwise."""
     out_dir = Path(config.train.out_dir)
     ctx = distributed.setup(resolve_device(config.train.device, "train.device"), config.train.dist_timeout_minutes)
     if ctx.is_main:
@@ -64,22 +61,14 @@ def fit(config: Config, resume: bool = False) -> Path:
     shards = train_shard_set(config)  # streamed training: the shards and their counts, no records
     checkpoint = read_resume_checkpoint(config) if resume else None
     # Fixed before any sums (the feature store's included), and taken back from last.pt.
-    threads, governor = decide_threads(
-        config, checkpoint["train_state"] if checkpoint else None, str(out_dir / "last.pt")
-    )
+    threads, governor = decide_threads(config, checkpoint and checkpoint["train_state"], str(out_dir / "last.pt"))
     initial = read_init_checkpoint(config) if config.train.init and checkpoint is None else None
-    captions = (
-        (c for r in train_records for c in r.captions)
-        if shards is None
-        else shard_captions(shards, progress=ctx.is_main)
-    )
+    captions = (c for r in train_records for c in r.captions) if shards is None else shard_captions(shards, ctx.is_main)
     vocab = choose_vocabulary(config, checkpoint or initial, captions)
-    log.info(
-        "%s: %d train images%s, %d val images, vocabulary %d words (min count %d)",
-        config.data.dataset, len(train_records) if shards is None else shards.samples,
-        "" if shards is None else f" in {len(shards.urls)} shards, streamed", len(val_records), len(vocab),
-        config.data.min_word_count,
-    )
+    log.info("%s: %d train images%s, %d val images, vocabulary %d words (min count %d)", config.data.dataset,
+             len(train_records) if shards is None else shards.samples,
+             "" if shards is None else f" in {len(shards.urls)} shards, streamed", len(val_records), len(vocab),
+             config.data.min_word_count)
     model = Captioner.from_config(config, vocab, load_pretrained=checkpoint is None and initial is None).to(ctx.device)
     if checkpoint or initial:
         model.load_state_dict((checkpoint or initial)["model"])  # the encoder too: fine-tuned layers stay fine-tuned
@@ -104,10 +93,12 @@ def fit(config: Config, resume: bool = False) -> Path:
         raise
     finally:
         run.stop.restore()
-        run.close()
+        if run.state.writer is not None:
+            run.state.writer.close()
     if ctx.is_main:
-        log.info("best val %s %.4f at epoch %d, step %d: %s", run.metric, run.state.best_score, run.state.best_epoch,
-                 run.state.best_step, out_dir / "best.pt")
+        state = run.state
+        log.info("best val %s %.4f at epoch %d, step %d: %s", config.train.val_metric, state.best_score,
+                 state.best_epoch, state.best_step, out_dir / "best.pt")
     distributed.shutdown(ctx)
     return out_dir / "best.pt"
 
@@ -123,10 +114,8 @@ def load_records(config: Config, ctx: Distributed) -> tuple[list[ImageRecord], l
         train = [] if streamed else load_split(config.data, "train")
     all_val = load_split(config.data, "val")
     if not all_val:  # an image folder drawn with data.val_fraction 0, or too small to hold one out
-        raise DatasetError(
-            f"{config.data.root}: the val split is empty, and training picks best.pt on it: "
-            "set data.val_fraction above 0 or add a validation split"
-        )
+        raise DatasetError(f"{config.data.root}: the val split is empty, and training picks best.pt on it: "
+                           "set data.val_fraction above 0 or add a validation split")
     return train, all_val[: config.train.val_max_images] if config.train.val_max_images else all_val, all_val
 
 
@@ -142,9 +131,8 @@ def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterabl
     if checkpoint is not None:
         return Vocabulary(checkpoint["vocab"])
     if config.train.stage == "scst":
-        raise ConfigError(
-            "train.stage: scst starts from a cross-entropy model: set train.init (or pass --init CHECKPOINT)"
-        )
+        raise ConfigError("train.stage: scst starts from a cross-entropy model: "
+                          "set train.init (or pass --init CHECKPOINT)")
     return Vocabulary.build(captions, config.data.min_word_count)
 
 
@@ -157,46 +145,34 @@ class Run:
     ctx: Distributed
     model: Captioner
     forward: Callable[..., DecoderOutput]  # the model, or its DDP wrapper
-    objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    objective: Objective
     loader: DataLoader | ShardStream
     sampler: EpochBatchSampler | ShardStream  # a stream is its own sampler
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     state: TrainState
-    val_records: list[ImageRecord]
-    val_features: torch.Tensor | StoreRows | None
-    grid: tuple[int, int] | None
+    data: RunData  # what the run trains and validates on
     resumed: bool
     started: float
     speed: SpeedChoices
     stop: StopSignals = field(default_factory=StopSignals)
-    # train.follow_free_cores: the thread count follows the free cores (CPU runs)
-    threads: ThreadGovernor | None = None
+    threads: ThreadGovernor | None = None  # train.follow_free_cores: the thread count follows the free cores (CPU)
     best_written_at: tuple[int, int, int] | None = None  # (step, epoch, position) of the last best.pt written
 
     @property
     def out_dir(self) -> Path:
         return Path(self.config.train.out_dir)
 
-    @property
-    def metric(self) -> str:
-        return self.config.train.val_metric
-
     @classmethod
-    def start(
-        cls, config: Config, ctx: Distributed, model: Captioner, train_records: list[ImageRecord],
-        val_records: list[ImageRecord], all_val_records: list[ImageRecord], checkpoint: dict | None,
-        shards: ShardSet | None = None, threads: int | None = None,
-    ) -> Run:
-        """The data (images, or the feature store for a frozen encoder), the steps' precision and
-        products route, the objective, the optimiser and schedule, the DDP wrapper; then the
-        checkpoint's state when resuming. `threads`: the count `decide_threads` fixed."""
-        state = TrainState()
-        state.encoded = uses_feature_store(config, model, shards)
-        if state.encoded:
-            data = stored_data(config, ctx, model, train_records, val_records, all_val_records)
-        else:
-            data = RunData(train_records, val_records)
+    def start(cls, config: Config, ctx: Distributed, model: Captioner, train_records: list[ImageRecord],
+              val_records: list[ImageRecord], all_val_records: list[ImageRecord], checkpoint: dict | None,
+              shards: ShardSet | None = None, threads: int | None = None) -> Run:
+        """The data (images, or the feature store for a frozen encoder), the steps' speed choices, the objective,
+        the optimiser and schedule, the DDP wrapper; then the checkpoint's state when resuming, and rank 0's
+        TensorBoard writer. `threads`: the count `decide_threads` fixed."""
+        state = TrainState(encoded=uses_feature_store(config, model, shards))
+        data = (stored_data(config, ctx, model, train_records, val_records, all_val_records) if state.encoded
+                else RunData(train_records, val_records))
         if config.train.channels_last or config.train.compile:
             accelerate(model, config, ctx.device, state.encoded)
         speed = decide_speed(config, ctx, model, state, data, checkpoint, threads)
@@ -210,51 +186,40 @@ class Run:
         scheduler = make_scheduler(optimizer, config, len(sampler))
         forward = wrap_for_ddp(model, config, ctx)
         state.reset_sums(ctx.device)
-        run = cls(config, ctx, model, forward, objective, loader, sampler, optimizer, scheduler, state,
-                  data.val_records, data.val_features, data.grid, checkpoint is not None, time.time(), speed)
+        run = cls(config, ctx, model, forward, objective, loader, sampler, optimizer, scheduler, state, data,
+                  checkpoint is not None, time.time(), speed)
         if checkpoint is not None:
             run.restore(checkpoint)
         elif ctx.enabled:  # the same initial weights everywhere, then each rank its own dropout masks
             seed_everything(config.train.seed + ctx.rank)
-        if ctx.is_main:
-            run.open_writer(checkpoint)
+        if ctx.is_main:  # TensorBoard: a resumed run drops the events and history rows logged after its checkpoint
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge_step = state.step + 1 if checkpoint else None
+            state.writer = SummaryWriter(str(run.out_dir / "tensorboard"), purge_step=purge_step)
+            if checkpoint is not None:
+                write_history(run.out_dir / METRICS, state.history)
         return run
-
-    def open_writer(self, checkpoint: dict | None) -> None:
-        """The TensorBoard writer (rank 0). A resumed run drops the events the killed run logged
-        after its checkpoint, and the history rows logged after it."""
-        from torch.utils.tensorboard import SummaryWriter
-
-        state = self.state
-        state.writer = SummaryWriter(
-            str(self.out_dir / "tensorboard"), purge_step=state.step + 1 if checkpoint else None
-        )
-        if checkpoint is not None:
-            write_history(self.out_dir / METRICS, state.history)
 
     def restore(self, checkpoint: dict) -> None:
         """The optimiser, schedule, position and random streams of last.pt."""
+        state, ctx, saved, last = self.state, self.ctx, checkpoint["train_state"], self.out_dir / "last.pt"
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
-        self.state.load(checkpoint["train_state"], self.ctx.device)
+        state.load(saved, ctx.device)
         if isinstance(self.loader, ShardStream):
-            self.sampler.set_epoch(self.state.epoch + 1)  # the epoch's plan gives its length
-            if self.state.position:
-                streams = checkpoint["train_state"].get("stream") or []
-                if len(streams) != self.ctx.world_size:
-                    raise CheckpointError(
-                        f"{self.out_dir / 'last.pt'}: a mid-epoch checkpoint without the stream positions of "
-                        f"{self.ctx.world_size} rank(s)"
-                    )
-                self.loader.resume(streams[self.ctx.rank], str(self.out_dir / "last.pt"))
-        if self.state.position > len(self.sampler):
-            raise CheckpointError(
-                f"{self.out_dir / 'last.pt'}: saved at batch {self.state.position} of an epoch of "
-                f"{len(self.sampler)}; the data or batch size changed"
-            )
-        restore_rng(checkpoint["train_state"], self.ctx, self.config.train.seed, self.state)
-        log.info("resumed from %s at epoch %d, batch %d, step %d", self.out_dir / "last.pt", self.state.epoch + 1,
-                 self.state.position, self.state.step)
+            self.sampler.set_epoch(state.epoch + 1)  # the epoch's plan gives its length
+            if state.position:
+                streams = saved.get("stream") or []
+                if len(streams) != ctx.world_size:
+                    raise CheckpointError(f"{last}: a mid-epoch checkpoint without the stream positions of "
+                                          f"{ctx.world_size} rank(s)")
+                self.loader.resume(streams[ctx.rank], str(last))
+        if state.position > len(self.sampler):
+            raise CheckpointError(f"{last}: saved at batch {state.position} of an epoch of {len(self.sampler)}; "
+                                  "the data or batch size changed")
+        restore_rng(saved, ctx, self.config.train.seed, state)
+        log.info("resumed from %s at epoch %d, batch %d, step %d", last, state.epoch + 1, state.position, state.step)
 
     def train(self) -> None:
         """The epochs left, each validated; an SCST stage first validates its starting model."""
@@ -275,10 +240,8 @@ class Run:
                 raise Interrupted(self.stop.signal, str(self.out_dir / "last.pt"), state.step)
             means = state.read_epoch_means(self.ctx)
             state.epoch, state.position = epoch, 0
-            row = {
-                "epoch": epoch, "step": state.step, "train_loss": round(means["loss"], 5),
-                "lr": self.scheduler.get_last_lr()[0],
-            }
+            row = {"epoch": epoch, "step": state.step, "train_loss": round(means["loss"], 5),
+                   "lr": self.scheduler.get_last_lr()[0]}
             row |= {f"train_{k}": round(v, 5) for k, v in means.items() if k != "loss"}
             self.check(epoch, row, f"epoch {epoch}/{config.train.epochs}  loss {means['loss']:.3f}", epoch_start)
             self.keep_progress()
@@ -291,15 +254,11 @@ class Run:
         if self.threads is not None and self.threads.adjust() is not None:
             log.info("threads %d -> %d: the cores free beside this run changed", *self.threads.changes[-1])
         state, every = self.state, self.config.train.val_every_steps
-        # the epoch's end validates anyway
-        if every and state.step % every == 0 and state.position < len(self.loader):
+        if every and state.step % every == 0 and state.position < len(self.loader):  # an epoch's end validates anyway
             epoch = state.epoch + 1
-            # epochs trained, with the fraction of this one
-            done = round(state.epoch + state.position / len(self.loader), 4)
-            self.check(
-                epoch, {"epoch": epoch, "step": state.step, "epochs_done": done}, f"epoch {epoch}, step {state.step}",
-                time.time(),
-            )
+            done = round(state.epoch + state.position / len(self.loader), 4)  # epochs trained, with this one's fraction
+            row = {"epoch": epoch, "step": state.step, "epochs_done": done}
+            self.check(epoch, row, f"epoch {epoch}, step {state.step}", time.time())
             self.model.train()  # validation decoded in eval mode
             self.keep_progress()
         elif self.config.train.checkpoint_every_steps and state.step % self.config.train.checkpoint_every_steps == 0:
@@ -308,25 +267,33 @@ class Run:
     def check(self, epoch: int, row: dict, label: str, since: float) -> None:
         """Validate; log `row` with the scores and the seconds since `since` into the history;
         keep best.pt. Every rank calls it."""
-        state = self.state
-        scores, example = validate(self.model, self.ctx, self.val_records, self.val_features, self.grid,
-                                   self.config.data.num_workers, self.config.train.val_beam_size)
-        improved = scores[self.metric] > state.best_score
+        state, metric = self.state, self.config.train.val_metric
+        scores, example = self.validate()
+        improved = scores[metric] > state.best_score
         if improved:
-            state.best_score, state.best_epoch, state.best_step = scores[self.metric], epoch, state.step
+            state.best_score, state.best_epoch, state.best_step = scores[metric], epoch, state.step
         row |= {f"val_{k}": round(v, 5) for k, v in scores.items()} | {"seconds": round(time.time() - since, 1)}
         state.history.append(row)
         if self.ctx.is_main:
             for key, value in scores.items():
                 state.writer.add_scalar(f"val/{key}", value, state.step)
-            log.info(
-                "%s  val %s %.4f  CIDEr-D %.3f%s  (%.0fs)  e.g. %r",
-                label, self.metric, scores[self.metric], scores["CIDEr"], "  *best*" if improved else "",
-                row["seconds"], example,
-            )
+            log.info("%s  val %s %.4f  CIDEr-D %.3f%s  (%.0fs)  e.g. %r", label, metric, scores[metric],
+                     scores["CIDEr"], "  *best*" if improved else "", row["seconds"], example)
         if improved:
             self.save("best.pt")
             self.best_written_at = self.where()
+
+    def validate(self) -> tuple[dict[str, float], str]:
+        """Greedy (or beam: train.val_beam_size) captions of the val images, each rank its share, scored on the
+        gathered whole (every rank gets the same scores); returns the scores and one example caption."""
+        records, features = self.data.val_records, self.data.val_features
+        mine = self.ctx.shard(list(range(len(records))))
+        captions = caption_records(self.model, [records[i] for i in mine], beam_size=self.config.train.val_beam_size,
+                                   features=None if features is None else features[mine], grid=self.data.grid,
+                                   num_workers=self.config.data.num_workers, progress=False)
+        texts = {image_id: c.text for image_id, c in captions.items()}
+        merged = {k: v for part in self.ctx.all_gather(texts) for k, v in part.items()}
+        return fast_scores(references_for(records, merged), merged), next(iter(merged.values()), "")
 
     def where(self) -> tuple[int, int, int]:
         return self.state.step, self.state.epoch, self.state.position
@@ -348,16 +315,10 @@ class Run:
         rng = self.ctx.all_gather(rng_state())
         streams = self.ctx.all_gather(self.loader.positions()) if isinstance(self.loader, ShardStream) else None
         if self.ctx.is_main:
-            save_checkpoint(
-                self.out_dir / name, self.model, self.config,
-                optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                train_state={**self.state.to_dict(), **self.speed.to_dict(), "world_size": self.ctx.world_size,
-                             "rng": rng, "stream": streams},
-            )
-
-    def close(self) -> None:
-        if self.state.writer is not None:
-            self.state.writer.close()
+            train_state = {**self.state.to_dict(), **self.speed.to_dict(), "world_size": self.ctx.world_size,
+                           "rng": rng, "stream": streams}
+            save_checkpoint(self.out_dir / name, self.model, self.config, optimizer=self.optimizer.state_dict(),
+                            scheduler=self.scheduler.state_dict(), train_state=train_state)
 
 
 def should_stop(config: Config, state: TrainState, epoch: int, started: float) -> bool:
@@ -370,22 +331,3 @@ def should_stop(config: Config, state: TrainState, epoch: int, started: float) -
         log.info("stopping: the time limit of %.1f minutes is spent", limit)
         return True
     return False
-
-
-def restore_rng(saved: dict, ctx: Distributed, seed: int, state: TrainState) -> None:
-    """Put back this rank's generators as they were at the checkpoint. A checkpoint from
-    another number of processes can only go on at an epoch boundary, with fresh streams."""
-    states = saved.get("rng")
-    if states is not None and len(states) == ctx.world_size:
-        set_rng_state(states[ctx.rank])
-        return
-    if state.position:
-        raise CheckpointError(
-            f"{saved.get('world_size', '?')} processes wrote this mid-epoch checkpoint; resume it with as many "
-            f"(this run has {ctx.world_size}), or from an end-of-epoch checkpoint"
-        )
-    log.warning(
-        "the checkpoint holds no random states for %d processes: resuming with fresh ones (not bit-exact)",
-        ctx.world_size,
-    )
-    seed_everything(seed + 1000 * state.epoch + ctx.rank)

@@ -4,6 +4,7 @@ row per validation, and step_losses.csv, the training loss at every logged step.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from pathlib import Path
 
 from captioner.core.files import write_atomically
@@ -12,17 +13,22 @@ METRICS = "metrics.csv"
 STEP_LOSSES = "step_losses.csv"
 
 
-def write_history(path: Path, history: list[dict]) -> None:
-    """Replaced atomically: a full disk leaves the previous file whole (one StorageError)."""
-    keys = list(dict.fromkeys(k for row in history for k in row))
+def write_csv(path: Path, header: list[str], rows: Iterable[list]) -> None:
+    """`rows` under `header`, replaced atomically: a full disk leaves the previous file whole (one StorageError)."""
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(history)
+            writer = csv.writer(f)
+            writer.writerow(header)
+            writer.writerows(rows)
 
     write_atomically(path, write)
+
+
+def write_history(path: Path, history: list[dict]) -> None:
+    """A row per validation, under every key any row has (blank where a row lacks one)."""
+    keys = list(dict.fromkeys(k for row in history for k in row))
+    write_csv(path, keys, [[row.get(k, "") for k in keys] for row in history])
 
 
 def read_history(path: Path) -> list[dict]:
@@ -42,15 +48,8 @@ def epochs_trained(row: dict) -> float:
 
 
 def write_step_losses(path: Path, step_losses: list[list]) -> None:
-    """[step, mean loss since the previous log] pairs, as the training loop logs them; replaced atomically."""
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["step", "loss"])
-            writer.writerows(step_losses)
-
-    write_atomically(path, write)
+    """[step, mean loss since the previous log] pairs, as the training loop logs them."""
+    write_csv(path, ["step", "loss"], step_losses)
 
 
 def read_step_losses(path: Path) -> list[tuple[int, float]]:

@@ -2,8 +2,7 @@
 
 The reference the device reward is held equal to, and the BLEU-4 part of the reward. CIDEr-D is
 pycocoevalcap's (to 1e-6, tests/test_rewards.py), except that document frequencies come from a fixed
-corpus, the training references, as in Rennie et al.: a caption's reward does not depend on its batch.
-"""
+corpus, the training references, as in Rennie et al.: a caption's reward does not depend on its batch."""
 
 from __future__ import annotations
 
@@ -13,25 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from captioner.evaluation.ngrams import (
-    CIDER_SCALE,
-    CIDER_SIGMA,
-    MAX_N,
-    NGram,
-    NgramCounts,
-    bleu_guesses,
-    bleu_scores,
-    cider_clip,
-    cider_length,
-    cider_length_penalty,
-    clipped_matches,
-    closest_ref_length,
-    document_frequency,
-    idf_table,
-    log_images,
-    max_reference_counts,
-    ngram_counts,
-)
+from captioner.evaluation.ngrams import (CIDER_SCALE, CIDER_SIGMA, MAX_N, NGram, NgramCounts, bleu_guesses, bleu_scores,
+                                         cider_clip, cider_length, cider_length_penalty, clipped_matches,
+                                         closest_ref_length, document_frequency, idf_table, log_images,
+                                         max_reference_counts, ngram_counts)
 from captioner.text.vocab import Vocabulary, tokenize
 
 
@@ -48,16 +32,11 @@ class CiderD:
     """CIDEr-D with document frequencies fixed from `corpus` (per image, its references' token sequences):
     an n-gram's df is the number of images whose references hold it, as pycocoevalcap counts them."""
 
-    def __init__(
-        self,
-        corpus: Sequence[Sequence[Sequence[Hashable]]],
-        n: int = MAX_N,
-        sigma: float = CIDER_SIGMA,
-    ) -> None:
+    def __init__(self, corpus: Sequence[Sequence[Sequence[Hashable]]], n: int = MAX_N,
+                 sigma: float = CIDER_SIGMA) -> None:
         if not corpus:
             raise ValueError("CiderD: the document-frequency corpus is empty")
-        self.n = n
-        self.sigma = sigma
+        self.n, self.sigma = n, sigma
         df = document_frequency((ngram_counts(ref, n) for ref in refs) for refs in corpus)
         self.idf = idf_table(df, len(corpus))  # n-gram -> idf, computed once
         self.unseen_idf = log_images(len(corpus))  # an n-gram no reference of the corpus has counts as seen once
@@ -138,12 +117,8 @@ def reference_ids(vocab: Vocabulary, caption: str, oov: dict[str, int]) -> tuple
     """A reference as ids ending in `<eos>`, never truncated; a word outside the vocabulary gets
     its own negative id (shared by its occurrences), so the reference keeps its true n-grams and
     document frequencies, and no sampled caption can match it (samples never hold `<unk>`)."""
-    ids = []
-    for word in tokenize(caption):
-        index = vocab.index.get(word)
-        if index is None:
-            index = oov.setdefault(word, -1 - len(oov))
-        ids.append(index)
+    index = vocab.index
+    ids = [index[word] if word in index else oov.setdefault(word, -1 - len(oov)) for word in tokenize(caption)]
     return (*ids, vocab.eos_id)
 
 
@@ -159,13 +134,8 @@ class CaptionReward:
     ends in `<eos>` when it ended (as in Rennie et al.), so a caption that stops on "with a" loses reward.
     Keys are the images' positions in `references`."""
 
-    def __init__(
-        self,
-        vocab: Vocabulary,
-        references: Sequence[Sequence[str]],
-        cider_weight: float = 1.0,
-        bleu_weight: float = 0.0,
-    ) -> None:
+    def __init__(self, vocab: Vocabulary, references: Sequence[Sequence[str]], cider_weight: float = 1.0,
+                 bleu_weight: float = 0.0) -> None:
         self.references = reference_corpus(vocab, references)
         self.eos_id = vocab.eos_id
         self.cider_weight, self.bleu_weight = cider_weight, bleu_weight

@@ -1,8 +1,7 @@
 """Stopping a run cleanly on SIGTERM or SIGINT: finish the step, write last.pt, raise `Interrupted`.
 
 Each rank's vote rides the step's host all-reduce (`Distributed.sum_host`), so all ranks stop after
-the same step with no added collective. A repeated SIGTERM changes nothing; a second SIGINT stops at once.
-"""
+the same step with no added collective. A repeated SIGTERM changes nothing; a second SIGINT stops at once."""
 
 from __future__ import annotations
 

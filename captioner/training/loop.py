@@ -1,7 +1,4 @@
-"""One epoch of training: the cross-entropy objective and `train_one_epoch`.
-
-`train_one_epoch` runs any objective without reading the device back between logs.
-"""
+"""One epoch of training (`train_one_epoch`, any objective, no device read between logs) and cross-entropy."""
 
 from __future__ import annotations
 
@@ -25,26 +22,21 @@ from captioner.training.state import TrainState
 
 log = logging.getLogger(__name__)
 
+Loss = tuple[torch.Tensor, dict[str, torch.Tensor]]  # the loss, and the values logged (0-d device tensors)
+Objective = Callable[..., Loss]  # caption_loss or scst.SelfCritical: (model, batch, config, encoded, totals, forward)
 
-def caption_loss(
-    model: Captioner,
-    batch: CaptionBatch,
-    config: Config,
-    encoded: bool,
-    totals: tuple[int, ...] | None = None,
-    forward: Callable[..., DecoderOutput] | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+
+def caption_loss(model: Captioner, batch: CaptionBatch, config: Config, encoded: bool,
+                 totals: tuple[int, ...] | None = None, forward: Callable[..., DecoderOutput] | None = None) -> Loss:
     """Cross-entropy of each next word plus the attention penalty, averaged over the global batch:
     `totals` = (target words, captions, images) summed over ranks (default: this batch's). Nothing is read
-    back from the device (no boolean mask: its size would make the host wait). `forward` may be the DDP wrapper.
-    """
+    back from the device (no boolean mask: its size would make the host wait). `forward` may be the DDP wrapper."""
     lengths = batch.lengths - 1  # (C,) input words per caption; on the CPU
     if bool((lengths[:-1] < lengths[1:]).any()):  # host tensor: no device sync; collate_captions sorts already
         lengths, order = lengths.sort(descending=True, stable=True)
         rows = order.to(batch.tokens.device, non_blocking=True)
-        batch = replace(
-            batch, tokens=batch.tokens[rows], image_rows=batch.image_rows[rows], lengths=batch.lengths[order]
-        )
+        batch = replace(batch, tokens=batch.tokens[rows], image_rows=batch.image_rows[rows],
+                        lengths=batch.lengths[order])
     num_targets, num_captions = totals[:2] if totals is not None else (int(lengths.sum()), len(lengths))
     inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]  # (C, T) each
     out = (forward or model)(batch.images, inputs, batch.image_rows, encoded=encoded, lengths=lengths, packed=True)
@@ -53,33 +45,18 @@ def caption_loss(
         logits, target_words = out.logits.flatten(0, 1), targets.flatten()  # (C * T, V), (C * T,)
     else:  # the real positions alone: (M, V) and their targets (M,)
         logits, target_words = out.logits, targets.flatten().index_select(0, out.positions)
-    xent_sum = F.cross_entropy(
-        logits.float(),
-        target_words,
-        ignore_index=pad,
-        reduction="sum",
-        label_smoothing=config.train.label_smoothing,
-    )
+    xent_sum = F.cross_entropy(logits.float(), target_words, ignore_index=pad, reduction="sum",
+                               label_smoothing=config.train.label_smoothing)
     xent = xent_sum / num_targets
     penalty = model.decoder.attention_penalty(out.attn.float(), targets != pad) * (len(lengths) / num_captions)
     loss = xent + config.train.attention_penalty * penalty
     return loss, {"loss": loss.detach(), "xent": xent.detach(), "penalty": penalty.detach()}
 
 
-def train_one_epoch(
-    model: Captioner,
-    forward: Callable[..., DecoderOutput],
-    loader: DataLoader,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    config: Config,
-    ctx: Distributed,
-    epoch: int,
-    state: TrainState,
-    on_step: Callable[[], None] | None = None,
-    objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] = caption_loss,
-    stop: StopSignals | None = None,
-) -> None:
+def train_one_epoch(model: Captioner, forward: Callable[..., DecoderOutput], loader: DataLoader,
+                    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler, config: Config,
+                    ctx: Distributed, epoch: int, state: TrainState, on_step: Callable[[], None] | None = None,
+                    objective: Objective = caption_loss, stop: StopSignals | None = None) -> None:
     """One epoch from the sampler's start position; a step reads nothing back from the device (the loss
     parts are read every `log_every` steps). `objective`: `caption_loss` or `scst.SelfCritical`. The epoch
     ends after a step that `stop` says every rank stops after."""
@@ -95,10 +72,8 @@ def train_one_epoch(
         state.position += 1
         if batch is None:  # every image of the batch failed to load
             if ctx.enabled:  # the other ranks would wait for this one's gradients forever
-                raise DatasetError(
-                    "every image of a batch failed to load; under torchrun a rank cannot skip a step "
-                    "(fix or remove the files the warnings name)"
-                )
+                raise DatasetError("every image of a batch failed to load; under torchrun a rank cannot skip a step "
+                                   "(fix or remove the files the warnings name)")
             continue
         # target words, captions, images: CPU
         local = [int(batch.lengths.sum()) - len(batch.lengths), len(batch.lengths), len(batch.indices)]

@@ -1,8 +1,11 @@
-"""What a training run is built from, one step each; `Run.start` (training/fit.py) calls them in order."""
+"""What a training run is built from, one step each, called in order by `Run.start` (training/fit.py): the data,
+the objective, the loader, the learning rates (warmup and decay, the global-batch scaling rule, the optimiser's
+groups) and the DDP wrapper."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 from collections.abc import Callable
@@ -29,15 +32,77 @@ from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput
 from captioner.text.vocab import Vocabulary
 from captioner.training.distributed import Distributed
-from captioner.training.loop import caption_loss
-from captioner.training.schedule import describe_schedule
+from captioner.training.loop import Objective, caption_loss
 from captioner.training.scst import SelfCritical
 from captioner.training.speed import SpeedChoices, decide_steps, describe
 from captioner.training.state import TrainState
 
 log = logging.getLogger(__name__)
 
-Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+DEFAULT_WARMUP_STEPS = 100  # neither train.warmup_epochs nor train.warmup_steps set
+
+
+def warmup_steps(config: Config, steps_per_epoch: int) -> int:
+    """The warmup in optimiser steps: `train.warmup_epochs` through this run's steps per epoch
+    (so the same fraction of the run on any number of processes), else `train.warmup_steps`."""
+    if config.train.warmup_epochs is not None:
+        return round(config.train.warmup_epochs * steps_per_epoch)
+    return DEFAULT_WARMUP_STEPS if config.train.warmup_steps is None else config.train.warmup_steps
+
+
+def lr_scale(config: Config, global_batch: int) -> float:
+    """What `train.lr_scaling` multiplies the configured learning rates by at this global batch:
+    1 (none), global_batch / base_batch (linear) or its square root (sqrt); base_batch defaults
+    to data.batch_size, the global batch of one process."""
+    rule = config.train.lr_scaling
+    if rule == "none":
+        return 1.0
+    ratio = global_batch / (config.train.base_batch or config.data.batch_size)
+    return ratio if rule == "linear" else math.sqrt(ratio)
+
+
+def describe_schedule(config: Config, global_batch: int, steps_per_epoch: int) -> str:
+    """The learning-rate rule and warmup of this run, for the log at its start."""
+    train, scale = config.train, lr_scale(config, global_batch)
+    rates = f"lr {train.lr:g}, encoder_lr {train.encoder_lr:g}"
+    if train.lr_scaling == "none":
+        rates += " as configured (train.lr_scaling none)"
+    else:
+        base = train.base_batch or config.data.batch_size
+        rates += f" x {scale:.4g} ({train.lr_scaling} scaling: global batch {global_batch} / base batch {base})"
+    warmup = warmup_steps(config, steps_per_epoch)
+    return f"{rates}; warmup {warmup} steps = {warmup / max(1, steps_per_epoch):.3g} epochs, then {train.schedule}"
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, config: Config,
+                   steps_per_epoch: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup, then cosine decay to 5% of the peak at the last step (or constant). With the warmup
+    in epochs, the schedule is the same function of epochs on any number of processes."""
+    warmup = warmup_steps(config, steps_per_epoch)
+    total_steps = config.train.epochs * steps_per_epoch
+
+    def factor(step: int) -> float:
+        done = step + 1  # steps done after this one
+        if done <= warmup:
+            return done / warmup
+        if config.train.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (done - warmup) / max(1, total_steps - warmup))
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress))  # cosine to 5% of the peak
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def make_optimizer(model: Captioner, config: Config, scale: float) -> torch.optim.AdamW:
+    """AdamW over the decoder at train.lr and the encoder's trainable layers at train.encoder_lr
+    (a pretrained encoder) or train.lr (one learning from scratch), both times `scale`."""
+    groups = [{"params": list(model.decoder.parameters()), "lr": config.train.lr * scale}]
+    encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
+    if encoder_params:
+        encoder_lr = config.train.encoder_lr if config.model.encoder.pretrained else config.train.lr
+        groups.append({"params": encoder_params, "lr": encoder_lr * scale})
+    # fused: one kernel for all parameters (fp32 as before), several times faster than the loop over them on the CPU.
+    return torch.optim.AdamW(groups, weight_decay=config.train.weight_decay, fused=True)
 
 
 @dataclass
@@ -65,13 +130,9 @@ def stored_data(
     """The train and val rows of the feature store: rank 0 builds the store when it is absent,
     then the other ranks open it."""
     encoder = model.encoder
-    trained = (
-        "the decoder" if encoder.frozen
-        else f"the decoder and the top {len(encoder.blocks) - encoder.num_frozen} encoder blocks"
-    )
-    log.info(
-        "training %s on the feature store in %s (what the frozen blocks make, stored once)", trained, store_dir(config)
-    )
+    trained = "" if encoder.frozen else f" and the top {len(encoder.blocks) - encoder.num_frozen} encoder blocks"
+    log.info("training the decoder%s on the feature store in %s (what the frozen blocks make, stored once)", trained,
+             store_dir(config))
     if not ctx.is_main:
         ctx.barrier()
     train = split_features(model, config, "train", train_records, build=ctx.is_main)
@@ -81,36 +142,29 @@ def stored_data(
     return RunData(train.records, val.records, train.features, val.features, train.grid)
 
 
-def decide_speed(
-    config: Config, ctx: Distributed, model: Captioner, state: TrainState, data: RunData, checkpoint: dict | None,
-    threads: int | None,
-) -> SpeedChoices:
+def decide_speed(config: Config, ctx: Distributed, model: Captioner, state: TrainState, data: RunData,
+                 checkpoint: dict | None, threads: int | None) -> SpeedChoices:
     """The steps' precision and products route, decided on synthetic work (or taken back from
     the checkpoint) before the first step; `threads`: the count `decide_threads` fixed."""
     saved = checkpoint["train_state"] if checkpoint is not None else None
-    features = data.train_features
-    # (N, D)
+    features = data.train_features  # (rows, N, D): feature_shape is a row's (N, D)
     feature_shape = tuple(features[0].shape) if state.encoded and features is not None and len(features) else None
-    state.bf16, onednn = decide_steps(
-        config, ctx, model, state.encoded, feature_shape, saved, str(Path(config.train.out_dir) / "last.pt")
-    )
+    last = str(Path(config.train.out_dir) / "last.pt")
+    state.bf16, onednn = decide_steps(config, ctx, model, state.encoded, feature_shape, saved, last)
     speed = SpeedChoices(state.bf16, threads, onednn)
     if ctx.is_main:
         log.debug("%s", describe(speed, ctx.device))
     return speed
 
 
-def caption_dataset(
-    config: Config, model: Captioner, data: RunData, transform: ImageTransform, device: torch.device
-) -> CaptionDataset:
+def caption_dataset(config: Config, model: Captioner, data: RunData, transform: ImageTransform,
+                    device: torch.device) -> CaptionDataset:
     """The training pairs: one per caption for cross-entropy (up to `data.captions_per_image`),
     one per image for SCST, rewarded against all its references."""
     pairs = "all" if config.train.stage == "scst" else config.data.captions_per_image
-    train_set = CaptionDataset(
-        data.train_records, model.vocab, transform, config.data.max_caption_length, pairs, data.train_features,
-    )
-    # CaptionBatch.to runs it there
-    train_set.device_preprocess = device_preprocess(config.data.device_preprocess, device)
+    train_set = CaptionDataset(data.train_records, model.vocab, transform, config.data.max_caption_length, pairs,
+                               data.train_features)
+    train_set.device_preprocess = device_preprocess(config.data.device_preprocess, device)  # CaptionBatch.to runs it
     return train_set
 
 
@@ -123,16 +177,21 @@ def make_objective(config: Config, model: Captioner, train_set: CaptionDataset) 
     return SelfCritical(config.scst, model.vocab, references, xent=caption_loss, cache_dir=Path(config.train.out_dir))
 
 
-def make_loader(
-    config: Config, ctx: Distributed, train_set: CaptionDataset, shards: ShardSet | None, vocab: Vocabulary,
-) -> tuple[DataLoader | ShardStream, EpochBatchSampler | ShardStream]:
-    """The training loader and what plans its epochs (a stream is its own sampler). Rows
-    already on the device are indexed in this process; otherwise workers read them."""
+def make_loader(config: Config, ctx: Distributed, train_set: CaptionDataset, shards: ShardSet | None,
+                vocab: Vocabulary) -> tuple[DataLoader | ShardStream, EpochBatchSampler | ShardStream]:
+    """The training loader and what plans its epochs: a webdataset run's stream (captioner/data/streaming.py)
+    is its own sampler. Rows already on the device are indexed in this process; otherwise workers read them."""
     data, device = config.data, ctx.device
     on_device = isinstance(train_set.features, torch.Tensor)
     workers = 0 if on_device else loader_workers(data.num_workers)  # -1: this rank's share of the node's cores
     if shards is not None:
-        stream = shard_stream(config, ctx, shards, vocab, train_set.transform, workers)
+        settings = StreamSettings(config.train.seed, ctx.rank, ctx.world_size, workers, data.batch_size,
+                                  data.max_broken_fraction, data.shuffle_buffer, data.max_caption_length,
+                                  data.captions_per_image)
+        trace = os.environ.get("CAPTIONER_TRACE_SAMPLES")  # a folder: each rank writes the keys it trains on
+        stream = ShardStream(StreamingCaptions(shards, vocab, train_set.transform, settings),
+                             pin_memory=device.type == "cuda", worker_init_fn=ignore_stop_signals,
+                             trace=Path(trace) / f"rank{ctx.rank}.txt" if trace else None)
         return stream, stream
     sampler = EpochBatchSampler(len(train_set), data.batch_size, config.train.seed, ctx.rank, ctx.world_size)
     loader = DataLoader(
@@ -158,27 +217,8 @@ def wrap_for_ddp(model: Captioner, config: Config, ctx: Distributed) -> Callable
     decoder: its gradients are averaged by hand, and it gets no wrapper."""
     if not ctx.enabled or config.train.stage == "scst":
         return model
-    device = ctx.device
-    return DistributedDataParallel(
-        model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=config.model.blind
-    )
-
-
-def shard_stream(config: Config, ctx: Distributed, shards: ShardSet, vocab: Vocabulary, transform: ImageTransform,
-                 workers: int) -> ShardStream:
-    """The streamed training loader of a webdataset run (captioner/data/streaming.py)."""
-    data = config.data
-    settings = StreamSettings(
-        config.train.seed, ctx.rank, ctx.world_size, workers, data.batch_size, data.max_broken_fraction,
-        data.shuffle_buffer, data.max_caption_length, data.captions_per_image,
-    )
-    # a folder: each rank writes the keys it trains on (auditing an epoch)
-    trace = os.environ.get("CAPTIONER_TRACE_SAMPLES")
-    return ShardStream(
-        StreamingCaptions(shards, vocab, transform, settings), pin_memory=ctx.device.type == "cuda",
-        worker_init_fn=ignore_stop_signals,
-        trace=Path(trace) / f"rank{ctx.rank}.txt" if trace else None,
-    )
+    device_ids = [ctx.device] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=config.model.blind)
 
 
 def ignore_stop_signals(worker_id: int) -> None:

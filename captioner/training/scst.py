@@ -1,34 +1,12 @@
-"""Self-critical sequence training: the objective of the second stage (Rennie et al. 2017; Luo 2020).
-
-Per image, `scst.samples` captions are sampled through the decoder interface
-(`decoding.sample_captions`, log-probabilities with gradients; on the CPU without dropout, sampled
-without gradients and scored by one teacher-forced pass, `decoding.scored_by_teacher_forcing`,
-the same numbers for less work), each is rewarded with its CIDEr-D
-(plus an optional BLEU-4 term) against all the image's references, and the policy gradient pushes
-up the captions that beat a baseline:
+"""Self-critical sequence training, the objective of the second stage (Rennie et al. 2017; Luo 2020).
 
     loss = -mean_over_samples[(reward - baseline) * sum of log p(word) over the words and <eos>]
 
-Baselines (`scst.baseline`):
-- greedy: the reward of the image's greedy caption (Rennie et al.). It is decoded without
-  gradients and in eval mode (no dropout), as the test-time caption it stands for, from the same
-  image features as the samples (with a fine-tuned encoder these are the train-mode features).
-- mean: the mean reward of the image's OTHER samples (Luo 2020, "new self-critical"): no extra
-  decoding, and the baseline of a sample never depends on the sample itself.
-
-With `scst.xent_weight` > 0 the cross-entropy stage's loss on the batch's reference captions is
-added with that weight (ruotianluo's `structure_loss_weight`, Paulus et al. 2018's mixed
-objective): on a small training set it anchors the policy to the references while the reward
-reshapes it.
-
-A step reads nothing back from the device (tests/test_sync.py): sampling and the greedy baseline
-run `max_length` steps with finished rows masked, the CIDEr-D reward is computed by torch ops on
-the samples' device from a reference table shared by the ranks of a node
-(`device_reward.DeviceReward`), and the logged values stay device tensors (docs/scst_gpu.md).
-
-`SelfCritical` is called like `train.caption_loss`, (model, batch, config, encoded) -> (loss,
-logged values), so `fit` only picks it for the stage and knows nothing else about it.
-"""
+Per image `scst.samples` sampled captions are rewarded with CIDEr-D (plus an optional BLEU-4 term) against
+all its references; the baseline is the greedy caption's reward (decoded in eval mode, without gradients)
+or the mean of the image's other samples. `scst.xent_weight` mixes in the cross-entropy loss on the
+references. A step reads nothing back from the device (tests/test_sync.py): docs/scst.md and
+docs/scst_gpu.md say how. `SelfCritical` is called like `loop.caption_loss`, so `fit` only picks it."""
 
 from __future__ import annotations
 
@@ -48,6 +26,7 @@ from captioner.models.decoding.rules import SpecialTokens
 from captioner.models.decoding.sampling import SampledCaptions, sample_captions, scored_by_teacher_forcing
 from captioner.text.vocab import Vocabulary
 from captioner.training.device_reward import DeviceReward
+from captioner.training.loop import Loss, Objective
 
 # (tokens (C, T), lengths (C,), dataset image indices (C,)) -> (C,) rewards on the tokens' device
 Reward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -60,26 +39,14 @@ def mean_of_others(rewards: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class SelfCritical:
-    """The SCST objective over one stage's training images.
+    """The SCST objective over one stage's training images: `references[i]` are image i's captions (the
+    reward's document frequencies too), `reward` replaces CIDEr-D (tests favour a word with it), `cache_dir`
+    keeps the reward's table for every rank of the node, `xent` is what `scst.xent_weight` mixes in."""
 
-    `references[i]` are the reference captions (text) of the dataset's image i; the reward's
-    document frequencies come from all of them, once, and `batch.indices` picks each image's.
-    `reward` replaces the CIDEr-D reward (tests use one that favours a word); `cache_dir` is where
-    the reward's reference table is saved once and memory-mapped by every rank of the node.
-    `xent` is the cross-entropy objective that `scst.xent_weight` mixes in.
-    """
-
-    def __init__(
-        self,
-        settings: ScstConfig,
-        vocab: Vocabulary,
-        references: Sequence[Sequence[str]],
-        reward: Reward | None = None,
-        xent: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
-        self.settings = settings
-        self.vocab = vocab
+    def __init__(self, settings: ScstConfig, vocab: Vocabulary, references: Sequence[Sequence[str]],
+                 reward: Reward | None = None, xent: Objective | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+        self.settings, self.vocab, self.xent = settings, vocab, xent
         self.reward = reward or DeviceReward(vocab, references, settings.cider_weight, settings.bleu_weight, cache_dir)
         self.special = SpecialTokens.of(vocab)  # the ids decoding treats apart, as `Captioner.special_tokens`
         # The samples' and the greedy baseline's decoding: the same length and ending rule.
@@ -88,14 +55,11 @@ class SelfCritical:
         drawing = {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p}
         self.sampling = DecodeOptions(sample=True, n_best=settings.samples, **drawing, **shared)
         self.reward_seconds = 0.0  # host time spent in the reward, in total (launch time only on a GPU)
-        self.xent = xent
         if settings.xent_weight and xent is None:
             raise ValueError("SelfCritical: scst.xent_weight needs the cross-entropy objective (xent)")
 
-    logged = (
-        "loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "sample_logprob", "reward_seconds",
-        "xent",
-    )
+    logged = ("loss", "reward", "baseline", "advantage", "advantage_abs", "sample_length", "sample_logprob",
+              "reward_seconds", "xent")
 
     def score(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """(C,) rewards as float32 on the tokens' device, timed into `reward_seconds`."""
@@ -104,30 +68,21 @@ class SelfCritical:
         self.reward_seconds += time.perf_counter() - start
         return rewards
 
-    def __call__(
-        self,
-        model: Captioner,
-        batch: CaptionBatch,
-        config: Config,
-        encoded: bool,
-        totals: tuple[int, ...] | None = None,
-        forward: object | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(loss, logged values as 0-d tensors on the loss's device). `totals` = (target words,
-        captions, images) over every rank; `forward` (the DDP wrapper of cross-entropy) is not
-        used: sampling runs the bare decoder, and `train_one_epoch` averages its gradients.
-        Nothing is read back from the device (except by a BLEU term in the reward)."""
+    def __call__(self, model: Captioner, batch: CaptionBatch, config: Config, encoded: bool,
+                 totals: tuple[int, ...] | None = None, forward: object | None = None) -> Loss:
+        """(loss, logged values as 0-d device tensors); `totals` = (target words, captions, images) over every
+        rank. `forward` goes unused: sampling runs the bare decoder, and `train_one_epoch` averages its
+        gradients. Nothing is read back from the device (except by a BLEU term in the reward)."""
         reward_before = self.reward_seconds
         n = self.settings.samples
-        feats = batch_features(model, batch, encoded)  # (B, N, D)
+        feats = model.stored_features(batch.images) if encoded else model.encode(batch.images)[0]  # (B, N, D)
         images = batch.indices.to(feats.device, non_blocking=True)  # (B,): dataset index of each image
         samples, logprobs = self.sample(model, feats)  # (B*n, T), (B*n,)
         rewards = self.score(samples.tokens, samples.lengths, images.repeat_interleave(n))  # (B*n,)
         baseline = self.baseline(model, feats, images, rewards)  # (B*n,)
         advantage = rewards - baseline  # (B*n,)
-        # Under torchrun this rank's images are a share of the global batch's (`totals[2]`, summed
-        # over ranks): the loss and the logged means become shares too, so that averaging the
-        # gradients over ranks and summing the logged values give the global batch's means.
+        # This rank's images are a share of the global batch's (`totals[2]`): the loss and logged means become
+        # shares too, so that averaging the gradients and summing the logged values over ranks give its means.
         share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
         loss = -(advantage * logprobs).mean() * share
         xent = torch.zeros((), device=loss.device)
@@ -160,9 +115,8 @@ class SelfCritical:
             model.decoder.train(decoder_was_training)
         return samples, logprobs
 
-    def baseline(
-        self, model: Captioner, feats: torch.Tensor, images: torch.Tensor, rewards: torch.Tensor
-    ) -> torch.Tensor:
+    def baseline(self, model: Captioner, feats: torch.Tensor, images: torch.Tensor,
+                 rewards: torch.Tensor) -> torch.Tensor:
         """Each sample's baseline (B*n,): its image's greedy caption's reward, decoded in eval
         mode without gradients, or the mean reward of the image's other samples."""
         n = self.settings.samples
@@ -176,11 +130,8 @@ class SelfCritical:
             model.train(was_training)
         return self.score(greedy.tokens, greedy.lengths, images).repeat_interleave(n)  # (B*n,)
 
-    def logged_means(
-        self, samples: SampledCaptions, logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torch.Tensor,
-        share: float,
-        reward_seconds: float,
-    ) -> dict[str, torch.Tensor]:
+    def logged_means(self, samples: SampledCaptions, logprobs: torch.Tensor, rewards: torch.Tensor,
+                     baseline: torch.Tensor, share: float, reward_seconds: float) -> dict[str, torch.Tensor]:
         """The step's logged values but the loss and xent, as 0-d tensors on the device (this
         rank's `share` of each), read back only every `log_every` steps."""
         advantage = rewards - baseline  # (B*n,)
@@ -198,12 +149,3 @@ class SelfCritical:
         seconds = torch.tensor([reward_seconds], dtype=torch.float32).to(rewards.device, non_blocking=True)  # (1,)
         values = torch.cat([means.detach().float(), seconds]) * share  # (P-2,): wall time of this step's scoring last
         return dict(zip(self.logged[1:-1], values.unbind()))
-
-
-def batch_features(model: Captioner, batch: CaptionBatch, encoded: bool) -> torch.Tensor:
-    """The batch's image features (B, N, D): from the stored rows, or encoded with gradients
-    into a fine-tuned encoder."""
-    if encoded:
-        return model.stored_features(batch.images)  # (B, N, D)
-    feats, _ = model.encode(batch.images)  # (B, N, D)
-    return feats

@@ -1,26 +1,40 @@
 """The speed choices that change a run's numbers, decided before its first step and kept in last.pt.
 
-Thread count, the CPU's dense-products route (models/products.py) and CPU bf16 (training/precision.py)
-each change how a step's floats are summed; made once from settings and per-machine calibrations, they
-make a config and seed give the same weights on one machine. An explicit setting wins over a checkpoint's.
-"""
+Thread count, the CPU's dense-products route (models/products.py) and the precision of a CPU run's steps
+(`train.cpu_amp`) each change how a step's floats are summed; made once from settings and per-machine
+calibrations, they make a config and seed give the same weights on one machine. An explicit setting wins over a
+checkpoint's. `train.cpu_amp auto` takes bf16 where the CPU has it natively and a timed calibration on synthetic
+batches, drawing nothing from the run's random streams, finds it faster (kept per machine and shapes)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import hashlib
+import json
 import logging
 import os
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
 
+from captioner.core import machine_cache
 from captioner.core.config_sections import Config
-from captioner.core.process_settings import ENV_THREADS, ThreadGovernor, free_cores, run_threads, threads_are_automatic
+from captioner.core.process_settings import (ENV_THREADS, ThreadGovernor, cpu_has_native_bf16, free_cores, run_threads,
+                                             threads_are_automatic)
+from captioner.data.batching import CaptionBatch
 from captioner.models import products
 from captioner.models.captioner import Captioner
 from captioner.training.distributed import Distributed
-from captioner.training.precision import choose_cpu_bf16, machine_would_choose
+from captioner.training.loop import caption_loss
 
 log = logging.getLogger(__name__)
+
+CALIBRATION = "cpu_bf16"  # the precision decisions' prefix in the machine cache
+TIMED_STEPS = 3  # per precision, after one warm-up each (kernels chosen, buffers allocated)
+CAPTIONS_PER_IMAGE = 5  # captions_per_image: all trains on every reference; most data sets have five
 
 
 @dataclass(frozen=True)
@@ -46,18 +60,16 @@ def decide_threads(config: Config, saved: dict | None, source: str) -> tuple[int
     threads = run_threads(config.train.threads)
     if isinstance(recorded, int) and recorded > 0 and recorded != threads:
         if explicit:
+            setting = ("train.threads" if config.train.threads
+                       else f"${ENV_THREADS}" if os.environ.get(ENV_THREADS) else "torchrun's OMP_NUM_THREADS")
             log.warning("threads: %d as set (%s), where %s trained with %d: it goes on, not bit for bit",
-                        threads, "train.threads" if config.train.threads else _explicit_source(), source, recorded)
+                        threads, setting, source, recorded)
         else:
             log.info("threads: %d, as %s trained with (this machine alone would take %d)", recorded, source, threads)
             threads = recorded
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads, None
-
-
-def _explicit_source() -> str:
-    return f"${ENV_THREADS}" if os.environ.get(ENV_THREADS) else "torchrun's OMP_NUM_THREADS"
 
 
 def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bool,
@@ -72,14 +84,13 @@ def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bo
         products.take_route(route, source)
     onednn = products.route_taken()
     bf16 = resumed_precision(config, saved, encoded, feature_shape, source)
-    if bf16 is None:
-        choice = choose_cpu_bf16(config, model, encoded, feature_shape) if ctx.is_main else None
-        if ctx.is_main:
-            log.debug("%s", choice.reason)
-        bf16 = choice.bf16 if choice is not None else False
+    if bf16 is None and ctx.is_main:
+        choice = choose_cpu_bf16(config, model, encoded, feature_shape)
+        log.debug("%s", choice.reason)
+        bf16 = choice.bf16
     if ctx.enabled:
         bf16 = bool(ctx.broadcast(bf16 if ctx.is_main else None))
-    return bf16, onednn
+    return bool(bf16), onednn
 
 
 def resumed_precision(config: Config, saved: dict | None, encoded: bool, feature_shape: tuple[int, ...] | None,
@@ -106,12 +117,106 @@ def describe(choices: SpeedChoices, device: torch.device) -> str:
     """The run's log line: what its steps run with."""
     if device.type != "cpu":
         return f"steps in {'bf16 autocast' if choices.bf16 else 'fp32'} on {device}"
-    threads = (
-        f"{choices.threads} thread{'s' if choices.threads != 1 else ''}" if choices.threads
-        else "threads following the free cores"
-    )
+    threads = (f"{choices.threads} thread{'s' if choices.threads != 1 else ''}" if choices.threads
+               else "threads following the free cores")
     route = "oneDNN" if choices.onednn_products else "F.linear"
-    return (
-        f"steps in {'bf16' if choices.bf16 else 'fp32'}, {threads}, dense products through {route} "
-        "(kept in last.pt for --resume)"
-    )
+    return (f"steps in {'bf16' if choices.bf16 else 'fp32'}, {threads}, dense products through {route} "
+            "(kept in last.pt for --resume)")
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The precision a run's steps take, and why (for its log line)."""
+
+    bf16: bool
+    reason: str
+
+
+def choose_cpu_bf16(config: Config, model: Captioner, encoded: bool,
+                    feature_shape: tuple[int, ...] | None) -> PrecisionChoice:
+    """A new run's precision on the CPU, as `train.cpu_amp` asks (bf16: autocast, weights and loss stay fp32).
+    `auto`'s calibration is recalled, else measured by the first process that asks and kept for every other
+    (torchrun's ranks take one decision)."""
+    mode = config.train.cpu_amp
+    if mode != "auto":
+        return PrecisionChoice(mode == "bf16", f"train.cpu_amp {mode}")
+    if not cpu_has_native_bf16():
+        return PrecisionChoice(False, "train.cpu_amp auto: this CPU has no native bf16")
+    name = calibration_name(config, encoded, feature_shape)
+    decision, _ = machine_cache.decided(name, lambda: time_precisions(model, config, encoded, feature_shape), _valid)
+    faster = "faster" if decision["bf16"] else "slower"
+    return PrecisionChoice(decision["bf16"], f"train.cpu_amp auto: a step of this run's shapes took "
+                           f"{decision['bf16_ms']:.0f} ms in bf16 and {decision['fp32_ms']:.0f} ms in fp32 on this CPU "
+                           f"(bf16 {faster})")
+
+
+def machine_would_choose(config: Config, encoded: bool, feature_shape: tuple[int, ...] | None) -> bool | None:
+    """What `auto` takes on the local machine for these shapes, without measuring: None when no
+    calibration is kept here (a resumed run does not calibrate: its checkpoint has decided)."""
+    if not cpu_has_native_bf16():
+        return False
+    known = machine_cache.recall(calibration_name(config, encoded, feature_shape))
+    return known["bf16"] if _valid(known) else None
+
+
+def _valid(known: object) -> bool:
+    return isinstance(known, dict) and isinstance(known.get("bf16"), bool) and all(
+        isinstance(known.get(k), (int, float)) for k in ("bf16_ms", "fp32_ms"))
+
+
+def calibration_name(config: Config, encoded: bool, feature_shape: tuple[int, ...] | None) -> str:
+    """The machine cache's key for a run's shapes: the model, the batch, the input (images of a
+    size, or stored features of a shape) and the stage."""
+    data = config.data
+    shapes = {
+        "model": dataclasses.asdict(config.model),
+        "batch": data.batch_size, "captions": data.captions_per_image, "length": data.max_caption_length,
+        "input": list(feature_shape) if encoded and feature_shape else data.image_size, "stage": config.train.stage,
+    }
+    digest = hashlib.sha1(json.dumps(shapes, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{CALIBRATION}:{config.model.decoder.type}:{digest}"
+
+
+def time_precisions(model: Captioner, config: Config, encoded: bool, feature_shape: tuple[int, ...] | None,
+                    steps: int = TIMED_STEPS) -> dict:
+    """Forward and backward passes of a copy of `model` over one synthetic batch of the run's
+    shapes, fp32 and bf16 alternating, each precision's first pass a warm-up: {"bf16": whether it is faster,
+    "bf16_ms", "fp32_ms"}, the medians. The global generator is forked: the run's stream stays where it was."""
+    trial = copy.deepcopy(model).train()  # batch-norm statistics move in train mode: not the run's
+    batch = synthetic_batch(config, len(model.vocab), encoded, feature_shape)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    with torch.random.fork_rng(devices=[]):
+        for round_ in range(steps + 1):
+            for bf16 in (False, True):
+                started = time.perf_counter()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss, _ = caption_loss(trial, batch, config, encoded)
+                loss.backward()
+                trial.zero_grad(set_to_none=True)
+                if round_:  # the first round is the warm-up
+                    times[bf16].append(time.perf_counter() - started)
+    fp32_ms, bf16_ms = (statistics.median(times[p]) * 1e3 for p in (False, True))
+    log.debug("train.cpu_amp: calibration, median of %d steps: bf16 %.1f ms, fp32 %.1f ms", steps, bf16_ms, fp32_ms)
+    return {"bf16": bf16_ms < fp32_ms, "bf16_ms": round(bf16_ms, 2), "fp32_ms": round(fp32_ms, 2)}
+
+
+def synthetic_batch(config: Config, vocab_size: int, encoded: bool,
+                    feature_shape: tuple[int, ...] | None) -> CaptionBatch:
+    """A batch of the run's shapes from a generator of its own: `data.batch_size` images (or stored
+    feature rows of `feature_shape`), each with one caption (five for captions_per_image all) of
+    the longest length a training caption can have."""
+    generator = torch.Generator().manual_seed(0)
+    data = config.data
+    B = data.batch_size
+    C = B * (CAPTIONS_PER_IMAGE if data.captions_per_image == "all" else 1)
+    T = data.max_caption_length + 2  # <bos> words <eos>
+    if encoded and feature_shape is not None:
+        images = torch.randn(B, *feature_shape, generator=generator).half()  # (B, N, D) as the store keeps them
+    else:
+        size = data.image_size
+        images = torch.randint(0, 256, (B, 3, size, size), generator=generator, dtype=torch.uint8)  # (B, 3, H, W)
+    first_word = 4 if vocab_size > 4 else 0  # after <pad> <bos> <eos> <unk>
+    tokens = torch.randint(first_word, max(vocab_size, first_word + 1), (C, T), generator=generator)  # (C, T)
+    lengths = torch.full((C,), T)  # (C,)
+    image_rows = torch.arange(C) % B  # (C,)
+    return CaptionBatch(images, tokens, lengths, image_rows, torch.arange(B))

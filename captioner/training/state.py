@@ -1,13 +1,26 @@
-"""Where training stands (`TrainState`), all of it kept in last.pt for an exact resume."""
+"""Where a run starts (a stage's `train.init` checkpoint, or the last.pt a `--resume` continues) and where it
+stands: `TrainState` and the random number generators' states, kept in last.pt for an exact resume. The generator
+states are tensors, lists and ints only, so that last.pt still loads with `torch.load(weights_only=True)`."""
 
 from __future__ import annotations
 
+import logging
 import math
+import random
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
+from captioner.core.config_sections import Config
+from captioner.core.errors import CheckpointError
+from captioner.core.process_settings import seed_everything
+from captioner.models.checkpoint import read_checkpoint
 from captioner.training.distributed import Distributed
+
+log = logging.getLogger(__name__)
 
 LOGGED = ("loss", "xent", "penalty")  # cross-entropy's logged values; an objective may name its own (`logged`)
 
@@ -32,9 +45,7 @@ class TrainState:
     epoch_sums: torch.Tensor | None = None  # (P,)
     epoch_steps: int = 0
     encoded: bool = False
-    # Whether the steps run under bf16 autocast, decided before the first (training/speed.py, which
-    # saves it with the run's other speed choices); None: train.amp on CUDA, fp32 on the CPU.
-    bf16: bool | None = None
+    bf16: bool | None = None  # bf16 autocast steps, as training/speed.py decided; None: train.amp on CUDA, fp32 on CPU
     writer: object | None = None
 
     def reset_sums(self, device: torch.device) -> None:
@@ -72,8 +83,7 @@ class TrainState:
             "epoch": self.epoch, "position": self.position, "step": self.step,
             "best_score": self.best_score, "best_epoch": self.best_epoch, "best_step": self.best_step,
             "history": self.history, "step_losses": self.step_losses,
-            "running": self.running.cpu() if self.running is not None else None,
-            "running_steps": self.running_steps,
+            "running": self.running.cpu() if self.running is not None else None, "running_steps": self.running_steps,
             "epoch_sums": self.epoch_sums.cpu() if self.epoch_sums is not None else None,
             "epoch_steps": self.epoch_steps,
         }
@@ -84,12 +94,105 @@ class TrainState:
         self.best_score, self.best_epoch = saved["best_score"], saved["best_epoch"]
         self.history = list(saved.get("history", []))
         # Checkpoints from before best_step validated at epoch ends only: the best epoch's row has it.
-        self.best_step = saved.get(
-            "best_step", next((r["step"] for r in self.history if r["epoch"] == self.best_epoch), 0)
-        )
+        best_rows = (r["step"] for r in self.history if r["epoch"] == self.best_epoch)
+        self.best_step = saved.get("best_step", next(best_rows, 0))
         self.step_losses = list(saved.get("step_losses", []))
         self.reset_sums(device)
         if saved.get("running") is not None and self.position:  # mid-epoch: the sums go on
             self.running.copy_(saved["running"])
             self.epoch_sums.copy_(saved["epoch_sums"])
             self.running_steps, self.epoch_steps = saved["running_steps"], saved["epoch_steps"]
+
+
+def rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # this process's GPU (torchrun: LOCAL_RANK's)
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    try:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(state["torch"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"the checkpoint's random number generator states are malformed ({e})") from None
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def restore_rng(saved: dict, ctx: Distributed, seed: int, state: TrainState) -> None:
+    """Put back this rank's generators as they were at the checkpoint. A checkpoint from
+    another number of processes can only go on at an epoch boundary, with fresh streams."""
+    states = saved.get("rng")
+    if states is not None and len(states) == ctx.world_size:
+        set_rng_state(states[ctx.rank])
+        return
+    if state.position:
+        raise CheckpointError(f"{saved.get('world_size', '?')} processes wrote this mid-epoch checkpoint; resume it "
+                              f"with as many (this run has {ctx.world_size}), or from an end-of-epoch checkpoint")
+    log.warning("the checkpoint holds no random states for %d processes: resuming with fresh ones (not bit-exact)",
+                ctx.world_size)
+    seed_everything(seed + 1000 * state.epoch + ctx.rank)
+
+
+def read_resume_checkpoint(config: Config) -> dict:
+    """train.out_dir's last.pt, whose model section must be the config's."""
+    last = Path(config.train.out_dir) / "last.pt"
+    if not last.exists():
+        raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir)")
+    checkpoint = read_checkpoint(last)
+    if checkpoint["config"]["model"] != config.to_dict()["model"]:
+        raise CheckpointError(f"{last}: the model section of the config differs from the checkpoint's; cannot resume")
+    return checkpoint
+
+
+TRAINING_CHOICES = ("model.encoder.fine_tune_blocks",)  # how a stage trains the model, not what the model is
+
+
+def read_init_checkpoint(config: Config) -> dict:
+    """The checkpoint `train.init` names, whose model section must be the config's, except for
+    the TRAINING_CHOICES: a stage may fine-tune an encoder that the previous one kept frozen
+    (a model trained on the feature store), or freeze one it fine-tuned. The weights fit either way."""
+    path = config.train.init
+    checkpoint = read_checkpoint(path)
+    saved, current = checkpoint["config"].get("model", {}), config.to_dict()["model"]
+    for dotted in TRAINING_CHOICES:
+        was, now = dotted_value(saved, dotted), dotted_value(current, dotted)
+        if was != now:
+            log.info("%s: %s is %r in the checkpoint, %r here: this stage trains as its config says",
+                     path, dotted, was, now)
+    conflict = first_difference(saved, current, "model", skip=TRAINING_CHOICES)
+    if conflict:
+        raise CheckpointError(f"{path}: {conflict}; train.init needs the model section the checkpoint was trained with")
+    return checkpoint
+
+
+def dotted_value(section: dict, dotted: str) -> object:
+    """`section`'s value at `dotted` ('model.encoder.x' in a model section), None where absent."""
+    value: object = section
+    for part in dotted.split(".")[1:]:
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def first_difference(saved: object, current: object, key: str, skip: tuple[str, ...] = ()) -> str | None:
+    """'model.x.y is A in the checkpoint but B in the config' for the first differing key not in `skip`, or None."""
+    if key in skip:
+        return None
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for name in list(dict.fromkeys([*saved, *current])):
+            found = first_difference(saved.get(name), current.get(name), f"{key}.{name}", skip)
+            if found:
+                return found
+        return None
+    return None if saved == current else f"{key} is {saved!r} in the checkpoint but {current!r} in the config"
