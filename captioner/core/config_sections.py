@@ -165,7 +165,7 @@ class TrainConfig:
     device: str = setting("auto", Text(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N"))
     amp: bool = setting(True, Flag())  # bf16 autocast on CUDA (ignored on CPU)
     # The precision of a CPU run's steps, decided before the first one and kept by --resume
-    # (training/precision.py): fp32 | bf16 (autocast, native or emulated) | auto (bf16 where the
+    # (training/speed.py): fp32 | bf16 (autocast, native or emulated) | auto (bf16 where the
     # CPU has native bf16 and a calibration on the run's shapes, kept per machine, times it faster).
     cpu_amp: str = setting("fp32", Choice(("fp32", "auto", "bf16")))
     seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
