@@ -188,7 +188,7 @@ def our_training(
     features = None
     if frozen:
         model.encoder.freeze()
-        shape = (len(records), model.encoder.grid_size**2 or 196, model.encoder.out_dim)
+        shape = (len(records), model.encoder.config.grid_size**2 or 196, model.encoder.out_dim)
         features = torch.randn(shape).to(
             torch.bfloat16 if device.type == "cuda" else torch.float32)  # (n, N, D)
         if on_device:
@@ -282,7 +282,7 @@ def our_scst(
     settings = replace(config.scst, baseline=baseline)
     objective = SelfCritical(settings, vocab, [r.captions for r in records], cache_dir=cache_dir)
     optimizer = torch.optim.AdamW(model.decoder.parameters(), lr=config.train.lr)
-    B, N = config.data.batch_size, model.encoder.grid_size**2 or 196
+    B, N = config.data.batch_size, model.encoder.config.grid_size**2 or 196
     feats = torch.randn(len(records), N, model.encoder.out_dim).half()  # (n, N, D): the store's fp16 rows
     batches = [
         CaptionBatch(feats[i : i + B], torch.zeros(B, 2, dtype=torch.long), torch.full((B,), 2), torch.arange(B),
@@ -323,8 +323,8 @@ def our_compiled_step(config: Config, vocab: Vocabulary, device: torch.device, r
     gives a row with its error. On the CPU the compiled step runs through aot_eager, not Inductor."""
     torch.manual_seed(0)
     model = Captioner.from_config(config, vocab, load_pretrained=False).to(device).eval()
-    decoder, length = model.decoder, config.decode.max_length
-    feats = torch.randn(rows, model.encoder.grid_size**2 or 196, model.encoder.out_dim, device=device)  # (R, N, D)
+    decoder, length, grid = model.decoder, config.decode.max_length, model.encoder.config.grid_size
+    feats = torch.randn(rows, grid**2 or 196, model.encoder.out_dim, device=device)  # (R, N, D)
     backend = "inductor" if device.type == "cuda" else "aot_eager"
     modes = {"eager": decoder.step, "compiled": torch.compile(decoder.step, fullgraph=True, backend=backend)}
     if device.type == "cuda":
