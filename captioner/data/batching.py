@@ -34,8 +34,7 @@ class CaptionBatch:
     indices: torch.Tensor  # (B,) positions of the images in the dataset's records
 
     def to(self, device: torch.device, channels_last: bool = False) -> CaptionBatch:
-        """The batch on `device`, copied non-blocking; `lengths` and `indices` stay on the CPU, where
-        the training loop and the decoder read them without waiting for the device."""
+        """The batch on `device`, non-blocking; `lengths` and `indices` stay on the CPU, read without a sync."""
         if isinstance(self.images, list):
             images = transform_on_device(self.images, device)  # (B, 3, H, W) uint8, decoded there
         else:
@@ -61,8 +60,7 @@ class FeatureRows(Protocol):
 
 
 class CaptionDataset(Dataset):
-    """Images with one random caption (`pairs="one"`) or all of them (`"all"`) for teacher-forced
-    training; a file that fails to load yields None, which `collate_captions` drops. For
+    """Images with one random caption (`pairs="one"`) or all (`"all"`); a bad file yields None. For
     `dataset[(i, draw)]` the caption and augmentation come from `draw` alone, so a resume replays them."""
 
     def __init__(self, records: list[ImageRecord], vocab: Vocabulary, transform: ImageTransform, max_length: int,

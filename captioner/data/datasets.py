@@ -17,6 +17,7 @@ from captioner.data.shapes import SHAPES_MARKER, SPLITS
 
 log = logging.getLogger(__name__)
 
+
 def load_split(config: DataConfig, split: str, check_images: bool = True) -> list[ImageRecord]:
     """The records of `split` (train, val or test) of the dataset `config` describes."""
     if split not in SPLITS:
@@ -57,8 +58,7 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
 
 
 def split_places(config: DataConfig, split: str) -> tuple[str, ...]:
-    """The data keys naming the places `load_split(config, split)` may read: the keys a model's
-    stored config must not have had set aside (`model_settings`) for that split to be read."""
+    """The data keys naming the places `load_split(config, split)` reads (none may be set aside)."""
     places = {"shapes": ("root",), "coco": ("root", "image_root"),
               "karpathy": ("karpathy_file", "image_root", "root"), "flickr8k": ("root", "image_root"),
               "imagefolder": ("root",), "hf": ("root", "image_root"), "webdataset": (f"{split}_shards",)}

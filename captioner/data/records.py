@@ -15,8 +15,7 @@ log = logging.getLogger(__name__)
 
 
 class StoredImages(Protocol):
-    """Images kept inside a dataset's own files (a Hugging Face dataset's Arrow or Parquet
-    column), read by row. Picklable: DataLoader workers each open the files themselves."""
+    """Images kept in a dataset's own files (Arrow, Parquet), read by row; picklable for DataLoader workers."""
 
     def read(self, row: int) -> bytes: ...
 

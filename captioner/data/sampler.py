@@ -15,8 +15,7 @@ DRAW_LIMIT = 2**62  # draws are non-negative int64 seeds
 
 
 def epoch_seed(seed: int, epoch: int, *more: int) -> int:
-    """A 64-bit seed mixed from (seed, epoch, *more) (numpy's SeedSequence hashes them together);
-    `more` narrows it to a rank, a worker, a sample."""
+    """A 64-bit seed hashed from (seed, epoch, *more) by numpy's SeedSequence; `more`: a rank, a worker, a sample."""
     return int(np.random.SeedSequence([seed, epoch, *more]).generate_state(1, dtype=np.uint64)[0])
 
 
@@ -45,8 +44,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
 
     @property
     def span(self) -> int:
-        """Positions of the order per global batch: the global batch, or for a dataset smaller
-        than that, the dataset rounded up to a multiple of the world size (equal shares)."""
+        """Positions per global batch: the global batch, or a smaller dataset rounded up to equal shares."""
         if self.size >= self.global_batch:
             return self.global_batch
         return -(-self.size // self.world_size) * self.world_size

@@ -21,8 +21,7 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def output_grid(encoder: StoreEncoder, image_size: int) -> tuple[int, int]:
-    """The grid (h, w) of the whole encoder's output at `image_size` (its attention maps'),
-    probed in eval mode, so that no batch-norm statistic moves; the mode is restored."""
+    """The grid (h, w) of the encoder's output at `image_size`, probed in eval mode (no batch-norm update)."""
     training = encoder.training
     encoder.eval()
     _, grid = encoder(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, N, D)
@@ -32,8 +31,7 @@ def output_grid(encoder: StoreEncoder, image_size: int) -> tuple[int, int]:
 
 @dataclass
 class SplitFeatures:
-    """What training or evaluation needs of a split's store: the records kept, their rows (on disk,
-    or a tensor in memory or on the device), and the grid of the encoder's output."""
+    """A split's stored features: the records kept, their rows (on disk or a tensor), the encoder's grid."""
 
     records: list[ImageRecord]
     features: torch.Tensor | StoreRows

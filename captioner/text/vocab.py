@@ -1,5 +1,4 @@
-"""Tokenisation and the word vocabulary. `tokenize` (from `captioner.text.tokenizer`) gives the
-words the official COCO caption evaluation scores."""
+"""The word vocabulary, over the words `captioner.text.tokenizer` gives (those COCO evaluation scores)."""
 
 from __future__ import annotations
 
