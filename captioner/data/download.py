@@ -1,6 +1,5 @@
-"""Download and unpack the COCO and Flickr8k caption data sets (`captioner data coco|flickr8k --root DIR`).
-Archives go into `root/downloads/`, size and MD5 checked, and are extracted into `root` in the
-layout the loaders read; `download_file` is the resumable, verified downloader (urllib only)."""
+"""Download COCO and Flickr8k (`captioner data coco|flickr8k --root DIR`) into `root/downloads/`, size and MD5
+checked, resumably (urllib only), and extract them into `root` in the layout the loaders read."""
 
 from __future__ import annotations
 
@@ -91,8 +90,7 @@ class _Interrupted(ConnectionError):
 
 def download_file(url: str, dest: Path, expected_size: int | None = None, md5: str | None = None,
                   progress: bool = True) -> Path:
-    """Download `url` to `dest` via `dest` + ".part", resuming, renamed into place only once its size
-    and MD5 check, so `dest` is never partial; a matching `dest` is kept. Failures: `DatasetError`."""
+    """Download `url` to `dest` via a resumed `dest` + ".part", renamed once its size and MD5 check."""
     dest = Path(dest)
     if dest.is_file():
         if _matches(dest, expected_size, md5):
@@ -120,8 +118,7 @@ def download_file(url: str, dest: Path, expected_size: int | None = None, md5: s
 
 def download_coco(root: Path, year: str = "2014", karpathy: bool = False, mirror: str | None = None,
                   progress: bool = True) -> list[Path]:
-    """Download the COCO `year` images and captions (and with `karpathy` its split file) into `root`,
-    unpacked once; `mirror` replaces every URL's scheme and host. Returns the top-level paths extracted."""
+    """Download and unpack COCO `year` (and Karpathy's splits) into `root`; the top-level paths extracted."""
     year = str(year)
     if year not in YEARS:
         raise DatasetError(f"unknown COCO year {year!r}: choose one of {', '.join(YEARS)}")
@@ -130,8 +127,7 @@ def download_coco(root: Path, year: str = "2014", karpathy: bool = False, mirror
 
 
 def download_flickr8k(root: Path, mirror: str | None = None, progress: bool = True) -> list[Path]:
-    """Download Flickr8k's caption and photo archives into `root` and unpack them once, in the layout
-    `load_flickr8k` reads (root/Flicker8k_Dataset/). Returns the top-level paths extracted."""
+    """Download and unpack Flickr8k into `root` as `load_flickr8k` reads it; the top-level paths extracted."""
     root = Path(root)
     extracted = _download_and_extract(FLICKR8K_FILES, root, mirror, progress)
     missing = [name for name in (TOKEN_FILE, *SPLIT_FILES.values()) if not (root / name).is_file()]

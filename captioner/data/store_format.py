@@ -1,6 +1,5 @@
-"""The feature store's format: what an encoder's frozen blocks make, kept on disk in fp16. A split is
-`<split>.npy` (rows, N, D) and a `<split>.json` manifest naming the encoder, transform and images;
-checks refuse, in one line, a store made otherwise."""
+"""The feature store's format: a split's encoder outputs in fp16 `<split>.npy` (rows, N, D), and a `<split>.json`
+manifest naming the encoder, transform and images, so a store made otherwise is refused in one line."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ def store_files(directory: str | Path, split: str) -> tuple[Path, Path]:
 
 
 class StoreEncoder(Protocol):
-    """What the store needs of an encoder (captioner.models.encoders.Encoder is one): its frozen part
-    maps uint8 images (B, 3, S, S) to cells (B, n, C) and their grid, normalising them itself."""
+    """What the store needs of an encoder: a frozen part mapping uint8 (B, 3, S, S) to cells (B, n, C), its grid."""
 
     config: EncoderConfig
     normalize: PixelNormalization
@@ -76,8 +74,7 @@ class EncodesImages(Protocol):
 
 
 def encoder_fingerprint(encoder: StoreEncoder) -> str:
-    """A hash of the frozen part's state dict (names, shapes, dtypes, values): what the stored rows
-    depend on. Blocks that train change every step and are left out."""
+    """A hash of the frozen part's state dict (names, shapes, dtypes, values): what the stored rows depend on."""
     digest = hashlib.blake2b(digest_size=16)
     for name, tensor in encoder.frozen_state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
@@ -92,8 +89,7 @@ def input_pipeline(encoder: StoreEncoder, transform: ImageTransform) -> list[str
 
 
 def identity(encoder: StoreEncoder, transform: ImageTransform) -> dict[str, Any]:
-    """What the features depend on, besides the images: the fields a store must match, in the
-    order they are compared (the first mismatch names the error)."""
+    """What the features depend on besides the images, in the order a store's fields are compared."""
     config = encoder.config
     return {
         "encoder.name": config.name,
