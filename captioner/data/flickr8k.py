@@ -47,8 +47,7 @@ def read_token_file(path: str | Path) -> dict[str, list[str]]:
 
 def load_flickr8k(root: str | Path, split: str, image_root: str | Path | None = None, check_images: bool = True,
                   strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
-    """Records of one official split (train, val = dev, test), images under `image_root` (else
-    `default_image_folder(root)`); ids are positions in the caption file, stable across splits."""
+    """Records of one official split (val = dev); ids are positions in the caption file, stable across splits."""
     root = Path(root)
     if split not in SPLIT_FILES:
         raise DatasetError(f"{root}: unknown Flickr8k split {split!r} (train, val or test)")

@@ -1,7 +1,5 @@
-"""The training order: one shuffle per epoch from (seed, epoch), sharded over ranks, resumable. A
-permutation and a draw per position, so an epoch replays from any batch; global batch k is positions
-[k * G, (k + 1) * G), rank r taking every world_size-th from r (as DistributedSampler), so any number
-of processes sees the same batches. Items are (index, draw): per-item randomness comes from `draw`."""
+"""The training order: a permutation and a draw per position from (seed, epoch), so an epoch replays from any
+batch; rank r takes every world_size-th position from r (as DistributedSampler). Items are (index, draw)."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ def epoch_seed(seed: int, epoch: int, *more: int) -> int:
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Batches of (index, draw) for one rank; `set_epoch(epoch, start)` picks the order and the
-    first batch to yield (a resumed epoch starts at the batch after the last one trained)."""
+    """Batches of (index, draw) for one rank; `set_epoch(epoch, start)` picks the order and the first batch."""
 
     def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
         if size <= 0:

@@ -1,6 +1,5 @@
-"""The synthetic shapes world: a dataset in COCO format with ground-truth masks. 1 to 3 shapes of
-distinct (colour, shape) per image, so every colour or shape word has one true region for scoring
-attention; seeded per image (byte-identical files), captions from templates of different frequencies."""
+"""The synthetic shapes world, in COCO format with masks: 1 to 3 shapes of distinct (colour, shape) per image,
+so each colour or shape word has one true region for scoring attention; seeded per image, byte-identical."""
 
 from __future__ import annotations
 
@@ -150,8 +149,7 @@ TEMPLATES: tuple[tuple[float, Template], ...] = (
 
 
 def write_captions(objects: list[ShapeObject], rng: np.random.Generator, count: int = 5) -> list[str]:
-    """`count` different captions from templates drawn by weight without replacement (two
-    templates can write the same words for a single object: the later one is skipped)."""
+    """`count` different captions from templates drawn by weight without replacement."""
     weights = np.array([w for w, _ in TEMPLATES])
     keys = rng.random(len(TEMPLATES)) ** (1.0 / weights)  # Efraimidis-Spirakis weighted order
     captions: list[str] = []
@@ -207,8 +205,7 @@ def polygon_area(points: list[tuple[float, float]]) -> float:
 def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, num_test: int = 500,
                     image_size: int = 128, seed: int = 0, image_format: str = "jpg",
                     progress: bool = True) -> dict[str, int]:
-    """Write `out/{split}/*.png`, `out/captions_{split}.json` and `out/instances_{split}.json`, image ids
-    unique across splits. Returns the number of images per split."""
+    """Write `out/{split}/*.png` and `out/{captions,instances}_{split}.json`; the number of images per split."""
     if image_format not in ("png", "jpg"):
         raise DatasetError(f"image format must be png or jpg, got {image_format!r}")
     if image_size < 32:

@@ -57,8 +57,7 @@ class Extraction:
 @torch.no_grad()
 def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str,
             records: list[ImageRecord], batch_size: int, num_workers: int = 0, progress: bool = True) -> FeatureStore:
-    """Encode every image of `records` once into the store of `split`, resuming a stopped run; images
-    that fail to load are recorded in the manifest, their rows left as zeros."""
+    """Encode every image of `records` once into the store of `split`, resuming; failed images' rows stay zero."""
     check_storable(encoder)
     if not records:
         raise FeatureStoreError(f"{split}: no images to encode")
@@ -103,8 +102,7 @@ def new_manifest(
 
 
 def check_disk_space(job: Extraction, directory: Path, frozen: bool) -> None:
-    """Say what will be written, and refuse in one line when the disk lacks the space for it
-    (what a resumed array already holds counts as had)."""
+    """Log what will be written; refuse when the disk lacks the space (a resumed array's blocks count as had)."""
     shape, total, start = job.shape, job.total_bytes, job.manifest["rows_done"]
     allocated = job.array_path.stat().st_blocks * 512 if not job.fresh else 0
     needed = max(0, total - allocated)
@@ -119,8 +117,7 @@ def check_disk_space(job: Extraction, directory: Path, frozen: bool) -> None:
 
 
 def allocate_array(job: Extraction) -> int:
-    """Make a fresh store's array (a header and a sparse file) and manifest, or bring a resumed
-    array back to its full size; returns where the rows start in the file."""
+    """Make a fresh store's sparse array and manifest, or regrow a resumed one; where its rows start."""
     if job.fresh:  # (an array left without its manifest is overwritten: nothing says what it holds)
         try:
             np.lib.format.open_memmap(job.array_path, mode="w+", dtype=DTYPE, shape=job.shape)
@@ -136,8 +133,7 @@ def allocate_array(job: Extraction) -> int:
 
 def encode_batches(encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord], job: Extraction,
                    header: int, batch_size: int, num_workers: int, progress: bool) -> None:
-    """Encode, write and record the rows from `rows_done` on, batch by batch; the manifest is
-    saved every `SAVE_PROGRESS_SECONDS` and at the end, whatever stopped the loop."""
+    """Encode, write and record the rows from `rows_done` on; the manifest saved now and then and at the end."""
     manifest, start = job.manifest, job.manifest["rows_done"]
     checksums = manifest.get("checksums")  # None: a store begun by a version that recorded none
     began, saved = time.time(), time.time()
@@ -176,8 +172,7 @@ def encode_batches(encoder: StoreEncoder, transform: ImageTransform, records: li
 
 def encode_block(encoder: StoreEncoder, batch: tuple[torch.Tensor, torch.Tensor] | None, count: int, offset: int,
                  row_shape: tuple[int, ...]) -> tuple[np.ndarray, set[int]]:
-    """The `count` fp16 rows of one batch (zeros where an image failed) and the positions that loaded;
-    `batch`'s indices count from `offset` records before this batch's first (None: none loaded)."""
+    """The `count` fp16 rows of one batch (zeros where an image failed) and the positions that loaded."""
     block = np.zeros((count, *row_shape), dtype=DTYPE)  # (b, N, D); rows of failed images stay zero
     if batch is None:
         return block, set()

@@ -1,5 +1,4 @@
-"""A split's stored features for training and evaluation: the store built when absent, its rows
-read from disk or loaded onto the device, and the grid of the encoder's output."""
+"""A split's stored features for training and evaluation, built when absent, on disk or on the device."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ class SplitFeatures:
 
 def split_features(model: EncodesImages, config: Config, split: str, records: list[ImageRecord],
                    use: list[ImageRecord] | None = None, build: bool = True) -> SplitFeatures:
-    """The stored features of `use` (default: all `records`) from `model.encoder`'s store, built when
-    absent (`build`), refused when stale; with `data.features_on_device` loaded onto the device if they fit."""
+    """The stored features of `use` (default: `records`), built if absent (`build`); on the device if they fit."""
     data, encoder, transform = config.data, model.encoder, model.transform
     device = encoder.device
     if build:
