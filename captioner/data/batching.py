@@ -86,9 +86,10 @@ class CaptionDataset(Dataset):
         augmented = self.transform.train and self.transform.augment
         if self.features is not None:
             image = self.features[i]
-        elif self.device_preprocess != "none":
-            seed = draw if augmented else None
-            image = pending_or_none(self.records[i], self.transform, seed, self.device_preprocess == "decode")
+        elif self.device_preprocess != "none":  # read and checked (or decoded) here, transformed on the device
+            record, ship_jpeg, seed = self.records[i], self.device_preprocess == "decode", draw if augmented else None
+            image = or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
+                                                 self.transform, seed))
         elif draw is None or not augmented:
             image = load_or_none(self.records[i], self.transform)
         else:
@@ -132,13 +133,6 @@ def load_or_none(record: ImageRecord, transform: ImageTransform) -> torch.Tensor
 def load_record_image(record: ImageRecord) -> Image.Image:
     """The record's picture, from its file or from the bytes its dataset stores."""
     return load_image(image_data(record), name=str(record.path))
-
-
-def pending_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None,
-                    ship_jpeg: bool) -> PendingImage | None:
-    """In a worker: the file (or bytes) read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
-    return or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
-                                        transform, seed))
 
 
 def collate_captions(batch: list) -> CaptionBatch | None:

@@ -93,7 +93,7 @@ def download_file(url: str, dest: Path, expected_size: int | None = None, md5: s
     """Download `url` to `dest` via a resumed `dest` + ".part", renamed once its size and MD5 check."""
     dest = Path(dest)
     if dest.is_file():
-        if _matches(dest, expected_size, md5):
+        if expected_size in (None, dest.stat().st_size) and (md5 is None or _md5(dest) == md5.lower()):
             logger.info("%s already downloaded, skipping", dest)
             return dest
         logger.warning("%s does not have the expected size or checksum, downloading again", dest)
@@ -281,12 +281,6 @@ def _give_up(url: str, host: str, part: Path, error: Exception) -> DatasetError:
     return DatasetError(f"download of {url} kept failing ({error}){kept}{by_hand}")
 
 
-def _matches(path: Path, size: int | None, md5: str | None) -> bool:
-    if size is not None and path.stat().st_size != size:
-        return False
-    return md5 is None or _md5(path) == md5.lower()
-
-
 def _md5(path: Path) -> str:
     digest = hashlib.md5(usedforsecurity=False)  # an integrity check, fine on FIPS systems
     with open(path, "rb") as f:
@@ -319,10 +313,7 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
         raise DatasetError(f"{archive}: not a valid zip archive ({e}); delete it and run again") from None
     except OSError as e:
         raise DatasetError(f"cannot extract {archive} into {root}: {e.strerror or e}") from None
-    tops: dict[str, None] = {}
-    for member in members:
-        parts = [p for p in member.filename.replace("\\", "/").split("/") if p not in ("", ".", "..")]
-        if parts:
-            tops[parts[0]] = None
+    parts = ([p for p in m.filename.replace("\\", "/").split("/") if p not in ("", ".", "..")] for m in members)
+    tops = dict.fromkeys(p[0] for p in parts if p)  # the top-level names, in order, once each
     logger.info("extracted %s into %s", archive.name, root)
     return list(tops)

@@ -135,13 +135,6 @@ def metadata_file(folder: Path) -> Path | None:
     return next((folder / name for name in METADATA_FILES if (folder / name).is_file()), None)
 
 
-def split_layout(root: Path) -> dict[str, Path]:
-    """Our split -> its folder, for the split folders that hold a metadata file."""
-    folders = {split: next((root / n for n in names if metadata_file(root / n) is not None), None)
-               for split, names in SPLIT_FOLDERS.items()}
-    return {split: folder for split, folder in folders.items() if folder is not None}
-
-
 def load_imagefolder(root: str | Path, split: str, caption_column: str = "text", val_fraction: float = 0.05,
                      test_fraction: float = 0.05, split_seed: int = 0, check_images: bool = True,
                      strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
@@ -172,10 +165,10 @@ def load_imagefolder(root: str | Path, split: str, caption_column: str = "text",
 
 def _pools(root: Path, caption_column: str) -> dict[str, Rows]:
     """Split -> its rows (split folders, or a root file's names under them), else {'all': the root file's}."""
-    folders = split_layout(root)
-    if folders:
-        return {split: read_metadata(metadata_file(folder), caption_column)  # type: ignore[arg-type]
-                for split, folder in folders.items()}
+    files = {split: next((f for n in names if (f := metadata_file(root / n)) is not None), None)
+             for split, names in SPLIT_FOLDERS.items()}
+    if any(files.values()):
+        return {split: read_metadata(file, caption_column) for split, file in files.items() if file is not None}
     path = metadata_file(root)
     if path is None:
         raise DatasetError(f"{root}: no metadata.jsonl or metadata.csv (file_name and {caption_column!r} columns) "

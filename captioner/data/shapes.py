@@ -107,9 +107,6 @@ def _apart(x: float, y: float, radius: float, other: ShapeObject) -> bool:
     return abs(dx - dy) > 0.15 * max(dx, dy)
 
 
-# --- captions ------------------------------------------------------------------------------------
-
-
 def _chain(objects: list[ShapeObject], with_size: bool) -> str:
     """'a A left of a B above a C': each object placed relative to the one before it."""
     parts = [objects[0].with_article(with_size)]
@@ -123,13 +120,10 @@ def _listing(objects: list[ShapeObject], with_size: bool) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _relations(objects: list[ShapeObject]) -> str:
-    pairs = zip(objects, objects[1:])
-    return " . ".join(f"the {a.colour} {a.shape} is {relation(a, b)} the {b.colour} {b.shape}" for a, b in pairs)
-
-
 def _with_relations(head: str, objects: list[ShapeObject]) -> str:
-    return head if len(objects) == 1 else f"{head} . {_relations(objects)}"
+    pairs = zip(objects, objects[1:])
+    relations = (f"the {a.colour} {a.shape} is {relation(a, b)} the {b.colour} {b.shape}" for a, b in pairs)
+    return head if len(objects) == 1 else " . ".join([head, *relations])
 
 
 Template = Callable[[list[ShapeObject]], str]
@@ -160,9 +154,6 @@ def write_captions(objects: list[ShapeObject], rng: np.random.Generator, count: 
         if len(captions) == count:
             break
     return captions
-
-
-# --- drawing -------------------------------------------------------------------------------------
 
 
 def render(objects: list[ShapeObject], rng: np.random.Generator, image_size: int) -> Image.Image:
@@ -197,9 +188,6 @@ def _pixel_grid(size: int) -> np.ndarray:
 def polygon_area(points: list[tuple[float, float]]) -> float:
     xs, ys = np.array(points).T
     return float(0.5 * abs(np.dot(xs, np.roll(ys, 1)) - np.dot(ys, np.roll(xs, 1))))
-
-
-# --- the dataset ---------------------------------------------------------------------------------
 
 
 def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, num_test: int = 500,
