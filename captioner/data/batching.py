@@ -25,8 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CaptionBatch:
-    # (B, 3, H, W) uint8 (normalised on the device by the encoder), stored features (B, N, D) fp16,
-    # or B pictures still to transform (and decode) on the device (CaptionDataset.device_preprocess)
+    # (B, 3, H, W) uint8, stored features (B, N, D) fp16, or B pictures to transform on the device
     images: torch.Tensor | list[PendingImage]
     tokens: torch.Tensor  # (C, T) = <bos> w1 .. wn <eos> <pad> ..; C >= B captions
     lengths: torch.Tensor  # (C,) tokens before the padding, <bos> and <eos> included

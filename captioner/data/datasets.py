@@ -1,6 +1,5 @@
-"""A dataset config -> the records of one split: shapes (generated on first use), COCO, Karpathy
-splits, Flickr8k, an image folder, a Hugging Face dataset on disk, WebDataset shards (a split
-read whole; training streams its train shards instead, captioner/data/streaming.py)."""
+"""A dataset config -> the records of one split: shapes (generated on first use), COCO, Karpathy splits, Flickr8k,
+an image folder, a Hugging Face dataset on disk, WebDataset shards (training streams those: data/streaming.py)."""
 
 from __future__ import annotations
 

@@ -56,8 +56,7 @@ COCO_FILES: tuple[RemoteFile, ...] = (
     RemoteFile("annotations_trainval2017.zip",
                "http://images.cocodataset.org/annotations/annotations_trainval2017.zip",
                252_907_541, "f4bbac642086de4f52a3fdda2de5fa2c", "2017"),
-    # No credible MD5 of Karpathy's archive is published: only its size is checked.
-    # It holds dataset_coco.json, dataset_flickr8k.json, dataset_flickr30k.json.
+    # dataset_{coco,flickr8k,flickr30k}.json; no credible MD5 is published: only its size is checked.
     RemoteFile("caption_datasets.zip",
                "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip",
                36_745_453, None, "karpathy"),
@@ -68,8 +67,7 @@ YEARS = ("2014", "2017")
 # MD5s; no confirmed sizes, so the server's Content-Length stands in.
 _FLICKR8K_URL = "https://github.com/jbrownlee/Datasets/releases/download/Flickr8k/"
 FLICKR8K_FILES: tuple[RemoteFile, ...] = (
-    # Text first: 2.3 MB that fail fast on a bad link or mirror, before the 1.1 GB of photos.
-    # Flickr8k.token.txt, Flickr_8k.{train,dev,test}Images.txt and others, at the archive's top.
+    # The caption and split files first: 2.3 MB that fail fast on a bad link, before 1.1 GB of photos.
     RemoteFile("Flickr8k_text.zip", _FLICKR8K_URL + "Flickr8k_text.zip", None,
                "bf6c1abcb8e4a833b7f922104de18627", "flickr8k"),
     # Flicker8k_Dataset/ (sic) with the 8,091 JPEGs.
@@ -198,8 +196,7 @@ def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> i
                 error: Exception = e
             except (OSError, http.client.HTTPException) as e:  # includes URLError, timeouts
                 error = e
-            # Only consecutive attempts without progress count: a long download over a flaky
-            # link may be cut many times yet still finish.
+            # Only consecutive attempts without progress count: a flaky link may still finish.
             grew = part.exists() and part.stat().st_size > offset
             failures = 0 if grew else failures + 1
             if failures >= MAX_ATTEMPTS:
@@ -304,8 +301,7 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
     """Extract `archive` into `root`; return the top-level names it created, in order."""
     try:
         with zipfile.ZipFile(archive) as zf:
-            # Archives zipped on a Mac (Flickr8k_Dataset.zip) carry a __MACOSX/ tree of
-            # resource forks, a "._" file per photo: nothing a reader wants, so never extracted.
+            # A Mac's zip (Flickr8k_Dataset.zip) has a __MACOSX/ tree of resource forks: never extracted.
             members = [m for m in zf.infolist() if not m.filename.startswith("__MACOSX/")]
             for member in progress_bar(members, unit="file", desc=f"extracting {archive.name}", enabled=progress):
                 zf.extract(member, root)  # zipfile drops "..", drive and leading "/" parts

@@ -11,8 +11,7 @@ from captioner.data.records import ImageRecord, drop_missing, read_text
 SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt",
                "test": "Flickr_8k.testImages.txt"}
 TOKEN_FILE = "Flickr8k.token.txt"
-# The photos' folder under the root: ours first, then the one the official Flickr8k_Dataset.zip
-# unpacks to (its name misspelt there), so an unzipped download needs no renaming or image_root.
+# The photos' folder under the root: ours, else the one Flickr8k_Dataset.zip unpacks (misspelt there).
 IMAGE_FOLDERS = ("images", "Flicker8k_Dataset")
 
 

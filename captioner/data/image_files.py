@@ -18,8 +18,7 @@ from captioner.core.errors import ConfigError, ImageLoadError
 
 # A decompression bomb guard: far above any camera photo, far below what exhausts memory.
 MAX_PIXELS = 50_000_000
-# The formats the project reads; Pillow's other plugins (EPS goes to Ghostscript, most are rarely
-# exercised parsers) are unreachable from here.
+# The formats read; Pillow's other plugins (EPS runs Ghostscript, most are rarely exercised) are never reached.
 SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 _HEADER_BYTES = 64  # enough for every plugin's signature check
 

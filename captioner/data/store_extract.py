@@ -88,9 +88,8 @@ def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory:
     return Extraction(split, array_path, manifest_path, manifest, fresh)
 
 
-def new_manifest(
-    split: str, expected: dict[str, Any], grid: tuple[int, int], feat_dim: int, records: list[ImageRecord],
-) -> dict[str, Any]:
+def new_manifest(split: str, expected: dict[str, Any], grid: tuple[int, int], feat_dim: int,
+                 records: list[ImageRecord]) -> dict[str, Any]:
     """The manifest of a store not begun: no row done, no image failed, no chunk written."""
     shape = (len(records), grid[0] * grid[1], feat_dim)  # (rows, N, D)
     return {
@@ -142,8 +141,7 @@ def encode_batches(encoder: StoreEncoder, transform: ImageTransform, records: li
     bar = progress_bar(total=len(records), initial=start, desc=f"features {job.split}", unit="img", enabled=progress,
                        dynamic_ncols=True)
     try:
-        # One batch (None when none of its images loaded) per batch_size records. Its seed is drawn in
-        # a fork of the global RNG, so training goes the same way whether the store is new or not.
+        # One batch (or None) per batch_size records, seeded in a fork: training's RNG is the same, new store or not.
         with torch.random.fork_rng(devices=[]):
             batches = iter(image_loader(records[start:], transform, batch_size, num_workers))
         for first in range(start, len(records), batch_size):
@@ -191,8 +189,7 @@ def write_rows(fd: int, data: bytes, offset: int, array_path: Path) -> None:
         if written != len(data):  # a short write: the disk filled during it
             raise OSError(28, os.strerror(28))
     except OSError as e:
-        # Cutting the file at the rows not done frees the pages a partial write took, so the
-        # manifest saying how far it got still fits on the disk.
+        # Cut the file at the rows not done: the pages a partial write took are freed for the manifest.
         os.ftruncate(fd, offset)
         raise write_failure(array_path, e, "; the rows written so far are kept: "
                                            "run again when there is space and it resumes") from None
@@ -216,10 +213,9 @@ def probe_grid(encoder: StoreEncoder, image_size: int) -> tuple[tuple[int, int],
     return grid, cells.shape[-1]
 
 
-def ensure_store(
-    encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str, records: list[ImageRecord],
-    batch_size: int, num_workers: int = 0, progress: bool = True,
-) -> FeatureStore:
+def ensure_store(encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str,
+                 records: list[ImageRecord], batch_size: int, num_workers: int = 0,
+                 progress: bool = True) -> FeatureStore:
     """Open the store of `split`, extracting (or finishing) it first when needed."""
     _, manifest_path = store_files(directory, split)
     if manifest_path.is_file():

@@ -138,8 +138,7 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(manifest)))  # never half a manifest
 
 
-# An older store's name for its transform: torchvision's tensor resize (the steps below), which
-# differs from Pillow's by a level on a few pixels, so such a store is refused naming both.
+# An older store's transform: torchvision's tensor resize, a level off Pillow's on some pixels (refused).
 LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406],
                     "std": [0.229, 0.224, 0.225]}
 
