@@ -66,10 +66,7 @@ class DatasetImages:
         value = _image_column(self.root, self.split, self.column)[row].as_py()
         name = f"{self.root} ({self.split}, row {row}, column {self.column!r})"
         if isinstance(value, dict):  # an Image feature: {"bytes": ..., "path": ...}
-            data, path = value.get("bytes"), value.get("path")
-            if data:
-                return data
-            value = path
+            value = value.get("bytes") or value.get("path")
         if isinstance(value, (bytes, bytearray)):
             return bytes(value)
         if isinstance(value, str) and value:
