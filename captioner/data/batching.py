@@ -86,7 +86,8 @@ class CaptionDataset(Dataset):
         if self.features is not None:
             image = self.features[i]
         elif self.device_preprocess != "none":  # read and checked (or decoded) here, transformed on the device
-            record, ship_jpeg, seed = self.records[i], self.device_preprocess == "decode", draw if augmented else None
+            record, ship_jpeg = self.records[i], self.device_preprocess == "decode"
+            seed = draw if augmented else None
             image = or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
                                                  self.transform, seed))
         elif draw is None or not augmented:
