@@ -39,6 +39,7 @@ class StoreEncoder(Protocol):
 
     config: EncoderConfig
     normalize: PixelNormalization
+    training: bool  # nn.Module's mode flag
 
     @property
     def frozen(self) -> bool: ...
@@ -58,9 +59,6 @@ class StoreEncoder(Protocol):
     def eval(self) -> Any: ...
 
     def train(self, mode: bool = True) -> Any: ...
-
-    @property
-    def training(self) -> bool: ...
 
 
 class EncodesImages(Protocol):
