@@ -89,12 +89,16 @@ def decode_one(item: EncodedJpeg, device: torch.device | str) -> torch.Tensor:
         return pil_to_tensor(load_image(item.name)).to(device)  # (3, H, W)
 
 
+def gpu_jpeg_decoding(device: torch.device) -> bool:
+    """Whether `device` decodes JPEGs itself: CUDA, with torchvision's nvjpeg kernels built in."""
+    return device.type == "cuda" and hasattr(torch.ops.image, "decode_jpegs_cuda")
+
+
 def device_preprocess(requested: str, device: torch.device) -> str:
     """What `data.device_preprocess` does on `device`: "none" off CUDA, `transform` without nvjpeg."""
     if device.type != "cuda":
         return "none"
-    nvjpeg = hasattr(torch.ops.image, "decode_jpegs_cuda")  # torchvision built with its CUDA JPEG decoder
-    return "transform" if requested == "decode" and not nvjpeg else requested
+    return "transform" if requested == "decode" and not gpu_jpeg_decoding(device) else requested
 
 
 @dataclass(frozen=True)
