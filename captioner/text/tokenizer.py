@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import re
 
-# Abbreviations whose period the PTB lexer keeps, checked one by one against the Java tokenizer
-# ("the st. x" -> "st."; "the tv. x" -> "tv"). Its number-only ones (no., nos.) are left out:
-# they keep the period only before a number.
+# Abbreviations whose period the PTB lexer keeps, each checked against it ("the st. x" -> "st.", "the tv. x" ->
+# "tv"); its number-only ones (no., nos.) keep it only before a number, in `_keeps_period`.
 ABBREVIATIONS = frozenset(
     """jan feb mar apr jun jul aug sep sept oct nov dec mon tue tues wed thu thurs fri
     ala ariz calif colo conn ct dak fla ga ind kan kans ky md mich minn mo mont neb nev okla penn tenn va vt
