@@ -1,1 +1,1 @@
-"""Files on disk -> records -> batches, and the feature store; empty, so importing a module loads no pycocotools."""
+"""Files on disk -> records -> batches, and the feature store. Empty: importing a module loads no pycocotools."""

@@ -1,5 +1,5 @@
-"""A WebDataset shard's tar stream (plain or compressed) read within the data.max_* limits (docs/reliability.md),
-each member's size checked before it is read; a refusal is one `DatasetError` naming shard, member and limit."""
+"""A WebDataset shard read within the data.max_* limits (docs/reliability.md), member by member. Each size is
+checked before its bytes are read; a refusal is one `DatasetError` naming the shard, the member and the limit."""
 
 from __future__ import annotations
 

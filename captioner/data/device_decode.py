@@ -1,5 +1,5 @@
-"""Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores: `transform` runs
-the `ImageTransform` there under each item's seed, `decode` also decodes the JPEGs there (nvjpeg)."""
+"""Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores. `transform` runs the
+`ImageTransform` there under each item's seed; `decode` also decodes the JPEGs there (nvjpeg)."""
 
 from __future__ import annotations
 

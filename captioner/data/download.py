@@ -1,5 +1,5 @@
-"""Download COCO and Flickr8k (`captioner data coco|flickr8k --root DIR`) into `root/downloads/`, size and MD5
-checked, resumably (urllib only), and extract them into `root` in the layout the loaders read."""
+"""Download and unpack the COCO and Flickr8k caption data sets (`captioner data coco|flickr8k --root DIR`).
+Archives are size and MD5 checked, resumably (urllib only), and extracted in the layout the loaders read."""
 
 from __future__ import annotations
 

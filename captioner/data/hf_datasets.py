@@ -1,5 +1,5 @@
-"""A Hugging Face dataset on disk (`save_to_disk` or Parquet), read offline from the memory-mapped Arrow table;
-an image path out of the dataset's folder (or `data.image_root`), links included, is refused unread."""
+"""A Hugging Face dataset on disk (a `save_to_disk` folder or Parquet files), read with no network. An image
+path out of the dataset's folder (or `data.image_root`), links included, is refused unread."""
 
 from __future__ import annotations
 

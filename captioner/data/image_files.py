@@ -1,5 +1,5 @@
-"""The one image loader: a file, bytes or upload -> an upright 8-bit RGB picture, or one `ImageLoadError`;
-no torch, so the ONNX runtime (`captioner.deploy`) refuses the same hostile files."""
+"""The one image loader: a file, bytes or upload -> an upright 8-bit RGB picture, or one `ImageLoadError`.
+No torch, so the ONNX runtime (`captioner.deploy`) refuses the same hostile files."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The one transform from a picture to the encoder's input: a resize (training adds a crop and jitter) to
-uint8 (3, S, S) on the host, then the normalisation the encoder runs on the device."""
+"""The one transform from a picture to the encoder's input: a resize to uint8 (3, S, S) on the host (training
+adds a crop and jitter), then the normalisation the encoder runs on the device."""
 
 from __future__ import annotations
 

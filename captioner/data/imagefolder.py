@@ -1,5 +1,5 @@
-"""Your photos in Hugging Face's `imagefolder` layout, read without `datasets`: `metadata.jsonl` or `.csv` names
-each image (in its folder) and caption; splits from train/validation/test folders, else `seeded_split`."""
+"""Your own photographs and captions in Hugging Face's `imagefolder` layout, read without `datasets`. A metadata
+file names each image (inside its folder) and caption; splits: train/validation/test folders, else `seeded_split`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A model's stored settings are data (docs/export.md): its shard patterns, URLs, commands and places out of
-the working folder are set back to their defaults with one log line; dataset, columns and numbers are kept."""
+"""A model's stored settings are data (docs/export.md). Its shard patterns, URLs, commands and places out of the
+working folder are set back to their defaults with one log line; dataset, columns and numbers are kept."""
 
 from __future__ import annotations
 

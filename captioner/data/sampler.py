@@ -1,5 +1,5 @@
-"""The training order: a permutation and a draw per position from (seed, epoch), so an epoch replays from any
-batch; rank r takes every world_size-th position from r (as DistributedSampler). Items are (index, draw)."""
+"""The training order: one shuffle per epoch from (seed, epoch), sharded over ranks, resumable from any batch.
+Rank r takes every world_size-th position from r (as DistributedSampler); items are (index, draw)."""
 
 from __future__ import annotations
 

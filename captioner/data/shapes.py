@@ -1,5 +1,5 @@
-"""The synthetic shapes world, in COCO format with masks: 1 to 3 shapes of distinct (colour, shape) per image,
-so each colour or shape word has one true region for scoring attention; seeded per image, byte-identical."""
+"""The synthetic shapes world: a dataset in COCO format with ground-truth masks. 1 to 3 shapes of distinct
+(colour, shape) per image, so each word has one true region for scoring attention; seeded, byte-identical."""
 
 from __future__ import annotations
 

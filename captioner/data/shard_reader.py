@@ -1,5 +1,5 @@
-"""WebDataset shards read: each shard's sample count (`shards.json` or img2dataset's `<shard>_stats.json`), the
-samples within limits, their fields, a split into records. Shards: a brace pattern of paths, URLs, `pipe:`s."""
+"""WebDataset shards read: each shard's sample count, the samples within limits, their fields, a split whole.
+Shards: a brace pattern of paths, URLs or `pipe:` commands; counts from `shards.json` or `<shard>_stats.json`."""
 
 from __future__ import annotations
 

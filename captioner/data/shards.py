@@ -1,5 +1,5 @@
-"""Any dataset -> WebDataset shards as img2dataset writes them (`<key>.jpg`, `.txt`, `.json`), written
-atomically, with a `shards.json` wids index of sample counts so a reader knows an epoch's length unopened."""
+"""Any dataset the project reads -> WebDataset shards, as img2dataset writes them (`<key>.jpg`, `.txt`, `.json`).
+Written atomically, with a `shards.json` wids index of sample counts: a reader knows an epoch's length unopened."""
 
 from __future__ import annotations
 

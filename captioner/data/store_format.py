@@ -1,5 +1,5 @@
-"""The feature store's format: a split's encoder outputs in fp16 `<split>.npy` (rows, N, D), and a `<split>.json`
-manifest naming the encoder, transform and images, so a store made otherwise is refused in one line."""
+"""The feature store's format: what an encoder's frozen blocks make, kept on disk in fp16. A `<split>.json`
+manifest names the encoder, transform and images, so a store made otherwise is refused in one line."""
 
 from __future__ import annotations
 

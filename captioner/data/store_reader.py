@@ -1,4 +1,4 @@
-"""Reading a finished feature store: `open_store` checks shape, size and sha256s, `StoreRows` reads fp16 rows with
+"""Reading a finished feature store: `open_store` checks it whole, `StoreRows` reads its rows. A row is one
 `os.pread`, so pages stay in the shared page cache, not in each worker's memory as a memmap's would."""
 
 from __future__ import annotations

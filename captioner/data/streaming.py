@@ -1,5 +1,5 @@
-"""WebDataset shards streamed to training: each rank's workers read the shards a (seed, epoch) plan deals them,
-a resumed one replaying its stream undecoded (docs/training.md)."""
+"""WebDataset shards streamed to training: each rank's workers read the shards a (seed, epoch) plan deals them.
+A resumed worker replays its stream undecoded to its position; docs/training.md says what an epoch is."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The official COCO evaluation's tokenisation in pure Python: the Java PTBTokenizer (CoreNLP 3.4.1) and
-pycocoevalcap's punctuation removal (`python -m benchmarks tokenizer` measures the agreement)."""
+"""The caption tokenizer: the official COCO evaluation's tokenisation, in pure Python. It reproduces CoreNLP
+3.4.1's PTBTokenizer and pycocoevalcap's punctuation removal (`python -m benchmarks tokenizer` measures it)."""
 
 from __future__ import annotations
 

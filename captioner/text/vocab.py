@@ -1,4 +1,4 @@
-"""The word vocabulary, over the words `captioner.text.tokenizer` gives (those COCO evaluation scores)."""
+"""Tokenisation and the word vocabulary. `tokenize` (`captioner.text.tokenizer`) gives the words COCO scores."""
 
 from __future__ import annotations
 
