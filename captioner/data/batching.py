@@ -25,8 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CaptionBatch:
-    # (B, 3, H, W) uint8 (normalised on the device by the encoder), stored features (B, N, D) fp16,
-    # or B pictures still to transform (and decode) on the device (CaptionDataset.device_preprocess)
+    # (B, 3, H, W) uint8, stored features (B, N, D) fp16, or B pictures to transform on the device
     images: torch.Tensor | list[PendingImage]
     tokens: torch.Tensor  # (C, T) = <bos> w1 .. wn <eos> <pad> ..; C >= B captions
     lengths: torch.Tensor  # (C,) tokens before the padding, <bos> and <eos> included
@@ -34,8 +33,7 @@ class CaptionBatch:
     indices: torch.Tensor  # (B,) positions of the images in the dataset's records
 
     def to(self, device: torch.device, channels_last: bool = False) -> CaptionBatch:
-        """The batch on `device`, copied non-blocking; `lengths` and `indices` stay on the CPU, where
-        the training loop and the decoder read them without waiting for the device."""
+        """The batch on `device`, non-blocking; `lengths` and `indices` stay on the CPU, read without a sync."""
         if isinstance(self.images, list):
             images = transform_on_device(self.images, device)  # (B, 3, H, W) uint8, decoded there
         else:
@@ -61,8 +59,7 @@ class FeatureRows(Protocol):
 
 
 class CaptionDataset(Dataset):
-    """Images with one random caption (`pairs="one"`) or all of them (`"all"`) for teacher-forced
-    training; a file that fails to load yields None, which `collate_captions` drops. For
+    """Images with one random caption (`pairs="one"`) or all (`"all"`); a bad file yields None. For
     `dataset[(i, draw)]` the caption and augmentation come from `draw` alone, so a resume replays them."""
 
     def __init__(self, records: list[ImageRecord], vocab: Vocabulary, transform: ImageTransform, max_length: int,
@@ -88,9 +85,11 @@ class CaptionDataset(Dataset):
         augmented = self.transform.train and self.transform.augment
         if self.features is not None:
             image = self.features[i]
-        elif self.device_preprocess != "none":
+        elif self.device_preprocess != "none":  # read and checked (or decoded) here, transformed on the device
+            record, ship_jpeg = self.records[i], self.device_preprocess == "decode"
             seed = draw if augmented else None
-            image = pending_or_none(self.records[i], self.transform, seed, self.device_preprocess == "decode")
+            image = or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
+                                                 self.transform, seed))
         elif draw is None or not augmented:
             image = load_or_none(self.records[i], self.transform)
         else:
@@ -134,13 +133,6 @@ def load_or_none(record: ImageRecord, transform: ImageTransform) -> torch.Tensor
 def load_record_image(record: ImageRecord) -> Image.Image:
     """The record's picture, from its file or from the bytes its dataset stores."""
     return load_image(image_data(record), name=str(record.path))
-
-
-def pending_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None,
-                    ship_jpeg: bool) -> PendingImage | None:
-    """In a worker: the file (or bytes) read and checked (`ship_jpeg`) or decoded, for `transform_on_device`."""
-    return or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
-                                        transform, seed))
 
 
 def collate_captions(batch: list) -> CaptionBatch | None:

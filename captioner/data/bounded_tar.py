@@ -1,6 +1,5 @@
-"""A WebDataset shard read within limits (the data.max_* keys, docs/reliability.md): its tar stream, plain
-or compressed, member by member, each size checked before its bytes are read and every decompressed
-byte counted; every refusal is one `DatasetError` naming the shard, the member and the limit."""
+"""A WebDataset shard read within the data.max_* limits (docs/reliability.md), member by member. Each size is
+checked before its bytes are read; a refusal is one `DatasetError` naming the shard, the member and the limit."""
 
 from __future__ import annotations
 
@@ -73,8 +72,7 @@ class CountingReader(io.RawIOBase):
 
 @dataclass(eq=False)
 class BoundedStream:
-    """The decompressed tar stream, delivered only up to what the loop allows (`allow`), and never
-    past the shard's limits; `position` counts every byte delivered."""
+    """The decompressed tar stream, delivered only up to what `allow` allows and the shard's limits."""
 
     decompressed: BinaryIO
     arrived: CountingReader
@@ -115,8 +113,7 @@ def plain_member_name(name: str) -> bool:
 
 def shard_members(raw: BinaryIO, url: str, limits: ShardLimits,
                   wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes | None]]:
-    """(name, data) for each file of the tar stream `raw` in order, data None for those `wanted`
-    refuses (skipped unread); DatasetError in one line at the first limit passed or name refused."""
+    """(name, data) for each file of the tar stream `raw` in order, data None for those `wanted` refuses."""
     arrived = CountingReader(raw)
     buffered = io.BufferedReader(arrived, READ_AHEAD)
     magic = buffered.peek(8)[:8]
@@ -150,15 +147,14 @@ def shard_members(raw: BinaryIO, url: str, limits: ShardLimits,
 
 
 def member_key(name: str) -> tuple[str, str] | None:
-    """webdataset's split of a member name into the sample's key and its suffix (lower case):
-    "dir/000123.seg.png" -> ("dir/000123", "seg.png"); None for a name without a suffix."""
+    """webdataset's split of a member name: "dir/000123.seg.png" -> ("dir/000123", "seg.png"), else None."""
     found = KEY_AND_SUFFIX.match(name)
     return (found.group(1), found.group(2).lower()) if found else None
 
 
 def shard_samples(raw: BinaryIO, url: str, limits: ShardLimits, suffixes: frozenset[str]) -> Iterator[dict]:
-    """The samples of one shard as webdataset groups them ({"__key__", "__url__", suffix: bytes}); only
-    `suffixes` are held, but every key counts as a sample, so the shard index's counts hold."""
+    """The samples of one shard as webdataset groups them ({"__key__", "__url__", suffix: bytes}), holding only
+    `suffixes`; every key counts as a sample, as in the shard index."""
     sample: dict | None = None
     held: set[str] = set()  # the suffixes of the current sample, read or skipped
     for name, data in shard_members(raw, url, limits,

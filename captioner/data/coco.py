@@ -37,8 +37,7 @@ def load_coco_captions(annotation_file: str | Path, image_root: str | Path, chec
 
 
 def read_coco(path: Path, what: str, lists: tuple[str, ...]) -> COCO:
-    """A pycocotools index of a COCO-format file whose top level holds the `lists` named; every entry
-    is checked first, so any malformation is one DatasetError naming the file and the entry."""
+    """A pycocotools index of a COCO-format file holding the `lists`, each entry checked first (one DatasetError)."""
     data = read_json(path, what)
     if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in lists):
         raise DatasetError(f"{path}: not a {what} (needs {' and '.join(repr(k) for k in lists)} lists)")
@@ -111,9 +110,8 @@ def _check_entries(path: Path, entries: list, name: str, fields: dict) -> set:
 
 def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, check_images: bool = True,
                   strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
-    """Records of one split of a Karpathy file (`dataset_coco.json`, `dataset_flickr8k.json`, ...),
-    `restval` joining `train` as in the papers. Flickr entries have no `filepath` or `cocoid` (ids
-    are `imgid`); a malformed entry stops the load with its index."""
+    """Records of one split of a Karpathy file (`dataset_coco.json`, ...), `restval` joining `train` as in the
+    papers; Flickr entries have no `filepath` or `cocoid` (ids are `imgid`)."""
     split_file = check_file(split_file, "Karpathy split file")
     data = read_json(split_file, "Karpathy split file")
     images = data.get("images") if isinstance(data, dict) else None
@@ -157,8 +155,7 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
 
 
 def report_split_sizes(split_file: Path, sizes: Counter[str], coco: bool) -> None:
-    """Log a Karpathy file's split sizes; warn, naming them, where a COCO file departs from
-    Karpathy's 113,287 / 5,000 / 5,000, so that a partial or edited file never trains silently."""
+    """Log a Karpathy file's split sizes; warn where a COCO file's differ from 113,287 / 5,000 / 5,000."""
     key = (str(split_file.resolve()), split_file.stat().st_mtime_ns)
     if key in _reported:
         return

@@ -1,6 +1,5 @@
-"""A dataset config -> the records of one split: shapes (generated on first use), COCO, Karpathy
-splits, Flickr8k, an image folder, a Hugging Face dataset on disk, WebDataset shards (a split
-read whole; training streams its train shards instead, captioner/data/streaming.py)."""
+"""A dataset config -> the records of one split: shapes (generated on first use), COCO, Karpathy splits, Flickr8k,
+an image folder, a Hugging Face dataset on disk, WebDataset shards (training streams those: data/streaming.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from captioner.data.records import ImageRecord
 from captioner.data.shapes import SHAPES_MARKER, SPLITS
 
 log = logging.getLogger(__name__)
+
 
 def load_split(config: DataConfig, split: str, check_images: bool = True) -> list[ImageRecord]:
     """The records of `split` (train, val or test) of the dataset `config` describes."""
@@ -57,8 +57,7 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
 
 
 def split_places(config: DataConfig, split: str) -> tuple[str, ...]:
-    """The data keys naming the places `load_split(config, split)` may read: the keys a model's
-    stored config must not have had set aside (`model_settings`) for that split to be read."""
+    """The data keys naming the places `load_split(config, split)` reads (none may be set aside)."""
     places = {"shapes": ("root",), "coco": ("root", "image_root"),
               "karpathy": ("karpathy_file", "image_root", "root"), "flickr8k": ("root", "image_root"),
               "imagefolder": ("root",), "hf": ("root", "image_root"), "webdataset": (f"{split}_shards",)}

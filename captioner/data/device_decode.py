@@ -1,7 +1,5 @@
-"""Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores. With
-`transform` a worker only decodes and the device runs the `ImageTransform` under each item's seed;
-with `decode` the device also decodes the JPEGs (nvjpeg, one call a batch), others decoded by PIL.
-On the CPU the same code runs with libjpeg, which the tests check against PIL."""
+"""Training preprocessing on the device (`data.device_preprocess`), for nodes short of cores. `transform` runs the
+`ImageTransform` there under each item's seed; `decode` also decodes the JPEGs there (nvjpeg)."""
 
 from __future__ import annotations
 
@@ -33,9 +31,8 @@ class EncodedJpeg:
 
 def read_for_device(path: str | Path | bytes, ship_jpeg: bool = True, max_pixels: int = MAX_PIXELS,
                     name: str | None = None) -> EncodedJpeg | torch.Tensor:
-    """In a worker: with `ship_jpeg`, a baseline RGB or greyscale JPEG as its bytes and EXIF orientation,
-    after `load_image`'s header checks; any other file (progressive JPEGs too, which nvjpeg may refuse)
-    decoded as `load_image` does, uint8 (3, H, W). Bad files raise `ImageLoadError` naming them."""
+    """In a worker: with `ship_jpeg`, a checked baseline RGB or grey JPEG as its bytes and EXIF orientation; any
+    other file (progressive JPEGs too: nvjpeg may refuse them) decoded as `load_image` does, uint8 (3, H, W)."""
 
     def finish(image: Image.Image) -> EncodedJpeg | torch.Tensor:
         if (not ship_jpeg or image.format != "JPEG" or image.mode not in DEVICE_MODES
@@ -75,9 +72,8 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
 
 
 def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[torch.Tensor]:
-    """Decode on `device` (one call a batch) as upright RGB, uint8 (3, H, W) each. When the batched
-    call fails (it names no file), each is decoded alone, falling back to `load_image`, whose
-    `ImageLoadError` names a truly corrupt file."""
+    """Decode on `device` in one call as upright RGB, uint8 (3, H, W) each; if it fails (naming no file),
+    each alone, falling back to `load_image`, whose `ImageLoadError` names a corrupt file."""
     try:
         decoded = decode_jpeg([item.data for item in images], mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
@@ -99,8 +95,7 @@ def gpu_jpeg_decoding(device: torch.device) -> bool:
 
 
 def device_preprocess(requested: str, device: torch.device) -> str:
-    """What `data.device_preprocess` does on `device`: "none" off CUDA (the workers' cores are
-    the device's there), and `transform` where nvjpeg is missing."""
+    """What `data.device_preprocess` does on `device`: "none" off CUDA, `transform` without nvjpeg."""
     if device.type != "cuda":
         return "none"
     return "transform" if requested == "decode" and not gpu_jpeg_decoding(device) else requested
@@ -116,8 +111,7 @@ class PendingImage:
 
 
 def transform_on_device(pending: list[PendingImage], device: torch.device | str) -> torch.Tensor:
-    """The device half of the loader: decode the JPEGs on `device`, then each item's transform there,
-    its augmentation from its own seed as the worker would have drawn it -> uint8 (B, 3, S, S)."""
+    """The device half of the loader: decode on `device`, then each item's transform under its seed -> (B, 3, S, S)."""
     jpegs = [item.source for item in pending if isinstance(item.source, EncodedJpeg)]
     decoded = iter(decode_jpegs(jpegs, device) if jpegs else [])
     images = []

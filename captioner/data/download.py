@@ -1,6 +1,5 @@
 """Download and unpack the COCO and Flickr8k caption data sets (`captioner data coco|flickr8k --root DIR`).
-Archives go into `root/downloads/`, size and MD5 checked, and are extracted into `root` in the
-layout the loaders read; `download_file` is the resumable, verified downloader (urllib only)."""
+Archives are size and MD5 checked, resumably (urllib only), and extracted in the layout the loaders read."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ COCO_FILES: tuple[RemoteFile, ...] = (
     RemoteFile("annotations_trainval2017.zip",
                "http://images.cocodataset.org/annotations/annotations_trainval2017.zip",
                252_907_541, "f4bbac642086de4f52a3fdda2de5fa2c", "2017"),
-    # No credible MD5 of Karpathy's archive is published: only its size is checked.
-    # It holds dataset_coco.json, dataset_flickr8k.json, dataset_flickr30k.json.
+    # dataset_{coco,flickr8k,flickr30k}.json; no credible MD5 is published: only its size is checked.
     RemoteFile("caption_datasets.zip",
                "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip",
                36_745_453, None, "karpathy"),
@@ -69,8 +67,7 @@ YEARS = ("2014", "2017")
 # MD5s; no confirmed sizes, so the server's Content-Length stands in.
 _FLICKR8K_URL = "https://github.com/jbrownlee/Datasets/releases/download/Flickr8k/"
 FLICKR8K_FILES: tuple[RemoteFile, ...] = (
-    # Text first: 2.3 MB that fail fast on a bad link or mirror, before the 1.1 GB of photos.
-    # Flickr8k.token.txt, Flickr_8k.{train,dev,test}Images.txt and others, at the archive's top.
+    # The caption and split files first: 2.3 MB that fail fast on a bad link, before 1.1 GB of photos.
     RemoteFile("Flickr8k_text.zip", _FLICKR8K_URL + "Flickr8k_text.zip", None,
                "bf6c1abcb8e4a833b7f922104de18627", "flickr8k"),
     # Flicker8k_Dataset/ (sic) with the 8,091 JPEGs.
@@ -91,11 +88,10 @@ class _Interrupted(ConnectionError):
 
 def download_file(url: str, dest: Path, expected_size: int | None = None, md5: str | None = None,
                   progress: bool = True) -> Path:
-    """Download `url` to `dest` via `dest` + ".part", resuming, renamed into place only once its size
-    and MD5 check, so `dest` is never partial; a matching `dest` is kept. Failures: `DatasetError`."""
+    """Download `url` to `dest` via a resumed `dest` + ".part", renamed once its size and MD5 check."""
     dest = Path(dest)
     if dest.is_file():
-        if _matches(dest, expected_size, md5):
+        if expected_size in (None, dest.stat().st_size) and (md5 is None or _md5(dest) == md5.lower()):
             logger.info("%s already downloaded, skipping", dest)
             return dest
         logger.warning("%s does not have the expected size or checksum, downloading again", dest)
@@ -120,8 +116,7 @@ def download_file(url: str, dest: Path, expected_size: int | None = None, md5: s
 
 def download_coco(root: Path, year: str = "2014", karpathy: bool = False, mirror: str | None = None,
                   progress: bool = True) -> list[Path]:
-    """Download the COCO `year` images and captions (and with `karpathy` its split file) into `root`,
-    unpacked once; `mirror` replaces every URL's scheme and host. Returns the top-level paths extracted."""
+    """Download and unpack COCO `year` (and Karpathy's splits) into `root`; the top-level paths extracted."""
     year = str(year)
     if year not in YEARS:
         raise DatasetError(f"unknown COCO year {year!r}: choose one of {', '.join(YEARS)}")
@@ -130,8 +125,7 @@ def download_coco(root: Path, year: str = "2014", karpathy: bool = False, mirror
 
 
 def download_flickr8k(root: Path, mirror: str | None = None, progress: bool = True) -> list[Path]:
-    """Download Flickr8k's caption and photo archives into `root` and unpack them once, in the layout
-    `load_flickr8k` reads (root/Flicker8k_Dataset/). Returns the top-level paths extracted."""
+    """Download and unpack Flickr8k into `root` as `load_flickr8k` reads it; the top-level paths extracted."""
     root = Path(root)
     extracted = _download_and_extract(FLICKR8K_FILES, root, mirror, progress)
     missing = [name for name in (TOKEN_FILE, *SPLIT_FILES.values()) if not (root / name).is_file()]
@@ -202,8 +196,7 @@ def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> i
                 error: Exception = e
             except (OSError, http.client.HTTPException) as e:  # includes URLError, timeouts
                 error = e
-            # Only consecutive attempts without progress count: a long download over a flaky
-            # link may be cut many times yet still finish.
+            # Only consecutive attempts without progress count: a flaky link may still finish.
             grew = part.exists() and part.stat().st_size > offset
             failures = 0 if grew else failures + 1
             if failures >= MAX_ATTEMPTS:
@@ -285,12 +278,6 @@ def _give_up(url: str, host: str, part: Path, error: Exception) -> DatasetError:
     return DatasetError(f"download of {url} kept failing ({error}){kept}{by_hand}")
 
 
-def _matches(path: Path, size: int | None, md5: str | None) -> bool:
-    if size is not None and path.stat().st_size != size:
-        return False
-    return md5 is None or _md5(path) == md5.lower()
-
-
 def _md5(path: Path) -> str:
     digest = hashlib.md5(usedforsecurity=False)  # an integrity check, fine on FIPS systems
     with open(path, "rb") as f:
@@ -314,8 +301,7 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
     """Extract `archive` into `root`; return the top-level names it created, in order."""
     try:
         with zipfile.ZipFile(archive) as zf:
-            # Archives zipped on a Mac (Flickr8k_Dataset.zip) carry a __MACOSX/ tree of
-            # resource forks, a "._" file per photo: nothing a reader wants, so never extracted.
+            # A Mac's zip (Flickr8k_Dataset.zip) has a __MACOSX/ tree of resource forks: never extracted.
             members = [m for m in zf.infolist() if not m.filename.startswith("__MACOSX/")]
             for member in progress_bar(members, unit="file", desc=f"extracting {archive.name}", enabled=progress):
                 zf.extract(member, root)  # zipfile drops "..", drive and leading "/" parts
@@ -323,10 +309,7 @@ def _extract(archive: Path, root: Path, progress: bool) -> list[str]:
         raise DatasetError(f"{archive}: not a valid zip archive ({e}); delete it and run again") from None
     except OSError as e:
         raise DatasetError(f"cannot extract {archive} into {root}: {e.strerror or e}") from None
-    tops: dict[str, None] = {}
-    for member in members:
-        parts = [p for p in member.filename.replace("\\", "/").split("/") if p not in ("", ".", "..")]
-        if parts:
-            tops[parts[0]] = None
+    parts = ([p for p in m.filename.replace("\\", "/").split("/") if p not in ("", ".", "..")] for m in members)
+    tops = dict.fromkeys(p[0] for p in parts if p)  # the top-level names, in order, once each
     logger.info("extracted %s into %s", archive.name, root)
     return list(tops)

@@ -11,8 +11,7 @@ from captioner.data.records import ImageRecord, drop_missing, read_text
 SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt",
                "test": "Flickr_8k.testImages.txt"}
 TOKEN_FILE = "Flickr8k.token.txt"
-# The photos' folder under the root: ours first, then the one the official Flickr8k_Dataset.zip
-# unpacks to (its name misspelt there), so an unzipped download needs no renaming or image_root.
+# The photos' folder under the root: ours, else the one Flickr8k_Dataset.zip unpacks (misspelt there).
 IMAGE_FOLDERS = ("images", "Flicker8k_Dataset")
 
 
@@ -47,8 +46,7 @@ def read_token_file(path: str | Path) -> dict[str, list[str]]:
 
 def load_flickr8k(root: str | Path, split: str, image_root: str | Path | None = None, check_images: bool = True,
                   strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
-    """Records of one official split (train, val = dev, test), images under `image_root` (else
-    `default_image_folder(root)`); ids are positions in the caption file, stable across splits."""
+    """Records of one official split (val = dev); ids are positions in the caption file, stable across splits."""
     root = Path(root)
     if split not in SPLIT_FILES:
         raise DatasetError(f"{root}: unknown Flickr8k split {split!r} (train, val or test)")

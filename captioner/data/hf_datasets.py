@@ -1,6 +1,5 @@
-"""A Hugging Face dataset on disk (a `save_to_disk` folder or Parquet files), read with no network.
-An image path must stay inside the dataset's folder (or `data.image_root`), links included, or is
-refused unread. Records name their rows; the bytes come from the memory-mapped Arrow table."""
+"""A Hugging Face dataset on disk (a `save_to_disk` folder or Parquet files), read with no network. An image
+path out of the dataset's folder (or `data.image_root`), links included, is refused unread."""
 
 from __future__ import annotations
 
@@ -67,10 +66,7 @@ class DatasetImages:
         value = _image_column(self.root, self.split, self.column)[row].as_py()
         name = f"{self.root} ({self.split}, row {row}, column {self.column!r})"
         if isinstance(value, dict):  # an Image feature: {"bytes": ..., "path": ...}
-            data, path = value.get("bytes"), value.get("path")
-            if data:
-                return data
-            value = path
+            value = value.get("bytes") or value.get("path")
         if isinstance(value, (bytes, bytearray)):
             return bytes(value)
         if isinstance(value, str) and value:
@@ -122,8 +118,7 @@ def _image_column(root: str, split: str, column: str) -> Any:
 def load_hf_dataset(root: str | Path, split: str, image_column: str = "image", caption_column: str = "text",
                     val_fraction: float = 0.05, test_fraction: float = 0.05, split_seed: int = 0,
                     image_root: str | Path | None = None) -> list[ImageRecord]:
-    """The records of one split (train, val, test), image ids numbering the rows split by split; a
-    dataset with one split is split by `imagefolder.seeded_split`."""
+    """The records of one split, ids numbering the rows split by split (one split: `seeded_split` divides it)."""
     root = str(root)
     check_split_name(split, root)
     splits = open_dataset(root)
@@ -151,8 +146,7 @@ def load_hf_dataset(root: str | Path, split: str, image_column: str = "image", c
 
 def split_captions(root: str, key: str, dataset: Any, image_column: str,
                    caption_column: str) -> tuple[list[tuple[str, ...]], list[int]]:
-    """Each row's captions, and the rows that have one (a row with no caption teaches nothing);
-    a column that is not there is one DatasetError naming the columns there are."""
+    """Each row's captions, and the rows that have one; a missing column is one DatasetError naming those there."""
     missing = [c for c in (image_column, caption_column) if c not in dataset.column_names]
     if missing:
         raise DatasetError(f"{root} ({key}): no column {missing[0]!r} (columns: {', '.join(dataset.column_names)}); "

@@ -1,6 +1,5 @@
-"""Image files read safely, the one image loader: a file, bytes or upload -> an upright 8-bit RGB
-picture, or one `ImageLoadError` naming the file. Pillow and numpy only (no torch), so the ONNX
-runtime (`captioner.deploy`) refuses the same hostile files the PyTorch path does."""
+"""The one image loader: a file, bytes or upload -> an upright 8-bit RGB picture, or one `ImageLoadError`.
+No torch, so the ONNX runtime (`captioner.deploy`) refuses the same hostile files."""
 
 from __future__ import annotations
 
@@ -19,16 +18,14 @@ from captioner.core.errors import ConfigError, ImageLoadError
 
 # A decompression bomb guard: far above any camera photo, far below what exhausts memory.
 MAX_PIXELS = 50_000_000
-# The formats the project reads; Pillow's other plugins (EPS goes to Ghostscript, most are rarely
-# exercised parsers) are unreachable from here.
+# The formats read; Pillow's other plugins (EPS runs Ghostscript, most are rarely exercised) are never reached.
 SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 _HEADER_BYTES = 64  # enough for every plugin's signature check
 
 
 def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int = MAX_PIXELS,
                name: str | None = None) -> Image.Image:
-    """An image file as an upright 8-bit RGB picture (its first frame, transparency over white), or
-    one `ImageLoadError` naming the file (`name`, for bytes): `open_checked`'s checks."""
+    """An image file as an upright 8-bit RGB picture (first frame, transparency over white), `open_checked`."""
     return open_checked(source, decode_rgb, max_pixels, name)
 
 
@@ -44,8 +41,7 @@ T = TypeVar("T")
 
 def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T],
                  max_pixels: int = MAX_PIXELS, name: str | None = None) -> T:
-    """`finish(image)` on the file opened if its header shows a supported format and a non-empty size
-    under `max_pixels`; every failure, in `finish` too, is an `ImageLoadError` naming the file."""
+    """`finish(image)` if its header shows a supported format and a size under `max_pixels`, else ImageLoadError."""
     name = name or (str(source) if isinstance(source, (str, Path)) else "<upload>")
     if isinstance(source, (str, Path)):
         path = Path(source)
@@ -89,8 +85,7 @@ def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.
 
 
 def open_image(source: str | Path | BinaryIO, name: str | None = None) -> Image.Image:
-    """`Image.open` restricted to `SUPPORTED_FORMATS` (header only); another file is named by the
-    format of its signature, from Pillow's prefix checks alone, so no other parser runs on it."""
+    """`Image.open` restricted to `SUPPORTED_FORMATS`; another format is named by its signature alone."""
     try:
         return Image.open(source, formats=SUPPORTED_FORMATS)
     except UnidentifiedImageError:
@@ -153,8 +148,7 @@ ImageInput = str | Path | bytes | Image.Image  # a path, an encoded image file, 
 
 
 def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
-    """A path, an encoded file's bytes or a PIL image -> the upright RGB picture `load_image`
-    makes of a file; `position` ("image 2 of 5") starts the error of an image in a list."""
+    """A path, bytes or a PIL image -> an upright RGB picture; `position` ("image 2 of 5") starts its error."""
     if isinstance(image, Image.Image):
         return to_rgb(upright(image))
     try:
@@ -170,9 +164,8 @@ def picture_of(image: ImageInput, position: str | None = None) -> Image.Image:
 def caption_in_batches(images: ImageInput | Sequence[ImageInput], batch_size: int,
                        caption: Callable[[list[Image.Image]], list], *, n_best: int | None = None,
                        errors: str = "raise", on_picture: Callable[[Image.Image], None] | None = None) -> Any:
-    """The one batching loop of the torch model and the ONNX runtime: `images` (one, or a list) through
-    `caption`, `batch_size` pictures at a time. A list stops at the first image that does not load, its
-    error naming its place ("image 2 of 5"), unless `errors="return"` puts the error in its place."""
+    """The batching loop of the torch model and the ONNX runtime: `images` (one or a list) through `caption`; a
+    bad image stops a list, naming its place, unless `errors="return"` puts the error in its place."""
     if errors not in ("raise", "return"):
         raise ConfigError(f"caption: errors must be raise or return; got {errors!r}")
     single = not isinstance(images, (list, tuple))

@@ -1,6 +1,5 @@
-"""The one transform from a picture to the encoder's input, shared by training, evaluation, CLI
-and demo: a resize (training adds a crop and jitter) to uint8 (3, S, S) on the host, then the
-normalisation the encoder runs on the device. The pictures come from `data/image_files.py`."""
+"""The one transform from a picture to the encoder's input: a resize to uint8 (3, S, S) on the host (training
+adds a crop and jitter), then the normalisation the encoder runs on the device."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 @dataclass(frozen=True)
 class ImageTransform:
-    """Resize to a square, as uint8 (3, S, S) (a quarter of float's bytes to the device, where the encoder
-    normalises); training adds a mild crop and jitter, never a flip (captions say left and right) or
-    a hue change (captions name colours)."""
+    """Resize to a square uint8 (3, S, S) (a quarter of float's bytes to the device); training adds a mild crop
+    and jitter, never a flip (captions say left and right) or a hue change (captions name colours)."""
 
     image_size: int
     train: bool = False
@@ -35,8 +33,7 @@ class ImageTransform:
         return _pipeline(self.image_size, self.train and self.augment)
 
     def describe(self) -> list[str]:
-        """Every step from the decoded picture to the uint8 image, as the transform objects state
-        their settings, so a changed step changes it (`PixelNormalization.describe()` continues it)."""
+        """Every step from the decoded picture to the uint8 image, as the transform objects state it."""
         return [repr(step) for step in self.pipeline().transforms]
 
 
@@ -44,9 +41,8 @@ CROP_MIN_SCALE = 0.85  # each side of the training crop keeps at least this frac
 
 
 def crop_window(height: int, width: int, min_scale: float = CROP_MIN_SCALE) -> tuple[int, int, int, int]:
-    """A random window (top, left, h, w) from torch's RNG: each side an independent min_scale..1 of
-    the image's, so on average the photo's aspect (RandomResizedCrop's fixed aspect range finds no
-    window on a 4:3 photo), at a uniform position, so centred on average."""
+    """A random window (top, left, h, w): each side min_scale..1 of the image's, so on average the photo's
+    aspect (RandomResizedCrop's aspect range finds no window on a 4:3 photo), centred on average."""
     side_scales = torch.empty(2).uniform_(min_scale, 1.0)  # (2,): height, width
     h = max(1, round(height * float(side_scales[0])))
     w = max(1, round(width * float(side_scales[1])))
@@ -57,8 +53,7 @@ def crop_window(height: int, width: int, min_scale: float = CROP_MIN_SCALE) -> t
 
 @dataclass(frozen=True)
 class RandomWindowCrop:
-    """Crop a `crop_window` and squash it to (size, size): on average the geometry evaluation
-    sees (the whole image squashed to a square), and exactly it at min_scale 1."""
+    """Crop a `crop_window` and squash it to (size, size): on average the geometry evaluation sees."""
 
     size: int
     min_scale: float = CROP_MIN_SCALE
@@ -93,8 +88,7 @@ class PixelStatistics:
         return mean, std
 
     def describe(self) -> list[str]:
-        """The steps `normalize_images` runs, named as the torchvision transforms that compute the
-        same numbers to the bit, so a store records them as it records the resize."""
+        """The steps `normalize_images` runs, as the torchvision transforms that compute the same bits."""
         return [repr(v2.ToDtype(torch.float32, scale=True)), repr(v2.Normalize(list(self.mean), list(self.std)))]
 
 
@@ -102,8 +96,7 @@ IMAGENET = PixelStatistics(IMAGENET_MEAN, IMAGENET_STD)
 
 
 class PixelNormalization(nn.Module):
-    """uint8 images -> float32 normalised with `statistics`, on the images' device. The constants are
-    non-persistent buffers: no host copy per step, and no state dict or fingerprint holds them."""
+    """uint8 images -> float32 normalised with `statistics`; non-persistent buffers (in no state dict)."""
 
     def __init__(self, statistics: PixelStatistics) -> None:
         super().__init__()
@@ -125,8 +118,7 @@ class PixelNormalization(nn.Module):
 
 def normalize_images(images: torch.Tensor, mean: torch.Tensor | None = None,
                      std: torch.Tensor | None = None) -> torch.Tensor:
-    """uint8 images (..., 3, H, W) -> float32 (x * (1/255) - mean) / std, bit-identical to torchvision's
-    on the CPU; `mean` and `std` (3, 1, 1) on the images' device, ImageNet's by default."""
+    """uint8 images -> float32 (x * (1/255) - mean) / std (ImageNet's by default), as torchvision's to the bit."""
     if images.dtype != torch.uint8:
         raise TypeError(f"normalize_images: expected uint8 images, got {images.dtype}")
     if mean is None or std is None:

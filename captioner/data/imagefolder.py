@@ -1,6 +1,5 @@
-"""Your own photographs and captions in Hugging Face's `imagefolder` layout, read without `datasets`. A
-`metadata.jsonl` or `.csv` names each image in `file_name` (never out of its folder, links included) beside
-its caption column; splits come from train/validation/test folders, else `seeded_split` (the HF loader's too)."""
+"""Your own photographs and captions in Hugging Face's `imagefolder` layout, read without `datasets`. A metadata
+file names each image (inside its folder) and caption; splits: train/validation/test folders, else `seeded_split`."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ SPLIT_FOLDERS = {"train": ("train",), "val": ("validation", "val", "valid", "dev
 
 
 def held_out_count(total: int, fraction: float) -> int:
-    """round(total x fraction), but at least one image when the fraction is not 0 and there are
-    three images or more (a tiny folder still gets something to validate on)."""
+    """round(total x fraction), at least 1 for a fraction above 0 and three images or more."""
     if fraction <= 0:
         return 0
     return max(1, round(total * fraction)) if total >= 3 else 0
@@ -34,8 +32,7 @@ def held_out_count(total: int, fraction: float) -> int:
 
 def seeded_split(total: int, val_fraction: float, test_fraction: float, seed: int,
                  source: str) -> dict[str, list[int]]:
-    """Positions 0..total-1 -> {train, val, test: sorted positions}: a seeded shuffle, the first
-    `test` of it for testing, the next `val` for validation, the rest for training."""
+    """Positions 0..total-1 -> {train, val, test: sorted positions}: test, val, train in a seeded shuffle."""
     order = list(range(total))
     random.Random(seed).shuffle(order)
     test = held_out_count(total, test_fraction)
@@ -52,8 +49,7 @@ def check_split_name(split: str, source: str) -> None:
 
 
 def caption_texts(value: object, where: str, hint: str = "") -> tuple[list[str], int]:
-    """A caption cell's texts (a string or a list of them) and how many it left out (None, blank);
-    anything else is the wrong column, named in one line."""
+    """A caption cell's texts (a string or a list) and how many it left out (None, blank)."""
     values = value if isinstance(value, list) else [value]
     wrong = next((v for v in values if v is not None and not isinstance(v, str)), None)
     if wrong is not None:
@@ -139,13 +135,6 @@ def metadata_file(folder: Path) -> Path | None:
     return next((folder / name for name in METADATA_FILES if (folder / name).is_file()), None)
 
 
-def split_layout(root: Path) -> dict[str, Path]:
-    """Our split -> its folder, for the split folders that hold a metadata file."""
-    folders = {split: next((root / n for n in names if metadata_file(root / n) is not None), None)
-               for split, names in SPLIT_FOLDERS.items()}
-    return {split: folder for split, folder in folders.items() if folder is not None}
-
-
 def load_imagefolder(root: str | Path, split: str, caption_column: str = "text", val_fraction: float = 0.05,
                      test_fraction: float = 0.05, split_seed: int = 0, check_images: bool = True,
                      strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
@@ -175,12 +164,11 @@ def load_imagefolder(root: str | Path, split: str, caption_column: str = "text",
 
 
 def _pools(root: Path, caption_column: str) -> dict[str, Rows]:
-    """Split -> its rows: from split folders, from one root file whose names start with split
-    folders, or {'all': the root file's rows} when there are no splits."""
-    folders = split_layout(root)
-    if folders:
-        return {split: read_metadata(metadata_file(folder), caption_column)  # type: ignore[arg-type]
-                for split, folder in folders.items()}
+    """Split -> its rows (split folders, or a root file's names under them), else {'all': the root file's}."""
+    files = {split: next((f for n in names if (f := metadata_file(root / n)) is not None), None)
+             for split, names in SPLIT_FOLDERS.items()}
+    if any(files.values()):
+        return {split: read_metadata(file, caption_column) for split, file in files.items() if file is not None}
     path = metadata_file(root)
     if path is None:
         raise DatasetError(f"{root}: no metadata.jsonl or metadata.csv (file_name and {caption_column!r} columns) "

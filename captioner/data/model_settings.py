@@ -1,6 +1,5 @@
-"""Settings that travel with a model are data (docs/export.md): a model's stored shard patterns (webdataset
-may run them as commands), URLs, commands and (unless `keep_local_places`) places out of the working
-folder are set aside to their defaults with one log line; its dataset, columns and numbers are kept."""
+"""A model's stored settings are data (docs/export.md). Its shard patterns, URLs, commands and places out of the
+working folder are set back to their defaults with one log line; dataset, columns and numbers are kept."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ def shown(value: str) -> str:
 
 
 def outside_working_folder(value: str) -> bool:
-    """Whether a path leaves the folder the command runs in (an absolute path, `..`, `~`) or is
-    no plain path (a control character). Lexical, as image folders judge their file names."""
+    """Whether a path (lexically) leaves the working folder (absolute, `..`, `~`) or holds a control character."""
     if any(ord(c) < 32 or c == "\x7f" for c in value) or value.startswith("~"):
         return True
     parts = PurePosixPath(value.replace("\\", "/"))

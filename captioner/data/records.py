@@ -15,8 +15,7 @@ log = logging.getLogger(__name__)
 
 
 class StoredImages(Protocol):
-    """Images kept inside a dataset's own files (a Hugging Face dataset's Arrow or Parquet
-    column), read by row. Picklable: DataLoader workers each open the files themselves."""
+    """Images kept in a dataset's own files (Arrow, Parquet), read by row; picklable for DataLoader workers."""
 
     def read(self, row: int) -> bytes: ...
 
@@ -41,8 +40,8 @@ def record_exists(record: ImageRecord) -> bool:
 
 def drop_missing(records: list[ImageRecord], source: str, strict: bool = False,
                  max_missing: float = 1.0) -> list[ImageRecord]:
-    """Keep the records whose image exists, logging the count of the others; past `max_missing` (a
-    share) a partial copy would quietly be another dataset, so it stops, as `strict` does on any."""
+    """Keep the records whose image exists, warning of the others; refuse past `max_missing` (a share), or any
+    with `strict`: a partial copy would quietly be another dataset."""
     present = [r for r in records if record_exists(r)]
     missing = len(records) - len(present)
     if records and not present:  # a moved or deleted image folder: the key that points at it

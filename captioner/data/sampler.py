@@ -1,7 +1,5 @@
-"""The training order: one shuffle per epoch from (seed, epoch), sharded over ranks, resumable. A
-permutation and a draw per position, so an epoch replays from any batch; global batch k is positions
-[k * G, (k + 1) * G), rank r taking every world_size-th from r (as DistributedSampler), so any number
-of processes sees the same batches. Items are (index, draw): per-item randomness comes from `draw`."""
+"""The training order: one shuffle per epoch from (seed, epoch), sharded over ranks, resumable from any batch.
+Rank r takes every world_size-th position from r (as DistributedSampler); items are (index, draw)."""
 
 from __future__ import annotations
 
@@ -15,14 +13,12 @@ DRAW_LIMIT = 2**62  # draws are non-negative int64 seeds
 
 
 def epoch_seed(seed: int, epoch: int, *more: int) -> int:
-    """A 64-bit seed mixed from (seed, epoch, *more) (numpy's SeedSequence hashes them together);
-    `more` narrows it to a rank, a worker, a sample."""
+    """A 64-bit seed hashed from (seed, epoch, *more) by numpy's SeedSequence; `more`: a rank, a worker, a sample."""
     return int(np.random.SeedSequence([seed, epoch, *more]).generate_state(1, dtype=np.uint64)[0])
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Batches of (index, draw) for one rank; `set_epoch(epoch, start)` picks the order and the
-    first batch to yield (a resumed epoch starts at the batch after the last one trained)."""
+    """Batches of (index, draw) for one rank; `set_epoch(epoch, start)` picks the order and the first batch."""
 
     def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
         if size <= 0:
@@ -45,8 +41,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
 
     @property
     def span(self) -> int:
-        """Positions of the order per global batch: the global batch, or for a dataset smaller
-        than that, the dataset rounded up to a multiple of the world size (equal shares)."""
+        """Positions per global batch: the global batch, or a smaller dataset rounded up to equal shares."""
         if self.size >= self.global_batch:
             return self.global_batch
         return -(-self.size // self.world_size) * self.world_size

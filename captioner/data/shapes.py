@@ -1,6 +1,5 @@
-"""The synthetic shapes world: a dataset in COCO format with ground-truth masks. 1 to 3 shapes of
-distinct (colour, shape) per image, so every colour or shape word has one true region for scoring
-attention; seeded per image (byte-identical files), captions from templates of different frequencies."""
+"""The synthetic shapes world: a dataset in COCO format with ground-truth masks. 1 to 3 shapes of distinct
+(colour, shape) per image, so each word has one true region for scoring attention; seeded, byte-identical."""
 
 from __future__ import annotations
 
@@ -108,9 +107,6 @@ def _apart(x: float, y: float, radius: float, other: ShapeObject) -> bool:
     return abs(dx - dy) > 0.15 * max(dx, dy)
 
 
-# --- captions ------------------------------------------------------------------------------------
-
-
 def _chain(objects: list[ShapeObject], with_size: bool) -> str:
     """'a A left of a B above a C': each object placed relative to the one before it."""
     parts = [objects[0].with_article(with_size)]
@@ -124,13 +120,10 @@ def _listing(objects: list[ShapeObject], with_size: bool) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _relations(objects: list[ShapeObject]) -> str:
-    pairs = zip(objects, objects[1:])
-    return " . ".join(f"the {a.colour} {a.shape} is {relation(a, b)} the {b.colour} {b.shape}" for a, b in pairs)
-
-
 def _with_relations(head: str, objects: list[ShapeObject]) -> str:
-    return head if len(objects) == 1 else f"{head} . {_relations(objects)}"
+    pairs = zip(objects, objects[1:])
+    relations = (f"the {a.colour} {a.shape} is {relation(a, b)} the {b.colour} {b.shape}" for a, b in pairs)
+    return head if len(objects) == 1 else " . ".join([head, *relations])
 
 
 Template = Callable[[list[ShapeObject]], str]
@@ -150,8 +143,7 @@ TEMPLATES: tuple[tuple[float, Template], ...] = (
 
 
 def write_captions(objects: list[ShapeObject], rng: np.random.Generator, count: int = 5) -> list[str]:
-    """`count` different captions from templates drawn by weight without replacement (two
-    templates can write the same words for a single object: the later one is skipped)."""
+    """`count` different captions from templates drawn by weight without replacement."""
     weights = np.array([w for w, _ in TEMPLATES])
     keys = rng.random(len(TEMPLATES)) ** (1.0 / weights)  # Efraimidis-Spirakis weighted order
     captions: list[str] = []
@@ -162,9 +154,6 @@ def write_captions(objects: list[ShapeObject], rng: np.random.Generator, count: 
         if len(captions) == count:
             break
     return captions
-
-
-# --- drawing -------------------------------------------------------------------------------------
 
 
 def render(objects: list[ShapeObject], rng: np.random.Generator, image_size: int) -> Image.Image:
@@ -201,14 +190,10 @@ def polygon_area(points: list[tuple[float, float]]) -> float:
     return float(0.5 * abs(np.dot(xs, np.roll(ys, 1)) - np.dot(ys, np.roll(xs, 1))))
 
 
-# --- the dataset ---------------------------------------------------------------------------------
-
-
 def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, num_test: int = 500,
                     image_size: int = 128, seed: int = 0, image_format: str = "jpg",
                     progress: bool = True) -> dict[str, int]:
-    """Write `out/{split}/*.png`, `out/captions_{split}.json` and `out/instances_{split}.json`, image ids
-    unique across splits. Returns the number of images per split."""
+    """Write `out/{split}/*.png` and `out/{captions,instances}_{split}.json`; the number of images per split."""
     if image_format not in ("png", "jpg"):
         raise DatasetError(f"image format must be png or jpg, got {image_format!r}")
     if image_size < 32:

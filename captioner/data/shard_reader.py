@@ -1,7 +1,5 @@
-"""WebDataset shards read: the shard set and each shard's sample count, the samples read within
-limits (`bounded_tar`), a sample's fields, and a whole split read into records. Shards are a brace
-pattern of paths, http(s) URLs or `pipe:` commands, named only by the user's own config
-(`model_settings`); counts come from `shards.json` or img2dataset's `<shard>_stats.json`."""
+"""WebDataset shards read: each shard's sample count, the samples within limits, their fields, a split whole.
+Shards: a brace pattern of paths, URLs or `pipe:` commands; counts from `shards.json` or `<shard>_stats.json`."""
 
 from __future__ import annotations
 
@@ -50,8 +48,7 @@ class ShardSet:
 
 
 def open_shard_set(pattern: str, what: str, limits: ShardLimits = DEFAULT_LIMITS) -> ShardSet:
-    """The shards `pattern` names (braces expanded) with their counts, read within `limits`; one
-    DatasetError for an empty list, an index that does not answer or a shard it does not count."""
+    """The shards `pattern` names (braces expanded) with their counts, read within `limits`."""
     from webdataset.shardlists import expand_urls  # the 'data' extra
 
     urls = tuple(u for u in expand_urls(pattern.strip()) if u)
@@ -61,8 +58,7 @@ def open_shard_set(pattern: str, what: str, limits: ShardLimits = DEFAULT_LIMITS
 
 
 def shard_counts(urls: Iterable[str], what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes) -> list[int]:
-    """Each shard's sample count: from the shards.json beside it (read once per folder), else
-    from img2dataset's `<shard>_stats.json`; neither may be over `max_bytes`."""
+    """Each shard's sample count: from the shards.json beside it, else from its `<shard>_stats.json`."""
     indexes: dict[str, dict[str, int] | None] = {}
     counts = []
     for url in urls:
@@ -111,8 +107,7 @@ def read_index(url: str, max_bytes: int = DEFAULT_LIMITS.index_bytes) -> dict[st
 
 def read_small(url: str, what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes,
                missing_ok: bool = False) -> bytes | None:
-    """A small file beside the shards (path, file:// or http(s) URL, pipe: command) of at most
-    `max_bytes`; None when absent and `missing_ok`; DatasetError when it fails or is larger."""
+    """A file beside the shards (path, URL, pipe: command) of at most `max_bytes`; None if absent and `missing_ok`."""
     if url.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
@@ -143,8 +138,7 @@ def read_small(url: str, what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes,
 
 
 def command_output(url: str, max_bytes: int) -> bytes:
-    """At most `max_bytes` + 1 bytes of a pipe: command's output; a command that writes more is
-    stopped there, not read to its end (nor waited for: it may never end)."""
+    """At most `max_bytes` + 1 bytes of a pipe: command's output; one that writes more is killed, not waited for."""
     from webdataset.gopen import gopen
 
     command = gopen(url)
@@ -159,8 +153,7 @@ def command_output(url: str, max_bytes: int) -> bytes:
 
 
 def read_at_most(stream: Any, max_bytes: int) -> bytes:
-    """Up to `max_bytes` + 1 bytes of `stream`, read in pieces (a file, an HTTP response and a pipe
-    each reserve the whole size asked for at once)."""
+    """Up to `max_bytes` + 1 bytes of `stream`, in pieces (a read reserves the whole size asked for at once)."""
     pieces: list[bytes] = []
     total = 0
     while total <= max_bytes:
@@ -179,8 +172,7 @@ def at_most(data: bytes, max_bytes: int, where: str, what: str) -> bytes:
 
 
 def read_samples(urls: Iterable[str], limits: ShardLimits = DEFAULT_LIMITS) -> Iterator[dict]:
-    """The samples of the shards in order, as webdataset groups them ({"__key__", "__url__", suffix:
-    bytes, ...}), within `limits`; a shard that cannot be opened or read is one DatasetError."""
+    """The shards' samples in order, as webdataset groups them, within `limits`; an unreadable one: DatasetError."""
     from webdataset.gopen import gopen  # the 'data' extra
 
     for url in urls:
@@ -199,8 +191,7 @@ def read_samples(urls: Iterable[str], limits: ShardLimits = DEFAULT_LIMITS) -> I
 
 
 def release(stream: object) -> None:
-    """Close a shard's stream. A command still writing (its reader stopped early, or at the tar's
-    end before its padding) is stopped: its exit status after that says nothing about the shard."""
+    """Close a shard's stream, killing a command still writing (its exit status then says nothing)."""
     process = getattr(stream, "proc", None)
     if process is not None and process.poll() is None:
         process.kill()
@@ -254,9 +245,8 @@ def shard_captions(shards: ShardSet, progress: bool = True) -> Iterator[str]:
 
 
 def load_shard_records(shards: ShardSet, split: str, keep_images: bool = True) -> list[ImageRecord]:
-    """A split read whole into memory: a record per sample with an image and a caption (image bytes
-    kept with `keep_images`), the others counted in one warning; it stops past
-    data.max_split_samples samples or data.max_split_bytes bytes."""
+    """A split read whole: a record per sample with an image and a caption (bytes kept with `keep_images`), within
+    data.max_split_samples and data.max_split_bytes."""
     images: list[bytes] = []
     stored = InMemoryImages(images) if keep_images else None  # one for the split: each record reads its row
     records: list[ImageRecord] = []

@@ -1,6 +1,5 @@
-"""Any dataset the project reads -> WebDataset shards, as img2dataset writes them (`<key>.jpg`,
-`.txt`, `.json`). Each split's folder gets a `shards.json` wids index of sample counts, so a reader
-knows an epoch's length unopened; shards are written atomically, a bad image is logged and left out."""
+"""Any dataset the project reads -> WebDataset shards, as img2dataset writes them (`<key>.jpg`, `.txt`, `.json`).
+Written atomically, with a `shards.json` wids index of sample counts: a reader knows an epoch's length unopened."""
 
 from __future__ import annotations
 

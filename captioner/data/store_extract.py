@@ -57,8 +57,7 @@ class Extraction:
 @torch.no_grad()
 def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str,
             records: list[ImageRecord], batch_size: int, num_workers: int = 0, progress: bool = True) -> FeatureStore:
-    """Encode every image of `records` once into the store of `split`, resuming a stopped run; images
-    that fail to load are recorded in the manifest, their rows left as zeros."""
+    """Encode every image of `records` once into the store of `split`, resuming; failed images' rows stay zero."""
     check_storable(encoder)
     if not records:
         raise FeatureStoreError(f"{split}: no images to encode")
@@ -89,9 +88,8 @@ def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory:
     return Extraction(split, array_path, manifest_path, manifest, fresh)
 
 
-def new_manifest(
-    split: str, expected: dict[str, Any], grid: tuple[int, int], feat_dim: int, records: list[ImageRecord],
-) -> dict[str, Any]:
+def new_manifest(split: str, expected: dict[str, Any], grid: tuple[int, int], feat_dim: int,
+                 records: list[ImageRecord]) -> dict[str, Any]:
     """The manifest of a store not begun: no row done, no image failed, no chunk written."""
     shape = (len(records), grid[0] * grid[1], feat_dim)  # (rows, N, D)
     return {
@@ -103,8 +101,7 @@ def new_manifest(
 
 
 def check_disk_space(job: Extraction, directory: Path, frozen: bool) -> None:
-    """Say what will be written, and refuse in one line when the disk lacks the space for it
-    (what a resumed array already holds counts as had)."""
+    """Log what will be written; refuse when the disk lacks the space (a resumed array's blocks count as had)."""
     shape, total, start = job.shape, job.total_bytes, job.manifest["rows_done"]
     allocated = job.array_path.stat().st_blocks * 512 if not job.fresh else 0
     needed = max(0, total - allocated)
@@ -119,8 +116,7 @@ def check_disk_space(job: Extraction, directory: Path, frozen: bool) -> None:
 
 
 def allocate_array(job: Extraction) -> int:
-    """Make a fresh store's array (a header and a sparse file) and manifest, or bring a resumed
-    array back to its full size; returns where the rows start in the file."""
+    """Make a fresh store's sparse array and manifest, or regrow a resumed one; where its rows start."""
     if job.fresh:  # (an array left without its manifest is overwritten: nothing says what it holds)
         try:
             np.lib.format.open_memmap(job.array_path, mode="w+", dtype=DTYPE, shape=job.shape)
@@ -136,8 +132,7 @@ def allocate_array(job: Extraction) -> int:
 
 def encode_batches(encoder: StoreEncoder, transform: ImageTransform, records: list[ImageRecord], job: Extraction,
                    header: int, batch_size: int, num_workers: int, progress: bool) -> None:
-    """Encode, write and record the rows from `rows_done` on, batch by batch; the manifest is
-    saved every `SAVE_PROGRESS_SECONDS` and at the end, whatever stopped the loop."""
+    """Encode, write and record the rows from `rows_done` on; the manifest saved now and then and at the end."""
     manifest, start = job.manifest, job.manifest["rows_done"]
     checksums = manifest.get("checksums")  # None: a store begun by a version that recorded none
     began, saved = time.time(), time.time()
@@ -146,8 +141,7 @@ def encode_batches(encoder: StoreEncoder, transform: ImageTransform, records: li
     bar = progress_bar(total=len(records), initial=start, desc=f"features {job.split}", unit="img", enabled=progress,
                        dynamic_ncols=True)
     try:
-        # One batch (None when none of its images loaded) per batch_size records. Its seed is drawn in
-        # a fork of the global RNG, so training goes the same way whether the store is new or not.
+        # One batch (or None) per batch_size records, seeded in a fork: training's RNG is the same, new store or not.
         with torch.random.fork_rng(devices=[]):
             batches = iter(image_loader(records[start:], transform, batch_size, num_workers))
         for first in range(start, len(records), batch_size):
@@ -176,8 +170,7 @@ def encode_batches(encoder: StoreEncoder, transform: ImageTransform, records: li
 
 def encode_block(encoder: StoreEncoder, batch: tuple[torch.Tensor, torch.Tensor] | None, count: int, offset: int,
                  row_shape: tuple[int, ...]) -> tuple[np.ndarray, set[int]]:
-    """The `count` fp16 rows of one batch (zeros where an image failed) and the positions that loaded;
-    `batch`'s indices count from `offset` records before this batch's first (None: none loaded)."""
+    """The `count` fp16 rows of one batch (zeros where an image failed) and the positions that loaded."""
     block = np.zeros((count, *row_shape), dtype=DTYPE)  # (b, N, D); rows of failed images stay zero
     if batch is None:
         return block, set()
@@ -196,8 +189,7 @@ def write_rows(fd: int, data: bytes, offset: int, array_path: Path) -> None:
         if written != len(data):  # a short write: the disk filled during it
             raise OSError(28, os.strerror(28))
     except OSError as e:
-        # Cutting the file at the rows not done frees the pages a partial write took, so the
-        # manifest saying how far it got still fits on the disk.
+        # Cut the file at the rows not done: the pages a partial write took are freed for the manifest.
         os.ftruncate(fd, offset)
         raise write_failure(array_path, e, "; the rows written so far are kept: "
                                            "run again when there is space and it resumes") from None
@@ -221,10 +213,9 @@ def probe_grid(encoder: StoreEncoder, image_size: int) -> tuple[tuple[int, int],
     return grid, cells.shape[-1]
 
 
-def ensure_store(
-    encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str, records: list[ImageRecord],
-    batch_size: int, num_workers: int = 0, progress: bool = True,
-) -> FeatureStore:
+def ensure_store(encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str,
+                 records: list[ImageRecord], batch_size: int, num_workers: int = 0,
+                 progress: bool = True) -> FeatureStore:
     """Open the store of `split`, extracting (or finishing) it first when needed."""
     _, manifest_path = store_files(directory, split)
     if manifest_path.is_file():

@@ -1,6 +1,5 @@
-"""The feature store's format: what an encoder's frozen blocks make, kept on disk in fp16. A split is
-`<split>.npy` (rows, N, D) and a `<split>.json` manifest naming the encoder, transform and images;
-checks refuse, in one line, a store made otherwise."""
+"""The feature store's format: what an encoder's frozen blocks make, kept on disk in fp16. A `<split>.json`
+manifest names the encoder, transform and images, so a store made otherwise is refused in one line."""
 
 from __future__ import annotations
 
@@ -36,11 +35,11 @@ def store_files(directory: str | Path, split: str) -> tuple[Path, Path]:
 
 
 class StoreEncoder(Protocol):
-    """What the store needs of an encoder (captioner.models.encoders.Encoder is one): its frozen part
-    maps uint8 images (B, 3, S, S) to cells (B, n, C) and their grid, normalising them itself."""
+    """What the store needs of an encoder: a frozen part mapping uint8 (B, 3, S, S) to cells (B, n, C), its grid."""
 
     config: EncoderConfig
     normalize: PixelNormalization
+    training: bool  # nn.Module's mode flag
 
     @property
     def frozen(self) -> bool: ...
@@ -61,9 +60,6 @@ class StoreEncoder(Protocol):
 
     def train(self, mode: bool = True) -> Any: ...
 
-    @property
-    def training(self) -> bool: ...
-
 
 class EncodesImages(Protocol):
     """What holds an encoder and the transform of its images (a Captioner does)."""
@@ -76,8 +72,7 @@ class EncodesImages(Protocol):
 
 
 def encoder_fingerprint(encoder: StoreEncoder) -> str:
-    """A hash of the frozen part's state dict (names, shapes, dtypes, values): what the stored rows
-    depend on. Blocks that train change every step and are left out."""
+    """A hash of the frozen part's state dict (names, shapes, dtypes, values): what the stored rows depend on."""
     digest = hashlib.blake2b(digest_size=16)
     for name, tensor in encoder.frozen_state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
@@ -92,8 +87,7 @@ def input_pipeline(encoder: StoreEncoder, transform: ImageTransform) -> list[str
 
 
 def identity(encoder: StoreEncoder, transform: ImageTransform) -> dict[str, Any]:
-    """What the features depend on, besides the images: the fields a store must match, in the
-    order they are compared (the first mismatch names the error)."""
+    """What the features depend on besides the images, in the order a store's fields are compared."""
     config = encoder.config
     return {
         "encoder.name": config.name,
@@ -142,8 +136,7 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(manifest)))  # never half a manifest
 
 
-# An older store's name for its transform: torchvision's tensor resize (the steps below), which
-# differs from Pillow's by a level on a few pixels, so such a store is refused naming both.
+# An older store's transform: torchvision's tensor resize, a level off Pillow's on some pixels (refused).
 LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406],
                     "std": [0.229, 0.224, 0.225]}
 

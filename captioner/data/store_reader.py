@@ -1,6 +1,5 @@
-"""Reading a finished feature store: `open_store` checks it whole, `StoreRows` reads its rows. The
-check covers shape, size and every chunk's sha256; a row is one `os.pread`, so pages stay in the
-shared page cache, not in each worker's resident memory as a memmap's would. Rows stay fp16."""
+"""Reading a finished feature store: `open_store` checks it whole, `StoreRows` reads its rows. A row is one
+`os.pread`, so pages stay in the shared page cache, not in each worker's memory as a memmap's would."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ class FeatureStore:
 
 
 def check_array(store: FeatureStore) -> None:
-    """The array is what its manifest says (shape, dtype, every byte there) and every chunk has its
-    recorded sha256, in one streamed read; a store without checksums is read with a warning."""
+    """Check the array against its manifest: shape, dtype, size and every chunk's sha256."""
     manifest, array_path = store.manifest, store.array_path
     hint = f"run `captioner features CONFIG` again after deleting {array_path} and {store.manifest_path.name}"
     shape, dtype, _ = npy_header(array_path)
@@ -134,8 +132,7 @@ def open_store(directory: str | Path, split: str, encoder: StoreEncoder, transfo
 
 
 class StoreRows:
-    """Rows of a store, read on demand: `rows[i] -> (N, D)` fp16, `rows[a:b] -> (b - a, N, D)`; the file
-    is opened on first use in each process, so a DataLoader worker opens its own."""
+    """Rows of a store read on demand, the file opened once per process (each DataLoader worker its own)."""
 
     def __init__(self, path: Path, header: int, row_shape: tuple[int, int], rows: list[int]) -> None:
         self.path = path
@@ -165,8 +162,7 @@ class StoreRows:
         return np.frombuffer(data, dtype=DTYPE).reshape(self.row_shape)
 
     def __getitem__(self, index: int | slice | list[int]) -> torch.Tensor | StoreRows:
-        """A row (N, D); a slice of rows read at once (b, N, D); a list of positions: those
-        rows, still on disk (as `tensor[list]` selects rows of a tensor)."""
+        """A row (N, D); a slice read at once (b, N, D); a list of positions: those rows, still on disk."""
         if isinstance(index, slice):
             return torch.stack([self[i] for i in range(*index.indices(len(self)))])  # (b, N, D)
         if isinstance(index, (list, np.ndarray)):

@@ -1,5 +1,4 @@
-"""A split's stored features for training and evaluation: the store built when absent, its rows
-read from disk or loaded onto the device, and the grid of the encoder's output."""
+"""A split's stored features for training and evaluation, built when absent, on disk or on the device."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def output_grid(encoder: StoreEncoder, image_size: int) -> tuple[int, int]:
-    """The grid (h, w) of the whole encoder's output at `image_size` (its attention maps'),
-    probed in eval mode, so that no batch-norm statistic moves; the mode is restored."""
+    """The grid (h, w) of the encoder's output at `image_size`, probed in eval mode (no batch-norm update)."""
     training = encoder.training
     encoder.eval()
     _, grid = encoder(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, N, D)
@@ -32,8 +30,7 @@ def output_grid(encoder: StoreEncoder, image_size: int) -> tuple[int, int]:
 
 @dataclass
 class SplitFeatures:
-    """What training or evaluation needs of a split's store: the records kept, their rows (on disk,
-    or a tensor in memory or on the device), and the grid of the encoder's output."""
+    """A split's stored features: the records kept, their rows (on disk or a tensor), the encoder's grid."""
 
     records: list[ImageRecord]
     features: torch.Tensor | StoreRows
@@ -42,8 +39,7 @@ class SplitFeatures:
 
 def split_features(model: EncodesImages, config: Config, split: str, records: list[ImageRecord],
                    use: list[ImageRecord] | None = None, build: bool = True) -> SplitFeatures:
-    """The stored features of `use` (default: all `records`) from `model.encoder`'s store, built when
-    absent (`build`), refused when stale; with `data.features_on_device` loaded onto the device if they fit."""
+    """The stored features of `use` (default: `records`), built if absent (`build`); on the device if they fit."""
     data, encoder, transform = config.data, model.encoder, model.transform
     device = encoder.device
     if build:

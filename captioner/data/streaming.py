@@ -1,6 +1,5 @@
-"""WebDataset shards streamed to training: each rank and DataLoader worker reads its own shards, as a
-plan made from (seed, epoch, world, workers) deals them, and a resumed worker replays its stream
-undecoded to its position; docs/training.md says what an epoch is."""
+"""WebDataset shards streamed to training: each rank's workers read the shards a (seed, epoch) plan deals them.
+A resumed worker replays its stream undecoded to its position; docs/training.md says what an epoch is."""
 
 from __future__ import annotations
 
@@ -41,9 +40,8 @@ class EpochPlan:
 
 def plan_epoch(counts: tuple[int, ...], seed: int, epoch: int, world: int, workers: int, batch_size: int,
                max_broken: float) -> EpochPlan:
-    """The epoch's plan: permuted shards, rank r taking every world-th from r and its worker w every
-    workers-th of those; each worker keeps a reserve of ceil(max_broken x n) of its n samples for broken
-    ones, and the largest workers give up batches until every rank takes the same number of steps."""
+    """Permuted shards dealt to ranks then workers; each worker keeps ceil(max_broken x n) of its n samples
+    for broken ones, and the largest give up batches until every rank takes the same steps."""
     order = random.Random(epoch_seed(seed, epoch)).sample(range(len(counts)), len(counts))
     shards = tuple(tuple(tuple(order[r::world][w::workers]) for w in range(workers)) for r in range(world))
     sizes = [[sum(counts[i] for i in mine) for mine in rank] for rank in shards]
@@ -58,8 +56,7 @@ def plan_epoch(counts: tuple[int, ...], seed: int, epoch: int, world: int, worke
 
 
 def shuffled(samples: Iterable[dict], size: int, rng: random.Random) -> Iterator[dict]:
-    """A shuffle buffer of `size` samples (webdataset's kind): each sample read replaces a random
-    one of the buffer, which is yielded; the rest come out shuffled at the end."""
+    """A shuffle buffer of `size` samples (webdataset's kind)."""
     buffer: list[dict] = []
     for sample in samples:
         if len(buffer) < size:
@@ -183,9 +180,8 @@ class StreamingCaptions(IterableDataset):
                             "shards.json changed")
 
     def item(self, sample: dict, draw: int, index: int) -> tuple[torch.Tensor, list[list[int]], int]:
-        """(image (3, S, S) uint8, token lists, `index`: the sample's place in its worker's
-        stream) for collate_captions; BrokenSample otherwise. `draw` picks the caption and seeds
-        the augmentation, so both replay after a resume."""
+        """(image (3, S, S) uint8, token lists, `index`) for collate_captions, else BrokenSample; `draw` picks
+        the caption and seeds the augmentation, so both replay after a resume."""
         captions = sample_captions(sample)
         data = sample_image(sample)
         tokens = [self.vocab.encode(c, self.settings.max_length) for c in captions]
@@ -205,8 +201,7 @@ class StreamingCaptions(IterableDataset):
 
 @dataclass
 class ShardStream:
-    """The training loader over the shards for one rank: the epoch's batches through a DataLoader,
-    with what `EpochBatchSampler` offers the training loop (`set_epoch`, its length) and the
+    """One rank's training loader over the shards, with `EpochBatchSampler`'s `set_epoch` and length, and the
     workers' positions for last.pt (`positions`, `resume`)."""
 
     dataset: StreamingCaptions

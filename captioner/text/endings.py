@@ -1,6 +1,5 @@
-"""The words a caption must not end on: articles, prepositions and conjunctions ("a dog with").
-Evaluation counts such captions and decoding can forbid `<eos>` after one. Adverbs and particles
-that end captions legitimately ("looking up", "walking by") are left out."""
+"""The words a caption must not end on: articles, prepositions and conjunctions ("a dog with"). Evaluation counts
+them and decoding can forbid `<eos>` after one; adverbs and particles ("looking up") are left out."""
 
 from __future__ import annotations
 

@@ -1,14 +1,12 @@
-"""The caption tokenizer: the official COCO evaluation's tokenisation, in pure Python. It reproduces
-the Java PTBTokenizer (CoreNLP 3.4.1) and pycocoevalcap's punctuation removal, so the vocabulary and
-the fast metrics see the official words (`python -m benchmarks tokenizer` measures the agreement)."""
+"""The caption tokenizer: the official COCO evaluation's tokenisation, in pure Python. It reproduces CoreNLP
+3.4.1's PTBTokenizer and pycocoevalcap's punctuation removal (`python -m benchmarks tokenizer` measures it)."""
 
 from __future__ import annotations
 
 import re
 
-# Abbreviations whose period the PTB lexer keeps, checked one by one against the Java tokenizer
-# ("the st. x" -> "st."; "the tv. x" -> "tv"). Its number-only ones (no., nos.) are left out:
-# they keep the period only before a number.
+# Abbreviations whose period the PTB lexer keeps, each checked against it ("the st. x" -> "st.", "the tv. x" ->
+# "tv"); its number-only ones (no., nos.) keep it only before a number, in `_keeps_period`.
 ABBREVIATIONS = frozenset(
     """jan feb mar apr jun jul aug sep sept oct nov dec mon tue tues wed thu thurs fri
     ala ariz calif colo conn ct dak fla ga ind kan kans ky md mich minn mo mont neb nev okla penn tenn va vt
@@ -81,9 +79,8 @@ def tokenize(text: str) -> list[str]:
 
 
 def _keeps_period(word: str, after: str) -> bool:
-    """Whether the period after `word` (original case; `after`: the text past it) belongs to it:
-    abbreviations, dotted acronyms, single letters ("W. Bush") and a period before "," or ";",
-    but not a capital's period before a sentence start ("a P. The ...")."""
+    """Whether the period after `word` (original case; `after`: the text past it) belongs to it: abbreviations,
+    acronyms, single letters ("W. Bush", not "a P. The"), any before "," or ";"."""
     lower = word.lower()
     if after[:1] in (",", ";"):
         return True
@@ -96,8 +93,7 @@ def _keeps_period(word: str, after: str) -> bool:
 
 
 def _split_word(word: str) -> list[str]:
-    """Contractions, times, the lexer's split words, and apostrophes it does not keep inside a
-    word (it splits "po'boy" into "po boy"); a trailing apostrophe is a closing quote."""
+    """Split contractions, times, the lexer's split words and inner apostrophes it does not keep ("po'boy")."""
     if word in SPLIT_WORDS:
         return list(SPLIT_WORDS[word])
     if "'" not in word and ":" not in word:

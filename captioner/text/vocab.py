@@ -1,8 +1,8 @@
-"""Tokenisation and the word vocabulary. `tokenize` (from `captioner.text.tokenizer`) gives the
-words the official COCO caption evaluation scores."""
+"""Tokenisation and the word vocabulary. `tokenize` (`captioner.text.tokenizer`) gives the words COCO scores."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -50,15 +50,9 @@ class Vocabulary:
         return " ".join(self.decode_words(ids))
 
     def decode_words(self, ids: Iterable[int]) -> list[str]:
-        words = []
-        for i in ids:
-            i = int(i)
-            if i == self.eos_id:
-                break
-            if i in (self.bos_id, self.pad_id):
-                continue
-            words.append(self.words[i] if 0 <= i < len(self.words) else UNK)
-        return words
+        before_eos = itertools.takewhile(lambda i: i != self.eos_id, map(int, ids))
+        return [self.words[i] if 0 <= i < len(self.words) else UNK for i in before_eos
+                if i not in (self.bos_id, self.pad_id)]
 
     def to_list(self) -> list[str]:
         return list(self.words)
