@@ -28,7 +28,7 @@ def open_dataset(root: str) -> dict[str, Any]:
     if not path.exists():
         raise DatasetError(f"{root}: Hugging Face dataset not found")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never wait on the Hub
-    import datasets  # the 'data' extra; the CLI names it when missing (core/extras.py)
+    import datasets  # the 'data' extra; the CLI names it when missing (core/errors.py)
 
     datasets.logging.set_verbosity_error()
     datasets.disable_progress_bars()
