@@ -26,7 +26,7 @@ import onnxruntime as ort
 from PIL import Image
 
 from captioner.core.bounded_files import read_json
-from captioner.core.checksums import verify_file
+from captioner.core.files import verify_file
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_capacity, check_names, check_options
 from captioner.core.errors import CaptionerError, ConfigError, ExportError
