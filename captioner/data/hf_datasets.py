@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from captioner.core.confinement import Confinement, is_within
+from captioner.core.bounded_files import Confinement, is_within
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.imagefolder import SPLIT_FOLDERS, caption_texts, check_split_name, seeded_split
 from captioner.data.records import ImageRecord
