@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from captioner.core.cache_folder import cache_dir, exclusive
+from captioner.core.machine_cache import cache_dir, exclusive
 from captioner.evaluation.java import JavaToolError, LineTool, exchange, run_java
 
 logger = logging.getLogger(__name__)
