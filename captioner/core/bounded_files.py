@@ -1,11 +1,7 @@
-"""What a model or dataset brings, held within bounds.
-
-Its data files (config.json, vocabulary, ONNX spec, scores, card metadata) are read within a size cap and a
-depth measured before parsing (a card's YAML: aliases too, which expand into billions of nodes): a file past
-a limit is one error line, never a RecursionError or a read of gigabytes. A place it names must stay inside
-its folder, compared by real paths (links and all: a link pointing outside is no way out); the user's own
-places are followed, not judged here.
-"""
+"""What a model or dataset brings, held within bounds (docs/export.md): its data files read within a size
+cap and a depth measured before parsing (past a limit: one error line, never a RecursionError or a read of
+gigabytes); the places it names kept inside their folder, compared by real paths, links and all (the user's
+own places are followed, not judged here)."""
 
 from __future__ import annotations
 

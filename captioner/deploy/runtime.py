@@ -1,15 +1,7 @@
-"""`OnnxCaptioner`: caption images from an exported folder with onnxruntime, numpy and Pillow.
+"""`OnnxCaptioner`: caption images from an exported folder with onnxruntime, numpy and Pillow (docs/deploy.md).
 
-    from captioner.deploy import OnnxCaptioner
-    model = OnnxCaptioner.from_folder("export/")          # the folder `captioner export --onnx` wrote
-    caps = model.caption(["a.jpg", pil_image], beam_size=3)
-    caps[0].text, caps[0].score, caps[0].heatmaps()      # (T, h, w) attention per word
-
-The folder is checked first (`load_bundle`): `onnx.json` read and validated (an older one through
-core/upgrade.py; the format is declared in core/model_spec.py), every graph's checksum compared; every
-problem is one `ExportError` line. Images become the same bytes as the PyTorch transform
-(`captioner.data.image_transform.ImageTransform`); the search (`numpy_search.py`) calls the step graph once
-per word.
+The folder is checked first (`load_bundle`), every problem one `ExportError` line; images become the same
+bytes as the PyTorch transform, and the search (`numpy_search.py`) calls the step graph once per word.
 """
 
 from __future__ import annotations
