@@ -200,11 +200,9 @@ class OnnxCaptioner:
         self.memory_names = [f"memory.{k}" for k in manifest["memory"]]
         self.state_names = [f"state.{k}" for k in manifest["state"]]
         special = bundle.special
-        V = len(self.vocab)
-        banned = np.zeros(V, dtype=bool)  # (V,)
-        banned[list(special.banned)] = True
-        bad_endings = np.zeros(V, dtype=bool)  # (V,)
-        bad_endings[list(bad_ending_ids(self.vocab.index))] = True
+        ids = np.arange(len(self.vocab))  # (V,)
+        banned = np.isin(ids, list(special.banned))  # (V,) bool
+        bad_endings = np.isin(ids, list(bad_ending_ids(self.vocab.index)))  # (V,) bool
         self.rules = TokenRules(special.bos, special.eos, banned, bad_endings)
 
     @classmethod
