@@ -1,6 +1,7 @@
 """What captioner computes once per machine, kept between processes in its cache folder
 ($CAPTIONER_CACHE_DIR, else $XDG_CACHE_HOME/captioner, else ~/.cache/captioner); among it a JSON file of
-decisions measured here, keyed by processor, core count and torch version (one unreadable is measured anew).
+what was measured on the local machine, keyed by processor, core count and torch version (a file that
+cannot be read or written is measured anew).
 """
 
 from __future__ import annotations
