@@ -248,7 +248,7 @@ def test_a_scores_file_past_the_file_size_limit_keeps_the_previous_one(tmp_path:
     code = f"""
         import sys
         from captioner.core.errors import StorageError
-        from captioner.evaluation.report import write_scores_json
+        from captioner.evaluation.results_files import write_scores_json
         write_scores_json("{path}", {{"CIDEr": 1.0}}, {{1: {{"CIDEr": 1.0}}}})
         limit_file_size(4096)
         try:

@@ -17,8 +17,7 @@ from test_flickr8k import flickr8k_224, subset  # noqa: F401 - the fixture is us
 from captioner.data.flickr8k import TOKEN_FILE, read_token_file
 from captioner.evaluation.metrics import fast_scores
 from captioner.evaluation.scorers import CountedCaptions, cider_d
-from captioner.evaluation.report import write_scores_json
-from captioner.evaluation.results_files import write_results
+from captioner.evaluation.results_files import write_results, write_scores_json
 from captioner.models.checkpoint import save_checkpoint
 
 

@@ -44,7 +44,7 @@ from PIL import Image
 
 from captioner.apps.cli import main
 from captioner.core.config import config_from_dict, leaf_fields, load_config
-from captioner.core.checksums import sha256_of
+from captioner.core.files import sha256_of
 from captioner.core.config_sections import Config, DataConfig
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.datasets import load_split, split_places

@@ -215,7 +215,7 @@ def test_the_runtime_installs_in_a_fresh_venv_and_captions_without_torch(wheels:
 def test_an_extra_package_missing_its_own_dependency_names_the_extra_too() -> None:
     """nltk installed without `regex` fails on import with ModuleNotFoundError('regex'): a line naming
     the extra, not a traceback."""
-    from captioner.core.extras import missing_extra
+    from captioner.core.errors import missing_extra
 
     assert missing_extra(ModuleNotFoundError("No module named 'regex'", name="regex")) == (
         ("regex is not installed: it comes with the 'train' extra (pip install 'captioner[train]', or -e '.[train]' in "

@@ -1,5 +1,5 @@
 """The official COCO metrics and their files: the official demo reproduced (metrics), input
-errors (results_files), fast scores, Java and SPICE (java), the scores file (report)."""
+errors and the scores file (results_files), fast scores, Java and SPICE (java)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,14 @@ from captioner.core.errors import CaptionerError, DatasetError
 from captioner.evaluation import java, spice_models
 from captioner.evaluation.evaluate import caption_records, encode_records, evaluate, references_for, score_predictions
 from captioner.evaluation.metrics import OFFICIAL_KEYS, evaluate_results_file, fast_scores, official_scores
-from captioner.evaluation.report import rounded, write_scores_json
-from captioner.evaluation.results_files import load_references, load_results, scored_ids, write_results
+from captioner.evaluation.results_files import (
+    load_references,
+    load_results,
+    rounded,
+    scored_ids,
+    write_results,
+    write_scores_json,
+)
 
 needs_java = pytest.mark.usefixtures("java")  # skips locally without Java, fails under CI=true (conftest.py)
 

@@ -22,7 +22,7 @@ import torch
 from helpers import REPO, WORDS, require_module, subprocess_env, tiny_model
 from PIL import Image
 
-from captioner.core.checksums import sha256_of
+from captioner.core.files import sha256_of
 from captioner.core.errors import CaptionerError, ConfigError, ExportError, ImageLoadError
 from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION
 from captioner.models.captioner import Captioner

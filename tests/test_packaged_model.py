@@ -33,7 +33,7 @@ from test_default_model import loaded  # noqa: F401 (a fixture: the paths the CL
 
 from captioner.apps.cli import main
 from captioner.apps.packaged_model import encode_pictures, keeps_captions_in_half, package_model
-from captioner.core.checksums import sha256_of
+from captioner.core.files import sha256_of
 from captioner.core.errors import ExportError
 from captioner.data.shapes import generate_shapes
 from captioner.models import model_origin, packaged

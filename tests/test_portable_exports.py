@@ -180,7 +180,7 @@ def test_the_packaged_model_carries_names_only_and_reads_its_settings_quietly(
     trained it, its files match their checksums, and the demo's examples and evaluate read its
     settings without a warning about them (a stranger's model that names paths still has one)."""
     from captioner.apps.demo.cards import model_examples
-    from captioner.core.checksums import sha256_of
+    from captioner.core.files import sha256_of
 
     folder = packaged_folder()
     config = json.loads((folder / CONFIG).read_text())
@@ -230,7 +230,7 @@ def test_an_older_exports_traced_graph_is_stripped_on_its_way_to_the_hub(
     before they were dropped): make_portable, as push runs it on a copy, drops them and the
     checksum in onnx.json follows, so the bundle still verifies."""
     onnx = pytest.importorskip("onnx")
-    from captioner.core.checksums import sha256_of
+    from captioner.core.files import sha256_of
 
     folder = tmp_path / "old_export"
     export_model(run, folder, image=photo)

@@ -12,8 +12,7 @@ import traceback
 import captioner
 from captioner.apps.arguments import AnyOrderParser
 from captioner.apps.commands import caption, config, data, demo, evaluate, export, features, push, train
-from captioner.core.errors import CaptionerError
-from captioner.core.extras import missing_extra
+from captioner.core.errors import CaptionerError, missing_extra
 
 log = logging.getLogger("captioner")
 

@@ -17,10 +17,9 @@ from typing import Any
 
 from captioner.apps.model_card import model_card, read_card, read_scores, with_recipe
 from captioner.core.bounded_files import read_json
-from captioner.core.checksums import sha256_of
+from captioner.core.files import sha256_of, write_atomically
 from captioner.core.config_sections import DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
-from captioner.core.files import write_atomically
 from captioner.core.portable_config import portable_config
 from captioner.data.image_files import load_image
 from captioner.data.model_settings import StoredSettings, stored_settings

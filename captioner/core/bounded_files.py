@@ -1,8 +1,7 @@
-"""The data files a model brings (config.json, vocabulary, ONNX spec, scores, card metadata), read within limits.
-
-A size cap, and a depth measured before parsing (a card's YAML: aliases too, which expand into billions of
-nodes): a file past a limit is one error line, never a RecursionError or a read of gigabytes.
-"""
+"""What a model or dataset brings, held within bounds (docs/export.md): its data files read within a size
+cap and a depth measured before parsing (past a limit: one error line, never a RecursionError or a read of
+gigabytes); the places it names kept inside their folder, compared by real paths, links and all (the user's
+own places are followed, not judged here)."""
 
 from __future__ import annotations
 
@@ -117,3 +116,36 @@ def load_yaml(
         raise error(f"{source}: not valid YAML ({' '.join(str(e).split())[:160]})") from None
     finally:
         loader.dispose()
+
+
+def is_within(path: str, base: str) -> bool:
+    """Whether real path `path` is `base` or lies below it (both already resolved)."""
+    try:
+        return os.path.commonpath([path, base]) == base
+    except ValueError:  # another drive
+        return False
+
+
+class Confinement:
+    """Names checked against one folder, each folder resolved once (one lstat a file)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = str(folder)
+        self.base = os.path.realpath(self.folder)
+        self._folders: dict[str, str] = {}
+
+    def escape(self, name: str | Path) -> str | None:
+        """Where `name` (relative or absolute) leads when that is outside the folder, else None."""
+        head, tail = os.path.split(os.path.join(self.folder, name))
+        real_head = self._folders.get(head)
+        if real_head is None:
+            real_head = self._folders[head] = os.path.realpath(head)
+        target = os.path.join(real_head, tail)
+        if os.path.islink(target):
+            target = os.path.realpath(target)
+        return None if is_within(target, self.base) else target
+
+
+def escapes(name: str | Path, folder: str | Path) -> str | None:
+    """`Confinement(folder).escape(name)`, for one name."""
+    return Confinement(folder).escape(name)

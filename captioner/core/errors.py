@@ -1,6 +1,9 @@
 """User-facing errors: a `CaptionerError` is one line naming the problem, the file or field and the way
-out; `captioner` prints it and exits 2. Any other exception is a bug and keeps its traceback.
+out; `captioner` prints it and exits 2, as it does for a package an optional install (extra, pyproject.toml)
+left out. Any other exception is a bug and keeps its traceback.
 """
+
+from __future__ import annotations
 
 
 class CaptionerError(Exception):
@@ -38,3 +41,25 @@ class ExportError(CaptionerError):
 
 class StorageError(CaptionerError):
     """A file could not be written (a full disk, a size limit, a quota); the file it names is left as it was."""
+
+
+# The optional install (extra, pyproject.toml) that brings each package
+EXTRA_OF = {
+    "pycocoevalcap": "train", "pycocotools": "train", "nltk": "train", "tensorboard": "train",
+    "regex": "train", "joblib": "train",  # nltk's own dependencies: an nltk installed without them fails on import
+    "gradio": "demo", "gradio_client": "demo",
+    "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "onnx",
+    "datasets": "data", "pyarrow": "data", "webdataset": "data",
+}
+
+
+def missing_extra(error: ModuleNotFoundError) -> str | None:
+    """The one-line message for a package an optional install brings; None for any other (keep the traceback)."""
+    package = (error.name or "").split(".")[0]
+    extra = EXTRA_OF.get(package)
+    if extra is None:
+        return None
+    return (
+        f"{package} is not installed: it comes with the '{extra}' extra "
+        f"(pip install 'captioner[{extra}]', or -e '.[{extra}]' in a checkout)"
+    )

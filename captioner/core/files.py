@@ -1,18 +1,19 @@
-"""Writing a file so that a failure loses nothing: beside its name, then renamed onto it.
-
-A failed write (a full disk above all) is one `StorageError` naming the file and the space left.
+"""Files written so that a failure loses nothing (beside their name, then renamed onto it), and checked
+before anything reads them: a failed write (a full disk above all) is one `StorageError` naming the file
+and the space left; a missing, truncated or altered file is one `ExportError`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from captioner.core.errors import StorageError
+from captioner.core.errors import ExportError, StorageError
 
 T = TypeVar("T")
 
@@ -69,3 +70,31 @@ def same_file_as(source: Path, path: Path) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
     write_atomically(path, lambda copy: shutil.copyfile(source, copy))
+
+
+def sha256_of(path: str | Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks (a model file never sits in memory twice)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+REEXPORT = "re-export the checkpoint"
+
+
+def verify_file(path: Path, sha256: str, listed_in: Path, size: int | None = None, remedy: str = REEXPORT) -> None:
+    """A missing, truncated or altered file `listed_in` records is one ExportError ending with `remedy`."""
+    if not path.is_file():
+        raise ExportError(f"{path}: missing (listed in {listed_in.name}); {remedy}")
+    found = path.stat().st_size
+    if size is not None and found != size:
+        raise ExportError(
+            f"{path}: {found} bytes, but {listed_in.name} records {size} (truncated or replaced); {remedy}"
+        )
+    if sha256_of(path) != sha256:
+        raise ExportError(
+            f"{path}: sha256 does not match {listed_in.name} (checksum differs: the file was changed or damaged); "
+            f"{remedy}"
+        )

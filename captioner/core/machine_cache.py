@@ -1,6 +1,7 @@
-"""What was measured on the local machine, kept between processes: a JSON file of decisions.
-
-Keyed by processor, core count and torch version; a file that cannot be read or written is measured anew.
+"""What captioner computes once per machine, kept between processes in its cache folder
+($CAPTIONER_CACHE_DIR, else $XDG_CACHE_HOME/captioner, else ~/.cache/captioner); among it a JSON file of
+what was measured on the local machine, keyed by processor, core count and torch version (a file that
+cannot be read or written is measured anew).
 """
 
 from __future__ import annotations
@@ -11,17 +12,36 @@ import logging
 import os
 import platform
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from captioner.core.cache_folder import cache_dir, exclusive
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, each process builds or measures for itself
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "machine.json"
+
+
+def cache_dir() -> Path:
+    if os.environ.get("CAPTIONER_CACHE_DIR"):
+        return Path(os.environ["CAPTIONER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "captioner"
+
+
+@contextlib.contextmanager
+def exclusive(name: str) -> Iterator[None]:
+    """Hold the cache folder's lock `<name>.lock`: what one process builds, the others wait for."""
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.lock", "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def processor_name() -> str:
@@ -41,6 +61,8 @@ def processor_name() -> str:
 
 def machine_key() -> str:
     """The processor, its core count and the torch version: what a speed decision depends on."""
+    import torch  # here: METEOR's index shares the cache folder without torch
+
     return f"{processor_name()} | {os.cpu_count()} cores | torch {torch.__version__}"
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from captioner.core.confinement import Confinement, is_within
+from captioner.core.bounded_files import Confinement, is_within
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.imagefolder import SPLIT_FOLDERS, caption_texts, check_split_name, seeded_split
 from captioner.data.records import ImageRecord
@@ -27,7 +27,7 @@ def open_dataset(root: str) -> dict[str, Any]:
     if not path.exists():
         raise DatasetError(f"{root}: Hugging Face dataset not found")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never wait on the Hub
-    import datasets  # the 'data' extra; the CLI names it when missing (core/extras.py)
+    import datasets  # the 'data' extra; the CLI names it when missing (core/errors.py)
 
     datasets.logging.set_verbosity_error()
     datasets.disable_progress_bars()

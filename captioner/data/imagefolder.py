@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from captioner.core.confinement import Confinement
+from captioner.core.bounded_files import Confinement
 from captioner.core.errors import DatasetError
 from captioner.data.records import ImageRecord, drop_missing, read_text
 from captioner.data.shapes import SPLITS  # the project's three split names, declared once

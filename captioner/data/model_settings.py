@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from captioner.core.config_sections import Config, DataConfig
-from captioner.core.confinement import escapes
+from captioner.core.bounded_files import escapes
 from captioner.core.errors import DatasetError
 from captioner.data.records import ImageRecord
 

@@ -1,8 +1,6 @@
-"""`python -m captioner.deploy DIR IMAGE...`: one caption per image from an exported ONNX folder,
-without torch. Prints `IMAGE<TAB>caption`. The contract of `captioner`'s commands: a mistake (a folder
-that is not a current export, a bad option, no image that loads) is one line on stderr and exit
-status 2, before any work where it can be; an image that does not load beside others that do is
-named, the others are still captioned, and a count ends stderr with exit status 1."""
+"""`python -m captioner.deploy DIR IMAGE...`: `IMAGE<TAB>caption` per image from an exported ONNX folder,
+without torch, under the contract of `captioner`'s commands (docs/deploy.md): a mistake is one line on
+stderr and exit status 2; images that do not load beside others that do are named, exit status 1."""
 
 from __future__ import annotations
 

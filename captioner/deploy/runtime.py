@@ -1,15 +1,7 @@
-"""`OnnxCaptioner`: caption images from an exported folder with onnxruntime, numpy and Pillow.
+"""`OnnxCaptioner`: caption images from an exported folder with onnxruntime, numpy and Pillow (docs/deploy.md).
 
-    from captioner.deploy import OnnxCaptioner
-    model = OnnxCaptioner.from_folder("export/")          # the folder `captioner export --onnx` wrote
-    caps = model.caption(["a.jpg", pil_image], beam_size=3)
-    caps[0].text, caps[0].score, caps[0].heatmaps()      # (T, h, w) attention per word
-
-The folder is checked first (`load_bundle`): `onnx.json` read and validated (an older one through
-core/upgrade.py; the format is declared in core/model_spec.py), every graph's checksum compared; every
-problem is one `ExportError` line. Images become the same bytes as the PyTorch transform
-(`captioner.data.image_transform.ImageTransform`); the search (`numpy_search.py`) calls the step graph once
-per word.
+The folder is checked first (`load_bundle`), every problem one `ExportError` line; images become the same
+bytes as the PyTorch transform, and the search (`numpy_search.py`) calls the step graph once per word.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ import onnxruntime as ort
 from PIL import Image
 
 from captioner.core.bounded_files import read_json
-from captioner.core.checksums import verify_file
+from captioner.core.files import verify_file
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_capacity, check_names, check_options
 from captioner.core.errors import CaptionerError, ConfigError, ExportError
@@ -208,11 +200,9 @@ class OnnxCaptioner:
         self.memory_names = [f"memory.{k}" for k in manifest["memory"]]
         self.state_names = [f"state.{k}" for k in manifest["state"]]
         special = bundle.special
-        V = len(self.vocab)
-        banned = np.zeros(V, dtype=bool)  # (V,)
-        banned[list(special.banned)] = True
-        bad_endings = np.zeros(V, dtype=bool)  # (V,)
-        bad_endings[list(bad_ending_ids(self.vocab.index))] = True
+        ids = np.arange(len(self.vocab))  # (V,)
+        banned = np.isin(ids, list(special.banned))  # (V,) bool
+        bad_endings = np.isin(ids, list(bad_ending_ids(self.vocab.index)))  # (V,) bool
         self.rules = TokenRules(special.bos, special.eos, banned, bad_endings)
 
     @classmethod

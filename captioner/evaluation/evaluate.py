@@ -25,8 +25,7 @@ from captioner.evaluation.grounding import GroundingReport, Instances, grounding
 from captioner.evaluation.interpret import InterpretReport, interpret_scores, records_grad_cam
 from captioner.evaluation.metrics import (
     TUTORIAL_BLEU_LABEL, fast_scores, nltk_corpus_bleu, score_official_many, tokenized)
-from captioner.evaluation.report import rounded
-from captioner.evaluation.results_files import Predictions, References, write_results
+from captioner.evaluation.results_files import Predictions, References, rounded, write_results
 from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.ensemble import Ensemble

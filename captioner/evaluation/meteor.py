@@ -1,9 +1,6 @@
-"""METEOR 1.5 as pycocoevalcap runs it, spread over several Java processes, each reading a paraphrase
-table cut to the words of one evaluation. Each SCORE line depends on its image alone, so each process
-scores and EVALs a contiguous shard; one more EVAL of the statistics summed as `MeteorStats.addStats`
-does gives exactly pycocoevalcap's corpus score. The cut keeps, in file order, the entries whose words
-all occur (as METEOR's normaliser gives them), so METEOR starts in about a second instead of ten with
-the same scores; when its index fails METEOR reads the whole table."""
+"""METEOR 1.5 as pycocoevalcap runs it, over several Java processes each reading a paraphrase table cut to
+the words of one evaluation (docs/evaluation.md): each scores and EVALs a contiguous shard, and one more EVAL
+of the statistics summed as `MeteorStats.addStats` does gives exactly pycocoevalcap's corpus score."""
 
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from captioner.core.cache_folder import cache_dir, exclusive
+from captioner.core.machine_cache import cache_dir, exclusive
 from captioner.evaluation.java import JavaToolError, LineTool, exchange, run_java
 
 logger = logging.getLogger(__name__)

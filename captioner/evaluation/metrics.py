@@ -297,12 +297,10 @@ def nltk_corpus_bleu(references: Mapping[int, list[list[str]]],
     ids = sorted(predictions)
     refs = [references[i] for i in ids]
     hyps = [predictions[i] for i in ids]
-    scores = {}
     with warnings.catch_warnings():  # nltk warns when a precision is zero; the score is then ~0
         warnings.simplefilter("ignore")
-        for n, key in enumerate(TUTORIAL_BLEU_KEYS, start=1):
-            scores[key] = float(corpus_bleu(refs, hyps, weights=(1.0 / n,) * n))
-    return scores
+        return {key: float(corpus_bleu(refs, hyps, weights=(1.0 / n,) * n))
+                for n, key in enumerate(TUTORIAL_BLEU_KEYS, start=1)}
 
 
 def tokenized(

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from captioner.core.checksums import sha256_of
+from captioner.core.files import sha256_of
 from captioner.core.config_sections import EncoderConfig
 from captioner.core.errors import ConfigError, ExportError
 from captioner.data.image_transform import IMAGENET, PixelStatistics

@@ -16,9 +16,8 @@ from typing import Any, BinaryIO
 
 import torch
 
-from captioner.core.checksums import sha256_of
+from captioner.core.files import sha256_of, write_atomically
 from captioner.core.errors import CheckpointError, ConfigError
-from captioner.core.files import write_atomically
 from captioner.core.model_spec import ModelSpec
 from captioner.core import upgrade
 

@@ -18,10 +18,9 @@ from typing import Any
 import torch
 
 from captioner.core.bounded_files import read_json
-from captioner.core.checksums import sha256_of as sha256
-from captioner.core.checksums import REEXPORT, verify_file
+from captioner.core.files import sha256_of as sha256
+from captioner.core.files import REEXPORT, verify_file, write_atomically
 from captioner.core.errors import CheckpointError, ConfigError, ExportError
-from captioner.core.files import write_atomically
 from captioner.core.model_spec import ModelSpec
 from captioner.core.portable_config import portable_config
 from captioner.core.upgrade import OLDEST_EXPORT, upgrade_export_config

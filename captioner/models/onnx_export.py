@@ -22,9 +22,8 @@ import torch
 from torch import nn
 
 import captioner
-from captioner.core.checksums import sha256_of
+from captioner.core.files import sha256_of, write_atomically
 from captioner.core.errors import ExportError
-from captioner.core.files import write_atomically
 from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import Decoder

@@ -71,8 +71,7 @@ def run(args: argparse.Namespace) -> int:
 def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
     """Score a COCO results file; the scores go to --out or runs/eval, never beside it (perhaps read-only data)."""
     from captioner.evaluation.evaluate import score_predictions
-    from captioner.evaluation.report import rounded, write_scores_json
-    from captioner.evaluation.results_files import load_references, load_results
+    from captioner.evaluation.results_files import load_references, load_results, rounded, write_scores_json
 
     if not (args.results and args.annotations):
         raise CaptionerError("evaluate: --results and --annotations go together")
@@ -98,7 +97,7 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     """Caption the checkpoint's split (images, or --features rows) and score it; files go to --out or beside it."""
     from captioner.data import datasets  # noqa: F401 - the loaders' 'train' extra, said before the model loads
     from captioner.evaluation.evaluate import evaluate
-    from captioner.evaluation.report import rounded, write_scores_json
+    from captioner.evaluation.results_files import rounded, write_scores_json
     from captioner.models.model_paths import checkpoint_file
 
     check_checkpoint_arguments(args)
