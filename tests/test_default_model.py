@@ -26,7 +26,7 @@ from captioner.apps.commands.caption import model_and_images
 from captioner.core.config import load_config
 from captioner.core.errors import CaptionerError, CheckpointError, ExportError
 from captioner.models.checkpoint import default_model, save_checkpoint
-from captioner.models.default_model import DEFAULT_MODEL, QUICKSTART_RUN
+from captioner.models.model_paths import DEFAULT_MODEL, QUICKSTART_RUN
 from captioner.models.export_format import CONFIG, WEIGHTS
 
 REPO = Path(__file__).resolve().parents[1]

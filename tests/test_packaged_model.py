@@ -40,7 +40,7 @@ from captioner.models import model_origin, packaged
 from captioner.models.backbones import lite_weights_path
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import default_model, save_checkpoint
-from captioner.models.default_model import DEFAULT_MODEL, QUICKSTART_RUN
+from captioner.models.model_paths import DEFAULT_MODEL, QUICKSTART_RUN
 from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS
 from captioner.models.model_origin import looks_like_photograph
 

@@ -19,10 +19,9 @@ from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint_format import FORMAT_VERSION, read_checkpoint, write_checkpoint_file
-from captioner.models.default_model import find_default_model
 from captioner.models.export_format import CONFIG, is_exported, read_config
 from captioner.models.model_origin import announce
-from captioner.models.model_paths import checkpoint_file
+from captioner.models.model_paths import checkpoint_file, find_default_model
 
 
 def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = None, **extra: Any) -> None:
@@ -100,7 +99,7 @@ def load_captioner(path: str | Path, device: str | torch.device = "auto") -> Cap
 
 
 def default_model(device: str | torch.device = "auto") -> Captioner:
-    """The default model (`default_model.find_default_model`), logging once which model it is."""
+    """The default model (`model_paths.find_default_model`), logging once which model it is."""
     model = Captioner.from_pretrained(find_default_model(), device)
     announce(model.origins)
     return model

@@ -17,7 +17,7 @@ from PIL import Image
 from captioner.core.bounded_files import SCORES_JSON_BYTES, read_json
 from captioner.core.errors import CaptionerError
 from captioner.data.shapes import COLOURS
-from captioner.models.default_model import DEFAULT_MODEL
+from captioner.models.model_paths import DEFAULT_MODEL
 from captioner.models.export_format import is_exported
 from captioner.models.packaged import packaged_models
 

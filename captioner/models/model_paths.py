@@ -1,16 +1,27 @@
-"""What a model path means: a checkpoint file, an exported folder, a run folder (its best.pt,
-else its last.pt), the name of a model packaged with captioner, or a Hub repo id."""
+"""What a model path means: a checkpoint file, an exported folder, a run folder (its best.pt, else
+its last.pt), a packaged model's name or a Hub repo id; and which model a command given none uses."""
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 from pathlib import Path
 
-from captioner.core.errors import CheckpointError
-from captioner.models.export_format import CONFIG, is_exported
-from captioner.models.hub import hub_snapshot, looks_like_repo_id
-from captioner.models.packaged import packaged_model
+from captioner.core.errors import CheckpointError, ExportError
+from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported, read_config
+from captioner.models.packaged import installed_model, packaged_model
 
 RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
+HUB_FILES = [CONFIG, VOCAB, WEIGHTS, CARD, "*.jpg", "*.png", "onnx/*"]  # what a download fetches
+# owner/name as the Hub spells repo ids: letters, digits, "-", "_", "." (not at the ends)
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+DEFAULT_MODEL = Path("runs/default_model")
+"""The user's best model for photographs, relative to the project folder
+(`captioner export runs/<best run> runs/default_model`); it wins over the packaged one."""
+QUICKSTART_RUN = Path("runs/shapes_lstm")  # configs/shapes_lstm.yaml's train.out_dir
+
+log = logging.getLogger(__name__)
 
 
 def checkpoint_file(path: str | Path) -> Path:
@@ -33,3 +44,85 @@ def checkpoint_file(path: str | Path) -> Path:
     if looks_like_repo_id(name):
         return hub_snapshot(name)
     raise CheckpointError(f"{path}: checkpoint not found (no such file, run folder, exported folder or Hub repo id)")
+
+
+def looks_like_repo_id(name: str) -> bool:
+    """owner/name, and not a missing checkpoint file's path (runs/best.pt)."""
+    return bool(REPO_ID.match(name)) and ".." not in name and not name.endswith((".pt", ".pth", ".ckpt", ".bin"))
+
+
+def network_errors() -> tuple[type[Exception], ...]:
+    """The installed base classes of the HTTP client errors huggingface_hub lets through (requests,
+    httpx or httpx2, by version)."""
+    found: list[type[Exception]] = []
+    for module, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
+        try:
+            found.append(getattr(__import__(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
+    """The local folder of Hub repo `repo_id`, an export fetched into the cache or found there offline;
+    one-line ExportError when it cannot be had."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import (
+            GatedRepoError, HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise ExportError(
+            f"{repo_id}: loading a Hub repo id needs huggingface_hub (pip install huggingface_hub)"
+        ) from None
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    try:
+        folder = snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES, local_files_only=offline)
+    except LocalEntryNotFoundError:
+        reason = "offline (HF_HUB_OFFLINE is set)" if offline else "the Hub cannot be reached"
+        raise ExportError(
+            f"{repo_id}: not a local folder or checkpoint, and {reason} with no cached copy of this Hub repo"
+        ) from None
+    except (RepositoryNotFoundError, GatedRepoError):
+        raise ExportError(
+            f"{repo_id}: no such Hub repo, or it is private or gated (set HF_TOKEN to a token that can read it)"
+        ) from None
+    except RevisionNotFoundError:
+        raise ExportError(f"{repo_id}: no revision {revision!r} on the Hub") from None
+    except HFValidationError:
+        raise ExportError(f"{repo_id}: not a valid Hub repo id (owner/name)") from None
+    except (HfHubHTTPError, OSError, *network_errors()) as e:  # HTTP and connection errors, a full cache disk
+        raise ExportError(f"{repo_id}: could not download from the Hub ({str(e).splitlines()[0][:160]})") from None
+    if not is_exported(folder):
+        raise ExportError(f"{repo_id}: the Hub repo has no {CONFIG}; it is not a captioner export")
+    return Path(folder)
+
+
+def find_default_model() -> Path:
+    """What to load when no model is named, logged: the export at DEFAULT_MODEL if that folder exists
+    (without a readable export it is an error, not a silent fallback), else the packaged model, else
+    the shapes run, which must be trained; else one line saying what to run."""
+    folder = DEFAULT_MODEL
+    if folder.exists():
+        if not folder.is_dir():
+            raise ExportError(f"{folder}: not a folder; the default model is an exported folder "
+                              f"(`captioner export RUN {folder}`), or remove it to use the shapes model")
+        if not is_exported(folder):  # `export` writes config.json last: an export cut short lacks it
+            raise ExportError(f"{folder / CONFIG}: missing, so {folder} holds no complete export; "
+                              f"re-run `captioner export RUN {folder}` or remove the folder to use the shapes model")
+        read_config(folder)  # a damaged config.json: its one line now, before the choice is logged
+        log.info("default model: the export at %s", folder)
+        return folder
+    packaged = installed_model()
+    if packaged is not None:
+        log.info("default model: %s, packaged with captioner (no export at %s)", packaged.name, folder)
+        return packaged
+    log.info("default model: the shapes run %s (no export at %s, no packaged model)", QUICKSTART_RUN, folder)
+    if any((QUICKSTART_RUN / name).is_file() for name in RUN_CHECKPOINTS):
+        return QUICKSTART_RUN
+    raise CheckpointError(
+        f"no default model here: no export at {DEFAULT_MODEL} (`captioner export runs/<best run> {DEFAULT_MODEL}`), "
+        f"no model packaged with captioner, and no trained {QUICKSTART_RUN} "
+        "(`captioner train configs/shapes_lstm.yaml`); run from the project folder"
+    )
