@@ -7,9 +7,7 @@
         -> DecoderOutput(logits (C,T,V), attn (C,T,L,H,N))
 
 Memory and State are dicts of batch-first tensors; beam search expands the memory once and reorders
-only the state. The state keeps one shape at every step and `step` reads nothing back from the
-device, so a step compiles whole and can be replayed as a CUDA graph. Attention maps are (L, H, N):
-layers by heads by grid cells.
+only the state, which keeps one shape so a step compiles whole. Maps are (L, H, N): layers, heads, cells.
 """
 
 from __future__ import annotations
@@ -38,14 +36,13 @@ class DecoderOutput:
 
 
 def select_rows(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Pick rows of every batch-first tensor of a memory or state: beam expansion and reordering,
-    one row per caption in teacher forcing."""
+    """Pick rows of every batch-first tensor of a memory or state (beams, captions)."""
     return {key: value.index_select(0, index) for key, value in tensors.items()}
 
 
 def reads_are_free(device: torch.device) -> bool:
-    """Whether the host reads a tensor on `device` without waiting (the CPU); loops ask "have all
-    rows ended?" only there. The tests' simulated device answers no."""
+    """Whether the host reads a tensor on `device` without waiting (the CPU): loops ask "have all
+    rows ended?" only there."""
     return device.type == "cpu"
 
 
@@ -56,8 +53,7 @@ def to_device_quietly(index: torch.Tensor, device: torch.device) -> torch.Tensor
 
 
 def real_positions(lengths: torch.Tensor, steps: int, device: torch.device) -> torch.Tensor:
-    """Where the positions inside each caption sit in a flattened (C, steps): lengths (C,) on the
-    host -> (M,) long on `device`, batch-major."""
+    """lengths (C,) on the host -> (M,) long on `device`: the real positions of a flattened (C, steps)."""
     inside = torch.arange(steps)[None, :] < lengths[:, None]  # (C, steps)
     return to_device_quietly(inside.flatten().nonzero().squeeze(1), device)  # (M,)
 
@@ -79,8 +75,7 @@ class Decoder(nn.Module):
         raise NotImplementedError
 
     def expand_memory(self, memory: Memory, beams: int) -> Memory:
-        """The memory for `beams` hypotheses per image (state rows b*beams .. b*beams+beams-1 are
-        image b's); by default every row repeated."""
+        """The memory for `beams` hypotheses per image, image b's rows consecutive; by default repeated."""
         first = next(iter(memory.values()))  # (B, ...)
         rows = torch.arange(first.shape[0], device=first.device).repeat_interleave(beams)  # (B*beams,)
         return select_rows(memory, rows)  # (B*beams, ...) each
@@ -96,14 +91,12 @@ class Decoder(nn.Module):
         self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
         image_rows: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing: feats (B, N, D), tokens (C, T); `image_rows` (C,): each caption's image
-        (default: the c-th). `lengths` (C,), longest first, lets a decoder skip padding; with `packed`
-        it may return the real positions' logits alone (DecoderOutput.positions)."""
+        """Teacher forcing: feats (B, N, D), tokens (C, T); `image_rows` (C,): each caption's image. `lengths`
+        (C,), longest first, lets it skip padding; `packed`, return the real positions alone."""
         raise NotImplementedError
 
     def caption_memory(self, feats: torch.Tensor, image_rows: torch.Tensor | None) -> Memory:
-        """The per-image constants of feats (B, N, D), computed once per image, one row per caption
-        when `image_rows` (C,) is given."""
+        """The `prepare`d feats (B, N, D), one row per caption when `image_rows` (C,) is given."""
         memory = self.prepare(feats)
         return memory if image_rows is None else select_rows(memory, image_rows)  # (C, ...) each
 
@@ -116,8 +109,7 @@ D = TypeVar("D", bound=type[Decoder])
 
 
 def register_decoder(name: str, config: type) -> Callable[[D], D]:
-    """Class decorator (`@register_decoder("gru", GRUConfig)`): `model.decoder.type: name` builds this
-    decoder from a `config` instance."""
+    """Class decorator: `model.decoder.type: name` builds this decoder from a `config` instance."""
 
     def register(module: D) -> D:
         decoder_types.register(name, config, module)
