@@ -27,7 +27,7 @@ from captioner.models.decoding.rules import (
 
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
-    from captioner.models.decoding.options import DecodeOptions
+    from captioner.models.decoding.rules import DecodeOptions
 
 NEG_INF = float("-inf")
 

@@ -20,7 +20,7 @@ from captioner.models.products import reused_weights
 
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
-    from captioner.models.decoding.options import DecodeOptions
+    from captioner.models.decoding.rules import DecodeOptions
     from captioner.models.decoding.rules import SpecialTokens
 
 

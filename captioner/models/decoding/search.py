@@ -13,7 +13,7 @@ import torch
 
 from captioner.core.decode_schema import check_search
 from captioner.models.decoding.beam import Beam
-from captioner.models.decoding.options import DecodeOptions
+from captioner.models.decoding.rules import DecodeOptions
 from captioner.models.decoding.rules import Hypothesis, SpecialTokens
 from captioner.models.decoding.sampling import argmax, drawing, roll_out
 from captioner.models.products import reused_weights
