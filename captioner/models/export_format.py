@@ -1,8 +1,5 @@
-"""An exported model folder in the Hugging Face Hub layout: what it holds, written and read with
-safetensors and JSON only (nothing is unpickled, so loading one can never run code).
-
-model.safetensors, config.json (the spec, the portable training config, every other file's sha256),
-vocab.json and README.md: docs/export.md describes each."""
+"""An exported model folder in the Hugging Face Hub layout (docs/export.md), written and read with
+safetensors and JSON only: nothing is unpickled, so loading one can never run code."""
 
 from __future__ import annotations
 
@@ -54,8 +51,7 @@ def is_exported(path: str | Path) -> bool:
 
 
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """safetensors' save_file, its I/O failures (a full disk) raised as the OSError they are; the file
-    then made as readable as the umask allows (safetensors writes 0600)."""
+    """safetensors' save_file, a full disk raised as its OSError, the file as readable as the umask allows."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
@@ -127,8 +123,7 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 
 
 def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -> None:
-    """Every file config.json lists has its recorded size and sha256; else one line naming it and
-    saying `remedy`."""
+    """Check every file config.json lists for its recorded size and sha256."""
     files = config["files"]
     if not isinstance(files, dict) or not {WEIGHTS, VOCAB} <= files.keys():
         raise ExportError(f"{folder / CONFIG}: 'files' must list {WEIGHTS} and {VOCAB} with their checksums")
@@ -139,8 +134,7 @@ def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -
 
 
 def read_exported(folder: str | Path, remedy: str | None = None) -> Exported:
-    """An exported folder's config, vocabulary and weights, each checked; a failure is one line naming
-    the file, ending with `remedy` when given."""
+    """An exported folder's config, vocabulary and weights, each checked; a failure ends with `remedy`."""
     folder = Path(folder)
     try:
         config = read_config(folder)

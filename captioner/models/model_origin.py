@@ -139,9 +139,8 @@ def photograph_model() -> str:
 
 
 def looks_like_photograph(picture: Image.Image) -> bool:
-    """Whether a picture is unlike the shapes world (grey background, shapes in six colours): over 3% of
-    its pixels away from edges in none of the colours, or over 1% near black or near white. Pictures
-    under 48 px are not judged."""
+    """Whether a picture (48 px or more) is unlike the shapes world: over 3% of its pixels away from
+    edges in none of its colours, or over 1% near black or near white."""
     if max(picture.size) < 48:
         return False
     thumbnail = picture.convert("RGB")
