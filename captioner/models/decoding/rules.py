@@ -31,8 +31,7 @@ def _default(name: str) -> Any:
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """Every choice of how to decode, checked where it is made against core/decode_schema.py: a bad
-    value is the same one-line ConfigError as in a config, on the command line or in the demo."""
+    """Every choice of how to decode, checked where it is made against core/decode_schema.py."""
 
     beam_size: int = _default("beam_size")  # 1: greedy decoding
     max_length: int = _default("max_length")  # words
@@ -80,8 +79,7 @@ def step_decoder(
     decoder: Decoder, memory: dict[str, torch.Tensor], prev: torch.Tensor, state: dict[str, torch.Tensor],
     self_attention: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
-    """One decoder step; with `self_attention` (decoders that have it) also its self-attention
-    weights (R, L, H, t+1), taken out of the state; else None."""
+    """One decoder step, and with `self_attention` its self-attention weights (R, L, H, t+1) or None."""
     if not (self_attention and decoder.has_self_attention):
         logprobs, attn, state = decoder.step(memory, prev, state)
         return logprobs, attn, state, None
@@ -107,8 +105,8 @@ def device_index(index: list[int], device: torch.device) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    """The ids decoding treats apart: `bos`, `eos`, the `banned` ids never produced (not words, so no
-    attention map of their own) and the `bad_endings` a caption must not end on."""
+    """The ids decoding treats apart: `bos`, `eos`, the `banned` ids never produced and the
+    `bad_endings` a caption must not end on."""
 
     bos: int
     eos: int
@@ -138,8 +136,7 @@ def block_repeated_trigrams(logprobs: torch.Tensor, history: torch.Tensor) -> to
 
 
 def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """(V,) bool, true at `banned`: built once per decode on the host and copied without blocking, so
-    no step indexes a device tensor with a host list."""
+    """(V,) bool, true at `banned`: built on the host once per decode and copied without blocking."""
     mask = torch.zeros(vocab_size, dtype=torch.bool)  # (V,), made on the host
     mask[list(banned)] = True
     return to_device_quietly(mask, device)  # (V,)
@@ -148,7 +145,7 @@ def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) 
 @dataclass(frozen=True)
 class EndingRule:
     """When <eos> may be chosen: not before `min_length` words, nor right after a word `bad_after`
-    (V,) marks ("a", "with", ...). A step reads nothing back from the device."""
+    (V,) marks ("a", "with", ...)."""
 
     eos_column: torch.Tensor  # (V,) bool, true at <eos> only
     min_length: int = 0
