@@ -1,9 +1,6 @@
-"""Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically,
-loaded with weights_only.
-
-Only tensors and plain data, so loading never runs code and needs no YAML. A run's config comes
-back as data: no shard, command or URL, nor places outside the working folder unless read in its
-own run folder (`data/model_settings.py`)."""
+"""Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically, loaded
+with weights_only (tensors and plain data: loading never runs code). A run's config comes back as
+data only (`data/model_settings.py`)."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ from captioner.models.model_paths import checkpoint_file, find_default_model
 
 
 def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = None, **extra: Any) -> None:
-    """Write weights, spec, the run's `config` (else the model's own sections), vocabulary and `extra`,
-    checksummed. A full disk is one StorageError; the file at `path` stays as it was."""
+    """Write weights, spec, the run's `config` (else the model's own sections), vocabulary and `extra`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -41,16 +37,14 @@ def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = 
 
 
 def checkpoint_config(path: str | Path) -> Config:
-    """The whole config a checkpoint was trained with, checked like a config file (a refused setting
-    stops here); shard patterns and URLs set aside, local places kept."""
+    """The whole config a checkpoint was trained with, checked; shard patterns and URLs set aside."""
     path = checkpoint_file(path)  # a run folder: its best.pt, else last.pt
     return stored_settings(stored_config(path), config_source(path), keep_local_places=True).config
 
 
 def model_settings(path: str | Path, data_overrides: Sequence[str] = ()) -> StoredSettings:
-    """The config a model carries, as data to read its dataset with: `data_overrides` (data.KEY=VALUE)
-    kept whole; shard patterns, URLs, commands and, unless read in its own run folder, outside places
-    set aside."""
+    """The config a model carries, as data to read its dataset with, `data_overrides` (data.KEY=VALUE)
+    kept whole; shard patterns, URLs, commands and outside places set aside unless in its run folder."""
     path = checkpoint_file(path)
     config = stored_config(path)
     if data_overrides:  # where the model's data lies locally: the user's word
@@ -74,8 +68,7 @@ def config_source(path: Path) -> str:
 
 
 def written_by_its_run(path: Path, config: Config) -> bool:
-    """Whether checkpoint file `path` lies in its run's train.out_dir: the user's own run, not a copy
-    or a download (an export never is)."""
+    """Whether checkpoint file `path` lies in its run's train.out_dir, not a copy or a download."""
     if is_exported(path):
         return False
     try:
@@ -93,8 +86,7 @@ def run_config(stored: dict[str, Any], path: Path, source: str | None = None) ->
 
 
 def load_captioner(path: str | Path, device: str | torch.device = "auto") -> Captioner:
-    """`Captioner.from_pretrained`: a checkpoint, run folder, export or Hub repo id -> the model in
-    eval mode on `device`."""
+    """`Captioner.from_pretrained`: a checkpoint, run folder, export or Hub repo id -> the model."""
     return Captioner.from_pretrained(path, device)
 
 

@@ -44,8 +44,7 @@ def select_rows(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[s
 
 
 def reads_are_free(device: torch.device) -> bool:
-    """Whether the host reads a tensor on `device` without waiting (the CPU): loops ask "have all
-    rows ended?" only there."""
+    """Whether the host reads a tensor on `device` without waiting (the CPU): loops ask only there."""
     return device.type == "cpu"
 
 
@@ -158,8 +157,7 @@ class GraphedStep:
 
 
 def use_graphed_step(decoder: torch.nn.Module) -> GraphedStep:
-    """From now on `decoder.step` is a GraphedStep over its eager step (an instance attribute
-    shadowing the method; parameters untouched). Idempotent."""
+    """From now on `decoder.step` is a GraphedStep over its eager step (an instance attribute); idempotent."""
     current = decoder.__dict__.get("step")
     if isinstance(current, GraphedStep):
         return current

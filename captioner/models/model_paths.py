@@ -52,8 +52,7 @@ def looks_like_repo_id(name: str) -> bool:
 
 
 def network_errors() -> tuple[type[Exception], ...]:
-    """The installed base classes of the HTTP client errors huggingface_hub lets through (requests,
-    httpx or httpx2, by version)."""
+    """The installed base classes of the HTTP errors huggingface_hub lets through (requests, httpx)."""
     found: list[type[Exception]] = []
     for module, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
         try:
@@ -64,8 +63,7 @@ def network_errors() -> tuple[type[Exception], ...]:
 
 
 def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
-    """The local folder of Hub repo `repo_id`, an export fetched into the cache or found there offline;
-    one-line ExportError when it cannot be had."""
+    """The local folder of Hub repo `repo_id`, an export fetched into the cache or found there offline."""
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import (
@@ -101,8 +99,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
 
 def find_default_model() -> Path:
     """What to load when no model is named, logged: the export at DEFAULT_MODEL if that folder exists
-    (without a readable export it is an error, not a silent fallback), else the packaged model, else
-    the shapes run, which must be trained; else one line saying what to run."""
+    (a broken one is an error, not a fallback), else the packaged model, else the trained shapes run."""
     folder = DEFAULT_MODEL
     if folder.exists():
         if not folder.is_dir():

@@ -1,6 +1,5 @@
 """The model installed with the package, like spaCy's `en_core_web_sm`: an exported folder at
-`captioner/pretrained/<name>/` that loads offline. Its files are checked as any export's, config.json
-against pip's RECORD; a damaged file is one line saying how to reinstall."""
+`captioner/pretrained/<name>/` that loads offline, checked as any export and against pip's RECORD."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ def read_packaged(folder: Path) -> Exported:
 
 
 def verify_installed_file(path: Path) -> None:
-    """Check `path` against the sha256 and size pip's RECORD holds for it; unrecorded (an editable
-    install, a clone), it is taken as it is."""
+    """Check `path` against the sha256 and size pip's RECORD holds for it, if any (not a clone's)."""
     recorded = installer_record(path)
     if recorded is None:
         return
