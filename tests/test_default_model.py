@@ -50,7 +50,7 @@ def write_export(folder: Path, test: dict | None = None) -> None:
 @pytest.fixture(autouse=True)
 def no_packaged_model(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests hold with or without a model packaged in this checkout: they see none."""
-    from captioner.models import packaged
+    from captioner.models import model_paths as packaged
 
     monkeypatch.setattr(packaged, "PACKAGED_FOLDER", tmp_path_factory.mktemp("no_packaged_model"))
 

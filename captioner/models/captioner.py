@@ -24,7 +24,7 @@ from captioner.data.image_files import ImageInput, caption_in_batches
 from captioner.data.image_transform import ImageTransform
 from captioner.models.caption_result import Caption
 from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
-from captioner.models.model_paths import checkpoint_file
+from captioner.models.model_paths import checkpoint_file, is_packaged, read_packaged
 from captioner.models.decoder import Decoder, DecoderOutput, build_decoder, use_graphed_step
 from captioner.models.decoders import lstm, transformer  # noqa: F401  (registers captioner's own decoders)
 from captioner.models.decoding import DecodeOptions, Hypothesis, SpecialTokens, decode_hypotheses
@@ -32,7 +32,6 @@ from captioner.models.backbones import check_packaged_weights, packaged_weights_
 from captioner.models.encoders import Encoder, build_encoder
 from captioner.models.export_format import CONFIG, WEIGHTS, is_exported, read_exported, write_exported
 from captioner.models.model_origin import ModelOrigin, checkpoint_origin, export_origin
-from captioner.models.packaged import is_packaged, read_packaged
 from captioner.text.vocab import Vocabulary
 
 

@@ -17,9 +17,8 @@ from PIL import Image
 from captioner.core.bounded_files import SCORES_JSON_BYTES, read_json
 from captioner.core.errors import CaptionerError
 from captioner.data.shapes import COLOURS
-from captioner.models.model_paths import DEFAULT_MODEL
+from captioner.models.model_paths import DEFAULT_MODEL, packaged_models
 from captioner.models.export_format import is_exported
-from captioner.models.packaged import packaged_models
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,20 @@
-"""What a model path means: a checkpoint file, an exported folder, a run folder (its best.pt, else
-its last.pt), a packaged model's name or a Hub repo id; and which model a command given none uses."""
+"""Where models are: what a model path means (a checkpoint file, an exported folder, a run folder, a
+packaged model's name or a Hub repo id), the models packaged with captioner, and the default model."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import os
 import re
+from importlib import metadata
 from pathlib import Path
 
 from captioner.core.errors import CheckpointError, ExportError
-from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported, read_config
-from captioner.models.packaged import installed_model, packaged_model
+from captioner.models.export_format import (
+    CARD, CONFIG, VOCAB, WEIGHTS, Exported, is_exported, read_config, read_exported,
+)
 
 RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
 HUB_FILES = [CONFIG, VOCAB, WEIGHTS, CARD, "*.jpg", "*.png", "onnx/*"]  # what a download fetches
@@ -20,6 +24,11 @@ DEFAULT_MODEL = Path("runs/default_model")
 """The user's best model for photographs, relative to the project folder
 (`captioner export runs/<best run> runs/default_model`); it wins over the packaged one."""
 QUICKSTART_RUN = Path("runs/shapes_lstm")  # configs/shapes_lstm.yaml's train.out_dir
+PACKAGED_FOLDER = Path(__file__).resolve().parents[1] / "pretrained"  # captioner/pretrained, wherever installed
+MAX_BYTES = 20_000_000  # a packaged model's files together: the wheel and every install carry them
+REINSTALL = (
+    "reinstall captioner to repair it (pip install --force-reinstall captioner, or pip install . from its clone)"
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +104,80 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
     if not is_exported(folder):
         raise ExportError(f"{repo_id}: the Hub repo has no {CONFIG}; it is not a captioner export")
     return Path(folder)
+
+
+def packaged_models() -> list[Path]:
+    """The folders of the packaged models, by name (none before a model is packaged): exported folders at
+    `captioner/pretrained/<name>/`, like spaCy's `en_core_web_sm`, loading offline, checked against pip's RECORD."""
+    root = PACKAGED_FOLDER
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def is_packaged(path: str | Path) -> bool:
+    """Whether `path` is a packaged model's folder."""
+    return Path(path).resolve().parent == PACKAGED_FOLDER.resolve()
+
+
+def installed_model() -> Path | None:
+    """The packaged default model's folder, its config.json checked, or None; several are an error."""
+    found = packaged_models()
+    if not found:
+        return None
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found)
+        raise ExportError(f"{PACKAGED_FOLDER}: holds {len(found)} packaged models ({names}), "
+                          f"and the package ships one default model; {REINSTALL}")
+    verify_installed_file(found[0] / CONFIG)  # config.json: there, as the installer wrote it, and readable
+    try:
+        read_config(found[0])
+    except ExportError as e:
+        raise ExportError(f"{e}; {REINSTALL}") from None
+    return found[0]
+
+
+def packaged_model(name: str) -> Path | None:
+    """The packaged model called `name` (its folder's name), or None."""
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    return next((p for p in packaged_models() if p.name == name), None)
+
+
+def read_packaged(folder: Path) -> Exported:
+    """A packaged model's export, every file checked, a failure one line saying how to reinstall."""
+    verify_installed_file(folder / CONFIG)
+    return read_exported(folder, REINSTALL)
+
+
+def verify_installed_file(path: Path) -> None:
+    """Check `path` against the sha256 and size pip's RECORD holds for it, if any (not a clone's)."""
+    recorded = installer_record(path)
+    if recorded is None:
+        return
+    digest, size = recorded
+    if not path.is_file():
+        raise ExportError(f"{path}: missing; {REINSTALL}")
+    data = path.read_bytes()
+    found = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")  # as RECORD has it
+    if (size is not None and len(data) != size) or found != digest:
+        raise ExportError(f"{path}: not the file captioner was installed with (its sha256 differs from the "
+                          f"installer's record); {REINSTALL}")
+
+
+def installer_record(path: Path) -> tuple[str, int | None] | None:
+    """The sha256 (RECORD's urlsafe base64) and size the installer recorded for `path`, or None."""
+    try:
+        distribution = metadata.distribution("captioner")
+    except metadata.PackageNotFoundError:
+        return None
+    target = path.resolve()
+    for file in distribution.files or []:
+        if file.hash is None or file.hash.mode != "sha256" or file.name != path.name:
+            continue
+        if Path(distribution.locate_file(file)).resolve() == target:
+            return file.hash.value, file.size
+    return None
 
 
 def find_default_model() -> Path:
