@@ -1,7 +1,5 @@
-"""Encoder + decoder + vocabulary + preprocessing: the one object every caller captions with.
-
-`Captioner.from_pretrained(path)` loads one, `model.caption(images)` captions paths, image bytes or
-PIL images; what a model is, as its files record it, is its spec (core/model_spec.py)."""
+"""Encoder + decoder + vocabulary + preprocessing: the one object every caller captions with
+(`Captioner.from_pretrained(path)`, then `model.caption(images)`); its files record its spec."""
 
 from __future__ import annotations
 

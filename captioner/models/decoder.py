@@ -8,8 +8,7 @@
 
 Memory and State are dicts of batch-first tensors; beam search expands the memory once and reorders
 only the state, which keeps one shape so a step compiles whole and can replay as a CUDA graph
-(`GraphedStep`, `decode.cuda_graphs`). Maps are (L, H, N): layers, heads, cells.
-"""
+(`GraphedStep`, `decode.cuda_graphs`). Maps are (L, H, N): layers, heads, cells."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Ensembles: several captioners with one vocabulary decode as one, behind the decoder interface.
-
-Each step's log-probability is the log of the members' mean probability, or with combine="logprob"
-their renormalised mean log-probability; features travel packed, (B, sum of N_i * D_i)."""
+"""Ensembles: several captioners with one vocabulary decode as one, behind the decoder interface: each
+step's log-probability is the log of the members' mean probability, or with combine="logprob" their
+renormalised mean log-probability; features travel packed, (B, sum of N_i * D_i)."""
 
 from __future__ import annotations
 

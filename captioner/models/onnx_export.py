@@ -1,8 +1,6 @@
-"""ONNX export: a Captioner -> three graphs and an `onnx.json` that `captioner.deploy` runs
-with onnxruntime, numpy and Pillow alone.
-
-encoder.onnx, decoder_init.onnx (`prepare` + `init_state`) and decoder_step.onnx (`step`) mirror the
-decoder interface with a dynamic batch (docs/deploy.md); the export fails unless onnxruntime reproduces torch."""
+"""ONNX export: a Captioner -> encoder.onnx, decoder_init.onnx (`prepare` + `init_state`), decoder_step.onnx
+(`step`) and an `onnx.json` that `captioner.deploy` runs with onnxruntime, numpy and Pillow alone (docs/deploy.md);
+the export fails unless onnxruntime reproduces torch."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Dense layers' fp32 matrix products on the CPU through oneDNN.
-
-2.0-2.6x faster where MKL misses its fast path (`python -m benchmarks products`), in another summation
-order (about 1e-6 relative). Taken where a first-use check passes and a kept measurement shows a 5% win
-(`CAPTIONER_ONEDNN=1`: always, `=0`: never); a checkpoint records the route.
-"""
+"""Dense layers' fp32 matrix products on the CPU through oneDNN, 2.0-2.6x faster where MKL misses its fast
+path (`python -m benchmarks products`), in another summation order (about 1e-6 relative). Taken where a
+first-use check passes and a kept measurement shows a 5% win (`CAPTIONER_ONEDNN=1`: always, `=0`: never)."""
 
 from __future__ import annotations
 

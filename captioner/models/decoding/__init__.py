@@ -1,8 +1,5 @@
-"""Decoding: greedy decoding, sampling and beam search through the decoder interface.
-
-`rules` (what the loops share: the options, the rules applied at every step), the loops
-`sampling.roll_out` and `beam`, and `search` (the entry points). docs/library.md's inference API imports from here.
-"""
+"""Decoding: greedy decoding, sampling and beam search through the decoder interface: `rules` (what the
+loops share), the loops `sampling.roll_out` and `beam`, and `search` (the entry points, docs/library.md)."""
 
 from captioner.models.decoding.rules import DecodeOptions, Hypothesis, SpecialTokens
 from captioner.models.decoding.search import (

@@ -8,8 +8,7 @@ search s = b*G + g holds rows s*Kg .. s*Kg+Kg-1 of the B*K. A step reads as the 
     beam.advance(choice)               the live beams move on (scores, words, decoder state)
     beam.finish(choice, t)             the endings become hypotheses; the searches that are done
 
-The host reads the device once per step (`finish`), and the maps once (`best`).
-"""
+The host reads the device once per step (`finish`), and the maps once (`best`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """What the decoding loops share: their `DecodeOptions`, the rules applied to a step's log-probabilities
 (banned ids, when `<eos>` may come, trigram blocking, GNMT's length penalty), one decoder step, the
 hypothesis a loop returns and the rows of a shrinking batch. deploy/numpy_search.py implements the
-rules again (tests/test_search_conformance.py holds the two together).
-"""
+rules again (tests/test_search_conformance.py holds the two together)."""
 
 from __future__ import annotations
 

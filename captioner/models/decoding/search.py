@@ -1,6 +1,5 @@
 """Inference: greedy decoding, sampling and batched (diverse) beam search, through the decoder
-interface alone: decoder, feats (B, N, D), `SpecialTokens`, `DecodeOptions` -> per image hypotheses.
-"""
+interface alone: decoder, feats (B, N, D), `SpecialTokens`, `DecodeOptions` -> per image hypotheses."""
 
 from __future__ import annotations
 
