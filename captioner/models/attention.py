@@ -94,9 +94,8 @@ class AdditiveAttention(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """weights = softmax(Q K^T / sqrt(d_k)), output = W_o concat_heads(weights V), over nh heads, the
-    weights returned with the output (before dropout: each row a distribution over the keys). Keys
-    and values are projected apart (`keys_values`), so they can be cached."""
+    """weights = softmax(Q K^T / sqrt(d_k)) (returned before dropout), output = W_o concat_heads(weights V)
+    over nh heads; keys and values are projected apart (`keys_values`), so they can be cached."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
         super().__init__()

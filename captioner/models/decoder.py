@@ -128,9 +128,8 @@ Step = Callable[..., tuple[torch.Tensor, torch.Tensor, State]]
 
 
 class GraphedStep:
-    """Call as the decoder's `step`: the step replayed as a CUDA graph, one launch instead of hundreds of
-    small kernels (docs/compile_step.md), one graph per number of rows; with gradients, a keyword
-    argument or a tensor off CUDA, `eager`."""
+    """Call as the decoder's `step`: a CUDA graph per number of rows, one launch for hundreds of kernels
+    (docs/compile_step.md); with gradients, a keyword argument or a tensor off CUDA, `eager`."""
 
     device_type = "cuda"  # where the graph replays (the tests replay a stand-in on the CPU)
 

@@ -14,9 +14,8 @@ from captioner.models.backbones import check_encoder_config, pixel_statistics
 
 
 class Encoder(nn.Module):
-    """A backbone cut into blocks, an optional adaptive pool to a fixed grid, flattened cells. Only the
-    top `fine_tune_blocks` blocks train (-1: all); frozen ones stay in eval mode. A feature store keeps
-    what the frozen `trunk` makes, and `from_stored` runs only the `top` on it."""
+    """A backbone cut into blocks, an optional adaptive pool to a fixed grid, flattened cells; only the top
+    `fine_tune_blocks` train (-1: all). A feature store keeps the frozen `trunk`'s output for `from_stored`."""
 
     def __init__(
         self, blocks: list[nn.Module], out_dim: int, config: EncoderConfig, fine_tune_blocks: int,

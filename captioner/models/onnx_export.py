@@ -176,8 +176,7 @@ def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict
 
 
 def _export_graph(spec: GraphSpec, path: Path, opset: int) -> dict[str, Any]:
-    """Trace `spec.module` into `path` with a dynamic batch; returns the exporter and opset used: the
-    TorchScript exporter (fast), else the dynamo exporter."""
+    """Trace `spec.module` into `path` with a dynamic batch (TorchScript's exporter, else dynamo's)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes

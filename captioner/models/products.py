@@ -74,8 +74,7 @@ def route_taken() -> bool:
 
 
 def take_route(onednn: bool, source: str) -> None:
-    """Take the route the run `source` was trained with, so a resumption goes on bit for bit (a set
-    `CAPTIONER_ONEDNN` still decides)."""
+    """Take the route the run `source` was trained with (unless `CAPTIONER_ONEDNN` is set): bit for bit."""
     global _ENABLED, _CHECKED
     if os.environ.get("CAPTIONER_ONEDNN", "") in ("0", "1") or (_CHECKED and _ENABLED == onednn):
         return
@@ -211,8 +210,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def onednn_linear(layer: nn.Linear) -> nn.Linear:
-    """`layer` itself, its forward now `linear` (oneDNN's product where it applies, else `F.linear`),
-    still exactly an `nn.Linear` (state-dict keys, hooks, `quantize_dynamic`)."""
+    """`layer` itself, its forward now `linear`: still exactly an `nn.Linear` (keys, hooks, quantize_dynamic)."""
     layer.forward = functools.partial(_linear_forward, layer)  # a partial: copies and pickles bind their own layer
     return layer
 

@@ -70,8 +70,7 @@ def write_slot(buffer: torch.Tensor, new: torch.Tensor, slot: torch.Tensor) -> t
 
 
 class TransformerDecoderLayer(nn.Module):
-    """Masked self-attention, cross-attention to the grid, feed-forward; each a residual block,
-    normalised after the sum (post-norm, the paper) or before the block (pre-norm)."""
+    """Masked self-attention, cross-attention to the grid, feed-forward: residual blocks, post- or pre-norm."""
 
     def __init__(
         self, d_model: int, num_heads: int, ff_dim: int, dropout: float, norm_first: bool, activation: str
@@ -121,8 +120,7 @@ class TransformerDecoderLayer(nn.Module):
 class TransformerDecoder(Decoder):
     """Embedding * sqrt(d_model) + sinusoidal positions, `num_layers` layers over the projected grid
     (+ a 2-D code per cell), a final LayerNorm (pre-norm only) and an output layer, optionally tied.
-    Maps: every layer's and head's cross-attention (B, T, L, nh, N). The state: a k/v cache per layer
-    (B, nh, capacity, hs) and the position (B,), one shape at every step."""
+    Maps: every layer's and head's cross-attention; the state: a k/v cache per layer and the position."""
 
     has_self_attention = True
     # Positions the cache holds when `init_state` is not told: enough for `step` calls that do
@@ -214,8 +212,7 @@ class TransformerDecoder(Decoder):
         self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
         image_rows: torch.Tensor | None = None, packed: bool = False, self_attention: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing as `Decoder.forward`: logits (C, T, V), attn (C, T, L, nh, N), and with
-        `self_attention` self_attn (C, T, L, nh, T)."""
+        """Teacher forcing as `Decoder.forward`, and with `self_attention` self_attn (C, T, L, nh, T)."""
         memory = self.caption_memory(feats, image_rows)  # (C, nh, N, hs) each
         T = tokens.shape[1]
         x = self._embed(tokens, torch.arange(T, device=tokens.device))  # (C, T, d)

@@ -104,8 +104,7 @@ def device_index(index: list[int], device: torch.device) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    """The ids decoding treats apart: `bos`, `eos`, the `banned` ids never produced and the
-    `bad_endings` a caption must not end on."""
+    """The ids decoding treats apart: `bos`, `eos`, `banned` ids never produced, `bad_endings` no caption ends on."""
 
     bos: int
     eos: int
@@ -143,8 +142,7 @@ def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) 
 
 @dataclass(frozen=True)
 class EndingRule:
-    """When <eos> may be chosen: not before `min_length` words, nor right after a word `bad_after`
-    (V,) marks ("a", "with", ...)."""
+    """When <eos> may be chosen: not before `min_length` words, nor right after a `bad_after` word ("a", "with")."""
 
     eos_column: torch.Tensor  # (V,) bool, true at <eos> only
     min_length: int = 0
