@@ -83,11 +83,8 @@ def write_exported(
     if isinstance(metadata_fields.get("training_config"), dict):
         metadata_fields = {**metadata_fields, "training_config": portable_config(metadata_fields["training_config"])}
     config = {
-        "library_name": FORMAT,
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "captioner_version": captioner_version(),
-        "spec": spec.to_dict(with_vocab=False),
+        "library_name": FORMAT, "format": FORMAT, "format_version": FORMAT_VERSION,
+        "captioner_version": captioner_version(), "spec": spec.to_dict(with_vocab=False),
         **metadata_fields,
         "files": {
             name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size}

@@ -119,11 +119,8 @@ def export_onnx(
     # The manifest last, atomically: a folder whose graphs failed the check has none. Bump ONNX_FORMAT_VERSION
     # whenever the graphs' inputs, outputs or onnx.json change.
     manifest = {
-        "format": ONNX_FORMAT,
-        "format_version": ONNX_FORMAT_VERSION,
-        "captioner_version": captioner.__version__,
-        "torch_version": torch.__version__,
-        "opset": opset,
+        "format": ONNX_FORMAT, "format_version": ONNX_FORMAT_VERSION,
+        "captioner_version": captioner.__version__, "torch_version": torch.__version__, "opset": opset,
         "files": {
             spec.key: {"path": path.name, "sha256": sha256_of(path), **exporters[spec.key]}
             for spec, path in zip(specs, paths)
