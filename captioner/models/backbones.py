@@ -1,6 +1,5 @@
 """The backbone registry, the only list of backbone names (docs/encoders.md): each entry, like timm's
-`pretrained_cfg`, builds the network in blocks and gives its weights, input size, stride, feature
-dimension and pixel statistics."""
+`pretrained_cfg`, builds the network in blocks and gives its weights, input size, stride, width, statistics."""
 
 from __future__ import annotations
 
@@ -135,8 +134,7 @@ def packaged_weights_record(name: str) -> dict[str, str]:
 
 
 def check_packaged_weights(record: Any, config: EncoderConfig, listed_in: Path) -> None:
-    """Check that the installed package rebuilds the very encoder weights `record` names (the config
-    asks for them, the sha256 matches); one ExportError naming `listed_in` if not."""
+    """Check that the installed package rebuilds the very encoder weights `record` (in `listed_in`) names."""
     if not isinstance(record, dict) or record.get("source") != "package" or not isinstance(record.get("sha256"), str):
         raise ExportError(f"{listed_in}: encoder_weights must say source 'package' with the weights file's sha256")
     package = weights_package(config.name)

@@ -1,6 +1,5 @@
-"""Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically, loaded
-with weights_only (tensors and plain data: loading never runs code). A run's config comes back as
-data only (`data/model_settings.py`)."""
+"""Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically, loaded with
+weights_only (plain data: loading never runs code), a run's config as data only (`data/model_settings.py`)."""
 
 from __future__ import annotations
 

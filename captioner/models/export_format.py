@@ -71,8 +71,7 @@ def write_exported(
     folder: str | Path, state_dict: dict[str, torch.Tensor], spec: ModelSpec, metadata_fields: dict[str, Any],
     checksummed: Sequence[str] = (),
 ) -> list[Path]:
-    """Write model.safetensors, vocab.json and, last, config.json (with `metadata_fields` and the
-    checksums of the others and of `checksummed`) into `folder`; returns the files written."""
+    """Write model.safetensors, vocab.json and, last, config.json (`metadata_fields`, checksums) into `folder`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
