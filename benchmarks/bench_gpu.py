@@ -37,7 +37,7 @@ from captioner.data.image_transform import ImageTransform, normalize_images  # n
 from captioner.data.records import ImageRecord  # noqa: E402
 from captioner.models.captioner import Captioner  # noqa: E402
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search  # noqa: E402
-from captioner.models.graphed_step import use_graphed_step  # noqa: E402
+from captioner.models.decoder import use_graphed_step  # noqa: E402
 from captioner.text.vocab import SPECIALS, Vocabulary  # noqa: E402
 from captioner.training.loop import caption_loss  # noqa: E402
 

@@ -12,7 +12,7 @@ import torch
 from captioner.data.image_files import load_image
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import load_captioner
-from captioner.models.graphed_step import use_graphed_step
+from captioner.models.decoder import use_graphed_step
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -26,7 +26,7 @@ from captioner.apps.commands.caption import model_and_images
 from captioner.core.config import load_config
 from captioner.core.errors import CaptionerError, CheckpointError, ExportError
 from captioner.models.checkpoint import default_model, save_checkpoint
-from captioner.models.default_model import DEFAULT_MODEL, QUICKSTART_RUN
+from captioner.models.model_paths import DEFAULT_MODEL, QUICKSTART_RUN
 from captioner.models.export_format import CONFIG, WEIGHTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def write_export(folder: Path, test: dict | None = None) -> None:
 @pytest.fixture(autouse=True)
 def no_packaged_model(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests hold with or without a model packaged in this checkout: they see none."""
-    from captioner.models import packaged
+    from captioner.models import model_paths as packaged
 
     monkeypatch.setattr(packaged, "PACKAGED_FOLDER", tmp_path_factory.mktemp("no_packaged_model"))
 

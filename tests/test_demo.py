@@ -235,7 +235,7 @@ def test_a_bare_demo_serves_the_trained_quickstart_model_and_never_trains(tmp_pa
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """With no export and no packaged model, the quickstart's trained run; with none, one line
     saying what to run, even where the shapes config is there to train."""
-    from captioner.models import packaged
+    from captioner.models import model_paths as packaged
 
     monkeypatch.setattr(packaged, "PACKAGED_FOLDER", tmp_path / "no_packaged_model")
     monkeypatch.chdir(tmp_path)

@@ -17,9 +17,8 @@ import torch
 
 from captioner.core.config import load_config
 from captioner.core.errors import ConfigError
-from captioner.models.decoder import Decoder
+from captioner.models.decoder import Decoder, GraphedStep, use_graphed_step
 from captioner.models.decoding import DecodeOptions, SpecialTokens, beam_search_n_best, greedy_decode
-from captioner.models.graphed_step import GraphedStep, use_graphed_step
 from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
 from captioner.models.decoders.transformer import TransformerConfig, TransformerDecoder
 from helpers import tiny_model

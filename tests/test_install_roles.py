@@ -170,7 +170,7 @@ def test_the_core_install_captions_and_names_the_extra_a_command_needs(shapes_ls
     done = cli_without(DEMO, "demo", str(shapes_lstm.checkpoint), "--port", "0")
     assert done.returncode == 2 and "Gradio is not installed" in done.stderr.strip().splitlines()[-1]
     # No model named, from a folder with no runs/: the model packaged with captioner answers, offline.
-    from captioner.models.packaged import installed_model
+    from captioner.models.model_paths import installed_model
 
     packaged = installed_model()
     assert packaged is not None, "no model is packaged with captioner (captioner/pretrained/)"

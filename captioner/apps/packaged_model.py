@@ -1,4 +1,4 @@
-"""A run folder -> the model packaged with captioner (`models/packaged.py`): the export that `pip install`
+"""A run folder -> the model packaged with captioner (`models/model_paths.py`): the export that `pip install`
 carries in captioner/pretrained/<name>/ and every command uses when no model is named
 (`python scripts/package_default_model.py RUN`). `package_model` reads as its steps.
 """
@@ -34,7 +34,7 @@ from captioner.models.checkpoint import config_source, run_config, written_by_it
 from captioner.models.checkpoint_format import read_checkpoint
 from captioner.models.model_paths import checkpoint_file
 from captioner.models.export_format import CARD, is_exported
-from captioner.models import packaged
+from captioner.models import model_paths as packaged
 
 log = logging.getLogger(__name__)
 

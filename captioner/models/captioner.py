@@ -1,7 +1,5 @@
-"""Encoder + decoder + vocabulary + preprocessing: the one object every caller captions with.
-
-`Captioner.from_pretrained(path)` loads one, `model.caption(images)` captions paths, image bytes or
-PIL images; what a model is, as its files record it, is its spec (core/model_spec.py)."""
+"""Encoder + decoder + vocabulary + preprocessing: the one object every caller captions with
+(`Captioner.from_pretrained(path)`, then `model.caption(images)`); its files record its spec."""
 
 from __future__ import annotations
 
@@ -24,23 +22,20 @@ from captioner.data.image_files import ImageInput, caption_in_batches
 from captioner.data.image_transform import ImageTransform
 from captioner.models.caption_result import Caption
 from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
-from captioner.models.model_paths import checkpoint_file
-from captioner.models.decoder import Decoder, DecoderOutput, build_decoder
+from captioner.models.model_paths import checkpoint_file, is_packaged, read_packaged
+from captioner.models.decoder import Decoder, DecoderOutput, build_decoder, use_graphed_step
 from captioner.models.decoders import lstm, transformer  # noqa: F401  (registers captioner's own decoders)
 from captioner.models.decoding import DecodeOptions, Hypothesis, SpecialTokens, decode_hypotheses
 from captioner.models.backbones import check_packaged_weights, packaged_weights_record, weights_package
 from captioner.models.encoders import Encoder, build_encoder
-from captioner.models.graphed_step import use_graphed_step
 from captioner.models.export_format import CONFIG, WEIGHTS, is_exported, read_exported, write_exported
 from captioner.models.model_origin import ModelOrigin, checkpoint_origin, export_origin
-from captioner.models.packaged import is_packaged, read_packaged
 from captioner.text.vocab import Vocabulary
 
 
 class Captioner(nn.Module):
-    """An image captioner with spatial attention: an encoder and a decoder, and the one description
-    of the model they make (its `ModelSpec`: vocabulary, preprocessing, decoding defaults); nothing
-    about how it was trained."""
+    """An image captioner with spatial attention: an encoder, a decoder and the `ModelSpec` describing
+    them (vocabulary, preprocessing, decoding defaults; nothing about how it was trained)."""
 
     def __init__(self, encoder: Encoder, decoder: Decoder, spec: ModelSpec, decoder_config: Any = None) -> None:
         super().__init__()
@@ -73,17 +68,15 @@ class Captioner(nn.Module):
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, load_pretrained: bool = False) -> Captioner:
-        """The model `spec` describes, with fresh weights (ImageNet's for the backbone when asked
-        and `load_pretrained`)."""
+        """The model `spec` describes, with fresh weights (ImageNet's backbone with `load_pretrained`)."""
         encoder = build_encoder(spec.encoder, load_pretrained)
         decoder_config = spec.decoder_config()
         return cls(encoder, build_decoder(decoder_config, len(spec.vocab), encoder.out_dim), spec, decoder_config)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "auto") -> Captioner:
-        """A trained model in eval mode on `device` ("auto": a CUDA GPU if any) from a checkpoint, a
-        run folder (best.pt, else last.pt), an exported folder or a Hub repo id. Only the spec is read,
-        no ImageNet weights are fetched and nothing is unpickled."""
+        """A trained model in eval mode on `device` ("auto": a CUDA GPU if any) from any `checkpoint_file`
+        path; only the spec is read, no ImageNet weights are fetched and nothing is unpickled."""
         name = str(path)
         path = checkpoint_file(path)
         if is_exported(path):
@@ -111,8 +104,7 @@ class Captioner(nn.Module):
     def _load_weights(
         self, state_dict: dict[str, torch.Tensor], source: Path, encoder_from_package: bool = False
     ) -> None:
-        """Load a state dict that must fit this model exactly (all but the encoder with
-        `encoder_from_package`); one line naming `source` if not. float16 loads into float32."""
+        """Load a state dict that must fit exactly (but for the encoder with `encoder_from_package`)."""
         try:
             missing, unexpected = self.load_state_dict(state_dict, strict=False)
         except RuntimeError as e:  # shape mismatches
@@ -134,9 +126,8 @@ class Captioner(nn.Module):
         self, folder: str | Path, *, encoder_from_package: bool = False, half_precision: bool = False,
         checksummed: Sequence[str] = (), **metadata_fields: Any,
     ) -> list[Path]:
-        """Write this model as an exported folder (`export_format`), `metadata_fields` in config.json;
-        `encoder_from_package` records the package in place of the encoder's weights, `half_precision`
-        stores float16, `checksummed` names more files to checksum. Returns the files written."""
+        """Write this model as an exported folder (`export_format`), `metadata_fields` in config.json, weights
+        in float16 with `half_precision`, the encoder's left to its package with `encoder_from_package`."""
         state_dict = self.state_dict()
         if encoder_from_package:
             record = self.packaged_encoder_record()
@@ -157,8 +148,8 @@ class Captioner(nn.Module):
         return dataclasses.replace(self._spec, preprocessing=preprocessing, grid=grid, feature_dim=self.encoder.out_dim)
 
     def packaged_encoder_record(self) -> dict[str, str] | None:
-        """The package and weights sha256 an export records in place of the encoder's weights when
-        they are its backbone package's ImageNet weights, frozen, bit for bit; else None."""
+        """What an export records in place of the encoder's weights when they are its backbone
+        package's ImageNet weights, frozen, bit for bit; else None."""
         encoder = self.config.encoder
         if not (encoder.pretrained and self.encoder.frozen and weights_package(encoder.name)):
             return None
@@ -212,8 +203,7 @@ class Captioner(nn.Module):
         return self.withhold_if_blind(feats), grid
 
     def stored_features(self, feats: torch.Tensor) -> torch.Tensor:
-        """Rows of the store, (B, n, C) fp16 -> the decoder's input (B, N, D), as `encode` makes
-        them; every path that decodes stored rows goes through here."""
+        """Rows of the store, (B, n, C) fp16 -> the decoder's input (B, N, D), as `encode` makes them."""
         feats, _ = self.encoder.from_stored(feats.to(self.dtype))  # (B, N, D)
         return self.withhold_if_blind(feats)
 
@@ -225,8 +215,7 @@ class Captioner(nn.Module):
         self, images: torch.Tensor, tokens: torch.Tensor, image_rows: torch.Tensor | None = None,
         encoded: bool = False, lengths: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing on images (B, 3, H, W), or stored feats (B, N, D) when `encoded`; tokens
-        (C, T), caption c of image `image_rows[c]` (default: c); `lengths`, `packed` as `Decoder.forward`."""
+        """Teacher forcing (as `Decoder.forward`) on images (B, 3, H, W), or stored feats when `encoded`."""
         if encoded:
             feats = self.stored_features(images)  # (B, N, D)
         else:
@@ -259,9 +248,8 @@ class Captioner(nn.Module):
         batch_size: int | None = None, errors: str = "raise", on_picture: Callable[[Image], None] | None = None,
         **options: Any,
     ) -> Caption | list[Any]:
-        """Caption an image (a path, bytes, a PIL image) -> a Caption, or a list of them -> a list in
-        order (with `n_best`, each image's n best); a tensor (B, 3, S, S) is a transformed batch. A bad
-        image raises its ImageLoadError, or with `errors="return"` takes its place."""
+        """Caption an image (a path, bytes, a PIL image) -> a Caption, or a list of them -> a list in order
+        (with `n_best`, each image's n best); a tensor (B, 3, S, S) is a transformed batch (docs/library.md)."""
         if isinstance(images, torch.Tensor) and images.dim() in (2, 4):  # (B, 3, S, S); an ensemble's (B, P)
             return self._caption_batch(images, n_best, options)
         return caption_in_batches(

@@ -1,9 +1,5 @@
-"""Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically,
-loaded with weights_only.
-
-Only tensors and plain data, so loading never runs code and needs no YAML. A run's config comes
-back as data: no shard, command or URL, nor places outside the working folder unless read in its
-own run folder (`data/model_settings.py`)."""
+"""Checkpoints: state dicts, the model spec, the run config and vocabulary, saved atomically, loaded with
+weights_only (plain data: loading never runs code), a run's config as data only (`data/model_settings.py`)."""
 
 from __future__ import annotations
 
@@ -19,15 +15,13 @@ from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint_format import FORMAT_VERSION, read_checkpoint, write_checkpoint_file
-from captioner.models.default_model import find_default_model
 from captioner.models.export_format import CONFIG, is_exported, read_config
 from captioner.models.model_origin import announce
-from captioner.models.model_paths import checkpoint_file
+from captioner.models.model_paths import checkpoint_file, find_default_model
 
 
 def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = None, **extra: Any) -> None:
-    """Write weights, spec, the run's `config` (else the model's own sections), vocabulary and `extra`,
-    checksummed. A full disk is one StorageError; the file at `path` stays as it was."""
+    """Write weights, spec, the run's `config` (else the model's own sections), vocabulary and `extra`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -42,16 +36,14 @@ def save_checkpoint(path: str | Path, model: Captioner, config: Config | None = 
 
 
 def checkpoint_config(path: str | Path) -> Config:
-    """The whole config a checkpoint was trained with, checked like a config file (a refused setting
-    stops here); shard patterns and URLs set aside, local places kept."""
+    """The whole config a checkpoint was trained with, checked; shard patterns and URLs set aside."""
     path = checkpoint_file(path)  # a run folder: its best.pt, else last.pt
     return stored_settings(stored_config(path), config_source(path), keep_local_places=True).config
 
 
 def model_settings(path: str | Path, data_overrides: Sequence[str] = ()) -> StoredSettings:
-    """The config a model carries, as data to read its dataset with: `data_overrides` (data.KEY=VALUE)
-    kept whole; shard patterns, URLs, commands and, unless read in its own run folder, outside places
-    set aside."""
+    """The config a model carries, as data to read its dataset with, `data_overrides` (data.KEY=VALUE)
+    kept whole; shard patterns, URLs, commands and outside places set aside unless in its run folder."""
     path = checkpoint_file(path)
     config = stored_config(path)
     if data_overrides:  # where the model's data lies locally: the user's word
@@ -75,8 +67,7 @@ def config_source(path: Path) -> str:
 
 
 def written_by_its_run(path: Path, config: Config) -> bool:
-    """Whether checkpoint file `path` lies in its run's train.out_dir: the user's own run, not a copy
-    or a download (an export never is)."""
+    """Whether checkpoint file `path` lies in its run's train.out_dir, not a copy or a download."""
     if is_exported(path):
         return False
     try:
@@ -94,13 +85,12 @@ def run_config(stored: dict[str, Any], path: Path, source: str | None = None) ->
 
 
 def load_captioner(path: str | Path, device: str | torch.device = "auto") -> Captioner:
-    """`Captioner.from_pretrained`: a checkpoint, run folder, export or Hub repo id -> the model in
-    eval mode on `device`."""
+    """`Captioner.from_pretrained`: a checkpoint, run folder, export or Hub repo id -> the model."""
     return Captioner.from_pretrained(path, device)
 
 
 def default_model(device: str | torch.device = "auto") -> Captioner:
-    """The default model (`default_model.find_default_model`), logging once which model it is."""
+    """The default model (`model_paths.find_default_model`), logging once which model it is."""
     model = Captioner.from_pretrained(find_default_model(), device)
     announce(model.origins)
     return model

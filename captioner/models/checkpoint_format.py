@@ -1,8 +1,6 @@
 """A checkpoint file: its payload written with a checksum and read with weights_only (no code runs),
-its format version, and the spec that rebuilds the model.
-
-The sha256 of everything before it sits in the zip archive's end comment (the comment's length field
-counted as zero), checked before torch reads the file, so a damaged checkpoint is refused by name."""
+its format version, and the spec that rebuilds the model. The sha256 of everything before it sits in
+the zip's end comment (its length field counted as zero), so a damaged checkpoint is refused by name."""
 
 from __future__ import annotations
 
@@ -31,8 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class WriteErrorKeeper:
-    """The file torch.save writes into, keeping the OSError of a failed write (torch reports a
-    RuntimeError)."""
+    """The file torch.save writes into, keeping the OSError of a failed write (torch's is a RuntimeError)."""
 
     def __init__(self, file: BinaryIO) -> None:
         self.file = file
@@ -50,8 +47,7 @@ class WriteErrorKeeper:
 
 
 def write_checkpoint_file(payload: dict[str, Any], path: str | Path) -> None:
-    """torch.save `payload` to `path` atomically, with its sha256 in the zip comment. A full disk
-    is one StorageError naming `path`; the previous file at `path` stays as it was."""
+    """torch.save `payload` to `path` atomically (a full disk leaves the old file), its sha256 in the comment."""
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
@@ -73,8 +69,7 @@ def write_checkpoint_file(payload: dict[str, Any], path: str | Path) -> None:
 
 
 def verify_checksum(path: Path) -> None:
-    """Check `path`'s recorded checksum (a warning when it has none); a truncated or altered file is
-    one CheckpointError."""
+    """Check `path`'s recorded checksum (a warning when it has none)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         f.seek(max(0, size - END_RECORD_BYTES - COMMENT_BYTES))
@@ -120,8 +115,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def checkpoint_spec(payload: dict[str, Any], path: str | Path) -> ModelSpec:
-    """The model a payload describes: its `spec`, or in an older checkpoint its config's model, input
-    size and decoding sections alone. One CheckpointError naming `path` for a refused setting."""
+    """The model a payload describes: its `spec`, or in an older checkpoint its config's model sections."""
     try:
         return ModelSpec.from_dict(*upgrade.checkpoint_spec(payload, str(path)))
     except ConfigError as e:

@@ -7,13 +7,13 @@
         -> DecoderOutput(logits (C,T,V), attn (C,T,L,H,N))
 
 Memory and State are dicts of batch-first tensors; beam search expands the memory once and reorders
-only the state. The state keeps one shape at every step and `step` reads nothing back from the
-device, so a step compiles whole and can be replayed as a CUDA graph. Attention maps are (L, H, N):
-layers by heads by grid cells.
-"""
+only the state, which keeps one shape so a step compiles whole and can replay as a CUDA graph
+(`GraphedStep`, `decode.cuda_graphs`). Maps are (L, H, N): layers, heads, cells."""
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,14 +38,12 @@ class DecoderOutput:
 
 
 def select_rows(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Pick rows of every batch-first tensor of a memory or state: beam expansion and reordering,
-    one row per caption in teacher forcing."""
+    """Pick rows of every batch-first tensor of a memory or state (beams, captions)."""
     return {key: value.index_select(0, index) for key, value in tensors.items()}
 
 
 def reads_are_free(device: torch.device) -> bool:
-    """Whether the host reads a tensor on `device` without waiting (the CPU); loops ask "have all
-    rows ended?" only there. The tests' simulated device answers no."""
+    """Whether the host reads a tensor on `device` without waiting (the CPU): loops ask only there."""
     return device.type == "cpu"
 
 
@@ -56,8 +54,7 @@ def to_device_quietly(index: torch.Tensor, device: torch.device) -> torch.Tensor
 
 
 def real_positions(lengths: torch.Tensor, steps: int, device: torch.device) -> torch.Tensor:
-    """Where the positions inside each caption sit in a flattened (C, steps): lengths (C,) on the
-    host -> (M,) long on `device`, batch-major."""
+    """lengths (C,) on the host -> (M,) long on `device`: the real positions of a flattened (C, steps)."""
     inside = torch.arange(steps)[None, :] < lengths[:, None]  # (C, steps)
     return to_device_quietly(inside.flatten().nonzero().squeeze(1), device)  # (M,)
 
@@ -79,8 +76,7 @@ class Decoder(nn.Module):
         raise NotImplementedError
 
     def expand_memory(self, memory: Memory, beams: int) -> Memory:
-        """The memory for `beams` hypotheses per image (state rows b*beams .. b*beams+beams-1 are
-        image b's); by default every row repeated."""
+        """The memory for `beams` hypotheses per image, image b's rows consecutive; by default repeated."""
         first = next(iter(memory.values()))  # (B, ...)
         rows = torch.arange(first.shape[0], device=first.device).repeat_interleave(beams)  # (B*beams,)
         return select_rows(memory, rows)  # (B*beams, ...) each
@@ -96,14 +92,12 @@ class Decoder(nn.Module):
         self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
         image_rows: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing: feats (B, N, D), tokens (C, T); `image_rows` (C,): each caption's image
-        (default: the c-th). `lengths` (C,), longest first, lets a decoder skip padding; with `packed`
-        it may return the real positions' logits alone (DecoderOutput.positions)."""
+        """Teacher forcing: feats (B, N, D), tokens (C, T); `image_rows` (C,): each caption's image. `lengths`
+        (C,), longest first, lets it skip padding; `packed`, return the real positions alone."""
         raise NotImplementedError
 
     def caption_memory(self, feats: torch.Tensor, image_rows: torch.Tensor | None) -> Memory:
-        """The per-image constants of feats (B, N, D), computed once per image, one row per caption
-        when `image_rows` (C,) is given."""
+        """The `prepare`d feats (B, N, D), one row per caption when `image_rows` (C,) is given."""
         memory = self.prepare(feats)
         return memory if image_rows is None else select_rows(memory, image_rows)  # (C, ...) each
 
@@ -116,8 +110,7 @@ D = TypeVar("D", bound=type[Decoder])
 
 
 def register_decoder(name: str, config: type) -> Callable[[D], D]:
-    """Class decorator (`@register_decoder("gru", GRUConfig)`): `model.decoder.type: name` builds this
-    decoder from a `config` instance."""
+    """Class decorator: `model.decoder.type: name` builds this decoder from a `config` instance."""
 
     def register(module: D) -> D:
         decoder_types.register(name, config, module)
@@ -129,3 +122,43 @@ def register_decoder(name: str, config: type) -> Callable[[D], D]:
 def build_decoder(config: Any, vocab_size: int, feat_dim: int) -> Decoder:
     """The registered decoder whose config class `config` is, over features of `feat_dim`."""
     return decoder_types.decoder_type(decoder_types.type_of(config)).module(config, vocab_size, feat_dim)
+
+
+Step = Callable[..., tuple[torch.Tensor, torch.Tensor, State]]
+
+
+class GraphedStep:
+    """Call as the decoder's `step`: a CUDA graph per number of rows, one launch for hundreds of kernels
+    (docs/compile_step.md); with gradients, a keyword argument or a tensor off CUDA, `eager`."""
+
+    device_type = "cuda"  # where the graph replays (the tests replay a stand-in on the CPU)
+
+    def __init__(self, eager: Step) -> None:
+        self.eager = eager
+        self.graphed = torch.compile(eager, fullgraph=True, mode="reduce-overhead")
+        self.lock = threading.Lock()
+
+    def __call__(
+        self, memory: Memory, prev_tokens: torch.Tensor, state: State, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, State]:
+        if kwargs or torch.is_grad_enabled() or prev_tokens.device.type != self.device_type:
+            return self.eager(memory, prev_tokens, state, **kwargs)
+        with self.lock:
+            torch.compiler.cudagraph_mark_step_begin()
+            logprobs, attn, new_state = self.graphed(memory, prev_tokens, state)
+            # The next replay overwrites these (hence the lock too): hand back copies.
+            return logprobs.clone(), attn.clone(), {key: value.clone() for key, value in new_state.items()}
+
+    def __deepcopy__(self, memo: dict) -> GraphedStep:
+        """A copied model gets its own graphs and lock, over the copy's eager step."""
+        return GraphedStep(copy.deepcopy(self.eager, memo))
+
+
+def use_graphed_step(decoder: torch.nn.Module) -> GraphedStep:
+    """From now on `decoder.step` is a GraphedStep over its eager step (an instance attribute); idempotent."""
+    current = decoder.__dict__.get("step")
+    if isinstance(current, GraphedStep):
+        return current
+    graphed = GraphedStep(type(decoder).step.__get__(decoder))
+    decoder.__dict__["step"] = graphed
+    return graphed

@@ -1,6 +1,4 @@
-"""CNN encoders: an image batch -> a grid of feature vectors h_ij.
-
-The last feature map of any registered backbone, built by `build_encoder`."""
+"""CNN encoders: an image batch -> a grid of feature vectors h_ij, any registered backbone's last map."""
 
 from __future__ import annotations
 
@@ -16,9 +14,8 @@ from captioner.models.backbones import check_encoder_config, pixel_statistics
 
 
 class Encoder(nn.Module):
-    """A backbone cut into blocks, an optional adaptive pool to a fixed grid, flattened cells. Only the
-    top `fine_tune_blocks` blocks train (-1: all); frozen ones stay in eval mode. A feature store keeps
-    what the frozen `trunk` makes, and `from_stored` runs only the `top` on it."""
+    """A backbone cut into blocks, an optional adaptive pool to a fixed grid, flattened cells; only the top
+    `fine_tune_blocks` train (-1: all). A feature store keeps the frozen `trunk`'s output for `from_stored`."""
 
     def __init__(
         self, blocks: list[nn.Module], out_dim: int, config: EncoderConfig, fine_tune_blocks: int,
@@ -68,8 +65,7 @@ class Encoder(nn.Module):
         return {name: t for name, t in self.state_dict().items() if name[: name.index(".", 7) + 1] in frozen}
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """images (B, 3, H, W) -> feats (B, N, D), grid (h, w) with N = h * w; uint8 images are
-        normalised here on their device, float ones taken as normalised."""
+        """images (B, 3, H, W), uint8 or normalised floats -> feats (B, N, D), grid (h, w), N = h * w."""
         return self.top(*self.cells(self.trunk(images), pool=self.frozen))
 
     def trunk(self, images: torch.Tensor) -> torch.Tensor:
@@ -83,8 +79,7 @@ class Encoder(nn.Module):
         return x
 
     def stored_part(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """images (B, 3, H, W) -> the rows `from_stored` takes, cells (B, n, C) on their grid (h', w');
-        without a frozen block, the output."""
+        """images (B, 3, H, W) -> what the frozen blocks make (else the output), cells (B, n, C) on (h', w')."""
         if not self.storable:
             return self(images)
         return self.cells(self.trunk(images), pool=self.frozen)
@@ -92,8 +87,7 @@ class Encoder(nn.Module):
     def from_stored(
         self, cells: torch.Tensor, grid: tuple[int, int] | None = None
     ) -> tuple[torch.Tensor, tuple[int, int]]:
-        """`stored_part`'s cells (B, n, C) on `grid` (default: square) -> feats (B, N, D), grid (h, w)
-        through the trainable blocks; cells pass unchanged without a frozen or a trainable block."""
+        """`stored_part`'s cells (B, n, C) on `grid` (default: square) -> feats (B, N, D), grid (h, w)."""
         grid = grid or square_grid(cells.shape[1])
         return self.top(cells, grid) if self.storable else (cells, grid)
 
@@ -126,8 +120,7 @@ def square_grid(cells: int) -> tuple[int, int]:
 
 
 def build_encoder(config: EncoderConfig, load_pretrained: bool = True) -> Encoder:
-    """The encoder `config` describes; `load_pretrained=False` builds the architecture only. An unknown
-    name is a one-line ConfigError before anything is built."""
+    """The encoder `config` describes; `load_pretrained=False` builds the architecture only."""
     spec = check_encoder_config(config)
     pretrained = config.pretrained and spec.pretrainable
     blocks = spec.build(config, pretrained and load_pretrained)

@@ -1,8 +1,6 @@
-"""Ensembles: several captioners with one vocabulary decode as one.
-
-Each step's log-probability is the log of the members' mean probability, or with combine="logprob"
-their renormalised mean log-probability, behind the decoder interface, so every decoding mode works
-unchanged. Members may differ in encoder; their features travel packed, (B, sum of N_i * D_i)."""
+"""Ensembles: several captioners with one vocabulary decode as one, behind the decoder interface: each
+step's log-probability is the log of the members' mean probability, or with combine="logprob" their
+renormalised mean log-probability; features travel packed, (B, sum of N_i * D_i)."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ def member_part(tensors: dict[str, torch.Tensor], member: int) -> dict[str, torc
 
 
 class EnsembleDecoder(Decoder):
-    """M decoders over one vocabulary as one, over packed feats (B, sum of N_i * D_i). A step's map
-    (B, 1, 1, N) is the members' mean layer-and-head map with `mean_attention` (alike grids), else
-    the first member's."""
+    """M decoders over one vocabulary as one, over packed feats. A step's map (B, 1, 1, N) is the
+    members' mean map with `mean_attention` (alike grids), else the first member's."""
 
     has_self_attention = False  # the members' self-attention weights are not combined
 
@@ -95,8 +92,7 @@ class EnsembleDecoder(Decoder):
         self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
         image_rows: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing through every member: combined log-probabilities (C, T, V), attn
-        (C, T, 1, 1, N). Never packed: the members may pack in different orders."""
+        """Combined log-probabilities (C, T, V), attn (C, T, 1, 1, N); never packed (members' orders differ)."""
         logprobs, maps = [], []
         for decoder, part in zip(self.members, self.split(feats)):
             out = decoder(part, tokens, lengths, image_rows=image_rows)
@@ -116,8 +112,7 @@ class EnsembleDecoder(Decoder):
 
 
 class EnsembleTransform:
-    """Every member's transform of one picture, flattened and concatenated: uint8 (P,), with
-    P = sum of 3 * S_i * S_i."""
+    """Every member's transform of one picture, flattened and concatenated: uint8 (P = sum 3 S_i^2,)."""
 
     def __init__(self, transforms: Sequence[ImageTransform]) -> None:
         self.transforms = list(transforms)
@@ -134,8 +129,7 @@ class EnsembleTransform:
 
 class Ensemble(nn.Module):
     """Captioners with one vocabulary that caption as one model, `caption` and `decode` as
-    `Captioner`'s; decoding defaults and the maps' grid are the first member's. A feature store's
-    features (one encoder's) do not fit it."""
+    `Captioner`'s; decoding defaults and the maps' grid are the first member's."""
 
     # Captioner's own code: it reads only what an ensemble has too.
     special_tokens = Captioner.special_tokens
@@ -167,8 +161,7 @@ class Ensemble(nn.Module):
     def from_pretrained(
         cls, paths: Sequence[str | Path], device: str | torch.device = "auto", combine: str = "prob"
     ) -> Ensemble:
-        """The models at `paths` (as `Captioner.from_pretrained`) as one ensemble in eval mode on
-        `device`; different vocabularies are a one-line CheckpointError naming both files."""
+        """The models at `paths` (as `Captioner.from_pretrained`) as one ensemble in eval mode on `device`."""
         if combine not in COMBINES:  # before loading anything
             raise ConfigError(f"ensemble: combine must be one of {', '.join(COMBINES)}; got {combine!r}")
         members = [Captioner.from_pretrained(path, device) for path in paths]
@@ -193,13 +186,11 @@ class Ensemble(nn.Module):
         return sum(n * d for n, d in self.decoder.shapes)
 
     def stored_features(self, feats: torch.Tensor) -> torch.Tensor:
-        """Packed feats that `encode` made -> the decoder's input, unchanged (blind members withheld
-        theirs when encoding; `EnsembleDecoder.split` casts)."""
+        """Packed feats that `encode` made -> the decoder's input, unchanged (`EnsembleDecoder.split` casts)."""
         return feats
 
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Packed images (B, P), uint8 -> packed feats (B, sum N_i*D_i), float32, and the first
-        member's grid (h, w)."""
+        """Packed images (B, P), uint8 -> packed feats (B, sum N_i*D_i), float32, and the first grid (h, w)."""
         feats = [
             member.encode(part.to(member.device))[0].flatten(1).float()  # (B, N_i*D_i)
             for member, part in zip(self.members, self.transform.split(images))

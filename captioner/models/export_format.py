@@ -1,8 +1,5 @@
-"""An exported model folder in the Hugging Face Hub layout: what it holds, written and read with
-safetensors and JSON only (nothing is unpickled, so loading one can never run code).
-
-model.safetensors, config.json (the spec, the portable training config, every other file's sha256),
-vocab.json and README.md: docs/export.md describes each."""
+"""An exported model folder in the Hugging Face Hub layout (docs/export.md), written and read with
+safetensors and JSON only: nothing is unpickled, so loading one can never run code."""
 
 from __future__ import annotations
 
@@ -53,8 +50,7 @@ def is_exported(path: str | Path) -> bool:
 
 
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """safetensors' save_file, its I/O failures (a full disk) raised as the OSError they are; the file
-    then made as readable as the umask allows (safetensors writes 0600)."""
+    """safetensors' save_file, a full disk raised as its OSError, the file as readable as the umask allows."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
@@ -74,8 +70,7 @@ def write_exported(
     folder: str | Path, state_dict: dict[str, torch.Tensor], spec: ModelSpec, metadata_fields: dict[str, Any],
     checksummed: Sequence[str] = (),
 ) -> list[Path]:
-    """Write model.safetensors, vocab.json and, last, config.json (with `metadata_fields` and the
-    checksums of the others and of `checksummed`) into `folder`; returns the files written."""
+    """Write model.safetensors, vocab.json and, last, config.json (`metadata_fields`, checksums) into `folder`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
@@ -86,11 +81,8 @@ def write_exported(
     if isinstance(metadata_fields.get("training_config"), dict):
         metadata_fields = {**metadata_fields, "training_config": portable_config(metadata_fields["training_config"])}
     config = {
-        "library_name": FORMAT,
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "captioner_version": captioner_version(),
-        "spec": spec.to_dict(with_vocab=False),
+        "library_name": FORMAT, "format": FORMAT, "format_version": FORMAT_VERSION,
+        "captioner_version": captioner_version(), "spec": spec.to_dict(with_vocab=False),
         **metadata_fields,
         "files": {
             name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size}
@@ -126,8 +118,7 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 
 
 def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -> None:
-    """Every file config.json lists has its recorded size and sha256; else one line naming it and
-    saying `remedy`."""
+    """Check every file config.json lists for its recorded size and sha256."""
     files = config["files"]
     if not isinstance(files, dict) or not {WEIGHTS, VOCAB} <= files.keys():
         raise ExportError(f"{folder / CONFIG}: 'files' must list {WEIGHTS} and {VOCAB} with their checksums")
@@ -138,8 +129,7 @@ def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -
 
 
 def read_exported(folder: str | Path, remedy: str | None = None) -> Exported:
-    """An exported folder's config, vocabulary and weights, each checked; a failure is one line naming
-    the file, ending with `remedy` when given."""
+    """An exported folder's config, vocabulary and weights, each checked; a failure ends with `remedy`."""
     folder = Path(folder)
     try:
         config = read_config(folder)

@@ -17,9 +17,8 @@ from PIL import Image
 from captioner.core.bounded_files import SCORES_JSON_BYTES, read_json
 from captioner.core.errors import CaptionerError
 from captioner.data.shapes import COLOURS
-from captioner.models.default_model import DEFAULT_MODEL
+from captioner.models.model_paths import DEFAULT_MODEL, packaged_models
 from captioner.models.export_format import is_exported
-from captioner.models.packaged import packaged_models
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +138,8 @@ def photograph_model() -> str:
 
 
 def looks_like_photograph(picture: Image.Image) -> bool:
-    """Whether a picture is unlike the shapes world (grey background, shapes in six colours): over 3% of
-    its pixels away from edges in none of the colours, or over 1% near black or near white. Pictures
-    under 48 px are not judged."""
+    """Whether a picture (48 px or more) is unlike the shapes world: over 3% of its pixels away from
+    edges in none of its colours, or over 1% near black or near white."""
     if max(picture.size) < 48:
         return False
     thumbnail = picture.convert("RGB")

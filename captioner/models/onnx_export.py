@@ -1,9 +1,6 @@
-"""ONNX export: a Captioner -> three graphs and an `onnx.json` that `captioner.deploy` runs
-with onnxruntime, numpy and Pillow alone.
-
-encoder.onnx, decoder_init.onnx (`prepare` + `init_state`) and decoder_step.onnx (`step`) mirror the
-decoder interface, batch-first with a dynamic batch (docs/deploy.md); a preallocated cache bakes
-`capacity` steps into the step graph. The export fails unless onnxruntime reproduces torch."""
+"""ONNX export: a Captioner -> encoder.onnx, decoder_init.onnx (`prepare` + `init_state`), decoder_step.onnx
+(`step`) and an `onnx.json` that `captioner.deploy` runs with onnxruntime, numpy and Pillow alone (docs/deploy.md);
+the export fails unless onnxruntime reproduces torch."""
 
 from __future__ import annotations
 
@@ -98,8 +95,7 @@ def export_onnx(
     model: Captioner, folder: str | Path, opset: int | None = None, capacity: int | None = None
 ) -> list[Path]:
     """Write `folder`/onnx/{encoder,decoder_init,decoder_step}.onnx and onnx.json; returns their paths.
-    `capacity` bounds a growing state's steps (default: decode.max_length). ExportError when
-    onnxruntime does not reproduce torch within PARITY_TOLERANCE."""
+    `capacity` (default: decode.max_length) is baked into the step graph as its cache's steps."""
     if model.device.type != "cpu" or model.dtype != torch.float32 or model.training:
         model = copy.deepcopy(model).cpu().float()  # a copy: the caller's model stays as it was
     model.eval()
@@ -122,11 +118,8 @@ def export_onnx(
     # The manifest last, atomically: a folder whose graphs failed the check has none. Bump ONNX_FORMAT_VERSION
     # whenever the graphs' inputs, outputs or onnx.json change.
     manifest = {
-        "format": ONNX_FORMAT,
-        "format_version": ONNX_FORMAT_VERSION,
-        "captioner_version": captioner.__version__,
-        "torch_version": torch.__version__,
-        "opset": opset,
+        "format": ONNX_FORMAT, "format_version": ONNX_FORMAT_VERSION,
+        "captioner_version": captioner.__version__, "torch_version": torch.__version__, "opset": opset,
         "files": {
             spec.key: {"path": path.name, "sha256": sha256_of(path), **exporters[spec.key]}
             for spec, path in zip(specs, paths)
@@ -179,9 +172,7 @@ def _graph_specs(model: Captioner, capacity: int) -> tuple[list[GraphSpec], dict
 
 
 def _export_graph(spec: GraphSpec, path: Path, opset: int) -> dict[str, Any]:
-    """Trace `spec.module` into `path` with a dynamic batch; returns the exporter and opset used. The
-    TorchScript exporter first (fast); what it cannot express goes to the dynamo exporter. Both
-    failing is a one-line ExportError."""
+    """Trace `spec.module` into `path` with a dynamic batch (TorchScript's exporter, else dynamo's)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
@@ -248,9 +239,8 @@ def _dynamic_batch(spec: GraphSpec) -> dict[str, Any]:
 
 @torch.no_grad()
 def check_parity(specs: list[GraphSpec], paths: list[Path], steps: int = 3) -> float:
-    """Run the graphs in onnxruntime on 3 random images (the traces saw 2) for `steps` greedy steps;
-    ExportError names the first output off torch's by more than PARITY_TOLERANCE (scaled). Returns
-    the largest difference."""
+    """The largest difference from torch's of the graphs run in onnxruntime on 3 random images (the
+    traces saw 2) for `steps` greedy steps; over PARITY_TOLERANCE (scaled), an ExportError naming it."""
     import onnxruntime as ort
 
     sessions = {

@@ -1,10 +1,6 @@
-"""Dense layers' fp32 matrix products on the CPU through oneDNN.
-
-2.0-2.6x faster where MKL misses its fast path (`python -m benchmarks products`); the same arithmetic
-in another summation order (about 1e-6 relative). Taken only where a first-use check passes and a kept
-measurement shows a 5% win; `CAPTIONER_ONEDNN=1` takes it, `=0` never. A checkpoint records the route,
-so a resumption is bit for bit.
-"""
+"""Dense layers' fp32 matrix products on the CPU through oneDNN, 2.0-2.6x faster where MKL misses its fast
+path (`python -m benchmarks products`), in another summation order (about 1e-6 relative). Taken where a
+first-use check passes and a kept measurement shows a 5% win (`CAPTIONER_ONEDNN=1`: always, `=0`: never)."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ def set_onednn(enabled: bool) -> None:
 
 
 def _route_works() -> bool:
-    """At the first product: one small product checked against `F.linear` (a failure turns the route off,
-    logged once), then the speed."""
+    """At the first product: one small product checked against `F.linear`, then the speed."""
     global _ENABLED, _CHECKED
     if _CHECKED:
         return _ENABLED
@@ -79,8 +74,7 @@ def route_taken() -> bool:
 
 
 def take_route(onednn: bool, source: str) -> None:
-    """Take the route the run `source` was trained with, so a resumption goes on bit for bit; a set
-    `CAPTIONER_ONEDNN` still decides, and a route this torch cannot take is logged and not taken."""
+    """Take the route the run `source` was trained with (unless `CAPTIONER_ONEDNN` is set): bit for bit."""
     global _ENABLED, _CHECKED
     if os.environ.get("CAPTIONER_ONEDNN", "") in ("0", "1") or (_CHECKED and _ENABLED == onednn):
         return
@@ -184,8 +178,7 @@ _SCOPE: ContextVar[dict[int, tuple[torch.Tensor, torch.Tensor]] | None] = Contex
 
 @contextmanager
 def reused_weights() -> Iterator[None]:
-    """Within it, products without gradients reorder each weight once: for a decoding loop, whose
-    weights cannot change while it runs. Per thread and nestable."""
+    """Within it, products without gradients reorder each weight once: for a decoding loop."""
     token = None if _SCOPE.get() is not None else _SCOPE.set({})
     try:
         yield
@@ -217,9 +210,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def onednn_linear(layer: nn.Linear) -> nn.Linear:
-    """`layer` itself, its forward now `linear` (oneDNN's product where it applies, else `F.linear`).
-    It stays exactly an `nn.Linear`: the same state-dict keys, hooks run, and `quantize_dynamic`
-    swaps it for its int8 copy, which runs its own forward."""
+    """`layer` itself, its forward now `linear`: still exactly an `nn.Linear` (keys, hooks, quantize_dynamic)."""
     layer.forward = functools.partial(_linear_forward, layer)  # a partial: copies and pickles bind their own layer
     return layer
 
@@ -229,8 +220,7 @@ def _linear_forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def plain(layer: nn.Module) -> bool:
-    """Whether `layer` is an `nn.Linear` nothing else has a claim on: code that reads its weight
-    (a fused product) may stand in for its forward."""
+    """Whether `layer` is a plain `nn.Linear`, so a fused product may read its weight."""
     from torch.nn.modules import module as torch_module
 
     return type(layer) is nn.Linear and not (
@@ -241,8 +231,7 @@ def plain(layer: nn.Module) -> bool:
 
 
 def prepared(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x (n, K) -> x @ weight^T (n, N), the weight (N, K) reordered once for many products; no
-    gradients flow through it (for inside autograd Functions)."""
+    """x (n, K) -> x @ weight^T (n, N), the weight (N, K) reordered once; no gradients flow through it."""
     if not _applies(weight, weight):
         return lambda x: x @ weight.t()
     packed = _reorder(weight.detach())

@@ -21,7 +21,7 @@ from captioner.core.config_sections import Config, ScstConfig
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import reads_are_free
-from captioner.models.decoding.options import DecodeOptions
+from captioner.models.decoding.rules import DecodeOptions
 from captioner.models.decoding.rules import SpecialTokens
 from captioner.models.decoding.sampling import SampledCaptions, sample_captions, scored_by_teacher_forcing
 from captioner.text.vocab import Vocabulary

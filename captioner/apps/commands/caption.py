@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, flag):
             writable_folder(getattr(args, flag), f"caption --{flag.replace('_', '-')}")
     # Which model captions (its origin, its scores) is said once some image is captioned: a refusal is its one line.
-    with said_by_an_error("captioner.models.default_model", "captioner.models.model_origin", level=logging.INFO):
+    with said_by_an_error("captioner.models.model_paths", "captioner.models.model_origin", level=logging.INFO):
         args.checkpoint = args.checkpoint or default_model()
         model = onnx_model(args) if args.runtime == "onnx" else load_model("caption", args.checkpoint, args)
         options = decode_options(args)
@@ -199,7 +199,7 @@ def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, li
 
 def default_model() -> str:
     """The default model's path (what captions when no model is named)."""
-    from captioner.models.default_model import find_default_model  # torch: loaded once a model is
+    from captioner.models.model_paths import find_default_model  # torch: loaded once a model is
 
     return str(find_default_model())
 

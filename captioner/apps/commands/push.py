@@ -19,7 +19,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from captioner.apps.export import push_model
     from captioner.core.errors import ExportError
-    from captioner.models.hub import looks_like_repo_id
+    from captioner.models.model_paths import looks_like_repo_id
 
     if not looks_like_repo_id(args.repo_id):
         raise ExportError(f"push: {args.repo_id!r} is not a Hub repo id (owner/name)")

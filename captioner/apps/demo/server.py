@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 from captioner.apps.demo.batcher import MAX_BATCH
 from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, private_cache, wait_for_callbacks
 from captioner.core.errors import CaptionerError
-from captioner.models.default_model import find_default_model
-from captioner.models.model_paths import checkpoint_file
+from captioner.models.model_paths import checkpoint_file, find_default_model
 from captioner.models.export_format import is_exported
 
 if TYPE_CHECKING:

@@ -34,8 +34,7 @@ class LSTMConfig:
 @register_decoder("lstm", LSTMConfig)
 class LSTMDecoder(Decoder):
     """Step t: attend with h_{t-1}, gate the context z_t, run the LSTM cell on [E y_{t-1}; z_t], predict
-    p(y_t) ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t)); h_0, c_0 = tanh(W mean_ij a_ij). Teacher-forced
-    `forward` gives `step`'s numbers with only the recurrence in the time loop."""
+    p(y_t) ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t)); h_0, c_0 = tanh(W mean_ij a_ij)."""
 
     def __init__(self, config: LSTMConfig, vocab_size: int, feat_dim: int) -> None:
         super().__init__()
@@ -90,9 +89,8 @@ class LSTMDecoder(Decoder):
         self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
         image_rows: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing: feats (B, N, D), tokens (C, T) -> logits (C, T, V), attn (C, T, 1, 1, N).
-        `image_rows` (C,): each caption's image. With `lengths` (C,) sorted longest first, outputs past a
-        row's length are zero; `packed` gives real positions' logits only, (M, V) time-major, at `positions`."""
+        """Teacher forcing as `Decoder.forward`, `step`'s numbers with only the recurrence in the time loop:
+        logits (C, T, V), zero past each length, or with `packed` (M, V) time-major; attn (C, T, 1, 1, N)."""
         C, T = tokens.shape
         if not (plain(self.attention.state_proj) and plain(self.gate)):  # quantised, wrapped, hooked: own forwards
             return self._forward_by_steps(feats, tokens, lengths, image_rows)
@@ -160,8 +158,7 @@ class LSTMDecoder(Decoder):
     def _forward_by_steps(
         self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None, image_rows: torch.Tensor | None
     ) -> DecoderOutput:
-        """Teacher forcing one `_advance` at a time, every layer called as a module: for layers whose
-        weights the fused forward must not read (quantised, adapted, hooked). Zero past each length."""
+        """Teacher forcing one `_advance` at a time, for layers the fused forward must not read (quantised)."""
         memory, T = self.caption_memory(feats, image_rows), tokens.shape[1]  # (C, ...) each
         state = self.init_state(memory)
         embedded = self.dropout(self.embedding(tokens))  # (C, T, E)
@@ -176,23 +173,20 @@ class LSTMDecoder(Decoder):
         return DecoderOutput(logits_all, attn[:, :, None, None, :])  # attn (C, T, 1, 1, N)
 
     def attention_penalty(self, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(1 - sum_t a_tij)^2 over real steps, averaged (not summed, as in the paper) over cells and
-        the batch, so one penalty weight fits a 7x7 and a 14x14 grid alike."""
+        """(1 - sum_t a_tij)^2, averaged over cells and batch (the paper sums) so one weight fits any grid."""
         coverage = (attn[:, :, 0, 0, :] * mask.unsqueeze(-1)).sum(dim=1)  # (B, N)
         return ((1.0 - coverage) ** 2).mean()
 
 
 def lstm_update(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """nn.LSTMCell's update from its pre-activations: gates (n, 4H) in its order (i, f, g, o),
-    c_{t-1} (n, H) -> h_t, c_t (n, H) each."""
+    """nn.LSTMCell's update: gates (n, 4H) in its order (i, f, g, o), c_{t-1} (n, H) -> h_t, c_t."""
     i, f, g, o = gates.chunk(4, dim=1)  # (n, H) each
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (n, H)
     return torch.sigmoid(o) * torch.tanh(c), c  # (n, H) each
 
 
 def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[int]:
-    """How many rows are inside their caption at each step (trailing zeros cut); `lengths` (B,) must be
-    sorted longest first, so the active rows are the first ones."""
+    """How many rows are inside their caption at each step (trailing zeros cut), `lengths` longest first."""
     if lengths is None:
         return [batch] * steps
     values = lengths.tolist()  # one read; the counts below are plain Python
@@ -209,8 +203,7 @@ def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[in
 
 
 def row_prefixes(x: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
-    """x[:n] for each n of `sizes` (non-increasing); the backward zero-fills one gradient of x's size
-    and adds each prefix's into its rows, not one full-size fill and copy per prefix."""
+    """x[:n] for each n of `sizes` (non-increasing), whose backward fills one gradient, not one per prefix."""
     if len(sizes) == 1 and sizes[0] == x.shape[0]:
         return (x,)
     return _RowPrefixes.apply(x, tuple(sizes))
@@ -235,9 +228,8 @@ class _RowPrefixes(torch.autograd.Function):
 
 
 class RecurrentProduct:
-    """x_t @ w at every step of a recurrence, w's gradient X^T G computed once after the last step's
-    backward, not T thin products and T weight-sized additions. Under autocast, torch.compile or
-    for the input's gradient alone, it is autograd's plain product."""
+    """x_t @ w at every step of a recurrence, w's gradient X^T G one product after the last step's
+    backward, not T; under autocast, torch.compile or without w's gradient, autograd's own product."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.collected: list[tuple[torch.Tensor, torch.Tensor]] = []  # (x_t, g_t) per step, filled by backward
@@ -262,8 +254,7 @@ class RecurrentProduct:
 
 
 class _SharedWeight(torch.autograd.Function):
-    """The weight as every step sees it; its backward runs after all of theirs and computes its
-    gradient from what they collected."""
+    """The weight as every step sees it; its backward, after theirs, sums what they collected."""
 
     @staticmethod
     def forward(ctx, weight: torch.Tensor, collected: list) -> torch.Tensor:  # type: ignore[override]

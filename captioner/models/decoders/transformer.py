@@ -45,8 +45,7 @@ class TransformerConfig:
 
 
 def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """positions (...) -> (..., dim): PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...);
-    computed on the fly, so captions have no length limit."""
+    """positions (...) -> (..., dim): PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...)."""
     half = (dim + 1) // 2
     freqs = torch.exp(torch.arange(half, device=positions.device) * (-2.0 * math.log(10000.0) / dim))  # (half,)
     angles = positions.float().unsqueeze(-1) * freqs  # (..., half)
@@ -54,8 +53,8 @@ def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def grid_encoding(num_cells: int, dim: int, device: torch.device | None = None) -> torch.Tensor:
-    """(N, dim) position codes of the grid cells in row-major order, the grid taken as square: the first
-    dim // 2 channels encode the row, the rest the column. A non-square N gets a 1-D code of the index."""
+    """(N, dim) codes of a square grid's cells: the first dim // 2 channels the row, the rest the column
+    (a non-square N: a 1-D code of the index)."""
     cells = torch.arange(num_cells, device=device)  # (N,)
     side = math.isqrt(num_cells)
     if side * side != num_cells:
@@ -65,15 +64,13 @@ def grid_encoding(num_cells: int, dim: int, device: torch.device | None = None) 
 
 
 def write_slot(buffer: torch.Tensor, new: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
-    """buffer (B, nh, C, hs) with new (B, nh, 1, hs) written where slot (B, C) is true: one shape for
-    torch.compile and CUDA graphs, the old state intact for autograd, and the buffer's dtype kept
-    whatever autocast made of `new`."""
+    """buffer (B, nh, C, hs) with new (B, nh, 1, hs) written where slot (B, C) is true, out of place and
+    in the buffer's dtype: one shape for CUDA graphs, the old state intact for autograd."""
     return torch.where(slot[:, None, :, None], new.to(buffer.dtype), buffer)  # (B, nh, C, hs)
 
 
 class TransformerDecoderLayer(nn.Module):
-    """Masked self-attention, cross-attention to the grid, feed-forward; each a residual block,
-    normalised after the sum (post-norm, the paper) or before the block (pre-norm)."""
+    """Masked self-attention, cross-attention to the grid, feed-forward: residual blocks, post- or pre-norm."""
 
     def __init__(
         self, d_model: int, num_heads: int, ff_dim: int, dropout: float, norm_first: bool, activation: str
@@ -96,10 +93,9 @@ class TransformerDecoderLayer(nn.Module):
         cache: tuple[torch.Tensor, torch.Tensor] | None = None, slot: torch.Tensor | None = None,
         self_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """x (B, T, d), cross_k/v (B, nh, N, hs), mask broadcastable to (B, nh, T, S), true where a
-        position may look -> x (B, T, d), cross weights (B, nh, T, N), self k/v (B, nh, S, hs), and the
-        self weights (B, nh, T, S) with `self_weights` (explicit softmax path), else None. Teacher forcing
-        has S = T; a step (T = 1) writes its k/v into the `cache` (B, nh, C, hs) at `slot` (B, C), S = C."""
+        """x (B, T, d), cross_k/v (B, nh, N, hs), mask (B, nh, T, S) true where a position may look -> x,
+        cross weights (B, nh, T, N), self k/v (B, nh, S, hs), self weights (B, nh, T, S) or None. A step
+        (T = 1) writes its k/v into the `cache` (B, nh, C, hs) at `slot` (B, C), S = C; else S = T."""
         h = self._block_input(x, self.norm_self)
         k, v = self.self_attn.keys_values(h)  # (B, nh, T, hs) each
         if cache is not None and slot is not None:
@@ -124,9 +120,7 @@ class TransformerDecoderLayer(nn.Module):
 class TransformerDecoder(Decoder):
     """Embedding * sqrt(d_model) + sinusoidal positions, `num_layers` layers over the projected grid
     (+ a 2-D code per cell), a final LayerNorm (pre-norm only) and an output layer, optionally tied.
-    Attention maps: every layer's and head's cross-attention, attn (B, T, L, nh, N). The state is a
-    preallocated k/v cache per layer (B, nh, capacity, hs) and the position (B,): one shape at every
-    step, so the step compiles once and can be captured in a CUDA graph."""
+    Maps: every layer's and head's cross-attention; the state: a k/v cache per layer and the position."""
 
     has_self_attention = True
     # Positions the cache holds when `init_state` is not told: enough for `step` calls that do
@@ -174,8 +168,7 @@ class TransformerDecoder(Decoder):
         return memory
 
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
-        """A zeroed self-attention cache per layer, (B, nh, capacity, hs) in the memory's dtype,
-        and the position 0 (B,). `capacity` (default `default_capacity`) bounds the steps."""
+        """A zeroed k/v cache per layer, (B, nh, capacity, hs) in the memory's dtype, and position 0 (B,)."""
         capacity = self.default_capacity if capacity is None else capacity
         if capacity < 1:
             raise ValueError(f"init_state: capacity must be >= 1 position; got {capacity}")
@@ -189,9 +182,8 @@ class TransformerDecoder(Decoder):
     def step(
         self, memory: Memory, prev_tokens: torch.Tensor, state: State, self_attention: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, State]:
-        """prev_tokens (B,) -> logprobs (B, V), attn (B, L, nh, N), the state advanced by one position.
-        Reads nothing back from the device (past the capacity a device-side assertion fails), except
-        with `self_attention`: then the state also holds "self_attn" (B, L, nh, t+1)."""
+        """prev_tokens (B,) -> logprobs (B, V), attn (B, L, nh, N), the state one position on; no read
+        back from the device, except with `self_attention` (state["self_attn"] (B, L, nh, t+1))."""
         pos = state["pos"]  # (B,)
         capacity = state["k_0"].shape[2]
         torch._assert_async((pos < capacity).all(), "TransformerDecoder.step: more steps than init_state's capacity")
@@ -220,9 +212,7 @@ class TransformerDecoder(Decoder):
         self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
         image_rows: torch.Tensor | None = None, packed: bool = False, self_attention: bool = False,
     ) -> DecoderOutput:
-        """Teacher forcing: feats (B, N, D), tokens (C, T) -> logits (C, T, V), attn (C, T, L, nh, N),
-        with `self_attention` self_attn (C, T, L, nh, T). `image_rows` (C,): each caption's image (the
-        grid's k/v once per image); with `packed` and `lengths` (C,) only real positions are output."""
+        """Teacher forcing as `Decoder.forward`, and with `self_attention` self_attn (C, T, L, nh, T)."""
         memory = self.caption_memory(feats, image_rows)  # (C, nh, N, hs) each
         T = tokens.shape[1]
         x = self._embed(tokens, torch.arange(T, device=tokens.device))  # (C, T, d)

@@ -1,11 +1,7 @@
-"""Decoding: greedy decoding, sampling and beam search through the decoder interface.
+"""Decoding: greedy decoding, sampling and beam search through the decoder interface: `rules` (what the
+loops share), the loops `sampling.roll_out` and `beam`, and `search` (the entry points, docs/library.md)."""
 
-`options`, `rules` (what the loops share, the rules applied at every step among it), the loops
-`sampling.roll_out` and `beam`, and `search` (the entry points). docs/library.md's inference API imports from here.
-"""
-
-from captioner.models.decoding.options import DecodeOptions
-from captioner.models.decoding.rules import Hypothesis, SpecialTokens
+from captioner.models.decoding.rules import DecodeOptions, Hypothesis, SpecialTokens
 from captioner.models.decoding.search import (
     beam_search, beam_search_n_best, decode_hypotheses, greedy_decode, sample_n_best,
 )

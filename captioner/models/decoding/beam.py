@@ -8,9 +8,7 @@ search s = b*G + g holds rows s*Kg .. s*Kg+Kg-1 of the B*K. A step reads as the 
     beam.advance(choice)               the live beams move on (scores, words, decoder state)
     beam.finish(choice, t)             the endings become hypotheses; the searches that are done
 
-The host reads the device once per step (`finish`); the maps stay there until `best` copies the
-returned hypotheses' rows once.
-"""
+The host reads the device once per step (`finish`), and the maps once (`best`)."""
 
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ from captioner.models.decoding.rules import (
 
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
-    from captioner.models.decoding.options import DecodeOptions
+    from captioner.models.decoding.rules import DecodeOptions
 
 NEG_INF = float("-inf")
 
@@ -86,8 +84,7 @@ class Beam:
         return all(self.done)
 
     def expand(self, t: int) -> torch.Tensor:
-        """Step the decoder once over the stepped beams -> candidates (B, G, Kg*V): each beam's
-        score plus each next word's log-probability, the decoding rules applied."""
+        """Step the decoder once -> candidates (B, G, Kg*V): beam score + next word's log-probability."""
         B, K, BK = self.B, self.K, self.B * self.K
         prev = self.prev if self.stepped is None else self.prev.index_select(0, self.stepped)  # (A,)
         memory = self.memory if t else self.per_image
@@ -152,8 +149,7 @@ class Beam:
         )
 
     def advance(self, choice: Choice) -> None:
-        """The live beams take their words and follow their parents (on a GPU the decoder's state
-        too; on the CPU `follow_parents` moves it)."""
+        """The live beams take their words and follow their parents (on the CPU, `follow_parents`)."""
         Kg = self.Kg
         self.scores = choice.live_scores.view(self.B, self.G, Kg)  # (B, G, Kg): a filler stays dead
         self.rows = (torch.arange(self.S, device=self.device)[:, None] * Kg + choice.live_beam).view(-1)  # (B*K,)
@@ -190,8 +186,7 @@ class Beam:
                 self.done[s] = worst >= max(self.live[s * Kg : (s + 1) * Kg]) / self.best_possible_penalty
 
     def follow_parents(self) -> None:
-        """On the CPU: the decoder's state follows each live beam's parent, and once 1/SHRINK_SHARE of
-        the stepped images are done, only the others' rows are kept."""
+        """On the CPU: the state follows each live beam's parent, and done images' rows go (SHRINK_SHARE)."""
         if not self.shrink:
             return
         B, G, K = self.B, self.G, self.K
@@ -220,8 +215,7 @@ class Beam:
         return rows
 
     def ranked(self, b: int, n_best: int) -> list[tuple[list[int], float, float, bool, list[int]]]:
-        """Image b's `n_best` best distinct hypotheses as (tokens, score, log-probability, ended,
-        lineage); live beams cut off at max_length compete on the same length-penalised score."""
+        """Image b's `n_best` best distinct hypotheses as (tokens, score, log-probability, ended, lineage)."""
         G, Kg, steps = self.G, self.Kg, len(self.parents)
         live_penalty = length_penalty(steps, self.options.length_penalty)
         pool = [(*h, True) for s in range(b * G, (b + 1) * G) for h in self.finished[s]]

@@ -1,16 +1,19 @@
-"""What the decoding loops share: the rules applied to a step's log-probabilities (banned ids, when
-`<eos>` may come, trigram blocking, GNMT's length penalty), one decoder step, the hypothesis a loop
-returns and the rows of a shrinking batch. deploy/numpy_search.py implements the rules again
-(tests/test_search_conformance.py holds the two together).
-"""
+"""What the decoding loops share: their `DecodeOptions`, the rules applied to a step's log-probabilities
+(banned ids, when `<eos>` may come, trigram blocking, GNMT's length penalty), one decoder step, the
+hypothesis a loop returns and the rows of a shrinking batch. deploy/numpy_search.py implements the
+rules again (tests/test_search_conformance.py holds the two together)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from captioner.core.config_sections import DecodeConfig
+from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
+from captioner.core.decode_schema import check_names, check_options
 from captioner.models.decoder import to_device_quietly
 from captioner.text.endings import bad_ending_ids
 
@@ -19,6 +22,44 @@ if TYPE_CHECKING:
     from captioner.text.vocab import Vocabulary
 
 SHRINK_SHARE = 8  # drop ended rows once they are an eighth of those stepping (each drop copies the memory)
+
+
+def _default(name: str) -> Any:
+    return DECODE_OPTIONS[name].default
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Every choice of how to decode, checked where it is made against core/decode_schema.py."""
+
+    beam_size: int = _default("beam_size")  # 1: greedy decoding
+    max_length: int = _default("max_length")  # words
+    length_penalty: float = _default("length_penalty")  # alpha of ((5 + length) / 6) ** alpha
+    block_trigrams: bool = _default("block_trigrams")  # never repeat a word trigram within a caption
+    min_length: int = _default("min_length")  # words before <eos> is allowed (every mode)
+    suppress_bad_endings: bool = _default("suppress_bad_endings")  # no <eos> right after "a", "with", "of", ...
+    diverse_groups: int = _default("diverse_groups")  # diverse beam search: groups of beam_size / groups beams
+    diversity_strength: float = _default("diversity_strength")  # lambda of the Hamming penalty between groups
+    n_best: int = _default("n_best")  # hypotheses per image (beam search), or draws per image (sampling)
+    sample: bool = _default("sample")  # draw words instead of searching; the options below apply only then
+    temperature: float = _default("temperature")
+    top_k: int = _default("top_k")  # draw from the k most probable words only (0: all)
+    top_p: float = _default("top_p")  # draw from the nucleus of this mass only
+    seed: int | None = _default("seed")  # for reproducible draws
+    self_attention: bool = _default("self_attention")  # also return the decoder's self-attention weights (transformers)
+
+    def __post_init__(self) -> None:
+        checked = check_options({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        for name, value in checked.items():  # 3.0 -> 3: a whole number given as a float is kept as an int
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_config(cls, config: DecodeConfig, **overrides: Any) -> DecodeOptions:
+        """A model's `decode` section, then the caller's `overrides` (None keeps the section's value)."""
+        check_names(overrides)
+        configured = {name: getattr(config, name) for name in DECODE_OPTIONS if hasattr(config, name)}
+        given = {name: value for name, value in overrides.items() if value is not None}
+        return cls(**{**configured, **given})
 
 
 @dataclass
@@ -37,8 +78,7 @@ def step_decoder(
     decoder: Decoder, memory: dict[str, torch.Tensor], prev: torch.Tensor, state: dict[str, torch.Tensor],
     self_attention: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
-    """One decoder step; with `self_attention` (decoders that have it) also its self-attention
-    weights (R, L, H, t+1), taken out of the state; else None."""
+    """One decoder step, and with `self_attention` its self-attention weights (R, L, H, t+1) or None."""
     if not (self_attention and decoder.has_self_attention):
         logprobs, attn, state = decoder.step(memory, prev, state)
         return logprobs, attn, state, None
@@ -64,8 +104,7 @@ def device_index(index: list[int], device: torch.device) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    """The ids decoding treats apart: `bos`, `eos`, the `banned` ids never produced (not words, so no
-    attention map of their own) and the `bad_endings` a caption must not end on."""
+    """The ids decoding treats apart: `bos`, `eos`, `banned` ids never produced, `bad_endings` no caption ends on."""
 
     bos: int
     eos: int
@@ -95,8 +134,7 @@ def block_repeated_trigrams(logprobs: torch.Tensor, history: torch.Tensor) -> to
 
 
 def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """(V,) bool, true at `banned`: built once per decode on the host and copied without blocking, so
-    no step indexes a device tensor with a host list."""
+    """(V,) bool, true at `banned`: built on the host once per decode and copied without blocking."""
     mask = torch.zeros(vocab_size, dtype=torch.bool)  # (V,), made on the host
     mask[list(banned)] = True
     return to_device_quietly(mask, device)  # (V,)
@@ -104,8 +142,7 @@ def banned_mask(banned: tuple[int, ...], vocab_size: int, device: torch.device) 
 
 @dataclass(frozen=True)
 class EndingRule:
-    """When <eos> may be chosen: not before `min_length` words, nor right after a word `bad_after`
-    (V,) marks ("a", "with", ...). A step reads nothing back from the device."""
+    """When <eos> may be chosen: not before `min_length` words, nor right after a `bad_after` word ("a", "with")."""
 
     eos_column: torch.Tensor  # (V,) bool, true at <eos> only
     min_length: int = 0

@@ -1,7 +1,4 @@
-"""Word-by-word decoding: greedy decoding, sampling and SCST's roll-outs as one loop.
-
-`roll_out` chooses each word by a function passed in (`argmax` or `drawing`).
-"""
+"""Word-by-word decoding: greedy decoding, sampling and SCST's roll-outs as one loop, `roll_out`."""
 
 from __future__ import annotations
 
@@ -20,13 +17,12 @@ from captioner.models.products import reused_weights
 
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
-    from captioner.models.decoding.options import DecodeOptions
+    from captioner.models.decoding.rules import DecodeOptions
     from captioner.models.decoding.rules import SpecialTokens
 
 
 def restrict_to_top(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """logits (R, V) with all but the `top_k` most probable words (0: all) and the `top_p` nucleus
-    (Holtzman et al. 2020) at -inf."""
+    """logits (R, V) with all but the `top_k` words (0: all) and the `top_p` nucleus (Holtzman 2020) at -inf."""
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (R, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -56,8 +52,7 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
 
 @dataclass
 class SampledCaptions:
-    """`roll_out`'s captions, padded: n per image (sampled, or one greedy), rows b*n .. b*n+n-1 of
-    image b."""
+    """`roll_out`'s captions, padded: n per image (sampled, or one greedy), image b's rows consecutive."""
 
     tokens: torch.Tensor  # (B*n, T) long: word ids, then <eos> where the caption ended, then 0
     logprobs: torch.Tensor  # (B*n, T) float, with grad: the model's log-probability of each token
@@ -78,8 +73,7 @@ def argmax(allowed: torch.Tensor) -> torch.Tensor:
 
 
 def drawing(options: DecodeOptions, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Sampling's choice of each word: a `draw` as the options say, from a generator on `device`
-    seeded by `seed` (None: torch's global one)."""
+    """Sampling's choice of each word, from a generator on `device` seeded by `seed` (None: torch's)."""
     generator = None if options.seed is None else torch.Generator(device).manual_seed(options.seed)
     return lambda allowed: draw(allowed, options.temperature, options.top_k, options.top_p, generator)
 
@@ -142,9 +136,8 @@ def roll_out(
 def sample_captions(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> SampledCaptions:
-    """SCST's captions as padded device tensors; feats (B, N, D). With `sample`, `n_best` drawn per
-    image, with gradients when enabled; else the greedy baseline without. The recorded log-probability
-    is the model's at temperature 1 (Rennie et al. 2017), equal to the teacher-forced one."""
+    """SCST's captions; feats (B, N, D). With `sample`, `n_best` drawn per image with gradients, else
+    the greedy baseline without; log-probabilities at temperature 1 (Rennie et al. 2017)."""
     n = options.n_best if options.sample else 1
     image_rows = torch.arange(feats.shape[0], device=feats.device).repeat_interleave(n)  # (B*n,)
     memory = decoder.prepare(feats)  # (B, ...) each: the per-image constants
@@ -158,9 +151,8 @@ def sample_captions(
 def scored_by_teacher_forcing(
     decoder: Decoder, feats: torch.Tensor, samples: SampledCaptions, bos_id: int
 ) -> torch.Tensor:
-    """Each sampled caption's log-probability (R,), with gradients, from one teacher-forced pass: the
-    numbers `sample_captions` records, cheaper on the CPU. Reads `samples.lengths` on the host, so it
-    is for CPU tensors. feats (B, N, D)."""
+    """Each sampled caption's log-probability (R,), with gradients, from one teacher-forced pass over
+    feats (B, N, D): the numbers `sample_captions` records, cheaper on the CPU."""
     R = samples.tokens.shape[0]
     lengths = samples.lengths.cpu()  # (R,): positions per caption, at least 1
     lengths, order = lengths.sort(descending=True, stable=True)  # (R,) each: longest first, for the LSTM

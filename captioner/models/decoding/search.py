@@ -1,7 +1,5 @@
 """Inference: greedy decoding, sampling and batched (diverse) beam search, through the decoder
-interface alone. Each takes the decoder, feats (B, N, D), `SpecialTokens` and `DecodeOptions`, and
-returns per image hypotheses with word ids, scores and every word's attention map.
-"""
+interface alone: decoder, feats (B, N, D), `SpecialTokens`, `DecodeOptions` -> per image hypotheses."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import torch
 
 from captioner.core.decode_schema import check_search
 from captioner.models.decoding.beam import Beam
-from captioner.models.decoding.options import DecodeOptions
+from captioner.models.decoding.rules import DecodeOptions
 from captioner.models.decoding.rules import Hypothesis, SpecialTokens
 from captioner.models.decoding.sampling import argmax, drawing, roll_out
 from captioner.models.products import reused_weights
@@ -25,8 +23,7 @@ if TYPE_CHECKING:
 def decode_hypotheses(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> list[list[Hypothesis]]:
-    """feats (B, N, D) -> per image its `n_best` hypotheses, best first: drawn with `sample`,
-    else by beam search, or greedy decoding when the beam is 1."""
+    """feats (B, N, D) -> per image its `n_best` hypotheses, best first, drawn, searched or greedy."""
     if options.sample:
         return sample_n_best(decoder, feats, special, options)
     if options.beam_size <= 1:
@@ -38,8 +35,7 @@ def decode_hypotheses(
 def greedy_decode(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> list[Hypothesis]:
-    """The most probable word at each step; feats (B, N, D). The score is the log-probability of
-    the words and the <eos>."""
+    """The most probable word at each step; score: the log-probability of the words and the <eos>."""
     return hypotheses(decoder, feats, special, options, argmax)
 
 
@@ -47,8 +43,7 @@ def greedy_decode(
 def sample_n_best(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> list[list[Hypothesis]]:
-    """`n_best` captions drawn per image, most probable first; feats (B, N, D). The score is the
-    log-probability at temperature 1 of the words and the <eos>."""
+    """`n_best` captions drawn per image, most probable first (at temperature 1, <eos> counted)."""
     B, n = feats.shape[0], options.n_best
     rows = feats.repeat_interleave(n, dim=0)  # (B*n, N, D): n draws per image
     drawn = hypotheses(decoder, rows, special, options, drawing(options, feats.device))
@@ -59,8 +54,7 @@ def hypotheses(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions,
     pick: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[Hypothesis]:
-    """One caption per row of feats (R, N, D) from `roll_out` with its maps; the host copies each
-    thing once, after the loop."""
+    """One caption per row of feats (R, N, D) from `roll_out` with its maps, copied once after the loop."""
     out = roll_out(decoder, decoder.prepare(feats), special, options, pick, maps=True)
     assert out.attn is not None  # made with maps
     ended = (out.tokens == special.eos).any(dim=1)  # (R,): a row's words are never <eos> before its end
@@ -90,9 +84,8 @@ def beam_search(
 def beam_search_n_best(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> list[list[Hypothesis]]:
-    """Batched beam search, K beams in G diverse groups per image; feats (B, N, D) -> per image the
-    `n_best` (<= K) best distinct hypotheses, best first. At `max_length` live beams compete with the
-    finished ones on the same length-penalised score (finished=False)."""
+    """Batched beam search, K beams in G diverse groups per image -> per image the `n_best` (<= K) best
+    distinct hypotheses; at `max_length` live beams compete with the finished ones (finished=False)."""
     check_search({"beam_size": options.beam_size, "diverse_groups": options.diverse_groups, "n_best": options.n_best})
     if decoder.vocab_size >= 2**24:  # the step's read carries word ids in float32
         raise ValueError(f"beam search handles vocabularies under 2**24 words; this one has {decoder.vocab_size}")
