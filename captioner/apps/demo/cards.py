@@ -1,7 +1,5 @@
 """The served models: loading, menu labels, serving line, cards and example images (no Gradio).
-
-A model's settings are data: its examples come only from places they may name
-(`models.checkpoint.model_settings`), never from a shard pattern, a URL or a command."""
+Examples come only from places a model's settings may name (`models.checkpoint.model_settings`)."""
 
 from __future__ import annotations
 
@@ -90,8 +88,7 @@ SERVING_METRICS = ("Bleu_4", "METEOR", "CIDEr")  # the serving line's scores, by
 
 
 def serving_line(path: str, model: Captioner, payload: dict[str, Any]) -> str:
-    """Markdown: 'Serving: <model> — <dataset>, test BLEU-4 x, METEOR y, CIDEr-D z (beam 3)'; without test
-    scores recorded, its best validation's, marked as such."""
+    """Markdown: 'Serving: <model> — <dataset>, test BLEU-4 x, METEOR y, CIDEr-D z (beam 3)', else validation's."""
     try:
         config = config_from_dict(payload["config"], source=path) if payload.get("config") else None
     except CaptionerError:
