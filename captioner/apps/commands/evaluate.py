@@ -1,5 +1,4 @@
-"""`captioner evaluate`: a checkpoint on a split, or a COCO results file: metrics, grounding and saliency
-(the evaluation itself is `captioner.evaluation.evaluate`)."""
+"""`captioner evaluate`: a checkpoint on a split, or a COCO results file: metrics, grounding and saliency."""
 
 from __future__ import annotations
 
@@ -202,8 +201,7 @@ def print_checkpoint_scores(args: argparse.Namespace, checkpoint: Path, records:
 
 
 def default_out_dir(checkpoint: Path, ensemble: list[str]) -> Path:
-    """Beside the checkpoint (an ensemble's in a subfolder named after the other members); an exported folder's
-    (kept as exported: its checksums) in runs/eval/<its name>."""
+    """Beside the checkpoint (an ensemble's in a subfolder named after its members); an export's in runs/eval/<name>."""
     base = Path(DEFAULT_EVAL_DIR) / checkpoint.name if checkpoint.is_dir() else checkpoint.parent
     if not ensemble:
         return base

@@ -21,10 +21,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        help="a YAML config: one under configs/ or your own (captioner config keys lists the keys)")
     train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=5")
     train.add_argument("--resume", action="store_true", help="continue from train.out_dir/last.pt")
-    train.add_argument(
-        "--init", metavar="CHECKPOINT",
-        help="start from this checkpoint's model and vocabulary (e.g. SCST after cross-entropy); sets train.init",
-    )
+    train.add_argument("--init", metavar="CHECKPOINT", help="start from this checkpoint's model and vocabulary "
+                                                            "(e.g. SCST after cross-entropy); sets train.init")
     add_device_argument(train, default=None)
     train.set_defaults(func=run)
 
