@@ -1,6 +1,5 @@
 """The model card of an exported model: README.md with the Hub's YAML metadata, use, scores and recipe.
-Scores are read, never typed (one never measured is said to be missing); the recipe names no maker's places.
-"""
+Scores are read, never typed (one never measured is said to be missing); the recipe names no maker's places."""
 
 from __future__ import annotations
 
@@ -163,8 +162,7 @@ def with_recipe(card: str, recipe: dict[str, Any]) -> str:
 
 
 def read_card(path: Path) -> tuple[dict[str, Any], str]:
-    """A model card's YAML metadata (between its first two --- lines; {} without) and its text, read within
-    limits; a file past one, or metadata that is no mapping, is one ExportError."""
+    """A model card's YAML metadata ({} without) and its text, read within limits; else one ExportError."""
     data = read_capped(path, "model card", CARD_BYTES, ExportError)
     try:
         text = data.decode("utf-8")
@@ -182,8 +180,7 @@ def read_card(path: Path) -> tuple[dict[str, Any], str]:
 
 
 def _data_size(config: Config) -> str:
-    """How many training images, counted where the export runs (`config` made safe: `data/model_settings.py`),
-    else the split's name."""
+    """How many training images, counted where the export runs, else the split's name."""
     if config.data.dataset == "shapes":
         return f"{config.data.shapes_num_train} training images"
     from captioner.data.datasets import load_split, split_shards
