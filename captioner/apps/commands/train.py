@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from captioner.training import distributed
     from captioner.training.interrupt import Interrupted
 
-    config = load_config(args.config, config_overrides(args))  # the run fixes its threads itself (training/speed.py)
+    options = [*([f"train.init={args.init}"] if args.init else []), *device_overrides(args)]  # --init, --device
+    config = load_config(args.config, [*args.overrides, *options])  # the run fixes its threads (training/speed.py)
     require_start(config, args.resume)
     require_data(config.data, ["train", "val"])
     if distributed.is_main_process():  # rank 0 alone writes the run folder; the others never touch it
@@ -59,11 +60,6 @@ def train_run(config: Config, resume: bool = False) -> Path:
     if is_main_process():  # under torchrun, rank 0 alone writes the run's files
         plot_run(config.train.out_dir, config.train.val_metric, config.train.val_beam_size)
     return best
-
-
-def config_overrides(args: argparse.Namespace) -> list[str]:
-    """The overrides as written, then what the options set (--init: train.init, --device: train.device)."""
-    return [*args.overrides, *([f"train.init={args.init}"] if args.init else []), *device_overrides(args)]
 
 
 def resume_command(args: argparse.Namespace) -> str:

@@ -65,18 +65,13 @@ def model_cards(models: dict[str, Captioner], payloads: dict[str, dict[str, Any]
 def recorded(path: str) -> dict[str, Any]:
     """What the page reads of a served model besides its weights: `config`, `train_state`, `test`; {} if unreadable."""
     try:
-        if is_exported(path):
-            return exported_payload(Path(path))
-        payload = read_checkpoint(path)
+        if not is_exported(path):
+            payload = read_checkpoint(path)
+            return {"config": payload["config"], "train_state": payload.get("train_state"),
+                    "test": read_scores(Path(path), None).test}
+        config = read_config(Path(path))  # an export: its training config and the scores it recorded
     except CaptionerError:
         return {}
-    return {"config": payload["config"], "train_state": payload.get("train_state"),
-            "test": read_scores(Path(path), None).test}
-
-
-def exported_payload(folder: Path) -> dict[str, Any]:
-    """`recorded` of an exported folder, from its config.json: the training config and the scores it recorded."""
-    config = read_config(folder)
     scores = config.get("scores") or {}
     epoch = scores.get("validation_epoch")
     row = {"epoch": epoch, **{f"val_{k}": v for k, v in (scores.get("validation") or {}).items()}}
