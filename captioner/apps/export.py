@@ -39,9 +39,8 @@ TRACE_MARK = b"pkg.torch.onnx.stack_trace"  # the dynamo exporter's record of th
 
 def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path | None = None, onnx: bool = False,
                  decode: Mapping[str, Any] | None = None) -> list[Path]:
-    """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written. The figure
-    captions `image`, else the first test image that loads; `decode` (DecodeConfig fields) replaces the
-    checkpoint's decoding, so every user decodes as its test scores were measured."""
+    """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written. `decode`
+    (DecodeConfig fields) replaces the checkpoint's decoding, so every user decodes as its test scores were measured."""
     source = checkpoint_file(checkpoint)
     if is_exported(source):
         if not onnx:
@@ -159,7 +158,8 @@ def make_portable(folder: Path, write: bool = True) -> bool:
     """Write the exported `folder`'s config.json, card and ONNX graphs again, in place, naming no place of the
     machine that made them; whether anything differed (with `write=False`, nothing is written)."""
     config = read_config(folder)
-    traced = traced_graphs(folder)
+    graphs = folder / "onnx"  # those holding the exporter's trace records (exported before they were stripped)
+    traced = sorted(p.name for p in graphs.glob("*.onnx") if TRACE_MARK in p.read_bytes()) if graphs.is_dir() else []
     stored = config.get("training_config") if isinstance(config.get("training_config"), dict) else None
     card = read_card(folder / CARD)[1] if (folder / CARD).is_file() else None
     recipe = portable_config(stored) if stored is not None else None
@@ -178,12 +178,6 @@ def make_portable(folder: Path, write: bool = True) -> bool:
         config["training_config"] = recipe
     write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1), encoding="utf-8"))
     return True
-
-
-def traced_graphs(folder: Path) -> list[str]:
-    """The graphs of `folder`/onnx/ that hold the exporter's trace records."""
-    graphs = folder / "onnx"
-    return sorted(p.name for p in graphs.glob("*.onnx") if TRACE_MARK in p.read_bytes()) if graphs.is_dir() else []
 
 
 def strip_traced_graphs(folder: Path, names: list[str]) -> None:

@@ -16,8 +16,7 @@ from captioner.core.portable_config import place_keys, portable_config, value_at
 
 log = logging.getLogger(__name__)
 
-# Metric names as COCO's evaluation reports them -> (Hub metric type, display name)
-METRICS = {
+METRICS = {  # metric names as COCO's evaluation reports them -> (Hub metric type, display name)
     "Bleu_1": ("bleu", "BLEU-1"), "Bleu_2": ("bleu", "BLEU-2"), "Bleu_3": ("bleu", "BLEU-3"),
     "Bleu_4": ("bleu", "BLEU-4"), "METEOR": ("meteor", "METEOR"),
     "ROUGE_L": ("rouge", "ROUGE-L"), "CIDEr": ("cider", "CIDEr-D"), "SPICE": ("spice", "SPICE"),
@@ -37,8 +36,7 @@ class CardScores:
 
     validation: dict[str, float] = field(default_factory=dict)
     validation_epoch: int | None = None
-    # split -> {"overall": ..., "images": n, "beam_size": k}
-    test: dict[str, dict[str, Any]] = field(default_factory=dict)
+    test: dict[str, dict[str, Any]] = field(default_factory=dict)  # split -> {"overall", "images", "beam_size"}
 
 
 def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardScores:

@@ -169,13 +169,9 @@ def checkpoint_report(args: argparse.Namespace, checkpoint: Path, evaluation: Ev
     report: dict[str, Any] = {
         "checkpoint": str(checkpoint),
         **({"ensemble": [str(checkpoint), *args.ensemble], "combine": args.combine or "prob"} if args.ensemble else {}),
-        "split": args.split,
-        "images": len(evaluation.captions),
-        "beam_size": options["beam_size"],
-        "decode": {k: v for k, v in options.items() if v is not None},
-        "metrics": evaluation.scores.metrics,
-        "results": str(results_path),
-        **evaluation.scores.beside_official(),
+        "split": args.split, "images": len(evaluation.captions), "beam_size": options["beam_size"],
+        "decode": {k: v for k, v in options.items() if v is not None}, "metrics": evaluation.scores.metrics,
+        "results": str(results_path), **evaluation.scores.beside_official(),
     }
     if evaluation.grounding is not None:
         report["grounding"] = evaluation.grounding.to_json()

@@ -22,8 +22,7 @@ from captioner.models.captioner import Captioner
 from captioner.models.model_origin import introduce
 from captioner.viz.overlays import save_attention_figure, word_overlays
 
-# overlays are drawn on a copy this size at most: the gallery's preview, and a 40 MP photo stays cheap to show
-DISPLAY_SIDE = 512
+DISPLAY_SIDE = 512  # overlays are drawn on a copy this size at most: a 40 MP photo stays cheap to show
 FIGURE_LOCK = threading.Lock()  # pyplot's global state: one transformer view at a time
 
 
@@ -89,7 +88,7 @@ def caption_page(model: Captioner, model_name: str, upload: str | Path | None, b
                  layer: str | int | None = None, head: str | int | None = MEAN, figure_dir: Path | None = None,
                  max_pixels: int = MAX_PIXELS, batcher: CaptionBatcher | None = None) -> PageOutput:
     """Caption an upload and draw its heatmaps (and figure into `figure_dir`); a refused file is its one line, by
-    its own name rather than the server's temporary path. A `batcher` batches it with concurrent requests."""
+    its own name rather than the server's temporary path."""
     if upload is None or str(upload) == "":
         return message("Upload an image or pick an example first.")
     path = Path(upload)
@@ -98,8 +97,7 @@ def caption_page(model: Captioner, model_name: str, upload: str | Path | None, b
         image = load_image(path, max_pixels)
     except ImageLoadError as e:
         return refusal(str(e).replace(str(path), path.name))
-    # Transformers keep their self-attention from this same pass, for the head view.
-    self_attention = model.decoder.has_self_attention
+    self_attention = model.decoder.has_self_attention  # transformers: kept from this pass, for the head view
     options = {"beam_size": int(beam_size), "max_length": int(max_length), "self_attention": self_attention}
     if batcher is None:
         introduce(model.origins, image)

@@ -85,8 +85,7 @@ class Callbacks:
         self.max_pixels = max_pixels
         self.batcher = CaptionBatcher(max_batch)
         self.cleanup = cleanup
-        # Inside Gradio's cache, so that Gradio serves the pictures where they are instead of
-        # hashing and copying each into its cache: one file per picture, deleted on its schedule.
+        # Inside Gradio's cache, which then serves the pictures where they are instead of copying each.
         self.cache = Path(get_upload_folder())
         self.out_dir = self.cache / f"captioner-demo-{uuid.uuid4().hex[:12]}"
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -180,8 +179,7 @@ class Callbacks:
         return page.text, page.score_line, self.files(page.gallery), page.note, page.result
 
     def files(self, gallery: list[tuple[Image.Image, str]]) -> list[tuple[str, str]]:
-        """Overlays as JPEG files of unique names (Gradio names PIL images by content: one request could rewrite
-        another's)."""
+        """Overlays as JPEG files of unique names (Gradio's names by content let a request rewrite another's)."""
         self.prune()
         paths = [self.out_dir / f"overlay_{uuid.uuid4().hex[:12]}.jpg" for _ in gallery]
         for path, (picture, _) in zip(paths, gallery):
@@ -211,8 +209,7 @@ def enable_download(figure: str | None) -> gr.DownloadButton:
 def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_batch: int = MAX_BATCH,
                queue_size: int = QUEUE_SIZE, max_pixels: int = MAX_PIXELS, device: str = "cpu",
                cleanup: Cleanup = Cleanup()) -> gr.Blocks:
-    """The page, with a bounded queue: `max_batch` events at once, `queue_size` more wait, the rest are told the
-    app is busy. `examples` None: the first model's test images."""
+    """The page, with a bounded queue: `max_batch` events at once, `queue_size` more wait, the rest told it is busy."""
     private_cache()  # before anything is cached: closing this process deletes no other's files
     callbacks = page_callbacks(checkpoints, device, max_pixels, max_batch, cleanup)
     first_name, _ = callbacks.model("")
@@ -310,8 +307,7 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
     model_name.change(callbacks.choose_model, [model_name], [layer, head, serving], queue=False, **private)
 
 
-# Each page's callbacks, so that the server can wait for the ones still running when it stops.
-_CALLBACKS: weakref.WeakKeyDictionary[gr.Blocks, Callbacks] = weakref.WeakKeyDictionary()
+_CALLBACKS: weakref.WeakKeyDictionary[gr.Blocks, Callbacks] = weakref.WeakKeyDictionary()  # for `close` to wait
 
 
 def wait_for_callbacks(demo: gr.Blocks, timeout: float) -> bool:
