@@ -88,13 +88,9 @@ def expand_images(inputs: list[str]) -> list[Path]:
 def decode_options(args: argparse.Namespace) -> dict[str, Any]:
     """The decoding options given on the command line, by DecodeOptions field name: the rest keep the checkpoint's."""
     given = {
-        "beam_size": args.beam,
-        "max_length": args.max_length,
-        "block_trigrams": True if args.block_trigrams else None,
-        "diverse_groups": args.diverse_groups,
-        "diversity_strength": args.diversity_strength,
-        "min_length": args.min_length,
-        "length_penalty": args.length_penalty,
+        "beam_size": args.beam, "max_length": args.max_length, "block_trigrams": True if args.block_trigrams else None,
+        "diverse_groups": args.diverse_groups, "diversity_strength": args.diversity_strength,
+        "min_length": args.min_length, "length_penalty": args.length_penalty,
         "suppress_bad_endings": True if args.no_bad_endings else None,
     }
     return {name: value for name, value in given.items() if value is not None}
