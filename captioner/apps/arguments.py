@@ -35,9 +35,8 @@ class DefaultsFormatter(argparse.HelpFormatter):
 
 
 class AnyOrderParser(argparse.ArgumentParser):
-    """A parser that takes options and positionals in any order (`train CONFIG --init X train.epochs=3`),
-    where argparse would stop a positional list at the first option. A parser with subcommands cannot
-    be parsed intermixed and keeps argparse's order (its commands' parsers are of this class)."""
+    """A parser that takes options and positionals in any order (`train CONFIG --init X train.epochs=3`);
+    one with subcommands keeps argparse's order (it cannot be parsed intermixed)."""
 
     _intermixing = False
 
@@ -77,8 +76,7 @@ class AnyOrderParser(argparse.ArgumentParser):
 
 
 def expand_images(inputs: list[str]) -> list[Path]:
-    """Files as given (a missing one gets its own error when loaded), folders as their images, sorted.
-    A folder without images is warned about when other inputs give images; else the caller's error says it."""
+    """Files as given (a missing one is said when loaded), folders as their images, sorted; an empty folder warned."""
     found = [(Path(item), sorted(p for p in Path(item).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
               if Path(item).is_dir() else [Path(item)]) for item in inputs]
     paths = [path for _, images in found for path in images]
@@ -90,13 +88,9 @@ def expand_images(inputs: list[str]) -> list[Path]:
 def decode_options(args: argparse.Namespace) -> dict[str, Any]:
     """The decoding options given on the command line, by DecodeOptions field name: the rest keep the checkpoint's."""
     given = {
-        "beam_size": args.beam,
-        "max_length": args.max_length,
-        "block_trigrams": True if args.block_trigrams else None,
-        "diverse_groups": args.diverse_groups,
-        "diversity_strength": args.diversity_strength,
-        "min_length": args.min_length,
-        "length_penalty": args.length_penalty,
+        "beam_size": args.beam, "max_length": args.max_length, "block_trigrams": True if args.block_trigrams else None,
+        "diverse_groups": args.diverse_groups, "diversity_strength": args.diversity_strength,
+        "min_length": args.min_length, "length_penalty": args.length_penalty,
         "suppress_bad_endings": True if args.no_bad_endings else None,
     }
     return {name: value for name, value in given.items() if value is not None}
@@ -142,6 +136,7 @@ def takes(name: str) -> str:
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    """The decoding options caption and evaluate share, with --batch-size and --device."""
     parser.add_argument("--beam", type=decode_value("beam_size"), default=None,
                         help=f"beam width, {takes('beam_size')} (1 = greedy; default from the config)")
     parser.add_argument("--max-length", type=decode_value("max_length"), default=None,
@@ -178,6 +173,7 @@ def device_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:
+    """--ensemble and --combine: several checkpoints decoded as one model."""
     parser.add_argument("--ensemble", nargs="+", action="extend", default=[], metavar="CKPT",
                         help="more checkpoints with the same vocabulary, decoded with CHECKPOINT as one model "
                              "(their probabilities averaged at every step); before or after the images")
@@ -206,8 +202,8 @@ def load_model(command: str, checkpoint: str | Path, args: argparse.Namespace) -
 
 @contextlib.contextmanager
 def said_by_an_error(*logger_names: str, level: int = logging.WARNING) -> Iterator[None]:
-    """Hold back what the named loggers log at `level` or above while the block runs: logged when it ends
-    well, dropped when it stops with a CaptionerError, whose one line says it again. Lower lines pass."""
+    """Hold back what the named loggers log at `level` or above while the block runs: logged when it ends well,
+    dropped when a CaptionerError stops it (its one line says it again)."""
     loggers = [logging.getLogger(name) for name in logger_names]
     held: list[logging.LogRecord] = []
 

@@ -11,7 +11,7 @@ import traceback
 
 import captioner
 from captioner.apps.arguments import AnyOrderParser
-from captioner.apps.commands import caption, config, data, demo, evaluate, export, features, push, train
+from captioner.apps.commands import caption, config, data, demo, evaluate, export, features, train
 from captioner.core.errors import CaptionerError, missing_extra
 
 log = logging.getLogger("captioner")
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = AnyOrderParser(prog="captioner", description="Image captioning with spatial attention.")
     parser.add_argument("--version", action="version", version=f"captioner {captioner.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in (data, train, features, caption, evaluate, export, push, demo, config):
+    for command in (data, train, features, caption, evaluate, export, demo, config):  # export: also push
         command.add_parser(commands)
     add_verbosity_options(parser, 0)
     return parser

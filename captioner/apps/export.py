@@ -1,6 +1,5 @@
-"""A trained checkpoint -> a folder anyone can load and publish (the Hub layout of `models/export_format`, a
-model card with the recorded scores, an attention figure and the recipe; ONNX on request), and its upload to
-the Hub. Nothing written names a place of the machine that wrote it (`core/portable_config.py`)."""
+"""A trained checkpoint -> a folder anyone can load and publish (Hub layout, model card, attention figure, recipe;
+ONNX on request), and its upload to the Hub; nothing written names a place of the machine that wrote it."""
 
 from __future__ import annotations
 
@@ -38,12 +37,8 @@ TRACE_MARK = b"pkg.torch.onnx.stack_trace"  # the dynamo exporter's record of th
 
 def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path | None = None, onnx: bool = False,
                  decode: Mapping[str, Any] | None = None) -> list[Path]:
-    """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written.
-
-    The figure captions `image`, else the first test image of the model's dataset that loads (read only where
-    its settings may name it: `data/model_settings.py`); without one the card has no figure. `decode`
-    (DecodeConfig fields: a length penalty tuned on dev, say) replaces the checkpoint's decode section, so every
-    user of the export decodes as its test scores were measured."""
+    """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written. `decode`
+    (DecodeConfig fields) replaces the checkpoint's decoding, so every user decodes as its test scores were measured."""
     source = checkpoint_file(checkpoint)
     if is_exported(source):
         if not onnx:
@@ -92,8 +87,7 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
 
 
 def with_decoding(model: Captioner, decode: Mapping[str, Any] | None, command: str = "export") -> None:
-    """`decode`'s DecodeConfig fields (a length penalty tuned on dev, say) in place of the model's;
-    an unknown field is one line naming `command`."""
+    """`decode`'s DecodeConfig fields in place of the model's; an unknown field is one line naming `command`."""
     if not decode:
         return
     unknown = set(decode) - {f.name for f in dataclasses.fields(DecodeConfig)}
@@ -103,8 +97,7 @@ def with_decoding(model: Captioner, decode: Mapping[str, Any] | None, command: s
 
 
 def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None:
-    """The image the card's figure captions: the one given (it must load), else the first test image that
-    loads (where the model's settings may name it), else None (logged)."""
+    """The image the card's figure captions: the one given, else the first test image that loads, else None."""
     if image is not None:
         load_image(image)  # a bad --image is the user's error: its one line, not a silent skip
         return Path(image)
@@ -129,8 +122,7 @@ def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None
 
 
 def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, image: str | Path | None = None) -> str:
-    """Upload an exported folder (a checkpoint exported first, into a temporary folder) to the Hub repo `repo_id`,
-    created if missing; returns its URL. Offline, without a token, or refused by the Hub: one line saying so."""
+    """Upload an export (a checkpoint exported first) to the Hub repo `repo_id`, created if missing; its URL."""
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -161,11 +153,11 @@ def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, imag
 
 
 def make_portable(folder: Path, write: bool = True) -> bool:
-    """Write the exported `folder`'s config.json and card again, in place, naming no place of the machine that
-    made them (`portable_config`, as every export writes; the card's checksum follows), and its ONNX graphs
-    without trace records. Returns whether anything differed (with `write=False`, nothing is written)."""
+    """Write the exported `folder`'s config.json, card and ONNX graphs again, in place, naming no place of the
+    machine that made them; whether anything differed (with `write=False`, nothing is written)."""
     config = read_config(folder)
-    traced = traced_graphs(folder)
+    graphs = folder / "onnx"  # those holding the exporter's trace records (exported before they were stripped)
+    traced = sorted(p.name for p in graphs.glob("*.onnx") if TRACE_MARK in p.read_bytes()) if graphs.is_dir() else []
     stored = config.get("training_config") if isinstance(config.get("training_config"), dict) else None
     card = read_card(folder / CARD)[1] if (folder / CARD).is_file() else None
     recipe = portable_config(stored) if stored is not None else None
@@ -178,19 +170,12 @@ def make_portable(folder: Path, write: bool = True) -> bool:
         strip_traced_graphs(folder, traced)
     if new_card is not None and new_card != card:
         write_atomically(folder / CARD, lambda tmp: tmp.write_text(new_card, encoding="utf-8"))
-        # its checksum too (a packaged model's card is checked)
         if isinstance(config["files"], dict) and CARD in config["files"]:
             config["files"][CARD] = {"sha256": sha256_of(folder / CARD), "bytes": (folder / CARD).stat().st_size}
     if stored is not None:
         config["training_config"] = recipe
     write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1), encoding="utf-8"))
     return True
-
-
-def traced_graphs(folder: Path) -> list[str]:
-    """The graphs of `folder`/onnx/ that hold the exporter's trace records (exported before they were stripped)."""
-    graphs = folder / "onnx"
-    return sorted(p.name for p in graphs.glob("*.onnx") if TRACE_MARK in p.read_bytes()) if graphs.is_dir() else []
 
 
 def strip_traced_graphs(folder: Path, names: list[str]) -> None:

@@ -1,6 +1,5 @@
 """The model card of an exported model: README.md with the Hub's YAML metadata, use, scores and recipe.
-Scores are read, never typed (one never measured is said to be missing); the recipe names no maker's places.
-"""
+Scores are read, never typed (one never measured is said to be missing); the recipe names no maker's places."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from captioner.core.portable_config import place_keys, portable_config, value_at
 
 log = logging.getLogger(__name__)
 
-# Metric names as COCO's evaluation reports them -> (Hub metric type, display name)
-METRICS = {
+METRICS = {  # metric names as COCO's evaluation reports them -> (Hub metric type, display name)
     "Bleu_1": ("bleu", "BLEU-1"), "Bleu_2": ("bleu", "BLEU-2"), "Bleu_3": ("bleu", "BLEU-3"),
     "Bleu_4": ("bleu", "BLEU-4"), "METEOR": ("meteor", "METEOR"),
     "ROUGE_L": ("rouge", "ROUGE-L"), "CIDEr": ("cider", "CIDEr-D"), "SPICE": ("spice", "SPICE"),
@@ -38,8 +36,7 @@ class CardScores:
 
     validation: dict[str, float] = field(default_factory=dict)
     validation_epoch: int | None = None
-    # split -> {"overall": ..., "images": n, "beam_size": k}
-    test: dict[str, dict[str, Any]] = field(default_factory=dict)
+    test: dict[str, dict[str, Any]] = field(default_factory=dict)  # split -> {"overall", "images", "beam_size"}
 
 
 def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardScores:
@@ -163,8 +160,7 @@ def with_recipe(card: str, recipe: dict[str, Any]) -> str:
 
 
 def read_card(path: Path) -> tuple[dict[str, Any], str]:
-    """A model card's YAML metadata (between its first two --- lines; {} without) and its text, read within
-    limits; a file past one, or metadata that is no mapping, is one ExportError."""
+    """A model card's YAML metadata ({} without) and its text, read within limits; else one ExportError."""
     data = read_capped(path, "model card", CARD_BYTES, ExportError)
     try:
         text = data.decode("utf-8")
@@ -182,8 +178,7 @@ def read_card(path: Path) -> tuple[dict[str, Any], str]:
 
 
 def _data_size(config: Config) -> str:
-    """How many training images, counted where the export runs (`config` made safe: `data/model_settings.py`),
-    else the split's name."""
+    """How many training images, counted where the export runs, else the split's name."""
     if config.data.dataset == "shapes":
         return f"{config.data.shapes_num_train} training images"
     from captioner.data.datasets import load_split, split_shards

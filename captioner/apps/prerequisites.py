@@ -10,6 +10,7 @@ from captioner.apps.arguments import said_by_an_error
 from captioner.core.config_sections import Config, DataConfig
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, DatasetError
 
+
 def require_official_metrics(spice: bool = False) -> None:
     """`evaluate` without `--fast`: pycocoevalcap, a Java that starts, and with `--spice` SPICE's models."""
     import pycocoevalcap  # noqa: F401
@@ -30,8 +31,7 @@ def require_official_metrics(spice: bool = False) -> None:
 
 
 def require_data(data: DataConfig, splits: list[str], given_as: str = "data.root") -> None:
-    """The dataset's caption files (or folder) for each split; `given_as`: how the user named data.root
-    (the key, or a flag such as --flickr8k), which the message names back."""
+    """The dataset's caption files (or folder) for each split; `given_as`: how the user named data.root."""
     missing = next(filter(None, (missing_data(data, split, given_as) for split in splits)), None)
     if missing is not None:
         raise DatasetError(missing)
@@ -90,7 +90,7 @@ def require_start(config: Config, resume: bool) -> None:
 
 def writable_folder(folder: str | Path, given_as: str) -> None:
     """Make the folder a command writes into now, so a place that cannot be written is said before the work
-    starts. `given_as`: the option or key that named it ("evaluate --out", "train.out_dir")."""
+    starts; `given_as`: the option or key that named it."""
     path = Path(folder)
     said = f"{given_as}={path}" if given_as.startswith(("data.", "train.")) else f"{given_as} {path}"
     if path.exists() and not path.is_dir():

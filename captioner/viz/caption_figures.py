@@ -1,5 +1,5 @@
-"""Matplotlib figures inside one caption: the self-attention head view (after bertviz), the grid of
-cross-attention maps per layer and head, and attention beside Grad-CAM."""
+"""Matplotlib figures inside one caption: the self-attention head view, cross-attention per layer and head,
+attention beside Grad-CAM."""
 
 from __future__ import annotations
 
@@ -39,16 +39,14 @@ def _draw_head_view(ax, weights: torch.Tensor, left: list[str], right: list[str]
 
 
 def head_view_figure(caption: Caption, layers: list[int] | None = None, heads: list[int] | None = None) -> Figure:
-    """bertviz's head view of the decoder's self-attention: a panel per (layer, head) and a layer's
-    mean over heads, each a line from every word to each earlier input, as strong as the weight."""
+    """bertviz's head view of the decoder's self-attention: a panel per (layer, head) and per layer's mean."""
     if caption.self_attn is None:
         raise CaptionerError("this caption has no self-attention weights: only transformer decoders have them")
     weights = caption.self_attn  # (T, L, H, T)
     L, H = weights.shape[1:3]
     layers = list(range(L)) if layers is None else layers
     heads = list(range(H)) if heads is None else heads
-    # Left: the word each step produced; right: the input each position held, so row t reaches <bos>
-    # and the words before t.
+    # Left: the word each step produced; right: the input each position held (<bos> and the words before t).
     left, right = list(caption.words), ["<bos>", *caption.words[:-1]]
     columns = len(heads) + (1 if len(heads) > 1 else 0)
     height = 0.9 + 0.24 * len(left)
@@ -66,8 +64,7 @@ def head_view_figure(caption: Caption, layers: list[int] | None = None, heads: l
 
 
 def head_grid_figure(image: Image.Image, caption: Caption, positions: list[int] | None = None) -> Figure:
-    """Each word's cross-attention as a layers x heads grid of small maps over the image (plus
-    the mean over heads in the last column); the words' grids stacked top to bottom."""
+    """Each word's cross-attention as a layers x heads(+mean) grid of small maps, the words stacked."""
     positions = list(range(len(caption.words))) if positions is None else positions
     attn = caption.attn  # (T, L, H, h, w)
     L, H = attn.shape[1:3]
@@ -120,8 +117,7 @@ def saliency_figure(image: Image.Image, caption: Caption, cams: dict[int, torch.
 
 @dataclass(frozen=True)
 class FigureRequest:
-    """The figures wanted for each caption, by the folder each kind goes to (None: not wanted),
-    and the decoder layer and head (None: their mean) the attention maps show."""
+    """The figures wanted for each caption, by folder (None: not wanted), and the maps' layer and head."""
 
     heatmaps: Path | None = None  # the image, then every word over its attention map
     self_attention: Path | None = None  # the head view, PNG and SVG (decoders with self-attention)
@@ -138,9 +134,8 @@ class FigureRequest:
 
 def save_caption_figures(image: Image.Image, caption: Caption, request: FigureRequest, stem: str, suffix: str = "",
                          cams: dict[int, torch.Tensor] | None = None) -> dict[str, Path]:
-    """Write the figures `request` asks for, named stem_KIND+suffix ("photo_heads_2.png"); their paths
-    by kind. Per-word figures are skipped for a caption without words, Grad-CAM also without `cams`
-    (word position -> (h, w) map)."""
+    """Write the figures `request` asks for, named stem_KIND+suffix ("photo_heads_2.png"); their paths by kind.
+    `cams`: word position -> (h, w) Grad-CAM map."""
     written: dict[str, Path] = {}
     if request.heatmaps is not None:
         written["heatmaps"] = save_attention_figure(request.heatmaps / f"{stem}_attention{suffix}.png", image,

@@ -1,5 +1,4 @@
-"""Training curves from a run's files alone (metrics.csv, step_losses.csv): the loss beside the
-validation scores. No torch: `scripts/plot_runs.py` and `captioner train` draw the same way."""
+"""Training curves from a run's files alone (metrics.csv, step_losses.csv), without torch."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def plot_run(run_dir: str | Path, metric: str, beam_size: int = 1) -> Path | Non
 
 def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: str = "reward",
                 title: str = "") -> Figure:
-    """Runs side by side, (label, history) each: left `val_<val>` by epochs trained (epoch 0: an SCST
-    stage's starting model), right `train_<train>` per epoch in the same colour."""
+    """Runs side by side, (label, history) each: left `val_<val>` by epochs trained, right `train_<train>`."""
     fig, (ax_val, ax_train) = plt.subplots(1, 2, figsize=(11, 4))
     for label, history in runs:
         scores = [(epochs_trained(r), r[f"val_{val}"]) for r in history if f"val_{val}" in r]
@@ -68,8 +66,7 @@ def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: s
 
 
 def save_figure(fig: Figure, *paths: str | Path, dpi: int = 100) -> list[Path]:
-    """Write `fig` atomically to each path (format from the suffix: a full disk keeps the previous
-    figure whole), then close it."""
+    """Write `fig` atomically to each path (format from the suffix), then close it."""
     written = []
     try:
         for path in map(Path, paths):

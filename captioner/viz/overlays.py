@@ -1,6 +1,5 @@
-"""Attention maps (T, h, w) -> heatmaps over the image: per-word overlays and the sheet of them, and
-gallery sheets of photographs with captions from several sources. Numpy and Pillow only (a colour
-lookup and a blend per word), so a sheet costs milliseconds, not a matplotlib figure per word."""
+"""Attention maps (T, h, w) -> heatmaps over the image, their sheet, and gallery sheets of captioned photographs.
+Numpy and Pillow only, so a sheet costs milliseconds, not a matplotlib figure per word."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def colour_table(cmap: str) -> bytes:
 
 
 def overlay(image: Image.Image, heatmap: np.ndarray, alpha: float = 0.55, cmap: str = "jet") -> Image.Image:
-    """Blend a (H, W) heatmap, scaled to its own maximum, over the image: the colormap as a
-    palette and the blend as Pillow's composite, both in C (within one level of float arithmetic)."""
+    """Blend a (H, W) heatmap, scaled to its own maximum, over the image (palette and composite, in C)."""
     heat = heatmap / max(float(heatmap.max()), 1e-12)  # (H, W) in 0..1
     index = np.minimum(heat * 256, 255).astype(np.uint8)  # (H, W): the colormap's entry
     colours = Image.fromarray(index, "L")
@@ -75,9 +73,8 @@ def shorten(text: str, width: int, typeface: ImageFont.FreeTypeFont | ImageFont.
 def attention_sheet(image: Image.Image, caption: Caption, layer: int = -1, head: int | None = None,
                     outlines: dict[int, np.ndarray] | None = None, columns: int = 5, title: str | None = None,
                     panel_side: int = PANEL_SIDE) -> Image.Image:
-    """The image, then each word over its attention map, `columns` panels a row, each word as its
-    panel's title and the caption (or `title`) as the heading. `outlines` maps a word position to
-    a (H, W) boolean mask of its true region, drawn as a white border on that word's map."""
+    """The image, then each word over its attention map, `columns` panels a row, under the caption (or `title`);
+    `outlines`: word position -> (H, W) boolean mask of its true region, bordered in white."""
     scale = panel_side / max(image.size)  # up or down, so that the longer side is `panel_side` px
     size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
     picture = image.convert("RGB").resize(size, Image.Resampling.BILINEAR)
@@ -119,8 +116,7 @@ TEXT_SIZE = 13  # px: gallery captions
 
 @dataclass(frozen=True)
 class GalleryItem:
-    """A photograph of a gallery sheet, its title and captions: a sheet shows what a table of scores
-    hides, such as a stock sentence, a wrong colour or a missed second person."""
+    """A photograph of a gallery sheet, its title and captions (what a table of scores hides)."""
 
     image: Image.Image
     title: str  # a line above the photograph (its file name, a score)
@@ -128,15 +124,13 @@ class GalleryItem:
 
 
 def _lines(source: str, caption: str, width_chars: int) -> list[str]:
-    """`source: caption`, wrapped to `width_chars` with the continuation indented; Flickr8k's
-    tokenised " ." ending dropped, so human and model captions read alike."""
+    """`source: caption`, wrapped to `width_chars`; Flickr8k's tokenised " ." ending dropped."""
     return (textwrap.wrap(f"{source}: {caption.strip().removesuffix(' .')}", width_chars, subsequent_indent="   ")
             or [f"{source}:"])
 
 
 def gallery_sheet(items: Sequence[GalleryItem], columns: int = 4, tile_side: int = TILE_SIDE) -> Image.Image:
-    """One sheet of `items`, `columns` a row: each photograph letterboxed in a `tile_side` square,
-    its title above and its captions beneath, wrapped to the tile's width."""
+    """One sheet of `items`, `columns` a row: each photograph in a `tile_side` square, title above, captions below."""
     if not items:
         raise ValueError("a gallery needs at least one item")
     typeface = font(TEXT_SIZE)

@@ -1,1 +1,1 @@
-"""One module per `captioner` command: its arguments (`add_parser`) and what it does (`run`)."""
+"""One module per `captioner` command (push beside export): its arguments (`add_parser`) and what it does (`run`)."""

@@ -1,6 +1,5 @@
 """`captioner caption [CHECKPOINT] IMAGES...`: captions, n-best lists and samples, as text or JSON, with
-attention, head-view and Grad-CAM figures on request. Without CHECKPOINT (the first argument an image or a
-folder of images) the default model captions."""
+attention, head-view and Grad-CAM figures on request; without CHECKPOINT the default model captions."""
 
 from __future__ import annotations
 
@@ -155,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def images_to_caption(inputs: list[str], default: bool) -> list[Path]:
-    """The image files the inputs name (folders expanded), checked before any model loads: none at all, or none
-    that exists, is one line (after a missing default model's, when `default`: none named)."""
+    """The image files the inputs name (folders expanded), checked before any model loads: none existing is one
+    line (after a missing default model's, when `default`)."""
     paths = expand_images(inputs)
     if not paths:
         raise CaptionerError(f"caption: no images in {', '.join(inputs)}")
@@ -191,8 +190,7 @@ def check_map_choice(layer: int, head: int | None, results: Sequence[object]) ->
 
 
 def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, list[str]]:
-    """The model and the images among the positional arguments: the first names the model unless it is an image
-    (`is_image_input`), in which case all are images and the model is the default one."""
+    """The model and the images among the positionals: the first names the model unless it is an image."""
     named, images = named_model_and_images(inputs, runtime)
     return named if named is not None else default_model(), images
 
@@ -219,8 +217,7 @@ def named_model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[s
 
 
 def is_image_input(item: str, runtime: str = "torch") -> bool:
-    """An image file (by its extension, found or not) or a folder of images with no model in it (the ONNX runtime,
-    without torch, does not look inside folders)."""
+    """An image file (by its extension) or, but for the ONNX runtime, a folder of images with no model in it."""
     return Path(item).suffix.lower() in IMAGE_SUFFIXES or (runtime != "onnx" and image_folder(Path(item)))
 
 

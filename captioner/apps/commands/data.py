@@ -143,7 +143,10 @@ def run_stats(args: argparse.Namespace) -> int:
                              "--hf DIR or a CONFIG")
     stats = dataset_stats(records, args.min_count)
     if (args.flickr8k or args.config or args.imagefolder or args.hf) and not shards:  # shards hold their images
-        stats = _with_images_on_disk(stats, records)
+        from captioner.data.records import record_exists
+
+        on_disk = sum(1 for r in records if record_exists(r))
+        stats = {**stats, "images on disk": on_disk, "images missing": len(records) - on_disk}
     stats["seconds"] = round(time.time() - start, 2)
     print(json.dumps(stats, indent=1) if args.json else format_table(stats, source))
     return 0
@@ -194,10 +197,3 @@ def run_shards(args: argparse.Namespace) -> int:
     print(f"{source} -> {out} in {time.time() - start:.1f} s; "
           "each split's shards.json lists its shards and their sample counts")
     return 0
-
-
-def _with_images_on_disk(stats: dict, records: list) -> dict:
-    from captioner.data.records import record_exists
-
-    on_disk = sum(1 for r in records if record_exists(r))
-    return {**stats, "images on disk": on_disk, "images missing": len(records) - on_disk}

@@ -1,5 +1,4 @@
-"""`captioner evaluate`: a checkpoint on a split, or a COCO results file: metrics, grounding and saliency
-(the evaluation itself is `captioner.evaluation.evaluate`)."""
+"""`captioner evaluate`: a checkpoint on a split, or a COCO results file: metrics, grounding and saliency."""
 
 from __future__ import annotations
 
@@ -169,13 +168,9 @@ def checkpoint_report(args: argparse.Namespace, checkpoint: Path, evaluation: Ev
     report: dict[str, Any] = {
         "checkpoint": str(checkpoint),
         **({"ensemble": [str(checkpoint), *args.ensemble], "combine": args.combine or "prob"} if args.ensemble else {}),
-        "split": args.split,
-        "images": len(evaluation.captions),
-        "beam_size": options["beam_size"],
-        "decode": {k: v for k, v in options.items() if v is not None},
-        "metrics": evaluation.scores.metrics,
-        "results": str(results_path),
-        **evaluation.scores.beside_official(),
+        "split": args.split, "images": len(evaluation.captions), "beam_size": options["beam_size"],
+        "decode": {k: v for k, v in options.items() if v is not None}, "metrics": evaluation.scores.metrics,
+        "results": str(results_path), **evaluation.scores.beside_official(),
     }
     if evaluation.grounding is not None:
         report["grounding"] = evaluation.grounding.to_json()
@@ -197,12 +192,12 @@ def print_checkpoint_scores(args: argparse.Namespace, checkpoint: Path, records:
             print(f"  e.g. {record.path.name}: {evaluation.captions[record.image_id].text!r}")
     print(f"captions: {files['captions']}\nscores: {files['scores']}")
     if records and not args.ensemble:
-        print(f"next: {next_command(checkpoint, records[0].path, out_dir / 'heatmaps')}")
+        heatmaps = ["--heatmaps", str(out_dir / "heatmaps")]  # the first image's word-by-word attention figures
+        print(f"next: {shlex.join(['captioner', 'caption', str(checkpoint), str(records[0].path), *heatmaps])}")
 
 
 def default_out_dir(checkpoint: Path, ensemble: list[str]) -> Path:
-    """Beside the checkpoint (an ensemble's in a subfolder named after the other members); an exported folder's
-    (kept as exported: its checksums) in runs/eval/<its name>."""
+    """Beside the checkpoint (an ensemble's in a subfolder named after its members); an export's in runs/eval/<name>."""
     base = Path(DEFAULT_EVAL_DIR) / checkpoint.name if checkpoint.is_dir() else checkpoint.parent
     if not ensemble:
         return base
@@ -242,11 +237,6 @@ def outlined_figures(out_dir: Path, records: list[ImageRecord], evaluation: Eval
     log.info("grounding figures (true regions outlined): %s", out_dir)
 
 
-def next_command(checkpoint: Path, image: Path, heatmaps: Path) -> str:
-    """The command that captions one of the scored images with its word-by-word attention figures."""
-    return shlex.join(["captioner", "caption", str(checkpoint), str(image), "--heatmaps", str(heatmaps)])
-
-
 def print_scores(title: str, scores: Scores, verbose: bool = False) -> None:
     """The metrics and caption statistics; with `verbose` (-v) also the tutorial BLEU and BLEU's factors."""
     print(title)
@@ -272,11 +262,7 @@ def print_grounding(g: dict[str, Any]) -> None:
     for name, c in g["per_category"].items():
         ratio = f"{c['ratio']:.1f}x" if c["ratio"] is not None else "n/a"
         print(f"    {name:<14} {c['score']:.4f} vs {c['uniform_baseline']:.4f} ({ratio}, {c['words']} words)")
-    print_per_head(g["per_head"])
-
-
-def print_per_head(table: dict[str, Any]) -> None:
-    """Grounding and pointing-game hit rate of every map kind, beside the baselines."""
+    table = g["per_head"]  # grounding and pointing-game hit rate of every map kind, beside the baselines
     if not table.get("words"):
         return
     base = table["baselines"]

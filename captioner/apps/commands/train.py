@@ -21,10 +21,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        help="a YAML config: one under configs/ or your own (captioner config keys lists the keys)")
     train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=5")
     train.add_argument("--resume", action="store_true", help="continue from train.out_dir/last.pt")
-    train.add_argument(
-        "--init", metavar="CHECKPOINT",
-        help="start from this checkpoint's model and vocabulary (e.g. SCST after cross-entropy); sets train.init",
-    )
+    train.add_argument("--init", metavar="CHECKPOINT", help="start from this checkpoint's model and vocabulary "
+                                                            "(e.g. SCST after cross-entropy); sets train.init")
     add_device_argument(train, default=None)
     train.set_defaults(func=run)
 
@@ -35,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from captioner.training import distributed
     from captioner.training.interrupt import Interrupted
 
-    config = load_config(args.config, config_overrides(args))  # the run fixes its threads itself (training/speed.py)
+    options = [*([f"train.init={args.init}"] if args.init else []), *device_overrides(args)]  # --init, --device
+    config = load_config(args.config, [*args.overrides, *options])  # the run fixes its threads (training/speed.py)
     require_start(config, args.resume)
     require_data(config.data, ["train", "val"])
     if distributed.is_main_process():  # rank 0 alone writes the run folder; the others never touch it
@@ -61,11 +60,6 @@ def train_run(config: Config, resume: bool = False) -> Path:
     if is_main_process():  # under torchrun, rank 0 alone writes the run's files
         plot_run(config.train.out_dir, config.train.val_metric, config.train.val_beam_size)
     return best
-
-
-def config_overrides(args: argparse.Namespace) -> list[str]:
-    """The overrides as written, then what the options set (--init: train.init, --device: train.device)."""
-    return [*args.overrides, *([f"train.init={args.init}"] if args.init else []), *device_overrides(args)]
 
 
 def resume_command(args: argparse.Namespace) -> str:

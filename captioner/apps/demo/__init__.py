@@ -1,9 +1,5 @@
 """The Gradio demo: caption an image and show, word by word, where the model looked.
-
-Modules import one way: choices, batcher <- page <- ui <- server. The names below
-import from the package (`from captioner.apps.demo import serve`), each loading its module on first
-use, so the page logic alone loads no Gradio.
-"""
+Modules import one way (choices, batcher <- page <- ui <- server); the names below load their module on first use."""
 
 from __future__ import annotations
 
@@ -11,8 +7,7 @@ import importlib
 import os
 from typing import Any
 
-# The demo must start offline: no telemetry, no version check (both are network calls at
-# startup). Set here, before any module of the package can import Gradio.
+# Offline: no telemetry, no version check (network calls at startup); set before any module imports Gradio.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 _MODULES = {  # name importable from the package -> the module that defines it

@@ -1,9 +1,6 @@
 """Captioning the requests that arrive together in one batch: one encoder pass, one beam search.
-
-While a batch decodes, arriving images wait; then one waiting callback thread decodes every waiting
-image of the same model and options (up to `max_batch`), so under load the cores run a few large batches
-instead of many single images fighting over them. An image's caption does not depend on its batch.
-"""
+While a batch decodes, arriving images wait; then one waiting thread decodes all of the same model and options
+(up to `max_batch`): a few large batches instead of many single images fighting over the cores."""
 
 from __future__ import annotations
 
@@ -18,9 +15,7 @@ from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.model_origin import introduce
 
-# Images per batch: past this, on two cores, a larger batch adds latency more than throughput
-# (`python -m benchmarks demo_load --max-batch N`).
-MAX_BATCH = 8
+MAX_BATCH = 8  # past this, on two cores, a batch adds latency more than throughput (benchmarks demo_load)
 
 
 @dataclass(eq=False)  # jobs are told apart by identity
@@ -49,8 +44,7 @@ class CaptionBatcher:
         self._changed = threading.Condition()
 
     def caption(self, model: Captioner, image: Image.Image, **options: Any) -> Caption:
-        """`model.caption(image, **options)`, decoded together with the images other threads ask
-        for meanwhile. Raises what decoding raised."""
+        """`model.caption(image, **options)`, decoded with the images other threads ask for meanwhile."""
         introduce(model.origins, image)
         job = Job(model, image, options)
         with self._changed:
@@ -61,9 +55,8 @@ class CaptionBatcher:
                     self._changed.wait()
                 if job.done:
                     break
-                # Nothing decodes now: this thread decodes the oldest batch of its key. With more
-                # than max_batch of them waiting, that batch may leave this job out: loop until
-                # a batch (this thread's or another's) has served it.
+                # Nothing decodes: this thread decodes the oldest batch of its key, which may leave this job
+                # out (more than max_batch waiting): loop until a batch has served it.
                 self._decoding = True
                 batch = [pending for pending in self._pending if pending.key == job.key][: self.max_batch]
                 self._pending = [pending for pending in self._pending if pending not in batch]

@@ -1,7 +1,5 @@
 """The served models: loading, menu labels, serving line, cards and example images (no Gradio).
-
-A model's settings are data: its examples come only from places they may name
-(`models.checkpoint.model_settings`), never from a shard pattern, a URL or a command."""
+Examples come only from places a model's settings may name (`models.checkpoint.model_settings`)."""
 
 from __future__ import annotations
 
@@ -67,18 +65,13 @@ def model_cards(models: dict[str, Captioner], payloads: dict[str, dict[str, Any]
 def recorded(path: str) -> dict[str, Any]:
     """What the page reads of a served model besides its weights: `config`, `train_state`, `test`; {} if unreadable."""
     try:
-        if is_exported(path):
-            return exported_payload(Path(path))
-        payload = read_checkpoint(path)
+        if not is_exported(path):
+            payload = read_checkpoint(path)
+            return {"config": payload["config"], "train_state": payload.get("train_state"),
+                    "test": read_scores(Path(path), None).test}
+        config = read_config(Path(path))  # an export: its training config and the scores it recorded
     except CaptionerError:
         return {}
-    return {"config": payload["config"], "train_state": payload.get("train_state"),
-            "test": read_scores(Path(path), None).test}
-
-
-def exported_payload(folder: Path) -> dict[str, Any]:
-    """`recorded` of an exported folder, from its config.json: the training config and the scores it recorded."""
-    config = read_config(folder)
     scores = config.get("scores") or {}
     epoch = scores.get("validation_epoch")
     row = {"epoch": epoch, **{f"val_{k}": v for k, v in (scores.get("validation") or {}).items()}}
@@ -90,8 +83,7 @@ SERVING_METRICS = ("Bleu_4", "METEOR", "CIDEr")  # the serving line's scores, by
 
 
 def serving_line(path: str, model: Captioner, payload: dict[str, Any]) -> str:
-    """Markdown: 'Serving: <model> — <dataset>, test BLEU-4 x, METEOR y, CIDEr-D z (beam 3)'; without test
-    scores recorded, its best validation's, marked as such."""
+    """Markdown: 'Serving: <model> — <dataset>, test BLEU-4 x, METEOR y, CIDEr-D z (beam 3)', else validation's."""
     try:
         config = config_from_dict(payload["config"], source=path) if payload.get("config") else None
     except CaptionerError:

@@ -1,9 +1,5 @@
 """The layer, head and word menus, and the check of a /caption request against what they offer.
-
-A menu value left over from another model is clamped to the caption's own maps, so it never indexes out
-of range. A request must hold values the page's own controls could send: Gradio's range checks guard the
-page, not the API, and a beam of 10,000 would hold the server for everyone.
-"""
+A request must hold values the page's own controls could send: Gradio's range checks guard the page, not the API."""
 
 from __future__ import annotations
 
@@ -84,8 +80,7 @@ class Request:
 
 
 def served(name: str, value: Any) -> Any:
-    """A decoding option's value within what the page serves (sliders send floats, so 3.0 is
-    3; 2.5, NaN, True and "3" are refused), or `RequestError` with the option's refusal."""
+    """A decoding option's value within what the page serves (3.0 is 3; 2.5, NaN, True, "3" are a RequestError)."""
     option = DECODE_OPTIONS[name]
     if not option.allows(value, served=True):
         raise RequestError(option.refusal(value, served=True))
@@ -99,11 +94,9 @@ def menu_value(value: Any) -> str | None:
     return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else repr(value)
 
 
-def check_request(
-    models: dict[str, Captioner], model_name: Any, beam_size: Any, max_length: Any, layer: Any, head: Any
-) -> Request:
-    """Every value of a /caption request checked against what the page offers, or `RequestError` naming it.
-    Left out: the first model, the last layer, the mean of heads."""
+def check_request(models: dict[str, Captioner], model_name: Any, beam_size: Any, max_length: Any, layer: Any,
+                  head: Any) -> Request:
+    """Every value of a /caption request checked against what the page offers, or `RequestError` naming it."""
     if model_name in (None, ""):
         model_name = next(iter(models))
     if not isinstance(model_name, str) or model_name not in models:

@@ -1,9 +1,5 @@
-"""The page logic, without Gradio (so tested and usable without a server): caption an uploaded file
-with the CLI's loader and beam search, and lay out what the page shows: per-word overlays, the score
-line, notes on what the loader did to an unusual file, clear messages for files it refused; the
-downloadable attention figure (Pillow: requests draw in parallel), the transformer views (pyplot's
-global state: one at a time), and the pruning of old pictures.
-"""
+"""The page logic, without Gradio: caption an upload with the CLI's loader and lay out what the page shows
+(overlays, score line, conversion notes, refusals, the figure, the transformer views), and prune old pictures."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ from captioner.models.captioner import Captioner
 from captioner.models.model_origin import introduce
 from captioner.viz.overlays import save_attention_figure, word_overlays
 
-# overlays are drawn on a copy this size at most: the gallery's preview, and a 40 MP photo stays cheap to show
-DISPLAY_SIDE = 512
+DISPLAY_SIDE = 512  # overlays are drawn on a copy this size at most: a 40 MP photo stays cheap to show
 FIGURE_LOCK = threading.Lock()  # pyplot's global state: one transformer view at a time
 
 
@@ -45,6 +40,8 @@ class Result:
 
 @dataclass
 class PageOutput:
+    """What the page shows for one caption (or refusal)."""
+
     text: str
     score_line: str
     gallery: list[tuple[Image.Image, str]]  # (the image under one word's attention, the word)
@@ -63,8 +60,7 @@ def refusal(reason: str) -> PageOutput:
 
 
 def conversion_notes(path: str | Path) -> list[str]:
-    """What `load_image` did to make this file 8-bit upright RGB, in words, from its header alone (read by
-    the loader's own opener); never raises (the loader reports unreadable files)."""
+    """What `load_image` did to make this file 8-bit upright RGB, in words, from its header; never raises."""
     try:
         with open_image(path) as image:
             mode, frames = image.mode, getattr(image, "n_frames", 1)
@@ -91,9 +87,8 @@ def conversion_notes(path: str | Path) -> list[str]:
 def caption_page(model: Captioner, model_name: str, upload: str | Path | None, beam_size: int, max_length: int,
                  layer: str | int | None = None, head: str | int | None = MEAN, figure_dir: Path | None = None,
                  max_pixels: int = MAX_PIXELS, batcher: CaptionBatcher | None = None) -> PageOutput:
-    """Caption an uploaded file and draw its heatmaps (and its figure into `figure_dir`, if given). A file
-    the loader refuses gives its one-line reason, by the file's own name rather than the server's temporary
-    path. With a `batcher`, the decoding is batched with the other requests it serves meanwhile."""
+    """Caption an upload and draw its heatmaps (and figure into `figure_dir`); a refused file is its one line, by
+    its own name rather than the server's temporary path."""
     if upload is None or str(upload) == "":
         return message("Upload an image or pick an example first.")
     path = Path(upload)
@@ -102,8 +97,7 @@ def caption_page(model: Captioner, model_name: str, upload: str | Path | None, b
         image = load_image(path, max_pixels)
     except ImageLoadError as e:
         return refusal(str(e).replace(str(path), path.name))
-    # Transformers keep their self-attention from this same pass, for the head view.
-    self_attention = model.decoder.has_self_attention
+    self_attention = model.decoder.has_self_attention  # transformers: kept from this pass, for the head view
     options = {"beam_size": int(beam_size), "max_length": int(max_length), "self_attention": self_attention}
     if batcher is None:
         introduce(model.origins, image)
@@ -158,8 +152,8 @@ def prune(folder: Path, max_age_s: float) -> None:
 
 
 def prune_folders(cache: Path, keep: Path, seen_empty: set[Path]) -> set[Path]:
-    """Delete the folders under `cache` (but `keep`) empty now and at the previous prune (`seen_empty`); returns
-    those empty now. Two looks apart tell an emptied folder (Gradio deletes files, not folders) from a new one."""
+    """Delete the folders under `cache` (but `keep`) empty now and at the last prune (`seen_empty`: an emptied
+    folder, not a new one); returns those empty now."""
     empty_now: set[Path] = set()
     for folder in cache.iterdir() if cache.is_dir() else []:
         try:

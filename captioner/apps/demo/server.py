@@ -1,7 +1,5 @@
 """Serving the page: the default model, starting the server, and stopping it cleanly.
-
-Nothing here reaches the internet: no share link, no server-side rendering, analytics off.
-"""
+Nothing here reaches the internet: no share link, no server-side rendering, analytics off."""
 
 from __future__ import annotations
 
@@ -24,21 +22,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_FILE_SIZE = "10mb"  # uploads above this are refused by the server before any decoding
-# sessions whose state the server keeps (Gradio's default, 10,000, is a gigabyte of kept captions)
-SESSIONS = 1000
+SESSIONS = 1000  # sessions whose state is kept (Gradio's 10,000 is a gigabyte of kept captions)
 
 
 def default_checkpoint() -> Path:
-    """The default model (`find_default_model`): runs/default_model, else the packaged model, else the
-    quickstart's shapes run. A bare `captioner demo` never trains: with none it stops with one line."""
+    """The default model (`find_default_model`); a bare `captioner demo` never trains: none is one line."""
     found = find_default_model()
     return found if is_exported(found) else checkpoint_file(found)
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bool = True,
            max_file_size: str | int = MAX_FILE_SIZE) -> str:
-    """Serve the page; returns its URL (at once when not `block`, e.g. in tests). A port taken
-    meanwhile is one CaptionerError line, as `check_port` says it before the models load."""
+    """Serve the page; returns its URL (at once when not `block`). A port taken meanwhile is one line."""
     try:
         _, url, _ = demo.launch(
             server_name=host, server_port=port, share=False, prevent_thread_lock=not block, max_file_size=max_file_size,
@@ -61,8 +56,7 @@ def port_taken(host: str, port: int) -> CaptionerError:
 
 
 def check_port(host: str, port: int) -> None:
-    """Bind to `port` on `host` and let go, as Gradio will: a port in use or a host that is no local
-    address is one line naming it, before any model loads."""
+    """Bind to `port` on `host` and let go: a port in use or no local address is one line, before any model loads."""
     try:
         family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                                 flags=socket.AI_PASSIVE)[0]
@@ -79,8 +73,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
-    """Stop the server, then wait for the captions and figures it was computing: its worker threads are
-    daemons, and one inside torch at exit aborts the interpreter ("terminate called without an active exception")."""
+    """Stop the server, then wait for the captions in flight: a daemon worker inside torch at exit aborts Python."""
     demo.close()
     if not wait_for_callbacks(demo, timeout):
         log.warning("the demo closed with a caption still running after %.0f s", timeout)
@@ -88,8 +81,7 @@ def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
 
 
 def limit_malloc_arenas(arenas: int = 2) -> bool:
-    """Cap glibc's malloc arenas, as MALLOC_ARENA_MAX does: an arena per worker thread keeps freed pages,
-    so memory climbs under load (`python -m benchmarks demo_load`). False where the libc is not glibc."""
+    """Cap glibc's malloc arenas (MALLOC_ARENA_MAX): one per thread keeps freed pages; False without glibc."""
     import ctypes
     import ctypes.util
 
@@ -104,8 +96,7 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
 def serve(checkpoints: list[Path] | None = None, examples: list[Path] | None = None, host: str = "127.0.0.1",
           port: int = 7860, max_batch: int = MAX_BATCH, queue_size: int = QUEUE_SIZE,
           cleanup: Cleanup = Cleanup()) -> None:
-    """`captioner demo`: the checkpoints (default: `default_checkpoint()`) until interrupted; temporary
-    files in a cache of its own, removed at the end."""
+    """`captioner demo`: the checkpoints (default: `default_checkpoint()`) until interrupted, in a cache of its own."""
     check_port(host, port)
     limit_malloc_arenas()
     cache = private_cache()

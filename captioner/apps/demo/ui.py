@@ -1,8 +1,5 @@
 """The Gradio page: its components, the callbacks its events run, the request queue, and its cache.
-
-The callbacks only translate between Gradio values and the page logic (`captioner.apps.demo.page`),
-which does the work. The API a client sees: /caption, then /figure in its session.
-"""
+The callbacks translate between Gradio values and `captioner.apps.demo.page`; the API: /caption, then /figure."""
 
 from __future__ import annotations
 
@@ -41,9 +38,8 @@ OWNER = "CAPTIONER_DEMO_CACHE_OWNER"  # "<process id> <folder>": the process who
 
 
 def private_cache() -> Path | None:
-    """Give this process a Gradio cache of its own, removed at exit, unless GRADIO_TEMP_DIR names the user's
-    or this process's own (not one inherited from a parent); the new folder, or None. Gradio names cached files
-    by content and a closing server deletes its files: in a shared cache it would delete another's uploads."""
+    """A Gradio cache of this process's own, removed at exit, unless GRADIO_TEMP_DIR names the user's or ours; the
+    new folder, or None. A closing server deletes its files: in a shared cache, another's uploads."""
     chosen = os.environ.get("GRADIO_TEMP_DIR")
     owner, _, folder = os.environ.get(OWNER, "").partition(" ")
     if chosen and (folder != chosen or owner == str(os.getpid())):
@@ -56,8 +52,7 @@ def private_cache() -> Path | None:
 
 @dataclass(frozen=True)
 class Cleanup:
-    """Every `every_s` seconds, temporary files older than `max_age_s` go (Gradio's `delete_cache`, this
-    page's `prune`), and with `empty_folders` the empty folders of a cache that is this server's alone."""
+    """Every `every_s` seconds, files older than `max_age_s` go (with `empty_folders`, a private cache's folders)."""
 
     every_s: float = 600.0
     max_age_s: float = 3600.0
@@ -65,8 +60,7 @@ class Cleanup:
 
 
 class UploadImage(gr.Image):
-    """An image input that hands the uploaded file to the captioner untouched, so our own loader
-    validates and converts it as for the CLI (gr.Image would fail on a non-image with no useful message)."""
+    """An image input that hands the upload untouched to our loader, which refuses a non-image in one line."""
 
     is_template = True  # drawn by the frontend's Image component
 
@@ -91,8 +85,7 @@ class Callbacks:
         self.max_pixels = max_pixels
         self.batcher = CaptionBatcher(max_batch)
         self.cleanup = cleanup
-        # Inside Gradio's cache, so that Gradio serves the pictures where they are instead of
-        # hashing and copying each into its cache: one file per picture, deleted on its schedule.
+        # Inside Gradio's cache, which then serves the pictures where they are instead of copying each.
         self.cache = Path(get_upload_folder())
         self.out_dir = self.cache / f"captioner-demo-{uuid.uuid4().hex[:12]}"
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -186,8 +179,7 @@ class Callbacks:
         return page.text, page.score_line, self.files(page.gallery), page.note, page.result
 
     def files(self, gallery: list[tuple[Image.Image, str]]) -> list[tuple[str, str]]:
-        """Overlays as JPEG files of unique names: Gradio would write PIL images to paths named by content,
-        where one request could download an overlay another rewrites."""
+        """Overlays as JPEG files of unique names (Gradio's names by content let a request rewrite another's)."""
         self.prune()
         paths = [self.out_dir / f"overlay_{uuid.uuid4().hex[:12]}.jpg" for _ in gallery]
         for path, (picture, _) in zip(paths, gallery):
@@ -195,8 +187,7 @@ class Callbacks:
         return [(str(path), word) for path, (_, word) in zip(paths, gallery)]
 
     def prune(self) -> None:
-        """At most every `cleanup.every_s` seconds: delete this page's old pictures and, in a cache of
-        its own, the folders found empty at two prunes in a row."""
+        """At most every `cleanup.every_s` seconds: delete old pictures (and in a private cache, empty folders)."""
         now = time.monotonic()
         if now - self._pruned < self.cleanup.every_s:
             return
@@ -218,8 +209,7 @@ def enable_download(figure: str | None) -> gr.DownloadButton:
 def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_batch: int = MAX_BATCH,
                queue_size: int = QUEUE_SIZE, max_pixels: int = MAX_PIXELS, device: str = "cpu",
                cleanup: Cleanup = Cleanup()) -> gr.Blocks:
-    """The page, with a bounded queue: `max_batch` events run at once (their captions one batch), `queue_size`
-    more wait, the rest are told the app is busy. `examples` None: the first model's test images."""
+    """The page, with a bounded queue: `max_batch` events at once, `queue_size` more wait, the rest told it is busy."""
     private_cache()  # before anything is cached: closing this process deletes no other's files
     callbacks = page_callbacks(checkpoints, device, max_pixels, max_batch, cleanup)
     first_name, _ = callbacks.model("")
@@ -253,8 +243,7 @@ def slider_starts(model: Captioner) -> tuple[int, int]:
 
 
 def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -> None:
-    """The components, inside the open `gr.Blocks` (request left, answer right, cards below), and their events:
-    disable the download, show the caption and heatmaps, draw the figure, enable the download."""
+    """The components, inside the open `gr.Blocks` (request left, answer right, cards below), and their events."""
     first_name, first = callbacks.model("")
     gr.Markdown("## Image captioning with spatial attention\nUpload an image or pick an example, then **Caption**. "
                 "Each word comes with the map of where the model looked while writing it.")
@@ -318,8 +307,7 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
     model_name.change(callbacks.choose_model, [model_name], [layer, head, serving], queue=False, **private)
 
 
-# Each page's callbacks, so that the server can wait for the ones still running when it stops.
-_CALLBACKS: weakref.WeakKeyDictionary[gr.Blocks, Callbacks] = weakref.WeakKeyDictionary()
+_CALLBACKS: weakref.WeakKeyDictionary[gr.Blocks, Callbacks] = weakref.WeakKeyDictionary()  # for `close` to wait
 
 
 def wait_for_callbacks(demo: gr.Blocks, timeout: float) -> bool:
