@@ -5,6 +5,7 @@ own places are followed, not judged here)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -69,10 +70,8 @@ def parse_json(text: str, path: str | Path, what: str, max_depth: int, error: ty
         raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
 
 
-def read_json(
-    path: str | Path, what: str, error: type[CaptionerError],
-    max_bytes: int = MODEL_JSON_BYTES, max_depth: int = MAX_DEPTH,
-) -> Any:
+def read_json(path: str | Path, what: str, error: type[CaptionerError], max_bytes: int = MODEL_JSON_BYTES,
+              max_depth: int = MAX_DEPTH) -> Any:
     """A JSON file a model brings, within its caps; a failure is one `error` line (FileNotFoundError aside)."""
     data = read_capped(path, what, max_bytes, error)
     try:
@@ -82,10 +81,8 @@ def read_json(
     return parse_json(text, path, what, max_depth, error)
 
 
-def load_yaml(
-    text: str, source: str, what: str, error: type[CaptionerError],
-    max_depth: int = MAX_DEPTH, max_aliases: int = MAX_ALIASES,
-) -> Any:
+def load_yaml(text: str, source: str, what: str, error: type[CaptionerError], max_depth: int = MAX_DEPTH,
+              max_aliases: int = MAX_ALIASES) -> Any:
     """YAML text from a model (a card's metadata), safely: one `error` line when it nests too deep,
     holds too many aliases or does not parse."""
     import yaml
@@ -132,15 +129,12 @@ class Confinement:
     def __init__(self, folder: str | Path) -> None:
         self.folder = str(folder)
         self.base = os.path.realpath(self.folder)
-        self._folders: dict[str, str] = {}
+        self._realpath = functools.cache(os.path.realpath)  # of the folders names lie in
 
     def escape(self, name: str | Path) -> str | None:
         """Where `name` (relative or absolute) leads when that is outside the folder, else None."""
         head, tail = os.path.split(os.path.join(self.folder, name))
-        real_head = self._folders.get(head)
-        if real_head is None:
-            real_head = self._folders[head] = os.path.realpath(head)
-        target = os.path.join(real_head, tail)
+        target = os.path.join(self._realpath(head), tail)
         if os.path.islink(target):
             target = os.path.realpath(target)
         return None if is_within(target, self.base) else target

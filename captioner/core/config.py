@@ -6,6 +6,7 @@ the key, the value and what is allowed, so a typo never silently trains the wron
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -160,18 +161,6 @@ def _checked(value: Any, node: Any, name: str, dotted: str, source: str) -> Any:
     return _check_leaf(upgrade_value(dotted, value), f, _type_hints(type(node))[name], dotted, source)
 
 
-def _decode_value(value: Any, option: DecodeOption, dotted: str, source: str) -> Any:
-    """A decoding option's key is judged by the option alone, so it is refused in the library's words."""
-    if option.kind is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if not option.allows(value):
-        raise ConfigError(f"{source}: {dotted!r} must be {option.describe()}; got {value!r}")
-    return option.converted(value)
-
-
 @functools.cache
 def _type_hints(cls: type) -> dict[str, Any]:
     """A section's annotations, resolved once per class (this cost more than the rest of reading a config)."""
@@ -180,7 +169,7 @@ def _type_hints(cls: type) -> dict[str, Any]:
 
 def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
     """Check a value against a field's annotation (int, float, str, bool, or X | None)."""
-    allowed = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    allowed = _kinds(annotation)
     if value is None:
         if type(None) in allowed:
             return None
@@ -192,15 +181,20 @@ def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
             return value
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if kind is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
         if kind is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-    names = " or ".join("null" if k is type(None) else k.__name__ for k in allowed)
-    raise ConfigError(f"{source}: {dotted!r} must be {names}; got {value!r}")
+    raise ConfigError(f"{source}: {dotted!r} must be {type_words(annotation)}; got {value!r}")
+
+
+def _kinds(annotation: Any) -> tuple[Any, ...]:
+    """The types an annotation allows: each of a union's (`float | None`), else itself."""
+    union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+    return typing.get_args(annotation) if union else (annotation,)
+
+
+def type_words(annotation: Any) -> str:
+    """An annotation as the refusals and `captioner config keys` name it: "float or null"."""
+    return " or ".join("null" if k is type(None) else getattr(k, "__name__", str(k)) for k in _kinds(annotation))
 
 
 def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
@@ -253,8 +247,14 @@ def _check_leaf(value: Any, f: dataclasses.Field, annotation: Any, dotted: str, 
     if spec is None:  # a programming error, not a user's: declare the key with `setting`
         raise TypeError(
             f"config key {dotted!r} has no spec: declare it as `{f.name}: T = setting(default, Range/Choice/...)`")
-    if isinstance(spec, DecodeOption):
-        return _decode_value(value, spec, dotted, source)
+    kind = spec.kind if isinstance(spec, DecodeOption) else annotation
+    if isinstance(value, str) and float in _kinds(kind):  # YAML 1.1 reads 1e-3 (no dot) as a string
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if isinstance(spec, DecodeOption):  # judged by the option alone, so refused in the library's words
+        if not spec.allows(value):
+            raise ConfigError(f"{source}: {dotted!r} must be {spec.describe()}; got {value!r}")
+        return spec.converted(value)
     value = _coerce(value, annotation, dotted, source)
     if not spec.allows(value):
         finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""

@@ -11,13 +11,13 @@ import functools
 import inspect
 import io
 import tokenize
-import types
 import typing
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from captioner.core.config import type_words
 from captioner.core.config_sections import Config
 from captioner.core.decode_schema import DecodeOption
 from captioner.core.decoder_types import DEFAULT, decoder_type, registered
@@ -60,12 +60,6 @@ def _meaning(cls: type, name: str, spec: Any) -> str:
     return spec.meaning if isinstance(spec, DecodeOption) else ""
 
 
-def _type_name(annotation: Any) -> str:
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        return " or ".join("null" if arg is type(None) else arg.__name__ for arg in typing.get_args(annotation))
-    return getattr(annotation, "__name__", str(annotation))
-
-
 def config_keys() -> list[Key]:
     """Every key of `Config`, in declaration order; in `model.decoder`, its type, then each
     registered decoder's keys, their meaning prefixed with the decoder's name."""
@@ -87,7 +81,7 @@ def config_keys() -> list[Key]:
                 continue
             spec = f.metadata["spec"]
             keys.append(
-                Key(prefix + f.name, _type_name(hint), f.default, spec.describe(), owner + _meaning(cls, f.name, spec))
+                Key(prefix + f.name, type_words(hint), f.default, spec.describe(), owner + _meaning(cls, f.name, spec))
             )
 
     walk(Config, "")

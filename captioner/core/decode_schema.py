@@ -64,24 +64,18 @@ class DecodeOption:
             raise ConfigError(f"decode: {self.refusal(value, served)}")
         return self.converted(value)
 
-    def parse(self, text: str) -> Any:
-        """A command line's text as the option's kind, checked (a refusal without "decode:")."""
-        try:
-            value = int(text) if self.kind is int else float(text)
-        except ValueError:
-            raise ConfigError(self.refusal(text)) from None
-        if not self.allows(value):
-            raise ConfigError(self.refusal(value))
-        return self.converted(value)
-
     def argument_type(self) -> Callable[[str], Any]:
-        """The option as an argparse `type`: `parse`, whose refusal becomes argparse's one-line error."""
+        """The option as an argparse `type`: a command line's text as the option's kind, checked; the
+        refusal (without "decode:") becomes argparse's one-line error."""
 
         def parse(text: str) -> Any:
             try:
-                return self.parse(text)
-            except ConfigError as e:
-                raise argparse.ArgumentTypeError(str(e)) from None
+                value = int(text) if self.kind is int else float(text)
+            except ValueError:
+                value = text  # not a number: refused below, as written
+            if not self.allows(value):
+                raise argparse.ArgumentTypeError(self.refusal(value))
+            return self.converted(value)
 
         parse.__name__ = self.name  # argparse's "invalid <type> value" names it
         return parse

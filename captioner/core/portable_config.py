@@ -39,16 +39,11 @@ def components(value: str) -> list[str]:
     return [part for part in SEPARATORS.split(value) if part]
 
 
-def last_name(value: str) -> str | None:
-    """The last component of a path, URL or command when it is a plain name, else None."""
+def last_name(value: str, run: bool = False) -> str | None:
+    """The last component of a path, URL or command when it is a plain name, else None; `run`: the run
+    a checkpoint path points into, x of runs/x/best.pt or runs/x, else a lone file's name."""
     parts = components(value)
-    return parts[-1] if parts and NAME.fullmatch(parts[-1]) else None
-
-
-def run_name(value: str) -> str | None:
-    """The run a checkpoint path points into: x of runs/x/best.pt or runs/x, else a lone file's name."""
-    parts = components(value)
-    if len(parts) > 1 and parts[-1].endswith(CHECKPOINT_SUFFIXES):
+    if run and len(parts) > 1 and parts[-1].endswith(CHECKPOINT_SUFFIXES):
         parts = parts[:-1]
     return parts[-1] if parts and NAME.fullmatch(parts[-1]) else None
 
@@ -60,7 +55,7 @@ def portable_value(value: Any, spec: Place, default: Any = None) -> str | None:
         return value
     if value is None or spec.travels == "null":
         return None
-    name = (run_name if spec.travels == "run" else last_name)(value) if isinstance(value, str) else None
+    name = last_name(value, run=spec.travels == "run") if isinstance(value, str) else None
     return name or UNNAMED
 
 

@@ -6,11 +6,13 @@ its sums depend on the count.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -96,16 +98,9 @@ def set_threads(requested: int | None = None) -> int:
 def own_running_threads() -> int:
     """This process's running or runnable threads (/proc/self/task/*/stat state R); 0 if unknown."""
     running = 0
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return 0
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/stat") as f:
-                running += f.read().rsplit(")", 1)[1].split()[0] == "R"
-        except (OSError, IndexError):
-            continue
+    for stat in Path("/proc/self/task").glob("*/stat"):  # no folder (not Linux): no match
+        with contextlib.suppress(OSError, IndexError):  # a thread that ended meanwhile
+            running += stat.read_text().rsplit(")", 1)[1].split()[0] == "R"
     return running
 
 
@@ -150,8 +145,7 @@ def loader_workers(requested: int) -> int:
 
 def resolve_device(name: str | torch.device = "auto", what: str = "device") -> torch.device:
     """"auto" (a CUDA GPU if there is one, else the CPU), "cpu", "cuda" or "cuda:N"; one line if absent."""
-    if isinstance(name, torch.device):
-        name = str(name)
+    name = str(name)  # a torch.device too
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
