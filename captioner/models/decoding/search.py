@@ -95,7 +95,7 @@ def beam_search_n_best(
         choice = beam.select(candidates)
         beam.advance(choice)
         beam.finish(choice, t)
-        if beam.all_done:
+        if all(beam.done):
             break
         beam.follow_parents()
     return beam.best(options.n_best)
