@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -239,14 +240,12 @@ class RecurrentProduct:
         self.weight = _SharedWeight.apply(weight, self.collected) if self.deferred else weight  # (I, O)
         plain = torch.is_grad_enabled() and not self.deferred  # autograd differentiates the product itself
         self.forward = (lambda x: x @ weight) if plain else prepared(weight.t())  # x (n, I) -> x @ w (n, O)
-        self._backward: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._weight = weight
 
-    def backward(self, grad: torch.Tensor) -> torch.Tensor:
+    @functools.cached_property
+    def backward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """grad (n, O) -> grad @ w^T (n, I); w prepared at the first step's backward."""
-        if self._backward is None:
-            self._backward = prepared(self._weight)
-        return self._backward(grad)
+        return prepared(self._weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (n, I) -> x @ w (n, O)."""
