@@ -202,11 +202,11 @@ def beam_search_n_best(
             finished[b].append(Hypothesis(history[row].tolist(), raw / length_penalty(t, alpha), raw, maps, True))
 
         # Live beams: the best K candidates of each image that do not end here.
-        live_pos = top_descending(np.where(is_eos, NEG_INF, top_scores), K)  # (B, K)
-        live_key = np.take_along_axis(np.where(is_eos, NEG_INF, top_scores), live_pos, axis=1)  # (B, K)
+        not_ending = np.where(is_eos, NEG_INF, top_scores)  # (B, 2K)
+        live_pos = top_descending(not_ending, K)  # (B, K)
         live_beam = np.take_along_axis(top_beam, live_pos, axis=1)  # (B, K)
         live_token = np.take_along_axis(top_token, live_pos, axis=1)  # (B, K)
-        scores = np.where(np.isinf(live_key), NEG_INF, np.take_along_axis(top_scores, live_pos, axis=1))  # (B, K)
+        scores = np.take_along_axis(not_ending, live_pos, axis=1)  # (B, K): -inf where none is left
         rows = (np.arange(B)[:, None] * K + live_beam).reshape(-1)  # (B*K,)
         state = {k: np.take(v, rows, axis=0) for k, v in state.items()}
         history = np.concatenate([history[rows], live_token.reshape(-1, 1)], axis=1)  # (B*K, t+1)
