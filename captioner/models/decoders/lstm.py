@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -193,14 +194,9 @@ def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[in
     values = lengths.tolist()  # one read; the counts below are plain Python
     if any(a < b for a, b in zip(values, values[1:])):
         raise ValueError("lengths must be sorted longest first")
-    counts, n = [], batch
-    for t in range(steps):
-        while n and values[n - 1] <= t:
-            n -= 1
-        if n == 0:
-            break
-        counts.append(n)
-    return counts
+    ascending = values[::-1]
+    counts = [batch - bisect.bisect_right(ascending, t) for t in range(steps)]  # the lengths over t
+    return [n for n in counts if n]  # non-increasing: only trailing zeros go
 
 
 def row_prefixes(x: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
