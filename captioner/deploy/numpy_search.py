@@ -98,9 +98,8 @@ def greedy_search(
     logprob = np.zeros(batch, dtype=np.float32)  # (B,)
     history = np.zeros((batch, 0), dtype=np.int64)  # (B, t)
     done = np.zeros(batch, dtype=bool)  # (B,)
-    lengths = np.full(batch, options.max_length)  # (B,)
     maps = []
-    for t in range(options.max_length):
+    for _ in range(options.max_length):
         logprobs, attn, state = step(memory, prev, state)  # (B, V), (B, L, H, N)
         logprobs = apply_rules(logprobs, history, rules, options)  # (B, V)
         allowed = block_repeated_trigrams(logprobs, history) if options.block_trigrams else logprobs  # (B, V)
@@ -108,12 +107,11 @@ def greedy_search(
         logprob += np.where(done, np.float32(0.0), logprobs[np.arange(batch), prev])
         history = np.concatenate([history, prev[:, None]], axis=1)  # (B, t+1)
         maps.append(attn.astype(np.float32, copy=False))
-        ended = (prev == rules.eos) & ~done
-        lengths[ended] = t
-        done |= ended
+        done |= prev == rules.eos
         if done.all():
             break
     attn_bt = np.stack(maps, axis=1)  # (B, T, L, H, N)
+    lengths = np.where(done, (history == rules.eos).argmax(axis=1), options.max_length)  # (B,): words before <eos>
     scores = logprob.tolist()
     return [
         Hypothesis(history[b, :n].tolist(), scores[b], scores[b], attn_bt[b, :n], bool(done[b]))
@@ -202,11 +200,11 @@ def beam_search_n_best(
             finished[b].append(Hypothesis(history[row].tolist(), raw / length_penalty(t, alpha), raw, maps, True))
 
         # Live beams: the best K candidates of each image that do not end here.
-        live_pos = top_descending(np.where(is_eos, NEG_INF, top_scores), K)  # (B, K)
-        live_key = np.take_along_axis(np.where(is_eos, NEG_INF, top_scores), live_pos, axis=1)  # (B, K)
+        not_ending = np.where(is_eos, NEG_INF, top_scores)  # (B, 2K)
+        live_pos = top_descending(not_ending, K)  # (B, K)
         live_beam = np.take_along_axis(top_beam, live_pos, axis=1)  # (B, K)
         live_token = np.take_along_axis(top_token, live_pos, axis=1)  # (B, K)
-        scores = np.where(np.isinf(live_key), NEG_INF, np.take_along_axis(top_scores, live_pos, axis=1))  # (B, K)
+        scores = np.take_along_axis(not_ending, live_pos, axis=1)  # (B, K): -inf where none is left
         rows = (np.arange(B)[:, None] * K + live_beam).reshape(-1)  # (B*K,)
         state = {k: np.take(v, rows, axis=0) for k, v in state.items()}
         history = np.concatenate([history[rows], live_token.reshape(-1, 1)], axis=1)  # (B*K, t+1)

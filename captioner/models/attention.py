@@ -43,14 +43,11 @@ class AdditiveAttention(nn.Module):
     def _attend_as_written(
         self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """e_tij with `self.score` called as a module, for a score layer whose weight must not be read."""
-        B, R = projected.shape[0], query.shape[0]
-        if R != B:  # K rows per image: each row its image's grid
-            rows = torch.arange(B, device=feats.device).repeat_interleave(R // B)  # (R,)
-            feats, projected = feats.index_select(0, rows), projected.index_select(0, rows)  # (R, N, D), (R, N, A)
-        hidden = torch.tanh(projected / 2 + query.unsqueeze(1))  # (R, N, A): project() doubled W_h h + b_h
-        weights = self.score(hidden).squeeze(-1).softmax(dim=-1)  # (R, N): a_tij
-        return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (R, D), (R, N)
+        """e_tij with `self.score` called as a module, for a score layer whose weight must not be read;
+        one row per image (`attend` expands the images' rows first)."""
+        hidden = torch.tanh(projected / 2 + query.unsqueeze(1))  # (B, N, A): project() doubled W_h h + b_h
+        weights = self.score(hidden).squeeze(-1).softmax(dim=-1)  # (B, N): a_tij
+        return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (B, D), (B, N)
 
     def attend(
         self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor
@@ -58,7 +55,11 @@ class AdditiveAttention(nn.Module):
         """As `forward` with query = W_s s_{t-1} + b_s (R, A) given; with R = B*K rows, image b's K
         consecutive rows read its grid in place, never copied."""
         B, R = projected.shape[0], query.shape[0]
-        if not plain(self.score):  # quantised, wrapped or hooked: the score layer runs as a module
+        as_module = not plain(self.score)  # quantised, wrapped or hooked: the score layer runs as a module
+        if R != B and (as_module or torch.is_grad_enabled()):  # the in-place block below has no gradient
+            rows = torch.arange(B, device=feats.device).repeat_interleave(R // B)  # (R,): image rows expanded
+            return self.attend(feats.index_select(0, rows), projected.index_select(0, rows), query)
+        if as_module:
             return self._attend_as_written(feats, projected, query)
         score_weight = self.score.weight[0] * 2  # (A,): w of 2 w^T sigmoid(.)
         score_bias = self.score.bias - self.score.weight.sum()  # (1,): b - w^T 1, the -1 of tanh
@@ -70,9 +71,6 @@ class AdditiveAttention(nn.Module):
             weights = scores.softmax(dim=-1)  # (B, N): a_tij
             return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (B, D), (B, N)
         K = R // B
-        if torch.is_grad_enabled():  # the in-place block below has no gradient: expand the image rows
-            rows = torch.arange(B, device=feats.device).repeat_interleave(K)  # (R,)
-            return self.attend(feats.index_select(0, rows), projected.index_select(0, rows), query)
         queries = query.view(B, K, 1, -1)  # (B, K, 1, A)
         if in_one_block(feats):
             hidden = torch.add(projected[:, None], queries, alpha=2).sigmoid_()  # (B, K, N, A)

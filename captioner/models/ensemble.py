@@ -139,6 +139,7 @@ class Ensemble(nn.Module):
     _caption = Captioner._caption
     _caption_batch = Captioner._caption_batch
     caption = Captioner.caption
+    attention_shape = Captioner.attention_shape  # the decoder's (1, 1): one map a word
 
     def __init__(self, members: Sequence[Captioner], combine: str = "prob", names: Sequence[str] | None = None) -> None:
         super().__init__()
@@ -166,14 +167,6 @@ class Ensemble(nn.Module):
             raise ConfigError(f"ensemble: combine must be one of {', '.join(COMBINES)}; got {combine!r}")
         members = [Captioner.from_pretrained(path, device) for path in paths]
         return cls(members, combine, names=[str(path) for path in paths]).eval()
-
-    def attention_shape(self) -> tuple[int, int]:
-        """(layers, heads) of its captions' maps: one map a word."""
-        return (1, 1)
-
-    @property
-    def combine(self) -> str:
-        return self.decoder.combine
 
     @property
     def origins(self) -> list[ModelOrigin | None]:

@@ -109,10 +109,9 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
 def packaged_models() -> list[Path]:
     """The folders of the packaged models, by name (none before a model is packaged): exported folders at
     `captioner/pretrained/<name>/`, like spaCy's `en_core_web_sm`, loading offline, checked against pip's RECORD."""
-    root = PACKAGED_FOLDER
-    if not root.is_dir():
+    if not PACKAGED_FOLDER.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    return sorted(p for p in PACKAGED_FOLDER.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
 
 
 def is_packaged(path: str | Path) -> bool:

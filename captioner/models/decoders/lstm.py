@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -192,14 +194,9 @@ def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[in
     values = lengths.tolist()  # one read; the counts below are plain Python
     if any(a < b for a, b in zip(values, values[1:])):
         raise ValueError("lengths must be sorted longest first")
-    counts, n = [], batch
-    for t in range(steps):
-        while n and values[n - 1] <= t:
-            n -= 1
-        if n == 0:
-            break
-        counts.append(n)
-    return counts
+    ascending = values[::-1]
+    counts = [batch - bisect.bisect_right(ascending, t) for t in range(steps)]  # the lengths over t
+    return [n for n in counts if n]  # non-increasing: only trailing zeros go
 
 
 def row_prefixes(x: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
@@ -239,14 +236,12 @@ class RecurrentProduct:
         self.weight = _SharedWeight.apply(weight, self.collected) if self.deferred else weight  # (I, O)
         plain = torch.is_grad_enabled() and not self.deferred  # autograd differentiates the product itself
         self.forward = (lambda x: x @ weight) if plain else prepared(weight.t())  # x (n, I) -> x @ w (n, O)
-        self._backward: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._weight = weight
 
-    def backward(self, grad: torch.Tensor) -> torch.Tensor:
+    @functools.cached_property
+    def backward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """grad (n, O) -> grad @ w^T (n, I); w prepared at the first step's backward."""
-        if self._backward is None:
-            self._backward = prepared(self._weight)
-        return self._backward(grad)
+        return prepared(self._weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (n, I) -> x @ w (n, O)."""

@@ -145,11 +145,10 @@ class TransformerDecoder(Decoder):
         if c.tie_embeddings:
             self.out.weight = self.embedding.weight
         self.dropout = nn.Dropout(c.dropout)
-        self._attention_shape = (c.num_layers, c.num_heads)
 
     @property
     def attention_shape(self) -> tuple[int, int]:
-        return self._attention_shape
+        return len(self.layers), self.layers[0].cross_attn.num_heads
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens (B, T), positions broadcastable to (B, T) -> (B, T, d)."""

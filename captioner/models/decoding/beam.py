@@ -79,10 +79,6 @@ class Beam:
         self.place: torch.Tensor | None = None  # (B*K,): each row's place in the state (-1: none); None: its own
         self.rows = self.expand_rows  # (B*K,): each live beam's parent after the last step
 
-    @property
-    def all_done(self) -> bool:
-        return all(self.done)
-
     def expand(self, t: int) -> torch.Tensor:
         """Step the decoder once -> candidates (B, G, Kg*V): beam score + next word's log-probability."""
         B, K, BK = self.B, self.K, self.B * self.K

@@ -63,11 +63,11 @@ def hypotheses(
     tokens_rt, attn_rt = out.tokens.cpu(), out.attn.float().cpu()  # (R, T), (R, steps, L, H, N)
     self_rt = None if out.self_attn is None else out.self_attn.cpu()  # (R, steps, L, H, steps)
     ends, scores, finished = (out.lengths - ended.long()).tolist(), score.tolist(), ended.tolist()
-    hyps = [Hypothesis(tokens_rt[r, :n].tolist(), scores[r], scores[r], attn_rt[r, :n], finished[r])
-            for r, n in enumerate(ends)]
-    for hyp, n, self_maps in zip(hyps, ends, [] if self_rt is None else self_rt):
-        hyp.self_attn = self_maps[:n, ..., :n]  # (n, L, H, n)
-    return hyps
+    return [
+        Hypothesis(tokens_rt[r, :n].tolist(), scores[r], scores[r], attn_rt[r, :n], finished[r],
+                   None if self_rt is None else self_rt[r, :n, ..., :n])  # self_attn (n, L, H, n)
+        for r, n in enumerate(ends)
+    ]
 
 
 @torch.no_grad()
@@ -95,7 +95,7 @@ def beam_search_n_best(
         choice = beam.select(candidates)
         beam.advance(choice)
         beam.finish(choice, t)
-        if beam.all_done:
+        if all(beam.done):
             break
         beam.follow_parents()
     return beam.best(options.n_best)
