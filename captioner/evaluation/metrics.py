@@ -110,12 +110,11 @@ def score_official_many(jobs: Sequence[tuple[References, Predictions]], spice: b
     ]
     tokenizer_seconds = time.perf_counter() - start
     logger.debug("PTB tokenizer: %d jobs, %d distinct captions (%.1f s)", len(jobs), len(distinct), tokenizer_seconds)
-    results: list[OfficialScores] = []
     with tempfile.TemporaryDirectory(prefix="captioner-meteor-") as folder:
         lines = [score_line(res[i], gts[i]) for (gts, res), ids in zip(tokenized, id_sets) for i in ids]
         with MeteorPool(processes, cut_table(lines, Path(folder))) as meteor:
-            for (gts, res), ids in zip(tokenized, id_sets):
-                results.append(_score_tokenized(meteor, ids, gts, res, {"PTB tokenizer": tokenizer_seconds}))
+            results = [_score_tokenized(meteor, ids, gts, res, {"PTB tokenizer": tokenizer_seconds})
+                       for (gts, res), ids in zip(tokenized, id_sets)]
     for scores in results if run_spice else []:
         _add_spice(scores)
     return results
