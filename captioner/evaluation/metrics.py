@@ -220,10 +220,8 @@ def pycocoevalcap_scores(
                 start = time.perf_counter()
                 scorer = make()
                 meteor = scorer if name == "METEOR" else meteor
-                score, scores = scorer.compute_score(gts_tok, res_tok)
-                if name != "BLEU":
-                    score, scores = [score], [scores]
-                _record(ids, keys, score, scores, overall, per_image)
+                scores = scorer.compute_score(gts_tok, res_tok)
+                _record(ids, keys, *(scores if name == "BLEU" else _one(scores)), overall, per_image)
                 seconds[name] = time.perf_counter() - start
         finally:
             if meteor is not None:  # stop its Java process now rather than at GC
