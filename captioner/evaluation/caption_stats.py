@@ -31,9 +31,7 @@ def repeats_bigram(caption: str | Sequence[str]) -> bool:
 def caption_stats(captions: Iterable[str | Sequence[str]]) -> dict[str, float]:
     """bad_ending_rate, repeated_bigram_rate (shares in [0, 1]) and mean_length (words) of captions."""
     words = [words_of(c) for c in captions]
-    if not words:
-        return {"bad_ending_rate": 0.0, "repeated_bigram_rate": 0.0, "mean_length": 0.0}
-    n = len(words)
+    n = max(1, len(words))  # no captions: every statistic 0
     return {
         "bad_ending_rate": sum(ends_badly(w) for w in words) / n,
         "repeated_bigram_rate": sum(repeats_bigram(w) for w in words) / n,
@@ -47,12 +45,10 @@ def corpus_stats(captions: Sequence[str | Sequence[str]],
     `mean_length` and `distinct_share` (distinct captions / captions): a model of a few stock
     sentences scores well on BLEU and poorly here."""
     words = [tuple(words_of(c)) for c in captions]
-    if not words:
-        return {"captions": 0, "vocabulary": 0, "copied_share": 0.0, "mean_length": 0.0, "distinct_share": 0.0}
     seen = {tuple(words_of(c)) for c in training_captions}
-    n = len(words)
+    n = max(1, len(words))  # no captions: every statistic 0
     return {
-        "captions": n,
+        "captions": len(words),
         "vocabulary": len({w for caption in words for w in caption}),
         "copied_share": sum(caption in seen for caption in words) / n,
         "mean_length": sum(map(len, words)) / n,

@@ -47,12 +47,10 @@ def leave_one_out(references: Mapping[int, Sequence[str]], score: Scorer,
         others = {i: [c for j, c in enumerate(refs) if j != k] for i, refs in references.items()}
         jobs.append((others, {i: refs[k] for i, refs in references.items()}))
         jobs += [(others, {i: captions[i] for i in references}) for captions in predictions.values()]
-    human_sums: dict[str, float] = {}
-    model_sums: dict[str, dict[str, float]] = {name: {} for name in predictions}
+    totals: dict[str | None, dict[str, float]] = {name: {} for name in names}  # per name, each key's sum
     for n, scores in enumerate(score(jobs)):
-        name = names[n % len(names)]
-        sums = human_sums if name is None else model_sums[name]
+        sums = totals[names[n % len(names)]]
         for key, value in scores.items():
             sums[key] = sums.get(key, 0.0) + float(value)
-    return LeaveOneOut(folds, {key: total / folds for key, total in human_sums.items()},
-                       {name: {key: total / folds for key, total in sums.items()} for name, sums in model_sums.items()})
+    means = {name: {key: total / folds for key, total in sums.items()} for name, sums in totals.items()}
+    return LeaveOneOut(folds, means.pop(None), means)

@@ -43,10 +43,6 @@ class MapScores:
     masses: list[float] = field(default_factory=list)
     hits: list[float] = field(default_factory=list)
 
-    def add(self, mass: float, hit: float) -> None:
-        self.masses.append(mass)
-        self.hits.append(hit)
-
     def to_json(self) -> dict:
         return {"grounding": round(float(np.mean(self.masses)), 4), "pointing": round(float(np.mean(self.hits)), 4)}
 
@@ -131,7 +127,8 @@ def _score(scores: MapScores, maps: torch.Tensor, masks: list[torch.Tensor], gro
     grounding and pointing hit."""
     image_maps = upsample(maps, size)  # (W, H, W), each sums to 1
     for image_map, region, dilated in zip(image_maps, masks, grown):
-        scores.add(float(image_map[region].sum()), float(pointing_hits(image_map[None], dilated)[0]))
+        scores.masses.append(float(image_map[region].sum()))
+        scores.hits.append(float(pointing_hits(image_map[None], dilated)[0]))
 
 
 def grad_cam(score: Callable[[torch.Tensor], torch.Tensor], feats: torch.Tensor) -> torch.Tensor:

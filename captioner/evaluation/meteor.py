@@ -243,13 +243,10 @@ def default_processes(num_images: int) -> int:
 
 
 def _available_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     return MAX_PROCESSES * PROCESS_MEMORY_BYTES  # unknown: do not limit by memory
 
 

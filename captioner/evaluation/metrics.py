@@ -14,6 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,12 +110,11 @@ def score_official_many(jobs: Sequence[tuple[References, Predictions]], spice: b
     ]
     tokenizer_seconds = time.perf_counter() - start
     logger.debug("PTB tokenizer: %d jobs, %d distinct captions (%.1f s)", len(jobs), len(distinct), tokenizer_seconds)
-    results: list[OfficialScores] = []
     with tempfile.TemporaryDirectory(prefix="captioner-meteor-") as folder:
         lines = [score_line(res[i], gts[i]) for (gts, res), ids in zip(tokenized, id_sets) for i in ids]
         with MeteorPool(processes, cut_table(lines, Path(folder))) as meteor:
-            for (gts, res), ids in zip(tokenized, id_sets):
-                results.append(_score_tokenized(meteor, ids, gts, res, {"PTB tokenizer": tokenizer_seconds}))
+            results = [_score_tokenized(meteor, ids, gts, res, {"PTB tokenizer": tokenizer_seconds})
+                       for (gts, res), ids in zip(tokenized, id_sets)]
     for scores in results if run_spice else []:
         _add_spice(scores)
     return results
@@ -127,31 +127,31 @@ def _score_tokenized(meteor: MeteorPool, ids: list[int], gts: dict[int, list[str
     overall: dict[str, float] = {}
     per_image: dict[int, dict[str, float]] = {i: {} for i in ids}
     hypotheses, refs = [res[i] for i in ids], [gts[i] for i in ids]
-    results: dict[str, Any] = {}
-    meteor_thread = threading.Thread(target=_run_meteor, args=(meteor, hypotheses, refs, results), daemon=True)
-    meteor_thread.start()
-    try:
+
+    def timed_meteor() -> tuple[tuple[float, list[float]], float]:
         start = time.perf_counter()
-        counted = CountedCaptions.of(hypotheses, refs)
-        seconds["n-gram counts"] = time.perf_counter() - start
-        for name, keys, scorer in (
-            ("BLEU", BLEU_KEYS, lambda: bleu(counted)),
-            ("ROUGE-L", ("ROUGE_L",), lambda: _one(rouge_l(hypotheses, refs))),
-            ("CIDEr-D", ("CIDEr",), lambda: _one(cider_d(counted))),
-        ):
+        return meteor.score(hypotheses, refs), time.perf_counter() - start
+
+    with ThreadPoolExecutor(1) as pool:
+        meteor_run = pool.submit(timed_meteor)  # its error, if any, is raised here by result()
+        try:
             start = time.perf_counter()
-            _record(ids, keys, *scorer(), overall, per_image)
-            seconds[name] = time.perf_counter() - start
-            logger.debug("%s (%.1f s)", ", ".join(f"{k}: {overall[k]:.3f}" for k in keys), seconds[name])
-        meteor_thread.join()
-    finally:
-        if meteor_thread.is_alive():  # this thread failed or was interrupted: stop METEOR too
-            meteor.kill()
-            meteor_thread.join()
-    if "error" in results:
-        raise results["error"]
-    seconds["METEOR"] = results["seconds"]
-    _record(ids, ("METEOR",), *_one(results["scores"]), overall, per_image)
+            counted = CountedCaptions.of(hypotheses, refs)
+            seconds["n-gram counts"] = time.perf_counter() - start
+            for name, keys, scorer in (
+                ("BLEU", BLEU_KEYS, lambda: bleu(counted)),
+                ("ROUGE-L", ("ROUGE_L",), lambda: _one(rouge_l(hypotheses, refs))),
+                ("CIDEr-D", ("CIDEr",), lambda: _one(cider_d(counted))),
+            ):
+                start = time.perf_counter()
+                _record(ids, keys, *scorer(), overall, per_image)
+                seconds[name] = time.perf_counter() - start
+                logger.debug("%s (%.1f s)", ", ".join(f"{k}: {overall[k]:.3f}" for k in keys), seconds[name])
+            meteor_scores, seconds["METEOR"] = meteor_run.result()
+        finally:
+            if not meteor_run.done():  # this thread failed or was interrupted: stop METEOR too
+                meteor.kill()
+    _record(ids, ("METEOR",), *_one(meteor_scores), overall, per_image)
     logger.debug("METEOR: %.3f (%d processes, %.1f s beside the others)", overall["METEOR"], len(meteor.tools),
                  seconds["METEOR"])
     overall = {key: overall[key] for key in OFFICIAL_KEYS}  # the official order
@@ -173,17 +173,6 @@ def _add_spice(scores: OfficialScores) -> None:
         scores.per_image[image_id][SPICE_KEY] = float(image_score["All"]["f"])
     scores.seconds["SPICE"] = time.perf_counter() - start
     scores.seconds["total"] += scores.seconds["SPICE"]
-
-
-def _run_meteor(meteor: MeteorPool, hypotheses: list[str], references: list[list[str]],
-                results: dict[str, Any]) -> None:
-    """Thread body: METEOR's scores, or the error, into `results`."""
-    start = time.perf_counter()
-    try:
-        results["scores"] = meteor.score(hypotheses, references)
-    except BaseException as e:  # handed to the main thread, which raises it
-        results["error"] = e
-    results["seconds"] = time.perf_counter() - start
 
 
 def _one(scores: tuple[float, list[float]]) -> tuple[list[float], list[list[float]]]:
@@ -231,10 +220,8 @@ def pycocoevalcap_scores(
                 start = time.perf_counter()
                 scorer = make()
                 meteor = scorer if name == "METEOR" else meteor
-                score, scores = scorer.compute_score(gts_tok, res_tok)
-                if name != "BLEU":
-                    score, scores = [score], [scores]
-                _record(ids, keys, score, scores, overall, per_image)
+                scores = scorer.compute_score(gts_tok, res_tok)
+                _record(ids, keys, *(scores if name == "BLEU" else _one(scores)), overall, per_image)
                 seconds[name] = time.perf_counter() - start
         finally:
             if meteor is not None:  # stop its Java process now rather than at GC

@@ -113,10 +113,7 @@ def bleu(counted: CountedCaptions) -> tuple[list[float], list[list[float]]]:
     """pycocoevalcap's `Bleu(4)`: corpus BLEU-1..4 (matches and guesses summed over the corpus, the
     closest reference length for the penalty) and per-image BLEU-1..4 (`per_image[n - 1][i]`)."""
     images = list(_bleu_counts(counted))
-    per_image: list[list[float]] = [[] for _ in range(MAX_N)]
-    for image in images:
-        for k, score in enumerate(bleu_scores(*image)):
-            per_image[k].append(score)
+    per_image = [list(scores) for scores in zip(*(bleu_scores(*image) for image in images))]  # (4, images)
     return bleu_scores(*_summed(images)), per_image
 
 

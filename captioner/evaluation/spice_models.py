@@ -48,34 +48,33 @@ _PROBE = ("import sys, urllib.request as u; "
           "u.urlopen(u.Request(sys.argv[1], method='HEAD'), timeout=float(sys.argv[2])).close()")
 
 
+def _run_python(name: str, args: list[str], timeout: float, late: str, failed: str) -> str | None:
+    """Run `python args` as a child bounded by `timeout` s, its output logged under `name`; None on
+    success, else why not: "`late` within N s", or "`failed` (the last line of its stderr)"."""
+    try:
+        proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"{late} within {timeout:.0f} s"
+    log_output(name, proc.stdout)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return f"{failed} ({last})"
+    return None
+
+
 def _probe_spice_models_url() -> str | None:
     """None if the download address answers, else why not. In a child process so that even a
     hanging name lookup is bounded."""
     url = _spice_models_url()
-    try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE, url, str(SPICE_PROBE_TIMEOUT_S / 2)], capture_output=True,
-                              text=True, timeout=SPICE_PROBE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return f"{url} did not answer within {SPICE_PROBE_TIMEOUT_S:.0f} s"
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-        return f"{url} is unreachable ({last})"
-    return None
+    return _run_python("probe", ["-c", _PROBE, url, str(SPICE_PROBE_TIMEOUT_S / 2)], SPICE_PROBE_TIMEOUT_S,
+                       f"{url} did not answer", f"{url} is unreachable")
 
 
 def _download_spice_models() -> str | None:
     """Run pycocoevalcap's own downloader, bounded in time; None on success, else why not."""
     code = "from pycocoevalcap.spice.get_stanford_models import get_stanford_models; get_stanford_models()"
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=SPICE_DOWNLOAD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return f"the download did not finish within {SPICE_DOWNLOAD_TIMEOUT_S:.0f} s"
-    log_output("get_stanford_models", proc.stdout)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-        return f"the download failed ({last})"
-    return None
+    return _run_python("get_stanford_models", ["-c", code], SPICE_DOWNLOAD_TIMEOUT_S, "the download did not finish",
+                       "the download failed")
 
 
 def ensure_spice_models() -> bool:

@@ -67,11 +67,8 @@ class Distributed:
         flat = torch.cat([g.reshape(-1) for g in grads])  # (total,)
         dist.all_reduce(flat)
         flat /= self.world_size
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p)  # views of the one reduced buffer, as DDP's buckets
-            offset += n
+        for p, grad in zip(params, flat.split([p.numel() for p in params])):
+            p.grad = grad.view_as(p)  # views of the one reduced buffer, as DDP's buckets
 
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order, on every rank."""
