@@ -56,8 +56,7 @@ def read_coco(path: Path, what: str, lists: tuple[str, ...]) -> COCO:
         if instances and ann["category_id"] not in categories:
             raise DatasetError(f"{path}: annotations[{i}] names category_id {ann['category_id']}, "
                                "which 'categories' does not list")
-    for i, ann in enumerate(annotations):  # pycocotools indexes annotations by id; captions may lack one
-        ann.setdefault("id", -1 - i)
+        ann.setdefault("id", -1 - i)  # pycocotools indexes annotations by id; captions may lack one
     coco = COCO()
     coco.dataset = data
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
