@@ -10,6 +10,7 @@ from typing import Protocol, TypeVar
 
 import torch
 from PIL import Image
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from captioner.core.errors import ImageLoadError
@@ -144,9 +145,7 @@ def collate_captions(batch: list) -> CaptionBatch | None:
         images = torch.stack(images)  # (B, 3, H, W) or (B, N, D)
     captions = [(row, ids) for row, (_, caps, _) in enumerate(batch) for ids in caps]
     captions.sort(key=lambda caption: -len(caption[1]))  # longest first, as the decoder wants them (stable)
-    tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions), dtype=torch.long)  # (C, T), 0 = <pad>
-    for c, (_, ids) in enumerate(captions):
-        tokens[c, : len(ids)] = torch.tensor(ids)
+    tokens = pad_sequence([torch.tensor(ids) for _, ids in captions], batch_first=True)  # (C, T) long, 0 = <pad>
     lengths = torch.tensor([len(ids) for _, ids in captions])  # (C,)
     image_rows = torch.tensor([row for row, _ in captions])  # (C,)
     indices = torch.tensor([i for _, _, i in batch])  # (B,)
