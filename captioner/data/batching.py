@@ -83,19 +83,17 @@ class CaptionDataset(Dataset):
             captions = choices
         else:
             captions = [random.choice(choices) if draw is None else choices[draw % len(choices)]]
-        augmented = self.transform.train and self.transform.augment
+        seed = draw if self.transform.train and self.transform.augment else None  # None: the process's RNG
         if self.features is not None:
             image = self.features[i]
         elif self.device_preprocess != "none":  # read and checked (or decoded) here, transformed on the device
             record, ship_jpeg = self.records[i], self.device_preprocess == "decode"
-            seed = draw if augmented else None
             image = or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
                                                  self.transform, seed))
-        elif draw is None or not augmented:
-            image = load_or_none(self.records[i], self.transform)
         else:
-            with torch.random.fork_rng(devices=[]):  # seeded augmentation; the process's RNG is left as it was
-                torch.manual_seed(draw)
+            with torch.random.fork_rng(devices=[], enabled=seed is not None):  # the process's RNG is left as it was
+                if seed is not None:
+                    torch.manual_seed(seed)
                 image = load_or_none(self.records[i], self.transform)
         return None if image is None else (image, captions, i)
 
