@@ -144,8 +144,8 @@ def command_output(url: str, max_bytes: int) -> bytes:
         command.proc.kill()
         command.proc.wait()
         command.stream.close()
-        return data
-    command.close()  # waits for the command; its failure raises
+    else:
+        command.close()  # waits for the command; its failure raises
     return data
 
 
