@@ -111,7 +111,7 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
                   strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
     """Records of one split of a Karpathy file (`dataset_coco.json`, ...), `restval` joining `train` as in the
     papers; Flickr entries have no `filepath` or `cocoid` (ids are `imgid`)."""
-    split_file = check_file(split_file, "Karpathy split file")
+    split_file = Path(split_file)  # read_json names it when it is missing
     data = read_json(split_file, "Karpathy split file")
     images = data.get("images") if isinstance(data, dict) else None
     if not isinstance(images, list):
