@@ -10,6 +10,7 @@ from typing import Protocol, TypeVar
 
 import torch
 from PIL import Image
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from captioner.core.errors import ImageLoadError
@@ -82,19 +83,17 @@ class CaptionDataset(Dataset):
             captions = choices
         else:
             captions = [random.choice(choices) if draw is None else choices[draw % len(choices)]]
-        augmented = self.transform.train and self.transform.augment
+        seed = draw if self.transform.train and self.transform.augment else None  # None: the process's RNG
         if self.features is not None:
             image = self.features[i]
         elif self.device_preprocess != "none":  # read and checked (or decoded) here, transformed on the device
             record, ship_jpeg = self.records[i], self.device_preprocess == "decode"
-            seed = draw if augmented else None
             image = or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
                                                  self.transform, seed))
-        elif draw is None or not augmented:
-            image = load_or_none(self.records[i], self.transform)
         else:
-            with torch.random.fork_rng(devices=[]):  # seeded augmentation; the process's RNG is left as it was
-                torch.manual_seed(draw)
+            with torch.random.fork_rng(devices=[], enabled=seed is not None):  # the process's RNG is left as it was
+                if seed is not None:
+                    torch.manual_seed(seed)
                 image = load_or_none(self.records[i], self.transform)
         return None if image is None else (image, captions, i)
 
@@ -144,9 +143,7 @@ def collate_captions(batch: list) -> CaptionBatch | None:
         images = torch.stack(images)  # (B, 3, H, W) or (B, N, D)
     captions = [(row, ids) for row, (_, caps, _) in enumerate(batch) for ids in caps]
     captions.sort(key=lambda caption: -len(caption[1]))  # longest first, as the decoder wants them (stable)
-    tokens = torch.zeros(len(captions), max(len(ids) for _, ids in captions), dtype=torch.long)  # (C, T), 0 = <pad>
-    for c, (_, ids) in enumerate(captions):
-        tokens[c, : len(ids)] = torch.tensor(ids)
+    tokens = pad_sequence([torch.tensor(ids) for _, ids in captions], batch_first=True)  # (C, T) long, 0 = <pad>
     lengths = torch.tensor([len(ids) for _, ids in captions])  # (C,)
     image_rows = torch.tensor([row for row, _ in captions])  # (C,)
     indices = torch.tensor([i for _, _, i in batch])  # (B,)

@@ -56,8 +56,7 @@ def read_coco(path: Path, what: str, lists: tuple[str, ...]) -> COCO:
         if instances and ann["category_id"] not in categories:
             raise DatasetError(f"{path}: annotations[{i}] names category_id {ann['category_id']}, "
                                "which 'categories' does not list")
-    for i, ann in enumerate(annotations):  # pycocotools indexes annotations by id; captions may lack one
-        ann.setdefault("id", -1 - i)
+        ann.setdefault("id", -1 - i)  # pycocotools indexes annotations by id; captions may lack one
     coco = COCO()
     coco.dataset = data
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
@@ -112,7 +111,7 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
                   strict: bool = False, max_missing: float = 1.0) -> list[ImageRecord]:
     """Records of one split of a Karpathy file (`dataset_coco.json`, ...), `restval` joining `train` as in the
     papers; Flickr entries have no `filepath` or `cocoid` (ids are `imgid`)."""
-    split_file = check_file(split_file, "Karpathy split file")
+    split_file = Path(split_file)  # read_json names it when it is missing
     data = read_json(split_file, "Karpathy split file")
     images = data.get("images") if isinstance(data, dict) else None
     if not isinstance(images, list):

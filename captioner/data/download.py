@@ -172,7 +172,6 @@ def _make_folder(path: Path) -> Path:
 
 def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> int | None:
     """Fill `part` with the body of `url`, resuming and retrying; return the total size if known."""
-    host = urllib.parse.urlsplit(url).netloc or url
     total = expected_size
     failures = 0
     with progress_bar(total=total, unit="B", unit_scale=True, unit_divisor=1024,
@@ -200,7 +199,7 @@ def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> i
             grew = part.exists() and part.stat().st_size > offset
             failures = 0 if grew else failures + 1
             if failures >= MAX_ATTEMPTS:
-                raise _give_up(url, host, part, error) from None
+                raise _give_up(url, part, error) from None
             delay = RETRY_BACKOFF_S * 2 ** max(failures - 1, 0)
             # the last failure is the one line said
             logger.debug("download of %s failed (%s), retrying in %.0f s", url, error, delay)
@@ -265,7 +264,7 @@ def _complete_after_416(error: urllib.error.HTTPError, part: Path) -> bool:
     return match is not None and part.exists() and part.stat().st_size == int(match[1])
 
 
-def _give_up(url: str, host: str, part: Path, error: Exception) -> DatasetError:
+def _give_up(url: str, part: Path, error: Exception) -> DatasetError:
     """The one line after the last attempt: what could not be had, and how to give it by hand."""
     dest = part.with_name(part.name.removesuffix(".part"))
     kept = f"; run again to resume from {part}" if part.exists() else ""
@@ -273,6 +272,7 @@ def _give_up(url: str, host: str, part: Path, error: Exception) -> DatasetError:
     if isinstance(error, urllib.error.HTTPError):
         return DatasetError(f"cannot download {url}: HTTP {error.code} {error.reason}{kept}{by_hand}")
     if isinstance(error, urllib.error.URLError):  # the connection itself could not be made
+        host = urllib.parse.urlsplit(url).netloc or url
         return DatasetError(f"cannot reach {host}: no internet? ({error.reason}) "
                             f"while downloading {url}{kept}{by_hand}")
     return DatasetError(f"download of {url} kept failing ({error}){kept}{by_hand}")

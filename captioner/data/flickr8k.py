@@ -53,8 +53,7 @@ def load_flickr8k(root: str | Path, split: str, image_root: str | Path | None = 
     captions = read_token_file(root / TOKEN_FILE)
     ids = {name: i for i, name in enumerate(captions)}
     split_file = root / SPLIT_FILES[split]
-    names: list[str] = []
-    lines: dict[str, int] = {}
+    lines: dict[str, int] = {}  # image name -> its line, in file order
     for number, line in enumerate(read_text(split_file, "Flickr8k split file").splitlines(), 1):
         name = line.strip()
         if not name:
@@ -64,7 +63,6 @@ def load_flickr8k(root: str | Path, split: str, image_root: str | Path | None = 
         if name not in captions:
             raise DatasetError(f"{split_file}:{number}: {name} has no captions in Flickr8k.token.txt")
         lines[name] = number
-        names.append(name)
     folder = Path(image_root) if image_root is not None else default_image_folder(root)
-    records = [ImageRecord(ids[n], folder / n, tuple(captions[n])) for n in names]
+    records = [ImageRecord(ids[n], folder / n, tuple(captions[n])) for n in lines]
     return drop_missing(records, str(split_file), strict, max_missing) if check_images else records

@@ -103,10 +103,8 @@ def image_file(value: str, folder: str, name: str) -> Path:
     return file
 
 
-@functools.lru_cache(maxsize=16)
-def confinement(folder: str) -> Confinement:
-    """The folder's real path and its subfolders', resolved once per process."""
-    return Confinement(folder)
+# A folder's real path and its subfolders', resolved once per process.
+confinement = functools.lru_cache(maxsize=16)(Confinement)
 
 
 @functools.lru_cache(maxsize=16)

@@ -146,14 +146,8 @@ def write_captions(objects: list[ShapeObject], rng: np.random.Generator, count: 
     """`count` different captions from templates drawn by weight without replacement."""
     weights = np.array([w for w, _ in TEMPLATES])
     keys = rng.random(len(TEMPLATES)) ** (1.0 / weights)  # Efraimidis-Spirakis weighted order
-    captions: list[str] = []
-    for i in np.argsort(-keys):
-        text = TEMPLATES[i][1](objects)
-        if text not in captions:
-            captions.append(text)
-        if len(captions) == count:
-            break
-    return captions
+    captions = dict.fromkeys(TEMPLATES[i][1](objects) for i in np.argsort(-keys))  # in drawn order, once each
+    return list(captions)[:count]
 
 
 def render(objects: list[ShapeObject], rng: np.random.Generator, image_size: int) -> Image.Image:
@@ -225,7 +219,7 @@ def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, 
                          for text in write_captions(objects, rng)]
             for obj in objects:
                 polygon = obj.polygon()
-                xs, ys = [p[0] for p in polygon], [p[1] for p in polygon]
+                xs, ys = zip(*polygon)
                 bbox = [round(min(xs), 2), round(min(ys), 2), round(max(xs) - min(xs), 2), round(max(ys) - min(ys), 2)]
                 instances.append({"id": next(object_ids), "image_id": image_id, "category_id": category_id[obj.shape],
                                   "segmentation": [[v for point in polygon for v in point]],

@@ -74,7 +74,7 @@ def shard_counts(urls: Iterable[str], what: str, max_bytes: int = DEFAULT_LIMITS
             counts.append(listed[shard_file])
             continue
         stats_url = sibling(url, shard_file, names[-1] + "_stats.json")
-        stats = read_small(stats_url, "the shard's sample count", max_bytes, missing_ok=True)
+        stats = read_small(stats_url, "the shard's sample count", max_bytes)
         if stats is None:
             where = f"{index_url} does not list it" if listed is not None else f"no {INDEX} at {index_url}"
             raise DatasetError(f"{url}: the shard's sample count is unknown ({where}, and no {stats_url}); "
@@ -94,7 +94,7 @@ def sibling(url: str, shard_file: str, name: str) -> str:
 
 def read_index(url: str, max_bytes: int = DEFAULT_LIMITS.index_bytes) -> dict[str, int] | None:
     """A wids index's shard file names -> sample counts, or None when there is none at `url`."""
-    data = read_small(url, "the shard index", max_bytes, missing_ok=True)
+    data = read_small(url, "the shard index", max_bytes)
     if data is None:
         return None
     try:
@@ -105,15 +105,14 @@ def read_index(url: str, max_bytes: int = DEFAULT_LIMITS.index_bytes) -> dict[st
                            "(a JSON object whose 'shardlist' has 'url' and 'nsamples' per shard)") from None
 
 
-def read_small(url: str, what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes,
-               missing_ok: bool = False) -> bytes | None:
-    """A file beside the shards (path, URL, pipe: command) of at most `max_bytes`; None if absent and `missing_ok`."""
+def read_small(url: str, what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes) -> bytes | None:
+    """A file beside the shards (path, URL, pipe: command) of at most `max_bytes`; None if absent."""
     if url.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
                 return at_most(read_at_most(response, max_bytes), max_bytes, url, what)
         except urllib.error.HTTPError as e:
-            if e.code == 404 and missing_ok:
+            if e.code == 404:
                 return None
             raise DatasetError(f"{url}: {what}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError) as e:
@@ -123,12 +122,10 @@ def read_small(url: str, what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes,
         try:
             data = command_output(url, max_bytes)
         except Exception:  # the command's own failure: a missing file and a dead host look alike here
-            if missing_ok:
-                return None
-            raise DatasetError(f"{url}: {what}: the command failed") from None
+            return None
         return at_most(data, max_bytes, url, what)
     path = Path(url.removeprefix("file://"))
-    if not path.exists() and missing_ok:
+    if not path.exists():
         return None
     try:
         with open(path, "rb") as file:
@@ -147,8 +144,8 @@ def command_output(url: str, max_bytes: int) -> bytes:
         command.proc.kill()
         command.proc.wait()
         command.stream.close()
-        return data
-    command.close()  # waits for the command; its failure raises
+    else:
+        command.close()  # waits for the command; its failure raises
     return data
 
 

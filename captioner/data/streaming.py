@@ -92,13 +92,6 @@ class StreamBatch:
 
 
 @dataclass
-class StreamFailure:
-    """A worker's fatal problem, sent as an item so the main process raises it in one line."""
-
-    message: str
-
-
-@dataclass
 class StreamSettings:
     """What the workers need besides the shards: the plan's inputs and how to make an item."""
 
@@ -134,7 +127,8 @@ class StreamingCaptions(IterableDataset):
                                            s.batch_size, s.max_broken)
         return self._plan[1]
 
-    def __iter__(self) -> Iterator[StreamBatch | StreamFailure]:
+    def __iter__(self) -> Iterator[StreamBatch | DatasetError]:
+        """The worker's batches; a fatal problem is sent as a last item, so the main process raises it in one line."""
         info = get_worker_info()
         worker = info.id if info is not None else 0
         s = self.settings
@@ -160,7 +154,7 @@ class StreamingCaptions(IterableDataset):
                     position.broken += 1
                     log.warning("skipping a broken sample: %s: %s", sample_name(sample), e)
                     if position.broken > allowed:
-                        yield StreamFailure(f"{sample_name(sample)}: {position.broken} broken samples in "
+                        yield DatasetError(f"{sample_name(sample)}: {position.broken} broken samples in "
                                             f"{position.drawn} read by rank {s.rank}'s worker {worker}, more than "
                                             f"data.max_broken_fraction ({s.max_broken:g}) allows; fix the shards or "
                                             "raise the limit")
@@ -173,9 +167,9 @@ class StreamingCaptions(IterableDataset):
                     if position.batches == planned:
                         return
         except (DatasetError, StopIteration) as e:
-            yield StreamFailure(str(e) or f"{self.shards.pattern}: the shards ended before their counted samples")
+            yield DatasetError(str(e) or f"{self.shards.pattern}: the shards ended before their counted samples")
             return
-        yield StreamFailure(f"{', '.join(urls[:3])}{' ...' if len(urls) > 3 else ''}: rank {s.rank}'s worker {worker} "
+        yield DatasetError(f"{', '.join(urls[:3])}{' ...' if len(urls) > 3 else ''}: rank {s.rank}'s worker {worker} "
                             f"read {position.drawn} samples, fewer than the index counts; the shards or their "
                             "shards.json changed")
 
@@ -253,8 +247,8 @@ class ShardStream:
         trace = open(self.trace, "a") if self.trace is not None else None
         try:
             for item in loader:
-                if isinstance(item, StreamFailure):
-                    raise DatasetError(item.message)
+                if isinstance(item, DatasetError):
+                    raise item
                 self.taken[item.worker] = item.position
                 if trace is not None:
                     trace.write("".join(f"{self.dataset.epoch} {key}\n" for key in item.keys))
