@@ -81,6 +81,19 @@ def read_json(path: str | Path, what: str, error: type[CaptionerError], max_byte
     return parse_json(text, path, what, max_depth, error)
 
 
+def read_format_json(path: Path, what: str, kind: str, expected: str, error: type[CaptionerError],
+                     missing: str = "missing") -> dict[str, Any]:
+    """A model's JSON document whose "format" must be `expected` (a `kind`, such as "captioner export"):
+    read within its caps, every refusal one `error` line naming `path`."""
+    try:
+        document = read_json(path, what, error)
+    except FileNotFoundError:
+        raise error(f"{path}: {missing}") from None
+    if not isinstance(document, dict) or document.get("format") != expected:
+        found = document.get("format") if isinstance(document, dict) else type(document).__name__
+        raise error(f"{path}: not a {kind} (format {found!r}, expected {expected!r})")
+    return document
+
 def load_yaml(text: str, source: str, what: str, error: type[CaptionerError], max_depth: int = MAX_DEPTH,
               max_aliases: int = MAX_ALIASES) -> Any:
     """YAML text from a model (a card's metadata), safely: one `error` line when it nests too deep,

@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-from captioner.core.bounded_files import read_json
+from captioner.core.bounded_files import read_format_json
 from captioner.core.files import verify_file
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_capacity, check_names, check_options
@@ -70,13 +70,7 @@ def find_manifest(folder: str | Path) -> Path:
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """onnx.json, read within its limits, checked for format, version and the fields the runtime reads."""
-    try:
-        manifest = read_json(path, f"model's {MANIFEST}", ExportError)
-    except FileNotFoundError:
-        raise ExportError(f"{path}: missing") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != ONNX_FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ExportError(f"{path}: not a captioner ONNX export (format {found!r}, expected {ONNX_FORMAT!r})")
+    manifest = read_format_json(path, f"model's {MANIFEST}", "captioner ONNX export", ONNX_FORMAT, ExportError)
     version = manifest.get("format_version")
     if version not in range(OLDEST_ONNX, ONNX_FORMAT_VERSION + 1) or isinstance(version, bool):
         raise ExportError(

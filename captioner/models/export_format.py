@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from captioner.core.bounded_files import read_json
+from captioner.core.bounded_files import read_format_json, read_json
 from captioner.core.files import sha256_of as sha256
 from captioner.core.files import REEXPORT, verify_file, write_atomically
 from captioner.core.errors import CheckpointError, ConfigError, ExportError
@@ -96,13 +96,8 @@ def write_exported(
 def read_config(folder: str | Path) -> dict[str, Any]:
     """config.json of an exported folder, read within limits, its format and version checked."""
     path = Path(folder) / CONFIG
-    try:
-        config = read_json(path, f"model's {CONFIG}", ExportError)  # within a size cap and a depth: it is data
-    except FileNotFoundError:
-        raise ExportError(f"{path}: missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})") from None
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        found = config.get("format") if isinstance(config, dict) else type(config).__name__
-        raise ExportError(f"{path}: not a captioner export (format {found!r}, expected {FORMAT!r})")
+    config = read_format_json(path, f"model's {CONFIG}", "captioner export", FORMAT, ExportError,
+                              missing=f"missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})")
     version = config.get("format_version")
     if version not in range(OLDEST_EXPORT, FORMAT_VERSION + 1) or isinstance(version, bool):
         raise ExportError(f"{path}: export format version {version!r} is not supported (this version, "
