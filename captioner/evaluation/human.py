@@ -4,6 +4,7 @@ against the same references as human caption k, and each metric is the mean over
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -47,10 +48,8 @@ def leave_one_out(references: Mapping[int, Sequence[str]], score: Scorer,
         others = {i: [c for j, c in enumerate(refs) if j != k] for i, refs in references.items()}
         jobs.append((others, {i: refs[k] for i, refs in references.items()}))
         jobs += [(others, {i: captions[i] for i in references}) for captions in predictions.values()]
-    totals: dict[str | None, dict[str, float]] = {name: {} for name in names}  # per name, each key's sum
+    totals: dict[str | None, Counter] = {name: Counter() for name in names}  # per name, each key's sum
     for n, scores in enumerate(score(jobs)):
-        sums = totals[names[n % len(names)]]
-        for key, value in scores.items():
-            sums[key] = sums.get(key, 0.0) + float(value)
+        totals[names[n % len(names)]].update({key: float(value) for key, value in scores.items()})
     means = {name: {key: total / folds for key, total in sums.items()} for name, sums in totals.items()}
     return LeaveOneOut(folds, means.pop(None), means)
