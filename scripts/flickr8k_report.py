@@ -52,8 +52,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
 
     from captioner.data.datasets import load_split
     from captioner.data.image_files import load_image
-    from captioner.evaluation.caption_stats import corpus_stats, unmatched_words
-    from captioner.evaluation.human import leave_one_out
+    from captioner.evaluation.caption_stats import corpus_stats, leave_one_out, unmatched_words
     from captioner.evaluation.metrics import fast_scores, score_official_many
     from captioner.evaluation.results_files import load_results
     from captioner.models.checkpoint import checkpoint_config

@@ -11,8 +11,7 @@ from test_scorers import demo  # noqa: F401 - the COCO demo fixture, used by nam
 
 from captioner.core.errors import CaptionerError
 from captioner.evaluation import scorers
-from captioner.evaluation.caption_stats import corpus_stats, unmatched_words
-from captioner.evaluation.human import leave_one_out
+from captioner.evaluation.caption_stats import corpus_stats, leave_one_out, unmatched_words
 from captioner.evaluation.metrics import fast_scores
 
 

@@ -178,6 +178,11 @@ def test_fast_scores_needs_references() -> None:
         fast_scores(REFS, {1: "a dog", 9: "a cat"})
     with pytest.raises(DatasetError, match="no predictions"):
         fast_scores(REFS, {})
+    # score_predictions' fast path checks the ids before it tokenises or counts anything
+    with pytest.raises(DatasetError, match=r"1 predicted image ids have no reference captions \(9\)"):
+        score_predictions(REFS, {1: "a dog", 9: "a cat"}, official=False)
+    with pytest.raises(DatasetError, match="no predictions"):
+        score_predictions(REFS, {}, official=False)
 
 
 SIMPLE_REFS = {

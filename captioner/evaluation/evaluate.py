@@ -25,7 +25,7 @@ from captioner.evaluation.grounding import GroundingReport, Instances, grounding
 from captioner.evaluation.interpret import InterpretReport, interpret_scores, records_grad_cam
 from captioner.evaluation.metrics import (
     TUTORIAL_BLEU_LABEL, fast_scores, nltk_corpus_bleu, score_official_many, tokenized)
-from captioner.evaluation.results_files import Predictions, References, rounded, write_results
+from captioner.evaluation.results_files import Predictions, References, rounded, scored_ids, write_results
 from captioner.models.caption_result import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.ensemble import Ensemble
@@ -159,8 +159,8 @@ def score_predictions_many(jobs: Sequence[tuple[References, Predictions]], offic
                 for run in runs]
     scored = []
     for references, predictions in jobs:
+        ids = scored_ids(references, predictions)  # before any lookup: a missing image is one DatasetError
         refs, preds = tokenized(references, predictions, ptb=False)
-        ids = sorted(preds)
         parts = bleu_parts(CountedCaptions.of([" ".join(preds[i]) for i in ids],
                                               [[" ".join(r) for r in refs[i]] for i in ids]))
         scored.append(_scores(fast_scores(references, predictions), {}, False, refs, preds, parts))

@@ -51,8 +51,7 @@ class MapScores:
 class InterpretReport:
     """Every map kind's grounding and pointing, beside the baselines, over the same words."""
 
-    words: int = 0
-    areas: list[float] = field(default_factory=list)  # mask area fraction: uniform grounding
+    areas: list[float] = field(default_factory=list)  # per scored word, its mask area fraction: uniform grounding
     random_hits: list[float] = field(default_factory=list)  # dilated area fraction: a random point
     centre_hits: list[float] = field(default_factory=list)  # the image centre in the dilated mask
     maps: dict[str, MapScores] = field(default_factory=dict)  # "L0H1", "L0 mean", "mean", "gradcam"
@@ -65,10 +64,10 @@ class InterpretReport:
         return max(heads, key=lambda n: (np.mean(self.maps[n].hits), np.mean(self.maps[n].masses)))
 
     def to_json(self) -> dict:
-        if not self.words:
+        if not self.areas:
             return {"words": 0}
         return {
-            "words": self.words,
+            "words": len(self.areas),
             "pointing_tolerance_px": TOLERANCE,
             "baselines": {
                 "uniform_grounding": round(float(np.mean(self.areas)), 4),
@@ -117,7 +116,6 @@ def interpret_scores(captions: dict[int, Caption], instances: Instances, kind: s
             report.areas.append(float(mask.float().mean()))
             report.random_hits.append(float(dilated.float().mean()))
             report.centre_hits.append(float(dilated[centre]))
-        report.words += len(positions)
     return report
 
 

@@ -326,12 +326,14 @@ _CHUNKS = 20
 def _sum_stats(stats: list[str], name: str) -> str:
     """The sum of METEOR statistics lines as `MeteorStats.addStats` forms it: field by field from
     zero, in image order, except that an image whose words all match in one chunk adds no chunk."""
-    bad = next((line for line in stats if not _is_numbers(line) or len(line.split()) != _STATS_FIELDS), None)
-    if bad is not None:
-        raise JavaToolError(f"{name} failed: answered {bad[:80]!r} instead of alignment statistics")
     totals = [0.0] * _STATS_FIELDS
     for line in stats:
-        row = [float(x) for x in line.split()]
+        try:
+            row = [float(x) for x in line.split()]
+        except ValueError:
+            row = []
+        if len(row) != _STATS_FIELDS:
+            raise JavaToolError(f"{name} failed: answered {line[:80]!r} instead of alignment statistics")
         test_matches = ref_matches = 0.0
         for stage in range(4, 20, 4):  # content then function-word matches of each stage, as parsed
             test_matches = test_matches + row[stage] + row[stage + 2]
@@ -342,17 +344,11 @@ def _sum_stats(stats: list[str], name: str) -> str:
     return " ".join(repr(x) for x in totals)
 
 
-def _is_numbers(line: str) -> bool:
-    try:
-        [float(x) for x in line.split()]
-    except ValueError:
-        return False
-    return bool(line.split())
-
-
 def _floats(lines: list[bytes], name: str) -> list[float]:
-    try:
-        return [float(line) for line in lines]
-    except ValueError:
-        bad = next(line for line in lines if not _is_numbers(line.decode("utf-8", "replace")))
-        raise JavaToolError(f"{name} failed: answered {bad[:80]!r} instead of a score") from None
+    scores = []
+    for line in lines:
+        try:
+            scores.append(float(line))
+        except ValueError:
+            raise JavaToolError(f"{name} failed: answered {line[:80]!r} instead of a score") from None
+    return scores

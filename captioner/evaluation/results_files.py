@@ -63,7 +63,6 @@ def load_results(path: str | os.PathLike[str], references: Mapping[int, list[str
     if not data:
         raise DatasetError(f"{path}: no results (empty list)")
     predictions: Predictions = {}
-    first_item: dict[int, int] = {}
     for i, item in enumerate(data):
         if not isinstance(item, dict):
             raise DatasetError(f"{path}: item {i} is a {type(item).__name__}, expected {expected}")
@@ -77,10 +76,10 @@ def load_results(path: str | os.PathLike[str], references: Mapping[int, list[str
             raise DatasetError(f'{path}: item {i} (image {image_id}): "caption" must be a string, got {caption!r}')
         if not caption.strip():
             raise DatasetError(f"{path}: item {i} (image {image_id}) has an empty caption")
-        if image_id in first_item:
-            raise DatasetError(f"{path}: image {image_id} has more than one caption (items {first_item[image_id]} and "
-                               f"{i}); the COCO evaluation expects exactly one per image")
-        first_item[image_id] = i
+        if image_id in predictions:
+            first = next(j for j, earlier in enumerate(data) if earlier["image_id"] == image_id)
+            raise DatasetError(f"{path}: image {image_id} has more than one caption (items {first} and {i}); "
+                               "the COCO evaluation expects exactly one per image")
         predictions[image_id] = caption
     unknown = [image_id for image_id in predictions if image_id not in references]
     if unknown:

@@ -131,12 +131,8 @@ def _bleu_counts(counted: CountedCaptions) -> Iterator[tuple[list[int], list[int
 
 def _summed(images: Iterable[tuple[list[int], list[int], int, int]]) -> tuple[list[int], list[int], int, int]:
     """The corpus counts: every image's matches, guesses and lengths summed (integers, so in any order)."""
-    correct, guess, test_total, ref_total = [0] * MAX_N, [0] * MAX_N, 0, 0
-    for correct_n, guess_n, test_len, ref_len in images:
-        correct = [a + b for a, b in zip(correct, correct_n)]
-        guess = [a + b for a, b in zip(guess, guess_n)]
-        test_total, ref_total = test_total + test_len, ref_total + ref_len
-    return correct, guess, test_total, ref_total
+    correct, guess, test_lens, ref_lens = zip(*images)  # per image, each of the four
+    return [sum(c) for c in zip(*correct)], [sum(g) for g in zip(*guess)], sum(test_lens), sum(ref_lens)
 
 
 @dataclass(frozen=True)

@@ -67,12 +67,11 @@ def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: s
 
 def save_figure(fig: Figure, *paths: str | Path, dpi: int = 100) -> list[Path]:
     """Write `fig` atomically to each path (format from the suffix), then close it."""
-    written = []
+    written = [Path(path) for path in paths]
     try:
-        for path in map(Path, paths):
+        for path in written:
             write_atomically(
                 path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))  # noqa: B023
-            written.append(path)
     finally:
         plt.close(fig)
     return written
