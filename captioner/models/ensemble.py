@@ -136,7 +136,6 @@ class Ensemble(nn.Module):
     device = Captioner.device
     decode_options = Captioner.decode_options
     decode = Captioner.decode
-    _caption = Captioner._caption
     _caption_batch = Captioner._caption_batch
     caption = Captioner.caption
     attention_shape = Captioner.attention_shape  # the decoder's (1, 1): one map a word
