@@ -50,7 +50,7 @@ PATH = (
          "beam search or sampling as the `DecodeOptions` say, through `Decoder.step` alone", "models",
          ("decode_hypotheses",)),
     Step("caption", "a finished sequence -> `Caption`: text, words, tokens, score and attention maps (T, L, H, h, w)",
-         "models", ("Caption",)),
+         "core", ("Caption",)),
     Step("all of the above", "steps 1 to 7 for a list of images, in batches: the object the library, the CLI, "
          "evaluation and the demo all caption with", "models", ("Captioner.caption",)),
     Step("without torch", "the same steps from an ONNX export, with onnxruntime, numpy and Pillow (the same loader)",

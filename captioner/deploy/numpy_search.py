@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from captioner.core.decode_results import Hypothesis, length_penalty
 from captioner.core.decode_schema import check_search
 
 Arrays = dict[str, np.ndarray]
@@ -39,20 +40,6 @@ class SearchOptions:
     block_trigrams: bool
     min_length: int
     suppress_bad_endings: bool
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # word ids, without <bos> and <eos>
-    score: float  # total log-probability, divided by the length penalty
-    logprob: float  # total log-probability, <eos> included when the caption ended
-    attn: np.ndarray  # (T, L, H, N): the attention at each word
-    finished: bool  # False when max_length was reached before <eos>
-
-
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT's ((5 + length) / 6) ** alpha; alpha = 0 ranks by total log-probability."""
-    return ((5.0 + length) / 6.0) ** alpha
 
 
 def apply_rules(logprobs: np.ndarray, history: np.ndarray, rules: TokenRules, options: SearchOptions) -> np.ndarray:

@@ -18,6 +18,7 @@ import onnxruntime as ort
 from PIL import Image
 
 from captioner.core.bounded_files import read_format_json
+from captioner.core.decode_results import Caption
 from captioner.core.files import verify_file
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_capacity, check_names, check_options
@@ -25,7 +26,7 @@ from captioner.core.errors import CaptionerError, ConfigError, ExportError
 from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION, ModelSpec, SpecialIds
 from captioner.core.upgrade import OLDEST_ONNX, upgrade_onnx_manifest
 from captioner.data.image_files import ImageInput, caption_in_batches
-from captioner.deploy.numpy_search import Arrays, Hypothesis, SearchOptions, TokenRules, decode_hypotheses
+from captioner.deploy.numpy_search import Arrays, SearchOptions, TokenRules, decode_hypotheses
 from captioner.text.endings import bad_ending_ids
 from captioner.text.vocab import Vocabulary
 
@@ -154,26 +155,7 @@ def image_array(picture: Image.Image, size: int) -> np.ndarray:
     return np.ascontiguousarray(resized.transpose(2, 0, 1))  # (3, S, S)
 
 
-@dataclass
-class OnnxCaption:
-    """One image's caption, as `captioner.models.caption_result.Caption` holds it, in numpy."""
-
-    text: str
-    words: list[str]
-    tokens: list[int]
-    score: float  # length-normalised log-probability that ranked it
-    logprob: float
-    attn: np.ndarray  # (T, L, H, h, w) float32: every word's attention, per decoder layer and head
-    finished: bool  # False when the maximum length cut it short
-
-    def heatmaps(self, layer: int = -1, head: int | None = None) -> np.ndarray:
-        """(T, h, w) maps for display: one layer, one head or the mean over heads (the default)."""
-        maps = self.attn[:, layer]  # (T, H, h, w)
-        return maps.mean(axis=1) if head is None else maps[:, head]  # (T, h, w)
-
-    def to_json(self) -> dict:
-        return {"caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4),
-                "finished": self.finished}
+OnnxCaption = Caption  # the runtime's captions: `Caption`, its maps numpy arrays
 
 
 # The decoding options the exported search implements (core/decode_schema.py declares them all).
@@ -237,7 +219,7 @@ class OnnxCaptioner:
         feats = self.encode(images)  # (B, N, D)
         memory, state = self.start(feats)
         ranked = decode_hypotheses(self.step, memory, state, self.rules, search or self.options(), n_best or 1)
-        captions = [[self._caption(h) for h in hyps] for hyps in ranked]
+        captions = [[h.caption(self.vocab.decode_words(h.tokens), self.grid) for h in hyps] for hyps in ranked]
         return captions if n_best is not None else [best[0] for best in captions]
 
     def encode(self, images: np.ndarray) -> np.ndarray:
@@ -254,8 +236,3 @@ class OnnxCaptioner:
         """One decoder step: prev (R,) -> logprobs (R, V), attn (R, L, H, N), the next state."""
         outputs = self.bundle.sessions["decoder_step"].run(None, {**memory, "prev_tokens": prev, **state})
         return outputs[0], outputs[1], dict(zip(self.state_names, outputs[2:]))
-
-    def _caption(self, hyp: Hypothesis) -> OnnxCaption:
-        words = self.vocab.decode_words(hyp.tokens)
-        attn = hyp.attn.reshape(hyp.attn.shape[0], *hyp.attn.shape[1:3], *self.grid)  # (T, L, H, h, w)
-        return OnnxCaption(" ".join(words), words, hyp.tokens, hyp.score, hyp.logprob, attn, hyp.finished)

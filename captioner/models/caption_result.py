@@ -1,39 +1,14 @@
-"""What decoding returns: a Caption with its words, scores and attention maps (T, L, H, h, w),
-and `upsample`, which brings grid maps to image resolution for overlays and grounding."""
+"""What decoding returns: a Caption with its words, scores and attention maps (T, L, H, h, w), kept in
+core/decode_results.py for the ONNX runtime too, and `upsample`, which brings grid maps to image
+resolution for overlays and grounding."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass
-class Caption:
-    """One caption of one image: its words, how decoding scored it, and where it looked."""
-
-    text: str
-    words: list[str]
-    tokens: list[int]
-    score: float  # length-normalised log-probability that ranked it
-    logprob: float
-    attn: torch.Tensor  # (T, L, H, h, w): every word's attention, per decoder layer and head
-    finished: bool  # False when the maximum length cut it short
-    # (T, L, H, T) with self_attention=True (transformers): at word t, the self-attention's
-    # weights on <bos> and the words before t.
-    self_attn: torch.Tensor | None = None
-
-    def heatmaps(self, layer: int = -1, head: int | None = None) -> torch.Tensor:
-        """(T, h, w) maps for display: one layer, one head or the mean over heads (the default)."""
-        maps = self.attn[:, layer]  # (T, H, h, w)
-        return maps.mean(dim=1) if head is None else maps[:, head]  # (T, h, w)
-
-    def to_json(self) -> dict:
-        return {
-            "caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4),
-            "finished": self.finished,
-        }
+from captioner.core.decode_results import Caption  # noqa: F401  (imported from here by its callers)
 
 
 @functools.lru_cache(maxsize=64)

@@ -25,7 +25,7 @@ from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
 from captioner.models.model_paths import checkpoint_file, is_packaged, read_packaged
 from captioner.models.decoder import Decoder, DecoderOutput, build_decoder, use_graphed_step
 from captioner.models.decoders import lstm, transformer  # noqa: F401  (registers captioner's own decoders)
-from captioner.models.decoding import DecodeOptions, Hypothesis, SpecialTokens, decode_hypotheses
+from captioner.models.decoding import DecodeOptions, SpecialTokens, decode_hypotheses
 from captioner.models.backbones import check_packaged_weights, packaged_weights_record, weights_package
 from captioner.models.encoders import Encoder, build_encoder
 from captioner.models.export_format import CONFIG, WEIGHTS, is_exported, read_exported, write_exported
@@ -235,13 +235,8 @@ class Captioner(nn.Module):
             use_graphed_step(self.decoder)
         decoding = self.decode_options(n_best=n_best or 1, **options)
         ranked = decode_hypotheses(self.decoder, feats, self.special_tokens, decoding)
-        captions = [[self._caption(h, grid) for h in hyps] for hyps in ranked]
+        captions = [[h.caption(self.vocab.decode_words(h.tokens), grid) for h in hyps] for hyps in ranked]
         return captions if n_best is not None else [best[0] for best in captions]
-
-    def _caption(self, hyp: Hypothesis, grid: tuple[int, int]) -> Caption:
-        words = self.vocab.decode_words(hyp.tokens)
-        attn = hyp.attn.reshape(hyp.attn.shape[0], *hyp.attn.shape[1:3], *grid)  # (T, L, H, h, w)
-        return Caption(" ".join(words), words, hyp.tokens, hyp.score, hyp.logprob, attn, hyp.finished, hyp.self_attn)
 
     def caption(
         self, images: ImageInput | Sequence[ImageInput] | torch.Tensor, *, n_best: int | None = None,

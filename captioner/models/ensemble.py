@@ -5,7 +5,7 @@ renormalised mean log-probability; features travel packed, (B, sum of N_i * D_i)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -21,9 +21,9 @@ from captioner.models.model_origin import ModelOrigin
 COMBINES = ("prob", "logprob")  # the mean of probabilities; the renormalised mean of log-probabilities
 
 
-def prefixed(member: int, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A member's memory or state under keys "<member>/<key>", so one dict holds every member's."""
-    return {f"{member}/{key}": value for key, value in tensors.items()}
+def prefixed(parts: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The members' memories or states, in order, as one dict: member i's under keys "<i>/<key>"."""
+    return {f"{member}/{key}": value for member, part in enumerate(parts) for key, value in part.items()}
 
 
 def member_part(tensors: dict[str, torch.Tensor], member: int) -> dict[str, torch.Tensor]:
@@ -67,26 +67,20 @@ class EnsembleDecoder(Decoder):
         ]
 
     def prepare(self, feats: torch.Tensor) -> Memory:
-        memory: Memory = {}
-        for i, (decoder, part) in enumerate(zip(self.members, self.split(feats))):
-            memory |= prefixed(i, decoder.prepare(part))
-        return memory
+        return prefixed(decoder.prepare(part) for decoder, part in zip(self.members, self.split(feats)))
 
     def init_state(self, memory: Memory, capacity: int | None = None) -> State:
-        state: State = {}
-        for i, decoder in enumerate(self.members):
-            state |= prefixed(i, decoder.init_state(member_part(memory, i), capacity))
-        return state
+        return prefixed(decoder.init_state(member_part(memory, i), capacity) for i, decoder in enumerate(self.members))
 
     def step(self, memory: Memory, prev_tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
-        logprobs, maps, new_state = [], [], {}
+        logprobs, maps, states = [], [], []
         for i, decoder in enumerate(self.members):
             member_logprobs, attn, own_state = decoder.step(member_part(memory, i), prev_tokens, member_part(state, i))
             logprobs.append(member_logprobs.float())  # (R, V)
             maps.append(attn.float().mean(dim=(1, 2)))  # (R, N_i): the mean over layers and heads
-            new_state |= prefixed(i, own_state)
+            states.append(own_state)
         combined = self.combined(torch.stack(logprobs))  # (R, V)
-        return combined, self.combined_map(maps)[:, None, None], new_state  # (R, V), (R, 1, 1, N)
+        return combined, self.combined_map(maps)[:, None, None], prefixed(states)  # (R, V), (R, 1, 1, N)
 
     def forward(
         self, feats: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor | None = None,
@@ -136,7 +130,6 @@ class Ensemble(nn.Module):
     device = Captioner.device
     decode_options = Captioner.decode_options
     decode = Captioner.decode
-    _caption = Captioner._caption
     _caption_batch = Captioner._caption_batch
     caption = Captioner.caption
     attention_shape = Captioner.attention_shape  # the decoder's (1, 1): one map a word

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from captioner.core.decode_results import Hypothesis, length_penalty
 from captioner.models.decoder import select_rows
 from captioner.models.decoding.rules import (
-    SHRINK_SHARE, EndingRule, Hypothesis, SpecialTokens, banned_mask, block_repeated_trigrams,
-    device_index, length_penalty, pad_last, spread_rows, step_decoder,
+    SHRINK_SHARE, EndingRule, SpecialTokens, banned_mask, block_repeated_trigrams, device_index, pad_last,
+    spread_rows, step_decoder,
 )
 
 if TYPE_CHECKING:

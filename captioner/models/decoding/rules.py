@@ -1,7 +1,7 @@
 """What the decoding loops share: their `DecodeOptions`, the rules applied to a step's log-probabilities
-(banned ids, when `<eos>` may come, trigram blocking, GNMT's length penalty), one decoder step, the
-hypothesis a loop returns and the rows of a shrinking batch. deploy/numpy_search.py implements the
-rules again (tests/test_search_conformance.py holds the two together)."""
+(banned ids, when `<eos>` may come, trigram blocking), one decoder step and the rows of a shrinking
+batch; their `Hypothesis` and length penalty are core/decode_results.py's. deploy/numpy_search.py
+implements the rules again (tests/test_search_conformance.py holds the two together)."""
 
 from __future__ import annotations
 
@@ -62,18 +62,6 @@ class DecodeOptions:
         return cls(**{**configured, **given})
 
 
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # word ids, without <bos> and <eos>
-    score: float  # total log-probability, divided by the length penalty
-    logprob: float  # total log-probability, <eos> included when the caption ended
-    attn: torch.Tensor  # (T, L, H, N): the attention at each word
-    finished: bool  # False when max_length was reached before <eos>
-    # (T, L, H, T) when asked for: at word t, the decoder's self-attention over the input
-    # positions 0..t (<bos>, then the words before t); zero on later positions.
-    self_attn: torch.Tensor | None = None
-
-
 def step_decoder(
     decoder: Decoder, memory: dict[str, torch.Tensor], prev: torch.Tensor, state: dict[str, torch.Tensor],
     self_attention: bool,
@@ -115,11 +103,6 @@ class SpecialTokens:
     def of(cls, vocab: Vocabulary) -> SpecialTokens:
         """A vocabulary's, with <pad>, <bos>, <unk> banned."""
         return cls(vocab.bos_id, vocab.eos_id, (vocab.pad_id, vocab.bos_id, vocab.unk_id), bad_ending_ids(vocab.index))
-
-
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT's ((5 + length) / 6) ** alpha; alpha = 0 ranks by total log-probability."""
-    return ((5.0 + length) / 6.0) ** alpha
 
 
 def block_repeated_trigrams(logprobs: torch.Tensor, history: torch.Tensor) -> torch.Tensor:

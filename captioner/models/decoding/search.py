@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from captioner.core.decode_results import Hypothesis
 from captioner.core.decode_schema import check_search
 from captioner.models.decoding.beam import Beam
-from captioner.models.decoding.rules import DecodeOptions
-from captioner.models.decoding.rules import Hypothesis, SpecialTokens
+from captioner.models.decoding.rules import DecodeOptions, SpecialTokens
 from captioner.models.decoding.sampling import argmax, drawing, roll_out
 from captioner.models.products import reused_weights
 
