@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 from pathlib import Path
 from collections.abc import Callable, Iterator
@@ -119,14 +120,8 @@ def whole_number(text: str, minimum: int) -> int:
     return value
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    return whole_number(text, 1)
-
-
-def nonnegative_int(text: str) -> int:
-    """argparse type: an integer of at least 0."""
-    return whole_number(text, 0)
+positive_int = functools.partial(whole_number, minimum=1)  # argparse type: an integer of at least 1
+nonnegative_int = functools.partial(whole_number, minimum=0)  # argparse type: an integer of at least 0
 
 
 def port_number(text: str) -> int:
