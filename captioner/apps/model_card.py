@@ -205,17 +205,17 @@ def _score_lines(scores: CardScores) -> list[str]:
     rows = []
     if scores.validation:
         epoch = f" {scores.validation_epoch}" if scores.validation_epoch else ""
-        rows.append((f"validation (best epoch{epoch})", scores.validation, None))
+        rows.append((f"validation (best epoch{epoch})", scores.validation))
     for split, found in scores.test.items():
         beam = f", beam {found['beam_size']}" if found.get("beam_size") else ""
         images = f"{found['images']} images" if found.get("images") else "images"
-        rows.append((f"{split} ({images}{beam}; {found.get('metrics')})", found["overall"], None))
+        rows.append((f"{split} ({images}{beam}; {found.get('metrics')})", found["overall"]))
     if not rows:
         return ["No scores were recorded with this checkpoint: evaluate it with "
                 "`captioner evaluate CHECKPOINT --split test` before exporting to have them here."]
     names = [m for m in METRICS if any(m in r[1] for r in rows)]
     table = ["| split | " + " | ".join(METRICS[m][1] for m in names) + " |", "|---|" + "---:|" * len(names)]
-    for label, values, _ in rows:
+    for label, values in rows:
         table.append(f"| {label} | " + " | ".join(f"{values[m]:.3f}" if m in values else "" for m in names) + " |")
     if not scores.test:
         table += ["", "No test-split evaluation was found beside the checkpoint "
