@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 from pathlib import Path
 from collections.abc import Callable, Iterator
@@ -21,6 +22,23 @@ log = logging.getLogger("captioner")
 REQUIRED = "the following arguments are required: "  # argparse's words for a missing argument
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+# The decoding flags caption and evaluate share: flag, core/decode_schema.py option, metavar, help ({takes}: what
+# the option takes); a true/false option is a switch that only turns it on.
+DECODE_FLAGS = (
+    ("--beam", "beam_size", None, "beam width, {takes} (1 = greedy; default from the config)"),
+    ("--max-length", "max_length", None, "words per caption, {takes} (default from the config)"),
+    ("--block-trigrams", "block_trigrams", None, "never repeat a word trigram within a caption"),
+    ("--diverse-groups", "diverse_groups", "G",
+     "diverse beam search with G groups of beam/G beams, {takes} (default from the config)"),
+    ("--diversity-strength", "diversity_strength", "LAMBDA",
+     "Hamming diversity penalty between groups, {takes} (default from the config)"),
+    ("--min-length", "min_length", "N", "no caption shorter than N words, {takes} (default from the config)"),
+    ("--length-penalty", "length_penalty", "ALPHA", "beam search ranks by log-probability / ((5 + length) / 6) "
+     "** ALPHA; 0 favours short captions; {takes} (default from the config)"),
+    ("--no-bad-endings", "suppress_bad_endings", None,
+     'no caption ending on "a", "with", "of", ... (<eos> is not allowed right after them)'),
+)
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -87,13 +105,8 @@ def expand_images(inputs: list[str]) -> list[Path]:
 
 def decode_options(args: argparse.Namespace) -> dict[str, Any]:
     """The decoding options given on the command line, by DecodeOptions field name: the rest keep the checkpoint's."""
-    given = {
-        "beam_size": args.beam, "max_length": args.max_length, "block_trigrams": True if args.block_trigrams else None,
-        "diverse_groups": args.diverse_groups, "diversity_strength": args.diversity_strength,
-        "min_length": args.min_length, "length_penalty": args.length_penalty,
-        "suppress_bad_endings": True if args.no_bad_endings else None,
-    }
-    return {name: value for name, value in given.items() if value is not None}
+    given = {name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _, _ in DECODE_FLAGS}
+    return {name: value for name, value in given.items() if value is not None and value is not False}
 
 
 def whole_number(text: str, minimum: int) -> int:
@@ -107,14 +120,8 @@ def whole_number(text: str, minimum: int) -> int:
     return value
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    return whole_number(text, 1)
-
-
-def nonnegative_int(text: str) -> int:
-    """argparse type: an integer of at least 0."""
-    return whole_number(text, 0)
+positive_int = functools.partial(whole_number, minimum=1)  # argparse type: an integer of at least 1
+nonnegative_int = functools.partial(whole_number, minimum=0)  # argparse type: an integer of at least 0
 
 
 def port_number(text: str) -> int:
@@ -137,24 +144,12 @@ def takes(name: str) -> str:
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     """The decoding options caption and evaluate share, with --batch-size and --device."""
-    parser.add_argument("--beam", type=decode_value("beam_size"), default=None,
-                        help=f"beam width, {takes('beam_size')} (1 = greedy; default from the config)")
-    parser.add_argument("--max-length", type=decode_value("max_length"), default=None,
-                        help=f"words per caption, {takes('max_length')} (default from the config)")
-    parser.add_argument("--block-trigrams", action="store_true", help="never repeat a word trigram within a caption")
-    parser.add_argument("--min-length", type=decode_value("min_length"), default=None, metavar="N",
-                        help=f"no caption shorter than N words, {takes('min_length')} (default from the config)")
-    parser.add_argument("--length-penalty", type=decode_value("length_penalty"), default=None, metavar="ALPHA",
-                        help="beam search ranks by log-probability / ((5 + length) / 6) ** ALPHA; "
-                             f"0 favours short captions; {takes('length_penalty')} (default from the config)")
-    parser.add_argument("--no-bad-endings", action="store_true",
-                        help='no caption ending on "a", "with", "of", ... (<eos> is not allowed right after them)')
-    parser.add_argument("--diverse-groups", type=decode_value("diverse_groups"), default=None, metavar="G",
-                        help=f"diverse beam search with G groups of beam/G beams, {takes('diverse_groups')} "
-                             "(default from the config)")
-    parser.add_argument("--diversity-strength", type=decode_value("diversity_strength"), default=None, metavar="LAMBDA",
-                        help=f"Hamming diversity penalty between groups, {takes('diversity_strength')} "
-                             "(default from the config)")
+    for flag, name, metavar, help_text in DECODE_FLAGS:
+        if DECODE_OPTIONS[name].kind is bool:
+            parser.add_argument(flag, action="store_true", help=help_text)
+        else:
+            parser.add_argument(flag, type=decode_value(name), default=None, metavar=metavar,
+                                help=help_text.format(takes=takes(name)))
     parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="images per batch (default: the config's decode.batch_size)")
     add_device_argument(parser, default="auto")

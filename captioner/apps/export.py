@@ -73,10 +73,8 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
         caption = model.caption(picture)
         files.append(save_attention_figure(folder / FIGURE, picture, caption))
         figure = FIGURE
-    card = model_card(
-        folder.name, data.config, len(model.vocab), sum(p.numel() for p in model.parameters()), model.grid_size(),
-        scores, figure, Path(example).name if example is not None else None, recipe=config.to_dict(),
-    )
+    card = model_card(folder.name, model, data.config, scores, figure,
+                      Path(example).name if example is not None else None, recipe=config.to_dict())
     (folder / CARD).write_text(card, encoding="utf-8")
     files.append(folder / CARD)
     if onnx:

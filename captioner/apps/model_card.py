@@ -13,6 +13,7 @@ from captioner.core.bounded_files import CARD_BYTES, SCORES_JSON_BYTES, load_yam
 from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, ExportError
 from captioner.core.portable_config import place_keys, portable_config, value_at
+from captioner.models.captioner import Captioner
 
 log = logging.getLogger(__name__)
 
@@ -78,16 +79,17 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def model_card(name: str, config: Config, vocab_size: int, parameters: int, grid: tuple[int, int], scores: CardScores,
-               figure: str | None, example: str | None, license_id: str | None = None,
-               recipe: dict[str, Any] | None = None) -> str:
+def model_card(name: str, model: Captioner, config: Config, scores: CardScores, figure: str | None = None,
+               example: str | None = None, recipe: dict[str, Any] | None = None) -> str:
     """README.md of an exported model: YAML metadata, the card, and the recipe when the run's config is given."""
+    vocab_size, grid = len(model.vocab), model.grid_size()
+    parameters = sum(p.numel() for p in model.parameters())
     dataset = config.data.dataset
     dataset_name, hub_dataset, dataset_text = DATASETS.get(dataset, (dataset, None, dataset))
     decoder = config.model.decoder.type
     encoder = config.model.encoder.name
     architecture = getattr(config.model.decoder, "describe", lambda: f"{decoder} decoder")()
-    metadata = _metadata(name, dataset, decoder, encoder, hub_dataset, dataset_name, scores, license_id)
+    metadata = _metadata(name, dataset, decoder, encoder, hub_dataset, dataset_name, scores)
     lines = [
         "---", metadata.rstrip(), "---", "",
         f"# {name}", "",
@@ -205,17 +207,17 @@ def _score_lines(scores: CardScores) -> list[str]:
     rows = []
     if scores.validation:
         epoch = f" {scores.validation_epoch}" if scores.validation_epoch else ""
-        rows.append((f"validation (best epoch{epoch})", scores.validation, None))
+        rows.append((f"validation (best epoch{epoch})", scores.validation))
     for split, found in scores.test.items():
         beam = f", beam {found['beam_size']}" if found.get("beam_size") else ""
         images = f"{found['images']} images" if found.get("images") else "images"
-        rows.append((f"{split} ({images}{beam}; {found.get('metrics')})", found["overall"], None))
+        rows.append((f"{split} ({images}{beam}; {found.get('metrics')})", found["overall"]))
     if not rows:
         return ["No scores were recorded with this checkpoint: evaluate it with "
                 "`captioner evaluate CHECKPOINT --split test` before exporting to have them here."]
     names = [m for m in METRICS if any(m in r[1] for r in rows)]
     table = ["| split | " + " | ".join(METRICS[m][1] for m in names) + " |", "|---|" + "---:|" * len(names)]
-    for label, values, _ in rows:
+    for label, values in rows:
         table.append(f"| {label} | " + " | ".join(f"{values[m]:.3f}" if m in values else "" for m in names) + " |")
     if not scores.test:
         table += ["", "No test-split evaluation was found beside the checkpoint "
@@ -224,14 +226,12 @@ def _score_lines(scores: CardScores) -> list[str]:
 
 
 def _metadata(name: str, config_dataset: str, decoder: str, encoder: str, hub_dataset: str | None, dataset_name: str,
-              scores: CardScores, license_id: str | None) -> str:
+              scores: CardScores) -> str:
     """The card's YAML header, as the Hub reads it (model-index with the test scores)."""
     import yaml
 
     meta: dict[str, Any] = {"library_name": "captioner", "pipeline_tag": "image-to-text", "tags": [
         "image-captioning", "attention", "show-attend-and-tell" if decoder == "lstm" else "transformer", encoder]}
-    if license_id:
-        meta["license"] = license_id
     if hub_dataset:
         meta["datasets"] = [hub_dataset]
     found = sorted({METRICS[m][0] for split in scores.test.values() for m in split["overall"] if m in METRICS})

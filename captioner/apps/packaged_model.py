@@ -194,8 +194,7 @@ def packaged_card(name: str, model: Captioner, config: Config, recipe: dict[str,
                   source: Path, commit: str, half_precision: bool, checked: int) -> str:
     """`captioner export`'s card with the packaged model's section after it; `recipe`: the run's config."""
     shown = dataclasses.replace(config, decode=model.decode_config)  # the card states the decoding it ships with
-    parameters = sum(p.numel() for p in model.parameters())
-    card = model_card(name, shown, len(model.vocab), parameters, model.grid_size(), scores, None, None)
+    card = model_card(name, model, shown, scores)
     package = weights_package(config.model.encoder.name)
     decode = model.decode_config
     tested = [f"{split}: beam {found['beam_size']}" for split, found in scores.test.items() if found.get("beam_size")]

@@ -39,12 +39,10 @@ def parse_layer_head(caption: Caption, layer: str | int | None, head: str | int 
     except (TypeError, ValueError):
         layer_index = num_layers - 1
     try:
-        head_index: int | None = int(head) - 1  # type: ignore[arg-type]
+        head_index = int(head) - 1  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        head_index = None
-    if head_index is not None and not 0 <= head_index < num_heads:
-        head_index = None
-    return layer_index, head_index
+        return layer_index, None
+    return layer_index, head_index if 0 <= head_index < num_heads else None
 
 
 def maps_label(caption: Caption, layer: int, head: int | None) -> str:

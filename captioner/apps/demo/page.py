@@ -55,10 +55,6 @@ def message(note: str) -> PageOutput:
     return PageOutput("", "", [], None, note)
 
 
-def refusal(reason: str) -> PageOutput:
-    return message(f"**Could not caption this file.** {reason}")
-
-
 def conversion_notes(path: str | Path) -> list[str]:
     """What `load_image` did to make this file 8-bit upright RGB, in words, from its header; never raises."""
     try:
@@ -96,7 +92,7 @@ def caption_page(model: Captioner, model_name: str, upload: str | Path | None, b
     try:
         image = load_image(path, max_pixels)
     except ImageLoadError as e:
-        return refusal(str(e).replace(str(path), path.name))
+        return message(f"**Could not caption this file.** {str(e).replace(str(path), path.name)}")
     self_attention = model.decoder.has_self_attention  # transformers: kept from this pass, for the head view
     options = {"beam_size": int(beam_size), "max_length": int(max_length), "self_attention": self_attention}
     if batcher is None:
