@@ -265,7 +265,7 @@ class DeviceReward:
         corpus = functools.cache(lambda: reference_corpus(vocab, references))
         build = lambda: ReferenceTable.build(corpus())  # noqa: E731
         self.table = cached_table(cache_dir, fingerprint(vocab.words, references), build) if cache_dir else build()
-        self.bleu = Bleu4.of(corpus()) if bleu_weight else Bleu4()
+        self.bleu = Bleu4(corpus() if bleu_weight else ())
         self._tables: dict[torch.device, ReferenceTable] = {}
 
     def on(self, device: torch.device) -> ReferenceTable:
