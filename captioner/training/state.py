@@ -24,7 +24,7 @@ from captioner.training.distributed import Distributed
 log = logging.getLogger(__name__)
 
 LOGGED = ("loss", "xent", "penalty")  # cross-entropy's logged values; an objective may name its own (`logged`)
-# what last.pt keeps of a TrainState (`to_dict`, `load`)
+# what last.pt keeps of a TrainState (`to_dict`; `load` reads them back)
 SAVED = ("epoch", "position", "step", "best_score", "best_epoch", "best_step", "history", "step_losses", "running",
          "running_steps", "epoch_sums", "epoch_steps")
 
