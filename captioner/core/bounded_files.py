@@ -94,6 +94,7 @@ def read_format_json(path: Path, what: str, kind: str, expected: str, error: typ
         raise error(f"{path}: not a {kind} (format {found!r}, expected {expected!r})")
     return document
 
+
 def load_yaml(text: str, source: str, what: str, error: type[CaptionerError], max_depth: int = MAX_DEPTH,
               max_aliases: int = MAX_ALIASES) -> Any:
     """YAML text from a model (a card's metadata), safely: one `error` line when it nests too deep,

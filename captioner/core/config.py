@@ -167,6 +167,10 @@ def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+# what a key of each type takes, converted to the type (YAML reads 3 where a float key means 3.0)
+ACCEPTS = {bool: (bool,), int: (int,), float: (int, float), str: (str, int, float)}
+
+
 def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
     """Check a value against a field's annotation (int, float, str, bool, or X | None)."""
     allowed = _kinds(annotation)
@@ -174,15 +178,9 @@ def _coerce(value: Any, annotation: Any, dotted: str, source: str) -> Any:
         if type(None) in allowed:
             return None
         raise ConfigError(f"{source}: {dotted!r} must not be empty (null)")
-    for kind in allowed:
-        if kind is bool and isinstance(value, bool):
-            return value
-        if kind is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if kind is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
+    for kind in allowed:  # a bool is an int to Python, never to a config: only a bool key takes one
+        if isinstance(value, ACCEPTS.get(kind, ())) and (kind is bool) == isinstance(value, bool):
+            return kind(value)
     raise ConfigError(f"{source}: {dotted!r} must be {type_words(annotation)}; got {value!r}")
 
 

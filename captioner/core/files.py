@@ -60,16 +60,10 @@ def write_atomically(path: str | Path, write: Callable[[Path], T]) -> T:
 
 def same_file_as(source: Path, path: Path) -> None:
     """Make `path` a hard link to `source`, else an atomic copy (files are replaced whole, never edited)."""
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.unlink(missing_ok=True)
-        os.link(source, tmp)
-        os.replace(tmp, path)
-        return
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-    write_atomically(path, lambda copy: shutil.copyfile(source, copy))
+        write_atomically(path, lambda link: os.link(source, link))
+    except StorageError:  # no hard links on this file system (or a temporary file left behind): a copy
+        write_atomically(path, lambda copy: shutil.copyfile(source, copy))
 
 
 def sha256_of(path: str | Path) -> str:

@@ -11,10 +11,12 @@ import json
 import logging
 import os
 import platform
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from captioner.core.errors import StorageError
+from captioner.core.files import write_atomically
 
 try:
     import fcntl
@@ -34,9 +36,9 @@ def cache_dir() -> Path:
 
 
 @contextlib.contextmanager
-def exclusive(name: str) -> Iterator[None]:
-    """Hold the cache folder's lock `<name>.lock`: what one process builds, the others wait for."""
-    folder = cache_dir()
+def exclusive(name: str, folder: Path | None = None) -> Iterator[None]:
+    """Hold the lock `<name>.lock` of `folder` (the cache folder): what one process builds, the others wait for."""
+    folder = folder or cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{name}.lock", "w") as lock:
         if fcntl is not None:
@@ -85,16 +87,13 @@ def remember(name: str, value: Any) -> Path | None:
     data = _read()
     entry = data.get(machine_key())
     data[machine_key()] = {**(entry if isinstance(entry, dict) else {}), name: value}
-    folder = cache_dir()
+    path = cache_dir() / FILE_NAME
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
-            json.dump(data, f, indent=1)
-        os.replace(f.name, folder / FILE_NAME)
-    except OSError as e:
-        log.debug("machine cache: could not write %s (%s)", folder / FILE_NAME, e)
+        write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1)))
+    except StorageError as e:
+        log.debug("machine cache: could not write %s (%s)", path, e)
         return None
-    return folder / FILE_NAME
+    return path
 
 
 def decided(name: str, measure: Callable[[], Any], valid: Callable[[Any], bool]) -> tuple[Any, bool]:

@@ -111,19 +111,15 @@ def upgrade_onnx_manifest(manifest: dict[str, Any], source: str) -> dict[str, An
     for field, kind in fields.items():
         if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
             raise ExportError(f"{source}: field {field!r} is missing or malformed")
-    grid, special = manifest["grid"], manifest["special_tokens"]
-    if not (len(grid) == 2 and all(isinstance(x, int) and x > 0 for x in grid)):
-        raise ExportError(f"{source}: grid must be [h, w], got {grid!r}")
+    special = manifest["special_tokens"]  # the grid's shape is the spec's to check (`ModelSpec.from_dict`)
     if not (isinstance(special.get("bos"), int) and isinstance(special.get("eos"), int)
             and isinstance(special.get("banned"), list)):
         raise ExportError(f"{source}: special_tokens must give bos, eos and banned ids")
     ids = [special["bos"], special["eos"], *special["banned"]]
-    if not all(isinstance(i, int) and 0 <= i < len(manifest["vocab"]) for i in ids):
-        raise ExportError(f"{source}: special_tokens {ids} are not all ids of its {len(manifest['vocab'])}-word vocab")
     if ids != [1, 2, 0, 1, 3]:  # the vocabulary's <bos>, <eos>, and <pad>, <bos>, <unk>
         raise ExportError(f"{source}: special_tokens {ids} are not its vocab's <bos>, <eos> and <pad>, <bos>, <unk>")
     decoder = manifest["decoder"].get("type")
     spec = spec_of_sections({"model": {"encoder": {"name": manifest["encoder"]}, "decoder": {"type": decoder}},
                              "data": {"image_size": manifest["image_size"]}, "decode": manifest["decode"]},
-                            f"{source} (spec)", vocab=manifest["vocab"], grid=grid)
+                            f"{source} (spec)", vocab=manifest["vocab"], grid=manifest["grid"])
     return {**manifest, "format_version": 2, "spec": spec}

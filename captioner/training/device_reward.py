@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import functools
 import hashlib
 import itertools
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from captioner.core.errors import DatasetError
+from captioner.core.machine_cache import exclusive
 from captioner.evaluation.ngrams import (CIDER_SCALE, CIDER_SIGMA, MAX_N, cider_clip, cider_length,
                                          cider_length_penalty, inverse_document_frequency, log_images)
 from captioner.text.vocab import Vocabulary
@@ -244,17 +244,12 @@ def cached_table(folder: str | os.PathLike[str], key: str, build: Callable[[], R
     """The table saved under folder/key, built by `build()` and saved by the first process that
     gets there (a file lock makes the other ranks of the node wait, then map the same file)."""
     target = Path(folder) / f"reward_table_{key}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f"reward_table_{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not (target / "complete").is_file():
-                build().save(target)
-                # the build's freed heap back to the system: glibc keeps it (~1.2 GB at COCO scale) otherwise
-                with contextlib.suppress(OSError, AttributeError):  # no glibc: nothing to hand back
-                    ctypes.CDLL("libc.so.6").malloc_trim(0)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive(target.name, target.parent):
+        if not (target / "complete").is_file():
+            build().save(target)
+            # the build's freed heap back to the system: glibc keeps it (~1.2 GB at COCO scale) otherwise
+            with contextlib.suppress(OSError, AttributeError):  # no glibc: nothing to hand back
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
     return ReferenceTable.load(target)
 
 
@@ -270,7 +265,7 @@ class DeviceReward:
         corpus = functools.cache(lambda: reference_corpus(vocab, references))
         build = lambda: ReferenceTable.build(corpus())  # noqa: E731
         self.table = cached_table(cache_dir, fingerprint(vocab.words, references), build) if cache_dir else build()
-        self.bleu = Bleu4.of(corpus()) if bleu_weight else Bleu4()
+        self.bleu = Bleu4(corpus() if bleu_weight else ())
         self._tables: dict[torch.device, ReferenceTable] = {}
 
     def on(self, device: torch.device) -> ReferenceTable:

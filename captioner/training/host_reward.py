@@ -85,19 +85,13 @@ class CiderD:
 class Bleu4:
     """Per-caption BLEU-4 as pycocoevalcap's `Bleu(4)` reports it for each sentence ("closest"
     reference length; its 1e-15/1e-9 smoothing, so a caption with no matching 4-gram scores ~0).
-    Reference n-gram maxima are cached per image."""
+    Reference n-gram maxima are cached per image; those of `corpus` are registered under their positions."""
 
-    def __init__(self, n: int = MAX_N) -> None:
+    def __init__(self, corpus: Sequence[Sequence[Sequence[Hashable]]] = (), n: int = MAX_N) -> None:
         self.n = n
         self._references: dict[Hashable, tuple[list[int], dict[NGram, int]]] = {}
-
-    @classmethod
-    def of(cls, corpus: Sequence[Sequence[Sequence[Hashable]]]) -> Bleu4:
-        """Every image's references registered under its position in `corpus`."""
-        bleu = cls()
         for key, refs in enumerate(corpus):
-            bleu.add_references(key, refs)
-        return bleu
+            self.add_references(key, refs)
 
     def add_references(self, key: Hashable, refs: Sequence[Sequence[Hashable]]) -> None:
         maxima = max_reference_counts(ngram_counts(ref, self.n) for ref in refs)
@@ -137,12 +131,11 @@ class CaptionReward:
     def __init__(self, vocab: Vocabulary, references: Sequence[Sequence[str]], cider_weight: float = 1.0,
                  bleu_weight: float = 0.0) -> None:
         self.references = reference_corpus(vocab, references)
-        self.eos_id = vocab.eos_id
         self.cider_weight, self.bleu_weight = cider_weight, bleu_weight
         self.cider = CiderD(self.references)
         for key, refs in enumerate(self.references):
             self.cider.add_references(key, refs)
-        self.bleu = Bleu4.of(self.references) if bleu_weight else Bleu4()
+        self.bleu = Bleu4(self.references if bleu_weight else ())
 
     def __call__(self, candidates: Sequence[Sequence[int]], keys: Sequence[int]) -> np.ndarray:
         """(C,) rewards; candidates are word ids followed by `<eos>` when the caption ended."""

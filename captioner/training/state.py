@@ -16,6 +16,7 @@ import torch
 
 from captioner.core.config_sections import Config
 from captioner.core.errors import CheckpointError
+from captioner.core.portable_config import value_at
 from captioner.core.process_settings import seed_everything
 from captioner.models.checkpoint import read_checkpoint
 from captioner.training.distributed import Distributed
@@ -23,6 +24,9 @@ from captioner.training.distributed import Distributed
 log = logging.getLogger(__name__)
 
 LOGGED = ("loss", "xent", "penalty")  # cross-entropy's logged values; an objective may name its own (`logged`)
+# what last.pt keeps of a TrainState (`to_dict`; `load` reads them back)
+SAVED = ("epoch", "position", "step", "best_score", "best_epoch", "best_step", "history", "step_losses", "running",
+         "running_steps", "epoch_sums", "epoch_steps")
 
 
 @dataclass
@@ -79,14 +83,8 @@ class TrainState:
 
     def to_dict(self) -> dict:
         """Plain data (tensors, numbers, lists) for a weights_only checkpoint."""
-        return {
-            "epoch": self.epoch, "position": self.position, "step": self.step,
-            "best_score": self.best_score, "best_epoch": self.best_epoch, "best_step": self.best_step,
-            "history": self.history, "step_losses": self.step_losses,
-            "running": self.running.cpu() if self.running is not None else None, "running_steps": self.running_steps,
-            "epoch_sums": self.epoch_sums.cpu() if self.epoch_sums is not None else None,
-            "epoch_steps": self.epoch_steps,
-        }
+        saved = {name: getattr(self, name) for name in SAVED}
+        return saved | {name: saved[name].cpu() for name in ("running", "epoch_sums") if saved[name] is not None}
 
     def load(self, saved: dict, device: torch.device) -> None:
         self.epoch, self.step = saved["epoch"], saved["step"]
@@ -167,7 +165,7 @@ def read_init_checkpoint(config: Config) -> dict:
     checkpoint = read_checkpoint(path)
     saved, current = checkpoint["config"].get("model", {}), config.to_dict()["model"]
     for dotted in TRAINING_CHOICES:
-        was, now = dotted_value(saved, dotted), dotted_value(current, dotted)
+        was, now = value_at({"model": saved}, dotted), value_at({"model": current}, dotted)
         if was != now:
             log.info("%s: %s is %r in the checkpoint, %r here: this stage trains as its config says",
                      path, dotted, was, now)
@@ -175,14 +173,6 @@ def read_init_checkpoint(config: Config) -> dict:
     if conflict:
         raise CheckpointError(f"{path}: {conflict}; train.init needs the model section the checkpoint was trained with")
     return checkpoint
-
-
-def dotted_value(section: dict, dotted: str) -> object:
-    """`section`'s value at `dotted` ('model.encoder.x' in a model section), None where absent."""
-    value: object = section
-    for part in dotted.split(".")[1:]:
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
 
 
 def first_difference(saved: object, current: object, key: str, skip: tuple[str, ...] = ()) -> str | None:
