@@ -110,6 +110,12 @@ def top_descending(values: np.ndarray, k: int) -> np.ndarray:
     """Column indices of each row's k largest values, largest (then lower index) first; (R, M) -> (R, k)."""
     k = min(k, values.shape[1])
     part = np.argpartition(-values, k - 1, axis=1)[:, :k]  # (R, k), unordered
+    top = np.take_along_axis(values, part, axis=1)  # (R, k)
+    kth = top.min(axis=1, keepdims=True)  # (R, 1): the k-th largest value
+    # argpartition keeps any of the values tied with the k-th: where it left one out, that row is sorted stably,
+    # so that ties go to the lower index as in torch's loops and the page's search (deploy/web/search.js).
+    for row in np.nonzero((values == kth).sum(axis=1) > (top == kth).sum(axis=1))[0]:
+        part[row] = np.argsort(-values[row], kind="stable")[:k]
     order = np.lexsort((part, -np.take_along_axis(values, part, axis=1)), axis=1)  # (R, k): by value, then index
     return np.take_along_axis(part, order, axis=1)  # (R, k)
 
