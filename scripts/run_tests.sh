@@ -14,6 +14,10 @@ python -m compileall -q -j 0 tests scripts benchmarks >/dev/null
 lint-imports --no-cache || { status=$?; echo "run_tests.sh: the import contracts are broken (above)" >&2; }
 # No line of the project's Python over 120 characters (pyproject.toml's [tool.ruff]).
 ruff check . || { status=$?; echo "run_tests.sh: lines over 120 characters (above)" >&2; }
+# The web page's tests need onnxruntime-web, pinned by package-lock.json, in node_modules/ (npm's registry).
+if command -v npm >/dev/null; then
+    npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null || { status=$?; echo "run_tests.sh: npm ci failed" >&2; }
+fi
 # -n: one pytest worker per core (pytest-xdist); PYTEST_WORKERS=0 runs in this process alone.
 # loadgroup: the tests of an xdist_group share a worker (and its module fixtures).
 # --durations: every run names its slowest tests, where the suite's time goes (docs/benchmarks.md).

@@ -115,6 +115,11 @@ def test_an_export_and_its_onnx_graphs_name_no_place_of_the_machine(run: Path, p
     # An exported folder to ONNX alone writes nothing of the machine either.
     export_model(out, tmp_path / "onnx_only", onnx=True)
     assert leaks(tmp_path / "onnx_only", this_machine(run, tmp_path)) == []
+    # Nor does the web page's site, of the checkpoint or of its export.
+    for source in (run, out):
+        site = export_model(source, tmp_path / f"site_{source.name}", web=True)[0].parent
+        assert (site / "index.html").is_file() and (site / "model" / "decoder_step.onnx").is_file()
+        assert leaks(site, this_machine(run, tmp_path)) == []
 
 
 def test_push_uploads_nothing_of_the_machine(run: Path, photo: Path, tmp_path: Path,

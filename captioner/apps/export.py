@@ -36,10 +36,13 @@ TRACE_MARK = b"pkg.torch.onnx.stack_trace"  # the dynamo exporter's record of th
 
 
 def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path | None = None, onnx: bool = False,
-                 decode: Mapping[str, Any] | None = None) -> list[Path]:
+                 decode: Mapping[str, Any] | None = None, web: bool = False, ort: str | Path | None = None) -> list[Path]:
     """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written. `decode`
-    (DecodeConfig fields) replaces the checkpoint's decoding, so every user decodes as its test scores were measured."""
+    (DecodeConfig fields) replaces the checkpoint's decoding, so every user decodes as its test scores were measured.
+    `web`: the static site of apps/web_site.py instead (of any model, exported folders and packaged ones too)."""
     source = checkpoint_file(checkpoint)
+    if web:
+        return _web_site(source, Path(folder), decode, ort)
     if is_exported(source):
         if not onnx:
             raise ExportError(f"{source}: already an exported folder; export takes a checkpoint (.pt) or a run folder "
@@ -82,6 +85,24 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
 
         files += export_onnx(model, folder)
     return files
+
+
+def _web_site(source: Path, folder: Path, decode: Mapping[str, Any] | None, ort: str | Path | None) -> list[Path]:
+    """The site of the model at `source`, its data terms those its card gives (or its dataset's)."""
+    from captioner.apps.packaged_model import data_terms
+    from captioner.apps.web_site import write_site
+
+    if is_exported(source):
+        model = Captioner.from_pretrained(source, "cpu")
+        config = read_config(source)
+        dataset = ((config.get("training_config") or {}).get("data") or {}).get("dataset")
+        terms = (config.get("packaged") or {}).get("data_terms") or (data_terms(dataset) if dataset else None)
+    else:
+        payload = read_checkpoint(source)
+        model = Captioner.from_checkpoint_payload(payload, source)
+        terms = data_terms(run_config(payload["config"], source).data.dataset)
+    with_decoding(model, decode)
+    return write_site(model.eval(), folder, ort, terms)
 
 
 def with_decoding(model: Captioner, decode: Mapping[str, Any] | None, command: str = "export") -> None:

@@ -1,4 +1,4 @@
-"""`captioner export CHECKPOINT DIR`: the model in the Hugging Face Hub layout (`--onnx`: also ONNX);
+"""`captioner export CHECKPOINT DIR`: the model in the Hugging Face Hub layout (`--onnx`: also ONNX; `--web`: a page);
 `captioner push CHECKPOINT REPO_ID`: export (unless it already is an export) and upload to the Hugging Face Hub."""
 
 from __future__ import annotations
@@ -12,13 +12,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
         "export",
         needs="a checkpoint and the folder to write, e.g. captioner export runs/shapes_lstm runs/shapes_lstm_export",
-        help="write a checkpoint as a loadable, shareable folder (Hub layout; --onnx)")
+        help="write a checkpoint as a loadable, shareable folder (Hub layout; --onnx; --web)")
     export.add_argument("checkpoint", help="a checkpoint (.pt) or a run folder (its best.pt)")
     export.add_argument("folder", help="the folder to write (new or empty, or an earlier export)")
     export.add_argument("--image",
                         help="the image the card's attention figure captions (default: the first test image)")
     export.add_argument("--onnx", action="store_true",
                         help="also write the encoder and the decoder step as ONNX (onnx/)")
+    export.add_argument("--web", action="store_true",
+                        help="write a static web page that captions in the browser, no server (docs/deploy.md)")
+    export.add_argument("--ort", metavar="PATH", default=None,
+                        help="with --web: copy onnxruntime-web into the site from this installed npm package "
+                             "(node_modules/onnxruntime-web; default: the page loads it from a CDN)")
     export.add_argument("--beam", type=decode_value("beam_size"), default=None,
                         help=f"the export's default beam width, {takes('beam_size')} (default: the checkpoint's)")
     export.add_argument("--length-penalty", type=decode_value("length_penalty"), default=None, metavar="ALPHA",
@@ -38,11 +43,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from captioner.apps.export import export_model
 
-    if args.onnx:
+    from captioner.core.errors import ExportError
+
+    if args.ort and not args.web:
+        raise ExportError("export: --ort applies only with --web")
+    if args.web and (args.onnx or args.image):
+        raise ExportError(f"export: --web writes a site of its own; {'--onnx' if args.onnx else '--image'} "
+                          "belongs to another export")
+    if args.onnx or args.web:
         import onnx  # noqa: F401 - the 'onnx' extra: a missing one is said before any file is written
     decode = {"beam_size": args.beam, "length_penalty": args.length_penalty}
     decode = {key: value for key, value in decode.items() if value is not None}
-    files = export_model(args.checkpoint, args.folder, image=args.image, onnx=args.onnx, decode=decode)
+    files = export_model(args.checkpoint, args.folder, image=args.image, onnx=args.onnx, decode=decode, web=args.web,
+                         ort=args.ort)
     for path in files:
         print(path)
     return 0

@@ -1,0 +1,140 @@
+"""`captioner export MODEL DIR --web`: a static site that captions in the visitor's browser with onnxruntime-web.
+
+The site holds the page (captioner/deploy/web/), the model's three ONNX graphs with their onnx.json (the same
+manifest and spec the Python runtime reads), a few public-domain example photographs and, with `--ort`, the
+onnxruntime-web files themselves; nothing runs on a server and nothing in it names a place of the maker's machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import captioner
+from captioner.core.bounded_files import read_json
+from captioner.core.errors import ExportError
+from captioner.core.files import sha256_of, write_atomically
+from captioner.models.captioner import Captioner
+from captioner.text.endings import bad_ending_ids
+
+log = logging.getLogger(__name__)
+
+ORT_VERSION = "1.30.0"  # the onnxruntime-web the page is written and tested against
+ORT_CDN = f"https://cdn.jsdelivr.net/npm/onnxruntime-web@{ORT_VERSION}/dist/"
+ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+PAGE = Path(captioner.__file__).parent / "deploy" / "web"
+PAGE_FILES = ("index.html", "app.js", "worker.js", "search.js", "preprocess.js", "style.css")
+SITE_FORMAT, SITE_FORMAT_VERSION = "captioner web site", 1
+SITE_JSON, MODEL_FOLDER = "site.json", "model"
+HALF_MIN_ELEMENTS = 1024  # weights this large are stored in float16 (the graph casts them back to float32)
+
+
+def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = None,
+               terms: str | None = None) -> list[Path]:
+    """Write the site of `model` into `folder` (new, empty or an earlier site); `ort`: an installed
+    onnxruntime-web (its package folder or dist/) to copy in, else the page loads it from a CDN."""
+    from captioner.models.onnx_export import export_onnx
+
+    folder = Path(folder)
+    ort_files = _ort_files(Path(ort)) if ort is not None else None
+    _check_folder(folder)
+    for earlier in (MODEL_FOLDER, "examples", "ort"):  # an earlier site's: nothing stale stays
+        shutil.rmtree(folder / earlier, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="captioner-web-") as tmp:
+        fp32 = Path(tmp)
+        export_onnx(model, fp32)
+        half = Path(tmp) / "half"
+        store_weights_in_half(fp32 / "onnx", half)
+        weights = "float16" if _same_captions(fp32 / "onnx", half) else "float32"
+        if weights == "float32":
+            log.warning("weights kept in float32: in float16 the example photographs' captions change")
+        (folder / MODEL_FOLDER).mkdir(parents=True, exist_ok=True)
+        for graph in (half if weights == "float16" else fp32 / "onnx").iterdir():
+            shutil.copyfile(graph, folder / MODEL_FOLDER / graph.name)
+    for name in PAGE_FILES:
+        shutil.copyfile(PAGE / name, folder / name)
+    examples = json.loads((PAGE / "examples" / "examples.json").read_text(encoding="utf-8"))
+    (folder / "examples").mkdir(exist_ok=True)
+    for example in examples:
+        shutil.copyfile(PAGE / "examples" / example["file"], folder / "examples" / example["file"])
+    if ort_files is not None:
+        (folder / "ort").mkdir(exist_ok=True)
+        for path in ort_files:
+            shutil.copyfile(path, folder / "ort" / path.name)
+    site = {
+        "format": SITE_FORMAT, "format_version": SITE_FORMAT_VERSION, "captioner_version": captioner.__version__,
+        "ort": {"version": ORT_VERSION, "source": "site" if ort_files else "cdn", "url": "ort/" if ort_files else ORT_CDN},
+        "model": MODEL_FOLDER + "/onnx.json", "weights": weights, "terms": terms, "examples": examples,
+        "bad_endings": list(bad_ending_ids(model.vocab.index)),  # the words `suppress_bad_endings` keeps from ending
+    }
+    write_atomically(folder / SITE_JSON, lambda tmp: tmp.write_text(json.dumps(site, indent=1), encoding="utf-8"))
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def store_weights_in_half(source: Path, target: Path) -> None:
+    """The bundle in `source` with every large float32 weight stored as float16 and cast back to float32 at
+    the graph's start: half the bytes, the same float32 arithmetic (onnxruntime folds the casts when it loads)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    target.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((source / "onnx.json").read_text(encoding="utf-8"))
+    for graph, entry in manifest["files"].items():
+        proto = onnx.load(str(source / entry["path"]))
+        initializers, casts = [], []
+        for weight in proto.graph.initializer:
+            if weight.data_type != TensorProto.FLOAT or int(np.prod(weight.dims)) < HALF_MIN_ELEMENTS:
+                initializers.append(weight)
+                continue
+            half = numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.float16), weight.name + ".half")
+            initializers.append(half)
+            casts.append(helper.make_node("Cast", [half.name], [weight.name], to=TensorProto.FLOAT))
+        del proto.graph.initializer[:]
+        proto.graph.initializer.extend(initializers)
+        nodes = [*casts, *proto.graph.node]
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
+        onnx.save(proto, str(target / entry["path"]))
+        entry["sha256"] = sha256_of(target / entry["path"])
+    manifest["weights"] = "float16"
+    (target / "onnx.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+
+
+def _same_captions(fp32: Path, half: Path) -> bool:
+    """Whether the float16-stored graphs caption the site's example photographs as the float32 ones do."""
+    from captioner.deploy.runtime import OnnxCaptioner
+
+    examples = json.loads((PAGE / "examples" / "examples.json").read_text(encoding="utf-8"))
+    photos = [PAGE / "examples" / example["file"] for example in examples]
+    said = [[c.text for c in OnnxCaptioner.from_folder(bundle).caption(photos)] for bundle in (fp32, half)]
+    return said[0] == said[1]
+
+
+def _ort_files(ort: Path) -> list[Path]:
+    """The onnxruntime-web files the page loads, from an installed package (`node_modules/onnxruntime-web`
+    or its dist/), checked to be the version the page is written for."""
+    package = ort.parent if ort.name == "dist" else ort
+    if not (package / "package.json").is_file():
+        raise ExportError(f"--ort {ort}: not an onnxruntime-web package (no package.json); install it with "
+                          f"`npm install onnxruntime-web@{ORT_VERSION}` and give node_modules/onnxruntime-web")
+    about = read_json(package / "package.json", "onnxruntime-web's package.json", ExportError)
+    if about.get("name") != "onnxruntime-web" or about.get("version") != ORT_VERSION:
+        raise ExportError(f"--ort {ort}: {about.get('name')} {about.get('version')}, but the page is written for "
+                          f"onnxruntime-web {ORT_VERSION}")
+    missing = [name for name in ORT_FILES if not (package / "dist" / name).is_file()]
+    if missing:
+        raise ExportError(f"--ort {ort}: dist/ lacks {', '.join(missing)}")
+    return [package / "dist" / name for name in ORT_FILES]
+
+
+def _check_folder(folder: Path) -> None:
+    """`folder` may be new, empty or an earlier site (rewritten); anything else is refused."""
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(f"{folder}: exists and is not a folder")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / SITE_JSON).is_file():
+        raise ExportError(f"{folder}: not empty and not a captioner web site; give a new or empty folder")
