@@ -21,9 +21,9 @@ from captioner.core.progress import progress_bar
 from captioner.data.batching import image_loader
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
-from captioner.data.store_format import (DTYPE, FORMAT, VERSION, StoreEncoder, check_manifest, check_storable, identity,
-                                          npy_header, read_manifest, store_files, write_manifest)
-from captioner.data.store_reader import FeatureStore, check_array
+from captioner.data.store_format import (DTYPE, FORMAT, VERSION, StoreEncoder, check_storable, identity, npy_header,
+                                          store_files, write_manifest)
+from captioner.data.store_reader import FeatureStore, check_array, existing_store
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +76,13 @@ def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | P
 def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory: Path, split: str,
                     records: list[ImageRecord]) -> Extraction:
     """The manifest to extract under: the one on disk (checked) when its array is there too, else a new one."""
-    array_path, manifest_path = store_files(directory, split)
-    expected = identity(encoder, transform)
     grid, feat_dim = probe_grid(encoder, transform.image_size)
-    fresh = not (manifest_path.is_file() and array_path.is_file())
-    if fresh:
-        manifest = new_manifest(split, expected, grid, feat_dim, records)
-    else:
-        manifest = read_manifest(manifest_path)
-        check_manifest(manifest_path, manifest, expected, records)
-    return Extraction(split, array_path, manifest_path, manifest, fresh)
+    store = existing_store(directory, split, encoder, transform, records)
+    if store is not None:
+        return Extraction(split, store.array_path, store.manifest_path, store.manifest, fresh=False)
+    array_path, manifest_path = store_files(directory, split)
+    manifest = new_manifest(split, identity(encoder, transform), grid, feat_dim, records)
+    return Extraction(split, array_path, manifest_path, manifest, fresh=True)
 
 
 def new_manifest(split: str, expected: dict[str, Any], grid: tuple[int, int], feat_dim: int,
@@ -217,12 +214,7 @@ def ensure_store(encoder: StoreEncoder, transform: ImageTransform, directory: st
                  records: list[ImageRecord], batch_size: int, num_workers: int = 0,
                  progress: bool = True) -> FeatureStore:
     """Open the store of `split`, extracting (or finishing) it first when needed."""
-    _, manifest_path = store_files(directory, split)
-    if manifest_path.is_file():
-        manifest = read_manifest(manifest_path)
-        check_manifest(manifest_path, manifest, identity(encoder, transform), records)
-        if manifest["rows_done"] == len(manifest["image_ids"]):
-            store = FeatureStore(directory, split, manifest)
-            check_array(store)
-            return store
-    return extract(encoder, transform, directory, split, records, batch_size, num_workers, progress)
+    store = existing_store(directory, split, encoder, transform, records)
+    if store is None or not store.complete:
+        return extract(encoder, transform, directory, split, records, batch_size, num_workers, progress)
+    return check_array(store)

@@ -70,8 +70,8 @@ class FeatureStore:
         return self.header_bytes + self.num_rows * self.row_bytes
 
 
-def check_array(store: FeatureStore) -> None:
-    """Check the array against its manifest: shape, dtype, size and every chunk's sha256."""
+def check_array(store: FeatureStore) -> FeatureStore:
+    """The store, its array checked against its manifest: shape, dtype, size and every chunk's sha256."""
     manifest, array_path = store.manifest, store.array_path
     hint = f"run `captioner features CONFIG` again after deleting {array_path} and {store.manifest_path.name}"
     shape, dtype, _ = npy_header(array_path)
@@ -85,7 +85,7 @@ def check_array(store: FeatureStore) -> None:
     if chunks is None:
         log.warning("%s: written without checksums (by an earlier version): it cannot be checked for damage",
                     array_path)
-        return
+        return store
     fd = os.open(array_path, os.O_RDONLY)
     try:
         def digest(chunk: list) -> str:
@@ -99,6 +99,7 @@ def check_array(store: FeatureStore) -> None:
                                             f"recorded when they were written (the file is damaged or altered); {hint}")
     finally:
         os.close(fd)
+    return store
 
 
 def range_sha256(fd: int, offset: int, length: int) -> str:
@@ -114,21 +115,29 @@ def range_sha256(fd: int, offset: int, length: int) -> str:
     return digest.hexdigest()
 
 
+def existing_store(directory: str | Path, split: str, encoder: StoreEncoder, transform: ImageTransform,
+                   records: list[ImageRecord]) -> FeatureStore | None:
+    """`split`'s store with its manifest checked against the encoder, its transform and `records` (its array
+    is not: `check_array`); None when its manifest or its array is missing."""
+    array_path, manifest_path = store_files(directory, split)
+    if not manifest_path.is_file() or not array_path.is_file():
+        return None
+    manifest = read_manifest(manifest_path)
+    check_manifest(manifest_path, manifest, identity(encoder, transform), records)
+    return FeatureStore(directory, split, manifest)
+
+
 def open_store(directory: str | Path, split: str, encoder: StoreEncoder, transform: ImageTransform,
                records: list[ImageRecord]) -> FeatureStore:
     """The complete store of `split`, checked against the encoder, its transform and `records`."""
-    array_path, manifest_path = store_files(directory, split)
-    if not manifest_path.is_file() or not array_path.is_file():
-        raise FeatureStoreError(f"{manifest_path}: no feature store for {split} here "
+    store = existing_store(directory, split, encoder, transform, records)
+    if store is None:
+        raise FeatureStoreError(f"{store_files(directory, split)[1]}: no feature store for {split} here "
                                 "(make it with `captioner features CONFIG`)")
-    manifest = read_manifest(manifest_path)
-    check_manifest(manifest_path, manifest, identity(encoder, transform), records)
-    store = FeatureStore(directory, split, manifest)
     if not store.complete:
-        raise FeatureStoreError(f"{manifest_path}: extraction stopped at row {manifest['rows_done']} of "
+        raise FeatureStoreError(f"{store.manifest_path}: extraction stopped at row {store.manifest['rows_done']} of "
                                 f"{store.num_rows}; run `captioner features CONFIG` again to finish it")
-    check_array(store)
-    return store
+    return check_array(store)
 
 
 class StoreRows:
