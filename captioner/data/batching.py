@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 import torch
@@ -41,14 +41,13 @@ class CaptionBatch:
             images = self.images.to(device, non_blocking=True)
         if channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)  # (B, 3, H, W), NHWC in memory
-        return CaptionBatch(images, self.tokens.to(device, non_blocking=True), self.lengths,
-                            self.image_rows.to(device, non_blocking=True), self.indices)
+        return replace(self, images=images, tokens=self.tokens.to(device, non_blocking=True),
+                       image_rows=self.image_rows.to(device, non_blocking=True))
 
     def pin_memory(self) -> CaptionBatch:
         """Called by the DataLoader's pin-memory thread (pin_memory=True)."""
         images = self.images if isinstance(self.images, list) else self.images.pin_memory()
-        return CaptionBatch(images, self.tokens.pin_memory(), self.lengths, self.image_rows.pin_memory(),
-                            self.indices)
+        return replace(self, images=images, tokens=self.tokens.pin_memory(), image_rows=self.image_rows.pin_memory())
 
 
 class FeatureRows(Protocol):
