@@ -3,6 +3,7 @@ A resumed worker replays its stream undecoded to its position; docs/training.md 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -244,19 +245,17 @@ class ShardStream:
         workers = self.dataset.settings.workers
         loader = DataLoader(self.dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             worker_init_fn=self.worker_init_fn if workers else None, persistent_workers=False)
-        trace = open(self.trace, "a") if self.trace is not None else None
         try:
-            for item in loader:
-                if isinstance(item, DatasetError):
-                    raise item
-                self.taken[item.worker] = item.position
-                if trace is not None:
-                    trace.write("".join(f"{self.dataset.epoch} {key}\n" for key in item.keys))
-                    trace.flush()
-                yield item.batch
+            with open(self.trace, "a") if self.trace is not None else contextlib.nullcontext() as trace:
+                for item in loader:
+                    if isinstance(item, DatasetError):
+                        raise item
+                    self.taken[item.worker] = item.position
+                    if trace is not None:
+                        trace.write("".join(f"{self.dataset.epoch} {key}\n" for key in item.keys))
+                        trace.flush()
+                    yield item.batch
         finally:
-            if trace is not None:
-                trace.close()
             broken = sum(p.broken for p in self.taken)
             if broken:
                 log.warning("%d broken samples skipped in epoch %d so far (rank %d)", broken, self.dataset.epoch,
