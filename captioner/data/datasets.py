@@ -48,7 +48,7 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
                                config.test_fraction, config.split_seed, image_root=config.image_root)
     if config.dataset == "webdataset":
         from captioner.data.bounded_tar import shard_limits
-        from captioner.data.shard_reader import load_shard_records, open_shard_set  # webdataset is an extra
+        from captioner.data.shards import load_shard_records, open_shard_set  # webdataset is an extra
 
         pattern = split_shards(config, split)
         shards = open_shard_set(pattern, f"data.{split}_shards", shard_limits(config))

@@ -19,8 +19,7 @@ from captioner.data.batching import CaptionBatch, collate_captions
 from captioner.data.image_files import load_image
 from captioner.data.image_transform import ImageTransform
 from captioner.data.sampler import DRAW_LIMIT, epoch_seed
-from captioner.data.shard_reader import (BrokenSample, ShardSet, read_samples, sample_captions, sample_image,
-                                         sample_name)
+from captioner.data.shards import BrokenSample, ShardSet, read_samples, sample_captions, sample_image, sample_name
 from captioner.text.vocab import Vocabulary
 
 log = logging.getLogger(__name__)

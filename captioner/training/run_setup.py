@@ -26,7 +26,7 @@ from captioner.data.sampler import EpochBatchSampler
 from captioner.data.store_format import store_dir
 from captioner.data.store_reader import StoreRows
 from captioner.data.store_extract import split_features
-from captioner.data.shard_reader import ShardSet
+from captioner.data.shards import ShardSet
 from captioner.data.streaming import ShardStream, StreamingCaptions, StreamSettings
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput
