@@ -23,9 +23,9 @@ from captioner.core.progress import progress_bar
 from captioner.data.batching import image_loader
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
-from captioner.data.store_format import (DTYPE, FORMAT, VERSION, EncodesImages, StoreEncoder, check_storable, identity,
-                                          npy_header, store_dir, store_files, write_manifest)
-from captioner.data.store_reader import FeatureStore, StoreRows, check_array, existing_store, open_store
+from captioner.data.store_format import (DTYPE, FORMAT, VERSION, EncodesImages, FeatureStore, StoreEncoder, StoreRows,
+                                          check_array, check_storable, existing_store, identity, npy_header, open_store,
+                                          store_dir, store_files, write_manifest)
 
 log = logging.getLogger(__name__)
 

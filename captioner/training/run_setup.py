@@ -23,8 +23,7 @@ from captioner.data.device_decode import device_preprocess
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
-from captioner.data.store_format import store_dir
-from captioner.data.store_reader import StoreRows
+from captioner.data.store_format import StoreRows, store_dir
 from captioner.data.store_extract import split_features
 from captioner.data.shards import ShardSet
 from captioner.data.streaming import ShardStream, StreamingCaptions, StreamSettings
