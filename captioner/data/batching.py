@@ -90,10 +90,7 @@ class CaptionDataset(Dataset):
             image = or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
                                                  self.transform, seed))
         else:
-            with torch.random.fork_rng(devices=[], enabled=seed is not None):  # the process's RNG is left as it was
-                if seed is not None:
-                    torch.manual_seed(seed)
-                image = load_or_none(self.records[i], self.transform)
+            image = load_or_none(self.records[i], self.transform, seed)
         return None if image is None else (image, captions, i)
 
 
@@ -124,8 +121,8 @@ def or_none(load: Callable[[], T]) -> T | None:
         return None
 
 
-def load_or_none(record: ImageRecord, transform: ImageTransform) -> torch.Tensor | None:
-    return or_none(lambda: transform(load_record_image(record)))
+def load_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None = None) -> torch.Tensor | None:
+    return or_none(lambda: transform(load_record_image(record), seed))
 
 
 def load_record_image(record: ImageRecord) -> Image.Image:

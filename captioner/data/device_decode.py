@@ -117,9 +117,5 @@ def transform_on_device(pending: list[PendingImage], device: torch.device | str)
     images = []
     for item in pending:
         image = next(decoded) if isinstance(item.source, EncodedJpeg) else item.source.to(device)  # (3, H, W)
-        # Crop and jitter draw from the CPU RNG, as in the worker.
-        with torch.random.fork_rng(devices=[], enabled=item.seed is not None):
-            if item.seed is not None:
-                torch.manual_seed(item.seed)
-            images.append(item.transform(image))  # (3, S, S), on the device
+        images.append(item.transform(image, item.seed))  # (3, S, S), on the device; crop and jitter from the CPU RNG
     return torch.stack(images)  # (B, 3, S, S)

@@ -24,9 +24,13 @@ class ImageTransform:
     train: bool = False
     augment: bool = False
 
-    def __call__(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
-        """A PIL picture or a uint8 (3, H, W) tensor -> uint8 (3, S, S)."""
-        return self.pipeline()(image)
+    def __call__(self, image: Image.Image | torch.Tensor, seed: int | None = None) -> torch.Tensor:
+        """A PIL picture or a uint8 (3, H, W) tensor -> uint8 (3, S, S); with a `seed`, the crop and jitter draw
+        from `torch.manual_seed(seed)` and the process's RNG is left as it was."""
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            return self.pipeline()(image)
 
     def pipeline(self) -> v2.Compose:
         """The steps this transform runs (cached per size and augmentation)."""

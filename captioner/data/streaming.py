@@ -181,13 +181,9 @@ class StreamingCaptions(IterableDataset):
         tokens = [self.vocab.encode(c, self.settings.max_length) for c in captions]
         if self.settings.pairs != "all":
             tokens = [tokens[draw % len(tokens)]]
-        augmented = self.transform.train and self.transform.augment
+        seed = draw if self.transform.train and self.transform.augment else None  # the same after a resume
         try:
-            picture = load_image(data, name=sample_name(sample))
-            with torch.random.fork_rng(devices=[], enabled=augmented):  # seeded augmentation: the same after a resume
-                if augmented:
-                    torch.manual_seed(draw)
-                image = self.transform(picture)  # (3, S, S) uint8
+            image = self.transform(load_image(data, name=sample_name(sample)), seed)  # (3, S, S) uint8
         except ImageLoadError as e:
             raise BrokenSample(str(e)) from None
         return image, tokens, index
