@@ -12,7 +12,7 @@ from typing import Any
 
 from captioner.core.bounded_files import Confinement, is_within
 from captioner.core.errors import DatasetError, ImageLoadError
-from captioner.data.imagefolder import SPLIT_FOLDERS, caption_texts, check_split_name, seeded_split
+from captioner.data.imagefolder import SPLIT_FOLDERS, caption_texts, seeded_split
 from captioner.data.records import ImageRecord
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,6 @@ def load_hf_dataset(root: str | Path, split: str, image_column: str = "image", c
                     image_root: str | Path | None = None) -> list[ImageRecord]:
     """The records of one split, ids numbering the rows split by split (one split: `seeded_split` divides it)."""
     root = str(root)
-    check_split_name(split, root)
     splits = open_dataset(root)
     pools = {ours: key for ours in SPLIT_FOLDERS if (key := _split_key(splits, ours)) is not None}
     seeded = set(pools) == {"train"}
