@@ -74,7 +74,7 @@ def _pipeline(image_size: int, augment: bool) -> v2.Compose:
         return v2.Compose([v2.PILToTensor(), RandomWindowCrop(image_size),
                            v2.ColorJitter(brightness=0.2, contrast=0.2)])
     # Pillow's own resize, so a runtime without torch (captioner.deploy) makes the same bytes; the
-    # training crop stays on tensors, so the device path (data/device_decode) replays it exactly.
+    # training crop stays on tensors, so the device path (data/batching) replays it exactly.
     return v2.Compose([v2.Resize((image_size, image_size), antialias=True), v2.PILToTensor()])  # uint8 (3, S, S)
 
 

@@ -18,8 +18,7 @@ from torch.utils.data import DataLoader
 
 from captioner.core.config_sections import Config
 from captioner.core.process_settings import loader_workers
-from captioner.data.batching import CaptionDataset, collate_captions
-from captioner.data.device_decode import device_preprocess
+from captioner.data.batching import CaptionDataset, collate_captions, device_preprocess
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.sampler import EpochBatchSampler
