@@ -10,7 +10,7 @@ from captioner.core.config_sections import DataConfig
 from captioner.core.errors import DatasetError
 from captioner.data.coco import coco_split_files, load_coco_captions, load_karpathy, split_coco_val
 from captioner.data.flickr8k import load_flickr8k
-from captioner.data.imagefolder import load_imagefolder, seeded_split_files
+from captioner.data.imagefolder import load_hf_dataset, load_imagefolder, seeded_split_files, seeded_split_rows
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import SHAPES_MARKER, SPLITS
 
@@ -41,9 +41,7 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
     if config.dataset == "imagefolder":
         drawn = (config.caption_column, config.val_fraction, config.test_fraction, config.split_seed)
         return load_imagefolder(root, split, *drawn, check_images, **policy)
-    if config.dataset == "hf":
-        from captioner.data.hf_datasets import load_hf_dataset  # `datasets` is an extra: imported when asked for
-
+    if config.dataset == "hf":  # `datasets`, an extra, is imported when a dataset is opened
         return load_hf_dataset(root, split, config.image_column, config.caption_column, config.val_fraction,
                                config.test_fraction, config.split_seed, image_root=config.image_root)
     if config.dataset == "webdataset":
@@ -78,8 +76,6 @@ def seeded_split_record(config: DataConfig) -> dict | None:
         splits = seeded_split_files(config.root, config.caption_column, config.val_fraction, config.test_fraction,
                                     config.split_seed)
     elif config.dataset == "hf":
-        from captioner.data.hf_datasets import seeded_split_rows
-
         splits = seeded_split_rows(config.root, config.image_column, config.caption_column, config.val_fraction,
                                    config.test_fraction, config.split_seed)
     else:
