@@ -15,10 +15,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from captioner.core.errors import DatasetError, ImageLoadError
-from captioner.data.batching import CaptionBatch, collate_captions
+from captioner.data.batching import DRAW_LIMIT, CaptionBatch, collate_captions, epoch_seed
 from captioner.data.image_files import load_image
 from captioner.data.image_transform import ImageTransform
-from captioner.data.sampler import DRAW_LIMIT, epoch_seed
 from captioner.data.shards import BrokenSample, ShardSet, read_samples, sample_captions, sample_image, sample_name
 from captioner.text.vocab import Vocabulary
 
