@@ -1,10 +1,14 @@
 """A dataset config -> the records of one split: shapes (generated on first use), COCO, Karpathy splits, Flickr8k,
-an image folder, a Hugging Face dataset on disk, WebDataset shards (training streams those: data/streaming.py)."""
+an image folder, a Hugging Face dataset on disk, WebDataset shards (training streams those: data/streaming.py).
+`dataset_stats` (`captioner data stats`): images, captions, caption lengths and vocabulary size of records."""
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 from captioner.core.config_sections import DataConfig
 from captioner.core.errors import DatasetError
@@ -13,6 +17,7 @@ from captioner.data.flickr8k import load_flickr8k
 from captioner.data.imagefolder import load_hf_dataset, load_imagefolder, seeded_split_files, seeded_split_rows
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import SHAPES_MARKER, SPLITS
+from captioner.text.vocab import tokenize
 
 log = logging.getLogger(__name__)
 
@@ -102,3 +107,32 @@ def ensure_shapes(config: DataConfig) -> None:
     log.info("generating the shapes world into %s", root)
     generate_shapes(root, config.shapes_num_train, config.shapes_num_val, config.shapes_num_test,
                     image_size=config.image_size, seed=config.shapes_seed)
+
+
+def dataset_stats(records: list[ImageRecord], min_count: int = 5) -> dict[str, float]:
+    """Each caption is tokenised once (the tokenizer is most of the time: 200,000 COCO captions)."""
+    tokens = [tokenize(c) for r in records for c in r.captions]
+    lengths = np.array([len(t) for t in tokens])
+    counts = Counter(word for caption in tokens for word in caption)
+    stats: dict[str, float] = {
+        "images": len(records),
+        "captions": int(lengths.size),
+        "captions per image": lengths.size / max(1, len(records)),
+        "words (all)": len(counts),
+        # the words Vocabulary.build keeps, without <pad> <bos> <eos> <unk>
+        f"vocabulary (min count {min_count})": sum(c >= min_count for c in counts.values()),
+    }
+    if lengths.size:
+        for p in (5, 25, 50, 75, 95, 99):
+            stats[f"caption length p{p}"] = float(np.percentile(lengths, p))
+        stats["caption length max"] = int(lengths.max())
+    return stats
+
+
+def format_table(rows: dict[str, float], title: str) -> str:
+    width = max(len(k) for k in rows)
+    lines = [title, "-" * (width + 14)]
+    for key, value in rows.items():
+        text = f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
+        lines.append(f"{key:<{width}}  {text:>12}")
+    return "\n".join(lines)
