@@ -31,8 +31,8 @@ from benchmarks import timing  # noqa: E402
 from captioner.core.config import load_config  # noqa: E402
 from captioner.core.config_sections import Config  # noqa: E402
 from captioner.core.process_settings import loader_workers  # noqa: E402
-from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captions  # noqa: E402
-from captioner.data.device_decode import PREPROCESS_CHOICES, device_preprocess  # noqa: E402
+from captioner.data.batching import (PREPROCESS_CHOICES, CaptionBatch, CaptionDataset, collate_captions,  # noqa: E402
+                                      device_preprocess)
 from captioner.data.image_transform import ImageTransform, normalize_images  # noqa: E402
 from captioner.data.records import ImageRecord  # noqa: E402
 from captioner.models.captioner import Captioner  # noqa: E402

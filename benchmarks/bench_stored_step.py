@@ -16,7 +16,7 @@ from captioner.core.process_settings import set_threads
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
 from captioner.data.image_transform import ImageTransform
-from captioner.data.store_splits import output_grid
+from captioner.data.store_extract import output_grid
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
 

@@ -81,7 +81,7 @@ def test_import_captioner_is_light() -> None:
 
 
 @pytest.mark.parametrize("module", ["captioner.models.checkpoint", "captioner.models.captioner",
-                                    "captioner.data.store_splits", "captioner.data.datasets"])
+                                    "captioner.data.store_extract", "captioner.data.datasets"])
 def test_the_library_layers_load_no_ui_plotting_or_metric_stack(module: str) -> None:
     loaded = loaded_after(f"import {module}")
     assert "torch" in loaded or module == "captioner.data.datasets"

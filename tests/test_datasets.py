@@ -164,7 +164,7 @@ def test_stats_on_coco_val2014(shared_data: Path, capsys: pytest.CaptureFixture)
 
 def test_stats_count_the_words_the_vocabulary_keeps() -> None:
     from captioner.data.records import ImageRecord
-    from captioner.data.stats import dataset_stats
+    from captioner.data.datasets import dataset_stats
 
     captions = [("A dog runs.", "The dog is running!"), ("A cat, a mat.", "Two dogs; one cat")]
     records = [ImageRecord(i, Path(f"{i}.jpg"), c) for i, c in enumerate(captions)]

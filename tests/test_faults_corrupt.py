@@ -19,7 +19,7 @@ from captioner.apps.cli import main
 from captioner.core.errors import CheckpointError, FeatureStoreError
 from captioner.data.datasets import load_split
 from captioner.data.store_extract import ensure_store, extract
-from captioner.data.store_reader import open_store
+from captioner.data.store_format import open_store
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.checkpoint_format import FORMAT_VERSION, read_checkpoint
 from test_feature_store import frozen_model, shapes_config

@@ -20,10 +20,8 @@ from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, FeatureStoreError
 from captioner.data.batching import image_loader
 from captioner.data.datasets import load_split
-from captioner.data.store_extract import ensure_store, extract
-from captioner.data.store_format import store_dir, store_files
-from captioner.data.store_reader import open_store
-from captioner.data.store_splits import split_features
+from captioner.data.store_extract import ensure_store, extract, split_features
+from captioner.data.store_format import open_store, store_dir, store_files
 from captioner.evaluation.evaluate import caption_records, decode_variants, encode_records
 from captioner.models.captioner import Captioner
 from helpers import REPO, tiny_vocab

@@ -19,13 +19,15 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from captioner.core import process_settings
 from captioner.core.config import load_config
 from captioner.core.errors import ConfigError, FeatureStoreError, ImageLoadError
-from captioner.data import batching, device_decode
-from captioner.data.batching import CaptionDataset, collate_captions, image_loader
-from captioner.data.device_decode import (
+from captioner.data import batching
+from captioner.data.batching import (
     EXIF_ORIENTATION,
+    CaptionDataset,
     EncodedJpeg,
+    collate_captions,
     decode_jpegs,
     device_preprocess,
+    image_loader,
     read_for_device,
     transform_on_device,
 )
@@ -302,7 +304,7 @@ def test_a_jpeg_the_device_refuses_is_decoded_by_pil(tmp_path: Path, shared_data
             raise RuntimeError("nvjpeg: unsupported JPEG")
         return decode_jpeg(data, **options)
 
-    monkeypatch.setattr(device_decode, "decode_jpeg", device_decoder)
+    monkeypatch.setattr(batching, "decode_jpeg", device_decoder)
     decoded = decode_jpegs(items, "cpu")
     assert all(torch.equal(image, pil_to_tensor(load_image(p))) for image, p in zip(decoded, paths))
 

@@ -18,7 +18,7 @@ from helpers import TINY_MODEL, subprocess_env
 import warm_start
 
 from captioner.core import machine_cache
-from captioner.data.sampler import EpochBatchSampler
+from captioner.data.batching import EpochBatchSampler
 from captioner.data.shapes import generate_shapes
 from captioner.models import products
 from captioner.training.state import rng_state, set_rng_state

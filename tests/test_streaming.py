@@ -34,8 +34,7 @@ from captioner.core.errors import ConfigError, DatasetError
 from captioner.data.datasets import load_split
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.image_transform import ImageTransform
-from captioner.data.shards import write_shards, write_tar
-from captioner.data.shard_reader import open_shard_set, read_samples
+from captioner.data.shards import open_shard_set, read_samples, write_shards, write_tar
 from captioner.data.streaming import EpochPlan, ShardStream, StreamingCaptions, StreamSettings, plan_epoch
 from captioner.text.vocab import Vocabulary
 

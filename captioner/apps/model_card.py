@@ -188,7 +188,7 @@ def _data_size(config: Config) -> str:
     # counted from the shards' index: the shards themselves may be terabytes away
     if config.data.dataset == "webdataset":
         from captioner.data.bounded_tar import shard_limits
-        from captioner.data.shard_reader import open_shard_set
+        from captioner.data.shards import open_shard_set
 
         try:
             shards = open_shard_set(split_shards(config.data, "train"), "data.train_shards", shard_limits(config.data))

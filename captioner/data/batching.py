@@ -1,27 +1,39 @@
-"""Datasets and collation: images and padded token tensors, robust to bad files in workers."""
+"""Datasets and collation: images and padded token tensors, robust to bad files in workers. The training order:
+one shuffle per epoch from (seed, epoch), sharded over ranks, resumable from any batch; rank r takes every
+world_size-th position from r (as DistributedSampler); items are (index, draw). Training preprocessing may run on
+the device instead (`data.device_preprocess`), for nodes short of cores: `transform` runs the `ImageTransform`
+there under each item's seed; `decode` also decodes the JPEGs there (nvjpeg)."""
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Protocol, TypeVar
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from captioner.core.errors import ImageLoadError
 from captioner.core.process_settings import loader_workers
-from captioner.data.device_decode import PendingImage, read_for_device, transform_on_device
-from captioner.data.image_files import load_image
+from captioner.data.image_files import MAX_PIXELS, decode_rgb, load_image, open_checked
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord, image_data
 from captioner.text.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
+
+DEVICE_MODES = ("RGB", "L")  # JPEG colour modes decode_jpeg turns into RGB itself
+EXIF_ORIENTATION = 0x0112
+PREPROCESS_CHOICES = ("none", "transform", "decode")  # data.device_preprocess
+DRAW_LIMIT = 2**62  # draws are non-negative int64 seeds
 
 
 @dataclass
@@ -41,14 +53,13 @@ class CaptionBatch:
             images = self.images.to(device, non_blocking=True)
         if channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)  # (B, 3, H, W), NHWC in memory
-        return CaptionBatch(images, self.tokens.to(device, non_blocking=True), self.lengths,
-                            self.image_rows.to(device, non_blocking=True), self.indices)
+        return replace(self, images=images, tokens=self.tokens.to(device, non_blocking=True),
+                       image_rows=self.image_rows.to(device, non_blocking=True))
 
     def pin_memory(self) -> CaptionBatch:
         """Called by the DataLoader's pin-memory thread (pin_memory=True)."""
         images = self.images if isinstance(self.images, list) else self.images.pin_memory()
-        return CaptionBatch(images, self.tokens.pin_memory(), self.lengths, self.image_rows.pin_memory(),
-                            self.indices)
+        return replace(self, images=images, tokens=self.tokens.pin_memory(), image_rows=self.image_rows.pin_memory())
 
 
 class FeatureRows(Protocol):
@@ -66,7 +77,7 @@ class CaptionDataset(Dataset):
     def __init__(self, records: list[ImageRecord], vocab: Vocabulary, transform: ImageTransform, max_length: int,
                  pairs: str = "one", features: FeatureRows | None = None, device_preprocess: str = "none") -> None:
         self.records = records
-        self.device_preprocess = device_preprocess  # one of device_decode.PREPROCESS_CHOICES
+        self.device_preprocess = device_preprocess  # one of PREPROCESS_CHOICES
         self.transform = transform
         self.pairs = pairs
         self.features = features  # row i: image i's stored (N, D) grid, when the encoder is frozen
@@ -91,10 +102,7 @@ class CaptionDataset(Dataset):
             image = or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
                                                  self.transform, seed))
         else:
-            with torch.random.fork_rng(devices=[], enabled=seed is not None):  # the process's RNG is left as it was
-                if seed is not None:
-                    torch.manual_seed(seed)
-                image = load_or_none(self.records[i], self.transform)
+            image = load_or_none(self.records[i], self.transform, seed)
         return None if image is None else (image, captions, i)
 
 
@@ -125,8 +133,8 @@ def or_none(load: Callable[[], T]) -> T | None:
         return None
 
 
-def load_or_none(record: ImageRecord, transform: ImageTransform) -> torch.Tensor | None:
-    return or_none(lambda: transform(load_record_image(record)))
+def load_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None = None) -> torch.Tensor | None:
+    return or_none(lambda: transform(load_record_image(record), seed))
 
 
 def load_record_image(record: ImageRecord) -> Image.Image:
@@ -163,3 +171,162 @@ def image_loader(records: list[ImageRecord], transform: ImageTransform, batch_si
     return DataLoader(ImageDataset(records, transform), batch_size=batch_size, shuffle=False,
                       num_workers=loader_workers(num_workers), collate_fn=collate_images, persistent_workers=False,
                       generator=torch.Generator())
+
+
+def epoch_seed(seed: int, epoch: int, *more: int) -> int:
+    """A 64-bit seed hashed from (seed, epoch, *more) by numpy's SeedSequence; `more`: a rank, a worker, a sample."""
+    return int(np.random.SeedSequence([seed, epoch, *more]).generate_state(1, dtype=np.uint64)[0])
+
+
+class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Batches of (index, draw) for one rank; `set_epoch(epoch, start)` picks the order and the first batch."""
+
+    def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        if size <= 0:
+            raise ValueError("the dataset is empty")
+        self.size = size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 1
+        self.start = 0
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
+    def __len__(self) -> int:
+        """Batches per epoch: full global batches only, or one batch of everything for a smaller dataset."""
+        return max(1, self.size // self.global_batch)
+
+    @property
+    def span(self) -> int:
+        """Positions per global batch: the global batch, or a smaller dataset rounded up to equal shares."""
+        if self.size >= self.global_batch:
+            return self.global_batch
+        return -(-self.size // self.world_size) * self.world_size
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        if not 0 <= start <= len(self):
+            raise ValueError(f"start batch {start} is outside the epoch's {len(self)} batches")
+        self.epoch, self.start = epoch, start
+
+    def order(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The epoch's permutation and draws, both (len(self) * span,)."""
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
+        permutation = torch.randperm(self.size, generator=generator)  # (size,)
+        draws = torch.randint(DRAW_LIMIT, (self.size,), generator=generator)  # (size,)
+        needed = len(self) * self.span
+        if needed > self.size:  # a small dataset shared by several ranks: wrap around to equal shares
+            repeats = -(-needed // self.size)
+            permutation, draws = permutation.repeat(repeats), draws.repeat(repeats)  # (repeats * size,)
+        return permutation[:needed], draws[:needed]  # (needed,) each
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        permutation, draws = (t.tolist() for t in self.order(self.epoch))
+        span = self.span
+        for k in range(self.start, len(self)):
+            positions = range(k * span + self.rank, (k + 1) * span, self.world_size)
+            yield [(permutation[p], draws[p]) for p in positions]
+
+
+@dataclass(frozen=True)
+class EncodedJpeg:
+    """A checked JPEG file's bytes, for the device to decode."""
+
+    data: torch.Tensor  # (L,) uint8: the file as stored
+    orientation: int  # EXIF orientation: 1 (as stored) to 8
+    name: str
+
+
+def read_for_device(path: str | Path | bytes, ship_jpeg: bool = True, max_pixels: int = MAX_PIXELS,
+                    name: str | None = None) -> EncodedJpeg | torch.Tensor:
+    """In a worker: with `ship_jpeg`, a checked baseline RGB or grey JPEG as its bytes and EXIF orientation; any
+    other file (progressive JPEGs too: nvjpeg may refuse them) decoded as `load_image` does, uint8 (3, H, W)."""
+
+    def finish(image: Image.Image) -> EncodedJpeg | torch.Tensor:
+        if (not ship_jpeg or image.format != "JPEG" or image.mode not in DEVICE_MODES
+                or image.info.get("progressive")):
+            return pil_to_tensor(decode_rgb(image))  # (3, H, W)
+        encoded = path if isinstance(path, bytes) else Path(path).read_bytes()
+        data = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)  # (L,)
+        return EncodedJpeg(data, exif_orientation(image), name or str(path))
+
+    return open_checked(path, finish, max_pixels, name)
+
+
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation tag, 1 when absent, out of range or unreadable (as `upright` treats it)."""
+    try:
+        value = image.getexif().get(EXIF_ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - damaged EXIF leaves the picture as stored, as in `upright`
+        return 1
+    return value if value in range(1, 9) else 1
+
+
+# EXIF orientation -> what turns an image (C, H, W) as stored upright, as PIL's `ImageOps.exif_transpose` does
+UPRIGHT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
+    2: lambda image: image.flip(-1),  # mirrored left-right
+    3: lambda image: image.flip(-2, -1),  # rotated 180
+    4: lambda image: image.flip(-2),  # mirrored top-bottom
+    5: lambda image: image.transpose(-2, -1),  # (C, W, H): transposed
+    6: lambda image: image.rot90(-1, dims=(-2, -1)),  # (C, W, H): turned 90 degrees clockwise
+    7: lambda image: image.transpose(-2, -1).flip(-2, -1),  # (C, W, H): transverse
+    8: lambda image: image.rot90(1, dims=(-2, -1)),  # (C, W, H): turned 90 degrees counter-clockwise
+}
+
+
+def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """image (C, H, W) as stored -> upright (orientation 1 and unknown ones: as stored)."""
+    return UPRIGHT[orientation](image) if orientation in UPRIGHT else image
+
+
+def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[torch.Tensor]:
+    """Decode on `device` in one call as upright RGB, uint8 (3, H, W) each; if it fails (naming no file),
+    each alone, falling back to `load_image`, whose `ImageLoadError` names a corrupt file."""
+    try:
+        decoded = decode_jpeg([item.data for item in images], mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        return [decode_one(item, device) for item in images]
+    return [orient(image, item.orientation) for image, item in zip(decoded, images)]
+
+
+def decode_one(item: EncodedJpeg, device: torch.device | str) -> torch.Tensor:
+    """One JPEG on `device`, or through PIL's `load_image` when the device refuses it -> uint8 (3, H, W)."""
+    try:
+        return orient(decode_jpeg(item.data, mode=ImageReadMode.RGB, device=device), item.orientation)
+    except RuntimeError:
+        return pil_to_tensor(load_image(item.name)).to(device)  # (3, H, W)
+
+
+def gpu_jpeg_decoding(device: torch.device) -> bool:
+    """Whether `device` decodes JPEGs itself: CUDA, with torchvision's nvjpeg kernels built in."""
+    return device.type == "cuda" and hasattr(torch.ops.image, "decode_jpegs_cuda")
+
+
+def device_preprocess(requested: str, device: torch.device) -> str:
+    """What `data.device_preprocess` does on `device`: "none" off CUDA, `transform` without nvjpeg."""
+    if device.type != "cuda":
+        return "none"
+    return "transform" if requested == "decode" and not gpu_jpeg_decoding(device) else requested
+
+
+@dataclass(frozen=True)
+class PendingImage:
+    """A training item whose transform (and decoding) wait for the device (CaptionBatch.to)."""
+
+    source: EncodedJpeg | torch.Tensor  # a JPEG to decode there, or the uint8 (3, H, W) picture decoded
+    transform: ImageTransform
+    seed: int | None  # the item's augmentation seed (CaptionDataset's draw); None: the process's RNG
+
+
+def transform_on_device(pending: list[PendingImage], device: torch.device | str) -> torch.Tensor:
+    """The device half of the loader: decode on `device`, then each item's transform under its seed -> (B, 3, S, S)."""
+    jpegs = [item.source for item in pending if isinstance(item.source, EncodedJpeg)]
+    decoded = iter(decode_jpegs(jpegs, device) if jpegs else [])
+    images = []
+    for item in pending:
+        image = next(decoded) if isinstance(item.source, EncodedJpeg) else item.source.to(device)  # (3, H, W)
+        images.append(item.transform(image, item.seed))  # (3, S, S), on the device; crop and jitter from the CPU RNG
+    return torch.stack(images)  # (B, 3, S, S)

@@ -116,9 +116,7 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
     images = data.get("images") if isinstance(data, dict) else None
     if not isinstance(images, list):
         raise DatasetError(f"{split_file}: not a Karpathy split file (no 'images' list)")
-    wanted = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}.get(split)
-    if wanted is None:
-        raise DatasetError(f"{split_file}: unknown split {split!r} (train, val or test)")
+    wanted = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}[split]
     image_root = Path(image_root)
     records = []
     seen: dict[int, int] = {}

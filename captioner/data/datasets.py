@@ -1,18 +1,23 @@
 """A dataset config -> the records of one split: shapes (generated on first use), COCO, Karpathy splits, Flickr8k,
-an image folder, a Hugging Face dataset on disk, WebDataset shards (training streams those: data/streaming.py)."""
+an image folder, a Hugging Face dataset on disk, WebDataset shards (training streams those: data/streaming.py).
+`dataset_stats` (`captioner data stats`): images, captions, caption lengths and vocabulary size of records."""
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 from captioner.core.config_sections import DataConfig
 from captioner.core.errors import DatasetError
 from captioner.data.coco import coco_split_files, load_coco_captions, load_karpathy, split_coco_val
 from captioner.data.flickr8k import load_flickr8k
-from captioner.data.imagefolder import load_imagefolder, seeded_split_files
+from captioner.data.imagefolder import load_hf_dataset, load_imagefolder, seeded_split_files, seeded_split_rows
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import SHAPES_MARKER, SPLITS
+from captioner.text.vocab import tokenize
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +46,12 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
     if config.dataset == "imagefolder":
         drawn = (config.caption_column, config.val_fraction, config.test_fraction, config.split_seed)
         return load_imagefolder(root, split, *drawn, check_images, **policy)
-    if config.dataset == "hf":
-        from captioner.data.hf_datasets import load_hf_dataset  # `datasets` is an extra: imported when asked for
-
+    if config.dataset == "hf":  # `datasets`, an extra, is imported when a dataset is opened
         return load_hf_dataset(root, split, config.image_column, config.caption_column, config.val_fraction,
                                config.test_fraction, config.split_seed, image_root=config.image_root)
     if config.dataset == "webdataset":
         from captioner.data.bounded_tar import shard_limits
-        from captioner.data.shard_reader import load_shard_records, open_shard_set  # webdataset is an extra
+        from captioner.data.shards import load_shard_records, open_shard_set  # webdataset is an extra
 
         pattern = split_shards(config, split)
         shards = open_shard_set(pattern, f"data.{split}_shards", shard_limits(config))
@@ -78,8 +81,6 @@ def seeded_split_record(config: DataConfig) -> dict | None:
         splits = seeded_split_files(config.root, config.caption_column, config.val_fraction, config.test_fraction,
                                     config.split_seed)
     elif config.dataset == "hf":
-        from captioner.data.hf_datasets import seeded_split_rows
-
         splits = seeded_split_rows(config.root, config.image_column, config.caption_column, config.val_fraction,
                                    config.test_fraction, config.split_seed)
     else:
@@ -106,3 +107,32 @@ def ensure_shapes(config: DataConfig) -> None:
     log.info("generating the shapes world into %s", root)
     generate_shapes(root, config.shapes_num_train, config.shapes_num_val, config.shapes_num_test,
                     image_size=config.image_size, seed=config.shapes_seed)
+
+
+def dataset_stats(records: list[ImageRecord], min_count: int = 5) -> dict[str, float]:
+    """Each caption is tokenised once (the tokenizer is most of the time: 200,000 COCO captions)."""
+    tokens = [tokenize(c) for r in records for c in r.captions]
+    lengths = np.array([len(t) for t in tokens])
+    counts = Counter(word for caption in tokens for word in caption)
+    stats: dict[str, float] = {
+        "images": len(records),
+        "captions": int(lengths.size),
+        "captions per image": lengths.size / max(1, len(records)),
+        "words (all)": len(counts),
+        # the words Vocabulary.build keeps, without <pad> <bos> <eos> <unk>
+        f"vocabulary (min count {min_count})": sum(c >= min_count for c in counts.values()),
+    }
+    if lengths.size:
+        for p in (5, 25, 50, 75, 95, 99):
+            stats[f"caption length p{p}"] = float(np.percentile(lengths, p))
+        stats["caption length max"] = int(lengths.max())
+    return stats
+
+
+def format_table(rows: dict[str, float], title: str) -> str:
+    width = max(len(k) for k in rows)
+    lines = [title, "-" * (width + 14)]
+    for key, value in rows.items():
+        text = f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
+        lines.append(f"{key:<{width}}  {text:>12}")
+    return "\n".join(lines)

@@ -24,9 +24,13 @@ class ImageTransform:
     train: bool = False
     augment: bool = False
 
-    def __call__(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
-        """A PIL picture or a uint8 (3, H, W) tensor -> uint8 (3, S, S)."""
-        return self.pipeline()(image)
+    def __call__(self, image: Image.Image | torch.Tensor, seed: int | None = None) -> torch.Tensor:
+        """A PIL picture or a uint8 (3, H, W) tensor -> uint8 (3, S, S); with a `seed`, the crop and jitter draw
+        from `torch.manual_seed(seed)` and the process's RNG is left as it was."""
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            return self.pipeline()(image)
 
     def pipeline(self) -> v2.Compose:
         """The steps this transform runs (cached per size and augmentation)."""
@@ -70,7 +74,7 @@ def _pipeline(image_size: int, augment: bool) -> v2.Compose:
         return v2.Compose([v2.PILToTensor(), RandomWindowCrop(image_size),
                            v2.ColorJitter(brightness=0.2, contrast=0.2)])
     # Pillow's own resize, so a runtime without torch (captioner.deploy) makes the same bytes; the
-    # training crop stays on tensors, so the device path (data/device_decode) replays it exactly.
+    # training crop stays on tensors, so the device path (data/batching) replays it exactly.
     return v2.Compose([v2.Resize((image_size, image_size), antialias=True), v2.PILToTensor()])  # uint8 (3, S, S)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from captioner.core.errors import DatasetError
+from captioner.core.files import write_atomically
 from captioner.core.progress import progress_bar
 
 SHAPES = ("circle", "square", "triangle", "diamond", "star")
@@ -238,6 +239,4 @@ SHAPES_MARKER = ".captioner_shapes"  # marks a folder the generator owns (a run 
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, separators=(",", ":")))
-    tmp.replace(path)
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, separators=(",", ":"))))

@@ -1,5 +1,6 @@
-"""Extracting a feature store: every image of a split encoded once into `<split>.npy`, resumably.
-Chunks' progress and sha256 go into the manifest, so a crash, Ctrl-C or a full disk resumes there."""
+"""Extracting a feature store: every image of a split encoded once into `<split>.npy`, resumably. Chunks' progress
+and sha256 go into the manifest, so a crash, Ctrl-C or a full disk resumes there. `split_features`: a split's
+stored features for training and evaluation, built when absent, on disk or on the device."""
 
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from captioner.core.config_sections import Config
 from captioner.core.errors import FeatureStoreError, StorageError
 from captioner.core.files import size_text, write_failure
 from captioner.core.progress import progress_bar
 from captioner.data.batching import image_loader
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
-from captioner.data.store_format import (DTYPE, FORMAT, VERSION, StoreEncoder, check_manifest, check_storable, identity,
-                                          npy_header, read_manifest, store_files, write_manifest)
-from captioner.data.store_reader import FeatureStore, check_array
+from captioner.data.store_format import (DTYPE, FORMAT, VERSION, EncodesImages, FeatureStore, StoreEncoder, StoreRows,
+                                          check_array, check_storable, existing_store, identity, npy_header, open_store,
+                                          store_dir, store_files, write_manifest)
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +78,13 @@ def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | P
 def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory: Path, split: str,
                     records: list[ImageRecord]) -> Extraction:
     """The manifest to extract under: the one on disk (checked) when its array is there too, else a new one."""
-    array_path, manifest_path = store_files(directory, split)
-    expected = identity(encoder, transform)
     grid, feat_dim = probe_grid(encoder, transform.image_size)
-    fresh = not (manifest_path.is_file() and array_path.is_file())
-    if fresh:
-        manifest = new_manifest(split, expected, grid, feat_dim, records)
-    else:
-        manifest = read_manifest(manifest_path)
-        check_manifest(manifest_path, manifest, expected, records)
-    return Extraction(split, array_path, manifest_path, manifest, fresh)
+    store = existing_store(directory, split, encoder, transform, records)
+    if store is not None:
+        return Extraction(split, store.array_path, store.manifest_path, store.manifest, fresh=False)
+    array_path, manifest_path = store_files(directory, split)
+    manifest = new_manifest(split, identity(encoder, transform), grid, feat_dim, records)
+    return Extraction(split, array_path, manifest_path, manifest, fresh=True)
 
 
 def new_manifest(split: str, expected: dict[str, Any], grid: tuple[int, int], feat_dim: int,
@@ -217,12 +216,63 @@ def ensure_store(encoder: StoreEncoder, transform: ImageTransform, directory: st
                  records: list[ImageRecord], batch_size: int, num_workers: int = 0,
                  progress: bool = True) -> FeatureStore:
     """Open the store of `split`, extracting (or finishing) it first when needed."""
-    _, manifest_path = store_files(directory, split)
-    if manifest_path.is_file():
-        manifest = read_manifest(manifest_path)
-        check_manifest(manifest_path, manifest, identity(encoder, transform), records)
-        if manifest["rows_done"] == len(manifest["image_ids"]):
-            store = FeatureStore(directory, split, manifest)
-            check_array(store)
-            return store
-    return extract(encoder, transform, directory, split, records, batch_size, num_workers, progress)
+    store = existing_store(directory, split, encoder, transform, records)
+    if store is None or not store.complete:
+        return extract(encoder, transform, directory, split, records, batch_size, num_workers, progress)
+    return check_array(store)
+
+
+@torch.no_grad()
+def output_grid(encoder: StoreEncoder, image_size: int) -> tuple[int, int]:
+    """The grid (h, w) of the encoder's output at `image_size`, probed in eval mode (no batch-norm update)."""
+    training = encoder.training
+    encoder.eval()
+    _, grid = encoder(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, N, D)
+    encoder.train(training)
+    return grid
+
+
+@dataclass
+class SplitFeatures:
+    """A split's stored features: the records kept, their rows (on disk or a tensor), the encoder's grid."""
+
+    records: list[ImageRecord]
+    features: torch.Tensor | StoreRows
+    grid: tuple[int, int]
+
+
+def split_features(model: EncodesImages, config: Config, split: str, records: list[ImageRecord],
+                   use: list[ImageRecord] | None = None, build: bool = True) -> SplitFeatures:
+    """The stored features of `use` (default: `records`), built if absent (`build`); on the device if they fit."""
+    data, encoder, transform = config.data, model.encoder, model.transform
+    device = encoder.device
+    if build:
+        store = ensure_store(encoder, transform, store_dir(config), split, records, data.batch_size, data.num_workers)
+    else:
+        store = open_store(store_dir(config), split, encoder, transform, records)
+    kept, rows = store.rows_of(records if use is None else use)
+    # Fine-tuned top blocks pool the trunk's cells: their own grid.
+    grid = store.grid if encoder.frozen else output_grid(encoder, transform.image_size)
+    if store.failed_rows:
+        log.warning("%s: %d images failed to load at extraction and are skipped (%s)", split, len(store.failed_rows),
+                    store.manifest_path)
+    if data.features_on_device:
+        need = len(rows) * store.row_bytes
+        free = free_memory(device)
+        if need < 0.9 * free:
+            log.info("%s: %s of features loaded onto %s", split, size_text(need), device)
+            return SplitFeatures(kept, store.load(rows, device), grid)
+        log.warning("%s: data.features_on_device is set but %s of features do not fit in the %s free on %s; "
+                    "reading from disk", split, size_text(need), size_text(free), device)
+    return SplitFeatures(kept, store.rows(rows), grid)
+
+
+def free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

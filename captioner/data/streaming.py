@@ -3,6 +3,7 @@ A resumed worker replays its stream undecoded to its position; docs/training.md 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -14,12 +15,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from captioner.core.errors import DatasetError, ImageLoadError
-from captioner.data.batching import CaptionBatch, collate_captions
+from captioner.data.batching import DRAW_LIMIT, CaptionBatch, collate_captions, epoch_seed
 from captioner.data.image_files import load_image
 from captioner.data.image_transform import ImageTransform
-from captioner.data.sampler import DRAW_LIMIT, epoch_seed
-from captioner.data.shard_reader import (BrokenSample, ShardSet, read_samples, sample_captions, sample_image,
-                                         sample_name)
+from captioner.data.shards import BrokenSample, ShardSet, read_samples, sample_captions, sample_image, sample_name
 from captioner.text.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -181,13 +180,9 @@ class StreamingCaptions(IterableDataset):
         tokens = [self.vocab.encode(c, self.settings.max_length) for c in captions]
         if self.settings.pairs != "all":
             tokens = [tokens[draw % len(tokens)]]
-        augmented = self.transform.train and self.transform.augment
+        seed = draw if self.transform.train and self.transform.augment else None  # the same after a resume
         try:
-            picture = load_image(data, name=sample_name(sample))
-            with torch.random.fork_rng(devices=[], enabled=augmented):  # seeded augmentation: the same after a resume
-                if augmented:
-                    torch.manual_seed(draw)
-                image = self.transform(picture)  # (3, S, S) uint8
+            image = self.transform(load_image(data, name=sample_name(sample)), seed)  # (3, S, S) uint8
         except ImageLoadError as e:
             raise BrokenSample(str(e)) from None
         return image, tokens, index
@@ -244,19 +239,17 @@ class ShardStream:
         workers = self.dataset.settings.workers
         loader = DataLoader(self.dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             worker_init_fn=self.worker_init_fn if workers else None, persistent_workers=False)
-        trace = open(self.trace, "a") if self.trace is not None else None
         try:
-            for item in loader:
-                if isinstance(item, DatasetError):
-                    raise item
-                self.taken[item.worker] = item.position
-                if trace is not None:
-                    trace.write("".join(f"{self.dataset.epoch} {key}\n" for key in item.keys))
-                    trace.flush()
-                yield item.batch
+            with open(self.trace, "a") if self.trace is not None else contextlib.nullcontext() as trace:
+                for item in loader:
+                    if isinstance(item, DatasetError):
+                        raise item
+                    self.taken[item.worker] = item.position
+                    if trace is not None:
+                        trace.write("".join(f"{self.dataset.epoch} {key}\n" for key in item.keys))
+                        trace.flush()
+                    yield item.batch
         finally:
-            if trace is not None:
-                trace.close()
             broken = sum(p.broken for p in self.taken)
             if broken:
                 log.warning("%d broken samples skipped in epoch %d so far (rank %d)", broken, self.dataset.epoch,

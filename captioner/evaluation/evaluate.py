@@ -17,8 +17,8 @@ from captioner.core.errors import ConfigError, DatasetError
 from captioner.core.progress import progress_bar
 from captioner.data.batching import image_loader
 from captioner.data.records import ImageRecord
-from captioner.data.store_reader import StoreRows, feature_batches
-from captioner.data.store_splits import SplitFeatures
+from captioner.data.store_format import StoreRows, feature_batches
+from captioner.data.store_extract import SplitFeatures
 from captioner.evaluation.caption_stats import caption_stats
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu_parts
 from captioner.evaluation.grounding import GroundingReport, Instances, grounding_score

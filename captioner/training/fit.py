@@ -24,8 +24,8 @@ from captioner.data.bounded_tar import shard_limits
 from captioner.data.datasets import load_split, seeded_split_record, split_shards
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
-from captioner.data.sampler import EpochBatchSampler
-from captioner.data.shard_reader import ShardSet, open_shard_set, shard_captions
+from captioner.data.batching import EpochBatchSampler
+from captioner.data.shards import ShardSet, open_shard_set, shard_captions
 from captioner.data.streaming import ShardStream
 from captioner.evaluation.evaluate import caption_records, references_for
 from captioner.evaluation.metrics import fast_scores

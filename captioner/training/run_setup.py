@@ -18,15 +18,12 @@ from torch.utils.data import DataLoader
 
 from captioner.core.config_sections import Config
 from captioner.core.process_settings import loader_workers
-from captioner.data.batching import CaptionDataset, collate_captions
-from captioner.data.device_decode import device_preprocess
+from captioner.data.batching import CaptionDataset, EpochBatchSampler, collate_captions, device_preprocess
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
-from captioner.data.sampler import EpochBatchSampler
-from captioner.data.store_format import store_dir
-from captioner.data.store_reader import StoreRows
-from captioner.data.store_splits import split_features
-from captioner.data.shard_reader import ShardSet
+from captioner.data.store_format import StoreRows, store_dir
+from captioner.data.store_extract import split_features
+from captioner.data.shards import ShardSet
 from captioner.data.streaming import ShardStream, StreamingCaptions, StreamSettings
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput

@@ -115,10 +115,9 @@ def run_flickr8k(args: argparse.Namespace) -> int:
 def run_stats(args: argparse.Namespace) -> int:
     from captioner.core.config_sections import DataConfig
     from captioner.data.coco import load_coco_captions, load_karpathy
-    from captioner.data.datasets import load_split
+    from captioner.data.datasets import dataset_stats, format_table, load_split
     from captioner.data.flickr8k import load_flickr8k
     from captioner.data.shapes import SPLITS
-    from captioner.data.stats import dataset_stats, format_table
 
     start = time.time()
     shards = False

@@ -155,7 +155,7 @@ def checkpoint_split(checkpoint: Path, args: argparse.Namespace) -> tuple[Any, l
 def stored_rows(features: str, model: Any, config: Any, split: str, records: list[ImageRecord],
                 all_records: list[ImageRecord]) -> tuple[list[ImageRecord], dict[str, Any]]:
     """--features DIR: the records whose rows are stored, and what `evaluate` decodes instead of images."""
-    from captioner.data.store_splits import split_features
+    from captioner.data.store_extract import split_features
 
     config.data.feature_store = features
     stored = split_features(model, config, split, all_records, use=records)
