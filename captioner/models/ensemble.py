@@ -111,8 +111,8 @@ class EnsembleTransform:
     def __init__(self, transforms: Sequence[ImageTransform]) -> None:
         self.transforms = list(transforms)
 
-    def __call__(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
-        return torch.cat([transform(image).flatten() for transform in self.transforms])  # (P,)
+    def __call__(self, image: Image.Image | torch.Tensor, seed: int | None = None) -> torch.Tensor:
+        return torch.cat([transform(image, seed).flatten() for transform in self.transforms])  # (P,)
 
     def split(self, images: torch.Tensor) -> list[torch.Tensor]:
         """Packed images (B, P) -> each member's (B, 3, S_i, S_i)."""
