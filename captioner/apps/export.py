@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from captioner.apps.model_card import model_card, read_card, read_scores, with_recipe
+from captioner.apps.model_card import data_terms, model_card, read_card, read_scores, with_recipe
 from captioner.core.bounded_files import read_json
 from captioner.core.files import sha256_of, write_atomically
 from captioner.core.config_sections import DecodeConfig
@@ -36,7 +36,8 @@ TRACE_MARK = b"pkg.torch.onnx.stack_trace"  # the dynamo exporter's record of th
 
 
 def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path | None = None, onnx: bool = False,
-                 decode: Mapping[str, Any] | None = None, web: bool = False, ort: str | Path | None = None) -> list[Path]:
+                 decode: Mapping[str, Any] | None = None, web: bool = False,
+                 ort: str | Path | None = None) -> list[Path]:
     """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written. `decode`
     (DecodeConfig fields) replaces the checkpoint's decoding, so every user decodes as its test scores were measured.
     `web`: the static site of apps/web_site.py instead (of any model, exported folders and packaged ones too)."""
@@ -89,7 +90,6 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
 
 def _web_site(source: Path, folder: Path, decode: Mapping[str, Any] | None, ort: str | Path | None) -> list[Path]:
     """The site of the model at `source`, its data terms those its card gives (or its dataset's)."""
-    from captioner.apps.packaged_model import data_terms
     from captioner.apps.web_site import write_site
 
     if is_exported(source):

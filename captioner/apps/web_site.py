@@ -68,9 +68,10 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
             shutil.copyfile(path, folder / "ort" / path.name)
     site = {
         "format": SITE_FORMAT, "format_version": SITE_FORMAT_VERSION, "captioner_version": captioner.__version__,
-        "ort": {"version": ORT_VERSION, "source": "site" if ort_files else "cdn", "url": "ort/" if ort_files else ORT_CDN},
+        "ort": {"version": ORT_VERSION, "source": "site" if ort_files else "cdn",
+                "url": "ort/" if ort_files else ORT_CDN},
         "model": MODEL_FOLDER + "/onnx.json", "weights": weights, "terms": terms, "examples": examples,
-        "bad_endings": list(bad_ending_ids(model.vocab.index)),  # the words `suppress_bad_endings` keeps from ending
+        "bad_endings": list(bad_ending_ids(model.vocab.index)),  # what `suppress_bad_endings` keeps from ending
     }
     write_atomically(folder / SITE_JSON, lambda tmp: tmp.write_text(json.dumps(site, indent=1), encoding="utf-8"))
     return sorted(p for p in folder.rglob("*") if p.is_file())
