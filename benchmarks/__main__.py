@@ -24,6 +24,7 @@ BENCHMARKS = {
     "onnx": "bench_onnx",
     "packaged_model": "bench_packaged_model",
     "demo_load": "bench_demo_load",
+    "web_page": "bench_web_page",
     "gpu": "bench_gpu",
     "cuda_graphs": "check_cuda_graphs",
 }

@@ -57,8 +57,9 @@ async function start() {
     const { threads } = await ask({ kind: "load", site, manifest, base: location.href });
     const from = site.ort.source === "site" ? "this site" : new URL(site.ort.url).host;
     const seconds = ((performance.now() - started) / 1000).toFixed(1);
-    $("status").textContent = `Ready: onnxruntime-web ${site.ort.version} (wasm, ${threads} thread`
-      + `${threads > 1 ? "s" : ""}) from ${from}; model loaded in ${seconds} s.`;
+    $("runtime").textContent = `onnxruntime-web ${site.ort.version} (wasm, ${threads} thread`
+      + `${threads > 1 ? "s" : ""}) from ${from}; ${site.weights} weights; model loaded in ${seconds} s.`;
+    $("status").textContent = "Ready: choose a photograph.";
     document.body.dataset.ready = "true";
   } catch (error) {
     showError(error.message);
