@@ -74,11 +74,8 @@ def packaged_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def hostile_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hostile_model():
     """A tiny model whose words are HTML and script, made to say them (its output bias favours them)."""
-    require(ORT.is_dir(), f"{ORT} not found (npm ci in the repository installs it)")
-    from captioner.apps.web_site import write_site
     from captioner.models.captioner import Captioner
     from captioner.text.vocab import Vocabulary
 
@@ -87,8 +84,16 @@ def hostile_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = Captioner.from_config(tiny_config("decode.max_length=6", "decode.beam_size=1"), vocab).eval()
     with torch.no_grad():
         model.decoder.out_vocab.bias[-len(HOSTILE):-2] += 50.0  # the two HTML words
+    return model
+
+
+@pytest.fixture(scope="module")
+def hostile_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require(ORT.is_dir(), f"{ORT} not found (npm ci in the repository installs it)")
+    from captioner.apps.web_site import write_site
+
     folder = tmp_path_factory.mktemp("site") / "hostile"
-    write_site(model, folder, ort=ORT)
+    write_site(hostile_model(), folder, ort=ORT)
     return folder
 
 
@@ -177,3 +182,26 @@ def test_a_file_that_is_not_an_image_or_too_large_is_refused_in_one_line(browser
     page.wait_for_function("() => document.getElementById('error').textContent.startsWith('huge.png')")
     assert page.text_content("#error") == "huge.png: 32.5 MB, over the limit of 30 MB"
     page.close()
+
+
+def test_without_ort_the_page_names_the_cdn_and_asks_nothing_else(browser, serve, tmp_path: Path) -> None:
+    """A site written without --ort loads onnxruntime-web from the CDN (here unreachable: one message
+    naming it), and asks nothing of any origin but its own and the CDN's."""
+    from captioner.apps.web_site import ORT_CDN, write_site
+
+    site = tmp_path / "cdn_site"
+    write_site(hostile_model(), site)
+    assert json.loads((site / "site.json").read_text())["ort"] == {"version": "1.30.0", "source": "cdn",
+                                                                   "url": ORT_CDN}
+    assert not (site / "ort").exists()
+    requests: list[str] = []
+    page = browser.new_page()
+    page.route("https://**", lambda route: route.abort())  # no internet in CI: say so at once
+    page.on("request", lambda request: requests.append(request.url))
+    url = serve(site)
+    page.goto(url + "index.html")
+    page.wait_for_selector("body[data-ready='failed']", timeout=60_000)
+    assert page.text_content("#error").startswith(f"onnxruntime-web could not be loaded from {ORT_CDN}")
+    assert {r.split("/")[2] for r in requests} == {url.split("/")[2], "cdn.jsdelivr.net"}, requests
+    page.close()
+
