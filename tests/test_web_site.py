@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from helpers import REPO, launch_chromium, require, require_module, tiny_config, tiny_vocab
 
@@ -181,6 +182,11 @@ def test_a_file_that_is_not_an_image_or_too_large_is_refused_in_one_line(browser
     page.evaluate("window.captioner.captionFile(new File([new Uint8Array(31 * 1024 * 1024)], 'huge.png'))")
     page.wait_for_function("() => document.getElementById('error').textContent.startsWith('huge.png')")
     assert page.text_content("#error") == "huge.png: 32.5 MB, over the limit of 30 MB"
+    Image.new("1", (9000, 6000)).save(tmp_path / "bomb.png")  # 54 megapixels in a few kilobytes
+    page.set_input_files("#file", str(tmp_path / "bomb.png"))
+    page.wait_for_function("() => document.getElementById('error').textContent.startsWith('bomb.png')")
+    assert page.text_content("#error") == ("bomb.png: image is 9000x6000 = 54 megapixels, over the limit of 50 "
+                                           "(possible decompression bomb)")
     page.close()
 
 

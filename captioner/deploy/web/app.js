@@ -2,6 +2,8 @@
 // caption with one heatmap per word over the photograph, as `captioner demo` does. Model data (its words) is only
 // ever set as text (textContent), never as HTML; the page's Content-Security-Policy allows no other script.
 
+import { checkPixels, headerSize } from "./preprocess.js";
+
 const MAX_BYTES = 30 * 1024 * 1024; // a larger file is refused before it is read
 const THUMB = 128; // px: a word's map in the strip below the photograph
 const $ = (id) => document.getElementById(id);
@@ -129,6 +131,12 @@ async function captionFile(file) {
   if (file.size > MAX_BYTES) {
     return showError(`${file.name}: ${(file.size / 1e6).toFixed(1)} MB, over the limit of 30 MB`);
   }
+  const known = headerSize(new Uint8Array(await file.slice(0, 256 * 1024).arrayBuffer()));
+  try {
+    if (known) checkPixels(known.width, known.height, file.name); // a decompression bomb is never decoded
+  } catch (error) {
+    return showError(error.message);
+  }
   let bitmap;
   try {
     bitmap = await createImageBitmap(file, { imageOrientation: "from-image" });
@@ -149,7 +157,7 @@ async function run(bitmap, message, name) {
     $("status").textContent = `${name}: captioned in ${(result.ms / 1000).toFixed(2)} s.`;
     return result;
   } catch (error) {
-    showError(`${name}: ${error.message}`);
+    showError(error.message.includes(name) ? error.message : `${name}: ${error.message}`);
     return null;
   } finally {
     document.body.dataset.busy = "false";
