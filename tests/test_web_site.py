@@ -172,6 +172,29 @@ def test_a_corrupt_model_file_is_one_clear_message(browser, serve, hostile_site:
     page.close()
 
 
+@pytest.mark.parametrize("field, value", [("model/onnx.json", {"files.decoder_step.path": "../../x.onnx"}),
+                                          ("site.json", {"ort.url": "https://example.org/ort/"}),
+                                          ("site.json", {"model": "https://example.org/onnx.json"})])
+def test_a_site_that_points_elsewhere_is_refused(browser, serve, hostile_site: Path, tmp_path: Path, field: str,
+                                                 value: dict) -> None:
+    """The page loads code and graphs from its own origin (and the pinned CDN) only, whatever its JSON says."""
+    site = shutil.copytree(hostile_site, tmp_path / "site")
+    data = json.loads((site / field).read_text())
+    for dotted, replacement in value.items():
+        *parents, last = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        node[last] = replacement
+    (site / field).write_text(json.dumps(data))
+    requests: list[str] = []
+    page = open_page(browser, serve(site), requests)
+    assert page.evaluate("document.body.dataset.ready") == "failed"
+    assert "example.org" not in " ".join(requests) and "x.onnx" not in " ".join(requests)
+    assert page.text_content("#error").split(":")[0] in ("onnx.json", "site.json"), page.text_content("#error")
+    page.close()
+
+
 def test_a_file_that_is_not_an_image_or_too_large_is_refused_in_one_line(browser, serve, hostile_site: Path,
                                                                          tmp_path: Path) -> None:
     page = open_page(browser, serve(hostile_site))

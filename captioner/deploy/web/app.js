@@ -50,6 +50,9 @@ async function readJson(url, what) {
 async function start() {
   try {
     site = await readJson("site.json", "site.json");
+    if (new URL(site.model, location.href).origin !== location.origin) {
+      throw new Error("site.json: the model must be on this site");
+    }
     manifest = await readJson(site.model, site.model);
     if (!manifest.spec || !Array.isArray(manifest.spec.vocab) || !manifest.files || !manifest.graphs) {
       throw new Error(`${site.model} is not a captioner ONNX manifest (no spec, files or graphs)`);

@@ -7,6 +7,7 @@ import { decodeHypotheses } from "./search.js";
 import { preprocess } from "./preprocess.js";
 
 const GRAPHS = ["encoder", "decoder_init", "decoder_step"];
+const CDN = "https://cdn.jsdelivr.net"; // the one origin besides the site's the page may load code from
 let model = null; // {ort, sessions, manifest, rules, size, memoryNames, stateNames}
 
 self.onmessage = async ({ data }) => {
@@ -29,6 +30,11 @@ async function handle(message) {
 // onnxruntime-web from the site or the CDN, then one session per graph, each file checked against onnx.json.
 async function load(site, manifest, base) {
   const ortUrl = new URL(site.ort.url, base).href;
+  const home = new URL(base).origin;
+  if (![home, CDN].includes(new URL(ortUrl).origin)) {
+    throw new Error(`site.json: ort.url must be on this site or ${CDN}, not ${ortUrl}`);
+  }
+  if (new URL(site.model, base).origin !== home) throw new Error("site.json: the model must be on this site");
   let ort;
   try {
     ort = await import(ortUrl + "ort.wasm.min.mjs");
@@ -42,6 +48,9 @@ async function load(site, manifest, base) {
   const sessions = {};
   for (const graph of GRAPHS) {
     const entry = manifest.files[graph];
+    if (typeof entry.path !== "string" || /[/\\:]/.test(entry.path) || [".", ".."].includes(entry.path)) {
+      throw new Error(`onnx.json: files.${graph}.path must be a file name beside onnx.json`);
+    }
     const url = new URL(entry.path, folder);
     const response = await fetch(url);
     if (!response.ok) throw new Error(`model/${entry.path}: ${response.status} ${response.statusText}`);
