@@ -258,8 +258,7 @@ def test_grounding_and_grad_cam_under_cuda_autocast(tmp_path) -> None:
     decoded under the GPU's autocast policy: maps of the grid's shape, finite, the grounding
     mass a fraction."""
     from captioner.data.shapes import generate_shapes
-    from captioner.evaluation.grounding import Instances, grounding_score
-    from captioner.evaluation.interpret import caption_grad_cam
+    from captioner.evaluation.grounding import Instances, caption_grad_cam, grounding_score
 
     generate_shapes(tmp_path, num_train=0, num_val=0, num_test=2, image_size=32, seed=1, progress=False)
     instances = Instances(tmp_path / "instances_test.json")

@@ -187,12 +187,12 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(
 def test_repeated_signals_never_kill_but_a_later_ctrl_c_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """Real signals to this process: SIGTERM twice (a scheduler and torchrun each forward one)
     only asks once; the same Ctrl-C delivered twice at once is one; Ctrl-C again later stops now."""
-    import captioner.training.interrupt as interrupt
+    import captioner.training.loop as loop
     from captioner.training.distributed import Distributed
 
-    monkeypatch.setattr(interrupt, "REPEAT_GRACE_SECONDS", 0.2)
+    monkeypatch.setattr(loop, "REPEAT_GRACE_SECONDS", 0.2)
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    stop = interrupt.StopSignals()
+    stop = loop.StopSignals()
     stop.install()
     try:
         alone = Distributed(torch.device("cpu"))
@@ -214,7 +214,7 @@ def test_repeated_signals_never_kill_but_a_later_ctrl_c_does(monkeypatch: pytest
 
 def test_under_torchrun_the_summed_votes_decide_not_this_ranks_own() -> None:
     from captioner.training.distributed import Distributed
-    from captioner.training.interrupt import StopSignals
+    from captioner.training.loop import StopSignals
 
     rank = Distributed(torch.device("cpu"), rank=0, world_size=2)
     stop = StopSignals()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captioner.evaluation.interpret import (
+from captioner.evaluation.grounding import (
     caption_grad_cam,
     dilate,
     grad_cam,
@@ -160,8 +160,7 @@ def test_per_head_scores_name_the_head_that_looks_at_the_object(tmp_path):
     head 0 points and grounds, head 1 does not, and head 0 is named best. Grad-CAM maps given
     as saliency are scored alongside."""
     from captioner.data.shapes import generate_shapes
-    from captioner.evaluation.grounding import Instances
-    from captioner.evaluation.interpret import interpret_scores
+    from captioner.evaluation.grounding import Instances, interpret_scores
     from captioner.models.caption_result import Caption
 
     generate_shapes(tmp_path, 0, 0, 1, image_size=128, progress=False)

@@ -1,4 +1,4 @@
-"""The n-gram core (captioner/evaluation/ngrams.py) that the scorers and both SCST rewards build on:
+"""The n-gram core (in captioner/evaluation/scorers.py) that the scorers and both SCST rewards build on:
 each rule checked alone against pycocoevalcap or a hand computation, on cases built so that a wrong
 rule (no clipping, another sigma, df counted per reference) gives another number."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers import require_module
 
-from captioner.evaluation import ngrams
-from captioner.evaluation.ngrams import (
+from captioner.evaluation import scorers
+from captioner.evaluation.scorers import (
     bleu_clip,
     bleu_guesses,
     bleu_scores,
@@ -86,7 +86,7 @@ def test_cider_clip_and_length_penalty_are_pycocoevalcaps() -> None:
         assert float(
             cider_clip(torch.tensor([h], dtype=torch.float64), torch.tensor([r], dtype=torch.float64))[0]) == want
     assert cider_clip(2.0, 1.0) == 1.0  # twice the reference's weight earns the reference's
-    assert ngrams.CIDER_SIGMA == 6.0
+    assert scorers.CIDER_SIGMA == 6.0
     for delta in range(-12, 13):
         assert cider_length_penalty(float(delta)) == np.e ** (-(float(delta) ** 2) / (2 * 6.0**2))
     assert cider_length_penalty(6.0) == pytest.approx(math.exp(-0.5), abs=1e-15)  # one sigma away
@@ -115,7 +115,7 @@ def cider_from_the_core(images: dict, clip: bool = True, sigma: float = 6.0) -> 
                 if hn[k] != 0 and rn[k] != 0:
                     value /= hn[k] * rn[k]
                 total += value * cider_length_penalty(delta, sigma)
-        scores.append(total / 4 / len(rs) * ngrams.CIDER_SCALE)
+        scores.append(total / 4 / len(rs) * scorers.CIDER_SCALE)
     return scores
 
 

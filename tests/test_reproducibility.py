@@ -21,7 +21,7 @@ import captioner.training.fit as fit_module
 from captioner.core.config import load_config
 from captioner.data.shapes import generate_shapes
 from captioner.training.fit import fit
-from captioner.training.interrupt import Interrupted
+from captioner.training.loop import Interrupted
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 6

@@ -10,7 +10,7 @@ import pytest
 from helpers import require_module
 
 from captioner.text.vocab import Vocabulary
-from captioner.evaluation.ngrams import ngram_counts
+from captioner.evaluation.scorers import ngram_counts
 from captioner.training.host_reward import (
     Bleu4,
     CaptionReward,

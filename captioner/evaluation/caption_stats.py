@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from captioner.core.errors import CaptionerError
-from captioner.evaluation.ngrams import bleu_clip, max_reference_counts
+from captioner.evaluation.scorers import bleu_clip, max_reference_counts
 from captioner.text.endings import BAD_ENDINGS
 from captioner.text.vocab import tokenize
 

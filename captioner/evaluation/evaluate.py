@@ -21,8 +21,8 @@ from captioner.data.store_format import StoreRows, feature_batches
 from captioner.data.store_extract import SplitFeatures
 from captioner.evaluation.caption_stats import caption_stats
 from captioner.evaluation.scorers import BleuParts, CountedCaptions, bleu_parts
-from captioner.evaluation.grounding import GroundingReport, Instances, grounding_score
-from captioner.evaluation.interpret import InterpretReport, interpret_scores, records_grad_cam
+from captioner.evaluation.grounding import (GroundingReport, Instances, InterpretReport, grounding_score,
+                                           interpret_scores, records_grad_cam)
 from captioner.evaluation.metrics import (
     TUTORIAL_BLEU_LABEL, fast_scores, nltk_corpus_bleu, score_official_many, tokenized)
 from captioner.evaluation.results_files import Predictions, References, rounded, scored_ids, write_results

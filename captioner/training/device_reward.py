@@ -21,8 +21,8 @@ import torch
 
 from captioner.core.errors import DatasetError
 from captioner.core.machine_cache import exclusive
-from captioner.evaluation.ngrams import (CIDER_SCALE, CIDER_SIGMA, MAX_N, cider_clip, cider_length,
-                                         cider_length_penalty, inverse_document_frequency, log_images)
+from captioner.evaluation.scorers import (CIDER_SCALE, CIDER_SIGMA, MAX_N, cider_clip, cider_length,
+                                          cider_length_penalty, inverse_document_frequency, log_images)
 from captioner.text.vocab import Vocabulary
 from captioner.training.host_reward import Bleu4, reference_corpus
 

@@ -36,8 +36,7 @@ from captioner.text.vocab import Vocabulary
 from captioner.training import distributed
 from captioner.training.distributed import Distributed
 from captioner.training.history import METRICS, STEP_LOSSES, write_history, write_step_losses
-from captioner.training.interrupt import Interrupted, StopSignals
-from captioner.training.loop import Objective, train_one_epoch
+from captioner.training.loop import Interrupted, Objective, StopSignals, train_one_epoch
 from captioner.training.scst import SelfCritical
 from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan, lr_scale,
                                           make_loader, make_objective, make_optimizer, make_scheduler, stored_data,

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from captioner.evaluation.ngrams import (CIDER_SCALE, CIDER_SIGMA, MAX_N, NGram, NgramCounts, bleu_guesses, bleu_scores,
-                                         cider_clip, cider_length, cider_length_penalty, clipped_matches,
-                                         closest_ref_length, document_frequency, idf_table, log_images,
-                                         max_reference_counts, ngram_counts)
+from captioner.evaluation.scorers import (CIDER_SCALE, CIDER_SIGMA, MAX_N, NGram, NgramCounts, bleu_guesses,
+                                          bleu_scores, cider_clip, cider_length, cider_length_penalty, clipped_matches,
+                                          closest_ref_length, document_frequency, idf_table, log_images,
+                                          max_reference_counts, ngram_counts)
 from captioner.text.vocab import Vocabulary, tokenize
 
 
@@ -25,7 +25,7 @@ class _Vector:
 
     weights: list[dict[NGram, float]]  # per order k: n-gram -> tf * idf
     norms: list[float]  # per order k: the L2 norm of weights[k]
-    length: int  # `ngrams.cider_length`: the length penalty's argument
+    length: int  # `scorers.cider_length`: the length penalty's argument
 
 
 class CiderD:

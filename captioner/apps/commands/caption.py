@@ -274,7 +274,7 @@ def grad_cams(model: Captioner, image: Image.Image, caption: Caption) -> dict[in
     """Each word's Grad-CAM map (h, w) over the image's grid, by word position."""
     import torch
 
-    from captioner.evaluation.interpret import caption_grad_cam
+    from captioner.evaluation.grounding import caption_grad_cam
 
     with torch.no_grad():
         feats, _ = model.encode(model.transform(image)[None].to(model.device))  # (1, N, D)

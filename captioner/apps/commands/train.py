@@ -31,7 +31,6 @@ def run(args: argparse.Namespace) -> int:
     from captioner.apps.prerequisites import require_data, require_start, writable_folder
     from captioner.core.config import load_config
     from captioner.training import distributed
-    from captioner.training.interrupt import Interrupted
 
     options = [*([f"train.init={args.init}"] if args.init else []), *device_overrides(args)]  # --init, --device
     config = load_config(args.config, [*args.overrides, *options])  # the run fixes its threads (training/speed.py)
@@ -39,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     require_data(config.data, ["train", "val"])
     if distributed.is_main_process():  # rank 0 alone writes the run folder; the others never touch it
         writable_folder(config.train.out_dir, "train.out_dir")
+    from captioner.training.loop import Interrupted  # the training stack, once the checks above pass
     try:
         best = train_run(config, resume=args.resume)
     except Interrupted as stopped:
