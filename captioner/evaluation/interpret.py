@@ -11,8 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from captioner.evaluation.grounding import Instances, word_regions
-from captioner.models.caption_result import Caption, upsample
+from captioner.evaluation.grounding import Instances, upsample, word_regions
+from captioner.core.decode_results import Caption
 from captioner.models.captioner import Captioner
 
 TOLERANCE = 15  # pixels: the pointing game's usual tolerance

@@ -20,7 +20,7 @@ from captioner.core.model_spec import ModelSpec, Preprocessing
 from captioner.core.process_settings import resolve_device
 from captioner.data.image_files import ImageInput, caption_in_batches
 from captioner.data.image_transform import ImageTransform
-from captioner.models.caption_result import Caption
+from captioner.core.decode_results import Caption
 from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
 from captioner.models.model_paths import checkpoint_file, is_packaged, read_packaged
 from captioner.models.decoder import Decoder, DecoderOutput, build_decoder, use_graphed_step
