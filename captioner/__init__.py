@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from captioner.models.caption_result import Caption
+    from captioner.core.decode_results import Caption
     from captioner.models.captioner import Captioner
     from captioner.models.checkpoint import default_model, load_captioner
     from captioner.models.decoding import DecodeOptions
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "Caption": "captioner.models.caption_result",
+    "Caption": "captioner.core.decode_results",
     "Captioner": "captioner.models.captioner",
     "DecodeOptions": "captioner.models.decoding",
     "default_model": "captioner.models.checkpoint",

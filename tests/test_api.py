@@ -18,7 +18,7 @@ from PIL import Image
 
 from captioner.core.errors import ConfigError, ImageLoadError
 from captioner.data.shapes import generate_shapes
-from captioner.models.caption_result import Caption
+from captioner.core.decode_results import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint
 

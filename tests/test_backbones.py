@@ -17,14 +17,14 @@ from captioner.core.config_sections import EncoderConfig
 from captioner.core.errors import ConfigError
 from captioner.data.image_files import load_image
 from captioner.data.image_transform import ImageTransform, normalize_images
-from captioner.models.backbones import (
+from captioner.models.encoders import (
     LITE_WEIGHTS,
     NORMALIZATIONS,
     backbone,
+    build_encoder,
     efficientnet_lite_classifier,
     lite_weights_path,
 )
-from captioner.models.encoders import build_encoder
 
 LITES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
 

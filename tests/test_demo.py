@@ -38,7 +38,7 @@ from captioner.apps.demo.ui import Callbacks, build_demo, enable_download  # noq
 from captioner.core.config import load_config  # noqa: E402
 from captioner.core.errors import CaptionerError, CheckpointError  # noqa: E402
 from captioner.data.image_files import load_image  # noqa: E402
-from captioner.models.caption_result import Caption  # noqa: E402
+from captioner.core.decode_results import Caption  # noqa: E402
 from captioner.models.checkpoint import load_captioner, save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slow

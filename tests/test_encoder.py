@@ -17,10 +17,9 @@ from captioner.core.config import load_config
 from captioner.core.config_sections import EncoderConfig
 from captioner.core.errors import ConfigError
 from captioner.data.image_transform import IMAGENET
-from captioner.models.backbones import BACKBONES, NORMALIZATIONS, backbone
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import load_captioner, save_checkpoint
-from captioner.models.encoders import build_encoder
+from captioner.models.encoders import BACKBONES, NORMALIZATIONS, backbone, build_encoder
 
 SIDE = 64  # a small image: a grid of SIDE / stride cells
 

@@ -15,7 +15,7 @@ from captioner.evaluation.grounding import (
     grounding_score,
     shapes_regions,
 )
-from captioner.models.caption_result import Caption
+from captioner.core.decode_results import Caption
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ from captioner.data.image_transform import (
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import generate_shapes
 from captioner.data.store_format import check_manifest, identity
-from captioner.models.backbones import NORMALIZATIONS
+from captioner.models.encoders import NORMALIZATIONS
 from captioner.models.captioner import Captioner
 from captioner.training import run_setup
 from captioner.training.fit import fit

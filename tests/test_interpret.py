@@ -98,7 +98,7 @@ def test_upsample_is_bilinear_interpolation(grid: tuple[int, int], size: tuple[i
     """The separable products give F.interpolate's bilinear maps, up and down, normalised to sum 1."""
     import torch.nn.functional as F
 
-    from captioner.models.caption_result import upsample
+    from captioner.evaluation.grounding import upsample
 
     maps = torch.rand(3, *grid)  # (T, h, w)
     expected = F.interpolate(maps[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]  # (T, H, W)
@@ -108,7 +108,7 @@ def test_upsample_is_bilinear_interpolation(grid: tuple[int, int], size: tuple[i
 
 def test_pointing_game_on_an_upsampled_grid_map():
     """A grid map whose peak cell covers the object hits; one whose peak is far off misses."""
-    from captioner.models.caption_result import upsample
+    from captioner.evaluation.grounding import upsample
 
     grid = torch.full((8, 8), 0.01)
     grid[2, 3] = 1.0  # cell rows 32..47, columns 48..63
@@ -161,7 +161,7 @@ def test_per_head_scores_name_the_head_that_looks_at_the_object(tmp_path):
     as saliency are scored alongside."""
     from captioner.data.shapes import generate_shapes
     from captioner.evaluation.grounding import Instances, interpret_scores
-    from captioner.models.caption_result import Caption
+    from captioner.core.decode_results import Caption
 
     generate_shapes(tmp_path, 0, 0, 1, image_size=128, progress=False)
     instances = Instances(tmp_path / "instances_test.json")

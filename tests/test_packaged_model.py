@@ -38,7 +38,7 @@ from captioner.core.errors import ExportError
 from captioner.data.shapes import generate_shapes
 from captioner.models import model_origin
 from captioner.models import model_paths as packaged
-from captioner.models.backbones import lite_weights_path
+from captioner.models.encoders import lite_weights_path
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import default_model, save_checkpoint
 from captioner.models.model_paths import DEFAULT_MODEL, QUICKSTART_RUN
@@ -270,7 +270,7 @@ def test_encoder_weights_that_differ_from_the_recorded_ones_are_refused(installe
     other = tmp_path / "efficientnet-lite0.pth"
     shutil.copyfile(lite_weights_path("efficientnet_lite0"), other)
     flip_a_byte(other)
-    monkeypatch.setattr("captioner.models.backbones.lite_weights_path", lambda name: str(other))
+    monkeypatch.setattr("captioner.models.encoders.lite_weights_path", lambda name: str(other))
     with pytest.raises(ExportError) as caught:
         Captioner.from_pretrained(NAME, device="cpu")
     assert str(caught.value) == (f"{other}: not the efficientnet_lite0 weights {installed / CONFIG} was exported with "

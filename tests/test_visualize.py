@@ -10,7 +10,7 @@ import torch
 from helpers import count_panels
 from PIL import Image
 
-from captioner.models.caption_result import Caption
+from captioner.core.decode_results import Caption
 from captioner.viz.overlays import save_attention_figure
 
 

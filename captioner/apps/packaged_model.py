@@ -26,7 +26,7 @@ from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
 from captioner.core.files import size_text
 from captioner.data.image_files import load_image
 from captioner.data.model_settings import StoredSettings, stored_settings
-from captioner.models.backbones import weights_package
+from captioner.models.encoders import weights_package
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import config_source, run_config, written_by_its_run
 from captioner.models.checkpoint_format import read_checkpoint

@@ -110,7 +110,7 @@ class DataConfig:
     shapes_seed: int = setting(0, Range(ge=0, lt=2**32))  # numpy's seed range
 
 
-# Backbones and their pixel statistics are registered in captioner.models.backbones (the one
+# Backbones and their pixel statistics are registered in captioner.models.encoders (the one
 # list of them; core may not import models): here a name need only look like one, and the
 # registry refuses an unknown one in one line when the model is built or the config checked.
 REGISTERED_NAME = Text(r"[a-z][a-z0-9_]*", "a registered name (lower case, digits, _; see docs/encoders.md)")
@@ -118,7 +118,7 @@ REGISTERED_NAME = Text(r"[a-z][a-z0-9_]*", "a registered name (lower case, digit
 
 @dataclass
 class EncoderConfig:
-    # small_cnn, resnet50/101/152, efficientnet_lite0/1/2 (captioner.models.backbones)
+    # small_cnn, resnet50/101/152, efficientnet_lite0/1/2 (captioner.models.encoders)
     name: str = setting("small_cnn", REGISTERED_NAME)
     pretrained: bool = setting(False, Flag())  # ImageNet weights (torchvision API; lite0 from its package, offline)
     # Pixel statistics of the on-device normalisation: backbone (the registry entry's own), imagenet

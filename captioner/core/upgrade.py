@@ -9,7 +9,7 @@ from captioner.core.config_sections import DataConfig
 from captioner.core.errors import ConfigError, ExportError
 
 # Every checkpoint written before `model.encoder.normalization` existed normalised its images
-# with ImageNet's statistics, whatever its backbone (captioner.models.backbones.NORMALIZATIONS).
+# with ImageNet's statistics, whatever its backbone (captioner.models.encoders.NORMALIZATIONS).
 LEGACY_NORMALIZATION = "imagenet"
 # The one flat `model.decoder` section of before held every decoder's keys; these are the
 # LSTM's and the transformer's own, by which such a section is known.

@@ -26,7 +26,7 @@ from captioner.evaluation.grounding import (GroundingReport, Instances, Interpre
 from captioner.evaluation.metrics import (
     TUTORIAL_BLEU_LABEL, fast_scores, nltk_corpus_bleu, score_official_many, tokenized)
 from captioner.evaluation.results_files import Predictions, References, rounded, scored_ids, write_results
-from captioner.models.caption_result import Caption
+from captioner.core.decode_results import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.ensemble import Ensemble
 

@@ -20,14 +20,15 @@ from captioner.core.model_spec import ModelSpec, Preprocessing
 from captioner.core.process_settings import resolve_device
 from captioner.data.image_files import ImageInput, caption_in_batches
 from captioner.data.image_transform import ImageTransform
-from captioner.models.caption_result import Caption
+from captioner.core.decode_results import Caption
 from captioner.models.checkpoint_format import checkpoint_spec, read_checkpoint
 from captioner.models.model_paths import checkpoint_file, is_packaged, read_packaged
 from captioner.models.decoder import Decoder, DecoderOutput, build_decoder, use_graphed_step
 from captioner.models.decoders import lstm, transformer  # noqa: F401  (registers captioner's own decoders)
 from captioner.models.decoding import DecodeOptions, SpecialTokens, decode_hypotheses
-from captioner.models.backbones import check_packaged_weights, packaged_weights_record, weights_package
-from captioner.models.encoders import Encoder, build_encoder
+from captioner.models.encoders import (
+    Encoder, build_encoder, check_packaged_weights, packaged_weights_record, weights_package,
+)
 from captioner.models.export_format import CONFIG, WEIGHTS, is_exported, read_exported, write_exported
 from captioner.models.model_origin import ModelOrigin, checkpoint_origin, export_origin
 from captioner.text.vocab import Vocabulary

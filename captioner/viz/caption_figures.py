@@ -15,7 +15,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from captioner.core.errors import CaptionerError  # noqa: E402
-from captioner.models.caption_result import Caption, upsample  # noqa: E402
+from captioner.core.decode_results import Caption  # noqa: E402
+from captioner.evaluation.grounding import upsample  # noqa: E402
 from captioner.viz.curves import save_figure  # noqa: E402
 from captioner.viz.overlays import overlay, save_attention_figure  # noqa: E402
 

@@ -13,7 +13,8 @@ import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter, ImageFont
 
 from captioner.core.files import write_atomically
-from captioner.models.caption_result import Caption, upsample
+from captioner.core.decode_results import Caption
+from captioner.evaluation.grounding import upsample
 
 PANEL_SIDE = 216  # px: a panel's longer side (2.4 inches at 90 dpi)
 GAP = 12  # px of white between panels: what keeps them apart on the sheet

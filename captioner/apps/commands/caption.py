@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # loaded when used: `captioner caption --help` needs neither 
     from PIL import Image
 
     from captioner.deploy import OnnxCaptioner
-    from captioner.models.caption_result import Caption
+    from captioner.core.decode_results import Caption
     from captioner.models.captioner import Captioner
     from captioner.models.ensemble import Ensemble
     from captioner.viz.caption_figures import FigureRequest

@@ -32,8 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from captioner.core.files import size_text
     from captioner.data.store_extract import ensure_store
     from captioner.data.store_format import check_storable, store_dir
-    from captioner.models.backbones import check_encoder_config
-    from captioner.models.encoders import build_encoder
+    from captioner.models.encoders import build_encoder, check_encoder_config
 
     config = load_config(args.config, [*args.overrides, *device_overrides(args)])
     if args.out:

@@ -11,7 +11,7 @@ from typing import Any
 
 from PIL import Image
 
-from captioner.models.caption_result import Caption
+from captioner.core.decode_results import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.model_origin import introduce
 

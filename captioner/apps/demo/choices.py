@@ -8,7 +8,7 @@ from typing import Any
 
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.errors import RequestError
-from captioner.models.caption_result import Caption
+from captioner.core.decode_results import Caption
 from captioner.models.captioner import Captioner
 
 MEAN = "mean"  # the head choice that averages the heads

@@ -17,7 +17,7 @@ from captioner.apps.demo.batcher import CaptionBatcher
 from captioner.apps.demo.choices import MEAN, maps_label, parse_layer_head, word_position
 from captioner.core.errors import ImageLoadError
 from captioner.data.image_files import MAX_PIXELS, load_image, open_image
-from captioner.models.caption_result import Caption
+from captioner.core.decode_results import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.model_origin import introduce
 from captioner.viz.overlays import save_attention_figure, word_overlays

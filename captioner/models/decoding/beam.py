@@ -1,4 +1,4 @@
-"""`Beam`: the state of a batched (diverse) beam search, and the steps that move it.
+"""Batched (diverse) beam search (`beam_search_n_best`) and `Beam`: its state, and the steps that move it.
 
 B images have K beams each, in G groups of Kg = K/G beams (one group is ordinary beam search);
 search s = b*G + g holds rows s*Kg .. s*Kg+Kg-1 of the B*K. A step reads as the algorithm:
@@ -12,17 +12,20 @@ The host reads the device once per step (`finish`), and the maps once (`best`)."
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from captioner.core.decode_results import Hypothesis, length_penalty
+from captioner.core.decode_schema import check_search
 from captioner.models.decoder import select_rows
 from captioner.models.decoding.rules import (
     SHRINK_SHARE, EndingRule, SpecialTokens, banned_mask, block_repeated_trigrams, device_index, pad_last,
     spread_rows, step_decoder,
 )
+from captioner.models.products import reused_weights
 
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
@@ -258,3 +261,34 @@ class Beam:
                 hyps.append(Hypothesis(tokens, score, raw, next(maps), ended, words_self))
             results.append(hyps)
         return results
+
+
+@torch.no_grad()
+def beam_search(
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
+) -> list[Hypothesis]:
+    """The best hypothesis per image of `beam_search_n_best`; feats (B, N, D)."""
+    ranked = beam_search_n_best(decoder, feats, special, dataclasses.replace(options, n_best=1))
+    return [hyps[0] for hyps in ranked]
+
+
+@torch.no_grad()
+@reused_weights()  # the dense layers' weights reordered once for the whole search
+def beam_search_n_best(
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
+) -> list[list[Hypothesis]]:
+    """Batched beam search, K beams in G diverse groups per image -> per image the `n_best` (<= K) best
+    distinct hypotheses; at `max_length` live beams compete with the finished ones (finished=False)."""
+    check_search({"beam_size": options.beam_size, "diverse_groups": options.diverse_groups, "n_best": options.n_best})
+    if decoder.vocab_size >= 2**24:  # the step's read carries word ids in float32
+        raise ValueError(f"beam search handles vocabularies under 2**24 words; this one has {decoder.vocab_size}")
+    beam = Beam(decoder, feats, special, options)
+    for t in range(options.max_length):
+        candidates = beam.expand(t)  # (B, G, K/G*V)
+        choice = beam.select(candidates)
+        beam.advance(choice)
+        beam.finish(choice, t)
+        if all(beam.done):
+            break
+        beam.follow_parents()
+    return beam.best(options.n_best)

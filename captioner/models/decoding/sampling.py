@@ -1,4 +1,5 @@
-"""Word-by-word decoding: greedy decoding, sampling and SCST's roll-outs as one loop, `roll_out`."""
+"""Word-by-word decoding: greedy decoding, sampling and SCST's roll-outs as one loop, `roll_out`, and
+inference's greedy and sampled hypotheses through the decoder interface alone (`greedy_decode`, `sample_n_best`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from captioner.core.decode_results import Hypothesis
 from captioner.core.decode_schema import check_options
 from captioner.models.decoder import reads_are_free, real_positions, select_rows
 from captioner.models.decoding.rules import (
@@ -169,3 +171,42 @@ def scored_by_teacher_forcing(
     chosen = logits.float().log_softmax(dim=-1).gather(1, words[:, None]).squeeze(1)  # (M,)
     sorted_sums = chosen.new_zeros(R).index_add(0, positions // steps, chosen)  # (R,) in the sorted order
     return sorted_sums.new_zeros(R).index_copy(0, order, sorted_sums)  # (R,) in the samples' order
+
+
+@torch.no_grad()
+def greedy_decode(
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
+) -> list[Hypothesis]:
+    """The most probable word at each step; score: the log-probability of the words and the <eos>."""
+    return hypotheses(decoder, feats, special, options, argmax)
+
+
+@torch.no_grad()
+def sample_n_best(
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
+) -> list[list[Hypothesis]]:
+    """`n_best` captions drawn per image, most probable first (at temperature 1, <eos> counted)."""
+    B, n = feats.shape[0], options.n_best
+    rows = feats.repeat_interleave(n, dim=0)  # (B*n, N, D): n draws per image
+    drawn = hypotheses(decoder, rows, special, options, drawing(options, feats.device))
+    return [sorted(drawn[b * n : (b + 1) * n], key=lambda h: -h.score) for b in range(B)]
+
+
+def hypotheses(
+    decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions,
+    pick: Callable[[torch.Tensor], torch.Tensor],
+) -> list[Hypothesis]:
+    """One caption per row of feats (R, N, D) from `roll_out` with its maps, copied once after the loop."""
+    out = roll_out(decoder, decoder.prepare(feats), special, options, pick, maps=True)
+    assert out.attn is not None  # made with maps
+    ended = (out.tokens == special.eos).any(dim=1)  # (R,): a row's words are never <eos> before its end
+    steps = out.logprobs[:, : out.attn.shape[1]].unbind(1)  # (R,) each
+    score = sum(steps, torch.zeros_like(steps[0]))  # (R,): added step by step, as the words came
+    tokens_rt, attn_rt = out.tokens.cpu(), out.attn.float().cpu()  # (R, T), (R, steps, L, H, N)
+    self_rt = None if out.self_attn is None else out.self_attn.cpu()  # (R, steps, L, H, steps)
+    ends, scores, finished = (out.lengths - ended.long()).tolist(), score.tolist(), ended.tolist()
+    return [
+        Hypothesis(tokens_rt[r, :n].tolist(), scores[r], scores[r], attn_rt[r, :n], finished[r],
+                   None if self_rt is None else self_rt[r, :n, ..., :n])  # self_attn (n, L, H, n)
+        for r, n in enumerate(ends)
+    ]
