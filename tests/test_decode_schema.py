@@ -12,7 +12,7 @@ import pytest
 
 from captioner.apps.arguments import decode_value
 from captioner.apps.cli import build_parser
-from captioner.apps.demo.choices import MAX_BEAM, MAX_LENGTH, served
+from captioner.apps.demo.page import MAX_BEAM, MAX_LENGTH, served
 from captioner.core.config import load_config
 from captioner.core.config_sections import Config, DecodeConfig
 from captioner.core.decode_schema import OPTIONS, check_options, combination_problem

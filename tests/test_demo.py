@@ -31,8 +31,7 @@ require_module("gradio", "the demo extra is not installed (pip install -e .[demo
 from conftest import TrainedRun  # noqa: E402
 
 from captioner.apps.demo.cards import dataset_examples  # noqa: E402
-from captioner.apps.demo.choices import MEAN, attention_choices  # noqa: E402
-from captioner.apps.demo.page import Result, caption_page, render_page  # noqa: E402
+from captioner.apps.demo.page import MEAN, Result, attention_choices, caption_page, render_page  # noqa: E402
 from captioner.apps.demo.server import close, default_checkpoint, launch  # noqa: E402
 from captioner.apps.demo.ui import Callbacks, build_demo, enable_download  # noqa: E402
 from captioner.core.config import load_config  # noqa: E402
@@ -172,8 +171,7 @@ WITHOUT_GRADIO = """
 import sys
 sys.modules["gradio"] = None  # any import of Gradio now fails
 from captioner.apps.demo import caption_page, dataset_examples, load_models
-from captioner.apps.demo.choices import check_request
-from captioner.apps.demo.page import render_page
+from captioner.apps.demo.page import check_request, render_page
 from captioner.apps.cli import main
 sys.exit(main(["demo", "missing.pt"]))
 """

@@ -24,7 +24,7 @@ from PIL import Image
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
 from captioner.apps.demo.cards import load_models  # noqa: E402
-from captioner.apps.demo.choices import MAX_BEAM, MAX_LENGTH, MEAN, check_request  # noqa: E402
+from captioner.apps.demo.page import MAX_BEAM, MAX_LENGTH, MEAN, check_request  # noqa: E402
 from captioner.apps.demo.server import close, launch  # noqa: E402
 from captioner.apps.demo.ui import Callbacks, build_demo  # noqa: E402
 from captioner.core.errors import RequestError  # noqa: E402

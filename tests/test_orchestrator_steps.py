@@ -107,7 +107,7 @@ def test_scst_mean_baseline_is_the_mean_of_the_other_samples() -> None:
 
 def test_demo_steps_start_the_sliders_within_the_page_and_round_lifetimes() -> None:
     pytest.importorskip("gradio")
-    from captioner.apps.demo.choices import MAX_BEAM, MAX_LENGTH
+    from captioner.apps.demo.page import MAX_BEAM, MAX_LENGTH
     from captioner.apps.demo.ui import Cleanup, cache_lifetimes, slider_starts
 
     model = tiny_model("decode.beam_size=3", "decode.max_length=7")

@@ -23,9 +23,9 @@ from PIL import Image
 
 from captioner.apps.demo.batcher import MAX_BATCH, CaptionBatcher
 from captioner.apps.demo.cards import load_models, model_cards, model_examples, model_label, recorded, serving_line
-from captioner.apps.demo.choices import MAX_BEAM, MAX_LENGTH, check_request, menus, word_choices, word_position
-from captioner.apps.demo.page import (PageOutput, Result, caption_page, inside_views, message, prune, prune_folders,
-                                     render_page, write_figure)
+from captioner.apps.demo.page import (MAX_BEAM, MAX_LENGTH, PageOutput, Result, caption_page, check_request,
+                                     inside_views, menus, message, prune, prune_folders, render_page, word_choices,
+                                     word_position, write_figure)
 from captioner.core.errors import RequestError
 from captioner.data.image_files import MAX_PIXELS
 from captioner.models.captioner import Captioner
