@@ -22,7 +22,7 @@ from captioner.models.decoding import DecodeOptions, Hypothesis, SpecialTokens, 
 from captioner.models.decoding.rules import EndingRule
 from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
 from captioner.models.decoding.sampling import sample_captions
-from captioner.text.endings import BAD_ENDINGS
+from captioner.text.vocab import BAD_ENDINGS
 
 # A vocabulary of 8 ids: <pad>, <bos>, <eos>, <unk>, then "a" (a bad ending), "red", "circle", "square".
 PAD, BOS, EOS, UNK, A, RED, CIRCLE, SQUARE = range(8)

@@ -26,7 +26,7 @@ from captioner.core.files import sha256_of
 from captioner.core.errors import CaptionerError, ConfigError, ExportError, ImageLoadError
 from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION
 from captioner.models.captioner import Captioner
-from captioner.text.endings import BAD_ENDINGS
+from captioner.text.vocab import BAD_ENDINGS
 
 require_module("onnxruntime", "the ONNX runtime tests need onnxruntime (pip install captioner[onnx])")
 

@@ -20,7 +20,7 @@ from captioner.core.bounded_files import read_json
 from captioner.core.errors import ExportError
 from captioner.core.files import sha256_of, write_atomically
 from captioner.models.captioner import Captioner
-from captioner.text.endings import bad_ending_ids
+from captioner.text.vocab import bad_ending_ids
 
 log = logging.getLogger(__name__)
 

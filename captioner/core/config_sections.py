@@ -220,7 +220,7 @@ class ScstConfig:
     xent_weight: float = setting(0.0, Range(ge=0))
     # sample with the decoder's dropout on, as in training (self-critical.pytorch); false: the test-time decoder
     dropout: bool = setting(True, Flag())
-    # samples and greedy baseline never end on "a", "with", "of", ... (text/endings.py)
+    # samples and greedy baseline never end on "a", "with", "of", ... (text/vocab.py)
     suppress_bad_endings: bool = setting(False, Flag())
 
 

@@ -101,7 +101,7 @@ OPTIONS: dict[str, DecodeOption] = {option.name: option for option in (
     DecodeOption("block_trigrams", bool, False, "never repeat a word trigram within a caption"),
     DecodeOption("min_length", int, 0, "words before `<eos>` is allowed (every mode)", Range(ge=0, le=1000)),
     DecodeOption("suppress_bad_endings", bool, False,
-                 'no `<eos>` right after "a", "with", "of", ... (text/endings.py)'),
+                 'no `<eos>` right after "a", "with", "of", ... (text/vocab.py)'),
     DecodeOption("diverse_groups", int, 1, "diverse beam search: groups of beam_size / groups beams (1: plain)",
                  Range(ge=1, le=100)),
     DecodeOption("diversity_strength", float, 0.5, "lambda of the Hamming diversity penalty between groups",

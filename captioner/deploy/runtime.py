@@ -27,8 +27,7 @@ from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION, ModelSpe
 from captioner.core.upgrade import OLDEST_ONNX, upgrade_onnx_manifest
 from captioner.data.image_files import ImageInput, caption_in_batches
 from captioner.deploy.numpy_search import Arrays, SearchOptions, TokenRules, decode_hypotheses
-from captioner.text.endings import bad_ending_ids
-from captioner.text.vocab import Vocabulary
+from captioner.text.vocab import Vocabulary, bad_ending_ids
 
 MANIFEST = "onnx.json"
 GRAPHS = ("encoder", "decoder_init", "decoder_step")

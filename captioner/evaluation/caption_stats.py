@@ -1,5 +1,5 @@
 """Statistics of generated captions that the n-gram metrics hide: bad endings and repetition. Think
-of self-critical training's captions ending on "with a" (`captioner.text.endings`) or saying "a dog
+of self-critical training's captions ending on "with a" (`captioner.text.vocab.BAD_ENDINGS`) or saying "a dog
 and a dog"; words come from `tokenize`, so a caption given as text or as words counts alike. And the
 human ceiling (`leave_one_out`): each reference caption scored against the other references of its
 image; as the metrics grow with the number of references, for each fold k the model's caption is
@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 
 from captioner.core.errors import CaptionerError
 from captioner.evaluation.scorers import bleu_clip, max_reference_counts
-from captioner.text.endings import BAD_ENDINGS
-from captioner.text.vocab import tokenize
+from captioner.text.vocab import BAD_ENDINGS, tokenize
 
 
 def words_of(caption: str | Sequence[str]) -> list[str]:

@@ -1,11 +1,14 @@
-"""Tokenisation and the word vocabulary. `tokenize` (`captioner.text.tokenizer`) gives the words COCO scores."""
+"""Tokenisation, the word vocabulary and the words a caption must not end on. `tokenize`
+(`captioner.text.tokenizer`) gives the words COCO scores. The bad endings are articles, prepositions and
+conjunctions ("a dog with"): evaluation counts them and decoding can forbid `<eos>` after one; adverbs and
+particles ("looking up") are left out."""
 
 from __future__ import annotations
 
 import itertools
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from captioner.core.errors import DatasetError
@@ -13,6 +16,16 @@ from captioner.text.tokenizer import tokenize
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
+
+# The words a caption must not end on (`bad_ending_ids`).
+ARTICLES = frozenset({"a", "an", "the"})
+PREPOSITIONS = frozenset({
+    "of", "in", "on", "at", "to", "for", "with", "from", "into", "onto", "near", "under", "beneath",
+    "between", "among", "across", "through", "toward", "towards", "against", "upon", "beside", "during",
+    "without", "within", "like", "atop",
+})
+CONJUNCTIONS = frozenset({"and", "or", "but", "nor", "while", "because", "as", "if", "than", "whereas"})
+BAD_ENDINGS = ARTICLES | PREPOSITIONS | CONJUNCTIONS
 
 
 class Vocabulary:
@@ -70,3 +83,8 @@ class Vocabulary:
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise DatasetError(f"{path}: not a vocabulary file ({e})") from None
         return cls(words)
+
+
+def bad_ending_ids(index: Mapping[str, int]) -> tuple[int, ...]:
+    """The ids of a vocabulary's words in BAD_ENDINGS (`index`: word -> id, `Vocabulary.index`), in order."""
+    return tuple(sorted(index[word] for word in BAD_ENDINGS if word in index))

@@ -15,7 +15,7 @@ from captioner.core.config_sections import DecodeConfig
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.decode_schema import check_names, check_options
 from captioner.models.decoder import to_device_quietly
-from captioner.text.endings import bad_ending_ids
+from captioner.text.vocab import bad_ending_ids
 
 if TYPE_CHECKING:
     from captioner.models.decoder import Decoder
