@@ -143,6 +143,12 @@ def test_the_page_captions_as_the_python_runtime_with_the_same_graphs(browser, s
     same = sum(s == w.text for s, w in zip(said, expected))
     assert same >= 11, list(zip(said, [w.text for w in expected]))
     assert len(page.locator("#maps .map").all()) == len(expected[-1].words)  # one map per word
+    view = "() => document.getElementById('view').toDataURL()"
+    mean_of_heads = page.evaluate(view)
+    page.select_option("#head", "0")
+    one_head = page.evaluate(view)
+    page.locator("#caption .word").nth(1).click()
+    assert len({mean_of_heads, one_head, page.evaluate(view)}) == 3  # the head and the word each redraw the map
     assert all(r.startswith(url) for r in requests), [r for r in requests if not r.startswith(url)]
     page.close()
 
