@@ -115,7 +115,7 @@ def golden_photos(shared_data: Path) -> list[Path]:
 
 
 def test_the_page_captions_as_the_python_runtime_with_the_same_graphs(browser, serve, packaged_site: Path,
-                                                                       shared_data: Path) -> None:
+                                                                       shared_data: Path, tmp_path: Path) -> None:
     from captioner.data.image_files import load_image
     from captioner.deploy.runtime import OnnxCaptioner, image_array
 
@@ -123,6 +123,14 @@ def test_the_page_captions_as_the_python_runtime_with_the_same_graphs(browser, s
     photos = golden_photos(shared_data)
     pixels = [image_array(load_image(photo), runtime.image_size) for photo in photos]  # (3, S, S) each
     expected = [runtime.caption_arrays(p[None])[0] for p in pixels]
+    assert json.loads((packaged_site / "site.json").read_text())["weights"] == "float16"
+    # The site's float16-stored weights caption the golden photographs as the float32 graphs do.
+    from captioner.models.checkpoint import default_model
+    from captioner.models.onnx_export import export_onnx
+
+    export_onnx(default_model("cpu"), tmp_path)
+    full = OnnxCaptioner.from_folder(tmp_path)
+    assert [c.text for c in expected] == [full.caption_arrays(p[None])[0].text for p in pixels]
     requests: list[str] = []
     url = serve(packaged_site)
     page = open_page(browser, url, requests)
