@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -56,6 +57,17 @@ def launch_chromium(playwright, executable: Path):
     return playwright.chromium.launch(executable_path=str(executable), args=CHROMIUM_ARGS,
                                       env={**os.environ, "LC_ALL": "C.UTF-8"})
 
+
+def edit_json(path: Path, change: dict) -> None:
+    """Set `change`'s dotted keys ("spec.grid": the grid inside the spec) in the JSON file at `path`."""
+    data = json.loads(path.read_text())
+    for dotted, value in change.items():
+        *parents, key = dotted.split(".")
+        target = data
+        for name in parents:
+            target = target[name]
+        target[key] = value
+    path.write_text(json.dumps(data))
 
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 REPO = Path(__file__).resolve().parents[1]

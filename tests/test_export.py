@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 from conftest import TrainedRun
-from helpers import subprocess_env
+from helpers import edit_json, subprocess_env
 import warm_start
 
 from captioner.apps.cli import main
@@ -145,17 +145,6 @@ def test_a_truncated_or_flipped_weights_file_is_refused(exported: tuple[Path, Pa
     assert_one_line(error, str(folder / WEIGHTS), "missing")
 
 
-def rewrite_config(folder: Path, change: dict) -> None:
-    config = json.loads((folder / CONFIG).read_text())
-    for dotted, value in change.items():
-        *parents, key = dotted.split(".")
-        target = config
-        for name in parents:
-            target = target[name]
-        target[key] = value
-    (folder / CONFIG).write_text(json.dumps(config))
-
-
 @pytest.mark.parametrize(
     ("change", "fragments"),
     [
@@ -170,7 +159,7 @@ def test_a_config_that_does_not_match_its_files_is_refused(
     exported: tuple[Path, Path], tmp_path: Path, change: dict, fragments: list[str]
 ) -> None:
     folder = broken_copy(exported[1], tmp_path)
-    rewrite_config(folder, change)
+    edit_json(folder / CONFIG, change)
     with pytest.raises((ExportError, CheckpointError)) as error:
         Captioner.from_pretrained(folder)
     assert_one_line(error, *fragments)

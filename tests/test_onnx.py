@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, WORDS, require_module, subprocess_env, tiny_model
+from helpers import REPO, WORDS, edit_json, require_module, subprocess_env, tiny_model
 from PIL import Image
 
 from captioner.core.files import sha256_of
@@ -357,14 +357,7 @@ def test_a_changed_or_missing_graph_is_one_line_naming_it(exported: Exported, tm
 def test_a_manifest_from_another_version_or_edited_is_refused_in_one_line(exported: Exported, tmp_path: Path,
                                                                           edit: dict, message: str) -> None:
     folder = copy_of(exported, tmp_path)
-    manifest = json.loads((folder / "onnx.json").read_text())
-    for dotted, value in edit.items():  # "spec.grid": the grid inside the spec
-        *parents, key = dotted.split(".")
-        target = manifest
-        for name in parents:
-            target = target[name]
-        target[key] = value
-    (folder / "onnx.json").write_text(json.dumps(manifest))
+    edit_json(folder / "onnx.json", edit)
     with pytest.raises(ExportError, match=message) as error:
         OnnxCaptioner.from_folder(folder)
     assert "\n" not in str(error.value)

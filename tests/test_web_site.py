@@ -20,7 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import REPO, launch_chromium, require, require_module, tiny_config, tiny_vocab
+from helpers import REPO, edit_json, launch_chromium, require, require_module, tiny_config, tiny_vocab
 
 pytestmark = pytest.mark.xdist_group("web_site")  # one worker builds the sites and starts the browser once
 
@@ -193,14 +193,7 @@ def test_a_site_that_points_elsewhere_is_refused(browser, serve, hostile_site: P
                                                  value: dict) -> None:
     """The page loads code and graphs from its own origin (and the pinned CDN) only, whatever its JSON says."""
     site = shutil.copytree(hostile_site, tmp_path / "site")
-    data = json.loads((site / field).read_text())
-    for dotted, replacement in value.items():
-        *parents, last = dotted.split(".")
-        node = data
-        for key in parents:
-            node = node[key]
-        node[last] = replacement
-    (site / field).write_text(json.dumps(data))
+    edit_json(site / field, value)
     requests: list[str] = []
     page = open_page(browser, serve(site), requests)
     assert page.evaluate("document.body.dataset.ready") == "failed"
