@@ -95,6 +95,21 @@ function clip8(sum) {
   return value < 0 ? 0 : value > 255 ? 255 : value;
 }
 
+// One output pixel of a pass: `count` input pixels from `p`, `step` apart (a row's or a column's), weighted by
+// weights[first..] in fixed point, each channel clipped to a byte into out[o..o+2].
+function weighSum(data, p, step, weights, first, count, out, o) {
+  let r = HALF, g = HALF, b = HALF;
+  for (let k = first, end = first + count; k < end; k++, p += step) {
+    const w = weights[k];
+    r += data[p] * w;
+    g += data[p + 1] * w;
+    b += data[p + 2] * w;
+  }
+  out[o] = clip8(r);
+  out[o + 1] = clip8(g);
+  out[o + 2] = clip8(b);
+}
+
 /** Resample rows [first, last) of `picture` to `outWidth` columns: (last - first, outWidth, 3) row-major. */
 function resizeHorizontal(picture, outWidth, first, last) {
   const { data, width, channels } = picture;
@@ -104,17 +119,8 @@ function resizeHorizontal(picture, outWidth, first, last) {
   for (let y = first; y < last; y++) {
     const row = y * width;
     for (let i = 0; i < outWidth; i++) {
-      let r = HALF, g = HALF, b = HALF;
-      let p = (row + start[i]) * channels;
-      for (let k = offset[i], end = offset[i] + count[i]; k < end; k++, p += channels) {
-        const w = weights[k];
-        r += data[p] * w;
-        g += data[p + 1] * w;
-        b += data[p + 2] * w;
-      }
-      out[o++] = clip8(r);
-      out[o++] = clip8(g);
-      out[o++] = clip8(b);
+      weighSum(data, (row + start[i]) * channels, channels, weights, offset[i], count[i], out, o);
+      o += 3;
     }
   }
   return { data: out, width: outWidth, height: last - first, channels: 3 };
@@ -133,17 +139,8 @@ function resizeVertical(picture, outHeight, rows = axisWeights(picture.height, o
   for (let i = 0; i < outHeight; i++) {
     const top = (start[i] - first) * rowStep;
     for (let x = 0; x < width; x++) {
-      let r = HALF, g = HALF, b = HALF;
-      let p = top + x * channels;
-      for (let k = offset[i], end = offset[i] + count[i]; k < end; k++, p += rowStep) {
-        const w = weights[k];
-        r += data[p] * w;
-        g += data[p + 1] * w;
-        b += data[p + 2] * w;
-      }
-      out[o++] = clip8(r);
-      out[o++] = clip8(g);
-      out[o++] = clip8(b);
+      weighSum(data, top + x * channels, rowStep, weights, offset[i], count[i], out, o);
+      o += 3;
     }
   }
   return { data: out, width, height: outHeight, channels: 3 };
