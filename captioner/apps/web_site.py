@@ -43,6 +43,7 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
     folder = Path(folder)
     ort_files = _ort_files(Path(ort)) if ort is not None else None
     _check_folder(folder)
+    examples = json.loads((PAGE / "examples" / "examples.json").read_text(encoding="utf-8"))
     for earlier in (MODEL_FOLDER, "examples", "ort"):  # an earlier site's: nothing stale stays
         shutil.rmtree(folder / earlier, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="captioner-web-") as tmp:
@@ -50,7 +51,8 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
         export_onnx(model, fp32)
         half = Path(tmp) / "half"
         store_weights_in_half(fp32 / "onnx", half)
-        weights = "float16" if _same_captions(fp32 / "onnx", half) else "float32"
+        photos = [PAGE / "examples" / example["file"] for example in examples]
+        weights = "float16" if _same_captions(fp32 / "onnx", half, photos) else "float32"
         if weights == "float32":
             log.warning("weights kept in float32: in float16 the example photographs' captions change")
         (folder / MODEL_FOLDER).mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,6 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
             shutil.copyfile(graph, folder / MODEL_FOLDER / graph.name)
     for name in PAGE_FILES:
         shutil.copyfile(PAGE / name, folder / name)
-    examples = json.loads((PAGE / "examples" / "examples.json").read_text(encoding="utf-8"))
     (folder / "examples").mkdir(exist_ok=True)
     for example in examples:
         shutil.copyfile(PAGE / "examples" / example["file"], folder / "examples" / example["file"])
@@ -106,12 +107,10 @@ def store_weights_in_half(source: Path, target: Path) -> None:
     (target / "onnx.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
 
-def _same_captions(fp32: Path, half: Path) -> bool:
-    """Whether the float16-stored graphs caption the site's example photographs as the float32 ones do."""
+def _same_captions(fp32: Path, half: Path, photos: list[Path]) -> bool:
+    """Whether the float16-stored graphs caption `photos` (the site's examples) as the float32 ones do."""
     from captioner.deploy.runtime import OnnxCaptioner
 
-    examples = json.loads((PAGE / "examples" / "examples.json").read_text(encoding="utf-8"))
-    photos = [PAGE / "examples" / example["file"] for example in examples]
     said = [[c.text for c in OnnxCaptioner.from_folder(bundle).caption(photos)] for bundle in (fp32, half)]
     return said[0] == said[1]
 
