@@ -1,0 +1,110 @@
+"""Our LSTM decoder beside the Show-Attend-Tell tutorial's (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning),
+side by side in one process, their calls alternating, both with the same torch threads.
+
+    python -m benchmarks reference [--reference DIR_OR_GIT_DIR] [--repeats 5] [--threads N]
+
+At equal work, the tutorial's sizes (a 14x14x2048 grid, 10,000 words, attention, embedding and LSTM
+512 wide):
+- a training step of 32 captions of 20 words: ours as `training.loop` runs it (caption_loss,
+  backward, gradient clipping, fused AdamW; `workloads.lstm_train`) against its train.py step (its
+  forward sorting by length, pack_padded loss, doubly stochastic term, gradient clamp, Adam);
+- beam search, beam 3, 51 steps with <eos> unreachable on both sides: ours over 32 images at once
+  (`Captioner.decode`) against its caption.py search, one image at a time (`--reference-images`).
+The tutorial's code is read from --reference, else $CAPTIONER_REFERENCE, else the local mirror
+(`benchmarks/reference_sat.py`); nothing of it is copied here. Without it, ours alone is printed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from captioner.core.process_settings import set_threads
+from captioner.models import products
+
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import workloads  # noqa: E402
+from benchmarks.reference_sat import (  # noqa: E402
+    ReferenceUnavailable,
+    beam_search_one,
+    load_reference,
+    make_decoder,
+    train_step,
+)
+from benchmarks.timing import alternate, argument_parser, measure, print_environment  # noqa: E402
+
+BOS, EOS = 1, 2  # the special ids of `workloads.words`, given to the reference's search alike
+
+
+def reference_actions(location: str | None, reference_images: int) -> dict[str, object]:
+    """The tutorial's train step and beam search at the workloads' sizes -> {"train", "beam"}."""
+    ref = load_reference(location, torch.device("cpu"))
+    torch.manual_seed(0)
+    decoder = make_decoder(ref, workloads.VOCAB, workloads.FEAT_DIM, torch.device("cpu"))
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)  # its train.py's decoder optimizer
+    generator = torch.Generator().manual_seed(0)
+    side = workloads.GRID[0]
+    grid = torch.randn(workloads.BATCH, side, side, workloads.FEAT_DIM, generator=generator)  # (B, g, g, D)
+    caps = torch.randint(4, workloads.VOCAB, (workloads.BATCH, workloads.WORDS + 1), generator=generator)
+    caplens = torch.full((workloads.BATCH, 1), workloads.WORDS + 1)  # <start> + 20 words: 20 steps decoded
+    with torch.no_grad():
+        decoder.fc.bias[EOS] = -1e4  # <eos> unreachable: every search runs all its steps
+    images = torch.randn(reference_images, side, side, workloads.FEAT_DIM, generator=generator)  # (n, g, g, D)
+    steps: list[int] = []
+
+    def beam() -> None:
+        for image in images:
+            steps.append(beam_search_one(decoder, image[None], BOS, EOS, beam_size=workloads.BEAM,
+                                         max_steps=workloads.BEAM_STEPS - 1)[1])
+        if set(steps) != {workloads.BEAM_STEPS}:
+            raise RuntimeError(f"the reference ran {sorted(set(steps))} steps, not {workloads.BEAM_STEPS}")
+
+    return {"train": lambda: train_step(decoder, optimizer, grid, caps, caplens), "beam": beam}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("reference", __doc__)
+    parser.add_argument("--reference", default=None,
+                        help="the tutorial's checkout or git directory (default: $CAPTIONER_REFERENCE or the mirror)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each, alternating, after a warm-up")
+    parser.add_argument("--reference-images", type=int, default=2,
+                        help="images the reference captions one by one per timed call")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for both (default: as captioner.core.process_settings sets them)")
+    args = parser.parse_args(argv)
+    threads = set_threads(args.threads)
+    print_environment(args)
+    try:
+        theirs = reference_actions(args.reference, args.reference_images)
+    except ReferenceUnavailable as e:
+        theirs = {}
+        print(f"reference not available, ours alone: {e}")
+    train = workloads.lstm_train()
+    print(f"{threads} threads both sides; fp32; our dense layers through "
+          f"{'oneDNN' if products.route_taken() else 'F.linear'}, theirs through torch's own products")
+    print("\n| work | ours | tutorial | ours is |\n|---|---:|---:|---:|")
+    actions = {"ours": train.run, **({"theirs": theirs["train"]} if theirs else {})}
+    timed = alternate(actions, args.repeats)
+    ours = timed["ours"].median
+    line = f"| {train.about} | {ours * 1e3:,.0f} ms | "
+    if theirs:
+        line += f"{timed['theirs'].median * 1e3:,.0f} ms | {timed['theirs'].median / ours:.2f}x faster |"
+    print(line + ("" if theirs else " | |"), flush=True)
+    del train
+    beam = workloads.lstm_beam()
+    images = workloads.BATCH
+    if theirs:
+        timed = alternate({"ours": beam.run, "theirs": theirs["beam"]}, max(2, args.repeats // 2))
+        ours_rate = images / timed["ours"].median
+        their_rate = args.reference_images / timed["theirs"].median
+        print(f"| {beam.about} (tutorial: one image at a time) | {ours_rate:.1f} images/s | "
+              f"{their_rate:.2f} images/s | {ours_rate / their_rate:.1f}x the images/s |")
+    else:
+        print(f"| {beam.about} | {images / measure(beam.run, max(2, args.repeats // 2)).median:.1f} images/s | | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

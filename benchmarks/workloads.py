@@ -1,0 +1,166 @@
+"""The work the speed benchmarks time, built once here so that `reference` and `roofline` time the
+same thing: the training step as `training.loop` runs it (caption_loss, backward, clipping, fused
+AdamW), beam search through `Captioner.decode`, and the packaged model's encoder pass."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from captioner.core.config import Config, load_config
+from captioner.data.batching import CaptionBatch
+from captioner.models.captioner import Captioner
+from captioner.models.model_paths import packaged_models
+from captioner.text.vocab import SPECIALS, Vocabulary
+from captioner.training.loop import caption_loss
+from captioner.training.run_setup import make_optimizer
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+# The tutorial's sizes: a ResNet-101 grid of 14x14x2048, 10,000 words, 32 captions of 20 words a step.
+GRID, FEAT_DIM, VOCAB, BATCH, WORDS = (14, 14), 2048, 10_000, 32, 20
+BEAM, BEAM_STEPS = 3, 51  # the tutorial's beam 3, its loop stopping after step 51
+
+
+@dataclass
+class Workload:
+    """One timed action with what it is, the model it runs and the action itself (no arguments)."""
+
+    name: str
+    about: str
+    model: Captioner
+    run: Callable[[], object]
+
+
+def words(size: int) -> Vocabulary:
+    """A vocabulary of `size` entries, the special tokens first."""
+    return Vocabulary([*SPECIALS, *(f"w{i}" for i in range(size - len(SPECIALS)))])
+
+
+def build(config: Config, vocab: Vocabulary, seed: int = 0) -> Captioner:
+    """The config's model with random weights (nothing is downloaded), seeded."""
+    torch.manual_seed(seed)
+    return Captioner.from_config(config, vocab, load_pretrained=False)
+
+
+def coco_config(decoder: str) -> Config:
+    """The COCO config's decoder over a frozen encoder: the decoder alone trains, on stored features."""
+    config = load_config(CONFIGS / f"coco_{decoder}_resnet101.yaml")
+    encoder = replace(config.model.encoder, fine_tune_blocks=0)
+    return replace(config, model=replace(config.model, encoder=encoder))
+
+
+def stored_batch(images: int, captions_each: int, tokens: int, vocab: Vocabulary, seed: int = 0) -> CaptionBatch:
+    """Stored features (images, 196, 2048) fp16 as the feature store keeps them, each image with
+    `captions_each` captions of `tokens` tokens (<bos>, words, <eos>), all of one length."""
+    generator = torch.Generator().manual_seed(seed)
+    feats = torch.randn(images, GRID[0] * GRID[1], FEAT_DIM, generator=generator).half()  # (B, N, D)
+    return caption_rows(feats, captions_each, tokens, vocab, generator)
+
+
+def caption_rows(images: torch.Tensor, captions_each: int, tokens: int | list[int], vocab: Vocabulary,
+                 generator: torch.Generator) -> CaptionBatch:
+    """A batch of `images` (features or pixels) with random captions of `tokens` tokens each (a list:
+    the captions' lengths in turn), padded and ordered longest first as `collate_captions` does."""
+    B, C = images.shape[0], images.shape[0] * captions_each
+    lengths = torch.tensor([tokens] * C if isinstance(tokens, int) else [tokens[i % len(tokens)] for i in range(C)])
+    lengths, order = lengths.sort(descending=True, stable=True)  # (C,)
+    caption = torch.randint(len(SPECIALS), len(vocab), (C, int(lengths[0])), generator=generator)  # (C, T)
+    caption[:, 0] = vocab.bos_id
+    caption[torch.arange(C), lengths - 1] = vocab.eos_id
+    caption[torch.arange(caption.shape[1])[None, :] >= lengths[:, None]] = vocab.pad_id  # after each <eos>
+    rows = order // captions_each  # (C,): the image of each caption
+    return CaptionBatch(images, caption, lengths, rows, torch.arange(B))
+
+
+def train_step(model: Captioner, config: Config, batch: CaptionBatch, encoded: bool) -> Callable[[], object]:
+    """One step of `training.loop.train_one_epoch` in fp32: loss, backward, gradient clipping, AdamW."""
+    optimizer = make_optimizer(model, config, 1.0)
+    model.train()
+
+    def step() -> None:
+        loss, _ = caption_loss(model, batch, config, encoded)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+        optimizer.step()
+
+    return step
+
+
+def never_ends(model: Captioner) -> None:
+    """<eos> made unreachable, so every beam search runs all its steps (as the reference's is made to)."""
+    with torch.no_grad():
+        model.decoder.out_vocab.bias[model.vocab.eos_id] = -1e4  # (V,) bias of the output layer
+
+
+def beam_search(model: Captioner, images: int, steps: int = BEAM_STEPS, seed: int = 1) -> Callable[[], object]:
+    """Beam 3 over `images` images' stored grids at once, `steps` words each (<eos> unreachable)."""
+    feats = torch.randn(images, GRID[0] * GRID[1], FEAT_DIM, generator=torch.Generator().manual_seed(seed))
+    model.eval()
+    never_ends(model)
+    return lambda: model.decode(feats, GRID, beam_size=BEAM, max_length=steps)  # (B, N, D) -> B captions
+
+
+def lstm_train() -> Workload:
+    config = coco_config("lstm")
+    model = build(config, words(VOCAB))
+    batch = stored_batch(BATCH, 1, WORDS + 1, model.vocab)
+    return Workload("lstm_train", f"LSTM train step: {BATCH} captions x {WORDS} words, 14x14x2048, vocab 10k",
+                    model, train_step(model, config, batch, encoded=True))
+
+
+def transformer_train() -> Workload:
+    config = coco_config("transformer")
+    model = build(config, words(VOCAB))
+    batch = stored_batch(BATCH, 1, WORDS + 1, model.vocab)
+    return Workload("transformer_train", f"transformer train step: {BATCH} captions x {WORDS} words, as above",
+                    model, train_step(model, config, batch, encoded=True))
+
+
+def lstm_beam(images: int = BATCH, steps: int = BEAM_STEPS) -> Workload:
+    model = build(coco_config("lstm"), words(VOCAB))
+    return Workload("lstm_beam", f"LSTM beam {BEAM}: {images} images at once, {steps} steps",
+                    model, beam_search(model, images, steps))
+
+
+def packaged_encoder(images: int = 8) -> Workload:
+    """The packaged model's encoder over `images` photographs' pixels, as captioning runs it."""
+    model = Captioner.from_pretrained(packaged_models()[0], device="cpu").eval()
+    size = model.spec().preprocessing.image_size
+    pixels = torch.randint(0, 256, (images, 3, size, size), generator=torch.Generator().manual_seed(2),
+                           dtype=torch.uint8)  # (B, 3, S, S) as the transform gives them
+
+    def encode() -> None:
+        with torch.no_grad():
+            model.encode(pixels)
+
+    return Workload("packaged_encoder", f"packaged model's encoder: {images} images at {size} px",
+                    model, encode)
+
+
+def quickstart_step() -> Workload:
+    """The quickstart's step: 32 images of the shapes world at its size, five captions each of 4 to
+    18 words (the world's run from 3 to 36 words, 12 on average)."""
+    config = load_config(CONFIGS / "shapes_lstm.yaml")
+    config = replace(config, train=replace(config.train, cpu_amp="fp32"))
+    model = build(config, words(39))  # the shapes world's 39 words
+    size = config.data.image_size
+    generator = torch.Generator().manual_seed(3)
+    pixels = torch.randint(0, 256, (config.data.batch_size, 3, size, size), generator=generator,
+                           dtype=torch.uint8)  # (B, 3, S, S)
+    batch = caption_rows(pixels, 5, list(range(6, 21)), model.vocab, generator)  # <bos> 4-18 words <eos>
+    return Workload("quickstart_step", f"quickstart train step: {config.data.batch_size} images at {size} px, "
+                    "5 captions of 4-18 words", model, train_step(model, config, batch, encoded=False))
+
+
+WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "lstm_train": lstm_train,
+    "transformer_train": transformer_train,
+    "lstm_beam": lstm_beam,
+    "packaged_encoder": packaged_encoder,
+    "quickstart_step": quickstart_step,
+}
