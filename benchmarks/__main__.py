@@ -25,6 +25,8 @@ BENCHMARKS = {
     "packaged_model": "bench_packaged_model",
     "demo_load": "bench_demo_load",
     "web_page": "bench_web_page",
+    "roofline": "bench_roofline",
+    "reference": "bench_reference",
     "gpu": "bench_gpu",
     "cuda_graphs": "check_cuda_graphs",
 }

@@ -1,0 +1,133 @@
+"""How far each piece of work is from what the processor can do: FLOPs and bytes moved (counted op by
+op as it runs), its time, the rate it reaches, and its roofline time, from the processor's peak as the
+benchmark measures it with the same threads (fp32 GEMM of large squares, best of several; copy bandwidth).
+
+    python -m benchmarks roofline [--only NAME ...] [--repeats 5] [--threads N] [--profile DIR]
+
+The roofline time of a piece of work sums, op by op, the longer of its FLOPs at the GEMM peak and its
+bytes at the copy bandwidth (elementwise work is counted as bytes, not FLOPs): `time / roofline` is how
+many times slower than that bound it runs. The LSTM step's count is checked against a hand count
+(`op_counter.lstm_step_flops`). `--profile DIR` writes each one's operator table (DIR/NAME.txt) and
+trace (DIR/NAME.trace.json, for chrome://tracing or Perfetto)."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from captioner.core.process_settings import set_threads
+from captioner.models import products
+
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import workloads  # noqa: E402
+from benchmarks.op_counter import OpCounter, lstm_step_flops  # noqa: E402
+from benchmarks.timing import argument_parser, measure, print_environment  # noqa: E402
+
+
+def gemm_peak(size: int, repeats: int = 5) -> tuple[float, str]:
+    """The best fp32 GEMM rate (FLOP/s) of size x size squares: torch.mm, and oneDNN's inner product
+    where this build has it (the route the decoders' layers may take) -> (rate, which)."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=generator) for _ in range(2))  # (S, S) each
+    routes = {"torch.mm": lambda: torch.mm(a, b)}
+    if products.onednn_enabled():
+        packed = products._reorder(b)
+        routes["oneDNN inner product"] = lambda: products._product(a, packed, None)
+    best = {name: min(measure(run, repeats).seconds) for name, run in routes.items()}
+    name = min(best, key=best.__getitem__)
+    return 2 * size**3 / best[name], name
+
+
+def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """The best rate (bytes/s) of copying `megabytes` into another buffer: read plus write."""
+    source = torch.ones(megabytes << 18)  # fp32: 4 bytes each
+    target = torch.empty_like(source)
+    return 2 * source.numel() * 4 / min(measure(lambda: target.copy_(source), repeats).seconds)
+
+
+def counted(run: object) -> OpCounter:
+    """The ops of one call of `run`, after a warm-up call (first calls prepare caches)."""
+    run()  # type: ignore[operator]
+    with OpCounter() as counter:
+        run()  # type: ignore[operator]
+    return counter
+
+
+def roofline_seconds(counter: OpCounter, peak: float, bandwidth: float) -> float:
+    return sum(max(op.flops / peak, op.bytes / bandwidth) for op in counter.ops)
+
+
+def profile(work: workloads.Workload, folder: Path, repeats: int) -> list[str]:
+    """The operator table and trace of `repeats` calls -> the table's top rows."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with profiler(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(repeats):
+            work.run()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    (folder / f"{work.name}.txt").write_text(f"{work.about}, {repeats} calls\n{table}\n", encoding="utf-8")
+    prof.export_chrome_trace(str(folder / f"{work.name}.trace.json"))
+    return table.splitlines()[:12]
+
+
+def hand_check(counter: OpCounter) -> str:
+    """The LSTM step's counted FLOPs beside the hand count of the same sizes."""
+    hand = lstm_step_flops(workloads.BATCH, workloads.BATCH, workloads.WORDS, 196, workloads.FEAT_DIM,
+                           512, 512, 512, workloads.VOCAB)
+    return (f"hand count of the LSTM step {hand / 1e9:.2f} GFLOP, counted {counter.flops / 1e9:.2f} "
+            f"({counter.flops / hand - 1:+.2%})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("roofline", __doc__)
+    parser.add_argument("--only", nargs="+", choices=list(workloads.WORKLOADS), default=None,
+                        help="these pieces of work only (default: all)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each, after a warm-up")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: as captioner.core.process_settings sets them)")
+    parser.add_argument("--peak-size", type=int, default=4096, help="side of the GEMM squares timed for the peak")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="write each one's operator table and trace into DIR")
+    args = parser.parse_args(argv)
+    threads = set_threads(args.threads)
+    print_environment(args)
+    peak, route = max(gemm_peak(n) for n in sorted({args.peak_size // 2, args.peak_size}))
+    bandwidth = copy_bandwidth()
+    print(f"peak fp32 GEMM {peak / 1e9:.0f} GFLOP/s ({route}, {threads} threads); copy {bandwidth / 1e9:.1f} GB/s; "
+          f"dense layers through {'oneDNN' if products.route_taken() else 'F.linear'}; fp32 throughout")
+    print("\n| work | GFLOP | GB moved | FLOP/byte | time | GFLOP/s | of peak | roofline | time / roofline |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    checks, tables = [], {}
+    for name in args.only or list(workloads.WORKLOADS):
+        work = workloads.WORKLOADS[name]()
+        counter = counted(work.run)
+        seconds = measure(work.run, args.repeats).median
+        bound = roofline_seconds(counter, peak, bandwidth)
+        flops, moved = counter.flops, counter.bytes
+        print(f"| {work.about} | {flops / 1e9:.2f} | {moved / 1e9:.2f} | {flops / max(moved, 1):.1f} | "
+              f"{seconds * 1e3:,.0f} ms | {flops / seconds / 1e9:.0f} | {flops / seconds / peak:.0%} | "
+              f"{bound * 1e3:,.0f} ms | {seconds / bound:.2f}x |", flush=True)
+        if name == "lstm_train":
+            checks.append(hand_check(counter))
+        heaviest = Counter()
+        for op in counter.ops:
+            heaviest[op.name] += max(op.flops / peak, op.bytes / bandwidth)
+        checks.append(f"{name}: roofline time by op: " + ", ".join(
+            f"{op} {share / bound:.0%}" for op, share in heaviest.most_common(4)))
+        if args.profile is not None:
+            tables[name] = profile(work, args.profile, args.repeats)
+        del work, counter
+    print("\n" + "\n".join(checks))
+    for name, rows in tables.items():
+        print(f"\n{name} ({args.profile / (name + '.txt')}):\n" + "\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

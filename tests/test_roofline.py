@@ -1,0 +1,81 @@
+"""The roofline benchmark's counter: it sees every route a product takes (oneDNN's inner product as
+well as torch's), agrees with the LSTM step's hand count, moves no bytes for views, and the
+benchmark prints its table end to end."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from benchmarks import bench_roofline, workloads
+from benchmarks.op_counter import OpCount, OpCounter, lstm_step_flops
+from captioner.models import products
+
+
+@pytest.fixture
+def route():
+    """Set the oneDNN route for one test, and put the process's choice back after it."""
+    before = products._ENABLED, products._CHECKED
+    yield products.set_onednn
+    products._ENABLED, products._CHECKED = before
+
+
+@pytest.mark.parametrize("onednn", [False, True])
+def test_the_lstm_steps_count_equals_the_hand_count_on_either_route(route, onednn: bool) -> None:
+    if onednn and not products.onednn_enabled():
+        pytest.skip("this torch build has no oneDNN inner product")
+    route(onednn)
+    config = workloads.coco_config("lstm")
+    decoder = replace(config.model.decoder, embed_dim=48, hidden_dim=40, attention_dim=24)
+    config = replace(config, model=replace(config.model, decoder=decoder))
+    model = workloads.build(config, workloads.words(300))
+    images, feats = 3, torch.randn(3, 196, workloads.FEAT_DIM).half()  # (B, N, D) as stored
+    batch = workloads.caption_rows(feats, 2, 8, model.vocab, torch.Generator().manual_seed(0))
+    counter = bench_roofline.counted(workloads.train_step(model, config, batch, encoded=True))
+    names = {op.name for op in counter.ops if op.flops}
+    assert ("mkldnn._linear_pointwise.default" in names) == onednn  # the route taken is the route counted
+    assert counter.flops == lstm_step_flops(images, 2 * images, 7, 196, workloads.FEAT_DIM, 24, 40, 48, 300)
+
+
+def test_bytes_are_what_an_op_reads_and_writes_and_views_move_none() -> None:
+    x = torch.ones(1000)
+    with OpCounter() as counter:
+        y = x + 1  # reads 4,000 bytes, writes 4,000
+        y.view(10, 100)  # a view
+        y.add_(x)  # reads y and x, writes y
+    assert [op.bytes for op in counter.ops] == [8000, 0, 12000]
+    assert counter.flops == 0  # elementwise work is not counted as FLOPs
+
+
+def test_matrix_vector_and_onednn_products_are_counted(route) -> None:
+    with OpCounter() as counter:
+        torch.randn(5, 16) @ torch.randn(16)  # (5,): 2 * 5 * 16
+    assert counter.flops == 160
+    if not products.onednn_enabled():
+        pytest.skip("this torch build has no oneDNN inner product")
+    route(True)
+    x, weight = torch.randn(5, 16), torch.randn(7, 16)
+    with torch.no_grad(), OpCounter() as counter:
+        products.linear(x, weight)
+    assert counter.flops == 2 * 5 * 16 * 7
+    assert "mkldnn._linear_pointwise.default" in [op.name for op in counter.ops]
+
+
+def test_the_roofline_time_takes_each_ops_longer_bound() -> None:
+    counter = OpCounter([OpCount("compute", 100, 1), OpCount("memory", 1, 100), OpCount("view", 0, 0)])
+    assert bench_roofline.roofline_seconds(counter, peak=10.0, bandwidth=20.0) == pytest.approx(10.0 + 5.0)
+
+
+def test_the_benchmark_prints_a_row_with_its_ratio_and_profile(tmp_path, capsys) -> None:
+    assert bench_roofline.main(["--only", "quickstart_step", "--repeats", "1", "--peak-size", "1024",
+                                "--threads", "1", "--profile", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| quickstart train step"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert float(cells[1]) > 10  # GFLOP: the small CNN's convolutions, forward and backward
+    seconds, bound = (float(cells[i].removesuffix(" ms").replace(",", "")) for i in (4, 7))
+    assert float(cells[-1].removesuffix("x")) == pytest.approx(seconds / bound, abs=0.02)
+    assert "convolution" in (tmp_path / "quickstart_step.txt").read_text()
+    assert (tmp_path / "quickstart_step.trace.json").stat().st_size > 0
