@@ -55,11 +55,12 @@ def environment(**extra: str) -> dict[str, str]:
     return subprocess_env(**extra)
 
 
-def machine_choosing_plain_products(cache: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """The environment of a process on a machine whose measured decision is F.linear (a cache
-    folder saying so), where the run to resume took oneDNN's products (CAPTIONER_ONEDNN=1)."""
+def machine_deciding(cache: Path, onednn: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The environment of a process on a machine whose measured decision (a cache folder saying so) is
+    oneDNN's products with weight gradients by torch.mm, or F.linear."""
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(cache))
-    machine_cache.remember(products.CALIBRATION, {"onednn": False, "onednn_ms": 2.0, "linear_ms": 1.0})
+    machine_cache.remember(products.CALIBRATION, {"onednn": onednn, "onednn_ms": 2.0, "linear_ms": 1.0,
+                                                  "gram_mm": onednn, "gram_onednn_ms": 2.0, "gram_mm_ms": 1.0})
     env = environment(CAPTIONER_CACHE_DIR=str(cache))
     env.pop("CAPTIONER_ONEDNN", None)
     return env
@@ -79,9 +80,9 @@ def logged_steps(output: str) -> list[int]:
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run to resume took oneDNN's products; the resumption runs where the machine's own
-    decision says F.linear (two summation orders): it must take the checkpoint's route."""
-    first_part = environment(CAPTIONER_ONEDNN="1")
+    """The run to resume took oneDNN's products and weight gradients by torch.mm; the resumption runs where
+    the machine's own decision says F.linear (other summation orders): it must take the checkpoint's route."""
+    first_part = machine_deciding(tmp_path / "first_cache", True, monkeypatch)
     reference = warm_start.Popen(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=first_part,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # beside the killed run
     run = tmp_path / "killed"
@@ -99,9 +100,9 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: 
     saved = torch.load(run / "last.pt", weights_only=True)["train_state"]
     assert saved["position"] > 0, "the kill came only at an epoch boundary (machine too slow for this test?)"
 
-    assert saved["onednn_products"] is products.onednn_enabled()
+    assert saved["onednn_products"] is saved["gram_mm"] is products.onednn_enabled()
     resumed = warm_start.run([*train_command(shapes, run), "--resume"], cwd=ROOT,
-                             env=machine_choosing_plain_products(tmp_path / "cache", monkeypatch),
+                             env=machine_deciding(tmp_path / "cache", False, monkeypatch),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     if saved["onednn_products"]:

@@ -1,6 +1,8 @@
 """Dense layers' fp32 matrix products on the CPU through oneDNN, 2.0-2.6x faster where MKL misses its fast
 path (`python -m benchmarks products`), in another summation order (about 1e-6 relative). Taken where a
-first-use check passes and a kept measurement shows a 5% win (`CAPTIONER_ONEDNN=1`: always, `=0`: never)."""
+first-use check passes and a kept measurement shows a 5% win (`CAPTIONER_ONEDNN=1`: always, `=0`: never).
+On the route, a weight's gradient X^T G (`gram`) is one more choice of the same measurement: oneDNN needs
+both operands transposed into copies, `torch.mm` reads them in place; the faster here is taken and recorded."""
 
 from __future__ import annotations
 
@@ -30,24 +32,30 @@ def onednn_enabled() -> bool:
 
 _ENABLED = onednn_enabled()
 _CHECKED = False  # whether the route has passed (or failed) its first-use check in this process
+_GRAM_MM = False  # on the route: weight gradients by torch.mm, measured faster here (else through oneDNN)
 
 
-def set_onednn(enabled: bool) -> None:
-    """Turn the oneDNN route on or off for this process, skipping the first-use check and measurement."""
-    global _ENABLED, _CHECKED
-    _ENABLED, _CHECKED = enabled and onednn_enabled(), True
+def set_onednn(enabled: bool, gram_mm: bool = False) -> None:
+    """Turn the oneDNN route on or off for this process (its weight gradients by torch.mm with `gram_mm`),
+    skipping the first-use check and measurement."""
+    global _ENABLED, _CHECKED, _GRAM_MM
+    _ENABLED, _CHECKED, _GRAM_MM = enabled and onednn_enabled(), True, gram_mm
 
 
 def _route_works() -> bool:
     """At the first product: one small product checked against `F.linear`, then the speed."""
-    global _ENABLED, _CHECKED
+    global _ENABLED, _CHECKED, _GRAM_MM
     if _CHECKED:
         return _ENABLED
     _CHECKED = True
     if problem := _op_problem():
         log.warning("products: oneDNN's inner product %s at its first use; dense layers use F.linear", problem)
-    # CAPTIONER_ONEDNN=1: the route without measuring
-    _ENABLED = not problem and (os.environ.get("CAPTIONER_ONEDNN", "") == "1" or faster_here())
+        _ENABLED = False
+    elif os.environ.get("CAPTIONER_ONEDNN", "") == "1":  # the route without measuring, its gradients as written
+        _ENABLED, _GRAM_MM = True, False
+    else:
+        decision = decided_here()
+        _ENABLED, _GRAM_MM = decision["onednn"], decision["gram_mm"]
     return _ENABLED
 
 
@@ -73,10 +81,19 @@ def route_taken() -> bool:
     return _ENABLED and _route_works()
 
 
-def take_route(onednn: bool, source: str) -> None:
-    """Take the route the run `source` was trained with (unless `CAPTIONER_ONEDNN` is set): bit for bit."""
-    global _ENABLED, _CHECKED
-    if os.environ.get("CAPTIONER_ONEDNN", "") in ("0", "1") or (_CHECKED and _ENABLED == onednn):
+def gram_by_mm() -> bool:
+    """Whether, on the route, weight gradients are `torch.mm` products (decided with it): a checkpoint records it."""
+    return route_taken() and _GRAM_MM
+
+
+def take_route(onednn: bool, source: str, gram_mm: bool = False) -> None:
+    """Take the route the run `source` was trained with, and its weight gradients' product (`gram_mm`; a
+    checkpoint from before the choice used oneDNN's), unless `CAPTIONER_ONEDNN` is set: bit for bit."""
+    global _ENABLED, _CHECKED, _GRAM_MM
+    if os.environ.get("CAPTIONER_ONEDNN", "") in ("0", "1"):
+        return
+    if _CHECKED and _ENABLED == onednn:
+        _GRAM_MM = gram_mm
         return
     if onednn and (problem := _op_problem() if onednn_enabled() else "is not in this torch build"):
         log.warning("products: %s was trained with oneDNN's products, but here oneDNN's inner product %s: "
@@ -85,7 +102,7 @@ def take_route(onednn: bool, source: str) -> None:
         return
     # The local choice: this process's route if a product has asked, else the machine's kept decision.
     known = _ENABLED if _CHECKED else _kept_decision()
-    _ENABLED, _CHECKED = onednn, True
+    _ENABLED, _CHECKED, _GRAM_MM = onednn, True, gram_mm
     if known is not None and known != onednn:
         log.info("products: %s, the route %s was trained with (this machine alone would take the other)",
                  "oneDNN" if onednn else "F.linear", source)
@@ -93,37 +110,56 @@ def take_route(onednn: bool, source: str) -> None:
 
 CALIBRATION = "onednn_products"  # the decision's name in the machine cache
 SHAPE = (160, 512, 2048)  # rows, in, out: an LSTM step's products over a batch of 32 images x 5 captions
+GRAM_SHAPE = (4096, 512, 512)  # rows, P, Q of X^T G: a layer's weight gradient over a grid's 16 images x 256 cells
 
 
-def time_both(rounds: int = 3, repeats: int = 5) -> tuple[float, float]:
-    """The fastest of `rounds` x `repeats` products of SHAPE, interleaved: (oneDNN s, F.linear s)."""
+def _fastest(candidates: tuple[Callable[[], object], ...], rounds: int, repeats: int) -> list[float]:
+    """The fastest mean of `repeats` calls of each candidate over `rounds` interleaved rounds, in seconds."""
     import time
 
-    rows, k, n = SHAPE
-    generator = torch.Generator().manual_seed(0)
-    x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)  # (rows, k), (n, k)
-    best = [float("inf"), float("inf")]
+    best = [float("inf")] * len(candidates)
     with torch.no_grad():
-        packed = _reorder(weight)
         for _ in range(rounds):
-            for i, product in enumerate((lambda: _product(x, packed, None), lambda: F.linear(x, weight))):
+            for i, product in enumerate(candidates):
                 product()  # warm
                 start = time.perf_counter()
                 for _ in range(repeats):
                     product()
                 best[i] = min(best[i], (time.perf_counter() - start) / repeats)
-    return best[0], best[1]
+    return best
+
+
+def time_both(rounds: int = 3, repeats: int = 5) -> tuple[float, float]:
+    """The fastest of `rounds` x `repeats` products of SHAPE, interleaved: (oneDNN s, F.linear s)."""
+    rows, k, n = SHAPE
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)  # (rows, k), (n, k)
+    packed = _reorder(weight)
+    onednn, f_linear = _fastest((lambda: _product(x, packed, None), lambda: F.linear(x, weight)), rounds, repeats)
+    return onednn, f_linear
+
+
+def time_grams(rounds: int = 3, repeats: int = 3) -> tuple[float, float]:
+    """X^T G of GRAM_SHAPE both ways, interleaved: (through oneDNN s, by torch.mm s)."""
+    rows, p, q = GRAM_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(rows, p, generator=generator), torch.randn(rows, q, generator=generator)  # (M, P), (M, Q)
+    onednn, mm = _fastest((lambda: _onednn_gram(a, b), lambda: torch.mm(a.t(), b)), rounds, repeats)
+    return onednn, mm
 
 
 def measure_route() -> dict:
-    """Both routes timed here: {"onednn": whether it wins by 5%, "onednn_ms", "linear_ms"}."""
+    """Both routes timed here, and a weight gradient's two products: {"onednn": whether the route wins by 5%,
+    "gram_mm": whether torch.mm wins by 5% for weight gradients, and the times in ms}."""
     onednn, f_linear = time_both()
+    gram_onednn, gram_mm = time_grams()
     return {"onednn": onednn < 0.95 * f_linear, "onednn_ms": round(onednn * 1e3, 3),
-            "linear_ms": round(f_linear * 1e3, 3)}
+            "linear_ms": round(f_linear * 1e3, 3), "gram_mm": gram_mm < 0.95 * gram_onednn,
+            "gram_onednn_ms": round(gram_onednn * 1e3, 3), "gram_mm_ms": round(gram_mm * 1e3, 3)}
 
 
 def _valid_decision(known: object) -> bool:
-    return isinstance(known, dict) and isinstance(known.get("onednn"), bool)
+    return isinstance(known, dict) and isinstance(known.get("onednn"), bool) and isinstance(known.get("gram_mm"), bool)
 
 
 def _kept_decision() -> bool | None:
@@ -134,19 +170,25 @@ def _kept_decision() -> bool | None:
     return known["onednn"] if _valid_decision(known) else None
 
 
-def faster_here() -> bool:
-    """Whether the route beats F.linear by 5% on this processor: recalled, else measured once and kept."""
+def decided_here() -> dict:
+    """This processor's decision ({"onednn", "gram_mm"} and the times): recalled, else measured once and kept."""
     from captioner.core import machine_cache
 
     decision, measured = machine_cache.decided(CALIBRATION, measure_route, _valid_decision)
     if measured:
         log.debug(
-            "products: a %dx%d by %dx%d product took %.2f ms through oneDNN, "
-            "%.2f ms through F.linear on this CPU: %s",
+            "products: a %dx%d by %dx%d product took %.2f ms through oneDNN, %.2f ms through F.linear; a weight "
+            "gradient %.2f ms through oneDNN, %.2f ms by torch.mm on this CPU: %s, weight gradients by %s",
             SHAPE[0], SHAPE[1], SHAPE[1], SHAPE[2], decision["onednn_ms"], decision["linear_ms"],
-            "the oneDNN route" if decision["onednn"] else "F.linear",
+            decision["gram_onednn_ms"], decision["gram_mm_ms"],
+            "the oneDNN route" if decision["onednn"] else "F.linear", "torch.mm" if decision["gram_mm"] else "oneDNN",
         )
-    return decision["onednn"]
+    return decision
+
+
+def faster_here() -> bool:
+    """Whether the route beats F.linear by 5% on this processor: recalled, else measured once and kept."""
+    return decided_here()["onednn"]
 
 
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -240,8 +282,13 @@ def prepared(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a^T b: a (M, P), b (M, Q) -> (P, Q), summed over the M rows (a weight's gradient)."""
-    if not _applies(a, b):
-        return a.t() @ b
+    if not _applies(a, b) or _GRAM_MM:
+        return a.t() @ b  # (P, Q)
+    return _onednn_gram(a, b)
+
+
+def _onednn_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a^T b through oneDNN's inner product, the narrower operand transposed as the weight."""
     if b.shape[1] <= a.shape[1]:
         return _product(a.t(), _reorder(b.t()), None)  # (P, Q): a^T (b^T)^T
     return _product(b.t(), _reorder(a.t()), None).t()  # (P, Q): (b^T a)^T
