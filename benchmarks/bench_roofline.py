@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{bound * 1e3:,.0f} ms | {seconds / bound:.2f}x |", flush=True)
         if name == "lstm_train":
             checks.append(hand_check(counter))
+        if name == "lstm_beam":  # the decoder's step in beam search, the search's time over its steps
+            checks.append(f"lstm_beam: a decoder step of the search {seconds / workloads.BEAM_STEPS * 1e3:.1f} ms, "
+                          f"its roofline {bound / workloads.BEAM_STEPS * 1e3:.1f} ms")
         heaviest = Counter()
         for op in counter.ops:
             heaviest[op.name] += max(op.flops / peak, op.bytes / bandwidth)
