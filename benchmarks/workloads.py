@@ -105,20 +105,22 @@ def beam_search(model: Captioner, images: int, steps: int = BEAM_STEPS, seed: in
     return lambda: model.decode(feats, GRID, beam_size=BEAM, max_length=steps)  # (B, N, D) -> B captions
 
 
-def lstm_train() -> Workload:
-    config = coco_config("lstm")
+def decoder_train(decoder: str) -> Workload:
+    """The COCO config's `decoder` trained on the tutorial's batch of stored features."""
+    config = coco_config(decoder)
     model = build(config, words(VOCAB))
     batch = stored_batch(BATCH, 1, WORDS + 1, model.vocab)
-    return Workload("lstm_train", f"LSTM train step: {BATCH} captions x {WORDS} words, 14x14x2048, vocab 10k",
-                    model, train_step(model, config, batch, encoded=True))
+    about = f"{'LSTM' if decoder == 'lstm' else decoder} train step: {BATCH} captions x {WORDS} words, " \
+        "14x14x2048, vocab 10k"
+    return Workload(f"{decoder}_train", about, model, train_step(model, config, batch, encoded=True))
+
+
+def lstm_train() -> Workload:
+    return decoder_train("lstm")
 
 
 def transformer_train() -> Workload:
-    config = coco_config("transformer")
-    model = build(config, words(VOCAB))
-    batch = stored_batch(BATCH, 1, WORDS + 1, model.vocab)
-    return Workload("transformer_train", f"transformer train step: {BATCH} captions x {WORDS} words, as above",
-                    model, train_step(model, config, batch, encoded=True))
+    return decoder_train("transformer")
 
 
 def lstm_beam(images: int = BATCH, steps: int = BEAM_STEPS) -> Workload:
