@@ -22,13 +22,13 @@ from captioner.data.image_transform import ImageTransform
 from captioner.data.shapes import generate_shapes
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
-from captioner.training.loop import caption_loss
 from captioner.training.speed import time_precisions
 
 ROOT = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(ROOT))
 from benchmarks.timing import argument_parser, print_environment, summarise  # noqa: E402
+from benchmarks.workloads import training_step  # noqa: E402
 
 
 def config_batches(config_path: str, count: int) -> tuple[Any, Vocabulary, list[Any]]:
@@ -43,20 +43,6 @@ def config_batches(config_path: str, count: int) -> tuple[Any, Vocabulary, list[
         dataset = CaptionDataset(records, vocab, ImageTransform(data.image_size, train=True), data.max_caption_length,
                                  data.captions_per_image)
         return config, vocab, list(DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate_captions))
-
-
-def training_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Any, batch: Any, bf16: bool = False,
-    encoded: bool = False
-) -> float:
-    """One training step as the loop takes it (loss, backward, optimiser) from images, or from
-    stored grids when `encoded`, optionally under CPU bf16 autocast; returns the loss."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        loss, _ = caption_loss(model, batch, config, encoded=encoded)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    return float(loss.detach())
 
 
 def main(argv: list[str] | None = None) -> int:

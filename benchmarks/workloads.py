@@ -76,19 +76,26 @@ def caption_rows(images: torch.Tensor, captions_each: int, tokens: int | list[in
     return CaptionBatch(images, caption, lengths, rows, torch.arange(B))
 
 
+def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Config, batch: CaptionBatch,
+                  bf16: bool = False, encoded: bool = False, grad_clip: float = 0.0) -> float:
+    """One training step as the loop takes it (loss, backward, gradient clipping where `grad_clip` > 0,
+    optimiser) from images, or from stored grids when `encoded`, optionally under CPU bf16 autocast;
+    returns the loss."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss, _ = caption_loss(model, batch, config, encoded=encoded)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return float(loss.detach())
+
+
 def train_step(model: Captioner, config: Config, batch: CaptionBatch, encoded: bool) -> Callable[[], object]:
     """One step of `training.loop.train_one_epoch` in fp32: loss, backward, gradient clipping, AdamW."""
     optimizer = make_optimizer(model, config, 1.0)
     model.train()
-
-    def step() -> None:
-        loss, _ = caption_loss(model, batch, config, encoded)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
-        optimizer.step()
-
-    return step
+    return lambda: training_step(model, optimizer, config, batch, encoded=encoded, grad_clip=config.train.grad_clip)
 
 
 def never_ends(model: Captioner) -> None:
@@ -148,7 +155,6 @@ def quickstart_step() -> Workload:
     """The quickstart's step: 32 images of the shapes world at its size, five captions each of 4 to
     18 words (the world's run from 3 to 36 words, 12 on average)."""
     config = load_config(CONFIGS / "shapes_lstm.yaml")
-    config = replace(config, train=replace(config.train, cpu_amp="fp32"))
     model = build(config, words(39))  # the shapes world's 39 words
     size = config.data.image_size
     generator = torch.Generator().manual_seed(3)
