@@ -24,7 +24,7 @@ from captioner.models import products
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import workloads  # noqa: E402
-from benchmarks.op_counter import OpCounter, lstm_step_flops  # noqa: E402
+from benchmarks.op_counter import OpCount, OpCounter, lstm_step_flops  # noqa: E402
 from benchmarks.timing import argument_parser, measure, print_environment  # noqa: E402
 
 
@@ -57,8 +57,13 @@ def counted(run: object) -> OpCounter:
     return counter
 
 
+def op_seconds(op: OpCount, peak: float, bandwidth: float) -> float:
+    """An op's bound: its FLOPs at the GEMM peak or its bytes at the copy bandwidth, whichever is longer."""
+    return max(op.flops / peak, op.bytes / bandwidth)
+
+
 def roofline_seconds(counter: OpCounter, peak: float, bandwidth: float) -> float:
-    return sum(max(op.flops / peak, op.bytes / bandwidth) for op in counter.ops)
+    return sum(op_seconds(op, peak, bandwidth) for op in counter.ops)
 
 
 def profile(work: workloads.Workload, folder: Path, repeats: int) -> list[str]:
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"its roofline {bound / workloads.BEAM_STEPS * 1e3:.1f} ms")
         heaviest = Counter()
         for op in counter.ops:
-            heaviest[op.name] += max(op.flops / peak, op.bytes / bandwidth)
+            heaviest[op.name] += op_seconds(op, peak, bandwidth)
         checks.append(f"{name}: roofline time by op: " + ", ".join(
             f"{op} {share / bound:.0%}" for op, share in heaviest.most_common(4)))
         if args.profile is not None:

@@ -1,7 +1,8 @@
 """Count what a piece of work asks of the machine, op by op, as it runs: the FLOPs of its products
 and convolutions and the bytes each op reads and writes. `torch.utils.flop_counter` alone misses
 the routes this project takes on the CPU (oneDNN's `mkldnn::_linear_pointwise`, matrix-vector
-products), so they are taught here; `lstm_step_flops` is the hand count the counter is checked by."""
+products with or without a bias), so they are taught here; `lstm_step_flops` is the hand count
+the counter is checked by."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def _flops(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) 
         return 2 * args[0].numel()
     if packet is torch.ops.aten.dot:  # (K,) . (K,)
         return 2 * args[0].numel()
+    if packet is torch.ops.aten.addmv:  # bias + (M, K) @ (K,)
+        return 2 * args[1].numel()
     if getattr(torch.ops, "mkldnn", None) is not None and packet is torch.ops.mkldnn._linear_pointwise:
         return _linear_pointwise_flops(args[0], out)  # type: ignore[arg-type]
     formula = flop_registry.get(packet)

@@ -53,6 +53,9 @@ def test_matrix_vector_and_onednn_products_are_counted(route) -> None:
     with OpCounter() as counter:
         torch.randn(5, 16) @ torch.randn(16)  # (5,): 2 * 5 * 16
     assert counter.flops == 160
+    with OpCounter() as counter:
+        torch.addmv(torch.randn(5), torch.randn(5, 16), torch.randn(16))  # (5,): the same product and a bias
+    assert counter.flops == 160
     if not products.onednn_enabled():
         pytest.skip("this torch build has no oneDNN inner product")
     route(True)
