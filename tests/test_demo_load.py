@@ -343,3 +343,27 @@ def test_an_empty_folder_goes_at_the_second_prune_that_finds_it_empty_whatever_i
     (fresh / "answer.jpg").write_bytes(b"x")  # its file arrived between the two looks
     prune_folders(tmp_path, keep, seen)
     assert (fresh / "answer.jpg").is_file()
+
+
+def test_a_cache_sweep_that_races_with_requests_does_not_end_gradios_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradio's sweep iterates sets that requests add to: its RuntimeError used to end the schedule for good
+    (uploads then piled up). Wrapped, a racing round is tried again, and one that keeps racing is skipped."""
+    from gradio import route_utils
+
+    from captioner.apps.demo import ui
+
+    calls: list[int] = []
+
+    def racing(blocks: object, age: int) -> None:
+        calls.append(age)
+        if len(calls) in (1, 3, 4, 5):  # the first sweep races once, the second three times
+            raise RuntimeError("Set changed size during iteration")
+
+    monkeypatch.setattr(route_utils, "delete_files_created_by_app", racing)
+    ui.keep_cache_cleanup_alive()
+    route_utils.delete_files_created_by_app(None, 2)  # raced once, then swept
+    assert calls == [2, 2]
+    route_utils.delete_files_created_by_app(None, 2)  # raced three times: skipped, not raised
+    assert calls == [2, 2, 2, 2, 2]
+    ui.keep_cache_cleanup_alive()  # wrapped once only
+    assert route_utils.delete_files_created_by_app.__wrapped__ is racing

@@ -233,7 +233,31 @@ def page_callbacks(checkpoints: list[Path], device: str, max_pixels: int, max_ba
 
 def cache_lifetimes(cleanup: Cleanup) -> tuple[int, int]:
     """Gradio's `delete_cache`: how often to look, and how old a file may be, in whole seconds (at least 1)."""
+    keep_cache_cleanup_alive()
     return max(1, round(cleanup.every_s)), max(1, round(cleanup.max_age_s))
+
+
+def keep_cache_cleanup_alive() -> None:
+    """Gradio's `delete_cache` sweep iterates sets that requests add to from other threads: a "Set changed
+    size during iteration" ends its schedule for the server's life, and uploads pile up. Wrapped: the sweep
+    is tried again, and a round that still races is skipped (the next round sweeps it)."""
+    from gradio import route_utils
+
+    sweep = route_utils.delete_files_created_by_app
+    if getattr(sweep, "captioner_tolerant", False):
+        return
+
+    @functools.wraps(sweep)
+    def tolerant(blocks: gr.Blocks, age: int | None) -> None:
+        for _ in range(3):
+            try:
+                return sweep(blocks, age)
+            except RuntimeError:  # a request added a file meanwhile
+                continue
+        log.debug("demo: Gradio's cache sweep raced with requests three times; the next round sweeps")
+
+    tolerant.captioner_tolerant = True  # type: ignore[attr-defined]
+    route_utils.delete_files_created_by_app = tolerant
 
 
 def slider_starts(model: Captioner) -> tuple[int, int]:
