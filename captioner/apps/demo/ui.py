@@ -243,8 +243,8 @@ def keep_cache_cleanup_alive() -> None:
     is tried again, and a round that still races is skipped (the next round sweeps it)."""
     from gradio import route_utils
 
-    sweep = route_utils.delete_files_created_by_app
-    if getattr(sweep, "captioner_tolerant", False):
+    sweep = getattr(route_utils, "delete_files_created_by_app", None)  # a Gradio without it: nothing to wrap
+    if sweep is None or getattr(sweep, "captioner_tolerant", False):
         return
 
     @functools.wraps(sweep)
