@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="write each one's operator table and trace into DIR")
     args = parser.parse_args(argv)
+    if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
+        parser.error(f"--profile {args.profile}: is a file, not a folder")
     threads = set_threads(args.threads)
     print_environment(args)
     peak, route = max(gemm_peak(n) for n in sorted({args.peak_size // 2, args.peak_size}))

@@ -82,3 +82,12 @@ def test_the_benchmark_prints_a_row_with_its_ratio_and_profile(tmp_path, capsys)
     assert float(cells[-1].removesuffix("x")) == pytest.approx(seconds / bound, abs=0.02)
     assert "convolution" in (tmp_path / "quickstart_step.txt").read_text()
     assert (tmp_path / "quickstart_step.trace.json").stat().st_size > 0
+
+
+def test_a_profile_folder_that_is_a_file_is_one_line_before_any_work(tmp_path, capsys) -> None:
+    taken = tmp_path / "profiles"
+    taken.write_text("not a folder")
+    with pytest.raises(SystemExit) as exit_:
+        bench_roofline.main(["--only", "quickstart_step", "--profile", str(taken)])
+    assert exit_.value.code == 2
+    assert f"--profile {taken}: is a file, not a folder" in capsys.readouterr().err
