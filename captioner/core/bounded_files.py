@@ -60,25 +60,19 @@ def nests_deeper_than(text: str, levels: int) -> bool:
     return max(itertools.accumulate(map(STEP.__getitem__, brackets)), default=0) > levels
 
 
-def parse_json(text: str, path: str | Path, what: str, max_depth: int, error: type[CaptionerError]) -> Any:
-    """`text` parsed, once its depth is within `max_depth`; one `error` line naming `path` if not."""
-    if nests_deeper_than(text, max_depth):
-        raise error(f"{path}: nested deeper than the {max_depth} levels a {what} may have; refused")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-
-
-def read_json(path: str | Path, what: str, error: type[CaptionerError], max_bytes: int = MODEL_JSON_BYTES,
-              max_depth: int = MAX_DEPTH) -> Any:
+def read_json(path: str | Path, what: str, error: type[CaptionerError], max_bytes: int = MODEL_JSON_BYTES) -> Any:
     """A JSON file a model brings, within its caps; a failure is one `error` line (FileNotFoundError aside)."""
     data = read_capped(path, what, max_bytes, error)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{path}: not valid JSON (not UTF-8 text: {e.reason} at byte {e.start})") from None
-    return parse_json(text, path, what, max_depth, error)
+    if nests_deeper_than(text, MAX_DEPTH):
+        raise error(f"{path}: nested deeper than the {MAX_DEPTH} levels a {what} may have; refused")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
 
 
 def read_format_json(path: Path, what: str, kind: str, expected: str, error: type[CaptionerError],
@@ -95,8 +89,7 @@ def read_format_json(path: Path, what: str, kind: str, expected: str, error: typ
     return document
 
 
-def load_yaml(text: str, source: str, what: str, error: type[CaptionerError], max_depth: int = MAX_DEPTH,
-              max_aliases: int = MAX_ALIASES) -> Any:
+def load_yaml(text: str, source: str, what: str, error: type[CaptionerError]) -> Any:
     """YAML text from a model (a card's metadata), safely: one `error` line when it nests too deep,
     holds too many aliases or does not parse."""
     import yaml
@@ -110,12 +103,12 @@ def load_yaml(text: str, source: str, what: str, error: type[CaptionerError], ma
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.AliasEvent):
                 self.aliases += 1
-                if self.aliases > max_aliases:
-                    raise error(f"{source}: more than the {max_aliases} YAML aliases a {what} may hold; refused")
+                if self.aliases > MAX_ALIASES:
+                    raise error(f"{source}: more than the {MAX_ALIASES} YAML aliases a {what} may hold; refused")
             self.depth += 1
             try:
-                if self.depth > max_depth:
-                    raise error(f"{source}: nested deeper than the {max_depth} levels a {what} may have; refused")
+                if self.depth > MAX_DEPTH:
+                    raise error(f"{source}: nested deeper than the {MAX_DEPTH} levels a {what} may have; refused")
                 return super().compose_node(parent, index)
             finally:
                 self.depth -= 1
