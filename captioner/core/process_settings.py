@@ -56,13 +56,10 @@ def positive_env(name: str) -> int | None:
     text = os.environ.get(name, "").strip()
     if not text:
         return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"{name}={text!r}: expected a positive integer")
-    return value
+    with contextlib.suppress(ValueError):
+        if (value := int(text)) >= 1:
+            return value
+    raise ConfigError(f"{name}={text!r}: expected a positive integer")
 
 
 def local_world_size() -> int:
@@ -73,12 +70,10 @@ def local_world_size() -> int:
 def resolve_threads(requested: int | None = None) -> int:
     """`requested` (> 0); else $CAPTIONER_THREADS; else under torchrun its $OMP_NUM_THREADS or this
     rank's share of the cores; else the free cores."""
-    threads = requested or positive_env(ENV_THREADS)
-    if threads:
-        return threads
-    if positive_env("LOCAL_WORLD_SIZE"):
-        return positive_env("OMP_NUM_THREADS") or max(1, usable_cores() // local_world_size())
-    return free_cores()
+    if threads_are_automatic(requested):
+        return free_cores()
+    return (requested or positive_env(ENV_THREADS) or positive_env("OMP_NUM_THREADS")
+            or max(1, usable_cores() // local_world_size()))
 
 
 def run_threads(requested: int | None = None) -> int:
