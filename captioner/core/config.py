@@ -28,9 +28,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     """Defaults, then the YAML file, then `section.key=value` overrides, then validation."""
     import yaml  # here, not at the top: the torch-free runtime reads model specs without PyYAML
     config = Config()
-    source = "defaults"
+    source = "defaults" if path is None else str(path)
     if path is not None:
-        source = str(path)
         try:
             raw = yaml.safe_load(Path(path).read_text())
         except FileNotFoundError:
@@ -161,10 +160,8 @@ def _checked(value: Any, node: Any, name: str, dotted: str, source: str) -> Any:
     return _check_leaf(upgrade_value(dotted, value), f, _type_hints(type(node))[name], dotted, source)
 
 
-@functools.cache
-def _type_hints(cls: type) -> dict[str, Any]:
-    """A section's annotations, resolved once per class (this cost more than the rest of reading a config)."""
-    return typing.get_type_hints(cls)
+# A section's annotations, resolved once per class (this cost more than the rest of reading a config).
+_type_hints = functools.cache(typing.get_type_hints)
 
 
 # what a key of each type takes, converted to the type (YAML reads 3 where a float key means 3.0)
@@ -212,10 +209,9 @@ def leaf_fields(node: Any = None, prefix: str = "") -> list[tuple[str, dataclass
 
 def _every_key() -> list[tuple[str, dataclasses.Field, Any]]:
     """The keys with each registered decoder in turn, each once, and `model.decoder.type`."""
-    keys: dict[str, tuple[str, dataclasses.Field, Any]] = {}
     kind_key: dataclasses.Field = dataclasses.field(metadata={"spec": Choice(tuple(registered()))})
     kind_key.name = "type"
-    keys[TYPE_KEY] = (TYPE_KEY, kind_key, str)
+    keys: dict[str, tuple[str, dataclasses.Field, Any]] = {TYPE_KEY: (TYPE_KEY, kind_key, str)}
     for kind in (decoder_type(name).config for name in registered()):
         for leaf in _leaves_of(Config, kind):
             keys.setdefault(leaf[0], leaf)
