@@ -31,8 +31,7 @@ FILE_NAME = "machine.json"
 def cache_dir() -> Path:
     if os.environ.get("CAPTIONER_CACHE_DIR"):
         return Path(os.environ["CAPTIONER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "captioner"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "captioner"
 
 
 @contextlib.contextmanager
