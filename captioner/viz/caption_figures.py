@@ -72,12 +72,11 @@ def head_grid_figure(image: Image.Image, caption: Caption, positions: list[int] 
     columns = H + (1 if H > 1 else 0)
     rows = L * len(positions)
     fig, axes = plt.subplots(rows, columns, figsize=(1.45 * columns + 0.5, 1.5 * rows + 0.4), squeeze=False)
-    size = (image.height, image.width)
     for i, t in enumerate(positions):
         maps = attn[t]  # (L, H, h, w)
         if H > 1:
             maps = torch.cat([maps, maps.mean(dim=1, keepdim=True)], dim=1)  # (L, H+1, h, w)
-        pictures = upsample(maps.flatten(0, 1), size).numpy()  # (L*(H+1), H_img, W_img)
+        pictures = upsample(maps.flatten(0, 1), (image.height, image.width)).numpy()  # (L*(H+1), H_img, W_img)
         for layer in range(L):
             for c in range(columns):
                 ax = axes[i * L + layer, c]
