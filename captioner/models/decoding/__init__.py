@@ -4,17 +4,13 @@ takes decoder, feats (B, N, D), `SpecialTokens`, `DecodeOptions` -> per image hy
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
 
 from captioner.core.decode_results import Hypothesis
+from captioner.models.decoder import Decoder
 from captioner.models.decoding.beam import beam_search, beam_search_n_best
 from captioner.models.decoding.rules import DecodeOptions, SpecialTokens
 from captioner.models.decoding.sampling import greedy_decode, sample_n_best
-
-if TYPE_CHECKING:
-    import torch
-
-    from captioner.models.decoder import Decoder
 
 __all__ = [
     "DecodeOptions", "Hypothesis", "SpecialTokens", "beam_search", "beam_search_n_best", "decode_hypotheses",

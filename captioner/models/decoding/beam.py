@@ -13,28 +13,23 @@ The host reads the device once per step (`finish`), and the maps once (`best`)."
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
 import torch
 
 from captioner.core.decode_results import Hypothesis, length_penalty
 from captioner.core.decode_schema import check_search
-from captioner.models.decoder import select_rows
+from captioner.models.decoder import Decoder, select_rows
 from captioner.models.decoding.rules import (
-    SHRINK_SHARE, EndingRule, SpecialTokens, banned_mask, block_repeated_trigrams, device_index, pad_last,
-    spread_rows, step_decoder,
+    SHRINK_SHARE, DecodeOptions, EndingRule, SpecialTokens, banned_mask, block_repeated_trigrams, device_index,
+    pad_last, spread_rows, step_decoder,
 )
 from captioner.models.products import reused_weights
-
-if TYPE_CHECKING:
-    from captioner.models.decoder import Decoder
-    from captioner.models.decoding.rules import DecodeOptions
 
 NEG_INF = float("-inf")
 
 
-@dataclass
+@dataclasses.dataclass
 class Choice:
     """One step's choice, (S, Kg) each, S = B*G searches: which of each search's top Kg candidates end
     here (beam within the group, total log-probability), and the Kg kept live (-inf: none left)."""
@@ -245,14 +240,13 @@ class Beam:
             [tau * BK + self.parents[tau][r] for rows in lineages for tau, r in enumerate(rows)], self.device
         )  # (W,)
         sizes = [len(rows) for rows in lineages]
-        all_maps = torch.stack(self.step_maps).flatten(0, 1)  # (steps*B*K, L, H, N)
-        maps = iter(all_maps.index_select(0, at).cpu().split(sizes))  # (t, L, H, N) each
-        self_maps = None
-        if self.step_self:
-            all_self = torch.stack(
-                [pad_last(w, steps) for w in self.step_self]
-            ).flatten(0, 1)  # (steps*B*K, L, H, steps)
-            self_maps = iter(all_self.index_select(0, at).cpu().split(sizes))  # (t, L, H, steps) each
+
+        def picked(per_step: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+            """Each step's (B*K, ...) -> the rows of each hypothesis's lineage (t, ...), on the host."""
+            return iter(torch.stack(per_step).flatten(0, 1).index_select(0, at).cpu().split(sizes))  # (t, ...) each
+
+        maps = picked(self.step_maps)  # (t, L, H, N) each
+        self_maps = picked([pad_last(w, steps) for w in self.step_self]) if self.step_self else None  # (t, L, H, steps)
         results = []
         for ranked in chosen:
             hyps = []
@@ -268,8 +262,7 @@ def beam_search(
     decoder: Decoder, feats: torch.Tensor, special: SpecialTokens, options: DecodeOptions
 ) -> list[Hypothesis]:
     """The best hypothesis per image of `beam_search_n_best`; feats (B, N, D)."""
-    ranked = beam_search_n_best(decoder, feats, special, dataclasses.replace(options, n_best=1))
-    return [hyps[0] for hyps in ranked]
+    return [hyps[0] for hyps in beam_search_n_best(decoder, feats, special, dataclasses.replace(options, n_best=1))]
 
 
 @torch.no_grad()

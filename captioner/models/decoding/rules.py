@@ -5,21 +5,15 @@ implements the rules again (tests/test_search_conformance.py holds the two toget
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
 from captioner.core.config_sections import DecodeConfig
-from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
-from captioner.core.decode_schema import check_names, check_options
-from captioner.models.decoder import to_device_quietly
-from captioner.text.vocab import bad_ending_ids
-
-if TYPE_CHECKING:
-    from captioner.models.decoder import Decoder
-    from captioner.text.vocab import Vocabulary
+from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS, check_names, check_options
+from captioner.models.decoder import Decoder, to_device_quietly
+from captioner.text.vocab import Vocabulary, bad_ending_ids
 
 SHRINK_SHARE = 8  # drop ended rows once they are an eighth of those stepping (each drop copies the memory)
 
@@ -49,7 +43,7 @@ class DecodeOptions:
     self_attention: bool = _default("self_attention")  # also return the decoder's self-attention weights (transformers)
 
     def __post_init__(self) -> None:
-        checked = check_options({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        checked = check_options({f.name: getattr(self, f.name) for f in fields(self)})
         for name, value in checked.items():  # 3.0 -> 3: a whole number given as a float is kept as an int
             object.__setattr__(self, name, value)
 
@@ -107,8 +101,7 @@ class SpecialTokens:
 
 def block_repeated_trigrams(logprobs: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
     """logprobs (R, V) with -inf at each word w that would repeat a trigram (a, b, w) of history (R, t)."""
-    t = history.shape[1]
-    if t < 3:
+    if history.shape[1] < 3:
         return logprobs
     last = history[:, -2:]  # (R, 2)
     match = (history[:, :-2] == last[:, :1]) & (history[:, 1:-1] == last[:, 1:])  # (R, t-2): (a, b) at i, i+1

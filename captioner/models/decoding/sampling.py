@@ -5,22 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from captioner.core.decode_results import Hypothesis
 from captioner.core.decode_schema import check_options
-from captioner.models.decoder import reads_are_free, real_positions, select_rows
+from captioner.models.decoder import Decoder, reads_are_free, real_positions, select_rows
 from captioner.models.decoding.rules import (
-    SHRINK_SHARE, EndingRule, banned_mask, block_repeated_trigrams, pad_last, step_decoder,
+    SHRINK_SHARE, DecodeOptions, EndingRule, SpecialTokens, banned_mask, block_repeated_trigrams, pad_last,
+    step_decoder,
 )
 from captioner.models.products import reused_weights
-
-if TYPE_CHECKING:
-    from captioner.models.decoder import Decoder
-    from captioner.models.decoding.rules import DecodeOptions
-    from captioner.models.decoding.rules import SpecialTokens
 
 
 def restrict_to_top(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
