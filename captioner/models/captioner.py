@@ -217,10 +217,7 @@ class Captioner(nn.Module):
         encoded: bool = False, lengths: torch.Tensor | None = None, packed: bool = False,
     ) -> DecoderOutput:
         """Teacher forcing (as `Decoder.forward`) on images (B, 3, H, W), or stored feats when `encoded`."""
-        if encoded:
-            feats = self.stored_features(images)  # (B, N, D)
-        else:
-            feats, _ = self.encode(images)  # (B, N, D)
+        feats = self.stored_features(images) if encoded else self.encode(images)[0]  # (B, N, D)
         return self.decoder(feats, tokens, lengths, image_rows=image_rows, packed=packed)
 
     def decode_options(self, **overrides: Any) -> DecodeOptions:

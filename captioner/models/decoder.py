@@ -124,16 +124,13 @@ def build_decoder(config: Any, vocab_size: int, feat_dim: int) -> Decoder:
     return decoder_types.decoder_type(decoder_types.type_of(config)).module(config, vocab_size, feat_dim)
 
 
-Step = Callable[..., tuple[torch.Tensor, torch.Tensor, State]]
-
-
 class GraphedStep:
     """Call as the decoder's `step`: a CUDA graph per number of rows, one launch for hundreds of kernels
     (docs/compile_step.md); with gradients, a keyword argument or a tensor off CUDA, `eager`."""
 
     device_type = "cuda"  # where the graph replays (the tests replay a stand-in on the CPU)
 
-    def __init__(self, eager: Step) -> None:
+    def __init__(self, eager: Callable[..., tuple[torch.Tensor, torch.Tensor, State]]) -> None:
         self.eager = eager
         self.graphed = torch.compile(eager, fullgraph=True, mode="reduce-overhead")
         self.lock = threading.Lock()
@@ -156,9 +153,6 @@ class GraphedStep:
 
 def use_graphed_step(decoder: torch.nn.Module) -> GraphedStep:
     """From now on `decoder.step` is a GraphedStep over its eager step (an instance attribute); idempotent."""
-    current = decoder.__dict__.get("step")
-    if isinstance(current, GraphedStep):
-        return current
-    graphed = GraphedStep(type(decoder).step.__get__(decoder))
-    decoder.__dict__["step"] = graphed
-    return graphed
+    if not isinstance(decoder.__dict__.get("step"), GraphedStep):
+        decoder.__dict__["step"] = GraphedStep(type(decoder).step.__get__(decoder))
+    return decoder.__dict__["step"]

@@ -284,9 +284,7 @@ class Encoder(nn.Module):
 
     def stored_part(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """images (B, 3, H, W) -> what the frozen blocks make (else the output), cells (B, n, C) on (h', w')."""
-        if not self.storable:
-            return self(images)
-        return self.cells(self.trunk(images), pool=self.frozen)
+        return self.cells(self.trunk(images), pool=self.frozen) if self.storable else self(images)
 
     def from_stored(
         self, cells: torch.Tensor, grid: tuple[int, int] | None = None

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from captioner.core.bounded_files import read_format_json, read_json
-from captioner.core.files import sha256_of as sha256
-from captioner.core.files import REEXPORT, verify_file, write_atomically
+from captioner.core.files import REEXPORT, sha256_of as sha256, verify_file, write_atomically
 from captioner.core.errors import CheckpointError, ConfigError, ExportError
 from captioner.core.model_spec import ModelSpec
 from captioner.core.portable_config import portable_config

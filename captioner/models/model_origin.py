@@ -130,8 +130,7 @@ def photograph_model() -> str:
     if is_exported(DEFAULT_MODEL):
         return (f"the default model, the export at {DEFAULT_MODEL} (`captioner caption IMAGE` with no model, "
                 "or captioner.default_model())")
-    packaged = packaged_models()
-    if packaged:
+    if packaged := packaged_models():
         return (f"the default model, {packaged[0].name} (packaged with captioner: "
                 "`captioner caption IMAGE` with no model, or captioner.default_model())")
     return f"a model trained on photographs: none is installed here (`captioner export runs/<run> {DEFAULT_MODEL}`)"

@@ -47,8 +47,7 @@ def checkpoint_file(path: str | Path) -> Path:
             if (path / candidate).is_file():
                 return path / candidate
         raise CheckpointError(f"{path}: a folder without a model (no {' or '.join(RUN_CHECKPOINTS)}, no {CONFIG})")
-    packaged = packaged_model(name)
-    if packaged is not None:
+    if (packaged := packaged_model(name)) is not None:
         return packaged
     if looks_like_repo_id(name):
         return hub_snapshot(name)

@@ -43,8 +43,7 @@ class EncoderGraph(nn.Module):
         self.model = model
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        feats, _ = self.model.encode(images)  # (B, N, D)
-        return feats
+        return self.model.encode(images)[0]  # (B, N, D)
 
 
 class DecoderInitGraph(nn.Module):

@@ -62,9 +62,7 @@ def _route_works() -> bool:
 def _op_problem() -> str:
     """'' when one small product through oneDNN equals `F.linear`'s; else what went wrong."""
     generator = torch.Generator().manual_seed(0)
-    x, weight, bias = (
-        torch.randn(*shape, generator=generator) for shape in ((3, 16), (5, 16), (5,))
-    )  # (3, 16), (5, 16), (5,)
+    x, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((3, 16), (5, 16), (5,)))
     try:
         with torch.no_grad():
             got = _product(x, _reorder(weight), bias)  # (3, 5)
