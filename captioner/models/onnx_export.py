@@ -248,7 +248,7 @@ def check_parity(specs: list[GraphSpec], paths: list[Path], steps: int = 3) -> f
     }
     worst = 0.0
 
-    def compare(spec: GraphSpec, feed: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
+    def compare(spec: GraphSpec, feed: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         nonlocal worst
         expected = spec.module(*feed)
         expected = expected if isinstance(expected, tuple) else (expected,)
@@ -265,19 +265,19 @@ def check_parity(specs: list[GraphSpec], paths: list[Path], steps: int = 3) -> f
             if not diff <= PARITY_TOLERANCE:
                 raise ExportError(f"export: {GRAPH_FILES[spec.key]} output {name} differs from torch by {diff:.2e} "
                                   f"(> {PARITY_TOLERANCE})")
-        return got
+        return [torch.from_numpy(x) for x in got]
 
     encoder, init, step = specs
     images = torch.randint(
         0, 256, (3, *encoder.example[0].shape[1:]), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
     )
     feats = compare(encoder, (images,))[0]  # (3, N, D)
-    start = compare(init, (torch.from_numpy(feats),))
+    start = compare(init, (feats,))
     n_memory = len(init.outputs) - (len(step.outputs) - 2)  # init gives memory, then state; step each state
-    memory, state = [torch.from_numpy(x) for x in start[:n_memory]], [torch.from_numpy(x) for x in start[n_memory:]]
+    memory, state = start[:n_memory], start[n_memory:]
     prev = step.example[n_memory][:1].expand(3).contiguous()  # (3,) <bos>
     for _ in range(steps):
         out = compare(step, (*memory, prev, *state))
-        prev = torch.from_numpy(out[0]).argmax(dim=-1)  # (3,)
-        state = [torch.from_numpy(x) for x in out[2:]]
+        prev = out[0].argmax(dim=-1)  # (3,)
+        state = out[2:]
     return worst

@@ -62,8 +62,7 @@ def step_decoder(
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
     """One decoder step, and with `self_attention` its self-attention weights (R, L, H, t+1) or None."""
     if not (self_attention and decoder.has_self_attention):
-        logprobs, attn, state = decoder.step(memory, prev, state)
-        return logprobs, attn, state, None
+        return (*decoder.step(memory, prev, state), None)
     logprobs, attn, state = decoder.step(memory, prev, state, self_attention=True)  # type: ignore[call-arg]
     state = dict(state)
     return logprobs, attn, state, state.pop("self_attn")
