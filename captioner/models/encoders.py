@@ -229,8 +229,7 @@ class Encoder(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.out_dim = out_dim
         self.config = config
-        trainable = len(blocks) if fine_tune_blocks < 0 else min(fine_tune_blocks, len(blocks))
-        self.num_frozen = len(blocks) - trainable
+        self.num_frozen = 0 if fine_tune_blocks < 0 else max(len(blocks) - fine_tune_blocks, 0)
         for block in self.blocks[: self.num_frozen]:
             block.requires_grad_(False)
         # The normalisation's constants live on the weights' device, not in the state dict.
