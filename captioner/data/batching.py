@@ -102,7 +102,7 @@ class CaptionDataset(Dataset):
             image = or_none(lambda: PendingImage(read_for_device(image_data(record), ship_jpeg, name=str(record.path)),
                                                  self.transform, seed))
         else:
-            image = load_or_none(self.records[i], self.transform, seed)
+            image = or_none(lambda: self.transform(load_record_image(self.records[i]), seed))
         return None if image is None else (image, captions, i)
 
 
@@ -117,7 +117,7 @@ class ImageDataset(Dataset):
         return len(self.records)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
-        image = load_or_none(self.records[i], self.transform)
+        image = or_none(lambda: self.transform(load_record_image(self.records[i])))
         return None if image is None else (image, i)
 
 
@@ -131,10 +131,6 @@ def or_none(load: Callable[[], T]) -> T | None:
     except ImageLoadError as e:
         log.warning("skipping image: %s", e)
         return None
-
-
-def load_or_none(record: ImageRecord, transform: ImageTransform, seed: int | None = None) -> torch.Tensor | None:
-    return or_none(lambda: transform(load_record_image(record), seed))
 
 
 def load_record_image(record: ImageRecord) -> Image.Image:
@@ -203,9 +199,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     @property
     def span(self) -> int:
         """Positions per global batch: the global batch, or a smaller dataset rounded up to equal shares."""
-        if self.size >= self.global_batch:
-            return self.global_batch
-        return -(-self.size // self.world_size) * self.world_size
+        return min(self.global_batch, -(-self.size // self.world_size) * self.world_size)
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         if not 0 <= start <= len(self):
@@ -246,8 +240,7 @@ def read_for_device(path: str | Path | bytes, ship_jpeg: bool = True, max_pixels
     other file (progressive JPEGs too: nvjpeg may refuse them) decoded as `load_image` does, uint8 (3, H, W)."""
 
     def finish(image: Image.Image) -> EncodedJpeg | torch.Tensor:
-        if (not ship_jpeg or image.format != "JPEG" or image.mode not in DEVICE_MODES
-                or image.info.get("progressive")):
+        if not ship_jpeg or image.format != "JPEG" or image.mode not in DEVICE_MODES or image.info.get("progressive"):
             return pil_to_tensor(decode_rgb(image))  # (3, H, W)
         encoded = path if isinstance(path, bytes) else Path(path).read_bytes()
         data = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)  # (L,)
