@@ -36,11 +36,8 @@ class ShapeObject:
     radius: float
     angle: float = 0.0  # small rotation, radians
 
-    def phrase(self, with_size: bool = True) -> str:
-        return f"{self.size} {self.colour} {self.shape}" if with_size else f"{self.colour} {self.shape}"
-
     def with_article(self, with_size: bool = True) -> str:
-        phrase = self.phrase(with_size)
+        phrase = f"{self.size} {self.colour} {self.shape}" if with_size else f"{self.colour} {self.shape}"
         return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
     def polygon(self) -> list[tuple[float, float]]:
@@ -103,17 +100,13 @@ def sample_scene(rng: np.random.Generator, image_size: int) -> list[ShapeObject]
 def _apart(x: float, y: float, radius: float, other: ShapeObject) -> bool:
     """No overlap, and a clear dominant axis between the two, so a relation word is unambiguous."""
     dx, dy = abs(x - other.x), abs(y - other.y)
-    if math.hypot(dx, dy) < radius + other.radius + 4:
-        return False
-    return abs(dx - dy) > 0.15 * max(dx, dy)
+    return math.hypot(dx, dy) >= radius + other.radius + 4 and abs(dx - dy) > 0.15 * max(dx, dy)
 
 
 def _chain(objects: list[ShapeObject], with_size: bool) -> str:
     """'a A left of a B above a C': each object placed relative to the one before it."""
-    parts = [objects[0].with_article(with_size)]
-    for prev, obj in zip(objects, objects[1:]):
-        parts.append(f"{relation(prev, obj)} {obj.with_article(with_size)}")
-    return " ".join(parts)
+    steps = (f"{relation(prev, obj)} {obj.with_article(with_size)}" for prev, obj in zip(objects, objects[1:]))
+    return " ".join([objects[0].with_article(with_size), *steps])
 
 
 def _listing(objects: list[ShapeObject], with_size: bool) -> str:
@@ -124,7 +117,7 @@ def _listing(objects: list[ShapeObject], with_size: bool) -> str:
 def _with_relations(head: str, objects: list[ShapeObject]) -> str:
     pairs = zip(objects, objects[1:])
     relations = (f"the {a.colour} {a.shape} is {relation(a, b)} the {b.colour} {b.shape}" for a, b in pairs)
-    return head if len(objects) == 1 else " . ".join([head, *relations])
+    return " . ".join([head, *relations])  # one object: the head alone
 
 
 Template = Callable[[list[ShapeObject]], str]
