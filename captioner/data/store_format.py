@@ -90,11 +90,6 @@ def encoder_fingerprint(encoder: StoreEncoder) -> str:
     return digest.hexdigest()
 
 
-def input_pipeline(encoder: StoreEncoder, transform: ImageTransform) -> list[str]:
-    """Every step from the decoded picture to the encoder's input, as the objects that run them state them."""
-    return [*transform.describe(), *encoder.normalize.describe()]
-
-
 def identity(encoder: StoreEncoder, transform: ImageTransform) -> dict[str, Any]:
     """What the features depend on besides the images, in the order a store's fields are compared."""
     config = encoder.config
@@ -105,7 +100,8 @@ def identity(encoder: StoreEncoder, transform: ImageTransform) -> dict[str, Any]
         "encoder.fine_tune_blocks": config.fine_tune_blocks,
         "encoder.fingerprint": encoder_fingerprint(encoder),
         "image_size": transform.image_size,
-        "transform": input_pipeline(encoder, transform),  # the pipeline's steps: a changed one makes the store stale
+        # every step from the decoded picture to the encoder's input: a changed one makes the store stale
+        "transform": [*transform.describe(), *encoder.normalize.describe()],
     }
 
 
@@ -146,8 +142,7 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
 
 
 # An older store's transform: torchvision's tensor resize, a level off Pillow's on some pixels (refused).
-LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406],
-                    "std": [0.229, 0.224, 0.225]}
+LEGACY_TRANSFORM = {"resize": "square", "antialias": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
 
 def stored_identity(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -315,18 +310,6 @@ class StoreRows:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fd": None, "_pid": -1}  # a worker opens the file itself
 
-    def _file(self) -> int:
-        if self._pid != os.getpid():
-            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
-        assert self._fd is not None
-        return self._fd
-
-    def _read(self, row: int) -> np.ndarray:
-        data = os.pread(self._file(), self.row_bytes, self.header + int(row) * self.row_bytes)
-        if len(data) != self.row_bytes:
-            raise FeatureStoreError(f"{self.path}: row {row} is cut short (the file is truncated)")
-        return np.frombuffer(data, dtype=DTYPE).reshape(self.row_shape)
-
     def __getitem__(self, index: int | slice | list[int]) -> torch.Tensor | StoreRows:
         """A row (N, D); a slice read at once (b, N, D); a list of positions: those rows, still on disk."""
         if isinstance(index, slice):
@@ -334,7 +317,14 @@ class StoreRows:
         if isinstance(index, (list, np.ndarray)):
             return StoreRows(self.path, self.header, self.row_shape,
                              self.rows[np.asarray(index, dtype=np.int64)].tolist())
-        return torch.from_numpy(self._read(self.rows[index]).copy())  # (N, D)
+        if self._pid != os.getpid():
+            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        assert self._fd is not None
+        row = int(self.rows[index])
+        data = os.pread(self._fd, self.row_bytes, self.header + row * self.row_bytes)
+        if len(data) != self.row_bytes:
+            raise FeatureStoreError(f"{self.path}: row {row} is cut short (the file is truncated)")
+        return torch.from_numpy(np.frombuffer(data, dtype=DTYPE).reshape(self.row_shape).copy())  # (N, D)
 
     def __del__(self) -> None:
         if self._fd is not None and self._pid == os.getpid():
