@@ -205,10 +205,14 @@ def record_failures(manifest: dict[str, Any], records: list[ImageRecord], first:
 
 
 @torch.no_grad()
-def probe_grid(encoder: StoreEncoder, image_size: int) -> tuple[tuple[int, int], int]:
-    """The grid (h, w) and width of the cells the encoder's frozen part gives at `image_size`."""
+def probe_grid(encoder: StoreEncoder, image_size: int, stored: bool = True) -> tuple[tuple[int, int], int]:
+    """The grid (h, w) and width of the cells the encoder's frozen part (not `stored`: the whole encoder) gives at
+    `image_size`, probed in eval mode (no batch-norm update)."""
+    training = encoder.training
     encoder.eval()
-    cells, grid = encoder.stored_part(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, n, C)
+    probe = encoder.stored_part if stored else encoder
+    cells, grid = probe(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, n, C)
+    encoder.train(training)
     return grid, cells.shape[-1]
 
 
@@ -222,14 +226,9 @@ def ensure_store(encoder: StoreEncoder, transform: ImageTransform, directory: st
     return check_array(store)
 
 
-@torch.no_grad()
 def output_grid(encoder: StoreEncoder, image_size: int) -> tuple[int, int]:
-    """The grid (h, w) of the encoder's output at `image_size`, probed in eval mode (no batch-norm update)."""
-    training = encoder.training
-    encoder.eval()
-    _, grid = encoder(torch.zeros(1, 3, image_size, image_size, device=encoder.device))  # (1, N, D)
-    encoder.train(training)
-    return grid
+    """The grid (h, w) of the encoder's output at `image_size`."""
+    return probe_grid(encoder, image_size, stored=False)[0]
 
 
 @dataclass
