@@ -157,8 +157,7 @@ def shard_samples(raw: BinaryIO, url: str, limits: ShardLimits, suffixes: frozen
     `suffixes`; every key counts as a sample, as in the shard index."""
     sample: dict | None = None
     held: set[str] = set()  # the suffixes of the current sample, read or skipped
-    for name, data in shard_members(raw, url, limits,
-                                    lambda member: (member_key(member) or ("", ""))[1] in suffixes):
+    for name, data in shard_members(raw, url, limits, lambda member: (member_key(member) or ("", ""))[1] in suffixes):
         split = member_key(name)
         if split is None or META_MEMBER.match(name):
             continue

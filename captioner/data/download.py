@@ -46,19 +46,16 @@ COCO_FILES: tuple[RemoteFile, ...] = (
                13_510_573_713, "0da8c0bd3d6becc4dcb32757491aca88", "2014"),
     RemoteFile("val2014.zip", "http://images.cocodataset.org/zips/val2014.zip",
                6_645_013_297, "a3d79f5ed8d289b7a7554ce06a5782b3", "2014"),
-    RemoteFile("annotations_trainval2014.zip",
-               "http://images.cocodataset.org/annotations/annotations_trainval2014.zip",
+    RemoteFile("annotations_trainval2014.zip", "http://images.cocodataset.org/annotations/annotations_trainval2014.zip",
                252_872_794, "0a379cfc70b0e71301e0f377548639bd", "2014"),
     RemoteFile("train2017.zip", "http://images.cocodataset.org/zips/train2017.zip",
                19_336_861_798, "cced6f7f71b7629ddf16f17bbcfab6b2", "2017"),
     RemoteFile("val2017.zip", "http://images.cocodataset.org/zips/val2017.zip",
                815_585_330, "442b8da7639aecaf257c1dceb8ba8c80", "2017"),
-    RemoteFile("annotations_trainval2017.zip",
-               "http://images.cocodataset.org/annotations/annotations_trainval2017.zip",
+    RemoteFile("annotations_trainval2017.zip", "http://images.cocodataset.org/annotations/annotations_trainval2017.zip",
                252_907_541, "f4bbac642086de4f52a3fdda2de5fa2c", "2017"),
     # dataset_{coco,flickr8k,flickr30k}.json; no credible MD5 is published: only its size is checked.
-    RemoteFile("caption_datasets.zip",
-               "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip",
+    RemoteFile("caption_datasets.zip", "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip",
                36_745_453, None, "karpathy"),
 )
 YEARS = ("2014", "2017")

@@ -64,8 +64,7 @@ class RandomWindowCrop:
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         top, left, h, w = crop_window(*image.shape[-2:], self.min_scale)
-        return v2.functional.resized_crop(image, top, left, h, w, [self.size, self.size],
-                                          antialias=True)  # (3, S, S)
+        return v2.functional.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)  # (3, S, S)
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,13 +29,10 @@ SPLIT_FOLDERS = {"train": ("train",), "val": ("validation", "val", "valid", "dev
 
 def held_out_count(total: int, fraction: float) -> int:
     """round(total x fraction), at least 1 for a fraction above 0 and three images or more."""
-    if fraction <= 0:
-        return 0
-    return max(1, round(total * fraction)) if total >= 3 else 0
+    return max(1, round(total * fraction)) if fraction > 0 and total >= 3 else 0
 
 
-def seeded_split(total: int, val_fraction: float, test_fraction: float, seed: int,
-                 source: str) -> dict[str, list[int]]:
+def seeded_split(total: int, val_fraction: float, test_fraction: float, seed: int, source: str) -> dict[str, list[int]]:
     """Positions 0..total-1 -> {train, val, test: sorted positions}: test, val, train in a seeded shuffle."""
     order = list(range(total))
     random.Random(seed).shuffle(order)
