@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from captioner.core.process_settings import loader_workers
 from captioner.data.image_files import MAX_PIXELS, decode_rgb, load_image, open_checked
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord, image_data
+from captioner.data.store_format import StoreRows
 from captioner.text.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -62,20 +63,13 @@ class CaptionBatch:
         return replace(self, images=images, tokens=self.tokens.pin_memory(), image_rows=self.image_rows.pin_memory())
 
 
-class FeatureRows(Protocol):
-    """Stored encoder outputs, one (N, D) row per record: a tensor, or the feature store's rows."""
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, i: int) -> torch.Tensor: ...
-
-
 class CaptionDataset(Dataset):
     """Images with one random caption (`pairs="one"`) or all (`"all"`); a bad file yields None. For
     `dataset[(i, draw)]` the caption and augmentation come from `draw` alone, so a resume replays them."""
 
     def __init__(self, records: list[ImageRecord], vocab: Vocabulary, transform: ImageTransform, max_length: int,
-                 pairs: str = "one", features: FeatureRows | None = None, device_preprocess: str = "none") -> None:
+                 pairs: str = "one", features: torch.Tensor | StoreRows | None = None,
+                 device_preprocess: str = "none") -> None:
         self.records = records
         self.device_preprocess = device_preprocess  # one of PREPROCESS_CHOICES
         self.transform = transform
