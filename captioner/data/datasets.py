@@ -53,8 +53,7 @@ def load_split(config: DataConfig, split: str, check_images: bool = True) -> lis
         from captioner.data.bounded_tar import shard_limits
         from captioner.data.shards import load_shard_records, open_shard_set  # webdataset is an extra
 
-        pattern = split_shards(config, split)
-        shards = open_shard_set(pattern, f"data.{split}_shards", shard_limits(config))
+        shards = open_shard_set(split_shards(config, split), f"data.{split}_shards", shard_limits(config))
         return load_shard_records(shards, split, keep_images=check_images)
     raise DatasetError(f"unknown dataset {config.dataset!r}")
 

@@ -331,11 +331,10 @@ def sample(key: str, record: ImageRecord, data: bytes, suffix: str) -> dict[str,
 def write_tar(path: Path, samples: list[dict[str, object]]) -> None:
     import webdataset  # the 'data' extra
 
-    with open(path, "wb") as stream:
-        writer = webdataset.TarWriter(stream, encoder=False, mtime=0)  # mtime 0: the same dataset, the same bytes
+    # mtime 0: the same dataset, the same bytes
+    with open(path, "wb") as stream, webdataset.TarWriter(stream, encoder=False, mtime=0) as writer:
         for item in samples:
             writer.write(item)
-        writer.close()
 
 
 def write_shards(records: list[ImageRecord], folder: str | Path, max_count: int = 1000, max_bytes: int = 1_000_000_000,

@@ -175,9 +175,8 @@ class StreamingCaptions(IterableDataset):
     def item(self, sample: dict, draw: int, index: int) -> tuple[torch.Tensor, list[list[int]], int]:
         """(image (3, S, S) uint8, token lists, `index`) for collate_captions, else BrokenSample; `draw` picks
         the caption and seeds the augmentation, so both replay after a resume."""
-        captions = sample_captions(sample)
+        tokens = [self.vocab.encode(c, self.settings.max_length) for c in sample_captions(sample)]
         data = sample_image(sample)
-        tokens = [self.vocab.encode(c, self.settings.max_length) for c in captions]
         if self.settings.pairs != "all":
             tokens = [tokens[draw % len(tokens)]]
         seed = draw if self.transform.train and self.transform.augment else None  # the same after a resume
