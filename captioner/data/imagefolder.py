@@ -171,7 +171,7 @@ def _pools(root: Path, caption_column: str) -> dict[str, Rows]:
     rows = read_metadata(path, caption_column)
     by_folder = {split: {n: c for n, c in rows.captions.items() if n.split("/", 1)[0] in names}
                  for split, names in SPLIT_FOLDERS.items()}
-    if sum(len(v) for v in by_folder.values()) == len(rows.captions) and len(rows.captions) > 0:
+    if sum(len(v) for v in by_folder.values()) == len(rows.captions):  # read_metadata refuses a file with none
         return {split: Rows(path, captions, rows.skipped) for split, captions in by_folder.items() if captions}
     return {"all": rows}
 
