@@ -269,7 +269,7 @@ def load_shard_records(shards: ShardSet, split: str, keep_images: bool = True) -
                 raise DatasetError(f"{sample_name(sample)}: the {split} split takes more than "
                                    f"data.max_split_bytes ({size_text(limits.split_bytes)}) in memory; refused")
         records.append(ImageRecord(sample_image_id(sample, len(records)), Path(split) / sample["__key__"],
-                                   tuple(captions), stored=stored, row=len(images) if keep_images else 0))
+                                   tuple(captions), stored=stored, row=len(images)))
         if keep_images:
             images.append(image)
     if broken:
