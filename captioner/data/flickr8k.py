@@ -23,7 +23,6 @@ def default_image_folder(root: str | Path) -> Path:
 
 def read_token_file(path: str | Path) -> dict[str, list[str]]:
     """`<image>.jpg#<n>\\t<caption>` lines -> image name -> captions, in file order."""
-    path = Path(path)
     captions: dict[str, list[str]] = defaultdict(list)
     keys: dict[str, int] = {}
     for number, line in enumerate(read_text(path, "Flickr8k caption file").splitlines(), 1):

@@ -53,7 +53,7 @@ def drop_missing(records: list[ImageRecord], source: str, strict: bool = False,
         message = f"{source}: {missing} of {len(records)} images are missing on disk (e.g. {example})"
         if strict:
             raise DatasetError(message + "; strict mode is on")
-        if missing / len(records) > max_missing and present:
+        if missing / len(records) > max_missing:
             raise DatasetError(f"{message}: {missing / len(records):.1%}, more than data.max_missing_fraction "
                                f"({max_missing:g}) allows; fetch them or point data.image_root at them, or set "
                                f"data.max_missing_fraction=1 to use the {len(present)} there")
