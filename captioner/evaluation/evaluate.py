@@ -57,10 +57,7 @@ def caption_records(model: Captioner | Ensemble, records: list[ImageRecord], bat
                 start += len(feats)
                 bar.update(len(feats))
         else:
-            for batch in image_loader(records, model.transform, batch_size, num_workers):
-                if batch is None:
-                    continue
-                images, indices = batch
+            for images, indices in filter(None, image_loader(records, model.transform, batch_size, num_workers)):
                 for i, caption in zip(indices.tolist(), model.caption(images, **decode_options)):
                     results[records[i].image_id] = caption
                 bar.update(len(indices))
@@ -79,10 +76,7 @@ def encode_records(model: Captioner | Ensemble, records: list[ImageRecord], batc
     parts: list[torch.Tensor] = []
     grid: tuple[int, int] | None = None
     with progress_bar(total=len(records), desc="encoding", unit="img", enabled=progress, leave=False) as bar:
-        for batch in image_loader(records, model.transform, batch_size, num_workers):
-            if batch is None:
-                continue
-            images, indices = batch
+        for images, indices in filter(None, image_loader(records, model.transform, batch_size, num_workers)):
             images = images.to(model.device)
             if isinstance(model, Ensemble):
                 feats, grid = model.encode(images)  # (B, sum N_i*D_i), packed
@@ -154,9 +148,8 @@ def score_predictions_many(jobs: Sequence[tuple[References, Predictions]], offic
     """`score_predictions` of each (references, predictions) job, in order; the official scorer
     starts its Java tools once for all of them (`score_official_many`)."""
     if official:
-        runs = score_official_many(jobs, spice=spice)
         return [_scores(run.overall, run.per_image, True, *tokenized(run.references, run.predictions), run.bleu_parts)
-                for run in runs]
+                for run in score_official_many(jobs, spice=spice)]
     scored = []
     for references, predictions in jobs:
         ids = scored_ids(references, predictions)  # before any lookup: a missing image is one DatasetError

@@ -165,8 +165,7 @@ def _object_regions(caption: Caption, image_id: int, instances: Instances, kind:
     return find(caption.words, instances.objects(image_id), instances.category_names)
 
 
-def word_regions(caption: Caption, image_id: int, instances: Instances,
-                 kind: str = "shapes") -> dict[int, np.ndarray]:
+def word_regions(caption: Caption, image_id: int, instances: Instances, kind: str = "shapes") -> dict[int, np.ndarray]:
     """Word position -> (H, W) mask of the object(s) that word names, for the scored words."""
     regions = _object_regions(caption, image_id, instances, kind)
     masks = {o["id"]: instances.mask(o) for objs in regions.values() for o in objs}
@@ -385,10 +384,7 @@ def records_grad_cam(model: Captioner, records: list, captions: dict[int, Captio
 
     wanted = [r for r in records if r.image_id in captions]
     out: dict[int, dict[int, torch.Tensor]] = {}
-    for batch in image_loader(wanted, model.transform, batch_size):
-        if batch is None:
-            continue
-        images, indices = batch
+    for images, indices in filter(None, image_loader(wanted, model.transform, batch_size)):
         with torch.no_grad():
             feats, _ = model.encode(images.to(model.device))  # (B, N, D)
         for row, i in enumerate(indices.tolist()):

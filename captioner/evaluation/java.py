@@ -158,9 +158,8 @@ class LineTool:
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
-        stderr = self.stderr_text()
+        log_output(self.name, self.stderr_text())
         self._stderr.close()
-        log_output(self.name, stderr)
 
     def stderr_text(self) -> str:
         if self._stderr.closed:
@@ -293,8 +292,7 @@ def quiet_pycocoevalcap() -> Iterator[io.StringIO]:
 
     quiet = types.SimpleNamespace(PIPE=subprocess.PIPE, Popen=_LoggedPopen, check_call=_spice_check_call)
     saved = ptbtokenizer.subprocess, spice_module.subprocess
-    ptbtokenizer.subprocess = quiet  # type: ignore[assignment]
-    spice_module.subprocess = quiet  # type: ignore[assignment]
+    ptbtokenizer.subprocess = spice_module.subprocess = quiet  # type: ignore[assignment]
     stdout = io.StringIO()
     try:
         with contextlib.redirect_stdout(stdout):

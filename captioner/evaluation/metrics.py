@@ -282,8 +282,7 @@ def nltk_corpus_bleu(references: Mapping[int, list[list[str]]],
     from nltk.translate.bleu_score import corpus_bleu
 
     ids = sorted(predictions)
-    refs = [references[i] for i in ids]
-    hyps = [predictions[i] for i in ids]
+    refs, hyps = [references[i] for i in ids], [predictions[i] for i in ids]
     with warnings.catch_warnings():  # nltk warns when a precision is zero; the score is then ~0
         warnings.simplefilter("ignore")
         return {key: float(corpus_bleu(refs, hyps, weights=(1.0 / n,) * n))

@@ -62,9 +62,8 @@ def log_images(num_images: int) -> float:
 
 def idf_table(df: Mapping[NGram, int], num_images: int) -> dict[NGram, float]:
     """Every n-gram of `df` -> its idf; an n-gram missing from it has idf `log_images(num_images)`."""
-    grams = list(df)
-    counts = np.array([df[g] for g in grams], dtype=np.float64)
-    return dict(zip(grams, inverse_document_frequency(counts, log_images(num_images)).tolist()))
+    counts = np.fromiter(df.values(), dtype=np.float64, count=len(df))
+    return dict(zip(df, inverse_document_frequency(counts, log_images(num_images)).tolist()))
 
 
 def cider_clip(hyp_weight: Number, ref_weight: Number) -> Number:
