@@ -229,11 +229,10 @@ class ReferenceTable:
         return per_ref.sum(dim=1) / n / num_refs.to(dtype) * CIDER_SCALE  # (C,)
 
 
-def fingerprint(vocab_words: Sequence[str], references: Sequence[Sequence[str]], n: int = MAX_N,
-                sigma: float = CIDER_SIGMA) -> str:
+def fingerprint(vocab_words: Sequence[str], references: Sequence[Sequence[str]]) -> str:
     """A digest of everything a table depends on: the vocabulary, every image's reference texts
     in order, n, sigma and the table format."""
-    digest = hashlib.sha256(f"reward-table v{FORMAT} n={n} sigma={sigma}\n".encode())
+    digest = hashlib.sha256(f"reward-table v{FORMAT} n={MAX_N} sigma={CIDER_SIGMA}\n".encode())
     digest.update("\x1f".join(vocab_words).encode())
     for captions in references:
         digest.update(b"\x1e" + "\x1f".join(captions).encode())

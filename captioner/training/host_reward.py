@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from captioner.evaluation.scorers import (CIDER_SCALE, CIDER_SIGMA, MAX_N, NGram, NgramCounts, bleu_guesses,
-                                          bleu_scores, cider_clip, cider_length, cider_length_penalty, clipped_matches,
-                                          closest_ref_length, document_frequency, idf_table, log_images,
-                                          max_reference_counts, ngram_counts)
+from captioner.evaluation.scorers import (CIDER_SCALE, MAX_N, NGram, NgramCounts, bleu_guesses, bleu_scores, cider_clip,
+                                          cider_length, cider_length_penalty, clipped_matches, closest_ref_length,
+                                          document_frequency, idf_table, log_images, max_reference_counts, ngram_counts)
 from captioner.text.vocab import Vocabulary, tokenize
 
 
@@ -32,12 +31,10 @@ class CiderD:
     """CIDEr-D with document frequencies fixed from `corpus` (per image, its references' token sequences):
     an n-gram's df is the number of images whose references hold it, as pycocoevalcap counts them."""
 
-    def __init__(self, corpus: Sequence[Sequence[Sequence[Hashable]]], n: int = MAX_N,
-                 sigma: float = CIDER_SIGMA) -> None:
+    def __init__(self, corpus: Sequence[Sequence[Sequence[Hashable]]]) -> None:
         if not corpus:
             raise ValueError("CiderD: the document-frequency corpus is empty")
-        self.n, self.sigma = n, sigma
-        df = document_frequency((ngram_counts(ref, n) for ref in refs) for refs in corpus)
+        df = document_frequency((ngram_counts(ref) for ref in refs) for refs in corpus)
         self.idf = idf_table(df, len(corpus))  # n-gram -> idf, computed once
         self.unseen_idf = log_images(len(corpus))  # an n-gram no reference of the corpus has counts as seen once
         self._references: dict[Hashable, list[_Vector]] = {}
@@ -46,11 +43,11 @@ class CiderD:
         """Register (and vectorise, once) the references that candidates for `key` are scored against."""
         if not refs:
             raise ValueError(f"CiderD: image {key!r} has no references")
-        self._references[key] = [self._vector(ngram_counts(ref, self.n), len(ref)) for ref in refs]
+        self._references[key] = [self._vector(ngram_counts(ref), len(ref)) for ref in refs]
 
     def _vector(self, counts: NgramCounts, num_words: int) -> _Vector:
-        weights: list[dict[NGram, float]] = [{} for _ in range(self.n)]
-        squares = [0.0] * self.n
+        weights: list[dict[NGram, float]] = [{} for _ in range(MAX_N)]
+        squares = [0.0] * MAX_N
         idf, unseen = self.idf, self.unseen_idf
         for gram, tf in counts.items():
             value = float(tf) * idf.get(gram, unseen)
@@ -61,11 +58,11 @@ class CiderD:
     def score_one(self, candidate: Sequence[Hashable], key: Hashable) -> float:
         """CIDEr-D of one candidate against the references registered under `key`."""
         refs = self._references[key]
-        hyp = self._vector(ngram_counts(candidate, self.n), len(candidate))
+        hyp = self._vector(ngram_counts(candidate), len(candidate))
         total = 0.0
         for ref in refs:
-            penalty = cider_length_penalty(float(hyp.length - ref.length), self.sigma)
-            for k in range(self.n):
+            penalty = cider_length_penalty(float(hyp.length - ref.length))
+            for k in range(MAX_N):
                 ref_weights = ref.weights[k]
                 value = 0.0
                 for gram, h in hyp.weights[k].items():
@@ -75,7 +72,7 @@ class CiderD:
                 if hyp.norms[k] != 0.0 and ref.norms[k] != 0.0:
                     value /= hyp.norms[k] * ref.norms[k]
                 total += value * penalty
-        return total / self.n / len(refs) * CIDER_SCALE
+        return total / MAX_N / len(refs) * CIDER_SCALE
 
     def score(self, candidates: Sequence[Sequence[Hashable]], keys: Sequence[Hashable]) -> np.ndarray:
         """(C,) CIDEr-D of candidate c against the references of image keys[c]."""
@@ -87,21 +84,20 @@ class Bleu4:
     reference length; its 1e-15/1e-9 smoothing, so a caption with no matching 4-gram scores ~0).
     Reference n-gram maxima are cached per image; those of `corpus` are registered under their positions."""
 
-    def __init__(self, corpus: Sequence[Sequence[Sequence[Hashable]]] = (), n: int = MAX_N) -> None:
-        self.n = n
+    def __init__(self, corpus: Sequence[Sequence[Sequence[Hashable]]] = ()) -> None:
         self._references: dict[Hashable, tuple[list[int], dict[NGram, int]]] = {}
         for key, refs in enumerate(corpus):
             self.add_references(key, refs)
 
     def add_references(self, key: Hashable, refs: Sequence[Sequence[Hashable]]) -> None:
-        maxima = max_reference_counts(ngram_counts(ref, self.n) for ref in refs)
+        maxima = max_reference_counts(ngram_counts(ref) for ref in refs)
         self._references[key] = ([len(ref) for ref in refs], maxima)
 
     def score_one(self, candidate: Sequence[Hashable], key: Hashable) -> float:
         lengths, maxima = self._references[key]
         test_len = len(candidate)
-        correct = clipped_matches(ngram_counts(candidate, self.n), maxima, self.n)
-        return bleu_scores(correct, bleu_guesses(test_len, self.n), test_len, closest_ref_length(test_len, lengths))[-1]
+        correct = clipped_matches(ngram_counts(candidate), maxima)
+        return bleu_scores(correct, bleu_guesses(test_len), test_len, closest_ref_length(test_len, lengths))[-1]
 
     def score(self, candidates: Sequence[Sequence[Hashable]], keys: Sequence[Hashable]) -> np.ndarray:
         return np.array([self.score_one(c, k) for c, k in zip(candidates, keys, strict=True)], dtype=np.float64)
