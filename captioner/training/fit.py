@@ -95,9 +95,8 @@ def fit(config: Config, resume: bool = False) -> Path:
         if run.state.writer is not None:
             run.state.writer.close()
     if ctx.is_main:
-        state = run.state
-        log.info("best val %s %.4f at epoch %d, step %d: %s", config.train.val_metric, state.best_score,
-                 state.best_epoch, state.best_step, out_dir / "best.pt")
+        log.info("best val %s %.4f at epoch %d, step %d: %s", config.train.val_metric, run.state.best_score,
+                 run.state.best_epoch, run.state.best_step, out_dir / "best.pt")
     distributed.shutdown(ctx)
     return out_dir / "best.pt"
 
@@ -106,11 +105,11 @@ def load_records(config: Config, ctx: Distributed) -> tuple[list[ImageRecord], l
     """(train, the val images validated on, the whole val split). The shapes world is generated on
     first use: by rank 0, before the others read it."""
     streamed = config.data.dataset == "webdataset"  # the train shards are streamed, never loaded whole
-    if ctx.is_main:
-        train = [] if streamed else load_split(config.data, "train")
-    ctx.barrier()
     if not ctx.is_main:
-        train = [] if streamed else load_split(config.data, "train")
+        ctx.barrier()
+    train = [] if streamed else load_split(config.data, "train")
+    if ctx.is_main:
+        ctx.barrier()
     all_val = load_split(config.data, "val")
     if not all_val:  # an image folder drawn with data.val_fraction 0, or too small to hold one out
         raise DatasetError(f"{config.data.root}: the val split is empty, and training picks best.pt on it: "

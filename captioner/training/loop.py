@@ -105,9 +105,8 @@ def caption_loss(model: Captioner, batch: CaptionBatch, config: Config, encoded:
         logits, target_words = out.logits.flatten(0, 1), targets.flatten()  # (C * T, V), (C * T,)
     else:  # the real positions alone: (M, V) and their targets (M,)
         logits, target_words = out.logits, targets.flatten().index_select(0, out.positions)
-    xent_sum = F.cross_entropy(logits.float(), target_words, ignore_index=pad, reduction="sum",
-                               label_smoothing=config.train.label_smoothing)
-    xent = xent_sum / num_targets
+    xent = F.cross_entropy(logits.float(), target_words, ignore_index=pad, reduction="sum",
+                           label_smoothing=config.train.label_smoothing) / num_targets
     penalty = model.decoder.attention_penalty(out.attn.float(), targets != pad) * (len(lengths) / num_captions)
     loss = xent + config.train.attention_penalty * penalty
     return loss, {"loss": loss.detach(), "xent": xent.detach(), "penalty": penalty.detach()}

@@ -180,7 +180,7 @@ def first_difference(saved: object, current: object, key: str, skip: tuple[str, 
     if key in skip:
         return None
     if isinstance(saved, dict) and isinstance(current, dict):
-        for name in list(dict.fromkeys([*saved, *current])):
+        for name in {**saved, **current}:
             found = first_difference(saved.get(name), current.get(name), f"{key}.{name}", skip)
             if found:
                 return found
