@@ -60,9 +60,8 @@ def corpus_stats(captions: Sequence[str | Sequence[str]],
     }
 
 
-def unmatched_words(
-    captions: Mapping[int, str | Sequence[str]], references: Mapping[int, Sequence[str | Sequence[str]]]
-) -> tuple[Counter, Counter]:
+def unmatched_words(captions: Mapping[int, str | Sequence[str]],
+                    references: Mapping[int, Sequence[str | Sequence[str]]]) -> tuple[Counter, Counter]:
     """(used, unmatched): per word, how often the captions use it, and how often beyond what the
     image's most generous reference allows (BLEU-1's clipping). 1 - sum(unmatched) / sum(used) is
     BLEU-1's clipped unigram precision; the words with most unmatched uses say why it is low."""

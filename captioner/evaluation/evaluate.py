@@ -51,9 +51,8 @@ def caption_records(model: Captioner | Ensemble, records: list[ImageRecord], bat
             start = 0
             for feats in feature_batches(features, batch_size, num_workers):
                 feats = model.stored_features(feats.to(model.device, non_blocking=True))  # (B, N, D)
-                for record, caption in zip(records[start : start + len(feats)],
-                                           model.decode(feats, grid, **decode_options)):
-                    results[record.image_id] = caption
+                ids = [record.image_id for record in records[start : start + len(feats)]]
+                results.update(zip(ids, model.decode(feats, grid, **decode_options)))
                 start += len(feats)
                 bar.update(len(feats))
         else:
@@ -213,9 +212,8 @@ class Grounding:
     per_map: InterpretReport
 
     def to_json(self) -> dict[str, Any]:
-        request = self.request
-        return {"instances": str(request.instances.path), "layer": request.layer,
-                "head": "mean" if request.head is None else request.head,
+        return {"instances": str(self.request.instances.path), "layer": self.request.layer,
+                "head": "mean" if self.request.head is None else self.request.head,
                 **self.attention.to_json(), "per_head": self.per_map.to_json()}
 
 

@@ -275,9 +275,8 @@ def _spice_check_call(cmd: list[str], **kwargs: Any) -> int:
     if proc.returncode != 0:
         remove_temporary_files()
         lines = [line.strip() for line in proc.stderr.splitlines() if line.strip() and not line.startswith("NOTE:")]
-        causes = [line for line in lines if line.startswith("Caused by:")] or [
-            line for line in lines if "Exception" in line or "Error" in line
-        ]
+        causes = ([line for line in lines if line.startswith("Caused by:")]
+                  or [line for line in lines if "Exception" in line or "Error" in line])
         reason = (causes or lines or ["no error output"])[-1]
         raise JavaToolError(f"SPICE failed (java exit status {proc.returncode}): {reason}")
     return 0

@@ -104,10 +104,8 @@ def score_official_many(jobs: Sequence[tuple[References, Predictions]], spice: b
     distinct = list(dict.fromkeys(caption for (references, predictions), ids in zip(jobs, id_sets) for i in ids
                                   for caption in (*references[i], predictions[i])))
     tokens = dict(zip(distinct, ptb_token_lines(distinct)))
-    tokenized = [
-        ({i: [tokens[c] for c in references[i]] for i in ids}, {i: tokens[predictions[i]] for i in ids})
-        for (references, predictions), ids in zip(jobs, id_sets)
-    ]
+    tokenized = [({i: [tokens[c] for c in references[i]] for i in ids}, {i: tokens[predictions[i]] for i in ids})
+                 for (references, predictions), ids in zip(jobs, id_sets)]
     tokenizer_seconds = time.perf_counter() - start
     logger.debug("PTB tokenizer: %d jobs, %d distinct captions (%.1f s)", len(jobs), len(distinct), tokenizer_seconds)
     with tempfile.TemporaryDirectory(prefix="captioner-meteor-") as folder:
@@ -164,12 +162,10 @@ def _add_spice(scores: OfficialScores) -> None:
     from pycocoevalcap.spice.spice import Spice
 
     start = time.perf_counter()
-    ids = list(scores.per_image)
     with quiet_pycocoevalcap():
-        score, image_scores = Spice().compute_score({i: scores.references[i] for i in ids},
-                                                    {i: [scores.predictions[i]] for i in ids})
+        score, image_scores = Spice().compute_score(scores.references, {i: [p] for i, p in scores.predictions.items()})
     scores.overall[SPICE_KEY] = float(score)
-    for image_id, image_score in zip(ids, image_scores):  # per image SPICE gives every category; keep "All"
+    for image_id, image_score in zip(scores.per_image, image_scores):  # SPICE gives every category; keep "All"
         scores.per_image[image_id][SPICE_KEY] = float(image_score["All"]["f"])
     scores.seconds["SPICE"] = time.perf_counter() - start
     scores.seconds["total"] += scores.seconds["SPICE"]
@@ -289,9 +285,8 @@ def nltk_corpus_bleu(references: Mapping[int, list[list[str]]],
                 for n, key in enumerate(TUTORIAL_BLEU_KEYS, start=1)}
 
 
-def tokenized(
-    references: Mapping[int, list[str]], predictions: Mapping[int, str], ptb: bool | None = None
-) -> tuple[dict[int, list[list[str]]], dict[int, list[str]]]:
+def tokenized(references: Mapping[int, list[str]], predictions: Mapping[int, str],
+              ptb: bool | None = None) -> tuple[dict[int, list[list[str]]], dict[int, list[str]]]:
     """Word lists of the references and predictions: the Java PTB tokenizer's (`ptb`, as the
     official scorer tokenises) or `tokenize`'s; with `ptb=None` the captions are already tokenised
     and joined by spaces (`OfficialScores` keeps them so)."""

@@ -18,9 +18,7 @@ def write_csv(path: Path, header: list[str], rows: Iterable[list]) -> None:
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows(rows)
+            csv.writer(f).writerows([header, *rows])
 
     write_atomically(path, write)
 

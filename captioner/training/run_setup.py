@@ -120,10 +120,8 @@ def uses_feature_store(config: Config, model: Captioner, shards: ShardSet | None
     return model.encoder.storable and not config.data.augment and config.train.cache_features and shards is None
 
 
-def stored_data(
-    config: Config, ctx: Distributed, model: Captioner, train_records: list[ImageRecord],
-    val_records: list[ImageRecord], all_val_records: list[ImageRecord],
-) -> RunData:
+def stored_data(config: Config, ctx: Distributed, model: Captioner, train_records: list[ImageRecord],
+                val_records: list[ImageRecord], all_val_records: list[ImageRecord]) -> RunData:
     """The train and val rows of the feature store: rank 0 builds the store when it is absent,
     then the other ranks open it."""
     encoder = model.encoder
