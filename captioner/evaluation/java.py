@@ -112,10 +112,8 @@ def run_java(name: str, args: Sequence[str], cwd: str | os.PathLike[str], lines:
     size) scales the time limit. A non-zero exit or the time limit is one JavaToolError."""
     timeout = RUN_TIMEOUT_S + PER_LINE_TIMEOUT_S * lines
     try:
-        proc = subprocess.run(
-            [java_executable(), *args], cwd=cwd, capture_output=True, encoding="utf-8", errors="replace",
-            timeout=timeout, input=stdin, env=java_environment(),
-        )
+        proc = subprocess.run([java_executable(), *args], cwd=cwd, capture_output=True, encoding="utf-8",
+                              errors="replace", timeout=timeout, input=stdin, env=java_environment())
     except subprocess.TimeoutExpired:  # subprocess.run has killed and reaped it
         raise JavaToolError(f"{name} failed: the Java process did not finish within {timeout:.0f} s "
                             "and was stopped") from None

@@ -200,11 +200,9 @@ def make_loader(config: Config, ctx: Distributed, train_set: CaptionDataset, sha
 
 def log_batch_plan(config: Config, ctx: Distributed, sampler: EpochBatchSampler | ShardStream) -> None:
     if ctx.is_main:
-        log.debug(
-            "%d process%s x batch %d = global batch %d; %d steps per epoch; %s",
-            ctx.world_size, "es" if ctx.enabled else "", config.data.batch_size, sampler.global_batch, len(sampler),
-            describe_schedule(config, sampler.global_batch, len(sampler)),
-        )
+        log.debug("%d process%s x batch %d = global batch %d; %d steps per epoch; %s", ctx.world_size,
+                  "es" if ctx.enabled else "", config.data.batch_size, sampler.global_batch, len(sampler),
+                  describe_schedule(config, sampler.global_batch, len(sampler)))
 
 
 def wrap_for_ddp(model: Captioner, config: Config, ctx: Distributed) -> Callable[..., DecoderOutput]:
