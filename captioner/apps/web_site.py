@@ -47,17 +47,15 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
     for earlier in (MODEL_FOLDER, "examples", "ort"):  # an earlier site's: nothing stale stays
         shutil.rmtree(folder / earlier, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="captioner-web-") as tmp:
-        fp32 = Path(tmp)
-        export_onnx(model, fp32)
-        half = Path(tmp) / "half"
-        store_weights_in_half(fp32 / "onnx", half)
+        fp32, half = Path(tmp) / "onnx", Path(tmp) / "half"
+        export_onnx(model, tmp)  # into tmp/onnx
+        store_weights_in_half(fp32, half)
         photos = [PAGE / "examples" / example["file"] for example in examples]
-        weights = "float16" if _same_captions(fp32 / "onnx", half, photos) else "float32"
+        weights = "float16" if _same_captions(fp32, half, photos) else "float32"
         if weights == "float32":
             log.warning("weights kept in float32: in float16 the example photographs' captions change")
-        (folder / MODEL_FOLDER).mkdir(parents=True, exist_ok=True)
-        for graph in (half if weights == "float16" else fp32 / "onnx").iterdir():
-            shutil.copyfile(graph, folder / MODEL_FOLDER / graph.name)
+        shutil.copytree(half if weights == "float16" else fp32, folder / MODEL_FOLDER, copy_function=shutil.copyfile,
+                        dirs_exist_ok=True)
     for name in PAGE_FILES:
         shutil.copyfile(PAGE / name, folder / name)
     (folder / "examples").mkdir(exist_ok=True)
@@ -88,16 +86,12 @@ def store_weights_in_half(source: Path, target: Path) -> None:
     manifest = json.loads((source / "onnx.json").read_text(encoding="utf-8"))
     for graph, entry in manifest["files"].items():
         proto = onnx.load(str(source / entry["path"]))
-        initializers, casts = [], []
-        for weight in proto.graph.initializer:
-            if weight.data_type != TensorProto.FLOAT or int(np.prod(weight.dims)) < HALF_MIN_ELEMENTS:
-                initializers.append(weight)
-                continue
-            half = numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.float16), weight.name + ".half")
-            initializers.append(half)
-            casts.append(helper.make_node("Cast", [half.name], [weight.name], to=TensorProto.FLOAT))
-        del proto.graph.initializer[:]
-        proto.graph.initializer.extend(initializers)
+        casts = []
+        for weight in proto.graph.initializer:  # a large one replaced, in its place, by its float16 copy
+            if weight.data_type == TensorProto.FLOAT and int(np.prod(weight.dims)) >= HALF_MIN_ELEMENTS:
+                half = numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.float16), weight.name + ".half")
+                casts.append(helper.make_node("Cast", [half.name], [weight.name], to=TensorProto.FLOAT))
+                weight.CopyFrom(half)
         nodes = [*casts, *proto.graph.node]
         del proto.graph.node[:]
         proto.graph.node.extend(nodes)
