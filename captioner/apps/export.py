@@ -69,16 +69,13 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
     files = model.save_pretrained(folder, training_config=config.to_dict(), scores=dataclasses.asdict(scores))
     data = stored_settings(config, config_source(source), keep_local_places=written_by_its_run(source, config))
     example = _figure_image(image, data)
-    figure = None
     if example is not None:
         from captioner.viz.overlays import save_attention_figure
 
         picture = load_image(example)
-        caption = model.caption(picture)
-        files.append(save_attention_figure(folder / FIGURE, picture, caption))
-        figure = FIGURE
-    card = model_card(folder.name, model, data.config, scores, figure,
-                      Path(example).name if example is not None else None, recipe=config.to_dict())
+        files.append(save_attention_figure(folder / FIGURE, picture, model.caption(picture)))
+    card = model_card(folder.name, model, data.config, scores, FIGURE if example else None,
+                      example.name if example else None, recipe=config.to_dict())
     (folder / CARD).write_text(card, encoding="utf-8")
     files.append(folder / CARD)
     if onnx:

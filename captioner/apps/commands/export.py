@@ -42,7 +42,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from captioner.apps.export import export_model
-
     from captioner.core.errors import ExportError
 
     if args.ort and not args.web:
