@@ -211,7 +211,10 @@ def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_
                cleanup: Cleanup = Cleanup()) -> gr.Blocks:
     """The page, with a bounded queue: `max_batch` events at once, `queue_size` more wait, the rest told it is busy."""
     private_cache()  # before anything is cached: closing this process deletes no other's files
-    callbacks = page_callbacks(checkpoints, device, max_pixels, max_batch, cleanup)
+    callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
+    callbacks.payloads = {name: recorded(name) for name in callbacks.models}  # each checkpoint read once more
+    callbacks.serving = {name: serving_line(name, model, callbacks.payloads[name])
+                         for name, model in callbacks.models.items()}
     first_name, _ = callbacks.model("")
     examples = model_examples(first_name) if examples is None else examples
     with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False,
@@ -219,16 +222,6 @@ def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_
         lay_out_page(callbacks, examples, cleanup)
     _CALLBACKS[demo] = callbacks
     return demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
-
-
-def page_callbacks(checkpoints: list[Path], device: str, max_pixels: int, max_batch: int,
-                   cleanup: Cleanup) -> Callbacks:
-    """The models loaded, each checkpoint read once more for its serving line and card."""
-    callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
-    callbacks.payloads = {name: recorded(name) for name in callbacks.models}
-    callbacks.serving = {name: serving_line(name, model, callbacks.payloads[name])
-                         for name, model in callbacks.models.items()}
-    return callbacks
 
 
 def cache_lifetimes(cleanup: Cleanup) -> tuple[int, int]:
