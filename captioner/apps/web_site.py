@@ -56,15 +56,12 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
             log.warning("weights kept in float32: in float16 the example photographs' captions change")
         shutil.copytree(half if weights == "float16" else fp32, folder / MODEL_FOLDER, copy_function=shutil.copyfile,
                         dirs_exist_ok=True)
-    for name in PAGE_FILES:
-        shutil.copyfile(PAGE / name, folder / name)
-    (folder / "examples").mkdir(exist_ok=True)
-    for example in examples:
-        shutil.copyfile(PAGE / "examples" / example["file"], folder / "examples" / example["file"])
-    if ort_files is not None:
-        (folder / "ort").mkdir(exist_ok=True)
-        for path in ort_files:
-            shutil.copyfile(path, folder / "ort" / path.name)
+    copies = [(PAGE / name, folder / name) for name in PAGE_FILES]
+    copies += [(PAGE / "examples" / example["file"], folder / "examples" / example["file"]) for example in examples]
+    copies += [(path, folder / "ort" / path.name) for path in ort_files or []]
+    for source, target in copies:
+        target.parent.mkdir(exist_ok=True)
+        shutil.copyfile(source, target)
     site = {
         "format": SITE_FORMAT, "format_version": SITE_FORMAT_VERSION, "captioner_version": captioner.__version__,
         "ort": {"version": ORT_VERSION, "source": "site" if ort_files else "cdn",
