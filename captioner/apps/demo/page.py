@@ -235,8 +235,6 @@ def write_figure(image: Image.Image, caption: Caption, layer: str | int | None, 
 
 def prune(folder: Path, max_age_s: float) -> None:
     """Delete the figures and overlays of `folder` older than `max_age_s`."""
-    if not folder.is_dir():
-        return
     now = time.time()
     for old in [*folder.glob("attention_*.png"), *folder.glob("overlay_*.jpg")]:
         try:
