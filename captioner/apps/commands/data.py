@@ -157,7 +157,7 @@ def named_dataset(args: argparse.Namespace) -> tuple[DataConfig, str]:
 
     if args.config and "=" in args.config and not Path(args.config).exists():  # `--imagefolder DIR k=v`: no config
         args.config, args.overrides = None, [args.config, *args.overrides]
-    kinds = {"flickr8k": getattr(args, "flickr8k", None), "imagefolder": args.imagefolder, "hf": args.hf}
+    kinds = {"flickr8k": args.flickr8k, "imagefolder": args.imagefolder, "hf": args.hf}
     layout = [[f"data.dataset={kind}", f"data.root={root}"] for kind, root in kinds.items() if root]
     config = load_config(args.config, [*(layout[0] if layout else []), *args.overrides])
     return config.data, f"{config.data.dataset} ({args.config or config.data.root})"

@@ -221,7 +221,7 @@ def grounding_request(args: argparse.Namespace, data: DataConfig) -> GroundingRe
     return GroundingRequest(Instances(path), kind, args.layer, args.head, gradcam=args.saliency == "gradcam")
 
 
-def outlined_figures(out_dir: Path, records: list[ImageRecord], evaluation: Evaluation, count: int = FIGURES) -> None:
+def outlined_figures(out_dir: Path, records: list[ImageRecord], evaluation: Evaluation) -> None:
     """Heatmap figures of the first images, each scored word's true region outlined in white."""
     from captioner.data.image_files import load_image
     from captioner.evaluation.grounding import word_regions
@@ -229,7 +229,7 @@ def outlined_figures(out_dir: Path, records: list[ImageRecord], evaluation: Eval
 
     assert evaluation.grounding is not None
     request = evaluation.grounding.request
-    for record in [r for r in records if r.image_id in evaluation.captions][:count]:
+    for record in [r for r in records if r.image_id in evaluation.captions][:FIGURES]:
         caption = evaluation.captions[record.image_id]
         outlines = word_regions(caption, record.image_id, request.instances, request.kind)
         save_attention_figure(out_dir / f"{record.path.stem}_grounding.png", load_image(record.path), caption,
