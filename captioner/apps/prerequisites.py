@@ -41,8 +41,7 @@ def missing_data(data: DataConfig, split: str, given_as: str = "data.root") -> s
     """One line naming what `load_split(data, split)` would not find and how to get it, or None."""
     root = Path(data.root)
     download = f"captioner data {data.dataset} --root {data.root}"  # said for flickr8k and coco, which it fetches
-    flag = given_as.startswith("--")
-    place, elsewhere = ((f"{given_as} {data.root}", f"give {given_as} DIR") if flag
+    place, elsewhere = ((f"{given_as} {data.root}", f"give {given_as} DIR") if given_as.startswith("--")
                         else (f"{given_as}={data.root}", f"set {given_as}=DIR"))
     if data.dataset == "flickr8k":
         from captioner.data.flickr8k import TOKEN_FILE

@@ -184,9 +184,8 @@ def check_map_choice(layer: int, head: int | None, results: Sequence[object]) ->
     """--layer and --head within the attention maps of the captions (T, L, H, ...), before anything is printed."""
     first = next((r[0] if isinstance(r, list) else r for r in results if not isinstance(r, ImageLoadError)), None)
     attn = getattr(first, "attn", None)  # a tensor, or the ONNX runtime's array: no torch imported for it
-    if attn is None or attn.ndim < 3:
-        return
-    check_layer_and_head("caption", layer, head, attn.shape[1], attn.shape[2])
+    if attn is not None and attn.ndim >= 3:
+        check_layer_and_head("caption", layer, head, attn.shape[1], attn.shape[2])
 
 
 def model_and_images(inputs: list[str], runtime: str = "torch") -> tuple[str, list[str]]:

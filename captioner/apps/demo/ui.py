@@ -127,9 +127,8 @@ class Callbacks:
                 raise RequestError(f"the image must be an uploaded file, got a {type(image).__name__}")
             request = check_request(self.models, model_name, beam_size, max_length, layer, head)
             model = self.models[request.model_name]
-            label = model_label(request.model_name, model)
-            page = caption_page(model, label, image, request.beam_size, request.max_length, request.layer,
-                                request.head, None, self.max_pixels, self.batcher)
+            page = caption_page(model, model_label(request.model_name, model), image, request.beam_size,
+                                request.max_length, request.layer, request.head, None, self.max_pixels, self.batcher)
         except RequestError as e:
             page = message(f"**Request refused.** {e}")
         except Exception:  # a bug: the log gets the traceback, the page a sentence
