@@ -445,3 +445,11 @@ def test_caption_of_an_unreadable_photo_is_one_line_and_a_partial_failure_names_
     assert partial.returncode == 1 and partial.stdout.startswith("good.png\t")
     assert any(line.startswith("captioning with ") for line in lines) and lines[-2:] == [refused.stderr.strip(),
                                                                                          "1 of 2 images failed"]
+
+
+def test_first_line_is_the_messages_first_line_or_the_types_name() -> None:
+    from captioner.core.errors import first_line
+
+    assert first_line(ValueError("  bad header\nat byte 7")) == "bad header"
+    assert first_line(OSError()) == "OSError" and first_line(ValueError(" \n")) == "ValueError"
+    assert first_line(RuntimeError("x" * 300), 160) == "x" * 160

@@ -291,6 +291,23 @@ def test_push_uploads_the_export_of_a_checkpoint(exported: tuple[Path, Path], sh
     assert os.environ.get("HF_TOKEN") != "hf_recorded"
 
 
+
+def test_a_push_failing_with_a_message_less_error_is_one_line(exported: tuple[Path, Path],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload that dies on an OSError with no message (a full disk, a closed socket) names its type."""
+    class FailingApi:
+        def create_repo(self, repo_id: str, private: bool, exist_ok: bool) -> str:
+            raise OSError()
+
+    monkeypatch.setattr("huggingface_hub.HfApi", FailingApi)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: "hf_recorded")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    from captioner.apps.export import push_model
+
+    with pytest.raises(ExportError, match=r"^push someone/shapes: could not reach the Hub \(OSError\)$"):
+        push_model(exported[1], "someone/shapes")
+
+
 CLI_WITHOUT_TORCH = """
 import sys
 class NoTorch:

@@ -12,7 +12,7 @@ import traceback
 import captioner
 from captioner.apps.arguments import AnyOrderParser
 from captioner.apps.commands import caption, config, data, demo, evaluate, export, features, train
-from captioner.core.errors import CaptionerError, missing_extra
+from captioner.core.errors import CaptionerError, first_line, missing_extra
 
 log = logging.getLogger("captioner")
 
@@ -95,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if distributed.launched():
             if distributed.peer_failed(e):  # the rank that failed has printed why
-                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-                print(f"error: {distributed.rank_prefix()}stopped because another rank failed ({first})",
+                print(f"error: {distributed.rank_prefix()}stopped because another rank failed ({first_line(e)})",
                       file=sys.stderr)
             else:  # a bug on this rank: its traceback, then every rank stops
                 print(f"error: {distributed.rank_prefix()}unexpected failure:", file=sys.stderr)

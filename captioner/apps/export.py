@@ -18,7 +18,7 @@ from captioner.apps.model_card import data_terms, model_card, read_card, read_sc
 from captioner.core.bounded_files import read_json
 from captioner.core.files import sha256_of, write_atomically
 from captioner.core.config_sections import DecodeConfig
-from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
+from captioner.core.errors import CaptionerError, ExportError, ImageLoadError, first_line
 from captioner.core.portable_config import portable_config
 from captioner.data.image_files import load_image
 from captioner.data.model_settings import StoredSettings, stored_settings
@@ -162,9 +162,9 @@ def push_model(checkpoint: str | Path, repo_id: str, private: bool = False, imag
             url = api.create_repo(repo_id, private=private, exist_ok=True)
             api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="Upload captioner model")
         except HfHubHTTPError as e:
-            raise ExportError(f"push {repo_id}: the Hub refused ({str(e).splitlines()[0][:160]})") from None
+            raise ExportError(f"push {repo_id}: the Hub refused ({first_line(e, 160)})") from None
         except (OSError, *network_errors()) as e:  # no route to the Hub
-            raise ExportError(f"push {repo_id}: could not reach the Hub ({str(e).splitlines()[0][:160]})") from None
+            raise ExportError(f"push {repo_id}: could not reach the Hub ({first_line(e, 160)})") from None
     return str(url)
 
 

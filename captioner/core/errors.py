@@ -43,6 +43,12 @@ class StorageError(CaptionerError):
     """A file could not be written (a full disk, a size limit, a quota); the file it names is left as it was."""
 
 
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """An exception's message for a one-line error: its first line, cut to `limit`; its type's name if it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
 # The optional install (extra, pyproject.toml) that brings each package
 EXTRA_OF = {
     "pycocoevalcap": "train", "pycocotools": "train", "nltk": "train", "tensorboard": "train",

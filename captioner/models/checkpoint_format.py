@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import torch
 
 from captioner.core.files import sha256_of, write_atomically
-from captioner.core.errors import CheckpointError, ConfigError
+from captioner.core.errors import CheckpointError, ConfigError, first_line
 from captioner.core.model_spec import ModelSpec
 from captioner.core import upgrade
 
@@ -103,8 +103,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: not a readable captioner checkpoint ({first[:200]})") from None
+        raise CheckpointError(f"{path}: not a readable captioner checkpoint ({first_line(e)})") from None
     if not isinstance(payload, dict) or not {"model", "config", "vocab"} <= payload.keys():
         raise CheckpointError(f"{path}: not a captioner checkpoint (it lacks model, config or vocab)")
     version = payload.get("format_version")

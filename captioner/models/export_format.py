@@ -16,7 +16,7 @@ import torch
 
 from captioner.core.bounded_files import read_format_json, read_json
 from captioner.core.files import REEXPORT, sha256_of as sha256, verify_file, write_atomically
-from captioner.core.errors import CheckpointError, ConfigError, ExportError
+from captioner.core.errors import CheckpointError, ConfigError, ExportError, first_line
 from captioner.core.model_spec import ModelSpec
 from captioner.core.portable_config import portable_config
 from captioner.core.upgrade import OLDEST_EXPORT, upgrade_export_config
@@ -153,9 +153,7 @@ def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
     try:
         state_dict = load_file(str(folder / WEIGHTS))
     except (SafetensorError, OSError, ValueError) as e:
-        raise ExportError(
-            f"{folder / WEIGHTS}: not a readable safetensors file ({str(e).splitlines()[0][:160]})"
-        ) from None
+        raise ExportError(f"{folder / WEIGHTS}: not a readable safetensors file ({first_line(e, 160)})") from None
     try:  # a refused setting: one CheckpointError naming config.json
         spec = ModelSpec.from_dict(config["spec"], f"{folder / CONFIG} (spec)", vocab)
     except ConfigError as e:

@@ -11,7 +11,7 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-from captioner.core.errors import CheckpointError, ExportError
+from captioner.core.errors import CheckpointError, ExportError, first_line
 from captioner.models.export_format import (
     CARD, CONFIG, VOCAB, WEIGHTS, Exported, is_exported, read_config, read_exported,
 )
@@ -99,7 +99,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
     except HFValidationError:
         raise ExportError(f"{repo_id}: not a valid Hub repo id (owner/name)") from None
     except (HfHubHTTPError, OSError, *network_errors()) as e:  # HTTP and connection errors, a full cache disk
-        raise ExportError(f"{repo_id}: could not download from the Hub ({str(e).splitlines()[0][:160]})") from None
+        raise ExportError(f"{repo_id}: could not download from the Hub ({first_line(e, 160)})") from None
     if not is_exported(folder):
         raise ExportError(f"{repo_id}: the Hub repo has no {CONFIG}; it is not a captioner export")
     return Path(folder)
