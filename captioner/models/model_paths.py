@@ -70,13 +70,12 @@ def network_errors() -> tuple[type[Exception], ...]:
     return tuple(found)
 
 
-def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
+def hub_snapshot(repo_id: str) -> Path:
     """The local folder of Hub repo `repo_id`, an export fetched into the cache or found there offline."""
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import (
             GatedRepoError, HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError,
-            RevisionNotFoundError,
         )
     except ImportError:  # pragma: no cover - a declared dependency
         raise ExportError(
@@ -84,7 +83,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
         ) from None
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
     try:
-        folder = snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES, local_files_only=offline)
+        folder = snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=offline)
     except LocalEntryNotFoundError:
         reason = "offline (HF_HUB_OFFLINE is set)" if offline else "the Hub cannot be reached"
         raise ExportError(
@@ -94,8 +93,6 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
         raise ExportError(
             f"{repo_id}: no such Hub repo, or it is private or gated (set HF_TOKEN to a token that can read it)"
         ) from None
-    except RevisionNotFoundError:
-        raise ExportError(f"{repo_id}: no revision {revision!r} on the Hub") from None
     except HFValidationError:
         raise ExportError(f"{repo_id}: not a valid Hub repo id (owner/name)") from None
     except (HfHubHTTPError, OSError, *network_errors()) as e:  # HTTP and connection errors, a full cache disk
