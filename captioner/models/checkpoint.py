@@ -58,7 +58,7 @@ def stored_config(path: Path) -> Config:
         stored = read_config(path).get("training_config")
         if not isinstance(stored, dict):
             raise CheckpointError(f"{path / CONFIG}: no training_config (exported without one); its dataset is unknown")
-        return run_config(stored, path, config_source(path))
+        return run_config(stored, path)
     return run_config(read_checkpoint(path)["config"], path)
 
 
@@ -76,10 +76,10 @@ def written_by_its_run(path: Path, config: Config) -> bool:
         return False
 
 
-def run_config(stored: dict[str, Any], path: Path, source: str | None = None) -> Config:
+def run_config(stored: dict[str, Any], path: Path) -> Config:
     """A stored run config checked like a config file; one line naming `path` for a refused setting."""
     try:
-        return config_from_dict(stored, source=source or f"{path} (config)")
+        return config_from_dict(stored, source=config_source(path))
     except ConfigError as e:
         raise CheckpointError(f"{path}: incompatible config: {e}") from None
 
