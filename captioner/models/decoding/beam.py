@@ -213,13 +213,11 @@ class Beam:
         """Image b's `n_best` best distinct hypotheses as (tokens, score, log-probability, ended, lineage)."""
         G, Kg, steps = self.G, self.Kg, len(self.parents)
         live_penalty = length_penalty(steps, self.options.length_penalty)
-        pool = [(*h, True) for s in range(b * G, (b + 1) * G) for h in self.finished[s]]
-        for s in range(b * G, (b + 1) * G):
-            if self.done[s]:
-                continue  # its finished hypotheses already beat every live beam
-            for row in range(s * Kg, (s + 1) * Kg):
-                if self.live[row] != NEG_INF:
-                    pool.append((self.live[row] / live_penalty, self.live[row], row, steps, False))
+        searches = range(b * G, (b + 1) * G)
+        pool = [(*h, True) for s in searches for h in self.finished[s]]
+        pool += [(self.live[row] / live_penalty, self.live[row], row, steps, False) for s in searches
+                 if not self.done[s]  # a done search's finished hypotheses already beat every live beam
+                 for row in range(s * Kg, (s + 1) * Kg) if self.live[row] != NEG_INF]
         ranked, seen = [], set()
         for score, raw, row, words, ended in sorted(pool, key=lambda h: -h[0]):
             if len(ranked) == n_best:
