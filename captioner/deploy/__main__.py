@@ -40,9 +40,8 @@ def no_export_named(folder: str) -> str | None:
     if not Path(folder).is_file():
         return None
     packaged = Path(__file__).resolve().parents[1] / "pretrained"  # where `pip install captioner` puts its model
-    names = sorted(p.name for p in packaged.iterdir() if p.is_dir()
-                   and not p.name.startswith(("_", "."))) if packaged.is_dir() else []
-    source = names[0] if names else "RUN"
+    folders = packaged.iterdir() if packaged.is_dir() else ()
+    source = min((p.name for p in folders if p.is_dir() and not p.name.startswith(("_", "."))), default="RUN")
     return (f"{folder}: a file, where the exported ONNX folder goes first; the runtime ships no model: export one with "
             f"`captioner export {source} DIR --onnx` (PyTorch's captioner), then `captioner-onnx DIR IMAGE...`")
 
