@@ -322,8 +322,8 @@ def square_grid(cells: int) -> tuple[int, int]:
 
 def build_encoder(config: EncoderConfig, load_pretrained: bool = True) -> Encoder:
     """The encoder `config` describes; `load_pretrained=False` builds the architecture only."""
-    spec = check_encoder_config(config)
+    spec, statistics = backbone(config.name), pixel_statistics(config)
     pretrained = config.pretrained and spec.pretrainable
     blocks = spec.build(config, pretrained and load_pretrained)
     fine_tune = config.fine_tune_blocks if pretrained else -1  # random weights must train
-    return Encoder(blocks, spec.feature_dim(config), config, fine_tune, pixel_statistics(config))
+    return Encoder(blocks, spec.feature_dim(config), config, fine_tune, statistics)
