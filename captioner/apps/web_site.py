@@ -1,9 +1,7 @@
 """`captioner export MODEL DIR --web`: a static site that captions in the visitor's browser with onnxruntime-web.
-
-The site holds the page (captioner/deploy/web/), the model's three ONNX graphs with their onnx.json (the same
-manifest and spec the Python runtime reads), a few public-domain example photographs and, with `--ort`, the
-onnxruntime-web files themselves; nothing runs on a server and nothing in it names a place of the maker's machine.
-"""
+It holds the page (captioner/deploy/web/), the model's three ONNX graphs with their onnx.json (the manifest and spec
+the Python runtime reads), a few public-domain example photographs and, with `--ort`, onnxruntime-web's own files;
+nothing runs on a server and nothing in it names a place of the maker's machine."""
 
 from __future__ import annotations
 
@@ -38,6 +36,7 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
                terms: str | None = None) -> list[Path]:
     """Write the site of `model` into `folder` (new, empty or an earlier site); `ort`: an installed
     onnxruntime-web (its package folder or dist/) to copy in, else the page loads it from a CDN."""
+    from captioner.deploy.runtime import OnnxCaptioner
     from captioner.models.onnx_export import export_onnx
 
     folder = Path(folder)
@@ -51,7 +50,8 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
         export_onnx(model, tmp)  # into tmp/onnx
         store_weights_in_half(fp32, half)
         photos = [PAGE / "examples" / example["file"] for example in examples]
-        weights = "float16" if _same_captions(fp32, half, photos) else "float32"
+        captions = [[c.text for c in OnnxCaptioner.from_folder(bundle).caption(photos)] for bundle in (fp32, half)]
+        weights = "float16" if captions[0] == captions[1] else "float32"
         if weights == "float32":
             log.warning("weights kept in float32: in float16 the example photographs' captions change")
         shutil.copytree(half if weights == "float16" else fp32, folder / MODEL_FOLDER, copy_function=shutil.copyfile,
@@ -96,14 +96,6 @@ def store_weights_in_half(source: Path, target: Path) -> None:
         entry["sha256"] = sha256_of(target / entry["path"])
     manifest["weights"] = "float16"
     (target / "onnx.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-
-
-def _same_captions(fp32: Path, half: Path, photos: list[Path]) -> bool:
-    """Whether the float16-stored graphs caption `photos` (the site's examples) as the float32 ones do."""
-    from captioner.deploy.runtime import OnnxCaptioner
-
-    said = [[c.text for c in OnnxCaptioner.from_folder(bundle).caption(photos)] for bundle in (fp32, half)]
-    return said[0] == said[1]
 
 
 def _ort_files(ort: Path) -> list[Path]:
