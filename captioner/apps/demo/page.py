@@ -1,7 +1,5 @@
-"""The page logic, without Gradio: the layer, head and word menus and the check of a /caption request against what
-they offer (a request must hold values the page's own controls could send: Gradio's range checks guard the page, not
-the API); caption an upload with the CLI's loader and lay out what the page shows (overlays, score line, conversion
-notes, refusals, the figure, the transformer views), and prune old pictures."""
+"""The page logic, without Gradio: the menus and the check of a /caption request against them (Gradio's range checks
+guard the page, not the API), captioning an upload with the CLI's loader, laying out what the page shows, pruning."""
 
 from __future__ import annotations
 

@@ -65,11 +65,9 @@ class UploadImage(gr.Image):
     is_template = True  # drawn by the frontend's Image component
 
     def preprocess(self, payload: Any) -> str | None:
-        if payload is None:
-            return None
         if getattr(payload, "path", None):
             return str(payload.path)
-        return super().preprocess(payload)  # a base64 data URL: let Gradio write it to a file
+        return super().preprocess(payload)  # a base64 data URL: let Gradio write it to a file (no upload: None)
 
 
 class Callbacks:
@@ -80,7 +78,7 @@ class Callbacks:
         from gradio.utils import get_upload_folder
 
         self.models = models
-        self.serving: dict[str, str] = {}  # model name -> its "Serving: ..." line (set by page_callbacks)
+        self.serving: dict[str, str] = {}  # model name -> its "Serving: ..." line (set by build_demo)
         self.payloads: dict[str, dict[str, Any]] = {}  # model name -> what its checkpoint records, for the cards
         self.max_pixels = max_pixels
         self.batcher = CaptionBatcher(max_batch)
