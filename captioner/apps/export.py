@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from captioner.apps.model_card import data_terms, model_card, read_card, read_scores, with_recipe
+from captioner.apps.model_card import FIGURE, data_terms, model_card, read_card, read_scores, with_recipe
 from captioner.core.bounded_files import read_json
 from captioner.core.files import sha256_of, write_atomically
 from captioner.core.config_sections import DecodeConfig
@@ -30,7 +30,6 @@ from captioner.models.model_paths import checkpoint_file, network_errors
 
 log = logging.getLogger(__name__)
 
-FIGURE = "attention.png"
 WRITTEN = {WEIGHTS, CONFIG, VOCAB, CARD, FIGURE, "onnx"}  # what an export folder may already hold
 TRACE_MARK = b"pkg.torch.onnx.stack_trace"  # the dynamo exporter's record of the source lines it traced
 
@@ -74,8 +73,8 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
 
         picture = load_image(example)
         files.append(save_attention_figure(folder / FIGURE, picture, model.caption(picture)))
-    card = model_card(folder.name, model, data.config, scores, FIGURE if example else None,
-                      example.name if example else None, recipe=config.to_dict())
+    card = model_card(folder.name, model, data.config, scores, example.name if example else None,
+                      recipe=config.to_dict())
     (folder / CARD).write_text(card, encoding="utf-8")
     files.append(folder / CARD)
     if onnx:
@@ -184,7 +183,7 @@ def make_portable(folder: Path, write: bool = True) -> bool:
         return True
     if traced:
         strip_traced_graphs(folder, traced)
-    if new_card is not None and new_card != card:
+    if new_card != card:
         write_atomically(folder / CARD, lambda tmp: tmp.write_text(new_card, encoding="utf-8"))
         if isinstance(config["files"], dict) and CARD in config["files"]:
             config["files"][CARD] = {"sha256": sha256_of(folder / CARD), "bytes": (folder / CARD).stat().st_size}

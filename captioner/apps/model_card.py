@@ -17,6 +17,7 @@ from captioner.models.captioner import Captioner
 
 log = logging.getLogger(__name__)
 
+FIGURE = "attention.png"  # the attention figure beside an exported model's card
 METRICS = {  # metric names as COCO's evaluation reports them -> (Hub metric type, display name)
     "Bleu_1": ("bleu", "BLEU-1"), "Bleu_2": ("bleu", "BLEU-2"), "Bleu_3": ("bleu", "BLEU-3"),
     "Bleu_4": ("bleu", "BLEU-4"), "METEOR": ("meteor", "METEOR"),
@@ -87,9 +88,9 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def model_card(name: str, model: Captioner, config: Config, scores: CardScores, figure: str | None = None,
-               example: str | None = None, recipe: dict[str, Any] | None = None) -> str:
-    """README.md of an exported model: YAML metadata, the card, and the recipe when the run's config is given."""
+def model_card(name: str, model: Captioner, config: Config, scores: CardScores, example: str | None = None,
+               recipe: dict[str, Any] | None = None) -> str:
+    """README.md of an exported model: YAML metadata, the card, FIGURE when `example` names its image, the recipe."""
     vocab_size, grid = len(model.vocab), model.grid_size()
     dataset = config.data.dataset
     dataset_name, hub_dataset, dataset_text = DATASETS.get(dataset, (dataset, None, dataset))
@@ -121,10 +122,9 @@ def model_card(name: str, model: Captioner, config: Config, scores: CardScores, 
         *_score_lines(scores),
         "",
     ]
-    if figure:
-        lines += ["## Where it looked", "", f"![Attention of each word of a caption]({figure})", ""]
-        if example:
-            lines += [f"The caption of `{example}` with each word's attention over the image.", ""]
+    if example:
+        lines += ["## Where it looked", "", f"![Attention of each word of a caption]({FIGURE})", "",
+                  f"The caption of `{example}` with each word's attention over the image.", ""]
     lines += [
         "## Training data", "",
         f"{dataset_text}; {_data_size(config)}. The model knows only what these images show: its words are the "
@@ -204,8 +204,7 @@ def _data_size(config: Config) -> str:
         records = load_split(config.data, "train")
     except CaptionerError:
         return "its train split"
-    captions = sum(len(r.captions) for r in records)
-    return f"{len(records):,} training images with {captions:,} captions"
+    return f"{len(records):,} training images with {sum(len(r.captions) for r in records):,} captions"
 
 
 def _score_lines(scores: CardScores) -> list[str]:

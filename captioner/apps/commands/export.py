@@ -53,9 +53,8 @@ def run(args: argparse.Namespace) -> int:
         import onnx  # noqa: F401 - the 'onnx' extra: a missing one is said before any file is written
     decode = {"beam_size": args.beam, "length_penalty": args.length_penalty}
     decode = {key: value for key, value in decode.items() if value is not None}
-    files = export_model(args.checkpoint, args.folder, image=args.image, onnx=args.onnx, decode=decode, web=args.web,
-                         ort=args.ort)
-    for path in files:
+    for path in export_model(args.checkpoint, args.folder, image=args.image, onnx=args.onnx, decode=decode,
+                             web=args.web, ort=args.ort):
         print(path)
     return 0
 
