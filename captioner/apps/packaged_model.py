@@ -47,7 +47,6 @@ class Packaged:
     folder: Path
     bytes: int  # the folder's files together
     half_precision: bool  # the decoder's weights stored in float16
-    checked_images: int  # images whose captions decided float16 and checked the folder
 
 
 def package_model(
@@ -99,7 +98,7 @@ def package_model(
         staging.rename(destination)
     log.info("packaged %s as %s: %s, decoder weights in %s", source, destination, size_text(size),
              "float16" if half_precision else "float32")
-    return Packaged(destination, size, half_precision, len(pictures))
+    return Packaged(destination, size, half_precision)
 
 
 def refuse_a_second_model(destination: Path) -> None:

@@ -87,7 +87,7 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
     out = out / "scores.json" if out.suffix != ".json" else out
     write_scores_json(out, scores.overall, scores.per_image, extra=report)
     if not args.json:
-        print_scores(f"{args.results} against {args.annotations}", scores, verbose=getattr(args, "verbosity", 0) > 0)
+        print_scores(f"{args.results} against {args.annotations}", scores, verbose=args.verbosity > 0)
         print(f"scores: {out}")
     return {**report, "scores": rounded(scores.overall), "scores_file": str(out)}
 
@@ -184,7 +184,7 @@ def print_checkpoint_scores(args: argparse.Namespace, checkpoint: Path, records:
     scores = evaluation.scores
     name = " + ".join([str(checkpoint), *args.ensemble])
     title = f"{name} on {args.split} ({len(evaluation.captions)} images, beam {report['beam_size']}, {scores.metrics})"
-    print_scores(title, scores, verbose=getattr(args, "verbosity", 0) > 0)
+    print_scores(title, scores, verbose=args.verbosity > 0)
     if "grounding" in report:
         print_grounding(report["grounding"])
     for record in records[:3]:
@@ -201,8 +201,7 @@ def default_out_dir(checkpoint: Path, ensemble: list[str]) -> Path:
     base = Path(DEFAULT_EVAL_DIR) / checkpoint.name if checkpoint.is_dir() else checkpoint.parent
     if not ensemble:
         return base
-    names = [Path(member).stem if Path(member).suffix else Path(member).name for member in ensemble]
-    names = [Path(member).parent.name if name in ("best", "last") else name for member, name in zip(ensemble, names)]
+    names = [path.parent.name if path.stem in ("best", "last") else path.stem for path in map(Path, ensemble)]
     return base / ("ensemble_" + "_".join(names))
 
 
