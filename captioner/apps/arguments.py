@@ -77,8 +77,7 @@ class AnyOrderParser(argparse.ArgumentParser):
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction) and action.dest in missing:
                 return f"name a command: {', '.join(action.choices)}"
-        positionals = {action.dest for action in self._get_positional_actions()}
-        if self.needs and any(name in positionals for name in missing):
+        if self.needs and any(action.dest in missing for action in self._get_positional_actions()):
             return f"give {self.needs}"
         return REQUIRED + ", ".join(missing)
 

@@ -143,10 +143,8 @@ def save_caption_figures(image: Image.Image, caption: Caption, request: FigureRe
     if not caption.words:
         return written
     if request.self_attention is not None:
-        base = f"{stem}_self_attention{suffix}"  # both formats: PNG to look at, SVG to zoom into
-        folder = request.self_attention
-        written["self_attention"], _ = save_figure(head_view_figure(caption), folder / f"{base}.png",
-                                                   folder / f"{base}.svg", dpi=90)
+        base = request.self_attention / f"{stem}_self_attention{suffix}"  # PNG to look at, SVG to zoom into
+        written["self_attention"], _ = save_figure(head_view_figure(caption), f"{base}.png", f"{base}.svg", dpi=90)
     if request.head_grid is not None:
         figure = head_grid_figure(image, caption)
         (written["head_grid"],) = save_figure(figure, request.head_grid / f"{stem}_heads{suffix}.png", dpi=90)

@@ -225,9 +225,8 @@ def image_folder(path: Path) -> bool:
     from captioner.models.export_format import CONFIG
     from captioner.models.model_paths import RUN_CHECKPOINTS
 
-    if not path.is_dir() or any((path / name).is_file() for name in (*RUN_CHECKPOINTS, CONFIG)):
-        return False
-    return any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.iterdir())
+    return (path.is_dir() and not any((path / name).is_file() for name in (*RUN_CHECKPOINTS, CONFIG))
+            and any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.iterdir()))
 
 
 ONNX_REFUSES = {"sample": "--sample", "heatmaps": "--heatmaps", "self_attention": "--self-attention",
