@@ -82,9 +82,8 @@ def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory:
     store = existing_store(directory, split, encoder, transform, records)
     if store is not None:
         return Extraction(split, store.array_path, store.manifest_path, store.manifest, fresh=False)
-    array_path, manifest_path = store_files(directory, split)
     manifest = new_manifest(split, identity(encoder, transform), grid, feat_dim, records)
-    return Extraction(split, array_path, manifest_path, manifest, fresh=True)
+    return Extraction(split, *store_files(directory, split), manifest, fresh=True)
 
 
 def new_manifest(split: str, expected: dict[str, Any], grid: tuple[int, int], feat_dim: int,
@@ -245,10 +244,8 @@ def split_features(model: EncodesImages, config: Config, split: str, records: li
     """The stored features of `use` (default: `records`), built if absent (`build`); on the device if they fit."""
     data, encoder, transform = config.data, model.encoder, model.transform
     device = encoder.device
-    if build:
-        store = ensure_store(encoder, transform, store_dir(config), split, records, data.batch_size, data.num_workers)
-    else:
-        store = open_store(store_dir(config), split, encoder, transform, records)
+    store = (ensure_store(encoder, transform, store_dir(config), split, records, data.batch_size, data.num_workers)
+             if build else open_store(store_dir(config), split, encoder, transform, records))
     kept, rows = store.rows_of(records if use is None else use)
     # Fine-tuned top blocks pool the trunk's cells: their own grid.
     grid = store.grid if encoder.frozen else output_grid(encoder, transform.image_size)

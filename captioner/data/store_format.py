@@ -39,8 +39,7 @@ def store_dir(config: Config) -> Path:
 
 
 def store_files(directory: str | Path, split: str) -> tuple[Path, Path]:
-    directory = Path(directory)
-    return directory / f"{split}.npy", directory / f"{split}.json"
+    return Path(directory, f"{split}.npy"), Path(directory, f"{split}.json")
 
 
 class StoreEncoder(Protocol):
@@ -238,14 +237,11 @@ def check_array(store: FeatureStore) -> FeatureStore:
         log.warning("%s: written without checksums (by an earlier version): it cannot be checked for damage",
                     array_path)
         return store
+    spans = [(store.header_bytes + first * store.row_bytes, count * store.row_bytes) for first, count, _ in chunks]
     fd = os.open(array_path, os.O_RDONLY)
     try:
-        def digest(chunk: list) -> str:
-            first, count, _ = chunk
-            return range_sha256(fd, store.header_bytes + first * store.row_bytes, count * store.row_bytes)
-
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # sha256 releases the GIL
-            for (first, count, recorded), found in zip(chunks, pool.map(digest, chunks)):
+            for (first, count, recorded), found in zip(chunks, pool.map(lambda span: range_sha256(fd, *span), spans)):
                 if found != recorded:
                     raise FeatureStoreError(f"{array_path}: rows {first}-{first + count - 1} differ from the sha256 "
                                             f"recorded when they were written (the file is damaged or altered); {hint}")
