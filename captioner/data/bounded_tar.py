@@ -105,10 +105,9 @@ class BoundedStream:
 
 
 def plain_member_name(name: str) -> bool:
-    """A relative name whose parts are all ordinary names: what a sample's key may be."""
-    if not name or name.startswith("/") or "\\" in name or any(ord(c) < 32 or c == "\x7f" for c in name):
-        return False
-    return all(part not in ("", ".", "..") for part in name.split("/"))
+    """A relative name whose parts are all ordinary names ("/x" has an empty one): what a sample's key may be."""
+    return ("\\" not in name and not any(ord(c) < 32 or c == "\x7f" for c in name)
+            and all(part not in ("", ".", "..") for part in name.split("/")))
 
 
 def shard_members(raw: BinaryIO, url: str, limits: ShardLimits,
