@@ -86,9 +86,8 @@ def seeded_split_record(config: DataConfig) -> dict | None:
         return None
     if splits is None:
         return None
-    drawn = {"val_fraction": config.val_fraction, "test_fraction": config.test_fraction,
-             "split_seed": config.split_seed}
-    return {"dataset": config.dataset, "root": config.root, **drawn, **{split: splits[split] for split in SPLITS}}
+    return {"dataset": config.dataset, "root": config.root, "val_fraction": config.val_fraction,
+            "test_fraction": config.test_fraction, "split_seed": config.split_seed, **{s: splits[s] for s in SPLITS}}
 
 
 def ensure_shapes(config: DataConfig) -> None:

@@ -167,9 +167,8 @@ def _make_folder(path: Path) -> Path:
     return path
 
 
-def _fetch(url: str, part: Path, expected_size: int | None, progress: bool) -> int | None:
-    """Fill `part` with the body of `url`, resuming and retrying; return the total size if known."""
-    total = expected_size
+def _fetch(url: str, part: Path, total: int | None, progress: bool) -> int | None:
+    """Fill `part` with the body of `url` (`total` bytes, if known), resuming and retrying; the total size if known."""
     failures = 0
     with progress_bar(total=total, unit="B", unit_scale=True, unit_divisor=1024,
                       desc=part.name.removesuffix(".part"), enabled=progress) as bar:

@@ -3,6 +3,7 @@ No torch, so the ONNX runtime (`captioner.deploy`) refuses the same hostile file
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import struct
@@ -105,12 +106,9 @@ def _describe_refused(source: str | Path | BinaryIO) -> str:
     for format_id, (_, accept) in Image.OPEN.items():
         if format_id in SUPPORTED_FORMATS or accept is None:
             continue
-        try:
-            accepted = accept(prefix)
-        except Exception:  # noqa: BLE001 - a signature check that chokes is no match
-            accepted = False
-        if accepted:
-            return f"{format_id} format (by its signature), which this project does not read"
+        with contextlib.suppress(Exception):  # a signature check that chokes is no match
+            if accept(prefix):
+                return f"{format_id} format (by its signature), which this project does not read"
     if prefix.lstrip().startswith((b"%!", b"%PDF")):
         return "not an image file (a PostScript or PDF document)"
     return "not an image file"

@@ -81,9 +81,7 @@ def place_problem(key: str, value: str, keep_local_places: bool) -> str | None:
         return ("a path outside the working folder, which only a checkpoint in the run folder it was written to "
                 "may name")
     target = escapes(value, os.getcwd())
-    if target is not None:
-        return f"a link in the working folder that leads outside it, to {shown(target)}"
-    return None
+    return None if target is None else f"a link in the working folder that leads outside it, to {shown(target)}"
 
 
 def stored_settings(config: Config, source: str, keep_local_places: bool = False,

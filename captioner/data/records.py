@@ -83,9 +83,8 @@ def read_text(path: str | Path, what: str) -> str:
 
 def read_json(path: str | Path, what: str) -> object:
     """A JSON file's value; a truncated or otherwise invalid file names the line and column."""
-    text = read_text(path, what)
     try:
-        return json.loads(text)
+        return json.loads(read_text(path, what))
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
                            "truncated?") from None

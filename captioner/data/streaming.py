@@ -176,12 +176,11 @@ class StreamingCaptions(IterableDataset):
         """(image (3, S, S) uint8, token lists, `index`) for collate_captions, else BrokenSample; `draw` picks
         the caption and seeds the augmentation, so both replay after a resume."""
         tokens = [self.vocab.encode(c, self.settings.max_length) for c in sample_captions(sample)]
-        data = sample_image(sample)
         if self.settings.pairs != "all":
             tokens = [tokens[draw % len(tokens)]]
         seed = draw if self.transform.train and self.transform.augment else None  # the same after a resume
         try:
-            image = self.transform(load_image(data, name=sample_name(sample)), seed)  # (3, S, S) uint8
+            image = self.transform(load_image(sample_image(sample), name=sample_name(sample)), seed)  # (3, S, S) uint8
         except ImageLoadError as e:
             raise BrokenSample(str(e)) from None
         return image, tokens, index

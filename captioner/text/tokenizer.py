@@ -100,8 +100,7 @@ def _split_word(word: str) -> list[str]:
         return [word]  # the common case: nothing to split
     if word == "rock'n'roll":
         return ["rock", "'n'", "roll"]
-    time = _TIME.fullmatch(word)
-    if time:
+    if time := _TIME.fullmatch(word):
         return list(time.groups())
     if not word.startswith("'") and not word.endswith(("dunkin'", "somethin'", "ol'")):
         word = word.rstrip("'")
