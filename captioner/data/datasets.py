@@ -129,8 +129,5 @@ def dataset_stats(records: list[ImageRecord], min_count: int = 5) -> dict[str, f
 
 def format_table(rows: dict[str, float], title: str) -> str:
     width = max(len(k) for k in rows)
-    lines = [title, "-" * (width + 14)]
-    for key, value in rows.items():
-        text = f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
-        lines.append(f"{key:<{width}}  {text:>12}")
-    return "\n".join(lines)
+    texts = {key: f"{value:,}" if isinstance(value, int) else f"{value:,.2f}" for key, value in rows.items()}
+    return "\n".join([title, "-" * (width + 14), *(f"{key:<{width}}  {text:>12}" for key, text in texts.items())])
