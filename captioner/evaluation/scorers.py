@@ -332,8 +332,6 @@ def rouge_l(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> t
             lcs = lcs_length(hyp_tokens, ref_tokens)
             precision = max(precision, lcs / float(len(hyp_tokens)))
             recall = max(recall, lcs / float(len(ref_tokens)))
-        if precision != 0 and recall != 0:
-            scores.append(((1 + ROUGE_BETA**2) * precision * recall) / float(recall + ROUGE_BETA**2 * precision))
-        else:
-            scores.append(0.0)
+        scores.append(((1 + ROUGE_BETA**2) * precision * recall) / float(recall + ROUGE_BETA**2 * precision)
+                      if precision != 0 and recall != 0 else 0.0)
     return float(np.mean(np.array(scores))), scores
