@@ -37,9 +37,8 @@ def read_capped(path: str | Path, what: str, max_bytes: int, error: type[Caption
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size if path.is_file() else None
             if size is not None and size > max_bytes:
-                raise error(
-                    f"{path}: {size_text(size)}, more than the {size_text(max_bytes)} a {what} may take; refused"
-                )
+                raise error(f"{path}: {size_text(size)}, more than the {size_text(max_bytes)} a {what} may take; "
+                            "refused")
             # The size when known (read() sizes its buffer by the request); a pipe or a file still
             # growing: never more than the cap and one byte.
             data = f.read((max_bytes if size is None else size) + 1)

@@ -262,16 +262,12 @@ def validate(config: Config, source: str = "config") -> None:
         _check_leaf(get_dotted(config, dotted), f, annotation, dotted, source)
     raise_problem(getattr(config.model.decoder, "problem", lambda: None)(), source)  # the decoder's own rule
     if config.train.warmup_epochs is not None and config.train.warmup_steps is not None:
-        raise ConfigError(
-            f"{source}: 'train.warmup_epochs' ({config.train.warmup_epochs:g}) and 'train.warmup_steps' "
-            f"({config.train.warmup_steps}) are both set; keep one and set the other to null (epochs mean the same at "
-            "any number of GPUs)"
-        )
+        raise ConfigError(f"{source}: 'train.warmup_epochs' ({config.train.warmup_epochs:g}) and 'train.warmup_steps' "
+                          f"({config.train.warmup_steps}) are both set; keep one and set the other to null (epochs "
+                          "mean the same at any number of GPUs)")
     if config.data.val_fraction + config.data.test_fraction >= 1:
-        raise ConfigError(
-            f"{source}: 'data.val_fraction' ({config.data.val_fraction:g}) and 'data.test_fraction' "
-            f"({config.data.test_fraction:g}) leave no training images: their sum must be below 1"
-        )
+        raise ConfigError(f"{source}: 'data.val_fraction' ({config.data.val_fraction:g}) and 'data.test_fraction' "
+                          f"({config.data.test_fraction:g}) leave no training images: their sum must be below 1")
     if config.data.dataset == "karpathy" and not config.data.karpathy_file:
         raise ConfigError(f"{source}: 'data.karpathy_file' is required when 'data.dataset' is karpathy")
     if config.data.dataset == "webdataset":
@@ -280,11 +276,9 @@ def validate(config: Config, source: str = "config") -> None:
             raise ConfigError(f"{source}: 'data.{missing[0]}' is required when 'data.dataset' is webdataset (a brace "
                               "pattern of shards)")
         if config.train.stage == "scst":
-            raise ConfigError(
-                f"{source}: 'train.stage' scst needs every training image's references before it starts, which "
-                "streamed shards do not give: train the cross-entropy stage on the shards, then SCST on an image "
-                "folder or a Hugging Face dataset (data.dataset imagefolder or hf)"
-            )
+            raise ConfigError(f"{source}: 'train.stage' scst needs every training image's references before it "
+                              "starts, which streamed shards do not give: train the cross-entropy stage on the shards, "
+                              "then SCST on an image folder or a Hugging Face dataset (data.dataset imagefolder or hf)")
     scst = config.scst
     if scst.baseline == "mean" and scst.samples < 2:
         raise ConfigError(f"{source}: 'scst.baseline' mean needs 'scst.samples' >= 2 (the other samples of the image), "

@@ -80,9 +80,8 @@ def config_keys() -> list[Key]:
                 walk(hint, f"{prefix}{f.name}.")
                 continue
             spec = f.metadata["spec"]
-            keys.append(
-                Key(prefix + f.name, type_words(hint), f.default, spec.describe(), owner + _meaning(cls, f.name, spec))
-            )
+            keys.append(Key(prefix + f.name, type_words(hint), f.default, spec.describe(),
+                            owner + _meaning(cls, f.name, spec)))
 
     walk(Config, "")
     return keys

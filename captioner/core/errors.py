@@ -65,7 +65,5 @@ def missing_extra(error: ModuleNotFoundError) -> str | None:
     extra = EXTRA_OF.get(package)
     if extra is None:
         return None
-    return (
-        f"{package} is not installed: it comes with the '{extra}' extra "
-        f"(pip install 'captioner[{extra}]', or -e '.[{extra}]' in a checkout)"
-    )
+    return (f"{package} is not installed: it comes with the '{extra}' extra "
+            f"(pip install 'captioner[{extra}]', or -e '.[{extra}]' in a checkout)")

@@ -84,11 +84,8 @@ def verify_file(path: Path, sha256: str, listed_in: Path, size: int | None = Non
         raise ExportError(f"{path}: missing (listed in {listed_in.name}); {remedy}")
     found = path.stat().st_size
     if size is not None and found != size:
-        raise ExportError(
-            f"{path}: {found} bytes, but {listed_in.name} records {size} (truncated or replaced); {remedy}"
-        )
+        raise ExportError(f"{path}: {found} bytes, but {listed_in.name} records {size} (truncated or replaced); "
+                          f"{remedy}")
     if sha256_of(path) != sha256:
-        raise ExportError(
-            f"{path}: sha256 does not match {listed_in.name} (checksum differs: the file was changed or damaged); "
-            f"{remedy}"
-        )
+        raise ExportError(f"{path}: sha256 does not match {listed_in.name} (checksum differs: the file was changed or "
+                          f"damaged); {remedy}")

@@ -113,9 +113,8 @@ class ModelSpec:
         words = check_words(words, source)
         ids = SpecialIds(*range(len(SPECIAL_WORDS)))  # the vocabulary's first four words
         if raw["special_tokens"] != dataclasses.asdict(ids):
-            raise ConfigError(
-                f"{source}: special_tokens {raw['special_tokens']!r} are not the vocabulary's "
-                f"({dataclasses.asdict(ids)})")
+            raise ConfigError(f"{source}: special_tokens {raw['special_tokens']!r} are not the vocabulary's "
+                              f"({dataclasses.asdict(ids)})")
         decoder = raw["decoder"]
         if check_decoder:
             decoder = section(decoder_config(decoder, source))
@@ -127,14 +126,12 @@ class ModelSpec:
         size = section_from_dict(DataConfig, {"image_size": pre.get("image_size")}, "data.", source).image_size
         if not isinstance(blind, bool):
             raise ConfigError(f"{source}: 'model.blind' must be bool; got {blind!r}")
-        return cls(
-            encoder=section_from_dict(EncoderConfig, raw["encoder"], "model.encoder.", source),
-            preprocessing=Preprocessing(size, floats(pre.get("mean"), "mean", source),
-                                        floats(pre.get("std"), "std", source)),
-            decoder=dict(decoder), vocab=words, special=ids, decode=decode_config, blind=blind,
-            grid=grid_of(raw.get("grid"), source),
-            feature_dim=positive_int(raw.get("feature_dim"), "feature_dim", source),
-        )
+        return cls(encoder=section_from_dict(EncoderConfig, raw["encoder"], "model.encoder.", source),
+                   preprocessing=Preprocessing(size, floats(pre.get("mean"), "mean", source),
+                                               floats(pre.get("std"), "std", source)),
+                   decoder=dict(decoder), vocab=words, special=ids, decode=decode_config, blind=blind,
+                   grid=grid_of(raw.get("grid"), source),
+                   feature_dim=positive_int(raw.get("feature_dim"), "feature_dim", source))
 
 
 def check_words(vocab: Any, source: str) -> tuple[str, ...]:

@@ -32,10 +32,8 @@ JAVA_MISSING = f"Java not found: {JAVA_NEEDED}; install it ({JAVA_INSTALL})"
 
 # Java 9+ refuses the reflection SPICE's parse cache (FST) relies on, and SPICE dies with
 # InaccessibleObjectException; these are the fewest packages to open for Java 17. Java 8 ignores them.
-_SPICE_JAVA_OPTIONS = " ".join(
-    f"--add-opens=java.base/{package}=ALL-UNNAMED"
-    for package in ("java.lang", "java.math", "java.util", "java.util.concurrent", "java.net", "java.text")
-)
+_SPICE_JAVA_OPTIONS = " ".join(f"--add-opens=java.base/{package}=ALL-UNNAMED" for package in
+                               ("java.lang", "java.math", "java.util", "java.util.concurrent", "java.net", "java.text"))
 
 # Line ends for the Java PTB tokenizer (-preserveLines) besides "\n": one inside a caption would
 # shift every later caption onto the wrong image, so they become spaces.
@@ -132,10 +130,8 @@ class LineTool:
         self.name = name
         self._stderr = tempfile.TemporaryFile()
         try:
-            self.proc = subprocess.Popen(
-                [java_executable(), *args], cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=self._stderr, bufsize=0, env=java_environment(),
-            )
+            self.proc = subprocess.Popen([java_executable(), *args], cwd=cwd, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self._stderr, bufsize=0, env=java_environment())
         except BaseException:
             self._stderr.close()
             raise

@@ -60,10 +60,8 @@ def normalized_words(texts: list[str]) -> set[str]:
     kept, as -norm runs it), in both the case it gives and lower case (-norm lower-cases after)."""
     if not texts:
         return set()
-    output = run_java(
-        "METEOR normaliser", ["-cp", "meteor-1.5.jar", NORMALIZER, "en", "true"], meteor_dir(), len(texts),
-        stdin="".join(text.replace("\n", " ").replace("\r", " ") + "\n" for text in texts),
-    )
+    output = run_java("METEOR normaliser", ["-cp", "meteor-1.5.jar", NORMALIZER, "en", "true"], meteor_dir(),
+                      len(texts), stdin="".join(text.replace("\n", " ").replace("\r", " ") + "\n" for text in texts))
     words = set(output.split())
     return words | {word.lower() for word in words}
 
@@ -88,12 +86,10 @@ class ParaphraseIndex:
         self.phrase_entry_starts = arrays["phrase_entry_starts"]  # (P + 1,) a phrase's run in phrase_entries
         self.phrase_entries = arrays["phrase_entries"]  # (E,) the entries, by their first phrase
         entries, phrases = len(self.entry_ends), len(self.phrase_lengths)
-        if (
-            self.entry_phrases.shape != (entries, 2) or len(self.phrase_entries) != entries
-            or len(self.word_phrase_starts) != len(words) + 1 or len(self.phrase_entry_starts) != phrases + 1
-            or int(self.word_phrase_starts[-1]) != len(self.word_phrases)
-            or self.text.stat().st_size != (int(self.entry_ends[-1]) if entries else 0)
-        ):
+        if (self.entry_phrases.shape != (entries, 2) or len(self.phrase_entries) != entries
+                or len(self.word_phrase_starts) != len(words) + 1 or len(self.phrase_entry_starts) != phrases + 1
+                or int(self.word_phrase_starts[-1]) != len(self.word_phrases)
+                or self.text.stat().st_size != (int(self.entry_ends[-1]) if entries else 0)):
             raise ValueError(f"the paraphrase index in {folder} is inconsistent")
 
     @staticmethod

@@ -71,10 +71,7 @@ def paired_bootstrap(base: dict[int, float], new: dict[int, float], samples: int
     base_means, new_means = a[draws].mean(axis=1), b[draws].mean(axis=1)  # (S,) each
     gains = new_means / np.maximum(base_means, np.finfo(float).tiny) - 1  # (S,)
     tail = 100 * (1 - interval) / 2
-    return PairedGain(
-        base=float(a.mean()), new=float(b.mean()), gain=float(b.mean() / a.mean() - 1),
-        low=float(np.percentile(gains, tail)), high=float(np.percentile(gains, 100 - tail)),
-        p_positive=float(np.mean(new_means > base_means)),
-        p_goal=None if goal is None else float(np.mean(gains >= goal)),
-        images=len(ids), samples=samples,
-    )
+    return PairedGain(base=float(a.mean()), new=float(b.mean()), gain=float(b.mean() / a.mean() - 1),
+                      low=float(np.percentile(gains, tail)), high=float(np.percentile(gains, 100 - tail)),
+                      p_positive=float(np.mean(new_means > base_means)),
+                      p_goal=None if goal is None else float(np.mean(gains >= goal)), images=len(ids), samples=samples)

@@ -93,10 +93,8 @@ def ensure_spice_models() -> bool:
         if reason is None and not missing_spice_models():
             return True
         reason = reason or f"the download did not produce {', '.join(p.name for p in missing_spice_models())}"
-    logger.warning(
-        "SPICE skipped: the Stanford CoreNLP 3.6.0 models are not in %s and could not be downloaded: %s. "
-        "To enable it, run `python -m pycocoevalcap.spice.get_stanford_models` with internet access, or copy "
-        "%s and %s from %s into that folder",
-        lib, reason, *(p.name for p in _spice_model_files()), _spice_models_url(),
-    )
+    logger.warning("SPICE skipped: the Stanford CoreNLP 3.6.0 models are not in %s and could not be downloaded: %s. "
+                   "To enable it, run `python -m pycocoevalcap.spice.get_stanford_models` with internet access, or "
+                   "copy %s and %s from %s into that folder",
+                   lib, reason, *(p.name for p in _spice_model_files()), _spice_models_url())
     return False

@@ -210,9 +210,8 @@ class ReferenceTable:
         column = torch.arange(longest_slice, device=tokens.device)  # (S,)
         inside = column < count[:, :, None]  # (C, J, S)
         last = max(len(self.ref_hashes) - 1, 0)
-        rows = torch.where(
-            inside, self.ref_hashes[(start[:, :, None] + column).clamp(max=last)], torch.iinfo(torch.long).max
-        )  # (C, J, S)
+        rows = torch.where(inside, self.ref_hashes[(start[:, :, None] + column).clamp(max=last)],
+                           torch.iinfo(torch.long).max)  # (C, J, S)
         target = hashes[:, None, :].expand(-1, rows.shape[1], -1).contiguous()  # (C, J, W)
         found = torch.searchsorted(rows, target).clamp(max=rows.shape[2] - 1)  # (C, J, W)
         hit = (found < count[:, :, None]) & (rows.gather(2, found) == target)  # (C, J, W)
