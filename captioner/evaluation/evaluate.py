@@ -221,12 +221,10 @@ def score_grounding(model: Captioner | Ensemble, records: list[ImageRecord], cap
                     request: GroundingRequest, batch_size: int | None = None) -> Grounding:
     """Score the attention of every object word of `captions` against the instance masks; with
     `request.gradcam` the images of `records` are encoded again for Grad-CAM."""
-    attention = grounding_score(captions, request.instances, request.kind, layer=request.layer, head=request.head)
-    saliency = None
     refuse_for_ensemble(model, grounding=request)
-    if request.gradcam:
-        batch_size = batch_size or model.decode_config.batch_size
-        saliency = records_grad_cam(model, records, captions, request.instances, request.kind, batch_size)
+    attention = grounding_score(captions, request.instances, request.kind, layer=request.layer, head=request.head)
+    saliency = (records_grad_cam(model, records, captions, request.instances, request.kind,
+                                 batch_size or model.decode_config.batch_size) if request.gradcam else None)
     return Grounding(request, attention, interpret_scores(captions, request.instances, request.kind, saliency))
 
 

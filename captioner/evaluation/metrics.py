@@ -253,9 +253,7 @@ def fast_scores(references: Mapping[int, list[str]], predictions: Mapping[int, s
     ids = scored_ids(references, predictions)
     counted = CountedCaptions.of([" ".join(tokenize(predictions[i])) for i in ids],
                                  [[" ".join(tokenize(c)) for c in references[i]] for i in ids])
-    scores = {key: float(value) for key, value in zip(BLEU_KEYS, bleu(counted)[0])}
-    scores["CIDEr"] = cider_d(counted)[0]
-    return scores
+    return dict(zip(BLEU_KEYS, map(float, bleu(counted)[0])), CIDEr=cider_d(counted)[0])
 
 
 def evaluate_results_file(results_path: str | os.PathLike[str], annotations_path: str | os.PathLike[str],
