@@ -37,7 +37,6 @@ from captioner.training import distributed
 from captioner.training.distributed import Distributed
 from captioner.training.history import METRICS, STEP_LOSSES, write_history, write_step_losses
 from captioner.training.loop import Interrupted, Objective, StopSignals, train_one_epoch
-from captioner.training.scst import SelfCritical
 from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan, lr_scale,
                                           make_loader, make_objective, make_optimizer, make_scheduler, stored_data,
                                           uses_feature_store, wrap_for_ddp)
@@ -177,7 +176,7 @@ class Run:
         transform = ImageTransform(config.data.image_size, train=True, augment=config.data.augment)
         train_set = caption_dataset(config, model, data, transform, ctx.device)
         objective = make_objective(config, model, train_set)
-        state.logged = objective.logged if isinstance(objective, SelfCritical) else LOGGED
+        state.logged = getattr(objective, "logged", LOGGED)  # SelfCritical names its own
         loader, sampler = make_loader(config, ctx, train_set, shards, model.vocab)
         log_batch_plan(config, ctx, sampler)
         optimizer = make_optimizer(model, config, lr_scale(config, sampler.global_batch))

@@ -51,10 +51,8 @@ class StopSignals:
 
     def install(self) -> None:
         """Take over SIGTERM and SIGINT (only the main thread may; elsewhere they stay as they are)."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handle)
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():

@@ -57,11 +57,10 @@ def decide_threads(config: Config, saved: dict | None, source: str) -> tuple[int
     if config.train.follow_free_cores and threads_are_automatic(config.train.threads):
         torch.set_num_threads(free_cores())
         return None, ThreadGovernor()
-    explicit = not threads_are_automatic(config.train.threads)
     recorded = saved.get("threads") if saved else None
     threads = run_threads(config.train.threads)
     if isinstance(recorded, int) and recorded > 0 and recorded != threads:
-        if explicit:
+        if not threads_are_automatic(config.train.threads):  # set explicitly: it wins over the checkpoint's
             setting = ("train.threads" if config.train.threads
                        else f"${ENV_THREADS}" if os.environ.get(ENV_THREADS) else "torchrun's OMP_NUM_THREADS")
             log.warning("threads: %d as set (%s), where %s trained with %d: it goes on, not bit for bit",
@@ -148,10 +147,9 @@ def choose_cpu_bf16(config: Config, model: Captioner, encoded: bool,
         return PrecisionChoice(False, "train.cpu_amp auto: this CPU has no native bf16")
     name = calibration_name(config, encoded, feature_shape)
     decision, _ = machine_cache.decided(name, lambda: time_precisions(model, config, encoded, feature_shape), _valid)
-    faster = "faster" if decision["bf16"] else "slower"
     return PrecisionChoice(decision["bf16"], f"train.cpu_amp auto: a step of this run's shapes took "
                            f"{decision['bf16_ms']:.0f} ms in bf16 and {decision['fp32_ms']:.0f} ms in fp32 on this CPU "
-                           f"(bf16 {faster})")
+                           f"(bf16 {'faster' if decision['bf16'] else 'slower'})")
 
 
 def machine_would_choose(config: Config, encoded: bool, feature_shape: tuple[int, ...] | None) -> bool | None:
