@@ -81,8 +81,8 @@ def recall(name: str) -> Any:
     return entry.get(name) if isinstance(entry, dict) else None
 
 
-def remember(name: str, value: Any) -> Path | None:
-    """Keep a decision for the local machine (atomically); the file's path, or None if it could not be written."""
+def remember(name: str, value: Any) -> None:
+    """Keep a decision for the local machine (atomically); a file that cannot be written is left as it was."""
     data = _read()
     entry = data.get(machine_key())
     data[machine_key()] = {**(entry if isinstance(entry, dict) else {}), name: value}
@@ -91,8 +91,6 @@ def remember(name: str, value: Any) -> Path | None:
         write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1)))
     except StorageError as e:
         log.debug("machine cache: could not write %s (%s)", path, e)
-        return None
-    return path
 
 
 def decided(name: str, measure: Callable[[], Any], valid: Callable[[Any], bool]) -> tuple[Any, bool]:

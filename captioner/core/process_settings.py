@@ -133,9 +133,7 @@ AUTO_WORKERS = -1  # data.num_workers: one rank's share of the node's cores
 
 def loader_workers(requested: int) -> int:
     """`data.num_workers` as given, or for AUTO_WORKERS this rank's share of the cores less one (>= 1)."""
-    if requested != AUTO_WORKERS:
-        return requested
-    return max(1, usable_cores() // local_world_size() - 1)
+    return requested if requested != AUTO_WORKERS else max(1, usable_cores() // local_world_size() - 1)
 
 
 def resolve_device(name: str | torch.device = "auto", what: str = "device") -> torch.device:
