@@ -182,50 +182,47 @@ class ReferenceTable:
         No value is read back to the host. Autocast is off here: its bf16 matmuls would round
         the per-order sums to 3 digits."""
         with torch.autocast(tokens.device.type, enabled=False):
-            return self._score(tokens, lengths, images)
+            log_num_images, n, sigma, max_refs, longest_slice = self.meta.tolist()  # host constants: no device wait
+            n, max_refs, longest_slice, dtype = int(n), int(max_refs), int(longest_slice), self.ref_weights.dtype
+            hashes, valid, order = ngram_hashes(tokens, lengths, n)  # (C, W), (C, W), (W,)
+            tf, first = distinct_counts(hashes, valid)  # (C, W) each
+            found = torch.searchsorted(self.df_hashes, hashes).clamp(max=len(self.df_hashes) - 1)  # (C, W)
+            # (C, W): 0 for n-grams no reference has
+            df = torch.where(self.df_hashes[found] == hashes, self.df_counts[found], 0)
+            idf = inverse_document_frequency(df.to(dtype), log_num_images)  # (C, W)
+            hyp = torch.where(first, tf.to(dtype) * idf, 0.0)  # (C, W): each distinct n-gram's weight, once
+            order_onehot = torch.nn.functional.one_hot(order - 1, n).to(dtype)  # (W, n)
+            hyp_norms = ((hyp * hyp) @ order_onehot).sqrt()  # (C, n)
+            hyp_length = cider_length(lengths)  # (C,)
 
-    def _score(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-        log_num_images, n, sigma, max_refs, longest_slice = self.meta.tolist()  # host constants: no device wait
-        n, max_refs, longest_slice, dtype = int(n), int(max_refs), int(longest_slice), self.ref_weights.dtype
-        hashes, valid, order = ngram_hashes(tokens, lengths, n)  # (C, W), (C, W), (W,)
-        tf, first = distinct_counts(hashes, valid)  # (C, W) each
-        found = torch.searchsorted(self.df_hashes, hashes).clamp(max=len(self.df_hashes) - 1)  # (C, W)
-        # (C, W): 0 for n-grams no reference has
-        df = torch.where(self.df_hashes[found] == hashes, self.df_counts[found], 0)
-        idf = inverse_document_frequency(df.to(dtype), log_num_images)  # (C, W)
-        hyp = torch.where(first, tf.to(dtype) * idf, 0.0)  # (C, W): each distinct n-gram's weight, once
-        order_onehot = torch.nn.functional.one_hot(order - 1, n).to(dtype)  # (W, n)
-        hyp_norms = ((hyp * hyp) @ order_onehot).sqrt()  # (C, n)
-        hyp_length = cider_length(lengths)  # (C,)
-
-        # The candidate's image's references: slots j < max_refs, true where the image has a j-th caption.
-        slot = torch.arange(max_refs, device=tokens.device)  # (J,)
-        first_ref = self.image_offsets[images]  # (C,)
-        num_refs = self.image_offsets[images + 1] - first_ref  # (C,)
-        has_ref = slot[None, :] < num_refs[:, None]  # (C, J)
-        ref = torch.where(has_ref, first_ref[:, None] + slot[None, :], 0)  # (C, J)
-        # Each reference's slice as a padded sorted row, then one batched searchsorted per row.
-        start = self.ref_offsets[ref]  # (C, J)
-        count = self.ref_offsets[ref + 1] - start  # (C, J)
-        column = torch.arange(longest_slice, device=tokens.device)  # (S,)
-        inside = column < count[:, :, None]  # (C, J, S)
-        last = max(len(self.ref_hashes) - 1, 0)
-        rows = torch.where(inside, self.ref_hashes[(start[:, :, None] + column).clamp(max=last)],
-                           torch.iinfo(torch.long).max)  # (C, J, S)
-        target = hashes[:, None, :].expand(-1, rows.shape[1], -1).contiguous()  # (C, J, W)
-        found = torch.searchsorted(rows, target).clamp(max=rows.shape[2] - 1)  # (C, J, W)
-        hit = (found < count[:, :, None]) & (rows.gather(2, found) == target)  # (C, J, W)
-        position = (start[:, :, None] + found).clamp(max=last)  # (C, J, W): index into the flat arrays
-        ref_weight = torch.where(hit, self.ref_weights[position], 0.0)  # (C, J, W)
-        clipped = cider_clip(hyp[:, None, :], ref_weight)  # (C, J, W): min(h, r) * r
-        overlap = clipped @ order_onehot  # (C, J, n)
-        ref_norms = self.ref_norms[ref]  # (C, J, n)
-        denominator = hyp_norms[:, None, :] * ref_norms  # (C, J, n): a zero norm means a zero overlap
-        cosine = overlap / torch.where(denominator == 0, 1.0, denominator)  # (C, J, n)
-        delta = (hyp_length[:, None] - self.ref_lengths[ref]).to(dtype)  # (C, J)
-        penalty = cider_length_penalty(delta, sigma)  # (C, J)
-        per_ref = cosine.sum(dim=2) * penalty * has_ref  # (C, J)
-        return per_ref.sum(dim=1) / n / num_refs.to(dtype) * CIDER_SCALE  # (C,)
+            # The candidate's image's references: slots j < max_refs, true where the image has a j-th caption.
+            slot = torch.arange(max_refs, device=tokens.device)  # (J,)
+            first_ref = self.image_offsets[images]  # (C,)
+            num_refs = self.image_offsets[images + 1] - first_ref  # (C,)
+            has_ref = slot[None, :] < num_refs[:, None]  # (C, J)
+            ref = torch.where(has_ref, first_ref[:, None] + slot[None, :], 0)  # (C, J)
+            # Each reference's slice as a padded sorted row, then one batched searchsorted per row.
+            start = self.ref_offsets[ref]  # (C, J)
+            count = self.ref_offsets[ref + 1] - start  # (C, J)
+            column = torch.arange(longest_slice, device=tokens.device)  # (S,)
+            inside = column < count[:, :, None]  # (C, J, S)
+            last = max(len(self.ref_hashes) - 1, 0)
+            rows = torch.where(inside, self.ref_hashes[(start[:, :, None] + column).clamp(max=last)],
+                               torch.iinfo(torch.long).max)  # (C, J, S)
+            target = hashes[:, None, :].expand(-1, rows.shape[1], -1).contiguous()  # (C, J, W)
+            found = torch.searchsorted(rows, target).clamp(max=rows.shape[2] - 1)  # (C, J, W)
+            hit = (found < count[:, :, None]) & (rows.gather(2, found) == target)  # (C, J, W)
+            position = (start[:, :, None] + found).clamp(max=last)  # (C, J, W): index into the flat arrays
+            ref_weight = torch.where(hit, self.ref_weights[position], 0.0)  # (C, J, W)
+            clipped = cider_clip(hyp[:, None, :], ref_weight)  # (C, J, W): min(h, r) * r
+            overlap = clipped @ order_onehot  # (C, J, n)
+            ref_norms = self.ref_norms[ref]  # (C, J, n)
+            denominator = hyp_norms[:, None, :] * ref_norms  # (C, J, n): a zero norm means a zero overlap
+            cosine = overlap / torch.where(denominator == 0, 1.0, denominator)  # (C, J, n)
+            delta = (hyp_length[:, None] - self.ref_lengths[ref]).to(dtype)  # (C, J)
+            penalty = cider_length_penalty(delta, sigma)  # (C, J)
+            per_ref = cosine.sum(dim=2) * penalty * has_ref  # (C, J)
+            return per_ref.sum(dim=1) / n / num_refs.to(dtype) * CIDER_SCALE  # (C,)
 
 
 def fingerprint(vocab_words: Sequence[str], references: Sequence[Sequence[str]]) -> str:
