@@ -4,6 +4,7 @@ row per validation, and step_losses.csv, the training loss at every logged step.
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -15,12 +16,9 @@ STEP_LOSSES = "step_losses.csv"
 
 def write_csv(path: Path, header: list[str], rows: Iterable[list]) -> None:
     """`rows` under `header`, replaced atomically: a full disk leaves the previous file whole (one StorageError)."""
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as f:
-            csv.writer(f).writerows([header, *rows])
-
-    write_atomically(path, write)
+    text = io.StringIO()
+    csv.writer(text).writerows([header, *rows])
+    write_atomically(path, lambda tmp: tmp.write_text(text.getvalue(), newline=""))
 
 
 def write_history(path: Path, history: list[dict]) -> None:
