@@ -52,7 +52,5 @@ class Caption:
         return maps.mean(axis=1) if head is None else maps[:, head]  # (T, h, w)
 
     def to_json(self) -> dict:
-        return {
-            "caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4),
-            "finished": self.finished,
-        }
+        return {"caption": self.text, "score": round(self.score, 4), "logprob": round(self.logprob, 4),
+                "finished": self.finished}

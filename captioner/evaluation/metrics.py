@@ -260,8 +260,7 @@ def evaluate_results_file(results_path: str | os.PathLike[str], annotations_path
                           spice: bool = False) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
     """Load a COCO results file and its annotation file and return `official_scores` of it."""
     references = load_references(annotations_path)
-    predictions = load_results(results_path, references)
-    return official_scores(references, predictions, spice=spice)
+    return official_scores(references, load_results(results_path, references), spice=spice)
 
 
 # nltk's corpus_bleu with no smoothing, on the official scorer's tokens: it matches pycocoevalcap's
