@@ -75,9 +75,7 @@ class Text:
     def allows(self, value: Any) -> bool:
         if value is None:  # only reachable for `str | None` keys: None means "not set"
             return True
-        if self.pattern is not None:
-            return re.fullmatch(self.pattern, value) is not None
-        return value.strip() != ""
+        return re.fullmatch(self.pattern, value) is not None if self.pattern is not None else value.strip() != ""
 
     def describe(self) -> str:
         return self.allowed
