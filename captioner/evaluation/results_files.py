@@ -128,10 +128,8 @@ def write_scores_json(path: str | os.PathLike[str], overall: Mapping[str, float]
         **extra,
         "overall": {key: _json_number(float(value)) for key, value in overall.items()},
         "num_images": len(per_image),
-        "per_image": [
-            {"image_id": image_id, **{k: _json_number(float(v)) for k, v in per_image[image_id].items()}}
-            for image_id in sorted(per_image)
-        ],
+        "per_image": [{"image_id": image_id, **{k: _json_number(float(v)) for k, v in per_image[image_id].items()}}
+                      for image_id in sorted(per_image)],
     }
     text = json.dumps(document, indent=1) + "\n"
     write_atomically(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))  # a full disk keeps the old file
