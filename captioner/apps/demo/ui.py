@@ -208,6 +208,7 @@ def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_
                cleanup: Cleanup = Cleanup()) -> gr.Blocks:
     """The page, with a bounded queue: `max_batch` events at once, `queue_size` more wait, the rest told it is busy."""
     private_cache()  # before anything is cached: closing this process deletes no other's files
+    keep_cache_cleanup_alive()  # before the page schedules Gradio's cache sweep
     callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
     callbacks.payloads = {name: recorded(name) for name in callbacks.models}  # each checkpoint read once more
     callbacks.serving = {name: serving_line(name, model, callbacks.payloads[name])
@@ -223,7 +224,6 @@ def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_
 
 def cache_lifetimes(cleanup: Cleanup) -> tuple[int, int]:
     """Gradio's `delete_cache`: how often to look, and how old a file may be, in whole seconds (at least 1)."""
-    keep_cache_cleanup_alive()
     return max(1, round(cleanup.every_s)), max(1, round(cleanup.max_age_s))
 
 
