@@ -210,11 +210,9 @@ def pixel_statistics(config: EncoderConfig) -> PixelStatistics:
     return NORMALIZATIONS[name]
 
 
-def check_encoder_config(config: EncoderConfig) -> Backbone:
-    """The backbone `config` names, its name and normalisation checked (one-line ConfigError)."""
-    spec = backbone(config.name)
-    pixel_statistics(config)
-    return spec
+def check_encoder_config(config: EncoderConfig) -> tuple[Backbone, PixelStatistics]:
+    """The backbone `config` names and its normalisation, each checked (one-line ConfigError)."""
+    return backbone(config.name), pixel_statistics(config)
 
 
 class Encoder(nn.Module):
@@ -322,7 +320,7 @@ def square_grid(cells: int) -> tuple[int, int]:
 
 def build_encoder(config: EncoderConfig, load_pretrained: bool = True) -> Encoder:
     """The encoder `config` describes; `load_pretrained=False` builds the architecture only."""
-    spec, statistics = backbone(config.name), pixel_statistics(config)
+    spec, statistics = check_encoder_config(config)
     pretrained = config.pretrained and spec.pretrainable
     blocks = spec.build(config, pretrained and load_pretrained)
     fine_tune = config.fine_tune_blocks if pretrained else -1  # random weights must train
