@@ -211,8 +211,9 @@ def render_page(result: Result, layer: str | int | None, head: str | int | None,
     layer_index, head_index = parse_layer_head(caption, layer, head)
     gallery = [(picture, word) for word, picture in word_overlays(result.image, caption, layer_index, head_index)]
     maps = maps_label(caption, layer_index, head_index)
-    score_line = (f"score {caption.score:.3f} · log-probability {caption.logprob:.2f} · {len(caption.words)} words · "
-                  f"beam {result.beam_size} · {result.model_name}{' · ' + maps if maps else ''} · "
+    score_line = (f"score {caption.score:.3f} · log-probability {caption.logprob:.2f} · "
+                  f"{len(caption.words)} words · beam {result.beam_size} · {result.model_name}"
+                  f"{' · ' + maps if maps else ''} · "
                   f"captioned in {result.seconds:.2f} s")
     note = " ".join(result.notes)
     if not caption.words:
