@@ -3,6 +3,7 @@ guard the page, not the API), captioning an upload with the CLI's loader, laying
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
 import time
@@ -236,11 +237,9 @@ def prune(folder: Path, max_age_s: float) -> None:
     """Delete the figures and overlays of `folder` older than `max_age_s`."""
     now = time.time()
     for old in [*folder.glob("attention_*.png"), *folder.glob("overlay_*.jpg")]:
-        try:
+        with contextlib.suppress(OSError):  # another request removed it first
             if now - old.stat().st_mtime > max_age_s:
                 old.unlink()
-        except OSError:
-            pass  # another request removed it first
 
 
 def prune_folders(cache: Path, keep: Path, seen_empty: set[Path]) -> set[Path]:
@@ -248,15 +247,13 @@ def prune_folders(cache: Path, keep: Path, seen_empty: set[Path]) -> set[Path]:
     folder, not a new one); returns those empty now."""
     empty_now: set[Path] = set()
     for folder in cache.iterdir() if cache.is_dir() else []:
-        try:
+        with contextlib.suppress(OSError):
             if folder == keep or not folder.is_dir() or any(folder.iterdir()):
                 continue
             if folder in seen_empty:
                 folder.rmdir()  # fails, harmlessly, if a file arrived meanwhile
             else:
                 empty_now.add(folder)
-        except OSError:
-            pass
     return empty_now
 
 
