@@ -91,8 +91,10 @@ def package_model(
         if size > packaged.MAX_BYTES:
             raise ExportError(f"{source}: packaged, its model takes {size_text(size)}, over the "
                               f"{size_text(packaged.MAX_BYTES)} a packaged model may")
-        check_same_captions(Captioner.from_pretrained(staging, device="cpu"), pictures,
-                            captions_of(model, feats, grid), source)
+        reloaded = Captioner.from_pretrained(staging, device="cpu")  # must caption as the run's checkpoint does
+        if captions_of(reloaded, *encode_pictures(reloaded, pictures)) != captions_of(model, feats, grid):
+            raise ExportError(f"{source}: packaged, its model captions the check images differently from the "
+                              "checkpoint; nothing was written")
         if destination.exists():
             shutil.rmtree(destination)
         staging.rename(destination)
@@ -171,14 +173,6 @@ def keeps_captions_in_half(model: Captioner, feats: torch.Tensor, grid: tuple[in
     log.info("float16 storage %s the greedy and beam captions of %d images: weights stored in %s",
              "keeps" if same else "changes", len(feats), "float16" if same else "float32")
     return same
-
-
-def check_same_captions(packaged: Captioner, pictures: Sequence[Image.Image], expected: list[list[int]],
-                        source: Path) -> None:
-    """The written folder, loaded back, captions the pictures as the run's checkpoint does (`expected`)."""
-    if captions_of(packaged, *encode_pictures(packaged, pictures)) != expected:
-        raise ExportError(f"{source}: packaged, its model captions the check images differently from the checkpoint; "
-                          "nothing was written")
 
 
 def packaged_card(name: str, model: Captioner, config: Config, recipe: dict[str, Any], scores: CardScores,

@@ -41,7 +41,10 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
 
     folder = Path(folder)
     ort_files = _ort_files(Path(ort)) if ort is not None else None
-    _check_folder(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(f"{folder}: exists and is not a folder")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / SITE_JSON).is_file():
+        raise ExportError(f"{folder}: not empty and not a captioner web site; give a new or empty folder")
     examples = json.loads((PAGE / "examples" / "examples.json").read_text(encoding="utf-8"))
     for earlier in (MODEL_FOLDER, "examples", "ort"):  # an earlier site's: nothing stale stays
         shutil.rmtree(folder / earlier, ignore_errors=True)
@@ -113,11 +116,3 @@ def _ort_files(ort: Path) -> list[Path]:
     if missing:
         raise ExportError(f"--ort {ort}: dist/ lacks {', '.join(missing)}")
     return [package / "dist" / name for name in ORT_FILES]
-
-
-def _check_folder(folder: Path) -> None:
-    """`folder` may be new, empty or an earlier site (rewritten); anything else is refused."""
-    if folder.exists() and not folder.is_dir():
-        raise ExportError(f"{folder}: exists and is not a folder")
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / SITE_JSON).is_file():
-        raise ExportError(f"{folder}: not empty and not a captioner web site; give a new or empty folder")
