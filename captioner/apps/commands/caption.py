@@ -121,11 +121,9 @@ def run(args: argparse.Namespace) -> int:
         refuse_if_none_captioned(paths, results)
         check_map_choice(args.layer, args.head, results)
     request = figure_request(args)
-    failures = 0
     rows = []
     for path, result in zip(paths, results):
         if isinstance(result, ImageLoadError):
-            failures += 1
             print(f"error: {result}", file=sys.stderr)
             continue
         hypotheses = result if isinstance(result, list) else [result]
@@ -148,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=1))
+    failures = len(paths) - len(rows)
     if failures:
         print(f"{failures} of {len(paths)} images failed", file=sys.stderr)
     return 1 if failures else 0
