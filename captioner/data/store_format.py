@@ -181,7 +181,6 @@ class FeatureStore:
 
     def __init__(self, directory: str | Path, split: str, manifest: dict[str, Any]) -> None:
         self.array_path, self.manifest_path = store_files(directory, split)
-        self.split = split
         self.manifest = manifest
         self.grid: tuple[int, int] = tuple(manifest["grid"])  # type: ignore[assignment]
         self.num_cells = self.grid[0] * self.grid[1]
