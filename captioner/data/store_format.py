@@ -253,10 +253,7 @@ def range_sha256(fd: int, offset: int, length: int) -> str:
     """The sha256 of `length` bytes of the open file `fd` from `offset`, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     end = offset + length
-    while offset < end:
-        block = os.pread(fd, min(end - offset, 1 << 20), offset)
-        if not block:  # cut short since its size was checked: the digest differs
-            break
+    while offset < end and (block := os.pread(fd, min(end - offset, 1 << 20), offset)):  # cut short: digest differs
         digest.update(block)
         offset += len(block)
     return digest.hexdigest()
