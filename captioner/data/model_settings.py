@@ -44,8 +44,7 @@ class StoredSettings:
 
     def load_split(self, split: str, check_images: bool = True) -> list[ImageRecord]:
         """The split's records, or one DatasetError naming the set-aside keys it would read."""
-        missing = self.unreadable(split)
-        if missing:
+        if missing := self.unreadable(split):
             said = "; ".join(f"{key} {shown(self.set_aside[key])} ({self.reasons[key]})" for key in missing)
             give = " ".join(f"{key}=..." for key in missing)
             raise DatasetError(f"{self.source}: the {split} split is not read where the model's settings say: {said}; "
