@@ -93,8 +93,7 @@ def stored_settings(config: Config, source: str, keep_local_places: bool = False
         value = getattr(config.data, key)
         if value is None or dotted in named:
             continue
-        problem = place_problem(key, value, keep_local_places)
-        if problem is not None:
+        if (problem := place_problem(key, value, keep_local_places)) is not None:
             set_aside[dotted], reasons[dotted] = value, problem
     if not set_aside:
         return StoredSettings(config, {}, {}, source)
