@@ -206,9 +206,8 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         permutation = torch.randperm(self.size, generator=generator)  # (size,)
         draws = torch.randint(DRAW_LIMIT, (self.size,), generator=generator)  # (size,)
         needed = len(self) * self.span
-        if needed > self.size:  # a small dataset shared by several ranks: wrap around to equal shares
-            repeats = -(-needed // self.size)
-            permutation, draws = permutation.repeat(repeats), draws.repeat(repeats)  # (repeats * size,)
+        repeats = -(-needed // self.size)  # over 1: a small dataset shared by several ranks wraps to equal shares
+        permutation, draws = permutation.repeat(repeats), draws.repeat(repeats)  # (repeats * size,)
         return permutation[:needed], draws[:needed]  # (needed,) each
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:

@@ -26,11 +26,8 @@ def load_coco_captions(annotation_file: str | Path, image_root: str | Path, chec
     annotation_file = check_file(annotation_file, "caption annotation file")
     coco = read_coco(annotation_file, "COCO caption file", ("images", "annotations"))
     image_root = Path(image_root)
-    records = []
-    for image_id in sorted(coco.imgs):
-        captions = [ann["caption"].strip() for ann in coco.imgToAnns.get(image_id, [])]
-        if captions:
-            records.append(ImageRecord(image_id, image_root / coco.imgs[image_id]["file_name"], tuple(captions)))
+    captions = {i: tuple(ann["caption"].strip() for ann in coco.imgToAnns.get(i, [])) for i in sorted(coco.imgs)}
+    records = [ImageRecord(i, image_root / coco.imgs[i]["file_name"], texts) for i, texts in captions.items() if texts]
     if not records:
         raise DatasetError(f"{annotation_file}: no image has a caption")
     return drop_missing(records, str(annotation_file), strict, max_missing) if check_images else records

@@ -16,7 +16,7 @@ from captioner.data.coco import coco_split_files, load_coco_captions, load_karpa
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.imagefolder import load_hf_dataset, load_imagefolder, seeded_split_files, seeded_split_rows
 from captioner.data.records import ImageRecord
-from captioner.data.shapes import SHAPES_MARKER, SPLITS
+from captioner.data.shapes import SHAPES_MARKER, SPLITS, generate_shapes
 from captioner.text.vocab import tokenize
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,6 @@ def ensure_shapes(config: DataConfig) -> None:
         raise DatasetError(f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds "
                            "other files: point data.root at a new or empty folder, or generate the world there with "
                            f"captioner data shapes --out {root}")
-    from captioner.data.shapes import generate_shapes
 
     log.info("generating the shapes world into %s", root)
     generate_shapes(root, config.shapes_num_train, config.shapes_num_val, config.shapes_num_test,

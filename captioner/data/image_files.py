@@ -66,8 +66,6 @@ def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.
                     raise ImageLoadError(f"{name}: image is {width}x{height} = {width * height / 1e6:.0f} megapixels, "
                                          f"over the limit of {max_pixels / 1e6:.0f} (possible decompression bomb)")
                 return finish(image)
-    except ImageLoadError:
-        raise
     except FileNotFoundError:
         raise ImageLoadError(f"{name}: no such file") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:

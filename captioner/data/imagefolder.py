@@ -120,8 +120,7 @@ def _inside(path: Path, line: int, name: str, folder: Confinement) -> str:
     if parts.is_absolute() or ".." in parts.parts:
         raise DatasetError(f"{path}:{line}: file_name {name!r} leaves the image folder "
                            f"(use a path relative to {path.name})")
-    target = folder.escape(parts.as_posix())
-    if target is not None:
+    if (target := folder.escape(parts.as_posix())) is not None:
         raise DatasetError(f"{path}:{line}: file_name {name!r} is a link out of the image folder (to {target}); "
                            "refused")
     return parts.as_posix()
@@ -267,8 +266,7 @@ def image_file(value: str, folder: str, name: str) -> Path:
         raise ImageLoadError(f"{name}: the image path {value!r} leaves the dataset's folder {folder} (..); refused")
     else:
         file = Path(folder) / parts
-    target = confinement(folder).escape(file)
-    if target is not None:
+    if (target := confinement(folder).escape(file)) is not None:
         raise ImageLoadError(f"{name}: the image path {value!r} is a link out of the dataset's folder {folder} "
                              f"(to {target}); refused")
     return file

@@ -44,8 +44,7 @@ class StoredSettings:
 
     def load_split(self, split: str, check_images: bool = True) -> list[ImageRecord]:
         """The split's records, or one DatasetError naming the set-aside keys it would read."""
-        missing = self.unreadable(split)
-        if missing:
+        if missing := self.unreadable(split):
             said = "; ".join(f"{key} {shown(self.set_aside[key])} ({self.reasons[key]})" for key in missing)
             give = " ".join(f"{key}=..." for key in missing)
             raise DatasetError(f"{self.source}: the {split} split is not read where the model's settings say: {said}; "
@@ -94,8 +93,7 @@ def stored_settings(config: Config, source: str, keep_local_places: bool = False
         value = getattr(config.data, key)
         if value is None or dotted in named:
             continue
-        problem = place_problem(key, value, keep_local_places)
-        if problem is not None:
+        if (problem := place_problem(key, value, keep_local_places)) is not None:
             set_aside[dotted], reasons[dotted] = value, problem
     if not set_aside:
         return StoredSettings(config, {}, {}, source)

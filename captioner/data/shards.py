@@ -158,15 +158,10 @@ def command_output(url: str, max_bytes: int) -> bytes:
 
 def read_at_most(stream: Any, max_bytes: int) -> bytes:
     """Up to `max_bytes` + 1 bytes of `stream`, in pieces (a read reserves the whole size asked for at once)."""
-    pieces: list[bytes] = []
-    total = 0
-    while total <= max_bytes:
-        piece = stream.read(min(READ_PIECE, max_bytes + 1 - total))
-        if not piece:
-            break
-        pieces.append(piece)
-        total += len(piece)
-    return b"".join(pieces)
+    data = bytearray()
+    while len(data) <= max_bytes and (piece := stream.read(min(READ_PIECE, max_bytes + 1 - len(data)))):
+        data += piece
+    return bytes(data)
 
 
 def at_most(data: bytes, max_bytes: int, where: str, what: str) -> bytes:

@@ -181,7 +181,6 @@ class FeatureStore:
 
     def __init__(self, directory: str | Path, split: str, manifest: dict[str, Any]) -> None:
         self.array_path, self.manifest_path = store_files(directory, split)
-        self.split = split
         self.manifest = manifest
         self.grid: tuple[int, int] = tuple(manifest["grid"])  # type: ignore[assignment]
         self.num_cells = self.grid[0] * self.grid[1]
@@ -254,10 +253,7 @@ def range_sha256(fd: int, offset: int, length: int) -> str:
     """The sha256 of `length` bytes of the open file `fd` from `offset`, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     end = offset + length
-    while offset < end:
-        block = os.pread(fd, min(end - offset, 1 << 20), offset)
-        if not block:  # cut short since its size was checked: the digest differs
-            break
+    while offset < end and (block := os.pread(fd, min(end - offset, 1 << 20), offset)):  # cut short: digest differs
         digest.update(block)
         offset += len(block)
     return digest.hexdigest()

@@ -248,7 +248,6 @@ class ShardStream:
                         trace.flush()
                     yield item.batch
         finally:
-            broken = sum(p.broken for p in self.taken)
-            if broken:
+            if broken := sum(p.broken for p in self.taken):
                 log.warning("%d broken samples skipped in epoch %d so far (rank %d)", broken, self.dataset.epoch,
                             self.dataset.settings.rank)
