@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from captioner.core.decode_results import Caption
-from captioner.core.errors import DatasetError
 from captioner.models.captioner import Captioner
 
 # COCO category -> words or phrases that name it (after Neural Baby Talk's lists, trimmed). Words
@@ -108,9 +107,7 @@ class Instances:
         from captioner.data.coco import read_coco
 
         path = Path(path)
-        if not path.is_file():
-            raise DatasetError(f"{path}: instances file not found")
-        # read_coco checks every image, category and annotation this class relies on.
+        # read_coco checks that the file is there, and every image, category and annotation this class relies on.
         self.coco = read_coco(path, "COCO instances file", ("images", "annotations", "categories"))
         self.category_names = {c["id"]: c["name"] for c in self.coco.dataset["categories"]}
         self.path = path

@@ -306,9 +306,8 @@ class MeteorPool:
         first_data, first_lines = requests[0]
         requests[0] = (first_data + f"EVAL ||| {corpus_stats}\n".encode(), first_lines + 2)
         answers = exchange(tools, requests)
-        per_image: list[float] = []
-        for k, shard_answers in enumerate(answers):
-            per_image += _floats(shard_answers[: len(shards[k])], tools[k].name)  # then the shard's own total
+        per_image = [score for answered, shard, tool in zip(answers, shards, tools)
+                     for score in _floats(answered[: len(shard)], tool.name)]  # its images', then its own total
         return _floats(answers[0][-1:], tools[0].name)[0], per_image
 
 

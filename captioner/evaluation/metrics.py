@@ -288,12 +288,9 @@ def tokenized(references: Mapping[int, list[str]], predictions: Mapping[int, str
     official scorer tokenises) or `tokenize`'s; with `ptb=None` the captions are already tokenised
     and joined by spaces (`OfficialScores` keeps them so)."""
     ids = sorted(predictions)
-    if ptb is None:
-        return {i: [c.split() for c in references[i]] for i in ids}, {i: predictions[i].split() for i in ids}
-    if not ptb:
-        return {i: [tokenize(c) for c in references[i]] for i in ids}, {i: tokenize(predictions[i]) for i in ids}
-    # One run of the Java tokenizer over every caption; each caption is tokenised on its own line.
-    captions = [c for i in ids for c in references[i]] + [predictions[i] for i in ids]
-    tokens = iter(ptb_tokenize(captions))
-    refs = {i: [next(tokens) for _ in references[i]] for i in ids}
-    return refs, {i: next(tokens) for i in ids}
+    if ptb:  # one run of the Java tokenizer over every caption; each caption is tokenised on its own line
+        captions = [c for i in ids for c in references[i]] + [predictions[i] for i in ids]
+        words = dict(zip(captions, ptb_tokenize(captions))).__getitem__
+    else:
+        words = str.split if ptb is None else tokenize
+    return {i: [words(c) for c in references[i]] for i in ids}, {i: words(predictions[i]) for i in ids}

@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import operator
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 from typing import TypeVar
 
 import numpy as np
@@ -118,16 +119,11 @@ def closest_ref_length(test_len: int, ref_lens: Sequence[int]) -> int:
 def bleu_scores(correct: Sequence[int], guess: Sequence[int], test_len: int, ref_len: int) -> list[float]:
     """BLEU-1..n from clipped matches and guesses (of one caption, or summed over a corpus), with
     pycocoevalcap's smoothing and brevity penalty, its operations in its order."""
-    scores = []
-    product = 1.0
-    for k in range(len(correct)):
-        product *= (float(correct[k]) + BLEU_TINY) / (float(guess[k]) + BLEU_SMALL)
-        scores.append(product ** (1.0 / (k + 1)))
+    precisions = [(float(c) + BLEU_TINY) / (float(g) + BLEU_SMALL) for c, g in zip(correct, guess)]
     ratio = (test_len + BLEU_TINY) / (ref_len + BLEU_SMALL)
-    if ratio < 1:
-        penalty = math.exp(1 - 1 / ratio)
-        scores = [score * penalty for score in scores]
-    return scores
+    penalty = math.exp(1 - 1 / ratio) if ratio < 1 else 1.0  # the brevity penalty
+    # BLEU-n: the n-th root of the product of the first n precisions
+    return [product ** (1.0 / n) * penalty for n, product in enumerate(accumulate(precisions, operator.mul), start=1)]
 
 
 ROUGE_BETA = 1.2  # ROUGE-L's recall weight
