@@ -157,7 +157,7 @@ OnnxCaption = Caption  # the runtime's captions: `Caption`, its maps numpy array
 
 
 # The decoding options the exported search implements (core/decode_schema.py declares them all).
-SEARCH_OPTIONS = ("beam_size", "max_length", "length_penalty", "block_trigrams", "min_length", "suppress_bad_endings")
+SEARCH_OPTIONS = tuple(f.name for f in dataclasses.fields(SearchOptions))
 
 
 class OnnxCaptioner:
