@@ -189,8 +189,7 @@ class OnnxCaptioner:
         """The decoding defaults with `overrides` (None keeps a default), checked in one ConfigError line."""
         check_names(overrides, SEARCH_OPTIONS, " for the ONNX runtime")
         values = {name: self.decode_defaults[name] for name in SEARCH_OPTIONS}
-        values.update({name: value for name, value in overrides.items() if value is not None})
-        values = check_options(values)
+        values = check_options(values | {name: value for name, value in overrides.items() if value is not None})
         if self.capacity is not None and values["max_length"] > self.capacity:
             raise ConfigError(f"decode: max_length {values['max_length']} exceeds the {self.capacity} steps "
                               f"{self.bundle.path('decoder_step')} was exported for (re-export with a larger capacity)")
