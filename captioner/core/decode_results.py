@@ -20,9 +20,7 @@ class Hypothesis:
     logprob: float  # total log-probability, <eos> included when the caption ended
     attn: Any  # (T, L, H, N): the attention at each word
     finished: bool  # False when max_length was reached before <eos>
-    # (T, L, H, T) when asked for (torch's transformers): at word t, the decoder's self-attention over
-    # the input positions 0..t (<bos>, then the words before t); zero on later positions.
-    self_attn: Any = None
+    self_attn: Any = None  # (T, L, H, T) when asked for (torch's transformers): as Caption.self_attn
 
     def caption(self, words: list[str], grid: tuple[int, int]) -> Caption:
         """This hypothesis as a Caption of its `words`, its maps on the encoder's grid (h, w)."""
@@ -42,8 +40,8 @@ class Caption:
     logprob: float
     attn: Any  # (T, L, H, h, w) float32: every word's attention, per decoder layer and head
     finished: bool  # False when the maximum length cut it short
-    # (T, L, H, T) with self_attention=True (transformers): at word t, the self-attention's
-    # weights on <bos> and the words before t.
+    # (T, L, H, T) with self_attention=True (transformers): at word t, the self-attention's weights
+    # over the input positions 0..t (<bos>, then the words before t); zero on later positions.
     self_attn: Any = None
 
     def heatmaps(self, layer: int = -1, head: int | None = None) -> Any:

@@ -166,13 +166,6 @@ def raise_problem(problem: str | None, where: str = "decode") -> None:
         raise ConfigError(f"{where}: {problem}")
 
 
-def check_capacity(max_length: int, capacity: int | None, holder: str) -> None:
-    """A ConfigError when `max_length` words need more steps than `holder` was built for (None: no limit)."""
-    if capacity is not None and max_length > capacity:
-        raise ConfigError(f"decode: max_length {max_length} exceeds the {capacity} steps {holder} was exported for "
-                          "(re-export with a larger capacity)")
-
-
 def markdown_table() -> str:
     """The options as the docs show them (docs/library.md; a test keeps the two equal)."""
     rows = ["| option | takes | default | what it does |", "| --- | --- | --- | --- |"]

@@ -106,11 +106,10 @@ class ModelSpec:
                    if not isinstance(raw.get(key), dict)]
         if missing:
             raise ConfigError(f"{source}: spec lacks {', '.join(missing)} (or one is not a mapping)")
-        words = raw.get("vocab", vocab)
-        if "vocab_size" in raw and words is not None and raw["vocab_size"] != len(words):
+        words = check_words(raw.get("vocab", vocab), source)
+        if "vocab_size" in raw and raw["vocab_size"] != len(words):
             raise ConfigError(
                 f"{source}: spec says vocab_size {raw['vocab_size']!r}, the vocabulary has {len(words)} words")
-        words = check_words(words, source)
         ids = SpecialIds(*range(len(SPECIAL_WORDS)))  # the vocabulary's first four words
         if raw["special_tokens"] != dataclasses.asdict(ids):
             raise ConfigError(f"{source}: special_tokens {raw['special_tokens']!r} are not the vocabulary's "

@@ -20,8 +20,7 @@ from PIL import Image
 from captioner.core.bounded_files import read_format_json
 from captioner.core.decode_results import Caption
 from captioner.core.files import verify_file
-from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
-from captioner.core.decode_schema import check_capacity, check_names, check_options
+from captioner.core.decode_schema import check_names, check_options
 from captioner.core.errors import CaptionerError, ConfigError, ExportError
 from captioner.core.model_spec import ONNX_FORMAT, ONNX_FORMAT_VERSION, ModelSpec, SpecialIds
 from captioner.core.upgrade import OLDEST_ONNX, upgrade_onnx_manifest
@@ -158,7 +157,7 @@ OnnxCaption = Caption  # the runtime's captions: `Caption`, its maps numpy array
 
 
 # The decoding options the exported search implements (core/decode_schema.py declares them all).
-SEARCH_OPTIONS = ("beam_size", "max_length", "length_penalty", "block_trigrams", "min_length", "suppress_bad_endings")
+SEARCH_OPTIONS = tuple(f.name for f in dataclasses.fields(SearchOptions))
 
 
 class OnnxCaptioner:
@@ -189,10 +188,11 @@ class OnnxCaptioner:
     def options(self, **overrides: Any) -> SearchOptions:
         """The decoding defaults with `overrides` (None keeps a default), checked in one ConfigError line."""
         check_names(overrides, SEARCH_OPTIONS, " for the ONNX runtime")
-        values = {name: self.decode_defaults.get(name, DECODE_OPTIONS[name].default) for name in SEARCH_OPTIONS}
-        values.update({name: value for name, value in overrides.items() if value is not None})
-        values = check_options(values)
-        check_capacity(values["max_length"], self.capacity, str(self.bundle.path("decoder_step")))
+        values = {name: self.decode_defaults[name] for name in SEARCH_OPTIONS}
+        values = check_options(values | {name: value for name, value in overrides.items() if value is not None})
+        if self.capacity is not None and values["max_length"] > self.capacity:
+            raise ConfigError(f"decode: max_length {values['max_length']} exceeds the {self.capacity} steps "
+                              f"{self.bundle.path('decoder_step')} was exported for (re-export with a larger capacity)")
         return SearchOptions(**values)
 
     def caption(
@@ -206,7 +206,7 @@ class OnnxCaptioner:
         if n_best is not None:
             check_options({"n_best": n_best, "beam_size": search.beam_size})
         return caption_in_batches(
-            images, batch_size or int(self.decode_defaults.get("batch_size", 32)),
+            images, batch_size or self.decode_defaults["batch_size"],
             lambda pictures: self.caption_arrays(np.stack([image_array(p, self.image_size) for p in pictures]),
                                                  search, n_best),  # (B, 3, S, S)
             n_best=n_best, errors=errors,
