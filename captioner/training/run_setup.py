@@ -152,11 +152,11 @@ def decide_speed(config: Config, ctx: Distributed, model: Captioner, state: Trai
     return speed
 
 
-def caption_dataset(config: Config, model: Captioner, data: RunData, transform: ImageTransform,
-                    device: torch.device) -> CaptionDataset:
+def caption_dataset(config: Config, model: Captioner, data: RunData, device: torch.device) -> CaptionDataset:
     """The training pairs: one per caption for cross-entropy (up to `data.captions_per_image`),
-    one per image for SCST, rewarded against all its references."""
+    one per image for SCST, rewarded against all its references; their images augmented as `data.augment` says."""
     pairs = "all" if config.train.stage == "scst" else config.data.captions_per_image
+    transform = ImageTransform(config.data.image_size, train=True, augment=config.data.augment)
     train_set = CaptionDataset(data.train_records, model.vocab, transform, config.data.max_caption_length, pairs,
                                data.train_features)
     train_set.device_preprocess = device_preprocess(config.data.device_preprocess, device)  # CaptionBatch.to runs it
