@@ -29,7 +29,7 @@ from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput
 from captioner.text.vocab import Vocabulary
 from captioner.training.distributed import Distributed
-from captioner.training.loop import Objective, caption_loss
+from captioner.training.loop import SIGNALS, Objective, caption_loss
 from captioner.training.scst import SelfCritical
 from captioner.training.speed import SpeedChoices, decide_steps, describe
 from captioner.training.state import TrainState
@@ -217,7 +217,7 @@ def wrap_for_ddp(model: Captioner, config: Config, ctx: Distributed) -> Callable
 def ignore_stop_signals(worker_id: int) -> None:
     """A DataLoader worker leaves SIGTERM and SIGINT to the training process, which stops after
     its step and then ends its workers; killed by a signal, a worker would fail the run mid-step."""
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
 
