@@ -99,8 +99,7 @@ class ReferenceTable:
     meta: torch.Tensor
 
     @classmethod
-    def build(cls, references: Sequence[Sequence[Sequence[int]]], n: int = MAX_N, sigma: float = CIDER_SIGMA,
-              chunk: int = 20000) -> ReferenceTable:
+    def build(cls, references: Sequence[Sequence[Sequence[int]]], chunk: int = 20000) -> ReferenceTable:
         """From each image's reference token sequences (ids, <eos> included where the reward has it);
         the document frequencies come from the same images, as `host_reward.CaptionReward` has them."""
         if not references:
@@ -116,7 +115,7 @@ class ReferenceTable:
             images = references[start : start + chunk]
             first_caption = int(image_offsets[start])
             tokens, lengths = padded([ref for refs in images for ref in refs])  # (Rk, L), (Rk,)
-            hashes, valid, order = ngram_hashes(tokens, lengths, n)  # (Rk, W) each, (W,)
+            hashes, valid, order = ngram_hashes(tokens, lengths)  # (Rk, W) each, (W,)
             caption = torch.arange(tokens.shape[0])[:, None].expand_as(hashes)[valid] + first_caption  # (M,)
             gram, gram_order = hashes[valid], order[None, :].expand_as(hashes)[valid]  # (M,) each
             perm = sort_pairs(caption, gram)  # (M,)
@@ -136,15 +135,15 @@ class ReferenceTable:
         df = df_counts[torch.searchsorted(df_hashes, gram)]  # (G,): every reference n-gram is in the corpus
         weights = tf.double() * inverse_document_frequency(df.double(), log_n)  # (G,)
         num_captions = int(image_offsets[-1])
-        cell = caption * n + gram_order - 1  # (G,): each weight's (caption, order)
-        norms = torch.zeros(num_captions * n, dtype=torch.float64).index_add_(0, cell, weights * weights)  # (Rc*n,)
+        cell = caption * MAX_N + gram_order - 1  # (G,): each weight's (caption, order)
+        norms = torch.zeros(num_captions * MAX_N, dtype=torch.float64).index_add_(0, cell, weights * weights)  # (Rc*n,)
         per_caption = torch.bincount(caption, minlength=num_captions)  # (Rc,)
         bigram_tf = torch.where(gram_order == 2, tf, 0)  # (G,)
         bigrams = torch.zeros(num_captions, dtype=torch.long).index_add_(0, caption, bigram_tf)  # (Rc,)
         ref_offsets = torch.cat([torch.zeros(1, dtype=torch.long), per_caption.cumsum(0)])  # (Rc+1,)
-        meta = torch.tensor([log_n, n, sigma, float(captions_per_image.max()), float(per_caption.max())],
+        meta = torch.tensor([log_n, MAX_N, CIDER_SIGMA, float(captions_per_image.max()), float(per_caption.max())],
                             dtype=torch.float64)  # (5,)
-        ref_norms = norms.sqrt().view(num_captions, n)  # (Rc, n)
+        ref_norms = norms.sqrt().view(num_captions, MAX_N)  # (Rc, n)
         return cls(df_hashes, df_counts, gram, weights, ref_offsets, ref_norms, bigrams, image_offsets, meta)
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float64) -> ReferenceTable:

@@ -22,7 +22,6 @@ from captioner.core.files import same_file_as, write_failure
 from captioner.core.process_settings import ThreadGovernor, resolve_device, seed_everything
 from captioner.data.bounded_tar import shard_limits
 from captioner.data.datasets import load_split, seeded_split_record, split_shards
-from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.batching import EpochBatchSampler
 from captioner.data.shards import ShardSet, open_shard_set, shard_captions
@@ -173,8 +172,7 @@ class Run:
         if config.train.channels_last or config.train.compile:
             accelerate(model, config, ctx.device, state.encoded)
         speed = decide_speed(config, ctx, model, state, data, checkpoint, threads)
-        transform = ImageTransform(config.data.image_size, train=True, augment=config.data.augment)
-        train_set = caption_dataset(config, model, data, transform, ctx.device)
+        train_set = caption_dataset(config, model, data, ctx.device)
         objective = make_objective(config, model, train_set)
         state.logged = getattr(objective, "logged", LOGGED)  # SelfCritical names its own
         loader, sampler = make_loader(config, ctx, train_set, shards, model.vocab)

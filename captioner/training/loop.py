@@ -119,8 +119,7 @@ def train_one_epoch(model: Captioner, forward: Callable[..., DecoderOutput], loa
     ends after a step that `stop` says every rank stops after."""
     model.train()
     device = ctx.device
-    # The steps' precision, decided before the first one (training/speed.py) and never changed
-    # within a run; a caller that decided nothing gets train.amp on CUDA and fp32 on the CPU.
+    # the steps' precision, decided before the first one (training/speed.py) and never changed within a run
     amp = state.bf16 if state.bf16 is not None else device.type == "cuda" and config.train.amp
     channels_last = config.train.channels_last and device.type == "cuda" and not state.encoded
     bar = progress_bar(loader, desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True,
@@ -141,7 +140,7 @@ def train_one_epoch(model: Captioner, forward: Callable[..., DecoderOutput], loa
             loss, parts = objective(model, batch, config, state.encoded, totals, forward)
         optimizer.zero_grad(set_to_none=True)
         (loss * ctx.world_size).backward()  # gradients are averaged over ranks; the loss is a share of the global mean
-        if ctx.enabled and forward is model:  # no DDP wrapper saw this step (SCST): average here
+        if forward is model:  # no DDP wrapper saw this step (SCST, or one process): average here
             ctx.average_gradients(model.parameters())
         if config.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)

@@ -29,7 +29,7 @@ from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput
 from captioner.text.vocab import Vocabulary
 from captioner.training.distributed import Distributed
-from captioner.training.loop import Objective, caption_loss
+from captioner.training.loop import SIGNALS, Objective, caption_loss
 from captioner.training.scst import SelfCritical
 from captioner.training.speed import SpeedChoices, decide_steps, describe
 from captioner.training.state import TrainState
@@ -152,11 +152,11 @@ def decide_speed(config: Config, ctx: Distributed, model: Captioner, state: Trai
     return speed
 
 
-def caption_dataset(config: Config, model: Captioner, data: RunData, transform: ImageTransform,
-                    device: torch.device) -> CaptionDataset:
+def caption_dataset(config: Config, model: Captioner, data: RunData, device: torch.device) -> CaptionDataset:
     """The training pairs: one per caption for cross-entropy (up to `data.captions_per_image`),
-    one per image for SCST, rewarded against all its references."""
+    one per image for SCST, rewarded against all its references; their images augmented as `data.augment` says."""
     pairs = "all" if config.train.stage == "scst" else config.data.captions_per_image
+    transform = ImageTransform(config.data.image_size, train=True, augment=config.data.augment)
     train_set = CaptionDataset(data.train_records, model.vocab, transform, config.data.max_caption_length, pairs,
                                data.train_features)
     train_set.device_preprocess = device_preprocess(config.data.device_preprocess, device)  # CaptionBatch.to runs it
@@ -217,7 +217,7 @@ def wrap_for_ddp(model: Captioner, config: Config, ctx: Distributed) -> Callable
 def ignore_stop_signals(worker_id: int) -> None:
     """A DataLoader worker leaves SIGTERM and SIGINT to the training process, which stops after
     its step and then ends its workers; killed by a signal, a worker would fail the run mid-step."""
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
 

@@ -21,8 +21,7 @@ from captioner.core.config_sections import Config, ScstConfig
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import reads_are_free
-from captioner.models.decoding.rules import DecodeOptions
-from captioner.models.decoding.rules import SpecialTokens
+from captioner.models.decoding.rules import DecodeOptions, SpecialTokens
 from captioner.models.decoding.sampling import SampledCaptions, sample_captions, scored_by_teacher_forcing
 from captioner.text.vocab import Vocabulary
 from captioner.training.device_reward import DeviceReward
@@ -80,11 +79,10 @@ class SelfCritical:
         samples, logprobs = self.sample(model, feats)  # (B*n, T), (B*n,)
         rewards = self.score(samples.tokens, samples.lengths, images.repeat_interleave(n))  # (B*n,)
         baseline = self.baseline(model, feats, images, rewards)  # (B*n,)
-        advantage = rewards - baseline  # (B*n,)
         # This rank's images are a share of the global batch's (`totals[2]`): the loss and logged means become
         # shares too, so that averaging the gradients and summing the logged values over ranks give its means.
         share = len(batch.indices) / totals[2] if totals is not None and len(totals) > 2 else 1.0
-        loss = -(advantage * logprobs).mean() * share
+        loss = -((rewards - baseline) * logprobs).mean() * share
         xent = torch.zeros((), device=loss.device)
         if self.settings.xent_weight:
             # Teacher forcing on every reference of the batch's images; `totals` make it this rank's share.

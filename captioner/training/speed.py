@@ -90,8 +90,8 @@ def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bo
         choice = choose_cpu_bf16(config, model, encoded, feature_shape)
         log.debug("%s", choice.reason)
         bf16 = choice.bf16
-    if ctx.enabled:
-        bf16 = bool(ctx.broadcast(bf16 if ctx.is_main else None))
+    if ctx.enabled:  # every rank takes rank 0's
+        bf16 = bool(ctx.broadcast(bf16))
     return bool(bf16), onednn, gram_mm
 
 

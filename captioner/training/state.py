@@ -180,9 +180,7 @@ def first_difference(saved: object, current: object, key: str, skip: tuple[str, 
     if key in skip:
         return None
     if isinstance(saved, dict) and isinstance(current, dict):
-        for name in {**saved, **current}:
-            found = first_difference(saved.get(name), current.get(name), f"{key}.{name}", skip)
-            if found:
-                return found
-        return None
+        found = (first_difference(saved.get(name), current.get(name), f"{key}.{name}", skip)
+                 for name in {**saved, **current})
+        return next(filter(None, found), None)
     return None if saved == current else f"{key} is {saved!r} in the checkpoint but {current!r} in the config"
