@@ -40,15 +40,6 @@ class AdditiveAttention(nn.Module):
         """feats (B, N, D), projected (B, N, A), state (R, S) -> context (R, D), weights (R, N); R = B or B*K."""
         return self.attend(feats, projected, self.state_proj(state))
 
-    def _attend_as_written(
-        self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """e_tij with `self.score` called as a module, for a score layer whose weight must not be read;
-        one row per image (`attend` expands the images' rows first)."""
-        hidden = torch.tanh(projected / 2 + query.unsqueeze(1))  # (B, N, A): project() doubled W_h h + b_h
-        weights = self.score(hidden).squeeze(-1).softmax(dim=-1)  # (B, N): a_tij
-        return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (B, D), (B, N)
-
     def attend(
         self, feats: torch.Tensor, projected: torch.Tensor, query: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +50,10 @@ class AdditiveAttention(nn.Module):
         if R != B and (as_module or torch.is_grad_enabled()):  # the in-place block below has no gradient
             rows = torch.arange(B, device=feats.device).repeat_interleave(R // B)  # (R,): image rows expanded
             return self.attend(feats.index_select(0, rows), projected.index_select(0, rows), query)
-        if as_module:
-            return self._attend_as_written(feats, projected, query)
+        if as_module:  # e_tij as written, the score layer's weight unread; one row per image (expanded above)
+            hidden = torch.tanh(projected / 2 + query.unsqueeze(1))  # (B, N, A): project() doubled W_h h + b_h
+            weights = self.score(hidden).squeeze(-1).softmax(dim=-1)  # (B, N): a_tij
+            return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (B, D), (B, N)
         score_weight = self.score.weight[0] * 2  # (A,): w of 2 w^T sigmoid(.)
         score_bias = self.score.bias - self.score.weight.sum()  # (1,): b - w^T 1, the -1 of tanh
         if R == B:

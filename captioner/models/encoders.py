@@ -201,18 +201,15 @@ def backbone(name: str) -> Backbone:
     return BACKBONES[name]
 
 
-def pixel_statistics(config: EncoderConfig) -> PixelStatistics:
-    """The statistics `config` normalises with: its backbone's own, or the set it names."""
-    name = backbone(config.name).normalization if config.normalization == BACKBONE_STATISTICS else config.normalization
+def check_encoder_config(config: EncoderConfig) -> tuple[Backbone, PixelStatistics]:
+    """The backbone `config` names and the pixel statistics it normalises with (the backbone's own, or
+    the set it names), each checked (one-line ConfigError)."""
+    spec = backbone(config.name)
+    name = spec.normalization if config.normalization == BACKBONE_STATISTICS else config.normalization
     if name not in NORMALIZATIONS:
         choices = ", ".join([BACKBONE_STATISTICS, *NORMALIZATIONS])
         raise ConfigError(f"model.encoder.normalization: unknown pixel statistics {name!r}; one of {choices}")
-    return NORMALIZATIONS[name]
-
-
-def check_encoder_config(config: EncoderConfig) -> tuple[Backbone, PixelStatistics]:
-    """The backbone `config` names and its normalisation, each checked (one-line ConfigError)."""
-    return backbone(config.name), pixel_statistics(config)
+    return spec, NORMALIZATIONS[name]
 
 
 class Encoder(nn.Module):

@@ -8,12 +8,12 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import captioner
 from captioner.core.bounded_files import read_format_json, read_json
 from captioner.core.files import REEXPORT, sha256_of as sha256, verify_file, write_atomically
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, first_line
@@ -34,13 +34,6 @@ class Exported:
     spec: ModelSpec  # the vocabulary included
     state_dict: dict[str, torch.Tensor]
     config: dict[str, Any]  # the whole config.json
-
-
-def captioner_version() -> str:
-    try:
-        return metadata.version("captioner")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def is_exported(path: str | Path) -> bool:
@@ -81,7 +74,7 @@ def write_exported(
         metadata_fields = {**metadata_fields, "training_config": portable_config(metadata_fields["training_config"])}
     config = {
         "library_name": FORMAT, "format": FORMAT, "format_version": FORMAT_VERSION,
-        "captioner_version": captioner_version(), "spec": spec.to_dict(with_vocab=False),
+        "captioner_version": captioner.__version__, "spec": spec.to_dict(with_vocab=False),
         **metadata_fields,
         "files": {
             name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size}
@@ -100,7 +93,7 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     version = config.get("format_version")
     if version not in range(OLDEST_EXPORT, FORMAT_VERSION + 1) or isinstance(version, bool):
         raise ExportError(f"{path}: export format version {version!r} is not supported (this version, "
-                          f"captioner {captioner_version()}, reads {OLDEST_EXPORT} and {FORMAT_VERSION})")
+                          f"captioner {captioner.__version__}, reads {OLDEST_EXPORT} and {FORMAT_VERSION})")
     try:
         config = upgrade_export_config(config, str(path))
     except ConfigError as e:

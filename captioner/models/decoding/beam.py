@@ -245,14 +245,12 @@ class Beam:
 
         maps = picked(self.step_maps)  # (t, L, H, N) each
         self_maps = picked([pad_last(w, steps) for w in self.step_self]) if self.step_self else None  # (t, L, H, steps)
-        results = []
-        for ranked in chosen:
-            hyps = []
-            for tokens, score, raw, ended, rows in ranked:
-                words_self = None if self_maps is None else next(self_maps)[..., : len(rows)]  # (t, L, H, t)
-                hyps.append(Hypothesis(tokens, score, raw, next(maps), ended, words_self))
-            results.append(hyps)
-        return results
+        return [
+            [Hypothesis(tokens, score, raw, next(maps), ended,
+                        None if self_maps is None else next(self_maps)[..., : len(rows)])  # self_attn (t, L, H, t)
+             for tokens, score, raw, ended, rows in ranked]
+            for ranked in chosen
+        ]
 
 
 @torch.no_grad()

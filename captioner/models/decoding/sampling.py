@@ -137,8 +137,7 @@ def sample_captions(
     the greedy baseline without; log-probabilities at temperature 1 (Rennie et al. 2017)."""
     n = options.n_best if options.sample else 1
     image_rows = torch.arange(feats.shape[0], device=feats.device).repeat_interleave(n)  # (B*n,)
-    memory = decoder.prepare(feats)  # (B, ...) each: the per-image constants
-    memory = select_rows(memory, image_rows) if n > 1 else memory  # (B*n, ...) each
+    memory = decoder.caption_memory(feats, image_rows if n > 1 else None)  # (B*n, ...) each
     with torch.set_grad_enabled(options.sample and torch.is_grad_enabled()):  # a greedy caption: a baseline
         out = roll_out(decoder, memory, special, options, drawing(options, feats.device) if options.sample else argmax)
     out.image_rows = image_rows
