@@ -69,6 +69,7 @@ def test_a_spec_that_does_not_hold_is_one_line_naming_its_source() -> None:
         ({"decoder": {**raw["decoder"], "bogus": 1}}, "unknown key 'model.decoder.bogus'"),
         ({"special_tokens": {**raw["special_tokens"], "eos": 7}}, "are not the vocabulary's"),
         ({"vocab": ["a", "b"]}, "vocab must start with <pad>"),
+        ({"vocab": 5, "vocab_size": 5}, "vocab must be a list of words"),  # not a TypeError from len()
         ({"grid": [0, 3]}, "grid must be [h, w]"),
     ]:
         with pytest.raises(ConfigError) as error:
