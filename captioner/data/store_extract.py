@@ -80,8 +80,9 @@ def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory:
     """The manifest to extract under: the one on disk (checked) when its array is there too, else a new one."""
     grid, feat_dim = probe_grid(encoder, transform.image_size)
     store = existing_store(directory, split, encoder, transform, records)
-    manifest = store.manifest if store else new_manifest(split, identity(encoder, transform), grid, feat_dim, records)
-    return Extraction(split, *store_files(directory, split), manifest, fresh=store is None)
+    fresh = store is None
+    manifest = new_manifest(split, identity(encoder, transform), grid, feat_dim, records) if fresh else store.manifest
+    return Extraction(split, *store_files(directory, split), manifest, fresh=fresh)
 
 
 def new_manifest(split: str, expected: dict[str, Any], grid: tuple[int, int], feat_dim: int,
