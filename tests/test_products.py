@@ -26,9 +26,10 @@ FP32 = {"atol": 2e-5, "rtol": 1e-5}  # another summation order: fp32 rounding ov
 @pytest.fixture(autouse=True)
 def checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """The route's first-use check counts as done (its tests below undo this), so it makes no
-    product of its own inside a test that counts them; weight gradients through oneDNN unless a test says."""
+    product of its own inside a test that counts them; weight and input gradients through oneDNN unless a test says."""
     monkeypatch.setattr(products, "_CHECKED", True, raising=False)
     monkeypatch.setattr(products, "_GRAM_MM", False)
+    monkeypatch.setattr(products, "_GRAD_MM", False)
 
 
 def needs_onednn() -> None:
@@ -404,11 +405,14 @@ def test_the_route_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch: 
     measured = []
     monkeypatch.setattr(products, "time_both", lambda: measured.append(1) or (0.004, 0.009))
     monkeypatch.setattr(products, "time_grams", lambda: (0.002, 0.001))
+    monkeypatch.setattr(products, "time_input_grads", lambda: (0.003, 0.001))
     with caplog.at_level("DEBUG", logger="captioner.models.products"):  # the timings: a diagnostic
         assert products.faster_here() is True
     assert "4.00 ms through oneDNN, 9.00 ms through F.linear" in caplog.records[-1].getMessage()
+    assert "an input gradient 3.00 ms through oneDNN, 1.00 ms by torch.mm" in caplog.records[-1].getMessage()
     assert machine_cache.recall(products.CALIBRATION) == {"onednn": True, "onednn_ms": 4.0, "linear_ms": 9.0,
-                                                          "gram_mm": True, "gram_onednn_ms": 2.0, "gram_mm_ms": 1.0}
+                                                          "gram_mm": True, "gram_onednn_ms": 2.0, "gram_mm_ms": 1.0,
+                                                          "grad_mm": True, "grad_onednn_ms": 3.0, "grad_mm_ms": 1.0}
     monkeypatch.setattr(products, "time_both", lambda: measured.append(2) or (0.009, 0.004))
     assert products.faster_here() is True and measured == [1]  # the kept decision, not a new measurement
     (tmp_path / machine_cache.FILE_NAME).write_text("{not json")  # a corrupt file is measured anew
@@ -434,6 +438,7 @@ def test_processes_that_ask_together_take_one_decision(tmp_path, monkeypatch: py
 
     monkeypatch.setattr(products, "time_both", close_call)
     monkeypatch.setattr(products, "time_grams", lambda: (0.002, 0.001))
+    monkeypatch.setattr(products, "time_input_grads", lambda: (0.002, 0.001))
     with ThreadPoolExecutor(4) as pool:
         routes = list(pool.map(lambda _: products.faster_here(), range(4)))
     assert routes == [True] * 4 and len(calls) == 1
@@ -445,6 +450,7 @@ def test_an_unwritable_cache_only_costs_the_measurement(tmp_path, monkeypatch: p
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(blocker / "cache"))  # a folder inside a file: cannot be made
     monkeypatch.setattr(products, "time_both", lambda: (0.004, 0.009))
     monkeypatch.setattr(products, "time_grams", lambda: (0.002, 0.001))
+    monkeypatch.setattr(products, "time_input_grads", lambda: (0.002, 0.001))
     assert products.faster_here() is True
 
 
@@ -457,6 +463,7 @@ def test_onednn_1_takes_the_route_without_measuring(setting: str, measures: bool
     measured = []
     monkeypatch.setattr(products, "time_both", lambda: measured.append(1) or (0.010, 0.009))  # slower here
     monkeypatch.setattr(products, "time_grams", lambda: (0.002, 0.001))
+    monkeypatch.setattr(products, "time_input_grads", lambda: (0.002, 0.001))
     monkeypatch.setattr(products, "_ENABLED", True)
     monkeypatch.setattr(products, "_CHECKED", False)
     onednn_linear(nn.Linear(12, 3))(torch.randn(2, 12))
@@ -469,6 +476,8 @@ def test_time_both_measures_both_routes() -> None:
     assert 0 < onednn < 1 and 0 < plain_linear < 1
     gram_onednn, gram_mm = products.time_grams(rounds=1, repeats=1)
     assert 0 < gram_onednn < 1 and 0 < gram_mm < 1
+    grad_onednn, grad_mm = products.time_input_grads(rounds=1, repeats=1)
+    assert 0 < grad_onednn < 1 and 0 < grad_mm < 1
 
 
 # --- weight gradients: through oneDNN, or by torch.mm where that is measured faster -------------------
@@ -498,9 +507,38 @@ def test_weight_gradients_go_by_torch_mm_only_where_it_wins_by_5_percent(times, 
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(products, "time_both", lambda: (0.004, 0.009))
     monkeypatch.setattr(products, "time_grams", lambda: times)
+    monkeypatch.setattr(products, "time_input_grads", lambda: (0.002, 0.002))
     decision = products.measure_route()
-    assert decision["onednn"] is True and decision["gram_mm"] is by_mm
+    assert decision["onednn"] is True and decision["gram_mm"] is by_mm and decision["grad_mm"] is False
 
+
+@pytest.mark.parametrize(("times", "by_mm"), [((0.010, 0.004), True), ((0.010, 0.0098), False),
+                                              ((0.004, 0.010), False)], ids=["mm-faster", "within-5%", "slower"])
+def test_input_gradients_go_by_torch_mm_only_where_it_wins_by_5_percent(times, by_mm: bool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(products, "time_both", lambda: (0.004, 0.009))
+    monkeypatch.setattr(products, "time_grams", lambda: (0.002, 0.002))
+    monkeypatch.setattr(products, "time_input_grads", lambda: times)
+    decision = products.measure_route()
+    assert decision["onednn"] is True and decision["grad_mm"] is by_mm and decision["gram_mm"] is False
+
+
+@pytest.mark.parametrize("by_mm", [True, False], ids=["torch.mm", "onednn"])
+def test_an_input_gradient_is_the_product_the_decision_names_bit_for_bit(by_mm: bool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    needs_onednn()
+    monkeypatch.setattr(products, "_ENABLED", True)
+    monkeypatch.setattr(products, "_GRAD_MM", by_mm)
+    assert products.grad_by_mm() is by_mm
+    torch.manual_seed(7)
+    layer, inputs = onednn_linear(nn.Linear(24, 40)), torch.randn(3, 100, 24, requires_grad=True)  # (..., K)
+    layer(inputs).pow(2).sum().backward()
+    g = 2 * F.linear(inputs, layer.weight, layer.bias).detach().reshape(-1, 40)  # (M, N): the output's gradient
+    weight = layer.weight.detach()  # (N, K)
+    expected = g @ weight if by_mm else products._product(g, products._reorder(weight.t()), None)  # (M, K)
+    assert inputs.grad.shape == (3, 100, 24)
+    assert torch.equal(inputs.grad.reshape(-1, 24), expected)
+    torch.testing.assert_close(inputs.grad.reshape(-1, 24), g @ weight, **FP32)  # either way, g W
 
 def test_a_kept_decision_without_weight_gradients_is_measured_anew(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from captioner.core import machine_cache
@@ -509,22 +547,38 @@ def test_a_kept_decision_without_weight_gradients_is_measured_anew(tmp_path, mon
     machine_cache.remember(products.CALIBRATION, {"onednn": True, "onednn_ms": 4.0, "linear_ms": 9.0})  # older
     monkeypatch.setattr(products, "time_both", lambda: (0.004, 0.009))
     monkeypatch.setattr(products, "time_grams", lambda: (0.010, 0.004))
+    monkeypatch.setattr(products, "time_input_grads", lambda: (0.010, 0.004))
     assert products.decided_here()["gram_mm"] is True
     assert machine_cache.recall(products.CALIBRATION)["gram_mm"] is True
 
 
+def test_a_kept_decision_without_input_gradients_is_measured_anew(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from captioner.core import machine_cache
+
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
+    machine_cache.remember(products.CALIBRATION, {"onednn": True, "onednn_ms": 4.0, "linear_ms": 9.0, "gram_mm": False,
+                                                  "gram_onednn_ms": 1.0, "gram_mm_ms": 2.0})  # before the choice
+    monkeypatch.setattr(products, "time_both", lambda: (0.004, 0.009))
+    monkeypatch.setattr(products, "time_grams", lambda: (0.002, 0.004))
+    monkeypatch.setattr(products, "time_input_grads", lambda: (0.010, 0.004))
+    assert products.decided_here()["grad_mm"] is True
+    assert machine_cache.recall(products.CALIBRATION)["grad_mm"] is True
+
+
 @pytest.mark.parametrize("recorded", [True, False, None], ids=["torch.mm", "onednn", "not-recorded"])
-def test_a_resumption_takes_its_checkpoints_weight_gradients(recorded: bool | None,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("key", ["gram_mm", "grad_mm"], ids=["weight", "input"])
+def test_a_resumption_takes_its_checkpoints_gradient_products(recorded: bool | None, key: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from captioner.training.speed import SpeedChoices, decide_steps
 
     needs_onednn()
     monkeypatch.delenv("CAPTIONER_ONEDNN", raising=False)
     monkeypatch.setattr(products, "_ENABLED", True)
-    monkeypatch.setattr(products, "_GRAM_MM", not recorded)  # this process's own decision: the other
-    saved = {"onednn_products": True, "cpu_bf16": False, **({} if recorded is None else {"gram_mm": recorded})}
+    monkeypatch.setattr(products, f"_{key.upper()}", not recorded)  # this process's own decision: the other
+    saved = {"onednn_products": True, "cpu_bf16": False, **({} if recorded is None else {key: recorded})}
     config = tiny_config()
     ctx = type("Ctx", (), {"device": torch.device("cpu"), "is_main": True, "enabled": False})()
-    _, onednn, by_mm = decide_steps(config, ctx, None, False, None, saved, "runs/x/last.pt")
+    _, onednn, gram_mm, grad_mm = decide_steps(config, ctx, None, False, None, saved, "runs/x/last.pt")
+    by_mm = gram_mm if key == "gram_mm" else grad_mm
     assert onednn is True and by_mm is bool(recorded)  # a checkpoint from before the choice: oneDNN's
-    assert SpeedChoices(False, 1, onednn, by_mm).to_dict()["gram_mm"] is bool(recorded)
+    assert SpeedChoices(False, 1, onednn, gram_mm, grad_mm).to_dict()[key] is bool(recorded)

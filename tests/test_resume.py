@@ -57,10 +57,11 @@ def environment(**extra: str) -> dict[str, str]:
 
 def machine_deciding(cache: Path, onednn: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """The environment of a process on a machine whose measured decision (a cache folder saying so) is
-    oneDNN's products with weight gradients by torch.mm, or F.linear."""
+    oneDNN's products with weight and input gradients by torch.mm, or F.linear."""
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(cache))
     machine_cache.remember(products.CALIBRATION, {"onednn": onednn, "onednn_ms": 2.0, "linear_ms": 1.0,
-                                                  "gram_mm": onednn, "gram_onednn_ms": 2.0, "gram_mm_ms": 1.0})
+                                                  "gram_mm": onednn, "gram_onednn_ms": 2.0, "gram_mm_ms": 1.0,
+                                                  "grad_mm": onednn, "grad_onednn_ms": 2.0, "grad_mm_ms": 1.0})
     env = environment(CAPTIONER_CACHE_DIR=str(cache))
     env.pop("CAPTIONER_ONEDNN", None)
     return env
@@ -100,7 +101,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: 
     saved = torch.load(run / "last.pt", weights_only=True)["train_state"]
     assert saved["position"] > 0, "the kill came only at an epoch boundary (machine too slow for this test?)"
 
-    assert saved["onednn_products"] is saved["gram_mm"] is products.onednn_enabled()
+    assert saved["onednn_products"] is saved["gram_mm"] is saved["grad_mm"] is products.onednn_enabled()
     resumed = warm_start.run([*train_command(shapes, run), "--resume"], cwd=ROOT,
                              env=machine_deciding(tmp_path / "cache", False, monkeypatch),
                              capture_output=True, text=True, timeout=600)

@@ -17,9 +17,9 @@ from captioner.models import products
 @pytest.fixture
 def route():
     """Set the oneDNN route for one test, and put the process's choice back after it."""
-    before = products._ENABLED, products._CHECKED, products._GRAM_MM
+    before = products._ENABLED, products._CHECKED, products._GRAM_MM, products._GRAD_MM
     yield products.set_onednn
-    products._ENABLED, products._CHECKED, products._GRAM_MM = before
+    products._ENABLED, products._CHECKED, products._GRAM_MM, products._GRAD_MM = before
 
 
 @pytest.mark.parametrize("onednn", [False, True])

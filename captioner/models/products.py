@@ -2,7 +2,8 @@
 path (`python -m benchmarks products`), in another summation order (about 1e-6 relative). Taken where a
 first-use check passes and a kept measurement shows a 5% win (`CAPTIONER_ONEDNN=1`: always, `=0`: never).
 On the route, a weight's gradient X^T G (`gram`) is one more choice of the same measurement: oneDNN needs
-both operands transposed into copies, `torch.mm` reads them in place; the faster here is taken and recorded."""
+both operands transposed into copies, `torch.mm` reads them in place; the faster here is taken and recorded.
+So is an input's gradient g W (`_Linear`'s backward): oneDNN needs W transposed and blocked anew each step."""
 
 from __future__ import annotations
 
@@ -33,18 +34,19 @@ def onednn_enabled() -> bool:
 _ENABLED = onednn_enabled()
 _CHECKED = False  # whether the route has passed (or failed) its first-use check in this process
 _GRAM_MM = False  # on the route: weight gradients by torch.mm, measured faster here (else through oneDNN)
+_GRAD_MM = False  # on the route: input gradients by torch.mm, measured faster here (else through oneDNN)
 
 
-def set_onednn(enabled: bool, gram_mm: bool = False) -> None:
-    """Turn the oneDNN route on or off for this process (its weight gradients by torch.mm with `gram_mm`),
-    skipping the first-use check and measurement."""
-    global _ENABLED, _CHECKED, _GRAM_MM
-    _ENABLED, _CHECKED, _GRAM_MM = enabled and onednn_enabled(), True, gram_mm
+def set_onednn(enabled: bool, gram_mm: bool = False, grad_mm: bool = False) -> None:
+    """Turn the oneDNN route on or off for this process (its weight gradients by torch.mm with `gram_mm`,
+    its input gradients with `grad_mm`), skipping the first-use check and measurement."""
+    global _ENABLED, _CHECKED, _GRAM_MM, _GRAD_MM
+    _ENABLED, _CHECKED, _GRAM_MM, _GRAD_MM = enabled and onednn_enabled(), True, gram_mm, grad_mm
 
 
 def _route_works() -> bool:
     """At the first product: one small product checked against `F.linear`, then the speed."""
-    global _ENABLED, _CHECKED, _GRAM_MM
+    global _ENABLED, _CHECKED, _GRAM_MM, _GRAD_MM
     if _CHECKED:
         return _ENABLED
     _CHECKED = True
@@ -52,10 +54,10 @@ def _route_works() -> bool:
         log.warning("products: oneDNN's inner product %s at its first use; dense layers use F.linear", problem)
         _ENABLED = False
     elif os.environ.get("CAPTIONER_ONEDNN", "") == "1":  # the route without measuring, its gradients as written
-        _ENABLED, _GRAM_MM = True, False
+        _ENABLED, _GRAM_MM, _GRAD_MM = True, False, False
     else:
         decision = decided_here()
-        _ENABLED, _GRAM_MM = decision["onednn"], decision["gram_mm"]
+        _ENABLED, _GRAM_MM, _GRAD_MM = decision["onednn"], decision["gram_mm"], decision["grad_mm"]
     return _ENABLED
 
 
@@ -84,14 +86,20 @@ def gram_by_mm() -> bool:
     return route_taken() and _GRAM_MM
 
 
-def take_route(onednn: bool, source: str, gram_mm: bool = False) -> None:
-    """Take the route the run `source` was trained with, and its weight gradients' product (`gram_mm`; a
-    checkpoint from before the choice used oneDNN's), unless `CAPTIONER_ONEDNN` is set: bit for bit."""
-    global _ENABLED, _CHECKED, _GRAM_MM
+def grad_by_mm() -> bool:
+    """Whether, on the route, input gradients are `torch.mm` products (decided with it): a checkpoint records it."""
+    return route_taken() and _GRAD_MM
+
+
+def take_route(onednn: bool, source: str, gram_mm: bool = False, grad_mm: bool = False) -> None:
+    """Take the route the run `source` was trained with, and its weight and input gradients' products
+    (`gram_mm`, `grad_mm`; a checkpoint from before a choice used oneDNN's), unless `CAPTIONER_ONEDNN` is set:
+    bit for bit."""
+    global _ENABLED, _CHECKED, _GRAM_MM, _GRAD_MM
     if os.environ.get("CAPTIONER_ONEDNN", "") in ("0", "1"):
         return
     if _CHECKED and _ENABLED == onednn:
-        _GRAM_MM = gram_mm
+        _GRAM_MM, _GRAD_MM = gram_mm, grad_mm
         return
     if onednn and (problem := _op_problem() if onednn_enabled() else "is not in this torch build"):
         log.warning("products: %s was trained with oneDNN's products, but here oneDNN's inner product %s: "
@@ -100,7 +108,7 @@ def take_route(onednn: bool, source: str, gram_mm: bool = False) -> None:
         return
     # The local choice: this process's route if a product has asked, else the machine's kept decision.
     known = _ENABLED if _CHECKED else _kept_decision()
-    _ENABLED, _CHECKED, _GRAM_MM = onednn, True, gram_mm
+    _ENABLED, _CHECKED, _GRAM_MM, _GRAD_MM = onednn, True, gram_mm, grad_mm
     if known is not None and known != onednn:
         log.info("products: %s, the route %s was trained with (this machine alone would take the other)",
                  "oneDNN" if onednn else "F.linear", source)
@@ -109,6 +117,7 @@ def take_route(onednn: bool, source: str, gram_mm: bool = False) -> None:
 CALIBRATION = "onednn_products"  # the decision's name in the machine cache
 SHAPE = (160, 512, 2048)  # rows, in, out: an LSTM step's products over a batch of 32 images x 5 captions
 GRAM_SHAPE = (4096, 512, 512)  # rows, P, Q of X^T G: a layer's weight gradient over a grid's 16 images x 256 cells
+GRAD_SHAPE = (640, 2048, 512)  # rows, out, in of g W: a layer's input gradient over 32 captions x 20 words
 
 
 def _fastest(candidates: tuple[Callable[[], object], ...], rounds: int, repeats: int) -> list[float]:
@@ -146,18 +155,32 @@ def time_grams(rounds: int = 3, repeats: int = 3) -> tuple[float, float]:
     return onednn, mm
 
 
+def time_input_grads(rounds: int = 3, repeats: int = 3) -> tuple[float, float]:
+    """g W of GRAD_SHAPE both ways, interleaved, oneDNN's with the weight's transposed blocking a step needs:
+    (through oneDNN s, by torch.mm s)."""
+    rows, n, k = GRAD_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    g, weight = torch.randn(rows, n, generator=generator), torch.randn(n, k, generator=generator)  # (M, N), (N, K)
+    onednn, mm = _fastest((lambda: _product(g, _reorder(weight.t()), None), lambda: g @ weight), rounds, repeats)
+    return onednn, mm
+
+
 def measure_route() -> dict:
-    """Both routes timed here, and a weight gradient's two products: {"onednn": whether the route wins by 5%,
-    "gram_mm": whether torch.mm wins by 5% for weight gradients, and the times in ms}."""
+    """Both routes timed here, and a weight gradient's and an input gradient's two products: {"onednn": whether
+    the route wins by 5%, "gram_mm" / "grad_mm": whether torch.mm wins by 5% for weight / input gradients, and
+    the times in ms}."""
     onednn, f_linear = time_both()
     gram_onednn, gram_mm = time_grams()
+    grad_onednn, grad_mm = time_input_grads()
     return {"onednn": onednn < 0.95 * f_linear, "onednn_ms": round(onednn * 1e3, 3),
             "linear_ms": round(f_linear * 1e3, 3), "gram_mm": gram_mm < 0.95 * gram_onednn,
-            "gram_onednn_ms": round(gram_onednn * 1e3, 3), "gram_mm_ms": round(gram_mm * 1e3, 3)}
+            "gram_onednn_ms": round(gram_onednn * 1e3, 3), "gram_mm_ms": round(gram_mm * 1e3, 3),
+            "grad_mm": grad_mm < 0.95 * grad_onednn, "grad_onednn_ms": round(grad_onednn * 1e3, 3),
+            "grad_mm_ms": round(grad_mm * 1e3, 3)}
 
 
 def _valid_decision(known: object) -> bool:
-    return isinstance(known, dict) and isinstance(known.get("onednn"), bool) and isinstance(known.get("gram_mm"), bool)
+    return isinstance(known, dict) and all(isinstance(known.get(key), bool) for key in ("onednn", "gram_mm", "grad_mm"))
 
 
 def _kept_decision() -> bool | None:
@@ -176,10 +199,12 @@ def decided_here() -> dict:
     if measured:
         log.debug(
             "products: a %dx%d by %dx%d product took %.2f ms through oneDNN, %.2f ms through F.linear; a weight "
-            "gradient %.2f ms through oneDNN, %.2f ms by torch.mm on this CPU: %s, weight gradients by %s",
+            "gradient %.2f ms through oneDNN, %.2f ms by torch.mm; an input gradient %.2f ms through oneDNN, %.2f ms "
+            "by torch.mm on this CPU: %s, weight gradients by %s, input gradients by %s",
             SHAPE[0], SHAPE[1], SHAPE[1], SHAPE[2], decision["onednn_ms"], decision["linear_ms"],
-            decision["gram_onednn_ms"], decision["gram_mm_ms"],
+            decision["gram_onednn_ms"], decision["gram_mm_ms"], decision["grad_onednn_ms"], decision["grad_mm_ms"],
             "the oneDNN route" if decision["onednn"] else "F.linear", "torch.mm" if decision["gram_mm"] else "oneDNN",
+            "torch.mm" if decision["grad_mm"] else "oneDNN",
         )
     return decision
 
@@ -293,7 +318,7 @@ def _onednn_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _Linear(torch.autograd.Function):
-    """`F.linear` with gradients, every product through oneDNN: x W^T; backward g W and g^T x."""
+    """`F.linear` with gradients through oneDNN: x W^T; backward g W and g^T x, each by torch.mm where decided."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -311,8 +336,8 @@ class _Linear(torch.autograd.Function):
         N, K = weight.shape
         g = grad.reshape(-1, N)  # (M, N)
         grad_x = grad_w = grad_b = None
-        if needs_x:
-            grad_x = _product(g, _reorder(weight.t()), None).view(*x.shape[:-1], K)  # (..., K): g W
+        if needs_x:  # g W: by torch.mm reading W in place, or through oneDNN with W^T blocked anew
+            grad_x = (g @ weight if _GRAD_MM else _product(g, _reorder(weight.t()), None)).view(*x.shape[:-1], K)
         if needs_w:
             grad_w = gram(g, x.reshape(-1, K))  # (N, K): g^T x
         if needs_b and ctx.has_bias:

@@ -145,8 +145,8 @@ def decide_speed(config: Config, ctx: Distributed, model: Captioner, state: Trai
     features = data.train_features  # (rows, N, D): feature_shape is a row's (N, D)
     feature_shape = tuple(features[0].shape) if state.encoded and features is not None and len(features) else None
     last = str(Path(config.train.out_dir) / "last.pt")
-    state.bf16, onednn, gram_mm = decide_steps(config, ctx, model, state.encoded, feature_shape, saved, last)
-    speed = SpeedChoices(state.bf16, threads, onednn, gram_mm)
+    state.bf16, onednn, gram_mm, grad_mm = decide_steps(config, ctx, model, state.encoded, feature_shape, saved, last)
+    speed = SpeedChoices(state.bf16, threads, onednn, gram_mm, grad_mm)
     if ctx.is_main:
         log.debug("%s", describe(speed, ctx.device))
     return speed

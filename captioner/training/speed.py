@@ -45,10 +45,11 @@ class SpeedChoices:
     threads: int | None  # torch's intra-op threads; None: they follow the free cores (train.follow_free_cores)
     onednn_products: bool | None  # CPU: fp32 dense products through oneDNN (models/products.py); None on CUDA
     gram_mm: bool | None = None  # on that route: weight gradients by torch.mm (else through oneDNN); None on CUDA
+    grad_mm: bool | None = None  # on that route: input gradients by torch.mm (else through oneDNN); None on CUDA
 
     def to_dict(self) -> dict:
         return {"cpu_bf16": self.bf16, "threads": self.threads, "onednn_products": self.onednn_products,
-                "gram_mm": self.gram_mm}
+                "gram_mm": self.gram_mm, "grad_mm": self.grad_mm}
 
 
 def decide_threads(config: Config, saved: dict | None, source: str) -> tuple[int | None, ThreadGovernor | None]:
@@ -75,16 +76,17 @@ def decide_threads(config: Config, saved: dict | None, source: str) -> tuple[int
 
 def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bool,
                  feature_shape: tuple[int, ...] | None, saved: dict | None,
-                 source: str) -> tuple[bool, bool | None, bool | None]:
-    """(bf16 steps, the products route, weight gradients by torch.mm) for the run, decided before its first
-    step: on CUDA `train.amp` alone; on the CPU the products route first (the calibration's fp32 steps take
-    it), then the precision. A resumed run takes its checkpoint's. Every rank takes rank 0's."""
+                 source: str) -> tuple[bool, bool | None, bool | None, bool | None]:
+    """(bf16 steps, the products route, weight gradients by torch.mm, input gradients by torch.mm) for the run,
+    decided before its first step: on CUDA `train.amp` alone; on the CPU the products route first (the
+    calibration's fp32 steps take it), then the precision. A resumed run takes its checkpoint's. Every rank
+    takes rank 0's."""
     if ctx.device.type != "cpu":
-        return config.train.amp, None, None
+        return config.train.amp, None, None, None
     route = saved.get("onednn_products") if saved else None
-    if isinstance(route, bool):
-        products.take_route(route, source, gram_mm=saved.get("gram_mm") is True)  # none recorded: oneDNN's
-    onednn, gram_mm = products.route_taken(), products.gram_by_mm()
+    if isinstance(route, bool):  # a choice none recorded: oneDNN's, as before it was made
+        products.take_route(route, source, gram_mm=saved.get("gram_mm") is True, grad_mm=saved.get("grad_mm") is True)
+    onednn, gram_mm, grad_mm = products.route_taken(), products.gram_by_mm(), products.grad_by_mm()
     bf16 = resumed_precision(config, saved, encoded, feature_shape, source)
     if bf16 is None and ctx.is_main:
         choice = choose_cpu_bf16(config, model, encoded, feature_shape)
@@ -92,7 +94,7 @@ def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bo
         bf16 = choice.bf16
     if ctx.enabled:  # every rank takes rank 0's
         bf16 = bool(ctx.broadcast(bf16))
-    return bool(bf16), onednn, gram_mm
+    return bool(bf16), onednn, gram_mm, grad_mm
 
 
 def resumed_precision(config: Config, saved: dict | None, encoded: bool, feature_shape: tuple[int, ...] | None,
@@ -121,8 +123,9 @@ def describe(choices: SpeedChoices, device: torch.device) -> str:
         return f"steps in {'bf16 autocast' if choices.bf16 else 'fp32'} on {device}"
     threads = (f"{choices.threads} thread{'s' if choices.threads != 1 else ''}" if choices.threads
                else "threads following the free cores")
-    route = ("oneDNN (weight gradients by torch.mm)" if choices.gram_mm else "oneDNN") if choices.onednn_products \
-        else "F.linear"
+    by_mm = [name for name, chosen in (("weight", choices.gram_mm), ("input", choices.grad_mm)) if chosen]
+    route = "F.linear" if not choices.onednn_products else "oneDNN" + (
+        f" ({' and '.join(by_mm)} gradients by torch.mm)" if by_mm else "")
     return (f"steps in {'bf16' if choices.bf16 else 'fp32'}, {threads}, dense products through {route} "
             "(kept in last.pt for --resume)")
 
