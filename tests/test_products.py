@@ -532,6 +532,7 @@ def test_an_input_gradient_is_the_product_the_decision_names_bit_for_bit(by_mm: 
     assert torch.equal(inputs.grad.reshape(-1, 24), expected)
     torch.testing.assert_close(inputs.grad.reshape(-1, 24), g @ weight, **FP32)  # either way, g W
 
+
 def test_a_kept_decision_without_weight_gradients_is_measured_anew(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from captioner.core import machine_cache
 
