@@ -533,29 +533,22 @@ def test_an_input_gradient_is_the_product_the_decision_names_bit_for_bit(by_mm: 
     torch.testing.assert_close(inputs.grad.reshape(-1, 24), g @ weight, **FP32)  # either way, g W
 
 
-def test_a_kept_decision_without_weight_gradients_is_measured_anew(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("kept", "key"), [
+    ({"onednn": True, "onednn_ms": 4.0, "linear_ms": 9.0}, "gram_mm"),
+    ({"onednn": True, "onednn_ms": 4.0, "linear_ms": 9.0, "gram_mm": False, "gram_onednn_ms": 1.0, "gram_mm_ms": 2.0},
+     "grad_mm"),
+], ids=["before-weight-gradients", "before-input-gradients"])
+def test_a_kept_decision_without_a_gradient_choice_is_measured_anew(kept: dict, key: str, tmp_path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from captioner.core import machine_cache
 
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
-    machine_cache.remember(products.CALIBRATION, {"onednn": True, "onednn_ms": 4.0, "linear_ms": 9.0})  # older
+    machine_cache.remember(products.CALIBRATION, kept)  # an older decision, from before the choice
     monkeypatch.setattr(products, "time_both", lambda: (0.004, 0.009))
     monkeypatch.setattr(products, "time_grams", lambda: (0.010, 0.004))
     monkeypatch.setattr(products, "time_input_grads", lambda: (0.010, 0.004))
-    assert products.decided_here()["gram_mm"] is True
-    assert machine_cache.recall(products.CALIBRATION)["gram_mm"] is True
-
-
-def test_a_kept_decision_without_input_gradients_is_measured_anew(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from captioner.core import machine_cache
-
-    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
-    machine_cache.remember(products.CALIBRATION, {"onednn": True, "onednn_ms": 4.0, "linear_ms": 9.0, "gram_mm": False,
-                                                  "gram_onednn_ms": 1.0, "gram_mm_ms": 2.0})  # before the choice
-    monkeypatch.setattr(products, "time_both", lambda: (0.004, 0.009))
-    monkeypatch.setattr(products, "time_grams", lambda: (0.002, 0.004))
-    monkeypatch.setattr(products, "time_input_grads", lambda: (0.010, 0.004))
-    assert products.decided_here()["grad_mm"] is True
-    assert machine_cache.recall(products.CALIBRATION)["grad_mm"] is True
+    assert products.decided_here()[key] is True
+    assert machine_cache.recall(products.CALIBRATION)[key] is True
 
 
 @pytest.mark.parametrize("recorded", [True, False, None], ids=["torch.mm", "onednn", "not-recorded"])
