@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from captioner.core.config_sections import POSITIVE, PROBABILITY_BELOW_ONE, setting
-from captioner.models.attention import AdditiveAttention
+from captioner.models.attention import AdditiveAttention, RecurrentAttention, row_prefixes
 from captioner.models.decoder import (
     Decoder, DecoderOutput, Memory, State, register_decoder, select_rows, to_device_quietly
 )
@@ -130,13 +130,13 @@ class LSTMDecoder(Decoder):
         # The grid's rows for each number of captions still running, all cut from the full memory at once.
         sizes = list(dict.fromkeys(active))  # distinct, non-increasing
         feats_for = dict(zip(sizes, row_prefixes(memory["feats"], sizes)))  # n -> (n, N, D)
-        projected_for = dict(zip(sizes, row_prefixes(memory["projected"], sizes)))  # n -> (n, N, A)
+        attend = RecurrentAttention(self.attention, memory["projected"], active)
         steps = []  # (h, context, weights) of each step
         for t, n in enumerate(active):
             if n < state["h"].shape[0]:  # the shortest captions have ended: drop their rows
                 state = {k: v[:n] for k, v in state.items()}
             query, gate, recurrent = (state_product(state["h"]) + b_state).split((A, D, 4 * H), dim=1)
-            context, weights = self.attention.attend(feats_for[n], projected_for[n], query)  # (n, D), (n, N)
+            context, weights = attend(t, feats_for[n], query)  # (n, D), (n, N)
             context = torch.sigmoid(gate) * context  # (n, D): gated z_t
             gates = context_product(context) + (cell_in[t] + recurrent)  # (n, 4H)
             h, c = lstm_update(gates, state["c"])  # (n, H) each
@@ -197,31 +197,6 @@ def active_rows(lengths: torch.Tensor | None, batch: int, steps: int) -> list[in
     ascending = values[::-1]
     counts = [batch - bisect.bisect_right(ascending, t) for t in range(steps)]  # the lengths over t
     return [n for n in counts if n]  # non-increasing: only trailing zeros go
-
-
-def row_prefixes(x: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
-    """x[:n] for each n of `sizes` (non-increasing), whose backward fills one gradient, not one per prefix."""
-    if len(sizes) == 1 and sizes[0] == x.shape[0]:
-        return (x,)
-    return _RowPrefixes.apply(x, tuple(sizes))
-
-
-class _RowPrefixes(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
-        ctx.sizes, ctx.shape = sizes, x.shape
-        ctx.set_materialize_grads(False)  # a prefix no step used passes no gradient: no zeros made for it
-        return tuple(x[:n] for n in sizes)  # views, (n, ...) each
-
-    @staticmethod
-    def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
-        used = [(n, g) for n, g in zip(ctx.sizes, grads) if g is not None]
-        if not used:
-            return None, None
-        grad = used[0][1].new_zeros(ctx.shape)  # (B, ...)
-        for n, g in used:
-            grad[:n] += g
-        return grad, None
 
 
 class RecurrentProduct:

@@ -1,0 +1,109 @@
+"""The training step's own pieces that autograd would otherwise make: the additive attention over
+all steps of a recurrence (`RecurrentAttention`: its gradients are autograd's, also on a second
+backward, its buffer reused from step to step and never shared)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from captioner.models import attention as attention_module
+from captioner.models.attention import AdditiveAttention, RecurrentAttention
+
+ACTIVE = [5, 5, 3, 3, 1]  # rows at each step: captions ending along the way
+
+
+def run_steps(attention: AdditiveAttention, feats: torch.Tensor, start: torch.Tensor,
+              recurrent: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A small recurrence: each step's query from the last context -> (loss, the steps' weights)."""
+    projected = attention.project(feats)  # (B, N, A)
+    attend = RecurrentAttention(attention, projected, ACTIVE) if recurrent else None
+    state, loss, maps = start, torch.zeros(()), []
+    for t, n in enumerate(ACTIVE):
+        query = attention.state_proj(state[:n])  # (n, A)
+        if attend is not None:
+            context, weights = attend(t, feats[:n], query)
+        else:
+            context, weights = attention.attend(feats[:n], projected[:n], query)
+        state = torch.tanh(context[:, : start.shape[1]] + state[:n])  # (n, S)
+        loss = loss + (context * torch.linspace(-1, 1, context.numel()).view_as(context)).sum() + weights[:, 0].sum()
+        maps.append(weights)
+    return loss, maps
+
+
+def setup() -> tuple[AdditiveAttention, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    attention = AdditiveAttention(feat_dim=8, state_dim=6, attention_dim=4)
+    return attention, torch.randn(5, 7, 8, requires_grad=True), torch.randn(5, 6, requires_grad=True)
+
+
+def grads_of(attention: AdditiveAttention, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in attention.parameters()] + [t.grad.clone() for t in tensors]
+
+
+def clear(attention: AdditiveAttention, *tensors: torch.Tensor) -> None:
+    attention.zero_grad(set_to_none=True)
+    for t in tensors:
+        t.grad = None
+
+
+def test_recurrent_attention_gives_autograds_numbers_also_on_a_second_backward() -> None:
+    attention, feats, start = setup()
+    loss, maps = run_steps(attention, feats, start, recurrent=False)
+    loss.backward()
+    want = grads_of(attention, feats, start)
+    clear(attention, feats, start)
+    got_loss, got_maps = run_steps(attention, feats, start, recurrent=True)
+    assert torch.equal(got_loss, loss)  # the forward is `attend`'s arithmetic to the bit
+    for got, map_ in zip(got_maps, maps, strict=True):
+        assert torch.equal(got, map_)
+    got_loss.backward(retain_graph=True)
+    for got, w in zip(grads_of(attention, feats, start), want, strict=True):
+        torch.testing.assert_close(got, w, atol=1e-6, rtol=1e-5)
+    got_loss.backward()  # the slots hold gradients by now: each step makes its hidden layer again
+    for got, w in zip(grads_of(attention, feats, start), want, strict=True):
+        torch.testing.assert_close(got, 2 * w, atol=1e-6, rtol=1e-5)
+
+
+def test_the_hidden_layers_buffer_is_reused_by_the_next_step_and_never_shared() -> None:
+    attention, feats, start = setup()
+    loss, _ = run_steps(attention, feats, start, recurrent=False)
+    loss.backward()
+    want = grads_of(attention, feats, start)
+    taken = []
+    take = attention_module._take_buffer
+
+    def recording(owner, numel, like):  # type: ignore[no-untyped-def]
+        buffer = take(owner, numel, like)
+        taken.append(buffer.data_ptr())
+        return buffer
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention_module, "_take_buffer", recording)
+        for _ in range(2):  # two training steps: the second forward gets the first's buffer back,
+            clear(attention, feats, start)  # the first graph still held (as the loop holds its loss)
+            loss, _ = run_steps(attention, feats, start, recurrent=True)
+            loss.backward()
+        assert taken[0] == taken[1]
+        del loss
+        clear(attention, feats, start)
+        first, _ = run_steps(attention, feats, start, recurrent=True)  # two graphs alive at once
+        second, _ = run_steps(attention, feats, start, recurrent=True)
+        assert taken[2] != taken[3]
+        (first + second).backward()
+    for got, w in zip(grads_of(attention, feats, start), want, strict=True):
+        torch.testing.assert_close(got, 2 * w, atol=1e-6, rtol=1e-5)
+
+
+def test_a_graph_dropped_without_backward_gives_its_buffer_back() -> None:
+    attention, feats, start = setup()
+    attention_module._SPARE.pop(attention, None)
+    loss, maps = run_steps(attention, feats, start, recurrent=True)
+    assert attention not in attention_module._SPARE
+    del loss, maps
+    gc.collect()
+    assert attention_module._SPARE[attention].numel() == sum(ACTIVE) * 7 * 4  # rows x cells x A
+    with torch.no_grad():  # without gradients: `attend` itself, no buffer taken
+        assert not RecurrentAttention(attention, attention.project(feats), ACTIVE).deferred
