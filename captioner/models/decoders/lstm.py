@@ -238,7 +238,9 @@ class _SharedWeight(torch.autograd.Function):
             return None, None
         inputs, grads = zip(*ctx.collected)
         ctx.collected.clear()  # free the steps' tensors now
-        return gram(torch.cat(inputs), torch.cat(grads)), None  # (I, O): sum_t x_t^T g_t
+        # Made (O, I) and handed back transposed: a weight split from a wider one (the cell's w_ih) then
+        # joins its gradient row by row, where an (I, O) block would be gathered column by column.
+        return gram(torch.cat(grads), torch.cat(inputs)).t(), None  # (I, O): sum_t x_t^T g_t
 
 
 class _StepProduct(torch.autograd.Function):
