@@ -72,8 +72,9 @@ def caption_rows(images: torch.Tensor, captions_each: int, tokens: int | list[in
     caption[:, 0] = vocab.bos_id
     caption[torch.arange(C), lengths - 1] = vocab.eos_id
     caption[torch.arange(caption.shape[1])[None, :] >= lengths[:, None]] = vocab.pad_id  # after each <eos>
-    rows = order // captions_each  # (C,): the image of each caption
-    return CaptionBatch(images, caption, lengths, rows, torch.arange(B))
+    if captions_each == 1:  # the images take their captions' order: caption c describes image c
+        return CaptionBatch(images[order], caption, lengths, None, order)
+    return CaptionBatch(images, caption, lengths, order // captions_each, torch.arange(B))  # rows (C,): the images
 
 
 def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Config, batch: CaptionBatch,

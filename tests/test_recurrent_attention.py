@@ -1,7 +1,7 @@
 """The training step's own pieces that autograd would otherwise make: the additive attention over
 all steps of a recurrence (`RecurrentAttention`: its gradients are autograd's, also on a second
-backward, its buffer reused from step to step and never shared), and the LSTM cell's weight
-gradient joined row by row."""
+backward, its buffer reused from step to step and never shared), a caption batch that needs no
+copy of the grid, and the LSTM cell's weight gradient joined row by row."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from captioner.data.batching import collate_captions
 from captioner.models import attention as attention_module
 from captioner.models.attention import AdditiveAttention, RecurrentAttention
 from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
@@ -110,6 +111,18 @@ def test_a_graph_dropped_without_backward_gives_its_buffer_back() -> None:
     assert attention_module._SPARE[attention].numel() == sum(ACTIVE) * 7 * 4  # rows x cells x A
     with torch.no_grad():  # without gradients: `attend` itself, no buffer taken
         assert not RecurrentAttention(attention, attention.project(feats), ACTIVE).deferred
+
+
+def test_a_caption_per_image_puts_the_images_in_the_captions_order_and_picks_no_rows() -> None:
+    """One caption each: the images (and their indices) follow the captions, longest first, so the
+    decoder reads each grid in place; several captions of an image: each caption names its image."""
+    images = [torch.full((2, 3), float(i)) for i in range(3)]
+    one_each = collate_captions([(images[i], [[1] * n], 10 + i) for i, n in enumerate((3, 5, 4))])
+    assert one_each.image_rows is None and one_each.lengths.tolist() == [5, 4, 3]
+    assert one_each.images[:, 0, 0].tolist() == [1.0, 2.0, 0.0] and one_each.indices.tolist() == [11, 12, 10]
+    several = collate_captions([(images[i], [[1] * n, [1] * (n + 2)], 10 + i) for i, n in enumerate((3, 5))])
+    assert several.image_rows.tolist() == [1, 0, 1, 0] and several.indices.tolist() == [10, 11]
+    assert several.images[:, 0, 0].tolist() == [0.0, 1.0]
 
 
 class CatInputs(TorchDispatchMode):

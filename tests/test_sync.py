@@ -100,7 +100,9 @@ def simulation(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
 
     def to_device(self, device, channels_last=False):
         batch = moved(self, device, channels_last)
-        sim.mark(batch.images, batch.tokens, batch.image_rows)  # lengths and indices stay on the host
+        sim.mark(batch.images, batch.tokens)  # lengths and indices stay on the host
+        if batch.image_rows is not None:  # None: a caption per image, in order
+            sim.mark(batch.image_rows)
         if lengths_on_device:
             sim.mark(batch.lengths)
         return batch

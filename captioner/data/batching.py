@@ -43,7 +43,9 @@ class CaptionBatch:
     images: torch.Tensor | list[PendingImage]
     tokens: torch.Tensor  # (C, T) = <bos> w1 .. wn <eos> <pad> ..; C >= B captions
     lengths: torch.Tensor  # (C,) tokens before the padding, <bos> and <eos> included
-    image_rows: torch.Tensor  # (C,) the row of `images` each caption describes
+    # (C,) the row of `images` each caption describes; None when caption c describes image c (one caption
+    # per image, the images in the captions' order): the decoders then read each grid in place, uncopied.
+    image_rows: torch.Tensor | None
     indices: torch.Tensor  # (B,) positions of the images in the dataset's records
 
     def to(self, device: torch.device, channels_last: bool = False) -> CaptionBatch:
@@ -54,13 +56,14 @@ class CaptionBatch:
             images = self.images.to(device, non_blocking=True)
         if channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)  # (B, 3, H, W), NHWC in memory
-        return replace(self, images=images, tokens=self.tokens.to(device, non_blocking=True),
-                       image_rows=self.image_rows.to(device, non_blocking=True))
+        rows = None if self.image_rows is None else self.image_rows.to(device, non_blocking=True)
+        return replace(self, images=images, tokens=self.tokens.to(device, non_blocking=True), image_rows=rows)
 
     def pin_memory(self) -> CaptionBatch:
         """Called by the DataLoader's pin-memory thread (pin_memory=True)."""
         images = self.images if isinstance(self.images, list) else self.images.pin_memory()
-        return replace(self, images=images, tokens=self.tokens.pin_memory(), image_rows=self.image_rows.pin_memory())
+        rows = None if self.image_rows is None else self.image_rows.pin_memory()
+        return replace(self, images=images, tokens=self.tokens.pin_memory(), image_rows=rows)
 
 
 class CaptionDataset(Dataset):
@@ -136,14 +139,18 @@ def collate_captions(batch: list) -> CaptionBatch | None:
     batch = [item for item in batch if item is not None]
     if not batch:
         return None
+    captions = [(row, ids) for row, (_, caps, _) in enumerate(batch) for ids in caps]
+    captions.sort(key=lambda caption: -len(caption[1]))  # longest first, as the decoder wants them (stable)
+    rows = [row for row, _ in captions]
+    one_each = sorted(rows) == list(range(len(batch)))
+    if one_each:  # a caption per image: the images take their captions' order, caption c describing image c
+        batch = [batch[row] for row in rows]
     images = [image for image, _, _ in batch]
     if not isinstance(images[0], PendingImage):  # those are stacked on the device, once decoded there
         images = torch.stack(images)  # (B, 3, H, W) or (B, N, D)
-    captions = [(row, ids) for row, (_, caps, _) in enumerate(batch) for ids in caps]
-    captions.sort(key=lambda caption: -len(caption[1]))  # longest first, as the decoder wants them (stable)
     tokens = pad_sequence([torch.tensor(ids) for _, ids in captions], batch_first=True)  # (C, T) long, 0 = <pad>
     lengths = torch.tensor([len(ids) for _, ids in captions])  # (C,)
-    image_rows = torch.tensor([row for row, _ in captions])  # (C,)
+    image_rows = None if one_each else torch.tensor(rows)  # (C,)
     indices = torch.tensor([i for _, _, i in batch])  # (B,)
     return CaptionBatch(images, tokens, lengths, image_rows, indices)
 

@@ -93,8 +93,8 @@ def caption_loss(model: Captioner, batch: CaptionBatch, config: Config, encoded:
     if bool((lengths[:-1] < lengths[1:]).any()):  # host tensor: no device sync; collate_captions sorts already
         lengths, order = lengths.sort(descending=True, stable=True)
         rows = order.to(batch.tokens.device, non_blocking=True)
-        batch = replace(batch, tokens=batch.tokens[rows], image_rows=batch.image_rows[rows],
-                        lengths=batch.lengths[order])
+        image_rows = rows if batch.image_rows is None else batch.image_rows[rows]  # (C,): each caption's image
+        batch = replace(batch, tokens=batch.tokens[rows], image_rows=image_rows, lengths=batch.lengths[order])
     num_targets, num_captions = totals[:2] if totals is not None else (int(lengths.sum()), len(lengths))
     inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]  # (C, T) each
     out = (forward or model)(batch.images, inputs, batch.image_rows, encoded=encoded, lengths=lengths, packed=True)
