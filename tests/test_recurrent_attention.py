@@ -1,7 +1,7 @@
 """The training step's own pieces that autograd would otherwise make: the additive attention over
 all steps of a recurrence (`RecurrentAttention`: its gradients are autograd's, also on a second
-backward, its buffer reused from step to step and never shared), a caption batch that needs no
-copy of the grid, and the LSTM cell's weight gradient joined row by row."""
+backward, its buffer reused from step to step and never shared), the CPU dropout's law, a caption
+batch that needs no copy of the grid, and the LSTM cell's weight gradient joined row by row."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from captioner.data.batching import collate_captions
 from captioner.models import attention as attention_module
 from captioner.models.attention import AdditiveAttention, RecurrentAttention
 from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
+from captioner.models.dropout import Dropout
 
 ACTIVE = [5, 5, 3, 3, 1]  # rows at each step: captions ending along the way
 
@@ -111,6 +112,21 @@ def test_a_graph_dropped_without_backward_gives_its_buffer_back() -> None:
     assert attention_module._SPARE[attention].numel() == sum(ACTIVE) * 7 * 4  # rows x cells x A
     with torch.no_grad():  # without gradients: `attend` itself, no buffer taken
         assert not RecurrentAttention(attention, attention.project(feats), ACTIVE).deferred
+
+
+def test_cpu_dropout_keeps_each_element_with_probability_one_minus_p_scaled_up() -> None:
+    layer = Dropout(0.3).train()
+    x = torch.full((400, 500), 2.0)
+    torch.manual_seed(5)
+    y = layer(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.005  # 200,000 draws: 5 standard deviations is 0.005
+    assert torch.equal(y[kept], torch.full_like(y[kept], 2.0 / 0.7))
+    torch.manual_seed(5)
+    assert torch.equal(layer(x), y)  # the seed decides the mask
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+    assert torch.equal(layer.eval()(x), x)
+    assert Dropout(0.3).state_dict() == {} and repr(Dropout(0.3)) == repr(torch.nn.Dropout(0.3))
 
 
 def test_a_caption_per_image_puts_the_images_in_the_captions_order_and_picks_no_rows() -> None:

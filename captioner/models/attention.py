@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioner.models.dropout import Dropout
 from captioner.models.products import onednn_linear, plain
 
 BLOCK_BYTES = 4 << 20  # AdditiveAttention.attend's working block with several rows per image
@@ -297,7 +298,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = onednn_linear(nn.Linear(d_model, d_model))
         self.v_proj = onednn_linear(nn.Linear(d_model, d_model))
         self.out_proj = onednn_linear(nn.Linear(d_model, d_model))
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, S, _ = x.shape

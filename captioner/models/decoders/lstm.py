@@ -15,6 +15,7 @@ from captioner.models.attention import AdditiveAttention, RecurrentAttention, ro
 from captioner.models.decoder import (
     Decoder, DecoderOutput, Memory, State, register_decoder, select_rows, to_device_quietly
 )
+from captioner.models.dropout import Dropout
 from captioner.models.products import gram, linear, onednn_linear, plain, prepared
 
 
@@ -51,7 +52,7 @@ class LSTMDecoder(Decoder):
         self.out_hidden = onednn_linear(nn.Linear(hidden_dim, embed_dim))  # L_h
         self.out_context = onednn_linear(nn.Linear(feat_dim, embed_dim))  # L_z
         self.out_vocab = onednn_linear(nn.Linear(embed_dim, vocab_size))  # L_o
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def prepare(self, feats: torch.Tensor) -> Memory:
         return {"feats": feats, "projected": self.attention.project(feats)}  # (B, N, D), (B, N, A)

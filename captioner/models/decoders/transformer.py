@@ -12,6 +12,7 @@ from captioner.core.config_sections import POSITIVE, PROBABILITY_BELOW_ONE, sett
 from captioner.core.specs import Choice, Flag
 from captioner.models.attention import MultiHeadAttention
 from captioner.models.decoder import Decoder, DecoderOutput, Memory, State, real_positions, register_decoder
+from captioner.models.dropout import Dropout
 from captioner.models.products import onednn_linear
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -80,13 +81,13 @@ class TransformerDecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout)
         self.ff = nn.Sequential(
-            onednn_linear(nn.Linear(d_model, ff_dim)), ACTIVATIONS[activation](), nn.Dropout(dropout),
+            onednn_linear(nn.Linear(d_model, ff_dim)), ACTIVATIONS[activation](), Dropout(dropout),
             onednn_linear(nn.Linear(ff_dim, d_model)),
         )
         self.norm_self = nn.LayerNorm(d_model)
         self.norm_cross = nn.LayerNorm(d_model)
         self.norm_ff = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self, x: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor, mask: torch.Tensor | None = None,
@@ -144,7 +145,7 @@ class TransformerDecoder(Decoder):
         self.out = onednn_linear(nn.Linear(d_model, vocab_size))
         if c.tie_embeddings:
             self.out.weight = self.embedding.weight
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     @property
     def attention_shape(self) -> tuple[int, int]:
