@@ -12,8 +12,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from captioner.data.batching import collate_captions
-from captioner.models import attention as attention_module
-from captioner.models.attention import AdditiveAttention, RecurrentAttention
+from captioner.models import recurrent_attention as attention_module
+from captioner.models.attention import AdditiveAttention
+from captioner.models.recurrent_attention import RecurrentAttention
 from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
 from captioner.models.dropout import Dropout
 

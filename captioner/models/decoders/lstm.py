@@ -11,12 +11,13 @@ import torch
 from torch import nn
 
 from captioner.core.config_sections import POSITIVE, PROBABILITY_BELOW_ONE, setting
-from captioner.models.attention import AdditiveAttention, RecurrentAttention, row_prefixes
+from captioner.models.attention import AdditiveAttention
 from captioner.models.decoder import (
     Decoder, DecoderOutput, Memory, State, register_decoder, select_rows, to_device_quietly
 )
 from captioner.models.dropout import Dropout
 from captioner.models.products import gram, linear, onednn_linear, plain, prepared
+from captioner.models.recurrent_attention import RecurrentAttention, row_prefixes
 
 
 @dataclass
