@@ -15,7 +15,7 @@ from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.model_paths import packaged_models
 from captioner.text.vocab import SPECIALS, Vocabulary
-from captioner.training.loop import caption_loss
+from captioner.training.loop import caption_loss, clip_gradients
 from captioner.training.run_setup import make_optimizer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -87,7 +87,7 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, conf
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        clip_gradients(model.parameters(), grad_clip)
     optimizer.step()
     return float(loss.detach())
 

@@ -30,7 +30,7 @@ from captioner.data.batching import CaptionBatch, CaptionDataset, collate_captio
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.models.decoding import sampling
-from captioner.training import scst
+from captioner.training import loop, scst
 from captioner.training.distributed import Distributed
 from captioner.training.loop import train_one_epoch
 from captioner.training.run_setup import make_scheduler
@@ -87,7 +87,7 @@ def watch_reads(sim: DeviceSimulation, monkeypatch: pytest.MonkeyPatch) -> None:
 
         monkeypatch.setattr(torch.Tensor, name, read)
     # The simulated device is the CPU underneath: the loops must not take their host-only paths.
-    for module in (sampling, scst):
+    for module in (sampling, scst, loop):
         monkeypatch.setattr(module, "reads_are_free", lambda device: False)
 
 

@@ -9,7 +9,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from types import FrameType
 from typing import Any
@@ -23,7 +23,7 @@ from captioner.core.errors import DatasetError
 from captioner.core.progress import progress_bar
 from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
-from captioner.models.decoder import DecoderOutput
+from captioner.models.decoder import DecoderOutput, reads_are_free
 from captioner.training.distributed import Distributed
 from captioner.training.state import TrainState
 
@@ -82,6 +82,18 @@ class StopSignals:
 
 Loss = tuple[torch.Tensor, dict[str, torch.Tensor]]  # the loss, and the values logged (0-d device tensors)
 Objective = Callable[..., Loss]  # caption_loss or scst.SelfCritical: (model, batch, config, encoded, totals, forward)
+
+
+def clip_gradients(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` to the bit, returning the total norm; where reading it is free
+    (the CPU) its scaling by exactly 1 (a norm within `max_norm`, as most steps' are) is skipped, a pass
+    over every gradient that changes none."""
+    with_grads = [p for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([p.grad for p in with_grads])  # ()
+    if reads_are_free(total.device) and bool(max_norm / (total + 1e-6) >= 1.0):  # torch's coefficient, clamped to 1
+        return total
+    torch.nn.utils.clip_grads_with_norm_(with_grads, max_norm, total)
+    return total
 
 
 def caption_loss(model: Captioner, batch: CaptionBatch, config: Config, encoded: bool,
@@ -143,7 +155,7 @@ def train_one_epoch(model: Captioner, forward: Callable[..., DecoderOutput], loa
         if forward is model:  # no DDP wrapper saw this step (SCST, or one process): average here
             ctx.average_gradients(model.parameters())
         if config.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+            clip_gradients(model.parameters(), config.train.grad_clip)
         optimizer.step()
         scheduler.step()
         state.step += 1

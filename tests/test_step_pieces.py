@@ -1,7 +1,8 @@
-"""The training step's own pieces that autograd would otherwise make: the additive attention over
-all steps of a recurrence (`RecurrentAttention`: its gradients are autograd's, also on a second
-backward, its buffer reused from step to step and never shared), the CPU dropout's law, a caption
-batch that needs no copy of the grid, and the LSTM cell's weight gradient joined row by row."""
+"""The training step's own pieces where torch's would do more work: the additive attention over all
+steps of a recurrence (`RecurrentAttention`: its gradients are autograd's, also on a second backward,
+its buffer reused from step to step and never shared), the CPU dropout's law, a caption batch that
+needs no copy of the grid, the LSTM cell's weight gradient joined row by row, and gradient clipping
+that skips its scaling by 1."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from captioner.data.batching import collate_captions
 from captioner.models import recurrent_attention as attention_module
 from captioner.models.attention import AdditiveAttention
 from captioner.models.recurrent_attention import RecurrentAttention
+from captioner.training.loop import clip_gradients
 from captioner.models.decoders.lstm import LSTMConfig, LSTMDecoder
 from captioner.models.dropout import Dropout
 
@@ -164,3 +166,37 @@ def test_the_cells_input_weight_gradient_is_joined_from_row_major_blocks() -> No
     with CatInputs() as cats:
         logits.sum().backward()
     assert cats.row_major and all(cats.row_major)
+
+
+class ForeachMuls(TorchDispatchMode):
+    """How many times gradients are scaled in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.calls += func in (torch.ops.aten._foreach_mul_.Tensor, torch.ops.aten._foreach_mul_.Scalar,
+                               torch.ops.aten.mul_.Tensor, torch.ops.aten.mul_.Scalar)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 50.0], ids=["clipped", "within"])
+def test_clipping_is_torchs_to_the_bit_and_skips_a_scaling_by_one(max_norm: float) -> None:
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(6, 4), torch.nn.Linear(4, 3, bias=False)]
+    theirs = [torch.nn.Linear(6, 4), torch.nn.Linear(4, 3, bias=False)]
+    for mine, other in zip(layers, theirs, strict=True):
+        other.load_state_dict(mine.state_dict())
+    x = torch.randn(5, 6)
+    for pair in (layers, theirs):
+        pair[1](pair[0](x)).pow(2).sum().mul(3).backward()
+    params = [p for layer in layers for p in layer.parameters()]
+    want_norm = torch.nn.utils.clip_grad_norm_([p for layer in theirs for p in layer.parameters()], max_norm)
+    with ForeachMuls() as scaled:
+        got_norm = clip_gradients(params, max_norm)
+    assert torch.equal(got_norm, want_norm)
+    for got, want in zip(params, [p for layer in theirs for p in layer.parameters()], strict=True):
+        assert torch.equal(got.grad, want.grad)
+    assert (scaled.calls > 0) == (max_norm < float(want_norm))  # scaled only when the norm is above max_norm
+
