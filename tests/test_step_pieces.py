@@ -115,6 +115,7 @@ def test_a_graph_dropped_without_backward_gives_its_buffer_back() -> None:
     assert attention_module._SPARE[attention].numel() == sum(ACTIVE) * 7 * 4  # rows x cells x A
     with torch.no_grad():  # without gradients: `attend` itself, no buffer taken
         assert not RecurrentAttention(attention, attention.project(feats), ACTIVE).deferred
+    assert not RecurrentAttention(attention, torch.empty(5, 7, 4, device="meta"), ACTIVE).deferred  # off the CPU
 
 
 def test_cpu_dropout_keeps_each_element_with_probability_one_minus_p_scaled_up() -> None:

@@ -42,13 +42,14 @@ class RecurrentAttention:
     (non-increasing) at step t. With gradients, each step's hidden layer sigmoid(2(W_h h + W_s s)) is
     written into one buffer per run of equal n_t; backward turns it into g sigma' in place, and the grid's
     gradient is one sum over the steps, times w, after the last step's backward: autograd would make
-    (g w) sigma' anew and add it into the grid's gradient at every step. Under autocast, torch.compile,
+    (g w) sigma' anew and add it into the grid's gradient at every step. On a GPU, under autocast, torch.compile,
     a wrapped score layer or without gradients: `attend` itself."""
 
     def __init__(self, attention: AdditiveAttention, projected: torch.Tensor, active: list[int]) -> None:
         self.attention = attention
-        self.deferred = torch.is_grad_enabled() and plain(attention.score) and not (
-            torch.is_autocast_enabled(projected.device.type) or torch.compiler.is_compiling()
+        # The CPU alone, where it was measured (records bench_decoder_step): a GPU's bandwidth is another story.
+        self.deferred = projected.device.type == "cpu" and torch.is_grad_enabled() and plain(attention.score) and not (
+            torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()
         )
         sizes = list(dict.fromkeys(active))  # distinct, non-increasing
         if not self.deferred:
@@ -77,12 +78,11 @@ _SPARE_LOCK = threading.Lock()
 
 
 def _take_buffer(owner: AdditiveAttention, numel: int, like: torch.Tensor) -> torch.Tensor:
-    """A flat buffer of at least `numel` elements of `like`'s dtype and device, the owner's spare if it fits."""
-    if like.device.type == "cpu":
-        with _SPARE_LOCK:
-            spare = _SPARE.pop(owner, None)
-        if spare is not None and spare.numel() >= numel and spare.dtype == like.dtype:
-            return spare
+    """A flat buffer of at least `numel` elements of `like`'s dtype, the owner's spare if it fits."""
+    with _SPARE_LOCK:
+        spare = _SPARE.pop(owner, None)
+    if spare is not None and spare.numel() >= numel and spare.dtype == like.dtype:
+        return spare
     return like.new_empty(numel)
 
 
@@ -93,11 +93,10 @@ def _give_back(owner: weakref.ref[AdditiveAttention], held: list[torch.Tensor]) 
         held.clear()
         return
     buffer = held.pop()
-    if buffer.device.type == "cpu":
-        with _SPARE_LOCK:
-            kept = _SPARE.get(module)
-            if kept is None or kept.numel() <= buffer.numel():
-                _SPARE[module] = buffer
+    with _SPARE_LOCK:
+        kept = _SPARE.get(module)
+        if kept is None or kept.numel() <= buffer.numel():
+            _SPARE[module] = buffer
 
 
 class _HiddenLayers:
