@@ -20,6 +20,13 @@ def in_one_block(feats: torch.Tensor) -> bool:
     return feats.device.type != "cpu" or torch.compiler.is_compiling()
 
 
+def hidden_layer(projected: torch.Tensor, query: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """sigmoid(2(W_h h + W_s s)): the doubled projection (n, N, A) and the query W_s s + b_s (n, A) ->
+    (n, N, A), into `out` if given. The query is doubled before the add: the add's backward then only sums
+    the (n, N, A) gradient for it, where alpha=2 would also scale all of it."""
+    return torch.add(projected, (query * 2).unsqueeze(1), out=out).sigmoid_()  # (n, N, A)
+
+
 class AdditiveAttention(nn.Module):
     """e_tij = w^T tanh(W_h h_ij + W_s s_{t-1}), a_tij = softmax_ij(e_tij), c_t = sum_ij a_tij h_ij;
     W_h h_ij once per image (`project`). tanh(x) is computed as 2 sigmoid(2x) - 1 (torch's CPU tanh is
@@ -34,6 +41,10 @@ class AdditiveAttention(nn.Module):
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         """feats (B, N, D) -> 2 (W_h h_ij + b_h) (B, N, A): doubled for `attend`'s sigmoid."""
         return self.feat_proj(feats) * 2  # (B, N, A)
+
+    def score_terms(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(2w (A,), b - w^T 1 (1,)): e_tij = 2 w^T sigmoid(.) + b - w^T 1, tanh's 2 and -1 in the score."""
+        return self.score.weight[0] * 2, self.score.bias - self.score.weight.sum()
 
     def forward(
         self, feats: torch.Tensor, projected: torch.Tensor, state: torch.Tensor
@@ -55,12 +66,9 @@ class AdditiveAttention(nn.Module):
             hidden = torch.tanh(projected / 2 + query.unsqueeze(1))  # (B, N, A): project() doubled W_h h + b_h
             weights = self.score(hidden).squeeze(-1).softmax(dim=-1)  # (B, N): a_tij
             return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (B, D), (B, N)
-        score_weight = self.score.weight[0] * 2  # (A,): w of 2 w^T sigmoid(.)
-        score_bias = self.score.bias - self.score.weight.sum()  # (1,): b - w^T 1, the -1 of tanh
+        score_weight, score_bias = self.score_terms()  # (A,), (1,)
         if R == B:
-            # The query doubled before the add: the add's backward then only sums the (B, N, A)
-            # gradient for it, where alpha=2 would also scale all of it.
-            hidden = torch.add(projected, (query * 2).unsqueeze(1)).sigmoid_()  # (B, N, A): of 2(W_h h + W_s s)
+            hidden = hidden_layer(projected, query)  # (B, N, A)
             scores = torch.matmul(hidden, score_weight) + score_bias  # (B, N): e_tij
             weights = scores.softmax(dim=-1)  # (B, N): a_tij
             return torch.bmm(weights.unsqueeze(1), feats).squeeze(1), weights  # (B, D), (B, N)

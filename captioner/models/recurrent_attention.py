@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from captioner.models.attention import AdditiveAttention
+from captioner.models.attention import AdditiveAttention, hidden_layer
 from captioner.models.products import plain
 
 
@@ -55,8 +55,7 @@ class RecurrentAttention:
         if not self.deferred:
             self.projected_for = dict(zip(sizes, row_prefixes(projected, sizes)))  # n -> (n, N, A)
             return
-        self.score_weight = attention.score.weight[0] * 2  # (A,): w of 2 w^T sigmoid(.)
-        self.score_bias = attention.score.bias - attention.score.weight.sum()  # (1,): b - w^T 1, the -1 of tanh
+        self.score_weight, self.score_bias = attention.score_terms()  # (A,), (1,)
         # The graph holds the layers, they hold no part of it: freed with the graph, no cycle for gc.
         self.layers = _HiddenLayers(attention, projected, active, self.score_weight.detach())
         self.grid = _SharedGrid.apply(projected, self.layers)  # (B, N, A); its backward sums the steps' gradients
@@ -181,9 +180,7 @@ class _StepScores(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx, grid: torch.Tensor, query: torch.Tensor, score_weight: torch.Tensor, layers: _HiddenLayers, t: int
     ) -> torch.Tensor:
-        hidden = layers.slot(t)  # (n, N, A)
-        # The query doubled before the add, as `attend` does: its numbers to the bit.
-        torch.add(grid[: hidden.shape[0]], (query * 2).unsqueeze(1), out=hidden).sigmoid_()  # (n, N, A)
+        hidden = hidden_layer(grid[: query.shape[0]], query, out=layers.slot(t))  # (n, N, A): `attend`'s numbers
         ctx.save_for_backward(grid, query, score_weight)
         ctx.layers, ctx.t = layers, t
         return torch.matmul(hidden, score_weight)  # (n, N)
@@ -196,7 +193,7 @@ class _StepScores(torch.autograd.Function):
         layers, t = ctx.layers, ctx.t
         hidden = layers.slot(t)  # (n, N, A)
         if t in layers.turned:  # a second backward of the graph (retain_graph): make the hidden layer again
-            torch.add(grid[: hidden.shape[0]], (query * 2).unsqueeze(1), out=hidden).sigmoid_()  # (n, N, A)
+            hidden_layer(grid[: hidden.shape[0]], query, out=hidden)  # (n, N, A)
             layers.turned.discard(t)
         grad_weight = None
         if ctx.needs_input_grad[2]:
