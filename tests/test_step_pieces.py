@@ -129,6 +129,8 @@ def test_cpu_dropout_keeps_each_element_with_probability_one_minus_p_scaled_up()
     torch.manual_seed(5)
     assert torch.equal(layer(x), y)  # the seed decides the mask
     assert layer(x.bfloat16()).dtype == torch.bfloat16
+    off_cpu = layer(torch.empty(3, 4, device="meta"))  # nn.Dropout's own kernel: a CPU mask would not mix
+    assert off_cpu.device.type == "meta" and off_cpu.shape == (3, 4)
     assert torch.equal(layer.eval()(x), x)
     assert Dropout(0.3).state_dict() == {} and repr(Dropout(0.3)) == repr(torch.nn.Dropout(0.3))
 
