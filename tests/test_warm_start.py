@@ -148,8 +148,10 @@ def test_the_child_dies_with_the_test_process_that_asked_for_it(tmp_path: Path) 
 
 
 WARM_RANK = Path(__file__).with_name("warm_rank.py")
-PROBE = ("import os, sys, time\nprint(os.environ.get('RANK'), 'torch' in sys.modules, os.getpid(), "
-         "flush=True)\ntime.sleep(float(sys.argv[1]))\n")
+# One write per line: the two ranks share a pipe, and print's pieces (unbuffered) could interleave.
+PROBE = ("import os, sys, time\n"
+         "sys.stdout.write(f\"{os.environ.get('RANK')} {'torch' in sys.modules} {os.getpid()}\\n\")\n"
+         "sys.stdout.flush()\ntime.sleep(float(sys.argv[1]))\n")
 
 
 def test_torchrun_ranks_are_forked_warm_with_their_own_environment(tmp_path: Path) -> None:
