@@ -74,8 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     from captioner.training import distributed
 
     try:
+        from captioner.core.allocator import keep_large_blocks, user_tuned
         from captioner.core.process_settings import set_threads
 
+        user_tuned()  # a wrong CAPTIONER_MALLOC is refused, whatever the command
+        if args.command != "demo":  # the demo's small batches, in worker threads, gain nothing (benchmarks demo_load)
+            keep_large_blocks()  # a step's freed activations reused by the next, not mapped and zero-filled anew
         set_threads()  # $CAPTIONER_THREADS or the default, before any torch work
         return args.func(args)
     except (CaptionerError, ModuleNotFoundError) as e:  # ModuleNotFoundError: a package of an extra left out

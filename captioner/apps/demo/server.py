@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from captioner.apps.demo.batcher import MAX_BATCH
 from captioner.apps.demo.ui import QUEUE_SIZE, Cleanup, batch_sizes, build_demo, private_cache, wait_for_callbacks
+from captioner.core.allocator import limit_arenas
 from captioner.core.errors import CaptionerError
 from captioner.models.model_paths import checkpoint_file, find_default_model
 from captioner.models.export_format import is_exported
@@ -80,25 +81,12 @@ def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
     log.debug("caption batches by size: %s", batch_sizes(demo))
 
 
-def limit_malloc_arenas(arenas: int = 2) -> bool:
-    """Cap glibc's malloc arenas (MALLOC_ARENA_MAX): one per thread keeps freed pages; False without glibc."""
-    import ctypes
-    import ctypes.util
-
-    M_ARENA_MAX = -8  # noqa: N806 - glibc's malloc.h name
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_ARENA_MAX, arenas))
-    except (OSError, AttributeError):
-        return False
-
-
 def serve(checkpoints: list[Path] | None = None, examples: list[Path] | None = None, host: str = "127.0.0.1",
           port: int = 7860, max_batch: int = MAX_BATCH, queue_size: int = QUEUE_SIZE,
           cleanup: Cleanup = Cleanup()) -> None:
     """`captioner demo`: the checkpoints (default: `default_checkpoint()`) until interrupted, in a cache of its own."""
     check_port(host, port)
-    limit_malloc_arenas()
+    limit_arenas()  # one arena per worker thread would keep its freed pages
     cache = private_cache()
     cleanup = Cleanup(cleanup.every_s, cleanup.max_age_s, empty_folders=cache is not None)
     try:

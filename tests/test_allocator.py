@@ -1,0 +1,127 @@
+"""glibc malloc's thresholds (`captioner.core.allocator`): set by the command line so that a step's large freed
+blocks are reused rather than mapped and zero-filled anew, left alone where the environment chooses, and
+changing where tensors live, never what a training step computes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO, subprocess_env
+
+from captioner.core import allocator
+from captioner.core.errors import ConfigError
+
+# A fresh process per allocator: four quickstart training steps (32 images at 128 px, five captions each), the
+# minor page faults of the last two, and a digest of the weights they give.
+PROBE = """
+import hashlib, json, resource, torch
+from captioner.core.allocator import keep_large_blocks
+kept = keep_large_blocks()
+from benchmarks import workloads
+torch.manual_seed(0)
+step = workloads.quickstart_step()
+faults = []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    step.run()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in step.model.parameters())).hexdigest()
+print(json.dumps({"kept": kept, "faults": faults, "weights": digest}))
+"""
+
+
+def probe(**env: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=subprocess_env(**env), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(allocator._mallopt() is None, reason="not glibc: nothing to set")
+def test_large_blocks_are_reused_and_the_weights_stay_the_same():
+    kept, default = probe(CAPTIONER_MALLOC=""), probe(CAPTIONER_MALLOC="glibc")
+    assert kept["kept"] and not default["kept"]
+    # glibc's default maps a step's large blocks anew and the kernel faults their pages in at every step; kept,
+    # the earlier steps' pages serve the later ones.
+    assert sum(default["faults"][2:]) > 0
+    assert sum(kept["faults"][2:]) * 4 < sum(default["faults"][2:]), (kept["faults"], default["faults"])
+    assert kept["weights"] == default["weights"]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, option: int, value: int) -> int:
+        self.calls.append((option, value))
+        return 1
+
+
+@pytest.fixture
+def mallopt(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    recorder = Recorder()
+    monkeypatch.setattr(allocator, "_mallopt", lambda: recorder)
+    for name in (allocator.ENV, "GLIBC_TUNABLES", *allocator.USER_SETTINGS):
+        monkeypatch.delenv(name, raising=False)
+    return recorder
+
+
+def test_both_thresholds_are_raised(mallopt: Recorder):
+    assert allocator.keep_large_blocks()
+    assert mallopt.calls == [(allocator.M_MMAP_THRESHOLD, allocator.MMAP_THRESHOLD),
+                             (allocator.M_TRIM_THRESHOLD, allocator.TRIM_THRESHOLD)]
+
+
+@pytest.mark.parametrize("name, value", [
+    ("CAPTIONER_MALLOC", "glibc"),
+    ("MALLOC_TRIM_THRESHOLD_", "1048576"),
+    ("MALLOC_MMAP_THRESHOLD_", "65536"),
+    ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536"),
+])
+def test_the_environment_s_choice_holds(mallopt: Recorder, monkeypatch: pytest.MonkeyPatch, name: str, value: str):
+    monkeypatch.setenv(name, value)
+    assert not allocator.keep_large_blocks()
+    assert mallopt.calls == []
+
+
+def test_an_unknown_choice_is_one_line_naming_the_variable(mallopt: Recorder, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(allocator.ENV, "jemalloc")
+    with pytest.raises(ConfigError, match=r"^CAPTIONER_MALLOC='jemalloc': expected 'glibc'"):
+        allocator.keep_large_blocks()
+    assert mallopt.calls == []
+
+
+def test_the_command_line_sets_them_before_its_command(mallopt: Recorder, capsys: pytest.CaptureFixture):
+    from captioner.apps.cli import main
+
+    assert main(["config", "show"]) == 0
+    assert (allocator.M_MMAP_THRESHOLD, allocator.MMAP_THRESHOLD) in mallopt.calls
+
+
+def test_the_command_line_refuses_an_unknown_choice_in_one_line(mallopt: Recorder, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture):
+    from captioner.apps.cli import main
+
+    monkeypatch.setenv(allocator.ENV, "tcmalloc")
+    assert main(["config", "show"]) == 2
+    assert capsys.readouterr().err == "error: CAPTIONER_MALLOC='tcmalloc': expected 'glibc' (glibc's own malloc " \
+        "thresholds) or nothing\n"
+
+
+def test_the_demo_keeps_glibc_s_thresholds_but_refuses_an_unknown_choice(mallopt: Recorder,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture):
+    pytest.importorskip("gradio")
+    from captioner.apps import cli
+    from captioner.apps.demo import server
+
+    served = []
+    monkeypatch.setattr(server, "serve", lambda *args, **kwargs: served.append(True))
+    cli.main(["demo"])
+    assert served and mallopt.calls == []  # its batches gain nothing from them (benchmarks demo_load)
+    monkeypatch.setenv(allocator.ENV, "tcmalloc")
+    assert cli.main(["demo"]) == 2 and len(served) == 1
+    assert "CAPTIONER_MALLOC='tcmalloc'" in capsys.readouterr().err
