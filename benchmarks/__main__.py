@@ -26,6 +26,7 @@ BENCHMARKS = {
     "demo_load": "bench_demo_load",
     "web_page": "bench_web_page",
     "roofline": "bench_roofline",
+    "allocator": "bench_allocator",
     "reference": "bench_reference",
     "gpu": "bench_gpu",
     "cuda_graphs": "check_cuda_graphs",

@@ -65,7 +65,7 @@ def reference_actions(location: str | None, reference_images: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argument_parser("reference", __doc__)
+    parser = argument_parser("reference", __doc__, malloc="glibc")  # both sides as a plain process has it
     parser.add_argument("--reference", default=None,
                         help="the tutorial's checkout or git directory (default: $CAPTIONER_REFERENCE or the mirror)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls of each, alternating, after a warm-up")

@@ -103,16 +103,29 @@ def environment(beside: str | None) -> str:
             f"load {load:.1f}; beside: {beside or 'not said (--beside)'}")
 
 
-def argument_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
-    """The parser of `python -m benchmarks NAME`: the module's docstring as its help, and
-    `--beside`, what else ran on the machine, which the environment line repeats."""
+def argument_parser(name: str, doc: str | None, malloc: str = "captioner") -> argparse.ArgumentParser:
+    """The parser of `python -m benchmarks NAME`: the module's docstring as its help, `--beside`, what else
+    ran on the machine, which the environment line repeats, and `--malloc` (default `malloc`)."""
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--beside", metavar="TEXT", default=None,
                         help="what else ran on the machine meanwhile ('nothing', 'the test suite', ...): "
                              "printed with the numbers")
+    parser.add_argument("--malloc", choices=("captioner", "glibc"), default=malloc,
+                        help="glibc malloc's thresholds: as the `captioner` command sets them (large blocks "
+                             "kept for reuse), or glibc's defaults (default: %(default)s)")
     return parser
 
 
 def print_environment(args: argparse.Namespace) -> None:
-    print(environment(args.beside), flush=True)
+    """Apply `--malloc` (here and in the servers a benchmark starts), then print the environment line."""
+    from captioner.core.allocator import ENV, keep_large_blocks, user_tuned
+
+    if getattr(args, "malloc", "glibc") == "glibc":
+        os.environ.setdefault(ENV, "glibc")  # a `captioner` this process starts leaves them too
+    if keep_large_blocks():
+        allocator = "large blocks kept, as `captioner` sets"
+    else:
+        allocator = "glibc's defaults" if os.environ.get(ENV) == "glibc" else \
+            "the environment's thresholds" if user_tuned() else "not glibc: as it is"
+    print(f"{environment(args.beside)}; malloc: {allocator}", flush=True)

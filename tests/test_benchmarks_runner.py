@@ -76,3 +76,23 @@ def test_the_environment_line_says_what_ran_beside() -> None:
     line = timing.environment("the test suite")
     assert line.startswith("# ") and "\n" not in line
     assert "cores" in line and "torch" in line and line.endswith("beside: the test suite")
+
+
+@pytest.mark.parametrize("malloc, says, sets", [
+    ("captioner", "malloc: large blocks kept, as `captioner` sets", True),
+    ("glibc", "malloc: glibc's defaults", False),
+])
+def test_the_environment_line_says_which_malloc_thresholds_the_benchmark_runs_with(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, malloc: str, says: str, sets: bool) -> None:
+    from captioner.core import allocator
+
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(allocator, "_mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
+    for name in (allocator.ENV, "GLIBC_TUNABLES", *allocator.USER_SETTINGS):
+        monkeypatch.delenv(name, raising=False)
+    args = timing.argument_parser("example", None).parse_args(["--malloc", malloc, "--beside", "nothing"])
+    timing.print_environment(args)
+    assert capsys.readouterr().out.rstrip("\n").endswith(f"beside: nothing; {says}")
+    assert bool(calls) == sets
+    # A `captioner` the benchmark starts (the demo's server) is told the same.
+    assert os.environ.get(allocator.ENV) == (None if sets else "glibc")

@@ -1,0 +1,105 @@
+"""glibc malloc's defaults against the thresholds `captioner` sets (captioner.core.allocator), workload by
+workload: each in fresh processes, the two allocators alternating round by round, side by side in one run.
+
+    python -m benchmarks allocator [--only NAME ...] [--rounds 3] [--repeats 5] [--threads N]
+
+A process builds one workload of `benchmarks/workloads.py`, runs it twice untimed, then `--repeats` times
+timed; it reports its median, the minor page faults per call (the pages of blocks glibc mapped afresh) and its
+peak resident memory. The table gives the median over the rounds of each allocator's medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if not __package__:  # run as a file: the repository on the path, for the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.timing import argument_parser, print_environment  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ("quickstart_step", "packaged_encoder", "lstm_train", "transformer_train", "lstm_beam")
+ALLOCATORS = {"glibc": "glibc's defaults", "captioner": "large blocks kept (captioner)"}
+
+
+def child(name: str, repeats: int, threads: int | None) -> dict:
+    """In this process: `name` under the allocator the environment chose -> its median seconds, faults a call,
+    peak RSS in MB and whether the thresholds were set."""
+    from captioner.core.allocator import keep_large_blocks
+    from captioner.core.process_settings import set_threads
+
+    kept = keep_large_blocks()
+    set_threads(threads)
+    from benchmarks import workloads
+
+    work = workloads.WORKLOADS[name]()
+    for _ in range(2):
+        work.run()
+    seconds = []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work.run()
+        seconds.append(time.perf_counter() - start)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / repeats
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": statistics.median(seconds), "faults": faults, "peak_mb": peak, "kept": kept,
+            "about": work.about}
+
+
+def run_child(name: str, allocator: str, args: argparse.Namespace) -> dict:
+    """`child` in a fresh process under `allocator` (a key of ALLOCATORS)."""
+    env = {**os.environ, "CAPTIONER_MALLOC": "glibc" if allocator == "glibc" else ""}
+    command = [sys.executable, "-m", "benchmarks", "allocator", "--child", name, "--repeats", str(args.repeats)]
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} under {allocator}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
+    result = json.loads(done.stdout.splitlines()[-1])
+    if result["kept"] != (allocator == "captioner"):
+        raise SystemExit(f"{name}: the thresholds were {'' if result['kept'] else 'not '}set under {allocator}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("allocator", __doc__, malloc="glibc")
+    parser.add_argument("--only", nargs="+", choices=DEFAULT, default=list(DEFAULT), help="these workloads only")
+    parser.add_argument("--rounds", type=int, default=3, help="processes of each allocator, alternating")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls in each process, after two untimed")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: as captioner.core.process_settings sets them)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one process's measurement
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, args.repeats, args.threads)))
+        return 0
+    print_environment(args)
+    print(f"\n{args.rounds} round(s), each a fresh process per allocator ({', '.join(ALLOCATORS.values())}), "
+          f"{args.repeats} timed calls each")
+    print("\n| work | glibc's defaults | large blocks kept | speed-up | page faults a call | peak RSS MB |\n"
+          "|---|---:|---:|---:|---:|---:|")
+    for name in args.only:
+        results: dict[str, list[dict]] = {allocator: [] for allocator in ALLOCATORS}
+        for round_ in range(args.rounds):
+            order = list(ALLOCATORS) if round_ % 2 == 0 else list(ALLOCATORS)[::-1]
+            for allocator in order:
+                results[allocator].append(run_child(name, allocator, args))
+        ms = {a: statistics.median(r["seconds"] for r in results[a]) * 1e3 for a in ALLOCATORS}
+        faults = {a: statistics.median(r["faults"] for r in results[a]) for a in ALLOCATORS}
+        peak = {a: max(r["peak_mb"] for r in results[a]) for a in ALLOCATORS}
+        print(f"| {results['glibc'][0]['about']} | {ms['glibc']:,.0f} ms | {ms['captioner']:,.0f} ms | "
+              f"{ms['glibc'] / ms['captioner']:.2f}x | {faults['glibc']:,.0f} / {faults['captioner']:,.0f} | "
+              f"{peak['glibc']:,.0f} / {peak['captioner']:,.0f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
