@@ -111,6 +111,7 @@ SHAPES_TINY = [
     "train.warmup_steps=5",
     "train.early_stopping_patience=0",
     "decode.max_length=20",
+    "train.cpu_amp=fp32",  # auto would time bf16 against fp32 on a processor with both: a coin flip of weights
 ]
 
 

@@ -205,20 +205,28 @@ def test_evaluate_official_with_grounding(shapes_lstm: TrainedRun, java: str, tm
 def test_evaluate_grounding_with_an_instances_file(shapes_lstm: TrainedRun, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture) -> None:
     """--instances: the shapes file named explicitly scores as the one found by itself; a file
-    that keeps only some objects scores fewer words; a missing one is a one-line error."""
+    without one of the objects the captions name scores the words naming it no more; a missing one is
+    a one-line error."""
+    from captioner.evaluation.grounding import Instances, shapes_regions
+
     found = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path / "found", capsys, "--fast")["grounding"]
     instances = shapes_lstm.shapes / "instances_test.json"
     named = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path / "named", capsys, "--fast", "--instances",
                                     str(instances))
-    assert named["grounding"] == found
+    assert named["grounding"] == found and found["words"] > 0
+    # The first object a caption names, and how many of its words name it.
+    objects = Instances(instances)
+    captions = json.loads((tmp_path / "found" / "results_test.json").read_text())
+    named_objects = [o["id"] for c in captions for objs in shapes_regions(
+        c["caption"].split(), objects.objects(c["image_id"]), objects.category_names).values() for o in objs]
+    assert len(named_objects) == found["words"]
     data = json.loads(instances.read_text())
-    data["annotations"] = data["annotations"][::2]  # half the objects
-    (tmp_path / "half.json").write_text(json.dumps(data))
-    half = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path / "half", capsys, "--fast", "--instances",
-                                   str(tmp_path / "half.json"))
-    # Fewer words, not none: which objects survive decides how many of the few scored words
-    # keep their object, and a file that was not read would give exactly `found`.
-    assert found["words"] > 0 and half["grounding"]["words"] < found["words"]
+    data["annotations"] = [a for a in data["annotations"] if a["id"] != named_objects[0]]
+    (tmp_path / "fewer.json").write_text(json.dumps(data))
+    fewer = evaluate_with_grounding(shapes_lstm.checkpoint, tmp_path / "fewer", capsys, "--fast", "--instances",
+                                    str(tmp_path / "fewer.json"))
+    # A file that was not read would give exactly `found`.
+    assert fewer["grounding"]["words"] == found["words"] - named_objects.count(named_objects[0])
     args = ["evaluate", str(shapes_lstm.checkpoint), "--grounding", "--fast", "--instances",
             str(tmp_path / "none.json"), "--out", str(tmp_path)]
     assert main(args) == 2
