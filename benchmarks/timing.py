@@ -121,11 +121,14 @@ def print_environment(args: argparse.Namespace) -> None:
     """Apply `--malloc` (here and in the servers a benchmark starts), then print the environment line."""
     from captioner.core.allocator import ENV, keep_large_blocks, user_tuned
 
-    if getattr(args, "malloc", "glibc") == "glibc":
-        os.environ.setdefault(ENV, "glibc")  # a `captioner` this process starts leaves them too
+    if args.malloc == "glibc" and not os.environ.get(ENV, "").strip():
+        os.environ[ENV] = "glibc"  # a `captioner` this process starts leaves them too
     if keep_large_blocks():
         allocator = "large blocks kept, as `captioner` sets"
+    elif os.environ.get(ENV, "").strip() == "glibc":
+        allocator = "glibc's defaults"
+    elif user_tuned():
+        allocator = "the environment's thresholds"
     else:
-        allocator = "glibc's defaults" if os.environ.get(ENV) == "glibc" else \
-            "the environment's thresholds" if user_tuned() else "not glibc: as it is"
+        allocator = "not glibc: as it is"
     print(f"{environment(args.beside)}; malloc: {allocator}", flush=True)

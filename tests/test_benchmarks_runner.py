@@ -96,3 +96,16 @@ def test_the_environment_line_says_which_malloc_thresholds_the_benchmark_runs_wi
     assert bool(calls) == sets
     # A `captioner` the benchmark starts (the demo's server) is told the same.
     assert os.environ.get(allocator.ENV) == (None if sets else "glibc")
+
+
+def test_malloc_glibc_holds_where_the_environment_names_no_choice(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """An empty CAPTIONER_MALLOC chooses nothing: --malloc glibc still leaves glibc's defaults."""
+    from captioner.core import allocator
+
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(allocator, "_mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
+    monkeypatch.setenv(allocator.ENV, "")
+    timing.print_environment(timing.argument_parser("example", None).parse_args(["--malloc", "glibc"]))
+    assert capsys.readouterr().out.rstrip("\n").endswith("malloc: glibc's defaults")
+    assert calls == [] and os.environ[allocator.ENV] == "glibc"
