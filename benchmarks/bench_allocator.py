@@ -17,12 +17,11 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.timing import argument_parser, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, measure, print_environment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ("quickstart_step", "packaged_encoder", "lstm_train", "transformer_train", "lstm_beam")
@@ -42,16 +41,11 @@ def child(name: str, repeats: int, threads: int | None) -> dict:
     work = workloads.WORKLOADS[name]()
     for _ in range(2):
         work.run()
-    seconds = []
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work.run()
-        seconds.append(time.perf_counter() - start)
+    timed = measure(work.run, repeats, warmup=0)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / repeats
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"seconds": statistics.median(seconds), "faults": faults, "peak_mb": peak, "kept": kept,
-            "about": work.about}
+    return {"seconds": timed.median, "faults": faults, "peak_mb": peak, "kept": kept, "about": work.about}
 
 
 def run_child(name: str, allocator: str, args: argparse.Namespace) -> dict:
