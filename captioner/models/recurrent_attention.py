@@ -70,8 +70,9 @@ class RecurrentAttention:
 
 
 # A CPU buffer of hidden layers kept, per attention module, from one training step for the next: a few
-# hundred MB, which glibc maps anew each step (its mmap threshold tops out at 32 MB) and the kernel then
-# faults in page by page, ~90k faults a step at the tutorial's sizes. Weak keys: it goes with its module.
+# hundred MB, which glibc maps anew each step (its default mmap threshold tops out at 32 MB; the command
+# line's, captioner.core.allocator, at 256 MB, and a library user keeps glibc's) and the kernel then faults
+# in page by page, ~90k faults a step at the tutorial's sizes. Weak keys: it goes with its module.
 _SPARE: weakref.WeakKeyDictionary[AdditiveAttention, torch.Tensor] = weakref.WeakKeyDictionary()
 _SPARE_LOCK = threading.Lock()
 
