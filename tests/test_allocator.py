@@ -130,3 +130,10 @@ def test_the_demo_keeps_glibc_s_thresholds_but_refuses_an_unknown_choice(mallopt
     monkeypatch.setenv(allocator.ENV, "tcmalloc")
     assert cli.main(["demo"]) == 2 and len(served) == 1
     assert "CAPTIONER_MALLOC='tcmalloc'" in capsys.readouterr().err
+
+
+def test_without_glibc_nothing_is_set(monkeypatch: pytest.MonkeyPatch):
+    """Another C library (musl, macOS's): no mallopt to call, and the command line goes on as it is."""
+    monkeypatch.setattr(allocator, "_mallopt", lambda: None)
+    monkeypatch.delenv(allocator.ENV, raising=False)
+    assert not allocator.keep_large_blocks() and not allocator.limit_arenas()
