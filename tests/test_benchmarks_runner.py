@@ -109,3 +109,31 @@ def test_malloc_glibc_holds_where_the_environment_names_no_choice(monkeypatch: p
     timing.print_environment(timing.argument_parser("example", None).parse_args(["--malloc", "glibc"]))
     assert capsys.readouterr().out.rstrip("\n").endswith("malloc: glibc's defaults")
     assert calls == [] and os.environ[allocator.ENV] == "glibc"
+
+
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "f_linear"])
+def test_products_steps_time_each_workload_on_its_route(onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m benchmarks products --steps`: each child process takes the route it is given (its
+    products really through oneDNN or not), whatever the machine decided, and that decision's gradients."""
+    import torch
+    from torch import nn
+
+    from benchmarks import bench_products, workloads
+    from captioner.core import allocator
+    from captioner.models import products
+
+    if not products.onednn_enabled():
+        pytest.skip("this torch build has no oneDNN inner product")
+    for name in ("_ENABLED", "_CHECKED", "_GRAM_MM", "_GRAD_MM"):  # restored after the child's set_onednn
+        monkeypatch.setattr(products, name, getattr(products, name))
+    monkeypatch.setattr(allocator, "keep_large_blocks", lambda: False)  # this process's malloc left as it is
+    monkeypatch.setattr(products, "decided_here", lambda: {"onednn": not onednn, "gram_mm": True, "grad_mm": False})
+    calls, inner = [], products._product
+    monkeypatch.setattr(products, "_product", lambda *a: calls.append(1) or inner(*a))
+    layer = products.onednn_linear(nn.Linear(8, 4))
+    tiny = workloads.Workload("lstm_beam", "a tiny product", layer, lambda: layer(torch.randn(3, 8)))
+    monkeypatch.setitem(workloads.WORKLOADS, "lstm_beam", lambda: tiny)
+    result = bench_products.step_child("lstm_beam", onednn, repeats=2)
+    assert result["onednn"] is onednn and result["about"] == "a tiny product" and result["seconds"] > 0
+    assert len(calls) == (4 if onednn else 0)  # two untimed calls, two timed
+    assert products.gram_by_mm() is onednn and products.grad_by_mm() is False
