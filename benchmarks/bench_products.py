@@ -3,19 +3,16 @@ with a reordered weight, alternating call by call. The shapes are the LSTM decod
 with each route's error from float64; it decides the route of `captioner.models.products`.
 
     python -m benchmarks products [--repeats 20] [--threads N]
-    python -m benchmarks products --steps [--rounds 4] [--step-repeats 5]
+    python -m benchmarks products --steps [--pairs 8]
 
-`--steps` times whole workloads instead (the LSTM train step and beam search of `benchmarks/workloads.py`),
-each in fresh processes with the dense layers through F.linear and through oneDNN, alternating round by
-round, the gradients' products as this machine decided them."""
+`--steps` times whole workloads instead (the LSTM train step and beam search of `benchmarks/workloads.py`)
+with the dense layers through F.linear and through oneDNN, call by call in turn in one process, the
+gradients' products as this machine decided them."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,9 +25,8 @@ from captioner.models import products
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.timing import alternate, argument_parser, measure, print_environment  # noqa: E402
+from benchmarks.timing import alternate, argument_parser, measure, print_environment, summarise  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("lstm_train", "lstm_beam")  # the workloads `--steps` times
 
 # (what, rows M, inputs K, outputs N, whether each call reorders its weight: training's
@@ -54,46 +50,30 @@ def alternating(a: Callable[[], object], b: Callable[[], object], repeats: int) 
     return timings["a"].median * 1e3, timings["b"].median * 1e3
 
 
-def step_child(name: str, onednn: bool, repeats: int) -> dict:
-    """In this process: workload `name` with the dense layers through oneDNN or F.linear, the gradients'
-    products as this machine decided them, malloc as `--malloc` chose -> its median seconds and the route it took."""
-    from captioner.core.allocator import keep_large_blocks
-
-    keep_large_blocks()  # unless the parent's --malloc glibc said otherwise (CAPTIONER_MALLOC)
+def time_steps(args: argparse.Namespace) -> None:
+    """Each workload of STEPS in this process, F.linear and oneDNN in turn call by call (the order reversed
+    every other pair), the gradients' products as this machine decided them: the host's slow spells fall on
+    both routes alike."""
     decision = products.decided_here()
-    products.set_onednn(onednn, gram_mm=decision["gram_mm"], grad_mm=decision["grad_mm"])
     from benchmarks import workloads
 
-    work = workloads.WORKLOADS[name]()
-    for _ in range(2):
-        work.run()
-    return {"seconds": measure(work.run, repeats, warmup=0).median, "onednn": products.route_taken(),
-            "about": work.about}
-
-
-def time_steps(args: argparse.Namespace) -> None:
-    """Each workload of STEPS in fresh processes, F.linear and oneDNN alternating round by round."""
-    print(f"\n{args.rounds} round(s), each a fresh process per route, {args.step_repeats} timed calls each (medians)")
-    print("| work | F.linear | oneDNN | speed-up |\n|---|---:|---:|---:|")
+    print(f"\n{args.pairs} pairs of calls, each after an untimed one of its route; ms, median (quartiles)")
+    print("| work | F.linear | oneDNN | speed-up, median of the pairs (range) |\n|---|---:|---:|---:|")
     for name in STEPS:
+        work = workloads.WORKLOADS[name]()
         seconds: dict[bool, list[float]] = {False: [], True: []}
-        about = name
-        for round_ in range(args.rounds):
-            for onednn in (False, True) if round_ % 2 == 0 else (True, False):
-                command = [sys.executable, "-m", "benchmarks", "products", "--child", name, "--route",
-                           "onednn" if onednn else "linear", "--step-repeats", str(args.step_repeats)]
-                if args.threads:
-                    command += ["--threads", str(args.threads)]
-                done = subprocess.run(command, cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True)
-                if done.returncode != 0:
-                    raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
-                result = json.loads(done.stdout.splitlines()[-1])
-                if result["onednn"] != onednn:
-                    raise SystemExit(f"{name}: the child took the other route")
-                seconds[onednn].append(result["seconds"])
-                about = result["about"]
-        linear_ms, onednn_ms = (statistics.median(seconds[route]) * 1e3 for route in (False, True))
-        print(f"| {about} | {linear_ms:,.0f} ms | {onednn_ms:,.0f} ms | {linear_ms / onednn_ms:.3f}x |", flush=True)
+        for pair in range(args.pairs):
+            for onednn in (False, True) if pair % 2 == 0 else (True, False):
+                products.set_onednn(onednn, gram_mm=decision["gram_mm"], grad_mm=decision["grad_mm"])
+                seconds[onednn].append(measure(work.run, 1, warmup=1).median)
+        ratios = sorted(a / b for a, b in zip(seconds[False], seconds[True]))
+        cells = []
+        for timed in (summarise(seconds[False]), summarise(seconds[True])):
+            q1, q3 = timed.quartiles
+            cells.append(f"{timed.median * 1e3:,.0f} ({q1 * 1e3:,.0f}-{q3 * 1e3:,.0f})")
+        print(f"| {work.about} | {cells[0]} | {cells[1]} | {statistics.median(ratios):.3f}x "
+              f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
+    products.set_onednn(decision["onednn"], gram_mm=decision["gram_mm"], grad_mm=decision["grad_mm"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,18 +82,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads (default: as captioner.core.process_settings sets them)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--steps", action="store_true", help="time whole workloads with each route instead")
-    parser.add_argument("--rounds", type=int, default=4, help="with --steps: processes of each route, alternating")
-    parser.add_argument("--step-repeats", type=int, default=5, help="with --steps: timed calls in each process")
-    parser.add_argument("--child", choices=STEPS, help=argparse.SUPPRESS)  # one process's measurement
-    parser.add_argument("--route", choices=("onednn", "linear"), help=argparse.SUPPRESS)
+    parser.add_argument("--pairs", type=int, default=8, help="with --steps: timed calls of each route, in turn")
     args = parser.parse_args(argv)
     set_threads(args.threads)
     if not products.onednn_enabled():
         print("products: this torch build has no oneDNN inner product (or CAPTIONER_ONEDNN=0)", file=sys.stderr)
         return 1
-    if args.child:
-        print(json.dumps(step_child(args.child, args.route == "onednn", args.step_repeats)))
-        return 0
     print_environment(args)
     if args.steps:
         time_steps(args)

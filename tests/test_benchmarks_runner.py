@@ -111,29 +111,40 @@ def test_malloc_glibc_holds_where_the_environment_names_no_choice(monkeypatch: p
     assert calls == [] and os.environ[allocator.ENV] == "glibc"
 
 
-@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "f_linear"])
-def test_products_steps_time_each_workload_on_its_route(onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`python -m benchmarks products --steps`: each child process takes the route it is given (its
-    products really through oneDNN or not), whatever the machine decided, and that decision's gradients."""
+def test_products_steps_time_each_workload_on_both_routes_in_turn(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """`python -m benchmarks products --steps`: each workload's calls take the two routes in turn (the order
+    reversed every other pair), their products really through oneDNN or not, the machine's gradients'
+    decision kept, and the machine's route back afterwards."""
+    import argparse
+
     import torch
     from torch import nn
 
     from benchmarks import bench_products, workloads
-    from captioner.core import allocator
     from captioner.models import products
 
     if not products.onednn_enabled():
         pytest.skip("this torch build has no oneDNN inner product")
-    for name in ("_ENABLED", "_CHECKED", "_GRAM_MM", "_GRAD_MM"):  # restored after the child's set_onednn
+    for name in ("_ENABLED", "_CHECKED", "_GRAM_MM", "_GRAD_MM"):  # restored after the benchmark's set_onednn
         monkeypatch.setattr(products, name, getattr(products, name))
-    monkeypatch.setattr(allocator, "keep_large_blocks", lambda: False)  # this process's malloc left as it is
-    monkeypatch.setattr(products, "decided_here", lambda: {"onednn": not onednn, "gram_mm": True, "grad_mm": False})
-    calls, inner = [], products._product
-    monkeypatch.setattr(products, "_product", lambda *a: calls.append(1) or inner(*a))
-    layer = products.onednn_linear(nn.Linear(8, 4))
-    tiny = workloads.Workload("lstm_beam", "a tiny product", layer, lambda: layer(torch.randn(3, 8)))
-    monkeypatch.setitem(workloads.WORKLOADS, "lstm_beam", lambda: tiny)
-    result = bench_products.step_child("lstm_beam", onednn, repeats=2)
-    assert result["onednn"] is onednn and result["about"] == "a tiny product" and result["seconds"] > 0
-    assert len(calls) == (4 if onednn else 0)  # two untimed calls, two timed
-    assert products.gram_by_mm() is onednn and products.grad_by_mm() is False
+    monkeypatch.setattr(products, "decided_here", lambda: {"onednn": False, "gram_mm": True, "grad_mm": False})
+    products_made, inner = [], products._product
+    monkeypatch.setattr(products, "_product", lambda *a: products_made.append(1) or inner(*a))
+    seen: list[tuple[str, bool, bool, int]] = []
+    for name in bench_products.STEPS:
+        layer = products.onednn_linear(nn.Linear(8, 4))
+
+        def run(name: str = name, layer: nn.Linear = layer) -> None:
+            before = len(products_made)
+            layer(torch.randn(3, 8))
+            seen.append((name, products.route_taken(), products.gram_by_mm(), len(products_made) - before))
+
+        monkeypatch.setitem(workloads.WORKLOADS, name, lambda name=name, layer=layer, run=run: workloads.Workload(
+            name, f"tiny {name}", layer, run))
+    bench_products.time_steps(argparse.Namespace(pairs=2))
+    order = [False, False, True, True, True, True, False, False]  # an untimed call, then the timed one
+    assert seen == [(name, onednn, onednn, int(onednn)) for name in bench_products.STEPS for onednn in order]
+    assert products.route_taken() is False  # the machine's decision again
+    table = capsys.readouterr().out
+    assert all(f"| tiny {name} |" in table for name in bench_products.STEPS)
