@@ -21,7 +21,7 @@ from captioner.core.decode_results import Hypothesis, length_penalty
 from captioner.core.decode_schema import check_search
 from captioner.models.decoder import Decoder, select_rows
 from captioner.models.decoding.rules import (
-    SHRINK_SHARE, DecodeOptions, EndingRule, SpecialTokens, banned_mask, block_repeated_trigrams, device_index,
+    SHRINK_SHARE, DecodeOptions, EndingRule, SpecialTokens, block_repeated_trigrams, device_index,
     pad_last, spread_rows, step_decoder,
 )
 from captioner.models.products import reused_weights
@@ -66,7 +66,7 @@ class Beam:
         self.done = [False] * self.S
         self.live: list[float] = []  # (B*K,) the live beams' log-probabilities after the last step
         self.best_possible_penalty = length_penalty(options.max_length, options.length_penalty)
-        self.forbidden = banned_mask(special.banned, decoder.vocab_size, device)  # (V,)
+        self.banned = device_index(sorted(set(special.banned)), device)  # (W,): their columns, filled in place
         self.ending = EndingRule.build(
             special, options.min_length, options.suppress_bad_endings, decoder.vocab_size, device
         )
@@ -97,8 +97,9 @@ class Beam:
             logprobs = spread_rows(logprobs, self.stepped, BK, NEG_INF)  # (B*K, V)
             attn = spread_rows(attn, self.stepped, BK, 0.0)  # (B*K, L, H, N)
             self_w = None if self_w is None else spread_rows(self_w, self.stepped, BK, 0.0)  # (B*K, L, H, t+1)
-        # In place on the step's own fresh (B*K, V) output: each copy would be a new buffer per step.
-        logprobs = logprobs.float().masked_fill_(self.forbidden, NEG_INF)  # (B*K, V)
+        # In place on the step's own fresh (B*K, V) output: each copy would be a new buffer per step. Only the
+        # banned columns are written (a (V,) mask would read all B*K*V: 0.27 ms a step at 96 x 10,000).
+        logprobs = logprobs.float().index_fill_(1, self.banned, NEG_INF)  # (B*K, V)
         if self.ending is not None:
             logprobs = self.ending.apply(logprobs, self.prev, t)
         if self.options.block_trigrams:
