@@ -7,7 +7,7 @@ with each route's error from float64; it decides the route of `captioner.models.
 
 `--steps` times whole workloads instead (the LSTM train step and beam search of `benchmarks/workloads.py`)
 with the dense layers through F.linear and through oneDNN, call by call in turn in one process, the
-gradients' products as this machine decided them."""
+gradients' products as the machine cache's decision names them."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def alternating(a: Callable[[], object], b: Callable[[], object], repeats: int) 
 
 def time_steps(args: argparse.Namespace) -> None:
     """Each workload of STEPS in this process, F.linear and oneDNN in turn call by call (the order reversed
-    every other pair), the gradients' products as this machine decided them: the host's slow spells fall on
-    both routes alike."""
+    every other pair), the gradients' products as the machine cache's decision names them: the host's slow
+    spells fall on both routes alike."""
     decision = products.decided_here()
     from benchmarks import workloads
 
