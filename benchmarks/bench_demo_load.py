@@ -71,16 +71,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(checkpoint: Path, options: list[str], temp: Path,
+def start_server(checkpoint: Path, options: list[str], temp: Path, threads: int | None = None,
                  timeout: float = 300.0) -> tuple[subprocess.Popen, str, Path]:
-    """`captioner demo CHECKPOINT OPTIONS` on a free local port with its temporary files in `temp`,
-    once it answers -> (the server, its URL, its log file)."""
+    """`captioner -v demo CHECKPOINT OPTIONS` on a free local port with its temporary files in `temp`, on
+    `threads` torch threads (default: its own choice), once it answers -> (the server, its URL, its log file)."""
     port = free_port()
     env = {**os.environ, "TMPDIR": str(temp)}
+    if threads is not None:
+        env["CAPTIONER_THREADS"] = str(threads)
     env.pop("GRADIO_TEMP_DIR", None)  # the demo makes its own cache, inside TMPDIR
     example = PHOTOS / "1001773457_577c3a7d70.jpg"
-    command = [sys.executable, "-m", "captioner.apps.cli", "demo", str(Path(checkpoint).resolve()), "--port", str(port),
-               "--examples", str(example), *options]
+    command = [sys.executable, "-m", "captioner.apps.cli", "-v", "demo", str(Path(checkpoint).resolve()),
+               "--port", str(port), "--examples", str(example), *options]
     log = Path(tempfile.mkstemp(prefix="bench-demo-server-", suffix=".log")[1])  # outside `temp`: not one of its files
     with log.open("w") as output:  # the server's log, never a pipe that could fill and stall it
         # SIGINT back to its default in the server (a shell may have it ignored): Ctrl-C stops both
@@ -351,7 +353,10 @@ def served_run(checkpoint: Path, photos: list[Path], args: argparse.Namespace) -
     """Start a server, load it, stop it."""
     temp = Path(tempfile.mkdtemp(prefix="bench-demo-server-"))
     server, url, log = start_server(checkpoint, ["--max-batch", str(args.max_batch), "--queue-size",
-                                                 str(args.queue_size)], temp)
+                                                 str(args.queue_size)], temp, args.server_threads)
+    chosen = [line.split("torch threads for captions: ")[1] for line in log.read_text().splitlines()
+              if "torch threads for captions: " in line]
+    print(f"server's torch threads: {chosen[-1] if chosen else 'not said'}")
     try:
         return load_run(url, server.pid, temp, photos, args,
                         f"--max-batch {args.max_batch}, --queue-size {args.queue_size}")
@@ -381,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, help="default: the page's (the model's config)")
     parser.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch")
     parser.add_argument("--queue-size", type=int, default=32, help="the server's --queue-size")
+    parser.add_argument("--server-threads", type=int, metavar="N",
+                        help="the server's torch threads ($CAPTIONER_THREADS; default: the demo's own choice)")
     parser.add_argument("--check", type=int, default=12,
                         help="photos captioned here first, to compare with the served captions")
     parser.add_argument("--tls-per-request", action="store_true",

@@ -32,6 +32,7 @@ from conftest import TrainedRun  # noqa: E402
 
 from captioner.apps.demo.cards import dataset_examples  # noqa: E402
 from captioner.apps.demo.page import MEAN, Result, attention_choices, caption_page, render_page  # noqa: E402
+from captioner.apps.demo import server as demo_server  # noqa: E402
 from captioner.apps.demo.server import close, default_checkpoint, launch  # noqa: E402
 from captioner.apps.demo.ui import Callbacks, build_demo, enable_download  # noqa: E402
 from captioner.core.config import load_config  # noqa: E402
@@ -310,6 +311,34 @@ def test_bad_checkpoints_stop_the_demo_before_it_serves(tmp_path: Path) -> None:
     assert "\n" not in str(caught.value)
     with pytest.raises(CaptionerError, match="no checkpoint to serve"):
         build_demo([])
+
+
+def test_the_served_captions_threads_are_timed_unless_the_user_set_them(model, trained: Trained,
+                                                                        monkeypatch) -> None:
+    """`captioner demo` times one caption by each model on 1 thread and on the free cores before it serves
+    (`threads_that_pay`); $CAPTIONER_THREADS skips it."""
+    transformer = load_captioner(trained.transformer)
+    asked: list[tuple[str, dict]] = []
+    for name, served in (("lstm", model), ("transformer", transformer)):
+        caption = served.caption
+        monkeypatch.setattr(served, "caption", lambda picture, caption=caption, name=name, **options: (
+            asked.append((name, options, picture.size)), caption(picture, **options))[1])
+    monkeypatch.setattr(demo_server, "free_cores", lambda: 2)
+    monkeypatch.delenv("CAPTIONER_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    before = torch.get_num_threads()
+    try:
+        threads = demo_server.choose_threads({"lstm": model, "transformer": transformer})
+        assert threads == torch.get_num_threads() in (1, 2)
+        assert len(asked) == 2 * 6  # both models, in a warm-up and two rounds on each count
+        assert asked[:2] == [("lstm", {"self_attention": False}, (512, 384)),
+                             ("transformer", {"self_attention": True}, (512, 384))]  # as the page asks
+        asked.clear()
+        monkeypatch.setenv("CAPTIONER_THREADS", "1")
+        torch.set_num_threads(1)
+        assert demo_server.choose_threads({"lstm": model}) == 1 and asked == []  # the user's count: nothing timed
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_close_waits_for_the_captions_in_flight(model, trained: Trained) -> None:

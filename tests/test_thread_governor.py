@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from captioner.core.process_settings import (ThreadGovernor, free_cores, own_running_threads, threads_are_automatic,
-                                             usable_cores)
+from captioner.core.process_settings import (THREADS_PAY, ThreadGovernor, free_cores, own_running_threads,
+                                             threads_are_automatic, threads_that_pay, usable_cores)
 
 
 class Clock:
@@ -101,5 +101,39 @@ def test_a_resumed_run_takes_its_recorded_count_unless_one_is_set(monkeypatch, c
         threads, governor = decide_threads(tiny_config("train.follow_free_cores=true"), {"threads": 3}, "last.pt")
         # the free cores, then followed
         assert threads is None and governor is not None and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+class CostClock:
+    """A clock each call of `action` advances by its cost at torch's current thread count (the first call at
+    each count costs `warmup` seconds), so a choice is tested without timing anything."""
+
+    def __init__(self, costs: dict[int, float], warmup: float = 10.0) -> None:
+        self.costs, self.warmup, self.now, self.calls = costs, warmup, 0.0, []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def action(self) -> None:
+        threads = torch.get_num_threads()
+        self.now += self.warmup if threads not in self.calls else self.costs[threads]
+        self.calls.append(threads)
+
+
+def test_a_server_runs_on_every_core_only_where_they_make_a_request_much_faster() -> None:
+    before = torch.get_num_threads()
+    try:
+        clock = CostClock({1: 0.5, 2: 0.25})  # 2x: a large encoder (costs exact in binary)
+        assert threads_that_pay(clock.action, 2, clock=clock) == (2, {1: 0.5, 2: 0.25})
+        assert torch.get_num_threads() == 2
+        assert clock.calls == [1, 2, 2, 1, 1, 2]  # a warm-up with each, then the order alternates
+        assert THREADS_PAY > 4 / 3
+        clock = CostClock({1: 0.5, 2: 0.375})  # 1.33x: a small model; one core is left to the server
+        assert threads_that_pay(clock.action, 2, clock=clock)[0] == 1 and torch.get_num_threads() == 1
+        clock = CostClock({1: 0.5, 2: 0.25})
+        assert threads_that_pay(clock.action, 2, gain=2.0, clock=clock)[0] == 2  # exactly the gain asked: it pays
+        clock = CostClock({1: 0.5})
+        assert threads_that_pay(clock.action, 1, clock=clock) == (1, {}) and clock.calls == []  # nothing to time
     finally:
         torch.set_num_threads(before)

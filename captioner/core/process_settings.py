@@ -90,6 +90,32 @@ def set_threads(requested: int | None = None) -> int:
     return threads
 
 
+THREADS_PAY = 1.4  # a server's request runs on every core only where they make it this much faster than one
+
+
+def threads_that_pay(action: Callable[[], object], cores: int, gain: float = THREADS_PAY, rounds: int = 2,
+                     clock: Callable[[], float] = time.perf_counter) -> tuple[int, dict[int, float]]:
+    """The torch threads a server runs `action` (one request's work) with: `cores` where they make it at
+    least `gain` times faster than 1 thread (best of `rounds`, alternating, after a warm-up with each), else 1,
+    which leaves the other cores to the server's own work. -> (threads, best seconds by count); torch is left
+    at the choice. A small model gains nothing from a second core and its parallel regions then only contend
+    with the server's threads: `python -m benchmarks demo_load` measures it."""
+    if cores <= 1:
+        torch.set_num_threads(1)
+        return 1, {}
+    best = {1: float("inf"), cores: float("inf")}
+    for round_ in range(rounds + 1):  # round 0 warms up: first calls allocate and pick their kernels
+        for threads in (1, cores) if round_ % 2 == 0 else (cores, 1):
+            torch.set_num_threads(threads)
+            started = clock()
+            action()
+            if round_:
+                best[threads] = min(best[threads], clock() - started)
+    chosen = cores if best[1] >= gain * best[cores] else 1
+    torch.set_num_threads(chosen)
+    return chosen, best
+
+
 def own_running_threads() -> int:
     """This process's running or runnable threads (/proc/self/task/*/stat state R); 0 if unknown."""
     running = 0

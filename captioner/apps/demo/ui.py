@@ -330,6 +330,12 @@ def wait_for_callbacks(demo: gr.Blocks, timeout: float) -> bool:
     return callbacks is None or callbacks.wait_idle(timeout)
 
 
+def served_models(demo: gr.Blocks) -> dict[str, Captioner]:
+    """The models a page built by `build_demo` serves, by name (empty for another page)."""
+    callbacks = _CALLBACKS.get(demo)
+    return dict(callbacks.models) if callbacks is not None else {}
+
+
 def batch_sizes(demo: gr.Blocks) -> dict[int, int]:
     """How many caption batches of each size the page decoded (empty for a page not built by `build_demo`)."""
     callbacks = _CALLBACKS.get(demo)
