@@ -318,7 +318,7 @@ def test_the_served_captions_threads_are_timed_unless_the_user_set_them(model, t
     """`captioner demo` times one caption by each model on 1 thread and on the free cores before it serves
     (`threads_that_pay`); $CAPTIONER_THREADS skips it."""
     transformer = load_captioner(trained.transformer)
-    asked: list[tuple[str, dict]] = []
+    asked: list[tuple[str, dict, tuple[int, int]]] = []  # (model, options, picture size) of each caption
     for name, served in (("lstm", model), ("transformer", transformer)):
         caption = served.caption
         monkeypatch.setattr(served, "caption", lambda picture, caption=caption, name=name, **options: (
