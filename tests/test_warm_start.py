@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -128,6 +129,66 @@ def test_a_timeout_kills_the_child() -> None:
     assert time.time() - started < 30
 
 
+def start_tick(pid: int) -> str:
+    """The clock tick a running process began at (/proc's stat field 22): with its pid, it names
+    the process even after the number is taken again."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def gone(pid: int, started: str, seconds: float = 30) -> bool:
+    """Whether the process `pid` begun at tick `started` ends within `seconds`: its /proc entry
+    goes, or holds a later process that took the number again."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if start_tick(pid) != started:
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# Writes "pid start-tick" to the file argv[1] names, then sleeps argv[2] seconds.
+WRITE_PID_AND_SLEEP = ("import os, sys, time\n"
+                       "started = open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19]\n"
+                       "open(sys.argv[1] + '.part', 'w').write(f'{os.getpid()} {started}')\n"
+                       "os.replace(sys.argv[1] + '.part', sys.argv[1])\ntime.sleep(float(sys.argv[2]))\n")
+
+
+def test_a_child_whose_asker_left_before_its_pid_was_sent_is_ended(tmp_path: Path) -> None:
+    """The asker (a rank's worker program that torchrun signalled at once, say) may be gone before
+    the server answers with the child's pid: the child must not run on unwatched."""
+    server = warm_start._the_server()
+    ended = Path(server.folder, "cpu")  # a monitor appends a line here once it has reaped its child
+
+    def ask(pid_file: Path, seconds: str) -> socket.socket:
+        conn, null = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), os.open(os.devnull, os.O_RDWR)
+        conn.connect(server.path)
+        warm_start._send(conn, {"kind": "code", "target": WRITE_PID_AND_SLEEP, "args": [str(pid_file), seconds],
+                                "unbuffered": True, "cwd": str(tmp_path), "env": server.env, "new_session": False},
+                         [null, null, null])
+        os.close(null)
+        return conn
+
+    with ask(tmp_path / "watched", "0") as conn:  # the same request, its asker staying: it runs and ends
+        pid = warm_start._receive(conn)[0]["pid"]
+        assert warm_start._receive(conn)[0]["status"] == 0
+        assert (tmp_path / "watched").read_text().split()[0] == str(pid)
+    lines = ended.read_text().count("\n") if ended.exists() else 0
+    ask(tmp_path / "left", "60").close()  # gone before the reply: the pid meets a closed connection
+    deadline = time.time() + 30
+    while not (tmp_path / "left").exists() and time.time() < deadline:
+        if ended.exists() and ended.read_text().count("\n") > lines:
+            break
+        time.sleep(0.05)
+    if (tmp_path / "left").exists():  # it began its work before the server ended it, or runs on
+        pid, started = (tmp_path / "left").read_text().split()
+        assert gone(int(pid), started)
+    else:
+        assert ended.read_text().count("\n") > lines  # its monitor ended and reaped it
+
+
 def test_the_child_dies_with_the_test_process_that_asked_for_it(tmp_path: Path) -> None:
     """A test process killed mid-test (pytest's timeout) leaves no forked child running on."""
     asker = ("import sys, time, warm_start\n"
@@ -138,13 +199,11 @@ def test_the_child_dies_with_the_test_process_that_asked_for_it(tmp_path: Path) 
                                cwd=Path(__file__).parent,
                                env=subprocess_env(PYTHONPATH=str(Path(__file__).parent)))
     pid, warm = process.stdout.readline().split()
-    assert warm == "True" and Path(f"/proc/{pid}").exists()
+    started = start_tick(int(pid))
+    assert warm == "True"
     process.kill()
     process.wait()
-    deadline = time.time() + 30
-    while Path(f"/proc/{pid}").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    assert not Path(f"/proc/{pid}").exists()
+    assert gone(int(pid), started)
 
 
 WARM_RANK = Path(__file__).with_name("warm_rank.py")
@@ -175,14 +234,12 @@ def test_a_signal_to_the_worker_program_reaches_the_rank_and_ends_it_alike(tmp_p
                                stdout=subprocess.PIPE,
                                text=True, env=env, cwd=tmp_path)
     rank, loaded, pid = program.stdout.readline().split()
+    started = start_tick(int(pid))
     assert (rank, loaded) == ("1", "True") and int(pid) != program.pid
     program.send_signal(signal.SIGTERM)
     assert program.wait(timeout=60) == -signal.SIGTERM
     program.stdout.close()
-    deadline = time.time() + 30
-    while Path(f"/proc/{pid}").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    assert not Path(f"/proc/{pid}").exists()
+    assert gone(int(pid), started)
 
 
 def test_without_a_server_the_worker_program_becomes_the_command_itself(tmp_path: Path) -> None:

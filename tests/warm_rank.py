@@ -16,6 +16,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 
 def cold(command: list[str]) -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # one held meanwhile acts here as on the command
     os.execv(sys.executable, [sys.executable, "-u", *command])
 
 
@@ -24,6 +25,9 @@ def main() -> None:
     path = os.environ.get(warm_start.SOCKET)
     if not path or len(command) < 2 or command[0] != "-m":
         cold(command)
+    # A signal that comes before the child's pid is known is held, then passed on (or, cold, kept
+    # for the command this process becomes): the rank never misses what torchrun sent it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
         conn, reply = warm_start.fork(path, "module", command[1], command[2:], unbuffered=True, cwd=os.getcwd(),
                                       env=os.environ,
@@ -42,6 +46,7 @@ def main() -> None:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     reply, _ = warm_start._receive(conn)  # the child's end (a forwarded signal interrupts and resumes this wait)
     code = os.waitstatus_to_exitcode(reply["status"]) if reply else 1
     if code < 0:  # ended by a signal: end by the same one

@@ -167,10 +167,16 @@ def _monitor(conn: socket.socket) -> None:
         _become(request, fds)  # never returns
     for fd in fds:
         os.close(fd)
-    _send(conn, {"pid": pid})
-    # The test process may die first (killed by pytest's timeout, say): its end of the connection
-    # closes, and the child goes with it rather than run on unwatched.
-    child, watching = os.pidfd_open(pid), [conn]
+    # The test process may die first (killed by pytest's timeout, or a worker program signalled
+    # before the pid came back): its end of the connection closes, and the child goes with it
+    # rather than run on unwatched.
+    try:
+        _send(conn, {"pid": pid})
+        watching = [conn]
+    except OSError:
+        os.kill(pid, signal.SIGKILL)
+        watching = []
+    child = os.pidfd_open(pid)
     while child not in select.select([child, *watching], [], [])[0]:
         if not _peer_alive(conn):
             os.kill(pid, signal.SIGKILL)
