@@ -163,11 +163,9 @@ def test_a_child_whose_asker_left_before_its_pid_was_sent_is_ended(tmp_path: Pat
     ended = Path(server.folder, "cpu")  # a monitor appends a line here once it has reaped its child
 
     def ask(pid_file: Path, seconds: str) -> socket.socket:
-        conn, null = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), os.open(os.devnull, os.O_RDWR)
-        conn.connect(server.path)
-        warm_start._send(conn, {"kind": "code", "target": WRITE_PID_AND_SLEEP, "args": [str(pid_file), seconds],
-                                "unbuffered": True, "cwd": str(tmp_path), "env": server.env, "new_session": False},
-                         [null, null, null])
+        null = os.open(os.devnull, os.O_RDWR)
+        conn = warm_start.ask(server.path, "code", WRITE_PID_AND_SLEEP, [str(pid_file), seconds], unbuffered=True,
+                              cwd=str(tmp_path), env=server.env, new_session=False, fds=[null, null, null])
         os.close(null)
         return conn
 

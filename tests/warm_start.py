@@ -113,12 +113,19 @@ def fork(path: str, kind: str, target: str, args: list[str], *, unbuffered: bool
     """Ask the server listening at `path` to fork `python -m target args` (kind "module"), `-c`
     ("code") or a script ("path"), with `fds` as its stdin, stdout and stderr: the connection, on
     which its wait status comes when it ends, and the reply, {"pid": ...} or {"cold": why}."""
+    conn = ask(path, kind, target, args, unbuffered=unbuffered, cwd=cwd, env=env, new_session=new_session, fds=fds)
+    reply, _ = _receive(conn)
+    return conn, reply
+
+
+def ask(path: str, kind: str, target: str, args: list[str], *, unbuffered: bool, cwd: str, env: Mapping[str, str],
+        new_session: bool, fds: Sequence[int]) -> socket.socket:
+    """`fork`'s request, sent: the connection, its reply not read yet."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     _send(conn, {"kind": kind, "target": target, "args": args, "unbuffered": unbuffered, "cwd": cwd, "env": dict(env),
                  "new_session": new_session}, fds)
-    reply, _ = _receive(conn)
-    return conn, reply
+    return conn
 
 
 # ---------------------------------------------------------------- the server side
@@ -172,11 +179,9 @@ def _monitor(conn: socket.socket) -> None:
     # rather than run on unwatched.
     try:
         _send(conn, {"pid": pid})
-        watching = [conn]
-    except OSError:
-        os.kill(pid, signal.SIGKILL)
-        watching = []
-    child = os.pidfd_open(pid)
+    except OSError:  # already closed: the loop below finds it so
+        pass
+    child, watching = os.pidfd_open(pid), [conn]
     while child not in select.select([child, *watching], [], [])[0]:
         if not _peer_alive(conn):
             os.kill(pid, signal.SIGKILL)
