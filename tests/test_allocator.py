@@ -5,6 +5,7 @@ changing where tensors live, never what a training step computes."""
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 
@@ -54,6 +55,29 @@ def test_large_blocks_are_reused_and_the_weights_stay_the_same():
     assert sum(default["faults"][1:]) > 0
     assert sum(kept["faults"][1:]) * 4 < sum(default["faults"][1:]), (kept["faults"], default["faults"])
     assert kept["weights"] == default["weights"]
+
+
+# A fresh interpreter (the lookup is cached for a process's life) that records every process started while
+# the command line's malloc settings are applied.
+STARTS_NOTHING = """
+import json, sys
+started = []
+sys.addaudithook(lambda event, args: started.append(event) if event.startswith(("subprocess", "os.posix_spawn",
+                                                                                  "os.fork", "os.exec")) else None)
+from captioner.core.allocator import keep_large_blocks, limit_arenas
+print(json.dumps({"kept": keep_large_blocks(), "arenas": limit_arenas(), "started": started}))
+"""
+
+
+def test_applying_the_settings_starts_no_process():
+    """`ctypes.util.find_library("c")` ran `/sbin/ldconfig -p` in every command, a model's evaluation included."""
+    result = subprocess.run([sys.executable, "-c", STARTS_NOTHING], cwd=REPO, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    seen = json.loads(result.stdout)
+    assert seen["started"] == []
+    if platform.libc_ver()[0] == "glibc":  # found without a lookup
+        assert seen["kept"] and seen["arenas"]
 
 
 class Recorder:

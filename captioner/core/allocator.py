@@ -10,7 +10,6 @@ blocks stay in the heap and the next step reuses them. Where the user set glibc'
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
 
@@ -27,10 +26,11 @@ USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP
 
 @functools.cache
 def _mallopt() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    """glibc's mallopt, or None (another C library, or none found)."""
+    """glibc's mallopt, or None (another C library, or none found). Looked up among the symbols the
+    process has loaded: `ctypes.util.find_library` would run `ldconfig -p`, and a command starts no process."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):  # TypeError: a platform whose CDLL needs a name
         return None
 
 
