@@ -11,6 +11,7 @@ from helpers import tiny_model
 from captioner.core.errors import CheckpointError
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import checkpoint_config, load_captioner, save_checkpoint
+from captioner.models.checkpoint_format import read_checkpoint
 
 
 def test_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
@@ -112,3 +113,45 @@ def test_a_model_only_checkpoint_loads_and_has_no_run_config_beyond_its_sections
     loaded = load_captioner(tmp_path / "model.pt", device="cpu")
     assert loaded.settings() == model.settings()
     assert checkpoint_config(tmp_path / "model.pt").decode == model.decode_config
+
+
+def mapped_ranges(path: Path) -> list[tuple[int, int]]:
+    """The address ranges this process has mapped from `path` (Linux's /proc/self/maps)."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path):
+            low, high = (int(bound, 16) for bound in fields[0].split("-"))
+            ranges.append((low, high))
+    return ranges
+
+
+def in_ranges(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
+    return any(low <= tensor.data_ptr() < high for low, high in ranges)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="no /proc/self/maps to see mappings in")
+def test_a_model_is_read_without_its_optimizer_and_keeps_nothing_mapped(tmp_path: Path) -> None:
+    """Loading for inference leaves the optimizer's state (two thirds of a fine-tuned COCO checkpoint) on disk:
+    the weights are mapped and read as the model copies them. What a caller keeps is in memory, so a
+    checkpoint overwritten in place (`cp` over it) cannot fault a model that is serving."""
+    model = tiny_model()
+    path = tmp_path / "model.pt"
+    moments = {"state": {0: {"exp_avg": torch.ones(4096)}}, "param_groups": []}
+    save_checkpoint(path, model, optimizer=moments, train_state={"rng": torch.get_rng_state(), "history": []})
+
+    payload = read_checkpoint(path, for_inference=True)
+    ranges = mapped_ranges(path)
+    assert "optimizer" not in payload and ranges
+    assert all(in_ranges(tensor, ranges) for tensor in payload["model"].values())
+    assert not in_ranges(payload["train_state"]["rng"], ranges)  # what a model card keeps
+    whole = read_checkpoint(path)
+    assert whole["optimizer"]["state"][0]["exp_avg"].sum() == 4096  # training's read has it all
+    assert not any(in_ranges(tensor, mapped_ranges(path)) for tensor in whole["model"].values())
+    assert all(torch.equal(payload["model"][name], tensor) for name, tensor in whole["model"].items())
+    del payload, whole
+
+    loaded = load_captioner(path, device="cpu")
+    assert weights_equal(loaded, model)
+    ranges = mapped_ranges(path)
+    assert not any(in_ranges(tensor, ranges) for tensor in loaded.state_dict().values())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from captioner.data.datasets import load_split
 from captioner.data.store_extract import ensure_store, extract
 from captioner.data.store_format import open_store
 from captioner.models.checkpoint import save_checkpoint
+from captioner.models import checkpoint_format
 from captioner.models.checkpoint_format import FORMAT_VERSION, read_checkpoint
 from test_feature_store import frozen_model, shapes_config
 
@@ -88,6 +90,39 @@ def test_a_flipped_bit_anywhere_is_refused(checkpoint_and_photo, tmp_path: Path,
     caption_refuses(flipped, photo, capsys)
     with pytest.raises(CheckpointError, match="flipped.pt"):
         read_checkpoint(flipped)
+
+
+def test_a_checkpoint_is_hashed_once_while_unchanged_and_again_once_changed(checkpoint_and_photo,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command reads its checkpoint's run config, then its model: one sha256 of a settled file. A flipped bit
+    written after that check is still refused, and a file written just now is hashed at every read (its time
+    could not tell a change made within the file system's clock tick)."""
+    checkpoint, _ = checkpoint_and_photo
+    hashed: list[int] = []
+    sha256 = checkpoint_format.hashlib.sha256
+    monkeypatch.setattr(checkpoint_format.hashlib, "sha256", lambda: hashed.append(1) or sha256())
+    read_checkpoint(checkpoint)
+    read_checkpoint(checkpoint, for_inference=True)
+    assert len(hashed) == 2  # written just now
+
+    settled = checkpoint.stat().st_mtime - 60
+    os.utime(checkpoint, (settled, settled))
+    hashed.clear()
+    read_checkpoint(checkpoint)
+    read_checkpoint(checkpoint, for_inference=True)
+    read_checkpoint(checkpoint)
+    assert len(hashed) == 1
+
+    weights = torch.load(checkpoint, weights_only=True)["model"]
+    name = max(weights, key=lambda k: weights[k].numel())
+    offset = checkpoint.read_bytes().index(bytes(weights[name].untyped_storage())[:64]) + 40
+    with open(checkpoint, "r+b") as f:  # in place: the same file, the same size
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x10]))
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        read_checkpoint(checkpoint, for_inference=True)
 
 
 def test_a_checkpoint_from_before_checksums_loads_with_one_warning(checkpoint_and_photo, tmp_path: Path,

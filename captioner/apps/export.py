@@ -60,7 +60,7 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
         if foreign:
             raise ExportError(f"{folder}: not empty ({', '.join(foreign[:3])} ...) and not an export; "
                               "give a new or empty folder")
-    payload = read_checkpoint(source)  # read once: the weights, the run config and the history
+    payload = read_checkpoint(source, for_inference=True)  # read once: the weights, the run config and the history
     config = run_config(payload["config"], source)
     model = Captioner.from_checkpoint_payload(payload, source).eval()
     with_decoding(model, decode)
@@ -94,7 +94,7 @@ def _web_site(source: Path, folder: Path, decode: Mapping[str, Any] | None, ort:
         dataset = ((config.get("training_config") or {}).get("data") or {}).get("dataset")
         terms = (config.get("packaged") or {}).get("data_terms") or (data_terms(dataset) if dataset else None)
     else:
-        payload = read_checkpoint(source)
+        payload = read_checkpoint(source, for_inference=True)
         model = Captioner.from_checkpoint_payload(payload, source)
         terms = data_terms(run_config(payload["config"], source).data.dataset)
     with_decoding(model, decode)

@@ -63,7 +63,7 @@ def package_model(
         raise ExportError(f"{name!r}: not a packaged model's name (letters, digits, '.', '_', '-', not first)")
     destination = (into or packaged.PACKAGED_FOLDER) / name
     refuse_a_second_model(destination)
-    payload = read_checkpoint(source)
+    payload = read_checkpoint(source, for_inference=True)
     config = run_config(payload["config"], source)
     model = Captioner.from_checkpoint_payload(payload, source).eval()
     refuse_unless_shippable(model, source)

@@ -90,7 +90,7 @@ class Captioner(nn.Module):
             model._load_weights(exported.state_dict, path / WEIGHTS, encoder_from_package=record is not None)
             model.origin = export_origin(path.name if packaged else name, exported.config, packaged)
         else:
-            payload = read_checkpoint(path)
+            payload = read_checkpoint(path, for_inference=True)
             model = cls.from_checkpoint_payload(payload, path)
             model.origin = checkpoint_origin(name, payload["config"], path)
         return model.to(resolve_device(device)).eval()

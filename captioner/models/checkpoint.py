@@ -59,7 +59,7 @@ def stored_config(path: Path) -> Config:
         if not isinstance(stored, dict):
             raise CheckpointError(f"{path / CONFIG}: no training_config (exported without one); its dataset is unknown")
         return run_config(stored, path)
-    return run_config(read_checkpoint(path)["config"], path)
+    return run_config(read_checkpoint(path, for_inference=True)["config"], path)
 
 
 def config_source(path: Path) -> str:

@@ -66,7 +66,7 @@ def recorded(path: str) -> dict[str, Any]:
     """What the page reads of a served model besides its weights: `config`, `train_state`, `test`; {} if unreadable."""
     try:
         if not is_exported(path):
-            payload = read_checkpoint(path)
+            payload = read_checkpoint(path, for_inference=True)
             return {"config": payload["config"], "train_state": payload.get("train_state"),
                     "test": read_scores(Path(path), None).test}
         config = read_config(Path(path))  # an export: its training config and the scores it recorded
