@@ -27,6 +27,7 @@ BENCHMARKS = {
     "web_page": "bench_web_page",
     "roofline": "bench_roofline",
     "allocator": "bench_allocator",
+    "checkpoint_load": "bench_checkpoint_load",
     "reference": "bench_reference",
     "gpu": "bench_gpu",
     "cuda_graphs": "check_cuda_graphs",

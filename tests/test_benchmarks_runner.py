@@ -148,3 +148,14 @@ def test_products_steps_time_each_workload_on_both_routes_in_turn(monkeypatch: p
     assert products.route_taken() is False  # the machine's decision again
     table = capsys.readouterr().out
     assert all(f"| tiny {name} |" in table for name in bench_products.STEPS)
+
+
+def test_checkpoint_load_reads_one_model_both_ways(tmp_path: Path) -> None:
+    """The checkpoint it writes holds AdamW's moments beside the weights, and either read gives the model."""
+    from benchmarks import bench_checkpoint_load as bench
+
+    path = tmp_path / "best.pt"
+    sizes = bench.write_checkpoint(ROOT / "configs/shapes_lstm.yaml", path)
+    assert sizes["moments_mb"] > sizes["weights_mb"] > 0 and sizes["file_mb"] > sizes["moments_mb"]
+    whole, inference = (bench.child(path, read) for read in bench.READS)
+    assert whole["parameters"] == inference["parameters"] > 0
