@@ -79,6 +79,7 @@ def fit(config: Config, resume: bool = False) -> Path:
         except OSError as e:  # a full disk before the first step: one line naming the file
             raise write_failure(Path(e.filename or out_dir), e) from None
     run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint, shards, threads)
+    del checkpoint, initial  # read into the model and the optimizer: their copies of the weights go before training
     run.threads = governor
     run.stop.install()  # from here a SIGTERM or SIGINT ends the step, saves last.pt and raises Interrupted
     try:

@@ -162,7 +162,7 @@ def read_init_checkpoint(config: Config) -> dict:
     the TRAINING_CHOICES: a stage may fine-tune an encoder that the previous one kept frozen
     (a model trained on the feature store), or freeze one it fine-tuned. The weights fit either way."""
     path = config.train.init
-    checkpoint = read_checkpoint(path)
+    checkpoint = read_checkpoint(path, for_inference=True)  # its weights and words: a stage starts a new optimizer
     saved, current = checkpoint["config"].get("model", {}), config.to_dict()["model"]
     for dotted in TRAINING_CHOICES:
         was, now = value_at({"model": saved}, dotted), value_at({"model": current}, dotted)
