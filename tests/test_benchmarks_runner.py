@@ -89,7 +89,10 @@ def test_the_environment_line_says_which_malloc_thresholds_the_benchmark_runs_wi
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(allocator, "_mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
     for name in (allocator.ENV, "GLIBC_TUNABLES", *allocator.USER_SETTINGS):
-        monkeypatch.delenv(name, raising=False)
+        # Set, then removed: deleting a variable that is not there records nothing to undo, and the variable
+        # print_environment sets would outlive the test (the allocator's tests that ran after it failed).
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     args = timing.argument_parser("example", None).parse_args(["--malloc", malloc, "--beside", "nothing"])
     timing.print_environment(args)
     assert capsys.readouterr().out.rstrip("\n").endswith(f"beside: nothing; {says}")
