@@ -329,7 +329,7 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
                             refuse("a model loaded before the port was checked"))
     if "no_gradio" in setup:
         monkeypatch.setitem(sys.modules, "gradio", None)
-        monkeypatch.delitem(sys.modules, "captioner.apps.demo.server", raising=False)
+        forget_module(monkeypatch, "captioner.apps.demo.server")
     if "no_onnx" in setup:
         monkeypatch.setitem(sys.modules, "onnx", None)
     if "nothing_written" in setup:  # the check comes before the Hub layout is written
@@ -337,14 +337,24 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
                             refuse("export wrote files before checking its prerequisites"))
     if "no_onnxruntime" in setup:
         monkeypatch.setitem(sys.modules, "onnxruntime", None)
-        for loaded in ("captioner.deploy.runtime",):  # an earlier test may have imported it
-            monkeypatch.delitem(sys.modules, loaded, raising=False)
+        forget_module(monkeypatch, "captioner.deploy.runtime")  # an earlier test may have imported it
     if "offline" in setup:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if "no_backoff" in setup:  # a download's retries at once: what they say is the point, not their pace
         monkeypatch.setattr("captioner.data.download.RETRY_BACKOFF_S", 0.0)
     if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not
         shapes_world(folder / "shapes", with_images=False)
+
+
+def forget_module(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Have the test import module `name` afresh; afterwards the module it replaced is back in sys.modules
+    and as its package's attribute alike. (Put back in sys.modules alone, the package kept the test's
+    module: a later `from package import module` patched another object than the command used.)"""
+    parent, _, child = name.rpartition(".")
+    package = sys.modules.get(parent)
+    if package is not None and hasattr(package, child):
+        monkeypatch.setattr(package, child, getattr(package, child))  # recorded: put back after the test
+    monkeypatch.delitem(sys.modules, name, raising=False)
 
 
 def shapes_world(root: Path, with_images: bool) -> None:
@@ -408,6 +418,21 @@ def command_paths(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -
             for name, sub in action.choices.items():
                 found += command_paths(sub, (*path, name)) or [(*path, name)]
     return found
+
+
+def test_a_forgotten_module_comes_back_in_sys_modules_and_on_its_package() -> None:
+    """What the rows without Gradio undo: in reverse order a later test patched the package's `server`
+    while `captioner demo` imported sys.modules' one, and served for real until killed."""
+    require_module("gradio", "the demo extra is not installed")
+    import captioner.apps.demo.server as before
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        forget_module(monkeypatch, "captioner.apps.demo.server")
+        import captioner.apps.demo.server as fresh
+        assert fresh is not before
+    import captioner.apps.demo as package
+
+    assert sys.modules["captioner.apps.demo.server"] is before and package.server is before
 
 
 def test_every_command_has_rows() -> None:
