@@ -15,15 +15,13 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.timing import argument_parser, measure, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, child_json, in_turn, measure, print_environment  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ("quickstart_step", "packaged_encoder", "lstm_train", "transformer_train", "lstm_beam")
 ALLOCATORS = {"glibc": "glibc's defaults", "captioner": "large blocks kept (captioner)"}
 
@@ -51,13 +49,10 @@ def child(name: str, repeats: int, threads: int | None) -> dict:
 def run_child(name: str, allocator: str, args: argparse.Namespace) -> dict:
     """`child` in a fresh process under `allocator` (a key of ALLOCATORS)."""
     env = {**os.environ, "CAPTIONER_MALLOC": "glibc" if allocator == "glibc" else ""}
-    command = [sys.executable, "-m", "benchmarks", "allocator", "--child", name, "--repeats", str(args.repeats)]
+    options = ["--child", name, "--repeats", str(args.repeats)]
     if args.threads:
-        command += ["--threads", str(args.threads)]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{name} under {allocator}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
-    result = json.loads(done.stdout.splitlines()[-1])
+        options += ["--threads", str(args.threads)]
+    result = child_json("allocator", options, env, what=f"{name} under {allocator}")
     if result["kept"] != (allocator == "captioner"):
         raise SystemExit(f"{name}: the thresholds were {'' if result['kept'] else 'not '}set under {allocator}")
     return result
@@ -82,10 +77,8 @@ def main(argv: list[str] | None = None) -> int:
           "|---|---:|---:|---:|---:|---:|")
     for name in args.only:
         results: dict[str, list[dict]] = {allocator: [] for allocator in ALLOCATORS}
-        for round_ in range(args.rounds):
-            order = list(ALLOCATORS) if round_ % 2 == 0 else list(ALLOCATORS)[::-1]
-            for allocator in order:
-                results[allocator].append(run_child(name, allocator, args))
+        for allocator in in_turn(list(ALLOCATORS), args.rounds):
+            results[allocator].append(run_child(name, allocator, args))
         ms = {a: statistics.median(r["seconds"] for r in results[a]) * 1e3 for a in ALLOCATORS}
         faults = {a: statistics.median(r["faults"] for r in results[a]) for a in ALLOCATORS}
         peak = {a: max(r["peak_mb"] for r in results[a]) for a in ALLOCATORS}

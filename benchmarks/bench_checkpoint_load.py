@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +23,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.timing import argument_parser, print_environment, summarise  # noqa: E402
+from benchmarks.timing import argument_parser, child_json, in_turn, print_environment, summarise  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 READS = {"whole": "the whole payload", "inference": "for inference"}
@@ -69,16 +67,6 @@ def child(path: Path, read: str) -> dict:
     return {"seconds": seconds, "cpu": cpu, "peak_mb": peak, "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def run_child(*args: str) -> dict:
-    """This benchmark with `args` in a fresh process -> the JSON it prints last. This process stays small: a
-    child's peak memory counts its parent's from before its exec."""
-    done = subprocess.run([sys.executable, "-m", "benchmarks", "checkpoint_load", *args], cwd=ROOT, env=os.environ,
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"checkpoint_load {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
-    return json.loads(done.stdout.splitlines()[-1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("checkpoint_load", __doc__)
     parser.add_argument("--config", type=Path, default=ROOT / "configs/coco_lstm_resnet101.yaml",
@@ -97,13 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     print_environment(args)
     with tempfile.TemporaryDirectory(prefix="checkpoint_load-") as folder:
         path = Path(folder) / "best.pt"
-        sizes = run_child("--write", str(path), "--config", str(args.config))
+        # in a child too: a process's peak memory counts its parent's from before its exec, so this one stays small
+        sizes = child_json("checkpoint_load", ["--write", str(path), "--config", str(args.config)])
         print(f"\n{args.config.name}: best.pt of {sizes['file_mb']:,.0f} MB (weights {sizes['weights_mb']:,.0f} MB, "
               f"AdamW's moments {sizes['moments_mb']:,.0f} MB); {args.rounds} fresh process(es) per read, alternating")
         results: dict[str, list[dict]] = {read: [] for read in READS}
-        for round_ in range(args.rounds):
-            for read in list(READS) if round_ % 2 == 0 else list(READS)[::-1]:
-                results[read].append(run_child("--child", str(path), "--read", read))
+        for read in in_turn(list(READS), args.rounds):
+            results[read].append(child_json("checkpoint_load", ["--child", str(path), "--read", read]))
     print("\n| read | seconds | CPU seconds | peak MB above the process's before the read |\n"
           "|---|---:|---:|---:|")
     seconds = {read: summarise([r["seconds"] for r in rows]) for read, rows in results.items()}

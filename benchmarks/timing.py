@@ -1,16 +1,21 @@
 """The one timing helper every benchmark uses: warm-up calls, repeated calls (alternating between
-variants, so a change in load hits each alike), the median and interquartile range, and the line
-naming the environment (processor, cores, torch threads, load, what ran `--beside`)."""
+variants, so a change in load hits each alike), the median and interquartile range, a measurement
+taken in a fresh process, and the line naming the environment (processor, cores, torch threads, load,
+what ran `--beside`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -65,12 +70,27 @@ def alternate(actions: Mapping[str, Callable[[], object]], repeats: int = 5, war
         for name in names:
             actions[name]()
     seconds: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(repeats):
-        for name in names if round_ % 2 == 0 else reversed(names):
-            start = clock()
-            actions[name]()
-            seconds[name].append(clock() - start)
+    for name in in_turn(names, repeats):
+        start = clock()
+        actions[name]()
+        seconds[name].append(clock() - start)
     return {name: summarise(seconds[name]) for name in names}
+
+
+def in_turn(names: Sequence[str], rounds: int) -> Iterator[str]:
+    """Each of `names` once a round for `rounds` rounds, the order reversed every other round."""
+    for round_ in range(rounds):
+        yield from names if round_ % 2 == 0 else reversed(names)
+
+
+def child_json(name: str, args: Sequence[str], env: Mapping[str, str] | None = None, what: str = "") -> dict:
+    """`python -m benchmarks NAME ARGS` in a fresh process (the repository its folder) -> the JSON object its
+    last line prints; a failure stops the benchmark in one line naming `what` (default: the command)."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks", name, *args], cwd=Path(__file__).resolve().parents[1],
+                          env=dict(os.environ if env is None else env), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{what or name + ' ' + ' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def processor() -> str:

@@ -162,3 +162,10 @@ def test_checkpoint_load_reads_one_model_both_ways(tmp_path: Path) -> None:
     assert sizes["moments_mb"] > sizes["weights_mb"] > 0 and sizes["file_mb"] > sizes["moments_mb"]
     whole, inference = (bench.child(path, read) for read in bench.READS)
     assert whole["parameters"] == inference["parameters"] > 0
+
+
+def test_a_child_that_fails_stops_the_benchmark_in_one_line_naming_it() -> None:
+    with pytest.raises(SystemExit, match=r"^no_such --x: exit 2: python -m benchmarks: no benchmark 'no_such'"):
+        timing.child_json("no_such", ["--x"])
+    with pytest.raises(SystemExit, match=r"^the step under glibc: exit 2: "):
+        timing.child_json("no_such", [], what="the step under glibc")
