@@ -72,7 +72,7 @@ print(json.dumps({"kept": keep_large_blocks(), "arenas": limit_arenas(), "starte
 def test_applying_the_settings_starts_no_process():
     """`ctypes.util.find_library("c")` ran `/sbin/ldconfig -p` in every command, a model's evaluation included."""
     env = {name: value for name, value in subprocess_env().items()
-           if name not in (allocator.ENV, "GLIBC_TUNABLES", *allocator.USER_SETTINGS)}  # nothing chosen
+           if name not in allocator.CHOOSING}  # nothing chosen
     result = subprocess.run([sys.executable, "-c", STARTS_NOTHING], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -95,7 +95,7 @@ class Recorder:
 def mallopt(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     recorder = Recorder()
     monkeypatch.setattr(allocator, "_mallopt", lambda: recorder)
-    for name in (allocator.ENV, "GLIBC_TUNABLES", *allocator.USER_SETTINGS):
+    for name in allocator.CHOOSING:
         monkeypatch.delenv(name, raising=False)
     return recorder
 

@@ -88,7 +88,7 @@ def test_the_environment_line_says_which_malloc_thresholds_the_benchmark_runs_wi
 
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(allocator, "_mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
-    for name in (allocator.ENV, "GLIBC_TUNABLES", *allocator.USER_SETTINGS):
+    for name in allocator.CHOOSING:
         # Set, then removed: deleting a variable that is not there records nothing to undo, and the variable
         # print_environment sets would outlive the test (the allocator's tests that ran after it failed).
         monkeypatch.setenv(name, "")

@@ -132,7 +132,7 @@ def test_a_timeout_kills_the_child() -> None:
 def start_tick(pid: int) -> str:
     """The clock tick a running process began at (/proc's stat field 22): with its pid, it names
     the process even after the number is taken again."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    return warm_start.proc_stat(pid)[19]
 
 
 def gone(pid: int, started: str, seconds: float = 30) -> bool:

@@ -360,10 +360,15 @@ class _Server:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def proc_stat(pid: int) -> list[str]:
+    """The fields of Linux's /proc/PID/stat after the command's name: the process's state first."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _process_cpu(pid: int) -> float:
     """CPU seconds a running process has used so far (Linux's /proc; 0 where there is none)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = proc_stat(pid)
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
     except (OSError, ValueError, IndexError):
         return 0.0

@@ -22,6 +22,7 @@ MMAP_THRESHOLD = 256 << 20  # blocks below it come from the heap and are reused:
 TRIM_THRESHOLD = 512 << 20  # free memory the heap's top may keep before it is handed back
 ENV = "CAPTIONER_MALLOC"  # "glibc": glibc's defaults kept
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+CHOOSING = (ENV, "GLIBC_TUNABLES", *USER_SETTINGS)  # every variable `user_tuned` reads
 
 
 @functools.cache
