@@ -5,7 +5,7 @@ what tests/data/golden/captions.json records, for every decoding of scripts/gold
 cut-off beams, seeded sampling), both decoders, the checkpoint, the export, the ONNX bundle through
 the torch-free runtime and the packaged model on Flickr8k photographs.
 
-On the machine (processor, cores, torch) that wrote the file, on one thread and the same route
+On the machine (processor, cores, torch, kernel variables) that wrote the file, on one thread and the same route
 for the dense layers' products, the record is equal byte for byte: texts, token ids, every score
 as repr(float) and the attention maps' float32 bytes (by checksum). Elsewhere, where other kernels sum in other orders
 (tests/test_packaged_captions.py's reasoning), greedy captions are worded the same, every score of a

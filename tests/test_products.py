@@ -422,6 +422,26 @@ def test_the_route_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch: 
     assert products.faster_here() is False
 
 
+def test_kernels_held_to_an_instruction_set_are_another_machine(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ATEN_CPU_CAPABILITY=avx2 (and oneDNN's, MKL's like it) changes both the speed a decision measured and the
+    last bits of a result: what was kept under the processor's own kernels is not recalled, nor the reverse."""
+    from captioner.core import machine_cache
+
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
+    for name in machine_cache.KERNEL_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    own = machine_cache.machine_key()
+    machine_cache.remember("a decision", "own kernels")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", " avx2 ")
+    assert machine_cache.machine_key() == f"{own} | ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2"
+    assert machine_cache.recall("a decision") is None
+    machine_cache.remember("a decision", "AVX2 kernels")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "")  # set empty: torch's default, as unset
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert machine_cache.machine_key() == own and machine_cache.recall("a decision") == "own kernels"
+
+
 def test_processes_that_ask_together_take_one_decision(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun's ranks start together with nothing kept. Were each to measure for itself, a close
     call (a few hundredths of a ms apart) could send them different routes, the last one written

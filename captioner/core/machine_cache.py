@@ -1,7 +1,7 @@
 """What captioner computes once per machine, kept between processes in its cache folder
 ($CAPTIONER_CACHE_DIR, else $XDG_CACHE_HOME/captioner, else ~/.cache/captioner); among it a JSON file of
-what was measured on the local machine, keyed by processor, core count and torch version (a file that
-cannot be read or written is measured anew).
+what was measured on the local machine, keyed by processor, core count, torch version and the kernels the
+environment holds torch to (a file that cannot be read or written is measured anew).
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ except ImportError:  # not POSIX: no lock, each process builds or measures for i
 log = logging.getLogger(__name__)
 
 FILE_NAME = "machine.json"
+# Variables that hold torch's kernels to an instruction set or to another arithmetic: each changes both what a
+# speed decision measures and the last bits of what is computed.
+KERNEL_SETTINGS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_DEFAULT_FPMATH_MODE",
+                   "DNNL_DEFAULT_FPMATH_MODE", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
 
 
 def cache_dir() -> Path:
@@ -61,10 +65,13 @@ def processor_name() -> str:
 
 
 def machine_key() -> str:
-    """The processor, its core count and the torch version: what a speed decision depends on."""
+    """The processor, its core count, the torch version and any of KERNEL_SETTINGS set: what a speed decision
+    and a computation's last bits depend on. Without those variables, the key is the first three alone."""
     import torch  # here: METEOR's index shares the cache folder without torch
 
-    return f"{processor_name()} | {os.cpu_count()} cores | torch {torch.__version__}"
+    key = f"{processor_name()} | {os.cpu_count()} cores | torch {torch.__version__}"
+    held = [f"{name}={os.environ[name].strip()}" for name in KERNEL_SETTINGS if os.environ.get(name, "").strip()]
+    return f"{key} | {', '.join(held)}" if held else key
 
 
 def _read() -> dict[str, Any]:
