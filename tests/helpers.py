@@ -5,6 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -207,3 +212,28 @@ def never_stopping(model: Captioner) -> Captioner:
     with torch.no_grad():
         out.bias[[vocab.pad_id, vocab.bos_id, vocab.eos_id]] = -30.0
     return model
+
+
+class LoopbackServer(ThreadingHTTPServer):
+    """A test's HTTP server: a client that hangs up mid-reply (a run stopped on purpose, a download cut) is
+    what the test does, not an error whose traceback belongs in the suite's log; other errors still print."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:  # noqa: ANN001 - socketserver's signature
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+@contextmanager
+def serving(handler: Callable[..., BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served on 127.0.0.1 while the block runs; yields the base URL."""
+    server = LoopbackServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

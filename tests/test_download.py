@@ -8,12 +8,12 @@ import json
 import os
 import re
 import socket
-import threading
 import zipfile
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from helpers import serving
 
 from captioner.apps.cli import main
 from captioner.core.errors import DatasetError
@@ -78,15 +78,8 @@ def _handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def server():
     state = ServerState()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    state.base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    yield state
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(5)
+    with serving(_handler(state)) as state.base:
+        yield state
 
 
 @pytest.fixture(autouse=True)

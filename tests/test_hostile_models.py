@@ -31,15 +31,14 @@ import shutil
 import shlex
 import sys
 import tarfile
-import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from helpers import TINY_MODEL, require_module, tiny_model
+from helpers import TINY_MODEL, require_module, serving, tiny_model
 from PIL import Image
 
 from captioner.apps.cli import main
@@ -163,11 +162,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         write_tar(outside / "shards" / f"{s:05d}.tar", good_samples(3, f"{s}"))
     write_index(outside / "shards", {"00000.tar": 3, "00001.tar": 3})
     Counting.requests = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Counting, directory=str(outside)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield World(work, outside, base / "ran", f"http://127.0.0.1:{server.server_address[1]}")
-    server.shutdown()
-    server.server_close()
+    with serving(functools.partial(Counting, directory=str(outside))) as url:
+        yield World(work, outside, base / "ran", url)
 
 
 @pytest.fixture

@@ -13,14 +13,13 @@ import os
 import random
 import shlex
 import signal
-import threading
 from collections import Counter
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, TINY_MODEL, require, require_module
+from helpers import REPO, TINY_MODEL, require, require_module, serving
 
 SHAPES_LSTM = str(REPO / "configs/shapes_lstm.yaml")  # wherever pytest started
 import warm_start
@@ -290,12 +289,8 @@ def http_server(tmp_path: Path):
     """A loopback HTTP server over tmp_path/served; yields its base URL."""
     served = tmp_path / "served"
     served.mkdir()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(served)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", served
-    server.shutdown()
-    server.server_close()
+    with serving(functools.partial(Quiet, directory=str(served))) as base:
+        yield base, served
 
 
 @pytest.mark.slow
