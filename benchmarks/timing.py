@@ -114,13 +114,17 @@ def processor() -> str:
 
 
 def environment(beside: str | None) -> str:
-    """One line: processor, usable cores, torch version and threads, load average, what ran beside."""
+    """One line: processor, usable cores, torch version, threads and kernels (with any variable that holds them
+    to an instruction set), load average, what ran beside."""
     import torch
+
+    from captioner.core.machine_cache import kernel_settings
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"# {processor()}; {cores} cores; torch {torch.__version__}, {torch.get_num_threads()} threads; "
-            f"load {load:.1f}; beside: {beside or 'not said (--beside)'}")
+    kernels = torch.backends.cpu.get_cpu_capability() + (f" ({held})" if (held := kernel_settings()) else "")
+    return (f"# {processor()}; {cores} cores; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"{kernels} kernels; load {load:.1f}; beside: {beside or 'not said (--beside)'}")
 
 
 def argument_parser(name: str, doc: str | None, malloc: str = "captioner") -> argparse.ArgumentParser:

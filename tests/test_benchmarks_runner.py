@@ -72,10 +72,19 @@ def test_alternate_reverses_the_order_every_other_round_and_takes_the_median() -
     assert timings["a"].quartiles == (1.5, 5.5) and timings["b"].median == 5.0
 
 
-def test_the_environment_line_says_what_ran_beside() -> None:
+def test_the_environment_line_says_what_ran_beside_and_which_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from captioner.core.machine_cache import KERNEL_SETTINGS
+
+    for name in KERNEL_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
     line = timing.environment("the test suite")
     assert line.startswith("# ") and "\n" not in line
     assert "cores" in line and "torch" in line and line.endswith("beside: the test suite")
+    assert f", {torch.backends.cpu.get_cpu_capability()} kernels; " in line
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # read by oneDNN at its first use; the line says it was set
+    assert " (ONEDNN_MAX_CPU_ISA=AVX2) kernels; " in timing.environment(None)
 
 
 @pytest.mark.parametrize("malloc, says, sets", [

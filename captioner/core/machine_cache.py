@@ -70,8 +70,13 @@ def machine_key() -> str:
     import torch  # here: METEOR's index shares the cache folder without torch
 
     key = f"{processor_name()} | {os.cpu_count()} cores | torch {torch.__version__}"
-    held = [f"{name}={os.environ[name].strip()}" for name in KERNEL_SETTINGS if os.environ.get(name, "").strip()]
-    return f"{key} | {', '.join(held)}" if held else key
+    return f"{key} | {held}" if (held := kernel_settings()) else key
+
+
+def kernel_settings() -> str:
+    """The KERNEL_SETTINGS the environment sets, as NAME=value, comma-separated; '' where none is."""
+    values = {name: os.environ.get(name, "").strip() for name in KERNEL_SETTINGS}
+    return ", ".join(f"{name}={value}" for name, value in values.items() if value)
 
 
 def _read() -> dict[str, Any]:
