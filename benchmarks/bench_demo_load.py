@@ -1,6 +1,7 @@
 """The demo under load: many clients at once, real photos with broken files mixed in. Serves
-CHECKPOINT (or measures --url) to --clients gradio sessions fetching heatmaps as a browser does;
-broken uploads must get their one-line message and the served captions match local ones. It sets
+CHECKPOINT (or measures --url) to --clients gradio sessions fetching heatmaps as a browser does, and
+asking for the downloadable figure after each caption as the page does; broken uploads must get their one-line
+message and the served captions match local ones. It sets
 the demo's defaults (`--max-batch 8`, `--queue-size 32`, the malloc arena cap)."""
 
 from __future__ import annotations
@@ -200,6 +201,12 @@ def fetch_heatmaps(gallery: list[dict], session) -> bool:
     return all(r.status_code == 200 and r.content[:2] == b"\xff\xd8" for r in pictures)  # JPEGs
 
 
+def figure_drawn(client) -> bool:
+    """The page's second step after a caption (/figure): the server draws the downloadable figure, which a browser
+    fetches only when the button is clicked."""
+    return bool(client.predict(api_name="/figure"))
+
+
 def outcome(kind: str, expected: str, answer: tuple, session) -> tuple[str, str]:
     """How one /caption answer went: (outcome, caption text)."""
     text, _, gallery, note = answer
@@ -247,12 +254,15 @@ def client_run(
         try:
             answer = client.predict(handle_file(str(path)), **options, api_name="/caption")
             result, text = outcome(kind, expected, answer, session)
+            seconds = time.perf_counter() - started  # the caption's latency: upload to heatmaps downloaded
+            if args.figure and result == "captioned" and not figure_drawn(client):
+                result = "bad answer: no figure"
         except Exception as e:  # noqa: BLE001 - counted by kind in the report
             busy = "queue is full" in str(e).lower()
             answers.append(Answer(kind, "busy: queue full" if busy else f"error: {type(e).__name__}",
                                   time.perf_counter() - started))
             continue
-        answers.append(Answer(kind, result, time.perf_counter() - started, text, path.name))
+        answers.append(Answer(kind, result, seconds, text, path.name))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -302,7 +312,8 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
     refusals = [a.seconds for a in answers if a.kind != "caption" and a.outcome.startswith("refused")]
     if refusals:
         print(f"  broken files answered in: median {statistics.median(refusals):.2f} s, max {max(refusals):.2f} s")
-    print(f"  throughput: {report['captions_per_s']:.2f} captions/s ({len(captions)} captions with their heatmaps)")
+    print(f"  throughput: {report['captions_per_s']:.2f} captions/s ({len(captions)} captions with their heatmaps"
+          f"{' and figures' if args.figure else ''})")
     if cpu_before is not None and cpu_after is not None and captions:
         report["cpu_per_caption"] = (cpu_after - cpu_before) / len(captions)
         print(f"  CPU time per caption (robust to other load): server {report['cpu_per_caption']:.3f} s, "
@@ -392,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="photos captioned here first, to compare with the served captions")
     parser.add_argument("--tls-per-request", action="store_true",
                         help="clients load a TLS context for every request, as gradio_client does by default")
+    parser.add_argument("--no-figure", dest="figure", action="store_false",
+                        help="ask /caption alone, not the figure the page asks for after it (records before the "
+                             "figure step was timed)")
     parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
     args = parser.parse_args(argv)
     if (args.checkpoint is None) == (args.url is None):
