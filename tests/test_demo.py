@@ -125,7 +125,7 @@ def test_caption_page_says_what_the_cli_says_for_the_same_file_and_options(
     assert [word for _, word in page.gallery] == words
     upright_size = Image.open(trained.images[telling[0]]).size
     assert all(overlay.size == upright_size for overlay, _ in page.gallery)
-    assert page.figure is not None and Image.open(page.figure).format == "PNG"
+    assert page.figure is not None and Image.open(page.figure).format == "JPEG"
     assert count_panels(page.figure) == 1 + len(words)  # the input, then a panel per word
     cut = ("" if expected["finished"]
            else f" The caption reached the maximum length ({length} words) before the model ended it.")
@@ -453,7 +453,7 @@ def test_api_captions_through_the_same_path_as_the_cli(server: str, trained: Tra
     assert note == ("" if expected.finished
                     else f"The caption reached the maximum length ({length} words) before the model ended it.")
     figure = api.predict(api_name="/figure")  # of this session's caption
-    assert Image.open(figure).format == "PNG" and count_panels(figure) == 1 + len(expected.words)
+    assert Image.open(figure).format == "JPEG" and count_panels(figure) == 1 + len(expected.words)
 
 
 def test_api_bad_upload_gets_the_message_not_a_traceback(server: str, tmp_path: Path) -> None:
@@ -565,7 +565,7 @@ def test_browser_upload_caption_and_heatmaps(browser, browser_server, tmp_path: 
     with page.expect_download() as download:
         page.click("#download")
     figure = download.value.path()
-    assert Image.open(figure).format == "PNG" and count_panels(figure) == 1 + len(expected.words)
+    assert Image.open(figure).format == "JPEG" and count_panels(figure) == 1 + len(expected.words)
     page.screenshot(path=str(screenshot_path(tmp_path)), full_page=True)
 
     bad = tmp_path / "notes.png"

@@ -305,6 +305,27 @@ def test_callbacks_write_their_pictures_inside_gradios_cache(checkpoint: Path, m
     assert Path(callbacks.figure(result, "1", "mean")).parent == callbacks.out_dir
 
 
+def test_a_request_s_prune_deletes_old_figures_and_heatmaps_and_keeps_fresh_ones(checkpoint: Path, model,
+                                                                                   tmp_path: Path, monkeypatch) -> None:
+    """What the callbacks write is what `prune` looks for, by name: files older than the age go, younger stay."""
+    from captioner.apps.demo.page import prune
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "cache"))
+    callbacks = Callbacks({str(checkpoint): model})
+    photo = tmp_path / "photo.png"
+    pictures(1)[0].save(photo)
+    written = []
+    for _ in range(2):
+        _, _, gallery, _, result = callbacks.caption(str(photo), str(checkpoint), 3, 8, "1", "mean")
+        written.append([Path(path) for path, _ in gallery] + [Path(callbacks.figure(result, "1", "mean"))])
+    old, fresh = written
+    for path in old:
+        os.utime(path, (time.time() - 100, time.time() - 100))
+    prune(callbacks.out_dir, max_age_s=50)
+    assert not any(path.exists() for path in old) and all(path.is_file() for path in fresh)
+    assert sorted(callbacks.out_dir.iterdir()) == sorted(fresh)
+
+
 def test_each_process_that_serves_a_page_gets_a_gradio_cache_of_its_own(monkeypatch: pytest.MonkeyPatch,
                                                                         tmp_path: Path) -> None:
     """Gradio deletes what a closing server cached, by content-named path: a cache shared with

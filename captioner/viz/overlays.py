@@ -106,8 +106,9 @@ def save_attention_figure(path: str | Path, image: Image.Image, caption: Caption
     path = Path(path)
     sheet = attention_sheet(image, caption, **options)
     kind = Image.registered_extensions().get(path.suffix.lower(), "PNG")  # the temporary name has no telling suffix
-    fastest = {"compress_level": 1} if kind == "PNG" else {}  # photos barely compress more at higher levels
-    write_atomically(path, lambda tmp: sheet.save(tmp, format=kind, **fastest))  # a full disk: one StorageError
+    # PNG: photos barely compress more at higher levels; JPEG: Pillow's default quality (75) blurs the labels
+    options = {"PNG": {"compress_level": 1}, "JPEG": {"quality": 95}}.get(kind, {})
+    write_atomically(path, lambda tmp: sheet.save(tmp, format=kind, **options))  # a full disk: one StorageError
     return path
 
 
