@@ -49,6 +49,20 @@ def test_panel_counter_sees_a_missing_panel(photo: Image.Image, tmp_path: Path) 
     assert counted == 4 and count_panels(tmp_path / "cut.png") == 3
 
 
+@pytest.mark.parametrize("suffix, kind", [(".png", "PNG"), (".jpg", "JPEG"), (".jpeg", "JPEG")])
+def test_the_figure_takes_its_format_from_its_suffix_and_a_jpeg_keeps_its_labels(
+        photo: Image.Image, tmp_path: Path, suffix: str, kind: str) -> None:
+    """A JPEG figure (the demo's, or `--heatmaps fig.jpg`) at quality 95: Pillow's default, 75, blurs the words."""
+    path = save_attention_figure(tmp_path / f"fig{suffix}", photo, caption_of(["a", "red", "circle"]))
+    with Image.open(path) as saved:
+        assert saved.format == kind and count_panels(path) == 4
+        if kind == "JPEG":
+            reference = tmp_path / "q95.jpg"
+            saved.convert("RGB").save(reference, quality=95)
+            with Image.open(reference) as q95:
+                assert saved.quantization == q95.quantization  # the tables quality 95 writes
+
+
 def transformer_caption(words: list[str], layers: int = 2, heads: int = 2, grid: int = 3) -> Caption:
     """A caption as a transformer decodes it: maps per layer and head, and its self-attention."""
     torch.manual_seed(0)

@@ -107,8 +107,8 @@ def save_attention_figure(path: str | Path, image: Image.Image, caption: Caption
     sheet = attention_sheet(image, caption, **options)
     kind = Image.registered_extensions().get(path.suffix.lower(), "PNG")  # the temporary name has no telling suffix
     # PNG: photos barely compress more at higher levels; JPEG: Pillow's default quality (75) blurs the labels
-    options = {"PNG": {"compress_level": 1}, "JPEG": {"quality": 95}}.get(kind, {})
-    write_atomically(path, lambda tmp: sheet.save(tmp, format=kind, **options))  # a full disk: one StorageError
+    encoding = {"PNG": {"compress_level": 1}, "JPEG": {"quality": 95}}.get(kind, {})
+    write_atomically(path, lambda tmp: sheet.save(tmp, format=kind, **encoding))  # a full disk: one StorageError
     return path
 
 
