@@ -96,3 +96,40 @@ def test_caption_figures_are_written_as_requested(photo: Image.Image, tmp_path: 
     empty = transformer_caption([])
     assert set(save_caption_figures(photo, empty, everything, "empty", cams={})) == {"heatmaps"}
     assert everything.per_word and not FigureRequest(heatmaps=tmp_path).per_word
+
+
+def test_the_head_view_draws_a_line_for_each_weight_that_shows() -> None:
+    """One collection a panel: a segment from word t to input j for each causal weight over 0.02, its opacity
+    and width growing with the weight, for each head asked and their mean."""
+    import matplotlib.pyplot as plt
+
+    from captioner.viz.caption_figures import head_view_figure
+
+    caption = transformer_caption(["a", "red", "circle", "left", "of", "it"])
+    fig = head_view_figure(caption, [1], [0, 1])
+    weights = caption.self_attn[:, 1]  # (T, H, T): layer 1
+    T = weights.shape[0]
+    try:
+        for ax, w in zip(fig.axes, (weights[:, 0], weights[:, 1], weights.mean(dim=1)), strict=True):
+            shown = [(t, j, float(w[t, j])) for t in range(T) for j in range(t + 1) if w[t, j] > 0.02]
+            [lines] = ax.collections
+            assert [(round(a[1]), round(b[1])) for a, b in lines.get_segments()] == [(t, j) for t, j, _ in shown]
+            assert np.allclose(lines.get_linewidths(), [0.3 + 3 * v for _, _, v in shown])
+            assert np.allclose(lines.get_edgecolor()[:, 3], [min(1.0, 0.15 + 0.85 * v) for _, _, v in shown])
+    finally:
+        plt.close(fig)
+
+
+def test_the_head_grid_draws_its_maps_over_a_picture_of_the_panels_size() -> None:
+    import matplotlib.pyplot as plt
+
+    from captioner.viz.caption_figures import GRID_PICTURE_SIDE, head_grid_figure
+
+    photo = Image.new("RGB", (600, 400), (90, 120, 40))
+    fig = head_grid_figure(photo, transformer_caption(["a", "red", "circle"]), [1])
+    try:
+        sizes = {ax.images[0].get_array().shape[:2] for ax in fig.axes}  # (H, W) of each panel's picture
+        assert sizes == {(round(GRID_PICTURE_SIDE * 400 / 600), GRID_PICTURE_SIDE)} and len(fig.axes) == 2 * 3
+    finally:
+        plt.close(fig)
+    assert photo.size == (600, 400)  # the caller's picture untouched

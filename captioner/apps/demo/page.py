@@ -4,7 +4,6 @@ guard the page, not the API), captioning an upload with the CLI's loader, laying
 from __future__ import annotations
 
 import contextlib
-import io
 import threading
 import time
 import uuid
@@ -272,12 +271,14 @@ def inside_views(image: Image.Image, caption: Caption, layer: str | int | None, 
     return view, grid
 
 
-def figure_image(fig: Figure) -> Image.Image:
-    """A matplotlib figure as a PIL image (closed after)."""
+def figure_image(fig: Figure, dpi: int = 80) -> Image.Image:
+    """A matplotlib figure as a PIL image (closed after), from the canvas's pixels: no PNG written and read back."""
     import matplotlib.pyplot as plt  # here, after captioner.viz has chosen the Agg backend
+    import numpy as np
 
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80)
-    plt.close(fig)
-    buffer.seek(0)
-    return Image.open(buffer).convert("RGB")
+    try:
+        fig.set_dpi(dpi)
+        fig.canvas.draw()
+        return Image.fromarray(np.asarray(fig.canvas.buffer_rgba())[..., :3].copy())  # (H, W, 3)
+    finally:
+        plt.close(fig)
