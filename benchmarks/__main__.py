@@ -24,6 +24,7 @@ BENCHMARKS = {
     "onnx": "bench_onnx",
     "packaged_model": "bench_packaged_model",
     "demo_load": "bench_demo_load",
+    "demo_pictures": "bench_demo_pictures",
     "web_page": "bench_web_page",
     "roofline": "bench_roofline",
     "allocator": "bench_allocator",

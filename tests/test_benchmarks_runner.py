@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import require, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "benchmarks"
@@ -178,3 +179,32 @@ def test_a_child_that_fails_stops_the_benchmark_in_one_line_naming_it() -> None:
         timing.child_json("no_such", ["--x"])
     with pytest.raises(SystemExit, match=r"^the step under glibc: exit 2: "):
         timing.child_json("no_such", [], what="the step under glibc")
+
+
+@pytest.mark.parametrize("decoder, parts", [
+    ("lstm", ["word maps (the gallery)", "downloadable figure"]),
+    ("transformer", ["word maps (the gallery)", "downloadable figure", "transformer views (head view, per-head maps)"]),
+])
+def test_demo_pictures_times_each_part_a_caption_draws(shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch, decoder: str,
+                                                       parts: list[str]) -> None:
+    """`python -m benchmarks demo_pictures CHECKPOINT`: a row per part of the page's pictures, the transformer's
+    views only for a transformer, on real photos; torch's threads as they were after it."""
+    import torch
+
+    from captioner.models.checkpoint import save_checkpoint
+
+    bench = load("bench_demo_pictures")
+    photos = shared_data / "flickr8k" / "images"
+    require(photos.is_dir(), f"Flickr8k photos not found: {photos}")
+    monkeypatch.setattr(bench, "PHOTOS", photos)
+    checkpoint = tmp_path / "model.pt"
+    save_checkpoint(checkpoint, tiny_model(f"model.decoder.type={decoder}"))
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main([str(checkpoint), "--photos", "1", "--rounds", "1", "--beside", "the test suite"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2:3] != "-"]
+    assert [row.split(" | ")[0][2:] for row in rows[1:]] == parts
+    assert all(float(row.rstrip(" |").split(" | ")[-1]) >= 0 for row in rows[1:])
