@@ -6,12 +6,12 @@ an image or one too large is one clear message; the page asks nothing of any ori
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
 import runpy
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import REPO, edit_json, launch_chromium, require, require_module, tiny_config, tiny_vocab
+from helpers import REPO, edit_json, launch_chromium, require, require_module, serving, tiny_config, tiny_vocab
 
 pytestmark = pytest.mark.xdist_group("web_site")  # one worker builds the sites and starts the browser once
 
@@ -37,17 +37,8 @@ class Quiet(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def serve() -> Iterator:
     """serve(folder) -> the URL of an HTTP server for `folder` (stopped after the module)."""
-    servers = []
-
-    def start(folder: Path) -> str:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_port}/"
-
-    yield start
-    for server in servers:
-        server.shutdown()
+    with contextlib.ExitStack() as servers:
+        yield lambda folder: servers.enter_context(serving(functools.partial(Quiet, directory=str(folder)))) + "/"
 
 
 @pytest.fixture(scope="module")
