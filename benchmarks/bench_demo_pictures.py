@@ -17,8 +17,10 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.bench_demo_load import PHOTOS  # noqa: E402
+from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
 from benchmarks.timing import argument_parser, print_environment  # noqa: E402
+
+PHOTOS = FLICKR8K_PHOTOS
 
 
 def main(argv: list[str] | None = None) -> int:

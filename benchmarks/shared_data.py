@@ -9,3 +9,4 @@ from pathlib import Path
 
 SHARED_DATA = Path(os.environ.get("CAPTIONER_SHARED_DATA",
                                   Path(__file__).resolve().parents[2] / "shared" / "data"))
+FLICKR8K_PHOTOS = SHARED_DATA / "flickr8k" / "images"  # the Flickr8k release's photographs
