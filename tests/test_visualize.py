@@ -99,37 +99,72 @@ def test_caption_figures_are_written_as_requested(photo: Image.Image, tmp_path: 
 
 
 def test_the_head_view_draws_a_line_for_each_weight_that_shows() -> None:
-    """One collection a panel: a segment from word t to input j for each causal weight over 0.02, its opacity
-    and width growing with the weight, for each head asked and their mean."""
-    import matplotlib.pyplot as plt
-
-    from captioner.viz.caption_figures import head_view_figure
+    """A panel per head asked and one for their mean: a line from word t to input j for each causal weight over
+    0.02, its opacity and width growing with the weight; the panels named as the caller counts."""
+    from captioner.viz.head_views import head_view_layout
 
     caption = transformer_caption(["a", "red", "circle", "left", "of", "it"])
-    fig = head_view_figure(caption, [1], [0, 1])
+    layout = head_view_layout(caption, [1], [0, 1], first=1)
     weights = caption.self_attn[:, 1]  # (T, H, T): layer 1
     T = weights.shape[0]
-    try:
-        for ax, w in zip(fig.axes, (weights[:, 0], weights[:, 1], weights.mean(dim=1)), strict=True):
-            shown = [(t, j, float(w[t, j])) for t in range(T) for j in range(t + 1) if w[t, j] > 0.02]
-            [lines] = ax.collections
-            assert [(round(a[1]), round(b[1])) for a, b in lines.get_segments()] == [(t, j) for t, j, _ in shown]
-            assert np.allclose(lines.get_linewidths(), [0.3 + 3 * v for _, _, v in shown])
-            assert np.allclose(lines.get_edgecolor()[:, 3], [min(1.0, 0.15 + 0.85 * v) for _, _, v in shown])
-    finally:
-        plt.close(fig)
+    rows = {y: t for t, y in enumerate(sorted({text.y for text in layout.texts if text.anchor == "rm"}))}
+    assert len(rows) == T
+    for lines, w in zip(layout.panels, (weights[:, 0], weights[:, 1], weights.mean(dim=1)), strict=True):
+        shown = [(t, j, float(w[t, j])) for t in range(T) for j in range(t + 1) if w[t, j] > 0.02]
+        assert [(rows[line.start[1]], rows[line.end[1]]) for line in lines] == [(t, j) for t, j, _ in shown]
+        assert np.allclose([line.width for line in lines], [0.4 + 3.6 * v for _, _, v in shown])
+        assert np.allclose([line.alpha for line in lines], [min(1.0, 0.15 + 0.85 * v) for _, _, v in shown])
+    titles = [text.text for text in layout.texts if text.size == 13]
+    assert titles == ["layer 2, head 1", "layer 2, head 2", "layer 2, mean"]
 
 
-def test_the_head_grid_draws_its_maps_over_a_picture_of_the_panels_size() -> None:
-    import matplotlib.pyplot as plt
+def test_the_head_view_picture_and_svg_draw_the_same_lines_and_words(tmp_path: Path) -> None:
+    """The picture has the head's colour along its strongest line; the SVG parses, with a line element per line
+    and every word, escaped."""
+    import xml.etree.ElementTree as ET
 
-    from captioner.viz.caption_figures import GRID_PICTURE_SIDE, head_grid_figure
+    from captioner.viz.head_views import head_colours, head_view_layout, head_view_picture, save_head_view
+
+    caption = transformer_caption(["a", "<red>", "circle", "&", "it"])
+    layout = head_view_layout(caption, [0], [2 - 1])
+    picture = np.asarray(head_view_picture(layout), dtype=float)  # (H, W, 3)
+    assert picture.shape[:2] == (layout.height, layout.width)
+    [lines] = layout.panels
+    strongest = max(lines, key=lambda line: line.weight)
+    x, y = [round((a + b) / 2) for a, b in zip(strongest.start, strongest.end)]
+    drawn = picture[y - 1:y + 2, x - 1:x + 2].reshape(-1, 3)  # (9, 3) around the line's middle
+    expected = strongest.alpha * np.array(head_colours()[1]) + (1 - strongest.alpha) * 255
+    assert np.abs(drawn - expected).sum(axis=1).min() < 40
+    png, svg = save_head_view(tmp_path / "view", caption)  # every layer and head, and each layer's mean
+    whole = head_view_layout(caption)
+    root = ET.parse(svg).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    layers, heads = caption.self_attn.shape[1:3]
+    assert len(whole.panels) == layers * (heads + 1)
+    assert len(root.findall(f"{ns}line")) == sum(len(panel) for panel in whole.panels)
+    texts = [element.text for element in root.findall(f"{ns}text")]
+    assert "<red>" in texts and "&" in texts and texts.count("layer 1, mean") == 1
+    with Image.open(png) as saved:
+        assert saved.size == (int(root.get("width")), int(root.get("height"))) == (whole.width, whole.height)
+
+
+def test_the_head_grid_draws_a_map_per_layer_and_head_and_their_mean() -> None:
+    from helpers import count_panels
+
+    from captioner.viz.head_views import GRID_PANEL_SIDE, head_grid_picture
 
     photo = Image.new("RGB", (600, 400), (90, 120, 40))
-    fig = head_grid_figure(photo, transformer_caption(["a", "red", "circle"]), [1])
-    try:
-        sizes = {ax.images[0].get_array().shape[:2] for ax in fig.axes}  # (H, W) of each panel's picture
-        assert sizes == {(round(GRID_PICTURE_SIDE * 400 / 600), GRID_PICTURE_SIDE)} and len(fig.axes) == 2 * 3
-    finally:
-        plt.close(fig)
+    caption = transformer_caption(["a", "red", "circle"], layers=2, heads=2)
+    one_word, other_word = head_grid_picture(photo, caption, [1]), head_grid_picture(photo, caption, [2])
+    assert count_panels(_saved(one_word)) == 2 * 3 and count_panels(_saved(head_grid_picture(photo, caption))) == 18
+    assert one_word.size == other_word.size and one_word.width < 4 * GRID_PANEL_SIDE
+    assert np.abs(np.asarray(one_word, float) - np.asarray(other_word, float)).mean() > 0.5
     assert photo.size == (600, 400)  # the caller's picture untouched
+
+
+def _saved(picture: Image.Image) -> Path:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "grid.png"
+    picture.save(path)
+    return path

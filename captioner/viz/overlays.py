@@ -101,15 +101,19 @@ def attention_sheet(image: Image.Image, caption: Caption, layer: int = -1, head:
     return sheet
 
 
-def save_attention_figure(path: str | Path, image: Image.Image, caption: Caption, **options) -> Path:
-    """Write `attention_sheet(image, caption, **options)` to `path` (its format from the suffix)."""
+def save_picture(path: str | Path, picture: Image.Image) -> Path:
+    """Write `picture` to `path` atomically, its format from the suffix."""
     path = Path(path)
-    sheet = attention_sheet(image, caption, **options)
     kind = Image.registered_extensions().get(path.suffix.lower(), "PNG")  # the temporary name has no telling suffix
     # PNG: photos barely compress more at higher levels; JPEG: Pillow's default quality (75) blurs the labels
     encoding = {"PNG": {"compress_level": 1}, "JPEG": {"quality": 95}}.get(kind, {})
-    write_atomically(path, lambda tmp: sheet.save(tmp, format=kind, **encoding))  # a full disk: one StorageError
+    write_atomically(path, lambda tmp: picture.save(tmp, format=kind, **encoding))  # a full disk: one StorageError
     return path
+
+
+def save_attention_figure(path: str | Path, image: Image.Image, caption: Caption, **options) -> Path:
+    """Write `attention_sheet(image, caption, **options)` to `path` (its format from the suffix)."""
+    return save_picture(path, attention_sheet(image, caption, **options))
 
 
 TILE_SIDE = 256  # px of a gallery photograph's longer side
