@@ -82,6 +82,29 @@ def test_inside_views_follow_the_layer_head_and_word_choices(served, tmp_path: P
     assert inside_views(lstm_page.result.image, lstm_page.result.caption, "1", "mean", None) == (None, None)
 
 
+def test_the_views_are_jpeg_files_that_the_prune_deletes_when_old(served, tmp_path: Path, monkeypatch) -> None:
+    """The page shows the views from files of their own (Gradio would encode a WebP of each, 20 ms), numbered as
+    and the prune that clears old overlays clears them too."""
+    import os
+
+    from captioner.apps.demo.page import prune
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "cache"))
+    _, transformer, images = served
+    callbacks = Callbacks({str(transformer): load_captioner(transformer)})
+    _, _, _, _, result = callbacks.caption(str(images[0]), str(transformer), 2, 6, "2", "mean")
+    view, grid, word = callbacks.inside(result, "2", "mean", None)
+    paths = [Path(view["value"]), Path(grid["value"])]
+    assert [path.name[:5] for path in paths] == ["view_", "view_"] and word["visible"]
+    for path, picture in zip(paths, inside_views(result.image, result.caption, "2", "mean", None), strict=True):
+        with Image.open(path) as saved:
+            assert saved.format == "JPEG" and saved.size == picture.size
+    for path in paths:
+        os.utime(path, (time.time() - 100, time.time() - 100))
+    prune(callbacks.out_dir, max_age_s=50)
+    assert not any(path.exists() for path in paths)
+
+
 # --- a real browser ------------------------------------------------------------------------------
 
 
@@ -210,6 +233,7 @@ def test_browser_shows_model_cards_head_view_and_per_head_maps(browser, server: 
     page.click("#grid_word input")  # another word: its layers x heads maps
     page.get_by_role("option", name=f"2: {words[1]}", exact=True).click()
     page.wait_for_function(f"document.querySelector('#head_grid img')?.src !== {grid!r}", timeout=60_000)
+    view = image_src(page, "#head_view")  # drawn again, to a file of a new name, with the word's maps
     page.click("#head input")  # one head: the head view narrows to it
     page.get_by_role("option", name="2", exact=True).click()
     page.wait_for_function(f"document.querySelector('#head_view img')?.src !== {view!r}", timeout=60_000)

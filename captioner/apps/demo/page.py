@@ -4,14 +4,12 @@ guard the page, not the API), captioning an upload with the CLI's loader, laying
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from matplotlib.figure import Figure
 from PIL import Image
 
 from captioner.apps.demo.batcher import CaptionBatcher
@@ -21,10 +19,10 @@ from captioner.data.image_files import MAX_PIXELS, load_image, open_image
 from captioner.core.decode_results import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.model_origin import introduce
+from captioner.viz.head_views import head_grid_picture, head_view_layout, head_view_picture
 from captioner.viz.overlays import save_attention_figure, word_overlays
 
 DISPLAY_SIDE = 512  # overlays are drawn on a copy this size at most: a 40 MP photo stays cheap to show
-FIGURE_LOCK = threading.Lock()  # pyplot's global state: one transformer view at a time
 MEAN = "mean"  # the head choice that averages the heads
 # The sliders' ranges: what core/decode_schema.py lets a public page serve.
 MAX_BEAM = int(DECODE_OPTIONS["beam_size"].served.le)  # type: ignore[union-attr]
@@ -233,9 +231,9 @@ def write_figure(image: Image.Image, caption: Caption, layer: str | int | None, 
 
 
 def prune(folder: Path, max_age_s: float) -> None:
-    """Delete the figures and overlays of `folder` older than `max_age_s`."""
+    """Delete the figures, overlays and transformer views of `folder` older than `max_age_s`."""
     now = time.time()
-    for old in [*folder.glob("attention_*.jpg"), *folder.glob("overlay_*.jpg")]:
+    for old in [path for kind in ("attention", "overlay", "view") for path in folder.glob(f"{kind}_*.jpg")]:
         with contextlib.suppress(OSError):  # another request removed it first
             if now - old.stat().st_mtime > max_age_s:
                 old.unlink()
@@ -258,27 +256,11 @@ def prune_folders(cache: Path, keep: Path, seen_empty: set[Path]) -> set[Path]:
 
 def inside_views(image: Image.Image, caption: Caption, layer: str | int | None, head: str | int | None,
                  word: str | None) -> tuple[Image.Image | None, Image.Image | None]:
-    """(the chosen layer's self-attention head view, the chosen word's layers x heads maps); LSTM: (None, None)."""
-    from captioner.viz.caption_figures import head_grid_figure, head_view_figure
-
+    """(the chosen layer's self-attention head view, the chosen word's layers x heads maps), numbered as the
+    menus count; LSTM: (None, None)."""
     if caption.self_attn is None or not caption.words:
         return None, None
     layer_index, head_index = parse_layer_head(caption, layer, head)
-    position = word_position(caption, word)
-    with FIGURE_LOCK:
-        view = figure_image(head_view_figure(caption, [layer_index], None if head_index is None else [head_index]))
-        grid = figure_image(head_grid_figure(image, caption, [position]))
-    return view, grid
-
-
-def figure_image(fig: Figure, dpi: int = 80) -> Image.Image:
-    """A matplotlib figure as a PIL image (closed after), from the canvas's pixels: no PNG written and read back."""
-    import matplotlib.pyplot as plt  # here, after captioner.viz has chosen the Agg backend
-    import numpy as np
-
-    try:
-        fig.set_dpi(dpi)
-        fig.canvas.draw()
-        return Image.fromarray(np.asarray(fig.canvas.buffer_rgba())[..., :3].copy())  # (H, W, 3)
-    finally:
-        plt.close(fig)
+    heads = None if head_index is None else [head_index]
+    view = head_view_picture(head_view_layout(caption, [layer_index], heads, first=1))
+    return view, head_grid_picture(image, caption, [word_position(caption, word)], first=1)

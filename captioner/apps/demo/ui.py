@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 32  # waiting events beyond this are told the app is busy: at most a few seconds' work
 JPEG_QUALITY = 85  # the overlays the gallery shows: a tenth of a PNG's bytes, no visible loss at this size
+VIEW_QUALITY = 95  # the head view and per-head maps: their thin lines and small words ring at 85
 OWNER = "CAPTIONER_DEMO_CACHE_OWNER"  # "<process id> <folder>": the process whose private cache that is
 
 
@@ -156,7 +157,8 @@ class Callbacks:
             hidden = gr.update(visible=False)
             return hidden, hidden, hidden
         try:
-            view, grid = inside_views(result.image, result.caption, layer, head, word)
+            view, grid = self.jpegs("view", list(inside_views(result.image, result.caption, layer, head, word)),
+                                    VIEW_QUALITY)
         except Exception:  # the caption is on the page already
             log.exception("drawing the transformer views failed")
             return gr.skip(), gr.skip(), gr.skip()
@@ -176,12 +178,18 @@ class Callbacks:
         return page.text, page.score_line, self.files(page.gallery), page.note, page.result
 
     def files(self, gallery: list[tuple[Image.Image, str]]) -> list[tuple[str, str]]:
-        """Overlays as JPEG files of unique names (Gradio's names by content let a request rewrite another's)."""
+        """The gallery's overlays as files, each with its word."""
+        paths = self.jpegs("overlay", [picture for picture, _ in gallery], JPEG_QUALITY)
+        return [(path, word) for path, (_, word) in zip(paths, gallery)]
+
+    def jpegs(self, kind: str, pictures: list[Image.Image], quality: int) -> list[str]:
+        """Pictures as JPEG files named kind_<unique>.jpg: Gradio's names by content let a request rewrite another's,
+        and its own WebP costs 20 ms of CPU a view (bench_demo_load)."""
         self.prune()
-        paths = [self.out_dir / f"overlay_{uuid.uuid4().hex[:12]}.jpg" for _ in gallery]
-        for path, (picture, _) in zip(paths, gallery):
-            picture.save(path, quality=JPEG_QUALITY)
-        return [(str(path), word) for path, (_, word) in zip(paths, gallery)]
+        paths = [self.out_dir / f"{kind}_{uuid.uuid4().hex[:12]}.jpg" for _ in pictures]
+        for path, picture in zip(paths, pictures):
+            picture.save(path, quality=quality)
+        return [str(path) for path in paths]
 
     def prune(self) -> None:
         """At most every `cleanup.every_s` seconds: delete old pictures (and in a private cache, empty folders)."""
@@ -288,9 +296,9 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
             download = gr.DownloadButton("Download the figure", interactive=False, elem_id="download")
             # Transformers only: shown once a caption has self-attention weights.
             head_view = gr.Image(label="Self-attention head view (each word to the earlier words it attends to; "
-                                 "layer and head from the menus)", type="pil", visible=False, elem_id="head_view")
+                                 "layer and head from the menus)", type="filepath", visible=False, elem_id="head_view")
             grid_word = gr.Dropdown(label="Word for the per-head maps", choices=[], visible=False, elem_id="grid_word")
-            head_grid = gr.Image(label="Cross-attention per layer and head", type="pil", visible=False,
+            head_grid = gr.Image(label="Cross-attention per layer and head", type="filepath", visible=False,
                                  elem_id="head_grid")
     gr.Markdown(model_cards(callbacks.models, callbacks.payloads), elem_id="model_card")
     result = gr.State(None, time_to_live=cleanup.max_age_s)  # a redraw needs it only as long as its pictures live
