@@ -1,6 +1,7 @@
 """The demo under load: many clients at once, real photos with broken files mixed in. Serves
 CHECKPOINT (or measures --url) to --clients gradio sessions fetching heatmaps as a browser does and
-asking for the downloadable figure after each caption as the page does; broken uploads must get their
+asking for the downloadable figure and (a transformer) the head view and per-head maps after each caption as the
+page does; broken uploads must get their
 one-line message and the served captions match local ones. It sets the demo's defaults (`--max-batch 8`,
 `--queue-size 32`, the malloc arena cap)."""
 
@@ -206,6 +207,31 @@ def figure_drawn(client) -> bool:
     return bool(client.predict(api_name="/figure"))
 
 
+def views_step(client) -> tuple[int, str] | None:
+    """(index, the layer menu's first value) of the page's step after a caption that draws the transformer views (its
+    outputs hold the head view), made callable: gradio_client refuses a page's private steps, which a browser calls
+    by index through the same queue. None when the page has none."""
+    props = {c["id"]: c.get("props", {}) for c in client.config["components"]}
+    layer = next((p.get("value") for p in props.values() if p.get("elem_id") == "layer"), None)
+    for index, dependency in enumerate(client.config["dependencies"]):
+        if any(props.get(output, {}).get("elem_id") == "head_view" for output in dependency["outputs"]):
+            index = dependency.get("id", index)
+            client.endpoints[index].is_valid = True
+            return index, layer
+    return None
+
+
+def views_drawn(client, step: tuple[int, str], session) -> bool:
+    """The page's third step after a caption: the head view and the per-head maps of the kept caption (the layer
+    menu's value, the mean of the heads, the first word, as the page starts), fetched as a browser does. An LSTM's
+    answer hides them: nothing to fetch."""
+    index, layer = step
+    answer = client.submit(layer, "mean", None, fn_index=index).result()  # (head view, per-head maps, word menu)
+    pictures = [update.get("value") for update in answer[:2] if isinstance(update, dict) and update.get("visible")]
+    fetched = [session.get(picture["url"]) for picture in pictures if picture]
+    return all(r.status_code == 200 and len(r.content) > 1000 for r in fetched)
+
+
 def outcome(kind: str, expected: str, answer: tuple, session) -> tuple[str, str]:
     """How one /caption answer went: (outcome, caption text)."""
     text, _, gallery, note = answer
@@ -242,6 +268,7 @@ def client_run(
     client = Client(url, verbose=False, analytics_enabled=False, download_files=False, ssl_verify=tls)
     session = httpx.Client(timeout=120, verify=tls)
     options = {k: v for k, v in (("beam_size", args.beam), ("max_length", args.max_length)) if v is not None}
+    views = views_step(client) if args.views else None
     gate.wait()
     for r in range(args.requests):
         number = index * args.requests + r
@@ -256,6 +283,8 @@ def client_run(
             seconds = time.perf_counter() - started  # the caption's latency: upload to heatmaps downloaded
             if args.figure and result == "captioned" and not figure_drawn(client):
                 result = "bad answer: no figure"
+            if views and result == "captioned" and not views_drawn(client, views, session):
+                result = "bad answer: no transformer views"
         except Exception as e:  # noqa: BLE001 - counted by kind in the report
             busy = "queue is full" in str(e).lower()
             answers.append(Answer(kind, "busy: queue full" if busy else f"error: {type(e).__name__}",
@@ -312,7 +341,7 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
     if refusals:
         print(f"  broken files answered in: median {statistics.median(refusals):.2f} s, max {max(refusals):.2f} s")
     print(f"  throughput: {report['captions_per_s']:.2f} captions/s ({len(captions)} captions with their heatmaps"
-          f"{' and figures' if args.figure else ''})")
+          f"{' and figures' if args.figure else ''}{' and transformer views' if args.views else ''})")
     if cpu_before is not None and cpu_after is not None and captions:
         report["cpu_per_caption"] = (cpu_after - cpu_before) / len(captions)
         print(f"  CPU time per caption (robust to other load): server {report['cpu_per_caption']:.3f} s, "
@@ -405,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-figure", dest="figure", action="store_false",
                         help="ask /caption alone, not the figure the page asks for after it (records before the "
                              "figure step was timed)")
+    parser.add_argument("--no-views", dest="views", action="store_false",
+                        help="skip the transformer views (head view, per-head maps) the page asks for after a caption "
+                             "(records before that step was timed)")
     parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
     args = parser.parse_args(argv)
     if (args.checkpoint is None) == (args.url is None):
