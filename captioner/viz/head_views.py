@@ -119,16 +119,29 @@ def _panel(texts: list[Text], rows: list[list[float]], left: list[str], right: l
 
 
 def head_view_picture(layout: Layout) -> Image.Image:
-    """The layout drawn: lines blended over white at twice the size, then reduced (antialiased lines)."""
+    """The layout drawn: the lines blended over white at twice the size and reduced (Pillow's lines are not
+    antialiased), then the words, each rendered once and stamped wherever it stands (its text is antialiased)."""
     s = SUPERSAMPLE
-    picture = Image.new("RGB", (layout.width * s, layout.height * s), "white")
-    draw = ImageDraw.Draw(picture, "RGBA")  # RGBA fills blend into the picture
+    canvas = Image.new("RGB", (layout.width * s, layout.height * s), "white")
+    draw = ImageDraw.Draw(canvas, "RGBA")  # RGBA fills blend into the picture
     for line in (line for panel in layout.panels for line in panel):
         end_points = [line.start[0] * s, line.start[1] * s, line.end[0] * s, line.end[1] * s]
         draw.line(end_points, fill=(*line.rgb, round(255 * line.alpha)), width=max(1, round(line.width * s)))
+    picture = canvas.reduce(s)
     for text in layout.texts:
-        draw.text((text.x * s, text.y * s), text.text, fill="black", font=font(text.size * s), anchor=text.anchor)
-    return picture.reduce(s)
+        stamp, (left, top) = _stamp(text.text, text.size, text.anchor)
+        picture.paste((0, 0, 0), (round(text.x + left), round(text.y + top)), mask=stamp)
+    return picture
+
+
+@functools.lru_cache(maxsize=1024)
+def _stamp(text: str, size: int, anchor: str) -> tuple[Image.Image, tuple[int, int]]:
+    """`text` rendered as a coverage mask, and where its corner lies from the anchor point."""
+    typeface = font(size)
+    left, top, right, bottom = typeface.getbbox(text, anchor=anchor)
+    stamp = Image.new("L", (max(1, right - left), max(1, bottom - top)), 0)
+    ImageDraw.Draw(stamp).text((-left, -top), text, fill=255, font=typeface, anchor=anchor)
+    return stamp, (left, top)
 
 
 def head_view_svg(layout: Layout) -> str:
