@@ -227,9 +227,11 @@ def views_drawn(client, step: tuple[int, str], session) -> bool:
     answer hides them: nothing to fetch."""
     index, layer = step
     answer = client.submit(layer, "mean", None, fn_index=index).result()  # (head view, per-head maps, word menu)
-    pictures = [update.get("value") for update in answer[:2] if isinstance(update, dict) and update.get("visible")]
-    fetched = [session.get(picture["url"]) for picture in pictures if picture]
-    return all(r.status_code == 200 and len(r.content) > 1000 for r in fetched)
+    updates = [update for update in answer[:2] if isinstance(update, dict) and "visible" in update]
+    if len(updates) != 2:  # a drawing that failed skips its outputs
+        return False
+    fetched = [session.get(update["value"]["url"]) for update in updates if update["visible"]]
+    return all(r.status_code == 200 and r.content[:2] == b"\xff\xd8" for r in fetched)  # JPEGs
 
 
 def outcome(kind: str, expected: str, answer: tuple, session) -> tuple[str, str]:

@@ -456,6 +456,23 @@ def test_api_captions_through_the_same_path_as_the_cli(server: str, trained: Tra
     assert Image.open(figure).format == "JPEG" and count_panels(figure) == 1 + len(expected.words)
 
 
+def test_the_load_benchmark_asks_for_the_views_as_the_page_does(server: str, trained: Trained, tmp_path: Path) -> None:
+    """benchmarks demo_load calls the page's private views step by index, as a browser does (gradio_client refuses
+    it by name), and gets both pictures of a transformer's caption."""
+    import httpx
+    from gradio_client import Client, handle_file
+
+    from benchmarks.bench_demo_load import views_drawn, views_step
+
+    api = Client(server, verbose=False, analytics_enabled=False, download_files=False)  # URLs, as the benchmark
+    step = views_step(api)
+    visibility = {d.get("id", i): d.get("api_visibility") for i, d in enumerate(api.config["dependencies"])}
+    assert step is not None and visibility[step[0]] == "private"
+    api.predict(handle_file(str(trained.images[0])), model_name=str(trained.transformer), api_name="/caption")
+    with httpx.Client(timeout=60) as session:
+        assert views_drawn(api, step, session)
+
+
 def test_api_bad_upload_gets_the_message_not_a_traceback(server: str, tmp_path: Path) -> None:
     from gradio_client import handle_file
 
