@@ -101,7 +101,7 @@ def test_caption_figures_are_written_as_requested(photo: Image.Image, tmp_path: 
 def test_the_head_view_draws_a_line_for_each_weight_that_shows() -> None:
     """A panel per head asked and one for their mean: a line from word t to input j for each causal weight over
     0.02, its opacity and width growing with the weight; the panels named as the caller counts."""
-    from captioner.viz.head_views import head_view_layout
+    from captioner.viz.head_views import TITLE_SIZE, head_view_layout
 
     caption = transformer_caption(["a", "red", "circle", "left", "of", "it"])
     layout = head_view_layout(caption, [1], [0, 1], first=1)
@@ -114,7 +114,7 @@ def test_the_head_view_draws_a_line_for_each_weight_that_shows() -> None:
         assert [(rows[line.start[1]], rows[line.end[1]]) for line in lines] == [(t, j) for t, j, _ in shown]
         assert np.allclose([line.width for line in lines], [0.4 + 3.6 * v for _, _, v in shown])
         assert np.allclose([line.alpha for line in lines], [min(1.0, 0.15 + 0.85 * v) for _, _, v in shown])
-    titles = [text.text for text in layout.texts if text.size == 13]
+    titles = [text.text for text in layout.texts if text.size == TITLE_SIZE]
     assert titles == ["layer 2, head 1", "layer 2, head 2", "layer 2, mean"]
 
 
@@ -148,23 +148,15 @@ def test_the_head_view_picture_and_svg_draw_the_same_lines_and_words(tmp_path: P
         assert saved.size == (int(root.get("width")), int(root.get("height"))) == (whole.width, whole.height)
 
 
-def test_the_head_grid_draws_a_map_per_layer_and_head_and_their_mean() -> None:
-    from helpers import count_panels
-
+def test_the_head_grid_draws_a_map_per_layer_and_head_and_their_mean(tmp_path: Path) -> None:
     from captioner.viz.head_views import GRID_PANEL_SIDE, head_grid_picture
 
     photo = Image.new("RGB", (600, 400), (90, 120, 40))
     caption = transformer_caption(["a", "red", "circle"], layers=2, heads=2)
     one_word, other_word = head_grid_picture(photo, caption, [1]), head_grid_picture(photo, caption, [2])
-    assert count_panels(_saved(one_word)) == 2 * 3 and count_panels(_saved(head_grid_picture(photo, caption))) == 18
+    one_word.save(tmp_path / "one.png")
+    head_grid_picture(photo, caption).save(tmp_path / "all.png")
+    assert count_panels(tmp_path / "one.png") == 2 * 3 and count_panels(tmp_path / "all.png") == 3 * 2 * 3
     assert one_word.size == other_word.size and one_word.width < 4 * GRID_PANEL_SIDE
     assert np.abs(np.asarray(one_word, float) - np.asarray(other_word, float)).mean() > 0.5
     assert photo.size == (600, 400)  # the caller's picture untouched
-
-
-def _saved(picture: Image.Image) -> Path:
-    import tempfile
-
-    path = Path(tempfile.mkdtemp()) / "grid.png"
-    picture.save(path)
-    return path
