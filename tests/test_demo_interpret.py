@@ -233,11 +233,16 @@ def test_browser_shows_model_cards_head_view_and_per_head_maps(browser, server: 
     page.click("#grid_word input")  # another word: its layers x heads maps
     page.get_by_role("option", name=f"2: {words[1]}", exact=True).click()
     page.wait_for_function(f"document.querySelector('#head_grid img')?.src !== {grid!r}", timeout=60_000)
-    view = image_src(page, "#head_view")  # drawn again, to a file of a new name, with the word's maps
     page.click("#head input")  # one head: the head view narrows to it
     page.get_by_role("option", name="2", exact=True).click()
-    page.wait_for_function(f"document.querySelector('#head_view img')?.src !== {view!r}", timeout=60_000)
-    narrow = Image.open(io.BytesIO(page.request.get(image_src(page, "#head_view")).body()))
+    # Each drawing is a file of a new name, so the view's address changes with every step (the word's too):
+    # wait for the narrow picture itself.
+    deadline = time.monotonic() + 60
+    while True:
+        narrow = Image.open(io.BytesIO(page.request.get(image_src(page, "#head_view")).body()))
+        if narrow.width < picture.width / 2 or time.monotonic() > deadline:
+            break
+        page.wait_for_timeout(200)
     assert narrow.width < picture.width / 2
     assert "Traceback" not in page.content()
     page.close()  # its open connections would hold up the server's shutdown
