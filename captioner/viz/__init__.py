@@ -1,1 +1,1 @@
-"""Pictures: attention overlays, head views, saliency figures, training curves (matplotlib)."""
+"""Pictures: attention overlays and head views (numpy and Pillow), saliency figures and training curves (matplotlib)."""
