@@ -1,9 +1,8 @@
 """The demo under load: many clients at once, real photos with broken files mixed in. Serves
 CHECKPOINT (or measures --url) to --clients gradio sessions fetching heatmaps as a browser does and
 asking for the downloadable figure and (a transformer) the head view and per-head maps after each caption as the
-page does; broken uploads must get their
-one-line message and the served captions match local ones. It sets the demo's defaults (`--max-batch 8`,
-`--queue-size 32`, the malloc arena cap)."""
+page does; broken uploads must get their one-line message and the served captions match local ones. It sets the
+demo's defaults (`--max-batch 8`, `--queue-size 32`, the malloc arena cap)."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{model.origin.name}: {len(results)} photos, {args.rounds} rounds, the best kept, one thread")
         print("| pictures | CPU ms a caption |\n|---|---:|")
         for name, draw in parts.items():
-            draw(results[0])  # warm: fonts, colour tables, matplotlib's first figure
+            draw(results[0])  # warm: fonts, colour tables, the head view's rendered words
             rounds = []
             for _ in range(args.rounds):
                 start = time.process_time()

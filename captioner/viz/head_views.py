@@ -17,7 +17,7 @@ from captioner.core.decode_results import Caption
 from captioner.core.errors import CaptionerError
 from captioner.core.files import write_atomically
 from captioner.evaluation.grounding import upsample
-from captioner.viz.overlays import font, overlay, save_picture, shorten
+from captioner.viz.overlays import font, overlay, panel_picture, save_picture, shorten
 
 MARGIN, GAP = 12, 14  # px: around the picture, between panels
 HEADING_SIZE, TITLE_SIZE, WORD_SIZE = 15, 13, 12  # px: the picture's heading, a panel's title, a word
@@ -177,9 +177,7 @@ def head_grid_picture(image: Image.Image, caption: Caption, positions: list[int]
     attn = torch.as_tensor(caption.attn)  # (T, L, H, h, w)
     L, H = attn.shape[1:3]
     columns = H + (1 if H > 1 else 0)
-    scale = GRID_PANEL_SIDE / max(image.size)  # the panel's size, up or down: maps drawn at the pixels shown
-    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    small = image.convert("RGB").resize(size, Image.Resampling.BILINEAR)
+    small = panel_picture(image, GRID_PANEL_SIDE)
     heading_height, title_height = HEADING_SIZE + 18, TITLE_SIZE + 8
     cell_width, cell_height = small.width + GAP // 2, small.height + GAP // 2
     width = 2 * MARGIN + LABEL_WIDTH + columns * cell_width

@@ -71,14 +71,20 @@ def shorten(text: str, width: int, typeface: ImageFont.FreeTypeFont | ImageFont.
     return text + "…"
 
 
+def panel_picture(image: Image.Image, side: int) -> Image.Image:
+    """An RGB copy of `image` scaled up or down so that its longer side is `side` px: a panel's maps are drawn at the
+    pixels it shows."""
+    scale = side / max(image.size)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    return image.convert("RGB").resize(size, Image.Resampling.BILINEAR)
+
+
 def attention_sheet(image: Image.Image, caption: Caption, layer: int = -1, head: int | None = None,
                     outlines: dict[int, np.ndarray] | None = None, columns: int = 5, title: str | None = None,
                     panel_side: int = PANEL_SIDE) -> Image.Image:
     """The image, then each word over its attention map, `columns` panels a row, under the caption (or `title`);
     `outlines`: word position -> (H, W) boolean mask of its true region, bordered in white."""
-    scale = panel_side / max(image.size)  # up or down, so that the longer side is `panel_side` px
-    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    picture = image.convert("RGB").resize(size, Image.Resampling.BILINEAR)
+    picture = panel_picture(image, panel_side)
     panels = [("input", picture), *word_overlays(picture, caption, layer, head)]
     for position, mask in (outlines or {}).items():
         if position + 1 < len(panels):
