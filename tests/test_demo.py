@@ -456,7 +456,7 @@ def test_api_captions_through_the_same_path_as_the_cli(server: str, trained: Tra
     assert Image.open(figure).format == "JPEG" and count_panels(figure) == 1 + len(expected.words)
 
 
-def test_the_load_benchmark_asks_for_the_views_as_the_page_does(server: str, trained: Trained, tmp_path: Path) -> None:
+def test_the_load_benchmark_asks_for_the_views_as_the_page_does(server: str, trained: Trained) -> None:
     """benchmarks demo_load calls the page's private views step by index, as a browser does (gradio_client refuses
     it by name), and gets both pictures of a transformer's caption."""
     import httpx

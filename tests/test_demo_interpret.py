@@ -83,8 +83,8 @@ def test_inside_views_follow_the_layer_head_and_word_choices(served, tmp_path: P
 
 
 def test_the_views_are_jpeg_files_that_the_prune_deletes_when_old(served, tmp_path: Path, monkeypatch) -> None:
-    """The page shows the views from files of their own (Gradio would encode a WebP of each, 20 ms), numbered as
-    and the prune that clears old overlays clears them too."""
+    """The page shows the views from files of their own (Gradio would encode a WebP of each, 20 ms), and the prune
+    that clears old overlays clears them too."""
     import os
 
     from captioner.apps.demo.page import prune

@@ -126,7 +126,7 @@ def test_the_head_view_picture_and_svg_draw_the_same_lines_and_words(tmp_path: P
     from captioner.viz.head_views import head_colours, head_view_layout, head_view_picture, save_head_view
 
     caption = transformer_caption(["a", "<red>", "circle", "&", "it"])
-    layout = head_view_layout(caption, [0], [2 - 1])
+    layout = head_view_layout(caption, [0], [1])  # one panel: layer 0, head 1
     picture = np.asarray(head_view_picture(layout), dtype=float)  # (H, W, 3)
     assert picture.shape[:2] == (layout.height, layout.width)
     [lines] = layout.panels
