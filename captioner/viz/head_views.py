@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
@@ -202,6 +201,5 @@ def head_grid_picture(image: Image.Image, caption: Caption, positions: list[int]
             draw.multiline_text((x0 - 8, y + small.height / 2), label, fill="black", font=font(WORD_SIZE),
                                 anchor="rm", align="right")
             for c in range(columns):
-                picture.paste(overlay(small, np.ascontiguousarray(pictures[layer * columns + c])),
-                              (x0 + c * cell_width, y))
+                picture.paste(overlay(small, pictures[layer * columns + c]), (x0 + c * cell_width, y))
     return picture
