@@ -113,24 +113,47 @@ def wait_until_served(server: subprocess.Popen, url: str, timeout: float, log: P
     raise SystemExit(f"the demo did not answer on {url} within {timeout:.0f} s")
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (Linux /proc): the server and its decoding process."""
+    found, waiting = [], [pid]
+    while waiting:
+        current = waiting.pop()
+        found.append(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                waiting += [int(child) for child in children.read_text().split()]
+            except (OSError, ValueError):  # a thread or child that ended meanwhile
+                pass
+    return found
+
+
 def resident_mb(pid: int) -> float | None:
-    """The process's resident memory in MB (Linux /proc), None when it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    """The memory in MB of the process and its descendants (Linux /proc): their proportional set sizes, which
+    count a library page they share once, else their resident sizes; None when it is gone."""
+    total = None
+    for member in process_tree(pid):
+        for name, field_ in ((f"/proc/{member}/smaps_rollup", "Pss:"), (f"/proc/{member}/status", "VmRSS:")):
+            try:
+                lines = Path(name).read_text().splitlines()
+            except OSError:
+                continue
+            kb = next((int(line.split()[1]) for line in lines if line.startswith(field_)), None)
+            if kb is not None:
+                total = (total or 0.0) + kb / 1024
+                break
+    return total
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """The process's user + system CPU time so far (Linux /proc), None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
+    """The user + system CPU time so far of the process and its descendants (Linux /proc), None when it is gone."""
+    total = None
+    for member in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+            total = (total or 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def temp_files(folder: Path | None) -> tuple[int, int, float]:
@@ -345,12 +368,12 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
           f"{' and figures' if args.figure else ''}{' and transformer views' if args.views else ''})")
     if cpu_before is not None and cpu_after is not None and captions:
         report["cpu_per_caption"] = (cpu_after - cpu_before) / len(captions)
-        print(f"  CPU time per caption (robust to other load): server {report['cpu_per_caption']:.3f} s, "
-              f"these clients {own_cpu / len(captions):.3f} s")
+        print(f"  CPU time per caption (robust to other load): server and its children "
+              f"{report['cpu_per_caption']:.3f} s, these clients {own_cpu / len(captions):.3f} s")
     if watch.rss:
         report |= {"rss_start": watch.rss[0], "rss_peak": max(watch.rss), "rss_end": watch.rss[-1]}
         quarters = " / ".join(f"{watch.rss[round(q * (len(watch.rss) - 1))]:.0f}" for q in (0.25, 0.5, 0.75))
-        print(f"  server resident memory: start {watch.rss[0]:.0f} MB, at 1/4, 1/2, 3/4 of the run "
+        print(f"  server and its children, memory (PSS): start {watch.rss[0]:.0f} MB, at 1/4, 1/2, 3/4 of the run "
               f"{quarters} MB, end {watch.rss[-1]:.0f} MB, peak {max(watch.rss):.0f} MB")
     if temp is not None:
         print(f"  server temporary files: start {watch.files[0]}, peak {max(watch.files)}, end {watch.files[-1]} "

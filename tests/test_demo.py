@@ -32,6 +32,7 @@ from conftest import TrainedRun  # noqa: E402
 
 from captioner.apps.demo.cards import dataset_examples  # noqa: E402
 from captioner.apps.demo.page import MEAN, Result, attention_choices, caption_page, render_page  # noqa: E402
+from captioner.apps.demo.decoding import LocalDecoder  # noqa: E402
 from captioner.apps.demo import server as demo_server  # noqa: E402
 from captioner.apps.demo.server import close, default_checkpoint, launch  # noqa: E402
 from captioner.apps.demo.ui import Callbacks, build_demo, enable_download  # noqa: E402
@@ -328,7 +329,7 @@ def test_the_served_captions_threads_are_timed_unless_the_user_set_them(model, t
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     before = torch.get_num_threads()
     try:
-        threads = demo_server.choose_threads({"lstm": model, "transformer": transformer})
+        threads = demo_server.choose_threads(LocalDecoder([model, transformer]))
         assert threads == torch.get_num_threads() in (1, 2)
         assert len(asked) == 2 * 6  # both models, in a warm-up and two rounds on each count
         assert asked[:2] == [("lstm", {"self_attention": False}, (512, 384)),
@@ -336,7 +337,7 @@ def test_the_served_captions_threads_are_timed_unless_the_user_set_them(model, t
         asked.clear()
         monkeypatch.setenv("CAPTIONER_THREADS", "1")
         torch.set_num_threads(1)
-        assert demo_server.choose_threads({"lstm": model}) == 1 and asked == []  # the user's count: nothing timed
+        assert demo_server.choose_threads(LocalDecoder([model])) == 1 and asked == []  # the user's count: nothing timed
     finally:
         torch.set_num_threads(before)
 

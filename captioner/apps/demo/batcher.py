@@ -11,6 +11,7 @@ from typing import Any
 
 from PIL import Image
 
+from captioner.apps.demo.decoding import Decoder, LocalDecoder
 from captioner.core.decode_results import Caption
 from captioner.models.captioner import Captioner
 from captioner.models.model_origin import introduce
@@ -34,10 +35,12 @@ class Job:
 
 
 class CaptionBatcher:
-    """Batches the images of concurrent callers; `caption` returns each caller's own caption."""
+    """Batches the images of concurrent callers; `caption` returns each caller's own caption. `decoder` decodes each
+    batch (default: in the thread that formed it)."""
 
-    def __init__(self, max_batch: int = MAX_BATCH) -> None:
+    def __init__(self, max_batch: int = MAX_BATCH, decoder: Decoder | None = None) -> None:
         self.max_batch = max_batch
+        self.decoder = decoder or LocalDecoder([])
         self.batch_sizes: Counter[int] = Counter()  # how many batches of each size ran
         self._pending: list[Job] = []
         self._decoding = False
@@ -75,8 +78,9 @@ class CaptionBatcher:
         """Decode `batch` (one model, one set of options) in one call: each job gets its caption, or all the error."""
         first = batch[0]
         try:
-            captions: list[Caption | BaseException] = list(first.model.caption([job.image for job in batch],
-                                                                               **first.options))
+            captions: list[Caption | BaseException] = list(self.decoder.caption(first.model,
+                                                                                [job.image for job in batch],
+                                                                                **first.options))
         except Exception as e:  # noqa: BLE001 - handed to every caller, who raises it
             captions = [e] * len(batch)
         with self._changed:

@@ -10,24 +10,21 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
-from PIL import Image
 
 from captioner.apps.demo.batcher import MAX_BATCH
+from captioner.apps.demo.decoding import DecodeProcess, Decoder
 from captioner.apps.demo.ui import (
-    QUEUE_SIZE, Cleanup, batch_sizes, build_demo, private_cache, served_models, wait_for_callbacks
+    QUEUE_SIZE, Cleanup, batch_sizes, build_demo, page_decoder, private_cache, wait_for_callbacks
 )
 from captioner.core.allocator import limit_arenas
 from captioner.core.errors import CaptionerError
-from captioner.core.process_settings import free_cores, threads_are_automatic, threads_that_pay
+from captioner.core.process_settings import free_cores, threads_are_automatic
 from captioner.models.model_paths import checkpoint_file, find_default_model
 from captioner.models.export_format import is_exported
 
 if TYPE_CHECKING:
     import gradio as gr
-
-    from captioner.models.captioner import Captioner
 
 log = logging.getLogger(__name__)
 
@@ -83,26 +80,24 @@ def check_port(host: str, port: int) -> None:
 
 
 def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
-    """Stop the server, then wait for the captions in flight: a daemon worker inside torch at exit aborts Python."""
+    """Stop the server, wait for the captions in flight (a daemon worker inside torch at exit aborts Python), then
+    end the decoding process."""
     demo.close()
     if not wait_for_callbacks(demo, timeout):
         log.warning("the demo closed with a caption still running after %.0f s", timeout)
     log.debug("caption batches by size: %s", batch_sizes(demo))
+    if (decoder := page_decoder(demo)) is not None:
+        decoder.close()
 
 
-def choose_threads(models: dict[str, Captioner]) -> int:
-    """The torch threads the page's captions run with: $CAPTIONER_THREADS, else `threads_that_pay` on one
-    caption by each model of a picture made here (seeded noise: no file is read); the times at -v."""
+def choose_threads(decoder: Decoder) -> int:
+    """The torch threads the page's captions decode with: $CAPTIONER_THREADS (this process's count), else
+    `threads_that_pay` on one caption by each model, timed where they decode; the times at -v."""
     if not threads_are_automatic():
-        log.debug("torch threads for captions: %d, as $CAPTIONER_THREADS says", torch.get_num_threads())
-        return torch.get_num_threads()
-    picture = Image.fromarray(np.random.default_rng(0).integers(0, 256, (384, 512, 3), dtype=np.uint8))  # (H, W, 3)
-
-    def one_request() -> None:
-        for model in models.values():
-            model.caption(picture, self_attention=model.decoder.has_self_attention)  # as the page asks
-
-    threads, best = threads_that_pay(one_request, free_cores())
+        threads, _ = decoder.choose_threads(None)
+        log.debug("torch threads for captions: %d, as $CAPTIONER_THREADS says", threads)
+        return threads
+    threads, best = decoder.choose_threads(free_cores())
     log.debug("torch threads for captions: %d (one caption of each model: %s)", threads,
               ", ".join(f"{n} thread{'s' * (n > 1)} {s * 1000:.0f} ms" for n, s in best.items()) or "one core free")
     return threads
@@ -118,7 +113,11 @@ def serve(checkpoints: list[Path] | None = None, examples: list[Path] | None = N
     cleanup = Cleanup(cleanup.every_s, cleanup.max_age_s, empty_folders=cache is not None)
     try:
         demo = build_demo(checkpoints or [default_checkpoint()], examples, max_batch, queue_size, cleanup=cleanup)
-        choose_threads(served_models(demo))
+        decoder = page_decoder(demo)
+        assert decoder is not None
+        choose_threads(decoder)  # starts the decoding process: the first caption waits for nothing
+        if isinstance(decoder, DecodeProcess):  # the page's own torch work (maps upsampled) beside it: one thread
+            torch.set_num_threads(1)
         log.info("serving the demo on http://%s:%d", host, port)
         try:
             launch(demo, host, port, block=True)

@@ -22,6 +22,7 @@ import gradio as gr
 from PIL import Image
 
 from captioner.apps.demo.batcher import MAX_BATCH, CaptionBatcher
+from captioner.apps.demo.decoding import DecodeProcess, Decoder, LocalDecoder
 from captioner.apps.demo.cards import load_models, model_cards, model_examples, model_label, recorded, serving_line
 from captioner.apps.demo.page import (MAX_BEAM, MAX_LENGTH, PageOutput, Result, caption_page, check_request,
                                      inside_views, menus, message, prune, prune_folders, render_page, word_choices,
@@ -75,14 +76,15 @@ class Callbacks:
     """What the page's events run: the loaded models, and Gradio values in and out."""
 
     def __init__(self, models: dict[str, Captioner], max_pixels: int = MAX_PIXELS, max_batch: int = MAX_BATCH,
-                 cleanup: Cleanup = Cleanup()) -> None:
+                 cleanup: Cleanup = Cleanup(), decoder: Decoder | None = None) -> None:
         from gradio.utils import get_upload_folder
 
         self.models = models
+        self.decoder = decoder or LocalDecoder(list(models.values()))
         self.serving: dict[str, str] = {}  # model name -> its "Serving: ..." line (set by build_demo)
         self.payloads: dict[str, dict[str, Any]] = {}  # model name -> what its checkpoint records, for the cards
         self.max_pixels = max_pixels
-        self.batcher = CaptionBatcher(max_batch)
+        self.batcher = CaptionBatcher(max_batch, self.decoder)
         self.cleanup = cleanup
         # Inside Gradio's cache, which then serves the pictures where they are instead of copying each.
         self.cache = Path(get_upload_folder())
@@ -213,11 +215,15 @@ def enable_download(figure: str | None) -> gr.DownloadButton:
 
 def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_batch: int = MAX_BATCH,
                queue_size: int = QUEUE_SIZE, max_pixels: int = MAX_PIXELS, device: str = "cpu",
-               cleanup: Cleanup = Cleanup()) -> gr.Blocks:
-    """The page, with a bounded queue: `max_batch` events at once, `queue_size` more wait, the rest told it is busy."""
+               cleanup: Cleanup = Cleanup(), decode_process: bool = True) -> gr.Blocks:
+    """The page, with a bounded queue: `max_batch` events at once, `queue_size` more wait, the rest told it is busy.
+    Captions decode in a process of their own (`decoding.DecodeProcess`, started with the first), or with
+    `decode_process=False` in the server's threads; `close` ends the process."""
     private_cache()  # before anything is cached: closing this process deletes no other's files
     keep_cache_cleanup_alive()  # before the page schedules Gradio's cache sweep
-    callbacks = Callbacks(load_models(checkpoints, device), max_pixels, max_batch, cleanup)
+    models = load_models(checkpoints, device)
+    decoder = DecodeProcess(list(models.values())) if decode_process else LocalDecoder(list(models.values()))
+    callbacks = Callbacks(models, max_pixels, max_batch, cleanup, decoder)
     callbacks.payloads = {name: recorded(name) for name in callbacks.models}  # each checkpoint read once more
     callbacks.serving = {name: serving_line(name, model, callbacks.payloads[name])
                          for name, model in callbacks.models.items()}
@@ -336,6 +342,12 @@ def wait_for_callbacks(demo: gr.Blocks, timeout: float) -> bool:
     """Wait until none of the page's callbacks runs; False if one still does after `timeout` seconds."""
     callbacks = _CALLBACKS.get(demo)
     return callbacks is None or callbacks.wait_idle(timeout)
+
+
+def page_decoder(demo: gr.Blocks) -> Decoder | None:
+    """What the captions of a page built by `build_demo` decode with (None for another page)."""
+    callbacks = _CALLBACKS.get(demo)
+    return callbacks.decoder if callbacks is not None else None
 
 
 def served_models(demo: gr.Blocks) -> dict[str, Captioner]:

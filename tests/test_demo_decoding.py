@@ -1,0 +1,102 @@
+"""The demo's decoding process: the captions of the model in this process, decoded in another, its errors raised
+here, a child that dies replaced, and nothing left running after `close`.
+
+The session's tiny trained LSTM (conftest.py `shapes_lstm`) captions the shapes test images, each differently.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TrainedRun
+from PIL import Image
+
+from captioner.apps.demo.decoding import DecodeProcess, LocalDecoder
+from captioner.core.errors import CaptionerError, ConfigError
+from captioner.data.image_files import load_image
+from captioner.models.checkpoint import load_captioner
+
+OPTIONS = {"beam_size": 3, "max_length": 8}
+
+
+@pytest.fixture(scope="module")
+def trained(shapes_lstm: TrainedRun):
+    torch.set_num_threads(1)
+    return load_captioner(shapes_lstm.checkpoint)
+
+
+@pytest.fixture(scope="module")
+def shapes(shapes_lstm: TrainedRun) -> list[Image.Image]:
+    return [load_image(path) for path in shapes_lstm.test_images[:4]]
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, ended but not yet waited for, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_batch_decoded_in_the_child_equals_the_same_batch_decoded_here(trained, shapes) -> None:
+    """Same words, scores and attention maps, from a process that is not this one; then `close` ends it."""
+    decoder = DecodeProcess([trained])
+    try:
+        served = decoder.caption(trained, shapes, **OPTIONS)
+        child = decoder._child
+        assert child is not None and child.pid != os.getpid() and alive(child.pid)
+    finally:
+        decoder.close()
+    assert not alive(child.pid)
+    local = LocalDecoder([trained]).caption(trained, shapes, **OPTIONS)
+    assert [c.text for c in served] == [c.text for c in local] and len(set(c.text for c in local)) > 1
+    assert [c.score for c in served] == [c.score for c in local]
+    for one, other in zip(served, local):
+        np.testing.assert_array_equal(one.attn, other.attn)
+
+
+class Exit:
+    """Unpickled, it ends the process that reads it: a child dying in the middle of a request."""
+
+    def __reduce__(self):
+        return os._exit, (3,)
+
+
+def test_the_childs_error_is_raised_here_and_a_child_that_died_is_replaced(trained, shapes) -> None:
+    """A refused option is the model's own one-line error; a child dying during a request fails it with one line,
+    and one that died between requests is replaced: the next request is answered."""
+    decoder = DecodeProcess([trained])
+    try:
+        with pytest.raises(ConfigError, match="beam_size must be a whole number"):
+            decoder.caption(trained, shapes[:1], beam_size=0)
+        with pytest.raises(CaptionerError, match=r"decoding process stopped \(exit code 3\); the next caption"):
+            decoder.caption(trained, [Exit()], **OPTIONS)
+        expected = [c.text for c in trained.caption(shapes[:2], **OPTIONS)]
+        assert [c.text for c in decoder.caption(trained, shapes[:2], **OPTIONS)] == expected
+        first = decoder._child
+        assert first is not None
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        assert [c.text for c in decoder.caption(trained, shapes[:2], **OPTIONS)] == expected
+        assert decoder._child is not None and decoder._child.pid != first.pid
+    finally:
+        decoder.close()
+
+
+def test_the_child_decodes_on_the_threads_it_is_told_or_times(trained) -> None:
+    """No cores given: this process's count; one core: one thread, nothing timed."""
+    decoder = DecodeProcess([trained])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert decoder.choose_threads(None) == (2, {})
+        assert decoder.choose_threads(1) == (1, {})
+        assert decoder.threads == 1
+    finally:
+        torch.set_num_threads(before)
+        decoder.close()
