@@ -1,7 +1,7 @@
 """The demo under load: many clients at once, real photos with broken files mixed in. Serves
 CHECKPOINT (or measures --url) to --clients gradio sessions fetching heatmaps as a browser does and
-asking for the downloadable figure and (a transformer) the head view and per-head maps after each caption as the
-page does; broken uploads must get their one-line message and the served captions match local ones. It sets the
+asking for the downloadable figure and (a transformer) the head view and per-head maps after each caption, at once,
+as the page does; broken uploads must get their one-line message and the served captions match local ones. It sets the
 demo's defaults (`--max-batch 8`, `--queue-size 32`, the malloc arena cap)."""
 
 from __future__ import annotations
@@ -223,12 +223,6 @@ def fetch_heatmaps(gallery: list[dict], session) -> bool:
     return all(r.status_code == 200 and r.content[:2] == b"\xff\xd8" for r in pictures)  # JPEGs
 
 
-def figure_drawn(client) -> bool:
-    """The page's second step after a caption (/figure): the server draws the downloadable figure, which a browser
-    fetches only when the button is clicked."""
-    return bool(client.predict(api_name="/figure"))
-
-
 def views_step(client) -> tuple[int, str] | None:
     """(index, the layer menu's first value) of the page's step after a caption that draws the transformer views (its
     outputs hold the head view), made callable: gradio_client refuses a page's private steps, which a browser calls
@@ -243,17 +237,41 @@ def views_step(client) -> tuple[int, str] | None:
     return None
 
 
-def views_drawn(client, step: tuple[int, str], session) -> bool:
-    """The page's third step after a caption: the head view and the per-head maps of the kept caption (the layer
-    menu's value, the mean of the heads, the first word, as the page starts), fetched as a browser does. An LSTM's
-    answer hides them: nothing to fetch."""
+def ask_views(client, step: tuple[int, str]):
+    """Ask the page's views step for the head view and the per-head maps of the kept caption (the layer menu's value,
+    the mean of the heads, the first word, as the page starts) -> its job."""
     index, layer = step
-    answer = client.submit(layer, "mean", None, fn_index=index).result()  # (head view, per-head maps, word menu)
+    return client.submit(layer, "mean", None, fn_index=index)
+
+
+def views_fetched(answer: tuple, session) -> bool:
+    """Whether the views step answered both pictures (head view, per-head maps, word menu), fetched as a browser
+    does. An LSTM's answer hides them: nothing to fetch."""
     updates = [update for update in answer[:2] if isinstance(update, dict) and "visible" in update]
     if len(updates) != 2:  # a drawing that failed skips its outputs
         return False
     fetched = [session.get(update["value"]["url"]) for update in updates if update["visible"]]
     return all(r.status_code == 200 and r.content[:2] == b"\xff\xd8" for r in fetched)  # JPEGs
+
+
+def views_drawn(client, step: tuple[int, str], session) -> bool:
+    """The views step alone, asked and fetched."""
+    return views_fetched(ask_views(client, step).result(), session)
+
+
+def after_caption(client, figure: bool, views: tuple[int, str] | None, session, in_turn: bool = False) -> str:
+    """The page's steps after a caption, asked at once as a browser does (both follow /caption), or `in_turn`: the
+    downloadable figure (/figure, which a browser fetches only when the button is clicked) and, for a transformer,
+    the views. '' when each answered, else what failed."""
+    drawing = client.submit(api_name="/figure") if figure else None
+    if in_turn and drawing is not None:
+        drawing.result()
+    viewing = ask_views(client, views) if views else None
+    if drawing is not None and not drawing.result():
+        return "bad answer: no figure"
+    if viewing is not None and not views_fetched(viewing.result(), session):
+        return "bad answer: no transformer views"
+    return ""
 
 
 def outcome(kind: str, expected: str, answer: tuple, session) -> tuple[str, str]:
@@ -305,10 +323,8 @@ def client_run(
             answer = client.predict(handle_file(str(path)), **options, api_name="/caption")
             result, text = outcome(kind, expected, answer, session)
             seconds = time.perf_counter() - started  # the caption's latency: upload to heatmaps downloaded
-            if args.figure and result == "captioned" and not figure_drawn(client):
-                result = "bad answer: no figure"
-            if views and result == "captioned" and not views_drawn(client, views, session):
-                result = "bad answer: no transformer views"
+            if result == "captioned" and (args.figure or views):
+                result = after_caption(client, args.figure, views, session, args.in_turn) or result
         except Exception as e:  # noqa: BLE001 - counted by kind in the report
             busy = "queue is full" in str(e).lower()
             answers.append(Answer(kind, "busy: queue full" if busy else f"error: {type(e).__name__}",
@@ -458,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-figure", dest="figure", action="store_false",
                         help="ask /caption alone, not the figure the page asks for after it (records before the "
                              "figure step was timed)")
+    parser.add_argument("--in-turn", action="store_true",
+                        help="ask the figure, then the views, one after the other (records before they were asked at "
+                             "once, as a browser does)")
     parser.add_argument("--no-views", dest="views", action="store_false",
                         help="skip the transformer views (head view, per-head maps) the page asks for after a caption "
                              "(records before that step was timed)")
