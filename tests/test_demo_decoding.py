@@ -16,7 +16,8 @@ import torch
 from conftest import TrainedRun
 from PIL import Image
 
-from captioner.apps.demo.decoding import DecodeProcess, LocalDecoder
+from captioner.apps.demo import decoding
+from captioner.apps.demo.decoding import DecodeProcess, LocalDecoder, discard_prestarted, prestart
 from captioner.core.errors import CaptionerError, ConfigError
 from captioner.data.image_files import load_image
 from captioner.models.checkpoint import load_captioner
@@ -100,3 +101,20 @@ def test_the_child_decodes_on_the_threads_it_is_told_or_times(trained) -> None:
     finally:
         torch.set_num_threads(before)
         decoder.close()
+
+
+def test_a_prestarted_child_is_the_next_decoders_and_one_nobody_takes_is_ended(trained, shapes) -> None:
+    """`captioner demo` starts its child before loading the models (`prestart`); a server that stops before its page
+    is built ends it (`discard_prestarted`)."""
+    prestart()
+    waiting = decoding._PRESTARTED[0]
+    decoder = DecodeProcess([trained])
+    try:
+        assert len(decoder.caption(trained, shapes[:1], **OPTIONS)) == 1
+        assert decoder._child is waiting and not decoding._PRESTARTED
+    finally:
+        decoder.close()
+    prestart()
+    unclaimed = decoding._PRESTARTED[0]
+    discard_prestarted()
+    assert not decoding._PRESTARTED and unclaimed.poll() is not None and not alive(unclaimed.pid)

@@ -94,11 +94,7 @@ class DecodeProcess:
             if (code := self._child.poll()) is None:
                 return
             log.warning("demo: the decoding process had stopped (exit code %s); starting another", code)
-        source = str(Path(captioner.__file__).resolve().parents[1])  # this code, whatever the child's path says
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
-        self._child = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env=env)
-        self._ready = False
+        self._child, self._ready = _PRESTARTED.pop() if _PRESTARTED else child_process(), False
 
     def _ask(self, request: tuple) -> Any:
         """Send one request, return its answer; the child's error is raised here."""
@@ -113,10 +109,9 @@ class DecodeProcess:
                 send(child.stdin, request)
                 kind, value = pickle.load(child.stdout)
             except (OSError, EOFError, pickle.UnpicklingError):
-                code = child.poll()
-                self._stop(child)
-                raise CaptionerError(f"demo: the decoding process stopped (exit code {code}); the next caption "
-                                     "starts another") from None
+                self._stop(child)  # waits for its exit code
+                raise CaptionerError(f"demo: the decoding process stopped (exit code {child.returncode}); the next "
+                                     "caption starts another") from None
         if kind == "error":
             raise value
         return value
@@ -151,8 +146,36 @@ class DecodeProcess:
         self._child, self._ready = None, False
 
 
+_PRESTARTED: list[subprocess.Popen] = []  # a child started by `prestart`, for the next DecodeProcess
+
+
+def child_process() -> subprocess.Popen:
+    """A new child, on this code whatever its path says, loading torch until its models arrive."""
+    source = str(Path(captioner.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+
+def prestart() -> None:
+    """Start the next DecodeProcess's child now: it loads torch (3 s) while the server loads its models and builds
+    its page. One nobody takes ends with this process (its pipe closes), or with `discard_prestarted`."""
+    if not _PRESTARTED:
+        _PRESTARTED.append(child_process())
+
+
+def discard_prestarted() -> None:
+    """End a prestarted child nobody took (the server stopped before its page was built)."""
+    while _PRESTARTED:
+        child = _PRESTARTED.pop()
+        child.kill()
+        child.wait()
+        for pipe in (child.stdin, child.stdout):
+            pipe.close()  # type: ignore[union-attr]
+
+
 def send(pipe: BinaryIO, message: tuple) -> None:
-    pickle.dump(message, pipe, protocol=pickle.HIGHEST_PROTOCOL)
+    """Pickled whole before any byte is written: a message that cannot be pickled leaves the pipe as it was."""
+    pipe.write(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
     pipe.flush()
 
 

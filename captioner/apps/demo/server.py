@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from captioner.apps.demo.batcher import MAX_BATCH
-from captioner.apps.demo.decoding import DecodeProcess, Decoder
+from captioner.apps.demo.decoding import DecodeProcess, Decoder, discard_prestarted, prestart
 from captioner.apps.demo.ui import (
     QUEUE_SIZE, Cleanup, batch_sizes, build_demo, page_decoder, private_cache, wait_for_callbacks
 )
@@ -93,11 +93,11 @@ def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
 def choose_threads(decoder: Decoder) -> int:
     """The torch threads the page's captions decode with: $CAPTIONER_THREADS (this process's count), else
     `threads_that_pay` on one caption by each model, timed where they decode; the times at -v."""
+    threads, _ = decoder.choose_threads(None)  # a decoding process started and given its models, now idle
     if not threads_are_automatic():
-        threads, _ = decoder.choose_threads(None)
         log.debug("torch threads for captions: %d, as $CAPTIONER_THREADS says", threads)
         return threads
-    threads, best = decoder.choose_threads(free_cores())
+    threads, best = decoder.choose_threads(free_cores())  # counted once that process is idle
     log.debug("torch threads for captions: %d (one caption of each model: %s)", threads,
               ", ".join(f"{n} thread{'s' * (n > 1)} {s * 1000:.0f} ms" for n, s in best.items()) or "one core free")
     return threads
@@ -108,6 +108,7 @@ def serve(checkpoints: list[Path] | None = None, examples: list[Path] | None = N
           cleanup: Cleanup = Cleanup()) -> None:
     """`captioner demo`: the checkpoints (default: `default_checkpoint()`) until interrupted, in a cache of its own."""
     check_port(host, port)
+    prestart()  # the decoding process loads torch meanwhile
     limit_arenas()  # one arena per worker thread would keep its freed pages
     cache = private_cache()
     cleanup = Cleanup(cleanup.every_s, cleanup.max_age_s, empty_folders=cache is not None)
@@ -124,5 +125,6 @@ def serve(checkpoints: list[Path] | None = None, examples: list[Path] | None = N
         finally:  # interrupted: let the captions in flight finish before the interpreter exits
             close(demo)
     finally:
+        discard_prestarted()  # none when the page was built: its decoder took it
         if cache is not None:
             shutil.rmtree(cache, ignore_errors=True)
