@@ -6,6 +6,7 @@ The session's tiny trained LSTM (conftest.py `shapes_lstm`) captions the shapes 
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 from pathlib import Path
@@ -118,3 +119,11 @@ def test_a_prestarted_child_is_the_next_decoders_and_one_nobody_takes_is_ended(t
     unclaimed = decoding._PRESTARTED[0]
     discard_prestarted()
     assert not decoding._PRESTARTED and unclaimed.poll() is not None and not alive(unclaimed.pid)
+
+
+def test_a_model_the_decoder_was_not_given_is_refused_before_anything_starts(trained, shapes) -> None:
+    """The decoder tells its models apart by identity: a copy with the same weights is not one of them."""
+    decoder = DecodeProcess([trained])
+    with pytest.raises(ValueError, match="a model this decoder was not given"):
+        decoder.caption(copy.deepcopy(trained), shapes[:1], **OPTIONS)
+    assert decoder._child is None and not decoding._PRESTARTED

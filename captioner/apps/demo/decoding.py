@@ -117,7 +117,10 @@ class DecodeProcess:
         return value
 
     def caption(self, model: Captioner, images: list[Image.Image], **options: Any) -> list[Caption]:
-        index = next(i for i, served in enumerate(self.models) if served is model)
+        index = next((i for i, served in enumerate(self.models) if served is model), None)
+        if index is None:
+            raise ValueError("DecodeProcess.caption: a model this decoder was not given (its child has a copy of "
+                             "each model it was built with)")
         return self._ask(("caption", index, images, options))
 
     def choose_threads(self, cores: int | None) -> tuple[int, dict[int, float]]:
