@@ -457,6 +457,24 @@ def test_api_captions_through_the_same_path_as_the_cli(server: str, trained: Tra
     assert Image.open(figure).format == "JPEG" and count_panels(figure) == 1 + len(expected.words)
 
 
+def test_the_queue_sums_up_no_events_for_a_dashboard_the_page_never_turns_on(server: str, trained: Trained,
+                                                                           tmp_path: Path) -> None:
+    """Gradio's queue would keep up to 10,000 events and sum them up in a DataFrame after each one, for its
+    monitoring dashboard: this page's queue keeps one and never sums (`ui.skip_event_analytics`)."""
+    from gradio_client import handle_file
+
+    from captioner.apps.demo import ui
+
+    [demo] = [page for page in list(ui._CALLBACKS) if getattr(page, "local_url", None) == server]
+    api = client(server, tmp_path)
+    for image in trained.images[:2]:
+        api.predict(handle_file(str(image)), model_name=str(trained.checkpoint), api_name="/caption")
+        api.predict(api_name="/figure")
+    queue = demo._queue
+    assert queue.events_recorded >= 4 and len(queue.event_analytics) == 1
+    assert queue.cached_event_analytics_summary == {"functions": {}}
+
+
 def test_the_load_benchmark_asks_for_the_views_as_the_page_does(server: str, trained: Trained) -> None:
     """benchmarks demo_load calls the page's private views step by index, as a browser does (gradio_client refuses
     it by name), and gets both pictures of a transformer's caption."""

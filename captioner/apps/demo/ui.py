@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -233,7 +234,20 @@ def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_
                    delete_cache=cache_lifetimes(cleanup)) as demo:
         lay_out_page(callbacks, examples, cleanup)
     _CALLBACKS[demo] = callbacks
-    return demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
+    demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
+    skip_event_analytics(demo)
+    return demo
+
+
+def skip_event_analytics(demo: gr.Blocks) -> None:
+    """After every event Gradio's queue sums up the events it keeps (up to 10,000, in a pandas DataFrame) for a
+    monitoring dashboard this page never turns on (`launch`: enable_monitoring=False): 2.7 ms of CPU an event, 10 ms
+    once 10,000 are kept. This page's queue keeps one and never sums; a Gradio without these settings is left as it
+    is."""
+    queue = getattr(demo, "_queue", None)
+    if queue is not None and hasattr(queue, "ANAYLTICS_CACHE_FREQUENCY") and hasattr(queue, "ANALYTICS_MAX_EVENTS"):
+        queue.ANAYLTICS_CACHE_FREQUENCY = sys.maxsize  # Gradio's spelling: events between two summaries
+        queue.ANALYTICS_MAX_EVENTS = 1
 
 
 def cache_lifetimes(cleanup: Cleanup) -> tuple[int, int]:
