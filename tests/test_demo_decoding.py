@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,14 @@ def shapes(shapes_lstm: TrainedRun) -> list[Image.Image]:
     return [load_image(path) for path in shapes_lstm.test_images[:4]]
 
 
+@pytest.fixture(scope="module")
+def decoder(trained) -> Iterator[DecodeProcess]:
+    """One child for the tests that need no other (each start costs 3-4 s of CPU)."""
+    decoding = DecodeProcess([trained])
+    yield decoding
+    decoding.close()
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` runs (a zombie, ended but not yet waited for, does not)."""
     try:
@@ -45,16 +54,11 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_a_batch_decoded_in_the_child_equals_the_same_batch_decoded_here(trained, shapes) -> None:
-    """Same words, scores and attention maps, from a process that is not this one; then `close` ends it."""
-    decoder = DecodeProcess([trained])
-    try:
-        served = decoder.caption(trained, shapes, **OPTIONS)
-        child = decoder._child
-        assert child is not None and child.pid != os.getpid() and alive(child.pid)
-    finally:
-        decoder.close()
-    assert not alive(child.pid)
+def test_a_batch_decoded_in_the_child_equals_the_same_batch_decoded_here(decoder, trained, shapes) -> None:
+    """Same words, scores and attention maps, from a process that is not this one."""
+    served = decoder.caption(trained, shapes, **OPTIONS)
+    child = decoder._child
+    assert child is not None and child.pid != os.getpid() and alive(child.pid)
     local = LocalDecoder([trained]).caption(trained, shapes, **OPTIONS)
     assert [c.text for c in served] == [c.text for c in local] and len(set(c.text for c in local)) > 1
     assert [c.score for c in served] == [c.score for c in local]
@@ -90,9 +94,8 @@ def test_the_childs_error_is_raised_here_and_a_child_that_died_is_replaced(train
         decoder.close()
 
 
-def test_the_child_decodes_on_the_threads_it_is_told_or_times(trained) -> None:
+def test_the_child_decodes_on_the_threads_it_is_told_or_times(decoder) -> None:
     """No cores given: this process's count; one core: one thread, nothing timed."""
-    decoder = DecodeProcess([trained])
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -101,12 +104,11 @@ def test_the_child_decodes_on_the_threads_it_is_told_or_times(trained) -> None:
         assert decoder.threads == 1
     finally:
         torch.set_num_threads(before)
-        decoder.close()
 
 
 def test_a_prestarted_child_is_the_next_decoders_and_one_nobody_takes_is_ended(trained, shapes) -> None:
-    """`captioner demo` starts its child before loading the models (`prestart`); a server that stops before its page
-    is built ends it (`discard_prestarted`)."""
+    """`captioner demo` starts its child before loading the models (`prestart`); `close` ends it, and a server that
+    stops before its page is built ends one nobody took (`discard_prestarted`)."""
     prestart()
     waiting = decoding._PRESTARTED[0]
     decoder = DecodeProcess([trained])
@@ -115,6 +117,7 @@ def test_a_prestarted_child_is_the_next_decoders_and_one_nobody_takes_is_ended(t
         assert decoder._child is waiting and not decoding._PRESTARTED
     finally:
         decoder.close()
+    assert not alive(waiting.pid) and decoder._child is None  # `close` ended it
     prestart()
     unclaimed = decoding._PRESTARTED[0]
     discard_prestarted()

@@ -131,7 +131,7 @@ def server(served) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as patch:  # the page binds the patched methods when built
         patch.setattr(Callbacks, "caption", recorded(Callbacks.caption))
         patch.setattr(Callbacks, "inside", recorded(slow_first_call(Callbacks.inside, seconds=4.0)))
-        demo = build_demo([lstm, transformer], images[:2])
+        demo = build_demo([lstm, transformer], images[:2], decode_process=False)  # the views, not where they decode
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

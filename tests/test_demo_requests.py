@@ -142,7 +142,9 @@ def free_port() -> int:
 
 
 def serve(models: Models, widen_sliders: bool) -> Iterator[str]:
-    demo = build_demo([models.lstm, models.transformer], [])
+    # Decoding in the server's threads: these tests are about the callback's checks, and a decoding process of
+    # its own costs each server 3-4 s of CPU to start (tests/test_demo_decoding.py and test_demo.py test it).
+    demo = build_demo([models.lstm, models.transformer], [], decode_process=False)
     if widen_sliders:  # as if Gradio stopped checking the sliders' range: only the callback is left
         for block in demo.blocks.values():
             if getattr(block, "elem_id", None) in ("beam", "max_length"):
