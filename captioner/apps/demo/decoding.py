@@ -136,16 +136,7 @@ class DecodeProcess:
                 self._stop(self._child)
 
     def _stop(self, child: subprocess.Popen) -> None:
-        for pipe in (child.stdin, child.stdout):
-            try:
-                pipe.close()  # type: ignore[union-attr]
-            except OSError:  # a broken pipe: the child is gone already
-                pass
-        try:
-            child.wait(CLOSE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        end_child(child, CLOSE_TIMEOUT_S)
         self._child, self._ready = None, False
 
 
@@ -166,14 +157,24 @@ def prestart() -> None:
         _PRESTARTED.append(child_process())
 
 
-def discard_prestarted() -> None:
-    """End a prestarted child nobody took (the server stopped before its page was built)."""
-    while _PRESTARTED:
-        child = _PRESTARTED.pop()
+def end_child(child: subprocess.Popen, grace_s: float) -> None:
+    """Close the child's pipes, so it exits after what it is doing; kill it if it has not within `grace_s`."""
+    for pipe in (child.stdin, child.stdout):
+        try:
+            pipe.close()  # type: ignore[union-attr]
+        except OSError:  # a broken pipe: the child is gone already
+            pass
+    try:
+        child.wait(grace_s)
+    except subprocess.TimeoutExpired:
         child.kill()
         child.wait()
-        for pipe in (child.stdin, child.stdout):
-            pipe.close()  # type: ignore[union-attr]
+
+
+def discard_prestarted() -> None:
+    """End a prestarted child nobody took (the server stopped before its page was built), at once."""
+    while _PRESTARTED:
+        end_child(_PRESTARTED.pop(), 0)
 
 
 def send(pipe: BinaryIO, message: tuple) -> None:

@@ -223,7 +223,7 @@ def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_
     private_cache()  # before anything is cached: closing this process deletes no other's files
     keep_cache_cleanup_alive()  # before the page schedules Gradio's cache sweep
     models = load_models(checkpoints, device)
-    decoder = DecodeProcess(list(models.values())) if decode_process else LocalDecoder(list(models.values()))
+    decoder = DecodeProcess(list(models.values())) if decode_process else None  # None: Callbacks' LocalDecoder
     callbacks = Callbacks(models, max_pixels, max_batch, cleanup, decoder)
     callbacks.payloads = {name: recorded(name) for name in callbacks.models}  # each checkpoint read once more
     callbacks.serving = {name: serving_line(name, model, callbacks.payloads[name])
@@ -362,12 +362,6 @@ def page_decoder(demo: gr.Blocks) -> Decoder | None:
     """What the captions of a page built by `build_demo` decode with (None for another page)."""
     callbacks = _CALLBACKS.get(demo)
     return callbacks.decoder if callbacks is not None else None
-
-
-def served_models(demo: gr.Blocks) -> dict[str, Captioner]:
-    """The models a page built by `build_demo` serves, by name (empty for another page)."""
-    callbacks = _CALLBACKS.get(demo)
-    return dict(callbacks.models) if callbacks is not None else {}
 
 
 def batch_sizes(demo: gr.Blocks) -> dict[int, int]:
