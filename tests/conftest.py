@@ -135,3 +135,20 @@ def shapes_lstm(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
             assert main(args) == 0
             (root / "trained").touch()
     return TrainedRun(root, root / "shapes", root / "run", args)
+
+
+@pytest.fixture(scope="module")
+def shapes_model(shapes_lstm: TrainedRun):
+    """The session's tiny trained LSTM, loaded for one module, on one torch thread."""
+    from captioner.models.checkpoint import load_captioner
+
+    torch.set_num_threads(1)
+    return load_captioner(shapes_lstm.checkpoint)
+
+
+@pytest.fixture(scope="module")
+def shapes_pictures(shapes_lstm: TrainedRun) -> list:
+    """Its test images, loaded as the CLI loads a file: each captioned differently by it."""
+    from captioner.data.image_files import load_image
+
+    return [load_image(path) for path in shapes_lstm.test_images]

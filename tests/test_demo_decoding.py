@@ -1,7 +1,8 @@
 """The demo's decoding process: the captions of the model in this process, decoded in another, its errors raised
 here, a child that dies replaced, and nothing left running after `close`.
 
-The session's tiny trained LSTM (conftest.py `shapes_lstm`) captions the shapes test images, each differently.
+The session's tiny trained LSTM (conftest.py `shapes_lstm`, loaded by `shapes_model`) captions the shapes test
+images (`shapes_pictures`), each differently.
 """
 
 from __future__ import annotations
@@ -15,33 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TrainedRun
-from PIL import Image
 
 from captioner.apps.demo import decoding
 from captioner.apps.demo.decoding import DecodeProcess, LocalDecoder, discard_prestarted, prestart
 from captioner.core.errors import CaptionerError, ConfigError
-from captioner.data.image_files import load_image
-from captioner.models.checkpoint import load_captioner
 
 OPTIONS = {"beam_size": 3, "max_length": 8}
 
 
 @pytest.fixture(scope="module")
-def trained(shapes_lstm: TrainedRun):
-    torch.set_num_threads(1)
-    return load_captioner(shapes_lstm.checkpoint)
-
-
-@pytest.fixture(scope="module")
-def shapes(shapes_lstm: TrainedRun) -> list[Image.Image]:
-    return [load_image(path) for path in shapes_lstm.test_images[:4]]
-
-
-@pytest.fixture(scope="module")
-def decoder(trained) -> Iterator[DecodeProcess]:
+def decoder(shapes_model) -> Iterator[DecodeProcess]:
     """One child for the tests that need no other (each start costs 3-4 s of CPU)."""
-    decoding = DecodeProcess([trained])
+    decoding = DecodeProcess([shapes_model])
     yield decoding
     decoding.close()
 
@@ -54,12 +40,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_a_batch_decoded_in_the_child_equals_the_same_batch_decoded_here(decoder, trained, shapes) -> None:
+def test_a_batch_decoded_in_the_child_equals_the_same_batch_decoded_here(decoder, shapes_model,
+                                                                         shapes_pictures) -> None:
     """Same words, scores and attention maps, from a process that is not this one."""
-    served = decoder.caption(trained, shapes, **OPTIONS)
+    served = decoder.caption(shapes_model, shapes_pictures[:4], **OPTIONS)
     child = decoder._child
     assert child is not None and child.pid != os.getpid() and alive(child.pid)
-    local = LocalDecoder([trained]).caption(trained, shapes, **OPTIONS)
+    local = LocalDecoder([shapes_model]).caption(shapes_model, shapes_pictures[:4], **OPTIONS)
     assert [c.text for c in served] == [c.text for c in local] and len(set(c.text for c in local)) > 1
     assert [c.score for c in served] == [c.score for c in local]
     for one, other in zip(served, local):
@@ -73,22 +60,22 @@ class Exit:
         return os._exit, (3,)
 
 
-def test_the_childs_error_is_raised_here_and_a_child_that_died_is_replaced(trained, shapes) -> None:
+def test_the_childs_error_is_raised_here_and_a_child_that_died_is_replaced(shapes_model, shapes_pictures) -> None:
     """A refused option is the model's own one-line error; a child dying during a request fails it with one line,
     and one that died between requests is replaced: the next request is answered."""
-    decoder = DecodeProcess([trained])
+    decoder = DecodeProcess([shapes_model])
     try:
         with pytest.raises(ConfigError, match="beam_size must be a whole number"):
-            decoder.caption(trained, shapes[:1], beam_size=0)
+            decoder.caption(shapes_model, shapes_pictures[:1], beam_size=0)
         with pytest.raises(CaptionerError, match=r"decoding process stopped \(exit code 3\); the next caption"):
-            decoder.caption(trained, [Exit()], **OPTIONS)
-        expected = [c.text for c in trained.caption(shapes[:2], **OPTIONS)]
-        assert [c.text for c in decoder.caption(trained, shapes[:2], **OPTIONS)] == expected
+            decoder.caption(shapes_model, [Exit()], **OPTIONS)
+        expected = [c.text for c in shapes_model.caption(shapes_pictures[:2], **OPTIONS)]
+        assert [c.text for c in decoder.caption(shapes_model, shapes_pictures[:2], **OPTIONS)] == expected
         first = decoder._child
         assert first is not None
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
-        assert [c.text for c in decoder.caption(trained, shapes[:2], **OPTIONS)] == expected
+        assert [c.text for c in decoder.caption(shapes_model, shapes_pictures[:2], **OPTIONS)] == expected
         assert decoder._child is not None and decoder._child.pid != first.pid
     finally:
         decoder.close()
@@ -106,14 +93,14 @@ def test_the_child_decodes_on_the_threads_it_is_told_or_times(decoder) -> None:
         torch.set_num_threads(before)
 
 
-def test_a_prestarted_child_is_the_next_decoders_and_one_nobody_takes_is_ended(trained, shapes) -> None:
+def test_a_prestarted_child_is_the_next_decoders_and_one_nobody_takes_is_ended(shapes_model, shapes_pictures) -> None:
     """`captioner demo` starts its child before loading the models (`prestart`); `close` ends it, and a server that
     stops before its page is built ends one nobody took (`discard_prestarted`)."""
     prestart()
     waiting = decoding._PRESTARTED[0]
-    decoder = DecodeProcess([trained])
+    decoder = DecodeProcess([shapes_model])
     try:
-        assert len(decoder.caption(trained, shapes[:1], **OPTIONS)) == 1
+        assert len(decoder.caption(shapes_model, shapes_pictures[:1], **OPTIONS)) == 1
         assert decoder._child is waiting and not decoding._PRESTARTED
     finally:
         decoder.close()
@@ -124,9 +111,9 @@ def test_a_prestarted_child_is_the_next_decoders_and_one_nobody_takes_is_ended(t
     assert not decoding._PRESTARTED and unclaimed.poll() is not None and not alive(unclaimed.pid)
 
 
-def test_a_model_the_decoder_was_not_given_is_refused_before_anything_starts(trained, shapes) -> None:
+def test_a_model_the_decoder_was_not_given_is_refused_before_anything_starts(shapes_model, shapes_pictures) -> None:
     """The decoder tells its models apart by identity: a copy with the same weights is not one of them."""
-    decoder = DecodeProcess([trained])
+    decoder = DecodeProcess([shapes_model])
     with pytest.raises(ValueError, match="a model this decoder was not given"):
-        decoder.caption(copy.deepcopy(trained), shapes[:1], **OPTIONS)
+        decoder.caption(copy.deepcopy(shapes_model), shapes_pictures[:1], **OPTIONS)
     assert decoder._child is None and not decoding._PRESTARTED

@@ -1,9 +1,9 @@
 """The demo under load: concurrent requests decoded as one batch, a bounded queue that says when
 it is full, and temporary files that do not outlive their cleanup period.
 
-The session's tiny trained LSTM (conftest.py `shapes_lstm`) captions the shapes test images,
-each differently, so a caption handed to the wrong request would show; a tiny random model serves
-the server tests, where what the caption says does not matter.
+The session's tiny trained LSTM (conftest.py `shapes_lstm`, loaded by `shapes_model`) captions the shapes test
+images (`shapes_pictures`), each differently, so a caption handed to the wrong request would show; a tiny random
+model serves the server tests, where what the caption says does not matter.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TrainedRun
 from helpers import never_stopping, require_module, tiny_model
 from PIL import Image
 
@@ -29,8 +28,7 @@ import httpx  # noqa: E402 (gradio_client's HTTP client)
 from captioner.apps.demo.batcher import CaptionBatcher, Job  # noqa: E402
 from captioner.apps.demo.server import close, launch  # noqa: E402
 from captioner.apps.demo.ui import Callbacks, Cleanup, build_demo  # noqa: E402
-from captioner.data.image_files import load_image  # noqa: E402
-from captioner.models.checkpoint import load_captioner, save_checkpoint  # noqa: E402
+from captioner.models.checkpoint import save_checkpoint  # noqa: E402
 
 OPTIONS = {"beam_size": 3, "max_length": 8}
 SHORT = 4  # words a server test's captions are cut at: its random model writes to the limit, a heatmap a word
@@ -40,17 +38,6 @@ SHORT = 4  # words a server test's captions are cut at: its random model writes 
 def model():
     torch.set_num_threads(1)
     return never_stopping(tiny_model())
-
-
-@pytest.fixture(scope="module")
-def trained(shapes_lstm: TrainedRun):
-    torch.set_num_threads(1)
-    return load_captioner(shapes_lstm.checkpoint)
-
-
-@pytest.fixture(scope="module")
-def shapes(shapes_lstm: TrainedRun) -> list[Image.Image]:
-    return [load_image(path) for path in shapes_lstm.test_images]
 
 
 def pictures(count: int, seed: int = 0, size: tuple[int, int] = (40, 48)) -> list[Image.Image]:
@@ -102,9 +89,10 @@ def ask_all(batcher: CaptionBatcher, model, images: list[Image.Image], options: 
     return results
 
 
-def test_requests_that_arrive_together_are_one_batch_with_the_captions_of_single_requests(trained, shapes,
-                                                                                          monkeypatch) -> None:
-    model, images = trained, shapes[:6]
+def test_requests_that_arrive_together_are_one_batch_with_the_captions_of_single_requests(shapes_model,
+                                                                                         shapes_pictures,
+                                                                                         monkeypatch) -> None:
+    model, images = shapes_model, shapes_pictures[:6]
     alone = [model.caption(image, **OPTIONS) for image in images]
     assert len({c.text for c in alone}) > 2  # different images, different captions: a mix-up would show
     batcher = CaptionBatcher(max_batch=8)
@@ -117,8 +105,9 @@ def test_requests_that_arrive_together_are_one_batch_with_the_captions_of_single
         assert torch.allclose(got.attn, want.attn, atol=1e-5)  # each its own heatmaps
 
 
-def test_a_batch_holds_one_set_of_options_and_at_most_max_batch_images(trained, shapes, monkeypatch) -> None:
-    model, images = trained, shapes[6:12]
+def test_a_batch_holds_one_set_of_options_and_at_most_max_batch_images(shapes_model, shapes_pictures,
+                                                                       monkeypatch) -> None:
+    model, images = shapes_model, shapes_pictures[6:12]
     options = [OPTIONS, {**OPTIONS, "beam_size": 2}, OPTIONS, OPTIONS, OPTIONS, {**OPTIONS, "beam_size": 2}]
     alone = [model.caption(image, **o) for image, o in zip(images, options)]
     batcher = CaptionBatcher(max_batch=2)
