@@ -39,6 +39,14 @@ def test_a_forked_child_prints_and_exits_as_a_cold_one(command: list[str], expec
     assert warm.returncode == expect
 
 
+def test_standard_input_is_buffered_as_a_cold_ones() -> None:
+    """read(n) of a pipe's raw file may return less than n; the interpreter's sys.stdin.buffer, and pickle.load of
+    it (the demo's decoding child), gets all n."""
+    command = [sys.executable, "-c", "import sys; print(len(sys.stdin.buffer.read(300_000)))"]
+    warm, cold = both(command, capture_output=True, text=True, input="x" * 300_000, env=subprocess_env(), timeout=120)
+    assert warm.stdout == cold.stdout == "300000\n"
+
+
 def test_modules_and_scripts_run_as_main(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text("import sys\nprint(__name__, sys.argv[1:], sys.path[0])\n")

@@ -227,7 +227,8 @@ def _become(request: dict, fds: list[int]) -> None:
         tempfile.tempdir = None  # computed again from this environment's TMPDIR
         _take_pythonpath(server_pythonpath, os.environ.get("PYTHONPATH", ""))
         unbuffered = request["unbuffered"] or bool(os.environ.get("PYTHONUNBUFFERED"))
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+        # buffered as the interpreter's own: a raw pipe's read(n) may return less (pickle.load(sys.stdin.buffer))
+        sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=unbuffered,
                                       line_buffering=False)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
