@@ -7,8 +7,10 @@ CI (CI=true) they FAIL instead, so a green CI means they really ran (see `helper
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 import torch
 from helpers import require, shared_folder
 import suite_timeline
+import warm_start
 
 # What the library measures about the machine (core/machine_cache.py) goes to a folder of the
 # test session's, not the user's ~/.cache; child processes inherit it, so they share one decision.
@@ -49,6 +52,22 @@ def in_an_empty_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     found the project's files through the working folder (configs/..., tests.helpers) passed only
     from the checkout's root, and one that wrote runs/ or data/ there wrote into the checkout."""
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def warm_decoding_children() -> Iterator[None]:
+    """The demo's decoding processes fork from the pytest worker's warm interpreter (tests/warm_start.py), as the
+    CLI's children do: 3 CPU s less each. tests/test_demo_decoding.py's shared decoder starts one cold."""
+    from captioner.apps.demo import decoding
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decoding, "child_process", functools.partial(decoding.child_process, popen=warm_popen))
+        yield
+
+
+def warm_popen(command: list[str], **options) -> warm_start.Popen:
+    """warm_start.Popen, in the environment the warm interpreter has (helpers.subprocess_env): forked, not cold."""
+    return warm_start.Popen(command, **{**options, "env": {**options["env"], "OMP_NUM_THREADS": "1"}})
 
 
 @pytest.fixture(scope="session")

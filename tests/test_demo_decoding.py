@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import warm_start
 
 from captioner.apps.demo import decoding
 from captioner.apps.demo.decoding import DecodeProcess, LocalDecoder, discard_prestarted, prestart
@@ -26,10 +27,15 @@ OPTIONS = {"beam_size": 3, "max_length": 8}
 
 @pytest.fixture(scope="module")
 def decoder(shapes_model) -> Iterator[DecodeProcess]:
-    """One child for the tests that need no other (each start costs 3-4 s of CPU)."""
-    decoding = DecodeProcess([shapes_model])
-    yield decoding
-    decoding.close()
+    """One child for the tests that need no other, started as `captioner demo` starts it: a new interpreter (the
+    suite forks the others warm: conftest.py)."""
+    served = DecodeProcess([shapes_model])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decoding, "child_process", decoding.child_process.func)  # conftest's partial: the real start
+        served.start()
+    assert not isinstance(served._child, warm_start.Popen)
+    yield served
+    served.close()
 
 
 def alive(pid: int) -> bool:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol
 
 import numpy as np
@@ -143,11 +144,12 @@ class DecodeProcess:
 _PRESTARTED: list[subprocess.Popen] = []  # a child started by `prestart`, for the next DecodeProcess
 
 
-def child_process() -> subprocess.Popen:
-    """A new child, on this code whatever its path says, loading torch until its models arrive."""
+def child_process(popen: Callable[..., subprocess.Popen] = subprocess.Popen) -> subprocess.Popen:
+    """A new child, on this code whatever its path says, loading torch until its models arrive. `popen` starts it
+    (the tests fork theirs from an interpreter that has loaded torch already)."""
     source = str(Path(captioner.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    return popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
 
 def prestart() -> None:
