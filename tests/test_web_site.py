@@ -6,6 +6,7 @@ an image or one too large is one clear message; the page asks nothing of any ori
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import http.server
@@ -127,9 +128,11 @@ def test_the_page_captions_as_the_python_runtime_with_the_same_graphs(browser, s
     page = open_page(browser, url, requests)
     assert page.evaluate("document.body.dataset.ready") == "true", page.text_content("#error")
     for photo, array, want in zip(photos, pixels, expected, strict=True):
-        got = page.evaluate("async (p) => { const r = await window.captioner.captionPixels(p);"
+        # the pixels as base64, not a list: Playwright passes a list's 150,000 numbers one by one (1 s a photo)
+        got = page.evaluate("async (b64) => { const p = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));"
+                            " const r = await window.captioner.captionPixels(p);"
                             " return {tokens: r.tokens, attn: Array.from(r.attn), dims: r.attnDims}; }",
-                            array.reshape(-1).tolist())
+                            base64.b64encode(array.tobytes()).decode())
         assert got["tokens"] == want.tokens, photo.name
         attn = np.asarray(got["attn"], dtype=np.float32).reshape(got["dims"])  # (T, L, H, N)
         np.testing.assert_allclose(attn, want.attn.reshape(attn.shape), atol=1e-4, err_msg=photo.name)
