@@ -35,6 +35,9 @@ from captioner.deploy.numpy_search import SearchOptions, TokenRules, beam_search
 from captioner.models import onnx_export  # noqa: E402
 from captioner.models.onnx_export import export_onnx  # noqa: E402
 
+# One pytest worker for the module: each worker that ran some of its tests trained and exported both models again.
+pytestmark = pytest.mark.xdist_group("onnx")
+
 
 def briefly_trained(kind: str, steps: int = 120, seed: int = 0) -> Captioner:
     """A tiny model taught, by teacher forcing, a random caption of 2 to 7 words for each of 16
