@@ -90,17 +90,28 @@ def assert_same_weights(expected_path: Path, got_path: Path) -> None:
             assert torch.equal(tensor, got["optimizer"]["state"][key][name]), (key, name)
 
 
+@pytest.fixture(scope="module")
+def references() -> dict[int, tuple[Training, Path]]:
+    """The uninterrupted runs by count of loader workers, and their folders: the first test that needs one starts
+    it (it trains beside that test's signalled run); each test that shares it compares with its last.pt."""
+    return {}
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("single_signals")  # the runs with no loader workers share their reference
 @pytest.mark.parametrize(("signum", "workers", "group"),
                          [(signal.SIGTERM, 0, False), (signal.SIGINT, 0, False), (signal.SIGTERM, 2, True)],
                          ids=["SIGTERM", "SIGINT", "SIGTERM-to-the-group-with-2-loader-workers"])
 def test_a_signal_mid_epoch_saves_the_step_and_resumes_bit_exact(shapes: Path, tmp_path: Path, signum: int,
-                                                                 workers: int, group: bool) -> None:
+                                                                 workers: int, group: bool,
+                                                                 references: dict[int, tuple[Training, Path]]) -> None:
     """`group`: the signal goes to every process of the job (the trainer and its DataLoader
     workers), as a scheduler sends it."""
     env = subprocess_env()
     overrides = [*SINGLE, f"data.num_workers={workers}"]
-    reference = Training(command(shapes, tmp_path / "reference", overrides), env)
+    if workers not in references:
+        references[workers] = Training(command(shapes, tmp_path / "reference", overrides), env), tmp_path / "reference"
+    reference, reference_run = references[workers]
     run = tmp_path / "signalled"
     stopped = Training(command(shapes, run, overrides), env)
     stopped.wait_for_step(5)  # mid-epoch 1 (12 steps an epoch), no checkpoint written yet
@@ -121,9 +132,9 @@ def test_a_signal_mid_epoch_saves_the_step_and_resumes_bit_exact(shapes: Path, t
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert logged_steps(resumed.stderr) == list(range(step + 1, 25))
-    code, reference_err = reference.finish()
+    code, reference_err = reference.finish()  # at once for a run an earlier test finished
     assert code == 0, reference_err[-3000:]
-    assert_same_weights(tmp_path / "reference" / "last.pt", run / "last.pt")
+    assert_same_weights(reference_run / "last.pt", run / "last.pt")
 
 
 def worker_pids(launcher: int) -> dict[int, int]:
