@@ -58,9 +58,22 @@ _TIME = re.compile(r"(\d+:\d+)([ap]m)")  # "5:30pm" -> "5:30 pm" (but "5pm" stay
 _APOSTROPHE_WORD = re.compile(r"[^\W\d_iy]'[^\W\d_]{2,}|[^\W\d_]*[aeiouy]'[aeiou][^\W\d_]*")
 
 
+# Most captions are ASCII words and spaces, then perhaps a period, on the last word (COCO's) or after a space
+# (Flickr's): their tokens are the words, split only as the lexer splits "cannot", and a period on the last word
+# kept where `_keeps_period` says ("st.", a single letter).
+_PLAIN = re.compile(r"([A-Za-z ]*[A-Za-z])(?:(\.)|\s+\.)?(\s*)")
+
+
 def tokenize(text: str) -> list[str]:
     """Lower-case tokens of a caption, as pycocoevalcap's PTB tokenizer and punctuation removal give them."""
     text = text.translate(_QUOTES)
+    if (plain := _PLAIN.fullmatch(text)) is not None:
+        return _plain_tokens(*plain.groups())
+    return _lexed_tokens(text)
+
+
+def _lexed_tokens(text: str) -> list[str]:
+    """`tokenize` of any caption (its quotes translated), by the lexer's pattern."""
     tokens: list[str] = []
     for match in _TOKEN.finditer(text):
         kind, token = match.lastgroup, match.group()
@@ -76,6 +89,24 @@ def tokenize(text: str) -> list[str]:
         elif kind == "other":
             tokens.append(BRACKETS.get(token, token.lower()))
     return tokens
+
+
+def _plain_tokens(words: str, period: str | None, after: str) -> list[str]:
+    """The tokens of ASCII `words` and spaces, then the `period` on the last word if any, then the white space
+    `after`: what the lexer's pattern gives them, without running it."""
+    tokens = words.lower().split()
+    if period and _keeps_period(words.rsplit(None, 1)[-1], after):
+        tokens[-1] += "."  # "st.": not a split word any more
+        *rest, last = tokens
+        return [*_split_words(rest), last]
+    return _split_words(tokens)
+
+
+def _split_words(tokens: list[str]) -> list[str]:
+    """`tokens` with the lexer's split words ("cannot") in two."""
+    if SPLIT_WORDS.keys().isdisjoint(tokens):
+        return tokens
+    return [part for token in tokens for part in SPLIT_WORDS.get(token, (token,))]
 
 
 def _keeps_period(word: str, after: str) -> bool:
