@@ -15,7 +15,6 @@ import json
 import logging
 import re
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import pytest
 from helpers import REPO, require_module, subprocess_env, tiny_config, tiny_model
 from PIL import Image
+import warm_start
 
 from captioner.apps.cli import build_parser, main
 from captioner.models.checkpoint import save_checkpoint
@@ -446,9 +446,8 @@ def test_every_command_has_rows() -> None:
 def test_caption_of_a_missing_photo_is_one_line_in_a_real_process(tmp_path: Path) -> None:
     """`captioner caption missing.jpg` as typed in a shell: with the default model's log lines and
     all, stderr is one line and the status 2, and no model is loaded for it."""
-    done = subprocess.run([sys.executable, "-m", "captioner", "caption", "missing.jpg"], cwd=tmp_path,
-                          env=subprocess_env(),
-                          capture_output=True, text=True, timeout=300)
+    done = warm_start.run([sys.executable, "-m", "captioner", "caption", "missing.jpg"], cwd=tmp_path,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stderr, done.stdout) == (2, "error: missing.jpg: no such file\n", "")
 
 
@@ -459,12 +458,12 @@ def test_caption_of_an_unreadable_photo_is_one_line_and_a_partial_failure_names_
     (tmp_path / "bad.jpg").write_bytes(b"not an image")
     Image.new("RGB", (64, 64), (200, 30, 30)).save(tmp_path / "good.png")
     command = [sys.executable, "-m", "captioner", "caption"]
-    refused = subprocess.run([*command, "bad.jpg"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+    refused = warm_start.run([*command, "bad.jpg"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
                              timeout=300)
     assert (refused.returncode, refused.stdout) == (2, "")
     assert refused.stderr.splitlines() == [
         "error: bad.jpg: not an image file; supported formats: JPEG, PNG, WEBP, GIF, BMP, TIFF"]
-    partial = subprocess.run([*command, "good.png", "bad.jpg"], cwd=tmp_path, env=subprocess_env(), capture_output=True,
+    partial = warm_start.run([*command, "good.png", "bad.jpg"], cwd=tmp_path, env=subprocess_env(), capture_output=True,
                              text=True, timeout=300)
     lines = partial.stderr.splitlines()
     assert partial.returncode == 1 and partial.stdout.startswith("good.png\t")
