@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from helpers import require, tiny_model
+from helpers import require, subprocess_env, tiny_model
+import warm_start
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "benchmarks"
@@ -49,9 +49,8 @@ def test_an_unknown_benchmark_is_one_line_and_exit_2(capsys: pytest.CaptureFixtu
 
 
 def test_a_benchmark_runs_by_its_name() -> None:
-    done = subprocess.run([sys.executable, "-m", "benchmarks", "same_captions", "--help"], cwd=ROOT,
-                          capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    done = warm_start.run([sys.executable, "-m", "benchmarks", "same_captions", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=subprocess_env(CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("usage: python -m benchmarks same_captions")
 
