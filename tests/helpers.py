@@ -55,12 +55,21 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync"]
 
 
-def launch_chromium(playwright, executable: Path):
-    """The system Chromium at `executable`, started by a playwright driver for a browser test. It
-    gets a UTF-8 locale: Chromium reads file names in the locale's charset, and under LANG=C it
+@contextmanager
+def chromium_browser(executable: Path) -> Iterator:
+    """The system Chromium at `executable`, started by a playwright driver for a browser test, and closed with its
+    driver after it. It gets a UTF-8 locale: Chromium reads file names in the locale's charset, and under LANG=C it
     cannot open an upload named beyond ASCII."""
-    return playwright.chromium.launch(executable_path=str(executable), args=CHROMIUM_ARGS,
-                                      env={**os.environ, "LC_ALL": "C.UTF-8"})
+    require_module("playwright", "playwright is not installed (pip install playwright)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:  # stops the driver on the way out
+        browser = playwright.chromium.launch(executable_path=str(executable), args=CHROMIUM_ARGS,
+                                             env={**os.environ, "LC_ALL": "C.UTF-8"})
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 def edit_json(path: Path, change: dict) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import count_panels, launch_chromium, never_stopping, require_module, tiny_model  # noqa: E402
+from helpers import chromium_browser, count_panels, never_stopping, require_module, tiny_model  # noqa: E402
 import warm_start
 from PIL import Image
 
@@ -539,15 +539,8 @@ def test_api_concurrent_requests_all_get_the_right_caption(server: str, trained:
 
 @pytest.fixture(scope="module")
 def browser(chromium: Path):
-    require_module("playwright", "playwright is not installed (pip install playwright)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:  # stops the driver on the way out
-        browser = launch_chromium(p, chromium)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with chromium_browser(chromium) as browser:
+        yield browser
 
 
 def thumbnail_pixels(page) -> np.ndarray:

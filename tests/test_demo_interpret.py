@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import launch_chromium, never_stopping, require, require_module, tiny_model
+from helpers import chromium_browser, never_stopping, require_module, tiny_model
 
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
 
@@ -26,7 +26,6 @@ from captioner.data.shapes import generate_shapes  # noqa: E402
 from captioner.models.checkpoint import load_captioner, read_checkpoint, save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slow
-CHROMIUM = Path("/usr/bin/chromium")
 HISTORY = [
     {"epoch": 1, "step": 10, "val_BLEU4": 0.41, "val_CIDEr": 1.5},
     {"epoch": 2, "step": 20, "val_BLEU4": 0.52, "val_CIDEr": 2.25},
@@ -109,15 +108,9 @@ def test_the_views_are_jpeg_files_that_the_prune_deletes_when_old(served, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        require(False, f"{CHROMIUM} not found (apt-get install chromium)")
-    require_module("playwright", "playwright is not installed (pip install playwright)")
-    import playwright.sync_api as playwright_api
-    with playwright_api.sync_playwright() as p:
-        browser = launch_chromium(p, CHROMIUM)
+def browser(chromium: Path):
+    with chromium_browser(chromium) as browser:
         yield browser
-        browser.close()
 
 
 SERVER_CALLS: list[str] = []  # what the page's callbacks were asked and answered, for a failure's message

@@ -21,7 +21,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import REPO, edit_json, launch_chromium, require, require_module, serving, tiny_config, tiny_vocab
+from helpers import REPO, chromium_browser, edit_json, require, serving, tiny_config, tiny_vocab
 
 pytestmark = pytest.mark.xdist_group("web_site")  # one worker builds the sites and starts the browser once
 
@@ -44,15 +44,8 @@ def serve() -> Iterator:
 
 @pytest.fixture(scope="module")
 def browser(chromium: Path):
-    require_module("playwright", "playwright is not installed (pip install playwright)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = launch_chromium(p, chromium)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with chromium_browser(chromium) as browser:
+        yield browser
 
 
 @pytest.fixture(scope="module")
