@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import require, shared_folder
+from helpers import require, shared_folder, subprocess_env
 import suite_timeline
 import warm_start
 
@@ -66,8 +66,9 @@ def warm_decoding_children() -> Iterator[None]:
 
 
 def warm_popen(command: list[str], **options) -> warm_start.Popen:
-    """warm_start.Popen, in the environment the warm interpreter has (helpers.subprocess_env): forked, not cold."""
-    return warm_start.Popen(command, **{**options, "env": {**options["env"], "OMP_NUM_THREADS": "1"}})
+    """warm_start.Popen in the warm interpreter's environment (helpers.subprocess_env), the child's PYTHONPATH
+    kept: forked, not cold."""
+    return warm_start.Popen(command, **{**options, "env": subprocess_env(PYTHONPATH=options["env"]["PYTHONPATH"])})
 
 
 @pytest.fixture(scope="session")

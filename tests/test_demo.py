@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import chromium_browser, count_panels, never_stopping, require_module, tiny_model  # noqa: E402
+from helpers import (chromium_browser, count_panels, never_stopping, require_module, subprocess_env,  # noqa: E402
+                     tiny_model)
 import warm_start
 from PIL import Image
 
@@ -412,7 +413,7 @@ def test_closing_the_server_with_a_caption_in_flight_exits_cleanly(trained: Trai
     args = [sys.executable, "-c", SHUTDOWN_SCRIPT, str(trained.transformer), str(trained.images[0]),
             str(tmp_path / "started"), str(free_port())]
     done = warm_start.run(args, capture_output=True, text=True, timeout=300, check=False, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # as the warm interpreter's: forked, not cold
+                          env=subprocess_env())  # the warm interpreter's: forked, not cold
     assert (tmp_path / "started").exists(), done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr

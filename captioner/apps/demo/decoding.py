@@ -14,8 +14,8 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 import numpy as np
