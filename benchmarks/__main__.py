@@ -30,6 +30,7 @@ BENCHMARKS = {
     "allocator": "bench_allocator",
     "checkpoint_load": "bench_checkpoint_load",
     "reference": "bench_reference",
+    "goals": "bench_goals",
     "gpu": "bench_gpu",
     "cuda_graphs": "check_cuda_graphs",
 }

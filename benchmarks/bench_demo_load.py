@@ -27,7 +27,7 @@ from pathlib import Path
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
-from benchmarks.timing import argument_parser, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, json_option, print_environment, print_json  # noqa: E402
 
 PHOTOS = FLICKR8K_PHOTOS
 REFUSED = "**Could not caption this file.**"
@@ -481,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the transformer views (head view, per-head maps) the page asks for after a caption "
                              "(records before that step was timed)")
     parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
+    json_option(parser)
     args = parser.parse_args(argv)
     if (args.checkpoint is None) == (args.url is None):
         parser.error("give a CHECKPOINT to serve, or --url of a running demo")
@@ -495,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         report = load_run(args.url, args.pid, None, photos, args, f"the demo at {args.url}")
     else:
         report = served_run(args.checkpoint, photos, args)
+    print_json(args, report)
     return 1 if report["wrong"] else 0
 
 

@@ -33,7 +33,7 @@ from benchmarks.reference_sat import (  # noqa: E402
     make_decoder,
     train_step,
 )
-from benchmarks.timing import alternate, argument_parser, measure, print_environment  # noqa: E402
+from benchmarks.timing import alternate, argument_parser, json_option, measure, print_environment, print_json  # noqa: E402,E501
 
 BOS, EOS = 1, 2  # the special ids of `workloads.words`, given to the reference's search alike
 
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="images the reference captions one by one per timed call")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for both (default: as captioner.core.process_settings sets them)")
+    json_option(parser)
     args = parser.parse_args(argv)
     threads = set_threads(args.threads)
     print_environment(args)
@@ -88,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     actions = {"ours": train.run, **({"theirs": theirs["train"]} if theirs else {})}
     timed = alternate(actions, args.repeats)
     ours = timed["ours"].median
+    numbers: dict[str, float | int | None] = {"threads": threads, "train_ms": ours * 1e3, "reference_train_ms": None,
+                                              "train_ratio": None}
     line = f"| {train.about} | {ours * 1e3:,.0f} ms | "
     if theirs:
+        numbers |= {"reference_train_ms": timed["theirs"].median * 1e3, "train_ratio": timed["theirs"].median / ours}
         line += f"{timed['theirs'].median * 1e3:,.0f} ms | {timed['theirs'].median / ours:.2f}x faster |"
     print(line + ("" if theirs else " | |"), flush=True)
     del train
@@ -101,8 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         their_rate = args.reference_images / timed["theirs"].median
         print(f"| {beam.about} (tutorial: one image at a time) | {ours_rate:.1f} images/s | "
               f"{their_rate:.2f} images/s | {ours_rate / their_rate:.1f}x the images/s |")
+        numbers |= {"beam_images_per_s": ours_rate, "reference_beam_images_per_s": their_rate,
+                    "beam_ratio": ours_rate / their_rate}
     else:
-        print(f"| {beam.about} | {images / measure(beam.run, args.repeats).median:.1f} images/s | | |")
+        ours_rate = images / measure(beam.run, args.repeats).median
+        print(f"| {beam.about} | {ours_rate:.1f} images/s | | |")
+        numbers |= {"beam_images_per_s": ours_rate, "reference_beam_images_per_s": None, "beam_ratio": None}
+    print_json(args, numbers)
     return 0
 
 

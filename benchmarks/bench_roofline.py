@@ -25,7 +25,7 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import workloads  # noqa: E402
 from benchmarks.op_counter import OpCount, OpCounter, lstm_step_flops  # noqa: E402
-from benchmarks.timing import argument_parser, measure, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, json_option, measure, print_environment, print_json  # noqa: E402
 
 
 def gemm_peak(size: int, repeats: int = 5) -> tuple[float, str]:
@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-size", type=int, default=4096, help="side of the GEMM squares timed for the peak")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="write each one's operator table and trace into DIR")
+    json_option(parser)
     args = parser.parse_args(argv)
     if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
         parser.error(f"--profile {args.profile}: is a file, not a folder")
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
           f"dense layers through {'oneDNN' if products.route_taken() else 'F.linear'}; fp32 throughout")
     print("\n| work | GFLOP | GB moved | FLOP/byte | time | GFLOP/s | of peak | roofline | time / roofline |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    checks, tables = [], {}
+    checks, tables, works = [], {}, {}
     for name in args.only or list(workloads.WORKLOADS):
         work = workloads.WORKLOADS[name]()
         counter = counted(work.run)
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {work.about} | {flops / 1e9:.2f} | {moved / 1e9:.2f} | {flops / max(moved, 1):.1f} | "
               f"{seconds * 1e3:,.0f} ms | {flops / seconds / 1e9:.0f} | {flops / seconds / peak:.0%} | "
               f"{bound * 1e3:,.0f} ms | {seconds / bound:.2f}x |", flush=True)
+        works[name] = {"about": work.about, "gflop": flops / 1e9, "gb": moved / 1e9, "seconds": seconds,
+                       "roofline_seconds": bound, "ratio": seconds / bound}
         if name == "lstm_train":
             checks.append(hand_check(counter))
         if name == "lstm_beam":  # the decoder's step in beam search, the search's time over its steps
@@ -136,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + "\n".join(checks))
     for name, rows in tables.items():
         print(f"\n{name} ({args.profile / (name + '.txt')}):\n" + "\n".join(rows))
+    print_json(args, {"threads": threads, "peak_gflop_per_s": peak / 1e9, "copy_gb_per_s": bandwidth / 1e9,
+                      "work": works})
     return 0
 
 

@@ -83,14 +83,38 @@ def in_turn(names: Sequence[str], rounds: int) -> Iterator[str]:
         yield from names if round_ % 2 == 0 else reversed(names)
 
 
-def child_json(name: str, args: Sequence[str], env: Mapping[str, str] | None = None, what: str = "") -> dict:
+def child_json(name: str, args: Sequence[str], env: Mapping[str, str] | None = None, what: str = "",
+               echo: bool = False) -> dict:
     """`python -m benchmarks NAME ARGS` in a fresh process (the repository its folder) -> the JSON object its
-    last line prints; a failure stops the benchmark in one line naming `what` (default: the command)."""
-    done = subprocess.run([sys.executable, "-m", "benchmarks", name, *args], cwd=Path(__file__).resolve().parents[1],
-                          env=dict(os.environ if env is None else env), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{what or name + ' ' + ' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
-    return json.loads(done.stdout.splitlines()[-1])
+    last line prints; a failure stops the benchmark in one line naming `what` (default: the command). With
+    `echo` the child's other lines and its stderr pass through as it runs, for a long child."""
+    command = [sys.executable, "-m", "benchmarks", name, *args]
+    cwd, env = Path(__file__).resolve().parents[1], dict(os.environ if env is None else env)
+    if not echo:
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+        code, last, said = done.returncode, (done.stdout.splitlines() or [""])[-1], done.stderr.strip()[-500:]
+    else:
+        held: str | None = None  # the latest line: shown once another follows it
+        with subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True) as child:
+            for line in child.stdout:  # type: ignore[union-attr]
+                if held is not None:
+                    print(held, flush=True)
+                held = line.rstrip("\n")
+        code, last, said = child.returncode, held or "", "its output is above"
+    if code != 0:
+        raise SystemExit(f"{what or name + ' ' + ' '.join(args)}: exit {code}: {said}")
+    return json.loads(last)
+
+
+def json_option(parser: argparse.ArgumentParser) -> None:
+    """`--json`: the benchmark ends with its numbers as one JSON object on the last line (`child_json` reads it)."""
+    parser.add_argument("--json", action="store_true", help="end with the numbers as one JSON object on the last line")
+
+
+def print_json(args: argparse.Namespace, numbers: Mapping[str, object]) -> None:
+    """The last line of a benchmark run with `--json`."""
+    if args.json:
+        print(json.dumps(numbers), flush=True)
 
 
 def processor() -> str:

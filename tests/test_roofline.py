@@ -4,6 +4,7 @@ benchmark prints its table end to end."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -73,13 +74,19 @@ def test_the_roofline_time_takes_each_ops_longer_bound() -> None:
 
 def test_the_benchmark_prints_a_row_with_its_ratio_and_profile(tmp_path, capsys) -> None:
     assert bench_roofline.main(["--only", "quickstart_step", "--repeats", "1", "--peak-size", "1024",
-                                "--threads", "1", "--profile", str(tmp_path)]) == 0
+                                "--threads", "1", "--profile", str(tmp_path), "--json"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| quickstart train step"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert float(cells[1]) > 10  # GFLOP: the small CNN's convolutions, forward and backward
     seconds, bound = (float(cells[i].removesuffix(" ms").replace(",", "")) for i in (4, 7))
     assert float(cells[-1].removesuffix("x")) == pytest.approx(seconds / bound, abs=0.02)
+    numbers = json.loads(out.splitlines()[-1])  # --json: the same numbers on the last line, for `goals`
+    work = numbers["work"]["quickstart_step"]
+    assert list(numbers["work"]) == ["quickstart_step"] and numbers["threads"] == 1
+    assert work["gflop"] == pytest.approx(float(cells[1]), abs=0.01)
+    assert work["seconds"] * 1e3 == pytest.approx(seconds, abs=1) and work["ratio"] == pytest.approx(seconds / bound,
+                                                                                                    abs=0.02)
     assert "convolution" in (tmp_path / "quickstart_step.txt").read_text()
     assert (tmp_path / "quickstart_step.trace.json").stat().st_size > 0
 

@@ -1,0 +1,106 @@
+"""`python -m benchmarks goals`: each CPU speed goal judged against its target from the numbers its
+benchmark ends with (`--json`), a goal that could not be measured saying why, and the children's output
+passed through as they run."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Sequence
+
+import pytest
+
+from benchmarks import bench_goals, bench_reference, timing, workloads
+from benchmarks.bench_goals import Goal, goals
+
+REFERENCE = {"train_ratio": 8.8, "beam_ratio": 28.4}
+ROOFLINE = {"work": {"lstm_train": {"seconds": 0.417, "roofline_seconds": 0.319, "ratio": 1.31},
+                     "lstm_beam": {"seconds": 0.733, "roofline_seconds": 0.660, "ratio": 1.11}}}
+DEMO = {"captions_per_s": 9.1, "p95": 0.63, "wrong": 0}
+
+
+def test_each_goal_is_judged_on_its_own_side_of_its_target() -> None:
+    rows = goals([REFERENCE, {"train_ratio": 5.2, "beam_ratio": 30.0}, {"train_ratio": 5.9, "beam_ratio": 19.0}],
+                 ROOFLINE, {"captions_per_s": 6.4, "p95": 2.3, "wrong": 0})
+    assert [row.met for row in rows] == [False, True, True, True, False, None]
+    assert rows[0].measured == "5.90x (5.20-8.80x, 3 runs)"  # the median run is judged, the range shown
+    assert rows[2].measured == "1.31x (417 ms against 319 ms)"
+    assert rows[4].measured == "6.40 captions/s, p95 2.30 s"  # fast enough, but its p95 is over 2 s
+    assert [row.met for row in goals([REFERENCE], ROOFLINE, DEMO)] == [True, True, True, True, True, None]
+    slow = {"work": {name: {**work, "ratio": 2.5} for name, work in ROOFLINE["work"].items()}}
+    assert [row.met for row in goals([REFERENCE], slow, DEMO)][2:4] == [False, False]
+
+
+def test_a_goal_not_measured_says_why_and_is_neither_met_nor_missed() -> None:
+    rows = goals([{"train_ratio": None, "beam_ratio": None}], "left out (--skip roofline)",
+                 "no Flickr8k photos in /nowhere")
+    assert [row.met for row in rows] == [None] * 6
+    assert rows[0].measured == "not measured: the tutorial's checkout was not found (--reference)"
+    assert rows[2].measured == "not measured: left out (--skip roofline)"
+    assert rows[4].measured == "not measured: no Flickr8k photos in /nowhere"
+    failed = goals(["it failed: benchmarks reference: exit 1: its output is above", REFERENCE], ROOFLINE, DEMO)
+    assert failed[0] == Goal("LSTM training step against the tutorial's", ">= 6x", "8.80x", True)  # the run that ran
+    wrong = goals([REFERENCE], ROOFLINE, {**DEMO, "wrong": 2})[4]
+    assert wrong.met is False and wrong.measured.endswith("2 served captions differ from local ones")
+
+
+def test_goals_run_each_benchmark_with_json_and_print_every_goal(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    calls: list[tuple[str, list[str]]] = []
+    numbers = {"reference": REFERENCE, "roofline": ROOFLINE, "demo_load": DEMO}
+
+    def run(name: str, args: Sequence[str]) -> dict:
+        calls.append((name, list(args)))
+        if name == "reference" and len(calls) == 2:
+            raise SystemExit("benchmarks reference: exit 1: its output is above")
+        return numbers[name]
+
+    monkeypatch.setattr(bench_goals, "why_no_demo", lambda: "")
+    assert bench_goals.main(["--runs", "3", "--threads", "2", "--beside", "nothing"], run=run) == 0
+    assert [name for name, _ in calls] == ["reference"] * 3 + ["roofline", "demo_load"]
+    assert all("--json" in args for _, args in calls)
+    assert calls[0][1][calls[0][1].index("--threads") + 1] == "2"
+    assert calls[3][1][-3:] == ["--only", "lstm_train", "lstm_beam"]
+    assert calls[4][1][0].endswith("flickr8k_transformer_scst") and "--broken-every" in calls[4][1]
+    out = capsys.readouterr().out
+    assert "| LSTM training step against the tutorial's | >= 6x | 8.80x (8.80-8.80x, 2 runs) | met |" in out
+    assert ("| the demo with the packaged model | >= 6 captions/s, p95 <= 2 s | 9.10 captions/s, p95 0.63 s | met |"
+            in out)
+    assert out.rstrip().endswith("| the quickstart | <= 8 min, test BLEU-4 >= 0.9 | not run here: "
+                                 "`time bash scripts/quickstart.sh` in a fresh clone | - |")
+
+    calls.clear()
+    assert bench_goals.main(["--runs", "1", "--skip", "reference", "demo"], run=run) == 0
+    assert [name for name, _ in calls] == ["roofline"]
+    assert "| beam search against the tutorial's (images/s) | >= 20x | not measured: left out | - |" in \
+        capsys.readouterr().out
+
+
+def test_an_echoed_child_shows_its_lines_as_it_runs_and_returns_its_last_one(monkeypatch: pytest.MonkeyPatch,
+                                                                             capsys: pytest.CaptureFixture) -> None:
+    real = timing.subprocess.Popen
+    script = ("print('| work | ours |'); print(); print('| step | 408 ms |', flush=True); "
+              "print('{\"train_ratio\": 8.79}')")
+    monkeypatch.setattr(timing.subprocess, "Popen", lambda command, **kw: real([sys.executable, "-c", script], **kw))
+    assert timing.child_json("reference", ["--json"], echo=True) == {"train_ratio": 8.79}
+    assert capsys.readouterr().out == "| work | ours |\n\n| step | 408 ms |\n"  # blank lines kept
+    monkeypatch.setattr(timing.subprocess, "Popen", lambda command, **kw: real([sys.executable, "-c", "exit(3)"], **kw))
+    with pytest.raises(SystemExit, match=r"^benchmarks reference: exit 3: its output is above$"):
+        timing.child_json("reference", [], what="benchmarks reference", echo=True)
+
+
+def test_the_reference_benchmark_ends_with_its_numbers_without_the_tutorial(capsys: pytest.CaptureFixture,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path) -> None:
+    """No checkout of the tutorial: ours alone, its ratios null, the goals then say why they were not judged."""
+    monkeypatch.setattr(workloads, "lstm_train", workloads.quickstart_step)  # smaller work, the same path
+    monkeypatch.setattr(workloads, "lstm_beam", functools.partial(workloads.lstm_beam, images=2, steps=2))
+    assert bench_reference.main(["--reference", str(tmp_path / "none"), "--repeats", "1", "--threads", "1",
+                                 "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("reference not available, ours alone")
+    numbers = json.loads(out[-1])
+    assert numbers["train_ratio"] is None and numbers["beam_ratio"] is None and numbers["threads"] == 1
+    assert numbers["train_ms"] > 0 and numbers["beam_images_per_s"] > 0
+    assert goals([numbers], "left out", "left out")[0].met is None
