@@ -104,7 +104,7 @@ def table(rows: list[Goal]) -> str:
 
 
 def why_no_demo() -> str:
-    """'' when the demo can be measured here; else why not."""
+    """'' when the demo can be measured; else what it lacks."""
     from captioner.models.model_paths import packaged_models
 
     if importlib.util.find_spec("gradio") is None or importlib.util.find_spec("gradio_client") is None:
