@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -67,14 +68,45 @@ def test_goals_run_each_benchmark_with_json_and_print_every_goal(monkeypatch: py
     assert "| LSTM training step against the tutorial's | >= 6x | 8.80x (8.80-8.80x, 2 runs) | met |" in out
     assert ("| the demo with the packaged model | >= 6 captions/s, p95 <= 2 s | 9.10 captions/s, p95 0.63 s | met |"
             in out)
-    assert out.rstrip().endswith("| the quickstart | <= 8 min, test BLEU-4 >= 0.9 | not run here: "
-                                 "`time bash scripts/quickstart.sh` in a fresh clone | - |")
+    assert out.rstrip().endswith("| the quickstart in a fresh clone | <= 8 min, test BLEU-4 >= 0.9 | not measured: "
+                                 "not run (--quickstart runs it in a fresh clone) | - |")
 
     calls.clear()
-    assert bench_goals.main(["--runs", "1", "--skip", "reference", "demo"], run=run) == 0
+    quickstart = {"seconds": 245.0, "bleu4": 0.9092}
+    assert bench_goals.main(["--runs", "1", "--skip", "reference", "demo", "--quickstart"], run=run,
+                            quickstart=lambda: quickstart) == 0
     assert [name for name, _ in calls] == ["roofline"]
-    assert "| beam search against the tutorial's (images/s) | >= 20x | not measured: left out | - |" in \
-        capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| beam search against the tutorial's (images/s) | >= 20x | not measured: left out | - |" in out
+    assert out.rstrip().endswith("| 4 min 5 s, test BLEU-4 0.909 | met |")
+
+
+def test_the_quickstart_goal_needs_both_its_time_and_its_score() -> None:
+    assert [bench_goals.quickstart_goal({"seconds": s, "bleu4": b}).met
+            for s, b in [(479.6, 0.9), (481.0, 0.95), (300.0, 0.899)]] == [True, False, False]
+    assert bench_goals.quickstart_goal("it failed: bash scripts/quickstart.sh: exit 1").measured == \
+        "not measured: it failed: bash scripts/quickstart.sh: exit 1"
+
+
+def test_the_quickstart_runs_in_a_fresh_clone_named_captioner_of_the_last_commit(tmp_path, monkeypatch) -> None:
+    """A stand-in repository whose quickstart writes what the real one does: the clone is of its last commit
+    (a file left uncommitted is not there), in a folder named captioner, and its test BLEU-4 is read."""
+    repository = tmp_path / "repository"
+    (repository / "scripts").mkdir(parents=True)
+    (repository / "scripts" / "quickstart.sh").write_text(
+        "test \"$(basename \"$PWD\")\" = captioner && test ! -e uncommitted || exit 7\n"
+        "mkdir -p runs/shapes_lstm && echo '{\"overall\": {\"Bleu_4\": 0.91}}' > runs/shapes_lstm/scores_test.json\n")
+    git = ["git", "-C", str(repository), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repository)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "a stand-in"], check=True)
+    (repository / "uncommitted").write_text("not in the clone")
+    timed = bench_goals.quickstart_run(repository)
+    assert timed["bleu4"] == 0.91 and 0 < timed["seconds"] < 60
+    (repository / "scripts" / "quickstart.sh").write_text("exit 3\n")
+    subprocess.run([*git, "commit", "-q", "-am", "a failing one"], check=True)
+    with pytest.raises(SystemExit, match=r"^bash scripts/quickstart.sh: exit 3: its output is above$"):
+        bench_goals.quickstart_run(repository)
 
 
 def test_an_echoed_child_shows_its_lines_as_it_runs_and_returns_its_last_one(monkeypatch: pytest.MonkeyPatch,
