@@ -166,8 +166,13 @@ def argument_parser(name: str, doc: str | None, malloc: str = "captioner") -> ar
 
 
 def print_environment(args: argparse.Namespace) -> None:
-    """Apply `--malloc` (here and in the servers a benchmark starts), then print the environment line."""
+    """Apply `--malloc` (here and in the servers a benchmark starts), quiet the profiler's own log lines,
+    then print the environment line."""
     from captioner.core.allocator import ENV, keep_large_blocks, user_tuned
+
+    # Kineto, torch.profiler's library, reads this at its first use: without it a CPU profile prints its
+    # start and stop, and its GPU probe's failure as an ERROR line, amid the benchmark's output.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
     if args.malloc == "glibc" and not os.environ.get(ENV, "").strip():
         os.environ[ENV] = "glibc"  # a `captioner` this process starts leaves them too

@@ -110,6 +110,24 @@ def test_the_environment_line_says_which_malloc_thresholds_the_benchmark_runs_wi
     assert os.environ.get(allocator.ENV) == (None if sets else "glibc")
 
 
+def test_a_benchmark_quiets_the_profilers_own_log_lines_unless_asked_for(monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """Kineto prints a CPU profile's start and stop, and a failed GPU probe as an ERROR line, unless told not to
+    before its first use: the benchmark tells it, and a level the user set stays."""
+    from captioner.core import allocator
+
+    monkeypatch.setattr(allocator, "_mallopt", lambda: lambda option, value: 1)
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "")
+    monkeypatch.delenv("KINETO_LOG_LEVEL")  # set, then removed: the value the benchmark sets is undone after the test
+    args = timing.argument_parser("example", None).parse_args(["--beside", "nothing"])
+    timing.print_environment(args)
+    assert os.environ["KINETO_LOG_LEVEL"] == "6"
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "2")
+    timing.print_environment(args)
+    assert os.environ["KINETO_LOG_LEVEL"] == "2"
+    capsys.readouterr()
+
+
 def test_malloc_glibc_holds_where_the_environment_names_no_choice(monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture) -> None:
     """An empty CAPTIONER_MALLOC chooses nothing: --malloc glibc still leaves glibc's defaults."""
