@@ -11,7 +11,8 @@ fresh process, its output shown as it runs, then every goal beside its target.
 - with --quickstart, the README's first command, `bash scripts/quickstart.sh`, in a fresh clone of this
   checkout's last commit (a folder named captioner, its own virtual environment, the packages from the
   index; the user's caches as they are): <= 8 minutes, test BLEU-4 >= 0.9.
-A goal that could not be measured (no tutorial checkout, no Flickr8k photos) says why."""
+A goal that could not be measured (no tutorial checkout, no Flickr8k photos) says why; one whose benchmark
+failed (a served caption unlike the local one fails `demo_load`) is missed."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ TRAIN_ROOFLINE, BEAM_ROOFLINE = 1.5, 2.0  # times the roofline time, at most
 DEMO_RATE, DEMO_P95 = 6.0, 2.0  # captions/s at least, seconds at most
 QUICKSTART_S, QUICKSTART_BLEU4 = 8 * 60, 0.9  # the README's first command: seconds at most, test BLEU-4 at least
 REPOSITORY = Path(__file__).resolve().parents[1]
+FAILED = "it failed: "  # how `measured` words a benchmark that stopped with an error
 DEMO_LOAD = ["--clients", "6", "--requests", "48", "--broken-every", "4"]
 
 Runner = Callable[[str, Sequence[str]], dict]
@@ -60,6 +62,14 @@ def spread(values: Sequence[float], unit: str = "x") -> str:
     return f"{middle:.2f}{unit} ({min(values):.2f}-{max(values):.2f}{unit}, {len(values)} runs)"
 
 
+def unmeasured(what: str, target: str, why: str) -> Goal:
+    """A goal without numbers: missed when its benchmark failed (`demo_load` fails when a served caption differs
+    from the one made locally), else neither met nor missed, with the reason."""
+    if why.startswith(FAILED):
+        return Goal(what, target, why, False)
+    return Goal(what, target, f"not measured: {why}", None)
+
+
 def ratio_goal(what: str, runs: list[dict | str], key: str, least: float) -> Goal:
     """A goal on the tutorial's ratio, judged on the median of the runs that had the tutorial beside them
     (a run is its numbers, or how it failed)."""
@@ -67,14 +77,14 @@ def ratio_goal(what: str, runs: list[dict | str], key: str, least: float) -> Goa
     if not values:
         failed = [run for run in runs if isinstance(run, str)]
         why = failed[0] if failed else "the tutorial's checkout was not found (--reference)" if runs else "left out"
-        return Goal(what, f">= {least:g}x", f"not measured: {why}", None)
+        return unmeasured(what, f">= {least:g}x", why)
     return Goal(what, f">= {least:g}x", spread(values), statistics.median(values) >= least)
 
 
 def roofline_goal(what: str, roofline: dict | str, name: str, most: float) -> Goal:
     """A goal on a piece of work's time over its roofline time (`roofline`: its numbers, or why there are none)."""
     if isinstance(roofline, str):
-        return Goal(what, f"<= {most:g}x", f"not measured: {roofline}", None)
+        return unmeasured(what, f"<= {most:g}x", roofline)
     work = roofline["work"][name]
     return Goal(what, f"<= {most:g}x", f"{work['ratio']:.2f}x ({work['seconds'] * 1e3:,.0f} ms against "
                 f"{work['roofline_seconds'] * 1e3:,.0f} ms)", work["ratio"] <= most)
@@ -83,18 +93,16 @@ def roofline_goal(what: str, roofline: dict | str, name: str, most: float) -> Go
 def demo_goal(demo: dict | str) -> Goal:
     what, target = "the demo with the packaged model", f">= {DEMO_RATE:g} captions/s, p95 <= {DEMO_P95:g} s"
     if isinstance(demo, str):
-        return Goal(what, target, f"not measured: {demo}", None)
-    measured = f"{demo['captions_per_s']:.2f} captions/s, p95 {demo['p95']:.2f} s"
-    if demo.get("wrong"):
-        return Goal(what, target, f"{measured}; {demo['wrong']} served captions differ from local ones", False)
-    return Goal(what, target, measured, demo["captions_per_s"] >= DEMO_RATE and demo["p95"] <= DEMO_P95)
+        return unmeasured(what, target, demo)
+    return Goal(what, target, f"{demo['captions_per_s']:.2f} captions/s, p95 {demo['p95']:.2f} s",
+                demo["captions_per_s"] >= DEMO_RATE and demo["p95"] <= DEMO_P95)
 
 
 def quickstart_goal(quickstart: dict | str) -> Goal:
     what = "the quickstart in a fresh clone"
     target = f"<= {QUICKSTART_S // 60} min, test BLEU-4 >= {QUICKSTART_BLEU4:g}"
     if isinstance(quickstart, str):
-        return Goal(what, target, f"not measured: {quickstart}", None)
+        return unmeasured(what, target, quickstart)
     minutes, seconds = divmod(round(quickstart["seconds"]), 60)
     return Goal(what, target, f"{minutes} min {seconds} s, test BLEU-4 {quickstart['bleu4']:.3f}",
                 quickstart["seconds"] <= QUICKSTART_S and quickstart["bleu4"] >= QUICKSTART_BLEU4)
@@ -156,7 +164,7 @@ def measured(run: Runner, name: str, args: Sequence[str]) -> dict | str:
     try:
         return run(name, args)
     except SystemExit as e:
-        return f"it failed: {e}"
+        return f"{FAILED}{e}"
 
 
 def main(argv: list[str] | None = None, run: Runner | None = None,
@@ -197,7 +205,7 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
         try:
             timed = quickstart()
         except SystemExit as e:
-            timed = f"it failed: {e}"
+            timed = f"{FAILED}{e}"
     print("\n" + table(goals(reference, roofline, demo, timed)))
     return 0
 
