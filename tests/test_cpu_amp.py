@@ -5,6 +5,7 @@ the first step, never from the run's own steps or random streams, and the same f
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -110,6 +111,16 @@ def test_auto_calibrates_once_per_machine_and_shapes(monkeypatch: pytest.MonkeyP
     assert calls == [4, 8]
     assert precision.machine_would_choose(large, False, None) is True
     assert precision.machine_would_choose(tiny_config("train.cpu_amp=auto", "data.batch_size=16"), False, None) is None
+
+
+def test_a_calibration_that_ties_in_its_kept_times_keeps_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 faster by 3 microseconds, both 16.06 ms once rounded: the decision is the one the kept times show.
+    Before, bf16 was taken while its kept time was no faster than fp32's."""
+    starts_and_ends = iter([0.0, 0.0,  # the warm-up round: fp32, then bf16, started and not timed
+                            0.0, 0.016061, 1.0, 1.016058])  # the timed round: fp32, then bf16
+    monkeypatch.setattr(precision, "time", SimpleNamespace(perf_counter=starts_and_ends.__next__))
+    decision = precision.time_precisions(tiny_model().train(), tiny_config("data.batch_size=2"), False, None, steps=1)
+    assert decision == {"bf16": False, "bf16_ms": 16.06, "fp32_ms": 16.06}
 
 
 @pytest.mark.parametrize("encoded", [False, True])

@@ -200,9 +200,10 @@ def time_precisions(model: Captioner, config: Config, encoded: bool, feature_sha
                 trial.zero_grad(set_to_none=True)
                 if round_:  # the first round is the warm-up
                     times[bf16].append(time.perf_counter() - started)
-    fp32_ms, bf16_ms = (statistics.median(times[p]) * 1e3 for p in (False, True))
+    # Rounded before they are compared: the decision is the one the kept times show (a tie keeps fp32).
+    fp32_ms, bf16_ms = (round(statistics.median(times[p]) * 1e3, 2) for p in (False, True))
     log.debug("train.cpu_amp: calibration, median of %d steps: bf16 %.1f ms, fp32 %.1f ms", steps, bf16_ms, fp32_ms)
-    return {"bf16": bf16_ms < fp32_ms, "bf16_ms": round(bf16_ms, 2), "fp32_ms": round(fp32_ms, 2)}
+    return {"bf16": bf16_ms < fp32_ms, "bf16_ms": bf16_ms, "fp32_ms": fp32_ms}
 
 
 def synthetic_batch(config: Config, vocab_size: int, encoded: bool,
