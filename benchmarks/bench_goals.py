@@ -31,6 +31,7 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
 from benchmarks.timing import argument_parser, child_json, print_environment  # noqa: E402
+from captioner.models.model_paths import packaged_models  # noqa: E402
 
 TRAIN_RATIO, BEAM_RATIO = 6.0, 20.0  # times the tutorial's speed, at least
 TRAIN_ROOFLINE, BEAM_ROOFLINE = 1.5, 2.0  # times the roofline time, at most
@@ -38,6 +39,7 @@ DEMO_RATE, DEMO_P95 = 6.0, 2.0  # captions/s at least, seconds at most
 QUICKSTART_S, QUICKSTART_BLEU4 = 8 * 60, 0.9  # the README's first command: seconds at most, test BLEU-4 at least
 REPOSITORY = Path(__file__).resolve().parents[1]
 FAILED = "it failed: "  # how `measured` words a benchmark that stopped with an error
+NOT_RUN = "not run (--quickstart runs it in a fresh clone)"
 DEMO_LOAD = ["--clients", "6", "--requests", "48", "--broken-every", "4"]
 
 Runner = Callable[[str, Sequence[str]], dict]
@@ -109,7 +111,7 @@ def quickstart_goal(quickstart: dict | str) -> Goal:
 
 
 def goals(reference: list[dict | str], roofline: dict | str, demo: dict | str,
-          quickstart: dict | str = "not run (--quickstart runs it in a fresh clone)") -> list[Goal]:
+          quickstart: dict | str = NOT_RUN) -> list[Goal]:
     """Every goal's row from the benchmarks' numbers (each: its numbers, or why there are none)."""
     return [
         ratio_goal("LSTM training step against the tutorial's", reference, "train_ratio", TRAIN_RATIO),
@@ -130,8 +132,6 @@ def table(rows: list[Goal]) -> str:
 
 def why_no_demo() -> str:
     """'' when the demo can be measured; else what it lacks."""
-    from captioner.models.model_paths import packaged_models
-
     if importlib.util.find_spec("gradio") is None or importlib.util.find_spec("gradio_client") is None:
         return "the demo extra is not installed (pip install -e '.[demo]')"
     if not packaged_models():
@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
         parser.error("--runs must be at least 1")
     run = run or (lambda name, options: child_json(name, options, what=f"benchmarks {name}", echo=True))
     print_environment(args)
-    common = ["--beside", args.beside or "not said", "--json"]
-    common += ["--threads", str(args.threads)] if args.threads is not None else []
+    reported = ["--beside", args.beside or "not said", "--json"]
+    common = reported + (["--threads", str(args.threads)] if args.threads is not None else [])
     reference: list[dict | str] = []
     if "reference" not in args.skip:
         options = [*common, "--repeats", "7"] + (["--reference", args.reference] if args.reference else [])
@@ -195,11 +195,8 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
         roofline = measured(run, "roofline", [*common, "--repeats", "5", "--only", "lstm_train", "lstm_beam"])
     demo: dict | str = "left out (--skip demo)"
     if "demo" not in args.skip:
-        from captioner.models.model_paths import packaged_models
-
-        demo = why_no_demo() or measured(run, "demo_load", [str(packaged_models()[0]), *DEMO_LOAD,
-                                                           "--beside", args.beside or "not said", "--json"])
-    timed: dict | str = "not run (--quickstart runs it in a fresh clone)"
+        demo = why_no_demo() or measured(run, "demo_load", [str(packaged_models()[0]), *DEMO_LOAD, *reported])
+    timed: dict | str = NOT_RUN
     if args.quickstart:
         print(f"\n=== bash scripts/quickstart.sh in a fresh clone of {REPOSITORY}'s last commit", flush=True)
         try:

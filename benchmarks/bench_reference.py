@@ -33,7 +33,14 @@ from benchmarks.reference_sat import (  # noqa: E402
     make_decoder,
     train_step,
 )
-from benchmarks.timing import alternate, argument_parser, json_option, measure, print_environment, print_json  # noqa: E402,E501
+from benchmarks.timing import (  # noqa: E402
+    alternate,
+    argument_parser,
+    json_option,
+    measure,
+    print_environment,
+    print_json,
+)
 
 BOS, EOS = 1, 2  # the special ids of `workloads.words`, given to the reference's search alike
 
