@@ -3,19 +3,22 @@ side by side in one process, their calls alternating, both with the same torch t
 
     python -m benchmarks reference [--reference DIR_OR_GIT_DIR] [--repeats 5] [--threads N]
 
-At equal work, the tutorial's sizes (a 14x14x2048 grid, 10,000 words, attention, embedding and LSTM
+The same task on both sides, at the tutorial's sizes (a 14x14x2048 grid, 10,000 words, attention, embedding and LSTM
 512 wide):
 - a training step of 32 captions of 20 words: ours as `training.loop` runs it (caption_loss,
   backward, gradient clipping, fused AdamW; `workloads.lstm_train`) against its train.py step (its
   forward sorting by length, pack_padded loss, doubly stochastic term, gradient clamp, Adam);
 - beam search, beam 3, 51 steps with <eos> unreachable on both sides: ours over 32 images at once
   (`Captioner.decode`) against its caption.py search, one image at a time (`--reference-images`).
-The tutorial's code is read from --reference, else $CAPTIONER_REFERENCE, else the local mirror
+After the times, each side's work (FLOPs counted op by op) and the rate it reaches: ours is faster by the
+tutorial's work over ours times our rate over its, and the GEMM rate of each route says which rate a processor
+gives each side. The tutorial's code is read from --reference, else $CAPTIONER_REFERENCE, else the local mirror
 (`benchmarks/reference_sat.py`); nothing of it is copied here. Without it, ours alone is printed."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -26,6 +29,8 @@ from captioner.models import products
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import workloads  # noqa: E402
+from benchmarks.bench_roofline import gemm_rates  # noqa: E402
+from benchmarks.op_counter import flops_of  # noqa: E402
 from benchmarks.reference_sat import (  # noqa: E402
     ReferenceUnavailable,
     beam_search_one,
@@ -71,6 +76,19 @@ def reference_actions(location: str | None, reference_images: int) -> dict[str, 
     return {"train": lambda: train_step(decoder, optimizer, grid, caps, caplens), "beam": beam}
 
 
+def work_lines(rows: Sequence[tuple[str, float, float, float, float]]) -> list[str]:
+    """(work, our FLOPs, our seconds, the tutorial's FLOPs, its seconds) -> a table of each side's counted
+    work and rate: ours is faster by the tutorial's work over ours times our rate over its."""
+    lines = ["| work | ours | tutorial | its work / ours | our rate / its | ours is |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for about, flops, seconds, their_flops, their_seconds in rows:
+        rate, their_rate = flops / seconds, their_flops / their_seconds
+        lines.append(f"| {about} | {flops / 1e9:.2f} GFLOP at {rate / 1e9:.0f} GFLOP/s | {their_flops / 1e9:.2f} GFLOP "
+                     f"at {their_rate / 1e9:.0f} GFLOP/s | {their_flops / flops:.2f}x | {rate / their_rate:.2f}x | "
+                     f"{their_seconds / seconds:.2f}x faster |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("reference", __doc__, malloc="glibc")  # both sides as a plain process has it
     parser.add_argument("--reference", default=None,
@@ -96,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     actions = {"ours": train.run, **({"theirs": theirs["train"]} if theirs else {})}
     timed = alternate(actions, args.repeats)
     ours = timed["ours"].median
-    numbers: dict[str, float | int | None] = {"threads": threads, "train_ms": ours * 1e3, "reference_train_ms": None,
+    numbers: dict[str, object] = {"threads": threads, "train_ms": ours * 1e3, "reference_train_ms": None,
                                               "train_ratio": None}
     line = f"| {train.about} | {ours * 1e3:,.0f} ms | "
+    work: list[tuple[str, float, float, float, float]] = []  # (work, our FLOPs, our s, its FLOPs, its s)
     if theirs:
         numbers |= {"reference_train_ms": timed["theirs"].median * 1e3, "train_ratio": timed["theirs"].median / ours}
         line += f"{timed['theirs'].median * 1e3:,.0f} ms | {timed['theirs'].median / ours:.2f}x faster |"
+        work.append(("train step", flops_of(train.run), ours, flops_of(theirs["train"]), timed["theirs"].median))
     print(line + ("" if theirs else " | |"), flush=True)
     del train
     beam = workloads.lstm_beam()
@@ -114,10 +134,23 @@ def main(argv: list[str] | None = None) -> int:
               f"{their_rate:.2f} images/s | {ours_rate / their_rate:.1f}x the images/s |")
         numbers |= {"beam_images_per_s": ours_rate, "reference_beam_images_per_s": their_rate,
                     "beam_ratio": ours_rate / their_rate}
+        work.append(("beam search, one image", flops_of(beam.run) / images, 1 / ours_rate,
+                     flops_of(theirs["beam"]) / args.reference_images, 1 / their_rate))
     else:
         ours_rate = images / measure(beam.run, args.repeats).median
         print(f"| {beam.about} | {ours_rate:.1f} images/s | | |")
         numbers |= {"beam_images_per_s": ours_rate, "reference_beam_images_per_s": None, "beam_ratio": None}
+    if work:
+        rates = gemm_rates(2048)
+        print("\nThe work counted op by op (FLOPs of products, as `python -m benchmarks roofline` counts them), "
+              "and the rate each side reaches:\n" + "\n".join(work_lines(work)))
+        print("fp32 GEMM of 2048 squares here: " + ", ".join(f"{name} {rate / 1e9:.0f} GFLOP/s"
+                                                             for name, rate in rates.items())
+              + " (torch's own products, the tutorial's, are torch.mm's)")
+        numbers |= {"work": {about: {"gflop": flops / 1e9, "seconds": seconds, "reference_gflop": their_flops / 1e9,
+                                     "reference_seconds": their_seconds}
+                             for about, flops, seconds, their_flops, their_seconds in work},
+                    "gemm_gflop_per_s": {name: rate / 1e9 for name, rate in rates.items()}}
     print_json(args, numbers)
     return 0
 

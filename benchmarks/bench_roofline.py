@@ -28,18 +28,23 @@ from benchmarks.op_counter import OpCount, OpCounter, lstm_step_flops  # noqa: E
 from benchmarks.timing import argument_parser, json_option, measure, print_environment, print_json  # noqa: E402
 
 
-def gemm_peak(size: int, repeats: int = 5) -> tuple[float, str]:
-    """The best fp32 GEMM rate (FLOP/s) of size x size squares: torch.mm, and oneDNN's inner product
-    where this build has it (the route the decoders' layers may take) -> (rate, which)."""
+def gemm_rates(size: int, repeats: int = 5) -> dict[str, float]:
+    """The best fp32 GEMM rate (FLOP/s) of size x size squares by each route: torch.mm (MKL's products where
+    torch is built with it), and oneDNN's inner product where this build has it (the decoders' layers' route)."""
     generator = torch.Generator().manual_seed(0)
     a, b = (torch.randn(size, size, generator=generator) for _ in range(2))  # (S, S) each
     routes = {"torch.mm": lambda: torch.mm(a, b)}
     if products.onednn_enabled():
         packed = products._reorder(b)
         routes["oneDNN inner product"] = lambda: products._product(a, packed, None)
-    best = {name: min(measure(run, repeats).seconds) for name, run in routes.items()}
-    name = min(best, key=best.__getitem__)
-    return 2 * size**3 / best[name], name
+    return {name: 2 * size**3 / min(measure(run, repeats).seconds) for name, run in routes.items()}
+
+
+def gemm_peak(size: int, repeats: int = 5) -> tuple[float, str]:
+    """The faster route's rate of `gemm_rates` -> (rate, which)."""
+    rates = gemm_rates(size, repeats)
+    name = max(rates, key=rates.__getitem__)
+    return rates[name], name
 
 
 def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:

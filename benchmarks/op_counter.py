@@ -6,6 +6,7 @@ the counter is checked by."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -88,6 +89,13 @@ class OpCounter(TorchDispatchMode):
                 written += sum(_nbytes(t) for t in _tensors(value))
         self.ops.append(OpCount(str(func), _flops(func, args, kwargs, out), read + written))
         return out
+
+
+def flops_of(run: Callable[[], object]) -> int:
+    """The FLOPs of one call of `run`, counted as it runs (warm it up first where a first call differs)."""
+    with OpCounter() as counter:
+        run()
+    return counter.flops
 
 
 def lstm_step_flops(images: int, captions: int, steps: int, cells: int, feat_dim: int, attention_dim: int,

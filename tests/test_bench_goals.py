@@ -8,12 +8,14 @@ import functools
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
+import torch
 
 from benchmarks import bench_goals, bench_reference, timing, workloads
 from benchmarks.bench_goals import Goal, goals
+from benchmarks.op_counter import flops_of
 
 REFERENCE = {"train_ratio": 8.8, "beam_ratio": 28.4}
 ROOFLINE = {"work": {"lstm_train": {"seconds": 0.417, "roofline_seconds": 0.319, "ratio": 1.31},
@@ -139,3 +141,33 @@ def test_the_reference_benchmark_ends_with_its_numbers_without_the_tutorial(caps
     assert numbers["train_ratio"] is None and numbers["beam_ratio"] is None and numbers["threads"] == 1
     assert numbers["train_ms"] > 0 and numbers["beam_images_per_s"] > 0
     assert goals([numbers], "left out", "left out")[0].met is None
+
+
+def test_the_work_table_splits_the_speed_into_work_and_rate() -> None:
+    lines = bench_reference.work_lines([("train step", 80e9, 0.5, 560e9, 3.5), ("beam", 4e9, 0.02, 56e9, 0.4)])
+    assert lines[2] == ("| train step | 80.00 GFLOP at 160 GFLOP/s | 560.00 GFLOP at 160 GFLOP/s | 7.00x | 1.00x | "
+                        "7.00x faster |")
+    assert lines[3] == ("| beam | 4.00 GFLOP at 200 GFLOP/s | 56.00 GFLOP at 140 GFLOP/s | 14.00x | 1.43x | "
+                        "20.00x faster |")  # the work's ratio times the rates' is the speed's
+
+
+def test_the_reference_benchmark_counts_each_sides_work(capsys: pytest.CaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the tutorial: both sides' FLOPs counted as they run, the beam's per image on each side."""
+    monkeypatch.setattr(workloads, "lstm_train", workloads.quickstart_step)
+    monkeypatch.setattr(workloads, "lstm_beam", functools.partial(workloads.lstm_beam, images=2, steps=2))
+    a, b = torch.ones(30, 40), torch.ones(40, 50)  # 2 * 30 * 40 * 50 = 120,000 FLOPs a product
+
+    def reference_actions(location: str | None, images: int) -> dict[str, Callable[[], object]]:
+        return {"train": lambda: [a @ b for _ in range(3)], "beam": lambda: [a @ b for _ in range(2 * images)]}
+
+    monkeypatch.setattr(bench_reference, "reference_actions", reference_actions)
+    monkeypatch.setattr(bench_reference, "gemm_rates", lambda size: {"torch.mm": 1e11})
+    assert bench_reference.main(["--repeats", "1", "--threads", "1", "--reference-images", "3", "--json"]) == 0
+    out = capsys.readouterr().out
+    work = json.loads(out.splitlines()[-1])["work"]
+    assert work["train step"]["reference_gflop"] == pytest.approx(3 * 120e3 / 1e9)
+    assert work["beam search, one image"]["reference_gflop"] == pytest.approx(2 * 120e3 / 1e9)  # 6 over 3 images
+    ours = workloads.quickstart_step()
+    assert work["train step"]["gflop"] == pytest.approx(flops_of(ours.run) / 1e9, rel=1e-6)
+    assert "fp32 GEMM of 2048 squares here: torch.mm 100 GFLOP/s" in out
