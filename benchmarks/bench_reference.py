@@ -17,6 +17,7 @@ gives each side. The tutorial's code is read from --reference, else $CAPTIONER_R
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,13 +49,25 @@ from benchmarks.timing import (  # noqa: E402
 )
 
 BOS, EOS = 1, 2  # the special ids of `workloads.words`, given to the reference's search alike
+CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # oneDNN's kernels kept; read as the process starts
 
 
-def reference_actions(location: str | None, reference_images: int) -> dict[str, object]:
-    """The tutorial's train step and beam search at the workloads' sizes -> {"train", "beam"}."""
+def through_onednn(module: torch.nn.Module) -> int:
+    """Each plain nn.Linear of `module` made to run through oneDNN's inner product, as ours do -> how many."""
+    layers = [layer for layer in module.modules() if type(layer) is torch.nn.Linear]
+    for layer in layers:
+        products.onednn_linear(layer)
+    return len(layers)
+
+
+def reference_actions(location: str | None, reference_images: int, their_products: str = "torch") -> dict[str, object]:
+    """The tutorial's train step and beam search at the workloads' sizes -> {"train", "beam"}; with
+    `their_products` "onednn", its linear layers through oneDNN's inner product (its LSTM cell as it is)."""
     ref = load_reference(location, torch.device("cpu"))
     torch.manual_seed(0)
     decoder = make_decoder(ref, workloads.VOCAB, workloads.FEAT_DIM, torch.device("cpu"))
+    if their_products == "onednn":
+        through_onednn(decoder)
     optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)  # its train.py's decoder optimizer
     generator = torch.Generator().manual_seed(0)
     side = workloads.GRID[0]
@@ -68,8 +81,9 @@ def reference_actions(location: str | None, reference_images: int) -> dict[str, 
 
     def beam() -> None:
         for image in images:
-            steps.append(beam_search_one(decoder, image[None], BOS, EOS, beam_size=workloads.BEAM,
-                                         max_steps=workloads.BEAM_STEPS - 1)[1])
+            with products.reused_weights():  # through oneDNN: its weights blocked once a search, as ours are
+                steps.append(beam_search_one(decoder, image[None], BOS, EOS, beam_size=workloads.BEAM,
+                                             max_steps=workloads.BEAM_STEPS - 1)[1])
         if set(steps) != {workloads.BEAM_STEPS}:
             raise RuntimeError(f"the reference ran {sorted(set(steps))} steps, not {workloads.BEAM_STEPS}")
 
@@ -98,18 +112,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="images the reference captions one by one per timed call")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for both (default: as captioner.core.process_settings sets them)")
+    parser.add_argument("--their-products", choices=("torch", "onednn"), default="torch",
+                        help="the tutorial's linear layers through torch's own products, as its code is (MKL, "
+                             "whose kernels are AVX2 on an AMD processor), or through oneDNN's inner product as ours: "
+                             "a stand-in for a BLAS with AVX-512 kernels, as MKL has on an Intel processor")
     json_option(parser)
     args = parser.parse_args(argv)
     threads = set_threads(args.threads)
     print_environment(args)
+    if args.their_products == "onednn" and not os.environ.get(CACHE_VARIABLE):
+        print(f"{CACHE_VARIABLE} is unset: with the tutorial's products beside ours in oneDNN's default cache "
+              f"(1,024), our beam search ran about 15% slower when measured; run with {CACHE_VARIABLE}=8192")
     try:
-        theirs = reference_actions(args.reference, args.reference_images)
+        theirs = reference_actions(args.reference, args.reference_images, args.their_products)
     except ReferenceUnavailable as e:
         theirs = {}
         print(f"reference not available, ours alone: {e}")
     train = workloads.lstm_train()
     print(f"{threads} threads both sides; fp32; our dense layers through "
-          f"{'oneDNN' if products.route_taken() else 'F.linear'}, theirs through torch's own products")
+          f"{'oneDNN' if products.route_taken() else 'F.linear'}, theirs through "
+          + ("torch's own products" if args.their_products == "torch"
+             else "oneDNN's inner product (--their-products onednn; its LSTM cell through torch's)"))
     print("\n| work | ours | tutorial | ours is |\n|---|---:|---:|---:|")
     actions = {"ours": train.run, **({"theirs": theirs["train"]} if theirs else {})}
     timed = alternate(actions, args.repeats)

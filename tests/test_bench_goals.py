@@ -16,6 +16,7 @@ import torch
 from benchmarks import bench_goals, bench_reference, timing, workloads
 from benchmarks.bench_goals import Goal, goals
 from benchmarks.op_counter import flops_of
+from captioner.models import products
 
 REFERENCE = {"train_ratio": 8.8, "beam_ratio": 28.4}
 ROOFLINE = {"work": {"lstm_train": {"seconds": 0.417, "roofline_seconds": 0.319, "ratio": 1.31},
@@ -158,16 +159,31 @@ def test_the_reference_benchmark_counts_each_sides_work(capsys: pytest.CaptureFi
     monkeypatch.setattr(workloads, "lstm_beam", functools.partial(workloads.lstm_beam, images=2, steps=2))
     a, b = torch.ones(30, 40), torch.ones(40, 50)  # 2 * 30 * 40 * 50 = 120,000 FLOPs a product
 
-    def reference_actions(location: str | None, images: int) -> dict[str, Callable[[], object]]:
+    def reference_actions(location: str | None, images: int, their_products: str) -> dict[str, Callable[[], object]]:
+        assert their_products == "onednn"
         return {"train": lambda: [a @ b for _ in range(3)], "beam": lambda: [a @ b for _ in range(2 * images)]}
 
     monkeypatch.setattr(bench_reference, "reference_actions", reference_actions)
     monkeypatch.setattr(bench_reference, "gemm_rates", lambda size: {"torch.mm": 1e11})
-    assert bench_reference.main(["--repeats", "1", "--threads", "1", "--reference-images", "3", "--json"]) == 0
+    monkeypatch.delenv(bench_reference.CACHE_VARIABLE, raising=False)
+    assert bench_reference.main(["--repeats", "1", "--threads", "1", "--reference-images", "3", "--json",
+                                 "--their-products", "onednn"]) == 0
     out = capsys.readouterr().out
+    assert f"{bench_reference.CACHE_VARIABLE} is unset" in out.splitlines()[1]  # the stand-in's caveat, said first
     work = json.loads(out.splitlines()[-1])["work"]
     assert work["train step"]["reference_gflop"] == pytest.approx(3 * 120e3 / 1e9)
     assert work["beam search, one image"]["reference_gflop"] == pytest.approx(2 * 120e3 / 1e9)  # 6 over 3 images
     ours = workloads.quickstart_step()
     assert work["train step"]["gflop"] == pytest.approx(flops_of(ours.run) / 1e9, rel=1e-6)
     assert "fp32 GEMM of 2048 squares here: torch.mm 100 GFLOP/s" in out
+
+
+def test_the_tutorials_linear_layers_can_run_through_onednn() -> None:
+    """--their-products onednn: its nn.Linear layers take our products' route, its LSTM cell and numbers kept."""
+    torch.manual_seed(0)
+    module = torch.nn.ModuleDict({"fc": torch.nn.Linear(16, 8), "cell": torch.nn.LSTMCell(8, 4)})
+    x = torch.randn(3, 16)
+    expected = module["fc"](x)
+    assert bench_reference.through_onednn(module) == 1
+    assert module["fc"].forward.func is products._linear_forward  # type: ignore[attr-defined]
+    torch.testing.assert_close(module["fc"](x), expected, rtol=1e-5, atol=1e-5)
