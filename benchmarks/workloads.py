@@ -8,12 +8,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from captioner.core.config import Config, load_config
 from captioner.data.batching import CaptionBatch
+from captioner.data.shapes import sample_scene, write_captions
 from captioner.models.captioner import Captioner
 from captioner.models.model_paths import packaged_models
+from captioner.text.tokenizer import tokenize
 from captioner.text.vocab import SPECIALS, Vocabulary
 from captioner.training.loop import caption_loss, clip_gradients
 from captioner.training.run_setup import make_optimizer
@@ -152,18 +155,27 @@ def packaged_encoder(images: int = 8) -> Workload:
                     model, encode)
 
 
+def world_caption_tokens(images: int, image_size: int, seed: int = 3) -> list[int]:
+    """The tokens (<bos>, words, <eos>) of `images` scenes' five captions each, as the shapes world writes
+    them (no pixels drawn): a batch's longest caption, which sets the steps the LSTM runs, is the world's."""
+    rng = np.random.default_rng(seed)
+    scenes = (write_captions(sample_scene(rng, image_size), rng) for _ in range(images))
+    return [len(tokenize(caption)) + 2 for captions in scenes for caption in captions]
+
+
 def quickstart_step() -> Workload:
-    """The quickstart's step: 32 images of the shapes world at its size, five captions each of 4 to
-    18 words (the world's run from 3 to 36 words, 12 on average)."""
+    """The quickstart's step: a batch of the shapes world's images at its size, each with its five
+    captions' lengths as the world writes them (3 to 36 words, 12 on average; a batch's longest about 33)."""
     config = load_config(CONFIGS / "shapes_lstm.yaml")
     model = build(config, words(39))  # the shapes world's 39 words
-    size = config.data.image_size
+    size, images = config.data.image_size, config.data.batch_size
     generator = torch.Generator().manual_seed(3)
-    pixels = torch.randint(0, 256, (config.data.batch_size, 3, size, size), generator=generator,
-                           dtype=torch.uint8)  # (B, 3, S, S)
-    batch = caption_rows(pixels, 5, list(range(6, 21)), model.vocab, generator)  # <bos> 4-18 words <eos>
-    return Workload("quickstart_step", f"quickstart train step: {config.data.batch_size} images at {size} px, "
-                    "5 captions of 4-18 words", model, train_step(model, config, batch, encoded=False))
+    pixels = torch.randint(0, 256, (images, 3, size, size), generator=generator, dtype=torch.uint8)  # (B, 3, S, S)
+    tokens = world_caption_tokens(images, size)
+    batch = caption_rows(pixels, 5, tokens, model.vocab, generator)
+    return Workload("quickstart_step", f"quickstart train step: {images} images at {size} px, their 5 captions of "
+                    f"{min(tokens) - 2}-{max(tokens) - 2} words as the world writes them", model,
+                    train_step(model, config, batch, encoded=False))
 
 
 WORKLOADS: dict[str, Callable[[], Workload]] = {

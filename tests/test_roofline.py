@@ -40,6 +40,15 @@ def test_the_lstm_steps_count_equals_the_hand_count_on_either_route(route, onedn
     assert counter.flops == lstm_step_flops(images, 2 * images, 7, 196, workloads.FEAT_DIM, 24, 40, 48, 300)
 
 
+def test_the_quickstart_step_has_the_shapes_worlds_caption_lengths() -> None:
+    """A batch's longest caption sets how many steps the LSTM runs: the workload's captions are as long as
+    the world writes them (3 to 36 words), so its batch holds a long one, as every real batch does."""
+    tokens = workloads.world_caption_tokens(16, 128)
+    assert len(tokens) == 80 and min(tokens) >= 5 and max(tokens) <= 38  # <bos>, 3 to 36 words, <eos>
+    assert max(tokens) >= 30 and tokens == workloads.world_caption_tokens(16, 128)  # long, and seeded
+    assert f"their 5 captions of {min(tokens) - 2}-{max(tokens) - 2} words" in workloads.quickstart_step().about
+
+
 def test_bytes_are_what_an_op_reads_and_writes_and_views_move_none() -> None:
     x = torch.ones(1000)
     with OpCounter() as counter:
