@@ -144,10 +144,11 @@ def resident_mb(pid: int) -> float | None:
     return total
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """The user + system CPU time so far of the process and its descendants (Linux /proc), None when it is gone."""
+def cpu_seconds(pid: int, descendants: bool = True) -> float | None:
+    """The user + system CPU time so far of the process and its descendants (Linux /proc), or of the process
+    alone; None when it is gone."""
     total = None
-    for member in process_tree(pid):
+    for member in process_tree(pid) if descendants else [pid]:
         try:
             fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
             total = (total or 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -359,11 +360,13 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
         t.start()
     with Watch(pid, temp) as watch:
         gate.wait()
-        started, cpu_before, own_before = time.perf_counter(), cpu_seconds(pid) if pid else None, time.process_time()
+        started, own_before = time.perf_counter(), time.process_time()
+        cpu_before, server_before = (cpu_seconds(pid), cpu_seconds(pid, False)) if pid else (None, None)
         for t in threads:
             t.join()
         total = time.perf_counter() - started
-        cpu_after, own_cpu = cpu_seconds(pid) if pid else None, time.process_time() - own_before
+        own_cpu = time.process_time() - own_before
+        cpu_after, server_after = (cpu_seconds(pid), cpu_seconds(pid, False)) if pid else (None, None)
     captions = [a for a in answers if a.kind == "caption" and a.outcome == "captioned"]
     latencies = [a.seconds for a in answers if a.kind == "caption" and not a.outcome.startswith("busy")]
     outcomes = Counter((a.kind, a.outcome) for a in answers)
@@ -386,6 +389,11 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
         report["cpu_per_caption"] = (cpu_after - cpu_before) / len(captions)
         print(f"  CPU time per caption (robust to other load): server and its children "
               f"{report['cpu_per_caption']:.3f} s, these clients {own_cpu / len(captions):.3f} s")
+        if server_before is not None and server_after is not None:  # the web server's own share, beside the model's
+            report["server_cpu_per_caption"] = (server_after - server_before) / len(captions)
+            print(f"    of which the server's own process (web requests, events, files, pictures) "
+                  f"{report['server_cpu_per_caption']:.3f} s, its decoding process and any other child "
+                  f"{report['cpu_per_caption'] - report['server_cpu_per_caption']:.3f} s")
     if watch.rss:
         report |= {"rss_start": watch.rss[0], "rss_peak": max(watch.rss), "rss_end": watch.rss[-1]}
         quarters = " / ".join(f"{watch.rss[round(q * (len(watch.rss) - 1))]:.0f}" for q in (0.25, 0.5, 0.75))

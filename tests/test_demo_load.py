@@ -377,3 +377,23 @@ def test_a_cache_sweep_that_races_with_requests_does_not_end_gradios_cleanup(mon
     assert calls == [2, 2, 2, 2, 2]
     ui.keep_cache_cleanup_alive()  # wrapped once only
     assert route_utils.delete_files_created_by_app.__wrapped__ is racing
+
+
+def test_the_load_benchmark_tells_the_servers_own_cpu_from_its_childrens() -> None:
+    """`demo_load` splits the server's CPU time between its own process (the web server) and its decoding child:
+    a child's seconds count in the tree's total and not in the process's own."""
+    import subprocess
+    import sys
+
+    from benchmarks.bench_demo_load import cpu_seconds
+
+    burn = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+            "print('burnt', flush=True)\ntime.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "burnt"
+        own, tree = cpu_seconds(os.getpid(), descendants=False), cpu_seconds(os.getpid())
+        assert own is not None and tree is not None and tree - own >= 0.25  # the burn (0.3 s), in ticks
+    finally:
+        child.kill()
+        child.wait()
