@@ -12,11 +12,11 @@ import numpy as np
 import torch
 
 from captioner.core.config import Config, load_config
+from captioner.core.config_sections import DataConfig
 from captioner.data.batching import CaptionBatch
 from captioner.data.shapes import sample_scene, write_captions
 from captioner.models.captioner import Captioner
 from captioner.models.model_paths import packaged_models
-from captioner.text.tokenizer import tokenize
 from captioner.text.vocab import SPECIALS, Vocabulary
 from captioner.training.loop import caption_loss, clip_gradients
 from captioner.training.run_setup import make_optimizer
@@ -155,12 +155,13 @@ def packaged_encoder(images: int = 8) -> Workload:
                     model, encode)
 
 
-def world_caption_tokens(images: int, image_size: int, seed: int = 3) -> list[int]:
-    """The tokens (<bos>, words, <eos>) of `images` scenes' five captions each, as the shapes world writes
-    them (no pixels drawn): a batch's longest caption, which sets the steps the LSTM runs, is the world's."""
+def world_caption_tokens(vocab: Vocabulary, data: DataConfig, seed: int = 3) -> list[int]:
+    """The tokens of `data.batch_size` scenes' five captions each, as the shapes world writes them (no pixels
+    drawn) and the dataset encodes them (`Vocabulary.encode` at data.max_caption_length): a batch's longest
+    caption, which sets the steps the LSTM runs, is the world's."""
     rng = np.random.default_rng(seed)
-    scenes = (write_captions(sample_scene(rng, image_size), rng) for _ in range(images))
-    return [len(tokenize(caption)) + 2 for captions in scenes for caption in captions]
+    scenes = (write_captions(sample_scene(rng, data.image_size), rng) for _ in range(data.batch_size))
+    return [len(vocab.encode(caption, data.max_caption_length)) for captions in scenes for caption in captions]
 
 
 def quickstart_step() -> Workload:
@@ -171,7 +172,7 @@ def quickstart_step() -> Workload:
     size, images = config.data.image_size, config.data.batch_size
     generator = torch.Generator().manual_seed(3)
     pixels = torch.randint(0, 256, (images, 3, size, size), generator=generator, dtype=torch.uint8)  # (B, 3, S, S)
-    tokens = world_caption_tokens(images, size)
+    tokens = world_caption_tokens(model.vocab, config.data)
     batch = caption_rows(pixels, 5, tokens, model.vocab, generator)
     return Workload("quickstart_step", f"quickstart train step: {images} images at {size} px, their 5 captions of "
                     f"{min(tokens) - 2}-{max(tokens) - 2} words as the world writes them", model,

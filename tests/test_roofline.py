@@ -12,6 +12,7 @@ import torch
 
 from benchmarks import bench_roofline, workloads
 from benchmarks.op_counter import OpCount, OpCounter, lstm_step_flops
+from captioner.core.config import load_config
 from captioner.models import products
 
 
@@ -43,9 +44,10 @@ def test_the_lstm_steps_count_equals_the_hand_count_on_either_route(route, onedn
 def test_the_quickstart_step_has_the_shapes_worlds_caption_lengths() -> None:
     """A batch's longest caption sets how many steps the LSTM runs: the workload's captions are as long as
     the world writes them (3 to 36 words), so its batch holds a long one, as every real batch does."""
-    tokens = workloads.world_caption_tokens(16, 128)
+    data = replace(load_config(workloads.CONFIGS / "shapes_lstm.yaml").data, batch_size=16)
+    tokens = workloads.world_caption_tokens(workloads.words(39), data)
     assert len(tokens) == 80 and min(tokens) >= 5 and max(tokens) <= 38  # <bos>, 3 to 36 words, <eos>
-    assert max(tokens) >= 30 and tokens == workloads.world_caption_tokens(16, 128)  # long, and seeded
+    assert max(tokens) >= 30 and tokens == workloads.world_caption_tokens(workloads.words(39), data)  # seeded
     assert f"their 5 captions of {min(tokens) - 2}-{max(tokens) - 2} words" in workloads.quickstart_step().about
 
 
