@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     timed = alternate(actions, args.repeats)
     ours = timed["ours"].median
     numbers: dict[str, object] = {"threads": threads, "train_ms": ours * 1e3, "reference_train_ms": None,
-                                              "train_ratio": None}
+                                  "train_ratio": None}
     line = f"| {train.about} | {ours * 1e3:,.0f} ms | "
     work: list[tuple[str, float, float, float, float]] = []  # (work, our FLOPs, our s, its FLOPs, its s)
     if theirs:
