@@ -101,9 +101,16 @@ def child_json(name: str, args: Sequence[str], env: Mapping[str, str] | None = N
                     print(held, flush=True)
                 held = line.rstrip("\n")
         code, last, said = child.returncode, held or "", "its output is above"
+    what = what or f"{name} {' '.join(args)}".rstrip()
     if code != 0:
-        raise SystemExit(f"{what or name + ' ' + ' '.join(args)}: exit {code}: {said}")
-    return json.loads(last)
+        raise SystemExit(f"{what}: exit {code}: {said}")
+    try:
+        numbers = json.loads(last)
+    except json.JSONDecodeError:
+        numbers = None
+    if not isinstance(numbers, dict):  # a child run without --json, or one that printed nothing
+        raise SystemExit(f"{what}: its last line is not a JSON object of its numbers: {last[-200:]!r}")
+    return numbers
 
 
 def json_option(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -125,6 +126,18 @@ def test_an_echoed_child_shows_its_lines_as_it_runs_and_returns_its_last_one(mon
     assert capsys.readouterr().out == "| work | ours |\n\n| step | 408 ms |\n"  # blank lines kept
     monkeypatch.setattr(timing.subprocess, "Popen", lambda command, **kw: real([sys.executable, "-c", "exit(3)"], **kw))
     with pytest.raises(SystemExit, match=r"^benchmarks reference: exit 3: its output is above$"):
+        timing.child_json("reference", [], what="benchmarks reference", echo=True)
+
+
+@pytest.mark.parametrize("script, last", [("print('| step | 408 ms |')", "'| step | 408 ms |'"), ("pass", "''"),
+                                          ("print('[8.79]')", "'[8.79]'")])
+def test_a_child_whose_last_line_is_not_its_numbers_stops_the_benchmark_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, script: str, last: str) -> None:
+    """Exit 0 without the JSON object (no --json, nothing printed, another JSON value): one line, no traceback."""
+    real = timing.subprocess.Popen
+    monkeypatch.setattr(timing.subprocess, "Popen", lambda command, **kw: real([sys.executable, "-c", script], **kw))
+    with pytest.raises(SystemExit, match=rf"^benchmarks reference: its last line is not a JSON object of its numbers: "
+                                         rf"{re.escape(last)}$"):
         timing.child_json("reference", [], what="benchmarks reference", echo=True)
 
 
