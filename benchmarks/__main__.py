@@ -58,7 +58,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if str(HERE.parent) not in sys.path:  # run as a file (python benchmarks/__main__.py) as well as with -m
         sys.path.insert(0, str(HERE.parent))
-    return importlib.import_module(f"benchmarks.{BENCHMARKS[name]}").main(rest) or 0
+    try:
+        module = importlib.import_module(f"benchmarks.{BENCHMARKS[name]}")
+    except ModuleNotFoundError as e:  # a package of the environment missing: this Python is not the project's
+        if e.name is None or e.name.partition(".")[0] in ("benchmarks", "captioner"):
+            raise
+        print(f"python -m benchmarks {name}: {sys.executable} has no {e.name!r}; run it in the project's "
+              "environment with the test extras (bash scripts/run_tests.sh makes it; then source "
+              ".venv/bin/activate)", file=sys.stderr)
+        return 2
+    return module.main(rest) or 0
 
 
 if __name__ == "__main__":

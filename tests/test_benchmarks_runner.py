@@ -48,6 +48,23 @@ def test_an_unknown_benchmark_is_one_line_and_exit_2(capsys: pytest.CaptureFixtu
     assert captured.out == "" and captured.err.count("\n") == 1 and "--list" in captured.err
 
 
+def test_a_python_without_the_environment_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """A package the benchmark imports missing (torch, for a Python not the project's): one line naming it; a
+    module of the project missing is a bug and stays a traceback."""
+    def missing(name: str) -> ModuleType:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(runner.importlib, "import_module", lambda module: missing("torch"))
+    assert runner.main(["goals", "--quickstart"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"python -m benchmarks goals: {sys.executable} has no 'torch'; ")
+    monkeypatch.setattr(runner.importlib, "import_module", lambda module: missing("captioner.no_such"))
+    with pytest.raises(ModuleNotFoundError):
+        runner.main(["goals"])
+
+
 def test_a_benchmark_runs_by_its_name() -> None:
     done = warm_start.run([sys.executable, "-m", "benchmarks", "same_captions", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env=subprocess_env(CUDA_VISIBLE_DEVICES=""))
