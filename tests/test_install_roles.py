@@ -223,3 +223,16 @@ def test_an_extra_package_missing_its_own_dependency_names_the_extra_too() -> No
     )
     # a bug keeps its traceback
     assert missing_extra(ModuleNotFoundError("No module named 'captioner_typo'", name="captioner_typo")) is None
+
+
+@pytest.mark.parametrize("blocked, package", [("torch", "torch"), ("PIL", "PIL")])
+def test_a_python_without_captioners_packages_is_one_line(blocked: str, package: str) -> None:
+    """`python -m captioner` from a checkout whose environment is not active (here: torch or Pillow made unimportable):
+    one line naming the package and how to install, exit 2, no traceback."""
+    script = (f"import sys; sys.modules[{blocked!r}] = None; from captioner.apps.cli import main; "
+              "sys.exit(main(['caption', 'photo.jpg']))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=subprocess_env())
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr == (f"error: {package} is not installed in {sys.executable}: captioner needs it (pip install "
+                           "captioner; in a checkout, bash scripts/setup.sh, then source .venv/bin/activate)\n")

@@ -60,6 +60,15 @@ def user_error(error: CaptionerError | ModuleNotFoundError) -> str | None:
     return str(error) if isinstance(error, CaptionerError) else missing_extra(error)
 
 
+def refused(error: CaptionerError | ModuleNotFoundError) -> int:
+    """A user's mistake printed as its one line, exit 2; a bug raised again with its traceback."""
+    message = user_error(error)
+    if message is None:
+        raise error
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbosity)
@@ -67,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return args.func(args)
         except (CaptionerError, ModuleNotFoundError) as e:
-            if user_error(e) is None:
-                raise
-            print(f"error: {user_error(e)}", file=sys.stderr)
-            return 2
-    from captioner.training import distributed
+            return refused(e)
+    try:
+        from captioner.training import distributed  # the first import of torch
+    except ModuleNotFoundError as e:  # a Python without captioner's packages: a checkout's environment not active
+        return refused(e)
 
     try:
         from captioner.core.allocator import keep_large_blocks, user_tuned
