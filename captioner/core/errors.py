@@ -1,6 +1,6 @@
 """User-facing errors: a `CaptionerError` is one line naming the problem, the file or field and the way
-out; `captioner` prints it and exits 2, as it does for a package an optional install (extra, pyproject.toml)
-left out. Any other exception is a bug and keeps its traceback.
+out; `captioner` prints it and exits 2, as it does for a missing package that an optional install (extra,
+pyproject.toml) or captioner's own brings. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
