@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 from helpers import require, subprocess_env, tiny_model
@@ -55,12 +55,12 @@ def test_a_python_without_the_environment_is_one_line_and_exit_2(monkeypatch: py
     def missing(name: str) -> ModuleType:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
-    monkeypatch.setattr(runner.importlib, "import_module", lambda module: missing("torch"))
+    monkeypatch.setattr(runner, "importlib", SimpleNamespace(import_module=lambda module: missing("torch")))
     assert runner.main(["goals", "--quickstart"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith(f"python -m benchmarks goals: {sys.executable} has no 'torch'; ")
-    monkeypatch.setattr(runner.importlib, "import_module", lambda module: missing("captioner.no_such"))
+    monkeypatch.setattr(runner, "importlib", SimpleNamespace(import_module=lambda module: missing("captioner.no_such")))
     with pytest.raises(ModuleNotFoundError):
         runner.main(["goals"])
 
