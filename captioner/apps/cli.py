@@ -60,12 +60,13 @@ def user_error(error: CaptionerError | ModuleNotFoundError) -> str | None:
     return str(error) if isinstance(error, CaptionerError) else missing_extra(error)
 
 
-def refused(error: CaptionerError | ModuleNotFoundError) -> int:
-    """A user's mistake printed as its one line, exit 2; a bug raised again with its traceback."""
+def refused(error: CaptionerError | ModuleNotFoundError, prefix: str = "") -> int:
+    """A user's mistake printed as its one line (after `prefix`, a rank's), exit 2; a bug raised again with its
+    traceback."""
     message = user_error(error)
     if message is None:
         raise error
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {prefix}{message}", file=sys.stderr)
     return 2
 
 
@@ -92,12 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         set_threads()  # $CAPTIONER_THREADS or the default, before any torch work
         return args.func(args)
     except (CaptionerError, ModuleNotFoundError) as e:  # ModuleNotFoundError: a package of an extra left out
-        if user_error(e) is None:
-            raise
-        print(f"error: {distributed.rank_prefix()}{user_error(e)}", file=sys.stderr)
+        status = refused(e, distributed.rank_prefix())
         if isinstance(e, CaptionerError) and distributed.launched():  # one of several ranks: torchrun stops the rest
             distributed.abort(2)
-        return 2
+        return status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

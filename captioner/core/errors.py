@@ -61,18 +61,17 @@ EXTRA_OF = {
 }
 
 
-# What pip installs as each package `pip install captioner` brings itself (pyproject.toml's dependencies): one
-# missing means a Python that is not the project's, as in a checkout whose environment is not active
-REQUIRED = {"torch": "torch", "torchvision": "torchvision", "numpy": "numpy", "PIL": "pillow", "yaml": "pyyaml",
-            "tqdm": "tqdm", "matplotlib": "matplotlib", "safetensors": "safetensors",
-            "huggingface_hub": "huggingface_hub"}
+# The modules of the packages `pip install captioner` brings itself (pyproject.toml's dependencies): one missing
+# means a Python that is not the project's, as in a checkout whose environment is not active
+OWN_PACKAGES = frozenset({"torch", "torchvision", "numpy", "PIL", "yaml", "tqdm", "matplotlib", "safetensors",
+                          "huggingface_hub"})
 
 
 def missing_extra(error: ModuleNotFoundError) -> str | None:
     """The one-line message for a package an optional install brings, or captioner's own install; None for any other
     (keep the traceback)."""
     package = (error.name or "").split(".")[0]
-    if package in REQUIRED:
+    if package in OWN_PACKAGES:
         return (f"{package} is not installed in {sys.executable}: captioner needs it (pip install captioner; in a "
                 "checkout, bash scripts/setup.sh, then source .venv/bin/activate)")
     extra = EXTRA_OF.get(package)
