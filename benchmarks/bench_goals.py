@@ -1,7 +1,7 @@
 """The CPU speed goals checked on this processor in one run: each measured by its own benchmark in a
 fresh process, its output shown as it runs, then every goal beside its target.
 
-    python -m benchmarks goals [--runs 3] [--threads N] [--skip demo] [--quickstart] [--beside TEXT]
+    python -m benchmarks goals [--runs 3] [--threads N] [--skip demo] [--quickstart] [--beside TEXT] [--record ID]
 
 - the LSTM training step and beam search against the Show-Attend-Tell tutorial's (`reference`, run
   --runs times, as the host's speed wanders; the median run is judged): >= 6x and >= 20x;
@@ -12,7 +12,8 @@ fresh process, its output shown as it runs, then every goal beside its target.
   checkout's last commit (a folder named captioner, its own virtual environment, the packages from the
   index; the user's caches as they are): <= 8 minutes, test BLEU-4 >= 0.9.
 A goal that could not be measured (no tutorial checkout, no Flickr8k photos) says why; one whose benchmark
-failed (a served caption unlike the local one fails `demo_load`) is missed."""
+failed (a served caption unlike the local one fails `demo_load`) is missed. --record ID writes the row as record
+ID of docs/results/bench_goals.json, with this run's command, commit, processor and date."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.records import RESULTS, command_line, new_record, save_record  # noqa: E402
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
 from benchmarks.timing import argument_parser, child_json, print_environment  # noqa: E402
 from captioner.models.model_paths import packaged_models  # noqa: E402
@@ -41,6 +43,9 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 FAILED = "it failed: "  # how `measured` words a benchmark that stopped with an error
 NOT_RUN = "not run (--quickstart runs it in a fresh clone)"
 DEMO_LOAD = ["--clients", "6", "--requests", "48", "--broken-every", "4"]
+# bench_goals.json's columns, in the order of `goals`
+COLUMNS = ("train", "beam", "train_roofline", "beam_roofline", "demo", "quickstart")
+NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six")
 
 Runner = Callable[[str, Sequence[str]], dict]
 
@@ -130,6 +135,23 @@ def table(rows: list[Goal]) -> str:
     return "\n".join(lines)
 
 
+def verdict(rows: list[Goal]) -> str:
+    """'all six met', or how many of the measured goals were met and which were missed."""
+    judged = [row for row in rows if row.met is not None]
+    missed = [row.what for row in judged if not row.met]
+    if not judged:
+        return "none measured"
+    if not missed:
+        return f"all {NUMBER_WORDS[len(judged)]} met"
+    return f"{len(judged) - len(missed)} of {len(judged)} met; missed: {'; '.join(missed)}"
+
+
+def record_numbers(rows: list[Goal]) -> dict[str, str]:
+    """The row as bench_goals.json's numbers: each goal measured (or failed) under its column, and the verdict."""
+    numbers = {key: row.measured for key, row in zip(COLUMNS, rows, strict=True) if row.met is not None}
+    return {**numbers, "verdict": verdict(rows)}
+
+
 def why_no_demo() -> str:
     """'' when the demo can be measured; else what it lacks."""
     if importlib.util.find_spec("gradio") is None or importlib.util.find_spec("gradio_client") is None:
@@ -168,7 +190,7 @@ def measured(run: Runner, name: str, args: Sequence[str]) -> dict | str:
 
 
 def main(argv: list[str] | None = None, run: Runner | None = None,
-         quickstart: Callable[[], dict] = quickstart_run) -> int:
+         quickstart: Callable[[], dict] = quickstart_run, results: Path = RESULTS) -> int:
     parser = argument_parser("goals", __doc__)
     parser.add_argument("--runs", type=int, default=3, help="runs of the tutorial comparison (default: 3)")
     parser.add_argument("--threads", type=int, default=None,
@@ -179,6 +201,12 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
     parser.add_argument("--quickstart", action="store_true",
                         help="also time `bash scripts/quickstart.sh` in a fresh clone of the last commit (minutes, and "
                              "the package index for its virtual environment)")
+    parser.add_argument("--record", metavar="ID", default=None,
+                        help="write the goals as record ID of docs/results/bench_goals.json (one with that id is "
+                             "replaced), with this run's command, commit, processor and date")
+    parser.add_argument("--label", default=None,
+                        help="the record's label (default: the processor, its cores and kernels)")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -203,7 +231,12 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
             timed = quickstart()
         except SystemExit as e:
             timed = f"{FAILED}{e}"
-    print("\n" + table(goals(reference, roofline, demo, timed)))
+    rows = goals(reference, roofline, demo, timed)
+    print("\n" + table(rows))
+    if args.record:
+        record = new_record(args.record, args.label, record_numbers(rows), command_line("goals", argv), args.beside)
+        print(f"\nrecord {args.record} written to {save_record('bench_goals', record, results)}; "
+              "python scripts/render_results.py puts it in the pages", flush=True)
     return 0
 
 

@@ -124,9 +124,19 @@ def print_json(args: argparse.Namespace, numbers: Mapping[str, object]) -> None:
         print(json.dumps(numbers), flush=True)
 
 
+def amd_core(family: int, model: int) -> str:
+    """The Zen generation of an AMD family and model number ('' for others): a virtual machine may report
+    only the brand, and the generation decides which kernels run (AVX-512 from the fourth)."""
+    if family == 23:
+        return "Zen 2" if model >= 0x30 else "Zen or Zen+"
+    if family == 25:
+        return "Zen 4" if 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF else "Zen 3"
+    return "Zen 5" if family == 26 else ""
+
+
 def processor() -> str:
     """The processor's model name with its family and model numbers (a VM often reports only the
-    vendor's brand), and whether it multiplies bf16 natively."""
+    vendor's brand; an AMD one gets its Zen generation), and whether it multiplies bf16 natively."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
@@ -140,8 +150,17 @@ def processor() -> str:
     name = fields.get("model name", platform.machine())
     bf16 = "native bf16" if "avx512_bf16" in fields.get("flags", "").split() else "no native bf16"
     if "cpu family" in fields:
-        return f"{name} (family {fields['cpu family']} model {fields.get('model', '?')}, {bf16})"
+        family, model = fields["cpu family"], fields.get("model", "?")
+        core = amd_core(int(family), int(model)) if "AMD" in name and (family + model).isdigit() else ""
+        if core and "Zen" not in name:
+            name = f"{name} {core}"
+        return f"{name} (family {family} model {model}, {bf16})"
     return name
+
+
+def cores() -> int:
+    """The cores this process may run on (a container's share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def environment(beside: str | None) -> str:
@@ -151,10 +170,9 @@ def environment(beside: str | None) -> str:
 
     from captioner.core.machine_cache import kernel_settings
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     kernels = torch.backends.cpu.get_cpu_capability() + (f" ({held})" if (held := kernel_settings()) else "")
-    return (f"# {processor()}; {cores} cores; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    return (f"# {processor()}; {cores()} cores; torch {torch.__version__}, {torch.get_num_threads()} threads, "
             f"{kernels} kernels; load {load:.1f}; beside: {beside or 'not said (--beside)'}")
 
 

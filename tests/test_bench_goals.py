@@ -5,8 +5,10 @@ passed through as they run."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -14,10 +16,11 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from benchmarks import bench_goals, bench_reference, timing, workloads
+from benchmarks import bench_goals, bench_reference, records, timing, workloads
 from benchmarks.bench_goals import Goal, goals
 from benchmarks.op_counter import flops_of
 from captioner.models import products
+from helpers import REPO
 
 REFERENCE = {"train_ratio": 8.8, "beam_ratio": 28.4}
 ROOFLINE = {"work": {"lstm_train": {"seconds": 0.417, "roofline_seconds": 0.319, "ratio": 1.31},
@@ -200,3 +203,64 @@ def test_the_tutorials_linear_layers_can_run_through_onednn() -> None:
     assert bench_reference.through_onednn(module) == 1
     assert module["fc"].forward.func is products._linear_forward  # type: ignore[attr-defined]
     torch.testing.assert_close(module["fc"](x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_record_writes_the_goals_as_a_record_of_this_run(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """--record ID: the row goes into bench_goals.json under the measure's columns, with the command as run
+    (the settings holding the kernels in front), the commit, the processor and the date; the same id again
+    replaces it, and the file stays one the results pages render."""
+    shutil.copy(REPO / "docs" / "results" / "bench_goals.json", tmp_path)
+    before = json.loads((tmp_path / "bench_goals.json").read_text(encoding="utf-8"))["records"]
+    numbers = {"reference": REFERENCE, "roofline": ROOFLINE, "demo_load": DEMO}
+    monkeypatch.setattr(bench_goals, "why_no_demo", lambda: "")
+    for name in records.KERNEL_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path / "cache"))  # its path is the maker's: not written
+    argv = ["--runs", "1", "--beside", "nothing", "--record", "a_test"]
+    assert bench_goals.main(argv, run=lambda name, args: numbers[name], results=tmp_path) == 0
+    assert "record a_test written to" in capsys.readouterr().out
+    data = json.loads((tmp_path / "bench_goals.json").read_text(encoding="utf-8"))
+    record = data["records"][-1]
+    assert data["records"][:-1] == before and record["id"] == "a_test"
+    assert record["numbers"] == {"train": "8.80x", "beam": "28.40x", "train_roofline": "1.31x (417 ms against 319 ms)",
+                                 "beam_roofline": "1.11x (733 ms against 660 ms)",
+                                 "demo": "9.10 captions/s, p95 0.63 s", "verdict": "all five met"}
+    assert record["command"] == ("ATEN_CPU_CAPABILITY=avx2 CAPTIONER_CACHE_DIR=<a folder of its own> "
+                                 "python -m benchmarks goals --runs 1 --beside nothing --record a_test")
+    assert record["processor"] == record["label"] and record["processor"].startswith(timing.processor())
+    assert "held by ATEN_CPU_CAPABILITY=avx2" in record["processor"]
+    assert re.fullmatch(r"[0-9a-f]{7,}( \+ uncommitted changes)?", record["commit"])
+    assert record["concurrent"] == "nothing" and re.fullmatch(r"\d{4}-\d\d-\d\d", record["date"])
+
+    slow = {**numbers, "reference": {"train_ratio": 5.5, "beam_ratio": 28.4}}
+    assert bench_goals.main([*argv, "--label", "a slow sitting"], run=lambda name, args: slow[name],
+                            results=tmp_path) == 0
+    again = json.loads((tmp_path / "bench_goals.json").read_text(encoding="utf-8"))["records"]
+    assert len(again) == len(before) + 1 and again[-1]["label"] == "a slow sitting"
+    assert again[-1]["numbers"]["verdict"] == "4 of 5 met; missed: LSTM training step against the tutorial's"
+    spec = importlib.util.spec_from_file_location("render_for_goals", REPO / "scripts" / "render_results.py")
+    assert spec is not None and spec.loader is not None
+    render = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = render  # its dataclass looks its module up there
+    spec.loader.exec_module(render)
+    columns = {column["key"] for column in data["columns"]}
+    assert render.record_problems("a_test", again[-1], columns) == []
+
+
+def test_a_record_under_no_column_is_refused_and_the_file_kept(tmp_path) -> None:
+    shutil.copy(REPO / "docs" / "results" / "bench_goals.json", tmp_path)
+    text = (tmp_path / "bench_goals.json").read_text(encoding="utf-8")
+    record = {"id": "x", "label": "x", "numbers": {"trains": "1x"}}
+    with pytest.raises(SystemExit, match=r"bench_goals.json: no column for trains \(columns: beam, "):
+        records.save_record("bench_goals", record, tmp_path)
+    assert (tmp_path / "bench_goals.json").read_text(encoding="utf-8") == text
+    assert records.commit(tmp_path) == "unknown (not a git checkout)"
+
+
+@pytest.mark.parametrize(("family", "model", "core"), [(23, 1, "Zen or Zen+"), (23, 49, "Zen 2"), (25, 1, "Zen 3"),
+                                                       (25, 17, "Zen 4"), (25, 33, "Zen 3"), (25, 97, "Zen 4"),
+                                                       (26, 2, "Zen 5"), (6, 143, "")])
+def test_an_amd_processor_is_named_by_its_zen_generation(family: int, model: int, core: str) -> None:
+    assert timing.amd_core(family, model) == core

@@ -1,0 +1,83 @@
+"""A benchmark run written as a record of docs/results/<measure>.json, the files scripts/render_results.py
+turns into the results tables: its numbers, and the command, commit, processor, what ran beside and the
+date taken from the run itself rather than copied by hand."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from benchmarks.timing import cores, processor
+from captioner.core.machine_cache import KERNEL_SETTINGS, kernel_settings
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+RESULTS = REPOSITORY / "docs" / "results"
+
+
+def commit(repository: Path = REPOSITORY) -> str:
+    """The checkout's short commit, with '+ uncommitted changes' where tracked files differ from it; a copy
+    outside git says so rather than failing a run at its end."""
+    def git(*args: str) -> str | None:
+        done = subprocess.run(["git", "-C", str(repository), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head is None:
+        return "unknown (not a git checkout)"
+    return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def command_line(name: str, argv: Sequence[str]) -> str:
+    """`python -m benchmarks NAME ARGS`, after the settings that hold the kernels to an instruction set and
+    a machine cache of its own, as the run had them (the folder's path is the maker's: not written)."""
+    values = {key: os.environ.get(key, "").strip() for key in KERNEL_SETTINGS}
+    held = [f"{key}={shlex.quote(value)}" for key, value in values.items() if value]
+    if os.environ.get("CAPTIONER_CACHE_DIR", "").strip():
+        held.append("CAPTIONER_CACHE_DIR=<a folder of its own>")
+    return " ".join([*held, "python -m benchmarks", name, *map(shlex.quote, argv)])
+
+
+def machine() -> str:
+    """The processor, its usable cores and the kernels torch runs on it (held to an instruction set or not)."""
+    import torch
+
+    held = kernel_settings()
+    kernels = torch.backends.cpu.get_cpu_capability() + (f" kernels, held by {held}" if held else " kernels")
+    return f"{processor()}, {cores()} cores, {kernels}"
+
+
+def save_record(measure: str, record: Mapping[str, object], results: Path = RESULTS) -> Path:
+    """Write `record` into results/<measure>.json, in place of the record with its id or after the others;
+    a number under a key the measure has no column for stops in one line, the file untouched."""
+    path = results / f"{measure}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{path}: cannot read the records ({e})") from None
+    columns = {column["key"] for column in data["columns"]}
+    unknown = sorted(set(record["numbers"]) - columns)  # type: ignore[arg-type]
+    if unknown:
+        raise SystemExit(f"{path}: no column for {', '.join(unknown)} (columns: {', '.join(sorted(columns))})")
+    records = data["records"]
+    ids = [old["id"] for old in records]
+    if record["id"] in ids:
+        records[ids.index(record["id"])] = dict(record)
+    else:
+        records.append(dict(record))
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def new_record(record_id: str, label: str | None, numbers: Mapping[str, str], command: str,
+               beside: str | None) -> dict:
+    """A record in the schema of docs/results (id, label, numbers, command, commit, processor, concurrent,
+    date), the last four from this run; the label defaults to the processor line."""
+    where = machine()
+    return {"id": record_id, "label": label or where, "numbers": dict(numbers), "command": command,
+            "commit": commit(), "processor": where, "concurrent": beside or "not said",
+            "date": datetime.date.today().isoformat()}
