@@ -30,7 +30,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.records import RESULTS, command_line, new_record, save_record  # noqa: E402
+from benchmarks.records import RESULTS, command_line, new_record, records_file, save_record  # noqa: E402
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
 from benchmarks.timing import argument_parser, child_json, print_environment  # noqa: E402
 from captioner.models.model_paths import packaged_models  # noqa: E402
@@ -210,6 +210,10 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.record is not None:
+        if not args.record.strip():
+            parser.error("--record needs an id")
+        records_file("bench_goals", results)  # a file it could not write into stops here, not after the run
     run = run or (lambda name, options: child_json(name, options, what=f"benchmarks {name}", echo=True))
     print_environment(args)
     reported = ["--beside", args.beside or "not said", "--json"]

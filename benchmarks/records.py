@@ -51,14 +51,25 @@ def machine() -> str:
     return f"{processor()}, {cores()} cores, {kernels}"
 
 
-def save_record(measure: str, record: Mapping[str, object], results: Path = RESULTS) -> Path:
-    """Write `record` into results/<measure>.json, in place of the record with its id or after the others;
-    a number under a key the measure has no column for stops in one line, the file untouched."""
+def records_file(measure: str, results: Path = RESULTS) -> tuple[Path, dict]:
+    """results/<measure>.json and what it holds, checked before a run that will write into it: a file that
+    cannot be read, is not a measure's records or cannot be written stops in one line."""
     path = results / f"{measure}.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise SystemExit(f"{path}: cannot read the records ({e})") from None
+    if not (isinstance(data, dict) and isinstance(data.get("columns"), list) and isinstance(data.get("records"), list)):
+        raise SystemExit(f"{path}: not a measure's records (no list of columns and records)")
+    if not os.access(path, os.W_OK):
+        raise SystemExit(f"{path}: cannot be written")
+    return path, data
+
+
+def save_record(measure: str, record: Mapping[str, object], results: Path = RESULTS) -> Path:
+    """Write `record` into results/<measure>.json, in place of the record with its id or after the others;
+    a number under a key the measure has no column for stops in one line, the file untouched."""
+    path, data = records_file(measure, results)
     columns = {column["key"] for column in data["columns"]}
     unknown = sorted(set(record["numbers"]) - columns)  # type: ignore[arg-type]
     if unknown:

@@ -259,6 +259,19 @@ def test_a_record_under_no_column_is_refused_and_the_file_kept(tmp_path) -> None
     assert records.commit(tmp_path) == "unknown (not a git checkout)"
 
 
+def test_a_records_file_it_could_not_write_stops_the_run_before_it_starts(tmp_path) -> None:
+    def run(name: str, args: Sequence[str]) -> dict:
+        raise AssertionError(f"{name} ran")
+
+    with pytest.raises(SystemExit, match=r"bench_goals.json: cannot read the records \(\[Errno 2\]"):
+        bench_goals.main(["--record", "x"], run=run, results=tmp_path)
+    (tmp_path / "bench_goals.json").write_text("[]", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"bench_goals.json: not a measure's records"):
+        bench_goals.main(["--record", "x"], run=run, results=tmp_path)
+    with pytest.raises(SystemExit, match="2"):  # argparse's usage error
+        bench_goals.main(["--record", " "], run=run, results=tmp_path)
+
+
 @pytest.mark.parametrize(("family", "model", "core"), [(23, 1, "Zen or Zen+"), (23, 49, "Zen 2"), (25, 1, "Zen 3"),
                                                        (25, 17, "Zen 4"), (25, 33, "Zen 3"), (25, 97, "Zen 4"),
                                                        (26, 2, "Zen 5"), (6, 143, "")])
