@@ -218,6 +218,7 @@ def test_record_writes_the_goals_as_a_record_of_this_run(tmp_path, monkeypatch: 
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path / "cache"))  # its path is the maker's: not written
+    monkeypatch.setattr(records, "commit", lambda: "abc1234")  # the suite may run outside a git checkout
     argv = ["--runs", "1", "--beside", "nothing", "--record", "a_test"]
     assert bench_goals.main(argv, run=lambda name, args: numbers[name], results=tmp_path) == 0
     assert "record a_test written to" in capsys.readouterr().out
@@ -231,7 +232,7 @@ def test_record_writes_the_goals_as_a_record_of_this_run(tmp_path, monkeypatch: 
                                  "python -m benchmarks goals --runs 1 --beside nothing --record a_test")
     assert record["processor"] == record["label"] and record["processor"].startswith(timing.processor())
     assert "held by ATEN_CPU_CAPABILITY=avx2" in record["processor"]
-    assert re.fullmatch(r"[0-9a-f]{7,}( \+ uncommitted changes)?", record["commit"])
+    assert record["commit"] == "abc1234"
     assert record["concurrent"] == "nothing" and re.fullmatch(r"\d{4}-\d\d-\d\d", record["date"])
 
     slow = {**numbers, "reference": {"train_ratio": 5.5, "beam_ratio": 28.4}}
@@ -256,7 +257,20 @@ def test_a_record_under_no_column_is_refused_and_the_file_kept(tmp_path) -> None
     with pytest.raises(SystemExit, match=r"bench_goals.json: no column for trains \(columns: beam, "):
         records.save_record("bench_goals", record, tmp_path)
     assert (tmp_path / "bench_goals.json").read_text(encoding="utf-8") == text
+
+
+def test_the_commit_is_the_checkouts_and_says_when_files_differ_from_it(tmp_path) -> None:
     assert records.commit(tmp_path) == "unknown (not a git checkout)"
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "tracked").write_text("one")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "untracked").write_text("not counted")
+    assert records.commit(tmp_path) == head
+    (tmp_path / "tracked").write_text("two")
+    assert records.commit(tmp_path) == f"{head} + uncommitted changes"
 
 
 def test_a_records_file_it_could_not_write_stops_the_run_before_it_starts(tmp_path) -> None:
