@@ -2,13 +2,14 @@
 op as it runs), its time, the rate it reaches, and its roofline time, from the processor's peak as the
 benchmark measures it with the same threads (fp32 GEMM of large squares, best of several; copy bandwidth).
 
-    python -m benchmarks roofline [--only NAME ...] [--repeats 5] [--threads N] [--profile DIR]
+    python -m benchmarks roofline [--only NAME ...] [--repeats 5] [--threads N] [--profile DIR] [--record PREFIX]
 
 The roofline time of a piece of work sums, op by op, the longer of its FLOPs at the GEMM peak and its
 bytes at the copy bandwidth (elementwise work is counted as bytes, not FLOPs): `time / roofline` is how
 many times slower than that bound it runs. The LSTM step's count is checked against a hand count
 (`op_counter.lstm_step_flops`). `--profile DIR` writes each one's operator table (DIR/NAME.txt) and
-trace (DIR/NAME.trace.json, for chrome://tracing or Perfetto)."""
+trace (DIR/NAME.trace.json, for chrome://tracing or Perfetto). `--record PREFIX` writes each row as record
+PREFIX_NAME of docs/results/bench_roofline.json, with this run's command, commit, processor and date."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import workloads  # noqa: E402
 from benchmarks.op_counter import OpCount, OpCounter, lstm_step_flops  # noqa: E402
+from benchmarks.records import RESULTS, command_line, new_record, records_file, save_record  # noqa: E402
 from benchmarks.timing import argument_parser, json_option, measure, print_environment, print_json  # noqa: E402
 
 
@@ -94,7 +96,19 @@ def hand_check(counter: OpCounter) -> str:
             f"({counter.flops / hand - 1:+.2%})")
 
 
-def main(argv: list[str] | None = None) -> int:
+PATHS = {"--profile": "DIR"}  # the options whose value is a path: written so in a record
+
+
+def row_cells(counter: OpCounter, seconds: float, bound: float, peak: float) -> dict[str, str]:
+    """A piece of work's cells of the table, under bench_roofline.json's column keys."""
+    flops, moved = counter.flops, counter.bytes
+    return {"gflop": f"{flops / 1e9:.2f}", "gb": f"{moved / 1e9:.2f}", "intensity": f"{flops / max(moved, 1):.1f}",
+            "time": f"{seconds * 1e3:,.0f} ms", "rate": f"{flops / seconds / 1e9:.0f}",
+            "of_peak": f"{flops / seconds / peak:.0%}", "roofline": f"{bound * 1e3:,.0f} ms",
+            "ratio": f"{seconds / bound:.2f}x"}
+
+
+def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     parser = argument_parser("roofline", __doc__)
     parser.add_argument("--only", nargs="+", choices=list(workloads.WORKLOADS), default=None,
                         help="these pieces of work only (default: all)")
@@ -104,30 +118,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-size", type=int, default=4096, help="side of the GEMM squares timed for the peak")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="write each one's operator table and trace into DIR")
+    parser.add_argument("--record", metavar="PREFIX", default=None,
+                        help="write each row as record PREFIX_NAME of docs/results/bench_roofline.json (one with that "
+                             "id is replaced), with this run's command, commit, processor and date")
     json_option(parser)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
         parser.error(f"--profile {args.profile}: is a file, not a folder")
+    if args.record is not None:
+        if not args.record.strip():
+            parser.error("--record needs a prefix")
+        records_file("bench_roofline", results)  # a file it could not write into stops here, not after the run
     threads = set_threads(args.threads)
     print_environment(args)
     peak, route = max(gemm_peak(n) for n in sorted({args.peak_size // 2, args.peak_size}))
     bandwidth = copy_bandwidth()
-    print(f"peak fp32 GEMM {peak / 1e9:.0f} GFLOP/s ({route}, {threads} threads); copy {bandwidth / 1e9:.1f} GB/s; "
-          f"dense layers through {'oneDNN' if products.route_taken() else 'F.linear'}; fp32 throughout")
+    machine = (f"peak fp32 GEMM {peak / 1e9:.0f} GFLOP/s ({route}, {threads} threads); "
+               f"copy {bandwidth / 1e9:.1f} GB/s; dense layers through "
+               f"{'oneDNN' if products.route_taken() else 'F.linear'}; fp32 throughout")
+    print(machine)
     print("\n| work | GFLOP | GB moved | FLOP/byte | time | GFLOP/s | of peak | roofline | time / roofline |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    checks, tables, works = [], {}, {}
+    checks, tables, works, cells = [], {}, {}, {}
     for name in args.only or list(workloads.WORKLOADS):
         work = workloads.WORKLOADS[name]()
         counter = counted(work.run)
         seconds = measure(work.run, args.repeats).median
         bound = roofline_seconds(counter, peak, bandwidth)
-        flops, moved = counter.flops, counter.bytes
-        print(f"| {work.about} | {flops / 1e9:.2f} | {moved / 1e9:.2f} | {flops / max(moved, 1):.1f} | "
-              f"{seconds * 1e3:,.0f} ms | {flops / seconds / 1e9:.0f} | {flops / seconds / peak:.0%} | "
-              f"{bound * 1e3:,.0f} ms | {seconds / bound:.2f}x |", flush=True)
-        works[name] = {"about": work.about, "gflop": flops / 1e9, "gb": moved / 1e9, "seconds": seconds,
-                       "roofline_seconds": bound, "ratio": seconds / bound}
+        cells[name] = row_cells(counter, seconds, bound, peak)
+        print(f"| {work.about} | {' | '.join(cells[name].values())} |", flush=True)
+        works[name] = {"about": work.about, "gflop": counter.flops / 1e9, "gb": counter.bytes / 1e9,
+                       "seconds": seconds, "roofline_seconds": bound, "ratio": seconds / bound}
         if name == "lstm_train":
             checks.append(hand_check(counter))
         if name == "lstm_beam":  # the decoder's step in beam search, the search's time over its steps
@@ -144,6 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + "\n".join(checks))
     for name, rows in tables.items():
         print(f"\n{name} ({args.profile / (name + '.txt')}):\n" + "\n".join(rows))
+    if args.record:
+        rows = {"peak": ("the processor's peak, measured by the benchmark", {
+            "gb": f"{bandwidth / 1e9:.1f} GB/s (copy)", "rate": f"{peak / 1e9:.0f} (fp32 GEMM, {route})"})}
+        rows.update({name: (works[name]["about"], row) for name, row in cells.items()})
+        for name, (about, row) in rows.items():
+            record = new_record(f"{args.record}_{name}", None, row, command_line("roofline", argv, PATHS), args.beside)
+            label = f"{about} ({threads} threads); {record['processor']}"
+            path = save_record("bench_roofline", {**record, "label": label, "note": machine}, results)
+        print(f"\nrecords {', '.join(f'{args.record}_{name}' for name in rows)} written to {path}; "
+              "python scripts/render_results.py puts them in the pages", flush=True)
     print_json(args, {"threads": threads, "peak_gflop_per_s": peak / 1e9, "copy_gb_per_s": bandwidth / 1e9,
                       "work": works})
     return 0

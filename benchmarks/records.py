@@ -32,14 +32,23 @@ def commit(repository: Path = REPOSITORY) -> str:
     return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def command_line(name: str, argv: Sequence[str]) -> str:
+def command_line(name: str, argv: Sequence[str], paths: Mapping[str, str] | None = None) -> str:
     """`python -m benchmarks NAME ARGS`, after the settings that hold the kernels to an instruction set and
-    a machine cache of its own, as the run had them (the folder's path is the maker's: not written)."""
+    a machine cache of its own, as the run had them. A path is the maker's, not the record's: the values of
+    the options in `paths` are written as its placeholders (--profile DIR), and the cache's folder not at all."""
     values = {key: os.environ.get(key, "").strip() for key in KERNEL_SETTINGS}
     held = [f"{key}={shlex.quote(value)}" for key, value in values.items() if value]
     if os.environ.get("CAPTIONER_CACHE_DIR", "").strip():
         held.append("CAPTIONER_CACHE_DIR=<a folder of its own>")
-    return " ".join([*held, "python -m benchmarks", name, *map(shlex.quote, argv)])
+    paths = paths or {}
+    words = list(argv)
+    for i, word in enumerate(words):
+        option, equals, _ = word.partition("=")
+        if option in paths and equals:
+            words[i] = f"{option}={paths[option]}"
+        elif word in paths and i + 1 < len(words):
+            words[i + 1] = paths[word]
+    return " ".join([*held, "python -m benchmarks", name, *map(shlex.quote, words)])
 
 
 def machine() -> str:

@@ -259,6 +259,13 @@ def test_a_record_under_no_column_is_refused_and_the_file_kept(tmp_path) -> None
     assert (tmp_path / "bench_goals.json").read_text(encoding="utf-8") == text
 
 
+def test_a_recorded_command_keeps_the_makers_paths_out() -> None:
+    argv = ["--reference", "/home/me/tutorial", "--profile=/tmp/my profile", "--runs", "3", "--beside", "the suite"]
+    command = records.command_line("goals", argv, {"--reference": "TUTORIAL", "--profile": "DIR"})
+    assert command.endswith("python -m benchmarks goals --reference TUTORIAL --profile=DIR --runs 3 "
+                            "--beside 'the suite'")
+
+
 def test_the_commit_is_the_checkouts_and_says_when_files_differ_from_it(tmp_path) -> None:
     assert records.commit(tmp_path) == "unknown (not a git checkout)"
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]

@@ -5,15 +5,17 @@ benchmark prints its table end to end."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
 import torch
 
-from benchmarks import bench_roofline, workloads
+from benchmarks import bench_roofline, records, workloads
 from benchmarks.op_counter import OpCount, OpCounter, lstm_step_flops
 from captioner.core.config import load_config
 from captioner.models import products
+from helpers import REPO
 
 
 @pytest.fixture
@@ -83,9 +85,13 @@ def test_the_roofline_time_takes_each_ops_longer_bound() -> None:
     assert bench_roofline.roofline_seconds(counter, peak=10.0, bandwidth=20.0) == pytest.approx(10.0 + 5.0)
 
 
-def test_the_benchmark_prints_a_row_with_its_ratio_and_profile(tmp_path, capsys) -> None:
-    assert bench_roofline.main(["--only", "quickstart_step", "--repeats", "1", "--peak-size", "1024",
-                                "--threads", "1", "--profile", str(tmp_path), "--json"]) == 0
+def test_the_benchmark_prints_a_row_with_its_ratio_and_profile(tmp_path, capsys, monkeypatch) -> None:
+    shutil.copy(REPO / "docs" / "results" / "bench_roofline.json", tmp_path)
+    before = json.loads((tmp_path / "bench_roofline.json").read_text(encoding="utf-8"))["records"]
+    monkeypatch.setattr(records, "commit", lambda: "abc1234")  # the suite may run outside a git checkout
+    argv = ["--only", "quickstart_step", "--repeats", "1", "--peak-size", "1024", "--threads", "1",
+            "--profile", str(tmp_path), "--record", "a_test", "--beside", "nothing", "--json"]
+    assert bench_roofline.main(argv, results=tmp_path) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| quickstart train step"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
@@ -100,6 +106,16 @@ def test_the_benchmark_prints_a_row_with_its_ratio_and_profile(tmp_path, capsys)
                                                                                                     abs=0.02)
     assert "convolution" in (tmp_path / "quickstart_step.txt").read_text()
     assert (tmp_path / "quickstart_step.trace.json").stat().st_size > 0
+    # --record: the row, as printed, under the measure's columns, with this run's command
+    written = json.loads((tmp_path / "bench_roofline.json").read_text(encoding="utf-8"))["records"]
+    peak, record = written[-2:]
+    assert written[:-2] == before and [peak["id"], record["id"]] == ["a_test_peak", "a_test_quickstart_step"]
+    assert peak["numbers"]["gb"].endswith(" GB/s (copy)") and " (fp32 GEMM, " in peak["numbers"]["rate"]
+    assert list(record["numbers"].values()) == cells[1:]
+    recorded = " ".join(argv).replace(str(tmp_path), "DIR")  # the maker's folder is not the record's
+    assert record["command"].endswith("python -m benchmarks roofline " + recorded)
+    assert record["label"].startswith("quickstart train step") and record["commit"] == "abc1234"
+    assert record["note"].startswith("peak fp32 GEMM ") and record["concurrent"] == "nothing"
 
 
 def test_a_profile_folder_that_is_a_file_is_one_line_before_any_work(tmp_path, capsys) -> None:
