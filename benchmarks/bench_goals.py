@@ -30,7 +30,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.records import RESULTS, command_line, new_record, records_file, save_record  # noqa: E402
+from benchmarks.records import RESULTS, command_line, new_record, records_file, save_records  # noqa: E402
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
 from benchmarks.timing import argument_parser, child_json, print_environment  # noqa: E402
 from captioner.models.model_paths import packaged_models  # noqa: E402
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
     if args.record:
         command = command_line("goals", argv, PATHS)
         record = new_record(args.record, args.label, record_numbers(rows), command, args.beside)
-        print(f"\nrecord {args.record} written to {save_record('bench_goals', record, results)}; "
+        print(f"\nrecord {args.record} written to {save_records('bench_goals', [record], results)}; "
               "python scripts/render_results.py puts it in the pages", flush=True)
     return 0
 

@@ -26,7 +26,7 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import workloads  # noqa: E402
 from benchmarks.op_counter import OpCount, OpCounter, lstm_step_flops  # noqa: E402
-from benchmarks.records import RESULTS, command_line, new_record, records_file, save_record  # noqa: E402
+from benchmarks.records import RESULTS, command_line, new_record, records_file, save_records  # noqa: E402
 from benchmarks.timing import argument_parser, json_option, measure, print_environment, print_json  # noqa: E402
 
 
@@ -170,10 +170,11 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
         rows = {"peak": ("the processor's peak, measured by the benchmark", {
             "gb": f"{bandwidth / 1e9:.1f} GB/s (copy)", "rate": f"{peak / 1e9:.0f} (fp32 GEMM, {route})"})}
         rows.update({name: (works[name]["about"], row) for name, row in cells.items()})
-        for name, (about, row) in rows.items():
-            record = new_record(f"{args.record}_{name}", None, row, command_line("roofline", argv, PATHS), args.beside)
-            label = f"{about} ({threads} threads); {record['processor']}"
-            path = save_record("bench_roofline", {**record, "label": label, "note": machine}, results)
+        # the command, commit, processor and date its rows share
+        base = new_record(args.record, None, {}, command_line("roofline", argv, PATHS), args.beside)
+        path = save_records("bench_roofline", [
+            {**base, "id": f"{args.record}_{name}", "label": f"{about} ({threads} threads); {base['processor']}",
+             "numbers": row, "note": machine} for name, (about, row) in rows.items()], results)
         print(f"\nrecords {', '.join(f'{args.record}_{name}' for name in rows)} written to {path}; "
               "python scripts/render_results.py puts them in the pages", flush=True)
     print_json(args, {"threads": threads, "peak_gflop_per_s": peak / 1e9, "copy_gb_per_s": bandwidth / 1e9,

@@ -12,8 +12,10 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from benchmarks.timing import cores, processor
-from captioner.core.machine_cache import KERNEL_SETTINGS, kernel_settings
+from benchmarks.timing import cores, kernels, processor
+from captioner.core.errors import CaptionerError
+from captioner.core.files import write_atomically
+from captioner.core.machine_cache import held_kernels
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 RESULTS = REPOSITORY / "docs" / "results"
@@ -36,8 +38,7 @@ def command_line(name: str, argv: Sequence[str], paths: Mapping[str, str] | None
     """`python -m benchmarks NAME ARGS`, after the settings that hold the kernels to an instruction set and
     a machine cache of its own, as the run had them. A path is the maker's, not the record's: the values of
     the options in `paths` are written as its placeholders (--profile DIR), and the cache's folder not at all."""
-    values = {key: os.environ.get(key, "").strip() for key in KERNEL_SETTINGS}
-    held = [f"{key}={shlex.quote(value)}" for key, value in values.items() if value]
+    held = [f"{key}={shlex.quote(value)}" for key, value in held_kernels().items()]
     if os.environ.get("CAPTIONER_CACHE_DIR", "").strip():
         held.append("CAPTIONER_CACHE_DIR=<a folder of its own>")
     paths = paths or {}
@@ -53,11 +54,7 @@ def command_line(name: str, argv: Sequence[str], paths: Mapping[str, str] | None
 
 def machine() -> str:
     """The processor, its usable cores and the kernels torch runs on it (held to an instruction set or not)."""
-    import torch
-
-    held = kernel_settings()
-    kernels = torch.backends.cpu.get_cpu_capability() + (f" kernels, held by {held}" if held else " kernels")
-    return f"{processor()}, {cores()} cores, {kernels}"
+    return f"{processor()}, {cores()} cores, {kernels()} kernels"
 
 
 def records_file(measure: str, results: Path = RESULTS) -> tuple[Path, dict]:
@@ -75,21 +72,26 @@ def records_file(measure: str, results: Path = RESULTS) -> tuple[Path, dict]:
     return path, data
 
 
-def save_record(measure: str, record: Mapping[str, object], results: Path = RESULTS) -> Path:
-    """Write `record` into results/<measure>.json, in place of the record with its id or after the others;
-    a number under a key the measure has no column for stops in one line, the file untouched."""
+def save_records(measure: str, records: Sequence[Mapping[str, object]], results: Path = RESULTS) -> Path:
+    """Write `records` into results/<measure>.json at once, each in place of the record with its id or after the
+    others; a number under a key the measure has no column for stops in one line, the file untouched."""
     path, data = records_file(measure, results)
     columns = {column["key"] for column in data["columns"]}
-    unknown = sorted(set(record["numbers"]) - columns)  # type: ignore[arg-type]
+    unknown = sorted({key for record in records for key in record["numbers"]} - columns)  # type: ignore[attr-defined]
     if unknown:
         raise SystemExit(f"{path}: no column for {', '.join(unknown)} (columns: {', '.join(sorted(columns))})")
-    records = data["records"]
-    ids = [old["id"] for old in records]
-    if record["id"] in ids:
-        records[ids.index(record["id"])] = dict(record)
-    else:
-        records.append(dict(record))
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    kept = data["records"]
+    for record in records:
+        ids = [old["id"] for old in kept]
+        if record["id"] in ids:
+            kept[ids.index(record["id"])] = dict(record)
+        else:
+            kept.append(dict(record))
+    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    try:
+        write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    except CaptionerError as e:  # the previous file is kept
+        raise SystemExit(str(e)) from None
     return path
 
 

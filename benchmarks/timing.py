@@ -163,17 +163,24 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def kernels() -> str:
+    """The instruction set of torch's kernels here, with any variable that holds them to it: 'AVX2
+    (ATEN_CPU_CAPABILITY=avx2)'."""
+    import torch
+
+    from captioner.core.machine_cache import kernel_settings
+
+    return torch.backends.cpu.get_cpu_capability() + (f" ({held})" if (held := kernel_settings()) else "")
+
+
 def environment(beside: str | None) -> str:
     """One line: processor, usable cores, torch version, threads and kernels (with any variable that holds them
     to an instruction set), load average, what ran beside."""
     import torch
 
-    from captioner.core.machine_cache import kernel_settings
-
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    kernels = torch.backends.cpu.get_cpu_capability() + (f" ({held})" if (held := kernel_settings()) else "")
     return (f"# {processor()}; {cores()} cores; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"{kernels} kernels; load {load:.1f}; beside: {beside or 'not said (--beside)'}")
+            f"{kernels()} kernels; load {load:.1f}; beside: {beside or 'not said (--beside)'}")
 
 
 def argument_parser(name: str, doc: str | None, malloc: str = "captioner") -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ import torch
 from benchmarks import bench_goals, bench_reference, records, timing, workloads
 from benchmarks.bench_goals import Goal, goals
 from benchmarks.op_counter import flops_of
+from captioner.core import machine_cache
 from captioner.models import products
 from helpers import REPO
 
@@ -214,7 +215,7 @@ def test_record_writes_the_goals_as_a_record_of_this_run(tmp_path, monkeypatch: 
     before = json.loads((tmp_path / "bench_goals.json").read_text(encoding="utf-8"))["records"]
     numbers = {"reference": REFERENCE, "roofline": ROOFLINE, "demo_load": DEMO}
     monkeypatch.setattr(bench_goals, "why_no_demo", lambda: "")
-    for name in records.KERNEL_SETTINGS:
+    for name in machine_cache.KERNEL_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path / "cache"))  # its path is the maker's: not written
@@ -231,7 +232,7 @@ def test_record_writes_the_goals_as_a_record_of_this_run(tmp_path, monkeypatch: 
     assert record["command"] == ("ATEN_CPU_CAPABILITY=avx2 CAPTIONER_CACHE_DIR=<a folder of its own> "
                                  "python -m benchmarks goals --runs 1 --beside nothing --record a_test")
     assert record["processor"] == record["label"] and record["processor"].startswith(timing.processor())
-    assert "held by ATEN_CPU_CAPABILITY=avx2" in record["processor"]
+    assert record["processor"].endswith(" (ATEN_CPU_CAPABILITY=avx2) kernels")
     assert record["commit"] == "abc1234"
     assert record["concurrent"] == "nothing" and re.fullmatch(r"\d{4}-\d\d-\d\d", record["date"])
 
@@ -255,7 +256,7 @@ def test_a_record_under_no_column_is_refused_and_the_file_kept(tmp_path) -> None
     text = (tmp_path / "bench_goals.json").read_text(encoding="utf-8")
     record = {"id": "x", "label": "x", "numbers": {"trains": "1x"}}
     with pytest.raises(SystemExit, match=r"bench_goals.json: no column for trains \(columns: beam, "):
-        records.save_record("bench_goals", record, tmp_path)
+        records.save_records("bench_goals", [record], tmp_path)
     assert (tmp_path / "bench_goals.json").read_text(encoding="utf-8") == text
 
 

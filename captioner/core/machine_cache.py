@@ -73,10 +73,15 @@ def machine_key() -> str:
     return f"{key} | {held}" if (held := kernel_settings()) else key
 
 
+def held_kernels() -> dict[str, str]:
+    """The KERNEL_SETTINGS the environment sets, name -> value, in KERNEL_SETTINGS' order."""
+    values = {name: os.environ.get(name, "").strip() for name in KERNEL_SETTINGS}
+    return {name: value for name, value in values.items() if value}
+
+
 def kernel_settings() -> str:
     """The KERNEL_SETTINGS the environment sets, as NAME=value, comma-separated; '' where none is."""
-    values = {name: os.environ.get(name, "").strip() for name in KERNEL_SETTINGS}
-    return ", ".join(f"{name}={value}" for name, value in values.items() if value)
+    return ", ".join(f"{name}={value}" for name, value in held_kernels().items())
 
 
 def _read() -> dict[str, Any]:
