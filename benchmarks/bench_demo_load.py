@@ -2,7 +2,8 @@
 CHECKPOINT (or measures --url) to --clients gradio sessions fetching heatmaps as a browser does and
 asking for the downloadable figure and (a transformer) the head view and per-head maps after each caption, at once,
 as the page does; broken uploads must get their one-line message and the served captions match local ones. It sets the
-demo's defaults (`--max-batch 8`, `--queue-size 32`, the malloc arena cap)."""
+demo's defaults (`--max-batch 8`, `--queue-size 32`, the malloc arena cap). `--record ID` writes the run as record
+ID of docs/results/bench_demo_load.json, with its command, commit, processor and date."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.records import REPOSITORY, RESULTS, add_record_options, check_record_option, command_line, record_run  # noqa: E402
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
 from benchmarks.timing import argument_parser, json_option, print_environment, print_json  # noqa: E402
 
@@ -460,7 +462,43 @@ def served_run(checkpoint: Path, photos: list[Path], args: argparse.Namespace) -
             print(f"  caption batches by size (size: batches): {sizes[-1]}")
 
 
-def main(argv: list[str] | None = None) -> int:
+PATHS = {"--url": "URL", "--pid": "PID"}  # the options whose value is the maker's: written so in a record
+
+
+def recorded_argv(argv: list[str], checkpoint: Path | None) -> list[str]:
+    """The arguments as a record keeps them: a checkpoint inside the repository (the packaged model) by its path
+    there, any other as CHECKPOINT."""
+    if checkpoint is None:
+        return list(argv)
+    try:
+        word = checkpoint.resolve().relative_to(REPOSITORY).as_posix()
+    except ValueError:
+        word = "CHECKPOINT"
+    given = next(i for i, arg in enumerate(argv) if not arg.startswith("-") and Path(arg) == checkpoint)
+    return [*argv[:given], word, *argv[given + 1:]]
+
+
+def megabytes(mb: float) -> str:
+    return f"{mb / 1000:.2f} GB" if mb >= 1000 else f"{mb:.0f} MB"
+
+
+def record_numbers(report: dict) -> dict[str, str]:
+    """A run's report (as --json prints it) under bench_demo_load.json's columns."""
+    cells = {"rate": f"{report['captions_per_s']:.2f}"}
+    if "p50" in report:
+        cells |= {"p50": f"{report['p50']:.2f}", "p95": f"{report['p95']:.2f}"}
+    if "cpu_per_caption" in report:
+        cells["cpu"] = f"{report['cpu_per_caption']:.3f}"
+        if "server_cpu_per_caption" in report:  # the server's own process / its decoding child
+            own = report["server_cpu_per_caption"]
+            cells["cpu"] += f" ({own:.3f} / {report['cpu_per_caption'] - own:.3f})"
+    if "rss_start" in report:
+        cells["rss"] = (f"{megabytes(report['rss_start'])} -> {megabytes(report['rss_peak'])} peak "
+                        "(PSS, the server and its children)")
+    return {key: cells[key] for key in ("p50", "p95", "rate", "cpu", "rss") if key in cells}
+
+
+def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     parser = argument_parser("demo_load", __doc__)
     parser.add_argument("checkpoint", type=Path, nargs="?", help="served with `captioner demo` (or give --url)")
     parser.add_argument("--url", help="a demo already running, instead of starting one")
@@ -489,10 +527,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the transformer views (head view, per-head maps) the page asks for after a caption "
                              "(records before that step was timed)")
     parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
+    add_record_options(parser, "bench_demo_load", "the run")
     json_option(parser)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if (args.checkpoint is None) == (args.url is None):
         parser.error("give a CHECKPOINT to serve, or --url of a running demo")
+    check_record_option(parser, args.record, "bench_demo_load", results)
 
     photos = sorted(PHOTOS.glob("*.jpg"))[: args.photos]
     if not photos:
@@ -504,6 +545,14 @@ def main(argv: list[str] | None = None) -> int:
         report = load_run(args.url, args.pid, None, photos, args, f"the demo at {args.url}")
     else:
         report = served_run(args.checkpoint, photos, args)
+    if args.record and report["wrong"]:
+        print(f"\nrecord {args.record} not written: {report['wrong']} served captions differ from the ones made here",
+              flush=True)
+    elif args.record:
+        command = command_line("demo_load", recorded_argv(argv, args.checkpoint), PATHS)
+        slowest = f"; the slowest caption {report['max']:.2f} s" if "max" in report else ""
+        record_run("bench_demo_load", args, record_numbers(report), command, results,
+                   note=f"{report['requests']} requests{slowest}")
     print_json(args, report)
     return 1 if report["wrong"] else 0
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.records import RESULTS, command_line, new_record, records_file, save_records  # noqa: E402
+from benchmarks.records import RESULTS, add_record_options, check_record_option, command_line, record_run  # noqa: E402
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
 from benchmarks.timing import argument_parser, child_json, print_environment  # noqa: E402
 from captioner.models.model_paths import packaged_models  # noqa: E402
@@ -202,19 +202,12 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
     parser.add_argument("--quickstart", action="store_true",
                         help="also time `bash scripts/quickstart.sh` in a fresh clone of the last commit (minutes, and "
                              "the package index for its virtual environment)")
-    parser.add_argument("--record", metavar="ID", default=None,
-                        help="write the goals as record ID of docs/results/bench_goals.json (one with that id is "
-                             "replaced), with this run's command, commit, processor and date")
-    parser.add_argument("--label", default=None,
-                        help="the record's label (default: the processor, its cores and kernels)")
+    add_record_options(parser, "bench_goals", "the goals")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    if args.record is not None:
-        if not args.record.strip():
-            parser.error("--record needs an id")
-        records_file("bench_goals", results)  # a file it could not write into stops here, not after the run
+    check_record_option(parser, args.record, "bench_goals", results)
     run = run or (lambda name, options: child_json(name, options, what=f"benchmarks {name}", echo=True))
     print_environment(args)
     reported = ["--beside", args.beside or "not said", "--json"]
@@ -239,10 +232,7 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
     rows = goals(reference, roofline, demo, timed)
     print("\n" + table(rows))
     if args.record:
-        command = command_line("goals", argv, PATHS)
-        record = new_record(args.record, args.label, record_numbers(rows), command, args.beside)
-        print(f"\nrecord {args.record} written to {save_records('bench_goals', [record], results)}; "
-              "python scripts/render_results.py puts it in the pages", flush=True)
+        record_run("bench_goals", args, record_numbers(rows), command_line("goals", argv, PATHS), results)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Our LSTM decoder beside the Show-Attend-Tell tutorial's (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning),
 side by side in one process, their calls alternating, both with the same torch threads.
 
-    python -m benchmarks reference [--reference DIR_OR_GIT_DIR] [--repeats 5] [--threads N]
+    python -m benchmarks reference [--reference DIR_OR_GIT_DIR] [--repeats 5] [--threads N] [--record ID]
 
 The same task on both sides, at the tutorial's sizes (a 14x14x2048 grid, 10,000 words, attention, embedding and LSTM
 512 wide):
@@ -13,7 +13,8 @@ The same task on both sides, at the tutorial's sizes (a 14x14x2048 grid, 10,000 
 After the times, each side's work (FLOPs counted op by op) and the rate it reaches: ours is faster by the
 tutorial's work over ours times our rate over its, and the GEMM rate of each route says which rate a processor
 gives each side. The tutorial's code is read from --reference, else $CAPTIONER_REFERENCE, else the local mirror
-(`benchmarks/reference_sat.py`); nothing of it is copied here. Without it, ours alone is printed."""
+(`benchmarks/reference_sat.py`); nothing of it is copied here. Without it, ours alone is printed. `--record ID`
+writes the run as record ID of docs/results/bench_reference.json, with its command, commit, processor and date."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
 from benchmarks import workloads  # noqa: E402
 from benchmarks.bench_roofline import gemm_rates  # noqa: E402
 from benchmarks.op_counter import flops_of  # noqa: E402
+from benchmarks.records import RESULTS, add_record_options, check_record_option, command_line, record_run  # noqa: E402
 from benchmarks.reference_sat import (  # noqa: E402
     ReferenceUnavailable,
     beam_search_one,
@@ -50,6 +52,7 @@ from benchmarks.timing import (  # noqa: E402
 
 BOS, EOS = 1, 2  # the special ids of `workloads.words`, given to the reference's search alike
 CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # oneDNN's kernels kept; read as the process starts
+PATHS = {"--reference": "TUTORIAL"}  # the options whose value is a path: written so in a record
 
 
 def through_onednn(module: torch.nn.Module) -> int:
@@ -103,7 +106,21 @@ def work_lines(rows: Sequence[tuple[str, float, float, float, float]]) -> list[s
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def record_numbers(numbers: dict) -> dict[str, str]:
+    """A run's numbers (as --json prints them, the tutorial's beside ours) under bench_reference.json's columns."""
+    cells = {"train": f"{numbers['train_ms']:,.0f} / {numbers['reference_train_ms']:,.0f} ms",
+             "train_ratio": f"{numbers['train_ratio']:.2f}x",
+             "beam": f"{numbers['beam_images_per_s']:.1f} / {numbers['reference_beam_images_per_s']:.2f}",
+             "beam_ratio": f"{numbers['beam_ratio']:.1f}x"}
+    work = numbers.get("work", {})
+    words = {"train step": "train {} GFLOP", "beam search, one image": "beam {} GFLOP an image"}
+    parts = [words[about].format(f"{w['gflop']:.2f} / {w['reference_gflop']:.2f}")
+             + f" at {w['gflop'] / w['seconds']:.0f} / {w['reference_gflop'] / w['reference_seconds']:.0f}"
+             for about, w in work.items()]
+    return cells | ({"work": "; ".join(parts)} if parts else {})
+
+
+def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     parser = argument_parser("reference", __doc__, malloc="glibc")  # both sides as a plain process has it
     parser.add_argument("--reference", default=None,
                         help="the tutorial's checkout or git directory (default: $CAPTIONER_REFERENCE or the mirror)")
@@ -116,8 +133,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the tutorial's linear layers through torch's own products, as its code is (MKL, "
                              "whose kernels are AVX2 on an AMD processor), or through oneDNN's inner product as ours: "
                              "a stand-in for a BLAS with AVX-512 kernels, as MKL has on an Intel processor")
+    add_record_options(parser, "bench_reference", "the times and ratios")
     json_option(parser)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    check_record_option(parser, args.record, "bench_reference", results)
     threads = set_threads(args.threads)
     print_environment(args)
     if args.their_products == "onednn" and not os.environ.get(CACHE_VARIABLE):
@@ -126,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         theirs = reference_actions(args.reference, args.reference_images, args.their_products)
     except ReferenceUnavailable as e:
+        if args.record:
+            raise SystemExit(f"--record {args.record}: the tutorial's code is not available, and a record of this "
+                             f"measure sets it beside ours ({e})") from None
         theirs = {}
         print(f"reference not available, ours alone: {e}")
     train = workloads.lstm_train()
@@ -174,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "reference_seconds": their_seconds}
                              for about, flops, seconds, their_flops, their_seconds in work},
                     "gemm_gflop_per_s": {name: rate / 1e9 for name, rate in rates.items()}}
+    if args.record:
+        command = command_line("reference", argv, PATHS, settings=(CACHE_VARIABLE,))
+        record_run("bench_reference", args, record_numbers(numbers), command, results)
     print_json(args, numbers)
     return 0
 

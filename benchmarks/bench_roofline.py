@@ -9,12 +9,15 @@ bytes at the copy bandwidth (elementwise work is counted as bytes, not FLOPs): `
 many times slower than that bound it runs. The LSTM step's count is checked against a hand count
 (`op_counter.lstm_step_flops`). `--profile DIR` writes each one's operator table (DIR/NAME.txt) and
 trace (DIR/NAME.trace.json, for chrome://tracing or Perfetto). `--record PREFIX` writes each row as record
-PREFIX_NAME of docs/results/bench_roofline.json, with this run's command, commit, processor and date."""
+PREFIX_NAME of docs/results/bench_roofline.json, with this run's command, commit, processor and date; with
+--profile, each one's heaviest operators as record PREFIX_NAME of bench_profile.json too, beside its operator
+table copied to docs/results/profiles/PREFIX_NAME.txt."""
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -26,7 +29,15 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import workloads  # noqa: E402
 from benchmarks.op_counter import OpCount, OpCounter, lstm_step_flops  # noqa: E402
-from benchmarks.records import RESULTS, command_line, new_record, records_file, save_records  # noqa: E402
+from benchmarks.records import (  # noqa: E402
+    RESULTS,
+    add_record_options,
+    check_record_option,
+    command_line,
+    new_record,
+    save_records,
+    write_text,
+)
 from benchmarks.timing import argument_parser, json_option, measure, print_environment, print_json  # noqa: E402
 
 
@@ -73,8 +84,40 @@ def roofline_seconds(counter: OpCounter, peak: float, bandwidth: float) -> float
     return sum(op_seconds(op, peak, bandwidth) for op in counter.ops)
 
 
-def profile(work: workloads.Workload, folder: Path, repeats: int) -> list[str]:
-    """The operator table and trace of `repeats` calls -> the table's top rows."""
+# operators as a reader names them; one name for the in-place and out-of-place forms, the others without 'aten::'
+OPERATOR_WORDS = {
+    "mkldnn::_linear_pointwise": "oneDNN's products", "mkldnn::_reorder_linear_weight": "weight reorders",
+    "aten::mm": "torch.mm", "aten::addmv": "addmv", "aten::addmv_": "addmv", "aten::copy_": "copies",
+    "aten::add": "add", "aten::add_": "add", "aten::mul": "mul", "aten::mul_": "mul", "aten::fill_": "fill",
+    "aten::sigmoid": "sigmoid", "aten::sigmoid_": "sigmoid", "aten::_log_softmax": "log-softmax",
+    "aten::_log_softmax_backward_data": "log-softmax backward", "aten::_softmax": "softmax",
+    "aten::_fused_adamw_": "AdamW", "aten::uniform_": "dropout masks (uniform_)",
+    "aten::bernoulli_": "dropout masks (bernoulli_)", "aten::mkldnn_convolution": "convolution forward",
+    "aten::convolution_backward": "convolution backward", "aten::native_batch_norm": "batch norm",
+    "aten::native_batch_norm_backward": "batch norm backward", "aten::native_layer_norm": "layer norm",
+    "aten::native_layer_norm_backward": "layer norm backward", "aten::clamp": "clamp (ReLU6)",
+    "aten::hardtanh": "clamp (ReLU6)", "aten::threshold_backward": "ReLU backward", "aten::topk": "top-k",
+    "aten::linalg_vector_norm": "vector norms",
+}
+
+
+def operator_shares(self_times: Mapping[str, float]) -> dict[str, float]:
+    """Each operator's self time (profiler key -> any unit) -> its share of them all by OPERATOR_WORDS' names,
+    the forms of one operator summed, heaviest first."""
+    total = sum(self_times.values()) or 1.0
+    shares: Counter[str] = Counter()
+    for key, seconds in self_times.items():
+        shares[OPERATOR_WORDS.get(key, key.removeprefix("aten::"))] += seconds / total
+    return dict(shares.most_common())
+
+
+def top_operators(shares: Mapping[str, float], most: int = 10, least: float = 0.015) -> str:
+    """The heaviest operators of `operator_shares`, as the profile records write them: 'bmm 9%, add 4%'."""
+    return ", ".join(f"{name} {share:.0%}" for name, share in list(shares.items())[:most] if share >= least)
+
+
+def profile(work: workloads.Workload, folder: Path, repeats: int) -> tuple[list[str], dict[str, float]]:
+    """The operator table and trace of `repeats` calls -> the table's top rows, and `operator_shares`."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
@@ -82,10 +125,11 @@ def profile(work: workloads.Workload, folder: Path, repeats: int) -> list[str]:
     with profiler(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(repeats):
             work.run()
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    averages = prof.key_averages()
+    table = averages.table(sort_by="self_cpu_time_total", row_limit=25)
     (folder / f"{work.name}.txt").write_text(f"{work.about}, {repeats} calls\n{table}\n", encoding="utf-8")
     prof.export_chrome_trace(str(folder / f"{work.name}.trace.json"))
-    return table.splitlines()[:12]
+    return table.splitlines()[:12], operator_shares({event.key: event.self_cpu_time_total for event in averages})
 
 
 def hand_check(counter: OpCounter) -> str:
@@ -108,6 +152,22 @@ def row_cells(counter: OpCounter, seconds: float, bound: float, peak: float) -> 
             "ratio": f"{seconds / bound:.2f}x"}
 
 
+def profile_records(base: Mapping[str, object], works: Mapping[str, Mapping[str, object]],
+                    tables: Mapping[str, tuple[list[str], dict[str, float]]], folder: Path, threads: int,
+                    results: Path) -> list[dict]:
+    """bench_profile's records of a run, each piece of work's heaviest operators and its operator table, copied
+    from `folder` to results/profiles/ beside the records that link it."""
+    made = []
+    for name, (_, shares) in tables.items():
+        record_id = f"{base['id']}_{name}"
+        write_text(results / "profiles" / f"{record_id}.txt", (folder / f"{name}.txt").read_text(encoding="utf-8"))
+        made.append({**base, "id": record_id, "label": f"{works[name]['about']} ({threads} threads); "
+                                                       f"{base['processor']}",
+                     "numbers": {"top": top_operators(shares),
+                                 "table": f"[operator table](results/profiles/{record_id}.txt)"}})
+    return made
+
+
 def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     parser = argument_parser("roofline", __doc__)
     parser.add_argument("--only", nargs="+", choices=list(workloads.WORKLOADS), default=None,
@@ -118,18 +178,15 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     parser.add_argument("--peak-size", type=int, default=4096, help="side of the GEMM squares timed for the peak")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="write each one's operator table and trace into DIR")
-    parser.add_argument("--record", metavar="PREFIX", default=None,
-                        help="write each row as record PREFIX_NAME of docs/results/bench_roofline.json (one with that "
-                             "id is replaced), with this run's command, commit, processor and date")
+    add_record_options(parser, "bench_roofline", "the peak and each row", prefix=True)
     json_option(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
         parser.error(f"--profile {args.profile}: is a file, not a folder")
-    if args.record is not None:
-        if not args.record.strip():
-            parser.error("--record needs a prefix")
-        records_file("bench_roofline", results)  # a file it could not write into stops here, not after the run
+    check_record_option(parser, args.record, "bench_roofline", results)
+    if args.profile is not None:
+        check_record_option(parser, args.record, "bench_profile", results)
     threads = set_threads(args.threads)
     print_environment(args)
     peak, route = max(gemm_peak(n) for n in sorted({args.peak_size // 2, args.peak_size}))
@@ -164,8 +221,9 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
             tables[name] = profile(work, args.profile, args.repeats)
         del work, counter
     print("\n" + "\n".join(checks))
-    for name, rows in tables.items():
-        print(f"\n{name} ({args.profile / (name + '.txt')}):\n" + "\n".join(rows))
+    for name, (rows, shares) in tables.items():
+        print(f"\n{name} ({args.profile / (name + '.txt')}):\n" + "\n".join(rows)
+              + f"\nself CPU time by operator: {top_operators(shares)}")
     if args.record:
         rows = {"peak": ("the processor's peak, measured by the benchmark", {
             "gb": f"{bandwidth / 1e9:.1f} GB/s (copy)", "rate": f"{peak / 1e9:.0f} (fp32 GEMM, {route})"})}
@@ -177,6 +235,11 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
              "numbers": row, "note": machine} for name, (about, row) in rows.items()], results)
         print(f"\nrecords {', '.join(f'{args.record}_{name}' for name in rows)} written to {path}; "
               "python scripts/render_results.py puts them in the pages", flush=True)
+        if tables:
+            path = save_records("bench_profile", profile_records(base, works, tables, args.profile, threads, results),
+                                results)
+            print(f"records {', '.join(f'{args.record}_{name}' for name in tables)} written to {path}, their operator "
+                  f"tables to {results / 'profiles'}", flush=True)
     print_json(args, {"threads": threads, "peak_gflop_per_s": peak / 1e9, "copy_gb_per_s": bandwidth / 1e9,
                       "work": works})
     return 0

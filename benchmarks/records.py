@@ -4,6 +4,7 @@ date taken from the run itself rather than copied by hand."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -34,11 +35,14 @@ def commit(repository: Path = REPOSITORY) -> str:
     return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def command_line(name: str, argv: Sequence[str], paths: Mapping[str, str] | None = None) -> str:
-    """`python -m benchmarks NAME ARGS`, after the settings that hold the kernels to an instruction set and
-    a machine cache of its own, as the run had them. A path is the maker's, not the record's: the values of
-    the options in `paths` are written as its placeholders (--profile DIR), and the cache's folder not at all."""
+def command_line(name: str, argv: Sequence[str], paths: Mapping[str, str] | None = None,
+                 settings: Sequence[str] = ()) -> str:
+    """`python -m benchmarks NAME ARGS`, after the settings that hold the kernels to an instruction set, the
+    environment's `settings` the run read and a machine cache of its own, as the run had them. A path is the
+    maker's, not the record's: the values of the options in `paths` are written as its placeholders
+    (--profile DIR), and the cache's folder not at all."""
     held = [f"{key}={shlex.quote(value)}" for key, value in held_kernels().items()]
+    held += [f"{key}={shlex.quote(os.environ[key].strip())}" for key in settings if os.environ.get(key, "").strip()]
     if os.environ.get("CAPTIONER_CACHE_DIR", "").strip():
         held.append("CAPTIONER_CACHE_DIR=<a folder of its own>")
     paths = paths or {}
@@ -55,6 +59,30 @@ def command_line(name: str, argv: Sequence[str], paths: Mapping[str, str] | None
 def machine() -> str:
     """The processor, its usable cores and the kernels torch runs on it (held to an instruction set or not)."""
     return f"{processor()}, {cores()} cores, {kernels()} kernels"
+
+
+def add_record_options(parser: argparse.ArgumentParser, measure: str, what: str, prefix: bool = False) -> None:
+    """`--record ID` (or PREFIX, for one record per row) and, for a single record, `--label TEXT`: the run's
+    `what` written into docs/results/<measure>.json, a record with that id replaced."""
+    name = "PREFIX" if prefix else "ID"
+    each = "each as record PREFIX_NAME" if prefix else "as record ID"
+    parser.add_argument("--record", metavar=name, default=None,
+                        help=f"write {what} {each} of docs/results/{measure}.json (one with that id is replaced), "
+                             "with this run's command, commit, processor and date")
+    if not prefix:
+        parser.add_argument("--label", default=None,
+                            help="the record's label (default: the processor, its cores and kernels)")
+
+
+def check_record_option(parser: argparse.ArgumentParser, record: str | None, measure: str,
+                        results: Path = RESULTS) -> None:
+    """Before the run: an empty --record is a usage error, and a records file it could not write into stops
+    here in one line rather than after minutes of measuring."""
+    if record is None:
+        return
+    if not record.strip():
+        parser.error("--record needs a name")
+    records_file(measure, results)
 
 
 def records_file(measure: str, results: Path = RESULTS) -> tuple[Path, dict]:
@@ -87,12 +115,16 @@ def save_records(measure: str, records: Sequence[Mapping[str, object]], results:
             kept[ids.index(record["id"])] = dict(record)
         else:
             kept.append(dict(record))
-    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    write_text(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def write_text(path: Path, text: str) -> None:
+    """`text` as the file at `path`, at once: a write that fails stops in one line, the previous file kept."""
     try:
         write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    except CaptionerError as e:  # the previous file is kept
+    except CaptionerError as e:
         raise SystemExit(str(e)) from None
-    return path
 
 
 def new_record(record_id: str, label: str | None, numbers: Mapping[str, str], command: str,
@@ -103,3 +135,15 @@ def new_record(record_id: str, label: str | None, numbers: Mapping[str, str], co
     return {"id": record_id, "label": label or where, "numbers": dict(numbers), "command": command,
             "commit": commit(), "processor": where, "concurrent": beside or "not said",
             "date": datetime.date.today().isoformat()}
+
+
+def record_run(measure: str, args: argparse.Namespace, numbers: Mapping[str, str], command: str,
+               results: Path = RESULTS, note: str | None = None) -> None:
+    """A run of one row as record `args.record` (labelled `args.label`, beside `args.beside`) of
+    results/<measure>.json, said in one line."""
+    record = new_record(args.record, args.label, numbers, command, args.beside)
+    if note:
+        record["note"] = note
+    path = save_records(measure, [record], results)
+    print(f"\nrecord {args.record} written to {path}; python scripts/render_results.py puts it in the pages",
+          flush=True)

@@ -246,3 +246,15 @@ def serving(handler: Callable[..., BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def render_results():
+    """scripts/render_results.py as a module (the check a results record must pass), loaded once."""
+    name = "render_results_for_tests"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "render_results.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclass looks its module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]

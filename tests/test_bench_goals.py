@@ -21,7 +21,7 @@ from benchmarks.bench_goals import Goal, goals
 from benchmarks.op_counter import flops_of
 from captioner.core import machine_cache
 from captioner.models import products
-from helpers import REPO
+from helpers import REPO, render_results
 
 REFERENCE = {"train_ratio": 8.8, "beam_ratio": 28.4}
 ROOFLINE = {"work": {"lstm_train": {"seconds": 0.417, "roofline_seconds": 0.319, "ratio": 1.31},
@@ -169,9 +169,10 @@ def test_the_work_table_splits_the_speed_into_work_and_rate() -> None:
                         "20.00x faster |")  # the work's ratio times the rates' is the speed's
 
 
-def test_the_reference_benchmark_counts_each_sides_work(capsys: pytest.CaptureFixture,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the tutorial: both sides' FLOPs counted as they run, the beam's per image on each side."""
+@pytest.fixture
+def stand_in_tutorial(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference benchmark at small sizes, the tutorial's side a few products of known FLOPs: 3 for its
+    train step, 2 an image for its search, 120,000 FLOPs each."""
     monkeypatch.setattr(workloads, "lstm_train", workloads.quickstart_step)
     monkeypatch.setattr(workloads, "lstm_beam", functools.partial(workloads.lstm_beam, images=2, steps=2))
     a, b = torch.ones(30, 40), torch.ones(40, 50)  # 2 * 30 * 40 * 50 = 120,000 FLOPs a product
@@ -182,6 +183,11 @@ def test_the_reference_benchmark_counts_each_sides_work(capsys: pytest.CaptureFi
 
     monkeypatch.setattr(bench_reference, "reference_actions", reference_actions)
     monkeypatch.setattr(bench_reference, "gemm_rates", lambda size: {"torch.mm": 1e11})
+
+
+def test_the_reference_benchmark_counts_each_sides_work(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+                                                          stand_in_tutorial: None) -> None:
+    """With the tutorial: both sides' FLOPs counted as they run, the beam's per image on each side."""
     monkeypatch.delenv(bench_reference.CACHE_VARIABLE, raising=False)
     assert bench_reference.main(["--repeats", "1", "--threads", "1", "--reference-images", "3", "--json",
                                  "--their-products", "onednn"]) == 0
@@ -193,6 +199,48 @@ def test_the_reference_benchmark_counts_each_sides_work(capsys: pytest.CaptureFi
     ours = workloads.quickstart_step()
     assert work["train step"]["gflop"] == pytest.approx(flops_of(ours.run) / 1e9, rel=1e-6)
     assert "fp32 GEMM of 2048 squares here: torch.mm 100 GFLOP/s" in out
+
+
+def test_the_reference_benchmark_writes_its_run_as_a_record(tmp_path, capsys: pytest.CaptureFixture,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             stand_in_tutorial: None) -> None:
+    """--record ID: the printed numbers under bench_reference.json's columns, with the command as run (the
+    oneDNN cache it read, the tutorial's folder as a placeholder) and a file the results pages render."""
+    shutil.copy(REPO / "docs" / "results" / "bench_reference.json", tmp_path)
+    before = json.loads((tmp_path / "bench_reference.json").read_text(encoding="utf-8"))["records"]
+    monkeypatch.setattr(records, "commit", lambda: "abc1234")
+    monkeypatch.setenv(bench_reference.CACHE_VARIABLE, "8192")
+    argv = ["--repeats", "1", "--threads", "1", "--reference-images", "3", "--their-products", "onednn",
+            "--reference", str(tmp_path), "--beside", "nothing", "--record", "a_test", "--json"]
+    assert bench_reference.main(argv, results=tmp_path) == 0
+    numbers = json.loads(capsys.readouterr().out.splitlines()[-1])
+    data = json.loads((tmp_path / "bench_reference.json").read_text(encoding="utf-8"))
+    record = data["records"][-1]
+    assert data["records"][:-1] == before and record["id"] == "a_test"
+    assert record["numbers"]["train"] == f"{numbers['train_ms']:,.0f} / {numbers['reference_train_ms']:,.0f} ms"
+    assert record["numbers"]["train_ratio"] == f"{numbers['train_ratio']:.2f}x"
+    assert record["numbers"]["beam_ratio"] == f"{numbers['beam_ratio']:.1f}x"
+    train, beam = numbers["work"]["train step"], numbers["work"]["beam search, one image"]
+    assert record["numbers"]["work"] == (
+        f"train {train['gflop']:.2f} / 0.00 GFLOP at {train['gflop'] / train['seconds']:.0f} / "
+        f"{train['reference_gflop'] / train['reference_seconds']:.0f}; beam {beam['gflop']:.2f} / 0.00 GFLOP an image "
+        f"at {beam['gflop'] / beam['seconds']:.0f} / {beam['reference_gflop'] / beam['reference_seconds']:.0f}")
+    assert f" {bench_reference.CACHE_VARIABLE}=8192 " in f" {record['command']}"  # after any held kernels
+    assert record["command"].endswith("python -m benchmarks reference " + " ".join(argv).replace(str(tmp_path),
+                                                                                                   "TUTORIAL"))
+    assert record["commit"] == "abc1234" and record["concurrent"] == "nothing"
+    columns = {column["key"] for column in data["columns"]}
+    assert render_results().record_problems("a_test", record, columns) == []
+
+
+def test_a_reference_record_without_the_tutorial_stops_before_the_run(tmp_path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    shutil.copy(REPO / "docs" / "results" / "bench_reference.json", tmp_path)
+    before = (tmp_path / "bench_reference.json").read_bytes()
+    monkeypatch.setattr(workloads, "lstm_train", lambda: pytest.fail("ours ran"))
+    with pytest.raises(SystemExit, match=r"^--record a_test: the tutorial's code is not available, and a record"):
+        bench_reference.main(["--reference", str(tmp_path / "none"), "--record", "a_test"], results=tmp_path)
+    assert (tmp_path / "bench_reference.json").read_bytes() == before
 
 
 def test_the_tutorials_linear_layers_can_run_through_onednn() -> None:
@@ -242,13 +290,8 @@ def test_record_writes_the_goals_as_a_record_of_this_run(tmp_path, monkeypatch: 
     again = json.loads((tmp_path / "bench_goals.json").read_text(encoding="utf-8"))["records"]
     assert len(again) == len(before) + 1 and again[-1]["label"] == "a slow sitting"
     assert again[-1]["numbers"]["verdict"] == "4 of 5 met; missed: LSTM training step against the tutorial's"
-    spec = importlib.util.spec_from_file_location("render_for_goals", REPO / "scripts" / "render_results.py")
-    assert spec is not None and spec.loader is not None
-    render = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = render  # its dataclass looks its module up there
-    spec.loader.exec_module(render)
     columns = {column["key"] for column in data["columns"]}
-    assert render.record_problems("a_test", again[-1], columns) == []
+    assert render_results().record_problems("a_test", again[-1], columns) == []
 
 
 def test_a_record_under_no_column_is_refused_and_the_file_kept(tmp_path) -> None:

@@ -397,3 +397,55 @@ def test_the_load_benchmark_tells_the_servers_own_cpu_from_its_childrens() -> No
     finally:
         child.kill()
         child.wait()
+
+
+REPORT = {"captions_per_s": 9.104, "requests": 288, "p50": 0.452, "p95": 0.634, "max": 1.21, "cpu_per_caption": 0.1534,
+          "server_cpu_per_caption": 0.1027, "rss_start": 1363.0, "rss_peak": 1571.4, "rss_end": 1500.0, "wrong": 0}
+
+
+@pytest.mark.parametrize("wrong", [0, 2])
+def test_the_load_benchmark_writes_its_run_as_a_record_only_when_its_captions_hold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, wrong: int) -> None:
+    """--record ID: the report under bench_demo_load.json's columns, the packaged model by its path in the
+    repository; a run whose served captions differ from local ones writes nothing and fails."""
+    import json
+    import shutil
+
+    from benchmarks import bench_demo_load, records
+    from helpers import REPO, render_results
+
+    shutil.copy(REPO / "docs" / "results" / "bench_demo_load.json", tmp_path)
+    before = (tmp_path / "bench_demo_load.json").read_bytes()
+    (tmp_path / "photos").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "photos" / "a.jpg")
+    monkeypatch.setattr(bench_demo_load, "PHOTOS", tmp_path / "photos")
+    monkeypatch.setattr(bench_demo_load, "expected_captions", lambda checkpoint, photos, args: {})
+    monkeypatch.setattr(bench_demo_load, "served_run", lambda checkpoint, photos, args: {**REPORT, "wrong": wrong})
+    monkeypatch.setattr(records, "commit", lambda: "abc1234")
+    packaged = REPO / "captioner" / "pretrained" / "flickr8k_transformer_scst"
+    argv = [str(packaged), "--clients", "6", "--beside", "nothing", "--record", "a_test"]
+    assert bench_demo_load.main(argv, results=tmp_path) == (1 if wrong else 0)
+    out = capsys.readouterr().out
+    if wrong:
+        assert "record a_test not written: 2 served captions differ" in out
+        assert (tmp_path / "bench_demo_load.json").read_bytes() == before
+        return
+    data = json.loads((tmp_path / "bench_demo_load.json").read_text(encoding="utf-8"))
+    record = data["records"][-1]
+    assert record["numbers"] == {"p50": "0.45", "p95": "0.63", "rate": "9.10", "cpu": "0.153 (0.103 / 0.051)",
+                                 "rss": "1.36 GB -> 1.57 GB peak (PSS, the server and its children)"}
+    assert record["command"].endswith("python -m benchmarks demo_load captioner/pretrained/flickr8k_transformer_scst "
+                                      "--clients 6 --beside nothing --record a_test")
+    assert record["note"] == "288 requests; the slowest caption 1.21 s" and record["commit"] == "abc1234"
+    columns = {column["key"] for column in data["columns"]}
+    assert render_results().record_problems("a_test", record, columns) == []
+
+
+def test_a_load_record_keeps_the_makers_paths_and_ports_out(tmp_path: Path) -> None:
+    from benchmarks.bench_demo_load import PATHS, recorded_argv
+    from benchmarks.records import command_line
+
+    mine = tmp_path / "model"
+    assert recorded_argv(["--clients", "2", str(mine)], mine) == ["--clients", "2", "CHECKPOINT"]
+    command = command_line("demo_load", recorded_argv(["--url", "http://127.0.0.1:7861", "--pid", "4242"], None), PATHS)
+    assert command.endswith("python -m benchmarks demo_load --url URL --pid PID")

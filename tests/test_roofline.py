@@ -15,7 +15,7 @@ from benchmarks import bench_roofline, records, workloads
 from benchmarks.op_counter import OpCount, OpCounter, lstm_step_flops
 from captioner.core.config import load_config
 from captioner.models import products
-from helpers import REPO
+from helpers import REPO, render_results
 
 
 @pytest.fixture
@@ -86,8 +86,10 @@ def test_the_roofline_time_takes_each_ops_longer_bound() -> None:
 
 
 def test_the_benchmark_prints_a_row_with_its_ratio_and_profile(tmp_path, capsys, monkeypatch) -> None:
-    shutil.copy(REPO / "docs" / "results" / "bench_roofline.json", tmp_path)
+    for measure in ("bench_roofline", "bench_profile"):
+        shutil.copy(REPO / "docs" / "results" / f"{measure}.json", tmp_path)
     before = json.loads((tmp_path / "bench_roofline.json").read_text(encoding="utf-8"))["records"]
+    profiles_before = json.loads((tmp_path / "bench_profile.json").read_text(encoding="utf-8"))["records"]
     monkeypatch.setattr(records, "commit", lambda: "abc1234")  # the suite may run outside a git checkout
     argv = ["--only", "quickstart_step", "--repeats", "1", "--peak-size", "1024", "--threads", "1",
             "--profile", str(tmp_path), "--record", "a_test", "--beside", "nothing", "--json"]
@@ -116,6 +118,33 @@ def test_the_benchmark_prints_a_row_with_its_ratio_and_profile(tmp_path, capsys,
     assert record["command"].endswith("python -m benchmarks roofline " + recorded)
     assert record["label"].startswith("quickstart train step") and record["commit"] == "abc1234"
     assert record["note"].startswith("peak fp32 GEMM ") and record["concurrent"] == "nothing"
+    # with --profile: the heaviest operators as a bench_profile record, its table copied beside the records
+    profiles = json.loads((tmp_path / "bench_profile.json").read_text(encoding="utf-8"))["records"]
+    summary = profiles[-1]
+    assert profiles[:-1] == profiles_before and summary["id"] == "a_test_quickstart_step"
+    assert (tmp_path / "profiles" / "a_test_quickstart_step.txt").read_text() == (
+        tmp_path / "quickstart_step.txt").read_text()
+    assert summary["numbers"]["table"] == "[operator table](results/profiles/a_test_quickstart_step.txt)"
+    assert summary["numbers"]["top"].startswith("convolution ") and summary["command"] == record["command"]
+    assert f"self CPU time by operator: {summary['numbers']['top']}" in out
+    # its shares are the table's: the top row's Self CPU %
+    first = next(line for line in (tmp_path / "quickstart_step.txt").read_text().splitlines()
+                 if line.strip().startswith("aten::"))
+    name, percent = first.split()[0], float(first.split()[1].removesuffix("%"))
+    share = int(summary["numbers"]["top"].split(", ")[0].split()[-1].removesuffix("%"))
+    assert bench_roofline.OPERATOR_WORDS.get(name, "").startswith("convolution") and abs(share - percent) <= 0.5
+    columns = {c["key"] for c in json.loads((tmp_path / "bench_profile.json").read_text())["columns"]}
+    assert render_results().record_problems(summary["id"], summary, columns) == []
+
+
+def test_operators_are_named_as_a_reader_names_them_and_their_forms_summed() -> None:
+    shares = bench_roofline.operator_shares({"aten::add": 2.0, "aten::add_": 3.0, "mkldnn::_linear_pointwise": 10.0,
+                                             "aten::gather": 4.0, "aten::view": 0.1, "aten::bmm": 0.9})
+    assert list(shares) == ["oneDNN's products", "add", "gather", "bmm", "view"]
+    assert shares["add"] == pytest.approx(0.25) and sum(shares.values()) == pytest.approx(1.0)
+    assert bench_roofline.top_operators(shares) == "oneDNN's products 50%, add 25%, gather 20%, bmm 4%"
+    assert bench_roofline.top_operators(shares, most=2) == "oneDNN's products 50%, add 25%"
+    assert bench_roofline.operator_shares({}) == {}
 
 
 def test_a_profile_folder_that_is_a_file_is_one_line_before_any_work(tmp_path, capsys) -> None:
