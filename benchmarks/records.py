@@ -23,8 +23,9 @@ RESULTS = REPOSITORY / "docs" / "results"
 
 
 def commit(repository: Path = REPOSITORY) -> str:
-    """The checkout's short commit, with '+ uncommitted changes' where tracked files differ from it; a copy
-    outside git says so rather than failing a run at its end."""
+    """The checkout's short commit, with '+ uncommitted changes' where tracked files outside docs/ differ from
+    it (an earlier run's records and the pages rendered from them change no code); a copy outside git says so
+    rather than failing a run at its end."""
     def git(*args: str) -> str | None:
         done = subprocess.run(["git", "-C", str(repository), *args], capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else None
@@ -32,7 +33,8 @@ def commit(repository: Path = REPOSITORY) -> str:
     head = git("rev-parse", "--short", "HEAD")
     if head is None:
         return "unknown (not a git checkout)"
-    return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs")
+    return head + (" + uncommitted changes" if changed else "")
 
 
 def command_line(name: str, argv: Sequence[str], paths: Mapping[str, str] | None = None,

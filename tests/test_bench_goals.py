@@ -315,10 +315,16 @@ def test_the_commit_is_the_checkouts_and_says_when_files_differ_from_it(tmp_path
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "tracked").write_text("one")
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "bench_x.json").write_text("{}")
+    (tmp_path / "docs" / "results.md").write_text("its page")
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     (tmp_path / "untracked").write_text("not counted")
+    assert records.commit(tmp_path) == head
+    (tmp_path / "docs" / "results" / "bench_x.json").write_text('{"records": []}')  # an earlier run's record
+    (tmp_path / "docs" / "results.md").write_text("its page, rendered again")
     assert records.commit(tmp_path) == head
     (tmp_path / "tracked").write_text("two")
     assert records.commit(tmp_path) == f"{head} + uncommitted changes"
