@@ -13,10 +13,12 @@ fresh process, its output shown as it runs, then every goal beside its target.
   index; the user's caches as they are): <= 8 minutes, test BLEU-4 >= 0.9.
 A goal that could not be measured (no tutorial checkout, no Flickr8k photos) says why; one whose benchmark
 failed (a served caption unlike the local one fails `demo_load`) is missed. --record ID writes the row as record
-ID of docs/results/bench_goals.json, with this run's command, commit, processor and date."""
+ID of docs/results/bench_goals.json, with this run's command, commit, processor and date; with --quickstart, the
+quickstart's time, epochs and test scores as record ID of docs/results/quickstart.json too."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import statistics
@@ -143,7 +145,7 @@ def verdict(rows: list[Goal]) -> str:
     if not judged:
         return "none measured"
     if not missed:
-        return f"all {NUMBER_WORDS[len(judged)]} met"
+        return "the one measured met" if len(judged) == 1 else f"all {NUMBER_WORDS[len(judged)]} met"
     return f"{len(judged) - len(missed)} of {len(judged)} met; missed: {'; '.join(missed)}"
 
 
@@ -177,8 +179,20 @@ def quickstart_run(repository: Path = REPOSITORY) -> dict:
         seconds = time.perf_counter() - started
         if code != 0:
             raise SystemExit(f"bash scripts/quickstart.sh: exit {code}: its output is above")
-        scores = json.loads((clone / "runs" / "shapes_lstm" / "scores_test.json").read_text(encoding="utf-8"))
-        return {"seconds": seconds, "bleu4": scores["overall"]["Bleu_4"]}
+        run = clone / "runs" / "shapes_lstm"
+        scores = json.loads((run / "scores_test.json").read_text(encoding="utf-8"))["overall"]
+        with open(run / "metrics.csv", newline="", encoding="utf-8") as f:
+            epochs = [float(row["seconds"]) for row in csv.DictReader(f)]
+        return {"seconds": seconds, "bleu4": scores["Bleu_4"], "meteor": scores["METEOR"], "cider": scores["CIDEr"],
+                "epoch_seconds": epochs}
+
+
+def quickstart_numbers(timed: dict) -> dict[str, str | float]:
+    """`quickstart_run`'s numbers under quickstart.json's columns."""
+    minutes, seconds = divmod(round(timed["seconds"]), 60)
+    epochs = timed["epoch_seconds"]
+    return {"time": f"{minutes} min {seconds} s", "epoch": f"{min(epochs):.0f}-{max(epochs):.0f} s",
+            "bleu4": round(timed["bleu4"], 3), "meteor": round(timed["meteor"], 3), "cider": round(timed["cider"], 3)}
 
 
 def measured(run: Runner, name: str, args: Sequence[str]) -> dict | str:
@@ -208,6 +222,8 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     check_record_option(parser, args.record, "bench_goals", results)
+    if args.quickstart:
+        check_record_option(parser, args.record, "quickstart", results)
     run = run or (lambda name, options: child_json(name, options, what=f"benchmarks {name}", echo=True))
     print_environment(args)
     reported = ["--beside", args.beside or "not said", "--json"]
@@ -232,7 +248,11 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
     rows = goals(reference, roofline, demo, timed)
     print("\n" + table(rows))
     if args.record:
-        record_run("bench_goals", args, record_numbers(rows), command_line("goals", argv, PATHS), results)
+        command = command_line("goals", argv, PATHS)
+        record_run("bench_goals", args, record_numbers(rows), command, results)
+        if isinstance(timed, dict):
+            record_run("quickstart", args, quickstart_numbers(timed), command, results,
+                       note="bash scripts/quickstart.sh in a fresh clone of the last commit, timed by the goals")
     return 0
 
 

@@ -106,14 +106,18 @@ def test_the_quickstart_runs_in_a_fresh_clone_named_captioner_of_the_last_commit
     (repository / "scripts").mkdir(parents=True)
     (repository / "scripts" / "quickstart.sh").write_text(
         "test \"$(basename \"$PWD\")\" = captioner && test ! -e uncommitted || exit 7\n"
-        "mkdir -p runs/shapes_lstm && echo '{\"overall\": {\"Bleu_4\": 0.91}}' > runs/shapes_lstm/scores_test.json\n")
+        "mkdir -p runs/shapes_lstm && cd runs/shapes_lstm\n"
+        "echo '{\"overall\": {\"Bleu_4\": 0.91, \"METEOR\": 0.64, \"CIDEr\": 5.2}}' > scores_test.json\n"
+        "printf 'epoch,step,seconds\\n1,250,34.0\\n2,500,35.5\\n' > metrics.csv\n")
     git = ["git", "-C", str(repository), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q", str(repository)], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "a stand-in"], check=True)
     (repository / "uncommitted").write_text("not in the clone")
     timed = bench_goals.quickstart_run(repository)
-    assert timed["bleu4"] == 0.91 and 0 < timed["seconds"] < 60
+    assert timed["bleu4"] == 0.91 and 0 < timed["seconds"] < 60 and timed["epoch_seconds"] == [34.0, 35.5]
+    assert bench_goals.quickstart_numbers({**timed, "seconds": 253.4}) == {
+        "time": "4 min 13 s", "epoch": "34-36 s", "bleu4": 0.91, "meteor": 0.64, "cider": 5.2}
     (repository / "scripts" / "quickstart.sh").write_text("exit 3\n")
     subprocess.run([*git, "commit", "-q", "-am", "a failing one"], check=True)
     with pytest.raises(SystemExit, match=r"^bash scripts/quickstart.sh: exit 3: its output is above$"):
@@ -292,6 +296,27 @@ def test_record_writes_the_goals_as_a_record_of_this_run(tmp_path, monkeypatch: 
     assert again[-1]["numbers"]["verdict"] == "4 of 5 met; missed: LSTM training step against the tutorial's"
     columns = {column["key"] for column in data["columns"]}
     assert render_results().record_problems("a_test", again[-1], columns) == []
+
+
+def test_record_with_the_quickstart_writes_its_time_and_scores_as_a_quickstart_record(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    for measure in ("bench_goals", "quickstart"):
+        shutil.copy(REPO / "docs" / "results" / f"{measure}.json", tmp_path)
+    monkeypatch.setattr(records, "commit", lambda: "abc1234")
+    timed = {"seconds": 253.4, "bleu4": 0.9092, "meteor": 0.6418, "cider": 5.2644, "epoch_seconds": [33.0, 36.2]}
+    argv = ["--skip", "reference", "roofline", "demo", "--quickstart", "--beside", "nothing", "--record", "a_test"]
+    assert bench_goals.main(argv, run=lambda name, args: pytest.fail(f"{name} ran"), quickstart=lambda: timed,
+                            results=tmp_path) == 0
+    assert "record a_test written to" in capsys.readouterr().out
+    data = json.loads((tmp_path / "quickstart.json").read_text(encoding="utf-8"))
+    record = data["records"][-1]
+    assert record["id"] == "a_test" and record["numbers"] == {"time": "4 min 13 s", "epoch": "33-36 s",
+                                                             "bleu4": 0.909, "meteor": 0.642, "cider": 5.264}
+    assert record["command"].endswith("python -m benchmarks goals " + " ".join(argv))
+    goal = json.loads((tmp_path / "bench_goals.json").read_text(encoding="utf-8"))["records"][-1]
+    assert goal["numbers"] == {"quickstart": "4 min 13 s, test BLEU-4 0.909", "verdict": "the one measured met"}
+    columns = {column["key"] for column in data["columns"]}
+    assert render_results().record_problems("a_test", record, columns) == []
 
 
 def test_a_record_under_no_column_is_refused_and_the_file_kept(tmp_path) -> None:
