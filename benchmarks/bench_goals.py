@@ -187,12 +187,12 @@ def quickstart_run(repository: Path = REPOSITORY) -> dict:
                 "epoch_seconds": epochs}
 
 
-def quickstart_numbers(timed: dict) -> dict[str, str | float]:
+def quickstart_numbers(timed: dict) -> dict[str, str]:
     """`quickstart_run`'s numbers under quickstart.json's columns."""
     minutes, seconds = divmod(round(timed["seconds"]), 60)
     epochs = timed["epoch_seconds"]
     return {"time": f"{minutes} min {seconds} s", "epoch": f"{min(epochs):.0f}-{max(epochs):.0f} s",
-            "bleu4": round(timed["bleu4"], 3), "meteor": round(timed["meteor"], 3), "cider": round(timed["cider"], 3)}
+            **{key: f"{timed[key]:.3f}" for key in ("bleu4", "meteor", "cider")}}
 
 
 def measured(run: Runner, name: str, args: Sequence[str]) -> dict | str:

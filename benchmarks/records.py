@@ -102,6 +102,13 @@ def records_file(measure: str, results: Path = RESULTS) -> tuple[Path, dict]:
     return path, data
 
 
+def indent_of(text: str) -> int:
+    """The indent a JSON file's second line has (1 or 2 in docs/results): a record written into it keeps its
+    layout, so the change is the record's lines alone."""
+    lines = text.splitlines()
+    return len(lines[1]) - len(lines[1].lstrip(" ")) if len(lines) > 1 and lines[1].startswith(" ") else 1
+
+
 def save_records(measure: str, records: Sequence[Mapping[str, object]], results: Path = RESULTS) -> Path:
     """Write `records` into results/<measure>.json at once, each in place of the record with its id or after the
     others; a number under a key the measure has no column for stops in one line, the file untouched."""
@@ -117,7 +124,7 @@ def save_records(measure: str, records: Sequence[Mapping[str, object]], results:
             kept[ids.index(record["id"])] = dict(record)
         else:
             kept.append(dict(record))
-    write_text(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    write_text(path, json.dumps(data, indent=indent_of(path.read_text(encoding="utf-8")), ensure_ascii=False) + "\n")
     return path
 
 

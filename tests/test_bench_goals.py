@@ -117,7 +117,7 @@ def test_the_quickstart_runs_in_a_fresh_clone_named_captioner_of_the_last_commit
     timed = bench_goals.quickstart_run(repository)
     assert timed["bleu4"] == 0.91 and 0 < timed["seconds"] < 60 and timed["epoch_seconds"] == [34.0, 35.5]
     assert bench_goals.quickstart_numbers({**timed, "seconds": 253.4}) == {
-        "time": "4 min 13 s", "epoch": "34-36 s", "bleu4": 0.91, "meteor": 0.64, "cider": 5.2}
+        "time": "4 min 13 s", "epoch": "34-36 s", "bleu4": "0.910", "meteor": "0.640", "cider": "5.200"}
     (repository / "scripts" / "quickstart.sh").write_text("exit 3\n")
     subprocess.run([*git, "commit", "-q", "-am", "a failing one"], check=True)
     with pytest.raises(SystemExit, match=r"^bash scripts/quickstart.sh: exit 3: its output is above$"):
@@ -311,7 +311,10 @@ def test_record_with_the_quickstart_writes_its_time_and_scores_as_a_quickstart_r
     data = json.loads((tmp_path / "quickstart.json").read_text(encoding="utf-8"))
     record = data["records"][-1]
     assert record["id"] == "a_test" and record["numbers"] == {"time": "4 min 13 s", "epoch": "33-36 s",
-                                                             "bleu4": 0.909, "meteor": 0.642, "cider": 5.264}
+                                                             "bleu4": "0.909", "meteor": "0.642", "cider": "5.264"}
+    before = (REPO / "docs" / "results" / "quickstart.json").read_text(encoding="utf-8")
+    after = (tmp_path / "quickstart.json").read_text(encoding="utf-8")
+    assert after.startswith(before.rstrip().removesuffix("]\n}").rstrip())  # its layout kept: only the record added
     assert record["command"].endswith("python -m benchmarks goals " + " ".join(argv))
     goal = json.loads((tmp_path / "bench_goals.json").read_text(encoding="utf-8"))["records"][-1]
     assert goal["numbers"] == {"quickstart": "4 min 13 s, test BLEU-4 0.909", "verdict": "the one measured met"}
