@@ -27,7 +27,14 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.records import REPOSITORY, RESULTS, add_record_options, check_record_option, command_line, record_run  # noqa: E402
+from benchmarks.records import (  # noqa: E402
+    REPOSITORY,
+    RESULTS,
+    add_record_options,
+    check_record_option,
+    command_line,
+    record_run,
+)
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
 from benchmarks.timing import argument_parser, json_option, print_environment, print_json  # noqa: E402
 
@@ -479,6 +486,7 @@ def recorded_argv(argv: list[str], checkpoint: Path | None) -> list[str]:
 
 
 def megabytes(mb: float) -> str:
+    """'778 MB', '1.36 GB', as the records write a server's memory."""
     return f"{mb / 1000:.2f} GB" if mb >= 1000 else f"{mb:.0f} MB"
 
 
