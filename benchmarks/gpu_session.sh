@@ -41,14 +41,24 @@ SHAPES=(data.root="$WORK/shapes" data.shapes_num_test=32 "${SCALE[@]}" train.dev
 TEST_IMAGES=("$WORK"/shapes/test/test_00000{0,1}.jpg)
 
 # The kernel names the sandbox (gVisor reports 4.4.0, Firecracker 6.x): host-bound rows differ between them.
-step environment 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -3; nproc; uname -r;
-    grep -m1 'model name' /proc/cpuinfo;
-    $PY -c 'import sys, torch, torchvision; print(sys.version.split()[0], \"torch\", torch.__version__, \"torchvision\", torchvision.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\")'"
+environment() {  # the GPU and its driver, the cores, the kernel, the processor; Python's, torch's and CUDA's versions
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -3
+    nproc; uname -r
+    grep -m1 'model name' /proc/cpuinfo
+    $PY -c 'import sys, torch, torchvision
+print(sys.version.split()[0], "torch", torch.__version__, "torchvision", torchvision.__version__, "cuda",
+      torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
+}
+export -f environment
+export PY
+step environment 60 bash -c environment
 
 # The benchmark first: it is what a session owes (docs/gpu.md), and a later step that stalls cannot cost it.
-step bench_gpu 330 $PY -m benchmarks gpu "${BENCH[@]}" "${BENCH_STEPS[@]}" ${BENCH_PARTS:+--parts $BENCH_PARTS} --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
+step bench_gpu 330 $PY -m benchmarks gpu "${BENCH[@]}" "${BENCH_STEPS[@]}" ${BENCH_PARTS:+--parts $BENCH_PARTS} \
+    --out "$OUT/bench_gpu.json" ${REFERENCE:+--reference "$REFERENCE"}
 
-step lstm_train 150 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" train.out_dir="$WORK/lstm" train.epochs=2
+step lstm_train 150 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" train.out_dir="$WORK/lstm" \
+    train.epochs=2
 step lstm_scst 120 $PY -m captioner train configs/shapes_lstm_scst.yaml "${SHAPES[@]}" train.out_dir="$WORK/lstm_scst" \
     train.init="$WORK/lstm/best.pt" train.epochs=1
 step lstm_evaluate 60 $PY -m captioner evaluate "$WORK/lstm_scst/best.pt" --split test --beam 3 --fast --device $DEVICE
@@ -63,10 +73,12 @@ step transformer_train_compiled 200 $PY -m captioner train configs/shapes_transf
 # The LSTM's teacher forcing compiled too: its packed positions are host indices copied to the device.
 step lstm_train_compiled 120 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" \
     train.out_dir="$WORK/lstm_compiled" train.epochs=1 train.compile=true train.channels_last=true
-step transformer_caption 60 $PY -m captioner caption "$WORK/transformer/best.pt" "${TEST_IMAGES[@]}" --beam 3 --device $DEVICE
-step transformer_cuda_graphs 120 $PY -m benchmarks cuda_graphs "$WORK/transformer/best.pt" "$WORK/shapes/test" "${CHECK[@]}"
-step torchrun_one_rank 120 $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m captioner train configs/shapes_lstm.yaml \
-    "${SHAPES[@]}" train.out_dir="$WORK/lstm_torchrun" train.epochs=1
+step transformer_caption 60 $PY -m captioner caption "$WORK/transformer/best.pt" "${TEST_IMAGES[@]}" --beam 3 \
+    --device $DEVICE
+step transformer_cuda_graphs 120 $PY -m benchmarks cuda_graphs "$WORK/transformer/best.pt" "$WORK/shapes/test" \
+    "${CHECK[@]}"
+step torchrun_one_rank 120 $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m captioner train \
+    configs/shapes_lstm.yaml "${SHAPES[@]}" train.out_dir="$WORK/lstm_torchrun" train.epochs=1
 
 LITE0=(model.encoder.name=efficientnet_lite0 model.encoder.pretrained=true data.image_size=128)
 step lstm_finetune_store 150 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" "${LITE0[@]}" \
@@ -76,13 +88,16 @@ step lstm_finetune_store 150 $PY -m captioner train configs/shapes_lstm.yaml "${
 step lstm_store_host 120 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" "${LITE0[@]}" \
     data.feature_store="$WORK/store_lite0" train.out_dir="$WORK/lstm_store_host" train.epochs=2
 step lstm_store_on_device 120 $PY -m captioner train configs/shapes_lstm.yaml "${SHAPES[@]}" "${LITE0[@]}" \
-    data.feature_store="$WORK/store_lite0" data.features_on_device=true train.out_dir="$WORK/lstm_store_on_device" train.epochs=2
+    data.feature_store="$WORK/store_lite0" data.features_on_device=true train.out_dir="$WORK/lstm_store_on_device" \
+    train.epochs=2
 streamed() {  # streamed SHAPES...: the shapes world written as shards, then trained on from them
-    $PY -m captioner data shards configs/shapes_lstm.yaml "$@" --out "$WORK/shards" --splits train,val --max-count 500 --quiet || return
+    $PY -m captioner data shards configs/shapes_lstm.yaml "$@" --out "$WORK/shards" --splits train,val --max-count 500 \
+        --quiet || return
     local last
     last=$(printf %05d $(($(ls "$WORK"/shards/train/*.tar | wc -l) - 1)))
-    $PY -m captioner train configs/shapes_lstm.yaml "$@" data.dataset=webdataset "data.train_shards=$WORK/shards/train/{00000..$last}.tar" \
-        "data.val_shards=$WORK/shards/val/00000.tar" data.num_workers=4 train.out_dir="$WORK/lstm_streamed" train.epochs=1
+    $PY -m captioner train configs/shapes_lstm.yaml "$@" data.dataset=webdataset \
+        "data.train_shards=$WORK/shards/train/{00000..$last}.tar" "data.val_shards=$WORK/shards/val/00000.tar" \
+        data.num_workers=4 train.out_dir="$WORK/lstm_streamed" train.epochs=1
 }
 export -f streamed
 export PY WORK

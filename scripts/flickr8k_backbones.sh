@@ -16,7 +16,8 @@ for n in 0 1 2; do
     start=$(date +%s)
     # the shared folder's 1,000 photos are a subset of the official lists: train on the ones there
     captioner train configs/flickr8k_lstm_lite$n.yaml "data.root=$ROOT" data.max_missing_fraction=1 "train.out_dir=$run"
-    echo "lite$n: trained in $(( $(date +%s) - start )) s (feature store included); store $(du -sh "$run/features" | cut -f1)"
+    echo "lite$n: trained in $(( $(date +%s) - start )) s (feature store included);" \
+        "store $(du -sh "$run/features" | cut -f1)"
     captioner evaluate "$run/best.pt" --split test --beam 3 --out "$run"
 done
 for n in 1 2; do

@@ -22,6 +22,7 @@ run flickr8k_lstm_lite0 configs/flickr8k_lstm_lite0.yaml
 run flickr8k_lstm_lite0_blind configs/flickr8k_lstm_lite0.yaml model.blind=true
 run flickr8k_transformer_lite0 configs/flickr8k_transformer_lite0.yaml
 run flickr8k_lstm_lite0_scst configs/flickr8k_lstm_lite0_scst.yaml train.init=runs/flickr8k_lstm_lite0/best.pt
-run flickr8k_transformer_lite0_scst configs/flickr8k_transformer_lite0_scst.yaml train.init=runs/flickr8k_transformer_lite0/best.pt
+run flickr8k_transformer_lite0_scst configs/flickr8k_transformer_lite0_scst.yaml \
+    train.init=runs/flickr8k_transformer_lite0/best.pt
 python scripts/results_table.py runs/flickr8k_lstm_lite0 runs/flickr8k_lstm_lite0_scst runs/flickr8k_transformer_lite0 \
     runs/flickr8k_transformer_lite0_scst runs/flickr8k_lstm_lite0_blind

@@ -26,7 +26,8 @@ STEPS=("$@")
 OUT=${OUT:-runs/flickr8k_full}
 ALPHAS=${ALPHAS:-0,0.5,1,1.5,2}
 if [ ! -f "$ROOT/Flickr8k.token.txt" ]; then
-    echo "flickr8k_full.sh: $ROOT/Flickr8k.token.txt not found: fetch Flickr8k with \`captioner data flickr8k --root $ROOT\`, or name its folder as the first argument" >&2
+    echo "flickr8k_full.sh: $ROOT/Flickr8k.token.txt not found: fetch Flickr8k with" \
+        "\`captioner data flickr8k --root $ROOT\`, or name its folder as the first argument" >&2
     exit 2
 fi
 source .venv/bin/activate
@@ -43,7 +44,8 @@ wanted() {  # is step $1 asked for (all are when none is named)?
 
 STEP_NAME="" STEP_START=0  # the step running now, so that a signal ending the script still records its time
 record() {  # status: append the running step's seconds, the time, the processor and the status to timings.tsv
-    printf '%s\t%s\t%s\t%s\t%s\n' "$STEP_NAME" "$(( $(date +%s) - STEP_START ))" "$(date -u +%FT%TZ)" "$CPU" "$1" >> "$OUT/timings.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$STEP_NAME" "$(( $(date +%s) - STEP_START ))" "$(date -u +%FT%TZ)" "$CPU" "$1" \
+        >> "$OUT/timings.tsv"
     STEP_NAME=""
 }
 ended_by() {  # signal number: record the running step with the shell's status for that signal, then die of it
@@ -79,9 +81,11 @@ train() {  # name config overrides...: train (or resume) into $OUT/name
     touch "$run/train.done"
 }
 
-best_on_dev() {  # sweep.json...: "<file> <alpha>" of the variant with the best dev CIDEr-D, the metric checkpoints are selected on
+# sweep.json...: "<file> <alpha>" of the variant with the best dev CIDEr-D, the metric checkpoints are selected on
+best_on_dev() {
     python -c 'import json, sys
-file, best = max(((f, v) for f in sys.argv[1:] for v in json.load(open(f))["variants"]), key=lambda fv: fv[1]["overall"]["CIDEr"])
+file, best = max(((f, v) for f in sys.argv[1:] for v in json.load(open(f))["variants"]),
+                 key=lambda fv: fv[1]["overall"]["CIDEr"])
 print(file, best["options"]["length_penalty"])' "$@"
 }
 
@@ -125,7 +129,8 @@ ensemble() {  # each candidate of $ENSEMBLES tuned on dev; the best on dev score
         [ -f "$run/$candidate.val.json" ] && continue
         mapfile -t members < <(checkpoints "$candidate")
         echo "== ensemble $candidate: length penalty on dev ($ALPHAS)"
-        timed "dev ensemble $candidate" python scripts/compare_decoding.py "${members[0]}" --ensemble "${members[@]:1}" --split val \
+        timed "dev ensemble $candidate" python scripts/compare_decoding.py "${members[0]}" \
+            --ensemble "${members[@]:1}" --split val \
             --length-penalties "$ALPHAS" --json "$run/$candidate.val.json" | tee "$run/$candidate.val.md"
     done
     read -r candidate alpha < <(best_on_dev $(for candidate in $ENSEMBLES; do echo "$run/$candidate.val.json"; done))
@@ -140,7 +145,9 @@ ensemble() {  # each candidate of $ENSEMBLES tuned on dev; the best on dev score
 }
 # The trained models decoded as one (their probabilities averaged at every step), as
 # self-critical.pytorch's ensemble evaluation does; which models, and the length penalty, chosen on dev.
-ENSEMBLES=${ENSEMBLES:-lstm_scst+transformer lstm+lstm_scst+transformer lstm_scst+transformer_scst lstm+lstm_scst+transformer_scst}
+DEFAULT_ENSEMBLES="lstm_scst+transformer lstm+lstm_scst+transformer lstm_scst+transformer_scst"
+DEFAULT_ENSEMBLES+=" lstm+lstm_scst+transformer_scst"
+ENSEMBLES=${ENSEMBLES:-$DEFAULT_ENSEMBLES}
 if wanted ensemble; then ensemble; fi
 
 # Every run that was scored goes into the report; the default model is the best single network by
@@ -151,9 +158,11 @@ for name in lstm lstm_scst transformer transformer_scst ensemble lstm_blind; do
 done
 # The default model is one network (an export holds one; the demo serves one): not the ensemble.
 best=$(python -c 'import json, sys
-dev = lambda n: max(v["overall"]["CIDEr"] for v in json.load(open(f"{sys.argv[1]}/{n}/length_penalty_val.json"))["variants"])
+dev = lambda n: max(v["overall"]["CIDEr"]
+                   for v in json.load(open(f"{sys.argv[1]}/{n}/length_penalty_val.json"))["variants"])
 runs = {n: dev(n) for n in sys.argv[2:] if n not in ("lstm_blind", "ensemble")}
-print(max(runs, key=runs.get) if runs else "")' "$OUT" $(for r in "${runs[@]}"; do [ "$r" != --run ] && echo "${r%%=*}"; done))
+print(max(runs, key=runs.get) if runs else "")' "$OUT" \
+    $(for r in "${runs[@]}"; do [ "$r" != --run ] && echo "${r%%=*}"; done))
 if wanted report && [ -n "$best" ]; then
     echo "== report (best: $best)"
     gallery=()
@@ -162,9 +171,12 @@ if wanted report && [ -n "$best" ]; then
 fi
 if wanted export && [ -n "$best" ]; then
     echo "== export $best (length penalty $(cat "$OUT/$best/length_penalty")) -> runs/default_model"
-    timed "export" captioner export "$OUT/$best/best.pt" runs/default_model --beam 3 --length-penalty "$(cat "$OUT/$best/length_penalty")"
+    timed "export" captioner export "$OUT/$best/best.pt" runs/default_model --beam 3 \
+        --length-penalty "$(cat "$OUT/$best/length_penalty")"
 fi
 echo "== timings ($OUT/timings.tsv: step, seconds, ended, processor, exit status)"
 cat "$OUT/timings.tsv"
 # Every invocation of a step adds a row (a stopped and resumed training run, several): the totals.
-awk -F'\t' '{ total[$1] += $2; all += $2 } END { for (step in total) printf "%-48s %7.1f min\n", step, total[step] / 60; printf "%-48s %7.1f min\n", "all steps", all / 60 }' "$OUT/timings.tsv" | sort
+awk -F'\t' '{ total[$1] += $2; all += $2 }
+    END { for (step in total) printf "%-48s %7.1f min\n", step, total[step] / 60
+          printf "%-48s %7.1f min\n", "all steps", all / 60 }' "$OUT/timings.tsv" | sort

@@ -20,7 +20,8 @@ try:
 except ConfigError as e:
     sys.exit(f"error: {e}")
 if config.data.dataset != "shapes":
-    sys.exit(f"error: {sys.argv[1]}: the quickstart runs a shapes config (data.dataset: shapes); see docs/training.md for the others")
+    sys.exit(f"error: {sys.argv[1]}: the quickstart runs a shapes config (data.dataset: shapes); "
+             "see docs/training.md for the others")
 print(config.train.out_dir)
 print(config.data.root)
 PY

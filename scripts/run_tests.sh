@@ -16,10 +16,12 @@ lint-imports --no-cache || { status=$?; echo "run_tests.sh: the import contracts
 ruff check . || { status=$?; echo "run_tests.sh: lines over 120 characters (above)" >&2; }
 # The web page's tests need onnxruntime-web, pinned by package-lock.json, in node_modules/ (npm's registry).
 if command -v npm >/dev/null; then
-    npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null || { status=$?; echo "run_tests.sh: npm ci failed" >&2; }
+    npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null \
+        || { status=$?; echo "run_tests.sh: npm ci failed" >&2; }
 fi
 # -n: one pytest worker per core (pytest-xdist); PYTEST_WORKERS=0 runs in this process alone.
 # loadgroup: the tests of an xdist_group share a worker (and its module fixtures).
 # --durations: every run names its slowest tests, where the suite's time goes (docs/benchmarks.md).
-python -m pytest -q -rs -n "${PYTEST_WORKERS:-$(nproc)}" --dist loadgroup --durations=25 "$@" || { status=$?; echo "run_tests.sh: pytest exited with status $status" >&2; }
+python -m pytest -q -rs -n "${PYTEST_WORKERS:-$(nproc)}" --dist loadgroup --durations=25 "$@" \
+    || { status=$?; echo "run_tests.sh: pytest exited with status $status" >&2; }
 exit "$status"

@@ -20,7 +20,8 @@ if [ "$INSTALLER" = uv ] && ! python -m pip install --quiet uv; then
     echo "setup.sh: cannot install uv; installing with pip" >&2
     INSTALLER=pip
 fi
-export UV_INDEX_URL=${UV_INDEX_URL:-${PIP_INDEX_URL:-}} UV_EXTRA_INDEX_URL=${UV_EXTRA_INDEX_URL:-${PIP_EXTRA_INDEX_URL:-}}
+export UV_INDEX_URL=${UV_INDEX_URL:-${PIP_INDEX_URL:-}}
+export UV_EXTRA_INDEX_URL=${UV_EXTRA_INDEX_URL:-${PIP_EXTRA_INDEX_URL:-}}
 export UV_FIND_LINKS=${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}
 for name in UV_INDEX_URL UV_EXTRA_INDEX_URL UV_FIND_LINKS; do [ -n "${!name}" ] || unset "$name"; done
 
@@ -45,8 +46,10 @@ TORCH=("torch==2.14.1" "torchvision==0.29.1")
 index=$(bash "$(dirname "${BASH_SOURCE[0]}")/torch_index.sh")
 if [ -z "$index" ]; then
     install "${TORCH[@]}"
-elif ! bash "$(dirname "${BASH_SOURCE[0]}")/index_answers.sh" "$index/" || ! UV_HTTP_TIMEOUT=20 PIP_TIMEOUT=20 PIP_RETRIES=1 install --index-url "$index" "${TORCH[@]}" 2>/dev/null; then
-    echo "setup.sh: cannot install torch from $index; installing it from the default index instead (on Linux it brings the CUDA libraries)" >&2
+elif ! bash "$(dirname "${BASH_SOURCE[0]}")/index_answers.sh" "$index/" \
+    || ! UV_HTTP_TIMEOUT=20 PIP_TIMEOUT=20 PIP_RETRIES=1 install --index-url "$index" "${TORCH[@]}" 2>/dev/null; then
+    echo "setup.sh: cannot install torch from $index; installing it from the default index instead" \
+        "(on Linux it brings the CUDA libraries)" >&2
     install "${TORCH[@]}"
 fi
 EXTRAS=${EXTRAS-train,demo}
