@@ -5,6 +5,7 @@ and the helper alternates its variants and reports the median and quartiles of w
 from __future__ import annotations
 
 import importlib.util
+import re
 import os
 import sys
 from pathlib import Path
@@ -242,3 +243,53 @@ def test_demo_pictures_times_each_part_a_caption_draws(shared_data: Path, tmp_pa
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2:3] != "-"]
     assert [row.split(" | ")[0][2:] for row in rows[1:]] == parts
     assert all(float(row.rstrip(" |").split(" | ")[-1]) >= 0 for row in rows[1:])
+
+
+def documented_commands() -> list[str]:
+    """Every `python -m benchmarks NAME ARGS` the user's pages show, as code (inline or a block's line), its
+    continuation lines joined and a trailing comment cut; the records' pages keep each run's command as it
+    was, so results.md and experiments.md are not among them."""
+    commands = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        if page.name in ("results.md", "experiments.md"):
+            continue
+        text = page.read_text(encoding="utf-8").replace("\\\n", " ")
+        for code in re.findall(r"`([^`\n]+)`|^(python -m benchmarks .*)$", text, re.M):
+            command = (code[0] or code[1]).split("  #")[0].strip()
+            if command.startswith("python -m benchmarks ") and "|" not in command and "..." not in command:
+                commands.append(command)
+    return commands
+
+
+def test_every_benchmark_command_the_docs_show_parses_with_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A documented option that a benchmark lost (or never had) fails here, naming the command; each command is
+    parsed by its benchmark's own parser and nothing of it runs."""
+    import argparse
+    import importlib
+    import shlex
+
+    class Parsed(Exception):
+        pass
+
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_only(self, args=None, namespace=None):
+        parse(self, args, namespace)
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
+    commands = documented_commands()
+    assert len(commands) >= 20 and any("--record ID" in command for command in commands)
+    wrong = []
+    for command in commands:
+        name, *words = shlex.split(command)[3:]
+        if name in ("--list", "NAME"):  # the runner's own list and help, no benchmark's arguments
+            continue
+        try:
+            importlib.import_module(f"benchmarks.{runner.BENCHMARKS[name]}").main(words)
+            wrong.append(f"{command}: ran past its arguments")
+        except Parsed:
+            pass
+        except (KeyError, SystemExit) as e:
+            wrong.append(f"{command}: {e!r}")
+    assert not wrong, "\n".join(wrong)
