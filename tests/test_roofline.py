@@ -125,14 +125,15 @@ def test_the_benchmark_prints_a_row_with_its_ratio_and_profile(tmp_path, capsys,
     assert (tmp_path / "profiles" / "a_test_quickstart_step.txt").read_text() == (
         tmp_path / "quickstart_step.txt").read_text()
     assert summary["numbers"]["table"] == "[operator table](results/profiles/a_test_quickstart_step.txt)"
-    assert summary["numbers"]["top"].startswith("convolution ") and summary["command"] == record["command"]
+    top = dict(part.rsplit(" ", 1) for part in summary["numbers"]["top"].split(", "))  # name -> 'N%'
+    assert "convolution backward" in top and summary["command"] == record["command"]  # which is heaviest varies
     assert f"self CPU time by operator: {summary['numbers']['top']}" in out
-    # its shares are the table's: the top row's Self CPU %
-    first = next(line for line in (tmp_path / "quickstart_step.txt").read_text().splitlines()
-                 if line.strip().startswith("aten::"))
-    name, percent = first.split()[0], float(first.split()[1].removesuffix("%"))
-    share = int(summary["numbers"]["top"].split(", ")[0].split()[-1].removesuffix("%"))
-    assert bench_roofline.OPERATOR_WORDS.get(name, "").startswith("convolution") and abs(share - percent) <= 0.5
+    # its shares are the table's: the table's top row is in it, at its Self CPU % or more (forms summed)
+    lines = (tmp_path / "quickstart_step.txt").read_text().splitlines()
+    first = lines[lines.index(next(line for line in lines if line.strip().startswith("Name"))) + 2].split()
+    name, percent = " ".join(first[:-6]), float(first[-6].removesuffix("%"))
+    words = bench_roofline.OPERATOR_WORDS.get(name, name.removeprefix("aten::"))
+    assert int(top[words].removesuffix("%")) >= round(percent) - 1
     columns = {c["key"] for c in json.loads((tmp_path / "bench_profile.json").read_text())["columns"]}
     assert render_results().record_problems(summary["id"], summary, columns) == []
 
