@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     args = parser.parse_args(argv)
     if (args.checkpoint is None) == (args.url is None):
         parser.error("give a CHECKPOINT to serve, or --url of a running demo")
-    check_record_option(parser, args.record, "bench_demo_load", results)
+    check_record_option(parser, args, "bench_demo_load", results)
 
     photos = sorted(PHOTOS.glob("*.jpg"))[: args.photos]
     if not photos:

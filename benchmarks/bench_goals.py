@@ -221,9 +221,9 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    check_record_option(parser, args.record, "bench_goals", results)
+    check_record_option(parser, args, "bench_goals", results)
     if args.quickstart:
-        check_record_option(parser, args.record, "quickstart", results)
+        check_record_option(parser, args, "quickstart", results)
     run = run or (lambda name, options: child_json(name, options, what=f"benchmarks {name}", echo=True))
     print_environment(args)
     reported = ["--beside", args.beside or "not said", "--json"]

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     json_option(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    check_record_option(parser, args.record, "bench_reference", results)
+    check_record_option(parser, args, "bench_reference", results)
     threads = set_threads(args.threads)
     print_environment(args)
     if args.their_products == "onednn" and not os.environ.get(CACHE_VARIABLE):

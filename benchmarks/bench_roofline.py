@@ -184,9 +184,10 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     args = parser.parse_args(argv)
     if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
         parser.error(f"--profile {args.profile}: is a file, not a folder")
-    check_record_option(parser, args.record, "bench_roofline", results)
+    names = args.only or list(workloads.WORKLOADS)
+    check_record_option(parser, args, "bench_roofline", results, [f"{args.record}_{n}" for n in ["peak", *names]])
     if args.profile is not None:
-        check_record_option(parser, args.record, "bench_profile", results)
+        check_record_option(parser, args, "bench_profile", results, [f"{args.record}_{name}" for name in names])
     threads = set_threads(args.threads)
     print_environment(args)
     peak, route = max(gemm_peak(n) for n in sorted({args.peak_size // 2, args.peak_size}))
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     print("\n| work | GFLOP | GB moved | FLOP/byte | time | GFLOP/s | of peak | roofline | time / roofline |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     checks, tables, works, cells = [], {}, {}, {}
-    for name in args.only or list(workloads.WORKLOADS):
+    for name in names:
         work = workloads.WORKLOADS[name]()
         counter = counted(work.run)
         seconds = measure(work.run, args.repeats).median

@@ -64,27 +64,35 @@ def machine() -> str:
 
 
 def add_record_options(parser: argparse.ArgumentParser, measure: str, what: str, prefix: bool = False) -> None:
-    """`--record ID` (or PREFIX, for one record per row) and, for a single record, `--label TEXT`: the run's
-    `what` written into docs/results/<measure>.json, a record with that id replaced."""
+    """`--record ID` (or PREFIX, for one record per row), `--replace` and, for a single record, `--label TEXT`:
+    the run's `what` written into docs/results/<measure>.json."""
     name = "PREFIX" if prefix else "ID"
     each = "each as record PREFIX_NAME" if prefix else "as record ID"
     parser.add_argument("--record", metavar=name, default=None,
-                        help=f"write {what} {each} of docs/results/{measure}.json (one with that id is replaced), "
-                             "with this run's command, commit, processor and date")
+                        help=f"write {what} {each} of docs/results/{measure}.json, with this run's command, commit, "
+                             "processor and date")
+    parser.add_argument("--replace", action="store_true",
+                        help="with --record: replace the records of those ids (without it, an id the file already "
+                             "has stops the run before it starts)")
     if not prefix:
         parser.add_argument("--label", default=None,
                             help="the record's label (default: the processor, its cores and kernels)")
 
 
-def check_record_option(parser: argparse.ArgumentParser, record: str | None, measure: str,
-                        results: Path = RESULTS) -> None:
-    """Before the run: an empty --record is a usage error, and a records file it could not write into stops
-    here in one line rather than after minutes of measuring."""
-    if record is None:
+def check_record_option(parser: argparse.ArgumentParser, args: argparse.Namespace, measure: str,
+                        results: Path = RESULTS, ids: Sequence[str] | None = None) -> None:
+    """Before the run: an empty --record is a usage error, and a records file it could not write into, or that
+    already has one of the run's `ids` (default: --record's) without --replace, stops here in one line rather
+    than after minutes of measuring: an earlier measurement is never replaced by mistake."""
+    if args.record is None:
         return
-    if not record.strip():
+    if not args.record.strip():
         parser.error("--record needs a name")
-    records_file(measure, results)
+    path, data = records_file(measure, results)
+    taken = sorted({record["id"] for record in data["records"]} & set(ids or [args.record]))
+    if taken and not args.replace:
+        raise SystemExit(f"{path}: already has record{'s' * (len(taken) > 1)} {', '.join(taken)}: give --record "
+                         "another name, or --replace to replace them")
 
 
 def records_file(measure: str, results: Path = RESULTS) -> tuple[Path, dict]:

@@ -262,7 +262,7 @@ def test_record_writes_the_goals_as_a_record_of_this_run(tmp_path, monkeypatch: 
                                                          capsys: pytest.CaptureFixture) -> None:
     """--record ID: the row goes into bench_goals.json under the measure's columns, with the command as run
     (the settings holding the kernels in front), the commit, the processor and the date; the same id again
-    replaces it, and the file stays one the results pages render."""
+    stops before the run unless --replace, and the file stays one the results pages render."""
     shutil.copy(REPO / "docs" / "results" / "bench_goals.json", tmp_path)
     before = json.loads((tmp_path / "bench_goals.json").read_text(encoding="utf-8"))["records"]
     numbers = {"reference": REFERENCE, "roofline": ROOFLINE, "demo_load": DEMO}
@@ -288,8 +288,14 @@ def test_record_writes_the_goals_as_a_record_of_this_run(tmp_path, monkeypatch: 
     assert record["commit"] == "abc1234"
     assert record["concurrent"] == "nothing" and re.fullmatch(r"\d{4}-\d\d-\d\d", record["date"])
 
+    # the same id again stops before anything runs, and the file is kept; with --replace it is replaced
+    kept = (tmp_path / "bench_goals.json").read_bytes()
+    with pytest.raises(SystemExit, match=r"bench_goals.json: already has record a_test: give --record another name, "
+                                         r"or --replace to replace them$"):
+        bench_goals.main(argv, run=lambda name, args: pytest.fail(f"{name} ran"), results=tmp_path)
+    assert (tmp_path / "bench_goals.json").read_bytes() == kept
     slow = {**numbers, "reference": {"train_ratio": 5.5, "beam_ratio": 28.4}}
-    assert bench_goals.main([*argv, "--label", "a slow sitting"], run=lambda name, args: slow[name],
+    assert bench_goals.main([*argv, "--replace", "--label", "a slow sitting"], run=lambda name, args: slow[name],
                             results=tmp_path) == 0
     again = json.loads((tmp_path / "bench_goals.json").read_text(encoding="utf-8"))["records"]
     assert len(again) == len(before) + 1 and again[-1]["label"] == "a slow sitting"

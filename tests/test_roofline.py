@@ -155,3 +155,23 @@ def test_a_profile_folder_that_is_a_file_is_one_line_before_any_work(tmp_path, c
         bench_roofline.main(["--only", "quickstart_step", "--profile", str(taken)])
     assert exit_.value.code == 2
     assert f"--profile {taken}: is a file, not a folder" in capsys.readouterr().err
+
+
+def test_a_prefix_whose_records_exist_stops_before_any_work(tmp_path, monkeypatch) -> None:
+    """An earlier run's records are not replaced by mistake: each id the run would write (the peak, each row,
+    with --profile each profile) is looked up first, in both files; --replace lets them be replaced."""
+    for measure in ("bench_roofline", "bench_profile"):
+        shutil.copy(REPO / "docs" / "results" / f"{measure}.json", tmp_path)
+    monkeypatch.setattr(bench_roofline, "gemm_peak", lambda size: pytest.fail("the run began"))
+    argv = ["--only", "quickstart_step", "lstm_beam", "--record", "zen5_avx2"]
+    with pytest.raises(SystemExit, match=r"bench_roofline.json: already has records zen5_avx2_lstm_beam, "
+                                         r"zen5_avx2_peak, zen5_avx2_quickstart_step: give --record another name"):
+        bench_roofline.main(argv, results=tmp_path)
+    # a prefix only the profiles have: found with --profile, not without it
+    records.save_records("bench_profile", [{"id": "mine_lstm_beam", "label": "x", "numbers": {}}], tmp_path)
+    mine = ["--only", "lstm_beam", "--record", "mine"]
+    with pytest.raises(SystemExit, match=r"bench_profile.json: already has record mine_lstm_beam: "):
+        bench_roofline.main([*mine, "--profile", str(tmp_path)], results=tmp_path)
+    for run in (mine, [*argv, "--profile", str(tmp_path), "--replace"]):
+        with pytest.raises(pytest.fail.Exception, match="the run began"):
+            bench_roofline.main(run, results=tmp_path)
