@@ -88,39 +88,36 @@ def check_record_option(parser: argparse.ArgumentParser, args: argparse.Namespac
         return
     if not args.record.strip():
         parser.error("--record needs a name")
-    path, data = records_file(measure, results)
+    path, data, _ = records_file(measure, results)
     taken = sorted({record["id"] for record in data["records"]} & set(ids or [args.record]))
     if taken and not args.replace:
         raise SystemExit(f"{path}: already has record{'s' * (len(taken) > 1)} {', '.join(taken)}: give --record "
                          "another name, or --replace to replace them")
 
 
-def records_file(measure: str, results: Path = RESULTS) -> tuple[Path, dict]:
-    """results/<measure>.json and what it holds, checked before a run that will write into it: a file that
-    cannot be read, is not a measure's records or cannot be written stops in one line."""
+def records_file(measure: str, results: Path = RESULTS) -> tuple[Path, dict, int]:
+    """results/<measure>.json, what it holds and its indent (1 or 2 in docs/results: a record written into it keeps
+    the layout, so the change is the record's lines alone), checked before a run that will write into it: a file
+    that cannot be read, is not a measure's records or cannot be written stops in one line."""
     path = results / f"{measure}.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
     except (OSError, ValueError) as e:
         raise SystemExit(f"{path}: cannot read the records ({e})") from None
     if not (isinstance(data, dict) and isinstance(data.get("columns"), list) and isinstance(data.get("records"), list)):
         raise SystemExit(f"{path}: not a measure's records (no list of columns and records)")
     if not os.access(path, os.W_OK):
         raise SystemExit(f"{path}: cannot be written")
-    return path, data
-
-
-def indent_of(text: str) -> int:
-    """The indent a JSON file's second line has (1 or 2 in docs/results): a record written into it keeps its
-    layout, so the change is the record's lines alone."""
     lines = text.splitlines()
-    return len(lines[1]) - len(lines[1].lstrip(" ")) if len(lines) > 1 and lines[1].startswith(" ") else 1
+    second = lines[1] if len(lines) > 1 else ""
+    return path, data, len(second) - len(second.lstrip(" ")) or 1
 
 
 def save_records(measure: str, records: Sequence[Mapping[str, object]], results: Path = RESULTS) -> Path:
     """Write `records` into results/<measure>.json at once, each in place of the record with its id or after the
     others; a number under a key the measure has no column for stops in one line, the file untouched."""
-    path, data = records_file(measure, results)
+    path, data, indent = records_file(measure, results)
     columns = {column["key"] for column in data["columns"]}
     unknown = sorted({key for record in records for key in record["numbers"]} - columns)  # type: ignore[attr-defined]
     if unknown:
@@ -132,7 +129,7 @@ def save_records(measure: str, records: Sequence[Mapping[str, object]], results:
             kept[ids.index(record["id"])] = dict(record)
         else:
             kept.append(dict(record))
-    write_text(path, json.dumps(data, indent=indent_of(path.read_text(encoding="utf-8")), ensure_ascii=False) + "\n")
+    write_text(path, json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
     return path
 
 

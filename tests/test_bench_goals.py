@@ -5,7 +5,6 @@ passed through as they run."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import re
 import shutil

@@ -6,20 +6,14 @@ superseded_by that points nowhere or a block naming what no record has fails her
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, render_results
 
-spec = importlib.util.spec_from_file_location("render_results", REPO / "scripts" / "render_results.py")
-assert spec is not None and spec.loader is not None
-render = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = render  # its dataclass looks its module up there
-spec.loader.exec_module(render)
+render = render_results()
 
 
 def test_the_records_are_valid_and_the_pages_are_theirs() -> None:
