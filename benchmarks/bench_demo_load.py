@@ -7,6 +7,7 @@ ID of docs/results/bench_demo_load.json, with its command, commit, processor and
 
 from __future__ import annotations
 
+import argparse
 import functools
 import io
 import os

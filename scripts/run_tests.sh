@@ -12,8 +12,9 @@ status=0
 python -m compileall -q -j 0 tests scripts benchmarks >/dev/null
 # The layers and the no-cycle rule of pyproject.toml's import-linter contracts.
 lint-imports --no-cache || { status=$?; echo "run_tests.sh: the import contracts are broken (above)" >&2; }
-# No line of the project's Python over 120 characters (pyproject.toml's [tool.ruff]).
-ruff check . || { status=$?; echo "run_tests.sh: lines over 120 characters (above)" >&2; }
+# No line of the project's Python over 120 characters, no unused import or variable, no undefined name
+# (pyproject.toml's [tool.ruff]).
+ruff check . || { status=$?; echo "run_tests.sh: ruff found lines over 120 characters or unused names (above)" >&2; }
 # The web page's tests need onnxruntime-web, pinned by package-lock.json, in node_modules/ (npm's registry).
 if command -v npm >/dev/null; then
     npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null \

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from helpers import require, require_module
 
 ROOT = Path(__file__).resolve().parents[1]

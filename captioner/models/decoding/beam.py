@@ -80,7 +80,7 @@ class Beam:
 
     def expand(self, t: int) -> torch.Tensor:
         """Step the decoder once -> candidates (B, G, Kg*V): beam score + next word's log-probability."""
-        B, K, BK = self.B, self.K, self.B * self.K
+        B, BK = self.B, self.B * self.K
         prev = self.prev if self.stepped is None else self.prev.index_select(0, self.stepped)  # (A,)
         memory = self.memory if t else self.per_image
         logprobs, attn, self.state, self_w = step_decoder(
