@@ -102,6 +102,20 @@ def test_the_resize_is_pillows_own(size: int, shared_data: Path) -> None:
     assert not np.array_equal(tensor_resized, np.asarray(picture.resize((224, 224), Image.BILINEAR)).transpose(2, 0, 1))
 
 
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_a_pictures_transform_is_the_torchvision_pipelines_to_the_byte(mode: str, shared_data: Path) -> None:
+    """The evaluation transform resizes a picture with Pillow alone (torchvision stays unloaded for a
+    caption); it makes what its described torchvision steps make: the same bytes, shape and strides,
+    for a picture already at the size as well."""
+    picture = load_image(photos(shared_data, 1)[0]).convert(mode)
+    for size in (32, 224, picture.width):
+        transform = ImageTransform(size)
+        square = picture.resize((size, size)) if size == picture.width else picture
+        fast, described = transform(square), transform.pipeline()(square)  # uint8 (C, S, S) each
+        assert fast.dtype == described.dtype == torch.uint8 and torch.equal(fast, described)
+        assert fast.shape == described.shape == (len(mode), size, size) and fast.stride() == described.stride()
+
+
 def test_normalize_refuses_float_images() -> None:
     with pytest.raises(TypeError, match="expected uint8 images, got torch.float32"):
         normalize_images(torch.zeros(1, 3, 4, 4))

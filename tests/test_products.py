@@ -18,7 +18,7 @@ from torch import nn
 from captioner.models import products
 from captioner.models.products import gram, linear, onednn_linear, prepared, reused_weights
 
-from helpers import require, tiny_config, tiny_model
+from helpers import require, require_module, tiny_config, tiny_model
 
 FP32 = {"atol": 2e-5, "rtol": 1e-5}  # another summation order: fp32 rounding over a few hundred terms
 
@@ -616,3 +616,20 @@ def test_a_resumption_takes_its_checkpoints_gradient_products(recorded: bool | N
     by_mm = gram_mm if key == "gram_mm" else grad_mm
     assert onednn is True and by_mm is bool(recorded)  # a checkpoint from before the choice: oneDNN's
     assert SpeedChoices(False, 1, onednn, gram_mm, grad_mm).to_dict()[key] is bool(recorded)
+
+
+def test_the_route_knows_when_an_onnx_export_is_under_way(tmp_path: Path) -> None:
+    """The route stays out of an ONNX export (its oneDNN product has no ONNX form), and asks without
+    loading torch.onnx when nothing has loaded it: no export can then be under way."""
+    require_module("onnx", "the onnx extra is not installed (pip install -e .[onnx])")
+    seen: list[bool] = []
+
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(products.exporting_onnx())
+            return x + 1  # (2,)
+
+    assert not products.exporting_onnx()
+    torch.onnx.export(Probe(), (torch.zeros(2),), str(tmp_path / "probe.onnx"), dynamo=False)
+    assert seen and all(seen)
+    assert not products.exporting_onnx()

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import nn
-from torchvision.transforms import v2
+
+if TYPE_CHECKING:  # torchvision loads when a step needs it: a caption's transform is Pillow's alone
+    from torchvision.transforms import v2
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -27,6 +31,8 @@ class ImageTransform:
     def __call__(self, image: Image.Image | torch.Tensor, seed: int | None = None) -> torch.Tensor:
         """A PIL picture or a uint8 (3, H, W) tensor -> uint8 (3, S, S); with a `seed`, the crop and jitter draw
         from `torch.manual_seed(seed)` and the process's RNG is left as it was."""
+        if isinstance(image, Image.Image) and not (self.train and self.augment):
+            return pillow_resize(image, self.image_size)  # uint8 (3, S, S): the pipeline's bytes
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -39,6 +45,14 @@ class ImageTransform:
     def describe(self) -> list[str]:
         """Every step from the decoded picture to the uint8 image, as the transform objects state it."""
         return [repr(step) for step in self.pipeline().transforms]
+
+
+def pillow_resize(image: Image.Image, size: int) -> torch.Tensor:
+    """A picture -> uint8 (C, S, S) by Pillow's bilinear resize: what the evaluation pipeline's v2.Resize and
+    v2.PILToTensor make, to the byte, without importing torchvision (about a second of each command's start)."""
+    resized = image.resize((size, size), Image.Resampling.BILINEAR)  # (S, S) picture; the same size: a copy
+    pixels = torch.from_numpy(np.array(resized, copy=True))  # (S, S, C), or (S, S) for one band
+    return pixels.view(size, size, len(resized.getbands())).permute(2, 0, 1)  # (C, S, S)
 
 
 CROP_MIN_SCALE = 0.85  # each side of the training crop keeps at least this fraction of the image's
@@ -63,12 +77,16 @@ class RandomWindowCrop:
     min_scale: float = CROP_MIN_SCALE
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        from torchvision.transforms import v2
+
         top, left, h, w = crop_window(*image.shape[-2:], self.min_scale)
         return v2.functional.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)  # (3, S, S)
 
 
 @functools.lru_cache(maxsize=None)
 def _pipeline(image_size: int, augment: bool) -> v2.Compose:
+    from torchvision.transforms import v2
+
     if augment:
         return v2.Compose([v2.PILToTensor(), RandomWindowCrop(image_size),
                            v2.ColorJitter(brightness=0.2, contrast=0.2)])
@@ -92,6 +110,8 @@ class PixelStatistics:
 
     def describe(self) -> list[str]:
         """The steps `normalize_images` runs, as the torchvision transforms that compute the same bits."""
+        from torchvision.transforms import v2
+
         return [repr(v2.ToDtype(torch.float32, scale=True)), repr(v2.Normalize(list(self.mean), list(self.std)))]
 
 

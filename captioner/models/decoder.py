@@ -47,10 +47,17 @@ def reads_are_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-@torch.compiler.disable  # host bookkeeping: dynamo cannot trace pin_memory
 def to_device_quietly(index: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device`, pinned and non-blocking: the host never waits."""
-    return index if index.device == torch.device(device) else index.pin_memory().to(device, non_blocking=True)
+    return index if index.device == torch.device(device) else _pinned_copy(index, device)
+
+
+# Host bookkeeping, outside any compiled graph: dynamo cannot trace pin_memory. torch's own lazy form of
+# torch.compiler.disable, which imports dynamo at the first call rather than here: about a second of every
+# command's start, and a CPU run never calls it.
+@torch._disable_dynamo
+def _pinned_copy(index: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return index.pin_memory().to(device, non_blocking=True)
 
 
 def real_positions(lengths: torch.Tensor, steps: int, device: torch.device) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -222,12 +223,18 @@ def faster_here() -> bool:
     return decided_here()["onednn"]
 
 
+def exporting_onnx() -> bool:
+    """Whether an ONNX export is under way: never while torch.onnx is unloaded (asking would load it, about 25 ms
+    of a command's first caption)."""
+    return "torch.onnx" in sys.modules and torch.onnx.is_in_onnx_export()
+
+
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         _ENABLED and torch.backends.mkldnn.enabled  # a user who turned oneDNN off gets none of it
         and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
         and not weight.is_mkldnn and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()
-        and not torch.onnx.is_in_onnx_export() and not torch.compiler.is_compiling()
+        and not exporting_onnx() and not torch.compiler.is_compiling()
         and not torch.compiler.is_exporting() and _route_works()
     )
 
