@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchvision.io
 from helpers import TINY_MODEL, tiny_model, tiny_vocab
 from PIL import Image
 from torchvision.io import decode_jpeg
@@ -39,6 +40,7 @@ from captioner.data.image_transform import (
     ImageTransform,
     PixelNormalization,
     normalize_images,
+    picture_tensor,
 )
 from captioner.data.records import ImageRecord
 from captioner.data.shapes import generate_shapes
@@ -114,6 +116,8 @@ def test_a_pictures_transform_is_the_torchvision_pipelines_to_the_byte(mode: str
         fast, described = transform(square), transform.pipeline()(square)  # uint8 (C, S, S) each
         assert fast.dtype == described.dtype == torch.uint8 and torch.equal(fast, described)
         assert fast.shape == described.shape == (len(mode), size, size) and fast.stride() == described.stride()
+    whole, described = picture_tensor(picture), v2.PILToTensor()(picture)  # uint8 (C, H, W): the loaders' tensor
+    assert torch.equal(whole, described) and whole.stride() == described.stride()
 
 
 def test_normalize_refuses_float_images() -> None:
@@ -318,7 +322,7 @@ def test_a_jpeg_the_device_refuses_is_decoded_by_pil(tmp_path: Path, shared_data
             raise RuntimeError("nvjpeg: unsupported JPEG")
         return decode_jpeg(data, **options)
 
-    monkeypatch.setattr(batching, "decode_jpeg", device_decoder)
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", device_decoder)  # batching imports it where it decodes
     decoded = decode_jpegs(items, "cpu")
     assert all(torch.equal(image, pil_to_tensor(load_image(p))) for image, p in zip(decoded, paths))
 

@@ -415,23 +415,24 @@ def test_evaluate_is_what_the_cli_reports(tiny_checkpoint: Path, tmp_path: Path,
 
 
 LOADED = ("import json, sys, {module}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} | {{m for m in "
-          "sys.modules if m.startswith('captioner.')}})))")
+          "sys.modules if m.startswith(('captioner.', 'torch.'))}})))")
 
 
 def loaded_by(module: str) -> set[str]:
     result = subprocess.run([sys.executable, "-c", LOADED.format(module=module)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    return set(json.loads(result.stdout))  # top-level packages, and every captioner module
+    return set(json.loads(result.stdout))  # top-level packages, and every captioner and torch module
 
 
 def test_the_evaluation_library_loads_no_app_and_the_metric_stack_only_when_scoring() -> None:
     """pycocoevalcap and nltk load when scores are computed, not on import; the library imports no
-    app, figure or training code; `captioner evaluate --help` needs no torch."""
+    app, figure or training code, nor torchvision, dynamo or torch.onnx (a second each of the command's
+    start; the loaders' pictures are Pillow's); `captioner evaluate --help` needs no torch."""
     library = loaded_by("captioner.evaluation.evaluate")
-    assert "torch" in library and "captioner.evaluation.metrics" in library
+    assert "torch" in library and "captioner.evaluation.metrics" in library and "captioner.data.batching" in library
     assert not library & {"pycocoevalcap", "nltk", "matplotlib", "gradio", "captioner.apps", "captioner.viz",
-                          "captioner.training"}
+                          "captioner.training", "torchvision", "torch._dynamo", "torch.onnx"}
     assert not loaded_by("captioner.apps.commands.evaluate") & {"torch", "pycocoevalcap", "nltk", "matplotlib"}
 
 

@@ -18,13 +18,11 @@ import torch
 from PIL import Image
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, Sampler
-from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms.v2.functional import pil_to_tensor
 
 from captioner.core.errors import ImageLoadError
 from captioner.core.process_settings import loader_workers
 from captioner.data.image_files import MAX_PIXELS, decode_rgb, load_image, open_checked
-from captioner.data.image_transform import ImageTransform
+from captioner.data.image_transform import ImageTransform, picture_tensor
 from captioner.data.records import ImageRecord, image_data
 from captioner.data.store_format import StoreRows
 from captioner.text.vocab import Vocabulary
@@ -241,7 +239,7 @@ def read_for_device(path: str | Path | bytes, ship_jpeg: bool = True, max_pixels
 
     def finish(image: Image.Image) -> EncodedJpeg | torch.Tensor:
         if not ship_jpeg or image.format != "JPEG" or image.mode not in DEVICE_MODES or image.info.get("progressive"):
-            return pil_to_tensor(decode_rgb(image))  # (3, H, W)
+            return picture_tensor(decode_rgb(image))  # (3, H, W)
         encoded = path if isinstance(path, bytes) else Path(path).read_bytes()
         data = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)  # (L,)
         return EncodedJpeg(data, exif_orientation(image), name or str(path))
@@ -278,6 +276,8 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
 def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[torch.Tensor]:
     """Decode on `device` in one call as upright RGB, uint8 (3, H, W) each; if it fails (naming no file),
     each alone, falling back to `load_image`, whose `ImageLoadError` names a corrupt file."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
     try:
         decoded = decode_jpeg([item.data for item in images], mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
@@ -287,15 +287,22 @@ def decode_jpegs(images: list[EncodedJpeg], device: torch.device | str) -> list[
 
 def decode_one(item: EncodedJpeg, device: torch.device | str) -> torch.Tensor:
     """One JPEG on `device`, or through PIL's `load_image` when the device refuses it -> uint8 (3, H, W)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
     try:
         return orient(decode_jpeg(item.data, mode=ImageReadMode.RGB, device=device), item.orientation)
     except RuntimeError:
-        return pil_to_tensor(load_image(item.name)).to(device)  # (3, H, W)
+        return picture_tensor(load_image(item.name)).to(device)  # (3, H, W)
 
 
 def gpu_jpeg_decoding(device: torch.device) -> bool:
-    """Whether `device` decodes JPEGs itself: CUDA, with torchvision's nvjpeg kernels built in."""
-    return device.type == "cuda" and hasattr(torch.ops.image, "decode_jpegs_cuda")
+    """Whether `device` decodes JPEGs itself: CUDA, with torchvision's nvjpeg kernels built in (torchvision loads
+    here, where it may be used: a CPU run never needs it)."""
+    if device.type != "cuda":
+        return False
+    import torchvision.io  # noqa: F401 - registers torch.ops.image
+
+    return hasattr(torch.ops.image, "decode_jpegs_cuda")
 
 
 def device_preprocess(requested: str, device: torch.device) -> str:

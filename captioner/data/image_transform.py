@@ -50,9 +50,13 @@ class ImageTransform:
 def pillow_resize(image: Image.Image, size: int) -> torch.Tensor:
     """A picture -> uint8 (C, S, S) by Pillow's bilinear resize: what the evaluation pipeline's v2.Resize and
     v2.PILToTensor make, to the byte, without importing torchvision (about a second of each command's start)."""
-    resized = image.resize((size, size), Image.Resampling.BILINEAR)  # (S, S) picture; the same size: a copy
-    pixels = torch.from_numpy(np.array(resized, copy=True))  # (S, S, C), or (S, S) for one band
-    return pixels.view(size, size, len(resized.getbands())).permute(2, 0, 1)  # (C, S, S)
+    return picture_tensor(image.resize((size, size), Image.Resampling.BILINEAR))  # the same size: a copy
+
+
+def picture_tensor(image: Image.Image) -> torch.Tensor:
+    """A picture -> its pixels as a (C, H, W) tensor, what v2.PILToTensor makes (a copy, channels a view's last)."""
+    pixels = torch.from_numpy(np.array(image, copy=True))  # (H, W, C), or (H, W) for one band
+    return pixels.view(image.height, image.width, len(image.getbands())).permute(2, 0, 1)  # (C, H, W)
 
 
 CROP_MIN_SCALE = 0.85  # each side of the training crop keeps at least this fraction of the image's

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from torchvision.transforms import v2
 
 from captioner.core.config_sections import Config, EncoderConfig
 from captioner.core.errors import ConfigError, FeatureStoreError
@@ -148,6 +147,8 @@ def stored_identity(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's identity with an older store's transform named as the current code names its steps."""
     stored = dict(manifest["identity"])
     if stored.get("transform") == LEGACY_TRANSFORM and "image_size" in stored:
+        from torchvision.transforms import v2  # only for such a store: a caption or evaluation never loads it
+
         size = stored["image_size"]
         tensor_resize = [repr(v2.PILToTensor()), repr(v2.Resize((size, size), antialias=True))]
         stored["transform"] = [*tensor_resize, *IMAGENET.describe()]
