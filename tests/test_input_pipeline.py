@@ -4,6 +4,8 @@ workers and torch threads from the cores, the ranks and torchrun's settings."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -325,6 +327,27 @@ def test_a_jpeg_the_device_refuses_is_decoded_by_pil(tmp_path: Path, shared_data
     monkeypatch.setattr(torchvision.io, "decode_jpeg", device_decoder)  # batching imports it where it decodes
     decoded = decode_jpegs(items, "cpu")
     assert all(torch.equal(image, pil_to_tensor(load_image(p))) for image, p in zip(decoded, paths))
+
+
+GPU_DECODING = """
+import sys, torch
+from captioner.data.batching import gpu_jpeg_decoding
+assert not gpu_jpeg_decoding(torch.device("cpu")) and "torchvision" not in sys.modules, "torchvision loaded for a CPU"
+cuda = gpu_jpeg_decoding(torch.device("cuda"))
+import torchvision.io
+print(cuda, hasattr(torch.ops.image, "decode_jpegs_cuda"))
+"""
+
+
+def test_whether_a_gpu_decodes_jpegs_is_asked_of_torchvision_loaded_then(tmp_path: Path) -> None:
+    """In a fresh interpreter, where the loaders have not loaded torchvision: a CPU never decodes (and loads
+    nothing to say so); for CUDA the answer is the one torchvision's nvjpeg ops give once loaded, not the empty
+    op namespace of an unloaded torchvision, which would turn the GPU's decoding off without a word."""
+    done = subprocess.run([sys.executable, "-c", GPU_DECODING], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    asked, loaded = done.stdout.split()
+    assert asked == loaded
 
 
 def test_progressive_jpegs_are_decoded_in_the_worker(tmp_path: Path) -> None:
