@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,6 +87,44 @@ def test_the_childs_error_is_raised_here_and_a_child_that_died_is_replaced(shape
         assert decoder._child is not None and decoder._child.pid != first.pid
     finally:
         decoder.close()
+
+
+class Wedge:
+    """Unpickled, it holds the process that reads it for an hour: a child that stops answering but lives."""
+
+    def __reduce__(self):
+        return time.sleep, (3600,)
+
+
+def test_close_kills_a_child_that_stops_answering_and_its_request_fails_in_one_line(
+        shapes_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`close` waited for the request's lock, which a wedged child holds for ever: the server's stop never ended.
+    Past the grace the child is killed, the request says so in one line, and `close` returns."""
+    monkeypatch.setattr(decoding, "CLOSE_TIMEOUT_S", 0.5)
+    decoder = DecodeProcess([shapes_model])
+    failed: list[str] = []
+
+    def ask() -> None:
+        with pytest.raises(CaptionerError, match=r"decoding process stopped \(exit code -9\); the next caption") as e:
+            decoder.caption(shapes_model, [Wedge()], **OPTIONS)
+        failed.append(str(e.value))
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    while decoder._child is None and asking.is_alive():  # the request is on its way
+        time.sleep(0.01)
+    child = decoder._child
+    closing = threading.Thread(target=decoder.close, daemon=True)
+    closing.start()
+    closing.join(30)
+    try:
+        assert not closing.is_alive(), "close() waits for a child that never answers"
+        asking.join(30)
+        assert len(failed) == 1 and "\n" not in failed[0]
+        assert child is not None and not alive(child.pid) and decoder._child is None
+    finally:
+        if child is not None and alive(child.pid):
+            child.kill()  # without the fix: let the stuck threads go
 
 
 def test_the_child_decodes_on_the_threads_it_is_told_or_times(decoder) -> None:

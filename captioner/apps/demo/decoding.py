@@ -131,10 +131,16 @@ class DecodeProcess:
         return threads, best
 
     def close(self) -> None:
-        """End the child: its pipe closes and it exits after the batch it decodes, else it is killed."""
-        with self._lock:
+        """End the child: its pipe closes and it exits after the batch it decodes, else it is killed. A child that
+        stops answering mid-request is killed too, after the same grace: its request then fails in one line."""
+        while not self._lock.acquire(timeout=CLOSE_TIMEOUT_S):  # a request in flight past the grace
+            if (child := self._child) is not None:
+                child.kill()  # the waiting request reads the end of its pipe, stops the child and lets go
+        try:
             if self._child is not None:
                 self._stop(self._child)
+        finally:
+            self._lock.release()
 
     def _stop(self, child: subprocess.Popen) -> None:
         end_child(child, CLOSE_TIMEOUT_S)
