@@ -47,6 +47,26 @@ def test_standard_input_is_buffered_as_a_cold_ones() -> None:
     assert warm.stdout == cold.stdout == "300000\n"
 
 
+@pytest.mark.parametrize("start", [warm_start.Popen, subprocess.Popen], ids=["warm", "cold"])
+def test_standard_input_takes_every_byte_written_though_a_signal_interrupts(start) -> None:
+    """A signal that interrupts a write into a full pipe leaves it written in part, and a raw file says so only in
+    the count it returns; subprocess's stdin is buffered and writes the rest. The warm child's was raw: under a
+    profiler's signals the demo's pickled requests came apart ("invalid load key")."""
+    process = start([sys.executable, "-c", "import sys, time; time.sleep(0.5); print(len(sys.stdin.buffer.read()))"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=subprocess_env())
+    previous = signal.signal(signal.SIGALRM, lambda *_: None)
+    signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)  # while the child sleeps, the pipe full
+    try:
+        process.stdin.write(b"x" * 2_000_000)  # the count it returns unread, as pickle's writes leave it
+        process.stdin.flush()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    process.stdin.close()
+    assert process.stdout.read() == b"2000000\n"
+    assert process.wait(timeout=120) == 0
+
+
 def test_modules_and_scripts_run_as_main(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text("import sys\nprint(__name__, sys.argv[1:], sys.path[0])\n")
@@ -67,6 +87,22 @@ def test_the_child_is_forked_warm_and_its_cpu_is_counted() -> None:
     out, _ = process.communicate(timeout=120)
     assert process.warm and out == "True\n"  # torch already loaded: it was forked, not started
     assert process.cpu >= 0.3 and warm_start.forked_cpu() - before >= 0.3
+
+
+def test_what_the_servers_imports_set_sends_no_command_cold() -> None:
+    """torchvision's import sets TORCHINDUCTOR_CACHE_DIR where it is unset, in the server and in a test worker that
+    imports it later, as a cold start's would. The server's children were cold, or failed, by whether this worker
+    had imported it yet: the file of these tests failed when run alone."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    default = os.path.abspath(default_cache_dir())
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) != default:
+        pytest.skip("TORCHINDUCTOR_CACHE_DIR is set to a folder of the user's")
+    env = {name: value for name, value in subprocess_env().items() if name != "TORCHINDUCTOR_CACHE_DIR"}
+    for form in (env, {**env, "TORCHINDUCTOR_CACHE_DIR": default}):
+        process = warm_start.Popen([sys.executable, "-c", "print('forked')"], stdout=subprocess.PIPE, text=True,
+                                   env=form)
+        assert process.warm and process.communicate(timeout=120)[0] == "forked\n"
 
 
 def test_a_variable_read_when_libraries_load_sends_the_command_cold() -> None:
