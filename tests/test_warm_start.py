@@ -91,8 +91,8 @@ def test_the_child_is_forked_warm_and_its_cpu_is_counted() -> None:
 
 def test_what_the_servers_imports_set_sends_no_command_cold() -> None:
     """torchvision's import sets TORCHINDUCTOR_CACHE_DIR where it is unset, in the server and in a test worker that
-    imports it later, as a cold start's would. The server's children were cold, or failed, by whether this worker
-    had imported it yet: the file of these tests failed when run alone."""
+    imports it later; inductor reads it at each use. The server's children were cold, or failed, by whether this
+    worker had imported torchvision before or after the server started: this file failed when run alone."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     default = os.path.abspath(default_cache_dir())

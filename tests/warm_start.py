@@ -14,8 +14,7 @@ torch operation, so no thread pool exists to be lost in a fork), and forks it fo
 one name. A command the server cannot stand for runs as a real subprocess: another interpreter, an
 interpreter option other than -u/-B, keyword arguments outside the few handled, or an environment
 that differs from the server's in a variable read when a library loads (PYTHON*, OMP_*, MKL_*,
-TORCH*, LD_*, ...), since the server has already loaded them; one the imports set where it is unset (torch's
-inductor cache folder) is the same unset or at that value. Tests that check what a fresh
+TORCH*, LD_*, ...), since the server has already loaded them. Tests that check what a fresh
 interpreter imports keep using `subprocess`. CAPTIONER_WARM_START=0 turns the server off.
 """
 
@@ -42,9 +41,10 @@ LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS", "TO
                       "MALLOC_", "NUMEXPR_")
 # Of those, the ones that are not: applied by the child itself (the first two), or read only when
 # used (torch.hub reads TORCH_HOME at each call; torchrun's variables for its workers; the CUDA
-# driver reads CUDA_VISIBLE_DEVICES when it starts, and the server starts no CUDA).
+# driver reads CUDA_VISIBLE_DEVICES when it starts, and the server starts no CUDA; inductor reads its
+# cache folder at each use, and sets it where it is unset when torchvision loads, in the server or not).
 READ_WHEN_USED = ("PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_HOME", "TORCHELASTIC_", "TORCH_NCCL_",
-                  "CUDA_VISIBLE_DEVICES")
+                  "CUDA_VISIBLE_DEVICES", "TORCHINDUCTOR_CACHE_DIR")
 # matplotlib (a core dependency: every training run draws its curves) is 0.4 of the 0.6 CPU s a training child
 # spent importing before its first step.
 PRELOAD = ("numpy", "PIL.Image", "yaml", "tqdm", "torch", "torchvision", "torchvision.models",
@@ -139,16 +139,13 @@ def serve(path: str) -> None:
     worker that started this server has exited)."""
     import importlib
 
-    started = dict(os.environ)
     for name in PRELOAD:
         importlib.import_module(name)
-    # What loading set where it was unset (torch's inductor cache folder): a cold start's imports set the same.
-    loaded = {name: value for name, value in os.environ.items() if name not in started}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
-    sys.stdout.write(f"ready {json.dumps(loaded)}\n")
+    sys.stdout.write("ready\n")
     sys.stdout.flush()
     while True:
         ready, _, _ = select.select([listener, sys.stdin], [], [])
@@ -160,18 +157,17 @@ def serve(path: str) -> None:
                 listener.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 try:
-                    _monitor(conn, {**loaded, **started}, loaded)
+                    _monitor(conn)
                 finally:
                     os._exit(0)
             conn.close()
 
 
-def _monitor(conn: socket.socket, loaded_under: Mapping[str, str], loaded: Mapping[str, str]) -> None:
-    """Fork the request's child where the server's loading stands for its environment, then watch it."""
+def _monitor(conn: socket.socket) -> None:
     request, fds = _receive(conn, with_fds=3)
     if request is None:
         return
-    differ = _differences(loaded_under, {**loaded, **request["env"]})
+    differ = _differences(os.environ, request["env"])
     if differ:  # only tests/warm_rank.py sends such a request: it then starts the command cold
         _send(conn, {"cold": differ})
         return
@@ -347,18 +343,13 @@ class _Server:
         self.env = subprocess_env()
         self.process = subprocess.Popen([sys.executable, __file__, self.path], cwd=REPO, env=self.env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        word, _, loaded = self.process.stdout.readline().partition(" ")
-        if word != "ready":
+        line = self.process.stdout.readline()
+        if line.strip() != "ready":
             raise RuntimeError(f"the warm interpreter did not start (exit {self.process.wait()})")
-        self.loaded = json.loads(loaded)  # variables its imports set, as a cold start's imports would
         self.startup_cpu = _process_cpu(self.process.pid)  # its imports, paid once for every child it forks
 
-    def differences(self, env: Mapping[str, str]) -> list[str]:
-        """The variables read at load that differ between `env` and the server's, each after its imports."""
-        return _differences({**self.loaded, **self.env}, {**self.loaded, **env})
-
     def stands_for(self, env: Mapping[str, str]) -> bool:
-        return not self.differences(env)
+        return not _differences(self.env, env)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -448,7 +439,7 @@ class Popen:
         self.warm = server is not None and server.stands_for(env)
         if os.environ.get("CAPTIONER_WARM_START_LOG"):  # which commands ran cold, and why
             why = "warm" if self.warm else ("not python, or options" if parsed is None
-                                            else f"environment: {server.differences(env)}")
+                                            else f"environment: {_differences(server.env, env)}")
             with open(os.environ["CAPTIONER_WARM_START_LOG"], "a") as log:
                 log.write(
                     f"{why}\t{os.environ.get('PYTEST_CURRENT_TEST', '')}\t{' '.join(map(str, command))[:200]!r}\n")
