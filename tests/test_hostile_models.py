@@ -385,6 +385,24 @@ def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
     return buffer.getvalue()
 
 
+def four_samples() -> list[tuple[str, bytes]]:
+    return [(f"{k:06d}.{s}", picture(k) if s == "png" else b"a cat") for k in range(4) for s in ("png", "txt")]
+
+
+def damaged_third_header() -> bytes:
+    """Four samples, the third's first header with a wrong checksum: the tar reader stopped there as at an end."""
+    data = bytearray(tar_bytes(four_samples()))
+    header = data.find(b"000002.png")
+    data[header + 148 : header + 156] = b"0000000\0"  # its checksum field
+    return bytes(data)
+
+
+def cut_before_third() -> bytes:
+    """Four samples cut short where the third begins (a download that stopped): read as a whole shard of two."""
+    data = tar_bytes(four_samples())
+    return data[: data.find(b"000002.png")]
+
+
 class Zeros(io.RawIOBase):
     """`size` zero bytes, made as they are read (a bomb's member, never whole in the test's memory)."""
 
@@ -524,6 +542,10 @@ SHARD_CASES = [
                                                                          8),
               ("the val split takes more than data.max_split_bytes (4.2 MB) in memory",),
               ("data.max_split_bytes=4194304",)),
+    ShardCase("a damaged header between members", shard_file(damaged_third_header, 4),
+              ("the header at byte 4,096 is damaged",)),
+    ShardCase("a shard cut short between members", shard_file(cut_before_third, 4),
+              ("the shard ends at byte 4,096 without tar's end-of-archive blocks",)),
     ShardCase("a duplicate member", shard_file(functools.partial(
         tar_bytes, [("000000.png", picture(1)), ("000000.png", picture(2))])), ("a duplicate member",)),
     *(misnamed(name)

@@ -4,13 +4,14 @@ checked before its bytes are read; a refusal is one `DatasetError` naming the sh
 from __future__ import annotations
 
 import bz2
+import collections
 import gzip
 import io
 import lzma
 import re
 import tarfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from captioner.core.config_sections import DataConfig
@@ -20,6 +21,7 @@ from captioner.core.files import size_text
 MAX_HEADER_BYTES = 1 << 20  # a member's header with its GNU long-name and pax records
 EXPANSION_CHECKED_FROM = 16 << 20  # decompressed bytes before the expansion guard: small archives vary
 READ_AHEAD = 64 << 10  # the tar reader reads 10 KiB records: it may read this far past what it was allowed
+KEPT_BYTES = 2 * READ_AHEAD  # the last bytes delivered, kept: the block the reader stopped at is among them
 COMPRESSIONS: dict[bytes, Callable[[BinaryIO], BinaryIO]] = {  # first bytes -> the reader that undoes them
     b"\x1f\x8b": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),  # type: ignore[dict-item]
     b"BZh": lambda raw: bz2.BZ2File(raw),  # type: ignore[dict-item]
@@ -81,15 +83,26 @@ class BoundedStream:
     position: int = 0
     allowed: int = 0
     reason: str = ""  # what the allowance is for, to name when it is passed
+    # The last bytes delivered, (start, chunk) each: the block the reader last took for a header is among them.
+    recent: collections.deque = field(default_factory=collections.deque)
 
     def allow(self, end: int, reason: str) -> None:
         self.allowed, self.reason = end, reason
+
+    def block_at(self, offset: int) -> bytes:
+        """The delivered bytes [offset, offset + BLOCKSIZE), fewer where the stream ended first."""
+        kept = b"".join(chunk for _, chunk in self.recent)
+        start = offset - self.recent[0][0] if self.recent else 0
+        return kept[start : start + tarfile.BLOCKSIZE] if start >= 0 else b""
 
     def read(self, size: int = -1) -> bytes:
         room = self.allowed + READ_AHEAD - self.position
         if room <= 0 or size < 0 or size > room:
             size = max(room, 0) + 1  # one byte past the room, so that passing it is seen
         data = self.decompressed.read(size)
+        self.recent.append((self.position, data))
+        while len(self.recent) > 1 and self.recent[1][0] + KEPT_BYTES <= self.position:
+            self.recent.popleft()  # the rest still holds the last KEPT_BYTES
         self.position += len(data)
         if self.position > self.allowed + READ_AHEAD:
             raise LimitReached(self.reason)
@@ -143,6 +156,18 @@ def shard_members(raw: BinaryIO, url: str, limits: ShardLimits,
                          f"the header after member {name!r}: a header over {size_text(MAX_HEADER_BYTES)}")
     except LimitReached as e:
         raise DatasetError(f"{url}: {e}") from None
+    check_archive_end(stream.block_at(tar.offset), tar.offset, url)
+
+
+def check_archive_end(block: bytes, offset: int, url: str) -> None:
+    """Where the tar reader stopped must be tar's end-of-archive (a zero block): it stops as quietly at a
+    damaged header or at a stream cut short between members, and the samples after would be lost unsaid."""
+    if len(block) < tarfile.BLOCKSIZE:
+        raise DatasetError(f"{url}: the shard ends at byte {offset:,} without tar's end-of-archive blocks "
+                           "(cut short?)")
+    if block.count(0) != len(block):
+        raise DatasetError(f"{url}: the header at byte {offset:,} is damaged (not a tar header nor the archive's "
+                           "end)")
 
 
 def member_key(name: str) -> tuple[str, str] | None:
