@@ -7,10 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 from PIL import Image
 
+from captioner.data.image_transform import picture_tensor
 from captioner.models.checkpoint import load_captioner
 from captioner.models.decoding import DecodeOptions, beam_search
 
@@ -39,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print_environment(args)
     model = load_captioner(args.checkpoint, device="cpu").eval()
-    pixels = torch.stack([torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
-                          for f in files])  # (I, 3, H, W)
+    pixels = torch.stack([picture_tensor(Image.open(f).convert("RGB")) for f in files])  # (I, 3, H, W)
     with torch.no_grad():
         feats = torch.cat([model.encode(pixels[i : i + 64])[0] for i in range(0, len(files), 64)])  # (I, N, D)
     options = DecodeOptions(beam_size=args.beam, max_length=25, length_penalty=args.length_penalty)
