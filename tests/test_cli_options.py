@@ -139,6 +139,28 @@ def test_train_and_features_name_the_device_with_device_as_every_command_does(
     assert "train.device" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("name", "said"), [
+    ("meta", "'meta' is not a device captioner runs on (auto, cpu, mps, cuda or cuda:N)"),
+    ("xpu", "'xpu' is not a device captioner runs on"),
+    ("mps", "'mps' asked for, but this machine has no Apple GPU (use auto or cpu)"),
+    ("cuda", "'cuda' asked for, but no CUDA GPU is available (use auto or cpu)"),
+    ("cuda:2", "'cuda:2' asked for, but this machine has 2 CUDA GPU(s): cuda:0 to cuda:1"),
+])
+def test_a_device_this_machine_lacks_is_one_line(monkeypatch: pytest.MonkeyPatch, name: str, said: str) -> None:
+    """Every device torch names but captioner does not run on, or this machine lacks, is refused before any work:
+    torch would fail later with a traceback, or put the model on the meta device."""
+    from captioner.core.errors import ConfigError
+    from captioner.core.process_settings import resolve_device
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: name == "cuda:2")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError) as refused:
+        resolve_device(name, "--device")
+    assert str(refused.value).startswith(f"--device: {said}")
+    assert resolve_device("cpu", "--device") == torch.device("cpu")
+
+
 def test_ensemble_may_come_before_the_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first, second = tmp_path / "a.pt", tmp_path / "b.pt"
     save_checkpoint(first, tiny_model(seed=1))

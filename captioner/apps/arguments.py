@@ -184,14 +184,15 @@ def load_model(command: str, checkpoint: str | Path, args: argparse.Namespace) -
     if args.combine and not args.ensemble:
         raise CaptionerError(f"{command}: --combine applies only with --ensemble")
     if not args.ensemble:
-        return load_captioner(checkpoint, resolve_device(args.device))
+        return load_captioner(checkpoint, resolve_device(args.device, "--device"))
     from captioner.models.ensemble import Ensemble
 
     for member in args.ensemble:
         if Path(member).suffix.lower() in IMAGE_SUFFIXES:
             raise CaptionerError(f"{command}: --ensemble takes checkpoints, and {member} is an image "
                                  "(give --ensemble after the images)")
-    return Ensemble.from_pretrained([checkpoint, *args.ensemble], resolve_device(args.device), args.combine or "prob")
+    device = resolve_device(args.device, "--device")
+    return Ensemble.from_pretrained([checkpoint, *args.ensemble], device, args.combine or "prob")
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -162,17 +163,27 @@ def loader_workers(requested: int) -> int:
     return requested if requested != AUTO_WORKERS else max(1, usable_cores() // local_world_size() - 1)
 
 
+DEVICES = "auto, cpu, mps, cuda or cuda:N"
+
+
 def resolve_device(name: str | torch.device = "auto", what: str = "device") -> torch.device:
-    """"auto" (a CUDA GPU if there is one, else the CPU), "cpu", "cuda" or "cuda:N"; one line if absent."""
+    """"auto" (a CUDA GPU if there is one, else the CPU), "cpu", "mps", "cuda" or "cuda:N"; one line for another
+    name, or for a device this machine lacks (torch would fail later, with a traceback, or run on the meta device)."""
     name = str(name)  # a torch.device too
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    if not re.fullmatch(r"cpu(:0)?|mps(:0)?|cuda(:\d+)?", name):
+        raise ConfigError(f"{what}: {name!r} is not a device captioner runs on ({DEVICES})")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{what}: {name!r} asked for, but no CUDA GPU is available (use auto or cpu)")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"{what}: {name!r} is not a device (auto, cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ConfigError(f"{what}: {name!r} asked for, but this machine has {count} CUDA GPU(s): "
+                          f"cuda:0 to cuda:{count - 1}")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{what}: {name!r} asked for, but this machine has no Apple GPU (use auto or cpu)")
+    return device
 
 
 def cpu_has_native_bf16() -> bool:
