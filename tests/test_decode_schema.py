@@ -158,6 +158,15 @@ def test_the_rules_between_options_are_one_text_everywhere(values: dict, problem
         assert str(error.value) == f"defaults: decode: {problem}"
 
 
+def test_the_longest_caption_at_the_largest_length_penalty_ranks_with_a_finite_penalty() -> None:
+    """The length penalty is a float power of the caption's length: without an upper limit on alpha, a value the
+    schema let through overflowed in every search (OverflowError, a traceback) once the captions grew."""
+    from captioner.core.decode_results import length_penalty
+
+    alpha, longest = OPTIONS["length_penalty"].limits.le, OPTIONS["max_length"].limits.le
+    assert math.isfinite(length_penalty(longest, alpha)) and length_penalty(longest, alpha) > length_penalty(1, alpha)
+
+
 def test_the_docs_table_is_the_schema() -> None:
     from pathlib import Path
 

@@ -96,8 +96,9 @@ OPTIONS: dict[str, DecodeOption] = {option.name: option for option in (
     DecodeOption("beam_size", int, 3, "beams per image; 1 decodes greedily", Range(ge=1, le=100),
                  served=Range(ge=1, le=10)),
     DecodeOption("max_length", int, 30, "words per caption at most", WORDS, served=Range(ge=1, le=60)),
+    # GNMT's alpha is about 0.6-1; past 10 it only ranks by length, and past about 138 the penalty overflows a float
     DecodeOption("length_penalty", float, 0.0,
-                 "alpha of ((5 + length) / 6) ** alpha; 0 ranks by total log-probability", Range(ge=0)),
+                 "alpha of ((5 + length) / 6) ** alpha; 0 ranks by total log-probability", Range(ge=0, le=10)),
     DecodeOption("block_trigrams", bool, False, "never repeat a word trigram within a caption"),
     DecodeOption("min_length", int, 0, "words before `<eos>` is allowed (every mode)", Range(ge=0, le=1000)),
     DecodeOption("suppress_bad_endings", bool, False,
