@@ -51,7 +51,7 @@ def test_decode_flags_refuse_non_positive_values(value: str, capsys: pytest.Capt
     assert info.value.code == 2 and "--batch-size" in capsys.readouterr().err
 
 
-def test_evaluate_results_writes_scores_to_runs_eval_not_beside_the_input(
+def test_evaluate_results_writes_scores_to_runs_eval_and_replaces_no_file_but_scores(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = tmp_path / "data"
@@ -80,6 +80,21 @@ def test_evaluate_results_writes_scores_to_runs_eval_not_beside_the_input(
     assert main(
         ["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "s.json"]) == 0
     assert (work / "s.json").is_file() and sorted(data.iterdir()) == before
+    # an earlier scores file is replaced; the inputs and any other file are kept, the refusal one line
+    assert main(
+        ["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "s.json"]) == 0
+    capsys.readouterr()
+    (work / "mine.json").write_text('{"my": "data"}')
+    (work / "notes.txt").write_text("mine")
+    inputs = {path: path.read_bytes() for path in (results, annotations, work / "mine.json", work / "notes.txt")}
+    for out, said in ((results, "that is the --results file"), (annotations, "that is the --annotations file"),
+                      ("mine.json", "a file that is not a scores file; it is kept"),
+                      ("notes.txt", "a file, not a folder (nor a .json file for the scores)")):
+        argv = ["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", str(out)]
+        assert main(argv) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"error: evaluate --out {out}") and said in line, line
+    assert {path: path.read_bytes() for path in inputs} == inputs
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -225,6 +225,13 @@ ROWS: dict[str, Row] = {
                                                   ("shapes_world",)),
     "evaluate: --saliency without --grounding": Row(["evaluate", "{model}", "--fast", "--saliency", "gradcam"], 2,
                                                     r"it needs --grounding$"),
+    "evaluate: --heatmaps without --grounding": Row(["evaluate", "{model}", "--fast", "--heatmaps", "maps"], 2,
+                                                    r"^error: evaluate: --heatmaps draws .* it needs --grounding$"),
+    "evaluate: --spice with --fast": Row(["evaluate", "{model}", "--fast", "--spice"], 2,
+                                         r"^error: evaluate: --spice is one of the official metrics, and --fast "),
+    "evaluate: a --heatmaps folder that is a file": Row(
+        ["evaluate", "{model}", "--fast", "--grounding", "--heatmaps", "{image}"], 2,
+        r"^error: evaluate --heatmaps .*good\.png: a file, not a folder to write into$", ("shapes_world",)),
     "evaluate: a grounding layer the model lacks": Row(["evaluate", "{model}", "--fast", "--grounding", "--layer", "9"],
                                                        2,
                                                        (r"^error: evaluate --layer 9: this model's maps have 1 layer "

@@ -135,6 +135,21 @@ def write_scores_json(path: str | os.PathLike[str], overall: Mapping[str, float]
     write_atomically(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))  # a full disk keeps the old file
 
 
+SCORES_FILE_MAX_BYTES = 1 << 28  # COCO's 40,504 test images make a scores file of about 10 MB
+
+
+def is_scores_file(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a scores file as `write_scores_json` writes them: what `evaluate --out` may replace."""
+    path = Path(path)
+    try:
+        if not path.is_file() or path.stat().st_size > SCORES_FILE_MAX_BYTES:
+            return False
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+        return False
+    return isinstance(document, dict) and {"overall", "num_images", "per_image"} <= document.keys()
+
+
 def rounded(scores: Mapping[str, float]) -> dict[str, float]:
     """Scores to 4 decimals, as reports print and return them (the scores file keeps every digit)."""
     return {key: round(value, 4) for key, value in scores.items()}

@@ -61,6 +61,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Score with the official COCO code (`--fast`: in-process BLEU/CIDEr-D); write results and scores."""
+    if args.spice and args.fast:
+        raise CaptionerError("evaluate: --spice is one of the official metrics, and --fast scores without them")
     report = score_results_file(args) if args.results or args.annotations else score_checkpoint(args)
     if args.json:
         print(json.dumps(report, indent=1))
@@ -78,18 +80,37 @@ def score_results_file(args: argparse.Namespace) -> dict[str, Any]:
         raise CaptionerError("evaluate: --grounding needs a CHECKPOINT (attention maps), not a results file")
     if not args.fast:
         require_official_metrics(args.spice)
+    out = scores_file(args)
     references = load_references(args.annotations)
     predictions = load_results(args.results, references)
     scores = score_predictions(references, predictions, official=not args.fast, spice=args.spice)
     report = {"results": str(args.results), "annotations": str(args.annotations),
               "images": len(scores.per_image) or None, **scores.beside_official()}
-    out = Path(args.out) if args.out else Path(DEFAULT_EVAL_DIR) / f"{Path(args.results).stem}_scores.json"
-    out = out / "scores.json" if out.suffix != ".json" else out
     write_scores_json(out, scores.overall, scores.per_image, extra=report)
     if not args.json:
         print_scores(f"{args.results} against {args.annotations}", scores, verbose=args.verbosity > 0)
         print(f"scores: {out}")
     return {**report, "scores": rounded(scores.overall), "scores_file": str(out)}
+
+
+def scores_file(args: argparse.Namespace) -> Path:
+    """Where `evaluate --results` writes its scores, checked before any scoring: --out's folder can be made, and
+    the file there is new or an earlier scores file, never the results, the annotations or another file."""
+    from captioner.evaluation.results_files import is_scores_file
+
+    given = Path(args.out) if args.out else None
+    if given is not None and given.suffix != ".json" and given.exists() and not given.is_dir():
+        raise CaptionerError(f"evaluate --out {given}: a file, not a folder (nor a .json file for the scores)")
+    out = given or Path(DEFAULT_EVAL_DIR) / f"{Path(args.results).stem}_scores.json"
+    out = out / "scores.json" if out.suffix != ".json" else out
+    for name, path in (("--results", args.results), ("--annotations", args.annotations)):
+        if out.exists() and Path(path).exists() and out.samefile(path):
+            raise CaptionerError(f"evaluate --out {out}: that is the {name} file; the scores go to a file of their own")
+    if out.exists() and not is_scores_file(out):
+        raise CaptionerError(f"evaluate --out {out}: a file that is not a scores file; it is kept (name another "
+                             "--out, or delete it)")
+    writable_folder(out.parent, "evaluate --out")
+    return out
 
 
 def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,6 +127,8 @@ def score_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model("evaluate", checkpoint, args)
     if args.grounding:  # the maps it scores: a layer or head the model lacks is said before its data is read
         check_layer_and_head("evaluate", args.layer, args.head, *model.attention_shape())
+    if args.heatmaps:  # its figures come last: a place they cannot go is said first
+        writable_folder(args.heatmaps, "evaluate --heatmaps")
     config, records, all_records = checkpoint_split(checkpoint, args)
     grounding = grounding_request(args, config.data) if args.grounding else None
     options = {**decode_options(args), "beam_size": args.beam or model.decode_config.beam_size}
@@ -131,6 +154,9 @@ def check_checkpoint_arguments(args: argparse.Namespace) -> None:
     """Refuse, in one line, flags that do not go together, before anything is loaded."""
     if not args.checkpoint:
         raise CaptionerError("evaluate: give a CHECKPOINT, or --results FILE --annotations FILE")
+    if args.heatmaps and not args.grounding:
+        raise CaptionerError("evaluate: --heatmaps draws the grounded words' maps over their regions; it needs "
+                             "--grounding")
     if args.saliency and not args.grounding:
         raise CaptionerError("evaluate: --saliency scores saliency maps against instance masks; it needs --grounding")
     if args.ensemble and (args.features or args.saliency):
