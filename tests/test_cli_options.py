@@ -162,7 +162,7 @@ def test_train_and_features_name_the_device_with_device_as_every_command_does(
     ("cuda:2", "'cuda:2' asked for, but this machine has 2 CUDA GPU(s): cuda:0 to cuda:1"),
 ])
 def test_a_device_this_machine_lacks_is_one_line(monkeypatch: pytest.MonkeyPatch, name: str, said: str) -> None:
-    """Every device torch names but captioner does not run on, or this machine lacks, is refused before any work:
+    """Every device torch names but captioner does not run on, or one not present, is refused before any work:
     torch would fail later with a traceback, or put the model on the meta device."""
     from captioner.core.errors import ConfigError
     from captioner.core.process_settings import resolve_device

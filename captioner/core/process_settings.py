@@ -168,7 +168,7 @@ DEVICES = "auto, cpu, mps, cuda or cuda:N"
 
 def resolve_device(name: str | torch.device = "auto", what: str = "device") -> torch.device:
     """"auto" (a CUDA GPU if there is one, else the CPU), "cpu", "mps", "cuda" or "cuda:N"; one line for another
-    name, or for a device this machine lacks (torch would fail later, with a traceback, or run on the meta device)."""
+    name, or for a device not present here (torch would fail later, with a traceback, or run on the meta device)."""
     name = str(name)  # a torch.device too
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
