@@ -176,6 +176,26 @@ def test_a_device_this_machine_lacks_is_one_line(monkeypatch: pytest.MonkeyPatch
     assert resolve_device("cpu", "--device") == torch.device("cpu")
 
 
+def test_figures_of_images_with_one_name_do_not_overwrite_each_other(
+    checkpoint_and_images: tuple[Path, list[Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """a/x.png and b/x.png drew one figure, x_attention.png, the second over the first; now each has its own,
+    numbered in the order given, and the JSON says which is whose."""
+    checkpoint, images = checkpoint_and_images
+    same = [tmp_path / folder / "x.png" for folder in ("a", "b")]
+    for source, path in zip(images, same):
+        path.parent.mkdir()
+        path.write_bytes(source.read_bytes())
+    out = tmp_path / "figures"
+    assert main(["caption", str(checkpoint), *map(str, same), str(images[2]), "--heatmaps", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert [Path(row["heatmaps"]).name for row in rows] == ["x-1_attention.png", "x-2_attention.png",
+                                                           "image2_attention.png"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(Path(row["heatmaps"]).name for row in rows)
+    assert "note: 2 images are named x: their figures are x-1 to x-2, in the order given" in captured.err
+
+
 def test_ensemble_may_come_before_the_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first, second = tmp_path / "a.pt", tmp_path / "b.pt"
     save_checkpoint(first, tiny_model(seed=1))

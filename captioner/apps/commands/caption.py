@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_if_none_captioned(paths, results)
         check_map_choice(args.layer, args.head, results)
     request = figure_request(args)
+    names = figure_names(paths) if request is not None else {}
     rows = []
     for path, result in zip(paths, results):
         if isinstance(result, ImageLoadError):
@@ -135,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
                 maps = caption.heatmaps(layer=args.layer, head=args.head)  # (T, h, w)
                 entry["attention"] = [[[round(x, 4) for x in r] for r in m] for m in maps.tolist()]
             if request is not None:
-                entry |= figures(model, path, image, caption, request, f"_{rank}" if args.n_best is not None else "")
+                entry |= figures(model, path, names[path], image, caption, request,
+                                 f"_{rank}" if args.n_best is not None else "")
             entries.append(entry)
             if not args.json:
                 print(f"{path}\t{hypotheses[0].text}" if args.n_best is None
@@ -255,15 +257,31 @@ def figure_request(args: argparse.Namespace) -> FigureRequest | None:
     return FigureRequest(**folder, gradcam=gradcam, layer=args.layer, head=args.head)
 
 
-def figures(model: Captioner | Ensemble, path: Path, image: Image.Image, caption: Caption, request: FigureRequest,
-            suffix: str) -> dict[str, str]:
-    """Draw a caption's requested figures (Grad-CAM computed first when asked); their paths by kind."""
+def figure_names(paths: list[Path]) -> dict[Path, str]:
+    """The name each image's figures start with: its file's stem, numbered in the order given (x-1, x-2) where
+    several images share one (a/x.jpg, b/x.jpg), so that no figure overwrites another; each such stem is said."""
+    stems: dict[str, list[Path]] = {}
+    for path in dict.fromkeys(paths):
+        stems.setdefault(path.stem, []).append(path)
+    names = {}
+    for stem, shared in stems.items():
+        names |= {shared[0]: stem} if len(shared) == 1 else {p: f"{stem}-{i}" for i, p in enumerate(shared, 1)}
+        if len(shared) > 1:
+            print(f"note: {len(shared)} images are named {stem}: their figures are {stem}-1 to {stem}-{len(shared)}, "
+                  "in the order given", file=sys.stderr)
+    return names
+
+
+def figures(model: Captioner | Ensemble, path: Path, name: str, image: Image.Image, caption: Caption,
+            request: FigureRequest, suffix: str) -> dict[str, str]:
+    """Draw a caption's requested figures, their files' names starting with `name` (Grad-CAM computed first when
+    asked); their paths by kind."""
     from captioner.viz.caption_figures import save_caption_figures
 
     if request.per_word and not caption.words:  # the model ended at once: no word to draw
         print(f"{path}: empty caption, no per-word figures", file=sys.stderr)
     cams = grad_cams(model, image, caption) if request.gradcam is not None and caption.words else None
-    written = save_caption_figures(image, caption, request, path.stem, suffix, cams)
+    written = save_caption_figures(image, caption, request, name, suffix, cams)
     return {kind: str(file) for kind, file in written.items()}
 
 
