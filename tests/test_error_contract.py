@@ -168,6 +168,9 @@ ROWS: dict[str, Row] = {
                                     r"truncated\.pt: not a readable captioner checkpoint"),
     "caption: bad beam": Row(["caption", "{model}", "{image}", "--beam", "0"], 2,
                              r"argument --beam: beam_size must be a whole number"),
+    "caption: --attention without --json": Row(["caption", "{model}", "{image}", "--attention"], 2,
+                                               r"^error: caption: --attention adds each word's map to the JSON; "
+                                               r"give --json too$"),
     "caption: a device captioner does not run on": Row(["caption", "{model}", "{image}", "--device", "meta"], 2,
                                                        r"^error: --device: 'meta' is not a device captioner runs on "
                                                        r"\(auto, cpu, mps, cuda or cuda:N\)$"),

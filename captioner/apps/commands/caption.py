@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         flags = [SAMPLING_FLAGS[name] for name in sampling]
         raise CaptionerError(f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} "
                              "only with --sample")
+    if args.attention and not args.json:
+        raise CaptionerError("caption: --attention adds each word's map to the JSON; give --json too")
     if args.saliency and not args.heatmaps:
         raise CaptionerError("caption: --saliency draws beside the heatmaps; give --heatmaps OUTDIR too")
     if args.ensemble and (args.self_attention or args.saliency):
