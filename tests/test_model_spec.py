@@ -71,6 +71,8 @@ def test_a_spec_that_does_not_hold_is_one_line_naming_its_source() -> None:
         ({"vocab": ["a", "b"]}, "vocab must start with <pad>"),
         ({"vocab": 5, "vocab_size": 5}, "vocab must be a list of words"),  # not a TypeError from len()
         ({"grid": [0, 3]}, "grid must be [h, w]"),
+        ({"preprocessing": {**raw["preprocessing"], "std": [0, 0, 0]}}, "preprocessing.std must be above 0"),
+        ({"preprocessing": {**raw["preprocessing"], "mean": [0.5]}}, "preprocessing.mean must be 3 finite numbers"),
     ]:
         with pytest.raises(ConfigError) as error:
             ModelSpec.from_dict({**raw, **edit}, "somewhere.json (spec)")

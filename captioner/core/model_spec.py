@@ -5,6 +5,7 @@ plain torch-free data (the decoder's section stays a mapping), so the ONNX runti
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,10 +144,14 @@ def check_words(vocab: Any, source: str) -> tuple[str, ...]:
 
 
 def floats(value: Any, name: str, source: str) -> tuple[float, ...] | None:
+    """preprocessing.mean or .std: one finite number per RGB channel, a std above 0 (it divides), or None."""
     if value is None:
         return None
-    if not (isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)):
-        raise ConfigError(f"{source}: preprocessing.{name} must be a list of numbers, got {value!r}")
+    if not (isinstance(value, list) and len(value) == 3
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value)):
+        raise ConfigError(f"{source}: preprocessing.{name} must be 3 finite numbers (R, G, B), got {value!r}")
+    if name == "std" and min(value) <= 0:
+        raise ConfigError(f"{source}: preprocessing.std must be above 0 (it divides), got {value!r}")
     return tuple(float(x) for x in value)
 
 
