@@ -490,3 +490,20 @@ def test_first_line_is_the_messages_first_line_or_the_types_name() -> None:
     assert first_line(ValueError("  bad header\nat byte 7")) == "bad header"
     assert first_line(OSError()) == "OSError" and first_line(ValueError(" \n")) == "ValueError"
     assert first_line(RuntimeError("x" * 300), 160) == "x" * 160
+
+
+def test_a_zip_that_is_no_torch_archive_is_one_line_without_torchs_plea(tmp_path: Path) -> None:
+    """torch's C++ checks end their messages with a request to torch's developers; the user's line leaves it out."""
+    import zipfile
+
+    from captioner.core.errors import CheckpointError
+    from captioner.models.checkpoint_format import read_checkpoint
+
+    garbage = tmp_path / "garbage.pt"
+    with zipfile.ZipFile(garbage, "w") as archive:
+        archive.writestr("a/data.pkl", "garbage")  # torch's layout, without its version record
+    with pytest.raises(CheckpointError) as refused:
+        read_checkpoint(garbage)
+    line = str(refused.value)
+    assert line.startswith(f"{garbage}: not a readable captioner checkpoint (") and line.endswith(")"), line
+    assert "Could this error message be improved" not in line and "\n" not in line

@@ -5,6 +5,7 @@ pyproject.toml) or captioner's own brings. Any other exception is a bug and keep
 
 from __future__ import annotations
 
+import re
 import sys
 
 
@@ -45,10 +46,16 @@ class StorageError(CaptionerError):
     """A file could not be written (a full disk, a size limit, a quota); the file it names is left as it was."""
 
 
+# What torch's C++ checks append to their messages: a request to torch's developers, not the user's
+TORCH_REQUEST = re.compile(r"\s*\(Could this error message be improved\?.*\)\s*$")
+
+
 def first_line(error: BaseException, limit: int = 200) -> str:
-    """An exception's message for a one-line error: its first line, cut to `limit`; its type's name if it has none."""
+    """An exception's message for a one-line error: its first line (without torch's plea for a better message), cut
+    to `limit`; its type's name if it has none."""
     text = str(error).strip()
-    return text.splitlines()[0][:limit] if text else type(error).__name__
+    line = TORCH_REQUEST.sub("", text.splitlines()[0]) if text else ""
+    return line[:limit] if line else type(error).__name__
 
 
 # The optional install (extra, pyproject.toml) that brings each package
