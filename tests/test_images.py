@@ -25,6 +25,17 @@ def test_missing_file(tmp_path: Path) -> None:
         load_image(tmp_path / "nope.jpg")
 
 
+def test_a_link_to_nothing_and_a_loop_of_links_say_so(tmp_path: Path) -> None:
+    """Both were "no such file", though the user can see the file listed."""
+    (tmp_path / "link.jpg").symlink_to("gone.jpg")
+    (tmp_path / "a.jpg").symlink_to("b.jpg")
+    (tmp_path / "b.jpg").symlink_to("a.jpg")
+    with pytest.raises(ImageLoadError, match=r"link\.jpg: a link to gone\.jpg, which does not exist$"):
+        load_image(tmp_path / "link.jpg")
+    with pytest.raises(ImageLoadError, match=r"a\.jpg: a loop of symbolic links$"):
+        load_image(tmp_path / "a.jpg")
+
+
 def test_zero_byte_file(tmp_path: Path) -> None:
     (tmp_path / "empty.jpg").write_bytes(b"")
     with pytest.raises(ImageLoadError, match=r"empty\.jpg: empty file"):

@@ -4,7 +4,9 @@ No torch, so the ONNX runtime (`captioner.deploy`) refuses the same hostile file
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
+import os
 import re
 import struct
 import warnings
@@ -40,6 +42,20 @@ def decode_rgb(image: Image.Image) -> Image.Image:
 T = TypeVar("T")
 
 
+def missing(path: Path) -> str:
+    """Why a path names no file, for its one line: no such file, a link to a missing one, or a loop of links."""
+    if not path.is_symlink():
+        return "no such file"
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python before 3.13 reports a loop so
+        return "a loop of symbolic links"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a loop of symbolic links"
+    return f"a link to {os.readlink(path)}, which does not exist"
+
+
 def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.Image], T],
                  max_pixels: int = MAX_PIXELS, name: str | None = None) -> T:
     """`finish(image)` if its header shows a supported format and a size under `max_pixels`, else ImageLoadError."""
@@ -47,7 +63,7 @@ def open_checked(source: str | Path | bytes | BinaryIO, finish: Callable[[Image.
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
-            raise ImageLoadError(f"{name}: no such file" if not path.exists() else f"{name}: not a file")
+            raise ImageLoadError(f"{name}: {missing(path)}" if not path.exists() else f"{name}: not a file")
         if path.stat().st_size == 0:
             raise ImageLoadError(f"{name}: empty file (0 bytes)")
     elif isinstance(source, bytes):

@@ -170,7 +170,9 @@ def images_to_caption(inputs: list[str], default: bool) -> list[Path]:
                 default_model()
             finally:
                 logging.disable(before)
-        raise ImageLoadError(f"{paths[0]}: no such file" if len(paths) == 1
+        from captioner.data.image_files import missing
+
+        raise ImageLoadError(f"{paths[0]}: {missing(paths[0])}" if len(paths) == 1
                              else f"caption: none of the {len(paths)} images exist (e.g. {paths[0]})")
     return paths
 
