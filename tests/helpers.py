@@ -248,6 +248,33 @@ def serving(handler: Callable[..., BaseHTTPRequestHandler]) -> Iterator[str]:
         thread.join(5)
 
 
+@contextmanager
+def fifo_with_a_writer(path: Path) -> Iterator[Path]:
+    """A named pipe at `path` that a thread opens for writing and closes as soon as a reader opens it: code
+    that reads it gets an empty file instead of waiting forever, so a test of a missing is-a-file check fails
+    rather than hangs. Skipped where there are no named pipes."""
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes on this system")
+    os.mkfifo(path)
+    done = threading.Event()
+
+    def write_once() -> None:
+        while not done.is_set():
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # succeeds only while a reader has it open
+                return
+            except OSError:  # no reader yet
+                done.wait(0.01)
+
+    thread = threading.Thread(target=write_once, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        done.set()
+        thread.join(5)
+
+
 def render_results():
     """scripts/render_results.py as a module (the check a results record must pass), loaded once."""
     name = "render_results_for_tests"

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import fifo_with_a_writer
 
 from captioner.core.config import config_from_dict, leaf_fields, load_config
 from captioner.core.config_sections import Config
@@ -77,6 +78,30 @@ def test_bad_files(tmp_path: Path) -> None:
     (tmp_path / "nan.yaml").write_text("train:\n  lr: .nan\n")
     with pytest.raises(ConfigError, match=r"^.*nan.yaml: 'train.lr' must be a finite number > 0; got nan$"):
         load_config(tmp_path / "nan.yaml")
+
+
+def test_a_config_path_that_holds_no_config_text_is_one_line(tmp_path: Path) -> None:
+    """A folder, a binary file (a photo given as the config) or a file far past any config's size: each is one
+    line naming the file, never an IsADirectoryError, a UnicodeDecodeError or minutes in the YAML parser."""
+    (tmp_path / "cfg").mkdir()
+    with pytest.raises(ConfigError, match=r"^.*cfg: config file is a folder, not a file$"):
+        load_config(tmp_path / "cfg")
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError,
+                       match=r"^.*binary.yaml: config file is not UTF-8 text \(invalid start byte at byte 0\)$"):
+        load_config(tmp_path / "binary.yaml")
+    (tmp_path / "huge.yaml").write_text("# a comment\n" * 120_000 + "train:\n  epochs: 3\n")  # a config, but huge
+    with pytest.raises(ConfigError,
+                       match=r"^.*huge.yaml: 1.4 MB, more than the 1.0 MB a config file may take; refused$"):
+        load_config(tmp_path / "huge.yaml")
+
+
+def test_a_config_path_that_is_a_named_pipe_is_refused_before_it_is_opened(tmp_path: Path) -> None:
+    """Reading a FIFO waits for a writer forever: it is refused as not a file (so are /dev/zero and
+    other devices, which never end)."""
+    with fifo_with_a_writer(tmp_path / "f.yaml") as fifo, pytest.raises(
+            ConfigError, match=r"^.*f.yaml: config file is not a regular file \(a pipe, a device or a socket\)"):
+        load_config(fifo)
 
 
 # --- every key: a type and a range ----------------------------------------------------------------

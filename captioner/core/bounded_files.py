@@ -10,6 +10,8 @@ import itertools
 import json
 import os
 import re
+import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,28 @@ def read_capped(path: str | Path, what: str, max_bytes: int, error: type[Caption
     if len(data) > max_bytes:
         raise error(f"{path}: more than the {size_text(max_bytes)} a {what} may take; refused")
     return data
+
+
+def read_text_file(path: str | Path, what: str, error: type[CaptionerError], max_bytes: int = sys.maxsize) -> str:
+    """A regular file's UTF-8 text, at most `max_bytes`; else one `error` line naming `path` and `what`. A folder,
+    a pipe or a device is refused before it is opened: reading a FIFO waits forever for a writer, a device may
+    never end. FileNotFoundError is the caller's to word."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror or e})") from None
+    if stat.S_ISDIR(mode):
+        raise error(f"{path}: {what} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise error(f"{path}: {what} is not a regular file (a pipe, a device or a socket); give a file")
+    data = read_capped(path, what, max_bytes, error)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def nests_deeper_than(text: str, levels: int) -> bool:

@@ -16,12 +16,17 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from captioner.core.bounded_files import read_text_file
 from captioner.core.config_sections import Config
 from captioner.core.decode_schema import DecodeOption, combination_problem, raise_problem
 from captioner.core.decoder_types import decoder_type, registered, type_of
 from captioner.core.errors import ConfigError
 from captioner.core.specs import Choice
 from captioner.core.upgrade import upgrade_run_config, upgrade_value
+
+# What a config file may take: the shipped ones take 1 to 3 KB. Past this it is not a config (a log, a renamed
+# image), and PyYAML, at about two seconds a megabyte, would seem to hang on it.
+CONFIG_BYTES = 2**20
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -31,7 +36,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     source = "defaults" if path is None else str(path)
     if path is not None:
         try:
-            raw = yaml.safe_load(Path(path).read_text())
+            raw = yaml.safe_load(read_text_file(path, "config file", ConfigError, CONFIG_BYTES))
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
         except yaml.YAMLError as e:
