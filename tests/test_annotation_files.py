@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import fifo_with_a_writer
 
 from captioner.apps.cli import main
 from captioner.core.errors import DatasetError
@@ -163,6 +164,13 @@ def test_malformed_file_is_one_line_naming_file_and_record(tmp_path: Path, name:
     text = str(info.value)
     assert "\n" not in text and str(path) in text, text
     assert re.search(message, text), text
+
+
+def test_a_caption_file_that_is_a_named_pipe_is_refused_before_it_is_opened(tmp_path: Path) -> None:
+    """`data stats --coco FIFO` waited forever for a writer: a pipe is not a caption file."""
+    with fifo_with_a_writer(tmp_path / "captions.json") as fifo, pytest.raises(
+            DatasetError, match=r"captions.json: COCO caption file is not a regular file \(a pipe"):
+        coco(fifo)
 
 
 def test_good_files_still_load(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from captioner.core.bounded_files import read_text_file
 from captioner.core.errors import DatasetError
 
 log = logging.getLogger(__name__)
@@ -69,16 +70,13 @@ def check_file(path: str | Path, what: str) -> Path:
 
 
 def read_text(path: str | Path, what: str) -> str:
-    """A text file's contents; a missing, unreadable or non-UTF-8 file is one DatasetError."""
+    """A text file's contents; a missing, unreadable or non-UTF-8 file is one DatasetError, and so is a folder
+    or a named pipe (whose read would wait forever for a writer)."""
     path = check_file(path, what)
     try:
-        return path.read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise DatasetError(f"{path}: {what} is a folder, not a file") from None
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+        return read_text_file(path, what, DatasetError)
+    except FileNotFoundError:  # gone since it was checked
+        raise DatasetError(f"{path}: {what} not found") from None
 
 
 def read_json(path: str | Path, what: str) -> object:
