@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,23 @@ def test_cli_generates_a_dataset(tmp_path: Path, capsys: pytest.CaptureFixture) 
     assert Image.open(tmp_path / "train" / data["images"][0]["file_name"]).size == (64, 64)
 
 
-def test_cli_rejects_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main(["data", "shapes", "--out", str(tmp_path), "--num-train", "-1"]) == 2
-    assert "num-train" in capsys.readouterr().err
+@pytest.mark.parametrize(("option", "message"), [
+    (["--num-train", "-1"], r"--num-train must be >= 0, got -1$"),
+    (["--image-size", "0"], r"image size must be in \[32, 4096\] pixels, got 0$"),
+    (["--image-size", "100000"], r"image size must be in \[32, 4096\] pixels, got 100000$"),  # tens of GB
+    (["--seed", "-1"], r"seed must be in \[0, 4294967296\) \(numpy's seed range, as data.shapes_seed\), got -1$"),
+    (["--seed", str(2**32)], r"seed must be in \[0, 4294967296\) .*got 4294967296$"),
+])
+def test_cli_rejects_bad_arguments_before_making_the_folder(option: list[str], message: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """One line and exit status 2, and no --out folder left behind; the bounds are data.image_size's and
+    data.shapes_seed's. Nothing is ever drawn: a refusal comes first."""
+    def never(*args: object) -> None:
+        raise AssertionError("an image was drawn before the options were checked")
+
+    monkeypatch.setattr("captioner.data.shapes.render", never)
+    assert main(["data", "shapes", "--out", str(tmp_path / "world"), "--num-test", "1", *option]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(message, err.strip()), err
+    assert not (tmp_path / "world").exists()

@@ -18,6 +18,12 @@ def setting(default: Any, spec: Spec | DecodeOption) -> Any:
     return field(default=default, metadata={"spec": spec})
 
 
+def key_spec(section: type, name: str) -> Spec | DecodeOption:
+    """What key `name` of a section (a dataclass such as DataConfig) allows: the bounds a command's option that
+    stands for the key keeps, so the two never drift apart."""
+    return next(f.metadata["spec"] for f in dataclasses.fields(section) if f.name == name)
+
+
 def decode_setting(name: str, default: Any = None) -> Any:
     """A key holding a decoding option: its spec (and default, unless given) from core/decode_schema.py."""
     option = DECODE_OPTIONS[name]

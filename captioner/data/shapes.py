@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from captioner.core.config_sections import DataConfig, key_spec
 from captioner.core.errors import DatasetError
 from captioner.core.files import write_atomically
 from captioner.core.progress import progress_bar
@@ -178,18 +179,33 @@ def polygon_area(points: list[tuple[float, float]]) -> float:
     return float(0.5 * abs(np.dot(xs, np.roll(ys, 1)) - np.dot(ys, np.roll(xs, 1))))
 
 
+MIN_IMAGE_SIZE = 32  # pixels a side: below it three shapes seldom fit apart and sample_scene draws on and on
+
+
+def check_shapes_options(num_train: int, num_val: int, num_test: int, image_size: int, seed: int,
+                         image_format: str) -> None:
+    """The generator's options, each refused in one DatasetError line before anything is written: the image size
+    within data.image_size's largest (a side of 100,000 pixels would take tens of GB), the seed within
+    data.shapes_seed's range (numpy's), the counts not negative."""
+    if image_format not in ("png", "jpg"):
+        raise DatasetError(f"image format must be png or jpg, got {image_format!r}")
+    largest = key_spec(DataConfig, "image_size").le
+    if not MIN_IMAGE_SIZE <= image_size <= largest:
+        raise DatasetError(f"image size must be in [{MIN_IMAGE_SIZE}, {largest:g}] pixels, got {image_size}")
+    seeds = key_spec(DataConfig, "shapes_seed")
+    if not seeds.allows(seed):
+        raise DatasetError(f"seed must be {seeds.describe()} (numpy's seed range, as data.shapes_seed), got {seed}")
+    for split, n in {"train": num_train, "val": num_val, "test": num_test}.items():
+        if n < 0:
+            raise DatasetError(f"--num-{split} must be >= 0, got {n}")
+
+
 def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, num_test: int = 500,
                     image_size: int = 128, seed: int = 0, image_format: str = "jpg",
                     progress: bool = True) -> dict[str, int]:
     """Write `out/{split}/*.png` and `out/{captions,instances}_{split}.json`; the number of images per split."""
-    if image_format not in ("png", "jpg"):
-        raise DatasetError(f"image format must be png or jpg, got {image_format!r}")
-    if image_size < 32:
-        raise DatasetError(f"image size must be at least 32 pixels, got {image_size}")
+    check_shapes_options(num_train, num_val, num_test, image_size, seed, image_format)
     counts = {"train": num_train, "val": num_val, "test": num_test}
-    for split, n in counts.items():
-        if n < 0:
-            raise DatasetError(f"--num-{split} must be >= 0, got {n}")
     out = Path(out)
     categories = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(SHAPES)]
     category_id = {c["name"]: c["id"] for c in categories}

@@ -74,8 +74,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run_shapes(args: argparse.Namespace) -> int:
-    from captioner.data.shapes import generate_shapes
+    from captioner.data.shapes import check_shapes_options, generate_shapes
 
+    # before the folder is made: a refused option leaves nothing behind
+    check_shapes_options(args.num_train, args.num_val, args.num_test, args.image_size, args.seed, args.format)
     writable_folder(args.out, "data shapes --out")
     start = time.time()
     counts = generate_shapes(args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed,
