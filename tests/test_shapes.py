@@ -121,3 +121,33 @@ def test_cli_rejects_bad_arguments_before_making_the_folder(option: list[str], m
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and re.search(message, err.strip()), err
     assert not (tmp_path / "world").exists()
+
+
+def test_cli_writes_into_a_new_or_empty_folder_or_a_world_cut_short_only(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder of the user's files is not written beside, a finished world is not written over (its images would
+    mix with the new ones), an empty --out is not the current folder; a world cut short is generated again, as
+    training does with a world it finds unfinished."""
+    tiny = ["--num-train", "1", "--num-val", "0", "--num-test", "1", "--image-size", "32", "--quiet"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert main(["data", "shapes", "--out", str(mine), *tiny]) == 2
+    assert "mine: not empty and not a shapes world; give a new or empty folder" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+    world = tmp_path / "world"
+    assert main(["data", "shapes", "--out", str(world), *tiny]) == 0
+    made = {p: p.read_bytes() for p in world.rglob("*") if p.is_file()}
+    assert main(["data", "shapes", "--out", str(world), *tiny, "--seed", "7"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "world: already holds a shapes world (captions_train.json, ...); delete it or choose another folder")
+    assert {p: p.read_bytes() for p in world.rglob("*") if p.is_file()} == made
+    (world / "captions_test.json").unlink()  # cut short
+    assert main(["data", "shapes", "--out", str(world), *tiny]) == 0
+    assert {p: p.read_bytes() for p in world.rglob("*") if p.is_file()} == made
+
+    monkeypatch.chdir(mine)
+    assert main(["data", "shapes", "--out", "", *tiny]) == 2
+    assert "data shapes --out: an empty name; give the folder to write into" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

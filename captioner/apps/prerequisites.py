@@ -88,8 +88,10 @@ def require_start(config: Config, resume: bool) -> None:
 
 
 def writable_folder(folder: str | Path, given_as: str) -> None:
-    """Make the folder a command writes into now, so a place that cannot be written is said before the work
-    starts; `given_as`: the option or key that named it."""
+    """Make the folder a command writes into now, so a place that cannot be written (or an empty name) is said
+    before the work starts; `given_as`: the option or key that named it."""
+    if not str(folder).strip():  # Path("") is the current folder: its files would be written beside
+        raise CaptionerError(f"{given_as}: an empty name; give the folder to write into")
     path = Path(folder)
     said = f"{given_as}={path}" if given_as.startswith(("data.", "train.")) else f"{given_as} {path}"
     if path.exists() and not path.is_dir():

@@ -16,7 +16,7 @@ from captioner.data.coco import coco_split_files, load_coco_captions, load_karpa
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.imagefolder import load_hf_dataset, load_imagefolder, seeded_split_files, seeded_split_rows
 from captioner.data.records import ImageRecord
-from captioner.data.shapes import SHAPES_MARKER, SPLITS, generate_shapes
+from captioner.data.shapes import SHAPES_MARKER, SPLITS, finished_world, generate_shapes
 from captioner.text.vocab import tokenize
 
 log = logging.getLogger(__name__)
@@ -93,13 +93,13 @@ def seeded_split_record(config: DataConfig) -> dict | None:
 def ensure_shapes(config: DataConfig) -> None:
     """Generate the shapes world into `config.root` on first use."""
     root = Path(config.root)
-    if all((root / f"captions_{s}.json").exists() for s in SPLITS):
+    if finished_world(root):
         return
     # Never write into a user's folder unasked.
     if root.is_dir() and not (root / SHAPES_MARKER).exists() and any(root.iterdir()):
         raise DatasetError(f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds "
-                           "other files: point data.root at a new or empty folder, or generate the world there with "
-                           f"captioner data shapes --out {root}")
+                           "other files: point data.root at a new or empty folder, or at a world made by "
+                           "captioner data shapes --out DIR")
 
     log.info("generating the shapes world into %s", root)
     generate_shapes(root, config.shapes_num_train, config.shapes_num_val, config.shapes_num_test,

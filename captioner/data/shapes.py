@@ -247,5 +247,10 @@ def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, 
 SHAPES_MARKER = ".captioner_shapes"  # marks a folder the generator owns (a run may finish a world it cut short)
 
 
+def finished_world(root: str | Path) -> bool:
+    """Whether `root` holds every split's caption file: a world training reads as it is, never generated again."""
+    return all((Path(root) / f"captions_{split}.json").exists() for split in SPLITS)
+
+
 def _write_json(path: Path, data: dict) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, separators=(",", ":"))))

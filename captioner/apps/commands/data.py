@@ -19,7 +19,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     data = commands.add_parser("data", help="generate, download or describe datasets")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     shapes = data_commands.add_parser("shapes", help="generate the synthetic shapes world in COCO format")
-    shapes.add_argument("--out", required=True, help="output folder")
+    shapes.add_argument("--out", required=True,
+                        help="output folder, new or empty (a world cut short there is generated again)")
     shapes.add_argument("--num-train", type=int, default=4000, help="training images")
     shapes.add_argument("--num-val", type=int, default=250, help="validation images")
     shapes.add_argument("--num-test", type=int, default=500, help="test images")
@@ -79,6 +80,7 @@ def run_shapes(args: argparse.Namespace) -> int:
     # before the folder is made: a refused option leaves nothing behind
     check_shapes_options(args.num_train, args.num_val, args.num_test, args.image_size, args.seed, args.format)
     writable_folder(args.out, "data shapes --out")
+    refuse_a_used_folder(Path(args.out))
     start = time.time()
     counts = generate_shapes(args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed,
                              args.format, progress=not args.quiet)
@@ -87,6 +89,19 @@ def run_shapes(args: argparse.Namespace) -> int:
     print(f"wrote {total} images ({', '.join(f'{k} {v}' for k, v in counts.items())}) to {args.out} "
           f"in {seconds:.1f}s ({total / max(seconds, 1e-9):.0f} images/s)")
     return 0
+
+
+def refuse_a_used_folder(out: Path) -> None:
+    """data shapes --out: a new or empty folder, or a world the generator cut short (made again, as training does).
+    A finished world is kept: written over, its images would mix with the new ones and a model trained on it
+    would be scored on another test split. Nor are the world's files put beside a user's own."""
+    from captioner.data.shapes import SHAPES_MARKER, finished_world
+
+    if finished_world(out):
+        raise CaptionerError(f"data shapes --out {out}: already holds a shapes world (captions_train.json, ...); "
+                             "delete it or choose another folder")
+    if not (out / SHAPES_MARKER).exists() and any(out.iterdir()):
+        raise CaptionerError(f"data shapes --out {out}: not empty and not a shapes world; give a new or empty folder")
 
 
 def run_coco(args: argparse.Namespace) -> int:
