@@ -49,6 +49,7 @@ WORK = {
     "features": "captioner.data.store_extract.ensure_store",
     "evaluate": "captioner.evaluation.evaluate.evaluate",
     "data shapes": "captioner.data.shapes.generate_shapes",
+    "data shards": "captioner.data.datasets.load_split",  # a shapes config's world is generated there
 }
 
 FLICKR8K = str(CONFIGS / "flickr8k_lstm_lite0.yaml")
@@ -113,6 +114,14 @@ ROWS: dict[str, Row] = {
     "data shards: no --out": Row(["data", "shards", SHAPES], 2, r"the following arguments are required: --out$"),
     "data shards: bad splits": Row(["data", "shards", SHAPES, "--out", "s", "--splits", "dev"], 2,
                                    r"--splits 'dev': use train, val and test"),
+    "data shards: an empty --out": Row(["data", "shards", SHAPES, "--out", ""], 2,
+                                       r"^error: data shards --out: an empty name; give the folder to write into$"),
+    "data shards: a --max-size of nan": Row(["data", "shards", SHAPES, "--out", "s", "--max-size", "nan"], 2,
+                                            r"^error: data shards --max-size nan: must be a finite number of bytes"),
+    "data shards: an infinite --max-size": Row(["data", "shards", SHAPES, "--out", "s", "--max-size", "inf"], 2,
+                                               r"^error: data shards --max-size inf: must be a finite number"),
+    "data shards: a split named twice": Row(["data", "shards", SHAPES, "--out", "s", "--splits", "test,val,test"], 2,
+                                            r"--splits 'test,val,test' names test twice; name each split once$"),
     "data shards: config without its data": Row(["data", "shards", FLICKR8K, "data.root=nowhere", "--out", "s"], 2,
                                                 (r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k "
                                                  r"--root nowhere")),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -180,19 +181,35 @@ def named_dataset(args: argparse.Namespace) -> tuple[DataConfig, str]:
     return config.data, f"{config.data.dataset} ({args.config or config.data.root})"
 
 
+def shard_splits(args: argparse.Namespace) -> list[str]:
+    """The splits `data shards` writes, once its options are checked (before any data is read): --out names a
+    folder, --max-count and --max-size are at least 1 (nan and inf pass a comparison with 0), --splits names
+    each split once (a split named twice is refused, not merged: train,val,val was likely meant as
+    train,val,test)."""
+    if not args.out.strip():  # Path("") is the current folder: the shards would land beside its files
+        raise CaptionerError("data shards --out: an empty name; give the folder to write into")
+    if args.max_count < 1:
+        raise CaptionerError(f"data shards --max-count {args.max_count}: must be at least 1")
+    if not (math.isfinite(args.max_size) and args.max_size >= 1):
+        raise CaptionerError(f"data shards --max-size {args.max_size:g}: must be a finite number of bytes, at least 1")
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    unknown = [s for s in splits if s not in ("train", "val", "test")]
+    if unknown or not splits:
+        raise CaptionerError(f"data shards: --splits {args.splits!r}: use train, val and test, comma-separated")
+    twice = sorted({s for s in splits if splits.count(s) > 1})
+    if twice:
+        raise CaptionerError(f"data shards: --splits {args.splits!r} names {' and '.join(twice)} twice; "
+                             "name each split once")
+    return splits
+
+
 def run_shards(args: argparse.Namespace) -> int:
     from captioner.data.datasets import load_split
     from captioner.data.shards import existing_shards, write_shards
 
     if not (args.config or args.flickr8k or args.imagefolder or args.hf):
         raise CaptionerError("data shards: give --flickr8k DIR, --imagefolder DIR, --hf DIR or a CONFIG")
-    if args.max_count < 1 or args.max_size <= 0:
-        raise CaptionerError(f"data shards: --max-count ({args.max_count}) and --max-size ({args.max_size:g}) "
-                             "must be positive")
-    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
-    unknown = [s for s in splits if s not in ("train", "val", "test")]
-    if unknown or not splits:
-        raise CaptionerError(f"data shards: --splits {args.splits!r}: use train, val and test, comma-separated")
+    splits = shard_splits(args)
     data, source = named_dataset(args)
     if args.config or args.flickr8k:  # an image folder or HF dataset named by its flag: its loader names the folder
         require_data(data, splits, given_as="--flickr8k" if args.flickr8k else "data.root")
