@@ -107,6 +107,8 @@ ROWS: dict[str, Row] = {
     "data stats: no Flickr8k in the folder": Row(["data", "stats", "--flickr8k", "nowhere"], 2,
                                                  (r"^error: --flickr8k nowhere: no Flickr8k here .*captioner data "
                                                   r"flickr8k --root nowhere, or give --flickr8k DIR")),
+    "data stats: a count below 1": Row(["data", "stats", "--coco", "c.json", "--min-count", "-5"], 2,
+                                       r"argument --min-count: must be at least 1, got -5"),  # data.min_word_count's
     "data stats: a folder as the config": Row(["data", "stats", "{empty}"], 2,
                                               r"^error: .*empty: config file is a folder, not a file$"),
     "data shards: nothing to write": Row(["data", "shards", "--out", "s"], 2,

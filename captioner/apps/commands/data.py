@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from captioner.apps.arguments import positive_int
 from captioner.apps.prerequisites import require_data, writable_folder
 from captioner.core.errors import CaptionerError
 
@@ -54,7 +55,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     source.add_argument("--hf", help="a Hugging Face dataset on disk: a save_to_disk folder or Parquet files")
     stats.add_argument("config", nargs="?", help="or a training config")
     stats.add_argument("overrides", nargs="*", help="section.key=value")
-    stats.add_argument("--min-count", type=int, default=5, help="the vocabulary counts words seen at least this often")
+    stats.add_argument("--min-count", type=positive_int, default=5,  # at least 1, as data.min_word_count
+                       help="the vocabulary counts words seen at least this often")
     stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
     stats.set_defaults(func=run_stats)
 
