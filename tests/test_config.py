@@ -232,6 +232,24 @@ def test_cross_field_rules() -> None:
     load_config(None, ["model.decoder.type=lstm", "model.decoder.d_model=30", "model.decoder.num_heads=4"])
 
 
+def test_a_rule_that_ties_keys_together_names_the_source_that_broke_it(tmp_path: Path) -> None:
+    """Each override is judged as it is set ("command line: ..."); a rule over several keys is judged once all
+    are set, and names the command line when the config passed without the overrides, the file when it failed
+    the same way without them, and both when the overrides changed a problem the file already had."""
+    divisible = r"'model.decoder.d_model' \(256\) must be divisible by 'model.decoder.num_heads' \(3\)"
+    with pytest.raises(ConfigError, match=rf"^command line: {divisible}"):
+        load_config(None, ["model.decoder.type=transformer", "model.decoder.num_heads=3"])
+    transformer = Path(__file__).resolve().parents[1] / "configs" / "shapes_transformer.yaml"
+    with pytest.raises(ConfigError, match=rf"^command line: {divisible}"):
+        load_config(transformer, ["model.decoder.num_heads=3"])
+    (tmp_path / "both.yaml").write_text("train:\n  warmup_epochs: 1\n  warmup_steps: 100\n")
+    with pytest.raises(ConfigError, match=r"^\S*both.yaml: 'train.warmup_epochs' \(1\) and 'train.warmup_steps'"):
+        load_config(tmp_path / "both.yaml", ["train.lr=0.1"])  # not the command line's doing
+    with pytest.raises(ConfigError,
+                       match=r"^\S*both.yaml with the command line's overrides: 'train.warmup_epochs' \(2\)"):
+        load_config(tmp_path / "both.yaml", ["train.warmup_epochs=2"])
+
+
 def test_a_key_without_a_spec_stops_every_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a branch that adds `new_key: int = 3` (no spec) meets: a clear programming error."""
     import dataclasses

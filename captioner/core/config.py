@@ -7,6 +7,7 @@ the key, the value and what is allowed, so a typo never silently trains the wron
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import difflib
 import functools
@@ -30,7 +31,8 @@ CONFIG_BYTES = 2**20
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults, then the YAML file, then `section.key=value` overrides, then validation."""
+    """Defaults, then the YAML file, then `section.key=value` overrides, then validation; a rule that ties keys
+    together and fails names the command line when the overrides brought the problem."""
     import yaml  # here, not at the top: the torch-free runtime reads model specs without PyYAML
     config = Config()
     source = "defaults" if path is None else str(path)
@@ -44,13 +46,46 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if raw is not None and not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, scst, decode)")
         _merge(config, raw or {}, "", source)
-    return apply_overrides(config, overrides, source)
+    before = copy.deepcopy(config) if overrides else None
+    _set_overrides(config, overrides)
+    error = _problem(config, source)
+    if error is not None and before is not None:  # said again, naming the source that brought the problem
+        error = _problem(config, _blamed(before, config, source)) or error
+    if error is not None:
+        raise error
+    return config
+
+
+def _problem(config: Config, source: str) -> ConfigError | None:
+    """What `validate` refuses in `config`, naming `source`; None when it passes."""
+    try:
+        validate(config, source)
+    except ConfigError as e:
+        return e
+    return None
+
+
+def _blamed(before: Config, after: Config, source: str) -> str:
+    """The source a failed rule that ties keys together names once overrides are set (each key alone was judged
+    as it was set): the command line when the config passed without them, the config's own source when it
+    failed the same way without them, else the two together."""
+    alone = _problem(before, "")
+    if alone is None:
+        return "command line"
+    return source if str(alone) == str(_problem(after, "")) else f"{source} with the command line's overrides"
 
 
 def apply_overrides(config: Config, overrides: list[str] | tuple[str, ...], source: str = "config",
                     only: str | None = None) -> Config:
     """`section.key=value` overrides set on `config` (in place), then the whole config validated.
     `only` (a prefix such as "data.") refuses any other key in one line."""
+    _set_overrides(config, overrides, only)
+    validate(config, source)
+    return config
+
+
+def _set_overrides(config: Config, overrides: list[str] | tuple[str, ...], only: str | None = None) -> None:
+    """Each `section.key=value` set on `config`, its value checked against its key's spec ("command line")."""
     import yaml
     for override in sorted(overrides, key=lambda o: not o.partition("=")[0].strip().lstrip("-").endswith(TYPE_KEY)):
         # the decoder's type first: it says which keys the others may name
@@ -65,8 +100,6 @@ def apply_overrides(config: Config, overrides: list[str] | tuple[str, ...], sour
         except yaml.YAMLError:
             value = text
         _set_dotted(config, key, value, "command line")
-    validate(config, source)
-    return config
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "checkpoint") -> Config:
