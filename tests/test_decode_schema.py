@@ -155,7 +155,7 @@ def test_the_rules_between_options_are_one_text_everywhere(values: dict, problem
     if len(config_values) == len(values):
         with pytest.raises(ConfigError) as error:
             load_config(None, [f"decode.{k}={v}" for k, v in config_values.items()])
-        assert str(error.value) == f"defaults: decode: {problem}"
+        assert str(error.value) == f"command line: decode: {problem}"  # the overrides brought it, not the defaults
 
 
 def test_the_longest_caption_at_the_largest_length_penalty_ranks_with_a_finite_penalty() -> None:
