@@ -277,6 +277,8 @@ ROWS: dict[str, Row] = {
                                    r"truncated\.pt: not a readable captioner checkpoint"),
     "export: a folder that holds other files": Row(["export", "{model}", "{full}"], 2,
                                                    r"full: not empty .*and not an export"),
+    "export: a file where a folder of its path goes": Row(
+        ["export", "{model}", "{image}/sub"], 2, r"good\.png/sub: cannot create the folder \(Not a directory\)$"),
     "export: missing figure image": Row(["export", "{model}", "out", "--image", "missing.jpg"], 2,
                                         r"^error: missing\.jpg: no such file$"),
     "export: no onnx package": Row(["export", "{model}", "out", "--onnx", "--image", "{image}"], 2,

@@ -367,3 +367,33 @@ def test_a_transformer_exports_with_its_layers_and_heads_on_the_card(tmp_path: P
     export_model(tmp_path / "transformer.pt", tmp_path / "export", image=image)
     card = (tmp_path / "export" / "README.md").read_text()
     assert "transformer decoder (3 layers, 2 heads;" in card
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two tiny checkpoints of different weights, a photo, and the first one's export with its figure."""
+    from helpers import tiny_model
+    from PIL import Image
+
+    from captioner.models.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("two_models")
+    for name, seed in (("first", 0), ("second", 1)):
+        save_checkpoint(root / f"{name}.pt", tiny_model("decode.max_length=4", seed=seed))
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(root / "photo.png")
+    assert main(["export", str(root / "first.pt"), str(root / "earlier"), "--image", str(root / "photo.png")]) == 0
+    return {"first": root / "first.pt", "second": root / "second.pt", "photo": root / "photo.png",
+            "earlier": root / "earlier"}
+
+
+def test_a_file_in_the_folders_path_is_one_line_and_left_alone(two_models: dict[str, Path], tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """`export M afile/sub` was a NotADirectoryError traceback; now it is one line, as `caption --heatmaps` says it,
+    and the file keeps its bytes."""
+    (tmp_path / "afile").write_text("keep")
+    capsys.readouterr()
+    assert main(["export", str(two_models["first"]), str(tmp_path / "afile" / "sub")]) == 2
+    said = capsys.readouterr().err
+    assert said == f"error: {tmp_path / 'afile' / 'sub'}: cannot create the folder (Not a directory)\n"
+    assert (tmp_path / "afile").read_text() == "keep"
+

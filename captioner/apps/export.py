@@ -16,7 +16,7 @@ from typing import Any
 
 from captioner.apps.model_card import FIGURE, data_terms, model_card, read_card, read_scores, with_recipe
 from captioner.core.bounded_files import read_json
-from captioner.core.files import sha256_of, write_atomically
+from captioner.core.files import check_writable_folder, sha256_of, write_atomically
 from captioner.core.config_sections import DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError, first_line
 from captioner.core.portable_config import portable_config
@@ -41,6 +41,7 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
     (DecodeConfig fields) replaces the checkpoint's decoding, so every user decodes as its test scores were measured.
     `web`: the static site of apps/web_site.py instead (of any model, exported folders and packaged ones too)."""
     source = checkpoint_file(checkpoint)
+    check_writable_folder(folder)  # before any work, so its one line is all a user sees
     if web:
         return _web_site(source, Path(folder), decode, ort)
     if is_exported(source):
@@ -53,8 +54,6 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
         with_decoding(model, decode)
         return export_onnx(model, Path(folder))
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise ExportError(f"{folder}: exists and is not a folder")
     if folder.is_dir():
         foreign = sorted(p.name for p in folder.iterdir() if p.name not in WRITTEN and not p.name.endswith(".tmp"))
         if foreign:

@@ -16,7 +16,7 @@ import numpy as np
 import captioner
 from captioner.core.bounded_files import read_json
 from captioner.core.errors import ExportError
-from captioner.core.files import sha256_of, write_atomically
+from captioner.core.files import check_writable_folder, sha256_of, write_atomically
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import bad_ending_ids
 
@@ -41,8 +41,7 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
 
     folder = Path(folder)
     ort_files = _ort_files(Path(ort)) if ort is not None else None
-    if folder.exists() and not folder.is_dir():
-        raise ExportError(f"{folder}: exists and is not a folder")
+    check_writable_folder(folder)
     if folder.is_dir() and any(folder.iterdir()) and not (folder / SITE_JSON).is_file():
         raise ExportError(f"{folder}: not empty and not a captioner web site; give a new or empty folder")
     examples = json.loads((PAGE / "examples" / "examples.json").read_text(encoding="utf-8"))

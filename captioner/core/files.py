@@ -6,6 +6,7 @@ and the space left; a missing, truncated or altered file is one `ExportError`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -64,6 +65,20 @@ def same_file_as(source: Path, path: Path) -> None:
         write_atomically(path, lambda link: os.link(source, link))
     except StorageError:  # no hard links on this file system (or a temporary file left behind): a copy
         write_atomically(path, lambda copy: shutil.copyfile(source, copy))
+
+
+def check_writable_folder(folder: str | Path) -> None:
+    """Refuse, in one line, a `folder` that cannot be made or written into (a file where a folder of its path
+    goes, no permission), so that it is said before a command's work starts, not after."""
+    folder = Path(folder)
+    nearest = next(p for p in (folder, *folder.parents) if os.path.lexists(p) or p == p.parent)
+    if nearest == folder and not folder.is_dir():
+        raise StorageError(f"{folder}: exists and is not a folder")
+    if not nearest.is_dir():
+        raise StorageError(f"{folder}: cannot create the folder ({os.strerror(errno.ENOTDIR)})")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        verb = "write into" if nearest == folder else "create"
+        raise StorageError(f"{folder}: cannot {verb} the folder ({os.strerror(errno.EACCES)})")
 
 
 def sha256_of(path: str | Path) -> str:
