@@ -386,6 +386,91 @@ def two_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "earlier": root / "earlier"}
 
 
+def contents(folder: Path) -> dict[str, bytes | None]:
+    """Every entry under `folder`, hidden ones too: a file's bytes, None for a folder."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+def bad_images(root: Path) -> dict[str, Path]:
+    """An --image for each way a figure's photo can be refused: missing, text, empty, a folder, cut short, too big."""
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    (root / "text.jpg").write_text("not an image")
+    (root / "empty.jpg").write_bytes(b"")
+    (root / "folder.jpg").mkdir()
+    Image.new("RGB", (64, 64), (10, 200, 30)).save(root / "whole.jpg")
+    (root / "cut.jpg").write_bytes((root / "whole.jpg").read_bytes()[:300])
+    header = b"IHDR" + struct.pack(">IIBBBBB", 40_000, 40_000, 8, 2, 0, 0, 0)  # 1.6 gigapixels, by its header alone
+    (root / "huge.png").write_bytes(b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + header
+                                    + struct.pack(">I", zlib.crc32(header)))
+    names = ("missing.jpg", "text.jpg", "empty.jpg", "folder.jpg", "cut.jpg", "huge.png")
+    return {name: root / name for name in names}
+
+
+def test_an_export_refused_for_its_image_leaves_an_earlier_export_as_it_was_and_writes_no_new_one(
+    two_models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture,
+) -> None:
+    """A bad --image is one line and exit 2, said before anything is written: the earlier export keeps every
+    byte (it became a mix of both models), and a new folder is not made (it held a partial export that loaded)."""
+    folder = tmp_path / "earlier"
+    shutil.copytree(two_models["earlier"], folder)
+    before = contents(folder)
+    for name, image in bad_images(tmp_path).items():
+        for target in (folder, tmp_path / "new" / "export"):
+            capsys.readouterr()
+            assert main(["export", str(two_models["second"]), str(target), "--image", str(image)]) == 2, name
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith(f"error: {image}: ") and "Traceback" not in err, err
+        assert contents(folder) == before, name
+        assert not (tmp_path / "new").exists(), name
+
+
+@pytest.mark.parametrize("stop", [RuntimeError("a bug mid-export"), KeyboardInterrupt()], ids=["bug", "ctrl-c"])
+@pytest.mark.parametrize("source", ["checkpoint", "exported"])
+def test_an_export_that_stops_midway_leaves_the_folder_as_it_was(
+    two_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, stop: BaseException,
+) -> None:
+    """Stopped while it writes (the ONNX graphs half written here), an export and the --onnx of an exported folder
+    leave the earlier one at the folder byte for byte, and no folder of their own behind."""
+    from captioner.apps.export import export_model
+
+    def half_written(model: Captioner, folder: Path, *args: object, **kwargs: object) -> list[Path]:
+        (Path(folder) / "onnx").mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "onnx" / "encoder.onnx").write_bytes(b"half a graph")
+        raise stop
+
+    monkeypatch.setattr("captioner.models.onnx_export.export_onnx", half_written)
+    folder = tmp_path / "earlier"
+    shutil.copytree(two_models["earlier"], folder)
+    before = contents(folder)
+    model = {"checkpoint": two_models["second"], "exported": folder}[source]
+    for target in (folder, tmp_path / "new"):
+        with pytest.raises(type(stop)):
+            export_model(model, target, image=two_models["photo"] if source == "checkpoint" else None, onnx=True)
+    assert contents(folder) == before
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_export_over_an_earlier_one_replaces_it_whole(two_models: dict[str, Path], tmp_path: Path) -> None:
+    """Written again without --onnx, nor a figure, an export keeps nothing of the earlier one: its onnx/ ran the
+    earlier model under `caption --runtime onnx`, silently."""
+    folder = tmp_path / "earlier"
+    shutil.copytree(two_models["earlier"], folder)
+    (folder / "onnx").mkdir()
+    (folder / "onnx" / "onnx.json").write_text("{}")  # as the earlier model's graphs and manifest
+    (folder / "model.safetensors.tmp").write_bytes(b"a write cut short")
+    assert {"attention.png", "onnx"} <= {p.name for p in folder.iterdir()}
+    assert main(["export", str(two_models["second"]), str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors", "vocab.json"]
+    from helpers import tiny_model
+
+    loaded, second = Captioner.from_pretrained(folder, "cpu").state_dict(), tiny_model(seed=1).state_dict()
+    assert all(torch.equal(tensor, loaded[name]) for name, tensor in second.items())
+
+
 def test_a_file_in_the_folders_path_is_one_line_and_left_alone(two_models: dict[str, Path], tmp_path: Path,
                                                                capsys: pytest.CaptureFixture) -> None:
     """`export M afile/sub` was a NotADirectoryError traceback; now it is one line, as `caption --heatmaps` says it,
@@ -397,3 +482,26 @@ def test_a_file_in_the_folders_path_is_one_line_and_left_alone(two_models: dict[
     assert said == f"error: {tmp_path / 'afile' / 'sub'}: cannot create the folder (Not a directory)\n"
     assert (tmp_path / "afile").read_text() == "keep"
 
+
+def test_a_failure_while_moving_the_export_in_puts_the_earlier_one_back(
+    two_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+) -> None:
+    """The last step, the renames that swap the new files in, failing halfway (some earlier files set aside, some
+    new ones in) is one line, and every earlier file is back in its place."""
+    folder = tmp_path / "earlier"
+    shutil.copytree(two_models["earlier"], folder)
+    before = contents(folder)
+    renames = []
+
+    def failing_rename(source: str, target: str) -> None:
+        renames.append(source)
+        if len(renames) == 7:  # the earlier 5 set aside, 1 new one in
+            raise OSError(28, "No space left on device")
+        os.replace(source, target)
+
+    monkeypatch.setattr("captioner.core.files.os.rename", failing_rename)
+    capsys.readouterr()
+    assert main(["export", str(two_models["second"]), str(folder)]) == 2
+    assert capsys.readouterr().err == (f"error: {folder}: could not move the new files in (No space left on device); "
+                                       "the earlier files are kept\n")
+    assert len(renames) > 7 and contents(folder) == before

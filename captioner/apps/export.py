@@ -14,9 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 from captioner.apps.model_card import FIGURE, data_terms, model_card, read_card, read_scores, with_recipe
 from captioner.core.bounded_files import read_json
-from captioner.core.files import check_writable_folder, sha256_of, write_atomically
+from captioner.core.files import check_writable_folder, sha256_of, staged_folder, write_atomically
 from captioner.core.config_sections import DecodeConfig
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError, first_line
 from captioner.core.portable_config import portable_config
@@ -39,21 +41,25 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
                  ort: str | Path | None = None) -> list[Path]:
     """Export `checkpoint` (a .pt file or a run folder) into `folder`; returns the files written. `decode`
     (DecodeConfig fields) replaces the checkpoint's decoding, so every user decodes as its test scores were measured.
-    `web`: the static site of apps/web_site.py instead (of any model, exported folders and packaged ones too)."""
+    `web`: the static site of apps/web_site.py instead (of any model, exported folders and packaged ones too).
+    Everything is checked and computed first, then written into a hidden folder and moved in whole
+    (`staged_folder`): a failure leaves `folder` as it was, and an earlier export there leaves nothing behind."""
     source = checkpoint_file(checkpoint)
+    folder = Path(folder)
     check_writable_folder(folder)  # before any work, so its one line is all a user sees
     if web:
-        return _web_site(source, Path(folder), decode, ort)
+        return _web_site(source, folder, decode, ort)
     if is_exported(source):
         if not onnx:
             raise ExportError(f"{source}: already an exported folder; export takes a checkpoint (.pt) or a run folder "
                               "(or an exported folder with --onnx, for the runtime without PyTorch)")
-        from captioner.models.onnx_export import export_onnx
+        from captioner.models.onnx_export import SUBFOLDER, export_onnx
 
         model = Captioner.from_pretrained(source, "cpu")  # the ONNX bundle alone: the export has its card and figure
         with_decoding(model, decode)
-        return export_onnx(model, Path(folder))
-    folder = Path(folder)
+        with staged_folder(folder, {SUBFOLDER}, marker=SUBFOLDER) as stage:
+            files = export_onnx(model, stage)
+        return moved(files, stage, folder)
     if folder.is_dir():
         foreign = sorted(p.name for p in folder.iterdir() if p.name not in WRITTEN and not p.name.endswith(".tmp"))
         if foreign:
@@ -64,23 +70,29 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
     model = Captioner.from_checkpoint_payload(payload, source).eval()
     with_decoding(model, decode)
     scores = read_scores(source, payload.get("train_state"))
-    files = model.save_pretrained(folder, training_config=config.to_dict(), scores=dataclasses.asdict(scores))
     data = stored_settings(config, config_source(source), keep_local_places=written_by_its_run(source, config))
     example = _figure_image(image, data)
-    if example is not None:
-        from captioner.viz.overlays import save_attention_figure
-
-        picture = load_image(example)
-        files.append(save_attention_figure(folder / FIGURE, picture, model.caption(picture)))
-    card = model_card(folder.name, model, data.config, scores, example.name if example else None,
+    figure = (example[1], model.caption(example[1])) if example is not None else None  # a failure writes nothing
+    card = model_card(folder.name, model, data.config, scores, example[0].name if example else None,
                       recipe=config.to_dict())
-    (folder / CARD).write_text(card, encoding="utf-8")
-    files.append(folder / CARD)
-    if onnx:
-        from captioner.models.onnx_export import export_onnx
+    with staged_folder(folder, WRITTEN, marker=CONFIG) as stage:
+        files = model.save_pretrained(stage, training_config=config.to_dict(), scores=dataclasses.asdict(scores))
+        if figure is not None:
+            from captioner.viz.overlays import save_attention_figure
 
-        files += export_onnx(model, folder)
-    return files
+            files.append(save_attention_figure(stage / FIGURE, *figure))
+        write_atomically(stage / CARD, lambda tmp: tmp.write_text(card, encoding="utf-8"))
+        files.append(stage / CARD)
+        if onnx:
+            from captioner.models.onnx_export import export_onnx
+
+            files += export_onnx(model, stage)
+    return moved(files, stage, folder)
+
+
+def moved(files: list[Path], stage: Path, folder: Path) -> list[Path]:
+    """`files` written into `stage`, as their paths in `folder` once `staged_folder` moved them there."""
+    return [folder / path.relative_to(stage) for path in files]
 
 
 def _web_site(source: Path, folder: Path, decode: Mapping[str, Any] | None, ort: str | Path | None) -> list[Path]:
@@ -110,11 +122,11 @@ def with_decoding(model: Captioner, decode: Mapping[str, Any] | None, command: s
     model.decode_config = dataclasses.replace(model.decode_config, **decode)
 
 
-def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None:
-    """The image the card's figure captions: the one given, else the first test image that loads, else None."""
+def _figure_image(image: str | Path | None, data: StoredSettings) -> tuple[Path, Image.Image] | None:
+    """The image the card's figure captions, and its picture: the one given, else the first test image that loads,
+    else None."""
     if image is not None:
-        load_image(image)  # a bad --image is the user's error: its one line, not a silent skip
-        return Path(image)
+        return Path(image), load_image(image)  # a bad --image is the user's error: its one line, not a silent skip
     if data.config.data.dataset == "webdataset":
         log.warning("no attention figure on the card: a shard's images are no files to name; give --image")
         return None
@@ -129,8 +141,7 @@ def _figure_image(image: str | Path | None, data: StoredSettings) -> Path | None
         return None
     for record in [r for r in records if r.stored is None][:20]:  # a figure needs a file to name
         with contextlib.suppress(ImageLoadError):
-            load_image(record.path)
-            return Path(record.path)
+            return Path(record.path), load_image(record.path)
     log.warning("no attention figure on the card: none of the first test images loads; give --image")
     return None
 

@@ -1,6 +1,7 @@
-"""Files written so that a failure loses nothing (beside their name, then renamed onto it), and checked
-before anything reads them: a failed write (a full disk above all) is one `StorageError` naming the file
-and the space left; a missing, truncated or altered file is one `ExportError`.
+"""Files written so that a failure loses nothing (beside their name, then renamed onto it; a set of them in a
+folder of their own, moved in once all are written), and checked before anything reads them: a failed write (a full
+disk above all) is one `StorageError` naming the file and the space left; a missing, truncated or altered file is
+one `ExportError`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import errno
 import hashlib
 import os
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from captioner.core.errors import ExportError, StorageError
+from captioner.core.errors import CaptionerError, ExportError, StorageError
 
 T = TypeVar("T")
 
@@ -79,6 +81,82 @@ def check_writable_folder(folder: str | Path) -> None:
     if not os.access(nearest, os.W_OK | os.X_OK):
         verb = "write into" if nearest == folder else "create"
         raise StorageError(f"{folder}: cannot {verb} the folder ({os.strerror(errno.EACCES)})")
+
+
+STAGE_PREFIX, STAGE_SUFFIX = ".captioner-staged-", ".tmp"  # `staged_folder`'s folders, inside the one they fill
+
+
+def is_stage(name: str) -> bool:
+    """Whether `name` is a folder `staged_folder` fills (one a killed process left behind, say): never the user's."""
+    return name.startswith(STAGE_PREFIX) and name.endswith(STAGE_SUFFIX)
+
+
+@contextlib.contextmanager
+def staged_folder(folder: str | Path, replaces: Collection[str], marker: str) -> Iterator[Path]:
+    """A new hidden folder inside `folder` (made, with its parents, when missing) to write a whole set of files into;
+    once the block ends, its entries replace those of `folder` named in `replaces`, so nothing of an earlier set
+    stays, `marker` (the entry saying a set is complete) going first and coming last. On any exception `folder` is
+    left as it was. Renamed within `folder`, so on its file system even as a mount point or a link's target."""
+    folder = Path(folder)
+    check_writable_folder(folder)
+    made = [p for p in (folder, *folder.parents) if not os.path.lexists(p)]  # nearest first: removed in this order
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _remove_empty(made)
+        raise StorageError(f"{folder}: cannot create the folder ({e.strerror or e})") from None
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, suffix=STAGE_SUFFIX, dir=folder))
+    except OSError as e:
+        _remove_empty(made)
+        raise StorageError(f"{folder}: cannot write into the folder ({e.strerror or e})") from None
+    try:
+        yield stage
+        _swap_in(stage, folder, {*replaces, *(name + ".tmp" for name in replaces)}, marker)
+    except BaseException as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        _remove_empty(made)
+        if isinstance(e, CaptionerError) and str(stage) in str(e):
+            raise type(e)(str(e).replace(str(stage), str(folder))) from None
+        raise
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def _swap_in(stage: Path, folder: Path, replaces: set[str], marker: str) -> None:
+    """Move `folder`'s entries named in `replaces` (or in `stage`) aside, `marker` first, then `stage`'s entries
+    in, `marker` last, then remove those set aside; any exception moves everything back (an OSError as one
+    StorageError)."""
+    new = sorted(os.listdir(stage), key=lambda name: name == marker)
+    earlier = sorted((name for name in replaces | set(new) if os.path.lexists(folder / name)),
+                     key=lambda name: name != marker)
+    try:
+        aside = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, suffix=STAGE_SUFFIX, dir=folder))
+    except OSError as e:
+        raise StorageError(f"{folder}: cannot write into the folder ({e.strerror or e})") from None
+    moved: list[tuple[Path, Path]] = []
+    try:
+        for source, target in [(folder / n, aside / n) for n in earlier] + [(stage / n, folder / n) for n in new]:
+            os.rename(source, target)
+            moved.append((source, target))
+    except BaseException as e:  # Ctrl-C too
+        reason = f"could not move the new files in ({e.strerror or e})" if isinstance(e, OSError) else "stopped"
+        try:
+            for source, target in reversed(moved):
+                os.rename(target, source)
+        except OSError:
+            raise StorageError(f"{folder}: {reason}, nor the earlier files back: they are in {aside}") from None
+        shutil.rmtree(aside, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise StorageError(f"{folder}: {reason}; the earlier files are kept") from None
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove `folders`, nearest first, each only while empty (those a failed write had made)."""
+    for path in folders:
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def sha256_of(path: str | Path) -> str:
