@@ -429,12 +429,12 @@ def test_an_export_refused_for_its_image_leaves_an_earlier_export_as_it_was_and_
 
 
 @pytest.mark.parametrize("stop", [RuntimeError("a bug mid-export"), KeyboardInterrupt()], ids=["bug", "ctrl-c"])
-@pytest.mark.parametrize("source", ["checkpoint", "exported"])
+@pytest.mark.parametrize("source", ["checkpoint", "exported", "web"])
 def test_an_export_that_stops_midway_leaves_the_folder_as_it_was(
     two_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, stop: BaseException,
 ) -> None:
-    """Stopped while it writes (the ONNX graphs half written here), an export and the --onnx of an exported folder
-    leave the earlier one at the folder byte for byte, and no folder of their own behind."""
+    """Stopped while it writes (the ONNX graphs half written here), an export, the --onnx of an exported folder and
+    a --web site leave the earlier one at the folder byte for byte, and no folder of their own behind."""
     from captioner.apps.export import export_model
 
     def half_written(model: Captioner, folder: Path, *args: object, **kwargs: object) -> list[Path]:
@@ -445,11 +445,16 @@ def test_an_export_that_stops_midway_leaves_the_folder_as_it_was(
     monkeypatch.setattr("captioner.models.onnx_export.export_onnx", half_written)
     folder = tmp_path / "earlier"
     shutil.copytree(two_models["earlier"], folder)
+    if source == "web":  # an earlier site, as far as the export can tell
+        (folder / "site.json").write_text("{}")
+        (folder / "model").mkdir()
+        (folder / "model" / "onnx.json").write_text("{}")
     before = contents(folder)
-    model = {"checkpoint": two_models["second"], "exported": folder}[source]
+    model = {"checkpoint": two_models["second"], "exported": folder, "web": two_models["second"]}[source]
     for target in (folder, tmp_path / "new"):
         with pytest.raises(type(stop)):
-            export_model(model, target, image=two_models["photo"] if source == "checkpoint" else None, onnx=True)
+            export_model(model, target, image=two_models["photo"] if source == "checkpoint" else None,
+                         onnx=source != "web", web=source == "web")
     assert contents(folder) == before
     assert not (tmp_path / "new").exists()
 

@@ -16,7 +16,7 @@ import numpy as np
 import captioner
 from captioner.core.bounded_files import read_json
 from captioner.core.errors import ExportError
-from captioner.core.files import check_writable_folder, sha256_of, write_atomically
+from captioner.core.files import check_writable_folder, is_stage, sha256_of, staged_folder, write_atomically
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import bad_ending_ids
 
@@ -35,19 +35,21 @@ HALF_MIN_ELEMENTS = 1024  # weights this large are stored in float16 (the graph 
 def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = None,
                terms: str | None = None) -> list[Path]:
     """Write the site of `model` into `folder` (new, empty or an earlier site); `ort`: an installed
-    onnxruntime-web (its package folder or dist/) to copy in, else the page loads it from a CDN."""
+    onnxruntime-web (its package folder or dist/) to copy in, else the page loads it from a CDN. It is written
+    whole beside the earlier site's files and then takes their place (`staged_folder`): a failure changes nothing."""
     from captioner.deploy.runtime import OnnxCaptioner
     from captioner.models.onnx_export import export_onnx
 
     folder = Path(folder)
     ort_files = _ort_files(Path(ort)) if ort is not None else None
     check_writable_folder(folder)
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / SITE_JSON).is_file():
+    if (folder.is_dir() and any(not is_stage(p.name) for p in folder.iterdir())
+            and not (folder / SITE_JSON).is_file()):
         raise ExportError(f"{folder}: not empty and not a captioner web site; give a new or empty folder")
     examples = json.loads((PAGE / "examples" / "examples.json").read_text(encoding="utf-8"))
-    for earlier in (MODEL_FOLDER, "examples", "ort"):  # an earlier site's: nothing stale stays
-        shutil.rmtree(folder / earlier, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix="captioner-web-") as tmp:
+    written = {*PAGE_FILES, MODEL_FOLDER, "examples", "ort", SITE_JSON}  # an earlier site's: nothing stale stays
+    with staged_folder(folder, written, marker=SITE_JSON) as stage, \
+            tempfile.TemporaryDirectory(prefix="captioner-web-") as tmp:
         fp32, half = Path(tmp) / "onnx", Path(tmp) / "half"
         export_onnx(model, tmp)  # into tmp/onnx
         store_weights_in_half(fp32, half)
@@ -56,23 +58,22 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
         weights = "float16" if captions[0] == captions[1] else "float32"
         if weights == "float32":
             log.warning("weights kept in float32: in float16 the example photographs' captions change")
-        shutil.copytree(half if weights == "float16" else fp32, folder / MODEL_FOLDER, copy_function=shutil.copyfile,
-                        dirs_exist_ok=True)
-    copies = [(PAGE / name, folder / name) for name in PAGE_FILES]
-    copies += [(PAGE / "examples" / example["file"], folder / "examples" / example["file"]) for example in examples]
-    copies += [(path, folder / "ort" / path.name) for path in ort_files or []]
-    for source, target in copies:
-        target.parent.mkdir(exist_ok=True)
-        shutil.copyfile(source, target)
-    site = {
-        "format": SITE_FORMAT, "format_version": SITE_FORMAT_VERSION, "captioner_version": captioner.__version__,
-        "ort": {"version": ORT_VERSION, "source": "site" if ort_files else "cdn",
-                "url": "ort/" if ort_files else ORT_CDN},
-        "model": MODEL_FOLDER + "/onnx.json", "weights": weights, "terms": terms, "examples": examples,
-        "bad_endings": list(bad_ending_ids(model.vocab.index)),  # what `suppress_bad_endings` keeps from ending
-    }
-    write_atomically(folder / SITE_JSON, lambda tmp: tmp.write_text(json.dumps(site, indent=1), encoding="utf-8"))
-    return sorted(p for p in folder.rglob("*") if p.is_file())
+        shutil.copytree(half if weights == "float16" else fp32, stage / MODEL_FOLDER, copy_function=shutil.copyfile)
+        copies = [(PAGE / name, stage / name) for name in PAGE_FILES]
+        copies += [(PAGE / "examples" / example["file"], stage / "examples" / example["file"]) for example in examples]
+        copies += [(path, stage / "ort" / path.name) for path in ort_files or []]
+        for source, target in copies:
+            target.parent.mkdir(exist_ok=True)
+            shutil.copyfile(source, target)
+        site = {
+            "format": SITE_FORMAT, "format_version": SITE_FORMAT_VERSION, "captioner_version": captioner.__version__,
+            "ort": {"version": ORT_VERSION, "source": "site" if ort_files else "cdn",
+                    "url": "ort/" if ort_files else ORT_CDN},
+            "model": MODEL_FOLDER + "/onnx.json", "weights": weights, "terms": terms, "examples": examples,
+            "bad_endings": list(bad_ending_ids(model.vocab.index)),  # what `suppress_bad_endings` keeps from ending
+        }
+        write_atomically(stage / SITE_JSON, lambda tmp: tmp.write_text(json.dumps(site, indent=1), encoding="utf-8"))
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not any(is_stage(q) for q in p.parts))
 
 
 def store_weights_in_half(source: Path, target: Path) -> None:
