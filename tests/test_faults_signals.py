@@ -231,3 +231,34 @@ def test_under_torchrun_the_summed_votes_decide_not_this_ranks_own() -> None:
     stop = StopSignals()
     assert not stop.stop_after_step([0, 0], rank)
     assert stop.stop_after_step([0, 1], rank) and stop.signal == signal.SIGINT  # another rank's Ctrl-C
+
+
+INTERRUPTED_IMPORT = """
+import importlib.abc, os, signal, sys, time
+import captioner.apps.cli as cli
+
+done = []
+
+class SlowImport(importlib.abc.MetaPathFinder):  # Ctrl-C inside the first import of torch, pressed at once
+    def find_spec(self, name, path, target=None):
+        if name == "captioner.training.distributed" and not done:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            done.append(True)
+        return None  # the usual finders import it
+
+sys.meta_path.insert(0, SlowImport())
+status = cli.main(["config", "show"])
+print("import whole" if "captioner.training.distributed" in sys.modules else "import cut")
+sys.exit(status)
+"""
+
+
+def test_ctrl_c_during_the_first_import_is_one_line_after_it_not_a_traceback_inside_it(tmp_path: Path) -> None:
+    """Ctrl-C in the first second raised inside torch's import: a traceback, or, caught by a library's bare
+    `except:`, a half-imported numpy and a command that ran on. Held back, it ends the command after the import."""
+    env = {**subprocess_env(), "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert (done.returncode, done.stderr.strip()) == (130, "interrupted"), done.stderr[-2000:]
+    assert done.stdout.strip() == "import whole"

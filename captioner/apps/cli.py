@@ -4,10 +4,15 @@ User mistakes (`CaptionerError`) print one line and exit 2; anything else is a b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
+from types import ModuleType
 
 import captioner
 from captioner.apps.arguments import AnyOrderParser
@@ -70,7 +75,37 @@ def refused(error: CaptionerError | ModuleNotFoundError, prefix: str = "") -> in
     return 2
 
 
+def load_distributed() -> ModuleType:
+    """captioner.training.distributed, the first import of torch (and numpy): about a second of the start."""
+    from captioner.training import distributed
+
+    return distributed
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C held back while the block runs, delivered as it ends: an interrupt inside an import that a library's
+    bare `except:` swallows would leave a module half made (numpy without `subtract`) and the command running."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The `captioner` command; Ctrl-C at any point is "interrupted" and exit status 130, no traceback."""
+    try:
+        return run_command(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def run_command(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbosity)
     if getattr(args, "runtime", None) == "onnx":  # the ONNX runtime: no torch is loaded, none need be installed
@@ -79,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         except (CaptionerError, ModuleNotFoundError) as e:
             return refused(e)
     try:
-        from captioner.training import distributed  # the first import of torch
+        with interrupts_held():
+            distributed = load_distributed()
     except ModuleNotFoundError as e:  # a Python without captioner's packages: a checkout's environment not active
         return refused(e)
 
