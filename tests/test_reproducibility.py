@@ -142,3 +142,20 @@ def test_auto_resumes_in_the_precision_its_run_took_whatever_this_machine_would_
     assert_same_weights(weights(reference["bf16"]), weights(tmp_path / "run"))
     assert any("bf16 steps, as" in r.getMessage() and "would take fp32" in r.getMessage() for r in caplog.records)
     assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["train_state"]["cpu_bf16"] is True
+
+
+@pytest.mark.parametrize("log_every", [1, 0])
+def test_a_run_whose_loss_stops_being_a_number_stops_in_one_line(shapes: Path, tmp_path: Path, log_every: int) -> None:
+    """At a learning rate of 1e30 the weights go to NaN at once; the run trained on to its end and exited 0, its
+    best.pt a NaN model. It stops at the first logged loss (or, logging nothing, the epoch's mean) not finite."""
+    from captioner.core.errors import DivergedError
+
+    config = load_config(ROOT / "configs/shapes_lstm.yaml",
+                         [*TINY, f"data.root={shapes}", f"train.out_dir={tmp_path}", "train.cpu_amp=fp32",
+                          "train.lr=1e30", "train.grad_clip=0", f"train.log_every={log_every}"])
+    with pytest.raises(DivergedError, match=r"^the training loss is -?(nan|inf) by step (\d+): the weights diverged; "
+                                            r"lower train\.lr \(now 1e\+30\) or set train\.grad_clip; ") as stopped:
+        fit(config)
+    step = int(str(stopped.value).split(" by step ")[1].split(":")[0])
+    assert step == STEPS_PER_EPOCH if log_every == 0 else 1 < step < STEPS_PER_EPOCH
+    assert not (tmp_path / "best.pt").exists()

@@ -46,6 +46,10 @@ class StorageError(CaptionerError):
     """A file could not be written (a full disk, a size limit, a quota); the file it names is left as it was."""
 
 
+class DivergedError(CaptionerError):
+    """Training's loss stopped being a finite number: the weights diverged; the checkpoints written before stay."""
+
+
 # What torch's C++ checks append to their messages: a request to torch's developers, not the user's
 TORCH_REQUEST = re.compile(r"\s*\(Could this error message be improved\?.*\)\s*$")
 

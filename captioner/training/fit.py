@@ -40,8 +40,8 @@ from captioner.training.run_setup import (RunData, accelerate, caption_dataset, 
                                           make_loader, make_objective, make_optimizer, make_scheduler, stored_data,
                                           uses_feature_store, wrap_for_ddp)
 from captioner.training.speed import SpeedChoices, decide_threads
-from captioner.training.state import (LOGGED, TrainState, read_init_checkpoint, read_resume_checkpoint, restore_rng,
-                                      rng_state)
+from captioner.training.state import (LOGGED, TrainState, check_finite_loss, read_init_checkpoint,
+                                      read_resume_checkpoint, restore_rng, rng_state)
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +235,8 @@ class Run:
                 self.keep_progress()
                 raise Interrupted(self.stop.signal, str(self.out_dir / "last.pt"), state.step)
             means = state.read_epoch_means(self.ctx)
+            if state.epoch_steps:  # none: an epoch resumed at its end, its means unknown
+                check_finite_loss(means["loss"], state.step, config)
             state.epoch, state.position = epoch, 0
             row = {"epoch": epoch, "step": state.step, "train_loss": round(means["loss"], 5),
                    "lr": self.scheduler.get_last_lr()[0]}

@@ -25,7 +25,7 @@ from captioner.data.batching import CaptionBatch
 from captioner.models.captioner import Captioner
 from captioner.models.decoder import DecoderOutput, reads_are_free
 from captioner.training.distributed import Distributed
-from captioner.training.state import TrainState
+from captioner.training.state import TrainState, check_finite_loss
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,7 @@ def train_one_epoch(model: Captioner, forward: Callable[..., DecoderOutput], loa
         state.accumulate(torch.stack([parts[k] for k in state.logged]))  # (P,) on the device, not read here
         if config.train.log_every and state.step % config.train.log_every == 0:
             values = state.read_running(ctx)
+            check_finite_loss(values["loss"], state.step, config)
             bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
             log.debug("step %d loss %.4f", state.step, values["loss"])
             state.step_losses.append([state.step, values["loss"]])

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from captioner.core.config_sections import Config
-from captioner.core.errors import CheckpointError
+from captioner.core.errors import CheckpointError, DivergedError
 from captioner.core.portable_config import value_at
 from captioner.core.process_settings import seed_everything
 from captioner.models.checkpoint import read_checkpoint
@@ -27,6 +27,16 @@ LOGGED = ("loss", "xent", "penalty")  # cross-entropy's logged values; an object
 # what last.pt keeps of a TrainState (`to_dict`; `load` reads them back)
 SAVED = ("epoch", "position", "step", "best_score", "best_epoch", "best_step", "history", "step_losses", "running",
          "running_steps", "epoch_sums", "epoch_steps")
+
+
+def check_finite_loss(loss: float, step: int, config: Config) -> None:
+    """Stop at the first logged loss that is not a finite number: every later step would train NaN weights to the
+    end and exit as if well. The same summed value on every rank, so every rank stops at the same step."""
+    if not math.isfinite(loss):
+        clip = f"train.grad_clip (now {config.train.grad_clip:g})" if config.train.grad_clip > 0 else "train.grad_clip"
+        raise DivergedError(f"the training loss is {loss} by step {step}: the weights diverged; lower train.lr (now "
+                            f"{config.train.lr:g}) or set {clip}; nothing of these steps is saved (a checkpoint in "
+                            f"{config.train.out_dir} is from before)")
 
 
 @dataclass
