@@ -116,6 +116,8 @@ ROWS: dict[str, Row] = {
     "data shards: no --out": Row(["data", "shards", SHAPES], 2, r"the following arguments are required: --out$"),
     "data shards: bad splits": Row(["data", "shards", SHAPES, "--out", "s", "--splits", "dev"], 2,
                                    r"--splits 'dev': use train, val and test"),
+    "data shards: --out a file": Row(["data", "shards", SHAPES, "--out", "{image}"], 2,
+                                     r"^error: data shards --out .*good\.png: a file, not a folder to write into$"),
     "data shards: an empty --out": Row(["data", "shards", SHAPES, "--out", ""], 2,
                                        r"^error: data shards --out: an empty name; give the folder to write into$"),
     "data shards: a --max-size of nan": Row(["data", "shards", SHAPES, "--out", "s", "--max-size", "nan"], 2,
@@ -534,3 +536,16 @@ def test_a_zip_that_is_no_torch_archive_is_one_line_without_torchs_plea(tmp_path
     line = str(refused.value)
     assert line.startswith(f"{garbage}: not a readable captioner checkpoint (") and line.endswith(")"), line
     assert "Could this error message be improved" not in line and "\n" not in line
+
+
+def test_an_unreadable_parquet_file_is_our_one_line_not_the_readers_lines_too(tmp_path: Path) -> None:
+    """The datasets library logs each Parquet file it cannot read, on its own handler, before our one line says it
+    again: three lines for one mistake, in data stats and data shards alike."""
+    require_module("datasets", "the train extra is not installed")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "data.parquet").write_text("not a parquet file")
+    for argv in (["data", "stats", "--hf", "hf"], ["data", "shards", "--hf", "hf", "--out", "shards"]):
+        done = warm_start.run([sys.executable, "-m", "captioner", *argv], cwd=tmp_path, env=subprocess_env(),
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and done.stderr.splitlines() == [done.stderr.strip()], done.stderr
+        assert done.stderr.startswith("error: hf: cannot read the Hugging Face dataset (ArrowInvalid: "), done.stderr

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioner.apps.arguments import positive_int
+from captioner.apps.arguments import positive_int, said_by_an_error
 from captioner.apps.prerequisites import require_data, writable_folder
 from captioner.core.errors import CaptionerError
 
@@ -75,6 +75,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                         help="bytes of images per shard, about (a shard closes past it)")
     shards.add_argument("--quiet", action="store_true", help="no progress bar")
     shards.set_defaults(func=run_shards)
+
+
+HF_PARQUET = "datasets.packaged_modules.parquet.parquet"  # logs each unreadable Parquet file's error
 
 
 def run_shapes(args: argparse.Namespace) -> int:
@@ -156,7 +159,8 @@ def run_stats(args: argparse.Namespace) -> int:
             require_data(data, list(SPLITS))
         shards = data.dataset == "webdataset"
         splits = [s for s in SPLITS if not shards or getattr(data, f"{s}_shards")]  # the shard splits the config names
-        records = [r for s in splits for r in load_split(data, s, check_images=False)]
+        with said_by_an_error(HF_PARQUET):  # its reader's own error lines, said again by ours: ours alone
+            records = [r for s in splits for r in load_split(data, s, check_images=False)]
     else:
         raise CaptionerError("data stats: give --coco FILE, --karpathy FILE, --flickr8k DIR, --imagefolder DIR, "
                              "--hf DIR or a CONFIG")
@@ -216,13 +220,15 @@ def run_shards(args: argparse.Namespace) -> int:
     if args.config or args.flickr8k:  # an image folder or HF dataset named by its flag: its loader names the folder
         require_data(data, splits, given_as="--flickr8k" if args.flickr8k else "data.root")
     out = Path(args.out)
+    writable_folder(out, "data shards --out")
     for split in splits:
         if existing_shards(out / split):
             raise CaptionerError(f"{out / split}: already holds {len(existing_shards(out / split))} shards; "
                                  "remove them or choose another --out")
     start = time.time()
     for split in splits:
-        records = load_split(data, split)
+        with said_by_an_error(HF_PARQUET):
+            records = load_split(data, split)
         summary = write_shards(records, out / split, args.max_count, int(args.max_size), progress=not args.quiet,
                                description=f"shards {split}")
         size = sum(s["filesize"] for s in summary.shards)
