@@ -72,13 +72,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 
 
-def run(args: argparse.Namespace) -> int:
-    from captioner.data.image_files import load_image
-
-    # --ensemble takes every word after it: images given after its checkpoints are still images.
-    words, args.ensemble = args.ensemble, []
-    for word in words:
-        (args.images if is_image_input(word, args.runtime) else args.ensemble).append(word)
+def checked_flags(args: argparse.Namespace) -> dict[str, object]:
+    """Flags that need another, or do not go together, refused in one line before anything loads; the sampling
+    flags given."""
     sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     if sampling and not args.sample:
         flags = [SAMPLING_FLAGS[name] for name in sampling]
@@ -91,6 +87,17 @@ def run(args: argparse.Namespace) -> int:
     if args.ensemble and (args.self_attention or args.saliency):
         flag = "--self-attention" if args.self_attention else "--saliency"
         raise CaptionerError(f"caption: {flag} looks inside one model; an ensemble (--ensemble) has several")
+    return sampling
+
+
+def run(args: argparse.Namespace) -> int:
+    from captioner.data.image_files import load_image
+
+    # --ensemble takes every word after it: images given after its checkpoints are still images.
+    words, args.ensemble = args.ensemble, []
+    for word in words:
+        (args.images if is_image_input(word, args.runtime) else args.ensemble).append(word)
+    sampling = checked_flags(args)
     args.checkpoint, args.images = named_model_and_images([args.checkpoint, *args.images] if args.checkpoint
                                                           else args.images, args.runtime)
     if args.checkpoint is not None and args.runtime == "torch":
