@@ -160,6 +160,14 @@ ROWS: dict[str, Row] = {
                                  r"^error: train\.init=missing\.pt: checkpoint not found"),
     "train: nothing to resume": Row(["train", SHAPES, "--resume"], 2,
                                     r"last\.pt: nothing to resume .*leave out --resume"),
+    "train: an out_dir that holds a run": Row(
+        ["train", SHAPES, "train.out_dir=run"], 2,
+        (r"^error: train\.out_dir=run already holds a run \(best\.pt, last\.pt\): continue it with --resume, or "
+         r"give another train\.out_dir \(or delete it\)$"), ("a_run",)),
+    "train: an out_dir that holds a best.pt alone": Row(
+        ["train", SHAPES, "train.out_dir=run"], 2,
+        r"^error: train\.out_dir=run already holds a run \(best\.pt\): give another train\.out_dir \(or delete it\)$",
+        ("a_run_without_last",)),
     "train: an out_dir that cannot be made": Row(["train", SHAPES, "train.out_dir={image}/run"], 2,
                                                  r"^error: train\.out_dir=.*good\.png/run: cannot create the folder"),
     "train: no Flickr8k": Row(["train", FLICKR8K, "data.root=nowhere"], 2,
@@ -384,6 +392,8 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if "no_backoff" in setup:  # a download's retries at once: what they say is the point, not their pace
         monkeypatch.setattr("captioner.data.download.RETRY_BACKOFF_S", 0.0)
+    if "a_run" in setup or "a_run_without_last" in setup:  # an earlier run in train.out_dir=run
+        earlier_run(folder / "run", last="a_run" in setup)
     if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not
         shapes_world(folder / "shapes", with_images=False)
 
@@ -408,6 +418,17 @@ def shapes_world(root: Path, with_images: bool) -> None:
         (root / f"captions_{split}.json").write_text(json.dumps(listing))
         if with_images:
             Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8)).save(root / split / f"{split}_1.jpg")
+
+
+def earlier_run(run: Path, last: bool = True) -> dict[str, bytes]:
+    """A finished run's files in `run` (its best.pt, with last.pt or without), as {name: bytes}."""
+    run.mkdir(parents=True)
+    files = {"best.pt": b"the earlier run's best", "metrics.csv": b"epoch,step\n1,4\n", "vocab.json": b"{}"}
+    if last:
+        files["last.pt"] = b"the earlier run's last"
+    for name, data in files.items():
+        (run / name).write_bytes(data)
+    return files
 
 
 def refuse(what: str):
@@ -483,6 +504,73 @@ def test_every_command_has_rows() -> None:
               for path in command_paths(build_parser())}
     missing = [" ".join(path) for path in command_paths(build_parser()) if path not in walked]
     assert missing == []
+
+
+def test_training_into_an_earlier_run_without_resume_keeps_every_file_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new run into a folder that holds a finished one would write its best.pt, last.pt and metrics.csv over
+    the earlier run's: refused in one line before the shapes world is generated or a model built."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "x"
+    files = earlier_run(run)
+    monkeypatch.setattr(WORK["train"], refuse("train started its work before refusing"))
+    code, lines = run_cli(["train", SHAPES, "train.out_dir=runs/x", "train.epochs=1"], capsys, caplog)
+    assert (code, lines) == (2, ["error: train.out_dir=runs/x already holds a run (best.pt, last.pt): continue it "
+                                 "with --resume, or give another train.out_dir (or delete it)"])
+    assert {path.name: path.read_bytes() for path in run.iterdir()} == files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # no shapes world generated under data/
+
+
+def test_a_folder_without_a_checkpoint_is_trained_into_and_a_run_is_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Notes, an empty tensorboard folder and the metrics of a run that failed before its first checkpoint
+    are no run: training goes into the folder as before. With --resume an earlier run is continued."""
+    monkeypatch.chdir(tmp_path)
+    trained: list[tuple[str, bool]] = []
+
+    def train_run(config, resume: bool = False) -> Path:
+        trained.append((config.train.out_dir, resume))
+        return Path(config.train.out_dir) / "best.pt"
+
+    monkeypatch.setattr(WORK["train"], train_run)
+    mine = tmp_path / "mine"
+    (mine / "tensorboard").mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    (mine / "metrics.csv").write_text("epoch,step\n")
+    earlier_run(tmp_path / "run")
+    assert run_cli(["train", SHAPES, "train.out_dir=mine"], capsys, caplog) == (0, [])
+    assert run_cli(["train", SHAPES, "train.out_dir=run", "--resume"], capsys, caplog) == (0, [])
+    assert trained == [("mine", False), ("run", True)] and (mine / "notes.txt").read_text() == "mine"
+
+
+def test_under_torchrun_rank_0_alone_decides_on_an_earlier_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Rank 0 alone writes the run folder, so its view of it decides and it alone says the refusal (torchrun then
+    stops the others); another rank goes on to wait for rank 0 in the process group."""
+    monkeypatch.chdir(tmp_path)
+    earlier_run(tmp_path / "run")
+    trained: list[str] = []
+    monkeypatch.setattr(WORK["train"], lambda config, resume=False: trained.append(config.train.out_dir) or "best.pt")
+
+    def leave(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr("captioner.training.distributed.abort", leave)  # not os._exit, in the test's process
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert run_cli(["train", SHAPES, "train.out_dir=run"], capsys, caplog) == (0, [])
+    assert trained == ["run"]
+    monkeypatch.setenv("RANK", "0")
+    code, lines = run_cli(["train", SHAPES, "train.out_dir=run"], capsys, caplog)
+    assert code == 2 and lines == ["error: rank 0: train.out_dir=run already holds a run (best.pt, last.pt): "
+                                   "continue it with --resume, or give another train.out_dir (or delete it)"]
+    assert trained == ["run"]
 
 
 def test_caption_of_a_missing_photo_is_one_line_in_a_real_process(tmp_path: Path) -> None:

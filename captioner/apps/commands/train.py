@@ -28,13 +28,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from captioner.apps.prerequisites import require_data, require_start, writable_folder
+    from captioner.apps.prerequisites import require_data, require_no_run, require_start, writable_folder
     from captioner.core.config import load_config
     from captioner.training import distributed
 
     options = [*([f"train.init={args.init}"] if args.init else []), *device_overrides(args)]  # --init, --device
     config = load_config(args.config, [*args.overrides, *options])  # the run fixes its threads (training/speed.py)
     require_start(config, args.resume)
+    if not args.resume and distributed.is_main_process():  # rank 0 writes the run folder, so its view of it decides
+        require_no_run(config.train.out_dir)
     require_data(config.data, ["train", "val"])
     if distributed.is_main_process():  # rank 0 alone writes the run folder; the others never touch it
         writable_folder(config.train.out_dir, "train.out_dir")
