@@ -13,6 +13,7 @@ overrides=()
 for arg in "$@"; do [[ $arg == *=* && $arg != -* ]] && overrides+=("$arg"); done
 resolved=$(python - "$CONFIG" "${overrides[@]}" <<'PY'
 import sys
+from pathlib import Path
 from captioner.core.config import load_config
 from captioner.core.errors import ConfigError
 try:
@@ -22,12 +23,23 @@ except ConfigError as e:
 if config.data.dataset != "shapes":
     sys.exit(f"error: {sys.argv[1]}: the quickstart runs a shapes config (data.dataset: shapes); "
              "see docs/training.md for the others")
-print(config.train.out_dir)
+print(Path(config.train.out_dir))  # runs/mine/ as runs/mine, the name its earlier run is moved aside from
 print(config.data.root)
 PY
 )
 RUN=$(sed -n 1p <<<"$resolved")
 WORLD=$(sed -n 2p <<<"$resolved")
+
+# `captioner train` refuses a new run into a folder that holds one (best.pt or last.pt) without --resume:
+# run again (train.epochs=3 after a full run, say), the script moves its earlier run aside, deleting nothing.
+resume=false
+for arg in "$@"; do [[ $arg == --resume ]] && resume=true; done
+if ! $resume && [[ -e $RUN/best.pt || -e $RUN/last.pt ]]; then
+    n=1
+    while [[ -e $RUN.previous-$n ]]; do n=$((n + 1)); done
+    mv "$RUN" "$RUN.previous-$n"
+    echo "note: the earlier run in $RUN is kept as $RUN.previous-$n (--resume continues a run instead)"
+fi
 
 # The official metrics (METEOR, and the PTB tokenizer of them all) run on Java: without it, say so
 # now and score with the in-process BLEU and CIDEr-D instead of failing after training.

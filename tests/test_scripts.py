@@ -103,7 +103,7 @@ def run_quickstart(tmp_path: Path, *args: str, java: bool) -> tuple[subprocess.C
     calls = tmp_path / "calls.txt"
     (bin_dir / "captioner").write_text(f'#!/bin/sh\necho "$*" >> {shlex.quote(str(calls))}\n')
     (bin_dir / "captioner").chmod(0o755)
-    for tool in ("sed", "dirname"):
+    for tool in ("sed", "dirname", "mv"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
     # this interpreter, captioner importable
     (bin_dir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
@@ -126,10 +126,38 @@ def test_quickstart_evaluates_the_run_its_overrides_train(tmp_path: Path) -> Non
 
 
 def test_quickstart_without_java_says_so_first_and_scores_in_process(tmp_path: Path) -> None:
-    result, calls = run_quickstart(tmp_path, java=False)
+    run = tmp_path / "run"  # not the checkout's runs/shapes_lstm, whose run the script would move aside
+    result, calls = run_quickstart(tmp_path, f"train.out_dir={run}", java=False)
     assert result.returncode == 0, result.stderr
     assert "Java not found" in result.stdout and "openjdk-17" in result.stdout
-    assert calls[1] == "evaluate runs/shapes_lstm/best.pt --split test --beam 3 --fast"
+    assert calls[1] == f"evaluate {run}/best.pt --split test --beam 3 --fast"
+
+
+def test_quickstart_run_again_moves_its_earlier_run_aside_to_the_first_free_name(tmp_path: Path) -> None:
+    """`captioner train` refuses to start a new run over an earlier one: run a second time (train.epochs=3 after
+    a full run), the script moves the earlier run aside whole, and trains and scores the new one."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"the earlier run's")
+    (tmp_path / "run.previous-1").mkdir()  # an earlier move's
+    result, calls = run_quickstart(tmp_path, f"train.out_dir={run}/", "train.epochs=3", java=True)
+    assert result.returncode == 0, result.stderr
+    assert f"note: the earlier run in {run} is kept as {run}.previous-2 (--resume continues" in result.stdout
+    assert not run.exists() and (tmp_path / "run.previous-2" / "best.pt").read_bytes() == b"the earlier run's"
+    assert calls[:2] == [f"train configs/shapes_lstm.yaml train.out_dir={run}/ train.epochs=3",
+                         f"evaluate {run}/best.pt --split test --beam 3"]
+
+
+@pytest.mark.parametrize("resume", [True, False], ids=["a run resumed", "a folder without a checkpoint"])
+def test_quickstart_leaves_a_run_it_resumes_or_a_folder_that_holds_none_where_it_is(tmp_path: Path,
+                                                                                     resume: bool) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ("last.pt" if resume else "notes.txt")).write_bytes(b"mine")
+    result, calls = run_quickstart(tmp_path, f"train.out_dir={run}", *(["--resume"] if resume else []), java=True)
+    assert result.returncode == 0, result.stderr
+    assert "earlier run" not in result.stdout and [p.name for p in tmp_path.glob("run*")] == ["run"]
+    assert calls[0].startswith(f"train configs/shapes_lstm.yaml train.out_dir={run}")
 
 
 def test_quickstart_stops_on_a_bad_override_before_training(tmp_path: Path) -> None:
