@@ -46,7 +46,7 @@ def test_overrides_are_typed(tmp_path: Path) -> None:
         # out-of-range values: each stops at load with one line
         ("train.label_smoothing=1.5", r"'train.label_smoothing' must be in \[0, 1\); got 1.5$"),
         ("train.label_smoothing=1", r"'train.label_smoothing' must be in \[0, 1\); got 1.0$"),
-        ("decode.length_penalty=-3", r"'decode.length_penalty' must be a finite number >= 0; got -3$"),
+        ("decode.length_penalty=-3", r"'decode.length_penalty' must be a finite number in \[0, 10\]; got -3$"),
         ("train.lr=.nan", r"'train.lr' must be a finite number > 0; got nan$"),
         ("train.grad_clip=.nan", r"'train.grad_clip' must be a finite number >= 0; got nan$"),
         ("train.grad_clip=.inf", r"'train.grad_clip' must be a finite number >= 0; got inf$"),

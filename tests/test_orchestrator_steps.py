@@ -124,14 +124,14 @@ def test_demo_steps_start_the_sliders_within_the_page_and_round_lifetimes() -> N
         ({"saliency": "gradcam"}, "--saliency scores saliency maps against instance masks; it needs --grounding"),
         ({"ensemble": ["b.pt"], "features": "store"}, "--features works on one model"),
         ({"ensemble": ["b.pt"], "saliency": "gradcam", "grounding": True}, "--saliency works on one model"),
+        ({"heatmaps": "maps"}, "--heatmaps draws the grounded words' maps over their regions; it needs --grounding"),
     ],
 )
 def test_evaluate_checkpoint_refuses_flags_that_do_not_go_together(flags: dict, error: str) -> None:
     from captioner.apps.commands.evaluate import check_checkpoint_arguments
 
-    args = argparse.Namespace(
-        **{"checkpoint": "a.pt", "saliency": None, "grounding": False, "ensemble": [], "features": None, **flags})
+    alone = {"checkpoint": "a.pt", "saliency": None, "grounding": False, "ensemble": [], "features": None,
+             "heatmaps": None}
     with pytest.raises(CaptionerError, match=error):
-        check_checkpoint_arguments(args)
-    check_checkpoint_arguments(
-        argparse.Namespace(checkpoint="a.pt", saliency=None, grounding=False, ensemble=[], features=None))
+        check_checkpoint_arguments(argparse.Namespace(**{**alone, **flags}))
+    check_checkpoint_arguments(argparse.Namespace(**alone))
