@@ -16,11 +16,11 @@ import captioner.training.loop as loop
 import captioner.training.speed as precision
 from captioner.core.config import config_from_dict
 from captioner.core.errors import ConfigError
-from captioner.data.batching import CaptionDataset, collate_captions
+from captioner.data.batching import CaptionDataset, EpochBatchSampler, collate_captions, rank_batch
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.training.distributed import Distributed
-from captioner.training.run_setup import make_scheduler
+from captioner.training.run_setup import RunData, decide_speed, make_scheduler
 from captioner.training.state import TrainState
 
 CPU = torch.device("cpu")
@@ -97,7 +97,7 @@ def test_auto_calibrates_once_per_machine_and_shapes(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     calls: list[int] = []
 
-    def timed(model, config, encoded, feature_shape):
+    def timed(model, config, encoded, feature_shape, batch=None):
         calls.append(config.data.batch_size)
         return {"bf16": config.data.batch_size == 8, "bf16_ms": 1.0, "fp32_ms": 2.0}
 
@@ -121,6 +121,57 @@ def test_a_calibration_that_ties_in_its_kept_times_keeps_fp32(monkeypatch: pytes
     monkeypatch.setattr(precision, "time", SimpleNamespace(perf_counter=starts_and_ends.__next__))
     decision = precision.time_precisions(tiny_model().train(), tiny_config("data.batch_size=2"), False, None, steps=1)
     assert decision == {"bf16": False, "bf16_ms": 16.06, "fp32_ms": 16.06}
+
+
+def test_a_ranks_batch_is_what_the_sampler_gives_it() -> None:
+    """`rank_batch`, which sizes the calibration's batch, is the size of every batch each rank's sampler yields."""
+    for size, batch_size, world_size in [(64, 8, 1), (5, 1000, 1), (5, 1000, 2), (7, 3, 2), (3, 2, 4)]:
+        for rank in range(world_size):
+            sampler = EpochBatchSampler(size, batch_size, 0, rank, world_size)
+            assert {len(b) for b in sampler} == {rank_batch(size, batch_size, world_size)}, (size, batch_size, rank)
+
+
+def test_the_calibration_times_the_batch_a_step_takes_not_a_larger_configured_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """data.batch_size 1000 over 3 training images: every step holds 3, and so does the calibration's batch.
+    Before, it built 1000 synthetic images (a batch size past the data's exhausted memory, killed or a traceback)."""
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    sizes: list[int] = []
+    original = precision.synthetic_batch
+
+    def synthetic(*args: object, **kwargs: object):
+        made = original(*args, **kwargs)
+        sizes.append(made.images.shape[0])
+        return made
+
+    monkeypatch.setattr(precision, "synthetic_batch", synthetic)
+    config = tiny_config("train.cpu_amp=auto", "data.batch_size=1000", "train.device=cpu")
+    data = RunData([ImageRecord(i, Path(f"{i}.png"), ("a red circle",)) for i in range(3)], [])
+    speed = decide_speed(config, Distributed(CPU), tiny_model(), TrainState(), data, None, 1)
+    assert sizes == [3] and speed.bf16 == precision.machine_would_choose(config, False, None, 3)
+
+
+def test_a_calibration_without_memory_is_one_line_and_decides_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    """No precision is taken for want of memory (the run's weights would hang on it): one line, nothing kept."""
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+
+    def no_memory(*args: object, **kwargs: object) -> dict:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 98304000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(precision, "time_precisions", no_memory)
+    config = tiny_config("train.cpu_amp=auto", "data.batch_size=64")
+    with pytest.raises(ConfigError, match=r"^train\.cpu_amp auto: a step of 16 images found no memory to run in "
+                                          r"\(.*can't allocate memory.*\); lower data\.batch_size, or set "
+                                          r"train\.cpu_amp to fp32 or bf16$"):
+        precision.choose_cpu_bf16(config, tiny_model(), False, None, 16)
+    assert precision.machine_would_choose(config, False, None, 16) is None
+    monkeypatch.setattr(precision, "time_precisions", lambda *a, **k: 1 / 0)  # any other failure is a bug: kept
+    with pytest.raises(ZeroDivisionError):
+        precision.choose_cpu_bf16(config, tiny_model(), False, None, 16)
 
 
 @pytest.mark.parametrize("encoded", [False, True])

@@ -173,6 +173,13 @@ def epoch_seed(seed: int, epoch: int, *more: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, *more]).generate_state(1, dtype=np.uint64)[0])
 
 
+def rank_batch(size: int, batch_size: int, world_size: int = 1) -> int:
+    """The images in each batch of one rank's epoch over `size` images (`EpochBatchSampler`): `batch_size`, or
+    for a dataset smaller than the global batch its equal share, rounded up. What a step really holds, so what
+    anything sized for a step (the precision's calibration) should be sized by."""
+    return min(batch_size, -(-size // world_size))
+
+
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     """Batches of (index, draw) for one rank; `set_epoch(epoch, start)` picks the order and the first batch."""
 
@@ -198,7 +205,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     @property
     def span(self) -> int:
         """Positions per global batch: the global batch, or a smaller dataset rounded up to equal shares."""
-        return min(self.global_batch, -(-self.size // self.world_size) * self.world_size)
+        return rank_batch(self.size, self.batch_size, self.world_size) * self.world_size
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         if not 0 <= start <= len(self):

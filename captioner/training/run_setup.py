@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from captioner.core.config_sections import Config
 from captioner.core.process_settings import loader_workers
-from captioner.data.batching import CaptionDataset, EpochBatchSampler, collate_captions, device_preprocess
+from captioner.data.batching import CaptionDataset, EpochBatchSampler, collate_captions, device_preprocess, rank_batch
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.store_format import StoreRows, store_dir
@@ -139,13 +139,16 @@ def stored_data(config: Config, ctx: Distributed, model: Captioner, train_record
 
 def decide_speed(config: Config, ctx: Distributed, model: Captioner, state: TrainState, data: RunData,
                  checkpoint: dict | None, threads: int | None) -> SpeedChoices:
-    """The steps' precision and products route, decided on synthetic work (or taken back from
-    the checkpoint) before the first step; `threads`: the count `decide_threads` fixed."""
+    """The steps' precision and products route, decided on synthetic work of the batch a step will take (or taken
+    back from the checkpoint) before the first step; `threads`: the count `decide_threads` fixed."""
     saved = checkpoint["train_state"] if checkpoint is not None else None
     features = data.train_features  # (rows, N, D): feature_shape is a row's (N, D)
     feature_shape = tuple(features[0].shape) if state.encoded and features is not None and len(features) else None
     last = str(Path(config.train.out_dir) / "last.pt")
-    state.bf16, onednn, gram_mm, grad_mm = decide_steps(config, ctx, model, state.encoded, feature_shape, saved, last)
+    # A streamed run's batches are full (its size unknown here); a dataset smaller than the global batch is shared
+    batch = rank_batch(len(data.train_records), config.data.batch_size, ctx.world_size) if data.train_records else None
+    state.bf16, onednn, gram_mm, grad_mm = decide_steps(config, ctx, model, state.encoded, feature_shape, saved, last,
+                                                        batch)
     speed = SpeedChoices(state.bf16, threads, onednn, gram_mm, grad_mm)
     if ctx.is_main:
         log.debug("%s", describe(speed, ctx.device))

@@ -4,7 +4,8 @@ Thread count, the CPU's dense-products route (models/products.py) and the precis
 (`train.cpu_amp`) each change how a step's floats are summed; made once from settings and per-machine
 calibrations, they make a config and seed give the same weights on one machine. An explicit setting wins over a
 checkpoint's. `train.cpu_amp auto` takes bf16 where the CPU has it natively and a timed calibration on synthetic
-batches, drawing nothing from the run's random streams, finds it faster (kept per machine and shapes)."""
+batches of the size the run's steps take, drawing nothing from the run's random streams, finds it faster (kept per
+machine and shapes)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 
 from captioner.core import machine_cache
 from captioner.core.config_sections import Config
+from captioner.core.errors import ConfigError, first_line
 from captioner.core.process_settings import (ENV_THREADS, ThreadGovernor, cpu_has_native_bf16, free_cores, run_threads,
                                              threads_are_automatic)
 from captioner.data.batching import CaptionBatch
@@ -75,21 +77,21 @@ def decide_threads(config: Config, saved: dict | None, source: str) -> tuple[int
 
 
 def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bool,
-                 feature_shape: tuple[int, ...] | None, saved: dict | None,
-                 source: str) -> tuple[bool, bool | None, bool | None, bool | None]:
+                 feature_shape: tuple[int, ...] | None, saved: dict | None, source: str,
+                 batch: int | None = None) -> tuple[bool, bool | None, bool | None, bool | None]:
     """(bf16 steps, the products route, weight gradients by torch.mm, input gradients by torch.mm) for the run,
     decided before its first step: on CUDA `train.amp` alone; on the CPU the products route first (the
     calibration's fp32 steps take it), then the precision. A resumed run takes its checkpoint's. Every rank
-    takes rank 0's."""
+    takes rank 0's. `batch`: the images a step of this rank takes (`rank_batch`); None: data.batch_size."""
     if ctx.device.type != "cpu":
         return config.train.amp, None, None, None
     route = saved.get("onednn_products") if saved else None
     if isinstance(route, bool):  # a choice none recorded: oneDNN's, as before it was made
         products.take_route(route, source, gram_mm=saved.get("gram_mm") is True, grad_mm=saved.get("grad_mm") is True)
     onednn, gram_mm, grad_mm = products.route_taken(), products.gram_by_mm(), products.grad_by_mm()
-    bf16 = resumed_precision(config, saved, encoded, feature_shape, source)
+    bf16 = resumed_precision(config, saved, encoded, feature_shape, source, batch)
     if bf16 is None and ctx.is_main:
-        choice = choose_cpu_bf16(config, model, encoded, feature_shape)
+        choice = choose_cpu_bf16(config, model, encoded, feature_shape, batch)
         log.debug("%s", choice.reason)
         bf16 = choice.bf16
     if ctx.enabled:  # every rank takes rank 0's
@@ -98,7 +100,7 @@ def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bo
 
 
 def resumed_precision(config: Config, saved: dict | None, encoded: bool, feature_shape: tuple[int, ...] | None,
-                      source: str) -> bool | None:
+                      source: str, batch: int | None = None) -> bool | None:
     """The checkpoint's precision where `train.cpu_amp` is auto (a value set explicitly wins,
     and says so when it differs); None for a new run, or a checkpoint that recorded none."""
     recorded = saved.get("cpu_bf16") if saved else None
@@ -110,7 +112,7 @@ def resumed_precision(config: Config, saved: dict | None, encoded: bool, feature
             log.warning("train.cpu_amp %s as set, where %s trained in %s: it goes on, not bit for bit",
                         mode, source, "bf16" if recorded else "fp32")
         return mode == "bf16"
-    here = machine_would_choose(config, encoded, feature_shape)
+    here = machine_would_choose(config, encoded, feature_shape, batch)
     if here is not None and here != recorded:
         log.info("train.cpu_amp auto: %s steps, as %s trained (this machine alone would take %s)",
                  "bf16" if recorded else "fp32", source, "bf16" if here else "fp32")
@@ -138,29 +140,31 @@ class PrecisionChoice:
     reason: str
 
 
-def choose_cpu_bf16(config: Config, model: Captioner, encoded: bool,
-                    feature_shape: tuple[int, ...] | None) -> PrecisionChoice:
+def choose_cpu_bf16(config: Config, model: Captioner, encoded: bool, feature_shape: tuple[int, ...] | None,
+                    batch: int | None = None) -> PrecisionChoice:
     """A new run's precision on the CPU, as `train.cpu_amp` asks (bf16: autocast, weights and loss stay fp32).
     `auto`'s calibration is recalled, else measured by the first process that asks and kept for every other
-    (torchrun's ranks take one decision)."""
+    (torchrun's ranks take one decision), on batches of `batch` images (None: data.batch_size)."""
     mode = config.train.cpu_amp
     if mode != "auto":
         return PrecisionChoice(mode == "bf16", f"train.cpu_amp {mode}")
     if not cpu_has_native_bf16():
         return PrecisionChoice(False, "train.cpu_amp auto: this CPU has no native bf16")
-    name = calibration_name(config, encoded, feature_shape)
-    decision, _ = machine_cache.decided(name, lambda: time_precisions(model, config, encoded, feature_shape), _valid)
+    name = calibration_name(config, encoded, feature_shape, batch)
+    decision, _ = machine_cache.decided(name, lambda: measure_precisions(model, config, encoded, feature_shape, batch),
+                                        _valid)
     return PrecisionChoice(decision["bf16"], f"train.cpu_amp auto: a step of this run's shapes took "
                            f"{decision['bf16_ms']:.0f} ms in bf16 and {decision['fp32_ms']:.0f} ms in fp32 on this CPU "
                            f"(bf16 {'faster' if decision['bf16'] else 'slower'})")
 
 
-def machine_would_choose(config: Config, encoded: bool, feature_shape: tuple[int, ...] | None) -> bool | None:
+def machine_would_choose(config: Config, encoded: bool, feature_shape: tuple[int, ...] | None,
+                         batch: int | None = None) -> bool | None:
     """What `auto` takes on the local machine for these shapes, without measuring: None when no
     calibration is kept here (a resumed run does not calibrate: its checkpoint has decided)."""
     if not cpu_has_native_bf16():
         return False
-    known = machine_cache.recall(calibration_name(config, encoded, feature_shape))
+    known = machine_cache.recall(calibration_name(config, encoded, feature_shape, batch))
     return known["bf16"] if _valid(known) else None
 
 
@@ -169,33 +173,55 @@ def _valid(known: object) -> bool:
         isinstance(known.get(k), (int, float)) for k in ("bf16_ms", "fp32_ms"))
 
 
-def calibration_name(config: Config, encoded: bool, feature_shape: tuple[int, ...] | None) -> str:
-    """The machine cache's key for a run's shapes: the model, the batch, the input (images of a
-    size, or stored features of a shape) and the stage."""
+def calibration_name(config: Config, encoded: bool, feature_shape: tuple[int, ...] | None,
+                     batch: int | None = None) -> str:
+    """The machine cache's key for a run's shapes: the model, the batch a step takes (`batch`, else
+    data.batch_size: the same key as before for every run whose data fills its batches), the input (images
+    of a size, or stored features of a shape) and the stage."""
     data = config.data
     shapes = {
         "model": dataclasses.asdict(config.model),
-        "batch": data.batch_size, "captions": data.captions_per_image, "length": data.max_caption_length,
+        "batch": batch or data.batch_size, "captions": data.captions_per_image, "length": data.max_caption_length,
         "input": list(feature_shape) if encoded and feature_shape else data.image_size, "stage": config.train.stage,
     }
     digest = hashlib.sha1(json.dumps(shapes, sort_keys=True).encode()).hexdigest()[:12]
     return f"{CALIBRATION}:{config.model.decoder.type}:{digest}"
 
 
+def measure_precisions(model: Captioner, config: Config, encoded: bool, feature_shape: tuple[int, ...] | None,
+                       batch: int | None = None) -> dict:
+    """`time_precisions`, or one line when its step finds no memory: the run's steps, of the same batch, would
+    not either, and a precision chosen for want of memory would change the run's weights unsaid."""
+    try:
+        return time_precisions(model, config, encoded, feature_shape, batch=batch)
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        raise ConfigError(f"train.cpu_amp auto: a step of {batch or config.data.batch_size} images found no memory "
+                          f"to run in ({first_line(e, 120)}); lower data.batch_size, or set train.cpu_amp "
+                          "to fp32 or bf16") from None
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` says an allocation failed (Python's MemoryError, torch's CPU or device allocators)."""
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(error)
+
+
 def time_precisions(model: Captioner, config: Config, encoded: bool, feature_shape: tuple[int, ...] | None,
-                    steps: int = TIMED_STEPS) -> dict:
+                    steps: int = TIMED_STEPS, batch: int | None = None) -> dict:
     """Forward and backward passes of a copy of `model` over one synthetic batch of the run's
-    shapes, fp32 and bf16 alternating, each precision's first pass a warm-up: {"bf16": whether it is faster,
-    "bf16_ms", "fp32_ms"}, the medians. The global generator is forked: the run's stream stays where it was."""
+    shapes (`batch` images; None: data.batch_size), fp32 and bf16 alternating, each precision's first pass a
+    warm-up: {"bf16": whether it is faster, "bf16_ms", "fp32_ms"}, the medians. The global generator is forked:
+    the run's stream stays where it was."""
     trial = copy.deepcopy(model).train()  # batch-norm statistics move in train mode: not the run's
-    batch = synthetic_batch(config, len(model.vocab), encoded, feature_shape)
+    synthetic = synthetic_batch(config, len(model.vocab), encoded, feature_shape, batch)
     times: dict[bool, list[float]] = {False: [], True: []}
     with torch.random.fork_rng(devices=[]):
         for round_ in range(steps + 1):
             for bf16 in (False, True):
                 started = time.perf_counter()
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    loss, _ = caption_loss(trial, batch, config, encoded)
+                    loss, _ = caption_loss(trial, synthetic, config, encoded)
                 loss.backward()
                 trial.zero_grad(set_to_none=True)
                 if round_:  # the first round is the warm-up
@@ -206,14 +232,14 @@ def time_precisions(model: Captioner, config: Config, encoded: bool, feature_sha
     return {"bf16": bf16_ms < fp32_ms, "bf16_ms": bf16_ms, "fp32_ms": fp32_ms}
 
 
-def synthetic_batch(config: Config, vocab_size: int, encoded: bool,
-                    feature_shape: tuple[int, ...] | None) -> CaptionBatch:
-    """A batch of the run's shapes from a generator of its own: `data.batch_size` images (or stored
-    feature rows of `feature_shape`), each with one caption (five for captions_per_image all) of
-    the longest length a training caption can have."""
+def synthetic_batch(config: Config, vocab_size: int, encoded: bool, feature_shape: tuple[int, ...] | None,
+                    batch: int | None = None) -> CaptionBatch:
+    """A batch of the run's shapes from a generator of its own: `batch` images (None: data.batch_size; a
+    step of a dataset smaller than that takes fewer), or stored feature rows of `feature_shape`, each with
+    one caption (five for captions_per_image all) of the longest length a training caption can have."""
     generator = torch.Generator().manual_seed(0)
     data = config.data
-    B = data.batch_size
+    B = batch or data.batch_size
     C = B * (CAPTIONS_PER_IMAGE if data.captions_per_image == "all" else 1)
     T = data.max_caption_length + 2  # <bos> words <eos>
     if encoded and feature_shape is not None:
