@@ -96,6 +96,22 @@ def test_a_config_path_that_holds_no_config_text_is_one_line(tmp_path: Path) -> 
         load_config(tmp_path / "huge.yaml")
 
 
+@pytest.mark.parametrize("depth", [33, 990, 5000])
+def test_a_config_nested_past_any_configs_depth_is_one_line(depth: int, tmp_path: Path) -> None:
+    """Brackets thousands deep in a file or an override: one line naming where, never a RecursionError from the
+    YAML composer; a user's anchors and aliases stay allowed."""
+    value = "[" * depth + "1" + "]" * depth
+    (tmp_path / "deep.yaml").write_text(f"train:\n  lr: {value}\n")
+    with pytest.raises(ConfigError, match=r"^.*deep\.yaml: nested deeper than the 32 levels a config file may have; "
+                                          r"refused$"):
+        load_config(tmp_path / "deep.yaml")
+    with pytest.raises(ConfigError, match=r"^command line's train\.lr: nested deeper than the 32 levels a config "
+                                          r"value may have; refused$"):
+        load_config(None, [f"train.lr={value}"])
+    (tmp_path / "aliases.yaml").write_text("train:\n  lr: &rate 0.002\n  encoder_lr: *rate\n")
+    assert load_config(tmp_path / "aliases.yaml").train.encoder_lr == 0.002
+
+
 def test_a_config_path_that_is_a_named_pipe_is_refused_before_it_is_opened(tmp_path: Path) -> None:
     """Reading a FIFO waits for a writer forever: it is refused as not a file (so are /dev/zero and
     other devices, which never end)."""

@@ -117,6 +117,19 @@ def load_yaml(text: str, source: str, what: str, error: type[CaptionerError]) ->
     holds too many aliases or does not parse."""
     import yaml
 
+    try:
+        return parse_yaml(text, source, what, error)
+    except yaml.YAMLError as e:
+        raise error(f"{source}: not valid YAML ({' '.join(str(e).split())[:160]})") from None
+
+
+def parse_yaml(text: str, source: str, what: str, error: type[CaptionerError],
+               max_aliases: int | None = MAX_ALIASES) -> Any:
+    """YAML text parsed safely, its nesting bounded: one `error` line past MAX_DEPTH levels (never a
+    RecursionError from the composer or from whatever walks the result) or past `max_aliases` aliases (None:
+    any number, as in a user's own config). Text that does not parse raises yaml.YAMLError, the caller's to word."""
+    import yaml
+
     class BoundedLoader(yaml.SafeLoader):
         """SafeLoader that counts the aliases it meets and the depth it composes at."""
 
@@ -126,8 +139,8 @@ def load_yaml(text: str, source: str, what: str, error: type[CaptionerError]) ->
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.AliasEvent):
                 self.aliases += 1
-                if self.aliases > MAX_ALIASES:
-                    raise error(f"{source}: more than the {MAX_ALIASES} YAML aliases a {what} may hold; refused")
+                if max_aliases is not None and self.aliases > max_aliases:
+                    raise error(f"{source}: more than the {max_aliases} YAML aliases a {what} may hold; refused")
             self.depth += 1
             try:
                 if self.depth > MAX_DEPTH:
@@ -139,8 +152,6 @@ def load_yaml(text: str, source: str, what: str, error: type[CaptionerError]) ->
     loader = BoundedLoader(text)
     try:
         return loader.get_single_data()
-    except yaml.YAMLError as e:
-        raise error(f"{source}: not valid YAML ({' '.join(str(e).split())[:160]})") from None
     finally:
         loader.dispose()
 

@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from captioner.core.bounded_files import read_text_file
+from captioner.core.bounded_files import parse_yaml, read_text_file
 from captioner.core.config_sections import Config
 from captioner.core.decode_schema import DecodeOption, combination_problem, raise_problem
 from captioner.core.decoder_types import decoder_type, registered, type_of
@@ -38,7 +38,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     source = "defaults" if path is None else str(path)
     if path is not None:
         try:
-            raw = yaml.safe_load(read_text_file(path, "config file", ConfigError, CONFIG_BYTES))
+            raw = parse_yaml(read_text_file(path, "config file", ConfigError, CONFIG_BYTES), str(path), "config file",
+                             ConfigError, max_aliases=None)
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
         except yaml.YAMLError as e:
@@ -96,7 +97,7 @@ def _set_overrides(config: Config, overrides: list[str] | tuple[str, ...], only:
         if only is not None and not key.startswith(only):
             raise ConfigError(f"override {override!r}: only {only}* keys can be set here")
         try:
-            value = yaml.safe_load(text)
+            value = parse_yaml(text, f"command line's {key}", "config value", ConfigError, max_aliases=None)
         except yaml.YAMLError:
             value = text
         _set_dotted(config, key, value, "command line")
