@@ -170,6 +170,12 @@ ROWS: dict[str, Row] = {
         ("a_run_without_last",)),
     "train: an out_dir that cannot be made": Row(["train", SHAPES, "train.out_dir={image}/run"], 2,
                                                  r"^error: train\.out_dir=.*good\.png/run: cannot create the folder"),
+    "train: a shapes data.root that is a file": Row(["train", SHAPES, "data.root={image}"], 2,
+                                                    r"^error: data\.root=.*good\.png: a file, not a folder to write "
+                                                    r"into$"),
+    "train: a shapes data.root that cannot be made": Row(["train", SHAPES, "data.root={image}/shapes"], 2,
+                                                         (r"^error: data\.root=.*good\.png/shapes: cannot create the "
+                                                          r"folder \(Not a directory\)$")),
     "train: no Flickr8k": Row(["train", FLICKR8K, "data.root=nowhere"], 2,
                               r"^error: data\.root=nowhere: no Flickr8k here \(Flickr8k\.token\.txt not found\); "
                               r"download it with captioner data flickr8k --root nowhere, or set data\.root=DIR"),
@@ -471,6 +477,18 @@ def test_a_mistake_is_one_line_and_exit_2_a_partial_failure_a_summary_and_exit_1
     if row.code == 2:
         assert len(lines) == 1, lines
     assert re.search(row.line, lines[-1]), lines
+
+
+def test_a_shapes_root_that_cannot_hold_the_world_is_said_before_the_run_folder_is_made(
+        world: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """train.out_dir is made only once the data can be: a refused data.root leaves no empty run folder behind."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(WORK["train"], refuse("train started its work before refusing"))
+    for root in (world["image"], f"{world['image']}/shapes"):
+        code, lines = run_cli(["train", SHAPES, f"data.root={root}", "train.out_dir=run"], capsys, caplog)
+        assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: data.root={root}: "), lines
+        assert not (tmp_path / "run").exists()
 
 
 def command_paths(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

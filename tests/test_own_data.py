@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -381,6 +382,22 @@ def test_shards_hold_every_image_and_caption_in_img2datasets_layout(tmp_path: Pa
 
     assert main(argv) == 2  # shards already there are never mixed with new ones
     assert "already holds 5 shards; remove them or choose another --out" in capsys.readouterr().err
+
+
+def test_a_shapes_root_that_is_a_file_or_cannot_be_made_is_one_line(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """data.root a file, a device, or below a file: one DatasetError line naming data.root before any image is
+    drawn (before, a FileExistsError or NotADirectoryError traceback from the generator)."""
+    from captioner.data import datasets
+
+    monkeypatch.setattr(datasets, "generate_shapes", lambda *a, **k: pytest.fail("the world was generated"))
+    (tmp_path / "afile").write_text("hi")
+    shapes = ["data.dataset=shapes", "data.shapes_num_train=2", "data.shapes_num_val=1", "data.shapes_num_test=1"]
+    for root, said in [(tmp_path / "afile", "a file, not a folder to write into"), (Path("/dev/null"), "a file, not"),
+                       (tmp_path / "afile" / "sub", r"cannot create the folder \(Not a directory\)")]:
+        with pytest.raises(DatasetError, match=rf"^data\.root={re.escape(str(root))}: {said}"):
+            datasets.ensure_shapes(load_config(None, [*shapes, f"data.root={root}"]).data)
+    assert (tmp_path / "afile").read_text() == "hi"
 
 
 def test_the_shapes_world_is_never_generated_into_a_folder_of_other_files(tmp_path: Path) -> None:

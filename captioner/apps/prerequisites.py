@@ -31,7 +31,13 @@ def require_official_metrics(spice: bool = False) -> None:
 
 
 def require_data(data: DataConfig, splits: list[str], given_as: str = "data.root") -> None:
-    """The dataset's caption files (or folder) for each split; `given_as`: how the user named data.root."""
+    """The dataset's caption files (or folder) for each split; `given_as`: how the user named data.root. The shapes
+    world is generated on first use: its folder is made now, so a root that cannot hold it is said before the work
+    (and before the run's folder is made)."""
+    from captioner.data.shapes import finished_world
+
+    if data.dataset == "shapes" and not finished_world(data.root):
+        writable_folder(data.root, given_as)
     missing = next(filter(None, (missing_data(data, split, given_as) for split in splits)), None)
     if missing is not None:
         raise DatasetError(missing)

@@ -91,10 +91,17 @@ def seeded_split_record(config: DataConfig) -> dict | None:
 
 
 def ensure_shapes(config: DataConfig) -> None:
-    """Generate the shapes world into `config.root` on first use."""
+    """Generate the shapes world into `config.root` on first use; a root that is a file or cannot be made is one
+    line, before any image is drawn."""
     root = Path(config.root)
     if finished_world(root):
         return
+    if root.exists() and not root.is_dir():
+        raise DatasetError(f"data.root={root}: a file, not a folder to write into")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatasetError(f"data.root={root}: cannot create the folder ({e.strerror or e})") from None
     # Never write into a user's folder unasked.
     if root.is_dir() and not (root / SHAPES_MARKER).exists() and any(root.iterdir()):
         raise DatasetError(f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds "
