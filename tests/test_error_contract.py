@@ -176,6 +176,12 @@ ROWS: dict[str, Row] = {
     "train: a shapes data.root that cannot be made": Row(["train", SHAPES, "data.root={image}/shapes"], 2,
                                                          (r"^error: data\.root=.*good\.png/shapes: cannot create the "
                                                           r"folder \(Not a directory\)$")),
+    "train: a data.feature_store that is a file": Row(["train", SHAPES, "data.feature_store={image}"], 2,
+                                                      (r"^error: data\.feature_store=.*good\.png: a file, not a "
+                                                       r"folder to write into$")),
+    "train: a data.feature_store below a file": Row(["train", SHAPES, "data.feature_store={image}/store"], 2,
+                                                    (r"^error: data\.feature_store=.*good\.png/store: cannot create "
+                                                     r"the folder \(Not a directory\)$")),
     "train: no Flickr8k": Row(["train", FLICKR8K, "data.root=nowhere"], 2,
                               r"^error: data\.root=nowhere: no Flickr8k here \(Flickr8k\.token\.txt not found\); "
                               r"download it with captioner data flickr8k --root nowhere, or set data\.root=DIR"),
@@ -188,6 +194,12 @@ ROWS: dict[str, Row] = {
     "features: no config": Row(["features"], 2,
                                r"^error: captioner features: give a config, e\.g\. captioner features configs/"),
     "features: bad splits": Row(["features", SHAPES, "--splits", "dev"], 2, r"features --splits: dev is not a split"),
+    "features: an --out that is a file": Row(["features", SHAPES, "--out", "{image}"], 2,
+                                             r"^error: features --out .*good\.png: a file, not a folder to write "
+                                             r"into$"),
+    "features: an --out below a file": Row(["features", SHAPES, "--out", "{image}/store"], 2,
+                                           (r"^error: features --out .*good\.png/store: cannot create the folder "
+                                            r"\(Not a directory\)$")),
     "features: no Flickr8k": Row(["features", FLICKR8K, "data.root=nowhere"], 2,
                                  r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k"),
     # caption

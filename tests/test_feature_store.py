@@ -150,6 +150,24 @@ def test_failed_images_are_recorded_and_skipped(shapes_root: Path, tmp_path: Pat
     assert not store.rows([2])[0].any()  # the failed row holds zeros, and nothing reads it
 
 
+def test_a_store_folder_that_is_a_file_or_cannot_be_made_is_one_line_before_any_encoding(
+        shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file where the store's folder goes, or one where a parent of it goes: one FeatureStoreError line, nothing
+    encoded and the file kept (before, a FileExistsError or NotADirectoryError traceback)."""
+    import captioner.data.store_extract as store_extract
+
+    monkeypatch.setattr(store_extract, "encode_batches", lambda *a, **k: pytest.fail("encoded"))
+    config = shapes_config(shapes_root, tmp_path / "run")
+    model = frozen_model(config)
+    records = load_split(config.data, "val")[:2]
+    (tmp_path / "afile").write_text("mine")
+    for folder, said in [(tmp_path / "afile", "a file, not a folder for the feature store"),
+                         (tmp_path / "afile" / "x", r"cannot create the feature store's folder \(Not a directory\)")]:
+        with pytest.raises(FeatureStoreError, match=rf"^{folder}: {said}$"):
+            extract(model.encoder, model.transform, folder, "val", records, batch_size=2, progress=False)
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 def test_a_store_written_before_the_pillow_resize_is_stale(shapes_root: Path, tmp_path: Path) -> None:
     """Stores from before the uint8 pipeline name their transform by hand ({"resize": "square", ...}):
     torchvision's tensor resize, which rounds a few pixels apart from the Pillow resize the

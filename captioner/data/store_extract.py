@@ -63,8 +63,7 @@ def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | P
     check_storable(encoder)
     if not records:
         raise FeatureStoreError(f"{split}: no images to encode")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = make_store_folder(directory)
     job = plan_extraction(encoder, transform, directory, split, records)
     check_disk_space(job, directory, encoder.frozen)
     header = allocate_array(job)
@@ -73,6 +72,19 @@ def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | P
     if len(job.manifest["failed"]) == len(records):
         raise FeatureStoreError(f"{job.manifest_path}: none of the {len(records)} {split} images could be loaded")
     return FeatureStore(directory, split, job.manifest)
+
+
+def make_store_folder(directory: str | Path) -> Path:
+    """The store's folder, made before any image is encoded; one line when a file stands there (or where one of
+    its parents goes) or it cannot be made, never an OSError's traceback."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise FeatureStoreError(f"{directory}: a file, not a folder for the feature store")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FeatureStoreError(f"{directory}: cannot create the feature store's folder ({e.strerror or e})") from None
+    return directory
 
 
 def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory: Path, split: str,

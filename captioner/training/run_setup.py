@@ -22,7 +22,7 @@ from captioner.data.batching import CaptionDataset, EpochBatchSampler, collate_c
 from captioner.data.image_transform import ImageTransform
 from captioner.data.records import ImageRecord
 from captioner.data.store_format import StoreRows, store_dir
-from captioner.data.store_extract import split_features
+from captioner.data.store_extract import make_store_folder, split_features
 from captioner.data.shards import ShardSet
 from captioner.data.streaming import ShardStream, StreamingCaptions, StreamSettings
 from captioner.models.captioner import Captioner
@@ -124,6 +124,8 @@ def stored_data(config: Config, ctx: Distributed, model: Captioner, train_record
                 val_records: list[ImageRecord], all_val_records: list[ImageRecord]) -> RunData:
     """The train and val rows of the feature store: rank 0 builds the store when it is absent,
     then the other ranks open it."""
+    if ctx.is_main:  # a store folder that cannot be made: one line, before the log line that names it
+        make_store_folder(store_dir(config))
     encoder = model.encoder
     trained = "" if encoder.frozen else f" and the top {len(encoder.blocks) - encoder.num_frozen} encoder blocks"
     log.info("training the decoder%s on the feature store in %s (what the frozen blocks make, stored once)", trained,

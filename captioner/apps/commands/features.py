@@ -23,7 +23,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Encode each split once into the fp16 feature store (resumes a stopped extraction)."""
-    from captioner.apps.prerequisites import require_data
+    from captioner.apps.prerequisites import require_data, writable_folder
     from captioner.core.config import load_config
     from captioner.core.process_settings import resolve_device
     from captioner.data.datasets import load_split
@@ -44,11 +44,13 @@ def run(args: argparse.Namespace) -> int:
         raise CaptionerError(f"features --splits: {bad} is not a split; use {','.join(SPLITS)}")
     require_data(config.data, splits)
     check_encoder_config(config.model.encoder)  # an unknown backbone stops here, before any weights load
+    directory = store_dir(config)
+    given = "features --out" if args.out else "data.feature_store" if config.data.feature_store else "feature store"
+    writable_folder(directory, given)  # a file there, or a place that cannot be made: said before any encoding
     device = resolve_device(config.train.device, "train.device")
     encoder = build_encoder(config.model.encoder).to(device)  # only the encoder runs: no decoder, no vocabulary
     check_storable(encoder)
     transform = ImageTransform(config.data.image_size)  # the evaluation transform, as a Captioner's
-    directory = store_dir(config)
     for split in splits:
         start = time.time()
         records = load_split(config.data, split)

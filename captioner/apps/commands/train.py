@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from captioner.apps.prerequisites import require_data, require_no_run, require_start, writable_folder
     from captioner.core.config import load_config
     from captioner.training import distributed
+    from captioner.training.run_folders import check_run_folders
 
     options = [*([f"train.init={args.init}"] if args.init else []), *device_overrides(args)]  # --init, --device
     config = load_config(args.config, [*args.overrides, *options])  # the run fixes its threads (training/speed.py)
@@ -38,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.resume and distributed.is_main_process():  # rank 0 writes the run folder, so its view of it decides
         require_no_run(config.train.out_dir)
     require_data(config.data, ["train", "val"])
+    check_run_folders(config)  # a file where the run makes a folder: before train.out_dir is made
     if distributed.is_main_process():  # rank 0 alone writes the run folder; the others never touch it
         writable_folder(config.train.out_dir, "train.out_dir")
     from captioner.training.loop import Interrupted  # the training stack, once the checks above pass

@@ -1,0 +1,32 @@
+"""The folders a training run makes as it starts, seen before its work: data.feature_store, when the user places the
+store. A file where one goes, or a place below a file, is said in one line, and the file is left as it is."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from captioner.core.config_sections import Config
+from captioner.core.errors import FeatureStoreError
+
+
+def check_run_folders(config: Config) -> None:
+    """Refuse, in one line, a data.feature_store that is a file or lies below one; seen without making anything.
+    (The default store in train.out_dir, and a place the OS refuses for other reasons, are said when the store's
+    folder is made, before any image is encoded.)"""
+    store = config.data.feature_store if config.train.cache_features else None
+    problem = folder_problem(Path(store)) if store else None
+    if problem is not None:
+        raise FeatureStoreError(f"data.feature_store={store}: {problem}")
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why `folder` cannot be a folder, seen without making it: it is a file, or a file stands where one of its
+    parents goes; None otherwise."""
+    if os.path.lexists(folder) and not folder.is_dir():
+        return "a file, not a folder to write into"
+    nearest = next((p for p in folder.parents if os.path.lexists(p)), None)
+    if nearest is not None and not nearest.is_dir():
+        return f"cannot create the folder ({os.strerror(errno.ENOTDIR)})"
+    return None
