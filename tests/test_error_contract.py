@@ -182,6 +182,10 @@ ROWS: dict[str, Row] = {
     "train: a data.feature_store below a file": Row(["train", SHAPES, "data.feature_store={image}/store"], 2,
                                                     (r"^error: data\.feature_store=.*good\.png/store: cannot create "
                                                      r"the folder \(Not a directory\)$")),
+    "train: a file named tensorboard in train.out_dir": Row(
+        ["train", SHAPES, "train.out_dir={tensorboard_run}"], 2,
+        (r"^error: train\.out_dir=.*tensorboard_run: tensorboard is a file, where the run keeps its TensorBoard "
+         r"events in a folder; move it, or set another train\.out_dir$")),
     "train: no Flickr8k": Row(["train", FLICKR8K, "data.root=nowhere"], 2,
                               r"^error: data\.root=nowhere: no Flickr8k here \(Flickr8k\.token\.txt not found\); "
                               r"download it with captioner data flickr8k --root nowhere, or set data\.root=DIR"),
@@ -351,6 +355,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     files["broken.json"].write_text("{")
     files["broken.yaml"].write_text("train: [1\n")
     files["empty"].mkdir()
+    files["tensorboard_run"] = root / "tensorboard_run"  # a run folder holding a file where its events' folder goes
+    files["tensorboard_run"].mkdir()
+    (files["tensorboard_run"] / "tensorboard").write_text("mine")
     files["full"].mkdir()
     (files["full"] / "notes.txt").write_text("mine")
     stored = {"flickr8k_model": ["data.dataset=flickr8k", "data.root=data/flickr8k"],
@@ -501,6 +508,21 @@ def test_a_shapes_root_that_cannot_hold_the_world_is_said_before_the_run_folder_
         code, lines = run_cli(["train", SHAPES, f"data.root={root}", "train.out_dir=run"], capsys, caplog)
         assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: data.root={root}: "), lines
         assert not (tmp_path / "run").exists()
+
+
+def test_fit_refuses_a_file_named_tensorboard_in_its_folder_before_any_work(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process too: `fit` says a file named tensorboard in train.out_dir in one line before it reads any data,
+    and leaves the file as it was (before, the TensorBoard writer's FileExistsError once the run was set up)."""
+    from captioner.core.errors import StorageError
+    from captioner.training import fit as fitting
+
+    monkeypatch.setattr(fitting, "load_records", refuse("fit read its data before refusing"))
+    (tmp_path / "tensorboard").write_text("mine")
+    with pytest.raises(StorageError, match=r"^train\.out_dir=.*: tensorboard is a file, where the run keeps its "
+                                           r"TensorBoard events in a folder"):
+        fitting.fit(tiny_config(f"train.out_dir={tmp_path}", "train.device=cpu"))
+    assert (tmp_path / "tensorboard").read_text() == "mine"
 
 
 def command_paths(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
