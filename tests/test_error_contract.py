@@ -225,6 +225,9 @@ ROWS: dict[str, Row] = {
                                     r"truncated\.pt: not a readable captioner checkpoint"),
     "caption: bad beam": Row(["caption", "{model}", "{image}", "--beam", "0"], 2,
                              r"argument --beam: beam_size must be a whole number"),
+    "caption: a search flag with --sample": Row(["caption", "{model}", "{image}", "--sample", "--diverse-groups",
+                                                 "3"], 2, r"^error: caption: --diverse-groups shapes the beam search, "
+                                                          r"and --sample draws each word instead"),
     "caption: --attention without --json": Row(["caption", "{model}", "{image}", "--attention"], 2,
                                                r"^error: caption: --attention adds each word's map to the JSON; "
                                                r"give --json too$"),

@@ -80,6 +80,11 @@ def checked_flags(args: argparse.Namespace) -> dict[str, object]:
         flags = [SAMPLING_FLAGS[name] for name in sampling]
         raise CaptionerError(f"caption: {', '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} "
                              "only with --sample")
+    searching = [flag for flag in ("--beam", "--diverse-groups", "--diversity-strength", "--length-penalty")
+                 if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if args.sample and searching:
+        raise CaptionerError(f"caption: {', '.join(searching)} {'shape' if len(searching) > 1 else 'shapes'} the beam "
+                             "search, and --sample draws each word instead (leave out one or the other)")
     if args.attention and not args.json:
         raise CaptionerError("caption: --attention adds each word's map to the JSON; give --json too")
     if args.saliency and not args.heatmaps:
