@@ -112,6 +112,21 @@ def test_a_config_nested_past_any_configs_depth_is_one_line(depth: int, tmp_path
     assert load_config(tmp_path / "aliases.yaml").train.encoder_lr == 0.002
 
 
+def test_a_key_given_twice_in_a_section_is_one_line_naming_both_lines(tmp_path: Path) -> None:
+    """YAML keeps the second of two equal keys without a word: a config's forgotten second `lr:` trained unseen.
+    The same key in two sections, or set again through a merge (<<), is no repeat."""
+    (tmp_path / "twice.yaml").write_text("train:\n  lr: 0.001\n  epochs: 3\n  lr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"twice\.yaml: 'lr' is given twice in one section \(lines 2 and 4\); "
+                                          r"YAML would keep the second silently$"):
+        load_config(tmp_path / "twice.yaml")
+    (tmp_path / "apart.yaml").write_text("train:\n  seed: 3\ndata:\n  seed: 4\n")
+    with pytest.raises(ConfigError, match="unknown key 'data.seed'"):  # read whole, then judged key by key
+        load_config(tmp_path / "apart.yaml")
+    (tmp_path / "merged.yaml").write_text("train:\n  <<: {lr: 0.001, epochs: 3}\n  lr: 0.002\n")
+    assert (load_config(tmp_path / "merged.yaml").train.lr, load_config(tmp_path / "merged.yaml").train.epochs) == (
+        0.002, 3)
+
+
 def test_a_config_path_that_is_a_named_pipe_is_refused_before_it_is_opened(tmp_path: Path) -> None:
     """Reading a FIFO waits for a writer forever: it is refused as not a file (so are /dev/zero and
     other devices, which never end)."""

@@ -124,10 +124,12 @@ def load_yaml(text: str, source: str, what: str, error: type[CaptionerError]) ->
 
 
 def parse_yaml(text: str, source: str, what: str, error: type[CaptionerError],
-               max_aliases: int | None = MAX_ALIASES) -> Any:
+               max_aliases: int | None = MAX_ALIASES, unique_keys: bool = False) -> Any:
     """YAML text parsed safely, its nesting bounded: one `error` line past MAX_DEPTH levels (never a
     RecursionError from the composer or from whatever walks the result) or past `max_aliases` aliases (None:
-    any number, as in a user's own config). Text that does not parse raises yaml.YAMLError, the caller's to word."""
+    any number, as in a user's own config). `unique_keys`: a key given twice in one mapping is an `error` line,
+    where YAML keeps the last silently (a config's second `lr:` would win unseen). Text that does not parse
+    raises yaml.YAMLError, the caller's to word."""
     import yaml
 
     class BoundedLoader(yaml.SafeLoader):
@@ -148,6 +150,19 @@ def parse_yaml(text: str, source: str, what: str, error: type[CaptionerError],
                 return super().compose_node(parent, index)
             finally:
                 self.depth -= 1
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if unique_keys and isinstance(node, yaml.MappingNode):
+                lines: dict[str, int] = {}
+                for key, _ in node.value:
+                    if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                        continue  # a merge (<<) may set a key again: that is what it is for
+                    line = key.start_mark.line + 1
+                    if key.value in lines:
+                        raise error(f"{source}: {key.value!r} is given twice in one section (lines {lines[key.value]} "
+                                    f"and {line}); YAML would keep the second silently")
+                    lines[key.value] = line
+            return super().construct_mapping(node, deep)
 
     loader = BoundedLoader(text)
     try:

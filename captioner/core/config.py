@@ -39,7 +39,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if path is not None:
         try:
             raw = parse_yaml(read_text_file(path, "config file", ConfigError, CONFIG_BYTES), str(path), "config file",
-                             ConfigError, max_aliases=None)
+                             ConfigError, max_aliases=None, unique_keys=True)
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
         except yaml.YAMLError as e:
