@@ -158,6 +158,8 @@ ROWS: dict[str, Row] = {
     "train: bad device": Row(["train", SHAPES, "--device", "gpu"], 2, r"train\.device"),
     "train: missing --init": Row(["train", SHAPES, "--init", "missing.pt"], 2,
                                  r"^error: train\.init=missing\.pt: checkpoint not found"),
+    "train: an empty --init": Row(["train", SHAPES, "--init", ""], 2,
+                                  r"^error: train --init: an empty path; name the checkpoint to start from"),
     "train: nothing to resume": Row(["train", SHAPES, "--resume"], 2,
                                     r"last\.pt: nothing to resume .*leave out --resume"),
     "train: an out_dir that holds a run": Row(
@@ -198,6 +200,10 @@ ROWS: dict[str, Row] = {
     "features: no config": Row(["features"], 2,
                                r"^error: captioner features: give a config, e\.g\. captioner features configs/"),
     "features: bad splits": Row(["features", SHAPES, "--splits", "dev"], 2, r"features --splits: dev is not a split"),
+    "features: an empty split name": Row(["features", SHAPES, "--splits", "train,,val"], 2,
+                                         r"^error: features --splits: '' is not a split; use train,val,test$"),
+    "features: a split named twice": Row(["features", SHAPES, "--splits", "train,train"], 2,
+                                         r"^error: features --splits train,train: names train twice; name each"),
     "features: an --out that is a file": Row(["features", SHAPES, "--out", "{image}"], 2,
                                              r"^error: features --out .*good\.png: a file, not a folder to write "
                                              r"into$"),

@@ -37,11 +37,15 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, [*args.overrides, *device_overrides(args)])
     if args.out:
         config.data.feature_store = args.out
-    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    splits = [s.strip() for s in args.splits.split(",")]
     unknown = [s for s in splits if s not in SPLITS]
-    if unknown or not splits:
-        bad = ",".join(unknown) or repr(args.splits)
+    if unknown:  # an empty name too (train,,val): a typo, not a split
+        bad = ",".join(repr(s) if not s else s for s in unknown)
         raise CaptionerError(f"features --splits: {bad} is not a split; use {','.join(SPLITS)}")
+    twice = sorted({s for s in splits if splits.count(s) > 1})
+    if twice:
+        raise CaptionerError(f"features --splits {args.splits}: names {' and '.join(twice)} twice; "
+                             "name each split once")
     require_data(config.data, splits)
     check_encoder_config(config.model.encoder)  # an unknown backbone stops here, before any weights load
     directory = store_dir(config)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from captioner.apps.arguments import add_device_argument, device_overrides
 from captioner.core.config_sections import Config
+from captioner.core.errors import CaptionerError
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -33,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from captioner.training import distributed
     from captioner.training.run_folders import check_run_folders
 
+    if args.init is not None and not args.init.strip():  # "" would start from scratch without a word
+        raise CaptionerError("train --init: an empty path; name the checkpoint to start from, or leave out --init")
     options = [*([f"train.init={args.init}"] if args.init else []), *device_overrides(args)]  # --init, --device
     config = load_config(args.config, [*args.overrides, *options])  # the run fixes its threads (training/speed.py)
     require_start(config, args.resume)
