@@ -184,6 +184,14 @@ ROWS: dict[str, Row] = {
     "train: a data.feature_store below a file": Row(["train", SHAPES, "data.feature_store={image}/store"], 2,
                                                     (r"^error: data\.feature_store=.*good\.png/store: cannot create "
                                                      r"the folder \(Not a directory\)$")),
+    "train: a folder where the run writes a file": Row(
+        ["train", SHAPES, "train.out_dir={folders_run}"], 2,
+        r"^error: train\.out_dir=.*folders_run: last\.pt is a folder, where the run writes its last\.pt; move it"),
+    "train: --resume from a last.pt that is a folder": Row(
+        ["train", SHAPES, "train.out_dir={folders_run}", "--resume"], 2,
+        r"^error: .*folders_run/last\.pt: a folder, not the checkpoint --resume continues from$"),
+    "train: --init a folder": Row(["train", SHAPES, "--init", "{empty}"], 2,
+                                  r"^error: train\.init=.*empty: a folder; name the checkpoint in it \(--init "),
     "train: a file named tensorboard in train.out_dir": Row(
         ["train", SHAPES, "train.out_dir={tensorboard_run}"], 2,
         (r"^error: train\.out_dir=.*tensorboard_run: tensorboard is a file, where the run keeps its TensorBoard "
@@ -367,6 +375,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     files["tensorboard_run"] = root / "tensorboard_run"  # a run folder holding a file where its events' folder goes
     files["tensorboard_run"].mkdir()
     (files["tensorboard_run"] / "tensorboard").write_text("mine")
+    files["folders_run"] = root / "folders_run"  # a run folder holding folders where its files go
+    for name in ("last.pt", "metrics.csv"):
+        (files["folders_run"] / name).mkdir(parents=True)
     files["full"].mkdir()
     (files["full"] / "notes.txt").write_text("mine")
     stored = {"flickr8k_model": ["data.dataset=flickr8k", "data.root=data/flickr8k"],

@@ -81,6 +81,8 @@ def require_start(config: Config, resume: bool) -> None:
     """`train`: what the run starts from, before any data is read: --resume's last.pt, else train.init (SCST's)."""
     last = Path(config.train.out_dir) / "last.pt"
     if resume:
+        if last.is_dir():
+            raise CheckpointError(f"{last}: a folder, not the checkpoint --resume continues from")
         if not last.is_file():
             raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir); "
                                   "leave out --resume to start the run")
@@ -88,6 +90,9 @@ def require_start(config: Config, resume: bool) -> None:
     init = config.train.init
     if init and not Path(init).exists():
         raise CheckpointError(f"train.init={init}: checkpoint not found (--init names the .pt a run starts from)")
+    if init and Path(init).is_dir():
+        raise CheckpointError(f"train.init={init}: a folder; name the checkpoint in it (--init {Path(init) / 'best.pt'}"
+                              ", say)")
     if config.train.stage == "scst" and not init:
         raise ConfigError("train.stage: scst starts from a cross-entropy model: "
                           "set train.init (or pass --init CHECKPOINT)")
@@ -102,7 +107,7 @@ def require_no_run(out_dir: str | Path) -> None:
     best.pt, last.pt and metrics.csv over the earlier run's. Other files (notes, an empty tensorboard folder, a run
     that failed before its first checkpoint) do not make a run."""
     folder = Path(out_dir)
-    held = [name for name in RUN_CHECKPOINTS if (folder / name).exists()]
+    held = [name for name in RUN_CHECKPOINTS if (folder / name).is_file()]  # a folder so named: check_run_folders
     if not held:
         return
     resume = "continue it with --resume, or " if "last.pt" in held else ""  # --resume reads last.pt
