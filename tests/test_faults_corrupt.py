@@ -138,6 +138,16 @@ def test_a_checkpoint_from_before_checksums_loads_with_one_warning(checkpoint_an
     assert len(warnings) == 1 and "old.pt" in warnings[0] and "without a checksum" in warnings[0]
 
 
+def test_another_torch_file_is_one_line_not_a_warning_about_old_checksums_too(tmp_path: Path, caplog) -> None:
+    """A .pt of another program has no checksum either; it was warned of as a checkpoint from before checksums,
+    then refused: two lines, the first wrong."""
+    other = tmp_path / "other.pt"
+    torch.save({"a": 1}, other)
+    with caplog.at_level(logging.WARNING), pytest.raises(CheckpointError, match="not a captioner checkpoint"):
+        read_checkpoint(other)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 def test_a_checksummed_checkpoint_is_an_ordinary_torch_file(checkpoint_and_photo) -> None:
     checkpoint, _ = checkpoint_and_photo
     assert torch.load(checkpoint, weights_only=True)["step"] == 3

@@ -74,12 +74,13 @@ def write_checkpoint_file(payload: dict[str, Any], path: str | Path) -> None:
     write_atomically(path, write)
 
 
-def verify_checksum(path: Path) -> None:
-    """Check `path`'s recorded checksum (a warning when it has none), once in a process for a file unchanged
-    since (`_VERIFIED`): a command reads its checkpoint's run config, then its model."""
+def verify_checksum(path: Path) -> bool:
+    """Check `path`'s recorded checksum, once in a process for a file unchanged since (`_VERIFIED`): a command
+    reads its checkpoint's run config, then its model. False when it records none (the caller warns, once it knows
+    the file is a checkpoint of ours)."""
     stat = path.stat()
     if _identity(stat) in _VERIFIED:
-        return
+        return True
     started, size = time.time_ns(), stat.st_size
     with open(path, "rb") as f:
         f.seek(max(0, size - END_RECORD_BYTES - COMMENT_BYTES))
@@ -98,12 +99,11 @@ def verify_checksum(path: Path) -> None:
                                       "recorded when it was written: the file is damaged or altered)")
             if started - stat.st_mtime_ns > SETTLED_NS:
                 _VERIFIED.add(_identity(stat))
-            return
+            return True
     if not tail[-END_RECORD_BYTES:].startswith(END_RECORD):  # every archive torch writes ends with it
         raise CheckpointError(f"{path}: not a readable captioner checkpoint (truncated, or another kind of file: "
                               f"{size} bytes that do not end as a torch archive does)")
-    log.warning("%s: written without a checksum (before checksums were recorded): it cannot be checked for damage",
-                path)
+    return False
 
 
 def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
@@ -117,7 +117,7 @@ def read_checkpoint(path: str | Path, *, for_inference: bool = False) -> dict[st
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
-    verify_checksum(path)
+    checked = verify_checksum(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=for_inference)
     except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError, OSError) as e:
@@ -128,6 +128,9 @@ def read_checkpoint(path: str | Path, *, for_inference: bool = False) -> dict[st
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format {version} is not supported "
                               f"(this version reads {FORMAT_VERSION})")
+    if not checked:  # said of a checkpoint this version reads: a refused file gets its one line, nothing else
+        log.warning("%s: written without a checksum (before checksums were recorded): it cannot be checked for "
+                    "damage", path)
     if for_inference:  # the weights stay mapped until copied; what a caller may keep is copied now
         payload = {key: _in_memory(value) if key != "model" else value
                    for key, value in payload.items() if key != "optimizer"}
