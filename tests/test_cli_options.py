@@ -196,6 +196,19 @@ def test_figures_of_images_with_one_name_do_not_overwrite_each_other(
     assert "note: 2 images are named x: their figures are x-1 to x-2, in the order given" in captured.err
 
 
+def test_a_newline_or_tab_in_an_image_name_keeps_its_text_output_one_line(
+    checkpoint_and_images: tuple[Path, list[Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The text output is a path, a tab, a caption a line; a name holding a newline or a tab broke it in two."""
+    checkpoint, images = checkpoint_and_images
+    odd = tmp_path / "two\nlines\tand a tab.png"
+    odd.write_bytes(images[0].read_bytes())
+    assert main(["caption", str(checkpoint), str(odd), str(images[1])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].split("\t")[0] == str(odd).replace("\n", "\\n").replace("\t", "\\t")
+    assert all(len(line.split("\t")) == 2 for line in lines)
+
+
 def test_ensemble_may_come_before_the_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first, second = tmp_path / "a.pt", tmp_path / "b.pt"
     save_checkpoint(first, tiny_model(seed=1))

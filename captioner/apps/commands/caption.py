@@ -72,6 +72,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 
 
+def one_field(path: Path) -> str:
+    """A path as one field of the tab-separated output: a tab, newline or carriage return in a file's name written
+    as \\t, \\n, \\r (as `ls -b` does), so each image stays one line of fields; the JSON keeps the name as it is."""
+    return str(path).translate({9: "\\t", 10: "\\n", 13: "\\r"})
+
+
 def checked_flags(args: argparse.Namespace) -> dict[str, object]:
     """Flags that need another, or do not go together, refused in one line before anything loads; the sampling
     flags given."""
@@ -154,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
                                  f"_{rank}" if args.n_best is not None else "")
             entries.append(entry)
             if not args.json:
-                print(f"{path}\t{hypotheses[0].text}" if args.n_best is None
-                      else f"{path}\t{rank}\t{caption.score:.4f}\t{caption.text}")
+                shown = one_field(path)
+                print(f"{shown}\t{hypotheses[0].text}" if args.n_best is None
+                      else f"{shown}\t{rank}\t{caption.score:.4f}\t{caption.text}")
         row = {"image": str(path), **entries[0]}
         if args.n_best is not None:
             row["n_best"] = entries
