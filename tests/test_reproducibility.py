@@ -159,3 +159,17 @@ def test_a_run_whose_loss_stops_being_a_number_stops_in_one_line(shapes: Path, t
     step = int(str(stopped.value).split(" by step ")[1].split(":")[0])
     assert step == STEPS_PER_EPOCH if log_every == 0 else 1 < step < STEPS_PER_EPOCH
     assert not (tmp_path / "best.pt").exists()
+
+
+def test_a_run_whose_captions_hold_no_word_it_keeps_is_refused(shapes: Path, tmp_path: Path) -> None:
+    """Empty captions, or a data.min_word_count above every word's count, left a vocabulary of <pad>, <bos>, <eos>
+    and <unk> alone: the run trained a model that can only end at once, and exited 0."""
+    from captioner.core.errors import DatasetError
+
+    config = load_config(ROOT / "configs/shapes_lstm.yaml",
+                         [*TINY, f"data.root={shapes}", f"train.out_dir={tmp_path}", "train.cpu_amp=fp32",
+                          "data.min_word_count=100000"])
+    with pytest.raises(DatasetError, match=r"the training captions hold no word seen 100000 times or more "
+                                           r"\(data\.min_word_count\); empty captions\?$"):
+        fit(config)
+    assert not (tmp_path / "last.pt").exists()

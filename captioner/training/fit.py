@@ -31,7 +31,7 @@ from captioner.evaluation.metrics import fast_scores
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import save_checkpoint
 from captioner.models.decoder import DecoderOutput
-from captioner.text.vocab import Vocabulary
+from captioner.text.vocab import SPECIALS, Vocabulary
 from captioner.training import distributed
 from captioner.training.distributed import Distributed
 from captioner.training.history import METRICS, STEP_LOSSES, write_history, write_step_losses
@@ -132,7 +132,11 @@ def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterabl
     if config.train.stage == "scst":
         raise ConfigError("train.stage: scst starts from a cross-entropy model: "
                           "set train.init (or pass --init CHECKPOINT)")
-    return Vocabulary.build(captions, config.data.min_word_count)
+    vocab = Vocabulary.build(captions, config.data.min_word_count)
+    if len(vocab) <= len(SPECIALS):  # a model that can write nothing but <eos>: a run that teaches nothing
+        raise DatasetError(f"{config.data.dataset} ({config.data.root}): the training captions hold no word seen "
+                           f"{config.data.min_word_count} times or more (data.min_word_count); empty captions?")
+    return vocab
 
 
 @dataclass
