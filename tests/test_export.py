@@ -510,3 +510,14 @@ def test_a_failure_while_moving_the_export_in_puts_the_earlier_one_back(
     assert capsys.readouterr().err == (f"error: {folder}: could not move the new files in (No space left on device); "
                                        "the earlier files are kept\n")
     assert len(renames) > 7 and contents(folder) == before
+
+
+def test_an_export_into_the_current_folder_is_titled_by_its_name(two_models: dict[str, Path], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`captioner export RUN .` titled its card '# ': the name of '.' is empty; the card names the folder."""
+    folder = tmp_path / "my-shapes-model"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    assert main(["export", str(two_models["first"]), "."]) == 0
+    titles = [line for line in (folder / "README.md").read_text().splitlines() if line.startswith("# ")]
+    assert titles[:1] == ["# my-shapes-model"], titles

@@ -73,7 +73,7 @@ def export_model(checkpoint: str | Path, folder: str | Path, image: str | Path |
     data = stored_settings(config, config_source(source), keep_local_places=written_by_its_run(source, config))
     example = _figure_image(image, data)
     figure = (example[1], model.caption(example[1])) if example is not None else None  # a failure writes nothing
-    card = model_card(folder.name, model, data.config, scores, example[0].name if example else None,
+    card = model_card(folder.resolve().name, model, data.config, scores, example[0].name if example else None,
                       recipe=config.to_dict())
     with staged_folder(folder, WRITTEN, marker=CONFIG) as stage:
         files = model.save_pretrained(stage, training_config=config.to_dict(), scores=dataclasses.asdict(scores))

@@ -332,6 +332,6 @@ def should_stop(config: Config, state: TrainState, epoch: int, started: float) -
         return True
     limit = config.train.time_limit_minutes
     if limit and time.time() - started > limit * 60:
-        log.info("stopping: the time limit of %.1f minutes is spent", limit)
+        log.info("stopping: the time limit of %g minutes is spent", limit)
         return True
     return False
