@@ -132,13 +132,21 @@ def signals_as_from_a_shell() -> None:
 
 
 def signal_state(pid: int) -> str:
-    """A process's blocked, ignored and caught signals and its threads, from /proc."""
+    """A process's blocked, ignored and caught signals, its threads, state, and where the kernel holds it (the wait
+    channel and system call), from /proc: what says whether a child that outlived its signal never got it, or got it
+    and hangs on the way out (a lock, a full pipe)."""
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError as e:
         return str(e)
-    return ", ".join(line.replace("\t", " ") for line in lines
-                     if line.startswith(("SigBlk", "SigIgn", "SigCgt", "Threads")))
+    shown = [line.replace("\t", " ") for line in lines
+             if line.startswith(("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt", "Threads"))]
+    for name in ("wchan", "syscall"):
+        try:
+            shown.append(f"{name}: {Path(f'/proc/{pid}/{name}').read_text().strip()}")
+        except OSError:
+            pass
+    return ", ".join(shown)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
