@@ -426,7 +426,7 @@ def test_flickr8k_bad_root_is_one_line(flickr8k, tmp_path, capsys, bad):
     assert main(["data", "flickr8k", "--root", str(root), "--mirror", flickr8k.base]) == 2
 
     err = capsys.readouterr().err
-    expected = "is a file, not a folder" if bad == "a file" else "cannot create the folder"
+    expected = ": a file, not a folder" if bad == "a file" else "cannot create the folder"
     assert err.startswith("error: ") and expected in err and str(root) in err and err.count("\n") == 1
     assert flickr8k.requests == []  # refused before any download
 

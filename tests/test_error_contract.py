@@ -81,7 +81,7 @@ ROWS: dict[str, Row] = {
     "data coco: no --root": Row(["data", "coco"], 2,
                                 r"^error: captioner data coco: the following arguments are required: --root$"),
     "data coco: --root a file": Row(["data", "coco", "--root", "{image}"], 2,
-                                    r"good\.png is a file, not a folder to download into$"),
+                                    r"good\.png: a file, not a folder to download into$"),
     "data coco: bad year": Row(["data", "coco", "--root", "d", "--year", "2015"], 2,
                                r"argument --year: invalid choice: 2015"),
     "data coco: offline": Row(["data", "coco", "--root", "d", "--mirror", "http://127.0.0.1:9"], 2,
@@ -92,7 +92,7 @@ ROWS: dict[str, Row] = {
     "data flickr8k: no --root": Row(["data", "flickr8k"], 2,
                                     r"^error: captioner data flickr8k: the following arguments are required: --root$"),
     "data flickr8k: --root a file": Row(["data", "flickr8k", "--root", "{image}"], 2,
-                                        r"good\.png is a file, not a folder to download into$"),
+                                        r"good\.png: a file, not a folder to download into$"),
     "data flickr8k: offline": Row(["data", "flickr8k", "--root", "d", "--mirror", "http://127.0.0.1:9"], 2,
                                   r"^error: cannot reach 127\.0\.0\.1:9: .*Flickr8k_text\.zip; or fetch it by hand, "
                                   r"save it as d/downloads/Flickr8k_text\.zip and run this again$", ("no_backoff",)),

@@ -162,7 +162,7 @@ def test_a_store_folder_that_is_a_file_or_cannot_be_made_is_one_line_before_any_
     records = load_split(config.data, "val")[:2]
     (tmp_path / "afile").write_text("mine")
     for folder, said in [(tmp_path / "afile", "a file, not a folder for the feature store"),
-                         (tmp_path / "afile" / "x", r"cannot create the feature store's folder \(Not a directory\)")]:
+                         (tmp_path / "afile" / "x", r"cannot create the folder \(Not a directory\)")]:
         with pytest.raises(FeatureStoreError, match=rf"^{folder}: {said}$"):
             extract(model.encoder, model.transform, folder, "val", records, batch_size=2, progress=False)
     assert (tmp_path / "afile").read_text() == "mine"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from captioner.core.files import make_folder
 from captioner.apps.arguments import said_by_an_error
 from captioner.core.config_sections import Config, DataConfig
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, DatasetError
@@ -122,11 +123,6 @@ def writable_folder(folder: str | Path, given_as: str) -> None:
         raise CaptionerError(f"{given_as}: an empty name; give the folder to write into")
     path = Path(folder)
     said = f"{given_as}={path}" if given_as.startswith(("data.", "train.")) else f"{given_as} {path}"
-    if path.exists() and not path.is_dir():
-        raise CaptionerError(f"{said}: a file, not a folder to write into")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CaptionerError(f"{said}: cannot create the folder ({e.strerror or e})") from None
+    make_folder(path, said, CaptionerError)
     if not os.access(path, os.W_OK):
         raise CaptionerError(f"{said}: this folder is not writable")

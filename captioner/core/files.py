@@ -69,6 +69,20 @@ def same_file_as(source: Path, path: Path) -> None:
         write_atomically(path, lambda copy: shutil.copyfile(source, copy))
 
 
+def make_folder(folder: str | Path, said: str, error: type[CaptionerError] = StorageError,
+                purpose: str = "to write into") -> Path:
+    """`folder`, made with its parents; one `error` line starting with `said` (how the user named it) when a file
+    stands there, or where one of its parents goes, or the OS refuses: never an OSError's traceback."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise error(f"{said}: a file, not a folder {purpose}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise error(f"{said}: cannot create the folder ({e.strerror or e})") from None
+    return path
+
+
 def check_writable_folder(folder: str | Path) -> None:
     """Refuse, in one line, a `folder` that cannot be made or written into (a file where a folder of its path
     goes, no permission), so that it is said before a command's work starts, not after."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from captioner.core.files import make_folder
 from captioner.core.config_sections import DataConfig
 from captioner.core.errors import DatasetError
 from captioner.data.coco import coco_split_files, load_coco_captions, load_karpathy, split_coco_val
@@ -96,12 +97,7 @@ def ensure_shapes(config: DataConfig) -> None:
     root = Path(config.root)
     if finished_world(root):
         return
-    if root.exists() and not root.is_dir():
-        raise DatasetError(f"data.root={root}: a file, not a folder to write into")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DatasetError(f"data.root={root}: cannot create the folder ({e.strerror or e})") from None
+    make_folder(root, f"data.root={root}", DatasetError)
     # Never write into a user's folder unasked.
     if root.is_dir() and not (root / SHAPES_MARKER).exists() and any(root.iterdir()):
         raise DatasetError(f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds "

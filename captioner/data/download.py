@@ -20,6 +20,7 @@ from typing import Callable, Sequence, TypeVar
 
 from tqdm import tqdm
 
+from captioner.core.files import make_folder
 from captioner.core.errors import DatasetError
 from captioner.core.progress import progress_bar
 from captioner.data.flickr8k import SPLIT_FILES, TOKEN_FILE, default_image_folder
@@ -158,13 +159,7 @@ def _download_and_extract(wanted: Sequence[RemoteFile], root: Path, mirror: str 
 
 def _make_folder(path: Path) -> Path:
     """Create `path` (and its parents): a file in the way or no permission is a one-line error."""
-    if path.exists() and not path.is_dir():
-        raise DatasetError(f"{path} is a file, not a folder to download into")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DatasetError(f"cannot create the folder {path}: {e.strerror or e}") from None
-    return path
+    return make_folder(path, str(path), DatasetError, "to download into")
 
 
 def _fetch(url: str, part: Path, total: int | None, progress: bool) -> int | None:

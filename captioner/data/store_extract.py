@@ -18,7 +18,7 @@ import torch
 
 from captioner.core.config_sections import Config
 from captioner.core.errors import FeatureStoreError, StorageError
-from captioner.core.files import size_text, write_failure
+from captioner.core.files import make_folder, size_text, write_failure
 from captioner.core.progress import progress_bar
 from captioner.data.batching import image_loader
 from captioner.data.image_transform import ImageTransform
@@ -77,14 +77,7 @@ def extract(encoder: StoreEncoder, transform: ImageTransform, directory: str | P
 def make_store_folder(directory: str | Path) -> Path:
     """The store's folder, made before any image is encoded; one line when a file stands there (or where one of
     its parents goes) or it cannot be made, never an OSError's traceback."""
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise FeatureStoreError(f"{directory}: a file, not a folder for the feature store")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise FeatureStoreError(f"{directory}: cannot create the feature store's folder ({e.strerror or e})") from None
-    return directory
+    return make_folder(directory, str(directory), FeatureStoreError, "for the feature store")
 
 
 def plan_extraction(encoder: StoreEncoder, transform: ImageTransform, directory: Path, split: str,
