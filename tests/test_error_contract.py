@@ -115,7 +115,7 @@ ROWS: dict[str, Row] = {
                                          r"^error: data shards: give --flickr8k DIR"),
     "data shards: no --out": Row(["data", "shards", SHAPES], 2, r"the following arguments are required: --out$"),
     "data shards: bad splits": Row(["data", "shards", SHAPES, "--out", "s", "--splits", "dev"], 2,
-                                   r"--splits 'dev': use train, val and test"),
+                                   r"^error: data shards --splits: dev is not a split; use train,val,test$"),
     "data shards: --out a file": Row(["data", "shards", SHAPES, "--out", "{image}"], 2,
                                      r"^error: data shards --out .*good\.png: a file, not a folder to write into$"),
     "data shards: an empty --out": Row(["data", "shards", SHAPES, "--out", ""], 2,
@@ -125,7 +125,7 @@ ROWS: dict[str, Row] = {
     "data shards: an infinite --max-size": Row(["data", "shards", SHAPES, "--out", "s", "--max-size", "inf"], 2,
                                                r"^error: data shards --max-size inf: must be a finite number"),
     "data shards: a split named twice": Row(["data", "shards", SHAPES, "--out", "s", "--splits", "test,val,test"], 2,
-                                            r"--splits 'test,val,test' names test twice; name each split once$"),
+                                            r"--splits test,val,test: names test twice; name each split once$"),
     "data shards: config without its data": Row(["data", "shards", FLICKR8K, "data.root=nowhere", "--out", "s"], 2,
                                                 (r"data\.root=nowhere: no Flickr8k here .*captioner data flickr8k "
                                                  r"--root nowhere")),

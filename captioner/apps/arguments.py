@@ -154,6 +154,20 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser, default="auto")
 
 
+def split_names(text: str, given_as: str, allowed: tuple[str, ...] = ("train", "val", "test")) -> list[str]:
+    """The splits a comma-separated `--splits` names, each once; an unknown or empty name, or one named twice, is one
+    line naming `given_as` (the command's option)."""
+    splits = [s.strip() for s in text.split(",")]
+    unknown = [s for s in splits if s not in allowed]
+    if unknown:  # an empty name too (train,,val): a typo, not a split
+        bad = ",".join(repr(s) if not s else s for s in unknown)
+        raise CaptionerError(f"{given_as}: {bad} is not a split; use {','.join(allowed)}")
+    twice = sorted({s for s in splits if splits.count(s) > 1})
+    if twice:
+        raise CaptionerError(f"{given_as} {text}: names {' and '.join(twice)} twice; name each split once")
+    return splits
+
+
 def add_device_argument(parser: argparse.ArgumentParser, default: str | None) -> None:
     """`--device`, the one way every command names the device (train and features: train.device; None: the config's)."""
     where = "" if default else " (default: the config's train.device)"

@@ -12,7 +12,6 @@ import sys
 import threading
 import traceback
 from collections.abc import Iterator
-from types import ModuleType
 
 import captioner
 from captioner.apps.arguments import AnyOrderParser
@@ -75,13 +74,6 @@ def refused(error: CaptionerError | ModuleNotFoundError, prefix: str = "") -> in
     return 2
 
 
-def load_distributed() -> ModuleType:
-    """captioner.training.distributed, the first import of torch (and numpy): about a second of the start."""
-    from captioner.training import distributed
-
-    return distributed
-
-
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[None]:
     """Ctrl-C held back while the block runs, delivered as it ends: an interrupt inside an import that a library's
@@ -115,7 +107,7 @@ def run_command(argv: list[str] | None) -> int:
             return refused(e)
     try:
         with interrupts_held():
-            distributed = load_distributed()
+            from captioner.training import distributed  # the first import of torch (and numpy): about a second
     except ModuleNotFoundError as e:  # a Python without captioner's packages: a checkout's environment not active
         return refused(e)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from captioner.core.files import make_folder
 from captioner.apps.arguments import said_by_an_error
 from captioner.core.config_sections import Config, DataConfig
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, DatasetError
+from captioner.core.files import make_folder
 
 
 def require_official_metrics(spice: bool = False) -> None:

@@ -83,18 +83,27 @@ def make_folder(folder: str | Path, said: str, error: type[CaptionerError] = Sto
     return path
 
 
-def check_writable_folder(folder: str | Path) -> None:
-    """Refuse, in one line, a `folder` that cannot be made or written into (a file where a folder of its path
-    goes, no permission), so that it is said before a command's work starts, not after."""
+def folder_problem(folder: str | Path) -> str | None:
+    """Why `folder` cannot be made or written into, seen without making it: a file stands there or where one of
+    its parents goes, or no permission; None otherwise."""
     folder = Path(folder)
     nearest = next(p for p in (folder, *folder.parents) if os.path.lexists(p) or p == p.parent)
     if nearest == folder and not folder.is_dir():
-        raise StorageError(f"{folder}: exists and is not a folder")
+        return "a file, not a folder to write into"
     if not nearest.is_dir():
-        raise StorageError(f"{folder}: cannot create the folder ({os.strerror(errno.ENOTDIR)})")
+        return f"cannot create the folder ({os.strerror(errno.ENOTDIR)})"
     if not os.access(nearest, os.W_OK | os.X_OK):
         verb = "write into" if nearest == folder else "create"
-        raise StorageError(f"{folder}: cannot {verb} the folder ({os.strerror(errno.EACCES)})")
+        return f"cannot {verb} the folder ({os.strerror(errno.EACCES)})"
+    return None
+
+
+def check_writable_folder(folder: str | Path) -> None:
+    """Refuse, in one line, a `folder` that cannot be made or written into (`folder_problem`), so that it is said
+    before a command's work starts, not after."""
+    problem = folder_problem(folder)
+    if problem is not None:
+        raise StorageError(f"{folder}: {problem}")
 
 
 STAGE_PREFIX, STAGE_SUFFIX = ".captioner-staged-", ".tmp"  # `staged_folder`'s folders, inside the one they fill

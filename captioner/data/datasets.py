@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from captioner.core.files import make_folder
 from captioner.core.config_sections import DataConfig
 from captioner.core.errors import DatasetError
+from captioner.core.files import make_folder
 from captioner.data.coco import coco_split_files, load_coco_captions, load_karpathy, split_coco_val
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.imagefolder import load_hf_dataset, load_imagefolder, seeded_split_files, seeded_split_rows

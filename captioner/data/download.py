@@ -20,8 +20,8 @@ from typing import Callable, Sequence, TypeVar
 
 from tqdm import tqdm
 
-from captioner.core.files import make_folder
 from captioner.core.errors import DatasetError
+from captioner.core.files import make_folder
 from captioner.core.progress import progress_bar
 from captioner.data.flickr8k import SPLIT_FILES, TOKEN_FILE, default_image_folder
 

@@ -15,8 +15,8 @@ import torch
 
 import captioner
 from captioner.core.bounded_files import read_format_json, read_json
-from captioner.core.files import REEXPORT, sha256_of as sha256, verify_file, write_atomically
-from captioner.core.errors import CheckpointError, ConfigError, ExportError, StorageError, first_line
+from captioner.core.files import REEXPORT, make_folder, sha256_of as sha256, verify_file, write_atomically
+from captioner.core.errors import CheckpointError, ConfigError, ExportError, first_line
 from captioner.core.model_spec import ModelSpec
 from captioner.core.portable_config import portable_config
 from captioner.core.upgrade import OLDEST_EXPORT, upgrade_export_config
@@ -64,10 +64,7 @@ def write_exported(
 ) -> list[Path]:
     """Write model.safetensors, vocab.json and, last, config.json (`metadata_fields`, checksums) into `folder`."""
     folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a file where a folder of the path goes, say: the user's to fix, in one line
-        raise StorageError(f"{folder}: cannot create the folder ({e.strerror or e})") from None
+    make_folder(folder, str(folder))  # a file where a folder of the path goes, say: one line, the user's to fix
     # Copies, contiguous and unshared: safetensors refuses tensors that share storage (tied weights).
     tensors = {name: value.detach().to("cpu").contiguous().clone() for name, value in state_dict.items()}
     write_atomically(folder / WEIGHTS, lambda tmp: save_safetensors(tensors, tmp))

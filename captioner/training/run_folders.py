@@ -4,12 +4,12 @@ a file, is said in one line, and the file is left as it is."""
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
 from captioner.core.config_sections import Config
 from captioner.core.errors import FeatureStoreError, StorageError
+from captioner.core.files import folder_problem
 
 RUN_FOLDERS = {"tensorboard": "its TensorBoard events"}  # made in train.out_dir by every run's rank 0
 # The files every run writes in train.out_dir: a folder of one of these names would fail its first write, an epoch in
@@ -34,14 +34,3 @@ def check_run_folders(config: Config) -> None:
     problem = folder_problem(Path(store)) if store else None
     if problem is not None:
         raise FeatureStoreError(f"data.feature_store={store}: {problem}")
-
-
-def folder_problem(folder: Path) -> str | None:
-    """Why `folder` cannot be a folder, seen without making it: it is a file, or a file stands where one of its
-    parents goes; None otherwise."""
-    if os.path.lexists(folder) and not folder.is_dir():
-        return "a file, not a folder to write into"
-    nearest = next((p for p in folder.parents if os.path.lexists(p)), None)
-    if nearest is not None and not nearest.is_dir():
-        return f"cannot create the folder ({os.strerror(errno.ENOTDIR)})"
-    return None

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioner.apps.arguments import positive_int, said_by_an_error
+from captioner.apps.arguments import positive_int, said_by_an_error, split_names
 from captioner.apps.prerequisites import require_data, writable_folder
 from captioner.core.errors import CaptionerError
 
@@ -188,25 +188,14 @@ def named_dataset(args: argparse.Namespace) -> tuple[DataConfig, str]:
 
 
 def shard_splits(args: argparse.Namespace) -> list[str]:
-    """The splits `data shards` writes, once its options are checked (before any data is read): --out names a
-    folder, --max-count and --max-size are at least 1 (nan and inf pass a comparison with 0), --splits names
-    each split once (a split named twice is refused, not merged: train,val,val was likely meant as
-    train,val,test)."""
-    if not args.out.strip():  # Path("") is the current folder: the shards would land beside its files
-        raise CaptionerError("data shards --out: an empty name; give the folder to write into")
+    """The splits `data shards` writes, once its options are checked (before any data is read): --max-count and
+    --max-size are at least 1 (nan and inf pass a comparison with 0), --splits names each split once (a split named
+    twice is refused, not merged: train,val,val was likely meant as train,val,test)."""
     if args.max_count < 1:
         raise CaptionerError(f"data shards --max-count {args.max_count}: must be at least 1")
     if not (math.isfinite(args.max_size) and args.max_size >= 1):
         raise CaptionerError(f"data shards --max-size {args.max_size:g}: must be a finite number of bytes, at least 1")
-    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
-    unknown = [s for s in splits if s not in ("train", "val", "test")]
-    if unknown or not splits:
-        raise CaptionerError(f"data shards: --splits {args.splits!r}: use train, val and test, comma-separated")
-    twice = sorted({s for s in splits if splits.count(s) > 1})
-    if twice:
-        raise CaptionerError(f"data shards: --splits {args.splits!r} names {' and '.join(twice)} twice; "
-                             "name each split once")
-    return splits
+    return split_names(args.splits, "data shards --splits")
 
 
 def run_shards(args: argparse.Namespace) -> int:
@@ -220,7 +209,7 @@ def run_shards(args: argparse.Namespace) -> int:
     if args.config or args.flickr8k:  # an image folder or HF dataset named by its flag: its loader names the folder
         require_data(data, splits, given_as="--flickr8k" if args.flickr8k else "data.root")
     out = Path(args.out)
-    writable_folder(out, "data shards --out")
+    writable_folder(args.out, "data shards --out")  # the name as given: Path("") would be "."
     for split in splits:
         if existing_shards(out / split):
             raise CaptionerError(f"{out / split}: already holds {len(existing_shards(out / split))} shards; "

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from captioner.apps.arguments import add_device_argument, device_overrides
-from captioner.core.errors import CaptionerError
+from captioner.apps.arguments import add_device_argument, device_overrides, split_names
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -37,15 +36,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, [*args.overrides, *device_overrides(args)])
     if args.out:
         config.data.feature_store = args.out
-    splits = [s.strip() for s in args.splits.split(",")]
-    unknown = [s for s in splits if s not in SPLITS]
-    if unknown:  # an empty name too (train,,val): a typo, not a split
-        bad = ",".join(repr(s) if not s else s for s in unknown)
-        raise CaptionerError(f"features --splits: {bad} is not a split; use {','.join(SPLITS)}")
-    twice = sorted({s for s in splits if splits.count(s) > 1})
-    if twice:
-        raise CaptionerError(f"features --splits {args.splits}: names {' and '.join(twice)} twice; "
-                             "name each split once")
+    splits = split_names(args.splits, "features --splits", SPLITS)
     require_data(config.data, splits)
     check_encoder_config(config.model.encoder)  # an unknown backbone stops here, before any weights load
     directory = store_dir(config)
