@@ -102,7 +102,11 @@ def test_cli_generates_a_dataset(tmp_path: Path, capsys: pytest.CaptureFixture) 
 
 
 @pytest.mark.parametrize(("option", "message"), [
-    (["--num-train", "-1"], r"--num-train must be >= 0, got -1$"),
+    (["--num-train", "-1"], r"--num-train must be in \[0, 250000\] images \(as data.shapes_num_train's largest\), "
+                            r"got -1$"),
+    (["--num-train", "10000000"], r"--num-train must be in \[0, 250000\] .*got 10000000$"),  # hours, tens of GB
+    (["--num-test", "250001"], r"--num-test must be in \[0, 250000\] images \(as data.shapes_num_test's largest\), "
+                               r"got 250001$"),
     (["--image-size", "0"], r"image size must be in \[32, 4096\] pixels, got 0$"),
     (["--image-size", "100000"], r"image size must be in \[32, 4096\] pixels, got 100000$"),  # tens of GB
     (["--seed", "-1"], r"seed must be in \[0, 4294967296\) \(numpy's seed range, as data.shapes_seed\), got -1$"),
@@ -151,3 +155,14 @@ def test_cli_writes_into_a_new_or_empty_folder_or_a_world_cut_short_only(tmp_pat
     assert main(["data", "shapes", "--out", "", *tiny]) == 2
     assert "data shapes --out: an empty name; give the folder to write into" in capsys.readouterr().err
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("key", ["shapes_num_train", "shapes_num_val", "shapes_num_test"])
+def test_a_config_bounds_the_shapes_counts_as_data_shapes_does(key: str) -> None:
+    """data.shapes_num_* and `data shapes --num-*` agree on the largest count."""
+    from captioner.core.config import load_config
+    from captioner.core.errors import ConfigError
+
+    assert getattr(load_config(None, [f"data.{key}=250000"]).data, key) == 250000
+    with pytest.raises(ConfigError, match=rf"'data.{key}' must be in \[[01], 250000\]; got 250001$"):
+        load_config(None, [f"data.{key}=250001"])

@@ -186,7 +186,8 @@ def check_shapes_options(num_train: int, num_val: int, num_test: int, image_size
                          image_format: str) -> None:
     """The generator's options, each refused in one DatasetError line before anything is written: the image size
     within data.image_size's largest (a side of 100,000 pixels would take tens of GB), the seed within
-    data.shapes_seed's range (numpy's), the counts not negative."""
+    data.shapes_seed's range (numpy's), each count from 0 to data.shapes_num_*'s largest (a typo of 10,000,000
+    would be hours of drawing and tens of GB)."""
     if image_format not in ("png", "jpg"):
         raise DatasetError(f"image format must be png or jpg, got {image_format!r}")
     largest = key_spec(DataConfig, "image_size").le
@@ -196,8 +197,10 @@ def check_shapes_options(num_train: int, num_val: int, num_test: int, image_size
     if not seeds.allows(seed):
         raise DatasetError(f"seed must be {seeds.describe()} (numpy's seed range, as data.shapes_seed), got {seed}")
     for split, n in {"train": num_train, "val": num_val, "test": num_test}.items():
-        if n < 0:
-            raise DatasetError(f"--num-{split} must be >= 0, got {n}")
+        most = int(key_spec(DataConfig, f"shapes_num_{split}").le)
+        if not 0 <= n <= most:
+            raise DatasetError(f"--num-{split} must be in [0, {most}] images (as data.shapes_num_{split}'s largest), "
+                               f"got {n}")
 
 
 def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, num_test: int = 500,
