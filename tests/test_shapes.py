@@ -157,6 +157,90 @@ def test_cli_writes_into_a_new_or_empty_folder_or_a_world_cut_short_only(tmp_pat
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
+def world_files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_world_made_again_over_one_cut_short_keeps_no_stray_file(tmp_path: Path) -> None:
+    """A world cut short with more images, another seed and format (and a caption file's .tmp left by a kill):
+    generated again, the folder holds what a new folder would, byte for byte; no image its captions do not list."""
+    world = tmp_path / "world"
+    first = ["--num-train", "3", "--num-val", "2", "--num-test", "1", "--image-size", "32", "--format", "png"]
+    assert main(["data", "shapes", "--out", str(world), *first, "--seed", "1", "--quiet"]) == 0
+    (world / "captions_test.json").unlink()  # cut short
+    (world / "instances_val.json.tmp").write_text("{")
+    again = ["--num-train", "1", "--num-val", "0", "--num-test", "1", "--image-size", "32", "--seed", "2", "--quiet"]
+    assert main(["data", "shapes", "--out", str(world), *again]) == 0
+    assert main(["data", "shapes", "--out", str(tmp_path / "fresh"), *again]) == 0
+    assert world_files(world) == world_files(tmp_path / "fresh")
+    assert sorted(p.name for p in world.glob("*/*")) == ["test_000000.jpg", "train_000000.jpg"]
+
+
+def test_an_old_caption_file_never_finishes_a_world_cut_short_again(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A world cut short is generated again with another seed and cut short again, in its test split: the first
+    world's captions_test.json must not be there to make it look finished, half one world and half the other."""
+    from captioner.data import shapes
+    from captioner.data.shapes import finished_world
+
+    generate_shapes(tmp_path, 2, 1, 1, image_size=32, seed=1, progress=False)
+    (tmp_path / "captions_val.json").unlink()  # cut short
+    drawn = []
+
+    def cut_in_the_test_split(objects: list, rng: np.random.Generator, image_size: int) -> Image.Image:
+        drawn.append(1)
+        if len(drawn) > 3:  # the two train images and the val image drawn
+            raise KeyboardInterrupt
+        return Image.new("RGB", (image_size, image_size))
+
+    monkeypatch.setattr(shapes, "render", cut_in_the_test_split)
+    with pytest.raises(KeyboardInterrupt):
+        generate_shapes(tmp_path, 2, 1, 1, image_size=32, seed=2, progress=False)
+    assert not finished_world(tmp_path)
+    assert not (tmp_path / "captions_test.json").exists() and not (tmp_path / "instances_test.json").exists()
+
+
+@pytest.mark.parametrize("theirs", ["notes.txt", "train/holiday.jpg", "test/test_1.jpg", "val/val_000001.png/",
+                                    "more/", "captions_train.json.bak"])
+def test_a_world_cut_short_that_holds_another_file_is_refused_and_left_as_it_was(
+        theirs: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The folder is the generator's, so a file there it never writes is the user's: one line naming it, and nothing
+    removed or written (a new world would lie beside it, or the file be taken for one of its images)."""
+    world = tmp_path / "world"
+    tiny = ["--num-train", "2", "--num-val", "1", "--num-test", "1", "--image-size", "32", "--quiet"]
+    assert main(["data", "shapes", "--out", str(world), *tiny, "--format", "png"]) == 0
+    (world / "captions_test.json").unlink()  # cut short
+    place = world / theirs
+    if theirs.endswith("/"):
+        place.mkdir()
+    else:
+        place.write_text("mine")
+    before = world_files(world)
+    assert main(["data", "shapes", "--out", str(world), *tiny]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.strip().endswith(
+        f"{place}: not a file the shapes generator writes, in the world cut short in {world}; move it away to "
+        "generate the world there again, or choose another folder"), err
+    assert world_files(world) == before
+
+
+def test_training_refuses_a_world_cut_short_beside_a_users_file(tmp_path: Path) -> None:
+    """The same rule where training generates the world on first use (data.root)."""
+    from captioner.core.config import load_config
+    from captioner.core.errors import DatasetError
+    from captioner.data.datasets import ensure_shapes
+
+    counts = ["data.shapes_num_train=2", "data.shapes_num_val=1", "data.shapes_num_test=1", "data.image_size=32"]
+    config = load_config(None, ["data.dataset=shapes", f"data.root={tmp_path}", *counts]).data
+    ensure_shapes(config)
+    (tmp_path / "captions_val.json").unlink()  # cut short
+    (tmp_path / "train" / "mine.jpg").write_text("mine")
+    before = world_files(tmp_path)
+    with pytest.raises(DatasetError, match=re.escape(f"{tmp_path / 'train' / 'mine.jpg'}: not a file the shapes")):
+        ensure_shapes(config)
+    assert world_files(tmp_path) == before
+
+
 @pytest.mark.parametrize("key", ["shapes_num_train", "shapes_num_val", "shapes_num_test"])
 def test_a_config_bounds_the_shapes_counts_as_data_shapes_does(key: str) -> None:
     """data.shapes_num_* and `data shapes --num-*` agree on the largest count."""

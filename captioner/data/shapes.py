@@ -7,6 +7,7 @@ import functools
 import itertools
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,6 +215,7 @@ def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, 
     category_id = {c["name"]: c["id"] for c in categories}
     image_ids, caption_ids, object_ids = itertools.count(1), itertools.count(1), itertools.count(1)
     save_options = {"compress_level": 1} if image_format == "png" else {"quality": 95}  # JPEG: 10x faster to write
+    clear_a_world_cut_short(out, counts, image_format)
     bar = progress_bar(total=sum(counts.values()), desc="shapes", unit="img", enabled=progress)
     out.mkdir(parents=True, exist_ok=True)
     (out / SHAPES_MARKER).write_text("written by captioner's shapes generator; "
@@ -253,6 +255,57 @@ SHAPES_MARKER = ".captioner_shapes"  # marks a folder the generator owns (a run 
 def finished_world(root: str | Path) -> bool:
     """Whether `root` holds every split's caption file: a world training reads as it is, never generated again."""
     return all((Path(root) / f"captions_{split}.json").exists() for split in SPLITS)
+
+
+def clear_a_world_cut_short(out: Path, counts: dict[str, int], image_format: str) -> None:
+    """Before a world is generated where the generator wrote before (its marker is there: a world cut short), remove
+    the files of that world the new one will not list (every caption file, images past the new counts or in the
+    other format), so no stray image lies in a split folder and no old caption file outlives another cut. The folder
+    is the generator's, so a file it never writes is a user's: refused in one line naming it, nothing removed, as a
+    world is never written beside a user's files."""
+    if not (out / SHAPES_MARKER).is_file():
+        return  # a new or empty folder: the callers refuse any other
+    stale = []
+    for path in _generator_files(out):  # all of them, checked before any is removed
+        if path.parent == out:
+            kept = path.is_dir() or path.name == SHAPES_MARKER
+        else:
+            kept = path.suffix == f".{image_format}" and int(path.stem.rpartition("_")[2]) < counts[path.parent.name]
+        if not kept:
+            stale.append(path)
+    for path in stale:
+        try:
+            path.unlink()
+        except OSError as e:
+            raise DatasetError(f"{path}: cannot remove this file of the shapes world cut short in {out} "
+                               f"({e.strerror or e}); remove it or choose another folder") from None
+
+
+# what the generator writes directly under its folder: its marker, split folders, caption files and their .tmp
+TOP_NAMES = frozenset({SHAPES_MARKER, *SPLITS} | {f"{kind}_{split}.json{tmp}" for kind in ("captions", "instances")
+                                                   for split in SPLITS for tmp in ("", ".tmp")})
+
+
+def _generator_files(out: Path) -> list[Path]:
+    """Every file and split folder under `out`, each one the generator writes (its marker, caption files, their
+    unfinished .tmp, split folders, `{split}_NNNNNN.{png,jpg}` images in them); else a DatasetError naming one."""
+    found = []
+    for path in sorted(out.iterdir()):
+        if path.name not in TOP_NAMES or path.is_symlink() or path.is_dir() != (path.name in SPLITS):
+            raise _not_the_generators(out, path)
+        found.append(path)
+        if path.is_dir():
+            for image in sorted(path.iterdir()):
+                number = re.fullmatch(rf"{path.name}_(\d{{6,}})\.(png|jpg)", image.name)
+                if not number or number[1] != f"{int(number[1]):06d}" or image.is_symlink() or not image.is_file():
+                    raise _not_the_generators(out, image)
+                found.append(image)
+    return found
+
+
+def _not_the_generators(out: Path, path: Path) -> DatasetError:
+    return DatasetError(f"{path}: not a file the shapes generator writes, in the world cut short in {out}; move it "
+                        "away to generate the world there again, or choose another folder")
 
 
 def _write_json(path: Path, data: dict) -> None:
