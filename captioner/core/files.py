@@ -18,6 +18,11 @@ from typing import TypeVar
 
 from captioner.core.errors import CaptionerError, ExportError, StorageError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no folder lock, and no clearing of what a killed export left
+    fcntl = None  # type: ignore[assignment]
+
 T = TypeVar("T")
 
 
@@ -107,11 +112,25 @@ def check_writable_folder(folder: str | Path) -> None:
 
 
 STAGE_PREFIX, STAGE_SUFFIX = ".captioner-staged-", ".tmp"  # `staged_folder`'s folders, inside the one they fill
+NEW, EARLIER = "new", "earlier-"  # tags before the suffix: the set written; the set it replaces, + the marker
+BUSY = "another export is writing into this folder; wait for it to finish"
 
 
 def is_stage(name: str) -> bool:
-    """Whether `name` is a folder `staged_folder` fills (one a killed process left behind, say): never the user's."""
+    """Whether `name` is a folder `staged_folder` fills or sets aside (one a killed process left behind, say): never
+    the user's."""
     return name.startswith(STAGE_PREFIX) and name.endswith(STAGE_SUFFIX)
+
+
+def _hidden(tag: str) -> dict[str, str]:
+    """`tempfile.mkdtemp`'s prefix and suffix for a hidden folder tagged `tag` (after its random part)."""
+    return {"prefix": STAGE_PREFIX, "suffix": f"-{tag}{STAGE_SUFFIX}"}
+
+
+def _tag(name: str) -> str:
+    """The tag of the hidden folder `name` ("" for an earlier version's, which had none); the random part mkdtemp
+    gives holds no "-"."""
+    return name[len(STAGE_PREFIX):-len(STAGE_SUFFIX)].partition("-")[2] if is_stage(name) else ""
 
 
 @contextlib.contextmanager
@@ -119,30 +138,90 @@ def staged_folder(folder: str | Path, replaces: Collection[str], marker: str) ->
     """A new hidden folder inside `folder` (made, with its parents, when missing) to write a whole set of files into;
     once the block ends, its entries replace those of `folder` named in `replaces`, so nothing of an earlier set
     stays, `marker` (the entry saying a set is complete) going first and coming last. On any exception `folder` is
-    left as it was. Renamed within `folder`, so on its file system even as a mount point or a link's target."""
+    left as it was. Renamed within `folder`, so on its file system even as a mount point or a link's target.
+    The block holds `folder`'s lock (another export into it is refused), under which what a killed export left
+    there is cleared first (`_recover`)."""
     folder = Path(folder)
     check_writable_folder(folder)
     made = [p for p in (folder, *folder.parents) if not os.path.lexists(p)]  # nearest first: removed in this order
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        lock = _lock(folder)
     except OSError as e:
         _remove_empty(made)
         raise StorageError(f"{folder}: cannot create the folder ({e.strerror or e})") from None
-    try:
-        stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, suffix=STAGE_SUFFIX, dir=folder))
-    except OSError as e:
+    except StorageError:
         _remove_empty(made)
-        raise StorageError(f"{folder}: cannot write into the folder ({e.strerror or e})") from None
-    try:
-        yield stage
-        _swap_in(stage, folder, {*replaces, *(name + ".tmp" for name in replaces)}, marker)
-    except BaseException as e:
-        shutil.rmtree(stage, ignore_errors=True)
-        _remove_empty(made)
-        if isinstance(e, CaptionerError) and str(stage) in str(e):
-            raise type(e)(str(e).replace(str(stage), str(folder))) from None
         raise
-    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        if lock is not None:  # no lock, no knowing whether a hidden folder's maker still runs: left alone
+            _recover(folder)
+        try:
+            stage = Path(tempfile.mkdtemp(**_hidden(NEW), dir=folder))
+        except OSError as e:
+            _remove_empty(made)
+            raise StorageError(f"{folder}: cannot write into the folder ({e.strerror or e})") from None
+        try:
+            yield stage
+            _swap_in(stage, folder, {*replaces, *(name + ".tmp" for name in replaces)}, marker)
+        except BaseException as e:
+            shutil.rmtree(stage, ignore_errors=True)
+            _remove_empty(made)
+            if isinstance(e, CaptionerError) and str(stage) in str(e):
+                raise type(e)(str(e).replace(str(stage), str(folder))) from None
+            raise
+        shutil.rmtree(stage, ignore_errors=True)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _lock(folder: Path) -> int | None:
+    """An open descriptor of `folder` holding its exclusive flock (no lock file written into the export), so two
+    exports never interleave their swaps; one StorageError line when another process holds it. None where the
+    system has no flock or the file system refuses it: the export goes on unlocked, as before locks."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a folder one may write into but not list
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise StorageError(f"{folder}: {BUSY}") from None
+        return None
+    return fd
+
+
+def _recover(folder: Path) -> None:
+    """Clear the hidden folders a killed export left in `folder` (its lock is free, so their maker is dead): a new
+    set never swapped in is deleted; a set aside is deleted when its swap completed (`folder` holds that swap's
+    marker), else moved back first, so a swap cut short leaves the earlier complete set, nothing lost."""
+    for name in sorted(os.listdir(folder)):
+        tag = _tag(name)
+        if tag.startswith(EARLIER) and not os.path.lexists(folder / tag[len(EARLIER):]):
+            _move_back(folder / name, folder, tag[len(EARLIER):])
+        if tag == NEW or tag.startswith(EARLIER):  # an untagged one, an earlier version's, is left alone as before
+            shutil.rmtree(folder / name, ignore_errors=True)
+
+
+def _move_back(aside: Path, folder: Path, marker: str) -> None:
+    """Move the entries of `aside` back into `folder`, each replacing a same-named entry of the new set, `marker`
+    last: killed midway, `folder` still lacks it and the next export moves the rest back."""
+    try:
+        for name in sorted(os.listdir(aside), key=lambda name: name == marker):
+            target = folder / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif os.path.lexists(target):
+                target.unlink()
+            os.rename(aside / name, target)
+    except OSError as e:
+        raise StorageError(f"{folder}: an export was killed while swapping files in, and its earlier files could not "
+                           f"be moved back ({e.strerror or e}); they are in {aside}") from None
 
 
 def _swap_in(stage: Path, folder: Path, replaces: set[str], marker: str) -> None:
@@ -153,7 +232,7 @@ def _swap_in(stage: Path, folder: Path, replaces: set[str], marker: str) -> None
     earlier = sorted((name for name in replaces | set(new) if os.path.lexists(folder / name)),
                      key=lambda name: name != marker)
     try:
-        aside = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, suffix=STAGE_SUFFIX, dir=folder))
+        aside = Path(tempfile.mkdtemp(**_hidden(EARLIER + marker), dir=folder))
     except OSError as e:
         raise StorageError(f"{folder}: cannot write into the folder ({e.strerror or e})") from None
     moved: list[tuple[Path, Path]] = []

@@ -1,0 +1,148 @@
+"""Exports into one folder (`core.files.staged_folder`): a second one while the first still writes is refused in one
+line and leaves no trace; what an export killed with SIGKILL left (a new set never swapped in, the earlier set it
+had moved aside) is cleared by the next one, the earlier complete set moved back when the swap was cut short. The
+kills are real: a child process SIGKILLs itself at a chosen rename of its swap."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import subprocess_env
+
+from captioner.core.errors import StorageError
+from captioner.core.files import staged_folder
+
+MARKER = "marker.json"
+REPLACES = {MARKER, "weights.bin", "graphs"}
+EARLIER = {MARKER: b'{"set": "earlier"}', "weights.bin": b"earlier weights", "graphs/a.onnx": b"earlier graph"}
+NEW = {MARKER: b'{"set": "new"}', "weights.bin": b"new weights", "graphs/a.onnx": b"new graph"}
+RENAMES = 2 * len(REPLACES)  # the earlier set's 3 entries moved aside, then the new set's 3 moved in
+
+CHILD = f"""
+import os, shutil, signal, sys
+from pathlib import Path
+import captioner.core.files as files
+
+folder, how = Path(sys.argv[1]), sys.argv[2]
+renames, rename, rmtree = [], os.rename, shutil.rmtree
+
+def killed_at_rename(source, target):
+    renames.append(source)
+    if how == f"rename{{len(renames)}}":
+        os.kill(os.getpid(), signal.SIGKILL)
+    rename(source, target)
+
+def killed_removing_the_earlier_set(path, *args, **kwargs):
+    if how == "aside" and "earlier" in Path(path).name:
+        os.kill(os.getpid(), signal.SIGKILL)
+    rmtree(path, *args, **kwargs)
+
+files.os.rename, files.shutil.rmtree = killed_at_rename, killed_removing_the_earlier_set
+with files.staged_folder(folder, {sorted(REPLACES)!r}, marker={MARKER!r}) as stage:
+    for name, data in {NEW!r}.items():
+        (stage / name).parent.mkdir(parents=True, exist_ok=True)
+        (stage / name).write_bytes(data)
+    print("writing", flush=True)
+    if how == "hold":
+        sys.stdin.readline()
+    if how == "write":
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def write(folder: Path, files: dict[str, bytes]) -> None:
+    """`files` (relative name: bytes) written into `folder`."""
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+
+
+def contents(folder: Path, hidden: bool = True) -> dict[str, bytes | None]:
+    """Every entry under `folder` (the hidden staging ones too, unless `hidden` is False): a file's bytes, None for a
+    folder."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))
+            if hidden or not p.relative_to(folder).parts[0].startswith(".captioner-staged-")}
+
+
+def hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".captioner-staged-"))
+
+
+def child(folder: Path, how: str) -> subprocess.Popen:
+    """A process exporting the new set into `folder` with `staged_folder`, killed (SIGKILL, by itself) as `how`
+    says: `write` while it writes the set, `renameK` at the K-th rename of its swap, `aside` as it removes the
+    earlier set after the swap; `hold` waits, inside the block, for a line on its stdin."""
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(folder), how], env=subprocess_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A folder holding an earlier complete set, written by `staged_folder`, and a file of the user's beside it."""
+    folder = tmp_path / "export"
+    with staged_folder(folder, REPLACES, MARKER) as stage:
+        write(stage, EARLIER)
+    write(folder, {"notes.txt": b"the user's own"})
+    return folder
+
+
+def test_a_second_export_into_a_folder_being_written_is_refused_in_one_line_and_leaves_no_trace(folder: Path) -> None:
+    """Two exports into one folder at once interleaved their swaps; now the folder's lock (a flock held by the
+    other process) refuses the second before it does anything, and the first completes."""
+    writer = child(folder, "hold")
+    try:
+        assert writer.stdout.readline() == "writing\n"
+        before = contents(folder)
+        with pytest.raises(StorageError) as refused, staged_folder(folder, REPLACES, MARKER) as stage:
+            write(stage, {MARKER: b"a third set"})
+        assert str(refused.value) == f"{folder}: another export is writing into this folder; wait for it to finish"
+        assert contents(folder) == before
+    finally:
+        writer.communicate("go on\n", timeout=60)
+    assert writer.returncode == 0
+    assert contents(folder) == {"graphs": None, **NEW, "notes.txt": b"the user's own"}
+
+
+def test_the_set_a_killed_export_was_writing_is_removed_by_the_next_one(folder: Path) -> None:
+    before = contents(folder)
+    killed = child(folder, "write")
+    killed.communicate(timeout=60)
+    assert killed.returncode == -9 and len(hidden(folder)) == 1  # its new set, never swapped in
+    assert contents(folder, hidden=False) == before
+    with staged_folder(folder, REPLACES, MARKER) as stage:
+        write(stage, NEW)
+    assert hidden(folder) == [] and contents(folder) == {"graphs": None, **NEW, "notes.txt": b"the user's own"}
+
+
+@pytest.mark.parametrize("renames", range(1, RENAMES + 1))
+def test_a_swap_cut_short_by_a_kill_is_rolled_back_by_the_next_export(folder: Path, renames: int) -> None:
+    """Killed at any rename of its swap (the earlier entries moved aside, then the new ones moved in, the marker
+    last), an export leaves the folder without its marker and the earlier set in a hidden folder; the next export
+    moves that set back, byte for byte, before it writes its own, and then completes."""
+    before = contents(folder)
+    killed = child(folder, f"rename{renames}")
+    killed.communicate(timeout=60)
+    assert killed.returncode == -9
+    if renames > 1:
+        assert not (folder / MARKER).exists()  # the earlier marker set aside first, the new one not yet in
+    with staged_folder(folder, REPLACES, MARKER) as stage:
+        assert contents(folder, hidden=False) == before  # the earlier complete set, back in its place
+        assert hidden(folder) == [stage.name]
+        write(stage, {**NEW, MARKER: b"a third set"})
+    assert hidden(folder) == []
+    assert contents(folder) == {"graphs": None, **NEW, MARKER: b"a third set", "notes.txt": b"the user's own"}
+
+
+def test_an_earlier_set_left_after_a_completed_swap_is_just_removed(folder: Path) -> None:
+    """Killed as it removed the earlier set, after the new one (its marker last) was all in: the swap completed, so
+    the next export deletes the earlier set and keeps the new one until its own takes its place."""
+    killed = child(folder, "aside")
+    killed.communicate(timeout=60)
+    assert killed.returncode == -9 and len(hidden(folder)) == 2  # the earlier set, and the emptied new one
+    with staged_folder(folder, REPLACES, MARKER) as stage:
+        assert contents(folder, hidden=False) == {"graphs": None, **NEW, "notes.txt": b"the user's own"}
+        assert hidden(folder) == [stage.name]
+    assert hidden(folder) == []
