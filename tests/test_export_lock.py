@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import subprocess_env
 
+from captioner.apps.cli import main
 from captioner.core.errors import StorageError
 from captioner.core.files import staged_folder
 
@@ -146,3 +147,31 @@ def test_an_earlier_set_left_after_a_completed_swap_is_just_removed(folder: Path
         assert contents(folder, hidden=False) == {"graphs": None, **NEW, "notes.txt": b"the user's own"}
         assert hidden(folder) == [stage.name]
     assert hidden(folder) == []
+
+
+def test_a_site_whose_swap_was_cut_short_is_still_a_site(folder: Path, tmp_path: Path) -> None:
+    """A site's swap cut short leaves its site.json set aside and a few new page files in: the next `--web` export
+    must not refuse the folder as "not a site" before it can move the earlier site back."""
+    from captioner.apps.web_site import check_site_folder
+
+    site = tmp_path / "site"
+    write(site, {"index.html": b"new page", ".captioner-staged-abc123-earlier-site.json.tmp/site.json": b"{}"})
+    check_site_folder(site)
+    (site / ".captioner-staged-abc123-earlier-site.json.tmp" / "site.json").unlink()
+    with pytest.raises(Exception, match="not empty and not a captioner web site"):
+        check_site_folder(site)
+
+
+def test_web_export_refuses_a_folder_that_is_not_a_site_before_loading_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture,
+) -> None:
+    """`export --web` into a folder holding other files loaded the model first (seconds to minutes) and only then
+    refused the folder; now the refusal comes first: a model that cannot even be read is never opened."""
+    pytest.importorskip("onnx")
+    (tmp_path / "model.pt").write_bytes(b"not a checkpoint")
+    write(tmp_path / "mine", {"thesis.tex": b"keep"})
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "model.pt"), str(tmp_path / "mine"), "--web"]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'mine'}: not empty and not a captioner web site; "
+                                       "give a new or empty folder\n")
+    assert contents(tmp_path / "mine") == {"thesis.tex": b"keep"}

@@ -16,7 +16,8 @@ import numpy as np
 import captioner
 from captioner.core.bounded_files import read_json
 from captioner.core.errors import ExportError
-from captioner.core.files import check_writable_folder, is_stage, sha256_of, staged_folder, write_atomically
+from captioner.core.files import (check_writable_folder, is_stage, set_aside_holds, sha256_of, staged_folder,
+                                  write_atomically)
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import bad_ending_ids
 
@@ -42,10 +43,7 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
 
     folder = Path(folder)
     ort_files = _ort_files(Path(ort)) if ort is not None else None
-    check_writable_folder(folder)
-    if (folder.is_dir() and any(not is_stage(p.name) for p in folder.iterdir())
-            and not (folder / SITE_JSON).is_file()):
-        raise ExportError(f"{folder}: not empty and not a captioner web site; give a new or empty folder")
+    check_site_folder(folder)
     examples = json.loads((PAGE / "examples" / "examples.json").read_text(encoding="utf-8"))
     written = {*PAGE_FILES, MODEL_FOLDER, "examples", "ort", SITE_JSON}  # an earlier site's: nothing stale stays
     with staged_folder(folder, written, marker=SITE_JSON) as stage, \
@@ -74,6 +72,16 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
         }
         write_atomically(stage / SITE_JSON, lambda tmp: tmp.write_text(json.dumps(site, indent=1), encoding="utf-8"))
     return sorted(p for p in folder.rglob("*") if p.is_file() and not any(is_stage(q) for q in p.parts))
+
+
+def check_site_folder(folder: Path) -> None:
+    """Refuse, in one line and before any model is loaded, a `folder` a site cannot be written into: one that
+    cannot be made, or holds something other than an earlier site (one whose replacement a killed export cut short
+    counts: its site.json is set aside, to be moved back)."""
+    check_writable_folder(folder)
+    if (folder.is_dir() and any(not is_stage(p.name) for p in folder.iterdir())
+            and not (folder / SITE_JSON).is_file() and not set_aside_holds(folder, SITE_JSON)):
+        raise ExportError(f"{folder}: not empty and not a captioner web site; give a new or empty folder")
 
 
 def store_weights_in_half(source: Path, target: Path) -> None:

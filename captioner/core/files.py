@@ -133,6 +133,13 @@ def _tag(name: str) -> str:
     return name[len(STAGE_PREFIX):-len(STAGE_SUFFIX)].partition("-")[2] if is_stage(name) else ""
 
 
+def set_aside_holds(folder: Path, marker: str) -> bool:
+    """Whether `folder` holds a set that an export killed while swapping in its own set marked `marker` had set
+    aside, and that set holds `marker`: an earlier complete set, which the next `staged_folder` moves back."""
+    return folder.is_dir() and any(_tag(p.name) == EARLIER + marker and os.path.lexists(p / marker)
+                                   for p in folder.iterdir())
+
+
 @contextlib.contextmanager
 def staged_folder(folder: str | Path, replaces: Collection[str], marker: str) -> Iterator[Path]:
     """A new hidden folder inside `folder` (made, with its parents, when missing) to write a whole set of files into;
