@@ -326,7 +326,9 @@ def test_init_from_a_checkpoint_trains_an_scst_epoch(decoder: str, tmp_path: Pat
         from captioner.core.config import load_config
         from captioner.training.fit import fit
 
-        fit(load_config(config, [*scst, "model.decoder.dropout=0.3", f"train.init={xe}"]))
+        # a new run (its own folder: scst/ holds the run above) whose model differs from its init's
+        fit(load_config(config, [*scst, "model.decoder.dropout=0.3", f"train.init={xe}",
+                                 f"train.out_dir={tmp_path / 'scst_dropout'}"]))
 
 
 def test_scst_stage_needs_a_starting_checkpoint(tmp_path: Path) -> None:

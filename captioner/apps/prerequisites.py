@@ -1,5 +1,6 @@
-"""What a command needs (Java and the metrics, data files, the start checkpoint, a run folder without an earlier
-run), checked before its work starts so it never stops midway; each refusal is one line naming the way out."""
+"""What a command needs (Java and the metrics, data files, the start checkpoint, a folder to write into), checked
+before its work starts so it never stops midway; each refusal is one line naming the way out. A run folder without
+an earlier run is training's own check (training/run_folders.py), which `train` makes first too."""
 
 from __future__ import annotations
 
@@ -97,23 +98,6 @@ def require_start(config: Config, resume: bool) -> None:
     if config.train.stage == "scst" and not init:
         raise ConfigError("train.stage: scst starts from a cross-entropy model: "
                           "set train.init (or pass --init CHECKPOINT)")
-
-
-# The files that make a folder a run's: a new run writes them anew, so their presence is refused without --resume
-RUN_CHECKPOINTS = ("best.pt", "last.pt")
-
-
-def require_no_run(out_dir: str | Path) -> None:
-    """`train` without --resume: a train.out_dir that holds no run's checkpoint, since a new run would write its
-    best.pt, last.pt and metrics.csv over the earlier run's. Other files (notes, an empty tensorboard folder, a run
-    that failed before its first checkpoint) do not make a run."""
-    folder = Path(out_dir)
-    held = [name for name in RUN_CHECKPOINTS if (folder / name).is_file()]  # a folder so named: check_run_folders
-    if not held:
-        return
-    resume = "continue it with --resume, or " if "last.pt" in held else ""  # --resume reads last.pt
-    raise ConfigError(f"train.out_dir={folder} already holds a run ({', '.join(held)}): {resume}"
-                      "give another train.out_dir (or delete it)")
 
 
 def writable_folder(folder: str | Path, given_as: str) -> None:

@@ -36,7 +36,7 @@ from captioner.training import distributed
 from captioner.training.distributed import Distributed
 from captioner.training.history import METRICS, STEP_LOSSES, write_history, write_step_losses
 from captioner.training.loop import Interrupted, Objective, StopSignals, train_one_epoch
-from captioner.training.run_folders import check_run_folders
+from captioner.training.run_folders import check_run_start
 from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan, lr_scale,
                                           make_loader, make_objective, make_optimizer, make_scheduler, stored_data,
                                           uses_feature_store, wrap_for_ddp)
@@ -52,8 +52,8 @@ def fit(config: Config, resume: bool = False) -> Path:
     `data.batch_size` is per process, and the learning rate is as configured unless train.lr_scaling says otherwise."""
     out_dir = Path(config.train.out_dir)
     ctx = distributed.setup(resolve_device(config.train.device, "train.device"), config.train.dist_timeout_minutes)
+    check_run_start(config, resume, ctx)  # an earlier run, or a file where a folder of the run goes: before any work
     if ctx.is_main:
-        check_run_folders(config)  # a file where a folder of the run goes: one line, before any work
         out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.train.seed)
     train_records, val_records, all_val_records = load_records(config, ctx)

@@ -1,6 +1,7 @@
-"""The folders a training run makes as it starts, seen before its work: those it keeps in train.out_dir (its
-TensorBoard events) and data.feature_store, when the user places the store. A file where one goes, or a place below
-a file, is said in one line, and the file is left as it is."""
+"""What a training run checks of its folders as it starts, before its work: an earlier run in train.out_dir (refused
+without --resume), and the folders it makes: those it keeps in train.out_dir (its TensorBoard events) and
+data.feature_store, when the user places the store. A file where one goes, or a place below a file, is said in one
+line, and the file is left as it is."""
 
 from __future__ import annotations
 
@@ -8,12 +9,44 @@ import os
 from pathlib import Path
 
 from captioner.core.config_sections import Config
-from captioner.core.errors import FeatureStoreError, StorageError
+from captioner.core.errors import CaptionerError, ConfigError, FeatureStoreError, StorageError
 from captioner.core.files import folder_problem
+from captioner.training.distributed import Distributed
 
 RUN_FOLDERS = {"tensorboard": "its TensorBoard events"}  # made in train.out_dir by every run's rank 0
 # The files every run writes in train.out_dir: a folder of one of these names would fail its first write, an epoch in
 RUN_FILES = ("best.pt", "last.pt", "metrics.csv", "vocab.json", "config.yaml")
+# The files that make a folder a run's: a new run writes them anew, so their presence is refused without --resume
+RUN_CHECKPOINTS = ("best.pt", "last.pt")
+
+
+def check_run_start(config: Config, resume: bool, ctx: Distributed) -> None:
+    """`fit`'s checks of its folders, before any work: rank 0's view decides (it alone writes them), and every
+    rank stops with its one line, none left waiting for rank 0 in a collective."""
+    problem = None
+    if ctx.is_main:
+        try:
+            check_run_folders(config)
+            if not resume:
+                require_no_run(config.train.out_dir)
+        except CaptionerError as e:
+            problem = e
+    problem = ctx.broadcast(problem)
+    if problem is not None:
+        raise problem
+
+
+def require_no_run(out_dir: str | Path) -> None:
+    """A run started without --resume: a train.out_dir that holds no run's checkpoint, since a new run would write
+    its best.pt, last.pt and metrics.csv over the earlier run's. Other files (notes, an empty tensorboard folder, a
+    run that failed before its first checkpoint) do not make a run."""
+    folder = Path(out_dir)
+    held = [name for name in RUN_CHECKPOINTS if (folder / name).is_file()]  # a folder so named: check_run_folders
+    if not held:
+        return
+    resume = "continue it with --resume, or " if "last.pt" in held else ""  # --resume reads last.pt
+    raise ConfigError(f"train.out_dir={folder} already holds a run ({', '.join(held)}): {resume}"
+                      "give another train.out_dir (or delete it)")
 
 
 def check_run_folders(config: Config) -> None:

@@ -29,10 +29,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from captioner.apps.prerequisites import require_data, require_no_run, require_start, writable_folder
+    from captioner.apps.prerequisites import require_data, require_start, writable_folder
     from captioner.core.config import load_config
     from captioner.training import distributed
-    from captioner.training.run_folders import check_run_folders
+    from captioner.training.run_folders import check_run_folders, require_no_run
 
     if args.init is not None and not args.init.strip():  # "" would start from scratch without a word
         raise CaptionerError("train --init: an empty path; name the checkpoint to start from, or leave out --init")
