@@ -1,8 +1,9 @@
-"""What a training run refuses as it starts, called from Python as well as from `captioner train`: an earlier run
-in its folder without resume."""
+"""What a training run refuses or warns of as it starts, called from Python as well as from `captioner train`: an
+earlier run in its folder without resume, and a thread count past any machine's or past this process's cores."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from helpers import tiny_config
 
+from captioner.core.config import load_config
 from captioner.core.config_sections import Config
 from captioner.core.errors import ConfigError
 from captioner.data.shapes import generate_shapes
@@ -104,3 +106,37 @@ def test_every_rank_stops_with_rank_0s_refusal_of_an_earlier_run(tmp_path: Path)
         check_run_start(elsewhere, False, other)
     assert other.offered == [None]
     check_run_start(config, True, Rank(0))  # resumed: the run is what it continues
+
+
+def test_train_threads_beyond_any_machines_cores_are_refused_in_one_line() -> None:
+    assert load_config(None, ["train.threads=1024"]).train.threads == 1024
+    with pytest.raises(ConfigError, match=r"'train\.threads' must be .*in \[0, 1024\]; got 1025$"):
+        load_config(None, ["train.threads=1025"])
+
+
+def test_threads_beyond_the_cores_this_process_may_use_are_kept_and_warned_of(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A config travels between machines, and another count would give other weights: 8 threads on 2 usable
+    cores stay 8, with one warning naming the cores; so does a resumed run's recorded 8."""
+    from captioner.training.speed import decide_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level("WARNING", logger="captioner.training.speed"):
+            assert decide_threads(tiny_config("train.threads=8"), None, "last.pt") == (8, None)
+            assert torch.get_num_threads() == 8
+            assert [r.getMessage() for r in caplog.records] == [
+                "threads: 8 (train.threads), more than the 2 cores this process may use: its steps will be slower "
+                "than with 2 threads; set train.threads=2 for speed (the weights then differ)"]
+            caplog.clear()
+            assert decide_threads(tiny_config("train.threads=2"), None, "last.pt") == (2, None)
+            assert caplog.records == []
+            monkeypatch.delenv("CAPTIONER_THREADS", raising=False)
+            monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+            assert decide_threads(tiny_config(), {"threads": 8}, "runs/x/last.pt") == (8, None)
+            assert [r.getMessage().split(", more than")[0] for r in caplog.records] == [
+                "threads: 8 (as runs/x/last.pt trained with)"]
+    finally:
+        torch.set_num_threads(before)

@@ -38,6 +38,8 @@ PROBABILITY_BELOW_ONE = Range(ge=0, lt=1)  # dropout, label smoothing: 1 would r
 # memory while its split is written whole, so a split of 250,000 is about 2.4 GB of files (PNG: 9 GB) and 2 GB of
 # memory; a typo of 10,000,000 would be hours of drawing and 80 GB of memory.
 SHAPES_MOST_IMAGES = 250_000
+# train.threads at most: generous for any machine's cores (a config travels between machines), refusing a typo's
+MAX_THREADS = 1024
 
 
 @dataclass
@@ -197,8 +199,8 @@ class TrainConfig:
     cache_features: bool = setting(True, Flag())
     time_limit_minutes: float = setting(0.0, Range(ge=0))  # stop after the epoch that crosses this budget (0 = none)
     # torch CPU threads for this run, fixed from its first step; 0: $CAPTIONER_THREADS, else torchrun's share, else
-    # every usable core (kept by --resume)
-    threads: int = setting(0, COUNT)
+    # every usable core (kept by --resume). More than the cores the run may use: a warning, never a quiet change
+    threads: int = setting(0, Range(ge=0, le=MAX_THREADS))
     # CPU: change the thread count mid-run as other processes take or free cores (faster on a shared machine; no longer
     # bit-exact on resume)
     follow_free_cores: bool = setting(False, Flag())

@@ -25,7 +25,7 @@ from captioner.core import machine_cache
 from captioner.core.config_sections import Config
 from captioner.core.errors import ConfigError, first_line
 from captioner.core.process_settings import (ENV_THREADS, ThreadGovernor, cpu_has_native_bf16, free_cores, run_threads,
-                                             threads_are_automatic)
+                                             threads_are_automatic, usable_cores)
 from captioner.data.batching import CaptionBatch
 from captioner.models import products
 from captioner.models.captioner import Captioner
@@ -62,18 +62,28 @@ def decide_threads(config: Config, saved: dict | None, source: str) -> tuple[int
         return None, ThreadGovernor()
     recorded = saved.get("threads") if saved else None
     threads = run_threads(config.train.threads)
+    setting = None if threads_are_automatic(config.train.threads) else thread_setting(config)
     if isinstance(recorded, int) and recorded > 0 and recorded != threads:
-        if not threads_are_automatic(config.train.threads):  # set explicitly: it wins over the checkpoint's
-            setting = ("train.threads" if config.train.threads
-                       else f"${ENV_THREADS}" if os.environ.get(ENV_THREADS) else "torchrun's OMP_NUM_THREADS")
+        if setting is not None:  # set explicitly: it wins over the checkpoint's
             log.warning("threads: %d as set (%s), where %s trained with %d: it goes on, not bit for bit",
                         threads, setting, source, recorded)
         else:
             log.info("threads: %d, as %s trained with (this machine alone would take %d)", recorded, source, threads)
-            threads = recorded
+            threads, setting = recorded, f"as {source} trained with"
+    cores = usable_cores()
+    if threads > cores:  # taken as set or recorded: another count would change the run's sums, and so its weights
+        log.warning("threads: %d (%s), more than the %d cores this process may use: its steps will be slower than "
+                    "with %d threads; set train.threads=%d for speed (the weights then differ)",
+                    threads, setting, cores, cores, cores)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads, None
+
+
+def thread_setting(config: Config) -> str:
+    """What fixed an explicit thread count, for the log: the config, $CAPTIONER_THREADS or torchrun."""
+    return ("train.threads" if config.train.threads
+            else f"${ENV_THREADS}" if os.environ.get(ENV_THREADS) else "torchrun's OMP_NUM_THREADS")
 
 
 def decide_steps(config: Config, ctx: Distributed, model: Captioner, encoded: bool,
