@@ -1,5 +1,6 @@
 """What a training run refuses or warns of as it starts, called from Python as well as from `captioner train`: an
-earlier run in its folder without resume, and a thread count past any machine's or past this process's cores."""
+earlier run in its folder without resume, a thread count past any machine's or past this process's cores, and a
+--resume on other training data than its run's (the same data in another folder resumes)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from helpers import tiny_config
 
 from captioner.core.config import load_config
 from captioner.core.config_sections import Config
-from captioner.core.errors import ConfigError
+from captioner.core.errors import CheckpointError, ConfigError
 from captioner.data.shapes import generate_shapes
-from captioner.models.checkpoint_format import read_checkpoint
+from captioner.data.shards import ShardSet
+from captioner.models.checkpoint_format import read_checkpoint, write_checkpoint_file
 from captioner.training import fit as fitting
 from captioner.training.distributed import Distributed
 
@@ -140,3 +142,60 @@ def test_threads_beyond_the_cores_this_process_may_use_are_kept_and_warned_of(
                 "threads: 8 (as runs/x/last.pt trained with)"]
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("other", ["more images", "other captions"])
+def test_resume_refuses_other_training_data_before_any_step(trained: tuple[Path, Path], tmp_path: Path,
+                                                            other: str) -> None:
+    """A resumed run must end as the one that never stopped: on another data set it cannot, and it said
+    nothing. The line names the checkpoint, the data and what differs; last.pt is left as it was."""
+    _, run = trained
+    mine = copied(run, tmp_path / "run")
+    before = files(mine)
+    data = shapes(tmp_path / "other", 12) if other == "more images" else shapes(tmp_path / "other", seed=1)
+    differs = (r"8 training images, data\.root=.*other has 12" if other == "more images" else
+               r"other data than data\.root=.*other holds \(the same 8 training images, other ids or captions, or "
+               r"in another order\)")
+    with pytest.raises(CheckpointError, match=(rf"^--resume: {mine / 'last.pt'} was trained on {differs}: resume "
+                                               r"with the same data, or start a new run$")):
+        fitting.fit(run_config(data, mine, "train.epochs=2"), resume=True)
+    assert files(mine) == before
+
+
+def test_resume_takes_the_same_data_moved_elsewhere(trained: tuple[Path, Path], tmp_path: Path) -> None:
+    """A data folder moves (another node mounts it elsewhere): the run resumes on it, whatever data.root says."""
+    data, run = trained
+    mine = copied(run, tmp_path / "run")
+    moved = Path(shutil.move(copied(data, tmp_path / "data"), tmp_path / "mounted" / "elsewhere"))
+    fitting.fit(run_config(moved, mine, "train.epochs=2"), resume=True)
+    saved = read_checkpoint(mine / "last.pt")["train_state"]
+    assert saved["epoch"] == 2 and saved["data"] == read_checkpoint(run / "last.pt")["train_state"]["data"]
+
+
+def test_a_checkpoint_that_recorded_no_data_resumes_and_records_them(trained: tuple[Path, Path],
+                                                                      tmp_path: Path) -> None:
+    """A last.pt written before the data were recorded has nothing to compare: it resumes, on any data, and
+    the resumed run's last.pt records them."""
+    _, run = trained
+    mine = copied(run, tmp_path / "run")
+    old = read_checkpoint(mine / "last.pt")
+    del old["train_state"]["data"]
+    (mine / "last.pt").unlink()  # a hard link to best.pt, maybe: written anew alone
+    write_checkpoint_file(old, mine / "last.pt")
+    data = shapes(tmp_path / "other", 12)
+    fitting.fit(run_config(data, mine, "train.epochs=2"), resume=True)
+    assert read_checkpoint(mine / "last.pt")["train_state"]["data"]["train_images"] == 12
+
+
+def test_streamed_shards_are_known_by_their_counts_wherever_they_lie() -> None:
+    """The shards' index gives each one's sample count without reading a shard: the same counts at other URLs are
+    the same data; other counts are not."""
+    from captioner.training.state import data_difference, training_data
+
+    here = training_data([], ShardSet("a/{0..1}.tar", ("a/0.tar", "a/1.tar"), (3, 4)))
+    assert training_data([], ShardSet("b/{0..1}.tar", ("b/0.tar", "b/1.tar"), (3, 4))) == here
+    other = training_data([], ShardSet("b/{0..1}.tar", ("b/0.tar", "b/1.tar"), (4, 3)))
+    assert other != here and here["train_samples"] == 7
+    config = tiny_config("data.dataset=webdataset", "data.train_shards=b/{0..1}.tar", "data.val_shards=v.tar")
+    assert data_difference(config, here, other) == ("was trained on other data than data.train_shards=b/{0..1}.tar "
+                                                    "holds (the same 7 training samples, other counts per shard)")

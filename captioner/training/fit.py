@@ -42,7 +42,7 @@ from captioner.training.run_setup import (RunData, accelerate, caption_dataset, 
                                           uses_feature_store, wrap_for_ddp)
 from captioner.training.speed import SpeedChoices, decide_threads
 from captioner.training.state import (LOGGED, TrainState, check_finite_loss, read_init_checkpoint,
-                                      read_resume_checkpoint, restore_rng, rng_state)
+                                      read_resume_checkpoint, restore_rng, rng_state, training_data)
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ def fit(config: Config, resume: bool = False) -> Path:
     seed_everything(config.train.seed)
     train_records, val_records, all_val_records = load_records(config, ctx)
     shards = train_shard_set(config)  # streamed training: the shards and their counts, no records
-    checkpoint = read_resume_checkpoint(config) if resume else None
+    trained_on = training_data(train_records, shards)  # where the files lie aside: --resume refuses other data
+    checkpoint = read_resume_checkpoint(config, trained_on) if resume else None
     # Fixed before any sums (the feature store's included), and taken back from last.pt.
     threads, governor = decide_threads(config, checkpoint and checkpoint["train_state"], str(out_dir / "last.pt"))
     initial = read_init_checkpoint(config) if config.train.init and checkpoint is None else None
@@ -82,7 +83,7 @@ def fit(config: Config, resume: bool = False) -> Path:
             raise write_failure(Path(e.filename or out_dir), e) from None
     run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint, shards, threads)
     del checkpoint, initial  # read into the model and the optimizer: their copies of the weights go before training
-    run.threads = governor
+    run.threads, run.trained_on = governor, trained_on
     run.stop.install()  # from here a SIGTERM or SIGINT ends the step, saves last.pt and raises Interrupted
     try:
         run.train()
@@ -161,6 +162,7 @@ class Run:
     stop: StopSignals = field(default_factory=StopSignals)
     threads: ThreadGovernor | None = None  # train.follow_free_cores: the thread count follows the free cores (CPU)
     best_written_at: tuple[int, int, int] | None = None  # (step, epoch, position) of the last best.pt written
+    trained_on: dict = field(default_factory=dict)  # the training data's count and digest (state.training_data)
 
     @property
     def out_dir(self) -> Path:
@@ -320,7 +322,7 @@ class Run:
         streams = self.ctx.all_gather(self.loader.positions()) if isinstance(self.loader, ShardStream) else None
         if self.ctx.is_main:
             train_state = {**self.state.to_dict(), **self.speed.to_dict(), "world_size": self.ctx.world_size,
-                           "rng": rng, "stream": streams}
+                           "rng": rng, "stream": streams, "data": self.trained_on}
             save_checkpoint(self.out_dir / name, self.model, self.config, optimizer=self.optimizer.state_dict(),
                             scheduler=self.scheduler.state_dict(), train_state=train_state)
 

@@ -4,9 +4,12 @@ states are tensors, lists and ints only, so that last.pt still loads with `torch
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,8 @@ from captioner.core.config_sections import Config
 from captioner.core.errors import CheckpointError, DivergedError
 from captioner.core.portable_config import value_at
 from captioner.core.process_settings import seed_everything
+from captioner.data.records import ImageRecord
+from captioner.data.shards import ShardSet
 from captioner.models.checkpoint import read_checkpoint
 from captioner.training.distributed import Distributed
 
@@ -153,15 +158,49 @@ def restore_rng(saved: dict, ctx: Distributed, seed: int, state: TrainState) -> 
     seed_everything(seed + 1000 * state.epoch + ctx.rank)
 
 
-def read_resume_checkpoint(config: Config) -> dict:
-    """train.out_dir's last.pt, whose model section must be the config's."""
+def read_resume_checkpoint(config: Config, trained_on: dict | None = None) -> dict:
+    """train.out_dir's last.pt, whose model section must be the config's, and whose training data, where it
+    recorded them, must be `trained_on` (`training_data`): resumed on other data, a run is no longer the one
+    that never stopped."""
     last = Path(config.train.out_dir) / "last.pt"
     if not last.exists():
         raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir)")
     checkpoint = read_checkpoint(last)
     if checkpoint["config"]["model"] != config.to_dict()["model"]:
         raise CheckpointError(f"{last}: the model section of the config differs from the checkpoint's; cannot resume")
+    recorded = checkpoint["train_state"].get("data")
+    if trained_on and isinstance(recorded, dict) and recorded and recorded != trained_on:  # old: none
+        raise CheckpointError(f"--resume: {last} {data_difference(config, recorded, trained_on)}: resume with the "
+                              "same data, or start a new run")
     return checkpoint
+
+
+def training_data(records: Sequence[ImageRecord], shards: ShardSet | None = None) -> dict:
+    """What a run trains on, wherever its files lie, kept in last.pt for --resume: the number of training images
+    and a digest of their ids and captions, in order; for streamed shards, of samples and each shard's count (what
+    their index says: no shard is read)."""
+    digest = hashlib.blake2b(digest_size=12)
+    if shards is not None:
+        digest.update(json.dumps(shards.counts).encode())
+        return {"train_samples": shards.samples, "digest": digest.hexdigest()}
+    for record in records:
+        digest.update("\x1f".join([str(record.image_id), *record.captions]).encode() + b"\x1e")
+    return {"train_images": len(records), "digest": digest.hexdigest()}
+
+
+def data_difference(config: Config, recorded: dict, trained_on: dict) -> str:
+    """How the data a checkpoint recorded differ from this run's, in words."""
+    streamed = "train_samples" in trained_on
+    where = (f"data.train_shards={config.data.train_shards}" if streamed else f"data.root={config.data.root}")
+    kind = "train_samples" if streamed else "train_images"
+    what = "training samples" if streamed else "training images"
+    was, now = recorded.get(kind), trained_on[kind]
+    if not isinstance(was, int):
+        return f"was trained on other data than {where}"
+    if was != now:
+        return f"was trained on {was:,} {what}, {where} has {now:,}"
+    other = "other counts per shard" if streamed else "other ids or captions, or in another order"
+    return f"was trained on other data than {where} holds (the same {now:,} {what}, {other})"
 
 
 TRAINING_CHOICES = ("model.encoder.fine_tune_blocks",)  # how a stage trains the model, not what the model is
