@@ -140,8 +140,8 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(shapes: Path, tm
     # store included, which rank 0 built while rank 1 waited), and rank 1 touched nothing in it.
     names = sorted(p.name for p in (runs / "ddp").iterdir())
     assert names == [
-        "best.pt", "config.yaml", "features", "last.pt", "metrics.csv", "step_losses.csv", "tensorboard",
-        "training_curves.png", "vocab.json",
+        "best.pt", "config.yaml", "features", "finished.json", "last.pt", "metrics.csv", "step_losses.csv",
+        "tensorboard", "training_curves.png", "vocab.json",
     ]
     assert sorted(p.name for p in (runs / "ddp" / "features").iterdir()) == ["train.json", "train.npy",
                                                                              "val.json", "val.npy"]

@@ -94,6 +94,8 @@ def test_training_writes_checkpoints_logs_and_curves(shapes_lstm: TrainedRun) ->
         assert (run / name).is_file(), name
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     assert [int(r["epoch"]) for r in rows] == list(range(1, 9))
+    finished = json.loads((run / "finished.json").read_text())  # its training ended as the config says
+    assert finished["epoch"] == 8 and finished["step"] == int(rows[-1]["step"]), finished
     assert float(rows[-1]["train_loss"]) < 0.7 * float(rows[0]["train_loss"])  # it learns
     assert float(rows[-1]["val_Bleu_1"]) > 0.4  # its own greedy captions (untrained: < 0.15) match the references
     assert list((run / "tensorboard").iterdir())

@@ -87,6 +87,8 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: 
     reference = warm_start.Popen(train_command(shapes, tmp_path / "reference"), cwd=ROOT, env=first_part,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # beside the killed run
     run = tmp_path / "killed"
+    run.mkdir()
+    (run / "finished.json").write_text("{}")  # an earlier end's record, stale once this run trains into the folder
     process = warm_start.Popen(train_command(shapes, run), cwd=ROOT, env=first_part,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -95,6 +97,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: 
         time.sleep(0.01)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+    assert not (run / "finished.json").exists()  # cut short (what the sweep scripts resume), the stale record gone
     _, reference_err = reference.communicate(timeout=600)
     assert reference.returncode == 0, reference_err[-2000:]
     assert logged_steps(reference_err) == list(range(1, 25))
@@ -106,6 +109,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(shapes: Path, tmp_path: 
                              env=machine_deciding(tmp_path / "cache", False, monkeypatch),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert (run / "finished.json").is_file() and (tmp_path / "reference" / "finished.json").is_file()
     if saved["onednn_products"]:
         assert "products: oneDNN, the route" in resumed.stderr
     # It went on from the saved batch, not from the start (an ignored --resume would start at step 1).

@@ -34,7 +34,8 @@ from captioner.models.decoder import DecoderOutput
 from captioner.text.vocab import SPECIALS, Vocabulary
 from captioner.training import distributed
 from captioner.training.distributed import Distributed
-from captioner.training.history import METRICS, STEP_LOSSES, write_history, write_step_losses
+from captioner.training.history import (FINISHED, METRICS, STEP_LOSSES, write_finished, write_history,
+                                        write_step_losses)
 from captioner.training.loop import Interrupted, Objective, StopSignals, train_one_epoch
 from captioner.training.run_folders import check_run_start
 from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan, lr_scale,
@@ -84,6 +85,8 @@ def fit(config: Config, resume: bool = False) -> Path:
     run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint, shards, threads)
     del checkpoint, initial  # read into the model and the optimizer: their copies of the weights go before training
     run.threads, run.trained_on = governor, trained_on
+    if ctx.is_main:  # an earlier end's record: this run has not finished until its train() returns
+        (out_dir / FINISHED).unlink(missing_ok=True)
     run.stop.install()  # from here a SIGTERM or SIGINT ends the step, saves last.pt and raises Interrupted
     try:
         run.train()
@@ -97,6 +100,7 @@ def fit(config: Config, resume: bool = False) -> Path:
         if run.state.writer is not None:
             run.state.writer.close()
     if ctx.is_main:
+        write_finished(out_dir, {key: getattr(run.state, key) for key in ("epoch", "step", "best_epoch", "best_step")})
         log.info("best val %s %.4f at epoch %d, step %d: %s", config.train.val_metric, run.state.best_score,
                  run.state.best_epoch, run.state.best_step, out_dir / "best.pt")
     distributed.shutdown(ctx)

@@ -1,10 +1,12 @@
-"""A run's history files, read without torch (scripts/plot_runs.py, the curves): metrics.csv, a
-row per validation, and step_losses.csv, the training loss at every logged step."""
+"""A run's history files, read without torch (scripts/plot_runs.py, the curves): metrics.csv,
+a row per validation, step_losses.csv, the training loss at every logged step, and finished.json, written when the
+training ends as its config says."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -12,6 +14,9 @@ from captioner.core.files import write_atomically
 
 METRICS = "metrics.csv"
 STEP_LOSSES = "step_losses.csv"
+# Written when the training ends as its config says (its epochs done, early stopping, the time limit), not when a
+# signal or an error stops it; removed when a run starts training into the folder, a resumed one included.
+FINISHED = "finished.json"
 
 
 def write_csv(path: Path, header: list[str], rows: Iterable[list]) -> None:
@@ -53,3 +58,14 @@ def read_step_losses(path: Path) -> list[tuple[int, float]]:
         return []
     with open(path, newline="") as f:
         return [(int(row["step"]), float(row["loss"])) for row in csv.DictReader(f)]
+
+
+def write_finished(out_dir: Path, where: dict[str, int]) -> None:
+    """The run's training finished: `where` it ended (epoch, step, best_epoch, best_step), atomically."""
+    text = json.dumps(where, indent=1) + "\n"
+    write_atomically(out_dir / FINISHED, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def training_finished(out_dir: str | Path) -> bool:
+    """Whether the training of the run in `out_dir` finished (its finished.json), rather than stopped short."""
+    return (Path(out_dir) / FINISHED).is_file()

@@ -12,10 +12,12 @@ from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, ConfigError, FeatureStoreError, StorageError
 from captioner.core.files import folder_problem
 from captioner.training.distributed import Distributed
+from captioner.training.history import FINISHED
 
 RUN_FOLDERS = {"tensorboard": "its TensorBoard events"}  # made in train.out_dir by every run's rank 0
 # The files every run writes in train.out_dir: a folder of one of these names would fail its first write, an epoch in
-RUN_FILES = ("best.pt", "last.pt", "metrics.csv", "vocab.json", "config.yaml")
+# (FINISHED: at its end)
+RUN_FILES = ("best.pt", "last.pt", "metrics.csv", "vocab.json", "config.yaml", FINISHED)
 # The files that make a folder a run's: a new run writes them anew, so their presence is refused without --resume
 RUN_CHECKPOINTS = ("best.pt", "last.pt")
 
