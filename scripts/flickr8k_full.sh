@@ -13,10 +13,11 @@
 #   IMAGE_ROOT  the photographs (default: the config's, DATA_ROOT/images else DATA_ROOT/Flicker8k_Dataset;
 #               "" keeps that default when steps follow)
 #   STEP        only these steps (lstm, lstm_blind, transformer, lstm_scst, transformer_scst, ensemble, report, export)
-# Run it again after a crash or Ctrl-C: finished steps are skipped (a `.done` file beside each
-# run), a stopped training run resumes exactly from its last.pt. The time of every invocation of
-# a step goes to $OUT/timings.tsv with the processor's name and its exit status, stopped ones
-# too, and the totals per step and in all are printed at the end. OUT defaults to runs/flickr8k_full.
+# Run it again after a crash or Ctrl-C: finished steps are skipped (a finished training run has its
+# finished.json, a scored one a `score.done` file), a stopped training run resumes exactly from its
+# last.pt (scripts/sweep_runs.sh). The time of every invocation of a step goes to $OUT/timings.tsv
+# with the processor's name and its exit status, stopped ones too, and the totals per step and in
+# all are printed at the end. OUT defaults to runs/flickr8k_full.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-data/flickr8k}
@@ -31,6 +32,7 @@ if [ ! -f "$ROOT/Flickr8k.token.txt" ]; then
     exit 2
 fi
 source .venv/bin/activate
+source scripts/sweep_runs.sh
 mkdir -p "$OUT"
 DATA=("data.root=$ROOT" ${IMAGES:+"data.image_root=$IMAGES"} "data.feature_store=$OUT/features_lite0")
 CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
@@ -70,15 +72,12 @@ timed() {  # name command...: run it, append its seconds and exit status to timi
     return "$status"
 }
 
-train() {  # name config overrides...: train (or resume) into $OUT/name
+train() {  # name config overrides...: train, resume or skip $OUT/name as scripts/sweep_runs.sh decides
     local name=$1 config=$2 run=$OUT/$1
     shift 2
+    # a run that an earlier version of this script finished has its mark instead of the run's finished.json
     if [ -f "$run/train.done" ]; then echo "== $name: trained (remove $run/train.done to train again)"; return; fi
-    local resume=()
-    [ -f "$run/last.pt" ] && resume=(--resume)
-    echo "== $name: training ($config${resume:+, resuming})"
-    timed "train $name" captioner train "$config" "${DATA[@]}" "train.out_dir=$run" "$@" "${resume[@]}"
-    touch "$run/train.done"
+    train_step "$run" timed "train $name" captioner train "$config" "${DATA[@]}" "$@"
 }
 
 # sweep.json...: "<file> <alpha>" of the variant with the best dev CIDEr-D, the metric checkpoints are selected on

@@ -182,8 +182,13 @@ def test_flickr8k_full_records_the_step_a_signal_ends(tmp_path: Path, signal_num
     signal's status), so the totals of a stopped and resumed build keep the stopped part."""
     repo, bin_dir, out, started = tmp_path / "repo", tmp_path / "bin", tmp_path / "out", tmp_path / "started"
     (repo / "scripts").mkdir(parents=True)
-    shutil.copy(FLICKR8K_FULL, repo / "scripts")
+    for script in (FLICKR8K_FULL, ROOT / "scripts" / "sweep_runs.sh", ROOT / "scripts" / "run_state.py"):
+        shutil.copy(script, repo / "scripts")
     bin_dir.mkdir()
+    # this interpreter, with this checkout's captioner (scripts/run_state.py reads the run folder with it)
+    python = f'PYTHONPATH={shlex.quote(str(ROOT))} exec {shlex.quote(sys.executable)} "$@"'
+    (bin_dir / "python").write_text(f"#!/bin/sh\n{python}\n")
+    (bin_dir / "python").chmod(0o755)
     # a training run that takes its time
     (bin_dir / "captioner").write_text(f"#!/bin/sh\ntouch {shlex.quote(str(started))}\nexec sleep 60\n")
     (bin_dir / "captioner").chmod(0o755)

@@ -1,4 +1,4 @@
-"""A run's history files, read without torch (scripts/plot_runs.py, the curves): metrics.csv,
+"""A run's history files, read without torch (scripts/plot_runs.py, the curves, scripts/run_state.py): metrics.csv,
 a row per validation, step_losses.csv, the training loss at every logged step, and finished.json, written when the
 training ends as its config says."""
 
