@@ -8,10 +8,17 @@ cd "$(dirname "$0")/.."
 source "${SETUP:-scripts/setup.sh}"
 
 CONFIG=${CONFIG:-configs/shapes_lstm.yaml}
-# The run folder and the world's folder as the overrides make them (options such as --resume go to train alone).
-overrides=()
-for arg in "$@"; do [[ $arg == *=* && $arg != -* ]] && overrides+=("$arg"); done
-resolved=$(python - "$CONFIG" "${overrides[@]}" <<'PY'
+# The run folder, the world's folder and the start checkpoint as the overrides and --init make them (other options,
+# such as --resume, go to train alone; --init comes last, as train sets it over train.init).
+overrides=() init=() previous=
+for arg in "$@"; do
+    if [[ $previous == --init ]]; then init=("train.init=$arg")
+    elif [[ $arg == --init=* ]]; then init=("train.init=${arg#--init=}")
+    elif [[ $arg == *=* && $arg != -* ]]; then overrides+=("$arg")
+    fi
+    previous=$arg
+done
+resolved=$(python - "$CONFIG" "${overrides[@]}" "${init[@]}" <<'PY'
 import sys
 from pathlib import Path
 from captioner.core.config import load_config
@@ -23,12 +30,16 @@ except ConfigError as e:
 if config.data.dataset != "shapes":
     sys.exit(f"error: {sys.argv[1]}: the quickstart runs a shapes config (data.dataset: shapes); "
              "see docs/training.md for the others")
-print(Path(config.train.out_dir))  # runs/mine/ as runs/mine, the name its earlier run is moved aside from
+run = Path(config.train.out_dir)
+print(run)  # runs/mine/ as runs/mine, the name its earlier run is moved aside from
 print(config.data.root)
+init = Path(config.train.init or run).resolve()  # train.init's place in the run folder, if it is in it
+print(init.relative_to(run.resolve()) if init.is_relative_to(run.resolve()) and init != run.resolve() else "")
 PY
 )
 RUN=$(sed -n 1p <<<"$resolved")
 WORLD=$(sed -n 2p <<<"$resolved")
+INIT_IN_RUN=$(sed -n 3p <<<"$resolved")
 
 # `captioner train` refuses a new run into a folder that holds one (best.pt or last.pt) without --resume:
 # run again (train.epochs=3 after a full run, say), the script moves its earlier run aside, deleting nothing.
@@ -39,6 +50,10 @@ if ! $resume && [[ -e $RUN/best.pt || -e $RUN/last.pt ]]; then
     while [[ -e $RUN.previous-$n ]]; do n=$((n + 1)); done
     mv "$RUN" "$RUN.previous-$n"
     echo "note: the earlier run in $RUN is kept as $RUN.previous-$n (--resume continues a run instead)"
+    if [[ -n $INIT_IN_RUN ]]; then  # the start checkpoint moved with the earlier run: train from it there
+        set -- "$@" --init "$RUN.previous-$n/$INIT_IN_RUN"  # the last --init is the one train takes
+        echo "note: train.init is in the earlier run, so the new run starts from $RUN.previous-$n/$INIT_IN_RUN"
+    fi
 fi
 
 # The official metrics (METEOR, and the PTB tokenizer of them all) run on Java: without it, say so

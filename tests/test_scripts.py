@@ -160,6 +160,32 @@ def test_quickstart_leaves_a_run_it_resumes_or_a_folder_that_holds_none_where_it
     assert calls[0].startswith(f"train configs/shapes_lstm.yaml train.out_dir={run}")
 
 
+@pytest.mark.parametrize("given", ["train.init={run}/best.pt", "--init={run}/../run/best.pt"],
+                         ids=["train.init", "--init, another spelling"])
+def test_quickstart_run_again_starts_from_the_earlier_runs_checkpoint_where_it_moved(tmp_path: Path,
+                                                                                     given: str) -> None:
+    """Fine-tune the earlier run into a new one (`bash scripts/quickstart.sh train.init=runs/shapes_lstm/best.pt`):
+    the earlier run is moved aside whole, its best.pt with it, so the new run starts from it there, said in a note."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"the earlier run's")
+    result, calls = run_quickstart(tmp_path, f"train.out_dir={run}", *given.format(run=run).split(), java=True)
+    assert result.returncode == 0, result.stderr
+    moved = f"{run}.previous-1/best.pt"
+    assert f"note: train.init is in the earlier run, so the new run starts from {moved}\n" in result.stdout
+    assert calls[0].endswith(f" --init {moved}") and Path(moved).read_bytes() == b"the earlier run's"
+
+
+def test_quickstart_run_again_leaves_a_start_checkpoint_outside_the_earlier_run_as_given(tmp_path: Path) -> None:
+    run, start = tmp_path / "run", tmp_path / "run_two" / "best.pt"  # beside the run folder, its name a prefix
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"the earlier run's")
+    result, calls = run_quickstart(tmp_path, f"train.out_dir={run}", "--init", str(start), java=True)
+    assert result.returncode == 0, result.stderr
+    assert "train.init is in" not in result.stdout
+    assert calls[0] == f"train configs/shapes_lstm.yaml train.out_dir={run} --init {start}"
+
+
 def test_quickstart_stops_on_a_bad_override_before_training(tmp_path: Path) -> None:
     result, calls = run_quickstart(tmp_path, "train.epochs=lots", java=True)
     assert result.returncode != 0 and calls == []
