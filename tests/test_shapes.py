@@ -250,3 +250,77 @@ def test_a_config_bounds_the_shapes_counts_as_data_shapes_does(key: str) -> None
     assert getattr(load_config(None, [f"data.{key}=250000"]).data, key) == 250000
     with pytest.raises(ConfigError, match=rf"'data.{key}' must be in \[[01], 250000\]; got 250001$"):
         load_config(None, [f"data.{key}=250001"])
+
+
+def unreadable_folder(monkeypatch: pytest.MonkeyPatch, folder: Path, searchable: bool) -> None:
+    """`folder` fails as mode 000 (`searchable`: 333) makes it fail for anyone but root: it cannot be listed, nor
+    (unless searchable) a path in it looked at."""
+    listing, looking = Path.iterdir, Path.stat
+
+    def iterdir(self: Path) -> object:
+        if self == folder:
+            raise PermissionError(13, "Permission denied", str(self))
+        return listing(self)
+
+    def stat(self: Path, **kwargs: bool) -> object:
+        if self.parent == folder and not searchable:
+            raise PermissionError(13, "Permission denied", str(self))
+        return looking(self, **kwargs)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    monkeypatch.setattr(Path, "stat", stat)
+
+
+@pytest.mark.parametrize("broken", ["marker a folder", "split folder unreadable", "world folder unreadable",
+                                    "world folder unsearchable", "caption file a folder"])
+def test_a_broken_world_cut_short_is_one_line_naming_the_path(broken: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`data shapes` and training's first use (data.root) on a world whose marker is a folder, whose split folder
+    or own folder cannot be read, or whose caption file is a folder: one line naming it (before, a traceback), and
+    nothing removed."""
+    from captioner.core.config import load_config
+    from captioner.core.errors import CaptionerError
+    from captioner.data.datasets import ensure_shapes
+
+    world = tmp_path / "world"
+    tiny = ["--num-train", "2", "--num-val", "1", "--num-test", "1", "--image-size", "32", "--quiet"]
+    assert main(["data", "shapes", "--out", str(world), *tiny]) == 0
+    (world / "captions_test.json").unlink()  # cut short
+    named = world / {"marker a folder": ".captioner_shapes", "split folder unreadable": "val",
+                     "caption file a folder": "captions_test.json"}.get(broken, "")
+    if broken in ("marker a folder", "caption file a folder"):
+        named.unlink(missing_ok=True)
+        named.mkdir()
+    before = world_files(world)
+    if broken.startswith("world folder"):
+        unreadable_folder(monkeypatch, world, searchable=broken == "world folder unreadable")
+    elif broken == "split folder unreadable":
+        unreadable_folder(monkeypatch, named, searchable=False)
+    assert main(["data", "shapes", "--out", str(world), *tiny]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {named}:"), err
+    counts = ["data.shapes_num_train=2", "data.shapes_num_val=1", "data.shapes_num_test=1", "data.image_size=32"]
+    with pytest.raises(CaptionerError, match=f"^{re.escape(str(named))}:"):
+        ensure_shapes(load_config(None, ["data.dataset=shapes", f"data.root={world}", *counts]).data)
+    monkeypatch.undo()
+    assert world_files(world) == before
+
+
+def test_a_shapes_count_or_size_from_a_config_is_named_as_its_key(tmp_path: Path) -> None:
+    """ensure_shapes names the data key the user set, not the --num-* option of `data shapes`; data.image_size
+    allows 16 pixels, which the shapes world does not."""
+    from dataclasses import replace
+
+    from captioner.core.config import load_config
+    from captioner.core.errors import DatasetError
+    from captioner.data.datasets import ensure_shapes
+
+    config = load_config(None, ["data.dataset=shapes", f"data.root={tmp_path / 'world'}"]).data
+    with pytest.raises(DatasetError, match=r"^data\.shapes_num_val must be in \[0, 250000\] images, got -1$"):
+        ensure_shapes(replace(config, shapes_num_val=-1))  # a DataConfig made in code is not checked on its own
+    with pytest.raises(DatasetError, match=r"^data\.image_size of a shapes world must be in \[32, 4096\] pixels, "
+                                           r"got 16$"):
+        ensure_shapes(load_config(None, ["data.dataset=shapes", f"data.root={tmp_path / 'world'}",
+                                         "data.image_size=16"]).data)
+    assert not (tmp_path / "world").exists()

@@ -17,7 +17,7 @@ from captioner.data.coco import coco_split_files, load_coco_captions, load_karpa
 from captioner.data.flickr8k import load_flickr8k
 from captioner.data.imagefolder import load_hf_dataset, load_imagefolder, seeded_split_files, seeded_split_rows
 from captioner.data.records import ImageRecord
-from captioner.data.shapes import SHAPES_MARKER, SPLITS, finished_world, generate_shapes
+from captioner.data.shapes import SPLITS, check_shapes_options, finished_world, generate_shapes, holds_a_users_files
 from captioner.text.vocab import tokenize
 
 log = logging.getLogger(__name__)
@@ -92,14 +92,16 @@ def seeded_split_record(config: DataConfig) -> dict | None:
 
 
 def ensure_shapes(config: DataConfig) -> None:
-    """Generate the shapes world into `config.root` on first use; a root that is a file or cannot be made is one
-    line, before any image is drawn."""
+    """Generate the shapes world into `config.root` on first use; a root that is a file or cannot be made, or a
+    count or size the generator refuses (named as its data key), is one line, before any image is drawn."""
     root = Path(config.root)
     if finished_world(root):
         return
+    check_shapes_options(config.shapes_num_train, config.shapes_num_val, config.shapes_num_test, config.image_size,
+                         config.shapes_seed, "jpg", from_config=True)
     make_folder(root, f"data.root={root}", DatasetError)
     # Never write into a user's folder unasked.
-    if root.is_dir() and not (root / SHAPES_MARKER).exists() and any(root.iterdir()):
+    if holds_a_users_files(root):
         raise DatasetError(f"{root}: no shapes caption files (captions_train.json, ...) here, and the folder holds "
                            "other files: point data.root at a new or empty folder, or at a world made by "
                            "captioner data shapes --out DIR")

@@ -7,6 +7,7 @@ import functools
 import itertools
 import json
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from PIL import Image, ImageDraw
 
 from captioner.core.config_sections import DataConfig, key_spec
 from captioner.core.errors import DatasetError
-from captioner.core.files import write_atomically
+from captioner.core.files import make_folder, write_atomically, write_failure
 from captioner.core.progress import progress_bar
 
 SHAPES = ("circle", "square", "triangle", "diamond", "star")
@@ -184,24 +185,29 @@ MIN_IMAGE_SIZE = 32  # pixels a side: below it three shapes seldom fit apart and
 
 
 def check_shapes_options(num_train: int, num_val: int, num_test: int, image_size: int, seed: int,
-                         image_format: str) -> None:
+                         image_format: str, from_config: bool = False) -> None:
     """The generator's options, each refused in one DatasetError line before anything is written: the image size
     within data.image_size's largest (a side of 100,000 pixels would take tens of GB), the seed within
     data.shapes_seed's range (numpy's), each count from 0 to data.shapes_num_*'s largest (a typo of 10,000,000
-    would be hours of drawing and tens of GB)."""
+    would be hours of drawing and tens of GB). Each is named as the user gave it: the command's option, or with
+    `from_config` the data key."""
     if image_format not in ("png", "jpg"):
         raise DatasetError(f"image format must be png or jpg, got {image_format!r}")
     largest = key_spec(DataConfig, "image_size").le
     if not MIN_IMAGE_SIZE <= image_size <= largest:
-        raise DatasetError(f"image size must be in [{MIN_IMAGE_SIZE}, {largest:g}] pixels, got {image_size}")
+        size = "data.image_size of a shapes world" if from_config else "image size"
+        raise DatasetError(f"{size} must be in [{MIN_IMAGE_SIZE}, {largest:g}] pixels, got {image_size}")
     seeds = key_spec(DataConfig, "shapes_seed")
     if not seeds.allows(seed):
-        raise DatasetError(f"seed must be {seeds.describe()} (numpy's seed range, as data.shapes_seed), got {seed}")
+        said = "data.shapes_seed must be {} (numpy's seed range)" if from_config else \
+            "seed must be {} (numpy's seed range, as data.shapes_seed)"
+        raise DatasetError(f"{said.format(seeds.describe())}, got {seed}")
     for split, n in {"train": num_train, "val": num_val, "test": num_test}.items():
         most = int(key_spec(DataConfig, f"shapes_num_{split}").le)
         if not 0 <= n <= most:
-            raise DatasetError(f"--num-{split} must be in [0, {most}] images (as data.shapes_num_{split}'s largest), "
-                               f"got {n}")
+            said = f"data.shapes_num_{split}" if from_config else f"--num-{split}"
+            largest_of = "" if from_config else f" (as data.shapes_num_{split}'s largest)"
+            raise DatasetError(f"{said} must be in [0, {most}] images{largest_of}, got {n}")
 
 
 def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, num_test: int = 500,
@@ -217,17 +223,17 @@ def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, 
     save_options = {"compress_level": 1} if image_format == "png" else {"quality": 95}  # JPEG: 10x faster to write
     clear_a_world_cut_short(out, counts, image_format)
     bar = progress_bar(total=sum(counts.values()), desc="shapes", unit="img", enabled=progress)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / SHAPES_MARKER).write_text("written by captioner's shapes generator; "
-                                     "an unfinished world here is generated again\n")
+    make_folder(out, str(out), DatasetError)
+    _write(out / SHAPES_MARKER, lambda path: path.write_text("written by captioner's shapes generator; "
+                                                             "an unfinished world here is generated again\n"))
     for split_index, split in enumerate(SPLITS):
-        (out / split).mkdir(parents=True, exist_ok=True)
+        make_folder(out / split, str(out / split), DatasetError)
         images, captions, instances = [], [], []
         for i in range(counts[split]):
             rng = np.random.default_rng([seed, split_index, i])
             objects = sample_scene(rng, image_size)
             file_name = f"{split}_{i:06d}.{image_format}"
-            render(objects, rng, image_size).save(out / split / file_name, **save_options)
+            _write(out / split / file_name, functools.partial(render(objects, rng, image_size).save, **save_options))
             image_id = next(image_ids)
             images.append({"id": image_id, "file_name": file_name, "width": image_size, "height": image_size})
             captions += [{"id": next(caption_ids), "image_id": image_id, "caption": text}
@@ -253,8 +259,22 @@ SHAPES_MARKER = ".captioner_shapes"  # marks a folder the generator owns (a run 
 
 
 def finished_world(root: str | Path) -> bool:
-    """Whether `root` holds every split's caption file: a world training reads as it is, never generated again."""
-    return all((Path(root) / f"captions_{split}.json").exists() for split in SPLITS)
+    """Whether `root` holds every split's caption file: a world training reads as it is, never generated again (a
+    caption file that is a folder is refused as the generator's world cut short). A folder that cannot be looked
+    into is one DatasetError line naming it."""
+    try:
+        return all((Path(root) / f"captions_{split}.json").is_file() for split in SPLITS)
+    except OSError as e:
+        raise DatasetError(f"{root}: cannot look into this shapes world's folder ({e.strerror or e})") from None
+
+
+def holds_a_users_files(out: Path) -> bool:
+    """Whether the folder `out` holds files and no marker of the generator's: a user's folder, never written into.
+    A folder that cannot be read is one DatasetError line naming it."""
+    try:
+        return not os.path.lexists(out / SHAPES_MARKER) and any(out.iterdir())
+    except OSError as e:
+        raise DatasetError(f"{out}: cannot read the folder ({e.strerror or e})") from None
 
 
 def clear_a_world_cut_short(out: Path, counts: dict[str, int], image_format: str) -> None:
@@ -263,8 +283,8 @@ def clear_a_world_cut_short(out: Path, counts: dict[str, int], image_format: str
     other format), so no stray image lies in a split folder and no old caption file outlives another cut. The folder
     is the generator's, so a file it never writes is a user's: refused in one line naming it, nothing removed, as a
     world is never written beside a user's files."""
-    if not (out / SHAPES_MARKER).is_file():
-        return  # a new or empty folder: the callers refuse any other
+    if not os.path.lexists(out / SHAPES_MARKER):
+        return  # a new or empty folder: the callers refuse any other (a marker that is no file is refused below)
     stale = []
     for path in _generator_files(out):  # all of them, checked before any is removed
         if path.parent == out:
@@ -288,7 +308,16 @@ TOP_NAMES = frozenset({SHAPES_MARKER, *SPLITS} | {f"{kind}_{split}.json{tmp}" fo
 
 def _generator_files(out: Path) -> list[Path]:
     """Every file and split folder under `out`, each one the generator writes (its marker, caption files, their
-    unfinished .tmp, split folders, `{split}_NNNNNN.{png,jpg}` images in them); else a DatasetError naming one."""
+    unfinished .tmp, split folders, `{split}_NNNNNN.{png,jpg}` images in them); else a DatasetError naming one,
+    as is a folder or file that cannot be looked at."""
+    try:
+        return _listed_generator_files(out)
+    except OSError as e:
+        raise DatasetError(f"{e.filename or out}: cannot read this part of the shapes world cut short in {out} "
+                           f"({e.strerror or e}); make it readable or choose another folder") from None
+
+
+def _listed_generator_files(out: Path) -> list[Path]:
     found = []
     for path in sorted(out.iterdir()):
         if path.name not in TOP_NAMES or path.is_symlink() or path.is_dir() != (path.name in SPLITS):
@@ -306,6 +335,14 @@ def _generator_files(out: Path) -> list[Path]:
 def _not_the_generators(out: Path, path: Path) -> DatasetError:
     return DatasetError(f"{path}: not a file the shapes generator writes, in the world cut short in {out}; move it "
                         "away to generate the world there again, or choose another folder")
+
+
+def _write(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(path)`; the system refusing it (a folder there, no permission, a full disk) is one line naming it."""
+    try:
+        write(path)
+    except OSError as e:
+        raise write_failure(path, e) from None
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -101,12 +101,12 @@ def refuse_a_used_folder(out: Path) -> None:
     """data shapes --out: a new or empty folder, or a world the generator cut short (made again, as training does).
     A finished world is kept: written over, its images would mix with the new ones and a model trained on it
     would be scored on another test split. Nor are the world's files put beside a user's own."""
-    from captioner.data.shapes import SHAPES_MARKER, finished_world
+    from captioner.data.shapes import finished_world, holds_a_users_files
 
     if finished_world(out):
         raise CaptionerError(f"data shapes --out {out}: already holds a shapes world (captions_train.json, ...); "
                              "delete it or choose another folder")
-    if not (out / SHAPES_MARKER).exists() and any(out.iterdir()):
+    if holds_a_users_files(out):
         raise CaptionerError(f"data shapes --out {out}: not empty and not a shapes world; give a new or empty folder")
 
 
