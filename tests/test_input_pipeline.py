@@ -4,6 +4,7 @@ workers and torch threads from the cores, the ranks and torchrun's settings."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,6 +22,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from captioner.core import process_settings
 from captioner.core.config import load_config
+from captioner.core.config_sections import MAX_THREADS
 from captioner.core.errors import ConfigError, FeatureStoreError, ImageLoadError
 from captioner.data import batching
 from captioner.data.batching import (
@@ -242,6 +244,19 @@ def test_bad_thread_settings_are_one_line_errors(node, name: str) -> None:
     node(4, **{"LOCAL_WORLD_SIZE": "2", name: "many"})
     with pytest.raises(ConfigError, match=rf"^{name}='many': expected a positive integer$"):
         process_settings.resolve_threads()
+
+
+@pytest.mark.parametrize("value", ["-2", "0", "1.5", "1025", "99999999"])
+def test_captioner_threads_is_bounded_as_train_threads_is(node, value: str) -> None:
+    """$CAPTIONER_THREADS: a positive integer up to train.threads' largest (MAX_THREADS), else one line naming the
+    variable, as a run's thread count (`run_threads`) and as any command's (`resolve_threads`)."""
+    node(4, CAPTIONER_THREADS=value)
+    said = "expected at most 1024 threads" if value.isdigit() and int(value) else "expected a positive integer"
+    for threads in (process_settings.run_threads, process_settings.resolve_threads):
+        with pytest.raises(ConfigError, match=rf"^CAPTIONER_THREADS='?{re.escape(value)}'?: {said}"):
+            threads()
+    node(4, CAPTIONER_THREADS=str(MAX_THREADS))
+    assert process_settings.run_threads() == MAX_THREADS
 
 
 # --- JPEG decoding on the device (its CPU branch: torchvision's libjpeg) -----------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from captioner.core.config_sections import MAX_THREADS
 from captioner.core.errors import ConfigError
 
 ENV_THREADS = "CAPTIONER_THREADS"
@@ -63,6 +64,15 @@ def positive_env(name: str) -> int | None:
     raise ConfigError(f"{name}={text!r}: expected a positive integer")
 
 
+def env_threads() -> int | None:
+    """$CAPTIONER_THREADS, a positive integer within train.threads' bound (a typo's million threads is refused in
+    one line naming the variable, as the key's would be); None when unset or empty."""
+    threads = positive_env(ENV_THREADS)
+    if threads is not None and threads > MAX_THREADS:
+        raise ConfigError(f"{ENV_THREADS}={threads}: expected at most {MAX_THREADS} threads (as train.threads)")
+    return threads
+
+
 def local_world_size() -> int:
     """Processes of this run on this node: torchrun's LOCAL_WORLD_SIZE, else 1."""
     return positive_env("LOCAL_WORLD_SIZE") or 1
@@ -73,7 +83,7 @@ def resolve_threads(requested: int | None = None) -> int:
     rank's share of the cores; else the free cores."""
     if threads_are_automatic(requested):
         return free_cores()
-    return (requested or positive_env(ENV_THREADS) or positive_env("OMP_NUM_THREADS")
+    return (requested or env_threads() or positive_env("OMP_NUM_THREADS")
             or max(1, usable_cores() // local_world_size()))
 
 
@@ -128,7 +138,7 @@ def own_running_threads() -> int:
 
 def threads_are_automatic(requested: int | None = None) -> bool:
     """Whether nothing (a config, $CAPTIONER_THREADS, torchrun) fixed the thread count."""
-    return not (requested or positive_env(ENV_THREADS) or positive_env("LOCAL_WORLD_SIZE"))
+    return not (requested or env_threads() or positive_env("LOCAL_WORLD_SIZE"))
 
 
 class ThreadGovernor:
