@@ -4,6 +4,7 @@ earlier run in its folder without resume, a thread count past any machine's or p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -185,6 +186,57 @@ def test_a_checkpoint_that_recorded_no_data_resumes_and_records_them(trained: tu
     data = shapes(tmp_path / "other", 12)
     fitting.fit(run_config(data, mine, "train.epochs=2"), resume=True)
     assert read_checkpoint(mine / "last.pt")["train_state"]["data"]["train_images"] == 12
+
+
+def other_val_captions(data: Path, to: Path) -> Path:
+    """A copy of the world `data` whose first val image has other captions: the same training data."""
+    other = copied(data, to)
+    captions = json.loads((other / "captions_val.json").read_text())
+    first = captions["images"][0]["id"]
+    for annotation in captions["annotations"]:
+        if annotation["image_id"] == first:
+            annotation["caption"] = "a grey square"
+    (other / "captions_val.json").write_text(json.dumps(captions))
+    return other
+
+
+@pytest.mark.parametrize("other", ["more val images scored", "other val captions"])
+def test_resume_refuses_other_validation_data_before_any_step(trained: tuple[Path, Path], tmp_path: Path,
+                                                              other: str) -> None:
+    """best.pt and early stopping follow the val images the run scores: resumed on others, on the same training
+    data, the run is not the one that never stopped. The line says the val split differs; last.pt is kept."""
+    data, run = trained
+    mine = copied(run, tmp_path / "run")
+    before = files(mine)
+    if other == "more val images scored":
+        config = run_config(data, mine, "train.epochs=2", "train.val_max_images=3")
+        differs = r"was validated on 2 val images, data\.root=.* with train\.val_max_images=3 gives 3"
+    else:
+        config = run_config(other_val_captions(data, tmp_path / "other"), mine, "train.epochs=2")
+        differs = (r"was validated on other val images than data\.root=.*other with train\.val_max_images=2 gives "
+                   r"\(the same 2, other ids or captions, or in another order\)")
+    with pytest.raises(CheckpointError, match=(rf"^--resume: {mine / 'last.pt'} {differs}: resume with the same "
+                                               r"data, or start a new run$")):
+        fitting.fit(config, resume=True)
+    assert files(mine) == before
+
+
+def test_a_checkpoint_that_recorded_the_training_data_alone_resumes_on_other_val_data(
+        trained: tuple[Path, Path], tmp_path: Path) -> None:
+    """A last.pt that recorded the training data but not the val images (an older one) resumes on other val
+    images as before, and the resumed run's last.pt records them."""
+    data, run = trained
+    mine = copied(run, tmp_path / "run")
+    old = read_checkpoint(mine / "last.pt")
+    recorded = old["train_state"]["data"]
+    assert recorded["val_images"] == 2
+    old["train_state"]["data"] = {"train_images": recorded["train_images"], "digest": recorded["digest"]}
+    (mine / "last.pt").unlink()  # a hard link to best.pt, maybe: written anew alone
+    write_checkpoint_file(old, mine / "last.pt")
+    fitting.fit(run_config(other_val_captions(data, tmp_path / "other"), mine, "train.epochs=2"), resume=True)
+    now = read_checkpoint(mine / "last.pt")["train_state"]["data"]
+    assert now["digest"] == recorded["digest"] and now["val_images"] == 2
+    assert now["val_digest"] != recorded["val_digest"]
 
 
 def test_streamed_shards_are_known_by_their_counts_wherever_they_lie() -> None:

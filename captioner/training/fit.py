@@ -59,7 +59,8 @@ def fit(config: Config, resume: bool = False) -> Path:
     seed_everything(config.train.seed)
     train_records, val_records, all_val_records = load_records(config, ctx)
     shards = train_shard_set(config)  # streamed training: the shards and their counts, no records
-    trained_on = training_data(train_records, shards)  # where the files lie aside: --resume refuses other data
+    # where the files lie aside: --resume refuses other training data, or other val images to score
+    trained_on = training_data(train_records, shards, val_records)
     checkpoint = read_resume_checkpoint(config, trained_on) if resume else None
     # Fixed before any sums (the feature store's included), and taken back from last.pt.
     threads, governor = decide_threads(config, checkpoint and checkpoint["train_state"], str(out_dir / "last.pt"))
@@ -166,7 +167,7 @@ class Run:
     stop: StopSignals = field(default_factory=StopSignals)
     threads: ThreadGovernor | None = None  # train.follow_free_cores: the thread count follows the free cores (CPU)
     best_written_at: tuple[int, int, int] | None = None  # (step, epoch, position) of the last best.pt written
-    trained_on: dict = field(default_factory=dict)  # the training data's count and digest (state.training_data)
+    trained_on: dict = field(default_factory=dict)  # the train and val data's counts, digests (state.training_data)
 
     @property
     def out_dir(self) -> Path:

@@ -159,9 +159,9 @@ def restore_rng(saved: dict, ctx: Distributed, seed: int, state: TrainState) -> 
 
 
 def read_resume_checkpoint(config: Config, trained_on: dict | None = None) -> dict:
-    """train.out_dir's last.pt, whose model section must be the config's, and whose training data, where it
-    recorded them, must be `trained_on` (`training_data`): resumed on other data, a run is no longer the one
-    that never stopped."""
+    """train.out_dir's last.pt, whose model section must be the config's, and whose data, where it recorded them,
+    must be `trained_on` (`training_data`: the training records, and the val records the run scores): resumed on
+    other data, a run is no longer the one that never stopped."""
     last = Path(config.train.out_dir) / "last.pt"
     if not last.exists():
         raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir)")
@@ -169,27 +169,40 @@ def read_resume_checkpoint(config: Config, trained_on: dict | None = None) -> di
     if checkpoint["config"]["model"] != config.to_dict()["model"]:
         raise CheckpointError(f"{last}: the model section of the config differs from the checkpoint's; cannot resume")
     recorded = checkpoint["train_state"].get("data")
-    if trained_on and isinstance(recorded, dict) and recorded and recorded != trained_on:  # old: none
-        raise CheckpointError(f"--resume: {last} {data_difference(config, recorded, trained_on)}: resume with the "
-                              "same data, or start a new run")
+    if trained_on and isinstance(recorded, dict) and recorded:  # old: none
+        difference = data_difference(config, recorded, trained_on)
+        if difference is not None:
+            raise CheckpointError(f"--resume: {last} {difference}: resume with the same data, or start a new run")
     return checkpoint
 
 
-def training_data(records: Sequence[ImageRecord], shards: ShardSet | None = None) -> dict:
+def training_data(records: Sequence[ImageRecord], shards: ShardSet | None = None,
+                  val_records: Sequence[ImageRecord] | None = None) -> dict:
     """What a run trains on, wherever its files lie, kept in last.pt for --resume: the number of training images
     and a digest of their ids and captions, in order; for streamed shards, of samples and each shard's count (what
-    their index says: no shard is read)."""
-    digest = hashlib.blake2b(digest_size=12)
+    their index says: no shard is read). With `val_records` (those validation scores: best.pt and early stopping
+    follow them), their number and digest too."""
     if shards is not None:
-        digest.update(json.dumps(shards.counts).encode())
-        return {"train_samples": shards.samples, "digest": digest.hexdigest()}
+        digest = hashlib.blake2b(json.dumps(shards.counts).encode(), digest_size=12)
+        recorded = {"train_samples": shards.samples, "digest": digest.hexdigest()}
+    else:
+        recorded = {"train_images": len(records), "digest": records_digest(records)}
+    if val_records is not None:
+        recorded |= {"val_images": len(val_records), "val_digest": records_digest(val_records)}
+    return recorded
+
+
+def records_digest(records: Sequence[ImageRecord]) -> str:
+    """A digest of the records' ids and captions, in order."""
+    digest = hashlib.blake2b(digest_size=12)
     for record in records:
         digest.update("\x1f".join([str(record.image_id), *record.captions]).encode() + b"\x1e")
-    return {"train_images": len(records), "digest": digest.hexdigest()}
+    return digest.hexdigest()
 
 
-def data_difference(config: Config, recorded: dict, trained_on: dict) -> str:
-    """How the data a checkpoint recorded differ from this run's, in words."""
+def data_difference(config: Config, recorded: dict, trained_on: dict) -> str | None:
+    """How the data a checkpoint recorded differ from this run's, in words, naming the split; None if they do not.
+    A record without the val records (an older checkpoint's) is compared on the training data alone."""
     streamed = "train_samples" in trained_on
     where = (f"data.train_shards={config.data.train_shards}" if streamed else f"data.root={config.data.root}")
     kind = "train_samples" if streamed else "train_images"
@@ -199,8 +212,28 @@ def data_difference(config: Config, recorded: dict, trained_on: dict) -> str:
         return f"was trained on other data than {where}"
     if was != now:
         return f"was trained on {was:,} {what}, {where} has {now:,}"
-    other = "other counts per shard" if streamed else "other ids or captions, or in another order"
-    return f"was trained on other data than {where} holds (the same {now:,} {what}, {other})"
+    if recorded.get("digest") != trained_on.get("digest"):
+        other = "other counts per shard" if streamed else "other ids or captions, or in another order"
+        return f"was trained on other data than {where} holds (the same {now:,} {what}, {other})"
+    if "val_digest" not in recorded or "val_digest" not in trained_on:
+        return None
+    return val_difference(config, recorded, trained_on)
+
+
+def val_difference(config: Config, recorded: dict, trained_on: dict) -> str | None:
+    """How the val records a checkpoint recorded differ from those this run scores, in words; None if they do not."""
+    where = (f"data.val_shards={config.data.val_shards}" if config.data.dataset == "webdataset"
+             else f"data.root={config.data.root}")
+    if config.train.val_max_images:
+        where += f" with train.val_max_images={config.train.val_max_images}"
+    was, now = recorded.get("val_images"), trained_on["val_images"]
+    if was != now:
+        return f"was validated on {was:,} val images, {where} gives {now:,}" if isinstance(was, int) else \
+            f"was validated on other val images than {where} gives"
+    if recorded["val_digest"] != trained_on["val_digest"]:
+        return (f"was validated on other val images than {where} gives (the same {now:,}, other ids or captions, "
+                "or in another order)")
+    return None
 
 
 TRAINING_CHOICES = ("model.encoder.fine_tune_blocks",)  # how a stage trains the model, not what the model is
