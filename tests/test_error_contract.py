@@ -645,6 +645,75 @@ def test_under_torchrun_rank_0_alone_decides_on_an_earlier_run(
     assert trained == ["run"]
 
 
+def test_under_torchrun_a_refusal_every_rank_raises_alike_is_said_once_by_rank_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A --resume refused on every rank (rank 0's decision, `Distributed.agree`): rank 0 prints its one line, the
+    other ranks none, and each waits for the others before it leaves, so torchrun stops none before rank 0 has
+    said it. A rank's own refusal is still its own to say."""
+    import torch
+
+    from captioner.core.errors import CheckpointError
+    from captioner.training.distributed import Distributed
+
+    monkeypatch.chdir(tmp_path)
+    earlier_run(tmp_path / "run")
+    waited: list[int] = []
+
+    class Rank(Distributed):
+        def broadcast(self, obj: object) -> object:
+            return CheckpointError("--resume: run/last.pt was validated on other val images") if obj is None else obj
+
+        def barrier(self) -> None:
+            waited.append(self.rank)
+
+    def refused_alike(config: object, resume: bool = False) -> None:
+        Rank(torch.device("cpu"), rank, 2).agree(None)
+
+    def leave(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(WORK["train"], refused_alike)
+    monkeypatch.setattr("captioner.training.distributed.abort", leave)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        code, said = run_cli(["train", SHAPES, "train.out_dir=run", "--resume"], capsys, caplog)
+        assert code == 2 and said == ([] if rank else
+                                      ["error: rank 0: --resume: run/last.pt was validated on other val images"])
+    assert waited == [1, 0]
+
+
+def test_under_torchrun_a_runs_info_and_warnings_come_from_rank_0_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Another rank's copies of the run's info and warnings (a threads warning, the data's counts) are dropped;
+    its errors, its own share's counts (EVERY_RANK) and at -v its debug lines stay."""
+    from captioner.apps.cli import setup_logging
+    from captioner.core.progress import EVERY_RANK
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # a fresh command's logging, not pytest's
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    log = logging.getLogger("captioner.training.speed")
+    for rank, verbosity in (("1", 0), ("1", 1), ("0", 0)):
+        monkeypatch.setenv("RANK", rank)
+        root.handlers.clear()
+        setup_logging(verbosity)
+        log.debug("speed choices")
+        log.info("shapes: 16 train images")
+        log.warning("threads: 4 (train.threads), more than the 2 cores")
+        log.warning("3 broken samples skipped in epoch 1 so far (rank %s)", rank, extra=EVERY_RANK)
+        log.error("a failure")
+        said = [line.rsplit(" ", 1)[-1] if verbosity else line for line in capsys.readouterr().err.splitlines()]
+        assert said == {("1", 0): ["3 broken samples skipped in epoch 1 so far (rank 1)", "a failure"],
+                        ("1", 1): ["choices", "1)", "failure"],
+                        ("0", 0): ["shapes: 16 train images", "threads: 4 (train.threads), more than the 2 cores",
+                                   "3 broken samples skipped in epoch 1 so far (rank 0)", "a failure"]}[rank, verbosity]
+
+
 def test_caption_of_a_missing_photo_is_one_line_in_a_real_process(tmp_path: Path) -> None:
     """`captioner caption missing.jpg` as typed in a shell: with the default model's log lines and
     all, stderr is one line and the status 2, and no model is loaded for it."""

@@ -22,15 +22,43 @@ log = logging.getLogger("captioner")
 
 
 def setup_logging(verbosity: int = 0) -> None:
-    """INFO: what the user acts on (progress, results, files, the next command); `-v` DEBUG; `-q` warnings."""
+    """INFO: what the user acts on (progress, results, files, the next command); `-v` DEBUG; `-q` warnings. Under
+    torchrun the run's info and warnings come from rank 0 alone (`RankZeroSays`)."""
     verbose = verbosity > 0
+    root = logging.getLogger()
+    before = list(root.handlers)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING if verbosity < 0 else logging.INFO,
         format="%(asctime)s %(levelname)s %(message)s" if verbose else "%(message)s",
         datefmt="%H:%M:%S",
     )
+    if other_rank():
+        for handler in root.handlers:
+            if handler not in before:  # this command's own handler: an embedding program's are left alone
+                handler.addFilter(RankZeroSays(verbose))
     for noisy in ("matplotlib", "PIL", "urllib3", "httpx", "httpcore", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def other_rank() -> bool:
+    """Whether torchrun started this process as a rank other than 0 (RANK and WORLD_SIZE read as given, without
+    torch: a malformed one is refused in one line once the run joins its group)."""
+    rank, world = os.environ.get("RANK", "").strip(), os.environ.get("WORLD_SIZE", "").strip()
+    return world.isdigit() and int(world) > 1 and rank not in ("", "0")
+
+
+class RankZeroSays(logging.Filter):
+    """A rank other than 0 says its errors, the records each rank says of its own share (`EVERY_RANK`), and at -v
+    its debug lines; the info and warnings every rank would say alike (a config's, a resume's) are rank 0's alone,
+    or the user reads each once per rank."""
+
+    def __init__(self, verbose: bool) -> None:
+        super().__init__()
+        self.verbose = verbose
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return (record.levelno >= logging.ERROR or getattr(record, "every_rank", False)
+                or (self.verbose and record.levelno < logging.INFO))
 
 
 def add_verbosity_options(parser: argparse.ArgumentParser, default: object) -> None:
@@ -121,9 +149,10 @@ def run_command(argv: list[str] | None) -> int:
         set_threads()  # $CAPTIONER_THREADS or the default, before any torch work
         return args.func(args)
     except (CaptionerError, ModuleNotFoundError) as e:  # ModuleNotFoundError: a package of an extra left out
-        status = refused(e, distributed.rank_prefix())
+        # under torchrun a refusal every rank raised alike is printed by rank 0 alone
+        status = refused(e, distributed.rank_prefix()) if distributed.says_refusal(e) else 2
         if isinstance(e, CaptionerError) and distributed.launched():  # one of several ranks: torchrun stops the rest
-            distributed.abort(2)
+            distributed.leave_after_refusal(e)
         return status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

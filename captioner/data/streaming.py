@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from captioner.core.errors import DatasetError, ImageLoadError
+from captioner.core.progress import EVERY_RANK
 from captioner.data.batching import DRAW_LIMIT, CaptionBatch, collate_captions, epoch_seed
 from captioner.data.image_files import load_image
 from captioner.data.image_transform import ImageTransform
@@ -250,4 +251,4 @@ class ShardStream:
         finally:
             if broken := sum(p.broken for p in self.taken):
                 log.warning("%d broken samples skipped in epoch %d so far (rank %d)", broken, self.dataset.epoch,
-                            self.dataset.settings.rank)
+                            self.dataset.settings.rank, extra=EVERY_RANK)

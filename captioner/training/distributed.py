@@ -6,6 +6,7 @@ leave the others waiting in a collective; torchrun then stops them."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -17,7 +18,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from captioner.core.errors import ConfigError
+from captioner.core.errors import CaptionerError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,43 @@ class Distributed:
         dist.broadcast_object_list(box, src=0, group=self.host_group)
         return box[0]
 
+    def agree(self, problem: CaptionerError | None) -> None:
+        """Stop every rank with rank 0's refusal (`problem`: this rank's, or None), as `together` marks it; a
+        refusal of another rank's alone is raised by that rank (rank 0 then learns of it in its next collective)."""
+        decided = self.broadcast(problem)
+        if decided is not None:
+            raise self.together(decided)
+        if problem is not None:
+            raise problem
+
+    def together(self, error: CaptionerError) -> CaptionerError:
+        """`error`, marked as raised alike by every rank: rank 0 alone prints it (`says_refusal`), and no rank
+        leaves before it has (`leave_after_refusal`)."""
+        setattr(error, TOGETHER, self)
+        return error
+
     def shard(self, items: list) -> list:
         """This rank's share of `items` (every world_size-th, from its rank)."""
         return items[self.rank :: self.world_size]
+
+
+TOGETHER = "raised_by_every_rank"  # the attribute `Distributed.together` marks a refusal with
+
+
+def says_refusal(error: BaseException) -> bool:
+    """Whether this rank prints `error`: a refusal of its own, or as rank 0 one every rank raised alike."""
+    ctx = getattr(error, TOGETHER, None)
+    return ctx is None or ctx.is_main
+
+
+def leave_after_refusal(error: BaseException) -> NoReturn:
+    """Exit 2 on a refusal. One every rank raised alike waits for them all first, so rank 0 has printed it before
+    any rank leaves (torchrun stops the others as one leaves): the user reads its one line, once."""
+    ctx = getattr(error, TOGETHER, None)
+    if ctx is not None:
+        with contextlib.suppress(Exception):  # a rank gone meanwhile: this one leaves as well
+            ctx.barrier()
+    abort(2)
 
 
 def launched() -> bool:

@@ -61,7 +61,7 @@ def fit(config: Config, resume: bool = False) -> Path:
     shards = train_shard_set(config)  # streamed training: the shards and their counts, no records
     # where the files lie aside: --resume refuses other training data, or other val images to score
     trained_on = training_data(train_records, shards, val_records)
-    checkpoint = read_resume_checkpoint(config, trained_on) if resume else None
+    checkpoint = read_resume_checkpoint(config, trained_on, ctx) if resume else None
     # Fixed before any sums (the feature store's included), and taken back from last.pt.
     threads, governor = decide_threads(config, checkpoint and checkpoint["train_state"], str(out_dir / "last.pt"))
     initial = read_init_checkpoint(config) if config.train.init and checkpoint is None else None

@@ -33,9 +33,7 @@ def check_run_start(config: Config, resume: bool, ctx: Distributed) -> None:
                 require_no_run(config.train.out_dir)
         except CaptionerError as e:
             problem = e
-    problem = ctx.broadcast(problem)
-    if problem is not None:
-        raise problem
+    ctx.agree(problem)
 
 
 def require_no_run(out_dir: str | Path) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from captioner.core.config_sections import Config
-from captioner.core.errors import CheckpointError, DivergedError
+from captioner.core.errors import CaptionerError, CheckpointError, DivergedError
 from captioner.core.portable_config import value_at
 from captioner.core.process_settings import seed_everything
 from captioner.data.records import ImageRecord
@@ -158,10 +158,21 @@ def restore_rng(saved: dict, ctx: Distributed, seed: int, state: TrainState) -> 
     seed_everything(seed + 1000 * state.epoch + ctx.rank)
 
 
-def read_resume_checkpoint(config: Config, trained_on: dict | None = None) -> dict:
+def read_resume_checkpoint(config: Config, trained_on: dict | None = None, ctx: Distributed | None = None) -> dict:
     """train.out_dir's last.pt, whose model section must be the config's, and whose data, where it recorded them,
     must be `trained_on` (`training_data`: the training records, and the val records the run scores): resumed on
-    other data, a run is no longer the one that never stopped."""
+    other data, a run is no longer the one that never stopped. Under torchrun rank 0's refusal stops every rank."""
+    problem, checkpoint = None, {}
+    try:
+        checkpoint = checked_resume_checkpoint(config, trained_on)
+    except CaptionerError as e:
+        problem = e
+    (ctx or Distributed(torch.device("cpu"))).agree(problem)
+    return checkpoint
+
+
+def checked_resume_checkpoint(config: Config, trained_on: dict | None) -> dict:
+    """`read_resume_checkpoint` on this rank alone."""
     last = Path(config.train.out_dir) / "last.pt"
     if not last.exists():
         raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir)")
