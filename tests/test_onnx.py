@@ -355,6 +355,11 @@ def test_a_changed_or_missing_graph_is_one_line_naming_it(exported: Exported, tm
          r"onnx\.json: the step graph scores \d+ words, its vocab has 5"),
         ({"spec.special_tokens": {"pad": 0, "bos": 1, "eos": 99, "unk": 3}},
          r"onnx\.json \(spec\): special_tokens .* are not the vocabulary's"),
+        # names, sizes and grid the graphs do not have: refused at load, not a traceback at the first caption
+        ({"memory": ["zzz"]}, r"onnx\.json: memory \['zzz'\] and state .* are not the arrays its decoder graphs pass"),
+        ({"state": []}, r"onnx\.json: memory .* and state \[\] are not the arrays its decoder graphs pass"),
+        ({"spec.grid": [9, 9]}, r"onnx\.json: spec grid \[9, 9\], but the step graph attends to \d+ places"),
+        ({"spec.preprocessing.image_size": 48}, r"onnx\.json: spec image_size 48, but encoder\.onnx takes \[32, 32\]"),
     ],
 )
 def test_a_manifest_from_another_version_or_edited_is_refused_in_one_line(exported: Exported, tmp_path: Path,

@@ -123,6 +123,26 @@ def open_session(path: Path, manifest_path: Path, expected_sha256: str, names: d
     return session
 
 
+def check_graph_shapes(manifest_path: Path, manifest: dict[str, Any], sessions: dict[str, ort.InferenceSession],
+                       image_size: int, grid: tuple[int, int]) -> None:
+    """The manifest's memory and state names, image size and grid as its graphs have them: an edited onnx.json
+    is one line here, not an onnxruntime or numpy failure at the first caption."""
+    memory = [f"memory.{k}" for k in manifest["memory"]]
+    state = [f"state.{k}" for k in manifest["state"]]
+    graphs = manifest["graphs"]
+    if (not memory or graphs["decoder_init"]["outputs"] != memory + state
+            or graphs["decoder_step"]["inputs"] != [*memory, "prev_tokens", *state]):
+        raise ExportError(f"{manifest_path}: memory {str(manifest['memory'])[:80]} and state "
+                          f"{str(manifest['state'])[:80]} are not the arrays its decoder graphs pass")
+    size = sessions["encoder"].get_inputs()[0].shape[2:]  # [S, S], or names where the export left them free
+    if any(isinstance(side, int) and side != image_size for side in size):
+        raise ExportError(f"{manifest_path}: spec image_size {image_size}, but {manifest['files']['encoder']['path']} "
+                          f"takes {size} images")
+    places = sessions["decoder_step"].get_outputs()[1].shape[-1]  # attn (B, L, H, N): N = h * w
+    if isinstance(places, int) and places != grid[0] * grid[1]:
+        raise ExportError(f"{manifest_path}: spec grid {list(grid)}, but the step graph attends to {places} places")
+
+
 def load_bundle(folder: str | Path, threads: int | None = None) -> Bundle:
     """An exported folder (holding onnx.json, or the one above it), checked, with its sessions on the CPU."""
     manifest_path = find_manifest(folder)
@@ -143,6 +163,7 @@ def load_bundle(folder: str | Path, threads: int | None = None) -> Bundle:
     logprobs = sessions["decoder_step"].get_outputs()[0].shape  # ["batch", V]
     if logprobs[-1] != len(vocab):
         raise ExportError(f"{manifest_path}: the step graph scores {logprobs[-1]} words, its vocab has {len(vocab)}")
+    check_graph_shapes(manifest_path, manifest, sessions, spec.preprocessing.image_size, spec.grid)
     return Bundle(manifest_path.parent, manifest, vocab, sessions, spec, spec.preprocessing.image_size, spec.grid,
                   spec.special, dataclasses.asdict(spec.decode))
 
