@@ -426,6 +426,19 @@ def test_bad_options_and_images_are_one_line(exported: Exported, tmp_path: Path,
     assert issubclass(ExportError, CaptionerError)
 
 
+@pytest.mark.parametrize("threads", ["0", "-1", "1000000", "x"])
+def test_a_thread_count_out_of_range_is_one_line_before_any_load(threads: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """onnxruntime starts every thread it is given: --threads 1000000 hung the command, -1 passed unseen."""
+    from captioner.deploy.__main__ import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "export"), "photo.png", "--threads", threads])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: python -m captioner.deploy: argument --threads: ") and threads in lines[0]
+
+
 def test_the_runtime_given_an_image_where_the_export_goes_says_how_to_export_one(tmp_path: Path,
                                                                                  capsys: pytest.CaptureFixture) -> None:
     """The runtime ships no model: an image named first (as with `captioner caption photo.jpg`) is

@@ -20,6 +20,20 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}\n")
 
 
+MAX_THREADS = 1024  # onnxruntime starts every thread it is given at load: a million would hang the command
+
+
+def thread_count(text: str) -> int:
+    """argparse type of --threads: a whole number in [1, MAX_THREADS]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be a whole number in [1, {MAX_THREADS}], got {value}")
+    return value
+
+
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m captioner.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="the folder `captioner export CKPT DIR --onnx` wrote (DIR or DIR/onnx)")
@@ -29,8 +43,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-length", type=DECODE_OPTIONS["max_length"].argument_type(), default=None, metavar="N",
                         help=(f"most words per caption, {DECODE_OPTIONS['max_length'].describe()} (default: the "
                               "export's)"))
-    parser.add_argument("--threads", type=int, default=None,
-                        help="onnxruntime threads per operator (default: the cores available)")
+    parser.add_argument("--threads", type=thread_count, default=None,
+                        help=f"onnxruntime threads per operator, 1 to {MAX_THREADS} (default: the cores available)")
     return parser.parse_args(argv)
 
 
