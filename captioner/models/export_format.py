@@ -112,6 +112,8 @@ def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -
     for name, recorded in files.items():
         if not isinstance(recorded, dict) or "sha256" not in recorded:
             raise ExportError(f"{folder / CONFIG}: files.{name} has no sha256")
+        if Path(name).name != name or name in (".", ".."):  # `..` or an absolute path: a file outside the model
+            raise ExportError(f"{folder / CONFIG}: files lists {name[:80]!r}, not a file name beside config.json")
         verify_file(folder / name, recorded["sha256"], folder / CONFIG, recorded.get("bytes"), remedy)
 
 
