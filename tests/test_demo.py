@@ -315,6 +315,17 @@ def test_bad_checkpoints_stop_the_demo_before_it_serves(tmp_path: Path) -> None:
         build_demo([])
 
 
+def test_port_0_serves_on_the_free_port_the_system_gives() -> None:
+    """`--port 0`: Gradio's start-up check cannot reach port 0 (a traceback), so the page is served on the port
+    the system gives the check, which is free."""
+    port = demo_server.check_port("127.0.0.1", 0)
+    assert isinstance(port, int) and 0 < port <= 65535
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))
+        with pytest.raises(CaptionerError, match=rf"^demo --port {port}: port {port} on 127\.0\.0\.1 is in use"):
+            demo_server.check_port("127.0.0.1", port)
+
+
 def test_the_served_captions_threads_are_timed_unless_the_user_set_them(model, trained: Trained,
                                                                         monkeypatch) -> None:
     """`captioner demo` times one caption by each model on 1 thread and on the free cores before it serves

@@ -62,8 +62,9 @@ def port_taken(host: str, port: int) -> CaptionerError:
                           "give another with --port")
 
 
-def check_port(host: str, port: int) -> None:
-    """Bind to `port` on `host` and let go: a port in use or no local address is one line, before any model loads."""
+def check_port(host: str, port: int) -> int:
+    """Bind to `port` on `host` and let go: a port in use or no local address is one line, before any model loads.
+    Returns the port, for 0 the free one the system gave (Gradio's start-up check cannot reach port 0)."""
     try:
         family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                                 flags=socket.AI_PASSIVE)[0]
@@ -77,6 +78,7 @@ def check_port(host: str, port: int) -> None:
             if e.errno == errno.EADDRINUSE:
                 raise port_taken(host, port) from None
             raise CaptionerError(f"demo --host {host} --port {port}: cannot serve there ({e.strerror})") from None
+        return probe.getsockname()[1]
 
 
 def close(demo: gr.Blocks, timeout: float = 120.0) -> None:
@@ -107,7 +109,7 @@ def serve(checkpoints: list[Path] | None = None, examples: list[Path] | None = N
           port: int = 7860, max_batch: int = MAX_BATCH, queue_size: int = QUEUE_SIZE,
           cleanup: Cleanup = Cleanup()) -> None:
     """`captioner demo`: the checkpoints (default: `default_checkpoint()`) until interrupted, in a cache of its own."""
-    check_port(host, port)
+    port = check_port(host, port)
     prestart()  # the decoding process loads torch meanwhile
     limit_arenas()  # one arena per worker thread would keep its freed pages
     cache = private_cache()
