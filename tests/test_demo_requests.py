@@ -190,7 +190,7 @@ def ask(url: str, tmp_path: Path, models: Models, beam: float, length: float) ->
 
 def test_api_huge_request_is_answered_at_once_then_the_next_is_served(server: str, models: Models,
                                                                       tmp_path: Path) -> None:
-    """Today Gradio's slider check answers first; whichever answers, it is at once and in words."""
+    """The callback answers (the sliders hand it their values untouched); whichever answers, at once and in words."""
     seconds, answer = ask(server, tmp_path, models, HUGE_BEAM, HUGE_LENGTH)
     assert seconds < AT_ONCE_S
     message = str(answer) if isinstance(answer, Exception) else answer[3]
@@ -198,6 +198,22 @@ def test_api_huge_request_is_answered_at_once_then_the_next_is_served(server: st
     seconds, answer = ask(server, tmp_path, models, 3, 12)
     assert not isinstance(answer, Exception), answer
     assert answer[0] == expected_text(models.lstm, models.image, 3, 12) and "refused" not in answer[3]
+
+
+def test_api_values_gradios_components_refuse_are_answered_in_words_without_a_traceback(
+        server: str, models: Models, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """A slider value out of range or of the wrong type reaches the callback's check (Gradio's printed a traceback
+    in the server's log, and for "abc" or null gave the page no words); a value no menu offers is one line."""
+    from gradio_client import handle_file
+
+    for beam in (0, "abc", None):
+        _, answer = ask(server, tmp_path, models, beam, 12)
+        assert not isinstance(answer, Exception), answer
+        assert answer[3] == f"**Request refused.** beam_size must be a whole number in [1, 10]; got {beam!r}"
+    with pytest.raises(Exception, match=r"^Request refused: '9' is not one of the Decoder layer menu's choices$"):
+        client(server, tmp_path).predict(handle_file(str(models.image)), model_name=str(models.transformer),
+                                         layer="9", api_name="/caption")
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_api_without_gradio_range_check_the_callback_refuses(unchecked_server: str, models: Models,

@@ -73,6 +73,30 @@ class UploadImage(gr.Image):
         return super().preprocess(payload)  # a base64 data URL: let Gradio write it to a file (no upload: None)
 
 
+class RequestSlider(gr.Slider):
+    """A slider whose request value reaches /caption untouched: `check_request` refuses a bad one in words on the
+    page, where Gradio's range check printed a traceback in the server's log (and for "abc" or null, no words)."""
+
+    is_template = True  # drawn by the frontend's Slider component
+
+    def preprocess(self, payload: Any) -> Any:
+        return payload
+
+
+class Menu(gr.Dropdown):
+    """A dropdown whose refusal of a value it does not offer is one short line for the page, not a traceback in
+    the server's log (its menus also feed the redraw and the figure, so Gradio's check stays)."""
+
+    is_template = True  # drawn by the frontend's Dropdown component
+
+    def preprocess(self, payload: Any) -> Any:
+        try:
+            return super().preprocess(payload)
+        except Exception:  # noqa: BLE001 - Gradio's refusal, of any class, becomes the page's line
+            raise gr.Error(f"Request refused: {str(payload)[:40]!r} is not one of the {self.label} menu's choices",
+                           print_exception=False) from None
+
+
 class Callbacks:
     """What the page's events run: the loaded models, and Gradio values in and out."""
 
@@ -295,16 +319,16 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
             image = UploadImage(label="Image", type="filepath", sources=["upload", "clipboard"], height=320,
                                 elem_id="image")
             choices = [(model_label(name, model), name) for name, model in callbacks.models.items()]
-            model_name = gr.Dropdown(choices, value=first_name, label="Model", elem_id="model")
+            model_name = Menu(choices, value=first_name, label="Model", elem_id="model")
             beam_start, length_start = slider_starts(first)
             with gr.Row():
-                beam = gr.Slider(1, MAX_BEAM, value=beam_start, step=1, label="Beam width", elem_id="beam")
-                length = gr.Slider(1, MAX_LENGTH, value=length_start, step=1, label="Maximum length",
+                beam = RequestSlider(1, MAX_BEAM, value=beam_start, step=1, label="Beam width", elem_id="beam")
+                length = RequestSlider(1, MAX_LENGTH, value=length_start, step=1, label="Maximum length",
                                    elem_id="max_length")
             with gr.Row():
                 layer_menu, head_menu = menus(first)
-                layer = gr.Dropdown(label="Decoder layer", elem_id="layer", **layer_menu)
-                head = gr.Dropdown(label="Attention head", elem_id="head", **head_menu)
+                layer = Menu(label="Decoder layer", elem_id="layer", **layer_menu)
+                head = Menu(label="Attention head", elem_id="head", **head_menu)
             run = gr.Button("Caption", variant="primary", elem_id="run")
             if examples:
                 gr.Examples([[str(p)] for p in examples], inputs=[image], label="Examples")
