@@ -344,6 +344,30 @@ def test_a_changed_or_missing_graph_is_one_line_naming_it(exported: Exported, tm
     assert result.stderr.count("\n") == 1 and "decoder_step.onnx: missing" in result.stderr
 
 
+def test_graphs_that_do_not_fit_one_another_are_one_line_naming_the_graph(exported: Exported, tmp_path: Path) -> None:
+    """An encoder swapped for one whose feats decoder_init cannot take (double, not float), its checksum recorded
+    as a stranger would: onnxruntime's failure at the first caption is one line naming the graph, exit status 2."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    folder = copy_of(exported, tmp_path)
+    size = exported.runtime.image_size
+    shape = helper.make_tensor("shape", TensorProto.INT64, [3], [-1, 1, 3 * size * size])
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["images"], ["cast"], to=TensorProto.DOUBLE),
+         helper.make_node("Reshape", ["cast", "shape"], ["feats"])], "encoder",
+        [helper.make_tensor_value_info("images", TensorProto.UINT8, ["batch", 3, size, size])],
+        [helper.make_tensor_value_info("feats", TensorProto.DOUBLE, ["batch", 1, 3 * size * size])], [shape])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              folder / "encoder.onnx")
+    edit_json(folder / "onnx.json", {"files.encoder.sha256": sha256_of(folder / "encoder.onnx")})
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(image)
+    with pytest.raises(ExportError, match=r"decoder_init\.onnx: onnxruntime failed running it \(.*\); re-") as error:
+        OnnxCaptioner.from_folder(folder, threads=1).caption(image)
+    assert "\n" not in str(error.value)
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

@@ -244,15 +244,24 @@ class OnnxCaptioner:
 
     def encode(self, images: np.ndarray) -> np.ndarray:
         """uint8 images (B, 3, S, S) -> feats (B, N, D)."""
-        return self.bundle.sessions["encoder"].run(["feats"], {"images": images})[0]  # (B, N, D)
+        return self.run("encoder", ["feats"], {"images": images})[0]  # (B, N, D)
 
     def start(self, feats: np.ndarray) -> tuple[Arrays, Arrays]:
         """feats (B, N, D) -> the decoder's memory and first state, by name."""
-        outputs = self.bundle.sessions["decoder_init"].run(None, {"feats": feats})
+        outputs = self.run("decoder_init", None, {"feats": feats})
         n = len(self.memory_names)
         return dict(zip(self.memory_names, outputs[:n])), dict(zip(self.state_names, outputs[n:]))
 
     def step(self, memory: Arrays, prev: np.ndarray, state: Arrays) -> tuple[np.ndarray, np.ndarray, Arrays]:
         """One decoder step: prev (R,) -> logprobs (R, V), attn (R, L, H, N), the next state."""
-        outputs = self.bundle.sessions["decoder_step"].run(None, {**memory, "prev_tokens": prev, **state})
+        outputs = self.run("decoder_step", None, {**memory, "prev_tokens": prev, **state})
         return outputs[0], outputs[1], dict(zip(self.state_names, outputs[2:]))
+
+    def run(self, graph: str, outputs: list[str] | None, feeds: Arrays) -> list[np.ndarray]:
+        """One graph run; a failure inside onnxruntime (graphs that do not fit one another: an edited export) is
+        one ExportError line naming the graph's file, not onnxruntime's traceback at the first caption."""
+        try:
+            return self.bundle.sessions[graph].run(outputs, feeds)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own several classes
+            raise ExportError(f"{self.bundle.path(graph)}: onnxruntime failed running it "
+                              f"({' '.join(str(e).split())[:200]}); re-export the checkpoint") from None
