@@ -70,6 +70,10 @@ def test_a_spec_that_does_not_hold_is_one_line_naming_its_source() -> None:
         ({"special_tokens": {**raw["special_tokens"], "eos": 7}}, "are not the vocabulary's"),
         ({"vocab": ["a", "b"]}, "vocab must start with <pad>"),
         ({"vocab": 5, "vocab_size": 5}, "vocab must be a list of words"),  # not a TypeError from len()
+        # a word of a stranger's model that would end the printed caption's line or steer the terminal
+        ({"vocab": [*raw["vocab"][:5], "a\nforged\x1b[2J"]}, "vocab word 5 'a\\nforged\\x1b[2J' is empty or holds"),
+        ({"vocab": [*raw["vocab"][:5], "two words"]}, "vocab word 5 'two words' is empty or holds a space"),
+        ({"vocab": [*raw["vocab"][:5], ""]}, "vocab word 5 '' is empty"),
         ({"grid": [0, 3]}, "grid must be [h, w]"),
         ({"preprocessing": {**raw["preprocessing"], "std": [0, 0, 0]}}, "preprocessing.std must be above 0"),
         ({"preprocessing": {**raw["preprocessing"], "mean": [0.5]}}, "preprocessing.mean must be 3 finite numbers"),
