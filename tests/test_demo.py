@@ -315,6 +315,16 @@ def test_bad_checkpoints_stop_the_demo_before_it_serves(tmp_path: Path) -> None:
         build_demo([])
 
 
+def test_a_gradio_temp_dir_that_is_a_file_stops_the_demo_in_one_line(model, trained: Trained, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("mine")
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(blocker))
+    with pytest.raises(CaptionerError, match=rf"^demo: GRADIO_TEMP_DIR {blocker}: cannot hold the page's pictures"):
+        Callbacks({str(trained.checkpoint): model})
+    assert blocker.read_text() == "mine"
+
+
 def test_port_0_serves_on_the_free_port_the_system_gives() -> None:
     """`--port 0`: Gradio's start-up check cannot reach port 0 (a traceback), so the page is served on the port
     the system gives the check, which is free."""

@@ -28,7 +28,7 @@ from captioner.apps.demo.cards import load_models, model_cards, model_examples, 
 from captioner.apps.demo.page import (MAX_BEAM, MAX_LENGTH, PageOutput, Result, caption_page, check_request,
                                      inside_views, menus, message, prune, prune_folders, render_page, word_choices,
                                      word_position, write_figure)
-from captioner.core.errors import RequestError
+from captioner.core.errors import CaptionerError, RequestError
 from captioner.data.image_files import MAX_PIXELS
 from captioner.models.captioner import Captioner
 
@@ -114,7 +114,11 @@ class Callbacks:
         # Inside Gradio's cache, which then serves the pictures where they are instead of copying each.
         self.cache = Path(get_upload_folder())
         self.out_dir = self.cache / f"captioner-demo-{uuid.uuid4().hex[:12]}"
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # GRADIO_TEMP_DIR naming a file or a folder this process may not write
+            raise CaptionerError(f"demo: GRADIO_TEMP_DIR {self.cache}: cannot hold the page's pictures "
+                                 f"({e.strerror or e}); name a folder this user may write") from None
         self._pruned = time.monotonic()
         self._empty_folders: set[Path] = set()  # the cache's folders found empty at the last prune
         self._running = 0  # callbacks in flight on the server's worker threads
