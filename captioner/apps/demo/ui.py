@@ -328,7 +328,7 @@ def lay_out_page(callbacks: Callbacks, examples: list[Path], cleanup: Cleanup) -
             with gr.Row():
                 beam = RequestSlider(1, MAX_BEAM, value=beam_start, step=1, label="Beam width", elem_id="beam")
                 length = RequestSlider(1, MAX_LENGTH, value=length_start, step=1, label="Maximum length",
-                                   elem_id="max_length")
+                                       elem_id="max_length")
             with gr.Row():
                 layer_menu, head_menu = menus(first)
                 layer = Menu(label="Decoder layer", elem_id="layer", **layer_menu)
