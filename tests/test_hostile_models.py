@@ -803,6 +803,39 @@ def test_a_card_past_a_limit_is_one_line_and_nothing_is_pushed(
     assert uploaded == []
 
 
+
+HUGE_SIZES = {"hidden_dim": ("lstm", {"hidden_dim": 10**12}), "embed_dim": ("lstm", {"embed_dim": 10**12}),
+              "d_model": ("transformer", {"d_model": 10**12, "num_heads": 1}),
+              "num_layers": ("transformer", {"num_layers": 10**6})}
+
+
+@pytest.mark.parametrize("key", list(HUGE_SIZES))
+@pytest.mark.parametrize("form", ["export", "checkpoint"])
+def test_a_model_far_larger_than_its_weights_is_refused_before_it_is_allocated(tmp_path: Path, key: str,
+                                                                                  form: str) -> None:
+    """config.json records no checksum of itself (nor does a checkpoint's spec hold against its maker): a stranger's
+    d_model of 10^12 is one line naming the weights file, not an allocator's traceback or the memory filled."""
+    from captioner.core.errors import CheckpointError
+    from captioner.models.captioner import Captioner
+
+    decoder, sizes = HUGE_SIZES[key]
+    model = tiny_model(f"model.decoder.type={decoder}")
+    if form == "export":
+        target = tmp_path / "model"
+        model.save_pretrained(target)
+        config = json.loads((target / "config.json").read_text())
+        config["spec"]["decoder"].update(sizes)
+        (target / "config.json").write_text(json.dumps(config))
+        weights = target / "model.safetensors"
+    else:
+        target = weights = tmp_path / "model.pt"
+        save_checkpoint(target, model, spec={**model.spec().to_dict(),
+                                             "decoder": {**model.spec().to_dict()["decoder"], **sizes}})
+    with pytest.raises(CheckpointError) as raised:
+        Captioner.from_pretrained(target, device="cpu")
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{weights}: ") and "before allocating" in message, message
+
 # --- 5. a link is never a way out of the folder ----------------------------------------------------
 
 

@@ -86,6 +86,7 @@ class Captioner(nn.Module):
             record = exported.config.get("encoder_weights")  # the encoder's weights left to its backbone's package
             if record is not None:
                 check_packaged_weights(record, exported.spec.encoder, path / CONFIG)
+            check_weights_bound(exported.spec, exported.state_dict, path / WEIGHTS, record is not None)
             model = cls.from_spec(exported.spec, load_pretrained=record is not None)
             model._load_weights(exported.state_dict, path / WEIGHTS, encoder_from_package=record is not None)
             model.origin = export_origin(path.name if packaged else name, exported.config, packaged)
@@ -98,7 +99,9 @@ class Captioner(nn.Module):
     @classmethod
     def from_checkpoint_payload(cls, payload: dict[str, Any], source: Path) -> Captioner:
         """The model of a payload already read (`read_checkpoint(source)`), on the CPU."""
-        model = cls.from_spec(checkpoint_spec(payload, source))
+        spec = checkpoint_spec(payload, source)
+        check_weights_bound(spec, payload["model"], source)
+        model = cls.from_spec(spec)
         model._load_weights(payload["model"], source)
         return model
 
@@ -261,3 +264,40 @@ class Captioner(nn.Module):
             return self.decode(feats, grid, n_best=n_best, **options)
         finally:
             self.train(was_training)
+
+
+class _Oversized(Exception):
+    """Raised inside a skeleton's construction once its weights pass the bound."""
+
+
+SKELETON_MARGIN = 2**22  # weights a skeleton may register beyond twice the file's: a backbone's dropped head
+
+
+def check_weights_bound(spec: ModelSpec, state_dict: dict[str, torch.Tensor], source: Path,
+                        encoder_from_package: bool = False) -> None:
+    """Refuse, before a weight is allocated, a spec describing a model far larger than `state_dict` (a stranger's
+    d_model of 10^9): its skeleton is built on the meta device, its weights counted as each layer registers them.
+    Replaced and dropped ones count too (a tied output layer, a backbone's classifier), hence twice and a margin;
+    weights that do not fit exactly are `_load_weights`' to refuse."""
+    from torch.nn.modules.module import register_module_parameter_registration_hook
+
+    held = sum(tensor.numel() for tensor in state_dict.values() if isinstance(tensor, torch.Tensor))
+    bound, counted = 2 * held + SKELETON_MARGIN, 0
+
+    def count(module: nn.Module, name: str, parameter: torch.Tensor | None) -> None:
+        nonlocal counted
+        counted += parameter.numel() if parameter is not None else 0
+        if counted > bound:
+            raise _Oversized
+
+    with torch.device("meta"):
+        if encoder_from_package:  # a registered backbone, its weights its package's: not in the file
+            bound += 2 * sum(p.numel() for p in build_encoder(spec.encoder, load_pretrained=False).parameters())
+        handle = register_module_parameter_registration_hook(count)
+        try:
+            Captioner.from_spec(spec)
+        except _Oversized:
+            raise CheckpointError(f"{source}: its config describes a model of far more weights than the file's "
+                                  f"{held:,}; refused before allocating it") from None
+        finally:
+            handle.remove()
