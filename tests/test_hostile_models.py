@@ -942,6 +942,50 @@ def test_hf_image_paths_cannot_leave_the_dataset_through_a_link(world: World, tm
     assert image_data({r.row: r for r in load_split(named.data, "train")}[0]) == picture(3)
 
 
+def listing(name: str) -> Callable[[Path, Path], None]:
+    """A tampering that lists `name` in config.json's files, as a stranger's extra file to check."""
+
+    def tamper(folder: Path, outside: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        config["files"][name.replace("OUTSIDE", str(outside))] = {"sha256": "0" * 64}
+        (folder / "config.json").write_text(json.dumps(config))
+
+    return tamper
+
+
+def linked_out(name: str) -> Callable[[Path, Path], None]:
+    """A tampering that moves the export's `name` out of its folder and leaves a link to it in its place."""
+
+    def tamper(folder: Path, outside: Path) -> None:
+        shutil.move(folder / name, outside / name)
+        link(folder / name, outside / name)
+
+    return tamper
+
+
+OUT_OF_THE_FOLDER = {"absolute": listing("OUTSIDE/vocab.json"), "dotdot": listing("../outside/vocab.json"),
+                     **{f"{name} link": linked_out(name) for name in ("model.safetensors", "vocab.json",
+                                                                     "config.json")}}
+
+
+@pytest.mark.parametrize("case", list(OUT_OF_THE_FOLDER))
+def test_an_export_names_no_file_outside_its_folder(tiny_export: Path, tmp_path: Path, case: str,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """A file config.json lists, or a file of the export that is a link, leading out of the folder: one line, and
+    nothing outside is opened (a stranger's model would read, or learn the checksum of, the user's files)."""
+    folder, outside = tmp_path / "model", tmp_path / "outside"
+    shutil.copytree(tiny_export, folder)
+    outside.mkdir()
+    shutil.copyfile(tiny_export / "vocab.json", outside / "vocab.json")
+    OUT_OF_THE_FOLDER[case](folder, outside)
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "photo.png")
+    with watched() as seen:
+        code = main(["caption", str(folder), str(tmp_path / "photo.png"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {folder}"), err
+    assert "not a file name inside the model's folder" in err[0] or "a link leading out of" in err[0], err[0]
+    assert not seen.opened_in(outside)
+
 def test_a_models_own_files_in_the_hugging_face_cache_are_links_and_load(
     tiny_export: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 import captioner
-from captioner.core.bounded_files import read_format_json, read_json
+from captioner.core.bounded_files import escapes, read_format_json, read_json
 from captioner.core.files import REEXPORT, make_folder, sha256_of as sha256, verify_file, write_atomically
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, first_line
 from captioner.core.model_spec import ModelSpec
@@ -85,9 +85,22 @@ def write_exported(
     return [folder / WEIGHTS, folder / VOCAB, folder / CONFIG]
 
 
+def own_file(folder: Path, name: Any, listed_in: str) -> Path:
+    """`folder`/`name`, a file of the model's own: a relative name (`listed_in` names where it was read) whose real
+    path, links followed, stays in `folder`, or in a Hub cache snapshot's repo folder (its files link to the blobs)."""
+    parts = Path(name).parts if isinstance(name, str) else ()
+    if not parts or Path(name).is_absolute() or ".." in parts:
+        raise ExportError(f"{listed_in}: {name!r} is not a file name inside the model's folder; refused")
+    repo = folder.parent.parent
+    base = repo if folder.parent.name == "snapshots" and repo.name.startswith("models--") else folder
+    if (target := escapes(Path(folder.relative_to(base)) / name, base)) is not None:
+        raise ExportError(f"{folder / name}: a link leading out of the model's folder (to {target}); refused")
+    return folder / name
+
+
 def read_config(folder: str | Path) -> dict[str, Any]:
     """config.json of an exported folder, read within limits, its format and version checked."""
-    path = Path(folder) / CONFIG
+    path = own_file(Path(folder), CONFIG, str(folder))
     config = read_format_json(path, f"model's {CONFIG}", "captioner export", FORMAT, ExportError,
                               missing=f"missing (an exported model folder has {CONFIG}, {VOCAB} and {WEIGHTS})")
     version = config.get("format_version")
@@ -110,11 +123,10 @@ def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -
     if not isinstance(files, dict) or not {WEIGHTS, VOCAB} <= files.keys():
         raise ExportError(f"{folder / CONFIG}: 'files' must list {WEIGHTS} and {VOCAB} with their checksums")
     for name, recorded in files.items():
+        path = own_file(folder, name, f"{folder / CONFIG} (files)")  # before anything of it is read
         if not isinstance(recorded, dict) or "sha256" not in recorded:
             raise ExportError(f"{folder / CONFIG}: files.{name} has no sha256")
-        if Path(name).name != name or name in (".", ".."):  # `..` or an absolute path: a file outside the model
-            raise ExportError(f"{folder / CONFIG}: files lists {name[:80]!r}, not a file name beside config.json")
-        verify_file(folder / name, recorded["sha256"], folder / CONFIG, recorded.get("bytes"), remedy)
+        verify_file(path, recorded["sha256"], folder / CONFIG, recorded.get("bytes"), remedy)
 
 
 def read_exported(folder: str | Path, remedy: str | None = None) -> Exported:
