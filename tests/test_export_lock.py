@@ -175,3 +175,21 @@ def test_web_export_refuses_a_folder_that_is_not_a_site_before_loading_the_model
     assert capsys.readouterr().err == (f"error: {tmp_path / 'mine'}: not empty and not a captioner web site; "
                                        "give a new or empty folder\n")
     assert contents(tmp_path / "mine") == {"thesis.tex": b"keep"}
+
+
+@pytest.mark.parametrize("package", [{}, {"package.json": b"[]"},
+                                     {"package.json": b'{"name": "onnxruntime-web", "version": "0.1.0"}'}])
+def test_web_export_refuses_a_wrong_ort_before_loading_the_model(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                  package: dict[str, bytes]) -> None:
+    """`export --web --ort` checked the onnxruntime-web package only once the model had loaded; now first, as the
+    folder is: a model that cannot even be read is never opened, and a package.json that is no object is one line."""
+    pytest.importorskip("onnx")
+    (tmp_path / "model.pt").write_bytes(b"not a checkpoint")
+    write(tmp_path / "ort", package)
+    (tmp_path / "ort").mkdir(exist_ok=True)
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "model.pt"), str(tmp_path / "site"), "--web", "--ort",
+                 str(tmp_path / "ort")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --ort {tmp_path / 'ort'}: "), err
+    assert not (tmp_path / "site").exists()

@@ -97,9 +97,10 @@ def moved(files: list[Path], stage: Path, folder: Path) -> list[Path]:
 
 def _web_site(source: Path, folder: Path, decode: Mapping[str, Any] | None, ort: str | Path | None) -> list[Path]:
     """The site of the model at `source`, its data terms those its card gives (or its dataset's)."""
-    from captioner.apps.web_site import check_site_folder, write_site
+    from captioner.apps.web_site import check_ort, check_site_folder, write_site
 
     check_site_folder(folder)  # before the model loads, so a refusal comes at once
+    check_ort(ort)
     if is_exported(source):
         model = Captioner.from_pretrained(source, "cpu")
         config = read_config(source)

@@ -42,7 +42,7 @@ def write_site(model: Captioner, folder: str | Path, ort: str | Path | None = No
     from captioner.models.onnx_export import export_onnx
 
     folder = Path(folder)
-    ort_files = _ort_files(Path(ort)) if ort is not None else None
+    ort_files = check_ort(ort)
     check_site_folder(folder)
     examples = json.loads((PAGE / "examples" / "examples.json").read_text(encoding="utf-8"))
     written = {*PAGE_FILES, MODEL_FOLDER, "examples", "ort", SITE_JSON}  # an earlier site's: nothing stale stays
@@ -109,14 +109,20 @@ def store_weights_in_half(source: Path, target: Path) -> None:
     (target / "onnx.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
 
-def _ort_files(ort: Path) -> list[Path]:
+def check_ort(ort: str | Path | None) -> list[Path] | None:
     """The onnxruntime-web files the page loads, from an installed package (`node_modules/onnxruntime-web`
-    or its dist/), checked to be the version the page is written for."""
+    or its dist/), checked to be the version the page is written for; None without `ort` (the CDN's). Called
+    before any model is loaded too, so a wrong `--ort` is refused at once."""
+    if ort is None:
+        return None
+    ort = Path(ort)
     package = ort.parent if ort.name == "dist" else ort
     if not (package / "package.json").is_file():
         raise ExportError(f"--ort {ort}: not an onnxruntime-web package (no package.json); install it with "
                           f"`npm install onnxruntime-web@{ORT_VERSION}` and give node_modules/onnxruntime-web")
     about = read_json(package / "package.json", "onnxruntime-web's package.json", ExportError)
+    if not isinstance(about, dict):
+        raise ExportError(f"--ort {ort}: package.json holds a {type(about).__name__}, not a package's fields")
     if about.get("name") != "onnxruntime-web" or about.get("version") != ORT_VERSION:
         raise ExportError(f"--ort {ort}: {about.get('name')} {about.get('version')}, but the page is written for "
                           f"onnxruntime-web {ORT_VERSION}")
