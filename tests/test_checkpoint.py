@@ -72,6 +72,30 @@ def test_incompatible_weights(tmp_path: Path) -> None:
         load_captioner(path)
 
 
+
+@pytest.mark.parametrize("key, value, says", [("model", [1, 2], "its model is not a mapping of names to tensors"),
+                                              ("model", {1: torch.zeros(1)}, "its model is not a mapping"),
+                                              ("config", [1], "its config is a list, not a mapping"),
+                                              ("config", None, "its config is a NoneType, not a mapping")])
+def test_a_payload_of_other_shapes_is_one_line_for_every_command(tmp_path: Path, key: str, value: object,
+                                                                 says: str, capsys: pytest.CaptureFixture) -> None:
+    """A stranger's checkpoint whose model or config is not a mapping (loaded by weights_only as plain data) was an
+    AttributeError traceback in caption, export and evaluate; it is one line naming the file."""
+    from captioner.apps.cli import main
+
+    path = tmp_path / "model.pt"
+    save_checkpoint(path, tiny_model())
+    payload = torch.load(path, weights_only=True)
+    payload[key] = value
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match=says):
+        read_checkpoint(path, for_inference=True)
+    capsys.readouterr()
+    for command in (["export", str(path), str(tmp_path / "out")], ["evaluate", str(path), "--split", "test"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {path}: not a captioner checkpoint ("), err
+
 def test_a_run_folder_loads_its_best_checkpoint_else_its_last(tmp_path: Path) -> None:
     first, second = tiny_model(seed=1), tiny_model(seed=2)
     save_checkpoint(tmp_path / "last.pt", first)

@@ -125,9 +125,16 @@ def read_checkpoint(path: str | Path, *, for_inference: bool = False) -> dict[st
     if not isinstance(payload, dict) or not {"model", "config", "vocab"} <= payload.keys():
         raise CheckpointError(f"{path}: not a captioner checkpoint (it lacks model, config or vocab)")
     version = payload.get("format_version")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {version} is not supported "
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise CheckpointError(f"{path}: checkpoint format {version!r} is not supported "
                               f"(this version reads {FORMAT_VERSION})")
+    weights, config = payload["model"], payload["config"]
+    if not (isinstance(weights, dict)
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items())):
+        raise CheckpointError(f"{path}: not a captioner checkpoint (its model is not a mapping of names to tensors)")
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: not a captioner checkpoint (its config is a {type(config).__name__}, "
+                              "not a mapping)")
     if not checked:  # said of a checkpoint this version reads: a refused file gets its one line, nothing else
         log.warning("%s: written without a checksum (before checksums were recorded): it cannot be checked for "
                     "damage", path)
