@@ -82,6 +82,19 @@ def test_the_card_carries_the_runs_own_scores(exported: tuple[Path, Path]) -> No
     assert "![Attention of each word of a caption](attention.png)" in card and "## Intended use and limitations" in card
 
 
+
+@pytest.mark.parametrize("train_state", ["not a state", {"history": "x", "best_epoch": "y"},
+                                         {"history": [{"epoch": "x", "val_Bleu_1": 0.5}], "best_epoch": None}])
+def test_a_training_history_of_other_shapes_leaves_the_cards_validation_scores_out(
+    tmp_path: Path, train_state: object) -> None:
+    """A stranger's checkpoint whose train_state is not a mapping, whose history is not a list of epochs or whose
+    epoch is no number: `export` stopped on an AttributeError or ValueError traceback; its card goes without them."""
+    from captioner.apps.model_card import read_scores
+
+    scores = read_scores(tmp_path / "best.pt", train_state)  # type: ignore[arg-type]
+    assert scores.validation_epoch is None
+    assert scores.validation in ({}, {"Bleu_1": 0.5})
+
 def test_loading_an_export_unpickles_nothing(exported: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     _, folder = exported
 

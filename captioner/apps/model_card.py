@@ -52,13 +52,20 @@ class CardScores:
 def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardScores:
     """The best epoch's validation scores from the history, and every scores_<split>.json beside the checkpoint."""
     scores = CardScores()
-    history = (train_state or {}).get("history") or []
-    best_epoch = (train_state or {}).get("best_epoch")
+    history = train_state.get("history") if isinstance(train_state, dict) else None
+    if not (isinstance(history, list) and all(isinstance(row, dict) for row in history)):
+        if history is not None or (train_state is not None and not isinstance(train_state, dict)):
+            log.warning("%s: its training history is not a list of epochs; the card leaves out its validation "
+                        "scores", checkpoint)
+        history = []
+    best_epoch = train_state.get("best_epoch") if isinstance(train_state, dict) else None
     rows = [row for row in history if row.get("epoch") == best_epoch] or history[-1:]
     if rows:
         row = rows[-1]
-        scores.validation = {k[len("val_"):]: float(v) for k, v in row.items() if k.startswith("val_") and _finite(v)}
-        scores.validation_epoch = int(row["epoch"]) if "epoch" in row else None
+        scores.validation = {k[len("val_"):]: float(v) for k, v in row.items()
+                             if isinstance(k, str) and k.startswith("val_") and _finite(v)}
+        epoch = row.get("epoch")
+        scores.validation_epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
     for path in sorted(folder.glob("scores_*.json")):
         document = read_scores_file(path)
