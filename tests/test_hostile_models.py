@@ -836,6 +836,28 @@ def test_a_model_far_larger_than_its_weights_is_refused_before_it_is_allocated(t
     message = str(raised.value)
     assert "\n" not in message and message.startswith(f"{weights}: ") and "before allocating" in message, message
 
+
+@pytest.mark.parametrize("form", ["export", "checkpoint"])
+def test_a_vocabulary_with_a_word_twice_is_one_line_naming_its_file(tiny_export: Path, tmp_path: Path,
+                                                                    form: str) -> None:
+    """Two ids of one word: "vocabulary has duplicate words", naming no file, came from deep in the model's build;
+    now the file that holds the words is named, with the word."""
+    from captioner.core.errors import CaptionerError
+    from captioner.models.captioner import Captioner
+
+    words = json.loads((tiny_export / "vocab.json").read_text())
+    words[-1] = words[5]
+    if form == "export":
+        target = hostile_copy(tiny_export, tmp_path, "vocab.json", json.dumps(words))
+        named = target / "vocab.json"
+    else:
+        target = named = tmp_path / "model.pt"
+        model = tiny_model()
+        save_checkpoint(target, model, spec={**model.spec().to_dict(), "vocab": words})
+    with pytest.raises(CaptionerError) as raised:
+        Captioner.from_pretrained(target, device="cpu")
+    assert str(raised.value).startswith(f"{named}") and f"the word {words[5]!r} twice" in str(raised.value)
+
 # --- 5. a link is never a way out of the folder ----------------------------------------------------
 
 

@@ -140,10 +140,14 @@ def check_words(vocab: Any, source: str) -> tuple[str, ...]:
         raise ConfigError(f"{source}: vocab must be a list of words")
     if tuple(vocab[: len(SPECIAL_WORDS)]) != tuple(f"<{word}>" for word in SPECIAL_WORDS):
         raise ConfigError(f"{source}: vocab must start with {', '.join(f'<{word}>' for word in SPECIAL_WORDS)}")
+    seen: set[str] = set()
     for i, word in enumerate(vocab):  # a caption is printed one a line: a model's word must not end a line or
         if not word.isprintable() or word.split() != [word]:  # steer the terminal (the tokenizer makes none such)
             raise ConfigError(f"{source}: vocab word {i} {word[:40]!r} is empty or holds a space or a control "
                               "character; refused")
+        if word in seen:  # two ids of one word: its id would not be the one the weights learnt
+            raise ConfigError(f"{source}: vocab holds the word {word[:40]!r} twice")
+        seen.add(word)
     return tuple(vocab)
 
 

@@ -17,7 +17,7 @@ import captioner
 from captioner.core.bounded_files import escapes, read_format_json, read_json
 from captioner.core.files import REEXPORT, make_folder, sha256_of as sha256, verify_file, write_atomically
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, first_line
-from captioner.core.model_spec import ModelSpec
+from captioner.core.model_spec import ModelSpec, check_words
 from captioner.core.portable_config import portable_config
 from captioner.core.upgrade import OLDEST_EXPORT, upgrade_export_config
 
@@ -154,9 +154,13 @@ def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
         raise ExportError(f"{folder / VOCAB}: missing") from None
     if not isinstance(vocab, list) or not all(isinstance(w, str) for w in vocab):
         raise ExportError(f"{folder / VOCAB}: expected a list of words")
+    try:
+        check_words(vocab, str(folder / VOCAB))
+    except ConfigError as e:
+        raise ExportError(str(e)) from None
     size = config["spec"].get("vocab_size") if isinstance(config["spec"], dict) else None
     if len(vocab) != size:
-        raise ExportError(f"{folder / VOCAB}: {len(vocab)} words, but {CONFIG} says vocab_size {size}")
+        raise ExportError(f"{folder / VOCAB}: {len(vocab)} words, but {CONFIG} says vocab_size {size!r}")
     try:
         state_dict = load_file(str(folder / WEIGHTS))
     except (SafetensorError, OSError, ValueError) as e:
