@@ -158,6 +158,28 @@ def test_a_truncated_or_flipped_weights_file_is_refused(exported: tuple[Path, Pa
     assert_one_line(error, str(folder / WEIGHTS), "missing")
 
 
+
+@pytest.mark.parametrize("kind", ["folder", "pipe", "size as text"])
+def test_a_weights_file_that_is_no_file_or_a_size_that_is_no_number_is_named_for_what_it_is(
+    exported: tuple[Path, Path], tmp_path: Path, kind: str,
+) -> None:
+    """A model.safetensors that is a folder or a pipe was reported "missing"; a size recorded as "152" read
+    "152 bytes, but config.json records 152". Each line now says what is wrong."""
+    folder = broken_copy(exported[1], tmp_path)
+    if kind == "size as text":
+        config = json.loads((folder / CONFIG).read_text())
+        config["files"][WEIGHTS]["bytes"] = str(config["files"][WEIGHTS]["bytes"])
+        (folder / CONFIG).write_text(json.dumps(config))
+    else:
+        (folder / WEIGHTS).unlink()
+        (folder / WEIGHTS).mkdir() if kind == "folder" else os.mkfifo(folder / WEIGHTS)
+    with pytest.raises(ExportError) as error:
+        Captioner.from_pretrained(folder)
+    if kind == "size as text":
+        assert_one_line(error, str(folder / CONFIG), f"bytes for {WEIGHTS}, not a whole number")
+    else:
+        assert_one_line(error, str(folder / WEIGHTS), "not a regular file")
+
 @pytest.mark.parametrize(
     ("change", "fragments"),
     [

@@ -283,7 +283,10 @@ REEXPORT = "re-export the checkpoint"
 def verify_file(path: Path, sha256: str, listed_in: Path, size: int | None = None, remedy: str = REEXPORT) -> None:
     """A missing, truncated or altered file `listed_in` records is one ExportError ending with `remedy`."""
     if not path.is_file():
-        raise ExportError(f"{path}: missing (listed in {listed_in.name}); {remedy}")
+        what = "not a regular file (a folder, a pipe or a device)" if path.exists() else "missing"
+        raise ExportError(f"{path}: {what} (listed in {listed_in.name}); {remedy}")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool)):
+        raise ExportError(f"{listed_in}: records {size!r} bytes for {path.name}, not a whole number; {remedy}")
     found = path.stat().st_size
     if size is not None and found != size:
         raise ExportError(f"{path}: {found} bytes, but {listed_in.name} records {size} (truncated or replaced); "
