@@ -368,6 +368,26 @@ def test_graphs_that_do_not_fit_one_another_are_one_line_naming_the_graph(export
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("name", ["encoder.onnx", "onnx.json", "the folder"])
+def test_a_bundle_file_that_links_out_of_the_folder_is_refused_before_it_is_read(exported: Exported, tmp_path: Path,
+                                                                                 name: str) -> None:
+    """A graph, onnx.json or the onnx/ folder itself that is a link out of the folder the user named: a stranger's
+    bundle would have the runtime read another file of the user's. One line naming the link, nothing opened."""
+    folder, outside = tmp_path / "model", tmp_path / "outside"
+    shutil.copytree(exported.folder, folder)
+    if name == "the folder":
+        shutil.move(folder / "onnx", outside)
+        (folder / "onnx").symlink_to(outside, target_is_directory=True)
+        name = "onnx.json"
+    else:
+        outside.mkdir()
+        shutil.move(folder / "onnx" / name, outside / name)
+        (folder / "onnx" / name).symlink_to(outside / name)
+    with pytest.raises(ExportError) as error:
+        OnnxCaptioner.from_folder(folder)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{folder / 'onnx' / name}: a link leading out of"), message
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

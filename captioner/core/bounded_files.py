@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from captioner.core.errors import CaptionerError
+from captioner.core.errors import CaptionerError, ExportError
 from captioner.core.files import size_text
 
 MODEL_JSON_BYTES = 16 * 2**20  # config.json, vocab.json, onnx.json: a 100,000-word vocabulary takes about 1.5 MB
@@ -199,3 +199,24 @@ class Confinement:
 def escapes(name: str | Path, folder: str | Path) -> str | None:
     """`Confinement(folder).escape(name)`, for one name."""
     return Confinement(folder).escape(name)
+
+
+def model_base(folder: Path) -> Path:
+    """What a model's files may lead to: `folder` itself, or, for a Hub cache snapshot (or a folder in one), its
+    repo's folder, whose blobs the snapshot's files link to."""
+    for snapshot in (folder, *folder.parents[:2]):
+        if snapshot.parent.name == "snapshots" and snapshot.parent.parent.name.startswith("models--"):
+            return snapshot.parent.parent
+    return folder
+
+
+def own_file(folder: Path, name: Any, listed_in: str) -> Path:
+    """`folder`/`name`, a file of the model's own: a relative name (`listed_in` says where it was read) whose real
+    path, links followed, stays in `folder` (`model_base`); else one ExportError, before it is read."""
+    parts = Path(name).parts if isinstance(name, (str, Path)) else ()
+    if not parts or Path(name).is_absolute() or ".." in parts:
+        raise ExportError(f"{listed_in}: {name!r} is not a file name inside the model's folder; refused")
+    base = model_base(folder)
+    if (target := escapes(folder.relative_to(base) / name, base)) is not None:
+        raise ExportError(f"{folder / name}: a link leading out of the model's folder (to {target}); refused")
+    return folder / name

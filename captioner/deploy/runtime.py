@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-from captioner.core.bounded_files import read_format_json
+from captioner.core.bounded_files import own_file, read_format_json
 from captioner.core.decode_results import Caption
 from captioner.core.files import verify_file
 from captioner.core.decode_schema import check_names, check_options
@@ -58,9 +58,9 @@ class Bundle:
 def find_manifest(folder: str | Path) -> Path:
     """`folder`/onnx.json, or `folder`/onnx/onnx.json (the folder `captioner export` was given)."""
     folder = Path(folder)
-    for candidate in (folder / MANIFEST, folder / "onnx" / MANIFEST):
-        if candidate.is_file():
-            return candidate
+    for candidate in (MANIFEST, f"onnx/{MANIFEST}"):
+        if (folder / candidate).is_file():
+            return own_file(folder, candidate, str(folder))
     if not folder.exists():
         raise ExportError(f"{folder}: no such folder")
     raise ExportError(
@@ -158,8 +158,10 @@ def load_bundle(folder: str | Path, threads: int | None = None) -> Bundle:
     except CaptionerError as e:
         raise ExportError(f"{manifest_path}: spec.vocab: {e}") from None
     files = manifest["files"]
-    sessions = {graph: open_session(manifest_path.parent / files[graph]["path"], manifest_path, files[graph]["sha256"],
-                                    manifest["graphs"][graph], threads) for graph in GRAPHS}
+    graphs = {graph: own_file(Path(folder), manifest_path.parent.relative_to(folder) / files[graph]["path"],
+                              str(manifest_path)) for graph in GRAPHS}  # in the folder named, links and all
+    sessions = {graph: open_session(graphs[graph], manifest_path, files[graph]["sha256"], manifest["graphs"][graph],
+                                    threads) for graph in GRAPHS}
     logprobs = sessions["decoder_step"].get_outputs()[0].shape  # ["batch", V]
     if logprobs[-1] != len(vocab):
         raise ExportError(f"{manifest_path}: the step graph scores {logprobs[-1]} words, its vocab has {len(vocab)}")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 import captioner
-from captioner.core.bounded_files import escapes, read_format_json, read_json
+from captioner.core.bounded_files import own_file, read_format_json, read_json
 from captioner.core.files import REEXPORT, make_folder, sha256_of as sha256, verify_file, write_atomically
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, first_line
 from captioner.core.model_spec import ModelSpec, check_words
@@ -83,19 +83,6 @@ def write_exported(
     }
     write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=1), encoding="utf-8"))
     return [folder / WEIGHTS, folder / VOCAB, folder / CONFIG]
-
-
-def own_file(folder: Path, name: Any, listed_in: str) -> Path:
-    """`folder`/`name`, a file of the model's own: a relative name (`listed_in` names where it was read) whose real
-    path, links followed, stays in `folder`, or in a Hub cache snapshot's repo folder (its files link to the blobs)."""
-    parts = Path(name).parts if isinstance(name, str) else ()
-    if not parts or Path(name).is_absolute() or ".." in parts:
-        raise ExportError(f"{listed_in}: {name!r} is not a file name inside the model's folder; refused")
-    repo = folder.parent.parent
-    base = repo if folder.parent.name == "snapshots" and repo.name.startswith("models--") else folder
-    if (target := escapes(Path(folder.relative_to(base)) / name, base)) is not None:
-        raise ExportError(f"{folder / name}: a link leading out of the model's folder (to {target}); refused")
-    return folder / name
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
