@@ -814,7 +814,7 @@ HUGE_SIZES = {"hidden_dim": ("lstm", {"hidden_dim": 10**12}), "embed_dim": ("lst
 def test_a_model_far_larger_than_its_weights_is_refused_before_it_is_allocated(tmp_path: Path, key: str,
                                                                                   form: str) -> None:
     """config.json records no checksum of itself (nor does a checkpoint's spec hold against its maker): a stranger's
-    d_model of 10^12 is one line naming the weights file, not an allocator's traceback or the memory filled."""
+    d_model of 10^12 is one line naming the file that says so, not an allocator's traceback or the memory filled."""
     from captioner.core.errors import CheckpointError
     from captioner.models.captioner import Captioner
 
@@ -826,15 +826,32 @@ def test_a_model_far_larger_than_its_weights_is_refused_before_it_is_allocated(t
         config = json.loads((target / "config.json").read_text())
         config["spec"]["decoder"].update(sizes)
         (target / "config.json").write_text(json.dumps(config))
-        weights = target / "model.safetensors"
+        named = target / "config.json"
     else:
-        target = weights = tmp_path / "model.pt"
+        target = named = tmp_path / "model.pt"
         save_checkpoint(target, model, spec={**model.spec().to_dict(),
                                              "decoder": {**model.spec().to_dict()["decoder"], **sizes}})
     with pytest.raises(CheckpointError) as raised:
         Captioner.from_pretrained(target, device="cpu")
     message = str(raised.value)
-    assert "\n" not in message and message.startswith(f"{weights}: ") and "before allocating" in message, message
+    assert "\n" not in message and message.startswith(f"{named}: ") and "before allocating" in message, message
+
+
+@pytest.mark.parametrize("key, value", [("name", "resnet9000"), ("normalization", "sepia")])
+def test_a_backbone_no_registry_knows_is_one_line_naming_the_config(tiny_export: Path, tmp_path: Path, key: str,
+                                                                    value: str) -> None:
+    """An unknown backbone or pixel statistics in a stranger's config.json was refused naming only the key
+    (`model.encoder.name: unknown backbone`), not the file that holds it."""
+    from captioner.core.errors import CheckpointError
+    from captioner.models.captioner import Captioner
+
+    config = json.loads((tiny_export / "config.json").read_text())
+    config["spec"]["encoder"][key] = value
+    folder = hostile_copy(tiny_export, tmp_path, "config.json", json.dumps(config))
+    with pytest.raises(CheckpointError) as raised:
+        Captioner.from_pretrained(folder, device="cpu")
+    message = str(raised.value)
+    assert message.startswith(f"{folder / 'config.json'}: incompatible config: model.encoder.{key}: "), message
 
 
 @pytest.mark.parametrize("form", ["export", "checkpoint"])

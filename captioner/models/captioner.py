@@ -15,7 +15,7 @@ from torch import nn
 
 from captioner.core.config_sections import Config, DecodeConfig, ModelConfig
 from captioner.core.decoder_types import section
-from captioner.core.errors import CheckpointError, ExportError
+from captioner.core.errors import CheckpointError, ConfigError, ExportError
 from captioner.core.model_spec import ModelSpec, Preprocessing
 from captioner.core.process_settings import resolve_device
 from captioner.data.image_files import ImageInput, caption_in_batches
@@ -86,7 +86,7 @@ class Captioner(nn.Module):
             record = exported.config.get("encoder_weights")  # the encoder's weights left to its backbone's package
             if record is not None:
                 check_packaged_weights(record, exported.spec.encoder, path / CONFIG)
-            check_weights_bound(exported.spec, exported.state_dict, path / WEIGHTS, record is not None)
+            check_weights_bound(exported.spec, exported.state_dict, path / CONFIG, record is not None)
             model = cls.from_spec(exported.spec, load_pretrained=record is not None)
             model._load_weights(exported.state_dict, path / WEIGHTS, encoder_from_package=record is not None)
             model.origin = export_origin(path.name if packaged else name, exported.config, packaged)
@@ -275,10 +275,11 @@ SKELETON_MARGIN = 2**22  # weights a skeleton may register beyond twice the file
 
 def check_weights_bound(spec: ModelSpec, state_dict: dict[str, torch.Tensor], source: Path,
                         encoder_from_package: bool = False) -> None:
-    """Refuse, before a weight is allocated, a spec describing a model far larger than `state_dict` (a stranger's
-    d_model of 10^9): its skeleton is built on the meta device, its weights counted as each layer registers them.
-    Replaced and dropped ones count too (a tied output layer, a backbone's classifier), hence twice and a margin;
-    weights that do not fit exactly are `_load_weights`' to refuse."""
+    """Refuse, before a weight is allocated, a spec (read from `source`) naming a backbone or statistics no registry
+    knows, or describing a model far larger than `state_dict` (a stranger's d_model of 10^9): its skeleton is built
+    on the meta device, its weights counted as each layer registers them. Replaced and dropped ones count too (a
+    tied output layer, a backbone's classifier), hence twice and a margin; weights that do not fit exactly are
+    `_load_weights`' to refuse."""
     from torch.nn.modules.module import register_module_parameter_registration_hook
 
     held = sum(tensor.numel() for tensor in state_dict.values() if isinstance(tensor, torch.Tensor))
@@ -290,14 +291,17 @@ def check_weights_bound(spec: ModelSpec, state_dict: dict[str, torch.Tensor], so
         if counted > bound:
             raise _Oversized
 
-    with torch.device("meta"):
-        if encoder_from_package:  # a registered backbone, its weights its package's: not in the file
-            bound += 2 * sum(p.numel() for p in build_encoder(spec.encoder, load_pretrained=False).parameters())
-        handle = register_module_parameter_registration_hook(count)
-        try:
+    handle = register_module_parameter_registration_hook(count)
+    try:
+        with torch.device("meta"):
+            if encoder_from_package:  # a registered backbone, its weights its package's: not in the file
+                bound += 2 * sum(p.numel() for p in build_encoder(spec.encoder, load_pretrained=False).parameters())
+                counted = 0
             Captioner.from_spec(spec)
-        except _Oversized:
-            raise CheckpointError(f"{source}: its config describes a model of far more weights than the file's "
-                                  f"{held:,}; refused before allocating it") from None
-        finally:
-            handle.remove()
+    except ConfigError as e:
+        raise CheckpointError(f"{source}: incompatible config: {e}") from None
+    except _Oversized:
+        raise CheckpointError(f"{source}: describes a model of far more weights than the {held:,} stored; "
+                              "refused before allocating it") from None
+    finally:
+        handle.remove()
