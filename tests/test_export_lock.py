@@ -193,3 +193,23 @@ def test_web_export_refuses_a_wrong_ort_before_loading_the_model(tmp_path: Path,
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: --ort {tmp_path / 'ort'}: "), err
     assert not (tmp_path / "site").exists()
+
+
+@pytest.mark.parametrize("fields", [{"packaged": "terms"}, {"training_config": "a recipe"},
+                                    {"training_config": {"data": ["shapes"]}}, {"packaged": {"data_terms": ["x"]}}])
+def test_web_export_of_an_export_whose_card_fields_have_other_shapes_goes_without_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fields: dict[str, object],
+) -> None:
+    """`export --web` of a stranger's export read its data terms through config.json's packaged and training_config
+    as mappings: a string or a list there was an AttributeError traceback. A field of another shape is left out."""
+    from helpers import tiny_model
+
+    from captioner.apps import web_site
+    from captioner.apps.export import export_model
+
+    folder = tmp_path / "model"
+    tiny_model().save_pretrained(folder, **fields)
+    written: list[object] = []
+    monkeypatch.setattr(web_site, "write_site", lambda model, site, ort, terms: written.append(terms) or [])
+    export_model(folder, tmp_path / "site", web=True)
+    assert written == [None]

@@ -28,6 +28,7 @@ from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import config_source, run_config, written_by_its_run
 from captioner.models.checkpoint_format import read_checkpoint
 from captioner.models.export_format import CARD, CONFIG, VOCAB, WEIGHTS, is_exported, read_config
+from captioner.models.model_origin import nested
 from captioner.models.model_paths import checkpoint_file, network_errors
 
 log = logging.getLogger(__name__)
@@ -103,9 +104,9 @@ def _web_site(source: Path, folder: Path, decode: Mapping[str, Any] | None, ort:
     check_ort(ort)
     if is_exported(source):
         model = Captioner.from_pretrained(source, "cpu")
-        config = read_config(source)
-        dataset = ((config.get("training_config") or {}).get("data") or {}).get("dataset")
-        terms = (config.get("packaged") or {}).get("data_terms") or (data_terms(dataset) if dataset else None)
+        config = read_config(source)  # a stranger's: any field may be of another shape, and is then left out
+        dataset, terms = nested(config, "training_config", "data", "dataset"), nested(config, "packaged", "data_terms")
+        terms = terms if isinstance(terms, str) else data_terms(dataset) if isinstance(dataset, str) else None
     else:
         payload = read_checkpoint(source, for_inference=True)
         model = Captioner.from_checkpoint_payload(payload, source)
