@@ -126,6 +126,30 @@ def test_caption_evaluate_and_demo_take_an_export(exported: tuple[Path, Path], s
     assert "trained on **shapes**" in card and "validation at epoch" in card
 
 
+
+@pytest.mark.parametrize("fields", [{"scores": "high"}, {"scores": {"test": [1], "validation": [2]}},
+                                    {"scores": {"test": {"test": {"overall": [1]}}, "validation": {"Bleu_4": "y"}}},
+                                    {"training_config": "a recipe"}, {"train_state": "x"},
+                                    {"train_state": {"history": "x", "best_epoch": 1}}])
+def test_the_demo_shows_a_model_whose_recorded_fields_have_other_shapes(tmp_path: Path, fields: dict) -> None:
+    """The demo's card and serving line of a stranger's export or checkpoint read its scores, training config and
+    history as mappings and lists: a string there was an AttributeError or ValueError traceback. The card now
+    shows what is there and says the rest was not recorded."""
+    from helpers import tiny_model
+
+    from captioner.apps.demo.cards import load_models, model_cards, recorded, serving_line
+    from captioner.models.checkpoint import save_checkpoint
+
+    if "train_state" in fields:
+        path = tmp_path / "model.pt"
+        save_checkpoint(path, tiny_model(), **fields)
+    else:
+        path = tmp_path / "model"
+        tiny_model().save_pretrained(path, **fields)
+    models = load_models([path])
+    card, line = model_cards(models), serving_line(str(path), models[str(path)], recorded(str(path)))
+    assert "vocabulary" in card and "no test or validation scores recorded" in line, (card, line)
+
 def broken_copy(folder: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "broken"
     shutil.copytree(folder, copy)

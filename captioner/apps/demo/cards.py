@@ -14,6 +14,7 @@ from captioner.data.datasets import load_split
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import load_captioner, model_settings, read_checkpoint
 from captioner.models.export_format import is_exported, read_config
+from captioner.models.model_origin import nested
 
 
 def load_models(checkpoints: list[Path], device: str = "cpu") -> dict[str, Captioner]:
@@ -29,9 +30,13 @@ def model_label(path: str, model: Captioner) -> str:
     return f"{name.parent.name}/{name.name} ({model.config.decoder.type} over {model.config.encoder.name})"
 
 
-def best_row(state: dict[str, Any]) -> dict[str, Any] | None:
-    """The history row of the best validation (its epoch, and its step when mid-epoch), else the last."""
-    history = state.get("history") or []
+def best_row(state: Any) -> dict[str, Any] | None:
+    """The history row of the best validation (its epoch, and its step when mid-epoch), else the last; rows of
+    another shape (a stranger's model) are left out."""
+    history = state.get("history") if isinstance(state, dict) else None
+    history = [row for row in history if isinstance(row, dict)] if isinstance(history, list) else []
+    if not history:
+        return None
     best_epoch, best_step = state.get("best_epoch"), state.get("best_step")
     return next((r for r in history if r.get("epoch") == best_epoch and best_step in (None, r.get("step"))),
                 history[-1] if history else None)
@@ -39,12 +44,13 @@ def best_row(state: dict[str, Any]) -> dict[str, Any] | None:
 
 def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
     """One Markdown line: what a served model was trained on and how it scored on validation."""
-    config = config_from_dict(payload["config"], source=path) if payload else None
-    state = payload.get("train_state") or {}
+    config = config_from_dict(payload["config"], source=path) if payload.get("config") else None
+    state = payload.get("train_state") if isinstance(payload.get("train_state"), dict) else {}
     row = best_row(state)
     metric = config.train.val_metric if config else "?"
     if row:
-        scores = ", ".join(f"{k[4:]} {float(v):.3f}" for k, v in row.items() if k.startswith("val_"))
+        scores = ", ".join(f"{k[4:]} {float(v):.3f}" for k, v in row.items()
+                           if isinstance(k, str) and k.startswith("val_") and isinstance(v, (int, float)))
         where = f"epoch {row['epoch']}" + (f", step {row['step']}" if "epochs_done" in row else "")  # mid-epoch
         val = f"validation at {where} of {state.get('epoch', '?')} (best {metric}): {scores}"
     else:
@@ -72,11 +78,14 @@ def recorded(path: str) -> dict[str, Any]:
         config = read_config(Path(path))  # an export: its training config and the scores it recorded
     except CaptionerError:
         return {}
-    scores = config.get("scores") or {}
+    # A stranger's config.json: a field of another shape is left out, as if not recorded.
+    scores = config.get("scores") if isinstance(config.get("scores"), dict) else {}
+    validation = scores.get("validation") if isinstance(scores.get("validation"), dict) else {}
     epoch = scores.get("validation_epoch")
-    row = {"epoch": epoch, **{f"val_{k}": v for k, v in (scores.get("validation") or {}).items()}}
-    return {"config": config.get("training_config") or {}, "test": scores.get("test") or {},
-            "train_state": {"history": [row] if scores.get("validation") else [], "best_epoch": epoch, "epoch": epoch}}
+    row = {"epoch": epoch, **{f"val_{k}": v for k, v in validation.items()}}
+    training, test = config.get("training_config"), scores.get("test")
+    return {"config": training if isinstance(training, dict) else {}, "test": test if isinstance(test, dict) else {},
+            "train_state": {"history": [row] if validation else [], "best_epoch": epoch, "epoch": epoch}}
 
 
 SERVING_METRICS = ("Bleu_4", "METEOR", "CIDEr")  # the serving line's scores, by COCO's names
@@ -92,10 +101,11 @@ def serving_line(path: str, model: Captioner, payload: dict[str, Any]) -> str:
     if config is not None and is_exported(path) and Path(config.train.out_dir).name != Path(path).name:
         name += f", exported from {Path(config.train.out_dir).name}"
     dataset = DATASETS.get(config.data.dataset, (config.data.dataset,))[0] if config else "an unknown dataset"
-    test = (payload.get("test") or {}).get("test") or {}
+    test = nested(payload, "test", "test")
+    test = test if isinstance(test, dict) else {}
     row = best_row(payload.get("train_state") or {})
     validation = {k[len("val_"):]: v for k, v in (row or {}).items() if k.startswith("val_")}
-    if named_scores(test.get("overall") or {}):
+    if named_scores(test.get("overall") if isinstance(test.get("overall"), dict) else {}):
         beam = f" (beam {test['beam_size']})" if test.get("beam_size") else ""
         scores = f"test {named_scores(test['overall'])}{beam}"
     elif named_scores(validation):
