@@ -291,12 +291,12 @@ def check_weights_bound(spec: ModelSpec, state_dict: dict[str, torch.Tensor], so
         if counted > bound:
             raise _Oversized
 
-    handle = register_module_parameter_registration_hook(count)
+    handle = None
     try:
         with torch.device("meta"):
             if encoder_from_package:  # a registered backbone, its weights its package's: not in the file
                 bound += 2 * sum(p.numel() for p in build_encoder(spec.encoder, load_pretrained=False).parameters())
-                counted = 0
+            handle = register_module_parameter_registration_hook(count)
             Captioner.from_spec(spec)
     except ConfigError as e:
         raise CheckpointError(f"{source}: incompatible config: {e}") from None
@@ -304,4 +304,5 @@ def check_weights_bound(spec: ModelSpec, state_dict: dict[str, torch.Tensor], so
         raise CheckpointError(f"{source}: describes a model of far more weights than the {held:,} stored; "
                               "refused before allocating it") from None
     finally:
-        handle.remove()
+        if handle is not None:
+            handle.remove()
