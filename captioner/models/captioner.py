@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from PIL.Image import Image
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from captioner.core.config_sections import Config, DecodeConfig, ModelConfig
 from captioner.core.decoder_types import section
@@ -270,6 +271,18 @@ class _Oversized(Exception):
     """Raised inside a skeleton's construction once its weights pass the bound."""
 
 
+class _Uninitialised(TorchFunctionMode):
+    """Meta tensors left uninitialised: an in-place op on one (`normal_`, `uniform_`) returns it unchanged, where
+    torch would run its Python reference, importing the compiler (a second of every caption's start) for nothing."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name, target = getattr(func, "__name__", ""), args[0] if args else next(iter(kwargs.values()), None)
+        if name.endswith("_") and not name.startswith("_") and getattr(target, "is_meta", False):
+            return target  # nn.init's functions pass the tensor by name
+        return func(*args, **kwargs)
+
+
 SKELETON_MARGIN = 2**22  # weights a skeleton may register beyond twice the file's: a backbone's dropped head
 
 
@@ -293,7 +306,7 @@ def check_weights_bound(spec: ModelSpec, state_dict: dict[str, torch.Tensor], so
 
     handle = None
     try:
-        with torch.device("meta"):
+        with _Uninitialised(), torch.device("meta"):
             if encoder_from_package:  # a registered backbone, its weights its package's: not in the file
                 bound += 2 * sum(p.numel() for p in build_encoder(spec.encoder, load_pretrained=False).parameters())
             handle = register_module_parameter_registration_hook(count)
