@@ -837,6 +837,30 @@ def test_a_model_far_larger_than_its_weights_is_refused_before_it_is_allocated(t
     assert "\n" not in message and message.startswith(f"{named}: ") and "before allocating" in message, message
 
 
+def test_a_model_another_thread_builds_meanwhile_is_not_counted_against_the_bound(
+        tiny_export: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weight count's hook is global to the process: a model a demo's or a user's other thread builds while a
+    model loads (here, one of 9M weights, past any tiny model's bound) must not make the loading model refused."""
+    import threading
+
+    from torch import nn
+
+    from captioner.models import captioner as captioner_module
+    from captioner.models.captioner import Captioner
+
+    original = Captioner.from_spec.__func__
+
+    def from_spec_beside_another_build(cls: type, *args: object, **kwargs: object) -> Captioner:
+        builder = threading.Thread(target=lambda: nn.Linear(3000, 3000))
+        builder.start()
+        builder.join()
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(captioner_module.Captioner, "from_spec", classmethod(from_spec_beside_another_build))
+    model = Captioner.from_pretrained(tiny_export, device="cpu")
+    assert model.spec().vocab
+
+
 @pytest.mark.parametrize("key, value", [("name", "resnet9000"), ("normalization", "sepia")])
 def test_a_backbone_no_registry_knows_is_one_line_naming_the_config(tiny_export: Path, tmp_path: Path, key: str,
                                                                     value: str) -> None:

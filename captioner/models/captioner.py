@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -296,10 +297,12 @@ def check_weights_bound(spec: ModelSpec, state_dict: dict[str, torch.Tensor], so
     from torch.nn.modules.module import register_module_parameter_registration_hook
 
     held = sum(tensor.numel() for tensor in state_dict.values() if isinstance(tensor, torch.Tensor))
-    bound, counted = 2 * held + SKELETON_MARGIN, 0
+    bound, counted, owner = 2 * held + SKELETON_MARGIN, 0, threading.get_ident()
 
     def count(module: nn.Module, name: str, parameter: torch.Tensor | None) -> None:
         nonlocal counted
+        if threading.get_ident() != owner:  # the hook is global: a model another thread builds meanwhile is not ours
+            return
         counted += parameter.numel() if parameter is not None else 0
         if counted > bound:
             raise _Oversized
