@@ -72,6 +72,10 @@ EXPECTED = [
     ("Y'all and ya'll here", "y' all and ya 'll here"),
     ('A cat; a dog: a bird!', 'a cat a dog a bird'),
     ('   spaces   and\ttabs  ', 'spaces and tabs'),
+    # characters that print nothing: a soft hyphen is deleted, the rest part words (never a token, nor a word)
+    ('A cat\u200bsits on a caf\u00e9 \u202emat', 'a cat sits on a café mat'),
+    ('A bell\x07rings by a zero\u200dwidth soft\u00adhyphen sign\u2060here',
+     'a bell rings by a zero width softhyphen sign here'),
     ('UPPER CASE WORDS HERE', 'upper case words here'),
     ('A dog\'s  "best" friend\'s toy.', "a dog 's best friend 's toy"),
     ('Mt. Fuji from a Blvd. in Calif.', 'mt. fuji from a blvd. in calif.'),

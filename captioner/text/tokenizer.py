@@ -67,9 +67,17 @@ _PLAIN = re.compile(r"([A-Za-z ]*[A-Za-z])(?:(\.)|\s+\.)?(\s*)")
 def tokenize(text: str) -> list[str]:
     """Lower-case tokens of a caption, as pycocoevalcap's PTB tokenizer and punctuation removal give them."""
     text = text.translate(_QUOTES)
+    if not text.isprintable():  # control and format characters are never a token (nor, so, a model's word)
+        text = _unseen_removed(text)
     if (plain := _PLAIN.fullmatch(text)) is not None:
         return _plain_tokens(*plain.groups())
     return _lexed_tokens(text)
+
+
+def _unseen_removed(text: str) -> str:
+    """`text` with a soft hyphen deleted and every other character that prints nothing (a control character,
+    a zero-width space or joiner, a direction mark) made a space, as the lexer treats them: white space stays."""
+    return "".join(c if c.isprintable() or c.isspace() else "" if c == "\u00ad" else " " for c in text)
 
 
 def _lexed_tokens(text: str) -> list[str]:
