@@ -39,7 +39,7 @@ def best_row(state: Any) -> dict[str, Any] | None:
         return None
     best_epoch, best_step = state.get("best_epoch"), state.get("best_step")
     return next((r for r in history if r.get("epoch") == best_epoch and best_step in (None, r.get("step"))),
-                history[-1] if history else None)
+                history[-1])
 
 
 def model_card(path: str, model: Captioner, payload: dict[str, Any]) -> str:
