@@ -34,7 +34,7 @@ from captioner.models.decoder import DecoderOutput
 from captioner.text.vocab import SPECIALS, Vocabulary
 from captioner.training import distributed
 from captioner.training.distributed import Distributed
-from captioner.training.history import (FINISHED, METRICS, STEP_LOSSES, write_finished, write_history,
+from captioner.training.history import (METRICS, STEP_LOSSES, clear_finished, write_finished, write_history,
                                         write_step_losses)
 from captioner.training.loop import Interrupted, Objective, StopSignals, train_one_epoch
 from captioner.training.run_folders import check_run_start
@@ -86,8 +86,8 @@ def fit(config: Config, resume: bool = False) -> Path:
     run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint, shards, threads)
     del checkpoint, initial  # read into the model and the optimizer: their copies of the weights go before training
     run.threads, run.trained_on = governor, trained_on
-    if ctx.is_main:  # an earlier end's record: this run has not finished until its train() returns
-        (out_dir / FINISHED).unlink(missing_ok=True)
+    if ctx.is_main:
+        clear_finished(out_dir)
     run.stop.install()  # from here a SIGTERM or SIGINT ends the step, saves last.pt and raises Interrupted
     try:
         run.train()

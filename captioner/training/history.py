@@ -66,6 +66,11 @@ def write_finished(out_dir: Path, where: dict[str, int]) -> None:
     write_atomically(out_dir / FINISHED, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def clear_finished(out_dir: Path) -> None:
+    """An earlier end's finished.json removed: a run training into the folder has not finished until it returns."""
+    (out_dir / FINISHED).unlink(missing_ok=True)
+
+
 def training_finished(out_dir: str | Path) -> bool:
     """Whether the training of the run in `out_dir` finished (its finished.json), rather than stopped short."""
     return (Path(out_dir) / FINISHED).is_file()
