@@ -1,5 +1,6 @@
 """The Gradio demo: caption an image and show, word by word, where the model looked.
-Modules import one way (decoding <- batcher <- page <- ui <- server); the names below load their module on first use."""
+Modules import one way (decoding <- batcher <- page <- ui <- server, inputs <- ui); the names below load their
+module on first use."""
 
 from __future__ import annotations
 
