@@ -8,17 +8,21 @@ check their range (what a Gradio upgrade or a change of component could bring).
 
 from __future__ import annotations
 
+import base64
+import json
 import math
+import os
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import never_stopping, require_module, tiny_model  # noqa: E402
+from helpers import never_stopping, require_module, serving, tiny_model  # noqa: E402
 from PIL import Image
 
 require_module("gradio", "the demo extra is not installed (pip install -e .[demo])")
@@ -214,6 +218,75 @@ def test_api_values_gradios_components_refuse_are_answered_in_words_without_a_tr
         client(server, tmp_path).predict(handle_file(str(models.image)), model_name=str(models.transformer),
                                          layer="9", api_name="/caption")
     assert "Traceback" not in capfd.readouterr().err
+
+
+FILE_DATA = {"_type": "gradio.FileData"}  # what the page and gradio_client mark an uploaded file's value with
+NOT_UPLOADED = "Request refused: the image must be an uploaded file, got "
+
+
+def call(url: str, image: object, model: Path) -> tuple[str, object]:
+    """/caption over Gradio's plain HTTP API, the image value sent as it is: the stream's last event and data."""
+    import httpx
+
+    started = httpx.post(f"{url}gradio_api/call/caption", json={"data": [image, str(model), 3, 12, None, MEAN]})
+    stream = httpx.get(f"{url}gradio_api/call/caption/{started.json()['event_id']}", timeout=60).text
+    event, data = [line.partition(": ")[2] for line in stream.strip().splitlines()[-2:]]
+    return event, json.loads(data)
+
+
+class Fetched(BaseHTTPRequestHandler):
+    paths: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        Fetched.paths.append(self.path)
+        self.send_error(404)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_api_image_values_never_uploaded_are_refused_in_words_and_nothing_is_read_or_fetched(
+        server: str, models: Models, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """An int, a path or URL, a dict of other fields, a data URL, a file outside Gradio's upload folder (by
+    `..` or a link): refused in one line naming the image, before Gradio's file handling, whose refusals were a
+    traceback in the log and `{"error": null}` for the caller (a dict without "meta" it let through, and the
+    photo outside the cache was captioned); an upload sent the same way is captioned as before."""
+    import httpx
+    from gradio.utils import get_upload_folder
+
+    cache = Path(get_upload_folder())
+    link = cache / f"link-{tmp_path.name}.png"  # in the upload folder, leading out of it
+    link.symlink_to(models.image)
+    photo, escaped = str(models.image), f"{cache}/{os.path.relpath(models.image, cache)}"  # cache/../..
+    data_url = "data:image/png;base64," + base64.b64encode(models.image.read_bytes()).decode()
+    try:
+        with serving(Fetched) as site:
+            cases = [
+                (5, "int 5"), (["a"], "list ['a']"), ({"foo": 1}, "dict {'foo': 1}"), ({"url": data_url}, "a data URL"),
+                ("/etc/passwd", "the path '/etc/passwd'"), ({"path": "/etc/passwd"}, "the path '/etc/passwd'"),
+                ({"path": photo}, "the path "), ({"path": photo, "meta": FILE_DATA}, "the path "),
+                ({"path": escaped, "meta": FILE_DATA}, "the path "), ({"path": str(link)}, "the path "),
+                ({"path": 3, "meta": FILE_DATA}, "dict "), ({"path": photo, "meta": 5}, "the path "),
+                (f"{site}/a.png", f"the URL '{site}/a.png'"), ({"url": f"{site}/b.png"}, f"the URL '{site}/b.png'"),
+                ({"path": f"{site}/c.png", "meta": FILE_DATA}, f"the URL '{site}/c.png'"),
+            ]
+            for image, got in cases:
+                event, data = call(server, image, models.lstm)
+                assert event == "error" and str(data["error"]).startswith(NOT_UPLOADED + got), (image, data)
+                assert "\n" not in data["error"] and len(data["error"]) < 200
+            with pytest.raises(Exception, match=rf"^{NOT_UPLOADED}int 5$"):
+                client(server, tmp_path).predict(5, api_name="/caption")
+        assert not Fetched.paths
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        link.unlink()
+
+    with models.image.open("rb") as f:
+        upload = httpx.post(f"{server}gradio_api/upload", files={"files": f}).json()[0]
+    for image in ({"path": upload, "meta": FILE_DATA, "orig_name": "photo.png"}, {"path": upload}, None):
+        event, data = call(server, image, models.lstm)
+        assert event == "complete", (image, data)
+        assert data[0] == (expected_text(models.lstm, models.image, 3, 12) if image else ""), (image, data)
 
 
 def test_api_without_gradio_range_check_the_callback_refuses(unchecked_server: str, models: Models,

@@ -25,7 +25,7 @@ from PIL import Image
 from captioner.apps.demo.batcher import MAX_BATCH, CaptionBatcher
 from captioner.apps.demo.decoding import DecodeProcess, Decoder, LocalDecoder
 from captioner.apps.demo.cards import load_models, model_cards, model_examples, model_label, recorded, serving_line
-from captioner.apps.demo.inputs import Menu, RequestSlider, UploadImage
+from captioner.apps.demo.inputs import DemoBlocks, Menu, RequestSlider, UploadImage
 from captioner.apps.demo.page import (MAX_BEAM, MAX_LENGTH, PageOutput, Result, caption_page, check_request,
                                      inside_views, menus, message, prune, prune_folders, render_page, word_choices,
                                      word_position, write_figure)
@@ -224,8 +224,8 @@ def build_demo(checkpoints: list[Path], examples: list[Path] | None = None, max_
                          for name, model in callbacks.models.items()}
     first_name, _ = callbacks.model("")
     examples = model_examples(first_name) if examples is None else examples
-    with gr.Blocks(title="captioner: attention heatmaps", analytics_enabled=False,
-                   delete_cache=cache_lifetimes(cleanup)) as demo:
+    with DemoBlocks(title="captioner: attention heatmaps", analytics_enabled=False,
+                    delete_cache=cache_lifetimes(cleanup)) as demo:
         lay_out_page(callbacks, examples, cleanup)
     _CALLBACKS[demo] = callbacks
     demo.queue(default_concurrency_limit=max_batch, max_size=queue_size)
