@@ -815,6 +815,65 @@ def test_a_model_far_larger_than_its_weights_is_refused_before_it_is_allocated(t
     assert "\n" not in message and message.startswith(f"{named}: ") and "before allocating" in message, message
 
 
+TERABYTE = 10**12
+
+
+def grown(weights: Path) -> None:
+    """The export's own weights file, grown past its last tensor to a terabyte: its header as it was."""
+    os.truncate(weights, TERABYTE)
+
+
+def claimed(weights: Path) -> None:
+    """A terabyte of weights whose header agrees with its size: one float32 tensor of 250 billion values."""
+    header = json.dumps({"decoder.huge": {"dtype": "F32", "shape": [TERABYTE // 4],
+                                          "data_offsets": [0, TERABYTE]}}).encode()
+    weights.write_bytes(len(header).to_bytes(8, "little") + header)
+    os.truncate(weights, 8 + len(header) + TERABYTE)
+
+
+def headed(weights: Path) -> None:
+    """A terabyte whose first 8 bytes claim a header of 2^62 bytes."""
+    weights.write_bytes((2**62).to_bytes(8, "little"))
+    os.truncate(weights, TERABYTE)
+
+
+SPARSE = {"grown": (grown, f"{TERABYTE:,} bytes, but its header's tensors end at byte"),
+          "claimed": (claimed, "bytes holding 250,000,000,000 weights, far more than the"),
+          "header": (headed, "not a readable safetensors file (a header of 4611686.0 TB, more than the 16.8 MB")}
+
+
+@pytest.mark.parametrize("kind", list(SPARSE))
+def test_a_sparse_terabyte_of_weights_is_refused_by_its_size_before_it_is_hashed(
+    tiny_export: Path, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+) -> None:
+    """config.json records its weights' size and sha256, but nothing of itself: a stranger's model.safetensors of a
+    terabyte (sparse, taking no disk), its size recorded, was hashed in full, a terabyte read, before the model it
+    describes was sized. Now its header and the model's weight count refuse it in one line, the hash not begun."""
+    from captioner.core import files
+
+    build, says = SPARSE[kind]
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_export, folder)
+    weights = folder / "model.safetensors"
+    build(weights)
+    config = json.loads((folder / "config.json").read_text())
+    config["files"]["model.safetensors"] = {"sha256": "0" * 64, "bytes": weights.stat().st_size}
+    (folder / "config.json").write_text(json.dumps(config))
+    hashed = files.sha256_of
+
+    def refuse_the_weights(path: str | Path) -> str:
+        assert Path(path) != weights, f"{path} hashed"
+        return hashed(path)
+
+    monkeypatch.setattr(files, "sha256_of", refuse_the_weights)
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "photo.png")
+    code = main(["caption", str(folder), str(tmp_path / "photo.png"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {weights}: ") and says in err[0], err[0]
+    assert err[0].endswith("refused before reading it"), err[0]
+
+
 def test_a_model_another_thread_builds_meanwhile_is_not_counted_against_the_bound(
         tiny_export: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The weight count's hook is global to the process: a model a demo's or a user's other thread builds while a

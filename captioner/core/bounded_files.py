@@ -18,7 +18,8 @@ from typing import Any
 from captioner.core.errors import CaptionerError, ExportError
 from captioner.core.files import size_text
 
-MODEL_JSON_BYTES = 16 * 2**20  # config.json, vocab.json, onnx.json: a 100,000-word vocabulary takes about 1.5 MB
+# config.json, vocab.json, onnx.json and a safetensors header: a 100,000-word vocabulary takes about 1.5 MB
+MODEL_JSON_BYTES = 16 * 2**20
 SCORES_JSON_BYTES = 32 * 2**20  # scores_<split>.json: its per-image rows, about 300 bytes an image
 CARD_BYTES = 2**20  # a model card (README.md): a few kilobytes
 MAX_DEPTH = 32  # nesting of objects and lists; a model's files nest 5 deep
@@ -85,17 +86,22 @@ def nests_deeper_than(text: str, levels: int) -> bool:
 
 def read_json(path: str | Path, what: str, error: type[CaptionerError], max_bytes: int = MODEL_JSON_BYTES) -> Any:
     """A JSON file a model brings, within its caps; a failure is one `error` line (FileNotFoundError aside)."""
-    data = read_capped(path, what, max_bytes, error)
+    return parse_json(read_capped(path, what, max_bytes, error), str(path), what, error)
+
+
+def parse_json(data: bytes, source: str, what: str, error: type[CaptionerError]) -> Any:
+    """JSON bytes a model brings (already within their cap), their depth measured before parsing; a failure is
+    one `error` line naming `source`."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise error(f"{path}: not valid JSON (not UTF-8 text: {e.reason} at byte {e.start})") from None
+        raise error(f"{source}: not valid JSON (not UTF-8 text: {e.reason} at byte {e.start})") from None
     if nests_deeper_than(text, MAX_DEPTH):
-        raise error(f"{path}: nested deeper than the {MAX_DEPTH} levels a {what} may have; refused")
+        raise error(f"{source}: nested deeper than the {MAX_DEPTH} levels a {what} may have; refused")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        raise error(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
 
 
 def read_format_json(path: Path, what: str, kind: str, expected: str, error: type[CaptionerError],

@@ -280,8 +280,10 @@ def sha256_of(path: str | Path) -> str:
 REEXPORT = "re-export the checkpoint"
 
 
-def verify_file(path: Path, sha256: str, listed_in: Path, size: int | None = None, remedy: str = REEXPORT) -> None:
-    """A missing, truncated or altered file `listed_in` records is one ExportError ending with `remedy`."""
+def verify_file(path: Path, sha256: str, listed_in: Path, size: int | None = None, remedy: str = REEXPORT,
+                digest: bool = True) -> None:
+    """A missing, truncated or altered file `listed_in` records is one ExportError ending with `remedy`; without
+    `digest`, its size alone is checked (what the caller sizes before a full read goes first)."""
     if not path.is_file():
         what = "not a regular file (a folder, a pipe or a device)" if path.exists() else "missing"
         raise ExportError(f"{path}: {what} (listed in {listed_in.name}); {remedy}")
@@ -291,6 +293,6 @@ def verify_file(path: Path, sha256: str, listed_in: Path, size: int | None = Non
     if size is not None and found != size:
         raise ExportError(f"{path}: {found} bytes, but {listed_in.name} records {size} (truncated or replaced); "
                           f"{remedy}")
-    if sha256_of(path) != sha256:
+    if digest and sha256_of(path) != sha256:
         raise ExportError(f"{path}: sha256 does not match {listed_in.name} (checksum differs: the file was changed or "
                           f"damaged); {remedy}")

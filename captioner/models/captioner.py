@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -84,11 +85,9 @@ class Captioner(nn.Module):
         path = checkpoint_file(path)
         if is_exported(path):
             packaged = is_packaged(path)
-            exported = read_packaged(path) if packaged else read_exported(path)
+            sized = functools.partial(check_export_size, folder=path)  # before its weights are hashed or read
+            exported = read_packaged(path, sized) if packaged else read_exported(path, size_check=sized)
             record = exported.config.get("encoder_weights")  # the encoder's weights left to its backbone's package
-            if record is not None:
-                check_packaged_weights(record, exported.spec.encoder, path / CONFIG)
-            check_weights_bound(exported.spec, exported.state_dict, path / CONFIG, record is not None)
             model = cls.from_spec(exported.spec, load_pretrained=record is not None)
             model._load_weights(exported.state_dict, path / WEIGHTS, encoder_from_package=record is not None)
             model.origin = export_origin(path.name if packaged else name, exported.config, packaged)
@@ -284,19 +283,42 @@ class _Uninitialised(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-SKELETON_MARGIN = 2**22  # weights a skeleton may register beyond twice the file's: a backbone's dropped head
+# Weights a skeleton may register beyond twice the file's (a backbone's dropped head), and a file may hold beyond
+# its model's before it is read (closer misfits are `_load_weights`' to name)
+SKELETON_MARGIN = 2**22
+
+
+def check_export_size(spec: ModelSpec, config: dict[str, Any], held: int, folder: Path) -> None:
+    """Refuse, by the header of an export's model.safetensors (`held` weights) and before the file is hashed or read,
+    weights far more than the model its config.json describes has (a stranger's sparse file of a terabyte, its
+    checksum recorded), or a model far larger than them (`check_weights_bound`); weights that do not fit exactly
+    are `_load_weights`' to refuse, with what does not fit."""
+    record = config.get("encoder_weights")  # the encoder's weights left to its backbone's package
+    if record is not None:
+        check_packaged_weights(record, spec.encoder, folder / CONFIG)
+    needed = count_weights(spec, held, folder / CONFIG, record is not None)
+    if held > needed + SKELETON_MARGIN:
+        size = (folder / WEIGHTS).stat().st_size
+        raise CheckpointError(f"{folder / WEIGHTS}: {size:,} bytes holding {held:,} weights, far more than the "
+                              f"{needed:,} of the model {CONFIG} describes; refused before reading it")
 
 
 def check_weights_bound(spec: ModelSpec, state_dict: dict[str, torch.Tensor], source: Path,
                         encoder_from_package: bool = False) -> None:
-    """Refuse, before a weight is allocated, a spec (read from `source`) naming a backbone or statistics no registry
-    knows, or describing a model far larger than `state_dict` (a stranger's d_model of 10^9): its skeleton is built
-    on the meta device, its weights counted as each layer registers them. Replaced and dropped ones count too (a
-    tied output layer, a backbone's classifier), hence twice and a margin; weights that do not fit exactly are
-    `_load_weights`' to refuse."""
+    """Refuse, before a weight is allocated, a model far larger than `state_dict` (`count_weights`)."""
+    held = sum(tensor.numel() for tensor in state_dict.values() if isinstance(tensor, torch.Tensor))
+    count_weights(spec, held, source, encoder_from_package)
+
+
+def count_weights(spec: ModelSpec, held: int, source: Path, encoder_from_package: bool = False) -> int:
+    """The weights of the model `spec` (read from `source`) describes, its whole state dict; refused, before a
+    weight is allocated, when it names a backbone or statistics no registry knows, or describes a model far larger
+    than the `held` weights of its file (a stranger's d_model of 10^9): its skeleton is built on the meta device,
+    its weights counted as each layer registers them. Replaced and dropped ones count too (a tied output layer, a
+    backbone's classifier), hence twice and a margin; weights that do not fit exactly are `_load_weights`' to
+    refuse."""
     from torch.nn.modules.module import register_module_parameter_registration_hook
 
-    held = sum(tensor.numel() for tensor in state_dict.values() if isinstance(tensor, torch.Tensor))
     bound, counted, owner = 2 * held + SKELETON_MARGIN, 0, threading.get_ident()
 
     def count(module: nn.Module, name: str, parameter: torch.Tensor | None) -> None:
@@ -313,7 +335,7 @@ def check_weights_bound(spec: ModelSpec, state_dict: dict[str, torch.Tensor], so
             if encoder_from_package:  # a registered backbone, its weights its package's: not in the file
                 bound += 2 * sum(p.numel() for p in build_encoder(spec.encoder, load_pretrained=False).parameters())
             handle = register_module_parameter_registration_hook(count)
-            Captioner.from_spec(spec)
+            skeleton = Captioner.from_spec(spec)
     except ConfigError as e:
         raise CheckpointError(f"{source}: incompatible config: {e}") from None
     except _Oversized:
@@ -322,3 +344,4 @@ def check_weights_bound(spec: ModelSpec, state_dict: dict[str, torch.Tensor], so
     finally:
         if handle is not None:
             handle.remove()
+    return sum(tensor.numel() for tensor in skeleton.state_dict().values())

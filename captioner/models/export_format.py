@@ -3,10 +3,12 @@ safetensors and JSON only: nothing is unpickled, so loading one can never run co
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,8 +16,8 @@ from typing import Any
 import torch
 
 import captioner
-from captioner.core.bounded_files import own_file, read_format_json, read_json
-from captioner.core.files import REEXPORT, make_folder, sha256_of as sha256, verify_file, write_atomically
+from captioner.core.bounded_files import MODEL_JSON_BYTES, own_file, parse_json, read_format_json, read_json
+from captioner.core.files import REEXPORT, make_folder, sha256_of as sha256, size_text, verify_file, write_atomically
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, first_line
 from captioner.core.model_spec import ModelSpec, check_words
 from captioner.core.portable_config import portable_config
@@ -24,6 +26,11 @@ from captioner.core.upgrade import OLDEST_EXPORT, upgrade_export_config
 FORMAT = "captioner"
 FORMAT_VERSION = 2  # of the folders `write_exported` writes: the model described by its `spec`
 WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
+# Bytes a value of each safetensors dtype takes, for the dtypes safetensors' torch loader reads.
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+               "F8_E4M3": 1, "F8_E4M3FNUZ": 1, "F8_E5M2": 1, "F8_E5M2FNUZ": 1, "C64": 8, "U64": 8, "U32": 4, "U16": 2}
+# What sizes an export's weights against its model before they are hashed: (spec, config.json, weights held).
+SizeCheck = Callable[[ModelSpec, dict[str, Any], int], None]
 
 
 @dataclass
@@ -104,8 +111,9 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return config
 
 
-def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -> None:
-    """Check every file config.json lists for its recorded size and sha256."""
+def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT, deferred: Collection[str] = ()) -> None:
+    """Check every file config.json lists for its recorded size and sha256; those `deferred` for their size alone,
+    their sha256 left to the caller (who sizes them against what they must hold before a full read)."""
     files = config["files"]
     if not isinstance(files, dict) or not {WEIGHTS, VOCAB} <= files.keys():
         raise ExportError(f"{folder / CONFIG}: 'files' must list {WEIGHTS} and {VOCAB} with their checksums")
@@ -113,28 +121,38 @@ def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT) -
         path = own_file(folder, name, f"{folder / CONFIG} (files)")  # before anything of it is read
         if not isinstance(recorded, dict) or "sha256" not in recorded:
             raise ExportError(f"{folder / CONFIG}: files.{name} has no sha256")
-        verify_file(path, recorded["sha256"], folder / CONFIG, recorded.get("bytes"), remedy)
+        verify_file(path, recorded["sha256"], folder / CONFIG, recorded.get("bytes"), remedy, name not in deferred)
 
 
-def read_exported(folder: str | Path, remedy: str | None = None) -> Exported:
-    """An exported folder's config, vocabulary and weights, each checked; a failure ends with `remedy`."""
+@contextlib.contextmanager
+def remedied(remedy: str | None) -> Iterator[None]:
+    """An ExportError raised inside, ending with `remedy` when there is one."""
+    try:
+        yield
+    except ExportError as e:
+        raise ExportError(f"{e}; {remedy}" if remedy else str(e)) from None
+
+
+def read_exported(folder: str | Path, remedy: str | None = None, size_check: SizeCheck | None = None) -> Exported:
+    """An exported folder's config, vocabulary and weights, each checked; a failure ends with `remedy`. The weights
+    are sized by their header, and by `size_check` against the model config.json describes, before they are hashed:
+    a stranger's sparse file of a terabyte is one line, not a terabyte read."""
     folder = Path(folder)
-    try:
+    with remedied(remedy):
         config = read_config(folder)
-    except ExportError as e:
-        raise ExportError(f"{e}; {remedy}" if remedy else str(e)) from None
-    verify_files(folder, config, remedy or REEXPORT)
-    try:
-        return read_verified(folder, config)
-    except ExportError as e:
-        raise ExportError(f"{e}; {remedy}" if remedy else str(e)) from None
+    verify_files(folder, config, remedy or REEXPORT, deferred={WEIGHTS})
+    with remedied(remedy):
+        spec = read_spec(folder, config)
+        held = weights_held(folder / WEIGHTS)
+    if size_check is not None:  # its own lines, as they were once the weights were read
+        size_check(spec, config, held)
+    verify_file(folder / WEIGHTS, config["files"][WEIGHTS]["sha256"], folder / CONFIG, remedy=remedy or REEXPORT)
+    with remedied(remedy):
+        return Exported(folder, spec, read_weights(folder / WEIGHTS), config)
 
 
-def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
-    """`read_exported`'s vocabulary and weights, once their checksums held."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+def read_spec(folder: Path, config: dict[str, Any]) -> ModelSpec:
+    """The spec of `read_exported`'s folder, its vocabulary read from vocab.json once its checksum held."""
     try:
         vocab = read_json(folder / VOCAB, f"model's {VOCAB}", ExportError)
     except FileNotFoundError:  # gone since its checksum was verified
@@ -148,12 +166,82 @@ def read_verified(folder: Path, config: dict[str, Any]) -> Exported:
     size = config["spec"].get("vocab_size") if isinstance(config["spec"], dict) else None
     if len(vocab) != size:
         raise ExportError(f"{folder / VOCAB}: {len(vocab)} words, but {CONFIG} says vocab_size {size!r}")
-    try:
-        state_dict = load_file(str(folder / WEIGHTS))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ExportError(f"{folder / WEIGHTS}: not a readable safetensors file ({first_line(e, 160)})") from None
     try:  # a refused setting: one CheckpointError naming config.json
-        spec = ModelSpec.from_dict(config["spec"], f"{folder / CONFIG} (spec)", vocab)
+        return ModelSpec.from_dict(config["spec"], f"{folder / CONFIG} (spec)", vocab)
     except ConfigError as e:
         raise CheckpointError(f"{folder / CONFIG}: incompatible config: {e}") from None
-    return Exported(folder, spec, state_dict, config)
+
+
+def safetensors_header(path: Path) -> tuple[Any, int, int]:
+    """The JSON header of safetensors file `path` (an 8-byte length, then the JSON), read within MODEL_JSON_BYTES,
+    with the byte its data starts at and the file's size; a header past the file's end is one ExportError."""
+    unreadable = f"{path}: not a readable safetensors file"
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            length = int.from_bytes(head, "little")
+            if len(head) < 8:
+                raise ExportError(f"{unreadable} ({size} bytes, fewer than the 8 of its header's length)")
+            if length > MODEL_JSON_BYTES:
+                raise ExportError(f"{unreadable} (a header of {size_text(length)}, more than the "
+                                  f"{size_text(MODEL_JSON_BYTES)} one may take); refused before reading it")
+            if 8 + length > size:
+                raise ExportError(f"{unreadable} (a header of {length:,} bytes in a file of {size:,})")
+            data = f.read(length)
+    except FileNotFoundError:  # gone since its size was checked
+        raise ExportError(f"{path}: missing") from None
+    except OSError as e:
+        raise ExportError(f"{path}: cannot be read ({e.strerror or e})") from None
+    return parse_json(data, f"{path} (header)", "safetensors header", ExportError), 8 + length, size
+
+
+def weights_held(path: Path) -> int:
+    """How many weights safetensors file `path` holds, by its header alone: each tensor's dtype, shape and offsets
+    must agree, and together tile the data to the file's last byte (as safetensors checks when it loads), so
+    that the file is no larger than its weights; else one ExportError naming the file and the sizes."""
+    header, start, size = safetensors_header(path)
+    if not isinstance(header, dict):
+        raise ExportError(f"{path}: not a readable safetensors file (its header is not a JSON object)")
+    held, spans = 0, []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        fields = entry if isinstance(entry, dict) else {}
+        dtype, shape, offsets = fields.get("dtype"), fields.get("shape"), fields.get("data_offsets")
+        readable = isinstance(dtype, str) and dtype in DTYPE_BYTES and whole_numbers(shape)
+        if not readable or not whole_numbers(offsets) or len(offsets) != 2:
+            raise ExportError(f"{path}: not a readable safetensors file (tensor {name!r}: its dtype, shape or "
+                              "data_offsets are not ones safetensors reads)")
+        count = math.prod(shape)
+        if offsets[1] - offsets[0] != count * DTYPE_BYTES[dtype]:
+            raise ExportError(f"{path}: not a readable safetensors file (tensor {name!r}: {count:,} {dtype} values "
+                              f"in {offsets[1] - offsets[0]:,} bytes)")
+        held += count
+        spans.append(offsets)
+    end = 0
+    for begin, stop in sorted(spans):
+        if begin != end:
+            raise ExportError(f"{path}: not a readable safetensors file (its tensors' data leave a gap or overlap "
+                              f"at byte {start + begin:,})")
+        end = stop
+    if start + end != size:
+        raise ExportError(f"{path}: {size:,} bytes, but its header's tensors end at byte {start + end:,}; refused "
+                          "before reading it")
+    return held
+
+
+def whole_numbers(value: Any) -> bool:
+    """Whether `value` is a list of whole numbers, none negative (a JSON shape or pair of offsets)."""
+    return isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """safetensors file `path`'s tensors, once its size and checksum held; one ExportError if it will not load."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ExportError(f"{path}: not a readable safetensors file ({first_line(e, 160)})") from None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from captioner.core.errors import CheckpointError, ExportError, first_line
 from captioner.models.export_format import (
-    CARD, CONFIG, VOCAB, WEIGHTS, Exported, is_exported, read_config, read_exported,
+    CARD, CONFIG, VOCAB, WEIGHTS, Exported, SizeCheck, is_exported, read_config, read_exported,
 )
 
 RUN_CHECKPOINTS = ("best.pt", "last.pt")  # what a run folder is loaded from, first found first
@@ -139,10 +139,10 @@ def packaged_model(name: str) -> Path | None:
     return next((p for p in packaged_models() if p.name == name), None)
 
 
-def read_packaged(folder: Path) -> Exported:
-    """A packaged model's export, every file checked, a failure one line saying how to reinstall."""
+def read_packaged(folder: Path, size_check: SizeCheck | None = None) -> Exported:
+    """A packaged model's export, every file checked (`read_exported`), a failure one line saying how to reinstall."""
     verify_installed_file(folder / CONFIG)
-    return read_exported(folder, REINSTALL)
+    return read_exported(folder, REINSTALL, size_check)
 
 
 def verify_installed_file(path: Path) -> None:
