@@ -874,6 +874,43 @@ def test_a_sparse_terabyte_of_weights_is_refused_by_its_size_before_it_is_hashed
     assert err[0].endswith("refused before reading it"), err[0]
 
 
+@pytest.mark.parametrize("name, says", [
+    ("vocab.json", "1.1 TB, more than the 16.8 MB a model's vocab.json may take; refused before reading it"),
+    ("README.md", "1.1 TB, more than the 1.0 MB a model's README.md may take; refused before reading it"),
+    ("notes.bin", None),  # listed, but loading never reads it: sized, not hashed, and the model captions
+])
+def test_a_sparse_terabyte_of_another_listed_file_is_never_hashed(
+    tiny_export: Path, tmp_path: Path, name: str, says: str | None, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """The weights' gap in the files beside them: a vocabulary or card larger than loading reads one within, and a
+    file it never reads at all, were hashed in full (a terabyte read) when config.json recorded their size."""
+    from captioner.core import files
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_export, folder)
+    listed = folder / name
+    with listed.open("ab") as f:
+        f.truncate(2**40)
+    config = json.loads((folder / "config.json").read_text())
+    config["files"][name] = {"sha256": "0" * 64, "bytes": 2**40}
+    (folder / "config.json").write_text(json.dumps(config))
+    hashed = files.sha256_of
+
+    def refuse_the_listed(path: str | Path) -> str:
+        assert Path(path) != listed, f"{path} hashed"
+        return hashed(path)
+
+    monkeypatch.setattr(files, "sha256_of", refuse_the_listed)
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "photo.png")
+    code = main(["caption", str(folder), str(tmp_path / "photo.png"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if says is None:
+        assert code == 0, err
+    else:
+        assert code == 2 and err == [f"error: {listed}: {says}"], err
+
+
 def test_a_model_another_thread_builds_meanwhile_is_not_counted_against_the_bound(
         tiny_export: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The weight count's hook is global to the process: a model a demo's or a user's other thread builds while a

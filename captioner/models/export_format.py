@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import captioner
-from captioner.core.bounded_files import MODEL_JSON_BYTES, own_file, parse_json, read_format_json, read_json
+from captioner.core.bounded_files import CARD_BYTES, MODEL_JSON_BYTES, own_file, parse_json, read_format_json, read_json
 from captioner.core.files import REEXPORT, make_folder, sha256_of as sha256, size_text, verify_file, write_atomically
 from captioner.core.errors import CheckpointError, ConfigError, ExportError, first_line
 from captioner.core.model_spec import ModelSpec, check_words
@@ -26,6 +26,9 @@ from captioner.core.upgrade import OLDEST_EXPORT, upgrade_export_config
 FORMAT = "captioner"
 FORMAT_VERSION = 2  # of the folders `write_exported` writes: the model described by its `spec`
 WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
+# The files config.json lists that loading a model or showing its card reads, and the most bytes each is read within
+# (the weights are sized by their header).
+READ_CAPS = {WEIGHTS: None, VOCAB: MODEL_JSON_BYTES, CARD: CARD_BYTES}
 # Bytes a value of each safetensors dtype takes, for the dtypes safetensors' torch loader reads.
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                "F8_E4M3": 1, "F8_E4M3FNUZ": 1, "F8_E5M2": 1, "F8_E5M2FNUZ": 1, "C64": 8, "U64": 8, "U32": 4, "U16": 2}
@@ -112,8 +115,10 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 
 
 def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT, deferred: Collection[str] = ()) -> None:
-    """Check every file config.json lists for its recorded size and sha256; those `deferred` for their size alone,
-    their sha256 left to the caller (who sizes them against what they must hold before a full read)."""
+    """Check every file config.json lists for its recorded size, and those a model's loading reads for their sha256
+    too: a file read within a cap is sized against it first, and the weights (`deferred`) are left to the caller,
+    who sizes them against what they must hold. A file loading never reads is never read here either: a stranger's
+    listed terabyte costs a stat, not a terabyte hashed."""
     files = config["files"]
     if not isinstance(files, dict) or not {WEIGHTS, VOCAB} <= files.keys():
         raise ExportError(f"{folder / CONFIG}: 'files' must list {WEIGHTS} and {VOCAB} with their checksums")
@@ -121,7 +126,12 @@ def verify_files(folder: Path, config: dict[str, Any], remedy: str = REEXPORT, d
         path = own_file(folder, name, f"{folder / CONFIG} (files)")  # before anything of it is read
         if not isinstance(recorded, dict) or "sha256" not in recorded:
             raise ExportError(f"{folder / CONFIG}: files.{name} has no sha256")
-        verify_file(path, recorded["sha256"], folder / CONFIG, recorded.get("bytes"), remedy, name not in deferred)
+        cap = READ_CAPS.get(name)
+        if cap is not None and path.is_file() and path.stat().st_size > cap:
+            raise ExportError(f"{path}: {size_text(path.stat().st_size)}, more than the {size_text(cap)} a model's "
+                              f"{name} may take; refused before reading it")
+        read = name in READ_CAPS and name not in deferred
+        verify_file(path, recorded["sha256"], folder / CONFIG, recorded.get("bytes"), remedy, read)
 
 
 @contextlib.contextmanager
