@@ -1,12 +1,12 @@
 """METEOR's paraphrase table cut to an evaluation's words: exactly the entries whose words all occur,
 byte for byte and in order; an index built once and rebuilt when damaged; the whole table when the
-cache cannot be written; METEOR's own normaliser for the words; the same scores as the whole table."""
+cache cannot be written; METEOR's own normaliser for the words. (The same scores as the whole table, on real captions:
+tests/test_scorers.py.)"""
 
 from __future__ import annotations
 
 import gzip
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
@@ -106,36 +106,3 @@ def test_most_entries_kept_reads_the_whole_table(table: Path, tmp_path: Path, mo
     monkeypatch.setattr(meteor, "normalized_words", lambda texts: pytest.fail("normalised past MAX_TEXTS"))
     # four texts: not even normalised
     assert cut_table(["SCORE ||| a ||| b", "SCORE ||| a ||| b"], tmp_path, table) is None
-
-
-@pytest.mark.usefixtures("java")
-def test_meteor_with_the_cut_table_scores_real_captions_as_with_the_whole_one(
-    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each of 150 Flickr8k test images' first human caption against its other four: the cut
-    table (a few thousand entries) gives every image's METEOR and the corpus's to the last bit.
-    METEOR runs from a folder with a space in its name, as it does in a checkout under one (the
-    jar's own lookup of its whole table fails there)."""
-    from captioner.data.flickr8k import read_token_file
-    from captioner.evaluation import meteor as meteor_module
-    from captioner.evaluation.meteor import MeteorPool, score_line
-    from captioner.evaluation.metrics import ptb_token_lines
-
-    spaced = tmp_path / "a b" / "meteor"
-    spaced.mkdir(parents=True)
-    shutil.copy(meteor_module.meteor_dir() / "meteor-1.5.jar", spaced)  # 6 MB: a link would be resolved by Java
-    (spaced / "data").symlink_to(meteor_module.meteor_dir() / "data")
-    monkeypatch.setattr(meteor_module, "meteor_dir", lambda: spaced)
-
-    captions = read_token_file(shared_data / "flickr8k" / "Flickr8k.token.txt")
-    names = sorted(captions)[:150]
-    lines = ptb_token_lines([c for name in names for c in captions[name]])
-    hypotheses = lines[0::5]
-    references = [lines[5 * k + 1: 5 * k + 5] for k in range(len(names))]
-    cut = cut_table([score_line(h, r) for h, r in zip(hypotheses, references)], tmp_path)
-    assert cut is not None and len(gzip.decompress(cut.read_bytes()).splitlines()) < 0.05 * 15_822_252
-    with MeteorPool(1, cut) as meteor:
-        with_cut = meteor.score(hypotheses, references)
-    with MeteorPool(1) as meteor:
-        whole = meteor.score(hypotheses, references)
-    assert with_cut == whole and 0.1 < whole[0] < 0.5

@@ -5,6 +5,7 @@ processes included) against pycocoevalcap's own run on a subset of the official 
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -109,14 +110,27 @@ def test_default_meteor_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert meteor.default_processes(40504) == 2  # 2 GB each
 
 
+def spaced_meteor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """METEOR run from a folder with a space in its name, as in a checkout under one: the jar's own
+    lookup of its paraphrase table fails there, so every METEOR command must name the table by path."""
+    spaced = tmp_path / "a b" / "meteor"
+    spaced.mkdir(parents=True)
+    shutil.copy(meteor.meteor_dir() / "meteor-1.5.jar", spaced)  # 6 MB: a link would be resolved by Java
+    (spaced / "data").symlink_to(meteor.meteor_dir() / "data")
+    for module in (meteor, metrics):
+        monkeypatch.setattr(module, "meteor_dir", lambda: spaced)
+
+
 @pytest.mark.usefixtures("java")
 def test_official_scores_equal_pycocoevalcap_with_two_meteor_processes_and_several_jobs(
-    demo: tuple[dict[int, list[str]], dict[int, str]], monkeypatch: pytest.MonkeyPatch,
+    demo: tuple[dict[int, list[str]], dict[int, str]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
     """The demo's captions scored beside a second job with other captions and other references
     (each image's first reference against its others, a leave-one-out fold), from one start of
     each Java tool: the first job equals pycocoevalcap's own run (METEOR with its whole paraphrase
-    table, against the cut one here), the second its own score_official call."""
+    table, against the cut one here: the same scores to the last bit), the second its own
+    score_official call. METEOR runs from a folder with a space in its name, the reference's too."""
+    spaced_meteor(tmp_path, monkeypatch)
     references, predictions = demo
     ids = sorted(predictions)[:150]
     subset = {i: predictions[i] for i in ids}
