@@ -259,6 +259,19 @@ def test_captioner_threads_is_bounded_as_train_threads_is(node, value: str) -> N
     assert process_settings.run_threads() == MAX_THREADS
 
 
+@pytest.mark.parametrize("value", ["1025", "99999999"])
+def test_torchrun_omp_num_threads_is_bounded_as_train_threads_is(node, value: str) -> None:
+    """Under torchrun $OMP_NUM_THREADS is the thread count: bounded as train.threads and $CAPTIONER_THREADS are,
+    in one line naming the variable, as a run's thread count and as any command's."""
+    node(4, LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS=value)
+    for threads in (process_settings.run_threads, process_settings.resolve_threads):
+        with pytest.raises(ConfigError, match=rf"^OMP_NUM_THREADS={value}: expected at most 1024 threads "
+                                              r"\(as train.threads\)$"):
+            threads()
+    node(4, LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS=str(MAX_THREADS))
+    assert process_settings.run_threads() == MAX_THREADS
+
+
 # --- JPEG decoding on the device (its CPU branch: torchvision's libjpeg) -----------------------------
 
 

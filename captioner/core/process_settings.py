@@ -64,13 +64,18 @@ def positive_env(name: str) -> int | None:
     raise ConfigError(f"{name}={text!r}: expected a positive integer")
 
 
-def env_threads() -> int | None:
-    """$CAPTIONER_THREADS, a positive integer within train.threads' bound (a typo's million threads is refused in
-    one line naming the variable, as the key's would be); None when unset or empty."""
-    threads = positive_env(ENV_THREADS)
+def threads_env(name: str) -> int | None:
+    """The environment variable `name` as a thread count: a positive integer within train.threads' bound (a typo's
+    million threads is refused in one line naming the variable, as the key's would be); None when unset or empty."""
+    threads = positive_env(name)
     if threads is not None and threads > MAX_THREADS:
-        raise ConfigError(f"{ENV_THREADS}={threads}: expected at most {MAX_THREADS} threads (as train.threads)")
+        raise ConfigError(f"{name}={threads}: expected at most {MAX_THREADS} threads (as train.threads)")
     return threads
+
+
+def env_threads() -> int | None:
+    """$CAPTIONER_THREADS, bounded as train.threads is; None when unset or empty."""
+    return threads_env(ENV_THREADS)
 
 
 def local_world_size() -> int:
@@ -83,7 +88,7 @@ def resolve_threads(requested: int | None = None) -> int:
     rank's share of the cores; else the free cores."""
     if threads_are_automatic(requested):
         return free_cores()
-    return (requested or env_threads() or positive_env("OMP_NUM_THREADS")
+    return (requested or env_threads() or threads_env("OMP_NUM_THREADS")
             or max(1, usable_cores() // local_world_size()))
 
 
