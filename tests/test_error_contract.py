@@ -178,6 +178,9 @@ ROWS: dict[str, Row] = {
     "train: a shapes data.root that cannot be made": Row(["train", SHAPES, "data.root={image}/shapes"], 2,
                                                          (r"^error: data\.root=.*good\.png/shapes: cannot create the "
                                                           r"folder \(Not a directory\)$")),
+    "train: a shapes world below 32 pixels": Row(["train", SHAPES, "data.image_size=16"], 2,
+                                                 r"^error: command line: 'data\.image_size' 16 is too small for the "
+                                                 r"shapes world \(at least 32 pixels"),
     "train: a data.feature_store that is a file": Row(["train", SHAPES, "data.feature_store={image}"], 2,
                                                       (r"^error: data\.feature_store=.*good\.png: a file, not a "
                                                        r"folder to write into$")),

@@ -16,6 +16,7 @@ from pycocotools.coco import COCO
 from captioner.apps.cli import main
 from captioner.data.shapes import COLOURS, SHAPES, generate_shapes
 from captioner.text.vocab import tokenize
+from helpers import REPO
 
 
 @pytest.fixture(scope="module")
@@ -309,7 +310,7 @@ def test_a_broken_world_cut_short_is_one_line_naming_the_path(broken: str, tmp_p
 
 def test_a_shapes_count_or_size_from_a_config_is_named_as_its_key(tmp_path: Path) -> None:
     """ensure_shapes names the data key the user set, not the --num-* option of `data shapes`; data.image_size
-    allows 16 pixels, which the shapes world does not."""
+    allows 16 pixels, which the shapes world does not (a config refuses it, a DataConfig made in code here)."""
     from dataclasses import replace
 
     from captioner.core.config import load_config
@@ -321,6 +322,33 @@ def test_a_shapes_count_or_size_from_a_config_is_named_as_its_key(tmp_path: Path
         ensure_shapes(replace(config, shapes_num_val=-1))  # a DataConfig made in code is not checked on its own
     with pytest.raises(DatasetError, match=r"^data\.image_size of a shapes world must be in \[32, 4096\] pixels, "
                                            r"got 16$"):
-        ensure_shapes(load_config(None, ["data.dataset=shapes", f"data.root={tmp_path / 'world'}",
-                                         "data.image_size=16"]).data)
+        ensure_shapes(replace(config, image_size=16))
     assert not (tmp_path / "world").exists()
+
+
+@pytest.mark.parametrize("size", [16, 31])
+def test_a_shapes_config_below_the_worlds_image_size_is_refused_when_loaded(size: int, tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    """data.image_size 16 to 31 on a shapes config is one line naming the key when the config loads, before train
+    makes the run's or the world's folder (it was refused only when the world was about to be drawn, the empty
+    folders left behind, and trained where a world was already there). Another dataset takes 16, and a checkpoint's
+    stored config still loads: a rule for new configs, not a model already trained."""
+    from captioner.core.config import config_from_dict, load_config
+    from captioner.core.errors import ConfigError
+
+    shapes_config = str(REPO / "configs" / "shapes_lstm.yaml")
+    said = rf"^command line: 'data.image_size' {size} is too small for the shapes world \(at least 32 pixels: "
+    with pytest.raises(ConfigError, match=said) as error:
+        load_config(shapes_config, [f"data.image_size={size}"])
+    assert "\n" not in str(error.value)
+    assert load_config(shapes_config, ["data.image_size=32"]).data.image_size == 32
+    assert load_config(None, ["data.dataset=flickr8k", f"data.image_size={size}"]).data.image_size == size
+    stored = load_config(None, ["data.dataset=flickr8k", f"data.image_size={size}"])
+    stored.data.dataset = "shapes"
+    assert config_from_dict(stored.to_dict()).data.image_size == size
+    run, world = tmp_path / "run", tmp_path / "world"
+    assert main(["train", shapes_config, f"data.image_size={size}", f"data.root={world}",
+                 f"train.out_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'data.image_size'" in err, err
+    assert not run.exists() and not world.exists()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from captioner.core.bounded_files import parse_yaml, read_text_file
-from captioner.core.config_sections import Config
+from captioner.core.config_sections import SHAPES_MIN_IMAGE_SIZE, Config
 from captioner.core.decode_schema import DecodeOption, combination_problem, raise_problem
 from captioner.core.decoder_types import decoder_type, registered, type_of
 from captioner.core.errors import ConfigError
@@ -58,9 +58,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def _problem(config: Config, source: str) -> ConfigError | None:
-    """What `validate` refuses in `config`, naming `source`; None when it passes."""
+    """What `validate` or a new config's rules refuse in `config`, naming `source`; None when it passes."""
     try:
         validate(config, source)
+        check_new_config(config, source)
     except ConfigError as e:
         return e
     return None
@@ -325,6 +326,17 @@ def validate(config: Config, source: str = "config") -> None:
     if scst.cider_weight == 0 and scst.bleu_weight == 0:
         raise ConfigError(f"{source}: 'scst.cider_weight' and 'scst.bleu_weight' are both 0: the reward would be 0")
     raise_problem(combination_problem(dataclasses.asdict(config.decode)), f"{source}: decode")
+
+
+def check_new_config(config: Config, source: str = "config") -> None:
+    """The rules for a config a user gives (a file, overrides), not for a checkpoint's: a model trained before a
+    rule came keeps loading. A shapes world below SHAPES_MIN_IMAGE_SIZE is refused here, before any folder is made,
+    whether the world is generated at that size or an existing one resized to it: its shapes would be a blot."""
+    size = config.data.image_size
+    if config.data.dataset == "shapes" and size < SHAPES_MIN_IMAGE_SIZE:
+        raise ConfigError(f"{source}: 'data.image_size' {size} is too small for the shapes world (at least "
+                          f"{SHAPES_MIN_IMAGE_SIZE} pixels: below it a star, a diamond and a square draw as the same "
+                          "few pixels)")
 
 
 def dump_config(config: Config, path: str | Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from captioner.core.config_sections import DataConfig, key_spec
+from captioner.core.config_sections import SHAPES_MIN_IMAGE_SIZE, DataConfig, key_spec
 from captioner.core.errors import DatasetError
 from captioner.core.files import make_folder, write_atomically, write_failure
 from captioner.core.progress import progress_bar
@@ -181,7 +181,7 @@ def polygon_area(points: list[tuple[float, float]]) -> float:
     return float(0.5 * abs(np.dot(xs, np.roll(ys, 1)) - np.dot(ys, np.roll(xs, 1))))
 
 
-MIN_IMAGE_SIZE = 32  # pixels a side: below it three shapes seldom fit apart and sample_scene draws on and on
+MIN_IMAGE_SIZE = SHAPES_MIN_IMAGE_SIZE  # pixels a side: below it the shapes cannot be told apart
 
 
 def check_shapes_options(num_train: int, num_val: int, num_test: int, image_size: int, seed: int,
