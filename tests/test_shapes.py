@@ -110,6 +110,10 @@ def test_cli_generates_a_dataset(tmp_path: Path, capsys: pytest.CaptureFixture) 
                                r"got 250001$"),
     (["--image-size", "0"], r"image size must be in \[32, 4096\] pixels, got 0$"),
     (["--image-size", "100000"], r"image size must be in \[32, 4096\] pixels, got 100000$"),  # tens of GB
+    (["--image-size", "4096"], r"--num-train 4000, --num-val 250, --num-test 1 \(4,251 images\) at --image-size 4096 "
+                               r"pixels a side: a shapes world of 71\.3 billion pixels, about 35\.7 GB of JPEG files, "
+                               r"past its largest, 12\.3 billion pixels \(750,000 images at 128\); ask for fewer or "
+                               r"smaller images$"),  # each bound alone allows it
     (["--seed", "-1"], r"seed must be in \[0, 4294967296\) \(numpy's seed range, as data.shapes_seed\), got -1$"),
     (["--seed", str(2**32)], r"seed must be in \[0, 4294967296\) .*got 4294967296$"),
 ])
@@ -351,4 +355,46 @@ def test_a_shapes_config_below_the_worlds_image_size_is_refused_when_loaded(size
                  f"train.out_dir={run}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'data.image_size'" in err, err
+    assert not run.exists() and not world.exists()
+
+
+def test_a_world_is_bounded_by_its_pixels_and_every_shipped_config_is_well_within() -> None:
+    """Images x pixels a side squared at most SHAPES_MOST_PIXELS: the count alone let 250,000 images a split through
+    at 4,096 pixels, terabytes. The largest world at 128 pixels passes as before; every shipped shapes config (the
+    quickstart's among them) draws at most a hundredth of it."""
+    from captioner.core.config import load_config
+    from captioner.core.config_sections import SHAPES_MOST_PIXELS
+    from captioner.core.errors import DatasetError
+    from captioner.data.shapes import check_world_pixels
+
+    largest = dict.fromkeys(("train", "val", "test"), 250_000)
+    check_world_pixels(largest, 128, "png")
+    with pytest.raises(DatasetError, match=r"^data\.shapes_num_train 250000, data\.shapes_num_val 250000, "
+                                           r"data\.shapes_num_test 250000 \(750,000 images\) at data\.image_size 129 "
+                                           r"pixels a side: a shapes world of 12\.5 billion pixels, about 27\.5 GB of "
+                                           r"PNG files, past its largest"):
+        check_world_pixels(largest, 129, "png", from_config=True)
+    shipped = [load_config(path).data for path in sorted((REPO / "configs").glob("*.yaml"))]
+    shapes = [data for data in shipped if data.dataset == "shapes"]
+    assert len(shapes) >= 4
+    for data in shapes:
+        images = data.shapes_num_train + data.shapes_num_val + data.shapes_num_test
+        assert images * data.image_size**2 <= SHAPES_MOST_PIXELS / 100
+
+
+def test_training_refuses_a_world_too_large_to_draw_before_making_a_folder(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shapes config whose world would pass the pixel bound is one line naming its data keys, said before the
+    run's folder or the world's is made, and before any image is drawn."""
+    def never(*args: object) -> None:
+        raise AssertionError("an image was drawn before the world's size was checked")
+
+    monkeypatch.setattr("captioner.data.shapes.render", never)
+    run, world = tmp_path / "run", tmp_path / "world"
+    assert main(["train", str(REPO / "configs" / "shapes_lstm.yaml"), "data.image_size=2048", f"data.root={world}",
+                 f"train.out_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    said = "error: data.shapes_num_train 4000, data.shapes_num_val 250, data.shapes_num_test 500 (4,750 images) at "
+    assert err.count("\n") == 1 and err.startswith(f"{said}data.image_size 2048 pixels a side"), err
     assert not run.exists() and not world.exists()

@@ -34,11 +34,13 @@ def require_official_metrics(spice: bool = False) -> None:
 
 def require_data(data: DataConfig, splits: list[str], given_as: str = "data.root") -> None:
     """The dataset's caption files (or folder) for each split; `given_as`: how the user named data.root. The shapes
-    world is generated on first use: its folder is made now, so a root that cannot hold it is said before the work
-    (and before the run's folder is made)."""
-    from captioner.data.shapes import finished_world
+    world is generated on first use: its counts and size are checked and its folder is made now, so a world too
+    large to draw or a root that cannot hold it is said before the work (and before the run's folder is made)."""
+    from captioner.data.shapes import check_shapes_options, finished_world
 
     if data.dataset == "shapes" and not finished_world(data.root):
+        check_shapes_options(data.shapes_num_train, data.shapes_num_val, data.shapes_num_test, data.image_size,
+                             data.shapes_seed, "jpg", from_config=True)
         writable_folder(data.root, given_as)
     missing = next(filter(None, (missing_data(data, split, given_as) for split in splits)), None)
     if missing is not None:

@@ -38,6 +38,10 @@ PROBABILITY_BELOW_ONE = Range(ge=0, lt=1)  # dropout, label smoothing: 1 would r
 # memory while its split is written whole, so a split of 250,000 is about 2.4 GB of files (PNG: 9 GB) and 2 GB of
 # memory; a typo of 10,000,000 would be hours of drawing and 80 GB of memory.
 SHAPES_MOST_IMAGES = 250_000
+# Pixels a shapes world draws at most, its three splits together (images x data.image_size squared): the largest
+# world at the default 128 pixels, three splits of SHAPES_MOST_IMAGES, about 6 GB of JPEG files (PNG: 27 GB). The
+# count alone lets 250,000 images a split through at 4,096 pixels: 12.6 trillion pixels, terabytes of files.
+SHAPES_MOST_PIXELS = 3 * SHAPES_MOST_IMAGES * 128**2
 # data.image_size of a shapes config at least, pixels a side: below it a small shape is 3 to 6 pixels across, so a
 # star, a diamond and a square draw as the same blot, and at 16 a scene of three takes dozens of times the draws to fit.
 SHAPES_MIN_IMAGE_SIZE = 32

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from captioner.core.config_sections import SHAPES_MIN_IMAGE_SIZE, DataConfig, key_spec
+from captioner.core.config_sections import SHAPES_MIN_IMAGE_SIZE, SHAPES_MOST_PIXELS, DataConfig, key_spec
 from captioner.core.errors import DatasetError
 from captioner.core.files import make_folder, write_atomically, write_failure
 from captioner.core.progress import progress_bar
@@ -189,7 +189,8 @@ def check_shapes_options(num_train: int, num_val: int, num_test: int, image_size
     """The generator's options, each refused in one DatasetError line before anything is written: the image size
     within data.image_size's largest (a side of 100,000 pixels would take tens of GB), the seed within
     data.shapes_seed's range (numpy's), each count from 0 to data.shapes_num_*'s largest (a typo of 10,000,000
-    would be hours of drawing and tens of GB). Each is named as the user gave it: the command's option, or with
+    would be hours of drawing and tens of GB), the world's pixels within SHAPES_MOST_PIXELS (250,000 images at
+    4,096 pixels would be terabytes). Each is named as the user gave it: the command's option, or with
     `from_config` the data key."""
     if image_format not in ("png", "jpg"):
         raise DatasetError(f"image format must be png or jpg, got {image_format!r}")
@@ -208,6 +209,38 @@ def check_shapes_options(num_train: int, num_val: int, num_test: int, image_size
             said = f"data.shapes_num_{split}" if from_config else f"--num-{split}"
             largest_of = "" if from_config else f" (as data.shapes_num_{split}'s largest)"
             raise DatasetError(f"{said} must be in [0, {most}] images{largest_of}, got {n}")
+    check_world_pixels({"train": num_train, "val": num_val, "test": num_test}, image_size, image_format, from_config)
+
+
+BYTES_PER_PIXEL = {"jpg": 0.5, "png": 2.2}  # what a world's image files take, measured from 128 to 2,048 pixels a side
+NUMBERS = ("", " thousand", " million", " billion", " trillion")
+BYTES = (" bytes", " KB", " MB", " GB", " TB", " PB")
+FORMAT_NAMES = {"jpg": "JPEG", "png": "PNG"}
+
+
+def check_world_pixels(counts: dict[str, int], image_size: int, image_format: str, from_config: bool = False) -> None:
+    """A world of `counts` images a split at `image_size` pixels a side within SHAPES_MOST_PIXELS (the count
+    bound alone lets terabytes through at a large size), else one DatasetError line naming the counts, the size, and
+    the pixels and bytes it would write."""
+    images = sum(counts.values())
+    pixels = images * image_size**2
+    if pixels <= SHAPES_MOST_PIXELS:
+        return
+    given = ", ".join(f"{'data.shapes_num_' if from_config else '--num-'}{split} {n}" for split, n in counts.items())
+    size = f"{'data.image_size' if from_config else '--image-size'} {image_size}"
+    written = _scaled(pixels * BYTES_PER_PIXEL[image_format], BYTES)
+    raise DatasetError(f"{given} ({images:,} images) at {size} pixels a side: a shapes world of {_scaled(pixels)} "
+                       f"pixels, about {written} of {FORMAT_NAMES[image_format]} files, past its largest, "
+                       f"{_scaled(SHAPES_MOST_PIXELS)} pixels ({SHAPES_MOST_PIXELS // 128**2:,} images at 128); "
+                       "ask for fewer or smaller images")
+
+
+def _scaled(value: float, units: tuple[str, ...] = NUMBERS) -> str:
+    """`value` in the largest of `units` (each 1,000 times the one before) it reaches: 12.3 billion, 1.8 TB."""
+    unit = 0
+    while value >= 1000 and unit + 1 < len(units):
+        value, unit = value / 1000, unit + 1
+    return f"{value:.1f}{units[unit]}" if unit else f"{value:,.0f}{units[unit]}"
 
 
 def generate_shapes(out: str | Path, num_train: int = 4000, num_val: int = 250, num_test: int = 500,
