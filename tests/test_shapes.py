@@ -206,7 +206,7 @@ def test_an_old_caption_file_never_finishes_a_world_cut_short_again(tmp_path: Pa
 
 
 @pytest.mark.parametrize("theirs", ["notes.txt", "train/holiday.jpg", "test/test_1.jpg", "val/val_000001.png/",
-                                    "more/", "captions_train.json.bak"])
+                                    "more/", "captions_train.json.bak", "train/.DS_Store/"])
 def test_a_world_cut_short_that_holds_another_file_is_refused_and_left_as_it_was(
         theirs: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The folder is the generator's, so a file there it never writes is the user's: one line naming it, and nothing
@@ -227,6 +227,29 @@ def test_a_world_cut_short_that_holds_another_file_is_refused_and_left_as_it_was
         f"{place}: not a file the shapes generator writes, in the world cut short in {world}; move it away to "
         "generate the world there again, or choose another folder"), err
     assert world_files(world) == before
+
+
+def test_a_file_browsers_files_are_left_in_place_and_the_world_made_there(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """.DS_Store, Thumbs.db, desktop.ini (what Finder or Explorer drops into a folder it shows) are neither a user's
+    files nor the generator's: a world cut short that holds them, or a new folder holding only them, is generated
+    there as it would be elsewhere, and they are left as they were, never removed."""
+    tiny = ["--num-train", "2", "--num-val", "1", "--num-test", "1", "--image-size", "32", "--quiet"]
+    assert main(["data", "shapes", "--out", str(tmp_path / "fresh"), *tiny]) == 0
+    world, new = tmp_path / "world", tmp_path / "new"
+    assert main(["data", "shapes", "--out", str(world), *tiny, "--num-train", "3", "--seed", "4"]) == 0
+    (world / "captions_val.json").unlink()  # cut short
+    new.mkdir()
+    dropped = {world / ".DS_Store": b"\0\0\0\1Bud1", world / "train" / "Thumbs.db": b"thumbs",
+               world / "val" / "desktop.ini": b"[.ShellClassInfo]", world / "test" / "thumbs.db": b"lower case",
+               new / ".DS_Store": b"Bud1"}
+    for path, content in dropped.items():
+        path.write_bytes(content)
+    for out in (world, new):
+        assert main(["data", "shapes", "--out", str(out), *tiny]) == 0, capsys.readouterr().err
+        ours = {name: data for name, data in world_files(out).items() if (out / name) not in dropped}
+        assert ours == world_files(tmp_path / "fresh")  # train_000002.jpg, a stray of the first world, removed
+    assert all(path.read_bytes() == content for path, content in dropped.items())
 
 
 def test_training_refuses_a_world_cut_short_beside_a_users_file(tmp_path: Path) -> None:

@@ -301,11 +301,21 @@ def finished_world(root: str | Path) -> bool:
         raise DatasetError(f"{root}: cannot look into this shapes world's folder ({e.strerror or e})") from None
 
 
+# Files an OS file browser drops into any folder it shows (Finder, Explorer, Dolphin), compared case-folded: a world
+# is generated beside them and they are left where they are, as a user's files are.
+OS_FILES = frozenset({".ds_store", ".localized", "thumbs.db", "ehthumbs.db", "desktop.ini", ".directory"})
+
+
+def os_file(path: Path) -> bool:
+    """Whether `path` is one of OS_FILES, a plain file: not the user's data, nor the generator's."""
+    return path.name.casefold() in OS_FILES and not path.is_symlink() and path.is_file()
+
+
 def holds_a_users_files(out: Path) -> bool:
-    """Whether the folder `out` holds files and no marker of the generator's: a user's folder, never written into.
-    A folder that cannot be read is one DatasetError line naming it."""
+    """Whether the folder `out` holds files (other than OS_FILES) and no marker of the generator's: a user's folder,
+    never written into. A folder that cannot be read is one DatasetError line naming it."""
     try:
-        return not os.path.lexists(out / SHAPES_MARKER) and any(out.iterdir())
+        return not os.path.lexists(out / SHAPES_MARKER) and any(not os_file(path) for path in out.iterdir())
     except OSError as e:
         raise DatasetError(f"{out}: cannot read the folder ({e.strerror or e})") from None
 
@@ -315,7 +325,7 @@ def clear_a_world_cut_short(out: Path, counts: dict[str, int], image_format: str
     the files of that world the new one will not list (every caption file, images past the new counts or in the
     other format), so no stray image lies in a split folder and no old caption file outlives another cut. The folder
     is the generator's, so a file it never writes is a user's: refused in one line naming it, nothing removed, as a
-    world is never written beside a user's files."""
+    world is never written beside a user's files. An OS file browser's (OS_FILES) is left where it is."""
     if not os.path.lexists(out / SHAPES_MARKER):
         return  # a new or empty folder: the callers refuse any other (a marker that is no file is refused below)
     stale = []
@@ -341,8 +351,8 @@ TOP_NAMES = frozenset({SHAPES_MARKER, *SPLITS} | {f"{kind}_{split}.json{tmp}" fo
 
 def _generator_files(out: Path) -> list[Path]:
     """Every file and split folder under `out`, each one the generator writes (its marker, caption files, their
-    unfinished .tmp, split folders, `{split}_NNNNNN.{png,jpg}` images in them); else a DatasetError naming one,
-    as is a folder or file that cannot be looked at."""
+    unfinished .tmp, split folders, `{split}_NNNNNN.{png,jpg}` images in them), past OS_FILES; else a DatasetError
+    naming one, as is a folder or file that cannot be looked at."""
     try:
         return _listed_generator_files(out)
     except OSError as e:
@@ -353,11 +363,15 @@ def _generator_files(out: Path) -> list[Path]:
 def _listed_generator_files(out: Path) -> list[Path]:
     found = []
     for path in sorted(out.iterdir()):
+        if os_file(path):
+            continue
         if path.name not in TOP_NAMES or path.is_symlink() or path.is_dir() != (path.name in SPLITS):
             raise _not_the_generators(out, path)
         found.append(path)
         if path.is_dir():
             for image in sorted(path.iterdir()):
+                if os_file(image):
+                    continue
                 number = re.fullmatch(rf"{path.name}_(\d{{6,}})\.(png|jpg)", image.name)
                 if not number or number[1] != f"{int(number[1]):06d}" or image.is_symlink() or not image.is_file():
                     raise _not_the_generators(out, image)
