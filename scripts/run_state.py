@@ -3,7 +3,8 @@ there when run again:
 
     new      no last.pt: train it
     stopped  a last.pt, but its training did not finish (a signal, an error, a kill): continue it with --resume
-    trained  its training finished (finished.json), and no scores were written since: evaluate it
+    trained  its training finished (finished.json; for a run trained before that file was written, its history
+             ends where its config ends training), and no scores were written since: evaluate it
     scored   its training finished, and its scores file was written after: nothing left to do
 
     python scripts/run_state.py RUN [--scores scores_test.json]
@@ -15,16 +16,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.training.history import FINISHED, training_finished
+from captioner.training.history import FINISHED, METRICS, ended_by_its_history, training_finished
 
 
 def run_state(run: Path, scores: str = "scores_test.json") -> str:
     """new, stopped, trained or scored (see the module's docstring)."""
     if training_finished(run):
-        scored = run / scores
-        fresh = scored.is_file() and scored.stat().st_mtime_ns >= (run / FINISHED).stat().st_mtime_ns
-        return "scored" if fresh else "trained"
-    return "stopped" if (run / "last.pt").is_file() else "new"
+        ended = run / FINISHED
+    elif not (run / "last.pt").is_file():
+        return "new"
+    elif ended_by_its_history(run) is not None:
+        ended = run / METRICS  # written last as that training ended
+    else:
+        return "stopped"
+    scored = run / scores
+    fresh = scored.is_file() and scored.stat().st_mtime_ns >= ended.stat().st_mtime_ns
+    return "scored" if fresh else "trained"
 
 
 def main(argv: list[str] | None = None) -> int:

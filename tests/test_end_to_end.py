@@ -263,6 +263,33 @@ def test_resume_continues_from_the_saved_epoch(shapes_lstm: TrainedRun, tmp_path
     assert [int(r["step"]) for r in rows[8:]] == [saved_step + steps_per_epoch, saved_step + 2 * steps_per_epoch]
 
 
+def test_a_run_trained_before_finished_json_is_trained_and_resumed_trains_no_step(
+        shapes_lstm: TrainedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The trained run without its finished.json, as one trained before that file was written: scripts/run_state.py
+    calls it trained from its history, and a --resume (the sweeps gave one) trains no step, leaves its checkpoints
+    and history as they were and writes the finished.json the training wrote."""
+    import importlib.util
+
+    import captioner.training.fit
+
+    run = tmp_path / "run"
+    shutil.copytree(shapes_lstm.run, run)  # the shared run stays as it is
+    finished = json.loads((run / "finished.json").read_text())
+    (run / "finished.json").unlink()
+    spec = importlib.util.spec_from_file_location("run_state_e2e", REPO / "scripts" / "run_state.py")
+    run_state = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_state)
+    assert run_state.run_state(run) == "trained"
+    kept = {name: (run / name).read_bytes() for name in ("last.pt", "best.pt", "metrics.csv", "step_losses.csv")}
+    monkeypatch.setattr(captioner.training.fit, "train_one_epoch", lambda *a, **k: pytest.fail("a step trained"))
+    with caplog.at_level(logging.INFO, logger="captioner.training.fit"):
+        assert main([*shapes_lstm.train_args[:-1], f"train.out_dir={run}", "--resume"]) == 0
+    assert "(all 8 epochs done): nothing to train, finished.json written" in caplog.text
+    assert json.loads((run / "finished.json").read_text()) == finished
+    assert {name: (run / name).read_bytes() for name in kept} == kept
+
+
 def test_user_mistakes_are_one_line(shapes_lstm: TrainedRun, capsys: pytest.CaptureFixture) -> None:
     assert main(["train", str(REPO / "configs/shapes_lstm.yaml"), "train.epochz=3"]) == 2
     err = capsys.readouterr().err

@@ -259,3 +259,78 @@ def test_a_checkpoint_from_before_best_step_takes_it_from_its_history() -> None:
     state.load({"epoch": 3, "step": 36, "best_score": 0.5, "best_epoch": 2, "best_step": 20, "history": history},
                torch.device("cpu"))
     assert state.best_step == 20
+
+
+class Trains(Exception):
+    """Raised where a resumed run would go on to train (its threads are fixed first)."""
+
+
+def old_run(shapes: Path, run: Path, epoch: int, best_epoch: int, position: int = 0):
+    """A config of 6 epochs and early stopping's patience 2, and a last.pt of a run stopped at `epoch` (batch
+    `position` of the next), its best val score at `best_epoch`, written before finished.json was: none beside it."""
+    from helpers import tiny_vocab
+
+    from captioner.core.config import load_config
+    from captioner.models.captioner import Captioner
+    from captioner.models.checkpoint import save_checkpoint
+
+    config = load_config(str(ROOT / "configs" / "shapes_lstm.yaml"),
+                         [*TINY, f"data.root={shapes}", f"train.out_dir={run}", "train.epochs=6",
+                          "train.early_stopping_patience=2"])
+    history = [{"epoch": e, "step": 12 * e, "val_Bleu_4": 0.5 if e == best_epoch else 0.25}
+               for e in range(1, epoch + 1)]
+    state = {"epoch": epoch, "position": position, "step": 12 * epoch + position, "best_score": 0.5,
+             "best_epoch": best_epoch, "history": history}  # no best_step: an old last.pt's history gives it
+    save_checkpoint(run / "last.pt", Captioner.from_config(config, tiny_vocab()), config, optimizer={}, scheduler={},
+                    train_state=state)
+    return config
+
+
+@pytest.mark.parametrize(("epoch", "best_epoch", "why"), [
+    (6, 6, "all 6 epochs done"),
+    (4, 2, "early stopping: no better val score in the 2 epochs after epoch 2"),
+    (5, 1, "early stopping: no better val score in the 4 epochs after epoch 1"),  # ended as this config says
+])
+def test_resuming_a_run_whose_training_ended_trains_no_step(epoch: int, best_epoch: int, why: str, shapes: Path,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """A run that ended (its epochs done, or early stopping's patience spent) before finished.json was written looks
+    cut short to the sweeps, which --resume it once: it trains no step (an early-stopped run trained one more epoch),
+    writes finished.json and says so in one line; last.pt is left as it was."""
+    import json
+    import logging
+
+    from captioner.training import fit as fitting
+
+    run = tmp_path / "run"
+    config = old_run(shapes, run, epoch, best_epoch)
+    before = (run / "last.pt").read_bytes()
+
+    def trains(*args: object, **kwargs: object) -> None:
+        raise Trains
+
+    monkeypatch.setattr(fitting, "decide_threads", trains)
+    with caplog.at_level(logging.INFO, logger="captioner.training.fit"):
+        assert fitting.fit(config, resume=True) == run / "best.pt"
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("--resume:")]
+    assert said == [f"--resume: {run / 'last.pt'} ended at epoch {epoch}, step {12 * epoch} ({why}): nothing to train, "
+                    "finished.json written (raise train.epochs or train.early_stopping_patience to train on)"]
+    assert json.loads((run / "finished.json").read_text()) == {"epoch": epoch, "step": 12 * epoch,
+                                                               "best_epoch": best_epoch, "best_step": 12 * best_epoch}
+    assert (run / "last.pt").read_bytes() == before
+
+
+@pytest.mark.parametrize(("epoch", "best_epoch", "position"), [(3, 2, 0), (4, 2, 5), (5, 4, 0)])
+def test_resuming_a_run_with_epochs_to_go_trains_on(epoch: int, best_epoch: int, position: int, shapes: Path,
+                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patience left, or a last.pt in the middle of an epoch: the run goes on to train as before, no finished.json."""
+    from captioner.training import fit as fitting
+
+    def trains(*args: object, **kwargs: object) -> None:
+        raise Trains
+
+    monkeypatch.setattr(fitting, "decide_threads", trains)
+    run = tmp_path / "run"
+    with pytest.raises(Trains):
+        fitting.fit(old_run(shapes, run, epoch, best_epoch, position), resume=True)
+    assert not (run / "finished.json").exists()

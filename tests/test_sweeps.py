@@ -107,7 +107,7 @@ def test_flickr8k_experiments_run_again_go_on_where_they_stopped(tmp_path: Path)
     result, calls = sweep(repo, "flickr8k_experiments.sh", "data", CUT_SHORT=transformer)
     assert result.returncode != 0 and calls == [f"evaluate {blind}", f"train {transformer}"], result.stderr
     assert f"== runs/{lstm}: finished (trained, then scored): skipped\n" in result.stdout
-    assert f"== runs/{blind}: trained already (its finished.json), not trained again\n" in result.stdout
+    assert f"== runs/{blind}: trained already (its training finished), not trained again\n" in result.stdout
 
     result, calls = sweep(repo, "flickr8k_experiments.sh", "data")
     assert result.returncode == 0, result.stderr
@@ -179,3 +179,42 @@ def test_a_run_folder_is_new_stopped_trained_or_scored_by_what_its_commands_wrot
     assert state(run) == "trained"
     (run / "scores_test.json").write_text("{}")
     assert state(run) == "scored" and state(run, "scores_val.json") == "trained"
+
+
+def old_run(run: Path, epochs: int, patience: int, scores: list[float], mid_epoch: bool = False) -> Path:
+    """A run folder as training wrote it before finished.json: last.pt, config.yaml (`epochs`, early stopping's
+    `patience`) and metrics.csv, a row of val Bleu_4 `scores` per epoch (and with `mid_epoch` one more, mid-epoch)."""
+    from captioner.core.config import dump_config, load_config
+    from captioner.training.history import write_history
+
+    run.mkdir()
+    (run / "last.pt").write_text("a checkpoint")
+    dump_config(load_config(None, [f"train.epochs={epochs}", f"train.early_stopping_patience={patience}"]),
+                run / "config.yaml")
+    rows = [{"epoch": e, "step": 10 * e, "val_Bleu_4": score} for e, score in enumerate(scores, 1)]
+    if mid_epoch:
+        rows.append({"epoch": len(scores) + 1, "step": 10 * len(scores) + 5, "epochs_done": len(scores) + 0.5,
+                     "val_Bleu_4": 0.1})
+    write_history(run / "metrics.csv", rows)
+    return run
+
+
+def test_a_run_from_before_finished_json_is_trained_where_its_history_ends_the_training(tmp_path: Path) -> None:
+    """No finished.json, but a history ending where its config ends training (all epochs done, or early stopping's
+    patience spent): trained, then scored once its scores are written after that history; a run with epochs to go,
+    stopped mid-epoch, or whose files cannot be read is stopped (its --resume trains no step where it had ended). Of
+    equal scores the latest counts as the best: a run said to be trained has ended by its last.pt too."""
+    state = run_state_module().run_state
+    assert state(old_run(tmp_path / "done", 3, 0, [0.1, 0.2, 0.3])) == "trained"
+    early = old_run(tmp_path / "early", 10, 2, [0.1, 0.3, 0.2, 0.25])
+    assert state(early) == "trained"
+    os.utime(early / "metrics.csv", ns=(0, 0))
+    (early / "scores_test.json").write_text("{}")
+    assert state(early) == "scored"
+    assert state(old_run(tmp_path / "patient", 10, 3, [0.1, 0.3, 0.2, 0.25])) == "stopped"
+    assert state(old_run(tmp_path / "tied", 10, 2, [0.1, 0.3, 0.2, 0.3])) == "stopped"
+    assert state(old_run(tmp_path / "mid", 10, 2, [0.1, 0.3, 0.2, 0.25], mid_epoch=True)) == "stopped"
+    assert state(old_run(tmp_path / "no_stopping", 10, 0, [0.1, 0.3, 0.2, 0.25])) == "stopped"
+    broken = old_run(tmp_path / "broken", 3, 0, [0.1, 0.2, 0.3])
+    (broken / "config.yaml").write_text("train: [")
+    assert state(broken) == "stopped"

@@ -34,8 +34,8 @@ from captioner.models.decoder import DecoderOutput
 from captioner.text.vocab import SPECIALS, Vocabulary
 from captioner.training import distributed
 from captioner.training.distributed import Distributed
-from captioner.training.history import (METRICS, STEP_LOSSES, clear_finished, write_finished, write_history,
-                                        write_step_losses)
+from captioner.training.history import (METRICS, STEP_LOSSES, clear_finished, patience_spent, why_training_ended,
+                                        write_finished, write_history, write_step_losses)
 from captioner.training.loop import Interrupted, Objective, StopSignals, train_one_epoch
 from captioner.training.run_folders import check_run_start
 from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan, lr_scale,
@@ -62,6 +62,9 @@ def fit(config: Config, resume: bool = False) -> Path:
     # where the files lie aside: --resume refuses other training data, or other val images to score
     trained_on = training_data(train_records, shards, val_records)
     checkpoint = read_resume_checkpoint(config, trained_on, ctx) if resume else None
+    if checkpoint is not None and finished_before(config, checkpoint["train_state"], ctx):
+        distributed.shutdown(ctx)
+        return out_dir / "best.pt"
     # Fixed before any sums (the feature store's included), and taken back from last.pt.
     threads, governor = decide_threads(config, checkpoint and checkpoint["train_state"], str(out_dir / "last.pt"))
     initial = read_init_checkpoint(config) if config.train.init and checkpoint is None else None
@@ -101,11 +104,34 @@ def fit(config: Config, resume: bool = False) -> Path:
         if run.state.writer is not None:
             run.state.writer.close()
     if ctx.is_main:
-        write_finished(out_dir, {key: getattr(run.state, key) for key in ("epoch", "step", "best_epoch", "best_step")})
+        write_finished(out_dir, {key: getattr(run.state, key) for key in FINISHED_KEYS})
         log.info("best val %s %.4f at epoch %d, step %d: %s", config.train.val_metric, run.state.best_score,
                  run.state.best_epoch, run.state.best_step, out_dir / "best.pt")
     distributed.shutdown(ctx)
     return out_dir / "best.pt"
+
+
+FINISHED_KEYS = ("epoch", "step", "best_epoch", "best_step")  # what finished.json records of where the run ended
+
+
+def finished_before(config: Config, saved: dict, ctx: Distributed) -> bool:
+    """Whether last.pt's train state `saved` stands where the training ended as `config` says (its epochs done, or
+    early stopping's patience spent): then no step is trained (an early-stopped run would train one more epoch),
+    finished.json is written and one line says so. A run from before finished.json, or resumed once more by hand.
+    False, and nothing done, while it has epochs to train: that run resumes exactly."""
+    state = TrainState()
+    state.load(saved, torch.device("cpu"))  # takes best_step from the history where an old last.pt lacks it
+    train = config.train
+    ended = None if state.position else why_training_ended(state.epoch, state.best_epoch, train.epochs,
+                                                          train.early_stopping_patience)
+    if ended is None:
+        return False
+    if ctx.is_main:
+        write_finished(Path(train.out_dir), {key: getattr(state, key) for key in FINISHED_KEYS})
+        log.info("--resume: %s ended at epoch %d, step %d (%s): nothing to train, finished.json written (raise "
+                 "train.epochs or train.early_stopping_patience to train on)", Path(train.out_dir) / "last.pt",
+                 state.epoch, state.step, ended)
+    return True
 
 
 def load_records(config: Config, ctx: Distributed) -> tuple[list[ImageRecord], list[ImageRecord], list[ImageRecord]]:
@@ -334,7 +360,7 @@ class Run:
 
 def should_stop(config: Config, state: TrainState, epoch: int, started: float) -> bool:
     patience = config.train.early_stopping_patience
-    if patience and epoch - state.best_epoch >= patience:
+    if patience_spent(epoch, state.best_epoch, patience):
         log.info("early stopping: no better val %s for %d epochs", config.train.val_metric, patience)
         return True
     limit = config.train.time_limit_minutes
