@@ -7,14 +7,12 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from captioner.apps.arguments import positive_int, said_by_an_error, split_names
 from captioner.apps.prerequisites import require_data, writable_folder
+from captioner.core.config_sections import SHAPES_MIN_IMAGE_SIZE, DataConfig, key_spec
 from captioner.core.errors import CaptionerError
 
-if TYPE_CHECKING:
-    from captioner.core.config_sections import DataConfig
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -26,7 +24,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     shapes.add_argument("--num-train", type=int, default=4000, help="training images")
     shapes.add_argument("--num-val", type=int, default=250, help="validation images")
     shapes.add_argument("--num-test", type=int, default=500, help="test images")
-    shapes.add_argument("--image-size", type=int, default=128, help="side of the square images, px")
+    shapes.add_argument("--image-size", type=int, default=128,
+                        help=f"side of the square images, px ({SHAPES_MIN_IMAGE_SIZE} to "
+                             f"{key_spec(DataConfig, 'image_size').le:g}; the world's pixels are bounded too)")
     shapes.add_argument("--seed", type=int, default=0, help="the same seed gives the same world")
     shapes.add_argument("--format", choices=("jpg", "png"), default="jpg", help="image file format")
     shapes.add_argument("--quiet", action="store_true", help="no progress bar")
