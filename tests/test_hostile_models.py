@@ -842,6 +842,27 @@ SPARSE = {"grown": (grown, f"{TERABYTE:,} bytes, but its header's tensors end at
           "header": (headed, "not a readable safetensors file (a header of 4611686.0 TB, more than the 16.8 MB")}
 
 
+def caption_never_hashing(folder: Path, listed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                          capsys: pytest.CaptureFixture) -> tuple[int, list[str]]:
+    """`captioner caption` of the export in `folder`, its config.json recording `listed`'s size and a sha256, and
+    hashing `listed` an assertion error: the exit code and the lines of stderr."""
+    from captioner.core import files
+
+    config = json.loads((folder / "config.json").read_text())
+    config["files"][listed.name] = {"sha256": "0" * 64, "bytes": listed.stat().st_size}
+    (folder / "config.json").write_text(json.dumps(config))
+    hashed = files.sha256_of
+
+    def refuse_the_listed(path: str | Path) -> str:
+        assert Path(path) != listed, f"{path} hashed"
+        return hashed(path)
+
+    monkeypatch.setattr(files, "sha256_of", refuse_the_listed)
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "photo.png")
+    code = main(["caption", str(folder), str(tmp_path / "photo.png"), "--device", "cpu"])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
 @pytest.mark.parametrize("kind", list(SPARSE))
 def test_a_sparse_terabyte_of_weights_is_refused_by_its_size_before_it_is_hashed(
     tiny_export: Path, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
@@ -849,26 +870,12 @@ def test_a_sparse_terabyte_of_weights_is_refused_by_its_size_before_it_is_hashed
     """config.json records its weights' size and sha256, but nothing of itself: a stranger's model.safetensors of a
     terabyte (sparse, taking no disk), its size recorded, was hashed in full, a terabyte read, before the model it
     describes was sized. Now its header and the model's weight count refuse it in one line, the hash not begun."""
-    from captioner.core import files
-
     build, says = SPARSE[kind]
     folder = tmp_path / "model"
     shutil.copytree(tiny_export, folder)
     weights = folder / "model.safetensors"
     build(weights)
-    config = json.loads((folder / "config.json").read_text())
-    config["files"]["model.safetensors"] = {"sha256": "0" * 64, "bytes": weights.stat().st_size}
-    (folder / "config.json").write_text(json.dumps(config))
-    hashed = files.sha256_of
-
-    def refuse_the_weights(path: str | Path) -> str:
-        assert Path(path) != weights, f"{path} hashed"
-        return hashed(path)
-
-    monkeypatch.setattr(files, "sha256_of", refuse_the_weights)
-    Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "photo.png")
-    code = main(["caption", str(folder), str(tmp_path / "photo.png"), "--device", "cpu"])
-    err = capsys.readouterr().err.strip().splitlines()
+    code, err = caption_never_hashing(folder, weights, tmp_path, monkeypatch, capsys)
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: {weights}: ") and says in err[0], err[0]
     assert err[0].endswith("refused before reading it"), err[0]
@@ -885,26 +892,12 @@ def test_a_sparse_terabyte_of_another_listed_file_is_never_hashed(
 ) -> None:
     """The weights' gap in the files beside them: a vocabulary or card larger than loading reads one within, and a
     file it never reads at all, were hashed in full (a terabyte read) when config.json recorded their size."""
-    from captioner.core import files
-
     folder = tmp_path / "model"
     shutil.copytree(tiny_export, folder)
     listed = folder / name
     with listed.open("ab") as f:
         f.truncate(2**40)
-    config = json.loads((folder / "config.json").read_text())
-    config["files"][name] = {"sha256": "0" * 64, "bytes": 2**40}
-    (folder / "config.json").write_text(json.dumps(config))
-    hashed = files.sha256_of
-
-    def refuse_the_listed(path: str | Path) -> str:
-        assert Path(path) != listed, f"{path} hashed"
-        return hashed(path)
-
-    monkeypatch.setattr(files, "sha256_of", refuse_the_listed)
-    Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "photo.png")
-    code = main(["caption", str(folder), str(tmp_path / "photo.png"), "--device", "cpu"])
-    err = capsys.readouterr().err.strip().splitlines()
+    code, err = caption_never_hashing(folder, listed, tmp_path, monkeypatch, capsys)
     if says is None:
         assert code == 0, err
     else:
