@@ -73,6 +73,10 @@ def results(path: Path) -> object:
 
 
 TRUNCATED = json.dumps(captions_file()).encode()[:50]
+DEEP = b"[" * 5000 + b"]" * 5000  # past Python's recursion limit: json.loads raised RecursionError
+LONG_NUMBER = b'[{"image_id": ' + b"9" * 5000 + b', "caption": "x"}]'  # past int()'s 4,300 digits: a ValueError
+DEEP_SAID = r"not valid JSON here: lists or objects nested hundreds of levels deep"
+LONG_SAID = r"not valid JSON here: a number of thousands of digits"
 
 CASES: list[tuple[str, Callable[[Path], object], object, str]] = [
     # COCO caption files
@@ -152,6 +156,12 @@ CASES: list[tuple[str, Callable[[Path], object], object, str]] = [
     ("references_no_annotations", references, {"images": []}, r'missing "annotations"'),
     ("references_caption_number", references, {"annotations": [{"image_id": 1, "caption": None}]},
      r'annotations\[0\]: "caption" must be a string, got None'),
+    # nested past Python's recursion limit, or a number of more digits than Python converts, in any of them
+    *((f"{kind}_deep", load, DEEP, DEEP_SAID) for kind, load in
+      (("coco", coco), ("instances", instances), ("karpathy", karpathy), ("results", results))),
+    ("references_deep_object", references, b'{"annotations": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001, DEEP_SAID),
+    *((f"{kind}_long_number", load, LONG_NUMBER, LONG_SAID) for kind, load in
+      (("coco", coco), ("karpathy", karpathy), ("references", references), ("results", results))),
 ]
 
 

@@ -701,6 +701,17 @@ def test_an_exports_json_past_a_limit_is_one_line_naming_it_and_the_limit(
     assert peak < 8 * MiB, f"{peak / MiB:.1f} MiB"  # never the whole file, nor a buffer the size of the cap
 
 
+def test_a_models_json_with_a_number_too_long_to_convert_is_one_line(tmp_path: Path) -> None:
+    """json.loads raised int()'s ValueError, naming sys.set_int_max_str_digits, past 4,300 digits."""
+    from captioner.core.bounded_files import read_json
+    from captioner.core.errors import ExportError
+
+    path = tmp_path / "config.json"
+    path.write_text('{"format": "captioner export", "n": ' + "9" * 5000 + "}")
+    with pytest.raises(ExportError, match=r"^.*config\.json: not valid JSON here: a number of thousands of digits"):
+        read_json(path, "model config", ExportError)
+
+
 @pytest.mark.parametrize("kind", list(LIMITS))
 def test_an_onnx_spec_past_a_limit_is_one_line(tmp_path: Path, kind: str) -> None:
     require_module("onnxruntime", "the ONNX runtime needs onnxruntime (pip install captioner[onnx])")

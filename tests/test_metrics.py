@@ -311,6 +311,17 @@ def test_write_scores_json(tmp_path: Path) -> None:
         write_scores_json(path, overall, per_image, extra={"overall": 1})
 
 
+def test_a_file_nested_past_pythons_limit_is_not_a_scores_file(tmp_path: Path) -> None:
+    """`evaluate --out` on such a file raised json's RecursionError; it is another file, kept."""
+    from captioner.evaluation.results_files import is_scores_file
+
+    deep = tmp_path / "mine.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    assert not is_scores_file(deep)
+    write_scores_json(tmp_path / "scores.json", {"CIDEr": 1.0}, {1: {"CIDEr": 1.0}})
+    assert is_scores_file(tmp_path / "scores.json")
+
+
 def test_results_file_written_is_read_back(tmp_path: Path) -> None:
     path = write_results(tmp_path / "out" / "results.json", {3: "a cat", 1: "a dog"})
     assert [row["image_id"] for row in json.loads(path.read_text())] == [1, 3]  # sorted, like the scores file

@@ -138,9 +138,13 @@ def test_a_missing_split_folder_is_one_line(tmp_path: Path) -> None:
         ('{"file_name": "red_1.png", "text": 7}\n',
          r"metadata.jsonl:1: 'text' holds int 7, not a caption or a list of captions"),
         ("", r"metadata.jsonl: no rows"),
+        ('{"file_name": "red_1.png", "text": "red", "n": ' + "[" * 5000 + "]" * 5000 + "}\n",
+         r"metadata.jsonl:1: not valid JSON here: lists or objects nested hundreds of levels deep"),
+        ('{"file_name": "red_1.png", "text": "red", "n": ' + "9" * 5000 + "}\n",
+         r"metadata.jsonl:1: not valid JSON here: a number of thousands of digits"),
     ],
     ids=["no caption column", "bad json", "not an object", "no file name", "parent folder", "absolute path",
-         "number", "empty"],
+         "number", "empty", "nested too deep", "number too long"],
 )
 def test_a_malformed_metadata_file_is_one_line_naming_file_and_line(tmp_path: Path, content: str, problem: str) -> None:
     (tmp_path / "red_1.png").write_bytes(png("red"))
@@ -155,6 +159,9 @@ def test_a_csv_without_file_name_and_a_folder_without_metadata(tmp_path: Path) -
     with pytest.raises(DatasetError,
                        match=r"metadata.csv:1: the header has no 'file_name' column \(columns: image, text\)"):
         load_split(data(tmp_path), "train")
+    (tmp_path / "metadata.csv").write_text("file_name,text\nred_1.png,red\nred_1.png," + "x" * 200_000 + "\n")
+    with pytest.raises(DatasetError, match=r"metadata.csv:3: not valid CSV \(field larger than field limit"):
+        load_split(data(tmp_path), "train")  # csv.Error's traceback
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(DatasetError, match="no metadata.jsonl or metadata.csv"):

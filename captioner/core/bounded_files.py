@@ -84,6 +84,20 @@ def nests_deeper_than(text: str, levels: int) -> bool:
     return max(itertools.accumulate(map(STEP.__getitem__, brackets)), default=0) > levels
 
 
+def loads_json(text: str, where: str, error: type[CaptionerError]) -> Any:
+    """`json.loads(text)`; what it raises besides invalid JSON (JSONDecodeError, the caller's to word) is one `error`
+    line naming `where`: nesting past Python's recursion limit (a RecursionError), an integer of more digits than
+    Python converts (a ValueError telling the programmer about sys.set_int_max_str_digits)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise error(f"{where}: not valid JSON here: lists or objects nested hundreds of levels deep") from None
+    except ValueError:
+        raise error(f"{where}: not valid JSON here: a number of thousands of digits, more than Python reads") from None
+
+
 def read_json(path: str | Path, what: str, error: type[CaptionerError], max_bytes: int = MODEL_JSON_BYTES) -> Any:
     """A JSON file a model brings, within its caps; a failure is one `error` line (FileNotFoundError aside)."""
     return parse_json(read_capped(path, what, max_bytes, error), str(path), what, error)
@@ -99,7 +113,7 @@ def parse_json(data: bytes, source: str, what: str, error: type[CaptionerError])
     if nests_deeper_than(text, MAX_DEPTH):
         raise error(f"{source}: nested deeper than the {MAX_DEPTH} levels a {what} may have; refused")
     try:
-        return json.loads(text)
+        return loads_json(text, source, error)
     except json.JSONDecodeError as e:
         raise error(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
 

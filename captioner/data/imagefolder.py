@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from captioner.core.bounded_files import Confinement, is_within
+from captioner.core.bounded_files import Confinement, is_within, loads_json
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.records import ImageRecord, drop_missing, read_text
 
@@ -97,7 +97,7 @@ def _jsonl_rows(path: Path, text: str) -> list[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = loads_json(line, f"{path}:{number}", DatasetError)
         except json.JSONDecodeError as e:
             raise DatasetError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(row, dict):
@@ -108,10 +108,13 @@ def _jsonl_rows(path: Path, text: str) -> list[tuple[int, dict]]:
 
 def _csv_rows(path: Path, text: str) -> list[tuple[int, dict]]:
     reader = csv.DictReader(io.StringIO(text))
-    if not reader.fieldnames or "file_name" not in reader.fieldnames:
-        raise DatasetError(f"{path}:1: the header has no 'file_name' column "
-                           f"(columns: {', '.join(reader.fieldnames or [])})")
-    return [(reader.line_num, {k: v for k, v in row.items() if k is not None}) for row in reader]
+    try:
+        if not reader.fieldnames or "file_name" not in reader.fieldnames:
+            raise DatasetError(f"{path}:1: the header has no 'file_name' column "
+                               f"(columns: {', '.join(reader.fieldnames or [])})")
+        return [(reader.line_num, {k: v for k, v in row.items() if k is not None}) for row in reader]
+    except csv.Error as e:  # a field past the csv module's limit (128 KiB); the line it was reading
+        raise DatasetError(f"{path}:{reader.reader.line_num}: not valid CSV ({e})") from None
 
 
 def _inside(path: Path, line: int, name: str, folder: Confinement) -> str:

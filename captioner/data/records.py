@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from captioner.core.bounded_files import read_text_file
+from captioner.core.bounded_files import loads_json, read_text_file
 from captioner.core.errors import DatasetError
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,10 @@ def read_text(path: str | Path, what: str) -> str:
 
 
 def read_json(path: str | Path, what: str) -> object:
-    """A JSON file's value; a truncated or otherwise invalid file names the line and column."""
+    """A JSON file's value; a truncated or otherwise invalid file names the line and column, one nested too deep
+    or holding a number too long to convert says so."""
     try:
-        return json.loads(read_text(path, what))
+        return loads_json(read_text(path, what), str(path), DatasetError)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
                            "truncated?") from None

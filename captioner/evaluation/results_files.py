@@ -145,7 +145,7 @@ def is_scores_file(path: str | os.PathLike[str]) -> bool:
         if not path.is_file() or path.stat().st_size > SCORES_FILE_MAX_BYTES:
             return False
         document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, nested past Python's limit
         return False
     return isinstance(document, dict) and {"overall", "num_images", "per_image"} <= document.keys()
 
