@@ -140,6 +140,20 @@ CASES: list[tuple[str, Callable[[Path], object], object, str]] = [
     ("karpathy_filename_list", karpathy,
      karpathy_file({"filename": ["b.jpg"], "split": "test", "cocoid": 6, "sentences": [{"raw": "x"}]}),
      r"images\[1\]: 'filename' and 'filepath' must be strings"),
+    # image names leading out of the image folder (absolute, or climbing with '..')
+    ("coco_file_name_parent", coco, captions_file(images=[IMAGES[0], {"id": 2, "file_name": "../../secret.jpg"}]),
+     r"images\[1\]: file_name '\.\./\.\./secret\.jpg' leads out of the image folder .* refused"),
+    ("coco_file_name_absolute", coco, captions_file(images=[{"id": 1, "file_name": "/etc/passwd"}, IMAGES[1]]),
+     r"images\[0\]: file_name '/etc/passwd' leads out of the image folder"),
+    ("karpathy_filename_absolute", karpathy,
+     karpathy_file({"filename": "/etc/passwd", "split": "test", "cocoid": 6, "sentences": [{"raw": "x"}]}),
+     r"images\[1\]: 'filename' '/etc/passwd' leads out of the image folder"),
+    ("karpathy_filepath_parent", karpathy, karpathy_file(
+        {"filepath": "val2014/../..", "filename": "b.jpg", "split": "train", "cocoid": 6, "sentences": [{"raw": "x"}]}),
+     r"images\[1\]: 'filepath' 'val2014/\.\./\.\.' leads out of the image folder"),
+    ("karpathy_filepath_absolute", karpathy, karpathy_file(
+        {"filepath": "/etc", "filename": "passwd", "split": "test", "cocoid": 6, "sentences": [{"raw": "x"}]}),
+     r"images\[1\]: 'filepath' '/etc' leads out of the image folder"),
     # results and reference files for scoring
     ("results_truncated", results, b'[{"image_id": 1, "caption": "a c', r"not valid JSON"),
     ("results_object", results, {"image_id": 1, "caption": "x"}, r"expected a JSON list .* got a JSON dict"),
@@ -188,6 +202,8 @@ def test_good_files_still_load(tmp_path: Path) -> None:
     assert [r.captions for r in coco(write(tmp_path / "c.json", captions_file()))] == [("a cat",), ("a dog",)]
     assert len(instances(write(tmp_path / "i.json", instances_file())).objects(1)) == 1
     assert [r.image_id for r in karpathy(write(tmp_path / "k.json", karpathy_file()))] == [5]
+    inside = captions_file(images=[{"id": 1, "file_name": "sub/a..b.jpg"}, {"id": 2, "file_name": "./b.jpg"}])
+    assert [r.path for r in coco(write(tmp_path / "s.json", inside))] == [tmp_path / "sub/a..b.jpg", tmp_path / "b.jpg"]
     assert results(write(tmp_path / "r.json", [{"image_id": 1, "caption": "a cat"}])) == {1: "a cat"}
 
 
@@ -211,6 +227,9 @@ GOOD_TOKENS = "a.jpg#0\tA cat .\na.jpg#1\tA small cat .\nb.jpg#0\tA dog .\n"
         ("a.jpg#0\tA cat .\nb.jpg#0\tA dog .\na.jpg#0\tA cat again .\n",
          r"Flickr8k.token.txt:3: a.jpg#0 repeats line 1"),
         ("", r"Flickr8k.token.txt: no captions"),
+        ("a.jpg#0\tA cat .\n../../b.jpg#0\tA dog .\n",
+         r"Flickr8k.token.txt:2: image '\.\./\.\./b\.jpg' leads out of the image folder"),
+        ("/etc/passwd#0\tA cat .\n", r"Flickr8k.token.txt:1: image '/etc/passwd' leads out of the image folder"),
     ],
 )
 def test_malformed_flickr8k_token_file(tmp_path: Path, tokens: str, message: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from pycocotools.coco import COCO
 
 from captioner.core.errors import DatasetError
-from captioner.data.records import ImageRecord, check_file, drop_missing, is_int, read_json
+from captioner.data.records import ImageRecord, check_file, drop_missing, is_int, leaves_folder, read_json
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,10 @@ def load_coco_captions(annotation_file: str | Path, image_root: str | Path, chec
     annotation_file = check_file(annotation_file, "caption annotation file")
     coco = read_coco(annotation_file, "COCO caption file", ("images", "annotations"))
     image_root = Path(image_root)
+    for k, image in enumerate(coco.dataset["images"]):
+        if leaves_folder(image["file_name"]):
+            raise DatasetError(f"{annotation_file}: images[{k}]: file_name {image['file_name']!r} leads out of the "
+                               f"image folder {image_root} (an absolute path or '..'); refused")
     captions = {i: tuple(ann["caption"].strip() for ann in coco.imgToAnns.get(i, [])) for i in sorted(coco.imgs)}
     records = [ImageRecord(i, image_root / coco.imgs[i]["file_name"], texts) for i, texts in captions.items() if texts]
     if not records:
@@ -127,6 +131,10 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
                 raise DatasetError(f"{where} has no {field!r}")
         if not isinstance(entry["filename"], str) or not isinstance(entry.get("filepath", ""), str):
             raise DatasetError(f"{where}: 'filename' and 'filepath' must be strings")
+        for field in ("filepath", "filename"):
+            if leaves_folder(entry.get(field, "")):
+                raise DatasetError(f"{where}: {field!r} {entry[field]!r} leads out of the image folder {image_root} "
+                                   "(an absolute path or '..'); refused")
         image_id = entry.get("cocoid", entry.get("imgid", i))
         if not is_int(image_id):
             raise DatasetError(f"{where}: 'cocoid'/'imgid' must be an integer, got {image_id!r}")

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from captioner.core.bounded_files import loads_json, read_text_file
@@ -87,6 +87,13 @@ def read_json(path: str | Path, what: str) -> object:
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
                            "truncated?") from None
+
+
+def leaves_folder(name: str) -> bool:
+    """Whether an image's name, read as a path below its dataset's image folder, leads out of it: an absolute
+    path or a `..` part (either slash). Links below the folder are the user's own, followed."""
+    path = PurePosixPath(name.replace("\\", "/"))
+    return path.is_absolute() or ".." in path.parts
 
 
 def is_int(value: object) -> bool:
