@@ -140,6 +140,9 @@ CASES: list[tuple[str, Callable[[Path], object], object, str]] = [
     ("karpathy_filename_list", karpathy,
      karpathy_file({"filename": ["b.jpg"], "split": "test", "cocoid": 6, "sentences": [{"raw": "x"}]}),
      r"images\[1\]: 'filename' and 'filepath' must be strings"),
+    ("karpathy_blank_sentences", karpathy, karpathy_file(
+        {"filename": "b.jpg", "split": "test", "cocoid": 6, "sentences": [{"raw": "  "}, {"tokens": []}]}),
+     r"images\[1\]: every sentence is blank \(no 'raw' text and no 'tokens'\)"),
     # image names leading out of the image folder (absolute, or climbing with '..')
     ("coco_file_name_parent", coco, captions_file(images=[IMAGES[0], {"id": 2, "file_name": "../../secret.jpg"}]),
      r"images\[1\]: file_name '\.\./\.\./secret\.jpg' leads out of the image folder .* refused"),
@@ -205,6 +208,19 @@ def test_good_files_still_load(tmp_path: Path) -> None:
     inside = captions_file(images=[{"id": 1, "file_name": "sub/a..b.jpg"}, {"id": 2, "file_name": "./b.jpg"}])
     assert [r.path for r in coco(write(tmp_path / "s.json", inside))] == [tmp_path / "sub/a..b.jpg", tmp_path / "b.jpg"]
     assert results(write(tmp_path / "r.json", [{"image_id": 1, "caption": "a cat"}])) == {1: "a cat"}
+
+
+def test_blank_captions_are_skipped_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A caption of no words ("", spaces, an empty 'tokens' list) was kept, teaching the model to say nothing."""
+    blank = captions_file(annotations=[{"image_id": 1, "caption": " "}, *CAPTIONS, {"image_id": 2, "caption": ""}])
+    sentences = [{"raw": "\t"}, {"raw": "a dog ."}, {"tokens": []}, {"tokens": ["", " "]}]
+    split = karpathy_file({"filename": "b.jpg", "split": "test", "cocoid": 6, "sentences": sentences})
+    with caplog.at_level("WARNING"):
+        assert [r.captions for r in coco(write(tmp_path / "c.json", blank))] == [("a cat",), ("a dog",)]
+        assert [r.captions for r in karpathy(write(tmp_path / "k.json", split))] == [("a cat .",), ("a dog .",)]
+    warned = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert warned == [f"{tmp_path / 'c.json'}: 2 blank captions skipped (image 1, ...)",
+                      f"{tmp_path / 'k.json'}: 3 blank sentences skipped (images[1].sentences[0], ...)"], warned
 
 
 def flickr_root(root: Path, tokens: str, test_split: str = "b.jpg\n") -> Path:

@@ -30,7 +30,12 @@ def load_coco_captions(annotation_file: str | Path, image_root: str | Path, chec
         if leaves_folder(image["file_name"]):
             raise DatasetError(f"{annotation_file}: images[{k}]: file_name {image['file_name']!r} leads out of the "
                                f"image folder {image_root} (an absolute path or '..'); refused")
-    captions = {i: tuple(ann["caption"].strip() for ann in coco.imgToAnns.get(i, [])) for i in sorted(coco.imgs)}
+    texts = {i: [ann["caption"].strip() for ann in coco.imgToAnns.get(i, [])] for i in sorted(coco.imgs)}
+    blank = [i for i, image_texts in texts.items() for text in image_texts if not text]
+    if blank:  # a caption of no words would teach the model to say nothing
+        log.warning("%s: %d blank captions skipped (image %d%s)", annotation_file, len(blank), blank[0],
+                    ", ..." if len(blank) > 1 else "")
+    captions = {i: tuple(text for text in image_texts if text) for i, image_texts in texts.items()}
     records = [ImageRecord(i, image_root / coco.imgs[i]["file_name"], texts) for i, texts in captions.items() if texts]
     if not records:
         raise DatasetError(f"{annotation_file}: no image has a caption")
@@ -122,6 +127,7 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
     records = []
     seen: dict[int, int] = {}
     sizes: Counter[str] = Counter()
+    blank: list[str] = []  # the sentences with no words
     for i, entry in enumerate(images):
         where = f"{split_file}: images[{i}]"
         if not isinstance(entry, dict):
@@ -148,9 +154,16 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
             continue
         if not isinstance(entry["sentences"], list) or not entry["sentences"]:
             raise DatasetError(f"{where}: 'sentences' must be a non-empty list")
-        captions = tuple(_sentence(s, f"{where}.sentences[{j}]") for j, s in enumerate(entry["sentences"]))
+        texts = [_sentence(s, f"{where}.sentences[{j}]") for j, s in enumerate(entry["sentences"])]
+        blank += [f"images[{i}].sentences[{j}]" for j, text in enumerate(texts) if not text]
+        captions = tuple(text for text in texts if text)  # a caption of no words would teach the model to say nothing
+        if not captions:
+            raise DatasetError(f"{where}: every sentence is blank (no 'raw' text and no 'tokens')")
         records.append(ImageRecord(image_id, image_root / entry.get("filepath", "") / entry["filename"], captions))
     report_split_sizes(split_file, sizes, coco=any("cocoid" in e for e in images if isinstance(e, dict)))
+    if blank:
+        log.warning("%s: %d blank sentences skipped (%s%s)", split_file, len(blank), blank[0],
+                    ", ..." if len(blank) > 1 else "")
     if not records:
         raise DatasetError(f"{split_file}: no images in split {split!r}")
     return drop_missing(records, str(split_file), strict, max_missing) if check_images else records
@@ -173,12 +186,12 @@ def report_split_sizes(split_file: Path, sizes: Counter[str], coco: bool) -> Non
 
 
 def _sentence(sentence: object, where: str) -> str:
-    """A Karpathy sentence's text: its `raw` string, else its `tokens` joined."""
+    """A Karpathy sentence's text: its `raw` string, else its `tokens` joined; empty when it has no words."""
     if isinstance(sentence, dict) and isinstance(sentence.get("raw"), str):
         return sentence["raw"].strip()
     if isinstance(sentence, dict) and "raw" not in sentence and isinstance(sentence.get("tokens"), list):
         if all(isinstance(t, str) for t in sentence["tokens"]):
-            return " ".join(sentence["tokens"])
+            return " ".join(sentence["tokens"]).strip()
     raise DatasetError(f"{where}: needs a 'raw' string or a 'tokens' list of strings")
 
 
