@@ -112,6 +112,20 @@ def test_a_config_nested_past_any_configs_depth_is_one_line(depth: int, tmp_path
     assert load_config(tmp_path / "aliases.yaml").train.encoder_lr == 0.002
 
 
+@pytest.mark.parametrize("value, said", [("9" * 5000, r"Exceeds the limit \(4300 digits\) for integer string "
+                                                    r"conversion: value has 5000 digits"),
+                                         ("2001-13-45", r"month must be in 1\.\.12")],
+                         ids=["long integer", "impossible date"])
+def test_a_scalar_python_cannot_convert_is_one_line(value: str, said: str, tmp_path: Path) -> None:
+    """PyYAML's int() and date() raised a ValueError traceback for a file or an override."""
+    (tmp_path / "odd.yaml").write_text(f"train:\n  lr: {value}\n")
+    with pytest.raises(ConfigError, match=rf"^.*odd\.yaml: not valid YAML here: a value Python cannot read "
+                                          rf"\({said}\)$"):
+        load_config(tmp_path / "odd.yaml")
+    with pytest.raises(ConfigError, match=r"^command line's train\.epochs: not valid YAML here"):
+        load_config(None, [f"train.epochs={value}"])
+
+
 def test_a_key_given_twice_in_a_section_is_one_line_naming_both_lines(tmp_path: Path) -> None:
     """YAML keeps the second of two equal keys without a word: a config's forgotten second `lr:` trained unseen.
     The same key in two sections, or set again through a merge (<<), is no repeat."""

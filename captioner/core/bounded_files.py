@@ -146,10 +146,10 @@ def load_yaml(text: str, source: str, what: str, error: type[CaptionerError]) ->
 def parse_yaml(text: str, source: str, what: str, error: type[CaptionerError],
                max_aliases: int | None = MAX_ALIASES, unique_keys: bool = False) -> Any:
     """YAML text parsed safely, its nesting bounded: one `error` line past MAX_DEPTH levels (never a
-    RecursionError from the composer or from whatever walks the result) or past `max_aliases` aliases (None:
-    any number, as in a user's own config). `unique_keys`: a key given twice in one mapping is an `error` line,
-    where YAML keeps the last silently (a config's second `lr:` would win unseen). Text that does not parse
-    raises yaml.YAMLError, the caller's to word."""
+    RecursionError from the composer or from whatever walks the result), past `max_aliases` aliases (None:
+    any number, as in a user's own config) or at a scalar Python cannot convert (a ValueError). `unique_keys`:
+    a key given twice in one mapping is an `error` line, where YAML keeps the last silently (a config's second
+    `lr:` would win unseen). Text that does not parse raises yaml.YAMLError, the caller's to word."""
     import yaml
 
     class BoundedLoader(yaml.SafeLoader):
@@ -187,6 +187,8 @@ def parse_yaml(text: str, source: str, what: str, error: type[CaptionerError],
     loader = BoundedLoader(text)
     try:
         return loader.get_single_data()
+    except ValueError as e:  # a date past the calendar (2001-13-45), an integer of more digits than Python converts
+        raise error(f"{source}: not valid YAML here: a value Python cannot read ({str(e).split(';')[0]})") from None
     finally:
         loader.dispose()
 
