@@ -218,9 +218,12 @@ def test_blank_captions_are_skipped_with_one_warning(tmp_path: Path, caplog: pyt
     with caplog.at_level("WARNING"):
         assert [r.captions for r in coco(write(tmp_path / "c.json", blank))] == [("a cat",), ("a dog",)]
         assert [r.captions for r in karpathy(write(tmp_path / "k.json", split))] == [("a cat .",), ("a dog .",)]
+        one = captions_file(annotations=[*CAPTIONS, {"image_id": 2, "caption": ""}])
+        assert [r.captions for r in coco(write(tmp_path / "one.json", one))] == [("a cat",), ("a dog",)]
     warned = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert warned == [f"{tmp_path / 'c.json'}: 2 blank captions skipped (image 1, ...)",
-                      f"{tmp_path / 'k.json'}: 3 blank sentences skipped (images[1].sentences[0], ...)"], warned
+                      f"{tmp_path / 'k.json'}: 3 blank sentences skipped (images[1].sentences[0], ...)",
+                      f"{tmp_path / 'one.json'}: 1 blank caption skipped (image 2)"], warned
 
 
 def flickr_root(root: Path, tokens: str, test_split: str = "b.jpg\n") -> Path:

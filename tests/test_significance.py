@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(CaptionerError, match="missing.json: no such scores file"):
         per_image_scores(tmp_path / "missing.json", "CIDEr")
     (tmp_path / "broken.json").write_text("{not json")
-    with pytest.raises(CaptionerError, match="broken.json: not a readable scores JSON"):
+    with pytest.raises(CaptionerError, match="broken.json: not valid JSON"):
         per_image_scores(tmp_path / "broken.json", "CIDEr")
     (tmp_path / "plain.json").write_text(json.dumps({"overall": {"CIDEr": 0.6}}))
     with pytest.raises(CaptionerError, match="plain.json: no 'per_image' scores"):
@@ -63,6 +64,22 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
     other = scores_file(tmp_path / "b.json", {1: 0.5, 3: 0.7})
     with pytest.raises(CaptionerError, match="different images"):
         paired_bootstrap(per_image_scores(good, "CIDEr"), per_image_scores(other, "CIDEr"))
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[" * 100_000, "nested deeper than the 32 levels a scores file may have"),
+    ('{"per_image": [{"image_id": 1' + "0" * 5000 + ', "CIDEr": 0.5}]}', "a number of thousands of digits"),
+    ('{"overall": [1], "per_image": [{"image_id": 1, "CIDEr": NaN}]}', "'CIDEr' that is not a finite number"),
+    ('{"overall": {"CIDEr": "0.5"}, "per_image": [{"image_id": 1, "CIDEr": 0.5}]}', "overall.CIDEr is '0.5', not a"),
+    ('{"overall": [0.5], "per_image": [{"image_id": 1e400, "CIDEr": 0.5}]}', "lack an image_id or a numeric"),
+], ids=["nested", "long number", "NaN", "overall a string", "id infinite"])
+def test_a_damaged_scores_file_is_one_line(tmp_path: Path, text: str, says: str) -> None:
+    """A scores file of another's, or edited by hand: each was a traceback (a RecursionError, a ValueError, an
+    AttributeError, a TypeError) or a NaN gain."""
+    path = tmp_path / "scores_test.json"
+    path.write_text(text)
+    with pytest.raises(CaptionerError, match=f"^{re.escape(str(path))}: .*{re.escape(says)}"):
+        per_image_scores(path, "CIDEr")
 
 
 def test_the_script_reads_run_folders(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -33,8 +33,8 @@ def load_coco_captions(annotation_file: str | Path, image_root: str | Path, chec
     texts = {i: [ann["caption"].strip() for ann in coco.imgToAnns.get(i, [])] for i in sorted(coco.imgs)}
     blank = [i for i, image_texts in texts.items() for text in image_texts if not text]
     if blank:  # a caption of no words would teach the model to say nothing
-        log.warning("%s: %d blank captions skipped (image %d%s)", annotation_file, len(blank), blank[0],
-                    ", ..." if len(blank) > 1 else "")
+        log.warning("%s: %d blank caption%s skipped (image %d%s)", annotation_file, len(blank),
+                    "s" if len(blank) > 1 else "", blank[0], ", ..." if len(blank) > 1 else "")
     captions = {i: tuple(text for text in image_texts if text) for i, image_texts in texts.items()}
     records = [ImageRecord(i, image_root / coco.imgs[i]["file_name"], texts) for i, texts in captions.items() if texts]
     if not records:
@@ -162,8 +162,8 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
         records.append(ImageRecord(image_id, image_root / entry.get("filepath", "") / entry["filename"], captions))
     report_split_sizes(split_file, sizes, coco=any("cocoid" in e for e in images if isinstance(e, dict)))
     if blank:
-        log.warning("%s: %d blank sentences skipped (%s%s)", split_file, len(blank), blank[0],
-                    ", ..." if len(blank) > 1 else "")
+        log.warning("%s: %d blank sentence%s skipped (%s%s)", split_file, len(blank), "s" if len(blank) > 1 else "",
+                    blank[0], ", ..." if len(blank) > 1 else "")
     if not records:
         raise DatasetError(f"{split_file}: no images in split {split!r}")
     return drop_missing(records, str(split_file), strict, max_missing) if check_images else records

@@ -4,12 +4,13 @@ SPICE); per-image scores are resampled, not recomputed (CIDEr-D keeps the whole 
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from captioner.core.bounded_files import SCORES_JSON_BYTES, read_json
 from captioner.core.errors import CaptionerError
 
 MEAN_METRICS = ("CIDEr", "ROUGE_L", "SPICE")  # corpus score = mean of the per-image scores
@@ -34,21 +35,24 @@ def per_image_scores(path: str | Path, metric: str) -> dict[int, float]:
     if metric not in MEAN_METRICS:
         raise CaptionerError(f"metric {metric!r}: a per-image bootstrap needs a metric whose corpus score "
                              f"is the mean of its per-image scores ({', '.join(MEAN_METRICS)})")
-    try:
-        report = json.loads(Path(path).read_text())
+    try:  # within its cap, nested a few levels, as the scores files a model brings are read
+        report = read_json(path, "scores file", CaptionerError, SCORES_JSON_BYTES)
     except FileNotFoundError:
         raise CaptionerError(f"{path}: no such scores file "
                              "(captioner evaluate CHECKPOINT --out DIR writes scores_<split>.json)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CaptionerError(f"{path}: not a readable scores JSON ({' '.join(str(e).split())})") from None
     rows = report.get("per_image") if isinstance(report, dict) else None
     if not isinstance(rows, list) or not rows:
         raise CaptionerError(f"{path}: no 'per_image' scores (written by captioner evaluate with the official metrics)")
     try:
         scores = {int(row["image_id"]): float(row[metric]) for row in rows}
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         raise CaptionerError(f"{path}: 'per_image' rows lack an image_id or a numeric {metric!r}") from None
-    overall = (report.get("overall") or {}).get(metric)
+    if not all(map(math.isfinite, scores.values())):
+        raise CaptionerError(f"{path}: 'per_image' holds a {metric!r} that is not a finite number (NaN or infinite)")
+    overall = report.get("overall")
+    overall = overall.get(metric) if isinstance(overall, dict) else None
+    if overall is not None and not (isinstance(overall, (int, float)) and math.isfinite(overall)):
+        raise CaptionerError(f"{path}: overall.{metric} is {overall!r}, not a finite number")
     if overall is not None and abs(np.mean(list(scores.values())) - overall) > 1e-6:
         raise CaptionerError(f"{path}: the per-image {metric} scores do not average to the overall {overall:.6f}")
     return scores
