@@ -278,6 +278,16 @@ def test_malformed_flickr8k_split_file(tmp_path: Path, split: str, message: str)
         load_flickr8k(root, "test", check_images=False)
 
 
+def test_files_saved_with_a_byte_order_mark_load_as_without_one(tmp_path: Path) -> None:
+    """Notepad and Excel begin UTF-8 files with a byte order mark: the Flickr8k files said "b.jpg has no captions"
+    (the mark was part of the first image's name), a JSON file was "not valid JSON"."""
+    root = flickr_root(tmp_path / "flickr", "\ufeff" + GOOD_TOKENS, "\ufeffb.jpg\n")
+    assert [r.captions for r in load_flickr8k(root, "test", check_images=False)] == [("A dog .",)]
+    marked = tmp_path / "c.json"
+    marked.write_text("\ufeff" + json.dumps(captions_file()), encoding="utf-8")
+    assert [r.captions for r in coco(marked)] == [("a cat",), ("a dog",)]
+
+
 def test_flickr8k_missing_split_file_and_good_files(tmp_path: Path) -> None:
     root = flickr_root(tmp_path, GOOD_TOKENS)
     assert [r.captions for r in load_flickr8k(root, "test", check_images=False)] == [("A dog .",)]

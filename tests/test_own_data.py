@@ -154,6 +154,14 @@ def test_a_malformed_metadata_file_is_one_line_naming_file_and_line(tmp_path: Pa
     assert "\n" not in str(raised.value)
 
 
+def test_a_csv_saved_with_a_byte_order_mark_has_its_file_name_column(tmp_path: Path) -> None:
+    """Excel's "CSV UTF-8" begins with a byte order mark, which was part of the first column's name: the header
+    had no 'file_name' column, it said, while showing one."""
+    write_folder(tmp_path, [{"file_name": "train/red_1.png", "text": "red"}], "metadata.csv")
+    (tmp_path / "metadata.csv").write_text("\ufeff" + (tmp_path / "metadata.csv").read_text(), encoding="utf-8")
+    assert [r.captions for r in load_split(data(tmp_path), "train")] == [("red",)]
+
+
 def test_a_csv_without_file_name_and_a_folder_without_metadata(tmp_path: Path) -> None:
     (tmp_path / "metadata.csv").write_text("image,text\nred_1.png,red\n")
     with pytest.raises(DatasetError,

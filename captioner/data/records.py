@@ -71,10 +71,11 @@ def check_file(path: str | Path, what: str) -> Path:
 
 def read_text(path: str | Path, what: str) -> str:
     """A text file's contents; a missing, unreadable or non-UTF-8 file is one DatasetError, and so is a folder
-    or a named pipe (whose read would wait forever for a writer)."""
+    or a named pipe (whose read would wait forever for a writer). A leading byte order mark, which Excel and
+    Notepad write, is no part of the text: kept, it became part of a CSV's first column name or an image's name."""
     path = check_file(path, what)
     try:
-        return read_text_file(path, what, DatasetError)
+        return read_text_file(path, what, DatasetError).removeprefix("\ufeff")
     except FileNotFoundError:  # gone since it was checked
         raise DatasetError(f"{path}: {what} not found") from None
 
