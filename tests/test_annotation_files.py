@@ -305,3 +305,16 @@ def test_cli_prints_one_line_and_exits_2(tmp_path: Path, capsys: pytest.CaptureF
                  str(write(tmp_path / "ok.json", captions_file()))]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "results.json: item 0 (image 1): \"caption\" must be a string" in err
+
+
+def test_a_caption_longer_than_any_written_is_one_line(tmp_path: Path) -> None:
+    """A results or reference caption of hundreds of thousands of characters was scored until METEOR's Java
+    failed, after the wait, saying only that it exited."""
+    long = "dog " * 2_501  # 10,004 characters
+    said = "a caption of 10,004 characters, more than the 10,000 one may have"
+    with pytest.raises(DatasetError, match=re.escape(f"{tmp_path / 'r.json'}: item 0 (image 1): {said}")):
+        results(write(tmp_path / "r.json", [{"image_id": 1, "caption": long}]))
+    annotations = captions_file(annotations=[{"id": 1, "image_id": 1, "caption": long}])
+    with pytest.raises(DatasetError, match=re.escape(f"{tmp_path / 'a.json'}: annotations[0]: a caption of 10,004")):
+        load_references(write(tmp_path / "a.json", annotations))
+    assert results(write(tmp_path / "ok.json", [{"image_id": 1, "caption": long[:10_000]}])) == {1: long[:10_000]}

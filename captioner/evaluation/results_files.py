@@ -19,6 +19,9 @@ References = dict[int, list[str]]
 """Image id -> its reference (human) captions."""
 Predictions = dict[int, str]
 """Image id -> the one predicted caption."""
+# Characters a caption of either file may have: a model's are a few dozen words and a person's a sentence, while
+# METEOR's Java fails without a word on one of some hundreds of thousands, after the whole evaluation's wait.
+MAX_CAPTION_CHARS = 10_000
 
 
 def load_references(path: str | os.PathLike[str]) -> References:
@@ -46,10 +49,18 @@ def load_references(path: str | os.PathLike[str]) -> References:
             raise DatasetError(f'{path}: annotations[{i}]: "image_id" must be an integer, got {ann["image_id"]!r}')
         if not isinstance(ann["caption"], str):
             raise DatasetError(f'{path}: annotations[{i}]: "caption" must be a string, got {ann["caption"]!r}')
+        check_length(ann["caption"], f"{path}: annotations[{i}]")
         references.setdefault(ann["image_id"], []).append(ann["caption"])
     if not references:
         raise DatasetError(f"{path}: no caption annotations")
     return references
+
+
+def check_length(caption: str, where: str) -> None:
+    """A caption longer than any a person or a model writes is one DatasetError naming `where`."""
+    if len(caption) > MAX_CAPTION_CHARS:
+        raise DatasetError(f"{where}: a caption of {len(caption):,} characters, more than the {MAX_CAPTION_CHARS:,} "
+                           "one may have")
 
 
 def load_results(path: str | os.PathLike[str], references: Mapping[int, list[str]]) -> Predictions:
@@ -76,6 +87,7 @@ def load_results(path: str | os.PathLike[str], references: Mapping[int, list[str
             raise DatasetError(f'{path}: item {i} (image {image_id}): "caption" must be a string, got {caption!r}')
         if not caption.strip():
             raise DatasetError(f"{path}: item {i} (image {image_id}) has an empty caption")
+        check_length(caption, f"{path}: item {i} (image {image_id})")
         if image_id in predictions:
             first = next(j for j, earlier in enumerate(data) if earlier["image_id"] == image_id)
             raise DatasetError(f"{path}: image {image_id} has more than one caption (items {first} and {i}); "
