@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from captioner.core.errors import CaptionerError
 from captioner.training.history import METRICS, read_history
 from captioner.viz.curves import runs_figure, save_figure
 
@@ -25,7 +26,10 @@ def main() -> None:
         path = Path(run) / METRICS
         if not path.is_file():
             raise SystemExit(f"error: {path}: no metrics.csv (is {run} a train.out_dir?)")
-        runs.append((label or run, read_history(path)))
+        try:
+            runs.append((label or run, read_history(path)))
+        except CaptionerError as e:  # a damaged metrics.csv: its one line, naming the file, the row and the column
+            raise SystemExit(f"error: {e}") from None
     save_figure(runs_figure(runs, args.val, args.train, args.title), args.out)
     print(f"wrote {args.out}")
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from captioner.training.history import read_history, write_step_losses
 from captioner.viz.curves import plot_run, runs_figure, training_figure
 
@@ -78,3 +80,16 @@ def test_training_curves_come_from_the_run_files(tmp_path: Path) -> None:
     assert lines(ax_val) == [("Bleu_1", [1, 2], [0.5, 0.6]), ("Bleu_4", [1, 2], [0.1, 0.2]),
                              ("CIDEr", [1, 2], [0.2, 0.4])]
     assert ax_val.get_title() == "validation (beam 3); best by Bleu_4"
+
+
+def test_the_script_names_a_damaged_metrics_file_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metrics.csv with a row cut short (a traceback from the script before): one `error:` line naming the file."""
+    import runpy
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "metrics.csv").write_text("epoch,step,val_CIDEr\n1,10,0.3\n2,20\n")
+    monkeypatch.setattr(sys, "argv", [SCRIPT[1], str(tmp_path / "curves.png"), f"{tmp_path / 'a'}:t1"])
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(SCRIPT[1], run_name="__main__")
+    assert str(stopped.value) == f"error: {tmp_path / 'a' / 'metrics.csv'}: line 3 has 2 cells, its header 3"
+    assert not (tmp_path / "curves.png").exists()

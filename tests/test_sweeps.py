@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,3 +221,67 @@ def test_a_run_from_before_finished_json_is_trained_where_its_history_ends_the_t
     broken = old_run(tmp_path / "broken", 3, 0, [0.1, 0.2, 0.3])
     (broken / "config.yaml").write_text("train: [")
     assert state(broken) == "stopped"
+
+
+DAMAGED_METRICS = {
+    "a row cut short": ("epoch,step,val_Bleu_4\n1,10,0.1\n2,20\n", r"line 3 has 2 cells, its header 3$"),
+    "a row with an extra cell": ("epoch,step,val_Bleu_4\n1,10,0.1,9\n", r"line 2 has 4 cells, its header 3$"),
+    "a cell that is not a number": ("epoch,step,val_Bleu_4\n1,10,abc\n", r"line 2, column val_Bleu_4: 'abc' is not "
+                                                                          r"a number$"),
+    "an infinite epoch": ("epoch,step,val_Bleu_4\ninf,10,0.1\n", r"line 2, column epoch: inf is not a whole number "
+                                                                 r"of 0 or more$"),
+    "a negative step": ("epoch,step,val_Bleu_4\n1,-10,0.1\n", r"line 2, column step: -10\.0 is not a whole number"),
+    "no epoch column": ("step,val_Bleu_4\n10,0.1\n", r"no epoch column \(its header: 'step,val_Bleu_4'\)$"),
+    "not UTF-8": ("\udcff\udcfe", r"the run's metrics\.csv is not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_METRICS)
+def test_a_damaged_history_is_one_line_and_a_run_stopped_to_the_sweeps(case: str, tmp_path: Path) -> None:
+    """A metrics.csv cut short, with a cell that is no number or whole epoch, a missing column, or not text: one
+    CaptionerError naming the file, the line and the column (scripts/plot_runs.py prints it), and to the sweeps
+    a run that cannot be read, so stopped (a traceback before)."""
+    from captioner.core.errors import CaptionerError
+    from captioner.training.history import ended_by_its_history, read_history
+
+    text, said = DAMAGED_METRICS[case]
+    run = old_run(tmp_path / "run", 3, 0, [0.1, 0.2, 0.3])
+    (run / "metrics.csv").write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(CaptionerError, match=rf"^{re.escape(str(run / 'metrics.csv'))}: {said}"):
+        read_history(run / "metrics.csv")
+    assert ended_by_its_history(run) is None
+    assert run_state_module().run_state(run) == "stopped"
+
+
+@pytest.mark.parametrize("config", ["- a list\n", "7\n", "pipe", "/dev/zero"])
+def test_a_run_config_that_is_no_mapping_or_no_file_is_a_history_that_cannot_be_read(config: str,
+                                                                                     tmp_path: Path) -> None:
+    """config.yaml damaged into a list or a number, or a pipe or a device in its place (read, either would never
+    end): to the sweeps a run that cannot be read, so stopped, at once."""
+    import signal
+
+    from captioner.training.history import ended_by_its_history
+
+    run = old_run(tmp_path / "run", 3, 0, [0.1, 0.2, 0.3])
+    (run / "config.yaml").unlink()
+    if config == "pipe":
+        os.mkfifo(run / "config.yaml")
+    elif config.startswith("/dev/"):
+        (run / "config.yaml").symlink_to(config)
+    else:
+        (run / "config.yaml").write_text(config)
+
+    class Waited(Exception):  # not an OSError, which a damaged run's reading catches
+        pass
+
+    def waits(*args: object) -> None:
+        raise Waited("config.yaml was read as a file that never ends")
+
+    previous = signal.signal(signal.SIGALRM, waits)
+    signal.setitimer(signal.ITIMER_REAL, 2)
+    try:
+        assert ended_by_its_history(run) is None
+        assert run_state_module().run_state(run) == "stopped"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -7,14 +7,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from captioner.core.bounded_files import read_text_file
+from captioner.core.errors import CaptionerError
 from captioner.core.files import write_atomically
 
 METRICS = "metrics.csv"
 RUN_CONFIG = "config.yaml"  # the config the run last started training with (fit writes it)
 STEP_LOSSES = "step_losses.csv"
+CURVES = "training_curves.png"  # drawn from the two above when the training returns (viz/curves.py)
 # Written when the training ends as its config says (its epochs done, early stopping, the time limit), not when a
 # signal or an error stops it; removed when a run starts training into the folder, a resumed one included.
 FINISHED = "finished.json"
@@ -34,13 +38,54 @@ def write_history(path: Path, history: list[dict]) -> None:
 
 
 def read_history(path: Path) -> list[dict]:
+    """metrics.csv's rows, numbers by column (a blank cell left out), epoch and step whole; [] where there is none
+    yet. A damaged file (not UTF-8 text, a cell that is not a number, a row longer or shorter than the header, no
+    epoch or step column) is one CaptionerError naming it, the row and the column."""
+    rows = []
+    for line, row in csv_rows(path, required=("epoch", "step")):
+        numbers = {key: number(value, path, line, key) for key, value in row.items() if value != ""}
+        for key in ("epoch", "step"):
+            numbers[key] = count(numbers.get(key), path, line, key)
+        rows.append(numbers)
+    return rows
+
+
+def csv_rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) of a history CSV whose header holds the `required` columns, each row as long as the
+    header; [] where the file is missing. A folder, a pipe or a device is refused unread (a FIFO never ends)."""
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        rows = [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
-    for row in rows:
-        row["epoch"], row["step"] = int(row["epoch"]), int(row["step"])
-    return rows
+    text = read_text_file(path, f"the run's {path.name}", CaptionerError)
+    try:
+        reader = csv.reader(io.StringIO(text, newline=""))
+        header = next(reader, None)
+        rows = [(reader.line_num, cells) for cells in reader if cells]  # a blank line: no row
+    except csv.Error as e:
+        raise CaptionerError(f"{path}: not a readable CSV file ({e})") from None
+    if header is None:  # empty: written before its first row
+        return []
+    missing = [name for name in required if name not in header]
+    if missing:
+        raise CaptionerError(f"{path}: no {' or '.join(missing)} column (its header: {','.join(header)[:200]!r})")
+    for line, cells in rows:
+        if len(cells) != len(header):
+            raise CaptionerError(f"{path}: line {line} has {len(cells)} cells, its header {len(header)}")
+    return [(line, dict(zip(header, cells))) for line, cells in rows]
+
+
+def number(text: str, path: Path, line: int, column: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise CaptionerError(f"{path}: line {line}, column {column}: {text[:40]!r} is not a number") from None
+
+
+def count(value: float | None, path: Path, line: int, column: str) -> int:
+    """`value` as a whole number of 0 or more (an epoch, a step), else one CaptionerError naming the cell."""
+    if value is None or not math.isfinite(value) or value < 0 or value != int(value):
+        raise CaptionerError(f"{path}: line {line}, column {column}: {value if value is not None else 'blank'} "
+                             "is not a whole number of 0 or more")
+    return int(value)
 
 
 def epochs_trained(row: dict) -> float:
@@ -55,10 +100,9 @@ def write_step_losses(path: Path, step_losses: list[list]) -> None:
 
 
 def read_step_losses(path: Path) -> list[tuple[int, float]]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return [(int(row["step"]), float(row["loss"])) for row in csv.DictReader(f)]
+    """step_losses.csv's (step, loss) pairs; [] where there is none. Damaged: one CaptionerError, as `read_history`."""
+    return [(count(number(row["step"], path, line, "step"), path, line, "step"),
+             number(row["loss"], path, line, "loss")) for line, row in csv_rows(path, required=("step", "loss"))]
 
 
 def write_finished(out_dir: Path, where: dict[str, int]) -> None:
@@ -105,17 +149,20 @@ def ended_by_its_history(out_dir: str | Path) -> str | None:
     import yaml
 
     from captioner.core.config import config_from_dict
-    from captioner.core.errors import CaptionerError
 
     try:
-        config = config_from_dict(yaml.safe_load((out_dir / RUN_CONFIG).read_text(encoding="utf-8")) or {},
-                                  str(out_dir / RUN_CONFIG)).train
+        stored = yaml.safe_load(read_text_file(out_dir / RUN_CONFIG, "the run's config", CaptionerError))
+        if not isinstance(stored, dict):  # damaged: a list, a number, empty
+            return None
+        config = config_from_dict(stored, str(out_dir / RUN_CONFIG)).train
         rows = read_history(out_dir / METRICS)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, yaml.YAMLError, CaptionerError):
+    except (OSError, ValueError, RecursionError, yaml.YAMLError, CaptionerError):
         return None
     column = f"val_{config.val_metric}"
     scored = [row for row in rows if column in row]
     if not scored or rows[-1] is not scored[-1] or "epochs_done" in rows[-1]:  # the last: mid-epoch, or unscored
+        return None
+    if not all(math.isfinite(row[column]) for row in scored):  # not a score any run wrote: damaged
         return None
     best = max(row[column] for row in scored)
     best_epoch = [row["epoch"] for row in scored if row[column] == best][-1]

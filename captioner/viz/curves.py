@@ -12,9 +12,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from captioner.core.files import write_atomically  # noqa: E402
 from captioner.training.history import (  # noqa: E402
-    METRICS, STEP_LOSSES, epochs_trained, read_history, read_step_losses)
-
-CURVES = "training_curves.png"
+    CURVES, METRICS, STEP_LOSSES, epochs_trained, read_history, read_step_losses)
 
 
 def training_figure(history: list[dict], step_losses: list[tuple[int, float]], metric: str,
