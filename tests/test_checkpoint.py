@@ -179,3 +179,23 @@ def test_a_model_is_read_without_its_optimizer_and_keeps_nothing_mapped(tmp_path
     assert weights_equal(loaded, model)
     ranges = mapped_ranges(path)
     assert not any(in_ranges(tensor, ranges) for tensor in loaded.state_dict().values())
+
+
+@pytest.mark.parametrize("kind", ["folder", "pipe", "dangling link"])
+def test_a_run_folder_whose_best_pt_is_not_a_file_is_refused_not_loaded_from_last_pt(kind: str,
+                                                                                     tmp_path: Path) -> None:
+    """A best.pt that is a folder, a pipe or a link to nothing: one line naming it, where the run folder loaded its
+    last.pt instead, another model than the best without a word."""
+    import os
+
+    from captioner.models.model_paths import checkpoint_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last.pt").write_bytes(b"")
+    {"folder": (run / "best.pt").mkdir, "pipe": lambda: os.mkfifo(run / "best.pt"),
+     "dangling link": lambda: (run / "best.pt").symlink_to(tmp_path / "elsewhere.pt")}[kind]()
+    with pytest.raises(CheckpointError, match=r"^.*run/best\.pt: not a checkpoint file \(a folder, a pipe or a "
+                                              r"device, or a link that leads nowhere\); move it aside to load the "
+                                              r"run's other checkpoint$"):
+        checkpoint_file(run)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from helpers import tiny_config
 
 from captioner.core.config import load_config
 from captioner.core.config_sections import Config
-from captioner.core.errors import CheckpointError, ConfigError
+from captioner.core.errors import CheckpointError, ConfigError, StorageError
 from captioner.data.shapes import generate_shapes
 from captioner.data.shards import ShardSet
 from captioner.models.checkpoint_format import read_checkpoint, write_checkpoint_file
@@ -251,3 +252,27 @@ def test_streamed_shards_are_known_by_their_counts_wherever_they_lie() -> None:
     config = tiny_config("data.dataset=webdataset", "data.train_shards=b/{0..1}.tar", "data.val_shards=v.tar")
     assert data_difference(config, here, other) == ("was trained on other data than data.train_shards=b/{0..1}.tar "
                                                     "holds (the same 7 training samples, other counts per shard)")
+
+
+@pytest.mark.parametrize(("name", "kind", "said"), [
+    ("step_losses.csv", "folder", "a folder"),  # written at the first checkpoint, an epoch in
+    ("training_curves.png", "folder", "a folder"),  # drawn when the training returns
+    ("vocab.json", "pipe", r"not a regular file \(a pipe, a device or a socket\)"),  # its write waited forever
+    ("config.yaml", "pipe", r"not a regular file \(a pipe, a device or a socket\)"),
+    ("metrics.csv", "loop", r"a link that cannot be followed \(Too many levels of symbolic links\)"),
+])
+def test_what_stands_where_the_run_writes_a_file_is_refused_before_any_work(name: str, kind: str, said: str,
+                                                                            tmp_path: Path) -> None:
+    """A folder, a pipe or a loop of links where a run writes one of its files: one line before any work, not a
+    failure an epoch in (or at its end), nor a write that waits forever for a pipe's reader; left as it is."""
+    from captioner.training.run_folders import check_run_folders
+
+    run = tmp_path / "run"
+    run.mkdir()
+    {"folder": (run / name).mkdir, "pipe": lambda: os.mkfifo(run / name),
+     "loop": lambda: (run / name).symlink_to(name)}[kind]()
+    with pytest.raises(StorageError, match=rf"^train\.out_dir={re.escape(str(run))}: {re.escape(name)} is {said}, "
+                                           rf"where the run writes its {re.escape(name)}; move it, or set another "
+                                           r"train\.out_dir$"):
+        check_run_folders(run_config(tmp_path / "shapes", run))
+    assert os.path.lexists(run / name)

@@ -46,6 +46,9 @@ def checkpoint_file(path: str | Path) -> Path:
         for candidate in RUN_CHECKPOINTS:
             if (path / candidate).is_file():
                 return path / candidate
+            if os.path.lexists(path / candidate):  # never another checkpoint than the one the user has in its place
+                raise CheckpointError(f"{path / candidate}: not a checkpoint file (a folder, a pipe or a device, or "
+                                      f"a link that leads nowhere); move it aside to load the run's other checkpoint")
         raise CheckpointError(f"{path}: a folder without a model (no {' or '.join(RUN_CHECKPOINTS)}, no {CONFIG})")
     if (packaged := packaged_model(name)) is not None:
         return packaged

@@ -6,18 +6,19 @@ line, and the file is left as it is."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, ConfigError, FeatureStoreError, StorageError
 from captioner.core.files import folder_problem
 from captioner.training.distributed import Distributed
-from captioner.training.history import FINISHED
+from captioner.training.history import CURVES, FINISHED, METRICS, RUN_CONFIG, STEP_LOSSES
 
 RUN_FOLDERS = {"tensorboard": "its TensorBoard events"}  # made in train.out_dir by every run's rank 0
 # The files every run writes in train.out_dir: a folder of one of these names would fail its first write, an epoch in
-# (FINISHED: at its end)
-RUN_FILES = ("best.pt", "last.pt", "metrics.csv", "vocab.json", "config.yaml", FINISHED)
+# (FINISHED and CURVES: at its end); a pipe would hold the write forever
+RUN_FILES = ("best.pt", "last.pt", METRICS, STEP_LOSSES, "vocab.json", RUN_CONFIG, FINISHED, CURVES)
 # The files that make a folder a run's: a new run writes them anew, so their presence is refused without --resume
 RUN_CHECKPOINTS = ("best.pt", "last.pt")
 
@@ -50,20 +51,38 @@ def require_no_run(out_dir: str | Path) -> None:
 
 
 def check_run_folders(config: Config) -> None:
-    """Refuse, in one line, a file in train.out_dir named as a folder every run makes there (RUN_FOLDERS), a folder
-    named as a file it writes there (RUN_FILES), or a data.feature_store that is a file or lies below one; seen
-    without making anything. (The default store in train.out_dir, made only by a run that uses it, and a place the
-    OS refuses for other reasons, are said when the store's folder is made, before any image is encoded.)"""
+    """Refuse, in one line, a file in train.out_dir named as a folder every run makes there (RUN_FOLDERS), a
+    folder, pipe or device named as a file it writes there (RUN_FILES), or a data.feature_store that is a file or
+    lies below one; seen without making anything. (The default store in train.out_dir, made only by a run that uses
+    it, and a place the OS refuses for other reasons, are said when the store's folder is made, before any image is
+    encoded.)"""
     out_dir = Path(config.train.out_dir)
     for name, what in RUN_FOLDERS.items():
         if os.path.lexists(out_dir / name) and not (out_dir / name).is_dir():
             raise StorageError(f"train.out_dir={out_dir}: {name} is a file, where the run keeps {what} in a "
                                f"folder; move it, or set another train.out_dir")
     for name in RUN_FILES:
-        if (out_dir / name).is_dir():
-            raise StorageError(f"train.out_dir={out_dir}: {name} is a folder, where the run writes its {name}; move "
+        what = file_problem(out_dir / name)
+        if what is not None:
+            raise StorageError(f"train.out_dir={out_dir}: {name} is {what}, where the run writes its {name}; move "
                                "it, or set another train.out_dir")
     store = config.data.feature_store if config.train.cache_features else None
     problem = folder_problem(Path(store)) if store else None
     if problem is not None:
         raise FeatureStoreError(f"data.feature_store={store}: {problem}")
+
+
+def file_problem(path: Path) -> str | None:
+    """What is at `path` where a run writes a file, in words, if not a file or nothing (a link leading nowhere
+    is written through): a folder, a pipe, a device or a socket, or a loop of links; else None."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"a link that cannot be followed ({e.strerror or e})"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return None if stat.S_ISREG(mode) else "not a regular file (a pipe, a device or a socket)"
