@@ -334,3 +334,137 @@ def test_resuming_a_run_with_epochs_to_go_trains_on(epoch: int, best_epoch: int,
     with pytest.raises(Trains):
         fitting.fit(old_run(shapes, run, epoch, best_epoch, position), resume=True)
     assert not (run / "finished.json").exists()
+
+
+def test_damaged_rng_states_are_one_line() -> None:
+    """A numpy key of the wrong length (numpy raises IndexError) or a state of the wrong type: one CheckpointError."""
+    from captioner.core.errors import CheckpointError
+
+    good = rng_state()
+    for damaged in ({**good, "numpy": [*good["numpy"][:1], good["numpy"][1][:10], *good["numpy"][2:]]},
+                    {**good, "numpy": [*good["numpy"][:1], [1, 2], *good["numpy"][2:]]}):
+        with pytest.raises(CheckpointError, match=r"^the checkpoint's random number generator states are malformed"):
+            set_rng_state(damaged)
+    set_rng_state(good)
+
+
+# (damage to an old_run last.pt's train state and payload, in place; what the refusal says after the file's name)
+DAMAGED_STATES = {
+    "no train_state": (lambda s, p: p.pop("train_state"), r"no train_state \(a model's checkpoint"),
+    "a train_state that is a list": (lambda s, p: p.update(train_state=[1, 2]), r"no train_state"),
+    "no optimizer state": (lambda s, p: p.pop("optimizer"), r"no optimizer state"),
+    "a scheduler state that is a string": (lambda s, p: p.update(scheduler="x"), r"no scheduler state"),
+    "no epoch": (lambda s, p: s.pop("epoch"), r"train_state\.epoch is None, not a whole number"),
+    "a negative epoch": (lambda s, p: s.update(epoch=-1), r"train_state\.epoch is -1, not a whole number"),
+    "an epoch that is a string": (lambda s, p: s.update(epoch="2"), r"train_state\.epoch is '2'"),
+    "an epoch that is a bool": (lambda s, p: s.update(epoch=True), r"train_state\.epoch is True"),
+    "a fractional step": (lambda s, p: s.update(step=2.5), r"train_state\.step is 2\.5"),
+    "a negative position": (lambda s, p: s.update(position=-1), r"train_state\.position is -1"),
+    "a best_score that is a string": (lambda s, p: s.update(best_score="0.5"), r"train_state\.best_score is '0\.5', "
+                                                                               r"not a number"),
+    "a best_score that is NaN": (lambda s, p: s.update(best_score=float("nan")), r"train_state\.best_score is nan"),
+    "a history that is a string": (lambda s, p: s.update(history="x"), r"train_state\.history is a str"),
+    "a history row without its epoch": (lambda s, p: s.update(history=[{}]), r"train_state\.history\[0\] is \{\}"),
+    "a history cell that is a string": (lambda s, p: s["history"][0].update(val_Bleu_4="a"),
+                                        r"train_state\.history\[0\] is"),
+    "step losses that are a number": (lambda s, p: s.update(step_losses=5), r"train_state\.step_losses is a int"),
+    "a step loss without its loss": (lambda s, p: s.update(step_losses=[[1]]), r"train_state\.step_losses\[0\]"),
+    "sums that are a string": (lambda s, p: s.update(running="x"), r"train_state\.running is x, not a tensor"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_STATES)
+def test_a_damaged_last_pt_is_refused_in_one_line_before_the_run_writes(case: str, shapes: Path,
+                                                                        tmp_path: Path) -> None:
+    """--resume from a last.pt whose train state has a field of the wrong type or out of range, or that lacks its
+    optimizer or scheduler state: one line naming the file and the field, before the run writes anything into its
+    folder (config.yaml, vocab.json, finished.json), not a traceback from deep in the training loop."""
+    from captioner.core.errors import CheckpointError
+    from captioner.models.checkpoint_format import read_checkpoint, write_checkpoint_file
+    from captioner.training import fit as fitting
+
+    run = tmp_path / "run"
+    config = old_run(shapes, run, 3, 2)
+    payload = read_checkpoint(run / "last.pt")
+    damage, said = DAMAGED_STATES[case]
+    damage(payload["train_state"] if isinstance(payload.get("train_state"), dict) else {}, payload)
+    write_checkpoint_file(payload, run / "last.pt")
+    before = {path.name: path.read_bytes() for path in run.iterdir()}
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(run / 'last.pt'))}: {said}"):
+        fitting.fit(config, resume=True)
+    assert {path.name: path.read_bytes() for path in run.iterdir()} == before
+
+
+def test_a_mid_epoch_checkpoint_of_an_objective_with_its_own_logged_values_resumes(shapes: Path, tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch
+                                                                                   ) -> None:
+    """An SCST stage's mid-epoch last.pt sums its own logged values (more than cross-entropy's three): --resume goes
+    on to train it, where the check of whether the run had ended copied them into cross-entropy's sums and failed."""
+    from captioner.models.checkpoint_format import read_checkpoint, write_checkpoint_file
+    from captioner.training import fit as fitting
+    from captioner.training.scst import SelfCritical
+
+    run = tmp_path / "run"
+    config = old_run(shapes, run, 3, 2, position=5)
+    payload = read_checkpoint(run / "last.pt")
+    sums = torch.ones(len(SelfCritical.logged))
+    payload["train_state"] |= {"running": sums, "epoch_sums": sums, "running_steps": 2, "epoch_steps": 5}
+    write_checkpoint_file(payload, run / "last.pt")
+
+    def trains(*args: object, **kwargs: object) -> None:
+        raise Trains
+
+    monkeypatch.setattr(fitting, "decide_threads", trains)
+    with pytest.raises(Trains):
+        fitting.fit(config, resume=True)
+
+
+def test_sums_of_other_logged_values_than_the_runs_are_one_line() -> None:
+    from captioner.core.errors import CheckpointError
+    from captioner.training.state import TrainState
+
+    saved = {"epoch": 1, "step": 15, "position": 3, "best_score": 0.5, "best_epoch": 1, "running": torch.zeros(5),
+             "epoch_sums": torch.zeros(5), "running_steps": 3, "epoch_steps": 3}
+    with pytest.raises(CheckpointError, match=r"^runs/last\.pt: train_state\.running holds tensor\(.*\), where this "
+                                              r"run sums 3 values \(loss, xent, penalty\)$"):
+        TrainState().load(saved, torch.device("cpu"), "runs/last.pt")
+
+
+@pytest.mark.parametrize(("part", "said"), [
+    ("vocab", r"its vocab is damaged \(vocabulary must start with <pad>"),
+    ("model", r"its weights do not fit the model its config describes \(Missing key\(s\)"),
+])
+def test_a_last_pt_with_damaged_words_or_weights_is_one_line(part: str, said: str, shapes: Path,
+                                                            tmp_path: Path) -> None:
+    from captioner.core.errors import CheckpointError
+    from captioner.models.checkpoint_format import read_checkpoint, write_checkpoint_file
+    from captioner.training import fit as fitting
+
+    run = tmp_path / "run"
+    config = old_run(shapes, run, 3, 2)
+    payload = read_checkpoint(run / "last.pt")
+    if part == "vocab":
+        payload["vocab"] = payload["vocab"][2:]
+    else:
+        payload["model"].pop(next(iter(payload["model"])))
+    write_checkpoint_file(payload, run / "last.pt")
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(run / 'last.pt'))}: {said}"):
+        fitting.fit(config, resume=True)
+
+
+def test_an_optimizer_state_that_does_not_fit_is_one_line(shapes: Path, tmp_path: Path) -> None:
+    """A last.pt whose optimizer state is not the one its model trained with (empty here): one line naming it."""
+    from captioner.core.errors import CheckpointError
+    from captioner.training import fit as fitting
+
+    from captioner.models.checkpoint_format import read_checkpoint, write_checkpoint_file
+
+    run = tmp_path / "run"
+    config = old_run(shapes, run, 3, 2)  # optimizer={}: no param_groups
+    payload = read_checkpoint(run / "last.pt")
+    payload["train_state"] |= {"cpu_bf16": False, "onednn_products": False}  # as recorded: nothing timed
+    write_checkpoint_file(payload, run / "last.pt")
+    config.train.cpu_amp = "fp32"
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(run / 'last.pt'))}: its optimizer state does not "
+                                              r"fit this run's \('param_groups'\); --resume cannot go on from it$"):
+        fitting.fit(config, resume=True)

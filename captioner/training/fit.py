@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from captioner.core.config import dump_config
 from captioner.core.config_sections import Config
-from captioner.core.errors import CheckpointError, ConfigError, DatasetError
+from captioner.core.errors import CheckpointError, ConfigError, DatasetError, first_line
 from captioner.core.files import same_file_as, write_failure
 from captioner.core.process_settings import ThreadGovernor, resolve_device, seed_everything
 from captioner.data.bounded_tar import shard_limits
@@ -69,14 +69,15 @@ def fit(config: Config, resume: bool = False) -> Path:
     threads, governor = decide_threads(config, checkpoint and checkpoint["train_state"], str(out_dir / "last.pt"))
     initial = read_init_checkpoint(config) if config.train.init and checkpoint is None else None
     captions = (c for r in train_records for c in r.captions) if shards is None else shard_captions(shards, ctx.is_main)
-    vocab = choose_vocabulary(config, checkpoint or initial, captions)
+    source = out_dir / "last.pt" if checkpoint is not None else config.train.init  # where the weights come from
+    vocab = choose_vocabulary(config, checkpoint or initial, captions, source)
     log.info("%s: %d train images%s, %d val images, vocabulary %d words (min count %d)", config.data.dataset,
              len(train_records) if shards is None else shards.samples,
              "" if shards is None else f" in {len(shards.urls)} shards, streamed", len(val_records), len(vocab),
              config.data.min_word_count)
     model = Captioner.from_config(config, vocab, load_pretrained=checkpoint is None and initial is None).to(ctx.device)
     if checkpoint or initial:
-        model.load_state_dict((checkpoint or initial)["model"])  # the encoder too: fine-tuned layers stay fine-tuned
+        load_weights(model, (checkpoint or initial)["model"], source)  # the encoder too: fine-tuned layers stay so
     if ctx.is_main:
         try:
             vocab.save(out_dir / "vocab.json")
@@ -119,11 +120,12 @@ def finished_before(config: Config, saved: dict, ctx: Distributed) -> bool:
     early stopping's patience spent): then no step is trained (an early-stopped run would train one more epoch),
     finished.json is written and one line says so. A run from before finished.json, or resumed once more by hand.
     False, and nothing done, while it has epochs to train: that run resumes exactly."""
+    if saved.get("position"):  # mid-epoch: its sums are the objective's, which this state does not know
+        return False
     state = TrainState()
     state.load(saved, torch.device("cpu"))  # takes best_step from the history where an old last.pt lacks it
     train = config.train
-    ended = None if state.position else why_training_ended(state.epoch, state.best_epoch, train.epochs,
-                                                          train.early_stopping_patience)
+    ended = why_training_ended(state.epoch, state.best_epoch, train.epochs, train.early_stopping_patience)
     if ended is None:
         return False
     if ctx.is_main:
@@ -157,10 +159,15 @@ def train_shard_set(config: Config) -> ShardSet | None:
     return open_shard_set(split_shards(config.data, "train"), "data.train_shards", shard_limits(config.data))
 
 
-def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterable[str]) -> Vocabulary:
-    """A resumed or initialised run keeps its checkpoint's words; a new one counts the training captions."""
+def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterable[str],
+                      source: str | Path | None = None) -> Vocabulary:
+    """A resumed or initialised run keeps its checkpoint's words (`source` names its file); a new one counts the
+    training captions."""
     if checkpoint is not None:
-        return Vocabulary(checkpoint["vocab"])
+        try:
+            return Vocabulary(checkpoint["vocab"])
+        except (DatasetError, TypeError) as e:  # not a list of words that starts with the special tokens
+            raise CheckpointError(f"{source}: its vocab is damaged ({first_line(e)})") from None
     if config.train.stage == "scst":
         raise ConfigError("train.stage: scst starts from a cross-entropy model: "
                           "set train.init (or pass --init CHECKPOINT)")
@@ -169,6 +176,17 @@ def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterabl
         raise DatasetError(f"{config.data.dataset} ({config.data.root}): the training captions hold no word seen "
                            f"{config.data.min_word_count} times or more (data.min_word_count); empty captions?")
     return vocab
+
+
+def load_weights(model: Captioner, weights: dict, source: str | Path | None) -> None:
+    """The checkpoint's weights into the model its model section and vocabulary describe; a damaged file's
+    weights that do not fit are one line naming it."""
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as e:  # missing, unexpected or misshapen weights: torch says which on its second line
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        raise CheckpointError(f"{source}: its weights do not fit the model its config describes "
+                              f"({lines[min(1, len(lines) - 1)][:200] if lines else type(e).__name__})") from None
 
 
 @dataclass
@@ -239,9 +257,13 @@ class Run:
     def restore(self, checkpoint: dict) -> None:
         """The optimiser, schedule, position and random streams of last.pt."""
         state, ctx, saved, last = self.state, self.ctx, checkpoint["train_state"], self.out_dir / "last.pt"
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.scheduler.load_state_dict(checkpoint["scheduler"])
-        state.load(saved, ctx.device)
+        for key, part in (("optimizer", self.optimizer), ("scheduler", self.scheduler)):
+            try:
+                part.load_state_dict(checkpoint[key])
+            except (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError) as e:  # damaged
+                raise CheckpointError(f"{last}: its {key} state does not fit this run's ({first_line(e)}); "
+                                      "--resume cannot go on from it") from None
+        state.load(saved, ctx.device, str(last))
         if isinstance(self.loader, ShardStream):
             self.sampler.set_epoch(state.epoch + 1)  # the epoch's plan gives its length
             if state.position:

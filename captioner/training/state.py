@@ -101,7 +101,9 @@ class TrainState:
         saved = {name: getattr(self, name) for name in SAVED}
         return saved | {name: saved[name].cpu() for name in ("running", "epoch_sums") if saved[name] is not None}
 
-    def load(self, saved: dict, device: torch.device) -> None:
+    def load(self, saved: dict, device: torch.device, source: str = "last.pt") -> None:
+        """Where a checkpoint's train state `saved` stands (`check_train_state` checked its fields); mid-epoch, the
+        sums of the objective's logged values too, which must be as many as this run's (`source` names the file)."""
         self.epoch, self.step = saved["epoch"], saved["step"]
         self.position = saved.get("position", 0)
         self.best_score, self.best_epoch = saved["best_score"], saved["best_epoch"]
@@ -112,9 +114,76 @@ class TrainState:
         self.step_losses = list(saved.get("step_losses", []))
         self.reset_sums(device)
         if saved.get("running") is not None and self.position:  # mid-epoch: the sums go on
+            for key in ("running", "epoch_sums"):
+                if getattr(saved.get(key), "shape", None) != self.running.shape:
+                    raise CheckpointError(f"{source}: train_state.{key} holds {str(saved.get(key))[:80]}, where "
+                                          f"this run sums {len(self.logged)} values ({', '.join(self.logged)})")
             self.running.copy_(saved["running"])
             self.epoch_sums.copy_(saved["epoch_sums"])
             self.running_steps, self.epoch_steps = saved["running_steps"], saved["epoch_steps"]
+
+
+# last.pt's train_state fields of whole numbers, 0 or more: those every last.pt has, then those an older one may lack
+COUNTS = ("epoch", "step", "best_epoch")
+OPTIONAL_COUNTS = ("position", "best_step", "running_steps", "epoch_steps")
+
+
+def check_train_state(checkpoint: dict, path: Path) -> None:
+    """Refuse, in one line naming `path` and the field, a last.pt that --resume cannot go on from: no train_state,
+    optimizer or scheduler state (a model's checkpoint, or a damaged one), or a train_state field of the wrong
+    type or out of range. Checked before the run writes anything into its folder."""
+    saved = checkpoint.get("train_state")
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path}: no train_state (a model's checkpoint, not a run's last.pt): --resume "
+                              "continues a run from the last.pt its training wrote")
+    for key in ("optimizer", "scheduler"):
+        if not isinstance(checkpoint.get(key), dict):
+            raise CheckpointError(f"{path}: no {key} state (a damaged last.pt): --resume cannot go on from it; "
+                                  "train.init starts a new run from its model")
+    problem = train_state_problem(saved)
+    if problem is not None:
+        raise CheckpointError(f"{path}: train_state.{problem}; the file is damaged, and --resume cannot go on "
+                              "from it")
+
+
+def train_state_problem(saved: dict) -> str | None:
+    """The first field of a saved train state that `TrainState.load` cannot take, in words ("epoch is -1, ..."),
+    or None."""
+    for key in COUNTS + OPTIONAL_COUNTS:
+        if key in COUNTS or saved.get(key) is not None:
+            value = saved.get(key)
+            if not is_count(value):
+                return f"{key} is {value!r}, not a whole number of 0 or more"
+    score = saved.get("best_score")
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or math.isnan(score):
+        return f"best_score is {score!r}, not a number"
+    history = saved.get("history", [])
+    if not isinstance(history, list):
+        return f"history is a {type(history).__name__}, not a list of rows"
+    for i, row in enumerate(history):
+        if not (isinstance(row, dict) and is_count(row.get("epoch")) and is_count(row.get("step"))
+                and all(isinstance(k, str) and is_number(v) for k, v in row.items())):
+            return f"history[{i}] is {str(row)[:80]}, not a row of numbers with its epoch and step"
+    losses = saved.get("step_losses", [])
+    if not isinstance(losses, list):
+        return f"step_losses is a {type(losses).__name__}, not a list of [step, loss] pairs"
+    for i, pair in enumerate(losses):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and is_count(pair[0]) and is_number(pair[1])):
+            return f"step_losses[{i}] is {str(pair)[:80]}, not a [step, loss] pair"
+    for key in ("running", "epoch_sums"):
+        value = saved.get(key)
+        if value is not None and not (isinstance(value, torch.Tensor) and value.dim() == 1
+                                      and value.is_floating_point()):
+            return f"{key} is {str(value)[:80]}, not a tensor of sums"
+    return None
+
+
+def is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def rng_state() -> dict[str, Any]:
@@ -137,7 +206,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         name, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
         torch.set_rng_state(state["torch"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError, OverflowError, RuntimeError) as e:
         raise CheckpointError(f"the checkpoint's random number generator states are malformed ({e})") from None
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -177,7 +246,8 @@ def checked_resume_checkpoint(config: Config, trained_on: dict | None) -> dict:
     if not last.exists():
         raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir)")
     checkpoint = read_checkpoint(last)
-    if checkpoint["config"]["model"] != config.to_dict()["model"]:
+    check_train_state(checkpoint, last)
+    if checkpoint["config"].get("model") != config.to_dict()["model"]:
         raise CheckpointError(f"{last}: the model section of the config differs from the checkpoint's; cannot resume")
     recorded = checkpoint["train_state"].get("data")
     if trained_on and isinstance(recorded, dict) and recorded:  # old: none
