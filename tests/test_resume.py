@@ -465,6 +465,9 @@ def test_an_optimizer_state_that_does_not_fit_is_one_line(shapes: Path, tmp_path
     payload["train_state"] |= {"cpu_bf16": False, "onednn_products": False}  # as recorded: nothing timed
     write_checkpoint_file(payload, run / "last.pt")
     config.train.cpu_amp = "fp32"
+    config.train.log_every = 7  # another setting than the run's: its config.yaml must not take it on a refusal
+    before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
     with pytest.raises(CheckpointError, match=rf"^{re.escape(str(run / 'last.pt'))}: its optimizer state does not "
                                               r"fit this run's \('param_groups'\); --resume cannot go on from it$"):
         fitting.fit(config, resume=True)
+    assert {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()} == before

@@ -78,16 +78,10 @@ def fit(config: Config, resume: bool = False) -> Path:
     model = Captioner.from_config(config, vocab, load_pretrained=checkpoint is None and initial is None).to(ctx.device)
     if checkpoint or initial:
         load_weights(model, (checkpoint or initial)["model"], source)  # the encoder too: fine-tuned layers stay so
-    if ctx.is_main:
-        try:
-            vocab.save(out_dir / "vocab.json")
-            dump_config(config, out_dir / "config.yaml")
-            drawn = seeded_split_record(config.data)
-            if drawn is not None:  # the split this run drew, so evaluation elsewhere can be checked against it
-                (out_dir / "splits.json").write_text(json.dumps(drawn, indent=1))
-        except OSError as e:  # a full disk before the first step: one line naming the file
-            raise write_failure(Path(e.filename or out_dir), e) from None
+    # last.pt's optimizer, schedule and random states restored (a damaged one refused) before the run's files change
     run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint, shards, threads)
+    if ctx.is_main:
+        write_run_files(config, vocab, out_dir)
     del checkpoint, initial  # read into the model and the optimizer: their copies of the weights go before training
     run.threads, run.trained_on = governor, trained_on
     if ctx.is_main:
@@ -134,6 +128,19 @@ def finished_before(config: Config, saved: dict, ctx: Distributed) -> bool:
                  "train.epochs or train.early_stopping_patience to train on)", Path(train.out_dir) / "last.pt",
                  state.epoch, state.step, ended)
     return True
+
+
+def write_run_files(config: Config, vocab: Vocabulary, out_dir: Path) -> None:
+    """The run's vocab.json, config.yaml and drawn split, once everything --resume reads has held: a refused resume
+    leaves the folder as it was."""
+    try:
+        vocab.save(out_dir / "vocab.json")
+        dump_config(config, out_dir / "config.yaml")
+        drawn = seeded_split_record(config.data)
+        if drawn is not None:  # the split this run drew, so evaluation elsewhere can be checked against it
+            (out_dir / "splits.json").write_text(json.dumps(drawn, indent=1))
+    except OSError as e:  # a full disk before the first step: one line naming the file
+        raise write_failure(Path(e.filename or out_dir), e) from None
 
 
 def load_records(config: Config, ctx: Distributed) -> tuple[list[ImageRecord], list[ImageRecord], list[ImageRecord]]:
