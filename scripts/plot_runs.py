@@ -27,9 +27,14 @@ def main() -> None:
         if not path.is_file():
             raise SystemExit(f"error: {path}: no metrics.csv (is {run} a train.out_dir?)")
         try:
-            runs.append((label or run, read_history(path)))
+            history = read_history(path)
         except CaptionerError as e:  # a damaged metrics.csv: its one line, naming the file, the row and the column
             raise SystemExit(f"error: {e}") from None
+        if not any(f"val_{args.val}" in row for row in history):
+            columns = sorted({key[4:] for row in history for key in row if key.startswith("val_")})
+            raise SystemExit(f"error: {path}: no val_{args.val} column for --val {args.val} (it has: "
+                             f"{', '.join(columns) or 'no validation yet'})")
+        runs.append((label or run, history))
     save_figure(runs_figure(runs, args.val, args.train, args.title), args.out)
     print(f"wrote {args.out}")
 

@@ -93,3 +93,18 @@ def test_the_script_names_a_damaged_metrics_file_in_one_line(tmp_path: Path, mon
         runpy.run_path(SCRIPT[1], run_name="__main__")
     assert str(stopped.value) == f"error: {tmp_path / 'a' / 'metrics.csv'}: line 3 has 2 cells, its header 3"
     assert not (tmp_path / "curves.png").exists()
+
+
+def test_the_script_names_a_validation_column_a_run_lacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--val of a metric a run never scored drew an empty panel beside the other runs' curves, as if it had."""
+    import runpy
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "metrics.csv").write_text("epoch,step,val_CIDEr,val_Bleu_4\n1,10,0.3,0.1\n")
+    monkeypatch.setattr(sys, "argv",
+                        [SCRIPT[1], str(tmp_path / "curves.png"), f"{tmp_path / 'a'}:t1", "--val", "SPICE"])
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(SCRIPT[1], run_name="__main__")
+    assert str(stopped.value) == (f"error: {tmp_path / 'a' / 'metrics.csv'}: no val_SPICE column for --val SPICE "
+                                  "(it has: Bleu_4, CIDEr)")
+    assert not (tmp_path / "curves.png").exists()
