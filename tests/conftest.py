@@ -54,6 +54,19 @@ def in_an_empty_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
+@pytest.fixture(autouse=True)
+def products_route_kept() -> Iterator[None]:
+    """A run resumed in the test's own process takes the products route its last.pt records
+    (`products.take_route`) for the whole process: put back after the test, so that a later one on this worker
+    meets the machine's route, whichever ran first."""
+    from captioner.models import products
+
+    saved = {name: getattr(products, name) for name in ("_ENABLED", "_CHECKED", "_GRAM_MM", "_GRAD_MM")}
+    yield
+    for name, value in saved.items():
+        setattr(products, name, value)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def warm_decoding_children() -> Iterator[None]:
     """The demo's decoding processes fork from the pytest worker's warm interpreter (tests/warm_start.py), as the
