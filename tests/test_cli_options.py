@@ -80,6 +80,10 @@ def test_evaluate_results_writes_scores_to_runs_eval_and_replaces_no_file_but_sc
     assert main(
         ["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "s.json"]) == 0
     assert (work / "s.json").is_file() and sorted(data.iterdir()) == before
+    (work / "folder.json").mkdir()  # a folder whose name ends in .json is a folder: was "a file that is not ..."
+    assert main(["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out",
+                 "folder.json"]) == 0
+    assert (work / "folder.json" / "scores.json").is_file()
     # an earlier scores file is replaced; the inputs and any other file are kept, the refusal one line
     assert main(
         ["evaluate", "--fast", "--results", str(results), "--annotations", str(annotations), "--out", "s.json"]) == 0

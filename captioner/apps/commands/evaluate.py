@@ -102,7 +102,7 @@ def scores_file(args: argparse.Namespace) -> Path:
     if given is not None and given.suffix != ".json" and given.exists() and not given.is_dir():
         raise CaptionerError(f"evaluate --out {given}: a file, not a folder (nor a .json file for the scores)")
     out = given or Path(DEFAULT_EVAL_DIR) / f"{Path(args.results).stem}_scores.json"
-    out = out / "scores.json" if out.suffix != ".json" else out
+    out = out / "scores.json" if out.suffix != ".json" or out.is_dir() else out  # a folder, whatever its name
     for name, path in (("--results", args.results), ("--annotations", args.annotations)):
         if out.exists() and Path(path).exists() and out.samefile(path):
             raise CaptionerError(f"evaluate --out {out}: that is the {name} file; the scores go to a file of their own")
