@@ -162,6 +162,9 @@ ROWS: dict[str, Row] = {
                                   r"^error: train --init: an empty path; name the checkpoint to start from"),
     "train: nothing to resume": Row(["train", SHAPES, "--resume"], 2,
                                     r"last\.pt: nothing to resume .*leave out --resume"),
+    "train: --resume of a last.pt that links to itself": Row(
+        ["train", SHAPES, "train.out_dir=run", "--resume"], 2,
+        r"^error: run/last\.pt: a link that leads to no file \(a loop, or its target gone\)", ("a_last_pt_loop",)),
     "train: an out_dir that holds a run": Row(
         ["train", SHAPES, "train.out_dir=run"], 2,
         (r"^error: train\.out_dir=run already holds a run \(best\.pt, last\.pt\): continue it with --resume, or "
@@ -442,6 +445,9 @@ def prepare(setup: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, folder: Pat
         monkeypatch.setattr("captioner.data.download.RETRY_BACKOFF_S", 0.0)
     if "a_run" in setup or "a_run_without_last" in setup:  # an earlier run in train.out_dir=run
         earlier_run(folder / "run", last="a_run" in setup)
+    if "a_last_pt_loop" in setup:  # said "nothing to resume (no last.pt ...)", with a last.pt in the folder
+        (folder / "run").mkdir()
+        (folder / "run" / "last.pt").symlink_to("last.pt")
     if "shapes_without_images" in setup:  # a moved run: its caption files are there, its images are not
         shapes_world(folder / "shapes", with_images=False)
 

@@ -87,6 +87,9 @@ def require_start(config: Config, resume: bool) -> None:
     if resume:
         if last.is_dir():
             raise CheckpointError(f"{last}: a folder, not the checkpoint --resume continues from")
+        if last.is_symlink() and not last.exists():
+            raise CheckpointError(f"{last}: a link that leads to no file (a loop, or its target gone); "
+                                  "--resume continues from the checkpoint it names")
         if not last.is_file():
             raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir); "
                                   "leave out --resume to start the run")

@@ -244,7 +244,8 @@ def checked_resume_checkpoint(config: Config, trained_on: dict | None) -> dict:
     """`read_resume_checkpoint` on this rank alone."""
     last = Path(config.train.out_dir) / "last.pt"
     if not last.exists():
-        raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir)")
+        raise CheckpointError(f"{last}: a link that leads to no file (a loop, or its target gone)" if last.is_symlink()
+                              else f"{last}: nothing to resume (no last.pt in train.out_dir)")
     checkpoint = read_checkpoint(last)
     check_train_state(checkpoint, last)
     if checkpoint["config"].get("model") != config.to_dict()["model"]:
