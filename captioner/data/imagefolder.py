@@ -18,7 +18,7 @@ from typing import Any
 
 from captioner.core.bounded_files import Confinement, is_within, loads_json
 from captioner.core.errors import DatasetError, ImageLoadError
-from captioner.data.records import ImageRecord, drop_missing, read_text
+from captioner.data.records import ImageRecord, drop_missing, leaves_folder, read_text
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +119,14 @@ def _csv_rows(path: Path, text: str) -> list[tuple[int, dict]]:
 
 def _inside(path: Path, line: int, name: str, folder: Confinement) -> str:
     """A file name inside the metadata file's folder: no absolute path, no `..`, no link out of it."""
-    parts = PurePosixPath(name.replace("\\", "/"))
-    if parts.is_absolute() or ".." in parts.parts:
+    if leaves_folder(name):
         raise DatasetError(f"{path}:{line}: file_name {name!r} leaves the image folder "
                            f"(use a path relative to {path.name})")
-    if (target := folder.escape(parts.as_posix())) is not None:
+    posix = PurePosixPath(name.replace("\\", "/")).as_posix()
+    if (target := folder.escape(posix)) is not None:
         raise DatasetError(f"{path}:{line}: file_name {name!r} is a link out of the image folder (to {target}); "
                            "refused")
-    return parts.as_posix()
+    return posix
 
 
 def metadata_file(folder: Path) -> Path | None:
