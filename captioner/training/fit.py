@@ -77,7 +77,8 @@ def fit(config: Config, resume: bool = False) -> Path:
              config.data.min_word_count)
     model = Captioner.from_config(config, vocab, load_pretrained=checkpoint is None and initial is None).to(ctx.device)
     if checkpoint or initial:
-        load_weights(model, (checkpoint or initial)["model"], source)  # the encoder too: fine-tuned layers stay so
+        # the encoder too: fine-tuned layers stay so; a damaged file's weights that do not fit are one line naming it
+        model._load_weights((checkpoint or initial)["model"], Path(source))
     # last.pt's optimizer, schedule and random states restored (a damaged one refused) before the run's files change
     run = Run.start(config, ctx, model, train_records, val_records, all_val_records, checkpoint, shards, threads)
     if ctx.is_main:
@@ -183,17 +184,6 @@ def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterabl
         raise DatasetError(f"{config.data.dataset} ({config.data.root}): the training captions hold no word seen "
                            f"{config.data.min_word_count} times or more (data.min_word_count); empty captions?")
     return vocab
-
-
-def load_weights(model: Captioner, weights: dict, source: str | Path | None) -> None:
-    """The checkpoint's weights into the model its model section and vocabulary describe; a damaged file's
-    weights that do not fit are one line naming it."""
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as e:  # missing, unexpected or misshapen weights: torch says which on its second line
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        raise CheckpointError(f"{source}: its weights do not fit the model its config describes "
-                              f"({lines[min(1, len(lines) - 1)][:200] if lines else type(e).__name__})") from None
 
 
 @dataclass
