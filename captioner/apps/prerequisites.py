@@ -85,14 +85,9 @@ def require_start(config: Config, resume: bool) -> None:
     """`train`: what the run starts from, before any data is read: --resume's last.pt, else train.init (SCST's)."""
     last = Path(config.train.out_dir) / "last.pt"
     if resume:
-        if last.is_dir():
-            raise CheckpointError(f"{last}: a folder, not the checkpoint --resume continues from")
-        if last.is_symlink() and not last.exists():
-            raise CheckpointError(f"{last}: a link that leads to no file (a loop, or its target gone); "
-                                  "--resume continues from the checkpoint it names")
-        if not last.is_file():
-            raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir); "
-                                  "leave out --resume to start the run")
+        from captioner.training.run_folders import require_resumable
+
+        require_resumable(last)
         return
     init = config.train.init
     if init and not Path(init).exists():

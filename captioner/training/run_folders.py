@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 
 from captioner.core.config_sections import Config
-from captioner.core.errors import CaptionerError, ConfigError, FeatureStoreError, StorageError
+from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, FeatureStoreError, StorageError
 from captioner.core.files import folder_problem
 from captioner.training.distributed import Distributed
 from captioner.training.history import CURVES, FINISHED, METRICS, RUN_CONFIG, STEP_LOSSES
@@ -86,3 +86,16 @@ def file_problem(path: Path) -> str | None:
     if stat.S_ISDIR(mode):
         return "a folder"
     return None if stat.S_ISREG(mode) else "not a regular file (a pipe, a device or a socket)"
+
+
+def require_resumable(last: Path) -> None:
+    """--resume's last.pt: a file; a folder, a link leading to no file, or nothing there is one line saying which
+    (the command's check before any data is read, and training's own)."""
+    if last.is_dir():
+        raise CheckpointError(f"{last}: a folder, not the checkpoint --resume continues from")
+    if last.is_symlink() and not last.exists():
+        raise CheckpointError(f"{last}: a link that leads to no file (a loop, or its target gone); "
+                              "--resume continues from the checkpoint it names")
+    if not last.is_file():
+        raise CheckpointError(f"{last}: nothing to resume (no last.pt in train.out_dir); "
+                              "leave out --resume to start the run")

@@ -25,6 +25,7 @@ from captioner.data.records import ImageRecord
 from captioner.data.shards import ShardSet
 from captioner.models.checkpoint import read_checkpoint
 from captioner.training.distributed import Distributed
+from captioner.training.run_folders import require_resumable
 
 log = logging.getLogger(__name__)
 
@@ -243,9 +244,7 @@ def read_resume_checkpoint(config: Config, trained_on: dict | None = None, ctx: 
 def checked_resume_checkpoint(config: Config, trained_on: dict | None) -> dict:
     """`read_resume_checkpoint` on this rank alone."""
     last = Path(config.train.out_dir) / "last.pt"
-    if not last.exists():
-        raise CheckpointError(f"{last}: a link that leads to no file (a loop, or its target gone)" if last.is_symlink()
-                              else f"{last}: nothing to resume (no last.pt in train.out_dir)")
+    require_resumable(last)
     checkpoint = read_checkpoint(last)
     check_train_state(checkpoint, last)
     if checkpoint["config"].get("model") != config.to_dict()["model"]:
