@@ -32,9 +32,7 @@ def load_coco_captions(annotation_file: str | Path, image_root: str | Path, chec
                                f"image folder {image_root} (an absolute path or '..'); refused")
     texts = {i: [ann["caption"].strip() for ann in coco.imgToAnns.get(i, [])] for i in sorted(coco.imgs)}
     blank = [i for i, image_texts in texts.items() for text in image_texts if not text]
-    if blank:  # a caption of no words would teach the model to say nothing
-        log.warning("%s: %d blank caption%s skipped (image %d%s)", annotation_file, len(blank),
-                    "s" if len(blank) > 1 else "", blank[0], ", ..." if len(blank) > 1 else "")
+    warn_blank(annotation_file, "caption", [f"image {i}" for i in blank])  # one of no words teaches silence
     captions = {i: tuple(text for text in image_texts if text) for i, image_texts in texts.items()}
     records = [ImageRecord(i, image_root / coco.imgs[i]["file_name"], texts) for i, texts in captions.items() if texts]
     if not records:
@@ -161,9 +159,7 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
             raise DatasetError(f"{where}: every sentence is blank (no 'raw' text and no 'tokens')")
         records.append(ImageRecord(image_id, image_root / entry.get("filepath", "") / entry["filename"], captions))
     report_split_sizes(split_file, sizes, coco=any("cocoid" in e for e in images if isinstance(e, dict)))
-    if blank:
-        log.warning("%s: %d blank sentence%s skipped (%s%s)", split_file, len(blank), "s" if len(blank) > 1 else "",
-                    blank[0], ", ..." if len(blank) > 1 else "")
+    warn_blank(split_file, "sentence", blank)
     if not records:
         raise DatasetError(f"{split_file}: no images in split {split!r}")
     return drop_missing(records, str(split_file), strict, max_missing) if check_images else records
@@ -183,6 +179,14 @@ def report_split_sizes(split_file: Path, sizes: Counter[str], coco: bool) -> Non
         log.warning("%s: split sizes %s differ from Karpathy's COCO split (%s): a partial or modified file?",
                     split_file, " / ".join(f"{k} {v}" for k, v in counted.items()),
                     " / ".join(map(str, KARPATHY_COCO_SIZES.values())))
+
+
+def warn_blank(path: Path, kind: str, where: list[str]) -> None:
+    """One warning for the blank captions (`kind`: caption or sentence) skipped in `path`, naming the first."""
+    if where:
+        plural = len(where) > 1
+        log.warning("%s: %d blank %s%s skipped (%s%s)", path, len(where), kind, "s" if plural else "", where[0],
+                    ", ..." if plural else "")
 
 
 def _sentence(sentence: object, where: str) -> str:
