@@ -21,7 +21,7 @@ from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, CheckpointError, DivergedError
 from captioner.core.portable_config import value_at
 from captioner.core.process_settings import seed_everything
-from captioner.data.records import ImageRecord
+from captioner.data.records import ImageRecord, is_int
 from captioner.data.shards import ShardSet
 from captioner.models.checkpoint import read_checkpoint
 from captioner.training.distributed import Distributed
@@ -180,7 +180,8 @@ def train_state_problem(saved: dict) -> str | None:
 
 
 def is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A whole number of 0 or more (JSON true/false are none)."""
+    return is_int(value) and value >= 0
 
 
 def is_number(value: object) -> bool:
