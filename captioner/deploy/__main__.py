@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from captioner.core.config_sections import MAX_THREADS  # train.threads' bound: torch-free, as the runtime is
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.errors import CaptionerError
 
@@ -20,11 +21,11 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}\n")
 
 
-MAX_THREADS = 1024  # onnxruntime starts every thread it is given at load: a million would hang the command
 
 
 def thread_count(text: str) -> int:
-    """argparse type of --threads: a whole number in [1, MAX_THREADS]."""
+    """argparse type of --threads: a whole number in [1, MAX_THREADS] (onnxruntime starts every thread it is given
+    at load: a million would hang the command)."""
     try:
         value = int(text)
     except ValueError:
