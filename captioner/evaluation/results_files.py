@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,34 @@ def is_scores_file(path: str | os.PathLike[str]) -> bool:
     except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, nested past Python's limit
         return False
     return isinstance(document, dict) and {"overall", "num_images", "per_image"} <= document.keys()
+
+
+def read_scores_file(path: str | os.PathLike[str], remedy: str) -> dict[str, Any]:
+    """A scores file's JSON object, for what tables it: a missing file is one DatasetError saying `remedy` (the
+    command that writes one); a folder, a pipe, text that is not UTF-8 or not JSON, or JSON that is not an object,
+    one naming the file."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"{path}: no scores file ({remedy})")
+    document = read_json(path, "scores file")
+    if not isinstance(document, dict):
+        raise DatasetError(f"{path}: not a scores file (a JSON {type(document).__name__}, not an object)")
+    return document
+
+
+def score_fields(value: Any, where: str, keys: Collection[str]) -> dict[str, Any]:
+    """`value`, an object of a scores file (its "overall", a grounding's baselines) that holds every one of `keys` as
+    a number, or null where the score was not finite (`write_scores_json`); else one DatasetError naming `where`."""
+    if not isinstance(value, dict):
+        found = "nothing" if value is None else f"a JSON {type(value).__name__}"
+        raise DatasetError(f"{where}: expected an object of scores, found {found}")
+    for key in keys:
+        if key not in value:
+            raise DatasetError(f"{where}: no {key!r}")
+        number = value[key]
+        if number is not None and (isinstance(number, bool) or not isinstance(number, (int, float))):
+            raise DatasetError(f"{where}: {key} is {str(number)[:40]!r}, not a number")
+    return value
 
 
 def rounded(scores: Mapping[str, float]) -> dict[str, float]:
