@@ -89,3 +89,54 @@ def test_results_table_prints_a_score_that_was_not_finite_as_a_dash(capsys: pyte
     assert script("results_table").main([str(tmp_path / "run")]) == 0
     row = capsys.readouterr().out.splitlines()[2]
     assert row == "| run | - | - | " + "0.500 | " * 4 + "- | 0.500 | 0.500 | - | - | - |"
+
+
+# --- interpret_table.py ----------------------------------------------------------------------------------------
+
+
+def per_head(**changes: object) -> dict:
+    """A scores file with per-map grounding, as `captioner evaluate --grounding` writes it, with `changes`."""
+    table = {"words": 4, "best_head": "L10H1",
+             "baselines": {"uniform_grounding": 0.05, "random_point": 0.125, "centre_point": 0.25},
+             "maps": {"L10H1": {"grounding": 0.4, "pointing": 0.75}, "L10H0": {"grounding": 0.2, "pointing": 0.5},
+                      "L10 mean": {"grounding": 0.3, "pointing": 0.6}}}
+    return {"grounding": {"per_head": {**table, **changes}}}
+
+
+@pytest.mark.parametrize("kind", NOT_SCORES)
+def test_interpret_table_names_a_scores_file_it_cannot_read(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                            kind: str) -> None:
+    content, says = NOT_SCORES[kind]
+    path = write(tmp_path / "scores.json", content)
+    assert refusal(capsys, "interpret_table", [f"TF={path}"]).startswith(f"error: {path}: ")
+
+
+@pytest.mark.parametrize("scores, says", [
+    (per_head(baselines=None), "grounding.per_head.baselines: expected an object of scores, found nothing"),
+    (per_head(maps={"gradcam": {"grounding": "x", "pointing": 1}}), "grounding.per_head.maps.gradcam: grounding is"),
+    (per_head(maps=[1]), "grounding.per_head.maps: expected an object of map kinds"),
+    ({"grounding": [1]}, "no per-map grounding scores"),
+], ids=["no baselines", "a word for a score", "maps a list", "grounding a list"])
+def test_interpret_table_names_the_field_of_a_scores_file_of_another_shape(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, scores: dict, says: str) -> None:
+    path = write(tmp_path / "scores.json", json.dumps(scores))
+    assert refusal(capsys, "interpret_table", [f"TF={path}"]).startswith(f"error: {path}: {says}")
+
+
+@pytest.mark.parametrize("given, says", [
+    ("missing", "no scores file"), ("folder", "scores file is a folder"),
+    ("device", "scores file is not a regular file"),
+    ("deep", "not valid JSON here: lists or objects nested hundreds of levels deep")])
+def test_interpret_table_refuses_a_path_that_holds_no_scores_file(capsys: pytest.CaptureFixture[str],
+                                                                  tmp_path: Path, given: str, says: str) -> None:
+    """A device is refused unread: /dev/zero was read until memory ran out (/dev/null stands for it here)."""
+    path = {"missing": tmp_path / "nowhere.json", "folder": tmp_path, "device": Path("/dev/null"),
+            "deep": write(tmp_path / "deep.json", "[" * 100_000)}[given]
+    assert refusal(capsys, "interpret_table", [f"TF={path}"]).startswith(f"error: {path}: {says}")
+
+
+def test_interpret_table_names_layers_of_two_digits(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = write(tmp_path / "scores.json", json.dumps(per_head()))
+    assert script("interpret_table").main([f"TF={path}"]) == 0
+    assert [row.split(" | ")[1] for row in capsys.readouterr().out.splitlines()[2:]] == [
+        "layer 10, head 1 (best)", "layer 10, head 0", "layer 10, mean of heads"]
