@@ -5,9 +5,11 @@ gain with its 95% interval and the share of draws in which B beats A (captioner/
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
+from captioner.apps.arguments import AnyOrderParser, nonnegative_int, positive_int
 from captioner.core.errors import CaptionerError
 from captioner.evaluation.significance import (
     MEAN_METRICS,
@@ -21,19 +23,28 @@ def scores_path(run: str, split: str) -> Path:
     return path / f"scores_{split}.json" if path.is_dir() else path
 
 
+def finite_number(text: str) -> float:
+    """argparse type of --goal: a finite number (a gain of NaN or infinity is reached by no draw)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number such as 0.1, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = AnyOrderParser(description=__doc__.splitlines()[0])
     parser.add_argument("base", help="run folder (or scores JSON) of the run to compare against")
     parser.add_argument("new", help="run folder (or scores JSON) of the run whose gain is measured")
     parser.add_argument("--metric", default="CIDEr", choices=MEAN_METRICS)
     parser.add_argument("--split", default="test")
-    parser.add_argument("--samples", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--goal", type=float, default=None,
+    parser.add_argument("--samples", type=positive_int, default=10_000)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
+    parser.add_argument("--goal", type=finite_number, default=None,
                         help="a relative gain, e.g. 0.10: also print the share of draws that reach it")
     args = parser.parse_args(argv)
-    if args.samples < 1:
-        parser.error(f"--samples must be at least 1, got {args.samples}")
     try:
         base = per_image_scores(scores_path(args.base, args.split), args.metric)
         new = per_image_scores(scores_path(args.new, args.split), args.metric)

@@ -140,3 +140,19 @@ def test_interpret_table_names_layers_of_two_digits(capsys: pytest.CaptureFixtur
     assert script("interpret_table").main([f"TF={path}"]) == 0
     assert [row.split(" | ")[1] for row in capsys.readouterr().out.splitlines()[2:]] == [
         "layer 10, head 1 (best)", "layer 10, head 0", "layer 10, mean of heads"]
+
+
+# --- paired_bootstrap.py ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option, says", [
+    (["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+    (["--samples", "0"], "argument --samples: must be at least 1, got 0"),
+    (["--goal", "nan"], "argument --goal: expected a finite number"),
+    (["--samples", "100000000000"], "100,000,000,000 draws of 3 images do not fit in memory"),
+], ids=["negative seed", "no samples", "goal not a number", "draws past any memory"])
+def test_paired_bootstrap_refuses_a_count_or_number_that_means_nothing(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, option: list[str], says: str) -> None:
+    rows = [{"image_id": i, "CIDEr": 0.5 + i} for i in range(3)]
+    scores = write(tmp_path / "scores.json", json.dumps({"overall": {"CIDEr": 1.5}, "per_image": rows}))
+    assert says in refusal(capsys, "paired_bootstrap", [str(scores), str(scores), *option])

@@ -71,8 +71,12 @@ def paired_bootstrap(base: dict[int, float], new: dict[int, float], samples: int
     b = np.array([new[i] for i in ids])  # (I,)
     if a.mean() <= 0:
         raise CaptionerError("the base run scores 0: a relative gain is undefined")
-    draws = np.random.default_rng(seed).integers(0, len(ids), size=(samples, len(ids)))  # (S, I) image indices
-    base_means, new_means = a[draws].mean(axis=1), b[draws].mean(axis=1)  # (S,) each
+    try:
+        draws = np.random.default_rng(seed).integers(0, len(ids), size=(samples, len(ids)))  # (S, I) image indices
+        base_means, new_means = a[draws].mean(axis=1), b[draws].mean(axis=1)  # (S,) each
+    except MemoryError:
+        raise CaptionerError(f"{samples:,} draws of {len(ids):,} images do not fit in memory; "
+                             "ask for fewer samples") from None
     gains = new_means / np.maximum(base_means, np.finfo(float).tiny) - 1  # (S,)
     tail = 100 * (1 - interval) / 2
     return PairedGain(base=float(a.mean()), new=float(b.mean()), gain=float(b.mean() / a.mean() - 1),
