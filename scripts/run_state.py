@@ -12,10 +12,10 @@ there when run again:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from captioner.apps.arguments import AnyOrderParser
 from captioner.training.history import FINISHED, METRICS, ended_by_its_history, training_finished
 
 
@@ -35,11 +35,16 @@ def run_state(run: Path, scores: str = "scores_test.json") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Say where a run folder stands: new, stopped, trained or scored.")
+    parser = AnyOrderParser(description="Say where a run folder stands: new, stopped, trained or scored.")
     parser.add_argument("run", type=Path, help="the run folder (train.out_dir)")
     parser.add_argument("--scores", default="scores_test.json",
                         help="the scores file `captioner evaluate` writes into the run folder (default %(default)s)")
     args = parser.parse_args(argv)
+    # "new" would send a sweep to train into a file
+    blocked = next((path for path in (args.run, *args.run.parents) if path.exists() and not path.is_dir()), None)
+    if blocked is not None:
+        print(f"error: {args.run}: not a run folder ({blocked} is a file)", file=sys.stderr)
+        return 2
     print(run_state(args.run, args.scores))
     return 0
 

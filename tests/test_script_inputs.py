@@ -156,3 +156,15 @@ def test_paired_bootstrap_refuses_a_count_or_number_that_means_nothing(
     rows = [{"image_id": i, "CIDEr": 0.5 + i} for i in range(3)]
     scores = write(tmp_path / "scores.json", json.dumps({"overall": {"CIDEr": 1.5}, "per_image": rows}))
     assert says in refusal(capsys, "paired_bootstrap", [str(scores), str(scores), *option])
+
+
+# --- run_state.py ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("under", ["", "run"], ids=["the file", "a folder below it"])
+def test_run_state_refuses_a_file_for_a_run_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                   under: str) -> None:
+    """"new" would send a sweep on to train into it."""
+    file = write(tmp_path / "best.pt", b"x")
+    assert refusal(capsys, "run_state", [str(file / under)]) == (
+        f"error: {file / under}: not a run folder ({file} is a file)")
