@@ -8,9 +8,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from captioner.core.files import write_atomically  # noqa: E402
+from captioner.core.errors import CaptionerError  # noqa: E402
+from captioner.core.files import check_writable_folder, write_atomically  # noqa: E402
 from captioner.training.history import (  # noqa: E402
     CURVES, METRICS, STEP_LOSSES, epochs_trained, read_history, read_step_losses)
 
@@ -61,6 +63,18 @@ def runs_figure(runs: list[tuple[str, list[dict]]], val: str = "CIDEr", train: s
     ax_train.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def check_figure_path(path: str | Path) -> None:
+    """Refuse, in one line and before anything is drawn, a figure file `save_figure` could not write: a format
+    matplotlib has no writer for (the suffix), a folder standing there, a folder above it that cannot be made."""
+    path = Path(path)
+    kind = path.suffix.lstrip(".").lower() or "png"
+    if kind not in FigureCanvasBase.get_supported_filetypes():
+        raise CaptionerError(f"{path}: matplotlib writes no .{kind} figures; name a .png, .pdf or .svg file")
+    if path.is_dir():
+        raise CaptionerError(f"{path}: a folder; name the figure's file")
+    check_writable_folder(path.parent)
 
 
 def save_figure(fig: Figure, *paths: str | Path, dpi: int = 100) -> list[Path]:
