@@ -175,7 +175,7 @@ def test_run_state_refuses_a_file_for_a_run_folder(capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize("out, says", [
     ("file/curves.png", "{tmp}/file: a file, not a folder to write into"),
-    ("folder", "{tmp}/folder: a folder; name the figure's file"),
+    ("folder", "{tmp}/folder: a folder, not a file to write"),
     ("curves.xyz", "{tmp}/curves.xyz: matplotlib writes no .xyz figures"),
 ], ids=["under a file", "a folder", "no such format"])
 def test_plot_runs_refuses_a_figure_it_cannot_write_before_reading_the_runs(tmp_path: Path, out: str,

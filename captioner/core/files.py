@@ -111,6 +111,14 @@ def check_writable_folder(folder: str | Path) -> None:
         raise StorageError(f"{folder}: {problem}")
 
 
+def check_writable_file(path: str | Path) -> None:
+    """Refuse, in one line, a file `path` that cannot be written (a folder stands there, or its folder cannot be
+    made or written into), before a command's work starts rather than after it."""
+    if Path(path).is_dir():
+        raise StorageError(f"{path}: a folder, not a file to write")
+    check_writable_folder(Path(path).parent)
+
+
 STAGE_PREFIX, STAGE_SUFFIX = ".captioner-staged-", ".tmp"  # `staged_folder`'s folders, inside the one they fill
 NEW, EARLIER = "new", "earlier-"  # tags before the suffix: the set written; the set it replaces, + the marker
 BUSY = "another export is writing into this folder; wait for it to finish"

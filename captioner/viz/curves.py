@@ -12,7 +12,7 @@ from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from captioner.core.errors import CaptionerError  # noqa: E402
-from captioner.core.files import check_writable_folder, write_atomically  # noqa: E402
+from captioner.core.files import check_writable_file, write_atomically  # noqa: E402
 from captioner.training.history import (  # noqa: E402
     CURVES, METRICS, STEP_LOSSES, epochs_trained, read_history, read_step_losses)
 
@@ -72,9 +72,7 @@ def check_figure_path(path: str | Path) -> None:
     kind = path.suffix.lstrip(".").lower() or "png"
     if kind not in FigureCanvasBase.get_supported_filetypes():
         raise CaptionerError(f"{path}: matplotlib writes no .{kind} figures; name a .png, .pdf or .svg file")
-    if path.is_dir():
-        raise CaptionerError(f"{path}: a folder; name the figure's file")
-    check_writable_folder(path.parent)
+    check_writable_file(path)
 
 
 def save_figure(fig: Figure, *paths: str | Path, dpi: int = 100) -> list[Path]:
