@@ -9,8 +9,10 @@ import json
 import sys
 from pathlib import Path
 
-from captioner.apps.arguments import add_ensemble_arguments, load_model
+from captioner.apps.arguments import AnyOrderParser, add_ensemble_arguments, decode_value, load_model, positive_int
+from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.errors import CaptionerError
+from captioner.core.files import check_writable_file
 
 VARIANTS = {  # name -> Captioner.decode options
     "greedy": {"beam_size": 1},
@@ -28,6 +30,19 @@ def length_penalty_variants(beam_size: int, alphas: list[float]) -> dict[str, di
     """Beam search ranked by log-probability / ((5 + length) / 6) ** alpha, for each alpha."""
     return {f"beam {beam_size}, length penalty {alpha:g}": {"beam_size": beam_size, "length_penalty": alpha}
             for alpha in alphas}
+
+
+def length_penalties(text: str) -> list[float]:
+    """--length-penalties' alphas, each one a length penalty decoding takes."""
+    try:
+        alphas = [float(a) for a in text.split(",")]
+    except ValueError:
+        raise CaptionerError(f"--length-penalties: expected numbers separated by commas, got {text!r}") from None
+    option = DECODE_OPTIONS["length_penalty"]
+    for alpha in alphas:
+        if not option.allows(alpha):
+            raise CaptionerError(f"--length-penalties: {option.refusal(alpha)}")
+    return alphas
 
 
 def compare(
@@ -78,29 +93,26 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = AnyOrderParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="a checkpoint file (best.pt, last.pt)")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"))
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="images per batch (default: the config's decode.batch_size)")
     parser.add_argument("--device", default="auto",
                         help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
     parser.add_argument("--length-penalties", metavar="A,B,...",
                         help="instead of the fixed variants: beam --beam with each length penalty alpha")
-    parser.add_argument("--beam", type=int, default=3, help="beam width for --length-penalties")
+    parser.add_argument("--beam", type=decode_value("beam_size"), default=3, help="beam width for --length-penalties")
     add_ensemble_arguments(parser)
     parser.add_argument("--json", metavar="PATH",
                         help="also write every variant's options, scores and statistics as JSON")
     args = parser.parse_args(argv)
     try:
         variants = None
-        if args.length_penalties:
-            try:
-                alphas = [float(a) for a in args.length_penalties.split(",")]
-            except ValueError:
-                raise CaptionerError("--length-penalties: expected numbers separated by commas, "
-                                     f"got {args.length_penalties!r}") from None
-            variants = length_penalty_variants(args.beam, alphas)
+        if args.length_penalties is not None:
+            variants = length_penalty_variants(args.beam, length_penalties(args.length_penalties))
+        if args.json:
+            check_writable_file(args.json)  # before the split is encoded
         compare(args.checkpoint, args.split, args.device, args.batch_size, variants, args.json, args.ensemble,
                 args.combine)
     except CaptionerError as e:

@@ -186,3 +186,25 @@ def test_plot_runs_refuses_a_figure_it_cannot_write_before_reading_the_runs(tmp_
         script("plot_runs").main([str(tmp_path / out), f"{tmp_path / 'no_run'}:x"])
     assert str(stopped.value).startswith("error: " + says.format(tmp=tmp_path))
     assert (tmp_path / "file").read_bytes() == b"mine"
+
+
+# --- compare_decoding.py ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--batch-size", "-1"], "argument --batch-size: must be at least 1, got -1"),
+    (["--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+    (["--length-penalties", "1", "--beam", "0"], "argument --beam: beam_size must be a whole number in [1, 100]"),
+    (["--length-penalties", "0,nan"], "--length-penalties: length_penalty must be a finite number in [0, 10]; got nan"),
+    (["--length-penalties", ""], "--length-penalties: expected numbers separated by commas, got ''"),
+    (["--json", "{tmp}"], "{tmp}: a folder, not a file to write"),
+    (["--json", "{tmp}/file/scores.json"], "{tmp}/file: a file, not a folder to write into"),
+], ids=["negative batch", "empty batch", "no beam", "penalty not a number", "no penalties", "json a folder",
+        "json under a file"])
+def test_compare_decoding_refuses_its_options_before_loading_anything(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, options: list[str], says: str) -> None:
+    """The checkpoint is not there: each refusal comes before it is looked for, not after the split is encoded."""
+    write(tmp_path / "file", b"mine")
+    options = [option.format(tmp=tmp_path) for option in options]
+    assert says.format(tmp=tmp_path) in refusal(capsys, "compare_decoding", [str(tmp_path / "best.pt"), *options])
+    assert (tmp_path / "file").read_bytes() == b"mine"
