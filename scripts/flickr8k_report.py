@@ -12,7 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from captioner.apps.arguments import AnyOrderParser
 from captioner.core.errors import CaptionerError
+from captioner.core.files import check_writable_folder, make_folder
+from captioner.evaluation.results_files import read_scores_file, score_fields
 
 KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
 GALLERY_SIZE, WORST = 12, 10
@@ -25,20 +28,55 @@ def parse_run(text: str) -> tuple[str, Path]:
     return name, Path(folder)
 
 
-def read_json(path: Path, what: str) -> Any:
-    if not path.is_file():
-        raise CaptionerError(f"{path}: no {what} "
-                             f"(run `captioner evaluate {path.parent}/best.pt --split test --out {path.parent}`)")
+def remedy(run: Path) -> str:
+    return f"run `captioner evaluate {run}/best.pt --split test --out {run}`"
+
+
+def read_scores(path: Path) -> dict[str, Any]:
+    """A run's scores file, its "overall" scores numbers (or null)."""
+    document = read_scores_file(path, remedy(path.parent))
+    overall = document.get("overall")
+    score_fields(overall, f"{path}: overall", [k for k in KEYS if isinstance(overall, dict) and k in overall])
+    return document
+
+
+def per_image_cider(path: Path, document: dict[str, Any], references: dict[int, list[str]]) -> dict[int, float]:
+    """image id -> CIDEr-D of a scores file's per-image rows, each an image of the split."""
+    rows = document.get("per_image")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CaptionerError(f"{path}: not a readable {what} ({e})") from None
+        per_image = {row["image_id"]: float(row["CIDEr"]) for row in rows}
+    except (TypeError, KeyError, ValueError):
+        raise CaptionerError(f"{path}: 'per_image' is not a list of rows with an image_id and a numeric CIDEr "
+                             "(written by captioner evaluate)") from None
+    unknown = [image_id for image_id in per_image if image_id not in references]
+    if unknown:
+        raise CaptionerError(f"{path}: 'per_image' holds image {unknown[0]!r}, which is not in the split")
+    if not per_image:
+        raise CaptionerError(f"{path}: 'per_image' holds no image")
+    return per_image
+
+
+def checked_arguments(args: argparse.Namespace) -> dict[str, Path]:
+    """The runs by name, once the arguments are seen to make sense: said before anything is read or computed."""
+    names = [name for name, _ in args.run]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise CaptionerError(f"--run {twice[0]}: named twice; give each run a name of its own")
+    runs = dict(args.run)
+    if args.best not in runs:
+        raise CaptionerError(f"--best {args.best!r} is not one of the runs ({', '.join(runs)})")
+    if not args.out:
+        raise CaptionerError("--out: give the folder the report is written into")
+    check_writable_folder(args.out)
+    if args.gallery_images and not Path(args.gallery_images).is_dir():
+        raise CaptionerError(f"--gallery-images {args.gallery_images}: not a folder of photographs")
+    return runs
 
 
 def cells(scores: dict[str, float]) -> list[str]:
     """BLEU, METEOR and ROUGE-L in percent as the papers print them, CIDEr-D as a fraction; '-' where a
     metric is missing (a --fast evaluation has no METEOR or ROUGE-L)."""
-    return [("-" if k not in scores else f"{scores[k]:.3f}" if k == "CIDEr" else f"{100 * scores[k]:.1f}")
+    return [("-" if scores.get(k) is None else f"{scores[k]:.3f}" if k == "CIDEr" else f"{100 * scores[k]:.1f}")
             for k in KEYS]
 
 
@@ -58,9 +96,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     from captioner.models.checkpoint import checkpoint_config
     from captioner.viz.overlays import GalleryItem, gallery_sheet
 
-    runs = dict(args.run)
-    if args.best not in runs:
-        raise CaptionerError(f"--best {args.best!r} is not one of the runs ({', '.join(runs)})")
+    runs = checked_arguments(args)
     data = checkpoint_config(runs[args.best] / "best.pt").data
     records = load_split(data, args.split)
     references = {r.image_id: list(r.captions) for r in records}
@@ -68,13 +104,20 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     predictions, scores = {}, {}
     for name, folder in runs.items():
         results = folder / f"results_{args.split}.json"
-        read_json(results, "results file")
+        if not results.exists():
+            raise CaptionerError(f"{results}: no results file ({remedy(folder)})")
         predictions[name] = load_results(results, references)
-        scores[name] = read_json(folder / f"scores_{args.split}.json", "scores file")
+        scores[name] = read_scores(folder / f"scores_{args.split}.json")
         missing = len(references) - len(predictions[name])
         if missing:
             raise CaptionerError(f"{results}: {missing} of the {len(references)} {args.split} images "
                                  "have no caption")
+    per_image = per_image_cider(runs[args.best] / f"scores_{args.split}.json", scores[args.best], references)
+    gallery_root = Path(args.gallery_images) if args.gallery_images else None
+    shown = [r for r in records if gallery_root is None or (gallery_root / r.path.name).is_file()]
+    if not shown:
+        raise CaptionerError(f"--gallery-images {gallery_root}: holds none of the {len(records)} {args.split} "
+                             "photographs")
 
     out: dict[str, Any] = {"split": args.split, "images": len(references),
                            "runs": {n: str(f) for n, f in runs.items()}}
@@ -120,8 +163,6 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
                  [[w["word"], str(w["unmatched"]), str(w["used"])] for w in out["unmatched_words"]])]
 
     by_id = {r.image_id: r for r in records}
-    gallery_root = Path(args.gallery_images) if args.gallery_images else None
-    shown = [r for r in records if gallery_root is None or (gallery_root / r.path.name).is_file()]
     chosen = sorted(random.Random(args.seed).sample(shown, min(GALLERY_SIZE, len(shown))), key=lambda r: r.path.name)
 
     def picture(record: Any) -> Image.Image:
@@ -133,18 +174,17 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
                          [*((n, predictions[n][r.image_id]) for n in runs), ("human", r.captions[0])])
              for r in chosen]
     out["gallery"] = [r.path.name for r in chosen]
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    make_folder(args.out, f"--out {args.out}")
     gallery_sheet(items).save(Path(args.out) / "gallery.jpg", quality=88)
 
-    per_image = {row["image_id"]: row for row in scores[args.best]["per_image"]}
-    worst = sorted(per_image, key=lambda i: (per_image[i]["CIDEr"], i))[:WORST]
-    out["worst"] = [{"image": by_id[i].path.name, "CIDEr": per_image[i]["CIDEr"],
+    worst = sorted(per_image, key=lambda i: (per_image[i], i))[:WORST]
+    out["worst"] = [{"image": by_id[i].path.name, "CIDEr": per_image[i],
                      "caption": predictions[args.best][i], "references": references[i]} for i in worst]
     md += [f"\n## The {WORST} test images with the lowest CIDEr-D ({args.best})\n"]
     md += [f"{n}. `{w['image']}` CIDEr-D {w['CIDEr']:.3f}: \"{w['caption']}\"; "
            f"humans: \"{w['references'][0]}\" / \"{w['references'][1]}\""
            for n, w in enumerate(out["worst"], 1)]
-    worst_items = [GalleryItem(picture(by_id[i]), f"CIDEr-D {per_image[i]['CIDEr']:.3f}  {by_id[i].path.name}",
+    worst_items = [GalleryItem(picture(by_id[i]), f"CIDEr-D {per_image[i]:.3f}  {by_id[i].path.name}",
                                [(args.best, predictions[args.best][i]), ("human", references[i][0]),
                                 ("human", references[i][1])])
                    for i in worst]
@@ -156,7 +196,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = AnyOrderParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=parse_run, action="append", required=True, metavar="NAME=RUN",
                         help="a model's run folder (repeat)")
     parser.add_argument("--best", required=True, help="the NAME whose worst images are listed")

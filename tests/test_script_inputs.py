@@ -208,3 +208,55 @@ def test_compare_decoding_refuses_its_options_before_loading_anything(
     options = [option.format(tmp=tmp_path) for option in options]
     assert says.format(tmp=tmp_path) in refusal(capsys, "compare_decoding", [str(tmp_path / "best.pt"), *options])
     assert (tmp_path / "file").read_bytes() == b"mine"
+
+
+# --- flickr8k_report.py ----------------------------------------------------------------------------------------
+
+
+def report_run(folder: Path, monkeypatch: pytest.MonkeyPatch, scores: dict) -> Path:
+    """A run folder of two test images with their results and `scores`; its checkpoint's split stands in for the
+    one best.pt would name (nothing is loaded, encoded or scored)."""
+    from captioner.data import datasets
+    from captioner.data.records import ImageRecord
+    from captioner.models import checkpoint
+
+    records = [ImageRecord(i, folder / f"{i}.jpg", ("a dog runs", "a dog is running")) for i in (1, 2)]
+    monkeypatch.setattr(checkpoint, "checkpoint_config", lambda path: type("Config", (), {"data": None}))
+    monkeypatch.setattr(datasets, "load_split", lambda data, split, check_images=True: records)
+    write(folder / "results_test.json", json.dumps([{"image_id": i, "caption": "a dog"} for i in (1, 2)]))
+    write(folder / "scores_test.json", json.dumps(scores))
+    return folder
+
+
+@pytest.mark.parametrize("scores, says", [
+    ([1], "not a scores file (a JSON list, not an object)"),
+    ({"overall": {"CIDEr": "high"}}, "overall: CIDEr is 'high', not a number"),
+    ({"overall": {"CIDEr": 1.0}}, "'per_image' is not a list of rows with an image_id and a numeric CIDEr"),
+    ({"overall": {}, "per_image": [{"image_id": 7, "CIDEr": 1.0}]}, "'per_image' holds image 7, which is not in"),
+], ids=["a list", "a word for a score", "no per-image rows", "another split's image"])
+def test_flickr8k_report_names_the_field_of_a_scores_file_of_another_shape(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scores: object,
+        says: str) -> None:
+    run = report_run(tmp_path / "run", monkeypatch, scores)
+    line = refusal(capsys, "flickr8k_report", ["--run", f"a={run}", "--best", "a", "--out", str(tmp_path / "out")])
+    assert line.startswith(f"error: {run / 'scores_test.json'}: {says}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--run", "a={run}", "--run", "a={run}"], "--run a: named twice"),
+    (["--run", "a={run}", "--out", "{tmp}/file"], "{tmp}/file: a file, not a folder to write into"),
+    (["--run", "a={run}", "--out", "{tmp}/file/report"], "{tmp}/file/report: cannot create the folder"),
+    (["--run", "a={run}", "--out", ""], "--out: give the folder the report is written into"),
+    (["--run", "a={run}", "--gallery-images", "{tmp}/file"], "--gallery-images {tmp}/file: not a folder"),
+    (["--run", "a={run}", "--gallery-images", "{tmp}"], "--gallery-images {tmp}: holds none of the 2 test photo"),
+], ids=["a name twice", "out a file", "out under a file", "out empty", "gallery a file", "gallery without them"])
+def test_flickr8k_report_refuses_its_arguments_before_the_report(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str],
+        says: str) -> None:
+    """Before, each of these ended in a traceback once the leave-one-out scores and the figures were made."""
+    run = report_run(tmp_path / "run", monkeypatch, {"overall": {}, "per_image": [{"image_id": 1, "CIDEr": 1.0}]})
+    write(tmp_path / "file", b"mine")
+    argv = ["--best", "a", "--out", str(tmp_path / "out"), *(o.format(run=run, tmp=tmp_path) for o in options)]
+    assert refusal(capsys, "flickr8k_report", argv).startswith("error: " + says.format(tmp=tmp_path))
+    assert (tmp_path / "file").read_bytes() == b"mine"
