@@ -260,3 +260,34 @@ def test_flickr8k_report_refuses_its_arguments_before_the_report(
     argv = ["--best", "a", "--out", str(tmp_path / "out"), *(o.format(run=run, tmp=tmp_path) for o in options)]
     assert refusal(capsys, "flickr8k_report", argv).startswith("error: " + says.format(tmp=tmp_path))
     assert (tmp_path / "file").read_bytes() == b"mine"
+
+
+# --- packaged_captions.py --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--split", "{tmp}/missing.txt"], "{tmp}/missing.txt: split file not found"),
+    (["--split", "{tmp}/photos"], "{tmp}/photos: split file is a folder, not a file"),
+    (["--split", "{tmp}/latin1.txt"], "{tmp}/latin1.txt: split file is not UTF-8 text"),
+    (["--photos", "{tmp}/missing"], "--photos {tmp}/missing: not a folder of photographs"),
+    (["--photos", "{tmp}/split.txt"], "--photos {tmp}/split.txt: not a folder of photographs"),
+    (["--photos", "{tmp}/empty"], "--photos {tmp}/empty: holds none of the 2 photographs that {tmp}/split.txt names"),
+    (["--count", "0"], "argument --count: must be at least 1, got 0"),
+    (["--count", "-1"], "argument --count: must be at least 1, got -1"),
+    (["--out", "{tmp}/photos"], "{tmp}/photos: a folder, not a file to write"),
+    (["--out", "{tmp}/split.txt/captions.json"], "{tmp}/split.txt: a file, not a folder to write into"),
+], ids=["split missing", "split a folder", "split not UTF-8", "photos missing", "photos a file", "photos without them",
+        "count 0", "count -1", "out a folder", "out under a file"])
+def test_packaged_captions_refuses_before_it_loads_the_model(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                             options: list[str], says: str) -> None:
+    """Before, a missing split was a traceback, and a folder without the photographs or --count 0 replaced the
+    record with one of no captions (--count -1: all but the last photograph)."""
+    write(tmp_path / "split.txt", "b.jpg\na.jpg\n")
+    write(tmp_path / "latin1.txt", "café.jpg\n".encode("latin-1"))
+    write(tmp_path / "photos" / "a.jpg", b"a photograph")
+    (tmp_path / "empty").mkdir()
+    record = write(tmp_path / "captions.json", b'{"captions": "as recorded"}')
+    argv = ["--photos", str(tmp_path / "photos"), "--split", str(tmp_path / "split.txt"), "--out", str(record),
+            *(option.format(tmp=tmp_path) for option in options)]
+    assert says.format(tmp=tmp_path) in refusal(capsys, "packaged_captions", argv)
+    assert record.read_bytes() == b'{"captions": "as recorded"}'
