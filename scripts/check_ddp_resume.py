@@ -20,6 +20,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_resume import TINY  # noqa: E402  the settings of the single-process test
 
+from captioner.apps.arguments import AnyOrderParser  # noqa: E402
+from captioner.core.errors import CaptionerError  # noqa: E402
+from captioner.core.files import check_writable_folder  # noqa: E402
 from captioner.data.shapes import generate_shapes  # noqa: E402
 
 
@@ -42,11 +45,33 @@ def descendants(pid: int) -> list[int]:
     return children
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("work_dir", nargs="?", type=Path, help="where the runs go (default: a new temporary folder)")
-    args = parser.parse_args()
-    base = args.work_dir or Path(tempfile.mkdtemp())
+def what_it_said(stderr: str) -> str:
+    """A failed run's reason: captioner's `error:` line (before torchrun's report), else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = next((line for line in lines if line.startswith("error: ")), lines[-1] if lines else "nothing on stderr")
+    return said.removeprefix("error: ")
+
+
+def killed_after_its_checkpoint(data: Path, run: Path, env: dict[str, str]) -> int:
+    """Start the run, SIGKILL the launcher and its workers once its first last.pt is written; how many were
+    killed. A run that ends before it writes one is one CaptionerError, not a wait without end."""
+    process = subprocess.Popen(command(data, run), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    while not (run / "last.pt").exists():
+        if process.poll() is not None:
+            raise CaptionerError(f"{run}: the run to be killed ended (exit {process.returncode}) before its first "
+                                 f"checkpoint: {what_it_said(process.stderr.read())}")
+        time.sleep(0.01)
+    victims = [process.pid, *descendants(process.pid)]  # torchrun starts its workers in sessions of their own
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    process.wait()
+    process.stderr.close()
+    return len(victims)
+
+
+def check(base: Path) -> bool:
+    """Train without a stop and with a kill and --resume under `base`; whether the final weights are the same."""
     data = base / "shapes"
     if not data.exists():
         generate_shapes(data, 48, 4, 2, image_size=32, seed=0, progress=False)
@@ -54,17 +79,12 @@ def main() -> None:
     start = time.time()
     reference = subprocess.run(command(data, base / "reference"), cwd=ROOT, env=env, capture_output=True, text=True)
     print(f"uninterrupted run: exit {reference.returncode} in {time.time() - start:.0f}s")
+    if reference.returncode != 0:
+        raise CaptionerError(f"{base / 'reference'}: the uninterrupted run failed: {what_it_said(reference.stderr)}")
     run = base / "killed"
-    process = subprocess.Popen(command(data, run), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    while not (run / "last.pt").exists():
-        time.sleep(0.01)
-    victims = [process.pid, *descendants(process.pid)]  # torchrun starts its workers in sessions of their own
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
-    process.wait()
+    killed = killed_after_its_checkpoint(data, run, env)
     saved = torch.load(run / "last.pt", weights_only=True)["train_state"]
-    print(f"killed {len(victims)} processes; last.pt at epoch {saved['epoch'] + 1}, batch {saved['position']}, "
+    print(f"killed {killed} processes; last.pt at epoch {saved['epoch'] + 1}, batch {saved['position']}, "
           f"step {saved['step']}, with {len(saved['rng'])} ranks' RNG states")
     resumed = subprocess.run([*command(data, run), "--resume"], cwd=ROOT, env=env, capture_output=True, text=True)
     print(f"resumed run: exit {resumed.returncode};",
@@ -73,8 +93,21 @@ def main() -> None:
     got = torch.load(run / "last.pt", weights_only=True)["model"]
     same = all(torch.equal(expected[k], got[k]) for k in expected)
     print(f"final weights bit-identical: {same} ({len(expected)} tensors)")
-    sys.exit(0 if same else 1)
+    return same
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = AnyOrderParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("work_dir", nargs="?", type=Path, help="where the runs go (default: a new temporary folder)")
+    args = parser.parse_args(argv)
+    try:
+        if args.work_dir is not None:
+            check_writable_folder(args.work_dir)
+        return 0 if check(args.work_dir or Path(tempfile.mkdtemp())) else 1
+    except CaptionerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

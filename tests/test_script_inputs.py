@@ -291,3 +291,35 @@ def test_packaged_captions_refuses_before_it_loads_the_model(capsys: pytest.Capt
             *(option.format(tmp=tmp_path) for option in options)]
     assert says.format(tmp=tmp_path) in refusal(capsys, "packaged_captions", argv)
     assert record.read_bytes() == b'{"captions": "as recorded"}'
+
+
+# --- check_ddp_resume.py ---------------------------------------------------------------------------------------
+
+
+def test_check_ddp_resume_refuses_a_file_for_its_work_folder(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    """Before, generating the shapes world in it raised a DatasetError with its traceback."""
+    file = write(tmp_path / "scores.json", b"{}")
+    assert refusal(capsys, "check_ddp_resume", [str(file)]) == f"error: {file}: a file, not a folder to write into"
+    assert refusal(capsys, "check_ddp_resume", [str(file / "work")]) == (
+        f"error: {file / 'work'}: cannot create the folder (Not a directory)")
+
+
+@pytest.mark.parametrize("fails", ["reference", "killed"])
+def test_check_ddp_resume_says_why_a_run_failed_rather_than_wait_for_its_checkpoint(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str) -> None:
+    """A run that ends without a checkpoint (here a stand-in for torchrun that fails at once, as `captioner train`
+    does on a damaged shapes folder or a run folder already used) left the script waiting for last.pt forever."""
+    import sys
+
+    module = script("check_ddp_resume")
+    said = "import sys; print('error: rank 0: data.root=x: a file', file=sys.stderr); sys.exit(2)"
+    monkeypatch.setattr(module, "command", lambda data, out, *extra: [
+        sys.executable, "-c", said if out.name == fails else "pass"])
+    (tmp_path / "shapes").mkdir()  # generated already
+    capsys.readouterr()
+    assert module.main([str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    ended = "the uninterrupted run failed" if fails == "reference" else (
+        "the run to be killed ended (exit 2) before its first checkpoint")
+    assert err == f"error: {tmp_path / fails}: {ended}: rank 0: data.root=x: a file\n"
