@@ -4,18 +4,17 @@ Run it from the project folder after `captioner evaluate RUN --split test`, so t
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
-from captioner.apps.arguments import decode_value, expand_images, takes
+from captioner.apps.arguments import AnyOrderParser, decode_value, expand_images, takes
 from captioner.apps.packaged_model import package_model
 from captioner.core.errors import CaptionerError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = AnyOrderParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", metavar="RUN_FOLDER", help="a run folder (its best.pt) or a checkpoint")
     parser.add_argument("--name", help="the packaged model's name and folder (default: the run folder's name)")
     parser.add_argument("--into", type=Path, default=None, help="write NAME/ here instead of captioner/pretrained/")

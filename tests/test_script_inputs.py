@@ -323,3 +323,23 @@ def test_check_ddp_resume_says_why_a_run_failed_rather_than_wait_for_its_checkpo
     ended = "the uninterrupted run failed" if fails == "reference" else (
         "the run to be killed ended (exit 2) before its first checkpoint")
     assert err == f"error: {tmp_path / fails}: {ended}: rank 0: data.root=x: a file\n"
+
+
+# --- package_default_model.py ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--into", "{tmp}/file"], "{tmp}/file: a file, not a folder to write into"),
+    (["--into", "{tmp}/file/models"], "{tmp}/file/models: cannot create the folder (Not a directory)"),
+    (["--into", "{tmp}", "--name", "file"], "{tmp}/file: a file, where the packaged model's folder goes; it is kept"),
+    (["--into", "{tmp}/models", "--name", ""], "'': not a packaged model's name"),
+], ids=["into a file", "into under a file", "a file where it goes", "an empty name"])
+def test_package_default_model_refuses_where_it_cannot_write_before_reading_the_run(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, options: list[str], says: str) -> None:
+    """Before, a place it could not write ended in a traceback once the model was checked and stored (a file
+    where the folder goes: in removing it), and an empty --name took the run folder's name."""
+    write(tmp_path / "run" / "best.pt", b"not read: every refusal comes first")
+    write(tmp_path / "file", b"mine")
+    argv = [str(tmp_path / "run"), *(option.format(tmp=tmp_path) for option in options)]
+    assert refusal(capsys, "package_default_model", argv).startswith("error: " + says.format(tmp=tmp_path))
+    assert (tmp_path / "file").read_bytes() == b"mine"

@@ -23,7 +23,7 @@ from captioner.apps.export import with_decoding
 from captioner.apps.model_card import CardScores, data_terms, model_card, read_scores, recipe_lines
 from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, ExportError, ImageLoadError
-from captioner.core.files import size_text
+from captioner.core.files import check_writable_folder, size_text
 from captioner.data.image_files import load_image
 from captioner.data.model_settings import StoredSettings, stored_settings
 from captioner.models.encoders import weights_package
@@ -58,10 +58,13 @@ def package_model(
     source = checkpoint_file(run)
     if is_exported(source):
         raise ExportError(f"{source}: an exported folder; packaging takes a run folder or its checkpoint (.pt)")
-    name = name or source.parent.name
+    name = source.parent.name if name is None else name
     if not NAME.match(name):
         raise ExportError(f"{name!r}: not a packaged model's name (letters, digits, '.', '_', '-', not first)")
     destination = (into or packaged.PACKAGED_FOLDER) / name
+    check_writable_folder(destination.parent)  # said now, not once the model is checked and stored
+    if destination.exists() and not destination.is_dir():
+        raise ExportError(f"{destination}: a file, where the packaged model's folder goes; it is kept")
     refuse_a_second_model(destination)
     payload = read_checkpoint(source, for_inference=True)
     config = run_config(payload["config"], source)
