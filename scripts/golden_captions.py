@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from captioner.apps.arguments import AnyOrderParser
+
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden"
 CAPTIONS = GOLDEN / "captions.json"
@@ -263,25 +265,34 @@ def _golden_record(shared: Path | None, onnx: bool) -> dict[str, Any]:
     return record
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = AnyOrderParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", action="store_true",
                         help="train the two tiny models again, export one and copy the pictures first")
     parser.add_argument("--no-onnx", action="store_true", help="leave out the ONNX runtime's captions")
     parser.add_argument("--out", type=Path, default=CAPTIONS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    from captioner.core.errors import CaptionerError
+    from captioner.core.files import check_writable_file, write_atomically
+
     os.environ.setdefault("CAPTIONER_THREADS", "1")
-    if args.models:
-        with tempfile.TemporaryDirectory() as work:
-            train_models(Path(work))
     shared = shared_folder()
-    if not shared.is_dir():
-        sys.exit(f"shared data folder not found: {shared} (set CAPTIONER_SHARED_DATA): the Flickr8k photographs are "
-                 "part of the record")
-    record = golden_record(shared, onnx=not args.no_onnx and has_onnxruntime())
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    try:  # the shared folder and --out are checked before anything is trained or decoded
+        if not shared.is_dir():
+            raise CaptionerError(f"{shared}: shared data folder not found (set CAPTIONER_SHARED_DATA): the Flickr8k "
+                                 "photographs are part of the record")
+        check_writable_file(args.out)
+        if args.models:
+            with tempfile.TemporaryDirectory() as work:
+                train_models(Path(work))
+        text = json.dumps(golden_record(shared, onnx=not args.no_onnx and has_onnxruntime()), indent=1) + "\n"
+        write_atomically(args.out, lambda tmp: tmp.write_text(text))
+    except CaptionerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

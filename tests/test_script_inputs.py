@@ -343,3 +343,26 @@ def test_package_default_model_refuses_where_it_cannot_write_before_reading_the_
     argv = [str(tmp_path / "run"), *(option.format(tmp=tmp_path) for option in options)]
     assert refusal(capsys, "package_default_model", argv).startswith("error: " + says.format(tmp=tmp_path))
     assert (tmp_path / "file").read_bytes() == b"mine"
+
+
+# --- golden_captions.py ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shared, options, says", [
+    ("missing", ["--models"], "{tmp}/missing: shared data folder not found (set CAPTIONER_SHARED_DATA)"),
+    ("", ["--out", "{tmp}"], "{tmp}: a folder, not a file to write"),
+    ("", ["--out", "{tmp}/file/captions.json"], "{tmp}/file: a file, not a folder to write into"),
+], ids=["no shared data", "out a folder", "out under a file"])
+def test_golden_captions_refuses_before_training_or_decoding(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: str,
+        options: list[str], says: str) -> None:
+    """Before, a missing shared folder was said (exit 1, without `error:`) after --models had trained, and an --out
+    that could not be written ended in a traceback after every decoding."""
+    module = script("golden_captions")
+    monkeypatch.setenv("CAPTIONER_SHARED_DATA", str(tmp_path / shared))
+    monkeypatch.setattr(module, "train_models", lambda work: pytest.fail("trained before the check"))
+    monkeypatch.setattr(module, "golden_record", lambda shared, onnx: pytest.fail("decoded before the check"))
+    write(tmp_path / "file", b"mine")
+    argv = [option.format(tmp=tmp_path) for option in options]
+    assert refusal(capsys, "golden_captions", argv).startswith("error: " + says.format(tmp=tmp_path))
+    assert (tmp_path / "file").read_bytes() == b"mine"
