@@ -366,3 +366,22 @@ def test_golden_captions_refuses_before_training_or_decoding(
     argv = [option.format(tmp=tmp_path) for option in options]
     assert refusal(capsys, "golden_captions", argv).startswith("error: " + says.format(tmp=tmp_path))
     assert (tmp_path / "file").read_bytes() == b"mine"
+
+
+# --- floor_constraints.py --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "cannot be read (No such file or directory)"),
+    (b"\xff\xfe[project]", "not UTF-8 text"),
+    (b'{"project": 1}', "not valid TOML"),
+    (b"[project]\ndependencies = 3\n", "no [project] dependencies and optional-dependencies lists"),
+    (b"[project]\ndependencies = []\noptional-dependencies = {}\n", "no >= floor for torch, torchvision"),
+], ids=["missing", "not UTF-8", "not TOML", "dependencies not a list", "no floors"])
+def test_floor_constraints_names_a_pyproject_it_cannot_read(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                            content: bytes | None, says: str) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    if content is not None:
+        write(pyproject, content)
+    assert refusal(capsys, "floor_constraints", ["--pyproject", str(pyproject)]).startswith(
+        f"error: {pyproject}: {says}")
