@@ -23,13 +23,16 @@ import sys
 from pathlib import Path
 from captioner.core.config import load_config
 from captioner.core.errors import ConfigError
+def refuse(message: str) -> None:  # one line, exit status 2: a user's mistake, as captioner's commands say one
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 try:
     config = load_config(sys.argv[1], sys.argv[2:])
 except ConfigError as e:
-    sys.exit(f"error: {e}")
+    refuse(str(e))
 if config.data.dataset != "shapes":
-    sys.exit(f"error: {sys.argv[1]}: the quickstart runs a shapes config (data.dataset: shapes); "
-             "see docs/training.md for the others")
+    refuse(f"{sys.argv[1]}: the quickstart runs a shapes config (data.dataset: shapes); see docs/training.md for "
+           "the others")
 run = Path(config.train.out_dir)
 print(run)  # runs/mine/ as runs/mine, the name its earlier run is moved aside from
 print(config.data.root)

@@ -385,3 +385,15 @@ def test_floor_constraints_names_a_pyproject_it_cannot_read(capsys: pytest.Captu
         write(pyproject, content)
     assert refusal(capsys, "floor_constraints", ["--pyproject", str(pyproject)]).startswith(
         f"error: {pyproject}: {says}")
+
+
+# --- quickstart.sh ---------------------------------------------------------------------------------------------
+
+
+def test_quickstart_refuses_a_bad_override_with_exit_status_2(tmp_path: Path) -> None:
+    """As captioner's commands refuse it (the quickstart exited 1), before anything is trained."""
+    from test_scripts import run_quickstart
+
+    result, calls = run_quickstart(tmp_path, "train.epochs=0", java=True)
+    assert (result.returncode, result.stdout, calls) == (2, "", [])
+    assert result.stderr == "error: command line: 'train.epochs' must be >= 1; got 0\n"
