@@ -397,3 +397,23 @@ def test_quickstart_refuses_a_bad_override_with_exit_status_2(tmp_path: Path) ->
     result, calls = run_quickstart(tmp_path, "train.epochs=0", java=True)
     assert (result.returncode, result.stdout, calls) == (2, "", [])
     assert result.stderr == "error: command line: 'train.epochs' must be >= 1; got 0\n"
+
+
+# --- index_answers.sh ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arguments, says", [
+    ([], "give URL [SECONDS]"),
+    (["http://127.0.0.1:9/", "1", "more"], "give URL [SECONDS]"),
+    (["http://127.0.0.1:9/", "soon"], "SECONDS 'soon': expected a number of seconds above 0, at most 3600"),
+    (["http://127.0.0.1:9/", "inf"], "SECONDS 'inf': expected a number of seconds above 0, at most 3600"),
+    (["http://127.0.0.1:9/", "0"], "SECONDS '0': expected a number of seconds above 0, at most 3600"),
+], ids=["no URL", "a third argument", "seconds a word", "seconds infinite", "no seconds"])
+def test_index_answers_refuses_arguments_that_are_no_url_and_seconds(arguments: list[str], says: str) -> None:
+    """Before: bash's "$1: unbound variable" or Python's traceback, exit 1 (unreachable), or exit 1 for a timeout
+    of 0 seconds as if the server were not there."""
+    import subprocess
+
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "index_answers.sh"), *arguments], capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: scripts/index_answers.sh: {says}\n")
