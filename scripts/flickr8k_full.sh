@@ -26,14 +26,25 @@ shift $(( $# < 2 ? $# : 2 ))
 STEPS=("$@")
 OUT=${OUT:-runs/flickr8k_full}
 ALPHAS=${ALPHAS:-0,0.5,1,1.5,2}
+ALL_STEPS="lstm lstm_blind transformer lstm_scst transformer_scst ensemble report export"
+for step in "${STEPS[@]}"; do  # a misspelt step would run nothing, silently
+    if [[ " $ALL_STEPS " != *" $step "* ]]; then
+        echo "flickr8k_full.sh: step '$step' is not one of: $ALL_STEPS" >&2
+        exit 2
+    fi
+done
 if [ ! -f "$ROOT/Flickr8k.token.txt" ]; then
     echo "flickr8k_full.sh: $ROOT/Flickr8k.token.txt not found: fetch Flickr8k with" \
         "\`captioner data flickr8k --root $ROOT\`, or name its folder as the first argument" >&2
     exit 2
 fi
+if ! mkdir -p "$OUT" 2>/dev/null || [ ! -w "$OUT" ]; then
+    echo "flickr8k_full.sh: OUT=$OUT: not a folder it can write into" >&2
+    exit 2
+fi
 source .venv/bin/activate
 source scripts/sweep_runs.sh
-mkdir -p "$OUT"
+touch "$OUT/timings.tsv"  # the table printed at the end, if no step runs
 DATA=("data.root=$ROOT" ${IMAGES:+"data.image_root=$IMAGES"} "data.feature_store=$OUT/features_lite0")
 CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 

@@ -417,3 +417,29 @@ def test_index_answers_refuses_arguments_that_are_no_url_and_seconds(arguments: 
     done = subprocess.run(["bash", str(ROOT / "scripts" / "index_answers.sh"), *arguments], capture_output=True,
                           text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: scripts/index_answers.sh: {says}\n")
+
+
+# --- flickr8k_full.sh ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arguments, out, says", [
+    (["data", "", "lsmt"], "runs", "step 'lsmt' is not one of: lstm lstm_blind transformer lstm_scst "
+                                   "transformer_scst ensemble report export"),
+    (["data"], "file", "OUT=file: not a folder it can write into"),
+], ids=["a misspelt step", "out a file"])
+def test_flickr8k_full_refuses_its_arguments_before_any_step(tmp_path: Path, arguments: list[str], out: str,
+                                                             says: str) -> None:
+    """Before, a misspelt step ran nothing and ended on `cat`'s "No such file" (exit 1), and OUT naming a file was
+    said by mkdir (exit 1)."""
+    import shutil
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "flickr8k_full.sh", repo / "scripts")  # no .venv: nothing past the checks runs
+    write(repo / "data" / "Flickr8k.token.txt", "")
+    write(repo / "file", b"mine")
+    done = subprocess.run(["bash", str(repo / "scripts" / "flickr8k_full.sh"), *arguments], capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": out})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"flickr8k_full.sh: {says}\n")
+    assert (repo / "file").read_bytes() == b"mine"
