@@ -1,6 +1,7 @@
 """The benchmarks' one runner: `python -m benchmarks --list` names each, `python -m benchmarks NAME
 [ARGS]` runs one (a module here with a `main(argv)` timing through `benchmarks/timing.py`). What each
-decides is in docs/benchmarks.md, settled numbers in docs/results/bench_*.json."""
+decides is in docs/benchmarks.md, settled numbers in docs/results/bench_*.json. A user's mistake, here or in the
+benchmark, is one line on stderr, `error: ...`, and exit status 2 (`timing.run_main`)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in BENCHMARKS:
-        print(f"python -m benchmarks: no benchmark {name!r} (python -m benchmarks --list names them)",
+        print(f"error: python -m benchmarks: no benchmark {name!r} (python -m benchmarks --list names them)",
               file=sys.stderr)
         return 2
     if str(HERE.parent) not in sys.path:  # run as a file (python benchmarks/__main__.py) as well as with -m
@@ -63,11 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as e:  # a package of the environment missing: this Python is not the project's
         if e.name is None or e.name.partition(".")[0] in ("benchmarks", "captioner"):
             raise
-        print(f"python -m benchmarks {name}: {sys.executable} has no {e.name!r}; run it in the project's "
+        print(f"error: python -m benchmarks {name}: {sys.executable} has no {e.name!r}; run it in the project's "
               "environment with the test extras (bash scripts/run_tests.sh makes it; then source "
               ".venv/bin/activate)", file=sys.stderr)
         return 2
-    return module.main(rest) or 0
+    from benchmarks.timing import run_main
+
+    return run_main(module.main, rest)
 
 
 if __name__ == "__main__":

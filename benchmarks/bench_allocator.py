@@ -20,7 +20,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.timing import argument_parser, child_json, in_turn, measure, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, child_json, in_turn, measure, print_environment, run_main  # noqa: E402
 
 DEFAULT = ("quickstart_step", "packaged_encoder", "lstm_train", "transformer_train", "lstm_beam")
 ALLOCATORS = {"glibc": "glibc's defaults", "captioner": "large blocks kept (captioner)"}
@@ -89,4 +89,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

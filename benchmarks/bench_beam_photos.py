@@ -17,7 +17,7 @@ from captioner.models.decoding import DecodeOptions, beam_search
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.shared_data import SHARED_DATA  # noqa: E402
-from benchmarks.timing import argument_parser, measure, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, measure, print_environment, run_main  # noqa: E402
 
 PHOTOS = SHARED_DATA / "flickr8k_224" / "images"
 
@@ -34,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = sorted(PHOTOS.glob("*.jpg"))[-args.images :]
     if len(files) < args.images:
-        print(f"beam_photos: {PHOTOS}: {len(files)} photographs, --images asks for {args.images}", file=sys.stderr)
-        return 2
+        raise SystemExit(f"{PHOTOS}: {len(files)} photographs, --images asks for {args.images}")
     torch.set_num_threads(args.threads)
     print_environment(args)
     model = load_captioner(args.checkpoint, device="cpu").eval()
@@ -54,4 +53,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.timing import argument_parser, child_json, in_turn, print_environment, summarise  # noqa: E402
+from benchmarks.timing import argument_parser, child_json, in_turn, print_environment, run_main, summarise  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 READS = {"whole": "the whole payload", "inference": "for inference"}
@@ -103,4 +103,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -27,7 +27,7 @@ from captioner.training.speed import time_precisions
 ROOT = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(ROOT))
-from benchmarks.timing import argument_parser, print_environment, summarise  # noqa: E402
+from benchmarks.timing import argument_parser, print_environment, run_main, summarise  # noqa: E402
 from benchmarks.workloads import training_step  # noqa: E402
 
 
@@ -101,4 +101,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

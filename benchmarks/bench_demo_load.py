@@ -37,7 +37,7 @@ from benchmarks.records import (  # noqa: E402
     record_run,
 )
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
-from benchmarks.timing import argument_parser, json_option, print_environment, print_json  # noqa: E402
+from benchmarks.timing import argument_parser, json_option, print_environment, print_json, run_main  # noqa: E402
 
 PHOTOS = FLICKR8K_PHOTOS
 REFUSED = "**Could not caption this file.**"
@@ -567,4 +567,4 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main))

@@ -34,7 +34,7 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.records import RESULTS, add_record_options, check_record_option, command_line, record_run  # noqa: E402
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
-from benchmarks.timing import argument_parser, child_json, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, child_json, print_environment, run_main  # noqa: E402
 from captioner.models.model_paths import packaged_models  # noqa: E402
 
 TRAIN_RATIO, BEAM_RATIO = 6.0, 20.0  # times the tutorial's speed, at least
@@ -257,4 +257,4 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

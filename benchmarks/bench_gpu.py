@@ -611,4 +611,4 @@ def print_table(results: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(timing.run_main(main))

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from captioner.core.errors import CaptionerError
 from captioner.evaluation.meteor import default_processes
 from captioner.evaluation.metrics import fast_scores, pycocoevalcap_scores, score_official
 from captioner.evaluation.results_files import load_references
@@ -22,7 +21,7 @@ from captioner.evaluation.results_files import load_references
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.shared_data import SHARED_DATA  # noqa: E402
-from benchmarks.timing import argument_parser, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, print_environment, run_main  # noqa: E402
 
 STAGES = ("PTB tokenizer", "n-gram counts", "BLEU", "ROUGE-L", "CIDEr-D", "METEOR", "total")
 
@@ -56,10 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    try:
-        references = load_references(args.annotations)
-    except CaptionerError as e:  # a missing or malformed annotation file: one line, not a traceback
-        sys.exit(f"bench_metrics: {e}")
+    references = load_references(args.annotations)  # a missing or malformed file: one line (run_main)
     print_environment(args)
     if args.images:
         references = {i: references[i] for i in sorted(references)[: args.images]}
@@ -111,4 +107,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -24,7 +24,7 @@ from captioner.models.onnx_export import export_onnx
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.timing import argument_parser, measure, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, measure, print_environment, run_main  # noqa: E402
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 ONNX_PATH = ("onnxruntime", "numpy", "pillow", "pyyaml")
@@ -158,4 +158,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.timing import argument_parser, print_environment, summarise  # noqa: E402
+from benchmarks.timing import argument_parser, print_environment, run_main, summarise  # noqa: E402
 
 ROUND = """
 import json, sys, time
@@ -61,4 +61,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -25,7 +25,7 @@ from captioner.models import products
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.timing import alternate, argument_parser, measure, print_environment, summarise  # noqa: E402
+from benchmarks.timing import alternate, argument_parser, measure, print_environment, run_main, summarise  # noqa: E402
 
 STEPS = ("lstm_train", "lstm_beam")  # the workloads `--steps` times
 
@@ -133,4 +133,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

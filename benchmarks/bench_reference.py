@@ -48,6 +48,7 @@ from benchmarks.timing import (  # noqa: E402
     measure,
     print_environment,
     print_json,
+    run_main,
 )
 
 BOS, EOS = 1, 2  # the special ids of `workloads.words`, given to the reference's search alike
@@ -205,4 +206,4 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -38,7 +38,14 @@ from benchmarks.records import (  # noqa: E402
     save_records,
     write_text,
 )
-from benchmarks.timing import argument_parser, json_option, measure, print_environment, print_json  # noqa: E402
+from benchmarks.timing import (  # noqa: E402
+    argument_parser,
+    json_option,
+    measure,
+    print_environment,
+    print_json,
+    run_main,
+)
 
 
 def gemm_rates(size: int, repeats: int = 5) -> dict[str, float]:
@@ -247,4 +254,4 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -23,7 +23,7 @@ from captioner.text.vocab import Vocabulary
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_cpu_amp import ROOT  # noqa: E402
-from benchmarks.timing import argument_parser, print_environment, summarise  # noqa: E402
+from benchmarks.timing import argument_parser, print_environment, run_main, summarise  # noqa: E402
 from benchmarks.workloads import training_step  # noqa: E402
 
 
@@ -98,4 +98,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.timing import argument_parser, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, print_environment, run_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ORT = REPO / "node_modules" / "onnxruntime-web"
@@ -146,4 +146,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main))

@@ -17,7 +17,7 @@ from captioner.models.decoder import use_graphed_step
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_gpu import median_seconds  # noqa: E402
-from benchmarks.timing import argument_parser, print_environment  # noqa: E402
+from benchmarks.timing import argument_parser, print_environment, run_main  # noqa: E402
 
 
 def decode_all(model: Captioner, feats: torch.Tensor, grid: tuple[int, int], beam: int,
@@ -80,4 +80,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

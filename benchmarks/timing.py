@@ -1,7 +1,8 @@
 """The one timing helper every benchmark uses: warm-up calls, repeated calls (alternating between
 variants, so a change in load hits each alike), the median and interquartile range, a measurement
 taken in a fresh process, and the line naming the environment (processor, cores, torch threads, load,
-what ran `--beside`)."""
+what ran `--beside`); and the benchmarks' command-line contract: a user's mistake is one line, `error: ...`, and
+exit status 2 (`run_main`, `argument_parser`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from captioner.apps.arguments import AnyOrderParser
+from captioner.core.errors import CaptionerError
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,8 @@ def child_json(name: str, args: Sequence[str], env: Mapping[str, str] | None = N
     cwd, env = Path(__file__).resolve().parents[1], dict(os.environ if env is None else env)
     if not echo:
         done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-        code, last, said = done.returncode, (done.stdout.splitlines() or [""])[-1], done.stderr.strip()[-500:]
+        code, last = done.returncode, (done.stdout.splitlines() or [""])[-1]
+        said = done.stderr.strip()[-500:].removeprefix("error: ")  # a refusal's line, said again inside this one
     else:
         held: str | None = None  # the latest line: shown once another follows it
         with subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True) as child:
@@ -185,16 +190,42 @@ def environment(beside: str | None) -> str:
 
 def argument_parser(name: str, doc: str | None, malloc: str = "captioner") -> argparse.ArgumentParser:
     """The parser of `python -m benchmarks NAME`: the module's docstring as its help, `--beside`, what else
-    ran on the machine, which the environment line repeats, and `--malloc` (default `malloc`)."""
-    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=doc,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--beside", metavar="TEXT", default=None,
+    ran on the machine, which the environment line repeats, and `--malloc` (default `malloc`). A refused
+    argument is one line and exit status 2, as `captioner`'s are."""
+    parser = AnyOrderParser(prog=f"python -m benchmarks {name}", description=doc,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--beside", metavar="TEXT", default=None, type=line_of_text,
                         help="what else ran on the machine meanwhile ('nothing', 'the test suite', ...): "
                              "printed with the numbers")
     parser.add_argument("--malloc", choices=("captioner", "glibc"), default=malloc,
                         help="glibc malloc's thresholds: as the `captioner` command sets them (large blocks "
                              "kept for reuse), or glibc's defaults (default: %(default)s)")
     return parser
+
+
+def line_of_text(text: str) -> str:
+    """argparse type of a text a record keeps (`--beside`, `--label`): not empty, one line."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("needs a text, not an empty one")
+    if "\n" in text or "\r" in text:
+        raise argparse.ArgumentTypeError(f"must be one line, got {text!r}")
+    return text
+
+
+def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    """A benchmark's `main(argv)` under the command-line contract: a user's mistake (a CaptionerError, a SystemExit
+    with its one line) is `error: LINE` on stderr and exit status 2, never a traceback; a bug keeps its traceback."""
+    try:
+        return main(argv) or 0
+    except CaptionerError as e:
+        from captioner.apps.cli import refused
+
+        return refused(e)
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        print(f"error: {e.code}", file=sys.stderr)
+        return 2
 
 
 def print_environment(args: argparse.Namespace) -> None:

@@ -60,7 +60,7 @@ def test_a_python_without_the_environment_is_one_line_and_exit_2(monkeypatch: py
     assert runner.main(["goals", "--quickstart"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
-    assert captured.err.startswith(f"python -m benchmarks goals: {sys.executable} has no 'torch'; ")
+    assert captured.err.startswith(f"error: python -m benchmarks goals: {sys.executable} has no 'torch'; ")
     monkeypatch.setattr(runner, "importlib", SimpleNamespace(import_module=lambda module: missing("captioner.no_such")))
     with pytest.raises(ModuleNotFoundError):
         runner.main(["goals"])

@@ -319,4 +319,4 @@ def test_bench_metrics_names_a_missing_annotation_file_in_one_line(tmp_path: Pat
     missing = tmp_path / "captions_val2014.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_metrics.py"), str(missing)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 1 and done.stderr.strip() == f"bench_metrics: {missing}: annotation file not found"
+    assert done.returncode == 2 and done.stderr.strip() == f"error: {missing}: annotation file not found"
