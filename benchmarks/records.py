@@ -8,18 +8,20 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from benchmarks.timing import cores, kernels, processor
+from benchmarks.timing import cores, kernels, line_of_text, processor
 from captioner.core.errors import CaptionerError
 from captioner.core.files import write_atomically
 from captioner.core.machine_cache import held_kernels
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 RESULTS = REPOSITORY / "docs" / "results"
+ID = re.compile(r"[a-z0-9_]+")  # a record's id, as scripts/render_results.py checks it: it makes the page's anchor
 
 
 def commit(repository: Path = REPOSITORY) -> str:
@@ -68,23 +70,35 @@ def add_record_options(parser: argparse.ArgumentParser, measure: str, what: str,
     the run's `what` written into docs/results/<measure>.json."""
     name = "PREFIX" if prefix else "ID"
     each = "each as record PREFIX_NAME" if prefix else "as record ID"
-    parser.add_argument("--record", metavar=name, default=None,
+    parser.add_argument("--record", metavar=name, default=None, type=record_id,
                         help=f"write {what} {each} of docs/results/{measure}.json, with this run's command, commit, "
                              "processor and date")
     parser.add_argument("--replace", action="store_true",
                         help="with --record: replace the records of those ids (without it, an id the file already "
                              "has stops the run before it starts)")
     if not prefix:
-        parser.add_argument("--label", default=None,
+        parser.add_argument("--label", default=None, type=line_of_text,
                             help="the record's label (default: the processor, its cores and kernels)")
+
+
+def record_id(text: str) -> str:
+    """argparse type of --record: lower case letters, digits and _, as a record's id must be, refused before the
+    run rather than written into docs/results where the pages could not render it."""
+    if not ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: a record's id is lower case letters, digits and _")
+    return text
 
 
 def check_record_option(parser: argparse.ArgumentParser, args: argparse.Namespace, measure: str,
                         results: Path = RESULTS, ids: Sequence[str] | None = None) -> None:
-    """Before the run: an empty --record is a usage error, and a records file it could not write into, or that
-    already has one of the run's `ids` (default: --record's) without --replace, stops here in one line rather
-    than after minutes of measuring: an earlier measurement is never replaced by mistake."""
+    """Before the run: an empty --record, or --replace or --label without it, is a usage error, and a records file it
+    could not write into, or that already has one of the run's `ids` (default: --record's) without --replace, stops
+    here in one line rather than after minutes of measuring: an earlier measurement is never replaced by mistake."""
     if args.record is None:
+        alone = [option for option, given in (("--replace", args.replace), ("--label", getattr(args, "label", None)))
+                 if given]
+        if alone:
+            parser.error(f"{' and '.join(alone)} applies only with --record")
         return
     if not args.record.strip():
         parser.error("--record needs a name")
@@ -107,6 +121,10 @@ def records_file(measure: str, results: Path = RESULTS) -> tuple[Path, dict, int
         raise SystemExit(f"{path}: cannot read the records ({e})") from None
     if not (isinstance(data, dict) and isinstance(data.get("columns"), list) and isinstance(data.get("records"), list)):
         raise SystemExit(f"{path}: not a measure's records (no list of columns and records)")
+    if not all(isinstance(record, dict) and isinstance(record.get("id"), str) for record in data["records"]):
+        raise SystemExit(f"{path}: not a measure's records (a record that is not an object with an id)")
+    if not all(isinstance(column, dict) and "key" in column for column in data["columns"]):
+        raise SystemExit(f"{path}: not a measure's records (a column that is not an object with a key)")
     if not os.access(path, os.W_OK):
         raise SystemExit(f"{path}: cannot be written")
     lines = text.splitlines()
