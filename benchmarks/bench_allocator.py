@@ -18,6 +18,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from captioner.apps.arguments import positive_int
+from captioner.deploy.__main__ import thread_count
+
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.timing import argument_parser, child_json, in_turn, measure, print_environment, run_main  # noqa: E402
@@ -61,9 +64,10 @@ def run_child(name: str, allocator: str, args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("allocator", __doc__, malloc="glibc")
     parser.add_argument("--only", nargs="+", choices=DEFAULT, default=list(DEFAULT), help="these workloads only")
-    parser.add_argument("--rounds", type=int, default=3, help="processes of each allocator, alternating")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls in each process, after two untimed")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--rounds", type=positive_int, default=3, help="processes of each allocator, alternating")
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="timed calls in each process, after two untimed")
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch threads (default: as captioner.core.process_settings sets them)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one process's measurement
     args = parser.parse_args(argv)

@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from captioner.apps.arguments import decode_value, positive_int
 from captioner.data.image_transform import picture_tensor
+from captioner.deploy.__main__ import thread_count
 from captioner.models.checkpoint import load_captioner
 from captioner.models.decoding import DecodeOptions, beam_search
 
@@ -25,12 +27,12 @@ PHOTOS = SHARED_DATA / "flickr8k_224" / "images"
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("beam_photos", __doc__)
     parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--images", type=int, default=320)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--beam", type=int, default=3)
-    parser.add_argument("--length-penalty", type=float, default=0.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--images", type=positive_int, default=320)
+    parser.add_argument("--batch", type=positive_int, default=32)
+    parser.add_argument("--beam", type=decode_value("beam_size"), default=3)
+    parser.add_argument("--length-penalty", type=decode_value("length_penalty"), default=0.0)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--threads", type=thread_count, default=2)
     args = parser.parse_args(argv)
     files = sorted(PHOTOS.glob("*.jpg"))[-args.images :]
     if len(files) < args.images:

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from captioner.apps.arguments import positive_int
+
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.timing import argument_parser, child_json, in_turn, print_environment, run_main, summarise  # noqa: E402
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("checkpoint_load", __doc__)
     parser.add_argument("--config", type=Path, default=ROOT / "configs/coco_lstm_resnet101.yaml",
                         help="the run config whose model and optimizer the checkpoint holds")
-    parser.add_argument("--rounds", type=int, default=3, help="processes of each read, alternating")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="processes of each read, alternating")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # one process's measurement
     parser.add_argument("--read", choices=READS, help=argparse.SUPPRESS)
     parser.add_argument("--write", type=Path, help=argparse.SUPPRESS)  # the checkpoint, written in a child

@@ -14,12 +14,14 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from captioner.apps.arguments import positive_int
 from captioner.core.config import load_config
 from captioner.core.process_settings import cpu_has_native_bf16, set_threads
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
 from captioner.data.image_transform import ImageTransform
 from captioner.data.shapes import generate_shapes
+from captioner.deploy.__main__ import thread_count
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
 from captioner.training.speed import time_precisions
@@ -48,9 +50,9 @@ def config_batches(config_path: str, count: int) -> tuple[Any, Vocabulary, list[
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("cpu_amp", __doc__)
     parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per variant and round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--steps", type=positive_int, default=6, help="timed steps per variant and round")
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch threads (default: as captioner.core.process_settings sets them)")
     args = parser.parse_args(argv)
     set_threads(args.threads)

@@ -26,6 +26,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from captioner.apps.arguments import decode_value, nonnegative_int, positive_int
+from captioner.deploy.__main__ import thread_count
+
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.records import (  # noqa: E402
@@ -507,22 +510,33 @@ def record_numbers(report: dict) -> dict[str, str]:
     return {key: cells[key] for key in ("p50", "p95", "rate", "cpu", "rss") if key in cells}
 
 
+def demo_url(text: str) -> str:
+    """argparse type of --url: an http(s) address with a host, refused in one line before any client starts."""
+    from urllib.parse import urlsplit
+
+    address = urlsplit(text.strip())
+    if address.scheme not in ("http", "https") or not address.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected the demo's address, e.g. http://127.0.0.1:7860/")
+    return text.strip()
+
+
 def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     parser = argument_parser("demo_load", __doc__)
     parser.add_argument("checkpoint", type=Path, nargs="?", help="served with `captioner demo` (or give --url)")
-    parser.add_argument("--url", help="a demo already running, instead of starting one")
-    parser.add_argument("--pid", type=int, help="with --url: the server's process id, for its memory")
-    parser.add_argument("--clients", type=int, default=6)
-    parser.add_argument("--requests", type=int, default=48, help="requests per client, one after another")
-    parser.add_argument("--broken-every", type=int, default=8,
+    parser.add_argument("--url", type=demo_url, help="a demo already running, instead of starting one")
+    parser.add_argument("--pid", type=positive_int, help="with --url: the server's process id, for its memory")
+    parser.add_argument("--clients", type=positive_int, default=6)
+    parser.add_argument("--requests", type=positive_int, default=48, help="requests per client, one after another")
+    parser.add_argument("--broken-every", type=nonnegative_int, default=8,
                         help="every N-th request of a client sends a broken file (0: none)")
-    parser.add_argument("--beam", type=int, help="default: the page's (the model's config)")
-    parser.add_argument("--max-length", type=int, help="default: the page's (the model's config)")
-    parser.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch")
-    parser.add_argument("--queue-size", type=int, default=32, help="the server's --queue-size")
-    parser.add_argument("--server-threads", type=int, metavar="N",
+    parser.add_argument("--beam", type=decode_value("beam_size"), help="default: the page's (the model's config)")
+    parser.add_argument("--max-length", type=decode_value("max_length"),
+                        help="default: the page's (the model's config)")
+    parser.add_argument("--max-batch", type=positive_int, default=8, help="the server's --max-batch")
+    parser.add_argument("--queue-size", type=positive_int, default=32, help="the server's --queue-size")
+    parser.add_argument("--server-threads", type=thread_count, metavar="N",
                         help="the server's torch threads ($CAPTIONER_THREADS; default: the demo's own choice)")
-    parser.add_argument("--check", type=int, default=12,
+    parser.add_argument("--check", type=nonnegative_int, default=12,
                         help="photos captioned here first, to compare with the served captions")
     parser.add_argument("--tls-per-request", action="store_true",
                         help="clients load a TLS context for every request, as gradio_client does by default")
@@ -535,13 +549,16 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     parser.add_argument("--no-views", dest="views", action="store_false",
                         help="skip the transformer views (head view, per-head maps) the page asks for after a caption "
                              "(records before that step was timed)")
-    parser.add_argument("--photos", type=int, default=200, help="distinct Flickr8k photos the clients cycle through")
+    parser.add_argument("--photos", type=positive_int, default=200,
+                        help="distinct Flickr8k photos the clients cycle through")
     add_record_options(parser, "bench_demo_load", "the run")
     json_option(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if (args.checkpoint is None) == (args.url is None):
         parser.error("give a CHECKPOINT to serve, or --url of a running demo")
+    if args.pid is not None and args.url is None:
+        parser.error("--pid applies only with --url (a server this run starts is measured by its own id)")
     check_record_option(parser, args, "bench_demo_load", results)
 
     photos = sorted(PHOTOS.glob("*.jpg"))[: args.photos]

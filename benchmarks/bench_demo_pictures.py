@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from captioner.apps.arguments import positive_int
+
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.shared_data import FLICKR8K_PHOTOS  # noqa: E402
@@ -26,8 +28,9 @@ PHOTOS = FLICKR8K_PHOTOS
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("demo_pictures", __doc__)
     parser.add_argument("checkpoint", type=Path, nargs="?", help="default: the model packaged with captioner")
-    parser.add_argument("--photos", type=int, default=8, help="Flickr8k photos captioned, then drawn each round")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds over the photos; the best is kept")
+    parser.add_argument("--photos", type=positive_int, default=8,
+                        help="Flickr8k photos captioned, then drawn each round")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="rounds over the photos; the best is kept")
     args = parser.parse_args(argv)
     photos = sorted(PHOTOS.glob("*.jpg"))[: args.photos]
     if not photos:

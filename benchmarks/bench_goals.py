@@ -30,6 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from captioner.apps.arguments import positive_int
+from captioner.deploy.__main__ import thread_count
+
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.records import RESULTS, add_record_options, check_record_option, command_line, record_run  # noqa: E402
@@ -207,8 +210,8 @@ def measured(run: Runner, name: str, args: Sequence[str]) -> dict | str:
 def main(argv: list[str] | None = None, run: Runner | None = None,
          quickstart: Callable[[], dict] = quickstart_run, results: Path = RESULTS) -> int:
     parser = argument_parser("goals", __doc__)
-    parser.add_argument("--runs", type=int, default=3, help="runs of the tutorial comparison (default: 3)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--runs", type=positive_int, default=3, help="runs of the tutorial comparison (default: 3)")
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch threads of every measure (default: as captioner.core.process_settings sets them)")
     parser.add_argument("--reference", default=None, help="the tutorial's checkout (see `reference --help`)")
     parser.add_argument("--skip", nargs="+", choices=("reference", "roofline", "demo"), default=[],
@@ -219,8 +222,6 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
     add_record_options(parser, "bench_goals", "the goals")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
     check_record_option(parser, args, "bench_goals", results)
     if args.quickstart:
         check_record_option(parser, args, "quickstart", results)

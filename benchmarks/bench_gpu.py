@@ -9,6 +9,7 @@ each row written to --out as it is measured ("complete": false until the last)."
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -28,6 +29,7 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
 from benchmarks import reference_sat  # noqa: E402
 from benchmarks import timing  # noqa: E402
 
+from captioner.apps.arguments import nonnegative_int, positive_int, whole_number  # noqa: E402
 from captioner.core.config import load_config  # noqa: E402
 from captioner.core.config_sections import Config  # noqa: E402
 from captioner.core.process_settings import loader_workers  # noqa: E402
@@ -449,13 +451,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (only with --tiny)")
     parser.add_argument("--tiny", action="store_true",
                         help="tiny inputs and few steps: exercises the code, measures nothing")
-    parser.add_argument("--steps", type=int, default=30, help="measured training steps per row")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--vocab", type=int, default=10_000)
+    parser.add_argument("--steps", type=positive_int, default=30, help="measured training steps per row")
+    parser.add_argument("--warmup", type=nonnegative_int, default=5)
+    parser.add_argument("--vocab", type=functools.partial(whole_number, minimum=len(SPECIALS) + 1), default=10_000)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     parser.add_argument("--reference",
                         help="reference checkout or git dir (default: $CAPTIONER_REFERENCE or the mirror)")
-    parser.add_argument("--reference-beam-images", type=int, default=8)
+    parser.add_argument("--reference-beam-images", type=positive_int, default=8)
     parser.add_argument("--device-preprocess", default="none", choices=PREPROCESS_CHOICES,
                         help="data.device_preprocess of our training rows (docs/input_pipeline.md)")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,

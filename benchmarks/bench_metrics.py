@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from captioner.apps.arguments import nonnegative_int
 from captioner.evaluation.meteor import default_processes
 from captioner.evaluation.metrics import fast_scores, pycocoevalcap_scores, score_official
 from captioner.evaluation.results_files import load_references
@@ -46,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     shared = SHARED_DATA
     parser = argument_parser("metrics", __doc__)
     parser.add_argument("annotations", nargs="?", type=Path, default=shared / "coco" / "captions_val2014.json")
-    parser.add_argument("--images", type=int, default=0, help="score only the first N images (0: all)")
-    parser.add_argument("--meteor-processes", type=int, default=0,
+    parser.add_argument("--images", type=nonnegative_int, default=0, help="score only the first N images (0: all)")
+    parser.add_argument("--meteor-processes", type=nonnegative_int, default=0,
                         help="METEOR processes (0: the default for this machine)")
     parser.add_argument("--held-out", action="store_true", help="score the first caption against the others only")
     parser.add_argument("--no-before", action="store_true", help="skip pycocoevalcap's own run")

@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from captioner.apps.arguments import decode_value, positive_int
 from captioner.data.flickr8k import load_flickr8k
+from captioner.deploy.__main__ import thread_count
 from captioner.deploy.runtime import OnnxCaptioner
 from captioner.models.captioner import Captioner
 from captioner.models.onnx_export import export_onnx
@@ -139,10 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", nargs=3, action="append", default=[], metavar=("LABEL", "CHECKPOINT", "IMAGES"),
                         help="a checkpoint and a folder of images or a Flickr8k root (its test split); "
                              "repeatable")
-    parser.add_argument("--beam", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="for both torch and onnxruntime")
-    parser.add_argument("--latency-images", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--beam", type=decode_value("beam_size"), default=3)
+    parser.add_argument("--threads", type=thread_count, default=torch.get_num_threads(),
+                        help="for both torch and onnxruntime")
+    parser.add_argument("--latency-images", type=positive_int, default=16)
+    parser.add_argument("--repeats", type=positive_int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="where the exports go (default: a temporary folder)")
     parser.add_argument("--install-size", action="store_true")
     args = parser.parse_args(argv)

@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from captioner.apps.arguments import positive_int
 from captioner.core.process_settings import set_threads
+from captioner.deploy.__main__ import thread_count
 from captioner.models import products
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
@@ -78,12 +80,16 @@ def time_steps(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("products", __doc__)
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch threads (default: as captioner.core.process_settings sets them)")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=positive_int, default=20)
     parser.add_argument("--steps", action="store_true", help="time whole workloads with each route instead")
-    parser.add_argument("--pairs", type=int, default=8, help="with --steps: timed calls of each route, in turn")
+    parser.add_argument("--pairs", type=positive_int, default=None,
+                        help="with --steps: timed calls of each route, in turn (default: 8)")
     args = parser.parse_args(argv)
+    if args.pairs is not None and not args.steps:
+        parser.error("--pairs applies only with --steps")
+    args.pairs = args.pairs or 8
     set_threads(args.threads)
     if not products.onednn_enabled():
         print("products: this torch build has no oneDNN inner product (or CAPTIONER_ONEDNN=0)", file=sys.stderr)

@@ -18,6 +18,7 @@ writes the run as record ID of docs/results/bench_reference.json, with its comma
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -25,7 +26,9 @@ from pathlib import Path
 
 import torch
 
+from captioner.apps.arguments import positive_int
 from captioner.core.process_settings import set_threads
+from captioner.deploy.__main__ import thread_count
 from captioner.models import products
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
@@ -121,14 +124,16 @@ def record_numbers(numbers: dict) -> dict[str, str]:
     return cells | ({"work": "; ".join(parts)} if parts else {})
 
 
-def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
+def arguments() -> argparse.ArgumentParser:
+    """The parser of `python -m benchmarks reference`."""
     parser = argument_parser("reference", __doc__, malloc="glibc")  # both sides as a plain process has it
     parser.add_argument("--reference", default=None,
                         help="the tutorial's checkout or git directory (default: $CAPTIONER_REFERENCE or the mirror)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each, alternating, after a warm-up")
-    parser.add_argument("--reference-images", type=int, default=2,
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="timed calls of each, alternating, after a warm-up")
+    parser.add_argument("--reference-images", type=positive_int, default=2,
                         help="images the reference captions one by one per timed call")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch threads for both (default: as captioner.core.process_settings sets them)")
     parser.add_argument("--their-products", choices=("torch", "onednn"), default="torch",
                         help="the tutorial's linear layers through torch's own products, as its code is (MKL, "
@@ -136,6 +141,11 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
                              "a stand-in for a BLAS with AVX-512 kernels, as MKL has on an Intel processor")
     add_record_options(parser, "bench_reference", "the times and ratios")
     json_option(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
+    parser = arguments()
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     check_record_option(parser, args, "bench_reference", results)

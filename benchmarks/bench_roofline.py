@@ -15,6 +15,7 @@ table copied to docs/results/profiles/PREFIX_NAME.txt."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import Counter
 from collections.abc import Mapping
@@ -22,7 +23,9 @@ from pathlib import Path
 
 import torch
 
+from captioner.apps.arguments import positive_int, whole_number
 from captioner.core.process_settings import set_threads
+from captioner.deploy.__main__ import thread_count
 from captioner.models import products
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
@@ -179,10 +182,11 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     parser = argument_parser("roofline", __doc__)
     parser.add_argument("--only", nargs="+", choices=list(workloads.WORKLOADS), default=None,
                         help="these pieces of work only (default: all)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each, after a warm-up")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed calls of each, after a warm-up")
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch threads (default: as captioner.core.process_settings sets them)")
-    parser.add_argument("--peak-size", type=int, default=4096, help="side of the GEMM squares timed for the peak")
+    parser.add_argument("--peak-size", type=functools.partial(whole_number, minimum=2), default=4096,
+                        help="side of the GEMM squares timed for the peak")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="write each one's operator table and trace into DIR")
     add_record_options(parser, "bench_roofline", "the peak and each row", prefix=True)

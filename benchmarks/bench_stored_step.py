@@ -11,12 +11,14 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from captioner.apps.arguments import nonnegative_int, positive_int
 from captioner.core.config import load_config
 from captioner.core.process_settings import set_threads
 from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
 from captioner.data.image_transform import ImageTransform
 from captioner.data.store_extract import output_grid
+from captioner.deploy.__main__ import thread_count
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
 
@@ -44,11 +46,11 @@ class RandomGrids:
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("stored_step", __doc__)
     parser.add_argument("--config", default=str(ROOT / "configs" / "flickr8k_lstm_lite0.yaml"))
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--steps", type=positive_int, default=6, help="timed steps per round")
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch threads (default: captioner.core.process_settings's)")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
+    parser.add_argument("--profile", type=nonnegative_int, default=0, metavar="N",
                         help="then profile the steps and list the N costliest operators")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.root=data/flickr8k")
     args = parser.parse_args(argv)

@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from captioner.apps.arguments import positive_int
+from captioner.deploy.__main__ import thread_count
+
 ROOT = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(ROOT))
@@ -71,9 +74,9 @@ def run(config: str, steps: int, threads: int, copies: int) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("threads", __doc__)
     parser.add_argument("--config", default=str(ROOT / "configs" / "shapes_lstm.yaml"))
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=positive_int, default=8)
+    parser.add_argument("--rounds", type=positive_int, default=2)
+    parser.add_argument("--threads", type=thread_count, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
