@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         print(json.dumps(write_checkpoint(args.config, args.write)))
         return 0
+    from captioner.core.config import load_config
+
+    load_config(args.config)  # a config that does not load: one line here, not the child's traceback
     print_environment(args)
     with tempfile.TemporaryDirectory(prefix="checkpoint_load-") as folder:
         path = Path(folder) / "best.pt"

@@ -11,6 +11,7 @@ import argparse
 import functools
 import io
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -355,12 +356,19 @@ def percentile(values: list[float], q: float) -> float:
 def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], args: argparse.Namespace,
              label: str) -> dict:
     """Warm the server up, run the clients, print the report; returns its numbers."""
+    import httpx
     from gradio_client import Client, handle_file
+
+    from captioner.core.errors import first_line
 
     work = Path(tempfile.mkdtemp(prefix="bench-demo-load-"))
     broken = broken_files(work / "broken", photos[0])
-    warm = Client(url, verbose=False, analytics_enabled=False, download_files=str(work / "warm"),
-                  ssl_verify=client_tls(args))
+    try:
+        warm = Client(url, verbose=False, analytics_enabled=False, download_files=str(work / "warm"),
+                      ssl_verify=client_tls(args))
+    except (httpx.HTTPError, ValueError) as e:  # nothing there, or no gradio app: a mistaken --url, in one line
+        shutil.rmtree(work, ignore_errors=True)
+        raise SystemExit(f"{url}: no demo answers there ({first_line(e)})") from None
     for photo in photos[:2]:
         warm.predict(handle_file(str(photo)), api_name="/caption")
     answers: list[Answer] = []
@@ -420,9 +428,8 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
 
 
 def expected_captions(checkpoint: Path, photos: list[Path], args: argparse.Namespace) -> dict[str, str]:
-    """The first --check photos captioned here one at a time, as the CLI would: photo name -> text."""
-    if not args.check:
-        return {}
+    """The first --check photos captioned here one at a time, as the CLI would: photo name -> text. The model is
+    loaded even for none: a CHECKPOINT that is not a model is one line (CaptionerError) before a server starts."""
     import torch
 
     from captioner.data.image_files import load_image
@@ -430,6 +437,8 @@ def expected_captions(checkpoint: Path, photos: list[Path], args: argparse.Names
 
     torch.set_num_threads(1)
     model = load_captioner(checkpoint)
+    if not args.check:
+        return {}
     defaults = {"beam_size": min(model.decode_config.beam_size, 10),
                 "max_length": min(model.decode_config.max_length, 60)}
     options = {**defaults,

@@ -32,6 +32,7 @@ from benchmarks import timing  # noqa: E402
 from captioner.apps.arguments import nonnegative_int, positive_int, whole_number  # noqa: E402
 from captioner.core.config import load_config  # noqa: E402
 from captioner.core.config_sections import Config  # noqa: E402
+from captioner.core.files import folder_problem, write_atomically  # noqa: E402
 from captioner.core.process_settings import loader_workers  # noqa: E402
 from captioner.data.batching import (PREPROCESS_CHOICES, CaptionBatch, CaptionDataset, collate_captions,  # noqa: E402
                                       device_preprocess)
@@ -468,7 +469,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_device(args: argparse.Namespace) -> torch.device:
-    device = torch.device(args.device)
+    """--device as a torch device this run can measure on, and --out a file it can write; else Usage, in one line."""
+    out = Path(args.out)
+    problem = "a folder" if out.is_dir() else folder_problem(out.parent)
+    if problem:
+        raise Usage(f"bench_gpu: --out {args.out}: {problem}; give the JSON file the rows go to")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise Usage(f"bench_gpu: --device {args.device!r}: expected cuda, cuda:N or cpu") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise Usage("bench_gpu: no CUDA GPU is available; this benchmark measures a GPU "
                     "(`--device cpu --tiny` only smoke-tests its code)")
@@ -570,8 +579,8 @@ def record(results: dict, section: str, row: dict, out: Path) -> None:
 
 
 def write(results: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    """The rows so far as --out, written whole: a run stopped meanwhile leaves the previous version."""
+    write_atomically(out, lambda tmp: tmp.write_text(json.dumps(results, indent=1)))
 
 
 def print_table(results: dict) -> None:

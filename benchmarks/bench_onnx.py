@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from captioner.apps.arguments import decode_value, positive_int
+from captioner.core.errors import CaptionerError
+from captioner.core.files import make_folder
 from captioner.data.flickr8k import load_flickr8k
 from captioner.deploy.__main__ import thread_count
 from captioner.deploy.runtime import OnnxCaptioner
@@ -34,10 +36,28 @@ TORCH_PATH = ("torch", "torchvision", "numpy", "pillow", "pyyaml")
 
 
 def image_paths(source: Path) -> list[Path]:
-    """A Flickr8k root -> its official test photos on disk; a folder -> its images, sorted."""
+    """A Flickr8k root -> its official test photos on disk; a folder -> its images, sorted; anything else (a file, a
+    folder without images) is one line."""
+    if not source.is_dir():
+        raise CaptionerError(f"--run IMAGES {source}: not a folder of images or a Flickr8k root")
     if (source / "Flickr_8k.testImages.txt").is_file():
         return [record.path for record in load_flickr8k(source, "test")]
-    return sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    paths = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not paths:
+        raise CaptionerError(f"--run IMAGES {source}: no {', '.join(sorted(IMAGE_SUFFIXES))} images in it")
+    return paths
+
+
+def check_runs(runs: list[list[str]]) -> None:
+    """Each --run's label a plain name (its export's folder), its checkpoint a model and its images there, said in
+    one line before the first run's work."""
+    from captioner.models.checkpoint import checkpoint_config
+
+    for label, checkpoint, source in runs:
+        if label in ("", ".", "..") or "/" in label or "\\" in label:
+            raise CaptionerError(f"--run LABEL {label!r}: names the export's folder; give a plain name")
+        checkpoint_config(checkpoint)
+        image_paths(Path(source))
 
 
 def per_image_ms(caption: Callable[[list[Path]], object], paths: list[Path], batch: int,
@@ -149,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where the exports go (default: a temporary folder)")
     parser.add_argument("--install-size", action="store_true")
     args = parser.parse_args(argv)
+    check_runs(args.run)
+    if args.out is not None:
+        make_folder(args.out, f"--out {args.out}")
     torch.set_num_threads(args.threads)
     print_environment(args)
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,6 +10,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from captioner.apps.arguments import positive_int
+from captioner.deploy.__main__ import thread_count
+
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.timing import argument_parser, print_environment, run_main, summarise  # noqa: E402
@@ -41,15 +44,20 @@ print(json.dumps({{"import": t1 - t0, "load": t2 - t1, "first caption": t3 - t2,
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("packaged_model", __doc__)
     parser.add_argument("photo")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the free cores)")
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: the free cores)")
     args = parser.parse_args(argv)
+    from captioner.data.image_files import load_image
+
+    load_image(args.photo)  # a missing file or one that is not a photo: one line here, before the rounds
     print_environment(args)
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(args.rounds):
             done = subprocess.run([sys.executable, "-c", ROUND.format(threads=args.threads), args.photo,
-                                   f"{folder}/maps.png"], capture_output=True, text=True, check=True)
+                                   f"{folder}/maps.png"], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"a round: exit {done.returncode}: {done.stderr.strip()[-500:]}")
             rounds.append(json.loads(done.stdout.strip().splitlines()[-1]))
     first = rounds[0]
     print(f"{first['model']} on {args.photo}, {first['threads']} thread(s), {args.rounds} fresh interpreters: "

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from captioner.apps.arguments import positive_int, whole_number
+from captioner.core.files import folder_problem
 from captioner.core.process_settings import set_threads
 from captioner.deploy.__main__ import thread_count
 from captioner.models import products
@@ -195,6 +196,8 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
     args = parser.parse_args(argv)
     if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
         parser.error(f"--profile {args.profile}: is a file, not a folder")
+    if args.profile is not None and (problem := folder_problem(args.profile)):  # a file where a parent goes, ...
+        parser.error(f"--profile {args.profile}: {problem}")
     names = args.only or list(workloads.WORKLOADS)
     check_record_option(parser, args, "bench_roofline", results, [f"{args.record}_{n}" for n in ["peak", *names]])
     if args.profile is not None:

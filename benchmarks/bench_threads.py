@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.config, args.steps, args.threads)
         return 0
+    from captioner.core.config import load_config
+    from captioner.data.datasets import load_split
+
+    load_split(load_config(args.config, ["train.device=cpu"]).data, "train")  # a mistake: one line, before workers
     print_environment(args)
     settings = [(1, 1), (2, 1), (1, 2), (2, 2)]  # (threads, processes at once)
     results: dict[tuple[int, int], list[float]] = {s: [] for s in settings}

@@ -3,13 +3,14 @@ commonest disagreements and lets `--fast` metrics tokenise in process: it must s
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+from captioner.apps.arguments import nonnegative_int
 from captioner.evaluation.metrics import ptb_tokenize
+from captioner.evaluation.results_files import load_references
 from captioner.text.tokenizer import tokenize
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
@@ -20,10 +21,11 @@ from benchmarks.timing import argument_parser, print_environment, run_main  # no
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("tokenizer", __doc__)
     parser.add_argument("annotations", type=Path, help="a COCO caption file (captions_*.json)")
-    parser.add_argument("--show", type=int, default=10, help="disagreeing captions to print")
+    parser.add_argument("--show", type=nonnegative_int, default=10, help="disagreeing captions to print")
     args = parser.parse_args(argv)
+    references = load_references(args.annotations)  # a missing or malformed file: one line (run_main)
     print_environment(args)
-    captions = [a["caption"] for a in json.loads(args.annotations.read_text())["annotations"]]
+    captions = [caption for image in references.values() for caption in image]
 
     start = time.perf_counter()
     official = ptb_tokenize(captions)

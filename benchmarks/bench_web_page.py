@@ -107,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--site", type=Path, default=None, help="an exported site to measure (default: export one)")
     args = parser.parse_args(argv)
+    if not Path(args.chromium).is_file():
+        raise SystemExit(f"--chromium {args.chromium}: no such program (give the path of a Chromium)")
+    if args.site is not None and not (args.site / "site.json").is_file():
+        raise SystemExit(f"--site {args.site}: not an exported site (no site.json; captioner export MODEL DIR --web "
+                         "makes one)")
     print_environment(args)
     from playwright.sync_api import sync_playwright
 

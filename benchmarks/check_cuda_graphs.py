@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from captioner.apps.arguments import decode_value, positive_int
 from captioner.data.image_files import load_image
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import load_captioner
@@ -32,12 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argument_parser("cuda_graphs", __doc__)
     parser.add_argument("checkpoint")
     parser.add_argument("images", type=Path)
-    parser.add_argument("--beams", type=int, nargs="+", default=[1, 3])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--beams", type=decode_value("beam_size"), nargs="+", default=[1, 3])
+    parser.add_argument("--batch", type=positive_int, default=32)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to rehearse the script")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise SystemExit(f"--device {args.device!r}: expected cuda, cuda:N or cpu") from None
+    if not args.images.is_dir():
+        raise SystemExit(f"{args.images}: not a folder of images")
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: check_cuda_graphs needs a CUDA GPU (on the CPU, decode.cuda_graphs is ignored)",
               file=sys.stderr)
