@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.held_out:
         references = {image_id: captions[1:] for image_id, captions in references.items() if len(captions) > 1}
         predictions = {image_id: predictions[image_id] for image_id in references}
+        if not predictions:
+            raise SystemExit(f"{args.annotations}: --held-out scores a first caption against the others, and no "
+                             f"image{' of the first --images' if args.images else ''} has two captions")
     processes = args.meteor_processes or default_processes(len(predictions))
     print(f"{len(predictions)} images, {sum(map(len, references.values()))} references; "
           f"{len(os.sched_getaffinity(0))} cores, {processes} METEOR processes")

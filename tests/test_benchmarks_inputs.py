@@ -46,7 +46,8 @@ def files(tmp_path: Path) -> dict[str, Path]:
     """Wrong inputs: a missing path, a folder, a file that is not a model or a picture, damaged JSON."""
     made = {"missing": tmp_path / "missing", "folder": tmp_path / "folder", "text": tmp_path / "notes.txt",
             "empty": tmp_path / "empty.json", "truncated": tmp_path / "truncated.json", "list": tmp_path / "list.json",
-            "no_beams": tmp_path / "no_beams.json", "nothing": tmp_path / "nothing.json"}
+            "no_beams": tmp_path / "no_beams.json", "nothing": tmp_path / "nothing.json",
+            "one_caption": tmp_path / "one_caption.json"}
     made["folder"].mkdir()
     made["text"].write_text("not a model, not a picture\n")
     made["empty"].write_text("")
@@ -54,6 +55,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
     made["list"].write_text("[1, 2]")
     made["no_beams"].write_text('{"run": {"images": 3}}')
     made["nothing"].write_text("{}")
+    made["one_caption"].write_text('{"annotations": [{"image_id": 1, "caption": "a dog runs"}]}')
     return made
 
 
@@ -108,6 +110,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch, photos: Path) -> None:
     (["demo_load", "--url", "localhost:7860"], "argument --url: 'localhost:7860': expected the demo's address"),
     (["metrics", "{folder}"], "{folder}: annotation file is a folder, not a file"),
     (["metrics", "{truncated}"], "{truncated}: not valid JSON"),
+    (["metrics", "{one_caption}", "--held-out", "--no-before"], "{one_caption}: --held-out scores a first caption"),
     (["tokenizer", "{missing}"], "{missing}: annotation file not found"),
     (["tokenizer", "{list}"], "{list}: expected a COCO caption annotation object, got a JSON list"),
     (["same_captions", "compare", "{empty}", "{list}"], "{empty}: not valid JSON"),
