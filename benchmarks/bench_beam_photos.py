@@ -12,7 +12,7 @@ from PIL import Image
 
 from captioner.apps.arguments import decode_value, positive_int
 from captioner.data.image_transform import picture_tensor
-from captioner.deploy.__main__ import thread_count
+from captioner.core.config_sections import thread_count
 from captioner.models.checkpoint import load_captioner
 from captioner.models.decoding import DecodeOptions, beam_search
 

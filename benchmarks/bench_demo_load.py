@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from captioner.apps.arguments import decode_value, nonnegative_int, positive_int
-from captioner.deploy.__main__ import thread_count
+from captioner.core.config_sections import thread_count
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -21,7 +21,7 @@ from captioner.apps.arguments import decode_value, positive_int
 from captioner.core.errors import CaptionerError
 from captioner.core.files import make_folder
 from captioner.data.flickr8k import load_flickr8k
-from captioner.deploy.__main__ import thread_count
+from captioner.core.config_sections import thread_count
 from captioner.deploy.runtime import OnnxCaptioner
 from captioner.models.captioner import Captioner
 from captioner.models.onnx_export import export_onnx

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from captioner.apps.arguments import positive_int
 from captioner.core.process_settings import set_threads
-from captioner.deploy.__main__ import thread_count
+from captioner.core.config_sections import thread_count
 from captioner.models import products
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package

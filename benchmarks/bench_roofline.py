@@ -26,7 +26,7 @@ import torch
 from captioner.apps.arguments import positive_int, whole_number
 from captioner.core.files import folder_problem
 from captioner.core.process_settings import set_threads
-from captioner.deploy.__main__ import thread_count
+from captioner.core.config_sections import thread_count
 from captioner.models import products
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package

@@ -18,7 +18,7 @@ from captioner.data.batching import CaptionDataset, collate_captions
 from captioner.data.datasets import load_split
 from captioner.data.image_transform import ImageTransform
 from captioner.data.store_extract import output_grid
-from captioner.deploy.__main__ import thread_count
+from captioner.core.config_sections import thread_count
 from captioner.models.captioner import Captioner
 from captioner.text.vocab import Vocabulary
 

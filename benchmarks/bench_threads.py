@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from captioner.apps.arguments import positive_int
-from captioner.deploy.__main__ import thread_count
+from captioner.core.config_sections import thread_count
 
 ROOT = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package

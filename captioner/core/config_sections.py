@@ -3,6 +3,7 @@ declared with `setting(default, spec)`, its type the annotation and its meaning 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +47,20 @@ SHAPES_MOST_PIXELS = 3 * SHAPES_MOST_IMAGES * 128**2
 # star, a diamond and a square draw as the same blot, and at 16 a scene of three takes dozens of times the draws to fit.
 SHAPES_MIN_IMAGE_SIZE = 32
 # train.threads at most: generous for any machine's cores (a config travels between machines), refusing a typo's
+# extra digits
 MAX_THREADS = 1024
+
+
+def thread_count(text: str) -> int:
+    """argparse type of a --threads option (the ONNX runtime's, the benchmarks'): a whole number in [1, MAX_THREADS]
+    (onnxruntime starts every thread it is given at load: a million would hang the command)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be a whole number in [1, {MAX_THREADS}], got {value}")
+    return value
 
 
 @dataclass

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from captioner.core.config_sections import MAX_THREADS  # train.threads' bound: torch-free, as the runtime is
+from captioner.core.config_sections import MAX_THREADS, thread_count  # torch-free, as the runtime is
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
 from captioner.core.errors import CaptionerError
 
@@ -19,20 +19,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {self.prog}: {message}\n")
-
-
-
-
-def thread_count(text: str) -> int:
-    """argparse type of --threads: a whole number in [1, MAX_THREADS] (onnxruntime starts every thread it is given
-    at load: a million would hang the command)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not 1 <= value <= MAX_THREADS:
-        raise argparse.ArgumentTypeError(f"must be a whole number in [1, {MAX_THREADS}], got {value}")
-    return value
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
