@@ -369,8 +369,17 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
     except (httpx.HTTPError, ValueError) as e:  # nothing there, or no gradio app: a mistaken --url, in one line
         shutil.rmtree(work, ignore_errors=True)
         raise SystemExit(f"{url}: no demo answers there ({first_line(e)})") from None
-    for photo in photos[:2]:
-        warm.predict(handle_file(str(photo)), api_name="/caption")
+    try:
+        for photo in photos[:2]:
+            warm.predict(handle_file(str(photo)), api_name="/caption")
+        return clients_run(url, pid, temp, photos, broken, args, label)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the broken files and the clients' downloads
+
+
+def clients_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], broken: list[tuple[str, Path, str]],
+                args: argparse.Namespace, label: str) -> dict:
+    """The clients at once against the warmed server, then the report: its numbers."""
     answers: list[Answer] = []
     gate = threading.Barrier(args.clients + 1)
     threads = [
@@ -480,6 +489,8 @@ def served_run(checkpoint: Path, photos: list[Path], args: argparse.Namespace) -
                  if "caption batches by size: " in line]
         if sizes:
             print(f"  caption batches by size (size: batches): {sizes[-1]}")
+        shutil.rmtree(temp, ignore_errors=True)  # the server's uploads and pictures, counted above
+        log.unlink(missing_ok=True)
 
 
 PATHS = {"--url": "URL", "--pid": "PID"}  # the options whose value is the maker's: written so in a record
