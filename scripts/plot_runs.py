@@ -5,6 +5,7 @@ training column per epoch (`train_<name>`, e.g. the SCST stage's mean sample rew
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from captioner.apps.arguments import AnyOrderParser
@@ -32,7 +33,7 @@ def read_runs(specs: list[str], val: str) -> list[tuple[str, list[dict]]]:
     return runs
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = AnyOrderParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("runs", nargs="+", help="RUN_DIR:LABEL")
@@ -44,10 +45,13 @@ def main(argv: list[str] | None = None) -> None:
         check_figure_path(args.out)  # before the runs are read and drawn
         runs = read_runs(args.runs, args.val)
         save_figure(runs_figure(runs, args.val, args.train, args.title), args.out)
-    except CaptionerError as e:
-        raise SystemExit(f"error: {e}") from None
+    except CaptionerError as e:  # a user's mistake: one line and exit status 2, as captioner's commands say one
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    if status := main():  # exit only on a refusal: run in another process's interpreter (runpy), it goes on after
+        sys.exit(status)

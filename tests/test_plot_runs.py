@@ -59,7 +59,7 @@ def test_the_script_writes_the_figure_without_torch_and_names_a_missing_run(tmp_
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     missing = subprocess.run([*SCRIPT, str(out), f"{tmp_path / 'nowhere'}:x"], capture_output=True, text=True, cwd=ROOT)
-    assert missing.returncode != 0
+    assert missing.returncode == 2
     assert missing.stderr.strip() == (
         f"error: {tmp_path / 'nowhere' / 'metrics.csv'}: no metrics.csv (is {tmp_path / 'nowhere'} a train.out_dir?)")
 
@@ -82,7 +82,8 @@ def test_training_curves_come_from_the_run_files(tmp_path: Path) -> None:
     assert ax_val.get_title() == "validation (beam 3); best by Bleu_4"
 
 
-def test_the_script_names_a_damaged_metrics_file_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_script_names_a_damaged_metrics_file_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """A metrics.csv with a row cut short (a traceback from the script before): one `error:` line naming the file."""
     import runpy
 
@@ -91,11 +92,13 @@ def test_the_script_names_a_damaged_metrics_file_in_one_line(tmp_path: Path, mon
     monkeypatch.setattr(sys, "argv", [SCRIPT[1], str(tmp_path / "curves.png"), f"{tmp_path / 'a'}:t1"])
     with pytest.raises(SystemExit) as stopped:
         runpy.run_path(SCRIPT[1], run_name="__main__")
-    assert str(stopped.value) == f"error: {tmp_path / 'a' / 'metrics.csv'}: line 3 has 2 cells, its header 3"
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'a' / 'metrics.csv'}: line 3 has 2 cells, its header 3\n"
     assert not (tmp_path / "curves.png").exists()
 
 
-def test_the_script_names_a_validation_column_a_run_lacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_script_names_a_validation_column_a_run_lacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """--val of a metric a run never scored drew an empty panel beside the other runs' curves, as if it had."""
     import runpy
 
@@ -105,6 +108,7 @@ def test_the_script_names_a_validation_column_a_run_lacks(tmp_path: Path, monkey
                         [SCRIPT[1], str(tmp_path / "curves.png"), f"{tmp_path / 'a'}:t1", "--val", "SPICE"])
     with pytest.raises(SystemExit) as stopped:
         runpy.run_path(SCRIPT[1], run_name="__main__")
-    assert str(stopped.value) == (f"error: {tmp_path / 'a' / 'metrics.csv'}: no val_SPICE column for --val SPICE "
-                                  "(it has: Bleu_4, CIDEr)")
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'a' / 'metrics.csv'}: no val_SPICE column for --val SPICE "
+                                       "(it has: Bleu_4, CIDEr)\n")
     assert not (tmp_path / "curves.png").exists()
