@@ -10,6 +10,7 @@ with a capital and lower case letters after it (configs/Flickr8k.yaml) is a name
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 from pathlib import Path
@@ -36,7 +37,14 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
-def anchors(page: Path) -> set[str]:
+def anchors(page: Path) -> frozenset[str]:
+    """The anchors of a page's headings, read once for each version of the file: a page links into results.md
+    hundreds of times."""
+    return page_anchors(page, page.stat().st_mtime_ns)
+
+
+@functools.cache
+def page_anchors(page: Path, version: int) -> frozenset[str]:
     text = FENCE.sub("", page.read_text())
     found: dict[str, int] = {}
     result = set()
@@ -45,7 +53,7 @@ def anchors(page: Path) -> set[str]:
         n = found.get(base, 0)
         result.add(base if n == 0 else f"{base}-{n}")  # a repeated heading gets -1, -2, ...
         found[base] = n + 1
-    return result
+    return frozenset(result)
 
 
 def page_id(page: Path) -> str:
