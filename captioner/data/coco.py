@@ -11,7 +11,8 @@ from pathlib import Path
 from pycocotools.coco import COCO
 
 from captioner.core.errors import DatasetError
-from captioner.data.records import ImageRecord, check_file, drop_missing, is_int, leaves_folder, read_json
+from captioner.data.records import (ImageRecord, check_file, drop_missing, is_int, leading_out, leaves_folder,
+                                    read_json)
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,7 @@ def load_coco_captions(annotation_file: str | Path, image_root: str | Path, chec
     image_root = Path(image_root)
     for k, image in enumerate(coco.dataset["images"]):
         if leaves_folder(image["file_name"]):
-            raise DatasetError(f"{annotation_file}: images[{k}]: file_name {image['file_name']!r} leads out of the "
-                               f"image folder {image_root} (an absolute path or '..'); refused")
+            raise leading_out(image["file_name"], f"{annotation_file}: images[{k}]: file_name", image_root)
     texts = {i: [ann["caption"].strip() for ann in coco.imgToAnns.get(i, [])] for i in sorted(coco.imgs)}
     blank = [i for i, image_texts in texts.items() for text in image_texts if not text]
     warn_blank(annotation_file, "caption", [f"image {i}" for i in blank])  # one of no words teaches silence
@@ -137,8 +137,7 @@ def load_karpathy(split_file: str | Path, image_root: str | Path, split: str, ch
             raise DatasetError(f"{where}: 'filename' and 'filepath' must be strings")
         for field in ("filepath", "filename"):
             if leaves_folder(entry.get(field, "")):
-                raise DatasetError(f"{where}: {field!r} {entry[field]!r} leads out of the image folder {image_root} "
-                                   "(an absolute path or '..'); refused")
+                raise leading_out(entry[field], f"{where}: {field!r}", image_root)
         image_id = entry.get("cocoid", entry.get("imgid", i))
         if not is_int(image_id):
             raise DatasetError(f"{where}: 'cocoid'/'imgid' must be an integer, got {image_id!r}")

@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from captioner.core.errors import DatasetError
-from captioner.data.records import ImageRecord, drop_missing, leaves_folder, read_text
+from captioner.data.records import ImageRecord, drop_missing, leading_out, leaves_folder, read_text
 
 SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt",
                "test": "Flickr_8k.testImages.txt"}
@@ -33,8 +33,7 @@ def read_token_file(path: str | Path) -> dict[str, list[str]]:
         if not tab or not hash_ or not name:
             raise DatasetError(f"{path}:{number}: expected '<image>.jpg#<n><TAB><caption>', got {line[:60]!r}")
         if leaves_folder(name):
-            raise DatasetError(f"{path}:{number}: image {name!r} leads out of the image folder (an absolute path or "
-                               "'..'); refused")
+            raise leading_out(name, f"{path}:{number}: image")
         if not caption.strip():
             raise DatasetError(f"{path}:{number}: {key} has an empty caption")
         if key in keys:

@@ -97,6 +97,13 @@ def leaves_folder(name: str) -> bool:
     return path.is_absolute() or ".." in path.parts
 
 
+def leading_out(name: str, said: str, image_root: str | Path | None = None) -> DatasetError:
+    """The one-line error for an image name that `leaves_folder`: `said` names the entry ("FILE: images[3]:
+    file_name"), `image_root` the folder it leads out of where the loader knows it."""
+    folder = "" if image_root is None else f" {image_root}"
+    return DatasetError(f"{said} {name!r} leads out of the image folder{folder} (an absolute path or '..'); refused")
+
+
 def is_int(value: object) -> bool:
     """An integer id (JSON true/false are not ids)."""
     return isinstance(value, int) and not isinstance(value, bool)
