@@ -107,3 +107,8 @@ def leading_out(name: str, said: str, image_root: str | Path | None = None) -> D
 def is_int(value: object) -> bool:
     """An integer id (JSON true/false are not ids)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """An int or a float read from JSON or a checkpoint (true/false are not numbers)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -13,7 +13,7 @@ from typing import Any
 
 from captioner.core.errors import DatasetError
 from captioner.core.files import write_atomically
-from captioner.data.records import is_int, read_json
+from captioner.data.records import is_int, is_number, read_json
 
 References = dict[int, list[str]]
 """Image id -> its reference (human) captions."""
@@ -185,7 +185,7 @@ def score_fields(value: Any, where: str, keys: Collection[str]) -> dict[str, Any
         if key not in value:
             raise DatasetError(f"{where}: no {key!r}")
         number = value[key]
-        if number is not None and (isinstance(number, bool) or not isinstance(number, (int, float))):
+        if number is not None and not is_number(number):
             raise DatasetError(f"{where}: {key} is {str(number)[:40]!r}, not a number")
     return value
 

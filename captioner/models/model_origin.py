@@ -16,6 +16,7 @@ from PIL import Image
 
 from captioner.core.bounded_files import SCORES_JSON_BYTES, read_json
 from captioner.core.errors import CaptionerError
+from captioner.data.records import is_number
 from captioner.data.shapes import COLOURS
 from captioner.models.model_paths import DEFAULT_MODEL, packaged_models
 from captioner.models.export_format import is_exported
@@ -80,9 +81,7 @@ def overall_scores(evaluation: Any) -> tuple[dict[str, float], int | None]:
     """An evaluation's overall scores and beam width, as `captioner evaluate` writes them."""
     if not isinstance(evaluation, dict) or not isinstance(evaluation.get("overall"), dict):
         return {}, None
-    scores = {
-        k: float(v) for k, v in evaluation["overall"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
+    scores = {k: float(v) for k, v in evaluation["overall"].items() if is_number(v)}
     beam = evaluation.get("beam_size")
     return scores, beam if isinstance(beam, int) else None
 

@@ -21,7 +21,7 @@ from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, CheckpointError, DivergedError
 from captioner.core.portable_config import value_at
 from captioner.core.process_settings import seed_everything
-from captioner.data.records import ImageRecord, is_int
+from captioner.data.records import ImageRecord, is_int, is_number
 from captioner.data.shards import ShardSet
 from captioner.models.checkpoint import read_checkpoint
 from captioner.training.distributed import Distributed
@@ -156,7 +156,7 @@ def train_state_problem(saved: dict) -> str | None:
             if not is_count(value):
                 return f"{key} is {value!r}, not a whole number of 0 or more"
     score = saved.get("best_score")
-    if isinstance(score, bool) or not isinstance(score, (int, float)) or math.isnan(score):
+    if not is_number(score) or math.isnan(score):
         return f"best_score is {score!r}, not a number"
     history = saved.get("history", [])
     if not isinstance(history, list):
@@ -182,10 +182,6 @@ def train_state_problem(saved: dict) -> str | None:
 def is_count(value: object) -> bool:
     """A whole number of 0 or more (JSON true/false are none)."""
     return is_int(value) and value >= 0
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def rng_state() -> dict[str, Any]:
