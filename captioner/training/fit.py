@@ -168,7 +168,7 @@ def train_shard_set(config: Config) -> ShardSet | None:
 
 
 def choose_vocabulary(config: Config, checkpoint: dict | None, captions: Iterable[str],
-                      source: str | Path | None = None) -> Vocabulary:
+                      source: str | Path | None) -> Vocabulary:
     """A resumed or initialised run keeps its checkpoint's words (`source` names its file); a new one counts the
     training captions."""
     if checkpoint is not None:
