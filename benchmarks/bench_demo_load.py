@@ -361,20 +361,18 @@ def load_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], a
 
     from captioner.core.errors import first_line
 
-    work = Path(tempfile.mkdtemp(prefix="bench-demo-load-"))
-    broken = broken_files(work / "broken", photos[0])
-    try:
-        warm = Client(url, verbose=False, analytics_enabled=False, download_files=str(work / "warm"),
-                      ssl_verify=client_tls(args))
-    except (httpx.HTTPError, ValueError) as e:  # nothing there, or no gradio app: a mistaken --url, in one line
-        shutil.rmtree(work, ignore_errors=True)
-        raise SystemExit(f"{url}: no demo answers there ({first_line(e)})") from None
-    try:
+    # the broken files and the clients' downloads, gone when the run ends however it ends
+    with tempfile.TemporaryDirectory(prefix="bench-demo-load-", ignore_cleanup_errors=True) as folder:
+        work = Path(folder)
+        broken = broken_files(work / "broken", photos[0])
+        try:
+            warm = Client(url, verbose=False, analytics_enabled=False, download_files=str(work / "warm"),
+                          ssl_verify=client_tls(args))
+        except (httpx.HTTPError, ValueError) as e:  # nothing there, or no gradio app: a mistaken --url, in one line
+            raise SystemExit(f"{url}: no demo answers there ({first_line(e)})") from None
         for photo in photos[:2]:
             warm.predict(handle_file(str(photo)), api_name="/caption")
         return clients_run(url, pid, temp, photos, broken, args, label)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)  # the broken files and the clients' downloads
 
 
 def clients_run(url: str, pid: int | None, temp: Path | None, photos: list[Path], broken: list[tuple[str, Path, str]],

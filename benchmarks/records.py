@@ -100,8 +100,6 @@ def check_record_option(parser: argparse.ArgumentParser, args: argparse.Namespac
         if alone:
             parser.error(f"{' and '.join(alone)} applies only with --record")
         return
-    if not args.record.strip():
-        parser.error("--record needs a name")
     path, data, _ = records_file(measure, results)
     taken = sorted({record["id"] for record in data["records"]} & set(ids or [args.record]))
     if taken and not args.replace:

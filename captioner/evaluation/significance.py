@@ -12,6 +12,7 @@ import numpy as np
 
 from captioner.core.bounded_files import SCORES_JSON_BYTES, read_json
 from captioner.core.errors import CaptionerError
+from captioner.data.records import is_number
 
 MEAN_METRICS = ("CIDEr", "ROUGE_L", "SPICE")  # corpus score = mean of the per-image scores
 
@@ -51,7 +52,7 @@ def per_image_scores(path: str | Path, metric: str) -> dict[int, float]:
         raise CaptionerError(f"{path}: 'per_image' holds a {metric!r} that is not a finite number (NaN or infinite)")
     overall = report.get("overall")
     overall = overall.get(metric) if isinstance(overall, dict) else None
-    if overall is not None and not (isinstance(overall, (int, float)) and math.isfinite(overall)):
+    if overall is not None and not (is_number(overall) and math.isfinite(overall)):
         raise CaptionerError(f"{path}: overall.{metric} is {overall!r}, not a finite number")
     if overall is not None and abs(np.mean(list(scores.values())) - overall) > 1e-6:
         raise CaptionerError(f"{path}: the per-image {metric} scores do not average to the overall {overall:.6f}")
