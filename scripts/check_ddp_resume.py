@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_resume import TINY  # noqa: E402  the settings of the single-process test
 
 from captioner.apps.arguments import AnyOrderParser  # noqa: E402
+from captioner.apps.cli import refused  # noqa: E402
 from captioner.core.errors import CaptionerError  # noqa: E402
 from captioner.core.files import check_writable_folder  # noqa: E402
 from captioner.data.shapes import generate_shapes  # noqa: E402
@@ -105,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             check_writable_folder(args.work_dir)
         return 0 if check(args.work_dir or Path(tempfile.mkdtemp())) else 1
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refused(e)  # its one line, exit status 2
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from captioner.apps.arguments import AnyOrderParser, add_ensemble_arguments, decode_value, load_model, positive_int
 from captioner.core.decode_schema import OPTIONS as DECODE_OPTIONS
+from captioner.apps.cli import refused
 from captioner.core.errors import CaptionerError
 from captioner.core.files import check_writable_file
 
@@ -116,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         compare(args.checkpoint, args.split, args.device, args.batch_size, variants, args.json, args.ensemble,
                 args.combine)
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refused(e)  # its one line, exit status 2
     return 0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from captioner.apps.arguments import AnyOrderParser
+from captioner.apps.cli import refused
 from captioner.core.errors import CaptionerError
 from captioner.core.files import check_writable_folder, make_folder
 from captioner.evaluation.results_files import read_scores_file, score_fields
@@ -212,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report(args)
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refused(e)  # its one line, exit status 2
     return 0
 
 

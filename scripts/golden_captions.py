@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-onnx", action="store_true", help="leave out the ONNX runtime's captions")
     parser.add_argument("--out", type=Path, default=CAPTIONS)
     args = parser.parse_args(argv)
+    from captioner.apps.cli import refused
     from captioner.core.errors import CaptionerError
     from captioner.core.files import check_writable_file, write_atomically
 
@@ -288,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         text = json.dumps(golden_record(shared, onnx=not args.no_onnx and has_onnxruntime()), indent=1) + "\n"
         write_atomically(args.out, lambda tmp: tmp.write_text(text))
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refused(e)  # its one line, exit status 2
     print(f"wrote {args.out}")
     return 0
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from captioner.apps.arguments import AnyOrderParser
+from captioner.apps.cli import refused
 from captioner.core.errors import CaptionerError
 from captioner.evaluation.results_files import read_scores_file, score_fields
 
@@ -76,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         table = [row for run in args.runs for row in rows(*label_and_path(run))]
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refused(e)  # its one line, exit status 2
     print("| model | map | grounding | uniform | pointing hit rate | random point | image centre |")
     print("|---|---|---:|---:|---:|---:|---:|")
     print("\n".join(table))

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from captioner.apps.arguments import AnyOrderParser, decode_value, expand_images, takes
+from captioner.apps.cli import refused
 from captioner.apps.packaged_model import package_model
 from captioner.core.errors import CaptionerError
 
@@ -33,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         images = expand_images(args.images) if args.images is not None else None
         packaged = package_model(args.run, args.name, args.into, images, decode)
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refused(e)  # its one line, exit status 2
     print(f"{packaged.folder}\t{packaged.bytes} bytes\t{'float16' if packaged.half_precision else 'float32'}")
     return 0
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from captioner.apps.arguments import AnyOrderParser, positive_int
+from captioner.apps.cli import refused
 from captioner.core.errors import CaptionerError
 from captioner.core.files import check_writable_file, write_atomically
 from captioner.data.records import read_text
@@ -46,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         text = json.dumps(record, indent=1) + "\n"
         write_atomically(args.out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refused(e)  # its one line, exit status 2
     for photo, caption in zip(photos, captions):
         print(f"{photo.name}\t{caption.score:.4f}\t{caption.text}")
     print(f"wrote {args.out}")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from captioner.apps.arguments import AnyOrderParser, nonnegative_int, positive_int
+from captioner.apps.cli import refused
 from captioner.core.errors import CaptionerError
 from captioner.evaluation.significance import (
     MEAN_METRICS,
@@ -50,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         new = per_image_scores(scores_path(args.new, args.split), args.metric)
         result = paired_bootstrap(base, new, args.samples, args.seed, goal=args.goal)
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refused(e)  # its one line, exit status 2
     print(f"{args.metric} on {result.images} images: {result.base:.4f} -> {result.new:.4f}, "
           f"gain {100 * result.gain:+.1f}% "
           f"(95% interval {100 * result.low:+.1f}% to {100 * result.high:+.1f}%; {result.samples} paired draws)")

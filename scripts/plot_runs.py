@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from captioner.apps.arguments import AnyOrderParser
+from captioner.apps.cli import refused
 from captioner.core.errors import CaptionerError
 from captioner.training.history import METRICS, read_history
 from captioner.viz.curves import check_figure_path, runs_figure, save_figure
@@ -45,9 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         check_figure_path(args.out)  # before the runs are read and drawn
         runs = read_runs(args.runs, args.val)
         save_figure(runs_figure(runs, args.val, args.train, args.title), args.out)
-    except CaptionerError as e:  # a user's mistake: one line and exit status 2, as captioner's commands say one
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except CaptionerError as e:
+        return refused(e)  # its one line, exit status 2
     print(f"wrote {args.out}")
     return 0
 

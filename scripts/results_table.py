@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from captioner.apps.arguments import AnyOrderParser
+from captioner.apps.cli import refused
 from captioner.core.errors import CaptionerError
 from captioner.evaluation.results_files import read_scores_file, score_fields
 
@@ -58,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = [row(run, read_scores(run, args.split)) for run in args.runs]
     except CaptionerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refused(e)  # its one line, exit status 2
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" * len(HEADER))
     print("\n".join(rows))
