@@ -6,6 +6,7 @@ test --out RUN` writes. Needs Java (the official metrics) unless --no-human."""
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import random
 import sys
@@ -46,9 +47,11 @@ def per_image_cider(path: Path, document: dict[str, Any], references: dict[int, 
     rows = document.get("per_image")
     try:
         per_image = {row["image_id"]: float(row["CIDEr"]) for row in rows}
-    except (TypeError, KeyError, ValueError):
+    except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: an integer past a float's range
         raise CaptionerError(f"{path}: 'per_image' is not a list of rows with an image_id and a numeric CIDEr "
                              "(written by captioner evaluate)") from None
+    if not all(map(math.isfinite, per_image.values())):  # a NaN would sort anywhere among the worst images
+        raise CaptionerError(f"{path}: 'per_image' holds a CIDEr that is not a finite number (NaN or infinite)")
     unknown = [image_id for image_id in per_image if image_id not in references]
     if unknown:
         raise CaptionerError(f"{path}: 'per_image' holds image {unknown[0]!r}, which is not in the split")
@@ -86,7 +89,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
 
 
-def report(args: argparse.Namespace) -> dict[str, Any]:
+def report(args: argparse.Namespace, runs: dict[str, Path]) -> dict[str, Any]:
     from PIL import Image
 
     from captioner.data.datasets import load_split
@@ -97,7 +100,6 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     from captioner.models.checkpoint import checkpoint_config
     from captioner.viz.overlays import GalleryItem, gallery_sheet
 
-    runs = checked_arguments(args)
     data = checkpoint_config(runs[args.best] / "best.pt").data
     records = load_split(data, args.split)
     references = {r.image_id: list(r.captions) for r in records}
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave-one-out with the in-process BLEU and CIDEr-D (no Java, no METEOR)")
     args = parser.parse_args(argv)
     try:
-        report(args)
+        report(args, checked_arguments(args))  # the arguments checked before the report's imports
     except CaptionerError as e:
         return refused(e)  # its one line, exit status 2
     return 0

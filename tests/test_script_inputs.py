@@ -233,7 +233,9 @@ def report_run(folder: Path, monkeypatch: pytest.MonkeyPatch, scores: dict) -> P
     ({"overall": {"CIDEr": "high"}}, "overall: CIDEr is 'high', not a number"),
     ({"overall": {"CIDEr": 1.0}}, "'per_image' is not a list of rows with an image_id and a numeric CIDEr"),
     ({"overall": {}, "per_image": [{"image_id": 7, "CIDEr": 1.0}]}, "'per_image' holds image 7, which is not in"),
-], ids=["a list", "a word for a score", "no per-image rows", "another split's image"])
+    ({"overall": {}, "per_image": [{"image_id": 1, "CIDEr": float("nan")}]}, "'per_image' holds a CIDEr that is not"),
+    ({"overall": {}, "per_image": [{"image_id": 1, "CIDEr": 10**400}]}, "'per_image' is not a list of rows with"),
+], ids=["a list", "a word for a score", "no per-image rows", "another split's image", "a NaN", "past a float"])
 def test_flickr8k_report_names_the_field_of_a_scores_file_of_another_shape(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scores: object,
         says: str) -> None:
