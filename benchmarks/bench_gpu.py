@@ -31,6 +31,7 @@ from benchmarks import timing  # noqa: E402
 
 from captioner.apps.arguments import nonnegative_int, positive_int, whole_number  # noqa: E402
 from captioner.core.config import load_config  # noqa: E402
+from captioner.core.errors import CaptionerError  # noqa: E402
 from captioner.core.config_sections import Config  # noqa: E402
 from captioner.core.files import folder_problem, write_atomically  # noqa: E402
 from captioner.core.process_settings import loader_workers  # noqa: E402
@@ -475,17 +476,27 @@ def check_device(args: argparse.Namespace) -> torch.device:
     if problem:
         raise Usage(f"bench_gpu: --out {args.out}: {problem}; give the JSON file the rows go to")
     try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise Usage(f"bench_gpu: --device {args.device!r}: expected cuda, cuda:N or cpu") from None
+        device = measured_device(args.device)
+    except CaptionerError as e:
+        raise Usage(f"bench_gpu: {e}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise Usage("bench_gpu: no CUDA GPU is available; this benchmark measures a GPU "
                     "(`--device cpu --tiny` only smoke-tests its code)")
     if device.type == "cpu" and not args.tiny:
         raise Usage("bench_gpu: --device cpu runs only with --tiny "
                     "(a smoke test; the CPU's benchmarks are in python -m benchmarks --list)")
-    if device.type not in ("cuda", "cpu"):
-        raise Usage(f"bench_gpu: --device {args.device!r}: expected cuda, cuda:N or cpu")
+    return device
+
+
+def measured_device(name: str) -> torch.device:
+    """--device of a GPU benchmark: cuda, cuda:N, or cpu to rehearse it; another name (meta, mps, a typo) is one
+    CaptionerError. Whether a CUDA GPU is there is the caller's to say."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        raise CaptionerError(f"--device {name!r}: expected cuda, cuda:N or cpu")
     return device
 
 

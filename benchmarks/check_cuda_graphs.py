@@ -17,7 +17,7 @@ from captioner.models.decoder import use_graphed_step
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.bench_gpu import median_seconds  # noqa: E402
+from benchmarks.bench_gpu import measured_device, median_seconds  # noqa: E402
 from benchmarks.timing import argument_parser, print_environment, run_main  # noqa: E402
 
 
@@ -38,10 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to rehearse the script")
     args = parser.parse_args(argv)
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise SystemExit(f"--device {args.device!r}: expected cuda, cuda:N or cpu") from None
+    device = measured_device(args.device)
     if not args.images.is_dir():
         raise SystemExit(f"{args.images}: not a folder of images")
     if device.type == "cuda" and not torch.cuda.is_available():

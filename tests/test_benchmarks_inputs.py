@@ -128,6 +128,8 @@ def no_work(monkeypatch: pytest.MonkeyPatch, photos: Path) -> None:
     (["gpu", "--device", "cpu", "--tiny", "--out", "{folder}"], "--out {folder}: a folder"),
     (["cuda_graphs", PACKAGED, "{text}", "--device", "cpu"], "{text}: not a folder of images"),
     (["cuda_graphs", PACKAGED, "{folder}", "--device", "xyz"], "--device 'xyz': expected cuda, cuda:N or cpu"),
+    (["cuda_graphs", PACKAGED, "{folder}", "--device", "meta"], "--device 'meta': expected cuda, cuda:N or cpu"),
+    (["gpu", "--device", "meta"], "--device 'meta': expected cuda, cuda:N or cpu"),
     (["reference", "--replace"], "--replace applies only with --record"),
     (["goals", "--runs", "0"], "argument --runs: must be at least 1"),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else None)
