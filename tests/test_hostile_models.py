@@ -38,7 +38,7 @@ from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from helpers import TINY_MODEL, require_module, serving, tiny_model
+from helpers import TINY_MODEL, fifo_with_a_writer, require_module, serving, tiny_model
 from PIL import Image
 
 from captioner.apps.cli import main
@@ -744,6 +744,26 @@ def test_scores_beside_a_checkpoint_past_a_limit_are_left_out_in_one_line(tmp_pa
     warned = [r.getMessage() for r in caplog.records if str(scores) in r.getMessage()]
     assert len(warned) == 2 and all(limit in line and "its scores are left out" in line for line in warned), warned
     assert origin.test_scores == {} and "No scores were recorded" in (tmp_path / "export" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("reader", ["the model's origin", "the model card"])
+def test_scores_beside_a_checkpoint_that_are_a_named_pipe_are_left_out_unopened(
+        tmp_path: Path, reader: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A pipe named scores_test.json beside someone's checkpoint: `captioner caption` opened it and waited forever
+    for a writer (here the helper's writer answers with an empty file, so the old code warned of bad JSON)."""
+    from captioner.apps.model_card import read_scores
+    from captioner.models.model_origin import checkpoint_origin
+
+    checkpoint = tmp_path / "best.pt"
+    save_checkpoint(checkpoint, tiny_model(), load_config(None, TINY))
+    with fifo_with_a_writer(tmp_path / "scores_test.json") as fifo, caplog.at_level(logging.WARNING):
+        if reader == "the model card":
+            assert read_scores(checkpoint, None).test == {}
+        else:
+            assert checkpoint_origin("run", load_config(None, TINY).to_dict(), checkpoint).test_scores == {}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{fifo}: scores file is not a regular file (a pipe, a device or a socket); give a file; "
+        "its scores are left out"]
 
 
 LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(

@@ -34,17 +34,22 @@ STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def read_capped(path: str | Path, what: str, max_bytes: int, error: type[CaptionerError]) -> bytes:
-    """At most `max_bytes` of `path`, else one `error` line; FileNotFoundError is the caller's to word."""
+    """At most `max_bytes` of the regular file `path`, else one `error` line. A folder, a pipe or a device is refused
+    before it is opened: opening a FIFO waits forever for a writer, a device may never end. FileNotFoundError is the
+    caller's to word."""
     path = Path(path)
     try:
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise error(f"{path}: {what} is a folder, not a file")
+        if not stat.S_ISREG(mode):
+            raise error(f"{path}: {what} is not a regular file (a pipe, a device or a socket); give a file")
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size if path.is_file() else None
-            if size is not None and size > max_bytes:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
                 raise error(f"{path}: {size_text(size)}, more than the {size_text(max_bytes)} a {what} may take; "
                             "refused")
-            # The size when known (read() sizes its buffer by the request); a pipe or a file still
-            # growing: never more than the cap and one byte.
-            data = f.read((max_bytes if size is None else size) + 1)
+            data = f.read(size + 1)  # a file still growing: never more than its size and one byte
     except (FileNotFoundError, CaptionerError):
         raise
     except OSError as e:
@@ -55,20 +60,8 @@ def read_capped(path: str | Path, what: str, max_bytes: int, error: type[Caption
 
 
 def read_text_file(path: str | Path, what: str, error: type[CaptionerError], max_bytes: int = sys.maxsize) -> str:
-    """A regular file's UTF-8 text, at most `max_bytes`; else one `error` line naming `path` and `what`. A folder,
-    a pipe or a device is refused before it is opened: reading a FIFO waits forever for a writer, a device may
-    never end. FileNotFoundError is the caller's to word."""
-    path = Path(path)
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise error(f"{path}: cannot be read ({e.strerror or e})") from None
-    if stat.S_ISDIR(mode):
-        raise error(f"{path}: {what} is a folder, not a file")
-    if not stat.S_ISREG(mode):
-        raise error(f"{path}: {what} is not a regular file (a pipe, a device or a socket); give a file")
+    """A regular file's UTF-8 text, at most `max_bytes`; else one `error` line naming `path` and `what`.
+    FileNotFoundError is the caller's to word."""
     data = read_capped(path, what, max_bytes, error)
     try:
         return data.decode("utf-8")
