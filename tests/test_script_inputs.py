@@ -126,7 +126,7 @@ def test_interpret_table_names_the_field_of_a_scores_file_of_another_shape(
 @pytest.mark.parametrize("given, says", [
     ("missing", "no scores file"), ("folder", "scores file is a folder"),
     ("device", "scores file is not a regular file"),
-    ("deep", "not valid JSON here: lists or objects nested hundreds of levels deep")])
+    ("deep", "nested deeper than the 32 levels a scores file may have; refused")])
 def test_interpret_table_refuses_a_path_that_holds_no_scores_file(capsys: pytest.CaptureFixture[str],
                                                                   tmp_path: Path, given: str, says: str) -> None:
     """A device is refused unread: /dev/zero was read until memory ran out (/dev/null stands for it here)."""

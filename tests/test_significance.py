@@ -51,7 +51,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
     good = scores_file(tmp_path / "a.json", {1: 0.5, 2: 0.7})
     with pytest.raises(CaptionerError, match="Bleu_4.*mean of its per-image"):
         per_image_scores(good, "Bleu_4")
-    with pytest.raises(CaptionerError, match="missing.json: no such scores file"):
+    with pytest.raises(CaptionerError, match="missing.json: no scores file"):
         per_image_scores(tmp_path / "missing.json", "CIDEr")
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(CaptionerError, match="broken.json: not valid JSON"):

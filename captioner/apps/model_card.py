@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from captioner.core.bounded_files import CARD_BYTES, SCORES_JSON_BYTES, load_yaml, read_capped, read_json
+from captioner.core.bounded_files import CARD_BYTES, load_yaml, read_capped
 from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, ExportError
 from captioner.core.portable_config import place_keys, portable_config, value_at
 from captioner.models.captioner import Captioner
+from captioner.models.model_origin import recorded_scores
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,8 @@ def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardSco
         scores.validation_epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
     for path in sorted(folder.glob("scores_*.json")):
-        document = read_scores_file(path)
-        if isinstance(document, dict) and isinstance(document.get("overall"), dict):
+        document = recorded_scores(path)
+        if document is not None and isinstance(document.get("overall"), dict):
             split = path.stem[len("scores_"):]
             overall = {k: float(v) for k, v in document["overall"].items() if _finite(v)}
             scores.test[split] = {
@@ -78,17 +79,6 @@ def read_scores(checkpoint: Path, train_state: dict[str, Any] | None) -> CardSco
                 "metrics": document.get("metrics", "official COCO caption metrics"),
             }
     return scores
-
-
-def read_scores_file(path: Path) -> Any:
-    """A scores_<split>.json, read within its limits; None, with one warning naming it, when it cannot be read."""
-    try:
-        return read_json(path, "scores file", CaptionerError, max_bytes=SCORES_JSON_BYTES)
-    except OSError as e:
-        log.warning("%s: cannot be read (%s); its scores are left out", path, e.strerror or e)
-    except CaptionerError as e:
-        log.warning("%s; its scores are left out", e)
-    return None
 
 
 def _finite(value: Any) -> bool:

@@ -111,6 +111,15 @@ def parse_json(data: bytes, source: str, what: str, error: type[CaptionerError])
         raise error(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
 
 
+def read_scores_json(path: str | Path, error: type[CaptionerError]) -> dict[str, Any]:
+    """A scores_<split>.json as `captioner evaluate` writes it, its JSON object, read within SCORES_JSON_BYTES and
+    MAX_DEPTH; anything else one `error` line naming `path`. FileNotFoundError is the caller's to word."""
+    document = read_json(path, "scores file", error, SCORES_JSON_BYTES)
+    if not isinstance(document, dict):
+        raise error(f"{path}: not a scores file (a JSON {type(document).__name__}, not an object)")
+    return document
+
+
 def read_format_json(path: Path, what: str, kind: str, expected: str, error: type[CaptionerError],
                      missing: str = "missing") -> dict[str, Any]:
     """A model's JSON document whose "format" must be `expected` (a `kind`, such as "captioner export"):

@@ -11,7 +11,8 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from captioner.core.errors import DatasetError
+from captioner.core.bounded_files import read_scores_json
+from captioner.core.errors import CaptionerError, DatasetError
 from captioner.core.files import write_atomically
 from captioner.data.records import is_int, is_number, read_json
 
@@ -147,32 +148,23 @@ def write_scores_json(path: str | os.PathLike[str], overall: Mapping[str, float]
     write_atomically(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))  # a full disk keeps the old file
 
 
-SCORES_FILE_MAX_BYTES = 1 << 28  # COCO's 40,504 test images make a scores file of about 10 MB
-
-
 def is_scores_file(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a scores file as `write_scores_json` writes them: what `evaluate --out` may replace."""
-    path = Path(path)
     try:
-        if not path.is_file() or path.stat().st_size > SCORES_FILE_MAX_BYTES:
-            return False
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, nested past Python's limit
+        document = read_scores_json(path, DatasetError)
+    except (OSError, CaptionerError):  # missing, unreadable, past its caps, not a JSON object
         return False
-    return isinstance(document, dict) and {"overall", "num_images", "per_image"} <= document.keys()
+    return {"overall", "num_images", "per_image"} <= document.keys()
 
 
 def read_scores_file(path: str | os.PathLike[str], remedy: str) -> dict[str, Any]:
     """A scores file's JSON object, for what tables it: a missing file is one DatasetError saying `remedy` (the
-    command that writes one); a folder, a pipe, text that is not UTF-8 or not JSON, or JSON that is not an object,
-    one naming the file."""
-    path = Path(path)
-    if not path.exists():
-        raise DatasetError(f"{path}: no scores file ({remedy})")
-    document = read_json(path, "scores file")
-    if not isinstance(document, dict):
-        raise DatasetError(f"{path}: not a scores file (a JSON {type(document).__name__}, not an object)")
-    return document
+    command that writes one); a folder, a pipe, text that is not UTF-8 or not JSON, past its caps, or JSON that is
+    not an object, one naming the file."""
+    try:
+        return read_scores_json(path, DatasetError)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no scores file ({remedy})") from None
 
 
 def score_fields(value: Any, where: str, keys: Collection[str]) -> dict[str, Any]:

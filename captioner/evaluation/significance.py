@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from captioner.core.bounded_files import SCORES_JSON_BYTES, read_json
 from captioner.core.errors import CaptionerError
 from captioner.data.records import is_number
+from captioner.evaluation.results_files import read_scores_file
 
 MEAN_METRICS = ("CIDEr", "ROUGE_L", "SPICE")  # corpus score = mean of the per-image scores
 
@@ -36,12 +36,8 @@ def per_image_scores(path: str | Path, metric: str) -> dict[int, float]:
     if metric not in MEAN_METRICS:
         raise CaptionerError(f"metric {metric!r}: a per-image bootstrap needs a metric whose corpus score "
                              f"is the mean of its per-image scores ({', '.join(MEAN_METRICS)})")
-    try:  # within its cap, nested a few levels, as the scores files a model brings are read
-        report = read_json(path, "scores file", CaptionerError, SCORES_JSON_BYTES)
-    except FileNotFoundError:
-        raise CaptionerError(f"{path}: no such scores file "
-                             "(captioner evaluate CHECKPOINT --out DIR writes scores_<split>.json)") from None
-    rows = report.get("per_image") if isinstance(report, dict) else None
+    report = read_scores_file(path, "captioner evaluate CHECKPOINT --out DIR writes scores_<split>.json")
+    rows = report.get("per_image")
     if not isinstance(rows, list) or not rows:
         raise CaptionerError(f"{path}: no 'per_image' scores (written by captioner evaluate with the official metrics)")
     try:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from captioner.core.bounded_files import SCORES_JSON_BYTES, read_json
+from captioner.core.bounded_files import read_scores_json
 from captioner.core.errors import CaptionerError
 from captioner.data.records import is_number
 from captioner.data.shapes import COLOURS
@@ -66,15 +66,20 @@ def export_origin(name: str, config: dict[str, Any], packaged: bool) -> ModelOri
 def checkpoint_origin(name: str, stored_config: Any, checkpoint: Path) -> ModelOrigin:
     """The origin a checkpoint records, with the scores of the scores_test.json beside it, if any."""
     dataset = nested(stored_config, "data", "dataset")
-    path = checkpoint.parent / "scores_test.json"
-    try:
-        test = read_json(path, "scores file", CaptionerError, max_bytes=SCORES_JSON_BYTES)
-    except OSError:
-        test = None  # never evaluated: no scores claimed
-    except CaptionerError as e:  # damaged, or past a limit: said, and no scores claimed
-        log.warning("%s; its scores are left out", e)
-        test = None
+    test = recorded_scores(checkpoint.parent / "scores_test.json")
     return ModelOrigin(name, dataset if isinstance(dataset, str) else None, *overall_scores(test))
+
+
+def recorded_scores(path: Path) -> dict[str, Any] | None:
+    """The scores file `path` beside a model, or None and no score claimed: where there is none (never evaluated)
+    or it cannot be read (damaged, past a limit, a pipe: one warning naming it)."""
+    try:
+        return read_scores_json(path, CaptionerError)
+    except FileNotFoundError:
+        return None
+    except CaptionerError as e:
+        log.warning("%s; its scores are left out", e)
+        return None
 
 
 def overall_scores(evaluation: Any) -> tuple[dict[str, float], int | None]:
