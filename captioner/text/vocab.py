@@ -11,7 +11,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from captioner.core.errors import DatasetError
+from captioner.core.bounded_files import MODEL_JSON_BYTES, read_json
+from captioner.core.errors import ConfigError, DatasetError
+from captioner.core.files import write_atomically
+from captioner.core.model_spec import check_words
 from captioner.text.tokenizer import tokenize
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -71,18 +74,25 @@ class Vocabulary:
         return list(self.words)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"words": self.words}, indent=0))
+        """Write `{"words": [...]}` atomically: a full disk keeps the previous file."""
+        text = json.dumps({"words": self.words}, indent=0)
+        write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
+        """A vocab.json as `save` writes it (a run's), read within the caps of a model's files; whatever else it
+        holds is one DatasetError naming it."""
         path = Path(path)
         try:
-            words = json.loads(path.read_text())["words"]
+            document = read_json(path, "vocabulary file", DatasetError, MODEL_JSON_BYTES)
         except FileNotFoundError:
             raise DatasetError(f"{path}: vocabulary file not found") from None
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise DatasetError(f"{path}: not a vocabulary file ({e})") from None
-        return cls(words)
+        if not isinstance(document, dict) or "words" not in document:
+            raise DatasetError(f'{path}: not a vocabulary file (expected an object with "words")')
+        try:
+            return cls(check_words(document["words"], str(path)))
+        except ConfigError as e:
+            raise DatasetError(str(e)) from None
 
 
 def bad_ending_ids(index: Mapping[str, int]) -> tuple[int, ...]:
