@@ -3,6 +3,7 @@ reading through DataLoader workers, training and evaluation from it."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -24,7 +25,7 @@ from captioner.data.store_extract import ensure_store, extract, split_features
 from captioner.data.store_format import open_store, store_dir, store_files
 from captioner.evaluation.evaluate import caption_records, decode_variants, encode_records
 from captioner.models.captioner import Captioner
-from helpers import REPO, tiny_vocab
+from helpers import REPO, fifo_with_a_writer, tiny_vocab
 
 SHAPES_LSTM = str(REPO / "configs/shapes_lstm.yaml")  # wherever pytest started
 
@@ -423,3 +424,33 @@ def test_fine_tuning_the_top_blocks_trains_on_the_stored_trunk(shapes_root: Path
     assert main(["evaluate", str(tmp_path / "store" / "best.pt"), "--split", "test", "--fast", "--beam", "1", "--json",
                  "--features", str(tmp_path / "store" / "features")]) == 0
     assert json.loads(capsys.readouterr().out)["images"] == 4
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("not UTF-8", "not valid JSON (not UTF-8 text"), ("nested", "nested deeper than the 32 levels"),
+    ("a folder", "feature store manifest is a folder, not a file"), ("missing", "no feature store manifest"),
+    ("a pipe", "feature store manifest is not a regular file")])
+def test_a_store_manifest_that_cannot_be_read_is_one_line(tmp_path: Path, kind: str, says: str) -> None:
+    """train.json of a store damaged or replaced: bytes that are not UTF-8 and deep nesting were tracebacks
+    (UnicodeDecodeError, RecursionError), a pipe waited forever for a writer."""
+    from captioner.data.store_format import read_manifest
+
+    path = tmp_path / "train.json"
+    if kind == "not UTF-8":
+        path.write_bytes(b'{"format": "\xff"}')
+    elif kind == "nested":
+        path.write_text("[" * 100_000)
+    elif kind == "a folder":
+        path.mkdir()
+    with fifo_with_a_writer(path) if kind == "a pipe" else contextlib.nullcontext(), \
+            pytest.raises(FeatureStoreError) as raised:
+        read_manifest(path)
+    assert str(raised.value).startswith(f"{path}: ") and says in str(raised.value), raised.value
+
+
+def test_a_feature_array_that_is_a_pipe_is_refused_unopened(tmp_path: Path) -> None:
+    from captioner.data.store_format import npy_header
+
+    with fifo_with_a_writer(tmp_path / "train.npy") as fifo, pytest.raises(
+            FeatureStoreError, match=r"train.npy: feature array is not a regular file \(a pipe"):
+        npy_header(fifo)

@@ -39,11 +39,7 @@ def read_capped(path: str | Path, what: str, max_bytes: int, error: type[Caption
     caller's to word."""
     path = Path(path)
     try:
-        mode = path.stat().st_mode
-        if stat.S_ISDIR(mode):
-            raise error(f"{path}: {what} is a folder, not a file")
-        if not stat.S_ISREG(mode):
-            raise error(f"{path}: {what} is not a regular file (a pipe, a device or a socket); give a file")
+        check_regular_file(path, what, error)
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > max_bytes:
@@ -57,6 +53,21 @@ def read_capped(path: str | Path, what: str, max_bytes: int, error: type[Caption
     if len(data) > max_bytes:
         raise error(f"{path}: more than the {size_text(max_bytes)} a {what} may take; refused")
     return data
+
+
+def check_regular_file(path: Path, what: str, error: type[CaptionerError]) -> None:
+    """Refuse `path` in one `error` line unless it is a regular file (links followed): a folder, a pipe, a device
+    or a socket. FileNotFoundError is the caller's to word."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror or e})") from None
+    if stat.S_ISDIR(mode):
+        raise error(f"{path}: {what} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise error(f"{path}: {what} is not a regular file (a pipe, a device or a socket); give a file")
 
 
 def read_text_file(path: str | Path, what: str, error: type[CaptionerError], max_bytes: int = sys.maxsize) -> str:

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from captioner.core.bounded_files import check_regular_file, read_json
 from captioner.core.config_sections import Config, EncoderConfig
 from captioner.core.errors import ConfigError, FeatureStoreError
 from captioner.core.files import write_atomically
@@ -113,6 +115,7 @@ def check_storable(encoder: StoreEncoder) -> None:
 def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     """A .npy file's shape, dtype and where its rows start, from its header alone."""
     try:
+        check_regular_file(path, "feature array", FeatureStoreError)  # opening a pipe would wait for a writer
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
@@ -123,10 +126,11 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise FeatureStoreError(f"{path}: not a readable feature store manifest ({e})") from None
+    """A split's manifest (the user's own store: no size cap), every way it cannot be read one FeatureStoreError."""
+    try:  # a pipe, bytes that are not UTF-8 or JSON nested past the depth limit: one line naming it
+        manifest = read_json(path, "feature store manifest", FeatureStoreError, max_bytes=sys.maxsize)
+    except FileNotFoundError:
+        raise FeatureStoreError(f"{path}: no feature store manifest") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise FeatureStoreError(f"{path}: not a captioner feature store manifest")
     if manifest.get("version") != VERSION:
