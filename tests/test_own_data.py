@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import require_module
+from helpers import fifo_with_a_writer, require_module
 import warm_start
 from PIL import Image
 
@@ -291,6 +291,26 @@ def test_a_damaged_stored_image_names_the_row(tmp_path: Path) -> None:
     record = load_split(hf_data(tmp_path / "saved"), "val")[0]
     with pytest.raises(ImageLoadError, match=r"saved/validation/0"):
         load_record_image(record)
+
+
+def test_a_stored_image_path_or_a_shards_image_that_is_a_named_pipe_is_refused_unopened(tmp_path: Path) -> None:
+    """A saved dataset whose image column names a file in its folder, and an image written into shards: a pipe in
+    either place was opened, and its reader waited forever for a writer."""
+    from datasets import Dataset, DatasetDict
+
+    from captioner.data.records import ImageRecord
+    from captioner.data.shards import image_bytes
+
+    named = Dataset.from_dict({"image": ["pictures/red.png"], "text": ["red"]})  # a column of paths
+    DatasetDict({"train": named, "validation": named}).save_to_disk(tmp_path / "saved")
+    (tmp_path / "saved" / "pictures").mkdir()
+    record = load_split(hf_data(tmp_path / "saved"), "val")[0]
+    with fifo_with_a_writer(tmp_path / "saved" / "pictures" / "red.png"), \
+            pytest.raises(ImageLoadError, match=r"red.png: image is not a regular file \(a pipe"):
+        load_record_image(record)
+    with fifo_with_a_writer(tmp_path / "blue.png") as fifo, \
+            pytest.raises(ImageLoadError, match=r"blue.png: image is not a regular file \(a pipe"):
+        image_bytes(ImageRecord(image_id=1, path=fifo, captions=("blue",)))
 
 
 # ---- the command line ---------------------------------------------------------------------

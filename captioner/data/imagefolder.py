@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from captioner.core.bounded_files import Confinement, is_within, loads_json
+from captioner.core.bounded_files import Confinement, check_regular_file, is_within, loads_json
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.data.records import ImageRecord, drop_missing, leaves_folder, read_text
 
@@ -245,6 +245,7 @@ class DatasetImages:
         if isinstance(value, str) and value:
             file = image_file(value, self.image_root or dataset_folder(self.root), name)
             try:
+                check_regular_file(file, "image", ImageLoadError)  # a pipe's reader would wait for a writer
                 return file.read_bytes()
             except OSError as e:
                 raise ImageLoadError(f"{name}: cannot read {file} ({e.strerror or e})") from None

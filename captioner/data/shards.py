@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from captioner.core.bounded_files import check_regular_file
 from captioner.core.errors import DatasetError, ImageLoadError
 from captioner.core.files import size_text, write_atomically
 from captioner.core.progress import progress_bar
@@ -309,6 +310,8 @@ def image_bytes(record: ImageRecord) -> tuple[bytes, str]:
     """The image's bytes as stored and its file suffix, after the loader's header checks (else ImageLoadError)."""
     source = image_data(record)
     try:
+        if not isinstance(source, bytes):
+            check_regular_file(Path(source), "image", ImageLoadError)  # a pipe's reader would wait for a writer
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
     except OSError as e:
         raise ImageLoadError(f"{source}: cannot read it ({e.strerror or e})") from None
