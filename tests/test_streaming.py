@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, TINY_MODEL, require, require_module, serving
+from helpers import REPO, TINY_MODEL, fifo_with_a_writer, require, require_module, serving
 
 SHAPES_LSTM = str(REPO / "configs/shapes_lstm.yaml")  # wherever pytest started
 import warm_start
@@ -237,6 +237,16 @@ def test_counts_come_from_the_index_or_img2dataset_stats_and_errors_take_one_lin
         assert expected in str(raised.value) and "\n" not in str(raised.value)
     (tmp_path / "wids" / "shards.json").write_text("{")
     with pytest.raises(DatasetError, match="shards.json: not a shard index"):
+        open_shard_set(str(tmp_path / "wids" / "00000.tar"), "x")
+    (tmp_path / "wids" / "shards.json").write_text("[" * 100_000)  # was a RecursionError's traceback
+    with pytest.raises(DatasetError, match="shards.json: not a shard index"):
+        open_shard_set(str(tmp_path / "wids" / "00000.tar"), "x")
+    (tmp_path / "img2dataset" / "00001_stats.json").write_text("[" * 100_000)
+    with pytest.raises(DatasetError, match="00001_stats.json: not an img2dataset stats file"):
+        open_shard_set(str(tmp_path / "img2dataset" / "00001.tar"), "x")
+    (tmp_path / "wids" / "shards.json").unlink()
+    with fifo_with_a_writer(tmp_path / "wids" / "shards.json"), pytest.raises(  # its reader waited for a writer
+            DatasetError, match=r"shards.json: the shard index is not a regular file \(a pipe"):
         open_shard_set(str(tmp_path / "wids" / "00000.tar"), "x")
 
 

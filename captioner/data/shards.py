@@ -89,7 +89,7 @@ def shard_counts(urls: Iterable[str], what: str, max_bytes: int = DEFAULT_LIMITS
                                "write the index with captioner data shards, or keep img2dataset's _stats.json files")
         try:
             counts.append(int(json.loads(stats)["successes"]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise DatasetError(f"{stats_url}: not an img2dataset stats file (no integer 'successes')") from None
     return counts
 
@@ -108,7 +108,7 @@ def read_index(url: str, max_bytes: int = DEFAULT_LIMITS.index_bytes) -> dict[st
     try:
         shards = json.loads(data)["shardlist"]
         return {Path(str(s["url"])).name: int(s["nsamples"]) for s in shards}
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested past Python's limit
         raise DatasetError(f"{url}: not a shard index "
                            "(a JSON object whose 'shardlist' has 'url' and 'nsamples' per shard)") from None
 
@@ -136,6 +136,7 @@ def read_small(url: str, what: str, max_bytes: int = DEFAULT_LIMITS.index_bytes)
     if not path.exists():
         return None
     try:
+        check_regular_file(path, what, DatasetError)  # a pipe's reader would wait for a writer
         with open(path, "rb") as file:
             return at_most(read_at_most(file, max_bytes), max_bytes, str(path), what)
     except OSError as e:
