@@ -250,6 +250,16 @@ def test_counts_come_from_the_index_or_img2dataset_stats_and_errors_take_one_lin
         open_shard_set(str(tmp_path / "wids" / "00000.tar"), "x")
 
 
+def test_a_samples_json_nested_past_pythons_limit_is_a_broken_sample() -> None:
+    """A shard's sample whose .json nests 100,000 lists deep was a RecursionError's traceback in the loader."""
+    from captioner.data.shards import BrokenSample, sample_captions, sample_image_id
+
+    deep = {"__key__": "0000001", "json": b"[" * 100_000, "txt": b"a dog"}
+    with pytest.raises(BrokenSample, match="its .json is not valid JSON"):
+        sample_captions(deep)
+    assert sample_image_id(deep, 7) == 7
+
+
 def test_val_and_test_shards_are_read_whole_as_records_of_any_dataset(tmp_path: Path) -> None:
     good = make_shards(tmp_path / "val", [5, 4], broken={"0000002": "image", "0010001": "caption"})
     config = load_config(None, ["data.dataset=webdataset", "data.train_shards=x.tar",

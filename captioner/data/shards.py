@@ -205,7 +205,7 @@ def sample_captions(sample: dict) -> list[str]:
     if "json" in sample:
         try:
             meta = json.loads(sample["json"])
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past Python's limit
             raise BrokenSample("its .json is not valid JSON") from None
         found = meta.get("captions") or meta.get("caption") if isinstance(meta, dict) else None
         captions = [found] if isinstance(found, str) else found if isinstance(found, list) else []
@@ -281,7 +281,7 @@ def sample_image_id(sample: dict, position: int) -> int:
     """The sample's image id: its JSON's "image_id" when there is one, else its position."""
     try:
         found = json.loads(sample["json"]).get("image_id") if "json" in sample else None
-    except (ValueError, UnicodeDecodeError, AttributeError):
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
         found = None
     return found if is_int(found) else position
 
