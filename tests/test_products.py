@@ -422,6 +422,16 @@ def test_the_route_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch: 
     assert products.faster_here() is False
 
 
+def test_a_machine_cache_nested_past_pythons_limit_is_measured_anew(tmp_path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A damaged ~/.cache/captioner file of lists 100,000 deep was a RecursionError's traceback at every command."""
+    from captioner.core import machine_cache
+
+    monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path))
+    (tmp_path / machine_cache.FILE_NAME).write_text("[" * 100_000)
+    assert machine_cache.recall("anything") is None
+
+
 def test_kernels_held_to_an_instruction_set_are_another_machine(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ATEN_CPU_CAPABILITY=avx2 (and oneDNN's, MKL's like it) changes both the speed a decision measured and the
     last bits of a result: what was kept under the processor's own kernels is not recalled, nor the reverse."""

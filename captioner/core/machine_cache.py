@@ -87,7 +87,7 @@ def kernel_settings() -> str:
 def _read() -> dict[str, Any]:
     try:
         data = json.loads((cache_dir() / FILE_NAME).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable, damaged, nested past Python's limit: measured anew
         return {}
     return data if isinstance(data, dict) else {}
 
