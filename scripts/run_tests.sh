@@ -5,8 +5,16 @@
 # swallowed. Under CI=true a test whose Java, ../shared/data or Chromium is missing fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=test source scripts/setup.sh  # test = train, demo, onnx and the test tools
 status=0
+# The web page's tests need onnxruntime-web, pinned by package-lock.json, in node_modules/ (npm's registry).
+# npm ci reads nothing of Python's, so it runs beside the Python install (both mostly wait on files and the
+# registry) and pytest waits for it.
+npm_pid=
+if command -v npm >/dev/null; then
+    npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null &
+    npm_pid=$!
+fi
+EXTRAS=test source scripts/setup.sh  # test = train, demo, onnx and the test tools
 # The tests' own modules too (setup.sh compiled the package's): the suite's hundreds of child
 # processes then read bytecode even where Python may not write it (PYTHONDONTWRITEBYTECODE).
 python -m compileall -q -j 0 tests scripts benchmarks >/dev/null
@@ -15,10 +23,8 @@ lint-imports --no-cache || { status=$?; echo "run_tests.sh: the import contracts
 # No line of the project's Python over 120 characters, no unused import or variable, no undefined name
 # (pyproject.toml's [tool.ruff]).
 ruff check . || { status=$?; echo "run_tests.sh: ruff found lines over 120 characters or unused names (above)" >&2; }
-# The web page's tests need onnxruntime-web, pinned by package-lock.json, in node_modules/ (npm's registry).
-if command -v npm >/dev/null; then
-    npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null \
-        || { status=$?; echo "run_tests.sh: npm ci failed" >&2; }
+if [ -n "$npm_pid" ]; then
+    wait "$npm_pid" || { status=$?; echo "run_tests.sh: npm ci failed" >&2; }
 fi
 # -n: one pytest worker per core (pytest-xdist); PYTEST_WORKERS=0 runs in this process alone.
 # loadgroup: the tests of an xdist_group share a worker (and its module fixtures).
