@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,13 @@ def test_what_cannot_be_loaded_is_named_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"^.*missing/model.pt: checkpoint not found "
                                               r"\(no such file, run folder, exported folder or Hub repo id\)$"):
         Captioner.from_pretrained(tmp_path / "missing/model.pt")
+    # Neither a file nor a folder: was "checkpoint not found (no such file, ...)", untrue in its words.
+    os.mkfifo(tmp_path / "pipe.pt")
+    (tmp_path / "dangling.pt").symlink_to(tmp_path / "elsewhere.pt")
+    for name in ("pipe.pt", "dangling.pt"):
+        with pytest.raises(CheckpointError, match=rf"^.*{name}: not a checkpoint file \(a pipe, a device or a "
+                                                  r"socket, or a link that leads nowhere\)$"):
+            Captioner.from_pretrained(tmp_path / name)
     # A Hub id is fetched (tests/test_export.py: from the cache, offline); with no network and
     # no cached copy it is one line saying so.
 
@@ -186,8 +194,6 @@ def test_a_run_folder_whose_best_pt_is_not_a_file_is_refused_not_loaded_from_las
                                                                                      tmp_path: Path) -> None:
     """A best.pt that is a folder, a pipe or a link to nothing: one line naming it, where the run folder loaded its
     last.pt instead, another model than the best without a word."""
-    import os
-
     from captioner.models.model_paths import checkpoint_file
 
     run = tmp_path / "run"

@@ -50,6 +50,9 @@ def checkpoint_file(path: str | Path) -> Path:
                 raise CheckpointError(f"{path / candidate}: not a checkpoint file (a folder, a pipe or a device, or "
                                       f"a link that leads nowhere); move it aside to load the run's other checkpoint")
         raise CheckpointError(f"{path}: a folder without a model (no {' or '.join(RUN_CHECKPOINTS)}, no {CONFIG})")
+    if os.path.lexists(path):  # there, but neither a file nor a folder: the user's, never a model's name for another
+        raise CheckpointError(f"{path}: not a checkpoint file (a pipe, a device or a socket, or a link that leads "
+                              "nowhere)")
     if (packaged := packaged_model(name)) is not None:
         return packaged
     if looks_like_repo_id(name):
