@@ -322,6 +322,22 @@ def test_a_file_nested_past_pythons_limit_is_not_a_scores_file(tmp_path: Path) -
     assert is_scores_file(tmp_path / "scores.json")
 
 
+def test_a_users_own_large_scores_file_is_read_where_one_beside_a_model_is_capped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An evaluation of over 110,000 images writes a scores file past the 32 MiB cap of a model's: `evaluate --out`
+    must still replace it and the tables read it, while the same file beside someone's checkpoint is left out."""
+    from captioner.core.bounded_files import SCORES_JSON_BYTES
+    from captioner.evaluation.results_files import is_scores_file, read_scores_file
+    from captioner.models.model_origin import recorded_scores
+
+    path = tmp_path / "scores_test.json"
+    write_scores_json(path, {"CIDEr": 1.0}, {1: {"CIDEr": 1.0}}, extra={"note": "x" * SCORES_JSON_BYTES})
+    assert is_scores_file(path) and read_scores_file(path, "evaluate first")["overall"] == {"CIDEr": 1.0}
+    with caplog.at_level("WARNING"):
+        assert recorded_scores(path) is None
+    assert "33.6 MB" in caplog.records[-1].getMessage()
+
+
 def test_results_file_written_is_read_back(tmp_path: Path) -> None:
     path = write_results(tmp_path / "out" / "results.json", {3: "a cat", 1: "a dog"})
     assert [row["image_id"] for row in json.loads(path.read_text())] == [1, 3]  # sorted, like the scores file

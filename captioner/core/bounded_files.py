@@ -122,10 +122,12 @@ def parse_json(data: bytes, source: str, what: str, error: type[CaptionerError])
         raise error(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
 
 
-def read_scores_json(path: str | Path, error: type[CaptionerError]) -> dict[str, Any]:
-    """A scores_<split>.json as `captioner evaluate` writes it, its JSON object, read within SCORES_JSON_BYTES and
-    MAX_DEPTH; anything else one `error` line naming `path`. FileNotFoundError is the caller's to word."""
-    document = read_json(path, "scores file", error, SCORES_JSON_BYTES)
+def read_scores_json(path: str | Path, error: type[CaptionerError],
+                     max_bytes: int = SCORES_JSON_BYTES) -> dict[str, Any]:
+    """A scores_<split>.json as `captioner evaluate` writes it, its JSON object, read within `max_bytes` (by default
+    the cap of a model's: a user's own evaluation may pass a larger one) and MAX_DEPTH; anything else one `error` line
+    naming `path`. FileNotFoundError is the caller's to word."""
+    document = read_json(path, "scores file", error, max_bytes)
     if not isinstance(document, dict):
         raise error(f"{path}: not a scores file (a JSON {type(document).__name__}, not an object)")
     return document

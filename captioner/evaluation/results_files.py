@@ -148,10 +148,15 @@ def write_scores_json(path: str | os.PathLike[str], overall: Mapping[str, float]
     write_atomically(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))  # a full disk keeps the old file
 
 
+# The user's own evaluations, which `evaluate --out` replaces and the tables read: COCO's 40,504 test images make a
+# scores file of about 10 MB. (One beside someone else's model is held to bounded_files.SCORES_JSON_BYTES.)
+SCORES_FILE_MAX_BYTES = 1 << 28
+
+
 def is_scores_file(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a scores file as `write_scores_json` writes them: what `evaluate --out` may replace."""
     try:
-        document = read_scores_json(path, DatasetError)
+        document = read_scores_json(path, DatasetError, SCORES_FILE_MAX_BYTES)
     except (OSError, CaptionerError):  # missing, unreadable, past its caps, not a JSON object
         return False
     return {"overall", "num_images", "per_image"} <= document.keys()
@@ -162,7 +167,7 @@ def read_scores_file(path: str | os.PathLike[str], remedy: str) -> dict[str, Any
     command that writes one); a folder, a pipe, text that is not UTF-8 or not JSON, past its caps, or JSON that is
     not an object, one naming the file."""
     try:
-        return read_scores_json(path, DatasetError)
+        return read_scores_json(path, DatasetError, SCORES_FILE_MAX_BYTES)
     except FileNotFoundError:
         raise DatasetError(f"{path}: no scores file ({remedy})") from None
 
