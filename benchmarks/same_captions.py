@@ -22,7 +22,7 @@ from captioner.core.errors import CaptionerError
 from captioner.core.files import write_atomically
 from captioner.data.datasets import load_split
 from captioner.data.image_files import load_image
-from captioner.data.records import read_json
+from captioner.data.records import is_number, read_json
 from captioner.models.captioner import Captioner
 from captioner.models.checkpoint import checkpoint_config
 
@@ -76,8 +76,7 @@ def read_report(path: Path) -> dict:
 
 def is_caption(value: object) -> bool:
     """Whether `value` is a caption as `record` writes it: word ids and a score."""
-    return (isinstance(value, dict) and isinstance(value.get("tokens"), list)
-            and isinstance(value.get("score"), (int, float)) and not isinstance(value.get("score"), bool))
+    return isinstance(value, dict) and isinstance(value.get("tokens"), list) and is_number(value.get("score"))
 
 
 def compare(old_file: Path, new_file: Path, tolerance: float) -> int:
