@@ -311,9 +311,11 @@ def image_bytes(record: ImageRecord) -> tuple[bytes, str]:
     """The image's bytes as stored and its file suffix, after the loader's header checks (else ImageLoadError)."""
     source = image_data(record)
     try:
-        if not isinstance(source, bytes):
+        if isinstance(source, bytes):
+            data = source
+        else:
             check_regular_file(Path(source), "image", ImageLoadError)  # a pipe's reader would wait for a writer
-        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+            data = Path(source).read_bytes()
     except OSError as e:
         raise ImageLoadError(f"{source}: cannot read it ({e.strerror or e})") from None
     image_format = open_checked(data, lambda image: image.format, name=str(record.path))
