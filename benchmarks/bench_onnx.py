@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from captioner.apps.arguments import decode_value, positive_int
+from captioner.apps.arguments import decode_value, folder_to_write, positive_int
 from captioner.core.errors import CaptionerError
 from captioner.core.files import make_folder
 from captioner.data.flickr8k import load_flickr8k
@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="for both torch and onnxruntime")
     parser.add_argument("--latency-images", type=positive_int, default=16)
     parser.add_argument("--repeats", type=positive_int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="where the exports go (default: a temporary folder)")
+    parser.add_argument("--out", type=folder_to_write, default=None,
+                        help="where the exports go (default: a temporary folder)")
     parser.add_argument("--install-size", action="store_true")
     args = parser.parse_args(argv)
     check_runs(args.run)

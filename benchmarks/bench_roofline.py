@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from captioner.apps.arguments import positive_int, whole_number
+from captioner.apps.arguments import folder_to_write, positive_int, whole_number
 from captioner.core.files import folder_problem
 from captioner.core.process_settings import set_threads
 from captioner.core.config_sections import thread_count
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None, results: Path = RESULTS) -> int:
                         help="torch threads (default: as captioner.core.process_settings sets them)")
     parser.add_argument("--peak-size", type=functools.partial(whole_number, minimum=2), default=4096,
                         help="side of the GEMM squares timed for the peak")
-    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+    parser.add_argument("--profile", type=folder_to_write, default=None, metavar="DIR",
                         help="write each one's operator table and trace into DIR")
     add_record_options(parser, "bench_roofline", "the peak and each row", prefix=True)
     json_option(parser)

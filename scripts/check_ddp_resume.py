@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_resume import TINY  # noqa: E402  the settings of the single-process test
 
-from captioner.apps.arguments import AnyOrderParser  # noqa: E402
+from captioner.apps.arguments import AnyOrderParser, folder_to_write  # noqa: E402
 from captioner.apps.cli import refused  # noqa: E402
 from captioner.core.errors import CaptionerError  # noqa: E402
 from captioner.core.files import check_writable_folder  # noqa: E402
@@ -73,6 +73,7 @@ def killed_after_its_checkpoint(data: Path, run: Path, env: dict[str, str]) -> i
 
 def check(base: Path) -> bool:
     """Train without a stop and with a kill and --resume under `base`; whether the final weights are the same."""
+    base = base.resolve()  # absolute: the runs start in the repository, not in the caller's folder
     data = base / "shapes"
     if not data.exists():
         generate_shapes(data, 48, 4, 2, image_size=32, seed=0, progress=False)
@@ -99,7 +100,8 @@ def check(base: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = AnyOrderParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("work_dir", nargs="?", type=Path, help="where the runs go (default: a new temporary folder)")
+    parser.add_argument("work_dir", nargs="?", type=folder_to_write,
+                        help="where the runs go (default: a new temporary folder)")
     args = parser.parse_args(argv)
     try:
         if args.work_dir is not None:

@@ -307,6 +307,34 @@ def test_check_ddp_resume_refuses_a_file_for_its_work_folder(capsys: pytest.Capt
         f"error: {file / 'work'}: cannot create the folder (Not a directory)")
 
 
+def test_check_ddp_resume_refuses_an_empty_work_folder_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, "" was the current folder: the shapes world and both runs were written beside the user's files."""
+    said = refusal(capsys, "check_ddp_resume", [""])
+    assert ": argument work_dir: an empty name; give the folder to write into (see " in said
+
+
+def test_check_ddp_resume_runs_a_relative_work_folder_where_the_user_named_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs start in the repository (cwd=ROOT): a relative folder was read from there, so the runs went into
+    the repository while the shapes world was made in the user's folder."""
+    import sys
+
+    module = script("check_ddp_resume")
+    given: list[tuple[Path, Path]] = []
+
+    def stand_in(data: Path, out: Path, *extra: str) -> list[str]:
+        given.append((data, out))
+        return [sys.executable, "-c", "import sys; print('error: stopped here', file=sys.stderr); sys.exit(2)"]
+
+    monkeypatch.setattr(module, "command", stand_in)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work" / "shapes").mkdir(parents=True)  # generated already
+    assert module.main(["work"]) == 2
+    assert given == [(tmp_path / "work" / "shapes", tmp_path / "work" / "reference")]
+    assert capsys.readouterr().err == f"error: {tmp_path / 'work' / 'reference'}: the uninterrupted run failed: " \
+        "stopped here\n"
+
+
 @pytest.mark.parametrize("fails", ["reference", "killed"])
 def test_check_ddp_resume_says_why_a_run_failed_rather_than_wait_for_its_checkpoint(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str) -> None:

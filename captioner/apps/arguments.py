@@ -123,6 +123,13 @@ positive_int = functools.partial(whole_number, minimum=1)  # argparse type: an i
 nonnegative_int = functools.partial(whole_number, minimum=0)  # argparse type: an integer of at least 0
 
 
+def folder_to_write(text: str) -> Path:
+    """argparse type: a folder a command writes into; an empty name is refused, not read as the current folder."""
+    if not text.strip():  # Path("") is the current folder: the command's files would land beside the user's
+        raise argparse.ArgumentTypeError("an empty name; give the folder to write into")
+    return Path(text)
+
+
 def port_number(text: str) -> int:
     """argparse type: a TCP port, 0 to 65535."""
     value = whole_number(text, 0)
