@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="checkpoint_load-") as folder:
         path = Path(folder) / "best.pt"
         # in a child too: a process's peak memory counts its parent's from before its exec, so this one stays small
-        sizes = child_json("checkpoint_load", ["--write", str(path), "--config", str(args.config)])
+        # the config's absolute path: the child runs in the repository (timing.child_json), not in this folder
+        sizes = child_json("checkpoint_load", ["--write", str(path), "--config", str(args.config.resolve())])
         print(f"\n{args.config.name}: best.pt of {sizes['file_mb']:,.0f} MB (weights {sizes['weights_mb']:,.0f} MB, "
               f"AdamW's moments {sizes['moments_mb']:,.0f} MB); {args.rounds} fresh process(es) per read, alternating")
         results: dict[str, list[dict]] = {read: [] for read in READS}

@@ -231,7 +231,9 @@ def main(argv: list[str] | None = None, run: Runner | None = None,
     common = reported + (["--threads", str(args.threads)] if args.threads is not None else [])
     reference: list[dict | str] = []
     if "reference" not in args.skip:
-        options = [*common, "--repeats", "7"] + (["--reference", args.reference] if args.reference else [])
+        # absolute: the benchmarks run in the repository (timing.child_json), not in the folder the user named it from
+        there = ["--reference", str(Path(args.reference).absolute())] if args.reference else []
+        options = [*common, "--repeats", "7", *there]
         reference = [measured(run, "reference", options) for _ in range(args.runs)]
     roofline: dict | str = "left out (--skip roofline)"
     if "roofline" not in args.skip:

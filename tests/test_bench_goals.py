@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,6 +90,16 @@ def test_goals_run_each_benchmark_with_json_and_print_every_goal(monkeypatch: py
     out = capsys.readouterr().out
     assert "| beam search against the tutorial's (images/s) | >= 20x | not measured: left out | - |" in out
     assert out.rstrip().endswith("| 4 min 5 s, test BLEU-4 0.909 | met |")
+
+
+def test_goals_hand_the_tutorial_checkout_to_its_benchmark_as_an_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """The benchmarks run in the repository: a relative --reference, named from elsewhere, was looked for there."""
+    calls: list[list[str]] = []
+    monkeypatch.chdir(tmp_path)
+    assert bench_goals.main(["--runs", "1", "--skip", "roofline", "demo", "--reference", "tutorial"],
+                            run=lambda name, args: calls.append(list(args)) or REFERENCE) == 0
+    assert calls[0][calls[0].index("--reference") + 1] == str(tmp_path / "tutorial")
 
 
 def test_the_quickstart_goal_needs_both_its_time_and_its_score() -> None:

@@ -209,6 +209,25 @@ def test_checkpoint_load_reads_one_model_both_ways(tmp_path: Path) -> None:
     assert whole["parameters"] == inference["parameters"] > 0
 
 
+def test_checkpoint_load_hands_its_child_the_config_as_an_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child runs in the repository: a relative --config, named from elsewhere, was looked for there."""
+    from benchmarks import bench_checkpoint_load as bench
+
+    (tmp_path / "mine.yaml").write_bytes((ROOT / "configs/shapes_lstm.yaml").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    handed: list[list[str]] = []
+
+    def child_json(name: str, args: list[str]) -> dict:
+        handed.append(args)
+        raise SystemExit("stopped after the first child")
+
+    monkeypatch.setattr(bench, "child_json", child_json)
+    with pytest.raises(SystemExit, match="stopped after the first child"):
+        bench.main(["--config", "mine.yaml", "--rounds", "1"])
+    assert handed[0][handed[0].index("--config") + 1] == str(tmp_path / "mine.yaml")
+
+
 def test_a_child_that_fails_stops_the_benchmark_in_one_line_naming_it() -> None:
     with pytest.raises(SystemExit, match=r"^no_such --x: exit 2: python -m benchmarks: no benchmark 'no_such'"):
         timing.child_json("no_such", ["--x"])
