@@ -8,11 +8,13 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import subprocess_env, tiny_config
 
 from captioner.core.config import load_config
 from captioner.core.config_sections import Config
@@ -96,20 +98,95 @@ class Rank(Distributed):
 def test_every_rank_stops_with_rank_0s_refusal_of_an_earlier_run(tmp_path: Path) -> None:
     """Under torchrun rank 0 alone looks at the run folder; it sends its refusal to every rank, so none is left
     waiting in a collective for a rank that has left: each raises the same line."""
-    from captioner.training.run_folders import check_run_start
+    from captioner.training.run_folders import run_folder_held
 
     (tmp_path / "last.pt").write_bytes(b"an earlier run")
     config = tiny_config(f"train.out_dir={tmp_path}")
     rank_0 = Rank(0)
-    with pytest.raises(ConfigError, match="already holds a run") as said:
-        check_run_start(config, False, rank_0)
+    with pytest.raises(ConfigError, match="already holds a run") as said, run_folder_held(config, False, rank_0):
+        pass
     assert rank_0.offered == [said.value]
     other = Rank(1, rank_0_sent=said.value)
     elsewhere = tiny_config(f"train.out_dir={tmp_path / 'empty'}")  # its own view of the folder is not asked
-    with pytest.raises(ConfigError, match="already holds a run"):
-        check_run_start(elsewhere, False, other)
+    with pytest.raises(ConfigError, match="already holds a run"), run_folder_held(elsewhere, False, other):
+        pass
     assert other.offered == [None]
-    check_run_start(config, True, Rank(0))  # resumed: the run is what it continues
+    assert not (tmp_path / "empty").exists()  # rank 0 alone makes the run folder
+    with run_folder_held(config, True, Rank(0)):  # resumed: the run is what it continues
+        pass
+
+
+HOLDER = """
+import sys, time
+from captioner.training.run_folders import hold_run_folder
+try:
+    hold_run_folder(sys.argv[1])
+except Exception as e:
+    print(e, flush=True)
+    sys.exit(0)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def holder(run: Path) -> subprocess.Popen:
+    """Another process holding `run` as a training run does, until it is killed."""
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, text=True,
+                               env=subprocess_env())
+    assert process.stdout.readline() == "held\n"
+    return process
+
+
+def tries(run: Path) -> str:
+    """What another process trying to hold `run` says: "held" when it is free, else its refusal."""
+    done = subprocess.run([sys.executable, "-c", HOLDER.replace("time.sleep(600)", ""), str(run)],
+                          capture_output=True, text=True, env=subprocess_env())
+    return done.stdout.strip()
+
+
+def test_a_run_into_a_folder_another_run_trains_in_is_refused_and_a_killed_one_frees_it(
+    trained: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, a second `captioner train` into the folder (the command started twice, or a job started again while
+    the first ran) trained beside the first, each writing its last.pt and step losses over the other's. Now it is
+    refused in one line naming the process, before any data is read; the lock goes with the process however it
+    ends, so a SIGKILLed run resumes at once."""
+    data, run = trained
+    mine = copied(run, tmp_path / "run")
+    before = files(mine)
+    first = holder(mine)
+    busy = (rf"^train\.out_dir={mine}: another training run \(process {first.pid}\) is writing into this folder; wait "
+            r"for it to end, or give another train\.out_dir$")
+    try:
+        with monkeypatch.context() as reading:
+            reading.setattr(fitting, "load_records", refuse("fit read its data before refusing"))
+            with pytest.raises(StorageError, match=busy):
+                fitting.fit(run_config(data, mine, "train.epochs=2"), resume=True)
+            (tmp_path / "again").symlink_to(mine)  # the same folder under another name
+            with pytest.raises(StorageError, match=busy.replace(str(mine), str(tmp_path / "again"))):
+                fitting.fit(run_config(data, tmp_path / "again", "train.epochs=2"), resume=True)
+    finally:
+        first.kill()
+        first.wait()
+        first.stdout.close()
+    assert files(mine) == before
+    fitting.fit(run_config(data, mine, "train.epochs=2"), resume=True)
+    assert read_checkpoint(mine / "last.pt")["train_state"]["epoch"] == 2
+
+
+def test_fit_holds_its_run_folder_while_it_trains_and_frees_it_when_it_ends(
+    trained: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new run into an empty folder is held from before its first step to its end, and by this process alone
+    (not by the data loader's workers, which could outlive it), then free for the next."""
+    data, _ = trained
+    seen: list[str] = []
+    train = fitting.Run.train
+    monkeypatch.setattr(fitting.Run, "train", lambda run: (seen.append(tries(tmp_path / "run")), train(run))[1])
+    fitting.fit(run_config(data, tmp_path / "run", "data.num_workers=1"))
+    assert seen == [f"train.out_dir={tmp_path / 'run'}: another training run (process {os.getpid()}) is writing into "
+                    "this folder; wait for it to end, or give another train.out_dir"]
+    assert tries(tmp_path / "run") == "held"
 
 
 def test_train_threads_beyond_any_machines_cores_are_refused_in_one_line() -> None:

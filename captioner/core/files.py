@@ -119,6 +119,48 @@ def check_writable_file(path: str | Path) -> None:
     check_writable_folder(Path(path).parent)
 
 
+class HeldElsewhere(StorageError):
+    """Another process holds a lock file: `pid`, its process id as the file names it (None where it does not)."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        super().__init__(f"{path}: held by {f'process {pid}' if pid else 'another process'}")
+        self.pid = pid
+
+
+def hold_lock_file(path: str | Path) -> int | None:
+    """An open descriptor of the file `path` (made if missing) holding its POSIX write lock, this process's id
+    written in it. The kernel frees the lock when the process ends, however it ends, and the processes it forks (data
+    loader workers) never hold it. `HeldElsewhere` when another process holds it; None where the system or the file
+    system has no such locks (the work then goes on unlocked)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a place that cannot be written: the work's own first write says so
+        return None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        held = e.errno in (errno.EACCES, errno.EAGAIN)
+        pid = _pid_in(fd) if held else None
+        os.close(fd)
+        if held:
+            raise HeldElsewhere(Path(path), pid) from None
+        return None  # no locks here (ENOLCK on some network file systems)
+    with contextlib.suppress(OSError):  # the id only names the holder to the process it refuses
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _pid_in(fd: int) -> int | None:
+    """The process id a lock file holds, if it holds one."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
+        return pid if pid > 0 else None
+    return None
+
+
 STAGE_PREFIX, STAGE_SUFFIX = ".captioner-staged-", ".tmp"  # `staged_folder`'s folders, inside the one they fill
 NEW, EARLIER = "new", "earlier-"  # tags before the suffix: the set written; the set it replaces, + the marker
 BUSY = "another export is writing into this folder; wait for it to finish"

@@ -37,7 +37,7 @@ from captioner.training.distributed import Distributed
 from captioner.training.history import (METRICS, STEP_LOSSES, clear_finished, patience_spent, why_training_ended,
                                         write_finished, write_history, write_step_losses)
 from captioner.training.loop import Interrupted, Objective, StopSignals, train_one_epoch
-from captioner.training.run_folders import check_run_start
+from captioner.training.run_folders import run_folder_held
 from captioner.training.run_setup import (RunData, accelerate, caption_dataset, decide_speed, log_batch_plan, lr_scale,
                                           make_loader, make_objective, make_optimizer, make_scheduler, stored_data,
                                           uses_feature_store, wrap_for_ddp)
@@ -51,11 +51,15 @@ log = logging.getLogger(__name__)
 def fit(config: Config, resume: bool = False) -> Path:
     """Train a model as `config` says; returns the path of the best checkpoint. Rank 0 alone writes files;
     `data.batch_size` is per process, and the learning rate is as configured unless train.lr_scaling says otherwise."""
-    out_dir = Path(config.train.out_dir)
     ctx = distributed.setup(resolve_device(config.train.device, "train.device"), config.train.dist_timeout_minutes)
-    check_run_start(config, resume, ctx)  # an earlier run, or a file where a folder of the run goes: before any work
-    if ctx.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    # an earlier run, a file where a folder of the run goes, or a run training there now: before any work
+    with run_folder_held(config, resume, ctx):
+        return train_in_folder(config, resume, ctx)
+
+
+def train_in_folder(config: Config, resume: bool, ctx: Distributed) -> Path:
+    """`fit`'s work, in the run folder rank 0 made and holds."""
+    out_dir = Path(config.train.out_dir)
     seed_everything(config.train.seed)
     train_records, val_records, all_val_records = load_records(config, ctx)
     shards = train_shard_set(config)  # streamed training: the shards and their counts, no records

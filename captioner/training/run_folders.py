@@ -1,21 +1,25 @@
 """What a training run checks of its folders as it starts, before its work: an earlier run in train.out_dir (refused
-without --resume), and the folders it makes: those it keeps in train.out_dir (its TensorBoard events) and
-data.feature_store, when the user places the store. A file where one goes, or a place below a file, is said in one
-line, and the file is left as it is."""
+without --resume), a run training there now (refused: a run holds its folder for its life), and the folders it
+makes: those it keeps in train.out_dir (its TensorBoard events) and data.feature_store, when the user places the
+store. A file where one goes, or a place below a file, is said in one line, and the file is left as it is."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, FeatureStoreError, StorageError
-from captioner.core.files import folder_problem
+from captioner.core.files import HeldElsewhere, folder_problem, hold_lock_file, make_folder
+from captioner.core.machine_cache import cache_dir
 from captioner.training.distributed import Distributed
 from captioner.training.history import CURVES, FINISHED, METRICS, RUN_CONFIG, STEP_LOSSES
 
 RUN_FOLDERS = {"tensorboard": "its TensorBoard events"}  # made in train.out_dir by every run's rank 0
+RUN_LOCKS = "run-locks"  # the cache's folder of the locks runs hold while they train (`hold_run_folder`)
 # The files every run writes in train.out_dir: a folder of one of these names would fail its first write, an epoch in
 # (FINISHED and CURVES: at its end); a pipe would hold the write forever
 RUN_FILES = ("best.pt", "last.pt", METRICS, STEP_LOSSES, "vocab.json", RUN_CONFIG, FINISHED, CURVES)
@@ -23,18 +27,44 @@ RUN_FILES = ("best.pt", "last.pt", METRICS, STEP_LOSSES, "vocab.json", RUN_CONFI
 RUN_CHECKPOINTS = ("best.pt", "last.pt")
 
 
-def check_run_start(config: Config, resume: bool, ctx: Distributed) -> None:
-    """`fit`'s checks of its folders, before any work: rank 0's view decides (it alone writes them), and every
-    rank stops with its one line, none left waiting for rank 0 in a collective."""
-    problem = None
+@contextlib.contextmanager
+def run_folder_held(config: Config, resume: bool, ctx: Distributed) -> Iterator[None]:
+    """`fit`'s checks of its folders, before any work, then train.out_dir held by rank 0 until the run ends, however
+    it ends: a second run into it (the command started twice, or a job started again while the first still runs) is
+    refused in one line instead of writing its checkpoints over the first's. Rank 0's view decides (it alone writes
+    the folder), and every rank stops with its one line, none left waiting for rank 0 in a collective."""
+    problem, lock = None, None
     if ctx.is_main:
         try:
             check_run_folders(config)
             if not resume:
                 require_no_run(config.train.out_dir)
+            lock = hold_run_folder(config.train.out_dir)
         except CaptionerError as e:
             problem = e
-    ctx.agree(problem)
+    try:
+        ctx.agree(problem)
+        yield
+    finally:
+        if lock is not None:
+            os.close(lock)  # the lock goes with it
+
+
+def hold_run_folder(out_dir: str | Path) -> int | None:
+    """The run folder `out_dir`, made, and held by this process (`core.files.hold_lock_file`) through a lock file in
+    the machine's cache named after the folder's device and inode (its own files untouched, a refused run leaves it
+    as it was; one folder under any of its names); one StorageError line naming the process that holds it."""
+    folder = make_folder(out_dir, f"train.out_dir={out_dir}")
+    place = folder.stat()
+    locks = cache_dir() / RUN_LOCKS
+    with contextlib.suppress(OSError):  # a cache that cannot be made: the run goes on unheld
+        locks.mkdir(parents=True, exist_ok=True)
+    try:
+        return hold_lock_file(locks / f"{place.st_dev}-{place.st_ino}.lock")
+    except HeldElsewhere as e:
+        who = f"another training run (process {e.pid})" if e.pid else "another training run"
+        raise StorageError(f"train.out_dir={out_dir}: {who} is writing into this folder; wait for it to end, or "
+                           "give another train.out_dir") from None
 
 
 def require_no_run(out_dir: str | Path) -> None:
