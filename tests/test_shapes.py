@@ -6,6 +6,9 @@ import contextlib
 import io
 import json
 import re
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -421,3 +424,85 @@ def test_training_refuses_a_world_too_large_to_draw_before_making_a_folder(tmp_p
     said = "error: data.shapes_num_train 4000, data.shapes_num_val 250, data.shapes_num_test 500 (4,750 images) at "
     assert err.count("\n") == 1 and err.startswith(f"{said}data.image_size 2048 pixels a side"), err
     assert not run.exists() and not world.exists()
+
+
+@contextlib.contextmanager
+def generating_elsewhere(world: Path) -> Iterator[threading.Event]:
+    """Another generator holding `world` (a thread on a lock of its own, as another process would be) until the
+    event it yields is set; it then writes a tiny world there and lets go."""
+    from captioner.core.machine_cache import folder_held
+
+    held, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with folder_held("shapes", world, lambda: None):
+            held.set()
+            release.wait(60)
+            generate_shapes(world, 2, 1, 1, image_size=32, progress=False)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    held.wait(60)
+    try:
+        yield release
+    finally:
+        release.set()
+        thread.join(60)
+
+
+def waiting_said(caplog: pytest.LogCaptureFixture, world: Path) -> Callable[[], bool]:
+    said = f"waiting for another process, which is generating the shapes world into {world}"
+    return lambda: said in caplog.messages
+
+
+def once_said(said: Callable[[], bool], then: threading.Event) -> threading.Thread:
+    """A thread that sets `then` once `said()` holds (within a minute)."""
+    def watch() -> None:
+        for _ in range(6000):
+            if said():
+                break
+            time.sleep(0.01)
+        then.set()
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
+
+
+def test_training_waits_for_a_world_another_process_generates_and_takes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Before, a second first run on one data.root (two runs started together on the default data/shapes) found no
+    caption files yet and generated the world beside the first, removing the caption files the first had written
+    as a world cut short's: the first could then read a world without them. Now it waits and takes that world."""
+    from captioner.core.config import load_config
+    from captioner.data import datasets
+
+    world = tmp_path / "world"
+    world.mkdir()
+    config = load_config(None, ["data.dataset=shapes", f"data.root={world}", "data.shapes_num_train=2",
+                                "data.shapes_num_val=1", "data.shapes_num_test=1", "data.image_size=32"]).data
+    monkeypatch.setattr(datasets, "generate_shapes", lambda *a, **k: pytest.fail("generated beside the other"))
+    caplog.set_level("INFO", logger="captioner.data.datasets")
+    with generating_elsewhere(world) as release:
+        watcher = once_said(waiting_said(caplog, world), release)
+        datasets.ensure_shapes(config)
+        watcher.join()
+    assert waiting_said(caplog, world)()
+    assert datasets.finished_world(world)
+
+
+def test_data_shapes_waits_for_another_generator_then_refuses_its_finished_world(
+        tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture) -> None:
+    """Before, it generated into the folder beside the other generator: with other options, a world of two
+    image sizes."""
+    world = tmp_path / "world"
+    world.mkdir()
+    caplog.set_level("INFO", logger="captioner.data.datasets")
+    with generating_elsewhere(world) as release:
+        watcher = once_said(waiting_said(caplog, world), release)
+        code = main(["data", "shapes", "--out", str(world), "--num-train", "3", "--image-size", "48", "--quiet"])
+        watcher.join()
+    assert code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "world: already holds a shapes world (captions_train.json, ...); delete it or choose another folder")
+    assert {Image.open(p).size for p in world.rglob("*.jpg")} == {(32, 32)}

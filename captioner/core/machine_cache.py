@@ -49,6 +49,38 @@ def exclusive(name: str, folder: Path | None = None) -> Iterator[None]:
         yield
 
 
+LOCKS = "locks"  # the cache's folder of the locks that stand for a folder of the user's (a run's, a shapes world's)
+
+
+def folder_lock_file(kind: str, folder: Path) -> Path:
+    """The lock file in the cache that stands for the existing `folder` in `kind`'s work, named by the folder's device
+    and inode: the folder's own files stay untouched, and one folder under any of its names has one lock. Its
+    folder is made where it can be (where it cannot, opening the lock fails, and the caller goes on unheld)."""
+    place = folder.stat()
+    locks = cache_dir() / LOCKS
+    with contextlib.suppress(OSError):
+        locks.mkdir(parents=True, exist_ok=True)
+    return locks / f"{kind}-{place.st_dev}-{place.st_ino}.lock"
+
+
+@contextlib.contextmanager
+def folder_held(kind: str, folder: Path, waiting: Callable[[], None]) -> Iterator[None]:
+    """Hold `folder`'s lock for `kind` (`folder_lock_file`), waiting while another process holds it (`waiting()`
+    is called first, to say so); where the cache cannot be written, nothing is held."""
+    try:
+        handle = open(folder_lock_file(kind, folder), "w")
+    except OSError:
+        handle = None
+    with handle or contextlib.nullcontext():
+        if handle is not None and fcntl is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                waiting()
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def processor_name() -> str:
     """The processor's model name with family and model numbers (a VM's name may hide the generation)."""
     fields: dict[str, str] = {}

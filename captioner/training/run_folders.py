@@ -14,12 +14,11 @@ from pathlib import Path
 from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, FeatureStoreError, StorageError
 from captioner.core.files import HeldElsewhere, folder_problem, hold_lock_file, make_folder
-from captioner.core.machine_cache import cache_dir
+from captioner.core.machine_cache import folder_lock_file
 from captioner.training.distributed import Distributed
 from captioner.training.history import CURVES, FINISHED, METRICS, RUN_CONFIG, STEP_LOSSES
 
 RUN_FOLDERS = {"tensorboard": "its TensorBoard events"}  # made in train.out_dir by every run's rank 0
-RUN_LOCKS = "run-locks"  # the cache's folder of the locks runs hold while they train (`hold_run_folder`)
 # The files every run writes in train.out_dir: a folder of one of these names would fail its first write, an epoch in
 # (FINISHED and CURVES: at its end); a pipe would hold the write forever
 RUN_FILES = ("best.pt", "last.pt", METRICS, STEP_LOSSES, "vocab.json", RUN_CONFIG, FINISHED, CURVES)
@@ -51,16 +50,12 @@ def run_folder_held(config: Config, resume: bool, ctx: Distributed) -> Iterator[
 
 
 def hold_run_folder(out_dir: str | Path) -> int | None:
-    """The run folder `out_dir`, made, and held by this process (`core.files.hold_lock_file`) through a lock file in
-    the machine's cache named after the folder's device and inode (its own files untouched, a refused run leaves it
-    as it was; one folder under any of its names); one StorageError line naming the process that holds it."""
+    """The run folder `out_dir`, made, and held by this process (`core.files.hold_lock_file`) through its lock file in
+    the machine's cache (`folder_lock_file`: a refused run leaves the folder as it was); one StorageError line naming
+    the process that holds it."""
     folder = make_folder(out_dir, f"train.out_dir={out_dir}")
-    place = folder.stat()
-    locks = cache_dir() / RUN_LOCKS
-    with contextlib.suppress(OSError):  # a cache that cannot be made: the run goes on unheld
-        locks.mkdir(parents=True, exist_ok=True)
     try:
-        return hold_lock_file(locks / f"{place.st_dev}-{place.st_ino}.lock")
+        return hold_lock_file(folder_lock_file("run", folder))
     except HeldElsewhere as e:
         who = f"another training run (process {e.pid})" if e.pid else "another training run"
         raise StorageError(f"train.out_dir={out_dir}: {who} is writing into this folder; wait for it to end, or "

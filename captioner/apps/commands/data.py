@@ -81,15 +81,17 @@ HF_PARQUET = "datasets.packaged_modules.parquet.parquet"  # logs each unreadable
 
 
 def run_shapes(args: argparse.Namespace) -> int:
+    from captioner.data.datasets import world_held
     from captioner.data.shapes import check_shapes_options, generate_shapes
 
     # before the folder is made: a refused option leaves nothing behind
     check_shapes_options(args.num_train, args.num_val, args.num_test, args.image_size, args.seed, args.format)
     writable_folder(args.out, "data shapes --out")
-    refuse_a_used_folder(Path(args.out))
-    start = time.time()
-    counts = generate_shapes(args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed,
-                             args.format, progress=not args.quiet)
+    with world_held(Path(args.out)):  # another process generating into it: waited for, then its world refused
+        refuse_a_used_folder(Path(args.out))
+        start = time.time()
+        counts = generate_shapes(args.out, args.num_train, args.num_val, args.num_test, args.image_size, args.seed,
+                                 args.format, progress=not args.quiet)
     total = sum(counts.values())
     seconds = time.time() - start
     print(f"wrote {total} images ({', '.join(f'{k} {v}' for k, v in counts.items())}) to {args.out} "
