@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -285,3 +286,43 @@ def render_results():
         sys.modules[name] = module  # its dataclass looks its module up there
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+@contextmanager
+def held_elsewhere(kind: str, folder: Path, then: Callable[[], object]) -> Iterator[threading.Event]:
+    """Another process's hold on `folder` for `kind` (`core.machine_cache.folder_held`), played by a thread with a
+    lock of its own, as another process has one: it holds until the event it yields is set, then runs `then()` (what
+    that process makes in the folder) and lets go."""
+    from captioner.core.machine_cache import folder_held
+
+    held, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with folder_held(kind, folder, lambda: None):
+            held.set()
+            release.wait(60)
+            then()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    held.wait(60)
+    try:
+        yield release
+    finally:
+        release.set()
+        thread.join(60)
+
+
+def released_once_said(caplog: pytest.LogCaptureFixture, said: str, release: threading.Event) -> threading.Thread:
+    """A thread that sets `release` once a log record says `said` (or after a minute): the waiting process has
+    said that it waits, so the holder may go on."""
+    def watch() -> None:
+        for _ in range(6000):
+            if said in caplog.messages:
+                break
+            time.sleep(0.01)
+        release.set()
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 import logging
 import shutil
@@ -25,7 +26,7 @@ from captioner.data.store_extract import ensure_store, extract, split_features
 from captioner.data.store_format import open_store, store_dir, store_files
 from captioner.evaluation.evaluate import caption_records, decode_variants, encode_records
 from captioner.models.captioner import Captioner
-from helpers import REPO, fifo_with_a_writer, tiny_vocab
+from helpers import REPO, fifo_with_a_writer, held_elsewhere, released_once_said, tiny_vocab
 
 SHAPES_LSTM = str(REPO / "configs/shapes_lstm.yaml")  # wherever pytest started
 
@@ -135,6 +136,31 @@ def test_interrupted_extraction_resumes_to_the_clean_result(shapes_root: Path, t
     assert resumed.array_path.read_bytes() == clean.array_path.read_bytes()
     clean_manifest = {k: v for k, v in clean.manifest.items() if k != "seconds"}
     assert {k: v for k, v in resumed.manifest.items() if k != "seconds"} == clean_manifest
+
+
+def test_a_run_sharing_a_store_another_process_extracts_waits_and_reads_it(
+        shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Before, two runs sharing data.feature_store and started together both extracted it: the second found the
+    first's store half done and resumed it beside the first, both writing its rows and its manifest. Now the second
+    waits, saying so, then opens the store the first finished, encoding nothing."""
+    from captioner.data import store_extract
+
+    config = shapes_config(shapes_root, tmp_path / "run")
+    model = frozen_model(config)
+    records = load_split(config.data, "val")
+    store = tmp_path / "store"
+    store.mkdir()
+    monkeypatch.setattr(store_extract, "extract", lambda *a, **k: pytest.fail("extracted beside the other"))
+    said = f"waiting for another process, which is extracting the val feature store into {store}"
+    caplog.set_level("INFO", logger="captioner.data.store_extract")
+    made = functools.partial(extract, model.encoder, model.transform, store, "val", records, batch_size=6,
+                             progress=False)
+    with held_elsewhere("features-val", store, made) as release:
+        watcher = released_once_said(caplog, said, release)
+        opened = ensure_store(model.encoder, model.transform, store, "val", records, batch_size=6, progress=False)
+        watcher.join()
+    assert said in caplog.messages
+    assert opened.complete and opened.manifest["rows_done"] == len(records)
 
 
 def test_failed_images_are_recorded_and_skipped(shapes_root: Path, tmp_path: Path) -> None:

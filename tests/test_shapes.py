@@ -6,9 +6,7 @@ import contextlib
 import io
 import json
 import re
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,7 @@ from pycocotools.coco import COCO
 from captioner.apps.cli import main
 from captioner.data.shapes import COLOURS, SHAPES, generate_shapes
 from captioner.text.vocab import tokenize
-from helpers import REPO
+from helpers import REPO, held_elsewhere, released_once_said
 
 
 @pytest.fixture(scope="module")
@@ -426,47 +424,12 @@ def test_training_refuses_a_world_too_large_to_draw_before_making_a_folder(tmp_p
     assert not run.exists() and not world.exists()
 
 
-@contextlib.contextmanager
-def generating_elsewhere(world: Path) -> Iterator[threading.Event]:
-    """Another generator holding `world` (a thread on a lock of its own, as another process would be) until the
-    event it yields is set; it then writes a tiny world there and lets go."""
-    from captioner.core.machine_cache import folder_held
-
-    held, release = threading.Event(), threading.Event()
-
-    def other() -> None:
-        with folder_held("shapes", world, lambda: None):
-            held.set()
-            release.wait(60)
-            generate_shapes(world, 2, 1, 1, image_size=32, progress=False)
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    held.wait(60)
-    try:
-        yield release
-    finally:
-        release.set()
-        thread.join(60)
+def waiting_line(world: Path) -> str:
+    return f"waiting for another process, which is generating the shapes world into {world}"
 
 
-def waiting_said(caplog: pytest.LogCaptureFixture, world: Path) -> Callable[[], bool]:
-    said = f"waiting for another process, which is generating the shapes world into {world}"
-    return lambda: said in caplog.messages
-
-
-def once_said(said: Callable[[], bool], then: threading.Event) -> threading.Thread:
-    """A thread that sets `then` once `said()` holds (within a minute)."""
-    def watch() -> None:
-        for _ in range(6000):
-            if said():
-                break
-            time.sleep(0.01)
-        then.set()
-
-    thread = threading.Thread(target=watch)
-    thread.start()
-    return thread
+def tiny_world(world: Path) -> Callable[[], object]:
+    return lambda: generate_shapes(world, 2, 1, 1, image_size=32, progress=False)
 
 
 def test_training_waits_for_a_world_another_process_generates_and_takes_it(
@@ -483,11 +446,11 @@ def test_training_waits_for_a_world_another_process_generates_and_takes_it(
                                 "data.shapes_num_val=1", "data.shapes_num_test=1", "data.image_size=32"]).data
     monkeypatch.setattr(datasets, "generate_shapes", lambda *a, **k: pytest.fail("generated beside the other"))
     caplog.set_level("INFO", logger="captioner.data.datasets")
-    with generating_elsewhere(world) as release:
-        watcher = once_said(waiting_said(caplog, world), release)
+    with held_elsewhere("shapes", world, tiny_world(world)) as release:
+        watcher = released_once_said(caplog, waiting_line(world), release)
         datasets.ensure_shapes(config)
         watcher.join()
-    assert waiting_said(caplog, world)()
+    assert waiting_line(world) in caplog.messages
     assert datasets.finished_world(world)
 
 
@@ -498,8 +461,8 @@ def test_data_shapes_waits_for_another_generator_then_refuses_its_finished_world
     world = tmp_path / "world"
     world.mkdir()
     caplog.set_level("INFO", logger="captioner.data.datasets")
-    with generating_elsewhere(world) as release:
-        watcher = once_said(waiting_said(caplog, world), release)
+    with held_elsewhere("shapes", world, tiny_world(world)) as release:
+        watcher = released_once_said(caplog, waiting_line(world), release)
         code = main(["data", "shapes", "--out", str(world), "--num-train", "3", "--image-size", "48", "--quiet"])
         watcher.join()
     assert code == 2

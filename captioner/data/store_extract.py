@@ -4,6 +4,7 @@ stored features for training and evaluation, built when absent, on disk or on th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -19,6 +20,7 @@ import torch
 from captioner.core.config_sections import Config
 from captioner.core.errors import FeatureStoreError, StorageError
 from captioner.core.files import make_folder, size_text, write_failure
+from captioner.core.machine_cache import folder_held
 from captioner.core.progress import progress_bar
 from captioner.data.batching import image_loader
 from captioner.data.image_transform import ImageTransform
@@ -222,10 +224,19 @@ def probe_grid(encoder: StoreEncoder, image_size: int, stored: bool = True) -> t
 def ensure_store(encoder: StoreEncoder, transform: ImageTransform, directory: str | Path, split: str,
                  records: list[ImageRecord], batch_size: int, num_workers: int = 0,
                  progress: bool = True) -> FeatureStore:
-    """Open the store of `split`, extracting (or finishing) it first when needed."""
+    """Open the store of `split`, extracting (or finishing) it first when needed. The split's store is held while it
+    is extracted (`core.machine_cache.folder_held`): a second run sharing the store waits, saying so, then opens it
+    finished, instead of resuming it beside the first, both writing its rows and its manifest."""
     store = existing_store(directory, split, encoder, transform, records)
-    if store is None or not store.complete:
-        return extract(encoder, transform, directory, split, records, batch_size, num_workers, progress)
+    if store is not None and store.complete:
+        return check_array(store)
+    folder = make_store_folder(directory)
+    said = functools.partial(log.info, "waiting for another process, which is extracting the %s feature store into %s",
+                             split, folder)
+    with folder_held(f"features-{split}", folder, said):
+        store = existing_store(folder, split, encoder, transform, records)  # finished while this one waited
+        if store is None or not store.complete:
+            return extract(encoder, transform, folder, split, records, batch_size, num_workers, progress)
     return check_array(store)
 
 
