@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import socket
 import zipfile
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from helpers import serving
+from helpers import held_elsewhere, released_once_said, serving
 
 from captioner.apps.cli import main
 from captioner.core.errors import DatasetError
@@ -171,6 +173,26 @@ def test_second_call_downloads_and_extracts_nothing(coco, tmp_path):
     assert second == first
     assert len(coco.requests) == 3
     assert image.read_bytes() == b"edited"
+
+
+def test_a_second_download_into_a_folder_being_filled_waits_and_fetches_nothing(coco, tmp_path, caplog):
+    """Before, two downloads into one root at once (a `data` command run twice, two first runs) each fetched every
+    archive, appending to the same .part files. Now the second waits, saying so, then finds them extracted."""
+    other = tmp_path / "other"
+    download_coco(other, "2014", mirror=coco.base, progress=False)
+    assert len(coco.requests) == 3
+    root = tmp_path / "root"
+    (root / "downloads").mkdir(parents=True)
+    said = f"waiting for another process, which is downloading into {root}"
+    caplog.set_level("INFO", logger="captioner.data.download")
+    finished = functools.partial(shutil.copytree, other, root, dirs_exist_ok=True)  # what the other one made
+    with held_elsewhere("download", root / "downloads", finished) as release:
+        watcher = released_once_said(caplog, said, release)
+        paths = download_coco(root, "2014", mirror=coco.base, progress=False)
+        watcher.join()
+    assert said in caplog.messages
+    assert paths == [root / "train2014", root / "val2014", root / "annotations"]
+    assert len(coco.requests) == 3
 
 
 def test_second_call_after_archives_deleted_still_skips(coco, tmp_path):

@@ -3,6 +3,7 @@ Archives are size and MD5 checked, resumably (urllib only), and extracted in the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.client
 import logging
@@ -22,6 +23,7 @@ from tqdm import tqdm
 
 from captioner.core.errors import DatasetError
 from captioner.core.files import make_folder
+from captioner.core.machine_cache import folder_held
 from captioner.core.progress import progress_bar
 from captioner.data.flickr8k import SPLIT_FILES, TOKEN_FILE, default_image_folder
 
@@ -136,25 +138,31 @@ def download_flickr8k(root: Path, mirror: str | None = None, progress: bool = Tr
 
 
 def _download_and_extract(wanted: Sequence[RemoteFile], root: Path, mirror: str | None, progress: bool) -> list[Path]:
-    """Fetch each archive into root/downloads/ and extract it into `root` once; the top-level paths extracted."""
+    """Fetch each archive into root/downloads/ and extract it into `root` once; the top-level paths extracted. The
+    folder is held meanwhile: a second download into it waits, saying so, then finds the archives extracted, instead
+    of appending to the same .part files."""
     urls = [_apply_mirror(remote.url, mirror) for remote in wanted]  # a bad mirror fails first
     downloads = _make_folder(_make_folder(root) / "downloads")
-    extracted: list[Path] = []
-    for remote, url in zip(wanted, urls):
-        marker = downloads / f"{remote.name}.extracted"
-        if marker.is_file():
-            paths = [root / line for line in marker.read_text().splitlines() if line]
-            if all(p.exists() for p in paths):
-                logger.info("%s already downloaded and extracted, skipping", remote.name)
-                extracted.extend(paths)
-                continue
-            logger.warning("files extracted from %s are missing, extracting again", remote.name)
-        archive = download_file(url, downloads / remote.name, remote.size, remote.md5, progress)
-        tops = _extract(archive, root, progress)
-        # Written last: a crash mid-extraction leaves no marker, so the next call re-extracts.
-        marker.write_text("".join(f"{t}\n" for t in tops))
-        extracted.extend(root / t for t in tops)
-    return extracted
+    said = functools.partial(logger.info, "waiting for another process, which is downloading into %s", root)
+    with folder_held("download", downloads, said):
+        return [path for remote, url in zip(wanted, urls) for path in _fetched(remote, url, root, downloads, progress)]
+
+
+def _fetched(remote: RemoteFile, url: str, root: Path, downloads: Path, progress: bool) -> list[Path]:
+    """The top-level paths `remote`'s archive unpacked into `root`: downloaded and extracted unless its marker says
+    it was and they are there."""
+    marker = downloads / f"{remote.name}.extracted"
+    if marker.is_file():
+        paths = [root / line for line in marker.read_text().splitlines() if line]
+        if all(p.exists() for p in paths):
+            logger.info("%s already downloaded and extracted, skipping", remote.name)
+            return paths
+        logger.warning("files extracted from %s are missing, extracting again", remote.name)
+    archive = download_file(url, downloads / remote.name, remote.size, remote.md5, progress)
+    tops = _extract(archive, root, progress)
+    # Written last: a crash mid-extraction leaves no marker, so the next call re-extracts.
+    marker.write_text("".join(f"{t}\n" for t in tops))
+    return [root / t for t in tops]
 
 
 def _make_folder(path: Path) -> Path:
