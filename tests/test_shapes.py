@@ -15,7 +15,7 @@ from PIL import Image
 from pycocotools.coco import COCO
 
 from captioner.apps.cli import main
-from captioner.data.shapes import COLOURS, SHAPES, generate_shapes
+from captioner.data.shapes import COLOURS, SHAPES, finished_world, generate_shapes
 from captioner.text.vocab import tokenize
 from helpers import REPO, held_elsewhere, released_once_said
 
@@ -469,3 +469,28 @@ def test_data_shapes_waits_for_another_generator_then_refuses_its_finished_world
     assert capsys.readouterr().err.strip().endswith(
         "world: already holds a shapes world (captions_train.json, ...); delete it or choose another folder")
     assert {Image.open(p).size for p in world.rglob("*.jpg")} == {(32, 32)}
+
+
+@pytest.mark.parametrize("lockless", ["a cache that is a file", "a file system without locks"])
+def test_a_world_is_generated_unheld_where_no_lock_can_be_had(lockless: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hold is a courtesy between processes: a cache folder that cannot be written, or a network file system
+    whose flock fails (ENOLCK), leaves the world generated as before, never a traceback."""
+    import errno
+    import fcntl
+
+    from captioner.core.config import load_config
+    from captioner.data.datasets import ensure_shapes
+
+    if lockless == "a cache that is a file":
+        (tmp_path / "cache").write_text("not a folder")
+        monkeypatch.setenv("CAPTIONER_CACHE_DIR", str(tmp_path / "cache"))
+    else:
+        def no_locks(*args: object) -> None:
+            raise OSError(errno.ENOLCK, "No locks available")
+
+        monkeypatch.setattr(fcntl, "flock", no_locks)
+    config = load_config(None, ["data.dataset=shapes", f"data.root={tmp_path / 'world'}", "data.shapes_num_train=2",
+                                "data.shapes_num_val=1", "data.shapes_num_test=1", "data.image_size=32"]).data
+    ensure_shapes(config)
+    assert finished_world(tmp_path / "world")

@@ -66,7 +66,7 @@ def folder_lock_file(kind: str, folder: Path) -> Path:
 @contextlib.contextmanager
 def folder_held(kind: str, folder: Path, waiting: Callable[[], None]) -> Iterator[None]:
     """Hold `folder`'s lock for `kind` (`folder_lock_file`), waiting while another process holds it (`waiting()`
-    is called first, to say so); where the cache cannot be written, nothing is held."""
+    is called first, to say so); where the cache cannot be written or takes no locks, nothing is held."""
     try:
         handle = open(folder_lock_file(kind, folder), "w")
     except OSError:
@@ -78,6 +78,8 @@ def folder_held(kind: str, folder: Path, waiting: Callable[[], None]) -> Iterato
             except BlockingIOError:
                 waiting()
                 fcntl.flock(handle, fcntl.LOCK_EX)
+            except OSError:  # a file system without locks (some network ones): unheld
+                pass
         yield
 
 
