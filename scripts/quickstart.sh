@@ -22,7 +22,7 @@ resolved=$(python - "$CONFIG" "${overrides[@]}" "${init[@]}" <<'PY'
 import sys
 from pathlib import Path
 from captioner.core.config import load_config
-from captioner.core.errors import ConfigError
+from captioner.core.errors import CaptionerError, ConfigError
 def refuse(message: str) -> None:  # one line, exit status 2: a user's mistake, as captioner's commands say one
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -34,6 +34,12 @@ if config.data.dataset != "shapes":
     refuse(f"{sys.argv[1]}: the quickstart runs a shapes config (data.dataset: shapes); see docs/training.md for "
            "the others")
 run = Path(config.train.out_dir)
+if run.is_dir():  # a run training there now: its folder is neither moved aside from under it nor trained into
+    from captioner.training.run_folders import hold_run_folder
+    try:
+        hold_run_folder(run)  # let go as this process ends
+    except CaptionerError as e:
+        refuse(str(e))
 print(run)  # runs/mine/ as runs/mine, the name its earlier run is moved aside from
 print(config.data.root)
 init = Path(config.train.init or run).resolve()  # train.init's place in the run folder, if it is in it

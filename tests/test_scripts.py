@@ -186,6 +186,32 @@ def test_quickstart_run_again_leaves_a_start_checkpoint_outside_the_earlier_run_
     assert calls[0] == f"train configs/shapes_lstm.yaml train.out_dir={run} --init {start}"
 
 
+def test_quickstart_run_again_while_its_run_trains_leaves_that_run_where_it_is(tmp_path: Path) -> None:
+    """Before, the quickstart started again while its first run trained (in a second terminal, say) moved that
+    run's folder aside from under it, and the first run's next checkpoint had no folder to go to. Now it stops in
+    the line `captioner train` says, before anything is moved or trained."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last.pt").write_bytes(b"the running run's")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom captioner.training.run_folders import hold_run_folder\n"
+         "hold_run_folder(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(600)", str(run)],
+        stdout=subprocess.PIPE, text=True,
+        env={**{k: v for k, v in os.environ.items() if k not in ("CAPTIONER_CACHE_DIR", "XDG_CACHE_HOME")},
+             "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)})  # HOME: the cache of the quickstart below
+    try:
+        assert holder.stdout.readline() == "held\n"
+        result, calls = run_quickstart(tmp_path, f"train.out_dir={run}", java=True)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert result.returncode == 2 and calls == []
+    assert result.stderr == (f"error: train.out_dir={run}: another training run (process {holder.pid}) is writing "
+                             "into this folder; wait for it to end, or give another train.out_dir\n")
+    assert [p.name for p in tmp_path.glob("run*")] == ["run"] and (run / "last.pt").read_bytes() == b"the running run's"
+
+
 def test_quickstart_stops_on_a_bad_override_before_training(tmp_path: Path) -> None:
     result, calls = run_quickstart(tmp_path, "train.epochs=lots", java=True)
     assert result.returncode != 0 and calls == []

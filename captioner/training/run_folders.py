@@ -10,13 +10,16 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from captioner.core.config_sections import Config
 from captioner.core.errors import CaptionerError, CheckpointError, ConfigError, FeatureStoreError, StorageError
 from captioner.core.files import HeldElsewhere, folder_problem, hold_lock_file, make_folder
 from captioner.core.machine_cache import folder_lock_file
-from captioner.training.distributed import Distributed
 from captioner.training.history import CURVES, FINISHED, METRICS, RUN_CONFIG, STEP_LOSSES
+
+if TYPE_CHECKING:  # annotations only: the folder checks load no torch (scripts/quickstart.sh asks one)
+    from captioner.training.distributed import Distributed
 
 RUN_FOLDERS = {"tensorboard": "its TensorBoard events"}  # made in train.out_dir by every run's rank 0
 # The files every run writes in train.out_dir: a folder of one of these names would fail its first write, an epoch in
