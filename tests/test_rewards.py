@@ -303,6 +303,22 @@ def test_distinct_ngrams_of_coco_val_do_not_collide(coco_val) -> None:
     assert torch.unique(torch.cat(hashes)).numel() == distinct
 
 
+def test_a_table_is_built_unheld_where_the_file_system_has_no_locks(tmp_path, monkeypatch) -> None:
+    """SCST's reward table is built under machine_cache.exclusive; on a network file system whose flock fails
+    (ENOLCK) that was an OSError's traceback at the start of training. Now the table is built unheld."""
+    import errno
+    import fcntl
+
+    def no_locks(*args: object) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    references = [[[WORDS.index(w) for w in r] for r in refs] for refs in fixture(3, 4)[1]]
+    table = cached_table(tmp_path, "k1", lambda: ReferenceTable.build(references))
+    assert (tmp_path / "reward_table_k1" / "complete").is_file()
+    assert torch.equal(table.ref_weights, ReferenceTable.build(references).ref_weights)
+
+
 def test_tables_are_saved_once_and_memory_mapped(tmp_path) -> None:
     candidates, references = fixture(7, 20)
     references = [[[WORDS.index(w) for w in r] for r in refs] for refs in references]

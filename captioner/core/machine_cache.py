@@ -13,7 +13,7 @@ import os
 import platform
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from captioner.core.errors import StorageError
 from captioner.core.files import write_atomically
@@ -44,9 +44,23 @@ def exclusive(name: str, folder: Path | None = None) -> Iterator[None]:
     folder = folder or cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{name}.lock", "w") as lock:
-        if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        _flock(lock)
         yield
+
+
+def _flock(handle: IO[str], waiting: Callable[[], None] | None = None) -> None:
+    """`handle`'s exclusive flock, waiting while another process holds it (`waiting()`, if given, says so first); a
+    file system without locks (ENOLCK: some network ones) leaves it unheld, as a system without fcntl does."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if waiting is not None:
+            waiting()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    except OSError:
+        pass
 
 
 LOCKS = "locks"  # the cache's folder of the locks that stand for a folder of the user's (a run's, a shapes world's)
@@ -72,14 +86,8 @@ def folder_held(kind: str, folder: Path, waiting: Callable[[], None]) -> Iterato
     except OSError:
         handle = None
     with handle or contextlib.nullcontext():
-        if handle is not None and fcntl is not None:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                waiting()
-                fcntl.flock(handle, fcntl.LOCK_EX)
-            except OSError:  # a file system without locks (some network ones): unheld
-                pass
+        if handle is not None:
+            _flock(handle, waiting)
         yield
 
 
