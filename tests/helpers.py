@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -326,3 +327,31 @@ def released_once_said(caplog: pytest.LogCaptureFixture, said: str, release: thr
     thread = threading.Thread(target=watch)
     thread.start()
     return thread
+
+
+RUN_HOLDER = """
+import sys, time
+from captioner.training.run_folders import hold_run_folder
+try:
+    hold_run_folder(sys.argv[1])
+except Exception as e:
+    print(e, flush=True)
+    sys.exit(0)
+print("held", flush=True)
+time.sleep(600)
+"""  # holds the run folder argv[1] as a training run does, printing "held", else its refusal
+
+
+@contextmanager
+def run_held_elsewhere(run: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """Another process holding the run folder `run` as a training run does (`hold_run_folder`) until the block
+    ends; `env` its environment (default: `subprocess_env()`)."""
+    process = subprocess.Popen([sys.executable, "-c", RUN_HOLDER, str(run)], stdout=subprocess.PIPE, text=True,
+                               env=env or subprocess_env())
+    try:
+        assert process.stdout.readline() == "held\n"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+        process.stdout.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import subprocess_env, tiny_config
+from helpers import RUN_HOLDER, run_held_elsewhere, subprocess_env, tiny_config
 
 from captioner.core.config import load_config
 from captioner.core.config_sections import Config
@@ -116,30 +116,9 @@ def test_every_rank_stops_with_rank_0s_refusal_of_an_earlier_run(tmp_path: Path)
         pass
 
 
-HOLDER = """
-import sys, time
-from captioner.training.run_folders import hold_run_folder
-try:
-    hold_run_folder(sys.argv[1])
-except Exception as e:
-    print(e, flush=True)
-    sys.exit(0)
-print("held", flush=True)
-time.sleep(600)
-"""
-
-
-def holder(run: Path) -> subprocess.Popen:
-    """Another process holding `run` as a training run does, until it is killed."""
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, text=True,
-                               env=subprocess_env())
-    assert process.stdout.readline() == "held\n"
-    return process
-
-
 def tries(run: Path) -> str:
     """What another process trying to hold `run` says: "held" when it is free, else its refusal."""
-    done = subprocess.run([sys.executable, "-c", HOLDER.replace("time.sleep(600)", ""), str(run)],
+    done = subprocess.run([sys.executable, "-c", RUN_HOLDER.replace("time.sleep(600)", ""), str(run)],
                           capture_output=True, text=True, env=subprocess_env())
     return done.stdout.strip()
 
@@ -154,21 +133,15 @@ def test_a_run_into_a_folder_another_run_trains_in_is_refused_and_a_killed_one_f
     data, run = trained
     mine = copied(run, tmp_path / "run")
     before = files(mine)
-    first = holder(mine)
-    busy = (rf"^train\.out_dir={mine}: another training run \(process {first.pid}\) is writing into this folder; wait "
-            r"for it to end, or give another train\.out_dir$")
-    try:
-        with monkeypatch.context() as reading:
-            reading.setattr(fitting, "load_records", refuse("fit read its data before refusing"))
-            with pytest.raises(StorageError, match=busy):
-                fitting.fit(run_config(data, mine, "train.epochs=2"), resume=True)
-            (tmp_path / "again").symlink_to(mine)  # the same folder under another name
-            with pytest.raises(StorageError, match=busy.replace(str(mine), str(tmp_path / "again"))):
-                fitting.fit(run_config(data, tmp_path / "again", "train.epochs=2"), resume=True)
-    finally:
-        first.kill()
-        first.wait()
-        first.stdout.close()
+    with run_held_elsewhere(mine) as first, monkeypatch.context() as reading:
+        busy = (rf"^train\.out_dir={mine}: another training run \(process {first.pid}\) is writing into this folder; "
+                r"wait for it to end, or give another train\.out_dir$")
+        reading.setattr(fitting, "load_records", refuse("fit read its data before refusing"))
+        with pytest.raises(StorageError, match=busy):
+            fitting.fit(run_config(data, mine, "train.epochs=2"), resume=True)
+        (tmp_path / "again").symlink_to(mine)  # the same folder under another name
+        with pytest.raises(StorageError, match=busy.replace(str(mine), str(tmp_path / "again"))):
+            fitting.fit(run_config(data, tmp_path / "again", "train.epochs=2"), resume=True)
     assert files(mine) == before
     fitting.fit(run_config(data, mine, "train.epochs=2"), resume=True)
     assert read_checkpoint(mine / "last.pt")["train_state"]["epoch"] == 2

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import shared_folder
+from helpers import run_held_elsewhere, shared_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted(p.relative_to(ROOT) for folder in ("scripts", "benchmarks", "demo")
@@ -193,19 +193,10 @@ def test_quickstart_run_again_while_its_run_trains_leaves_that_run_where_it_is(t
     run = tmp_path / "run"
     run.mkdir()
     (run / "last.pt").write_bytes(b"the running run's")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom captioner.training.run_folders import hold_run_folder\n"
-         "hold_run_folder(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(600)", str(run)],
-        stdout=subprocess.PIPE, text=True,
-        env={**{k: v for k, v in os.environ.items() if k not in ("CAPTIONER_CACHE_DIR", "XDG_CACHE_HOME")},
-             "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)})  # HOME: the cache of the quickstart below
-    try:
-        assert holder.stdout.readline() == "held\n"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("CAPTIONER_CACHE_DIR", "XDG_CACHE_HOME")},
+           "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}  # HOME: the cache of the quickstart below
+    with run_held_elsewhere(run, env) as holder:
         result, calls = run_quickstart(tmp_path, f"train.out_dir={run}", java=True)
-    finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
     assert result.returncode == 2 and calls == []
     assert result.stderr == (f"error: train.out_dir={run}: another training run (process {holder.pid}) is writing "
                              "into this folder; wait for it to end, or give another train.out_dir\n")
