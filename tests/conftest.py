@@ -8,6 +8,7 @@ CI (CI=true) they FAIL instead, so a green CI means they really ran (see `helper
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import shutil
 from collections.abc import Iterator
@@ -34,6 +35,9 @@ if _MADE_CACHE:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    # The session's objects into the collector's permanent generation: the exit that follows then does not
+    # collect them again (3 s of a worker's, the controller waits on it; tests/suite_timeline.py's tail).
+    gc.freeze()
     if _MADE_CACHE and not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ["CAPTIONER_CACHE_DIR"], ignore_errors=True)
 
