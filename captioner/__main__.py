@@ -2,6 +2,6 @@
 
 import sys
 
-from captioner.apps.cli import main
+from captioner.apps.cli import command_line
 
-sys.exit(main())
+sys.exit(command_line())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -125,6 +126,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def command_line(argv: list[str] | None = None) -> int:
+    """The installed `captioner` and `python -m captioner`: `main`, then every object frozen for the exit. The
+    interpreter's exit would collect torch's objects once more, a sixth of a one-image caption's time
+    (benchmarks/cli_exit.py); in-process callers of `main` (tests, notebooks) keep their collector."""
+    try:
+        return main(argv)
+    finally:
+        gc.freeze()
+
+
 def run_command(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbosity)
@@ -174,4 +185,4 @@ def run_command(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command_line())
