@@ -1,6 +1,8 @@
 """One photograph on the CPU with the model packaged with captioner: what a user waits for. Each
-round is a fresh interpreter: the import, the load, the first caption, a second, and its word maps
-figure; the median of each, in seconds."""
+round is a fresh interpreter: the import, the load, the first caption, a second, its word maps
+figure, and the interpreter's exit; the median of each, in seconds. The exit is timed both ways, in
+alternate rounds: with the objects frozen, as the `captioner` command exits (apps/cli.command_line),
+and collected once more, as a plain script's interpreter does."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from captioner.apps.arguments import positive_int
@@ -18,7 +21,7 @@ if not __package__:  # run as a file: the repository on the path, for the benchm
 from benchmarks.timing import argument_parser, print_environment, run_main, summarise  # noqa: E402
 
 ROUND = """
-import json, sys, time
+import gc, json, sys, time
 t0 = time.perf_counter()
 import torch
 from captioner.core.process_settings import set_threads
@@ -37,7 +40,9 @@ save_attention_figure(sys.argv[2], Image.open(sys.argv[1]).convert("RGB"), again
 t5 = time.perf_counter()
 print(json.dumps({{"import": t1 - t0, "load": t2 - t1, "first caption": t3 - t2, "caption": t4 - t3,
                   "word maps figure": t5 - t4, "text": first.text, "model": model.origin.name,
-                  "threads": torch.get_num_threads()}}))
+                  "threads": torch.get_num_threads(), "ended": time.time()}}), flush=True)
+if {freeze}:
+    gc.freeze()
 """
 
 
@@ -53,18 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     print_environment(args)
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
-        for _ in range(args.rounds):
-            done = subprocess.run([sys.executable, "-c", ROUND.format(threads=args.threads), args.photo,
-                                   f"{folder}/maps.png"], capture_output=True, text=True)
+        for k in range(2 * args.rounds):
+            freeze = k % 2 == 0
+            done = subprocess.run([sys.executable, "-c", ROUND.format(threads=args.threads, freeze=freeze),
+                                   args.photo, f"{folder}/maps.png"], capture_output=True, text=True)
+            ended = time.time()
             if done.returncode != 0:
                 raise SystemExit(f"a round: exit {done.returncode}: {done.stderr.strip()[-500:]}")
             rounds.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            rounds[-1]["exit" if freeze else "exit, collected"] = ended - rounds[-1]["ended"]
     first = rounds[0]
-    print(f"{first['model']} on {args.photo}, {first['threads']} thread(s), {args.rounds} fresh interpreters: "
+    print(f"{first['model']} on {args.photo}, {first['threads']} thread(s), {2 * args.rounds} fresh interpreters: "
           f"{first['text']!r}")
     print("| step | seconds |\n|---|---:|")
-    for step in ("import", "load", "first caption", "caption", "word maps figure"):
-        print(f"| {step} | {summarise([r[step] for r in rounds])} |")
+    for step in ("import", "load", "first caption", "caption", "word maps figure", "exit", "exit, collected"):
+        print(f"| {step} | {summarise([r[step] for r in rounds if step in r])} |")
     return 0
 
 
