@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import subprocess_env
 import warm_start
 
 from captioner.apps.demo import decoding
@@ -163,3 +166,13 @@ def test_a_model_the_decoder_was_not_given_is_refused_before_anything_starts(sha
     with pytest.raises(ValueError, match="a model this decoder was not given"):
         decoder.caption(copy.deepcopy(shapes_model), shapes_pictures[:1], **OPTIONS)
     assert decoder._child is None and not decoding._PRESTARTED
+
+
+def test_the_child_freezes_its_objects_once_its_pipe_closes() -> None:
+    """The server waits for the child's exit (`end_child`): frozen, that exit does not collect torch's objects."""
+    probe = ("import atexit, gc, os, runpy; atexit.register(lambda: os.write(2, b'frozen %d' % (gc.get_freeze_count() "
+             "> 0))); runpy.run_module('captioner.apps.demo.decoding', run_name='__main__')")
+    done = warm_start.run([sys.executable, "-c", probe], stdin=subprocess.DEVNULL, env=subprocess_env(),
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.endswith(b"frozen 1")

@@ -7,6 +7,7 @@ error decoding raised; the same `Captioner.caption` decodes either way. Run as a
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -245,6 +246,7 @@ def main() -> None:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     serve(sys.stdin.buffer, answers)
+    gc.freeze()  # the exit the server waits for then skips collecting torch's objects (apps/cli.command_line)
 
 
 if __name__ == "__main__":
