@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def command_line(argv: list[str] | None = None) -> int:
     """The installed `captioner` and `python -m captioner`: `main`, then every object frozen for the exit. The
-    interpreter's exit would collect torch's objects once more, a sixth of a one-image caption's time
-    (benchmarks/cli_exit.py); in-process callers of `main` (tests, notebooks) keep their collector."""
+    interpreter's exit would collect torch's objects once more, a sixth of a one-image caption's time (`python -m
+    benchmarks packaged_model`); in-process callers of `main` (tests, notebooks) keep their collector."""
     try:
         return main(argv)
     finally:
