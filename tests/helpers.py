@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -299,7 +300,7 @@ def held_elsewhere(kind: str, folder: Path, then: Callable[[], object]) -> Itera
     held, release = threading.Event(), threading.Event()
 
     def other() -> None:
-        with folder_held(kind, folder, lambda: None):
+        with folder_held(kind, folder, "holding it for a test", logging.getLogger(__name__)):
             held.set()
             release.wait(60)
             then()

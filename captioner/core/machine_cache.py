@@ -7,6 +7,7 @@ environment holds torch to (a file that cannot be read or written is measured an
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -78,9 +79,11 @@ def folder_lock_file(kind: str, folder: Path) -> Path:
 
 
 @contextlib.contextmanager
-def folder_held(kind: str, folder: Path, waiting: Callable[[], None]) -> Iterator[None]:
-    """Hold `folder`'s lock for `kind` (`folder_lock_file`), waiting while another process holds it (`waiting()`
-    is called first, to say so); where the cache cannot be written or takes no locks, nothing is held."""
+def folder_held(kind: str, folder: Path, doing: str, says: logging.Logger) -> Iterator[None]:
+    """Hold `folder`'s lock for `kind` (`folder_lock_file`), waiting while another process holds it: `says` tells the
+    user first, "waiting for another process, which is `doing`". Where the cache cannot be written or takes no
+    locks, nothing is held."""
+    waiting = functools.partial(says.info, "waiting for another process, which is %s", doing)
     try:
         handle = open(folder_lock_file(kind, folder), "w")
     except OSError:

@@ -97,8 +97,7 @@ def world_held(root: Path) -> contextlib.AbstractContextManager[None]:
     """The shapes world's folder `root` held while one process generates into it: another (a second first run on
     the default data/shapes, say) waits, saying so, then finds the world finished, instead of generating beside the
     first and removing its caption files as those of a world cut short."""
-    return folder_held("shapes", root, lambda: log.info("waiting for another process, which is generating the "
-                                                        "shapes world into %s", root))
+    return folder_held("shapes", root, f"generating the shapes world into {root}", log)
 
 
 def ensure_shapes(config: DataConfig) -> None:

@@ -3,7 +3,6 @@ Archives are size and MD5 checked, resumably (urllib only), and extracted in the
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import http.client
 import logging
@@ -143,8 +142,7 @@ def _download_and_extract(wanted: Sequence[RemoteFile], root: Path, mirror: str 
     of appending to the same .part files."""
     urls = [_apply_mirror(remote.url, mirror) for remote in wanted]  # a bad mirror fails first
     downloads = _make_folder(_make_folder(root) / "downloads")
-    said = functools.partial(logger.info, "waiting for another process, which is downloading into %s", root)
-    with folder_held("download", downloads, said):
+    with folder_held("download", downloads, f"downloading into {root}", logger):
         return [path for remote, url in zip(wanted, urls) for path in _fetched(remote, url, root, downloads, progress)]
 
 

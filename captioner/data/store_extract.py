@@ -4,7 +4,6 @@ stored features for training and evaluation, built when absent, on disk or on th
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -231,9 +230,7 @@ def ensure_store(encoder: StoreEncoder, transform: ImageTransform, directory: st
     if store is not None and store.complete:
         return check_array(store)
     folder = make_store_folder(directory)
-    said = functools.partial(log.info, "waiting for another process, which is extracting the %s feature store into %s",
-                             split, folder)
-    with folder_held(f"features-{split}", folder, said):
+    with folder_held(f"features-{split}", folder, f"extracting the {split} feature store into {folder}", log):
         store = existing_store(folder, split, encoder, transform, records)  # finished while this one waited
         if store is None or not store.complete:
             return extract(encoder, transform, folder, split, records, batch_size, num_workers, progress)
