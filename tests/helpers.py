@@ -356,3 +356,12 @@ def run_held_elsewhere(run: Path, env: dict[str, str] | None = None) -> Iterator
         process.kill()
         process.wait()
         process.stdout.close()
+
+
+def exits_frozen(module: str) -> str:
+    """`python -c` code that runs `module` as `python -m` would, then writes to standard error whether its objects
+    were frozen as it exited (`gc.freeze()`, after which its atexit handlers run): "frozen 1" or "frozen 0". Standard
+    error, since the demo's decoding child turns its standard output into a copy of it."""
+    return ("import atexit, gc, os, runpy; "
+            "atexit.register(lambda: os.write(2, b'frozen %d' % (gc.get_freeze_count() > 0))); "
+            f"runpy.run_module({module!r}, run_name='__main__')")

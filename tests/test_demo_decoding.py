@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import subprocess_env
+from helpers import exits_frozen, subprocess_env
 import warm_start
 
 from captioner.apps.demo import decoding
@@ -170,9 +170,7 @@ def test_a_model_the_decoder_was_not_given_is_refused_before_anything_starts(sha
 
 def test_the_child_freezes_its_objects_once_its_pipe_closes() -> None:
     """The server waits for the child's exit (`end_child`): frozen, that exit does not collect torch's objects."""
-    probe = ("import atexit, gc, os, runpy; atexit.register(lambda: os.write(2, b'frozen %d' % (gc.get_freeze_count() "
-             "> 0))); runpy.run_module('captioner.apps.demo.decoding', run_name='__main__')")
-    done = warm_start.run([sys.executable, "-c", probe], stdin=subprocess.DEVNULL, env=subprocess_env(),
-                          capture_output=True, timeout=60)
+    done = warm_start.run([sys.executable, "-c", exits_frozen("captioner.apps.demo.decoding")],
+                          stdin=subprocess.DEVNULL, env=subprocess_env(), capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stderr.endswith(b"frozen 1")
