@@ -1,7 +1,8 @@
 """Time the official COCO metrics over all of COCO val2014: pycocoevalcap's own code (before) and
 `score_official` (after), stage by stage, with the largest score difference. Wall and CPU seconds;
 each image's first reference is scored (--held-out: against the other four). It decides
-`meteor.default_processes` and checks the scores stay equal to pycocoevalcap's."""
+`meteor.default_processes` and checks the scores stay equal to pycocoevalcap's. --tokenizer-rounds times the
+PTB tokenizer alone under the JVM options the Java tools run with and under Java's defaults."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from captioner.apps.arguments import nonnegative_int
+from captioner.evaluation import java
 from captioner.evaluation.meteor import default_processes
-from captioner.evaluation.metrics import fast_scores, pycocoevalcap_scores, score_official
+from captioner.evaluation.metrics import fast_scores, ptb_token_lines, pycocoevalcap_scores, score_official
 from captioner.evaluation.results_files import load_references
 
 if not __package__:  # run as a file: the repository on the path, for the benchmarks package
@@ -43,6 +45,32 @@ def cpu_seconds(run: Callable[[], Any]) -> tuple[Any, float, float]:
     return result, used(self_after, self_before), used(children_after, children_before)
 
 
+def compare_tokenizer_options(captions: list[str], rounds: int) -> int:
+    """The PTB tokenizer on `captions`, under java.JVM_OPTIONS and under Java's defaults in turn: best and worst
+    wall and Java CPU seconds of each, and whether every run gave the same lines."""
+    options = {"JVM_OPTIONS " + " ".join(java.JVM_OPTIONS): list(java.JVM_OPTIONS), "Java's defaults": []}
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in options}
+    outputs = set()
+    try:
+        for _ in range(rounds):
+            for name, chosen in options.items():
+                java.JVM_OPTIONS[:] = chosen
+                start = time.perf_counter()
+                lines, _, java_cpu = cpu_seconds(lambda: ptb_token_lines(captions))
+                runs[name].append((time.perf_counter() - start, java_cpu))
+                outputs.add(hash(tuple(lines)))
+    finally:
+        java.JVM_OPTIONS[:] = next(iter(options.values()))
+    print(f"{len(captions)} captions, {rounds} rounds each\n")
+    print("| PTB tokenizer under | wall (s), best - worst | Java CPU (s), best - worst |")
+    print("|---|---:|---:|")
+    for name, timed in runs.items():
+        walls, cpus = [w for w, _ in timed], [c for _, c in timed]
+        print(f"| {name} | {min(walls):.2f} - {max(walls):.2f} | {min(cpus):.2f} - {max(cpus):.2f} |")
+    print(f"the same lines from every run: {len(outputs) == 1}")
+    return 0 if len(outputs) == 1 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     shared = SHARED_DATA
     parser = argument_parser("metrics", __doc__)
@@ -53,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", action="store_true", help="score the first caption against the others only")
     parser.add_argument("--no-before", action="store_true", help="skip pycocoevalcap's own run")
     parser.add_argument("--spice", action="store_true", help="also compute SPICE after (needs its CoreNLP models)")
+    parser.add_argument("--tokenizer-rounds", type=nonnegative_int, default=0,
+                        help="instead, time the PTB tokenizer alone on every caption, N rounds of java.JVM_OPTIONS "
+                             "and of Java's defaults in turn")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -67,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         if not predictions:
             raise SystemExit(f"{args.annotations}: --held-out scores a first caption against the others, and no "
                              f"image{' of the first --images' if args.images else ''} has two captions")
+    if args.tokenizer_rounds:
+        return compare_tokenizer_options([c for captions in references.values() for c in captions],
+                                         args.tokenizer_rounds)
     processes = args.meteor_processes or default_processes(len(predictions))
     print(f"{len(predictions)} images, {sum(map(len, references.values()))} references; "
           f"{len(os.sched_getaffinity(0))} cores, {processes} METEOR processes")

@@ -218,3 +218,44 @@ def test_a_real_meteor_killed_mid_evaluation(monkeypatch: pytest.MonkeyPatch) ->
         killer.join()
     assert killed and "\n" not in str(info.value)
     assert children() == [] and open_fds() == fds
+
+
+def test_every_java_tool_runs_on_the_client_compiler_and_the_serial_collector(java: str, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their work is single-threaded: the server compiler's and G1's threads took the PTB tokenizer three times the
+    CPU on COCO val2014's references. A real Java behind a `java` that writes down its arguments."""
+    from captioner.evaluation.metrics import ptb_token_lines
+
+    calls = tmp_path / "calls"
+    script = tmp_path / "bin" / "java"
+    script.parent.mkdir()
+    script.write_text(f'#!/bin/sh\necho "$*" >> "{calls}"\nexec "{java}" "$@"\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    assert ptb_token_lines(["A dog, running."]) == ["a dog running"]
+    assert "dog" in meteor.normalized_words(["A dog."])
+    with meteor.MeteorPool(1):  # started, then killed on leaving, once its arguments are written down
+        deadline = time.monotonic() + 30
+        while len(calls.read_text().splitlines()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    tools = calls.read_text().splitlines()
+    assert len(tools) == 3, tools
+    assert all(line.startswith("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC ") for line in tools), tools
+
+
+@pytest.mark.usefixtures("java")
+def test_the_metrics_benchmark_times_the_tokenizer_under_both_options_and_puts_them_back(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import json
+
+    from benchmarks import bench_metrics
+
+    annotations = tmp_path / "captions.json"
+    captions = ["A dog, running.", "Two cats on a mat!", "A man rides a bike."]
+    annotations.write_text(json.dumps({"annotations": [{"image_id": i // 2, "id": i, "caption": caption}
+                                                       for i, caption in enumerate(captions)]}))
+    assert bench_metrics.main([str(annotations), "--tokenizer-rounds", "2", "--beside", "nothing"]) == 0
+    out = capsys.readouterr().out
+    assert "3 captions, 2 rounds each" in out and "the same lines from every run: True" in out
+    assert "| JVM_OPTIONS -XX:TieredStopAtLevel=1 -XX:+UseSerialGC |" in out and "| Java's defaults |" in out
+    assert java.JVM_OPTIONS == ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]

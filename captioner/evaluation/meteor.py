@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from captioner.core.machine_cache import cache_dir, exclusive
-from captioner.evaluation.java import JavaToolError, LineTool, exchange, run_java
+from captioner.evaluation.java import JVM_OPTIONS, JavaToolError, LineTool, exchange, run_java
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +34,6 @@ NORMALIZER = "edu.cmu.meteor.util.Normalizer"
 MIN_IMAGES_PER_PROCESS = 5000
 MAX_PROCESSES = 8
 PROCESS_MEMORY_BYTES = 2 << 30  # each runs with -Xmx2G, as pycocoevalcap starts it
-# The client compiler and the serial collector: METEOR's work is short and single-threaded, so the
-# server compiler's and G1's threads cost more than they give (`python -m benchmarks metrics`).
-JVM_OPTIONS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 
 
 def meteor_dir() -> Path:
