@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import run_held_elsewhere, shared_folder
+import warm_start
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted(p.relative_to(ROOT) for folder in ("scripts", "benchmarks", "demo")
@@ -93,6 +94,7 @@ def test_the_help_runner_reports_a_script_that_fails_to_import(tmp_path: Path) -
 
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "scripts" / "quickstart.sh"
+WARM_RANK = Path(__file__).resolve().parent / "warm_rank.py"
 
 
 def run_quickstart(tmp_path: Path, *args: str, java: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
@@ -105,8 +107,13 @@ def run_quickstart(tmp_path: Path, *args: str, java: bool) -> tuple[subprocess.C
     (bin_dir / "captioner").chmod(0o755)
     for tool in ("sed", "dirname", "mv"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
-    # this interpreter, captioner importable
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    # this interpreter, captioner importable; the script's `python - ARGS <<PY` (its config read: torch imported)
+    # forked from the warm interpreter (tests/warm_rank.py), which needs its variables
+    python = shlex.quote(sys.executable)
+    warm = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in warm_start.rank_environment().items())
+    (bin_dir / "python").write_text(
+        f'#!/bin/sh\nif [ "$1" = - ]; then\n{warm}exec {python} -S -u {shlex.quote(str(WARM_RANK))} "$@"\nfi\n'
+        f'exec {python} "$@"\n')
     (bin_dir / "python").chmod(0o755)
     if java:
         (bin_dir / "java").symlink_to("/bin/true")

@@ -300,3 +300,15 @@ def test_without_a_server_the_worker_program_becomes_the_command_itself(tmp_path
                           env=env, cwd=tmp_path, timeout=120)
     rank, loaded, pid = done.stdout.split()
     assert done.returncode == 0 and (rank, loaded) == ("0", "False")  # exec'd cold: nothing loaded before it
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["with the server", "without"])
+def test_a_program_on_stdin_runs_as_python_dash_would(tmp_path: Path, warm: bool) -> None:
+    """A shell script's `python - ARGS <<PY` (scripts/quickstart.sh), through the worker program: forked warm, with
+    only rank_environment()'s variables added to the script's own, or cold where there is no server."""
+    program = "import sys\nprint(sys.argv[1:], 'torch' in sys.modules)\nsys.exit(3)\n"  # loaded before it: forked
+    base = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**base, **warm_start.rank_environment()} if warm else base
+    done = subprocess.run([sys.executable, "-S", "-u", str(WARM_RANK), "-", "a", "b c"], input=program,
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 3 and done.stdout == f"['a', 'b c'] {warm}\n", done.stderr[-2000:]

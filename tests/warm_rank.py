@@ -2,7 +2,8 @@
 worker's warm server (tests/warm_start.py) fork `python -m captioner ARGS` with this process's
 environment (RANK, WORLD_SIZE, ...), folder and stdio, stands in for it (the signals torchrun or a
 test sends are passed on), and exits as it exits. Without a server, or where the server cannot
-stand for this environment, it becomes `python -u -m captioner ARGS` itself (exec)."""
+stand for this environment, it becomes `python -u -m captioner ARGS` itself (exec). `- ARGS` stands for
+`python - ARGS` the same way: the program read from stdin, run as `-c` (a shell script's heredoc)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,17 @@ def cold(command: list[str]) -> None:
 
 def main() -> None:
     command = sys.argv[1:]
+    if command[:1] == ["-"]:
+        command = ["-c", sys.stdin.read(), *command[1:]]
     path = os.environ.get(warm_start.SOCKET)
-    if not path or len(command) < 2 or command[0] != "-m":
+    if not path or len(command) < 2 or command[0] not in ("-m", "-c"):
         cold(command)
     # A signal that comes before the child's pid is known is held, then passed on (or, cold, kept
     # for the command this process becomes): the rank never misses what torchrun sent it.
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
-        conn, reply = warm_start.fork(path, "module", command[1], command[2:], unbuffered=True, cwd=os.getcwd(),
+        kind = "module" if command[0] == "-m" else "code"
+        conn, reply = warm_start.fork(path, kind, command[1], command[2:], unbuffered=True, cwd=os.getcwd(),
                                       env=os.environ,
                                       new_session=False, fds=[0, 1, 2])
     except OSError:  # no server listens there any more

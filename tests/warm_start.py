@@ -423,6 +423,16 @@ def _parse(command: Sequence[str]) -> tuple[str, str, list[str], bool] | None:
     return "path", words[i], words[i + 1:], unbuffered
 
 
+def rank_environment() -> dict[str, str]:
+    """What a grandchild (a shell script's `python`) needs in its environment, whatever else it has, for
+    tests/warm_rank.py to have this worker's server fork its command: where the server listens, and the server's
+    own variables read at load. Nothing where the server is off: warm_rank.py then runs the command cold."""
+    if not _enabled():
+        return {}
+    server = _the_server()
+    return {**{name: value for name, value in server.env.items() if _read_at_load(name)}, SOCKET: server.path}
+
+
 def _enabled() -> bool:
     return os.environ.get("CAPTIONER_WARM_START", "1") != "0" and hasattr(socket, "send_fds") and hasattr(os, "fork")
 
