@@ -15,8 +15,8 @@ from helpers import REPO, subprocess_env
 from captioner.core import allocator
 from captioner.core.errors import ConfigError
 
-# A fresh process per allocator, the two at once. First three quickstart training steps (32 images at 128 px,
-# five captions each) and a digest of the weights they give. Then a block of 64 MB, over the most glibc's own
+# A fresh process per allocator, the two at once. First two quickstart training steps (32 images at 128 px,
+# five captions each; the second in the first's freed blocks) and a digest of the weights they give. Then a block of 64 MB, over the most glibc's own
 # threshold rises to (32 MB on 64 bits), made, filled and freed eight times: for each, the bytes glibc holds
 # in mapped blocks while it lives (mallinfo2's hblkhd) and the minor page faults it costs. By default glibc
 # maps it afresh every time and the kernel zero-fills its pages again; kept, it comes from the heap, which
@@ -31,7 +31,7 @@ kept = keep_large_blocks()
 from benchmarks import workloads
 torch.manual_seed(0)
 step = workloads.quickstart_step()
-for _ in range(3):
+for _ in range(2):
     step.run()
 weights = b"".join(p.detach().numpy().tobytes() for p in step.model.parameters())
 class Mallinfo2(ctypes.Structure):
