@@ -14,12 +14,19 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 source .venv/bin/activate
-python -m pip install --quiet --upgrade pip
 INSTALLER=${INSTALLER:-uv}
 if [ "$INSTALLER" = uv ] && ! python -m pip install --quiet uv; then
     echo "setup.sh: cannot install uv; installing with pip" >&2
     INSTALLER=pip
 fi
+pip_upgraded=false
+pip_install() {  # pip, brought up to date the first time it installs anything (3 s: not when uv does it all)
+    if ! $pip_upgraded; then
+        python -m pip install --quiet --upgrade pip
+        pip_upgraded=true
+    fi
+    python -m pip install --quiet "$@"
+}
 export UV_INDEX_URL=${UV_INDEX_URL:-${PIP_INDEX_URL:-}}
 export UV_EXTRA_INDEX_URL=${UV_EXTRA_INDEX_URL:-${PIP_EXTRA_INDEX_URL:-}}
 export UV_FIND_LINKS=${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}
@@ -35,7 +42,7 @@ install() {  # pip-install arguments (--index-url URL and packages): uv first, t
         fi
         echo "setup.sh: uv could not install $*; trying pip" >&2
     fi
-    python -m pip install --quiet "$@"
+    pip_install "$@"
 }
 
 # torch/torchvision pinned to the versions this project is tested with; any CUDA or CPU build works.

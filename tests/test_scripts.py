@@ -344,3 +344,40 @@ def test_bench_metrics_names_a_missing_annotation_file_in_one_line(tmp_path: Pat
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_metrics.py"), str(missing)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2 and done.stderr.strip() == f"error: {missing}: annotation file not found"
+
+
+FAKE_PYTHON = """#!/bin/sh
+echo "$*" >> "{log}"
+case "$*" in
+  "-m venv .venv") mkdir -p .venv/bin && cp "$0" .venv/bin/python &&
+                   printf 'PATH="%s/.venv/bin:$PATH"\\n' "$PWD" > .venv/bin/activate ;;
+  "-m uv "*) [ -z "$FAIL_UV" ] ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("uv_fails", [False, True], ids=["uv installs", "uv fails"])
+def test_setup_upgrades_pip_only_before_pip_installs_something(tmp_path: Path, uv_fails: bool) -> None:
+    """Upgrading the venv's pip took 3 s of every set-up, the quickstart's and CI's, though uv installs it all:
+    now pip is brought up to date once, before the first install that falls back to it. A `python` that writes
+    down its arguments stands in for the interpreter and the venv."""
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "python3"
+    fake.write_text(FAKE_PYTHON.format(log=log))
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin", "PYTHON": str(fake), "TORCH_INDEX": "cuda", "EXTRAS": "",
+           **({"FAIL_UV": "1"} if uv_fails else {})}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    venv_python = tmp_path / ".venv" / "bin" / "python"
+    uv = f"-m uv pip install --quiet --compile-bytecode --python {venv_python}"
+    torch = "torch==2.14.1 torchvision==0.29.1"
+    if not uv_fails:
+        assert calls == ["-m venv .venv", "-m pip install --quiet uv", f"{uv} {torch}", f"{uv} -e .",
+                         "-m compileall -q -j 0 captioner"]
+    else:
+        assert calls == ["-m venv .venv", "-m pip install --quiet uv", f"{uv} {torch}",
+                         "-m pip install --quiet --upgrade pip", f"-m pip install --quiet {torch}", f"{uv} -e .",
+                         "-m pip install --quiet -e .", "-m compileall -q -j 0 captioner"]
