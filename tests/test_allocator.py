@@ -15,15 +15,16 @@ from helpers import REPO, subprocess_env
 from captioner.core import allocator
 from captioner.core.errors import ConfigError
 
-# A fresh process per allocator, the two at once. First two quickstart training steps (32 images at 128 px,
-# five captions each; the second in the first's freed blocks) and a digest of the weights they give. Then a block of 64 MB, over the most glibc's own
-# threshold rises to (32 MB on 64 bits), made, filled and freed eight times: for each, the bytes glibc holds
-# in mapped blocks while it lives (mallinfo2's hblkhd) and the minor page faults it costs. By default glibc
-# maps it afresh every time and the kernel zero-fills its pages again; kept, it comes from the heap, which
-# grows for the first few (an aligned block asks a little more than a freed one holds) and then serves the
-# rest. (The training step's own faults are not compared: glibc's dynamic threshold moves its smaller blocks
-# into the heap after some steps and not others, so they vary from run to run, from 300 to 15,000. Nor are the
-# default's faults: with transparent huge pages always on, the kernel faults a mapped block in 2 MB at a time.)
+# A fresh process per allocator, the two at once. First two quickstart training steps (32 images at 128 px, five
+# captions each; the second in the first's freed blocks) and a digest of the weights they give. Then a block of
+# 64 MB, over the most glibc's own threshold rises to (32 MB on 64 bits), made, filled and freed eight times:
+# for each, the bytes glibc holds in mapped blocks while it lives (mallinfo2's hblkhd) and the minor page faults
+# it costs. By default glibc maps it afresh every time and the kernel zero-fills its pages again; kept, it comes
+# from the heap, which grows for the first few (an aligned block asks a little more than a freed one holds) and
+# then serves the rest. (The training step's own faults are not compared: glibc's dynamic threshold moves its
+# smaller blocks into the heap after some steps and not others, so they vary from run to run, from 300 to
+# 15,000. Nor are the default's faults: with transparent huge pages always on, the kernel faults a mapped block
+# in 2 MB at a time.)
 PROBE = """
 import ctypes, hashlib, json, resource, sys, torch
 from captioner.core.allocator import keep_large_blocks
