@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import require, shared_folder, subprocess_env
+import rewrite_share
 import suite_timeline
 import warm_start
 
@@ -45,6 +46,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 pytest_configure = suite_timeline.pytest_configure
 pytest_runtest_protocol = suite_timeline.pytest_runtest_protocol
 pytest_terminal_summary = suite_timeline.pytest_terminal_summary
+# Each worker rewrites the asserts of its share of the modules for all (tests/rewrite_share.py).
+pytest_collection = rewrite_share.pytest_collection
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[1]
