@@ -35,7 +35,25 @@ if _MADE_CACHE:
     os.environ["CAPTIONER_CACHE_DIR"] = __import__("tempfile").mkdtemp(prefix="captioner-test-cache-")
 
 
+_BESIDE_THE_WORKERS: list = []  # the controller's threads of work for the workers (test_install_roles' resolutions)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """pytest-xdist's controller waits while its workers run: where the install roles' module is to be collected, it
+    resolves them meanwhile (test_install_roles.resolve_beside_the_workers), in the run's folder the workers share."""
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    if Path(__file__).with_name("test_install_roles.py") in rewrite_share.collected_modules(config.args):
+        import test_install_roles
+
+        thread = test_install_roles.resolve_beside_the_workers(config._tmp_path_factory.getbasetemp())
+        _BESIDE_THE_WORKERS.extend([thread] if thread else [])
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    for thread in _BESIDE_THE_WORKERS:  # a run that ended early: its resolvers end before the run's folder goes
+        thread.join(timeout=120)
     # The session's objects into the collector's permanent generation: the exit that follows then does not
     # collect them again (3 s of a worker's, the controller waits on it; tests/suite_timeline.py's tail).
     gc.freeze()

@@ -13,11 +13,14 @@ for real, by uv from the same index, in a fresh venv and captions there."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import venv
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -82,39 +85,66 @@ def resolve(requirement: str) -> list[str] | str:
     return sorted({re.split(r"==| @ ", pin)[0].lower().replace("_", "-") for pin in pins})
 
 
-@pytest.fixture(scope="session")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Built once per test run, whatever the number of pytest workers (a lock in the run's folder)."""
+def shared_wheels(shared: Path) -> dict[str, Path]:
+    """The wheels in the run's folder `shared`, built there by the first process to need them (a lock)."""
     from filelock import FileLock
 
-    shared = shared_folder(tmp_path_factory) / "captioner_wheels"
-    with FileLock(str(shared) + ".lock"):
-        if not shared.is_dir():
-            shared.mkdir()
-            build_wheels(shared)
-    return {"captioner": next(shared.glob("captioner-*.whl")),
-            "captioner-runtime": next(shared.glob("captioner_runtime-*.whl"))}
+    folder = shared / "captioner_wheels"
+    with FileLock(str(folder) + ".lock"):
+        if not folder.is_dir():
+            folder.mkdir()
+            build_wheels(folder)
+    return {"captioner": next(folder.glob("captioner-*.whl")),
+            "captioner-runtime": next(folder.glob("captioner_runtime-*.whl"))}
 
 
-@pytest.fixture(scope="session")
-def resolved(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str] | str]:
-    """Every role, resolved once per test run (the resolutions side by side, mostly waiting on the index)."""
+def shared_resolutions(shared: Path) -> dict[str, list[str] | str]:
+    """Every role resolved once per test run, into the run's folder `shared` (the resolutions side by side, mostly
+    waiting on the index): the distributions of each, or the resolver's error."""
     from filelock import FileLock
 
-    require_module("uv", "uv, the resolver, is not installed (pip install -e '.[test]')")
-
-    shared = shared_folder(tmp_path_factory) / "captioner_pip_roles.json"
-    with FileLock(str(shared) + ".lock"):
-        if not shared.is_file():
+    wheels = shared_wheels(shared)
+    file = shared / "captioner_pip_roles.json"
+    with FileLock(str(file) + ".lock"):
+        if not file.is_file():
             with ThreadPoolExecutor(len(ROLES)) as pool:
                 futures = {}
                 for role, (requirement, _, _) in ROLES.items():
                     name, _, extras = requirement.partition("[")
                     target = f"{name}{'[' + extras if extras else ''} @ {wheels[name].as_uri()}"
                     futures[role] = pool.submit(resolve, target)
-                shared.write_text(json.dumps({role: future.result() for role, future in futures.items()}))
+                file.write_text(json.dumps({role: future.result() for role, future in futures.items()}))
+    return json.loads(file.read_text())
+
+
+def resolve_beside_the_workers(shared: Path) -> threading.Thread | None:
+    """Start `shared_resolutions` in a thread of pytest-xdist's controller, which waits while the workers run: the
+    worker that reaches this module then reads the roles instead of waiting 10 s on the index with its core idle
+    (conftest.py's pytest_sessionstart, when this module is to be collected)."""
+    if importlib.util.find_spec("uv") is None or importlib.util.find_spec("filelock") is None:
+        return None
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # whatever fails here fails again, and is reported, in the fixtures
+            shared_resolutions(shared)
+
+    thread = threading.Thread(target=run, name="install roles", daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Built once per test run, whatever the number of pytest workers (a lock in the run's folder)."""
+    return shared_wheels(shared_folder(tmp_path_factory))
+
+
+@pytest.fixture(scope="session")
+def resolved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str] | str]:
+    """Every role, resolved once per test run (by the controller meanwhile, where it is pytest-xdist's)."""
+    require_module("uv", "uv, the resolver, is not installed (pip install -e '.[test]')")
     return {role: set(names) if isinstance(names, list) else names for role,
-            names in json.loads(shared.read_text()).items()}
+            names in shared_resolutions(shared_folder(tmp_path_factory)).items()}
 
 
 @pytest.mark.slow
