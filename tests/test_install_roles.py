@@ -33,9 +33,9 @@ from PIL import Image
 from helpers import REPO, require, require_module, shared_folder, subprocess_env
 import warm_start
 
-# One worker runs the whole module: its fixtures build wheels and resolve every role (about 20 s,
-# mostly waiting on the index), and a second worker that reached one of its tests meanwhile sat
-# that long on the fixtures' lock, its core idle, instead of running other tests.
+# One worker runs the whole module: its fixtures build wheels and resolve every role (about 15 s,
+# mostly waiting on the index; under pytest-xdist the controller has done it meanwhile), and a second
+# worker that reached one of its tests meanwhile sat that long on the fixtures' lock, its core idle.
 pytestmark = pytest.mark.xdist_group("install_roles")
 
 TRAIN = {"pycocoevalcap", "pycocotools", "nltk", "tensorboard"}
