@@ -37,7 +37,8 @@ _SPICE_JAVA_OPTIONS = " ".join(f"--add-opens=java.base/{package}=ALL-UNNAMED" fo
 
 # The client compiler and the serial collector for the tools that run here (PTB tokenizer, METEOR and its
 # normaliser): their work is single-threaded, so the server compiler's and G1's threads cost more than they give.
-# The tokenizer on COCO val2014's 202,654 references: 0.6 s and 0.65 CPU s against 1.3 s and 2.1 (the same lines).
+# The tokenizer on COCO val2014's 202,654 references: 0.8-1.0 Java CPU s against 2.6-3.8, the same lines
+# (`python -m benchmarks metrics --tokenizer-rounds 5`).
 JVM_OPTIONS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 
 # Line ends for the Java PTB tokenizer (-preserveLines) besides "\n": one inside a caption would
