@@ -129,14 +129,14 @@ def run_java(name: str, args: Sequence[str], cwd: str | os.PathLike[str], lines:
 
 
 class LineTool:
-    """A running Java program that answers lines on stdin with lines on stdout (METEOR's -stdio);
-    stderr goes to a temporary file, so it never blocks on a full pipe."""
+    """A running Java program, `java args` after JVM_OPTIONS, that answers lines on stdin with lines on stdout
+    (METEOR's -stdio); stderr goes to a temporary file, so it never blocks on a full pipe."""
 
     def __init__(self, name: str, args: Sequence[str], cwd: str | os.PathLike[str]) -> None:
         self.name = name
         self._stderr = tempfile.TemporaryFile()
         try:
-            self.proc = subprocess.Popen([java_executable(), *args], cwd=cwd, stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([java_executable(), *JVM_OPTIONS, *args], cwd=cwd, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=self._stderr, bufsize=0, env=java_environment())
         except BaseException:
             self._stderr.close()

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from captioner.core.machine_cache import cache_dir, exclusive
-from captioner.evaluation.java import JVM_OPTIONS, JavaToolError, LineTool, exchange, run_java
+from captioner.evaluation.java import JavaToolError, LineTool, exchange, run_java
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ class MeteorPool:
         if processes < 1:
             raise ValueError(f"METEOR needs at least one process, got {processes}")
         cwd = meteor_dir()
-        args = [*JVM_OPTIONS, *meteor_arguments(paraphrases)]
+        args = meteor_arguments(paraphrases)
         self.tools: list[LineTool] = []
         try:
             for k in range(processes):
