@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -86,14 +87,18 @@ def resolve(requirement: str) -> list[str] | str:
 
 
 def shared_wheels(shared: Path) -> dict[str, Path]:
-    """The wheels in the run's folder `shared`, built there by the first process to need them (a lock)."""
+    """The wheels in the run's folder `shared`, built there by the first process to need them (a lock). A build
+    that fails leaves no folder: the next process to need them builds again and reports its failure itself."""
     from filelock import FileLock
 
     folder = shared / "captioner_wheels"
     with FileLock(str(folder) + ".lock"):
         if not folder.is_dir():
-            folder.mkdir()
-            build_wheels(folder)
+            building = folder.with_name(folder.name + ".building")
+            shutil.rmtree(building, ignore_errors=True)
+            building.mkdir()
+            build_wheels(building)
+            building.rename(folder)
     return {"captioner": next(folder.glob("captioner-*.whl")),
             "captioner-runtime": next(folder.glob("captioner_runtime-*.whl"))}
 
@@ -131,6 +136,29 @@ def resolve_beside_the_workers(shared: Path) -> threading.Thread | None:
     thread = threading.Thread(target=run, name="install roles", daemon=True)
     thread.start()
     return thread
+
+
+def test_a_failed_wheel_build_leaves_nothing_the_next_process_would_take_for_wheels(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller builds in a thread whose failure is reported by the fixture that builds again: a folder left
+    half built would have been taken as built, and the fixture would fail on a missing wheel instead."""
+    def broken(folder: Path) -> None:
+        (folder / "captioner-0.1.0-py3-none-any.whl").write_bytes(b"")
+        raise AssertionError("pip wheel failed")
+
+    monkeypatch.setattr(sys.modules[__name__], "build_wheels", broken)
+    with pytest.raises(AssertionError, match="pip wheel failed"):
+        shared_wheels(tmp_path)
+    assert not (tmp_path / "captioner_wheels").exists()
+
+    def built(folder: Path) -> None:
+        for name in ("captioner-0.1.0-py3-none-any.whl", "captioner_runtime-0.1.0-py3-none-any.whl"):
+            (folder / name).write_bytes(b"")
+
+    monkeypatch.setattr(sys.modules[__name__], "build_wheels", built)
+    assert shared_wheels(tmp_path) == {"captioner": tmp_path / "captioner_wheels/captioner-0.1.0-py3-none-any.whl",
+                                       "captioner-runtime":
+                                           tmp_path / "captioner_wheels/captioner_runtime-0.1.0-py3-none-any.whl"}
 
 
 @pytest.fixture(scope="session")
